@@ -1,0 +1,128 @@
+"""Every setting of leasefs in one place, with its default and why.
+
+Precedence: built-in default < TOML file (``--config FILE`` or ``LEASEFS_CONFIG``) < environment
+variable ``LEASEFS_<NAME>`` (upper-case setting name) < explicit overrides (command-line flags,
+test fixtures). The README's settings table is generated from ``describe()``.
+
+Times are seconds (float), sizes bytes (int). Tests shrink the times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+
+from .errors import InvalidArgument
+
+MiB = 1 << 20
+
+
+def _s(default, doc):
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass
+class Config:
+    # --- addresses
+    meta_address: str = _s("127.0.0.1:8020", "metadata server RPC address clients connect to")
+    meta_http_port: int = _s(9870, "metadata server status page port (0 = off)")
+    bind_host: str = _s("127.0.0.1", "address servers bind to")
+    advertise_host: str = _s("", "address block servers advertise (default: bind_host)")
+    storage_port: int = _s(9866, "block server data-transfer port (0 = any free port)")
+    # --- blocks and data transfer
+    block_size: int = _s(128 * MiB, "default block size of new files")
+    replication: int = _s(3, "default replication of new files")
+    min_replication: int = _s(1, "finalized replicas a block needs to be COMPLETE")
+    max_replication: int = _s(32, "largest replication a file may ask for")
+    bytes_per_checksum: int = _s(4096, "bytes covered by one CRC32C (chosen by measurement, README)")
+    packet_size: int = _s(1 * MiB, "payload bytes per write-pipeline packet (chosen by measurement)")
+    write_window_packets: int = _s(16, "unacknowledged packets a writer may have in flight")
+    # --- RPC
+    max_frame: int = _s(64 * MiB, "largest RPC frame accepted; larger frames are refused unread")
+    rpc_timeout: float = _s(60.0, "seconds a client waits for one RPC reply")
+    rpc_retry_seconds: float = _s(30.0, "seconds a client keeps retrying a call over lost connections")
+    data_timeout: float = _s(60.0, "seconds a data-transfer read or ack may stall before the peer is failed")
+    complete_retries: int = _s(10, "times close() asks complete() before giving up (backoff doubles)")
+    # --- metadata server
+    safemode_threshold: float = _s(0.999, "fraction of complete blocks reported before leaving safe mode")
+    safemode_extension: float = _s(30.0, "seconds safe mode lasts after the threshold is reached")
+    safemode_min_storage: int = _s(0, "live block servers required before leaving safe mode")
+    checkpoint_period: float = _s(3600.0, "seconds between checkpoints (LevelDB sync + segment roll)")
+    checkpoint_txns: int = _s(1_000_000, "transactions that trigger a checkpoint early")
+    journal_keep_segments: int = _s(10, "finalized journal segments kept after a checkpoint")
+    retry_cache_expiry: float = _s(600.0, "seconds a mutating call's reply is kept for retries")
+    invalidate_limit: int = _s(1000, "replica deletions handed to one block server per heartbeat")
+    # --- leases (issue 3 fills in recovery)
+    lease_soft_limit: float = _s(60.0, "seconds after which another client may recover a lease")
+    lease_hard_limit: float = _s(1200.0, "seconds after which the server recovers a lease itself")
+    lease_monitor_period: float = _s(2.0, "seconds between lease monitor passes")
+    block_recovery_retry: float = _s(90.0, "seconds before a stalled block recovery is retried")
+    # --- block servers
+    heartbeat_interval: float = _s(3.0, "seconds between block server heartbeats")
+    dead_node_interval: float = _s(630.0, "seconds of silence after which a block server is dead")
+    block_report_interval: float = _s(21600.0, "seconds between full block reports")
+    disk_io_threads: int = _s(8, "worker threads a block server uses for disk I/O")
+    # --- client
+    lease_renew_period: float = _s(0.0, "client lease renewal period (0 = soft limit / 2)")
+
+    # ----------------------------------------------------------------- loading
+    @classmethod
+    def load(cls, path: str | None = None, env: dict | None = None, **overrides) -> "Config":
+        env = os.environ if env is None else env
+        values: dict = {}
+        path = path or env.get("LEASEFS_CONFIG")
+        if path:
+            try:
+                with open(path, "rb") as fh:
+                    data = tomllib.load(fh)
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                raise InvalidArgument(f"config file {path}: {exc}") from None
+            data = data.get("leasefs", data)
+            for key, value in data.items():
+                values[cls._check_name(key, f"config file {path}")] = value
+        for f in fields(cls):
+            raw = env.get("LEASEFS_" + f.name.upper())
+            if f.name == "meta_address":  # LEASEFS_META is the documented short form
+                raw = env.get("LEASEFS_META") or raw
+            if raw is not None:
+                values[f.name] = raw
+        for key, value in overrides.items():
+            if value is not None:
+                values[cls._check_name(key, "override")] = value
+        return cls().replace(**values)
+
+    @classmethod
+    def _check_name(cls, key: str, where: str) -> str:
+        names = {f.name for f in fields(cls)}
+        if key not in names:
+            raise InvalidArgument(f"{where}: unknown setting {key!r}")
+        return key
+
+    def replace(self, **values) -> "Config":
+        typed = {}
+        types = {f.name: type(f.default) for f in fields(self)}
+        for key, value in values.items():
+            kind = types[self._check_name(key, "setting")]
+            try:
+                if kind is bool and isinstance(value, str):
+                    typed[key] = value.lower() in ("1", "true", "yes", "on")
+                else:
+                    typed[key] = kind(value)
+            except (TypeError, ValueError):
+                raise InvalidArgument(f"setting {key}: {value!r} is not a {kind.__name__}") from None
+        return dataclasses.replace(self, **typed)
+
+    @property
+    def renew_period(self) -> float:
+        return self.lease_renew_period or self.lease_soft_limit / 2
+
+    @property
+    def storage_advertise_host(self) -> str:
+        return self.advertise_host or self.bind_host
+
+
+def describe() -> list[tuple[str, object, str]]:
+    """``(name, default, doc)`` for every setting, for the README and ``--help``."""
+    return [(f.name, f.default, f.metadata.get("doc", "")) for f in fields(Config)]

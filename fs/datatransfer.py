@@ -1,0 +1,143 @@
+"""The data-transfer stream protocol between clients and block servers (and between block
+servers): one op header frame, a response frame, then raw packets and acks.
+
+Layout of a packet (struct, no msgpack, payload never copied into a container)::
+
+    PACKET_HEADER  >qqIB  seqno, offset_in_block, data_len, flags(LAST|SYNC|HEARTBEAT)
+    checksums      4 bytes big-endian CRC32C per bytes_per_checksum chunk of the data
+    data           data_len raw bytes
+
+An ack is ``>qB`` (seqno, n) followed by n status bytes, one per pipeline node from this
+node downstream; the first node's ack to the client therefore carries every node's status.
+Full description in docs/PROTOCOL.md.
+
+All functions are async helpers over ``FramedStream``; concurrency contract as there (one
+reader and one writer task per stream).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import crc32c as _crc32c
+
+from .errors import ChecksumError, ProtocolError
+from .framing import FramedStream
+
+PACKET_HEADER = struct.Struct(">qqIB")
+ACK_HEADER = struct.Struct(">qB")
+FLAG_LAST = 1
+FLAG_SYNC = 2
+FLAG_HEARTBEAT = 4
+MAX_PACKET_DATA = 16 << 20   # hard limit on one packet's payload, whatever a peer claims
+CHECKSUM_SIZE = 4
+
+# ack statuses (HDFS Status names)
+SUCCESS = 0
+ERROR = 1
+ERROR_CHECKSUM = 2
+
+# op names
+WRITE_BLOCK = "WRITE_BLOCK"
+READ_BLOCK = "READ_BLOCK"
+BLOCK_LENGTH = "BLOCK_LENGTH"
+TRANSFER_BLOCK = "TRANSFER_BLOCK"
+
+# write stages (HDFS BlockConstructionStage names)
+PIPELINE_SETUP_CREATE = "PIPELINE_SETUP_CREATE"
+PIPELINE_SETUP_APPEND = "PIPELINE_SETUP_APPEND"
+PIPELINE_SETUP_STREAMING_RECOVERY = "PIPELINE_SETUP_STREAMING_RECOVERY"
+TRANSFER_RBW = "TRANSFER_RBW"
+TRANSFER_FINALIZED = "TRANSFER_FINALIZED"
+
+
+def crc32c(data, value: int = 0) -> int:
+    return _crc32c.crc32c(data, value)
+
+
+def chunk_checksums(data, bytes_per_checksum: int) -> bytes:
+    """Packed CRC32C of each ``bytes_per_checksum`` chunk of ``data`` (last may be short)."""
+    view = memoryview(data)
+    n = len(view)
+    f = _crc32c.crc32c
+    return b"".join(f(view[i:i + bytes_per_checksum]).to_bytes(4, "big")
+                    for i in range(0, n, bytes_per_checksum))
+
+
+def num_chunks(data_len: int, bytes_per_checksum: int) -> int:
+    return -(-data_len // bytes_per_checksum)
+
+
+def verify_checksums(data, sums: bytes, bytes_per_checksum: int, where: str = "",
+                     base_offset: int = 0) -> None:
+    """Raise ``ChecksumError`` naming the first bad chunk's offset."""
+    if chunk_checksums(data, bytes_per_checksum) == bytes(sums):
+        return
+    view = memoryview(data)
+    for i, pos in enumerate(range(0, len(view), bytes_per_checksum)):
+        got = _crc32c.crc32c(view[pos:pos + bytes_per_checksum])
+        want = int.from_bytes(sums[4 * i:4 * i + 4], "big")
+        if got != want:
+            raise ChecksumError(f"checksum error {where} at offset {base_offset + pos}: "
+                                f"crc32c {got:#010x} != {want:#010x}")
+    raise ChecksumError(f"checksum list of wrong length {where} at offset {base_offset}")
+
+
+@dataclass(slots=True)
+class Packet:
+    seqno: int
+    offset: int
+    data: bytes
+    sums: bytes
+    flags: int
+
+    @property
+    def last(self) -> bool:
+        return bool(self.flags & FLAG_LAST)
+
+    @property
+    def sync(self) -> bool:
+        return bool(self.flags & FLAG_SYNC)
+
+    @property
+    def heartbeat(self) -> bool:
+        return bool(self.flags & FLAG_HEARTBEAT)
+
+
+def encode_packet_header(seqno: int, offset: int, data_len: int, flags: int) -> bytes:
+    return PACKET_HEADER.pack(seqno, offset, data_len, flags)
+
+
+async def send_packet(framed: FramedStream, seqno: int, offset: int, data, sums: bytes,
+                      flags: int = 0) -> None:
+    """Header + checksums in one small send, then the payload as is (no copy)."""
+    await framed.send_all(encode_packet_header(seqno, offset, len(data), flags) + sums)
+    if len(data):
+        await framed.send_all(data)
+
+
+async def receive_packet(framed: FramedStream, bytes_per_checksum: int,
+                         max_data: int = MAX_PACKET_DATA) -> Packet:
+    raw = await framed.receive_exactly(PACKET_HEADER.size)
+    seqno, offset, data_len, flags = PACKET_HEADER.unpack(raw)
+    if data_len > max_data:
+        raise ProtocolError(f"packet {seqno} claims {data_len} bytes, more than {max_data}")
+    if offset < 0:
+        raise ProtocolError(f"packet {seqno} has a negative offset {offset}")
+    sums = await framed.receive_exactly(CHECKSUM_SIZE * num_chunks(data_len, bytes_per_checksum))
+    data = await framed.receive_exactly(data_len)
+    return Packet(seqno, offset, data, sums, flags)
+
+
+async def send_ack(framed: FramedStream, seqno: int, statuses) -> None:
+    await framed.send_all(ACK_HEADER.pack(seqno, len(statuses)) + bytes(statuses))
+
+
+async def receive_ack(framed: FramedStream) -> tuple[int, list[int]]:
+    seqno, n = ACK_HEADER.unpack(await framed.receive_exactly(ACK_HEADER.size))
+    return seqno, list(await framed.receive_exactly(n))
+
+
+def block_dict(block_id: int, gs: int, num_bytes: int = 0) -> dict:
+    return {"id": block_id, "gs": gs, "num_bytes": num_bytes}

@@ -1,0 +1,206 @@
+"""The one errno-carrying exception family of leasefs.
+
+Every error that crosses a process boundary is a ``LeaseFSError`` subclass. On the wire it
+travels as ``{"type": class name, "errno": n, "message": text}`` and ``from_wire`` rebuilds
+the same class on the other side, so a client catches ``FileNotFound`` exactly as the
+server raised it. The FUSE mount turns ``err.errno`` into ``FUSEError`` in one place; the
+CLI prints ``err.message`` (which names the path and the cause) and exits non-zero.
+
+Unknown type names (a newer server) come back as the base class with the errno kept.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+
+
+class LeaseFSError(Exception):
+    """Base of every leasefs error; ``errno`` is what the kernel / shell would see."""
+
+    errno: int = _errno.EIO
+    #: True when the same call may simply be tried again later (safe mode, recovery, ...).
+    retriable: bool = False
+
+    def __init__(self, message: str = "", *, errno: int | None = None):
+        super().__init__(message)
+        self.message = message
+        if errno is not None:
+            self.errno = errno
+
+    def __str__(self) -> str:  # the message already names path and cause
+        return self.message or self.__class__.__name__
+
+    def to_wire(self) -> dict:
+        return {"type": type(self).__name__, "errno": self.errno, "message": self.message}
+
+
+class FileNotFound(LeaseFSError):
+    """The path (or an ancestor) does not exist."""
+    errno = _errno.ENOENT
+
+
+class FileExists(LeaseFSError):
+    """The path already exists."""
+    errno = _errno.EEXIST
+
+
+class NotDirectory(LeaseFSError):
+    """A path component is not a directory."""
+    errno = _errno.ENOTDIR
+
+
+class IsDirectory(LeaseFSError):
+    """A file operation was aimed at a directory."""
+    errno = _errno.EISDIR
+
+
+class DirectoryNotEmpty(LeaseFSError):
+    """Non-recursive delete of a non-empty directory."""
+    errno = _errno.ENOTEMPTY
+
+
+class PermissionDenied(LeaseFSError):
+    """The caller may not do this."""
+    errno = _errno.EACCES
+
+
+class InvalidPath(LeaseFSError):
+    """Malformed path: empty component, '..', NUL, not absolute."""
+    errno = _errno.EINVAL
+
+
+class NameTooLong(LeaseFSError):
+    """A path component or the whole path is too long."""
+    errno = _errno.ENAMETOOLONG
+
+
+class InvalidArgument(LeaseFSError):
+    """An argument has the wrong type or value."""
+    errno = _errno.EINVAL
+
+
+class NotSupported(LeaseFSError):
+    """The operation is not supported."""
+    errno = _errno.EOPNOTSUPP
+
+
+class NoSpace(LeaseFSError):
+    """No block server can take the data."""
+    errno = _errno.ENOSPC
+
+
+class QuotaExceeded(LeaseFSError):
+    """A configured limit was exceeded."""
+    errno = _errno.EDQUOT
+
+
+class AlreadyBeingCreated(LeaseFSError):
+    """The file is open for writing by a lease holder."""
+    errno = _errno.EBUSY
+
+
+class RecoveryInProgress(LeaseFSError):
+    """Lease recovery runs on the file; try again later."""
+    errno = _errno.EAGAIN
+    retriable = True
+
+
+class LeaseExpired(LeaseFSError):
+    """The caller no longer holds the lease on the file."""
+    errno = _errno.EBADF
+
+
+class NotReplicatedYet(LeaseFSError):
+    """The previous block is not yet minimally replicated."""
+    errno = _errno.EAGAIN
+    retriable = True
+
+
+class StaleGenerationStamp(LeaseFSError):
+    """A replica or request carries an outdated generation stamp."""
+    errno = _errno.ESTALE
+
+
+class InvalidToken(LeaseFSError):
+    """A block access token was refused."""
+    errno = _errno.EACCES
+
+
+class SafeMode(LeaseFSError):
+    """The metadata server is in safe mode: reads only."""
+    errno = _errno.EROFS
+    retriable = True
+
+
+class ChecksumError(LeaseFSError):
+    """Data does not match its CRC32C checksum."""
+    errno = _errno.EIO
+
+
+class ReplicaNotFound(LeaseFSError):
+    """The block server has no such replica."""
+    errno = _errno.ENOENT
+
+
+class ReplicaAlreadyExists(LeaseFSError):
+    """The block server already has the replica."""
+    errno = _errno.EEXIST
+
+
+class BlockMissing(LeaseFSError):
+    """No readable replica of a block is left."""
+    errno = _errno.EIO
+
+
+class ProtocolError(LeaseFSError):
+    """The peer sent something that is not leasefs protocol."""
+    errno = _errno.EPROTO
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame is larger than the configured maximum."""
+    errno = _errno.EMSGSIZE
+
+
+class UnknownMethod(LeaseFSError):
+    """The server has no such RPC method."""
+    errno = _errno.ENOSYS
+
+
+class ServerUnavailable(LeaseFSError):
+    """The server cannot be reached or the connection broke."""
+    errno = _errno.EIO
+    retriable = True
+
+
+class RpcTimeout(ServerUnavailable):
+    """No reply in time."""
+    errno = _errno.ETIMEDOUT
+    retriable = True
+
+
+class InternalError(LeaseFSError):
+    """A bug on the server; see its log."""
+    errno = _errno.EIO
+
+
+_BY_NAME = {cls.__name__: cls for cls in list(globals().values())
+            if isinstance(cls, type) and issubclass(cls, LeaseFSError)}
+
+
+def from_wire(obj) -> LeaseFSError:
+    """Rebuild an exception sent as ``{"type", "errno", "message"}``; tolerant of junk."""
+    if not isinstance(obj, dict):
+        return ProtocolError(f"malformed error object from server: {obj!r:.200}")
+    name = obj.get("type")
+    message = obj.get("message") if isinstance(obj.get("message"), str) else ""
+    code = obj.get("errno") if isinstance(obj.get("errno"), int) else None
+    cls = _BY_NAME.get(name)
+    if cls is None:
+        return LeaseFSError(f"{name}: {message}", errno=code)
+    return cls(message)
+
+
+def error_classes() -> dict[str, type[LeaseFSError]]:
+    """All error classes by name (for docs and tests)."""
+    return dict(_BY_NAME)

@@ -1,0 +1,423 @@
+"""RPC over framed msgpack: many calls in flight per connection, errors as exceptions.
+
+Wire (see docs/PROTOCOL.md): the client's first frame is a hello
+``{"hello": "leasefs", "version": 1, "client_id": str}``; then requests
+``[call_id, method, args]`` and replies ``[call_id, ok, result_or_error]`` in any order.
+``call_id`` is unique per ``client_id`` for the client's lifetime (not per connection), so a
+call retried on a new connection after a lost reply carries the same ``(client_id, call_id)``
+and the server's ``RetryCache`` answers it instead of applying it twice.
+
+Server side: ``serve_rpc`` reads requests and runs each in its own task, so one slow call
+(a journal fsync) never blocks the others on the connection. A malformed request gets an
+error reply and the connection keeps serving; only an unreadable frame (too large, not
+msgpack) ends the connection, after a best-effort error reply. Handler bugs are logged and
+answered with ``InternalError``; the server never dies on a client's mistake.
+
+Concurrency contract: ``RpcClient.call`` may be called from any number of tasks of the
+client's trio thread at once; sends are serialised by one lock, one reader task per
+connection resolves the waiters.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import trio
+
+from . import errors
+from .errors import (InternalError, InvalidArgument, LeaseFSError, ProtocolError,
+                     RpcTimeout, ServerUnavailable, UnknownMethod)
+from .framing import DEFAULT_MAX_FRAME, FramedStream
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+
+
+def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]:
+    """``"host:port"`` → ``(host, port)``; clear error on junk."""
+    if isinstance(text, (tuple, list)) and len(text) == 2:
+        return str(text[0]), int(text[1])
+    host, sep, port = str(text).rpartition(":")
+    if not sep:
+        if default_port is None:
+            raise InvalidArgument(f"address {text!r} is not HOST:PORT")
+        return str(text), default_port
+    try:
+        port_no = int(port)
+    except ValueError:
+        raise InvalidArgument(f"address {text!r}: port {port!r} is not a number") from None
+    if not 0 <= port_no < 65536:
+        raise InvalidArgument(f"address {text!r}: port out of range")
+    return host.strip("[]") or "127.0.0.1", port_no
+
+
+def format_address(addr) -> str:
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# --------------------------------------------------------------------------- client
+
+
+class _Waiter:
+    __slots__ = ("event", "ok", "value")
+
+    def __init__(self):
+        self.event = trio.Event()
+        self.ok = False
+        self.value = None
+
+
+class _Connection:
+    """One TCP connection with its reader task; dies as a whole on any error."""
+
+    def __init__(self, framed: FramedStream):
+        self.framed = framed
+        self.send_lock = trio.Lock()
+        self.waiters: dict[int, _Waiter] = {}
+        self.broken: LeaseFSError | None = None
+
+    def fail_all(self, exc: LeaseFSError) -> None:
+        self.broken = exc
+        for waiter in self.waiters.values():
+            waiter.ok, waiter.value = False, exc
+            waiter.event.set()
+        self.waiters.clear()
+
+
+class RpcClient:
+    """A reconnecting RPC client bound to one server address.
+
+    ``call`` retries on connection loss (not on server-side errors) with the same call id
+    until ``retry_seconds`` passed, so with the server's retry cache every call is applied
+    at most once. Use as ``async with RpcClient(...) as rpc``.
+    """
+
+    def __init__(self, address, client_id: str, *, timeout: float = 60.0,
+                 retry_seconds: float = 30.0, connect_timeout: float = 5.0,
+                 max_frame: int = DEFAULT_MAX_FRAME):
+        self.address = parse_address(address)
+        self.client_id = client_id
+        self.timeout = timeout
+        self.retry_seconds = retry_seconds
+        self.connect_timeout = connect_timeout
+        self.max_frame = max_frame
+        self._call_ids = itertools.count(1)
+        self._conn: _Connection | None = None
+        self._connect_lock = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm = None
+        self._closed = False
+
+    async def __aenter__(self):
+        self._nursery_cm = trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info):
+        await self.aclose()
+        return await self._nursery_cm.__aexit__(*exc_info)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.fail_all(ServerUnavailable("client closed"))
+            with trio.CancelScope(shield=True):
+                await conn.framed.aclose()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _connect(self) -> _Connection:
+        async with self._connect_lock:
+            if self._conn is not None and self._conn.broken is None:
+                return self._conn
+            if self._closed:
+                raise ServerUnavailable("RPC client is closed")
+            host, port = self.address
+            try:
+                with trio.fail_after(self.connect_timeout):
+                    stream = await trio.open_tcp_stream(host, port)
+            except (OSError, trio.TooSlowError) as exc:
+                raise ServerUnavailable(
+                    f"cannot reach {format_address(self.address)}: {exc or 'connect timed out'}"
+                ) from None
+            framed = FramedStream(stream, self.max_frame)
+            await framed.send_frame({"hello": "leasefs", "version": PROTOCOL_VERSION,
+                                     "client_id": self.client_id})
+            conn = _Connection(framed)
+            self._conn = conn
+            self._nursery.start_soon(self._reader, conn)
+            return conn
+
+    async def _reader(self, conn: _Connection) -> None:
+        try:
+            while True:
+                reply = await conn.framed.receive_frame()
+                if not (isinstance(reply, list) and len(reply) == 3):
+                    raise ProtocolError(f"malformed reply from server: {reply!r:.200}")
+                call_id, ok, value = reply
+                waiter = conn.waiters.pop(call_id, None)
+                if waiter is None:
+                    if call_id is None and not ok:  # server-side fatal error on this connection
+                        raise errors.from_wire(value)
+                    continue
+                waiter.ok, waiter.value = bool(ok), value
+                waiter.event.set()
+        except EOFError:
+            conn.fail_all(ServerUnavailable(f"{format_address(self.address)} closed the connection"))
+        except LeaseFSError as exc:
+            conn.fail_all(exc if isinstance(exc, ServerUnavailable)
+                          else ServerUnavailable(f"{format_address(self.address)}: {exc}"))
+        finally:
+            if conn.broken is None:
+                conn.fail_all(ServerUnavailable("connection closed"))
+            if self._conn is conn:
+                self._conn = None
+            with trio.CancelScope(shield=True):
+                await conn.framed.aclose()
+
+    async def call_once(self, method: str, args: dict, call_id: int, timeout: float):
+        conn = await self._connect()
+        waiter = _Waiter()
+        conn.waiters[call_id] = waiter
+        try:
+            async with conn.send_lock:
+                await conn.framed.send_frame([call_id, method, args])
+            with trio.move_on_after(timeout) as scope:
+                await waiter.event.wait()
+            if scope.cancelled_caught:
+                raise RpcTimeout(f"{method}: no reply from {format_address(self.address)} "
+                                 f"within {timeout:g} s")
+        except ServerUnavailable as exc:
+            if conn.broken is None:
+                conn.fail_all(exc)
+            raise
+        finally:
+            conn.waiters.pop(call_id, None)
+        if waiter.ok:
+            return waiter.value
+        raise (waiter.value if isinstance(waiter.value, LeaseFSError)
+               else errors.from_wire(waiter.value))
+
+    async def call(self, method: str, args: dict | None = None, *, timeout: float | None = None,
+                   retry_seconds: float | None = None):
+        """Call ``method(**args)``; retries transport failures with the same call id."""
+        call_id = next(self._call_ids)
+        timeout = self.timeout if timeout is None else timeout
+        budget = self.retry_seconds if retry_seconds is None else retry_seconds
+        deadline = time.monotonic() + budget
+        delay = 0.05
+        while True:
+            try:
+                return await self.call_once(method, args or {}, call_id, timeout)
+            except ServerUnavailable as exc:
+                if isinstance(exc, RpcTimeout) or self._closed or time.monotonic() + delay > deadline:
+                    raise
+                log.debug("%s: %s; retrying in %.2fs", method, exc, delay)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+
+# --------------------------------------------------------------------------- server
+
+
+@dataclass
+class CallContext:
+    """Who is calling: the hello's client id, the peer address, the call id."""
+
+    client_id: str
+    peer: str
+    call_id: object = None
+    extra: dict = field(default_factory=dict)
+
+
+class RetryCache:
+    """HDFS RetryCache: remembers replies of mutating calls by ``(client_id, call_id)``.
+
+    A duplicate that arrives while the first is still running waits for its outcome. Entries
+    expire after ``expiry`` seconds (clock injected, so the cache is testable without sleeps).
+    """
+
+    def __init__(self, expiry: float = 600.0, max_entries: int = 200_000, clock=time.monotonic):
+        self.expiry = expiry
+        self.max_entries = max_entries
+        self.clock = clock
+        self._entries: dict[tuple, list] = {}  # key -> [expires_at, event, ok, value]
+
+    def __len__(self):
+        return len(self._entries)
+
+    async def run(self, key: tuple, thunk):
+        entry = self._entries.get(key)
+        if entry is not None:
+            await entry[1].wait()
+            if entry[2]:
+                return entry[3]
+            raise entry[3]
+        self._purge()
+        entry = [math.inf, trio.Event(), False, None]
+        self._entries[key] = entry
+        try:
+            value = await thunk()
+            entry[2], entry[3] = True, value
+            return value
+        except LeaseFSError as exc:
+            entry[2], entry[3] = False, exc
+            raise
+        except BaseException:
+            # cancelled or a bug: do not cache, a retry may run it again
+            del self._entries[key]
+            raise
+        finally:
+            entry[0] = self.clock() + self.expiry
+            entry[1].set()
+
+    def _purge(self) -> None:
+        if len(self._entries) < 1024 and len(self._entries) < self.max_entries:
+            return
+        now = self.clock()
+        for key in [k for k, e in self._entries.items() if e[0] <= now]:
+            del self._entries[key]
+        while len(self._entries) >= self.max_entries:  # oldest first (dict keeps order)
+            del self._entries[next(iter(self._entries))]
+
+
+class Dispatcher:
+    """Exposes ``async def rpc_<method>(self, ctx, **args)`` methods over RPC.
+
+    Methods named in ``retry_cached`` go through the ``RetryCache``. Arguments are bound
+    against the handler's signature first, so a wrong argument is the client's
+    ``InvalidArgument``, not a server ``TypeError``.
+    """
+
+    retry_cached: frozenset[str] = frozenset()
+
+    def __init__(self, retry_cache: RetryCache | None = None):
+        self.retry_cache = retry_cache or RetryCache()
+
+    def methods(self) -> list[str]:
+        return sorted(n[4:] for n in dir(self) if n.startswith("rpc_"))
+
+    async def dispatch(self, ctx: CallContext, method, args):
+        if not isinstance(method, str) or not method.isidentifier():
+            raise UnknownMethod(f"method name must be a string identifier, got {method!r:.80}")
+        handler = getattr(self, "rpc_" + method, None)
+        if handler is None:
+            raise UnknownMethod(f"unknown method {method!r}")
+        if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
+            raise InvalidArgument(f"{method}: arguments must be a map of names to values")
+        try:
+            bound = inspect.signature(handler).bind(ctx, **args)
+        except TypeError as exc:
+            raise InvalidArgument(f"{method}: {exc}") from None
+        if method in self.retry_cached and ctx.call_id is not None:
+            return await self.retry_cache.run(
+                (ctx.client_id, ctx.call_id), lambda: handler(*bound.args, **bound.kwargs))
+        return await handler(*bound.args, **bound.kwargs)
+
+
+async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
+                    max_frame: int = DEFAULT_MAX_FRAME, peer: str = "?",
+                    max_concurrent_calls: int = 256, hello_timeout: float = 10.0) -> None:
+    """Serve one connection until the peer closes it or sends an unreadable frame."""
+    framed = FramedStream(stream, max_frame)
+    send_lock = trio.Lock()
+    limiter = trio.CapacityLimiter(max_concurrent_calls)
+
+    async def reply(call_id, ok, value):
+        try:
+            async with send_lock:
+                await framed.send_frame([call_id, ok, value])
+        except ServerUnavailable:
+            pass  # the client went away; nothing to tell it
+        except (TypeError, ValueError) as exc:  # result not msgpack-serialisable: a server bug
+            log.exception("cannot encode reply to call %r", call_id)
+            async with send_lock:
+                await framed.send_frame(
+                    [call_id, False, InternalError(f"cannot encode reply: {exc}").to_wire()])
+
+    async def run_call(ctx: CallContext, method, args):
+        async with limiter:
+            try:
+                result = await dispatcher.dispatch(ctx, method, args)
+            except LeaseFSError as exc:
+                await reply(ctx.call_id, False, exc.to_wire())
+            except Exception as exc:  # a bug: log it, answer, keep serving
+                log.exception("RPC %s from %s failed", method, ctx.peer)
+                await reply(ctx.call_id, False,
+                            InternalError(f"{method}: internal error: {type(exc).__name__}: {exc}").to_wire())
+            else:
+                await reply(ctx.call_id, True, result)
+
+    async def read_requests(nursery, client_id):
+        while True:
+            request = await framed.receive_frame()
+            if not (isinstance(request, list) and len(request) == 3):
+                call_id = request[0] if isinstance(request, list) and request else None
+                await reply(call_id if isinstance(call_id, int) else None, False, ProtocolError(
+                    f"request must be [call_id, method, args], got {request!r:.120}").to_wire())
+                continue
+            call_id, method, args = request
+            if not isinstance(call_id, int):
+                await reply(None, False, ProtocolError(
+                    f"call id must be an integer, got {call_id!r:.40}").to_wire())
+                continue
+            ctx = CallContext(client_id=client_id, peer=peer, call_id=call_id)
+            nursery.start_soon(run_call, ctx, method, args)
+
+    try:
+        with trio.move_on_after(hello_timeout) as scope:
+            hello = await framed.receive_frame()
+        if scope.cancelled_caught:
+            raise ProtocolError("no hello frame in time")
+        if not (isinstance(hello, dict) and hello.get("hello") == "leasefs"
+                and isinstance(hello.get("client_id"), str) and hello["client_id"]):
+            raise ProtocolError(f"first frame must be a leasefs hello, got {hello!r:.120}")
+        # In-flight calls run to completion when the peer goes away (a mutation half done
+        # is never cancelled by a disconnect); their replies are dropped.
+        async with trio.open_nursery() as nursery:
+            try:
+                await read_requests(nursery, hello["client_id"][:256])
+            except (EOFError, ServerUnavailable):
+                pass
+            except ProtocolError as exc:
+                log.warning("closing connection from %s: %s", peer, exc)
+                await reply(None, False, exc.to_wire())
+    except (EOFError, ServerUnavailable):
+        pass
+    except ProtocolError as exc:
+        log.warning("closing connection from %s: %s", peer, exc)
+        await reply(None, False, exc.to_wire())
+    finally:
+        with trio.CancelScope(shield=True):
+            await framed.aclose()
+
+
+async def serve_tcp(handler, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED,
+                    name: str = "server"):
+    """Listen on ``host:port`` (0 = any free port), report the bound address through
+    ``task_status.started((host, port))`` and run ``handler(stream, peer)`` per connection."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()[:2]
+    log.info("%s listening on %s", name, format_address(bound))
+
+    async def per_connection(stream):
+        try:
+            peer = format_address(stream.socket.getpeername()[:2])
+        except OSError:
+            peer = "?"
+        try:
+            await handler(stream, peer)
+        except Exception:
+            log.exception("%s: connection handler from %s failed", name, peer)
+
+    async with trio.open_nursery() as nursery:
+        task_status.started((bound[0], bound[1]))
+        await trio.serve_listeners(per_connection, listeners, handler_nursery=nursery)

@@ -1,0 +1,1 @@
+"""leasefs mount package."""

@@ -1,0 +1,1 @@
+"""leasefs spark_connector package."""

@@ -1,0 +1,1 @@
+"""leasefs tools package."""
