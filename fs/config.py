@@ -126,3 +126,29 @@ class Config:
 def describe() -> list[tuple[str, object, str]]:
     """``(name, default, doc)`` for every setting, for the README and ``--help``."""
     return [(f.name, f.default, f.metadata.get("doc", "")) for f in fields(Config)]
+
+
+def default_home(env: dict | None = None) -> str:
+    """Where ``leasefs cluster up`` keeps data and its state file (``LEASEFS_HOME``)."""
+    env = os.environ if env is None else env
+    return env.get("LEASEFS_HOME") or os.path.join(os.path.expanduser("~"), ".leasefs")
+
+
+def find_meta_address(explicit: str | None = None, env: dict | None = None) -> str:
+    """The metadata server to talk to: ``--meta`` flag > ``LEASEFS_META`` > the running
+    embedded cluster's state file (``<home>/cluster.json``) > config file > 127.0.0.1:8020."""
+    import json
+
+    env = os.environ if env is None else env
+    if explicit:
+        return explicit
+    if env.get("LEASEFS_META"):
+        return env["LEASEFS_META"]
+    try:
+        with open(os.path.join(default_home(env), "cluster.json")) as fh:
+            address = json.load(fh).get("meta_address")
+        if address:
+            return address
+    except (OSError, ValueError):
+        pass
+    return Config.load(env=env).meta_address
