@@ -1,0 +1,276 @@
+"""Real clusters for tests: in-process (one trio run) and as subprocesses (the real CLI).
+
+``inprocess_cluster`` starts the real metadata server and N real block servers as tasks on
+port 0 in the test's own trio run, each under its own cancel scope so a test can stop and
+restart one. ``ProcessCluster`` starts them as separate ``python -m tools`` processes with
+address files, so fault tests can ``kill -9`` and restart real processes.
+
+Both use short timings (heartbeats of a tenth of a second) so that failures are seen fast.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+
+from fs.config import Config
+from fs.rpc import RpcClient, format_address
+
+TEST_SETTINGS = {
+    "heartbeat_interval": 0.1,
+    "dead_node_interval": 3.0,
+    "safemode_extension": 0.0,
+    "block_report_interval": 60.0,
+    "rpc_retry_seconds": 10.0,
+    "rpc_timeout": 30.0,
+    "lease_monitor_period": 0.2,
+}
+
+
+async def wait_cluster_ready(meta_address: str, n_live: int, timeout: float = 30.0) -> dict:
+    """Poll ``report`` until ``n_live`` block servers are live and safe mode is off."""
+    deadline = trio.current_time() + timeout
+    last = None
+    async with RpcClient(meta_address, "harness-probe", retry_seconds=1.0, timeout=5.0) as rpc:
+        while trio.current_time() < deadline:
+            try:
+                last = await rpc.call("report", {}, retry_seconds=0.5)
+                if len(last["live_nodes"]) >= n_live and not last["safemode"]["on"]:
+                    return last
+            except Exception as exc:  # server still starting
+                last = exc
+            await trio.sleep(0.05)
+    raise TimeoutError(f"cluster at {meta_address} not ready after {timeout}s: {last!r:.500}")
+
+
+class _Task:
+    """A server task under its own cancel scope, stoppable and awaitable."""
+
+    def __init__(self):
+        self.scope = trio.CancelScope()
+        self.done = trio.Event()
+        self.address = None
+
+    async def stop(self):
+        self.scope.cancel()
+        await self.done.wait()
+
+
+class InProcessCluster:
+    def __init__(self, nursery, base: Path, config: Config, n_storage: int):
+        self.nursery = nursery
+        self.base = Path(base)
+        self.config = config
+        self.meta_dir = self.base / "meta"
+        self.storage_dirs = [self.base / f"storage{i}" for i in range(n_storage)]
+        self.meta: _Task | None = None
+        self.storage: list[_Task | None] = [None] * n_storage
+        self.meta_address: str | None = None
+        self._meta_port = 0
+        self._storage_ports = [0] * n_storage
+
+    async def _start(self, fn, **kwargs) -> _Task:
+        task = _Task()
+
+        async def runner(task_status=trio.TASK_STATUS_IGNORED):
+            try:
+                with task.scope:
+                    await fn(task_status=task_status, **kwargs)
+            finally:
+                task.done.set()
+
+        task.address = await self.nursery.start(runner)
+        return task
+
+    async def start_meta(self):
+        from meta.server import run_meta_server
+
+        self.meta = await self._start(run_meta_server, config=self.config,
+                                      data_dir=str(self.meta_dir), host="127.0.0.1",
+                                      port=self._meta_port)
+        self._meta_port = self.meta.address[1]
+        self.meta_address = format_address(self.meta.address)
+
+    async def stop_meta(self):
+        await self.meta.stop()
+
+    async def start_storage(self, i: int):
+        from storage.server import run_block_server
+
+        task = await self._start(run_block_server, config=self.config,
+                                 data_dir=str(self.storage_dirs[i]),
+                                 meta_address=self.meta_address, host="127.0.0.1",
+                                 port=self._storage_ports[i])
+        self._storage_ports[i] = task.address[1]
+        self.storage[i] = task
+
+    async def stop_storage(self, i: int):
+        await self.storage[i].stop()
+        self.storage[i] = None
+
+    def storage_address(self, i: int) -> str:
+        return f"127.0.0.1:{self._storage_ports[i]}"
+
+    async def wait_ready(self, n_live: int | None = None, timeout: float = 30.0) -> dict:
+        n = sum(t is not None for t in self.storage) if n_live is None else n_live
+        return await wait_cluster_ready(self.meta_address, n, timeout)
+
+    def client(self, **kwargs):
+        from fs.client import AsyncClient
+
+        return AsyncClient(self.meta_address, config=self.config, **kwargs)
+
+
+def make_test_config(**overrides) -> Config:
+    return Config.load(env={}, **{**TEST_SETTINGS, **overrides})
+
+
+@asynccontextmanager
+async def inprocess_cluster(tmp_path, n_storage: int = 3, **overrides):
+    config = make_test_config(**overrides)
+    async with trio.open_nursery() as nursery:
+        cluster = InProcessCluster(nursery, Path(tmp_path), config, n_storage)
+        await cluster.start_meta()
+        for i in range(n_storage):
+            await cluster.start_storage(i)
+        await cluster.wait_ready(n_storage)
+        try:
+            yield cluster
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+# --------------------------------------------------------------------------- subprocesses
+
+
+class ProcessCluster:
+    """A metadata server and N block servers as real ``python -m tools`` processes."""
+
+    def __init__(self, base_dir, n_storage: int = 3, settings: dict | None = None,
+                 python: str = sys.executable):
+        self.base = Path(base_dir)
+        self.n_storage = n_storage
+        self.settings = {**TEST_SETTINGS, **(settings or {})}
+        self.python = python
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.ports: dict[str, int] = {}
+        self.meta_address: str | None = None
+        (self.base / "logs").mkdir(parents=True, exist_ok=True)
+
+    # -- plumbing
+    def _set_args(self) -> list[str]:
+        out = []
+        for key, value in self.settings.items():
+            out += ["--set", f"{key}={value}"]
+        return out
+
+    def _spawn(self, name: str, args: list[str]) -> str:
+        addr_file = self.base / "run" / f"{name}.addr"
+        addr_file.parent.mkdir(parents=True, exist_ok=True)
+        addr_file.unlink(missing_ok=True)
+        log = open(self.base / "logs" / f"{name}.log", "ab")
+        port = str(self.ports.get(name, 0))
+        proc = subprocess.Popen(
+            [self.python, "-m", "tools", *args, "--port", port, "--address-file", str(addr_file),
+             *self._set_args()],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=self.env_base(), start_new_session=True)
+        log.close()
+        self.procs[name] = proc
+        deadline = time.monotonic() + 30
+        while not addr_file.exists():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} did not report its address:\n{self.log_tail(name)}")
+            time.sleep(0.02)
+        address = addr_file.read_text().strip()
+        self.ports[name] = int(address.rsplit(":", 1)[1])
+        return address
+
+    def env_base(self) -> dict:
+        env = dict(os.environ)
+        env.pop("LEASEFS_META", None)
+        env["LEASEFS_HOME"] = str(self.base / "home")
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    @property
+    def env(self) -> dict:
+        """Environment for CLI subprocesses that should find this cluster."""
+        return {**self.env_base(), "LEASEFS_META": self.meta_address}
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        try:
+            text = (self.base / "logs" / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def meta_dir(self) -> Path:
+        return self.base / "meta"
+
+    def storage_dir(self, i: int) -> Path:
+        return self.base / f"storage{i}"
+
+    # -- lifecycle
+    def start(self, wait: bool = True):
+        self.start_meta()
+        for i in range(self.n_storage):
+            self.start_storage(i)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def start_meta(self):
+        self.meta_address = self._spawn("meta", ["meta", "--data", str(self.meta_dir())])
+
+    def start_storage(self, i: int):
+        self._spawn(f"storage{i}", ["storage", "--data", str(self.storage_dir(i)),
+                                    "--meta", self.meta_address])
+
+    def pid(self, name: str) -> int:
+        return self.procs[name].pid
+
+    def kill(self, name: str, sig=signal.SIGKILL, timeout: float = 30.0):
+        proc = self.procs.get(name)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def kill_meta(self, sig=signal.SIGKILL):
+        self.kill("meta", sig)
+
+    def kill_storage(self, i: int, sig=signal.SIGKILL):
+        self.kill(f"storage{i}", sig)
+
+    def wait_ready(self, n_live: int | None = None, timeout: float = 60.0) -> dict:
+        n = self.n_storage if n_live is None else n_live
+        return trio.run(wait_cluster_ready, self.meta_address, n, timeout)
+
+    def stop(self):
+        for name in list(self.procs):
+            self.kill(name, signal.SIGTERM, timeout=10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def client(self):
+        from fs.client import Client
+
+        return Client(self.meta_address, config=make_test_config())
