@@ -1,0 +1,328 @@
+"""The shared core: frames, RPC, retry cache, error family, path rules, settings."""
+
+from __future__ import annotations
+
+import errno
+import struct
+
+import msgpack
+import pytest
+import trio
+import trio.testing
+
+from fs import datatransfer, errors, paths
+from fs.config import Config, describe, find_meta_address
+from fs.framing import FramedStream, encode_frame
+from fs.rpc import (Dispatcher, RetryCache, RpcClient, parse_address, serve_rpc, serve_tcp)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_every_error_round_trips_with_class_and_errno():
+    for name, cls in errors.error_classes().items():
+        exc = cls(f"/some/path: {name}")
+        back = errors.from_wire(msgpack.unpackb(msgpack.packb(exc.to_wire())))
+        assert type(back) is cls
+        assert back.errno == cls.errno and back.message == f"/some/path: {name}"
+
+
+def test_unknown_or_junk_error_objects_become_base_errors():
+    back = errors.from_wire({"type": "FromTheFuture", "errno": 99, "message": "m"})
+    assert type(back) is errors.LeaseFSError and back.errno == 99 and "m" in str(back)
+    assert isinstance(errors.from_wire("junk"), errors.ProtocolError)
+
+
+def test_errnos_match_posix_meanings():
+    assert errors.FileNotFound.errno == errno.ENOENT
+    assert errors.FileExists.errno == errno.EEXIST
+    assert errors.DirectoryNotEmpty.errno == errno.ENOTEMPTY
+    assert errors.AlreadyBeingCreated.errno == errno.EBUSY
+    assert errors.SafeMode.retriable and not errors.FileNotFound.retriable
+
+
+# --------------------------------------------------------------------------- framing
+
+
+def _pair():
+    left, right = trio.testing.memory_stream_pair()
+    return FramedStream(left, max_frame=1024), FramedStream(right, max_frame=1024)
+
+
+def test_frames_round_trip_and_oversize_is_refused_unread():
+    async def main():
+        a, b = _pair()
+        await a.send_frame({"k": [1, b"\x00bytes", "str"]})
+        assert await b.receive_frame() == {"k": [1, b"\x00bytes", "str"]}
+        await a.send_all(struct.pack(">I", 1 << 31))
+        with pytest.raises(errors.FrameTooLarge, match="exceeds the maximum of 1024"):
+            await b.receive_frame()
+
+    trio.run(main)
+
+
+def test_truncated_and_garbage_frames_are_protocol_errors():
+    async def main():
+        a, b = _pair()
+        await a.send_all(struct.pack(">I", 5) + b"\xc1\xc1\xc1\xc1\xc1")  # 0xc1 is never valid
+        with pytest.raises(errors.ProtocolError, match="not valid msgpack"):
+            await b.receive_frame()
+        await a.send_all(struct.pack(">I", 10) + b"abc")
+        await a.aclose()
+        with pytest.raises(errors.ProtocolError, match="inside a frame"):
+            await b.receive_frame()
+
+    trio.run(main)
+
+
+def test_receive_exactly_across_many_small_chunks():
+    async def main():
+        a, b = _pair()
+        payload = bytes(range(256)) * 10000
+        async with trio.open_nursery() as nursery:
+            async def sender():
+                for i in range(0, len(payload), 777):
+                    await a.send_all(payload[i:i + 777])
+            nursery.start_soon(sender)
+            assert await b.receive_exactly(len(payload)) == payload
+
+    trio.run(main)
+
+
+def test_packets_and_acks_round_trip_and_checksums_catch_flips():
+    async def main():
+        a, b = _pair()
+        data = bytes(range(256)) * 40  # 10240 bytes, 3 chunks of 4096
+        sums = datatransfer.chunk_checksums(data, 4096)
+        assert len(sums) == 12
+        await datatransfer.send_packet(a, 7, 8192, data, sums, datatransfer.FLAG_SYNC)
+        pkt = await datatransfer.receive_packet(b, 4096)
+        assert (pkt.seqno, pkt.offset, pkt.data, pkt.sync, pkt.last) == (7, 8192, data, True, False)
+        datatransfer.verify_checksums(pkt.data, pkt.sums, 4096)
+        bad = bytearray(data)
+        bad[5000] ^= 1
+        with pytest.raises(errors.ChecksumError, match="at offset 12288"):
+            datatransfer.verify_checksums(bad, sums, 4096, base_offset=8192)
+        await datatransfer.send_ack(a, 7, [0, 0, 2])
+        assert await datatransfer.receive_ack(b) == (7, [0, 0, 2])
+        await a.send_all(datatransfer.encode_packet_header(1, 0, 1 << 30, 0))
+        with pytest.raises(errors.ProtocolError, match="claims"):
+            await datatransfer.receive_packet(b, 4096)
+
+    trio.run(main)
+
+
+# --------------------------------------------------------------------------- RPC
+
+
+class Echo(Dispatcher):
+    retry_cached = frozenset({"bump"})
+
+    def __init__(self):
+        super().__init__()
+        self.bumps = 0
+
+    async def rpc_echo(self, ctx, value):
+        return value
+
+    async def rpc_sleep(self, ctx, seconds):
+        await trio.sleep(seconds)
+        return seconds
+
+    async def rpc_missing(self, ctx, path):
+        raise errors.FileNotFound(f"{path}: no such file or directory")
+
+    async def rpc_bug(self, ctx):
+        raise ZeroDivisionError("oops")
+
+    async def rpc_bump(self, ctx):
+        self.bumps += 1
+        await trio.sleep(0.05)
+        return self.bumps
+
+
+async def _serve(nursery, dispatcher):
+    return await nursery.start(serve_tcp, lambda s, p: serve_rpc(s, dispatcher, peer=p),
+                               "127.0.0.1", 0)
+
+
+def test_rpc_many_calls_in_flight_and_errors_rebuilt():
+    async def main():
+        async with trio.open_nursery() as nursery:
+            addr = await _serve(nursery, Echo())
+            async with RpcClient(addr, "c1") as rpc:
+                with trio.fail_after(3):  # 50 calls of 0.5 s on one connection: concurrent
+                    async with trio.open_nursery() as calls:
+                        for _ in range(50):
+                            calls.start_soon(rpc.call, "sleep", {"seconds": 0.5})
+                with pytest.raises(errors.FileNotFound, match="/a/b: no such file"):
+                    await rpc.call("missing", {"path": "/a/b"})
+                with pytest.raises(errors.InternalError, match="ZeroDivisionError"):
+                    await rpc.call("bug")
+                with pytest.raises(errors.UnknownMethod):
+                    await rpc.call("nope")
+                with pytest.raises(errors.InvalidArgument, match="unexpected keyword|got an unexpected"):
+                    await rpc.call("echo", {"value": 1, "extra": 2})
+                assert await rpc.call("echo", {"value": {"still": "serving"}}) == {"still": "serving"}
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_retry_cache_applies_a_retried_call_once():
+    async def main():
+        server = Echo()
+        async with trio.open_nursery() as nursery:
+            addr = await _serve(nursery, server)
+            # the same (client, call id) on two connections at once (a retry racing the
+            # original), and once more afterwards: applied once, same answer every time
+            async with RpcClient(addr, "c1") as rpc, RpcClient(addr, "c1") as retry:
+                results = []
+
+                async def call(client):
+                    results.append(await client.call_once("bump", {}, 42, 5))
+                async with trio.open_nursery() as n2:
+                    n2.start_soon(call, rpc)
+                    n2.start_soon(call, retry)
+                assert results == [1, 1]
+                assert await rpc.call_once("bump", {}, 42, 5) == 1
+                assert server.bumps == 1
+            async with RpcClient(addr, "c2") as other:  # another client, same call id
+                assert await other.call_once("bump", {}, 42, 5) == 2
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_retry_cache_expires_entries_and_remembers_errors():
+    now = [0.0]
+    cache = RetryCache(expiry=10, max_entries=2000, clock=lambda: now[0])
+    calls = []
+
+    async def failing():
+        calls.append(1)
+        raise errors.FileExists("/x: exists")
+
+    async def main():
+        for _ in range(2):
+            with pytest.raises(errors.FileExists):
+                await cache.run(("c", 1), failing)
+        assert len(calls) == 1
+        now[0] = 100
+        for i in range(1100):  # enough to trigger a purge of expired entries
+            await cache.run(("c", 1000 + i), lambda: trio.sleep(0))
+        assert ("c", 1) not in cache._entries
+
+    trio.run(main)
+
+
+def test_rpc_client_reconnects_after_server_restart():
+    async def main():
+        async with trio.open_nursery() as outer:
+            with trio.CancelScope() as first:
+                addr = await outer.start(serve_tcp,
+                                         lambda s, p: serve_rpc(s, Echo(), peer=p), "127.0.0.1", 0)
+            async with RpcClient(addr, "c1", retry_seconds=5) as rpc:
+                assert await rpc.call("echo", {"value": 1}) == 1
+                first.cancel()
+                await trio.sleep(0.1)
+
+                async def restart_later():
+                    await trio.sleep(0.3)
+                    await outer.start(serve_tcp, lambda s, p: serve_rpc(s, Echo(), peer=p),
+                                      "127.0.0.1", addr[1])
+                outer.start_soon(restart_later)
+                assert await rpc.call("echo", {"value": 2}) == 2
+            outer.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_rpc_client_gives_up_with_a_clear_error():
+    async def main():
+        listener = trio.socket.socket()
+        await listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        listener.close()  # nothing listens there now
+        async with RpcClient(f"127.0.0.1:{port}", "c1", retry_seconds=0.3) as rpc:
+            with pytest.raises(errors.ServerUnavailable, match=f"cannot reach 127.0.0.1:{port}"):
+                await rpc.call("echo", {"value": 1})
+
+    trio.run(main)
+
+
+def test_server_survives_garbage_connections():
+    async def main():
+        async with trio.open_nursery() as nursery:
+            addr = await _serve(nursery, Echo())
+            for garbage in (b"\xff\xff\xff\xff", b"\x00\x00\x00\x03abc", b"GET / HTTP/1.0\r\n\r\n",
+                            encode_frame({"hello": "nope"}), encode_frame([1, 2, 3])):
+                stream = await trio.open_tcp_stream(*addr)
+                await stream.send_all(garbage)
+                framed = FramedStream(stream)
+                with trio.fail_after(5):
+                    try:
+                        reply = await framed.receive_frame()
+                        assert reply[1] is False
+                        assert reply[2]["type"] in ("FrameTooLarge", "ProtocolError")
+                    except (EOFError, errors.ServerUnavailable):
+                        pass
+                await stream.aclose()
+            async with RpcClient(addr, "ok") as rpc:
+                assert await rpc.call("echo", {"value": "alive"}) == "alive"
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+# --------------------------------------------------------------------------- paths, config
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "/a//b", "//", "/a/./b", "/a/../b", "/..",
+                                 "/a\0b", 123, None])
+def test_invalid_paths(bad):
+    with pytest.raises(errors.InvalidPath):
+        paths.split(bad)
+
+
+def test_path_limits_and_canonical_forms():
+    assert paths.split("/") == []
+    assert paths.validate("/a/b/") == "/a/b"
+    assert paths.split("/a/b c/ü") == ["a", "b c", "ü"]
+    paths.split("/" + "x" * 255)
+    with pytest.raises(errors.NameTooLong):
+        paths.split("/" + "x" * 256)
+    with pytest.raises(errors.NameTooLong):
+        paths.split("/" + "é" * 128)  # 256 UTF-8 bytes
+    with pytest.raises(errors.NameTooLong):
+        paths.split(("/" + "x" * 200) * 21)
+    assert paths.normalize_user_path("b/../c//d/", cwd="/a") == "/a/c/d"
+    assert paths.join("/", "x") == "/x" and paths.parent("/a/b") == "/a"
+    assert paths.is_ancestor("/a", "/a/b") and not paths.is_ancestor("/a", "/ab")
+
+
+def test_config_precedence_and_types(tmp_path):
+    conf = tmp_path / "leasefs.toml"
+    conf.write_text('replication = 2\nblock_size = 1048576\n')
+    env = {"LEASEFS_REPLICATION": "1", "LEASEFS_HEARTBEAT_INTERVAL": "0.5"}
+    c = Config.load(str(conf), env=env, heartbeat_interval=0.25)
+    assert (c.replication, c.block_size, c.heartbeat_interval) == (1, 1 << 20, 0.25)
+    with pytest.raises(errors.InvalidArgument, match="unknown setting 'nope'"):
+        Config.load(env={}, nope=1)
+    with pytest.raises(errors.InvalidArgument, match="not a int"):
+        Config.load(env={"LEASEFS_REPLICATION": "three"})
+    assert all(doc for _, _, doc in describe())
+
+
+def test_meta_address_discovery(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"LEASEFS_HOME": str(home)}
+    assert find_meta_address(env=env) == "127.0.0.1:8020"
+    (home / "cluster.json").write_text('{"meta_address": "127.0.0.1:4242"}')
+    assert find_meta_address(env=env) == "127.0.0.1:4242"
+    assert find_meta_address(env={**env, "LEASEFS_META": "h:1"}) == "h:1"
+    assert find_meta_address("x:2", env=env) == "x:2"
+    assert parse_address("[::1]:80") == ("::1", 80)
+    with pytest.raises(errors.InvalidArgument):
+        parse_address("host:notaport")
