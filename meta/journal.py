@@ -1,0 +1,634 @@
+"""The metadata server's edit journal (the HDFS edit log) with group commit.
+
+Why it exists: the namespace lives in LevelDB, whose ordinary writes are not fsynced. A
+mutation is acknowledged only once its journal record is on disk; at restart the namespace
+replays every record after the txid it had applied, so no acknowledged mutation is lost.
+
+File format. Every namespace mutation is one record ``[txid, op, args]`` (msgpack,
+``use_bin_type``), framed as::
+
+    uint32 length | uint32 crc32c(body) | body          (big-endian, length = len(body) > 0)
+
+Records live in segment files in one folder; txids are consecutive, starting at 1:
+
+* ``edits_inprogress_<first:019d>`` - the segment being appended (at most one, the newest);
+* ``edits_<first:019d>-<last:019d>`` - finalized segments (rolled by checkpoints).
+
+An empty in-progress segment still counts: its name says that txid ``first - 1`` was the
+last one written, so purging every finalized segment never forgets the txid counter.
+
+Recovery (``open``): a bad record at the END of the in-progress segment (short header,
+short body, bad CRC, zero fill) is a torn write from a crash and is cut with a warning. A
+bad record followed by more valid-looking records, any bad record in a finalized segment, a
+txid out of sequence, or a gap between segments is corruption: ``JournalError`` naming the
+file and byte offset, and nothing is modified. A record whose CRC matches but whose body is
+not a record is corruption too (a torn write cannot produce a matching CRC).
+
+Group commit. ``log()`` encodes the record, takes the next txid, appends it to the pending
+batch and waits. One syncer task (``run``) loops: take the whole pending batch, write it and
+``os.fsync`` in ONE worker-thread call (``trio.to_thread.run_sync`` with the limiter), then
+on the trio thread call ``apply(records)`` ONCE with the batch in txid order and wake every
+waiter of the batch. Records logged while an fsync runs form the next batch, so N
+concurrent ``log()`` calls cost about one fsync (``stats`` counts fsyncs, records, bytes).
+``apply`` receives the records exactly as ``replay`` will decode them after a restart.
+
+Concurrency contract:
+* ``log``/``roll``/``aclose`` are called from any number of tasks of the server's trio
+  thread; ``open``, ``replay``, ``purge``, ``segments`` are sync and run on that thread
+  (``open``/``replay`` at startup before ``run``; ``purge`` only unlinks a few files).
+* ``apply`` is sync, called only by the syncer on the trio thread, never concurrently with
+  itself and never awaited; it must not await (it is what writes the LevelDB batch).
+* File writes, fsyncs, renames run in worker threads under one ``_sync_lock``, so a batch
+  write, a roll and the final flush never overlap.
+* A ``log`` caller cancelled while waiting leaves its record in the batch: it is still
+  written and applied; the syncer and the other waiters are unaffected.
+* On a write/fsync ``OSError`` every waiting caller gets ``InternalError`` and the journal
+  refuses all later ``log`` calls (the server must not acknowledge undurable mutations).
+  Records of a failed batch may still be on disk and replayed at the next start, as with
+  any database whose commit failed after the write. If ``apply`` raises, the batch's
+  waiters get ``InternalError`` (the records are durable and will replay at restart).
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import logging
+import os
+import re
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import msgpack
+import trio
+
+from fs.datatransfer import crc32c
+from fs.errors import InternalError, InvalidArgument, LeaseFSError
+
+log = logging.getLogger(__name__)
+
+RECORD_HEADER = struct.Struct(">II")  # length of body, crc32c(body)
+INPROGRESS_PREFIX = "edits_inprogress_"
+_FINALIZED_RE = re.compile(r"^edits_(\d{19})-(\d{19})$")
+_INPROGRESS_RE = re.compile(r"^edits_inprogress_(\d{19})$")
+
+
+def finalized_name(first: int, last: int) -> str:
+    return f"edits_{first:019d}-{last:019d}"
+
+
+def inprogress_name(first: int) -> str:
+    return f"{INPROGRESS_PREFIX}{first:019d}"
+
+
+class JournalError(LeaseFSError):
+    """The journal is corrupt or inconsistent; ``file`` and ``offset`` say where."""
+    errno = _errno.EIO
+
+    def __init__(self, message: str, *, file: str | None = None, offset: int | None = None):
+        super().__init__(message)
+        self.file = file
+        self.offset = offset
+
+
+@dataclass(frozen=True)
+class Record:
+    txid: int
+    op: str
+    args: dict
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    name: str
+    first: int
+    last: int          # first - 1 for an empty in-progress segment
+    size: int
+    in_progress: bool
+
+
+@dataclass
+class JournalStats:
+    fsyncs: int = 0
+    records: int = 0
+    bytes: int = 0
+    largest_batch: int = 0
+
+
+def encode_record(txid: int, op: str, args: dict) -> bytes:
+    """One framed record (header + msgpack body)."""
+    body = msgpack.packb([txid, op, args], use_bin_type=True)
+    return RECORD_HEADER.pack(len(body), crc32c(body)) + body
+
+
+def _decode_body(body) -> Record | None:
+    """The record in ``body``, or None when it is not ``[txid>0, str, dict]``."""
+    try:
+        obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception:
+        return None
+    if (isinstance(obj, list) and len(obj) == 3 and type(obj[0]) is int and obj[0] > 0
+            and isinstance(obj[1], str) and isinstance(obj[2], dict)):
+        return Record(obj[0], obj[1], obj[2])
+    return None
+
+
+# ------------------------------------------------------------------------------ scanning
+class _Bad:
+    """Why the bytes at an offset are not a record; ``torn`` = could be a torn write."""
+    __slots__ = ("reason", "torn")
+
+    def __init__(self, reason: str, torn: bool = True):
+        self.reason = reason
+        self.torn = torn
+
+
+def _parse_at(buf: bytes, pos: int, max_record: int) -> tuple[Record, int] | _Bad:
+    size = len(buf)
+    if size - pos < RECORD_HEADER.size:
+        return _Bad(f"short record header ({size - pos} of {RECORD_HEADER.size} bytes)")
+    length, crc = RECORD_HEADER.unpack_from(buf, pos)
+    if length == 0:
+        return _Bad("zero length (zero fill)")
+    if length > max_record:
+        return _Bad(f"record length {length} exceeds the {max_record}-byte limit")
+    end = pos + RECORD_HEADER.size + length
+    if end > size:
+        return _Bad(f"short record (body needs {length} bytes, {size - pos - RECORD_HEADER.size} present)")
+    body = memoryview(buf)[pos + RECORD_HEADER.size:end]
+    if crc32c(body) != crc:
+        return _Bad("CRC mismatch")
+    record = _decode_body(body)
+    if record is None:
+        return _Bad("CRC matches but the body is not a journal record", torn=False)
+    return record, end
+
+
+def _valid_record_after(buf: bytes, start: int, max_record: int) -> int | None:
+    """Offset of the first position >= start where a valid-looking record begins."""
+    size = len(buf)
+    unpack = RECORD_HEADER.unpack_from
+    limit = size - RECORD_HEADER.size
+    for pos in range(start, limit + 1):
+        length, _crc = unpack(buf, pos)
+        if length == 0 or length > max_record or pos + RECORD_HEADER.size + length > size:
+            continue
+        if not isinstance(_parse_at(buf, pos, max_record), _Bad):
+            return pos
+    return None
+
+
+@dataclass
+class _Scan:
+    """Result of verifying one segment file."""
+    name: str
+    first: int
+    last: int              # last txid found (first - 1 when no records)
+    records: int
+    size: int              # file size on disk
+    valid_end: int         # bytes of valid records
+    in_progress: bool
+    torn_reason: str = ""
+
+    @property
+    def torn_bytes(self) -> int:
+        return self.size - self.valid_end
+
+
+def _scan_segment(directory: str, name: str, first: int, in_progress: bool,
+                  tail_may_be_torn: bool, max_record: int,
+                  on_record: Callable[[Record], None] | None = None) -> _Scan:
+    """Verify every record of one segment; raise ``JournalError`` on corruption."""
+    path = os.path.join(directory, name)
+    try:
+        with open(path, "rb") as fh:
+            buf = fh.read()
+    except OSError as exc:
+        raise JournalError(f"journal segment {path}: cannot read: {exc}", file=path) from None
+    pos = 0
+    expected = first
+    torn_reason = ""
+    while pos < len(buf):
+        parsed = _parse_at(buf, pos, max_record)
+        if isinstance(parsed, _Bad):
+            if not tail_may_be_torn or not parsed.torn:
+                raise JournalError(f"journal segment {path}: bad record at offset {pos}: "
+                                   f"{parsed.reason}", file=path, offset=pos)
+            later = _valid_record_after(buf, pos + 1, max_record)
+            if later is not None:
+                raise JournalError(
+                    f"journal segment {path}: bad record at offset {pos} ({parsed.reason}) "
+                    f"followed by a valid record at offset {later}: corruption in the middle",
+                    file=path, offset=pos)
+            torn_reason = parsed.reason
+            break
+        record, end = parsed
+        if record.txid != expected:
+            raise JournalError(f"journal segment {path}: record at offset {pos} has txid "
+                               f"{record.txid}, expected {expected}", file=path, offset=pos)
+        if on_record is not None:
+            on_record(record)
+        expected += 1
+        pos = end
+    return _Scan(name=name, first=first, last=expected - 1, records=expected - first,
+                 size=len(buf), valid_end=pos, in_progress=in_progress, torn_reason=torn_reason)
+
+
+def _list_segments(directory: str) -> list[tuple[str, int, int | None]]:
+    """``(name, first, last or None for in-progress)`` sorted by first txid."""
+    try:
+        names = os.listdir(directory)
+    except OSError as exc:
+        raise JournalError(f"journal directory {directory}: {exc}", file=directory) from None
+    found = []
+    for name in names:
+        m = _FINALIZED_RE.match(name)
+        if m:
+            first, last = int(m.group(1)), int(m.group(2))
+            if first < 1 or last < first:
+                raise JournalError(f"journal segment {os.path.join(directory, name)}: "
+                                   f"bad txid range in the name",
+                                   file=os.path.join(directory, name), offset=0)
+            found.append((name, first, last))
+            continue
+        m = _INPROGRESS_RE.match(name)
+        if m:
+            first = int(m.group(1))
+            if first < 1:
+                raise JournalError(f"journal segment {os.path.join(directory, name)}: "
+                                   f"bad first txid in the name",
+                                   file=os.path.join(directory, name), offset=0)
+            found.append((name, first, None))
+    found.sort(key=lambda item: (item[1], item[2] is None))
+    return found
+
+
+def _verify_directory(directory: str, max_record: int) -> list[_Scan]:
+    """Scan and verify every segment and the txid chain between them (reads only)."""
+    listed = _list_segments(directory)
+    in_progress = [item for item in listed if item[2] is None]
+    if len(in_progress) > 1 or (in_progress and listed[-1][2] is not None):
+        names = ", ".join(item[0] for item in in_progress)
+        raise JournalError(f"journal directory {directory}: in-progress segment(s) {names} "
+                           f"are not the newest segment", file=os.path.join(directory, in_progress[0][0]),
+                           offset=0)
+    scans: list[_Scan] = []
+    for name, first, last in listed:
+        path = os.path.join(directory, name)
+        if scans and first != scans[-1].last + 1:
+            prev = scans[-1]
+            kind = "gap" if first > prev.last + 1 else "overlap"
+            raise JournalError(f"journal segment {path} (offset 0) starts at txid {first} but "
+                               f"the previous segment {prev.name} ends at txid {prev.last}: txid "
+                               f"{kind}", file=path, offset=0)
+        is_inprogress = last is None
+        scan = _scan_segment(directory, name, first, is_inprogress,
+                             tail_may_be_torn=is_inprogress, max_record=max_record)
+        if not is_inprogress and scan.last != last:
+            raise JournalError(f"journal segment {path}: name says txids {first}..{last} but it "
+                               f"holds {first}..{scan.last} (ends at offset {scan.valid_end})",
+                               file=path, offset=scan.valid_end)
+        scans.append(scan)
+    return scans
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------ the journal
+class _Batch:
+    """Records waiting for one write+fsync, and the event their callers wait on."""
+    __slots__ = ("records", "chunks", "done", "error")
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self.chunks: list[bytes] = []
+        self.done = trio.Event()
+        self.error: str | None = None
+
+    def fail(self, message: str) -> None:
+        self.error = message
+        self.done.set()
+
+
+class Journal:
+    """The edit log of one metadata server folder; see the module docstring."""
+
+    def __init__(self, directory: str, apply: Callable[[list[Record]], None], *,
+                 fsync_limiter: trio.CapacityLimiter | None = None, keep_segments: int = 10,
+                 max_record: int = 64 << 20):
+        if keep_segments < 0:
+            raise InvalidArgument(f"journal keep_segments must be >= 0, got {keep_segments}")
+        self.directory = os.path.abspath(directory)
+        self._apply = apply
+        self._limiter = fsync_limiter or trio.CapacityLimiter(1)
+        self.keep_segments = keep_segments
+        self.max_record = max_record
+        self.last_txid = 0
+        self.stats = JournalStats()
+        self._next_txid = 1
+        self._opened = False
+        self._closing = False
+        self._failure: str | None = None
+        self._fd: int | None = None
+        self._inprogress_first = 1
+        self._inprogress_size = 0
+        self._finalized: list[SegmentInfo] = []
+        self._pending = _Batch()
+        self._sync_lock = trio.Lock()
+        self._wakeup = trio.lowlevel.ParkingLot()
+
+    # ------------------------------------------------------------------ startup (sync)
+    def open(self) -> None:
+        """Scan and verify the folder, cut a torn tail, finalize the recovered in-progress
+        segment and open a new one at ``last_txid + 1``. Raises ``JournalError``."""
+        if self._opened:
+            raise InternalError(f"journal {self.directory} is already open")
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as exc:
+            raise JournalError(f"journal directory {self.directory}: {exc}",
+                               file=self.directory) from None
+        scans = _verify_directory(self.directory, self.max_record)
+        reuse_empty: _Scan | None = None
+        try:
+            if scans and scans[-1].in_progress:
+                scan = scans[-1]
+                path = os.path.join(self.directory, scan.name)
+                if scan.torn_bytes:
+                    log.warning("journal %s: cutting torn tail at offset %d: %d bytes (%s)",
+                                path, scan.valid_end, scan.torn_bytes, scan.torn_reason)
+                    with open(path, "r+b") as fh:
+                        fh.truncate(scan.valid_end)
+                        fh.flush()
+                        os.fsync(fh.fileno())
+                    scan.size = scan.valid_end
+                if scan.records:
+                    final = finalized_name(scan.first, scan.last)
+                    os.rename(path, os.path.join(self.directory, final))
+                    _fsync_dir(self.directory)
+                    log.info("journal %s: finalized recovered segment as %s", path, final)
+                    scans[-1] = _Scan(name=final, first=scan.first, last=scan.last,
+                                      records=scan.records, size=scan.size,
+                                      valid_end=scan.valid_end, in_progress=False)
+                else:
+                    reuse_empty = scans.pop()
+            self._finalized = [SegmentInfo(s.name, s.first, s.last, s.size, False) for s in scans]
+            if reuse_empty is not None:
+                self.last_txid = reuse_empty.first - 1
+            else:
+                self.last_txid = scans[-1].last if scans else 0
+            self._next_txid = self.last_txid + 1
+            self._inprogress_first = self._next_txid
+            self._fd = self._open_inprogress(self._inprogress_first)
+            self._inprogress_size = 0
+        except OSError as exc:
+            raise JournalError(f"journal directory {self.directory}: cannot recover: {exc}",
+                               file=self.directory) from None
+        self._opened = True
+        log.info("journal %s opened: %d finalized segments, last txid %d",
+                 self.directory, len(self._finalized), self.last_txid)
+
+    def _open_inprogress(self, first: int) -> int:
+        """Open (creating empty) the in-progress segment starting at ``first``; worker or startup."""
+        path = os.path.join(self.directory, inprogress_name(first))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.ftruncate(fd, 0)   # only ever called for a segment without records
+            _fsync_dir(self.directory)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    @property
+    def first_txid(self) -> int:
+        """Oldest txid still in the journal (``last_txid + 1`` when it holds none)."""
+        return self._finalized[0].first if self._finalized else self._inprogress_first
+
+    def replay(self, after_txid: int) -> Iterator[Record]:
+        """Records with txid > after_txid in order (at startup, after open(), before run())."""
+        if not self._opened:
+            raise InternalError(f"journal {self.directory}: replay before open()")
+        if after_txid > self.last_txid:
+            raise JournalError(f"journal {self.directory}: the namespace has applied txid "
+                               f"{after_txid} but the journal ends at txid {self.last_txid}",
+                               file=self.directory)
+        if after_txid + 1 < self.first_txid:
+            raise JournalError(f"journal {self.directory}: txids {after_txid + 1}.."
+                               f"{self.first_txid - 1} are needed but no longer in the journal "
+                               f"(oldest segment starts at {self.first_txid})", file=self.directory)
+        return self._replay(after_txid, list(self._finalized))
+
+    def _replay(self, after_txid: int, segments: list[SegmentInfo]) -> Iterator[Record]:
+        for seg in segments:
+            if seg.last <= after_txid:
+                continue
+            records: list[Record] = []
+            _scan_segment(self.directory, seg.name, seg.first, False, tail_may_be_torn=False,
+                          max_record=self.max_record, on_record=records.append)
+            for record in records:
+                if record.txid > after_txid:
+                    yield record
+
+    # ------------------------------------------------------------------ appending
+    async def log(self, op: str, args: dict) -> int:
+        """Append one record, wait until it is durable AND applied; return its txid."""
+        if self._failure is not None:
+            raise InternalError(f"journal refuses writes after an earlier failure: {self._failure}")
+        if not self._opened or self._closing:
+            raise InternalError(f"journal {self.directory} is not open for writing")
+        if not isinstance(op, str) or not isinstance(args, dict):
+            raise InvalidArgument(f"journal record needs op: str and args: dict, got "
+                                  f"{type(op).__name__} and {type(args).__name__}")
+        txid = self._next_txid
+        try:
+            body = msgpack.packb([txid, op, args], use_bin_type=True)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidArgument(f"journal record {op}: arguments cannot be encoded: {exc}") from None
+        if len(body) > self.max_record:
+            raise InvalidArgument(f"journal record {op} is {len(body)} bytes, over the "
+                                  f"{self.max_record}-byte limit")
+        # what replay will see after a restart (tuples become lists, ...)
+        record = Record(txid, op, msgpack.unpackb(body, raw=False, strict_map_key=False)[2])
+        self._next_txid = txid + 1
+        batch = self._pending
+        batch.records.append(record)
+        batch.chunks.append(RECORD_HEADER.pack(len(body), crc32c(body)) + body)
+        self._wakeup.unpark_all()
+        await batch.done.wait()
+        if batch.error is not None:
+            raise InternalError(batch.error)
+        return txid
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The group-commit syncer task; runs in the server's nursery until cancelled."""
+        task_status.started()
+        while True:
+            if self._failure is not None:
+                await trio.sleep_forever()
+            if not self._pending.records:
+                await self._wakeup.park()
+                continue
+            await self._flush_once()
+
+    async def _flush_once(self) -> None:
+        """Write + fsync the whole pending batch in one worker call, apply it, wake waiters."""
+        async with self._sync_lock:
+            batch = self._pending
+            if not batch.records or self._failure is not None:
+                return
+            self._pending = _Batch()
+            data = b"".join(batch.chunks)
+            first, last = batch.records[0].txid, batch.records[-1].txid
+            try:
+                await trio.to_thread.run_sync(self._write_and_fsync, data, limiter=self._limiter)
+            except OSError as exc:
+                self._fail(f"journal write failed ({inprogress_name(self._inprogress_first)}, "
+                           f"txids {first}..{last}): {exc}", batch)
+                return
+            # from here to the wake-up there is no checkpoint: durable → applied → acknowledged
+            self.stats.fsyncs += 1
+            self.stats.records += len(batch.records)
+            self.stats.bytes += len(data)
+            self.stats.largest_batch = max(self.stats.largest_batch, len(batch.records))
+            self._inprogress_size += len(data)
+            self.last_txid = last
+            try:
+                self._apply(batch.records)
+            except Exception as exc:
+                log.exception("journal: applying txids %d..%d failed", first, last)
+                batch.fail(f"applying journal txids {first}..{last} failed: "
+                           f"{type(exc).__name__}: {exc}")
+                return
+            batch.done.set()
+
+    def _write_and_fsync(self, data: bytes) -> None:
+        """Worker thread: append ``data`` to the in-progress segment and fsync it."""
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        os.fsync(self._fd)
+
+    def _fail(self, message: str, *batches: _Batch) -> None:
+        """Refuse all further writes and fail every waiting caller."""
+        log.error("%s; the journal now refuses all mutations", message)
+        self._failure = message
+        for batch in (*batches, self._pending):
+            if not batch.done.is_set():
+                batch.fail(message)
+
+    # ------------------------------------------------------------------ checkpoints
+    async def roll(self) -> tuple[int, int]:
+        """Finalize the in-progress segment (if non-empty) and start a new one; returns the
+        finalized (first, last). An empty segment is not rolled: returns (first, first - 1)."""
+        async with self._sync_lock:
+            if self._failure is not None:
+                raise InternalError(f"journal cannot roll after an earlier failure: {self._failure}")
+            if not self._opened or self._fd is None:
+                raise InternalError(f"journal {self.directory} is not open")
+            first, last = self._inprogress_first, self.last_txid
+            if last < first:
+                return first, last
+            try:
+                new_fd = await trio.to_thread.run_sync(self._roll_files, first, last,
+                                                       limiter=self._limiter)
+            except OSError as exc:
+                self._fail(f"journal roll of {inprogress_name(first)} failed: {exc}")
+                raise InternalError(self._failure) from None
+            self._fd = new_fd
+            self._finalized.append(SegmentInfo(finalized_name(first, last), first, last,
+                                               self._inprogress_size, False))
+            self._inprogress_first = last + 1
+            self._inprogress_size = 0
+            log.info("journal: rolled segment %s", finalized_name(first, last))
+            return first, last
+
+    def _roll_files(self, first: int, last: int) -> int:
+        """Worker thread: close, rename to the finalized name, open the next segment."""
+        fd, self._fd = self._fd, None
+        os.close(fd)
+        os.rename(os.path.join(self.directory, inprogress_name(first)),
+                  os.path.join(self.directory, finalized_name(first, last)))
+        return self._open_inprogress(last + 1)   # also fsyncs the directory (rename + create)
+
+    def purge(self, durable_txid: int) -> list[str]:
+        """Delete finalized segments whose last txid <= durable_txid, but always keep the
+        newest ``keep_segments`` finalized segments. Returns removed file names."""
+        keep_from = max(0, len(self._finalized) - self.keep_segments)
+        removed: list[str] = []
+        for seg in self._finalized[:keep_from]:
+            if seg.last > durable_txid:
+                break
+            try:
+                os.unlink(os.path.join(self.directory, seg.name))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("journal: cannot purge %s: %s", seg.name, exc)
+                break
+            removed.append(seg.name)
+        del self._finalized[:len(removed)]
+        if removed:
+            log.info("journal: purged %d segments up to txid %d", len(removed),
+                     durable_txid)
+        return removed
+
+    def segments(self) -> list[SegmentInfo]:
+        """Finalized segments oldest first, then the in-progress one (no disk I/O)."""
+        result = list(self._finalized)
+        if self._opened and self._fd is not None:
+            result.append(SegmentInfo(inprogress_name(self._inprogress_first),
+                                      self._inprogress_first, self.last_txid,
+                                      self._inprogress_size, True))
+        return result
+
+    async def aclose(self) -> None:
+        """Flush and fsync whatever is queued, then close the segment file."""
+        if not self._opened or self._closing:
+            return
+        self._closing = True
+        while self._pending.records and self._failure is None:
+            await self._flush_once()
+        async with self._sync_lock:
+            if not self._pending.done.is_set():
+                self._pending.fail(self._failure or f"journal {self.directory} closed")
+            if self._fd is not None:
+                fd, self._fd = self._fd, None
+                try:
+                    os.close(fd)
+                except OSError as exc:
+                    log.warning("journal: closing %s: %s", inprogress_name(self._inprogress_first), exc)
+
+
+# ------------------------------------------------------------------------------ offline check
+def check_journal(directory: str, max_record: int = 64 << 20) -> list[str]:
+    """Offline verification for ``leasefs meta --check-journal DIR``: report lines; raises
+    ``JournalError`` (file + offset) on corruption. Never modifies anything."""
+    if not os.path.isdir(directory):
+        raise JournalError(f"journal directory {directory}: not a directory", file=directory)
+    scans = _verify_directory(directory, max_record)
+    lines = [f"journal {directory}: {len(scans)} segment(s)"]
+    for scan in scans:
+        kind = "in progress" if scan.in_progress else "finalized"
+        span = f"txids {scan.first}..{scan.last}, {scan.records} records" if scan.records \
+            else "no records"
+        lines.append(f"  {scan.name}: {kind}, {span}, {scan.size} bytes")
+        if scan.torn_bytes:
+            lines.append(f"    torn tail at offset {scan.valid_end}: {scan.torn_bytes} bytes "
+                         f"({scan.torn_reason}); would be cut at the next start")
+    total = sum(scan.records for scan in scans)
+    if total:
+        first = next(scan.first for scan in scans if scan.records)
+        last = max(scan.last for scan in scans)
+        lines.append(f"OK: {total} records, txids {first}..{last}")
+    else:
+        last = scans[-1].last if scans else 0
+        lines.append(f"OK: no records (last txid {last})")
+    return lines

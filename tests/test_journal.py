@@ -1,0 +1,505 @@
+"""Edit journal: round trips across restarts, group commit, torn tails, corruption, roll and
+purge, offline check, and the I/O-error path. Real files in tmp_path, real worker threads."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import trio
+import trio.testing
+
+from fs.errors import InternalError, InvalidArgument
+from meta.journal import (Journal, JournalError, Record, check_journal, encode_record,
+                          finalized_name, inprogress_name)
+
+
+class Applied:
+    """The ``apply`` callback: remembers every batch it was handed."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[Record]] = []
+
+    def __call__(self, records: list[Record]) -> None:
+        self.batches.append(list(records))
+
+    @property
+    def records(self) -> list[Record]:
+        return [r for batch in self.batches for r in batch]
+
+
+def file_listing(directory) -> dict[str, bytes]:
+    return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))}
+
+
+async def log_all(journal: Journal, ops: list[tuple[str, dict]]) -> list[int]:
+    """Run the syncer, log ``ops`` one after the other, close; returns their txids."""
+    txids = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for op, args in ops:
+            txids.append(await journal.log(op, args))
+        await journal.aclose()
+        nursery.cancel_scope.cancel()
+    return txids
+
+
+def session(directory, ops, **kwargs) -> tuple[Journal, Applied, list[int]]:
+    applied = Applied()
+    journal = Journal(str(directory), applied, **kwargs)
+    journal.open()
+    txids = trio.run(log_all, journal, ops)
+    return journal, applied, txids
+
+
+def reopen(directory, **kwargs) -> Journal:
+    journal = Journal(str(directory), Applied(), **kwargs)
+    journal.open()
+    return journal
+
+
+def restart(directory) -> None:
+    """Open and close once: finalizes the in-progress segment, leaves an empty new one."""
+    journal = reopen(directory)
+    trio.run(journal.aclose)
+
+
+def mkdir_ops(start: int, count: int) -> list[tuple[str, dict]]:
+    return [("MKDIR", {"path": f"/d{i}", "perm": 0o755, "blob": bytes([i % 256])})
+            for i in range(start, start + count)]
+
+
+def only_segment(directory) -> str:
+    names = [n for n in os.listdir(directory) if n.startswith("edits_")
+             and not n.startswith("edits_inprogress_")]
+    assert len(names) == 1, names
+    return names[0]
+
+
+# ------------------------------------------------------------------------------ round trip
+def test_append_replay_round_trip_across_restarts(tmp_path):
+    _, applied, txids = session(tmp_path, mkdir_ops(0, 5))
+    assert txids == [1, 2, 3, 4, 5]
+    assert [r.txid for r in applied.records] == [1, 2, 3, 4, 5]
+    assert applied.records[2] == Record(3, "MKDIR", {"path": "/d2", "perm": 0o755, "blob": b"\x02"})
+
+    journal = reopen(tmp_path)
+    assert journal.last_txid == 5
+    replayed = list(journal.replay(0))
+    assert replayed == applied.records          # apply saw exactly what replay decodes
+    assert [r.txid for r in journal.replay(3)] == [4, 5]
+    assert list(journal.replay(5)) == []
+    # the recovered in-progress segment was finalized; a new empty one waits at txid 6
+    assert sorted(os.listdir(tmp_path)) == [finalized_name(1, 5), inprogress_name(6)]
+
+    txids2 = trio.run(log_all, journal, mkdir_ops(5, 3))
+    assert txids2 == [6, 7, 8]
+    journal = reopen(tmp_path)
+    assert journal.last_txid == 8
+    assert [r.args["path"] for r in journal.replay(0)] == [f"/d{i}" for i in range(8)]
+    assert [(s.first, s.last, s.in_progress) for s in journal.segments()] == [
+        (1, 5, False), (6, 8, False), (9, 8, True)]
+
+
+def test_args_are_normalised_like_replay_and_bad_args_refused(tmp_path):
+    applied = Applied()
+    journal = Journal(str(tmp_path), applied, max_record=200)
+    journal.open()
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            await journal.log("RENAME", {"src": "/a", "pair": (1, 2), 7: "int key"})
+            with pytest.raises(InvalidArgument, match="cannot be encoded"):
+                await journal.log("MKDIR", {"path": object()})
+            with pytest.raises(InvalidArgument, match="over the 200-byte limit"):
+                await journal.log("MKDIR", {"path": "/x" * 200})
+            assert await journal.log("MKDIR", {"path": "/b"}) == 2   # refused ones used no txid
+            await journal.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert applied.records[0].args == {"src": "/a", "pair": [1, 2], 7: "int key"}
+    assert list(reopen(tmp_path).replay(0)) == applied.records
+
+
+def test_empty_directory_and_replay_bounds(tmp_path):
+    journal = reopen(tmp_path / "new")
+    assert journal.last_txid == 0
+    assert list(journal.replay(0)) == []
+    with pytest.raises(JournalError, match="applied txid 3"):
+        journal.replay(3)
+
+
+# ------------------------------------------------------------------------------ group commit
+def test_group_commit_batches_concurrent_logs(tmp_path):
+    applied = Applied()
+    journal = Journal(str(tmp_path), applied)
+    journal.open()
+    results: dict[int, int] = {}
+
+    async def one(i):
+        results[i] = await journal.log("MKDIR", {"path": f"/p{i}"})
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            async with trio.open_nursery() as writers:
+                for i in range(50):
+                    writers.start_soon(one, i)
+            await journal.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert sorted(results.values()) == list(range(1, 51))
+    assert journal.stats.records == 50
+    assert journal.stats.fsyncs < 10, journal.stats
+    assert len(applied.batches) == journal.stats.fsyncs
+    # apply saw every record exactly once, in txid order, each caller's own record
+    assert [r.txid for r in applied.records] == list(range(1, 51))
+    by_txid = {r.txid: r.args["path"] for r in applied.records}
+    assert all(by_txid[txid] == f"/p{i}" for i, txid in results.items())
+    assert journal.stats.bytes == os.path.getsize(tmp_path / inprogress_name(1))
+
+
+def test_log_returns_only_after_apply(tmp_path):
+    applied = Applied()
+    journal = Journal(str(tmp_path), applied)
+    journal.open()
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            for i in range(3):
+                txid = await journal.log("MKDIR", {"path": f"/{i}"})
+                assert applied.records[-1].txid == txid
+                assert journal.last_txid == txid
+            nursery.cancel_scope.cancel()
+        await journal.aclose()
+
+    trio.run(main)
+
+
+def test_cancelled_caller_record_still_written_and_applied(tmp_path):
+    applied = Applied()
+    journal = Journal(str(tmp_path), applied)
+    journal.open()
+    outcome = {}
+
+    async def cancelled_writer():
+        with trio.CancelScope() as scope:
+            scope.cancel()                    # cancelled before its wait even starts
+            await journal.log("MKDIR", {"path": "/cancelled"})
+        outcome["cancelled"] = scope.cancelled_caught
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await cancelled_writer()          # queued, caller gone before the syncer runs
+            nursery.start_soon(journal.run)
+            assert await journal.log("MKDIR", {"path": "/after"}) == 2
+            await journal.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert outcome["cancelled"] is True
+    assert [r.args["path"] for r in applied.records] == ["/cancelled", "/after"]
+    assert [r.args["path"] for r in reopen(tmp_path).replay(0)] == ["/cancelled", "/after"]
+
+
+def test_aclose_flushes_queued_records_without_syncer(tmp_path):
+    applied = Applied()
+    journal = Journal(str(tmp_path), applied)
+    journal.open()
+    txids = []
+
+    async def waiter(i):
+        txids.append(await journal.log("MKDIR", {"i": i}))
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(waiter, i)
+            await trio.testing.wait_all_tasks_blocked()
+            assert applied.records == []     # no syncer running: nothing durable yet
+            await journal.aclose()
+        assert sorted(txids) == [1, 2, 3]
+        with pytest.raises(InternalError, match="not open"):
+            await journal.log("MKDIR", {})
+
+    trio.run(main)
+    assert journal.stats.fsyncs == 1
+    assert reopen(tmp_path).last_txid == 3
+
+
+# ------------------------------------------------------------------------------ torn tails
+def test_torn_tail_truncated_mid_record_is_cut(tmp_path, caplog):
+    session(tmp_path, mkdir_ops(0, 4))               # crash-like: inprogress_1 holds 1..4
+    inprog = tmp_path / inprogress_name(1)
+    inprog.write_bytes(inprog.read_bytes()[:-5])     # record 4 loses its last 5 bytes
+    cut = len(encode_record(4, *mkdir_ops(3, 1)[0])) - 5
+    with caplog.at_level(logging.WARNING, logger="meta.journal"):
+        journal = reopen(tmp_path)
+    assert journal.last_txid == 3
+    assert any("torn tail" in m and inprogress_name(1) in m and f": {cut} bytes" in m
+               for m in caplog.messages), caplog.messages
+    assert sorted(os.listdir(tmp_path)) == [finalized_name(1, 3), inprogress_name(4)]
+
+    txids = trio.run(log_all, journal, mkdir_ops(100, 2))
+    assert txids == [4, 5]
+    assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("garbage", [b"\x00" * 4096, b"\x00\x00\x00\x10garbage!", b"\xff" * 3,
+                                     b"\x00\x00\x00\x05\x00\x00\x00\x00abcde"])
+def test_torn_tail_garbage_or_zero_fill_at_end_is_cut(tmp_path, caplog, garbage):
+    applied = Applied()
+    journal = Journal(str(tmp_path), applied)
+    journal.open()
+
+    async def crash_after_three():    # no aclose, no roll: the in-progress segment stays
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            for op, args in mkdir_ops(0, 3):
+                await journal.log(op, args)
+            nursery.cancel_scope.cancel()
+
+    trio.run(crash_after_three)
+    os.close(journal._fd)  # the crashed process's descriptor
+    inprog = tmp_path / inprogress_name(1)
+    good_size = inprog.stat().st_size
+    with open(inprog, "ab") as fh:
+        fh.write(garbage)
+    with caplog.at_level(logging.WARNING, logger="meta.journal"):
+        journal = reopen(tmp_path)
+    assert journal.last_txid == 3
+    assert any(f"offset {good_size}: {len(garbage)} bytes" in m for m in caplog.messages), caplog.messages
+    assert (tmp_path / finalized_name(1, 3)).stat().st_size == good_size
+    assert trio.run(log_all, journal, mkdir_ops(3, 1)) == [4]
+    assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2, 3, 4]
+
+
+def test_torn_first_record_leaves_empty_segment_and_keeps_txid(tmp_path):
+    session(tmp_path, mkdir_ops(0, 2))
+    restart(tmp_path)                               # edits_1-2 + inprogress_3 (empty)
+    inprog = tmp_path / inprogress_name(3)
+    inprog.write_bytes(encode_record(3, "MKDIR", {"path": "/torn"})[:9])
+    journal = reopen(tmp_path)
+    assert journal.last_txid == 2
+    assert sorted(os.listdir(tmp_path)) == [finalized_name(1, 2), inprogress_name(3)]
+    assert trio.run(log_all, journal, mkdir_ops(2, 1)) == [3]
+
+
+# ------------------------------------------------------------------------------ corruption
+def test_bad_record_in_middle_of_inprogress_is_hard_error(tmp_path):
+    session(tmp_path, mkdir_ops(0, 6))               # inprogress_1 holds 1..6
+    inprog = tmp_path / inprogress_name(1)
+    data = bytearray(inprog.read_bytes())
+    first_len = len(encode_record(1, "MKDIR", {"path": "/d0", "perm": 0o755, "blob": b"\x00"}))
+    data[first_len + 12] ^= 0x40                    # inside the body of record 2
+    inprog.write_bytes(bytes(data))
+    before = file_listing(tmp_path)
+    with pytest.raises(JournalError) as info:
+        reopen(tmp_path)
+    msg = str(info.value)
+    assert inprogress_name(1) in msg and f"offset {first_len}" in msg and "CRC" in msg, msg
+    assert info.value.offset == first_len
+    assert file_listing(tmp_path) == before         # nothing cut, nothing renamed
+
+
+def test_flipped_byte_in_finalized_segment_is_hard_error(tmp_path):
+    session(tmp_path, mkdir_ops(0, 3))
+    session(tmp_path, mkdir_ops(3, 3))               # edits_1-3, edits_4-6
+    seg = tmp_path / finalized_name(1, 3)
+    data = bytearray(seg.read_bytes())
+    data[10] ^= 0x01                                 # body of the very first record
+    seg.write_bytes(bytes(data))
+    with pytest.raises(JournalError, match=rf"{finalized_name(1, 3)}.*offset 0"):
+        reopen(tmp_path)
+    with pytest.raises(JournalError, match=rf"{finalized_name(1, 3)}.*offset 0"):
+        check_journal(str(tmp_path))
+
+
+def test_truncated_finalized_segment_is_hard_error(tmp_path):
+    session(tmp_path, mkdir_ops(0, 3))
+    session(tmp_path, mkdir_ops(3, 1))
+    seg = tmp_path / finalized_name(1, 3)
+    seg.write_bytes(seg.read_bytes()[:-2])
+    with pytest.raises(JournalError, match=rf"{finalized_name(1, 3)}: bad record at offset \d+: short"):
+        reopen(tmp_path)
+
+
+def test_txid_gap_between_segments_is_hard_error(tmp_path):
+    session(tmp_path, mkdir_ops(0, 2))               # edits_1-2
+    session(tmp_path, mkdir_ops(2, 2))               # edits_3-4
+    session(tmp_path, mkdir_ops(4, 2))
+    restart(tmp_path)                                # edits_5-6
+    (tmp_path / finalized_name(3, 4)).unlink()
+    before = file_listing(tmp_path)
+    with pytest.raises(JournalError) as info:
+        reopen(tmp_path)
+    msg = str(info.value)
+    assert file_listing(tmp_path) == before
+    assert finalized_name(5, 6) in msg and "offset 0" in msg and "gap" in msg, msg
+    assert finalized_name(1, 2) in msg
+
+
+def test_txid_out_of_sequence_inside_segment_is_hard_error(tmp_path):
+    records = encode_record(1, "MKDIR", {}) + encode_record(3, "MKDIR", {})
+    (tmp_path / finalized_name(1, 2)).write_bytes(records)
+    offset = len(encode_record(1, "MKDIR", {}))
+    with pytest.raises(JournalError, match=rf"offset {offset} has txid 3, expected 2"):
+        reopen(tmp_path)
+
+
+# ------------------------------------------------------------------------------ roll + purge
+def test_roll_and_purge_keep_newest_segments(tmp_path):
+    journal = Journal(str(tmp_path), Applied(), keep_segments=2)
+    journal.open()
+
+    async def main():
+        ranges = []
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            for round_ in range(5):
+                for i in range(3):
+                    await journal.log("MKDIR", {"path": f"/r{round_}/{i}"})
+                ranges.append(await journal.roll())
+            assert await journal.roll() == (16, 15)      # empty segment is not rolled
+            await journal.log("MKDIR", {"path": "/tail"})
+            nursery.cancel_scope.cancel()
+        await journal.aclose()
+        return ranges
+
+    ranges = trio.run(main)
+    assert ranges == [(1, 3), (4, 6), (7, 9), (10, 12), (13, 15)]
+    assert [s.name for s in journal.segments()][:5] == [finalized_name(a, b) for a, b in ranges]
+
+    assert journal.purge(4) == [finalized_name(1, 3)]   # 4..6 holds txids > 4: kept
+    removed = journal.purge(15)                          # newest 2 always kept
+    assert removed == [finalized_name(4, 6), finalized_name(7, 9)]
+    assert sorted(os.listdir(tmp_path)) == [finalized_name(10, 12), finalized_name(13, 15),
+                                           inprogress_name(16)]
+    assert journal.purge(100) == []
+
+    journal = reopen(tmp_path)
+    assert journal.last_txid == 16
+    assert [r.txid for r in journal.replay(9)] == list(range(10, 17))
+    with pytest.raises(JournalError, match="no longer in the journal"):
+        journal.replay(5)
+
+
+def test_purge_everything_keeps_txid_counter(tmp_path):
+    journal = Journal(str(tmp_path), Applied(), keep_segments=0)
+    journal.open()
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            for op, args in mkdir_ops(0, 4):
+                await journal.log(op, args)
+            await journal.roll()
+            nursery.cancel_scope.cancel()
+        await journal.aclose()
+
+    trio.run(main)
+    assert journal.purge(4) == [finalized_name(1, 4)]
+    journal = reopen(tmp_path, keep_segments=0)
+    assert journal.last_txid == 4
+    assert list(journal.replay(4)) == []
+    assert trio.run(log_all, journal, mkdir_ops(4, 1)) == [5]
+
+
+# ------------------------------------------------------------------------------ offline check
+def test_check_journal_reports_and_never_modifies(tmp_path):
+    session(tmp_path, mkdir_ops(0, 3))               # edits_1-3
+    session(tmp_path, mkdir_ops(3, 2))
+    restart(tmp_path)                                # edits_4-5, inprogress_6 empty
+    inprog = tmp_path / inprogress_name(6)
+    inprog.write_bytes(encode_record(6, "MKDIR", {"p": 1}) + b"\x00\x00\x00\x40half")
+    before = file_listing(tmp_path)
+    lines = check_journal(str(tmp_path))
+    text = "\n".join(lines)
+    assert f"{finalized_name(1, 3)}: finalized, txids 1..3, 3 records" in text
+    assert f"{finalized_name(4, 5)}: finalized, txids 4..5, 2 records" in text
+    assert f"{inprogress_name(6)}: in progress, txids 6..6, 1 records" in text
+    size6 = len(encode_record(6, "MKDIR", {"p": 1}))
+    assert f"torn tail at offset {size6}: 8 bytes" in text
+    assert "OK: 6 records, txids 1..6" in text
+    assert file_listing(tmp_path) == before
+
+    (tmp_path / finalized_name(4, 5)).write_bytes(b"\x00" * 8)
+    before = file_listing(tmp_path)
+    with pytest.raises(JournalError, match=rf"{finalized_name(4, 5)}.*offset 0"):
+        check_journal(str(tmp_path))
+    assert file_listing(tmp_path) == before
+    with pytest.raises(JournalError, match="not a directory"):
+        check_journal(str(tmp_path / "missing"))
+
+
+# ------------------------------------------------------------------------------ I/O errors
+def test_fsync_error_fails_callers_and_refuses_later_logs(tmp_path, monkeypatch, caplog):
+    applied = Applied()
+    journal = Journal(str(tmp_path), applied)
+    journal.open()
+    errors: list[str] = []
+
+    def broken_fsync(fd):
+        raise OSError(5, "Input/output error (injected)")
+
+    async def writer(i):
+        try:
+            await journal.log("MKDIR", {"path": f"/{i}"})
+        except InternalError as exc:
+            errors.append(str(exc))
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            assert await journal.log("MKDIR", {"path": "/ok"}) == 1
+            monkeypatch.setattr(os, "fsync", broken_fsync)
+            async with trio.open_nursery() as writers:
+                for i in range(5):
+                    writers.start_soon(writer, i)
+            with pytest.raises(InternalError, match="refuses writes"):
+                await journal.log("MKDIR", {"path": "/later"})
+            with pytest.raises(InternalError, match="cannot roll"):
+                await journal.roll()
+            nursery.cancel_scope.cancel()
+        await journal.aclose()
+
+    with caplog.at_level(logging.ERROR, logger="meta.journal"):
+        trio.run(main)
+    monkeypatch.undo()
+    assert len(errors) == 5
+    assert all("journal write failed" in e and "injected" in e for e in errors), errors
+    assert [r.txid for r in applied.records] == [1]      # nothing undurable was applied
+    assert journal.last_txid == 1
+    assert any("refuses all mutations" in m for m in caplog.messages)
+
+
+def test_apply_error_fails_that_batch_only(tmp_path, caplog):
+    seen = []
+
+    def apply(records):
+        seen.extend(r.txid for r in records)
+        if any(r.args.get("boom") for r in records):
+            raise RuntimeError("namespace bug")
+
+    journal = Journal(str(tmp_path), apply)
+    journal.open()
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            with pytest.raises(InternalError, match="applying journal txids 1..1 failed.*namespace bug"):
+                await journal.log("MKDIR", {"boom": True})
+            assert await journal.log("MKDIR", {"path": "/fine"}) == 2
+            nursery.cancel_scope.cancel()
+        await journal.aclose()
+
+    with caplog.at_level(logging.ERROR, logger="meta.journal"):
+        trio.run(main)
+    assert seen == [1, 2]
+    assert any("applying txids 1..1 failed" in m for m in caplog.messages)
+    assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2]   # durable despite the bug
