@@ -1,0 +1,335 @@
+"""The in-memory blocks map and the per-block state machine of the metadata server.
+
+Why it exists: which block servers hold which replica is never persisted (HDFS does the
+same); it is rebuilt at start from the ``B`` keys (block id, gs, length, state) plus the
+block servers' reports, and kept current by incremental reports. Readers get locations from
+here; ``complete``/``add_block`` ask it whether blocks are COMPLETE; safe mode asks it how
+many blocks are reported.
+
+Block states (HDFS ``BlockUCState``), one transition table, pure:
+
+    UNDER_CONSTRUCTION --commit--> COMMITTED --min_replicated--> COMPLETE
+    UNDER_CONSTRUCTION --start_recovery--> UNDER_RECOVERY --recovered--> COMMITTED
+    COMPLETE --reopen--> UNDER_CONSTRUCTION                            (append, later issue)
+
+Replica classification (``classify_replica``): for a COMMITTED/COMPLETE block a FINALIZED
+replica is *good* only with the block's exact generation stamp and length, otherwise
+*corrupt*; a replica of any block with an older generation stamp than the block is *corrupt*
+(stale); other replicas (still being written or finalized early) are *pending*: kept, not
+counted, not corrupt. Corrupt replicas are never handed to readers while good ones exist.
+
+Concurrency contract: plain data, no I/O, no clock, no awaits; the server calls it from the
+trio thread only (inside journal ``apply`` or RPC handlers), so every method is atomic.
+Methods that decide a replica must go return ``(node_id, block_ref)`` pairs; the caller
+puts them into the datanode manager's invalidate sets.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from fs.errors import InvalidArgument
+
+log = logging.getLogger(__name__)
+
+UNDER_CONSTRUCTION = "UNDER_CONSTRUCTION"
+COMMITTED = "COMMITTED"
+COMPLETE = "COMPLETE"
+UNDER_RECOVERY = "UNDER_RECOVERY"
+STATES = (UNDER_CONSTRUCTION, COMMITTED, COMPLETE, UNDER_RECOVERY)
+
+# events
+COMMIT = "commit"                  # the client reported the block's final length
+MIN_REPLICATED = "min_replicated"  # min_replication good finalized replicas are reported
+START_RECOVERY = "start_recovery"  # lease recovery picked this block (issue 3)
+RECOVERED = "recovered"            # commit_block_synchronization (issue 3)
+REOPEN = "reopen"                  # append reopens the last block (later issue)
+
+TRANSITIONS: dict[tuple[str, str], str] = {
+    (UNDER_CONSTRUCTION, COMMIT): COMMITTED,
+    (COMMITTED, COMMIT): COMMITTED,            # a retried commit with the same length
+    (COMPLETE, COMMIT): COMPLETE,              # retried after the replicas arrived
+    (COMMITTED, MIN_REPLICATED): COMPLETE,
+    (COMPLETE, MIN_REPLICATED): COMPLETE,
+    (UNDER_CONSTRUCTION, START_RECOVERY): UNDER_RECOVERY,
+    (UNDER_RECOVERY, START_RECOVERY): UNDER_RECOVERY,   # retried with a new recovery id
+    (UNDER_RECOVERY, RECOVERED): COMMITTED,
+    (COMPLETE, REOPEN): UNDER_CONSTRUCTION,
+}
+
+# replica states as block servers report them
+FINALIZED = "FINALIZED"
+RBW = "RBW"
+RWR = "RWR"
+REPLICA_STATES = (FINALIZED, RBW, RWR, "RUR", "TEMPORARY")
+
+GOOD = "good"
+CORRUPT = "corrupt"
+PENDING = "pending"
+
+
+def transition(state: str, event: str, *, what: str = "block") -> str:
+    """Next state of a block, or ``InvalidArgument`` naming the refused transition."""
+    nxt = TRANSITIONS.get((state, event))
+    if nxt is None:
+        raise InvalidArgument(f"{what}: cannot {event.replace('_', ' ')} a block that is {state}")
+    return nxt
+
+
+def classify_replica(block_state: str, block_gs: int, block_len: int,
+                     gs: int, num_bytes: int, replica_state: str) -> tuple[str, str]:
+    """``(GOOD|CORRUPT|PENDING, reason)`` for a reported replica of a block."""
+    if gs < block_gs:
+        return CORRUPT, f"generation stamp {gs} older than the block's {block_gs}"
+    if block_state in (COMMITTED, COMPLETE):
+        if replica_state == FINALIZED:
+            if gs != block_gs:
+                return CORRUPT, f"generation stamp {gs} != block's {block_gs}"
+            if num_bytes != block_len:
+                return CORRUPT, f"length {num_bytes} != block's {block_len}"
+            return GOOD, ""
+        return PENDING, f"replica is {replica_state}"
+    # being written or recovered: a finalized replica with a current stamp is readable
+    if replica_state == FINALIZED:
+        return GOOD, ""
+    return PENDING, f"replica is {replica_state}"
+
+
+@dataclass
+class Replica:
+    gs: int
+    num_bytes: int
+    state: str
+    verdict: str = PENDING
+    reason: str = ""
+    reported_bad: bool = False   # a reader saw a checksum error (report_bad_blocks)
+
+    @property
+    def corrupt(self) -> bool:
+        return self.verdict == CORRUPT or self.reported_bad
+
+    @property
+    def good(self) -> bool:
+        return self.verdict == GOOD and not self.reported_bad
+
+
+@dataclass
+class BlockInfo:
+    id: int
+    ino: int
+    index: int
+    gs: int
+    num_bytes: int
+    state: str
+    replication: int
+    replicas: dict[str, Replica] = field(default_factory=dict)
+    expected: list[str] = field(default_factory=list)   # pipeline node ids of a UC block
+
+    def ref(self) -> dict:
+        return {"id": self.id, "gs": self.gs, "num_bytes": self.num_bytes}
+
+    def good_nodes(self) -> list[str]:
+        return [n for n, r in self.replicas.items() if r.good]
+
+    def corrupt_nodes(self) -> list[str]:
+        return [n for n, r in self.replicas.items() if r.corrupt]
+
+    @property
+    def good_count(self) -> int:
+        return sum(1 for r in self.replicas.values() if r.good)
+
+
+class BlocksMap:
+    """block id → BlockInfo, node → block ids, and the safe-mode block counters."""
+
+    def __init__(self, min_replication: int = 1):
+        self.min_replication = max(1, min_replication)
+        self.blocks: dict[int, BlockInfo] = {}
+        self.by_node: dict[str, set[int]] = {}
+        # safe mode: blocks that count (COMMITTED/COMPLETE) and those minimally reported
+        self.total_countable = 0
+        self.safe = 0
+
+    # ------------------------------------------------------------------ bookkeeping
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def get(self, block_id: int) -> BlockInfo | None:
+        return self.blocks.get(block_id)
+
+    def _status(self, info: BlockInfo) -> tuple[bool, bool]:
+        countable = info.state in (COMMITTED, COMPLETE)
+        return countable, countable and info.good_count >= self.min_replication
+
+    def _account(self, before: tuple[bool, bool], after: tuple[bool, bool]) -> None:
+        self.total_countable += int(after[0]) - int(before[0])
+        self.safe += int(after[1]) - int(before[1])
+
+    def _reevaluate(self, info: BlockInfo) -> None:
+        """Reclassify every replica and apply COMMITTED → COMPLETE when replicated enough."""
+        for replica in info.replicas.values():
+            replica.verdict, replica.reason = classify_replica(
+                info.state, info.gs, info.num_bytes, replica.gs, replica.num_bytes, replica.state)
+        if info.state == COMMITTED and info.good_count >= self.min_replication:
+            info.state = transition(info.state, MIN_REPLICATED)
+
+    def _change(self, info: BlockInfo, mutate) -> None:
+        before = self._status(info)
+        mutate()
+        self._reevaluate(info)
+        self._account(before, self._status(info))
+
+    # ------------------------------------------------------------------ namespace side
+    def add(self, info: BlockInfo) -> None:
+        """A new block (ADD_BLOCK) or one loaded at startup; replaces nothing."""
+        if info.id in self.blocks:
+            raise InvalidArgument(f"block {info.id} is already in the blocks map")
+        self.blocks[info.id] = info
+        self._reevaluate(info)
+        self._account((False, False), self._status(info))
+
+    def remove(self, block_id: int) -> list[tuple[str, dict]]:
+        """Forget a block (delete, abandon, overwrite); its replicas must go."""
+        info = self.blocks.pop(block_id, None)
+        if info is None:
+            return []
+        self._account(self._status(info), (False, False))
+        doomed = []
+        for node_id, replica in info.replicas.items():
+            self.by_node.get(node_id, set()).discard(block_id)
+            doomed.append((node_id, {"id": block_id, "gs": replica.gs,
+                                     "num_bytes": replica.num_bytes}))
+        return doomed
+
+    def commit(self, block_id: int, num_bytes: int, *, what: str = "block") -> str:
+        """The client reports the final length: UC → COMMITTED (→ COMPLETE if replicated)."""
+        info = self.blocks[block_id]
+
+        def mutate():
+            info.state = transition(info.state, COMMIT, what=what)
+            info.num_bytes = num_bytes
+        self._change(info, mutate)
+        return info.state
+
+    def restore(self, block_id: int, *, gs: int, num_bytes: int, state: str) -> None:
+        """Set a block to a journaled state (UPDATE_BLOCKS, CLOSE); never moves backwards
+        from an in-memory COMPLETE the journal did not know about."""
+        info = self.blocks[block_id]
+
+        def mutate():
+            if not (info.state == COMPLETE and state == COMMITTED):
+                info.state = state
+            info.gs, info.num_bytes = gs, num_bytes
+        self._change(info, mutate)
+
+    def set_length(self, block_id: int, num_bytes: int) -> None:
+        """hsync recorded the length of a block still being written."""
+        info = self.blocks[block_id]
+        self._change(info, lambda: setattr(info, "num_bytes", num_bytes))
+
+    def set_replication(self, block_id: int, replication: int) -> None:
+        info = self.blocks.get(block_id)
+        if info is not None:
+            info.replication = replication
+
+    # ------------------------------------------------------------------ block server side
+    def add_replica(self, node_id: str, block_id: int, gs: int, num_bytes: int,
+                    state: str) -> BlockInfo | None:
+        """A replica reported by ``node_id``; None when the block belongs to no file."""
+        info = self.blocks.get(block_id)
+        if info is None:
+            return None
+        old = info.replicas.get(node_id)
+
+        def mutate():
+            replica = Replica(gs, num_bytes, state)
+            if old is not None and old.reported_bad and old.gs == gs and old.num_bytes == num_bytes:
+                replica.reported_bad = True   # the same bytes a reader already refused
+            info.replicas[node_id] = replica
+        self._change(info, mutate)
+        self.by_node.setdefault(node_id, set()).add(block_id)
+        return info
+
+    def remove_replica(self, node_id: str, block_id: int) -> None:
+        info = self.blocks.get(block_id)
+        node_blocks = self.by_node.get(node_id)
+        if node_blocks is not None:
+            node_blocks.discard(block_id)
+        if info is None or node_id not in info.replicas:
+            return
+        self._change(info, lambda: info.replicas.pop(node_id, None))
+
+    def process_report(self, node_id: str, reported) -> tuple[list[tuple[str, dict]], int]:
+        """A full block report: replaces what ``node_id`` holds. Returns the replicas to
+        invalidate (blocks of no file) and the number of corrupt replicas found."""
+        seen: set[int] = set()
+        doomed: list[tuple[str, dict]] = []
+        corrupt = 0
+        for block_id, gs, num_bytes, state in reported:
+            seen.add(block_id)
+            info = self.add_replica(node_id, block_id, gs, num_bytes, state)
+            if info is None:
+                doomed.append((node_id, {"id": block_id, "gs": gs, "num_bytes": num_bytes}))
+            elif info.replicas[node_id].corrupt:
+                corrupt += 1
+        for block_id in list(self.by_node.get(node_id, ())):
+            if block_id not in seen:
+                self.remove_replica(node_id, block_id)
+        return doomed, corrupt
+
+    def remove_node(self, node_id: str) -> list[int]:
+        """A dead block server: its replicas leave every block. Returns the affected ids."""
+        affected = sorted(self.by_node.pop(node_id, set()))
+        for block_id in affected:
+            info = self.blocks.get(block_id)
+            if info is not None and node_id in info.replicas:
+                self._change(info, lambda info=info: info.replicas.pop(node_id, None))
+        return affected
+
+    def mark_bad(self, node_id: str, block_id: int) -> bool:
+        """A reader found a checksum error in this replica; False if unknown."""
+        info = self.blocks.get(block_id)
+        if info is None or node_id not in info.replicas:
+            return False
+        replica = info.replicas[node_id]
+        self._change(info, lambda: setattr(replica, "reported_bad", True))
+        return True
+
+    def excess_corrupt(self, block_id: int) -> list[tuple[str, dict]]:
+        """Corrupt replicas that may be deleted now: the block has enough good copies."""
+        info = self.blocks.get(block_id)
+        if info is None or info.good_count < max(info.replication, self.min_replication):
+            return []
+        return [(node_id, {"id": block_id, "gs": r.gs, "num_bytes": r.num_bytes})
+                for node_id, r in info.replicas.items() if r.corrupt]
+
+    # ------------------------------------------------------------------ queries
+    def would_complete(self, block_id: int, num_bytes: int) -> bool:
+        """Would committing with ``num_bytes`` make the block COMPLETE right away?"""
+        info = self.blocks.get(block_id)
+        if info is None:
+            return False
+        good = sum(1 for r in info.replicas.values()
+                   if r.state == FINALIZED and r.gs == info.gs and r.num_bytes == num_bytes
+                   and not r.reported_bad)
+        return good >= self.min_replication
+
+    def node_block_count(self, node_id: str) -> int:
+        return len(self.by_node.get(node_id, ()))
+
+    def counts(self) -> dict:
+        """under_replicated (some but too few good copies), missing (none), corrupt (at
+        least one corrupt replica), over all COMPLETE/COMMITTED blocks."""
+        under = missing = corrupt = 0
+        for info in self.blocks.values():
+            if info.corrupt_nodes():
+                corrupt += 1
+            if info.state not in (COMMITTED, COMPLETE):
+                continue
+            good = info.good_count
+            if good == 0:
+                missing += 1
+            elif good < info.replication:
+                under += 1
+        return {"under_replicated": under, "missing": missing, "corrupt": corrupt}

@@ -1,0 +1,168 @@
+"""Registered block servers: liveness, usage, placement, and the commands they are owed.
+
+Why it exists: the metadata server never calls a block server; everything it wants from one
+(delete these replicas, later copy/recover blocks) waits in a per-node queue and rides on the
+reply to that node's next heartbeat (HDFS ``DatanodeManager`` + ``InvalidateBlocks``).
+
+* ``register`` / ``heartbeat`` keep ``NodeInfo`` current; the clock is injected, so dead
+  detection (``dead_node_interval`` of silence, ``check_dead``) is testable without sleeping.
+  A heartbeat from a node the server does not know (or has declared dead) is answered with
+  ``reregister`` so the node registers again and sends a full block report.
+* Invalidate sets: block refs per node, handed out at most ``invalidate_limit`` per reply.
+* Placement (``choose_targets``): ``n`` distinct live nodes, never an excluded one (by node id
+  or address), the writer's own node first when it runs one (locality), then least used
+  (reported use plus bytes scheduled since its last heartbeat, so concurrent writers spread).
+
+Concurrency contract: plain data, no I/O, called only from the trio thread; atomic methods.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+
+from fs.errors import InvalidArgument, NoSpace
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeInfo:
+    node_id: str
+    address: str
+    capacity: int = 0
+    used: int = 0
+    remaining: int = 0
+    xceivers: int = 0
+    last_heartbeat: float = 0.0
+    alive: bool = True
+    scheduled_bytes: int = 0
+    invalidate: dict[int, dict] = field(default_factory=dict)   # block id → block ref
+
+    @property
+    def host(self) -> str:
+        return self.address.rsplit(":", 1)[0].strip("[]")
+
+    def load(self) -> int:
+        return self.used + self.scheduled_bytes
+
+
+class DatanodeManager:
+    def __init__(self, *, dead_interval: float, invalidate_limit: int, clock=time.monotonic,
+                 rng: random.Random | None = None):
+        self.dead_interval = dead_interval
+        self.invalidate_limit = max(1, invalidate_limit)
+        self.clock = clock
+        self.nodes: dict[str, NodeInfo] = {}
+        self._rng = rng or random.Random()
+
+    # ------------------------------------------------------------------ membership
+    def register(self, node_id: str, address: str, capacity: int, used: int,
+                 remaining: int) -> tuple[NodeInfo, bool, list[NodeInfo]]:
+        """Add or refresh a node; returns (node, was_dead_or_new, displaced nodes): a node
+        registering on the address of another live id replaced it (a wiped data folder)."""
+        now = self.clock()
+        node = self.nodes.get(node_id)
+        fresh = node is None or not node.alive
+        displaced = []
+        for other in self.nodes.values():   # a restarted node on the address of a stale id
+            if other.node_id != node_id and other.address == address and other.alive:
+                log.info("block server %s now answers at %s; marking %s dead",
+                         node_id, address, other.node_id)
+                other.alive = False
+                other.invalidate.clear()
+                displaced.append(other)
+        if node is None:
+            node = NodeInfo(node_id, address)
+            self.nodes[node_id] = node
+        node.address = address
+        node.capacity, node.used, node.remaining = capacity, used, remaining
+        node.last_heartbeat = now
+        node.alive = True
+        node.scheduled_bytes = 0
+        return node, fresh, displaced
+
+    def heartbeat(self, node_id: str, capacity: int, used: int, remaining: int,
+                  xceivers: int = 0) -> NodeInfo | None:
+        """Refresh a live node; None means unknown or dead (it must register again)."""
+        node = self.nodes.get(node_id)
+        if node is None or not node.alive:
+            return None
+        node.capacity, node.used, node.remaining, node.xceivers = capacity, used, remaining, xceivers
+        node.last_heartbeat = self.clock()
+        node.scheduled_bytes = 0
+        return node
+
+    def live(self, node_id: str) -> NodeInfo | None:
+        node = self.nodes.get(node_id)
+        return node if node is not None and node.alive else None
+
+    def check_dead(self) -> list[NodeInfo]:
+        """Nodes silent for longer than the dead interval become dead; returns them."""
+        now = self.clock()
+        newly = []
+        for node in self.nodes.values():
+            if node.alive and now - node.last_heartbeat > self.dead_interval:
+                node.alive = False
+                node.invalidate.clear()   # it forgets nothing: it re-reports after returning
+                newly.append(node)
+                log.warning("block server %s (%s) is dead: no heartbeat for %.1f s",
+                            node.node_id, node.address, now - node.last_heartbeat)
+        return newly
+
+    def live_nodes(self) -> list[NodeInfo]:
+        return [n for n in self.nodes.values() if n.alive]
+
+    def dead_nodes(self) -> list[NodeInfo]:
+        return [n for n in self.nodes.values() if not n.alive]
+
+    # ------------------------------------------------------------------ invalidation
+    def add_invalidate(self, node_id: str, block_ref: dict) -> None:
+        node = self.nodes.get(node_id)
+        if node is not None and node.alive:
+            node.invalidate[block_ref["id"]] = block_ref
+
+    def cancel_invalidate(self, node_id: str, block_id: int) -> None:
+        node = self.nodes.get(node_id)
+        if node is not None:
+            node.invalidate.pop(block_id, None)
+
+    def take_invalidate(self, node_id: str) -> list[dict]:
+        """At most ``invalidate_limit`` refs for this heartbeat's reply (oldest first)."""
+        node = self.nodes.get(node_id)
+        if node is None or not node.invalidate:
+            return []
+        out = []
+        for block_id in list(node.invalidate)[:self.invalidate_limit]:
+            out.append(node.invalidate.pop(block_id))
+        return out
+
+    def pending_deletion(self) -> int:
+        return sum(len(n.invalidate) for n in self.nodes.values())
+
+    # ------------------------------------------------------------------ placement
+    def choose_targets(self, n: int, *, excluded=(), writer_host: str | None = None,
+                       block_size: int = 0, min_targets: int = 1, what: str = "") -> list[NodeInfo]:
+        """``n`` distinct live nodes for a new block's pipeline (fewer if fewer exist, but
+        at least ``min_targets``, else ``NoSpace``)."""
+        if n < 1:
+            raise InvalidArgument(f"{what}: replication must be at least 1")
+        excluded = {str(x) for x in excluded}
+        candidates = [node for node in self.nodes.values()
+                      if node.alive and node.node_id not in excluded
+                      and node.address not in excluded]
+        roomy = [node for node in candidates if node.remaining >= block_size]
+        pool = roomy if len(roomy) >= min(n, len(candidates)) else candidates
+        self._rng.shuffle(pool)   # ties are broken at random, then sorted by load
+        pool.sort(key=lambda node: (node.host != writer_host if writer_host else False,
+                                    node.load()))
+        chosen = pool[:n]
+        if len(chosen) < max(1, min_targets):
+            raise NoSpace(f"{what}: could only be placed on {len(chosen)} block server(s), "
+                          f"{max(1, min_targets)} needed ({len(self.live_nodes())} live, "
+                          f"{len(excluded)} excluded)")
+        for node in chosen:
+            node.scheduled_bytes += block_size
+        return chosen

@@ -1,0 +1,137 @@
+"""The LevelDB key schema of the namespace: the ONE module that knows key bytes.
+
+Why it exists: every other module asks this one for keys and value codecs, so the layout can
+be read (and changed) in one place and ``invariants.py`` can check it.
+
+Integers are big-endian and fixed width, so byte order = numeric order and a prefix scan of
+a directory returns its entries sorted by name (UTF-8 bytes order). Values are msgpack.
+
+====================  ==========================================  ===========================
+key                    value (msgpack)                             meaning
+====================  ==========================================  ===========================
+``I<ino:8>``           map: ``type`` ("file"/"dir"/"symlink"),      one inode; the root is
+                       ``mode``, ``owner``, ``group``,              ``ROOT_INO`` (1, the FUSE
+                       ``mtime``/``atime``/``ctime`` (ns),          root inode) with parent 0
+                       ``parent``, ``name``; dirs: ``children``;
+                       files: ``replication``, ``block_size``,
+                       ``length``, ``nblocks``, ``uc`` (None or
+                       ``{holder, client_machine}``);
+                       symlinks: ``target``
+``B<ino:8><index:4>``  map: ``id``, ``gs``, ``num_bytes``,          block ``index`` of file ``ino``
+                       ``state`` (UNDER_CONSTRUCTION/COMMITTED/     (one small key per block, so
+                       COMPLETE/UNDER_RECOVERY)                     addBlock never rewrites a
+                                                                    block list)
+``D<parent:8><name>``  int: child ino                               directory entry; ``name`` is
+                                                                    UTF-8 (surrogatepass)
+``U<ino:8>``           str: lease holder                            file under construction
+                                                                    (leases are rebuilt from
+                                                                    these at restart)
+``M<name>``            int / bytes                                  counters and identity:
+                                                                    ``next_ino``,
+                                                                    ``next_block_id``,
+                                                                    ``genstamp`` (last used),
+                                                                    ``applied_txid``,
+                                                                    ``namespace_id``,
+                                                                    ``layout_version``,
+                                                                    ``files``, ``dirs``
+====================  ==========================================  ===========================
+
+Anything else in the store (e.g. ``kv.py``'s ``\\x00sync`` marker) is not namespace data.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+
+ROOT_INO = 1
+LAYOUT_VERSION = 1
+
+INODE = b"I"
+BLOCK = b"B"
+DENTRY = b"D"
+UNDER_CONSTRUCTION = b"U"
+META = b"M"
+
+_INO = struct.Struct(">Q")
+_INO_INDEX = struct.Struct(">QI")
+
+# counter names (the M keys)
+NEXT_INO = "next_ino"
+NEXT_BLOCK_ID = "next_block_id"
+GENSTAMP = "genstamp"
+APPLIED_TXID = "applied_txid"
+NAMESPACE_ID = "namespace_id"
+LAYOUT = "layout_version"
+FILES = "files"
+DIRS = "dirs"
+COUNTERS = (NEXT_INO, NEXT_BLOCK_ID, GENSTAMP, APPLIED_TXID, NAMESPACE_ID, LAYOUT, FILES, DIRS)
+
+
+def encode_name(name: str) -> bytes:
+    return name.encode("utf-8", "surrogatepass")
+
+
+def decode_name(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogatepass")
+
+
+# ------------------------------------------------------------------ keys
+def inode_key(ino: int) -> bytes:
+    return INODE + _INO.pack(ino)
+
+
+def block_key(ino: int, index: int) -> bytes:
+    return BLOCK + _INO_INDEX.pack(ino, index)
+
+
+def block_prefix(ino: int) -> bytes:
+    return BLOCK + _INO.pack(ino)
+
+
+def dentry_key(parent: int, name: str) -> bytes:
+    return DENTRY + _INO.pack(parent) + encode_name(name)
+
+
+def dentry_prefix(parent: int) -> bytes:
+    return DENTRY + _INO.pack(parent)
+
+
+def uc_key(ino: int) -> bytes:
+    return UNDER_CONSTRUCTION + _INO.pack(ino)
+
+
+def meta_key(name: str) -> bytes:
+    return META + name.encode("ascii")
+
+
+# ------------------------------------------------------------------ key parsing
+def parse_inode_key(key: bytes) -> int:
+    return _INO.unpack_from(key, 1)[0]
+
+
+def parse_block_key(key: bytes) -> tuple[int, int]:
+    return _INO_INDEX.unpack_from(key, 1)
+
+
+def parse_dentry_key(key: bytes) -> tuple[int, str]:
+    return _INO.unpack_from(key, 1)[0], decode_name(key[1 + _INO.size:])
+
+
+def parse_uc_key(key: bytes) -> int:
+    return _INO.unpack_from(key, 1)[0]
+
+
+def after_name(parent: int, name: str) -> bytes:
+    """The smallest dentry key strictly after ``name`` (names never contain NUL)."""
+    return dentry_key(parent, name) + b"\x00"
+
+
+# ------------------------------------------------------------------ values
+def pack(value) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def unpack(raw: bytes):
+    return msgpack.unpackb(raw, raw=False, strict_map_key=False)

@@ -1,0 +1,1064 @@
+"""The inode-based namespace over the KV store: path resolution, validation, and the
+``apply`` of every journal op.
+
+Why it exists: it is the filesystem's meaning, kept apart from the RPC shell, so the
+conformance suite drives it directly over both KV stores. Every mutation is split in two:
+
+1. ``plan_<op>(...)`` (under the caller's path locks): validate against the current state,
+   raising a clear ``LeaseFSError`` that names the path (nothing changes on error); decide
+   everything (new inode/block ids, generation stamps, timestamps) and return the journal
+   record ``(op, args)`` — or ``None`` when there is nothing to do.
+2. ``apply(records)`` (called by the journal's syncer after the fsync, and by replay at
+   start): apply ALL records of the batch to the store in ONE ``kv.write`` together with
+   the applied txid. It is deterministic from the records and the state before them, and
+   composes records of one batch through an overlay, so concurrent disjoint mutations that
+   share a batch (and a parent directory's entry count) are applied correctly.
+
+``apply`` returns one effects dict per record (blocks that left the namespace, files that
+stopped being under construction, ...) so the server can update its in-memory blocks map,
+leases and invalidate sets in the same synchronous step.
+
+Ops (HDFS edit-log names): FORMAT, MKDIR, ADD (create, incl. overwrite and missing parents),
+ADD_BLOCK (commits the previous block), UPDATE_BLOCKS (commit / length / gs changes),
+ABANDON_BLOCK, FSYNC, CLOSE, DELETE (a whole subtree in one record), RENAME (rename2 with
+overwrite), SET_PERMISSIONS, SET_OWNER, SET_REPLICATION, TIMES, SYMLINK, SET_GENSTAMP.
+
+Concurrency contract: trio thread only; no awaits, no I/O except the store's small sync
+calls. Allocation counters (next inode id, next block id, generation stamp) advance in memory
+when a plan is made and are persisted by ``apply`` (``max`` of stored and used), so an
+abandoned plan only leaves a gap.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sortedcontainers import SortedDict
+
+from fs import paths
+from fs.errors import (FileExists, FileNotFound, InternalError, InvalidArgument, IsDirectory,
+                       DirectoryNotEmpty, NotDirectory, StaleGenerationStamp)
+
+from . import keys
+from .blocks import COMMITTED, COMPLETE, UNDER_CONSTRUCTION
+from .leases import LeaseManager
+
+log = logging.getLogger(__name__)
+
+FILE = "file"
+DIR = "dir"
+SYMLINK = "symlink"
+
+MAX_OWNER_LEN = 256
+MAX_TARGET_BYTES = paths.MAX_PATH_BYTES
+MAX_LIST_LIMIT = 10_000
+
+
+@dataclass
+class Defaults:
+    """What a namespace needs from the configuration."""
+
+    block_size: int = 128 << 20
+    replication: int = 3
+    max_replication: int = 32
+    bytes_per_checksum: int = 4096
+    owner: str = "leasefs"
+    group: str = "supergroup"
+
+    @classmethod
+    def from_config(cls, config) -> "Defaults":
+        return cls(block_size=config.block_size, replication=config.replication,
+                   max_replication=config.max_replication,
+                   bytes_per_checksum=config.bytes_per_checksum)
+
+
+# ---------------------------------------------------------------------------- arg checks
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(value, what: str, *, low: int | None = None, high: int | None = None) -> int:
+    if not _is_int(value):
+        raise InvalidArgument(f"{what} must be an integer, got {value!r:.60}")
+    if low is not None and value < low:
+        raise InvalidArgument(f"{what} must be at least {low}, got {value}")
+    if high is not None and value > high:
+        raise InvalidArgument(f"{what} must be at most {high}, got {value}")
+    return value
+
+
+def check_bool(value, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be true or false, got {value!r:.60}")
+    return value
+
+
+def check_name(value, what: str, *, optional: bool = False) -> str | None:
+    """Client names, owners, groups: short printable strings."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{what} must be a non-empty string, got {value!r:.60}")
+    if len(value) > MAX_OWNER_LEN or "\0" in value:
+        raise InvalidArgument(f"{what} {value[:60]!r}: too long or contains NUL")
+    return value
+
+
+def check_mode(value, what: str) -> int:
+    return check_int(value, what, low=0, high=0o7777)
+
+
+def check_block_ref(value, what: str) -> dict:
+    """``{"id", "gs"?, "num_bytes"}`` from a client."""
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{what} must be a block map {{id, gs, num_bytes}}, got {value!r:.80}")
+    check_int(value.get("id"), f"{what}.id", low=0)
+    if value.get("gs") is not None:
+        check_int(value.get("gs"), f"{what}.gs", low=0)
+    check_int(value.get("num_bytes"), f"{what}.num_bytes", low=0)
+    return value
+
+
+# ---------------------------------------------------------------------------- overlay
+class _Txn:
+    """A batch's view of the store: reads see the batch's own earlier writes."""
+
+    def __init__(self, kv):
+        self.kv = kv
+        self.puts: SortedDict = SortedDict()   # key -> decoded value
+        self.dels: set[bytes] = set()
+
+    def get(self, key: bytes):
+        if key in self.puts:
+            return self.puts[key]
+        if key in self.dels:
+            return None
+        raw = self.kv.get(key)
+        return None if raw is None else keys.unpack(raw)
+
+    def put(self, key: bytes, value) -> None:
+        self.puts[key] = value
+        self.dels.discard(key)
+
+    def delete(self, key: bytes) -> None:
+        self.puts.pop(key, None)
+        self.dels.add(key)
+
+    def scan(self, prefix: bytes) -> list[tuple[bytes, object]]:
+        merged = {k: v for k, v in self.kv.scan(prefix) if k not in self.dels}
+        merged = {k: keys.unpack(v) for k, v in merged.items() if k not in self.puts}
+        for key in self.puts.irange(minimum=prefix):
+            if not key.startswith(prefix):
+                break
+            merged[key] = self.puts[key]
+        return sorted(merged.items())
+
+    def commit(self) -> None:
+        self.kv.write(puts=[(k, keys.pack(v)) for k, v in self.puts.items()],
+                      deletes=list(self.dels))
+
+
+# ---------------------------------------------------------------------------- namespace
+class Namespace:
+    def __init__(self, kv, defaults: Defaults | None = None):
+        self.kv = kv
+        self.defaults = defaults or Defaults()
+        self.counters: dict[str, int | bytes] = {}
+        self._next_ino = 0
+        self._next_block_id = 0
+        self._genstamp = 0
+        self.load()
+
+    # ------------------------------------------------------------------ counters
+    def load(self) -> None:
+        """(Re)read the counters from the store (after open or a replay)."""
+        self.counters = {}
+        for name in keys.COUNTERS:
+            raw = self.kv.get(keys.meta_key(name))
+            if raw is not None:
+                self.counters[name] = keys.unpack(raw)
+        self._next_ino = max(self._next_ino, int(self.counters.get(keys.NEXT_INO, 0)))
+        self._next_block_id = max(self._next_block_id,
+                                  int(self.counters.get(keys.NEXT_BLOCK_ID, 0)))
+        self._genstamp = max(self._genstamp, int(self.counters.get(keys.GENSTAMP, 0)))
+
+    @property
+    def formatted(self) -> bool:
+        return keys.NAMESPACE_ID in self.counters
+
+    @property
+    def namespace_id(self) -> int:
+        return int(self.counters.get(keys.NAMESPACE_ID, 0))
+
+    @property
+    def applied_txid(self) -> int:
+        return int(self.counters.get(keys.APPLIED_TXID, 0))
+
+    @property
+    def genstamp(self) -> int:
+        return self._genstamp
+
+    def file_count(self) -> int:
+        return int(self.counters.get(keys.FILES, 0))
+
+    def dir_count(self) -> int:
+        return int(self.counters.get(keys.DIRS, 0))
+
+    def allocate_ino(self) -> int:
+        ino = self._next_ino
+        self._next_ino += 1
+        return ino
+
+    def allocate_block_id(self) -> int:
+        block_id = self._next_block_id
+        self._next_block_id += 1
+        return block_id
+
+    def next_genstamp(self) -> int:
+        self._genstamp += 1
+        return self._genstamp
+
+    def _require_formatted(self) -> None:
+        if not self.formatted:
+            raise InternalError("the namespace is not formatted yet")
+
+    # ------------------------------------------------------------------ reads
+    def get_inode(self, ino: int) -> dict | None:
+        raw = self.kv.get(keys.inode_key(ino))
+        return None if raw is None else keys.unpack(raw)
+
+    def lookup(self, parent: int, name: str) -> int | None:
+        raw = self.kv.get(keys.dentry_key(parent, name))
+        return None if raw is None else keys.unpack(raw)
+
+    def walk(self, parts, path: str = "") -> list[tuple[int, dict]]:
+        """``(ino, inode)`` of the root and of every existing leading component; stops at the
+        first missing one. A non-directory with components after it → ``NotDirectory``."""
+        self._require_formatted()
+        root = self.get_inode(keys.ROOT_INO)
+        found = [(keys.ROOT_INO, root)]
+        for depth, name in enumerate(parts):
+            ino, inode = found[-1]
+            if inode["type"] != DIR:
+                prefix = paths.join_parts(parts[:depth])
+                kind = "a symlink (the metadata server does not follow links)" \
+                    if inode["type"] == SYMLINK else "not a directory"
+                raise NotDirectory(f"{path or paths.join_parts(parts)}: {prefix} is {kind}")
+            child = self.lookup(ino, name)
+            if child is None:
+                break
+            child_inode = self.get_inode(child)
+            if child_inode is None:   # a dangling entry would be a bug; treat as missing
+                log.error("dentry %s in inode %d points to missing inode %d", name, ino, child)
+                break
+            found.append((child, child_inode))
+        return found
+
+    def existing_depth(self, path) -> int:
+        """How many leading components of ``path`` exist (for LOCK_ANCESTOR); no errors
+        except for an invalid path."""
+        parts = paths.split(path)
+        try:
+            return len(self.walk(parts)) - 1
+        except NotDirectory:
+            return len(parts)
+
+    def resolve(self, path) -> tuple[list[str], int, dict, list[tuple[int, dict]]]:
+        """``(parts, ino, inode, found)`` of an existing path, else ``FileNotFound``."""
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        found = self.walk(parts, canonical)
+        if len(found) != len(parts) + 1:
+            missing = paths.join_parts(parts[:len(found)])
+            raise FileNotFound(f"{canonical}: no such file or directory"
+                               + (f" ({missing} does not exist)" if missing != canonical else ""))
+        ino, inode = found[-1]
+        return parts, ino, inode, found
+
+    def path_of(self, ino: int) -> str | None:
+        """The current path of an inode from its parent pointers (None if not linked)."""
+        names = []
+        seen = 0
+        while ino != keys.ROOT_INO:
+            inode = self.get_inode(ino)
+            if inode is None or seen > 10_000:
+                return None
+            names.append(inode["name"])
+            ino = inode["parent"]
+            seen += 1
+        return paths.join_parts(reversed(names))
+
+    def status(self, path: str, ino: int, inode: dict) -> dict:
+        kind = inode["type"]
+        is_file = kind == FILE
+        return {
+            "name": inode.get("name", ""),
+            "path": path,
+            "ino": ino,
+            "type": kind,
+            "mode": inode["mode"],
+            "owner": inode["owner"],
+            "group": inode["group"],
+            "mtime_ns": inode["mtime"],
+            "atime_ns": inode["atime"],
+            "ctime_ns": inode["ctime"],
+            "length": inode.get("length", 0) if is_file else
+            (len(keys.encode_name(inode["target"])) if kind == SYMLINK else 0),
+            "replication": inode.get("replication", 0) if is_file else 0,
+            "block_size": inode.get("block_size", 0) if is_file else 0,
+            "symlink": inode.get("target") if kind == SYMLINK else None,
+            "under_construction": bool(is_file and inode.get("uc")),
+            "children": inode.get("children", 0) if kind == DIR else 0,
+            "parent": inode["parent"],
+        }
+
+    def get_file_info(self, path) -> dict:
+        parts, ino, inode, _ = self.resolve(path)
+        return self.status(paths.join_parts(parts), ino, inode)
+
+    def list_status(self, path, start_after: str = "", limit: int = 1000) -> dict:
+        parts, ino, inode, _ = self.resolve(path)
+        canonical = paths.join_parts(parts)
+        if not isinstance(start_after, str) or "\0" in start_after:
+            raise InvalidArgument(f"list {canonical}: start_after must be a name string")
+        check_int(limit, f"list {canonical}: limit", low=1)
+        limit = min(limit, MAX_LIST_LIMIT)
+        if inode["type"] != DIR:
+            return {"entries": [self.status(canonical, ino, inode)], "has_more": False}
+        prefix = keys.dentry_prefix(ino)
+        start = keys.after_name(ino, start_after) if start_after else None
+        entries = []
+        has_more = False
+        for key, raw in self.kv.scan(prefix, start=start, limit=limit + 1):
+            if len(entries) == limit:
+                has_more = True
+                break
+            _, name = keys.parse_dentry_key(key)
+            child = keys.unpack(raw)
+            child_inode = self.get_inode(child)
+            if child_inode is None:
+                log.error("listing %s: entry %s points to missing inode %d", canonical, name, child)
+                continue
+            entries.append(self.status(paths.join(canonical, name), child, child_inode))
+        return {"entries": entries, "has_more": has_more}
+
+    def children(self, ino: int) -> Iterator[tuple[str, int]]:
+        for key, raw in self.kv.scan(keys.dentry_prefix(ino)):
+            yield keys.parse_dentry_key(key)[1], keys.unpack(raw)
+
+    def iter_subtree(self, ino: int, inode: dict) -> Iterator[tuple[int, dict]]:
+        """Every inode of the subtree rooted at ``ino`` (depth first, the root first)."""
+        stack = [(ino, inode)]
+        while stack:
+            cur, cur_inode = stack.pop()
+            yield cur, cur_inode
+            if cur_inode["type"] == DIR:
+                for _, child in self.children(cur):
+                    child_inode = self.get_inode(child)
+                    if child_inode is not None:
+                        stack.append((child, child_inode))
+
+    def blocks_of(self, ino: int) -> list[dict]:
+        """The file's blocks in order, each ``{index, id, gs, num_bytes, state}``."""
+        out = []
+        for key, raw in self.kv.scan(keys.block_prefix(ino)):
+            block = keys.unpack(raw)
+            block["index"] = keys.parse_block_key(key)[1]
+            out.append(block)
+        return out
+
+    def under_construction(self) -> dict[int, str]:
+        """ino → lease holder of every file under construction (to rebuild leases)."""
+        return {keys.parse_uc_key(k): keys.unpack(v)
+                for k, v in self.kv.scan(keys.UNDER_CONSTRUCTION)}
+
+    def all_blocks(self) -> Iterator[tuple[int, int, dict, int]]:
+        """``(ino, index, block, replication)`` of every block, to rebuild the blocks map."""
+        replication = {}
+        for key, raw in self.kv.scan(keys.BLOCK):
+            ino, index = keys.parse_block_key(key)
+            if ino not in replication:
+                inode = self.get_inode(ino)
+                replication[ino] = inode.get("replication", 1) if inode else 1
+            yield ino, index, keys.unpack(raw), replication[ino]
+
+    # ------------------------------------------------------------------ plan helpers
+    def _owner_group(self, owner, group, parent_inode: dict) -> tuple[str, str]:
+        owner = check_name(owner, "owner", optional=True) or self.defaults.owner
+        group = check_name(group, "group", optional=True) or parent_inode.get(
+            "group", self.defaults.group)
+        return owner, group
+
+    def _missing_dirs(self, parts, found, upto: int, mode: int, owner: str,
+                      group: str) -> list[dict]:
+        """New directories for ``parts[len(found)-1 : upto]`` (ids allocated now)."""
+        dirs = []
+        parent = found[-1][0]
+        for name in parts[len(found) - 1:upto]:
+            ino = self.allocate_ino()
+            dirs.append({"parent": parent, "name": name, "ino": ino, "mode": mode,
+                         "owner": owner, "group": group})
+            parent = ino
+        return dirs
+
+    def _check_parent_dir(self, path: str, found) -> None:
+        ino, inode = found[-1]
+        if inode["type"] != DIR:
+            raise NotDirectory(f"{path}: parent is not a directory")
+
+    # ------------------------------------------------------------------ planners
+    def plan_format(self, namespace_id: int, now_ns: int) -> tuple[str, dict]:
+        if self.formatted:
+            raise InternalError("the namespace is already formatted")
+        return "FORMAT", {"namespace_id": namespace_id, "time": now_ns, "mode": 0o755,
+                          "owner": self.defaults.owner, "group": self.defaults.group}
+
+    def plan_mkdirs(self, path, permission=0o755, owner=None, group=None, *,
+                    now_ns: int) -> tuple[str, dict] | None:
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        permission = check_mode(permission, f"mkdirs {canonical}: permission")
+        found = self.walk(parts, canonical)
+        if len(found) == len(parts) + 1:
+            if found[-1][1]["type"] == DIR:
+                return None
+            raise FileExists(f"mkdirs {canonical}: exists and is not a directory")
+        self._check_parent_dir(canonical, found)
+        owner, group = self._owner_group(owner, group, found[-1][1])
+        dirs = self._missing_dirs(parts, found, len(parts), permission, owner, group)
+        for d in dirs[:-1]:
+            d["mode"] = permission | 0o300   # parents stay writable and searchable by the owner
+        return "MKDIR", {"dirs": dirs, "time": now_ns}
+
+    def plan_create(self, path, *, holder, client_machine: str = "", overwrite=False,
+                    create_parent=True, replication=None, block_size=None, permission=0o644,
+                    owner=None, group=None, now_ns: int) -> tuple[str, dict]:
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        holder = check_name(holder, f"create {canonical}: client_name")
+        check_bool(overwrite, f"create {canonical}: overwrite")
+        check_bool(create_parent, f"create {canonical}: create_parent")
+        permission = check_mode(permission, f"create {canonical}: permission")
+        replication = self.check_replication(canonical, replication)
+        block_size = self.check_block_size(canonical, block_size)
+        if not parts:
+            raise IsDirectory("cannot create /: it is a directory")
+        found = self.walk(parts, canonical)
+        overwrite_ino = None
+        dirs: list[dict] = []
+        if len(found) == len(parts) + 1:
+            ino, inode = found[-1]
+            if inode["type"] == DIR:
+                raise IsDirectory(f"cannot create {canonical}: it is a directory")
+            if not overwrite:
+                uc = inode.get("uc")
+                if uc:
+                    LeaseManager.check_create_conflict(canonical, uc["holder"], holder)
+                raise FileExists(f"cannot create {canonical}: file exists")
+            overwrite_ino = ino
+            parent_ino, parent_inode = found[-2]
+        else:
+            if len(found) < len(parts):
+                if not create_parent:
+                    raise FileNotFound(f"cannot create {canonical}: parent "
+                                       f"{paths.join_parts(parts[:-1])} does not exist")
+            self._check_parent_dir(canonical, found)
+            parent_ino, parent_inode = found[-1]
+        owner, group = self._owner_group(owner, group, parent_inode)
+        if len(found) < len(parts):
+            dirs = self._missing_dirs(parts, found, len(parts) - 1, 0o755, owner, group)
+            parent_ino = dirs[-1]["ino"]
+        return "ADD", {
+            "dirs": dirs, "parent": parent_ino, "name": parts[-1], "ino": self.allocate_ino(),
+            "mode": permission, "owner": owner, "group": group, "time": now_ns,
+            "replication": replication, "block_size": block_size, "holder": holder,
+            "client_machine": str(client_machine)[:256], "overwrite": overwrite_ino,
+        }
+
+    def check_replication(self, path: str, replication) -> int:
+        if replication is None:
+            return self.defaults.replication
+        return check_int(replication, f"{path}: replication", low=1,
+                         high=self.defaults.max_replication)
+
+    def check_block_size(self, path: str, block_size) -> int:
+        if block_size is None:
+            return self.defaults.block_size
+        check_int(block_size, f"{path}: block_size", low=self.defaults.bytes_per_checksum)
+        if block_size % self.defaults.bytes_per_checksum:
+            raise InvalidArgument(f"{path}: block_size {block_size} is not a multiple of "
+                                  f"bytes_per_checksum {self.defaults.bytes_per_checksum}")
+        return block_size
+
+    def plan_symlink(self, target, path, *, create_parent=False, owner=None, group=None,
+                     now_ns: int) -> tuple[str, dict]:
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        check_bool(create_parent, f"symlink {canonical}: create_parent")
+        if not isinstance(target, str) or not target or "\0" in target:
+            raise InvalidArgument(f"symlink {canonical}: target must be a non-empty string "
+                                  f"without NUL, got {target!r:.80}")
+        if len(keys.encode_name(target)) > MAX_TARGET_BYTES:
+            raise InvalidArgument(f"symlink {canonical}: target longer than "
+                                  f"{MAX_TARGET_BYTES} bytes")
+        if not parts:
+            raise FileExists("cannot create a symlink at /: it exists")
+        found = self.walk(parts, canonical)
+        if len(found) == len(parts) + 1:
+            raise FileExists(f"cannot create symlink {canonical}: it exists")
+        if len(found) < len(parts) and not create_parent:
+            raise FileNotFound(f"cannot create symlink {canonical}: parent "
+                               f"{paths.join_parts(parts[:-1])} does not exist")
+        self._check_parent_dir(canonical, found)
+        owner, group = self._owner_group(owner, group, found[-1][1])
+        dirs = self._missing_dirs(parts, found, len(parts) - 1, 0o755, owner, group)
+        parent_ino = dirs[-1]["ino"] if dirs else found[-1][0]
+        return "SYMLINK", {"dirs": dirs, "parent": parent_ino, "name": parts[-1],
+                           "ino": self.allocate_ino(), "target": target, "mode": 0o777,
+                           "owner": owner, "group": group, "time": now_ns}
+
+    def plan_delete(self, path, recursive=False, *, now_ns: int) -> tuple[str, dict]:
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        check_bool(recursive, f"delete {canonical}: recursive")
+        if not parts:
+            raise InvalidArgument("cannot delete the root directory /")
+        _, ino, inode, found = self.resolve(canonical)
+        if inode["type"] == DIR and inode.get("children", 0) and not recursive:
+            raise DirectoryNotEmpty(f"cannot delete {canonical}: directory is not empty "
+                                    f"({inode['children']} entries); use recursive")
+        return "DELETE", {"parent": found[-2][0], "name": parts[-1], "ino": ino,
+                          "time": now_ns}
+
+    def plan_rename(self, src, dst, overwrite=False, *, now_ns: int) -> tuple[str, dict] | None:
+        src_parts = paths.split(src)
+        dst_parts = paths.split(dst)
+        s, d = paths.join_parts(src_parts), paths.join_parts(dst_parts)
+        what = f"rename {s} to {d}"
+        check_bool(overwrite, f"{what}: overwrite")
+        if not src_parts:
+            raise InvalidArgument(f"{what}: cannot rename the root directory")
+        _, ino, inode, src_found = self.resolve(s)
+        if s == d:
+            return None
+        if not dst_parts:
+            raise InvalidArgument(f"{what}: cannot rename onto the root directory")
+        if paths.is_ancestor(s, d):
+            raise InvalidArgument(f"{what}: cannot move a directory into itself")
+        dst_found = self.walk(dst_parts, d)
+        overwrite_ino = None
+        if len(dst_found) == len(dst_parts) + 1:
+            dst_ino, dst_inode = dst_found[-1]
+            if not overwrite:
+                raise FileExists(f"{what}: destination exists")
+            if inode["type"] == DIR and dst_inode["type"] != DIR:
+                raise NotDirectory(f"{what}: cannot overwrite non-directory {d} with a directory")
+            if inode["type"] != DIR and dst_inode["type"] == DIR:
+                raise IsDirectory(f"{what}: cannot overwrite directory {d} with a non-directory")
+            if dst_inode["type"] == DIR and dst_inode.get("children", 0):
+                raise DirectoryNotEmpty(f"{what}: destination directory is not empty")
+            overwrite_ino = dst_ino
+            dst_parent = dst_found[-2][0]
+        else:
+            if len(dst_found) < len(dst_parts):
+                raise FileNotFound(f"{what}: destination parent "
+                                   f"{paths.join_parts(dst_parts[:-1])} does not exist")
+            self._check_parent_dir(d, dst_found)
+            dst_parent = dst_found[-1][0]
+        return "RENAME", {"src_parent": src_found[-2][0], "src_name": src_parts[-1],
+                          "dst_parent": dst_parent, "dst_name": dst_parts[-1], "ino": ino,
+                          "overwrite": overwrite_ino, "time": now_ns}
+
+    def plan_set_permission(self, path, permission, *, now_ns: int) -> tuple[str, dict]:
+        parts, ino, inode, _ = self.resolve(path)
+        canonical = paths.join_parts(parts)
+        permission = check_mode(permission, f"chmod {canonical}: permission")
+        return "SET_PERMISSIONS", {"ino": ino, "mode": permission, "time": now_ns}
+
+    def plan_set_owner(self, path, owner=None, group=None, *, now_ns: int) -> tuple[str, dict] | None:
+        parts, ino, inode, _ = self.resolve(path)
+        canonical = paths.join_parts(parts)
+        owner = check_name(owner, f"chown {canonical}: owner", optional=True)
+        group = check_name(group, f"chown {canonical}: group", optional=True)
+        if owner is None and group is None:
+            return None
+        return "SET_OWNER", {"ino": ino, "owner": owner, "group": group, "time": now_ns}
+
+    def plan_set_times(self, path, mtime_ns=None, atime_ns=None, *,
+                       now_ns: int) -> tuple[str, dict] | None:
+        parts, ino, inode, _ = self.resolve(path)
+        canonical = paths.join_parts(parts)
+        if mtime_ns is not None:
+            check_int(mtime_ns, f"set_times {canonical}: mtime_ns")
+        if atime_ns is not None:
+            check_int(atime_ns, f"set_times {canonical}: atime_ns")
+        if mtime_ns is None and atime_ns is None:
+            return None
+        return "TIMES", {"ino": ino, "mtime": mtime_ns, "atime": atime_ns, "time": now_ns}
+
+    def plan_set_replication(self, path, replication, *, now_ns: int) -> tuple[str, dict] | None:
+        parts, ino, inode, _ = self.resolve(path)
+        canonical = paths.join_parts(parts)
+        if inode["type"] != FILE:
+            raise IsDirectory(f"setrep {canonical}: not a file") if inode["type"] == DIR \
+                else InvalidArgument(f"setrep {canonical}: not a file")
+        replication = check_int(replication, f"setrep {canonical}: replication", low=1,
+                                high=self.defaults.max_replication)
+        if replication == inode.get("replication"):
+            return None
+        return "SET_REPLICATION", {"ino": ino, "replication": replication, "time": now_ns}
+
+    # -------------------------------------------------------- writer (lease holder) ops
+    def writer_file(self, path, ino, holder) -> tuple[str, int, dict]:
+        """The open file a writer addresses (by inode id when given, else path), after the
+        HDFS writer checks. Returns ``(canonical path, ino, inode)``."""
+        canonical = paths.validate(path)
+        holder = check_name(holder, f"{canonical}: client_name")
+        if ino is not None and ino != 0:
+            check_int(ino, f"{canonical}: ino", low=1)
+            inode = self.get_inode(ino)
+        else:
+            try:
+                _, ino, inode, _ = self.resolve(canonical)
+            except FileNotFound:
+                inode = None
+        exists = inode is not None and inode["type"] == FILE
+        uc = inode.get("uc") if exists else None
+        LeaseManager.check_writer(canonical, exists, uc["holder"] if uc else None, holder)
+        return canonical, ino, inode
+
+    def check_previous(self, path: str, blocks: list[dict], previous) -> tuple[str, dict | None]:
+        """Classify add_block's ``previous`` against the file's blocks:
+
+        * ``("retry", last)``   the last call's reply was lost: hand out the same last block
+        * ``("first", None)``   the first block of an empty file
+        * ``("commit", last)``  ``previous`` is the last block, to be committed now
+        * ``("committed", last)`` already committed with that length (a retried add_block)
+        """
+        last = blocks[-1] if blocks else None
+        if previous is not None:
+            check_block_ref(previous, f"add_block {path}: previous")
+        if last is not None and last["state"] == UNDER_CONSTRUCTION:
+            penultimate = blocks[-2] if len(blocks) >= 2 else None
+            if (previous is None and len(blocks) == 1) or (
+                    previous is not None and penultimate is not None
+                    and previous["id"] == penultimate["id"]):
+                return "retry", last
+        if previous is None:
+            if blocks:
+                raise InvalidArgument(f"add_block {path}: previous is missing but the file "
+                                      f"already has {len(blocks)} block(s)")
+            return "first", None
+        if last is None or previous["id"] != last["id"]:
+            raise InvalidArgument(f"add_block {path}: previous block {previous['id']} is not "
+                                  f"the file's last block "
+                                  f"({last['id'] if last else 'the file has none'})")
+        return self._commit_kind(path, last, previous), last
+
+    def _commit_kind(self, path: str, last: dict, reported: dict) -> str:
+        if reported.get("gs") is not None and reported["gs"] != last["gs"]:
+            raise StaleGenerationStamp(f"{path}: block {last['id']} has generation stamp "
+                                       f"{last['gs']}, the client reported {reported['gs']}")
+        if last["state"] == UNDER_CONSTRUCTION:
+            return "commit"
+        if last["num_bytes"] != reported["num_bytes"]:
+            raise InvalidArgument(f"{path}: block {last['id']} was committed with "
+                                  f"{last['num_bytes']} bytes, now reported as "
+                                  f"{reported['num_bytes']}")
+        return "committed"
+
+    def check_block_length(self, path: str, inode: dict, num_bytes: int) -> None:
+        if num_bytes > inode["block_size"]:
+            raise InvalidArgument(f"{path}: block length {num_bytes} exceeds the file's block "
+                                  f"size {inode['block_size']}")
+
+    def plan_add_block(self, ino: int, blocks: list[dict], block_id: int, gs: int,
+                       commit: dict | None, targets: list[str], now_ns: int) -> tuple[str, dict]:
+        previous = None
+        if commit is not None:
+            last = blocks[-1]
+            previous = {"index": last["index"], "id": last["id"],
+                        "num_bytes": commit["num_bytes"]}
+        return "ADD_BLOCK", {"ino": ino, "index": len(blocks), "block": {"id": block_id, "gs": gs},
+                             "previous": previous, "targets": list(targets), "time": now_ns}
+
+    def plan_commit(self, ino: int, block: dict, num_bytes: int) -> tuple[str, dict]:
+        return "UPDATE_BLOCKS", {"ino": ino, "blocks": [{
+            "index": block["index"], "id": block["id"], "gs": block["gs"],
+            "num_bytes": num_bytes, "state": COMMITTED}]}
+
+    def check_last(self, path: str, blocks: list[dict], last) -> tuple[str, dict | None]:
+        """complete's ``last`` against the file: ``("none"|"commit"|"committed", block)``."""
+        if last is None:
+            if blocks:
+                raise InvalidArgument(f"complete {path}: last block is missing but the file "
+                                      f"has {len(blocks)} block(s)")
+            return "none", None
+        check_block_ref(last, f"complete {path}: last")
+        if not blocks or blocks[-1]["id"] != last["id"]:
+            raise InvalidArgument(f"complete {path}: block {last['id']} is not the file's "
+                                  f"last block ({blocks[-1]['id'] if blocks else 'none'})")
+        return self._commit_kind(path, blocks[-1], last), blocks[-1]
+
+    def closed_with(self, path, ino, last) -> bool:
+        """A complete() retried after the file was already closed with this last block."""
+        canonical = paths.validate(path)
+        if ino:
+            inode = self.get_inode(ino) if _is_int(ino) else None
+        else:
+            try:
+                _, ino, inode, _ = self.resolve(canonical)
+            except FileNotFound:
+                return False
+        if inode is None or inode["type"] != FILE or inode.get("uc"):
+            return False
+        blocks = self.blocks_of(ino)
+        if last is None:
+            return not blocks
+        return (isinstance(last, dict) and bool(blocks) and blocks[-1]["id"] == last.get("id")
+                and blocks[-1]["num_bytes"] == last.get("num_bytes"))
+
+    def plan_close(self, ino: int, block: dict | None, num_bytes: int | None,
+                   now_ns: int) -> tuple[str, dict]:
+        last = None
+        if block is not None:
+            last = {"index": block["index"], "id": block["id"], "num_bytes": num_bytes}
+        return "CLOSE", {"ino": ino, "last": last, "time": now_ns}
+
+    def plan_abandon(self, path: str, ino: int, blocks: list[dict], block) -> tuple[str, dict] | None:
+        check_block_ref(block, f"abandon_block {path}: block")
+        match = [b for b in blocks if b["id"] == block["id"]]
+        if not match:
+            return None   # already abandoned (a retry)
+        if match[0] is not blocks[-1] or match[0]["state"] != UNDER_CONSTRUCTION:
+            raise InvalidArgument(f"abandon_block {path}: block {block['id']} is not the "
+                                  f"file's last block under construction")
+        return "ABANDON_BLOCK", {"ino": ino, "index": match[0]["index"], "id": block["id"]}
+
+    def plan_fsync(self, path: str, ino: int, blocks: list[dict],
+                   last_block_length) -> tuple[str, dict] | None:
+        check_int(last_block_length, f"fsync {path}: last_block_length", low=0)
+        if not blocks or blocks[-1]["state"] != UNDER_CONSTRUCTION:
+            return None
+        last = blocks[-1]
+        if last_block_length <= last["num_bytes"]:
+            return None
+        return "FSYNC", {"ino": ino, "index": last["index"], "id": last["id"],
+                         "num_bytes": last_block_length}
+
+    def plan_set_genstamp(self) -> tuple[str, dict]:
+        return "SET_GENSTAMP", {"gs": self.next_genstamp()}
+
+    # ------------------------------------------------------------------ summaries
+    def content_summary_of(self, ino: int, inode: dict) -> dict:
+        length = files = dirs = space = 0
+        for _, node in self.iter_subtree(ino, inode):
+            if node["type"] == DIR:
+                dirs += 1
+            elif node["type"] == FILE:
+                files += 1
+                length += node.get("length", 0)
+                space += node.get("length", 0) * node.get("replication", 1)
+        return {"length": length, "file_count": files, "directory_count": dirs,
+                "space_consumed": space}
+
+    # ================================================================== apply
+    def apply(self, records) -> list[dict]:
+        """Apply a batch of journal records in one store write; returns effects per record."""
+        txn = _Txn(self.kv)
+        counters = dict(self.counters)
+        effects = []
+        for record in records:
+            handler = getattr(self, "_apply_" + record.op, None)
+            if handler is None:
+                raise InternalError(f"journal txid {record.txid}: unknown op {record.op!r}")
+            if record.op != "FORMAT" and keys.NAMESPACE_ID not in counters:
+                raise InternalError(f"journal txid {record.txid}: {record.op} before FORMAT")
+            effect = handler(txn, counters, record.args) or {}
+            effect["op"] = record.op
+            effects.append(effect)
+            counters[keys.APPLIED_TXID] = record.txid
+        for name, value in counters.items():
+            if self.counters.get(name) != value:
+                txn.put(keys.meta_key(name), value)
+        txn.commit()
+        self.counters = counters
+        self._next_ino = max(self._next_ino, int(counters.get(keys.NEXT_INO, 0)))
+        self._next_block_id = max(self._next_block_id, int(counters.get(keys.NEXT_BLOCK_ID, 0)))
+        self._genstamp = max(self._genstamp, int(counters.get(keys.GENSTAMP, 0)))
+        return effects
+
+    # ------------------------------------------------------------------ apply helpers
+    @staticmethod
+    def _bump(counters, name: str, used: int) -> None:
+        """Counters stay above every used id (``next_*``) / at the largest stamp."""
+        if name == keys.GENSTAMP:
+            counters[name] = max(int(counters.get(name, 0)), used)
+        else:
+            counters[name] = max(int(counters.get(name, 0)), used + 1)
+
+    @staticmethod
+    def _add(counters, name: str, delta: int) -> None:
+        counters[name] = int(counters.get(name, 0)) + delta
+
+    @staticmethod
+    def _touch_dir(txn: _Txn, ino: int, time: int, children_delta: int) -> None:
+        inode = txn.get(keys.inode_key(ino))
+        if inode is None:
+            log.error("apply: parent directory inode %d is missing", ino)
+            return
+        inode["children"] = inode.get("children", 0) + children_delta
+        inode["mtime"] = inode["ctime"] = time
+        txn.put(keys.inode_key(ino), inode)
+
+    def _link(self, txn: _Txn, counters, parent: int, name: str, ino: int, inode: dict,
+              time: int) -> None:
+        txn.put(keys.inode_key(ino), inode)
+        txn.put(keys.dentry_key(parent, name), ino)
+        self._touch_dir(txn, parent, time, +1)
+        self._bump(counters, keys.NEXT_INO, ino)
+        if inode["type"] == DIR:
+            self._add(counters, keys.DIRS, 1)
+        elif inode["type"] == FILE:
+            self._add(counters, keys.FILES, 1)
+
+    def _mkdirs(self, txn: _Txn, counters, dirs, time: int) -> None:
+        for d in dirs:
+            inode = {"type": DIR, "mode": d["mode"], "owner": d["owner"], "group": d["group"],
+                     "mtime": time, "atime": time, "ctime": time, "parent": d["parent"],
+                     "name": d["name"], "children": 0}
+            self._link(txn, counters, d["parent"], d["name"], d["ino"], inode, time)
+
+    def _remove_subtree(self, txn: _Txn, counters, ino: int, effects: dict) -> None:
+        """Remove ``ino`` and everything below it (not its own dentry)."""
+        removed_blocks = effects.setdefault("removed_blocks", [])
+        removed_uc = effects.setdefault("removed_uc", [])
+        removed_inos = effects.setdefault("removed_inos", [])
+        stack = [ino]
+        while stack:
+            cur = stack.pop()
+            inode = txn.get(keys.inode_key(cur))
+            if inode is None:
+                log.error("apply: inode %d to remove is missing", cur)
+                continue
+            if inode["type"] == DIR:
+                for key, child in txn.scan(keys.dentry_prefix(cur)):
+                    stack.append(child)
+                    txn.delete(key)
+                self._add(counters, keys.DIRS, -1)
+            elif inode["type"] == FILE:
+                for key, block in txn.scan(keys.block_prefix(cur)):
+                    removed_blocks.append(block["id"])
+                    txn.delete(key)
+                if inode.get("uc"):
+                    txn.delete(keys.uc_key(cur))
+                    removed_uc.append(cur)
+                self._add(counters, keys.FILES, -1)
+            txn.delete(keys.inode_key(cur))
+            removed_inos.append(cur)
+
+    def _unlink(self, txn: _Txn, counters, parent: int, name: str, ino: int, time: int,
+                effects: dict) -> None:
+        key = keys.dentry_key(parent, name)
+        current = txn.get(key)
+        if current != ino:
+            log.error("apply: entry %r in %d is %r, expected %d", name, parent, current, ino)
+        txn.delete(key)
+        self._touch_dir(txn, parent, time, -1)
+        self._remove_subtree(txn, counters, ino, effects)
+
+    def _file(self, txn: _Txn, ino: int) -> dict | None:
+        inode = txn.get(keys.inode_key(ino))
+        if inode is None or inode["type"] != FILE:
+            log.error("apply: file inode %d is missing", ino)
+            return None
+        return inode
+
+    def _set_block(self, txn: _Txn, counters, ino: int, inode: dict, index: int,
+                   block: dict) -> None:
+        """Write one block key and keep the inode's length and block count in step."""
+        key = keys.block_key(ino, index)
+        old = txn.get(key)
+        inode["length"] = inode.get("length", 0) - (old["num_bytes"] if old else 0) \
+            + block["num_bytes"]
+        inode["nblocks"] = max(inode.get("nblocks", 0), index + 1)
+        txn.put(key, {"id": block["id"], "gs": block["gs"], "num_bytes": block["num_bytes"],
+                      "state": block["state"]})
+        self._bump(counters, keys.NEXT_BLOCK_ID, block["id"])
+        self._bump(counters, keys.GENSTAMP, block["gs"])
+
+    # ------------------------------------------------------------------ appliers
+    def _apply_FORMAT(self, txn, counters, a):
+        if keys.NAMESPACE_ID in counters:
+            raise InternalError("FORMAT of an already formatted namespace")
+        t = a["time"]
+        root = {"type": DIR, "mode": a["mode"], "owner": a["owner"], "group": a["group"],
+                "mtime": t, "atime": t, "ctime": t, "parent": 0, "name": "", "children": 0}
+        txn.put(keys.inode_key(keys.ROOT_INO), root)
+        counters.update({keys.NAMESPACE_ID: a["namespace_id"], keys.LAYOUT: keys.LAYOUT_VERSION,
+                         keys.NEXT_INO: keys.ROOT_INO + 1, keys.NEXT_BLOCK_ID: 1,
+                         keys.GENSTAMP: 1000, keys.FILES: 0, keys.DIRS: 1})
+
+    def _apply_MKDIR(self, txn, counters, a):
+        self._mkdirs(txn, counters, a["dirs"], a["time"])
+
+    def _apply_ADD(self, txn, counters, a):
+        effects: dict = {"ino": a["ino"], "holder": a["holder"]}
+        t = a["time"]
+        self._mkdirs(txn, counters, a["dirs"], t)
+        if a["overwrite"] is not None:
+            self._unlink(txn, counters, a["parent"], a["name"], a["overwrite"], t, effects)
+        inode = {"type": FILE, "mode": a["mode"], "owner": a["owner"], "group": a["group"],
+                 "mtime": t, "atime": t, "ctime": t, "parent": a["parent"], "name": a["name"],
+                 "replication": a["replication"], "block_size": a["block_size"], "length": 0,
+                 "nblocks": 0, "uc": {"holder": a["holder"],
+                                      "client_machine": a.get("client_machine", "")}}
+        self._link(txn, counters, a["parent"], a["name"], a["ino"], inode, t)
+        txn.put(keys.uc_key(a["ino"]), a["holder"])
+        return effects
+
+    def _apply_SYMLINK(self, txn, counters, a):
+        t = a["time"]
+        self._mkdirs(txn, counters, a["dirs"], t)
+        inode = {"type": SYMLINK, "mode": a["mode"], "owner": a["owner"], "group": a["group"],
+                 "mtime": t, "atime": t, "ctime": t, "parent": a["parent"], "name": a["name"],
+                 "target": a["target"]}
+        self._link(txn, counters, a["parent"], a["name"], a["ino"], inode, t)
+
+    def _apply_ADD_BLOCK(self, txn, counters, a):
+        ino = a["ino"]
+        inode = self._file(txn, ino)
+        if inode is None:
+            return {}
+        effects = {"ino": ino, "block": a["block"], "index": a["index"],
+                   "targets": a.get("targets", []), "replication": inode.get("replication", 1)}
+        prev = a.get("previous")
+        if prev is not None:
+            old = txn.get(keys.block_key(ino, prev["index"]))
+            if old is not None:
+                state = old["state"] if old["state"] != UNDER_CONSTRUCTION else COMMITTED
+                self._set_block(txn, counters, ino, inode, prev["index"],
+                                {**old, "num_bytes": prev["num_bytes"], "state": state})
+                effects["committed"] = {"id": prev["id"], "num_bytes": prev["num_bytes"]}
+            # the server only adds a block when every block before ``previous`` is COMPLETE
+            if prev["index"] >= 1:
+                before = txn.get(keys.block_key(ino, prev["index"] - 1))
+                if before is not None and before["state"] != COMPLETE:
+                    self._set_block(txn, counters, ino, inode, prev["index"] - 1,
+                                    {**before, "state": COMPLETE})
+        self._set_block(txn, counters, ino, inode, a["index"],
+                        {"id": a["block"]["id"], "gs": a["block"]["gs"], "num_bytes": 0,
+                         "state": UNDER_CONSTRUCTION})
+        txn.put(keys.inode_key(ino), inode)
+        return effects
+
+    def _apply_UPDATE_BLOCKS(self, txn, counters, a):
+        ino = a["ino"]
+        inode = self._file(txn, ino)
+        if inode is None:
+            return {}
+        for block in a["blocks"]:
+            self._set_block(txn, counters, ino, inode, block["index"], block)
+        txn.put(keys.inode_key(ino), inode)
+        return {"ino": ino, "blocks": a["blocks"]}
+
+    def _apply_FSYNC(self, txn, counters, a):
+        ino = a["ino"]
+        inode = self._file(txn, ino)
+        old = txn.get(keys.block_key(ino, a["index"])) if inode is not None else None
+        if old is None:
+            return {}
+        self._set_block(txn, counters, ino, inode, a["index"], {**old, "num_bytes": a["num_bytes"]})
+        txn.put(keys.inode_key(ino), inode)
+        return {"ino": ino, "id": old["id"], "num_bytes": a["num_bytes"]}
+
+    def _apply_ABANDON_BLOCK(self, txn, counters, a):
+        ino = a["ino"]
+        inode = self._file(txn, ino)
+        key = keys.block_key(ino, a["index"])
+        old = txn.get(key) if inode is not None else None
+        if old is None:
+            return {}
+        txn.delete(key)
+        inode["length"] = inode.get("length", 0) - old["num_bytes"]
+        inode["nblocks"] = a["index"]
+        txn.put(keys.inode_key(ino), inode)
+        return {"ino": ino, "removed_blocks": [old["id"]]}
+
+    def _apply_CLOSE(self, txn, counters, a):
+        ino = a["ino"]
+        inode = self._file(txn, ino)
+        if inode is None:
+            return {}
+        last = a.get("last")
+        for key, block in txn.scan(keys.block_prefix(ino)):
+            index = keys.parse_block_key(key)[1]
+            if last is not None and index == last["index"]:
+                block = {**block, "num_bytes": last["num_bytes"]}
+            if block["state"] != COMPLETE or (last is not None and index == last["index"]):
+                self._set_block(txn, counters, ino, inode, index, {**block, "state": COMPLETE})
+        inode["uc"] = None
+        inode["mtime"] = inode["ctime"] = a["time"]
+        txn.put(keys.inode_key(ino), inode)
+        txn.delete(keys.uc_key(ino))
+        return {"ino": ino, "closed": True}
+
+    def _apply_DELETE(self, txn, counters, a):
+        effects: dict = {}
+        self._unlink(txn, counters, a["parent"], a["name"], a["ino"], a["time"], effects)
+        return effects
+
+    def _apply_RENAME(self, txn, counters, a):
+        effects: dict = {}
+        t = a["time"]
+        ino = a["ino"]
+        if a["overwrite"] is not None:
+            self._unlink(txn, counters, a["dst_parent"], a["dst_name"], a["overwrite"], t, effects)
+        txn.delete(keys.dentry_key(a["src_parent"], a["src_name"]))
+        self._touch_dir(txn, a["src_parent"], t, -1)
+        txn.put(keys.dentry_key(a["dst_parent"], a["dst_name"]), ino)
+        self._touch_dir(txn, a["dst_parent"], t, +1)
+        inode = txn.get(keys.inode_key(ino))
+        if inode is not None:
+            inode["parent"], inode["name"], inode["ctime"] = a["dst_parent"], a["dst_name"], t
+            txn.put(keys.inode_key(ino), inode)
+        return effects
+
+    def _update_inode(self, txn, ino: int, **changes) -> dict | None:
+        inode = txn.get(keys.inode_key(ino))
+        if inode is None:
+            log.error("apply: inode %d is missing", ino)
+            return None
+        inode.update(changes)
+        txn.put(keys.inode_key(ino), inode)
+        return inode
+
+    def _apply_SET_PERMISSIONS(self, txn, counters, a):
+        self._update_inode(txn, a["ino"], mode=a["mode"], ctime=a["time"])
+
+    def _apply_SET_OWNER(self, txn, counters, a):
+        changes = {"ctime": a["time"]}
+        if a.get("owner") is not None:
+            changes["owner"] = a["owner"]
+        if a.get("group") is not None:
+            changes["group"] = a["group"]
+        self._update_inode(txn, a["ino"], **changes)
+
+    def _apply_TIMES(self, txn, counters, a):
+        changes = {"ctime": a["time"]}
+        if a.get("mtime") is not None:
+            changes["mtime"] = a["mtime"]
+        if a.get("atime") is not None:
+            changes["atime"] = a["atime"]
+        self._update_inode(txn, a["ino"], **changes)
+
+    def _apply_SET_REPLICATION(self, txn, counters, a):
+        self._update_inode(txn, a["ino"], replication=a["replication"], ctime=a["time"])
+        ids = [block["id"] for _, block in txn.scan(keys.block_prefix(a["ino"]))]
+        return {"ino": a["ino"], "replication": a["replication"], "block_ids": ids}
+
+    def _apply_SET_GENSTAMP(self, txn, counters, a):
+        self._bump(counters, keys.GENSTAMP, a["gs"])
+

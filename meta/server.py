@@ -1,0 +1,840 @@
+"""The metadata server (the HDFS NameNode role): RPC handlers, startup/recovery, monitors.
+
+Why it exists: it is the shell around the pure parts. ``namespace.py`` validates and applies
+journal records, ``leases.py``/``blocks.py``/``datanodes.py``/``safemode.py`` are I/O-free
+state machines; this module wires them to the journal, the path locks, the clock and the
+wire (every method of docs/PROTOCOL.md §2).
+
+Mutation order (every mutating RPC): safe-mode check → global lock (read) → path locks →
+validate and decide in memory (``ns.plan_*``; a ``LeaseFSError`` leaves everything
+unchanged) → ``await journal.log(op, args)``, which returns after the record is fsynced AND
+applied: ``_apply`` writes the batch to LevelDB (one write) and, in the same synchronous
+step, updates the blocks map, leases and invalidate sets → release locks → reply. Reads
+take no path lock (see ``locks.py``): they never wait for a mutation's fsync.
+
+Startup (``run_meta_server``): open LevelDB, ``journal.open()``, replay every record after
+the applied txid through the same ``apply``, start the group-commit syncer, format the
+namespace if it is new (the FORMAT record makes a replay from an empty store exact), rebuild
+the blocks map from the ``B`` keys and the leases from the ``U`` keys, start monitors (dead
+nodes, safe mode, leases, checkpoints), serve RPC, report the bound address.
+
+Monitors: dead block servers (their replicas leave the blocks map), safe mode (leaves when
+enough blocks are reported), leases (hard-limit expiry closes what can be closed without
+block recovery — block recovery is issue 3), checkpoints (under the global write lock: roll
+the journal, ``kv.sync()`` in a worker thread, purge old segments).
+
+Concurrency contract: everything runs on one trio thread; only the journal's fsync and the
+checkpoint's ``kv.sync`` run in worker threads. Handlers are independent tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import secrets
+import time
+from contextlib import asynccontextmanager
+from functools import partial
+
+import trio
+
+from fs import paths
+from fs.config import Config
+from fs.errors import (AlreadyBeingCreated, InternalError, InvalidArgument,
+                       IsDirectory, LeaseFSError, NotReplicatedYet, RecoveryInProgress,
+                       ServerUnavailable)
+from fs.rpc import Dispatcher, RetryCache, format_address, parse_address, serve_rpc, serve_tcp
+
+from . import blocks as bm
+from .blocks import BlockInfo, BlocksMap
+from .datanodes import DatanodeManager
+from .journal import Journal
+from .kv import KVStore, PlyvelStore
+from .leases import LeaseManager
+from .locks import (LOCK_ANCESTOR, LOCK_PARENT, LOCK_READ, LOCK_WRITE, PathLockPool, RWLock,
+                    lock_set, merge)
+from .namespace import DIR, FILE, SYMLINK, Defaults, Namespace, check_int, check_name
+from .safemode import SafeModeState
+
+log = logging.getLogger(__name__)
+
+REPLAY_CHUNK = 512
+LOCK_RETRIES = 8
+
+
+class MetaServer(Dispatcher):
+    """Every RPC of PROTOCOL.md §2 as ``rpc_<method>(ctx, **args)``."""
+
+    retry_cached = frozenset({"create", "add_block", "complete", "delete", "rename",
+                              "create_symlink"})
+
+    def __init__(self, config: Config, kv: KVStore, journal_dir: str, *,
+                 clock=time.monotonic, wall_ns=time.time_ns):
+        super().__init__(RetryCache(expiry=config.retry_cache_expiry))
+        self.config = config
+        self.kv = kv
+        self.clock = clock
+        self.wall_ns = wall_ns
+        self.ns = Namespace(kv, Defaults.from_config(config))
+        self.blocks = BlocksMap(config.min_replication)
+        self.leases = LeaseManager(config.lease_soft_limit, config.lease_hard_limit)
+        self.datanodes = DatanodeManager(dead_interval=config.dead_node_interval,
+                                         invalidate_limit=config.invalidate_limit, clock=clock)
+        self.safemode = SafeModeState(config.safemode_threshold, config.safemode_extension,
+                                      config.safemode_min_storage)
+        self.locks = PathLockPool()
+        self.global_lock = RWLock()
+        self.journal = Journal(journal_dir, self._apply,
+                               fsync_limiter=trio.CapacityLimiter(1),
+                               keep_segments=config.journal_keep_segments)
+        self._recovering = False
+        self._txns_since_checkpoint = 0
+        self._last_checkpoint = clock()
+        self._release_logged: set[int] = set()
+        self.checkpoints = 0
+
+    # ================================================================== startup
+    def recover(self) -> None:
+        """Sync, at start: open the journal and replay what LevelDB has not applied."""
+        self.journal.open()
+        applied = self.ns.applied_txid
+        chunk = []
+        replayed = 0
+        self._recovering = True
+        try:
+            for record in self.journal.replay(applied):
+                chunk.append(record)
+                if len(chunk) >= REPLAY_CHUNK:
+                    self.ns.apply(chunk)
+                    replayed += len(chunk)
+                    chunk = []
+            if chunk:
+                self.ns.apply(chunk)
+                replayed += len(chunk)
+        finally:
+            self._recovering = False
+        log.info("namespace: applied txid %d, replayed %d journal records, now at txid %d",
+                 applied, replayed, self.ns.applied_txid)
+
+    async def start(self) -> None:
+        """After ``journal.run`` started: format a new namespace, rebuild memory state."""
+        if not self.ns.formatted:
+            namespace_id = secrets.randbelow(1 << 31) + 1
+            await self.journal.log(*self.ns.plan_format(namespace_id, self.wall_ns()))
+            log.info("formatted a new namespace, id %d", namespace_id)
+        self.rebuild_memory()
+
+    def rebuild_memory(self) -> None:
+        self.blocks = BlocksMap(self.config.min_replication)
+        for ino, index, block, replication in self.ns.all_blocks():
+            self.blocks.add(BlockInfo(block["id"], ino, index, block["gs"], block["num_bytes"],
+                                      block["state"], replication))
+        self.leases.rebuild(self.ns.under_construction(), self.clock())
+        self.update_safemode()
+        log.info("loaded %d files, %d directories, %d blocks, %d files under construction",
+                 self.ns.file_count(), self.ns.dir_count(), len(self.blocks),
+                 self.leases.open_files())
+
+    # ================================================================== apply (journal)
+    def _apply(self, records) -> None:
+        """The journal's apply: one LevelDB write, then the in-memory structures."""
+        effects = self.ns.apply(records)
+        self._txns_since_checkpoint += len(records)
+        if self._recovering:
+            return
+        for record, effect in zip(records, effects):
+            try:
+                self._apply_memory(record, effect)
+            except Exception:   # memory is rebuilt at restart; never fail a durable batch
+                log.exception("updating memory state for txid %d (%s) failed",
+                              record.txid, record.op)
+
+    def _apply_memory(self, record, effect: dict) -> None:
+        op, args = record.op, record.args
+        now = self.clock()
+        self._forget(effect)
+        if op == "ADD":
+            self.leases.add(args["holder"], args["ino"], now)
+        elif op == "ADD_BLOCK":
+            committed = effect.get("committed")
+            if committed is not None:
+                self._commit_in_memory(committed["id"], committed["num_bytes"])
+            block = args["block"]
+            self.blocks.add(BlockInfo(block["id"], args["ino"], args["index"], block["gs"], 0,
+                                      bm.UNDER_CONSTRUCTION, effect.get("replication", 1),
+                                      expected=list(args.get("targets", []))))
+        elif op == "UPDATE_BLOCKS":
+            for block in args["blocks"]:
+                if block["state"] == bm.COMMITTED:
+                    self._commit_in_memory(block["id"], block["num_bytes"])
+                elif self.blocks.get(block["id"]) is not None:
+                    self.blocks.restore(block["id"], gs=block["gs"],
+                                        num_bytes=block["num_bytes"], state=block["state"])
+        elif op == "FSYNC":
+            if self.blocks.get(args["id"]) is not None:
+                self.blocks.set_length(args["id"], args["num_bytes"])
+        elif op == "CLOSE":
+            last = args.get("last")
+            if last is not None and (info := self.blocks.get(last["id"])) is not None:
+                self.blocks.restore(last["id"], gs=info.gs, num_bytes=last["num_bytes"],
+                                    state=bm.COMPLETE)
+            self.leases.remove_file(args["ino"])
+            self._release_logged.discard(args["ino"])
+        elif op == "SET_REPLICATION":
+            for block_id in effect.get("block_ids", []):
+                self.blocks.set_replication(block_id, args["replication"])
+
+    def _commit_in_memory(self, block_id: int, num_bytes: int) -> None:
+        info = self.blocks.get(block_id)
+        if info is None:
+            return
+        if info.state == bm.UNDER_CONSTRUCTION:
+            self.blocks.commit(block_id, num_bytes)
+        else:
+            self.blocks.restore(block_id, gs=info.gs, num_bytes=num_bytes, state=info.state)
+
+    def _forget(self, effect: dict) -> None:
+        """Blocks that left the namespace go to invalidate sets; their leases end."""
+        for block_id in effect.get("removed_blocks", ()):
+            for node_id, ref in self.blocks.remove(block_id):
+                self.datanodes.add_invalidate(node_id, ref)
+        for ino in effect.get("removed_uc", ()):
+            self.leases.remove_file(ino)
+            self._release_logged.discard(ino)
+
+    # ================================================================== helpers
+    async def _log(self, plan) -> int | None:
+        if plan is None:
+            return None
+        op, args = plan
+        return await self.journal.log(op, args)
+
+    @asynccontextmanager
+    async def _mutation(self, what: str, wanted: dict, *, check_safemode: bool = True):
+        if check_safemode:
+            self.safemode.check(what)
+        await self.global_lock.acquire(False)
+        try:
+            async with self.locks.hold(wanted):
+                if check_safemode:
+                    self.safemode.check(what)   # it may have been entered while we waited
+                yield
+        finally:
+            self.global_lock.release(False)
+
+    async def _with_ancestor_locks(self, what: str, parts, body, *, keep_parent_write=True,
+                                   extra: dict | None = None):
+        """Run ``body()`` under LOCK_ANCESTOR for ``parts`` (LOCK_PARENT when the parent
+        exists), re-checking after the wait that no locked-out ancestor vanished."""
+        canonical = paths.join_parts(parts)
+        for _ in range(LOCK_RETRIES):
+            depth = self.ns.existing_depth(canonical)
+            if keep_parent_write:
+                depth = min(depth, max(0, len(parts) - 1))
+            wanted = lock_set(parts, LOCK_ANCESTOR, depth)
+            if extra:
+                wanted = merge(wanted, extra)
+            async with self._mutation(what, wanted):
+                if self.ns.existing_depth(canonical) < depth:
+                    continue   # an ancestor was removed while we waited: lock again
+                return await body()
+        raise InternalError(f"{what}: the namespace kept changing under the request; try again")
+
+    @asynccontextmanager
+    async def _file_lock(self, what: str, path: str, ino):
+        """LOCK_WRITE on a file addressed by inode id (its current path) or by path."""
+        for _ in range(LOCK_RETRIES):
+            current = (self.ns.path_of(ino) if ino else None) or path
+            async with self._mutation(what, lock_set(paths.split(current), LOCK_WRITE)):
+                if ino and self.ns.get_inode(ino) is not None and self.ns.path_of(ino) != current:
+                    continue   # renamed while we waited
+                yield current
+                return
+        raise InternalError(f"{what}: the file kept moving under the request; try again")
+
+    @staticmethod
+    def _check_ino(ino, path: str):
+        if ino is None or ino == 0:
+            return None
+        return check_int(ino, f"{path}: ino", low=1)
+
+    def _now(self) -> tuple[float, int]:
+        return self.clock(), self.wall_ns()
+
+    def _location(self, node_id: str) -> dict | None:
+        node = self.datanodes.live(node_id)
+        return None if node is None else {"node_id": node.node_id, "address": node.address}
+
+    def _located(self, block: dict, info: BlockInfo | None, offset: int) -> dict:
+        """A located block for clients (pipeline nodes while being written)."""
+        state = info.state if info is not None else block["state"]
+        corrupt = False
+        if info is None:
+            nodes = []
+        elif state in (bm.UNDER_CONSTRUCTION, bm.UNDER_RECOVERY):
+            nodes = list(info.expected) + [n for n in info.good_nodes() if n not in info.expected]
+        else:
+            # a stable order per block (callers may rely on it between two calls), rotated
+            # by block id so that readers of different blocks start on different nodes
+            nodes = sorted(info.good_nodes())
+            if nodes:
+                turn = info.id % len(nodes)
+                nodes = nodes[turn:] + nodes[:turn]
+            if not nodes:
+                nodes = info.corrupt_nodes()
+                corrupt = bool(nodes)
+        locations = [loc for loc in map(self._location, nodes) if loc is not None]
+        return {"block": {"id": block["id"], "gs": info.gs if info else block["gs"],
+                          "num_bytes": block["num_bytes"]},
+                "offset": offset, "locations": locations, "state": state, "corrupt": corrupt}
+
+    def _is_complete(self, block: dict) -> bool:
+        info = self.blocks.get(block["id"])
+        return info is not None and info.state == bm.COMPLETE
+
+    def update_safemode(self) -> None:
+        self.safemode.update(self.clock(), self.blocks.safe, self.blocks.total_countable,
+                             len(self.datanodes.live_nodes()))
+
+    def _node_dead(self, node) -> None:
+        affected = self.blocks.remove_node(node.node_id)
+        log.info("block server %s removed: %d replicas left the blocks map",
+                 node.node_id, len(affected))
+
+    # ================================================================== lease release
+    async def _internal_release_lease(self, path: str, ino: int, inode: dict) -> bool:
+        """Close a file whose writer is gone, if that needs no block recovery (HDFS
+        ``internalReleaseLease``); caller holds the file's path locks. True when closed."""
+        _, wall = self._now()
+        blocks = self.ns.blocks_of(ino)
+        if all(self._is_complete(b) for b in blocks):
+            await self._log(self.ns.plan_close(ino, None, None, wall))
+            log.info("lease of %s released: file closed", path)
+            return True
+        last = blocks[-1]
+        if not all(self._is_complete(b) for b in blocks[:-1]):
+            raise AlreadyBeingCreated(f"{path}: cannot release the lease: committed blocks "
+                                      f"are waiting to be minimally replicated")
+        info = self.blocks.get(last["id"])
+        state = info.state if info else last["state"]
+        if state == bm.UNDER_CONSTRUCTION and last["num_bytes"] == 0 and (
+                info is None or not info.replicas):
+            await self._log(self.ns.plan_abandon(path, ino, blocks, last))
+            await self._log(self.ns.plan_close(ino, None, None, wall))
+            log.info("lease of %s released: dropped an empty last block, file closed", path)
+            return True
+        if state == bm.COMMITTED:
+            raise AlreadyBeingCreated(f"{path}: cannot release the lease: the last block is "
+                                      f"committed and waiting to be minimally replicated")
+        # block recovery (issue 3) starts here: new recovery id, UNDER_RECOVERY, a primary
+        raise RecoveryInProgress(f"{path}: the last block needs block recovery before the "
+                                 f"lease can be released; try again later")
+
+    async def release_expired_leases(self) -> int:
+        """The lease monitor's pass: hard-expired leases are released where possible."""
+        released = 0
+        now = self.clock()
+        for lease in self.leases.expired_hard(now):
+            for ino in sorted(lease.files):
+                path = self.ns.path_of(ino)
+                if path is None:
+                    self.leases.remove_file(ino)
+                    continue
+                try:
+                    async with self._mutation(f"release lease of {path}",
+                                              lock_set(paths.split(path), LOCK_WRITE),
+                                              check_safemode=False):
+                        inode = self.ns.get_inode(ino)
+                        if inode is None or not inode.get("uc") or self.ns.path_of(ino) != path:
+                            continue
+                        if await self._internal_release_lease(path, ino, inode):
+                            released += 1
+                except LeaseFSError as exc:
+                    if ino not in self._release_logged:
+                        self._release_logged.add(ino)
+                        log.warning("lease of %s (holder %s) expired: %s", path,
+                                    lease.holder, exc)
+        return released
+
+    # ================================================================== client RPCs
+    async def rpc_get_server_defaults(self, ctx):
+        c = self.config
+        return {"block_size": c.block_size, "replication": c.replication,
+                "min_replication": c.min_replication, "bytes_per_checksum": c.bytes_per_checksum,
+                "packet_size": c.packet_size, "write_window_packets": c.write_window_packets,
+                "lease_soft_limit": c.lease_soft_limit, "lease_hard_limit": c.lease_hard_limit,
+                "namespace_id": self.ns.namespace_id}
+
+    async def rpc_mkdirs(self, ctx, path, permission=0o755, owner=None, group=None):
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+
+        async def body():
+            _, wall = self._now()
+            await self._log(self.ns.plan_mkdirs(canonical, permission, owner, group, now_ns=wall))
+            return True
+        return await self._with_ancestor_locks(f"mkdirs {canonical}", parts, body,
+                                               keep_parent_write=False)
+
+    async def rpc_create(self, ctx, path, client_name, overwrite=False, create_parent=True,
+                         replication=None, block_size=None, permission=0o644, owner=None,
+                         group=None):
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        check_name(client_name, f"create {canonical}: client_name")
+
+        async def body():
+            now, wall = self._now()
+            found = self.ns.walk(parts, canonical) if parts else []
+            if parts and len(found) == len(parts) + 1 and overwrite is False:
+                ino, inode = found[-1]
+                uc = inode.get("uc") if inode["type"] == FILE else None
+                if uc and self.leases.create_decision(canonical, uc["holder"], client_name,
+                                                      now) == "release":
+                    await self._internal_release_lease(canonical, ino, inode)
+            plan = self.ns.plan_create(
+                canonical, holder=client_name, client_machine=ctx.peer, overwrite=overwrite,
+                create_parent=create_parent, replication=replication, block_size=block_size,
+                permission=permission, owner=owner, group=group, now_ns=wall)
+            await self._log(plan)
+            ino = plan[1]["ino"]
+            return self.ns.status(canonical, ino, self.ns.get_inode(ino))
+        return await self._with_ancestor_locks(f"create {canonical}", parts, body)
+
+    async def rpc_create_symlink(self, ctx, target, path, create_parent=False):
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+
+        async def body():
+            _, wall = self._now()
+            plan = self.ns.plan_symlink(target, canonical, create_parent=create_parent,
+                                        now_ns=wall)
+            await self._log(plan)
+            ino = plan[1]["ino"]
+            return self.ns.status(canonical, ino, self.ns.get_inode(ino))
+        return await self._with_ancestor_locks(f"symlink {canonical}", parts, body)
+
+    async def rpc_add_block(self, ctx, path, client_name, ino=None, previous=None, excluded=()):
+        canonical = paths.validate(path)
+        ino = self._check_ino(ino, canonical)
+        if not isinstance(excluded, (list, tuple)) or not all(isinstance(x, str) for x in excluded):
+            raise InvalidArgument(f"add_block {canonical}: excluded must be a list of node ids "
+                                  f"or addresses")
+        async with self._file_lock(f"add a block to {canonical}", canonical, ino) as current:
+            _, ino, inode = self.ns.writer_file(current, ino, client_name)
+            blocks = self.ns.blocks_of(ino)
+            kind, last = self.ns.check_previous(current, blocks, previous)
+            if kind == "retry":
+                offset = sum(b["num_bytes"] for b in blocks[:-1])
+                return self._located(last, self.blocks.get(last["id"]), offset)
+            commit = None
+            if kind == "commit":
+                self.ns.check_block_length(current, inode, previous["num_bytes"])
+                commit = {"num_bytes": previous["num_bytes"]}
+            waiting = [b for b in blocks[:-1] if not self._is_complete(b)]
+            if waiting:
+                if commit is not None:
+                    await self._log(self.ns.plan_commit(ino, last, commit["num_bytes"]))
+                b = waiting[0]
+                raise NotReplicatedYet(f"{current}: block {b['id']} (#{b['index']}) is not yet "
+                                       f"minimally replicated; try again")
+            host = ctx.peer.rsplit(":", 1)[0].strip("[]") if ctx.peer else None
+            targets = self.datanodes.choose_targets(
+                inode.get("replication", 1), excluded=excluded, writer_host=host,
+                block_size=inode["block_size"], what=f"add_block {current}")
+            block_id = self.ns.allocate_block_id()
+            gs = self.ns.next_genstamp()
+            _, wall = self._now()
+            await self._log(self.ns.plan_add_block(ino, blocks, block_id, gs, commit,
+                                                   [t.node_id for t in targets], wall))
+            offset = sum(b["num_bytes"] for b in blocks[:-1])
+            if blocks:
+                offset += commit["num_bytes"] if commit else blocks[-1]["num_bytes"]
+            block = {"id": block_id, "gs": gs, "num_bytes": 0, "state": bm.UNDER_CONSTRUCTION}
+            return self._located(block, self.blocks.get(block_id), offset)
+
+    async def rpc_abandon_block(self, ctx, path, client_name, ino=None, block=None):
+        canonical = paths.validate(path)
+        ino = self._check_ino(ino, canonical)
+        async with self._file_lock(f"abandon a block of {canonical}", canonical, ino) as current:
+            _, ino, _ = self.ns.writer_file(current, ino, client_name)
+            blocks = self.ns.blocks_of(ino)
+            await self._log(self.ns.plan_abandon(current, ino, blocks, block))
+            return True
+
+    async def rpc_complete(self, ctx, path, client_name, ino=None, last=None):
+        canonical = paths.validate(path)
+        ino = self._check_ino(ino, canonical)
+        async with self._file_lock(f"complete {canonical}", canonical, ino) as current:
+            if self.ns.closed_with(current, ino, last):
+                return True
+            _, ino, inode = self.ns.writer_file(current, ino, client_name)
+            blocks = self.ns.blocks_of(ino)
+            kind, block = self.ns.check_last(current, blocks, last)
+            _, wall = self._now()
+            if kind == "none":
+                await self._log(self.ns.plan_close(ino, None, None, wall))
+                return True
+            earlier_ok = all(self._is_complete(b) for b in blocks[:-1])
+            num_bytes = last["num_bytes"]
+            if kind == "commit":
+                self.ns.check_block_length(current, inode, num_bytes)
+                last_ok = self.blocks.would_complete(block["id"], num_bytes)
+            else:
+                last_ok = self._is_complete(block)
+            if earlier_ok and last_ok:
+                await self._log(self.ns.plan_close(ino, block, num_bytes, wall))
+                return True
+            if kind == "commit":
+                await self._log(self.ns.plan_commit(ino, block, num_bytes))
+            return False
+
+    async def rpc_fsync(self, ctx, path, client_name, ino=None, last_block_length=0):
+        canonical = paths.validate(path)
+        ino = self._check_ino(ino, canonical)
+        async with self._file_lock(f"fsync {canonical}", canonical, ino) as current:
+            _, ino, inode = self.ns.writer_file(current, ino, client_name)
+            blocks = self.ns.blocks_of(ino)
+            plan = self.ns.plan_fsync(current, ino, blocks, last_block_length)
+            if plan is not None:
+                self.ns.check_block_length(current, inode, last_block_length)
+            await self._log(plan)
+            return True
+
+    async def rpc_renew_lease(self, ctx, client_name):
+        check_name(client_name, "renew_lease: client_name")
+        self.leases.renew(client_name, self.clock())
+        return True
+
+    async def rpc_get_block_locations(self, ctx, path, offset=0, length=None):
+        parts, ino, inode, _ = self.ns.resolve(path)
+        canonical = paths.join_parts(parts)
+        if inode["type"] == DIR:
+            raise IsDirectory(f"{canonical}: is a directory")
+        if inode["type"] == SYMLINK:
+            raise InvalidArgument(f"{canonical}: is a symlink (to {inode['target']})")
+        check_int(offset, f"{canonical}: offset", low=0)
+        if length is not None:
+            check_int(length, f"{canonical}: length", low=0)
+        end = math.inf if length is None else offset + length
+        under_construction = bool(inode.get("uc"))
+        blocks = self.ns.blocks_of(ino)
+        located = []
+        pos = 0
+        for i, block in enumerate(blocks):
+            size = block["num_bytes"]
+            growing = under_construction and i == len(blocks) - 1
+            if pos < end and (pos + size > offset or growing):
+                located.append(self._located(block, self.blocks.get(block["id"]), pos))
+            pos += size
+        return {"length": inode.get("length", 0), "under_construction": under_construction,
+                "blocks": located,
+                "last_block_complete": not blocks or self._is_complete(blocks[-1])}
+
+    async def rpc_get_file_info(self, ctx, path):
+        return self.ns.get_file_info(path)
+
+    async def rpc_list_status(self, ctx, path, start_after="", limit=1000):
+        return self.ns.list_status(path, start_after, limit)
+
+    async def rpc_rename(self, ctx, src, dst, overwrite=False):
+        src_parts, dst_parts = paths.split(src), paths.split(dst)
+        s, d = paths.join_parts(src_parts), paths.join_parts(dst_parts)
+        wanted = merge(lock_set(src_parts, LOCK_PARENT), lock_set(dst_parts, LOCK_PARENT))
+        async with self._mutation(f"rename {s} to {d}", wanted):
+            _, wall = self._now()
+            await self._log(self.ns.plan_rename(s, d, overwrite, now_ns=wall))
+            return True
+
+    async def rpc_delete(self, ctx, path, recursive=False):
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        async with self._mutation(f"delete {canonical}", lock_set(parts, LOCK_PARENT)):
+            _, wall = self._now()
+            await self._log(self.ns.plan_delete(canonical, recursive, now_ns=wall))
+            return True
+
+    async def _set_op(self, what: str, path, planner) -> bool:
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        async with self._mutation(f"{what} {canonical}", lock_set(parts, LOCK_WRITE)):
+            await self._log(planner(canonical, self.wall_ns()))
+            return True
+
+    async def rpc_set_permission(self, ctx, path, permission):
+        return await self._set_op("chmod", path, lambda p, t: self.ns.plan_set_permission(
+            p, permission, now_ns=t))
+
+    async def rpc_set_owner(self, ctx, path, owner=None, group=None):
+        return await self._set_op("chown", path, lambda p, t: self.ns.plan_set_owner(
+            p, owner, group, now_ns=t))
+
+    async def rpc_set_times(self, ctx, path, mtime_ns=None, atime_ns=None):
+        return await self._set_op("set times of", path, lambda p, t: self.ns.plan_set_times(
+            p, mtime_ns, atime_ns, now_ns=t))
+
+    async def rpc_set_replication(self, ctx, path, replication):
+        return await self._set_op("setrep", path, lambda p, t: self.ns.plan_set_replication(
+            p, replication, now_ns=t))
+
+    async def rpc_content_summary(self, ctx, path):
+        parts = paths.split(path)
+        async with self.locks.hold(lock_set(parts, LOCK_READ)):
+            _, ino, inode, _ = self.ns.resolve(path)
+            length = files = dirs = space = 0
+            for count, (_, node) in enumerate(self.ns.iter_subtree(ino, inode), 1):
+                if node["type"] == DIR:
+                    dirs += 1
+                elif node["type"] == FILE:
+                    files += 1
+                    length += node.get("length", 0)
+                    space += node.get("length", 0) * node.get("replication", 1)
+                if count % 2000 == 0:
+                    await trio.sleep(0)   # a big tree must not stall every other client
+            return {"length": length, "file_count": files, "directory_count": dirs,
+                    "space_consumed": space}
+
+    async def rpc_report(self, ctx):
+        now = self.clock()
+
+        def node_dict(node):
+            return {"node_id": node.node_id, "address": node.address,
+                    "capacity": node.capacity, "used": node.used, "remaining": node.remaining,
+                    "last_heartbeat_age": round(now - node.last_heartbeat, 3),
+                    "blocks": self.blocks.node_block_count(node.node_id)}
+        live = sorted(self.datanodes.live_nodes(), key=lambda n: n.address)
+        dead = sorted(self.datanodes.dead_nodes(), key=lambda n: n.address)
+        return {"capacity": sum(n.capacity for n in live), "used": sum(n.used for n in live),
+                "remaining": sum(n.remaining for n in live),
+                "live_nodes": [node_dict(n) for n in live],
+                "dead_nodes": [node_dict(n) for n in dead],
+                "blocks": len(self.blocks), "files": self.ns.file_count(),
+                "directories": self.ns.dir_count(), "open_files": self.leases.open_files(),
+                **self.blocks.counts(),
+                "pending_deletion": self.datanodes.pending_deletion(),
+                "safemode": self.safemode.status(),
+                "namespace_id": self.ns.namespace_id,
+                "journal": {"last_txid": self.journal.last_txid,
+                            "fsyncs": self.journal.stats.fsyncs,
+                            "records": self.journal.stats.records}}
+
+    async def rpc_safemode(self, ctx, action="get"):
+        if action not in ("get", "enter", "leave"):
+            raise InvalidArgument(f"safemode: action must be get, enter or leave, got {action!r:.40}")
+        if action != "get":
+            await self.global_lock.acquire(True)   # no mutation is half way through
+            try:
+                if action == "enter":
+                    self.safemode.enter()
+                else:
+                    self.safemode.leave()
+            finally:
+                self.global_lock.release(True)
+        return self.safemode.status()
+
+    async def rpc_report_bad_blocks(self, ctx, blocks):
+        if not isinstance(blocks, list):
+            raise InvalidArgument("report_bad_blocks: blocks must be a list of {block, node_id}")
+        for item in blocks:
+            if not (isinstance(item, dict) and isinstance(item.get("node_id"), str)
+                    and isinstance(item.get("block"), dict)):
+                raise InvalidArgument(f"report_bad_blocks: bad entry {item!r:.80}")
+            block_id = check_int(item["block"].get("id"), "report_bad_blocks: block.id", low=0)
+            if self.blocks.mark_bad(item["node_id"], block_id):
+                log.warning("replica of block %d on %s reported corrupt by %s", block_id,
+                            item["node_id"], ctx.client_id)
+                for node_id, ref in self.blocks.excess_corrupt(block_id):
+                    self.datanodes.add_invalidate(node_id, ref)
+        return True
+
+    # ================================================================== block server RPCs
+    @staticmethod
+    def _check_usage(capacity, used, remaining) -> None:
+        for name, value in (("capacity", capacity), ("used", used), ("remaining", remaining)):
+            check_int(value, name, low=0)
+
+    @staticmethod
+    def _replica_entries(entries, what: str) -> list[tuple[int, int, int, str]]:
+        if not isinstance(entries, list):
+            raise InvalidArgument(f"{what} must be a list of [id, gs, num_bytes, state]")
+        out = []
+        for entry in entries:
+            if not (isinstance(entry, (list, tuple)) and len(entry) == 4
+                    and all(isinstance(x, int) and not isinstance(x, bool) for x in entry[:3])
+                    and isinstance(entry[3], str)):
+                raise InvalidArgument(f"{what}: bad entry {entry!r:.80} "
+                                      f"(want [id, gs, num_bytes, state])")
+            out.append((entry[0], entry[1], entry[2], entry[3]))
+        return out
+
+    def _registered(self, node_id, what: str):
+        check_name(node_id, f"{what}: node_id")
+        node = self.datanodes.live(node_id)
+        if node is None:
+            raise InvalidArgument(f"{what}: block server {node_id} is not registered "
+                                  f"(register_storage first)")
+        return node
+
+    async def rpc_register_storage(self, ctx, node_id, address, capacity=0, used=0, remaining=0):
+        check_name(node_id, "register_storage: node_id")
+        if not isinstance(address, str):
+            raise InvalidArgument("register_storage: address must be 'host:port'")
+        host, port = parse_address(address)
+        if port == 0:
+            raise InvalidArgument(f"register_storage: address {address!r} has no port")
+        self._check_usage(capacity, used, remaining)
+        node, fresh, displaced = self.datanodes.register(node_id, format_address((host, port)),
+                                                         capacity, used, remaining)
+        for other in displaced:
+            self._node_dead(other)
+        log.info("block server %s registered at %s%s", node_id, node.address,
+                 "" if fresh else " (again)")
+        self.update_safemode()
+        return {"namespace_id": self.ns.namespace_id}
+
+    async def rpc_heartbeat(self, ctx, node_id, capacity=0, used=0, remaining=0, xceivers=0):
+        check_name(node_id, "heartbeat: node_id")
+        self._check_usage(capacity, used, remaining)
+        node = self.datanodes.heartbeat(node_id, capacity, used, remaining,
+                                        xceivers if isinstance(xceivers, int) else 0)
+        if node is None:
+            return {"reregister": True, "commands": []}
+        commands = []
+        if not self.safemode.on:   # no deletions before the namespace is known to be whole
+            refs = self.datanodes.take_invalidate(node_id)
+            if refs:
+                commands.append({"type": "INVALIDATE", "blocks": refs})
+        return {"reregister": False, "commands": commands}
+
+    async def rpc_block_report(self, ctx, node_id, blocks):
+        node = self._registered(node_id, "block_report")
+        entries = self._replica_entries(blocks, "block_report: blocks")
+        doomed, corrupt = self.blocks.process_report(node.node_id, entries)
+        for nid, ref in doomed:
+            self.datanodes.add_invalidate(nid, ref)
+        for block_id, *_ in entries:
+            for nid, ref in self.blocks.excess_corrupt(block_id):
+                self.datanodes.add_invalidate(nid, ref)
+        log.info("block report from %s: %d replicas, %d of no file, %d corrupt",
+                 node.node_id, len(entries), len(doomed), corrupt)
+        self.update_safemode()
+        return True
+
+    async def rpc_block_received_and_deleted(self, ctx, node_id, received=(), deleted=()):
+        node = self._registered(node_id, "block_received_and_deleted")
+        entries = self._replica_entries(list(received), "block_received_and_deleted: received")
+        if not isinstance(deleted, (list, tuple)) or not all(
+                isinstance(x, int) and not isinstance(x, bool) for x in deleted):
+            raise InvalidArgument("block_received_and_deleted: deleted must be a list of ids")
+        for block_id, gs, num_bytes, state in entries:
+            info = self.blocks.add_replica(node.node_id, block_id, gs, num_bytes, state)
+            if info is None:
+                self.datanodes.add_invalidate(node.node_id, {"id": block_id, "gs": gs,
+                                                             "num_bytes": num_bytes})
+            else:
+                for nid, ref in self.blocks.excess_corrupt(block_id):
+                    self.datanodes.add_invalidate(nid, ref)
+        for block_id in deleted:
+            self.blocks.remove_replica(node.node_id, block_id)
+            self.datanodes.cancel_invalidate(node.node_id, block_id)
+        self.update_safemode()
+        return True
+
+    # ================================================================== monitors
+    async def checkpoint(self) -> None:
+        """Roll the journal, make LevelDB durable, purge old segments (global write lock)."""
+        await self.global_lock.acquire(True)
+        try:
+            await self.journal.roll()
+            await trio.to_thread.run_sync(self.kv.sync)
+            durable = self.ns.applied_txid
+            removed = self.journal.purge(durable)
+            self._txns_since_checkpoint = 0
+            self._last_checkpoint = self.clock()
+            self.checkpoints += 1
+            log.info("checkpoint at txid %d; purged %d journal segments", durable, len(removed))
+        finally:
+            self.global_lock.release(True)
+
+    async def run_monitors(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._dead_node_monitor)
+            nursery.start_soon(self._safemode_monitor)
+            nursery.start_soon(self._lease_monitor)
+            nursery.start_soon(self._checkpoint_monitor)
+
+    async def _dead_node_monitor(self) -> None:
+        period = max(0.05, min(self.config.heartbeat_interval, self.config.dead_node_interval / 4))
+        while True:
+            await trio.sleep(period)
+            for node in self.datanodes.check_dead():
+                self._node_dead(node)
+
+    async def _safemode_monitor(self) -> None:
+        period = max(0.05, min(0.5, self.config.heartbeat_interval))
+        while True:
+            if self.safemode.on:
+                self.update_safemode()
+            await trio.sleep(period)
+
+    async def _lease_monitor(self) -> None:
+        while True:
+            await trio.sleep(max(0.05, self.config.lease_monitor_period))
+            if not self.safemode.on:
+                try:
+                    await self.release_expired_leases()
+                except LeaseFSError as exc:
+                    log.warning("lease monitor: %s", exc)
+
+    async def _checkpoint_monitor(self) -> None:
+        period = max(0.05, min(1.0, self.config.checkpoint_period))
+        while True:
+            await trio.sleep(period)
+            due = (self.clock() - self._last_checkpoint >= self.config.checkpoint_period
+                   or self._txns_since_checkpoint >= self.config.checkpoint_txns)
+            if due and self._txns_since_checkpoint:
+                try:
+                    await self.checkpoint()
+                except LeaseFSError as exc:
+                    log.error("checkpoint failed: %s", exc)
+
+
+async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0.1",
+                          port: int = 8020, http_port: int = 0,
+                          task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run a metadata server on ``data_dir`` (``db/`` = LevelDB, ``journal/`` = edit log)
+    until cancelled; reports the bound ``(host, port)`` through ``task_status.started``."""
+    os.makedirs(data_dir, exist_ok=True)
+    kv = PlyvelStore(os.path.join(data_dir, "db"))
+    server = None
+    try:
+        server = MetaServer(config, kv, os.path.join(data_dir, "journal"))
+        server.recover()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.journal.run)
+            await server.start()
+            nursery.start_soon(server.run_monitors)
+            handler = partial(_serve_connection, server, config.max_frame)
+            bound = await nursery.start(partial(serve_tcp, handler, host, port,
+                                                name="metadata server"))
+            if http_port:
+                from .status_http import serve_status
+                await nursery.start(partial(serve_status, server, host, http_port))
+            log.info("metadata server ready on %s (data %s)", format_address(bound), data_dir)
+            task_status.started(bound)
+    finally:
+        with trio.CancelScope(shield=True):
+            if server is not None:
+                try:
+                    await server.journal.aclose()
+                except Exception:
+                    log.exception("closing the journal failed")
+        kv.close()
+
+
+async def _serve_connection(server: MetaServer, max_frame: int, stream, peer: str) -> None:
+    try:
+        await serve_rpc(stream, server, max_frame=max_frame, peer=peer)
+    except ServerUnavailable:
+        pass

@@ -1,0 +1,714 @@
+"""The metadata server in-process on port 0 (real LevelDB, real journal, real sockets),
+spoken to with ``fs.rpc.RpcClient``; block servers are played by RPC clients that register,
+report replicas and heartbeat exactly as the protocol says."""
+
+from __future__ import annotations
+
+import os
+import socket
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from fs import errors
+from fs.config import Config
+from fs.rpc import RpcClient, format_address
+from meta.invariants import check_namespace
+from meta.kv import PlyvelStore
+from meta.server import run_meta_server
+
+KiB = 1024
+BASE = dict(heartbeat_interval=0.2, dead_node_interval=2.0, safemode_extension=0.0,
+            block_size=64 * KiB, replication=1, rpc_retry_seconds=2.0, rpc_timeout=10.0,
+            lease_monitor_period=0.1)
+
+
+class Meta:
+    """One metadata server task that a test can stop and start again on the same folder."""
+
+    def __init__(self, nursery, data_dir, config):
+        self.nursery = nursery
+        self.data_dir = str(data_dir)
+        self.config = config
+        self.address = None
+        self._scope = None
+        self._done = None
+        self.port = 0
+
+    async def start(self, http_port: int = 0):
+        self._scope, self._done = trio.CancelScope(), trio.Event()
+
+        async def runner(task_status=trio.TASK_STATUS_IGNORED):
+            try:
+                with self._scope:
+                    await run_meta_server(self.config, self.data_dir, host="127.0.0.1",
+                                          port=self.port, http_port=http_port,
+                                          task_status=task_status)
+            finally:
+                self._done.set()
+
+        bound = await self.nursery.start(runner)
+        self.port = bound[1]
+        self.address = format_address(bound)
+
+    async def stop(self):
+        self._scope.cancel()
+        await self._done.wait()
+
+    async def restart(self):
+        await self.stop()
+        await self.start()
+
+    def client(self, client_id="test-client"):
+        return RpcClient(self.address, client_id, retry_seconds=2.0, timeout=10.0)
+
+
+@asynccontextmanager
+async def meta_server(tmp_path, **overrides):
+    config = Config.load(env={}, **{**BASE, **overrides})
+    async with trio.open_nursery() as nursery:
+        meta = Meta(nursery, tmp_path / "meta", config)
+        await meta.start()
+        try:
+            yield meta
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+class FakeNode:
+    """A block server as the metadata server sees it: register, reports, heartbeats."""
+
+    def __init__(self, rpc: RpcClient, node_id: str, port: int):
+        self.rpc = rpc
+        self.node_id = node_id
+        self.address = f"127.0.0.1:{port}"
+        self.usage = {"capacity": 10 << 30, "used": 0, "remaining": 10 << 30}
+
+    async def register(self):
+        return await self.rpc.call("register_storage", {"node_id": self.node_id,
+                                                        "address": self.address, **self.usage})
+
+    async def heartbeat(self):
+        return await self.rpc.call("heartbeat", {"node_id": self.node_id, **self.usage})
+
+    async def report(self, replicas):
+        return await self.rpc.call("block_report", {"node_id": self.node_id, "blocks": replicas})
+
+    async def received(self, block, num_bytes, state="FINALIZED", gs=None):
+        entry = [block["id"], block["gs"] if gs is None else gs, num_bytes, state]
+        return await self.rpc.call("block_received_and_deleted", {
+            "node_id": self.node_id, "received": [entry], "deleted": []})
+
+
+async def write_file(rpc, nodes, path, sizes, client="writer-1", **create_kw):
+    """The client side of a whole write: create, blocks reported by ``nodes``, complete."""
+    st = await rpc.call("create", {"path": path, "client_name": client, **create_kw})
+    previous = None
+    blocks = []
+    for size in sizes:
+        lb = await rpc.call("add_block", {"path": path, "client_name": client, "ino": st["ino"],
+                                          "previous": previous})
+        for node in nodes:
+            await node.received(lb["block"], size)
+        previous = {**lb["block"], "num_bytes": size}
+        blocks.append(previous)
+    assert await rpc.call("complete", {"path": path, "client_name": client, "ino": st["ino"],
+                                       "last": previous})
+    return st, blocks
+
+
+async def tree(rpc, path="/") -> dict:
+    out = {}
+    page = await rpc.call("list_status", {"path": path})
+    for e in page["entries"]:
+        out[e["path"]] = (e["type"], e["length"], e["under_construction"], e["mode"])
+        if e["type"] == "dir":
+            out.update(await tree(rpc, e["path"]))
+    return out
+
+
+# --------------------------------------------------------------------------- life cycle
+
+
+def test_file_life_cycle_create_add_block_complete(tmp_path):
+    async def main():
+        async with meta_server(tmp_path, replication=2) as meta:
+            async with meta.client() as rpc, meta.client("storage-a") as ra, \
+                    meta.client("storage-b") as rb:
+                a, b = FakeNode(ra, "node-a", 9001), FakeNode(rb, "node-b", 9002)
+                assert (await a.register())["namespace_id"] > 0
+                await b.register()
+                defaults = await rpc.call("get_server_defaults")
+                assert defaults["block_size"] == 64 * KiB and defaults["replication"] == 2
+
+                assert await rpc.call("mkdirs", {"path": "/data"}) is True
+                st = await rpc.call("create", {"path": "/data/f", "client_name": "w1"})
+                assert st["under_construction"] and st["replication"] == 2
+                ino = st["ino"]
+                lb1 = await rpc.call("add_block", {"path": "/data/f", "client_name": "w1",
+                                                   "ino": ino})
+                assert lb1["state"] == "UNDER_CONSTRUCTION" and lb1["offset"] == 0
+                assert {loc["address"] for loc in lb1["locations"]} == {a.address, b.address}
+                # a retried add_block whose reply was lost returns the same block
+                again = await rpc.call("add_block", {"path": "/data/f", "client_name": "w1",
+                                                     "ino": ino})
+                assert again["block"]["id"] == lb1["block"]["id"]
+                full = 64 * KiB
+                await a.received(lb1["block"], full)
+                lb2 = await rpc.call("add_block", {"path": "/data/f", "client_name": "w1",
+                                                   "ino": ino, "previous": {**lb1["block"],
+                                                                            "num_bytes": full}})
+                assert lb2["offset"] == full and lb2["block"]["gs"] > lb1["block"]["gs"]
+                # block 1 is COMPLETE (min_replication 1), so a third block is allowed only
+                # after block 2 is too: here block 2 has no replica yet
+                prev2 = {**lb2["block"], "num_bytes": full}
+                lb3 = await rpc.call("add_block", {"path": "/data/f", "client_name": "w1",
+                                                   "ino": ino, "previous": prev2})
+                prev3 = {**lb3["block"], "num_bytes": 10}
+                with pytest.raises(errors.NotReplicatedYet, match=str(lb2["block"]["id"])):
+                    await rpc.call("add_block", {"path": "/data/f", "client_name": "w1",
+                                                 "ino": ino, "previous": prev3})
+                # complete is False until every block is COMPLETE
+                assert await rpc.call("complete", {"path": "/data/f", "client_name": "w1",
+                                                   "ino": ino, "last": prev3}) is False
+                await b.received(lb2["block"], full)
+                assert await rpc.call("complete", {"path": "/data/f", "client_name": "w1",
+                                                   "ino": ino, "last": prev3}) is False
+                # a replica with the wrong length is corrupt and never counts
+                await a.received(lb3["block"], 11)
+                assert await rpc.call("complete", {"path": "/data/f", "client_name": "w1",
+                                                   "ino": ino, "last": prev3}) is False
+                await b.received(lb3["block"], 10)
+                assert await rpc.call("complete", {"path": "/data/f", "client_name": "w1",
+                                                   "ino": ino, "last": prev3}) is True
+                # a retry after the close (lost reply) still says True
+                assert await rpc.call("complete", {"path": "/data/f", "client_name": "w1",
+                                                   "ino": ino, "last": prev3}) is True
+
+                info = await rpc.call("get_file_info", {"path": "/data/f"})
+                assert not info["under_construction"] and info["length"] == 2 * full + 10
+                located = await rpc.call("get_block_locations", {"path": "/data/f"})
+                assert located["length"] == 2 * full + 10 and located["last_block_complete"]
+                assert [lb["offset"] for lb in located["blocks"]] == [0, full, 2 * full]
+                last = located["blocks"][2]
+                assert [loc["node_id"] for loc in last["locations"]] == ["node-b"]
+                assert not last["corrupt"] and last["state"] == "COMPLETE"
+                ranged = await rpc.call("get_block_locations", {"path": "/data/f",
+                                                                "offset": full + 5,
+                                                                "length": 10})
+                assert [lb["block"]["id"] for lb in ranged["blocks"]] == [lb2["block"]["id"]]
+                report = await rpc.call("report")
+                assert report["corrupt"] == 1 and report["files"] == 1 and report["blocks"] == 3
+                assert report["under_replicated"] == 3   # each block has 1 good of 2 wanted
+                # the writer's lease ended: its next call fails
+                with pytest.raises(errors.LeaseExpired, match="not open for writing"):
+                    await rpc.call("add_block", {"path": "/data/f", "client_name": "w1",
+                                                 "ino": ino, "previous": prev3})
+                with pytest.raises(errors.IsDirectory):
+                    await rpc.call("get_block_locations", {"path": "/data"})
+
+    trio.run(main)
+
+
+def test_lease_rules_between_two_writers(tmp_path):
+    async def main():
+        async with meta_server(tmp_path) as meta:
+            async with meta.client() as rpc, meta.client("storage-a") as ra:
+                node = FakeNode(ra, "node-a", 9001)
+                await node.register()
+                st = await rpc.call("create", {"path": "/f", "client_name": "alice"})
+                with pytest.raises(errors.AlreadyBeingCreated, match="currently owned by alice"):
+                    await rpc.call("create", {"path": "/f", "client_name": "bob"})
+                with pytest.raises(errors.AlreadyBeingCreated, match="already the current"):
+                    await rpc.call("create", {"path": "/f", "client_name": "alice"})
+                with pytest.raises(errors.LeaseExpired, match="not the lease owner"):
+                    await rpc.call("add_block", {"path": "/f", "client_name": "bob",
+                                                 "ino": st["ino"]})
+                assert await rpc.call("renew_lease", {"client_name": "alice"}) is True
+                # overwrite takes the file; alice's next call finds nothing
+                await rpc.call("create", {"path": "/f", "client_name": "bob", "overwrite": True})
+                with pytest.raises(errors.FileNotFound):
+                    await rpc.call("add_block", {"path": "/f", "client_name": "alice",
+                                                 "ino": st["ino"]})
+                report = await rpc.call("report")
+                assert report["open_files"] == 1
+
+    trio.run(main)
+
+
+def test_soft_and_hard_lease_expiry_release_files(tmp_path):
+    async def main():
+        async with meta_server(tmp_path, lease_soft_limit=0.3, lease_hard_limit=0.8) as meta:
+            async with meta.client() as rpc, meta.client("storage-a") as ra:
+                node = FakeNode(ra, "node-a", 9001)
+                await node.register()
+                # soft limit: another client's create closes the abandoned file first
+                await rpc.call("create", {"path": "/soft", "client_name": "ghost"})
+                with pytest.raises(errors.AlreadyBeingCreated):
+                    await rpc.call("create", {"path": "/soft", "client_name": "bob"})
+                await trio.sleep(0.4)
+                with pytest.raises(errors.FileExists):
+                    await rpc.call("create", {"path": "/soft", "client_name": "bob"})
+                assert not (await rpc.call("get_file_info", {"path": "/soft"}))["under_construction"]
+                # hard limit: the monitor closes an abandoned file whose last block never got
+                # data, dropping that empty block
+                st = await rpc.call("create", {"path": "/hard", "client_name": "ghost2"})
+                await rpc.call("add_block", {"path": "/hard", "client_name": "ghost2",
+                                             "ino": st["ino"]})
+                for _ in range(50):
+                    info = await rpc.call("get_file_info", {"path": "/hard"})
+                    if not info["under_construction"]:
+                        break
+                    await trio.sleep(0.1)
+                assert not info["under_construction"] and info["length"] == 0
+                located = await rpc.call("get_block_locations", {"path": "/hard"})
+                assert located["blocks"] == []
+                assert (await rpc.call("report"))["open_files"] == 0
+
+    trio.run(main)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_bad_requests_get_errors_and_server_keeps_serving(tmp_path):
+    async def main():
+        async with meta_server(tmp_path) as meta:
+            async with meta.client() as rpc:
+                await rpc.call("mkdirs", {"path": "/keep/sub"})
+                await rpc.call("create", {"path": "/keep/f", "client_name": "w"})
+                before = await tree(rpc)
+                bad_calls = [
+                    ("no_such_method", {}, errors.UnknownMethod),
+                    ("mkdirs", {"path": 12345}, errors.InvalidPath),
+                    ("mkdirs", {"bogus": "/x"}, errors.InvalidArgument),
+                    ("mkdirs", {"path": "/x", "permission": "rwx"}, errors.InvalidArgument),
+                    ("create", {"path": "/x", "client_name": 7}, errors.InvalidArgument),
+                    ("create", {"path": "/x", "client_name": "w", "replication": -1},
+                     errors.InvalidArgument),
+                    ("create", {"path": "/x"}, errors.InvalidArgument),
+                    ("add_block", {"path": "/keep/f", "client_name": "w", "ino": "one"},
+                     errors.InvalidArgument),
+                    ("add_block", {"path": "/keep/f", "client_name": "w", "previous": "junk"},
+                     errors.InvalidArgument),
+                    ("add_block", {"path": "/keep/f", "client_name": "w", "excluded": 5},
+                     errors.InvalidArgument),
+                    ("complete", {"path": "/keep/f", "client_name": "w", "last": {"id": "x"}},
+                     errors.InvalidArgument),
+                    ("delete", {"path": "/keep", "recursive": "yes"}, errors.InvalidArgument),
+                    ("delete", {"path": "/"}, errors.InvalidArgument),
+                    ("rename", {"src": "/keep", "dst": "/keep/sub/k"}, errors.InvalidArgument),
+                    ("list_status", {"path": "/keep", "limit": -3}, errors.InvalidArgument),
+                    ("get_block_locations", {"path": "/keep/f", "offset": -1},
+                     errors.InvalidArgument),
+                    ("safemode", {"action": "explode"}, errors.InvalidArgument),
+                    ("register_storage", {"node_id": "n", "address": "nowhere"},
+                     errors.InvalidArgument),
+                    ("heartbeat", {"node_id": "n", "capacity": "big"}, errors.InvalidArgument),
+                    ("block_report", {"node_id": "ghost", "blocks": []}, errors.InvalidArgument),
+                    ("report_bad_blocks", {"blocks": "all"}, errors.InvalidArgument),
+                ]
+                for path in ["/keep//x", "/keep/../etc", "/keep/./x", "/keep/a\0b", "rel",
+                             "/" + "n" * 256, ""]:
+                    bad_calls += [("mkdirs", {"path": path}, (errors.InvalidPath, errors.NameTooLong)),
+                                  ("create", {"path": path, "client_name": "w"},
+                                   (errors.InvalidPath, errors.NameTooLong)),
+                                  ("rename", {"src": "/keep/f", "dst": path},
+                                   (errors.InvalidPath, errors.NameTooLong)),
+                                  ("delete", {"path": path, "recursive": True},
+                                   (errors.InvalidPath, errors.NameTooLong))]
+                for method, args, error in bad_calls:
+                    with pytest.raises(error) as info:
+                        await rpc.call(method, args)
+                    assert info.value.message, (method, args)
+                assert await tree(rpc) == before
+                # the node that was refused is not registered; a good call still works
+                report = await rpc.call("report")
+                assert report["live_nodes"] == [] and report["files"] == 1
+                assert (await rpc.call("get_file_info", {"path": "/keep"}))["children"] == 2
+
+    trio.run(main)
+
+
+def test_oversized_and_garbage_frames_do_not_hurt_the_server(tmp_path):
+    async def main():
+        async with meta_server(tmp_path) as meta:
+            host, port = meta.address.rsplit(":", 1)
+
+            def abuse():
+                with socket.create_connection((host, int(port)), timeout=5) as s:
+                    s.sendall(b"\x00\x00\x00\x08" + os.urandom(8))
+                    s.recv(1000)
+                with socket.create_connection((host, int(port)), timeout=5) as s:
+                    s.sendall(b"\xff\xff\xff\xff" + b"x" * 64)
+                    s.recv(1000)
+            await trio.to_thread.run_sync(abuse)
+            async with meta.client() as rpc:
+                assert await rpc.call("mkdirs", {"path": "/still/alive"}) is True
+
+    trio.run(main)
+
+
+# --------------------------------------------------------------------------- retry cache
+
+
+def test_retried_mutations_with_the_same_call_id_apply_once(tmp_path):
+    async def main():
+        async with meta_server(tmp_path) as meta:
+            async with meta.client("retrying-client") as rpc:
+                args = {"path": "/once", "client_name": "w1"}
+                first = await rpc.call_once("create", args, 4242, 10)
+                txid = (await rpc.call("report"))["journal"]["last_txid"]
+                second = await rpc.call_once("create", args, 4242, 10)
+                assert second == first
+                assert (await rpc.call("report"))["journal"]["last_txid"] == txid
+                with pytest.raises(errors.AlreadyBeingCreated):
+                    await rpc.call_once("create", args, 4243, 10)
+                assert await rpc.call_once("delete", {"path": "/once"}, 5000, 10) is True
+                assert await rpc.call_once("delete", {"path": "/once"}, 5000, 10) is True
+                with pytest.raises(errors.FileNotFound):
+                    await rpc.call_once("delete", {"path": "/once"}, 5001, 10)
+                await rpc.call("mkdirs", {"path": "/r"})
+                assert await rpc.call_once("rename", {"src": "/r", "dst": "/r2"}, 6000, 10)
+                assert await rpc.call_once("rename", {"src": "/r", "dst": "/r2"}, 6000, 10)
+            # another client with the same call id is a different call
+            async with meta.client("other-client") as other:
+                with pytest.raises(errors.FileNotFound):
+                    await other.call_once("rename", {"src": "/r", "dst": "/r2"}, 6000, 10)
+
+    trio.run(main)
+
+
+# --------------------------------------------------------------------------- safe mode
+
+
+def test_safe_mode_at_restart_and_manual(tmp_path):
+    async def main():
+        async with meta_server(tmp_path) as meta:
+            async with meta.client("storage-a") as ra:
+                node = FakeNode(ra, "node-a", 9001)
+                await node.register()
+                async with meta.client() as rpc:
+                    _, blocks = await write_file(rpc, [node], "/d/f1", [100, 200])
+                    _, more = await write_file(rpc, [node], "/d/f2", [300])
+                await meta.restart()
+                async with meta.client() as rpc:
+                    status = await rpc.call("safemode")
+                    assert status["on"] and not status["manual"]
+                    assert "needs additional 3 blocks" in status["reason"]
+                    with pytest.raises(errors.SafeMode, match="mkdirs /x"):
+                        await rpc.call("mkdirs", {"path": "/x"})
+                    with pytest.raises(errors.SafeMode):
+                        await rpc.call("delete", {"path": "/d", "recursive": True})
+                    # reads work in safe mode
+                    assert (await rpc.call("get_file_info", {"path": "/d/f1"}))["length"] == 300
+                    # the block server comes back (heartbeat says: register again) and reports
+                    assert (await node.heartbeat())["reregister"] is True
+                    await node.register()
+                    await node.report([[b["id"], b["gs"], b["num_bytes"], "FINALIZED"]
+                                       for b in blocks + more])
+                    assert (await rpc.call("safemode"))["on"] is False
+                    assert await rpc.call("mkdirs", {"path": "/x"}) is True
+                    # manual safe mode never leaves by itself
+                    status = await rpc.call("safemode", {"action": "enter"})
+                    assert status["on"] and status["manual"]
+                    await node.report([[b["id"], b["gs"], b["num_bytes"], "FINALIZED"]
+                                       for b in blocks + more])
+                    await trio.sleep(0.3)
+                    assert (await rpc.call("safemode"))["on"] is True
+                    with pytest.raises(errors.SafeMode, match="manually"):
+                        await rpc.call("create", {"path": "/y", "client_name": "w"})
+                    assert (await rpc.call("safemode", {"action": "leave"}))["on"] is False
+                    await rpc.call("create", {"path": "/y", "client_name": "w"})
+
+    trio.run(main)
+
+
+def test_safe_mode_extension_waits_after_threshold(tmp_path):
+    async def main():
+        async with meta_server(tmp_path, safemode_extension=0.6) as meta:
+            async with meta.client("storage-a") as ra, meta.client() as rpc:
+                node = FakeNode(ra, "node-a", 9001)
+                await node.register()
+                _, blocks = await write_file(rpc, [node], "/f", [100])
+                await meta.restart()
+                await node.register()
+                await node.report([[b["id"], b["gs"], b["num_bytes"], "FINALIZED"] for b in blocks])
+                status = await rpc.call("safemode")
+                assert status["on"] and "turned off automatically" in status["reason"]
+                await trio.sleep(1.0)
+                assert (await rpc.call("safemode"))["on"] is False
+
+    trio.run(main)
+
+
+# --------------------------------------------------------------------------- deletion
+
+
+def test_delete_sends_invalidations_at_most_limit_per_heartbeat(tmp_path):
+    async def main():
+        async with meta_server(tmp_path, invalidate_limit=3, replication=2) as meta:
+            async with meta.client("storage-a") as ra, meta.client("storage-b") as rb, \
+                    meta.client() as rpc:
+                a, b = FakeNode(ra, "node-a", 9001), FakeNode(rb, "node-b", 9002)
+                await a.register()
+                await b.register()
+                ids = set()
+                for i in range(7):
+                    _, blocks = await write_file(rpc, [a, b], f"/doomed/f{i}", [10 + i])
+                    ids |= {blk["id"] for blk in blocks}
+                assert (await a.heartbeat())["commands"] == []
+                assert await rpc.call("delete", {"path": "/doomed", "recursive": True})
+                with pytest.raises(errors.FileNotFound):
+                    await rpc.call("get_file_info", {"path": "/doomed/f0"})
+                report = await rpc.call("report")
+                assert report["pending_deletion"] == 14 and report["blocks"] == 0
+                for node in (a, b):
+                    seen = []
+                    for _ in range(4):
+                        reply = await node.heartbeat()
+                        assert not reply["reregister"]
+                        for command in reply["commands"]:
+                            assert command["type"] == "INVALIDATE"
+                            assert len(command["blocks"]) <= 3
+                            seen += [blk["id"] for blk in command["blocks"]]
+                    assert sorted(seen) == sorted(ids), node.node_id
+                assert (await rpc.call("report"))["pending_deletion"] == 0
+                # a replica of a block that belongs to no file is invalidated when reported
+                await a.report([[999_999, 1, 5, "FINALIZED"]])
+                reply = await a.heartbeat()
+                assert reply["commands"] == [{"type": "INVALIDATE", "blocks": [
+                    {"id": 999_999, "gs": 1, "num_bytes": 5}]}]
+
+    trio.run(main)
+
+
+def test_dead_block_server_is_detected_and_must_reregister(tmp_path):
+    async def main():
+        async with meta_server(tmp_path, dead_node_interval=0.6) as meta:
+            async with meta.client("storage-a") as ra, meta.client("storage-b") as rb, \
+                    meta.client() as rpc:
+                a, b = FakeNode(ra, "node-a", 9001), FakeNode(rb, "node-b", 9002)
+                await a.register()
+                await b.register()
+                _, blocks = await write_file(rpc, [a], "/f", [10])
+                for _ in range(8):      # b keeps beating, a falls silent
+                    await b.heartbeat()
+                    await trio.sleep(0.15)
+                report = await rpc.call("report")
+                assert [n["node_id"] for n in report["live_nodes"]] == ["node-b"]
+                assert [n["node_id"] for n in report["dead_nodes"]] == ["node-a"]
+                assert report["missing"] == 1
+                located = await rpc.call("get_block_locations", {"path": "/f"})
+                assert located["blocks"][0]["locations"] == []
+                assert (await a.heartbeat()) == {"reregister": True, "commands": []}
+                await a.register()
+                await a.report([[blocks[0]["id"], blocks[0]["gs"], 10, "FINALIZED"]])
+                located = await rpc.call("get_block_locations", {"path": "/f"})
+                assert [loc["node_id"] for loc in located["blocks"][0]["locations"]] == ["node-a"]
+                # placement honours excluded nodes (by id or address)
+                st = await rpc.call("create", {"path": "/g", "client_name": "w"})
+                lb = await rpc.call("add_block", {"path": "/g", "client_name": "w",
+                                                  "ino": st["ino"], "excluded": [a.address]})
+                assert [loc["node_id"] for loc in lb["locations"]] == ["node-b"]
+                assert await rpc.call("abandon_block", {"path": "/g", "client_name": "w",
+                                                        "ino": st["ino"], "block": lb["block"]})
+                with pytest.raises(errors.NoSpace):
+                    await rpc.call("add_block", {"path": "/g", "client_name": "w",
+                                                 "ino": st["ino"],
+                                                 "excluded": ["node-a", "node-b"]})
+
+    trio.run(main)
+
+
+def test_report_bad_blocks_hides_the_corrupt_replica(tmp_path):
+    async def main():
+        async with meta_server(tmp_path, replication=2) as meta:
+            async with meta.client("storage-a") as ra, meta.client("storage-b") as rb, \
+                    meta.client() as rpc:
+                a, b = FakeNode(ra, "node-a", 9001), FakeNode(rb, "node-b", 9002)
+                await a.register()
+                await b.register()
+                _, blocks = await write_file(rpc, [a, b], "/f", [10])
+                await rpc.call("report_bad_blocks", {"blocks": [
+                    {"block": blocks[0], "node_id": "node-a"}]})
+                located = await rpc.call("get_block_locations", {"path": "/f"})
+                assert [loc["node_id"] for loc in located["blocks"][0]["locations"]] == ["node-b"]
+                assert (await rpc.call("report"))["corrupt"] == 1
+                # the only remaining copy is corrupt too: handed out, flagged corrupt
+                await rpc.call("report_bad_blocks", {"blocks": [
+                    {"block": blocks[0], "node_id": "node-b"}]})
+                located = await rpc.call("get_block_locations", {"path": "/f"})
+                assert located["blocks"][0]["corrupt"] is True
+                assert len(located["blocks"][0]["locations"]) == 2
+
+    trio.run(main)
+
+
+# --------------------------------------------------------------------------- restart
+
+
+def test_restart_keeps_namespace_leases_and_blocks(tmp_path):
+    async def main():
+        async with meta_server(tmp_path, checkpoint_period=0.3, journal_keep_segments=1) as meta:
+            async with meta.client("storage-a") as ra, meta.client() as rpc:
+                node = FakeNode(ra, "node-a", 9001)
+                await node.register()
+                await rpc.call("mkdirs", {"path": "/a/b/c", "permission": 0o700})
+                _, blocks = await write_file(rpc, [node], "/a/file", [64 * KiB, 5])
+                await rpc.call("create_symlink", {"target": "/a/file", "path": "/a/link"})
+                await rpc.call("set_permission", {"path": "/a/file", "permission": 0o600})
+                open_st = await rpc.call("create", {"path": "/a/open", "client_name": "w-open"})
+                lb = await rpc.call("add_block", {"path": "/a/open", "client_name": "w-open",
+                                                  "ino": open_st["ino"]})
+                await rpc.call("fsync", {"path": "/a/open", "client_name": "w-open",
+                                         "ino": open_st["ino"], "last_block_length": 1234})
+                await trio.sleep(0.8)   # at least one checkpoint rolls and purges the journal
+                for i in range(5):
+                    await rpc.call("mkdirs", {"path": f"/after/{i}"})
+                before = await tree(rpc)
+                summary = await rpc.call("content_summary", {"path": "/a"})
+                segments = sorted(os.listdir(tmp_path / "meta" / "journal"))
+                assert any(s.startswith("edits_0") for s in segments)
+
+                await meta.restart()
+                assert await tree(rpc) == before
+                assert await rpc.call("content_summary", {"path": "/a"}) == summary
+                assert summary["length"] == 64 * KiB + 5 + 1234 and summary["file_count"] == 2
+                info = await rpc.call("get_file_info", {"path": "/a/open"})
+                assert info["under_construction"] and info["length"] == 1234
+                await node.register()
+                await node.report([[b["id"], b["gs"], b["num_bytes"], "FINALIZED"]
+                                   for b in blocks] + [[lb["block"]["id"], lb["block"]["gs"],
+                                                        1234, "RBW"]])
+                assert (await rpc.call("safemode"))["on"] is False
+                # the lease was rebuilt: another client may not take the file
+                with pytest.raises(errors.AlreadyBeingCreated, match="w-open"):
+                    await rpc.call("create", {"path": "/a/open", "client_name": "thief"})
+                # the writer continues after the restart
+                prev = {**lb["block"], "num_bytes": 2000}
+                await node.received(lb["block"], 2000)
+                assert await rpc.call("complete", {"path": "/a/open", "client_name": "w-open",
+                                                   "ino": open_st["ino"], "last": prev})
+                located = await rpc.call("get_block_locations", {"path": "/a/file"})
+                assert [lb["block"]["num_bytes"] for lb in located["blocks"]] == [64 * KiB, 5]
+                assert all(lb["locations"] for lb in located["blocks"])
+        store = PlyvelStore(str(tmp_path / "meta" / "db"), create=False)
+        try:
+            assert check_namespace(store) == []
+        finally:
+            store.close()
+
+    trio.run(main)
+
+
+def test_concurrent_mutations_share_fsyncs_and_stay_consistent(tmp_path):
+    async def main():
+        async with meta_server(tmp_path) as meta:
+            async with meta.client() as rpc:
+                await rpc.call("mkdirs", {"path": "/shared"})
+                start = (await rpc.call("report"))["journal"]
+
+                async def worker(i):
+                    await rpc.call("mkdirs", {"path": f"/own{i}/sub"})
+                    await rpc.call("create", {"path": f"/shared/f{i}", "client_name": f"c{i}"})
+                    await rpc.call("rename", {"src": f"/own{i}/sub", "dst": f"/own{i}/moved"})
+
+                async with trio.open_nursery() as nursery:
+                    for i in range(30):
+                        nursery.start_soon(worker, i)
+                end = (await rpc.call("report"))["journal"]
+                records = end["records"] - start["records"]
+                assert records == 90
+                assert end["fsyncs"] - start["fsyncs"] < records
+                page = await rpc.call("list_status", {"path": "/shared"})
+                assert len(page["entries"]) == 30
+                for i in range(30):
+                    info = await rpc.call("get_file_info", {"path": f"/own{i}/moved"})
+                    assert info["type"] == "dir"
+        store = PlyvelStore(str(tmp_path / "meta" / "db"), create=False)
+        try:
+            assert check_namespace(store) == []
+        finally:
+            store.close()
+
+    trio.run(main)
+
+
+def test_status_page_serves_the_report(tmp_path):
+    async def main():
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            http_port = probe.getsockname()[1]
+        config = Config.load(env={}, **BASE)
+        async with trio.open_nursery() as nursery:
+            meta = Meta(nursery, tmp_path / "meta", config)
+            await meta.start(http_port=http_port)
+            stream = await trio.open_tcp_stream("127.0.0.1", http_port)
+            await stream.send_all(b"GET / HTTP/1.0\r\n\r\n")
+            data = b""
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+            assert data.startswith(b"HTTP/1.0 200 OK")
+            assert b'"safemode"' in data and b'"live_nodes"' in data
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_racing_mutations_on_the_same_names_serialise_correctly(tmp_path):
+    async def main():
+        async with meta_server(tmp_path) as meta:
+            async with meta.client() as rpc:
+                outcomes = []
+
+                async def create(i):
+                    try:
+                        await rpc.call("create", {"path": "/same", "client_name": f"c{i}"})
+                        outcomes.append("ok")
+                    except errors.AlreadyBeingCreated:
+                        outcomes.append("busy")
+
+                async def mkdirs(i):
+                    assert await rpc.call("mkdirs", {"path": f"/p/q/r{i % 3}/s{i}"})
+
+                async with trio.open_nursery() as nursery:
+                    for i in range(20):
+                        nursery.start_soon(create, i)
+                        nursery.start_soon(mkdirs, i)
+                assert sorted(outcomes) == ["busy"] * 19 + ["ok"]
+                q = await rpc.call("list_status", {"path": "/p/q"})
+                assert [e["name"] for e in q["entries"]] == ["r0", "r1", "r2"]
+                assert sum(e["children"] for e in q["entries"]) == 20
+
+                # a recursive delete racing creates inside the directory: every create
+                # either lands before the delete (and is deleted) or fails cleanly after it
+                await rpc.call("mkdirs", {"path": "/victim"})
+                results = []
+
+                async def create_inside(i):
+                    try:
+                        await rpc.call("create", {"path": f"/victim/f{i}", "client_name": "c",
+                                                  "create_parent": False})
+                        results.append("created")
+                    except errors.FileNotFound:
+                        results.append("gone")
+
+                async with trio.open_nursery() as nursery:
+                    for i in range(10):
+                        nursery.start_soon(create_inside, i)
+                    nursery.start_soon(rpc.call, "delete", {"path": "/victim", "recursive": True})
+                    for i in range(10, 20):
+                        nursery.start_soon(create_inside, i)
+                assert len(results) == 20
+                with pytest.raises(errors.FileNotFound):
+                    await rpc.call("get_file_info", {"path": "/victim"})
+                assert (await rpc.call("report"))["open_files"] == 1   # only /same
+        store = PlyvelStore(str(tmp_path / "meta" / "db"), create=False)
+        try:
+            assert check_namespace(store) == []
+        finally:
+            store.close()
+
+    trio.run(main)

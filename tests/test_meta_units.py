@@ -1,0 +1,399 @@
+"""Unit tests of the metadata server's pure parts: key schema, path locks, LeaseManager,
+block state machine and blocks map, datanode manager, safe mode, invariants checker.
+No sleeping: clocks are injected, trio tests use its autojump-free deterministic order."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from fs import errors
+from meta import blocks as bm
+from meta import keys
+from meta.blocks import BlockInfo, BlocksMap, classify_replica, transition
+from meta.datanodes import DatanodeManager
+from meta.invariants import check_namespace
+from meta.kv import MemoryStore
+from meta.leases import LeaseManager
+from meta.locks import (LOCK_ANCESTOR, LOCK_PARENT, LOCK_READ, LOCK_WRITE, PathLockPool, RWLock,
+                        lock_set, merge)
+from meta.safemode import SafeModeState
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def test_keys_sort_numerically_and_names_in_byte_order():
+    assert keys.inode_key(2) < keys.inode_key(256) < keys.inode_key(1 << 40)
+    assert keys.block_key(5, 1) < keys.block_key(5, 2) < keys.block_key(5, 300) < keys.block_key(6, 0)
+    assert keys.block_key(5, 9).startswith(keys.block_prefix(5))
+    names = ["b", "a", "ä", "Z", "a b"]
+    ordered = sorted(keys.dentry_key(7, n) for n in names)
+    assert [keys.parse_dentry_key(k) for k in ordered] == [(7, n) for n in
+                                                           sorted(names, key=str.encode)]
+    assert keys.dentry_key(7, "a") < keys.after_name(7, "a") < keys.dentry_key(7, "a\x01")
+    assert keys.parse_block_key(keys.block_key(9, 4)) == (9, 4)
+    assert keys.unpack(keys.pack({"x": [1, b"y"]})) == {"x": [1, b"y"]}
+
+
+# --------------------------------------------------------------------------- locks
+
+
+def test_lock_sets_follow_the_fgl_modes():
+    parts = ["a", "b", "c"]
+    assert lock_set(parts, LOCK_READ) == {(): False, ("a",): False, ("a", "b"): False,
+                                          ("a", "b", "c"): False}
+    assert lock_set(parts, LOCK_WRITE) == {(): False, ("a",): False, ("a", "b"): False,
+                                           ("a", "b", "c"): True}
+    assert lock_set(parts, LOCK_PARENT) == {(): False, ("a",): False, ("a", "b"): True,
+                                            ("a", "b", "c"): True}
+    assert lock_set(parts, LOCK_ANCESTOR, existing=1) == {(): False, ("a",): True,
+                                                          ("a", "b"): True, ("a", "b", "c"): True}
+    assert lock_set(["x"], LOCK_PARENT) == {(): True, ("x",): True}
+    assert merge(lock_set(["a", "x"], LOCK_PARENT), lock_set(["b"], LOCK_PARENT)) == {
+        (): True, ("a",): True, ("a", "x"): True, ("b",): True}
+    with pytest.raises(ValueError):
+        lock_set(parts, LOCK_ANCESTOR)
+
+
+def test_rwlock_readers_share_writer_excludes_and_is_fair():
+    async def main():
+        lock = RWLock()
+        order = []
+
+        async def reader(name, hold):
+            await lock.acquire(False)
+            order.append(f"+{name}")
+            await trio.sleep(hold)
+            order.append(f"-{name}")
+            lock.release(False)
+
+        async def writer(name, hold):
+            await lock.acquire(True)
+            order.append(f"+{name}")
+            await trio.sleep(hold)
+            order.append(f"-{name}")
+            lock.release(True)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader, "r1", 1)
+            await trio.sleep(0.1)
+            nursery.start_soon(reader, "r2", 1)       # shares with r1
+            await trio.sleep(0.1)
+            nursery.start_soon(writer, "w", 1)        # waits for both readers
+            await trio.sleep(0.1)
+            nursery.start_soon(reader, "r3", 1)       # queued behind the writer (fair)
+        assert order[:2] == ["+r1", "+r2"]
+        assert order.index("+w") > order.index("-r2")
+        assert order.index("+r3") > order.index("-w")
+        assert lock.idle
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_rwlock_cancelled_waiter_leaves_the_queue():
+    async def main():
+        lock = RWLock()
+        await lock.acquire(False)
+        with trio.move_on_after(1):
+            await lock.acquire(True)     # waits forever; cancelled
+        # the cancelled writer must not block a later reader
+        with trio.fail_after(1):
+            await lock.acquire(False)
+        lock.release(False)
+        lock.release(False)
+        assert lock.idle
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_path_lock_pool_serialises_conflicts_runs_disjoint_and_drops_locks():
+    async def main():
+        pool = PathLockPool()
+        log = []
+
+        async def op(name, parts, mode, hold):
+            async with pool.hold(lock_set(parts, mode)):
+                log.append(("start", name, trio.current_time()))
+                await trio.sleep(hold)
+                log.append(("end", name, trio.current_time()))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(op, "create /a/x", ["a", "x"], LOCK_PARENT, 1)
+            nursery.start_soon(op, "create /b/y", ["b", "y"], LOCK_PARENT, 1)   # disjoint
+            await trio.sleep(0.1)
+            nursery.start_soon(op, "chmod /a/z", ["a", "z"], LOCK_WRITE, 1)     # needs read /a
+            nursery.start_soon(op, "stat /b/y", ["b", "y"], LOCK_READ, 1)       # conflicts
+        starts = {name: t for kind, name, t in log if kind == "start"}
+        assert starts["create /a/x"] == starts["create /b/y"] == 0
+        assert starts["chmod /a/z"] == 1 and starts["stat /b/y"] == 1
+        assert len(pool) == 0
+
+        # rename-style multi-path sets in opposite argument order never deadlock
+        async def rename(src, dst):
+            wanted = merge(lock_set(src, LOCK_PARENT), lock_set(dst, LOCK_PARENT))
+            async with pool.hold(wanted):
+                await trio.sleep(0.5)
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for _ in range(5):
+                    nursery.start_soon(rename, ["p", "q"], ["r", "s"])
+                    nursery.start_soon(rename, ["r", "s"], ["p", "q"])
+        assert len(pool) == 0
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+# --------------------------------------------------------------------------- leases
+
+
+def test_lease_manager_add_renew_remove_and_expiry():
+    lm = LeaseManager(soft_limit=10, hard_limit=100)
+    lm.add("alice", 5, now=0)
+    lm.add("alice", 6, now=1)
+    lm.add("bob", 7, now=2)
+    assert lm.holder_of(6) == "alice" and lm.lease_of("alice").files == {5, 6}
+    assert lm.lease_of("alice").last_update == 1      # adding renews
+    assert [lease.holder for lease in lm.expired_soft(now=12)] == ["alice"]
+    assert lm.renew("alice", now=12) and not lm.renew("nobody", now=12)
+    assert [lease.holder for lease in lm.expired_soft(now=13)] == ["bob"]
+    assert lm.expired_hard(now=50) == []
+    assert [lease.holder for lease in lm.expired_hard(now=113)] == ["bob", "alice"]
+    assert lm.remove_file(5) == "alice" and lm.lease_of("alice").files == {6}
+    lm.remove_file(6)
+    assert lm.lease_of("alice") is None and len(lm) == 1    # empty leases are dropped
+    lm.reassign(7, "meta", now=200)
+    assert lm.holder_of(7) == "meta" and lm.lease_of("bob") is None
+    lm.rebuild({1: "x", 2: "x", 3: "y"}, now=300)
+    assert lm.open_files() == 3 and lm.lease_of("x").files == {1, 2}
+    assert lm.expired_soft(now=305) == []
+
+
+def test_lease_rule_checks_use_hdfs_errors():
+    check = LeaseManager.check_writer
+    with pytest.raises(errors.FileNotFound):
+        check("/f", False, None, "me")
+    with pytest.raises(errors.LeaseExpired, match="not open for writing"):
+        check("/f", True, None, "me")
+    with pytest.raises(errors.LeaseExpired, match="not the lease owner"):
+        check("/f", True, "other", "me")
+    check("/f", True, "me", "me")
+    lm = LeaseManager(soft_limit=10, hard_limit=100)
+    lm.add("owner", 1, now=0)
+    with pytest.raises(errors.AlreadyBeingCreated, match="currently owned by owner"):
+        lm.create_decision("/f", "owner", "me", now=5)
+    with pytest.raises(errors.AlreadyBeingCreated, match="already the current lease holder"):
+        lm.create_decision("/f", "owner", "owner", now=50)
+    assert lm.create_decision("/f", "owner", "me", now=11) == "release"
+    assert lm.create_decision("/f", "vanished-holder", "me", now=0) == "release"
+
+
+# --------------------------------------------------------------------------- blocks
+
+
+def test_block_transition_table():
+    assert transition(bm.UNDER_CONSTRUCTION, bm.COMMIT) == bm.COMMITTED
+    assert transition(bm.COMMITTED, bm.MIN_REPLICATED) == bm.COMPLETE
+    assert transition(bm.UNDER_CONSTRUCTION, bm.START_RECOVERY) == bm.UNDER_RECOVERY
+    assert transition(bm.UNDER_RECOVERY, bm.RECOVERED) == bm.COMMITTED
+    with pytest.raises(errors.InvalidArgument, match="cannot commit a block that is UNDER_RECOVERY"):
+        transition(bm.UNDER_RECOVERY, bm.COMMIT)
+    with pytest.raises(errors.InvalidArgument):
+        transition(bm.UNDER_CONSTRUCTION, bm.MIN_REPLICATED)
+
+
+def test_replica_classification():
+    assert classify_replica(bm.COMPLETE, 5, 100, 5, 100, bm.FINALIZED)[0] == bm.GOOD
+    assert classify_replica(bm.COMPLETE, 5, 100, 5, 99, bm.FINALIZED)[0] == bm.CORRUPT
+    assert classify_replica(bm.COMPLETE, 5, 100, 6, 100, bm.FINALIZED)[0] == bm.CORRUPT
+    assert classify_replica(bm.COMPLETE, 5, 100, 4, 100, bm.RBW)[0] == bm.CORRUPT
+    assert classify_replica(bm.COMMITTED, 5, 100, 5, 50, bm.RBW)[0] == bm.PENDING
+    assert classify_replica(bm.UNDER_CONSTRUCTION, 5, 0, 4, 10, bm.RBW)[0] == bm.CORRUPT
+    assert classify_replica(bm.UNDER_CONSTRUCTION, 5, 0, 5, 10, bm.RBW)[0] == bm.PENDING
+    assert classify_replica(bm.UNDER_CONSTRUCTION, 5, 0, 5, 10, bm.FINALIZED)[0] == bm.GOOD
+
+
+def test_blocks_map_commit_complete_reports_and_safe_counters():
+    m = BlocksMap(min_replication=2)
+    m.add(BlockInfo(1, ino=10, index=0, gs=100, num_bytes=64, state=bm.COMPLETE, replication=3))
+    m.add(BlockInfo(2, ino=10, index=1, gs=101, num_bytes=0, state=bm.UNDER_CONSTRUCTION,
+                    replication=3))
+    assert (m.total_countable, m.safe) == (1, 0)      # UC blocks do not count for safe mode
+    # a full report: one good, one stale, one of no file
+    doomed, corrupt = m.process_report("n1", [(1, 100, 64, "FINALIZED"), (2, 99, 5, "RBW"),
+                                              (77, 1, 1, "FINALIZED")])
+    assert doomed == [("n1", {"id": 77, "gs": 1, "num_bytes": 1})] and corrupt == 1
+    assert m.get(2).corrupt_nodes() == ["n1"]
+    m.add_replica("n2", 1, 100, 64, "FINALIZED")
+    assert (m.safe, m.counts()["under_replicated"]) == (1, 1)
+    # commit with replicas already finalized: COMPLETE at once when enough are good
+    m.add_replica("n2", 2, 101, 30, "FINALIZED")
+    m.add_replica("n3", 2, 101, 30, "FINALIZED")
+    assert m.would_complete(2, 30) and not m.would_complete(2, 31)
+    assert m.commit(2, 30) == bm.COMPLETE
+    assert m.total_countable == 2 and m.safe == 2
+    # a second full report from n1 without block 1: its replica goes
+    m.process_report("n1", [])
+    assert "n1" not in m.get(1).replicas and m.node_block_count("n1") == 0
+    # a reader's checksum error hides the replica; with enough good copies it may be deleted
+    m.add_replica("n1", 1, 100, 64, "FINALIZED")
+    m.add_replica("n3", 1, 100, 64, "FINALIZED")
+    assert m.mark_bad("n1", 1) and m.get(1).good_nodes() == ["n2", "n3"]
+    assert m.excess_corrupt(1) == []                  # 2 good < replication 3
+    m.set_replication(1, 2)
+    assert m.excess_corrupt(1) == [("n1", {"id": 1, "gs": 100, "num_bytes": 64})]
+    # a dead node takes its replicas with it
+    assert m.remove_node("n2") == [1, 2]
+    assert m.get(1).good_nodes() == ["n3"] and m.safe == 0
+    assert sorted(n for n, _ in m.remove(2)) == ["n3"]    # n1's stale copy left earlier
+    assert m.get(2) is None and m.total_countable == 1
+    with pytest.raises(errors.InvalidArgument):
+        m.add(BlockInfo(1, 10, 0, 1, 1, bm.COMPLETE, 1))
+
+
+def test_committed_block_completes_when_replicas_arrive():
+    m = BlocksMap(min_replication=1)
+    m.add(BlockInfo(5, 1, 0, gs=7, num_bytes=0, state=bm.UNDER_CONSTRUCTION, replication=1))
+    assert m.commit(5, 100) == bm.COMMITTED
+    m.add_replica("n", 5, 7, 99, "FINALIZED")         # wrong length: corrupt, no completion
+    assert m.get(5).state == bm.COMMITTED and m.get(5).corrupt_nodes() == ["n"]
+    m.add_replica("n", 5, 7, 100, "FINALIZED")        # the right replica replaces it
+    assert m.get(5).state == bm.COMPLETE and m.safe == 1
+
+
+# --------------------------------------------------------------------------- datanodes
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_datanodes_register_heartbeat_dead_and_reregister():
+    clock = FakeClock()
+    dm = DatanodeManager(dead_interval=10, invalidate_limit=2, clock=clock)
+    node, fresh, displaced = dm.register("a", "h1:1", 100, 10, 90)
+    assert fresh and displaced == []
+    dm.register("b", "h2:1", 100, 10, 90)
+    clock.now = 8
+    assert dm.heartbeat("a", 100, 20, 80) is not None
+    clock.now = 15
+    assert [n.node_id for n in dm.check_dead()] == ["b"]
+    assert dm.heartbeat("b", 100, 20, 80) is None        # must register again
+    assert dm.heartbeat("zzz", 1, 1, 1) is None
+    _, fresh, _ = dm.register("b", "h2:1", 100, 20, 80)
+    assert fresh and dm.live("b") is not None
+    # a new id on a live node's address replaces it
+    _, _, displaced = dm.register("c", "h2:1", 100, 0, 100)
+    assert [n.node_id for n in displaced] == ["b"] and dm.live("b") is None
+
+
+def test_invalidate_sets_are_handed_out_in_limited_batches():
+    dm = DatanodeManager(dead_interval=10, invalidate_limit=2, clock=FakeClock())
+    dm.register("a", "h:1", 1, 0, 1)
+    for i in range(5):
+        dm.add_invalidate("a", {"id": i, "gs": 1, "num_bytes": 0})
+    dm.add_invalidate("ghost", {"id": 9, "gs": 1, "num_bytes": 0})   # unknown node: ignored
+    assert dm.pending_deletion() == 5
+    batches = [dm.take_invalidate("a") for _ in range(4)]
+    assert [[r["id"] for r in b] for b in batches] == [[0, 1], [2, 3], [4], []]
+    dm.add_invalidate("a", {"id": 7, "gs": 1, "num_bytes": 0})
+    dm.cancel_invalidate("a", 7)
+    assert dm.take_invalidate("a") == []
+
+
+def test_placement_distinct_live_least_used_and_excluded():
+    clock = FakeClock()
+    dm = DatanodeManager(dead_interval=10, invalidate_limit=2, clock=clock)
+    dm.register("a", "h1:1", 1000, 500, 500)
+    dm.register("b", "h2:1", 1000, 100, 900)
+    dm.register("c", "h3:1", 1000, 300, 700)
+    dm.register("d", "h4:1", 1000, 0, 1000)
+    clock.now = 5
+    for node_id in "abc":
+        dm.heartbeat(node_id, 1000, dm.nodes[node_id].used, dm.nodes[node_id].remaining)
+    clock.now = 12
+    dm.check_dead()                                   # d never beat again: dead
+    chosen = dm.choose_targets(2, block_size=0)
+    assert [n.node_id for n in chosen] == ["b", "c"]
+    assert [n.node_id for n in dm.choose_targets(5, block_size=0)] and \
+        len(dm.choose_targets(5, block_size=0)) == 3
+    assert [n.node_id for n in dm.choose_targets(3, excluded=["b", "h3:1"])] == ["a"]
+    assert [n.node_id for n in dm.choose_targets(1, writer_host="h1")] == ["a"]
+    with pytest.raises(errors.NoSpace, match="0 block server"):
+        dm.choose_targets(1, excluded=["a", "b", "c"], what="add_block /f")
+    # scheduled bytes spread concurrent writers before the next heartbeat
+    picks = [dm.choose_targets(1, block_size=400)[0].node_id for _ in range(3)]
+    assert len(set(picks)) == 3
+
+
+# --------------------------------------------------------------------------- safe mode
+
+
+def test_safe_mode_threshold_extension_and_manual():
+    sm = SafeModeState(threshold=0.999, extension=30, min_storage=1)
+    assert sm.on
+    with pytest.raises(errors.SafeMode, match="mkdirs /x"):
+        sm.check("mkdirs /x")
+    assert not sm.update(now=0, safe=997, total=1000, live=1)
+    assert "needs additional 2 blocks" in sm.reason
+    assert not sm.update(now=1, safe=1000, total=1000, live=0)      # no live storage yet
+    assert "live block servers" in sm.reason
+    assert not sm.update(now=2, safe=1000, total=1000, live=1)      # extension starts
+    assert "in 30 seconds" in sm.reason
+    assert not sm.update(now=20, safe=1000, total=1000, live=1)
+    assert sm.update(now=32, safe=1000, total=1000, live=1)
+    assert not sm.on
+    sm.check("mkdirs /x")
+    sm.enter()
+    assert sm.on and sm.manual and not sm.update(now=100, safe=1, total=1, live=3)
+    assert sm.status()["manual"]
+    sm.leave()
+    assert sm.status() == {"on": False, "manual": False, "reason": "Safe mode is OFF."}
+    empty = SafeModeState(threshold=0.999, extension=30)
+    assert empty.update(now=0, safe=0, total=0, live=0) and not empty.on   # no blocks: at once
+
+
+# --------------------------------------------------------------------------- invariants
+
+
+def test_check_namespace_finds_broken_stores():
+    from meta.journal import Record
+    from meta.namespace import Namespace
+
+    store = MemoryStore()
+    ns = Namespace(store)
+    records = [("FORMAT", ns.plan_format(1, 10)[1])]
+    ns.apply([Record(1, *records[0])])
+    ns.apply([Record(2, *ns.plan_mkdirs("/a/b", now_ns=20))])
+    ns.apply([Record(3, *ns.plan_create("/a/f", holder="w", now_ns=30))])
+    assert check_namespace(store) == []
+    leases = LeaseManager()
+    assert check_namespace(store, leases) != []                # the open file has no lease
+    leases.rebuild(ns.under_construction(), now=0)
+    assert check_namespace(store, leases) == []
+
+    b_ino = ns.get_file_info("/a/b")["ino"]
+    broken = MemoryStore()
+    broken.write(puts=list(store.scan(b"")))
+    broken.write(deletes=[keys.dentry_key(ns.get_file_info("/a")["ino"], "b")])
+    problems = check_namespace(broken)
+    assert any("has 0 entries" in p for p in problems)
+    assert any("not reachable" in p and str(b_ino) in p for p in problems)
+    assert any("children" in p for p in problems)
+
+    broken = MemoryStore()
+    broken.write(puts=list(store.scan(b"")))
+    broken.write(puts=[(keys.dentry_key(b_ino, "loop"), keys.pack(ns.get_file_info("/a")["ino"])),
+                       (keys.block_key(b_ino, 0), keys.pack({"id": 1, "gs": 1, "num_bytes": 0,
+                                                             "state": "COMPLETE"})),
+                       (keys.meta_key(keys.FILES), keys.pack(7))])
+    problems = check_namespace(broken)
+    assert any("2 entries" in p for p in problems)
+    assert any("not a file" in p for p in problems)
+    assert any("files counter" in p for p in problems)

@@ -1,0 +1,610 @@
+"""Namespace conformance: every namespace op, its errors, and restart by journal replay,
+over both KV stores (MemoryStore and real LevelDB) with the real journal in tmp_path.
+
+The namespace is driven exactly as the server drives it: ``plan_*`` validates and decides,
+``journal.log`` makes the record durable and calls ``Namespace.apply``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from fs import errors
+from meta.invariants import check_namespace
+from meta.journal import Journal
+from meta.kv import MemoryStore, PlyvelStore
+from meta.namespace import Defaults, Namespace
+
+BPC = 512
+STORES = ["memory", "leveldb"]
+
+
+def make_store(kind, path):
+    return MemoryStore() if kind == "memory" else PlyvelStore(str(path))
+
+
+def dump(store) -> dict:
+    return {k: v for k, v in store.scan(b"") if not k.startswith(b"\x00")}
+
+
+class Harness:
+    """A namespace on a store with its journal running; ``do`` = log a plan."""
+
+    def __init__(self, store, journal_dir):
+        self.store = store
+        self.ns = Namespace(store, Defaults(block_size=8 * BPC, replication=3,
+                                           max_replication=8, bytes_per_checksum=BPC))
+        self.effects: list[dict] = []
+        self.journal = Journal(str(journal_dir), self._apply)
+        self.t = 1_000_000
+
+    def _apply(self, records):
+        self.effects.extend(self.ns.apply(records))
+
+    def now(self) -> int:
+        self.t += 1000
+        return self.t
+
+    async def do(self, plan):
+        if plan is None:
+            return None
+        return await self.journal.log(*plan)
+
+    # shorthands for the common plans
+    async def mkdirs(self, path, **kw):
+        return await self.do(self.ns.plan_mkdirs(path, now_ns=self.now(), **kw))
+
+    async def create(self, path, holder="w1", **kw):
+        await self.do(self.ns.plan_create(path, holder=holder, now_ns=self.now(), **kw))
+        return self.ns.get_file_info(path)
+
+    async def add_block(self, path, holder="w1", previous=None, replication_targets=("n1",)):
+        _, ino, inode = self.ns.writer_file(path, None, holder)
+        blocks = self.ns.blocks_of(ino)
+        kind, last = self.ns.check_previous(path, blocks, previous)
+        assert kind in ("first", "commit", "committed"), kind
+        commit = {"num_bytes": previous["num_bytes"]} if kind == "commit" else None
+        block_id, gs = self.ns.allocate_block_id(), self.ns.next_genstamp()
+        await self.do(self.ns.plan_add_block(ino, blocks, block_id, gs, commit,
+                                             list(replication_targets), self.now()))
+        return {"id": block_id, "gs": gs, "num_bytes": 0}
+
+    async def close(self, path, holder="w1", last=None):
+        _, ino, _ = self.ns.writer_file(path, None, holder)
+        blocks = self.ns.blocks_of(ino)
+        kind, block = self.ns.check_last(path, blocks, last)
+        await self.do(self.ns.plan_close(ino, block, last["num_bytes"] if last else None,
+                                         self.now()))
+
+    async def write_file(self, path, sizes, holder="w1"):
+        """create + blocks of the given sizes + close; returns the block ids."""
+        await self.create(path, holder=holder)
+        previous = None
+        ids = []
+        for size in sizes:
+            block = await self.add_block(path, holder, previous)
+            ids.append(block["id"])
+            previous = {**block, "num_bytes": size}
+        await self.close(path, holder, previous)
+        return ids
+
+
+def run_ns(kind, tmp_path, body, *, store=None, journal_dir=None, format_=True):
+    """Open a store + journal (replaying what the store lacks), run ``body(h)``."""
+    store = store if store is not None else make_store(kind, tmp_path / "db")
+    h = Harness(store, journal_dir or tmp_path / "journal")
+
+    async def main():
+        h.journal.open()
+        records = list(h.journal.replay(h.ns.applied_txid))
+        if records:
+            h.ns.apply(records)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(h.journal.run)
+            if format_ and not h.ns.formatted:
+                await h.journal.log(*h.ns.plan_format(4242, 1_000_000))
+            await body(h)
+            nursery.cancel_scope.cancel()
+        await h.journal.aclose()
+
+    trio.run(main)
+    return h
+
+
+def assert_consistent(h):
+    assert check_namespace(h.store) == []
+
+
+@pytest.fixture(params=STORES)
+def kind(request):
+    return request.param
+
+
+# --------------------------------------------------------------------------- mkdirs / create
+
+
+def test_mkdirs_creates_every_missing_parent_and_counts_entries(kind, tmp_path):
+    async def body(h):
+        root_mtime = h.ns.get_file_info("/")["mtime_ns"]
+        await h.mkdirs("/a/b/c", permission=0o750)
+        a, b, c = (h.ns.get_file_info(p) for p in ("/a", "/a/b", "/a/b/c"))
+        assert [a["type"], b["type"], c["type"]] == ["dir"] * 3
+        assert c["mode"] == 0o750 and b["mode"] == 0o750 | 0o300
+        assert c["parent"] == b["ino"] and b["parent"] == a["ino"]
+        assert a["children"] == 1 and c["children"] == 0
+        assert h.ns.get_file_info("/")["mtime_ns"] > root_mtime
+        assert h.ns.get_file_info("/a/b/c/")["ino"] == c["ino"]   # trailing slash tolerated
+        # existing directory: nothing to do; a file in the way: FileExists / NotDirectory
+        assert h.ns.plan_mkdirs("/a/b", now_ns=h.now()) is None
+        await h.create("/a/f")
+        with pytest.raises(errors.FileExists):
+            h.ns.plan_mkdirs("/a/f", now_ns=h.now())
+        with pytest.raises(errors.NotDirectory):
+            h.ns.plan_mkdirs("/a/f/x", now_ns=h.now())
+        assert h.ns.dir_count() == 4 and h.ns.file_count() == 1
+        assert_consistent(h)
+
+    run_ns(kind, tmp_path, body)
+
+
+def test_create_rules_and_lease_conflicts(kind, tmp_path):
+    async def body(h):
+        st = await h.create("/d/new.txt", holder="w1", replication=2, permission=0o600)
+        assert st["type"] == "file" and st["under_construction"] and st["replication"] == 2
+        assert st["mode"] == 0o600 and st["length"] == 0
+        assert h.ns.get_file_info("/d")["type"] == "dir"      # create_parent default
+        assert h.ns.under_construction() == {st["ino"]: "w1"}
+        with pytest.raises(errors.AlreadyBeingCreated, match="already the current lease holder"):
+            h.ns.plan_create("/d/new.txt", holder="w1", now_ns=h.now())
+        with pytest.raises(errors.AlreadyBeingCreated, match="currently owned by w1"):
+            h.ns.plan_create("/d/new.txt", holder="w2", now_ns=h.now())
+        with pytest.raises(errors.FileNotFound, match="/x/y"):
+            h.ns.plan_create("/x/y/z", holder="w1", create_parent=False, now_ns=h.now())
+        with pytest.raises(errors.IsDirectory):
+            h.ns.plan_create("/d", holder="w1", overwrite=True, now_ns=h.now())
+        with pytest.raises(errors.IsDirectory):
+            h.ns.plan_create("/", holder="w1", now_ns=h.now())
+        with pytest.raises(errors.NotDirectory):
+            h.ns.plan_create("/d/new.txt/sub", holder="w1", now_ns=h.now())
+        for bad in ({"replication": 0}, {"replication": 99}, {"replication": "3"},
+                    {"block_size": BPC + 1}, {"block_size": 0}, {"permission": 0o17777},
+                    {"permission": True}, {"overwrite": "yes"}):
+            with pytest.raises(errors.InvalidArgument):
+                h.ns.plan_create("/d/other", holder="w1", now_ns=h.now(), **bad)
+        with pytest.raises(errors.InvalidArgument):
+            h.ns.plan_create("/d/other", holder="", now_ns=h.now())
+        # a closed file: FileExists without overwrite; overwrite replaces it in one record
+        ids = await h.write_file("/d/closed", [BPC * 8, 100])
+        with pytest.raises(errors.FileExists):
+            h.ns.plan_create("/d/closed", holder="w2", now_ns=h.now())
+        old = h.ns.get_file_info("/d/closed")
+        h.effects.clear()
+        new = await h.create("/d/closed", holder="w2", overwrite=True)
+        assert new["ino"] != old["ino"] and new["length"] == 0 and new["under_construction"]
+        assert h.effects[-1]["removed_blocks"] == ids
+        assert h.ns.get_inode(old["ino"]) is None and h.ns.blocks_of(old["ino"]) == []
+        # overwrite of a file under construction takes it from its writer
+        h.effects.clear()
+        await h.create("/d/new.txt", holder="w3", overwrite=True)
+        assert h.effects[-1]["removed_uc"] == [st["ino"]]
+        with pytest.raises(errors.FileNotFound):
+            h.ns.writer_file("/d/new.txt", st["ino"], "w1")
+        assert h.ns.get_file_info("/d")["children"] == 2
+        assert_consistent(h)
+
+    run_ns(kind, tmp_path, body)
+
+
+BAD_PATHS = [("", errors.InvalidPath), ("relative", errors.InvalidPath),
+             ("/a//b", errors.InvalidPath), ("/a/../b", errors.InvalidPath),
+             ("/a/./b", errors.InvalidPath), ("/a\0b", errors.InvalidPath),
+             (12345, errors.InvalidPath), ("/" + "n" * 256, errors.NameTooLong),
+             ("/a/" + "é" * 200, errors.NameTooLong), ("/x" * 2100, errors.NameTooLong)]
+
+
+@pytest.mark.parametrize("bad,error", BAD_PATHS)
+def test_bad_paths_are_refused_and_change_nothing(kind, tmp_path, bad, error):
+    async def body(h):
+        await h.write_file("/keep/file", [10])
+        before = dump(h.store)
+        t = h.now()
+        planners = [
+            lambda: h.ns.plan_mkdirs(bad, now_ns=t),
+            lambda: h.ns.plan_create(bad, holder="w1", now_ns=t),
+            lambda: h.ns.plan_delete(bad, True, now_ns=t),
+            lambda: h.ns.plan_rename("/keep/file", bad, now_ns=t),
+            lambda: h.ns.plan_rename(bad, "/keep/x", now_ns=t),
+            lambda: h.ns.plan_set_permission(bad, 0o700, now_ns=t),
+            lambda: h.ns.plan_symlink("/keep", bad, now_ns=t),
+            lambda: h.ns.get_file_info(bad),
+            lambda: h.ns.list_status(bad),
+            lambda: h.ns.writer_file(bad, None, "w1"),
+        ]
+        for planner in planners:
+            with pytest.raises(error):
+                planner()
+        assert dump(h.store) == before
+
+    run_ns(kind, tmp_path, body)
+
+
+# --------------------------------------------------------------------------- blocks
+
+
+def test_block_lifecycle_commit_fsync_abandon_close(kind, tmp_path):
+    async def body(h):
+        st = await h.create("/f", holder="w1")
+        ino = st["ino"]
+        b1 = await h.add_block("/f")
+        assert h.ns.blocks_of(ino) == [{"index": 0, "id": b1["id"], "gs": b1["gs"],
+                                         "num_bytes": 0, "state": "UNDER_CONSTRUCTION"}]
+        # a retried first add_block (reply lost) gets the same block back
+        assert h.ns.check_previous("/f", h.ns.blocks_of(ino), None)[0] == "retry"
+        # hsync records the length of the block being written
+        await h.do(h.ns.plan_fsync("/f", ino, h.ns.blocks_of(ino), 300))
+        assert h.ns.get_file_info("/f")["length"] == 300
+        assert h.ns.plan_fsync("/f", ino, h.ns.blocks_of(ino), 200) is None  # never shrinks
+        # add_block commits previous
+        b2 = await h.add_block("/f", previous={**b1, "num_bytes": 8 * BPC})
+        blocks = h.ns.blocks_of(ino)
+        assert [b["state"] for b in blocks] == ["COMMITTED", "UNDER_CONSTRUCTION"]
+        assert h.ns.get_file_info("/f")["length"] == 8 * BPC
+        # previous that is not the last block / bigger than a block / stale gs
+        with pytest.raises(errors.InvalidArgument, match="not the file's last block"):
+            h.ns.check_previous("/f", blocks, {**b1, "num_bytes": 10, "id": 999})
+        with pytest.raises(errors.StaleGenerationStamp):
+            h.ns.check_previous("/f", blocks, {**b2, "gs": b2["gs"] - 1, "num_bytes": 5})
+        with pytest.raises(errors.InvalidArgument, match="exceeds"):
+            h.ns.check_block_length("/f", h.ns.get_inode(ino), 8 * BPC + 1)
+        with pytest.raises(errors.InvalidArgument):
+            h.ns.check_previous("/f", blocks, None)
+        # abandon the last UC block, then a retried abandon is a no-op
+        await h.do(h.ns.plan_abandon("/f", ino, blocks, b2))
+        assert [b["id"] for b in h.ns.blocks_of(ino)] == [b1["id"]]
+        assert h.ns.plan_abandon("/f", ino, h.ns.blocks_of(ino), b2) is None
+        with pytest.raises(errors.InvalidArgument):
+            h.ns.plan_abandon("/f", ino, h.ns.blocks_of(ino), b1)   # committed, not UC
+        b3 = await h.add_block("/f", previous={**b1, "num_bytes": 8 * BPC})
+        # writer checks: other holder, missing file
+        with pytest.raises(errors.LeaseExpired, match="not the lease owner"):
+            h.ns.writer_file("/f", ino, "intruder")
+        with pytest.raises(errors.FileNotFound):
+            h.ns.writer_file("/nope", None, "w1")
+        # complete with the wrong last block, then right
+        with pytest.raises(errors.InvalidArgument):
+            h.ns.check_last("/f", h.ns.blocks_of(ino), {**b1, "num_bytes": 1})
+        await h.close("/f", "w1", {**b3, "num_bytes": 77})
+        info = h.ns.get_file_info("/f")
+        assert not info["under_construction"] and info["length"] == 8 * BPC + 77
+        assert [b["state"] for b in h.ns.blocks_of(ino)] == ["COMPLETE", "COMPLETE"]
+        assert h.ns.under_construction() == {}
+        assert h.ns.closed_with("/f", ino, {**b3, "num_bytes": 77})
+        assert not h.ns.closed_with("/f", ino, {**b3, "num_bytes": 78})
+        with pytest.raises(errors.LeaseExpired, match="not open for writing"):
+            h.ns.writer_file("/f", ino, "w1")
+        assert_consistent(h)
+
+    run_ns(kind, tmp_path, body)
+
+
+def test_add_block_marks_blocks_before_previous_complete(kind, tmp_path):
+    async def body(h):
+        await h.create("/big")
+        prev = None
+        for _ in range(4):
+            b = await h.add_block("/big", previous=prev)
+            prev = {**b, "num_bytes": 8 * BPC}
+        states = [b["state"] for b in h.ns.blocks_of(h.ns.get_file_info("/big")["ino"])]
+        assert states == ["COMPLETE", "COMPLETE", "COMMITTED", "UNDER_CONSTRUCTION"]
+        assert_consistent(h)
+
+    run_ns(kind, tmp_path, body)
+
+
+# --------------------------------------------------------------------------- delete
+
+
+def test_recursive_delete_removes_subtree_in_one_record(kind, tmp_path):
+    async def body(h):
+        ids = []
+        for i in range(5):
+            ids += await h.write_file(f"/top/d{i % 2}/f{i}", [100, 200][: 1 + i % 2])
+        await h.create("/top/open", holder="w9")
+        open_ino = h.ns.get_file_info("/top/open")["ino"]
+        await h.mkdirs("/top/d1/empty/deeper")
+        await h.write_file("/keep", [5])
+        with pytest.raises(errors.DirectoryNotEmpty):
+            h.ns.plan_delete("/top", False, now_ns=h.now())
+        with pytest.raises(errors.InvalidArgument):
+            h.ns.plan_delete("/", True, now_ns=h.now())
+        with pytest.raises(errors.FileNotFound):
+            h.ns.plan_delete("/nope", True, now_ns=h.now())
+        txid_before = h.journal.last_txid
+        h.effects.clear()
+        await h.do(h.ns.plan_delete("/top", True, now_ns=h.now()))
+        assert h.journal.last_txid == txid_before + 1
+        assert sorted(h.effects[0]["removed_blocks"]) == sorted(ids)
+        assert h.effects[0]["removed_uc"] == [open_ino]
+        with pytest.raises(errors.FileNotFound):
+            h.ns.get_file_info("/top/d0/f0")
+        assert [e["name"] for e in h.ns.list_status("/")["entries"]] == ["keep"]
+        assert h.ns.file_count() == 1 and h.ns.dir_count() == 1
+        assert h.ns.under_construction() == {}
+        # an empty directory and a file go without recursive
+        await h.mkdirs("/e")
+        await h.do(h.ns.plan_delete("/e", False, now_ns=h.now()))
+        await h.do(h.ns.plan_delete("/keep", False, now_ns=h.now()))
+        assert h.ns.list_status("/")["entries"] == []
+        assert_consistent(h)
+
+    run_ns(kind, tmp_path, body)
+
+
+# --------------------------------------------------------------------------- rename
+
+
+def test_rename_edge_cases(kind, tmp_path):
+    async def body(h):
+        await h.write_file("/a/f", [10])
+        await h.write_file("/a/g", [20])
+        await h.mkdirs("/a/sub/inner")
+        await h.mkdirs("/b/emptydir")
+        await h.mkdirs("/b/full/x")
+        t = h.now()
+        f_ino = h.ns.get_file_info("/a/f")["ino"]
+
+        await h.do(h.ns.plan_rename("/a/f", "/b/f2", now_ns=t))
+        moved = h.ns.get_file_info("/b/f2")
+        assert moved["ino"] == f_ino and moved["length"] == 10 and moved["parent"] == \
+            h.ns.get_file_info("/b")["ino"]
+        with pytest.raises(errors.FileNotFound):
+            h.ns.get_file_info("/a/f")
+        assert h.ns.plan_rename("/b/f2", "/b/f2", now_ns=t) is None        # src == dst
+        with pytest.raises(errors.FileNotFound):
+            h.ns.plan_rename("/a/missing", "/a/x", now_ns=t)
+        with pytest.raises(errors.InvalidArgument, match="into itself"):
+            h.ns.plan_rename("/a", "/a/sub/inner/a", now_ns=t)
+        with pytest.raises(errors.InvalidArgument):
+            h.ns.plan_rename("/", "/z", now_ns=t)
+        with pytest.raises(errors.InvalidArgument):
+            h.ns.plan_rename("/a/g", "/", now_ns=t, overwrite=True)
+        with pytest.raises(errors.FileExists):
+            h.ns.plan_rename("/a/g", "/b/f2", now_ns=t)
+        with pytest.raises(errors.FileNotFound, match="destination parent"):
+            h.ns.plan_rename("/a/g", "/nope/g", now_ns=t)
+        with pytest.raises(errors.NotDirectory):
+            h.ns.plan_rename("/a/g", "/b/f2/g", now_ns=t)
+        with pytest.raises(errors.NotDirectory):
+            h.ns.plan_rename("/a/sub", "/b/f2", overwrite=True, now_ns=t)
+        with pytest.raises(errors.IsDirectory):
+            h.ns.plan_rename("/a/g", "/b/emptydir", overwrite=True, now_ns=t)
+        with pytest.raises(errors.DirectoryNotEmpty):
+            h.ns.plan_rename("/a/sub", "/b/full", overwrite=True, now_ns=t)
+        # overwrite a file: its blocks leave with it
+        g_blocks = [b["id"] for b in h.ns.blocks_of(h.ns.get_file_info("/a/g")["ino"])]
+        f2_blocks = [b["id"] for b in h.ns.blocks_of(f_ino)]
+        h.effects.clear()
+        await h.do(h.ns.plan_rename("/a/g", "/b/f2", overwrite=True, now_ns=h.now()))
+        assert h.effects[0]["removed_blocks"] == f2_blocks
+        assert [b["id"] for b in h.ns.blocks_of(h.ns.get_file_info("/b/f2")["ino"])] == g_blocks
+        # overwrite an empty directory with a directory (moves a subtree)
+        await h.do(h.ns.plan_rename("/a/sub", "/b/emptydir", overwrite=True, now_ns=h.now()))
+        assert h.ns.get_file_info("/b/emptydir/inner")["type"] == "dir"
+        # moving a directory up into an ancestor's sibling, and an open file keeps its lease
+        st = await h.create("/b/emptydir/inner/open", holder="w5")
+        await h.do(h.ns.plan_rename("/b/emptydir/inner", "/top", now_ns=h.now()))
+        assert h.ns.under_construction() == {st["ino"]: "w5"}
+        assert h.ns.writer_file("/top/open", st["ino"], "w5")[0] == "/top/open"
+        assert h.ns.path_of(st["ino"]) == "/top/open"
+        assert h.ns.get_file_info("/a")["children"] == 0
+        assert_consistent(h)
+
+    run_ns(kind, tmp_path, body)
+
+
+# --------------------------------------------------------------------------- set*, symlink
+
+
+def test_set_permission_owner_times_replication(kind, tmp_path):
+    async def body(h):
+        await h.write_file("/f", [1])
+        await h.mkdirs("/d")
+        await h.do(h.ns.plan_set_permission("/f", 0o640, now_ns=h.now()))
+        await h.do(h.ns.plan_set_owner("/f", "alice", "staff", now_ns=h.now()))
+        await h.do(h.ns.plan_set_owner("/d", None, "ops", now_ns=h.now()))
+        await h.do(h.ns.plan_set_times("/f", 111, 222, now_ns=h.now()))
+        await h.do(h.ns.plan_set_replication("/f", 5, now_ns=h.now()))
+        f, d = h.ns.get_file_info("/f"), h.ns.get_file_info("/d")
+        assert (f["mode"], f["owner"], f["group"], f["mtime_ns"], f["atime_ns"],
+                f["replication"]) == (0o640, "alice", "staff", 111, 222, 5)
+        assert f["ctime_ns"] > 222
+        assert (d["owner"], d["group"]) == ("leasefs", "ops")
+        assert h.ns.plan_set_owner("/f", None, None, now_ns=h.now()) is None
+        assert h.ns.plan_set_times("/f", None, None, now_ns=h.now()) is None
+        assert h.ns.plan_set_replication("/f", 5, now_ns=h.now()) is None
+        with pytest.raises(errors.IsDirectory):
+            h.ns.plan_set_replication("/d", 2, now_ns=h.now())
+        for bad in (-1, 0o10000, "755", None):
+            with pytest.raises(errors.InvalidArgument):
+                h.ns.plan_set_permission("/f", bad, now_ns=h.now())
+        with pytest.raises(errors.InvalidArgument):
+            h.ns.plan_set_replication("/f", 100, now_ns=h.now())
+        with pytest.raises(errors.InvalidArgument):
+            h.ns.plan_set_times("/f", "yesterday", None, now_ns=h.now())
+        with pytest.raises(errors.FileNotFound):
+            h.ns.plan_set_permission("/nope", 0o700, now_ns=h.now())
+        assert_consistent(h)
+
+    run_ns(kind, tmp_path, body)
+
+
+def test_symlinks_are_stored_not_followed(kind, tmp_path):
+    async def body(h):
+        await h.mkdirs("/real")
+        await h.do(h.ns.plan_symlink("/real", "/links/l1", create_parent=True, now_ns=h.now()))
+        st = h.ns.get_file_info("/links/l1")
+        assert st["type"] == "symlink" and st["symlink"] == "/real" and st["length"] == 5
+        with pytest.raises(errors.FileExists):
+            h.ns.plan_symlink("/x", "/links/l1", now_ns=h.now())
+        with pytest.raises(errors.FileNotFound):
+            h.ns.plan_symlink("/x", "/nodir/l", now_ns=h.now())
+        with pytest.raises(errors.InvalidArgument):
+            h.ns.plan_symlink("", "/links/l2", now_ns=h.now())
+        with pytest.raises(errors.NotDirectory, match="symlink"):
+            h.ns.get_file_info("/links/l1/inside")
+        await h.do(h.ns.plan_delete("/links/l1", False, now_ns=h.now()))
+        assert h.ns.list_status("/links")["entries"] == []
+        assert_consistent(h)
+
+    run_ns(kind, tmp_path, body)
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def test_list_status_pages_in_byte_order(kind, tmp_path):
+    names = [f"n{i:02d}" for i in range(23)] + ["Zeta", "ärger", "a b", "~tilde"]
+
+    async def body(h):
+        for name in names:
+            await h.mkdirs(f"/dir/{name}")
+        await h.write_file("/dir/n05/file", [3])
+        got, start = [], ""
+        pages = 0
+        while True:
+            page = h.ns.list_status("/dir", start_after=start, limit=7)
+            pages += 1
+            got += [e["name"] for e in page["entries"]]
+            assert len(page["entries"]) <= 7
+            if not page["has_more"]:
+                break
+            start = page["entries"][-1]["name"]
+        assert got == sorted(names, key=lambda n: n.encode())
+        assert pages == 4
+        entry = h.ns.list_status("/dir", start_after="n04", limit=1)["entries"][0]
+        assert entry["name"] == "n05" and entry["path"] == "/dir/n05" and entry["children"] == 1
+        # start_after a name that does not exist: continue from the next one
+        assert h.ns.list_status("/dir", start_after="n10x", limit=1)["entries"][0]["name"] == "n11"
+        assert h.ns.list_status("/dir", start_after="ärgerz", limit=5) == {"entries": [],
+                                                                        "has_more": False}
+        # a file lists itself
+        only = h.ns.list_status("/dir/n05/file")
+        assert [e["path"] for e in only["entries"]] == ["/dir/n05/file"]
+        with pytest.raises(errors.InvalidArgument):
+            h.ns.list_status("/dir", limit=0)
+        with pytest.raises(errors.FileNotFound):
+            h.ns.list_status("/nope")
+
+    run_ns(kind, tmp_path, body)
+
+
+def test_content_summary(kind, tmp_path):
+    async def body(h):
+        await h.write_file("/s/a", [100, 50])
+        await h.write_file("/s/d/b", [7])
+        await h.do(h.ns.plan_set_replication("/s/d/b", 2, now_ns=h.now()))
+        await h.mkdirs("/s/e")
+        _, ino, inode, _ = h.ns.resolve("/s")
+        assert h.ns.content_summary_of(ino, inode) == {
+            "length": 157, "file_count": 2, "directory_count": 3,
+            "space_consumed": 150 * 3 + 7 * 2}
+
+    run_ns(kind, tmp_path, body)
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def test_concurrent_mutations_in_one_batch_compose(kind, tmp_path):
+    """Records that share a batch (and a parent directory) are applied as if in order."""
+    async def body(h):
+        await h.mkdirs("/shared")
+        await h.write_file("/gone/x", [1])
+        fsyncs = h.journal.stats.fsyncs
+
+        async def create(i):
+            await h.do(h.ns.plan_create(f"/shared/f{i}", holder=f"w{i}", now_ns=h.now()))
+
+        plans = []
+        async with trio.open_nursery() as nursery:
+            for i in range(40):
+                nursery.start_soon(create, i)
+            plans.append(h.ns.plan_delete("/gone", True, now_ns=h.now()))
+            nursery.start_soon(h.do, plans[0])
+        assert h.journal.stats.fsyncs - fsyncs < 41
+        assert h.ns.get_file_info("/shared")["children"] == 40
+        assert len(h.ns.under_construction()) == 40
+        assert_consistent(h)
+
+    run_ns(kind, tmp_path, body)
+
+
+# --------------------------------------------------------------------------- restart
+
+
+async def _workload(h):
+    await h.mkdirs("/w/a/b")
+    ids = await h.write_file("/w/a/file", [8 * BPC, 8 * BPC, 3])
+    await h.create("/w/open", holder="w2")
+    await h.add_block("/w/open", holder="w2")
+    await h.do(h.ns.plan_rename("/w/a/file", "/w/moved", now_ns=h.now()))
+    await h.do(h.ns.plan_set_permission("/w/moved", 0o600, now_ns=h.now()))
+    await h.do(h.ns.plan_symlink("/w/moved", "/w/link", now_ns=h.now()))
+    await h.write_file("/w/tmp/t", [5])
+    await h.do(h.ns.plan_delete("/w/tmp", True, now_ns=h.now()))
+    return ids
+
+
+async def _more(h):
+    await h.write_file("/w/later", [1, ])
+    await h.do(h.ns.plan_set_owner("/w", "bob", None, now_ns=h.now()))
+    await h.do(h.ns.plan_delete("/w/a", True, now_ns=h.now()))
+
+
+def test_restart_replays_the_journal_into_the_same_namespace(kind, tmp_path):
+    """Reopening store + journal gives the same namespace; a store that lags the journal
+    (LevelDB lost its unsynced tail) or is empty catches up by replay, exactly."""
+    state = {}
+
+    async def phase1(h):
+        await _workload(h)
+        state["snapshot"] = dump(h.store)
+        state["txid"] = h.ns.applied_txid
+
+    async def phase2(h):
+        await _more(h)
+        state["final"] = dump(h.store)
+        state["final_txid"] = h.ns.applied_txid
+
+    if kind == "leveldb":
+        h = run_ns(kind, tmp_path, phase1)
+        h.store.close()
+        h = run_ns(kind, tmp_path, phase2, store=PlyvelStore(str(tmp_path / "db")))
+        h.store.close()
+        reopened = PlyvelStore(str(tmp_path / "db"))
+        assert dump(reopened) == state["final"]
+        # the same store reopened with the journal: nothing to replay, same namespace
+        h = run_ns(kind, tmp_path, lambda h: trio.sleep(0), store=reopened)
+        assert dump(h.store) == state["final"]
+        h.store.close()
+    else:
+        h = run_ns(kind, tmp_path, phase1)
+        h = run_ns(kind, tmp_path, phase2, store=h.store)
+    assert state["final_txid"] > state["txid"]
+
+    # a store that lags (only phase 1 applied): replay brings it to the final state
+    lagging = make_store(kind, tmp_path / "lagging")
+    lagging.write(puts=list(state["snapshot"].items()))
+    h = run_ns(kind, tmp_path, lambda h: trio.sleep(0), store=lagging, format_=False)
+    assert dump(h.store) == state["final"]
+    assert h.ns.applied_txid == state["final_txid"]
+    assert_consistent(h)
+
+    # an empty store: the FORMAT record and everything after it rebuild it exactly
+    empty = make_store(kind, tmp_path / "empty")
+    h = run_ns(kind, tmp_path, lambda h: trio.sleep(0), store=empty, format_=False)
+    assert dump(h.store) == state["final"]
+    assert h.ns.get_file_info("/w")["owner"] == "bob"
+    assert h.ns.get_file_info("/w/link")["symlink"] == "/w/moved"
+    assert_consistent(h)
