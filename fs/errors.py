@@ -137,6 +137,11 @@ class ChecksumError(LeaseFSError):
     errno = _errno.EIO
 
 
+class PipelineError(LeaseFSError):
+    """A write pipeline failed (setup refused, a node acked with an error, a node vanished)."""
+    errno = _errno.EIO
+
+
 class ReplicaNotFound(LeaseFSError):
     """The block server has no such replica."""
     errno = _errno.ENOENT

@@ -1,0 +1,445 @@
+"""The public leasefs client: ``AsyncClient`` (trio) and ``Client`` (blocking facade).
+
+Why: the shell tools, the FUSE mount, the fsspec filesystem and the Spark connector are all
+built on this one API, which mirrors Hadoop's ``FileSystem`` (DESIGN.md §6). One client is
+one lease holder (``leasefs-client-<uuid hex>``): its lease renewer keeps every file it has
+open for writing alive, and closing the client closes those files.
+
+Namespace calls are single RPCs to the metadata server (``fs.rpc.RpcClient`` retries lost
+connections with the same call id, so mutating calls are applied once). Data goes through
+the streams of ``fs.streams``. On entry the client asks the server for its defaults
+(``get_server_defaults``) and merges them into ``config``, so block size, checksum chunk,
+packet size and lease limits always match the cluster.
+
+Concurrency contract: an ``AsyncClient`` must be used as ``async with AsyncClient(...) as c``
+inside one trio run; any number of its tasks may call it at once. Its background tasks
+(RPC reader, pipeline responders, lease renewer) live in a nursery it opens on entry and
+never raise into it. ``Client`` runs an ``AsyncClient`` in ``trio.run`` on a daemon thread
+and forwards each call with ``trio.from_thread.run``: it may be called from any number of
+plain threads, but never from inside a trio run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+import uuid
+from dataclasses import dataclass, fields
+
+import trio
+
+from . import paths
+from .config import Config, find_meta_address
+from .errors import FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, ServerUnavailable
+from .renewer import LeaseRenewer
+from .rpc import RpcClient
+from .streams import AsyncInputStream, AsyncOutputStream, InputStream, OutputStream
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AsyncClient", "Client", "FileStatus", "AsyncInputStream", "AsyncOutputStream",
+           "InputStream", "OutputStream"]
+
+#: server defaults (``get_server_defaults``) that override the client's own config
+SERVER_DEFAULT_KEYS = ("block_size", "replication", "min_replication", "bytes_per_checksum",
+                       "packet_size", "write_window_packets", "lease_soft_limit",
+                       "lease_hard_limit")
+LIST_PAGE = 1000
+
+
+@dataclass
+class FileStatus:
+    """What the metadata server knows about one path (PROTOCOL.md "status")."""
+
+    name: str
+    path: str
+    ino: int
+    type: str              # "file" | "dir" | "symlink"
+    mode: int              # permission bits only, e.g. 0o644
+    owner: str
+    group: str
+    mtime_ns: int
+    atime_ns: int
+    ctime_ns: int
+    length: int
+    replication: int
+    block_size: int
+    symlink: str | None
+    under_construction: bool
+    children: int
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "dir"
+
+    @property
+    def is_file(self) -> bool:
+        return self.type == "file"
+
+    @property
+    def is_symlink(self) -> bool:
+        return self.type == "symlink"
+
+    @classmethod
+    def from_wire(cls, obj: dict) -> "FileStatus":
+        defaults = {"name": "", "path": "", "ino": 0, "type": "file", "mode": 0, "owner": "",
+                    "group": "", "mtime_ns": 0, "atime_ns": 0, "ctime_ns": 0, "length": 0,
+                    "replication": 0, "block_size": 0, "symlink": None,
+                    "under_construction": False, "children": 0}
+        return cls(**{f.name: obj.get(f.name, defaults[f.name]) if obj.get(f.name) is not None
+                      else defaults[f.name] for f in fields(cls)})
+
+
+def _sole_exception(exc: BaseException) -> BaseException:
+    """The one exception inside nested single-member exception groups (trio wraps errors
+    that cross a nursery); anything else is returned unchanged."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+class AsyncClient:
+    """The trio client. ``async with AsyncClient(address) as client: ...``."""
+
+    def __init__(self, meta_address: str | None = None, *, config: Config | None = None,
+                 client_name: str | None = None):
+        if meta_address is None:
+            if config is not None and config.meta_address != Config().meta_address:
+                meta_address = config.meta_address
+            else:
+                meta_address = find_meta_address()
+        self.meta_address = meta_address
+        self.config = config if config is not None else Config.load()
+        self.client_name = client_name or f"leasefs-client-{uuid.uuid4().hex}"
+        self.server_defaults: dict = {}
+        self.rpc: RpcClient | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._nursery: trio.Nursery | None = None
+        self._renewer: LeaseRenewer | None = None
+        self._outputs: dict[int, AsyncOutputStream] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ life cycle
+    async def __aenter__(self) -> "AsyncClient":
+        if self._stack is not None:
+            raise InvalidArgument("an AsyncClient can be entered only once")
+        stack = contextlib.AsyncExitStack()
+        await stack.__aenter__()
+        self._stack = stack
+        try:
+            self._nursery = await stack.enter_async_context(trio.open_nursery())
+            # runs after the RPC client closed, just before the nursery waits for its tasks
+            stack.callback(self._nursery.cancel_scope.cancel)
+            self.rpc = await stack.enter_async_context(RpcClient(
+                self.meta_address, self.client_name, timeout=self.config.rpc_timeout,
+                retry_seconds=self.config.rpc_retry_seconds, max_frame=self.config.max_frame))
+            self.server_defaults = await self.rpc.call("get_server_defaults", {})
+            overrides = {k: self.server_defaults[k] for k in SERVER_DEFAULT_KEYS
+                         if self.server_defaults.get(k) is not None}
+            self.config = self.config.replace(**overrides)
+            self._renewer = LeaseRenewer(
+                self._renew_lease, holder=self.client_name, period=self.config.renew_period,
+                hard_limit=self.config.lease_hard_limit, nursery=self._nursery)
+        except BaseException as exc:
+            self._closed = True
+            try:
+                await stack.__aexit__(type(exc), exc, exc.__traceback__)
+            except BaseException as group:
+                inner = _sole_exception(group)
+                if inner is not exc:
+                    raise inner from None
+            raise
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> bool:
+        try:
+            await self.aclose()
+        finally:
+            try:
+                suppressed = await self._stack.__aexit__(exc_type, exc, tb)
+            except BaseException as group:
+                inner = _sole_exception(group)
+                if exc is not None and inner is exc:
+                    return False  # the body's own exception, unwrapped from trio's groups
+                if inner is not group:
+                    raise inner from None
+                raise
+        return bool(suppressed)
+
+    async def aclose(self) -> None:
+        """Close every open output stream (completing its file), then refuse new calls.
+        The connection itself closes when the ``async with`` block ends."""
+        if self._closed:
+            return
+        self._closed = True
+        for stream in list(self._outputs.values()):
+            try:
+                await stream.close()
+            except LeaseFSError as exc:
+                log.warning("closing %s while closing the client: %s", stream.path, exc)
+
+    def _check_open(self) -> None:
+        if self.rpc is None:
+            raise InvalidArgument("AsyncClient must be used as 'async with AsyncClient(...)'")
+        if self._closed:
+            raise InvalidArgument(f"client {self.client_name} is closed")
+
+    async def _call(self, method: str, **args):
+        self._check_open()
+        return await self.rpc.call(method, args)
+
+    async def _renew_lease(self):
+        return await self.rpc.call("renew_lease", {"client_name": self.client_name},
+                                   retry_seconds=0)
+
+    def _output_closed(self, stream: AsyncOutputStream) -> None:
+        self._outputs.pop(id(stream), None)
+        if self._renewer is not None:
+            self._renewer.remove(stream)
+
+    @property
+    def open_output_streams(self) -> list[AsyncOutputStream]:
+        return list(self._outputs.values())
+
+    # ------------------------------------------------------------------ files
+    async def create(self, path: str, *, overwrite: bool = False, replication: int | None = None,
+                     block_size: int | None = None, permission: int = 0o644,
+                     create_parent: bool = True) -> AsyncOutputStream:
+        """Create ``path`` for writing (lease held by this client); ``FileExists`` if it
+        exists and not ``overwrite``."""
+        path = paths.validate(path)
+        status = await self._call("create", path=path, client_name=self.client_name,
+                                  overwrite=overwrite, create_parent=create_parent,
+                                  replication=replication, block_size=block_size,
+                                  permission=permission)
+        stream = AsyncOutputStream(self, path, status)
+        self._outputs[id(stream)] = stream
+        self._renewer.add(stream)
+        return stream
+
+    async def open(self, path: str) -> AsyncInputStream:
+        """Open ``path`` for reading (seekable; ``pread`` for positional reads)."""
+        self._check_open()
+        return await AsyncInputStream.open(self, paths.validate(path))
+
+    async def write_file(self, path: str, data: bytes, **create_kw) -> None:
+        """Create ``path`` with ``data`` as its whole content and close it."""
+        stream = await self.create(path, **create_kw)
+        async with stream:
+            await stream.write(data)
+
+    async def read_file(self, path: str) -> bytes:
+        """The whole content of ``path``."""
+        async with await self.open(path) as stream:
+            return await stream.read()
+
+    async def get_block_locations(self, path: str, offset: int = 0,
+                                  length: int | None = None) -> dict:
+        """``{length, under_construction, blocks: [located block], last_block_complete}``."""
+        return await self._call("get_block_locations", path=paths.validate(path),
+                                offset=offset, length=length)
+
+    # ------------------------------------------------------------------ namespace
+    async def mkdirs(self, path: str, permission: int = 0o755) -> bool:
+        """Create ``path`` and missing parents; True also if it already is a directory."""
+        return bool(await self._call("mkdirs", path=paths.validate(path), permission=permission))
+
+    async def get_file_status(self, path: str) -> FileStatus:
+        """Status of ``path`` (symlinks not followed); ``FileNotFound`` if missing."""
+        return FileStatus.from_wire(await self._call("get_file_info", path=paths.validate(path)))
+
+    async def exists(self, path: str) -> bool:
+        try:
+            await self.get_file_status(path)
+        except (FileNotFound, NotDirectory):
+            return False
+        return True
+
+    async def _list_page(self, path: str, start_after: str = "",
+                         limit: int | None = None) -> tuple[list[FileStatus], bool]:
+        page = await self._call("list_status", path=paths.validate(path),
+                                start_after=start_after, limit=limit or LIST_PAGE)
+        return [FileStatus.from_wire(e) for e in page["entries"]], bool(page.get("has_more"))
+
+    async def iter_status(self, path: str):
+        """Entries of a directory sorted by name (a file yields itself), fetched page by page."""
+        start_after = ""
+        while True:
+            entries, more = await self._list_page(path, start_after)
+            for entry in entries:
+                yield entry
+            if not more or not entries:
+                return
+            start_after = entries[-1].name
+
+    async def list_status(self, path: str) -> list[FileStatus]:
+        """All entries of a directory (all pages); a file lists itself."""
+        return [entry async for entry in self.iter_status(path)]
+
+    async def delete(self, path: str, recursive: bool = False) -> bool:
+        """Delete a file or directory (a non-empty one only with ``recursive``). Missing
+        paths raise ``FileNotFound``; returns True."""
+        return bool(await self._call("delete", path=paths.validate(path), recursive=recursive))
+
+    async def rename(self, src: str, dst: str, *, overwrite: bool = False) -> bool:
+        """POSIX-like rename; ``dst`` must not exist unless ``overwrite``."""
+        return bool(await self._call("rename", src=paths.validate(src), dst=paths.validate(dst),
+                                     overwrite=overwrite))
+
+    async def set_permission(self, path: str, mode: int) -> None:
+        await self._call("set_permission", path=paths.validate(path), permission=mode)
+
+    async def set_owner(self, path: str, owner: str | None = None, group: str | None = None) -> None:
+        await self._call("set_owner", path=paths.validate(path), owner=owner, group=group)
+
+    async def set_times(self, path: str, mtime_ns: int | None = None,
+                        atime_ns: int | None = None) -> None:
+        await self._call("set_times", path=paths.validate(path), mtime_ns=mtime_ns,
+                         atime_ns=atime_ns)
+
+    async def set_replication(self, path: str, n: int) -> None:
+        await self._call("set_replication", path=paths.validate(path), replication=n)
+
+    async def create_symlink(self, target: str, path: str, create_parent: bool = False) -> FileStatus:
+        """A symlink at ``path`` pointing to ``target`` (stored as given, not followed)."""
+        return FileStatus.from_wire(await self._call(
+            "create_symlink", target=target, path=paths.validate(path),
+            create_parent=create_parent))
+
+    async def content_summary(self, path: str) -> dict:
+        """``{length, file_count, directory_count, space_consumed}``."""
+        return await self._call("content_summary", path=paths.validate(path))
+
+    async def report(self) -> dict:
+        """Cluster report: capacity, live/dead block servers, block counts, safe mode."""
+        return await self._call("report")
+
+    async def safemode(self, action: str = "get") -> dict:
+        """``get``/``enter``/``leave`` → ``{on, manual, reason}``."""
+        return await self._call("safemode", action=action)
+
+
+# =========================================================================== blocking facade
+
+
+class Client:
+    """Blocking facade over an ``AsyncClient`` running on a background thread.
+
+    Same methods as ``AsyncClient`` without ``await``; ``create`` returns an ``OutputStream``
+    and ``open`` an ``InputStream`` (an ``io.RawIOBase``). Use as a context manager or call
+    ``close()`` (which closes the files still open for writing).
+    """
+
+    def __init__(self, meta_address: str | None = None, *, config: Config | None = None,
+                 client_name: str | None = None):
+        self._async = AsyncClient(meta_address, config=config, client_name=client_name)
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._startup_error: BaseException | None = None
+        self._closed = False
+        started = threading.Event()
+        self._thread = threading.Thread(target=self._thread_main, args=(started,),
+                                        name=f"leasefs {self._async.client_name}", daemon=True)
+        self._thread.start()
+        started.wait()
+        if self._startup_error is not None:
+            self._thread.join()
+            self._closed = True
+            raise self._startup_error
+
+    def _thread_main(self, started: threading.Event) -> None:
+        try:
+            trio.run(self._serve, started)
+        except BaseException as exc:  # noqa: BLE001 - handed to the constructing thread
+            exc = _sole_exception(exc)
+            if not started.is_set():
+                self._startup_error = exc
+            else:
+                log.error("leasefs client thread ended with an error: %r", exc)
+        finally:
+            started.set()
+
+    async def _serve(self, started: threading.Event) -> None:
+        async with self._async:
+            self._token = trio.lowlevel.current_trio_token()
+            self._stop = trio.Event()
+            started.set()
+            await self._stop.wait()
+
+    def _call(self, afn, *args, **kwargs):
+        if self._closed:
+            raise InvalidArgument(f"client {self._async.client_name} is closed")
+        try:
+            return trio.from_thread.run(functools.partial(afn, *args, **kwargs),
+                                        trio_token=self._token)
+        except trio.RunFinishedError:
+            raise ServerUnavailable(f"client {self._async.client_name} has stopped") from None
+
+    # ------------------------------------------------------------------ life cycle
+    @property
+    def client_name(self) -> str:
+        return self._async.client_name
+
+    @property
+    def config(self) -> Config:
+        return self._async.config
+
+    @property
+    def meta_address(self) -> str:
+        return self._async.meta_address
+
+    def close(self) -> None:
+        """Close open output streams, the connection and the background thread."""
+        if self._closed:
+            return
+        try:
+            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        except trio.RunFinishedError:
+            pass
+        self._closed = True
+        self._thread.join()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ streams
+    def create(self, path: str, **kwargs) -> OutputStream:
+        """Like ``AsyncClient.create``; returns a blocking ``OutputStream``."""
+        return OutputStream(self._call(self._async.create, path, **kwargs), self._call)
+
+    def open(self, path: str) -> InputStream:
+        """Like ``AsyncClient.open``; returns an ``io.RawIOBase`` ``InputStream``."""
+        return InputStream(self._call(self._async.open, path), self._call)
+
+    def iter_status(self, path: str):
+        """Entries of a directory, fetched page by page as the iteration goes."""
+        start_after = ""
+        while True:
+            entries, more = self._call(self._async._list_page, path, start_after)
+            yield from entries
+            if not more or not entries:
+                return
+            start_after = entries[-1].name
+
+
+def _mirror(name: str):
+    async_method = getattr(AsyncClient, name)
+
+    @functools.wraps(async_method)
+    def method(self, *args, **kwargs):
+        return self._call(getattr(self._async, name), *args, **kwargs)
+
+    return method
+
+
+for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "get_file_status",
+              "exists", "list_status", "delete", "rename", "set_permission", "set_owner",
+              "set_times", "set_replication", "create_symlink", "content_summary", "report",
+              "safemode"):
+    setattr(Client, _name, _mirror(_name))
+del _name

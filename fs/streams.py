@@ -1,0 +1,1075 @@
+"""Output and input streams of the client: the data path to and from block servers.
+
+Why a module of its own: this is where bytes become packets and packets become bytes, with
+every HDFS rule that makes the data path safe — chunk-aligned packets with a CRC32C per
+chunk, a bounded window of unacknowledged packets, hflush/hsync visibility, the partial-chunk
+rewrite after a flush, complete() with backoff on close, checksum verification and replica
+failover on read. ``fs/client.py`` only opens and closes them.
+
+Write path (``AsyncOutputStream``): bytes are buffered into packets of ``packet_size`` bytes (a
+multiple of ``bytes_per_checksum``). Per block: ``add_block`` → WRITE_BLOCK to the first
+location with the others as downstream ``targets`` → a ``_Pipeline`` whose sender is the
+writer itself and whose responder task matches acks to the queue of unacked packets (kept
+whole, so a later pipeline recovery can resend them). At most ``write_window_packets`` are
+unacked: ``write`` waits, so memory stays bounded. A full block ends with an empty LAST
+packet; the next ``add_block`` passes it as ``previous``. ``close`` ends the last block and
+calls ``complete`` until the server says the file is closed.
+
+Read path (``AsyncInputStream``): block locations from the metadata server (the last block
+of a file under construction is measured with BLOCK_LENGTH), READ_BLOCK from one replica at
+a time, every chunk verified. A checksum error is reported with ``report_bad_blocks``; any
+failure moves to the next replica, all failed → locations are fetched again, and in the end
+``BlockMissing`` names the path, block and offset.
+
+Concurrency contract: every async method runs on the client's trio thread. An output stream
+serialises its operations with one lock (writes from several tasks do not interleave inside
+a packet); its pipeline's responder runs as a task in the client's nursery and never raises
+(failures are stored and re-raised by the writer's next call). An input stream serialises
+``read``/``seek`` on its position; ``pread`` uses its own connection and may run
+concurrently with anything. ``OutputStream``/``InputStream`` are the blocking facades used by
+``fs.client.Client``: their calls cross into the trio thread through ``call``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import logging
+import os
+from collections import deque
+from dataclasses import dataclass
+
+import trio
+
+from . import errors
+from .datatransfer import (BLOCK_LENGTH, ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC,
+                           MAX_PACKET_DATA, PIPELINE_SETUP_CREATE, READ_BLOCK, SUCCESS,
+                           WRITE_BLOCK, Packet, block_dict, chunk_checksums, receive_ack,
+                           receive_packet, send_packet, verify_checksums)
+from .errors import (BlockMissing, ChecksumError, InvalidArgument, LeaseFSError,
+                     NotReplicatedYet, PipelineError, ProtocolError, ServerUnavailable)
+from .framing import FramedStream
+from .rpc import parse_address
+
+log = logging.getLogger(__name__)
+
+#: attempts to set up a pipeline for one new block before giving up (HDFS: 3)
+PIPELINE_SETUP_ATTEMPTS = 3
+#: times an input stream fetches locations again when every replica of a block failed
+LOCATE_RETRIES = 3
+#: a forward seek inside the current block within this many bytes reads on instead of
+#: reconnecting (what HDFS does too: cheaper than a new connection)
+SEEK_SKIP_LIMIT = 256 << 10
+#: first wait of the add_block / complete backoff loops (doubles every retry)
+FIRST_BACKOFF = 0.05
+
+_ACK_NAMES = {SUCCESS: "SUCCESS", 1: "ERROR", ERROR_CHECKSUM: "ERROR_CHECKSUM"}
+# transport-level failures of a data connection
+_IO_ERRORS = (LeaseFSError, EOFError, OSError, trio.TooSlowError, trio.BrokenResourceError,
+              trio.ClosedResourceError)
+
+
+class Offset(int):
+    """A stream position. ``seek``/``tell`` do no I/O, so both ``s.seek(0)`` and
+    ``await s.seek(0)`` work: the result is an int that may also be awaited."""
+
+    def __await__(self):
+        if False:  # pragma: no cover - makes this a generator
+            yield
+        return int(self)
+
+
+def _node_name(node: dict) -> str:
+    return f"{node.get('address', '?')} ({node.get('node_id', '?')})"
+
+
+def _effective_packet_size(packet_size: int, bytes_per_checksum: int) -> int:
+    """Packets carry whole chunks: round down to a multiple of bytes_per_checksum."""
+    size = min(int(packet_size), MAX_PACKET_DATA)
+    return max(bytes_per_checksum, size - size % bytes_per_checksum)
+
+
+async def _open_data_connection(address: str, timeout: float, max_frame: int) -> FramedStream:
+    host, port = parse_address(address)
+    try:
+        with trio.fail_after(timeout):
+            stream = await trio.open_tcp_stream(host, port)
+    except (OSError, trio.TooSlowError) as exc:
+        raise ServerUnavailable(f"cannot connect to block server {address}: "
+                                f"{exc or 'connect timed out'}") from None
+    return FramedStream(stream, max_frame)
+
+
+async def _close_quietly(framed: FramedStream | None) -> None:
+    if framed is None:
+        return
+    with trio.CancelScope(shield=True):
+        try:
+            await framed.aclose()
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+
+def _response_error(resp, what: str) -> LeaseFSError:
+    """The exception a data-transfer error response stands for."""
+    if isinstance(resp, dict) and isinstance(resp.get("error"), dict):
+        exc = errors.from_wire(resp["error"])
+        exc.message = f"{what}: {exc.message}"
+        return exc
+    message = resp.get("message") if isinstance(resp, dict) else None
+    return LeaseFSError(f"{what}: {message or f'unexpected response {resp!r:.200}'}")
+
+
+# =========================================================================== write path
+
+
+class _SetupFailed(Exception):
+    """Pipeline setup failed at ``node`` (the first bad link)."""
+
+    def __init__(self, node: dict, reason: str):
+        super().__init__(reason)
+        self.node = node
+        self.reason = reason
+
+
+class _Pipeline:
+    """One block's write pipeline: the connection to its first node, the unacked packet
+    queue, and the responder that consumes acks. Sending happens in the caller's task."""
+
+    def __init__(self, *, path: str, located: dict, framed: FramedStream, window: int,
+                 timeout: float):
+        self.path = path
+        self.block = dict(located["block"])
+        self.nodes = list(located["locations"])
+        self.framed = framed
+        self.window = window
+        self.timeout = timeout
+        self.error: LeaseFSError | None = None
+        self.acked_bytes = 0          # block offset up to which every node acknowledged
+        self.sent_end = 0             # block offset just past the last data sent
+        self._seqno = 0
+        self._unacked: deque[Packet] = deque()
+        self._send_lock = trio.Lock()
+        self._progress = trio.Event()  # set (and replaced) on every ack and on failure
+        self._wake = trio.Event()      # wakes an idle responder when a packet goes out
+        self._finished = False
+        self._scope = trio.CancelScope()
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}: block {self.block['id']}"
+
+    @classmethod
+    async def connect(cls, *, path: str, located: dict, client_name: str,
+                      bytes_per_checksum: int, window: int, timeout: float,
+                      max_frame: int) -> "_Pipeline":
+        """WRITE_BLOCK to the first location; ``_SetupFailed`` names the first bad node."""
+        nodes = located["locations"]
+        first = nodes[0]
+        try:
+            framed = await _open_data_connection(first["address"], timeout, max_frame)
+        except ServerUnavailable as exc:
+            raise _SetupFailed(first, str(exc)) from None
+        header = {"op": WRITE_BLOCK, "block": located["block"],
+                  "targets": [n["address"] for n in nodes[1:]],
+                  "stage": PIPELINE_SETUP_CREATE, "client": client_name,
+                  "bytes_per_checksum": bytes_per_checksum}
+        try:
+            with trio.fail_after(timeout):
+                await framed.send_frame(header)
+                resp = await framed.receive_frame()
+        except (LeaseFSError, EOFError, trio.TooSlowError) as exc:
+            await _close_quietly(framed)
+            raise _SetupFailed(first, f"no setup response from {first['address']}: "
+                                      f"{exc or 'timed out'}") from None
+        if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
+            await _close_quietly(framed)
+            bad_address = resp.get("first_bad_link") if isinstance(resp, dict) else ""
+            bad = next((n for n in nodes if bad_address and n["address"] == bad_address), first)
+            raise _SetupFailed(bad, str(_response_error(resp, f"pipeline setup at {first['address']}")))
+        return cls(path=path, located=located, framed=framed, window=window, timeout=timeout)
+
+    # ------------------------------------------------------------------ sending
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _notify(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
+
+    async def send(self, offset: int, data, sums: bytes, flags: int = 0) -> None:
+        """Send one packet once the window has room; raises the pipeline's failure."""
+        while len(self._unacked) >= self.window and self.error is None:
+            await self._progress.wait()
+        self._raise_if_failed()
+        packet = Packet(self._seqno, offset, data, sums, flags)
+        self._seqno += 1
+        self._unacked.append(packet)
+        self._wake.set()
+        try:
+            async with self._send_lock:
+                with trio.fail_after(self.timeout):
+                    await send_packet(self.framed, packet.seqno, offset, data, sums, flags)
+        except (LeaseFSError, trio.TooSlowError) as exc:
+            self.fail(self.error or PipelineError(
+                f"{self.where}: cannot send to {_node_name(self.nodes[0])}: {exc or 'timed out'}"))
+            raise self.error from None
+        if data:
+            self.sent_end = offset + len(data)
+
+    async def wait_all_acked(self) -> None:
+        while self._unacked and self.error is None:
+            await self._progress.wait()
+        self._raise_if_failed()
+
+    # ------------------------------------------------------------------ acks
+    async def run_responder(self) -> None:
+        """Consume acks in order; on any failure record it and close the connection."""
+        heartbeat_after = max(self.timeout / 2, 0.05)
+        try:
+            with self._scope:
+                while True:
+                    if not self._unacked:
+                        if self._finished:
+                            return
+                        self._wake = trio.Event()
+                        with trio.move_on_after(heartbeat_after) as idle:
+                            await self._wake.wait()
+                        if idle.cancelled_caught and not self._unacked and not self._finished:
+                            # keep an idle pipeline alive (HDFS heartbeat packets)
+                            await self.send(self.sent_end, b"", b"", FLAG_HEARTBEAT)
+                        continue
+                    try:
+                        with trio.fail_after(self.timeout):
+                            seqno, statuses = await receive_ack(self.framed)
+                    except trio.TooSlowError:
+                        raise PipelineError(
+                            f"{self.where}: no ack from {_node_name(self.nodes[0])} for "
+                            f"{self.timeout:g} s") from None
+                    except EOFError:
+                        raise PipelineError(
+                            f"{self.where}: {_node_name(self.nodes[0])} closed the pipeline "
+                            f"with {len(self._unacked)} packet(s) unacknowledged") from None
+                    self._handle_ack(seqno, statuses)
+        except PipelineError as exc:
+            self.fail(exc)
+        except LeaseFSError as exc:
+            self.fail(PipelineError(f"{self.where}: pipeline to {_node_name(self.nodes[0])} "
+                                    f"broke: {exc}"))
+        except Exception as exc:  # never let a data-path surprise kill the client's nursery
+            log.exception("%s: responder failed", self.where)
+            self.fail(PipelineError(f"{self.where}: responder failed: {type(exc).__name__}: {exc}"))
+        finally:
+            if self.error is None and not self._finished:
+                self.error = PipelineError(f"{self.where}: pipeline closed")
+            self._notify()
+            await _close_quietly(self.framed)
+
+    def _handle_ack(self, seqno: int, statuses: list[int]) -> None:
+        if not self._unacked:
+            raise ProtocolError(f"{self.where}: ack for packet {seqno} with none outstanding")
+        packet = self._unacked[0]
+        if seqno != packet.seqno:
+            raise ProtocolError(f"{self.where}: ack for packet {seqno}, expected {packet.seqno}")
+        for index, status in enumerate(statuses):
+            if status != SUCCESS:
+                node = self.nodes[index] if index < len(self.nodes) else {"address": f"node #{index}"}
+                raise PipelineError(
+                    f"{self.where}: block server {_node_name(node)} answered "
+                    f"{_ACK_NAMES.get(status, status)} for packet {seqno} (block offset "
+                    f"{packet.offset}); pipeline recovery is not supported yet")
+        if len(statuses) < len(self.nodes):
+            node = self.nodes[len(statuses)]
+            raise PipelineError(f"{self.where}: ack for packet {seqno} carries no status for "
+                                f"{_node_name(node)}")
+        self._unacked.popleft()
+        if packet.data:
+            self.acked_bytes = max(self.acked_bytes, packet.offset + len(packet.data))
+        if packet.flags & FLAG_LAST:
+            self._finished = True
+        self._notify()
+
+    def fail(self, exc: LeaseFSError) -> None:
+        """Record the first failure, wake every waiter, stop the responder (closes the socket)."""
+        if self.error is None:
+            self.error = exc
+            log.warning("%s", exc)
+        self._notify()
+        self._scope.cancel()
+
+    def close(self) -> None:
+        """Stop using the pipeline (after the LAST ack, or to abandon it)."""
+        self._finished = True
+        self._scope.cancel()
+
+
+class AsyncOutputStream:
+    """A file being written: ``write``/``hflush``/``hsync``/``close``; ``async with`` closes.
+
+    Obtained from ``AsyncClient.create``. ``pos`` is the number of bytes written so far.
+    """
+
+    def __init__(self, client, path: str, status: dict):
+        self._client = client
+        self.path = path
+        self.ino = status["ino"]
+        config = client.config
+        self.block_size = int(status.get("block_size") or config.block_size)
+        self.replication = int(status.get("replication") or config.replication)
+        self.bytes_per_checksum = int(config.bytes_per_checksum)
+        self.packet_size = _effective_packet_size(config.packet_size, self.bytes_per_checksum)
+        self.window = max(1, int(config.write_window_packets))
+        self._lock = trio.Lock()
+        self._pos = 0
+        self._buf = bytearray()     # bytes of the current block not yet sent in a full chunk
+        self._buf_start = 0         # block offset of _buf[0] (always chunk aligned)
+        self._buf_sent = 0          # leading bytes of _buf already sent by an hflush
+        self._pipeline: _Pipeline | None = None
+        self._previous: dict | None = None  # last finished block with its final length
+        self.blocks_written = 0
+        self._error: LeaseFSError | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ public
+    @property
+    def pos(self) -> int:
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            await self.close()
+        else:  # do not publish a half-written file as complete: leave it to lease recovery
+            self.abort(PipelineError(f"{self.path}: abandoned after {exc_type.__name__}"))
+
+    async def write(self, data) -> int:
+        """Append ``data``; returns its length. Waits while the window of unacked packets is
+        full, so a fast writer cannot outrun the block servers."""
+        view = memoryview(data)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        total = len(view)
+        async with self._lock:
+            self._check_writable()
+            try:
+                while view:
+                    if self._pipeline is None:
+                        await self._start_block()
+                    block_used = self._buf_start + len(self._buf)
+                    n = min(len(view), self.block_size - block_used,
+                            self.packet_size - len(self._buf))
+                    self._buf += view[:n]
+                    view = view[n:]
+                    self._pos += n
+                    block_full = block_used + n >= self.block_size
+                    if block_full or len(self._buf) >= self.packet_size:
+                        await self._send_buffer()
+                    if block_full:
+                        await self._end_block()
+            except BaseException as exc:
+                self._fail(exc)
+                raise
+        return total
+
+    async def hflush(self) -> None:
+        """Send everything written (a partial chunk too) and wait until every block server
+        of the pipeline acknowledged it: new readers then see these bytes."""
+        async with self._lock:
+            self._check_writable()
+            try:
+                if self._pipeline is not None:
+                    await self._send_buffer()
+                    await self._pipeline.wait_all_acked()
+            except BaseException as exc:
+                self._fail(exc)
+                raise
+
+    flush = hflush
+
+    async def hsync(self) -> None:
+        """hflush, with the block servers fsyncing the data, then record the block's length
+        on the metadata server (``fsync`` RPC)."""
+        async with self._lock:
+            self._check_writable()
+            try:
+                length = None
+                if self._pipeline is not None:
+                    await self._send_buffer(FLAG_SYNC)
+                    await self._pipeline.wait_all_acked()
+                    length = self._buf_start + len(self._buf)
+                elif self._previous is not None:
+                    length = self._previous["num_bytes"]
+                if length is not None:
+                    await self._client.rpc.call("fsync", {
+                        "path": self.path, "client_name": self._client.client_name,
+                        "ino": self.ino, "last_block_length": length})
+            except BaseException as exc:
+                self._fail(exc)
+                raise
+
+    async def close(self) -> None:
+        """End the last block and ``complete`` the file (retrying with doubling backoff
+        while the server waits for replicas). Closing twice is a no-op; closing a failed
+        stream raises its failure once."""
+        async with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if self._error is not None:
+                    raise self._error
+                if self._pipeline is not None:
+                    await self._end_block()
+                await self._complete()
+            except BaseException as exc:
+                self._fail(exc)
+                raise
+            finally:
+                self._client._output_closed(self)
+
+    aclose = close
+
+    def abort(self, exc: LeaseFSError) -> None:
+        """Fail the stream at once (lease lost, client closing): no complete, the file stays
+        under construction until lease recovery. Later calls raise ``exc``."""
+        if self._error is None:
+            self._error = exc
+        if self._pipeline is not None:
+            self._pipeline.fail(exc)
+        self._closed = True
+        self._client._output_closed(self)
+
+    # ------------------------------------------------------------------ internals
+    def _check_writable(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise InvalidArgument(f"{self.path}: stream is closed")
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            if isinstance(exc, LeaseFSError):
+                if exc.message and self.path not in exc.message:
+                    exc.message = f"{self.path}: {exc.message}"
+                self._error = exc
+            else:
+                self._error = PipelineError(
+                    f"{self.path}: write interrupted ({type(exc).__name__}); the stream "
+                    f"cannot continue")
+        if self._pipeline is not None:
+            self._pipeline.fail(self._error)
+            self._pipeline = None
+
+    async def _add_block(self, excluded: list) -> dict:
+        """``add_block``, retrying ``NotReplicatedYet`` with doubling backoff."""
+        retries = max(1, self._client.config.complete_retries)
+        delay = FIRST_BACKOFF
+        for attempt in range(retries + 1):
+            try:
+                return await self._client.rpc.call("add_block", {
+                    "path": self.path, "client_name": self._client.client_name,
+                    "ino": self.ino, "previous": self._previous, "excluded": excluded})
+            except NotReplicatedYet as exc:
+                if attempt == retries:
+                    raise NotReplicatedYet(
+                        f"{self.path}: cannot add a block: the previous block is still not "
+                        f"replicated after {retries} retries ({exc})") from None
+                log.debug("%s: add_block: %s; retrying in %.2f s", self.path, exc, delay)
+                await trio.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    async def _start_block(self) -> None:
+        """Allocate the next block and set up its pipeline, excluding nodes that fail."""
+        client = self._client
+        excluded: list[str] = []
+        failures: list[str] = []
+        for _attempt in range(PIPELINE_SETUP_ATTEMPTS):
+            located = await self._add_block(excluded)
+            if not located.get("locations"):
+                raise PipelineError(f"{self.path}: the metadata server gave block "
+                                    f"{located['block']['id']} no block server")
+            try:
+                pipeline = await _Pipeline.connect(
+                    path=self.path, located=located, client_name=client.client_name,
+                    bytes_per_checksum=self.bytes_per_checksum, window=self.window,
+                    timeout=client.config.data_timeout, max_frame=client.config.max_frame)
+            except _SetupFailed as exc:
+                failures.append(exc.reason)
+                log.warning("%s: pipeline setup for block %s failed at %s: %s; abandoning "
+                            "the block and excluding the node", self.path,
+                            located["block"]["id"], _node_name(exc.node), exc.reason)
+                await client.rpc.call("abandon_block", {
+                    "path": self.path, "client_name": client.client_name, "ino": self.ino,
+                    "block": located["block"]})
+                excluded.append(exc.node["node_id"])
+                continue
+            self._pipeline = pipeline
+            self._buf, self._buf_start, self._buf_sent = bytearray(), 0, 0
+            client._nursery.start_soon(pipeline.run_responder,
+                                       name=f"responder {self.path} blk {located['block']['id']}")
+            return
+        raise PipelineError(f"{self.path}: could not set up a write pipeline after "
+                            f"{PIPELINE_SETUP_ATTEMPTS} attempts: " + "; ".join(failures))
+
+    async def _send_buffer(self, flags: int = 0) -> None:
+        """Send the buffer as one packet (starting at a chunk boundary). A partial chunk at
+        the end stays buffered so the next packet repeats it from the chunk's start."""
+        if self._pipeline is None:
+            return
+        if not flags & FLAG_SYNC and self._buf_sent >= len(self._buf):
+            return  # nothing new
+        data, offset = self._buf, self._buf_start
+        sums = chunk_checksums(data, self.bytes_per_checksum)
+        await self._pipeline.send(offset, data, sums, flags)
+        whole = len(data) - len(data) % self.bytes_per_checksum
+        tail = bytes(data[whole:])  # the packet keeps `data`; never mutate it again
+        self._buf = bytearray(tail)
+        self._buf_start = offset + whole
+        self._buf_sent = len(tail)
+
+    async def _end_block(self) -> None:
+        """Flush, send the empty LAST packet, wait for every ack, remember the block."""
+        await self._send_buffer()
+        pipeline = self._pipeline
+        length = self._buf_start + len(self._buf)
+        await pipeline.send(length, b"", b"", FLAG_LAST)
+        await pipeline.wait_all_acked()
+        pipeline.close()
+        self._previous = block_dict(pipeline.block["id"], pipeline.block["gs"], length)
+        self._pipeline = None
+        self._buf, self._buf_start, self._buf_sent = bytearray(), 0, 0
+        self.blocks_written += 1
+
+    async def _complete(self) -> None:
+        client = self._client
+        retries = max(0, client.config.complete_retries)
+        delay = FIRST_BACKOFF
+        waited = 0.0
+        for attempt in range(retries + 1):
+            done = await client.rpc.call("complete", {
+                "path": self.path, "client_name": client.client_name, "ino": self.ino,
+                "last": self._previous})
+            if done:
+                return
+            if attempt < retries:
+                await trio.sleep(delay)
+                waited += delay
+                delay *= 2
+        block = self._previous["id"] if self._previous else None
+        raise NotReplicatedYet(
+            f"{self.path}: could not close the file: the metadata server still reports "
+            f"block {block} as not minimally replicated after {retries + 1} attempts over "
+            f"{waited:.1f} s")
+
+
+# =========================================================================== read path
+
+
+@dataclass
+class _Block:
+    """A located block as the input stream uses it."""
+
+    id: int
+    gs: int
+    num_bytes: int
+    offset: int
+    locations: list
+    state: str = "COMPLETE"
+    corrupt: bool = False
+
+    @classmethod
+    def from_wire(cls, lb: dict) -> "_Block":
+        block = lb["block"]
+        return cls(id=block["id"], gs=block["gs"], num_bytes=block.get("num_bytes", 0),
+                   offset=lb["offset"], locations=list(lb.get("locations") or []),
+                   state=lb.get("state", "COMPLETE"), corrupt=bool(lb.get("corrupt", False)))
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.num_bytes
+
+    def wire(self) -> dict:
+        return block_dict(self.id, self.gs, self.num_bytes)
+
+
+class _BlockReader:
+    """One READ_BLOCK connection serving ``[cursor, end)`` of a block, verified chunk by chunk."""
+
+    def __init__(self, framed: FramedStream, block: _Block, node: dict, start: int, end: int,
+                 bytes_per_checksum: int, chunk_offset: int, timeout: float):
+        self.framed = framed
+        self.block_id = block.id
+        self.node = node
+        self.cursor = start
+        self.end = end
+        self.bytes_per_checksum = bytes_per_checksum
+        self.timeout = timeout
+        self._next_packet_offset = chunk_offset
+        self._pending = memoryview(b"")
+        self._saw_last = False
+
+    @classmethod
+    async def connect(cls, block: _Block, node: dict, start: int, end: int, *,
+                      timeout: float, max_frame: int) -> "_BlockReader":
+        framed = await _open_data_connection(node["address"], timeout, max_frame)
+        try:
+            with trio.fail_after(timeout):
+                await framed.send_frame({"op": READ_BLOCK, "block": {"id": block.id, "gs": block.gs},
+                                         "offset": start, "length": end - start, "verify": True})
+                resp = await framed.receive_frame()
+            if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
+                raise _response_error(resp, f"READ_BLOCK of block {block.id} at {node['address']}")
+            bpc = resp.get("bytes_per_checksum")
+            chunk_offset = resp.get("chunk_offset", start)
+            if not (isinstance(bpc, int) and bpc > 0 and isinstance(chunk_offset, int)
+                    and 0 <= chunk_offset <= start):
+                raise ProtocolError(f"READ_BLOCK response from {node['address']} is malformed: "
+                                    f"{resp!r:.200}")
+        except BaseException:
+            await _close_quietly(framed)
+            raise
+        return cls(framed, block, node, start, end, bpc, chunk_offset, timeout)
+
+    def positioned_at(self, block_id: int, offset: int) -> bool:
+        return block_id == self.block_id and offset == self.cursor and self.cursor < self.end
+
+    async def skip_to(self, block_id: int, offset: int) -> bool:
+        """Move forward to ``offset`` by reading on, if it is close ahead in this block."""
+        if block_id != self.block_id or not self.cursor < offset < self.end \
+                or offset - self.cursor > SEEK_SKIP_LIMIT:
+            return False
+        while self.cursor < offset:
+            if not await self.read(offset - self.cursor):
+                return False
+        return True
+
+    async def read(self, n: int) -> bytes:
+        """Up to ``n`` verified bytes at ``cursor``; ``b""`` at the end of the range."""
+        while not self._pending:
+            if self.cursor >= self.end:
+                return b""
+            with trio.fail_after(self.timeout):
+                packet = await receive_packet(self.framed, self.bytes_per_checksum)
+            if packet.flags & FLAG_LAST or not packet.data:
+                if packet.flags & FLAG_LAST:
+                    self._saw_last = True
+                    raise ProtocolError(
+                        f"replica of block {self.block_id} at {self.node['address']} ended at "
+                        f"offset {self._next_packet_offset}, before {self.end}")
+                continue  # a keep-alive
+            if packet.offset != self._next_packet_offset:
+                raise ProtocolError(
+                    f"block {self.block_id} from {self.node['address']}: packet at offset "
+                    f"{packet.offset}, expected {self._next_packet_offset}")
+            verify_checksums(packet.data, packet.sums, self.bytes_per_checksum,
+                             where=f"in block {self.block_id} from {self.node['address']}",
+                             base_offset=packet.offset)
+            self._next_packet_offset = packet.offset + len(packet.data)
+            skip = self.cursor - packet.offset
+            stop = min(len(packet.data), self.end - packet.offset)
+            if skip < stop:
+                self._pending = memoryview(packet.data)[skip:stop]
+        take = self._pending[:n]
+        self._pending = self._pending[len(take):]
+        self.cursor += len(take)
+        return bytes(take)
+
+    async def aclose(self) -> None:
+        if self.cursor >= self.end and not self._saw_last:
+            # read the trailing LAST packet so the server sees a clean end of the op
+            with trio.move_on_after(min(self.timeout, 1.0)):
+                try:
+                    while not self._saw_last:
+                        packet = await receive_packet(self.framed, self.bytes_per_checksum)
+                        self._saw_last = bool(packet.flags & FLAG_LAST)
+                except _IO_ERRORS:
+                    pass
+        await _close_quietly(self.framed)
+
+
+@dataclass
+class _ReaderSlot:
+    reader: _BlockReader | None = None
+
+    async def close(self) -> None:
+        reader, self.reader = self.reader, None
+        if reader is not None:
+            await reader.aclose()
+
+
+class AsyncInputStream:
+    """A file opened for reading: ``read``/``pread``/``seek``/``tell``/``length``/``close``.
+
+    Obtained from ``AsyncClient.open``. The length is fixed when the file is opened (for a
+    file still being written: what its block servers acknowledged then); ``refresh`` fetches
+    it again.
+    """
+
+    def __init__(self, client, path: str):
+        self._client = client
+        self.path = path
+        self._pos = 0
+        self._blocks: list[_Block] = []
+        self._offsets: list[int] = []
+        self._length = 0
+        self.under_construction = False
+        self._dead: dict[int, set[str]] = {}   # block id -> node ids that failed it
+        self._seq = _ReaderSlot()
+        self._lock = trio.Lock()
+        self._closed = False
+        #: replicas this stream found corrupt and reported, as (block id, node id)
+        self.reported_bad: list[tuple[int, str]] = []
+
+    @classmethod
+    async def open(cls, client, path: str) -> "AsyncInputStream":
+        stream = cls(client, path)
+        await stream._locate()
+        return stream
+
+    # ------------------------------------------------------------------ public
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def tell(self) -> Offset:
+        return Offset(self._pos)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> Offset:
+        """Move the position (no I/O; past the end is allowed, reads there return b"")."""
+        if whence == os.SEEK_SET:
+            new = offset
+        elif whence == os.SEEK_CUR:
+            new = self._pos + offset
+        elif whence == os.SEEK_END:
+            new = self._length + offset
+        else:
+            raise InvalidArgument(f"{self.path}: invalid whence {whence!r}")
+        if new < 0:
+            raise InvalidArgument(f"{self.path}: cannot seek to negative offset {new}")
+        self._pos = int(new)
+        return Offset(self._pos)
+
+    async def read(self, n: int = -1) -> bytes:
+        """``n`` bytes from the position (fewer only at the end of the file; all the rest
+        for ``n < 0``), streamed over one kept connection for sequential reads."""
+        async with self._lock:
+            self._check_open()
+            end = self._length if n is None or n < 0 else min(self._length, self._pos + n)
+            parts = []
+            while self._pos < end:
+                data = await self._read_at(self._pos, end - self._pos, self._seq, None)
+                if not data:
+                    break
+                parts.append(data)
+                self._pos += len(data)
+            return b"".join(parts)
+
+    async def pread(self, offset: int, n: int) -> bytes:
+        """``n`` bytes at ``offset`` without moving the position (own connection)."""
+        self._check_open()
+        if offset < 0 or n < 0:
+            raise InvalidArgument(f"{self.path}: pread({offset}, {n}) needs non-negative values")
+        end = min(self._length, offset + n)
+        slot = _ReaderSlot()
+        parts = []
+        pos = offset
+        try:
+            while pos < end:
+                data = await self._read_at(pos, end - pos, slot, end)
+                if not data:
+                    break
+                parts.append(data)
+                pos += len(data)
+        finally:
+            await slot.close()
+        return b"".join(parts)
+
+    async def refresh(self) -> int:
+        """Fetch locations and length again (a file still being written may have grown)."""
+        self._check_open()
+        await self._locate()
+        return self._length
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._seq.close()
+
+    aclose = close
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc_info):
+        await self.close()
+
+    # ------------------------------------------------------------------ locating
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidArgument(f"{self.path}: stream is closed")
+
+    async def _locate(self) -> None:
+        info = await self._client.rpc.call("get_block_locations",
+                                           {"path": self.path, "offset": 0, "length": None})
+        blocks = sorted((_Block.from_wire(lb) for lb in info.get("blocks", [])),
+                        key=lambda b: b.offset)
+        length = int(info.get("length", 0))
+        self.under_construction = bool(info.get("under_construction"))
+        if self.under_construction and blocks and not info.get("last_block_complete", False):
+            last = blocks[-1]
+            visible = await self._visible_length(last)
+            if visible is not None:
+                last.num_bytes = visible
+                length = last.offset + visible
+            else:
+                length = max(length, last.end) if last.locations else last.offset
+        self._blocks = blocks
+        self._offsets = [b.offset for b in blocks]
+        self._length = length
+
+    async def _visible_length(self, block: _Block) -> int | None:
+        """BLOCK_LENGTH of the block being written, from the first node that answers."""
+        config = self._client.config
+        for node in block.locations:
+            framed = None
+            try:
+                framed = await _open_data_connection(node["address"], config.data_timeout,
+                                                     config.max_frame)
+                with trio.fail_after(config.data_timeout):
+                    await framed.send_frame({"op": BLOCK_LENGTH,
+                                             "block": {"id": block.id, "gs": block.gs}})
+                    resp = await framed.receive_frame()
+                if isinstance(resp, dict) and resp.get("status") == "SUCCESS" \
+                        and isinstance(resp.get("visible_length"), int):
+                    return resp["visible_length"]
+                log.info("%s: BLOCK_LENGTH of block %s at %s: %s", self.path, block.id,
+                         node["address"], _response_error(resp, "refused"))
+            except _IO_ERRORS as exc:
+                log.info("%s: BLOCK_LENGTH of block %s at %s failed: %s", self.path, block.id,
+                         node["address"], exc)
+            finally:
+                await _close_quietly(framed)
+        return None
+
+    def _block_at(self, pos: int) -> _Block | None:
+        i = bisect.bisect_right(self._offsets, pos) - 1
+        if i < 0:
+            return None
+        block = self._blocks[i]
+        return block if pos < block.end else None
+
+    # ------------------------------------------------------------------ reading
+    def _pick_node(self, block: _Block) -> dict | None:
+        dead = self._dead.get(block.id, ())
+        for node in block.locations:
+            if node.get("node_id") not in dead:
+                return node
+        return None
+
+    async def _read_at(self, pos: int, want: int, slot: _ReaderSlot, span_end: int | None) -> bytes:
+        """Up to ``want`` bytes at file offset ``pos`` from the block holding it, with
+        replica failover. ``span_end`` bounds the range a new connection asks for (pread);
+        ``None`` asks for the rest of the block (sequential reads keep the connection)."""
+        failures: list[str] = []
+        refreshes = 0
+        while True:
+            block = self._block_at(pos)
+            if block is None:
+                return b""
+            off = pos - block.offset
+            n = min(want, block.end - pos)
+            reader = slot.reader
+            if reader is not None and not reader.positioned_at(block.id, off):
+                try:
+                    moved = await reader.skip_to(block.id, off)
+                except _IO_ERRORS:
+                    moved = False
+                if not moved:
+                    await slot.close()
+            if slot.reader is None:
+                node = self._pick_node(block)
+                if node is None:
+                    if refreshes >= LOCATE_RETRIES:
+                        raise BlockMissing(
+                            f"{self.path}: could not read block {block.id} at file offset "
+                            f"{pos} from any replica: "
+                            + ("; ".join(failures[-6:]) or "the block has no locations"))
+                    refreshes += 1
+                    await trio.sleep(FIRST_BACKOFF * 2 ** refreshes)
+                    self._dead.pop(block.id, None)
+                    await self._locate()
+                    continue
+                range_end = block.num_bytes if span_end is None else min(span_end, block.end) - block.offset
+                try:
+                    slot.reader = await _BlockReader.connect(
+                        block, node, off, range_end, timeout=self._client.config.data_timeout,
+                        max_frame=self._client.config.max_frame)
+                except _IO_ERRORS as exc:
+                    await self._replica_failed(block, node, exc, failures)
+                    continue
+            try:
+                data = await slot.reader.read(n)
+                if not data:
+                    raise ProtocolError(f"replica at {slot.reader.node['address']} "
+                                        f"returned no data at block offset {off}")
+                return data
+            except _IO_ERRORS as exc:
+                node = slot.reader.node
+                await slot.close()
+                await self._replica_failed(block, node, exc, failures)
+
+    async def _replica_failed(self, block: _Block, node: dict, exc: BaseException,
+                              failures: list[str]) -> None:
+        self._dead.setdefault(block.id, set()).add(node.get("node_id"))
+        failures.append(f"{node.get('address')}: {exc or type(exc).__name__}")
+        if isinstance(exc, ChecksumError):
+            log.warning("%s: %s; reporting the replica on %s as corrupt", self.path, exc,
+                        _node_name(node))
+            self.reported_bad.append((block.id, node.get("node_id")))
+            try:
+                await self._client.rpc.call(
+                    "report_bad_blocks",
+                    {"blocks": [{"block": block.wire(), "node_id": node.get("node_id")}]},
+                    retry_seconds=min(5.0, self._client.config.rpc_retry_seconds))
+            except LeaseFSError as report_exc:
+                log.warning("%s: could not report bad block %s: %s", self.path, block.id,
+                            report_exc)
+        else:
+            log.info("%s: block %s from %s failed: %s; trying another replica", self.path,
+                     block.id, _node_name(node), exc)
+
+
+# =========================================================================== sync facades
+
+
+class OutputStream(io.RawIOBase):
+    """Blocking file-like facade of an ``AsyncOutputStream`` (``Client.create``).
+
+    ``flush`` is ``hflush``. Thread-safe: calls run one at a time on the client's trio thread.
+    """
+
+    def __init__(self, stream: AsyncOutputStream, call):
+        super().__init__()
+        self._stream = stream
+        self._call = call
+
+    path = property(lambda self: self._stream.path)
+    pos = property(lambda self: self._stream.pos)
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        if self.closed:
+            raise ValueError("write to closed file")
+        return self._call(self._stream.write, data)
+
+    def flush(self) -> None:
+        if not self._stream.closed and not self.closed:
+            self._call(self._stream.hflush)
+
+    hflush = flush
+
+    def hsync(self) -> None:
+        self._call(self._stream.hsync)
+
+    def tell(self) -> int:
+        return self._stream.pos
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            if not self._stream.closed:
+                self._call(self._stream.close)
+        finally:
+            super().close()
+
+    def abort(self) -> None:
+        """Give the file up without completing it (it stays open until lease recovery)."""
+        async def _abort():
+            self._stream.abort(PipelineError(f"{self._stream.path}: aborted by the writer"))
+        if not self._stream.closed:
+            self._call(_abort)
+        super().close()
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __del__(self):  # never do network I/O from a finalizer (it may run on any thread)
+        pass
+
+
+class InputStream(io.RawIOBase):
+    """Blocking ``io.RawIOBase`` facade of an ``AsyncInputStream`` (``Client.open``), so
+    ``io.BufferedReader(stream)`` works. Thread-safe."""
+
+    def __init__(self, stream: AsyncInputStream, call):
+        super().__init__()
+        self._stream = stream
+        self._call = call
+
+    path = property(lambda self: self._stream.path)
+    length = property(lambda self: self._stream.length)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self._call(self._stream.read, len(view))
+        view[:len(data)] = data
+        return len(data)
+
+    def read(self, size: int = -1) -> bytes:
+        if self.closed:
+            raise ValueError("read from closed file")
+        return self._call(self._stream.read, -1 if size is None else size)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def pread(self, offset: int, n: int) -> bytes:
+        return self._call(self._stream.pread, offset, n)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        async def _seek():
+            return int(self._stream.seek(offset, whence))
+        return self._call(_seek)
+
+    def tell(self) -> int:
+        return int(self._stream.tell())
+
+    def refresh(self) -> int:
+        return self._call(self._stream.refresh)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self._call(self._stream.close)
+        finally:
+            super().close()
+
+    def __del__(self):
+        pass
