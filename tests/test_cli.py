@@ -1,0 +1,423 @@
+"""The ``leasefs`` shell tools: parsing/formatting rules, then every command run as a real
+``python -m tools`` subprocess against a real cluster of subprocesses (``ProcessCluster``).
+
+What is checked is what a user sees: stdout text, the one-line error on stderr, exit status.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fs.client import FileStatus
+from tools import formatting as F
+from tools.common import error_line
+from fs.errors import DirectoryNotEmpty, FileNotFound
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------- pure rules
+
+def _status(**kw) -> FileStatus:
+    base = dict(name="f", path="/f", ino=5, type="file", mode=0o644, owner="alice",
+                group="staff", mtime_ns=1_700_000_000 * 10**9, atime_ns=1_700_000_000 * 10**9,
+                ctime_ns=0, length=0, replication=3, block_size=128 << 20, symlink=None,
+                under_construction=False, children=0)
+    base.update(kw)
+    return FileStatus(**base)
+
+
+def test_mode_string_matches_ls():
+    assert F.mode_string("dir", 0o755) == "drwxr-xr-x"
+    assert F.mode_string("file", 0o640) == "-rw-r-----"
+    assert F.mode_string("file", 0o000) == "----------"
+    assert F.mode_string("dir", 0o1777) == "drwxrwxrwt"
+    assert F.mode_string("dir", 0o1770) == "drwxrwx--T"
+    assert F.mode_string("symlink", 0o777) == "lrwxrwxrwx"
+    assert F.mode_string("file", 0o4755) == "-rwsr-xr-x"
+
+
+def test_sizes_human_and_parsed():
+    assert F.human_size(0) == "0"
+    assert F.human_size(1023) == "1023"
+    assert F.human_size(1024) == "1 K"
+    assert F.human_size(1536) == "1.5 K"
+    assert F.human_size(256 << 20) == "256 M"
+    assert F.human_size(3 * (1 << 30) + (1 << 29)) == "3.5 G"
+    assert F.parse_size("4096") == 4096
+    assert F.parse_size("64K") == 64 << 10
+    assert F.parse_size("256m") == 256 << 20
+    assert F.parse_size("1GiB") == 1 << 30
+    assert F.parse_size("1.5M") == 3 << 19
+    for bad in ("", "M", "12Q", "-1", "1 2"):
+        with pytest.raises(F.UsageError):
+            F.parse_size(bad)
+
+
+def test_modes_owners_settings_urls_parse_or_refuse():
+    assert F.parse_mode("755") == 0o755
+    assert F.parse_mode("0644") == 0o644
+    assert F.parse_mode("1777") == 0o1777
+    for bad in ("9z", "888", "u+x", "", "07777"):
+        with pytest.raises(F.UsageError, match="invalid mode"):
+            F.parse_mode(bad)
+    assert F.parse_owner("bob") == ("bob", None)
+    assert F.parse_owner("bob:dev") == ("bob", "dev")
+    assert F.parse_owner(":dev") == (None, "dev")
+    assert F.parse_owner("bob:") == ("bob", None)
+    for bad in (":", "", "bo b", "a:b c"):
+        with pytest.raises(F.UsageError):
+            F.parse_owner(bad)
+    assert F.parse_settings(["heartbeat_interval=0.2", "rpc-retry-seconds=1"]) == \
+        {"heartbeat_interval": "0.2", "rpc_retry_seconds": "1"}
+    with pytest.raises(F.UsageError, match="KEY=VALUE"):
+        F.parse_settings(["oops"])
+    assert F.split_file_url("file:///abs/x") == (True, "/abs/x")
+    assert F.split_file_url("file:rel/x") == (True, "rel/x")
+    assert F.split_file_url("/cluster/x") == (False, "/cluster/x")
+    with pytest.raises(F.UsageError):
+        F.split_file_url("file://host/x")
+
+
+def test_ls_long_lines_are_aligned_columns():
+    entries = [
+        _status(name="dir", type="dir", mode=0o755, length=0, replication=0),
+        _status(name="big.bin", length=123456789, replication=3),
+        _status(name="s", length=7, replication=1, owner="bob", group="g"),
+        _status(name="ln", type="symlink", mode=0o777, symlink="/target"),
+    ]
+    lines = F.ls_long_lines(entries)
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(1_700_000_000))
+    assert lines[0] == f"drwxr-xr-x - alice staff         0 {when} dir"
+    assert lines[1] == f"-rw-r--r-- 3 alice staff 123456789 {when} big.bin"
+    assert lines[2] == f"-rw-r--r-- 1 bob   g             7 {when} s"
+    assert lines[3].startswith("lrwxrwxrwx") and lines[3].endswith("ln -> /target")
+    human = F.ls_long_lines(entries[1:2], human=True)
+    assert human == [f"-rw-r--r-- 3 alice staff 117.7 M {when} big.bin"]
+    assert F.ls_long_lines([]) == []
+
+
+def test_stat_format_codes_and_fields():
+    st = _status(name="a.txt", path="/d/a.txt", length=2048, mode=0o600, ino=42)
+    out = F.stat_format("%n|%N|%F|%a|%A|%u:%g|%b|%r|%o|%i|%Y|%%", st)
+    assert out == "a.txt|/d/a.txt|regular file|600|-rw-------|alice:staff|2048|3|134217728|42|" \
+                  "1700000000000|%"
+    with pytest.raises(F.UsageError, match="unknown code"):
+        F.stat_format("%q", st)
+    fields = dict(F.status_fields(st))
+    assert fields["mode"] == "0600 (-rw-------)"
+    assert fields["length"] == "2048 (2 K)"
+    assert fields["ino"] == "42" and fields["path"] == "/d/a.txt"
+    assert "children" not in fields and "symlink" not in fields
+
+
+def test_table_and_error_line():
+    lines = F.format_table(["name", "n"], [["a", 1], ["long-name", 22]])
+    assert lines == ["name        n", "---------  --", "a           1", "long-name  22"]
+    assert error_line("cat", "/x", FileNotFound("/x: no such file or directory")) == \
+        "leasefs cat: /x: no such file or directory"
+    assert error_line("rm", "/d", DirectoryNotEmpty("directory not empty")) == \
+        "leasefs rm: /d: directory not empty"
+    assert error_line("put", None, FileNotFoundError(2, "No such file or directory", "l.txt")) \
+        == "leasefs put: l.txt: No such file or directory"
+
+
+# --------------------------------------------------------------------------- subprocess runs
+
+def leasefs(*args, env=None, input=None, timeout=60, cwd=None):
+    """Run ``python -m tools ARGS`` and return the CompletedProcess (bytes)."""
+    return subprocess.run([sys.executable, "-m", "tools", *map(str, args)], env=env,
+                          input=input, capture_output=True, timeout=timeout, cwd=cwd)
+
+
+def check_ok(proc):
+    assert proc.returncode == 0, (proc.returncode, proc.stderr.decode(errors="replace"))
+    return proc.stdout.decode()
+
+
+def check_fails(proc, *fragments, status=1):
+    """Exit ``status`` and exactly one stderr line (no traceback) containing ``fragments``."""
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == status, (proc.returncode, err)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def test_usage_errors_exit_2_without_a_cluster(tmp_path):
+    env = {**os.environ, "LEASEFS_HOME": str(tmp_path), "LEASEFS_META": "127.0.0.1:1"}
+    check_fails(leasefs("ls", "--bogus", env=env), "leasefs ls:", "--bogus", status=2)
+    check_fails(leasefs("chmod", "8x", "/a", env=env), "leasefs chmod:", "invalid mode", status=2)
+    check_fails(leasefs("chown", "a b", "/a", env=env), "leasefs chown:", "invalid owner", status=2)
+    check_fails(leasefs("setrep", "zero", "/a", env=env), "leasefs setrep:", "replication",
+                status=2)
+    check_fails(leasefs("ls", "--set", "no_such_setting=1", "/", env=env), "no_such_setting",
+                status=2)
+    check_fails(leasefs("cp", "file:a", "file:b", env=env), "both local", status=2)
+    check_fails(leasefs("cluster", env=env), "leasefs cluster", status=2)
+
+
+def test_unreachable_cluster_is_one_clean_line(tmp_path):
+    env = {**os.environ, "LEASEFS_HOME": str(tmp_path)}
+    env.pop("LEASEFS_META", None)
+    started = time.monotonic()
+    proc = leasefs("ls", "--meta", "127.0.0.1:1", "--set", "rpc_retry_seconds=1", "/a", "/b",
+                   env=env)
+    line = check_fails(proc, "leasefs ls:", "127.0.0.1:1")
+    assert "cluster" in line  # points at the likely cause
+    assert time.monotonic() - started < 20  # one retry budget, not one per path
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from harness import ProcessCluster
+
+    base = tmp_path_factory.mktemp("cli-cluster")
+    c = ProcessCluster(base, n_storage=3, settings={"block_size": 1 << 20}).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def env(cluster):
+    return cluster.env
+
+
+def test_mkdir_ls_and_ls_long(cluster, env):
+    check_ok(leasefs("mkdir", "-p", "/cli/ls/sub/deeper", env=env))
+    check_ok(leasefs("put", "-", "/cli/ls/hello.txt", env=env, input=b"hello world\n"))
+    assert check_ok(leasefs("ls", "/cli/ls", env=env)).splitlines() == ["hello.txt", "sub"]
+    long = check_ok(leasefs("ls", "-l", "/cli/ls", env=env)).splitlines()
+    assert len(long) == 2
+    assert re.match(r"^-rw-r--r-- \d+ \S+ \S+ +12 \d{4}-\d\d-\d\d \d\d:\d\d hello\.txt$", long[0]), long
+    assert re.match(r"^drwxr-xr-x - \S+ \S+ +0 \d{4}-\d\d-\d\d \d\d:\d\d sub$", long[1]), long
+    assert long[0].index(" 12 ") < long[0].index("hello") and len(long[0].split()[4]) == 2
+    rec = check_ok(leasefs("ls", "-R", "/cli/ls", env=env)).splitlines()
+    assert rec == ["/cli/ls/hello.txt", "/cli/ls/sub", "/cli/ls/sub/deeper"]
+    # a file argument lists itself; relative and sloppy paths are normalised
+    assert check_ok(leasefs("ls", "cli//ls/./sub/../hello.txt", env=env)).strip() == \
+        "/cli/ls/hello.txt"
+    check_fails(leasefs("ls", "/cli/nope", env=env), "leasefs ls: /cli/nope:")
+    # mkdir without -p: missing parent and existing target are errors
+    check_fails(leasefs("mkdir", "/cli/ls/a/b", env=env), "leasefs mkdir: /cli/ls/a/b:", "-p")
+    check_fails(leasefs("mkdir", "/cli/ls/sub", env=env), "leasefs mkdir: /cli/ls/sub:", "exists")
+    check_ok(leasefs("mkdir", "/cli/ls/a", env=env))
+    check_fails(leasefs("mkdir", "-p", "/cli/ls/hello.txt/x", env=env), "leasefs mkdir:")
+
+
+def test_stat_cat_tail_touch(cluster, env):
+    check_ok(leasefs("put", "-", "/cli/st/data.txt", env=env, input=b"0123456789" * 10))
+    out = check_ok(leasefs("stat", "/cli/st/data.txt", env=env))
+    fields = dict(line.split(":", 1) for line in out.splitlines())
+    assert fields["type"].strip() == "file"
+    assert fields["length"].strip() == "100"
+    assert fields["path"].strip() == "/cli/st/data.txt"
+    assert fields["mode"].strip() == "0644 (-rw-r--r--)"
+    for name in ("ino", "owner", "group", "replication", "block_size", "mtime_ns", "atime_ns"):
+        assert name in fields
+    assert check_ok(leasefs("stat", "--format", "%n %b %F %a", "/cli/st/data.txt", env=env)) \
+        == "data.txt 100 regular file 644\n"
+    assert check_ok(leasefs("cat", "/cli/st/data.txt", "/cli/st/data.txt", env=env)) == \
+        "0123456789" * 20
+    assert check_ok(leasefs("tail", "-c", "15", "/cli/st/data.txt", env=env)) == "567890123456789"
+    check_fails(leasefs("cat", "/cli/st/missing", env=env), "leasefs cat: /cli/st/missing:")
+    check_fails(leasefs("cat", "/cli/st", env=env), "leasefs cat: /cli/st:", "directory")
+    check_fails(leasefs("tail", "/cli/st/missing", env=env), "leasefs tail: /cli/st/missing:")
+    # touch: creates an empty file, then moves mtime forward
+    check_ok(leasefs("touch", "/cli/st/empty", env=env))
+    before = int(check_ok(leasefs("stat", "--format", "%Y %b", "/cli/st/empty", env=env)).split()[0])
+    time.sleep(0.05)
+    check_ok(leasefs("touch", "/cli/st/empty", env=env))
+    after, length = check_ok(leasefs("stat", "--format", "%Y %b", "/cli/st/empty", env=env)).split()
+    assert int(after) > before and length == "0"
+    check_fails(leasefs("touch", "/cli/st/no/such/dir/f", env=env), "leasefs touch:")
+
+
+def _tree(root: Path) -> dict:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        out[rel + "/"] = None
+        for name in filenames:
+            data = (Path(dirpath) / name).read_bytes()
+            out[os.path.join(rel, name)] = hashlib.sha256(data).hexdigest()
+    return out
+
+
+def test_put_get_tree_round_trip_byte_identical(cluster, env, tmp_path):
+    src = tmp_path / "src"
+    (src / "a" / "b").mkdir(parents=True)
+    (src / "empty-dir").mkdir()
+    (src / "top.txt").write_bytes(b"top\n")
+    (src / "a" / "zero").write_bytes(b"")
+    (src / "a" / "b" / "big.bin").write_bytes(os.urandom(2_500_000))  # > 2 blocks of 1 MiB
+    (src / "a" / "b" / "exact").write_bytes(os.urandom(1 << 20))
+    check_ok(leasefs("mkdir", "-p", "/cli/rt", env=env))
+    check_ok(leasefs("put", src, "/cli/rt", env=env))
+    listing = check_ok(leasefs("ls", "-R", "/cli/rt/src", env=env)).splitlines()
+    assert "/cli/rt/src/a/b/big.bin" in listing and "/cli/rt/src/empty-dir" in listing
+    assert not any("_COPYING_" in line for line in listing)
+    dst = tmp_path / "back"
+    dst.mkdir()
+    check_ok(leasefs("get", "/cli/rt/src", dst, env=env))
+    assert _tree(dst / "src") == _tree(src)
+    # again without -f: clash reported, nothing overwritten; with -f it works
+    check_fails(leasefs("put", src / "top.txt", "/cli/rt/src", env=env),
+                "leasefs put: /cli/rt/src/top.txt:", "exists")
+    (src / "top.txt").write_bytes(b"changed\n")
+    check_ok(leasefs("put", "-f", src / "top.txt", "/cli/rt/src/top.txt", env=env))
+    assert check_ok(leasefs("cat", "/cli/rt/src/top.txt", env=env)) == "changed\n"
+    check_fails(leasefs("get", "/cli/rt/src/top.txt", dst / "src", env=env),
+                "leasefs get:", "exists")
+    check_ok(leasefs("get", "-f", "/cli/rt/src/top.txt", dst / "src", env=env))
+    assert (dst / "src" / "top.txt").read_bytes() == b"changed\n"
+    check_fails(leasefs("put", tmp_path / "no-such-file", "/cli/rt", env=env), "leasefs put:",
+                "no-such-file")
+    # the target's folder must exist (on either side)
+    check_fails(leasefs("put", src / "top.txt", "/cli/rt/nope/top.txt", env=env),
+                "leasefs put: /cli/rt/nope/top.txt:", "parent directory /cli/rt/nope")
+    check_fails(leasefs("get", "/cli/rt/src/top.txt", tmp_path / "nope" / "x", env=env),
+                "leasefs get:", "parent directory")
+    check_fails(leasefs("ls", "/cli/rt/nope", env=env), "leasefs ls: /cli/rt/nope:")
+    # several sources need a directory target
+    check_fails(leasefs("put", src / "top.txt", src / "a", "/cli/rt/src/top.txt", env=env),
+                "leasefs put: /cli/rt/src/top.txt:", "directory")
+
+
+def test_cp_mv_rm(cluster, env, tmp_path):
+    check_ok(leasefs("mkdir", "-p", "/cli/cp/dir", env=env))
+    check_ok(leasefs("put", "-", "/cli/cp/one", env=env, input=b"one"))
+    # cluster -> cluster, file and directory
+    check_ok(leasefs("cp", "/cli/cp/one", "/cli/cp/dir", env=env))
+    check_ok(leasefs("cp", "/cli/cp/dir", "/cli/cp/dir2", env=env))
+    assert check_ok(leasefs("cat", "/cli/cp/dir2/one", env=env)) == "one"
+    check_fails(leasefs("cp", "/cli/cp/dir", "/cli/cp/dir/inside", env=env), "into itself")
+    # local <-> cluster with file: URLs
+    local = tmp_path / "l.txt"
+    local.write_bytes(b"local bytes")
+    check_ok(leasefs("cp", f"file://{local}", "/cli/cp/from-local", env=env))
+    assert check_ok(leasefs("cat", "/cli/cp/from-local", env=env)) == "local bytes"
+    check_ok(leasefs("cp", "/cli/cp/one", "file:copied.txt", env=env, cwd=tmp_path))
+    assert (tmp_path / "copied.txt").read_bytes() == b"one"
+    # mv: rename, into a directory, several sources
+    check_ok(leasefs("mv", "/cli/cp/from-local", "/cli/cp/renamed", env=env))
+    check_ok(leasefs("mkdir", "/cli/cp/moved", env=env))
+    check_ok(leasefs("mv", "/cli/cp/renamed", "/cli/cp/one", "/cli/cp/moved", env=env))
+    assert check_ok(leasefs("ls", "/cli/cp/moved", env=env)).split() == ["one", "renamed"]
+    check_fails(leasefs("mv", "/cli/cp/moved/one", "/cli/cp/dir", env=env),
+                "leasefs mv: /cli/cp/moved/one:")  # dir/one exists and no -f
+    check_fails(leasefs("mv", "/cli/cp/nothing", "/cli/cp/x", env=env), "leasefs mv: /cli/cp/nothing:")
+    # rm: non-empty dir needs -r; -f ignores missing; missing without -f fails
+    check_fails(leasefs("rm", "/cli/cp/dir2", env=env), "leasefs rm: /cli/cp/dir2:", "-r")
+    check_ok(leasefs("rm", "-r", "/cli/cp/dir2", env=env))
+    check_fails(leasefs("rm", "/cli/cp/dir2", env=env), "leasefs rm: /cli/cp/dir2:")
+    check_ok(leasefs("rm", "-f", "/cli/cp/dir2", env=env))
+    assert check_ok(leasefs("ls", "/cli/cp", env=env)).split() == ["dir", "moved"]
+
+
+def test_chmod_chown_setrep_du_df_report_safemode(cluster, env):
+    check_ok(leasefs("mkdir", "-p", "/cli/attr/sub", env=env))
+    check_ok(leasefs("put", "-", "/cli/attr/sub/f", env=env, input=b"x" * 3000))
+    check_ok(leasefs("chmod", "-R", "700", "/cli/attr", env=env))
+    assert check_ok(leasefs("stat", "--format", "%a", "/cli/attr/sub/f", env=env)) == "700\n"
+    assert check_ok(leasefs("stat", "--format", "%A", "/cli/attr", env=env)) == "drwx------\n"
+    check_fails(leasefs("chmod", "755", "/cli/attr/none", env=env), "leasefs chmod: /cli/attr/none:")
+    check_ok(leasefs("chown", "-R", "carol:eng", "/cli/attr", env=env))
+    assert check_ok(leasefs("stat", "--format", "%u %g", "/cli/attr/sub/f", env=env)) == "carol eng\n"
+    check_ok(leasefs("chown", ":ops", "/cli/attr/sub/f", env=env))
+    assert check_ok(leasefs("stat", "--format", "%u %g", "/cli/attr/sub/f", env=env)) == "carol ops\n"
+    out = check_ok(leasefs("setrep", "2", "/cli/attr", env=env))
+    assert out.strip() == "Replication 2 set: /cli/attr/sub/f"
+    assert check_ok(leasefs("stat", "--format", "%r", "/cli/attr/sub/f", env=env)) == "2\n"
+    du = check_ok(leasefs("du", "-s", "/cli/attr", env=env)).split()
+    assert du == ["3000", "6000", "/cli/attr"]
+    du_h = check_ok(leasefs("du", "/cli/attr", env=env)).split()
+    assert du_h == ["3000", "6000", "/cli/attr/sub"]
+    df = check_ok(leasefs("df", "-h", env=env)).splitlines()
+    assert df[0].split() == ["Filesystem", "Size", "Used", "Available", "Use%"]
+    assert df[2].startswith(f"leasefs://{cluster.meta_address}")
+    report = check_ok(leasefs("report", env=env))
+    assert "Live block servers (3):" in report and "Safe mode: OFF" in report
+    assert check_ok(leasefs("safemode", "get", env=env)).strip() == "Safe mode is OFF"
+    assert check_ok(leasefs("safemode", "enter", env=env)).startswith("Safe mode is ON")
+    try:
+        check_fails(leasefs("mkdir", "/cli/attr/blocked", env=env), "leasefs mkdir: /cli/attr/blocked:")
+    finally:
+        assert check_ok(leasefs("safemode", "leave", env=env)).strip() == "Safe mode is OFF"
+    check_ok(leasefs("mkdir", "/cli/attr/blocked", env=env))
+
+
+def test_bench_runs_against_the_cluster(cluster, env):
+    out = check_ok(leasefs("bench", "write", "--size", "3M", "--replication", "1,2", "--json",
+                           "--quiet", env=env))
+    result = json.loads(out)
+    names = [row["name"] for row in result["results"]]
+    assert names == ["leasefs write r=1", "leasefs write r=2", "local disk write+fsync",
+                     "loopback TCP"]
+    assert result["size"] == 3 << 20
+    assert all(row["mbps"] > 0 and row["seconds"] > 0 for row in result["results"])
+    disk = result["results"][2]
+    assert set(disk["ratios"]) == {"leasefs write r=1", "leasefs write r=2"}
+    text = check_ok(leasefs("bench", "read", "--size", "2M", "--replication", "1", env=env))
+    assert "leasefs read r=1" in text and "local disk read" in text and "loopback TCP" in text
+    meta = json.loads(check_ok(leasefs("bench", "meta", "--clients", "3", "--ops", "4",
+                                       "--json", "--quiet", env=env)))
+    ops = meta["results"]["leasefs"]
+    assert list(ops) == ["create", "mkdirs", "getFileInfo", "open", "listStatus", "rename",
+                         "delete"]
+    assert all(v["ops"] == 12 and v["ops_per_s"] > 0 and v["p99_ms"] >= v["p50_ms"] > 0
+               for v in ops.values())
+    contended = json.loads(check_ok(leasefs("bench", "meta", "--clients", "2", "--ops", "3",
+                                            "--contended", "--json", "--quiet", env=env)))
+    assert contended["contended"] and contended["results"]["leasefs"]["delete"]["ops"] == 6
+    # bench files are cleaned up
+    check_fails(leasefs("ls", "/.leasefs-bench/x", env=env), "leasefs ls:")
+    assert check_ok(leasefs("ls", "/.leasefs-bench", env=env)).strip() == ""
+
+
+def test_bench_moosefs_missing_script_is_clean(cluster, env, tmp_path):
+    env = {**env, "MFS_BASE": str(tmp_path / "no-peer")}
+    check_fails(leasefs("bench", "meta", "--clients", "1", "--ops", "1", "--moosefs",
+                        "--moosefs-script", tmp_path / "none.sh", "--quiet", env=env),
+                "none.sh", "not found", status=2)
+
+
+def test_check_journal_reports_ok_and_corruption(cluster, tmp_path):
+    import shutil
+    journal = tmp_path / "copy" / "journal"
+    shutil.copytree(cluster.meta_dir() / "journal", journal)
+    ok = leasefs("meta", "--check-journal", tmp_path / "copy")
+    out = check_ok(ok)
+    assert re.search(r"^OK: \d+ records, txids 1\.\.\d+$", out, re.M), out
+    segment = sorted(journal.iterdir())[0]
+    data = bytearray(segment.read_bytes())
+    data[12] ^= 0xFF  # inside the first record's body: a bad record followed by good ones
+    segment.write_bytes(bytes(data))
+    line = check_fails(leasefs("meta", "--check-journal", journal), "CORRUPT", segment.name)
+    assert "offset" in line
+
+
+def test_readme_starts_with_make_and_has_current_settings_table():
+    from tools.docgen import replace_table
+
+    readme = (REPO / "README.md").read_text()
+    head = readme.splitlines()[:6]
+    assert any(line.startswith("make up") for line in head)
+    assert any(line.startswith("make test") for line in head)
+    assert replace_table(readme) == readme, \
+        "settings table is stale: run 'leasefs settings --update-readme README.md'"
+    assert "## Measured figures" in readme

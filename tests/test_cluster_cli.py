@@ -1,0 +1,175 @@
+"""``leasefs cluster up|status|down``: the embedded cluster as real detached processes in a
+temporary home, found by the shell tools through ``LEASEFS_HOME`` with no flags."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tools.cluster import is_ours, process_state
+
+FAST = ["--set", "heartbeat_interval=0.1", "--set", "dead_node_interval=3",
+        "--set", "safemode_extension=0", "--set", "lease_monitor_period=0.2"]
+
+
+def leasefs(*args, env, timeout=120):
+    return subprocess.run([sys.executable, "-m", "tools", *map(str, args)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def alive(pid: int) -> bool:
+    return process_state(pid) not in (None, "Z", "X")
+
+
+def recorded_pids(home) -> dict:
+    state = json.loads((home / "cluster.json").read_text())
+    pids = {"meta": state["meta"]["pid"]}
+    for i, entry in enumerate(state["storage"]):
+        pids[f"storage{i}"] = entry["pid"]
+    return pids
+
+
+@pytest.fixture
+def home(tmp_path):
+    home = tmp_path / "home"
+    yield home
+    # never leak servers, whatever the test did
+    try:
+        pids = recorded_pids(home)
+    except (OSError, ValueError, KeyError):
+        return
+    for name, pid in pids.items():
+        data = home / ("meta" if name == "meta" else name)
+        if pid and is_ours(pid, "meta" if name == "meta" else "storage", str(data)):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_up_idempotent_status_shell_restart_down(home):
+    env = {**os.environ, "LEASEFS_HOME": str(home)}
+    env.pop("LEASEFS_META", None)
+    up = leasefs("cluster", "up", "--storage", "2", "--port", "0", "--storage-port", "0",
+                 "--timeout", "60", *FAST, env=env)
+    assert up.returncode == 0, up.stderr + up.stdout
+    assert "is up at 127.0.0.1:" in up.stdout
+    state = json.loads((home / "cluster.json").read_text())
+    address = state["meta_address"]
+    assert address in up.stdout and state["meta"]["port"] != 8020
+    pids = recorded_pids(home)
+    assert len(pids) == 3 and all(alive(p) for p in pids.values())
+    assert (home / "run" / "meta.pid").read_text().strip() == str(pids["meta"])
+    for name in ("meta", "storage0", "storage1"):
+        assert (home / "logs" / f"{name}.log").stat().st_size > 0
+        assert (home / name).is_dir()
+    assert state["settings"]["replication"] == 2  # default min(3, storage)
+
+    again = leasefs("cluster", "up", *FAST, env=env)
+    assert again.returncode == 0, again.stderr
+    assert "already up" in again.stdout
+    assert recorded_pids(home) == pids
+
+    status = leasefs("cluster", "status", env=env)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert address in status.stdout and "live block servers: 2" in status.stdout
+    assert status.stdout.count("running") == 3
+
+    # shell tools find the cluster through <home>/cluster.json with no flags at all
+    assert leasefs("mkdir", "-p", "/from-home/x", env=env).returncode == 0
+    ls = leasefs("ls", "/from-home", env=env)
+    assert ls.returncode == 0 and ls.stdout.split() == ["x"], ls.stderr
+
+    # half-dead: a block server dies; status says so, up restarts exactly that one
+    os.kill(pids["storage1"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while alive(pids["storage1"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    degraded = leasefs("cluster", "status", env=env)
+    assert degraded.returncode == 1 and "stopped" in degraded.stdout, degraded.stdout
+    fix = leasefs("cluster", "up", "--timeout", "60", env=env)
+    assert fix.returncode == 0, fix.stderr + fix.stdout
+    assert "restarted: storage1" in fix.stdout
+    new_pids = recorded_pids(home)
+    assert new_pids["meta"] == pids["meta"] and new_pids["storage0"] == pids["storage0"]
+    assert new_pids["storage1"] != pids["storage1"] and alive(new_pids["storage1"])
+    assert json.loads((home / "cluster.json").read_text())["meta_address"] == address
+    assert leasefs("ls", "/from-home", env=env).stdout.split() == ["x"]
+
+    # a bystander process is never touched by down
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        down = leasefs("cluster", "down", env=env)
+        assert down.returncode == 0, down.stderr
+        for name, pid in new_pids.items():
+            assert f"{name} (pid {pid})" in down.stdout
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in new_pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(p) for p in new_pids.values())
+        assert bystander.poll() is None
+        assert not (home / "run" / "meta.pid").exists()
+        assert (home / "meta").is_dir()  # data kept
+        stopped = leasefs("cluster", "status", env=env)
+        assert stopped.returncode == 3 and "down" in stopped.stdout
+
+        # a recorded pid that now belongs to someone else (pid reuse) is left alone
+        state = json.loads((home / "cluster.json").read_text())
+        state["meta"]["pid"] = bystander.pid
+        (home / "cluster.json").write_text(json.dumps(state))
+        again = leasefs("cluster", "down", env=env)
+        assert again.returncode == 0
+        assert "left alone" in again.stderr and bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_mount_flag_reserved_and_startup_failure_points_at_log(home):
+    env = {**os.environ, "LEASEFS_HOME": str(home)}
+    env.pop("LEASEFS_META", None)
+    with socket.socket() as taken:  # the metadata port is in use: the server cannot start
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        bad = leasefs("cluster", "up", "--storage", "1", "--port", port, "--storage-port", "0",
+                      "--mount", home / "mnt", "--timeout", "30", *FAST, env=env)
+    assert "not built yet" in bad.stderr
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    first = [line for line in bad.stderr.splitlines() if line.startswith("leasefs cluster up: meta")]
+    assert first and str(home / "logs" / "meta.log") in first[0], bad.stderr
+    assert "Traceback" not in first[0]
+    assert leasefs("cluster", "down", env=env).returncode == 0
+
+
+@pytest.mark.parametrize("role", ["meta", "storage"])
+def test_server_writes_address_file_and_exits_0_on_sigterm(tmp_path, role):
+    addr = tmp_path / "run" / f"{role}.addr"
+    argv = [sys.executable, "-m", "tools", role, "--data", str(tmp_path / "data"), "--port", "0",
+            "--address-file", str(addr), *FAST]
+    if role == "storage":
+        argv += ["--meta", "127.0.0.1:1"]  # no metadata server: it keeps retrying, still serves
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not addr.exists():
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        host, port = addr.read_text().strip().rsplit(":", 1)
+        assert host == "127.0.0.1"
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass  # it really listens there
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert "Traceback" not in proc.stdout.read()
+        assert not addr.exists()  # a stopped server's address is not left behind
+        assert not list(addr.parent.glob("*.tmp"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,580 @@
+"""``leasefs bench write|read|meta``: throughput and metadata benchmarks against the running
+cluster, with same-run baselines so a number means something on this machine.
+
+Why: a bare "120 MB/s" says nothing on a 2-core VM shared with other work. Every data run
+therefore also measures, with the same bytes in the same run, the local disk (write + fsync
+a temp file on the filesystem of the cluster home; read it back) and raw loopback TCP (a trio
+socket pair), and prints leasefs/baseline ratios. ``--moosefs`` adds the same workload on a
+MooseFS peer (started by ``../shared/peers/moosefs-up.sh`` if it is not mounted, stopped
+again only if we started it) through plain file I/O on its FUSE mount.
+
+``meta`` runs N concurrent ``AsyncClient``s (one lease holder and one RPC connection each)
+doing create, mkdirs, getFileInfo, open (getBlockLocations), listStatus, rename and delete,
+each in its own folder unless ``--contended``, and reports ops/s and p50/p99 latency per op.
+
+Concurrency contract: a CLI process; the meta benchmark runs one ``trio.run`` with one task
+per client; the MooseFS meta workload uses one OS thread per client (plain blocking file
+I/O, the GIL is released in the syscalls). Progress lines go to stderr, results to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack
+
+import trio
+
+from fs.config import default_home
+
+from .common import Command
+from .daemons import unwrap
+from .formatting import UsageError, format_table, human_size, parse_size
+from .progress import StatusLine
+
+log = logging.getLogger(__name__)
+
+CHUNK = 8 << 20
+META_OPS = ("create", "mkdirs", "getFileInfo", "open", "listStatus", "rename", "delete")
+MB = 1_000_000
+
+
+# --------------------------------------------------------------------------- helpers
+
+def percentile(values, q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
+    return ordered[rank - 1]
+
+
+def payload(size: int = CHUNK) -> bytes:
+    """One chunk of incompressible bytes, reused for every write (the content is irrelevant,
+    only that no layer can compress it)."""
+    return os.urandom(size)
+
+
+def size_label(n: int) -> str:
+    """``64 MiB``: binary units spelled out, since the rates are decimal MB/s."""
+    text = human_size(n)
+    return text + "iB" if text[-1].isalpha() else text + " B"
+
+
+def mbps(nbytes: int, seconds: float) -> float:
+    return nbytes / MB / seconds if seconds > 0 else float("inf")
+
+
+def _parse_replications(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise UsageError(f"--replication {text!r}: expected positive integers like 1, 3 or 1,3")
+    return values
+
+
+def baseline_dir(home: str | None) -> str:
+    """An existing folder on the filesystem that holds the cluster home."""
+    path = os.path.abspath(home or default_home())
+    while not os.path.isdir(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+# --------------------------------------------------------------------------- baselines
+
+def local_disk_write(directory: str, size: int, data: bytes) -> tuple[float, str]:
+    """Seconds to write ``size`` bytes and fsync them into a temp file in ``directory``."""
+    fd, path = tempfile.mkstemp(prefix=".leasefs-bench-", dir=directory)
+    try:
+        start = time.perf_counter()
+        left = size
+        while left > 0:
+            n = min(left, len(data))
+            written = os.write(fd, data[:n] if n < len(data) else data)
+            left -= written
+        os.fsync(fd)
+        elapsed = time.perf_counter() - start
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    os.close(fd)
+    return elapsed, path
+
+
+def local_disk_read(path: str) -> tuple[float, int]:
+    start = time.perf_counter()
+    total = 0
+    with open(path, "rb", buffering=0) as fh:
+        while True:
+            data = fh.read(CHUNK)
+            if not data:
+                break
+            total += len(data)
+    return time.perf_counter() - start, total
+
+
+async def _loopback(size: int, data: bytes) -> float:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    received = trio.Event()
+
+    async def sink(stream):
+        got = 0
+        while got < size:
+            chunk = await stream.receive_some(1 << 20)
+            if not chunk:
+                break
+            got += len(chunk)
+        received.set()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, sink, listeners)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        view = memoryview(data)[: 1 << 20]
+        start = time.perf_counter()
+        left = size
+        async with stream:
+            while left > 0:
+                piece = view[: min(left, len(view))]
+                await stream.send_all(piece)
+                left -= len(piece)
+            await received.wait()
+        elapsed = time.perf_counter() - start
+        nursery.cancel_scope.cancel()
+    return elapsed
+
+
+def loopback_tcp(size: int, data: bytes) -> float:
+    """Seconds to move ``size`` bytes over one loopback TCP connection (trio both ends)."""
+    return trio.run(_loopback, size, data)
+
+
+# --------------------------------------------------------------------------- MooseFS peer
+
+class MooseFSPeer:
+    """The loopback MooseFS peer: its mount, started by us only if it was not up."""
+
+    def __init__(self, script: str | None, status: StatusLine):
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.up_script = os.path.abspath(script or os.path.join(repo, "..", "shared", "peers",
+                                                                "moosefs-up.sh"))
+        self.down_script = os.path.join(os.path.dirname(self.up_script), "moosefs-down.sh")
+        self.mount = os.path.join(os.environ.get("MFS_BASE", "/tmp/moosefs-peer"), "mnt")
+        self.started_by_us = False
+        self.status = status
+
+    def mounted(self) -> bool:
+        return os.path.ismount(self.mount) and os.path.isdir(os.path.join(self.mount, "g1"))
+
+    def ensure_up(self) -> None:
+        if self.mounted():
+            self.status(f"MooseFS peer already mounted at {self.mount}")
+            return
+        if not os.path.isfile(self.up_script):
+            raise UsageError(f"--moosefs: {self.up_script} not found (use --moosefs-script PATH)")
+        self.status(f"starting the MooseFS peer: {self.up_script}")
+        proc = subprocess.run(["bash", self.up_script], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0 or not self.mounted():
+            tail = "\n".join(proc.stdout.splitlines()[-10:])
+            raise RuntimeError(f"moosefs-up.sh failed (exit {proc.returncode}):\n{tail}")
+        self.started_by_us = True
+
+    def stop_if_ours(self) -> None:
+        if self.started_by_us and os.path.isfile(self.down_script):
+            self.status("stopping the MooseFS peer we started")
+            subprocess.run(["bash", self.down_script], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.STDOUT)
+
+    def folder(self, replication: int) -> str | None:
+        path = os.path.join(self.mount, f"g{replication}")
+        return path if os.path.isdir(path) else None
+
+
+def moosefs_write(folder: str, size: int, data: bytes) -> tuple[float, str]:
+    path = os.path.join(folder, f"leasefs-bench-{os.getpid()}")
+    start = time.perf_counter()
+    with open(path, "wb", buffering=0) as fh:
+        left = size
+        while left > 0:
+            n = min(left, len(data))
+            fh.write(data if n == len(data) else data[:n])
+            left -= n
+    return time.perf_counter() - start, path
+
+
+# --------------------------------------------------------------------------- write / read
+
+def _leasefs_write(client, path: str, size: int, data: bytes, replication: int,
+                   block_size: int | None, status: StatusLine) -> float:
+    start = time.perf_counter()
+    last_report = start
+    with client.create(path, overwrite=True, replication=replication,
+                       block_size=block_size) as out:
+        left = size
+        while left > 0:
+            n = min(left, len(data))
+            out.write(data if n == len(data) else data[:n])
+            left -= n
+            now = time.perf_counter()
+            if now - last_report > 2.0:
+                status(f"  wrote {size_label(size - left)} of {size_label(size)}")
+                last_report = now
+    return time.perf_counter() - start
+
+
+def _leasefs_read(client, path: str) -> tuple[float, int]:
+    start = time.perf_counter()
+    total = 0
+    with client.open(path) as reader:
+        while True:
+            data = reader.read(CHUNK)
+            if not data:
+                break
+            total += len(data)
+    return time.perf_counter() - start, total
+
+
+def run_data_bench(cmd: Command) -> int:
+    a = cmd.args
+    kind = a.kind
+    size = parse_size(a.size)
+    if size <= 0:
+        raise UsageError("--size must be positive")
+    replications = _parse_replications(a.replication)
+    block_size = parse_size(a.block_size) if a.block_size else None
+    status = StatusLine(enabled=not a.quiet)
+    client = cmd.client
+    folder = f"{a.dir.rstrip('/')}/{os.getpid()}"
+    data = payload(min(CHUNK, size))
+    rows = []  # dicts: name, seconds, mbps, compare_to (name of the leasefs row)
+    peer = MooseFSPeer(a.moosefs_script, status) if a.moosefs else None
+    tmp_path = None
+    status(f"bench {kind}: {size_label(size)}, replication {','.join(map(str, replications))}"
+           f", cluster {cmd.meta_address}")
+    try:
+        if peer:
+            peer.ensure_up()
+        client.mkdirs(folder)
+        for r in replications:
+            path = f"{folder}/data-r{r}"
+            status(f"leasefs write, replication {r} ...")
+            seconds = _leasefs_write(client, path, size, data, r, block_size, status)
+            if kind == "write":
+                rows.append({"name": f"leasefs write r={r}", "seconds": seconds,
+                             "mbps": mbps(size, seconds), "leasefs": True, "replication": r})
+            else:
+                status(f"leasefs read, replication {r} ...")
+                seconds, got = _leasefs_read(client, path)
+                if got != size:
+                    raise RuntimeError(f"{path}: read {got} bytes, expected {size}")
+                rows.append({"name": f"leasefs read r={r}", "seconds": seconds,
+                             "mbps": mbps(size, seconds), "leasefs": True, "replication": r})
+            if not a.keep:
+                client.delete(path)
+        status("baseline: local disk write + fsync ...")
+        seconds, tmp_path = local_disk_write(baseline_dir(a.home), size, data)
+        if kind == "write":
+            rows.append({"name": "local disk write+fsync", "seconds": seconds,
+                         "mbps": mbps(size, seconds)})
+        else:
+            status("baseline: local disk read ...")
+            seconds, _ = local_disk_read(tmp_path)
+            rows.append({"name": "local disk read (page cache warm)", "seconds": seconds,
+                         "mbps": mbps(size, seconds)})
+        status("baseline: loopback TCP (trio) ...")
+        seconds = loopback_tcp(size, data)
+        rows.append({"name": "loopback TCP", "seconds": seconds, "mbps": mbps(size, seconds)})
+        if peer:
+            for r in replications:
+                mfs_folder = peer.folder(r)
+                if mfs_folder is None:
+                    status(f"MooseFS has no g{r} folder; skipped")
+                    continue
+                status(f"MooseFS write, goal {r} ...")
+                seconds, mpath = moosefs_write(mfs_folder, size, data)
+                try:
+                    if kind == "write":
+                        rows.append({"name": f"MooseFS write goal={r}", "seconds": seconds,
+                                     "mbps": mbps(size, seconds), "replication": r})
+                    else:
+                        status(f"MooseFS read, goal {r} ...")
+                        seconds, _ = local_disk_read(mpath)
+                        rows.append({"name": f"MooseFS read goal={r}", "seconds": seconds,
+                                     "mbps": mbps(size, seconds), "replication": r})
+                finally:
+                    os.unlink(mpath)
+    finally:
+        if tmp_path:
+            try:
+                os.unlink(tmp_path)
+            except OSError:
+                pass
+        if not a.keep:
+            try:
+                client.delete(folder, recursive=True)
+            except Exception:
+                log.debug("cleanup of %s failed", folder, exc_info=True)
+        if peer:
+            peer.stop_if_ours()
+    _print_data_results(cmd, kind, size, rows)
+    return 0
+
+
+def _ratio_rows(rows):
+    leasefs = [r for r in rows if r.get("leasefs")]
+    for row in rows:
+        ratios = {}
+        if not row.get("leasefs"):
+            for mine in leasefs:
+                if "replication" in row and row["replication"] != mine["replication"]:
+                    continue
+                ratios[mine["name"]] = mine["mbps"] / row["mbps"] if row["mbps"] else None
+        row["ratios"] = ratios
+    return rows
+
+
+def _print_data_results(cmd: Command, kind: str, size: int, rows) -> None:
+    rows = _ratio_rows(rows)
+    if cmd.args.json:
+        cmd.out(json.dumps({"benchmark": kind, "size": size, "results": rows}, indent=2))
+        return
+    table = []
+    for row in rows:
+        ratio = ", ".join(f"{r:.2f} ({name.split()[-1]})" for name, r in row["ratios"].items()
+                          if r is not None)
+        table.append([row["name"], f"{row['mbps']:.1f}", f"{row['seconds']:.3f}", ratio or "-"])
+    cmd.out(f"bench {kind}: {size_label(size)} ({size} bytes); MB/s = 10^6 bytes per second")
+    for line in format_table(["measurement", "MB/s", "seconds", "leasefs / this"], table,
+                             align="<>><"):
+        cmd.out(line)
+
+
+# --------------------------------------------------------------------------- meta
+
+class _Recorder:
+    def __init__(self):
+        self.latencies: dict[str, list[float]] = {op: [] for op in META_OPS}
+        self.wall: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def add(self, op: str, seconds: float) -> None:
+        with self.lock:
+            self.latencies[op].append(seconds)
+
+
+def _names(args, k: int, base: str):
+    """Folder and name prefix of client ``k``."""
+    if args.contended:
+        return f"{base}/shared", f"c{k}-"
+    return f"{base}/c{k}", ""
+
+
+async def _leasefs_meta(meta_address: str, config, args, base: str, rec: _Recorder,
+                        status: StatusLine) -> None:
+    from fs.client import AsyncClient
+
+    n_ops = args.ops
+    clients = [AsyncClient(meta_address, config=config) for _ in range(args.clients)]
+    async with AsyncExitStack() as stack:
+        for client in clients:
+            await stack.enter_async_context(client)
+        await clients[0].mkdirs(base)
+        for k, client in enumerate(clients):
+            folder, _ = _names(args, k, base)
+            await client.mkdirs(folder)
+
+        async def one(op: str, client, k: int):
+            folder, prefix = _names(args, k, base)
+            for i in range(n_ops):
+                f = f"{folder}/{prefix}f{i}"
+                t0 = time.perf_counter()
+                if op == "create":
+                    stream = await client.create(f, overwrite=False)
+                    await stream.close()
+                elif op == "mkdirs":
+                    await client.mkdirs(f"{folder}/{prefix}d{i}")
+                elif op == "getFileInfo":
+                    await client.get_file_status(f)
+                elif op == "open":
+                    await client.get_block_locations(f)
+                elif op == "listStatus":
+                    await client.list_status(folder)
+                elif op == "rename":
+                    await client.rename(f, f"{folder}/{prefix}r{i}")
+                elif op == "delete":
+                    await client.delete(f"{folder}/{prefix}r{i}")
+                rec.add(op, time.perf_counter() - t0)
+
+        for op in META_OPS:
+            status(f"leasefs {op}: {args.clients} clients x {n_ops} ops ...")
+            t0 = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for k, client in enumerate(clients):
+                    nursery.start_soon(one, op, client, k)
+            rec.wall[op] = time.perf_counter() - t0
+        if not args.keep:
+            await clients[0].delete(base, recursive=True)
+
+
+def _moosefs_meta(root: str, args, rec: _Recorder, status: StatusLine) -> None:
+    base = os.path.join(root, f"leasefs-meta-bench-{os.getpid()}")
+    os.makedirs(base, exist_ok=True)
+    for k in range(args.clients):
+        folder, _ = _names(args, k, base)
+        os.makedirs(folder, exist_ok=True)
+
+    def one(op: str, k: int):
+        folder, prefix = _names(args, k, base)
+        for i in range(args.ops):
+            f = f"{folder}/{prefix}f{i}"
+            t0 = time.perf_counter()
+            if op == "create":
+                with open(f, "xb"):
+                    pass
+            elif op == "mkdirs":
+                os.makedirs(f"{folder}/{prefix}d{i}")
+            elif op == "getFileInfo":
+                os.stat(f)
+            elif op == "open":
+                with open(f, "rb"):
+                    pass
+            elif op == "listStatus":
+                os.listdir(folder)
+            elif op == "rename":
+                os.rename(f, f"{folder}/{prefix}r{i}")
+            elif op == "delete":
+                os.unlink(f"{folder}/{prefix}r{i}")
+            rec.add(op, time.perf_counter() - t0)
+
+    try:
+        with ThreadPoolExecutor(max_workers=args.clients) as pool:
+            for op in META_OPS:
+                status(f"MooseFS {op}: {args.clients} clients x {args.ops} ops ...")
+                t0 = time.perf_counter()
+                for future in [pool.submit(one, op, k) for k in range(args.clients)]:
+                    future.result()
+                rec.wall[op] = time.perf_counter() - t0
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _meta_rows(rec: _Recorder, total_ops: int) -> dict:
+    out = {}
+    for op in META_OPS:
+        lat = rec.latencies[op]
+        if not lat:
+            continue
+        wall = rec.wall.get(op, 0.0)
+        out[op] = {"ops": len(lat), "seconds": wall,
+                   "ops_per_s": len(lat) / wall if wall > 0 else None,
+                   "p50_ms": percentile(lat, 50) * 1000, "p99_ms": percentile(lat, 99) * 1000}
+    return out
+
+
+def run_meta_bench(cmd: Command) -> int:
+    a = cmd.args
+    if a.clients < 1 or a.ops < 1:
+        raise UsageError("--clients and --ops must be at least 1")
+    status = StatusLine(enabled=not a.quiet)
+    base = f"{a.dir.rstrip('/')}/meta-{os.getpid()}"
+    meta_address = cmd.meta_address
+    config = cmd.config
+    status(f"bench meta: {a.clients} clients x {a.ops} ops per op type, "
+           f"{'one shared folder' if a.contended else 'one folder per client'}, "
+           f"cluster {meta_address}")
+    rec = _Recorder()
+    try:
+        trio.run(_leasefs_meta, meta_address, config, a, base, rec, status)
+    except BaseException as group:
+        raise unwrap(group) from None
+    results = {"leasefs": _meta_rows(rec, a.ops * a.clients)}
+    if a.moosefs:
+        peer = MooseFSPeer(a.moosefs_script, status)
+        try:
+            peer.ensure_up()
+            mrec = _Recorder()
+            _moosefs_meta(peer.mount, a, mrec, status)
+            results["moosefs"] = _meta_rows(mrec, a.ops * a.clients)
+        finally:
+            peer.stop_if_ours()
+    if a.json:
+        cmd.out(json.dumps({"benchmark": "meta", "clients": a.clients, "ops": a.ops,
+                            "contended": a.contended, "results": results}, indent=2))
+        return 0
+    headers = ["op", "leasefs ops/s", "p50 ms", "p99 ms"]
+    if "moosefs" in results:
+        headers += ["MooseFS ops/s", "p50 ms", "p99 ms", "leasefs/MooseFS"]
+    table = []
+    for op in META_OPS:
+        mine = results["leasefs"].get(op)
+        if mine is None:
+            continue
+        row = [op, f"{mine['ops_per_s']:.0f}", f"{mine['p50_ms']:.2f}", f"{mine['p99_ms']:.2f}"]
+        peer_row = results.get("moosefs", {}).get(op)
+        if "moosefs" in results:
+            if peer_row:
+                row += [f"{peer_row['ops_per_s']:.0f}", f"{peer_row['p50_ms']:.2f}",
+                        f"{peer_row['p99_ms']:.2f}",
+                        f"{mine['ops_per_s'] / peer_row['ops_per_s']:.2f}"]
+            else:
+                row += ["-", "-", "-", "-"]
+        table.append(row)
+    cmd.out(f"bench meta: {a.clients} clients x {a.ops} ops each, "
+            f"{'contended (one folder)' if a.contended else 'one folder per client'}")
+    for line in format_table(headers, table):
+        cmd.out(line)
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+def register(sub, common) -> None:
+    p = sub.add_parser("bench", help="benchmarks against the running cluster: write, read, meta",
+                       description="Benchmarks with same-run baselines (local disk, loopback "
+                                   "TCP) and an optional MooseFS peer.")
+    bsub = p.add_subparsers(dest="kind", metavar="{write,read,meta}")
+    bsub.required = True
+
+    def shared(q):
+        q.add_argument("--json", action="store_true", help="machine-readable results on stdout")
+        q.add_argument("--quiet", action="store_true", help="no progress lines")
+        q.add_argument("--dir", default="/.leasefs-bench", help="cluster folder for bench files")
+        q.add_argument("--keep", action="store_true", help="keep the files written")
+        q.add_argument("--moosefs", action="store_true",
+                       help="also run on the MooseFS peer (mounted at $MFS_BASE/mnt)")
+        q.add_argument("--moosefs-script", default=None, metavar="PATH",
+                       help="moosefs-up.sh to start the peer (default ../shared/peers/)")
+
+    for kind, text in (("write", "sequential write MB/s"), ("read", "sequential read MB/s")):
+        q = bsub.add_parser(kind, parents=[common], help=text)
+        q.add_argument("--size", default="256M", help="bytes per file (default 256M)")
+        q.add_argument("--replication", default="3", help="1, 3 or a list such as 1,3")
+        q.add_argument("--block-size", default=None, help="block size (default: cluster's)")
+        q.add_argument("--home", default=None,
+                       help="folder whose filesystem the local-disk baseline uses "
+                            "(default: the cluster home)")
+        shared(q)
+        q.set_defaults(func=run_data_bench)
+
+    q = bsub.add_parser("meta", parents=[common], help="metadata ops/s and latency")
+    q.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
+    q.add_argument("--ops", type=int, default=200, help="ops per client per op type (default 200)")
+    q.add_argument("--contended", action="store_true", help="all clients in one folder")
+    shared(q)
+    q.set_defaults(func=run_meta_bench)

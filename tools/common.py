@@ -1,0 +1,137 @@
+"""What every ``leasefs`` subcommand shares: settings from ``--config``/``--set``, the client
+built from ``--meta`` (or address discovery), and the one-line error report.
+
+Why: the CLI's promise is "exit 0 on success; on failure one line ``leasefs <cmd>: <path>:
+<cause>`` on stderr and exit 1 (2 for usage errors), never a traceback for a user mistake or
+an unreachable cluster". Keeping that promise in one place keeps every command honest.
+
+Concurrency contract: a ``Command`` belongs to the main thread of one CLI process; the sync
+``Client`` it opens runs its own trio thread behind the facade.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import logging
+import os
+import sys
+
+from fs.config import Config, find_meta_address
+from fs.errors import InvalidArgument, LeaseFSError, ServerUnavailable
+
+from .formatting import UsageError, parse_settings
+
+log = logging.getLogger(__name__)
+
+PROG = "leasefs"
+
+
+def load_config(args) -> Config:
+    """``Config`` from ``--config FILE`` and ``--set KEY=VALUE`` pairs (env vars in between)."""
+    settings = parse_settings(getattr(args, "set", None))
+    try:
+        return Config.load(getattr(args, "config", None), **settings)
+    except InvalidArgument as exc:  # unknown setting, bad value, unreadable file
+        raise UsageError(str(exc)) from None
+
+
+def cause_of(exc: BaseException, path: str | None = None) -> str:
+    """The human cause of an error, without repeating the path the line already names."""
+    if isinstance(exc, LeaseFSError):
+        text = exc.message or type(exc).__name__
+    elif isinstance(exc, OSError):
+        text = exc.strerror or str(exc)
+        if exc.errno is not None and not exc.strerror:
+            text = os.strerror(exc.errno)
+    else:
+        text = str(exc) or type(exc).__name__
+    if path:
+        for prefix in (f"{path}: ", f"'{path}': ", f"{path!r}: "):
+            if text.startswith(prefix):
+                text = text[len(prefix):]
+                break
+    return " ".join(text.split())  # one line, always
+
+
+def error_line(cmd: str, path: str | None, exc: BaseException) -> str:
+    if isinstance(exc, OSError) and not isinstance(exc, LeaseFSError) and exc.filename and not path:
+        path = str(exc.filename)
+    cause = cause_of(exc, path)
+    return f"{PROG} {cmd}: {path}: {cause}" if path else f"{PROG} {cmd}: {cause}"
+
+
+class Command:
+    """One run of a subcommand: its parsed args, a lazily opened client, the exit status.
+
+    ``fail(path, exc)`` prints the one-line error and marks the run failed, so commands that
+    take several paths carry on with the next one (as ``hdfs dfs`` and coreutils do).
+    A lost cluster (``ServerUnavailable``) is not per-path: it aborts the command at once
+    instead of timing out once per argument.
+    """
+
+    def __init__(self, name: str, args, *, stdout=None, stderr=None):
+        self.name = name
+        self.args = args
+        self.status = 0
+        self.stdout = stdout or sys.stdout
+        self.stderr = stderr or sys.stderr
+        self._client = None
+        self._config = None
+
+    # ------------------------------------------------------------------ settings, client
+    @property
+    def config(self) -> Config:
+        if self._config is None:
+            self._config = load_config(self.args)
+        return self._config
+
+    @property
+    def meta_address(self) -> str:
+        return find_meta_address(getattr(self.args, "meta", None))
+
+    @property
+    def client(self):
+        if self._client is None:
+            from fs.client import Client  # lazy: the parsing-only paths never need it
+            self._client = Client(meta_address=self.meta_address, config=self.config)
+        return self._client
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            close = getattr(client, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # closing must not hide the command's own outcome
+                    log.debug("closing the client failed", exc_info=True)
+
+    # ------------------------------------------------------------------ reporting
+    def fail(self, path: str | None, exc: BaseException) -> None:
+        """Report one failed item and remember the failure; re-raise a lost cluster."""
+        if isinstance(exc, ServerUnavailable):
+            if not getattr(exc, "item_path", None):
+                exc.item_path = path
+            raise exc
+        if getattr(self.args, "debug", False):
+            import traceback
+            traceback.print_exception(exc, file=self.stderr)
+        self.error(error_line(self.name, path, exc))
+
+    def error(self, line: str, status: int = 1) -> None:
+        print(line, file=self.stderr, flush=True)
+        self.status = max(self.status, status)
+
+    def warn(self, text: str) -> None:
+        print(f"{PROG} {self.name}: {text}", file=self.stderr, flush=True)
+
+    def out(self, text: str = "") -> None:
+        print(text, file=self.stdout)
+
+
+def is_missing(exc: BaseException) -> bool:
+    """True for "no such file" whatever side (cluster or local) it came from."""
+    return getattr(exc, "errno", None) == _errno.ENOENT
+
+
+__all__ = ["Command", "UsageError", "load_config", "error_line", "cause_of", "is_missing", "PROG"]

@@ -1,0 +1,707 @@
+"""The ``hdfs dfs``-style shell commands of ``leasefs``: ls, stat, cat, put, get, cp, mv, rm,
+mkdir, touch, du, df, setrep, chmod, chown, tail, report, safemode.
+
+Why: people (and scripts) reach the cluster through these first, so each command behaves the
+way its coreutils/``hdfs dfs`` namesake does, talks to the cluster only through the public
+``fs.client.Client``, and reports failures as one line per failed path (``tools.common``).
+Paths typed by users go through ``fs.paths.normalize_user_path`` (``//``, ``.``, ``..``,
+relative paths resolved against ``/``).
+
+Concurrency contract: synchronous, the CLI's main thread; one client per process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+from fs import paths
+from fs.errors import (DirectoryNotEmpty, FileExists, FileNotFound, InvalidArgument,
+                       IsDirectory, LeaseFSError, NotDirectory)
+
+from . import transfer
+from .common import Command
+from .formatting import (STAT_FORMAT_HELP, UsageError, format_table, human_size,
+                         ls_long_lines, parse_mode, parse_owner, parse_size, split_file_url,
+                         stat_format, status_fields)
+from .progress import Progress, wanted
+
+log = logging.getLogger(__name__)
+
+ITEM_ERRORS = (LeaseFSError, OSError)
+
+
+def user_path(text: str) -> str:
+    """A path as typed (relative = from ``/``) in canonical form, or ``InvalidPath``."""
+    return paths.normalize_user_path(text)
+
+
+def walk(client, path: str):
+    """``(path, status)`` of everything below ``path``, depth first, sorted by name."""
+    for st in client.iter_status(path):
+        child = paths.join(path, st.name)
+        yield child, st
+        if st.type == "dir":
+            yield from walk(client, child)
+
+
+def _item_path(exc, default):
+    if getattr(exc, "item_path", None):
+        return exc.item_path
+    if isinstance(exc, OSError) and not isinstance(exc, LeaseFSError) and exc.filename:
+        return str(exc.filename)
+    return default
+
+
+# --------------------------------------------------------------------------- ls, stat
+
+def cmd_ls(cmd: Command):
+    a = cmd.args
+    targets = a.paths or ["/"]
+    client = cmd.client
+    for index, raw in enumerate(targets):
+        try:
+            path = user_path(raw)
+            st = client.get_file_status(path)
+            if st.type == "dir" and not a.directory:
+                if a.recursive:
+                    entries = [(p, s) for p, s in walk(client, path)]
+                else:
+                    entries = [(paths.join(path, s.name), s) for s in client.iter_status(path)]
+                    if len(targets) > 1:
+                        cmd.out(("\n" if index else "") + f"{path}:")
+                show_full = a.recursive
+            else:
+                entries, show_full = [(path, st)], True
+            names = {id(s): (p if show_full else s.name) for p, s in entries}
+            statuses = [s for _, s in entries]
+            if a.long:
+                for line in ls_long_lines(statuses, human=a.human, name_of=lambda s: names[id(s)]):
+                    cmd.out(line)
+            else:
+                for s in statuses:
+                    cmd.out(names[id(s)])
+        except ITEM_ERRORS as exc:
+            cmd.fail(raw, exc)
+
+
+def cmd_stat(cmd: Command):
+    a = cmd.args
+    for index, raw in enumerate(a.paths):
+        try:
+            st = cmd.client.get_file_status(user_path(raw))
+            if a.format is not None:
+                cmd.out(stat_format(a.format, st))
+                continue
+            if index:
+                cmd.out()
+            rows = status_fields(st)
+            width = max(len(k) for k, _ in rows)
+            for key, text in rows:
+                cmd.out(f"{key + ':':<{width + 1}} {text}")
+        except ITEM_ERRORS as exc:
+            cmd.fail(raw, exc)
+
+
+# --------------------------------------------------------------------------- cat, tail
+
+def _stdout_binary():
+    return getattr(sys.stdout, "buffer", sys.stdout)
+
+
+def cmd_cat(cmd: Command):
+    out = _stdout_binary()
+    for raw in cmd.args.paths:
+        try:
+            path = user_path(raw)
+            st = cmd.client.get_file_status(path)
+            if st.type == "dir":
+                raise IsDirectory(f"{path}: is a directory")
+            with cmd.client.open(path) as reader:
+                transfer.pump(reader, out)
+            out.flush()
+        except ITEM_ERRORS as exc:
+            if isinstance(exc, BrokenPipeError):
+                raise
+            cmd.fail(raw, exc)
+
+
+def cmd_tail(cmd: Command):
+    a = cmd.args
+    out = _stdout_binary()
+    raw = a.path
+    try:
+        count = parse_size(a.bytes)
+        path = user_path(raw)
+        st = cmd.client.get_file_status(path)
+        if st.type == "dir":
+            raise IsDirectory(f"{path}: is a directory")
+        with cmd.client.open(path) as reader:
+            length = reader.length
+            reader.seek(max(0, length - count))
+            transfer.pump(reader, out)
+        out.flush()
+        try:
+            while a.follow:  # until Ctrl-C, which is the normal way to end `tail -f`
+                time.sleep(a.interval)
+                with cmd.client.open(path) as reader:
+                    if reader.length > length:
+                        reader.seek(length)
+                        transfer.pump(reader, out)
+                        out.flush()
+                    length = max(length, reader.length)
+        except KeyboardInterrupt:
+            return
+    except ITEM_ERRORS as exc:
+        if isinstance(exc, BrokenPipeError):
+            raise
+        cmd.fail(raw, exc)
+
+
+# --------------------------------------------------------------------------- copies
+
+def _copy(cmd: Command, sources, dst_side, dst: str, dst_display: str):
+    """Copy every ``(side, path, display)`` source to ``dst`` (into it when it is a dir)."""
+    a = cmd.args
+    overwrite = bool(getattr(a, "force", False))
+    options = {"replication": getattr(a, "replication", None),
+               "block_size": parse_size(a.block_size) if getattr(a, "block_size", None) else None}
+    try:
+        dst_entry = dst_side.stat(dst)
+    except ITEM_ERRORS as exc:
+        cmd.fail(dst_display, exc)
+        return
+    if len(sources) > 1 and (dst_entry is None or dst_entry.kind != "dir"):
+        what = "does not exist" if dst_entry is None else "is not a directory"
+        cmd.fail(dst_display, NotDirectory(
+            f"{what}; copying several sources needs an existing directory as target"))
+        return
+    planned = []
+    for side, src, display in sources:
+        try:
+            target = transfer.target_for(side, src, dst_side, dst, dst_entry)
+            planned.append((side, display, transfer.plan(side, src, dst_side, target,
+                                                         overwrite=overwrite)))
+        except ITEM_ERRORS as exc:
+            cmd.fail(_item_path(exc, display), exc)
+    total = sum(step.size for _, _, steps in planned for step in steps)
+    with Progress(total, cmd.name, enabled=wanted(total, getattr(a, "progress", False))) as bar:
+        for side, display, steps in planned:
+            try:
+                transfer.run_steps(steps, side, dst_side, overwrite=overwrite, progress=bar,
+                                   options=options)
+            except ITEM_ERRORS as exc:
+                cmd.fail(_item_path(exc, display), exc)
+
+
+def _local(text: str) -> str:
+    is_url, path = split_file_url(text)
+    return path
+
+
+def cmd_put(cmd: Command):
+    a = cmd.args
+    if len(a.args) < 2:
+        raise UsageError("needs LOCAL... DST (at least one source and a destination)")
+    *srcs, dst_raw = a.args
+    cluster = transfer.ClusterSide(cmd.client)
+    local = transfer.LocalSide()
+    try:
+        dst = user_path(dst_raw)
+    except ITEM_ERRORS as exc:
+        cmd.fail(dst_raw, exc)
+        return
+    if "-" in srcs:
+        if len(srcs) > 1:
+            raise UsageError("'-' (stdin) must be the only source")
+        _put_stdin(cmd, cluster, dst)
+        return
+    _copy(cmd, [(local, _local(s), s) for s in srcs], cluster, dst, dst)
+
+
+def _put_stdin(cmd: Command, cluster, dst: str):
+    try:
+        entry = cluster.stat(dst)
+        if entry is not None and entry.kind == "dir":
+            raise IsDirectory(f"{dst}: is a directory; name the file to write stdin to")
+        if entry is not None and not cmd.args.force:
+            raise FileExists(f"{dst}: file exists (use -f to overwrite)")
+        tmp = transfer.tmp_name(cluster, dst)
+        try:
+            with cmd.client.create(tmp, overwrite=True) as writer:
+                transfer.pump(getattr(sys.stdin, "buffer", sys.stdin), writer)
+            cmd.client.rename(tmp, dst, overwrite=cmd.args.force)
+        except BaseException:
+            cluster.remove_quietly(tmp)
+            raise
+    except ITEM_ERRORS as exc:
+        cmd.fail(dst, exc)
+
+
+def cmd_get(cmd: Command):
+    a = cmd.args
+    if len(a.args) == 1:
+        srcs, dst = a.args, "."
+    else:
+        *srcs, dst = a.args
+    dst = _local(dst)
+    cluster = transfer.ClusterSide(cmd.client)
+    sources = []
+    for raw in srcs:
+        try:
+            sources.append((cluster, user_path(raw), raw))
+        except ITEM_ERRORS as exc:
+            cmd.fail(raw, exc)
+    if sources:
+        _copy(cmd, sources, transfer.LocalSide(), dst, dst)
+
+
+def cmd_cp(cmd: Command):
+    a = cmd.args
+    if len(a.args) < 2:
+        raise UsageError("needs SRC... DST")
+    *srcs, dst_raw = a.args
+    local = transfer.LocalSide()
+    cluster = None
+
+    def side_and_path(text):
+        nonlocal cluster
+        is_local, path = split_file_url(text)
+        if is_local:
+            return local, path
+        if cluster is None:
+            cluster = transfer.ClusterSide(cmd.client)
+        return cluster, user_path(path)
+
+    try:
+        dst_side, dst = side_and_path(dst_raw)
+    except ITEM_ERRORS as exc:
+        cmd.fail(dst_raw, exc)
+        return
+    sources = []
+    for raw in srcs:
+        try:
+            side, path = side_and_path(raw)
+        except ITEM_ERRORS as exc:
+            cmd.fail(raw, exc)
+            continue
+        if side.local and dst_side.local:
+            raise UsageError(f"{raw} and {dst_raw} are both local; use cp(1) for that")
+        sources.append((side, path, raw))
+    if sources:
+        _copy(cmd, sources, dst_side, dst, dst_raw)
+
+
+# --------------------------------------------------------------------------- namespace
+
+def cmd_mv(cmd: Command):
+    a = cmd.args
+    if len(a.args) < 2:
+        raise UsageError("needs SRC... DST")
+    *srcs, dst_raw = a.args
+    for raw in a.args:
+        if split_file_url(raw)[0]:
+            raise UsageError(f"mv works inside the cluster; for {raw} use cp and rm")
+    client = cmd.client
+    try:
+        dst = user_path(dst_raw)
+        try:
+            dst_st = client.get_file_status(dst)
+        except FileNotFound:
+            dst_st = None
+        into = dst_st is not None and dst_st.type == "dir"
+        if len(srcs) > 1 and not into:
+            what = "does not exist" if dst_st is None else "is not a directory"
+            raise NotDirectory(f"{dst}: {what}; moving several sources needs a directory target")
+    except ITEM_ERRORS as exc:
+        cmd.fail(dst_raw, exc)
+        return
+    for raw in srcs:
+        try:
+            src = user_path(raw)
+            if src == "/":
+                raise InvalidArgument("/: cannot move the root")
+            target = paths.join(dst, paths.basename(src)) if into else dst
+            if target == src:
+                continue
+            client.rename(src, target, overwrite=a.force)
+        except ITEM_ERRORS as exc:
+            cmd.fail(raw, exc)
+
+
+def cmd_rm(cmd: Command):
+    a = cmd.args
+    for raw in a.paths:
+        try:
+            path = user_path(raw)
+            cmd.client.delete(path, recursive=a.recursive)
+        except FileNotFound as exc:
+            if not a.force:
+                cmd.fail(raw, exc)
+        except DirectoryNotEmpty:
+            cmd.fail(raw, DirectoryNotEmpty(
+                "directory not empty (use -r to delete it and everything in it)"))
+        except ITEM_ERRORS as exc:
+            cmd.fail(raw, exc)
+
+
+def _require_parent_dir(client, path: str, hint: str) -> None:
+    parent = paths.parent(path)
+    try:
+        st = client.get_file_status(parent)
+    except FileNotFound:
+        raise FileNotFound(f"{path}: parent directory {parent} does not exist{hint}") from None
+    if st.type != "dir":
+        raise NotDirectory(f"{path}: parent {parent} is not a directory")
+
+
+def cmd_mkdir(cmd: Command):
+    a = cmd.args
+    permission = parse_mode(a.mode) if a.mode else 0o755
+    for raw in a.paths:
+        try:
+            path = user_path(raw)
+            if not a.parents:
+                if cmd.client.exists(path):
+                    raise FileExists(f"{path}: file exists")
+                _require_parent_dir(cmd.client, path, " (use -p to create parents)")
+            else:
+                try:
+                    st = cmd.client.get_file_status(path)
+                except FileNotFound:
+                    st = None
+                if st is not None and st.type != "dir":
+                    raise FileExists(f"{path}: exists and is not a directory")
+            cmd.client.mkdirs(path, permission=permission)
+        except ITEM_ERRORS as exc:
+            cmd.fail(raw, exc)
+
+
+def cmd_touch(cmd: Command):
+    for raw in cmd.args.paths:
+        try:
+            path = user_path(raw)
+            try:
+                cmd.client.get_file_status(path)
+            except FileNotFound:
+                _require_parent_dir(cmd.client, path, "")
+                with cmd.client.create(path, overwrite=False):
+                    pass
+                continue
+            now = time.time_ns()
+            cmd.client.set_times(path, mtime_ns=now, atime_ns=now)
+        except ITEM_ERRORS as exc:
+            cmd.fail(raw, exc)
+
+
+def _targets(cmd: Command, path: str, recursive: bool):
+    """``path`` and, with ``recursive``, everything below it."""
+    yield path
+    if recursive:
+        st = cmd.client.get_file_status(path)
+        if st.type == "dir":
+            for child, _ in walk(cmd.client, path):
+                yield child
+
+
+def cmd_chmod(cmd: Command):
+    a = cmd.args
+    mode = parse_mode(a.mode)
+    for raw in a.paths:
+        try:
+            for path in _targets(cmd, user_path(raw), a.recursive):
+                cmd.client.set_permission(path, mode)
+        except ITEM_ERRORS as exc:
+            cmd.fail(raw, exc)
+
+
+def cmd_chown(cmd: Command):
+    a = cmd.args
+    owner, group = parse_owner(a.owner)
+    for raw in a.paths:
+        try:
+            for path in _targets(cmd, user_path(raw), a.recursive):
+                cmd.client.set_owner(path, owner=owner, group=group)
+        except ITEM_ERRORS as exc:
+            cmd.fail(raw, exc)
+
+
+def cmd_setrep(cmd: Command):
+    a = cmd.args
+    try:
+        replication = int(a.replication)
+        if replication < 1:
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"invalid replication {a.replication!r}: expected a positive integer") from None
+    for raw in a.paths:
+        try:
+            path = user_path(raw)
+            st = cmd.client.get_file_status(path)
+            files = [path] if st.type == "file" else \
+                [p for p, s in walk(cmd.client, path) if s.type == "file"]
+            for file_path in files:
+                cmd.client.set_replication(file_path, replication)
+                cmd.out(f"Replication {replication} set: {file_path}")
+        except ITEM_ERRORS as exc:
+            cmd.fail(raw, exc)
+
+
+# --------------------------------------------------------------------------- usage
+
+def cmd_du(cmd: Command):
+    a = cmd.args
+    size = human_size if a.human else str
+    for raw in a.paths or ["/"]:
+        try:
+            path = user_path(raw)
+            st = cmd.client.get_file_status(path)
+            if a.summary or st.type != "dir":
+                items = [(path, st)]
+            else:
+                items = [(paths.join(path, s.name), s) for s in cmd.client.iter_status(path)]
+            rows = []
+            for item_path, item in items:
+                if item.type == "dir":
+                    summary = cmd.client.content_summary(item_path)
+                    length, consumed = summary["length"], summary["space_consumed"]
+                else:
+                    length = item.length
+                    consumed = item.length * max(item.replication, 1)
+                rows.append((size(length), size(consumed), item_path))
+            if rows:
+                w0 = max(len(r[0]) for r in rows)
+                w1 = max(len(r[1]) for r in rows)
+                for r in rows:
+                    cmd.out(f"{r[0]:>{w0}}  {r[1]:>{w1}}  {r[2]}")
+        except ITEM_ERRORS as exc:
+            cmd.fail(raw, exc)
+
+
+def _percent(part, whole) -> str:
+    return f"{100.0 * part / whole:.0f}%" if whole else "0%"
+
+
+def cmd_df(cmd: Command):
+    r = cmd.client.report()
+    size = human_size if cmd.args.human else str
+    for line in format_table(
+            ["Filesystem", "Size", "Used", "Available", "Use%"],
+            [[f"leasefs://{cmd.meta_address}", size(r["capacity"]), size(r["used"]),
+              size(r["remaining"]), _percent(r["used"], r["capacity"])]]):
+        cmd.out(line)
+
+
+def format_report(r: dict, meta_address: str) -> list[str]:
+    """``hdfs dfsadmin -report`` style text of ``Client.report()``."""
+    def sized(n):
+        return f"{n} ({human_size(n)})" if n >= 1024 else str(n)
+    sm = r.get("safemode") or {}
+    lines = [
+        f"Metadata server: {meta_address}",
+        f"Configured capacity: {sized(r['capacity'])}",
+        f"Used: {sized(r['used'])} ({_percent(r['used'], r['capacity'])})",
+        f"Remaining: {sized(r['remaining'])}",
+        f"Files: {r.get('files', 0)}",
+        f"Blocks: {r.get('blocks', 0)}",
+        f"Under-replicated blocks: {r.get('under_replicated', 0)}",
+        f"Corrupt blocks: {r.get('corrupt', 0)}",
+        f"Missing blocks: {r.get('missing', 0)}",
+        f"Blocks pending deletion: {r.get('pending_deletion', 0)}",
+        f"Safe mode: {'ON' if sm.get('on') else 'OFF'}"
+        + (f" ({_safemode_reason(sm)})" if sm.get("on") and _safemode_reason(sm) else ""),
+        "",
+    ]
+    for title, nodes in (("Live block servers", r.get("live_nodes", [])),
+                         ("Dead block servers", r.get("dead_nodes", []))):
+        lines.append(f"{title} ({len(nodes)}):")
+        if nodes:
+            rows = [[n.get("node_id", "?"), n.get("address", "?"), human_size(n.get("capacity", 0)),
+                     human_size(n.get("used", 0)), human_size(n.get("remaining", 0)),
+                     n.get("blocks", 0), f"{n.get('last_heartbeat_age', 0):.1f}s"]
+                    for n in nodes]
+            lines.extend("  " + line for line in format_table(
+                ["node", "address", "capacity", "used", "remaining", "blocks", "heartbeat"],
+                rows, align="<<>>>>>"))
+        lines.append("")
+    return lines[:-1]
+
+
+def cmd_report(cmd: Command):
+    r = cmd.client.report()
+    if cmd.args.json:
+        cmd.out(json.dumps(r, indent=2, sort_keys=True, default=str))
+        return
+    for line in format_report(r, cmd.meta_address):
+        cmd.out(line)
+
+
+def _safemode_reason(state: dict) -> str:
+    """The server's explanation without a repeated "Safe mode is ON." opening."""
+    reason = " ".join(str(state.get("reason") or "").split())
+    if reason.lower().startswith("safe mode is on"):
+        reason = reason[len("safe mode is on"):].lstrip(" .:;")
+    if not reason and state.get("manual"):
+        reason = "entered manually"
+    return reason
+
+
+def _safemode_line(state: dict) -> str:
+    if not state.get("on"):
+        return "Safe mode is OFF"
+    reason = _safemode_reason(state)
+    return "Safe mode is ON" + (f" ({reason})" if reason else "")
+
+
+def cmd_safemode(cmd: Command):
+    a = cmd.args
+    if a.action == "wait":
+        deadline = time.monotonic() + a.timeout
+        while True:
+            state = cmd.client.safemode("get")
+            if not state.get("on"):
+                break
+            if time.monotonic() > deadline:
+                cmd.error(f"leasefs safemode: still on after {a.timeout:g} s: "
+                          f"{state.get('reason') or 'no reason given'}")
+                return
+            time.sleep(0.5)
+    else:
+        state = cmd.client.safemode(a.action)
+    cmd.out(_safemode_line(state))
+
+
+# --------------------------------------------------------------------------- parsers
+
+def _parser(sub, name, common, help_text, *, description=None, usage=None):
+    p = sub.add_parser(name, parents=[common], help=help_text, add_help=False, usage=usage,
+                       description=description or help_text, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--help", action="help", help="show this help and exit")
+    return p
+
+
+def register(sub, common) -> None:
+    """Add every shell command to the ``leasefs`` subcommand parser."""
+    p = _parser(sub, "ls", common, "list directories (-l long format, -R recursive)")
+    p.add_argument("-l", dest="long", action="store_true", help="long format: mode, replication, "
+                   "owner, group, size, mtime, name")
+    p.add_argument("-R", dest="recursive", action="store_true", help="list subdirectories recursively")
+    p.add_argument("-h", dest="human", action="store_true", help="human-readable sizes")
+    p.add_argument("-d", dest="directory", action="store_true", help="list directories themselves")
+    p.add_argument("paths", nargs="*", metavar="PATH")
+    p.set_defaults(func=cmd_ls)
+
+    p = _parser(sub, "stat", common, "show every field of a file or directory status")
+    p.add_argument("--format", "-c", default=None, help=STAT_FORMAT_HELP)
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.set_defaults(func=cmd_stat)
+
+    p = _parser(sub, "cat", common, "write files to stdout")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.set_defaults(func=cmd_cat)
+
+    copy_help = ("-f overwrites existing files; directories are copied recursively; "
+                 "a progress bar shows on a terminal for large copies (--progress forces it)")
+    p = _parser(sub, "put", common, "copy local files or directories into the cluster",
+                description="leasefs put LOCAL... DST  ('-' as LOCAL reads stdin)\n" + copy_help,
+                usage="leasefs put [options] LOCAL... DST")
+    p.add_argument("-f", dest="force", action="store_true", help="overwrite existing files")
+    p.add_argument("--progress", action="store_true", help="always show a progress bar")
+    p.add_argument("--replication", type=int, default=None, help="replication of new files")
+    p.add_argument("--block-size", default=None, help="block size of new files (e.g. 64M)")
+    p.add_argument("args", nargs="+", metavar="PATH", help="LOCAL... DST")
+    p.set_defaults(func=cmd_put)
+
+    p = _parser(sub, "get", common, "copy cluster files or directories to the local disk",
+                description="leasefs get SRC... LOCALDST  (LOCALDST defaults to .)\n" + copy_help,
+                usage="leasefs get [options] SRC... [LOCALDST]")
+    p.add_argument("-f", dest="force", action="store_true", help="overwrite existing files")
+    p.add_argument("--progress", action="store_true", help="always show a progress bar")
+    p.add_argument("args", nargs="+", metavar="PATH", help="SRC... [LOCALDST] (default .)")
+    p.set_defaults(func=cmd_get)
+
+    p = _parser(sub, "cp", common, "copy within the cluster, or to/from file: URLs",
+                description="leasefs cp SRC... DST\nCluster paths are plain (/a/b); local ones "
+                            "are written file:///abs/path or file:relative/path.\n" + copy_help,
+                usage="leasefs cp [options] SRC... DST")
+    p.add_argument("-f", dest="force", action="store_true", help="overwrite existing files")
+    p.add_argument("--progress", action="store_true", help="always show a progress bar")
+    p.add_argument("--replication", type=int, default=None, help="replication of new files")
+    p.add_argument("--block-size", default=None, help="block size of new files (e.g. 64M)")
+    p.add_argument("args", nargs="+", metavar="PATH", help="SRC... DST")
+    p.set_defaults(func=cmd_cp)
+
+    p = _parser(sub, "mv", common, "rename or move into a directory",
+                description="leasefs mv SRC... DST  (into DST when it is a directory)",
+                usage="leasefs mv [options] SRC... DST")
+    p.add_argument("-f", dest="force", action="store_true",
+                   help="replace an existing target file (or empty directory)")
+    p.add_argument("args", nargs="+", metavar="PATH", help="SRC... DST")
+    p.set_defaults(func=cmd_mv)
+
+    p = _parser(sub, "rm", common, "delete files and directories")
+    p.add_argument("-r", "-R", dest="recursive", action="store_true", help="delete directories "
+                   "and their contents")
+    p.add_argument("-f", dest="force", action="store_true", help="ignore missing paths")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.set_defaults(func=cmd_rm)
+
+    p = _parser(sub, "mkdir", common, "create directories")
+    p.add_argument("-p", dest="parents", action="store_true", help="create missing parents, "
+                   "no error if it exists")
+    p.add_argument("-m", dest="mode", default=None, help="permission (octal, default 755)")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.set_defaults(func=cmd_mkdir)
+
+    p = _parser(sub, "touch", common, "create empty files or set their times to now")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.set_defaults(func=cmd_touch)
+
+    p = _parser(sub, "du", common, "space used by files and directories")
+    p.add_argument("-s", dest="summary", action="store_true", help="one total per argument")
+    p.add_argument("-h", dest="human", action="store_true", help="human-readable sizes")
+    p.add_argument("paths", nargs="*", metavar="PATH")
+    p.set_defaults(func=cmd_du)
+
+    p = _parser(sub, "df", common, "cluster capacity and usage")
+    p.add_argument("-h", dest="human", action="store_true", help="human-readable sizes")
+    p.set_defaults(func=cmd_df)
+
+    p = _parser(sub, "setrep", common, "change the replication of files (all files below a "
+                "directory)")
+    p.add_argument("-R", dest="recursive", action="store_true",
+                   help="accepted for hdfs compatibility; directories are always recursive")
+    p.add_argument("replication", metavar="N")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.set_defaults(func=cmd_setrep)
+
+    p = _parser(sub, "chmod", common, "change permissions (octal MODE)")
+    p.add_argument("-R", dest="recursive", action="store_true", help="also everything below")
+    p.add_argument("mode", metavar="MODE")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.set_defaults(func=cmd_chmod)
+
+    p = _parser(sub, "chown", common, "change owner and/or group (OWNER[:GROUP] or :GROUP)")
+    p.add_argument("-R", dest="recursive", action="store_true", help="also everything below")
+    p.add_argument("owner", metavar="OWNER[:GROUP]")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.set_defaults(func=cmd_chown)
+
+    p = _parser(sub, "tail", common, "the last bytes of a file (default 1K)")
+    p.add_argument("-c", dest="bytes", default="1024", help="bytes to show (e.g. 100, 4K)")
+    p.add_argument("-f", dest="follow", action="store_true", help="keep printing appended data")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between -f polls")
+    p.add_argument("path", metavar="PATH")
+    p.set_defaults(func=cmd_tail)
+
+    p = _parser(sub, "report", common, "cluster report: capacity, blocks, block servers")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_report)
+
+    p = _parser(sub, "safemode", common, "get, enter, leave or wait for safe mode")
+    p.add_argument("action", choices=["get", "enter", "leave", "wait"])
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds 'wait' waits")
+    p.set_defaults(func=cmd_safemode)
