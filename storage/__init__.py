@@ -1,1 +1,6 @@
-"""leasefs storage package."""
+"""leasefs block server (HDFS DataNode role).
+
+``storage.server.run_block_server`` is the entry point; ``replicas`` holds the replica store
+and the pure replica state table, ``transfer`` the data-transfer server (WRITE_BLOCK pipeline,
+READ_BLOCK, BLOCK_LENGTH), ``heartbeat`` the register/heartbeat/report/command loop.
+"""

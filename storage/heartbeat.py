@@ -1,0 +1,237 @@
+"""The block server's conversation with the metadata server (HDFS BPServiceActor):
+register, full block reports, heartbeats carrying capacity and usage, the commands that ride
+on heartbeat replies, and incremental block reports.
+
+Why it exists: the metadata server never calls a block server (seed 002); everything it wants
+done arrives as a command in a heartbeat reply, and everything it knows about replicas comes
+from these reports.
+
+Life cycle: ``register_storage`` → full ``block_report`` → every ``heartbeat_interval`` a
+``heartbeat``; its reply may ask to ``reregister`` (the metadata server forgot us, e.g. after
+its restart: register again, full report again) and carries commands: INVALIDATE deletes the
+replicas in a worker thread and reports them deleted; other command types are logged once and
+ignored. A full report also goes out every ``block_report_interval``. While the metadata
+server cannot be reached the loop retries with doubling backoff, logging once per change of
+state, never per attempt; after an outage it registers again (cheap, and a restarted
+metadata server needs the full report to leave safe mode).
+
+Incremental reports (``block_received_and_deleted``) are queued per block id (the latest
+state of a block wins) and sent at once by their own task, so the write path never waits for
+a heartbeat. ``block_received`` returns an event set when the report was delivered.
+
+Concurrency contract: all methods run in the block server's trio thread; ``run`` owns the RPC
+client and its tasks; ``block_received``/``blocks_deleted`` never block.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from fs.config import Config
+from fs.errors import LeaseFSError, ServerUnavailable
+from fs.rpc import RpcClient
+
+from .replicas import ReplicaStore
+
+log = logging.getLogger(__name__)
+
+
+class HeartbeatService:
+    """Registration, heartbeats, commands and block reports of one block server."""
+
+    def __init__(self, config: Config, store: ReplicaStore, meta_address: str,
+                 xceiver_count=lambda: 0):
+        self.config = config
+        self.store = store
+        self.meta_address = meta_address
+        self.xceiver_count = xceiver_count
+        self.address: str | None = None
+        self.namespace_id = None
+        self.registered = False
+        self.heartbeats_sent = 0
+        self.full_reports_sent = 0
+        self._registered_event = trio.Event()
+        self._rpc: RpcClient | None = None
+        self._pending_received: dict[int, list] = {}
+        self._pending_deleted: dict[int, None] = {}
+        self._waiters: list[trio.Event] = []
+        self._wakeup = trio.Event()
+        self._outage: str | None = None          # last logged failure kind, None = all well
+        self._ignored_command_types: set[str] = set()
+        self._nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------------ incremental reports
+
+    def block_received(self, block_id: int, gs: int, num_bytes: int, state: str) -> trio.Event:
+        """Queue ``[id, gs, num_bytes, state]`` for the next incremental report."""
+        self._pending_deleted.pop(block_id, None)
+        self._pending_received.pop(block_id, None)   # re-insert: keep the latest at the end
+        self._pending_received[block_id] = [block_id, gs, num_bytes, state]
+        return self._enqueued()
+
+    def blocks_deleted(self, block_ids) -> trio.Event:
+        for block_id in block_ids:
+            self._pending_received.pop(block_id, None)
+            self._pending_deleted[block_id] = None
+        return self._enqueued()
+
+    def _enqueued(self) -> trio.Event:
+        done = trio.Event()
+        self._waiters.append(done)
+        self._wakeup.set()
+        return done
+
+    async def _incremental_report_loop(self) -> None:
+        delay = self._initial_backoff()
+        while True:
+            await self._wakeup.wait()
+            while not self.registered:
+                await self._registered_event.wait()
+            self._wakeup = trio.Event()
+            received = list(self._pending_received.values())
+            deleted = list(self._pending_deleted)
+            waiters, self._waiters = self._waiters, []
+            self._pending_received, self._pending_deleted = {}, {}
+            try:
+                if received or deleted:
+                    await self._rpc.call("block_received_and_deleted",
+                                         {"node_id": self.store.node_id, "received": received,
+                                          "deleted": deleted}, retry_seconds=0)
+            except LeaseFSError as exc:
+                log.debug("incremental block report failed (%s); retrying in %.2fs", exc, delay)
+                for entry in received:   # a newer state queued meanwhile wins
+                    if entry[0] not in self._pending_deleted:
+                        self._pending_received.setdefault(entry[0], entry)
+                for block_id in deleted:
+                    if block_id not in self._pending_received:
+                        self._pending_deleted.setdefault(block_id, None)
+                self._waiters = waiters + self._waiters
+                self._wakeup.set()
+                await trio.sleep(delay)
+                delay = min(delay * 2, self._max_backoff())
+                continue
+            delay = self._initial_backoff()
+            for done in waiters:
+                done.set()
+
+    # ------------------------------------------------------------------ main loop
+
+    def _initial_backoff(self) -> float:
+        return min(0.05, self.config.heartbeat_interval)
+
+    def _max_backoff(self) -> float:
+        return min(30.0, max(1.0, 5 * self.config.heartbeat_interval))
+
+    async def run(self, advertise_address: str) -> None:
+        """Run forever (until cancelled); never raises on metadata server trouble."""
+        self.address = advertise_address
+        async with RpcClient(self.meta_address, f"storage-{self.store.node_id}",
+                             timeout=self.config.rpc_timeout, retry_seconds=0,
+                             connect_timeout=min(5.0, self.config.rpc_timeout),
+                             max_frame=self.config.max_frame) as rpc:
+            self._rpc = rpc
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._incremental_report_loop)
+                await self._heartbeat_loop()
+
+    async def _heartbeat_loop(self) -> None:
+        delay = self._initial_backoff()
+        next_full_report = 0.0
+        while True:
+            try:
+                if not self.registered:
+                    await self._register()
+                    next_full_report = trio.current_time() + self.config.block_report_interval
+                reply = await self._heartbeat()
+                if self._outage is not None:
+                    log.info("metadata server %s answers again", self.meta_address)
+                    self._outage = None
+                delay = self._initial_backoff()
+                if not isinstance(reply, dict):
+                    log.warning("malformed heartbeat reply ignored: %r", reply)
+                    reply = {}
+                if reply.get("reregister"):
+                    log.info("metadata server %s asks to register again", self.meta_address)
+                    self._unregister()
+                    continue
+                commands = reply.get("commands") or []
+                for command in commands if isinstance(commands, list) else []:
+                    self._handle_command(command)
+                if trio.current_time() >= next_full_report:
+                    await self._full_report()
+                    next_full_report = trio.current_time() + self.config.block_report_interval
+            except LeaseFSError as exc:
+                kind = ("unreachable" if isinstance(exc, ServerUnavailable)
+                        else f"refusing ({type(exc).__name__})")
+                if self._outage != kind:
+                    log.warning("metadata server %s %s: %s; retrying with backoff up to %.1fs",
+                                self.meta_address, kind, exc, self._max_backoff())
+                    self._outage = kind
+                if self.registered:
+                    self._unregister()   # register afresh once it answers again
+                await trio.sleep(delay)
+                delay = min(delay * 2, self._max_backoff())
+                continue
+            await trio.sleep(self.config.heartbeat_interval)
+
+    def _unregister(self) -> None:
+        self.registered = False
+        self._registered_event = trio.Event()
+
+    async def _usage(self) -> dict:
+        capacity, remaining = await self.store.disk_space()
+        return {"capacity": capacity, "used": self.store.used_bytes(), "remaining": remaining}
+
+    async def _register(self) -> None:
+        result = await self._rpc.call("register_storage", {
+            "node_id": self.store.node_id, "address": self.address, **await self._usage()},
+            retry_seconds=0)
+        self.namespace_id = result.get("namespace_id") if isinstance(result, dict) else None
+        await self._full_report()
+        self.registered = True
+        self._registered_event.set()
+        log.info("registered with metadata server %s as %s (%s), %d replicas reported",
+                 self.meta_address, self.store.node_id, self.address, len(self.store.replicas))
+
+    async def _full_report(self) -> None:
+        blocks = self.store.block_report()
+        await self._rpc.call("block_report", {"node_id": self.store.node_id, "blocks": blocks},
+                             retry_seconds=0)
+        self.full_reports_sent += 1
+
+    async def _heartbeat(self):
+        reply = await self._rpc.call("heartbeat", {
+            "node_id": self.store.node_id, **await self._usage(),
+            "xceivers": self.xceiver_count()}, retry_seconds=0)
+        self.heartbeats_sent += 1
+        return reply
+
+    # ------------------------------------------------------------------ commands
+
+    def _handle_command(self, command) -> None:
+        kind = command.get("type") if isinstance(command, dict) else None
+        if kind == "INVALIDATE" and isinstance(command.get("blocks"), list):
+            self._nursery.start_soon(self._invalidate, command["blocks"])
+            return
+        label = str(kind)[:40]
+        if label not in self._ignored_command_types:   # once per type, not per heartbeat
+            self._ignored_command_types.add(label)
+            log.warning("ignoring metadata server command %s (not supported by this block "
+                        "server): %r", label, command)
+
+    async def _invalidate(self, blocks: list) -> None:
+        deleted = []
+        for block in blocks:
+            block_id = block.get("id") if isinstance(block, dict) else None
+            gs = block.get("gs") if isinstance(block, dict) else None
+            if not isinstance(block_id, int) or not isinstance(gs, int):
+                log.warning("INVALIDATE: malformed block %r ignored", block)
+                continue
+            if await self.store.invalidate(block_id, gs):
+                deleted.append(block_id)
+        if deleted:
+            log.info("INVALIDATE: deleted %d replicas", len(deleted))
+            self.blocks_deleted(deleted)

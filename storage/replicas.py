@@ -1,0 +1,791 @@
+"""The replica store of one block server: block replica files in a data folder, the in-memory
+replica map rebuilt from them at start, and the pure replica state table.
+
+Why it exists: everything the block server knows about its blocks is on disk in a layout that
+survives a crash (HDFS's FsDatasetImpl); the map is only a cache of that folder, rebuilt by
+``ReplicaStore.open`` (temporaries removed, RBW replicas turned into RWR and cut back to the
+length their checksums cover, broken finalized replicas moved aside).
+
+On-disk layout of ``data_dir``::
+
+    node_id                       this server's identity (uuid hex), created once
+    in_use.lock                   flock'ed while a server runs on the folder
+    tmp/                          TEMPORARY replicas (incoming copies); wiped at start
+    rbw/blk_<id>                  replicas being written: RBW, or RWR after a restart
+    rbw/blk_<id>_<gs>.meta
+    finalized/subdirA/subdirB/blk_<id> (+ .meta)    A = (id >> 16) & 31, B = (id >> 8) & 31,
+                                  so no folder ever holds more than a small share of the blocks
+    corrupt/                      finalized replicas whose data length disagrees with their
+                                  meta file at start: moved here, logged, NOT reported (the
+                                  metadata server sees one replica fewer and re-replicates)
+
+Meta file = header ``>HBI`` (version 1, checksum type 2 = CRC32C in HDFS's DataChecksum
+numbering, bytes_per_checksum), then one big-endian CRC32C per ``bytes_per_checksum`` chunk of
+the data (the last chunk may be short).
+
+Concurrency contract: the map and ``Replica`` objects are only touched from the trio thread;
+every file operation runs in a worker thread under one ``CapacityLimiter(disk_io_threads)``.
+Structural changes of one replica (finalize's renames, delete, opening its files for a read)
+hold ``replica.lock``, so a reader never opens a path that is being renamed. An RBW replica has
+exactly one writer (the pipeline that created it), which alone calls ``write_packet``/``sync``/
+``finalize``. fsync happens only for SYNC packets and at finalize.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno as _errno
+import fcntl
+import logging
+import os
+import re
+import shutil
+import struct
+import uuid
+from dataclasses import dataclass, field
+
+import trio
+
+from fs.datatransfer import CHECKSUM_SIZE, crc32c, num_chunks
+from fs.errors import (InvalidArgument, LeaseFSError, ProtocolError, ReplicaAlreadyExists,
+                       ReplicaNotFound, StaleGenerationStamp)
+
+log = logging.getLogger(__name__)
+
+META_HEADER = struct.Struct(">HBI")
+META_VERSION = 1
+CHECKSUM_TYPE_CRC32C = 2
+MIN_BYTES_PER_CHECKSUM = 16
+MAX_BYTES_PER_CHECKSUM = 16 << 20
+
+_DATA_NAME = re.compile(r"^blk_(-?\d+)$")
+_META_NAME = re.compile(r"^blk_(-?\d+)_(\d+)\.meta$")
+
+
+# --------------------------------------------------------------------------- state table
+
+
+class ReplicaState(str, enum.Enum):
+    """HDFS ReplicaState names."""
+
+    FINALIZED = "FINALIZED"   # complete, immutable, in finalized/
+    RBW = "RBW"               # replica being written by a live pipeline, in rbw/
+    RWR = "RWR"               # replica waiting to be recovered: an RBW found at restart
+    RUR = "RUR"               # replica under (lease) recovery
+    TEMPORARY = "TEMPORARY"   # incoming copy (replication / pipeline recovery), in tmp/
+
+
+class ReplicaEvent(str, enum.Enum):
+    """What happens to a replica, named after the HDFS FsDataset methods that do it."""
+
+    CREATE_RBW = "createRbw"                        # WRITE_BLOCK PIPELINE_SETUP_CREATE
+    CREATE_TEMPORARY = "createTemporary"            # TRANSFER target
+    FINALIZE = "finalizeReplica"                    # LAST packet acknowledged downstream
+    RESTART = "addToReplicasMap"                    # found by the scan at start
+    RECOVER_RBW = "recoverRbw"                      # pipeline recovery of a live writer
+    APPEND = "append"                               # reopen a finalized replica
+    CONVERT_TEMPORARY_TO_RBW = "convertTemporaryToRbw"
+    INIT_RECOVERY = "initReplicaRecovery"           # lease recovery, primary asks
+    UPDATE_UNDER_RECOVERY = "updateReplicaUnderRecovery"
+    INVALIDATE = "invalidate"                       # metadata server's INVALIDATE command
+
+
+S, E = ReplicaState, ReplicaEvent
+
+#: (state before or None for "no replica", event) -> state after (None = replica gone).
+#: Pairs that are missing are refused by ``next_state``.
+TRANSITIONS: dict[tuple[ReplicaState | None, ReplicaEvent], ReplicaState | None] = {
+    (None, E.CREATE_RBW): S.RBW,
+    (None, E.CREATE_TEMPORARY): S.TEMPORARY,
+    (S.RBW, E.FINALIZE): S.FINALIZED,
+    (S.TEMPORARY, E.FINALIZE): S.FINALIZED,
+    (S.RBW, E.RESTART): S.RWR,
+    (S.RWR, E.RESTART): S.RWR,
+    (S.RUR, E.RESTART): S.RWR,          # RUR is not persisted: its rbw/ files come back RWR
+    (S.FINALIZED, E.RESTART): S.FINALIZED,
+    (S.TEMPORARY, E.RESTART): None,     # half-copied temporaries are removed
+    (S.RBW, E.RECOVER_RBW): S.RBW,
+    (S.FINALIZED, E.APPEND): S.RBW,
+    (S.TEMPORARY, E.CONVERT_TEMPORARY_TO_RBW): S.RBW,
+    (S.RBW, E.INIT_RECOVERY): S.RUR,
+    (S.RWR, E.INIT_RECOVERY): S.RUR,
+    (S.FINALIZED, E.INIT_RECOVERY): S.RUR,
+    (S.RUR, E.INIT_RECOVERY): S.RUR,    # a newer recovery id takes over
+    (S.RUR, E.UPDATE_UNDER_RECOVERY): S.FINALIZED,
+    **{(state, E.INVALIDATE): None for state in ReplicaState},
+}
+del S, E
+
+
+def next_state(state: ReplicaState | None, event: ReplicaEvent) -> ReplicaState | None:
+    """The state after ``event``; ``InvalidArgument`` if the table has no such transition."""
+    try:
+        return TRANSITIONS[(state, event)]
+    except KeyError:
+        where = "no replica" if state is None else f"a {state.value} replica"
+        raise InvalidArgument(f"{event.value} is not allowed on {where}") from None
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def finalized_subdir(block_id: int) -> str:
+    """Bucket folder of a finalized replica, relative to ``finalized/`` (HDFS idToBlockDir)."""
+    return os.path.join(f"subdir{(block_id >> 16) & 0x1F}", f"subdir{(block_id >> 8) & 0x1F}")
+
+
+def data_name(block_id: int) -> str:
+    return f"blk_{block_id}"
+
+
+def meta_name(block_id: int, gs: int) -> str:
+    return f"blk_{block_id}_{gs}.meta"
+
+
+def meta_offset(chunk_index: int) -> int:
+    return META_HEADER.size + CHECKSUM_SIZE * chunk_index
+
+
+def meta_length(data_length: int, bytes_per_checksum: int) -> int:
+    return meta_offset(num_chunks(data_length, bytes_per_checksum))
+
+
+def check_packet_range(received: int, offset: int, data_len: int, bytes_per_checksum: int) -> None:
+    """Where a data packet may land in a replica that holds ``received`` bytes.
+
+    It must start on a chunk boundary, not before the start of the last (possibly partial)
+    chunk already received (the writer repeats that chunk's bytes after a flush), must leave
+    no gap, and must not end before ``received`` (that would shrink the replica). Packets
+    without data (LAST, SYNC-only, HEARTBEAT) carry no bytes, so their offset does not matter.
+    """
+    if not data_len:
+        return
+    last_boundary = received - received % bytes_per_checksum
+    if offset % bytes_per_checksum:
+        raise ProtocolError(f"packet offset {offset} is not a multiple of the "
+                            f"{bytes_per_checksum}-byte checksum chunk")
+    if offset > received:
+        raise ProtocolError(f"packet at offset {offset} leaves a gap: only {received} bytes "
+                            f"received")
+    if offset < last_boundary:
+        raise ProtocolError(f"packet at offset {offset} starts before the last chunk boundary "
+                            f"{last_boundary} already received")
+    if offset + data_len < received:
+        raise ProtocolError(f"packet [{offset}, {offset + data_len}) ends before the {received} "
+                            f"bytes already received")
+
+
+def encode_meta_header(bytes_per_checksum: int) -> bytes:
+    return META_HEADER.pack(META_VERSION, CHECKSUM_TYPE_CRC32C, bytes_per_checksum)
+
+
+def decode_meta_header(raw: bytes) -> int:
+    """bytes_per_checksum from a meta header; ``ValueError`` if it is not one of ours."""
+    if len(raw) < META_HEADER.size:
+        raise ValueError(f"meta header of {len(raw)} bytes is too short")
+    version, kind, bpc = META_HEADER.unpack_from(raw)
+    if version != META_VERSION or kind != CHECKSUM_TYPE_CRC32C:
+        raise ValueError(f"meta header version {version} / checksum type {kind} unsupported")
+    if not MIN_BYTES_PER_CHECKSUM <= bpc <= MAX_BYTES_PER_CHECKSUM:
+        raise ValueError(f"meta header has bytes_per_checksum {bpc}")
+    return bpc
+
+
+# --------------------------------------------------------------------------- replica
+
+
+@dataclass(eq=False)
+class Replica:
+    """One replica in the map. ``num_bytes`` = bytes on disk (for RBW: received so far);
+    ``visible_length`` = bytes readers may see (RBW: acknowledged downstream)."""
+
+    block_id: int
+    gs: int
+    state: ReplicaState
+    bytes_per_checksum: int
+    data_path: str
+    meta_path: str
+    num_bytes: int = 0
+    visible_length: int = 0
+    #: CRC of the partial last chunk at ``visible_length`` (kept in memory because the writer
+    #: may already be rewriting that chunk's stored checksum for a longer chunk)
+    visible_last_sum: bytes | None = None
+    removed: bool = False
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    writer: "ReplicaWriter | None" = None
+
+    @property
+    def name(self) -> str:
+        return f"blk_{self.block_id}_{self.gs}"
+
+    def report_entry(self) -> list:
+        """``[id, gs, num_bytes, state]`` as block reports carry it."""
+        length = self.visible_length if self.state is ReplicaState.RBW else self.num_bytes
+        return [self.block_id, self.gs, length, self.state.value]
+
+    def disk_bytes(self) -> int:
+        return self.num_bytes + meta_length(self.num_bytes, self.bytes_per_checksum)
+
+    def set_visible(self, length: int, last_sum: bytes | None) -> None:
+        """Bytes acknowledged by the whole downstream pipeline; never moves backwards."""
+        if length >= self.visible_length:
+            self.visible_length = length
+            self.visible_last_sum = last_sum if length % self.bytes_per_checksum else None
+
+
+class ReplicaWriter:
+    """Open file descriptors of an RBW replica; its methods block (call them in a thread)."""
+
+    def __init__(self, data_path: str, meta_path: str, bytes_per_checksum: int, create: bool):
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        self.bytes_per_checksum = bytes_per_checksum
+        self.data_fd = os.open(data_path, flags, 0o644)
+        try:
+            self.meta_fd = os.open(meta_path, flags, 0o644)
+        except BaseException:
+            os.close(self.data_fd)
+            if create:
+                _unlink_quietly(data_path)
+            raise
+        if create:
+            os.pwrite(self.meta_fd, encode_meta_header(bytes_per_checksum), 0)
+
+    def write(self, offset: int, data, sums: bytes) -> None:
+        if len(data):
+            os.pwrite(self.data_fd, data, offset)
+            os.pwrite(self.meta_fd, sums, meta_offset(offset // self.bytes_per_checksum))
+
+    def fsync(self) -> None:
+        os.fsync(self.data_fd)
+        os.fsync(self.meta_fd)
+
+    def close(self) -> None:
+        for fd in (self.data_fd, self.meta_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.data_fd = self.meta_fd = -1
+
+
+class ReplicaReader:
+    """A snapshot of a readable replica (taken on the trio thread) with its files open;
+    ``open_files``/``read``/``close`` block (use a thread)."""
+
+    def __init__(self, replica: Replica):
+        self.block_id = replica.block_id
+        self.gs = replica.gs
+        self.state = replica.state
+        self.bytes_per_checksum = replica.bytes_per_checksum
+        self.data_path, self.meta_path = replica.data_path, replica.meta_path
+        being_written = replica.state is ReplicaState.RBW
+        self.visible_length = replica.visible_length if being_written else replica.num_bytes
+        self.last_sum = replica.visible_last_sum if being_written else None
+        self.data_fd = self.meta_fd = -1
+
+    def open_files(self) -> "ReplicaReader":
+        self.data_fd = os.open(self.data_path, os.O_RDONLY)
+        try:
+            self.meta_fd = os.open(self.meta_path, os.O_RDONLY)
+        except BaseException:
+            os.close(self.data_fd)
+            self.data_fd = -1
+            raise
+        return self
+
+    def read(self, start: int, length: int) -> tuple[bytes, bytes]:
+        """Data ``[start, start+length)`` (chunk-aligned start, within the visible length)
+        and its stored checksums."""
+        bpc = self.bytes_per_checksum
+        data = os.pread(self.data_fd, length, start)
+        if len(data) != length:
+            raise OSError(_errno.EIO, f"blk_{self.block_id}: data file holds fewer bytes than "
+                                      f"{start + length}")
+        n = num_chunks(length, bpc)
+        sums = os.pread(self.meta_fd, CHECKSUM_SIZE * n, meta_offset(start // bpc))
+        if len(sums) != CHECKSUM_SIZE * n:
+            raise OSError(_errno.EIO, f"blk_{self.block_id}: meta file holds fewer checksums "
+                                      f"than chunk {start // bpc + n}")
+        end = start + length
+        if self.last_sum is not None and end == self.visible_length and end % bpc:
+            sums = sums[:-CHECKSUM_SIZE] + self.last_sum
+        return data, sums
+
+    def close(self) -> None:
+        for fd in (self.data_fd, self.meta_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.data_fd = self.meta_fd = -1
+
+
+# --------------------------------------------------------------------------- scanning
+
+
+@dataclass
+class ScannedReplica:
+    """A replica as found on disk; ``state`` is its folder's (RBW for rbw/, FINALIZED)."""
+
+    block_id: int
+    gs: int
+    state: ReplicaState
+    bytes_per_checksum: int
+    data_path: str
+    meta_path: str
+    num_bytes: int
+
+
+@dataclass
+class ScanResult:
+    """What the start-up scan found and did (also logged)."""
+
+    replicas: list[ScannedReplica] = field(default_factory=list)
+    temporaries_removed: int = 0
+    rbw_trimmed: list[tuple[int, int, int]] = field(default_factory=list)  # id, before, after
+    quarantined: list[str] = field(default_factory=list)
+    orphans_removed: list[str] = field(default_factory=list)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _group_block_files(folder: str) -> dict[int, dict]:
+    """``id -> {"data": path|None, "metas": [(gs, path)]}`` for the blk_ files in one folder;
+    anything else is left alone."""
+    groups: dict[int, dict] = {}
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return groups
+    for entry in entries:
+        if not entry.is_file(follow_symlinks=False):
+            continue
+        m = _DATA_NAME.match(entry.name)
+        if m:
+            groups.setdefault(int(m.group(1)), {"data": None, "metas": []})["data"] = entry.path
+            continue
+        m = _META_NAME.match(entry.name)
+        if m:
+            groups.setdefault(int(m.group(1)), {"data": None, "metas": []})["metas"].append(
+                (int(m.group(2)), entry.path))
+    return groups
+
+
+def _newest_meta(block_id: int, group: dict, result: ScanResult) -> tuple[int, str] | None:
+    """Keep the meta file with the highest GS, remove older ones (left by a GS bump)."""
+    metas = sorted(group["metas"])
+    for _gs, path in metas[:-1]:
+        _unlink_quietly(path)
+        result.orphans_removed.append(path)
+    return metas[-1] if metas else None
+
+
+def _longest_prefix_matching(chunk: bytes, stored: bytes) -> int:
+    """Length of the longest prefix of ``chunk`` whose CRC32C equals ``stored`` (0: none)."""
+    want = int.from_bytes(stored, "big") if len(stored) == CHECKSUM_SIZE else None
+    best, value, view = 0, 0, memoryview(chunk)
+    for i in range(len(view)):
+        value = crc32c(view[i:i + 1], value)
+        if value == want:
+            best = i + 1
+    return best
+
+
+def _trim_rbw(block_id: int, data_path: str, meta_path: str) -> tuple[int, int, int]:
+    """Cut an RBW replica found at restart to the length its checksums validly cover.
+
+    Returns ``(bytes_per_checksum, length_before, length_after)``. The data may run ahead of
+    the checksums or vice versa after a crash, and the last chunk may be torn; walk back from
+    the longest length both files cover until the last chunk (or a prefix of it) matches its
+    checksum, so bytes acknowledged after an hflush/hsync of a partial chunk survive.
+    """
+    with open(meta_path, "r+b") as meta, open(data_path, "r+b") as data:
+        bpc = decode_meta_header(meta.read(META_HEADER.size))
+        meta_size = os.fstat(meta.fileno()).st_size
+        data_size = os.fstat(data.fileno()).st_size
+        n_sums = (meta_size - META_HEADER.size) // CHECKSUM_SIZE
+        length = min(data_size, n_sums * bpc)
+        while length > 0:
+            chunk_start = (length - 1) // bpc * bpc
+            chunk = os.pread(data.fileno(), length - chunk_start, chunk_start)
+            stored = os.pread(meta.fileno(), CHECKSUM_SIZE, meta_offset(chunk_start // bpc))
+            if crc32c(chunk).to_bytes(4, "big") == stored:
+                break
+            # the data may run ahead of a partial chunk's checksum (the crash hit a rewrite
+            # of that chunk between the data and the meta write): keep the prefix it covers
+            prefix = _longest_prefix_matching(chunk, stored)
+            if prefix:
+                length = chunk_start + prefix
+                break
+            length = chunk_start
+        if length != data_size:
+            data.truncate(length)
+        if meta_size != meta_length(length, bpc):
+            meta.truncate(meta_length(length, bpc))
+    return bpc, data_size, length
+
+
+def _finalized_consistent(data_path: str, meta_path: str) -> tuple[int, int]:
+    """``(bytes_per_checksum, length)`` of a finalized replica, ``ValueError`` if the data
+    length disagrees with the number of checksums."""
+    with open(meta_path, "rb") as meta:
+        bpc = decode_meta_header(meta.read(META_HEADER.size))
+        meta_size = os.fstat(meta.fileno()).st_size
+    length = os.stat(data_path).st_size
+    if meta_size != meta_length(length, bpc):
+        raise ValueError(f"data of {length} bytes needs a meta file of "
+                         f"{meta_length(length, bpc)} bytes, found {meta_size}")
+    return bpc, length
+
+
+def scan_data_dir(data_dir: str) -> ScanResult:
+    """Rebuild the replica list from the folder, repairing what a crash can leave behind.
+    Blocking: run it in a worker thread."""
+    result = ScanResult()
+    tmp, rbw, fin, corrupt = (os.path.join(data_dir, d) for d in ("tmp", "rbw", "finalized",
+                                                                   "corrupt"))
+    # TEMPORARY replicas are half-copied transfers: the sender will retry elsewhere.
+    for entry in list(os.scandir(tmp)):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            _unlink_quietly(entry.path)
+        result.temporaries_removed += 1
+
+    def quarantine(paths: list[str], why: str) -> None:
+        os.makedirs(corrupt, exist_ok=True)
+        for path in paths:
+            target = os.path.join(corrupt, os.path.basename(path))
+            os.replace(path, target)
+            result.quarantined.append(target)
+        log.warning("moved %s to %s: %s", ", ".join(os.path.basename(p) for p in paths),
+                    corrupt, why)
+
+    found: dict[int, ScannedReplica] = {}
+
+    # --- rbw/ first: it may hold the data half of a finalize that crashed between renames
+    for block_id, group in sorted(_group_block_files(rbw).items()):
+        newest = _newest_meta(block_id, group, result)
+        data_path = group["data"]
+        if data_path is None:
+            if newest:
+                _unlink_quietly(newest[1])
+                result.orphans_removed.append(newest[1])
+            continue
+        if newest is None:
+            bucket = os.path.join(fin, finalized_subdir(block_id))
+            fin_metas = [m for m in _group_block_files(bucket).get(block_id, {}).get("metas", [])]
+            fin_data = os.path.join(bucket, data_name(block_id))
+            if fin_metas and not os.path.exists(fin_data):
+                os.replace(data_path, fin_data)   # finish the interrupted finalize
+                log.info("finished the interrupted finalize of blk_%d", block_id)
+            else:
+                _unlink_quietly(data_path)
+                result.orphans_removed.append(data_path)
+            continue
+        gs, meta_path = newest
+        try:
+            bpc, before, after = _trim_rbw(block_id, data_path, meta_path)
+        except (OSError, ValueError) as exc:
+            log.warning("removing unreadable RBW replica blk_%d: %s", block_id, exc)
+            for p in (data_path, meta_path):
+                _unlink_quietly(p)
+                result.orphans_removed.append(p)
+            continue
+        if after != before:
+            result.rbw_trimmed.append((block_id, before, after))
+            log.info("RBW replica blk_%d_%d cut from %d to %d bytes (torn last chunk)",
+                     block_id, gs, before, after)
+        found[block_id] = ScannedReplica(block_id, gs, ReplicaState.RBW, bpc, data_path,
+                                         meta_path, after)
+
+    # --- finalized/
+    for dirpath, _dirnames, _files in os.walk(fin):
+        for block_id, group in sorted(_group_block_files(dirpath).items()):
+            newest = _newest_meta(block_id, group, result)
+            data_path = group["data"]
+            if data_path is None or newest is None:
+                quarantine([p for p in (data_path, newest and newest[1]) if p],
+                           "finalized replica without its " +
+                           ("data file" if data_path is None else "meta file"))
+                continue
+            gs, meta_path = newest
+            try:
+                bpc, length = _finalized_consistent(data_path, meta_path)
+            except (OSError, ValueError) as exc:
+                quarantine([data_path, meta_path], str(exc))
+                continue
+            other = found.get(block_id)
+            if other is not None:
+                # the same block in rbw/ and finalized/: keep the newer, finalized on a tie
+                loser = other if other.gs <= gs else None
+                if loser is None:
+                    for p in (data_path, meta_path):
+                        _unlink_quietly(p)
+                        result.orphans_removed.append(p)
+                    continue
+                for p in (loser.data_path, loser.meta_path):
+                    _unlink_quietly(p)
+                    result.orphans_removed.append(p)
+            found[block_id] = ScannedReplica(block_id, gs, ReplicaState.FINALIZED, bpc,
+                                             data_path, meta_path, length)
+    result.replicas = list(found.values())
+    return result
+
+
+def _ensure_layout(data_dir: str) -> str:
+    """Create the folders, take the folder lock, load or create the node id."""
+    for sub in ("tmp", "rbw", "finalized"):
+        os.makedirs(os.path.join(data_dir, sub), exist_ok=True)
+    path = os.path.join(data_dir, "node_id")
+    try:
+        with open(path) as fh:
+            node_id = fh.read().strip()
+        if node_id:
+            return node_id
+    except FileNotFoundError:
+        pass
+    node_id = uuid.uuid4().hex
+    tmp = path + ".new"
+    with open(tmp, "w") as fh:
+        fh.write(node_id + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(data_dir)
+    return node_id
+
+
+# --------------------------------------------------------------------------- the store
+
+
+class ReplicaStore:
+    """The replica map of one data folder plus every file operation on it."""
+
+    def __init__(self, data_dir: str, *, disk_io_threads: int = 8):
+        self.data_dir = os.path.abspath(data_dir)
+        self.limiter = trio.CapacityLimiter(max(1, disk_io_threads))
+        self.node_id: str = ""
+        self.replicas: dict[int, Replica] = {}
+        self.last_scan: ScanResult | None = None
+        self._lock_fd: int | None = None
+
+    # -- lifecycle
+    async def run_io(self, fn, *args):
+        """Run blocking file work in a worker thread under the disk limiter."""
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    async def open(self) -> ScanResult:
+        """Create the layout, lock the folder, scan it into the map."""
+        self._lock_fd = await self.run_io(self._take_folder_lock)
+        try:
+            self.node_id = await self.run_io(_ensure_layout, self.data_dir)
+            result = await self.run_io(scan_data_dir, self.data_dir)
+        except BaseException:
+            self.close()
+            raise
+        self.replicas = {}
+        for r in result.replicas:
+            state = next_state(r.state, ReplicaEvent.RESTART)   # rbw/ files come back RWR
+            self.replicas[r.block_id] = Replica(
+                r.block_id, r.gs, state, r.bytes_per_checksum, r.data_path, r.meta_path,
+                num_bytes=r.num_bytes, visible_length=r.num_bytes)
+        self.last_scan = result
+        log.info("data folder %s: node %s, %d replicas (%d finalized, %d RWR), %d temporaries "
+                 "removed, %d RBW trimmed, %d quarantined", self.data_dir, self.node_id,
+                 len(self.replicas),
+                 sum(r.state is ReplicaState.FINALIZED for r in self.replicas.values()),
+                 sum(r.state is ReplicaState.RWR for r in self.replicas.values()),
+                 result.temporaries_removed, len(result.rbw_trimmed), len(result.quarantined))
+        return result
+
+    def _take_folder_lock(self) -> int:
+        os.makedirs(self.data_dir, exist_ok=True)
+        fd = os.open(os.path.join(self.data_dir, "in_use.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise InvalidArgument(f"data folder {self.data_dir} is in use by another block "
+                                  f"server") from None
+        return fd
+
+    def close(self) -> None:
+        """Close writers' files and release the folder lock (the files stay as they are)."""
+        for replica in self.replicas.values():
+            if replica.writer is not None:
+                replica.writer.close()
+                replica.writer = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- queries
+    def get(self, block_id: int) -> Replica | None:
+        return self.replicas.get(block_id)
+
+    def block_report(self) -> list[list]:
+        """Every reportable replica as ``[id, gs, num_bytes, state]``."""
+        return [r.report_entry() for r in self.replicas.values()
+                if r.state in (ReplicaState.FINALIZED, ReplicaState.RBW, ReplicaState.RWR)]
+
+    def used_bytes(self) -> int:
+        return sum(r.disk_bytes() for r in self.replicas.values())
+
+    async def disk_space(self) -> tuple[int, int]:
+        """``(capacity, remaining)`` of the file system holding the folder."""
+        st = await self.run_io(os.statvfs, self.data_dir)
+        return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+    def readable(self, block_id: int, gs: int) -> Replica:
+        """The replica a reader of ``(block_id, gs)`` may use, or the reason it may not."""
+        replica = self.replicas.get(block_id)
+        if replica is None or replica.state not in (ReplicaState.FINALIZED, ReplicaState.RBW,
+                                                    ReplicaState.RWR):
+            raise ReplicaNotFound(f"block server has no readable replica of blk_{block_id}")
+        if replica.gs < gs:
+            raise StaleGenerationStamp(f"replica blk_{block_id} has generation stamp "
+                                       f"{replica.gs}, older than the requested {gs}")
+        return replica
+
+    # -- writing
+    async def create_rbw(self, block_id: int, gs: int, bytes_per_checksum: int) -> Replica:
+        """A new RBW replica with its files open for writing. An existing replica with an
+        equal or newer GS is refused; an older one is replaced."""
+        if not MIN_BYTES_PER_CHECKSUM <= bytes_per_checksum <= MAX_BYTES_PER_CHECKSUM:
+            raise InvalidArgument(f"bytes_per_checksum {bytes_per_checksum} is outside "
+                                  f"[{MIN_BYTES_PER_CHECKSUM}, {MAX_BYTES_PER_CHECKSUM}]")
+        existing = self.replicas.get(block_id)
+        if existing is not None:
+            if existing.gs >= gs:
+                raise ReplicaAlreadyExists(
+                    f"replica blk_{block_id} already exists with generation stamp {existing.gs} "
+                    f"({existing.state.value}), not older than {gs}")
+            log.info("replacing %s replica %s by a new generation stamp %d",
+                     existing.state.value, existing.name, gs)
+            await self.delete(existing)
+            if self.replicas.get(block_id) is not None:   # raced with another writer
+                raise ReplicaAlreadyExists(f"replica blk_{block_id} is being created already")
+        state = next_state(None, ReplicaEvent.CREATE_RBW)
+        rbw = os.path.join(self.data_dir, "rbw")
+        replica = Replica(block_id, gs, state, bytes_per_checksum,
+                          os.path.join(rbw, data_name(block_id)),
+                          os.path.join(rbw, meta_name(block_id, gs)))
+        self.replicas[block_id] = replica   # claim the id before the first await
+        try:
+            async with replica.lock:
+                replica.writer = await self.run_io(
+                    ReplicaWriter, replica.data_path, replica.meta_path, bytes_per_checksum, True)
+        except BaseException:
+            if self.replicas.get(block_id) is replica:
+                del self.replicas[block_id]
+            raise
+        return replica
+
+    def _require_writable(self, replica: Replica) -> ReplicaWriter:
+        if replica.removed or replica.writer is None or replica.state is not ReplicaState.RBW:
+            raise ReplicaNotFound(f"replica {replica.name} is no longer being written "
+                                  f"({'deleted' if replica.removed else replica.state.value})")
+        return replica.writer
+
+    async def write_packet(self, replica: Replica, offset: int, data, sums: bytes) -> None:
+        """Write one verified packet at ``offset`` (see ``check_packet_range``)."""
+        writer = self._require_writable(replica)
+        check_packet_range(replica.num_bytes, offset, len(data), replica.bytes_per_checksum)
+        if not len(data):
+            return
+        await self.run_io(writer.write, offset, data, sums)
+        replica.num_bytes = max(replica.num_bytes, offset + len(data))
+
+    async def sync(self, replica: Replica) -> None:
+        await self.run_io(self._require_writable(replica).fsync)
+
+    async def finalize(self, replica: Replica) -> None:
+        """fsync data + meta, move both into finalized/<bucket>/, fsync both folders."""
+        writer = self._require_writable(replica)
+        new_state = next_state(replica.state, ReplicaEvent.FINALIZE)
+        bucket = os.path.join(self.data_dir, "finalized", finalized_subdir(replica.block_id))
+        new_data = os.path.join(bucket, data_name(replica.block_id))
+        new_meta = os.path.join(bucket, meta_name(replica.block_id, replica.gs))
+
+        def move() -> None:
+            writer.fsync()
+            writer.close()
+            os.makedirs(bucket, exist_ok=True)
+            os.replace(replica.meta_path, new_meta)   # meta first: the scan completes a
+            os.replace(replica.data_path, new_data)   # finalize cut between the two renames
+            fsync_dir(bucket)
+            fsync_dir(os.path.dirname(replica.data_path))
+
+        async with replica.lock:
+            replica.writer = None
+            await self.run_io(move)
+            replica.data_path, replica.meta_path = new_data, new_meta
+            replica.state = new_state
+            replica.visible_length = replica.num_bytes
+            replica.visible_last_sum = None
+
+    async def release_writer(self, replica: Replica) -> None:
+        """A pipeline ended without finalizing: close the files, keep the RBW replica."""
+        writer, replica.writer = replica.writer, None
+        if writer is not None:
+            await self.run_io(writer.close)
+
+    # -- reading
+    async def open_reader(self, block_id: int, gs: int) -> ReplicaReader:
+        replica = self.readable(block_id, gs)
+        async with replica.lock:
+            if replica.removed:
+                raise ReplicaNotFound(f"replica {replica.name} was deleted")
+            reader = ReplicaReader(replica)
+            return await self.run_io(reader.open_files)
+
+    async def close_reader(self, reader: ReplicaReader) -> None:
+        await self.run_io(reader.close)
+
+    # -- deleting
+    async def delete(self, replica: Replica) -> None:
+        """Remove a replica from the map and its files from disk (a writer still holding
+        them fails on its next operation)."""
+        next_state(replica.state, ReplicaEvent.INVALIDATE)
+        if self.replicas.get(replica.block_id) is replica:
+            del self.replicas[replica.block_id]
+        replica.removed = True
+        writer, replica.writer = replica.writer, None
+
+        def remove() -> None:
+            if writer is not None:
+                writer.close()
+            for path in (replica.data_path, replica.meta_path):
+                _unlink_quietly(path)
+
+        async with replica.lock:
+            await self.run_io(remove)
+
+    async def invalidate(self, block_id: int, gs: int) -> bool:
+        """INVALIDATE command: delete the replica unless it is newer than ``gs``. Returns
+        True when the node no longer holds the block (deleted now, or never had it)."""
+        replica = self.replicas.get(block_id)
+        if replica is None:
+            return True
+        if replica.gs > gs:
+            log.info("INVALIDATE blk_%d_%d ignored: replica has the newer generation stamp %d",
+                     block_id, gs, replica.gs)
+            return False
+        try:
+            await self.delete(replica)
+        except (OSError, LeaseFSError) as exc:
+            log.warning("could not delete %s: %s", replica.name, exc)
+            return False
+        return True

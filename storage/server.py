@@ -1,0 +1,93 @@
+"""Entry point of a block server (HDFS DataNode role): one data folder, one data-transfer
+port, one conversation with the metadata server.
+
+Why it exists: it wires the replica store, the data-transfer server and the heartbeat
+service together and reports the bound address before registration, so a test (or the
+cluster launcher) can start block servers before the metadata server is up.
+
+Concurrency contract: ``BlockServer.run`` is one trio task tree; the store is opened (scanned)
+before the port is bound, the address is reported through ``task_status.started`` as soon as
+the port listens, then the heartbeat service keeps trying to register for as long as the
+server runs. Cancelling the task stops everything and releases the data folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import trio
+
+from fs.config import Config
+from fs.rpc import format_address, serve_tcp
+
+from .heartbeat import HeartbeatService
+from .replicas import ReplicaStore
+from .transfer import DataTransferServer
+
+log = logging.getLogger(__name__)
+
+
+class BlockServer:
+    """The parts of one running block server, for callers that want to look inside."""
+
+    def __init__(self, config: Config, data_dir: str, *, meta_address: str):
+        self.config = config
+        self.store = ReplicaStore(data_dir, disk_io_threads=config.disk_io_threads)
+        self.transfer = DataTransferServer(config, self.store)
+        self.heartbeat = HeartbeatService(config, self.store, meta_address,
+                                          xceiver_count=lambda: self.transfer.active_ops)
+        self.transfer.reporter = self.heartbeat
+        self.bound: tuple[str, int] | None = None
+        self.advertised: str | None = None
+
+    async def run(self, host: str = "127.0.0.1", port: int = 9866,
+                  task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await self.store.open()
+        try:
+            async with trio.open_nursery() as nursery:
+                self.bound = await nursery.start(serve_tcp, self.transfer.handle, host, port,
+                                                 name="block server")
+                self.advertised = format_address((self.config.storage_advertise_host,
+                                                  self.bound[1]))
+                task_status.started(self.bound)
+                await self.heartbeat.run(self.advertised)
+        finally:
+            self.store.close()
+
+
+async def run_block_server(config: Config, data_dir: str, *, meta_address: str,
+                           host: str = "127.0.0.1", port: int = 9866,
+                           task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``data_dir`` on ``host:port`` (0 = any free port) until cancelled; reports the
+    bound ``(host, port)`` before registering with ``meta_address``."""
+    await BlockServer(config, data_dir, meta_address=meta_address).run(
+        host, port, task_status=task_status)
+
+
+def main(argv=None) -> int:
+    """``python -m storage.server --data DIR --meta HOST:PORT [--port N] [--host H]``."""
+    parser = argparse.ArgumentParser(prog="python -m storage.server", description=__doc__)
+    parser.add_argument("--data", required=True, help="data folder")
+    parser.add_argument("--meta", required=True, help="metadata server HOST:PORT")
+    parser.add_argument("--host", default=None, help="address to bind (default: bind_host)")
+    parser.add_argument("--port", type=int, default=None, help="data port (default: storage_port)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a setting")
+    args = parser.parse_args(argv)
+    overrides = dict(item.split("=", 1) for item in args.set)
+    config = Config.load(**overrides)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        trio.run(lambda: run_block_server(
+            config, args.data, meta_address=args.meta, host=args.host or config.bind_host,
+            port=config.storage_port if args.port is None else args.port))
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

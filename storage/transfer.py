@@ -1,0 +1,533 @@
+"""The block server's data-transfer server (HDFS DataXceiver): WRITE_BLOCK pipelines,
+READ_BLOCK and BLOCK_LENGTH over the stream protocol of docs/PROTOCOL.md §3.
+
+Why it exists: block data never goes through the metadata server; clients and block servers
+stream it here, packet by packet, with CRC32C checksums per chunk.
+
+Write pipeline (seed 003 "DatanodeWrite"): the op header creates an RBW replica and is
+forwarded to ``targets[0]`` with ``targets[1:]``; once the downstream answered, this node
+answers upstream. Then three tasks run per write:
+
+* the receiver reads a packet, verifies its checksums and forwards it downstream, then hands it
+  to the disk writer (one packet in hand, so receiving the next packet overlaps writing this
+  one), which writes data and checksums locally (fsync for SYNC packets) and queues it for
+  the responder; that queue holds at most ``write_window_packets`` entries, so the receiver
+  stops reading (and TCP pushes back on the writer) when the acks lag;
+* the responder takes the queued packets in order, waits for the downstream ack of the same
+  seqno (the last node: none), marks the bytes visible, finalizes on LAST (then sends the
+  incremental block report), and acks upstream ``[own status] + downstream statuses``.
+
+A checksum error stops this node with ERROR_CHECKSUM; a downstream that breaks is acked as
+``SUCCESS`` for this node and ``ERROR`` at the downstream's index, then the pipeline closes
+(pipeline recovery is the client's job). The replica stays RBW with its visible length.
+
+Concurrency contract: every connection is served by its own task(s) in the trio thread; each
+op owns its connection; disk work goes through the ``ReplicaStore``'s worker threads. Bad
+input never escapes a connection: it is answered with an error response (before the op's
+response) or an ERROR ack (during a write), and the connection is closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import trio
+
+from fs.config import Config
+from fs.datatransfer import (BLOCK_LENGTH, CHECKSUM_SIZE, ERROR, ERROR_CHECKSUM, FLAG_HEARTBEAT,
+                             FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA, PACKET_HEADER,
+                             PIPELINE_SETUP_CREATE, READ_BLOCK, SUCCESS, WRITE_BLOCK, Packet,
+                             num_chunks, receive_ack, send_ack, send_packet, verify_checksums)
+from fs.errors import (ChecksumError, InternalError, InvalidArgument, LeaseFSError,
+                       NotSupported, ProtocolError, ReplicaNotFound, ServerUnavailable)
+from fs.framing import FramedStream
+from fs.rpc import parse_address
+
+from .replicas import Replica, ReplicaState, ReplicaStore, check_packet_range
+
+log = logging.getLogger(__name__)
+
+#: op headers and responses are small maps; anything bigger is garbage
+HEADER_MAX_FRAME = 1 << 20
+#: longest downstream list a WRITE_BLOCK header may carry
+MAX_TARGETS = 32
+#: how long the ack of a LAST packet may wait for the incremental block report to reach the
+#: metadata server (so the client's ``complete`` usually succeeds on its first try) before the
+#: ack goes out anyway and the report follows asynchronously
+IBR_ACK_WAIT = 1.0
+#: seconds a connection to a downstream block server may take
+CONNECT_TIMEOUT = 10.0
+_KNOWN_FLAGS = FLAG_LAST | FLAG_SYNC | FLAG_HEARTBEAT
+
+
+class NullReporter:
+    """Stands in for the heartbeat service where no metadata server is wired (tests)."""
+
+    registered = False
+
+    def block_received(self, block_id: int, gs: int, num_bytes: int, state: str) -> trio.Event:
+        done = trio.Event()
+        done.set()
+        return done
+
+
+# --------------------------------------------------------------------------- header parsing
+
+
+def _field(header: dict, key: str, kind: type, op: str, default=...):
+    """``header[key]`` of type ``kind`` (a bool is not an int here), or ProtocolError."""
+    value = header.get(key, default)
+    if value is ...:
+        raise ProtocolError(f"{op} header lacks {key!r}")
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ProtocolError(f"{op} header field {key!r} has the wrong type: {value!r:.80}")
+    return value
+
+
+def _block(header: dict, op: str) -> tuple[int, int]:
+    block = _field(header, "block", dict, op)
+    block_id, gs = block.get("id"), block.get("gs")
+    if not isinstance(block_id, int) or isinstance(block_id, bool) or not isinstance(gs, int) \
+            or isinstance(gs, bool) or gs < 0:
+        raise ProtocolError(f"{op}: block must be {{id: int, gs: int >= 0}}, got {block!r:.120}")
+    return block_id, gs
+
+
+def _error_response(exc: LeaseFSError, **extra) -> dict:
+    """The message names the error type too, for peers that only print the message."""
+    return {"status": "ERROR", "message": f"{type(exc).__name__}: {exc}",
+            "error": exc.to_wire(), **extra}
+
+
+class _Conn:
+    """One data-transfer connection and whether its op response went out already."""
+
+    def __init__(self, stream: trio.abc.Stream, peer: str):
+        self.framed = FramedStream(stream, HEADER_MAX_FRAME)
+        self.peer = peer
+        self.responded = False
+
+    async def respond(self, response: dict) -> None:
+        self.responded = True
+        await self.framed.send_frame(response)
+
+
+async def close_gracefully(framed: FramedStream, linger: float = 1.0) -> None:
+    """Half-close, drain what the peer still sends for a moment, then close: closing a socket
+    with unread input makes the kernel send RST, which can destroy our last reply in flight."""
+    stream = framed.stream
+    try:
+        with trio.move_on_after(linger):   # a server shutting down cancels the linger
+            if hasattr(stream, "send_eof"):
+                await stream.send_eof()
+            while await stream.receive_some(1 << 16):
+                pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError,
+            OSError):
+        pass
+    finally:
+        with trio.CancelScope(shield=True):
+            await framed.aclose()
+
+
+# --------------------------------------------------------------------------- server
+
+
+class DataTransferServer:
+    """Serves data-transfer connections for one replica store."""
+
+    def __init__(self, config: Config, store: ReplicaStore, reporter=None):
+        self.config = config
+        self.store = store
+        self.reporter = reporter or NullReporter()
+        self.active_ops = 0   # HDFS xceiver count, reported in heartbeats
+
+    async def handle(self, stream: trio.abc.Stream, peer: str = "?") -> None:
+        """Serve one connection: one op header, one op."""
+        conn = _Conn(stream, peer)
+        self.active_ops += 1
+        try:
+            await self._serve(conn)
+        finally:
+            self.active_ops -= 1
+            await close_gracefully(conn.framed)
+
+    async def _serve(self, conn: _Conn) -> None:
+        op = "?"
+        try:
+            with trio.move_on_after(self.config.data_timeout) as scope:
+                header = await conn.framed.receive_frame()
+            if scope.cancelled_caught:
+                raise ProtocolError(f"no op header within {self.config.data_timeout:g} s")
+            if not isinstance(header, dict) or not isinstance(header.get("op"), str):
+                raise ProtocolError(f"op header must be a map with an 'op' name, got "
+                                    f"{header!r:.120}")
+            op = header["op"]
+            if op == WRITE_BLOCK:
+                await self._write_block(conn, header)
+            elif op == READ_BLOCK:
+                await self._read_block(conn, header)
+            elif op == BLOCK_LENGTH:
+                await self._block_length(conn, header)
+            else:
+                raise NotSupported(f"unknown or unsupported data-transfer op {op[:80]!r}")
+        except (EOFError, ServerUnavailable) as exc:
+            log.debug("%s from %s: peer went away: %s", op, conn.peer, exc)
+        except LeaseFSError as exc:
+            log.info("%s from %s refused: %s", op, conn.peer, exc)
+            await self._try_error_response(conn, exc, op)
+        except OSError as exc:   # the disk, not the peer
+            log.warning("%s from %s: disk error: %s", op, conn.peer, exc)
+            await self._try_error_response(
+                conn, LeaseFSError(f"{op}: disk error on the block server: {exc}",
+                                   errno=exc.errno or None), op)
+        except Exception as exc:   # a bug: keep serving everybody else
+            log.exception("%s from %s failed", op, conn.peer)
+            await self._try_error_response(
+                conn, InternalError(f"{op}: internal error: {type(exc).__name__}: {exc}"), op)
+
+    @staticmethod
+    async def _try_error_response(conn: _Conn, exc: LeaseFSError, op: str) -> None:
+        if conn.responded:
+            return
+        extra = {"first_bad_link": ""} if op == WRITE_BLOCK else {}
+        try:
+            await conn.respond(_error_response(exc, **extra))
+        except (ServerUnavailable, EOFError):
+            pass
+
+    # ------------------------------------------------------------------ BLOCK_LENGTH
+
+    async def _block_length(self, conn: _Conn, header: dict) -> None:
+        block_id, gs = _block(header, BLOCK_LENGTH)
+        replica = self.store.readable(block_id, gs)
+        visible = (replica.visible_length if replica.state is ReplicaState.RBW
+                   else replica.num_bytes)
+        await conn.respond({"status": "SUCCESS", "message": "", "visible_length": visible,
+                            "gs": replica.gs, "state": replica.state.value})
+
+    # ------------------------------------------------------------------ READ_BLOCK
+
+    async def _read_block(self, conn: _Conn, header: dict) -> None:
+        block_id, gs = _block(header, READ_BLOCK)
+        offset = _field(header, "offset", int, READ_BLOCK, 0)
+        length = _field(header, "length", int, READ_BLOCK, -1)
+        reader = await self.store.open_reader(block_id, gs)
+        try:
+            visible = reader.visible_length
+            bpc = reader.bytes_per_checksum
+            if length == -1:
+                length = max(0, visible - offset)
+            if offset < 0 or length < 0 or offset + length > visible:
+                raise InvalidArgument(
+                    f"READ_BLOCK blk_{block_id}: range [{offset}, {offset + length}) is outside "
+                    f"the {visible} visible bytes")
+            chunk_offset = offset - offset % bpc
+            end = chunk_offset if length == 0 else min(visible, math.ceil((offset + length) / bpc) * bpc)
+            await conn.respond({"status": "SUCCESS", "message": "", "visible_length": visible,
+                                "bytes_per_checksum": bpc, "chunk_offset": chunk_offset})
+            await self._send_block_range(conn.framed, reader, chunk_offset, end)
+        finally:
+            await self.store.close_reader(reader)
+
+    async def _send_block_range(self, framed: FramedStream, reader, start: int, end: int) -> None:
+        """Packets of ``packet_size`` (rounded to whole chunks) read one ahead in a worker
+        thread while the previous one is sent, then the empty LAST packet."""
+        bpc = reader.bytes_per_checksum
+        step = max(bpc, self.config.packet_size // bpc * bpc)
+        send_ch, receive_ch = trio.open_memory_channel(1)
+
+        async def producer():
+            async with send_ch:
+                for pos in range(start, end, step):
+                    data, sums = await self.store.run_io(reader.read, pos, min(step, end - pos))
+                    await send_ch.send((pos, data, sums))
+
+        seqno = 0
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(producer)
+            async with receive_ch:
+                async for pos, data, sums in receive_ch:
+                    await send_packet(framed, seqno, pos, data, sums)
+                    seqno += 1
+        await send_packet(framed, seqno, end, b"", b"", FLAG_LAST)
+
+    # ------------------------------------------------------------------ WRITE_BLOCK
+
+    async def _write_block(self, conn: _Conn, header: dict) -> None:
+        block_id, gs = _block(header, WRITE_BLOCK)
+        targets = _field(header, "targets", list, WRITE_BLOCK, [])
+        if len(targets) > MAX_TARGETS or not all(isinstance(t, str) for t in targets):
+            raise ProtocolError(f"WRITE_BLOCK targets must be at most {MAX_TARGETS} "
+                                f"\"host:port\" strings, got {targets!r:.200}")
+        for target in targets:
+            parse_address(target)
+        stage = _field(header, "stage", str, WRITE_BLOCK, PIPELINE_SETUP_CREATE)
+        if stage != PIPELINE_SETUP_CREATE:
+            raise NotSupported(f"WRITE_BLOCK stage {stage[:60]!r} is not supported yet")
+        bpc = _field(header, "bytes_per_checksum", int, WRITE_BLOCK,
+                     self.config.bytes_per_checksum)
+
+        replica = await self.store.create_rbw(block_id, gs, bpc)
+        downstream: FramedStream | None = None
+        try:
+            if targets:
+                downstream, failure = await self._connect_downstream(header, targets)
+                if failure is not None:
+                    message, bad_link = failure
+                    log.info("WRITE_BLOCK %s: downstream setup failed at %s: %s",
+                             replica.name, bad_link, message)
+                    await self.store.delete(replica)
+                    exc = ServerUnavailable(f"pipeline setup failed at {bad_link}: {message}")
+                    await conn.respond(_error_response(exc, first_bad_link=bad_link))
+                    return
+            # HDFS "receiving block" report: the metadata server learns the RBW location
+            self.reporter.block_received(block_id, gs, 0, ReplicaState.RBW.value)
+            await conn.respond({"status": "SUCCESS", "message": "", "first_bad_link": ""})
+            pipeline = _WritePipeline(self, conn, downstream, replica)
+            await pipeline.run()
+        finally:
+            if downstream is not None:
+                with trio.CancelScope(shield=True):
+                    await downstream.aclose()
+            if not replica.removed and replica.state is ReplicaState.RBW:
+                with trio.CancelScope(shield=True):
+                    await self.store.release_writer(replica)
+
+    async def _connect_downstream(self, header: dict, targets: list[str]):
+        """``(stream, None)`` or ``(None, (message, first_bad_link))``."""
+        target = targets[0]
+        host, port = parse_address(target)
+        try:
+            with trio.fail_after(min(CONNECT_TIMEOUT, self.config.data_timeout)):
+                stream = await trio.open_tcp_stream(host, port)
+        except (OSError, trio.TooSlowError) as exc:
+            return None, (f"cannot connect: {exc or 'timed out'}", target)
+        framed = FramedStream(stream, HEADER_MAX_FRAME)
+        try:
+            await framed.send_frame({**header, "targets": targets[1:]})
+            with trio.fail_after(self.config.data_timeout):
+                response = await framed.receive_frame()
+        except (LeaseFSError, EOFError, trio.TooSlowError) as exc:
+            await framed.aclose()
+            return None, (f"no setup response: {exc or 'timed out'}", target)
+        if isinstance(response, dict) and response.get("status") == "SUCCESS":
+            return framed, None
+        await framed.aclose()
+        if not isinstance(response, dict):
+            return None, (f"malformed setup response {response!r:.100}", target)
+        bad = response.get("first_bad_link") or target
+        return None, (str(response.get("message", "refused")), bad)
+
+
+@dataclass(slots=True)
+class _Queued:
+    """A packet written locally, waiting for its downstream ack (or an error to report)."""
+
+    seqno: int
+    end: int = 0                    # offset after the packet's data
+    last_sum: bytes | None = None   # checksum of the packet's last chunk
+    has_data: bool = False
+    last: bool = False
+    own_status: int = SUCCESS
+
+
+class _WritePipeline:
+    """The receiver and responder of one WRITE_BLOCK after a successful setup."""
+
+    def __init__(self, server: DataTransferServer, conn: _Conn,
+                 downstream: FramedStream | None, replica: Replica):
+        self.server = server
+        self.store = server.store
+        self.config = server.config
+        self.upstream = conn.framed
+        self.peer = conn.peer
+        self.downstream = downstream
+        self.downstream_failed = False
+        self.replica = replica
+        self.scope: trio.CancelScope | None = None
+
+    async def run(self) -> None:
+        # receiver -> (one packet in hand) -> disk writer -> (window of entries) -> responder
+        disk_send, disk_receive = trio.open_memory_channel(1)
+        ack_send, ack_receive = trio.open_memory_channel(max(1, self.config.write_window_packets))
+        async with trio.open_nursery() as nursery:
+            self.scope = nursery.cancel_scope
+            nursery.start_soon(self._receiver, disk_send)
+            nursery.start_soon(self._disk_writer, disk_receive, ack_send)
+            nursery.start_soon(self._responder, ack_receive)
+
+    def _stop(self) -> None:
+        self.scope.cancel()
+
+    # -- receiver
+    async def _receive_packet(self) -> Packet:
+        """One packet with the limits checked before anything big is read."""
+        framed = self.upstream
+        raw = await framed.receive_exactly(PACKET_HEADER.size)
+        seqno, offset, data_len, flags = PACKET_HEADER.unpack(raw)
+        problem = None
+        if data_len > MAX_PACKET_DATA:
+            problem = f"claims {data_len} bytes, more than {MAX_PACKET_DATA}"
+        elif offset < 0:
+            problem = f"has a negative offset {offset}"
+        elif flags & ~_KNOWN_FLAGS:
+            problem = f"has unknown flags {flags:#x}"
+        elif flags & FLAG_HEARTBEAT and data_len:
+            problem = "is a heartbeat carrying data"
+        if problem:
+            raise _BadPacket(seqno, ProtocolError(f"{self.replica.name}: packet {seqno} {problem}"))
+        sums = await framed.receive_exactly(
+            CHECKSUM_SIZE * num_chunks(data_len, self.replica.bytes_per_checksum))
+        data = await framed.receive_exactly(data_len)
+        return Packet(seqno, offset, data, sums, flags)
+
+    async def _receiver(self, disk: trio.MemorySendChannel) -> None:
+        """Receive, verify, forward; hand the packet to the disk writer. The disk writer
+        lags by at most one packet, so network and disk work overlap."""
+        replica = self.replica
+        bpc = replica.bytes_per_checksum
+        received = replica.num_bytes     # bytes accepted so far, ahead of the disk writer
+        async with disk:
+            while True:
+                try:
+                    with trio.fail_after(self.config.data_timeout):
+                        packet = await self._receive_packet()
+                except (EOFError, ServerUnavailable, trio.TooSlowError) as exc:
+                    log.info("WRITE_BLOCK %s: writer %s went away: %s", replica.name, self.peer,
+                             exc or "timed out")
+                    self._stop()
+                    return
+                except _BadPacket as bad:
+                    log.warning("WRITE_BLOCK %s from %s: %s", replica.name, self.peer, bad.error)
+                    await disk.send((None, _Queued(bad.seqno, own_status=ERROR)))
+                    return
+                entry = _Queued(packet.seqno, last=packet.last)
+                try:
+                    if replica.removed:
+                        raise ReplicaNotFound(f"{replica.name} was deleted while being written")
+                    if len(packet.data):
+                        check_packet_range(received, packet.offset, len(packet.data), bpc)
+                        verify_checksums(packet.data, packet.sums, bpc,
+                                         where=f"in {replica.name} from {self.peer}",
+                                         base_offset=packet.offset)
+                        received = packet.offset + len(packet.data)
+                except ChecksumError as exc:
+                    log.warning("WRITE_BLOCK %s: %s", replica.name, exc)
+                    entry.own_status = ERROR_CHECKSUM
+                    await disk.send((None, entry))
+                    return
+                except LeaseFSError as exc:
+                    log.warning("WRITE_BLOCK %s from %s: %s", replica.name, self.peer, exc)
+                    entry.own_status = ERROR
+                    await disk.send((None, entry))
+                    return
+                await self._forward(packet)
+                await disk.send((packet, entry))
+                if packet.last:
+                    return
+
+    async def _disk_writer(self, disk: trio.MemoryReceiveChannel,
+                           acks: trio.MemorySendChannel) -> None:
+        """Write each packet's data and checksums (fsync for SYNC and LAST), then queue it for
+        the responder; the responder's queue bounds how far writing runs ahead of acks."""
+        replica = self.replica
+        async with disk, acks:
+            async for packet, entry in disk:
+                if packet is None:
+                    await acks.send(entry)
+                    return
+                try:
+                    if len(packet.data):
+                        await self.store.write_packet(replica, packet.offset, packet.data,
+                                                      packet.sums)
+                        entry.has_data = True
+                        entry.end = packet.offset + len(packet.data)
+                        entry.last_sum = packet.sums[-CHECKSUM_SIZE:]
+                    if packet.sync or packet.last:
+                        await self.store.sync(replica)
+                except (OSError, LeaseFSError) as exc:
+                    log.error("WRITE_BLOCK %s: local write failed: %s", replica.name, exc)
+                    entry.own_status = ERROR
+                    await acks.send(entry)
+                    return
+                await acks.send(entry)
+
+    async def _forward(self, packet: Packet) -> None:
+        if self.downstream is None or self.downstream_failed:
+            return
+        try:
+            await send_packet(self.downstream, packet.seqno, packet.offset, packet.data,
+                              packet.sums, packet.flags)
+        except ServerUnavailable as exc:
+            log.warning("WRITE_BLOCK %s: forwarding to the downstream failed: %s",
+                        self.replica.name, exc)
+            self.downstream_failed = True
+
+    # -- responder
+    async def _downstream_statuses(self, seqno: int) -> list[int]:
+        if self.downstream is None:
+            return []
+        if not self.downstream_failed:
+            try:
+                with trio.fail_after(self.config.data_timeout):
+                    ack_seqno, statuses = await receive_ack(self.downstream)
+                if ack_seqno != seqno:
+                    raise ProtocolError(f"downstream acked seqno {ack_seqno}, expected {seqno}")
+                if not statuses:
+                    raise ProtocolError("downstream ack carries no status")
+                return statuses
+            except (EOFError, LeaseFSError, trio.TooSlowError) as exc:
+                log.warning("WRITE_BLOCK %s: downstream ack for packet %d failed: %s",
+                            self.replica.name, seqno, exc or "timed out")
+                self.downstream_failed = True
+        return [ERROR]
+
+    async def _responder(self, queue: trio.MemoryReceiveChannel) -> None:
+        replica = self.replica
+        async with queue:
+            async for entry in queue:
+                if entry.own_status != SUCCESS:
+                    statuses = [entry.own_status]
+                else:
+                    statuses = [SUCCESS] + await self._downstream_statuses(entry.seqno)
+                ok = all(s == SUCCESS for s in statuses)
+                if ok and entry.has_data:
+                    replica.set_visible(entry.end, entry.last_sum)
+                if ok and entry.last:
+                    try:
+                        await self.store.finalize(replica)
+                    except (OSError, LeaseFSError) as exc:
+                        log.error("WRITE_BLOCK %s: finalize failed: %s", replica.name, exc)
+                        statuses[0] = ERROR
+                        ok = False
+                    else:
+                        await self._report_finalized(replica)
+                try:
+                    await send_ack(self.upstream, entry.seqno, statuses)
+                except ServerUnavailable as exc:
+                    log.info("WRITE_BLOCK %s: cannot ack to %s: %s", replica.name, self.peer, exc)
+                    self._stop()
+                    return
+                if not ok or entry.last:
+                    self._stop()
+                    return
+
+    async def _report_finalized(self, replica: Replica) -> None:
+        log.debug("finalized %s (%d bytes)", replica.name, replica.num_bytes)
+        delivered = self.server.reporter.block_received(
+            replica.block_id, replica.gs, replica.num_bytes, ReplicaState.FINALIZED.value)
+        if getattr(self.server.reporter, "registered", False):
+            with trio.move_on_after(IBR_ACK_WAIT):
+                await delivered.wait()
+
+
+class _BadPacket(Exception):
+    """A packet header that breaks the protocol (internal: carries its seqno)."""
+
+    def __init__(self, seqno: int, error: ProtocolError):
+        super().__init__(str(error))
+        self.seqno = seqno
+        self.error = error

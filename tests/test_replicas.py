@@ -1,0 +1,227 @@
+"""Replica store tests: the pure state table and packet-range rule, and the store on real
+files (write / rewrite / read snapshots, finalize, the start-up scan and its repairs)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import trio
+
+from fs.datatransfer import chunk_checksums, crc32c, verify_checksums
+from fs.errors import (InvalidArgument, ProtocolError, ReplicaAlreadyExists, ReplicaNotFound,
+                       StaleGenerationStamp)
+from storage.replicas import (TRANSITIONS, ReplicaEvent, ReplicaState, ReplicaStore,
+                              check_packet_range, encode_meta_header, finalized_subdir,
+                              next_state)
+
+pytestmark = pytest.mark.timeout(30)
+
+BPC = 512
+S, E = ReplicaState, ReplicaEvent
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def test_state_table_follows_hdfs_transitions():
+    assert next_state(None, E.CREATE_RBW) is S.RBW
+    assert next_state(S.RBW, E.FINALIZE) is S.FINALIZED
+    assert next_state(S.RBW, E.RESTART) is S.RWR
+    assert next_state(S.FINALIZED, E.RESTART) is S.FINALIZED
+    assert next_state(S.TEMPORARY, E.RESTART) is None
+    assert next_state(S.RWR, E.INIT_RECOVERY) is S.RUR
+    assert next_state(S.RUR, E.UPDATE_UNDER_RECOVERY) is S.FINALIZED
+    for state in ReplicaState:
+        assert next_state(state, E.INVALIDATE) is None
+    # everything else is refused with a message naming the event and the state
+    for state, event in [(S.FINALIZED, E.FINALIZE), (S.RWR, E.FINALIZE), (S.RBW, E.CREATE_RBW),
+                         (None, E.FINALIZE), (S.FINALIZED, E.RECOVER_RBW), (S.RWR, E.APPEND)]:
+        assert (state, event) not in TRANSITIONS
+        with pytest.raises(InvalidArgument) as info:
+            next_state(state, event)
+        assert event.value in info.value.message
+    # a replica can only be created from nothing
+    assert {s for (s, e) in TRANSITIONS if e in (E.CREATE_RBW, E.CREATE_TEMPORARY)} == {None}
+
+
+@pytest.mark.parametrize("received,offset,length", [
+    (0, 0, 100), (512, 512, 10), (700, 512, 188), (700, 512, 1000), (1024, 1024, 0),
+    (700, 700, 0)])
+def test_packet_range_accepts_appends_and_partial_chunk_rewrites(received, offset, length):
+    check_packet_range(received, offset, length, BPC)
+
+
+@pytest.mark.parametrize("received,offset,length,words", [
+    (700, 100, 10, "multiple"),          # not chunk aligned
+    (700, 0, 1000, "before the last chunk boundary"),
+    (512, 1024, 10, "gap"),
+    (700, 512, 100, "ends before"),      # would shrink the replica
+])
+def test_packet_range_refuses_overlaps_gaps_and_shrinking(received, offset, length, words):
+    with pytest.raises(ProtocolError) as info:
+        check_packet_range(received, offset, length, BPC)
+    assert words in info.value.message
+
+
+def test_finalized_buckets_stay_small():
+    dirs = {finalized_subdir(block_id) for block_id in range(1 << 20, (1 << 20) + 200_000)}
+    assert len(dirs) <= 32 * 32
+    assert finalized_subdir(-5) == os.path.join("subdir31", "subdir31")
+
+
+# --------------------------------------------------------------------------- store on disk
+
+
+def run(fn, *args):
+    return trio.run(fn, *args)
+
+
+async def open_store(path) -> ReplicaStore:
+    store = ReplicaStore(str(path), disk_io_threads=2)
+    await store.open()
+    return store
+
+
+async def write_all(store, replica, data, step=BPC * 3):
+    for pos in range(0, len(data), step):
+        piece = data[pos:pos + step]
+        await store.write_packet(replica, pos, piece, chunk_checksums(piece, BPC))
+        replica.set_visible(pos + len(piece), chunk_checksums(piece, BPC)[-4:])
+
+
+def test_rbw_read_snapshot_uses_acked_checksum_while_last_chunk_is_rewritten(tmp_path):
+    data = random.Random(1).randbytes(2000)
+
+    async def main():
+        store = await open_store(tmp_path)
+        replica = await store.create_rbw(5, 1, BPC)
+        await store.write_packet(replica, 0, data[:700], chunk_checksums(data[:700], BPC))
+        replica.set_visible(700, chunk_checksums(data[:700], BPC)[-4:])
+        # the writer already rewrote the partial chunk for a longer flush, not yet acked
+        await store.write_packet(replica, 512, data[512:1000], chunk_checksums(data[512:1000], BPC))
+        assert replica.num_bytes == 1000 and replica.visible_length == 700
+        reader = await store.open_reader(5, 1)
+        try:
+            assert reader.visible_length == 700
+            got, sums = await store.run_io(reader.read, 0, 700)
+            assert got == data[:700]
+            verify_checksums(got, sums, BPC)         # the on-disk sum would not match
+            on_disk = (tmp_path / "rbw" / "blk_5_1.meta").read_bytes()[7:]
+            assert on_disk[4:8] != sums[4:8]
+        finally:
+            await store.close_reader(reader)
+        store.close()
+
+    run(main)
+
+
+def test_create_finalize_invalidate_and_generation_stamps(tmp_path):
+    data = random.Random(2).randbytes(3333)
+
+    async def main():
+        store = await open_store(tmp_path)
+        replica = await store.create_rbw(9, 4, BPC)
+        with pytest.raises(ReplicaAlreadyExists):
+            await store.create_rbw(9, 4, BPC)
+        with pytest.raises(InvalidArgument):
+            await store.create_rbw(10, 1, 3)          # absurd bytes_per_checksum
+        await write_all(store, replica, data)
+        await store.finalize(replica)
+        assert replica.state is S.FINALIZED
+        base = tmp_path / "finalized" / finalized_subdir(9)
+        assert (base / "blk_9").read_bytes() == data
+        assert (base / "blk_9_4.meta").read_bytes() == (encode_meta_header(BPC)
+                                                        + chunk_checksums(data, BPC))
+        with pytest.raises(ReplicaNotFound):          # finalized replicas take no more data
+            await store.write_packet(replica, 3072, b"x", chunk_checksums(b"x", BPC))
+        with pytest.raises(StaleGenerationStamp):
+            store.readable(9, 5)
+        assert store.block_report() == [[9, 4, len(data), "FINALIZED"]]
+        assert store.used_bytes() == len(data) + 7 + 4 * 7
+        assert not await store.invalidate(9, 3)        # replica is newer than the command
+        assert (base / "blk_9").exists()
+        assert await store.invalidate(9, 4)
+        assert not (base / "blk_9").exists() and not (base / "blk_9_4.meta").exists()
+        assert store.get(9) is None and store.block_report() == []
+        assert await store.invalidate(9, 4)            # already gone: still "not held"
+        store.close()
+
+    run(main)
+
+
+def test_scan_repairs_crash_leftovers_and_quarantines_inconsistent_finalized(tmp_path):
+    data = random.Random(3).randbytes(4000)
+
+    async def main():
+        store = await open_store(tmp_path)
+        node_id = store.node_id
+        for block_id in (1, 2, 3):
+            replica = await store.create_rbw(block_id, 1, BPC)
+            await write_all(store, replica, data)
+            await store.finalize(replica)
+        store.close()
+
+        fin = lambda i: tmp_path / "finalized" / finalized_subdir(i)
+        # blk_1: data shorter than its checksums say -> quarantined, not reported
+        with open(fin(1) / "blk_1", "r+b") as fh:
+            fh.truncate(1000)
+        # blk_2: a finalize cut between its two renames (meta moved, data still in rbw/)
+        os.replace(fin(2) / "blk_2", tmp_path / "rbw" / "blk_2")
+        # blk_3: an older meta file left by a generation stamp bump
+        (fin(3) / "blk_3_0.meta").write_bytes(b"old")
+        # an rbw meta without data, an rbw data file without meta
+        (tmp_path / "rbw" / "blk_8_1.meta").write_bytes(encode_meta_header(BPC))
+        (tmp_path / "rbw" / "blk_9").write_bytes(b"no checksums")
+
+        store = await open_store(tmp_path)
+        assert store.node_id == node_id
+        assert sorted(store.block_report()) == [[2, 1, 4000, "FINALIZED"],
+                                                [3, 1, 4000, "FINALIZED"]]
+        assert sorted(os.listdir(tmp_path / "corrupt")) == ["blk_1", "blk_1_1.meta"]
+        assert (fin(2) / "blk_2").read_bytes() == data
+        assert not (fin(3) / "blk_3_0.meta").exists()
+        assert sorted(os.listdir(tmp_path / "rbw")) == []
+        store.close()
+
+    run(main)
+
+
+def test_rbw_scan_keeps_checksummed_prefix_and_truncates_meta(tmp_path):
+    data = random.Random(4).randbytes(5 * BPC)
+
+    async def main():
+        store = await open_store(tmp_path)
+        replica = await store.create_rbw(7, 2, BPC)
+        await write_all(store, replica, data[:3 * BPC + 50], step=BPC * 10)
+        store.close()
+        # crash during the next packet: its checksums reached the disk, its data did not
+        with open(tmp_path / "rbw" / "blk_7_2.meta", "r+b") as fh:
+            fh.seek(7 + 3 * 4)
+            fh.write(chunk_checksums(data[3 * BPC:5 * BPC], BPC))
+        store = await open_store(tmp_path)
+        replica = store.get(7)
+        assert replica.state is S.RWR
+        # chunk 3 on disk holds 50 bytes but its stored checksum covers 512: cut to 3 chunks
+        assert replica.num_bytes == 3 * BPC
+        assert store.last_scan.rbw_trimmed == [(7, 3 * BPC + 50, 3 * BPC)]
+        assert (tmp_path / "rbw" / "blk_7").read_bytes() == data[:3 * BPC]
+        meta = (tmp_path / "rbw" / "blk_7_2.meta").read_bytes()
+        assert meta == encode_meta_header(BPC) + chunk_checksums(data[:3 * BPC], BPC)
+        assert crc32c(data[:BPC]).to_bytes(4, "big") == meta[7:11]
+        store.close()
+
+    run(main)
+
+
+def test_folder_lock_refuses_a_second_server(tmp_path):
+    async def main():
+        first = await open_store(tmp_path)
+        with pytest.raises(InvalidArgument) as info:
+            await open_store(tmp_path)
+        assert "in use" in info.value.message
+        first.close()
+        (await open_store(tmp_path)).close()
+
+    run(main)
