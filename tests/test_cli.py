@@ -296,6 +296,15 @@ def test_put_get_tree_round_trip_byte_identical(cluster, env, tmp_path):
     # several sources need a directory target
     check_fails(leasefs("put", src / "top.txt", src / "a", "/cli/rt/src/top.txt", env=env),
                 "leasefs put: /cli/rt/src/top.txt:", "directory")
+    # a trailing slash means "into this directory": never a file of that name
+    check_fails(leasefs("put", src / "top.txt", "/cli/rt/newdir/", env=env),
+                "leasefs put: /cli/rt/newdir/:", "no such directory")
+    check_fails(leasefs("ls", "/cli/rt/newdir", env=env), "no such file")
+    check_fails(leasefs("put", src / "top.txt", "/cli/rt/src/top.txt/", env=env),
+                "leasefs put: /cli/rt/src/top.txt/:", "not a directory")
+    check_fails(leasefs("get", "/cli/rt/src/top.txt", f"{tmp_path}/nodir/", env=env),
+                "leasefs get:", "no such directory")
+    assert not (tmp_path / "nodir").exists()
 
 
 def test_cp_mv_rm(cluster, env, tmp_path):

@@ -174,6 +174,12 @@ def _copy(cmd: Command, sources, dst_side, dst: str, dst_display: str):
     except ITEM_ERRORS as exc:
         cmd.fail(dst_display, exc)
         return
+    # a trailing slash means "into this directory", as with cp(1): never create a file there
+    if dst_display.endswith("/") and dst_display.rstrip("/") and \
+            (dst_entry is None or dst_entry.kind != "dir"):
+        cmd.fail(dst_display, (FileNotFound if dst_entry is None else NotDirectory)(
+            "no such directory" if dst_entry is None else "not a directory"))
+        return
     if len(sources) > 1 and (dst_entry is None or dst_entry.kind != "dir"):
         what = "does not exist" if dst_entry is None else "is not a directory"
         cmd.fail(dst_display, NotDirectory(
@@ -219,7 +225,7 @@ def cmd_put(cmd: Command):
             raise UsageError("'-' (stdin) must be the only source")
         _put_stdin(cmd, cluster, dst)
         return
-    _copy(cmd, [(local, _local(s), s) for s in srcs], cluster, dst, dst)
+    _copy(cmd, [(local, _local(s), s) for s in srcs], cluster, dst, dst_raw)
 
 
 def _put_stdin(cmd: Command, cluster, dst: str):
@@ -256,7 +262,7 @@ def cmd_get(cmd: Command):
         except ITEM_ERRORS as exc:
             cmd.fail(raw, exc)
     if sources:
-        _copy(cmd, sources, transfer.LocalSide(), dst, dst)
+        _copy(cmd, sources, transfer.LocalSide(), dst, a.args[-1] if len(a.args) > 1 else dst)
 
 
 def cmd_cp(cmd: Command):
