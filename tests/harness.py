@@ -11,7 +11,9 @@ Both use short timings (heartbeats of a tenth of a second) so that failures are 
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -32,6 +34,31 @@ TEST_SETTINGS = {
     "rpc_timeout": 30.0,
     "lease_monitor_period": 0.2,
 }
+
+
+def free_port() -> int:
+    """A free TCP port BELOW the kernel's ephemeral range.
+
+    Servers that tests restart must come back on the same port. A port handed out by
+    ``bind(0)`` lies in the ephemeral range, where the clients that keep reconnecting to the
+    dead server may get that very number as their source port (a TCP self-connect) and hold
+    it, so the restart fails with EADDRINUSE. Below the range no outgoing socket ever gets it.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            low = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(10000, max(10001, low - 1))
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 async def wait_cluster_ready(meta_address: str, n_live: int, timeout: float = 30.0) -> dict:
@@ -73,8 +100,8 @@ class InProcessCluster:
         self.meta: _Task | None = None
         self.storage: list[_Task | None] = [None] * n_storage
         self.meta_address: str | None = None
-        self._meta_port = 0
-        self._storage_ports = [0] * n_storage
+        self._meta_port = free_port()
+        self._storage_ports = [free_port() for _ in range(n_storage)]
 
     async def _start(self, fn, **kwargs) -> _Task:
         task = _Task()
@@ -176,7 +203,7 @@ class ProcessCluster:
         addr_file.parent.mkdir(parents=True, exist_ok=True)
         addr_file.unlink(missing_ok=True)
         log = open(self.base / "logs" / f"{name}.log", "ab")
-        port = str(self.ports.get(name, 0))
+        port = str(self.ports.setdefault(name, free_port()))
         proc = subprocess.Popen(
             [self.python, "-m", "tools", *args, "--port", port, "--address-file", str(addr_file),
              *self._set_args()],
@@ -230,7 +257,8 @@ class ProcessCluster:
         return self
 
     def start_meta(self):
-        self.meta_address = self._spawn("meta", ["meta", "--data", str(self.meta_dir())])
+        self.meta_address = self._spawn("meta", ["meta", "--data", str(self.meta_dir()),
+                                                 "--http-port", "0"])
 
     def start_storage(self, i: int):
         self._spawn(f"storage{i}", ["storage", "--data", str(self.storage_dir(i)),

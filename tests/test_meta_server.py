@@ -11,6 +11,8 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
+from harness import free_port
+
 from fs import errors
 from fs.config import Config
 from fs.rpc import RpcClient, format_address
@@ -34,7 +36,7 @@ class Meta:
         self.address = None
         self._scope = None
         self._done = None
-        self.port = 0
+        self.port = free_port()  # below the ephemeral range: restarts reuse it safely
 
     async def start(self, http_port: int = 0):
         self._scope, self._done = trio.CancelScope(), trio.Event()

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from harness import free_port
+
 from fs.config import Config
 from fs.datatransfer import (ERROR, ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST,
                              FLAG_SYNC, PIPELINE_SETUP_CREATE, SUCCESS, block_dict,
@@ -102,7 +104,7 @@ class Node:
     def __init__(self, nursery, config: Config, data_dir: Path, meta_address: str):
         self.nursery, self.config, self.data_dir = nursery, config, data_dir
         self.meta_address = meta_address
-        self.port = 0
+        self.port = free_port()  # below the ephemeral range: restarts reuse it safely
         self.server: BlockServer | None = None
         self.scope: trio.CancelScope | None = None
         self.done: trio.Event | None = None

@@ -12,7 +12,6 @@ events (``trio.open_signal_receiver``), never by Python signal handlers racing t
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import signal
@@ -171,9 +170,6 @@ def run_meta(args) -> int:
         http_port = args.http_port
     else:  # with --port 0 (tests, several clusters) a fixed status port would collide
         http_port = 0 if port == 0 else config.meta_http_port
-    if http_port and importlib.util.find_spec("meta.status_http") is None:
-        log.warning("this build has no status page (meta.status_http); --http-port ignored")
-        http_port = 0
     os.makedirs(args.data, exist_ok=True)
     from meta.server import run_meta_server
 
