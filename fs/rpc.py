@@ -280,13 +280,18 @@ class RetryCache:
             entry[1].set()
 
     def _purge(self) -> None:
-        if len(self._entries) < 1024 and len(self._entries) < self.max_entries:
-            return
+        """Drop expired entries from the oldest end (the dict keeps insertion order, which is
+        near enough to expiry order), plus the oldest beyond ``max_entries``. Stops at the
+        first live entry, so a call costs O(entries removed), never a scan of the cache: this
+        runs on every mutating RPC."""
         now = self.clock()
-        for key in [k for k, e in self._entries.items() if e[0] <= now]:
-            del self._entries[key]
-        while len(self._entries) >= self.max_entries:  # oldest first (dict keeps order)
-            del self._entries[next(iter(self._entries))]
+        entries = self._entries
+        while entries:
+            key = next(iter(entries))
+            if entries[key][0] <= now or len(entries) >= self.max_entries:
+                del entries[key]
+            else:
+                break
 
 
 class Dispatcher:

@@ -196,7 +196,7 @@ def test_retry_cache_applies_a_retried_call_once():
 
 def test_retry_cache_expires_entries_and_remembers_errors():
     now = [0.0]
-    cache = RetryCache(expiry=10, max_entries=2000, clock=lambda: now[0])
+    cache = RetryCache(expiry=10, max_entries=50, clock=lambda: now[0])
     calls = []
 
     async def failing():
@@ -207,11 +207,17 @@ def test_retry_cache_expires_entries_and_remembers_errors():
         for _ in range(2):
             with pytest.raises(errors.FileExists):
                 await cache.run(("c", 1), failing)
-        assert len(calls) == 1
-        now[0] = 100
-        for i in range(1100):  # enough to trigger a purge of expired entries
+        assert len(calls) == 1                     # the error was remembered, not re-run
+        for i in range(20):
+            await cache.run(("c", 100 + i), lambda: trio.sleep(0))
+        assert len(cache) == 21
+        now[0] = 100                               # everything so far has expired
+        await cache.run(("c", 500), lambda: trio.sleep(0))
+        assert len(cache) == 1 and ("c", 1) not in cache._entries
+        for i in range(80):                        # over max_entries: the oldest go
             await cache.run(("c", 1000 + i), lambda: trio.sleep(0))
-        assert ("c", 1) not in cache._entries
+        assert len(cache) == 50 and ("c", 1079) in cache._entries
+        assert ("c", 1000) not in cache._entries
 
     trio.run(main)
 

@@ -432,7 +432,9 @@ async def _leasefs_meta(meta_address: str, config, args, base: str, rec: _Record
             await clients[0].delete(base, recursive=True)
 
 
-def _moosefs_meta(root: str, args, rec: _Recorder, status: StatusLine) -> None:
+def _posix_meta(root: str, args, rec: _Recorder, status: StatusLine, label: str) -> None:
+    """The same workload as plain POSIX calls under ``root``, from ``args.clients`` threads:
+    the local-disk baseline, and the MooseFS peer through its FUSE mount."""
     base = os.path.join(root, f"leasefs-meta-bench-{os.getpid()}")
     os.makedirs(base, exist_ok=True)
     for k in range(args.clients):
@@ -465,7 +467,7 @@ def _moosefs_meta(root: str, args, rec: _Recorder, status: StatusLine) -> None:
     try:
         with ThreadPoolExecutor(max_workers=args.clients) as pool:
             for op in META_OPS:
-                status(f"MooseFS {op}: {args.clients} clients x {args.ops} ops ...")
+                status(f"{label} {op}: {args.clients} clients x {args.ops} ops ...")
                 t0 = time.perf_counter()
                 for future in [pool.submit(one, op, k) for k in range(args.clients)]:
                     future.result()
@@ -504,12 +506,16 @@ def run_meta_bench(cmd: Command) -> int:
     except BaseException as group:
         raise unwrap(group) from None
     results = {"leasefs": _meta_rows(rec, a.ops * a.clients)}
+    lrec = _Recorder()
+    with tempfile.TemporaryDirectory(dir=baseline_dir(a.home), prefix=".bench-meta-") as local:
+        _posix_meta(local, a, lrec, status, "local disk")
+    results["local"] = _meta_rows(lrec, a.ops * a.clients)
     if a.moosefs:
         peer = MooseFSPeer(a.moosefs_script, status)
         try:
             peer.ensure_up()
             mrec = _Recorder()
-            _moosefs_meta(peer.mount, a, mrec, status)
+            _posix_meta(peer.mount, a, mrec, status, "MooseFS")
             results["moosefs"] = _meta_rows(mrec, a.ops * a.clients)
         finally:
             peer.stop_if_ours()
@@ -517,7 +523,7 @@ def run_meta_bench(cmd: Command) -> int:
         cmd.out(json.dumps({"benchmark": "meta", "clients": a.clients, "ops": a.ops,
                             "contended": a.contended, "results": results}, indent=2))
         return 0
-    headers = ["op", "leasefs ops/s", "p50 ms", "p99 ms"]
+    headers = ["op", "leasefs ops/s", "p50 ms", "p99 ms", "local disk ops/s", "leasefs/local"]
     if "moosefs" in results:
         headers += ["MooseFS ops/s", "p50 ms", "p99 ms", "leasefs/MooseFS"]
     table = []
@@ -526,14 +532,15 @@ def run_meta_bench(cmd: Command) -> int:
         if mine is None:
             continue
         row = [op, f"{mine['ops_per_s']:.0f}", f"{mine['p50_ms']:.2f}", f"{mine['p99_ms']:.2f}"]
-        peer_row = results.get("moosefs", {}).get(op)
-        if "moosefs" in results:
-            if peer_row:
-                row += [f"{peer_row['ops_per_s']:.0f}", f"{peer_row['p50_ms']:.2f}",
-                        f"{peer_row['p99_ms']:.2f}",
-                        f"{mine['ops_per_s'] / peer_row['ops_per_s']:.2f}"]
-            else:
-                row += ["-", "-", "-", "-"]
+        for peer in ("local", "moosefs") if "moosefs" in results else ("local",):
+            other = results[peer].get(op)
+            if not other:
+                row += ["-", "-"] if peer == "local" else ["-", "-", "-", "-"]
+                continue
+            row.append(f"{other['ops_per_s']:.0f}")
+            if peer == "moosefs":
+                row += [f"{other['p50_ms']:.2f}", f"{other['p99_ms']:.2f}"]
+            row.append(f"{mine['ops_per_s'] / other['ops_per_s']:.3f}")
         table.append(row)
     cmd.out(f"bench meta: {a.clients} clients x {a.ops} ops each, "
             f"{'contended (one folder)' if a.contended else 'one folder per client'}")
@@ -576,5 +583,8 @@ def register(sub, common) -> None:
     q.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
     q.add_argument("--ops", type=int, default=200, help="ops per client per op type (default 200)")
     q.add_argument("--contended", action="store_true", help="all clients in one folder")
+    q.add_argument("--home", default=None,
+                   help="folder whose filesystem the local-disk baseline uses "
+                        "(default: the cluster home)")
     shared(q)
     q.set_defaults(func=run_meta_bench)
