@@ -29,11 +29,48 @@ def packb(obj) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
+MAX_CONTAINER_ITEMS = 4 << 20   # entries in one array or map
+
+
+class _TooManyContainers(Exception):
+    pass
+
+
 def unpackb(body) -> object:
+    """Decode a frame body with bounds, so a small frame cannot become a huge object graph.
+
+    msgpack's own limits scale with the buffer; a 60 MiB frame of nested empty arrays decodes
+    into ~60 M Python lists (gigabytes, tens of seconds). Here one array/map holds at most
+    ``MAX_CONTAINER_ITEMS`` entries and the frame at most one container per 4 body bytes
+    (real messages use far fewer: a block report entry is ~25 bytes)."""
+    size = len(body)
+    budget = [max(1024, size // 4)]
+
+    def count(obj):
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _TooManyContainers
+        return obj
+
     try:
-        return msgpack.unpackb(body, raw=False, strict_map_key=False)
+        return msgpack.unpackb(body, raw=False, strict_map_key=False, list_hook=count,
+                               object_hook=count, max_array_len=MAX_CONTAINER_ITEMS,
+                               max_map_len=MAX_CONTAINER_ITEMS, max_str_len=size,
+                               max_bin_len=size, max_ext_len=size)
+    except _TooManyContainers:
+        raise ProtocolError(f"frame of {size} bytes nests more than {max(1024, size // 4)} "
+                            f"arrays/maps") from None
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(f"frame body is not valid msgpack: {exc}") from None
+
+
+def brief(obj, limit: int = 120) -> str:
+    """A short description of a decoded object for error messages, without building the
+    repr of a huge one first."""
+    if isinstance(obj, (list, tuple, dict, str, bytes)) and len(obj) > 16:
+        return f"<{type(obj).__name__} of {len(obj)} items>"
+    text = repr(obj)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def encode_frame(obj) -> bytes:

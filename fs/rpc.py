@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import uuid
 import logging
 import math
 import time
@@ -32,11 +33,12 @@ import trio
 from . import errors
 from .errors import (InternalError, InvalidArgument, LeaseFSError, ProtocolError,
                      RpcTimeout, ServerUnavailable, UnknownMethod)
-from .framing import DEFAULT_MAX_FRAME, FramedStream
+from .framing import DEFAULT_MAX_FRAME, FramedStream, brief
 
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
+MAX_HELLO_FRAME = 4096     # the first frame of a connection, read before we know the peer
 
 
 def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]:
@@ -103,7 +105,11 @@ class RpcClient:
                  retry_seconds: float = 30.0, connect_timeout: float = 5.0,
                  max_frame: int = DEFAULT_MAX_FRAME):
         self.address = parse_address(address)
-        self.client_id = client_id
+        # The retry cache keys on (client_id, call_id) and call ids restart at 1 in every
+        # RpcClient: the random part keeps two clients that share a name (two processes, a
+        # restarted service) from ever answering each other's calls. It stays the same across
+        # reconnects of this RpcClient, which is what lets a retry find its first outcome.
+        self.client_id = f"{client_id}#{uuid.uuid4().hex[:16]}"
         self.timeout = timeout
         self.retry_seconds = retry_seconds
         self.connect_timeout = connect_timeout
@@ -161,7 +167,7 @@ class RpcClient:
             while True:
                 reply = await conn.framed.receive_frame()
                 if not (isinstance(reply, list) and len(reply) == 3):
-                    raise ProtocolError(f"malformed reply from server: {reply!r:.200}")
+                    raise ProtocolError(f"malformed reply from server: {brief(reply)}")
                 call_id, ok, value = reply
                 waiter = conn.waiters.pop(call_id, None)
                 if waiter is None:
@@ -193,8 +199,11 @@ class RpcClient:
             with trio.move_on_after(timeout) as scope:
                 await waiter.event.wait()
             if scope.cancelled_caught:
+                # only this call gave up: the connection and the other calls on it go on
                 raise RpcTimeout(f"{method}: no reply from {format_address(self.address)} "
                                  f"within {timeout:g} s")
+        except RpcTimeout:
+            raise
         except ServerUnavailable as exc:
             if conn.broken is None:
                 conn.fail_all(exc)
@@ -312,7 +321,7 @@ class Dispatcher:
 
     async def dispatch(self, ctx: CallContext, method, args):
         if not isinstance(method, str) or not method.isidentifier():
-            raise UnknownMethod(f"method name must be a string identifier, got {method!r:.80}")
+            raise UnknownMethod(f"method name must be a string identifier, got {brief(method, 80)}")
         handler = getattr(self, "rpc_" + method, None)
         if handler is None:
             raise UnknownMethod(f"unknown method {method!r}")
@@ -324,24 +333,35 @@ class Dispatcher:
             raise InvalidArgument(f"{method}: {exc}") from None
         if method in self.retry_cached and ctx.call_id is not None:
             return await self.retry_cache.run(
-                (ctx.client_id, ctx.call_id), lambda: handler(*bound.args, **bound.kwargs))
+                (ctx.client_id, ctx.call_id, method), lambda: handler(*bound.args, **bound.kwargs))
         return await handler(*bound.args, **bound.kwargs)
 
 
 async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                     max_frame: int = DEFAULT_MAX_FRAME, peer: str = "?",
-                    max_concurrent_calls: int = 256, hello_timeout: float = 10.0) -> None:
-    """Serve one connection until the peer closes it or sends an unreadable frame."""
-    framed = FramedStream(stream, max_frame)
+                    max_concurrent_calls: int = 256, hello_timeout: float = 10.0,
+                    send_timeout: float = 60.0) -> None:
+    """Serve one connection until the peer closes it or sends an unreadable frame.
+
+    At most ``max_concurrent_calls`` calls of one connection run at once; the reader stops
+    reading until one finishes, so a peer that pipelines requests without reading replies
+    holds a bounded amount of server memory. A reply that cannot be sent within
+    ``send_timeout`` ends the connection."""
+    framed = FramedStream(stream, MAX_HELLO_FRAME)
     send_lock = trio.Lock()
-    limiter = trio.CapacityLimiter(max_concurrent_calls)
+    slots = trio.Semaphore(max_concurrent_calls)
 
     async def reply(call_id, ok, value):
         try:
-            async with send_lock:
-                await framed.send_frame([call_id, ok, value])
+            with trio.fail_after(send_timeout):
+                async with send_lock:
+                    await framed.send_frame([call_id, ok, value])
         except ServerUnavailable:
             pass  # the client went away; nothing to tell it
+        except trio.TooSlowError:
+            log.warning("closing connection from %s: it has not read a reply for %g s",
+                        peer, send_timeout)
+            await framed.aclose()
         except (TypeError, ValueError) as exc:  # result not msgpack-serialisable: a server bug
             log.exception("cannot encode reply to call %r", call_id)
             async with send_lock:
@@ -349,30 +369,39 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                     [call_id, False, InternalError(f"cannot encode reply: {exc}").to_wire()])
 
     async def run_call(ctx: CallContext, method, args):
-        async with limiter:
+        try:
             try:
                 result = await dispatcher.dispatch(ctx, method, args)
             except LeaseFSError as exc:
                 await reply(ctx.call_id, False, exc.to_wire())
             except Exception as exc:  # a bug: log it, answer, keep serving
-                log.exception("RPC %s from %s failed", method, ctx.peer)
-                await reply(ctx.call_id, False,
-                            InternalError(f"{method}: internal error: {type(exc).__name__}: {exc}").to_wire())
+                log.exception("RPC %s from %s failed", brief(method, 40), ctx.peer)
+                await reply(ctx.call_id, False, InternalError(
+                    f"{brief(method, 40)}: internal error: {type(exc).__name__}: {exc}").to_wire())
             else:
                 await reply(ctx.call_id, True, result)
+        finally:
+            slots.release()
 
     async def read_requests(nursery, client_id):
         while True:
-            request = await framed.receive_frame()
+            await slots.acquire()
+            try:
+                request = await framed.receive_frame()
+            except BaseException:
+                slots.release()
+                raise
             if not (isinstance(request, list) and len(request) == 3):
+                slots.release()
                 call_id = request[0] if isinstance(request, list) and request else None
                 await reply(call_id if isinstance(call_id, int) else None, False, ProtocolError(
-                    f"request must be [call_id, method, args], got {request!r:.120}").to_wire())
+                    f"request must be [call_id, method, args], got {brief(request)}").to_wire())
                 continue
             call_id, method, args = request
             if not isinstance(call_id, int):
+                slots.release()
                 await reply(None, False, ProtocolError(
-                    f"call id must be an integer, got {call_id!r:.40}").to_wire())
+                    f"call id must be an integer, got {brief(call_id, 40)}").to_wire())
                 continue
             ctx = CallContext(client_id=client_id, peer=peer, call_id=call_id)
             nursery.start_soon(run_call, ctx, method, args)
@@ -384,7 +413,8 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
             raise ProtocolError("no hello frame in time")
         if not (isinstance(hello, dict) and hello.get("hello") == "leasefs"
                 and isinstance(hello.get("client_id"), str) and hello["client_id"]):
-            raise ProtocolError(f"first frame must be a leasefs hello, got {hello!r:.120}")
+            raise ProtocolError(f"first frame must be a leasefs hello, got {brief(hello)}")
+        framed.max_frame = max_frame
         # In-flight calls run to completion when the peer goes away (a mutation half done
         # is never cancelled by a disconnect); their replies are dropped.
         async with trio.open_nursery() as nursery:

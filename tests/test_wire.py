@@ -175,8 +175,10 @@ def test_retry_cache_applies_a_retried_call_once():
         async with trio.open_nursery() as nursery:
             addr = await _serve(nursery, server)
             # the same (client, call id) on two connections at once (a retry racing the
-            # original), and once more afterwards: applied once, same answer every time
+            # original on a new connection), and once more afterwards: applied once, same
+            # answer every time
             async with RpcClient(addr, "c1") as rpc, RpcClient(addr, "c1") as retry:
+                retry.client_id = rpc.client_id        # the same client, a second connection
                 results = []
 
                 async def call(client):
@@ -185,10 +187,16 @@ def test_retry_cache_applies_a_retried_call_once():
                     n2.start_soon(call, rpc)
                     n2.start_soon(call, retry)
                 assert results == [1, 1]
+                await rpc._conn.framed.aclose()          # reconnect, then retry again
+                await trio.sleep(0.05)
                 assert await rpc.call_once("bump", {}, 42, 5) == 1
                 assert server.bumps == 1
-            async with RpcClient(addr, "c2") as other:  # another client, same call id
-                assert await other.call_once("bump", {}, 42, 5) == 2
+            # two clients that merely share a name (and count call ids from 1 alike) are
+            # never answered from each other's cache entries
+            async with RpcClient(addr, "same-name") as one, RpcClient(addr, "same-name") as two:
+                assert one.client_id != two.client_id
+                assert await one.call_once("bump", {}, 7, 5) == 2
+                assert await two.call_once("bump", {}, 7, 5) == 3
             nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -332,3 +340,84 @@ def test_meta_address_discovery(tmp_path):
     assert parse_address("[::1]:80") == ("::1", 80)
     with pytest.raises(errors.InvalidArgument):
         parse_address("host:notaport")
+
+
+def test_frames_that_explode_when_decoded_are_refused():
+    from fs.framing import unpackb
+
+    # 4 M empty arrays in 4 MiB: would be ~4 M Python lists; refused while decoding
+    bomb = b"\xdd" + struct.pack(">I", 4 << 20) + b"\x90" * (4 << 20)
+    with pytest.raises(errors.ProtocolError, match="nests more than"):
+        unpackb(bomb)
+    # a real block report of 100k entries decodes fine
+    report = [[i, 1001, 4 << 20, "FINALIZED"] for i in range(100_000)]
+    assert unpackb(msgpack.packb(report)) == report
+
+
+def test_oversized_hello_is_refused_before_anything_else():
+    async def main():
+        async with trio.open_nursery() as nursery:
+            addr = await _serve(nursery, Echo())
+            stream = await trio.open_tcp_stream(*addr)
+            framed = FramedStream(stream)
+            await framed.send_frame({"hello": "leasefs", "client_id": "x" * 10_000})
+            with trio.fail_after(5):
+                reply = await framed.receive_frame()
+            assert reply[2]["type"] == "FrameTooLarge"
+            await stream.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_one_call_timing_out_does_not_fail_the_others():
+    async def main():
+        async with trio.open_nursery() as nursery:
+            addr = await _serve(nursery, Echo())
+            async with RpcClient(addr, "c1") as rpc:
+                outcome = {}
+
+                async def slow():
+                    outcome["slow"] = await rpc.call("sleep", {"seconds": 1.0}, timeout=10)
+
+                async def impatient():
+                    with pytest.raises(errors.RpcTimeout, match="within 0.2 s"):
+                        await rpc.call("sleep", {"seconds": 5.0}, timeout=0.2)
+                    outcome["impatient"] = "timed out alone"
+                async with trio.open_nursery() as calls:
+                    calls.start_soon(slow)
+                    calls.start_soon(impatient)
+                assert outcome == {"slow": 1.0, "impatient": "timed out alone"}
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+class Gauge(Dispatcher):
+    def __init__(self):
+        super().__init__()
+        self.running = self.peak = 0
+
+    async def rpc_work(self, ctx):
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        await trio.sleep(0.05)
+        self.running -= 1
+        return True
+
+
+def test_calls_in_flight_per_connection_are_bounded():
+    async def main():
+        gauge = Gauge()
+        async with trio.open_nursery() as nursery:
+            addr = await nursery.start(
+                serve_tcp, lambda s, p: serve_rpc(s, gauge, peer=p, max_concurrent_calls=3),
+                "127.0.0.1", 0)
+            async with RpcClient(addr, "c1") as rpc:
+                async with trio.open_nursery() as calls:
+                    for _ in range(20):
+                        calls.start_soon(rpc.call, "work")
+            assert gauge.peak == 3
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
