@@ -19,6 +19,13 @@ Incremental reports (``block_received_and_deleted``) are queued per block id (th
 state of a block wins) and sent at once by their own task, so the write path never waits for
 a heartbeat. ``block_received`` returns an event set when the report was delivered.
 
+Ordering of reports: a full report is a snapshot; an incremental report processed before a
+stale snapshot would be undone by it (a just-finalized replica removed again, a deleted one
+re-added). So ``_report_lock`` is held by a full report from its snapshot until its RPC
+returned, and by an incremental report from taking the pending entries until its RPC
+returned: the metadata server always sees an incremental report after any full report whose
+snapshot came before it.
+
 Concurrency contract: all methods run in the block server's trio thread; ``run`` owns the RPC
 client and its tasks; ``block_received``/``blocks_deleted`` never block.
 """
@@ -61,6 +68,7 @@ class HeartbeatService:
         self._outage: str | None = None          # last logged failure kind, None = all well
         self._ignored_command_types: set[str] = set()
         self._nursery: trio.Nursery | None = None
+        self._report_lock = trio.Lock()   # full vs. incremental reports, see the docstring
 
     # ------------------------------------------------------------------ incremental reports
 
@@ -89,26 +97,34 @@ class HeartbeatService:
             await self._wakeup.wait()
             while not self.registered:
                 await self._registered_event.wait()
-            self._wakeup = trio.Event()
-            received = list(self._pending_received.values())
-            deleted = list(self._pending_deleted)
-            waiters, self._waiters = self._waiters, []
-            self._pending_received, self._pending_deleted = {}, {}
-            try:
-                if received or deleted:
-                    await self._rpc.call("block_received_and_deleted",
-                                         {"node_id": self.store.node_id, "received": received,
-                                          "deleted": deleted}, retry_seconds=0)
-            except LeaseFSError as exc:
-                log.debug("incremental block report failed (%s); retrying in %.2fs", exc, delay)
-                for entry in received:   # a newer state queued meanwhile wins
-                    if entry[0] not in self._pending_deleted:
-                        self._pending_received.setdefault(entry[0], entry)
-                for block_id in deleted:
-                    if block_id not in self._pending_received:
-                        self._pending_deleted.setdefault(block_id, None)
-                self._waiters = waiters + self._waiters
-                self._wakeup.set()
+            async with self._report_lock:   # never overtake a full report's snapshot
+                if not self.registered:      # that full report failed: wait for the next
+                    continue
+                self._wakeup = trio.Event()
+                received = list(self._pending_received.values())
+                deleted = list(self._pending_deleted)
+                waiters, self._waiters = self._waiters, []
+                self._pending_received, self._pending_deleted = {}, {}
+                try:
+                    if received or deleted:
+                        await self._rpc.call("block_received_and_deleted",
+                                             {"node_id": self.store.node_id,
+                                              "received": received, "deleted": deleted},
+                                             retry_seconds=0)
+                    failure = None
+                except LeaseFSError as exc:
+                    failure = exc
+                    for entry in received:   # a newer state queued meanwhile wins
+                        if entry[0] not in self._pending_deleted:
+                            self._pending_received.setdefault(entry[0], entry)
+                    for block_id in deleted:
+                        if block_id not in self._pending_received:
+                            self._pending_deleted.setdefault(block_id, None)
+                    self._waiters = waiters + self._waiters
+                    self._wakeup.set()
+            if failure is not None:
+                log.debug("incremental block report failed (%s); retrying in %.2fs",
+                          failure, delay)
                 await trio.sleep(delay)
                 delay = min(delay * 2, self._max_backoff())
                 continue
@@ -197,9 +213,12 @@ class HeartbeatService:
                  self.meta_address, self.store.node_id, self.address, len(self.store.replicas))
 
     async def _full_report(self) -> None:
-        blocks = self.store.block_report()
-        await self._rpc.call("block_report", {"node_id": self.store.node_id, "blocks": blocks},
-                             retry_seconds=0)
+        """Snapshot and send under ``_report_lock``: incremental reports queued meanwhile
+        go out only after the metadata server has processed this snapshot."""
+        async with self._report_lock:
+            blocks = self.store.block_report()
+            await self._rpc.call("block_report", {"node_id": self.store.node_id,
+                                                  "blocks": blocks}, retry_seconds=0)
         self.full_reports_sent += 1
 
     async def _heartbeat(self):

@@ -28,7 +28,12 @@ every file operation runs in a worker thread under one ``CapacityLimiter(disk_io
 Structural changes of one replica (finalize's renames, delete, opening its files for a read)
 hold ``replica.lock``, so a reader never opens a path that is being renamed. An RBW replica has
 exactly one writer (the pipeline that created it), which alone calls ``write_packet``/``sync``/
-``finalize``. fsync happens only for SYNC packets and at finalize.
+``finalize``. fsync happens only for SYNC packets and at finalize. A ``ReplicaWriter``'s file
+descriptors are guarded by its own thread lock: ``close`` (INVALIDATE, delete, release) waits
+for a write or fsync in flight in another worker thread, and a write that starts after the
+close fails (``ReplicaNotFound``) instead of touching a descriptor number the kernel may have
+handed to another file meanwhile. ``used_bytes`` is a running counter (no walk per heartbeat),
+kept by every operation that adds, grows or removes a replica in the map.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import os
 import re
 import shutil
 import struct
+import threading
 import uuid
 from dataclasses import dataclass, field
 
@@ -55,8 +61,15 @@ log = logging.getLogger(__name__)
 META_HEADER = struct.Struct(">HBI")
 META_VERSION = 1
 CHECKSUM_TYPE_CRC32C = 2
-MIN_BYTES_PER_CHECKSUM = 16
-MAX_BYTES_PER_CHECKSUM = 16 << 20
+#: accepted ``bytes_per_checksum`` of a new replica: smaller chunks make verifying a packet
+#: on the trio thread far too slow (16-byte chunks: 0.6 s per 16 MiB packet), larger ones
+#: make every partial-chunk rewrite and read re-checksum huge runs
+MIN_BYTES_PER_CHECKSUM = 512
+MAX_BYTES_PER_CHECKSUM = 1 << 20
+#: what a meta header found on disk may say (looser: files written by older versions stay
+#: readable)
+_META_MIN_BPC = 16
+_META_MAX_BPC = 16 << 20
 
 _DATA_NAME = re.compile(r"^blk_(-?\d+)$")
 _META_NAME = re.compile(r"^blk_(-?\d+)_(\d+)\.meta$")
@@ -150,6 +163,14 @@ def meta_length(data_length: int, bytes_per_checksum: int) -> int:
     return meta_offset(num_chunks(data_length, bytes_per_checksum))
 
 
+def check_bytes_per_checksum(bytes_per_checksum: int) -> None:
+    """``InvalidArgument`` unless a new replica may use this chunk size."""
+    if not MIN_BYTES_PER_CHECKSUM <= bytes_per_checksum <= MAX_BYTES_PER_CHECKSUM:
+        raise InvalidArgument(f"bytes_per_checksum {bytes_per_checksum} is outside the "
+                              f"accepted range [{MIN_BYTES_PER_CHECKSUM}, "
+                              f"{MAX_BYTES_PER_CHECKSUM}]")
+
+
 def check_packet_range(received: int, offset: int, data_len: int, bytes_per_checksum: int) -> None:
     """Where a data packet may land in a replica that holds ``received`` bytes.
 
@@ -186,7 +207,7 @@ def decode_meta_header(raw: bytes) -> int:
     version, kind, bpc = META_HEADER.unpack_from(raw)
     if version != META_VERSION or kind != CHECKSUM_TYPE_CRC32C:
         raise ValueError(f"meta header version {version} / checksum type {kind} unsupported")
-    if not MIN_BYTES_PER_CHECKSUM <= bpc <= MAX_BYTES_PER_CHECKSUM:
+    if not _META_MIN_BPC <= bpc <= _META_MAX_BPC:
         raise ValueError(f"meta header has bytes_per_checksum {bpc}")
     return bpc
 
@@ -233,12 +254,24 @@ class Replica:
             self.visible_last_sum = last_sum if length % self.bytes_per_checksum else None
 
 
+class WriterClosed(Exception):
+    """A write or fsync reached a ``ReplicaWriter`` after its files were closed (the store
+    turns it into ``ReplicaNotFound``)."""
+
+
 class ReplicaWriter:
-    """Open file descriptors of an RBW replica; its methods block (call them in a thread)."""
+    """Open file descriptors of an RBW replica; its methods block (call them in a thread).
+
+    ``_io_lock`` makes close wait for a write/fsync running in another worker thread, and
+    makes every operation after close fail with ``WriterClosed`` without touching the
+    (possibly reused) descriptor numbers.
+    """
 
     def __init__(self, data_path: str, meta_path: str, bytes_per_checksum: int, create: bool):
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         self.bytes_per_checksum = bytes_per_checksum
+        self._io_lock = threading.Lock()
+        self.closed = False
         self.data_fd = os.open(data_path, flags, 0o644)
         try:
             self.meta_fd = os.open(meta_path, flags, 0o644)
@@ -251,15 +284,39 @@ class ReplicaWriter:
             os.pwrite(self.meta_fd, encode_meta_header(bytes_per_checksum), 0)
 
     def write(self, offset: int, data, sums: bytes) -> None:
-        if len(data):
-            os.pwrite(self.data_fd, data, offset)
-            os.pwrite(self.meta_fd, sums, meta_offset(offset // self.bytes_per_checksum))
+        with self._io_lock:
+            self._require_open()
+            if len(data):
+                os.pwrite(self.data_fd, data, offset)
+                os.pwrite(self.meta_fd, sums, meta_offset(offset // self.bytes_per_checksum))
 
     def fsync(self) -> None:
-        os.fsync(self.data_fd)
-        os.fsync(self.meta_fd)
+        with self._io_lock:
+            self._require_open()
+            os.fsync(self.data_fd)
+            os.fsync(self.meta_fd)
+
+    def fsync_and_close(self) -> None:
+        """finalize: flush and close in one step, so no write can slip in between."""
+        with self._io_lock:
+            self._require_open()
+            os.fsync(self.data_fd)
+            os.fsync(self.meta_fd)
+            self._close_locked()
 
     def close(self) -> None:
+        """Close the files once any write/fsync in flight is done; idempotent."""
+        with self._io_lock:
+            self._close_locked()
+
+    def _require_open(self) -> None:
+        if self.closed:
+            raise WriterClosed("the replica's files were closed")
+
+    def _close_locked(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         for fd in (self.data_fd, self.meta_fd):
             try:
                 os.close(fd)
@@ -580,6 +637,7 @@ class ReplicaStore:
         self.replicas: dict[int, Replica] = {}
         self.last_scan: ScanResult | None = None
         self._lock_fd: int | None = None
+        self._used_bytes = 0   # disk_bytes() summed over the replicas in the map
 
     # -- lifecycle
     async def run_io(self, fn, *args):
@@ -596,11 +654,12 @@ class ReplicaStore:
             self.close()
             raise
         self.replicas = {}
+        self._used_bytes = 0
         for r in result.replicas:
             state = next_state(r.state, ReplicaEvent.RESTART)   # rbw/ files come back RWR
-            self.replicas[r.block_id] = Replica(
+            self._track(Replica(
                 r.block_id, r.gs, state, r.bytes_per_checksum, r.data_path, r.meta_path,
-                num_bytes=r.num_bytes, visible_length=r.num_bytes)
+                num_bytes=r.num_bytes, visible_length=r.num_bytes))
         self.last_scan = result
         log.info("data folder %s: node %s, %d replicas (%d finalized, %d RWR), %d temporaries "
                  "removed, %d RBW trimmed, %d quarantined", self.data_dir, self.node_id,
@@ -641,7 +700,24 @@ class ReplicaStore:
                 if r.state in (ReplicaState.FINALIZED, ReplicaState.RBW, ReplicaState.RWR)]
 
     def used_bytes(self) -> int:
-        return sum(r.disk_bytes() for r in self.replicas.values())
+        """Bytes of data and meta files of the replicas in the map (a running counter)."""
+        return self._used_bytes
+
+    # -- map bookkeeping (every change of the map or of a mapped replica's size goes here)
+    def _track(self, replica: Replica) -> None:
+        self.replicas[replica.block_id] = replica
+        self._used_bytes += replica.disk_bytes()
+
+    def _untrack(self, replica: Replica) -> None:
+        if self.replicas.get(replica.block_id) is replica:
+            del self.replicas[replica.block_id]
+            self._used_bytes -= replica.disk_bytes()
+
+    def _set_num_bytes(self, replica: Replica, num_bytes: int) -> None:
+        before = replica.disk_bytes()
+        replica.num_bytes = num_bytes
+        if self.replicas.get(replica.block_id) is replica:
+            self._used_bytes += replica.disk_bytes() - before
 
     async def disk_space(self) -> tuple[int, int]:
         """``(capacity, remaining)`` of the file system holding the folder."""
@@ -663,9 +739,7 @@ class ReplicaStore:
     async def create_rbw(self, block_id: int, gs: int, bytes_per_checksum: int) -> Replica:
         """A new RBW replica with its files open for writing. An existing replica with an
         equal or newer GS is refused; an older one is replaced."""
-        if not MIN_BYTES_PER_CHECKSUM <= bytes_per_checksum <= MAX_BYTES_PER_CHECKSUM:
-            raise InvalidArgument(f"bytes_per_checksum {bytes_per_checksum} is outside "
-                                  f"[{MIN_BYTES_PER_CHECKSUM}, {MAX_BYTES_PER_CHECKSUM}]")
+        check_bytes_per_checksum(bytes_per_checksum)
         existing = self.replicas.get(block_id)
         if existing is not None:
             if existing.gs >= gs:
@@ -682,15 +756,18 @@ class ReplicaStore:
         replica = Replica(block_id, gs, state, bytes_per_checksum,
                           os.path.join(rbw, data_name(block_id)),
                           os.path.join(rbw, meta_name(block_id, gs)))
-        self.replicas[block_id] = replica   # claim the id before the first await
+        self._track(replica)   # claim the id before the first await
         try:
             async with replica.lock:
                 replica.writer = await self.run_io(
                     ReplicaWriter, replica.data_path, replica.meta_path, bytes_per_checksum, True)
         except BaseException:
-            if self.replicas.get(block_id) is replica:
-                del self.replicas[block_id]
+            self._untrack(replica)
             raise
+        if replica.removed:   # deleted while its files were being created
+            writer, replica.writer = replica.writer, None
+            await self.run_io(writer.close)
+            raise ReplicaNotFound(f"replica {replica.name} was deleted while being created")
         return replica
 
     def _require_writable(self, replica: Replica) -> ReplicaWriter:
@@ -699,17 +776,26 @@ class ReplicaStore:
                                   f"({'deleted' if replica.removed else replica.state.value})")
         return replica.writer
 
+    async def _writer_io(self, replica: Replica, fn, *args) -> None:
+        """Run a writer operation; a close that won the race reads as ReplicaNotFound."""
+        try:
+            await self.run_io(fn, *args)
+        except WriterClosed:
+            raise ReplicaNotFound(f"replica {replica.name} was closed or deleted while being "
+                                  f"written") from None
+
     async def write_packet(self, replica: Replica, offset: int, data, sums: bytes) -> None:
         """Write one verified packet at ``offset`` (see ``check_packet_range``)."""
         writer = self._require_writable(replica)
         check_packet_range(replica.num_bytes, offset, len(data), replica.bytes_per_checksum)
         if not len(data):
             return
-        await self.run_io(writer.write, offset, data, sums)
-        replica.num_bytes = max(replica.num_bytes, offset + len(data))
+        await self._writer_io(replica, writer.write, offset, data, sums)
+        self._set_num_bytes(replica, max(replica.num_bytes, offset + len(data)))
 
     async def sync(self, replica: Replica) -> None:
-        await self.run_io(self._require_writable(replica).fsync)
+        writer = self._require_writable(replica)
+        await self._writer_io(replica, writer.fsync)
 
     async def finalize(self, replica: Replica) -> None:
         """fsync data + meta, move both into finalized/<bucket>/, fsync both folders."""
@@ -720,8 +806,7 @@ class ReplicaStore:
         new_meta = os.path.join(bucket, meta_name(replica.block_id, replica.gs))
 
         def move() -> None:
-            writer.fsync()
-            writer.close()
+            writer.fsync_and_close()
             os.makedirs(bucket, exist_ok=True)
             os.replace(replica.meta_path, new_meta)   # meta first: the scan completes a
             os.replace(replica.data_path, new_data)   # finalize cut between the two renames
@@ -729,8 +814,15 @@ class ReplicaStore:
             fsync_dir(os.path.dirname(replica.data_path))
 
         async with replica.lock:
+            if replica.removed:
+                raise ReplicaNotFound(f"replica {replica.name} was deleted before it was "
+                                      f"finalized")
             replica.writer = None
-            await self.run_io(move)
+            try:
+                await self.run_io(move)
+            except WriterClosed:
+                raise ReplicaNotFound(f"replica {replica.name} was closed before it was "
+                                      f"finalized") from None
             replica.data_path, replica.meta_path = new_data, new_meta
             replica.state = new_state
             replica.visible_length = replica.num_bytes
@@ -756,11 +848,14 @@ class ReplicaStore:
 
     # -- deleting
     async def delete(self, replica: Replica) -> None:
-        """Remove a replica from the map and its files from disk (a writer still holding
-        them fails on its next operation)."""
+        """Remove a replica from the map and its files from disk. A write in flight on it
+        finishes first (the writer's close waits for it); its writer fails every later
+        operation with ``ReplicaNotFound``. Deleting a replica twice is a no-op (the second
+        call must not unlink files a newer replica of the block may own by now)."""
         next_state(replica.state, ReplicaEvent.INVALIDATE)
-        if self.replicas.get(replica.block_id) is replica:
-            del self.replicas[replica.block_id]
+        if replica.removed:
+            return
+        self._untrack(replica)
         replica.removed = True
         writer, replica.writer = replica.writer, None
 

@@ -17,9 +17,14 @@ answers upstream. Then three tasks run per write:
   seqno (the last node: none), marks the bytes visible, finalizes on LAST (then sends the
   incremental block report), and acks upstream ``[own status] + downstream statuses``.
 
-A checksum error stops this node with ERROR_CHECKSUM; a downstream that breaks is acked as
-``SUCCESS`` for this node and ``ERROR`` at the downstream's index, then the pipeline closes
-(pipeline recovery is the client's job). The replica stays RBW with its visible length.
+A checksum error stops this node with ERROR_CHECKSUM; a downstream that breaks, or stops
+reading for ``data_timeout`` while a packet is forwarded to it, is acked as ``SUCCESS`` for
+this node and ``ERROR`` at the downstream's index, then the pipeline closes (pipeline
+recovery is the client's job). The replica stays RBW with its visible length.
+
+READ_BLOCK: every packet send has ``data_timeout``; a reader that stops reading for that
+long, or closes the connection early (normal: it read what it needed), ends the op with a
+debug line, and the replica's files are closed at once.
 
 Concurrency contract: every connection is served by its own task(s) in the trio thread; each
 op owns its connection; disk work goes through the ``ReplicaStore``'s worker threads. Bad
@@ -45,7 +50,8 @@ from fs.errors import (ChecksumError, InternalError, InvalidArgument, LeaseFSErr
 from fs.framing import FramedStream
 from fs.rpc import parse_address
 
-from .replicas import Replica, ReplicaState, ReplicaStore, check_packet_range
+from .replicas import (Replica, ReplicaState, ReplicaStore, check_bytes_per_checksum,
+                       check_packet_range)
 
 log = logging.getLogger(__name__)
 
@@ -225,34 +231,76 @@ class DataTransferServer:
                     f"READ_BLOCK blk_{block_id}: range [{offset}, {offset + length}) is outside "
                     f"the {visible} visible bytes")
             chunk_offset = offset - offset % bpc
-            end = chunk_offset if length == 0 else min(visible, math.ceil((offset + length) / bpc) * bpc)
-            await conn.respond({"status": "SUCCESS", "message": "", "visible_length": visible,
-                                "bytes_per_checksum": bpc, "chunk_offset": chunk_offset})
-            await self._send_block_range(conn.framed, reader, chunk_offset, end)
+            end = (chunk_offset if length == 0
+                   else min(visible, math.ceil((offset + length) / bpc) * bpc))
+            try:
+                with trio.fail_after(self.config.data_timeout):
+                    await conn.respond({"status": "SUCCESS", "message": "",
+                                        "visible_length": visible, "bytes_per_checksum": bpc,
+                                        "chunk_offset": chunk_offset})
+            except trio.TooSlowError:
+                log.debug("READ_BLOCK blk_%d to %s: reader took no response for %gs",
+                          block_id, conn.peer, self.config.data_timeout)
+                return
+            await self._send_block_range(conn, reader, chunk_offset, end)
         finally:
             await self.store.close_reader(reader)
 
-    async def _send_block_range(self, framed: FramedStream, reader, start: int, end: int) -> None:
+    async def _send_block_range(self, conn: _Conn, reader, start: int, end: int) -> None:
         """Packets of ``packet_size`` (rounded to whole chunks) read one ahead in a worker
-        thread while the previous one is sent, then the empty LAST packet."""
+        thread while the previous one is sent, then the empty LAST packet. A reader that
+        goes away or stalls just ends the op; a disk error is raised as itself (not wrapped
+        in an exception group)."""
         bpc = reader.bytes_per_checksum
         step = max(bpc, self.config.packet_size // bpc * bpc)
         send_ch, receive_ch = trio.open_memory_channel(1)
+        read_failure: list[Exception] = []
 
         async def producer():
             async with send_ch:
-                for pos in range(start, end, step):
-                    data, sums = await self.store.run_io(reader.read, pos, min(step, end - pos))
-                    await send_ch.send((pos, data, sums))
+                try:
+                    for pos in range(start, end, step):
+                        data, sums = await self.store.run_io(reader.read, pos,
+                                                             min(step, end - pos))
+                        await send_ch.send((pos, data, sums))
+                except Exception as exc:   # reported below, after the nursery
+                    read_failure.append(exc)
 
         seqno = 0
+        reader_gone = False
         async with trio.open_nursery() as nursery:
             nursery.start_soon(producer)
             async with receive_ch:
                 async for pos, data, sums in receive_ch:
-                    await send_packet(framed, seqno, pos, data, sums)
+                    if not await self._send_to_reader(conn, reader, seqno, pos, data, sums):
+                        # a flag, not a return: the nursery's cancelled scope would swallow
+                        # a return at the channel's closing checkpoint
+                        reader_gone = True
+                        nursery.cancel_scope.cancel()
+                        break
                     seqno += 1
-        await send_packet(framed, seqno, end, b"", b"", FLAG_LAST)
+        if reader_gone:
+            return
+        if read_failure:
+            raise read_failure[0]
+        await self._send_to_reader(conn, reader, seqno, end, b"", b"", FLAG_LAST)
+
+    async def _send_to_reader(self, conn: _Conn, reader, seqno: int, offset: int, data,
+                              sums: bytes, flags: int = 0) -> bool:
+        """Send one READ_BLOCK packet; False (after a debug line) when the reader closed the
+        connection or read nothing for ``data_timeout``."""
+        try:
+            with trio.fail_after(self.config.data_timeout):
+                await send_packet(conn.framed, seqno, offset, data, sums, flags)
+            return True
+        except trio.TooSlowError:
+            log.debug("READ_BLOCK blk_%d to %s: reader stopped reading for %gs at offset %d; "
+                      "ending the read", reader.block_id, conn.peer, self.config.data_timeout,
+                      offset)
+        except ServerUnavailable as exc:
+            log.debug("READ_BLOCK blk_%d to %s: reader closed the connection at offset %d "
+                      "(%s)", reader.block_id, conn.peer, offset, exc)
+        return False
 
     # ------------------------------------------------------------------ WRITE_BLOCK
 
@@ -269,6 +317,10 @@ class DataTransferServer:
             raise NotSupported(f"WRITE_BLOCK stage {stage[:60]!r} is not supported yet")
         bpc = _field(header, "bytes_per_checksum", int, WRITE_BLOCK,
                      self.config.bytes_per_checksum)
+        try:
+            check_bytes_per_checksum(bpc)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"WRITE_BLOCK blk_{block_id}: {exc.message}") from None
 
         replica = await self.store.create_rbw(block_id, gs, bpc)
         downstream: FramedStream | None = None
@@ -304,7 +356,7 @@ class DataTransferServer:
             with trio.fail_after(min(CONNECT_TIMEOUT, self.config.data_timeout)):
                 stream = await trio.open_tcp_stream(host, port)
         except (OSError, trio.TooSlowError) as exc:
-            return None, (f"cannot connect: {exc or 'timed out'}", target)
+            return None, (f"cannot connect: {str(exc) or 'timed out'}", target)
         framed = FramedStream(stream, HEADER_MAX_FRAME)
         try:
             await framed.send_frame({**header, "targets": targets[1:]})
@@ -312,7 +364,7 @@ class DataTransferServer:
                 response = await framed.receive_frame()
         except (LeaseFSError, EOFError, trio.TooSlowError) as exc:
             await framed.aclose()
-            return None, (f"no setup response: {exc or 'timed out'}", target)
+            return None, (f"no setup response: {str(exc) or 'timed out'}", target)
         if isinstance(response, dict) and response.get("status") == "SUCCESS":
             return framed, None
         await framed.aclose()
@@ -397,7 +449,7 @@ class _WritePipeline:
                         packet = await self._receive_packet()
                 except (EOFError, ServerUnavailable, trio.TooSlowError) as exc:
                     log.info("WRITE_BLOCK %s: writer %s went away: %s", replica.name, self.peer,
-                             exc or "timed out")
+                             str(exc) or "timed out")
                     self._stop()
                     return
                 except _BadPacket as bad:
@@ -456,14 +508,18 @@ class _WritePipeline:
                 await acks.send(entry)
 
     async def _forward(self, packet: Packet) -> None:
+        """Send the packet on; a downstream that broke or read nothing for ``data_timeout``
+        is failed (the responder then acks ERROR at its index)."""
         if self.downstream is None or self.downstream_failed:
             return
         try:
-            await send_packet(self.downstream, packet.seqno, packet.offset, packet.data,
-                              packet.sums, packet.flags)
-        except ServerUnavailable as exc:
-            log.warning("WRITE_BLOCK %s: forwarding to the downstream failed: %s",
-                        self.replica.name, exc)
+            with trio.fail_after(self.config.data_timeout):
+                await send_packet(self.downstream, packet.seqno, packet.offset, packet.data,
+                                  packet.sums, packet.flags)
+        except (ServerUnavailable, trio.TooSlowError) as exc:
+            log.warning("WRITE_BLOCK %s: forwarding packet %d to the downstream failed: %s",
+                        self.replica.name, packet.seqno,
+                        str(exc) or f"it read nothing for {self.config.data_timeout:g}s")
             self.downstream_failed = True
 
     # -- responder
@@ -481,7 +537,7 @@ class _WritePipeline:
                 return statuses
             except (EOFError, LeaseFSError, trio.TooSlowError) as exc:
                 log.warning("WRITE_BLOCK %s: downstream ack for packet %d failed: %s",
-                            self.replica.name, seqno, exc or "timed out")
+                            self.replica.name, seqno, str(exc) or "timed out")
                 self.downstream_failed = True
         return [ERROR]
 

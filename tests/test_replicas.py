@@ -1,10 +1,12 @@
 """Replica store tests: the pure state table and packet-range rule, and the store on real
-files (write / rewrite / read snapshots, finalize, the start-up scan and its repairs)."""
+files (write / rewrite / read snapshots, finalize, the start-up scan and its repairs, the
+used-bytes counter, deleting a replica while a write is in flight)."""
 
 from __future__ import annotations
 
 import os
 import random
+import threading
 
 import pytest
 import trio
@@ -12,9 +14,9 @@ import trio
 from fs.datatransfer import chunk_checksums, crc32c, verify_checksums
 from fs.errors import (InvalidArgument, ProtocolError, ReplicaAlreadyExists, ReplicaNotFound,
                        StaleGenerationStamp)
-from storage.replicas import (TRANSITIONS, ReplicaEvent, ReplicaState, ReplicaStore,
-                              check_packet_range, encode_meta_header, finalized_subdir,
-                              next_state)
+from storage.replicas import (TRANSITIONS, Replica, ReplicaEvent, ReplicaState, ReplicaStore,
+                              WriterClosed, check_packet_range, encode_meta_header,
+                              finalized_subdir, next_state)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -223,5 +225,130 @@ def test_folder_lock_refuses_a_second_server(tmp_path):
         assert "in use" in info.value.message
         first.close()
         (await open_store(tmp_path)).close()
+
+    run(main)
+
+
+# --------------------------------------------------------------------------- used bytes
+
+
+def files_size(root) -> int:
+    """Bytes of every file under rbw/, finalized/ and tmp/ (the replicas' data and meta)."""
+    total = 0
+    for folder in ("rbw", "finalized", "tmp"):
+        for dirpath, _dirs, files in os.walk(root / folder):
+            total += sum(os.path.getsize(os.path.join(dirpath, f)) for f in files)
+    return total
+
+
+def test_used_bytes_is_a_running_counter_equal_to_the_replica_files(tmp_path, monkeypatch):
+    rng = random.Random(5)
+    data = rng.randbytes(2000)
+
+    async def main():
+        store = await open_store(tmp_path)
+        assert store.used_bytes() == 0
+        for block_id in range(1, 6):                       # finalized, sizes 0..5000
+            replica = await store.create_rbw(block_id, 1, BPC)
+            await write_all(store, replica, rng.randbytes(rng.randrange(0, 5000)))
+            await store.finalize(replica)
+        rbw = await store.create_rbw(10, 1, BPC)           # RBW with a partial-chunk rewrite
+        await store.write_packet(rbw, 0, data[:700], chunk_checksums(data[:700], BPC))
+        await store.write_packet(rbw, 512, data[512:1900], chunk_checksums(data[512:1900], BPC))
+        empty = await store.create_rbw(11, 1, BPC)         # empty RBW: just a meta header
+        assert store.used_bytes() == files_size(tmp_path)
+        assert await store.invalidate(2, 1)                # delete a finalized replica
+        await store.delete(empty)                          # ... and an RBW one
+        await store.delete(empty)                          # twice: no double count
+        replacement = await store.create_rbw(3, 5, BPC)    # newer GS replaces blk_3
+        await store.write_packet(replacement, 0, data[:1234], chunk_checksums(data[:1234], BPC))
+        with pytest.raises(ReplicaAlreadyExists):          # refused creates change nothing
+            await store.create_rbw(3, 5, BPC)
+        with pytest.raises(InvalidArgument):
+            await store.create_rbw(12, 1, 16)
+        used = store.used_bytes()
+        assert used == files_size(tmp_path) > 0
+        with monkeypatch.context() as m:                   # read, not recomputed per call
+            m.setattr(Replica, "disk_bytes", lambda self: pytest.fail("used_bytes walked"))
+            assert store.used_bytes() == used
+        store.close()
+
+        with open(tmp_path / "rbw" / "blk_10", "ab") as fh:
+            fh.write(b"torn tail")                           # cut by the scan at restart
+        store = await open_store(tmp_path)
+        assert store.last_scan.rbw_trimmed == [(10, 1900 + 9, 1900)]
+        assert store.used_bytes() == files_size(tmp_path) == used
+        store.close()
+
+    run(main)
+
+
+# --------------------------------------------------------------------------- fd close race
+
+
+def test_delete_waits_for_a_write_in_flight_and_no_write_reaches_a_reused_fd(tmp_path,
+                                                                           monkeypatch):
+    """A write blocked inside pwrite (its fd numbers already taken) while the replica is
+    deleted: the close must wait for it, so a replica created meanwhile cannot get the same
+    fd numbers and receive the write; after the delete every write fails cleanly."""
+    first = b"a" * BPC
+    racing = b"R" * BPC
+
+    async def main():
+        store = ReplicaStore(str(tmp_path), disk_io_threads=4)
+        await store.open()
+        a = await store.create_rbw(1, 1, BPC)
+        await store.write_packet(a, 0, first, chunk_checksums(first, BPC))
+        writer = a.writer
+        a_fds = (writer.data_fd, writer.meta_fd)
+        entered, proceed = threading.Event(), threading.Event()
+        real_pwrite = os.pwrite
+
+        def gated_pwrite(fd, data, offset):
+            if fd == a_fds[0] and not entered.is_set():
+                entered.set()
+                proceed.wait(10)
+            return real_pwrite(fd, data, offset)
+
+        monkeypatch.setattr(os, "pwrite", gated_pwrite)
+        deleted = trio.Event()
+        outcome = []
+
+        async def racing_write():
+            try:
+                await store.write_packet(a, BPC, racing, chunk_checksums(racing, BPC))
+                outcome.append("written")
+            except ReplicaNotFound:
+                outcome.append("refused")
+
+        async def delete():
+            await store.delete(a)
+            deleted.set()
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(racing_write)
+                assert await trio.to_thread.run_sync(entered.wait, 5)
+                nursery.start_soon(delete)
+                with trio.move_on_after(0.3):
+                    await deleted.wait()
+                assert not deleted.is_set(), "the files were closed under a write in flight"
+                b = await store.create_rbw(2, 1, BPC)      # may not reuse a's fd numbers
+                proceed.set()
+                await deleted.wait()
+        assert outcome == ["written"]     # the write in flight finished into a's own file
+        assert (tmp_path / "rbw" / "blk_2").read_bytes() == b""
+        assert not (tmp_path / "rbw" / "blk_1").exists() and store.get(1) is None
+        # every later write on the deleted replica fails cleanly, without touching an fd
+        with pytest.raises(ReplicaNotFound):
+            await store.write_packet(a, 2 * BPC, racing, chunk_checksums(racing, BPC))
+        with pytest.raises(ReplicaNotFound):
+            await store.sync(a)
+        with pytest.raises(WriterClosed):
+            writer.write(2 * BPC, racing, chunk_checksums(racing, BPC))
+        assert writer.data_fd == writer.meta_fd == -1
+        await store.write_packet(b, 0, first, chunk_checksums(first, BPC))
+        assert (tmp_path / "rbw" / "blk_2").read_bytes() == first
+        store.close()
 
     run(main)

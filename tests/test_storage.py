@@ -4,11 +4,14 @@ run, with a small recording ``Dispatcher`` standing in for the metadata server.
 Covers the WRITE_BLOCK pipeline through three servers (files byte for byte, acks with every
 node's status, checksum errors, a broken downstream, the hflush partial-chunk rewrite),
 READ_BLOCK / BLOCK_LENGTH, generation stamps, restart rescans, INVALIDATE, registration
-retries and hostile input.
+retries and hostile input; peers that stop reading (in-memory lockstep streams against the
+real server code and real files, with a short ``data_timeout``), and the ordering of full
+and incremental block reports.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from harness import free_port
 
@@ -28,8 +32,9 @@ from fs.datatransfer import (ERROR, ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST,
 from fs.errors import LeaseFSError
 from fs.framing import FramedStream, encode_frame
 from fs.rpc import Dispatcher, format_address, parse_address, serve_rpc, serve_tcp
-from storage.replicas import encode_meta_header, finalized_subdir
+from storage.replicas import ReplicaStore, encode_meta_header, finalized_subdir
 from storage.server import BlockServer
+from storage.transfer import DataTransferServer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -852,6 +857,244 @@ def test_full_block_report_repeats_every_interval(tmp_path):
             await trio.sleep(0.7)
             assert 2 <= len(meta.of("block_report")) - n <= 5
             assert len(meta.of("register_storage")) == 1
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_write_block_refuses_bytes_per_checksum_outside_512_to_1mib(tmp_path):
+    data = random.Random(12).randbytes(5000)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            meta, nodes = await start_cluster(nursery, tmp_path, 1)
+            node = nodes[0]
+            for bpc in (16, 511, (1 << 20) + 1, 1 << 24):
+                framed, response = await open_write(node.address, 70, 1, bpc=bpc)
+                await framed.aclose()
+                assert response["status"] == "ERROR", bpc
+                assert response["error"]["type"] == "InvalidArgument"
+                assert f"bytes_per_checksum {bpc} " in response["message"]
+                assert "blk_70" in response["message"] and "[512, 1048576]" in response["message"]
+                assert node_has_no(node, 70)
+            for block_id, bpc in ((71, 512), (72, 1 << 20)):   # the bounds themselves are fine
+                framed, response = await open_write(node.address, block_id, 1, bpc=bpc)
+                assert response["status"] == "SUCCESS"
+                acks = await stream_packets(framed, data_packets(data, len(data), bpc=bpc))
+                await framed.aclose()
+                assert [s for _, s in acks] == [[SUCCESS], [SUCCESS]]
+                _, got, _ = await read_block(node.address, block_id, 1)
+                assert got == data
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+# --------------------------------------------------------------------------- stalled peers
+
+
+async def open_transfer_server(tmp_path: Path, **overrides) -> DataTransferServer:
+    """The real data-transfer server on a real replica store, without a socket: tests hand
+    it in-memory streams, so a peer that stops reading blocks the server at once."""
+    store = ReplicaStore(str(tmp_path / "dn"), disk_io_threads=4)
+    await store.open()
+    return DataTransferServer(make_config(**overrides), store)
+
+
+async def store_finalized(store: ReplicaStore, block_id: int, gs: int, data: bytes) -> Path:
+    replica = await store.create_rbw(block_id, gs, BPC)
+    await store.write_packet(replica, 0, data, chunk_checksums(data, BPC))
+    await store.finalize(replica)
+    return Path(replica.data_path)
+
+
+def open_fds_on(path: Path) -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:
+            pass
+    return count
+
+
+def transfer_log(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "storage.transfer"]
+
+
+async def start_read(server: DataTransferServer, block_id: int, gs: int):
+    """A READ_BLOCK over a lockstep stream (every send waits for the reader): returns the
+    client end, the response, and an event set when the server's handler returned."""
+    client_end, server_end = trio.testing.lockstep_stream_pair()
+    done = trio.Event()
+
+    async def serve():
+        try:
+            await server.handle(server_end, "test-reader")
+        finally:
+            done.set()
+
+    server.nursery.start_soon(serve)
+    client = FramedStream(client_end)
+    await client.send_frame({"op": "READ_BLOCK", "block": {"id": block_id, "gs": gs},
+                             "offset": 0, "length": -1})
+    return client, await client.receive_frame(), done
+
+
+def test_read_block_to_a_reader_that_stops_reading_ends_after_data_timeout(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="storage")
+    data = random.Random(13).randbytes(20 * 4096)
+
+    async def main():
+        server = await open_transfer_server(tmp_path, data_timeout=0.3)
+        data_path = await store_finalized(server.store, 1, 1, data)
+        async with trio.open_nursery() as nursery:
+            server.nursery = nursery
+            client, response, done = await start_read(server, 1, 1)
+            assert response["status"] == "SUCCESS"
+            first = await receive_packet(client, BPC)
+            assert first.data == data[:4096]
+            assert open_fds_on(data_path) == 1        # the read holds the replica open
+            # the reader stops reading: the server gives up on the next packet
+            with trio.fail_after(5):
+                await wait_for(lambda: open_fds_on(data_path) == 0, timeout=5,
+                               what="the server to close the replica")
+            await client.aclose()
+            with trio.fail_after(5):
+                await done.wait()
+            assert server.active_ops == 0
+        server.store.close()
+
+    trio.run(main)
+    records = transfer_log(caplog)
+    assert any("stopped reading" in r.getMessage() for r in records), records
+    assert all(r.levelno == logging.DEBUG for r in records), records
+
+
+def test_reader_closing_a_read_early_is_only_a_debug_line(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="storage")
+    data = random.Random(14).randbytes(20 * 4096)
+
+    async def main():
+        server = await open_transfer_server(tmp_path)
+        data_path = await store_finalized(server.store, 2, 1, data)
+        async with trio.open_nursery() as nursery:
+            server.nursery = nursery
+            client, response, done = await start_read(server, 2, 1)
+            assert (await receive_packet(client, BPC)).data == data[:4096]
+            await client.aclose()                     # read what it needed, went away
+            with trio.fail_after(5):
+                await done.wait()
+            assert open_fds_on(data_path) == 0 and server.active_ops == 0
+            # and the next reader is served in full
+            client, response, done = await start_read(server, 2, 1)
+            got = []
+            while not (packet := await receive_packet(client, BPC)).last:
+                got.append(packet.data)
+            assert b"".join(got) == data
+            await client.aclose()
+        server.store.close()
+
+    trio.run(main)
+    records = transfer_log(caplog)
+    assert any("closed the connection" in r.getMessage() for r in records), records
+    assert all(r.levelno == logging.DEBUG for r in records), records
+
+
+def test_downstream_that_stops_reading_is_failed_after_data_timeout(tmp_path, monkeypatch):
+    """The downstream accepts the setup, then reads nothing: forwarding the first packet
+    times out and the writer gets ERROR at the downstream's index instead of hanging."""
+    data = random.Random(15).randbytes(3 * 4096)
+
+    async def main():
+        server = await open_transfer_server(tmp_path, data_timeout=0.3)
+        async with trio.open_nursery() as nursery:
+            headers_seen = []
+
+            async def stalled_downstream(stream):
+                framed = FramedStream(stream)
+                headers_seen.append(await framed.receive_frame())
+                await framed.send_frame({"status": "SUCCESS", "message": "",
+                                         "first_bad_link": ""})
+                await trio.sleep_forever()            # never reads a packet
+
+            async def open_lockstep(host, port, **kw):
+                ours, theirs = trio.testing.lockstep_stream_pair()
+                nursery.start_soon(stalled_downstream, theirs)
+                return ours
+
+            monkeypatch.setattr(trio, "open_tcp_stream", open_lockstep)
+            client_end, server_end = trio.testing.memory_stream_pair()
+            nursery.start_soon(server.handle, server_end, "test-writer")
+            client = FramedStream(client_end)
+            await client.send_frame({"op": "WRITE_BLOCK", "block": block_dict(80, 1),
+                                     "targets": ["127.0.0.1:9", "127.0.0.1:10"],
+                                     "stage": PIPELINE_SETUP_CREATE, "bytes_per_checksum": BPC})
+            assert (await client.receive_frame())["status"] == "SUCCESS"
+            assert headers_seen[0]["targets"] == ["127.0.0.1:10"]
+            with trio.fail_after(5):
+                acks = await stream_packets(client, data_packets(data))
+            assert acks == [(0, [SUCCESS, ERROR])]
+            replica = server.store.get(80)
+            await wait_for(lambda: replica.writer is None)
+            assert replica.state.value == "RBW" and replica.visible_length == 0
+            nursery.cancel_scope.cancel()
+        server.store.close()
+
+    trio.run(main)
+
+
+# --------------------------------------------------------------------------- report ordering
+
+
+class HoldingMeta(FakeMeta):
+    """Holds the ``hold``-th full block report until ``release`` is set, and records a full
+    report when it is processed (after the hold), so ``calls`` is the processing order."""
+
+    def __init__(self, hold: int):
+        super().__init__()
+        self.hold = hold
+        self.reports_started = 0
+        self.held = trio.Event()
+        self.release = trio.Event()
+
+    async def rpc_block_report(self, ctx, node_id, blocks):
+        self.reports_started += 1
+        if self.reports_started == self.hold:
+            self.held.set()
+            await self.release.wait()
+        self.calls.append(("block_report", dict(node_id=node_id, blocks=blocks)))
+        return True
+
+
+def test_incremental_report_waits_for_a_full_report_in_flight(tmp_path):
+    """The periodic full report's snapshot (without blk_61) is being processed when blk_61
+    is written and finalized: its incremental report must reach the metadata server only
+    after that report, or the stale snapshot would undo it."""
+    async def main():
+        async with trio.open_nursery() as nursery:
+            meta = HoldingMeta(hold=2)     # 1 = the report at registration, 2 = periodic
+            bound = await nursery.start(
+                serve_tcp, lambda stream, peer: serve_rpc(stream, meta, peer=peer),
+                "127.0.0.1", 0)
+            node = await Node(nursery, make_config(block_report_interval=0.2),
+                              tmp_path / "dn", format_address(bound)).start()
+            with trio.fail_after(5):
+                await meta.held.wait()
+            acks = await write_block(node.address, 61, 1, b"q" * 1000)
+            assert acks[-1] == (1, [SUCCESS])
+            assert not meta.of("block_received_and_deleted"), \
+                "an incremental report overtook the full report in flight"
+            meta.release.set()
+            await wait_for(lambda: [61, 1, 1000, "FINALIZED"] in meta.received(node.node_id))
+            order = [(m, a) for m, a in meta.calls
+                     if m in ("block_report", "block_received_and_deleted")]
+            held_at = [i for i, (m, _) in enumerate(order) if m == "block_report"][1]
+            assert order[held_at][1]["blocks"] == []           # the snapshot before the write
+            first_incremental = next(i for i, (m, a) in enumerate(order)
+                                     if m == "block_received_and_deleted"
+                                     and any(e[0] == 61 for e in a["received"]))
+            assert held_at < first_incremental
             nursery.cancel_scope.cancel()
 
     trio.run(main)
