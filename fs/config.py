@@ -33,6 +33,10 @@ class Config:
     storage_port: int = _s(9866, "block server data-transfer port (0 = any free port)")
     # --- blocks and data transfer
     block_size: int = _s(128 * MiB, "default block size of new files")
+    min_block_size: int = _s(1 * MiB, "smallest block size a file may be created with "
+                             "(HDFS dfs.namenode.fs-limits.min-block-size)")
+    max_blocks_per_file: int = _s(1_048_576, "most blocks one file may have "
+                                  "(HDFS dfs.namenode.fs-limits.max-blocks-per-file)")
     replication: int = _s(3, "default replication of new files")
     min_replication: int = _s(1, "finalized replicas a block needs to be COMPLETE")
     max_replication: int = _s(32, "largest replication a file may ask for")

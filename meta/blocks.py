@@ -18,6 +18,13 @@ replica is *good* only with the block's exact generation stamp and length, other
 (stale); other replicas (still being written or finalized early) are *pending*: kept, not
 counted, not corrupt. Corrupt replicas are never handed to readers while good ones exist.
 
+Locations of a block being written (UNDER_CONSTRUCTION/UNDER_RECOVERY): ``expected`` starts
+as the pipeline ADD_BLOCK chose, and every replica reported with the block's current
+generation stamp in a non-corrupt state (RBW, RWR or FINALIZED) joins it. After a restart
+the journal no longer knows the pipeline, so the block servers' reports alone rebuild the
+locations, and hflushed bytes of open files stay readable (HDFS
+``BlockUnderConstructionFeature.addReplicaIfNotPresent``).
+
 Concurrency contract: plain data, no I/O, no clock, no awaits; the server calls it from the
 trio thread only (inside journal ``apply`` or RPC handlers), so every method is atomic.
 Methods that decide a replica must go return ``(node_id, block_ref)`` pairs; the caller
@@ -63,6 +70,8 @@ FINALIZED = "FINALIZED"
 RBW = "RBW"
 RWR = "RWR"
 REPLICA_STATES = (FINALIZED, RBW, RWR, "RUR", "TEMPORARY")
+# states whose bytes a reader of a block being written may be sent to
+WRITTEN_STATES = (FINALIZED, RBW, RWR)
 
 GOOD = "good"
 CORRUPT = "corrupt"
@@ -129,6 +138,16 @@ class BlockInfo:
     def ref(self) -> dict:
         return {"id": self.id, "gs": self.gs, "num_bytes": self.num_bytes}
 
+    def location_nodes(self) -> list[str]:
+        """Where a reader (or the writer) finds this block: for a block being written the
+        expected nodes whose replica is not known corrupt, then other good ones; else the
+        good replicas."""
+        if self.state in (UNDER_CONSTRUCTION, UNDER_RECOVERY):
+            nodes = [n for n in self.expected
+                     if not (n in self.replicas and self.replicas[n].corrupt)]
+            return nodes + [n for n in self.good_nodes() if n not in nodes]
+        return self.good_nodes()
+
     def good_nodes(self) -> list[str]:
         return [n for n, r in self.replicas.items() if r.good]
 
@@ -173,6 +192,11 @@ class BlocksMap:
                 info.state, info.gs, info.num_bytes, replica.gs, replica.num_bytes, replica.state)
         if info.state == COMMITTED and info.good_count >= self.min_replication:
             info.state = transition(info.state, MIN_REPLICATED)
+        if info.state in (UNDER_CONSTRUCTION, UNDER_RECOVERY):
+            for node_id, replica in info.replicas.items():
+                if (replica.gs == info.gs and replica.state in WRITTEN_STATES
+                        and not replica.corrupt and node_id not in info.expected):
+                    info.expected.append(node_id)
 
     def _change(self, info: BlockInfo, mutate) -> None:
         before = self._status(info)

@@ -9,6 +9,12 @@ reply to that node's next heartbeat (HDFS ``DatanodeManager`` + ``InvalidateBloc
   A heartbeat from a node the server does not know (or has declared dead) is answered with
   ``reregister`` so the node registers again and sends a full block report.
 * Invalidate sets: block refs per node, handed out at most ``invalidate_limit`` per reply.
+  A heartbeat reply can be lost after it left, so a handed-out ref is not forgotten: it
+  waits in ``awaiting_deletion`` until the node reports the replica deleted (incremental
+  report, or a full report without it, or with a newer generation stamp) or reports it
+  received anew (the server then decides again), and is handed out again when
+  ``invalidate_timeout`` passes without that (at most ``invalidate_max_sends`` times; after
+  that the next full report finds the replica again if it is still there).
 * Placement (``choose_targets``): ``n`` distinct live nodes, never an excluded one (by node id
   or address), the writer's own node first when it runs one (locality), then least used
   (reported use plus bytes scheduled since its last heartbeat, so concurrent writers spread).
@@ -29,6 +35,13 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class SentInvalidation:
+    ref: dict
+    sent_at: float
+    sends: int = 1
+
+
+@dataclass
 class NodeInfo:
     node_id: str
     address: str
@@ -40,6 +53,8 @@ class NodeInfo:
     alive: bool = True
     scheduled_bytes: int = 0
     invalidate: dict[int, dict] = field(default_factory=dict)   # block id → block ref
+    # handed out, not yet reported deleted; in order of the last send
+    awaiting_deletion: dict[int, "SentInvalidation"] = field(default_factory=dict)
 
     @property
     def host(self) -> str:
@@ -48,12 +63,20 @@ class NodeInfo:
     def load(self) -> int:
         return self.used + self.scheduled_bytes
 
+    def forget_invalidations(self) -> None:
+        """Dead or replaced: it re-reports everything when it returns."""
+        self.invalidate.clear()
+        self.awaiting_deletion.clear()
+
 
 class DatanodeManager:
     def __init__(self, *, dead_interval: float, invalidate_limit: int, clock=time.monotonic,
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None, invalidate_timeout: float = 30.0,
+                 invalidate_max_sends: int = 5):
         self.dead_interval = dead_interval
         self.invalidate_limit = max(1, invalidate_limit)
+        self.invalidate_timeout = invalidate_timeout
+        self.invalidate_max_sends = max(1, invalidate_max_sends)
         self.clock = clock
         self.nodes: dict[str, NodeInfo] = {}
         self._rng = rng or random.Random()
@@ -72,7 +95,7 @@ class DatanodeManager:
                 log.info("block server %s now answers at %s; marking %s dead",
                          node_id, address, other.node_id)
                 other.alive = False
-                other.invalidate.clear()
+                other.forget_invalidations()
                 displaced.append(other)
         if node is None:
             node = NodeInfo(node_id, address)
@@ -106,7 +129,7 @@ class DatanodeManager:
         for node in self.nodes.values():
             if node.alive and now - node.last_heartbeat > self.dead_interval:
                 node.alive = False
-                node.invalidate.clear()   # it forgets nothing: it re-reports after returning
+                node.forget_invalidations()   # it re-reports everything after returning
                 newly.append(node)
                 log.warning("block server %s (%s) is dead: no heartbeat for %.1f s",
                             node.node_id, node.address, now - node.last_heartbeat)
@@ -122,25 +145,63 @@ class DatanodeManager:
     def add_invalidate(self, node_id: str, block_ref: dict) -> None:
         node = self.nodes.get(node_id)
         if node is not None and node.alive:
+            node.awaiting_deletion.pop(block_ref["id"], None)
             node.invalidate[block_ref["id"]] = block_ref
 
     def cancel_invalidate(self, node_id: str, block_id: int) -> None:
+        """The node reported the replica deleted, or anew (then the caller decides again)."""
         node = self.nodes.get(node_id)
         if node is not None:
             node.invalidate.pop(block_id, None)
+            node.awaiting_deletion.pop(block_id, None)
+
+    def confirm_by_report(self, node_id: str, reported: dict[int, int]) -> int:
+        """A full report (block id → generation stamp): handed-out refs of replicas it no
+        longer lists, or lists with a newer stamp than the ref, are done. Returns how many."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            return 0
+        done = [block_id for block_id, sent in node.awaiting_deletion.items()
+                if block_id not in reported or reported[block_id] > sent.ref["gs"]]
+        for block_id in done:
+            del node.awaiting_deletion[block_id]
+        return len(done)
 
     def take_invalidate(self, node_id: str) -> list[dict]:
-        """At most ``invalidate_limit`` refs for this heartbeat's reply (oldest first)."""
+        """At most ``invalidate_limit`` refs for this heartbeat's reply: first those handed
+        out ``invalidate_timeout`` ago and still not reported deleted, then new ones
+        (oldest first). Every ref handed out waits for its deletion report."""
         node = self.nodes.get(node_id)
-        if node is None or not node.invalidate:
+        if node is None or not (node.invalidate or node.awaiting_deletion):
             return []
+        now = self.clock()
         out = []
-        for block_id in list(node.invalidate)[:self.invalidate_limit]:
-            out.append(node.invalidate.pop(block_id))
+        due = []
+        for block_id, sent in node.awaiting_deletion.items():   # in order of the last send
+            if now - sent.sent_at < self.invalidate_timeout:
+                break
+            due.append(block_id)
+        for block_id in due:
+            if len(out) >= self.invalidate_limit:
+                break
+            sent = node.awaiting_deletion.pop(block_id)
+            if sent.sends >= self.invalidate_max_sends:
+                log.warning("block server %s never reported replica blk_%d_%d deleted after "
+                            "%d INVALIDATE commands; giving up until its next full report",
+                            node_id, block_id, sent.ref["gs"], sent.sends)
+                continue
+            sent.sent_at, sent.sends = now, sent.sends + 1
+            node.awaiting_deletion[block_id] = sent   # to the end: the newest send
+            out.append(sent.ref)
+        for block_id in list(node.invalidate)[:self.invalidate_limit - len(out)]:
+            ref = node.invalidate.pop(block_id)
+            node.awaiting_deletion[block_id] = SentInvalidation(ref, now)
+            out.append(ref)
         return out
 
     def pending_deletion(self) -> int:
-        return sum(len(n.invalidate) for n in self.nodes.values())
+        """Replicas the metadata server wants deleted and not yet reported deleted."""
+        return sum(len(n.invalidate) + len(n.awaiting_deletion) for n in self.nodes.values())
 
     # ------------------------------------------------------------------ placement
     def choose_targets(self, n: int, *, excluded=(), writer_host: str | None = None,

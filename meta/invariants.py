@@ -9,7 +9,8 @@ too. It reads the whole store once and checks the schema of ``keys.py``:
   every entry points to a live inode inside a directory; every inode is reachable from the
   root (no orphans, no cycles); directory ``children`` counts match their entries;
 * block keys belong to files, indexes are 0..nblocks-1, block ids are unique, the file's
-  ``length`` is the sum of its blocks; a closed file has only COMPLETE blocks;
+  ``length`` is the sum of its blocks; a closed file has only COMPLETE blocks, an open
+  one at most its last two (the writer checks and CLOSE read only those);
 * counters: ``next_ino``/``next_block_id`` above every used id, the generation stamp at
   least every block's, ``files``/``dirs`` equal the counted inodes, an applied txid exists;
 * files under construction ↔ ``U`` keys (same holder), and, when a ``LeaseManager`` is
@@ -129,6 +130,9 @@ def check_namespace(kv, leases=None) -> list[str]:
             seen_ids[block["id"]] = ino
             if not inode.get("uc") and block.get("state") != "COMPLETE":
                 problem(f"closed file inode {ino}: block {block['id']} is {block.get('state')}")
+            elif index < n - 2 and block.get("state") != "COMPLETE":
+                problem(f"open file inode {ino}: block {block['id']} (#{index} of {n}) is "
+                        f"{block.get('state')}; only the last two may be incomplete")
         if length != inode.get("length", 0):
             problem(f"file inode {ino}: length {inode.get('length')} != sum of blocks {length}")
     for ino, inode in inodes.items():

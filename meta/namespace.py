@@ -23,6 +23,13 @@ ADD_BLOCK (commits the previous block), UPDATE_BLOCKS (commit / length / gs chan
 ABANDON_BLOCK, FSYNC, CLOSE, DELETE (a whole subtree in one record), RENAME (rename2 with
 overwrite), SET_PERMISSIONS, SET_OWNER, SET_REPLICATION, TIMES, SYMLINK, SET_GENSTAMP.
 
+Cost of a long file: only the last block and a COMMITTED penultimate may be incomplete
+(ADD_BLOCK always names ``previous`` and completes the block before it), so writer calls
+and CLOSE read the inode plus its last one or two block keys (``tail_blocks``), and a
+ranged read of locations starts at the block holding the offset (``blocks_in_range``):
+add_block at block 50 000 costs what it costs at block 5. Limits as in HDFS:
+``min_block_size`` at create, ``max_blocks_per_file`` at add_block.
+
 Concurrency contract: trio thread only; no awaits, no I/O except the store's small sync
 calls. Allocation counters (next inode id, next block id, generation stamp) advance in memory
 when a plan is made and are persisted by ``apply`` (``max`` of stored and used), so an
@@ -64,6 +71,8 @@ class Defaults:
     replication: int = 3
     max_replication: int = 32
     bytes_per_checksum: int = 4096
+    min_block_size: int = 1 << 20          # HDFS dfs.namenode.fs-limits.min-block-size
+    max_blocks_per_file: int = 1_048_576   # HDFS dfs.namenode.fs-limits.max-blocks-per-file
     owner: str = "leasefs"
     group: str = "supergroup"
 
@@ -71,7 +80,9 @@ class Defaults:
     def from_config(cls, config) -> "Defaults":
         return cls(block_size=config.block_size, replication=config.replication,
                    max_replication=config.max_replication,
-                   bytes_per_checksum=config.bytes_per_checksum)
+                   bytes_per_checksum=config.bytes_per_checksum,
+                   min_block_size=config.min_block_size,
+                   max_blocks_per_file=config.max_blocks_per_file)
 
 
 # ---------------------------------------------------------------------------- arg checks
@@ -361,12 +372,60 @@ class Namespace:
                         stack.append((child, child_inode))
 
     def blocks_of(self, ino: int) -> list[dict]:
-        """The file's blocks in order, each ``{index, id, gs, num_bytes, state}``."""
+        """The file's blocks in order, each ``{index, id, gs, num_bytes, state}``.
+        Reads every block key: for whole-file work only, never per write call."""
         out = []
         for key, raw in self.kv.scan(keys.block_prefix(ino)):
             block = keys.unpack(raw)
             block["index"] = keys.parse_block_key(key)[1]
             out.append(block)
+        return out
+
+    def tail_blocks(self, ino: int, inode: dict, count: int = 2) -> list[dict]:
+        """The file's last ``count`` blocks (fewer if it has fewer), read by key from the
+        inode's ``nblocks``, so a writer's call costs the same at block 5 and block 50 000.
+        Enough for every writer check: only the last block and a COMMITTED penultimate
+        may be incomplete (ADD_BLOCK marks the block before ``previous`` COMPLETE)."""
+        nblocks = inode.get("nblocks", 0)
+        out = []
+        for index in range(max(0, nblocks - count), nblocks):
+            raw = self.kv.get(keys.block_key(ino, index))
+            if raw is None:
+                raise InternalError(f"inode {ino}: block #{index} of {nblocks} is missing")
+            block = keys.unpack(raw)
+            block["index"] = index
+            out.append(block)
+        return out
+
+    def blocks_in_range(self, ino: int, inode: dict, offset: int,
+                        end: float) -> list[tuple[dict, int]]:
+        """``(block, file offset)`` of the blocks overlapping ``[offset, end)``, plus the
+        last block of a file under construction if it starts before ``end`` (it grows).
+
+        Blocks are at most ``block_size`` long; when the inode's length shows that every
+        block before the last is exactly that long, the scan starts at the block holding
+        ``offset`` (index arithmetic); otherwise (a short block in the middle) it starts at
+        the first block. Either way it stops at ``end``."""
+        nblocks = inode.get("nblocks", 0)
+        if nblocks == 0 or offset >= end and not inode.get("uc"):
+            return []
+        last = self.tail_blocks(ino, inode, 1)[-1]
+        block_size = inode["block_size"]
+        first = 0
+        if inode.get("length", 0) - last["num_bytes"] == (nblocks - 1) * block_size:
+            first = min(offset // block_size, nblocks - 1)
+        growing = bool(inode.get("uc"))
+        out = []
+        pos = first * block_size
+        for key, raw in self.kv.scan(keys.block_prefix(ino), start=keys.block_key(ino, first)):
+            if pos >= end:
+                break
+            block = keys.unpack(raw)
+            index = block["index"] = keys.parse_block_key(key)[1]
+            size = block["num_bytes"]
+            if pos + size > offset or (growing and index == nblocks - 1):
+                out.append((block, pos))
+            pos += size
         return out
 
     def under_construction(self) -> dict[int, str]:
@@ -485,8 +544,11 @@ class Namespace:
 
     def check_block_size(self, path: str, block_size) -> int:
         if block_size is None:
-            return self.defaults.block_size
+            block_size = self.defaults.block_size
         check_int(block_size, f"{path}: block_size", low=self.defaults.bytes_per_checksum)
+        if block_size < self.defaults.min_block_size:
+            raise InvalidArgument(f"{path}: block_size {block_size} is below the limit "
+                                  f"min_block_size {self.defaults.min_block_size}")
         if block_size % self.defaults.bytes_per_checksum:
             raise InvalidArgument(f"{path}: block_size {block_size} is not a multiple of "
                                   f"bytes_per_checksum {self.defaults.bytes_per_checksum}")
@@ -640,16 +702,17 @@ class Namespace:
         last = blocks[-1] if blocks else None
         if previous is not None:
             check_block_ref(previous, f"add_block {path}: previous")
+        nblocks = last["index"] + 1 if last is not None else 0
         if last is not None and last["state"] == UNDER_CONSTRUCTION:
             penultimate = blocks[-2] if len(blocks) >= 2 else None
-            if (previous is None and len(blocks) == 1) or (
+            if (previous is None and nblocks == 1) or (
                     previous is not None and penultimate is not None
                     and previous["id"] == penultimate["id"]):
                 return "retry", last
         if previous is None:
             if blocks:
                 raise InvalidArgument(f"add_block {path}: previous is missing but the file "
-                                      f"already has {len(blocks)} block(s)")
+                                      f"already has {nblocks} block(s)")
             return "first", None
         if last is None or previous["id"] != last["id"]:
             raise InvalidArgument(f"add_block {path}: previous block {previous['id']} is not "
@@ -674,14 +737,27 @@ class Namespace:
             raise InvalidArgument(f"{path}: block length {num_bytes} exceeds the file's block "
                                   f"size {inode['block_size']}")
 
+    def check_block_count(self, path: str, inode: dict) -> None:
+        """HDFS ``dfs.namenode.fs-limits.max-blocks-per-file``: refuse one block more."""
+        limit = self.defaults.max_blocks_per_file
+        if inode.get("nblocks", 0) >= limit:
+            raise InvalidArgument(f"add_block {path}: the file already has "
+                                  f"{inode.get('nblocks', 0)} blocks, the limit "
+                                  f"max_blocks_per_file is {limit}")
+
     def plan_add_block(self, ino: int, blocks: list[dict], block_id: int, gs: int,
                        commit: dict | None, targets: list[str], now_ns: int) -> tuple[str, dict]:
+        """``blocks``: the file's blocks or at least its last one (``tail_blocks``).
+        ``previous`` names the last block even when it was committed by an earlier call,
+        so the apply marks the block before it COMPLETE (only the last two blocks may be
+        incomplete: writer checks read just those)."""
         previous = None
-        if commit is not None:
+        if blocks:
             last = blocks[-1]
             previous = {"index": last["index"], "id": last["id"],
-                        "num_bytes": commit["num_bytes"]}
-        return "ADD_BLOCK", {"ino": ino, "index": len(blocks), "block": {"id": block_id, "gs": gs},
+                        "num_bytes": commit["num_bytes"] if commit else last["num_bytes"]}
+        index = blocks[-1]["index"] + 1 if blocks else 0
+        return "ADD_BLOCK", {"ino": ino, "index": index, "block": {"id": block_id, "gs": gs},
                              "previous": previous, "targets": list(targets), "time": now_ns}
 
     def plan_commit(self, ino: int, block: dict, num_bytes: int) -> tuple[str, dict]:
@@ -694,7 +770,7 @@ class Namespace:
         if last is None:
             if blocks:
                 raise InvalidArgument(f"complete {path}: last block is missing but the file "
-                                      f"has {len(blocks)} block(s)")
+                                      f"has {blocks[-1]['index'] + 1} block(s)")
             return "none", None
         check_block_ref(last, f"complete {path}: last")
         if not blocks or blocks[-1]["id"] != last["id"]:
@@ -714,7 +790,7 @@ class Namespace:
                 return False
         if inode is None or inode["type"] != FILE or inode.get("uc"):
             return False
-        blocks = self.blocks_of(ino)
+        blocks = self.tail_blocks(ino, inode, 1)
         if last is None:
             return not blocks
         return (isinstance(last, dict) and bool(blocks) and blocks[-1]["id"] == last.get("id")
@@ -993,8 +1069,15 @@ class Namespace:
         if inode is None:
             return {}
         last = a.get("last")
-        for key, block in txn.scan(keys.block_prefix(ino)):
-            index = keys.parse_block_key(key)[1]
+        # only the last two blocks may be incomplete (ADD_BLOCK completes the one before
+        # ``previous``), so a close costs the same for 2 blocks and for 50 000
+        nblocks = inode.get("nblocks", 0)
+        tail = [(index, txn.get(keys.block_key(ino, index)))
+                for index in range(max(0, nblocks - 2), nblocks)]
+        for index, block in tail:
+            if block is None:
+                log.error("apply CLOSE: block #%d of inode %d is missing", index, ino)
+                continue
             if last is not None and index == last["index"]:
                 block = {**block, "num_bytes": last["num_bytes"]}
             if block["state"] != COMPLETE or (last is not None and index == last["index"]):

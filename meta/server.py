@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 
 REPLAY_CHUNK = 512
 LOCK_RETRIES = 8
+# a handed-out INVALIDATE not reported done after this many heartbeat intervals is resent
+# (its heartbeat reply may have been lost)
+INVALIDATE_RESEND_HEARTBEATS = 10
 
 
 class MetaServer(Dispatcher):
@@ -79,8 +82,9 @@ class MetaServer(Dispatcher):
         self.ns = Namespace(kv, Defaults.from_config(config))
         self.blocks = BlocksMap(config.min_replication)
         self.leases = LeaseManager(config.lease_soft_limit, config.lease_hard_limit)
-        self.datanodes = DatanodeManager(dead_interval=config.dead_node_interval,
-                                         invalidate_limit=config.invalidate_limit, clock=clock)
+        self.datanodes = DatanodeManager(
+            dead_interval=config.dead_node_interval, invalidate_limit=config.invalidate_limit,
+            clock=clock, invalidate_timeout=INVALIDATE_RESEND_HEARTBEATS * config.heartbeat_interval)
         self.safemode = SafeModeState(config.safemode_threshold, config.safemode_extension,
                                       config.safemode_min_storage)
         self.locks = PathLockPool()
@@ -273,7 +277,7 @@ class MetaServer(Dispatcher):
         if info is None:
             nodes = []
         elif state in (bm.UNDER_CONSTRUCTION, bm.UNDER_RECOVERY):
-            nodes = list(info.expected) + [n for n in info.good_nodes() if n not in info.expected]
+            nodes = info.location_nodes()
         else:
             # a stable order per block (callers may rely on it between two calls), rotated
             # by block id so that readers of different blocks start on different nodes
@@ -307,7 +311,7 @@ class MetaServer(Dispatcher):
         """Close a file whose writer is gone, if that needs no block recovery (HDFS
         ``internalReleaseLease``); caller holds the file's path locks. True when closed."""
         _, wall = self._now()
-        blocks = self.ns.blocks_of(ino)
+        blocks = self.ns.tail_blocks(ino, inode)
         if all(self._is_complete(b) for b in blocks):
             await self._log(self.ns.plan_close(ino, None, None, wall))
             log.info("lease of %s released: file closed", path)
@@ -423,11 +427,12 @@ class MetaServer(Dispatcher):
                                   f"or addresses")
         async with self._file_lock(f"add a block to {canonical}", canonical, ino) as current:
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
-            blocks = self.ns.blocks_of(ino)
+            blocks = self.ns.tail_blocks(ino, inode)
             kind, last = self.ns.check_previous(current, blocks, previous)
+            # every block before the last is final: the last one starts at length - its size
+            last_offset = inode.get("length", 0) - (last["num_bytes"] if last else 0)
             if kind == "retry":
-                offset = sum(b["num_bytes"] for b in blocks[:-1])
-                return self._located(last, self.blocks.get(last["id"]), offset)
+                return self._located(last, self.blocks.get(last["id"]), last_offset)
             commit = None
             if kind == "commit":
                 self.ns.check_block_length(current, inode, previous["num_bytes"])
@@ -439,6 +444,7 @@ class MetaServer(Dispatcher):
                 b = waiting[0]
                 raise NotReplicatedYet(f"{current}: block {b['id']} (#{b['index']}) is not yet "
                                        f"minimally replicated; try again")
+            self.ns.check_block_count(current, inode)
             host = ctx.peer.rsplit(":", 1)[0].strip("[]") if ctx.peer else None
             targets = self.datanodes.choose_targets(
                 inode.get("replication", 1), excluded=excluded, writer_host=host,
@@ -448,9 +454,9 @@ class MetaServer(Dispatcher):
             _, wall = self._now()
             await self._log(self.ns.plan_add_block(ino, blocks, block_id, gs, commit,
                                                    [t.node_id for t in targets], wall))
-            offset = sum(b["num_bytes"] for b in blocks[:-1])
-            if blocks:
-                offset += commit["num_bytes"] if commit else blocks[-1]["num_bytes"]
+            offset = 0
+            if last is not None:
+                offset = last_offset + (commit["num_bytes"] if commit else last["num_bytes"])
             block = {"id": block_id, "gs": gs, "num_bytes": 0, "state": bm.UNDER_CONSTRUCTION}
             return self._located(block, self.blocks.get(block_id), offset)
 
@@ -470,7 +476,7 @@ class MetaServer(Dispatcher):
             if self.ns.closed_with(current, ino, last):
                 return True
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
-            blocks = self.ns.blocks_of(ino)
+            blocks = self.ns.tail_blocks(ino, inode)
             kind, block = self.ns.check_last(current, blocks, last)
             _, wall = self._now()
             if kind == "none":
@@ -495,7 +501,7 @@ class MetaServer(Dispatcher):
         ino = self._check_ino(ino, canonical)
         async with self._file_lock(f"fsync {canonical}", canonical, ino) as current:
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
-            blocks = self.ns.blocks_of(ino)
+            blocks = self.ns.tail_blocks(ino, inode, 1)
             plan = self.ns.plan_fsync(current, ino, blocks, last_block_length)
             if plan is not None:
                 self.ns.check_block_length(current, inode, last_block_length)
@@ -519,18 +525,12 @@ class MetaServer(Dispatcher):
             check_int(length, f"{canonical}: length", low=0)
         end = math.inf if length is None else offset + length
         under_construction = bool(inode.get("uc"))
-        blocks = self.ns.blocks_of(ino)
-        located = []
-        pos = 0
-        for i, block in enumerate(blocks):
-            size = block["num_bytes"]
-            growing = under_construction and i == len(blocks) - 1
-            if pos < end and (pos + size > offset or growing):
-                located.append(self._located(block, self.blocks.get(block["id"]), pos))
-            pos += size
+        located = [self._located(block, self.blocks.get(block["id"]), pos)
+                   for block, pos in self.ns.blocks_in_range(ino, inode, offset, end)]
+        last = self.ns.tail_blocks(ino, inode, 1)
         return {"length": inode.get("length", 0), "under_construction": under_construction,
                 "blocks": located,
-                "last_block_complete": not blocks or self._is_complete(blocks[-1])}
+                "last_block_complete": not last or self._is_complete(last[-1])}
 
     async def rpc_get_file_info(self, ctx, path):
         return self.ns.get_file_info(path)
@@ -711,6 +711,7 @@ class MetaServer(Dispatcher):
         node = self._registered(node_id, "block_report")
         entries = self._replica_entries(blocks, "block_report: blocks")
         doomed, corrupt = self.blocks.process_report(node.node_id, entries)
+        self.datanodes.confirm_by_report(node.node_id, {e[0]: e[1] for e in entries})
         for nid, ref in doomed:
             self.datanodes.add_invalidate(nid, ref)
         for block_id, *_ in entries:
@@ -728,6 +729,7 @@ class MetaServer(Dispatcher):
                 isinstance(x, int) and not isinstance(x, bool) for x in deleted):
             raise InvalidArgument("block_received_and_deleted: deleted must be a list of ids")
         for block_id, gs, num_bytes, state in entries:
+            self.datanodes.cancel_invalidate(node.node_id, block_id)   # decided again below
             info = self.blocks.add_replica(node.node_id, block_id, gs, num_bytes, state)
             if info is None:
                 self.datanodes.add_invalidate(node.node_id, {"id": block_id, "gs": gs,

@@ -33,6 +33,7 @@ TEST_SETTINGS = {
     "rpc_retry_seconds": 10.0,
     "rpc_timeout": 30.0,
     "lease_monitor_period": 0.2,
+    "min_block_size": 4096,
 }
 
 

@@ -23,7 +23,7 @@ from meta.server import run_meta_server
 KiB = 1024
 BASE = dict(heartbeat_interval=0.2, dead_node_interval=2.0, safemode_extension=0.0,
             block_size=64 * KiB, replication=1, rpc_retry_seconds=2.0, rpc_timeout=10.0,
-            lease_monitor_period=0.1)
+            lease_monitor_period=0.1, min_block_size=4 * KiB)
 
 
 class Meta:
@@ -476,6 +476,15 @@ def test_delete_sends_invalidations_at_most_limit_per_heartbeat(tmp_path):
                             assert len(command["blocks"]) <= 3
                             seen += [blk["id"] for blk in command["blocks"]]
                     assert sorted(seen) == sorted(ids), node.node_id
+                # handed out but not yet reported deleted: still pending, never sent twice
+                # within the resend timeout
+                assert (await rpc.call("report"))["pending_deletion"] == 14
+                assert (await a.heartbeat())["commands"] == []
+                # a reports them deleted one by one, b by a full report without them
+                await ra.call("block_received_and_deleted", {
+                    "node_id": "node-a", "received": [], "deleted": sorted(ids)})
+                assert (await rpc.call("report"))["pending_deletion"] == 7
+                await b.report([])
                 assert (await rpc.call("report"))["pending_deletion"] == 0
                 # a replica of a block that belongs to no file is invalidated when reported
                 await a.report([[999_999, 1, 5, "FINALIZED"]])
@@ -712,5 +721,135 @@ def test_racing_mutations_on_the_same_names_serialise_correctly(tmp_path):
             assert check_namespace(store) == []
         finally:
             store.close()
+
+    trio.run(main)
+
+
+# --------------------------------------------------------------------------- review fixes
+
+
+def test_lost_heartbeat_reply_invalidations_are_sent_again(tmp_path):
+    """Finding 15: INVALIDATE refs whose heartbeat reply was lost go out again after
+    10 heartbeat intervals, until the block server reports the replicas deleted."""
+    async def main():
+        async with meta_server(tmp_path, heartbeat_interval=0.05) as meta:
+            async with meta.client("storage-a") as ra, meta.client() as rpc:
+                a = FakeNode(ra, "node-a", 9001)
+                await a.register()
+                _, blocks = await write_file(rpc, [a], "/gone", [10, 20])
+                assert await rpc.call("delete", {"path": "/gone"})
+                first = (await a.heartbeat())["commands"]   # this reply is "lost"
+                assert [c["type"] for c in first] == ["INVALIDATE"]
+                refs = sorted(b["id"] for b in first[0]["blocks"])
+                assert refs == sorted(b["id"] for b in blocks)
+                assert (await a.heartbeat())["commands"] == []   # not before the timeout
+                assert (await rpc.call("report"))["pending_deletion"] == 2
+                await trio.sleep(0.05 * 10 + 0.1)
+                again = (await a.heartbeat())["commands"]
+                assert [c["type"] for c in again] == ["INVALIDATE"]
+                assert sorted(b["id"] for b in again[0]["blocks"]) == refs
+                # now the node deletes them and says so: nothing more is sent
+                await ra.call("block_received_and_deleted", {
+                    "node_id": "node-a", "received": [], "deleted": refs})
+                assert (await rpc.call("report"))["pending_deletion"] == 0
+                await trio.sleep(0.05 * 10 + 0.1)
+                assert (await a.heartbeat())["commands"] == []
+
+    trio.run(main)
+
+
+def test_block_limits_are_enforced_by_create_and_add_block(tmp_path):
+    async def main():
+        async with meta_server(tmp_path, max_blocks_per_file=2, min_block_size=32 * KiB) as meta:
+            async with meta.client("storage-a") as ra, meta.client() as rpc:
+                a = FakeNode(ra, "node-a", 9001)
+                await a.register()
+                with pytest.raises(errors.InvalidArgument,
+                                   match=r"/tiny.*min_block_size 32768"):
+                    await rpc.call("create", {"path": "/tiny", "client_name": "w",
+                                              "block_size": 16 * KiB})
+                assert (await rpc.call("list_status", {"path": "/"}))["entries"] == []
+                st = await rpc.call("create", {"path": "/two", "client_name": "w"})
+                previous = None
+                for _ in range(2):
+                    lb = await rpc.call("add_block", {"path": "/two", "client_name": "w",
+                                                      "ino": st["ino"], "previous": previous})
+                    await a.received(lb["block"], 64 * KiB)
+                    previous = {**lb["block"], "num_bytes": 64 * KiB}
+                with pytest.raises(errors.InvalidArgument,
+                                   match=r"/two.*max_blocks_per_file is 2"):
+                    await rpc.call("add_block", {"path": "/two", "client_name": "w",
+                                                 "ino": st["ino"], "previous": previous})
+                # the refused call changed nothing: the file still closes with two blocks
+                assert await rpc.call("complete", {"path": "/two", "client_name": "w",
+                                                   "ino": st["ino"], "last": previous})
+                info = await rpc.call("get_file_info", {"path": "/two"})
+                assert info["length"] == 128 * KiB and not info["under_construction"]
+
+    trio.run(main)
+
+
+def test_writer_calls_cost_the_same_at_block_5_and_block_60(tmp_path):
+    """Finding 8: add_block, fsync, complete and a ranged get_block_locations read a bounded
+    number of block keys however many blocks the file has (they used to scan them all)."""
+    from meta.server import MetaServer
+    from fs.rpc import CallContext
+
+    class CountingStore:
+        def __init__(self, inner):
+            self.inner, self.block_reads = inner, 0
+
+        def get(self, key):
+            self.block_reads += key[:1] == b"B"
+            return self.inner.get(key)
+
+        def scan(self, prefix, start=None, limit=None):
+            for key, value in self.inner.scan(prefix, start=start, limit=limit):
+                self.block_reads += key[:1] == b"B"
+                yield key, value
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    async def main():
+        config = Config.load(env={}, **BASE)
+        kv = PlyvelStore(str(tmp_path / "db"))
+        server = MetaServer(config, kv, str(tmp_path / "journal"))
+        server.recover()
+        ctx = CallContext(client_id="w", peer="127.0.0.1:5000", call_id=None)
+        full = 64 * KiB
+        costs = []
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.journal.run)
+            await server.start()
+            counting = server.ns.kv = CountingStore(kv)
+            await server.rpc_register_storage(ctx, "node-a", "127.0.0.1:9001", 1 << 40, 0,
+                                              1 << 40)
+            st = await server.rpc_create(ctx, "/long", "w")
+            previous = None
+            for i in range(60):
+                counting.block_reads = 0
+                lb = await server.rpc_add_block(ctx, "/long", "w", ino=st["ino"],
+                                                previous=previous)
+                assert lb["offset"] == i * full
+                await server.rpc_fsync(ctx, "/long", "w", ino=st["ino"],
+                                       last_block_length=100)
+                ranged = await server.rpc_get_block_locations(ctx, "/long", offset=i * full,
+                                                              length=10)
+                assert [b["block"]["id"] for b in ranged["blocks"]] == [lb["block"]["id"]]
+                costs.append(counting.block_reads)
+                await server.rpc_block_received_and_deleted(
+                    ctx, "node-a", received=[[lb["block"]["id"], lb["block"]["gs"], full,
+                                              "FINALIZED"]])
+                previous = {**lb["block"], "num_bytes": full}
+            counting.block_reads = 0
+            assert await server.rpc_complete(ctx, "/long", "w", ino=st["ino"], last=previous)
+            assert counting.block_reads <= 8
+            located = await server.rpc_get_block_locations(ctx, "/long")
+            assert [b["offset"] for b in located["blocks"]] == [i * full for i in range(60)]
+            nursery.cancel_scope.cancel()
+        await server.journal.aclose()
+        kv.close()
+        assert costs[5] == costs[-1] and max(costs) <= 16, costs
 
     trio.run(main)

@@ -307,6 +307,47 @@ def test_invalidate_sets_are_handed_out_in_limited_batches():
     assert dm.take_invalidate("a") == []
 
 
+def test_handed_out_invalidations_wait_for_the_deletion_report_and_are_resent():
+    """Finding 15: a heartbeat reply carrying INVALIDATE may be lost; the refs stay pending
+    and go out again after the timeout until the node reports the replicas deleted."""
+    clock = FakeClock()
+    dm = DatanodeManager(dead_interval=100, invalidate_limit=2, clock=clock,
+                         invalidate_timeout=5, invalidate_max_sends=3)
+    dm.register("a", "h:1", 1, 0, 1)
+    for i in range(3):
+        dm.add_invalidate("a", {"id": i, "gs": 10, "num_bytes": 0})
+
+    def ids():
+        return [r["id"] for r in dm.take_invalidate("a")]
+    assert ids() == [0, 1] and ids() == [2] and ids() == []   # the replies are "lost"
+    assert dm.pending_deletion() == 3
+    clock.now = 4.9
+    assert ids() == []                       # not due yet
+    clock.now = 5
+    assert ids() == [0, 1]                   # resent, still at most the limit per reply
+    assert ids() == [2]
+    dm.cancel_invalidate("a", 0)             # the node reported blk 0 deleted
+    assert dm.pending_deletion() == 2
+    clock.now = 10
+    # a full report: blk 1 is gone, blk 2 still there with the same stamp
+    assert dm.confirm_by_report("a", {2: 10, 77: 1}) == 1
+    assert ids() == [2]                      # its third send
+    clock.now = 15
+    assert ids() == [] and dm.pending_deletion() == 0   # given up after 3 sends
+    # a new decision about a handed-out block puts it first in line again
+    dm.add_invalidate("a", {"id": 5, "gs": 10, "num_bytes": 0})
+    assert ids() == [5]
+    dm.add_invalidate("a", {"id": 5, "gs": 10, "num_bytes": 0})
+    assert ids() == [5]
+    # a replica reported with a newer stamp than the ref was not ours to delete
+    assert dm.confirm_by_report("a", {5: 11}) == 1 and dm.pending_deletion() == 0
+    # a dead node forgets everything; it re-reports when it returns
+    dm.add_invalidate("a", {"id": 6, "gs": 10, "num_bytes": 0})
+    assert ids() == [6]
+    clock.now = 200
+    assert [n.node_id for n in dm.check_dead()] == ["a"] and dm.pending_deletion() == 0
+
+
 def test_placement_distinct_live_least_used_and_excluded():
     clock = FakeClock()
     dm = DatanodeManager(dead_interval=10, invalidate_limit=2, clock=clock)
@@ -330,6 +371,37 @@ def test_placement_distinct_live_least_used_and_excluded():
     # scheduled bytes spread concurrent writers before the next heartbeat
     picks = [dm.choose_targets(1, block_size=450)[0].node_id for _ in range(3)]  # b, c, a: no ties
     assert len(set(picks)) == 3
+
+
+def test_replicas_of_a_block_being_written_are_locations_without_a_pipeline():
+    """Finding 5: after a restart ``expected`` is empty; replicas reported with the block's
+    current stamp (RBW, RWR, FINALIZED) become its locations, stale or bad ones never."""
+    bmap = BlocksMap(min_replication=1)
+    bmap.add(BlockInfo(7, ino=2, index=1, gs=100, num_bytes=0,
+                       state=bm.UNDER_CONSTRUCTION, replication=3))
+    info = bmap.get(7)
+    assert info.location_nodes() == []
+    bmap.add_replica("a", 7, 100, 4096, bm.RBW)
+    bmap.add_replica("b", 7, 99, 8192, bm.RBW)        # an older pipeline's: corrupt
+    bmap.add_replica("c", 7, 100, 2048, bm.RWR)
+    bmap.add_replica("d", 7, 100, 0, "TEMPORARY")     # an incoming copy: not readable yet
+    assert info.location_nodes() == ["a", "c"] and info.expected == ["a", "c"]
+    assert info.corrupt_nodes() == ["b"] and info.good_count == 0   # RBW is no good copy
+    bmap.mark_bad("c", 7)                             # a reader refused its bytes
+    assert info.location_nodes() == ["a"]
+    bmap.add_replica("e", 7, 100, 4096, bm.FINALIZED)
+    assert info.location_nodes() == ["a", "e"]
+    # a pipeline chosen by ADD_BLOCK keeps its order; reported replicas join after it
+    bmap.add(BlockInfo(8, ino=2, index=2, gs=101, num_bytes=0, state=bm.UNDER_CONSTRUCTION,
+                       replication=2, expected=["x", "y"]))
+    bmap.add_replica("z", 8, 101, 10, bm.RBW)
+    bmap.add_replica("y", 8, 101, 10, bm.RBW)
+    assert bmap.get(8).location_nodes() == ["x", "y", "z"]
+    # under recovery too; once committed only good FINALIZED replicas count
+    bmap.get(8).state = bm.UNDER_RECOVERY
+    assert bmap.get(8).location_nodes() == ["x", "y", "z"]
+    bmap.restore(7, gs=100, num_bytes=4096, state=bm.COMMITTED)
+    assert info.state == bm.COMPLETE and info.location_nodes() == ["e"]
 
 
 # --------------------------------------------------------------------------- safe mode

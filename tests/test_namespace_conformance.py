@@ -34,7 +34,8 @@ class Harness:
     def __init__(self, store, journal_dir):
         self.store = store
         self.ns = Namespace(store, Defaults(block_size=8 * BPC, replication=3,
-                                           max_replication=8, bytes_per_checksum=BPC))
+                                           max_replication=8, bytes_per_checksum=BPC,
+                                           min_block_size=BPC))
         self.effects: list[dict] = []
         self.journal = Journal(str(journal_dir), self._apply)
         self.t = 1_000_000
@@ -61,7 +62,7 @@ class Harness:
 
     async def add_block(self, path, holder="w1", previous=None, replication_targets=("n1",)):
         _, ino, inode = self.ns.writer_file(path, None, holder)
-        blocks = self.ns.blocks_of(ino)
+        blocks = self.ns.tail_blocks(ino, inode)
         kind, last = self.ns.check_previous(path, blocks, previous)
         assert kind in ("first", "commit", "committed"), kind
         commit = {"num_bytes": previous["num_bytes"]} if kind == "commit" else None
@@ -71,8 +72,8 @@ class Harness:
         return {"id": block_id, "gs": gs, "num_bytes": 0}
 
     async def close(self, path, holder="w1", last=None):
-        _, ino, _ = self.ns.writer_file(path, None, holder)
-        blocks = self.ns.blocks_of(ino)
+        _, ino, inode = self.ns.writer_file(path, None, holder)
+        blocks = self.ns.tail_blocks(ino, inode)
         kind, block = self.ns.check_last(path, blocks, last)
         await self.do(self.ns.plan_close(ino, block, last["num_bytes"] if last else None,
                                          self.now()))
@@ -300,6 +301,168 @@ def test_add_block_marks_blocks_before_previous_complete(kind, tmp_path):
         assert_consistent(h)
 
     run_ns(kind, tmp_path, body)
+
+
+def test_add_block_after_a_separate_commit_still_completes_the_block_before(kind, tmp_path):
+    """add_block whose previous was committed by an earlier call (the NotReplicatedYet
+    path) still names it, so only the last two blocks are ever incomplete in the store."""
+    async def body(h):
+        await h.create("/f")
+        b0 = await h.add_block("/f")
+        b1 = await h.add_block("/f", previous={**b0, "num_bytes": 8 * BPC})
+        ino = h.ns.get_file_info("/f")["ino"]
+        tail = h.ns.tail_blocks(ino, h.ns.get_inode(ino))
+        await h.do(h.ns.plan_commit(ino, tail[-1], 8 * BPC))   # committed on its own
+        await h.add_block("/f", previous={**b1, "num_bytes": 8 * BPC})   # kind "committed"
+        states = [b["state"] for b in h.ns.blocks_of(ino)]
+        assert states == ["COMPLETE", "COMMITTED", "UNDER_CONSTRUCTION"]
+        assert_consistent(h)
+
+    run_ns(kind, tmp_path, body)
+
+
+class CountingStore:
+    """A store that counts the block keys (``B...``) read by ``get`` or yielded by ``scan``."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.block_reads = 0
+
+    def get(self, key):
+        if key[:1] == b"B":
+            self.block_reads += 1
+        return self.inner.get(key)
+
+    def scan(self, prefix, start=None, limit=None):
+        for key, value in self.inner.scan(prefix, start=start, limit=limit):
+            if key[:1] == b"B":
+                self.block_reads += 1
+            yield key, value
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _long_file(store, sizes, block_size=8 * BPC, **limits):
+    """A namespace holding /long with blocks of ``sizes`` (the last under construction),
+    built by applying journal records directly (no fsync per block)."""
+    from meta.journal import Record
+
+    ns = Namespace(store, Defaults(block_size=block_size, replication=1,
+                                   bytes_per_checksum=BPC, min_block_size=BPC, **limits))
+    txid = 0
+
+    def apply(*plans):
+        nonlocal txid
+        records = []
+        for op, args in plans:
+            txid += 1
+            records.append(Record(txid, op, args))
+        ns.apply(records)
+
+    apply(ns.plan_format(7, 1))
+    apply(ns.plan_create("/long", holder="w", now_ns=2))
+    ino = ns.get_file_info("/long")["ino"]
+    tail: list[dict] = []
+    plans = []
+    for size in sizes:   # the planners see the tail the previous record left behind
+        commit = {"num_bytes": tail[-1]["num_bytes"]} if tail else None
+        op, args = ns.plan_add_block(ino, tail, ns.allocate_block_id(), ns.next_genstamp(),
+                                     commit, ["n1"], 3)
+        plans.append((op, args))
+        tail = [{"index": args["index"], "id": args["block"]["id"], "gs": args["block"]["gs"],
+                 "num_bytes": size, "state": "UNDER_CONSTRUCTION"}]
+        if len(plans) == 500:
+            apply(*plans)
+            plans = []
+    apply(*plans)
+    if sizes:   # hsync recorded the length of the last block
+        apply(ns.plan_fsync("/long", ino, ns.tail_blocks(ino, ns.get_inode(ino), 1), sizes[-1]))
+    return ns, ino
+
+
+def _reference_range(ns, ino, offset, end):
+    out, pos = [], 0
+    blocks = ns.blocks_of(ino)
+    for block in blocks:
+        if pos < end and (pos + block["num_bytes"] > offset or block is blocks[-1]):
+            out.append((block["id"], pos))
+        pos += block["num_bytes"]
+    return out
+
+
+def test_writer_calls_read_only_the_last_blocks_of_a_long_file(kind, tmp_path):
+    """Finding 8: add_block/complete/fsync checks and get_block_locations of a range read a
+    bounded number of block keys, not all of a 3000-block file's."""
+    full = 8 * BPC
+    store = CountingStore(make_store(kind, tmp_path / "db"))
+    try:
+        ns, ino = _long_file(store, [full] * 2999 + [700])
+        inode = ns.get_inode(ino)
+        assert inode["nblocks"] == 3000 and inode["length"] == 2999 * full + 700
+        store.block_reads = 0
+        tail = ns.tail_blocks(ino, inode)
+        assert [b["index"] for b in tail] == [2998, 2999] and store.block_reads == 2
+        previous = {"id": tail[-1]["id"], "gs": tail[-1]["gs"], "num_bytes": full}
+        assert ns.check_previous("/long", tail, previous)[0] == "commit"
+        op, args = ns.plan_add_block(ino, tail, 10**6, ns.next_genstamp(),
+                                     {"num_bytes": full}, ["n1"], 4)
+        assert args["index"] == 3000 and args["previous"]["index"] == 2999
+        assert ns.plan_fsync("/long", ino, tail[-1:], 800)[1]["index"] == 2999
+        for offset, length in ((0, 1), (1234 * full + 5, 2 * full), (2999 * full - 1, 10),
+                               (2999 * full + 699, 1), (5 * full, 0), (10**9, 5)):
+            store.block_reads = 0
+            got = [(b["id"], pos) for b, pos in
+                   ns.blocks_in_range(ino, inode, offset, offset + length)]
+            reads = store.block_reads
+            assert got == _reference_range(ns, ino, offset, offset + length), (offset, length)
+            assert reads <= 5, (offset, length, reads)
+        assert check_namespace(store) == []
+    finally:
+        store.inner.close()
+
+
+def test_block_ranges_with_a_short_block_in_the_middle_are_exact(kind, tmp_path):
+    """Blocks before the last need not be full (a client may commit a short block): the
+    locations of every range are still the exact blocks at their exact offsets."""
+    full = 8 * BPC
+    sizes = [full, full, 1000, full, 0, full, 300]
+    store = make_store(kind, tmp_path / "db")
+    try:
+        ns, ino = _long_file(store, sizes)
+        inode = ns.get_inode(ino)
+        total = sum(sizes)
+        for offset in range(0, total + 2 * full, 777):
+            for length in (0, 1, 900, full, 3 * full):
+                got = [(b["id"], pos) for b, pos in
+                       ns.blocks_in_range(ino, inode, offset, offset + length)]
+                assert got == _reference_range(ns, ino, offset, offset + length), \
+                    (offset, length)
+        assert [(b["id"], p) for b, p in ns.blocks_in_range(ino, inode, 0, float("inf"))] \
+            == _reference_range(ns, ino, 0, float("inf"))
+        assert check_namespace(store) == []
+    finally:
+        store.close()
+
+
+def test_min_block_size_and_max_blocks_per_file_limits(kind, tmp_path):
+    store = make_store(kind, tmp_path / "db")
+    try:
+        ns, ino = _long_file(store, [8 * BPC] * 3 + [10], max_blocks_per_file=4)
+        with pytest.raises(errors.InvalidArgument, match=r"/long.*max_blocks_per_file is 4"):
+            ns.check_block_count("/long", ns.get_inode(ino))
+        ns.defaults.max_blocks_per_file = 5
+        ns.check_block_count("/long", ns.get_inode(ino))   # one more is allowed
+        ns.defaults.min_block_size = 4 * BPC
+        with pytest.raises(errors.InvalidArgument, match=r"/small.*min_block_size 2048"):
+            ns.plan_create("/small", holder="w", block_size=2 * BPC, now_ns=5)
+        assert ns.plan_create("/ok", holder="w", block_size=4 * BPC, now_ns=5)[1][
+            "block_size"] == 4 * BPC
+        ns.defaults.block_size = 2 * BPC   # a default below the limit is refused too
+        with pytest.raises(errors.InvalidArgument, match="min_block_size"):
+            ns.plan_create("/default", holder="w", now_ns=5)
+    finally:
+        store.close()
 
 
 # --------------------------------------------------------------------------- delete

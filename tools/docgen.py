@@ -17,8 +17,9 @@ from .formatting import format_table, human_size
 
 
 def _default_text(name: str, default) -> str:
-    if isinstance(default, int) and not isinstance(default, bool) and default >= 1 << 20 \
-            and default % 1024 == 0:
+    is_size = name.endswith(("_size", "_frame")) or name == "bytes_per_checksum"
+    if is_size and isinstance(default, int) and not isinstance(default, bool) \
+            and default >= 1 << 20 and default % 1024 == 0:
         return f"{default} ({human_size(default)}iB)"
     if default == "":
         return '""'
