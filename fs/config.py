@@ -58,6 +58,9 @@ class Config:
     journal_keep_segments: int = _s(10, "finalized journal segments kept after a checkpoint")
     retry_cache_expiry: float = _s(600.0, "seconds a mutating call's reply is kept for retries")
     invalidate_limit: int = _s(1000, "replica deletions handed to one block server per heartbeat")
+    delete_chunk: int = _s(2000, "inodes + blocks one delete record removes; a bigger subtree is "
+                           "detached at once and reclaimed in the background in records of "
+                           "this size (HDFS incremental block deletion)")
     # --- leases (issue 3 fills in recovery)
     lease_soft_limit: float = _s(60.0, "seconds after which another client may recover a lease")
     lease_hard_limit: float = _s(1200.0, "seconds after which the server recovers a lease itself")
@@ -67,6 +70,8 @@ class Config:
     heartbeat_interval: float = _s(3.0, "seconds between block server heartbeats")
     dead_node_interval: float = _s(630.0, "seconds of silence after which a block server is dead")
     block_report_interval: float = _s(21600.0, "seconds between full block reports")
+    block_report_chunk: int = _s(50_000, "replicas per block_report call; a full report of more "
+                                 "is sent as several chunks of one report id")
     disk_io_threads: int = _s(8, "worker threads a block server uses for disk I/O")
     # --- client
     lease_renew_period: float = _s(0.0, "client lease renewal period (0 = soft limit / 2)")

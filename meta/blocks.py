@@ -25,6 +25,11 @@ the journal no longer knows the pipeline, so the block servers' reports alone re
 locations, and hflushed bytes of open files stay readable (HDFS
 ``BlockUnderConstructionFeature.addReplicaIfNotPresent``).
 
+Counters: the safe-mode numbers (``total_countable``, ``safe``) and the report's
+``under_replicated``/``missing``/``corrupt`` are running counters, kept by ``_account``
+around every change of a block (``_change``, ``add``, ``remove``), so ``counts()`` costs
+nothing however many blocks there are (the status page is unauthenticated).
+
 Concurrency contract: plain data, no I/O, no clock, no awaits; the server calls it from the
 trio thread only (inside journal ``apply`` or RPC handlers), so every method is atomic.
 Methods that decide a replica must go return ``(node_id, block_ref)`` pairs; the caller
@@ -160,7 +165,7 @@ class BlockInfo:
 
 
 class BlocksMap:
-    """block id → BlockInfo, node → block ids, and the safe-mode block counters."""
+    """block id → BlockInfo, node → block ids, and the running block counters."""
 
     def __init__(self, min_replication: int = 1):
         self.min_replication = max(1, min_replication)
@@ -169,6 +174,10 @@ class BlocksMap:
         # safe mode: blocks that count (COMMITTED/COMPLETE) and those minimally reported
         self.total_countable = 0
         self.safe = 0
+        # the report's health counters (see ``counts``)
+        self.missing = 0
+        self.under_replicated = 0
+        self.corrupt = 0
 
     # ------------------------------------------------------------------ bookkeeping
     def __len__(self) -> int:
@@ -177,13 +186,24 @@ class BlocksMap:
     def get(self, block_id: int) -> BlockInfo | None:
         return self.blocks.get(block_id)
 
-    def _status(self, info: BlockInfo) -> tuple[bool, bool]:
-        countable = info.state in (COMMITTED, COMPLETE)
-        return countable, countable and info.good_count >= self.min_replication
+    _NOTHING = (False, False, False, False, False)
 
-    def _account(self, before: tuple[bool, bool], after: tuple[bool, bool]) -> None:
+    def _status(self, info: BlockInfo) -> tuple[bool, bool, bool, bool, bool]:
+        """(countable, safe, missing, under-replicated, has a corrupt replica)."""
+        countable = info.state in (COMMITTED, COMPLETE)
+        good = info.good_count
+        corrupt = any(r.corrupt for r in info.replicas.values())
+        return (countable, countable and good >= self.min_replication,
+                countable and good == 0, countable and 0 < good < info.replication, corrupt)
+
+    def _account(self, before: tuple, after: tuple) -> None:
+        if before == after:
+            return
         self.total_countable += int(after[0]) - int(before[0])
         self.safe += int(after[1]) - int(before[1])
+        self.missing += int(after[2]) - int(before[2])
+        self.under_replicated += int(after[3]) - int(before[3])
+        self.corrupt += int(after[4]) - int(before[4])
 
     def _reevaluate(self, info: BlockInfo) -> None:
         """Reclassify every replica and apply COMMITTED → COMPLETE when replicated enough."""
@@ -211,14 +231,14 @@ class BlocksMap:
             raise InvalidArgument(f"block {info.id} is already in the blocks map")
         self.blocks[info.id] = info
         self._reevaluate(info)
-        self._account((False, False), self._status(info))
+        self._account(self._NOTHING, self._status(info))
 
     def remove(self, block_id: int) -> list[tuple[str, dict]]:
         """Forget a block (delete, abandon, overwrite); its replicas must go."""
         info = self.blocks.pop(block_id, None)
         if info is None:
             return []
-        self._account(self._status(info), (False, False))
+        self._account(self._status(info), self._NOTHING)
         doomed = []
         for node_id, replica in info.replicas.items():
             self.by_node.get(node_id, set()).discard(block_id)
@@ -255,7 +275,7 @@ class BlocksMap:
     def set_replication(self, block_id: int, replication: int) -> None:
         info = self.blocks.get(block_id)
         if info is not None:
-            info.replication = replication
+            self._change(info, lambda: setattr(info, "replication", replication))
 
     # ------------------------------------------------------------------ block server side
     def add_replica(self, node_id: str, block_id: int, gs: int, num_bytes: int,
@@ -343,8 +363,14 @@ class BlocksMap:
         return len(self.by_node.get(node_id, ()))
 
     def counts(self) -> dict:
-        """under_replicated (some but too few good copies), missing (none), corrupt (at
-        least one corrupt replica), over all COMPLETE/COMMITTED blocks."""
+        """under_replicated (some but too few good copies) and missing (none) over the
+        COMPLETE/COMMITTED blocks, corrupt (at least one corrupt replica) over all: the
+        running counters, O(1)."""
+        return {"under_replicated": self.under_replicated, "missing": self.missing,
+                "corrupt": self.corrupt}
+
+    def recount(self) -> dict:
+        """``counts()`` computed by walking every block (tests check the counters with it)."""
         under = missing = corrupt = 0
         for info in self.blocks.values():
             if info.corrupt_nodes():

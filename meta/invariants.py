@@ -15,6 +15,11 @@ too. It reads the whole store once and checks the schema of ``keys.py``:
   least every block's, ``files``/``dirs`` equal the counted inodes, an applied txid exists;
 * files under construction ↔ ``U`` keys (same holder), and, when a ``LeaseManager`` is
   given, ↔ its ``lease_by_ino``.
+* detached subtrees (a big delete being reclaimed): everything reachable from an ``O`` key
+  is legal although no entry leads to its root, and is half-removed (directory counts,
+  file lengths and block lists are not checked there); the orphan root must exist, have
+  ``parent`` 0 and no entry, and no ``U`` key may remain inside (their leases ended at the
+  detach). Counters and block id uniqueness still include them.
 
 Concurrency contract: reads only; call it on a store nobody writes (a stopped server's
 folder, or a test's own store).
@@ -56,10 +61,29 @@ def check_namespace(kv, leases=None) -> list[str]:
         ino, index = keys.parse_block_key(key)
         blocks.setdefault(ino, {})[index] = keys.unpack(raw)
     uc_keys = {keys.parse_uc_key(k): keys.unpack(v) for k, v in kv.scan(keys.UNDER_CONSTRUCTION)}
+    orphan_roots = [keys.parse_orphan_key(k) for k, _ in kv.scan(keys.ORPHAN)]
 
     root = inodes.get(keys.ROOT_INO)
     if root is None or root.get("type") != "dir":
         problem(f"root inode {keys.ROOT_INO} is missing or not a directory")
+
+    # detached subtrees: reachable from their O key, legal while being reclaimed
+    orphaned: set[int] = set()
+    for root_ino in orphan_roots:
+        orphan_root = inodes.get(root_ino)
+        if orphan_root is None:
+            problem(f"orphan key for inode {root_ino}, which does not exist")
+            continue
+        if orphan_root.get("parent") != 0:
+            problem(f"orphan root inode {root_ino} has parent {orphan_root.get('parent')}, not 0")
+        stack = [root_ino]
+        while stack:
+            cur = stack.pop()
+            if cur in orphaned:
+                problem(f"inode {cur} is reachable twice from orphan roots")
+                continue
+            orphaned.add(cur)
+            stack.extend(c for c in entries.get(cur, {}).values() if c in inodes)
 
     # entries → inodes
     linked_from: dict[int, list[tuple[int, str]]] = {}
@@ -69,7 +93,7 @@ def check_namespace(kv, leases=None) -> list[str]:
             problem(f"entries under missing inode {parent}: {sorted(names)[:5]}")
         elif parent_inode.get("type") != "dir":
             problem(f"entries under non-directory inode {parent}: {sorted(names)[:5]}")
-        elif parent_inode.get("children", 0) != len(names):
+        elif parent not in orphaned and parent_inode.get("children", 0) != len(names):
             problem(f"directory inode {parent} says {parent_inode.get('children')} children, "
                     f"has {len(names)} entries")
         for name, child in names.items():
@@ -78,7 +102,8 @@ def check_namespace(kv, leases=None) -> list[str]:
                 continue
             linked_from.setdefault(child, []).append((parent, name))
     for ino, inode in inodes.items():
-        if inode.get("type") == "dir" and ino not in entries and inode.get("children", 0):
+        if (inode.get("type") == "dir" and ino not in entries and inode.get("children", 0)
+                and ino not in orphaned):
             problem(f"directory inode {ino} says {inode['children']} children, has none")
 
     # inodes → exactly one entry, matching parent pointers
@@ -87,6 +112,10 @@ def check_namespace(kv, leases=None) -> list[str]:
         if ino == keys.ROOT_INO:
             if links:
                 problem(f"the root is linked from {links}")
+            continue
+        if ino in orphan_roots:
+            if links:
+                problem(f"orphan root inode {ino} still has a directory entry: {links[:5]}")
             continue
         if len(links) != 1:
             problem(f"inode {ino} ({inode.get('name')!r}) has {len(links)} entries: {links[:5]}")
@@ -106,7 +135,9 @@ def check_namespace(kv, leases=None) -> list[str]:
             continue
         reached.add(cur)
         stack.extend(c for c in entries.get(cur, {}).values() if c in inodes)
-    unreachable = set(inodes) - reached
+    for ino in reached & orphaned:
+        problem(f"inode {ino} is reachable from the root and from an orphan root")
+    unreachable = set(inodes) - reached - orphaned
     if unreachable:
         problem(f"{len(unreachable)} inodes not reachable from the root: {sorted(unreachable)[:10]}")
 
@@ -117,6 +148,14 @@ def check_namespace(kv, leases=None) -> list[str]:
         inode = inodes.get(ino)
         if inode is None or inode.get("type") != "file":
             problem(f"block keys of inode {ino}, which is not a file")
+            continue
+        if ino in orphaned:   # being reclaimed: its blocks may be partly gone already
+            for block in by_index.values():
+                max_gs = max(max_gs, block.get("gs", 0))
+                if block["id"] in seen_ids:
+                    problem(f"block id {block['id']} used by inodes {seen_ids[block['id']]} "
+                            f"and {ino}")
+                seen_ids[block["id"]] = ino
             continue
         n = inode.get("nblocks", 0)
         if sorted(by_index) != list(range(n)):
@@ -136,7 +175,8 @@ def check_namespace(kv, leases=None) -> list[str]:
         if length != inode.get("length", 0):
             problem(f"file inode {ino}: length {inode.get('length')} != sum of blocks {length}")
     for ino, inode in inodes.items():
-        if inode.get("type") == "file" and inode.get("nblocks", 0) and ino not in blocks:
+        if (inode.get("type") == "file" and inode.get("nblocks", 0) and ino not in blocks
+                and ino not in orphaned):
             problem(f"file inode {ino}: nblocks {inode['nblocks']} but no block keys")
 
     # counters
@@ -156,12 +196,15 @@ def check_namespace(kv, leases=None) -> list[str]:
 
     # under construction ↔ U keys ↔ leases
     uc_inodes = {ino: inode["uc"]["holder"] for ino, inode in inodes.items()
-                 if inode.get("type") == "file" and inode.get("uc")}
+                 if inode.get("type") == "file" and inode.get("uc") and ino not in orphaned}
+    for ino in set(uc_keys) & orphaned:
+        problem(f"U key for inode {ino} inside a detached subtree (its lease must have ended "
+                f"at the delete)")
     for ino, holder in uc_inodes.items():
         if uc_keys.get(ino) != holder:
             problem(f"file inode {ino} is under construction by {holder!r}, U key says "
                     f"{uc_keys.get(ino)!r}")
-    for ino in set(uc_keys) - set(uc_inodes):
+    for ino in set(uc_keys) - set(uc_inodes) - orphaned:
         problem(f"U key for inode {ino}, which is not a file under construction")
     if leases is not None:
         by_ino = dict(leases.lease_by_ino)

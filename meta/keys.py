@@ -26,6 +26,13 @@ key                    value (msgpack)                             meaning
 ``U<ino:8>``           str: lease holder                            file under construction
                                                                     (leases are rebuilt from
                                                                     these at restart)
+``O<ino:8>``           map: ``parent``, ``name`` (the entry it      root of a detached subtree
+                       had), ``time`` (ns of the delete)            (a big delete): no entry
+                                                                    points to it, its inode's
+                                                                    ``parent`` is 0; RECLAIM
+                                                                    records remove it piece
+                                                                    by piece, the O key goes
+                                                                    with the root's last piece
 ``M<name>``            int / bytes                                  counters and identity:
                                                                     ``next_ino``,
                                                                     ``next_block_id``,
@@ -52,6 +59,7 @@ INODE = b"I"
 BLOCK = b"B"
 DENTRY = b"D"
 UNDER_CONSTRUCTION = b"U"
+ORPHAN = b"O"
 META = b"M"
 
 _INO = struct.Struct(">Q")
@@ -102,6 +110,10 @@ def uc_key(ino: int) -> bytes:
     return UNDER_CONSTRUCTION + _INO.pack(ino)
 
 
+def orphan_key(ino: int) -> bytes:
+    return ORPHAN + _INO.pack(ino)
+
+
 def meta_key(name: str) -> bytes:
     return META + name.encode("ascii")
 
@@ -120,6 +132,10 @@ def parse_dentry_key(key: bytes) -> tuple[int, str]:
 
 
 def parse_uc_key(key: bytes) -> int:
+    return _INO.unpack_from(key, 1)[0]
+
+
+def parse_orphan_key(key: bytes) -> int:
     return _INO.unpack_from(key, 1)[0]
 
 

@@ -20,8 +20,20 @@ leases and invalidate sets in the same synchronous step.
 
 Ops (HDFS edit-log names): FORMAT, MKDIR, ADD (create, incl. overwrite and missing parents),
 ADD_BLOCK (commits the previous block), UPDATE_BLOCKS (commit / length / gs changes),
-ABANDON_BLOCK, FSYNC, CLOSE, DELETE (a whole subtree in one record), RENAME (rename2 with
-overwrite), SET_PERMISSIONS, SET_OWNER, SET_REPLICATION, TIMES, SYMLINK, SET_GENSTAMP.
+ABANDON_BLOCK, FSYNC, CLOSE, DELETE, RENAME (rename2 with overwrite), SET_PERMISSIONS,
+SET_OWNER, SET_REPLICATION, TIMES, SYMLINK, SET_GENSTAMP, RECLAIM.
+
+Deletion (HDFS incremental block deletion). ``apply`` runs on the server's only thread, so
+one record must never remove an unbounded subtree. A subtree of at most ``delete_chunk``
+entries (inodes + blocks; the planner walks at most that many to find out) goes in the
+DELETE record itself. A bigger one is only *detached* (``detach: true`` in DELETE, and in
+ADD/RENAME for an overwritten file): its entry goes, the parent is updated, the root's inode
+gets ``parent`` 0 and an ``O<ino>`` key, and the leases of open files inside end (their
+``U`` keys, found by walking each ``U`` key's parent chain). The path is gone at once;
+nothing can reach the subtree any more (``linked_inode`` refuses writers addressing a file
+inside by inode id). ``plan_reclaim`` then walks an orphan subtree in post-order and lists
+at most ``delete_chunk`` keys; its RECLAIM record removes exactly those keys (and the ``O``
+key with the root's last piece), so every record is bounded and replay is exact.
 
 Cost of a long file: only the last block and a COMMITTED penultimate may be incomplete
 (ADD_BLOCK always names ``previous`` and completes the block before it), so writer calls
@@ -73,6 +85,7 @@ class Defaults:
     bytes_per_checksum: int = 4096
     min_block_size: int = 1 << 20          # HDFS dfs.namenode.fs-limits.min-block-size
     max_blocks_per_file: int = 1_048_576   # HDFS dfs.namenode.fs-limits.max-blocks-per-file
+    delete_chunk: int = 2000               # entries one DELETE/RECLAIM record may remove
     owner: str = "leasefs"
     group: str = "supergroup"
 
@@ -82,7 +95,8 @@ class Defaults:
                    max_replication=config.max_replication,
                    bytes_per_checksum=config.bytes_per_checksum,
                    min_block_size=config.min_block_size,
-                   max_blocks_per_file=config.max_blocks_per_file)
+                   max_blocks_per_file=config.max_blocks_per_file,
+                   delete_chunk=config.delete_chunk)
 
 
 # ---------------------------------------------------------------------------- arg checks
@@ -180,6 +194,9 @@ class Namespace:
         self._next_ino = 0
         self._next_block_id = 0
         self._genstamp = 0
+        # orphan dir ino → its greatest entry key a RECLAIM removed: every entry up to it is
+        # gone, so the next scan starts after it instead of skipping LevelDB tombstones
+        self._reclaimed_upto: dict[int, bytes] = {}
         self.load()
 
     # ------------------------------------------------------------------ counters
@@ -300,6 +317,22 @@ class Namespace:
             ino = inode["parent"]
             seen += 1
         return paths.join_parts(reversed(names))
+
+    def linked_inode(self, ino: int) -> dict | None:
+        """The inode if it is reachable from the root, else None: a file inside a detached
+        (deleted, not yet reclaimed) subtree is gone for writers addressing it by id."""
+        inode = self.get_inode(ino)
+        cur, node = ino, inode
+        for _ in range(10_000):
+            if node is None:
+                return None
+            if cur == keys.ROOT_INO:
+                return inode
+            cur = node["parent"]
+            if cur == 0:
+                return None
+            node = self.get_inode(cur)
+        return None
 
     def status(self, path: str, ino: int, inode: dict) -> dict:
         kind = inode["type"]
@@ -462,6 +495,27 @@ class Namespace:
             parent = ino
         return dirs
 
+    def needs_detach(self, ino: int, inode: dict) -> bool:
+        """More than ``delete_chunk`` entries (inodes + blocks) at and under ``ino``? Reads
+        at most that many inodes to find out (a file's blocks are counted by ``nblocks``)."""
+        limit = max(1, self.defaults.delete_chunk)
+        count = 0
+        stack = [(ino, inode)]
+        while stack:
+            cur, node = stack.pop()
+            count += 1 + (node.get("nblocks", 0) if node["type"] == FILE else 0)
+            if count > limit:
+                return True
+            if node["type"] != DIR:
+                continue
+            for _, child in self.children(cur):
+                child_inode = self.get_inode(child)
+                if child_inode is not None:
+                    stack.append((child, child_inode))
+                if count + len(stack) > limit:   # every stacked inode counts at least 1
+                    return True
+        return False
+
     def _check_parent_dir(self, path: str, found) -> None:
         ino, inode = found[-1]
         if inode["type"] != DIR:
@@ -506,6 +560,7 @@ class Namespace:
             raise IsDirectory("cannot create /: it is a directory")
         found = self.walk(parts, canonical)
         overwrite_ino = None
+        detach = False
         dirs: list[dict] = []
         if len(found) == len(parts) + 1:
             ino, inode = found[-1]
@@ -517,6 +572,7 @@ class Namespace:
                     LeaseManager.check_create_conflict(canonical, uc["holder"], holder)
                 raise FileExists(f"cannot create {canonical}: file exists")
             overwrite_ino = ino
+            detach = self.needs_detach(ino, inode)
             parent_ino, parent_inode = found[-2]
         else:
             if len(found) < len(parts):
@@ -534,6 +590,7 @@ class Namespace:
             "mode": permission, "owner": owner, "group": group, "time": now_ns,
             "replication": replication, "block_size": block_size, "holder": holder,
             "client_machine": str(client_machine)[:256], "overwrite": overwrite_ino,
+            "detach": detach,
         }
 
     def check_replication(self, path: str, replication) -> int:
@@ -592,7 +649,7 @@ class Namespace:
             raise DirectoryNotEmpty(f"cannot delete {canonical}: directory is not empty "
                                     f"({inode['children']} entries); use recursive")
         return "DELETE", {"parent": found[-2][0], "name": parts[-1], "ino": ino,
-                          "time": now_ns}
+                          "time": now_ns, "detach": self.needs_detach(ino, inode)}
 
     def plan_rename(self, src, dst, overwrite=False, *, now_ns: int) -> tuple[str, dict] | None:
         src_parts = paths.split(src)
@@ -611,6 +668,7 @@ class Namespace:
             raise InvalidArgument(f"{what}: cannot move a directory into itself")
         dst_found = self.walk(dst_parts, d)
         overwrite_ino = None
+        detach = False
         if len(dst_found) == len(dst_parts) + 1:
             dst_ino, dst_inode = dst_found[-1]
             if not overwrite:
@@ -622,6 +680,7 @@ class Namespace:
             if dst_inode["type"] == DIR and dst_inode.get("children", 0):
                 raise DirectoryNotEmpty(f"{what}: destination directory is not empty")
             overwrite_ino = dst_ino
+            detach = self.needs_detach(dst_ino, dst_inode)
             dst_parent = dst_found[-2][0]
         else:
             if len(dst_found) < len(dst_parts):
@@ -631,7 +690,7 @@ class Namespace:
             dst_parent = dst_found[-1][0]
         return "RENAME", {"src_parent": src_found[-2][0], "src_name": src_parts[-1],
                           "dst_parent": dst_parent, "dst_name": dst_parts[-1], "ino": ino,
-                          "overwrite": overwrite_ino, "time": now_ns}
+                          "overwrite": overwrite_ino, "detach": detach, "time": now_ns}
 
     def plan_set_permission(self, path, permission, *, now_ns: int) -> tuple[str, dict]:
         parts, ino, inode, _ = self.resolve(path)
@@ -680,7 +739,7 @@ class Namespace:
         holder = check_name(holder, f"{canonical}: client_name")
         if ino is not None and ino != 0:
             check_int(ino, f"{canonical}: ino", low=1)
-            inode = self.get_inode(ino)
+            inode = self.linked_inode(ino)
         else:
             try:
                 _, ino, inode, _ = self.resolve(canonical)
@@ -782,7 +841,7 @@ class Namespace:
         """A complete() retried after the file was already closed with this last block."""
         canonical = paths.validate(path)
         if ino:
-            inode = self.get_inode(ino) if _is_int(ino) else None
+            inode = self.linked_inode(ino) if _is_int(ino) else None
         else:
             try:
                 _, ino, inode, _ = self.resolve(canonical)
@@ -827,6 +886,84 @@ class Namespace:
     def plan_set_genstamp(self) -> tuple[str, dict]:
         return "SET_GENSTAMP", {"gs": self.next_genstamp()}
 
+    # ------------------------------------------------------------------ reclaiming
+    def has_orphans(self) -> bool:
+        """Is a detached subtree waiting to be reclaimed?"""
+        return next(iter(self.kv.scan(keys.ORPHAN, limit=1)), None) is not None
+
+    def orphan_roots(self) -> list[int]:
+        return [keys.parse_orphan_key(k) for k, _ in self.kv.scan(keys.ORPHAN)]
+
+    def _post_order(self, root: int) -> Iterator[tuple]:
+        """The keys of the detached subtree at ``root``, children before their directory and
+        a file's blocks before the file: ``("B", ino, index, block_id)``, ``("D", parent,
+        name)`` for an entry pointing to no inode, ``("I", ino, type, parent, name, uc)``
+        (``parent`` None for the root, whose entry went with the detach). Lazy: the caller
+        stops after its budget, so only what it takes (plus one) is read."""
+        root_inode = self.get_inode(root)
+        if root_inode is None:
+            return
+        stack = [(root, root_inode, None, None,
+                  self._remaining_children(root) if root_inode["type"] == DIR else None)]
+        while stack:
+            ino, inode, parent, name, entries = stack[-1]
+            nxt = next(entries, None) if entries is not None else None
+            if nxt is not None:
+                child_name, child = nxt
+                child_inode = self.get_inode(child)
+                if child_inode is None:
+                    yield ("D", ino, child_name)
+                else:
+                    stack.append((child, child_inode, ino, child_name,
+                                  self._remaining_children(child)
+                                  if child_inode["type"] == DIR else None))
+                continue
+            stack.pop()
+            if inode["type"] == FILE:
+                for key, raw in self.kv.scan(keys.block_prefix(ino)):
+                    yield ("B", ino, keys.parse_block_key(key)[1], keys.unpack(raw)["id"])
+            yield ("I", ino, inode["type"], parent, name, bool(inode.get("uc")))
+
+    def _remaining_children(self, ino: int) -> Iterator[tuple[str, int]]:
+        upto = self._reclaimed_upto.get(ino)
+        start = upto + b"\x00" if upto is not None else None
+        for key, raw in self.kv.scan(keys.dentry_prefix(ino), start=start):
+            yield keys.parse_dentry_key(key)[1], keys.unpack(raw)
+
+    def plan_reclaim(self, budget: int | None = None) -> tuple[str, dict] | None:
+        """The next RECLAIM record: at most ``budget`` (default ``delete_chunk``) keys of the
+        first orphan subtree, in post-order, so what is left stays a tree hanging from the
+        ``O`` key; ``done`` when the root is among them. None when nothing is detached."""
+        first = next(iter(self.kv.scan(keys.ORPHAN, limit=1)), None)
+        if first is None:
+            return None
+        root = keys.parse_orphan_key(first[0])
+        budget = max(1, budget if budget is not None else self.defaults.delete_chunk)
+        blocks: list[list] = []
+        inodes: list[list] = []
+        entries: list[list] = []
+        uc: list[int] = []
+        taken = 0
+        done = True
+        for item in self._post_order(root):
+            if taken >= budget:
+                done = False
+                break
+            taken += 1
+            if item[0] == "B":
+                blocks.append([item[1], item[2], item[3]])
+            elif item[0] == "D":
+                entries.append([item[1], item[2]])
+            else:
+                _, ino, kind, parent, name, is_uc = item
+                inodes.append([ino, kind])
+                if parent is not None:
+                    entries.append([parent, name])
+                if is_uc and self.kv.get(keys.uc_key(ino)) is not None:
+                    uc.append(ino)
+        return "RECLAIM", {"root": root, "blocks": blocks, "inodes": inodes,
+                           "entries": entries, "uc": uc, "done": done}
+
     # ------------------------------------------------------------------ summaries
     def content_summary_of(self, ino: int, inode: dict) -> dict:
         length = files = dirs = space = 0
@@ -860,6 +997,14 @@ class Namespace:
             if self.counters.get(name) != value:
                 txn.put(keys.meta_key(name), value)
         txn.commit()
+        for effect in effects:
+            if effect["op"] == "RECLAIM":
+                for parent, name in effect["entries"]:
+                    key = keys.dentry_key(parent, name)
+                    if key > self._reclaimed_upto.get(parent, b""):
+                        self._reclaimed_upto[parent] = key
+                for ino in effect["removed_inos"]:
+                    self._reclaimed_upto.pop(ino, None)
         self.counters = counters
         self._next_ino = max(self._next_ino, int(counters.get(keys.NEXT_INO, 0)))
         self._next_block_id = max(self._next_block_id, int(counters.get(keys.NEXT_BLOCK_ID, 0)))
@@ -936,14 +1081,50 @@ class Namespace:
             removed_inos.append(cur)
 
     def _unlink(self, txn: _Txn, counters, parent: int, name: str, ino: int, time: int,
-                effects: dict) -> None:
+                effects: dict, detach: bool = False) -> None:
         key = keys.dentry_key(parent, name)
         current = txn.get(key)
         if current != ino:
             log.error("apply: entry %r in %d is %r, expected %d", name, parent, current, ino)
         txn.delete(key)
         self._touch_dir(txn, parent, time, -1)
-        self._remove_subtree(txn, counters, ino, effects)
+        if detach:
+            self._detach(txn, parent, name, ino, time, effects)
+        else:
+            self._remove_subtree(txn, counters, ino, effects)
+
+    @staticmethod
+    def _inside(txn: _Txn, ino: int, root: int) -> bool:
+        """Is ``ino`` at or below ``root`` (by parent pointers)?"""
+        for _ in range(10_000):
+            if ino == root:
+                return True
+            if ino in (0, keys.ROOT_INO):
+                return False
+            inode = txn.get(keys.inode_key(ino))
+            if inode is None:
+                return False
+            ino = inode["parent"]
+        return False
+
+    def _detach(self, txn: _Txn, parent: int, name: str, ino: int, time: int,
+                effects: dict) -> None:
+        """Make ``ino`` (its entry already removed) the root of an orphan subtree for the
+        reclaimer; files under construction inside lose their lease now (few ``U`` keys)."""
+        inode = txn.get(keys.inode_key(ino))
+        if inode is None:
+            log.error("apply: inode %d to detach is missing", ino)
+            return
+        removed_uc = effects.setdefault("removed_uc", [])
+        for key, _holder in txn.scan(keys.UNDER_CONSTRUCTION):
+            uc_ino = keys.parse_uc_key(key)
+            if self._inside(txn, uc_ino, ino):
+                txn.delete(key)
+                removed_uc.append(uc_ino)
+        inode["parent"] = 0
+        txn.put(keys.inode_key(ino), inode)
+        txn.put(keys.orphan_key(ino), {"parent": parent, "name": name, "time": time})
+        effects["orphan"] = ino
 
     def _file(self, txn: _Txn, ino: int) -> dict | None:
         inode = txn.get(keys.inode_key(ino))
@@ -985,7 +1166,8 @@ class Namespace:
         t = a["time"]
         self._mkdirs(txn, counters, a["dirs"], t)
         if a["overwrite"] is not None:
-            self._unlink(txn, counters, a["parent"], a["name"], a["overwrite"], t, effects)
+            self._unlink(txn, counters, a["parent"], a["name"], a["overwrite"], t, effects,
+                         detach=a.get("detach", False))
         inode = {"type": FILE, "mode": a["mode"], "owner": a["owner"], "group": a["group"],
                  "mtime": t, "atime": t, "ctime": t, "parent": a["parent"], "name": a["name"],
                  "replication": a["replication"], "block_size": a["block_size"], "length": 0,
@@ -1090,15 +1272,38 @@ class Namespace:
 
     def _apply_DELETE(self, txn, counters, a):
         effects: dict = {}
-        self._unlink(txn, counters, a["parent"], a["name"], a["ino"], a["time"], effects)
+        self._unlink(txn, counters, a["parent"], a["name"], a["ino"], a["time"], effects,
+                     detach=a.get("detach", False))
         return effects
+
+    def _apply_RECLAIM(self, txn, counters, a):
+        """Remove exactly the listed keys of an orphan subtree (see ``plan_reclaim``)."""
+        removed_blocks = [block_id for _, _, block_id in a["blocks"]]
+        for ino, index, _ in a["blocks"]:
+            txn.delete(keys.block_key(ino, index))
+        for parent, name in a["entries"]:
+            txn.delete(keys.dentry_key(parent, name))
+        for ino in a["uc"]:
+            txn.delete(keys.uc_key(ino))
+        for ino, kind in a["inodes"]:
+            txn.delete(keys.inode_key(ino))
+            if kind == DIR:
+                self._add(counters, keys.DIRS, -1)
+            elif kind == FILE:
+                self._add(counters, keys.FILES, -1)
+        if a["done"]:
+            txn.delete(keys.orphan_key(a["root"]))
+        return {"removed_blocks": removed_blocks, "removed_uc": list(a["uc"]),
+                "removed_inos": [ino for ino, _ in a["inodes"]], "reclaimed": a["root"],
+                "done": a["done"], "entries": a["entries"]}
 
     def _apply_RENAME(self, txn, counters, a):
         effects: dict = {}
         t = a["time"]
         ino = a["ino"]
         if a["overwrite"] is not None:
-            self._unlink(txn, counters, a["dst_parent"], a["dst_name"], a["overwrite"], t, effects)
+            self._unlink(txn, counters, a["dst_parent"], a["dst_name"], a["overwrite"], t, effects,
+                         detach=a.get("detach", False))
         txn.delete(keys.dentry_key(a["src_parent"], a["src_name"]))
         self._touch_dir(txn, a["src_parent"], t, -1)
         txn.put(keys.dentry_key(a["dst_parent"], a["dst_name"]), ino)

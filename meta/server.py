@@ -16,15 +16,25 @@ Startup (``run_meta_server``): open LevelDB, ``journal.open()``, replay every re
 the applied txid through the same ``apply``, start the group-commit syncer, format the
 namespace if it is new (the FORMAT record makes a replay from an empty store exact), rebuild
 the blocks map from the ``B`` keys and the leases from the ``U`` keys, start monitors (dead
-nodes, safe mode, leases, checkpoints), serve RPC, report the bound address.
+nodes, safe mode, leases, checkpoints, the reclaimer), serve RPC, report the bound
+address.
 
 Monitors: dead block servers (their replicas leave the blocks map), safe mode (leaves when
 enough blocks are reported), leases (hard-limit expiry closes what can be closed without
 block recovery — block recovery is issue 3), checkpoints (under the global write lock: roll
-the journal, ``kv.sync()`` in a worker thread, purge old segments).
+the journal, ``kv.sync()`` in a worker thread, purge old segments), the reclaimer (subtrees
+a big delete detached are removed one bounded RECLAIM record at a time, paused in safe mode
+like invalidations; it also finishes what a crash left behind).
+
+Full block reports come in chunks of one ``report_id`` (``block_report_chunk`` entries each);
+each chunk is processed with a checkpoint every ``REPORT_STEP`` entries, the ids seen are
+remembered per (node, report id), and only the ``last`` chunk removes the node's replicas
+the report did not list. A newer report id (or the node's death or re-registration)
+abandons an unfinished report, which then removes nothing.
 
 Concurrency contract: everything runs on one trio thread; only the journal's fsync and the
-checkpoint's ``kv.sync`` run in worker threads. Handlers are independent tasks.
+checkpoint's ``kv.sync`` run in worker threads. Handlers are independent tasks. No step may
+hold the thread for long: big deletes and big block reports are cut into bounded pieces.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import os
 import secrets
 import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from functools import partial
 
 import trio
@@ -54,7 +65,8 @@ from .kv import KVStore, PlyvelStore
 from .leases import LeaseManager
 from .locks import (LOCK_ANCESTOR, LOCK_PARENT, LOCK_READ, LOCK_WRITE, PathLockPool, RWLock,
                     lock_set, merge)
-from .namespace import DIR, FILE, SYMLINK, Defaults, Namespace, check_int, check_name
+from .namespace import (DIR, FILE, SYMLINK, Defaults, Namespace, check_bool, check_int,
+                        check_name)
 from .safemode import SafeModeState
 
 log = logging.getLogger(__name__)
@@ -64,6 +76,18 @@ LOCK_RETRIES = 8
 # a handed-out INVALIDATE not reported done after this many heartbeat intervals is resent
 # (its heartbeat reply may have been lost)
 INVALIDATE_RESEND_HEARTBEATS = 10
+# block report entries validated / processed between two checkpoints of the trio thread
+REPORT_STEP = 2000
+
+
+@dataclass
+class _FullReport:
+    """A full block report of one node being received chunk by chunk."""
+    report_id: str | None        # None: the one-call form
+    next_chunk: int = 0
+    seen: dict[int, int] = field(default_factory=dict)   # block id → reported gs
+    doomed: int = 0
+    corrupt: int = 0
 
 
 class MetaServer(Dispatcher):
@@ -97,6 +121,10 @@ class MetaServer(Dispatcher):
         self._last_checkpoint = clock()
         self._release_logged: set[int] = set()
         self.checkpoints = 0
+        self._reports: dict[str, _FullReport] = {}      # node id → unfinished full report
+        self._report_locks: dict[str, trio.Lock] = {}   # node id → one report chunk at a time
+        self._reclaim_wakeup = trio.Event()
+        self.reclaim_records = 0
 
     # ================================================================== startup
     def recover(self) -> None:
@@ -158,6 +186,8 @@ class MetaServer(Dispatcher):
         op, args = record.op, record.args
         now = self.clock()
         self._forget(effect)
+        if effect.get("orphan") is not None:
+            self._reclaim_wakeup.set()
         if op == "ADD":
             self.leases.add(args["holder"], args["ino"], now)
         elif op == "ADD_BLOCK":
@@ -251,8 +281,9 @@ class MetaServer(Dispatcher):
         for _ in range(LOCK_RETRIES):
             current = (self.ns.path_of(ino) if ino else None) or path
             async with self._mutation(what, lock_set(paths.split(current), LOCK_WRITE)):
-                if ino and self.ns.get_inode(ino) is not None and self.ns.path_of(ino) != current:
-                    continue   # renamed while we waited
+                moved_to = self.ns.path_of(ino) if ino else None
+                if moved_to is not None and moved_to != current:
+                    continue   # renamed while we waited (None: gone, the writer check says so)
                 yield current
                 return
         raise InternalError(f"{what}: the file kept moving under the request; try again")
@@ -302,6 +333,7 @@ class MetaServer(Dispatcher):
                              len(self.datanodes.live_nodes()))
 
     def _node_dead(self, node) -> None:
+        self._reports.pop(node.node_id, None)   # an unfinished full report is void
         affected = self.blocks.remove_node(node.node_id)
         log.info("block server %s removed: %d replicas left the blocks map",
                  node.node_id, len(affected))
@@ -688,6 +720,9 @@ class MetaServer(Dispatcher):
                                                          capacity, used, remaining)
         for other in displaced:
             self._node_dead(other)
+        if self._reports.pop(node_id, None) is not None:
+            log.info("block server %s registered again: its unfinished block report is "
+                     "abandoned", node_id)
         log.info("block server %s registered at %s%s", node_id, node.address,
                  "" if fresh else " (again)")
         self.update_safemode()
@@ -707,20 +742,106 @@ class MetaServer(Dispatcher):
                 commands.append({"type": "INVALIDATE", "blocks": refs})
         return {"reregister": False, "commands": commands}
 
-    async def rpc_block_report(self, ctx, node_id, blocks):
-        node = self._registered(node_id, "block_report")
-        entries = self._replica_entries(blocks, "block_report: blocks")
-        doomed, corrupt = self.blocks.process_report(node.node_id, entries)
-        self.datanodes.confirm_by_report(node.node_id, {e[0]: e[1] for e in entries})
-        for nid, ref in doomed:
-            self.datanodes.add_invalidate(nid, ref)
-        for block_id, *_ in entries:
-            for nid, ref in self.blocks.excess_corrupt(block_id):
-                self.datanodes.add_invalidate(nid, ref)
-        log.info("block report from %s: %d replicas, %d of no file, %d corrupt",
-                 node.node_id, len(entries), len(doomed), corrupt)
-        self.update_safemode()
+    async def _replica_entries_stepwise(self, entries, what: str) -> list[tuple]:
+        """``_replica_entries`` for a big list: a checkpoint every ``REPORT_STEP`` entries."""
+        if not isinstance(entries, list):
+            raise InvalidArgument(f"{what} must be a list of [id, gs, num_bytes, state]")
+        out: list[tuple] = []
+        for start in range(0, len(entries), REPORT_STEP):
+            out += self._replica_entries(entries[start:start + REPORT_STEP], what)
+            if len(entries) > REPORT_STEP:
+                await trio.sleep(0)
+        return out
+
+    async def rpc_block_report(self, ctx, node_id, blocks, report_id=None, chunk=0, last=True):
+        self._registered(node_id, "block_report")
+        if report_id is not None:
+            check_name(report_id, "block_report: report_id")
+            check_int(chunk, "block_report: chunk", low=0)
+            check_bool(last, "block_report: last")
+        entries = await self._replica_entries_stepwise(blocks, "block_report: blocks")
+        lock = self._report_locks.setdefault(node_id, trio.Lock())
+        async with lock:
+            node = self._registered(node_id, "block_report")   # it may have died meanwhile
+            report = self._reports.get(node_id)
+            if report_id is None:
+                report, chunk, last = self._start_report(node_id, None), 0, True
+            elif report is not None and report.report_id == report_id:
+                if chunk != report.next_chunk:
+                    del self._reports[node_id]
+                    raise InvalidArgument(
+                        f"block_report from {node_id}: chunk {chunk} of report {report_id}, "
+                        f"expected chunk {report.next_chunk}; the report is abandoned, send "
+                        f"a new one")
+            elif chunk != 0:
+                raise InvalidArgument(
+                    f"block_report from {node_id}: chunk {chunk} of report {report_id}, which "
+                    f"is unknown (abandoned, or its chunk 0 never came); send a new report")
+            else:
+                report = self._start_report(node_id, report_id)
+            await self._report_chunk(node, report, entries)
+            report.next_chunk += 1
+            if last:
+                try:
+                    await self._finish_report(node, report)
+                finally:
+                    if self._reports.get(node_id) is report:
+                        del self._reports[node_id]
         return True
+
+    def _start_report(self, node_id: str, report_id: str | None) -> _FullReport:
+        old = self._reports.get(node_id)
+        if old is not None:
+            log.info("block server %s starts a new full report: report %s abandoned after "
+                     "%d chunks", node_id, old.report_id, old.next_chunk)
+        report = self._reports[node_id] = _FullReport(report_id)
+        return report
+
+    def _check_report_alive(self, node_id: str, report: _FullReport) -> None:
+        if self._reports.get(node_id) is not report or self.datanodes.live(node_id) is None:
+            raise InvalidArgument(f"block_report from {node_id}: report {report.report_id} "
+                                  f"was abandoned while being processed (a newer report, "
+                                  f"or the block server re-registered or was declared dead)")
+
+    async def _report_chunk(self, node, report: _FullReport, entries) -> None:
+        """Add the chunk's replicas; a checkpoint (and safe-mode update) every REPORT_STEP."""
+        node_id = node.node_id
+        for start in range(0, len(entries), REPORT_STEP):
+            for block_id, gs, num_bytes, state in entries[start:start + REPORT_STEP]:
+                report.seen[block_id] = gs
+                info = self.blocks.add_replica(node_id, block_id, gs, num_bytes, state)
+                if info is None:
+                    report.doomed += 1
+                    self.datanodes.add_invalidate(node_id, {"id": block_id, "gs": gs,
+                                                            "num_bytes": num_bytes})
+                    continue
+                if info.replicas[node_id].corrupt:
+                    report.corrupt += 1
+                for nid, ref in self.blocks.excess_corrupt(block_id):
+                    self.datanodes.add_invalidate(nid, ref)
+            self.update_safemode()
+            if len(entries) > REPORT_STEP:
+                await trio.sleep(0)
+                self._check_report_alive(node_id, report)
+
+    async def _finish_report(self, node, report: _FullReport) -> None:
+        """The last chunk: replicas of the node the report did not list are gone."""
+        node_id = node.node_id
+        held = list(self.blocks.by_node.get(node_id, ()))
+        removed = 0
+        for start in range(0, len(held), REPORT_STEP):
+            for block_id in held[start:start + REPORT_STEP]:
+                if block_id not in report.seen:
+                    self.blocks.remove_replica(node_id, block_id)
+                    removed += 1
+            if len(held) > REPORT_STEP:
+                await trio.sleep(0)
+                self._check_report_alive(node_id, report)
+        self.datanodes.confirm_by_report(node_id, report.seen)
+        log.info("block report from %s: %d replicas in %d chunk(s), %d of no file, %d corrupt, "
+                 "%d no longer held", node_id, len(report.seen), report.next_chunk,
+                 report.doomed, report.corrupt, removed)
+        self.update_safemode()
 
     async def rpc_block_received_and_deleted(self, ctx, node_id, received=(), deleted=()):
         node = self._registered(node_id, "block_received_and_deleted")
@@ -765,6 +886,40 @@ class MetaServer(Dispatcher):
             nursery.start_soon(self._safemode_monitor)
             nursery.start_soon(self._lease_monitor)
             nursery.start_soon(self._checkpoint_monitor)
+            nursery.start_soon(self._reclaim_monitor)
+
+    async def reclaim_once(self) -> bool:
+        """Journal one RECLAIM record (at most ``delete_chunk`` keys of a detached subtree)
+        under the global read lock; False when nothing is left to reclaim."""
+        await self.global_lock.acquire(False)
+        try:
+            plan = self.ns.plan_reclaim()
+            if plan is None:
+                return False
+            await self.journal.log(*plan)
+            self.reclaim_records += 1
+            if plan[1]["done"]:
+                log.info("reclaimed the detached subtree of inode %d", plan[1]["root"])
+            return True
+        finally:
+            self.global_lock.release(False)
+
+    async def _reclaim_monitor(self) -> None:
+        """Removes detached subtrees record by record; waits while in safe mode (a server
+        started on a stale folder deletes nothing) and while nothing is detached."""
+        period = max(0.05, min(0.5, self.config.heartbeat_interval))
+        while True:
+            if not self.safemode.on and self.ns.has_orphans():
+                try:
+                    await self.reclaim_once()
+                    await trio.sleep(0)
+                except LeaseFSError as exc:
+                    log.warning("reclaiming deleted files: %s", exc)
+                    await trio.sleep(period)
+                continue
+            self._reclaim_wakeup = trio.Event()
+            with trio.move_on_after(period):
+                await self._reclaim_wakeup.wait()
 
     async def _dead_node_monitor(self) -> None:
         period = max(0.05, min(self.config.heartbeat_interval, self.config.dead_node_interval / 4))

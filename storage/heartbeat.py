@@ -21,10 +21,17 @@ a heartbeat. ``block_received`` returns an event set when the report was deliver
 
 Ordering of reports: a full report is a snapshot; an incremental report processed before a
 stale snapshot would be undone by it (a just-finalized replica removed again, a deleted one
-re-added). So ``_report_lock`` is held by a full report from its snapshot until its RPC
-returned, and by an incremental report from taking the pending entries until its RPC
-returned: the metadata server always sees an incremental report after any full report whose
-snapshot came before it.
+re-added). So ``_report_lock`` is held by a full report from its snapshot until the RPC of
+its last chunk returned, and by an incremental report from taking the pending entries until
+its RPC returned: the metadata server always sees an incremental report after any full
+report whose snapshot came before it.
+
+Big full reports: the replica map may hold millions of replicas, so a full report is sent
+as chunks of ``block_report_chunk`` entries under one random ``report_id`` (``chunk`` counts
+from 0, ``last`` marks the end; the metadata server removes unlisted replicas only at
+``last``), and the entries are built ``BUILD_STEP`` at a time from a snapshot of the map's
+references, with a checkpoint between pieces. A replica that changes meanwhile is reported
+in its newer state or not at all, and its incremental report follows the whole report.
 
 Concurrency contract: all methods run in the block server's trio thread; ``run`` owns the RPC
 client and its tasks; ``block_received``/``blocks_deleted`` never block.
@@ -33,6 +40,7 @@ client and its tasks; ``block_received``/``blocks_deleted`` never block.
 from __future__ import annotations
 
 import logging
+import secrets
 
 import trio
 
@@ -43,6 +51,9 @@ from fs.rpc import RpcClient
 from .replicas import ReplicaStore
 
 log = logging.getLogger(__name__)
+
+# report entries built between two checkpoints of the block server's trio thread
+BUILD_STEP = 5000
 
 
 class HeartbeatService:
@@ -213,12 +224,23 @@ class HeartbeatService:
                  self.meta_address, self.store.node_id, self.address, len(self.store.replicas))
 
     async def _full_report(self) -> None:
-        """Snapshot and send under ``_report_lock``: incremental reports queued meanwhile
-        go out only after the metadata server has processed this snapshot."""
+        """Snapshot and send in chunks under ``_report_lock``: incremental reports queued
+        meanwhile go out only after the metadata server has processed the last chunk."""
         async with self._report_lock:
-            blocks = self.store.block_report()
-            await self._rpc.call("block_report", {"node_id": self.store.node_id,
-                                                  "blocks": blocks}, retry_seconds=0)
+            replicas = self.store.report_snapshot()
+            chunk_size = max(1, self.config.block_report_chunk)
+            chunks = max(1, -(-len(replicas) // chunk_size))
+            report_id = secrets.token_hex(8)
+            for index in range(chunks):
+                piece = replicas[index * chunk_size:(index + 1) * chunk_size]
+                blocks: list[list] = []
+                for start in range(0, len(piece), BUILD_STEP):
+                    blocks += self.store.report_entries(piece[start:start + BUILD_STEP])
+                    if len(replicas) > BUILD_STEP:
+                        await trio.sleep(0)
+                await self._rpc.call("block_report", {
+                    "node_id": self.store.node_id, "blocks": blocks, "report_id": report_id,
+                    "chunk": index, "last": index == chunks - 1}, retry_seconds=0)
         self.full_reports_sent += 1
 
     async def _heartbeat(self):

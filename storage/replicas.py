@@ -695,9 +695,23 @@ class ReplicaStore:
         return self.replicas.get(block_id)
 
     def block_report(self) -> list[list]:
-        """Every reportable replica as ``[id, gs, num_bytes, state]``."""
-        return [r.report_entry() for r in self.replicas.values()
-                if r.state in (ReplicaState.FINALIZED, ReplicaState.RBW, ReplicaState.RWR)]
+        """Every reportable replica as ``[id, gs, num_bytes, state]`` (in one go: for small
+        maps and tests; the heartbeat service builds big reports piecewise)."""
+        return self.report_entries(self.report_snapshot())
+
+    def report_snapshot(self) -> list[Replica]:
+        """The replicas in the map now: one C-level copy of the references, cheap even for
+        millions, so a full report can then be built in pieces with checkpoints between."""
+        return list(self.replicas.values())
+
+    def report_entries(self, replicas) -> list[list]:
+        """Report entries of those ``replicas`` (from ``report_snapshot``) that are still in
+        the map and reportable, in their state of now: a change after the snapshot is also
+        queued as an incremental report, which goes out after the full report."""
+        current = self.replicas
+        return [r.report_entry() for r in replicas
+                if current.get(r.block_id) is r
+                and r.state in (ReplicaState.FINALIZED, ReplicaState.RBW, ReplicaState.RWR)]
 
     def used_bytes(self) -> int:
         """Bytes of data and meta files of the replicas in the map (a running counter)."""

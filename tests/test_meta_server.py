@@ -853,3 +853,276 @@ def test_writer_calls_cost_the_same_at_block_5_and_block_60(tmp_path):
         assert costs[5] == costs[-1] and max(costs) <= 16, costs
 
     trio.run(main)
+
+
+# --------------------------------------------------------------------------- big deletes
+
+
+def test_big_delete_returns_at_once_and_is_reclaimed_while_other_calls_are_served(tmp_path):
+    """2000 open files with a replica each, delete_chunk 50: the path is gone when delete
+    returns (leases too); RECLAIM records remove the rest in the background while other
+    calls are answered between them (a report sees a half-reclaimed count), and every
+    replica comes out as an INVALIDATE command."""
+    n = 2000
+
+    async def main():
+        async with meta_server(tmp_path, delete_chunk=50, dead_node_interval=120.0) as meta:
+            async with meta.client("storage-a") as ra, meta.client() as rpc:
+                node = FakeNode(ra, "node-a", 9001)
+                await node.register()
+                await rpc.call("mkdirs", {"path": "/other"})
+                replicas = []
+
+                async def make(i):
+                    path = f"/big/d{i % 20}/f{i}"
+                    st = await rpc.call("create", {"path": path, "client_name": f"w{i % 7}"})
+                    lb = await rpc.call("add_block", {"path": path, "client_name": f"w{i % 7}",
+                                                      "ino": st["ino"]})
+                    replicas.append([lb["block"]["id"], lb["block"]["gs"], 10, "RBW"])
+
+                for start in range(0, n, 200):
+                    async with trio.open_nursery() as nursery:
+                        for i in range(start, start + 200):
+                            nursery.start_soon(make, i)
+                await node.report(replicas)
+                before = await rpc.call("report")
+                assert before["files"] == n and before["open_files"] == n
+                assert before["blocks"] == n
+
+                assert await rpc.call("delete", {"path": "/big", "recursive": True})
+                with pytest.raises(errors.FileNotFound):
+                    await rpc.call("get_file_info", {"path": "/big/d3/f3"})
+                assert (await rpc.call("list_status", {"path": "/"}))["entries"][0]["name"] \
+                    == "other"
+                after_delete = await rpc.call("report")
+                assert after_delete["open_files"] == 0    # leases ended with the detach
+                seen_files = [after_delete["files"]]
+                served = 0
+                with trio.fail_after(60):
+                    while True:
+                        await rpc.call("get_file_info", {"path": "/other"})
+                        served += 1
+                        current = await rpc.call("report")
+                        seen_files.append(current["files"])
+                        if current["blocks"] == 0 and current["files"] == 0:
+                            break
+                assert served > 0
+                # RPCs were answered while the reclaim was half done
+                assert any(0 < files < n for files in seen_files), seen_files[:5]
+                records = current["journal"]["records"] - after_delete["journal"]["records"]
+                assert records >= (2 * n + 21) // 50
+                assert current["directories"] == 2 and current["pending_deletion"] == n
+                invalidated = []
+                with trio.fail_after(10):
+                    while len(invalidated) < n:
+                        for command in (await node.heartbeat())["commands"]:
+                            assert command["type"] == "INVALIDATE"
+                            invalidated += [b["id"] for b in command["blocks"]]
+                assert sorted(invalidated) == sorted(r[0] for r in replicas)
+
+    trio.run(main)
+
+
+def test_reclaimer_pauses_in_safe_mode_and_finishes_after_a_restart(tmp_path):
+    from fs.rpc import CallContext
+    from meta.server import MetaServer
+
+    async def main():
+        config = Config.load(env={}, **{**BASE, "delete_chunk": 5})
+        kv = PlyvelStore(str(tmp_path / "meta" / "db"))
+        server = MetaServer(config, kv, str(tmp_path / "meta" / "journal"))
+        server.recover()
+        ctx = CallContext(client_id="w", peer="127.0.0.1:5000", call_id=None)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(server.journal.run)
+                await server.start()
+                for i in range(20):
+                    st = await server.rpc_create(ctx, f"/t/d{i % 4}/f{i}", "w")
+                    assert await server.rpc_complete(ctx, f"/t/d{i % 4}/f{i}", "w",
+                                                     ino=st["ino"])
+                await server.rpc_create(ctx, "/keep", "w")
+                await server.rpc_delete(ctx, "/t", recursive=True)
+                assert server.ns.has_orphans() and server.ns.file_count() == 21
+                await server.rpc_safemode(ctx, "enter")
+                nursery.start_soon(server._reclaim_monitor)
+                await trio.sleep(0.5)     # several monitor periods: nothing reclaimed
+                assert server.reclaim_records == 0 and server.ns.file_count() == 21
+                assert await server.reclaim_once() and await server.reclaim_once()
+                assert server.ns.has_orphans()
+                nursery.cancel_scope.cancel()
+        finally:
+            await server.journal.aclose()
+            kv.close()
+
+        # a crash with the orphan half reclaimed: the restarted server finishes the job
+        async with meta_server(tmp_path, delete_chunk=5) as meta:
+            async with meta.client() as rpc:
+                with trio.fail_after(20):
+                    while (report := await rpc.call("report"))["files"] != 1:
+                        await trio.sleep(0.05)
+                assert report["directories"] == 1 and report["open_files"] == 1
+                assert (await rpc.call("get_file_info", {"path": "/keep"}))[
+                    "under_construction"]
+        reopened = PlyvelStore(str(tmp_path / "meta" / "db"))
+        try:
+            assert check_namespace(reopened) == []
+            assert list(reopened.scan(b"O")) == []
+        finally:
+            reopened.close()
+
+    trio.run(main)
+
+
+# --------------------------------------------------------------------------- chunked reports
+
+
+@asynccontextmanager
+async def inprocess_meta(folder, **overrides):
+    """A MetaServer object on ``folder`` with its journal running (no RPC, no monitors)."""
+    from meta.server import MetaServer
+
+    config = Config.load(env={}, **{**BASE, **overrides})
+    kv = PlyvelStore(str(folder / "db"))
+    server = MetaServer(config, kv, str(folder / "journal"))
+    server.recover()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.journal.run)
+            await server.start()
+            yield server
+            nursery.cancel_scope.cancel()
+    finally:
+        await server.journal.aclose()
+        kv.close()
+
+
+async def _files_with_complete_blocks(server, ctx, n_files) -> list[list]:
+    """node-a holds every block; returns report entries of them (as node-b would send)."""
+    await server.rpc_register_storage(ctx, "node-a", "127.0.0.1:9001", 1 << 40, 0, 1 << 40)
+    entries = []
+    for i in range(n_files):
+        path = f"/f{i}"
+        st = await server.rpc_create(ctx, path, "w")
+        previous = None
+        for size in (100, 50):
+            lb = await server.rpc_add_block(ctx, path, "w", ino=st["ino"], previous=previous)
+            block = lb["block"]
+            await server.rpc_block_received_and_deleted(
+                ctx, "node-a", received=[[block["id"], block["gs"], size, "FINALIZED"]])
+            previous = {**block, "num_bytes": size}
+            entries.append([block["id"], block["gs"], size, "FINALIZED"])
+        assert await server.rpc_complete(ctx, path, "w", ino=st["ino"], last=previous)
+    return entries
+
+
+def _blocks_state(server) -> tuple:
+    m = server.blocks
+    blocks = {bid: (i.state, i.gs, i.num_bytes, sorted(i.expected),
+                    {n: (r.gs, r.num_bytes, r.state, r.verdict, r.reported_bad)
+                     for n, r in sorted(i.replicas.items())})
+              for bid, i in m.blocks.items()}
+    return (blocks, {n: sorted(ids) for n, ids in m.by_node.items()},
+            (m.total_countable, m.safe, m.counts()),
+            {n.node_id: (sorted(n.invalidate), sorted(n.awaiting_deletion))
+             for n in server.datanodes.nodes.values()})
+
+
+def test_chunked_block_report_equals_one_call_and_removes_only_at_last(tmp_path, monkeypatch):
+    from fs.rpc import CallContext
+    import meta.server as meta_server_module
+
+    monkeypatch.setattr(meta_server_module, "REPORT_STEP", 2)   # checkpoints inside chunks
+    ctx = CallContext(client_id="storage-b", peer="127.0.0.1:5000", call_id=None)
+
+    def node_b_report(entries):
+        # one corrupt replica (wrong length), one stale RBW, one of no file
+        out = [list(e) for e in entries]
+        out[1][2] += 1
+        out[2][1] -= 1
+        out[2][3] = "RBW"
+        return out + [[999_999, 1, 7, "FINALIZED"]]
+
+    async def main():
+        states = {}
+        for name in ("one_call", "chunked"):
+            async with inprocess_meta(tmp_path / name) as server:
+                entries = await _files_with_complete_blocks(server, ctx, 5)
+                await server.rpc_register_storage(ctx, "node-b", "127.0.0.1:9002", 1, 0, 1)
+                report = node_b_report(entries)
+                if name == "one_call":
+                    assert await server.rpc_block_report(ctx, "node-b", report)
+                else:
+                    pieces = [report[i:i + 3] for i in range(0, len(report), 3)]
+                    for k, piece in enumerate(pieces):
+                        assert await server.rpc_block_report(
+                            ctx, "node-b", piece, report_id="r1", chunk=k,
+                            last=k == len(pieces) - 1)
+                states[name] = _blocks_state(server)
+                if name != "chunked":
+                    continue
+                held = lambda: set(server.blocks.by_node["node-b"])   # noqa: E731
+                assert held() == {e[0] for e in entries}
+                gone = entries[4][0]
+                rest = [e for e in report if e[0] != gone]
+                # a replica missing from a chunked report is removed only at ``last``
+                await server.rpc_block_report(ctx, "node-b", rest[:4], report_id="r2",
+                                              chunk=0, last=False)
+                await server.rpc_block_report(ctx, "node-b", rest[4:], report_id="r2",
+                                              chunk=1, last=False)
+                assert gone in held()
+                await server.rpc_block_report(ctx, "node-b", [], report_id="r2", chunk=2,
+                                              last=True)
+                assert gone not in held() and len(held()) == len(entries) - 1
+                before = held()
+                # a report abandoned by a newer one, or by re-registration, removes nothing
+                await server.rpc_block_report(ctx, "node-b", rest[:1], report_id="r3",
+                                              chunk=0, last=False)
+                await server.rpc_block_report(ctx, "node-b", rest[:1], report_id="r4",
+                                              chunk=0, last=False)
+                with pytest.raises(errors.InvalidArgument, match="r3"):
+                    await server.rpc_block_report(ctx, "node-b", [], report_id="r3",
+                                                  chunk=1, last=True)
+                await server.rpc_register_storage(ctx, "node-b", "127.0.0.1:9002", 1, 0, 1)
+                with pytest.raises(errors.InvalidArgument, match="r4"):
+                    await server.rpc_block_report(ctx, "node-b", [], report_id="r4",
+                                                  chunk=1, last=True)
+                # chunks out of order are refused (and void the report)
+                await server.rpc_block_report(ctx, "node-b", rest[:1], report_id="r5",
+                                              chunk=0, last=False)
+                with pytest.raises(errors.InvalidArgument, match="expected chunk 1"):
+                    await server.rpc_block_report(ctx, "node-b", [], report_id="r5",
+                                                  chunk=2, last=True)
+                assert held() == before
+                with pytest.raises(errors.InvalidArgument):
+                    await server.rpc_block_report(ctx, "node-b", [], report_id="r6",
+                                                  chunk=0, last="yes")
+        assert states["chunked"] == states["one_call"]
+        blocks, by_node, counters, invalidate = states["one_call"]
+        # the corrupt replicas have a good copy elsewhere: they go, with the no-file one
+        assert counters[2]["corrupt"] == 2
+        assert invalidate["node-b"][0] == sorted([entries[1][0], entries[2][0], 999_999])
+
+    trio.run(main)
+
+
+def test_safe_mode_counts_report_chunks_as_they_arrive(tmp_path):
+    from fs.rpc import CallContext
+
+    ctx = CallContext(client_id="storage-a", peer="127.0.0.1:5000", call_id=None)
+
+    async def main():
+        async with inprocess_meta(tmp_path / "m") as server:
+            entries = await _files_with_complete_blocks(server, ctx, 3)
+        async with inprocess_meta(tmp_path / "m", safemode_extension=30.0) as server:
+            assert server.safemode.on and server.blocks.total_countable == 6
+            await server.rpc_register_storage(ctx, "node-a", "127.0.0.1:9001", 1, 0, 1)
+            await server.rpc_block_report(ctx, "node-a", entries[:4], report_id="x", chunk=0,
+                                          last=False)
+            assert server.blocks.safe == 4
+            assert "reported blocks 4" in server.safemode.reason
+            await server.rpc_block_report(ctx, "node-a", entries[4:], report_id="x", chunk=1,
+                                          last=False)
+            assert "reported blocks 6 reached the threshold" in server.safemode.reason
+
+    trio.run(main)

@@ -469,3 +469,79 @@ def test_check_namespace_finds_broken_stores():
     assert any("2 entries" in p for p in problems)
     assert any("not a file" in p for p in problems)
     assert any("files counter" in p for p in problems)
+
+
+def test_check_namespace_accepts_orphan_subtrees_and_flags_linked_orphan_roots():
+    from meta.journal import Record
+    from meta.namespace import Defaults, Namespace
+
+    store = MemoryStore()
+    ns = Namespace(store, Defaults(delete_chunk=2, min_block_size=4096, block_size=4096))
+    txid = 0
+
+    def apply(plan):
+        nonlocal txid
+        txid += 1
+        ns.apply([Record(txid, *plan)])
+
+    apply(ns.plan_format(1, 10))
+    apply(ns.plan_mkdirs("/t/d", now_ns=20))
+    apply(ns.plan_create("/t/d/f", holder="w", now_ns=30))
+    apply(ns.plan_delete("/t", True, now_ns=40))     # 3 inodes > 2: detached
+    (root,) = ns.orphan_roots()
+    assert check_namespace(store) == []
+    apply(ns.plan_reclaim())                         # half reclaimed: still fine
+    assert ns.has_orphans() and check_namespace(store) == []
+
+    linked = MemoryStore()                           # the orphan root linked again
+    linked.write(puts=list(store.scan(b"")) + [(keys.dentry_key(keys.ROOT_INO, "t"),
+                                                keys.pack(root))])
+    assert any("orphan root inode" in p and "directory entry" in p
+               for p in check_namespace(linked))
+    ghost = MemoryStore()                            # an O key without its inode
+    ghost.write(puts=list(store.scan(b"")) + [(keys.orphan_key(999), keys.pack({}))])
+    assert any("orphan key for inode 999" in p for p in check_namespace(ghost))
+    apply(ns.plan_reclaim())
+    assert ns.plan_reclaim() is None and check_namespace(store) == []
+    assert ns.file_count() == 0 and ns.dir_count() == 1
+
+
+def test_blocks_map_running_counters_match_a_full_recount():
+    """Finding 11: counts() is O(1); its running counters stay equal to a walk over every
+    block through every kind of change."""
+    import random
+
+    rng = random.Random(7)
+    m = BlocksMap(min_replication=1)
+    nodes = ["n1", "n2", "n3"]
+    next_id = 1
+    for step in range(3000):
+        ids = list(m.blocks)
+        op = rng.randrange(10)
+        if op == 0 or not ids:
+            state = rng.choice([bm.UNDER_CONSTRUCTION, bm.COMMITTED, bm.COMPLETE])
+            length = 0 if state == bm.UNDER_CONSTRUCTION else 10
+            m.add(BlockInfo(next_id, 1, next_id, gs=5, num_bytes=length, state=state,
+                            replication=rng.randint(1, 3)))
+            next_id += 1
+        elif op in (1, 2, 3):
+            m.add_replica(rng.choice(nodes), rng.choice(ids), rng.choice([4, 5, 5]),
+                          rng.choice([10, 10, 9]), rng.choice([bm.FINALIZED, bm.RBW]))
+        elif op == 4:
+            m.remove_replica(rng.choice(nodes), rng.choice(ids))
+        elif op == 5:
+            m.mark_bad(rng.choice(nodes), rng.choice(ids))
+        elif op == 6:
+            m.set_replication(rng.choice(ids), rng.randint(1, 3))
+        elif op == 7:
+            block_id = rng.choice(ids)
+            if m.get(block_id).state == bm.UNDER_CONSTRUCTION:
+                m.commit(block_id, 10)
+            else:
+                m.restore(block_id, gs=rng.choice([5, 6]), num_bytes=10, state=bm.COMPLETE)
+        elif op == 8:
+            m.remove(rng.choice(ids))
+        elif step % 50 == 0:
+            m.remove_node(rng.choice(nodes))
+        assert m.counts() == m.recount(), step
+    assert m.recount() != {"under_replicated": 0, "missing": 0, "corrupt": 0}

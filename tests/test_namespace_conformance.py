@@ -31,11 +31,11 @@ def dump(store) -> dict:
 class Harness:
     """A namespace on a store with its journal running; ``do`` = log a plan."""
 
-    def __init__(self, store, journal_dir):
+    def __init__(self, store, journal_dir, delete_chunk=2000):
         self.store = store
         self.ns = Namespace(store, Defaults(block_size=8 * BPC, replication=3,
                                            max_replication=8, bytes_per_checksum=BPC,
-                                           min_block_size=BPC))
+                                           min_block_size=BPC, delete_chunk=delete_chunk))
         self.effects: list[dict] = []
         self.journal = Journal(str(journal_dir), self._apply)
         self.t = 1_000_000
@@ -91,10 +91,11 @@ class Harness:
         return ids
 
 
-def run_ns(kind, tmp_path, body, *, store=None, journal_dir=None, format_=True):
+def run_ns(kind, tmp_path, body, *, store=None, journal_dir=None, format_=True,
+           delete_chunk=2000):
     """Open a store + journal (replaying what the store lacks), run ``body(h)``."""
     store = store if store is not None else make_store(kind, tmp_path / "db")
-    h = Harness(store, journal_dir or tmp_path / "journal")
+    h = Harness(store, journal_dir or tmp_path / "journal", delete_chunk=delete_chunk)
 
     async def main():
         h.journal.open()
@@ -502,6 +503,180 @@ def test_recursive_delete_removes_subtree_in_one_record(kind, tmp_path):
         assert_consistent(h)
 
     run_ns(kind, tmp_path, body)
+
+
+CHUNK = 7   # a tiny delete_chunk: the trees below need several RECLAIM records
+
+
+async def _big_tree(h):
+    """/top: 3 dirs x 4 files of 1-2 blocks, an open file, empty dirs, a symlink, a file
+    with 9 blocks (bigger than CHUNK alone); /keep stays. Returns (block ids, open ino)."""
+    ids = []
+    for i in range(12):
+        ids += await h.write_file(f"/top/d{i % 3}/f{i}", [100, 200][: 1 + i % 2])
+    await h.create("/top/d1/open", holder="w9")
+    ids.append((await h.add_block("/top/d1/open", holder="w9"))["id"])
+    open_ino = h.ns.get_file_info("/top/d1/open")["ino"]
+    await h.mkdirs("/top/d2/empty/deeper")
+    await h.do(h.ns.plan_symlink("/keep", "/top/link", now_ns=h.now()))
+    ids += await h.write_file("/top/long", [8 * BPC] * 8 + [5])
+    await h.write_file("/keep", [5])
+    return ids, open_ino
+
+
+async def _reclaim_all(h, check_each=True) -> list[dict]:
+    """Drive the reclaimer by hand: one RECLAIM record at a time, invariants after each."""
+    plans = []
+    while (plan := h.ns.plan_reclaim()) is not None:
+        assert len(plan[1]["blocks"]) + len(plan[1]["inodes"]) <= h.ns.defaults.delete_chunk
+        await h.do(plan)
+        plans.append(plan)
+        if check_each:
+            assert_consistent(h)
+    return plans
+
+
+async def _delete_big_tree(h, state):
+    ids, open_ino = await _big_tree(h)
+    closed_ino = h.ns.get_file_info("/top/d2/f11")["ino"]
+    last = h.ns.tail_blocks(closed_ino, h.ns.get_inode(closed_ino), 1)[-1]
+    assert h.ns.closed_with("/top/d2/f11", closed_ino, last)   # a retried complete: done
+    txid = h.journal.last_txid
+    h.effects.clear()
+    await h.do(h.ns.plan_delete("/top", True, now_ns=h.now()))
+    assert h.journal.last_txid == txid + 1
+    # gone from the namespace at once, whichever path the delete took
+    for path in ("/top", "/top/d0/f0", "/top/d1/open", "/top/long"):
+        with pytest.raises(errors.FileNotFound):
+            h.ns.get_file_info(path)
+    assert [e["name"] for e in h.ns.list_status("/")["entries"]] == ["keep"]
+    assert h.ns.under_construction() == {}
+    assert h.effects[0]["removed_uc"] == [open_ino]
+    # a writer addressing the open file by inode id (it raced the delete) is refused
+    with pytest.raises(errors.FileNotFound):
+        h.ns.writer_file("/top/d1/open", open_ino, "w9")
+    assert not h.ns.closed_with("/top/d2/f11", closed_ino, last)   # now: the file is gone
+    assert_consistent(h)
+    state["detached"] = h.ns.has_orphans()
+    state["delete_effect"] = h.effects[0]
+    state["after_delete"] = dump(h.store)
+    plans = await _reclaim_all(h)
+    state["plans"] = plans
+    removed = list(h.effects[0].get("removed_blocks", []))
+    for effect in h.effects[1:]:
+        removed += effect.get("removed_blocks", [])
+    assert sorted(removed) == sorted(ids)
+    assert not h.ns.has_orphans()
+    assert h.ns.file_count() == 1 and h.ns.dir_count() == 1
+    assert_consistent(h)
+    state["final"] = dump(h.store)
+
+
+def _without_txid(snapshot: dict) -> dict:
+    from meta import keys
+    return {k: v for k, v in snapshot.items() if k != keys.meta_key(keys.APPLIED_TXID)}
+
+
+def test_big_delete_detaches_at_once_and_is_reclaimed_in_bounded_records(kind, tmp_path):
+    """A tree bigger than delete_chunk: one DELETE record detaches it (gone at once, the
+    open file's lease ends), RECLAIM records of at most delete_chunk keys remove it with
+    the invariants holding after each, and the store ends exactly as after the
+    single-record delete of the same tree."""
+    small, big = {}, {}
+    run_ns(kind, tmp_path / "small", lambda h: _delete_big_tree(h, small))
+    run_ns(kind, tmp_path / "big", lambda h: _delete_big_tree(h, big), delete_chunk=CHUNK)
+    assert not small["detached"] and small["plans"] == []
+    assert big["detached"] and "removed_blocks" not in big["delete_effect"]
+    from meta import keys
+    assert [k for k in big["after_delete"] if k[:1] == keys.ORPHAN] == [
+        keys.orphan_key(big["delete_effect"]["orphan"])]
+    assert len(big["plans"]) == 7   # 49 inodes + blocks, 7 per record
+    assert [p[1]["done"] for p in big["plans"]] == [False] * (len(big["plans"]) - 1) + [True]
+    assert _without_txid(big["final"]) == _without_txid(small["final"])
+
+
+def test_small_subtree_keeps_the_single_record_delete(kind, tmp_path):
+    async def body(h):
+        ids = await h.write_file("/s/a", [1, 2])           # dir + file + 2 blocks = 4
+        ids += await h.write_file("/s/b", [3])             # + file + block = 6 (limit 7)
+        await h.do(h.ns.plan_delete("/s", True, now_ns=h.now()))
+        assert sorted(h.effects[-1]["removed_blocks"]) == sorted(ids)
+        assert not h.ns.has_orphans() and h.ns.plan_reclaim() is None
+        # a single file with more blocks than the chunk is detached too
+        ids = await h.write_file("/f", [BPC] * 8)
+        await h.do(h.ns.plan_delete("/f", False, now_ns=h.now()))
+        assert "removed_blocks" not in h.effects[-1] and h.ns.has_orphans()
+        plans = await _reclaim_all(h)
+        assert len(plans) == 2 and sorted(b[2] for p in plans for b in p[1]["blocks"]) == \
+            sorted(ids)
+        assert h.ns.file_count() == 0
+
+    run_ns(kind, tmp_path, body, delete_chunk=CHUNK)
+
+
+def test_overwriting_a_big_file_detaches_it(kind, tmp_path):
+    """create(overwrite) and rename(overwrite) of a file with more blocks than the chunk."""
+    async def body(h):
+        old = await h.write_file("/big", [BPC] * 9)
+        await h.create("/big", holder="w2", overwrite=True)
+        assert h.ns.has_orphans() and h.ns.get_file_info("/big")["length"] == 0
+        assert h.ns.under_construction() == {h.ns.get_file_info("/big")["ino"]: "w2"}
+        assert_consistent(h)
+        await h.close("/big", holder="w2")
+        old2 = await h.write_file("/big2", [BPC] * 9)
+        await h.write_file("/small", [1])
+        await h.do(h.ns.plan_rename("/small", "/big2", True, now_ns=h.now()))
+        assert h.ns.get_file_info("/big2")["length"] == 1
+        assert len(h.ns.orphan_roots()) == 2
+        assert_consistent(h)
+        plans = await _reclaim_all(h)
+        assert sorted(b[2] for p in plans for b in p[1]["blocks"]) == sorted(old + old2)
+        assert h.ns.file_count() == 2
+
+    run_ns(kind, tmp_path, body, delete_chunk=CHUNK)
+
+
+def test_replay_after_a_crash_in_the_middle_of_reclaiming_finishes_the_job(kind, tmp_path):
+    """The store is reopened with the journal while an O key is present: replay is exact
+    (a store that lags behind the RECLAIM records catches up) and reclaiming continues."""
+    ref = {}
+    run_ns(kind, tmp_path / "ref", lambda h: _delete_big_tree(h, ref))
+    state = {}
+
+    async def crash_midway(h):
+        await _big_tree(h)
+        await h.do(h.ns.plan_delete("/top", True, now_ns=h.now()))
+        state["after_delete"] = dump(h.store)
+        for _ in range(3):
+            await h.do(h.ns.plan_reclaim())
+        assert h.ns.has_orphans()
+        state["midway"] = dump(h.store)
+
+    async def finish(h):
+        assert dump(h.store) == state["midway"] and h.ns.has_orphans()
+        assert_consistent(h)
+        assert len(await _reclaim_all(h)) >= 3
+        state["final"] = dump(h.store)
+
+    base = tmp_path / "crash"
+    h = run_ns(kind, base, crash_midway, delete_chunk=CHUNK)
+    if kind == "leveldb":
+        h.store.close()
+        h = run_ns(kind, base, finish, store=PlyvelStore(str(base / "db")), delete_chunk=CHUNK)
+        h.store.close()
+    else:
+        h = run_ns(kind, base, finish, store=h.store, delete_chunk=CHUNK)
+    assert _without_txid(state["final"]) == _without_txid(ref["final"])
+
+    # a store that lost everything after the detach: replay re-applies the RECLAIM records
+    # (and the rest of the journal) exactly, then nothing is left to reclaim
+    lagging = make_store(kind, tmp_path / "lagging")
+    lagging.write(puts=list(state["after_delete"].items()))
+    h = run_ns(kind, base, lambda h: trio.sleep(0), store=lagging, format_=False,
+               delete_chunk=CHUNK)
+    assert dump(h.store) == state["final"]
+    assert h.ns.plan_reclaim() is None
+    assert_consistent(h)
 
 
 # --------------------------------------------------------------------------- rename

@@ -352,3 +352,36 @@ def test_delete_waits_for_a_write_in_flight_and_no_write_reaches_a_reused_fd(tmp
         store.close()
 
     run(main)
+
+
+def test_report_entries_from_a_snapshot_show_the_replicas_as_they_are_now(tmp_path):
+    """A full report is built piecewise from ``report_snapshot``: a replica deleted after
+    the snapshot is left out, one finalized after it is reported FINALIZED, one created
+    after it is not in it (its incremental report follows the full report)."""
+    data = random.Random(5).randbytes(1500)
+
+    async def main():
+        store = await open_store(tmp_path)
+        finalized = await store.create_rbw(1, 1, BPC)
+        await write_all(store, finalized, data)
+        await store.finalize(finalized)
+        doomed = await store.create_rbw(2, 1, BPC)
+        await write_all(store, doomed, data[:600])
+        await store.finalize(doomed)
+        growing = await store.create_rbw(3, 1, BPC)
+        await write_all(store, growing, data[:1000])
+        snapshot = store.report_snapshot()
+        assert sorted(store.report_entries(snapshot)) == [
+            [1, 1, 1500, "FINALIZED"], [2, 1, 600, "FINALIZED"], [3, 1, 1000, "RBW"]]
+        assert await store.invalidate(2, 1)
+        await store.finalize(growing)
+        later = await store.create_rbw(4, 1, BPC)
+        await write_all(store, later, data[:10])
+        assert sorted(store.report_entries(snapshot)) == [
+            [1, 1, 1500, "FINALIZED"], [3, 1, 1000, "FINALIZED"]]
+        assert sorted(store.block_report()) == [
+            [1, 1, 1500, "FINALIZED"], [3, 1, 1000, "FINALIZED"], [4, 1, 10, "RBW"]]
+        await store.release_writer(later)
+        store.close()
+
+    run(main)

@@ -86,8 +86,9 @@ class FakeMeta(Dispatcher):
         self.reregister.discard(node_id)
         return {"reregister": reregister, "commands": commands}
 
-    async def rpc_block_report(self, ctx, node_id, blocks):
-        self.calls.append(("block_report", dict(node_id=node_id, blocks=blocks)))
+    async def rpc_block_report(self, ctx, node_id, blocks, report_id=None, chunk=0, last=True):
+        self.calls.append(("block_report", dict(node_id=node_id, blocks=blocks,
+                                                report_id=report_id, chunk=chunk, last=last)))
         return True
 
     async def rpc_block_received_and_deleted(self, ctx, node_id, received, deleted):
@@ -1058,12 +1059,13 @@ class HoldingMeta(FakeMeta):
         self.held = trio.Event()
         self.release = trio.Event()
 
-    async def rpc_block_report(self, ctx, node_id, blocks):
+    async def rpc_block_report(self, ctx, node_id, blocks, report_id=None, chunk=0, last=True):
         self.reports_started += 1
         if self.reports_started == self.hold:
             self.held.set()
             await self.release.wait()
-        self.calls.append(("block_report", dict(node_id=node_id, blocks=blocks)))
+        self.calls.append(("block_report", dict(node_id=node_id, blocks=blocks,
+                                                report_id=report_id, chunk=chunk, last=last)))
         return True
 
 
@@ -1095,6 +1097,102 @@ def test_incremental_report_waits_for_a_full_report_in_flight(tmp_path):
                                      if m == "block_received_and_deleted"
                                      and any(e[0] == 61 for e in a["received"]))
             assert held_at < first_incremental
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def _reports_by_id(meta: FakeMeta) -> dict:
+    """report id → its chunks in arrival order."""
+    out: dict = {}
+    for args in meta.of("block_report"):
+        out.setdefault(args["report_id"], []).append(args)
+    return out
+
+
+def test_full_report_is_sent_in_chunks_of_the_configured_size(tmp_path):
+    async def main():
+        async with trio.open_nursery() as nursery:
+            meta, nodes = await start_cluster(nursery, tmp_path, 1, block_report_chunk=3,
+                                              block_report_interval=0.2)
+            node = nodes[0]
+            for block_id in range(101, 108):
+                await write_block(node.address, block_id, 1, bytes([block_id]) * 600)
+
+            def complete_reports():
+                return [chunks for chunks in _reports_by_id(meta).values()
+                        if chunks[-1]["last"] and sum(len(c["blocks"]) for c in chunks) == 7]
+            await wait_for(complete_reports, what="a full report of all 7 replicas")
+            chunks = complete_reports()[0]
+            assert [len(c["blocks"]) for c in chunks] == [3, 3, 1]
+            assert [c["chunk"] for c in chunks] == [0, 1, 2]
+            assert [c["last"] for c in chunks] == [False, False, True]
+            assert sorted(e for c in chunks for e in c["blocks"]) == sorted(
+                [block_id, 1, 600, "FINALIZED"] for block_id in range(101, 108))
+            # one report id per full report; an empty store sends one empty last chunk
+            registration = meta.of("block_report")[0]
+            assert registration["blocks"] == [] and registration["last"] is True
+            assert len({c["report_id"] for c in meta.of("block_report")}) == \
+                len(_reports_by_id(meta))
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+class ChunkHoldingMeta(FakeMeta):
+    """Holds the first chunk of the first report with more than one chunk until
+    ``release``; ``calls`` is the order in which the metadata server processed the calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.held = trio.Event()
+        self.release = trio.Event()
+
+    async def rpc_block_report(self, ctx, node_id, blocks, report_id=None, chunk=0, last=True):
+        if chunk == 0 and not last and not self.held.is_set():
+            self.held.set()
+            await self.release.wait()
+        return await super().rpc_block_report(ctx, node_id, blocks, report_id, chunk, last)
+
+
+def test_no_incremental_report_overtakes_a_chunked_full_report(tmp_path):
+    """blk_73 is finalized while the first of two chunks of a full report is held: its
+    incremental report must reach the metadata server after the report's LAST chunk (not
+    merely after the held one)."""
+    async def main():
+        async with trio.open_nursery() as nursery:
+            meta = ChunkHoldingMeta()
+            bound = await nursery.start(
+                serve_tcp, lambda stream, peer: serve_rpc(stream, meta, peer=peer),
+                "127.0.0.1", 0)
+            node = await Node(nursery, make_config(block_report_chunk=1,
+                                                   block_report_interval=0.2),
+                              tmp_path / "dn", format_address(bound)).start()
+            await wait_for(lambda: node.server.heartbeat.registered)
+            for block_id in (71, 72):
+                await write_block(node.address, block_id, 1, b"p" * 300)
+            with trio.fail_after(5):
+                await meta.held.wait()
+            acks = await write_block(node.address, 73, 1, b"q" * 1000)
+            assert acks[-1] == (1, [SUCCESS])
+            await trio.sleep(0.3)    # several heartbeats: the incremental report waits
+            assert not any(e[0] == 73 for e in meta.received(node.node_id)), \
+                "an incremental report overtook the chunked full report in flight"
+            meta.release.set()
+            await wait_for(lambda: [73, 1, 1000, "FINALIZED"] in meta.received(node.node_id))
+            order = [(m, a) for m, a in meta.calls
+                     if m in ("block_report", "block_received_and_deleted")]
+            held_last = next(i for i, (m, a) in enumerate(order)
+                             if m == "block_report" and a["chunk"] == 1)
+            assert order[held_last][1]["last"] is True
+            held_id = order[held_last][1]["report_id"]
+            held_entries = [e for m, a in order if m == "block_report"
+                            and a["report_id"] == held_id for e in a["blocks"]]
+            assert sorted(e[0] for e in held_entries) == [71, 72]   # the snapshot before 73
+            first_incremental = next(i for i, (m, a) in enumerate(order)
+                                     if m == "block_received_and_deleted"
+                                     and any(e[0] == 73 for e in a["received"]))
+            assert held_last < first_incremental
             nursery.cancel_scope.cancel()
 
     trio.run(main)
