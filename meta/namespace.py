@@ -186,6 +186,28 @@ class _Txn:
 
 
 # ---------------------------------------------------------------------------- namespace
+
+class ContentSummary:
+    """Totals of a subtree for ``content_summary``: fed one inode at a time, so a caller
+    walking a big tree can yield between inodes."""
+
+    __slots__ = ("length", "files", "dirs", "space")
+
+    def __init__(self):
+        self.length = self.files = self.dirs = self.space = 0
+
+    def add(self, node: dict) -> None:
+        if node["type"] == DIR:
+            self.dirs += 1
+        elif node["type"] == FILE:
+            self.files += 1
+            self.length += node.get("length", 0)
+            self.space += node.get("length", 0) * node.get("replication", 1)
+
+    def as_dict(self) -> dict:
+        return {"length": self.length, "file_count": self.files,
+                "directory_count": self.dirs, "space_consumed": self.space}
+
 class Namespace:
     def __init__(self, kv, defaults: Defaults | None = None):
         self.kv = kv
@@ -966,16 +988,10 @@ class Namespace:
 
     # ------------------------------------------------------------------ summaries
     def content_summary_of(self, ino: int, inode: dict) -> dict:
-        length = files = dirs = space = 0
+        summary = ContentSummary()
         for _, node in self.iter_subtree(ino, inode):
-            if node["type"] == DIR:
-                dirs += 1
-            elif node["type"] == FILE:
-                files += 1
-                length += node.get("length", 0)
-                space += node.get("length", 0) * node.get("replication", 1)
-        return {"length": length, "file_count": files, "directory_count": dirs,
-                "space_consumed": space}
+            summary.add(node)
+        return summary.as_dict()
 
     # ================================================================== apply
     def apply(self, records) -> list[dict]:

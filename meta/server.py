@@ -65,8 +65,8 @@ from .kv import KVStore, PlyvelStore
 from .leases import LeaseManager
 from .locks import (LOCK_ANCESTOR, LOCK_PARENT, LOCK_READ, LOCK_WRITE, PathLockPool, RWLock,
                     lock_set, merge)
-from .namespace import (DIR, FILE, SYMLINK, Defaults, Namespace, check_bool, check_int,
-                        check_name)
+from .namespace import (DIR, FILE, SYMLINK, ContentSummary, Defaults, Namespace, check_bool,
+                        check_int, check_name)
 from .safemode import SafeModeState
 
 log = logging.getLogger(__name__)
@@ -614,18 +614,12 @@ class MetaServer(Dispatcher):
         parts = paths.split(path)
         async with self.locks.hold(lock_set(parts, LOCK_READ)):
             _, ino, inode, _ = self.ns.resolve(path)
-            length = files = dirs = space = 0
+            summary = ContentSummary()
             for count, (_, node) in enumerate(self.ns.iter_subtree(ino, inode), 1):
-                if node["type"] == DIR:
-                    dirs += 1
-                elif node["type"] == FILE:
-                    files += 1
-                    length += node.get("length", 0)
-                    space += node.get("length", 0) * node.get("replication", 1)
+                summary.add(node)
                 if count % 2000 == 0:
                     await trio.sleep(0)   # a big tree must not stall every other client
-            return {"length": length, "file_count": files, "directory_count": dirs,
-                    "space_consumed": space}
+            return summary.as_dict()
 
     async def rpc_report(self, ctx):
         now = self.clock()
