@@ -1119,16 +1119,20 @@ def test_full_report_is_sent_in_chunks_of_the_configured_size(tmp_path):
             for block_id in range(101, 108):
                 await write_block(node.address, block_id, 1, bytes([block_id]) * 600)
 
+            finalized = sorted([block_id, 1, 600, "FINALIZED"] for block_id in range(101, 108))
+
             def complete_reports():
+                # a report snapshotted while blk_107 was still being written lists it as
+                # RBW: wait for one that lists all seven replicas finalized
                 return [chunks for chunks in _reports_by_id(meta).values()
-                        if chunks[-1]["last"] and sum(len(c["blocks"]) for c in chunks) == 7]
-            await wait_for(complete_reports, what="a full report of all 7 replicas")
+                        if chunks[-1]["last"]
+                        and sorted(e for c in chunks for e in c["blocks"]) == finalized]
+            await wait_for(complete_reports, timeout=30,
+                           what="a full report of all 7 finalized replicas")
             chunks = complete_reports()[0]
             assert [len(c["blocks"]) for c in chunks] == [3, 3, 1]
             assert [c["chunk"] for c in chunks] == [0, 1, 2]
             assert [c["last"] for c in chunks] == [False, False, True]
-            assert sorted(e for c in chunks for e in c["blocks"]) == sorted(
-                [block_id, 1, 600, "FINALIZED"] for block_id in range(101, 108))
             # one report id per full report; an empty store sends one empty last chunk
             registration = meta.of("block_report")[0]
             assert registration["blocks"] == [] and registration["last"] is True
