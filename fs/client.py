@@ -219,6 +219,75 @@ class AsyncClient:
         self._renewer.add(stream)
         return stream
 
+    async def append(self, path: str) -> AsyncOutputStream:
+        """Open the existing file ``path`` for appending (lease held by this client;
+        ``AlreadyBeingCreated``/``RecoveryInProgress`` while another writer holds it).
+
+        A partial last block is reopened under the new generation stamp ``append`` hands
+        out (its last checksum chunk is reread and rewritten); a full last block, or an
+        empty file, goes on with a new block. ``pos`` starts at the file's length."""
+        path = paths.validate(path)
+        before = await self._last_block(path)   # the stamp the replicas carry now
+        result = await self._call("append", path=path, client_name=self.client_name)
+        status, last = result["status"], result.get("last_block")
+        stream = AsyncOutputStream(self, path, status)
+        self._outputs[id(stream)] = stream
+        self._renewer.add(stream)
+        try:
+            if last is not None:
+                same = before is not None and before["block"]["id"] == last["block"]["id"]
+                await stream._setup_append(last, before["block"]["gs"] if same else 0)
+                stream._pos = int(last["offset"]) + int(last["block"]["num_bytes"])
+            else:
+                located = await self._last_block(path)
+                if located is not None:
+                    b = located["block"]
+                    stream._previous = {"id": b["id"], "gs": b["gs"],
+                                        "num_bytes": b["num_bytes"]}
+                    stream._pos = int(located["offset"]) + int(b["num_bytes"])
+        except BaseException as exc:
+            # the file stays open under our lease until lease recovery closes it
+            stream.abort(exc if isinstance(exc, LeaseFSError) else LeaseFSError(
+                f"{path}: append interrupted ({type(exc).__name__})"))
+            raise
+        return stream
+
+    async def _last_block(self, path: str) -> dict | None:
+        """The located last block of ``path`` (None for an empty file)."""
+        status = await self._call("get_file_info", path=path)
+        length = int(status.get("length") or 0)
+        info = await self._call("get_block_locations", path=path, offset=max(0, length - 1),
+                                length=1)
+        blocks = sorted(info.get("blocks") or [], key=lambda lb: lb["offset"])
+        return blocks[-1] if blocks else None
+
+    async def truncate(self, path: str, new_length: int) -> bool:
+        """Cut the closed file ``path`` to ``new_length`` bytes. True: done (the length
+        fell on a block boundary). False: the last block is being recovered to the new
+        length; the file closes by itself (``is_file_closed`` turns True)."""
+        if isinstance(new_length, bool) or not isinstance(new_length, int) or new_length < 0:
+            raise InvalidArgument(f"{path}: truncate length must be a non-negative integer, "
+                                  f"got {new_length!r}")
+        return bool(await self._call("truncate", path=paths.validate(path),
+                                     new_length=new_length, client_name=self.client_name))
+
+    async def recover_lease(self, path: str) -> bool:
+        """Force lease recovery of ``path`` (HDFS ``recoverLease``): True once the file is
+        closed, False while block recovery runs (call again)."""
+        return bool(await self._call("recover_lease", path=paths.validate(path),
+                                     client_name=self.client_name))
+
+    async def is_file_closed(self, path: str) -> bool:
+        """True unless ``path`` is a file under construction."""
+        return not (await self.get_file_status(path)).under_construction
+
+    async def list_open_files(self, path: str = "/") -> list[dict]:
+        """Files under construction below ``path``: ``[{path, ino, holder, client_machine,
+        last_renewal_age, last_block_state}]`` (``leasefs leases``)."""
+        return list(await self._call("list_open_files", path=paths.validate(path)))
+
+    open_files = list_open_files
+
     async def open(self, path: str) -> AsyncInputStream:
         """Open ``path`` for reading (seekable; ``pread`` for positional reads)."""
         self._check_open()
@@ -412,6 +481,10 @@ class Client:
         """Like ``AsyncClient.create``; returns a blocking ``OutputStream``."""
         return OutputStream(self._call(self._async.create, path, **kwargs), self._call)
 
+    def append(self, path: str) -> OutputStream:
+        """Like ``AsyncClient.append``; returns a blocking ``OutputStream``."""
+        return OutputStream(self._call(self._async.append, path), self._call)
+
     def open(self, path: str) -> InputStream:
         """Like ``AsyncClient.open``; returns an ``io.RawIOBase`` ``InputStream``."""
         return InputStream(self._call(self._async.open, path), self._call)
@@ -440,6 +513,7 @@ def _mirror(name: str):
 for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "get_file_status",
               "exists", "list_status", "delete", "rename", "set_permission", "set_owner",
               "set_times", "set_replication", "create_symlink", "content_summary", "report",
-              "safemode"):
+              "safemode", "truncate", "recover_lease", "is_file_closed", "list_open_files",
+              "open_files"):
     setattr(Client, _name, _mirror(_name))
 del _name

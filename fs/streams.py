@@ -13,7 +13,11 @@ writer itself and whose responder task matches acks to the queue of unacked pack
 whole, so a later pipeline recovery can resend them). At most ``write_window_packets`` are
 unacked: ``write`` waits, so memory stays bounded. A full block ends with an empty LAST
 packet; the next ``add_block`` passes it as ``previous``. ``close`` ends the last block and
-calls ``complete`` until the server says the file is closed.
+calls ``complete`` until the server says the file is closed. ``append`` reopens a partial
+last block (``_setup_append``: reread its last partial chunk, WRITE_BLOCK stage
+PIPELINE_SETUP_APPEND under the new stamp) and then writes on exactly as after an hflush.
+A pipeline that breaks because the file was deleted or overwritten under the writer is
+reported as ``FileNotFound``, as HDFS's writer sees it.
 
 Read path (``AsyncInputStream``): block locations from the metadata server (the last block
 of a file under construction is measured with BLOCK_LENGTH), READ_BLOCK from one replica at
@@ -43,10 +47,11 @@ import trio
 
 from . import errors
 from .datatransfer import (BLOCK_LENGTH, ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC,
-                           MAX_PACKET_DATA, PIPELINE_SETUP_CREATE, READ_BLOCK, SUCCESS,
-                           WRITE_BLOCK, Packet, block_dict, chunk_checksums, receive_ack,
-                           receive_packet, send_packet, verify_checksums)
-from .errors import (BlockMissing, ChecksumError, InvalidArgument, LeaseFSError,
+                           MAX_PACKET_DATA, PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE,
+                           READ_BLOCK, SUCCESS, WRITE_BLOCK, Packet, block_dict,
+                           chunk_checksums, receive_ack, receive_packet, send_packet,
+                           verify_checksums)
+from .errors import (BlockMissing, ChecksumError, FileNotFound, InvalidArgument, LeaseFSError,
                      NotReplicatedYet, PipelineError, ProtocolError, ServerUnavailable)
 from .framing import FramedStream
 from .rpc import parse_address
@@ -137,7 +142,7 @@ class _Pipeline:
     queue, and the responder that consumes acks. Sending happens in the caller's task."""
 
     def __init__(self, *, path: str, located: dict, framed: FramedStream, window: int,
-                 timeout: float):
+                 timeout: float, start: int = 0):
         self.path = path
         self.block = dict(located["block"])
         self.nodes = list(located["locations"])
@@ -145,8 +150,8 @@ class _Pipeline:
         self.window = window
         self.timeout = timeout
         self.error: LeaseFSError | None = None
-        self.acked_bytes = 0          # block offset up to which every node acknowledged
-        self.sent_end = 0             # block offset just past the last data sent
+        self.acked_bytes = start      # block offset up to which every node acknowledged
+        self.sent_end = start         # block offset just past the last data sent
         self._seqno = 0
         self._unacked: deque[Packet] = deque()
         self._send_lock = trio.Lock()
@@ -162,8 +167,10 @@ class _Pipeline:
     @classmethod
     async def connect(cls, *, path: str, located: dict, client_name: str,
                       bytes_per_checksum: int, window: int, timeout: float,
-                      max_frame: int) -> "_Pipeline":
-        """WRITE_BLOCK to the first location; ``_SetupFailed`` names the first bad node."""
+                      max_frame: int, min_bytes: int | None = None) -> "_Pipeline":
+        """WRITE_BLOCK to the first location; ``_SetupFailed`` names the first bad node.
+        With ``min_bytes`` the stage is PIPELINE_SETUP_APPEND: the nodes reopen their
+        replicas of exactly that length under the block's new generation stamp."""
         nodes = located["locations"]
         first = nodes[0]
         try:
@@ -174,6 +181,9 @@ class _Pipeline:
                   "targets": [n["address"] for n in nodes[1:]],
                   "stage": PIPELINE_SETUP_CREATE, "client": client_name,
                   "bytes_per_checksum": bytes_per_checksum}
+        if min_bytes is not None:
+            header["stage"] = PIPELINE_SETUP_APPEND
+            header["min_bytes"] = min_bytes
         try:
             with trio.fail_after(timeout):
                 await framed.send_frame(header)
@@ -187,7 +197,8 @@ class _Pipeline:
             bad_address = resp.get("first_bad_link") if isinstance(resp, dict) else ""
             bad = next((n for n in nodes if bad_address and n["address"] == bad_address), first)
             raise _SetupFailed(bad, str(_response_error(resp, f"pipeline setup at {first['address']}")))
-        return cls(path=path, located=located, framed=framed, window=window, timeout=timeout)
+        return cls(path=path, located=located, framed=framed, window=window, timeout=timeout,
+                   start=min_bytes or 0)
 
     # ------------------------------------------------------------------ sending
     def _raise_if_failed(self) -> None:
@@ -377,8 +388,7 @@ class AsyncOutputStream:
                     if block_full:
                         await self._end_block()
             except BaseException as exc:
-                self._fail(exc)
-                raise
+                await self._fail_and_raise(exc)
         return total
 
     async def hflush(self) -> None:
@@ -391,8 +401,7 @@ class AsyncOutputStream:
                     await self._send_buffer()
                     await self._pipeline.wait_all_acked()
             except BaseException as exc:
-                self._fail(exc)
-                raise
+                await self._fail_and_raise(exc)
 
     flush = hflush
 
@@ -414,8 +423,7 @@ class AsyncOutputStream:
                         "path": self.path, "client_name": self._client.client_name,
                         "ino": self.ino, "last_block_length": length})
             except BaseException as exc:
-                self._fail(exc)
-                raise
+                await self._fail_and_raise(exc)
 
     async def close(self) -> None:
         """End the last block and ``complete`` the file (retrying with doubling backoff
@@ -432,8 +440,7 @@ class AsyncOutputStream:
                     await self._end_block()
                 await self._complete()
             except BaseException as exc:
-                self._fail(exc)
-                raise
+                await self._fail_and_raise(exc)
             finally:
                 self._client._output_closed(self)
 
@@ -455,6 +462,116 @@ class AsyncOutputStream:
             raise self._error
         if self._closed:
             raise InvalidArgument(f"{self.path}: stream is closed")
+
+    async def _fail_and_raise(self, exc: BaseException):
+        """Fail the stream with ``exc`` and raise it — or, when the pipeline broke because
+        the file itself is gone (deleted, or replaced by ``create(overwrite=True)``, so its
+        blocks were invalidated under the writer), the ``FileNotFound`` the metadata server
+        would have answered, as HDFS's writer sees it."""
+        self._fail(exc)
+        if isinstance(exc, PipelineError) and self._error is exc:
+            gone = await self._file_gone(exc)
+            if gone is not None:
+                self._error = gone
+                raise gone from None
+        raise exc
+
+    async def _file_gone(self, cause: LeaseFSError) -> FileNotFound | None:
+        """``FileNotFound`` if ``path`` no longer names this stream's inode, else None."""
+        client = self._client
+        try:
+            status = await client.rpc.call(
+                "get_file_info", {"path": self.path},
+                retry_seconds=min(2.0, client.config.rpc_retry_seconds))
+        except FileNotFound:
+            status = None
+        except LeaseFSError:
+            return None  # cannot tell; keep the pipeline's own error
+        if status is not None and status.get("ino") == self.ino:
+            return None
+        return FileNotFound(f"{self.path}: the file was deleted or replaced while open for "
+                            f"writing (the write failed: {cause.message})")
+
+    async def _setup_append(self, located: dict, old_gs: int) -> None:
+        """Reopen the file's partial last block for appending (PROTOCOL.md §4): read its
+        last partial checksum chunk from a replica (with the stamp it had before ``append``),
+        then WRITE_BLOCK stage PIPELINE_SETUP_APPEND to its replicas under the new stamp;
+        the first packet starts at that chunk's boundary and repeats those bytes, so the
+        last checksum is recomputed exactly as after an hflush. A replica that refuses the
+        setup is left out (its old stamp makes it stale once the block completes)."""
+        client = self._client
+        block = located["block"]
+        min_bytes = int(block["num_bytes"])
+        nodes = list(located.get("locations") or [])
+        if not nodes:
+            raise PipelineError(f"{self.path}: cannot append: the last block {block['id']} "
+                                f"has no replica")
+        tail = b""
+        if min_bytes % self.bytes_per_checksum:
+            tail = await self._read_partial_chunk(located, old_gs, min_bytes)
+        failures: list[str] = []
+        while nodes:
+            try:
+                pipeline = await _Pipeline.connect(
+                    path=self.path, located={**located, "locations": nodes},
+                    client_name=client.client_name, bytes_per_checksum=self.bytes_per_checksum,
+                    window=self.window, timeout=client.config.data_timeout,
+                    max_frame=client.config.max_frame, min_bytes=min_bytes)
+            except _SetupFailed as exc:
+                failures.append(exc.reason)
+                log.warning("%s: append pipeline setup for block %s failed at %s: %s; "
+                            "going on without it", self.path, block["id"],
+                            _node_name(exc.node), exc.reason)
+                bad = exc.node.get("node_id")
+                nodes = [n for n in nodes if n.get("node_id") != bad]
+                continue
+            break
+        else:
+            raise PipelineError(f"{self.path}: cannot append: no replica of block {block['id']} "
+                                f"accepted the append pipeline: " + "; ".join(failures))
+        self._pipeline = pipeline
+        whole = min_bytes - len(tail)
+        self._buf, self._buf_start, self._buf_sent = bytearray(tail), whole, len(tail)
+        client._nursery.start_soon(pipeline.run_responder,
+                                   name=f"responder {self.path} blk {block['id']} (append)")
+
+    async def _read_partial_chunk(self, located: dict, old_gs: int, min_bytes: int) -> bytes:
+        """The bytes of the block's last partial chunk, from the first replica that serves
+        them (verified); adopts the replica's bytes_per_checksum if it differs."""
+        config = self._client.config
+        block = _Block.from_wire({**located, "block": {**located["block"], "gs": old_gs}})
+        failures = []
+        for node in block.locations:
+            bpc = self.bytes_per_checksum
+            for _ in range(2):  # a second round when the replica's chunk size differs
+                start = min_bytes - min_bytes % bpc
+                reader = None
+                try:
+                    reader = await _BlockReader.connect(block, node, start, min_bytes,
+                                                        timeout=config.data_timeout,
+                                                        max_frame=config.max_frame)
+                    if reader.bytes_per_checksum != bpc:
+                        bpc = reader.bytes_per_checksum
+                        continue
+                    parts = []
+                    while reader.cursor < min_bytes:
+                        data = await reader.read(min_bytes - reader.cursor)
+                        if not data:
+                            raise ProtocolError(f"replica ended at block offset {reader.cursor}")
+                        parts.append(data)
+                    if bpc != self.bytes_per_checksum:
+                        self.bytes_per_checksum = bpc
+                        self.packet_size = _effective_packet_size(config.packet_size, bpc)
+                    return b"".join(parts)
+                except _IO_ERRORS as exc:
+                    failures.append(f"{node.get('address')}: {exc or type(exc).__name__}")
+                    break
+                finally:
+                    if reader is not None:
+                        await reader.aclose()
+        raise PipelineError(f"{self.path}: cannot append: could not read the last partial "
+                            f"chunk of block {block.id}: " + ("; ".join(failures) or
+                                                             "no replica answered"))
 
     def _fail(self, exc: BaseException) -> None:
         if self._error is None:

@@ -10,7 +10,12 @@ Block states (HDFS ``BlockUCState``), one transition table, pure:
 
     UNDER_CONSTRUCTION --commit--> COMMITTED --min_replicated--> COMPLETE
     UNDER_CONSTRUCTION --start_recovery--> UNDER_RECOVERY --recovered--> COMMITTED
-    COMPLETE --reopen--> UNDER_CONSTRUCTION                            (append, later issue)
+    COMPLETE --reopen--> UNDER_CONSTRUCTION                            (append)
+    COMPLETE --start_recovery--> UNDER_RECOVERY                        (mid-block truncate)
+
+A block reopened by append carries ``min_gs`` (its stamp before the reopen) until its
+replicas report the new stamp: replicas with a stamp in [min_gs, gs) are the ones the
+append pipeline is reopening, so they are pending, not stale/corrupt.
 
 Replica classification (``classify_replica``): for a COMMITTED/COMPLETE block a FINALIZED
 replica is *good* only with the block's exact generation stamp and length, otherwise
@@ -66,6 +71,8 @@ TRANSITIONS: dict[tuple[str, str], str] = {
     (COMPLETE, MIN_REPLICATED): COMPLETE,
     (UNDER_CONSTRUCTION, START_RECOVERY): UNDER_RECOVERY,
     (UNDER_RECOVERY, START_RECOVERY): UNDER_RECOVERY,   # retried with a new recovery id
+    (COMPLETE, START_RECOVERY): UNDER_RECOVERY,         # truncate inside the last block
+    (COMMITTED, START_RECOVERY): UNDER_RECOVERY,        # a committed last block of a lost writer
     (UNDER_RECOVERY, RECOVERED): COMMITTED,
     (COMPLETE, REOPEN): UNDER_CONSTRUCTION,
 }
@@ -92,8 +99,13 @@ def transition(state: str, event: str, *, what: str = "block") -> str:
 
 
 def classify_replica(block_state: str, block_gs: int, block_len: int,
-                     gs: int, num_bytes: int, replica_state: str) -> tuple[str, str]:
-    """``(GOOD|CORRUPT|PENDING, reason)`` for a reported replica of a block."""
+                     gs: int, num_bytes: int, replica_state: str,
+                     min_gs: int = 0) -> tuple[str, str]:
+    """``(GOOD|CORRUPT|PENDING, reason)`` for a reported replica of a block; ``min_gs``:
+    the oldest stamp still accepted (pending) for a block reopened by append."""
+    if min_gs and min_gs <= gs < block_gs and block_state in (UNDER_CONSTRUCTION,
+                                                              UNDER_RECOVERY):
+        return PENDING, f"replica being reopened (generation stamp {gs} < {block_gs})"
     if gs < block_gs:
         return CORRUPT, f"generation stamp {gs} older than the block's {block_gs}"
     if block_state in (COMMITTED, COMPLETE):
@@ -139,6 +151,7 @@ class BlockInfo:
     replication: int
     replicas: dict[str, Replica] = field(default_factory=dict)
     expected: list[str] = field(default_factory=list)   # pipeline node ids of a UC block
+    min_gs: int = 0   # append: the stamp before the reopen (see ``classify_replica``)
 
     def ref(self) -> dict:
         return {"id": self.id, "gs": self.gs, "num_bytes": self.num_bytes}
@@ -209,7 +222,8 @@ class BlocksMap:
         """Reclassify every replica and apply COMMITTED → COMPLETE when replicated enough."""
         for replica in info.replicas.values():
             replica.verdict, replica.reason = classify_replica(
-                info.state, info.gs, info.num_bytes, replica.gs, replica.num_bytes, replica.state)
+                info.state, info.gs, info.num_bytes, replica.gs, replica.num_bytes, replica.state,
+                info.min_gs if info.state in (UNDER_CONSTRUCTION, UNDER_RECOVERY) else 0)
         if info.state == COMMITTED and info.good_count >= self.min_replication:
             info.state = transition(info.state, MIN_REPLICATED)
         if info.state in (UNDER_CONSTRUCTION, UNDER_RECOVERY):
@@ -266,6 +280,38 @@ class BlocksMap:
                 info.state = state
             info.gs, info.num_bytes = gs, num_bytes
         self._change(info, mutate)
+
+    def start_recovery(self, block_id: int) -> None:
+        """Block recovery (lease recovery or truncate) takes the block: UNDER_RECOVERY."""
+        info = self.blocks[block_id]
+        self._change(info, lambda: setattr(info, "state",
+                                           transition(info.state, START_RECOVERY,
+                                                      what=f"block {block_id}")))
+
+    def reopen(self, block_id: int, new_gs: int, holders: list[str]) -> None:
+        """append reopens a COMPLETE last block under ``new_gs``; its current holders are
+        the pipeline (``expected``) and stay pending until they report the new stamp."""
+        info = self.blocks[block_id]
+
+        def mutate():
+            info.state = transition(info.state, REOPEN, what=f"block {block_id}")
+            info.min_gs, info.gs = info.gs, new_gs
+            info.expected = list(holders)
+        self._change(info, mutate)
+
+    def recovered(self, block_id: int, *, gs: int, num_bytes: int, state: str,
+                  finalized_on: list[str]) -> None:
+        """commit_block_synchronization: the recovery id becomes the stamp, the agreed
+        length the length; ``finalized_on`` hold it FINALIZED (their reports follow)."""
+        info = self.blocks[block_id]
+
+        def mutate():
+            info.state, info.gs, info.num_bytes, info.min_gs = state, gs, num_bytes, 0
+            for node_id in finalized_on:
+                info.replicas[node_id] = Replica(gs, num_bytes, FINALIZED)
+        self._change(info, mutate)
+        for node_id in finalized_on:
+            self.by_node.setdefault(node_id, set()).add(block_id)
 
     def set_length(self, block_id: int, num_bytes: int) -> None:
         """hsync recorded the length of a block still being written."""

@@ -14,8 +14,12 @@ Structures: ``leases: holder → Lease{holder, last_update, files}``, ``sorted_l
 the head), ``lease_by_ino: ino → holder``. Keyed by inode id, so rename needs no change.
 
 The rule checks raise the HDFS errors with HDFS wording (``check_writer``,
-``check_create``); ``create_decision`` tells the server when a soft-expired lease must be
-released first (``internal_release_lease`` in the server; block recovery is issue 3).
+``check_create``). ``recover_lease_internal`` is HDFS ``recoverLeaseInternal`` (create,
+append, truncate and the forced ``recover_lease``); ``release_decision`` is the decision
+half of ``internalReleaseLease`` by the states of the file's last blocks;
+``hard_expired_files`` is one bounded pass of the lease monitor, oldest lease first;
+``choose_primary`` picks the block-recovery primary (freshest heartbeat, rotating on retry).
+The server performs what these decide (journal records, block recovery commands).
 
 Concurrency contract: called only from the metadata server's trio thread; every method is
 atomic.
@@ -27,7 +31,7 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedKeyList
 
-from fs.errors import AlreadyBeingCreated, FileNotFound, LeaseExpired
+from fs.errors import AlreadyBeingCreated, FileNotFound, LeaseExpired, RecoveryInProgress
 
 #: the holder the server uses when it takes over a lease itself (hard-limit recovery)
 INTERNAL_HOLDER = "leasefs-meta"
@@ -156,6 +160,46 @@ class LeaseManager:
         raise AlreadyBeingCreated(f"failed to create {path} for {caller}: the file is "
                                   f"currently owned by {uc_holder}")
 
+    def recover_lease_internal(self, op: str, path: str, uc_holder: str, caller: str,
+                               now: float, *, force: bool = False,
+                               last_under_recovery: bool = False) -> str:
+        """HDFS ``recoverLeaseInternal`` for a file under construction by ``uc_holder``.
+
+        ``op`` names the caller's operation (create/append/truncate/recover_lease) for the
+        messages. Not forced: the caller already holding the lease → AlreadyBeingCreated
+        ("is already the current lease holder"); another holder within the soft limit →
+        AlreadyBeingCreated ("currently owned by") or RecoveryInProgress when the last block
+        is already under recovery. Otherwise (forced, or past the soft limit) returns
+        ``"release"``: the server runs internal lease release, which either closes the file
+        or starts block recovery."""
+        if force:
+            return "release"
+        if last_under_recovery:
+            raise RecoveryInProgress(f"failed to {op} {path} for {caller}: lease recovery "
+                                     f"is in progress (holder {uc_holder}); try again later")
+        if uc_holder == caller:
+            raise AlreadyBeingCreated(f"failed to {op} {path} for {caller}: {caller} is "
+                                      f"already the current lease holder")
+        lease = self.leases.get(uc_holder)
+        if lease is not None and now - lease.last_update <= self.soft_limit:
+            raise AlreadyBeingCreated(f"failed to {op} {path} for {caller}: the file is "
+                                      f"currently owned by {uc_holder}")
+        return "release"
+
+    def hard_expired_files(self, now: float, limit: int) -> list[tuple[str, int]]:
+        """One monitor pass: ``(holder, ino)`` of hard-expired leases, oldest lease first,
+        at most ``limit`` files (HDFS bounds the work of one ``checkLeases`` pass)."""
+        cutoff = now - self.hard_limit
+        out: list[tuple[str, int]] = []
+        for lease in self.sorted_leases:
+            if lease.last_update >= cutoff or len(out) >= limit:
+                break
+            for ino in sorted(lease.files):
+                if len(out) >= limit:
+                    break
+                out.append((lease.holder, ino))
+        return out
+
     def create_decision(self, path: str, uc_holder: str, caller: str, now: float) -> str:
         """create/append on a file already under construction, without overwrite.
 
@@ -167,3 +211,42 @@ class LeaseManager:
                                    and now - lease.last_update <= self.soft_limit):
             self.check_create_conflict(path, uc_holder, caller)
         return "release"
+
+
+# ------------------------------------------------------------------ internalReleaseLease
+#: what internal lease release does, by the states of the file's last blocks
+CLOSE = "close"                      # every block COMPLETE (or none): close now
+DROP_LAST_AND_CLOSE = "drop_last"    # last block UC, no replica and 0 bytes: drop it, close
+RECOVER = "recover"                  # last block needs block recovery (new recovery id)
+WAIT = "wait"                        # committed blocks wait for their replicas
+
+
+def release_decision(blocks: list[tuple[str, int, int]], min_replication: int) -> str:
+    """HDFS ``internalReleaseLease``: ``blocks`` are the file's last (at most two) blocks
+    as ``(state, num_bytes, replica_count)``, oldest first. A COMMITTED last block closes
+    when minimally replicated (the close completes it); a COMMITTED penultimate block that is
+    not waits; an UNDER_CONSTRUCTION/UNDER_RECOVERY last block with data (or with replicas)
+    needs block recovery."""
+    if not blocks:
+        return CLOSE
+    *earlier, (state, num_bytes, replicas) = blocks
+    for e_state, _, e_replicas in earlier:
+        if e_state != "COMPLETE" and e_replicas < min_replication:
+            return WAIT
+    if state == "COMPLETE":
+        return CLOSE
+    if state == "COMMITTED":
+        return CLOSE if replicas >= min_replication else WAIT
+    if state == "UNDER_CONSTRUCTION" and num_bytes == 0 and replicas == 0:
+        return DROP_LAST_AND_CLOSE
+    return RECOVER
+
+
+def choose_primary(candidates: list[tuple[str, float]], attempt: int) -> str | None:
+    """The block-recovery primary among ``(node_id, last_heartbeat)`` of live replica
+    holders: the freshest heartbeat first, rotating by ``attempt`` on retries (HDFS
+    ``BlockUnderConstructionFeature.initializeBlockRecovery``). None when there is none."""
+    if not candidates:
+        return None
+    ordered = sorted(candidates, key=lambda c: (-c[1], c[0]))
+    return ordered[attempt % len(ordered)][0]

@@ -21,7 +21,8 @@ leases and invalidate sets in the same synchronous step.
 Ops (HDFS edit-log names): FORMAT, MKDIR, ADD (create, incl. overwrite and missing parents),
 ADD_BLOCK (commits the previous block), UPDATE_BLOCKS (commit / length / gs changes),
 ABANDON_BLOCK, FSYNC, CLOSE, DELETE, RENAME (rename2 with overwrite), SET_PERMISSIONS,
-SET_OWNER, SET_REPLICATION, TIMES, SYMLINK, SET_GENSTAMP, RECLAIM.
+SET_OWNER, SET_REPLICATION, TIMES, SYMLINK, SET_GENSTAMP, RECLAIM, and for leases (issue 3)
+REASSIGN_LEASE, COMMIT_BLOCK_SYNC (block recovery done), TRUNCATE, APPEND.
 
 Deletion (HDFS incremental block deletion). ``apply`` runs on the server's only thread, so
 one record must never remove an unbounded subtree. A subtree of at most ``delete_chunk``
@@ -908,6 +909,61 @@ class Namespace:
     def plan_set_genstamp(self) -> tuple[str, dict]:
         return "SET_GENSTAMP", {"gs": self.next_genstamp()}
 
+    # ------------------------------------------------------------------ leases (issue 3)
+    def plan_reassign_lease(self, ino: int, holder: str) -> tuple[str, dict]:
+        """Lease recovery hands an open file to ``holder`` (HDFS REASSIGN_LEASE)."""
+        return "REASSIGN_LEASE", {"ino": ino, "holder": holder}
+
+    def plan_commit_block_sync(self, ino: int, block: dict, gs: int, num_bytes: int, *,
+                               delete: bool, close: bool, now_ns: int) -> tuple[str, dict]:
+        """Block recovery finished: the last block gets the recovery id and the agreed
+        length (or goes, when every replica was empty); ``close`` closes the file."""
+        return "COMMIT_BLOCK_SYNC", {"ino": ino, "index": block["index"], "id": block["id"],
+                                     "gs": gs, "num_bytes": num_bytes, "delete": delete,
+                                     "close": close, "time": now_ns}
+
+    def plan_truncate(self, path: str, ino: int, inode: dict, new_length, *, holder: str,
+                      client_machine: str = "", now_ns: int) -> tuple[str, dict] | None:
+        """Truncate a closed file. Blocks wholly past ``new_length`` go; when the new end
+        falls inside a block, that block is kept (for block recovery to cut) and the file
+        becomes under construction for ``holder``: ``last`` says which block and its new
+        length. None when the length does not change."""
+        check_int(new_length, f"truncate {path}: new_length", low=0)
+        length = inode.get("length", 0)
+        if new_length > length:
+            raise InvalidArgument(f"truncate {path}: new length {new_length} is beyond the "
+                                  f"end of the file ({length} bytes); truncate cannot grow")
+        if new_length == length:
+            return None
+        keep = 0
+        pos = 0
+        last = None
+        for block in self.blocks_of(ino):
+            if pos >= new_length:
+                break
+            keep = block["index"] + 1
+            end = pos + block["num_bytes"]
+            if end > new_length:
+                last = {"index": block["index"], "id": block["id"], "gs": block["gs"],
+                        "num_bytes": new_length - pos, "old_num_bytes": block["num_bytes"]}
+            pos = end
+        return "TRUNCATE", {"ino": ino, "new_length": new_length, "keep": keep, "last": last,
+                            "holder": holder if last else None,
+                            "client_machine": str(client_machine)[:256], "time": now_ns}
+
+    def plan_append(self, ino: int, inode: dict, *, holder: str, client_machine: str = "",
+                    new_gs: int | None, now_ns: int) -> tuple[str, dict]:
+        """Reopen a closed file for ``holder``; a partial last block is reopened under the
+        new generation stamp ``new_gs`` (None: the client starts a new block)."""
+        last = None
+        tail = self.tail_blocks(ino, inode, 1)
+        if tail and new_gs is not None and tail[-1]["num_bytes"] < inode["block_size"]:
+            b = tail[-1]
+            last = {"index": b["index"], "id": b["id"], "gs": new_gs, "old_gs": b["gs"],
+                    "num_bytes": b["num_bytes"]}
+        return "APPEND", {"ino": ino, "holder": holder, "client_machine": str(client_machine)[:256],
+                          "last": last, "time": now_ns}
+
     # ------------------------------------------------------------------ reclaiming
     def has_orphans(self) -> bool:
         """Is a detached subtree waiting to be reclaimed?"""
@@ -1362,6 +1418,80 @@ class Namespace:
         self._update_inode(txn, a["ino"], replication=a["replication"], ctime=a["time"])
         ids = [block["id"] for _, block in txn.scan(keys.block_prefix(a["ino"]))]
         return {"ino": a["ino"], "replication": a["replication"], "block_ids": ids}
+
+    def _set_uc(self, txn, ino: int, inode: dict, holder: str, client_machine: str) -> None:
+        inode["uc"] = {"holder": holder, "client_machine": client_machine}
+        txn.put(keys.uc_key(ino), holder)
+
+    def _apply_REASSIGN_LEASE(self, txn, counters, a):
+        ino = a["ino"]
+        inode = self._file(txn, ino)
+        if inode is None or not inode.get("uc"):
+            return {}
+        self._set_uc(txn, ino, inode, a["holder"], inode["uc"].get("client_machine", ""))
+        txn.put(keys.inode_key(ino), inode)
+        return {"ino": ino, "holder": a["holder"]}
+
+    def _apply_COMMIT_BLOCK_SYNC(self, txn, counters, a):
+        ino = a["ino"]
+        inode = self._file(txn, ino)
+        key = keys.block_key(ino, a["index"])
+        old = txn.get(key) if inode is not None else None
+        if old is None or old["id"] != a["id"]:
+            return {}
+        effects: dict = {"ino": ino, "id": a["id"]}
+        if a["delete"]:
+            txn.delete(key)
+            inode["length"] = inode.get("length", 0) - old["num_bytes"]
+            inode["nblocks"] = a["index"]
+            effects["removed_blocks"] = [a["id"]]
+        else:
+            self._set_block(txn, counters, ino, inode, a["index"],
+                            {**old, "gs": a["gs"], "num_bytes": a["num_bytes"],
+                             "state": COMPLETE if a["close"] else COMMITTED})
+        txn.put(keys.inode_key(ino), inode)
+        if a["close"]:
+            effects.update(self._apply_CLOSE(txn, counters, {"ino": ino, "last": None,
+                                                             "time": a["time"]}))
+        return effects
+
+    def _apply_TRUNCATE(self, txn, counters, a):
+        ino = a["ino"]
+        inode = self._file(txn, ino)
+        if inode is None:
+            return {}
+        removed = []
+        for key, block in txn.scan(keys.block_prefix(ino)):
+            if keys.parse_block_key(key)[1] >= a["keep"]:
+                removed.append(block["id"])
+                txn.delete(key)
+        last = a.get("last")
+        if last is not None:
+            old = txn.get(keys.block_key(ino, last["index"]))
+            if old is not None:
+                txn.put(keys.block_key(ino, last["index"]),
+                        {**old, "num_bytes": last["num_bytes"], "state": UNDER_CONSTRUCTION})
+            self._set_uc(txn, ino, inode, a["holder"], a.get("client_machine", ""))
+        inode["length"] = a["new_length"]
+        inode["nblocks"] = a["keep"]
+        inode["mtime"] = inode["ctime"] = a["time"]
+        txn.put(keys.inode_key(ino), inode)
+        return {"ino": ino, "removed_blocks": removed}
+
+    def _apply_APPEND(self, txn, counters, a):
+        ino = a["ino"]
+        inode = self._file(txn, ino)
+        if inode is None:
+            return {}
+        last = a.get("last")
+        if last is not None:
+            old = txn.get(keys.block_key(ino, last["index"]))
+            if old is not None:
+                self._set_block(txn, counters, ino, inode, last["index"],
+                                {**old, "gs": last["gs"], "state": UNDER_CONSTRUCTION})
+        self._set_uc(txn, ino, inode, a["holder"], a.get("client_machine", ""))
+        txn.put(keys.inode_key(ino), inode)
+        return {"ino": ino}
 
     def _apply_SET_GENSTAMP(self, txn, counters, a):
         self._bump(counters, keys.GENSTAMP, a["gs"])

@@ -20,8 +20,10 @@ nodes, safe mode, leases, checkpoints, the reclaimer), serve RPC, report the bou
 address.
 
 Monitors: dead block servers (their replicas leave the blocks map), safe mode (leaves when
-enough blocks are reported), leases (hard-limit expiry closes what can be closed without
-block recovery — block recovery is issue 3), checkpoints (under the global write lock: roll
+enough blocks are reported), leases (hard-expired leases, oldest first and a bounded number
+of files per pass, go to the internal holder ``leasefs-meta``: closed at once or through
+block recovery; stalled block recoveries get a new recovery id after
+``block_recovery_retry``), checkpoints (under the global write lock: roll
 the journal, ``kv.sync()`` in a worker thread, purge old segments), the reclaimer (subtrees
 a big delete detached are removed one bounded RECLAIM record at a time, paused in safe mode
 like invalidations; it also finishes what a crash left behind).
@@ -54,7 +56,7 @@ from fs import paths
 from fs.config import Config
 from fs.errors import (AlreadyBeingCreated, InternalError, InvalidArgument,
                        IsDirectory, LeaseFSError, NotReplicatedYet, RecoveryInProgress,
-                       ServerUnavailable)
+                       ServerUnavailable, StaleGenerationStamp)
 from fs.rpc import Dispatcher, RetryCache, format_address, parse_address, serve_rpc, serve_tcp
 
 from . import blocks as bm
@@ -62,7 +64,8 @@ from .blocks import BlockInfo, BlocksMap
 from .datanodes import DatanodeManager
 from .journal import Journal
 from .kv import KVStore, PlyvelStore
-from .leases import LeaseManager
+from . import leases as lm
+from .leases import INTERNAL_HOLDER, LeaseManager
 from .locks import (LOCK_ANCESTOR, LOCK_PARENT, LOCK_READ, LOCK_WRITE, PathLockPool, RWLock,
                     lock_set, merge)
 from .namespace import (DIR, FILE, SYMLINK, ContentSummary, Defaults, Namespace, check_bool,
@@ -78,6 +81,20 @@ LOCK_RETRIES = 8
 INVALIDATE_RESEND_HEARTBEATS = 10
 # block report entries validated / processed between two checkpoints of the trio thread
 REPORT_STEP = 2000
+# files one lease monitor pass may release (HDFS bounds the work of one checkLeases pass)
+LEASE_MONITOR_MAX_FILES = 1000
+
+
+@dataclass
+class _Recovery:
+    """One running block recovery (the last block of an open file)."""
+    ino: int
+    block_id: int
+    recovery_id: int
+    new_length: int | None      # truncate: the length the block must get
+    attempt: int                # rotates the primary on retries
+    started: float              # clock() when this recovery id was handed out
+    primary: str | None
 
 
 @dataclass
@@ -94,7 +111,7 @@ class MetaServer(Dispatcher):
     """Every RPC of PROTOCOL.md §2 as ``rpc_<method>(ctx, **args)``."""
 
     retry_cached = frozenset({"create", "add_block", "complete", "delete", "rename",
-                              "create_symlink"})
+                              "create_symlink", "append", "truncate", "recover_lease"})
 
     def __init__(self, config: Config, kv: KVStore, journal_dir: str, *,
                  clock=time.monotonic, wall_ns=time.time_ns):
@@ -125,6 +142,8 @@ class MetaServer(Dispatcher):
         self._report_locks: dict[str, trio.Lock] = {}   # node id → one report chunk at a time
         self._reclaim_wakeup = trio.Event()
         self.reclaim_records = 0
+        self.recoveries: dict[int, _Recovery] = {}            # block id → running recovery
+        self._recover_commands: dict[str, dict[int, dict]] = {}   # node → block id → command
 
     # ================================================================== startup
     def recover(self) -> None:
@@ -218,6 +237,32 @@ class MetaServer(Dispatcher):
         elif op == "SET_REPLICATION":
             for block_id in effect.get("block_ids", []):
                 self.blocks.set_replication(block_id, args["replication"])
+        elif op == "REASSIGN_LEASE":
+            if effect.get("holder") is not None:
+                self.leases.reassign(args["ino"], args["holder"], now)
+        elif op == "COMMIT_BLOCK_SYNC":
+            self._forget_recovery(args["id"])
+            if not args["delete"] and self.blocks.get(args["id"]) is not None and effect:
+                self.blocks.recovered(args["id"], gs=args["gs"], num_bytes=args["num_bytes"],
+                                      state=bm.COMPLETE if args["close"] else bm.COMMITTED,
+                                      finalized_on=[n for n in args.get("targets", [])
+                                                    if isinstance(n, str)])
+            if args["close"] and effect:
+                self.leases.remove_file(args["ino"])
+                self._release_logged.discard(args["ino"])
+        elif op == "TRUNCATE":
+            last = args.get("last")
+            if last is not None:
+                info = self.blocks.get(last["id"])
+                if info is not None:
+                    self.blocks.restore(last["id"], gs=info.gs, num_bytes=last["num_bytes"],
+                                        state=bm.UNDER_CONSTRUCTION)
+                self.leases.add(args["holder"], args["ino"], now)
+        elif op == "APPEND":
+            last = args.get("last")
+            if last is not None and (info := self.blocks.get(last["id"])) is not None:
+                self.blocks.reopen(last["id"], last["gs"], sorted(info.good_nodes()))
+            self.leases.add(args["holder"], args["ino"], now)
 
     def _commit_in_memory(self, block_id: int, num_bytes: int) -> None:
         info = self.blocks.get(block_id)
@@ -236,6 +281,13 @@ class MetaServer(Dispatcher):
         for ino in effect.get("removed_uc", ()):
             self.leases.remove_file(ino)
             self._release_logged.discard(ino)
+        for block_id in effect.get("removed_blocks", ()):
+            self._forget_recovery(block_id)
+
+    def _forget_recovery(self, block_id: int) -> None:
+        rec = self.recoveries.pop(block_id, None)
+        if rec is not None and rec.primary is not None:
+            self._recover_commands.get(rec.primary, {}).pop(block_id, None)
 
     # ================================================================== helpers
     async def _log(self, plan) -> int | None:
@@ -339,59 +391,154 @@ class MetaServer(Dispatcher):
                  node.node_id, len(affected))
 
     # ================================================================== lease release
-    async def _internal_release_lease(self, path: str, ino: int, inode: dict) -> bool:
-        """Close a file whose writer is gone, if that needs no block recovery (HDFS
-        ``internalReleaseLease``); caller holds the file's path locks. True when closed."""
+    def _replica_count(self, block: dict) -> int:
+        info = self.blocks.get(block["id"])
+        if info is None:
+            return 0
+        if info.state in (bm.COMMITTED, bm.COMPLETE):
+            return info.good_count
+        return sum(1 for r in info.replicas.values() if not r.corrupt)
+
+    def _block_state(self, block: dict) -> str:
+        info = self.blocks.get(block["id"])
+        return info.state if info is not None else block["state"]
+
+    async def _internal_release_lease(self, path: str, ino: int, inode: dict,
+                                      new_holder: str | None = None) -> bool:
+        """HDFS ``internalReleaseLease`` (caller holds the file's path locks): close the
+        file when its last blocks allow it (True), else start block recovery and reassign
+        the lease to ``new_holder`` (False; the file closes when recovery commits)."""
         _, wall = self._now()
         blocks = self.ns.tail_blocks(ino, inode)
-        if all(self._is_complete(b) for b in blocks):
+        decision = lm.release_decision(
+            [(self._block_state(b), b["num_bytes"], self._replica_count(b)) for b in blocks],
+            self.config.min_replication)
+        if decision == lm.CLOSE:
             await self._log(self.ns.plan_close(ino, None, None, wall))
             log.info("lease of %s released: file closed", path)
             return True
-        last = blocks[-1]
-        if not all(self._is_complete(b) for b in blocks[:-1]):
-            raise AlreadyBeingCreated(f"{path}: cannot release the lease: committed blocks "
-                                      f"are waiting to be minimally replicated")
-        info = self.blocks.get(last["id"])
-        state = info.state if info else last["state"]
-        if state == bm.UNDER_CONSTRUCTION and last["num_bytes"] == 0 and (
-                info is None or not info.replicas):
-            await self._log(self.ns.plan_abandon(path, ino, blocks, last))
+        if decision == lm.DROP_LAST_AND_CLOSE:
+            await self._log(self.ns.plan_abandon(path, ino, blocks, blocks[-1]))
             await self._log(self.ns.plan_close(ino, None, None, wall))
             log.info("lease of %s released: dropped an empty last block, file closed", path)
             return True
-        if state == bm.COMMITTED:
-            raise AlreadyBeingCreated(f"{path}: cannot release the lease: the last block is "
-                                      f"committed and waiting to be minimally replicated")
-        # block recovery (issue 3) starts here: new recovery id, UNDER_RECOVERY, a primary
-        raise RecoveryInProgress(f"{path}: the last block needs block recovery before the "
-                                 f"lease can be released; try again later")
+        if decision == lm.WAIT:
+            raise AlreadyBeingCreated(f"{path}: cannot release the lease: committed blocks "
+                                      f"are waiting to be minimally replicated")
+        last = blocks[-1]
+        if last["id"] not in self.recoveries:
+            await self.start_block_recovery(path, ino, last)
+        holder = inode["uc"]["holder"]
+        if new_holder is not None and new_holder != holder:
+            await self._log(self.ns.plan_reassign_lease(ino, new_holder))
+            log.info("lease of %s reassigned from %s to %s", path, holder, new_holder)
+        return False
+
+    async def start_block_recovery(self, path: str, ino: int, block: dict,
+                                   new_length: int | None = None) -> _Recovery:
+        """New recovery id (the next generation stamp, journaled), block → UNDER_RECOVERY,
+        a RECOVER_BLOCK command for the primary's next heartbeat. Caller holds the path
+        locks. Without a live replica holder the recovery waits for its retry."""
+        previous = self.recoveries.get(block["id"])
+        op, args = self.ns.plan_set_genstamp()
+        await self.journal.log(op, args)
+        recovery_id = args["gs"]
+        info = self.blocks.get(block["id"])
+        if info is None:
+            raise InternalError(f"{path}: block {block['id']} is not in the blocks map")
+        if info.state != bm.UNDER_RECOVERY:
+            self.blocks.start_recovery(block["id"])
+        if new_length is None and previous is not None:
+            new_length = previous.new_length
+        attempt = previous.attempt + 1 if previous is not None else 0
+        holders = list(info.location_nodes())
+        holders += [n for n, r in info.replicas.items() if not r.corrupt and n not in holders]
+        live = [(n, node.last_heartbeat) for n in holders
+                if (node := self.datanodes.live(n)) is not None]
+        primary = lm.choose_primary(live, attempt)
+        self._forget_recovery(block["id"])
+        rec = _Recovery(ino, block["id"], recovery_id, new_length, attempt, self.clock(), primary)
+        self.recoveries[block["id"]] = rec
+        if primary is not None:
+            self._recover_commands.setdefault(primary, {})[block["id"]] = {
+                "type": "RECOVER_BLOCK",
+                "block": {"id": info.id, "gs": info.gs, "num_bytes": info.num_bytes},
+                "recovery_id": recovery_id, "new_length": new_length,
+                "targets": [loc for loc in map(self._location, [n for n, _ in live])
+                            if loc is not None]}
+        log.info("block recovery of %s block %d: recovery id %d, primary %s (attempt %d)",
+                 path, block["id"], recovery_id, primary or "none alive", attempt)
+        return rec
+
+    async def retry_stalled_recoveries(self) -> int:
+        """Recoveries without a commit after ``block_recovery_retry`` get a new id (and
+        the next primary)."""
+        retried = 0
+        now = self.clock()
+        for rec in list(self.recoveries.values()):
+            if now - rec.started < self.config.block_recovery_retry:
+                continue
+            path = self.ns.path_of(rec.ino)
+            if path is None:
+                self._forget_recovery(rec.block_id)
+                continue
+            async with self._mutation(f"retry block recovery of {path}",
+                                      lock_set(paths.split(path), LOCK_WRITE),
+                                      check_safemode=False):
+                if self.recoveries.get(rec.block_id) is not rec:
+                    continue
+                inode = self.ns.get_inode(rec.ino)
+                tail = self.ns.tail_blocks(rec.ino, inode, 1) if inode and inode.get("uc") else []
+                if not tail or tail[-1]["id"] != rec.block_id:
+                    self._forget_recovery(rec.block_id)
+                    continue
+                await self.start_block_recovery(path, rec.ino, tail[-1])
+                retried += 1
+        return retried
 
     async def release_expired_leases(self) -> int:
-        """The lease monitor's pass: hard-expired leases are released where possible."""
+        """The lease monitor's pass: hard-expired leases, oldest first and at most
+        ``LEASE_MONITOR_MAX_FILES`` files, go to the internal holder ``leasefs-meta``
+        (closed at once, or through block recovery). Returns the files closed."""
         released = 0
         now = self.clock()
-        for lease in self.leases.expired_hard(now):
-            for ino in sorted(lease.files):
-                path = self.ns.path_of(ino)
-                if path is None:
-                    self.leases.remove_file(ino)
-                    continue
-                try:
-                    async with self._mutation(f"release lease of {path}",
-                                              lock_set(paths.split(path), LOCK_WRITE),
-                                              check_safemode=False):
-                        inode = self.ns.get_inode(ino)
-                        if inode is None or not inode.get("uc") or self.ns.path_of(ino) != path:
-                            continue
-                        if await self._internal_release_lease(path, ino, inode):
-                            released += 1
-                except LeaseFSError as exc:
-                    if ino not in self._release_logged:
-                        self._release_logged.add(ino)
-                        log.warning("lease of %s (holder %s) expired: %s", path,
-                                    lease.holder, exc)
+        for holder, ino in self.leases.hard_expired_files(now, LEASE_MONITOR_MAX_FILES):
+            path = self.ns.path_of(ino)
+            if path is None:
+                self.leases.remove_file(ino)
+                continue
+            try:
+                async with self._mutation(f"release lease of {path}",
+                                          lock_set(paths.split(path), LOCK_WRITE),
+                                          check_safemode=False):
+                    inode = self.ns.get_inode(ino)
+                    if inode is None or not inode.get("uc") or self.ns.path_of(ino) != path:
+                        continue
+                    if await self._internal_release_lease(path, ino, inode, INTERNAL_HOLDER):
+                        released += 1
+            except LeaseFSError as exc:
+                if ino not in self._release_logged:
+                    self._release_logged.add(ino)
+                    log.warning("lease of %s (holder %s) expired: %s", path, holder, exc)
         return released
+
+    def _last_under_recovery(self, ino: int, inode: dict) -> bool:
+        tail = self.ns.tail_blocks(ino, inode, 1)
+        return bool(tail) and self._block_state(tail[-1]) == bm.UNDER_RECOVERY
+
+    async def _recover_lease_internal(self, op: str, path: str, ino: int, inode: dict,
+                                      caller: str, now: float, *, force: bool = False) -> bool:
+        """HDFS ``recoverLeaseInternal`` on an open file (caller holds its locks): True
+        when the file is closed now, False while block recovery runs."""
+        self.leases.recover_lease_internal(op, path, inode["uc"]["holder"], caller, now,
+                                           force=force,
+                                           last_under_recovery=self._last_under_recovery(ino, inode))
+        tail = self.ns.tail_blocks(ino, inode, 1)
+        if tail and tail[-1]["id"] in self.recoveries:
+            if inode["uc"]["holder"] != caller and force:
+                await self._log(self.ns.plan_reassign_lease(ino, caller))
+            return False
+        return await self._internal_release_lease(path, ino, inode, caller)
 
     # ================================================================== client RPCs
     async def rpc_get_server_defaults(self, ctx):
@@ -426,9 +573,10 @@ class MetaServer(Dispatcher):
             if parts and len(found) == len(parts) + 1 and overwrite is False:
                 ino, inode = found[-1]
                 uc = inode.get("uc") if inode["type"] == FILE else None
-                if uc and self.leases.create_decision(canonical, uc["holder"], client_name,
-                                                      now) == "release":
-                    await self._internal_release_lease(canonical, ino, inode)
+                if uc and not await self._recover_lease_internal("create", canonical, ino,
+                                                                 inode, client_name, now):
+                    raise RecoveryInProgress(f"failed to create {canonical} for {client_name}: "
+                                             f"lease recovery is in progress; try again later")
             plan = self.ns.plan_create(
                 canonical, holder=client_name, client_machine=ctx.peer, overwrite=overwrite,
                 create_parent=create_parent, replication=replication, block_size=block_size,
@@ -539,6 +687,101 @@ class MetaServer(Dispatcher):
                 self.ns.check_block_length(current, inode, last_block_length)
             await self._log(plan)
             return True
+
+    async def rpc_recover_lease(self, ctx, path, client_name):
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        check_name(client_name, f"recover_lease {canonical}: client_name")
+        async with self._mutation(f"recover lease of {canonical}", lock_set(parts, LOCK_WRITE)):
+            _, ino, inode, _ = self.ns.resolve(canonical)
+            if inode["type"] != FILE:
+                raise IsDirectory(f"recover_lease {canonical}: not a file") \
+                    if inode["type"] == DIR else InvalidArgument(
+                        f"recover_lease {canonical}: not a file")
+            if not inode.get("uc"):
+                return True
+            return await self._recover_lease_internal("recover the lease of", canonical, ino,
+                                                      inode, client_name, self.clock(),
+                                                      force=True)
+
+    async def _reopen_checks(self, op: str, canonical: str, client_name: str) -> tuple[int, dict]:
+        """append/truncate: the path must be a file; an open one goes through
+        recoverLeaseInternal first (closed at once → go on, else RecoveryInProgress)."""
+        _, ino, inode, _ = self.ns.resolve(canonical)
+        if inode["type"] == DIR:
+            raise IsDirectory(f"cannot {op} {canonical}: it is a directory")
+        if inode["type"] != FILE:
+            raise InvalidArgument(f"cannot {op} {canonical}: not a file")
+        if inode.get("uc"):
+            if not await self._recover_lease_internal(op, canonical, ino, inode, client_name,
+                                                      self.clock()):
+                raise RecoveryInProgress(f"failed to {op} {canonical} for {client_name}: lease "
+                                         f"recovery is in progress; try again later")
+            inode = self.ns.get_inode(ino)
+        return ino, inode
+
+    async def rpc_truncate(self, ctx, path, new_length, client_name):
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        check_name(client_name, f"truncate {canonical}: client_name")
+        check_int(new_length, f"truncate {canonical}: new_length", low=0)
+        async with self._mutation(f"truncate {canonical}", lock_set(parts, LOCK_WRITE)):
+            ino, inode = await self._reopen_checks("truncate", canonical, client_name)
+            _, wall = self._now()
+            plan = self.ns.plan_truncate(canonical, ino, inode, new_length, holder=client_name,
+                                         client_machine=ctx.peer or "", now_ns=wall)
+            if plan is None:
+                return True
+            await self._log(plan)
+            last = plan[1]["last"]
+            if last is None:
+                return True
+            await self.start_block_recovery(canonical, ino, last,
+                                            new_length=last["num_bytes"])
+            return False
+
+    async def rpc_append(self, ctx, path, client_name):
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        check_name(client_name, f"append {canonical}: client_name")
+        async with self._mutation(f"append to {canonical}", lock_set(parts, LOCK_WRITE)):
+            ino, inode = await self._reopen_checks("append", canonical, client_name)
+            tail = self.ns.tail_blocks(ino, inode, 1)
+            partial = bool(tail) and tail[-1]["num_bytes"] < inode["block_size"]
+            new_gs = self.ns.next_genstamp() if partial else None
+            _, wall = self._now()
+            plan = self.ns.plan_append(ino, inode, holder=client_name,
+                                       client_machine=ctx.peer or "", new_gs=new_gs, now_ns=wall)
+            await self._log(plan)
+            inode = self.ns.get_inode(ino)
+            last_block = None
+            last = plan[1]["last"]
+            if last is not None:
+                block = {**self.ns.tail_blocks(ino, inode, 1)[-1]}
+                offset = inode.get("length", 0) - block["num_bytes"]
+                last_block = self._located(block, self.blocks.get(block["id"]), offset)
+            return {"status": self.ns.status(canonical, ino, inode), "last_block": last_block}
+
+    async def rpc_list_open_files(self, ctx, path="/"):
+        canonical = paths.validate(path)
+        now = self.clock()
+        out = []
+        for ino, holder in list(self.leases.lease_by_ino.items()):
+            file_path = self.ns.path_of(ino)
+            if file_path is None or not (canonical == "/" or file_path == canonical
+                                         or file_path.startswith(canonical + "/")):
+                continue
+            inode = self.ns.get_inode(ino)
+            if inode is None or not inode.get("uc"):
+                continue
+            lease = self.leases.lease_of(holder)
+            tail = self.ns.tail_blocks(ino, inode, 1)
+            out.append({"path": file_path, "ino": ino, "holder": holder,
+                        "client_machine": inode["uc"].get("client_machine", ""),
+                        "last_renewal_age": round(now - lease.last_update, 3) if lease else None,
+                        "last_block_state": self._block_state(tail[-1]) if tail else None})
+        out.sort(key=lambda e: e["path"])
+        return out
 
     async def rpc_renew_lease(self, ctx, client_name):
         check_name(client_name, "renew_lease: client_name")
@@ -734,7 +977,61 @@ class MetaServer(Dispatcher):
             refs = self.datanodes.take_invalidate(node_id)
             if refs:
                 commands.append({"type": "INVALIDATE", "blocks": refs})
+        commands.extend(self._recover_commands.pop(node_id, {}).values())
         return {"reregister": False, "commands": commands}
+
+    async def rpc_commit_block_synchronization(self, ctx, block, recovery_id, new_length,
+                                               close_file=True, delete_block=False,
+                                               new_targets=()):
+        """The primary finished block recovery (PROTOCOL.md §4)."""
+        if not isinstance(block, dict):
+            raise InvalidArgument(f"commit_block_synchronization: block must be {{id, gs}}, "
+                                  f"got {block!r:.80}")
+        block_id = check_int(block.get("id"), "commit_block_synchronization: block.id", low=0)
+        check_int(recovery_id, "commit_block_synchronization: recovery_id", low=0)
+        check_int(new_length, "commit_block_synchronization: new_length", low=0)
+        check_bool(close_file, "commit_block_synchronization: close_file")
+        check_bool(delete_block, "commit_block_synchronization: delete_block")
+        if not isinstance(new_targets, (list, tuple)) or not all(
+                isinstance(n, str) for n in new_targets):
+            raise InvalidArgument("commit_block_synchronization: new_targets must be a list "
+                                  "of node ids")
+        what = f"commit_block_synchronization of block {block_id}"
+        rec = self.recoveries.get(block_id)
+        if rec is None:
+            info = self.blocks.get(block_id)
+            if info is not None and info.gs == recovery_id and info.state in (bm.COMMITTED,
+                                                                             bm.COMPLETE):
+                return True   # a retry of a commit that already happened
+            raise StaleGenerationStamp(f"{what}: no block recovery of it is running (recovery "
+                                       f"id {recovery_id} is stale or the file is gone)")
+        if recovery_id != rec.recovery_id:
+            raise StaleGenerationStamp(f"{what}: recovery id {recovery_id} was superseded by "
+                                       f"{rec.recovery_id}")
+        path = self.ns.path_of(rec.ino)
+        if path is None:
+            self._forget_recovery(block_id)
+            raise StaleGenerationStamp(f"{what}: the file was deleted")
+        async with self._file_lock(what, path, rec.ino) as current:
+            if self.recoveries.get(block_id) is not rec:
+                raise StaleGenerationStamp(f"{what}: recovery id {recovery_id} was superseded")
+            inode = self.ns.get_inode(rec.ino)
+            tail = self.ns.tail_blocks(rec.ino, inode, 1) if inode else []
+            if not tail or tail[-1]["id"] != block_id:
+                self._forget_recovery(block_id)
+                raise StaleGenerationStamp(f"{what}: it is no longer the last block of {current}")
+            if not delete_block:
+                self.ns.check_block_length(current, inode, new_length)
+            _, wall = self._now()
+            op, args = self.ns.plan_commit_block_sync(
+                rec.ino, tail[-1], recovery_id, 0 if delete_block else new_length,
+                delete=delete_block, close=close_file, now_ns=wall)
+            args["targets"] = list(new_targets)
+            await self.journal.log(op, args)
+            log.info("block recovery of %s block %d committed: gs %d, length %d%s%s", current,
+                     block_id, recovery_id, new_length, ", block dropped" if delete_block else "",
+                     ", file closed" if close_file else "")
+            return True
 
     async def _replica_entries_stepwise(self, entries, what: str) -> list[tuple]:
         """``_replica_entries`` for a big list: a checkpoint every ``REPORT_STEP`` entries."""
@@ -935,6 +1232,7 @@ class MetaServer(Dispatcher):
             if not self.safemode.on:
                 try:
                     await self.release_expired_leases()
+                    await self.retry_stalled_recoveries()
                 except LeaseFSError as exc:
                     log.warning("lease monitor: %s", exc)
 

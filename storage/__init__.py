@@ -2,5 +2,7 @@
 
 ``storage.server.run_block_server`` is the entry point; ``replicas`` holds the replica store
 and the pure replica state table, ``transfer`` the data-transfer server (WRITE_BLOCK pipeline,
-READ_BLOCK, BLOCK_LENGTH), ``heartbeat`` the register/heartbeat/report/command loop.
+READ_BLOCK, BLOCK_LENGTH, the recovery ops, append), ``heartbeat`` the register/heartbeat/
+report/command loop, ``recovery`` the block recovery worker (RECOVER_BLOCK) and its pure length
+decision.
 """

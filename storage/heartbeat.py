@@ -9,8 +9,9 @@ from these reports.
 Life cycle: ``register_storage`` → full ``block_report`` → every ``heartbeat_interval`` a
 ``heartbeat``; its reply may ask to ``reregister`` (the metadata server forgot us, e.g. after
 its restart: register again, full report again) and carries commands: INVALIDATE deletes the
-replicas in a worker thread and reports them deleted; other command types are logged once and
-ignored. A full report also goes out every ``block_report_interval``. While the metadata
+replicas in a worker thread and reports them deleted; RECOVER_BLOCK starts the block recovery
+worker (``storage.recovery``, this node is the primary); other command types are logged once
+and ignored. A full report also goes out every ``block_report_interval``. While the metadata
 server cannot be reached the loop retries with doubling backoff, logging once per change of
 state, never per attempt; after an outage it registers again (cheap, and a restarted
 metadata server needs the full report to leave safe mode).
@@ -48,6 +49,7 @@ from fs.config import Config
 from fs.errors import LeaseFSError, ServerUnavailable
 from fs.rpc import RpcClient
 
+from .recovery import BlockRecoveryWorker
 from .replicas import ReplicaStore
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ class HeartbeatService:
         self._wakeup = trio.Event()
         self._outage: str | None = None          # last logged failure kind, None = all well
         self._ignored_command_types: set[str] = set()
+        self.recovery = BlockRecoveryWorker(config, store, self, self._commit_block_sync)
         self._nursery: trio.Nursery | None = None
         self._report_lock = trio.Lock()   # full vs. incremental reports, see the docstring
 
@@ -257,11 +260,18 @@ class HeartbeatService:
         if kind == "INVALIDATE" and isinstance(command.get("blocks"), list):
             self._nursery.start_soon(self._invalidate, command["blocks"])
             return
+        if kind == "RECOVER_BLOCK":
+            self._nursery.start_soon(self.recovery.recover, command)
+            return
         label = str(kind)[:40]
         if label not in self._ignored_command_types:   # once per type, not per heartbeat
             self._ignored_command_types.add(label)
             log.warning("ignoring metadata server command %s (not supported by this block "
                         "server): %r", label, command)
+
+    async def _commit_block_sync(self, args: dict) -> None:
+        """The block recovery worker's last step (PROTOCOL.md §4)."""
+        await self._rpc.call("commit_block_synchronization", args, retry_seconds=0)
 
     async def _invalidate(self, blocks: list) -> None:
         deleted = []

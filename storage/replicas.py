@@ -234,6 +234,15 @@ class Replica:
     removed: bool = False
     lock: trio.Lock = field(default_factory=trio.Lock)
     writer: "ReplicaWriter | None" = None
+    #: cancels the WRITE_BLOCK pipeline feeding this replica (set by the pipeline while it
+    #: runs), so block recovery can stop a running writer (HDFS ReplicaInPipeline.stopWriter)
+    writer_scope: "trio.CancelScope | None" = None
+    writer_stopped: "trio.Event | None" = None
+    #: RUR only: the state the replica had before recovery (FINALIZED, RBW or RWR)
+    original_state: "ReplicaState | None" = None
+    #: the highest recovery id seen by ``init_replica_recovery`` (0 = none); lower or equal
+    #: ids are stale recoveries and refused
+    recovery_id: int = 0
 
     @property
     def name(self) -> str:
@@ -242,7 +251,10 @@ class Replica:
     def report_entry(self) -> list:
         """``[id, gs, num_bytes, state]`` as block reports carry it."""
         length = self.visible_length if self.state is ReplicaState.RBW else self.num_bytes
-        return [self.block_id, self.gs, length, self.state.value]
+        state = self.state
+        if state is ReplicaState.RUR:   # not a wire state: report what it was before recovery
+            state = self.original_state or ReplicaState.RWR
+        return [self.block_id, self.gs, length, state.value]
 
     def disk_bytes(self) -> int:
         return self.num_bytes + meta_length(self.num_bytes, self.bytes_per_checksum)
@@ -493,6 +505,27 @@ def _trim_rbw(block_id: int, data_path: str, meta_path: str) -> tuple[int, int, 
     return bpc, data_size, length
 
 
+def truncate_replica_files(data_path: str, meta_path: str, new_length: int,
+                           bytes_per_checksum: int) -> None:
+    """Cut a replica's data to ``new_length`` and its meta file to the matching number of
+    checksums; the last chunk, if now partial, gets its checksum recomputed from the data.
+    fsyncs both. Blocking: run it in a worker thread."""
+    bpc = bytes_per_checksum
+    with open(data_path, "r+b") as data, open(meta_path, "r+b") as meta:
+        if os.fstat(data.fileno()).st_size != new_length:
+            data.truncate(new_length)
+        meta.truncate(meta_length(new_length, bpc))
+        if new_length % bpc:
+            start = new_length - new_length % bpc
+            chunk = os.pread(data.fileno(), new_length - start, start)
+            if len(chunk) != new_length - start:
+                raise OSError(_errno.EIO, f"{data_path}: shorter than {new_length} bytes")
+            os.pwrite(meta.fileno(), crc32c(chunk).to_bytes(CHECKSUM_SIZE, "big"),
+                      meta_offset(start // bpc))
+        os.fsync(data.fileno())
+        os.fsync(meta.fileno())
+
+
 def _finalized_consistent(data_path: str, meta_path: str) -> tuple[int, int]:
     """``(bytes_per_checksum, length)`` of a finalized replica, ``ValueError`` if the data
     length disagrees with the number of checksums."""
@@ -711,7 +744,8 @@ class ReplicaStore:
         current = self.replicas
         return [r.report_entry() for r in replicas
                 if current.get(r.block_id) is r
-                and r.state in (ReplicaState.FINALIZED, ReplicaState.RBW, ReplicaState.RWR)]
+                and r.state in (ReplicaState.FINALIZED, ReplicaState.RBW, ReplicaState.RWR,
+                                ReplicaState.RUR)]
 
     def used_bytes(self) -> int:
         """Bytes of data and meta files of the replicas in the map (a running counter)."""
@@ -831,6 +865,9 @@ class ReplicaStore:
             if replica.removed:
                 raise ReplicaNotFound(f"replica {replica.name} was deleted before it was "
                                       f"finalized")
+            if replica.state is not ReplicaState.RBW:   # block recovery took it meanwhile
+                raise ReplicaNotFound(f"replica {replica.name} is {replica.state.value}, no "
+                                      f"longer being written")
             replica.writer = None
             try:
                 await self.run_io(move)
@@ -847,6 +884,162 @@ class ReplicaStore:
         writer, replica.writer = replica.writer, None
         if writer is not None:
             await self.run_io(writer.close)
+
+    # -- append (WRITE_BLOCK PIPELINE_SETUP_APPEND)
+    async def reopen_for_append(self, block_id: int, new_gs: int, min_bytes: int,
+                                bytes_per_checksum: int | None = None) -> Replica:
+        """Reopen a FINALIZED replica (or an RBW one nobody writes) of exactly ``min_bytes``
+        bytes as RBW under the newer stamp ``new_gs``: files moved to rbw/ (data first, then
+        the meta file renamed to the new stamp, so a crash between the two is undone by the
+        start-up scan), writer opened on the existing files. HDFS FsDatasetImpl.append."""
+        replica = self.replicas.get(block_id)
+        if replica is None or replica.removed:
+            raise ReplicaNotFound(f"append: block server has no replica of blk_{block_id}")
+        if replica.gs >= new_gs:
+            raise StaleGenerationStamp(f"append: replica {replica.name} already has generation "
+                                       f"stamp {replica.gs}, not older than the new {new_gs}")
+        if replica.state is ReplicaState.FINALIZED:
+            event = ReplicaEvent.APPEND
+        elif replica.state is ReplicaState.RBW and replica.writer is None:
+            event = ReplicaEvent.RECOVER_RBW
+        else:
+            raise InvalidArgument(f"append: replica {replica.name} is {replica.state.value}"
+                                  f"{' and being written' if replica.writer else ''}; only a "
+                                  f"FINALIZED replica (or an idle RBW one) can be reopened")
+        new_state = next_state(replica.state, event)
+        if replica.num_bytes != min_bytes:
+            raise InvalidArgument(f"append: replica {replica.name} holds {replica.num_bytes} "
+                                  f"bytes, the writer expects exactly {min_bytes}")
+        bpc = replica.bytes_per_checksum
+        if bytes_per_checksum is not None and bytes_per_checksum != bpc:
+            raise InvalidArgument(f"append: replica {replica.name} uses bytes_per_checksum "
+                                  f"{bpc}, the writer asked for {bytes_per_checksum}")
+        rbw = os.path.join(self.data_dir, "rbw")
+        new_data = os.path.join(rbw, data_name(block_id))
+        new_meta = os.path.join(rbw, meta_name(block_id, new_gs))
+        old_data, old_meta = replica.data_path, replica.meta_path
+
+        def reopen() -> tuple[ReplicaWriter, bytes | None]:
+            if old_data != new_data:
+                os.replace(old_data, new_data)
+            os.replace(old_meta, new_meta)
+            fsync_dir(rbw)
+            if old_data != new_data:
+                fsync_dir(os.path.dirname(old_data))
+            writer = ReplicaWriter(new_data, new_meta, bpc, create=False)
+            last_sum = None
+            if min_bytes % bpc:
+                last_sum = os.pread(writer.meta_fd, CHECKSUM_SIZE,
+                                    meta_offset(min_bytes // bpc))
+            return writer, last_sum
+
+        async with replica.lock:
+            if replica.removed or self.replicas.get(block_id) is not replica \
+                    or replica.num_bytes != min_bytes or replica.gs >= new_gs \
+                    or replica.writer is not None:
+                raise ReplicaNotFound(f"append: replica {replica.name} changed while being "
+                                      f"reopened")
+            writer, last_sum = await self.run_io(reopen)
+            replica.data_path, replica.meta_path = new_data, new_meta
+            replica.gs = new_gs
+            replica.state = new_state
+            replica.writer = writer
+            replica.visible_length = 0
+            replica.set_visible(min_bytes, last_sum)
+        log.info("reopened blk_%d for append: %d bytes, generation stamp %d", block_id,
+                 min_bytes, new_gs)
+        return replica
+
+    # -- block recovery (HDFS initReplicaRecovery / updateReplicaUnderRecovery)
+    async def init_replica_recovery(self, block_id: int, gs: int, recovery_id: int) -> Replica:
+        """Move the replica to RUR for ``recovery_id``: stop a running writer (its pipeline
+        is cancelled and its files closed once a write in flight is done), remember the
+        original state. Refuses a stale ``recovery_id`` (not above one seen already), a
+        replica older than ``gs`` or not older than ``recovery_id``."""
+        replica = self.replicas.get(block_id)
+        if replica is None or replica.removed or replica.state is ReplicaState.TEMPORARY:
+            raise ReplicaNotFound(f"block recovery: block server has no replica of "
+                                  f"blk_{block_id}")
+        if recovery_id <= replica.recovery_id:
+            raise StaleGenerationStamp(f"block recovery of {replica.name}: recovery id "
+                                       f"{recovery_id} is stale, {replica.recovery_id} was "
+                                       f"seen already")
+        if replica.gs < gs:
+            raise StaleGenerationStamp(f"block recovery: replica {replica.name} is older than "
+                                       f"the block's generation stamp {gs}")
+        if replica.gs >= recovery_id:
+            raise StaleGenerationStamp(f"block recovery: replica {replica.name} is not older "
+                                       f"than recovery id {recovery_id}")
+        new_state = next_state(replica.state, ReplicaEvent.INIT_RECOVERY)
+        replica.recovery_id = recovery_id          # claimed before the first await
+        async with replica.lock:                   # never in the middle of a finalize
+            if replica.removed:
+                raise ReplicaNotFound(f"block recovery: replica {replica.name} was deleted")
+            if replica.state is not ReplicaState.RUR:
+                replica.original_state = replica.state
+            replica.state = new_state              # a writer's next write/finalize fails
+        scope, stopped = replica.writer_scope, replica.writer_stopped
+        if scope is not None and stopped is not None:
+            scope.cancel()
+            await stopped.wait()                   # its last write is counted in num_bytes
+        writer, replica.writer = replica.writer, None
+        if writer is not None:
+            await self.run_io(writer.close)
+            log.info("block recovery %d stopped the writer of %s at %d bytes", recovery_id,
+                     replica.name, replica.num_bytes)
+        if replica.removed:
+            raise ReplicaNotFound(f"block recovery: replica {replica.name} was deleted")
+        return replica
+
+    async def update_replica_under_recovery(self, block_id: int, recovery_id: int,
+                                            new_length: int) -> Replica:
+        """Finish recovery of an RUR replica: cut it to ``new_length`` (recomputing the last
+        partial chunk's checksum), stamp it ``recovery_id`` (meta file renamed) and finalize
+        it into finalized/."""
+        replica = self.replicas.get(block_id)
+        if replica is None or replica.removed:
+            raise ReplicaNotFound(f"block recovery: block server has no replica of "
+                                  f"blk_{block_id}")
+        if replica.state is not ReplicaState.RUR or replica.recovery_id != recovery_id:
+            raise StaleGenerationStamp(
+                f"block recovery: replica {replica.name} is {replica.state.value} with recovery "
+                f"id {replica.recovery_id}, not under recovery {recovery_id}")
+        if not 0 <= new_length <= replica.num_bytes:
+            raise InvalidArgument(f"block recovery: replica {replica.name} holds "
+                                  f"{replica.num_bytes} bytes, cannot set length {new_length}")
+        new_state = next_state(replica.state, ReplicaEvent.UPDATE_UNDER_RECOVERY)
+        bpc = replica.bytes_per_checksum
+        bucket = os.path.join(self.data_dir, "finalized", finalized_subdir(block_id))
+        new_data = os.path.join(bucket, data_name(block_id))
+        new_meta = os.path.join(bucket, meta_name(block_id, recovery_id))
+        old_data, old_meta = replica.data_path, replica.meta_path
+
+        def cut_and_finalize() -> None:
+            truncate_replica_files(old_data, old_meta, new_length, bpc)
+            os.makedirs(bucket, exist_ok=True)
+            os.replace(old_meta, new_meta)     # meta first, as finalize does
+            if old_data != new_data:
+                os.replace(old_data, new_data)
+            fsync_dir(bucket)
+            if os.path.dirname(old_data) != bucket:
+                fsync_dir(os.path.dirname(old_data))
+
+        async with replica.lock:
+            if replica.removed or replica.state is not ReplicaState.RUR \
+                    or replica.recovery_id != recovery_id:
+                raise StaleGenerationStamp(f"block recovery: replica {replica.name} left "
+                                           f"recovery {recovery_id} meanwhile")
+            await self.run_io(cut_and_finalize)
+            replica.data_path, replica.meta_path = new_data, new_meta
+            replica.gs = recovery_id
+            replica.state = new_state
+            replica.original_state = None
+            self._set_num_bytes(replica, new_length)
+            replica.visible_length = new_length
+            replica.visible_last_sum = None
+        log.info("block recovery %d finalized blk_%d at %d bytes", recovery_id, block_id,
+                 new_length)
+        return replica
 
     # -- reading
     async def open_reader(self, block_id: int, gs: int) -> ReplicaReader:

@@ -22,6 +22,14 @@ reading for ``data_timeout`` while a packet is forwarded to it, is acked as ``SU
 this node and ``ERROR`` at the downstream's index, then the pipeline closes (pipeline
 recovery is the client's job). The replica stays RBW with its visible length.
 
+PIPELINE_SETUP_APPEND (docs/PROTOCOL.md §4): the same pipeline, but each node reopens its
+FINALIZED replica of exactly ``min_bytes`` bytes as RBW under the new generation stamp instead
+of creating one; the writer's first packet repeats the last partial chunk.
+
+INIT_REPLICA_RECOVERY / UPDATE_REPLICA_UNDER_RECOVERY: the block-recovery ops a primary
+(``storage.recovery``) sends to every replica holder; INIT stops a running pipeline of that
+replica (its cancel scope) and answers the replica's length, stamp and original state.
+
 READ_BLOCK: every packet send has ``data_timeout``; a reader that stops reading for that
 long, or closes the connection early (normal: it read what it needed), ends the op with a
 debug line, and the replica's files are closed at once.
@@ -43,13 +51,15 @@ import trio
 from fs.config import Config
 from fs.datatransfer import (BLOCK_LENGTH, CHECKSUM_SIZE, ERROR, ERROR_CHECKSUM, FLAG_HEARTBEAT,
                              FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA, PACKET_HEADER,
-                             PIPELINE_SETUP_CREATE, READ_BLOCK, SUCCESS, WRITE_BLOCK, Packet,
-                             num_chunks, receive_ack, send_ack, send_packet, verify_checksums)
+                             PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE, READ_BLOCK, SUCCESS,
+                             WRITE_BLOCK, Packet, num_chunks, receive_ack, send_ack, send_packet,
+                             verify_checksums)
 from fs.errors import (ChecksumError, InternalError, InvalidArgument, LeaseFSError,
                        NotSupported, ProtocolError, ReplicaNotFound, ServerUnavailable)
 from fs.framing import FramedStream
 from fs.rpc import parse_address
 
+from .recovery import INIT_REPLICA_RECOVERY, UPDATE_REPLICA_UNDER_RECOVERY, replica_wire
 from .replicas import (Replica, ReplicaState, ReplicaStore, check_bytes_per_checksum,
                        check_packet_range)
 
@@ -177,6 +187,10 @@ class DataTransferServer:
                 await self._read_block(conn, header)
             elif op == BLOCK_LENGTH:
                 await self._block_length(conn, header)
+            elif op == INIT_REPLICA_RECOVERY:
+                await self._init_replica_recovery(conn, header)
+            elif op == UPDATE_REPLICA_UNDER_RECOVERY:
+                await self._update_replica_under_recovery(conn, header)
             else:
                 raise NotSupported(f"unknown or unsupported data-transfer op {op[:80]!r}")
         except (EOFError, ServerUnavailable) as exc:
@@ -213,6 +227,26 @@ class DataTransferServer:
                    else replica.num_bytes)
         await conn.respond({"status": "SUCCESS", "message": "", "visible_length": visible,
                             "gs": replica.gs, "state": replica.state.value})
+
+    # ------------------------------------------------------------------ block recovery
+
+    async def _init_replica_recovery(self, conn: _Conn, header: dict) -> None:
+        block_id, gs = _block(header, INIT_REPLICA_RECOVERY)
+        recovery_id = _field(header, "recovery_id", int, INIT_REPLICA_RECOVERY)
+        replica = await self.store.init_replica_recovery(block_id, gs, recovery_id)
+        await conn.respond({"status": "SUCCESS", "message": "",
+                            "replica": replica_wire(replica, replica.original_state)})
+
+    async def _update_replica_under_recovery(self, conn: _Conn, header: dict) -> None:
+        op = UPDATE_REPLICA_UNDER_RECOVERY
+        block_id, _gs = _block(header, op)
+        recovery_id = _field(header, "recovery_id", int, op)
+        new_length = _field(header, "new_length", int, op)
+        replica = await self.store.update_replica_under_recovery(block_id, recovery_id,
+                                                                 new_length)
+        self.reporter.block_received(block_id, replica.gs, replica.num_bytes,
+                                     ReplicaState.FINALIZED.value)
+        await conn.respond({"status": "SUCCESS", "message": "", "replica": replica_wire(replica)})
 
     # ------------------------------------------------------------------ READ_BLOCK
 
@@ -313,8 +347,13 @@ class DataTransferServer:
         for target in targets:
             parse_address(target)
         stage = _field(header, "stage", str, WRITE_BLOCK, PIPELINE_SETUP_CREATE)
-        if stage != PIPELINE_SETUP_CREATE:
+        if stage not in (PIPELINE_SETUP_CREATE, PIPELINE_SETUP_APPEND):
             raise NotSupported(f"WRITE_BLOCK stage {stage[:60]!r} is not supported yet")
+        min_bytes = 0
+        if stage == PIPELINE_SETUP_APPEND:
+            min_bytes = _field(header, "min_bytes", int, WRITE_BLOCK)
+            if min_bytes < 0:
+                raise ProtocolError(f"WRITE_BLOCK: min_bytes {min_bytes} is negative")
         bpc = _field(header, "bytes_per_checksum", int, WRITE_BLOCK,
                      self.config.bytes_per_checksum)
         try:
@@ -322,7 +361,12 @@ class DataTransferServer:
         except InvalidArgument as exc:
             raise InvalidArgument(f"WRITE_BLOCK blk_{block_id}: {exc.message}") from None
 
-        replica = await self.store.create_rbw(block_id, gs, bpc)
+        if stage == PIPELINE_SETUP_APPEND:
+            # without an explicit bytes_per_checksum the replica's own is used
+            replica = await self.store.reopen_for_append(
+                block_id, gs, min_bytes, bpc if "bytes_per_checksum" in header else None)
+        else:
+            replica = await self.store.create_rbw(block_id, gs, bpc)
         downstream: FramedStream | None = None
         try:
             if targets:
@@ -331,12 +375,15 @@ class DataTransferServer:
                     message, bad_link = failure
                     log.info("WRITE_BLOCK %s: downstream setup failed at %s: %s",
                              replica.name, bad_link, message)
-                    await self.store.delete(replica)
+                    if stage == PIPELINE_SETUP_APPEND:   # keep the data: only stop writing
+                        await self.store.release_writer(replica)
+                    else:
+                        await self.store.delete(replica)
                     exc = ServerUnavailable(f"pipeline setup failed at {bad_link}: {message}")
                     await conn.respond(_error_response(exc, first_bad_link=bad_link))
                     return
             # HDFS "receiving block" report: the metadata server learns the RBW location
-            self.reporter.block_received(block_id, gs, 0, ReplicaState.RBW.value)
+            self.reporter.block_received(block_id, gs, min_bytes, ReplicaState.RBW.value)
             await conn.respond({"status": "SUCCESS", "message": "", "first_bad_link": ""})
             pipeline = _WritePipeline(self, conn, downstream, replica)
             await pipeline.run()
@@ -405,11 +452,18 @@ class _WritePipeline:
         # receiver -> (one packet in hand) -> disk writer -> (window of entries) -> responder
         disk_send, disk_receive = trio.open_memory_channel(1)
         ack_send, ack_receive = trio.open_memory_channel(max(1, self.config.write_window_packets))
-        async with trio.open_nursery() as nursery:
-            self.scope = nursery.cancel_scope
-            nursery.start_soon(self._receiver, disk_send)
-            nursery.start_soon(self._disk_writer, disk_receive, ack_send)
-            nursery.start_soon(self._responder, ack_receive)
+        stopped = trio.Event()
+        try:
+            async with trio.open_nursery() as nursery:
+                self.scope = nursery.cancel_scope
+                # block recovery stops this pipeline through these (init_replica_recovery)
+                self.replica.writer_scope, self.replica.writer_stopped = self.scope, stopped
+                nursery.start_soon(self._receiver, disk_send)
+                nursery.start_soon(self._disk_writer, disk_receive, ack_send)
+                nursery.start_soon(self._responder, ack_receive)
+        finally:
+            self.replica.writer_scope = self.replica.writer_stopped = None
+            stopped.set()
 
     def _stop(self) -> None:
         self.scope.cancel()

@@ -162,6 +162,36 @@ def test_renewer_recovers_after_transient_failures():
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
+def test_renewer_after_an_abort_renews_new_files_afresh():
+    """Once the lease was given up, a file opened after the server answers again gets a
+    fresh start: the earlier failures do not count against it."""
+    server_up = False
+
+    async def main():
+        async def renew():
+            if not server_up:
+                raise errors.ServerUnavailable("metadata server down")
+
+        nonlocal server_up
+        async with trio.open_nursery() as nursery:
+            renewer = LeaseRenewer(renew, holder="h", period=10.0, hard_limit=25.0,
+                                   nursery=nursery)
+            old = _FakeStream("/old")
+            renewer.add(old)
+            await trio.sleep(31)                 # failures at 10, 20, 30 → aborted at 30
+            assert isinstance(old.aborted, errors.LeaseExpired)
+            assert renewer.open_streams == []
+            server_up = True
+            new = _FakeStream("/new")
+            renewer.add(new)
+            await trio.sleep(35)
+            assert new.aborted is None
+            assert renewer.renewals == 3 and renewer.failures == 3
+            renewer.remove(new)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
 # --------------------------------------------------------------------------- write/read
 
 

@@ -55,7 +55,7 @@ def common_options() -> argparse.ArgumentParser:
 
 
 def build_parser() -> Parser:
-    from . import bench, cluster, daemons, docgen, shell
+    from . import bench, cluster, daemons, docgen, leasetools, shell
 
     common = common_options()
     parser = Parser(prog=PROG, parents=[common],
@@ -65,6 +65,7 @@ def build_parser() -> Parser:
     daemons.register(sub, common)
     cluster.register(sub, common)
     shell.register(sub, common)
+    leasetools.register(sub, common)
     bench.register(sub, common)
     docgen.register(sub, common)
     return parser
