@@ -32,7 +32,8 @@ import trio
 
 from . import paths
 from .config import Config, find_meta_address
-from .errors import FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, ServerUnavailable
+from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, SafeMode,
+                     ServerUnavailable)
 from .renewer import LeaseRenewer
 from .rpc import RpcClient
 from .streams import AsyncInputStream, AsyncOutputStream, InputStream, OutputStream
@@ -134,7 +135,8 @@ class AsyncClient:
             stack.callback(self._nursery.cancel_scope.cancel)
             self.rpc = await stack.enter_async_context(RpcClient(
                 self.meta_address, self.client_name, timeout=self.config.rpc_timeout,
-                retry_seconds=self.config.rpc_retry_seconds, max_frame=self.config.max_frame))
+                retry_seconds=self.config.rpc_retry_seconds, max_frame=self.config.max_frame,
+                retry_errors=(SafeMode,)))   # a restarting metadata server: wait, as HDFS does
             self.server_defaults = await self.rpc.call("get_server_defaults", {})
             overrides = {k: self.server_defaults[k] for k in SERVER_DEFAULT_KEYS
                          if self.server_defaults.get(k) is not None}

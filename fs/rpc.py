@@ -103,7 +103,8 @@ class RpcClient:
 
     def __init__(self, address, client_id: str, *, timeout: float = 60.0,
                  retry_seconds: float = 30.0, connect_timeout: float = 5.0,
-                 max_frame: int = DEFAULT_MAX_FRAME):
+                 max_frame: int = DEFAULT_MAX_FRAME,
+                 retry_errors: tuple[type[LeaseFSError], ...] = ()):
         self.address = parse_address(address)
         # The retry cache keys on (client_id, call_id) and call ids restart at 1 in every
         # RpcClient: the random part keeps two clients that share a name (two processes, a
@@ -114,6 +115,9 @@ class RpcClient:
         self.retry_seconds = retry_seconds
         self.connect_timeout = connect_timeout
         self.max_frame = max_frame
+        # server errors that mean "not now" (e.g. startup safe mode): retried like a lost
+        # connection, within the same retry budget
+        self.retry_errors = retry_errors
         self._call_ids = itertools.count(1)
         self._conn: _Connection | None = None
         self._connect_lock = trio.Lock()
@@ -226,7 +230,7 @@ class RpcClient:
         while True:
             try:
                 return await self.call_once(method, args or {}, call_id, timeout)
-            except ServerUnavailable as exc:
+            except (ServerUnavailable, *self.retry_errors) as exc:
                 if isinstance(exc, RpcTimeout) or self._closed or time.monotonic() + delay > deadline:
                     raise
                 log.debug("%s: %s; retrying in %.2fs", method, exc, delay)
@@ -264,28 +268,32 @@ class RetryCache:
         return len(self._entries)
 
     async def run(self, key: tuple, thunk):
-        entry = self._entries.get(key)
-        if entry is not None:
+        """Run ``thunk`` once per key. A duplicate that arrives while the first runs waits
+        for it: a success is answered from the cache; a failure is not cached (as in HDFS,
+        a failed call changed nothing), so the retry runs the call again."""
+        while True:
+            entry = self._entries.get(key)
+            if entry is None:
+                break
             await entry[1].wait()
             if entry[2]:
                 return entry[3]
-            raise entry[3]
+            if self._entries.get(key) is entry:   # a failure left in place: run again
+                del self._entries[key]
         self._purge()
         entry = [math.inf, trio.Event(), False, None]
         self._entries[key] = entry
         try:
             value = await thunk()
             entry[2], entry[3] = True, value
+            entry[0] = self.clock() + self.expiry
             return value
-        except LeaseFSError as exc:
-            entry[2], entry[3] = False, exc
-            raise
         except BaseException:
-            # cancelled or a bug: do not cache, a retry may run it again
-            del self._entries[key]
+            # failed, cancelled or a bug: forget it, so that a retry runs the call again
+            if self._entries.get(key) is entry:
+                del self._entries[key]
             raise
         finally:
-            entry[0] = self.clock() + self.expiry
             entry[1].set()
 
     def _purge(self) -> None:

@@ -90,9 +90,10 @@ class SafeModeState:
             return ("Safe mode is ON. It was turned on manually. "
                     "Use 'leasefs safemode leave' to turn it off.")
         safe, total, live = self._numbers
-        if live < self.min_storage:
-            return (f"Safe mode is ON. {live} live block servers, {self.min_storage} needed "
-                    f"({safe} of {total} blocks reported).")
+        servers = (f" {live} live block servers, {self.min_storage} needed."
+                   if live < self.min_storage else "")
+        if live < self.min_storage and (total == 0 or safe >= self.threshold * total - 1e-9):
+            return f"Safe mode is ON.{servers} ({safe} of {total} blocks reported)"
         if self._threshold_met(safe, total, live) and self.reached_at is not None:
             left = max(0.0, self.extension - (self._now - self.reached_at))
             return (f"Safe mode is ON. The reported blocks {safe} reached the threshold "
@@ -100,7 +101,7 @@ class SafeModeState:
                     f"off automatically in {left:.0f} seconds.")
         need = max(0, math.ceil(self.threshold * total - 1e-9) - safe)
         return (f"Safe mode is ON. The reported blocks {safe} needs additional {need} blocks "
-                f"to reach the threshold {self.threshold:.4f} of total blocks {total}.")
+                f"to reach the threshold {self.threshold:.4f} of total blocks {total}.{servers}")
 
     def status(self) -> dict:
         return {"on": self.on, "manual": self.manual, "reason": self.reason}

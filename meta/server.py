@@ -182,6 +182,11 @@ class MetaServer(Dispatcher):
             self.blocks.add(BlockInfo(block["id"], ino, index, block["gs"], block["num_bytes"],
                                       block["state"], replication))
         self.leases.rebuild(self.ns.under_construction(), self.clock())
+        if len(self.blocks) and self.safemode.min_storage < 1:
+            # blocks (even only ones being written) are useless until a block server is back:
+            # startup safe mode waits for one, so writers retry (SafeMode) instead of failing
+            # add_block with NoSpace in the seconds before the block servers re-register
+            self.safemode.min_storage = 1
         self.update_safemode()
         log.info("loaded %d files, %d directories, %d blocks, %d files under construction",
                  self.ns.file_count(), self.ns.dir_count(), len(self.blocks),

@@ -202,20 +202,22 @@ def test_retry_cache_applies_a_retried_call_once():
     trio.run(main)
 
 
-def test_retry_cache_expires_entries_and_remembers_errors():
+def test_retry_cache_expires_entries_and_reruns_failed_calls():
     now = [0.0]
     cache = RetryCache(expiry=10, max_entries=50, clock=lambda: now[0])
     calls = []
 
     async def failing():
         calls.append(1)
-        raise errors.FileExists("/x: exists")
+        raise errors.SafeMode("/x: in safe mode")
 
     async def main():
         for _ in range(2):
-            with pytest.raises(errors.FileExists):
+            with pytest.raises(errors.SafeMode):
                 await cache.run(("c", 1), failing)
-        assert len(calls) == 1                     # the error was remembered, not re-run
+        assert len(calls) == 2                     # a failure is not cached: the retry re-runs
+        assert await cache.run(("c", 1), lambda: _value(5)) == 5
+        assert await cache.run(("c", 1), failing) == 5   # a success is answered from the cache
         for i in range(20):
             await cache.run(("c", 100 + i), lambda: trio.sleep(0))
         assert len(cache) == 21
@@ -228,6 +230,10 @@ def test_retry_cache_expires_entries_and_remembers_errors():
         assert ("c", 1000) not in cache._entries
 
     trio.run(main)
+
+
+async def _value(v):
+    return v
 
 
 def test_rpc_client_reconnects_after_server_restart():
@@ -418,6 +424,39 @@ def test_calls_in_flight_per_connection_are_bounded():
                     for _ in range(20):
                         calls.start_soon(rpc.call, "work")
             assert gauge.peak == 3
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+class Starting(Dispatcher):
+    """In safe mode for its first two calls, like a metadata server that just restarted."""
+
+    retry_cached = frozenset({"create"})
+
+    def __init__(self):
+        super().__init__()
+        self.attempts = 0
+
+    async def rpc_create(self, ctx, path):
+        self.attempts += 1
+        if self.attempts <= 2:
+            raise errors.SafeMode(f"create {path}: safe mode is ON")
+        return path
+
+
+def test_retriable_server_errors_are_retried_with_the_same_call_and_rerun():
+    async def main():
+        server = Starting()
+        async with trio.open_nursery() as nursery:
+            addr = await _serve(nursery, server)
+            async with RpcClient(addr, "plain", retry_seconds=5) as rpc:
+                with pytest.raises(errors.SafeMode):      # not opted in: the caller sees it
+                    await rpc.call("create", {"path": "/a"})
+            async with RpcClient(addr, "patient", retry_seconds=5,
+                                 retry_errors=(errors.SafeMode,)) as rpc:
+                assert await rpc.call("create", {"path": "/a"}) == "/a"
+            assert server.attempts == 3      # the failed attempt was not answered from cache
             nursery.cancel_scope.cancel()
 
     trio.run(main)

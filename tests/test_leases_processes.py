@@ -1,0 +1,152 @@
+"""Lease scenarios on real processes: a writer process killed with SIGKILL, and a metadata
+server killed with SIGKILL twice while files are open. The cluster runs as separate
+``python -m tools`` processes with short lease limits (soft 1 s, hard 3 s)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fs import errors
+from fs.client import Client
+from harness import ProcessCluster, make_test_config
+
+LEASES = {"lease_soft_limit": 1.0, "lease_hard_limit": 3.0, "lease_monitor_period": 0.2,
+          "block_recovery_retry": 3.0}
+
+WRITER = r"""
+import sys, time
+from fs.client import Client
+from fs.config import Config
+meta, path, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+client = Client(meta, config=Config.load(env={}, min_block_size=4096))
+out = client.create(path, replication=3, block_size=64 * 1024)
+out.write(bytes(i % 251 for i in range(size)))
+out.flush()                      # hflush: every byte acknowledged by all three replicas
+print("flushed", flush=True)
+time.sleep(3600)                 # renews until killed
+"""
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = ProcessCluster(tmp_path / "cluster", n_storage=3, settings=LEASES)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+def start_writer(cluster, path: str, size: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, cluster.meta_address, path, str(size)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cluster.env_base())
+    line = proc.stdout.readline()
+    assert line.strip() == "flushed", proc.stderr.read()
+    return proc
+
+
+def expected_bytes(size: int) -> bytes:
+    return bytes(i % 251 for i in range(size))
+
+
+def assert_replicas_identical(cluster, client, path: str, data: bytes):
+    """Every replica file of every block equals its slice of ``data``."""
+    located = client.get_block_locations(path)
+    assert located["length"] == len(data)
+    for lb in located["blocks"]:
+        want = data[lb["offset"]:lb["offset"] + lb["block"]["num_bytes"]]
+        copies = [p for i in range(cluster.n_storage)
+                  for p in cluster.storage_dir(i).rglob(f"blk_{lb['block']['id']}") if p.is_file()]
+        assert len(copies) >= 1
+        for copy in copies:
+            if "finalized" in str(copy):
+                assert copy.read_bytes() == want, copy
+
+
+@pytest.mark.slow
+def test_killed_writer_lease_is_recovered_by_the_next_creator(cluster):
+    """Scenario 2 on processes: A (a real process) hflushes N bytes and is killed -9. B's
+    create without overwrite is refused while A's lease is young (naming the holder) or while
+    recovery runs, then fails with FileExists; /f holds exactly A's N bytes on every replica."""
+    size = 150_000            # 2 full 64 KiB blocks + a partial last block
+    writer = start_writer(cluster, "/f", size)
+    writer.kill()
+    writer.wait()
+    with Client(cluster.meta_address, config=make_test_config()) as b:
+        seen = []
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                b.create("/f").close()
+                raise AssertionError("create of an open file succeeded")
+            except errors.AlreadyBeingCreated as exc:
+                seen.append("busy")
+                assert "leasefs-client-" in str(exc)      # names A
+            except errors.RecoveryInProgress:
+                seen.append("recovering")
+            except errors.FileExists:
+                break
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.2)
+        assert seen and seen[0] == "busy", seen
+        assert b.get_file_status("/f").length == size
+        assert b.read_file("/f") == expected_bytes(size)
+        assert_replicas_identical(cluster, b, "/f", expected_bytes(size))
+
+
+@pytest.mark.slow
+def test_server_closes_a_dead_writers_file_after_the_hard_limit(cluster):
+    """Scenario 3 on processes: nobody calls; after the hard limit the metadata server itself
+    recovers the killed writer's file and closes it with the flushed length."""
+    size = 100_000
+    writer = start_writer(cluster, "/g", size)
+    writer.kill()
+    writer.wait()
+    with Client(cluster.meta_address, config=make_test_config()) as observer:
+        deadline = time.monotonic() + 30
+        while observer.get_file_status("/g").under_construction:
+            assert time.monotonic() < deadline, observer.list_open_files()
+            time.sleep(0.2)
+        assert observer.get_file_status("/g").length == size
+        assert observer.read_file("/g") == expected_bytes(size)
+        assert observer.list_open_files() == []
+
+
+@pytest.mark.slow
+def test_writers_survive_two_metadata_server_kills(cluster):
+    """Scenario 6 on processes: files open (one renamed while open, with its parent); the
+    metadata server is killed -9 and restarted twice; the writers keep writing and close, and
+    every byte is there."""
+    config = make_test_config(rpc_retry_seconds=30.0)
+    with Client(cluster.meta_address, config=config) as client:
+        client.mkdirs("/d1")
+        streams = {p: client.create(p, replication=3, block_size=64 * 1024)
+                   for p in ("/d1/a", "/b")}
+        written = {p: bytearray() for p in streams}
+
+        def write_some(tag: int):
+            for p, out in streams.items():
+                chunk = os.urandom(40_000) + bytes([tag])
+                out.write(chunk)
+                out.flush()
+                written[p] += chunk
+
+        write_some(1)
+        client.rename("/d1", "/d2")             # the open file's parent moves...
+        client.rename("/d2/a", "/d2/a2")         # ...and the open file itself
+        for kill in range(2):
+            cluster.kill_meta(signal.SIGKILL)
+            cluster.start_meta()
+            write_some(10 + kill)                # rides over the restart (RPC retries)
+        for out in streams.values():
+            out.close()
+        assert client.read_file("/d2/a2") == bytes(written["/d1/a"])
+        assert client.read_file("/b") == bytes(written["/b"])
+        assert client.list_open_files() == []
