@@ -19,8 +19,9 @@ key                    value (msgpack)                             meaning
                        symlinks: ``target``
 ``B<ino:8><index:4>``  map: ``id``, ``gs``, ``num_bytes``,          block ``index`` of file ``ino``
                        ``state`` (UNDER_CONSTRUCTION/COMMITTED/     (one small key per block, so
-                       COMPLETE/UNDER_RECOVERY)                     addBlock never rewrites a
-                                                                    block list)
+                       COMPLETE/UNDER_RECOVERY); ``truncate_to``    addBlock never rewrites a
+                       while a mid-block truncate awaits its        block list)
+                       block recovery
 ``D<parent:8><name>``  int: child ino                               directory entry; ``name`` is
                                                                     UTF-8 (surrogatepass)
 ``U<ino:8>``           str: lease holder                            file under construction

@@ -1446,9 +1446,10 @@ class Namespace:
             inode["nblocks"] = a["index"]
             effects["removed_blocks"] = [a["id"]]
         else:
-            self._set_block(txn, counters, ino, inode, a["index"],
-                            {**old, "gs": a["gs"], "num_bytes": a["num_bytes"],
-                             "state": COMPLETE if a["close"] else COMMITTED})
+            synced = {**old, "gs": a["gs"], "num_bytes": a["num_bytes"],
+                      "state": COMPLETE if a["close"] else COMMITTED}
+            synced.pop("truncate_to", None)      # a pending truncate is done with this commit
+            self._set_block(txn, counters, ino, inode, a["index"], synced)
         txn.put(keys.inode_key(ino), inode)
         if a["close"]:
             effects.update(self._apply_CLOSE(txn, counters, {"ino": ino, "last": None,
@@ -1469,8 +1470,12 @@ class Namespace:
         if last is not None:
             old = txn.get(keys.block_key(ino, last["index"]))
             if old is not None:
+                # the target length lives in the block's own key, so a recovery started
+                # again after a restart (or a retry) still cuts the replicas to it (HDFS
+                # journals the truncate block for the same reason)
                 txn.put(keys.block_key(ino, last["index"]),
-                        {**old, "num_bytes": last["num_bytes"], "state": UNDER_CONSTRUCTION})
+                        {**old, "num_bytes": last["num_bytes"], "state": UNDER_CONSTRUCTION,
+                         "truncate_to": last["num_bytes"]})
             self._set_uc(txn, ino, inode, a["holder"], a.get("client_machine", ""))
         inode["length"] = a["new_length"]
         inode["nblocks"] = a["keep"]

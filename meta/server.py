@@ -455,6 +455,8 @@ class MetaServer(Dispatcher):
             self.blocks.start_recovery(block["id"])
         if new_length is None and previous is not None:
             new_length = previous.new_length
+        if new_length is None:
+            new_length = block.get("truncate_to")   # a mid-block truncate not yet committed
         attempt = previous.attempt + 1 if previous is not None else 0
         holders = list(info.location_nodes())
         holders += [n for n, r in info.replicas.items() if not r.corrupt and n not in holders]

@@ -381,3 +381,31 @@ def test_namespace_invariants_after_recovery_truncate_append(tmp_path):
             store.close()
         await meta.start()
     run(tmp_path, body)
+
+
+def test_mid_block_truncate_survives_a_restart_before_its_recovery_commits(tmp_path):
+    """The truncate target is journaled with the block: a recovery started again after a
+    metadata-server restart still cuts the replicas to it (not to the replicas' old length)."""
+    async def body(meta, rpc, stack):
+        from test_meta_server import write_file
+        nodes = await nodes_for(meta, stack)
+        bs = 64 * KiB
+        st, blocks = await write_file(rpc, nodes, "/t", [bs, 5000])
+        assert await rpc.call("truncate", {"path": "/t", "new_length": bs + 1000,
+                                           "client_name": "T"}) is False
+        await meta.restart()                        # before any block server ran the recovery
+        for node in nodes:                          # they come back and report what they hold
+            assert (await node.heartbeat())["reregister"] is True
+            await node.register()
+            await node.report([[b["id"], b["gs"], b["num_bytes"], "FINALIZED"] for b in blocks])
+        assert (await rpc.call("get_file_info", {"path": "/t"}))["under_construction"]
+        assert await rpc.call("recover_lease", {"path": "/t", "client_name": "R"}) is False
+        primary, cmd = await wait_command(nodes)
+        assert cmd["new_length"] == 1000            # the truncate target, not 5000
+        await commit_sync(primary, cmd, 1000)
+        info = await rpc.call("get_file_info", {"path": "/t"})
+        assert info["length"] == bs + 1000 and not info["under_construction"]
+        # a later append + recovery of the same block must not cut it back to 1000
+        reply = await rpc.call("append", {"path": "/t", "client_name": "P"})
+        assert reply["last_block"]["block"]["num_bytes"] == 1000
+    run(tmp_path, body)
