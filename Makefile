@@ -16,7 +16,7 @@ SHELL := /bin/bash
 
 PYTHON      ?= python3
 VENV        ?= .venv
-EXTRAS      ?= test
+EXTRAS      ?= test,fuse
 PYTEST_ARGS ?=
 UP_ARGS     ?=
 APT_PACKAGES := fuse3 libfuse3-dev pkg-config python3-venv python3-dev build-essential
