@@ -1,0 +1,779 @@
+"""``LeaseFS``: the pyfuse3 ``Operations`` adapter over ONE ``fs.client.AsyncClient``.
+
+Why: the mount is a thin translation layer (DESIGN.md §7) — a FUSE request becomes one or a
+few client calls and the result becomes ``EntryAttributes`` or a ``FUSEError`` (mapped in
+``mount.errors`` only). The mount is one lease holder: every file it writes is leased to its
+one client, whose renewer keeps the leases alive while files are open.
+
+Inodes: namespace inode ids are the FUSE inode numbers (root = 1). ``_nodes`` maps each inode
+the kernel knows to its current path and lookup count (pyfuse3 rules: +1 per lookup,
+create, mkdir, symlink and readdir entry; ``forget`` subtracts; a node with count 0 and no
+open file is dropped). A rename rewrites the paths of the moved subtree. When the mount
+replaces a file's content with ``create(overwrite=True)`` the namespace hands out a new id;
+``_alias`` maps it back to the number the kernel already holds.
+
+Writes: a file opened for writing streams sequential writes into an ``AsyncOutputStream``
+(the fast path). A write at another offset, a read of a file being written, or a truncate
+to a size other than the current end moves the file to a local staging file (under the
+cache folder) that is uploaded with ``create(overwrite=True)`` at flush/fsync/release.
+Errors surface in ``flush``/``fsync`` so ``close(2)`` sees them. While a file is open the
+mount reports its own size for it at once.
+
+Concurrency contract: all handlers run as tasks of the one trio run that ``pyfuse3.main``
+drives; they call the async client directly. Per-file state changes are serialised by that
+file's ``trio.Lock``. Staging-file I/O runs in worker threads (``trio.to_thread``) limited by
+one ``CapacityLimiter``; nothing blocks the trio thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import logging
+import os
+import pwd
+import stat
+import uuid
+
+import pyfuse3
+import trio
+
+from fs.errors import FileNotFound, LeaseFSError
+from fs.paths import validate as validate_path
+
+from .errors import fuse_error, fuse_op
+
+log = logging.getLogger(__name__)
+
+ROOT_INO = pyfuse3.ROOT_INODE
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+COPY_CHUNK = 4 << 20
+READDIR_PAGE = 1000
+TRUNCATE_WAIT = 60.0
+
+
+class Node:
+    """An inode the kernel knows: its current path and lookup count."""
+
+    __slots__ = ("ino", "path", "lookups")
+
+    def __init__(self, ino: int, path: str | None):
+        self.ino = ino
+        self.path = path
+        self.lookups = 0
+
+
+class OpenFile:
+    """State of one inode while any handle has it open.
+
+    ``mode`` is ``"clean"`` (nothing written), ``"stream"`` (``stream`` takes sequential
+    writes) or ``"staging"`` (the whole content lives in ``staging_path``; ``dirty`` when it
+    differs from the cluster's copy).
+    """
+
+    def __init__(self, ino: int, size: int, permission: int):
+        self.ino = ino
+        self.size = size
+        self.permission = permission
+        self.mode = "clean"
+        self.stream = None
+        self.staging_path: str | None = None
+        self.dirty = False
+        self.error: LeaseFSError | None = None
+        self.handles = 0
+        self.writers = 0
+        self.unlinked = False
+        self.generation = 0       # bumps whenever the cluster copy changes under readers
+        self.lock = trio.Lock()
+
+
+class Handle:
+    """One ``open``/``create``: its file and (for reads of a clean file) an input stream."""
+
+    def __init__(self, fh: int, of: OpenFile, flags: int):
+        self.fh = fh
+        self.of = of
+        self.flags = flags
+        self.writable = (flags & os.O_ACCMODE) != os.O_RDONLY
+        self.input = None
+        self.input_generation = -1
+
+
+class DirHandle:
+    """An open directory: readdir cookies are indexes into ``names`` (stable for the handle)."""
+
+    def __init__(self, ino: int):
+        self.ino = ino
+        self.names: list[str] = []
+
+
+class LeaseFS(pyfuse3.Operations):
+    """The FUSE operations of a leasefs mount."""
+
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+
+    def __init__(self, client, cache_dir: str, *, entry_timeout: float = 1.0,
+                 attr_timeout: float = 1.0, io_threads: int = 4):
+        super().__init__()
+        self.client = client
+        self.cache_dir = cache_dir
+        self.entry_timeout = entry_timeout
+        self.attr_timeout = attr_timeout
+        self._io_limiter = trio.CapacityLimiter(io_threads)
+        self._nodes: dict[int, Node] = {ROOT_INO: Node(ROOT_INO, "/")}
+        self._nodes[ROOT_INO].lookups = 1
+        self._alias: dict[int, int] = {}
+        self._open: dict[int, OpenFile] = {}
+        self._handles: dict[int, Handle] = {}
+        self._dirs: dict[int, DirHandle] = {}
+        self._next_fh = 1
+        self._uid_cache: dict[str, int] = {}
+        self._gid_cache: dict[str, int] = {}
+        os.makedirs(cache_dir, exist_ok=True)
+
+    # ================================================================== helpers: paths
+    def _path(self, ino: int) -> str:
+        node = self._nodes.get(ino)
+        if node is None or node.path is None:
+            raise fuse_error(errno.ESTALE if node is None else errno.ENOENT)
+        return node.path
+
+    def _child(self, parent_ino: int, name: bytes) -> str:
+        text = os.fsdecode(name)
+        if "/" in text or text in ("", ".", ".."):
+            raise fuse_error(errno.EINVAL)
+        parent = self._path(parent_ino)
+        path = "/" + text if parent == "/" else f"{parent}/{text}"
+        try:
+            return validate_path(path)
+        except LeaseFSError as exc:
+            raise fuse_error(exc.errno) from None
+
+    def _kernel_ino(self, ns_ino: int) -> int:
+        return self._alias.get(ns_ino, ns_ino)
+
+    def _remember(self, ino: int, path: str) -> Node:
+        """Register ``ino`` at ``path`` and count one lookup."""
+        node = self._nodes.get(ino)
+        if node is None:
+            node = self._nodes[ino] = Node(ino, path)
+        else:
+            node.path = path
+        node.lookups += 1
+        return node
+
+    def _new_fh(self) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        return fh
+
+    # ================================================================== helpers: attributes
+    def _uid(self, owner: str) -> int:
+        if owner not in self._uid_cache:
+            try:
+                self._uid_cache[owner] = pwd.getpwnam(owner).pw_uid
+            except KeyError:
+                self._uid_cache[owner] = int(owner) if owner.isdigit() else os.getuid()
+        return self._uid_cache[owner]
+
+    def _gid(self, group: str) -> int:
+        if group not in self._gid_cache:
+            try:
+                self._gid_cache[group] = grp.getgrnam(group).gr_gid
+            except KeyError:
+                self._gid_cache[group] = int(group) if group.isdigit() else os.getgid()
+        return self._gid_cache[group]
+
+    def _attrs(self, status) -> pyfuse3.EntryAttributes:
+        attr = pyfuse3.EntryAttributes()
+        ino = self._kernel_ino(status.ino)
+        attr.st_ino = ino
+        attr.generation = 0
+        attr.entry_timeout = self.entry_timeout
+        attr.attr_timeout = self.attr_timeout
+        kind = {"dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}.get(status.type, stat.S_IFREG)
+        attr.st_mode = kind | (status.mode & 0o7777)
+        attr.st_nlink = 2 if status.is_dir else 1
+        attr.st_uid = self._uid(status.owner)
+        attr.st_gid = self._gid(status.group)
+        attr.st_rdev = 0
+        size = status.length
+        if status.is_symlink:
+            size = len(os.fsencode(status.symlink or ""))
+        of = self._open.get(ino)
+        if of is not None and of.mode != "clean":
+            size = of.size
+        attr.st_size = size
+        attr.st_blksize = 1 << 16
+        attr.st_blocks = (size + 511) // 512
+        attr.st_atime_ns = status.atime_ns
+        attr.st_mtime_ns = status.mtime_ns
+        attr.st_ctime_ns = status.ctime_ns
+        return attr
+
+    async def _status_of(self, ino: int):
+        return await self.client.get_file_status(self._path(ino))
+
+    # ================================================================== namespace handlers
+    @fuse_op
+    async def lookup(self, parent_inode, name, ctx=None):
+        if name == b".":
+            status = await self._status_of(parent_inode)
+        elif name == b"..":
+            path = self._path(parent_inode)
+            parent = os.path.dirname(path) or "/"
+            status = await self.client.get_file_status(parent)
+            attrs = self._attrs(status)
+            self._remember(attrs.st_ino, parent)
+            return attrs
+        else:
+            path = self._child(parent_inode, name)
+            status = await self.client.get_file_status(path)
+            attrs = self._attrs(status)
+            self._remember(attrs.st_ino, path)
+            return attrs
+        attrs = self._attrs(status)
+        attrs.st_ino = parent_inode
+        self._nodes[parent_inode].lookups += 1
+        return attrs
+
+    def forget(self, inode_list):
+        for ino, nlookup in inode_list:
+            node = self._nodes.get(ino)
+            if node is None or ino == ROOT_INO:
+                continue
+            node.lookups -= nlookup
+            if node.lookups <= 0 and ino not in self._open:
+                del self._nodes[ino]
+                for ns, k in list(self._alias.items()):
+                    if k == ino:
+                        del self._alias[ns]
+
+    @fuse_op
+    async def getattr(self, inode, ctx=None):
+        return self._attrs(await self._status_of(inode))
+
+    @fuse_op
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        path = self._path(inode)
+        if fields.update_mode:
+            await self.client.set_permission(path, attr.st_mode & 0o7777)
+            of = self._open.get(inode)
+            if of is not None:
+                of.permission = attr.st_mode & 0o7777
+        if fields.update_uid or fields.update_gid:
+            owner = self._user_name(attr.st_uid) if fields.update_uid else None
+            group = self._group_name(attr.st_gid) if fields.update_gid else None
+            await self.client.set_owner(path, owner, group)
+        if fields.update_size:
+            await self._truncate(inode, attr.st_size)
+        if fields.update_atime or fields.update_mtime:
+            await self.client.set_times(
+                self._path(inode),
+                mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+                atime_ns=attr.st_atime_ns if fields.update_atime else None)
+        return self._attrs(await self._status_of(inode))
+
+    @staticmethod
+    def _user_name(uid: int) -> str:
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return str(uid)
+
+    @staticmethod
+    def _group_name(gid: int) -> str:
+        try:
+            return grp.getgrgid(gid).gr_name
+        except KeyError:
+            return str(gid)
+
+    @fuse_op
+    async def opendir(self, inode, ctx):
+        status = await self._status_of(inode)
+        if not status.is_dir:
+            raise fuse_error(errno.ENOTDIR)
+        fh = self._new_fh()
+        self._dirs[fh] = DirHandle(inode)
+        return fh
+
+    @fuse_op
+    async def readdir(self, fh, start_id, token):
+        handle = self._dirs.get(fh)
+        if handle is None:
+            raise fuse_error(errno.EBADF)
+        path = self._path(handle.ino)
+        if start_id > len(handle.names):
+            return
+        start_after = handle.names[start_id - 1] if start_id > 0 else ""
+        while True:
+            entries, more = await self.client._list_page(path, start_after, READDIR_PAGE)
+            for entry in entries:
+                attrs = self._attrs(entry)
+                handle.names.append(entry.name)
+                cookie = len(handle.names)
+                if not pyfuse3.readdir_reply(token, os.fsencode(entry.name), attrs, cookie):
+                    return
+                child = "/" + entry.name if path == "/" else f"{path}/{entry.name}"
+                self._remember(attrs.st_ino, child)
+                start_after = entry.name
+            if not more or not entries:
+                return
+
+    @fuse_op
+    async def releasedir(self, fh):
+        self._dirs.pop(fh, None)
+
+    @fuse_op
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        path = self._child(parent_inode, name)
+        if await self.client.exists(path):
+            raise fuse_error(errno.EEXIST)
+        parent = self._path(parent_inode)
+        status = await self.client.get_file_status(parent)
+        if not status.is_dir:
+            raise fuse_error(errno.ENOTDIR)
+        await self.client.mkdirs(path, permission=mode & 0o7777)
+        status = await self.client.get_file_status(path)
+        attrs = self._attrs(status)
+        self._remember(attrs.st_ino, path)
+        return attrs
+
+    @fuse_op
+    async def rmdir(self, parent_inode, name, ctx):
+        path = self._child(parent_inode, name)
+        status = await self.client.get_file_status(path)
+        if not status.is_dir:
+            raise fuse_error(errno.ENOTDIR)
+        await self.client.delete(path, recursive=False)
+        self._forget_path(self._kernel_ino(status.ino))
+
+    def _forget_path(self, ino: int) -> None:
+        node = self._nodes.get(ino)
+        if node is not None:
+            node.path = None
+
+    @fuse_op
+    async def unlink(self, parent_inode, name, ctx):
+        path = self._child(parent_inode, name)
+        status = await self.client.get_file_status(path)
+        if status.is_dir:
+            raise fuse_error(errno.EISDIR)
+        ino = self._kernel_ino(status.ino)
+        of = self._open.get(ino)
+        if of is not None:
+            # keep it readable (and writable) until its last release: stage it locally
+            async with of.lock:
+                await self._to_staging(of, path)
+                of.unlinked = True
+                of.dirty = False
+        await self.client.delete(path, recursive=False)
+        self._forget_path(ino)
+
+    @fuse_op
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        if flags & RENAME_EXCHANGE:
+            raise fuse_error(errno.EINVAL)
+        src = self._child(parent_inode_old, name_old)
+        dst = self._child(parent_inode_new, name_new)
+        replaced = None
+        try:
+            dst_status = await self.client.get_file_status(dst)
+        except FileNotFound:
+            dst_status = None
+        if dst_status is not None:
+            if flags & RENAME_NOREPLACE:
+                raise fuse_error(errno.EEXIST)
+            replaced = self._kernel_ino(dst_status.ino)
+            of = self._open.get(replaced)
+            if of is not None and not dst_status.is_dir:
+                async with of.lock:
+                    await self._to_staging(of, dst)
+                    of.unlinked = True
+                    of.dirty = False
+        await self.client.rename(src, dst, overwrite=not (flags & RENAME_NOREPLACE))
+        if replaced is not None:
+            self._forget_path(replaced)
+        prefix = src + "/"
+        for node in self._nodes.values():
+            if node.path == src:
+                node.path = dst
+            elif node.path is not None and node.path.startswith(prefix):
+                node.path = dst + node.path[len(src):]
+
+    @fuse_op
+    async def symlink(self, parent_inode, name, target, ctx):
+        path = self._child(parent_inode, name)
+        status = await self.client.create_symlink(os.fsdecode(target), path)
+        attrs = self._attrs(status)
+        self._remember(attrs.st_ino, path)
+        return attrs
+
+    @fuse_op
+    async def readlink(self, inode, ctx):
+        status = await self._status_of(inode)
+        if not status.is_symlink:
+            raise fuse_error(errno.EINVAL)
+        return os.fsencode(status.symlink or "")
+
+    @fuse_op
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        raise fuse_error(errno.EPERM)   # no hard links in the namespace (as HDFS)
+
+    @fuse_op
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        raise fuse_error(errno.EOPNOTSUPP)   # no device nodes, FIFOs or sockets
+
+    @fuse_op
+    async def statfs(self, ctx):
+        report = await self.client.report()
+        bsize = 1 << 16
+        out = pyfuse3.StatvfsData()
+        out.f_bsize = bsize
+        out.f_frsize = bsize
+        out.f_blocks = int(report.get("capacity") or 0) // bsize
+        out.f_bfree = int(report.get("remaining") or 0) // bsize
+        out.f_bavail = out.f_bfree
+        files = int(report.get("files") or 0) + int(report.get("directories") or 0)
+        out.f_files = files + 1_000_000
+        out.f_ffree = 1_000_000
+        out.f_favail = 1_000_000
+        out.f_namemax = 255
+        return out
+
+    @fuse_op
+    async def access(self, inode, mode, ctx):
+        await self._status_of(inode)
+        return True
+
+    # ================================================================== file handlers
+    def _open_file(self, ino: int, size: int, permission: int) -> OpenFile:
+        of = self._open.get(ino)
+        if of is None:
+            of = self._open[ino] = OpenFile(ino, size, permission)
+        return of
+
+    def _add_handle(self, of: OpenFile, flags: int) -> Handle:
+        handle = Handle(self._new_fh(), of, flags)
+        of.handles += 1
+        if handle.writable:
+            of.writers += 1
+        self._handles[handle.fh] = handle
+        return handle
+
+    @fuse_op
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        path = self._child(parent_inode, name)
+        stream = await self.client.create(path, overwrite=False, permission=mode & 0o777,
+                                          create_parent=False)
+        try:
+            status = await self.client.get_file_status(path)
+        except BaseException:
+            await stream.close()
+            raise
+        of = self._open_file(status.ino, 0, mode & 0o777)
+        of.mode, of.stream, of.size = "stream", stream, 0
+        attrs = self._attrs(status)
+        self._remember(attrs.st_ino, path)
+        handle = self._add_handle(of, flags)
+        return pyfuse3.FileInfo(fh=handle.fh), attrs
+
+    @fuse_op
+    async def open(self, inode, flags, ctx):
+        path = self._path(inode)
+        status = await self.client.get_file_status(path)
+        if status.is_dir:
+            raise fuse_error(errno.EISDIR)
+        of = self._open.get(inode)
+        if of is None:
+            of = self._open_file(inode, status.length, status.mode & 0o7777)
+        handle = self._add_handle(of, flags)
+        try:
+            if handle.writable and flags & os.O_TRUNC:
+                async with of.lock:
+                    await self._truncate_locked(of, path, 0)
+        except BaseException:
+            await self._drop_handle(handle)
+            raise
+        return pyfuse3.FileInfo(fh=handle.fh, keep_cache=False)
+
+    def _handle(self, fh: int) -> Handle:
+        handle = self._handles.get(fh)
+        if handle is None:
+            raise fuse_error(errno.EBADF)
+        return handle
+
+    @fuse_op
+    async def read(self, fh, off, size):
+        handle = self._handle(fh)
+        of = handle.of
+        async with of.lock:
+            if of.mode == "stream":
+                await self._to_staging(of, self._path(of.ino))
+            if of.mode == "staging":
+                return await self._staging_pread(of, off, size)
+        if handle.input is None or handle.input_generation != of.generation:
+            if handle.input is not None:
+                await handle.input.close()
+            handle.input = await self.client.open(self._path(of.ino))
+            handle.input_generation = of.generation
+        if off + size > handle.input.length:
+            await handle.input.refresh()
+        return await handle.input.pread(off, size)
+
+    @fuse_op
+    async def write(self, fh, off, buf):
+        handle = self._handle(fh)
+        of = handle.of
+        async with of.lock:
+            path = self._path(of.ino) if not of.unlinked else None
+            if of.mode == "clean" and off == of.size and path is not None:
+                of.stream = await self.client.append(path)
+                of.mode = "stream"
+                of.generation += 1
+            if of.mode == "stream" and off == of.stream.pos:
+                try:
+                    await of.stream.write(buf)
+                except LeaseFSError as exc:
+                    of.error = exc
+                    raise
+                of.size = of.stream.pos
+                return len(buf)
+            await self._to_staging(of, path)
+            await self._staging_pwrite(of, off, buf)
+            of.dirty = True
+            of.size = max(of.size, off + len(buf))
+            return len(buf)
+
+    @fuse_op
+    async def flush(self, fh):
+        handle = self._handle(fh)
+        of = handle.of
+        async with of.lock:
+            self._raise_pending(of)
+            if not handle.writable:
+                return
+            if of.writers <= 1:
+                await self._publish(of, finish=True)
+            else:
+                await self._publish(of, finish=False)
+
+    @fuse_op
+    async def fsync(self, fh, datasync):
+        handle = self._handle(fh)
+        of = handle.of
+        async with of.lock:
+            self._raise_pending(of)
+            if of.mode == "stream":
+                try:
+                    await of.stream.hsync()
+                except LeaseFSError as exc:
+                    of.error = exc
+                    raise
+            elif of.mode == "staging":
+                await self._publish(of, finish=False)
+
+    @fuse_op
+    async def release(self, fh):
+        handle = self._handles.get(fh)
+        if handle is None:
+            return
+        await self._drop_handle(handle)
+
+    async def _drop_handle(self, handle: Handle) -> None:
+        self._handles.pop(handle.fh, None)
+        of = handle.of
+        if handle.input is not None:
+            await handle.input.close()
+        of.handles -= 1
+        if handle.writable:
+            of.writers -= 1
+        if of.handles > 0:
+            return
+        async with of.lock:
+            try:
+                await self._publish(of, finish=True)
+            except LeaseFSError as exc:
+                log.warning("release of inode %d: %s", of.ino, exc)
+            finally:
+                await self._discard_staging(of)
+                if self._open.get(of.ino) is of:
+                    del self._open[of.ino]
+                node = self._nodes.get(of.ino)
+                if node is not None and node.lookups <= 0 and of.ino != ROOT_INO:
+                    del self._nodes[of.ino]
+
+    def _raise_pending(self, of: OpenFile) -> None:
+        if of.error is not None:
+            exc, of.error = of.error, None
+            raise exc
+
+    async def close_all(self) -> None:
+        """Publish and forget every open file (the mount is going away)."""
+        for handle in list(self._handles.values()):
+            try:
+                await self._drop_handle(handle)
+            except Exception:  # keep closing the others
+                log.exception("closing inode %d at unmount failed", handle.of.ino)
+
+    # ================================================================== write machinery
+    async def _publish(self, of: OpenFile, *, finish: bool) -> None:
+        """Make the cluster copy match what was written. ``finish``: also close the stream
+        (completing the file, releasing the lease) and go back to ``clean``."""
+        if of.mode == "stream":
+            try:
+                if finish:
+                    stream, of.stream, of.mode = of.stream, None, "clean"
+                    await stream.close()
+                else:
+                    await of.stream.hflush()
+            except LeaseFSError:
+                of.error = None   # reported right here, not again
+                raise
+        elif of.mode == "staging":
+            if of.dirty and not of.unlinked:
+                await self._upload(of)
+            if finish and not of.unlinked:
+                await self._discard_staging(of)
+                of.mode = "clean"
+
+    async def _upload(self, of: OpenFile) -> None:
+        path = self._path(of.ino)
+        stream = await self.client.create(path, overwrite=True, permission=of.permission)
+        self._alias[stream.ino] = of.ino
+        try:
+            offset = 0
+            while offset < of.size:
+                chunk = await self._staging_pread(of, offset, min(COPY_CHUNK, of.size - offset))
+                if not chunk:
+                    break
+                await stream.write(chunk)
+                offset += len(chunk)
+            await stream.close()
+        except BaseException as exc:
+            stream.abort(exc if isinstance(exc, LeaseFSError)
+                         else LeaseFSError(f"{path}: upload interrupted"))
+            raise
+        of.dirty = False
+        of.generation += 1
+
+    async def _to_staging(self, of: OpenFile, path: str | None) -> None:
+        """Move ``of`` to a local staging file holding its whole current content."""
+        if of.mode == "staging":
+            return
+        if of.mode == "stream":
+            stream, of.stream, of.mode = of.stream, None, "clean"
+            try:
+                await stream.close()
+            except LeaseFSError as exc:
+                of.error = exc
+                raise
+        staging = os.path.join(self.cache_dir, f"{of.ino}-{uuid.uuid4().hex}")
+        fd = await self._io(os.open, staging, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        await self._io(os.close, fd)
+        of.staging_path = staging
+        size = 0
+        if path is not None:
+            async with await self.client.open(path) as src:
+                while True:
+                    chunk = await src.read(COPY_CHUNK)
+                    if not chunk:
+                        break
+                    await self._io(_pwrite_file, staging, chunk, size)
+                    size += len(chunk)
+        of.size = size
+        of.mode = "staging"
+        of.dirty = False
+
+    async def _discard_staging(self, of: OpenFile) -> None:
+        if of.staging_path is not None:
+            staging, of.staging_path = of.staging_path, None
+            try:
+                await self._io(os.unlink, staging)
+            except FileNotFoundError:
+                pass
+            if of.mode == "staging":
+                of.mode = "clean"
+
+    async def _staging_pread(self, of: OpenFile, off: int, size: int) -> bytes:
+        return await self._io(_pread_file, of.staging_path, off, size)
+
+    async def _staging_pwrite(self, of: OpenFile, off: int, data: bytes) -> None:
+        await self._io(_pwrite_file, of.staging_path, data, off)
+
+    async def _io(self, fn, *args):
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._io_limiter)
+
+    async def _truncate(self, ino: int, size: int) -> None:
+        path = self._path(ino)
+        of = self._open.get(ino)
+        if of is not None:
+            async with of.lock:
+                await self._truncate_locked(of, path, size)
+            return
+        status = await self.client.get_file_status(path)
+        if status.is_dir:
+            raise fuse_error(errno.EISDIR)
+        if size == status.length:
+            return
+        if size == 0:
+            stream = await self.client.create(path, overwrite=True, permission=status.mode)
+            self._alias[stream.ino] = ino
+            await stream.close()
+        elif size < status.length:
+            if not await self.client.truncate(path, size):
+                deadline = trio.current_time() + TRUNCATE_WAIT
+                while not await self.client.is_file_closed(path):
+                    if trio.current_time() > deadline:
+                        raise fuse_error(errno.EAGAIN)
+                    await trio.sleep(0.05)
+        else:  # growing: stage, extend, upload
+            of = OpenFile(ino, status.length, status.mode & 0o7777)
+            try:
+                await self._to_staging(of, path)
+                await self._truncate_locked(of, path, size)
+                await self._upload(of)
+            finally:
+                await self._discard_staging(of)
+
+    async def _truncate_locked(self, of: OpenFile, path: str, size: int) -> None:
+        if of.mode == "stream" and size == of.stream.pos:
+            return
+        if size == 0 and of.mode != "staging":
+            if of.mode == "stream":
+                stream, of.stream = of.stream, None
+                await stream.close()
+            stream = await self.client.create(path, overwrite=True, permission=of.permission)
+            self._alias[stream.ino] = of.ino
+            of.mode, of.stream, of.size = "stream", stream, 0
+            of.generation += 1
+            return
+        if of.mode == "clean" and size == of.size:
+            return
+        await self._to_staging(of, path if not of.unlinked else None)
+        await self._io(os.truncate, of.staging_path, size)
+        of.size = size
+        of.dirty = True
+
+
+def _pread_file(path: str, off: int, size: int) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(off)
+        return fh.read(size)
+
+
+def _pwrite_file(path: str, data: bytes, off: int) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(fd, view, off)
+            view = view[n:]
+            off += n
+    finally:
+        os.close(fd)
+
+
+__all__ = ["LeaseFS", "ROOT_INO"]

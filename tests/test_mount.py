@@ -1,0 +1,312 @@
+"""The FUSE mount end to end: a real cluster (``ProcessCluster``), the mount as a real
+``python -m tools mount --foreground`` process, and ordinary POSIX calls / coreutils on it.
+
+Skipped (with the reason) when pyfuse3, /dev/fuse or fusermount3 is missing.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pyfuse3 = pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
+if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
+    pytest.skip("/dev/fuse or fusermount3 is not available", allow_module_level=True)
+
+from harness import ProcessCluster  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.timeout(240)
+
+
+def _wait_mounted(mp: Path, proc: subprocess.Popen | None, log: Path, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not os.path.ismount(mp):
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"mount exited with {proc.returncode}:\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{mp} not mounted:\n{log.read_text()}")
+        time.sleep(0.05)
+
+
+def _unmount(mp: Path) -> None:
+    if os.path.ismount(mp):
+        if subprocess.run(["fusermount3", "-u", str(mp)], capture_output=True).returncode:
+            subprocess.run(["umount", "-l", str(mp)], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    base = tmp_path_factory.mktemp("mountcluster")
+    c = ProcessCluster(base, n_storage=2, settings={"replication": 2, "block_size": 1 << 20})
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def mounted(cluster):
+    mp = cluster.base / "mnt"
+    mp.mkdir()
+    log = cluster.base / "logs" / "mount.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tools", "mount", "--foreground", str(mp),
+             "--cache-dir", str(cluster.base / "cache"), "--log-level", "INFO"],
+            env=cluster.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL)
+    try:
+        _wait_mounted(mp, proc, log)
+        yield mp
+    finally:
+        _unmount(mp)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+def _errno_of(fn, *args) -> int:
+    with pytest.raises(OSError) as info:
+        fn(*args)
+    return info.value.errno
+
+
+def test_copy_tree_and_diff(mounted, tmp_path):
+    src = tmp_path / "tree"
+    (src / "a" / "b" / "c").mkdir(parents=True)
+    (src / "empty").mkdir()
+    (src / "zero").write_bytes(b"")
+    (src / "a" / "small.txt").write_text("hello leasefs\n")
+    (src / "a" / "b" / "big.bin").write_bytes(random.Random(1).randbytes(3 * (1 << 20) + 12345))
+    (src / "a" / "b" / "c" / "deep").write_bytes(b"x" * 5000)
+    os.symlink("a/small.txt", src / "link")
+    subprocess.run(["cp", "-r", str(src), str(mounted / "tree")], check=True)
+    result = subprocess.run(["diff", "-r", "--no-dereference", str(src), str(mounted / "tree")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert os.readlink(mounted / "tree" / "link") == "a/small.txt"
+    assert (mounted / "tree" / "link").read_text() == "hello leasefs\n"
+    assert os.path.getsize(mounted / "tree" / "zero") == 0
+    assert sorted(os.listdir(mounted / "tree")) == ["a", "empty", "link", "zero"]
+
+
+def test_namespace_errors(mounted):
+    d = mounted / "errs"
+    os.mkdir(d)
+    assert _errno_of(os.mkdir, d) == errno.EEXIST
+    (d / "f").write_text("data")
+    assert _errno_of(os.rmdir, d) == errno.ENOTEMPTY
+    assert _errno_of(os.rmdir, d / "f") == errno.ENOTDIR
+    assert _errno_of(os.unlink, d / "missing") == errno.ENOENT
+    assert _errno_of(os.rmdir, d / "missing") == errno.ENOENT
+    assert _errno_of(os.rename, d / "missing", d / "other") == errno.ENOENT
+    assert _errno_of(os.mkdir, d / "no" / "such") == errno.ENOENT
+    assert _errno_of(os.link, d / "f", d / "hard") == errno.EPERM
+    os.mkdir(d / "sub")
+    (d / "sub" / "x").write_text("x")
+    os.mkdir(d / "target")
+    (d / "target" / "y").write_text("y")
+    assert _errno_of(os.rename, d / "sub", d / "target") == errno.ENOTEMPTY
+    # nothing changed by the failures
+    assert sorted(os.listdir(d)) == ["f", "sub", "target"]
+    os.unlink(d / "f")
+    assert _errno_of(os.stat, d / "f") == errno.ENOENT
+
+
+def test_rename_replace_and_moved_directory_paths(mounted):
+    d = mounted / "ren"
+    os.makedirs(d / "dir" / "inner")
+    (d / "dir" / "inner" / "f").write_text("one")
+    (d / "g").write_text("two")
+    fd = os.open(d / "dir" / "inner" / "f", os.O_RDONLY)
+    try:
+        os.rename(d / "dir", d / "moved")
+        assert (d / "moved" / "inner" / "f").read_text() == "one"
+        assert os.pread(fd, 10, 0) == b"one"     # an open file follows its directory
+        os.rename(d / "g", d / "moved" / "inner" / "f")  # replace an existing file
+    finally:
+        os.close(fd)
+    assert (d / "moved" / "inner" / "f").read_text() == "two"
+    assert not (d / "g").exists()
+    assert sorted(os.listdir(d)) == ["moved"]
+
+
+def test_random_rdwr_matches_local_file(mounted, cluster, tmp_path):
+    rng = random.Random(7)
+    local = tmp_path / "ref"
+    remote = mounted / "random.bin"
+    initial = rng.randbytes(200_000)
+    local.write_bytes(initial)
+    remote.write_bytes(initial)
+    lfd = os.open(local, os.O_RDWR)
+    rfd = os.open(remote, os.O_RDWR)
+    try:
+        for i in range(300):
+            op = rng.random()
+            size = os.fstat(lfd).st_size
+            if op < 0.55:
+                off = rng.randrange(0, size + 5000)
+                data = rng.randbytes(rng.randrange(1, 9000))
+                assert os.pwrite(rfd, data, off) == os.pwrite(lfd, data, off)
+            elif op < 0.9:
+                off = rng.randrange(0, size + 100)
+                n = rng.randrange(1, 20000)
+                assert os.pread(rfd, n, off) == os.pread(lfd, n, off), f"op {i}"
+            elif op < 0.97:
+                new = rng.randrange(0, size + 10000)
+                os.ftruncate(lfd, new)
+                os.ftruncate(rfd, new)
+            else:
+                os.fsync(rfd)
+            assert os.fstat(rfd).st_size == os.fstat(lfd).st_size, f"op {i}"
+    finally:
+        os.close(lfd)
+        os.close(rfd)
+    expected = local.read_bytes()
+    assert remote.read_bytes() == expected
+    with cluster.client() as client:   # published to the cluster, not only the mount's view
+        assert client.read_file("/random.bin") == expected
+
+
+def test_append_truncate_and_attributes(mounted, cluster):
+    f = mounted / "attrs.txt"
+    f.write_bytes(b"0123456789")
+    with open(f, "ab") as fh:
+        fh.write(b"abc")
+    assert f.read_bytes() == b"0123456789abc"
+    os.truncate(f, 4)
+    assert f.read_bytes() == b"0123"
+    os.truncate(f, 6)
+    assert f.read_bytes() == b"0123\0\0"
+    with open(f, "r+b") as fh:      # O_RDWR without O_TRUNC, overwrite in the middle
+        fh.seek(2)
+        fh.write(b"XY")
+    assert f.read_bytes() == b"01XY\0\0"
+    os.chmod(f, 0o600)
+    os.utime(f, ns=(1_000_000_000, 2_000_000_000))
+    st = os.stat(f)
+    assert stat_mode(st) == 0o600
+    assert st.st_mtime_ns == 2_000_000_000
+    with cluster.client() as client:
+        status = client.get_file_status("/attrs.txt")
+        assert status.mode == 0o600 and status.mtime_ns == 2_000_000_000
+        assert client.read_file("/attrs.txt") == b"01XY\0\0"
+    with open(f, "wb") as fh:       # O_TRUNC over existing content
+        fh.write(b"new")
+    assert f.read_bytes() == b"new"
+
+
+def stat_mode(st) -> int:
+    return st.st_mode & 0o7777
+
+
+def test_open_size_is_immediate_and_unlinked_file_stays_readable(mounted):
+    f = mounted / "live.bin"
+    with open(f, "wb") as fh:
+        fh.write(b"a" * 10000)
+        fh.flush()
+        assert os.stat(f).st_size == 10000
+        fh.write(b"b" * 5)
+        fh.flush()
+        assert os.fstat(fh.fileno()).st_size == 10005
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.unlink(f)
+        assert not f.exists()
+        assert os.pread(fd, 10005, 0) == b"a" * 10000 + b"b" * 5
+    finally:
+        os.close(fd)
+
+
+def test_statfs_reports_cluster_capacity(mounted, cluster):
+    st = os.statvfs(mounted)
+    with cluster.client() as client:
+        capacity = client.report()["capacity"]
+    assert st.f_blocks * st.f_frsize == pytest.approx(capacity, rel=0.01, abs=1 << 17)
+    assert st.f_bavail > 0
+
+
+def test_daemonized_mount_and_umount_command(cluster):
+    mp = cluster.base / "mnt-daemon"
+    mp.mkdir()
+    try:
+        result = subprocess.run([sys.executable, "-m", "tools", "mount", str(mp)],
+                                env=cluster.env, cwd=REPO, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert os.path.ismount(mp)        # the command returned only once the mount works
+        (mp / "via-daemon").write_text("ok")
+        assert (mp / "via-daemon").read_text() == "ok"
+        result = subprocess.run([sys.executable, "-m", "tools", "umount", str(mp)],
+                                env=cluster.env, cwd=REPO, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert not os.path.ismount(mp)
+    finally:
+        _unmount(mp)
+    with cluster.client() as client:
+        assert client.read_file("/via-daemon") == b"ok"
+
+
+def test_mount_bad_mountpoint_is_one_line(cluster, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "tools", "mount", str(tmp_path / "nope")],
+                            env=cluster.env, cwd=REPO, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith("leasefs mount: ") and "not a directory" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_readdir_pages_past_one_listing_page(mounted, cluster):
+    names = [f"d{i:05d}" for i in range(1205)]   # more than one list_status page (1000)
+    with cluster.client() as client:
+        for name in names:
+            client.mkdirs(f"/many/{name}")
+    assert sorted(os.listdir(mounted / "many")) == names
+    with os.scandir(mounted / "many") as it:
+        assert sum(1 for e in it if e.is_dir(follow_symlinks=False)) == len(names)
+
+
+def test_error_mapping_is_one_place_and_bugs_become_eio():
+    import trio
+
+    from fs.errors import DirectoryNotEmpty, FileNotFound, SafeMode
+    from mount.errors import fuse_op, to_fuse_error
+
+    assert to_fuse_error(FileNotFound("/x: missing")).errno == errno.ENOENT
+    assert to_fuse_error(DirectoryNotEmpty("/d")).errno == errno.ENOTEMPTY
+    assert to_fuse_error(SafeMode("ro")).errno == errno.EROFS
+    assert to_fuse_error(PermissionError(errno.EACCES, "no")).errno == errno.EACCES
+    assert to_fuse_error(ValueError("bug")).errno == errno.EIO
+
+    @fuse_op
+    async def buggy():
+        raise KeyError("a bug")
+
+    @fuse_op
+    async def missing():
+        raise FileNotFound("/gone: no such file")
+
+    async def main():
+        with pytest.raises(pyfuse3.FUSEError) as info:
+            await buggy()
+        assert info.value.errno == errno.EIO
+        with pytest.raises(pyfuse3.FUSEError) as info:
+            await missing()
+        assert info.value.errno == errno.ENOENT
+
+    trio.run(main)

@@ -1,0 +1,163 @@
+"""``leasefs mount`` and ``leasefs umount``: the FUSE mount as a command.
+
+Why: people mount with one command and get their shell back (the mount daemonizes and the
+command returns only once the mountpoint works, or fails with one line saying why); tests
+and debugging use ``--foreground``. ``umount`` is ``fusermount3 -u`` (``umount`` as a
+fallback), which makes the mount publish its open files and exit.
+
+Concurrency contract: the CLI's main thread. The daemon is a forked child that reports
+readiness through a pipe before the parent exits; the mount itself runs in one trio run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+
+from fs.config import find_meta_address
+
+from .common import PROG, load_config
+from .formatting import UsageError
+
+log = logging.getLogger(__name__)
+
+
+def _setup_logging(args, stream) -> None:
+    level = getattr(args, "log_level", None) or ("DEBUG" if getattr(args, "debug", False)
+                                                else "WARNING")
+    logging.basicConfig(level=getattr(logging, level.upper()), stream=stream,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _check_mountpoint(path: str) -> str:
+    path = os.path.abspath(path)
+    if not os.path.isdir(path):
+        raise UsageError(f"mountpoint {path} is not a directory")
+    return path
+
+
+def cmd_mount(args) -> int:
+    try:
+        mountpoint = _check_mountpoint(args.mountpoint)
+        config = load_config(args)
+    except UsageError as exc:
+        print(f"{PROG} mount: {exc}", file=sys.stderr)
+        return 2
+    meta = find_meta_address(getattr(args, "meta", None))
+    try:
+        import pyfuse3  # noqa: F401
+    except ImportError as exc:
+        print(f"{PROG} mount: pyfuse3 is not installed ({exc})", file=sys.stderr)
+        return 1
+    from mount.runner import run_mount
+
+    kwargs = dict(options=args.options, cache_dir=args.cache_dir,
+                  entry_timeout=args.entry_timeout, attr_timeout=args.attr_timeout)
+    if args.foreground:
+        _setup_logging(args, sys.stderr)
+        try:
+            run_mount(mountpoint, meta, config, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - one line, exit 1
+            if getattr(args, "debug", False):
+                raise
+            print(f"{PROG} mount: {mountpoint}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    return _daemonize(args, mountpoint, meta, config, kwargs, run_mount)
+
+
+def _daemonize(args, mountpoint, meta, config, kwargs, run_mount) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid > 0:  # parent: wait for "ready" or the child's error
+        os.close(write_end)
+        chunks = []
+        while True:
+            data = os.read(read_end, 4096)
+            if not data:
+                break
+            chunks.append(data)
+        os.close(read_end)
+        message = b"".join(chunks).decode(errors="replace")
+        if message.startswith("ok"):
+            return 0
+        print(f"{PROG} mount: {mountpoint}: {message or 'mount process exited'}",
+              file=sys.stderr)
+        return 1
+    # child
+    os.close(read_end)
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    log_target = os.open(args.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) \
+        if args.log_file else devnull
+    os.dup2(devnull, 0)
+    os.dup2(log_target, 1)
+    os.dup2(log_target, 2)
+    _setup_logging(args, sys.stderr)
+    status = 0
+
+    def ready():
+        os.write(write_end, b"ok")
+        os.close(write_end)
+
+    try:
+        run_mount(mountpoint, meta, config, on_ready=ready, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        log.exception("mount failed")
+        try:
+            os.write(write_end, f"{type(exc).__name__}: {exc}".encode())
+        except OSError:
+            pass
+        status = 1
+    os._exit(status)
+
+
+def cmd_umount(args) -> int:
+    mountpoint = os.path.abspath(args.mountpoint)
+    tools = [["fusermount3", "-u", mountpoint], ["fusermount", "-u", mountpoint]]
+    if os.geteuid() == 0:
+        tools.append(["umount", mountpoint])
+    last = "no fusermount3/fusermount/umount found"
+    for argv in tools:
+        if shutil.which(argv[0]) is None:
+            continue
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        if proc.returncode == 0:
+            return 0
+        last = " ".join((proc.stderr or proc.stdout).split()) or f"{argv[0]} failed"
+    print(f"{PROG} umount: {mountpoint}: {last}", file=sys.stderr)
+    return 1
+
+
+def register(sub, common) -> None:
+    from .shell import _parser
+
+    p = _parser(sub, "mount", common, "mount the cluster with FUSE (daemonizes unless "
+                "--foreground)",
+                description="leasefs mount MOUNTPOINT [--foreground] [-o OPT,...] "
+                            "[--cache-dir DIR]\nReturns once the mount works (or fails "
+                            "with one line). Unmount with 'leasefs umount MOUNTPOINT'.")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("--foreground", "-f", action="store_true",
+                   help="stay in the foreground (logs to stderr)")
+    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT,...",
+                   help="FUSE mount options, e.g. allow_other")
+    p.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="folder for staging files of random writes (default: "
+                        "$TMPDIR/leasefs-mount-cache)")
+    p.add_argument("--entry-timeout", type=float, default=1.0,
+                   help="seconds the kernel caches names (default 1)")
+    p.add_argument("--attr-timeout", type=float, default=1.0,
+                   help="seconds the kernel caches attributes (default 1)")
+    p.add_argument("--log-file", default=None, metavar="FILE",
+                   help="where the daemonized mount logs (default: nowhere)")
+    p.set_defaults(func=cmd_mount, raw=True)
+
+    p = _parser(sub, "umount", common, "unmount a leasefs mount (fusermount3 -u)")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.set_defaults(func=cmd_umount, raw=True)
