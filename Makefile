@@ -2,9 +2,10 @@
 #
 #   make up      install what is missing, start the embedded cluster (1 metadata server,
 #                3 block servers, state in $LEASEFS_HOME or ~/.leasefs; UP_ARGS='--storage 5')
+#                and mount it with FUSE at ./mnt (MNT=/other/dir)
 #   make test    install what is missing, run the whole pytest suite (PYTEST_ARGS=... passes
 #                options through, e.g. make test PYTEST_ARGS='-x -k cli')
-#   make down    stop the embedded cluster (data is kept)
+#   make down    unmount and stop the embedded cluster (data is kept)
 #   make clean   stop it and delete its home folder
 #
 # Idempotent: apt runs only when a package is missing, pip only when pyproject.toml changed.
@@ -19,6 +20,7 @@ VENV        ?= .venv
 EXTRAS      ?= test,fuse
 PYTEST_ARGS ?=
 UP_ARGS     ?=
+MNT         ?= $(CURDIR)/mnt
 APT_PACKAGES := fuse3 libfuse3-dev pkg-config python3-venv python3-dev build-essential
 STAMP       := $(VENV)/.leasefs-installed
 LEASEFS     := $(VENV)/bin/leasefs
@@ -61,7 +63,7 @@ $(STAMP): pyproject.toml | $(VENV)/bin/pip
 	@touch $@
 
 up: install
-	@$(LEASEFS) cluster up $(UP_ARGS)
+	@$(LEASEFS) cluster up --mount $(MNT) $(UP_ARGS)
 	@echo
 	@echo "Use it:  $(VENV)/bin/leasefs ls -l /      (or: source $(VENV)/bin/activate; leasefs --help)"
 	@echo "         $(VENV)/bin/leasefs put README.md /  ;  $(VENV)/bin/leasefs cat /README.md"

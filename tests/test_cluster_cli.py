@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tools.cluster import is_ours, process_state
+from tools.cluster import is_ours, mounted_fuse, process_state
 
 FAST = ["--set", "heartbeat_interval=0.1", "--set", "dead_node_interval=3",
         "--set", "safemode_extension=0", "--set", "lease_monitor_period=0.2"]
@@ -129,7 +129,7 @@ def test_up_idempotent_status_shell_restart_down(home):
         bystander.wait()
 
 
-def test_mount_flag_reserved_and_startup_failure_points_at_log(home):
+def test_startup_failure_points_at_log_and_mounts_nothing(home):
     env = {**os.environ, "LEASEFS_HOME": str(home)}
     env.pop("LEASEFS_META", None)
     with socket.socket() as taken:  # the metadata port is in use: the server cannot start
@@ -138,8 +138,8 @@ def test_mount_flag_reserved_and_startup_failure_points_at_log(home):
         port = taken.getsockname()[1]
         bad = leasefs("cluster", "up", "--storage", "1", "--port", port, "--storage-port", "0",
                       "--mount", home / "mnt", "--timeout", "30", *FAST, env=env)
-    assert "not built yet" in bad.stderr
     assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert not mounted_fuse(str(home / "mnt"))
     first = [line for line in bad.stderr.splitlines() if line.startswith("leasefs cluster up: meta")]
     assert first and str(home / "logs" / "meta.log") in first[0], bad.stderr
     assert "Traceback" not in first[0]
@@ -173,3 +173,31 @@ def test_server_writes_address_file_and_exits_0_on_sigterm(tmp_path, role):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse on this machine")
+def test_up_with_mount_serves_files_and_down_unmounts(home, tmp_path):
+    """`cluster up --mount DIR` (what `make up` does with ./mnt): files written through the
+    mount are in the cluster; a second `up` keeps the mount; `down` unmounts, then stops."""
+    pytest.importorskip("pyfuse3")
+    env = {**os.environ, "LEASEFS_HOME": str(home)}
+    env.pop("LEASEFS_META", None)
+    mnt = tmp_path / "mnt"
+    try:
+        up = leasefs("cluster", "up", "--storage", "2", "--port", "0", "--storage-port", "0",
+                     "--mount", mnt, "--timeout", "60", *FAST, env=env)
+        assert up.returncode == 0, up.stderr + up.stdout
+        assert f"mounted at {mnt}" in up.stdout and mounted_fuse(str(mnt))
+        (mnt / "notes").mkdir()
+        (mnt / "notes" / "hello.txt").write_bytes(b"through the mount\n")
+        cat = leasefs("cat", "/notes/hello.txt", env=env)
+        assert cat.returncode == 0 and cat.stdout == "through the mount\n", cat.stderr
+        again = leasefs("cluster", "up", *FAST, env=env)
+        assert again.returncode == 0 and "(already)" in again.stdout, again.stdout + again.stderr
+        down = leasefs("cluster", "down", env=env)
+        assert down.returncode == 0 and f"unmounted {mnt}" in down.stdout, down.stdout + down.stderr
+        assert not mounted_fuse(str(mnt))
+    finally:
+        if mounted_fuse(str(mnt)):
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+        leasefs("cluster", "down", env=env)

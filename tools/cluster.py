@@ -274,9 +274,6 @@ def _pid_of(state: dict, name: str) -> int | None:
 
 def cmd_up(args) -> int:
     layout = _home(args)
-    if args.mount:
-        print(f"{PROG} cluster up: --mount {args.mount}: the FUSE mount is not built yet "
-              "(FUSE issue); starting the cluster without a mount", file=sys.stderr)
     state = load_state(layout) or {}
     recorded_n = len(state.get("storage", []))
     n = args.storage if args.storage is not None else (recorded_n or DEFAULT_STORAGE)
@@ -307,10 +304,14 @@ def cmd_up(args) -> int:
               f"keeping all of them", file=sys.stderr)
     if meta_alive and all(storage_alive):
         print(f"leasefs cluster is already up at {state.get('meta_address')} "
-              f"(metadata server pid {state['meta']['pid']}, {n} block servers); nothing to do")
+              f"(metadata server pid {state['meta']['pid']}, {n} block servers)")
         if getattr(args, "set", None) or args.replication is not None:
             print(f"{PROG} cluster up: settings are not applied to running servers; "
                   "run 'leasefs cluster down' first", file=sys.stderr)
+        mountpoint = args.mount or state.get("mount")
+        if mountpoint:   # the mount may have died on its own: bring it back
+            return _ensure_mounted(layout, state, os.path.abspath(mountpoint),
+                                   state.get("meta_address"))
         return 0
 
     deadline = time.monotonic() + args.timeout
@@ -371,7 +372,70 @@ def cmd_up(args) -> int:
           f"servers live (pids {pids}); default replication {settings['replication']}")
     print(f"  home {layout.home}  (logs in {layout.logs})")
     print("  try: leasefs ls -l /   |   leasefs put FILE /   |   leasefs report")
+    mountpoint = args.mount or state.get("mount")
+    if mountpoint:
+        return _ensure_mounted(layout, state, os.path.abspath(mountpoint), address)
     return 0
+
+
+def mounted_fuse(path: str) -> bool:
+    """True if ``path`` is a FUSE mount point (alive or stale) in /proc/self/mounts."""
+    try:
+        with open("/proc/self/mounts") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) > 2 and fields[1] == path and fields[2].startswith("fuse"):
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+def _mount_alive(path: str) -> bool:
+    try:
+        os.stat(path)
+        return True
+    except OSError:   # ENOTCONN: the mount daemon is gone
+        return False
+
+
+def _ensure_mounted(layout, state: dict, mountpoint: str, address: str) -> int:
+    """Mount the cluster at ``mountpoint`` with the daemonized ``leasefs mount`` (a stale
+    mount left by a dead daemon is lazily unmounted first); remembered for ``down``."""
+    if mounted_fuse(mountpoint):
+        if _mount_alive(mountpoint):
+            print(f"  mounted at {mountpoint} (already)")
+            state["mount"] = mountpoint
+            save_state(layout, state)
+            return 0
+        subprocess.run(["umount", "-l", mountpoint], check=False, capture_output=True)
+    os.makedirs(mountpoint, exist_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "tools", "mount", mountpoint, "--meta", address,
+                           "--log-file", os.path.join(layout.logs, "mount.log")],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"{PROG} cluster up: mount at {mountpoint} failed: "
+              f"{(proc.stderr or proc.stdout).strip()}", file=sys.stderr)
+        return 1
+    state["mount"] = mountpoint
+    save_state(layout, state)
+    print(f"  mounted at {mountpoint}  (try: ls -l {mountpoint}; 'leasefs umount' or "
+          f"'leasefs cluster down' unmounts)")
+    return 0
+
+
+def _unmount(state: dict) -> None:
+    mountpoint = state.get("mount")
+    if not mountpoint or not mounted_fuse(mountpoint):
+        return
+    proc = subprocess.run([sys.executable, "-m", "tools", "umount", mountpoint],
+                          capture_output=True, text=True)
+    if proc.returncode == 0:
+        print(f"unmounted {mountpoint}")
+    else:
+        print(f"{PROG} cluster down: unmounting {mountpoint} failed "
+              f"({(proc.stderr or proc.stdout).strip()}); lazy unmount", file=sys.stderr)
+        subprocess.run(["umount", "-l", mountpoint], check=False, capture_output=True)
 
 
 def _signal(pid: int, sig) -> None:
@@ -387,6 +451,7 @@ def cmd_down(args) -> int:
     if state is None:
         print(f"no leasefs cluster recorded in {layout.home}; nothing to stop")
         return 0
+    _unmount(state)   # first: the mount publishes its open files while the servers still run
     victims = []
     # block servers first, so they do not log connection errors about a vanished meta
     for name, role in reversed(_members(state)):
@@ -499,7 +564,8 @@ def register(sub, common) -> None:
                     help="default replication of new files (default min(3, storage))")
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for readiness")
     up.add_argument("--mount", default=None, metavar="DIR",
-                    help="reserved: FUSE mount point (not built yet)")
+                    help="also mount the cluster there with FUSE (remembered: a later "
+                         "'up' remounts it, 'down' unmounts it)")
     up.set_defaults(func=cmd_up, raw=True)
 
     down = csub.add_parser("down", parents=[common], help="stop the cluster's processes (data is kept)")
