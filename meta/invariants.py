@@ -67,6 +67,17 @@ def check_namespace(kv, leases=None) -> list[str]:
     if root is None or root.get("type") != "dir":
         problem(f"root inode {keys.ROOT_INO} is missing or not a directory")
 
+    def walk(start: int, seen: set, what: str) -> None:
+        """Add every inode below ``start`` to ``seen``; one met twice is a problem."""
+        stack = [start]
+        while stack:
+            cur = stack.pop()
+            if cur in seen:
+                problem(f"inode {cur} is reachable twice {what}")
+                continue
+            seen.add(cur)
+            stack.extend(c for c in entries.get(cur, {}).values() if c in inodes)
+
     # detached subtrees: reachable from their O key, legal while being reclaimed
     orphaned: set[int] = set()
     for root_ino in orphan_roots:
@@ -76,14 +87,7 @@ def check_namespace(kv, leases=None) -> list[str]:
             continue
         if orphan_root.get("parent") != 0:
             problem(f"orphan root inode {root_ino} has parent {orphan_root.get('parent')}, not 0")
-        stack = [root_ino]
-        while stack:
-            cur = stack.pop()
-            if cur in orphaned:
-                problem(f"inode {cur} is reachable twice from orphan roots")
-                continue
-            orphaned.add(cur)
-            stack.extend(c for c in entries.get(cur, {}).values() if c in inodes)
+        walk(root_ino, orphaned, "from orphan roots")
 
     # entries → inodes
     linked_from: dict[int, list[tuple[int, str]]] = {}
@@ -126,15 +130,9 @@ def check_namespace(kv, leases=None) -> list[str]:
                     f"disagree with its entry ({parent}, {name!r})")
 
     # reachability (catches orphans and cycles)
-    reached = set()
-    stack = [keys.ROOT_INO] if root is not None else []
-    while stack:
-        cur = stack.pop()
-        if cur in reached:
-            problem(f"inode {cur} is reachable twice (cycle or hard link)")
-            continue
-        reached.add(cur)
-        stack.extend(c for c in entries.get(cur, {}).values() if c in inodes)
+    reached: set = set()
+    if root is not None:
+        walk(keys.ROOT_INO, reached, "(cycle or hard link)")
     for ino in reached & orphaned:
         problem(f"inode {ino} is reachable from the root and from an orphan root")
     unreachable = set(inodes) - reached - orphaned
