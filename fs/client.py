@@ -35,7 +35,7 @@ from .config import Config, find_meta_address
 from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, SafeMode,
                      ServerUnavailable)
 from .renewer import LeaseRenewer
-from .rpc import RpcClient
+from .rpc import RpcClient, check_identity, current_groups, current_user
 from .streams import AsyncInputStream, AsyncOutputStream, InputStream, OutputStream
 
 log = logging.getLogger(__name__)
@@ -102,10 +102,14 @@ def _sole_exception(exc: BaseException) -> BaseException:
 
 
 class AsyncClient:
-    """The trio client. ``async with AsyncClient(address) as client: ...``."""
+    """The trio client. ``async with AsyncClient(address) as client: ...``.
+
+    ``user``/``groups``: the identity the metadata server checks permissions against
+    (HDFS simple authentication); default the calling process's user and group names."""
 
     def __init__(self, meta_address: str | None = None, *, config: Config | None = None,
-                 client_name: str | None = None):
+                 client_name: str | None = None, user: str | None = None,
+                 groups: list[str] | None = None):
         if meta_address is None:
             if config is not None and config.meta_address != Config().meta_address:
                 meta_address = config.meta_address
@@ -114,6 +118,10 @@ class AsyncClient:
         self.meta_address = meta_address
         self.config = config if config is not None else Config.load()
         self.client_name = client_name or f"leasefs-client-{uuid.uuid4().hex}"
+        self.user, identity_groups = check_identity(
+            current_user() if user is None else user,
+            current_groups() if groups is None else list(groups), "client identity")
+        self.groups = list(identity_groups)
         self.server_defaults: dict = {}
         self.rpc: RpcClient | None = None
         self._stack: contextlib.AsyncExitStack | None = None
@@ -136,7 +144,8 @@ class AsyncClient:
             self.rpc = await stack.enter_async_context(RpcClient(
                 self.meta_address, self.client_name, timeout=self.config.rpc_timeout,
                 retry_seconds=self.config.rpc_retry_seconds, max_frame=self.config.max_frame,
-                retry_errors=(SafeMode,)))   # a restarting metadata server: wait, as HDFS does
+                retry_errors=(SafeMode,),    # a restarting metadata server: wait, as HDFS does
+                user=self.user, groups=self.groups))
             self.server_defaults = await self.rpc.call("get_server_defaults", {})
             overrides = {k: self.server_defaults[k] for k in SERVER_DEFAULT_KEYS
                          if self.server_defaults.get(k) is not None}
@@ -208,14 +217,16 @@ class AsyncClient:
     # ------------------------------------------------------------------ files
     async def create(self, path: str, *, overwrite: bool = False, replication: int | None = None,
                      block_size: int | None = None, permission: int = 0o644,
-                     create_parent: bool = True) -> AsyncOutputStream:
+                     create_parent: bool = True, owner: str | None = None,
+                     group: str | None = None) -> AsyncOutputStream:
         """Create ``path`` for writing (lease held by this client); ``FileExists`` if it
-        exists and not ``overwrite``."""
+        exists and not ``overwrite``. ``owner``/``group``: superuser only (the mount passes
+        the calling process's identity)."""
         path = paths.validate(path)
         status = await self._call("create", path=path, client_name=self.client_name,
                                   overwrite=overwrite, create_parent=create_parent,
                                   replication=replication, block_size=block_size,
-                                  permission=permission)
+                                  permission=permission, owner=owner, group=group)
         stream = AsyncOutputStream(self, path, status)
         self._outputs[id(stream)] = stream
         self._renewer.add(stream)
@@ -313,9 +324,11 @@ class AsyncClient:
                                 offset=offset, length=length)
 
     # ------------------------------------------------------------------ namespace
-    async def mkdirs(self, path: str, permission: int = 0o755) -> bool:
+    async def mkdirs(self, path: str, permission: int = 0o755, *, owner: str | None = None,
+                     group: str | None = None) -> bool:
         """Create ``path`` and missing parents; True also if it already is a directory."""
-        return bool(await self._call("mkdirs", path=paths.validate(path), permission=permission))
+        return bool(await self._call("mkdirs", path=paths.validate(path), permission=permission,
+                                     owner=owner, group=group))
 
     async def get_file_status(self, path: str) -> FileStatus:
         """Status of ``path`` (symlinks not followed); ``FileNotFound`` if missing."""
@@ -373,11 +386,12 @@ class AsyncClient:
     async def set_replication(self, path: str, n: int) -> None:
         await self._call("set_replication", path=paths.validate(path), replication=n)
 
-    async def create_symlink(self, target: str, path: str, create_parent: bool = False) -> FileStatus:
+    async def create_symlink(self, target: str, path: str, create_parent: bool = False, *,
+                             owner: str | None = None, group: str | None = None) -> FileStatus:
         """A symlink at ``path`` pointing to ``target`` (stored as given, not followed)."""
         return FileStatus.from_wire(await self._call(
             "create_symlink", target=target, path=paths.validate(path),
-            create_parent=create_parent))
+            create_parent=create_parent, owner=owner, group=group))
 
     async def content_summary(self, path: str) -> dict:
         """``{length, file_count, directory_count, space_consumed}``."""
@@ -404,8 +418,10 @@ class Client:
     """
 
     def __init__(self, meta_address: str | None = None, *, config: Config | None = None,
-                 client_name: str | None = None):
-        self._async = AsyncClient(meta_address, config=config, client_name=client_name)
+                 client_name: str | None = None, user: str | None = None,
+                 groups: list[str] | None = None):
+        self._async = AsyncClient(meta_address, config=config, client_name=client_name,
+                                  user=user, groups=groups)
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
         self._startup_error: BaseException | None = None
@@ -456,6 +472,14 @@ class Client:
     @property
     def config(self) -> Config:
         return self._async.config
+
+    @property
+    def user(self) -> str:
+        return self._async.user
+
+    @property
+    def groups(self) -> list[str]:
+        return list(self._async.groups)
 
     @property
     def meta_address(self) -> str:

@@ -61,7 +61,13 @@ class Config:
     delete_chunk: int = _s(2000, "inodes + blocks one delete record removes; a bigger subtree is "
                            "detached at once and reclaimed in the background in records of "
                            "this size (HDFS incremental block deletion)")
-    # --- leases (issue 3 fills in recovery)
+    permissions_enabled: bool = _s(True, "check mode bits, owners and the superuser on every "
+                                   "namespace operation (HDFS dfs.permissions.enabled)")
+    superuser: str = _s("", "user allowed everything (default: the user running the metadata "
+                        "server, as in HDFS)")
+    supergroup: str = _s("supergroup", "members of this group are superusers too "
+                         "(HDFS dfs.permissions.superusergroup)")
+    # --- leases
     lease_soft_limit: float = _s(60.0, "seconds after which another client may recover a lease")
     lease_hard_limit: float = _s(1200.0, "seconds after which the server recovers a lease itself")
     lease_monitor_period: float = _s(2.0, "seconds between lease monitor passes")
@@ -75,6 +81,18 @@ class Config:
     disk_io_threads: int = _s(8, "worker threads a block server uses for disk I/O")
     # --- client
     lease_renew_period: float = _s(0.0, "client lease renewal period (0 = soft limit / 2)")
+    # --- FUSE mount
+    mount_entry_timeout: float = _s(1.0, "seconds the kernel caches names of a mount "
+                                    "(other clients' creates/deletes show up after this)")
+    mount_attr_timeout: float = _s(1.0, "seconds the kernel caches attributes of a mount")
+    mount_meta_timeout: float = _s(15.0, "seconds a mount request waits for an unreachable "
+                                   "metadata server before failing with EIO (never a hung shell)")
+    mount_cache_dir: str = _s("", "folder for a mount's staging files of random writes "
+                              "(default: $TMPDIR/leasefs-mount-cache)")
+    mount_cache_limit: int = _s(8 << 30, "bytes of staging files one mount may hold; a random "
+                                "write past it fails with ENOSPC")
+    mount_readahead: int = _s(8 * MiB, "kernel readahead window of a mount (set through the "
+                              "mount's bdi read_ahead_kb when running as root)")
 
     # ----------------------------------------------------------------- loading
     @classmethod

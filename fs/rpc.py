@@ -1,7 +1,9 @@
 """RPC over framed msgpack: many calls in flight per connection, errors as exceptions.
 
 Wire (see docs/PROTOCOL.md): the client's first frame is a hello
-``{"hello": "leasefs", "version": 1, "client_id": str}``; then requests
+``{"hello": "leasefs", "version": 1, "client_id": str, "user": str, "groups": [str]}``
+(``user``/``groups``: the caller's identity, HDFS simple authentication; a hello without
+``user`` is user ``nobody`` without groups); then requests
 ``[call_id, method, args]`` and replies ``[call_id, ok, result_or_error]`` in any order.
 ``call_id`` is unique per ``client_id`` for the client's lifetime (not per connection), so a
 call retried on a new connection after a lost reply carries the same ``(client_id, call_id)``
@@ -20,8 +22,12 @@ connection resolves the waiters.
 
 from __future__ import annotations
 
+import functools
+import grp
 import inspect
 import itertools
+import os
+import pwd
 import uuid
 import logging
 import math
@@ -38,7 +44,78 @@ from .framing import DEFAULT_MAX_FRAME, FramedStream, brief
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
-MAX_HELLO_FRAME = 4096     # the first frame of a connection, read before we know the peer
+# the first frame of a connection, read before we know the peer: room for a client id and
+# an identity of at most MAX_IDENTITY_BYTES
+MAX_HELLO_FRAME = 8192
+MAX_USER_NAME = 256        # characters of the user name in the hello
+MAX_GROUP_NAME = 64        # characters of one group name (Linux allows 32)
+MAX_GROUPS = 64            # group names in the hello
+MAX_IDENTITY_BYTES = 6144  # UTF-8 bytes of user + group names together
+ANONYMOUS_USER = "nobody"  # the user of a hello without one (an older client)
+
+
+def _name_ok(value, limit: int) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= limit and value.isprintable()
+
+
+def check_identity(user, groups, where: str = "hello") -> tuple[str, tuple[str, ...]]:
+    """A user name and group names as the hello carries them: printable, non-empty, at most
+    ``MAX_USER_NAME`` / ``MAX_GROUP_NAME`` characters, at most ``MAX_GROUPS`` groups and
+    ``MAX_IDENTITY_BYTES`` in all; else InvalidArgument."""
+    if not _name_ok(user, MAX_USER_NAME):
+        raise InvalidArgument(f"{where}: user must be a printable name of 1..{MAX_USER_NAME} "
+                              f"characters, got {brief(user, 80)}")
+    if not isinstance(groups, (list, tuple)) or len(groups) > MAX_GROUPS:
+        raise InvalidArgument(f"{where}: groups must be a list of at most {MAX_GROUPS} names, "
+                              f"got {brief(groups, 80)}")
+    for group in groups:
+        if not _name_ok(group, MAX_GROUP_NAME):
+            raise InvalidArgument(f"{where}: group names must be printable, 1..{MAX_GROUP_NAME} "
+                                  f"characters, got {brief(group, 80)}")
+    size = sum(len(name.encode("utf-8", "surrogatepass")) for name in (user, *groups))
+    if size > MAX_IDENTITY_BYTES:
+        raise InvalidArgument(f"{where}: user and group names take {size} bytes, more than "
+                              f"{MAX_IDENTITY_BYTES}")
+    return user, tuple(dict.fromkeys(groups))
+
+
+@functools.lru_cache(maxsize=8)
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+@functools.lru_cache(maxsize=256)
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def current_user() -> str:
+    """The calling process's (effective) user name; the uid as text if it has no name."""
+    return _user_name(os.geteuid())
+
+
+def current_groups() -> list[str]:
+    """The calling process's group names: its effective gid first, then its supplementary
+    groups (a gid without a name as text); names the hello cannot carry are left out, and
+    at most ``MAX_GROUPS`` / ``MAX_IDENTITY_BYTES`` are kept."""
+    out: list[str] = []
+    budget = MAX_IDENTITY_BYTES - MAX_USER_NAME * 4
+    for name in dict.fromkeys(_group_name(gid) for gid in [os.getegid(), *os.getgroups()]):
+        size = len(name.encode("utf-8", "surrogatepass"))
+        if not _name_ok(name, MAX_GROUP_NAME) or size > budget:
+            log.debug("group %r left out of the RPC identity (too long or unprintable)", name)
+            continue
+        if len(out) == MAX_GROUPS:
+            break
+        out.append(name)
+        budget -= size
+    return out
 
 
 def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]:
@@ -99,13 +176,21 @@ class RpcClient:
     ``call`` retries on connection loss (not on server-side errors) with the same call id
     until ``retry_seconds`` passed, so with the server's retry cache every call is applied
     at most once. Use as ``async with RpcClient(...) as rpc``.
+
+    ``user``/``groups`` are the identity the hello states (default: the calling process's
+    user and group names); the metadata server checks permissions against them.
     """
 
     def __init__(self, address, client_id: str, *, timeout: float = 60.0,
                  retry_seconds: float = 30.0, connect_timeout: float = 5.0,
                  max_frame: int = DEFAULT_MAX_FRAME,
-                 retry_errors: tuple[type[LeaseFSError], ...] = ()):
+                 retry_errors: tuple[type[LeaseFSError], ...] = (),
+                 user: str | None = None, groups=None):
         self.address = parse_address(address)
+        self.user, groups = check_identity(
+            current_user() if user is None else user,
+            current_groups() if groups is None else list(groups), "RPC client identity")
+        self.groups = list(groups)
         # The retry cache keys on (client_id, call_id) and call ids restart at 1 in every
         # RpcClient: the random part keeps two clients that share a name (two processes, a
         # restarted service) from ever answering each other's calls. It stays the same across
@@ -160,7 +245,8 @@ class RpcClient:
                 ) from None
             framed = FramedStream(stream, self.max_frame)
             await framed.send_frame({"hello": "leasefs", "version": PROTOCOL_VERSION,
-                                     "client_id": self.client_id})
+                                     "client_id": self.client_id, "user": self.user,
+                                     "groups": self.groups})
             conn = _Connection(framed)
             self._conn = conn
             self._nursery.start_soon(self._reader, conn)
@@ -243,12 +329,17 @@ class RpcClient:
 
 @dataclass
 class CallContext:
-    """Who is calling: the hello's client id, the peer address, the call id."""
+    """Who is calling: the hello's client id, the peer address, the call id, and the
+    identity the hello stated (``user``, ``groups``). ``user`` None marks an in-process
+    caller (the server's own code, tests driving handlers directly): it acts as the
+    server's process user. Calls from the wire always carry a user (``nobody`` at least)."""
 
     client_id: str
     peer: str
     call_id: object = None
     extra: dict = field(default_factory=dict)
+    user: str | None = None
+    groups: tuple[str, ...] = ()
 
 
 class RetryCache:
@@ -391,7 +482,7 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
         finally:
             slots.release()
 
-    async def read_requests(nursery, client_id):
+    async def read_requests(nursery, client_id, user, groups):
         while True:
             await slots.acquire()
             try:
@@ -411,7 +502,8 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                 await reply(None, False, ProtocolError(
                     f"call id must be an integer, got {brief(call_id, 40)}").to_wire())
                 continue
-            ctx = CallContext(client_id=client_id, peer=peer, call_id=call_id)
+            ctx = CallContext(client_id=client_id, peer=peer, call_id=call_id, user=user,
+                              groups=groups)
             nursery.start_soon(run_call, ctx, method, args)
 
     try:
@@ -422,12 +514,19 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
         if not (isinstance(hello, dict) and hello.get("hello") == "leasefs"
                 and isinstance(hello.get("client_id"), str) and hello["client_id"]):
             raise ProtocolError(f"first frame must be a leasefs hello, got {brief(hello)}")
+        if hello.get("user") is None:      # an older client: no identity
+            user, groups = ANONYMOUS_USER, ()
+        else:
+            try:
+                user, groups = check_identity(hello["user"], hello.get("groups") or [])
+            except InvalidArgument as exc:
+                raise ProtocolError(str(exc)) from None
         framed.max_frame = max_frame
         # In-flight calls run to completion when the peer goes away (a mutation half done
         # is never cancelled by a disconnect); their replies are dropped.
         async with trio.open_nursery() as nursery:
             try:
-                await read_requests(nursery, hello["client_id"][:256])
+                await read_requests(nursery, hello["client_id"][:256], user, groups)
             except (EOFError, ServerUnavailable):
                 pass
             except ProtocolError as exc:

@@ -284,15 +284,19 @@ class Namespace:
         raw = self.kv.get(keys.dentry_key(parent, name))
         return None if raw is None else keys.unpack(raw)
 
-    def walk(self, parts, path: str = "") -> list[tuple[int, dict]]:
+    def walk(self, parts, path: str = "", *, strict: bool = True) -> list[tuple[int, dict]]:
         """``(ino, inode)`` of the root and of every existing leading component; stops at the
-        first missing one. A non-directory with components after it → ``NotDirectory``."""
+        first missing one. A non-directory with components after it → ``NotDirectory``
+        (``strict=False``: the chain up to it, for the permission checker, which must see
+        the inodes the caller would traverse before the namespace names the problem)."""
         self._require_formatted()
         root = self.get_inode(keys.ROOT_INO)
         found = [(keys.ROOT_INO, root)]
         for depth, name in enumerate(parts):
             ino, inode = found[-1]
             if inode["type"] != DIR:
+                if not strict:
+                    break
                 prefix = paths.join_parts(parts[:depth])
                 kind = "a symlink (the metadata server does not follow links)" \
                     if inode["type"] == SYMLINK else "not a directory"

@@ -34,6 +34,11 @@ remembered per (node, report id), and only the ``last`` chunk removes the node's
 the report did not list. A newer report id (or the node's death or re-registration)
 abandons an unfinished report, which then removes nothing.
 
+Permissions (``permissions.py``, HDFS FSPermissionChecker): every namespace handler checks
+the caller's identity (from the RPC hello) against the inode chain of its path(s) inside its
+path locks and before planning, so a denied call changes nothing and journals nothing. The
+superuser and, with ``permissions_enabled`` off, everyone skip the checks without a walk.
+
 Concurrency contract: everything runs on one trio thread; only the journal's fsync and the
 checkpoint's ``kv.sync`` run in worker threads. Handlers are independent tasks. No step may
 hold the thread for long: big deletes and big block reports are cut into bounded pieces.
@@ -57,7 +62,8 @@ from fs.config import Config
 from fs.errors import (AlreadyBeingCreated, InternalError, InvalidArgument,
                        IsDirectory, LeaseFSError, NotReplicatedYet, RecoveryInProgress,
                        ServerUnavailable, StaleGenerationStamp)
-from fs.rpc import Dispatcher, RetryCache, format_address, parse_address, serve_rpc, serve_tcp
+from fs.rpc import (Dispatcher, RetryCache, current_user, format_address, parse_address,
+                    serve_rpc, serve_tcp)
 
 from . import blocks as bm
 from .blocks import BlockInfo, BlocksMap
@@ -70,6 +76,7 @@ from .locks import (LOCK_ANCESTOR, LOCK_PARENT, LOCK_READ, LOCK_WRITE, PathLockP
                     lock_set, merge)
 from .namespace import (DIR, FILE, SYMLINK, ContentSummary, Defaults, Namespace, check_bool,
                         check_int, check_name)
+from .permissions import ALL, READ, READ_EXECUTE, WRITE, Caller, PermissionChecker
 from .safemode import SafeModeState
 
 log = logging.getLogger(__name__)
@@ -120,7 +127,15 @@ class MetaServer(Dispatcher):
         self.kv = kv
         self.clock = clock
         self.wall_ns = wall_ns
-        self.ns = Namespace(kv, Defaults.from_config(config))
+        # HDFS: the superuser is the user running the NameNode unless configured; it owns
+        # the root directory of a new namespace, whose group is the supergroup
+        self.superuser = config.superuser or current_user()
+        self.permissions = PermissionChecker(superuser=self.superuser,
+                                             supergroup=config.supergroup,
+                                             enabled=config.permissions_enabled)
+        defaults = Defaults.from_config(config)
+        defaults.owner, defaults.group = self.superuser, config.supergroup
+        self.ns = Namespace(kv, defaults)
         self.blocks = BlocksMap(config.min_replication)
         self.leases = LeaseManager(config.lease_soft_limit, config.lease_hard_limit)
         self.datanodes = DatanodeManager(
@@ -345,6 +360,51 @@ class MetaServer(Dispatcher):
                 return
         raise InternalError(f"{what}: the file kept moving under the request; try again")
 
+    # ------------------------------------------------------------------ permissions
+    def _caller(self, ctx) -> Caller:
+        """The caller's identity; an in-process caller (``ctx.user`` None) acts as the
+        server's own user."""
+        user = getattr(ctx, "user", None)
+        if user is None:
+            return self.permissions.caller(self.superuser)
+        return self.permissions.caller(user, getattr(ctx, "groups", ()))
+
+    def _checked(self, ctx) -> Caller | None:
+        """The caller when permission checks apply to it; None (no walk needed) for the
+        superuser or with permissions disabled."""
+        caller = self._caller(ctx)
+        return caller if self.permissions.applies_to(caller) else None
+
+    def _chain(self, parts) -> list[dict]:
+        """Inodes of the root and the existing leading components of ``parts``."""
+        return [inode for _, inode in self.ns.walk(parts, strict=False)]
+
+    def _check(self, ctx, parts, **needs) -> None:
+        """``PermissionChecker.check_path`` for the caller of ``ctx`` on ``parts``."""
+        caller = self._checked(ctx)
+        if caller is not None:
+            self.permissions.check_path(caller, parts, self._chain(parts), **needs)
+
+    async def _check_subtree(self, caller: Caller, parts, access: int, *,
+                             ignore_empty_dir: bool = False) -> None:
+        """HDFS subAccess: ``access`` on every directory of the subtree at ``parts`` (a
+        checkpoint every REPORT_STEP inodes; the caller's path locks keep it still)."""
+        found = self.ns.walk(parts, strict=False)
+        if len(found) != len(parts) + 1 or found[-1][1]["type"] != DIR:
+            return
+        for count, (ino, node) in enumerate(self.ns.iter_subtree(*found[-1]), 1):
+            self.permissions.check_sub_access(
+                caller, node, access, lambda: self.ns.path_of(ino) or f"<inode {ino}>",
+                ignore_empty_dir=ignore_empty_dir)
+            if count % REPORT_STEP == 0:
+                await trio.sleep(0)
+
+    def _new_owner(self, ctx, what: str, canonical: str, owner, group) -> tuple[str, str | None]:
+        """Owner and group of a new inode (``PermissionChecker.new_owner``)."""
+        owner = check_name(owner, f"{what}: owner", optional=True)
+        group = check_name(group, f"{what}: group", optional=True)
+        return self.permissions.new_owner(self._caller(ctx), canonical, owner, group)
+
     @staticmethod
     def _check_ino(ino, path: str):
         if ino is None or ino == 0:
@@ -561,8 +621,16 @@ class MetaServer(Dispatcher):
         canonical = paths.join_parts(parts)
 
         async def body():
+            caller = self._checked(ctx)
+            if caller is not None:   # an existing directory needs only traverse (HDFS)
+                chain = self._chain(parts)
+                self.permissions.check_path(caller, parts, chain,
+                                            ancestor=WRITE if len(chain) <= len(parts) else 0)
+            new_owner, new_group = self._new_owner(ctx, f"mkdirs {canonical}", canonical,
+                                                   owner, group)
             _, wall = self._now()
-            await self._log(self.ns.plan_mkdirs(canonical, permission, owner, group, now_ns=wall))
+            await self._log(self.ns.plan_mkdirs(canonical, permission, new_owner, new_group,
+                                                now_ns=wall))
             return True
         return await self._with_ancestor_locks(f"mkdirs {canonical}", parts, body,
                                                keep_parent_write=False)
@@ -575,6 +643,15 @@ class MetaServer(Dispatcher):
         check_name(client_name, f"create {canonical}: client_name")
 
         async def body():
+            caller = self._checked(ctx)
+            if caller is not None:   # overwriting a file also needs WRITE on it (HDFS)
+                chain = self._chain(parts)
+                replaces = (overwrite is True and len(chain) == len(parts) + 1
+                            and chain[-1]["type"] == FILE)
+                self.permissions.check_path(caller, parts, chain, ancestor=WRITE,
+                                            access=WRITE if replaces else 0)
+            new_owner, new_group = self._new_owner(ctx, f"create {canonical}", canonical,
+                                                   owner, group)
             now, wall = self._now()
             found = self.ns.walk(parts, canonical) if parts else []
             if parts and len(found) == len(parts) + 1 and overwrite is False:
@@ -587,20 +664,24 @@ class MetaServer(Dispatcher):
             plan = self.ns.plan_create(
                 canonical, holder=client_name, client_machine=ctx.peer, overwrite=overwrite,
                 create_parent=create_parent, replication=replication, block_size=block_size,
-                permission=permission, owner=owner, group=group, now_ns=wall)
+                permission=permission, owner=new_owner, group=new_group, now_ns=wall)
             await self._log(plan)
             ino = plan[1]["ino"]
             return self.ns.status(canonical, ino, self.ns.get_inode(ino))
         return await self._with_ancestor_locks(f"create {canonical}", parts, body)
 
-    async def rpc_create_symlink(self, ctx, target, path, create_parent=False):
+    async def rpc_create_symlink(self, ctx, target, path, create_parent=False, owner=None,
+                                 group=None):
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
 
         async def body():
+            self._check(ctx, parts, ancestor=WRITE)
+            new_owner, new_group = self._new_owner(ctx, f"symlink {canonical}", canonical,
+                                                   owner, group)
             _, wall = self._now()
             plan = self.ns.plan_symlink(target, canonical, create_parent=create_parent,
-                                        now_ns=wall)
+                                        owner=new_owner, group=new_group, now_ns=wall)
             await self._log(plan)
             ino = plan[1]["ino"]
             return self.ns.status(canonical, ino, self.ns.get_inode(ino))
@@ -700,6 +781,7 @@ class MetaServer(Dispatcher):
         canonical = paths.join_parts(parts)
         check_name(client_name, f"recover_lease {canonical}: client_name")
         async with self._mutation(f"recover lease of {canonical}", lock_set(parts, LOCK_WRITE)):
+            self._check(ctx, parts, access=WRITE)
             _, ino, inode, _ = self.ns.resolve(canonical)
             if inode["type"] != FILE:
                 raise IsDirectory(f"recover_lease {canonical}: not a file") \
@@ -733,6 +815,7 @@ class MetaServer(Dispatcher):
         check_name(client_name, f"truncate {canonical}: client_name")
         check_int(new_length, f"truncate {canonical}: new_length", low=0)
         async with self._mutation(f"truncate {canonical}", lock_set(parts, LOCK_WRITE)):
+            self._check(ctx, parts, access=WRITE)
             ino, inode = await self._reopen_checks("truncate", canonical, client_name)
             _, wall = self._now()
             plan = self.ns.plan_truncate(canonical, ino, inode, new_length, holder=client_name,
@@ -752,6 +835,7 @@ class MetaServer(Dispatcher):
         canonical = paths.join_parts(parts)
         check_name(client_name, f"append {canonical}: client_name")
         async with self._mutation(f"append to {canonical}", lock_set(parts, LOCK_WRITE)):
+            self._check(ctx, parts, access=WRITE)
             ino, inode = await self._reopen_checks("append", canonical, client_name)
             tail = self.ns.tail_blocks(ino, inode, 1)
             partial = bool(tail) and tail[-1]["num_bytes"] < inode["block_size"]
@@ -796,6 +880,7 @@ class MetaServer(Dispatcher):
         return True
 
     async def rpc_get_block_locations(self, ctx, path, offset=0, length=None):
+        self._check(ctx, paths.split(path), access=READ)
         parts, ino, inode, _ = self.ns.resolve(path)
         canonical = paths.join_parts(parts)
         if inode["type"] == DIR:
@@ -815,9 +900,17 @@ class MetaServer(Dispatcher):
                 "last_block_complete": not last or self._is_complete(last[-1])}
 
     async def rpc_get_file_info(self, ctx, path):
+        self._check(ctx, paths.split(path))
         return self.ns.get_file_info(path)
 
     async def rpc_list_status(self, ctx, path, start_after="", limit=1000):
+        caller = self._checked(ctx)
+        if caller is not None:   # a directory: READ_EXECUTE on it; a file: traverse (HDFS)
+            parts = paths.split(path)
+            chain = self._chain(parts)
+            is_dir = len(chain) == len(parts) + 1 and chain[-1]["type"] == DIR
+            self.permissions.check_path(caller, parts, chain,
+                                        access=READ_EXECUTE if is_dir else 0)
         return self.ns.list_status(path, start_after, limit)
 
     async def rpc_rename(self, ctx, src, dst, overwrite=False):
@@ -825,6 +918,14 @@ class MetaServer(Dispatcher):
         s, d = paths.join_parts(src_parts), paths.join_parts(dst_parts)
         wanted = merge(lock_set(src_parts, LOCK_PARENT), lock_set(dst_parts, LOCK_PARENT))
         async with self._mutation(f"rename {s} to {d}", wanted):
+            caller = self._checked(ctx)
+            if caller is not None:   # replacing the destination counts as deleting it
+                self.permissions.check_path(caller, src_parts, self._chain(src_parts),
+                                            parent=WRITE)
+                dst_chain = self._chain(dst_parts)
+                self.permissions.check_path(
+                    caller, dst_parts, dst_chain, ancestor=WRITE,
+                    parent=WRITE if len(dst_chain) == len(dst_parts) + 1 else 0)
             _, wall = self._now()
             await self._log(self.ns.plan_rename(s, d, overwrite, now_ns=wall))
             return True
@@ -833,39 +934,66 @@ class MetaServer(Dispatcher):
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         async with self._mutation(f"delete {canonical}", lock_set(parts, LOCK_PARENT)):
+            caller = self._checked(ctx)
+            if caller is not None:
+                self.permissions.check_path(caller, parts, self._chain(parts), parent=WRITE)
+                if recursive is True:   # HDFS subAccess=ALL, empty directories ignored
+                    await self._check_subtree(caller, parts, ALL, ignore_empty_dir=True)
             _, wall = self._now()
             await self._log(self.ns.plan_delete(canonical, recursive, now_ns=wall))
             return True
 
-    async def _set_op(self, what: str, path, planner) -> bool:
+    async def _set_op(self, what: str, path, planner, check=None) -> bool:
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         async with self._mutation(f"{what} {canonical}", lock_set(parts, LOCK_WRITE)):
+            if check is not None:
+                check(parts, canonical)
             await self._log(planner(canonical, self.wall_ns()))
             return True
 
     async def rpc_set_permission(self, ctx, path, permission):
         return await self._set_op("chmod", path, lambda p, t: self.ns.plan_set_permission(
-            p, permission, now_ns=t))
+            p, permission, now_ns=t), lambda parts, _: self._check(ctx, parts, owner=True))
 
     async def rpc_set_owner(self, ctx, path, owner=None, group=None):
+        def check(parts, canonical):
+            caller = self._checked(ctx)
+            if caller is None:
+                return
+            chain = self._chain(parts)
+            self.permissions.check_path(caller, parts, chain, owner=True)
+            if len(chain) == len(parts) + 1:   # a missing path: the planner says so
+                self.permissions.check_set_owner(
+                    caller, canonical,
+                    check_name(owner, f"chown {canonical}: owner", optional=True),
+                    check_name(group, f"chown {canonical}: group", optional=True))
         return await self._set_op("chown", path, lambda p, t: self.ns.plan_set_owner(
-            p, owner, group, now_ns=t))
+            p, owner, group, now_ns=t), check)
 
     async def rpc_set_times(self, ctx, path, mtime_ns=None, atime_ns=None):
-        return await self._set_op("set times of", path, lambda p, t: self.ns.plan_set_times(
-            p, mtime_ns, atime_ns, now_ns=t))
+        return await self._set_op(
+            "set times of", path,
+            lambda p, t: self.ns.plan_set_times(p, mtime_ns, atime_ns, now_ns=t),
+            lambda parts, _: self._check(ctx, parts, access=WRITE))
 
     async def rpc_set_replication(self, ctx, path, replication):
         return await self._set_op("setrep", path, lambda p, t: self.ns.plan_set_replication(
-            p, replication, now_ns=t))
+            p, replication, now_ns=t), lambda parts, _: self._check(ctx, parts, access=WRITE))
 
     async def rpc_content_summary(self, ctx, path):
         parts = paths.split(path)
         async with self.locks.hold(lock_set(parts, LOCK_READ)):
+            caller = self._checked(ctx)
+            if caller is not None:
+                self.permissions.check_path(caller, parts, self._chain(parts))
             _, ino, inode, _ = self.ns.resolve(path)
             summary = ContentSummary()
-            for count, (_, node) in enumerate(self.ns.iter_subtree(ino, inode), 1):
+            for count, (node_ino, node) in enumerate(self.ns.iter_subtree(ino, inode), 1):
+                if caller is not None:   # HDFS subAccess=READ_EXECUTE on every directory
+                    self.permissions.check_sub_access(
+                        caller, node, READ_EXECUTE,
+                        lambda: self.ns.path_of(node_ino) or f"<inode {node_ino}>")
                 summary.add(node)
                 if count % 2000 == 0:
                     await trio.sleep(0)   # a big tree must not stall every other client
@@ -899,6 +1027,7 @@ class MetaServer(Dispatcher):
         if action not in ("get", "enter", "leave"):
             raise InvalidArgument(f"safemode: action must be get, enter or leave, got {action!r:.40}")
         if action != "get":
+            self.permissions.check_superuser(self._caller(ctx), f"safemode {action}")
             await self.global_lock.acquire(True)   # no mutation is half way through
             try:
                 if action == "enter":

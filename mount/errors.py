@@ -3,7 +3,8 @@
 Why: pyfuse3 turns a ``FUSEError(errno)`` raised by a handler into the errno the calling
 process sees, but ANY other exception escaping a handler ends ``pyfuse3.main`` and so the
 whole mount. Every handler of ``mount.operations`` is therefore wrapped by ``fuse_op``:
-``LeaseFSError`` → its ``errno``, ``OSError`` (local staging files) → its errno, anything
+``ServerUnavailable`` (metadata server unreachable or silent past the mount's
+``mount_meta_timeout``) → ``EIO``, other ``LeaseFSError`` → its ``errno``, ``OSError`` (local staging files) → its errno, anything
 else (a bug) → logged with its traceback and reported as ``EIO``. Cancellation passes through.
 
 Concurrency contract: pure functions; no state.
@@ -18,7 +19,7 @@ import logging
 import pyfuse3
 import trio
 
-from fs.errors import LeaseFSError
+from fs.errors import LeaseFSError, ServerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,8 @@ def to_fuse_error(exc: BaseException) -> pyfuse3.FUSEError:
     """The ``FUSEError`` a caller of the mount sees for ``exc``."""
     if isinstance(exc, pyfuse3.FUSEError):
         return exc
+    if isinstance(exc, ServerUnavailable):   # incl. RPC timeouts: the cluster is away
+        return pyfuse3.FUSEError(_errno.EIO)
     if isinstance(exc, LeaseFSError):
         return pyfuse3.FUSEError(exc.errno or _errno.EIO)
     if isinstance(exc, OSError):

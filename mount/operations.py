@@ -49,6 +49,7 @@ ROOT_INO = pyfuse3.ROOT_INODE
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 COPY_CHUNK = 4 << 20
+READ_WINDOW = 4 << 20
 READDIR_PAGE = 1000
 TRUNCATE_WAIT = 60.0
 
@@ -72,10 +73,15 @@ class OpenFile:
     differs from the cluster's copy).
     """
 
-    def __init__(self, ino: int, size: int, permission: int):
+    def __init__(self, ino: int, size: int, permission: int, owner: str | None = None,
+                 group: str | None = None, replication: int | None = None):
         self.ino = ino
         self.size = size
         self.permission = permission
+        # kept so that a re-upload (a new inode under the same name) keeps them
+        self.owner = owner
+        self.group = group
+        self.replication = replication
         self.mode = "clean"
         self.stream = None
         self.staging_path: str | None = None
@@ -98,6 +104,17 @@ class Handle:
         self.writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         self.input = None
         self.input_generation = -1
+        # read window: the kernel reads in requests of at most 128 KiB (readahead folios);
+        # one sequential fetch of READ_WINDOW serves the next ones from memory
+        self.window_offset = 0
+        self.window = b""
+        self.read_lock = trio.Lock()
+
+    def from_window(self, off: int, size: int) -> bytes | None:
+        start = off - self.window_offset
+        if 0 <= start and off + size <= self.window_offset + len(self.window):
+            return self.window[start:start + size]
+        return None
 
 
 class DirHandle:
@@ -115,10 +132,12 @@ class LeaseFS(pyfuse3.Operations):
     enable_writeback_cache = False
 
     def __init__(self, client, cache_dir: str, *, entry_timeout: float = 1.0,
-                 attr_timeout: float = 1.0, io_threads: int = 4):
+                 attr_timeout: float = 1.0, io_threads: int = 4,
+                 cache_limit: int = 8 << 30):
         super().__init__()
         self.client = client
         self.cache_dir = cache_dir
+        self.cache_limit = cache_limit
         self.entry_timeout = entry_timeout
         self.attr_timeout = attr_timeout
         self._io_limiter = trio.CapacityLimiter(io_threads)
@@ -268,13 +287,20 @@ class LeaseFS(pyfuse3.Operations):
             group = self._group_name(attr.st_gid) if fields.update_gid else None
             await self.client.set_owner(path, owner, group)
         if fields.update_size:
-            await self._truncate(inode, attr.st_size)
+            await self._truncate(inode, attr.st_size, by_handle=fh is not None)
         if fields.update_atime or fields.update_mtime:
             await self.client.set_times(
                 self._path(inode),
                 mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
                 atime_ns=attr.st_atime_ns if fields.update_atime else None)
         return self._attrs(await self._status_of(inode))
+
+    def _identity(self, ctx) -> tuple[str | None, str | None]:
+        """Owner and group for a new inode: the calling process's uid/gid (as names when
+        the system knows them). ``None`` without a context (the server picks)."""
+        if ctx is None:
+            return None, None
+        return self._user_name(ctx.uid), self._group_name(ctx.gid)
 
     @staticmethod
     def _user_name(uid: int) -> str:
@@ -335,7 +361,8 @@ class LeaseFS(pyfuse3.Operations):
         status = await self.client.get_file_status(parent)
         if not status.is_dir:
             raise fuse_error(errno.ENOTDIR)
-        await self.client.mkdirs(path, permission=mode & 0o7777)
+        owner, group = self._identity(ctx)
+        await self.client.mkdirs(path, permission=mode & 0o7777, owner=owner, group=group)
         status = await self.client.get_file_status(path)
         attrs = self._attrs(status)
         self._remember(attrs.st_ino, path)
@@ -366,9 +393,10 @@ class LeaseFS(pyfuse3.Operations):
         if of is not None:
             # keep it readable (and writable) until its last release: stage it locally
             async with of.lock:
-                await self._to_staging(of, path)
-                of.unlinked = True
-                of.dirty = False
+                if self._open.get(ino) is of:
+                    await self._to_staging(of, path)
+                    of.unlinked = True
+                    of.dirty = False
         await self.client.delete(path, recursive=False)
         self._forget_path(ino)
 
@@ -390,9 +418,10 @@ class LeaseFS(pyfuse3.Operations):
             of = self._open.get(replaced)
             if of is not None and not dst_status.is_dir:
                 async with of.lock:
-                    await self._to_staging(of, dst)
-                    of.unlinked = True
-                    of.dirty = False
+                    if self._open.get(replaced) is of:
+                        await self._to_staging(of, dst)
+                        of.unlinked = True
+                        of.dirty = False
         await self.client.rename(src, dst, overwrite=not (flags & RENAME_NOREPLACE))
         if replaced is not None:
             self._forget_path(replaced)
@@ -406,7 +435,9 @@ class LeaseFS(pyfuse3.Operations):
     @fuse_op
     async def symlink(self, parent_inode, name, target, ctx):
         path = self._child(parent_inode, name)
-        status = await self.client.create_symlink(os.fsdecode(target), path)
+        owner, group = self._identity(ctx)
+        status = await self.client.create_symlink(os.fsdecode(target), path, owner=owner,
+                                                  group=group)
         attrs = self._attrs(status)
         self._remember(attrs.st_ino, path)
         return attrs
@@ -449,10 +480,13 @@ class LeaseFS(pyfuse3.Operations):
         return True
 
     # ================================================================== file handlers
-    def _open_file(self, ino: int, size: int, permission: int) -> OpenFile:
+    def _open_file(self, ino: int, size: int, permission: int, status=None) -> OpenFile:
         of = self._open.get(ino)
         if of is None:
-            of = self._open[ino] = OpenFile(ino, size, permission)
+            of = self._open[ino] = OpenFile(
+                ino, size, permission, owner=getattr(status, "owner", None),
+                group=getattr(status, "group", None),
+                replication=getattr(status, "replication", None) or None)
         return of
 
     def _add_handle(self, of: OpenFile, flags: int) -> Handle:
@@ -466,14 +500,15 @@ class LeaseFS(pyfuse3.Operations):
     @fuse_op
     async def create(self, parent_inode, name, mode, flags, ctx):
         path = self._child(parent_inode, name)
-        stream = await self.client.create(path, overwrite=False, permission=mode & 0o777,
-                                          create_parent=False)
+        owner, group = self._identity(ctx)
+        stream = await self.client.create(path, overwrite=False, permission=mode & 0o7777,
+                                          create_parent=False, owner=owner, group=group)
         try:
             status = await self.client.get_file_status(path)
         except BaseException:
             await stream.close()
             raise
-        of = self._open_file(status.ino, 0, mode & 0o777)
+        of = self._open_file(status.ino, 0, mode & 0o7777, status)
         of.mode, of.stream, of.size = "stream", stream, 0
         attrs = self._attrs(status)
         self._remember(attrs.st_ino, path)
@@ -488,7 +523,7 @@ class LeaseFS(pyfuse3.Operations):
             raise fuse_error(errno.EISDIR)
         of = self._open.get(inode)
         if of is None:
-            of = self._open_file(inode, status.length, status.mode & 0o7777)
+            of = self._open_file(inode, status.length, status.mode & 0o7777, status)
         handle = self._add_handle(of, flags)
         try:
             if handle.writable and flags & os.O_TRUNC:
@@ -514,14 +549,22 @@ class LeaseFS(pyfuse3.Operations):
                 await self._to_staging(of, self._path(of.ino))
             if of.mode == "staging":
                 return await self._staging_pread(of, off, size)
-        if handle.input is None or handle.input_generation != of.generation:
-            if handle.input is not None:
-                await handle.input.close()
-            handle.input = await self.client.open(self._path(of.ino))
-            handle.input_generation = of.generation
-        if off + size > handle.input.length:
-            await handle.input.refresh()
-        return await handle.input.pread(off, size)
+        async with handle.read_lock:
+            if handle.input is None or handle.input_generation != of.generation:
+                if handle.input is not None:
+                    await handle.input.close()
+                handle.input = await self.client.open(self._path(of.ino))
+                handle.input_generation = of.generation
+                handle.window = b""
+            data = handle.from_window(off, size)
+            if data is not None:
+                return data
+            if off + size > handle.input.length:
+                await handle.input.refresh()
+            handle.input.seek(off)   # sequential reads stay on one kept connection
+            window = await handle.input.read(max(size, READ_WINDOW))
+            handle.window_offset, handle.window = off, window
+            return window[:size]
 
     @fuse_op
     async def write(self, fh, off, buf):
@@ -542,6 +585,7 @@ class LeaseFS(pyfuse3.Operations):
                 of.size = of.stream.pos
                 return len(buf)
             await self._to_staging(of, path)
+            self._reserve(of, off + len(buf))
             await self._staging_pwrite(of, off, buf)
             of.dirty = True
             of.size = max(of.size, off + len(buf))
@@ -641,8 +685,7 @@ class LeaseFS(pyfuse3.Operations):
 
     async def _upload(self, of: OpenFile) -> None:
         path = self._path(of.ino)
-        stream = await self.client.create(path, overwrite=True, permission=of.permission)
-        self._alias[stream.ino] = of.ino
+        stream = await self._recreate(path, of)
         try:
             offset = 0
             while offset < of.size:
@@ -659,10 +702,33 @@ class LeaseFS(pyfuse3.Operations):
         of.dirty = False
         of.generation += 1
 
+    async def _recreate(self, path: str, of: OpenFile):
+        """Replace ``path``'s content: a new inode under the same name with the same mode,
+        owner, group and replication, known to the kernel by the old inode number."""
+        stream = await self.client.create(path, overwrite=True, permission=of.permission,
+                                          replication=of.replication, owner=of.owner,
+                                          group=of.group)
+        self._alias[stream.ino] = of.ino
+        return stream
+
+    def _staged_bytes(self) -> int:
+        return sum(f.size for f in self._open.values()
+                   if f.mode == "staging" and f.staging_path is not None)
+
+    def _reserve(self, of: OpenFile, new_size: int) -> None:
+        """ENOSPC when growing ``of``'s staging file to ``new_size`` would pass the cache
+        limit (the mount's local staging space, not the cluster's)."""
+        current = of.size if (of.mode == "staging" and of.staging_path) else 0
+        if new_size > current and self._staged_bytes() - current + new_size > self.cache_limit:
+            log.warning("staging cache %s full (limit %d bytes): write to inode %d refused",
+                        self.cache_dir, self.cache_limit, of.ino)
+            raise fuse_error(errno.ENOSPC)
+
     async def _to_staging(self, of: OpenFile, path: str | None) -> None:
         """Move ``of`` to a local staging file holding its whole current content."""
         if of.mode == "staging":
             return
+        self._reserve(of, of.size)
         if of.mode == "stream":
             stream, of.stream, of.mode = of.stream, None, "clean"
             try:
@@ -706,21 +772,27 @@ class LeaseFS(pyfuse3.Operations):
     async def _io(self, fn, *args):
         return await trio.to_thread.run_sync(fn, *args, limiter=self._io_limiter)
 
-    async def _truncate(self, ino: int, size: int) -> None:
+    async def _truncate(self, ino: int, size: int, *, by_handle: bool = False) -> None:
+        """``truncate(2)`` by path takes effect in the cluster at once; ``ftruncate`` on a
+        file this mount is writing goes into that file's pending state (published with it)."""
         path = self._path(ino)
         of = self._open.get(ino)
         if of is not None:
             async with of.lock:
-                await self._truncate_locked(of, path, size)
-            return
+                if self._open.get(ino) is of:   # not released while we waited for the lock
+                    await self._truncate_locked(of, path, size)
+                    if not (by_handle and of.writers > 0):
+                        await self._publish(of, finish=of.writers == 0)
+                    return
         status = await self.client.get_file_status(path)
         if status.is_dir:
             raise fuse_error(errno.EISDIR)
         if size == status.length:
             return
         if size == 0:
-            stream = await self.client.create(path, overwrite=True, permission=status.mode)
-            self._alias[stream.ino] = ino
+            stream = await self._recreate(path, OpenFile(
+                ino, status.length, status.mode & 0o7777, status.owner, status.group,
+                status.replication or None))
             await stream.close()
         elif size < status.length:
             if not await self.client.truncate(path, size):
@@ -730,7 +802,8 @@ class LeaseFS(pyfuse3.Operations):
                         raise fuse_error(errno.EAGAIN)
                     await trio.sleep(0.05)
         else:  # growing: stage, extend, upload
-            of = OpenFile(ino, status.length, status.mode & 0o7777)
+            of = OpenFile(ino, status.length, status.mode & 0o7777, status.owner,
+                          status.group, status.replication or None)
             try:
                 await self._to_staging(of, path)
                 await self._truncate_locked(of, path, size)
@@ -745,14 +818,14 @@ class LeaseFS(pyfuse3.Operations):
             if of.mode == "stream":
                 stream, of.stream = of.stream, None
                 await stream.close()
-            stream = await self.client.create(path, overwrite=True, permission=of.permission)
-            self._alias[stream.ino] = of.ino
+            stream = await self._recreate(path, of)
             of.mode, of.stream, of.size = "stream", stream, 0
             of.generation += 1
             return
         if of.mode == "clean" and size == of.size:
             return
         await self._to_staging(of, path if not of.unlinked else None)
+        self._reserve(of, size)
         await self._io(os.truncate, of.staging_path, size)
         of.size = size
         of.dirty = True

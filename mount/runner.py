@@ -13,17 +13,19 @@ owns the one trio run; pyfuse3 runs its request tasks inside it.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
 import signal
+import socket
 import tempfile
 
 import pyfuse3
 import trio
 
 from fs.client import AsyncClient
-from fs.config import Config
+from fs.config import Config, default_home
 
 from .operations import LeaseFS
 
@@ -46,14 +48,103 @@ def mount_options(extra: list[str] | None, fsname: str) -> set[str]:
     return options
 
 
+def registry_path(mountpoint: str) -> str:
+    """Where the mount serving ``mountpoint`` records its pid, so ``leasefs umount --force``
+    can ask exactly that process (and no other) to publish its open files and go."""
+    digest = hashlib.sha1(os.path.abspath(mountpoint).encode()).hexdigest()[:16]
+    return os.path.join(default_home(), "mounts", f"{digest}.pid")
+
+
+def _register(mountpoint: str) -> str | None:
+    path = registry_path(mountpoint)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write(f"{os.getpid()} {mountpoint}\n")
+        return path
+    except OSError as exc:
+        log.info("mount registry %s not written: %s", path, exc)
+        return None
+
+
+def registered_pid(mountpoint: str) -> int | None:
+    """The pid recorded for ``mountpoint`` if that process still runs a leasefs mount."""
+    try:
+        with open(registry_path(mountpoint)) as fh:
+            pid_text, _, recorded = fh.read().strip().partition(" ")
+        pid = int(pid_text)
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmdline = fh.read()
+    except (OSError, ValueError):
+        return None
+    if recorded != os.path.abspath(mountpoint) or b"mount" not in cmdline:
+        return None
+    return pid
+
+
+def mount_client_name(mountpoint: str) -> str:
+    """The mount's lease holder name: says it is a mount, where, and which process."""
+    return f"leasefs-mount-{socket.gethostname()}-{os.getpid()}"
+
+
+def mount_client_config(config: Config) -> Config:
+    """The mount's client settings: an unreachable or silent metadata server fails a request
+    within ``mount_meta_timeout`` (EIO) instead of hanging the shell that made it."""
+    bound = max(1.0, config.mount_meta_timeout)
+    return config.replace(rpc_retry_seconds=min(config.rpc_retry_seconds, bound),
+                          rpc_timeout=min(config.rpc_timeout, bound))
+
+
+def _mount_bdi(mountpoint: str) -> str | None:
+    """``/sys/class/bdi/<major:minor>`` of the FUSE mount at ``mountpoint`` (from
+    /proc/self/mountinfo, so no request reaches our own, still starting, handlers)."""
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) > 4 and fields[4] == mountpoint:
+                    device = fields[2]
+                    path = f"/sys/class/bdi/{device}"
+                    return path if os.path.isdir(path) else None
+    except OSError:
+        return None
+    return None
+
+
+def set_readahead(mountpoint: str, nbytes: int) -> int | None:
+    """Set the kernel readahead window of the mount (root only); the value now in effect
+    in bytes, or None when it cannot be read/set. Readahead makes the kernel keep several
+    large read requests in flight, which hides the per-request round trip."""
+    bdi = _mount_bdi(mountpoint)
+    if bdi is None:
+        return None
+    knob = os.path.join(bdi, "read_ahead_kb")
+    try:
+        if nbytes > 0:
+            with open(knob, "w") as fh:
+                fh.write(str(max(4, nbytes // 1024)))
+        with open(knob) as fh:
+            return int(fh.read().strip()) * 1024
+    except (OSError, ValueError) as exc:
+        log.info("readahead of %s not set: %s", mountpoint, exc)
+        return None
+
+
 async def _serve(mountpoint: str, meta_address: str, config: Config, options: set[str],
                  cache_dir: str, entry_timeout: float, attr_timeout: float, on_ready) -> None:
     own_cache = os.path.join(cache_dir, f"mount-{os.getpid()}")
-    async with AsyncClient(meta_address, config=config) as client:
-        ops = LeaseFS(client, own_cache, entry_timeout=entry_timeout, attr_timeout=attr_timeout)
+    async with AsyncClient(meta_address, config=mount_client_config(config),
+                           client_name=mount_client_name(mountpoint)) as client:
+        ops = LeaseFS(client, own_cache, entry_timeout=entry_timeout, attr_timeout=attr_timeout,
+                      cache_limit=config.mount_cache_limit)
         pyfuse3.init(ops, mountpoint, options)
         mounted = True
+        registry = _register(mountpoint)
         try:
+            readahead = await trio.to_thread.run_sync(set_readahead, mountpoint,
+                                                      config.mount_readahead)
+            log.info("mounted %s at %s (readahead %s, meta timeout %gs, cache %s)",
+                     meta_address, mountpoint, readahead, config.mount_meta_timeout, own_cache)
             if on_ready is not None:
                 on_ready()
             async with trio.open_nursery() as nursery:
@@ -72,15 +163,24 @@ async def _serve(mountpoint: str, meta_address: str, config: Config, options: se
             if mounted:
                 pyfuse3.close(unmount=True)
             shutil.rmtree(own_cache, ignore_errors=True)
+            if registry is not None:
+                try:
+                    os.unlink(registry)
+                except OSError:
+                    pass
 
 
 def run_mount(mountpoint: str, meta_address: str, config: Config, *, options=None,
-              cache_dir: str | None = None, entry_timeout: float = 1.0,
-              attr_timeout: float = 1.0, on_ready=None) -> None:
-    """Mount the cluster at ``mountpoint`` and serve until unmounted or signalled."""
+              cache_dir: str | None = None, entry_timeout: float | None = None,
+              attr_timeout: float | None = None, on_ready=None) -> None:
+    """Mount the cluster at ``mountpoint`` and serve until unmounted or signalled. Unset
+    arguments come from ``config`` (``mount_*`` settings)."""
     opts = mount_options(options, meta_address)
     trio.run(_serve, os.path.abspath(mountpoint), meta_address, config, opts,
-             cache_dir or default_cache_dir(), entry_timeout, attr_timeout, on_ready)
+             cache_dir or config.mount_cache_dir or default_cache_dir(),
+             config.mount_entry_timeout if entry_timeout is None else entry_timeout,
+             config.mount_attr_timeout if attr_timeout is None else attr_timeout, on_ready)
 
 
-__all__ = ["run_mount", "mount_options", "default_cache_dir"]
+__all__ = ["run_mount", "mount_options", "default_cache_dir", "mount_client_config",
+           "set_readahead", "registry_path", "registered_pid", "mount_client_name"]

@@ -1,5 +1,6 @@
 """``leasefs bench write|read|meta``: throughput and metadata benchmarks against the running
 cluster, with same-run baselines so a number means something on this machine.
+(``leasefs bench fuse``, plain POSIX I/O on any folders such as the mount, is in benchfuse.py.)
 
 Why: a bare "120 MB/s" says nothing on a 2-core VM shared with other work. Every data run
 therefore also measures, with the same bytes in the same run, the local disk (write + fsync
@@ -552,10 +553,10 @@ def run_meta_bench(cmd: Command) -> int:
 # --------------------------------------------------------------------------- parser
 
 def register(sub, common) -> None:
-    p = sub.add_parser("bench", help="benchmarks against the running cluster: write, read, meta",
+    p = sub.add_parser("bench", help="benchmarks: write, read, meta (cluster), fuse (any folder)",
                        description="Benchmarks with same-run baselines (local disk, loopback "
                                    "TCP) and an optional MooseFS peer.")
-    bsub = p.add_subparsers(dest="kind", metavar="{write,read,meta}")
+    bsub = p.add_subparsers(dest="kind", metavar="{write,read,meta,fuse}")
     bsub.required = True
 
     def shared(q):
@@ -588,3 +589,6 @@ def register(sub, common) -> None:
                         "(default: the cluster home)")
     shared(q)
     q.set_defaults(func=run_meta_bench)
+
+    from .benchfuse import register as register_fuse  # late: benchfuse imports this module
+    register_fuse(bsub, common)

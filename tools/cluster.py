@@ -428,7 +428,7 @@ def _unmount(state: dict) -> None:
     mountpoint = state.get("mount")
     if not mountpoint or not mounted_fuse(mountpoint):
         return
-    proc = subprocess.run([sys.executable, "-m", "tools", "umount", mountpoint],
+    proc = subprocess.run([sys.executable, "-m", "tools", "umount", "--force", mountpoint],
                           capture_output=True, text=True)
     if proc.returncode == 0:
         print(f"unmounted {mountpoint}")

@@ -14,8 +14,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 from fs.config import find_meta_address
 
@@ -117,19 +119,67 @@ def _daemonize(args, mountpoint, meta, config, kwargs, run_mount) -> int:
     os._exit(status)
 
 
-def cmd_umount(args) -> int:
-    mountpoint = os.path.abspath(args.mountpoint)
-    tools = [["fusermount3", "-u", mountpoint], ["fusermount", "-u", mountpoint]]
+def _fusermount(mountpoint: str, lazy: bool) -> tuple[bool, str]:
+    flag = ["-z"] if lazy else []
+    tools = [["fusermount3", "-u", *flag, mountpoint], ["fusermount", "-u", *flag, mountpoint]]
     if os.geteuid() == 0:
-        tools.append(["umount", mountpoint])
+        tools.append(["umount", *(["-l"] if lazy else []), mountpoint])
     last = "no fusermount3/fusermount/umount found"
     for argv in tools:
         if shutil.which(argv[0]) is None:
             continue
         proc = subprocess.run(argv, capture_output=True, text=True)
         if proc.returncode == 0:
-            return 0
+            return True, ""
         last = " ".join((proc.stderr or proc.stdout).split()) or f"{argv[0]} failed"
+    return False, last
+
+
+def _stop_mount_process(mountpoint: str, timeout: float = 120.0) -> str | None:
+    """SIGTERM the registered mount process of ``mountpoint`` (it publishes its open files,
+    releases its leases and unmounts) and wait for it; an error text or None."""
+    from mount.runner import registered_pid
+
+    pid = registered_pid(mountpoint)
+    if pid is None:
+        return "no running leasefs mount process is registered for it"
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not os.path.exists(f"/proc/{pid}") or _zombie(pid):
+            return None
+        time.sleep(0.1)
+    return f"mount process {pid} did not exit within {timeout:g} s"
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def cmd_umount(args) -> int:
+    """Unmount. A busy mount (files open) is refused unless ``--lazy`` (detach now; the
+    mount finishes when the last file closes) or ``--force`` (the mount process publishes
+    every open file with its data, releases the leases and exits)."""
+    mountpoint = os.path.abspath(args.mountpoint)
+    if getattr(args, "force", False):
+        problem = _stop_mount_process(mountpoint)
+        if problem is None:
+            return 0
+        ok, last = _fusermount(mountpoint, lazy=False)
+        if ok:
+            return 0
+        print(f"{PROG} umount: {mountpoint}: {problem}; {last}", file=sys.stderr)
+        return 1
+    ok, last = _fusermount(mountpoint, lazy=getattr(args, "lazy", False))
+    if ok:
+        return 0
+    if "busy" in last.lower():
+        last += (" (files are open on it: --lazy detaches it now and it finishes when they "
+                 "close; --force closes them with their data and unmounts)")
     print(f"{PROG} umount: {mountpoint}: {last}", file=sys.stderr)
     return 1
 
@@ -148,16 +198,22 @@ def register(sub, common) -> None:
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT,...",
                    help="FUSE mount options, e.g. allow_other")
     p.add_argument("--cache-dir", default=None, metavar="DIR",
-                   help="folder for staging files of random writes (default: "
-                        "$TMPDIR/leasefs-mount-cache)")
-    p.add_argument("--entry-timeout", type=float, default=1.0,
-                   help="seconds the kernel caches names (default 1)")
-    p.add_argument("--attr-timeout", type=float, default=1.0,
-                   help="seconds the kernel caches attributes (default 1)")
+                   help="folder for staging files of random writes (setting mount_cache_dir; "
+                        "default $TMPDIR/leasefs-mount-cache)")
+    p.add_argument("--entry-timeout", type=float, default=None,
+                   help="seconds the kernel caches names (setting mount_entry_timeout, 1)")
+    p.add_argument("--attr-timeout", type=float, default=None,
+                   help="seconds the kernel caches attributes (setting mount_attr_timeout, 1)")
     p.add_argument("--log-file", default=None, metavar="FILE",
                    help="where the daemonized mount logs (default: nowhere)")
     p.set_defaults(func=cmd_mount, raw=True)
 
     p = _parser(sub, "umount", common, "unmount a leasefs mount (fusermount3 -u)")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--lazy", "-z", action="store_true",
+                     help="detach now even with files open; the mount finishes when they close")
+    how.add_argument("--force", action="store_true",
+                     help="make the mount process close every open file with its data, "
+                          "release its leases and exit")
     p.set_defaults(func=cmd_umount, raw=True)
