@@ -341,6 +341,9 @@ class AsyncOutputStream:
         self.blocks_written = 0
         self._error: LeaseFSError | None = None
         self._closed = False
+        # close() got every byte acknowledged but could not reach the metadata server for
+        # ``complete``: retry_complete() finishes the file later
+        self._complete_pending = False
 
     # ------------------------------------------------------------------ public
     @property
@@ -433,18 +436,37 @@ class AsyncOutputStream:
             if self._closed:
                 return
             self._closed = True
+            ended = False
             try:
                 if self._error is not None:
                     raise self._error
                 if self._pipeline is not None:
                     await self._end_block()
+                ended = True
                 await self._complete()
             except BaseException as exc:
+                self._complete_pending = ended and isinstance(exc, ServerUnavailable)
                 await self._fail_and_raise(exc)
             finally:
                 self._client._output_closed(self)
 
     aclose = close
+
+    @property
+    def complete_pending(self) -> bool:
+        """True after a ``close`` that failed only at ``complete`` because the metadata
+        server was unreachable: every byte is on the block servers, the file is still under
+        construction, and ``retry_complete`` can finish it."""
+        return self._complete_pending
+
+    async def retry_complete(self) -> None:
+        """Ask ``complete`` again for a file whose ``close`` could not reach the server."""
+        async with self._lock:
+            if not self._complete_pending:
+                raise self._error or InvalidArgument(f"{self.path}: nothing to complete")
+            await self._complete()
+            self._complete_pending = False
+            self._error = None
 
     def abort(self, exc: LeaseFSError) -> None:
         """Fail the stream at once (lease lost, client closing): no complete, the file stays

@@ -38,7 +38,7 @@ import uuid
 import pyfuse3
 import trio
 
-from fs.errors import FileNotFound, LeaseFSError
+from fs.errors import AlreadyBeingCreated, FileNotFound, LeaseFSError, ServerUnavailable
 from fs.paths import validate as validate_path
 
 from .errors import fuse_error, fuse_op
@@ -82,6 +82,10 @@ class OpenFile:
         self.owner = owner
         self.group = group
         self.replication = replication
+        self.status = None          # last FileStatus seen: attributes once it is unlinked
+        # (mtime_ns, atime_ns) set explicitly while written (rsync, tar, cp -p): the
+        # completion or upload at release would replace them, so they are set again then
+        self.pending_times: tuple[int | None, int | None] | None = None
         self.mode = "clean"
         self.stream = None
         self.staging_path: str | None = None
@@ -148,6 +152,9 @@ class LeaseFS(pyfuse3.Operations):
         self._handles: dict[int, Handle] = {}
         self._dirs: dict[int, DirHandle] = {}
         self._next_fh = 1
+        # files whose last close reached every block server but not the metadata server
+        # (unreachable for longer than the mount's timeout): completed in the background
+        self._unfinished: list[tuple[int, object]] = []
         self._uid_cache: dict[str, int] = {}
         self._gid_cache: dict[str, int] = {}
         os.makedirs(cache_dir, exist_ok=True)
@@ -272,7 +279,15 @@ class LeaseFS(pyfuse3.Operations):
 
     @fuse_op
     async def getattr(self, inode, ctx=None):
-        return self._attrs(await self._status_of(inode))
+        of = self._open.get(inode)
+        node = self._nodes.get(inode)
+        if of is not None and of.status is not None and (
+                of.unlinked or node is None or node.path is None):
+            return self._attrs(of.status)   # unlinked but open: still has attributes
+        status = await self._status_of(inode)
+        if of is not None:
+            of.status = status
+        return self._attrs(status)
 
     @fuse_op
     async def setattr(self, inode, attr, fields, fh, ctx):
@@ -289,10 +304,12 @@ class LeaseFS(pyfuse3.Operations):
         if fields.update_size:
             await self._truncate(inode, attr.st_size, by_handle=fh is not None)
         if fields.update_atime or fields.update_mtime:
-            await self.client.set_times(
-                self._path(inode),
-                mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
-                atime_ns=attr.st_atime_ns if fields.update_atime else None)
+            times = (attr.st_mtime_ns if fields.update_mtime else None,
+                     attr.st_atime_ns if fields.update_atime else None)
+            await self.client.set_times(self._path(inode), mtime_ns=times[0], atime_ns=times[1])
+            of = self._open.get(inode)
+            if of is not None and of.mode != "clean":
+                of.pending_times = times
         return self._attrs(await self._status_of(inode))
 
     def _identity(self, ctx) -> tuple[str | None, str | None]:
@@ -509,6 +526,7 @@ class LeaseFS(pyfuse3.Operations):
             await stream.close()
             raise
         of = self._open_file(status.ino, 0, mode & 0o7777, status)
+        of.status = status
         of.mode, of.stream, of.size = "stream", stream, 0
         attrs = self._attrs(status)
         self._remember(attrs.st_ino, path)
@@ -524,15 +542,32 @@ class LeaseFS(pyfuse3.Operations):
         of = self._open.get(inode)
         if of is None:
             of = self._open_file(inode, status.length, status.mode & 0o7777, status)
+        of.status = status
         handle = self._add_handle(of, flags)
         try:
-            if handle.writable and flags & os.O_TRUNC:
+            if handle.writable:
+                # opening for write takes the lease now, so a second writer learns at open
+                # (EBUSY), not at its first write
                 async with of.lock:
-                    await self._truncate_locked(of, path, 0)
+                    if flags & os.O_TRUNC:
+                        await self._truncate_locked(of, path, 0)
+                    elif of.mode == "clean" and not of.unlinked:
+                        await self._start_append(of, path)
+        except AlreadyBeingCreated as exc:
+            log.warning("open %s for writing: %s", path, exc)
+            await self._drop_handle(handle)
+            raise
         except BaseException:
             await self._drop_handle(handle)
             raise
         return pyfuse3.FileInfo(fh=handle.fh, keep_cache=False)
+
+    async def _start_append(self, of: OpenFile, path: str) -> None:
+        """Take the lease and continue the file at its end (the fast path's stream)."""
+        of.stream = await self.client.append(path)
+        of.mode = "stream"
+        of.size = of.stream.pos
+        of.generation += 1
 
     def _handle(self, fh: int) -> Handle:
         handle = self._handles.get(fh)
@@ -571,11 +606,10 @@ class LeaseFS(pyfuse3.Operations):
         handle = self._handle(fh)
         of = handle.of
         async with of.lock:
+            of.pending_times = None   # a write after utimens sets mtime to now again
             path = self._path(of.ino) if not of.unlinked else None
             if of.mode == "clean" and off == of.size and path is not None:
-                of.stream = await self.client.append(path)
-                of.mode = "stream"
-                of.generation += 1
+                await self._start_append(of, path)
             if of.mode == "stream" and off == of.stream.pos:
                 try:
                     await of.stream.write(buf)
@@ -597,11 +631,10 @@ class LeaseFS(pyfuse3.Operations):
         of = handle.of
         async with of.lock:
             self._raise_pending(of)
-            if not handle.writable:
-                return
-            if of.writers <= 1:
-                await self._publish(of, finish=True)
-            else:
+            if handle.writable:
+                # flush runs at every close(2) of a descriptor of this handle, including
+                # the copies a fork inherited, so it hflushes (data visible, close reports
+                # errors) and the stream - and the lease - live until release, as fuse-dfs
                 await self._publish(of, finish=False)
 
     @fuse_op
@@ -637,17 +670,32 @@ class LeaseFS(pyfuse3.Operations):
         if of.handles > 0:
             return
         async with of.lock:
+            if of.handles > 0 or self._open.get(of.ino) is not of:
+                return   # opened again while we waited for the lock (or already finished)
             try:
                 await self._publish(of, finish=True)
             except LeaseFSError as exc:
                 log.warning("release of inode %d: %s", of.ino, exc)
             finally:
-                await self._discard_staging(of)
-                if self._open.get(of.ino) is of:
+                self._invalidate_attrs(of.ino)
+                # an open() may have joined this file while it was being published: then
+                # it stays registered (now clean) for that handle
+                if of.handles == 0:
+                    await self._discard_staging(of)
+                if of.handles == 0 and self._open.get(of.ino) is of:
                     del self._open[of.ino]
-                node = self._nodes.get(of.ino)
-                if node is not None and node.lookups <= 0 and of.ino != ROOT_INO:
-                    del self._nodes[of.ino]
+                    node = self._nodes.get(of.ino)
+                    if node is not None and node.lookups <= 0 and of.ino != ROOT_INO:
+                        del self._nodes[of.ino]
+
+    @staticmethod
+    def _invalidate_attrs(ino: int) -> None:
+        """Make the kernel ask getattr again: a released file's length now comes from the
+        cluster, and what the kernel cached while it was open may be behind."""
+        try:
+            pyfuse3.invalidate_inode(ino, attr_only=True)
+        except (OSError, RuntimeError) as exc:   # not known to the kernel (any more)
+            log.debug("invalidate inode %d: %s", ino, exc)
 
     def _raise_pending(self, of: OpenFile) -> None:
         if of.error is not None:
@@ -661,16 +709,66 @@ class LeaseFS(pyfuse3.Operations):
                 await self._drop_handle(handle)
             except Exception:  # keep closing the others
                 log.exception("closing inode %d at unmount failed", handle.of.ino)
+        await self.complete_unfinished()
+        for _ino, stream in self._unfinished:
+            log.error("%s: left under construction (metadata server unreachable); its data "
+                      "is on the block servers and lease recovery will close it", stream.path)
+
+    async def complete_unfinished(self) -> None:
+        """Retry ``complete`` for files whose close could not reach the metadata server."""
+        for item in list(self._unfinished):
+            ino, stream = item
+            try:
+                await stream.retry_complete()
+            except LeaseFSError as exc:
+                if isinstance(exc, ServerUnavailable) or exc.retriable:   # e.g. safe mode
+                    continue
+                log.warning("%s: completing after an outage failed: %s", stream.path, exc)
+            else:
+                log.info("%s: completed after the metadata server came back", stream.path)
+                self._invalidate_attrs(ino)
+            self._unfinished.remove(item)
+
+    async def run_background(self) -> None:
+        """The mount's housekeeping task (started by the runner next to ``pyfuse3.main``)."""
+        while True:
+            await trio.sleep(1.0)
+            if self._unfinished:
+                await self.complete_unfinished()
 
     # ================================================================== write machinery
     async def _publish(self, of: OpenFile, *, finish: bool) -> None:
         """Make the cluster copy match what was written. ``finish``: also close the stream
         (completing the file, releasing the lease) and go back to ``clean``."""
+        changed = of.mode == "stream" and finish or of.mode == "staging" and of.dirty
+        try:
+            await self._publish_content(of, finish=finish)
+        finally:
+            if changed and of.pending_times is not None and not of.unlinked:
+                mtime_ns, atime_ns = of.pending_times
+                if finish:
+                    of.pending_times = None
+                await self.client.set_times(self._path(of.ino), mtime_ns=mtime_ns,
+                                            atime_ns=atime_ns)
+
+    async def _publish_content(self, of: OpenFile, *, finish: bool) -> None:
         if of.mode == "stream":
             try:
                 if finish:
-                    stream, of.stream, of.mode = of.stream, None, "clean"
-                    await stream.close()
+                    # the mode changes only once the file is complete: until then the
+                    # cluster's length lags and getattr must keep answering of.size
+                    stream = of.stream
+                    try:
+                        await stream.close()
+                    except LeaseFSError:
+                        if stream.complete_pending:
+                            log.warning("%s: metadata server unreachable at close; the data "
+                                        "is on the block servers, completing it when the "
+                                        "server is back", stream.path)
+                            self._unfinished.append((of.ino, stream))
+                        raise
+                    finally:
+                        of.stream, of.mode = None, "clean"
                 else:
                     await of.stream.hflush()
             except LeaseFSError:
@@ -730,12 +828,13 @@ class LeaseFS(pyfuse3.Operations):
             return
         self._reserve(of, of.size)
         if of.mode == "stream":
-            stream, of.stream, of.mode = of.stream, None, "clean"
             try:
-                await stream.close()
+                await of.stream.close()
             except LeaseFSError as exc:
                 of.error = exc
                 raise
+            finally:
+                of.stream, of.mode = None, "clean"
         staging = os.path.join(self.cache_dir, f"{of.ino}-{uuid.uuid4().hex}")
         fd = await self._io(os.open, staging, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         await self._io(os.close, fd)

@@ -156,6 +156,7 @@ async def _serve(mountpoint: str, meta_address: str, config: Config, options: se
                             return
 
                 nursery.start_soon(stop_on_signal)
+                nursery.start_soon(ops.run_background)
                 await pyfuse3.main()
                 nursery.cancel_scope.cancel()
             await ops.close_all()
