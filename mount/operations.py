@@ -607,6 +607,8 @@ class LeaseFS(pyfuse3.Operations):
         of = handle.of
         async with of.lock:
             of.pending_times = None   # a write after utimens sets mtime to now again
+            if handle.flags & os.O_APPEND:
+                off = of.size   # the kernel's idea of the end may be a stale cached size
             path = self._path(of.ino) if not of.unlinked else None
             if of.mode == "clean" and off == of.size and path is not None:
                 await self._start_append(of, path)

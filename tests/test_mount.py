@@ -310,3 +310,23 @@ def test_error_mapping_is_one_place_and_bugs_become_eio():
         assert info.value.errno == errno.ENOENT
 
     trio.run(main)
+
+
+def test_append_lands_at_the_real_end_despite_a_cached_size(mounted, cluster):
+    f = mounted / "grow.log"
+    f.write_bytes(b"a" * 100)
+    assert os.stat(f).st_size == 100          # the kernel now caches size 100 for ~1 s
+    with cluster.client() as client:          # another client appends meanwhile
+        deadline = time.monotonic() + 10      # (once the mount's release completed it)
+        while not client.is_file_closed("/grow.log"):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        stream = client.append("/grow.log")
+        stream.write(b"b" * 50)
+        stream.close()
+    with open(f, "ab") as fh:                 # O_APPEND: the kernel's offset is stale (100)
+        fh.write(b"c" * 10)
+    with cluster.client() as client:
+        assert client.read_file("/grow.log") == b"a" * 100 + b"b" * 50 + b"c" * 10
+    time.sleep(1.2)
+    assert f.read_bytes() == b"a" * 100 + b"b" * 50 + b"c" * 10
