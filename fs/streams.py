@@ -325,6 +325,7 @@ class AsyncOutputStream:
         self._client = client
         self.path = path
         self.ino = status["ino"]
+        self.created_status = status   # what create/append answered (a FileStatus on the wire)
         config = client.config
         self.block_size = int(status.get("block_size") or config.block_size)
         self.replication = int(status.get("replication") or config.replication)

@@ -38,6 +38,7 @@ import uuid
 import pyfuse3
 import trio
 
+from fs.client import FileStatus
 from fs.errors import AlreadyBeingCreated, FileNotFound, LeaseFSError, ServerUnavailable
 from fs.paths import validate as validate_path
 
@@ -520,11 +521,7 @@ class LeaseFS(pyfuse3.Operations):
         owner, group = self._identity(ctx)
         stream = await self.client.create(path, overwrite=False, permission=mode & 0o7777,
                                           create_parent=False, owner=owner, group=group)
-        try:
-            status = await self.client.get_file_status(path)
-        except BaseException:
-            await stream.close()
-            raise
+        status = FileStatus.from_wire(stream.created_status)
         of = self._open_file(status.ino, 0, mode & 0o7777, status)
         of.status = status
         of.mode, of.stream, of.size = "stream", stream, 0
