@@ -49,6 +49,16 @@ class Config:
     rpc_retry_seconds: float = _s(30.0, "seconds a client keeps retrying a call over lost connections")
     data_timeout: float = _s(60.0, "seconds a data-transfer read or ack may stall before the peer is failed")
     complete_retries: int = _s(10, "times close() asks complete() before giving up (backoff doubles)")
+    replace_datanode_on_failure: str = _s(
+        "default", "pipeline recovery: when to add a replacement block server for a failed one "
+        "(never, default or always; HDFS dfs.client.block.write.replace-datanode-on-failure."
+        "policy: default = replication >= 3 and half or more of the nodes gone, or the block "
+        "was hflushed/appended)")
+    replace_datanode_best_effort: bool = _s(
+        False, "pipeline recovery: when no replacement can be found or copied to, go on with "
+        "the remaining nodes instead of failing the write")
+    pipeline_recovery_retries: int = _s(5, "pipeline recoveries one block may go through "
+                                        "before the write fails")
     # --- metadata server
     safemode_threshold: float = _s(0.999, "fraction of complete blocks reported before leaving safe mode")
     safemode_extension: float = _s(30.0, "seconds safe mode lasts after the threshold is reached")
@@ -79,6 +89,17 @@ class Config:
     block_report_chunk: int = _s(50_000, "replicas per block_report call; a full report of more "
                                  "is sent as several chunks of one report id")
     disk_io_threads: int = _s(8, "worker threads a block server uses for disk I/O")
+    # --- repair (replication monitor, block scanner)
+    replication_interval: float = _s(3.0, "seconds between replication monitor passes "
+                                     "(copies scheduled, surplus replicas deleted)")
+    replication_max_streams: int = _s(2, "replica copies one block server may be sending at "
+                                      "once (HDFS maxReplicationStreams)")
+    replication_pending_timeout: float = _s(300.0, "seconds a scheduled replica copy may take "
+                                            "before it is scheduled again elsewhere")
+    scanner_bytes_per_second: int = _s(1 * MiB, "bytes per second a block server's scanner "
+                                       "reads to verify finalized replicas")
+    scanner_period: float = _s(1_814_400.0, "seconds between two scans of all finalized "
+                               "replicas of a block server (HDFS: 3 weeks)")
     # --- client
     lease_renew_period: float = _s(0.0, "client lease renewal period (0 = soft limit / 2)")
     # --- FUSE mount

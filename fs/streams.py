@@ -19,6 +19,13 @@ PIPELINE_SETUP_APPEND under the new stamp) and then writes on exactly as after a
 A pipeline that breaks because the file was deleted or overwritten under the writer is
 reported as ``FileNotFound``, as HDFS's writer sees it.
 
+Pipeline recovery (``_recover_pipeline``, docs/DESIGN.md "Pipeline recovery"): a pipeline
+that fails through one of its nodes records which (``bad_index``); the writer's next send or
+wait drops that node, gets a new stamp (``update_block_for_pipeline``), adds a replacement
+when the replace-datanode policy says so (``get_additional_datanode`` + TRANSFER_RBW from a
+survivor), sets up PIPELINE_SETUP_STREAMING_RECOVERY, calls ``update_pipeline`` and resends
+the unacked packets; at most ``pipeline_recovery_retries`` rounds per block.
+
 Read path (``AsyncInputStream``): block locations from the metadata server (the last block
 of a file under construction is measured with BLOCK_LENGTH), READ_BLOCK from one replica at
 a time, every chunk verified. A checksum error is reported with ``report_bad_blocks``; any
@@ -48,11 +55,13 @@ import trio
 from . import errors
 from .datatransfer import (BLOCK_LENGTH, ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC,
                            MAX_PACKET_DATA, PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE,
-                           READ_BLOCK, SUCCESS, WRITE_BLOCK, Packet, block_dict,
+                           PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
+                           TRANSFER_BLOCK, TRANSFER_RBW, WRITE_BLOCK, Packet, block_dict,
                            chunk_checksums, receive_ack, receive_packet, send_packet,
                            verify_checksums)
-from .errors import (BlockMissing, ChecksumError, FileNotFound, InvalidArgument, LeaseFSError,
-                     NotReplicatedYet, PipelineError, ProtocolError, ServerUnavailable)
+from .errors import (BlockMissing, ChecksumError, FileNotFound, InvalidArgument, LeaseExpired,
+                     LeaseFSError, NotReplicatedYet, PipelineError, ProtocolError,
+                     ServerUnavailable)
 from .framing import FramedStream
 from .rpc import parse_address
 
@@ -150,6 +159,11 @@ class _Pipeline:
         self.window = window
         self.timeout = timeout
         self.error: LeaseFSError | None = None
+        #: index in ``nodes`` of the node blamed for ``error`` (None: not a node's fault,
+        #: e.g. the stream was aborted, so no pipeline recovery)
+        self.bad_index: int | None = None
+        self.queued = 0               # packets ever queued (tells a caller if its packet was)
+        self.done = trio.Event()      # the responder ended (and closed the connection)
         self.acked_bytes = start      # block offset up to which every node acknowledged
         self.sent_end = start         # block offset just past the last data sent
         self._seqno = 0
@@ -167,10 +181,13 @@ class _Pipeline:
     @classmethod
     async def connect(cls, *, path: str, located: dict, client_name: str,
                       bytes_per_checksum: int, window: int, timeout: float,
-                      max_frame: int, min_bytes: int | None = None) -> "_Pipeline":
+                      max_frame: int, min_bytes: int | None = None,
+                      stage: str = PIPELINE_SETUP_APPEND) -> "_Pipeline":
         """WRITE_BLOCK to the first location; ``_SetupFailed`` names the first bad node.
-        With ``min_bytes`` the stage is PIPELINE_SETUP_APPEND: the nodes reopen their
-        replicas of exactly that length under the block's new generation stamp."""
+        With ``min_bytes`` the stage is PIPELINE_SETUP_APPEND (the nodes reopen their
+        replicas of exactly that length under the block's new generation stamp) or
+        PIPELINE_SETUP_STREAMING_RECOVERY (they cut their RBW replicas to that acknowledged
+        length and take the new stamp)."""
         nodes = located["locations"]
         first = nodes[0]
         try:
@@ -182,7 +199,7 @@ class _Pipeline:
                   "stage": PIPELINE_SETUP_CREATE, "client": client_name,
                   "bytes_per_checksum": bytes_per_checksum}
         if min_bytes is not None:
-            header["stage"] = PIPELINE_SETUP_APPEND
+            header["stage"] = stage
             header["min_bytes"] = min_bytes
         try:
             with trio.fail_after(timeout):
@@ -217,6 +234,7 @@ class _Pipeline:
         packet = Packet(self._seqno, offset, data, sums, flags)
         self._seqno += 1
         self._unacked.append(packet)
+        self.queued += 1
         self._wake.set()
         try:
             async with self._send_lock:
@@ -224,7 +242,8 @@ class _Pipeline:
                     await send_packet(self.framed, packet.seqno, offset, data, sums, flags)
         except (LeaseFSError, trio.TooSlowError) as exc:
             self.fail(self.error or PipelineError(
-                f"{self.where}: cannot send to {_node_name(self.nodes[0])}: {exc or 'timed out'}"))
+                f"{self.where}: cannot send to {_node_name(self.nodes[0])}: {exc or 'timed out'}"),
+                bad_index=0)
             raise self.error from None
         if data:
             self.sent_end = offset + len(data)
@@ -263,11 +282,13 @@ class _Pipeline:
                             f"{self.where}: {_node_name(self.nodes[0])} closed the pipeline "
                             f"with {len(self._unacked)} packet(s) unacknowledged") from None
                     self._handle_ack(seqno, statuses)
-        except PipelineError as exc:
-            self.fail(exc)
+        except _BadNode as exc:
+            self.fail(exc.error, bad_index=exc.index)
+        except PipelineError as exc:   # the first node's connection broke or timed out
+            self.fail(exc, bad_index=0)
         except LeaseFSError as exc:
             self.fail(PipelineError(f"{self.where}: pipeline to {_node_name(self.nodes[0])} "
-                                    f"broke: {exc}"))
+                                    f"broke: {exc}"), bad_index=0)
         except Exception as exc:  # never let a data-path surprise kill the client's nursery
             log.exception("%s: responder failed", self.where)
             self.fail(PipelineError(f"{self.where}: responder failed: {type(exc).__name__}: {exc}"))
@@ -276,6 +297,7 @@ class _Pipeline:
                 self.error = PipelineError(f"{self.where}: pipeline closed")
             self._notify()
             await _close_quietly(self.framed)
+            self.done.set()
 
     def _handle_ack(self, seqno: int, statuses: list[int]) -> None:
         if not self._unacked:
@@ -286,14 +308,14 @@ class _Pipeline:
         for index, status in enumerate(statuses):
             if status != SUCCESS:
                 node = self.nodes[index] if index < len(self.nodes) else {"address": f"node #{index}"}
-                raise PipelineError(
+                raise _BadNode(min(index, len(self.nodes) - 1), PipelineError(
                     f"{self.where}: block server {_node_name(node)} answered "
                     f"{_ACK_NAMES.get(status, status)} for packet {seqno} (block offset "
-                    f"{packet.offset}); pipeline recovery is not supported yet")
+                    f"{packet.offset})"))
         if len(statuses) < len(self.nodes):
             node = self.nodes[len(statuses)]
-            raise PipelineError(f"{self.where}: ack for packet {seqno} carries no status for "
-                                f"{_node_name(node)}")
+            raise _BadNode(len(statuses), PipelineError(
+                f"{self.where}: ack for packet {seqno} carries no status for {_node_name(node)}"))
         self._unacked.popleft()
         if packet.data:
             self.acked_bytes = max(self.acked_bytes, packet.offset + len(packet.data))
@@ -301,10 +323,12 @@ class _Pipeline:
             self._finished = True
         self._notify()
 
-    def fail(self, exc: LeaseFSError) -> None:
-        """Record the first failure, wake every waiter, stop the responder (closes the socket)."""
+    def fail(self, exc: LeaseFSError, bad_index: int | None = None) -> None:
+        """Record the first failure (and the node it blames, if any), wake every waiter,
+        stop the responder (closes the socket)."""
         if self.error is None:
             self.error = exc
+            self.bad_index = bad_index
             log.warning("%s", exc)
         self._notify()
         self._scope.cancel()
@@ -313,6 +337,24 @@ class _Pipeline:
         """Stop using the pipeline (after the LAST ack, or to abandon it)."""
         self._finished = True
         self._scope.cancel()
+
+    @property
+    def recoverable(self) -> bool:
+        """Failed through one of its nodes: pipeline recovery may go on without it."""
+        return self.error is not None and self.bad_index is not None
+
+    def pending_packets(self) -> list[Packet]:
+        """The unacknowledged packets a recovered pipeline must resend (not heartbeats)."""
+        return [p for p in self._unacked if not p.flags & FLAG_HEARTBEAT]
+
+
+class _BadNode(Exception):
+    """An ack blamed the pipeline node at ``index`` (internal to the responder)."""
+
+    def __init__(self, index: int, error: PipelineError):
+        super().__init__(str(error))
+        self.index = index
+        self.error = error
 
 
 class AsyncOutputStream:
@@ -340,6 +382,14 @@ class AsyncOutputStream:
         self._pipeline: _Pipeline | None = None
         self._previous: dict | None = None  # last finished block with its final length
         self.blocks_written = 0
+        # pipeline recovery: nodes that failed this stream (excluded from later pipelines),
+        # recoveries of the current block, and what the replace-datanode policy looks at
+        self._failed_nodes: list[dict] = []
+        self._block_recoveries = 0
+        self._hflushed = False
+        self._appended = False
+        self.recoveries = 0           # pipeline recoveries over the stream's life
+        self.replacements = 0         # replacement block servers added by recoveries
         self._error: LeaseFSError | None = None
         self._closed = False
         # close() got every byte acknowledged but could not reach the metadata server for
@@ -402,8 +452,9 @@ class AsyncOutputStream:
             self._check_writable()
             try:
                 if self._pipeline is not None:
+                    self._hflushed = True
                     await self._send_buffer()
-                    await self._pipeline.wait_all_acked()
+                    await self._wait_all_acked()
             except BaseException as exc:
                 await self._fail_and_raise(exc)
 
@@ -417,8 +468,9 @@ class AsyncOutputStream:
             try:
                 length = None
                 if self._pipeline is not None:
+                    self._hflushed = True
                     await self._send_buffer(FLAG_SYNC)
-                    await self._pipeline.wait_all_acked()
+                    await self._wait_all_acked()
                     length = self._buf_start + len(self._buf)
                 elif self._previous is not None:
                     length = self._previous["num_bytes"]
@@ -553,6 +605,8 @@ class AsyncOutputStream:
             raise PipelineError(f"{self.path}: cannot append: no replica of block {block['id']} "
                                 f"accepted the append pipeline: " + "; ".join(failures))
         self._pipeline = pipeline
+        self._appended = True
+        self._block_recoveries = 0
         whole = min_bytes - len(tail)
         self._buf, self._buf_start, self._buf_sent = bytearray(tail), whole, len(tail)
         client._nursery.start_soon(pipeline.run_responder,
@@ -632,8 +686,10 @@ class AsyncOutputStream:
     async def _start_block(self) -> None:
         """Allocate the next block and set up its pipeline, excluding nodes that fail."""
         client = self._client
-        excluded: list[str] = []
+        # nodes that already failed this stream stay out (HDFS excludedNodes)
+        excluded: list[str] = [n["node_id"] for n in self._failed_nodes if n.get("node_id")]
         failures: list[str] = []
+        self._block_recoveries = 0
         for _attempt in range(PIPELINE_SETUP_ATTEMPTS):
             located = await self._add_block(excluded)
             if not located.get("locations"):
@@ -671,7 +727,7 @@ class AsyncOutputStream:
             return  # nothing new
         data, offset = self._buf, self._buf_start
         sums = chunk_checksums(data, self.bytes_per_checksum)
-        await self._pipeline.send(offset, data, sums, flags)
+        await self._send(offset, data, sums, flags)
         whole = len(data) - len(data) % self.bytes_per_checksum
         tail = bytes(data[whole:])  # the packet keeps `data`; never mutate it again
         self._buf = bytearray(tail)
@@ -681,15 +737,196 @@ class AsyncOutputStream:
     async def _end_block(self) -> None:
         """Flush, send the empty LAST packet, wait for every ack, remember the block."""
         await self._send_buffer()
-        pipeline = self._pipeline
         length = self._buf_start + len(self._buf)
-        await pipeline.send(length, b"", b"", FLAG_LAST)
-        await pipeline.wait_all_acked()
+        await self._send(length, b"", b"", FLAG_LAST)
+        await self._wait_all_acked()
+        pipeline = self._pipeline   # a recovery may have replaced it
         pipeline.close()
         self._previous = block_dict(pipeline.block["id"], pipeline.block["gs"], length)
         self._pipeline = None
         self._buf, self._buf_start, self._buf_sent = bytearray(), 0, 0
         self.blocks_written += 1
+
+    # ------------------------------------------------------------------ pipeline recovery
+    async def _send(self, offset: int, data, sums: bytes, flags: int = 0) -> None:
+        """Send one packet on the current pipeline, recovering the pipeline when one of its
+        nodes fails (the packet is then resent by the recovery, or sent afterwards)."""
+        while True:
+            pipeline = self._pipeline
+            before = pipeline.queued
+            try:
+                await pipeline.send(offset, data, sums, flags)
+                return
+            except PipelineError:
+                if not pipeline.recoverable:
+                    raise
+                queued = pipeline.queued > before
+            await self._recover_pipeline()
+            if queued:
+                return   # it was in the unacked queue: the recovery resent it
+
+    async def _wait_all_acked(self) -> None:
+        while True:
+            pipeline = self._pipeline
+            try:
+                await pipeline.wait_all_acked()
+                return
+            except PipelineError:
+                if not pipeline.recoverable:
+                    raise
+            await self._recover_pipeline()
+
+    def _should_replace(self, remaining: int) -> bool:
+        """HDFS ReplaceDatanodeOnFailure: add a replacement for a failed node?"""
+        policy = str(self._client.config.replace_datanode_on_failure).strip().lower()
+        if remaining == 0 or remaining >= self.replication or policy == "never":
+            return False
+        if policy == "always":
+            return True
+        if policy != "default":
+            raise InvalidArgument(f"replace_datanode_on_failure must be never, default or "
+                                  f"always, not {policy!r}")
+        if self.replication < 3:
+            return False
+        return remaining <= self.replication // 2 or self._hflushed or self._appended
+
+    async def _recover_pipeline(self) -> None:
+        """HDFS pipeline recovery (DataStreamer.setupPipelineForAppendOrRecovery), run by
+        the writer's task once the current pipeline failed through one of its nodes: drop
+        the bad node, get a new generation stamp, add a replacement (copied up to the
+        acknowledged length) when the policy says so, rebuild the pipeline with stage
+        PIPELINE_SETUP_STREAMING_RECOVERY, ``update_pipeline``, then resend every unacked
+        packet. Repeats while failures continue, up to ``pipeline_recovery_retries`` per
+        block; raises ``PipelineError`` naming the block and the nodes tried."""
+        pipeline = self._pipeline
+        leftover: list[Packet] = []    # packets never queued on ``pipeline``
+        while True:
+            with trio.move_on_after(pipeline.timeout):
+                await pipeline.done.wait()
+            pending = pipeline.pending_packets() + leftover
+            new = await self._rebuild_pipeline(pipeline)
+            self._pipeline = new
+            leftover = []
+            for i, packet in enumerate(pending):
+                before = new.queued
+                try:
+                    await new.send(packet.offset, packet.data, packet.sums, packet.flags)
+                except PipelineError:
+                    if not new.recoverable:
+                        raise
+                    leftover = pending[i + (1 if new.queued > before else 0):]
+                    break
+            else:
+                return
+            pipeline = new
+
+    async def _rebuild_pipeline(self, old: _Pipeline) -> _Pipeline:
+        """One recovery of ``old`` (a failed pipeline): returns the new, running pipeline."""
+        client = self._client
+        config = client.config
+        retries = max(0, int(config.pipeline_recovery_retries))
+        block = dict(old.block)          # as the metadata server knows it
+        nodes = list(old.nodes)
+        bad_index, cause = old.bad_index, old.error
+        acked = old.acked_bytes
+        where = f"{self.path}: block {block['id']}"
+        while True:
+            if self._error is not None:   # aborted meanwhile (lease lost, client closing)
+                raise self._error
+            if bad_index is None or not 0 <= bad_index < len(nodes):
+                raise cause
+            bad = nodes.pop(bad_index)
+            if all(bad.get("node_id") != n.get("node_id") for n in self._failed_nodes):
+                self._failed_nodes.append(bad)
+            self._block_recoveries += 1
+            self.recoveries += 1
+            tried = ", ".join(_node_name(n) for n in self._failed_nodes)
+            if self._block_recoveries > retries:
+                raise PipelineError(f"{where}: giving up after {retries} pipeline recoveries; "
+                                    f"failed block servers: {tried}; last error: {cause}")
+            if not nodes:
+                raise PipelineError(f"{where}: every block server of the pipeline failed "
+                                    f"({tried}); last error: {cause}")
+            log.warning("%s: pipeline recovery %d: dropping %s (%s); %d node(s) left, %d "
+                        "bytes acknowledged", where, self._block_recoveries, _node_name(bad),
+                        cause, len(nodes), acked)
+            try:
+                located = await client.rpc.call("update_block_for_pipeline", {
+                    "block": block, "client_name": client.client_name})
+            except (FileNotFound, LeaseExpired, ServerUnavailable):
+                raise
+            except LeaseFSError as exc:
+                raise PipelineError(f"{where}: pipeline recovery refused by the metadata "
+                                    f"server: {exc}") from None
+            new_gs = located["block"]["gs"]
+            if self._should_replace(len(nodes)):
+                try:
+                    nodes = await self._add_replacement(block, nodes, acked)
+                except LeaseFSError as exc:
+                    if not config.replace_datanode_best_effort:
+                        raise PipelineError(f"{where}: cannot add a replacement block server "
+                                            f"({exc}); {len(nodes)} node(s) left, failed: "
+                                            f"{tried}; last error: {cause}") from None
+                    log.warning("%s: no replacement block server (%s); going on with %d "
+                                "node(s) (best effort)", where, exc, len(nodes))
+            new_block = block_dict(block["id"], new_gs, acked)
+            try:
+                pipeline = await _Pipeline.connect(
+                    path=self.path, located={"block": new_block, "locations": nodes},
+                    client_name=client.client_name, bytes_per_checksum=self.bytes_per_checksum,
+                    window=self.window, timeout=config.data_timeout, max_frame=config.max_frame,
+                    min_bytes=acked, stage=PIPELINE_SETUP_STREAMING_RECOVERY)
+            except _SetupFailed as exc:
+                cause = PipelineError(f"{where}: recovery setup failed: {exc.reason}")
+                bad_index = next((i for i, n in enumerate(nodes)
+                                  if n.get("node_id") == exc.node.get("node_id")), 0)
+                continue
+            try:
+                await client.rpc.call("update_pipeline", {
+                    "client_name": client.client_name, "old_block": block,
+                    "new_block": new_block, "new_nodes": [n["node_id"] for n in nodes]})
+            except BaseException:
+                pipeline.close()
+                await _close_quietly(pipeline.framed)
+                raise
+            log.info("%s: pipeline recovered: generation stamp %d, %d bytes acknowledged, "
+                     "nodes %s", where, new_gs, acked, ", ".join(_node_name(n) for n in nodes))
+            pipeline.sent_end = max(old.sent_end, acked)
+            client._nursery.start_soon(pipeline.run_responder,
+                                       name=f"responder {self.path} blk {block['id']} (recovered)")
+            return pipeline
+
+    async def _add_replacement(self, block: dict, nodes: list[dict], acked: int) -> list[dict]:
+        """A new block server from ``get_additional_datanode``, given a copy of the
+        acknowledged bytes by one of ``nodes`` (TRANSFER_BLOCK stage TRANSFER_RBW);
+        returns the pipeline with it appended."""
+        client = self._client
+        config = client.config
+        answer = await client.rpc.call("get_additional_datanode", {
+            "path": self.path, "ino": self.ino, "block": block,
+            "existing": [n["node_id"] for n in nodes],
+            "excluded": [n["node_id"] for n in self._failed_nodes if n.get("node_id")],
+            "num": 1, "client_name": client.client_name})
+        new_nodes = answer.get("locations") or []
+        if not new_nodes:
+            raise PipelineError("the metadata server has no block server to add")
+        target = new_nodes[0]
+        failures = []
+        for source in nodes:
+            try:
+                await _transfer_rbw(source, target, block_dict(block["id"], block["gs"], acked),
+                                    client_name=client.client_name,
+                                    timeout=config.data_timeout, max_frame=config.max_frame)
+            except _IO_ERRORS as exc:
+                failures.append(f"from {_node_name(source)}: {exc or type(exc).__name__}")
+                continue
+            log.info("%s: block %s: copied %d bytes from %s to the replacement %s", self.path,
+                     block["id"], acked, _node_name(source), _node_name(target))
+            self.replacements += 1
+            return nodes + [target]
+        self._failed_nodes.append(target)
+        raise PipelineError(f"could not copy block {block['id']} to {_node_name(target)}: "
+                            + "; ".join(failures))
 
     async def _complete(self) -> None:
         client = self._client
@@ -711,6 +948,26 @@ class AsyncOutputStream:
             f"{self.path}: could not close the file: the metadata server still reports "
             f"block {block} as not minimally replicated after {retries + 1} attempts over "
             f"{waited:.1f} s")
+
+
+async def _transfer_rbw(source: dict, target: dict, block: dict, *, client_name: str,
+                       timeout: float, max_frame: int) -> None:
+    """Ask ``source`` to copy ``block`` up to ``block['num_bytes']`` to ``target``
+    (TRANSFER_BLOCK stage TRANSFER_RBW, docs/PROTOCOL.md §3); returns once it is done."""
+    framed = await _open_data_connection(source["address"], timeout, max_frame)
+    try:
+        with trio.fail_after(timeout):
+            await framed.send_frame({"op": TRANSFER_BLOCK, "block": block,
+                                     "targets": [target["address"]], "stage": TRANSFER_RBW,
+                                     "client": client_name})
+            resp = await framed.receive_frame()
+    except trio.TooSlowError:
+        raise PipelineError(f"no TRANSFER_BLOCK answer from {source['address']} in "
+                            f"{timeout:g} s") from None
+    finally:
+        await _close_quietly(framed)
+    if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
+        raise _response_error(resp, f"TRANSFER_BLOCK at {source['address']}")
 
 
 # =========================================================================== read path

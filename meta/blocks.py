@@ -35,6 +35,10 @@ Counters: the safe-mode numbers (``total_countable``, ``safe``) and the report's
 around every change of a block (``_change``, ``add``, ``remove``), so ``counts()`` costs
 nothing however many blocks there are (the status page is unauthenticated).
 
+Replication monitor hook: every block that changes (``_change``, ``add``, ``remove``) joins
+``dirty``; the monitor takes them with ``take_dirty`` and decides copies/deletions
+(``meta/replication.py``).
+
 Concurrency contract: plain data, no I/O, no clock, no awaits; the server calls it from the
 trio thread only (inside journal ``apply`` or RPC handlers), so every method is atomic.
 Methods that decide a replica must go return ``(node_id, block_ref)`` pairs; the caller
@@ -191,6 +195,8 @@ class BlocksMap:
         self.missing = 0
         self.under_replicated = 0
         self.corrupt = 0
+        # blocks changed since the replication monitor last looked (see ``take_dirty``)
+        self.dirty: set[int] = set()
 
     # ------------------------------------------------------------------ bookkeeping
     def __len__(self) -> int:
@@ -233,6 +239,7 @@ class BlocksMap:
                     info.expected.append(node_id)
 
     def _change(self, info: BlockInfo, mutate) -> None:
+        self.dirty.add(info.id)
         before = self._status(info)
         mutate()
         self._reevaluate(info)
@@ -244,6 +251,7 @@ class BlocksMap:
         if info.id in self.blocks:
             raise InvalidArgument(f"block {info.id} is already in the blocks map")
         self.blocks[info.id] = info
+        self.dirty.add(info.id)
         self._reevaluate(info)
         self._account(self._NOTHING, self._status(info))
 
@@ -252,6 +260,7 @@ class BlocksMap:
         info = self.blocks.pop(block_id, None)
         if info is None:
             return []
+        self.dirty.add(block_id)
         self._account(self._status(info), self._NOTHING)
         doomed = []
         for node_id, replica in info.replicas.items():
@@ -312,6 +321,26 @@ class BlocksMap:
         self._change(info, mutate)
         for node_id in finalized_on:
             self.by_node.setdefault(node_id, set()).add(block_id)
+
+    def update_pipeline(self, block_id: int, gs: int, num_bytes: int,
+                        nodes: list[str]) -> None:
+        """Pipeline recovery (HDFS updatePipeline) of a block being written: the new stamp
+        and acknowledged length, and ``nodes`` become the expected locations. Their replicas
+        take the new stamp (they were recovered to it before the call); every other replica
+        keeps its older stamp and so turns stale (corrupt, never a location)."""
+        info = self.blocks[block_id]
+        if info.state != UNDER_CONSTRUCTION:
+            raise InvalidArgument(f"block {block_id}: cannot update the pipeline of a block "
+                                  f"that is {info.state}")
+
+        def mutate():
+            info.gs, info.num_bytes, info.min_gs = gs, max(info.num_bytes, num_bytes), 0
+            info.expected = list(nodes)
+            for node_id in nodes:
+                replica = info.replicas.get(node_id)
+                if replica is not None and replica.gs < gs and replica.state != FINALIZED:
+                    replica.gs = gs
+        self._change(info, mutate)
 
     def set_length(self, block_id: int, num_bytes: int) -> None:
         """hsync recorded the length of a block still being written."""
@@ -393,6 +422,18 @@ class BlocksMap:
             return []
         return [(node_id, {"id": block_id, "gs": r.gs, "num_bytes": r.num_bytes})
                 for node_id, r in info.replicas.items() if r.corrupt]
+
+    def take_dirty(self, limit: int) -> list[int]:
+        """Up to ``limit`` block ids changed since the last call (the replication monitor
+        checks each: every change of a block — a replica reported, lost, marked bad, the
+        replication changed — passes through ``_change``, so nothing is missed)."""
+        out = []
+        while self.dirty and len(out) < limit:
+            out.append(self.dirty.pop())
+        return out
+
+    def mark_dirty(self, block_ids) -> None:
+        self.dirty.update(block_ids)
 
     # ------------------------------------------------------------------ queries
     def would_complete(self, block_id: int, num_bytes: int) -> bool:

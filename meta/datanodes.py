@@ -15,6 +15,8 @@ reply to that node's next heartbeat (HDFS ``DatanodeManager`` + ``InvalidateBloc
   received anew (the server then decides again), and is handed out again when
   ``invalidate_timeout`` passes without that (at most ``invalidate_max_sends`` times; after
   that the next full report finds the replica again if it is still there).
+* Admin state (``NodeInfo.admin``): NORMAL, DECOMMISSION_IN_PROGRESS, DECOMMISSIONED; a
+  node that is not NORMAL is never chosen as a target.
 * Placement (``choose_targets``): ``n`` distinct live nodes, never an excluded one (by node id
   or address), the writer's own node first when it runs one (locality), then least used
   (reported use plus bytes scheduled since its last heartbeat, so concurrent writers spread).
@@ -32,6 +34,12 @@ from dataclasses import dataclass, field
 from fs.errors import InvalidArgument, NoSpace
 
 log = logging.getLogger(__name__)
+
+# admin states (HDFS ``AdminStates``): a decommissioning node keeps serving reads and acts as
+# a replication source, but its replicas no longer count and it gets no new blocks
+NORMAL = "NORMAL"
+DECOMMISSION_IN_PROGRESS = "DECOMMISSION_IN_PROGRESS"
+DECOMMISSIONED = "DECOMMISSIONED"
 
 
 @dataclass
@@ -52,6 +60,7 @@ class NodeInfo:
     last_heartbeat: float = 0.0
     alive: bool = True
     scheduled_bytes: int = 0
+    admin: str = NORMAL
     invalidate: dict[int, dict] = field(default_factory=dict)   # block id → block ref
     # handed out, not yet reported deleted; in order of the last send
     awaiting_deletion: dict[int, "SentInvalidation"] = field(default_factory=dict)
@@ -62,6 +71,11 @@ class NodeInfo:
 
     def load(self) -> int:
         return self.used + self.scheduled_bytes
+
+    @property
+    def retiring(self) -> bool:
+        """Decommissioning or decommissioned: its replicas do not count."""
+        return self.admin != NORMAL
 
     def forget_invalidations(self) -> None:
         """Dead or replaced: it re-reports everything when it returns."""
@@ -141,6 +155,18 @@ class DatanodeManager:
     def dead_nodes(self) -> list[NodeInfo]:
         return [n for n in self.nodes.values() if not n.alive]
 
+    def find(self, key: str) -> NodeInfo | None:
+        """A node by id or by ``host:port`` address (live ones first)."""
+        if key in self.nodes:
+            return self.nodes[key]
+        matches = [n for n in self.nodes.values() if n.address == key]
+        matches.sort(key=lambda n: not n.alive)
+        return matches[0] if matches else None
+
+    def retiring(self, node_id: str) -> bool:
+        node = self.nodes.get(node_id)
+        return node is not None and node.retiring
+
     # ------------------------------------------------------------------ invalidation
     def add_invalidate(self, node_id: str, block_ref: dict) -> None:
         node = self.nodes.get(node_id)
@@ -212,7 +238,7 @@ class DatanodeManager:
             raise InvalidArgument(f"{what}: replication must be at least 1")
         excluded = {str(x) for x in excluded}
         candidates = [node for node in self.nodes.values()
-                      if node.alive and node.node_id not in excluded
+                      if node.alive and not node.retiring and node.node_id not in excluded
                       and node.address not in excluded]
         roomy = [node for node in candidates if node.remaining >= block_size]
         pool = roomy if len(roomy) >= min(n, len(candidates)) else candidates

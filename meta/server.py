@@ -67,6 +67,7 @@ from fs.rpc import (Dispatcher, RetryCache, current_user, format_address, parse_
 
 from . import blocks as bm
 from .blocks import BlockInfo, BlocksMap
+from . import datanodes as dm
 from .datanodes import DatanodeManager
 from .journal import Journal
 from .kv import KVStore, PlyvelStore
@@ -76,6 +77,8 @@ from .locks import (LOCK_ANCESTOR, LOCK_PARENT, LOCK_READ, LOCK_WRITE, PathLockP
                     lock_set, merge)
 from .namespace import (DIR, FILE, SYMLINK, ContentSummary, Defaults, Namespace, check_bool,
                         check_int, check_name)
+from . import replication as rq
+from .replication import ReplicationQueues
 from .permissions import ALL, READ, READ_EXECUTE, WRITE, Caller, PermissionChecker
 from .safemode import SafeModeState
 
@@ -159,6 +162,10 @@ class MetaServer(Dispatcher):
         self.reclaim_records = 0
         self.recoveries: dict[int, _Recovery] = {}            # block id → running recovery
         self._recover_commands: dict[str, dict[int, dict]] = {}   # node → block id → command
+        self.replication = ReplicationQueues(
+            pending_timeout=config.replication_pending_timeout,
+            max_streams=config.replication_max_streams)
+        self._transfer_commands: dict[str, list[dict]] = {}   # node → TRANSFER commands
 
     # ================================================================== startup
     def recover(self) -> None:
@@ -433,6 +440,8 @@ class MetaServer(Dispatcher):
             if nodes:
                 turn = info.id % len(nodes)
                 nodes = nodes[turn:] + nodes[:turn]
+                # replicas on decommissioning/decommissioned nodes last (HDFS sorts them so)
+                nodes.sort(key=self.datanodes.retiring)
             if not nodes:
                 nodes = info.corrupt_nodes()
                 corrupt = bool(nodes)
@@ -452,6 +461,8 @@ class MetaServer(Dispatcher):
     def _node_dead(self, node) -> None:
         self._reports.pop(node.node_id, None)   # an unfinished full report is void
         affected = self.blocks.remove_node(node.node_id)
+        self._transfer_commands.pop(node.node_id, None)
+        self.blocks.mark_dirty(self.replication.forget_node(node.node_id))
         log.info("block server %s removed: %d replicas left the blocks map",
                  node.node_id, len(affected))
 
@@ -776,6 +787,133 @@ class MetaServer(Dispatcher):
             await self._log(plan)
             return True
 
+    # ------------------------------------------------------------------ pipeline recovery
+    def _pipeline_block(self, what: str, block) -> tuple[int, BlockInfo, str]:
+        """``(block id, its BlockInfo, its file's path)`` for a pipeline-recovery call."""
+        if not isinstance(block, dict):
+            raise InvalidArgument(f"{what}: block must be {{id, gs, num_bytes}}, got "
+                                  f"{block!r:.80}")
+        block_id = check_int(block.get("id"), f"{what}: block.id", low=0)
+        info = self.blocks.get(block_id)
+        path = self.ns.path_of(info.ino) if info is not None else None
+        if info is None or path is None:
+            raise StaleGenerationStamp(f"{what}: block {block_id} belongs to no file (deleted "
+                                       f"or abandoned)")
+        return block_id, info, path
+
+    def _writer_last_block(self, what: str, current: str, ino: int, block_id: int,
+                           client_name: str) -> dict:
+        """The file's last block after the writer checks: the caller holds the lease, the
+        block is the last one and still under construction."""
+        info = self.blocks.get(block_id)
+        if info is not None and info.state != bm.UNDER_CONSTRUCTION:
+            raise StaleGenerationStamp(f"{what}: block {block_id} of {current} is "
+                                       f"{info.state}, not under construction")
+        _, ino, inode = self.ns.writer_file(current, ino, client_name)
+        tail = self.ns.tail_blocks(ino, inode, 1)
+        if not tail or tail[-1]["id"] != block_id:
+            raise StaleGenerationStamp(f"{what}: block {block_id} is not the last block of "
+                                       f"{current}")
+        last = tail[-1]
+        info = self.blocks.get(block_id)
+        if last["state"] != bm.UNDER_CONSTRUCTION or info is None \
+                or info.state != bm.UNDER_CONSTRUCTION:
+            raise StaleGenerationStamp(f"{what}: block {block_id} of {current} is "
+                                       f"{info.state if info else last['state']}, not under "
+                                       f"construction")
+        return last
+
+    async def rpc_update_block_for_pipeline(self, ctx, block, client_name):
+        """A fresh generation stamp for the pipeline recovery of a block being written
+        (HDFS updateBlockForPipeline): only the lease holder, only the file's last block
+        under construction. The stamp is journaled; the block keeps its old one until
+        ``update_pipeline``."""
+        what = "update_block_for_pipeline"
+        check_name(client_name, f"{what}: client_name")
+        block_id, info, path = self._pipeline_block(what, block)
+        async with self._file_lock(f"{what} {path}", path, info.ino) as current:
+            last = self._writer_last_block(what, current, info.ino, block_id, client_name)
+            op, args = self.ns.plan_set_genstamp()
+            await self.journal.log(op, args)
+            log.info("%s: new generation stamp %d for block %d of %s", what, args["gs"],
+                     block_id, current)
+            return {"block": {"id": block_id, "gs": args["gs"], "num_bytes": last["num_bytes"]},
+                    "locations": [loc for loc in map(self._location, info.location_nodes())
+                                  if loc is not None]}
+
+    async def rpc_update_pipeline(self, ctx, client_name, old_block, new_block, new_nodes):
+        """Commit a pipeline recovery (HDFS updatePipeline): the block takes the new stamp
+        (larger than its current one) and the acknowledged length (never shorter), and the
+        new pipeline's nodes become its expected locations. Journaled."""
+        what = "update_pipeline"
+        check_name(client_name, f"{what}: client_name")
+        block_id, info, path = self._pipeline_block(what, old_block)
+        if not isinstance(new_block, dict) or new_block.get("id") != block_id:
+            raise InvalidArgument(f"{what}: new_block must be block {block_id} with its new "
+                                  f"stamp, got {new_block!r:.80}")
+        old_gs = check_int(old_block.get("gs"), f"{what}: old_block.gs", low=0)
+        new_gs = check_int(new_block.get("gs"), f"{what}: new_block.gs", low=0)
+        new_length = check_int(new_block.get("num_bytes"), f"{what}: new_block.num_bytes", low=0)
+        if not isinstance(new_nodes, (list, tuple)) or not new_nodes:
+            raise InvalidArgument(f"{what}: new_nodes must be a non-empty list of node ids")
+        node_ids = [n.get("node_id") if isinstance(n, dict) else n for n in new_nodes]
+        if not all(isinstance(n, str) and n for n in node_ids) \
+                or len(set(node_ids)) != len(node_ids):
+            raise InvalidArgument(f"{what}: new_nodes must be distinct node ids, got "
+                                  f"{new_nodes!r:.200}")
+        async with self._file_lock(f"{what} {path}", path, info.ino) as current:
+            last = self._writer_last_block(what, current, info.ino, block_id, client_name)
+            where = f"{what} of block {block_id} of {current}"
+            if last["gs"] == new_gs and old_gs < new_gs and new_length >= last["num_bytes"]:
+                # a retry whose first reply was lost: already done
+                self.blocks.update_pipeline(block_id, new_gs, new_length, node_ids)
+                return True
+            if old_gs != last["gs"]:
+                raise StaleGenerationStamp(f"{where}: the old stamp {old_gs} is not the "
+                                           f"block's current stamp {last['gs']}")
+            if new_gs <= last["gs"]:
+                raise StaleGenerationStamp(f"{where}: the new stamp {new_gs} is not larger "
+                                           f"than the current {last['gs']}")
+            if new_gs > self.ns._genstamp:
+                raise StaleGenerationStamp(f"{where}: stamp {new_gs} was never issued")
+            if new_length < last["num_bytes"]:
+                raise InvalidArgument(f"{where}: the length may not shrink from "
+                                      f"{last['num_bytes']} to {new_length}")
+            inode = self.ns.get_inode(info.ino)
+            self.ns.check_block_length(current, inode, new_length)
+            await self.journal.log("UPDATE_BLOCKS", {"ino": info.ino, "blocks": [{
+                "index": last["index"], "id": block_id, "gs": new_gs, "num_bytes": new_length,
+                "state": bm.UNDER_CONSTRUCTION}]})
+            self.blocks.update_pipeline(block_id, new_gs, new_length, node_ids)
+            log.info("%s: stamp %d -> %d, length %d, pipeline %s", where, old_gs, new_gs,
+                     new_length, node_ids)
+            return True
+
+    async def rpc_get_additional_datanode(self, ctx, path, ino=None, block=None, existing=(),
+                                          excluded=(), num=1, client_name=None):
+        """Replacement block servers for a pipeline being recovered (HDFS
+        getAdditionalDatanode): ``num`` live nodes that are neither in ``existing`` nor in
+        ``excluded`` (node ids or addresses). Returns ``{block, locations}``."""
+        canonical = paths.validate(path)
+        ino = self._check_ino(ino, canonical)
+        what = f"get_additional_datanode {canonical}"
+        num = check_int(num, f"{what}: num", low=1, high=self.config.max_replication)
+        for name, value in (("existing", existing), ("excluded", excluded)):
+            if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) for x in value):
+                raise InvalidArgument(f"{what}: {name} must be a list of node ids or addresses")
+        if client_name is not None:
+            _, ino, inode = self.ns.writer_file(canonical, ino, client_name)
+        else:
+            _, ino, inode, _ = self.ns.resolve(canonical)
+        if inode is None or inode.get("type") != FILE:
+            raise InvalidArgument(f"{what}: not a file")
+        host = ctx.peer.rsplit(":", 1)[0].strip("[]") if getattr(ctx, "peer", None) else None
+        targets = self.datanodes.choose_targets(
+            num, excluded=list(existing) + list(excluded), writer_host=host,
+            block_size=inode.get("block_size", 0), what=what)
+        return {"block": block, "locations": [{"node_id": t.node_id, "address": t.address}
+                                              for t in targets]}
+
     async def rpc_recover_lease(self, ctx, path, client_name):
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
@@ -1006,7 +1144,8 @@ class MetaServer(Dispatcher):
             return {"node_id": node.node_id, "address": node.address,
                     "capacity": node.capacity, "used": node.used, "remaining": node.remaining,
                     "last_heartbeat_age": round(now - node.last_heartbeat, 3),
-                    "blocks": self.blocks.node_block_count(node.node_id)}
+                    "blocks": self.blocks.node_block_count(node.node_id),
+                    "admin": node.admin}
         live = sorted(self.datanodes.live_nodes(), key=lambda n: n.address)
         dead = sorted(self.datanodes.dead_nodes(), key=lambda n: n.address)
         return {"capacity": sum(n.capacity for n in live), "used": sum(n.used for n in live),
@@ -1017,6 +1156,11 @@ class MetaServer(Dispatcher):
                 "directories": self.ns.dir_count(), "open_files": self.leases.open_files(),
                 **self.blocks.counts(),
                 "pending_deletion": self.datanodes.pending_deletion(),
+                "replication": self.replication.stats(),
+                "decommissioning": sum(1 for n in self.datanodes.nodes.values()
+                                       if n.admin == dm.DECOMMISSION_IN_PROGRESS),
+                "decommissioned": sum(1 for n in self.datanodes.nodes.values()
+                                      if n.admin == dm.DECOMMISSIONED),
                 "safemode": self.safemode.status(),
                 "namespace_id": self.ns.namespace_id,
                 "journal": {"last_txid": self.journal.last_txid,
@@ -1113,6 +1257,7 @@ class MetaServer(Dispatcher):
             refs = self.datanodes.take_invalidate(node_id)
             if refs:
                 commands.append({"type": "INVALIDATE", "blocks": refs})
+            commands.extend(self._transfer_commands.pop(node_id, []))
         commands.extend(self._recover_commands.pop(node_id, {}).values())
         return {"reregister": False, "commands": commands}
 
@@ -1291,6 +1436,295 @@ class MetaServer(Dispatcher):
         self.update_safemode()
         return True
 
+    # ================================================================== repair
+    # The replication monitor (``meta/replication.py`` holds its state): every changed block
+    # (``BlocksMap.dirty``) is checked — corrupt replicas invalidated once a good copy can
+    # replace them, surplus replicas invalidated, too few replicas queued by priority — then
+    # queued blocks get TRANSFER commands for a live source (bounded streams per node), which
+    # ride on that node's next heartbeat reply; the target's incremental report finishes the
+    # copy; a copy not finished within ``replication_pending_timeout`` is scheduled again.
+
+    def _replica_ref(self, info: BlockInfo, node_id: str) -> dict:
+        replica = info.replicas.get(node_id)
+        gs, num_bytes = (replica.gs, replica.num_bytes) if replica else (info.gs, info.num_bytes)
+        return {"id": info.id, "gs": gs, "num_bytes": num_bytes}
+
+    def _replica_groups(self, info: BlockInfo) -> tuple[list[str], list[str], set[str]]:
+        """(counted good replicas, good replicas on retiring nodes, chosen excess)."""
+        excess = self.replication.excess_of(info.id, info.replicas)
+        good = [n for n in info.good_nodes() if self.datanodes.live(n) is not None]
+        normal = [n for n in good if not self.datanodes.retiring(n) and n not in excess]
+        retiring = [n for n in good if self.datanodes.retiring(n)]
+        return normal, retiring, excess
+
+    def _free_target_exists(self, info: BlockInfo) -> bool:
+        return any(not n.retiring and n.node_id not in info.replicas
+                   for n in self.datanodes.live_nodes())
+
+    def check_block(self, block_id: int) -> None:
+        """Decide what one block needs: corrupt/excess deletions, its queue level."""
+        info = self.blocks.get(block_id)
+        if info is None or info.state != bm.COMPLETE:
+            # being written or recovered blocks are never missing nor re-replicated
+            self.replication.remove(block_id)
+            return
+        normal, retiring, _ = self._replica_groups(info)
+        for node_id in normal + retiring:
+            self.replication.target_done(block_id, node_id)
+        expected = info.replication
+        corrupt = info.corrupt_nodes()
+        if corrupt and normal and (len(normal) >= expected or not self._free_target_exists(info)):
+            for node_id in corrupt:   # a good copy replaces it (or it blocks the only target)
+                log.info("invalidating corrupt replica of block %d on %s (%s)", block_id,
+                         node_id, info.replicas[node_id].reason or "reported bad")
+                self.datanodes.add_invalidate(node_id, self._replica_ref(info, node_id))
+        if len(normal) > expected:
+            candidates = []
+            for node_id in normal:
+                node = self.datanodes.live(node_id)
+                candidates.append((node_id, node.remaining if node else 0, False))
+            victims = rq.choose_excess(candidates, len(normal) - expected)
+            for node_id in victims:
+                self.datanodes.add_invalidate(node_id, self._replica_ref(info, node_id))
+            self.replication.add_excess(block_id, victims)
+            log.info("block %d has %d replicas, %d wanted: deleting the ones on %s", block_id,
+                     len(normal), expected, ", ".join(victims))
+            normal = [n for n in normal if n not in victims]
+        self.replication.update(block_id, rq.priority(len(normal), len(retiring), expected))
+
+    def schedule_replications(self) -> int:
+        """Hand TRANSFER commands for the most urgent queued blocks; returns how many."""
+        live = self.datanodes.live_nodes()
+        budget = max(1, len(live)) * self.replication.max_streams
+        now = self.clock()
+        scheduled = 0
+        for block_id in self.replication.in_order():
+            if scheduled >= budget:
+                break
+            if block_id in self.replication.pending:
+                continue
+            info = self.blocks.get(block_id)
+            if info is None or info.state != bm.COMPLETE:
+                self.replication.remove(block_id)
+                continue
+            normal, retiring, excess = self._replica_groups(info)
+            need = info.replication - len(normal)
+            if need <= 0:
+                self.replication.update(block_id, None)
+                continue
+            sources = [n for n in normal + retiring if self.replication.has_stream(n)]
+            if not sources:
+                continue
+            # HDFS prefers decommissioning nodes as sources (they take no new writes)
+            sources.sort(key=lambda n: (not self.datanodes.retiring(n),
+                                        self.replication.streams_of(n)))
+            try:
+                targets = self.datanodes.choose_targets(
+                    need, excluded=set(info.replicas), block_size=info.num_bytes,
+                    what=f"re-replicating block {block_id}")
+            except LeaseFSError:
+                continue   # no room now; the next pass tries again
+            source = sources[0]
+            self._transfer_commands.setdefault(source, []).append(
+                {"type": "TRANSFER", "block": info.ref(),
+                 "targets": [t.address for t in targets]})
+            self.replication.add_pending(block_id, source, [t.node_id for t in targets], now)
+            scheduled += 1
+            log.info("block %d (%d/%d good): copy from %s to %s", block_id, len(normal),
+                     info.replication, source, ", ".join(t.node_id for t in targets))
+        return scheduled
+
+    def _expire_pending(self) -> None:
+        for pending in self.replication.timed_out(self.clock()):
+            info = self.blocks.get(pending.block_id)
+            log.warning("copy of block %d from %s to %s did not finish in %.0f s; "
+                        "scheduling it again", pending.block_id, pending.source,
+                        ", ".join(pending.waiting), self.replication.pending_timeout)
+            if info is not None:
+                for node_id in pending.waiting:   # a half-copied replica is garbage
+                    replica = info.replicas.get(node_id)
+                    if replica is not None and not replica.good:
+                        self.datanodes.add_invalidate(node_id,
+                                                      self._replica_ref(info, node_id))
+            self.blocks.mark_dirty([pending.block_id])
+
+    def _blocks_to_copy(self, node_id: str) -> int:
+        """Blocks of a decommissioning node that still lack enough replicas elsewhere."""
+        left = 0
+        for block_id in self.blocks.by_node.get(node_id, ()):
+            info = self.blocks.get(block_id)
+            if info is None:
+                continue
+            if info.state != bm.COMPLETE:
+                left += 1
+                continue
+            normal, _, _ = self._replica_groups(info)
+            if len(normal) < info.replication:
+                left += 1
+        return left
+
+    def _check_decommission(self) -> None:
+        for node in list(self.datanodes.nodes.values()):
+            if node.admin != dm.DECOMMISSION_IN_PROGRESS:
+                continue
+            if self._blocks_to_copy(node.node_id) == 0:
+                node.admin = dm.DECOMMISSIONED
+                log.info("block server %s (%s) is decommissioned: every replica it holds "
+                         "has enough copies elsewhere", node.node_id, node.address)
+
+    async def replication_pass(self) -> None:
+        """One pass of the monitor: check changed blocks, expire, schedule, decommission."""
+        if self.safemode.on:
+            return   # HDFS does not populate the queues in safe mode
+        self._expire_pending()
+        while True:
+            batch = self.blocks.take_dirty(REPORT_STEP)
+            if not batch:
+                break
+            for block_id in batch:
+                self.check_block(block_id)
+            await trio.sleep(0)
+        self.schedule_replications()
+        self._check_decommission()
+
+    async def _replication_monitor(self) -> None:
+        period = max(0.02, self.config.replication_interval)
+        while True:
+            await trio.sleep(period)
+            try:
+                await self.replication_pass()
+            except LeaseFSError as exc:
+                log.warning("replication monitor: %s", exc)
+
+    # ------------------------------------------------------------------ decommission
+    def _node_admin_dict(self, node) -> dict:
+        return {"node_id": node.node_id, "address": node.address, "admin": node.admin,
+                "alive": node.alive, "blocks": self.blocks.node_block_count(node.node_id),
+                "blocks_to_copy": (self._blocks_to_copy(node.node_id)
+                                   if node.admin == dm.DECOMMISSION_IN_PROGRESS else 0)}
+
+    async def rpc_decommission(self, ctx, node=None, action="start"):
+        if action not in ("start", "stop", "status"):
+            raise InvalidArgument(f"decommission: action must be start, stop or status, "
+                                  f"got {action!r:.40}")
+        if node is None:
+            if action != "status":
+                raise InvalidArgument("decommission: which block server (HOST:PORT or node id)?")
+            return [self._node_admin_dict(n) for n in sorted(
+                self.datanodes.nodes.values(), key=lambda n: n.address) if n.retiring]
+        if not isinstance(node, str):
+            raise InvalidArgument("decommission: node must be 'HOST:PORT' or a node id")
+        info = self.datanodes.find(node)
+        if info is None:
+            raise InvalidArgument(f"decommission: {node:.100}: no such block server")
+        if action != "status":
+            self.permissions.check_superuser(self._caller(ctx), f"decommission {action}")
+            if action == "start" and info.admin == dm.NORMAL:
+                info.admin = dm.DECOMMISSION_IN_PROGRESS
+                log.info("decommissioning block server %s (%s): %d replicas to protect",
+                         info.node_id, info.address, self.blocks.node_block_count(info.node_id))
+            elif action == "stop" and info.admin != dm.NORMAL:
+                info.admin = dm.NORMAL
+                log.info("block server %s (%s) is back in service", info.node_id, info.address)
+            self.blocks.mark_dirty(self.blocks.by_node.get(info.node_id, ()))
+        return self._node_admin_dict(info)
+
+    # ------------------------------------------------------------------ fsck
+    def _fsck_block(self, block: dict, info: BlockInfo | None, locations: bool) -> dict:
+        out = {"id": block["id"], "gs": info.gs if info else block["gs"],
+               "num_bytes": block["num_bytes"],
+               "state": info.state if info else block["state"]}
+        if info is None:
+            out.update(status="MISSING", live=0, expected=0, corrupt_replicas=[])
+            return out
+        normal, retiring, _ = self._replica_groups(info)
+        corrupt = [{"node_id": n, "address": (self.datanodes.nodes[n].address
+                                              if n in self.datanodes.nodes else "?"),
+                    "reason": info.replicas[n].reason or "reported bad by a reader or scanner"}
+                   for n in info.corrupt_nodes()]
+        good = len(normal) + len(retiring)
+        if info.state != bm.COMPLETE:
+            status = "UNDER_CONSTRUCTION"
+        elif good == 0:
+            status = "CORRUPT" if corrupt else "MISSING"
+        elif len(normal) < info.replication:
+            status = "UNDER_REPLICATED"
+        else:
+            status = "HEALTHY"
+        out.update(status=status, live=len(normal), decommissioning=len(retiring),
+                   expected=info.replication, corrupt_replicas=corrupt)
+        if locations:
+            out["locations"] = [loc for loc in map(self._location, normal + retiring)
+                                if loc is not None]
+        return out
+
+    async def rpc_fsck(self, ctx, path="/", openforwrite=False, locations=False, limit=10000):
+        check_bool(openforwrite, "fsck: openforwrite")
+        check_bool(locations, "fsck: locations")
+        limit = check_int(limit, "fsck: limit", low=0)
+        parts = paths.split(path)
+        totals = {"files": 0, "directories": 0, "symlinks": 0, "total_size": 0, "blocks": 0,
+                  "healthy_blocks": 0, "under_replicated_blocks": 0, "corrupt_blocks": 0,
+                  "corrupt_replicas": 0, "missing_blocks": 0, "missing_size": 0,
+                  "open_files": 0, "under_construction_blocks": 0}
+        files: list[dict] = []
+        truncated = False
+        async with self.locks.hold(lock_set(parts, LOCK_READ)):
+            caller = self._checked(ctx)
+            if caller is not None:
+                self.permissions.check_path(caller, parts, self._chain(parts))
+            canonical = "/" + "/".join(parts)
+            _, ino, inode, _ = self.ns.resolve(path)
+            for count, (node_ino, node) in enumerate(self.ns.iter_subtree(ino, inode), 1):
+                if count % 500 == 0:
+                    await trio.sleep(0)   # a big tree must not stall every other client
+                kind = node["type"]
+                if kind == DIR:
+                    totals["directories"] += 1
+                    continue
+                if kind == SYMLINK:
+                    totals["symlinks"] += 1
+                    continue
+                totals["files"] += 1
+                is_open = bool(node.get("uc"))
+                totals["open_files"] += int(is_open)
+                totals["total_size"] += node.get("length", 0)
+                if is_open and not openforwrite:
+                    continue
+                blocks = []
+                worst = "HEALTHY"
+                for block in self.ns.blocks_of(node_ino):
+                    entry = self._fsck_block(block, self.blocks.get(block["id"]), locations)
+                    blocks.append(entry)
+                    totals["blocks"] += 1
+                    totals["corrupt_replicas"] += len(entry["corrupt_replicas"])
+                    status = entry["status"]
+                    key = {"HEALTHY": "healthy_blocks",
+                           "UNDER_REPLICATED": "under_replicated_blocks",
+                           "CORRUPT": "corrupt_blocks", "MISSING": "missing_blocks",
+                           "UNDER_CONSTRUCTION": "under_construction_blocks"}[status]
+                    totals[key] += 1
+                    if status == "MISSING":
+                        totals["missing_size"] += entry["num_bytes"]
+                    rank = ("HEALTHY", "UNDER_CONSTRUCTION", "UNDER_REPLICATED", "MISSING",
+                            "CORRUPT")
+                    if rank.index(status) > rank.index(worst):
+                        worst = status
+                if worst == "UNDER_CONSTRUCTION":
+                    worst = "HEALTHY"
+                has_bad_replica = any(b["corrupt_replicas"] for b in blocks)
+                if worst != "HEALTHY" or has_bad_replica or is_open or locations:
+                    if len(files) >= limit:
+                        truncated = True
+                        continue
+                    files.append({"path": self.ns.path_of(node_ino) or f"<inode {node_ino}>",
+                                  "length": node.get("length", 0),
+                                  "replication": node.get("replication", 0),
+                                  "status": worst, "open": is_open, "blocks": blocks})
+        healthy = totals["corrupt_blocks"] == 0 and totals["missing_blocks"] == 0
+        return {"path": canonical, "status": "HEALTHY" if healthy else "CORRUPT",
+                "totals": totals, "files": files, "truncated": truncated}
+
     # ================================================================== monitors
     async def checkpoint(self) -> None:
         """Roll the journal, make LevelDB durable, purge old segments (global write lock)."""
@@ -1314,6 +1748,7 @@ class MetaServer(Dispatcher):
             nursery.start_soon(self._lease_monitor)
             nursery.start_soon(self._checkpoint_monitor)
             nursery.start_soon(self._reclaim_monitor)
+            nursery.start_soon(self._replication_monitor)
 
     async def reclaim_once(self) -> bool:
         """Journal one RECLAIM record (at most ``delete_chunk`` keys of a detached subtree)

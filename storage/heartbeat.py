@@ -10,8 +10,10 @@ Life cycle: ``register_storage`` → full ``block_report`` → every ``heartbeat
 ``heartbeat``; its reply may ask to ``reregister`` (the metadata server forgot us, e.g. after
 its restart: register again, full report again) and carries commands: INVALIDATE deletes the
 replicas in a worker thread and reports them deleted; RECOVER_BLOCK starts the block recovery
-worker (``storage.recovery``, this node is the primary); other command types are logged once
-and ignored. A full report also goes out every ``block_report_interval``. While the metadata
+worker (``storage.recovery``, this node is the primary); TRANSFER copies a finalized replica
+to the listed targets (``storage.blockcopy``, at most ``replication_max_streams`` at once; a
+local replica found corrupt on the way is reported bad); other command types are logged once
+and ignored. ``report_bad_replicas`` sends the block scanner's findings. A full report also goes out every ``block_report_interval``. While the metadata
 server cannot be reached the loop retries with doubling backoff, logging once per change of
 state, never per attempt; after an outage it registers again (cheap, and a restarted
 metadata server needs the full report to leave safe mode).
@@ -46,9 +48,10 @@ import secrets
 import trio
 
 from fs.config import Config
-from fs.errors import LeaseFSError, ServerUnavailable
+from fs.errors import ChecksumError, LeaseFSError, ServerUnavailable
 from fs.rpc import RpcClient
 
+from .blockcopy import copy_replica
 from .recovery import BlockRecoveryWorker
 from .replicas import ReplicaStore
 
@@ -83,6 +86,10 @@ class HeartbeatService:
         self.recovery = BlockRecoveryWorker(config, store, self, self._commit_block_sync)
         self._nursery: trio.Nursery | None = None
         self._report_lock = trio.Lock()   # full vs. incremental reports, see the docstring
+        self._transfer_limiter = trio.CapacityLimiter(max(1, config.replication_max_streams))
+        self._transfers: set[int] = set()   # block ids being copied (a resent command waits)
+        self.transfers_done = 0
+        self.transfers_failed = 0
 
     # ------------------------------------------------------------------ incremental reports
 
@@ -263,6 +270,9 @@ class HeartbeatService:
         if kind == "RECOVER_BLOCK":
             self._nursery.start_soon(self.recovery.recover, command)
             return
+        if kind == "TRANSFER":
+            self._nursery.start_soon(self._transfer, command)
+            return
         label = str(kind)[:40]
         if label not in self._ignored_command_types:   # once per type, not per heartbeat
             self._ignored_command_types.add(label)
@@ -272,6 +282,50 @@ class HeartbeatService:
     async def _commit_block_sync(self, args: dict) -> None:
         """The block recovery worker's last step (PROTOCOL.md §4)."""
         await self._rpc.call("commit_block_synchronization", args, retry_seconds=0)
+
+    async def _transfer(self, command: dict) -> None:
+        """TRANSFER: copy our finalized replica of ``block`` to ``targets``."""
+        block, targets = command.get("block"), command.get("targets")
+        if not (isinstance(block, dict) and isinstance(block.get("id"), int)
+                and isinstance(block.get("gs"), int) and isinstance(targets, list) and targets
+                and all(isinstance(t, str) for t in targets)):
+            log.warning("TRANSFER: malformed command ignored: %r", command)
+            return
+        block_id, gs = block["id"], block["gs"]
+        if block_id in self._transfers:
+            return
+        self._transfers.add(block_id)
+        try:
+            async with self._transfer_limiter:
+                started = trio.current_time()
+                sent = await copy_replica(self.config, self.store, block_id, gs, targets,
+                                          client=f"transfer-{self.store.node_id}")
+            self.transfers_done += 1
+            log.info("TRANSFER blk_%d_%d: %d bytes copied to %s in %.2fs", block_id, gs, sent,
+                     ", ".join(targets), trio.current_time() - started)
+        except ChecksumError as exc:
+            self.transfers_failed += 1
+            log.warning("TRANSFER blk_%d_%d: local replica is corrupt (%s); reporting it",
+                        block_id, gs, exc)
+            try:
+                await self.report_bad_replicas([(block, str(exc))])
+            except LeaseFSError as report_exc:
+                log.warning("could not report blk_%d bad: %s", block_id, report_exc)
+        except (LeaseFSError, OSError) as exc:
+            self.transfers_failed += 1
+            log.warning("TRANSFER blk_%d_%d to %s failed: %s", block_id, gs,
+                        ", ".join(targets), exc)
+        finally:
+            self._transfers.discard(block_id)
+
+    async def report_bad_replicas(self, bad: list) -> None:
+        """``report_bad_blocks`` for replicas of this node: ``[(block ref, reason)]``."""
+        if self._rpc is None or not self.registered:
+            raise ServerUnavailable("not registered with the metadata server yet")
+        await self._rpc.call("report_bad_blocks", {"blocks": [
+            {"block": {"id": ref["id"], "gs": ref["gs"],
+                       "num_bytes": ref.get("num_bytes", 0)}, "node_id": self.store.node_id}
+            for ref, _reason in bad]}, retry_seconds=0)
 
     async def _invalidate(self, blocks: list) -> None:
         deleted = []

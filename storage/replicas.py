@@ -950,6 +950,85 @@ class ReplicaStore:
                  min_bytes, new_gs)
         return replica
 
+    # -- pipeline recovery (WRITE_BLOCK PIPELINE_SETUP_STREAMING_RECOVERY, TRANSFER_RBW)
+    async def stop_writer(self, replica: Replica) -> None:
+        """Stop the WRITE_BLOCK pipeline still feeding ``replica`` (an old pipeline the
+        client gave up on) and close its files; its last write is counted in num_bytes
+        (HDFS ReplicaInPipeline.stopWriter)."""
+        scope, stopped = replica.writer_scope, replica.writer_stopped
+        if scope is not None and stopped is not None:
+            scope.cancel()
+            await stopped.wait()
+        writer, replica.writer = replica.writer, None
+        if writer is not None:
+            await self.run_io(writer.close)
+
+    async def recover_rbw(self, block_id: int, new_gs: int, acked_length: int,
+                          bytes_per_checksum: int | None = None) -> Replica:
+        """Reopen an RBW replica for a recovered pipeline (HDFS FsDatasetImpl.recoverRbw):
+        stop its old writer, cut it to ``acked_length`` (what every node acknowledged; the
+        last partial chunk's checksum recomputed, so the checksums cover exactly the data),
+        rename its meta file to ``new_gs`` and open it for writing. A replica holding fewer
+        bytes than ``acked_length`` cannot serve and is refused. A FINALIZED replica of
+        exactly ``acked_length`` bytes (its LAST packet's ack was lost) is reopened as by
+        append."""
+        replica = self.replicas.get(block_id)
+        if replica is None or replica.removed:
+            raise ReplicaNotFound(f"pipeline recovery: block server has no replica of "
+                                  f"blk_{block_id}")
+        if replica.gs >= new_gs:
+            raise StaleGenerationStamp(f"pipeline recovery: replica {replica.name} already has "
+                                       f"generation stamp {replica.gs}, not older than {new_gs}")
+        if replica.state is ReplicaState.FINALIZED:
+            return await self.reopen_for_append(block_id, new_gs, acked_length,
+                                                bytes_per_checksum)
+        new_state = next_state(replica.state, ReplicaEvent.RECOVER_RBW)
+        bpc = replica.bytes_per_checksum
+        if bytes_per_checksum is not None and bytes_per_checksum != bpc:
+            raise InvalidArgument(f"pipeline recovery: replica {replica.name} uses "
+                                  f"bytes_per_checksum {bpc}, the writer asked for "
+                                  f"{bytes_per_checksum}")
+        await self.stop_writer(replica)
+        if replica.num_bytes < acked_length or acked_length < 0:
+            raise InvalidArgument(f"pipeline recovery: replica {replica.name} holds "
+                                  f"{replica.num_bytes} bytes, fewer than the {acked_length} "
+                                  f"acknowledged")
+        rbw = os.path.join(self.data_dir, "rbw")
+        old_meta = replica.meta_path
+        new_meta = os.path.join(rbw, meta_name(block_id, new_gs))
+        data_path = replica.data_path
+        cut = replica.num_bytes != acked_length
+
+        def reopen() -> tuple[ReplicaWriter, bytes | None]:
+            if cut:
+                truncate_replica_files(data_path, old_meta, acked_length, bpc)
+            os.replace(old_meta, new_meta)
+            fsync_dir(rbw)
+            writer = ReplicaWriter(data_path, new_meta, bpc, create=False)
+            last_sum = None
+            if acked_length % bpc:
+                last_sum = os.pread(writer.meta_fd, CHECKSUM_SIZE,
+                                    meta_offset(acked_length // bpc))
+            return writer, last_sum
+
+        async with replica.lock:
+            if replica.removed or self.replicas.get(block_id) is not replica \
+                    or replica.gs >= new_gs or replica.writer is not None \
+                    or replica.state is not ReplicaState.RBW:
+                raise ReplicaNotFound(f"pipeline recovery: replica {replica.name} changed "
+                                      f"while being recovered")
+            writer, last_sum = await self.run_io(reopen)
+            replica.meta_path = new_meta
+            replica.gs = new_gs
+            replica.state = new_state
+            replica.writer = writer
+            self._set_num_bytes(replica, acked_length)
+            replica.visible_length = 0
+            replica.set_visible(acked_length, last_sum)
+        log.info("recovered rbw blk_%d for a new pipeline: %d bytes, generation stamp %d",
+                 block_id, acked_length, new_gs)
+        return replica
+
     # -- block recovery (HDFS initReplicaRecovery / updateReplicaUnderRecovery)
     async def init_replica_recovery(self, block_id: int, gs: int, recovery_id: int) -> Replica:
         """Move the replica to RUR for ``recovery_id``: stop a running writer (its pipeline

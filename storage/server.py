@@ -2,7 +2,7 @@
 port, one conversation with the metadata server.
 
 Why it exists: it wires the replica store, the data-transfer server and the heartbeat
-service together and reports the bound address before registration, so a test (or the
+service (and the block scanner, ``storage.scanner``) together and reports the bound address before registration, so a test (or the
 cluster launcher) can start block servers before the metadata server is up.
 
 Concurrency contract: ``BlockServer.run`` is one trio task tree; the store is opened (scanned)
@@ -24,6 +24,7 @@ from fs.rpc import format_address, serve_tcp
 
 from .heartbeat import HeartbeatService
 from .replicas import ReplicaStore
+from .scanner import BlockScanner
 from .transfer import DataTransferServer
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class BlockServer:
         self.heartbeat = HeartbeatService(config, self.store, meta_address,
                                           xceiver_count=lambda: self.transfer.active_ops)
         self.transfer.reporter = self.heartbeat
+        self.scanner = BlockScanner(config, self.store, self.heartbeat.report_bad_replicas)
         self.bound: tuple[str, int] | None = None
         self.advertised: str | None = None
 
@@ -52,6 +54,7 @@ class BlockServer:
                 self.advertised = format_address((self.config.storage_advertise_host,
                                                   self.bound[1]))
                 task_status.started(self.bound)
+                nursery.start_soon(self.scanner.run)
                 await self.heartbeat.run(self.advertised)
         finally:
             self.store.close()

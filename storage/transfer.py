@@ -22,6 +22,12 @@ reading for ``data_timeout`` while a packet is forwarded to it, is acked as ``SU
 this node and ``ERROR`` at the downstream's index, then the pipeline closes (pipeline
 recovery is the client's job). The replica stays RBW with its visible length.
 
+Pipeline recovery (docs/PROTOCOL.md §5): WRITE_BLOCK stage PIPELINE_SETUP_STREAMING_RECOVERY
+stops the old pipeline on the replica, cuts it to the acknowledged ``min_bytes`` under the
+new stamp, then runs as above; TRANSFER_BLOCK (stage TRANSFER_RBW) copies the acknowledged
+part of a replica into a WRITE_BLOCK stage TRANSFER_RBW on a replacement node, which keeps
+it RBW. ``LEASEFS_TEST_CORRUPT_PACKETS`` is a test-only fault injection (see below).
+
 PIPELINE_SETUP_APPEND (docs/PROTOCOL.md §4): the same pipeline, but each node reopens its
 FINALIZED replica of exactly ``min_bytes`` bytes as RBW under the new generation stamp instead
 of creating one; the writer's first packet repeats the last partial chunk.
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 
 import trio
@@ -51,11 +58,13 @@ import trio
 from fs.config import Config
 from fs.datatransfer import (BLOCK_LENGTH, CHECKSUM_SIZE, ERROR, ERROR_CHECKSUM, FLAG_HEARTBEAT,
                              FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA, PACKET_HEADER,
-                             PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE, READ_BLOCK, SUCCESS,
-                             WRITE_BLOCK, Packet, num_chunks, receive_ack, send_ack, send_packet,
-                             verify_checksums)
+                             PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE,
+                             PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
+                             TRANSFER_BLOCK, TRANSFER_RBW, WRITE_BLOCK, Packet, crc32c,
+                             num_chunks, receive_ack, send_ack, send_packet, verify_checksums)
 from fs.errors import (ChecksumError, InternalError, InvalidArgument, LeaseFSError,
-                       NotSupported, ProtocolError, ReplicaNotFound, ServerUnavailable)
+                       NotSupported, PipelineError, ProtocolError, ReplicaNotFound,
+                       ServerUnavailable)
 from fs.framing import FramedStream
 from fs.rpc import parse_address
 
@@ -76,6 +85,38 @@ IBR_ACK_WAIT = 1.0
 #: seconds a connection to a downstream block server may take
 CONNECT_TIMEOUT = 10.0
 _KNOWN_FLAGS = FLAG_LAST | FLAG_SYNC | FLAG_HEARTBEAT
+#: TEST-ONLY fault injection: ``LEASEFS_TEST_CORRUPT_PACKETS=once|always`` in a block server's
+#: environment flips a byte of a received data packet before it is verified, as if the
+#: network had corrupted it in flight (``once``: the first data packet this process receives;
+#: ``always``: every one). The write path must then report ERROR_CHECKSUM and the client
+#: recover its pipeline. Never set it outside tests.
+CORRUPT_PACKETS_ENV = "LEASEFS_TEST_CORRUPT_PACKETS"
+
+
+class _CorruptionHook:
+    """State of the test-only in-flight corruption (process-wide, like the env var)."""
+
+    def __init__(self):
+        self.fired = 0
+
+    def due(self) -> bool:
+        mode = os.environ.get(CORRUPT_PACKETS_ENV, "")
+        if not mode or (mode == "once" and self.fired):
+            return False
+        if mode not in ("once", "always"):
+            return False
+        self.fired += 1
+        log.warning("TEST HOOK %s=%s: corrupting a received packet", CORRUPT_PACKETS_ENV, mode)
+        return True
+
+
+_TEST_CORRUPTION = _CorruptionHook()
+
+
+def _flip_first_byte(data) -> bytes:
+    raw = bytearray(data)
+    raw[0] ^= 0xFF
+    return bytes(raw)
 
 
 class NullReporter:
@@ -187,6 +228,8 @@ class DataTransferServer:
                 await self._read_block(conn, header)
             elif op == BLOCK_LENGTH:
                 await self._block_length(conn, header)
+            elif op == TRANSFER_BLOCK:
+                await self._transfer_block(conn, header)
             elif op == INIT_REPLICA_RECOVERY:
                 await self._init_replica_recovery(conn, header)
             elif op == UPDATE_REPLICA_UNDER_RECOVERY:
@@ -247,6 +290,101 @@ class DataTransferServer:
         self.reporter.block_received(block_id, replica.gs, replica.num_bytes,
                                      ReplicaState.FINALIZED.value)
         await conn.respond({"status": "SUCCESS", "message": "", "replica": replica_wire(replica)})
+
+    # ------------------------------------------------------------------ TRANSFER_BLOCK
+
+    async def _transfer_block(self, conn: _Conn, header: dict) -> None:
+        """TRANSFER_BLOCK stage TRANSFER_RBW (pipeline recovery, HDFS transferBlock): copy
+        the first ``block.num_bytes`` bytes (the length every pipeline node acknowledged)
+        of this node's replica to ``targets[0]`` (WRITE_BLOCK stage TRANSFER_RBW), stopping
+        the old pipeline still writing it first. Answers once the target acked the copy."""
+        op = TRANSFER_BLOCK
+        block_id, gs = _block(header, op)
+        length = header["block"].get("num_bytes", -1)
+        if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+            raise ProtocolError(f"{op}: block.num_bytes must be the length to copy")
+        targets = _field(header, "targets", list, op)
+        if len(targets) != 1 or not isinstance(targets[0], str):
+            raise ProtocolError(f"{op}: targets must be one \"host:port\", got {targets!r:.120}")
+        parse_address(targets[0])
+        stage = _field(header, "stage", str, op, TRANSFER_RBW)
+        if stage != TRANSFER_RBW:
+            raise NotSupported(f"{op} stage {stage[:60]!r} is not supported")
+        sent = await self.transfer_replica(block_id, gs, length, targets[0],
+                                           client=str(header.get("client", ""))[:200])
+        await conn.respond({"status": "SUCCESS", "message": "", "bytes": sent})
+
+    async def transfer_replica(self, block_id: int, gs: int, length: int, target: str, *,
+                               client: str = "") -> int:
+        """Stream ``[0, length)`` of the local replica of ``(block_id, gs)`` with its stored
+        checksums into a WRITE_BLOCK TRANSFER_RBW on ``target``; returns the bytes sent."""
+        replica = self.store.readable(block_id, gs)
+        have = (replica.visible_length if replica.state is ReplicaState.RBW
+                else replica.num_bytes)
+        if length > have:
+            raise InvalidArgument(f"{TRANSFER_BLOCK} {replica.name}: {length} bytes asked, "
+                                  f"only {have} acknowledged here")
+        if replica.state is ReplicaState.RBW:
+            await self.store.stop_writer(replica)
+        reader = await self.store.open_reader(block_id, gs)
+        downstream: FramedStream | None = None
+        try:
+            bpc = reader.bytes_per_checksum
+            host, port = parse_address(target)
+            timeout = self.config.data_timeout
+            try:
+                with trio.fail_after(min(CONNECT_TIMEOUT, timeout)):
+                    stream = await trio.open_tcp_stream(host, port)
+            except (OSError, trio.TooSlowError) as exc:
+                raise PipelineError(f"{TRANSFER_BLOCK} {replica.name}: cannot connect to "
+                                        f"{target}: {exc or 'timed out'}") from None
+            downstream = FramedStream(stream, HEADER_MAX_FRAME)
+            with trio.fail_after(timeout):
+                await downstream.send_frame({
+                    "op": WRITE_BLOCK, "block": {"id": block_id, "gs": reader.gs},
+                    "targets": [], "stage": TRANSFER_RBW, "client": client,
+                    "bytes_per_checksum": bpc})
+                response = await downstream.receive_frame()
+            if not isinstance(response, dict) or response.get("status") != "SUCCESS":
+                message = response.get("message") if isinstance(response, dict) else response
+                raise PipelineError(f"{TRANSFER_BLOCK} {replica.name}: {target} refused "
+                                        f"the copy: {message!r:.200}")
+            step = max(bpc, self.config.packet_size // bpc * bpc)
+            seqno = 0
+            for pos in range(0, length, step):
+                n = min(step, length - pos)
+                data, sums = await self.store.run_io(reader.read, pos, n)
+                end = pos + n
+                if end % bpc and end != reader.visible_length:
+                    # the stored checksum covers a longer chunk than was acknowledged
+                    tail = data[len(data) - end % bpc:]
+                    sums = sums[:-CHECKSUM_SIZE] + crc32c(tail).to_bytes(CHECKSUM_SIZE, "big")
+                await self._send_transfer_packet(downstream, seqno, pos, data, sums, 0, target)
+                seqno += 1
+            await self._send_transfer_packet(downstream, seqno, length, b"", b"", FLAG_LAST,
+                                             target)
+        finally:
+            await self.store.close_reader(reader)
+            if downstream is not None:
+                with trio.CancelScope(shield=True):
+                    await downstream.aclose()
+        log.info("transferred %s (%d bytes) to %s for pipeline recovery", replica.name,
+                 length, target)
+        return length
+
+    async def _send_transfer_packet(self, downstream: FramedStream, seqno: int, offset: int,
+                                    data, sums: bytes, flags: int, target: str) -> None:
+        """One packet of a copy, then its ack (a copy is short: no window needed)."""
+        try:
+            with trio.fail_after(self.config.data_timeout):
+                await send_packet(downstream, seqno, offset, data, sums, flags)
+                ack_seqno, statuses = await receive_ack(downstream)
+        except (EOFError, trio.TooSlowError) as exc:
+            raise PipelineError(f"{TRANSFER_BLOCK}: {target} stopped answering: "
+                                    f"{exc or 'timed out'}") from None
+        if ack_seqno != seqno or not statuses or statuses[0] != SUCCESS:
+            raise PipelineError(f"{TRANSFER_BLOCK}: {target} answered {statuses} for "
+                                    f"packet {ack_seqno} (expected {seqno})")
 
     # ------------------------------------------------------------------ READ_BLOCK
 
@@ -347,10 +485,14 @@ class DataTransferServer:
         for target in targets:
             parse_address(target)
         stage = _field(header, "stage", str, WRITE_BLOCK, PIPELINE_SETUP_CREATE)
-        if stage not in (PIPELINE_SETUP_CREATE, PIPELINE_SETUP_APPEND):
+        if stage not in (PIPELINE_SETUP_CREATE, PIPELINE_SETUP_APPEND,
+                         PIPELINE_SETUP_STREAMING_RECOVERY, TRANSFER_RBW):
             raise NotSupported(f"WRITE_BLOCK stage {stage[:60]!r} is not supported yet")
+        if stage == TRANSFER_RBW and targets:
+            raise ProtocolError("WRITE_BLOCK stage TRANSFER_RBW takes no downstream targets")
         min_bytes = 0
-        if stage == PIPELINE_SETUP_APPEND:
+        reopening = stage in (PIPELINE_SETUP_APPEND, PIPELINE_SETUP_STREAMING_RECOVERY)
+        if reopening:
             min_bytes = _field(header, "min_bytes", int, WRITE_BLOCK)
             if min_bytes < 0:
                 raise ProtocolError(f"WRITE_BLOCK: min_bytes {min_bytes} is negative")
@@ -365,8 +507,15 @@ class DataTransferServer:
             # without an explicit bytes_per_checksum the replica's own is used
             replica = await self.store.reopen_for_append(
                 block_id, gs, min_bytes, bpc if "bytes_per_checksum" in header else None)
+        elif stage == PIPELINE_SETUP_STREAMING_RECOVERY:
+            # the old pipeline is stopped, the replica cut to the acked length, new stamp
+            replica = await self.store.recover_rbw(
+                block_id, gs, min_bytes, bpc if "bytes_per_checksum" in header else None)
         else:
             replica = await self.store.create_rbw(block_id, gs, bpc)
+        # a later pipeline recovery may give the replica a new writer while this op is
+        # still unwinding: only ever release our own
+        own_writer = replica.writer
         downstream: FramedStream | None = None
         try:
             if targets:
@@ -375,7 +524,7 @@ class DataTransferServer:
                     message, bad_link = failure
                     log.info("WRITE_BLOCK %s: downstream setup failed at %s: %s",
                              replica.name, bad_link, message)
-                    if stage == PIPELINE_SETUP_APPEND:   # keep the data: only stop writing
+                    if reopening:   # keep the acknowledged data: only stop writing
                         await self.store.release_writer(replica)
                     else:
                         await self.store.delete(replica)
@@ -383,15 +532,19 @@ class DataTransferServer:
                     await conn.respond(_error_response(exc, first_bad_link=bad_link))
                     return
             # HDFS "receiving block" report: the metadata server learns the RBW location
-            self.reporter.block_received(block_id, gs, min_bytes, ReplicaState.RBW.value)
+            # (not for a TRANSFER_RBW copy: it is reported once a recovered pipeline uses it)
+            if stage != TRANSFER_RBW:
+                self.reporter.block_received(block_id, gs, min_bytes, ReplicaState.RBW.value)
             await conn.respond({"status": "SUCCESS", "message": "", "first_bad_link": ""})
-            pipeline = _WritePipeline(self, conn, downstream, replica)
+            pipeline = _WritePipeline(self, conn, downstream, replica,
+                                      transfer=stage == TRANSFER_RBW)
             await pipeline.run()
         finally:
             if downstream is not None:
                 with trio.CancelScope(shield=True):
                     await downstream.aclose()
-            if not replica.removed and replica.state is ReplicaState.RBW:
+            if not replica.removed and replica.state is ReplicaState.RBW \
+                    and replica.writer is own_writer:
                 with trio.CancelScope(shield=True):
                     await self.store.release_writer(replica)
 
@@ -437,8 +590,10 @@ class _WritePipeline:
     """The receiver and responder of one WRITE_BLOCK after a successful setup."""
 
     def __init__(self, server: DataTransferServer, conn: _Conn,
-                 downstream: FramedStream | None, replica: Replica):
+                 downstream: FramedStream | None, replica: Replica, transfer: bool = False):
         self.server = server
+        #: TRANSFER_RBW copy: LAST ends the copy, the replica stays RBW (not finalized)
+        self.transfer = transfer
         self.store = server.store
         self.config = server.config
         self.upstream = conn.framed
@@ -516,6 +671,8 @@ class _WritePipeline:
                         raise ReplicaNotFound(f"{replica.name} was deleted while being written")
                     if len(packet.data):
                         check_packet_range(received, packet.offset, len(packet.data), bpc)
+                        if _TEST_CORRUPTION.due():
+                            packet.data = _flip_first_byte(packet.data)
                         verify_checksums(packet.data, packet.sums, bpc,
                                          where=f"in {replica.name} from {self.peer}",
                                          base_offset=packet.offset)
@@ -606,7 +763,7 @@ class _WritePipeline:
                 ok = all(s == SUCCESS for s in statuses)
                 if ok and entry.has_data:
                     replica.set_visible(entry.end, entry.last_sum)
-                if ok and entry.last:
+                if ok and entry.last and not self.transfer:
                     try:
                         await self.store.finalize(replica)
                     except (OSError, LeaseFSError) as exc:

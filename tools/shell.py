@@ -517,6 +517,10 @@ def format_report(r: dict, meta_address: str) -> list[str]:
         f"Corrupt blocks: {r.get('corrupt', 0)}",
         f"Missing blocks: {r.get('missing', 0)}",
         f"Blocks pending deletion: {r.get('pending_deletion', 0)}",
+        f"Blocks queued for replication: {(r.get('replication') or {}).get('queued', 0)}"
+        f" ({(r.get('replication') or {}).get('pending', 0)} copies under way)",
+        f"Decommissioning / decommissioned block servers: {r.get('decommissioning', 0)} / "
+        f"{r.get('decommissioned', 0)}",
         f"Safe mode: {'ON' if sm.get('on') else 'OFF'}"
         + (f" ({_safemode_reason(sm)})" if sm.get("on") and _safemode_reason(sm) else ""),
         "",

@@ -1,0 +1,122 @@
+"""Copy a finalized replica from this block server to others (the TRANSFER command of the
+replication monitor; HDFS ``DataNode.DataTransfer``).
+
+Why it exists: re-replication and decommission need block servers to copy replicas among
+themselves; the metadata server only says "copy block B to targets T" in a heartbeat reply.
+The copy reuses the ordinary write pipeline: this node plays the client and sends a
+WRITE_BLOCK (``PIPELINE_SETUP_CREATE``) to ``targets[0]`` with ``targets[1:]`` downstream, so
+every target verifies the checksums, finalizes on the LAST packet and reports the replica
+received itself, exactly as for a client write. The source verifies every chunk it reads
+first: a replica whose bytes do not match their checksums is never copied, and is reported
+bad (``ChecksumError``) so the metadata server picks another source.
+
+Concurrency contract: ``copy_replica`` runs as one trio task per command; disk reads go to
+the store's worker threads; a sender and an ack reader run side by side so the pipeline
+stays full. Everything is bounded by ``data_timeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from fs.config import Config
+from fs.datatransfer import (FLAG_LAST, PIPELINE_SETUP_CREATE, SUCCESS, WRITE_BLOCK,
+                             receive_ack, send_packet, verify_checksums)
+from fs.errors import LeaseFSError, ProtocolError, ServerUnavailable
+from fs.framing import FramedStream
+from fs.rpc import parse_address
+
+from .replicas import ReplicaState, ReplicaStore
+
+log = logging.getLogger(__name__)
+
+HEADER_MAX_FRAME = 1 << 20
+
+
+async def copy_replica(config: Config, store: ReplicaStore, block_id: int, gs: int,
+                       targets: list[str], *, client: str = "transfer") -> int:
+    """Send the finalized replica ``blk_<id>_<gs>`` to ``targets`` (a pipeline); returns the
+    bytes sent. Raises ``ChecksumError`` when the local replica is corrupt, ``LeaseFSError``
+    (``ServerUnavailable``, ``ProtocolError``) when a target fails."""
+    replica = store.readable(block_id, gs)
+    if replica.state is not ReplicaState.FINALIZED or replica.gs != gs:
+        raise ProtocolError(f"TRANSFER blk_{block_id}_{gs}: local replica is "
+                            f"{replica.state.value} with stamp {replica.gs}, not finalized "
+                            f"with {gs}")
+    reader = await store.open_reader(block_id, gs)
+    try:
+        bpc = reader.bytes_per_checksum
+        length = reader.visible_length
+        host, port = parse_address(targets[0])
+        timeout = config.data_timeout
+        try:
+            with trio.fail_after(min(10.0, timeout)):
+                stream = await trio.open_tcp_stream(host, port)
+        except (OSError, trio.TooSlowError) as exc:
+            raise ServerUnavailable(f"TRANSFER blk_{block_id}: cannot connect to "
+                                    f"{targets[0]}: {exc or 'timed out'}") from None
+        framed = FramedStream(stream, HEADER_MAX_FRAME)
+        try:
+            with trio.fail_after(timeout):
+                await framed.send_frame({"op": WRITE_BLOCK, "block": {"id": block_id, "gs": gs},
+                                         "targets": list(targets[1:]),
+                                         "stage": PIPELINE_SETUP_CREATE, "client": client,
+                                         "bytes_per_checksum": bpc})
+                response = await framed.receive_frame()
+            if not isinstance(response, dict) or response.get("status") != "SUCCESS":
+                message = response.get("message") if isinstance(response, dict) else response
+                raise ServerUnavailable(f"TRANSFER blk_{block_id}: {targets[0]} refused the "
+                                        f"copy: {message!s:.300}")
+            step = max(bpc, config.packet_size // bpc * bpc)
+            offsets = list(range(0, length, step))
+            last_seqno = len(offsets)
+
+            async def sender():
+                for seqno, pos in enumerate(offsets):
+                    data, sums = await store.run_io(reader.read, pos, min(step, length - pos))
+                    verify_checksums(data, sums, bpc, f"in blk_{block_id}_{gs} on the source",
+                                     pos)
+                    with trio.fail_after(timeout):
+                        await send_packet(framed, seqno, pos, data, sums)
+                with trio.fail_after(timeout):
+                    await send_packet(framed, last_seqno, length, b"", b"", FLAG_LAST)
+
+            async def acker():
+                expected = 0
+                while expected <= last_seqno:
+                    with trio.fail_after(timeout):
+                        seqno, statuses = await receive_ack(framed)
+                    if seqno != expected:
+                        raise ProtocolError(f"TRANSFER blk_{block_id}: ack {seqno}, expected "
+                                            f"{expected}")
+                    bad = [targets[i] for i, s in enumerate(statuses[:len(targets)])
+                           if s != SUCCESS]
+                    if bad:
+                        raise ServerUnavailable(f"TRANSFER blk_{block_id}: target(s) "
+                                                f"{', '.join(bad)} failed (statuses {statuses})")
+                    expected += 1
+
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(sender)
+                    nursery.start_soon(acker)
+            except BaseExceptionGroup as group:   # one clear error, not a group
+                first = group.exceptions[0]
+                while isinstance(first, BaseExceptionGroup):
+                    first = first.exceptions[0]
+                raise first from None
+        except (trio.TooSlowError, EOFError) as exc:
+            raise ServerUnavailable(f"TRANSFER blk_{block_id} to {targets[0]}: "
+                                    f"{type(exc).__name__} {exc}") from None
+        finally:
+            with trio.CancelScope(shield=True):
+                await framed.aclose()
+        return length
+    finally:
+        with trio.CancelScope(shield=True):
+            await store.close_reader(reader)
+
+
+__all__ = ["copy_replica", "LeaseFSError"]

@@ -1,0 +1,336 @@
+"""Repair on real processes: re-replication after a block server dies, corrupt/stale replicas,
+the block scanner, setReplication up and down, decommission under reads, fsck.
+
+Every test starts a ``ProcessCluster`` (real ``python -m tools`` processes, real sockets, real
+LevelDB and replica files) with short heartbeat/dead/replication intervals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import ProcessCluster  # noqa: E402
+
+from fs.rpc import RpcClient  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+BLOCK = 64 * 1024
+SETTINGS = {"block_size": BLOCK, "min_block_size": 4096, "replication_interval": 0.2,
+            "replication_pending_timeout": 5.0, "dead_node_interval": 2.0,
+            "scanner_period": 3600.0, "scanner_bytes_per_second": 200 << 20}
+
+
+def payload(seed: int, size: int) -> bytes:
+    return bytes((seed * 7 + i * 13 + (i >> 9)) & 0xFF for i in range(size))
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r:.800}")
+
+
+def rpc(cluster, method: str, **args):
+    async def call():
+        async with RpcClient(cluster.meta_address, "test-repair", retry_seconds=5.0,
+                             timeout=20.0) as client:
+            return await client.call(method, args)
+    return trio.run(call)
+
+
+def fsck(cluster, path="/", **kw) -> dict:
+    return rpc(cluster, "fsck", path=path, **kw)
+
+
+def block_nodes(client, path) -> list[list[str]]:
+    """Per block: the addresses the metadata server hands to readers."""
+    located = client.get_block_locations(path)
+    return [[loc["address"] for loc in b["locations"]] for b in located["blocks"]]
+
+
+def all_replicated(client, paths, n) -> bool:
+    return all(len(nodes) == n for p in paths for nodes in block_nodes(client, p))
+
+
+def replica_files(cluster, i: int, block_id: int) -> tuple[Path, Path]:
+    root = cluster.storage_dir(i)
+    data = [p for p in root.rglob(f"blk_{block_id}") if "finalized" in str(p)]
+    meta = [p for p in root.rglob(f"blk_{block_id}_*.meta") if "finalized" in str(p)]
+    assert data and meta, f"no finalized replica of block {block_id} in {root}"
+    return data[0], meta[0]
+
+
+def storage_index(cluster, address: str) -> int:
+    port = int(address.rsplit(":", 1)[1])
+    return next(i for i in range(cluster.n_storage) if cluster.ports[f"storage{i}"] == port)
+
+
+def leasefs(cluster, *args):
+    return subprocess.run([sys.executable, "-m", "tools", *args], env=cluster.env,
+                          capture_output=True, text=True, timeout=60)
+
+
+# --------------------------------------------------------------------------- (a)
+
+def test_dead_block_server_is_re_replicated_and_excess_removed_on_return(tmp_path):
+    with ProcessCluster(tmp_path, n_storage=4, settings=SETTINGS) as cluster:
+        client = cluster.client()
+        try:
+            files = {f"/a/f{i}": payload(i, 3 * BLOCK + 1000 * i) for i in range(3)}
+            for path, data in files.items():
+                client.write_file(path, data, replication=3)
+            # the victim holds a replica of at least one block
+            victim_addr = block_nodes(client, "/a/f0")[0][0]
+            victim = storage_index(cluster, victim_addr)
+            cluster.kill_storage(victim)
+            killed = time.monotonic()
+
+            def healed():
+                nodes = [n for p in files for n in block_nodes(client, p)]
+                return all(len(ns) == 3 and victim_addr not in ns for ns in nodes)
+            wait_until(healed, 30, "3 good replicas again without the dead node")
+            repair_seconds = time.monotonic() - killed
+            print(f"\nre-replication after kill -9 took {repair_seconds:.2f}s "
+                  f"(dead interval {SETTINGS['dead_node_interval']}s)")
+            report = client.report()
+            assert [n["address"] for n in report["dead_nodes"]] == [victim_addr]
+            assert report["under_replicated"] == 0 and report["missing"] == 0
+            for path, data in files.items():
+                assert client.read_file(path) == data
+
+            # make one of the victim's replicas stale: append while it is dead
+            with client.append("/a/f0") as out:
+                out.write(b"tail")
+            files["/a/f0"] += b"tail"
+            cluster.start_storage(victim)
+            wait_until(lambda: len(client.report()["live_nodes"]) == 4, 20, "victim back")
+            seen_victim = []
+
+            def settled():
+                counts = []
+                for p in files:
+                    blocks = block_nodes(client, p)
+                    counts += [len(ns) for ns in blocks]
+                    if p == "/a/f0" and victim_addr in blocks[-1]:
+                        seen_victim.append(blocks[-1])
+                return all(c == 3 for c in counts) and client.report()["pending_deletion"] == 0
+            wait_until(settled, 30, "excess replicas deleted")
+            # the last block of f0 got a new stamp: the victim's copy of it is stale and was
+            # never handed out
+            last_id = client.get_block_locations("/a/f0")["blocks"][-1]["block"]["id"]
+            assert not seen_victim, f"stale replica of block {last_id} listed: {seen_victim}"
+            for path, data in files.items():
+                assert client.read_file(path) == data
+            assert fsck(cluster)["status"] == "HEALTHY"
+        finally:
+            client.close()
+
+
+# --------------------------------------------------------------------------- (b)
+
+def test_garbage_truncated_and_deleted_replicas_are_found_and_repaired(tmp_path):
+    settings = {**SETTINGS, "scanner_period": 0.5}
+    with ProcessCluster(tmp_path, n_storage=4, settings=settings) as cluster:
+        client = cluster.client()
+        try:
+            files = {f"/b/f{i}": payload(10 + i, 2 * BLOCK + 333) for i in range(3)}
+            for path, data in files.items():
+                client.write_file(path, data, replication=3)
+            damaged = []   # (block id, storage index, how)
+            for path, how in zip(files, ("garbage", "truncate", "delete")):
+                located = client.get_block_locations(path)["blocks"][0]
+                block_id = located["block"]["id"]
+                idx = storage_index(cluster, located["locations"][0]["address"])
+                data_file, meta_file = replica_files(cluster, idx, block_id)
+                if how == "garbage":
+                    size = data_file.stat().st_size
+                    data_file.write_bytes(os.urandom(size))
+                elif how == "truncate":
+                    with open(data_file, "r+b") as fh:
+                        fh.truncate(100)
+                else:
+                    data_file.unlink()
+                    meta_file.unlink()
+                damaged.append((block_id, located["locations"][0]["node_id"], how))
+            # every file reads correctly whatever replica the reader picks
+            for path, data in files.items():
+                assert client.read_file(path) == data
+
+            named = set()
+
+            def all_named():
+                for f in fsck(cluster)["files"]:
+                    for b in f["blocks"]:
+                        for bad in b["corrupt_replicas"]:
+                            named.add((b["id"], bad["node_id"]))
+                return all((bid, node) in named for bid, node, _ in damaged)
+            wait_until(all_named, 20, "fsck naming every bad replica")
+
+            def repaired():
+                r = fsck(cluster)
+                return (r["status"] == "HEALTHY" and r["totals"]["corrupt_replicas"] == 0
+                        and r["totals"]["under_replicated_blocks"] == 0 and r)
+            result = wait_until(repaired, 30, "fsck healthy after repair")
+            assert result["totals"]["healthy_blocks"] == result["totals"]["blocks"] == 9
+            for bid, node, _ in damaged:
+                locs = [n for p in files for b in client.get_block_locations(p)["blocks"]
+                        if b["block"]["id"] == bid for n in b["locations"]]
+                assert len(locs) == 3
+            for path, data in files.items():
+                assert client.read_file(path) == data
+        finally:
+            client.close()
+
+
+# --------------------------------------------------------------------------- (c)
+
+def test_only_replica_corrupt_read_fails_clearly_and_fsck_exits_1(tmp_path):
+    with ProcessCluster(tmp_path, n_storage=2, settings=SETTINGS) as cluster:
+        client = cluster.client()
+        try:
+            data = payload(3, BLOCK + 500)
+            client.write_file("/c/one", data, replication=1)
+            client.write_file("/c/fine", b"x" * 1000, replication=2)
+            located = client.get_block_locations("/c/one")["blocks"][0]
+            block_id = located["block"]["id"]
+            idx = storage_index(cluster, located["locations"][0]["address"])
+            data_file, _ = replica_files(cluster, idx, block_id)
+            raw = bytearray(data_file.read_bytes())
+            raw[10] ^= 0xFF
+            data_file.write_bytes(bytes(raw))
+            with pytest.raises(Exception) as info:
+                client.read_file("/c/one")
+            message = str(info.value)
+            assert "checksum" in message.lower() and str(block_id) in message, message
+            r = wait_until(lambda: (f := fsck(cluster))["status"] == "CORRUPT" and f, 10,
+                           "fsck CORRUPT")
+            assert r["totals"]["corrupt_blocks"] == 1
+            bad = [b for f in r["files"] for b in f["blocks"] if b["status"] == "CORRUPT"]
+            assert [b["id"] for b in bad] == [block_id]
+            proc = leasefs(cluster, "fsck", "/c")
+            assert proc.returncode == 1, proc.stdout + proc.stderr
+            assert f"blk_{block_id}" in proc.stdout and "CORRUPT" in proc.stdout
+            # the located block is flagged, the server keeps serving everything else
+            assert client.get_block_locations("/c/one")["blocks"][0]["corrupt"] is True
+            assert client.read_file("/c/fine") == b"x" * 1000
+            assert leasefs(cluster, "fsck", "/c/fine").returncode == 0
+            assert client.report()["corrupt"] >= 1
+        finally:
+            client.close()
+
+
+# --------------------------------------------------------------------------- (d)
+
+def test_set_replication_down_and_up(tmp_path):
+    with ProcessCluster(tmp_path, n_storage=3, settings=SETTINGS) as cluster:
+        client = cluster.client()
+        try:
+            data = payload(4, 3 * BLOCK)
+            client.write_file("/d/f", data, replication=3)
+            assert all_replicated(client, ["/d/f"], 3)
+            client.set_replication("/d/f", 1)
+            wait_until(lambda: all_replicated(client, ["/d/f"], 1)
+                       and client.report()["pending_deletion"] == 0, 20, "1 replica")
+            used = wait_until(lambda: sum(1 for i in range(3) for p in
+                                          cluster.storage_dir(i).rglob("blk_*")
+                                          if not p.name.endswith(".meta")
+                                          and "finalized" in str(p)) == 3 or None,
+                              20, "replica files deleted on disk")
+            assert used
+            assert client.read_file("/d/f") == data
+            client.set_replication("/d/f", 3)
+            wait_until(lambda: all_replicated(client, ["/d/f"], 3), 20, "3 replicas again")
+            assert client.read_file("/d/f") == data
+            assert fsck(cluster, "/d")["totals"]["healthy_blocks"] == 3
+        finally:
+            client.close()
+
+
+# --------------------------------------------------------------------------- (e)
+
+def test_decommission_under_reads(tmp_path):
+    with ProcessCluster(tmp_path, n_storage=4, settings=SETTINGS) as cluster:
+        client = cluster.client()
+        try:
+            files = {f"/e/f{i}": payload(20 + i, 2 * BLOCK + 7) for i in range(4)}
+            for path, data in files.items():
+                client.write_file(path, data, replication=2)
+            target_addr = block_nodes(client, "/e/f0")[0][0]
+            proc = leasefs(cluster, "decommission", target_addr)
+            assert proc.returncode == 0, proc.stderr
+            assert "DECOMMISSION" in proc.stdout
+            reads = 0
+            deadline = time.monotonic() + 30
+            while True:   # reads keep working while the replicas move
+                for path, data in files.items():
+                    assert client.read_file(path) == data
+                    reads += 1
+                status = json.loads(leasefs(cluster, "decommission", target_addr, "--status",
+                                            "--json").stdout)
+                if status["admin"] == "DECOMMISSIONED":
+                    break
+                assert time.monotonic() < deadline, status
+            assert reads >= len(files)
+            # every block has 2 replicas on nodes in service
+            for path in files:
+                for nodes in block_nodes(client, path):
+                    in_service = [n for n in nodes if n != target_addr]
+                    assert len(in_service) >= 2, (path, nodes)
+            # no new block goes to the decommissioned node
+            client.write_file("/e/new", payload(99, 3 * BLOCK), replication=3)
+            for nodes in block_nodes(client, "/e/new"):
+                assert target_addr not in nodes
+            report = client.report()
+            assert report["decommissioned"] == 1
+            proc = leasefs(cluster, "fsck", "/e")
+            assert proc.returncode == 0, proc.stdout
+        finally:
+            client.close()
+
+
+# --------------------------------------------------------------------------- pure state
+
+def test_replication_queues_priorities_pending_and_excess():
+    from meta import replication as rq
+
+    assert rq.priority(3, 0, 3) is None
+    assert rq.priority(1, 0, 3) == rq.HIGHEST
+    assert rq.priority(0, 2, 2) == rq.HIGHEST          # only on decommissioning nodes
+    assert rq.priority(0, 0, 3) == rq.NO_SOURCE        # nothing to copy from
+    assert rq.priority(2, 0, 10) == rq.VERY_UNDER
+    assert rq.priority(2, 0, 3) == rq.UNDER
+    assert rq.choose_excess([("a", 50, False), ("b", 10, False), ("c", 99, True)], 2) == ["c", "b"]
+
+    q = rq.ReplicationQueues(pending_timeout=10.0, max_streams=1)
+    q.update(7, rq.UNDER)
+    q.update(8, rq.HIGHEST)
+    q.update(9, rq.NO_SOURCE)
+    assert q.in_order() == [8, 7] and q.queued() == 3
+    q.add_pending(8, "n1", ["n2", "n3"], now=100.0)
+    assert not q.has_stream("n1") and q.pending_targets(8) == ["n2", "n3"]
+    assert q.target_done(8, "n2") is False and q.pending_targets(8) == ["n3"]
+    assert q.target_done(8, "n3") is True and q.has_stream("n1")
+    q.add_pending(7, "n1", ["n4"], now=100.0)
+    assert q.timed_out(109.0) == []
+    late = q.timed_out(110.0)
+    assert [p.block_id for p in late] == [7] and q.has_stream("n1") and not q.pending
+    q.add_excess(7, ["n2"])
+    assert q.excess_of(7, ["n1", "n2"]) == {"n2"}
+    assert q.excess_of(7, ["n1"]) == set() and 7 not in q.excess   # deleted: forgotten
+    q.remove(7)
+    assert q.in_order() == [8]
