@@ -10,6 +10,8 @@ received itself, exactly as for a client write. The source verifies every chunk 
 first: a replica whose bytes do not match their checksums is never copied, and is reported
 bad (``ChecksumError``) so the metadata server picks another source.
 
+``send_replica`` is also the sender of pipeline recovery's TRANSFER_RBW (``storage.transfer``).
+
 Concurrency contract: ``copy_replica`` runs as one trio task per command; disk reads go to
 the store's worker threads; a sender and an ack reader run side by side so the pipeline
 stays full. Everything is bounded by ``data_timeout``.
@@ -22,8 +24,8 @@ import logging
 import trio
 
 from fs.config import Config
-from fs.datatransfer import (FLAG_LAST, PIPELINE_SETUP_CREATE, SUCCESS, WRITE_BLOCK,
-                             receive_ack, send_packet, verify_checksums)
+from fs.datatransfer import (CHECKSUM_SIZE, FLAG_LAST, PIPELINE_SETUP_CREATE, SUCCESS,
+                             WRITE_BLOCK, crc32c, receive_ack, send_packet, verify_checksums)
 from fs.errors import LeaseFSError, ProtocolError, ServerUnavailable
 from fs.framing import FramedStream
 from fs.rpc import parse_address
@@ -47,76 +49,91 @@ async def copy_replica(config: Config, store: ReplicaStore, block_id: int, gs: i
                             f"with {gs}")
     reader = await store.open_reader(block_id, gs)
     try:
-        bpc = reader.bytes_per_checksum
-        length = reader.visible_length
-        host, port = parse_address(targets[0])
-        timeout = config.data_timeout
-        try:
-            with trio.fail_after(min(10.0, timeout)):
-                stream = await trio.open_tcp_stream(host, port)
-        except (OSError, trio.TooSlowError) as exc:
-            raise ServerUnavailable(f"TRANSFER blk_{block_id}: cannot connect to "
-                                    f"{targets[0]}: {exc or 'timed out'}") from None
-        framed = FramedStream(stream, HEADER_MAX_FRAME)
-        try:
-            with trio.fail_after(timeout):
-                await framed.send_frame({"op": WRITE_BLOCK, "block": {"id": block_id, "gs": gs},
-                                         "targets": list(targets[1:]),
-                                         "stage": PIPELINE_SETUP_CREATE, "client": client,
-                                         "bytes_per_checksum": bpc})
-                response = await framed.receive_frame()
-            if not isinstance(response, dict) or response.get("status") != "SUCCESS":
-                message = response.get("message") if isinstance(response, dict) else response
-                raise ServerUnavailable(f"TRANSFER blk_{block_id}: {targets[0]} refused the "
-                                        f"copy: {message!s:.300}")
-            step = max(bpc, config.packet_size // bpc * bpc)
-            offsets = list(range(0, length, step))
-            last_seqno = len(offsets)
-
-            async def sender():
-                for seqno, pos in enumerate(offsets):
-                    data, sums = await store.run_io(reader.read, pos, min(step, length - pos))
-                    verify_checksums(data, sums, bpc, f"in blk_{block_id}_{gs} on the source",
-                                     pos)
-                    with trio.fail_after(timeout):
-                        await send_packet(framed, seqno, pos, data, sums)
-                with trio.fail_after(timeout):
-                    await send_packet(framed, last_seqno, length, b"", b"", FLAG_LAST)
-
-            async def acker():
-                expected = 0
-                while expected <= last_seqno:
-                    with trio.fail_after(timeout):
-                        seqno, statuses = await receive_ack(framed)
-                    if seqno != expected:
-                        raise ProtocolError(f"TRANSFER blk_{block_id}: ack {seqno}, expected "
-                                            f"{expected}")
-                    bad = [targets[i] for i, s in enumerate(statuses[:len(targets)])
-                           if s != SUCCESS]
-                    if bad:
-                        raise ServerUnavailable(f"TRANSFER blk_{block_id}: target(s) "
-                                                f"{', '.join(bad)} failed (statuses {statuses})")
-                    expected += 1
-
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(sender)
-                    nursery.start_soon(acker)
-            except BaseExceptionGroup as group:   # one clear error, not a group
-                first = group.exceptions[0]
-                while isinstance(first, BaseExceptionGroup):
-                    first = first.exceptions[0]
-                raise first from None
-        except (trio.TooSlowError, EOFError) as exc:
-            raise ServerUnavailable(f"TRANSFER blk_{block_id} to {targets[0]}: "
-                                    f"{type(exc).__name__} {exc}") from None
-        finally:
-            with trio.CancelScope(shield=True):
-                await framed.aclose()
-        return length
+        return await send_replica(config, store, reader, block_id, gs, reader.visible_length,
+                                  targets, stage=PIPELINE_SETUP_CREATE, client=client)
     finally:
         with trio.CancelScope(shield=True):
             await store.close_reader(reader)
 
 
-__all__ = ["copy_replica", "LeaseFSError"]
+async def send_replica(config: Config, store: ReplicaStore, reader, block_id: int, gs: int,
+                       length: int, targets: list[str], *, stage: str, client: str) -> int:
+    """Stream ``[0, length)`` of an open replica ``reader`` into a WRITE_BLOCK ``stage`` on
+    ``targets[0]`` (``targets[1:]`` downstream); the one sender of every block-server-side
+    copy: re-replication (``PIPELINE_SETUP_CREATE``, finalized replicas) and pipeline recovery
+    (``TRANSFER_RBW``, the acknowledged part of a replica being written). Every chunk is
+    verified before it is sent (``ChecksumError`` for a corrupt source); when ``length`` ends
+    inside a chunk whose stored checksum covers more bytes, that checksum is recomputed for
+    the bytes sent. Returns ``length``."""
+    bpc = reader.bytes_per_checksum
+    host, port = parse_address(targets[0])
+    timeout = config.data_timeout
+    try:
+        with trio.fail_after(min(10.0, timeout)):
+            stream = await trio.open_tcp_stream(host, port)
+    except (OSError, trio.TooSlowError) as exc:
+        raise ServerUnavailable(f"copy of blk_{block_id}: cannot connect to "
+                                f"{targets[0]}: {exc or 'timed out'}") from None
+    framed = FramedStream(stream, HEADER_MAX_FRAME)
+    try:
+        with trio.fail_after(timeout):
+            await framed.send_frame({"op": WRITE_BLOCK, "block": {"id": block_id, "gs": gs},
+                                     "targets": list(targets[1:]), "stage": stage,
+                                     "client": client, "bytes_per_checksum": bpc})
+            response = await framed.receive_frame()
+        if not isinstance(response, dict) or response.get("status") != "SUCCESS":
+            message = response.get("message") if isinstance(response, dict) else response
+            raise ServerUnavailable(f"copy of blk_{block_id}: {targets[0]} refused it: "
+                                    f"{message!s:.300}")
+        step = max(bpc, config.packet_size // bpc * bpc)
+        offsets = list(range(0, length, step))
+        last_seqno = len(offsets)
+
+        async def sender():
+            for seqno, pos in enumerate(offsets):
+                end = min(pos + step, length)
+                data, sums = await store.run_io(reader.read, pos, end - pos)
+                if end % bpc and end != reader.visible_length:
+                    # the stored checksum covers a longer chunk than is being sent
+                    tail = data[len(data) - end % bpc:]
+                    sums = sums[:-CHECKSUM_SIZE] + crc32c(tail).to_bytes(CHECKSUM_SIZE, "big")
+                verify_checksums(data, sums, bpc, f"in blk_{block_id}_{gs} on the source", pos)
+                with trio.fail_after(timeout):
+                    await send_packet(framed, seqno, pos, data, sums)
+            with trio.fail_after(timeout):
+                await send_packet(framed, last_seqno, length, b"", b"", FLAG_LAST)
+
+        async def acker():
+            expected = 0
+            while expected <= last_seqno:
+                with trio.fail_after(timeout):
+                    seqno, statuses = await receive_ack(framed)
+                if seqno != expected:
+                    raise ProtocolError(f"copy of blk_{block_id}: ack {seqno}, expected "
+                                        f"{expected}")
+                bad = [targets[i] for i, s in enumerate(statuses[:len(targets)])
+                       if s != SUCCESS]
+                if bad:
+                    raise ServerUnavailable(f"copy of blk_{block_id}: target(s) "
+                                            f"{', '.join(bad)} failed (statuses {statuses})")
+                expected += 1
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(sender)
+                nursery.start_soon(acker)
+        except BaseExceptionGroup as group:   # one clear error, not a group
+            first = group.exceptions[0]
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise first from None
+    except (trio.TooSlowError, EOFError) as exc:
+        raise ServerUnavailable(f"copy of blk_{block_id} to {targets[0]}: "
+                                f"{type(exc).__name__} {exc}") from None
+    finally:
+        with trio.CancelScope(shield=True):
+            await framed.aclose()
+    return length
+
+
+__all__ = ["copy_replica", "send_replica", "LeaseFSError"]

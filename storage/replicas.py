@@ -660,6 +660,17 @@ def _ensure_layout(data_dir: str) -> str:
 # --------------------------------------------------------------------------- the store
 
 
+def _reopen_writer(data_path: str, meta_path: str, bpc: int, length: int):
+    """A ``ReplicaWriter`` continuing an existing replica of ``length`` bytes, and the stored
+    checksum of its last partial chunk (None at a chunk boundary): what append and pipeline
+    recovery need to go on writing it."""
+    writer = ReplicaWriter(data_path, meta_path, bpc, create=False)
+    last_sum = None
+    if length % bpc:
+        last_sum = os.pread(writer.meta_fd, CHECKSUM_SIZE, meta_offset(length // bpc))
+    return writer, last_sum
+
+
 class ReplicaStore:
     """The replica map of one data folder plus every file operation on it."""
 
@@ -926,12 +937,7 @@ class ReplicaStore:
             fsync_dir(rbw)
             if old_data != new_data:
                 fsync_dir(os.path.dirname(old_data))
-            writer = ReplicaWriter(new_data, new_meta, bpc, create=False)
-            last_sum = None
-            if min_bytes % bpc:
-                last_sum = os.pread(writer.meta_fd, CHECKSUM_SIZE,
-                                    meta_offset(min_bytes // bpc))
-            return writer, last_sum
+            return _reopen_writer(new_data, new_meta, bpc, min_bytes)
 
         async with replica.lock:
             if replica.removed or self.replicas.get(block_id) is not replica \
@@ -1004,12 +1010,7 @@ class ReplicaStore:
                 truncate_replica_files(data_path, old_meta, acked_length, bpc)
             os.replace(old_meta, new_meta)
             fsync_dir(rbw)
-            writer = ReplicaWriter(data_path, new_meta, bpc, create=False)
-            last_sum = None
-            if acked_length % bpc:
-                last_sum = os.pread(writer.meta_fd, CHECKSUM_SIZE,
-                                    meta_offset(acked_length // bpc))
-            return writer, last_sum
+            return _reopen_writer(data_path, new_meta, bpc, acked_length)
 
         async with replica.lock:
             if replica.removed or self.replicas.get(block_id) is not replica \

@@ -60,7 +60,7 @@ from fs.datatransfer import (BLOCK_LENGTH, CHECKSUM_SIZE, ERROR, ERROR_CHECKSUM,
                              FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA, PACKET_HEADER,
                              PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE,
                              PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
-                             TRANSFER_BLOCK, TRANSFER_RBW, WRITE_BLOCK, Packet, crc32c,
+                             TRANSFER_BLOCK, TRANSFER_RBW, WRITE_BLOCK, Packet,
                              num_chunks, receive_ack, send_ack, send_packet, verify_checksums)
 from fs.errors import (ChecksumError, InternalError, InvalidArgument, LeaseFSError,
                        NotSupported, PipelineError, ProtocolError, ReplicaNotFound,
@@ -68,6 +68,7 @@ from fs.errors import (ChecksumError, InternalError, InvalidArgument, LeaseFSErr
 from fs.framing import FramedStream
 from fs.rpc import parse_address
 
+from .blockcopy import send_replica
 from .recovery import INIT_REPLICA_RECOVERY, UPDATE_REPLICA_UNDER_RECOVERY, replica_wire
 from .replicas import (Replica, ReplicaState, ReplicaStore, check_bytes_per_checksum,
                        check_packet_range)
@@ -327,64 +328,17 @@ class DataTransferServer:
         if replica.state is ReplicaState.RBW:
             await self.store.stop_writer(replica)
         reader = await self.store.open_reader(block_id, gs)
-        downstream: FramedStream | None = None
         try:
-            bpc = reader.bytes_per_checksum
-            host, port = parse_address(target)
-            timeout = self.config.data_timeout
-            try:
-                with trio.fail_after(min(CONNECT_TIMEOUT, timeout)):
-                    stream = await trio.open_tcp_stream(host, port)
-            except (OSError, trio.TooSlowError) as exc:
-                raise PipelineError(f"{TRANSFER_BLOCK} {replica.name}: cannot connect to "
-                                        f"{target}: {exc or 'timed out'}") from None
-            downstream = FramedStream(stream, HEADER_MAX_FRAME)
-            with trio.fail_after(timeout):
-                await downstream.send_frame({
-                    "op": WRITE_BLOCK, "block": {"id": block_id, "gs": reader.gs},
-                    "targets": [], "stage": TRANSFER_RBW, "client": client,
-                    "bytes_per_checksum": bpc})
-                response = await downstream.receive_frame()
-            if not isinstance(response, dict) or response.get("status") != "SUCCESS":
-                message = response.get("message") if isinstance(response, dict) else response
-                raise PipelineError(f"{TRANSFER_BLOCK} {replica.name}: {target} refused "
-                                        f"the copy: {message!r:.200}")
-            step = max(bpc, self.config.packet_size // bpc * bpc)
-            seqno = 0
-            for pos in range(0, length, step):
-                n = min(step, length - pos)
-                data, sums = await self.store.run_io(reader.read, pos, n)
-                end = pos + n
-                if end % bpc and end != reader.visible_length:
-                    # the stored checksum covers a longer chunk than was acknowledged
-                    tail = data[len(data) - end % bpc:]
-                    sums = sums[:-CHECKSUM_SIZE] + crc32c(tail).to_bytes(CHECKSUM_SIZE, "big")
-                await self._send_transfer_packet(downstream, seqno, pos, data, sums, 0, target)
-                seqno += 1
-            await self._send_transfer_packet(downstream, seqno, length, b"", b"", FLAG_LAST,
-                                             target)
+            await send_replica(self.config, self.store, reader, block_id, reader.gs, length,
+                               [target], stage=TRANSFER_RBW, client=client)
+        except ServerUnavailable as exc:   # the replacement failed: a pipeline matter
+            raise PipelineError(f"{TRANSFER_BLOCK} {replica.name}: {exc.message}") from None
         finally:
-            await self.store.close_reader(reader)
-            if downstream is not None:
-                with trio.CancelScope(shield=True):
-                    await downstream.aclose()
+            with trio.CancelScope(shield=True):
+                await self.store.close_reader(reader)
         log.info("transferred %s (%d bytes) to %s for pipeline recovery", replica.name,
                  length, target)
         return length
-
-    async def _send_transfer_packet(self, downstream: FramedStream, seqno: int, offset: int,
-                                    data, sums: bytes, flags: int, target: str) -> None:
-        """One packet of a copy, then its ack (a copy is short: no window needed)."""
-        try:
-            with trio.fail_after(self.config.data_timeout):
-                await send_packet(downstream, seqno, offset, data, sums, flags)
-                ack_seqno, statuses = await receive_ack(downstream)
-        except (EOFError, trio.TooSlowError) as exc:
-            raise PipelineError(f"{TRANSFER_BLOCK}: {target} stopped answering: "
-                                    f"{exc or 'timed out'}") from None
-        if ack_seqno != seqno or not statuses or statuses[0] != SUCCESS:
-            raise PipelineError(f"{TRANSFER_BLOCK}: {target} answered {statuses} for "
-                                    f"packet {ack_seqno} (expected {seqno})")
 
     # ------------------------------------------------------------------ READ_BLOCK
 

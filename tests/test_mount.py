@@ -145,43 +145,6 @@ def test_rename_replace_and_moved_directory_paths(mounted):
     assert sorted(os.listdir(d)) == ["moved"]
 
 
-def test_random_rdwr_matches_local_file(mounted, cluster, tmp_path):
-    rng = random.Random(7)
-    local = tmp_path / "ref"
-    remote = mounted / "random.bin"
-    initial = rng.randbytes(200_000)
-    local.write_bytes(initial)
-    remote.write_bytes(initial)
-    lfd = os.open(local, os.O_RDWR)
-    rfd = os.open(remote, os.O_RDWR)
-    try:
-        for i in range(300):
-            op = rng.random()
-            size = os.fstat(lfd).st_size
-            if op < 0.55:
-                off = rng.randrange(0, size + 5000)
-                data = rng.randbytes(rng.randrange(1, 9000))
-                assert os.pwrite(rfd, data, off) == os.pwrite(lfd, data, off)
-            elif op < 0.9:
-                off = rng.randrange(0, size + 100)
-                n = rng.randrange(1, 20000)
-                assert os.pread(rfd, n, off) == os.pread(lfd, n, off), f"op {i}"
-            elif op < 0.97:
-                new = rng.randrange(0, size + 10000)
-                os.ftruncate(lfd, new)
-                os.ftruncate(rfd, new)
-            else:
-                os.fsync(rfd)
-            assert os.fstat(rfd).st_size == os.fstat(lfd).st_size, f"op {i}"
-    finally:
-        os.close(lfd)
-        os.close(rfd)
-    expected = local.read_bytes()
-    assert remote.read_bytes() == expected
-    with cluster.client() as client:   # published to the cluster, not only the mount's view
-        assert client.read_file("/random.bin") == expected
-
-
 def test_append_truncate_and_attributes(mounted, cluster):
     f = mounted / "attrs.txt"
     f.write_bytes(b"0123456789")
