@@ -480,7 +480,11 @@ def test_setup_failure_downstream_names_the_first_bad_link(tmp_path):
     trio.run(main)
 
 
-def test_node_failure_mid_write_fails_the_stream_naming_the_node(tmp_path):
+def test_unrecoverable_node_failure_fails_the_stream_naming_the_node(tmp_path):
+    """Replication 3 on 3 block servers, block hflushed: HDFS's DEFAULT
+    replace-datanode-on-failure policy wants a replacement for the failed node and there is
+    no spare (best effort off), so pipeline recovery gives up and the stream fails, naming
+    the node and the file; it stays failed."""
     async def main():
         async with inprocess_cluster(tmp_path, **SMALL) as cluster:
             async with cluster.client() as c:
