@@ -17,7 +17,7 @@ SHELL := /bin/bash
 
 PYTHON      ?= python3
 VENV        ?= .venv
-EXTRAS      ?= test,fuse
+EXTRAS      ?= test,fuse,spark
 PYTEST_ARGS ?=
 UP_ARGS     ?=
 MNT         ?= $(CURDIR)/mnt
