@@ -464,6 +464,19 @@ class Client:
         except trio.RunFinishedError:
             raise ServerUnavailable(f"client {self._async.client_name} has stopped") from None
 
+    def _run_or_spawn(self, afn):
+        """``_call(afn)`` — except on the client's own trio thread (a finalizer the garbage
+        collector happened to run there), where blocking would deadlock: there ``afn`` is
+        started in the background and None returned. Only for fire-and-forget calls (close)."""
+        try:
+            own_thread = trio.lowlevel.current_trio_token() is self._token
+        except RuntimeError:   # not inside any trio run
+            own_thread = False
+        if own_thread:
+            self._async._nursery.start_soon(afn)
+            return None
+        return self._call(afn)
+
     # ------------------------------------------------------------------ life cycle
     @property
     def client_name(self) -> str:
@@ -513,7 +526,8 @@ class Client:
 
     def open(self, path: str) -> InputStream:
         """Like ``AsyncClient.open``; returns an ``io.RawIOBase`` ``InputStream``."""
-        return InputStream(self._call(self._async.open, path), self._call)
+        return InputStream(self._call(self._async.open, path), self._call,
+                           close_call=self._run_or_spawn)
 
     def iter_status(self, path: str):
         """Entries of a directory, fetched page by page as the iteration goes."""

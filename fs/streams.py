@@ -1418,10 +1418,13 @@ class InputStream(io.RawIOBase):
     """Blocking ``io.RawIOBase`` facade of an ``AsyncInputStream`` (``Client.open``), so
     ``io.BufferedReader(stream)`` works. Thread-safe."""
 
-    def __init__(self, stream: AsyncInputStream, call):
+    def __init__(self, stream: AsyncInputStream, call, close_call=None):
         super().__init__()
         self._stream = stream
         self._call = call
+        # close may come from a finalizer that the garbage collector runs on the client's
+        # own trio thread, where blocking is impossible: the client's run_or_spawn handles it
+        self._close_call = close_call or call
 
     path = property(lambda self: self._stream.path)
     length = property(lambda self: self._stream.length)
@@ -1464,7 +1467,7 @@ class InputStream(io.RawIOBase):
         if self.closed:
             return
         try:
-            self._call(self._stream.close)
+            self._close_call(self._stream.close)
         finally:
             super().close()
 
