@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 import threading
 import uuid
 from dataclasses import dataclass, fields
@@ -468,6 +469,8 @@ class Client:
         """``_call(afn)`` — except on the client's own trio thread (a finalizer the garbage
         collector happened to run there), where blocking would deadlock: there ``afn`` is
         started in the background and None returned. Only for fire-and-forget calls (close)."""
+        if self._closed or sys.is_finalizing() or not self._thread.is_alive():
+            return None   # the client (or the interpreter) is gone: nothing left to close
         try:
             own_thread = trio.lowlevel.current_trio_token() is self._token
         except RuntimeError:   # not inside any trio run

@@ -1,1 +1,14 @@
-"""leasefs spark_connector package."""
+"""leasefs for Spark: the Python Data Source ``leasefs`` (``LeaseFSDataSource``).
+
+Register it once per session, then use ``format("leasefs")``::
+
+    from spark_connector import LeaseFSDataSource
+    spark.dataSource.register(LeaseFSDataSource)
+
+See ``datasource.py`` for the options, ``commit.py`` for the write commit protocol and
+``formats.py`` for the formats and how large files are split.
+"""
+
+from .datasource import LeaseFSDataSource
+
+__all__ = ["LeaseFSDataSource"]

@@ -592,3 +592,5 @@ def register(sub, common) -> None:
 
     from .benchfuse import register as register_fuse  # late: benchfuse imports this module
     register_fuse(bsub, common)
+    from .benchspark import register as register_spark
+    register_spark(bsub, common)

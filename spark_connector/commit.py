@@ -1,0 +1,257 @@
+"""The commit protocol of ``df.write.format("leasefs")`` (Hadoop FileOutputCommitter, shaped
+for Spark's Python data source API) and the per-batch commit of the streaming sink.
+
+Why: Spark runs write tasks in worker processes, may fail or abort them, and then calls
+``commit(messages)`` or ``abort(messages)`` once in a driver-side Python process. Readers must
+never see a task's partial output, and a rerun of a failed job must give exactly one copy.
+
+Layout under the target folder ``T``::
+
+    T/_temporary/<job>/<attempt>/part-<partition>-<job>.<ext>   a task attempt's file (leased
+                                                                 while written, then closed)
+    T/_temporary/<job>/_trash/...                                overwrite: the old files
+    T/_SUCCESS                                                   written last by commit
+    T/_batches/<batch id>                                        streaming: batch committed
+
+- Task (``write_task_file``): creates its file under its own attempt folder, so two attempts
+  of one partition never share a name; the lease is held while writing; on an exception the
+  file is given up and the attempt folder removed. The commit message names the files.
+- Job commit (``commit_job``): overwrite first moves every visible entry of ``T`` into the
+  job's ``_trash`` (rename, cheap and atomic per entry), then renames exactly the files the
+  messages name into ``T`` and writes ``_SUCCESS`` last; then removes ``_temporary/<job>``
+  (trash included). Files of attempts that no message names (a retried or speculative
+  attempt) are never published.
+- Abort (``abort_job``): removes ``_temporary/<job>``. A task still running at that moment
+  may recreate its attempt folder; ``cleanup_stale`` (run when every write job starts)
+  removes job folders whose newest entry is older than ``staleStagingSeconds`` (default
+  3600) and whose open files (if any) belong to writers that stopped renewing their lease
+  for that long (a killed task).
+- Streaming (``commit_batch``): files get names derived from the batch id and partition, the
+  renames overwrite, and ``_batches/<id>`` is written last; a batch whose marker exists is
+  not published again, so a replayed batch id never duplicates output.
+
+The commit is not one atomic step: during the few renames of ``commit_job`` a reader may list
+some new files and not others (Hadoop's job commit has the same window); it never sees a
+file that is still being written or one that a failed attempt wrote.
+
+Concurrency contract: blocking code on one ``fs.Client``; the task side runs in many worker
+processes at once, each on its own attempt folder; the job side runs once per job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import time
+import uuid
+from dataclasses import dataclass
+
+from fs.errors import FileExists, FileNotFound, LeaseFSError, NotDirectory
+
+from .location import is_hidden
+
+log = logging.getLogger(__name__)
+
+TEMPORARY = "_temporary"
+SUCCESS = "_SUCCESS"
+BATCHES = "_batches"
+TRASH = "_trash"
+DEFAULT_STALE_SECONDS = 3600.0
+
+
+@dataclass
+class StagedFile:
+    staged: str            # full path under _temporary
+    final_name: str        # name inside the target folder
+    rows: int = 0
+    partition: int = 0
+
+
+@dataclass
+class JobPaths:
+    target: str
+    job: str
+
+    @property
+    def temporary(self) -> str:
+        return posixpath.join(self.target, TEMPORARY)
+
+    @property
+    def job_dir(self) -> str:
+        return posixpath.join(self.target, TEMPORARY, self.job)
+
+    def attempt_dir(self, attempt: str) -> str:
+        return posixpath.join(self.job_dir, attempt)
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _delete_quietly(client, path: str) -> bool:
+    try:
+        return client.delete(path, recursive=True)
+    except (FileNotFound, NotDirectory):
+        return False
+
+
+def write_task_file(client, paths: JobPaths, attempt: str, name: str, write_body) -> StagedFile | None:
+    """Create ``attempt``'s file ``name``, let ``write_body(stream)`` fill it (returns the row
+    count), close it. An exception gives the file up and removes the attempt folder."""
+    try:
+        client.get_file_status(paths.job_dir)
+    except FileNotFound:
+        raise LeaseFSError(f"{paths.job_dir}: the write job was aborted") from None
+    attempt_dir = paths.attempt_dir(attempt)
+    staged = posixpath.join(attempt_dir, name)
+    stream = client.create(staged, overwrite=True)
+    try:
+        rows = write_body(stream)
+    except BaseException:
+        try:
+            stream.abort()
+        finally:
+            try:
+                _delete_quietly(client, attempt_dir)
+            except LeaseFSError as exc:
+                log.warning("%s: could not remove the failed attempt: %s", attempt_dir, exc)
+        raise
+    stream.close()
+    if not rows:
+        _delete_quietly(client, staged)
+        return None
+    return StagedFile(staged, name, rows)
+
+
+def start_job(client, paths: JobPaths, stale_seconds: float) -> None:
+    """Called on the driver before any task: clean stale staging, create the job folder."""
+    cleanup_stale(client, paths.target, stale_seconds, keep=paths.job)
+    client.mkdirs(paths.job_dir)
+
+
+def _newest_mtime(client, path: str) -> int:
+    """Newest mtime (ns) in a subtree."""
+    newest = 0
+    stack = [path]
+    while stack:
+        for st in client.iter_status(stack.pop()):
+            newest = max(newest, st.mtime_ns)
+            if st.is_dir:
+                stack.append(st.path)
+    return newest
+
+
+def _live_writer(client, path: str, stale_seconds: float) -> bool:
+    """Is a file below ``path`` open by a writer whose lease was renewed recently? (A
+    killed task's lease stops being renewed; a live one is renewed every soft limit / 2.)"""
+    try:
+        open_files = client.list_open_files(path)
+    except LeaseFSError:
+        return False
+    return any(float(f.get("last_renewal_age") or 0) < stale_seconds for f in open_files)
+
+
+def cleanup_stale(client, target: str, stale_seconds: float, keep: str | None = None) -> list[str]:
+    """Remove ``target/_temporary/<job>`` folders of jobs that are over: nothing in them
+    newer than ``stale_seconds`` and no file open by a writer that renewed its lease within
+    that time. Returns the removed folders."""
+    temporary = posixpath.join(target, TEMPORARY)
+    try:
+        jobs = client.list_status(temporary)
+    except (FileNotFound, NotDirectory):
+        return []
+    removed = []
+    now_ns = time.time_ns()
+    for job in jobs:
+        if job.name == keep:
+            continue
+        newest = max(job.mtime_ns, _newest_mtime(client, job.path) if job.is_dir else 0)
+        if now_ns - newest < stale_seconds * 1e9 or _live_writer(client, job.path,
+                                                                 stale_seconds):
+            continue
+        if _delete_quietly(client, job.path):
+            log.info("removed stale staging folder %s", job.path)
+            removed.append(job.path)
+    _remove_if_empty(client, temporary)
+    return removed
+
+
+def _remove_if_empty(client, path: str) -> None:
+    try:
+        if not client.list_status(path):
+            client.delete(path)
+    except LeaseFSError:
+        pass   # a concurrent job created something inside, or it is gone already
+
+
+def _staged(messages) -> list[StagedFile]:
+    out = []
+    for m in messages or []:
+        for f in getattr(m, "files", None) or []:
+            out.append(f)
+    return out
+
+
+def commit_job(client, paths: JobPaths, messages, overwrite: bool) -> list[str]:
+    """Publish exactly the files the commit messages name; ``_SUCCESS`` last. Returns the
+    published paths."""
+    files = _staged(messages)
+    client.mkdirs(paths.target)
+    trash = posixpath.join(paths.job_dir, TRASH)
+    if overwrite:
+        client.mkdirs(trash)
+        for st in client.list_status(paths.target):
+            if st.name in (TEMPORARY,):
+                continue
+            if is_hidden(st.name) and st.name not in (SUCCESS, BATCHES):
+                continue
+            client.rename(st.path, posixpath.join(trash, st.name), overwrite=True)
+    published = []
+    for f in sorted(files, key=lambda f: f.final_name):
+        final = posixpath.join(paths.target, f.final_name)
+        client.rename(f.staged, final, overwrite=True)
+        published.append(final)
+    summary = {"job": paths.job, "files": [posixpath.basename(p) for p in published],
+               "rows": sum(f.rows for f in files), "time_ns": time.time_ns()}
+    client.write_file(posixpath.join(paths.target, SUCCESS),
+                      json.dumps(summary).encode(), overwrite=True)
+    _delete_quietly(client, paths.job_dir)
+    _remove_if_empty(client, paths.temporary)
+    log.info("job %s committed %d files into %s", paths.job, len(published), paths.target)
+    return published
+
+
+def abort_job(client, paths: JobPaths) -> None:
+    """Remove the job's staging folder (running tasks' leftovers: ``cleanup_stale``)."""
+    _delete_quietly(client, paths.job_dir)
+    _remove_if_empty(client, paths.temporary)
+    log.info("job %s aborted, staging removed from %s", paths.job, paths.target)
+
+
+def batch_marker(target: str, batch_id: int) -> str:
+    return posixpath.join(target, BATCHES, str(int(batch_id)))
+
+
+def commit_batch(client, paths: JobPaths, messages, batch_id: int) -> list[str]:
+    """Streaming sink: publish one micro-batch once, whatever the replays."""
+    files = _staged(messages)
+    marker = batch_marker(paths.target, batch_id)
+    if client.exists(marker):
+        log.info("batch %d already committed in %s: replay ignored", batch_id, paths.target)
+        for f in files:
+            _delete_quietly(client, f.staged)
+        return []
+    published = []
+    for f in sorted(files, key=lambda f: f.final_name):
+        final = posixpath.join(paths.target, f.final_name)
+        client.rename(f.staged, final, overwrite=True)
+        published.append(final)
+    try:
+        client.write_file(marker, json.dumps({"files": [posixpath.basename(p) for p in
+                                                        published]}).encode())
+    except FileExists:
+        pass
+    for f in files:   # the attempt folders are empty now
+        _delete_quietly(client, posixpath.dirname(f.staged))
+    return published
