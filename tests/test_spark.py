@@ -96,7 +96,7 @@ def visible(client, path):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("fmt,rows", [("parquet", ROUND_TRIP_ROWS), ("csv", ROUND_TRIP_ROWS),
-                                      ("json", 100_000)])
+                                      ("json", ROUND_TRIP_ROWS)])
 def test_round_trip(spark, cluster, client, fmt, rows):
     df = source_frame(spark, rows).cache()
     target = url(cluster, f"/rt/{fmt}")
