@@ -255,18 +255,24 @@ def _write_batches(client, paths, fmt, options, iterator, name_for_partition):
     return LeaseFSCommitMessage(attempt, [staged] if staged else [])
 
 
+def _begin_job(writer, source: "LeaseFSDataSource", job_id: str) -> None:
+    """What every writer (batch or stream) does on the driver first: remember the options,
+    format and cluster, name its job's staging paths, and clear stale staging of jobs that
+    are over (the cleanup pass of the commit protocol)."""
+    writer.options = dict(source.options)
+    writer.fmt = source.write_format()
+    writer.meta = source.location_meta
+    writer.paths = protocol.JobPaths(source.location.path, job_id)
+    stale = float(option(writer.options, "staleStagingSeconds", protocol.DEFAULT_STALE_SECONDS))
+    protocol.start_job(client_for(writer.meta), writer.paths, stale)
+
+
 class LeaseFSWriter(DataSourceArrowWriter):
     """Batch write with the commit protocol of ``commit.py``."""
 
     def __init__(self, source: "LeaseFSDataSource", overwrite: bool):
-        self.options = dict(source.options)
-        self.fmt = source.write_format()
-        self.meta = source.location_meta
+        _begin_job(self, source, protocol.new_job_id())
         self.overwrite = overwrite
-        self.paths = protocol.JobPaths(source.location.path, protocol.new_job_id())
-        stale = float(option(self.options, "staleStagingSeconds",
-                             protocol.DEFAULT_STALE_SECONDS))
-        protocol.start_job(client_for(self.meta), self.paths, stale)
 
     def write(self, iterator):
         client = client_for(self.meta)
@@ -353,13 +359,7 @@ class LeaseFSStreamWriter(DataSourceStreamArrowWriter):
     once per batch id (``commit.commit_batch``)."""
 
     def __init__(self, source: "LeaseFSDataSource"):
-        self.options = dict(source.options)
-        self.fmt = source.write_format()
-        self.meta = source.location_meta
-        self.paths = protocol.JobPaths(source.location.path, "stream-" + protocol.new_job_id())
-        stale = float(option(self.options, "staleStagingSeconds",
-                             protocol.DEFAULT_STALE_SECONDS))
-        protocol.start_job(client_for(self.meta), self.paths, stale)
+        _begin_job(self, source, "stream-" + protocol.new_job_id())
 
     def write(self, iterator):
         client = client_for(self.meta)
