@@ -466,19 +466,21 @@ class Client:
             raise ServerUnavailable(f"client {self._async.client_name} has stopped") from None
 
     def _run_or_spawn(self, afn):
-        """``_call(afn)`` — except on the client's own trio thread (a finalizer the garbage
-        collector happened to run there), where blocking would deadlock: there ``afn`` is
-        started in the background and None returned. Only for fire-and-forget calls (close)."""
+        """``_call(afn)`` — except inside a trio run (the client's own, or another one in this
+        thread, where a finalizer run by the garbage collector may call ``close``): blocking
+        there is impossible, so ``afn`` is started in the client's background instead and
+        None returned. Only for fire-and-forget calls (close)."""
         if self._closed or sys.is_finalizing() or not self._thread.is_alive():
             return None   # the client (or the interpreter) is gone: nothing left to close
         try:
-            own_thread = trio.lowlevel.current_trio_token() is self._token
-        except RuntimeError:   # not inside any trio run
-            own_thread = False
-        if own_thread:
-            self._async._nursery.start_soon(afn)
-            return None
-        return self._call(afn)
+            trio.lowlevel.current_trio_token()
+        except RuntimeError:   # a plain thread: wait for it as usual
+            return self._call(afn)
+        try:
+            self._token.run_sync_soon(self._async._nursery.start_soon, afn)
+        except trio.RunFinishedError:
+            pass
+        return None
 
     # ------------------------------------------------------------------ life cycle
     @property

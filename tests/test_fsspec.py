@@ -459,3 +459,30 @@ def test_pyarrow_parquet_and_dataset(lfs, base):
     back = ds.dataset(f"{base}/parted", format="parquet", filesystem=pfs,
                       partitioning="hive").to_table()
     assert back.num_rows == 30_000 and sorted(back.column("v").to_pylist()) == list(range(30_000))
+
+
+def test_a_file_collected_inside_a_trio_run_closes_without_error(lfs):
+    """fsspec files close in ``__del__``; when the garbage collector runs that inside a trio
+    run (any program using trio), the close must not try to block on the client's thread."""
+    import gc
+    import sys
+
+    import trio
+
+    lfs.pipe_file("/gc-close/x", b"hello" * 1000)
+    holder = [lfs.open("/gc-close/x", "rb")]
+    assert holder[0].read(10) == b"hellohello"
+    seen = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: seen.append(unraisable.exc_value)
+    try:
+        async def main():
+            holder.clear()
+            gc.collect()
+            await trio.sleep(0.2)
+
+        trio.run(main)
+    finally:
+        sys.unraisablehook = previous
+    assert seen == []
+    assert lfs.cat_file("/gc-close/x") == b"hello" * 1000
