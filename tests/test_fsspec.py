@@ -31,13 +31,9 @@ BLOCK = 256 << 10
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = ProcessCluster(tmp_path_factory.mktemp("fsspec-cluster"), n_storage=2,
-                       settings={"replication": 2, "block_size": BLOCK})
-    c.start()
-    try:
+    with ProcessCluster(tmp_path_factory.mktemp("fsspec-cluster"), n_storage=2,
+                        settings={"replication": 2, "block_size": BLOCK}) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

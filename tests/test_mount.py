@@ -46,12 +46,8 @@ def _unmount(mp: Path) -> None:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     base = tmp_path_factory.mktemp("mountcluster")
-    c = ProcessCluster(base, n_storage=2, settings={"replication": 2, "block_size": 1 << 20})
-    c.start()
-    try:
+    with ProcessCluster(base, n_storage=2, settings={"replication": 2, "block_size": 1 << 20}) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -106,12 +105,8 @@ def _stale(path: Path) -> bool:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     base = tmp_path_factory.mktemp("mountacc")
-    c = ProcessCluster(base, n_storage=2, settings={"replication": 2, "block_size": 4 * MiB})
-    c.start()
-    try:
+    with ProcessCluster(base, n_storage=2, settings={"replication": 2, "block_size": 4 * MiB}) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")
