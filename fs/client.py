@@ -373,6 +373,18 @@ class AsyncClient:
         return bool(await self._call("rename", src=paths.validate(src), dst=paths.validate(dst),
                                      overwrite=overwrite))
 
+    async def rename_many(self, moves, *, overwrite: bool = False) -> bool:
+        """Apply ``moves`` (``(src, dst)`` or ``(src, dst, overwrite)``) in order as ONE
+        namespace change: a reader sees all of them or none (a job commit). A move may
+        free a destination for a later one; see PROTOCOL.md for what is refused."""
+        checked = []
+        for move in moves:
+            move = list(move)
+            if len(move) not in (2, 3):
+                raise InvalidArgument(f"rename_many: {move!r:.80} is not (src, dst[, overwrite])")
+            checked.append([paths.validate(move[0]), paths.validate(move[1]), *move[2:]])
+        return bool(await self._call("rename_many", moves=checked, overwrite=overwrite))
+
     async def set_permission(self, path: str, mode: int) -> None:
         await self._call("set_permission", path=paths.validate(path), permission=mode)
 
@@ -556,7 +568,7 @@ def _mirror(name: str):
 
 
 for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "get_file_status",
-              "exists", "list_status", "delete", "rename", "set_permission", "set_owner",
+              "exists", "list_status", "delete", "rename", "rename_many", "set_permission", "set_owner",
               "set_times", "set_replication", "create_symlink", "content_summary", "report",
               "safemode", "truncate", "recover_lease", "is_file_closed", "list_open_files",
               "open_files"):

@@ -20,7 +20,8 @@ leases and invalidate sets in the same synchronous step.
 
 Ops (HDFS edit-log names): FORMAT, MKDIR, ADD (create, incl. overwrite and missing parents),
 ADD_BLOCK (commits the previous block), UPDATE_BLOCKS (commit / length / gs changes),
-ABANDON_BLOCK, FSYNC, CLOSE, DELETE, RENAME (rename2 with overwrite), SET_PERMISSIONS,
+ABANDON_BLOCK, FSYNC, CLOSE, DELETE, RENAME (rename2 with overwrite), RENAMES (several renames
+visible at once: a job commit), SET_PERMISSIONS,
 SET_OWNER, SET_REPLICATION, TIMES, SYMLINK, SET_GENSTAMP, RECLAIM, and for leases (issue 3)
 REASSIGN_LEASE, COMMIT_BLOCK_SYNC (block recovery done), TRUNCATE, APPEND.
 
@@ -74,6 +75,7 @@ SYMLINK = "symlink"
 MAX_OWNER_LEN = 256
 MAX_TARGET_BYTES = paths.MAX_PATH_BYTES
 MAX_LIST_LIMIT = 10_000
+MAX_RENAMES = 10_000          # moves in one rename_many (one journal record)
 
 
 @dataclass
@@ -679,11 +681,18 @@ class Namespace:
                           "time": now_ns, "detach": self.needs_detach(ino, inode)}
 
     def plan_rename(self, src, dst, overwrite=False, *, now_ns: int) -> tuple[str, dict] | None:
-        src_parts = paths.split(src)
-        dst_parts = paths.split(dst)
+        src_parts, dst_parts = paths.split(src), paths.split(dst)
+        check_bool(overwrite, f"rename {paths.join_parts(src_parts)} to "
+                              f"{paths.join_parts(dst_parts)}: overwrite")
+        args = self._plan_one_rename(src_parts, dst_parts, overwrite, now_ns)
+        return None if args is None else ("RENAME", args)
+
+    def _plan_one_rename(self, src_parts, dst_parts, overwrite: bool, now_ns: int,
+                         vacated=frozenset()) -> dict | None:
+        """RENAME args for one move; ``vacated`` holds paths an earlier move of the same
+        RENAMES record takes away (a destination there is free by then)."""
         s, d = paths.join_parts(src_parts), paths.join_parts(dst_parts)
         what = f"rename {s} to {d}"
-        check_bool(overwrite, f"{what}: overwrite")
         if not src_parts:
             raise InvalidArgument(f"{what}: cannot rename the root directory")
         _, ino, inode, src_found = self.resolve(s)
@@ -696,7 +705,9 @@ class Namespace:
         dst_found = self.walk(dst_parts, d)
         overwrite_ino = None
         detach = False
-        if len(dst_found) == len(dst_parts) + 1:
+        if len(dst_found) == len(dst_parts) + 1 and d in vacated:
+            dst_parent = dst_found[-2][0]
+        elif len(dst_found) == len(dst_parts) + 1:
             dst_ino, dst_inode = dst_found[-1]
             if not overwrite:
                 raise FileExists(f"{what}: destination exists")
@@ -715,9 +726,67 @@ class Namespace:
                                    f"{paths.join_parts(dst_parts[:-1])} does not exist")
             self._check_parent_dir(d, dst_found)
             dst_parent = dst_found[-1][0]
-        return "RENAME", {"src_parent": src_found[-2][0], "src_name": src_parts[-1],
-                          "dst_parent": dst_parent, "dst_name": dst_parts[-1], "ino": ino,
-                          "overwrite": overwrite_ino, "detach": detach, "time": now_ns}
+        return {"src_parent": src_found[-2][0], "src_name": src_parts[-1],
+                "dst_parent": dst_parent, "dst_name": dst_parts[-1], "ino": ino,
+                "overwrite": overwrite_ino, "detach": detach, "time": now_ns}
+
+    @staticmethod
+    def check_moves(moves, overwrite=False) -> list[tuple[list[str], list[str], bool]]:
+        """Validate the shape of a ``rename_many`` request: a list of ``[src, dst]`` or
+        ``[src, dst, overwrite]``; returns (src parts, dst parts, overwrite) triples."""
+        check_bool(overwrite, "rename_many: overwrite")
+        if not isinstance(moves, (list, tuple)) or not moves:
+            raise InvalidArgument("rename_many: moves must be a non-empty list of [src, dst]")
+        if len(moves) > MAX_RENAMES:
+            raise InvalidArgument(f"rename_many: {len(moves)} moves, at most {MAX_RENAMES} "
+                                  "in one call")
+        out = []
+        for i, move in enumerate(moves):
+            if (not isinstance(move, (list, tuple)) or len(move) not in (2, 3)
+                    or not all(isinstance(p, str) for p in move[:2])):
+                raise InvalidArgument(f"rename_many: move {i} must be [src, dst] or "
+                                      "[src, dst, overwrite]")
+            own = overwrite if len(move) == 2 else check_bool(
+                move[2], f"rename_many: move {i} overwrite")
+            out.append((paths.split(move[0]), paths.split(move[1]), own))
+        return out
+
+    def plan_rename_many(self, moves, overwrite=False, *, now_ns: int) -> tuple[str, dict] | None:
+        """One RENAMES record applying every move in order, so the set becomes visible at
+        once (a job commit). Moves may free a destination for a later move (old output into
+        a trash folder, new output in its place); what would make planning against the
+        current state wrong is refused: a path given twice as source or as destination, a
+        moved directory above another path of the request, a destination that a later move
+        takes away."""
+        triples = self.check_moves(moves, overwrite)
+        sources = [paths.join_parts(s) for s, _, _ in triples]
+        targets = [paths.join_parts(d) for _, d, _ in triples]
+        for kind, names in (("source", sources), ("destination", targets)):
+            seen = set()
+            for name in names:
+                if name in seen:
+                    raise InvalidArgument(f"rename_many: {name} is a {kind} twice")
+                seen.add(name)
+        source_set = set(sources)
+        for name in sources + targets:
+            parts = paths.split(name)
+            for depth in range(1, len(parts)):
+                above = paths.join_parts(parts[:depth])
+                if above in source_set:
+                    raise InvalidArgument(f"rename_many: {above} is moved and {name} is "
+                                          "below it")
+        vacated: set[str] = set()
+        planned = []
+        for (src_parts, dst_parts, own), s, d in zip(triples, sources, targets):
+            if d in source_set and d not in vacated:
+                raise InvalidArgument(f"rename_many: {d} is a destination before it is moved")
+            args = self._plan_one_rename(src_parts, dst_parts, own, now_ns, frozenset(vacated))
+            vacated.add(s)
+            if args is not None:
+                planned.append(args)
+        if not planned:
+            return None
+        return "RENAMES", {"renames": planned, "time": now_ns}
 
     def plan_set_permission(self, path, permission, *, now_ns: int) -> tuple[str, dict]:
         parts, ino, inode, _ = self.resolve(path)
@@ -1388,6 +1457,16 @@ class Namespace:
         if inode is not None:
             inode["parent"], inode["name"], inode["ctime"] = a["dst_parent"], a["dst_name"], t
             txn.put(keys.inode_key(ino), inode)
+        return effects
+
+    def _apply_RENAMES(self, txn, counters, a):
+        effects: dict = {}
+        for one in a["renames"]:
+            for key, value in self._apply_RENAME(txn, counters, one).items():
+                if isinstance(value, list):
+                    effects.setdefault(key, []).extend(value)
+                else:
+                    effects[key] = value
         return effects
 
     def _update_inode(self, txn, ino: int, **changes) -> dict | None:

@@ -121,7 +121,7 @@ class MetaServer(Dispatcher):
     """Every RPC of PROTOCOL.md §2 as ``rpc_<method>(ctx, **args)``."""
 
     retry_cached = frozenset({"create", "add_block", "complete", "delete", "rename",
-                              "create_symlink", "append", "truncate", "recover_lease"})
+                              "rename_many", "create_symlink", "append", "truncate", "recover_lease"})
 
     def __init__(self, config: Config, kv: KVStore, journal_dir: str, *,
                  clock=time.monotonic, wall_ns=time.time_ns):
@@ -1051,21 +1051,37 @@ class MetaServer(Dispatcher):
                                         access=READ_EXECUTE if is_dir else 0)
         return self.ns.list_status(path, start_after, limit)
 
+    def _check_rename(self, ctx, src_parts, dst_parts) -> None:
+        caller = self._checked(ctx)
+        if caller is None:
+            return
+        # replacing the destination counts as deleting it
+        self.permissions.check_path(caller, src_parts, self._chain(src_parts), parent=WRITE)
+        dst_chain = self._chain(dst_parts)
+        self.permissions.check_path(caller, dst_parts, dst_chain, ancestor=WRITE,
+                                    parent=WRITE if len(dst_chain) == len(dst_parts) + 1 else 0)
+
     async def rpc_rename(self, ctx, src, dst, overwrite=False):
         src_parts, dst_parts = paths.split(src), paths.split(dst)
         s, d = paths.join_parts(src_parts), paths.join_parts(dst_parts)
         wanted = merge(lock_set(src_parts, LOCK_PARENT), lock_set(dst_parts, LOCK_PARENT))
         async with self._mutation(f"rename {s} to {d}", wanted):
-            caller = self._checked(ctx)
-            if caller is not None:   # replacing the destination counts as deleting it
-                self.permissions.check_path(caller, src_parts, self._chain(src_parts),
-                                            parent=WRITE)
-                dst_chain = self._chain(dst_parts)
-                self.permissions.check_path(
-                    caller, dst_parts, dst_chain, ancestor=WRITE,
-                    parent=WRITE if len(dst_chain) == len(dst_parts) + 1 else 0)
+            self._check_rename(ctx, src_parts, dst_parts)
             _, wall = self._now()
             await self._log(self.ns.plan_rename(s, d, overwrite, now_ns=wall))
+            return True
+
+    async def rpc_rename_many(self, ctx, moves, overwrite=False):
+        """Several renames in one journal record: readers see all of them or none."""
+        triples = self.ns.check_moves(moves, overwrite)
+        wanted = merge(*(lock_set(parts, LOCK_PARENT) for s, d, _ in triples
+                         for parts in (s, d)))
+        first = paths.join_parts(triples[0][0])
+        async with self._mutation(f"rename_many ({len(triples)} moves, first {first})", wanted):
+            for src_parts, dst_parts, _ in triples:
+                self._check_rename(ctx, src_parts, dst_parts)
+            _, wall = self._now()
+            await self._log(self.ns.plan_rename_many(moves, overwrite, now_ns=wall))
             return True
 
     async def rpc_delete(self, ctx, path, recursive=False):

@@ -16,23 +16,26 @@ Layout under the target folder ``T``::
 - Task (``write_task_file``): creates its file under its own attempt folder, so two attempts
   of one partition never share a name; the lease is held while writing; on an exception the
   file is given up and the attempt folder removed. The commit message names the files.
-- Job commit (``commit_job``): overwrite first moves every visible entry of ``T`` into the
-  job's ``_trash`` (rename, cheap and atomic per entry), then renames exactly the files the
-  messages name into ``T`` and writes ``_SUCCESS`` last; then removes ``_temporary/<job>``
-  (trash included). Files of attempts that no message names (a retried or speculative
-  attempt) are never published.
+- Job commit (``commit_job``): ONE ``rename_many`` call (one journal record on the
+  metadata server, so a reader sees all of it or none of it) that, for overwrite, first
+  moves every visible entry of ``T`` into the job's ``_trash``, then moves exactly the
+  files the messages name into ``T`` and a ``_SUCCESS`` written beforehand in the job
+  folder; then ``_temporary/<job>`` (trash included) is removed. Files of attempts that no
+  message names (a retried or speculative attempt) are never published.
 - Abort (``abort_job``): removes ``_temporary/<job>``. A task still running at that moment
   may recreate its attempt folder; ``cleanup_stale`` (run when every write job starts)
   removes job folders whose newest entry is older than ``staleStagingSeconds`` (default
   3600) and whose open files (if any) belong to writers that stopped renewing their lease
   for that long (a killed task).
-- Streaming (``commit_batch``): files get names derived from the batch id and partition, the
-  renames overwrite, and ``_batches/<id>`` is written last; a batch whose marker exists is
-  not published again, so a replayed batch id never duplicates output.
+- Streaming (``commit_batch``): files get names derived from the batch id and partition;
+  they and the batch marker ``_batches/<id>`` move in one ``rename_many`` whose marker move
+  refuses an existing marker, so a replayed batch id never duplicates output.
 
-The commit is not one atomic step: during the few renames of ``commit_job`` a reader may list
-some new files and not others (Hadoop's job commit has the same window); it never sees a
-file that is still being written or one that a failed attempt wrote.
+Publishing is atomic (unlike Hadoop's FileOutputCommitter, whose job commit renames file by
+file): a concurrent lister of ``T`` sees the old set or the new set, never a mix, never a
+file still being written or one that a failed attempt wrote. The listing of old entries for
+overwrite is taken just before the call: a file another writer adds to ``T`` in between is
+kept.
 
 Concurrency contract: blocking code on one ``fs.Client``; the task side runs in many worker
 processes at once, each on its own attempt folder; the job side runs once per job.
@@ -194,28 +197,32 @@ def _staged(messages) -> list[StagedFile]:
 
 
 def commit_job(client, paths: JobPaths, messages, overwrite: bool) -> list[str]:
-    """Publish exactly the files the commit messages name; ``_SUCCESS`` last. Returns the
-    published paths."""
+    """Publish exactly the files the commit messages name, ``_SUCCESS`` with them, as ONE
+    ``rename_many`` (overwrite: the old entries move into the job's trash in the same
+    step). Returns the published paths."""
     files = _staged(messages)
     client.mkdirs(paths.target)
-    trash = posixpath.join(paths.job_dir, TRASH)
+    moves = []
     if overwrite:
+        trash = posixpath.join(paths.job_dir, TRASH)
         client.mkdirs(trash)
         for st in client.list_status(paths.target):
-            if st.name in (TEMPORARY,):
+            if st.name == TEMPORARY:
                 continue
             if is_hidden(st.name) and st.name not in (SUCCESS, BATCHES):
                 continue
-            client.rename(st.path, posixpath.join(trash, st.name), overwrite=True)
+            moves.append((st.path, posixpath.join(trash, st.name)))
     published = []
     for f in sorted(files, key=lambda f: f.final_name):
         final = posixpath.join(paths.target, f.final_name)
-        client.rename(f.staged, final, overwrite=True)
+        moves.append((f.staged, final, True))
         published.append(final)
     summary = {"job": paths.job, "files": [posixpath.basename(p) for p in published],
                "rows": sum(f.rows for f in files), "time_ns": time.time_ns()}
-    client.write_file(posixpath.join(paths.target, SUCCESS),
-                      json.dumps(summary).encode(), overwrite=True)
+    staged_success = posixpath.join(paths.job_dir, SUCCESS)
+    client.write_file(staged_success, json.dumps(summary).encode(), overwrite=True)
+    moves.append((staged_success, posixpath.join(paths.target, SUCCESS), True))
+    client.rename_many(moves)
     _delete_quietly(client, paths.job_dir)
     _remove_if_empty(client, paths.temporary)
     log.info("job %s committed %d files into %s", paths.job, len(published), paths.target)
@@ -234,7 +241,9 @@ def batch_marker(target: str, batch_id: int) -> str:
 
 
 def commit_batch(client, paths: JobPaths, messages, batch_id: int) -> list[str]:
-    """Streaming sink: publish one micro-batch once, whatever the replays."""
+    """Streaming sink: publish one micro-batch once, whatever the replays. The files and
+    the batch marker move in ONE ``rename_many``; the marker's move refuses an existing
+    marker, so a replayed batch id publishes nothing."""
     files = _staged(messages)
     marker = batch_marker(paths.target, batch_id)
     if client.exists(marker):
@@ -243,15 +252,26 @@ def commit_batch(client, paths: JobPaths, messages, batch_id: int) -> list[str]:
             _delete_quietly(client, f.staged)
         return []
     published = []
+    moves = []
     for f in sorted(files, key=lambda f: f.final_name):
         final = posixpath.join(paths.target, f.final_name)
-        client.rename(f.staged, final, overwrite=True)
+        moves.append((f.staged, final, True))
         published.append(final)
+    staged_marker = posixpath.join(paths.job_dir, f"{BATCHES}-{int(batch_id)}")
+    client.write_file(staged_marker, json.dumps({"files": [posixpath.basename(p) for p in
+                                                           published]}).encode(),
+                      overwrite=True)
+    client.mkdirs(posixpath.dirname(marker))
+    moves.append((staged_marker, marker, False))
     try:
-        client.write_file(marker, json.dumps({"files": [posixpath.basename(p) for p in
-                                                        published]}).encode())
+        client.rename_many(moves)
     except FileExists:
-        pass
+        log.info("batch %d was committed concurrently in %s: replay ignored", batch_id,
+                 paths.target)
+        published = []
+        for f in files:
+            _delete_quietly(client, f.staged)
+        _delete_quietly(client, staged_marker)
     for f in files:   # the attempt folders are empty now
         _delete_quietly(client, posixpath.dirname(f.staged))
     return published

@@ -1128,3 +1128,108 @@ def test_safe_mode_counts_report_chunks_as_they_arrive(tmp_path):
             assert "reported blocks 6 reached the threshold" in server.safemode.reason
 
     trio.run(main)
+
+
+# --------------------------------------------------------------------------- rename_many
+
+
+def test_rename_many_publishes_a_set_at_once_and_refuses_ambiguous_sets(tmp_path):
+    """A job commit: old outputs into a trash folder and new ones in their place, as one
+    journal record. A lister polling meanwhile only ever sees the old set or the new set
+    (per-file renames would show mixes); bad requests change nothing."""
+    async def names(rpc, path):
+        return sorted(e["name"] for e in (await rpc.call("list_status", {"path": path}))["entries"])
+
+    async def txid(rpc):
+        return (await rpc.call("report"))["journal"]["last_txid"]
+
+    async def main():
+        async with meta_server(tmp_path) as meta:
+            async with meta.client() as rpc, meta.client("lister") as lister:
+                old = [f"part-{i:03d}" for i in range(40)]
+                for name in old:
+                    await write_file(rpc, [], f"/out/{name}", [])
+                seen = []
+                done = trio.Event()
+
+                async def watch():
+                    while not done.is_set():
+                        seen.append(tuple(await names(lister, "/out")))
+                        await trio.sleep(0)
+
+                generations = [old]
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(watch)
+                    for job in range(6):
+                        new = [f"part-{job}-{i:03d}" for i in range(40 if job % 2 else 20)]
+                        for name in new:
+                            await write_file(rpc, [], f"/stage/j{job}/{name}", [])
+                        await rpc.call("mkdirs", {"path": f"/trash/j{job}"})
+                        moves = [[f"/out/{n}", f"/trash/j{job}/{n}"] for n in generations[-1]]
+                        moves += [[f"/stage/j{job}/{n}", f"/out/{n}", True] for n in new]
+                        before = await txid(rpc)
+                        assert await rpc.call("rename_many", {"moves": moves}) is True
+                        assert await txid(rpc) == before + 1   # one record for the whole set
+                        generations.append(new)
+                        await trio.sleep(0.01)
+                    done.set()
+                allowed = {tuple(sorted(g)) for g in generations}
+                assert len(seen) > 20
+                assert all(s in allowed for s in seen), \
+                    next(s for s in seen if s not in allowed)
+                assert await names(rpc, "/out") == sorted(generations[-1])
+                assert await names(rpc, "/trash/j5") == sorted(generations[-2])
+
+                # a destination freed by an earlier move of the same call, with overwrite off
+                await write_file(rpc, [], "/swap/a", [])
+                await write_file(rpc, [], "/swap/b", [])
+                a_ino = (await rpc.call("get_file_info", {"path": "/swap/a"}))["ino"]
+                b_ino = (await rpc.call("get_file_info", {"path": "/swap/b"}))["ino"]
+                await rpc.call("rename_many", {"moves": [["/swap/a", "/swap/t"],
+                                                         ["/swap/b", "/swap/a"]]})
+                assert (await rpc.call("get_file_info", {"path": "/swap/a"}))["ino"] == b_ino
+                assert (await rpc.call("get_file_info", {"path": "/swap/t"}))["ino"] == a_ino
+                assert await names(rpc, "/swap") == ["a", "t"]
+
+                # refused requests change nothing and journal nothing
+                await write_file(rpc, [], "/bad/x", [])
+                await write_file(rpc, [], "/bad/y", [])
+                await rpc.call("mkdirs", {"path": "/bad/d"})
+                await write_file(rpc, [], "/bad/d/z", [])
+                state, before = await tree(rpc), await txid(rpc)
+                refused = [
+                    ([["/bad/x", "/bad/p"], ["/bad/x", "/bad/q"]], errors.InvalidArgument),
+                    ([["/bad/x", "/bad/p"], ["/bad/y", "/bad/p"]], errors.InvalidArgument),
+                    ([["/bad/d", "/bad/e"], ["/bad/d/z", "/bad/zz"]], errors.InvalidArgument),
+                    ([["/bad/x", "/bad/y", True], ["/bad/y", "/bad/w"]], errors.InvalidArgument),
+                    ([["/bad/x", "/bad/t"], ["/bad/t", "/bad/w"]], errors.InvalidArgument),
+                    ([["/bad/x", "/bad/p"], ["/bad/missing", "/bad/q"]], errors.FileNotFound),
+                    ([["/bad/x", "/bad/p"], ["/bad/y", "/bad/d/z"]], errors.FileExists),
+                    ([["/bad/x"]], errors.InvalidArgument),
+                    ([], errors.InvalidArgument),
+                    ("/bad/x", errors.InvalidArgument),
+                    ([["/bad/x", 7]], errors.InvalidArgument),
+                    ([["/bad/x", "/bad/p", "yes"]], errors.InvalidArgument),
+                    ([["/bad/x", f"/bad/p{i}"] for i in range(10_001)], errors.InvalidArgument),
+                ]
+                for moves, error in refused:
+                    with pytest.raises(error):
+                        await rpc.call("rename_many", {"moves": moves})
+                assert await tree(rpc) == state and await txid(rpc) == before
+
+                # the retry cache answers a repeated call id without applying it twice
+                await rpc.call("mkdirs", {"path": "/rc"})
+                args = {"moves": [["/bad/x", "/rc/x"]]}
+                assert await rpc.call_once("rename_many", args, 7000, 10) is True
+                assert await rpc.call_once("rename_many", args, 7000, 10) is True
+                final = await tree(rpc)
+            await meta.restart()   # the RENAMES records replay to the same namespace
+            async with meta.client() as rpc:
+                assert await tree(rpc) == final
+        store = PlyvelStore(str(tmp_path / "meta" / "db"), create=False)
+        try:
+            assert check_namespace(store) == []
+        finally:
+            store.close()
+
+    trio.run(main)

@@ -92,6 +92,11 @@ def visible(client, path):
     return sorted(s.name for s in client.list_status(path))
 
 
+def published(client, path):
+    """What a reader of ``path`` sees as output (staging folders aside)."""
+    return tuple(n for n in visible(client, path) if n != protocol.TEMPORARY)
+
+
 # --------------------------------------------------------------------------- round trips
 
 @pytest.mark.timeout(300)
@@ -272,7 +277,8 @@ def test_overwrite_replaces_at_commit_and_append_adds(spark, cluster, client):
     read = lambda: sorted(r.id for r in spark.read.format("leasefs")  # noqa: E731
                           .option("format", "json").schema("id long").load(target).collect())
     assert read() == list(range(150))
-    old_files = [n for n in visible(client, "/ow/out") if n.endswith(".json")]
+    old_names = visible(client, "/ow/out")
+    old_files = [n for n in old_names if n.endswith(".json")]
     assert len(old_files) == 3
 
     # while the overwrite job's tasks run (slowly), readers still see the old data only
@@ -288,7 +294,7 @@ def test_overwrite_replaces_at_commit_and_append_adds(spark, cluster, client):
 
     def watch():
         while not stop.is_set():
-            seen_during.append(tuple(visible(client, "/ow/out")))
+            seen_during.append(published(client, "/ow/out"))
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch)
@@ -304,11 +310,7 @@ def test_overwrite_replaces_at_commit_and_append_adds(spark, cluster, client):
     assert not set(old_files) & set(final)
     # every listing taken while the job ran showed either the old set or the new set
     for names in seen_during:
-        data = {n for n in names if n.endswith(".json")}
-        assert data in (set(old_files), {n for n in final if n.endswith(".json")}) \
-            or data <= set(old_files) | set(final)
-        assert not any(n.startswith("part-") and n not in old_files and n not in final
-                       for n in names)
+        assert set(names) in (set(old_names), set(final)), names
     assert sum(1 for names in seen_during if set(old_files) <= set(names)) >= 1
 
 
@@ -322,6 +324,47 @@ def test_commit_publishes_only_named_files(cluster, client):
     protocol.commit_job(client, paths, [type("M", (), {"files": [good]})()], overwrite=False)
     assert visible(client, "/cp/out") == ["_SUCCESS", "part-00000-job1.txt"]
     assert client.read_file("/cp/out/part-00000-job1.txt") == b"x\n"
+
+
+def test_job_commit_is_one_step_for_a_concurrent_lister(cluster, client):
+    """commit_job publishes (and, overwriting, swaps out) a whole set at once: a lister
+    polling the target from another connection sees the old set or the new one, never a
+    mix and never a missing ``_SUCCESS`` beside new files."""
+    target = "/atomic/out"
+    generations = []
+
+    def run_job(job: str, parts: int, overwrite: bool):
+        paths = protocol.JobPaths(target, job)
+        protocol.start_job(client, paths, 3600)
+        staged = [protocol.write_task_file(client, paths, f"a{i}", f"part-{i:05d}-{job}.txt",
+                                           lambda s, i=i: s.write(b"%d\n" % i) and 1)
+                  for i in range(parts)]
+        protocol.commit_job(client, paths, [type("M", (), {"files": staged})()], overwrite)
+        generations.append(published(client, target))
+
+    run_job("j0", 30, overwrite=False)
+    seen, stop = [], threading.Event()
+    lister = cluster.client()
+
+    def watch():
+        while not stop.is_set():
+            seen.append(published(lister, target))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for k in range(1, 5):
+            run_job(f"j{k}", 30 if k % 2 else 12, overwrite=k != 2)
+    finally:
+        stop.set()
+        watcher.join()
+        lister.close()
+    allowed = set(generations)
+    assert len(seen) > 20
+    assert [s for s in seen if s not in allowed] == []
+    assert len(generations[2]) == 30 + 12 + 1            # append kept j1's files
+    assert len(generations[-1]) == 12 + 1                # overwrite kept only j4's
+    assert not client.exists(f"{target}/_temporary")
 
 
 # --------------------------------------------------------------------------- streaming
