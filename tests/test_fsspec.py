@@ -430,6 +430,33 @@ def test_pandas_csv_round_trip(cluster, lfs, base):
     pd.testing.assert_frame_equal(back, df)
 
 
+def test_dask_reads_csv_and_writes_parquet(cluster, lfs, base):
+    """dask.dataframe on ``leasefs://`` URLs: a glob of CSV files in, partitioned parquet
+    out (dask's own writer, through fsspec), read back by dask and by pandas."""
+    pd = pytest.importorskip("pandas")
+    dd = pytest.importorskip("dask.dataframe")
+    import dask
+    for i in range(3):
+        part = pd.DataFrame({"id": range(i * 1000, (i + 1) * 1000),
+                             "group": [f"g{j % 4}" for j in range(1000)],
+                             "value": [j / 3 for j in range(1000)]})
+        part.to_csv(url(cluster, f"{base}/in/part-{i}.csv"), index=False)
+    with dask.config.set(scheduler="threads"):
+        frame = dd.read_csv(url(cluster, f"{base}/in/*.csv"))
+        assert frame.npartitions >= 3
+        totals = frame.groupby("group")["value"].sum().compute().sort_index()
+        frame.to_parquet(url(cluster, f"{base}/out"), write_index=False)
+        back = dd.read_parquet(url(cluster, f"{base}/out")).compute()
+    expected = pd.concat(pd.read_csv(url(cluster, f"{base}/in/part-{i}.csv")) for i in range(3))
+    assert sorted(back["id"]) == list(range(3000))
+    want = expected.groupby("group")["value"].sum().sort_index()
+    assert list(totals.index.astype(str)) == list(want.index)
+    assert totals.to_numpy() == pytest.approx(want.to_numpy())
+    assert len(lfs.glob(f"{base}/out/*.parquet")) >= 3
+    with_pandas = pd.read_parquet(url(cluster, f"{base}/out"))
+    assert len(with_pandas) == 3000
+
+
 def test_pyarrow_parquet_and_dataset(lfs, base):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.dataset as ds
