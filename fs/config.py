@@ -66,6 +66,10 @@ class Config:
     checkpoint_period: float = _s(3600.0, "seconds between checkpoints (LevelDB sync + segment roll)")
     checkpoint_txns: int = _s(1_000_000, "transactions that trigger a checkpoint early")
     journal_keep_segments: int = _s(10, "finalized journal segments kept after a checkpoint")
+    namespace_lock: str = _s("fine", "metadata server locking: fine (per-path read/write locks, "
+                             "HDFS-17366; disjoint mutations share journal fsyncs) or global "
+                             "(one namespace write lock per mutation, held to its fsync; for "
+                             "comparison)")
     retry_cache_expiry: float = _s(600.0, "seconds a mutating call's reply is kept for retries")
     invalidate_limit: int = _s(1000, "replica deletions handed to one block server per heartbeat")
     delete_chunk: int = _s(2000, "inodes + blocks one delete record removes; a bigger subtree is "
@@ -150,6 +154,10 @@ class Config:
 
     def replace(self, **values) -> "Config":
         typed = {}
+        for key, allowed in CHOICES.items():
+            if key in values and values[key] is not None and str(values[key]) not in allowed:
+                raise InvalidArgument(f"setting {key}: {values[key]!r} is not one of "
+                                      f"{', '.join(allowed)}")
         types = {f.name: type(f.default) for f in fields(self)}
         for key, value in values.items():
             kind = types[self._check_name(key, "setting")]
@@ -169,6 +177,10 @@ class Config:
     @property
     def storage_advertise_host(self) -> str:
         return self.advertise_host or self.bind_host
+
+
+CHOICES = {"namespace_lock": ("fine", "global"),
+           "replace_datanode_on_failure": ("never", "default", "always")}
 
 
 def describe() -> list[tuple[str, object, str]]:

@@ -32,6 +32,11 @@ waiter of the batch. Records logged while an fsync runs form the next batch, so 
 concurrent ``log()`` calls cost about one fsync (``stats`` counts fsyncs, records, bytes).
 ``apply`` receives the records exactly as ``replay`` will decode them after a restart.
 
+Instrumentation: ``observer`` (None, or a sync callable set by tests and the status page)
+gets ``("queued", txid, txid)`` when a record joins the pending batch and
+``("fsync_start"|"fsync_end", first, last)`` around each batch's write+fsync; tests use it
+to prove which mutations overlapped an fsync without timing anything.
+
 Concurrency contract:
 * ``log``/``roll``/``aclose`` are called from any number of tasks of the server's trio
   thread; ``open``, ``replay``, ``purge``, ``segments`` are sync and run on that thread
@@ -331,6 +336,7 @@ class Journal:
         self.max_record = max_record
         self.last_txid = 0
         self.stats = JournalStats()
+        self.observer: Callable[[str, int, int], None] | None = None
         self._next_txid = 1
         self._opened = False
         self._closing = False
@@ -461,6 +467,8 @@ class Journal:
         batch.records.append(record)
         batch.chunks.append(RECORD_HEADER.pack(len(body), crc32c(body)) + body)
         self._wakeup.unpark_all()
+        if self.observer is not None:
+            self.observer("queued", txid, txid)
         await batch.done.wait()
         if batch.error is not None:
             raise InternalError(batch.error)
@@ -486,6 +494,8 @@ class Journal:
             self._pending = _Batch()
             data = b"".join(batch.chunks)
             first, last = batch.records[0].txid, batch.records[-1].txid
+            if self.observer is not None:
+                self.observer("fsync_start", first, last)
             try:
                 await trio.to_thread.run_sync(self._write_and_fsync, data, limiter=self._limiter)
             except OSError as exc:
@@ -499,6 +509,8 @@ class Journal:
             self.stats.largest_batch = max(self.stats.largest_batch, len(batch.records))
             self._inprogress_size += len(data)
             self.last_txid = last
+            if self.observer is not None:
+                self.observer("fsync_end", first, last)
             try:
                 self._apply(batch.records)
             except Exception as exc:

@@ -146,6 +146,10 @@ class MetaServer(Dispatcher):
             clock=clock, invalidate_timeout=INVALIDATE_RESEND_HEARTBEATS * config.heartbeat_interval)
         self.safemode = SafeModeState(config.safemode_threshold, config.safemode_extension,
                                       config.safemode_min_storage)
+        if config.namespace_lock not in ("fine", "global"):
+            raise InvalidArgument(f"namespace_lock must be fine or global, got "
+                                  f"{config.namespace_lock!r}")
+        self.global_namespace_lock = config.namespace_lock == "global"
         self.locks = PathLockPool()
         self.global_lock = RWLock()
         self.journal = Journal(journal_dir, self._apply,
@@ -325,16 +329,34 @@ class MetaServer(Dispatcher):
 
     @asynccontextmanager
     async def _mutation(self, what: str, wanted: dict, *, check_safemode: bool = True):
+        """Hold what a mutation needs from validation to its applied journal record: the
+        global lock in read mode + its path locks (``namespace_lock=fine``), or the global
+        lock in write mode alone (``namespace_lock=global``, the comparison baseline)."""
         if check_safemode:
             self.safemode.check(what)
-        await self.global_lock.acquire(False)
+        exclusive = self.global_namespace_lock
+        await self.global_lock.acquire(exclusive)
         try:
-            async with self.locks.hold(wanted):
+            async with self.locks.hold({} if exclusive else wanted):
                 if check_safemode:
                     self.safemode.check(what)   # it may have been entered while we waited
                 yield
         finally:
-            self.global_lock.release(False)
+            self.global_lock.release(exclusive)
+
+    @asynccontextmanager
+    async def _reading(self, parts):
+        """For reads that await between store reads (content summary, fsck): LOCK_READ on
+        the path, or the global lock in read mode under ``namespace_lock=global``."""
+        if self.global_namespace_lock:
+            await self.global_lock.acquire(False)
+            try:
+                yield
+            finally:
+                self.global_lock.release(False)
+        else:
+            async with self.locks.hold(lock_set(parts, LOCK_READ)):
+                yield
 
     async def _with_ancestor_locks(self, what: str, parts, body, *, keep_parent_write=True,
                                    extra: dict | None = None):
@@ -1137,7 +1159,7 @@ class MetaServer(Dispatcher):
 
     async def rpc_content_summary(self, ctx, path):
         parts = paths.split(path)
-        async with self.locks.hold(lock_set(parts, LOCK_READ)):
+        async with self._reading(parts):
             caller = self._checked(ctx)
             if caller is not None:
                 self.permissions.check_path(caller, parts, self._chain(parts))
@@ -1685,7 +1707,7 @@ class MetaServer(Dispatcher):
                   "open_files": 0, "under_construction_blocks": 0}
         files: list[dict] = []
         truncated = False
-        async with self.locks.hold(lock_set(parts, LOCK_READ)):
+        async with self._reading(parts):
             caller = self._checked(ctx)
             if caller is not None:
                 self.permissions.check_path(caller, parts, self._chain(parts))
