@@ -70,6 +70,8 @@ class Config:
                              "HDFS-17366; disjoint mutations share journal fsyncs) or global "
                              "(one namespace write lock per mutation, held to its fsync; for "
                              "comparison)")
+    namespace_cache_entries: int = _s(1_000_000, "decoded inodes and directory entries the "
+                                      "metadata server keeps in memory (0 = none)")
     retry_cache_expiry: float = _s(600.0, "seconds a mutating call's reply is kept for retries")
     invalidate_limit: int = _s(1000, "replica deletions handed to one block server per heartbeat")
     delete_chunk: int = _s(2000, "inodes + blocks one delete record removes; a bigger subtree is "

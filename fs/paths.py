@@ -13,6 +13,8 @@ never does that, so a wire request with ``//`` or ``..`` is refused with ``Inval
 
 from __future__ import annotations
 
+import functools
+
 import posixpath
 
 from .errors import InvalidPath, NameTooLong
@@ -26,6 +28,13 @@ def split(path) -> list[str]:
     """Validate ``path`` and return its components ([] for the root)."""
     if not isinstance(path, str):
         raise InvalidPath(f"path must be a string, got {type(path).__name__}")
+    return list(_split(path))
+
+
+@functools.lru_cache(maxsize=65536)
+def _split(path: str) -> tuple[str, ...]:
+    """``split`` of a string, memoized: every metadata RPC splits its path several times
+    (locks, permission chain, planner); errors are raised again each time (not cached)."""
     if not path.startswith("/"):
         raise InvalidPath(f"path {path!r:.300} is not absolute")
     if "\0" in path:
@@ -33,7 +42,7 @@ def split(path) -> list[str]:
     if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
         raise NameTooLong(f"path {path[:100]!r}... is longer than {MAX_PATH_BYTES} bytes")
     if path == "/":
-        return []
+        return ()
     body = path[1:-1] if path.endswith("/") else path[1:]
     parts = body.split("/")
     for part in parts:
@@ -44,7 +53,7 @@ def split(path) -> list[str]:
         if len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
             raise NameTooLong(f"path {path!r:.300}: component {part[:60]!r}... is longer "
                               f"than {MAX_NAME_BYTES} bytes")
-    return parts
+    return tuple(parts)
 
 
 def validate(path) -> str:

@@ -411,9 +411,14 @@ class Dispatcher:
     """
 
     retry_cached: frozenset[str] = frozenset()
+    # handlers that complete without awaiting (plain reads): ``serve_rpc`` runs them in the
+    # connection's reader task instead of starting a task per call; one that does await
+    # would only delay the next request of the same connection
+    inline_methods: frozenset[str] = frozenset()
 
     def __init__(self, retry_cache: RetryCache | None = None):
         self.retry_cache = retry_cache or RetryCache()
+        self._signatures: dict[str, tuple[frozenset, frozenset]] = {}
 
     def methods(self) -> list[str]:
         return sorted(n[4:] for n in dir(self) if n.startswith("rpc_"))
@@ -426,14 +431,33 @@ class Dispatcher:
             raise UnknownMethod(f"unknown method {method!r}")
         if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
             raise InvalidArgument(f"{method}: arguments must be a map of names to values")
-        try:
-            bound = inspect.signature(handler).bind(ctx, **args)
-        except TypeError as exc:
-            raise InvalidArgument(f"{method}: {exc}") from None
+        known, required = self._parameters(method, handler)
+        if not required <= args.keys() or not args.keys() <= known:
+            try:   # let inspect word the error exactly (the rare, slow path)
+                inspect.signature(handler).bind(ctx, **args)
+            except TypeError as exc:
+                raise InvalidArgument(f"{method}: {exc}") from None
         if method in self.retry_cached and ctx.call_id is not None:
             return await self.retry_cache.run(
-                (ctx.client_id, ctx.call_id, method), lambda: handler(*bound.args, **bound.kwargs))
-        return await handler(*bound.args, **bound.kwargs)
+                (ctx.client_id, ctx.call_id, method), lambda: handler(ctx, **args))
+        return await handler(ctx, **args)
+
+    def _parameters(self, method: str, handler) -> tuple[frozenset, frozenset]:
+        """(accepted, required) keyword names of a handler, computed once per method
+        (``inspect.signature`` per call cost more than a whole getFileInfo)."""
+        cache = self.__dict__.get("_signatures")
+        if cache is None:   # a subclass that did not call Dispatcher.__init__
+            cache = self._signatures = {}
+        cached = cache.get(method)
+        if cached is None:
+            params = list(inspect.signature(handler).parameters.values())[1:]   # ctx
+            if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY)
+                   for p in params):
+                raise InternalError(f"rpc_{method} must take only named parameters")
+            cached = cache[method] = (
+                frozenset(p.name for p in params),
+                frozenset(p.name for p in params if p.default is p.empty))
+        return cached
 
 
 async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
@@ -447,6 +471,7 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
     holds a bounded amount of server memory. A reply that cannot be sent within
     ``send_timeout`` ends the connection."""
     framed = FramedStream(stream, MAX_HELLO_FRAME)
+    inline = dispatcher.inline_methods
     send_lock = trio.Lock()
     slots = trio.Semaphore(max_concurrent_calls)
 
@@ -504,7 +529,10 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                 continue
             ctx = CallContext(client_id=client_id, peer=peer, call_id=call_id, user=user,
                               groups=groups)
-            nursery.start_soon(run_call, ctx, method, args)
+            if method in inline:   # never awaits: no task of its own (most of a read's cost)
+                await run_call(ctx, method, args)
+            else:
+                nursery.start_soon(run_call, ctx, method, args)
 
     try:
         with trio.move_on_after(hello_timeout) as scope:

@@ -52,6 +52,7 @@ abandoned plan only leaves a gap.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -211,9 +212,46 @@ class ContentSummary:
         return {"length": self.length, "file_count": self.files,
                 "directory_count": self.dirs, "space_consumed": self.space}
 
+class _DecodedCache:
+    """Decoded inodes and directory entries by store key (HDFS keeps its whole namespace in
+    memory; every RPC walks its path, and a LevelDB get + msgpack decode per component was
+    most of a getFileInfo). Filled on reads, updated by ``apply`` with exactly the values it
+    wrote, dropped for deleted keys; only positive entries are kept. Values are shared:
+    readers must not modify them (apply works on fresh decodes through ``_Txn``). Bounded:
+    past ``limit`` entries the oldest half is dropped."""
+
+    __slots__ = ("data", "limit", "hits", "misses")
+
+    def __init__(self, limit: int):
+        self.data: dict[bytes, object] = {}
+        self.limit = max(0, limit)
+        self.hits = self.misses = 0
+
+    def put(self, key: bytes, value) -> None:
+        if self.limit == 0:
+            return
+        data = self.data
+        if len(data) >= self.limit and key not in data:
+            for old in list(itertools.islice(data, max(1, self.limit // 2))):
+                del data[old]
+        data[key] = value
+
+    def committed(self, puts, dels) -> None:
+        data = self.data
+        for key in dels:
+            data.pop(key, None)
+        for key, value in puts.items():
+            if key[:1] in CACHED_KINDS:
+                self.put(key, value)
+
+
+CACHED_KINDS = (keys.INODE, keys.DENTRY)
+
+
 class Namespace:
-    def __init__(self, kv, defaults: Defaults | None = None):
+    def __init__(self, kv, defaults: Defaults | None = None, *, cache_entries: int = 1_000_000):
         self.kv = kv
+        self.cache = _DecodedCache(cache_entries)
         self.defaults = defaults or Defaults()
         self.counters: dict[str, int | bytes] = {}
         self._next_ino = 0
@@ -278,13 +316,26 @@ class Namespace:
             raise InternalError("the namespace is not formatted yet")
 
     # ------------------------------------------------------------------ reads
+    def _cached_get(self, key: bytes):
+        cache = self.cache
+        value = cache.data.get(key)
+        if value is not None:
+            cache.hits += 1
+            return value
+        cache.misses += 1
+        raw = self.kv.get(key)
+        if raw is None:
+            return None
+        value = keys.unpack(raw)
+        cache.put(key, value)
+        return value
+
     def get_inode(self, ino: int) -> dict | None:
-        raw = self.kv.get(keys.inode_key(ino))
-        return None if raw is None else keys.unpack(raw)
+        """The decoded inode (shared with the cache: do not modify it)."""
+        return self._cached_get(keys.inode_key(ino))
 
     def lookup(self, parent: int, name: str) -> int | None:
-        raw = self.kv.get(keys.dentry_key(parent, name))
-        return None if raw is None else keys.unpack(raw)
+        return self._cached_get(keys.dentry_key(parent, name))
 
     def walk(self, parts, path: str = "", *, strict: bool = True) -> list[tuple[int, dict]]:
         """``(ino, inode)`` of the root and of every existing leading component; stops at the
@@ -1141,7 +1192,12 @@ class Namespace:
         for name, value in counters.items():
             if self.counters.get(name) != value:
                 txn.put(keys.meta_key(name), value)
-        txn.commit()
+        try:
+            txn.commit()
+        except BaseException:   # a failed write may have landed partly: forget, not guess
+            self.cache.data.clear()
+            raise
+        self.cache.committed(txn.puts, txn.dels)
         for effect in effects:
             if effect["op"] == "RECLAIM":
                 for parent, name in effect["entries"]:

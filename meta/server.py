@@ -123,6 +123,10 @@ class MetaServer(Dispatcher):
     retry_cached = frozenset({"create", "add_block", "complete", "delete", "rename",
                               "rename_many", "create_symlink", "append", "truncate", "recover_lease"})
 
+    # reads that never await (they see the state between two applied journal batches)
+    inline_methods = frozenset({"get_file_info", "exists", "list_status",
+                                "get_block_locations", "report", "get_server_defaults"})
+
     def __init__(self, config: Config, kv: KVStore, journal_dir: str, *,
                  clock=time.monotonic, wall_ns=time.time_ns):
         super().__init__(RetryCache(expiry=config.retry_cache_expiry))
@@ -138,7 +142,7 @@ class MetaServer(Dispatcher):
                                              enabled=config.permissions_enabled)
         defaults = Defaults.from_config(config)
         defaults.owner, defaults.group = self.superuser, config.supergroup
-        self.ns = Namespace(kv, defaults)
+        self.ns = Namespace(kv, defaults, cache_entries=config.namespace_cache_entries)
         self.blocks = BlocksMap(config.min_replication)
         self.leases = LeaseManager(config.lease_soft_limit, config.lease_hard_limit)
         self.datanodes = DatanodeManager(
@@ -1201,9 +1205,13 @@ class MetaServer(Dispatcher):
                                       if n.admin == dm.DECOMMISSIONED),
                 "safemode": self.safemode.status(),
                 "namespace_id": self.ns.namespace_id,
+                "namespace_lock": self.config.namespace_lock,
                 "journal": {"last_txid": self.journal.last_txid,
                             "fsyncs": self.journal.stats.fsyncs,
-                            "records": self.journal.stats.records}}
+                            "records": self.journal.stats.records},
+                "namespace_cache": {"entries": len(self.ns.cache.data),
+                                    "hits": self.ns.cache.hits,
+                                    "misses": self.ns.cache.misses}}
 
     async def rpc_safemode(self, ctx, action="get"):
         if action not in ("get", "enter", "leave"):

@@ -9,13 +9,10 @@ socket pair), and prints leasefs/baseline ratios. ``--moosefs`` adds the same wo
 MooseFS peer (started by ``../shared/peers/moosefs-up.sh`` if it is not mounted, stopped
 again only if we started it) through plain file I/O on its FUSE mount.
 
-``meta`` runs N concurrent ``AsyncClient``s (one lease holder and one RPC connection each)
-doing create, mkdirs, getFileInfo, open (getBlockLocations), listStatus, rename and delete,
-each in its own folder unless ``--contended``, and reports ops/s and p50/p99 latency per op.
+``meta`` is in benchmeta.py; its POSIX baseline workload (local disk, MooseFS) is here.
 
-Concurrency contract: a CLI process; the meta benchmark runs one ``trio.run`` with one task
-per client; the MooseFS meta workload uses one OS thread per client (plain blocking file
-I/O, the GIL is released in the syscalls). Progress lines go to stderr, results to stdout.
+Concurrency contract: a CLI process; the POSIX meta workload uses one OS thread per client
+(plain blocking file I/O, the GIL is released in the syscalls). Progress lines go to stderr, results to stdout.
 """
 
 from __future__ import annotations
@@ -29,14 +26,12 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AsyncExitStack
 
 import trio
 
 from fs.config import default_home
 
 from .common import Command
-from .daemons import unwrap
 from .formatting import UsageError, format_table, human_size, parse_size
 from .progress import StatusLine
 
@@ -386,54 +381,8 @@ def _names(args, k: int, base: str):
     return f"{base}/c{k}", ""
 
 
-async def _leasefs_meta(meta_address: str, config, args, base: str, rec: _Recorder,
-                        status: StatusLine) -> None:
-    from fs.client import AsyncClient
-
-    n_ops = args.ops
-    clients = [AsyncClient(meta_address, config=config) for _ in range(args.clients)]
-    async with AsyncExitStack() as stack:
-        for client in clients:
-            await stack.enter_async_context(client)
-        await clients[0].mkdirs(base)
-        for k, client in enumerate(clients):
-            folder, _ = _names(args, k, base)
-            await client.mkdirs(folder)
-
-        async def one(op: str, client, k: int):
-            folder, prefix = _names(args, k, base)
-            for i in range(n_ops):
-                f = f"{folder}/{prefix}f{i}"
-                t0 = time.perf_counter()
-                if op == "create":
-                    stream = await client.create(f, overwrite=False)
-                    await stream.close()
-                elif op == "mkdirs":
-                    await client.mkdirs(f"{folder}/{prefix}d{i}")
-                elif op == "getFileInfo":
-                    await client.get_file_status(f)
-                elif op == "open":
-                    await client.get_block_locations(f)
-                elif op == "listStatus":
-                    await client.list_status(folder)
-                elif op == "rename":
-                    await client.rename(f, f"{folder}/{prefix}r{i}")
-                elif op == "delete":
-                    await client.delete(f"{folder}/{prefix}r{i}")
-                rec.add(op, time.perf_counter() - t0)
-
-        for op in META_OPS:
-            status(f"leasefs {op}: {args.clients} clients x {n_ops} ops ...")
-            t0 = time.perf_counter()
-            async with trio.open_nursery() as nursery:
-                for k, client in enumerate(clients):
-                    nursery.start_soon(one, op, client, k)
-            rec.wall[op] = time.perf_counter() - t0
-        if not args.keep:
-            await clients[0].delete(base, recursive=True)
-
-
-def _posix_meta(root: str, args, rec: _Recorder, status: StatusLine, label: str) -> None:
+def _posix_meta(root: str, args, rec: _Recorder, status: StatusLine, label: str,
+                ops=META_OPS) -> None:
     """The same workload as plain POSIX calls under ``root``, from ``args.clients`` threads:
     the local-disk baseline, and the MooseFS peer through its FUSE mount."""
     base = os.path.join(root, f"leasefs-meta-bench-{os.getpid()}")
@@ -467,7 +416,7 @@ def _posix_meta(root: str, args, rec: _Recorder, status: StatusLine, label: str)
 
     try:
         with ThreadPoolExecutor(max_workers=args.clients) as pool:
-            for op in META_OPS:
+            for op in ops:
                 status(f"{label} {op}: {args.clients} clients x {args.ops} ops ...")
                 t0 = time.perf_counter()
                 for future in [pool.submit(one, op, k) for k in range(args.clients)]:
@@ -475,79 +424,6 @@ def _posix_meta(root: str, args, rec: _Recorder, status: StatusLine, label: str)
                 rec.wall[op] = time.perf_counter() - t0
     finally:
         shutil.rmtree(base, ignore_errors=True)
-
-
-def _meta_rows(rec: _Recorder, total_ops: int) -> dict:
-    out = {}
-    for op in META_OPS:
-        lat = rec.latencies[op]
-        if not lat:
-            continue
-        wall = rec.wall.get(op, 0.0)
-        out[op] = {"ops": len(lat), "seconds": wall,
-                   "ops_per_s": len(lat) / wall if wall > 0 else None,
-                   "p50_ms": percentile(lat, 50) * 1000, "p99_ms": percentile(lat, 99) * 1000}
-    return out
-
-
-def run_meta_bench(cmd: Command) -> int:
-    a = cmd.args
-    if a.clients < 1 or a.ops < 1:
-        raise UsageError("--clients and --ops must be at least 1")
-    status = StatusLine(enabled=not a.quiet)
-    base = f"{a.dir.rstrip('/')}/meta-{os.getpid()}"
-    meta_address = cmd.meta_address
-    config = cmd.config
-    status(f"bench meta: {a.clients} clients x {a.ops} ops per op type, "
-           f"{'one shared folder' if a.contended else 'one folder per client'}, "
-           f"cluster {meta_address}")
-    rec = _Recorder()
-    try:
-        trio.run(_leasefs_meta, meta_address, config, a, base, rec, status)
-    except BaseException as group:
-        raise unwrap(group) from None
-    results = {"leasefs": _meta_rows(rec, a.ops * a.clients)}
-    lrec = _Recorder()
-    with tempfile.TemporaryDirectory(dir=baseline_dir(a.home), prefix=".bench-meta-") as local:
-        _posix_meta(local, a, lrec, status, "local disk")
-    results["local"] = _meta_rows(lrec, a.ops * a.clients)
-    if a.moosefs:
-        peer = MooseFSPeer(a.moosefs_script, status)
-        try:
-            peer.ensure_up()
-            mrec = _Recorder()
-            _posix_meta(peer.mount, a, mrec, status, "MooseFS")
-            results["moosefs"] = _meta_rows(mrec, a.ops * a.clients)
-        finally:
-            peer.stop_if_ours()
-    if a.json:
-        cmd.out(json.dumps({"benchmark": "meta", "clients": a.clients, "ops": a.ops,
-                            "contended": a.contended, "results": results}, indent=2))
-        return 0
-    headers = ["op", "leasefs ops/s", "p50 ms", "p99 ms", "local disk ops/s", "leasefs/local"]
-    if "moosefs" in results:
-        headers += ["MooseFS ops/s", "p50 ms", "p99 ms", "leasefs/MooseFS"]
-    table = []
-    for op in META_OPS:
-        mine = results["leasefs"].get(op)
-        if mine is None:
-            continue
-        row = [op, f"{mine['ops_per_s']:.0f}", f"{mine['p50_ms']:.2f}", f"{mine['p99_ms']:.2f}"]
-        for peer in ("local", "moosefs") if "moosefs" in results else ("local",):
-            other = results[peer].get(op)
-            if not other:
-                row += ["-", "-"] if peer == "local" else ["-", "-", "-", "-"]
-                continue
-            row.append(f"{other['ops_per_s']:.0f}")
-            if peer == "moosefs":
-                row += [f"{other['p50_ms']:.2f}", f"{other['p99_ms']:.2f}"]
-            row.append(f"{mine['ops_per_s'] / other['ops_per_s']:.3f}")
-        table.append(row)
-    cmd.out(f"bench meta: {a.clients} clients x {a.ops} ops each, "
-            f"{'contended (one folder)' if a.contended else 'one folder per client'}")
-    for line in format_table(headers, table):
-        cmd.out(line)
-    return 0
 
 
 # --------------------------------------------------------------------------- parser
@@ -580,16 +456,8 @@ def register(sub, common) -> None:
         shared(q)
         q.set_defaults(func=run_data_bench)
 
-    q = bsub.add_parser("meta", parents=[common], help="metadata ops/s and latency")
-    q.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
-    q.add_argument("--ops", type=int, default=200, help="ops per client per op type (default 200)")
-    q.add_argument("--contended", action="store_true", help="all clients in one folder")
-    q.add_argument("--home", default=None,
-                   help="folder whose filesystem the local-disk baseline uses "
-                        "(default: the cluster home)")
-    shared(q)
-    q.set_defaults(func=run_meta_bench)
-
+    from .benchmeta import register as register_meta  # late: benchmeta imports this module
+    register_meta(bsub, common, shared)
     from .benchfuse import register as register_fuse  # late: benchfuse imports this module
     register_fuse(bsub, common)
     from .benchspark import register as register_spark

@@ -1,0 +1,352 @@
+"""``leasefs bench meta``: metadata throughput in the style of Hadoop's NNThroughputBenchmark.
+
+Why: the metadata server is one Python process; what matters is how many namespace
+operations per second it completes for many concurrent clients over real RPC, and what the
+fine-grained path locks buy over one global lock. So by default the benchmark starts its own
+private metadata servers (a fresh folder each, ``leasefs meta`` subprocesses) — one with
+``namespace_lock=fine`` and one with ``namespace_lock=global`` — and runs the same workload
+on both, printing the two figures and their ratio side by side. ``--cluster`` measures the
+running cluster instead (its own lock mode only).
+
+Workload, per op in order (each a phase; the files of one phase feed the next): create
+(create + complete, as NNThroughputBenchmark's create), mkdirs, getFileInfo, open
+(getBlockLocations), listStatus, rename, delete. ``--clients N`` clients (one ``AsyncClient``
+= one lease holder and one RPC connection each) spread over ``--processes`` worker
+processes (Python clients cost CPU too; one process would measure itself). Each client
+works in its own folder (disjoint) or, with ``--contended``, all in one folder. Per op:
+ops/s (all clients' ops / wall time of the phase), p50/p99 latency, and fsyncs per op and
+journal records per op, read from the server's journal counters before and after the
+phase (group commit: many records per fsync). The local-disk baseline runs the same
+POSIX-shaped workload on a temp folder, threads as clients; ``--moosefs`` adds the peer.
+
+Concurrency contract: a CLI process; worker processes are started with the ``spawn``
+method and synchronised per phase by a barrier; each runs one ``trio.run`` with one task per
+client. The parent only starts/stops servers, reads counters and prints. Progress lines go
+to stderr, results to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from array import array
+from contextlib import AsyncExitStack, contextmanager
+
+import trio
+
+from .bench import (META_OPS, MooseFSPeer, _posix_meta, _Recorder, baseline_dir, percentile)
+from .common import Command
+from .daemons import unwrap
+from .formatting import UsageError, format_table
+from .progress import StatusLine
+
+log = logging.getLogger(__name__)
+
+MUTATIONS = ("create", "mkdirs", "rename", "delete")
+LOCK_MODES = ("fine", "global")
+
+
+# --------------------------------------------------------------------------- workers
+
+def _folder(base: str, k: int, contended: bool) -> tuple[str, str]:
+    """Folder and name prefix of client ``k``."""
+    return (f"{base}/shared", f"c{k}-") if contended else (f"{base}/c{k}", "")
+
+
+async def _worker_main(address: str, settings: dict, clients: list[int], ops: list[str],
+                       n_ops: int, contended: bool, base: str, barrier, results) -> None:
+    from fs.client import AsyncClient
+    from fs.config import Config
+
+    config = Config.load(env={}, **settings)
+    async with AsyncExitStack() as stack:
+        conns = [await stack.enter_async_context(AsyncClient(address, config=config))
+                 for _ in clients]
+        for k, client in zip(clients, conns):
+            await client.mkdirs(_folder(base, k, contended)[0])
+
+        async def run(op: str, k: int, client, out: array):
+            folder, prefix = _folder(base, k, contended)
+            for i in range(n_ops):
+                f = f"{folder}/{prefix}f{i}"
+                t0 = time.perf_counter()
+                if op == "create":
+                    stream = await client.create(f, overwrite=False)
+                    await stream.close()
+                elif op == "mkdirs":
+                    await client.mkdirs(f"{folder}/{prefix}d{i}")
+                elif op == "getFileInfo":
+                    await client.get_file_status(f)
+                elif op == "open":
+                    await client.get_block_locations(f)
+                elif op == "listStatus":
+                    await client.list_status(folder)
+                elif op == "rename":
+                    await client.rename(f, f"{folder}/{prefix}r{i}")
+                elif op == "delete":
+                    await client.delete(f"{folder}/{prefix}r{i}")
+                out.append(time.perf_counter() - t0)
+
+        for op in ops:
+            await trio.to_thread.run_sync(barrier.wait)
+            latencies = array("d")
+            async with trio.open_nursery() as nursery:
+                for k, client in zip(clients, conns):
+                    nursery.start_soon(run, op, k, client, latencies)
+            results.put((op, latencies.tobytes()))
+
+
+def _worker(address, settings, clients, ops, n_ops, contended, base, barrier, results):
+    """Entry point of one worker process (spawned)."""
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        trio.run(_worker_main, address, settings, clients, ops, n_ops, contended, base,
+                 barrier, results)
+    except BaseException as exc:   # tell the parent instead of leaving it at the barrier
+        results.put(("error", f"{type(exc).__name__}: {unwrap(exc)}"))
+        barrier.abort()
+        raise
+
+
+# --------------------------------------------------------------------------- servers
+
+@contextmanager
+def private_meta_server(home: str, lock: str, status: StatusLine):
+    """A fresh ``leasefs meta`` subprocess with ``namespace_lock=lock``; yields its address."""
+    folder = tempfile.mkdtemp(prefix=f".bench-meta-{lock}-", dir=home)
+    address_file = os.path.join(folder, "address")
+    log_path = os.path.join(folder, "meta.log")
+    cmd = [sys.executable, "-m", "tools", "meta", "--data", os.path.join(folder, "data"),
+           "--host", "127.0.0.1", "--port", "0", "--http-port", "0",
+           "--address-file", address_file, "--log-level", "WARNING",
+           "--set", f"namespace_lock={lock}"]
+    status(f"starting a private metadata server (namespace_lock={lock}) in {folder}")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                cwd=root)
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(address_file):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                with open(log_path, errors="replace") as fh:
+                    tail = fh.read()[-2000:]
+                raise UsageError(f"the private metadata server did not start "
+                                 f"(exit {proc.poll()}): {tail.strip()}")
+            time.sleep(0.05)
+        with open(address_file) as fh:
+            yield fh.read().strip()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _journal_counters(address: str, settings: dict) -> tuple[int, int]:
+    from fs.client import Client
+    from fs.config import Config
+
+    with Client(address, config=Config.load(env={}, **settings)) as client:
+        journal = client.report()["journal"]
+    return journal["fsyncs"], journal["records"]
+
+
+def run_on_server(address: str, a, status: StatusLine, label: str) -> dict:
+    """The whole workload on one metadata server: per op ops/s, p50/p99, fsyncs/op."""
+    ops = list(a.op)
+    n_proc = max(1, min(a.processes, a.clients))
+    groups = [list(range(p, a.clients, n_proc)) for p in range(n_proc)]
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(n_proc + 1)
+    results = ctx.Queue()
+    base = f"{a.dir.rstrip('/')}/meta-{os.getpid()}-{label}"
+    settings = {"rpc_timeout": 120.0}
+    workers = [ctx.Process(target=_worker, args=(address, settings, g, ops, a.ops,
+                                                 a.contended, base, barrier, results),
+                           daemon=True) for g in groups]
+    for w in workers:
+        w.start()
+    out: dict = {}
+    try:
+        for op in ops:
+            status(f"{label} {op}: {a.clients} clients in {n_proc} processes x {a.ops} ops ...")
+            before = _journal_counters(address, settings)
+            try:
+                barrier.wait(timeout=120)
+            except Exception:   # a worker failed (it aborted the barrier) or hangs
+                raise UsageError(f"{label}: a benchmark worker failed: "
+                                 f"{_first_error(results) or 'no reply'}") from None
+            t0 = time.perf_counter()
+            latencies = array("d")
+            for _ in workers:
+                got_op, payload = results.get(timeout=600)
+                if got_op == "error":
+                    raise UsageError(f"{label}: a benchmark worker failed: {payload}")
+                latencies.frombytes(payload)
+            wall = time.perf_counter() - t0
+            after = _journal_counters(address, settings)
+            n = len(latencies)
+            fsyncs, records = after[0] - before[0], after[1] - before[1]
+            out[op] = {"ops": n, "seconds": wall, "ops_per_s": n / wall if wall > 0 else None,
+                       "p50_ms": percentile(list(latencies), 50) * 1000,
+                       "p99_ms": percentile(list(latencies), 99) * 1000,
+                       "fsyncs_per_op": fsyncs / n if n else 0.0,
+                       "records_per_op": records / n if n else 0.0,
+                       "records_per_fsync": records / fsyncs if fsyncs else 0.0}
+    finally:
+        for w in workers:
+            w.join(timeout=30)
+            if w.is_alive():
+                w.terminate()
+    if not a.keep:
+        from fs.client import Client
+        from fs.config import Config
+        with Client(address, config=Config.load(env={}, **settings)) as client:
+            client.delete(base, recursive=True)
+    return out
+
+
+def _first_error(results) -> str | None:
+    try:
+        while True:
+            op, payload = results.get(timeout=1)
+            if op == "error":
+                return payload
+    except Exception:   # queue.Empty
+        return None
+
+
+def _posix_rows(rec: _Recorder) -> dict:
+    out = {}
+    for op, lat in rec.latencies.items():
+        wall = rec.wall.get(op, 0.0)
+        if lat and wall > 0:
+            out[op] = {"ops": len(lat), "ops_per_s": len(lat) / wall,
+                       "p50_ms": percentile(lat, 50) * 1000, "p99_ms": percentile(lat, 99) * 1000}
+    return out
+
+
+# --------------------------------------------------------------------------- command
+
+def run_meta_bench(cmd: Command) -> int:
+    a = cmd.args
+    if a.clients < 1 or a.ops < 1 or a.processes < 1:
+        raise UsageError("--clients, --ops and --processes must be at least 1")
+    unknown = [op for op in a.op if op not in META_OPS]
+    if unknown:
+        raise UsageError(f"unknown op {unknown[0]!r}; ops are {', '.join(META_OPS)}")
+    needs = {"getFileInfo": "create", "open": "create", "rename": "create", "delete": "rename"}
+    for op in a.op:
+        if op in needs and needs[op] not in a.op:
+            raise UsageError(f"op {op} needs {needs[op]} before it (it uses its files)")
+    a.op = [op for op in META_OPS if op in a.op]
+    status = StatusLine(enabled=not a.quiet)
+    home = baseline_dir(a.home)
+    results: dict = {}
+    layout = "contended (one folder)" if a.contended else "disjoint (one folder per client)"
+    status(f"bench meta: {a.clients} clients x {a.ops} ops per op, {layout}")
+    if a.cluster:
+        results["cluster"] = run_on_server(cmd.meta_address, a, status, "cluster")
+        modes = ["cluster"]
+    else:
+        modes = list(dict.fromkeys(a.lock))
+        for lock in modes:
+            with private_meta_server(home, lock, status) as address:
+                results[lock] = run_on_server(address, a, status, lock)
+    lrec = _Recorder()
+    if not a.no_local:
+        a.ops_list = a.op
+        with tempfile.TemporaryDirectory(dir=home, prefix=".bench-meta-local-") as local:
+            _posix_meta(local, a, lrec, status, "local disk", ops=a.op)
+        results["local"] = _posix_rows(lrec)
+    if a.moosefs:
+        peer = MooseFSPeer(a.moosefs_script, status)
+        try:
+            peer.ensure_up()
+            mrec = _Recorder()
+            _posix_meta(peer.mount, a, mrec, status, "MooseFS", ops=a.op)
+            results["moosefs"] = _posix_rows(mrec)
+        finally:
+            peer.stop_if_ours()
+    if a.json:
+        cmd.out(json.dumps({"benchmark": "meta", "clients": a.clients, "ops": a.ops,
+                            "processes": a.processes, "contended": a.contended,
+                            "results": results}, indent=2))
+        return 0
+    headers = ["op"]
+    for mode in modes:
+        headers += [f"{mode} ops/s", "p50 ms", "p99 ms", "fsyncs/op"]
+    if "fine" in modes and "global" in modes:
+        headers.append("fine/global")
+    for peer in ("local", "moosefs"):
+        if peer in results:
+            headers += [f"{'local disk' if peer == 'local' else 'MooseFS'} ops/s",
+                        f"{modes[0]}/{'local' if peer == 'local' else 'MooseFS'}"]
+    table = []
+    for op in a.op:
+        row = [op]
+        for mode in modes:
+            r = results[mode].get(op)
+            row += [f"{r['ops_per_s']:.0f}", f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}",
+                    f"{r['fsyncs_per_op']:.3f}" if op in MUTATIONS else "-"]
+        if "fine" in modes and "global" in modes:
+            row.append(f"{results['fine'][op]['ops_per_s'] / results['global'][op]['ops_per_s']:.2f}")
+        for peer in ("local", "moosefs"):
+            if peer in results:
+                other = results[peer].get(op)
+                mine = results[modes[0]][op]["ops_per_s"]
+                row += [f"{other['ops_per_s']:.0f}", f"{mine / other['ops_per_s']:.3f}"] \
+                    if other else ["-", "-"]
+        table.append(row)
+    cmd.out(f"bench meta: {a.clients} clients in {min(a.processes, a.clients)} processes x "
+            f"{a.ops} ops each, {layout}")
+    for line in format_table(headers, table):
+        cmd.out(line)
+    return 0
+
+
+def register(bsub, common, shared) -> None:
+    q = bsub.add_parser("meta", parents=[common],
+                        help="metadata ops/s, latency, fsyncs per op; fine vs global lock",
+                        description="NNThroughputBenchmark-style metadata benchmark over real "
+                                    "RPC. By default on private metadata servers, one per "
+                                    "--lock mode, side by side; --cluster for the running one.")
+    q.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
+    q.add_argument("--processes", type=int, default=min(4, os.cpu_count() or 1),
+                   help="worker processes the clients are spread over (default: "
+                        "min(4, cores))")
+    q.add_argument("--ops", type=int, default=500,
+                   help="ops per client per op type (default 500)")
+    q.add_argument("--op", action="append", default=None, metavar="OP",
+                   help=f"run only these ops (repeatable; {', '.join(META_OPS)})")
+    q.add_argument("--contended", action="store_true", help="all clients in one folder")
+    q.add_argument("--lock", action="append", choices=LOCK_MODES, default=None,
+                   help="lock modes of the private servers (default: fine and global)")
+    q.add_argument("--cluster", action="store_true",
+                   help="measure the running cluster (--meta) instead of private servers")
+    q.add_argument("--no-local", action="store_true", help="skip the local-disk baseline")
+    q.add_argument("--home", default=None,
+                   help="folder for the private servers and the local-disk baseline "
+                        "(default: the cluster home)")
+    shared(q)
+    q.set_defaults(func=_defaults_then_run)
+
+
+def _defaults_then_run(cmd: Command) -> int:
+    a = cmd.args
+    a.op = a.op or list(META_OPS)
+    a.lock = a.lock or list(LOCK_MODES)
+    return run_meta_bench(cmd)
