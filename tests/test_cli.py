@@ -383,16 +383,29 @@ def test_bench_runs_against_the_cluster(cluster, env):
     assert set(disk["ratios"]) == {"leasefs write r=1", "leasefs write r=2"}
     text = check_ok(leasefs("bench", "read", "--size", "2M", "--replication", "1", env=env))
     assert "leasefs read r=1" in text and "local disk read" in text and "loopback TCP" in text
-    meta = json.loads(check_ok(leasefs("bench", "meta", "--clients", "3", "--ops", "4",
-                                       "--json", "--quiet", env=env)))
-    ops = meta["results"]["leasefs"]
+    meta = json.loads(check_ok(leasefs("bench", "meta", "--cluster", "--clients", "3",
+                                       "--processes", "2", "--ops", "4", "--json", "--quiet",
+                                       env=env)))
+    ops = meta["results"]["cluster"]
     assert list(ops) == ["create", "mkdirs", "getFileInfo", "open", "listStatus", "rename",
                          "delete"]
     assert all(v["ops"] == 12 and v["ops_per_s"] > 0 and v["p99_ms"] >= v["p50_ms"] > 0
                for v in ops.values())
-    contended = json.loads(check_ok(leasefs("bench", "meta", "--clients", "2", "--ops", "3",
-                                            "--contended", "--json", "--quiet", env=env)))
-    assert contended["contended"] and contended["results"]["leasefs"]["delete"]["ops"] == 6
+    # create = create + complete: two journal records per op, sharing fsyncs at best
+    assert ops["create"]["records_per_op"] == 2 and 0 < ops["create"]["fsyncs_per_op"] <= 2
+    assert ops["getFileInfo"]["fsyncs_per_op"] == 0
+    contended = json.loads(check_ok(leasefs("bench", "meta", "--cluster", "--clients", "2",
+                                            "--ops", "3", "--contended", "--json", "--quiet",
+                                            env=env)))
+    assert contended["contended"] and contended["results"]["cluster"]["delete"]["ops"] == 6
+    # default: private fine and global servers side by side, the ratio printed
+    text = check_ok(leasefs("bench", "meta", "--clients", "2", "--ops", "3", "--op", "create",
+                            "--op", "getFileInfo", "--no-local", "--quiet", env=env))
+    assert "fine ops/s" in text and "global ops/s" in text and "fine/global" in text
+    rows = {line.split()[0]: line.split() for line in text.splitlines()[3:]}
+    assert set(rows) == {"create", "getFileInfo"}
+    check_fails(leasefs("bench", "meta", "--op", "rename", "--quiet", env=env),
+                "rename needs create", status=2)
     # bench files are cleaned up
     check_fails(leasefs("ls", "/.leasefs-bench/x", env=env), "leasefs ls:")
     assert check_ok(leasefs("ls", "/.leasefs-bench", env=env)).strip() == ""

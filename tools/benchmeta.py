@@ -20,7 +20,8 @@ phase (group commit: many records per fsync). The local-disk baseline runs the s
 POSIX-shaped workload on a temp folder, threads as clients; ``--moosefs`` adds the peer.
 
 Concurrency contract: a CLI process; worker processes are started with the ``spawn``
-method and synchronised per phase by a barrier; each runs one ``trio.run`` with one task per
+method and synchronised per phase by a barrier passed twice (all set up → the parent reads the
+journal counters → go); each runs one ``trio.run`` with one task per
 client. The parent only starts/stops servers, reads counters and prints. Progress lines go
 to stderr, results to stdout.
 """
@@ -35,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from array import array
 from contextlib import AsyncExitStack, contextmanager
@@ -95,7 +97,8 @@ async def _worker_main(address: str, settings: dict, clients: list[int], ops: li
                 out.append(time.perf_counter() - t0)
 
         for op in ops:
-            await trio.to_thread.run_sync(barrier.wait)
+            await trio.to_thread.run_sync(barrier.wait)   # ready: the parent reads counters
+            await trio.to_thread.run_sync(barrier.wait)   # go
             latencies = array("d")
             async with trio.open_nursery() as nursery:
                 for k, client in zip(clients, conns):
@@ -183,10 +186,11 @@ def run_on_server(address: str, a, status: StatusLine, label: str) -> dict:
     try:
         for op in ops:
             status(f"{label} {op}: {a.clients} clients in {n_proc} processes x {a.ops} ops ...")
-            before = _journal_counters(address, settings)
             try:
+                barrier.wait(timeout=120)   # every worker is set up and idle
+                before = _journal_counters(address, settings)
                 barrier.wait(timeout=120)
-            except Exception:   # a worker failed (it aborted the barrier) or hangs
+            except threading.BrokenBarrierError:   # a worker failed (it aborted) or hangs
                 raise UsageError(f"{label}: a benchmark worker failed: "
                                  f"{_first_error(results) or 'no reply'}") from None
             t0 = time.perf_counter()
