@@ -1,4 +1,5 @@
-"""Offline consistency check of a namespace store: ``check_namespace(kv) -> [problems]``.
+"""Offline consistency checks: ``check_namespace(kv) -> [problems]`` for a namespace store,
+``check_record(kv, record) -> [problems]`` for one journal record against the state before it.
 
 Why it exists: crash tests (kill -9 of the metadata server under load) end by opening the
 LevelDB folder and asserting ``check_namespace(store) == []``; ``leasefs fsck`` can use it
@@ -20,6 +21,10 @@ too. It reads the whole store once and checks the schema of ``keys.py``:
   file lengths and block lists are not checked there); the orphan root must exist, have
   ``parent`` 0 and no entry, and no ``U`` key may remain inside (their leases ended at the
   detach). Counters and block id uniqueness still include them.
+
+``check_record`` re-checks the planner's preconditions of a record at serial replay (a
+fresh store filled one record at a time): with fine-grained locking, records planned
+concurrently must each still be valid in journal order (see its docstring).
 
 Concurrency contract: reads only; call it on a store nobody writes (a stopped server's
 folder, or a test's own store).
@@ -209,4 +214,253 @@ def check_namespace(kv, leases=None) -> list[str]:
         if by_ino != uc_inodes:
             diff = set(by_ino.items()) ^ set(uc_inodes.items())
             problem(f"leases disagree with files under construction: {sorted(diff)[:10]}")
+    return problems
+
+
+# ------------------------------------------------------------------------------ records
+# Ops that address an open file by inode id: the writer checks ran on a linked file
+# (``Namespace.writer_file``), so the file exists, is reachable and is under construction.
+_WRITER_OPS = frozenset({"ADD_BLOCK", "UPDATE_BLOCKS", "FSYNC", "ABANDON_BLOCK", "CLOSE"})
+# lease recovery ops: an existing file under construction
+_RECOVERY_OPS = frozenset({"REASSIGN_LEASE", "COMMIT_BLOCK_SYNC"})
+_INODE_OPS = frozenset({"SET_PERMISSIONS", "SET_OWNER", "TIMES"})
+_FILE_OPS = frozenset({"SET_REPLICATION", "TRUNCATE", "APPEND"})
+
+
+class _View:
+    """The store as decoded values, with an in-memory overlay for the earlier moves of a
+    RENAMES record (the store itself is never written)."""
+
+    def __init__(self, kv):
+        self.kv = kv
+        self.puts: dict[bytes, object] = {}
+        self.dels: set[bytes] = set()
+
+    def get(self, key: bytes):
+        if key in self.puts:
+            return self.puts[key]
+        if key in self.dels:
+            return None
+        raw = self.kv.get(key)
+        return None if raw is None else keys.unpack(raw)
+
+    def put(self, key: bytes, value) -> None:
+        self.puts[key] = value
+        self.dels.discard(key)
+
+    def delete(self, key: bytes) -> None:
+        self.puts.pop(key, None)
+        self.dels.add(key)
+
+    def inode(self, ino):
+        return self.get(keys.inode_key(ino)) if isinstance(ino, int) else None
+
+    def entry(self, parent, name):
+        if not isinstance(parent, int) or not isinstance(name, str):
+            return None
+        return self.get(keys.dentry_key(parent, name))
+
+    def chain_hits(self, ino: int, target: int) -> bool:
+        """Is ``target`` on the parent chain of ``ino`` (``ino`` included)?"""
+        for _ in range(10_000):
+            if ino == target:
+                return True
+            if ino in (0, keys.ROOT_INO):
+                return False
+            inode = self.inode(ino)
+            if inode is None:
+                return False
+            ino = inode.get("parent")
+        return False
+
+    def linked(self, ino: int) -> bool:
+        """Reachable from the root by parent pointers (not inside a detached subtree)."""
+        for _ in range(10_000):
+            if ino == keys.ROOT_INO:
+                return True
+            inode = self.inode(ino)
+            if inode is None or inode.get("parent") in (None, 0):
+                return False
+            ino = inode["parent"]
+        return False
+
+
+def check_record(kv, record) -> list[str]:
+    """The planner's preconditions of one journal record, re-checked against ``kv`` (the
+    state just before the record, e.g. a fresh store a replay fills one record at a time).
+
+    Why it exists: under fine-grained locking a mutation is planned against the applied
+    state while other mutations' records wait for their fsync; if the locks let two plans
+    conflict, each record is still applied without complaint (``apply`` is tolerant), so
+    the damage only shows later. Replaying the journal serially and checking every record
+    before applying it shows exactly which record was planned on a state it did not run on.
+
+    Checked: FORMAT on an unformatted store and every other op on a formatted one; MKDIR,
+    ADD, SYMLINK: each new directory's parent is a directory, its name is free and its
+    inode id unused, the new entry's name is free (ADD ``overwrite``: it names the current
+    file); RENAME and each move of RENAMES in order: the source entry points to ``ino``, the
+    destination parent is a linked directory not inside the moved inode (no cycle), the
+    destination entry is absent or is ``overwrite`` (an empty directory for a directory, a
+    non-directory otherwise); DELETE: the entry points to ``ino``; writer ops by inode id
+    (ADD_BLOCK, UPDATE_BLOCKS, FSYNC, ABANDON_BLOCK, CLOSE): a linked file under
+    construction, block indexes at its end; REASSIGN_LEASE, COMMIT_BLOCK_SYNC: a file under
+    construction; set* ops: the inode exists; RECLAIM: its orphan root is detached.
+    Unknown ops are not checked. Returns problems (empty: fine); reads only."""
+    view = _View(kv)
+    op, a, txid = record.op, record.args, record.txid
+    problems: list[str] = []
+
+    def problem(text: str) -> None:
+        problems.append(f"txid {txid} {op}: {text}")
+
+    formatted = kv.get(keys.meta_key(keys.NAMESPACE_ID)) is not None
+    if op == "FORMAT":
+        if formatted:
+            problem("the namespace is already formatted")
+        return problems
+    if not formatted:
+        problem("before FORMAT")
+        return problems
+
+    def new_dirs(dirs) -> set:
+        made: set = set()
+        for d in dirs or ():
+            parent, name, ino = d.get("parent"), d.get("name"), d.get("ino")
+            if parent not in made:
+                parent_inode = view.inode(parent)
+                if parent_inode is None or parent_inode.get("type") != "dir":
+                    problem(f"new directory {name!r}: parent inode {parent} is not a directory")
+                elif not view.linked(parent):
+                    problem(f"new directory {name!r}: parent inode {parent} is detached")
+                elif view.entry(parent, name) is not None:
+                    problem(f"new directory {name!r} in inode {parent}: the name exists "
+                            f"(inode {view.entry(parent, name)})")
+            if view.inode(ino) is not None:
+                problem(f"new directory {name!r}: inode id {ino} is in use")
+            made.add(ino)
+        return made
+
+    def new_entry(parent, name, ino, made, overwrite=None) -> None:
+        if parent not in made:
+            parent_inode = view.inode(parent)
+            if parent_inode is None or parent_inode.get("type") != "dir":
+                problem(f"{name!r}: parent inode {parent} is not a directory")
+                return
+            if not view.linked(parent):
+                problem(f"{name!r}: parent inode {parent} is detached")
+        current = None if parent in made else view.entry(parent, name)
+        if current != overwrite:
+            problem(f"entry {name!r} in inode {parent} is {current}, the planner saw "
+                    f"{overwrite}")
+        elif overwrite is not None:
+            replaced = view.inode(overwrite)
+            if replaced is None or replaced.get("type") == "dir":
+                problem(f"overwritten inode {overwrite} is not a file")
+        if view.inode(ino) is not None:
+            problem(f"{name!r}: new inode id {ino} is in use")
+
+    def rename(one: dict) -> None:
+        ino = one.get("ino")
+        src = view.entry(one.get("src_parent"), one.get("src_name"))
+        moved = view.inode(ino)
+        if src != ino or moved is None:
+            problem(f"source entry {one.get('src_name')!r} in inode {one.get('src_parent')} "
+                    f"is {src}, the planner moved inode {ino}")
+            return
+        dst_parent, dst_name = one.get("dst_parent"), one.get("dst_name")
+        parent_inode = view.inode(dst_parent)
+        if parent_inode is None or parent_inode.get("type") != "dir":
+            problem(f"destination parent inode {dst_parent} is not a directory")
+            return
+        if not view.linked(dst_parent):
+            problem(f"destination parent inode {dst_parent} is detached")
+        if view.chain_hits(dst_parent, ino):
+            problem(f"destination parent inode {dst_parent} is inside the moved inode {ino} "
+                    f"(a cycle)")
+        current = view.entry(dst_parent, dst_name)
+        overwrite = one.get("overwrite")
+        if current != overwrite:
+            problem(f"destination entry {dst_name!r} in inode {dst_parent} is {current}, "
+                    f"the planner saw {overwrite}")
+        elif overwrite is not None:
+            replaced = view.inode(overwrite)
+            if overwrite == ino or replaced is None:
+                problem(f"overwritten inode {overwrite} is missing or the moved inode")
+            elif (replaced.get("type") == "dir") != (moved.get("type") == "dir"):
+                problem(f"overwrite of inode {overwrite} ({replaced.get('type')}) by inode "
+                        f"{ino} ({moved.get('type')})")
+            elif replaced.get("type") == "dir" and replaced.get("children", 0):
+                problem(f"overwritten directory inode {overwrite} is not empty")
+        # what the next move of a RENAMES record sees
+        view.delete(keys.dentry_key(one["src_parent"], one["src_name"]))
+        if overwrite is not None:
+            view.delete(keys.inode_key(overwrite))
+        view.put(keys.dentry_key(dst_parent, dst_name), ino)
+        view.put(keys.inode_key(ino), {**moved, "parent": dst_parent, "name": dst_name})
+
+    def open_file(ino, *, linked: bool) -> dict | None:
+        inode = view.inode(ino)
+        if inode is None or inode.get("type") != "file":
+            problem(f"inode {ino} is not a file")
+            return None
+        if linked and not view.linked(ino):
+            problem(f"file inode {ino} is detached")
+        if not inode.get("uc"):
+            problem(f"file inode {ino} is not under construction")
+        return inode
+
+    if op == "MKDIR":
+        new_dirs(a.get("dirs"))
+    elif op in ("ADD", "SYMLINK"):
+        made = new_dirs(a.get("dirs"))
+        new_entry(a.get("parent"), a.get("name"), a.get("ino"), made,
+                  a.get("overwrite") if op == "ADD" else None)
+    elif op == "RENAME":
+        rename(a)
+    elif op == "RENAMES":
+        for one in a.get("renames", ()):
+            rename(one)
+    elif op == "DELETE":
+        current = view.entry(a.get("parent"), a.get("name"))
+        if current != a.get("ino") or view.inode(a.get("ino")) is None:
+            problem(f"entry {a.get('name')!r} in inode {a.get('parent')} is {current}, the "
+                    f"planner deleted inode {a.get('ino')}")
+        elif a.get("ino") == keys.ROOT_INO:
+            problem("deletes the root")
+    elif op in _WRITER_OPS:
+        inode = open_file(a.get("ino"), linked=True)
+        nblocks = inode.get("nblocks", 0) if inode else 0
+        if inode is None:
+            pass
+        elif op == "ADD_BLOCK":
+            if a.get("index") != nblocks:
+                problem(f"adds block #{a.get('index')} to a file of {nblocks} blocks")
+            prev = a.get("previous")
+            if prev is not None and prev.get("index") != nblocks - 1:
+                problem(f"previous block #{prev.get('index')} is not the last of {nblocks}")
+        elif op in ("ABANDON_BLOCK", "FSYNC") or (op == "CLOSE" and a.get("last")):
+            index = a["last"]["index"] if op == "CLOSE" else a.get("index")
+            block_id = a["last"]["id"] if op == "CLOSE" else a.get("id")
+            block = view.get(keys.block_key(a["ino"], index)) if isinstance(index, int) else None
+            if index != nblocks - 1 or block is None or block.get("id") != block_id:
+                problem(f"block {block_id} (#{index}) is not the last of {nblocks} blocks")
+        elif op == "UPDATE_BLOCKS":
+            for block in a.get("blocks", ()):
+                stored = view.get(keys.block_key(a["ino"], block.get("index", -1)))
+                if stored is None or stored.get("id") != block.get("id"):
+                    problem(f"block {block.get('id')} (#{block.get('index')}) is not the "
+                            f"file's")
+    elif op in _RECOVERY_OPS:
+        open_file(a.get("ino"), linked=False)
+    elif op in _INODE_OPS:
+        if view.inode(a.get("ino")) is None:
+            problem(f"inode {a.get('ino')} does not exist")
+    elif op in _FILE_OPS:
+        inode = view.inode(a.get("ino"))
+        if inode is None or inode.get("type") != "file":
+            problem(f"inode {a.get('ino')} is not a file")
+    elif op == "RECLAIM":
+        root = a.get("root")
+        if not isinstance(root, int) or view.get(keys.orphan_key(root)) is None:
+            problem(f"inode {root} is not a detached subtree root")
     return problems
