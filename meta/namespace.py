@@ -807,8 +807,8 @@ class Namespace:
         once (a job commit). Moves may free a destination for a later move (old output into
         a trash folder, new output in its place); what would make planning against the
         current state wrong is refused: a path given twice as source or as destination, a
-        moved directory above another path of the request, a destination that a later move
-        takes away."""
+        moved path or a destination above another path of the request, a destination that
+        a later move takes away."""
         triples = self.check_moves(moves, overwrite)
         sources = [paths.join_parts(s) for s, _, _ in triples]
         targets = [paths.join_parts(d) for _, d, _ in triples]
@@ -818,7 +818,7 @@ class Namespace:
                 if name in seen:
                     raise InvalidArgument(f"rename_many: {name} is a {kind} twice")
                 seen.add(name)
-        source_set = set(sources)
+        source_set, target_set = set(sources), set(targets)
         for name in sources + targets:
             parts = paths.split(name)
             for depth in range(1, len(parts)):
@@ -826,6 +826,9 @@ class Namespace:
                 if above in source_set:
                     raise InvalidArgument(f"rename_many: {above} is moved and {name} is "
                                           "below it")
+                if above in target_set:   # planned against the inode the move replaces
+                    raise InvalidArgument(f"rename_many: {above} is a destination and "
+                                          f"{name} is below it")
         vacated: set[str] = set()
         planned = []
         for (src_parts, dst_parts, own), s, d in zip(triples, sources, targets):

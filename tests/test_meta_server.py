@@ -1203,6 +1203,8 @@ def test_rename_many_publishes_a_set_at_once_and_refuses_ambiguous_sets(tmp_path
                     ([["/bad/d", "/bad/e"], ["/bad/d/z", "/bad/zz"]], errors.InvalidArgument),
                     ([["/bad/x", "/bad/y", True], ["/bad/y", "/bad/w"]], errors.InvalidArgument),
                     ([["/bad/x", "/bad/t"], ["/bad/t", "/bad/w"]], errors.InvalidArgument),
+                    ([["/bad/x", "/bad/y", True], ["/bad/d/z", "/bad/y/q"]],
+                     errors.InvalidArgument),
                     ([["/bad/x", "/bad/p"], ["/bad/missing", "/bad/q"]], errors.FileNotFound),
                     ([["/bad/x", "/bad/p"], ["/bad/y", "/bad/d/z"]], errors.FileExists),
                     ([["/bad/x"]], errors.InvalidArgument),
