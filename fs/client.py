@@ -34,7 +34,7 @@ import trio
 from . import paths
 from .config import Config, find_meta_address
 from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, SafeMode,
-                     ServerUnavailable)
+                     ServerUnavailable, TryAgain)
 from .renewer import LeaseRenewer
 from .rpc import RpcClient, check_identity, current_groups, current_user
 from .streams import AsyncInputStream, AsyncOutputStream, InputStream, OutputStream
@@ -145,7 +145,9 @@ class AsyncClient:
             self.rpc = await stack.enter_async_context(RpcClient(
                 self.meta_address, self.client_name, timeout=self.config.rpc_timeout,
                 retry_seconds=self.config.rpc_retry_seconds, max_frame=self.config.max_frame,
-                retry_errors=(SafeMode,),    # a restarting metadata server: wait, as HDFS does
+                # a restarting metadata server (safe mode) or a request whose path kept
+                # moving under it: wait and send it again, as HDFS does
+                retry_errors=(SafeMode, TryAgain),
                 user=self.user, groups=self.groups))
             self.server_defaults = await self.rpc.call("get_server_defaults", {})
             overrides = {k: self.server_defaults[k] for k in SERVER_DEFAULT_KEYS

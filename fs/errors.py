@@ -105,6 +105,13 @@ class RecoveryInProgress(LeaseFSError):
     retriable = True
 
 
+class TryAgain(LeaseFSError):
+    """The namespace kept changing under a request (its path moved while it waited for
+    its locks); the same call may succeed when sent again (HDFS RetriableException)."""
+    errno = _errno.EAGAIN
+    retriable = True
+
+
 class LeaseExpired(LeaseFSError):
     """The caller no longer holds the lease on the file."""
     errno = _errno.EBADF

@@ -23,6 +23,44 @@ get_block_locations) need no path lock: journal ``apply`` writes a whole batch a
 the same thread, so they always observe a state between two batches; they therefore never
 wait for a disjoint (or any) mutation's fsync.
 
+Lock order (HDFS-17366: global > block servers > paths) and what each operation takes.
+A task only ever acquires downward in this list, and path locks in one sorted pass:
+
+1. ``global_lock`` (``RWLock``): every mutation holds it in READ mode (so namespace-wide
+   work can exclude them all); checkpoint, safe-mode enter/leave hold it in WRITE mode.
+   The reclaimer (RECLAIM records of detached subtrees) holds it in READ mode: nothing it
+   removes is reachable by a path. With ``namespace_lock=global`` every mutation takes it
+   in WRITE mode and no path lock: the comparison baseline.
+2. Block-server domain: ``_report_locks[node]`` (one full-report chunk of a node at a
+   time). Block-server state (blocks map, datanodes, replication queues) is otherwise
+   changed only in synchronous steps on the trio thread, which need no lock; a report
+   chunk never takes path locks, and nothing holding path locks waits for a report lock.
+3. Path locks (``PathLockPool``), one merged set per operation, sorted:
+
+=============================================  ================  ==============================
+operation                                      mode              notes
+=============================================  ================  ==============================
+getFileInfo, exists, listStatus,                (none)            synchronous: sees the state
+getBlockLocations, report                                         between two applied batches;
+                                                                  never waits for an fsync
+contentSummary, fsck                           LOCK_READ         await between store reads
+setPermission, setOwner, setTimes,             LOCK_WRITE
+setReplication
+recoverLease, truncate, append                 LOCK_WRITE
+addBlock, abandonBlock, complete, fsync,       LOCK_WRITE        addressed by inode id: path
+updateBlockForPipeline, updatePipeline,                          from parent pointers, lock,
+commitBlockSynchronization, lease expiry                          re-check it did not move
+                                                                  (retry; ``TryAgain`` after
+                                                                  ``LOCK_RETRIES``)
+create, mkdirs, createSymlink                  LOCK_PARENT /     LOCK_ANCESTOR from the last
+                                               LOCK_ANCESTOR     existing component when
+                                                                  parents are missing; depth
+                                                                  re-checked after the wait
+delete                                         LOCK_PARENT
+rename                                         LOCK_PARENT ×2    src and dst merged
+rename_many (job commit)                       LOCK_PARENT ×2n   every src and dst merged
+=============================================  ================  ==============================
+
 ``RWLock`` is FIFO-fair: a waiting writer blocks later readers, so writers never starve.
 
 Concurrency contract: trio tasks of one thread; acquisition is cancellable (a cancelled

@@ -59,7 +59,7 @@ import trio
 
 from fs import paths
 from fs.config import Config
-from fs.errors import (AlreadyBeingCreated, InternalError, InvalidArgument,
+from fs.errors import (AlreadyBeingCreated, InternalError, InvalidArgument, TryAgain,
                        IsDirectory, LeaseFSError, NotReplicatedYet, RecoveryInProgress,
                        ServerUnavailable, StaleGenerationStamp)
 from fs.rpc import (Dispatcher, RetryCache, current_user, format_address, parse_address,
@@ -378,7 +378,7 @@ class MetaServer(Dispatcher):
                 if self.ns.existing_depth(canonical) < depth:
                     continue   # an ancestor was removed while we waited: lock again
                 return await body()
-        raise InternalError(f"{what}: the namespace kept changing under the request; try again")
+        raise TryAgain(f"{what}: the namespace kept changing under the request; try again")
 
     @asynccontextmanager
     async def _file_lock(self, what: str, path: str, ino):
@@ -391,7 +391,7 @@ class MetaServer(Dispatcher):
                     continue   # renamed while we waited (None: gone, the writer check says so)
                 yield current
                 return
-        raise InternalError(f"{what}: the file kept moving under the request; try again")
+        raise TryAgain(f"{what}: the file kept moving under the request; try again")
 
     # ------------------------------------------------------------------ permissions
     def _caller(self, ctx) -> Caller:
