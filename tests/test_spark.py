@@ -6,6 +6,7 @@ in other processes, so they reach the cluster over TCP like any client.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -56,6 +57,9 @@ def spark(cluster):
     session.dataSource.register(LeaseFSDataSource)
     yield session
     session.stop()
+    # py4j logs "Closing down clientserver connection" from a finalizer at interpreter exit,
+    # after pytest closed the captured streams ("--- Logging error ---" noise in CI logs)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def url(cluster, path: str) -> str:
