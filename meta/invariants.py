@@ -33,6 +33,7 @@ folder, or a test's own store).
 from __future__ import annotations
 
 from . import keys
+from .namespace import _Txn   # the batch view apply uses: reads see earlier writes
 
 _MAX_REPORTED = 200
 
@@ -227,30 +228,10 @@ _INODE_OPS = frozenset({"SET_PERMISSIONS", "SET_OWNER", "TIMES"})
 _FILE_OPS = frozenset({"SET_REPLICATION", "TRUNCATE", "APPEND"})
 
 
-class _View:
+class _View(_Txn):
     """The store as decoded values, with an in-memory overlay for the earlier moves of a
-    RENAMES record (the store itself is never written)."""
-
-    def __init__(self, kv):
-        self.kv = kv
-        self.puts: dict[bytes, object] = {}
-        self.dels: set[bytes] = set()
-
-    def get(self, key: bytes):
-        if key in self.puts:
-            return self.puts[key]
-        if key in self.dels:
-            return None
-        raw = self.kv.get(key)
-        return None if raw is None else keys.unpack(raw)
-
-    def put(self, key: bytes, value) -> None:
-        self.puts[key] = value
-        self.dels.discard(key)
-
-    def delete(self, key: bytes) -> None:
-        self.puts.pop(key, None)
-        self.dels.add(key)
+    RENAMES record (the namespace's batch view; ``commit`` is never called, so the store
+    itself is never written)."""
 
     def inode(self, ino):
         return self.get(keys.inode_key(ino)) if isinstance(ino, int) else None
