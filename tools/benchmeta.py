@@ -33,6 +33,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -212,7 +213,7 @@ def run_on_server(address: str, a, status: StatusLine, label: str) -> dict:
                        "records_per_fsync": records / fsyncs if fsyncs else 0.0}
     finally:
         for w in workers:
-            w.join(timeout=30)
+            w.join(timeout=0 if sys.exc_info()[0] else 30)
             if w.is_alive():
                 w.terminate()
     if not a.keep:
@@ -257,6 +258,8 @@ def run_meta_bench(cmd: Command) -> int:
         if op in needs and needs[op] not in a.op:
             raise UsageError(f"op {op} needs {needs[op]} before it (it uses its files)")
     a.op = [op for op in META_OPS if op in a.op]
+    # a SIGTERM (timeout, kill) unwinds like Ctrl-C: private servers and workers are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     status = StatusLine(enabled=not a.quiet)
     home = baseline_dir(a.home)
     results: dict = {}
