@@ -33,7 +33,7 @@ folder, or a test's own store).
 from __future__ import annotations
 
 from . import keys
-from .namespace import _Txn   # the batch view apply uses: reads see earlier writes
+from .namespace import _Txn, inside   # the batch view apply uses: reads see earlier writes
 
 _MAX_REPORTED = 200
 
@@ -241,19 +241,6 @@ class _View(_Txn):
             return None
         return self.get(keys.dentry_key(parent, name))
 
-    def chain_hits(self, ino: int, target: int) -> bool:
-        """Is ``target`` on the parent chain of ``ino`` (``ino`` included)?"""
-        for _ in range(10_000):
-            if ino == target:
-                return True
-            if ino in (0, keys.ROOT_INO):
-                return False
-            inode = self.inode(ino)
-            if inode is None:
-                return False
-            ino = inode.get("parent")
-        return False
-
     def linked(self, ino: int) -> bool:
         """Reachable from the root by parent pointers (not inside a detached subtree)."""
         for _ in range(10_000):
@@ -303,32 +290,34 @@ def check_record(kv, record) -> list[str]:
         problem("before FORMAT")
         return problems
 
+    def live_dir(parent, label: str) -> bool | None:
+        """None (a problem) when ``parent`` is not a directory; else whether it is linked
+        to the root (a detached one is a problem too, but names below it can be checked)."""
+        parent_inode = view.inode(parent)
+        if parent_inode is None or parent_inode.get("type") != "dir":
+            problem(f"{label} inode {parent} is not a directory")
+            return None
+        if not view.linked(parent):
+            problem(f"{label} inode {parent} is detached")
+            return False
+        return True
+
     def new_dirs(dirs) -> set:
         made: set = set()
         for d in dirs or ():
             parent, name, ino = d.get("parent"), d.get("name"), d.get("ino")
-            if parent not in made:
-                parent_inode = view.inode(parent)
-                if parent_inode is None or parent_inode.get("type") != "dir":
-                    problem(f"new directory {name!r}: parent inode {parent} is not a directory")
-                elif not view.linked(parent):
-                    problem(f"new directory {name!r}: parent inode {parent} is detached")
-                elif view.entry(parent, name) is not None:
-                    problem(f"new directory {name!r} in inode {parent}: the name exists "
-                            f"(inode {view.entry(parent, name)})")
+            if parent not in made and live_dir(parent, f"new directory {name!r}: parent") \
+                    and view.entry(parent, name) is not None:
+                problem(f"new directory {name!r} in inode {parent}: the name exists "
+                        f"(inode {view.entry(parent, name)})")
             if view.inode(ino) is not None:
                 problem(f"new directory {name!r}: inode id {ino} is in use")
             made.add(ino)
         return made
 
     def new_entry(parent, name, ino, made, overwrite=None) -> None:
-        if parent not in made:
-            parent_inode = view.inode(parent)
-            if parent_inode is None or parent_inode.get("type") != "dir":
-                problem(f"{name!r}: parent inode {parent} is not a directory")
-                return
-            if not view.linked(parent):
-                problem(f"{name!r}: parent inode {parent} is detached")
+        if parent not in made and live_dir(parent, f"{name!r}: parent") is None:
+            return
         current = None if parent in made else view.entry(parent, name)
         if current != overwrite:
             problem(f"entry {name!r} in inode {parent} is {current}, the planner saw "
@@ -349,13 +338,9 @@ def check_record(kv, record) -> list[str]:
                     f"is {src}, the planner moved inode {ino}")
             return
         dst_parent, dst_name = one.get("dst_parent"), one.get("dst_name")
-        parent_inode = view.inode(dst_parent)
-        if parent_inode is None or parent_inode.get("type") != "dir":
-            problem(f"destination parent inode {dst_parent} is not a directory")
+        if live_dir(dst_parent, "destination parent") is None:
             return
-        if not view.linked(dst_parent):
-            problem(f"destination parent inode {dst_parent} is detached")
-        if view.chain_hits(dst_parent, ino):
+        if inside(view, dst_parent, ino):
             problem(f"destination parent inode {dst_parent} is inside the moved inode {ino} "
                     f"(a cycle)")
         current = view.entry(dst_parent, dst_name)

@@ -212,6 +212,22 @@ class ContentSummary:
         return {"length": self.length, "file_count": self.files,
                 "directory_count": self.dirs, "space_consumed": self.space}
 
+def inside(view: _Txn, ino: int, root: int) -> bool:
+    """Is ``ino`` at or below ``root`` by parent pointers in a batch view (``ino`` itself
+    included)? Used by apply (open files inside a detached subtree) and by the replay
+    checker (a rename into its own subtree)."""
+    for _ in range(10_000):
+        if ino == root:
+            return True
+        if ino in (0, keys.ROOT_INO):
+            return False
+        inode = view.get(keys.inode_key(ino))
+        if inode is None:
+            return False
+        ino = inode["parent"]
+    return False
+
+
 class _DecodedCache:
     """Decoded inodes and directory entries by store key (HDFS keeps its whole namespace in
     memory; every RPC walks its path, and a LevelDB get + msgpack decode per component was
@@ -1297,20 +1313,6 @@ class Namespace:
         else:
             self._remove_subtree(txn, counters, ino, effects)
 
-    @staticmethod
-    def _inside(txn: _Txn, ino: int, root: int) -> bool:
-        """Is ``ino`` at or below ``root`` (by parent pointers)?"""
-        for _ in range(10_000):
-            if ino == root:
-                return True
-            if ino in (0, keys.ROOT_INO):
-                return False
-            inode = txn.get(keys.inode_key(ino))
-            if inode is None:
-                return False
-            ino = inode["parent"]
-        return False
-
     def _detach(self, txn: _Txn, parent: int, name: str, ino: int, time: int,
                 effects: dict) -> None:
         """Make ``ino`` (its entry already removed) the root of an orphan subtree for the
@@ -1322,7 +1324,7 @@ class Namespace:
         removed_uc = effects.setdefault("removed_uc", [])
         for key, _holder in txn.scan(keys.UNDER_CONSTRUCTION):
             uc_ino = keys.parse_uc_key(key)
-            if self._inside(txn, uc_ino, ino):
+            if inside(txn, uc_ino, ino):
                 txn.delete(key)
                 removed_uc.append(uc_ino)
         inode["parent"] = 0
