@@ -445,9 +445,7 @@ class Dispatcher:
     def _parameters(self, method: str, handler) -> tuple[frozenset, frozenset]:
         """(accepted, required) keyword names of a handler, computed once per method
         (``inspect.signature`` per call cost more than a whole getFileInfo)."""
-        cache = self.__dict__.get("_signatures")
-        if cache is None:   # a subclass that did not call Dispatcher.__init__
-            cache = self._signatures = {}
+        cache = self._signatures
         cached = cache.get(method)
         if cached is None:
             params = list(inspect.signature(handler).parameters.values())[1:]   # ctx

@@ -374,11 +374,9 @@ class _Recorder:
             self.latencies[op].append(seconds)
 
 
-def _names(args, k: int, base: str):
-    """Folder and name prefix of client ``k``."""
-    if args.contended:
-        return f"{base}/shared", f"c{k}-"
-    return f"{base}/c{k}", ""
+def client_folder(base: str, k: int, contended: bool) -> tuple[str, str]:
+    """Folder and name prefix of meta-benchmark client ``k`` (leasefs and POSIX alike)."""
+    return (f"{base}/shared", f"c{k}-") if contended else (f"{base}/c{k}", "")
 
 
 def _posix_meta(root: str, args, rec: _Recorder, status: StatusLine, label: str,
@@ -388,11 +386,11 @@ def _posix_meta(root: str, args, rec: _Recorder, status: StatusLine, label: str,
     base = os.path.join(root, f"leasefs-meta-bench-{os.getpid()}")
     os.makedirs(base, exist_ok=True)
     for k in range(args.clients):
-        folder, _ = _names(args, k, base)
+        folder, _ = client_folder(base, k, args.contended)
         os.makedirs(folder, exist_ok=True)
 
     def one(op: str, k: int):
-        folder, prefix = _names(args, k, base)
+        folder, prefix = client_folder(base, k, args.contended)
         for i in range(args.ops):
             f = f"{folder}/{prefix}f{i}"
             t0 = time.perf_counter()

@@ -44,7 +44,8 @@ from contextlib import AsyncExitStack, contextmanager
 
 import trio
 
-from .bench import (META_OPS, MooseFSPeer, _posix_meta, _Recorder, baseline_dir, percentile)
+from .bench import (META_OPS, MooseFSPeer, _posix_meta, _Recorder, baseline_dir,
+                    client_folder, percentile)
 from .common import Command
 from .daemons import unwrap
 from .formatting import UsageError, format_table
@@ -58,11 +59,6 @@ LOCK_MODES = ("fine", "global")
 
 # --------------------------------------------------------------------------- workers
 
-def _folder(base: str, k: int, contended: bool) -> tuple[str, str]:
-    """Folder and name prefix of client ``k``."""
-    return (f"{base}/shared", f"c{k}-") if contended else (f"{base}/c{k}", "")
-
-
 async def _worker_main(address: str, settings: dict, clients: list[int], ops: list[str],
                        n_ops: int, contended: bool, base: str, barrier, results) -> None:
     from fs.client import AsyncClient
@@ -73,10 +69,10 @@ async def _worker_main(address: str, settings: dict, clients: list[int], ops: li
         conns = [await stack.enter_async_context(AsyncClient(address, config=config))
                  for _ in clients]
         for k, client in zip(clients, conns):
-            await client.mkdirs(_folder(base, k, contended)[0])
+            await client.mkdirs(client_folder(base, k, contended)[0])
 
         async def run(op: str, k: int, client, out: array):
-            folder, prefix = _folder(base, k, contended)
+            folder, prefix = client_folder(base, k, contended)
             for i in range(n_ops):
                 f = f"{folder}/{prefix}f{i}"
                 t0 = time.perf_counter()
@@ -159,25 +155,38 @@ def private_meta_server(home: str, lock: str, status: StatusLine):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _journal_counters(address: str, settings: dict) -> tuple[int, int]:
-    from fs.client import Client
-    from fs.config import Config
-
-    with Client(address, config=Config.load(env={}, **settings)) as client:
-        journal = client.report()["journal"]
+def _journal_counters(control) -> tuple[int, int]:
+    journal = control.report()["journal"]
     return journal["fsyncs"], journal["records"]
 
 
 def run_on_server(address: str, a, status: StatusLine, label: str) -> dict:
     """The whole workload on one metadata server: per op ops/s, p50/p99, fsyncs/op."""
+    from fs.client import Client
+    from fs.config import Config
+
+    settings = {"rpc_timeout": 120.0}
+    # one connection of the parent's for counters and cleanup, apart from the workers'
+    with Client(address, config=Config.load(env={}, **settings)) as control:
+        out = _run_workers(address, settings, control, a, status, label)
+        if not a.keep:
+            control.delete(_base(a, label), recursive=True)
+    return out
+
+
+def _base(a, label: str) -> str:
+    return f"{a.dir.rstrip('/')}/meta-{os.getpid()}-{label}"
+
+
+def _run_workers(address: str, settings: dict, control, a, status: StatusLine,
+                 label: str) -> dict:
     ops = list(a.op)
     n_proc = max(1, min(a.processes, a.clients))
     groups = [list(range(p, a.clients, n_proc)) for p in range(n_proc)]
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(n_proc + 1)
     results = ctx.Queue()
-    base = f"{a.dir.rstrip('/')}/meta-{os.getpid()}-{label}"
-    settings = {"rpc_timeout": 120.0}
+    base = _base(a, label)
     workers = [ctx.Process(target=_worker, args=(address, settings, g, ops, a.ops,
                                                  a.contended, base, barrier, results),
                            daemon=True) for g in groups]
@@ -189,7 +198,7 @@ def run_on_server(address: str, a, status: StatusLine, label: str) -> dict:
             status(f"{label} {op}: {a.clients} clients in {n_proc} processes x {a.ops} ops ...")
             try:
                 barrier.wait(timeout=120)   # every worker is set up and idle
-                before = _journal_counters(address, settings)
+                before = _journal_counters(control)
                 barrier.wait(timeout=120)
             except threading.BrokenBarrierError:   # a worker failed (it aborted) or hangs
                 raise UsageError(f"{label}: a benchmark worker failed: "
@@ -202,7 +211,7 @@ def run_on_server(address: str, a, status: StatusLine, label: str) -> dict:
                     raise UsageError(f"{label}: a benchmark worker failed: {payload}")
                 latencies.frombytes(payload)
             wall = time.perf_counter() - t0
-            after = _journal_counters(address, settings)
+            after = _journal_counters(control)
             n = len(latencies)
             fsyncs, records = after[0] - before[0], after[1] - before[1]
             out[op] = {"ops": n, "seconds": wall, "ops_per_s": n / wall if wall > 0 else None,
@@ -216,11 +225,6 @@ def run_on_server(address: str, a, status: StatusLine, label: str) -> dict:
             w.join(timeout=0 if sys.exc_info()[0] else 30)
             if w.is_alive():
                 w.terminate()
-    if not a.keep:
-        from fs.client import Client
-        from fs.config import Config
-        with Client(address, config=Config.load(env={}, **settings)) as client:
-            client.delete(base, recursive=True)
     return out
 
 
