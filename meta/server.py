@@ -85,6 +85,11 @@ from .safemode import SafeModeState
 log = logging.getLogger(__name__)
 
 REPLAY_CHUNK = 512
+# fsck: the totals counter of each block status, and statuses from best to worst
+FSCK_TOTAL_OF = {"HEALTHY": "healthy_blocks", "UNDER_REPLICATED": "under_replicated_blocks",
+                 "CORRUPT": "corrupt_blocks", "MISSING": "missing_blocks",
+                 "UNDER_CONSTRUCTION": "under_construction_blocks"}
+FSCK_RANK = ("HEALTHY", "UNDER_CONSTRUCTION", "UNDER_REPLICATED", "MISSING", "CORRUPT")
 LOCK_RETRIES = 8
 # a handed-out INVALIDATE not reported done after this many heartbeat intervals is resent
 # (its heartbeat reply may have been lost)
@@ -150,9 +155,6 @@ class MetaServer(Dispatcher):
             clock=clock, invalidate_timeout=INVALIDATE_RESEND_HEARTBEATS * config.heartbeat_interval)
         self.safemode = SafeModeState(config.safemode_threshold, config.safemode_extension,
                                       config.safemode_min_storage)
-        if config.namespace_lock not in ("fine", "global"):
-            raise InvalidArgument(f"namespace_lock must be fine or global, got "
-                                  f"{config.namespace_lock!r}")
         self.global_namespace_lock = config.namespace_lock == "global"
         self.locks = PathLockPool()
         self.global_lock = RWLock()
@@ -1719,7 +1721,7 @@ class MetaServer(Dispatcher):
             caller = self._checked(ctx)
             if caller is not None:
                 self.permissions.check_path(caller, parts, self._chain(parts))
-            canonical = "/" + "/".join(parts)
+            canonical = paths.join_parts(parts)
             _, ino, inode, _ = self.ns.resolve(path)
             for count, (node_ino, node) in enumerate(self.ns.iter_subtree(ino, inode), 1):
                 if count % 500 == 0:
@@ -1745,16 +1747,10 @@ class MetaServer(Dispatcher):
                     totals["blocks"] += 1
                     totals["corrupt_replicas"] += len(entry["corrupt_replicas"])
                     status = entry["status"]
-                    key = {"HEALTHY": "healthy_blocks",
-                           "UNDER_REPLICATED": "under_replicated_blocks",
-                           "CORRUPT": "corrupt_blocks", "MISSING": "missing_blocks",
-                           "UNDER_CONSTRUCTION": "under_construction_blocks"}[status]
-                    totals[key] += 1
+                    totals[FSCK_TOTAL_OF[status]] += 1
                     if status == "MISSING":
                         totals["missing_size"] += entry["num_bytes"]
-                    rank = ("HEALTHY", "UNDER_CONSTRUCTION", "UNDER_REPLICATED", "MISSING",
-                            "CORRUPT")
-                    if rank.index(status) > rank.index(worst):
+                    if FSCK_RANK.index(status) > FSCK_RANK.index(worst):
                         worst = status
                 if worst == "UNDER_CONSTRUCTION":
                     worst = "HEALTHY"
