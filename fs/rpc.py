@@ -79,8 +79,10 @@ def check_identity(user, groups, where: str = "hello") -> tuple[str, tuple[str, 
     return user, tuple(dict.fromkeys(groups))
 
 
-@functools.lru_cache(maxsize=8)
-def _user_name(uid: int) -> str:
+@functools.lru_cache(maxsize=256)
+def user_name(uid: int) -> str:
+    """The name of ``uid`` (the number as text when it has none); memoized, so a name the
+    system gives a uid later is seen only once the entry is evicted."""
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
@@ -88,7 +90,9 @@ def _user_name(uid: int) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _group_name(gid: int) -> str:
+def group_name(gid: int) -> str:
+    """The name of ``gid`` (the number as text when it has none); memoized like
+    ``user_name``."""
     try:
         return grp.getgrgid(gid).gr_name
     except KeyError:
@@ -97,7 +101,7 @@ def _group_name(gid: int) -> str:
 
 def current_user() -> str:
     """The calling process's (effective) user name; the uid as text if it has no name."""
-    return _user_name(os.geteuid())
+    return user_name(os.geteuid())
 
 
 def current_groups() -> list[str]:
@@ -106,7 +110,7 @@ def current_groups() -> list[str]:
     at most ``MAX_GROUPS`` / ``MAX_IDENTITY_BYTES`` are kept."""
     out: list[str] = []
     budget = MAX_IDENTITY_BYTES - MAX_USER_NAME * 4
-    for name in dict.fromkeys(_group_name(gid) for gid in [os.getegid(), *os.getgroups()]):
+    for name in dict.fromkeys(group_name(gid) for gid in [os.getegid(), *os.getgroups()]):
         size = len(name.encode("utf-8", "surrogatepass"))
         if not _name_ok(name, MAX_GROUP_NAME) or size > budget:
             log.debug("group %r left out of the RPC identity (too long or unprintable)", name)

@@ -41,6 +41,7 @@ import trio
 from fs.client import FileStatus
 from fs.errors import AlreadyBeingCreated, FileNotFound, LeaseFSError, ServerUnavailable
 from fs.paths import validate as validate_path
+from fs.rpc import group_name, user_name
 
 from .errors import fuse_error, fuse_op
 
@@ -299,8 +300,8 @@ class LeaseFS(pyfuse3.Operations):
             if of is not None:
                 of.permission = attr.st_mode & 0o7777
         if fields.update_uid or fields.update_gid:
-            owner = self._user_name(attr.st_uid) if fields.update_uid else None
-            group = self._group_name(attr.st_gid) if fields.update_gid else None
+            owner = user_name(attr.st_uid) if fields.update_uid else None
+            group = group_name(attr.st_gid) if fields.update_gid else None
             await self.client.set_owner(path, owner, group)
         if fields.update_size:
             await self._truncate(inode, attr.st_size, by_handle=fh is not None)
@@ -318,21 +319,7 @@ class LeaseFS(pyfuse3.Operations):
         the system knows them). ``None`` without a context (the server picks)."""
         if ctx is None:
             return None, None
-        return self._user_name(ctx.uid), self._group_name(ctx.gid)
-
-    @staticmethod
-    def _user_name(uid: int) -> str:
-        try:
-            return pwd.getpwuid(uid).pw_name
-        except KeyError:
-            return str(uid)
-
-    @staticmethod
-    def _group_name(gid: int) -> str:
-        try:
-            return grp.getgrgid(gid).gr_name
-        except KeyError:
-            return str(gid)
+        return user_name(ctx.uid), group_name(ctx.gid)
 
     @fuse_op
     async def opendir(self, inode, ctx):
