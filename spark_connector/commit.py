@@ -196,6 +196,17 @@ def _staged(messages) -> list[StagedFile]:
     return out
 
 
+def _publishing_moves(paths: JobPaths, files: list[StagedFile], moves: list) -> list[str]:
+    """Append the moves of ``files`` into the target (replacing same-named files, in name
+    order) to ``moves``; returns the published paths."""
+    published = []
+    for f in sorted(files, key=lambda f: f.final_name):
+        final = posixpath.join(paths.target, f.final_name)
+        moves.append((f.staged, final, True))
+        published.append(final)
+    return published
+
+
 def commit_job(client, paths: JobPaths, messages, overwrite: bool) -> list[str]:
     """Publish exactly the files the commit messages name, ``_SUCCESS`` with them, as ONE
     ``rename_many`` (overwrite: the old entries move into the job's trash in the same
@@ -212,11 +223,7 @@ def commit_job(client, paths: JobPaths, messages, overwrite: bool) -> list[str]:
             if is_hidden(st.name) and st.name not in (SUCCESS, BATCHES):
                 continue
             moves.append((st.path, posixpath.join(trash, st.name)))
-    published = []
-    for f in sorted(files, key=lambda f: f.final_name):
-        final = posixpath.join(paths.target, f.final_name)
-        moves.append((f.staged, final, True))
-        published.append(final)
+    published = _publishing_moves(paths, files, moves)
     summary = {"job": paths.job, "files": [posixpath.basename(p) for p in published],
                "rows": sum(f.rows for f in files), "time_ns": time.time_ns()}
     staged_success = posixpath.join(paths.job_dir, SUCCESS)
@@ -251,12 +258,8 @@ def commit_batch(client, paths: JobPaths, messages, batch_id: int) -> list[str]:
         for f in files:
             _delete_quietly(client, f.staged)
         return []
-    published = []
-    moves = []
-    for f in sorted(files, key=lambda f: f.final_name):
-        final = posixpath.join(paths.target, f.final_name)
-        moves.append((f.staged, final, True))
-        published.append(final)
+    moves: list = []
+    published = _publishing_moves(paths, files, moves)
     staged_marker = posixpath.join(paths.job_dir, f"{BATCHES}-{int(batch_id)}")
     client.write_file(staged_marker, json.dumps({"files": [posixpath.basename(p) for p in
                                                            published]}).encode(),
