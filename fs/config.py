@@ -156,10 +156,14 @@ class Config:
 
     def replace(self, **values) -> "Config":
         typed = {}
-        for key, allowed in CHOICES.items():
-            if key in values and values[key] is not None and str(values[key]) not in allowed:
-                raise InvalidArgument(f"setting {key}: {values[key]!r} is not one of "
-                                      f"{', '.join(allowed)}")
+        values = dict(values)
+        for key, allowed in CHOICES.items():   # any case and spacing, stored canonical
+            if key in values and values[key] is not None:
+                choice = str(values[key]).strip().lower()
+                if choice not in allowed:
+                    raise InvalidArgument(f"setting {key}: {values[key]!r} is not one of "
+                                          f"{', '.join(allowed)}")
+                values[key] = choice
         types = {f.name: type(f.default) for f in fields(self)}
         for key, value in values.items():
             kind = types[self._check_name(key, "setting")]

@@ -778,14 +778,11 @@ class AsyncOutputStream:
 
     def _should_replace(self, remaining: int) -> bool:
         """HDFS ReplaceDatanodeOnFailure: add a replacement for a failed node?"""
-        policy = str(self._client.config.replace_datanode_on_failure).strip().lower()
+        policy = self._client.config.replace_datanode_on_failure   # checked by Config
         if remaining == 0 or remaining >= self.replication or policy == "never":
             return False
         if policy == "always":
             return True
-        if policy != "default":
-            raise InvalidArgument(f"replace_datanode_on_failure must be never, default or "
-                                  f"always, not {policy!r}")
         if self.replication < 3:
             return False
         return remaining <= self.replication // 2 or self._hflushed or self._appended
