@@ -120,6 +120,15 @@ async def write_file(rpc, nodes, path, sizes, client="writer-1", **create_kw):
     return st, blocks
 
 
+def assert_store_consistent(tmp_path) -> None:
+    """The stopped server's LevelDB folder passes the full invariant check."""
+    store = PlyvelStore(str(tmp_path / "meta" / "db"), create=False)
+    try:
+        assert check_namespace(store) == []
+    finally:
+        store.close()
+
+
 async def tree(rpc, path="/") -> dict:
     out = {}
     page = await rpc.call("list_status", {"path": path})
@@ -605,11 +614,7 @@ def test_restart_keeps_namespace_leases_and_blocks(tmp_path):
                 located = await rpc.call("get_block_locations", {"path": "/a/file"})
                 assert [lb["block"]["num_bytes"] for lb in located["blocks"]] == [64 * KiB, 5]
                 assert all(lb["locations"] for lb in located["blocks"])
-        store = PlyvelStore(str(tmp_path / "meta" / "db"), create=False)
-        try:
-            assert check_namespace(store) == []
-        finally:
-            store.close()
+        assert_store_consistent(tmp_path)
 
     trio.run(main)
 
@@ -638,11 +643,7 @@ def test_concurrent_mutations_share_fsyncs_and_stay_consistent(tmp_path):
                 for i in range(30):
                     info = await rpc.call("get_file_info", {"path": f"/own{i}/moved"})
                     assert info["type"] == "dir"
-        store = PlyvelStore(str(tmp_path / "meta" / "db"), create=False)
-        try:
-            assert check_namespace(store) == []
-        finally:
-            store.close()
+        assert_store_consistent(tmp_path)
 
     trio.run(main)
 
@@ -716,11 +717,7 @@ def test_racing_mutations_on_the_same_names_serialise_correctly(tmp_path):
                 with pytest.raises(errors.FileNotFound):
                     await rpc.call("get_file_info", {"path": "/victim"})
                 assert (await rpc.call("report"))["open_files"] == 1   # only /same
-        store = PlyvelStore(str(tmp_path / "meta" / "db"), create=False)
-        try:
-            assert check_namespace(store) == []
-        finally:
-            store.close()
+        assert_store_consistent(tmp_path)
 
     trio.run(main)
 
@@ -1228,10 +1225,6 @@ def test_rename_many_publishes_a_set_at_once_and_refuses_ambiguous_sets(tmp_path
             await meta.restart()   # the RENAMES records replay to the same namespace
             async with meta.client() as rpc:
                 assert await tree(rpc) == final
-        store = PlyvelStore(str(tmp_path / "meta" / "db"), create=False)
-        try:
-            assert check_namespace(store) == []
-        finally:
-            store.close()
+        assert_store_consistent(tmp_path)
 
     trio.run(main)
