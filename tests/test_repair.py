@@ -89,8 +89,7 @@ def leasefs(cluster, *args):
 
 def test_dead_block_server_is_re_replicated_and_excess_removed_on_return(tmp_path):
     with ProcessCluster(tmp_path, n_storage=4, settings=SETTINGS) as cluster:
-        client = cluster.client()
-        try:
+        with cluster.client() as client:
             files = {f"/a/f{i}": payload(i, 3 * BLOCK + 1000 * i) for i in range(3)}
             for path, data in files.items():
                 client.write_file(path, data, replication=3)
@@ -137,8 +136,6 @@ def test_dead_block_server_is_re_replicated_and_excess_removed_on_return(tmp_pat
             for path, data in files.items():
                 assert client.read_file(path) == data
             assert fsck(cluster)["status"] == "HEALTHY"
-        finally:
-            client.close()
 
 
 # --------------------------------------------------------------------------- (b)
@@ -146,8 +143,7 @@ def test_dead_block_server_is_re_replicated_and_excess_removed_on_return(tmp_pat
 def test_garbage_truncated_and_deleted_replicas_are_found_and_repaired(tmp_path):
     settings = {**SETTINGS, "scanner_period": 0.5}
     with ProcessCluster(tmp_path, n_storage=4, settings=settings) as cluster:
-        client = cluster.client()
-        try:
+        with cluster.client() as client:
             files = {f"/b/f{i}": payload(10 + i, 2 * BLOCK + 333) for i in range(3)}
             for path, data in files.items():
                 client.write_file(path, data, replication=3)
@@ -193,16 +189,13 @@ def test_garbage_truncated_and_deleted_replicas_are_found_and_repaired(tmp_path)
                 assert len(locs) == 3
             for path, data in files.items():
                 assert client.read_file(path) == data
-        finally:
-            client.close()
 
 
 # --------------------------------------------------------------------------- (c)
 
 def test_only_replica_corrupt_read_fails_clearly_and_fsck_exits_1(tmp_path):
     with ProcessCluster(tmp_path, n_storage=2, settings=SETTINGS) as cluster:
-        client = cluster.client()
-        try:
+        with cluster.client() as client:
             data = payload(3, BLOCK + 500)
             client.write_file("/c/one", data, replication=1)
             client.write_file("/c/fine", b"x" * 1000, replication=2)
@@ -230,16 +223,13 @@ def test_only_replica_corrupt_read_fails_clearly_and_fsck_exits_1(tmp_path):
             assert client.read_file("/c/fine") == b"x" * 1000
             assert leasefs(cluster, "fsck", "/c/fine").returncode == 0
             assert client.report()["corrupt"] >= 1
-        finally:
-            client.close()
 
 
 # --------------------------------------------------------------------------- (d)
 
 def test_set_replication_down_and_up(tmp_path):
     with ProcessCluster(tmp_path, n_storage=3, settings=SETTINGS) as cluster:
-        client = cluster.client()
-        try:
+        with cluster.client() as client:
             data = payload(4, 3 * BLOCK)
             client.write_file("/d/f", data, replication=3)
             assert all_replicated(client, ["/d/f"], 3)
@@ -257,16 +247,13 @@ def test_set_replication_down_and_up(tmp_path):
             wait_until(lambda: all_replicated(client, ["/d/f"], 3), 20, "3 replicas again")
             assert client.read_file("/d/f") == data
             assert fsck(cluster, "/d")["totals"]["healthy_blocks"] == 3
-        finally:
-            client.close()
 
 
 # --------------------------------------------------------------------------- (e)
 
 def test_decommission_under_reads(tmp_path):
     with ProcessCluster(tmp_path, n_storage=4, settings=SETTINGS) as cluster:
-        client = cluster.client()
-        try:
+        with cluster.client() as client:
             files = {f"/e/f{i}": payload(20 + i, 2 * BLOCK + 7) for i in range(4)}
             for path, data in files.items():
                 client.write_file(path, data, replication=2)
@@ -299,8 +286,6 @@ def test_decommission_under_reads(tmp_path):
             assert report["decommissioned"] == 1
             proc = leasefs(cluster, "fsck", "/e")
             assert proc.returncode == 0, proc.stdout
-        finally:
-            client.close()
 
 
 # --------------------------------------------------------------------------- pure state
