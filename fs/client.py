@@ -36,7 +36,7 @@ from .config import Config, find_meta_address
 from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, SafeMode,
                      ServerUnavailable, TryAgain)
 from .renewer import LeaseRenewer
-from .rpc import RpcClient, check_identity, current_groups, current_user
+from .rpc import RpcClient, check_identity, current_groups, current_user, format_address
 from .streams import AsyncInputStream, AsyncOutputStream, InputStream, OutputStream
 
 log = logging.getLogger(__name__)
@@ -86,12 +86,19 @@ class FileStatus:
 
     @classmethod
     def from_wire(cls, obj: dict) -> "FileStatus":
-        defaults = {"name": "", "path": "", "ino": 0, "type": "file", "mode": 0, "owner": "",
-                    "group": "", "mtime_ns": 0, "atime_ns": 0, "ctime_ns": 0, "length": 0,
-                    "replication": 0, "block_size": 0, "symlink": None,
-                    "under_construction": False, "children": 0}
-        return cls(**{f.name: obj.get(f.name, defaults[f.name]) if obj.get(f.name) is not None
-                      else defaults[f.name] for f in fields(cls)})
+        """Missing or null keys take their defaults, unknown keys are ignored (a newer or
+        older server); runs once per listed entry, so no per-call ``fields()``."""
+        get = obj.get
+        return cls(*[default if (value := get(name)) is None else value
+                     for name, default in _STATUS_DEFAULTS])
+
+
+_STATUS_DEFAULTS = tuple(
+    (f.name, {"name": "", "path": "", "ino": 0, "type": "file", "mode": 0, "owner": "",
+              "group": "", "mtime_ns": 0, "atime_ns": 0, "ctime_ns": 0, "length": 0,
+              "replication": 0, "block_size": 0, "symlink": None,
+              "under_construction": False, "children": 0}[f.name])
+    for f in fields(FileStatus))
 
 
 def _sole_exception(exc: BaseException) -> BaseException:
@@ -102,27 +109,57 @@ def _sole_exception(exc: BaseException) -> BaseException:
     return exc
 
 
+def _meta_address(meta_address: str | None, config: Config | None) -> str:
+    if meta_address is not None:
+        return meta_address
+    if config is not None and config.meta_address != Config().meta_address:
+        return config.meta_address
+    return find_meta_address()
+
+
+def meta_connection(meta_address: str | None = None, *, config: Config | None = None,
+                    name: str = "leasefs-shared", user: str | None = None,
+                    groups: list[str] | None = None) -> RpcClient:
+    """One RPC connection to the metadata server that several ``AsyncClient``s of this trio
+    thread can share (``AsyncClient(rpc=...)``), as Hadoop IPC shares one connection among
+    all DFSClients of a JVM with the same server and user: the calls of many clients then
+    travel in batches (see ``fs.framing.FrameChannel``). Use as ``async with``; it outlives
+    the clients that use it."""
+    config = config if config is not None else Config.load()
+    return RpcClient(
+        _meta_address(meta_address, config), name, timeout=config.rpc_timeout,
+        retry_seconds=config.rpc_retry_seconds, max_frame=config.max_frame,
+        # a restarting metadata server (safe mode) or a request whose path kept moving
+        # under it: wait and send it again, as HDFS does
+        retry_errors=(SafeMode, TryAgain), user=user, groups=groups)
+
+
 class AsyncClient:
     """The trio client. ``async with AsyncClient(address) as client: ...``.
 
     ``user``/``groups``: the identity the metadata server checks permissions against
-    (HDFS simple authentication); default the calling process's user and group names."""
+    (HDFS simple authentication); default the calling process's user and group names.
+    ``rpc``: a shared ``meta_connection`` to use instead of a connection of its own (the
+    identity is then the connection's)."""
 
     def __init__(self, meta_address: str | None = None, *, config: Config | None = None,
                  client_name: str | None = None, user: str | None = None,
-                 groups: list[str] | None = None):
-        if meta_address is None:
-            if config is not None and config.meta_address != Config().meta_address:
-                meta_address = config.meta_address
-            else:
-                meta_address = find_meta_address()
-        self.meta_address = meta_address
+                 groups: list[str] | None = None, rpc: RpcClient | None = None):
         self.config = config if config is not None else Config.load()
         self.client_name = client_name or f"leasefs-client-{uuid.uuid4().hex}"
+        if rpc is not None:
+            if (user is not None and user != rpc.user) or \
+                    (groups is not None and list(groups) != rpc.groups):
+                raise InvalidArgument(f"client {self.client_name}: a shared connection "
+                                      f"carries its own identity ({rpc.user})")
+            user, groups = rpc.user, rpc.groups
+            meta_address = format_address(rpc.address)
+        self.meta_address = _meta_address(meta_address, config)
         self.user, identity_groups = check_identity(
             current_user() if user is None else user,
             current_groups() if groups is None else list(groups), "client identity")
         self.groups = list(identity_groups)
+        self._shared_rpc = rpc
         self.server_defaults: dict = {}
         self.rpc: RpcClient | None = None
         self._stack: contextlib.AsyncExitStack | None = None
@@ -142,12 +179,8 @@ class AsyncClient:
             self._nursery = await stack.enter_async_context(trio.open_nursery())
             # runs after the RPC client closed, just before the nursery waits for its tasks
             stack.callback(self._nursery.cancel_scope.cancel)
-            self.rpc = await stack.enter_async_context(RpcClient(
-                self.meta_address, self.client_name, timeout=self.config.rpc_timeout,
-                retry_seconds=self.config.rpc_retry_seconds, max_frame=self.config.max_frame,
-                # a restarting metadata server (safe mode) or a request whose path kept
-                # moving under it: wait and send it again, as HDFS does
-                retry_errors=(SafeMode, TryAgain),
+            self.rpc = self._shared_rpc or await stack.enter_async_context(meta_connection(
+                self.meta_address, config=self.config, name=self.client_name,
                 user=self.user, groups=self.groups))
             self.server_defaults = await self.rpc.call("get_server_defaults", {})
             overrides = {k: self.server_defaults[k] for k in SERVER_DEFAULT_KEYS

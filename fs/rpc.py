@@ -9,15 +9,21 @@ Wire (see docs/PROTOCOL.md): the client's first frame is a hello
 call retried on a new connection after a lost reply carries the same ``(client_id, call_id)``
 and the server's ``RetryCache`` answers it instead of applying it twice.
 
-Server side: ``serve_rpc`` reads requests and runs each in its own task, so one slow call
-(a journal fsync) never blocks the others on the connection. A malformed request gets an
+Server side: ``serve_rpc`` reads requests and runs each mutation in its own task, so one slow
+call (a journal fsync) never blocks the others on the connection; reads that never await
+(``Dispatcher.inline_methods``) run in the reader itself. A malformed request gets an
 error reply and the connection keeps serving; only an unreadable frame (too large, not
 msgpack) ends the connection, after a best-effort error reply. Handler bugs are logged and
 answered with ``InternalError``; the server never dies on a client's mistake.
 
+Transport: ``fs.framing.FrameChannel`` on both sides — every complete frame a read
+brings is handled at once, frames sent in one scheduler round leave in one write, no task
+switch per frame. So one connection shared by many callers (``fs.client.meta_connection``,
+Hadoop IPC's model) carries batches, and a server answers a batch of reads with one write.
+
 Concurrency contract: ``RpcClient.call`` may be called from any number of tasks of the
-client's trio thread at once; sends are serialised by one lock, one reader task per
-connection resolves the waiters.
+client's trio thread at once; sends are queued whole on the connection's channel (no lock),
+one reader task per connection resolves the waiters.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import trio
 from . import errors
 from .errors import (InternalError, InvalidArgument, LeaseFSError, ProtocolError,
                      RpcTimeout, ServerUnavailable, UnknownMethod)
-from .framing import DEFAULT_MAX_FRAME, FramedStream, brief
+from .framing import DEFAULT_MAX_FRAME, FrameChannel, brief
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +166,8 @@ class _Waiter:
 class _Connection:
     """One TCP connection with its reader task; dies as a whole on any error."""
 
-    def __init__(self, framed: FramedStream):
-        self.framed = framed
-        self.send_lock = trio.Lock()
+    def __init__(self, channel: FrameChannel):
+        self.channel = channel
         self.waiters: dict[int, _Waiter] = {}
         self.broken: LeaseFSError | None = None
 
@@ -228,8 +233,7 @@ class RpcClient:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.fail_all(ServerUnavailable("client closed"))
-            with trio.CancelScope(shield=True):
-                await conn.framed.aclose()
+            await conn.channel.aclose()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
@@ -247,11 +251,11 @@ class RpcClient:
                 raise ServerUnavailable(
                     f"cannot reach {format_address(self.address)}: {exc or 'connect timed out'}"
                 ) from None
-            framed = FramedStream(stream, self.max_frame)
-            await framed.send_frame({"hello": "leasefs", "version": PROTOCOL_VERSION,
-                                     "client_id": self.client_id, "user": self.user,
-                                     "groups": self.groups})
-            conn = _Connection(framed)
+            channel = FrameChannel(stream, self._nursery, self.max_frame)
+            channel.send_nowait({"hello": "leasefs", "version": PROTOCOL_VERSION,
+                                 "client_id": self.client_id, "user": self.user,
+                                 "groups": self.groups})
+            conn = _Connection(channel)
             self._conn = conn
             self._nursery.start_soon(self._reader, conn)
             return conn
@@ -259,17 +263,17 @@ class RpcClient:
     async def _reader(self, conn: _Connection) -> None:
         try:
             while True:
-                reply = await conn.framed.receive_frame()
-                if not (isinstance(reply, list) and len(reply) == 3):
-                    raise ProtocolError(f"malformed reply from server: {brief(reply)}")
-                call_id, ok, value = reply
-                waiter = conn.waiters.pop(call_id, None)
-                if waiter is None:
-                    if call_id is None and not ok:  # server-side fatal error on this connection
-                        raise errors.from_wire(value)
-                    continue
-                waiter.ok, waiter.value = bool(ok), value
-                waiter.event.set()
+                for reply in await conn.channel.receive_batch():
+                    if not (isinstance(reply, list) and len(reply) == 3):
+                        raise ProtocolError(f"malformed reply from server: {brief(reply)}")
+                    call_id, ok, value = reply
+                    waiter = conn.waiters.pop(call_id, None)
+                    if waiter is None:
+                        if call_id is None and not ok:  # server-side fatal error on this connection
+                            raise errors.from_wire(value)
+                        continue
+                    waiter.ok, waiter.value = bool(ok), value
+                    waiter.event.set()
         except EOFError:
             conn.fail_all(ServerUnavailable(f"{format_address(self.address)} closed the connection"))
         except LeaseFSError as exc:
@@ -280,16 +284,19 @@ class RpcClient:
                 conn.fail_all(ServerUnavailable("connection closed"))
             if self._conn is conn:
                 self._conn = None
-            with trio.CancelScope(shield=True):
-                await conn.framed.aclose()
+            await conn.channel.aclose()
 
     async def call_once(self, method: str, args: dict, call_id: int, timeout: float):
-        conn = await self._connect()
+        conn = self._conn
+        if conn is None or conn.broken is not None:
+            conn = await self._connect()
         waiter = _Waiter()
         conn.waiters[call_id] = waiter
         try:
-            async with conn.send_lock:
-                await conn.framed.send_frame([call_id, method, args])
+            # written straight to the socket, no task switch (see FrameChannel)
+            conn.channel.send_nowait([call_id, method, args])
+            if conn.channel.backlogged:
+                await conn.channel.drained()
             with trio.move_on_after(timeout) as scope:
                 await waiter.event.wait()
             if scope.cancelled_caught:
@@ -472,104 +479,105 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
     reading until one finishes, so a peer that pipelines requests without reading replies
     holds a bounded amount of server memory. A reply that cannot be sent within
     ``send_timeout`` ends the connection."""
-    framed = FramedStream(stream, MAX_HELLO_FRAME)
     inline = dispatcher.inline_methods
-    send_lock = trio.Lock()
     slots = trio.Semaphore(max_concurrent_calls)
 
-    async def reply(call_id, ok, value):
+    def reply(call_id, ok, value) -> None:
         try:
-            with trio.fail_after(send_timeout):
-                async with send_lock:
-                    await framed.send_frame([call_id, ok, value])
+            try:
+                channel.send_nowait([call_id, ok, value])
+            except (TypeError, ValueError) as exc:  # result not msgpack-serialisable: a bug
+                log.exception("cannot encode reply to call %r", call_id)
+                channel.send_nowait(
+                    [call_id, False, InternalError(f"cannot encode reply: {exc}").to_wire()])
         except ServerUnavailable:
             pass  # the client went away; nothing to tell it
-        except trio.TooSlowError:
-            log.warning("closing connection from %s: it has not read a reply for %g s",
-                        peer, send_timeout)
-            await framed.aclose()
-        except (TypeError, ValueError) as exc:  # result not msgpack-serialisable: a server bug
-            log.exception("cannot encode reply to call %r", call_id)
-            async with send_lock:
-                await framed.send_frame(
-                    [call_id, False, InternalError(f"cannot encode reply: {exc}").to_wire()])
 
-    async def run_call(ctx: CallContext, method, args):
+    def too_slow() -> None:
+        log.warning("closing connection from %s: it has not read a reply for %g s",
+                    peer, send_timeout)
+
+    async def run_call(ctx: CallContext, method, args, holds_slot: bool):
         try:
             try:
                 result = await dispatcher.dispatch(ctx, method, args)
             except LeaseFSError as exc:
-                await reply(ctx.call_id, False, exc.to_wire())
+                reply(ctx.call_id, False, exc.to_wire())
             except Exception as exc:  # a bug: log it, answer, keep serving
                 log.exception("RPC %s from %s failed", brief(method, 40), ctx.peer)
-                await reply(ctx.call_id, False, InternalError(
+                reply(ctx.call_id, False, InternalError(
                     f"{brief(method, 40)}: internal error: {type(exc).__name__}: {exc}").to_wire())
             else:
-                await reply(ctx.call_id, True, result)
+                reply(ctx.call_id, True, result)
         finally:
-            slots.release()
+            if holds_slot:
+                slots.release()
 
     async def read_requests(nursery, client_id, user, groups):
         while True:
-            await slots.acquire()
-            try:
-                request = await framed.receive_frame()
-            except BaseException:
-                slots.release()
-                raise
-            if not (isinstance(request, list) and len(request) == 3):
-                slots.release()
-                call_id = request[0] if isinstance(request, list) and request else None
-                await reply(call_id if isinstance(call_id, int) else None, False, ProtocolError(
-                    f"request must be [call_id, method, args], got {brief(request)}").to_wire())
-                continue
-            call_id, method, args = request
-            if not isinstance(call_id, int):
-                slots.release()
-                await reply(None, False, ProtocolError(
-                    f"call id must be an integer, got {brief(call_id, 40)}").to_wire())
-                continue
-            ctx = CallContext(client_id=client_id, peer=peer, call_id=call_id, user=user,
-                              groups=groups)
-            if method in inline:   # never awaits: no task of its own (most of a read's cost)
-                await run_call(ctx, method, args)
-            else:
-                nursery.start_soon(run_call, ctx, method, args)
+            # the replies to one batch leave in one write: the channel's flusher runs after
+            # this loop has answered the batch's reads and started its mutations
+            for request in await channel.receive_batch():
+                if not (isinstance(request, list) and len(request) == 3):
+                    call_id = request[0] if isinstance(request, list) and request else None
+                    reply(call_id if isinstance(call_id, int) else None, False, ProtocolError(
+                        f"request must be [call_id, method, args], got {brief(request)}"
+                    ).to_wire())
+                    continue
+                call_id, method, args = request
+                if not isinstance(call_id, int):
+                    reply(None, False, ProtocolError(
+                        f"call id must be an integer, got {brief(call_id, 40)}").to_wire())
+                    continue
+                ctx = CallContext(client_id=client_id, peer=peer, call_id=call_id,
+                                  user=user, groups=groups)
+                if method in inline:   # never awaits: no task of its own
+                    await run_call(ctx, method, args, False)
+                    continue
+                try:
+                    slots.acquire_nowait()
+                except trio.WouldBlock:
+                    await slots.acquire()
+                nursery.start_soon(run_call, ctx, method, args, True)
+            if channel.backlogged:     # a peer that does not read its replies: stop reading
+                await channel.drained()
 
+    # In-flight calls run to completion when the peer goes away (a mutation half done is
+    # never cancelled by a disconnect); their replies are dropped. The channel's flusher
+    # outlives them (outer nursery), so a last reply is written before the stream closes.
     try:
-        with trio.move_on_after(hello_timeout) as scope:
-            hello = await framed.receive_frame()
-        if scope.cancelled_caught:
-            raise ProtocolError("no hello frame in time")
-        if not (isinstance(hello, dict) and hello.get("hello") == "leasefs"
-                and isinstance(hello.get("client_id"), str) and hello["client_id"]):
-            raise ProtocolError(f"first frame must be a leasefs hello, got {brief(hello)}")
-        if hello.get("user") is None:      # an older client: no identity
-            user, groups = ANONYMOUS_USER, ()
-        else:
-            try:
-                user, groups = check_identity(hello["user"], hello.get("groups") or [])
-            except InvalidArgument as exc:
-                raise ProtocolError(str(exc)) from None
-        framed.max_frame = max_frame
-        # In-flight calls run to completion when the peer goes away (a mutation half done
-        # is never cancelled by a disconnect); their replies are dropped.
-        async with trio.open_nursery() as nursery:
-            try:
-                await read_requests(nursery, hello["client_id"][:256], user, groups)
-            except (EOFError, ServerUnavailable):
-                pass
-            except ProtocolError as exc:
-                log.warning("closing connection from %s: %s", peer, exc)
-                await reply(None, False, exc.to_wire())
-    except (EOFError, ServerUnavailable):
-        pass
-    except ProtocolError as exc:
-        log.warning("closing connection from %s: %s", peer, exc)
-        await reply(None, False, exc.to_wire())
+        async with trio.open_nursery() as outer:
+            channel = FrameChannel(stream, outer, MAX_HELLO_FRAME, send_timeout=send_timeout,
+                                   on_send_timeout=too_slow)
+            async with trio.open_nursery() as nursery:
+                try:
+                    with trio.move_on_after(hello_timeout) as scope:
+                        hello = await channel.receive_frame()
+                    if scope.cancelled_caught:
+                        raise ProtocolError("no hello frame in time")
+                    if not (isinstance(hello, dict) and hello.get("hello") == "leasefs"
+                            and isinstance(hello.get("client_id"), str) and hello["client_id"]):
+                        raise ProtocolError(
+                            f"first frame must be a leasefs hello, got {brief(hello)}")
+                    if hello.get("user") is None:      # an older client: no identity
+                        user, groups = ANONYMOUS_USER, ()
+                    else:
+                        try:
+                            user, groups = check_identity(hello["user"],
+                                                          hello.get("groups") or [])
+                        except InvalidArgument as exc:
+                            raise ProtocolError(str(exc)) from None
+                    channel.max_frame = max_frame
+                    await read_requests(nursery, hello["client_id"][:256], user, groups)
+                except (EOFError, ServerUnavailable):
+                    pass
+                except ProtocolError as exc:
+                    log.warning("closing connection from %s: %s", peer, exc)
+                    reply(None, False, exc.to_wire())
+            await channel.finish()
     finally:
         with trio.CancelScope(shield=True):
-            await framed.aclose()
+            await stream.aclose()
 
 
 async def serve_tcp(handler, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED,

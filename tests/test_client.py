@@ -681,3 +681,54 @@ def test_sync_client_reports_an_unreachable_server():
     config = client_mod.Config.load(env={}, rpc_retry_seconds=0.2)
     with pytest.raises(errors.ServerUnavailable):
         Client("127.0.0.1:1", config=config)
+
+
+def test_clients_sharing_one_connection_stay_separate_lease_holders(tmp_path):
+    """``AsyncClient(rpc=meta_connection(...))``: Hadoop IPC's one connection per server and
+    user. Each client is still its own lease holder; the connection batches their calls and
+    outlives a client that closes."""
+    async def main():
+        async with inprocess_cluster(tmp_path, **SMALL) as cluster:
+            async with client_mod.meta_connection(cluster.meta_address,
+                                                  config=cluster.config) as rpc:
+                with pytest.raises(errors.InvalidArgument, match="shared connection"):
+                    AsyncClient(config=cluster.config, rpc=rpc, user="somebody-else")
+                async with cluster.client(rpc=rpc) as one, cluster.client(rpc=rpc) as two:
+                    assert one.client_name != two.client_name
+                    out = await one.create("/shared/a")
+                    await out.write(b"first")
+                    with pytest.raises(errors.AlreadyBeingCreated):
+                        await two.append("/shared/a")      # the other holder's lease
+                    await out.close()
+                    async with await two.append("/shared/a") as more:
+                        await more.write(b"+second")
+
+                    files = {f"/shared/{i}": payload(3000 + i * 977, seed=i) for i in range(8)}
+
+                    async def write(client, path, data):
+                        async with await client.create(path) as s:
+                            await s.write(data)
+
+                    async with trio.open_nursery() as nursery:
+                        for i, (path, data) in enumerate(files.items()):
+                            nursery.start_soon(write, (one, two)[i % 2], path, data)
+
+                    async def stat_many(client):
+                        for path in files:
+                            assert (await client.get_file_status(path)).length == len(files[path])
+                    async with trio.open_nursery() as nursery:
+                        for _ in range(16):
+                            nursery.start_soon(stat_many, (one, two)[_ % 2])
+                    stats = rpc._conn.channel.stats
+                    # 16 callers at once on one connection: requests and replies travel in
+                    # batches, not one write or read per frame
+                    assert stats.frames_out > 1.5 * stats.writes, stats
+                    assert stats.frames_in > 1.5 * stats.reads, stats
+                    await one.aclose()
+                assert await rpc.call("get_file_info", {"path": "/shared/a"}) is not None
+                async with cluster.client(rpc=rpc) as three:   # the connection lives on
+                    assert await three.read_file("/shared/a") == b"first+second"
+                    for path, data in files.items():
+                        assert await three.read_file(path) == data
+
+    trio.run(main)

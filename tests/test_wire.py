@@ -12,7 +12,7 @@ import trio.testing
 
 from fs import datatransfer, errors, paths
 from fs.config import Config, describe, find_meta_address
-from fs.framing import FramedStream, encode_frame
+from fs.framing import LENGTH, FrameChannel, FramedStream, encode_frame
 from fs.rpc import (Dispatcher, RetryCache, RpcClient, parse_address, serve_rpc, serve_tcp)
 
 
@@ -135,6 +135,9 @@ class Echo(Dispatcher):
     async def rpc_bug(self, ctx):
         raise ZeroDivisionError("oops")
 
+    async def rpc_blob(self, ctx, size):
+        return b"x" * size
+
     async def rpc_bump(self, ctx):
         self.bumps += 1
         await trio.sleep(0.05)
@@ -187,7 +190,7 @@ def test_retry_cache_applies_a_retried_call_once():
                     n2.start_soon(call, rpc)
                     n2.start_soon(call, retry)
                 assert results == [1, 1]
-                await rpc._conn.framed.aclose()          # reconnect, then retry again
+                await rpc._conn.channel.aclose()          # reconnect, then retry again
                 await trio.sleep(0.05)
                 assert await rpc.call_once("bump", {}, 42, 5) == 1
                 assert server.bumps == 1
@@ -457,6 +460,123 @@ def test_retriable_server_errors_are_retried_with_the_same_call_and_rerun():
                                  retry_errors=(errors.SafeMode,)) as rpc:
                 assert await rpc.call("create", {"path": "/a"}) == "/a"
             assert server.attempts == 3      # the failed attempt was not answered from cache
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+# --------------------------------------------------------------------------- FrameChannel
+
+
+async def _tcp_pair():
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    client = await trio.open_tcp_stream("127.0.0.1", port)
+    server = await listeners[0].accept()
+    await listeners[0].aclose()
+    return client, server
+
+
+@pytest.mark.parametrize("kind", ["tcp", "memory"])
+def test_frame_channel_hands_over_every_whole_frame_and_errors_after_the_good_ones(kind):
+    async def main():
+        if kind == "tcp":
+            left, right = await _tcp_pair()
+        else:
+            left, right = trio.testing.memory_stream_pair()
+        async with trio.open_nursery() as nursery:
+            channel = FrameChannel(right, nursery, max_frame=1024)
+            # three frames in one write arrive as one batch
+            await left.send_all(encode_frame({"a": 1}) + encode_frame([2]) + encode_frame("3"))
+            with trio.fail_after(5):
+                assert await channel.receive_batch() == [{"a": 1}, [2], "3"]
+            # a frame split over two writes waits for its end
+            frame = encode_frame("x" * 500)
+            await left.send_all(frame[:100])
+            with trio.move_on_after(0.2) as scope:
+                await channel.receive_batch()
+            assert scope.cancelled_caught
+            await left.send_all(frame[100:] + encode_frame(4))
+            with trio.fail_after(5):
+                got = await channel.receive_batch()
+                while len(got) < 2:
+                    got += await channel.receive_batch()
+            assert got == ["x" * 500, 4]
+            # frames before a bad body are delivered, the error comes with the next receive
+            await left.send_all(encode_frame(5) + LENGTH.pack(3) + b"\xc1\xc1\xc1")
+            with trio.fail_after(5):
+                assert await channel.receive_batch() == [5]
+                with pytest.raises(errors.ProtocolError, match="not valid msgpack"):
+                    await channel.receive_batch()
+            # an oversized length is refused before its body is read
+            await left.send_all(encode_frame(6) + LENGTH.pack(1 << 20))
+            with trio.fail_after(5):
+                assert await channel.receive_batch() == [6]
+                with pytest.raises(errors.FrameTooLarge, match="exceeds the maximum of 1024"):
+                    await channel.receive_batch()
+            await channel.aclose()
+            await left.aclose()
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize("kind", ["tcp", "memory"])
+def test_frames_sent_in_one_scheduler_round_leave_in_one_write(kind):
+    async def main():
+        if kind == "tcp":
+            left, right = await _tcp_pair()
+        else:
+            left, right = trio.testing.memory_stream_pair()
+        async with trio.open_nursery() as nursery:
+            sender = FrameChannel(left, nursery)
+            receiver = FrameChannel(right, nursery)
+            for i in range(100):              # no checkpoint in between: one round
+                sender.send_nowait({"n": i, "pad": "y" * 50})
+            got = []
+            with trio.fail_after(5):
+                while len(got) < 100:
+                    got += await receiver.receive_batch()
+            assert [g["n"] for g in got] == list(range(100))     # whole frames, in order
+            # the first frame goes out at once, the other 99 together (a socket may take a
+            # big write in pieces, but not 99 of them)
+            assert sender.stats.frames_out == 100
+            assert sender.stats.writes <= 4, sender.stats
+            # a lone frame later is written at once, not held back
+            sender.send_nowait("alone")
+            with trio.fail_after(5):
+                assert await receiver.receive_batch() == ["alone"]
+            await sender.aclose()
+            with pytest.raises(errors.ServerUnavailable):
+                sender.send_nowait("after close")
+            await receiver.aclose()
+
+    trio.run(main)
+
+
+def test_a_peer_that_reads_no_replies_is_cut_off_and_others_are_served():
+    async def main():
+        async with trio.open_nursery() as nursery:
+            addr = await nursery.start(
+                serve_tcp, lambda s, p: serve_rpc(s, Echo(), peer=p, send_timeout=0.5),
+                "127.0.0.1", 0)
+            stream = await trio.open_tcp_stream(*addr)
+            requests = encode_frame({"hello": "leasefs", "client_id": "greedy"})
+            requests += b"".join(encode_frame([i, "blob", {"size": 256 << 10}])
+                                 for i in range(1, 201))
+            await stream.send_all(requests)       # 50 MiB of replies asked for, none read
+            await trio.sleep(1.5)                 # > send_timeout: the server gives up
+            async with RpcClient(addr, "polite") as rpc:   # and still serves others
+                with trio.fail_after(5):
+                    assert await rpc.call("echo", {"value": "fine"}) == "fine"
+            received = 0
+            with trio.fail_after(10):
+                try:
+                    while chunk := await stream.receive_some(1 << 20):
+                        received += len(chunk)
+                except trio.BrokenResourceError:
+                    pass                          # reset: also a closed connection
+            assert received < 200 * (256 << 10)   # cut off, not every reply delivered
+            await stream.aclose()
             nursery.cancel_scope.cancel()
 
     trio.run(main)

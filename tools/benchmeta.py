@@ -11,8 +11,10 @@ running cluster instead (its own lock mode only).
 Workload, per op in order (each a phase; the files of one phase feed the next): create
 (create + complete, as NNThroughputBenchmark's create), mkdirs, getFileInfo, open
 (getBlockLocations), listStatus, rename, delete. ``--clients N`` clients (one ``AsyncClient``
-= one lease holder and one RPC connection each) spread over ``--processes`` worker
-processes (Python clients cost CPU too; one process would measure itself). Each client
+= one lease holder each) spread over ``--processes`` worker processes (Python clients cost
+CPU too; one process would measure itself); the clients of a process share one RPC
+connection (``--connections shared``, as NNThroughputBenchmark's threads share one Hadoop
+IPC connection) or open one each (``own``). Each client
 works in its own folder (disjoint) or, with ``--contended``, all in one folder. Per op:
 ops/s (all clients' ops / wall time of the phase), p50/p99 latency, and fsyncs per op and
 journal records per op, read from the server's journal counters before and after the
@@ -59,14 +61,19 @@ LOCK_MODES = ("fine", "global")
 
 # --------------------------------------------------------------------------- workers
 
-async def _worker_main(address: str, settings: dict, clients: list[int], ops: list[str],
-                       n_ops: int, contended: bool, base: str, barrier, results) -> None:
-    from fs.client import AsyncClient
+async def _worker_main(address: str, settings: dict, clients: list[int], plan: dict,
+                       barrier, results) -> None:
+    from fs.client import AsyncClient, meta_connection
     from fs.config import Config
 
+    ops, n_ops, contended, base = plan["ops"], plan["n_ops"], plan["contended"], plan["base"]
     config = Config.load(env={}, **settings)
     async with AsyncExitStack() as stack:
-        conns = [await stack.enter_async_context(AsyncClient(address, config=config))
+        # "shared": the process's clients share one connection, as NNThroughputBenchmark's
+        # threads share one ClientProtocol proxy (Hadoop IPC: one connection per server+user)
+        rpc = (await stack.enter_async_context(meta_connection(address, config=config))
+               if plan["connections"] == "shared" else None)
+        conns = [await stack.enter_async_context(AsyncClient(address, config=config, rpc=rpc))
                  for _ in clients]
         for k, client in zip(clients, conns):
             await client.mkdirs(client_folder(base, k, contended)[0])
@@ -103,12 +110,11 @@ async def _worker_main(address: str, settings: dict, clients: list[int], ops: li
             results.put((op, latencies.tobytes()))
 
 
-def _worker(address, settings, clients, ops, n_ops, contended, base, barrier, results):
+def _worker(address, settings, clients, plan, barrier, results):
     """Entry point of one worker process (spawned)."""
     logging.basicConfig(level=logging.WARNING)
     try:
-        trio.run(_worker_main, address, settings, clients, ops, n_ops, contended, base,
-                 barrier, results)
+        trio.run(_worker_main, address, settings, clients, plan, barrier, results)
     except BaseException as exc:   # tell the parent instead of leaving it at the barrier
         results.put(("error", f"{type(exc).__name__}: {unwrap(exc)}"))
         barrier.abort()
@@ -187,8 +193,9 @@ def _run_workers(address: str, settings: dict, control, a, status: StatusLine,
     barrier = ctx.Barrier(n_proc + 1)
     results = ctx.Queue()
     base = _base(a, label)
-    workers = [ctx.Process(target=_worker, args=(address, settings, g, ops, a.ops,
-                                                 a.contended, base, barrier, results),
+    plan = {"ops": ops, "n_ops": a.ops, "contended": a.contended, "base": base,
+            "connections": a.connections}
+    workers = [ctx.Process(target=_worker, args=(address, settings, g, plan, barrier, results),
                            daemon=True) for g in groups]
     for w in workers:
         w.start()
@@ -295,6 +302,7 @@ def run_meta_bench(cmd: Command) -> int:
     if a.json:
         cmd.out(json.dumps({"benchmark": "meta", "clients": a.clients, "ops": a.ops,
                             "processes": a.processes, "contended": a.contended,
+                            "connections": a.connections,
                             "results": results}, indent=2))
         return 0
     headers = ["op"]
@@ -323,7 +331,7 @@ def run_meta_bench(cmd: Command) -> int:
                     if other else ["-", "-"]
         table.append(row)
     cmd.out(f"bench meta: {a.clients} clients in {min(a.processes, a.clients)} processes x "
-            f"{a.ops} ops each, {layout}")
+            f"{a.ops} ops each, {layout}, {a.connections} connections")
     for line in format_table(headers, table):
         cmd.out(line)
     return 0
@@ -344,6 +352,10 @@ def register(bsub, common, shared) -> None:
     q.add_argument("--op", action="append", default=None, metavar="OP",
                    help=f"run only these ops (repeatable; {', '.join(META_OPS)})")
     q.add_argument("--contended", action="store_true", help="all clients in one folder")
+    q.add_argument("--connections", choices=("shared", "own"), default="shared",
+                   help="shared (default): the clients of one worker process share one RPC "
+                        "connection, as Hadoop IPC and NNThroughputBenchmark do; own: one "
+                        "connection per client")
     q.add_argument("--lock", action="append", choices=LOCK_MODES, default=None,
                    help="lock modes of the private servers (default: fine and global)")
     q.add_argument("--cluster", action="store_true",
