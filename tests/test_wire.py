@@ -390,8 +390,11 @@ def test_one_call_timing_out_does_not_fail_the_others():
                     outcome["slow"] = await rpc.call("sleep", {"seconds": 1.0}, timeout=10)
 
                 async def impatient():
+                    await trio.sleep(0.05)     # after the slow call: its deadline is earlier
+                    start = trio.current_time()
                     with pytest.raises(errors.RpcTimeout, match="within 0.2 s"):
                         await rpc.call("sleep", {"seconds": 5.0}, timeout=0.2)
+                    assert trio.current_time() - start < 1.0    # on time, not at the 10 s
                     outcome["impatient"] = "timed out alone"
                 async with trio.open_nursery() as calls:
                     calls.start_soon(slow)
