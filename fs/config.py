@@ -72,6 +72,10 @@ class Config:
                              "comparison)")
     namespace_cache_entries: int = _s(1_000_000, "decoded inodes and directory entries the "
                                       "metadata server keeps in memory (0 = none)")
+    gc_full_collect_interval: float = _s(600.0, "seconds between the metadata server's full "
+                                         "garbage collections of its long-lived objects (in "
+                                         "between, survivors of a collection are frozen: short "
+                                         "pauses); 0 = CPython's default collector")
     retry_cache_expiry: float = _s(600.0, "seconds a mutating call's reply is kept for retries")
     invalidate_limit: int = _s(1000, "replica deletions handed to one block server per heartbeat")
     delete_chunk: int = _s(2000, "inodes + blocks one delete record removes; a bigger subtree is "

@@ -69,6 +69,7 @@ from . import blocks as bm
 from .blocks import BlockInfo, BlocksMap
 from . import datanodes as dm
 from .datanodes import DatanodeManager
+from .gcpolicy import GcGovernor
 from .journal import Journal
 from .kv import KVStore, PlyvelStore
 from . import leases as lm
@@ -148,6 +149,8 @@ class MetaServer(Dispatcher):
         defaults = Defaults.from_config(config)
         defaults.owner, defaults.group = self.superuser, config.supergroup
         self.ns = Namespace(kv, defaults, cache_entries=config.namespace_cache_entries)
+        # run by run_meta_server (process-wide; in-process test servers leave gc alone)
+        self.gc_governor = GcGovernor(config.gc_full_collect_interval)
         self.blocks = BlocksMap(config.min_replication)
         self.leases = LeaseManager(config.lease_soft_limit, config.lease_hard_limit)
         self.datanodes = DatanodeManager(
@@ -1213,7 +1216,8 @@ class MetaServer(Dispatcher):
                             "records": self.journal.stats.records},
                 "namespace_cache": {"entries": len(self.ns.cache.data),
                                     "hits": self.ns.cache.hits,
-                                    "misses": self.ns.cache.misses}}
+                                    "misses": self.ns.cache.misses},
+                "gc": self.gc_governor.stats()}
 
     async def rpc_safemode(self, ctx, action="get"):
         if action not in ("get", "enter", "leave"):
@@ -1877,6 +1881,7 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
             await nursery.start(server.journal.run)
             await server.start()
             nursery.start_soon(server.run_monitors)
+            nursery.start_soon(server.gc_governor.run)
             handler = partial(_serve_connection, server, config.max_frame)
             bound = await nursery.start(partial(serve_tcp, handler, host, port,
                                                 name="metadata server"))

@@ -545,3 +545,46 @@ def test_blocks_map_running_counters_match_a_full_recount():
             m.remove_node(rng.choice(nodes))
         assert m.counts() == m.recount(), step
     assert m.recount() != {"under_replicated": 0, "missing": 0, "corrupt": 0}
+
+
+class _Node:
+    other = None
+
+
+def test_gc_governor_freezes_survivors_and_collects_frozen_cycles_at_its_interval():
+    import gc
+    import weakref
+
+    from meta.gcpolicy import GcGovernor
+
+    async def main():
+        governor = GcGovernor(0.5)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(governor.run)
+            with trio.fail_after(10):
+                while gc.get_freeze_count() == 0:       # installed: startup freeze
+                    await trio.sleep(0.01)
+            long_lived = [{"ino": i, "blocks": [i]} for i in range(50_000)]
+            a, b = _Node(), _Node()
+            a.other, b.other = b, a
+            dead_cycle = weakref.ref(a)
+            gc.collect()          # a full collection: its survivors are frozen
+            assert gc.get_freeze_count() >= 2 * len(long_lived)
+            assert governor.stats()["full_collections"] >= 1
+            del a, b
+            gc.collect()          # frozen: the next full pass does not even look at them
+            assert dead_cycle() is not None
+            # ... until the governor's periodic full collection, which frees the cycle
+            with trio.fail_after(10):
+                while dead_cycle() is not None:
+                    await trio.sleep(0.05)
+            assert len(long_lived) == 50_000
+            # one governor per process: a second one governs nothing
+            second = GcGovernor(0.5)
+            nursery.start_soon(second.run)
+            await trio.sleep(0.05)
+            assert gc.callbacks.count(second._on_gc) == 0
+            nursery.cancel_scope.cancel()
+        assert gc.get_freeze_count() == 0 and governor._on_gc not in gc.callbacks
+
+    trio.run(main)
