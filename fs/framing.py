@@ -253,8 +253,9 @@ class FrameChannel:
             if not frames:
                 raise
             self._error = exc
-        if pos:
-            del buf[:pos]
+        finally:
+            if pos:
+                del buf[:pos]
         self.stats.frames_in += len(frames)
         return frames
 

@@ -511,6 +511,12 @@ def test_frame_channel_hands_over_every_whole_frame_and_errors_after_the_good_on
                 assert await channel.receive_batch() == [5]
                 with pytest.raises(errors.ProtocolError, match="not valid msgpack"):
                     await channel.receive_batch()
+            # a bad body alone is refused and consumed: the frame after it still arrives
+            await left.send_all(LENGTH.pack(2) + b"\xc1\xc1" + encode_frame(7))
+            with trio.fail_after(5):
+                with pytest.raises(errors.ProtocolError, match="not valid msgpack"):
+                    await channel.receive_batch()
+                assert await channel.receive_batch() == [7]
             # an oversized length is refused before its body is read
             await left.send_all(encode_frame(6) + LENGTH.pack(1 << 20))
             with trio.fail_after(5):
