@@ -161,13 +161,12 @@ class _Waiter:
     died) or the timeout watchdog. Why not a ``trio.Event`` plus ``move_on_after`` per call:
     those two cost a quarter of a client's CPU per metadata call."""
 
-    __slots__ = ("task", "result", "deadline", "method")
+    __slots__ = ("task", "result", "deadline")
 
-    def __init__(self, method: str, deadline: float):
+    def __init__(self, deadline: float):
         self.task = None           # the parked caller, while it waits
         self.result = None         # (ok, value) when resolved before the caller parked
         self.deadline = deadline
-        self.method = method
 
     def resolve(self, ok: bool, value) -> None:
         if self.task is not None:
@@ -315,20 +314,17 @@ class RpcClient:
         conn = self._conn
         if conn is None or conn.broken is not None:
             conn = await self._connect()
-        waiter = _Waiter(method, trio.current_time() + timeout)
+        waiter = _Waiter(trio.current_time() + timeout)
         conn.waiters[call_id] = waiter
         try:
             # written straight to the socket or queued whole, no task switch (FrameChannel)
             conn.channel.send_nowait([call_id, method, args])
             if conn.channel.backlogged:
                 await conn.channel.drained()
-        except ServerUnavailable as exc:
+        except BaseException as exc:
             conn.waiters.pop(call_id, None)
-            if conn.broken is None:
+            if isinstance(exc, ServerUnavailable) and conn.broken is None:
                 conn.fail_all(exc)
-            raise
-        except BaseException:
-            conn.waiters.pop(call_id, None)
             raise
         if waiter.deadline < self._watchdog_scope.deadline:
             self._watchdog_scope.deadline = waiter.deadline
@@ -347,8 +343,8 @@ class RpcClient:
         while True:
             with trio.CancelScope() as scope:
                 self._watchdog_scope = scope
-                scope.deadline = min((w.deadline for w in self._all_waiters()),
-                                     default=math.inf)
+                waiters = self._conn.waiters.values() if self._conn is not None else ()
+                scope.deadline = min((w.deadline for w in waiters), default=math.inf)
                 await trio.sleep_forever()
             now = trio.current_time()
             conn = self._conn
@@ -357,9 +353,6 @@ class RpcClient:
             expired = [call_id for call_id, w in conn.waiters.items() if w.deadline <= now]
             for call_id in expired:
                 conn.waiters.pop(call_id).resolve(False, RpcTimeout("timed out"))
-
-    def _all_waiters(self):
-        return self._conn.waiters.values() if self._conn is not None else ()
 
     async def call(self, method: str, args: dict | None = None, *, timeout: float | None = None,
                    retry_seconds: float | None = None):
