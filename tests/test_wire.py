@@ -471,7 +471,11 @@ def test_retriable_server_errors_are_retried_with_the_same_call_and_rerun():
 # --------------------------------------------------------------------------- FrameChannel
 
 
-async def _tcp_pair():
+async def _stream_pair(kind: str):
+    """Two connected streams: a real loopback TCP pair (the socket path of FrameChannel) or
+    trio's in-memory pair (the generic path)."""
+    if kind == "memory":
+        return trio.testing.memory_stream_pair()
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     client = await trio.open_tcp_stream("127.0.0.1", port)
@@ -483,10 +487,7 @@ async def _tcp_pair():
 @pytest.mark.parametrize("kind", ["tcp", "memory"])
 def test_frame_channel_hands_over_every_whole_frame_and_errors_after_the_good_ones(kind):
     async def main():
-        if kind == "tcp":
-            left, right = await _tcp_pair()
-        else:
-            left, right = trio.testing.memory_stream_pair()
+        left, right = await _stream_pair(kind)
         async with trio.open_nursery() as nursery:
             channel = FrameChannel(right, nursery, max_frame=1024)
             # three frames in one write arrive as one batch
@@ -532,10 +533,7 @@ def test_frame_channel_hands_over_every_whole_frame_and_errors_after_the_good_on
 @pytest.mark.parametrize("kind", ["tcp", "memory"])
 def test_frames_sent_in_one_scheduler_round_leave_in_one_write(kind):
     async def main():
-        if kind == "tcp":
-            left, right = await _tcp_pair()
-        else:
-            left, right = trio.testing.memory_stream_pair()
+        left, right = await _stream_pair(kind)
         async with trio.open_nursery() as nursery:
             sender = FrameChannel(left, nursery)
             receiver = FrameChannel(right, nursery)
