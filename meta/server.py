@@ -149,7 +149,8 @@ class MetaServer(Dispatcher):
         defaults = Defaults.from_config(config)
         defaults.owner, defaults.group = self.superuser, config.supergroup
         self.ns = Namespace(kv, defaults, cache_entries=config.namespace_cache_entries)
-        # run by run_meta_server (process-wide; in-process test servers leave gc alone)
+        # run by run_meta_server; process-wide, so of several servers in one process (tests)
+        # only the first governs
         self.gc_governor = GcGovernor(config.gc_full_collect_interval)
         self.blocks = BlocksMap(config.min_replication)
         self.leases = LeaseManager(config.lease_soft_limit, config.lease_hard_limit)
