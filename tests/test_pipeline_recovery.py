@@ -43,11 +43,19 @@ def meta_stamps(storage_dir, block_id: int) -> list[int]:
                   for p in storage_dir.rglob(f"blk_{block_id}_*.meta"))
 
 
-def index_of(cluster, address: str) -> int:
+def running_index(cluster, address: str) -> int | None:
+    """Index of the running block server at ``address``; None if none runs there."""
     for i in range(len(cluster.storage_dirs)):
         if cluster.storage[i] is not None and cluster.storage_address(i) == address:
             return i
-    raise AssertionError(f"no block server at {address}")
+    return None
+
+
+def index_of(cluster, address: str) -> int:
+    i = running_index(cluster, address)
+    if i is None:
+        raise AssertionError(f"no block server at {address}")
+    return i
 
 
 async def wait_finalized_everywhere(c, cluster, path: str, replicas: int, timeout=10.0):
@@ -61,7 +69,13 @@ async def wait_finalized_everywhere(c, cluster, path: str, replicas: int, timeou
                 if len(b["locations"]) != replicas:
                     ok = False
                 for loc in b["locations"]:
-                    folder = cluster.storage_dirs[index_of(cluster, loc["address"])]
+                    i = running_index(cluster, loc["address"])
+                    if i is None:
+                        # a stopped block server is listed until the metadata server
+                        # declares it dead (dead_node_interval), as in HDFS: not settled yet
+                        ok = False
+                        continue
+                    folder = cluster.storage_dirs[i]
                     if meta_stamps(folder / "finalized", b["block"]["id"]) != [b["block"]["gs"]]:
                         ok = False
             if ok:
