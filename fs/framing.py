@@ -203,7 +203,9 @@ class FrameChannel:
         self._error: BaseException | None = None   # raised by the next receive
         self._out = bytearray()   # queued bytes the flusher has not written yet
         self._wake = trio.Event()         # set: the flusher has work
-        self._progress = trio.Event()     # set by the flusher after each write
+        # a sender waiting in drained() waits on this; the flusher sets it after a write
+        # (created only then: no Event per write on the hot path)
+        self._progress: trio.Event | None = None
         self._finishing = False
         self._finished = trio.Event()
         self.broken: BaseException | None = None   # set when a send failed or on close
@@ -331,6 +333,8 @@ class FrameChannel:
     async def drained(self) -> None:
         """Wait until the queue is below the high-water mark (or the channel broke)."""
         while self.backlogged and self.broken is None:
+            if self._progress is None:
+                self._progress = trio.Event()
             await self._progress.wait()
 
     async def _flusher(self) -> None:
@@ -359,8 +363,7 @@ class FrameChannel:
                     del self._out[:sent]
                     self.stats.writes += 1
                     # (no yield here: the next loop turn waits for new frames, which yields)
-                self._progress.set()
-                self._progress = trio.Event()
+                self._wake_drained()
         except trio.TooSlowError:
             self._break(trio.TooSlowError(f"peer read nothing for {self.send_timeout:g} s"))
             if self._on_send_timeout is not None:
@@ -370,8 +373,13 @@ class FrameChannel:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueError) as exc:
             self._break(exc)
         finally:
-            self._progress.set()
+            self._wake_drained()
             self._finished.set()
+
+    def _wake_drained(self) -> None:
+        if self._progress is not None:
+            self._progress.set()
+            self._progress = None
 
     async def finish(self) -> None:
         """Write what is queued (within ``send_timeout``), then stop the flusher."""
@@ -384,7 +392,7 @@ class FrameChannel:
             self.broken = exc
         self._out.clear()
         self._wake.set()
-        self._progress.set()
+        self._wake_drained()
 
     async def aclose(self) -> None:
         """Drop what is queued, stop the flusher, close the stream."""
