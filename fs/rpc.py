@@ -507,6 +507,21 @@ class Dispatcher:
         return cached
 
 
+def _check_hello(hello) -> tuple[str, str, tuple[str, ...]]:
+    """``(client_id, user, groups)`` of a connection's first frame; ``ProtocolError`` if it
+    is not a leasefs hello. A hello without ``user`` (an older client) is ``nobody``."""
+    if not (isinstance(hello, dict) and hello.get("hello") == "leasefs"
+            and isinstance(hello.get("client_id"), str) and hello["client_id"]):
+        raise ProtocolError(f"first frame must be a leasefs hello, got {brief(hello)}")
+    if hello.get("user") is None:
+        return hello["client_id"][:256], ANONYMOUS_USER, ()
+    try:
+        user, groups = check_identity(hello["user"], hello.get("groups") or [])
+    except InvalidArgument as exc:
+        raise ProtocolError(str(exc)) from None
+    return hello["client_id"][:256], user, groups
+
+
 async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                     max_frame: int = DEFAULT_MAX_FRAME, peer: str = "?",
                     max_concurrent_calls: int = 256, hello_timeout: float = 10.0,
@@ -593,20 +608,9 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                         hello = await channel.receive_frame()
                     if scope.cancelled_caught:
                         raise ProtocolError("no hello frame in time")
-                    if not (isinstance(hello, dict) and hello.get("hello") == "leasefs"
-                            and isinstance(hello.get("client_id"), str) and hello["client_id"]):
-                        raise ProtocolError(
-                            f"first frame must be a leasefs hello, got {brief(hello)}")
-                    if hello.get("user") is None:      # an older client: no identity
-                        user, groups = ANONYMOUS_USER, ()
-                    else:
-                        try:
-                            user, groups = check_identity(hello["user"],
-                                                          hello.get("groups") or [])
-                        except InvalidArgument as exc:
-                            raise ProtocolError(str(exc)) from None
+                    client_id, user, groups = _check_hello(hello)
                     channel.max_frame = max_frame
-                    await read_requests(nursery, hello["client_id"][:256], user, groups)
+                    await read_requests(nursery, client_id, user, groups)
                 except (EOFError, ServerUnavailable):
                     pass
                 except ProtocolError as exc:
