@@ -105,6 +105,15 @@ class Probe:
                 return first
         return None
 
+    async def create_held_in_fsync(self, nursery, server, path: str, client: str) -> int:
+        """Start ``create path`` in ``nursery`` and wait until its record is queued and its
+        fsync has started (held there while the gate is closed); returns its txid."""
+        name = path.rsplit("/", 1)[1]
+        nursery.start_soon(server.rpc_create, ctx(client), path, client)
+        txid = await self.wait_for(lambda: self.queued("ADD", name))
+        await self.wait_for(lambda: self.index("fsync_start", txid))
+        return txid
+
     def batches(self) -> list[tuple[int, int]]:
         return [(first, last) for k, first, last, _, _ in self.events if k == "fsync_end"]
 
@@ -149,9 +158,7 @@ def test_creates_in_different_folders_overlap_an_fsync_only_with_fine_locks(tmp_
                 mark = len(probe.events)
                 probe.gate.clear()
                 async with trio.open_nursery() as clients:
-                    clients.start_soon(server.rpc_create, ctx("c1"), "/a/x", "c1")
-                    first = await probe.wait_for(lambda: probe.queued("ADD", "x"))
-                    await probe.wait_for(lambda: probe.index("fsync_start", first))
+                    first = await probe.create_held_in_fsync(clients, server, "/a/x", "c1")
                     clients.start_soon(server.rpc_create, ctx("c2"), "/b/y", "c2")
                     await trio.testing.wait_all_tasks_blocked()
                     assert probe.index("fsync_end", first) is None
@@ -187,9 +194,7 @@ def test_same_folder_mutations_never_overlap_but_other_folders_do(tmp_path):
                 mark = len(probe.events)
                 probe.gate.clear()
                 async with trio.open_nursery() as clients:
-                    clients.start_soon(server.rpc_create, ctx("c1"), "/s/x", "c1")
-                    held = await probe.wait_for(lambda: probe.queued("ADD", "x"))
-                    await probe.wait_for(lambda: probe.index("fsync_start", held))
+                    held = await probe.create_held_in_fsync(clients, server, "/s/x", "c1")
                     clients.start_soon(server.rpc_rename, ctx("c2"), "/s/y", "/s/z")
                     clients.start_soon(server.rpc_create, ctx("c3"), "/s/w", "c3")
                     clients.start_soon(server.rpc_create, ctx("c4"), "/c/v", "c4")
