@@ -295,11 +295,22 @@ class AsyncClient:
                                         "num_bytes": b["num_bytes"]}
                     stream._pos = int(located["offset"]) + int(b["num_bytes"])
         except BaseException as exc:
-            # the file stays open under our lease until lease recovery closes it
             stream.abort(exc if isinstance(exc, LeaseFSError) else LeaseFSError(
                 f"{path}: append interrupted ({type(exc).__name__})"))
+            await self._close_failed_append(path)
             raise
         return stream
+
+    async def _close_failed_append(self, path: str) -> None:
+        """An append that could not set up its pipeline gives the file back at once: lease
+        recovery of our own file closes it now, or by block recovery of the last block at
+        its old length, instead of leaving it open under our lease until the hard limit."""
+        with trio.CancelScope(shield=True), trio.move_on_after(self.config.rpc_timeout):
+            try:
+                await self._call("recover_lease", path=path, client_name=self.client_name)
+            except LeaseFSError as exc:
+                log.warning("%s: the failed append could not give the file back (%s); it "
+                            "stays open until its lease expires", path, exc)
 
     async def _last_block(self, path: str) -> dict | None:
         """The located last block of ``path`` (None for an empty file)."""

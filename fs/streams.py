@@ -357,6 +357,23 @@ class _BadNode(Exception):
         self.error = error
 
 
+@dataclass(frozen=True)
+class _Broken:
+    """What a pipeline recovery starts from: the block as the metadata server knows it, the
+    pipeline's nodes, the index of the one to drop and why, the bytes every node
+    acknowledged and the block offset sent up to; ``source_gs``: the oldest stamp a
+    survivor's replica may still carry (an append setup: the stamp before ``append``;
+    None: the block's stamp)."""
+
+    block: dict
+    nodes: tuple
+    bad_index: int | None
+    cause: LeaseFSError
+    acked: int
+    sent_end: int
+    source_gs: int | None = None
+
+
 class AsyncOutputStream:
     """A file being written: ``write``/``hflush``/``hsync``/``close``; ``async with`` closes.
 
@@ -572,8 +589,9 @@ class AsyncOutputStream:
         last partial checksum chunk from a replica (with the stamp it had before ``append``),
         then WRITE_BLOCK stage PIPELINE_SETUP_APPEND to its replicas under the new stamp;
         the first packet starts at that chunk's boundary and repeats those bytes, so the
-        last checksum is recomputed exactly as after an hflush. A replica that refuses the
-        setup is left out (its old stamp makes it stale once the block completes)."""
+        last checksum is recomputed exactly as after an hflush. A setup that fails at a
+        node goes on as a pipeline recovery (``_rebuild``): the node is dropped (or replaced
+        as the policy says) and the survivors are set up again under a new stamp."""
         client = self._client
         block = located["block"]
         min_bytes = int(block["num_bytes"])
@@ -584,33 +602,33 @@ class AsyncOutputStream:
         tail = b""
         if min_bytes % self.bytes_per_checksum:
             tail = await self._read_partial_chunk(located, old_gs, min_bytes)
-        failures: list[str] = []
-        while nodes:
-            try:
-                pipeline = await _Pipeline.connect(
-                    path=self.path, located={**located, "locations": nodes},
-                    client_name=client.client_name, bytes_per_checksum=self.bytes_per_checksum,
-                    window=self.window, timeout=client.config.data_timeout,
-                    max_frame=client.config.max_frame, min_bytes=min_bytes)
-            except _SetupFailed as exc:
-                failures.append(exc.reason)
-                log.warning("%s: append pipeline setup for block %s failed at %s: %s; "
-                            "going on without it", self.path, block["id"],
-                            _node_name(exc.node), exc.reason)
-                bad = exc.node.get("node_id")
-                nodes = [n for n in nodes if n.get("node_id") != bad]
-                continue
-            break
-        else:
-            raise PipelineError(f"{self.path}: cannot append: no replica of block {block['id']} "
-                                f"accepted the append pipeline: " + "; ".join(failures))
-        self._pipeline = pipeline
         self._appended = True
         self._block_recoveries = 0
+        try:
+            pipeline = await _Pipeline.connect(
+                path=self.path, located={**located, "locations": nodes},
+                client_name=client.client_name, bytes_per_checksum=self.bytes_per_checksum,
+                window=self.window, timeout=client.config.data_timeout,
+                max_frame=client.config.max_frame, min_bytes=min_bytes)
+        except _SetupFailed as exc:
+            # HDFS setupPipelineForAppendOrRecovery: the failed node is dropped and every
+            # retry takes a new stamp (a node that reopened its replica under the append's
+            # stamp before the failure refuses that stamp again)
+            log.warning("%s: append pipeline setup for block %s failed at %s: %s", self.path,
+                        block["id"], _node_name(exc.node), exc.reason)
+            bad_index = next((i for i, n in enumerate(nodes)
+                              if n.get("node_id") == exc.node.get("node_id")), 0)
+            pipeline = await self._rebuild(_Broken(
+                block=dict(block), nodes=tuple(nodes), bad_index=bad_index,
+                cause=PipelineError(f"{self.path}: append pipeline setup for block "
+                                    f"{block['id']} failed: {exc.reason}"),
+                acked=min_bytes, sent_end=min_bytes, source_gs=old_gs))
+        else:
+            client._nursery.start_soon(pipeline.run_responder,
+                                       name=f"responder {self.path} blk {block['id']} (append)")
+        self._pipeline = pipeline
         whole = min_bytes - len(tail)
         self._buf, self._buf_start, self._buf_sent = bytearray(tail), whole, len(tail)
-        client._nursery.start_soon(pipeline.run_responder,
-                                   name=f"responder {self.path} blk {block['id']} (append)")
 
     async def _read_partial_chunk(self, located: dict, old_gs: int, min_bytes: int) -> bytes:
         """The bytes of the block's last partial chunk, from the first replica that serves
@@ -801,7 +819,10 @@ class AsyncOutputStream:
             with trio.move_on_after(pipeline.timeout):
                 await pipeline.done.wait()
             pending = pipeline.pending_packets() + leftover
-            new = await self._rebuild_pipeline(pipeline)
+            new = await self._rebuild(_Broken(
+                block=dict(pipeline.block), nodes=tuple(pipeline.nodes),
+                bad_index=pipeline.bad_index, cause=pipeline.error,
+                acked=pipeline.acked_bytes, sent_end=pipeline.sent_end))
             self._pipeline = new
             leftover = []
             for i, packet in enumerate(pending):
@@ -817,15 +838,16 @@ class AsyncOutputStream:
                 return
             pipeline = new
 
-    async def _rebuild_pipeline(self, old: _Pipeline) -> _Pipeline:
-        """One recovery of ``old`` (a failed pipeline): returns the new, running pipeline."""
+    async def _rebuild(self, old: _Broken) -> _Pipeline:
+        """One recovery of ``old`` (a failed pipeline or append setup): returns the new,
+        running pipeline."""
         client = self._client
         config = client.config
         retries = max(0, int(config.pipeline_recovery_retries))
         block = dict(old.block)          # as the metadata server knows it
         nodes = list(old.nodes)
-        bad_index, cause = old.bad_index, old.error
-        acked = old.acked_bytes
+        bad_index, cause = old.bad_index, old.cause
+        acked = old.acked
         where = f"{self.path}: block {block['id']}"
         while True:
             if self._error is not None:   # aborted meanwhile (lease lost, client closing)
@@ -858,7 +880,9 @@ class AsyncOutputStream:
             new_gs = located["block"]["gs"]
             if self._should_replace(len(nodes)):
                 try:
-                    nodes = await self._add_replacement(block, nodes, acked)
+                    source_gs = block["gs"] if old.source_gs is None else old.source_gs
+                    nodes = await self._add_replacement(
+                        block_dict(block["id"], source_gs, acked), nodes)
                 except LeaseFSError as exc:
                     if not config.replace_datanode_best_effort:
                         raise PipelineError(f"{where}: cannot add a replacement block server "
@@ -893,14 +917,15 @@ class AsyncOutputStream:
                                        name=f"responder {self.path} blk {block['id']} (recovered)")
             return pipeline
 
-    async def _add_replacement(self, block: dict, nodes: list[dict], acked: int) -> list[dict]:
-        """A new block server from ``get_additional_datanode``, given a copy of the
-        acknowledged bytes by one of ``nodes`` (TRANSFER_BLOCK stage TRANSFER_RBW);
-        returns the pipeline with it appended."""
+    async def _add_replacement(self, copy: dict, nodes: list[dict]) -> list[dict]:
+        """A new block server from ``get_additional_datanode``, given a copy of the first
+        ``copy["num_bytes"]`` (acknowledged) bytes of block ``copy["id"]`` by one of
+        ``nodes`` (TRANSFER_BLOCK stage TRANSFER_RBW; ``copy["gs"]`` is the oldest stamp a
+        source's replica may carry); returns the pipeline with it appended."""
         client = self._client
         config = client.config
         answer = await client.rpc.call("get_additional_datanode", {
-            "path": self.path, "ino": self.ino, "block": block,
+            "path": self.path, "ino": self.ino, "block": copy,
             "existing": [n["node_id"] for n in nodes],
             "excluded": [n["node_id"] for n in self._failed_nodes if n.get("node_id")],
             "num": 1, "client_name": client.client_name})
@@ -911,18 +936,17 @@ class AsyncOutputStream:
         failures = []
         for source in nodes:
             try:
-                await _transfer_rbw(source, target, block_dict(block["id"], block["gs"], acked),
-                                    client_name=client.client_name,
+                await _transfer_rbw(source, target, copy, client_name=client.client_name,
                                     timeout=config.data_timeout, max_frame=config.max_frame)
             except _IO_ERRORS as exc:
                 failures.append(f"from {_node_name(source)}: {exc or type(exc).__name__}")
                 continue
             log.info("%s: block %s: copied %d bytes from %s to the replacement %s", self.path,
-                     block["id"], acked, _node_name(source), _node_name(target))
+                     copy["id"], copy["num_bytes"], _node_name(source), _node_name(target))
             self.replacements += 1
             return nodes + [target]
         self._failed_nodes.append(target)
-        raise PipelineError(f"could not copy block {block['id']} to {_node_name(target)}: "
+        raise PipelineError(f"could not copy block {copy['id']} to {_node_name(target)}: "
                             + "; ".join(failures))
 
     async def _complete(self) -> None:

@@ -180,6 +180,15 @@ class BlockInfo:
     def good_count(self) -> int:
         return sum(1 for r in self.replicas.values() if r.good)
 
+    def recovery_gs(self) -> int:
+        """The oldest stamp a replica may carry to take part in block recovery: the block's
+        stamp, except for a block reopened by an append whose pipeline never reached any
+        replica (none reported the new stamp; e.g. the append's setup failed) — then its
+        replicas still carry the stamp before the reopen and are the data of the file."""
+        if self.min_gs and not any(r.gs >= self.gs for r in self.replicas.values()):
+            return self.min_gs
+        return self.gs
+
 
 class BlocksMap:
     """block id → BlockInfo, node → block ids, and the running block counters."""

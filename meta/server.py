@@ -572,7 +572,7 @@ class MetaServer(Dispatcher):
         if primary is not None:
             self._recover_commands.setdefault(primary, {})[block["id"]] = {
                 "type": "RECOVER_BLOCK",
-                "block": {"id": info.id, "gs": info.gs, "num_bytes": info.num_bytes},
+                "block": {"id": info.id, "gs": info.recovery_gs(), "num_bytes": info.num_bytes},
                 "recovery_id": recovery_id, "new_length": new_length,
                 "targets": [loc for loc in map(self._location, [n for n, _ in live])
                             if loc is not None]}

@@ -1,0 +1,112 @@
+"""Append when a replica holder of the last block is gone or holds more than the file: on
+real processes (``kill -9`` of a block server before the metadata server declares it dead).
+
+Every setup retry of an append takes a new generation stamp, the failed node is dropped
+(or replaced as the replace-datanode policy says), and a failed append never leaves the file
+open under the appender's lease.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+
+import pytest
+
+from fs import errors
+from fs.client import Client
+from harness import ProcessCluster, make_test_config
+
+KiB = 1 << 10
+#: the killed block server stays "live" on the metadata server for the whole test
+SLOW_DEATH = {"dead_node_interval": 60.0, "block_recovery_retry": 5.0}
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+def payload(n: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+def storage_index(cluster, address: str) -> int:
+    port = int(address.rsplit(":", 1)[1])
+    return next(i for i in range(cluster.n_storage) if cluster.ports[f"storage{i}"] == port)
+
+
+def write_small_file(client, path: str, data: bytes) -> dict:
+    with client.create(path, replication=3, block_size=64 * KiB) as out:
+        out.write(data)
+    return client.get_block_locations(path)["blocks"][-1]
+
+
+def wait_closed(client, path: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while client.get_file_status(path).under_construction:
+        assert time.monotonic() < deadline, client.list_open_files()
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_append_goes_on_after_a_replica_holder_was_killed(tmp_path, victim):
+    """replication 3 on 3 block servers, best effort: the holder of the first or second
+    replica of the last block is killed -9 and the append starts before it is declared
+    dead. The append drops it, takes a new stamp on the survivors, writes and closes; the
+    file reads back whole and nobody holds a lease."""
+    first, more = payload(3000, 1), payload(50 * KiB, 2)
+    with ProcessCluster(tmp_path, n_storage=3, settings=SLOW_DEATH) as cluster:
+        config = make_test_config(replace_datanode_best_effort=True, data_timeout=5.0)
+        with Client(cluster.meta_address, config=config) as c:
+            last = write_small_file(c, "/a", first)
+            killed = last["locations"][victim]["address"]
+            cluster.kill_storage(storage_index(cluster, killed), signal.SIGKILL)
+            with c.append("/a") as out:
+                out.write(more)
+            assert c.read_file("/a") == first + more
+            assert c.list_open_files() == []
+            block = c.get_block_locations("/a")["blocks"][0]
+            assert block["block"]["gs"] > last["block"]["gs"] + 1   # a retry took a stamp
+            assert killed not in [loc["address"] for loc in block["locations"]]
+
+
+def test_append_adds_a_spare_for_a_killed_holder(tmp_path):
+    """replication 3 on 4 block servers, DEFAULT policy: the killed holder is replaced by the
+    spare (an append needs a replacement), so the appended block has 3 replicas again."""
+    first, more = payload(5000, 3), payload(20 * KiB, 4)
+    with ProcessCluster(tmp_path, n_storage=4, settings=SLOW_DEATH) as cluster:
+        with Client(cluster.meta_address, config=make_test_config(data_timeout=5.0)) as c:
+            last = write_small_file(c, "/s", first)
+            killed = last["locations"][1]["address"]
+            cluster.kill_storage(storage_index(cluster, killed), signal.SIGKILL)
+            with c.append("/s") as out:
+                out.write(more)
+            assert out._stream.replacements == 1
+            assert c.read_file("/s") == first + more
+            block = c.get_block_locations("/s")["blocks"][0]
+            assert len(block["locations"]) == 3
+            assert killed not in [loc["address"] for loc in block["locations"]]
+            assert c.list_open_files() == []
+
+
+def test_a_failed_append_does_not_leave_the_file_open(tmp_path):
+    """DEFAULT policy without best effort on 3 block servers: after a holder was killed the
+    append needs a replacement that does not exist, so it fails, naming the path; the file
+    is closed again (not left under the appender's lease), keeps its bytes and can be
+    appended to by another client once the dead node is out of the pipeline."""
+    first = payload(3000, 5)
+    with ProcessCluster(tmp_path, n_storage=3, settings=SLOW_DEATH) as cluster:
+        with Client(cluster.meta_address, config=make_test_config(data_timeout=5.0)) as c:
+            last = write_small_file(c, "/f", first)
+            killed = last["locations"][1]["address"]
+            cluster.kill_storage(storage_index(cluster, killed), signal.SIGKILL)
+            with pytest.raises(errors.PipelineError) as info:
+                c.append("/f")
+            assert "/f" in str(info.value) and "replacement" in str(info.value)
+            wait_closed(c, "/f")
+            assert c.list_open_files() == []
+            assert c.read_file("/f") == first
+            with Client(cluster.meta_address,
+                        config=make_test_config(replace_datanode_best_effort=True)) as b:
+                with b.append("/f") as out:
+                    out.write(b"more")
+                assert b.read_file("/f") == first + b"more"
