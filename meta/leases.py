@@ -146,7 +146,8 @@ class LeaseManager:
             raise FileNotFound(f"{path}: file does not exist (deleted or overwritten while open "
                                f"for writing by {caller})")
         if uc_holder is None:
-            raise LeaseExpired(f"{path}: lease mismatch: the file is not open for writing")
+            raise LeaseExpired(f"No lease on {path}: the file is not open for writing "
+                               f"({caller} holds no lease on it)")
         if uc_holder != caller:
             raise LeaseExpired(f"{path}: lease mismatch: {caller} is not the lease owner; "
                                f"the file is open for writing by {uc_holder}")

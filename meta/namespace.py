@@ -1004,7 +1004,10 @@ class Namespace:
         return self._commit_kind(path, blocks[-1], last), blocks[-1]
 
     def closed_with(self, path, ino, last) -> bool:
-        """A complete() retried after the file was already closed with this last block."""
+        """A complete() retried after the file was already closed with this last block: the
+        same id, length and generation stamp (HDFS-3031). A block recovery after another
+        client took the file over gives the last block a new stamp, so a late complete of
+        the old writer does not match and gets the lease error instead."""
         canonical = paths.validate(path)
         if ino:
             inode = self.linked_inode(ino) if _is_int(ino) else None
@@ -1019,7 +1022,8 @@ class Namespace:
         if last is None:
             return not blocks
         return (isinstance(last, dict) and bool(blocks) and blocks[-1]["id"] == last.get("id")
-                and blocks[-1]["num_bytes"] == last.get("num_bytes"))
+                and blocks[-1]["num_bytes"] == last.get("num_bytes")
+                and blocks[-1]["gs"] == last.get("gs"))
 
     def plan_close(self, ino: int, block: dict | None, num_bytes: int | None,
                    now_ns: int) -> tuple[str, dict]:

@@ -150,3 +150,32 @@ def test_writers_survive_two_metadata_server_kills(cluster):
         assert client.read_file("/d2/a2") == bytes(written["/d1/a"])
         assert client.read_file("/b") == bytes(written["/b"])
         assert client.list_open_files() == []
+
+
+@pytest.mark.slow
+def test_a_late_complete_after_another_client_recovered_the_file_is_refused(cluster):
+    """A's block servers finalized the last block, A's ``complete`` is held back; B recovers
+    the lease (the last block gets a new stamp and the file closes). A's late ``complete``
+    with the old stamp is no retry of a close that happened: it gets the lease error naming
+    the file, and the file keeps what the recovery decided."""
+    data = expected_bytes(3000)
+    with Client(cluster.meta_address, config=make_test_config()) as a, \
+            Client(cluster.meta_address, config=make_test_config()) as b:
+        out = a.create("/late", replication=3, block_size=64 * 1024)
+        out.write(data)
+        stream = out._stream
+        a._call(stream._end_block)          # LAST acked: every replica is FINALIZED
+        last = dict(stream._previous)
+        deadline = time.monotonic() + 30
+        while not b.recover_lease("/late"):
+            assert time.monotonic() < deadline, b.list_open_files()
+            time.sleep(0.1)
+        recovered = b.get_block_locations("/late")["blocks"][-1]["block"]
+        assert recovered["gs"] > last["gs"]
+        with pytest.raises(errors.LeaseExpired) as info:
+            a._call(a._async.rpc.call, "complete", {
+                "path": "/late", "client_name": a.client_name, "ino": stream.ino,
+                "last": last})
+        assert "/late" in str(info.value) and "not open for writing" in str(info.value)
+        assert b.read_file("/late") == data
+        assert b.list_open_files() == []
