@@ -149,8 +149,8 @@ class LeaseManager:
             raise LeaseExpired(f"No lease on {path}: the file is not open for writing "
                                f"({caller} holds no lease on it)")
         if uc_holder != caller:
-            raise LeaseExpired(f"{path}: lease mismatch: {caller} is not the lease owner; "
-                               f"the file is open for writing by {uc_holder}")
+            raise LeaseExpired(f"No lease on {path}: lease mismatch: {caller} is not the lease "
+                               f"owner; the file is open for writing by {uc_holder}")
 
     @staticmethod
     def check_create_conflict(path: str, uc_holder: str, caller: str) -> None:

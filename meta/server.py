@@ -835,12 +835,10 @@ class MetaServer(Dispatcher):
 
     def _writer_last_block(self, what: str, current: str, ino: int, block_id: int,
                            client_name: str) -> dict:
-        """The file's last block after the writer checks: the caller holds the lease, the
-        block is the last one and still under construction."""
-        info = self.blocks.get(block_id)
-        if info is not None and info.state != bm.UNDER_CONSTRUCTION:
-            raise StaleGenerationStamp(f"{what}: block {block_id} of {current} is "
-                                       f"{info.state}, not under construction")
+        """The file's last block after the writer checks: the caller holds the lease (checked
+        first, as HDFS checkUCBlock: a writer whose file was taken over learns that, not the
+        block state the takeover left), the block is the last one and still under
+        construction."""
         _, ino, inode = self.ns.writer_file(current, ino, client_name)
         tail = self.ns.tail_blocks(ino, inode, 1)
         if not tail or tail[-1]["id"] != block_id:

@@ -179,3 +179,26 @@ def test_a_late_complete_after_another_client_recovered_the_file_is_refused(clus
         assert "/late" in str(info.value) and "not open for writing" in str(info.value)
         assert b.read_file("/late") == data
         assert b.list_open_files() == []
+
+
+@pytest.mark.slow
+def test_a_writer_whose_file_was_taken_over_gets_the_lease_error(cluster):
+    """A writes and hflushes; B recovers the lease (block recovery stops A's pipeline on the
+    block servers and closes the file). A's next write fails with the lease error naming
+    the file, not with a refused pipeline recovery."""
+    data = expected_bytes(5000)
+    with Client(cluster.meta_address, config=make_test_config()) as a, \
+            Client(cluster.meta_address, config=make_test_config()) as b:
+        out = a.create("/t", replication=3, block_size=64 * 1024)
+        out.write(data)
+        out.flush()
+        deadline = time.monotonic() + 30
+        while not b.recover_lease("/t"):
+            assert time.monotonic() < deadline, b.list_open_files()
+            time.sleep(0.1)
+        with pytest.raises(errors.LeaseExpired) as info:
+            out.write(b"x" * 2000)
+            out.flush()
+        message = str(info.value)
+        assert message.startswith("No lease on /t: the file is not open for writing"), message
+        assert b.read_file("/t") == data

@@ -320,11 +320,12 @@ def test_update_pipeline_and_update_block_for_pipeline_refusals(tmp_path):
                 blocks = (await c.get_block_locations("/r"))["blocks"]
                 assert blocks[0]["block"]["gs"] == block["gs"]
                 await out.close()
-                # a finalized (complete) block
-                with pytest.raises(errors.StaleGenerationStamp):
+                # the block of a closed file: the writer holds no lease any more, and that
+                # is what it is told (not the block's state)
+                with pytest.raises(errors.LeaseExpired, match="No lease on /r"):
                     await call("update_block_for_pipeline",
                                {"block": block, "client_name": c.client_name})
-                with pytest.raises(errors.StaleGenerationStamp):
+                with pytest.raises(errors.LeaseExpired, match="No lease on /r"):
                     await call("update_pipeline", {
                         "client_name": c.client_name, "old_block": block,
                         "new_block": new_block, "new_nodes": nodes})
