@@ -91,7 +91,8 @@ class Config:
     lease_soft_limit: float = _s(60.0, "seconds after which another client may recover a lease")
     lease_hard_limit: float = _s(1200.0, "seconds after which the server recovers a lease itself")
     lease_monitor_period: float = _s(2.0, "seconds between lease monitor passes")
-    block_recovery_retry: float = _s(90.0, "seconds before a stalled block recovery is retried")
+    block_recovery_retry: float = _s(90.0, "seconds before a stalled block recovery is retried "
+                                     "(sooner when its primary stops heartbeating)")
     # --- block servers
     heartbeat_interval: float = _s(3.0, "seconds between block server heartbeats")
     dead_node_interval: float = _s(630.0, "seconds of silence after which a block server is dead")

@@ -18,7 +18,10 @@ The rule checks raise the HDFS errors with HDFS wording (``check_writer``,
 append, truncate and the forced ``recover_lease``); ``release_decision`` is the decision
 half of ``internalReleaseLease`` by the states of the file's last blocks;
 ``hard_expired_files`` is one bounded pass of the lease monitor, oldest lease first;
-``choose_primary`` picks the block-recovery primary (freshest heartbeat, rotating on retry).
+``choose_primary`` picks the block-recovery primary (freshest heartbeat among the holders that
+are not stale, rotating on retry); ``recovery_due`` says when a recovery is retried: after
+``block_recovery_retry``, or as soon as its primary went stale (it died after its last
+heartbeat and will never pick the command up).
 The server performs what these decide (journal records, block recovery commands).
 
 Concurrency contract: called only from the metadata server's trio thread; every method is
@@ -35,6 +38,10 @@ from fs.errors import AlreadyBeingCreated, FileNotFound, LeaseExpired, RecoveryI
 
 #: the holder the server uses when it takes over a lease itself (hard-limit recovery)
 INTERNAL_HOLDER = "leasefs-meta"
+#: a block server silent for this many heartbeat intervals is stale (HDFS: a 30 s stale
+#: interval with 3 s heartbeats): never chosen as a block-recovery primary while a fresh
+#: holder exists, and a recovery whose primary went stale is retried at once
+STALE_HEARTBEATS = 10
 
 
 @dataclass
@@ -243,11 +250,30 @@ def release_decision(blocks: list[tuple[str, int, int]], min_replication: int) -
     return RECOVER
 
 
-def choose_primary(candidates: list[tuple[str, float]], attempt: int) -> str | None:
+def choose_primary(candidates: list[tuple[str, float]], attempt: int, *,
+                   now: float | None = None, stale_after: float | None = None) -> str | None:
     """The block-recovery primary among ``(node_id, last_heartbeat)`` of live replica
     holders: the freshest heartbeat first, rotating by ``attempt`` on retries (HDFS
-    ``BlockUnderConstructionFeature.initializeBlockRecovery``). None when there is none."""
+    ``BlockUnderConstructionFeature.initializeBlockRecovery``). With ``now`` and
+    ``stale_after`` only holders heard from within ``stale_after`` are candidates (all of
+    them when none is). None when there is none."""
+    if now is not None and stale_after is not None:
+        candidates = [c for c in candidates if now - c[1] <= stale_after] or candidates
     if not candidates:
         return None
     ordered = sorted(candidates, key=lambda c: (-c[1], c[0]))
     return ordered[attempt % len(ordered)][0]
+
+
+def recovery_due(*, started: float, now: float, retry_after: float,
+                 primary_heartbeat: float | None, stale_after: float) -> bool:
+    """Is a running block recovery (commanded at ``started``) to be retried with a new id
+    and the next primary? After ``retry_after`` without a commit; or once it ran for
+    ``stale_after`` and its primary (``primary_heartbeat``: its last heartbeat, None when
+    there is no primary) has been silent for longer than ``stale_after``: a primary that
+    died after its last heartbeat never picks the command up."""
+    age = now - started
+    if age >= retry_after:
+        return True
+    return (primary_heartbeat is not None and age >= stale_after
+            and now - primary_heartbeat > stale_after)

@@ -565,7 +565,8 @@ class MetaServer(Dispatcher):
         holders += [n for n, r in info.replicas.items() if not r.corrupt and n not in holders]
         live = [(n, node.last_heartbeat) for n in holders
                 if (node := self.datanodes.live(n)) is not None]
-        primary = lm.choose_primary(live, attempt)
+        primary = lm.choose_primary(live, attempt, now=self.clock(),
+                                    stale_after=self._stale_after())
         self._forget_recovery(block["id"])
         rec = _Recovery(ino, block["id"], recovery_id, new_length, attempt, self.clock(), primary)
         self.recoveries[block["id"]] = rec
@@ -580,13 +581,20 @@ class MetaServer(Dispatcher):
                  path, block["id"], recovery_id, primary or "none alive", attempt)
         return rec
 
+    def _stale_after(self) -> float:
+        return lm.STALE_HEARTBEATS * self.config.heartbeat_interval
+
     async def retry_stalled_recoveries(self) -> int:
-        """Recoveries without a commit after ``block_recovery_retry`` get a new id (and
-        the next primary)."""
+        """Recoveries without a commit after ``block_recovery_retry``, or whose primary
+        stopped heartbeating, get a new id (and the next primary)."""
         retried = 0
         now = self.clock()
         for rec in list(self.recoveries.values()):
-            if now - rec.started < self.config.block_recovery_retry:
+            primary = self.datanodes.find(rec.primary) if rec.primary is not None else None
+            if not lm.recovery_due(started=rec.started, now=now,
+                                   retry_after=self.config.block_recovery_retry,
+                                   primary_heartbeat=primary.last_heartbeat if primary else None,
+                                   stale_after=self._stale_after()):
                 continue
             path = self.ns.path_of(rec.ino)
             if path is None:

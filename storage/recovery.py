@@ -16,7 +16,8 @@ primary then
    succeeded, which closes the file and releases the lease.
 
 Any failure is logged and the recovery given up: the metadata server retries after
-``block_recovery_retry`` with a new recovery id (which supersedes this one on every holder).
+``block_recovery_retry`` (at once when the primary stops heartbeating) with a new recovery
+id (which supersedes this one on every holder).
 
 Length rules (HDFS BlockRecoveryWorker.syncBlock): any FINALIZED replica → its length;
 participants = the FINALIZED replicas of that length plus RBW replicas of exactly that length.

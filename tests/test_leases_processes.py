@@ -202,3 +202,35 @@ def test_a_writer_whose_file_was_taken_over_gets_the_lease_error(cluster):
         message = str(info.value)
         assert message.startswith("No lease on /t: the file is not open for writing"), message
         assert b.read_file("/t") == data
+
+
+@pytest.mark.slow
+def test_recovery_moves_on_when_its_primary_died_after_its_last_heartbeat(tmp_path):
+    """The holder with the freshest heartbeat is killed -9 the moment lease recovery starts
+    (the other two are paused a moment, so it is the freshest and becomes the primary). The
+    metadata server does not wait ``block_recovery_retry`` (90 s) for a primary that will
+    never heartbeat again: once it is stale the recovery is retried with another holder and
+    the file closes with every flushed byte."""
+    settings = {**LEASES, "block_recovery_retry": 90.0, "dead_node_interval": 120.0}
+    with ProcessCluster(tmp_path / "cluster", n_storage=3, settings=settings) as cluster:
+        size = 10_000
+        writer = start_writer(cluster, "/p", size)
+        writer.kill()
+        writer.wait()
+        others = [cluster.procs[f"storage{i}"] for i in (1, 2)]
+        with Client(cluster.meta_address, config=make_test_config()) as b:
+            for proc in others:
+                proc.send_signal(signal.SIGSTOP)
+            try:
+                time.sleep(0.5)              # storage0's heartbeat is now the freshest
+                cluster.kill_storage(0, signal.SIGKILL)
+                assert b.recover_lease("/p") is False
+            finally:
+                for proc in others:
+                    proc.send_signal(signal.SIGCONT)
+            started = time.monotonic()
+            while not b.recover_lease("/p"):
+                assert time.monotonic() - started < 20, (b.list_open_files(),
+                                                         cluster.log_tail("meta"))
+                time.sleep(0.1)
+            assert b.read_file("/p") == expected_bytes(size)

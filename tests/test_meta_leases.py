@@ -69,6 +69,25 @@ def test_choose_primary_freshest_heartbeat_and_rotation():
     assert lm.choose_primary([], 0) is None
 
 
+def test_choose_primary_skips_stale_holders_unless_all_are():
+    cands = [("a", 5.0), ("b", 9.0), ("c", 7.0)]
+    assert lm.choose_primary(cands, 0, now=10.0, stale_after=4.0) == "b"
+    assert lm.choose_primary(cands, 1, now=12.0, stale_after=4.0) == "b"   # c, a are stale
+    assert lm.choose_primary(cands, 1, now=30.0, stale_after=4.0) == "c"   # all stale: all
+
+
+def test_recovery_is_due_when_its_primary_stops_heartbeating():
+    due = dict(started=100.0, retry_after=90.0, stale_after=1.0)
+    # a primary heartbeating: only the long retry
+    assert not lm.recovery_due(now=150.0, primary_heartbeat=149.9, **due)
+    assert lm.recovery_due(now=190.0, primary_heartbeat=189.9, **due)
+    # a primary silent since just before the recovery started: retried once it is stale
+    assert not lm.recovery_due(now=100.5, primary_heartbeat=99.9, **due)
+    assert lm.recovery_due(now=101.2, primary_heartbeat=99.9, **due)
+    # no primary at all: only the long retry
+    assert not lm.recovery_due(now=150.0, primary_heartbeat=None, **due)
+
+
 # --------------------------------------------------------------------------- RPC helpers
 BASE = dict(replication=2, lease_soft_limit=0.5, lease_hard_limit=1.5, block_recovery_retry=30.0)
 
