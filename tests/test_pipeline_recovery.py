@@ -217,6 +217,28 @@ def test_default_policy_replaces_only_after_hflush_and_fails_without_a_spare(tmp
     trio.run(main)
 
 
+def test_default_policy_without_hflush_goes_on_with_two_of_three_nodes(tmp_path):
+    """The other half of the documented rule: replication 3 on exactly 3 block servers,
+    default policy, best effort off, no hflush: a node death needs no replacement, the write
+    goes on with the two survivors."""
+    first, rest = payload(20 * KiB, seed=8), payload(40 * KiB, seed=9)
+
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=3, **SMALL) as cluster:
+            async with cluster.client() as c:
+                out = await c.create("/n", replication=3)
+                await out.write(first)
+                block = (await c.get_block_locations("/n"))["blocks"][0]
+                victim = block["locations"][-1]["address"]
+                await cluster.stop_storage(index_of(cluster, victim))
+                await out.write(rest)
+                await out.close()
+                assert out.recoveries >= 1 and out.replacements == 0
+                assert await c.read_file("/n") == first + rest
+
+    trio.run(main)
+
+
 def test_default_policy_adds_a_spare_after_hflush(tmp_path):
     data = payload(150 * KiB, seed=5)
 
