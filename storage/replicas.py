@@ -899,10 +899,14 @@ class ReplicaStore:
     # -- append (WRITE_BLOCK PIPELINE_SETUP_APPEND)
     async def reopen_for_append(self, block_id: int, new_gs: int, min_bytes: int,
                                 bytes_per_checksum: int | None = None) -> Replica:
-        """Reopen a FINALIZED replica (or an RBW one nobody writes) of exactly ``min_bytes``
-        bytes as RBW under the newer stamp ``new_gs``: files moved to rbw/ (data first, then
-        the meta file renamed to the new stamp, so a crash between the two is undone by the
-        start-up scan), writer opened on the existing files. HDFS FsDatasetImpl.append."""
+        """Reopen a FINALIZED replica (or an RBW one nobody writes) of at least ``min_bytes``
+        bytes as RBW under the newer stamp ``new_gs``: cut to ``min_bytes`` (the file's
+        length, or what the writer's pipeline acknowledged: bytes past it were written by a
+        pipeline whose acks never reached the writer, e.g. a failed append or a LAST packet
+        whose ack was lost, and were never part of the file), files moved to rbw/ (data
+        first, then the meta file renamed to the new stamp, so a crash between the two is
+        undone by the start-up scan), writer opened on the existing files. HDFS
+        FsDatasetImpl.append. A shorter replica cannot serve and is refused."""
         replica = self.replicas.get(block_id)
         if replica is None or replica.removed:
             raise ReplicaNotFound(f"append: block server has no replica of blk_{block_id}")
@@ -918,9 +922,9 @@ class ReplicaStore:
                                   f"{' and being written' if replica.writer else ''}; only a "
                                   f"FINALIZED replica (or an idle RBW one) can be reopened")
         new_state = next_state(replica.state, event)
-        if replica.num_bytes != min_bytes:
+        if replica.num_bytes < min_bytes or min_bytes < 0:
             raise InvalidArgument(f"append: replica {replica.name} holds {replica.num_bytes} "
-                                  f"bytes, the writer expects exactly {min_bytes}")
+                                  f"bytes, fewer than the {min_bytes} the writer expects")
         bpc = replica.bytes_per_checksum
         if bytes_per_checksum is not None and bytes_per_checksum != bpc:
             raise InvalidArgument(f"append: replica {replica.name} uses bytes_per_checksum "
@@ -929,8 +933,11 @@ class ReplicaStore:
         new_data = os.path.join(rbw, data_name(block_id))
         new_meta = os.path.join(rbw, meta_name(block_id, new_gs))
         old_data, old_meta = replica.data_path, replica.meta_path
+        held = replica.num_bytes
 
         def reopen() -> tuple[ReplicaWriter, bytes | None]:
+            if held != min_bytes:
+                truncate_replica_files(old_data, old_meta, min_bytes, bpc)
             if old_data != new_data:
                 os.replace(old_data, new_data)
             os.replace(old_meta, new_meta)
@@ -941,7 +948,7 @@ class ReplicaStore:
 
         async with replica.lock:
             if replica.removed or self.replicas.get(block_id) is not replica \
-                    or replica.num_bytes != min_bytes or replica.gs >= new_gs \
+                    or replica.num_bytes != held or replica.gs >= new_gs \
                     or replica.writer is not None:
                 raise ReplicaNotFound(f"append: replica {replica.name} changed while being "
                                       f"reopened")
@@ -950,8 +957,12 @@ class ReplicaStore:
             replica.gs = new_gs
             replica.state = new_state
             replica.writer = writer
+            self._set_num_bytes(replica, min_bytes)
             replica.visible_length = 0
             replica.set_visible(min_bytes, last_sum)
+        if held != min_bytes:
+            log.warning("reopened blk_%d: cut from %d to the %d bytes the writer expects "
+                        "(the rest was never acknowledged)", block_id, held, min_bytes)
         log.info("reopened blk_%d for append: %d bytes, generation stamp %d", block_id,
                  min_bytes, new_gs)
         return replica
@@ -975,9 +986,8 @@ class ReplicaStore:
         stop its old writer, cut it to ``acked_length`` (what every node acknowledged; the
         last partial chunk's checksum recomputed, so the checksums cover exactly the data),
         rename its meta file to ``new_gs`` and open it for writing. A replica holding fewer
-        bytes than ``acked_length`` cannot serve and is refused. A FINALIZED replica of
-        exactly ``acked_length`` bytes (its LAST packet's ack was lost) is reopened as by
-        append."""
+        bytes than ``acked_length`` cannot serve and is refused. A FINALIZED replica (its
+        LAST packet's ack was lost) is reopened as by append, cut to ``acked_length`` too."""
         replica = self.replicas.get(block_id)
         if replica is None or replica.removed:
             raise ReplicaNotFound(f"pipeline recovery: block server has no replica of "

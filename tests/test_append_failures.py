@@ -110,3 +110,58 @@ def test_a_failed_append_does_not_leave_the_file_open(tmp_path):
                 with b.append("/f") as out:
                     out.write(b"more")
                 assert b.read_file("/f") == first + b"more"
+
+
+@pytest.mark.parametrize("stage", ["PIPELINE_SETUP_STREAMING_RECOVERY", "PIPELINE_SETUP_APPEND"])
+def test_a_replica_longer_than_the_acknowledged_length_is_cut_not_refused(tmp_path, stage):
+    """A block server holds a FINALIZED replica of 8000 bytes while the writer saw only 3000
+    acknowledged (its LAST packet's acks, or those of a failed append's packets, never came
+    back). The writer's setup (recovery or append) with ``min_bytes`` 3000 must cut the
+    replica to 3000 and go on from there; the replica on disk ends as the first 3000 bytes
+    plus what the writer sent next, under the new stamp."""
+    import trio
+
+    from fs.datatransfer import (FLAG_LAST, SUCCESS, WRITE_BLOCK, chunk_checksums,
+                                 receive_ack, send_packet)
+    from fs.framing import FramedStream
+    from fs.rpc import parse_address
+
+    bpc = 512
+    old, new = payload(8000, 6), payload(1500, 7)
+    with ProcessCluster(tmp_path, n_storage=1, settings={"bytes_per_checksum": bpc}) as cluster:
+        with Client(cluster.meta_address, config=make_test_config(bytes_per_checksum=bpc)) as c:
+            with c.create("/long", replication=1, block_size=64 * KiB) as out:
+                out.write(old)
+            located = c.get_block_locations("/long")["blocks"][0]
+        block, address = located["block"], located["locations"][0]["address"]
+        acked = 3000
+        start = acked - acked % bpc           # the first packet repeats the partial chunk
+
+        async def write_on_from(acked_length: int) -> dict:
+            host, port = parse_address(address)
+            framed = FramedStream(await trio.open_tcp_stream(host, port), 1 << 20)
+            try:
+                with trio.fail_after(30):
+                    await framed.send_frame({
+                        "op": WRITE_BLOCK, "block": {"id": block["id"], "gs": block["gs"] + 1},
+                        "targets": [], "client": "t", "stage": stage,
+                        "min_bytes": acked_length, "bytes_per_checksum": bpc})
+                    resp = await framed.receive_frame()
+                    if resp.get("status") != "SUCCESS":
+                        return resp
+                    data = old[start:acked_length] + new
+                    await send_packet(framed, 0, start, data, chunk_checksums(data, bpc))
+                    await send_packet(framed, 1, start + len(data), b"", b"", FLAG_LAST)
+                    acks = [await receive_ack(framed), await receive_ack(framed)]
+                    assert acks == [(0, [SUCCESS]), (1, [SUCCESS])], acks
+                    return resp
+            finally:
+                await framed.aclose()
+
+        resp = trio.run(write_on_from, acked)
+        assert resp["status"] == "SUCCESS", resp
+        folder = cluster.storage_dir(0) / "finalized"
+        data_files = [p for p in folder.rglob(f"blk_{block['id']}") if p.is_file()]
+        metas = [p.name for p in folder.rglob(f"blk_{block['id']}_*.meta")]
+        assert len(data_files) == 1 and data_files[0].read_bytes() == old[:acked] + new
+        assert metas == [f"blk_{block['id']}_{block['gs'] + 1}.meta"]
