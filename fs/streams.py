@@ -15,7 +15,8 @@ unacked: ``write`` waits, so memory stays bounded. A full block ends with an emp
 packet; the next ``add_block`` passes it as ``previous``. ``close`` ends the last block and
 calls ``complete`` until the server says the file is closed. ``append`` reopens a partial
 last block (``_setup_append``: reread its last partial chunk, WRITE_BLOCK stage
-PIPELINE_SETUP_APPEND under the new stamp) and then writes on exactly as after an hflush.
+PIPELINE_SETUP_APPEND under the new stamp; a setup that fails at a node goes on as a pipeline
+recovery, below) and then writes on exactly as after an hflush.
 A pipeline that breaks because the file was deleted or overwritten under the writer is
 reported as ``FileNotFound``, as HDFS's writer sees it.
 
@@ -24,7 +25,8 @@ that fails through one of its nodes records which (``bad_index``); the writer's 
 wait drops that node, gets a new stamp (``update_block_for_pipeline``), adds a replacement
 when the replace-datanode policy says so (``get_additional_datanode`` + TRANSFER_RBW from a
 survivor), sets up PIPELINE_SETUP_STREAMING_RECOVERY, calls ``update_pipeline`` and resends
-the unacked packets; at most ``pipeline_recovery_retries`` rounds per block.
+the unacked packets; at most ``pipeline_recovery_retries`` rounds per block. ``_rebuild``
+does one recovery from a ``_Broken`` pipeline (a failed one, or an append setup that failed).
 
 Read path (``AsyncInputStream``): block locations from the metadata server (the last block
 of a file under construction is measured with BLOCK_LENGTH), READ_BLOCK from one replica at
