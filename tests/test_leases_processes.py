@@ -234,3 +234,37 @@ def test_recovery_moves_on_when_its_primary_died_after_its_last_heartbeat(tmp_pa
                                                          cluster.log_tail("meta"))
                 time.sleep(0.1)
             assert b.read_file("/p") == expected_bytes(size)
+
+
+@pytest.mark.slow
+def test_a_taken_over_writer_is_told_the_new_holder_while_recovery_runs(tmp_path):
+    """While B's lease recovery of A's file is still running (the block servers are paused,
+    so it cannot finish), A's pipeline recovery call gets the lease error naming the file
+    and B, not the block's UNDER_RECOVERY state."""
+    settings = {**LEASES, "dead_node_interval": 120.0}
+    with ProcessCluster(tmp_path / "cluster", n_storage=3, settings=settings) as cluster:
+        with Client(cluster.meta_address, config=make_test_config()) as a, \
+                Client(cluster.meta_address, config=make_test_config()) as b:
+            out = a.create("/w", replication=3, block_size=64 * 1024)
+            out.write(expected_bytes(4000))
+            out.flush()
+            block = b.get_block_locations("/w")["blocks"][-1]["block"]
+            storage = [cluster.procs[f"storage{i}"] for i in range(3)]
+            for proc in storage:
+                proc.send_signal(signal.SIGSTOP)
+            try:
+                assert b.recover_lease("/w") is False
+                with pytest.raises(errors.LeaseExpired) as info:
+                    a._call(a._async.rpc.call, "update_block_for_pipeline",
+                            {"block": block, "client_name": a.client_name})
+            finally:
+                for proc in storage:
+                    proc.send_signal(signal.SIGCONT)
+            message = str(info.value)
+            assert message.startswith("No lease on /w") and b.client_name in message, message
+            out.abort()
+            deadline = time.monotonic() + 30
+            while not b.recover_lease("/w"):
+                assert time.monotonic() < deadline, b.list_open_files()
+                time.sleep(0.1)
+            assert b.read_file("/w") == expected_bytes(4000)
