@@ -12,17 +12,24 @@ File format. Every namespace mutation is one record ``[txid, op, args]`` (msgpac
 Records live in segment files in one folder; txids are consecutive, starting at 1:
 
 * ``edits_inprogress_<first:019d>`` - the segment being appended (at most one, the newest);
-* ``edits_<first:019d>-<last:019d>`` - finalized segments (rolled by checkpoints).
+* ``edits_<first:019d>-<last:019d>`` - finalized segments (rolled by checkpoints);
+* ``edits_lost_<first:019d>-<last:019d>`` - a marker (a few lines of text, no records): these
+  txids were lost from the journal while the namespace store had applied them (see below).
 
 An empty in-progress segment still counts: its name says that txid ``first - 1`` was the
 last one written, so purging every finalized segment never forgets the txid counter.
 
-Recovery (``open``): a bad record at the END of the in-progress segment (short header,
+Recovery (``open(store_applied)``): a bad record at the END of the in-progress segment (short header,
 short body, bad CRC, zero fill) is a torn write from a crash and is cut with a warning. A
 bad record followed by more valid-looking records, any bad record in a finalized segment, a
 txid out of sequence, or a gap between segments is corruption: ``JournalError`` naming the
 file and byte offset, and nothing is modified. A record whose CRC matches but whose body is
-not a record is corruption too (a torn write cannot produce a matching CRC).
+not a record is corruption too (a torn write cannot produce a matching CRC). Then
+``journal_start.decide`` judges the journal against the store's applied txid: when the store
+has applied txids the journal no longer holds (the disk lost the tail), a lost-txids marker
+bridges them and the new segment starts after the store's txid (WARNING naming the txids);
+when the store needs records the journal lacks, ``open`` refuses before changing anything.
+``check_journal`` runs the same decision, so the offline check and a start agree.
 
 Group commit. ``log()`` encodes the record, takes the next txid, appends it to the pending
 batch and waits. One syncer task (``run``) loops: take the whole pending batch, write it and
@@ -70,12 +77,15 @@ import trio
 from fs.datatransfer import crc32c
 from fs.errors import InternalError, InvalidArgument, LeaseFSError
 
+from .journal_start import JournalSpan, StartPlan, decide
+
 log = logging.getLogger(__name__)
 
 RECORD_HEADER = struct.Struct(">II")  # length of body, crc32c(body)
 INPROGRESS_PREFIX = "edits_inprogress_"
 _FINALIZED_RE = re.compile(r"^edits_(\d{19})-(\d{19})$")
 _INPROGRESS_RE = re.compile(r"^edits_inprogress_(\d{19})$")
+_LOST_RE = re.compile(r"^edits_lost_(\d{19})-(\d{19})$")
 
 
 def finalized_name(first: int, last: int) -> str:
@@ -84,6 +94,10 @@ def finalized_name(first: int, last: int) -> str:
 
 def inprogress_name(first: int) -> str:
     return f"{INPROGRESS_PREFIX}{first:019d}"
+
+
+def lost_name(first: int, last: int) -> str:
+    return f"edits_lost_{first:019d}-{last:019d}"
 
 
 class JournalError(LeaseFSError):
@@ -110,6 +124,7 @@ class SegmentInfo:
     last: int          # first - 1 for an empty in-progress segment
     size: int
     in_progress: bool
+    lost: bool = False     # a lost-txids marker: no records
 
 
 @dataclass
@@ -194,6 +209,7 @@ class _Scan:
     valid_end: int         # bytes of valid records
     in_progress: bool
     torn_reason: str = ""
+    lost: bool = False
 
     @property
     def torn_bytes(self) -> int:
@@ -239,22 +255,22 @@ def _scan_segment(directory: str, name: str, first: int, in_progress: bool,
                  size=len(buf), valid_end=pos, in_progress=in_progress, torn_reason=torn_reason)
 
 
-def _list_segments(directory: str) -> list[tuple[str, int, int | None]]:
-    """``(name, first, last or None for in-progress)`` sorted by first txid."""
+def _list_segments(directory: str) -> list[tuple[str, int, int | None, bool]]:
+    """``(name, first, last or None for in-progress, lost marker?)`` sorted by first txid."""
     try:
         names = os.listdir(directory)
     except OSError as exc:
         raise JournalError(f"journal directory {directory}: {exc}", file=directory) from None
     found = []
     for name in names:
-        m = _FINALIZED_RE.match(name)
+        m = _FINALIZED_RE.match(name) or _LOST_RE.match(name)
         if m:
             first, last = int(m.group(1)), int(m.group(2))
             if first < 1 or last < first:
                 raise JournalError(f"journal segment {os.path.join(directory, name)}: "
                                    f"bad txid range in the name",
                                    file=os.path.join(directory, name), offset=0)
-            found.append((name, first, last))
+            found.append((name, first, last, m.re is _LOST_RE))
             continue
         m = _INPROGRESS_RE.match(name)
         if m:
@@ -263,7 +279,7 @@ def _list_segments(directory: str) -> list[tuple[str, int, int | None]]:
                 raise JournalError(f"journal segment {os.path.join(directory, name)}: "
                                    f"bad first txid in the name",
                                    file=os.path.join(directory, name), offset=0)
-            found.append((name, first, None))
+            found.append((name, first, None, False))
     found.sort(key=lambda item: (item[1], item[2] is None))
     return found
 
@@ -278,7 +294,7 @@ def _verify_directory(directory: str, max_record: int) -> list[_Scan]:
                            f"are not the newest segment", file=os.path.join(directory, in_progress[0][0]),
                            offset=0)
     scans: list[_Scan] = []
-    for name, first, last in listed:
+    for name, first, last, lost in listed:
         path = os.path.join(directory, name)
         if scans and first != scans[-1].last + 1:
             prev = scans[-1]
@@ -286,6 +302,11 @@ def _verify_directory(directory: str, max_record: int) -> list[_Scan]:
             raise JournalError(f"journal segment {path} (offset 0) starts at txid {first} but "
                                f"the previous segment {prev.name} ends at txid {prev.last}: txid "
                                f"{kind}", file=path, offset=0)
+        if lost:
+            size = os.path.getsize(path)
+            scans.append(_Scan(name=name, first=first, last=last, records=0, size=size,
+                               valid_end=size, in_progress=False, lost=True))
+            continue
         is_inprogress = last is None
         scan = _scan_segment(directory, name, first, is_inprogress,
                              tail_may_be_torn=is_inprogress, max_record=max_record)
@@ -295,6 +316,29 @@ def _verify_directory(directory: str, max_record: int) -> list[_Scan]:
                                file=path, offset=scan.valid_end)
         scans.append(scan)
     return scans
+
+
+def _span(scans: list[_Scan]) -> JournalSpan:
+    """The txids a verified folder holds, as ``journal_start.decide`` needs them."""
+    last = scans[-1].last if scans else 0
+    first = scans[0].first if scans else last + 1
+    return JournalSpan(first=first, last=last,
+                       lost=tuple((s.first, s.last) for s in scans if s.lost))
+
+
+def _write_lost_marker(directory: str, first: int, last: int, applied: int) -> str:
+    """Create the marker for txids first..last (durably, before any later segment)."""
+    name = lost_name(first, last)
+    path = os.path.join(directory, name)
+    text = (f"txids {first}..{last} were lost from this journal (its tail was cut); the "
+            f"namespace store had applied them (applied txid {applied}), so it keeps their "
+            f"effects. Replaying from before txid {first} is no longer possible.\n")
+    with open(path, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync_dir(directory)
+    return name
 
 
 def _fsync_dir(directory: str) -> None:
@@ -350,9 +394,12 @@ class Journal:
         self._wakeup = trio.lowlevel.ParkingLot()
 
     # ------------------------------------------------------------------ startup (sync)
-    def open(self) -> None:
-        """Scan and verify the folder, cut a torn tail, finalize the recovered in-progress
-        segment and open a new one at ``last_txid + 1``. Raises ``JournalError``."""
+    def open(self, store_applied: int | None = None) -> StartPlan:
+        """Scan and verify the folder, judge it against the namespace store's applied txid
+        (``journal_start.decide``; None = not known), cut a torn tail, finalize the recovered
+        in-progress segment, bridge a lost tail, open a new segment. Returns the plan.
+        Raises ``JournalError`` (nothing modified) on corruption or a refused start; the
+        caller must have made the store durable when it passes ``store_applied``."""
         if self._opened:
             raise InternalError(f"journal {self.directory} is already open")
         try:
@@ -361,6 +408,9 @@ class Journal:
             raise JournalError(f"journal directory {self.directory}: {exc}",
                                file=self.directory) from None
         scans = _verify_directory(self.directory, self.max_record)
+        plan = decide(_span(scans), store_applied)
+        if plan.refusal is not None:
+            raise JournalError(f"journal {self.directory}: {plan.refusal}", file=self.directory)
         reuse_empty: _Scan | None = None
         try:
             if scans and scans[-1].in_progress:
@@ -384,11 +434,14 @@ class Journal:
                                       valid_end=scan.valid_end, in_progress=False)
                 else:
                     reuse_empty = scans.pop()
-            self._finalized = [SegmentInfo(s.name, s.first, s.last, s.size, False) for s in scans]
+            self._finalized = [SegmentInfo(s.name, s.first, s.last, s.size, False, s.lost)
+                               for s in scans]
             if reuse_empty is not None:
                 self.last_txid = reuse_empty.first - 1
             else:
                 self.last_txid = scans[-1].last if scans else 0
+            if plan.bridge is not None:
+                self._bridge(plan, reuse_empty)
             self._next_txid = self.last_txid + 1
             self._inprogress_first = self._next_txid
             self._fd = self._open_inprogress(self._inprogress_first)
@@ -399,6 +452,16 @@ class Journal:
         self._opened = True
         log.info("journal %s opened: %d finalized segments, last txid %d",
                  self.directory, len(self._finalized), self.last_txid)
+
+    def _bridge(self, plan: StartPlan, empty: _Scan | None) -> None:
+        """Record the txids the store applied but the journal lost (startup, sync)."""
+        first, last = plan.bridge
+        if empty is not None:   # its name claims txid first - 1 was the last one written
+            os.unlink(os.path.join(self.directory, empty.name))
+        name = _write_lost_marker(self.directory, first, last, plan.applied)
+        self._finalized.append(SegmentInfo(name, first, last, 0, False, True))
+        self.last_txid = last
+        log.warning("journal %s: %s (marker %s)", self.directory, plan.lines()[0], name)
 
     def _open_inprogress(self, first: int) -> int:
         """Open (creating empty) the in-progress segment starting at ``first``; worker or startup."""
@@ -429,11 +492,16 @@ class Journal:
             raise JournalError(f"journal {self.directory}: txids {after_txid + 1}.."
                                f"{self.first_txid - 1} are needed but no longer in the journal "
                                f"(oldest segment starts at {self.first_txid})", file=self.directory)
+        for seg in self._finalized:
+            if seg.lost and seg.last > after_txid:
+                raise JournalError(f"journal {self.directory}: txids {max(seg.first, after_txid + 1)}"
+                                   f"..{seg.last} are needed but were recorded as lost ({seg.name})",
+                                   file=os.path.join(self.directory, seg.name))
         return self._replay(after_txid, list(self._finalized))
 
     def _replay(self, after_txid: int, segments: list[SegmentInfo]) -> Iterator[Record]:
         for seg in segments:
-            if seg.last <= after_txid:
+            if seg.last <= after_txid or seg.lost:
                 continue
             records: list[Record] = []
             _scan_segment(self.directory, seg.name, seg.first, False, tail_may_be_torn=False,
@@ -620,14 +688,24 @@ class Journal:
 
 
 # ------------------------------------------------------------------------------ offline check
-def check_journal(directory: str, max_record: int = 64 << 20) -> list[str]:
-    """Offline verification for ``leasefs meta --check-journal DIR``: report lines; raises
-    ``JournalError`` (file + offset) on corruption. Never modifies anything."""
+def check_journal(directory: str, max_record: int = 64 << 20, *,
+                  store_applied: int | None = None) -> list[str]:
+    """Offline verification for ``leasefs meta --check-journal DIR``: report lines, including
+    what a start would do given the namespace store's ``store_applied`` txid (the same
+    ``journal_start.decide`` as ``Journal.open``); raises ``JournalError`` (file + offset) on
+    corruption or when a start would refuse. Never modifies anything."""
     if not os.path.isdir(directory):
         raise JournalError(f"journal directory {directory}: not a directory", file=directory)
     scans = _verify_directory(directory, max_record)
+    plan = decide(_span(scans), store_applied)
+    if plan.refusal is not None:
+        raise JournalError(f"journal {directory}: {plan.refusal}", file=directory)
     lines = [f"journal {directory}: {len(scans)} segment(s)"]
     for scan in scans:
+        if scan.lost:
+            lines.append(f"  {scan.name}: txids {scan.first}..{scan.last}: lost from the "
+                         f"journal (the namespace store had applied them)")
+            continue
         kind = "in progress" if scan.in_progress else "finalized"
         span = f"txids {scan.first}..{scan.last}, {scan.records} records" if scan.records \
             else "no records"
@@ -635,6 +713,7 @@ def check_journal(directory: str, max_record: int = 64 << 20) -> list[str]:
         if scan.torn_bytes:
             lines.append(f"    torn tail at offset {scan.valid_end}: {scan.torn_bytes} bytes "
                          f"({scan.torn_reason}); would be cut at the next start")
+    lines += [f"next start: {line}" for line in plan.lines()]
     total = sum(scan.records for scan in scans)
     if total:
         first = next(scan.first for scan in scans if scan.records)

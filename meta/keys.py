@@ -152,3 +152,9 @@ def pack(value) -> bytes:
 
 def unpack(raw: bytes):
     return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+
+
+def read_counter(kv, name: str, default: int = 0):
+    """One ``M`` counter straight from a store (offline tools; the server keeps its own)."""
+    raw = kv.get(meta_key(name))
+    return default if raw is None else unpack(raw)

@@ -183,9 +183,12 @@ class MetaServer(Dispatcher):
 
     # ================================================================== startup
     def recover(self) -> None:
-        """Sync, at start: open the journal and replay what LevelDB has not applied."""
-        self.journal.open()
+        """Sync, at start: open the journal and replay what LevelDB has not applied. The
+        store is made durable first: its applied state is then authoritative, so a journal
+        that lost its tail (the store is ahead of it) is bridged instead of refused."""
         applied = self.ns.applied_txid
+        self.kv.sync()
+        self.journal.open(store_applied=applied)
         chunk = []
         replayed = 0
         self._recovering = True

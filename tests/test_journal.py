@@ -53,9 +53,9 @@ def session(directory, ops, **kwargs) -> tuple[Journal, Applied, list[int]]:
     return journal, applied, txids
 
 
-def reopen(directory, **kwargs) -> Journal:
+def reopen(directory, store_applied=None, **kwargs) -> Journal:
     journal = Journal(str(directory), Applied(), **kwargs)
-    journal.open()
+    journal.open(store_applied)
     return journal
 
 
@@ -68,6 +68,24 @@ def restart(directory) -> None:
 def mkdir_ops(start: int, count: int) -> list[tuple[str, dict]]:
     return [("MKDIR", {"path": f"/d{i}", "perm": 0o755, "blob": bytes([i % 256])})
             for i in range(start, start + count)]
+
+
+def rolled_journal(directory, count: int) -> Journal:
+    """A closed journal (keep_segments=0) whose ``count`` records are in one rolled segment."""
+    journal = Journal(str(directory), Applied(), keep_segments=0)
+    journal.open()
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            for op, args in mkdir_ops(0, count):
+                await journal.log(op, args)
+            await journal.roll()
+            nursery.cancel_scope.cancel()
+        await journal.aclose()
+
+    trio.run(main)
+    return journal
 
 
 def only_segment(directory) -> str:
@@ -290,6 +308,52 @@ def test_torn_first_record_leaves_empty_segment_and_keeps_txid(tmp_path):
     assert trio.run(log_all, journal, mkdir_ops(2, 1)) == [3]
 
 
+@pytest.mark.parametrize("empty_segment", [False, True])
+def test_store_ahead_of_a_lost_tail_is_bridged_and_the_check_agrees(tmp_path, caplog,
+                                                                     empty_segment):
+    session(tmp_path, mkdir_ops(0, 5))               # inprogress_1 holds 1..5
+    if empty_segment:
+        restart(tmp_path)                            # edits_1-5 + inprogress_6 (empty)
+        for name in os.listdir(tmp_path):
+            os.unlink(tmp_path / name)
+        session(tmp_path, [])                        # a folder that only keeps the counter
+        assert check_journal(str(tmp_path))[-1] == "OK: no records (last txid 0)"
+        applied, lost = 5, "1..5"
+    else:
+        inprog = tmp_path / inprogress_name(1)
+        inprog.write_bytes(inprog.read_bytes()[:-3])   # record 5 lost its tail
+        applied, lost = 7, "5..7"                    # the store applied 5..7 before the loss
+    before = file_listing(tmp_path)
+    text = "\n".join(check_journal(str(tmp_path), store_applied=applied))
+    assert f"txids {lost} are not in the journal" in text, text
+    assert f"continuing at txid {applied + 1}" in text
+    assert file_listing(tmp_path) == before
+
+    with caplog.at_level(logging.WARNING, logger="meta.journal"):
+        journal = reopen(tmp_path, store_applied=applied)
+    assert any(f"txids {lost} are not in the journal" in m for m in caplog.messages)
+    assert journal.last_txid == applied and list(journal.replay(applied)) == []
+    assert trio.run(log_all, journal, mkdir_ops(50, 2)) == [applied + 1, applied + 2]
+    # the chain is whole again: a plain restart, replay after the store, the check
+    journal = reopen(tmp_path, store_applied=applied + 2)
+    assert [r.txid for r in journal.replay(applied)] == [applied + 1, applied + 2]
+    with pytest.raises(JournalError, match=f"recorded as lost"):
+        list(journal.replay(int(lost.split("..")[0]) - 1))
+    text = "\n".join(check_journal(str(tmp_path), store_applied=applied + 2))
+    assert f"txids {lost}: lost from the journal" in text and "nothing to replay" in text
+
+
+def test_store_needing_purged_records_is_refused_by_start_and_check_alike(tmp_path):
+    journal = rolled_journal(tmp_path, 4)
+    journal.purge(4)
+    before = file_listing(tmp_path)
+    with pytest.raises(JournalError, match="applied txid 2; txids 3..4 are needed"):
+        check_journal(str(tmp_path), store_applied=2)
+    with pytest.raises(JournalError, match="applied txid 2; txids 3..4 are needed"):
+        reopen(tmp_path, store_applied=2)
+    assert file_listing(tmp_path) == before
+
+
 # ------------------------------------------------------------------------------ corruption
 def test_bad_record_in_middle_of_inprogress_is_hard_error(tmp_path):
     session(tmp_path, mkdir_ops(0, 6))               # inprogress_1 holds 1..6
@@ -390,19 +454,7 @@ def test_roll_and_purge_keep_newest_segments(tmp_path):
 
 
 def test_purge_everything_keeps_txid_counter(tmp_path):
-    journal = Journal(str(tmp_path), Applied(), keep_segments=0)
-    journal.open()
-
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            for op, args in mkdir_ops(0, 4):
-                await journal.log(op, args)
-            await journal.roll()
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
-
-    trio.run(main)
+    journal = rolled_journal(tmp_path, 4)
     assert journal.purge(4) == [finalized_name(1, 4)]
     journal = reopen(tmp_path, keep_segments=0)
     assert journal.last_txid == 4
