@@ -54,11 +54,20 @@ Concurrency contract:
   write, a roll and the final flush never overlap.
 * A ``log`` caller cancelled while waiting leaves its record in the batch: it is still
   written and applied; the syncer and the other waiters are unaffected.
-* On a write/fsync ``OSError`` every waiting caller gets ``InternalError`` and the journal
-  refuses all later ``log`` calls (the server must not acknowledge undurable mutations).
-  Records of a failed batch may still be on disk and replayed at the next start, as with
-  any database whose commit failed after the write. If ``apply`` raises, the batch's
-  waiters get ``InternalError`` (the records are durable and will replay at restart).
+
+Write failures: a caller gets an error only for a mutation that is NOT durable, and a
+durable mutation is never answered with an error:
+
+* A write/fsync ``OSError`` (disk full, I/O error): the syncer cuts the in-progress segment
+  back to its last durable length (``ftruncate`` + ``fsync``). Once that worked, nothing of
+  the batch nor of the records queued behind it is on disk: their callers get ``NoSpace``
+  (ENOSPC/EDQUOT) or ``InternalError`` naming the segment and the cause, the txid counter
+  goes back, and the journal keeps serving (the next ``log`` tries the disk again).
+* Fail-stop (HDFS: the NameNode terminates when it cannot write a required journal): when
+  the cut fails too (the records' fate is unknown), when ``apply`` raises (the records are
+  durable but not applied), or when a roll fails, the journal refuses everything, never
+  answers the waiting callers, and ``run`` raises ``JournalError`` so the server stops. A
+  restart replays what is durable.
 """
 
 from __future__ import annotations
@@ -75,7 +84,7 @@ import msgpack
 import trio
 
 from fs.datatransfer import crc32c
-from fs.errors import InternalError, InvalidArgument, LeaseFSError
+from fs.errors import InternalError, InvalidArgument, LeaseFSError, NoSpace
 
 from .journal_start import JournalSpan, StartPlan, decide
 
@@ -358,10 +367,10 @@ class _Batch:
         self.records: list[Record] = []
         self.chunks: list[bytes] = []
         self.done = trio.Event()
-        self.error: str | None = None
+        self.error: tuple[type[LeaseFSError], str] | None = None
 
-    def fail(self, message: str) -> None:
-        self.error = message
+    def fail(self, message: str, error: type[LeaseFSError] = InternalError) -> None:
+        self.error = (error, message)
         self.done.set()
 
 
@@ -385,6 +394,7 @@ class Journal:
         self._opened = False
         self._closing = False
         self._failure: str | None = None
+        self._fatal = False          # the server must stop (see the module docstring)
         self._fd: int | None = None
         self._inprogress_first = 1
         self._inprogress_size = 0
@@ -539,13 +549,17 @@ class Journal:
             self.observer("queued", txid, txid)
         await batch.done.wait()
         if batch.error is not None:
-            raise InternalError(batch.error)
+            error, message = batch.error
+            raise error(message)
         return txid
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The group-commit syncer task; runs in the server's nursery until cancelled."""
         task_status.started()
         while True:
+            if self._fatal:
+                raise JournalError(f"journal {self.directory}: {self._failure}",
+                                   file=self.directory)
             if self._failure is not None:
                 await trio.sleep_forever()
             if not self._pending.records:
@@ -567,8 +581,7 @@ class Journal:
             try:
                 await trio.to_thread.run_sync(self._write_and_fsync, data, limiter=self._limiter)
             except OSError as exc:
-                self._fail(f"journal write failed ({inprogress_name(self._inprogress_first)}, "
-                           f"txids {first}..{last}): {exc}", batch)
+                await self._write_failed(exc, batch)
                 return
             # from here to the wake-up there is no checkpoint: durable → applied → acknowledged
             self.stats.fsyncs += 1
@@ -583,8 +596,8 @@ class Journal:
                 self._apply(batch.records)
             except Exception as exc:
                 log.exception("journal: applying txids %d..%d failed", first, last)
-                batch.fail(f"applying journal txids {first}..{last} failed: "
-                           f"{type(exc).__name__}: {exc}")
+                self._stop(f"applying txids {first}..{last} failed after they were made "
+                           f"durable ({type(exc).__name__}: {exc}); they replay at the next start")
                 return
             batch.done.set()
 
@@ -596,13 +609,39 @@ class Journal:
             view = view[written:]
         os.fsync(self._fd)
 
-    def _fail(self, message: str, *batches: _Batch) -> None:
-        """Refuse all further writes and fail every waiting caller."""
-        log.error("%s; the journal now refuses all mutations", message)
+    async def _write_failed(self, exc: OSError, batch: _Batch) -> None:
+        """Cut the segment back to its durable length, then fail the batch and everything
+        queued behind it (nothing of theirs is on disk); fail-stop if the cut fails."""
+        first, last = batch.records[0].txid, batch.records[-1].txid
+        what = (f"journal write failed ({inprogress_name(self._inprogress_first)}, txids "
+                f"{first}..{last}): {exc}")
+        try:
+            await trio.to_thread.run_sync(self._cut_back, self._inprogress_size,
+                                          limiter=self._limiter)
+        except OSError as cut_exc:
+            self._stop(f"{what}; cutting the segment back to {self._inprogress_size} bytes "
+                       f"failed too ({cut_exc}): whether those records are durable is unknown")
+            return
+        # synchronous from here on: no log() can slip in between the reset and the failures
+        queued, self._pending = self._pending, _Batch()
+        self._next_txid = first
+        error = NoSpace if exc.errno in (_errno.ENOSPC, _errno.EDQUOT) else InternalError
+        message = f"{what}; nothing of it was kept: the mutation did not happen"
+        log.error("%s (%d callers failed)", message, len(batch.records) + len(queued.records))
+        batch.fail(message, error)
+        queued.fail(message, error)
+
+    def _cut_back(self, size: int) -> None:
+        """Worker thread: drop whatever a failed write left after ``size`` bytes, durably."""
+        os.ftruncate(self._fd, size)
+        os.fsync(self._fd)
+
+    def _stop(self, message: str) -> None:
+        """Fail-stop: refuse everything, answer no waiting caller, make ``run`` raise."""
+        log.critical("%s; the metadata server stops", message)
         self._failure = message
-        for batch in (*batches, self._pending):
-            if not batch.done.is_set():
-                batch.fail(message)
+        self._fatal = True
+        self._wakeup.unpark_all()
 
     # ------------------------------------------------------------------ checkpoints
     async def roll(self) -> tuple[int, int]:
@@ -620,7 +659,7 @@ class Journal:
                 new_fd = await trio.to_thread.run_sync(self._roll_files, first, last,
                                                        limiter=self._limiter)
             except OSError as exc:
-                self._fail(f"journal roll of {inprogress_name(first)} failed: {exc}")
+                self._stop(f"journal roll of {inprogress_name(first)} failed: {exc}")
                 raise InternalError(self._failure) from None
             self._fd = new_fd
             self._finalized.append(SegmentInfo(finalized_name(first, last), first, last,

@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from fs.errors import InternalError, InvalidArgument
+from fs.errors import InternalError, InvalidArgument, NoSpace
 from meta.journal import (Journal, JournalError, Record, check_journal, encode_record,
                           finalized_name, inprogress_name)
 
@@ -490,11 +490,57 @@ def test_check_journal_reports_and_never_modifies(tmp_path):
 
 
 # ------------------------------------------------------------------------------ I/O errors
-def test_fsync_error_fails_callers_and_refuses_later_logs(tmp_path, monkeypatch, caplog):
+def test_failed_write_is_cut_back_so_failed_callers_are_not_durable(tmp_path, monkeypatch,
+                                                                     caplog):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
     journal.open()
-    errors: list[str] = []
+    real_write = os.write
+    disk_full = True
+    errors: list[Exception] = []
+
+    def short_write(fd, data):     # a disk that takes half a batch, then is full
+        if disk_full and len(data) > 8:
+            return real_write(fd, bytes(data[:len(data) // 2]))
+        if disk_full:
+            raise OSError(28, "No space left on device (injected)")
+        return real_write(fd, data)
+
+    async def writer(i):
+        try:
+            await journal.log("MKDIR", {"path": f"/{i}"})
+        except NoSpace as exc:
+            errors.append(exc)
+
+    async def main():
+        nonlocal disk_full
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            assert await journal.log("MKDIR", {"path": "/ok"}) == 1
+            monkeypatch.setattr(os, "write", short_write)
+            async with trio.open_nursery() as writers:
+                for i in range(5):
+                    writers.start_soon(writer, i)
+            disk_full = False            # space is back: the journal writes again
+            assert await journal.log("MKDIR", {"path": "/later"}) == 2
+            nursery.cancel_scope.cancel()
+        await journal.aclose()
+
+    with caplog.at_level(logging.ERROR, logger="meta.journal"):
+        trio.run(main)
+    monkeypatch.setattr(os, "write", real_write)
+    assert len(errors) == 5 and all(e.errno == 28 for e in errors)
+    assert all("journal write failed" in str(e) and "did not happen" in str(e) for e in errors)
+    assert [(r.txid, r.args["path"]) for r in applied.records] == [(1, "/ok"), (2, "/later")]
+    assert [(r.txid, r.args["path"]) for r in reopen(tmp_path).replay(0)] == \
+        [(1, "/ok"), (2, "/later")]
+
+
+def test_write_whose_cut_back_fails_stops_without_answering(tmp_path, monkeypatch, caplog):
+    applied = Applied()
+    journal = Journal(str(tmp_path), applied)
+    journal.open()
+    answered: list[str] = []
 
     def broken_fsync(fd):
         raise OSError(5, "Input/output error (injected)")
@@ -502,36 +548,34 @@ def test_fsync_error_fails_callers_and_refuses_later_logs(tmp_path, monkeypatch,
     async def writer(i):
         try:
             await journal.log("MKDIR", {"path": f"/{i}"})
+            answered.append("ok")
         except InternalError as exc:
-            errors.append(str(exc))
+            answered.append(str(exc))
 
     async def main():
         async with trio.open_nursery() as nursery:
             await nursery.start(journal.run)
             assert await journal.log("MKDIR", {"path": "/ok"}) == 1
             monkeypatch.setattr(os, "fsync", broken_fsync)
-            async with trio.open_nursery() as writers:
-                for i in range(5):
-                    writers.start_soon(writer, i)
-            with pytest.raises(InternalError, match="refuses writes"):
-                await journal.log("MKDIR", {"path": "/later"})
-            with pytest.raises(InternalError, match="cannot roll"):
-                await journal.roll()
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
+            for i in range(5):
+                nursery.start_soon(writer, i)
 
     with caplog.at_level(logging.ERROR, logger="meta.journal"):
-        trio.run(main)
+        with pytest.raises(BaseExceptionGroup) as group:
+            trio.run(main)
     monkeypatch.undo()
-    assert len(errors) == 5
-    assert all("journal write failed" in e and "injected" in e for e in errors), errors
-    assert [r.txid for r in applied.records] == [1]      # nothing undurable was applied
-    assert journal.last_txid == 1
-    assert any("refuses all mutations" in m for m in caplog.messages)
+    assert group.group_contains(JournalError, match="whether those records are durable is unknown")
+    assert answered == []                                 # fate unknown: nobody was answered
+    assert [r.txid for r in applied.records] == [1]       # nothing undurable was applied
+    with pytest.raises(InternalError, match="refuses writes"):
+        trio.run(journal.log, "MKDIR", {"path": "/later"})
+    assert any("the metadata server stops" in m for m in caplog.messages)
+    trio.run(journal.aclose)
 
 
-def test_apply_error_fails_that_batch_only(tmp_path, caplog):
+def test_apply_error_stops_without_answering_and_the_records_replay(tmp_path, caplog):
     seen = []
+    answered = []
 
     def apply(records):
         seen.extend(r.txid for r in records)
@@ -544,14 +588,13 @@ def test_apply_error_fails_that_batch_only(tmp_path, caplog):
     async def main():
         async with trio.open_nursery() as nursery:
             await nursery.start(journal.run)
-            with pytest.raises(InternalError, match="applying journal txids 1..1 failed.*namespace bug"):
-                await journal.log("MKDIR", {"boom": True})
-            assert await journal.log("MKDIR", {"path": "/fine"}) == 2
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
+            assert await journal.log("MKDIR", {"path": "/fine"}) == 1
+            answered.append(await journal.log("MKDIR", {"boom": True}))
 
     with caplog.at_level(logging.ERROR, logger="meta.journal"):
-        trio.run(main)
-    assert seen == [1, 2]
-    assert any("applying txids 1..1 failed" in m for m in caplog.messages)
-    assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2]   # durable despite the bug
+        with pytest.raises(BaseExceptionGroup) as group:
+            trio.run(main)
+    trio.run(journal.aclose)
+    assert group.group_contains(JournalError, match="applying txids 2..2 failed.*namespace bug")
+    assert seen == [1, 2] and answered == []
+    assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2]   # durable: replays

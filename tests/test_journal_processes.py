@@ -8,11 +8,13 @@ import os
 import re
 import subprocess
 import sys
+from contextlib import contextmanager
 
 import msgpack
 import pytest
 import trio
 
+from fs import errors
 from fs.client import AsyncClient
 from harness import ProcessCluster, make_test_config
 from meta import keys
@@ -143,3 +145,116 @@ def test_kill9_then_lost_journal_tail_starts_from_the_store_and_check_agrees(tmp
         assert "OK" in after.stdout
     finally:
         cluster.stop()
+
+
+# ------------------------------------------------------------------------------ full disk
+@contextmanager
+def small_tmpfs(path, size: str):
+    """A tmpfs of ``size`` mounted on ``path`` (a real ENOSPC once it is full)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                   check=True)
+    try:
+        yield lambda new_size: subprocess.run(
+            ["mount", "-o", f"remount,size={new_size}", str(path)], check=True)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+class Outcomes:
+    """What each mkdir's caller was told: ``ok``, an error reply, or nothing certain."""
+
+    def __init__(self):
+        self.ok: list[str] = []
+        self.refused: dict[str, str] = {}     # the server answered with an error
+        self.unknown: list[str] = []          # the connection was lost: either outcome
+
+    async def load(self, address: str, workers: int, enough, tag: str = "full") -> None:
+        """``workers`` clients making directories (long names) until ``enough(self)``."""
+        done = trio.Event()
+
+        async def worker(k: int):
+            config = make_test_config(rpc_retry_seconds=2.0)
+            async with AsyncClient(address, config=config) as client:
+                i = 0
+                while not done.is_set():
+                    path = f"/{tag}/w{k}/{'x' * 150}{i}"
+                    i += 1
+                    try:
+                        await client.mkdirs(path)
+                        self.ok.append(path)
+                    except errors.ServerUnavailable:
+                        self.unknown.append(path)
+                    except errors.LeaseFSError as exc:
+                        self.refused[path] = f"{type(exc).__name__}: {exc}"
+                    if enough(self):
+                        done.set()
+
+        with trio.fail_after(150):
+            async with trio.open_nursery() as nursery:
+                for k in range(workers):
+                    nursery.start_soon(worker, k)
+
+    def check_after_restart(self, address: str) -> None:
+        async def check():
+            async with AsyncClient(address, config=make_test_config()) as client:
+                lost = [p for p in self.ok if not await client.exists(p)]
+                kept = [p for p in self.refused if await client.exists(p)]
+            return lost, kept
+        lost, kept = trio.run(check)
+        assert lost == [], f"acknowledged but gone after the restart: {lost[:5]}"
+        assert kept == [], f"answered with an error but present after the restart: " \
+                           f"{[(p, self.refused[p]) for p in kept[:3]]}"
+
+
+def restart_and_check(cluster: ProcessCluster, out: Outcomes) -> None:
+    """Start the stopped metadata server; every success is there, every error reply is
+    not, and the store is consistent."""
+    cluster.start_meta()
+    cluster.wait_ready(0)
+    out.check_after_restart(cluster.meta_address)
+    cluster.kill_meta(sig=15)
+    assert store_problems(cluster) == []
+
+
+def test_full_journal_disk_fails_only_undurable_calls_and_recovers_when_space_returns(tmp_path):
+    cluster = ProcessCluster(tmp_path, n_storage=0)
+    with small_tmpfs(journal_dir(cluster), "192k") as resize:
+        cluster.start()
+        try:
+            out = Outcomes()
+            trio.run(out.load, cluster.meta_address, 6, lambda o: len(o.refused) >= 30)
+            assert out.ok and not out.unknown
+            assert all("NoSpace" in why and "did not happen" in why
+                       for why in out.refused.values()), list(out.refused.values())[:3]
+
+            resize("64m")             # space is back: the running server writes again
+            ok, refused = len(out.ok), len(out.refused)
+            trio.run(out.load, cluster.meta_address, 1,
+                     lambda o: len(o.ok) + len(o.refused) > ok + refused, "again")
+            assert len(out.ok) == ok + 1 and out.ok[-1].startswith("/again/"), \
+                list(out.refused.values())[-1:]
+            cluster.kill_meta(sig=15)
+            restart_and_check(cluster, out)
+        finally:
+            cluster.stop()
+
+
+def test_full_store_disk_stops_the_server_without_error_replies(tmp_path):
+    cluster = ProcessCluster(tmp_path, n_storage=0)
+    with small_tmpfs(cluster.meta_dir() / "db", "512k") as resize:
+        cluster.start()
+        try:
+            out = Outcomes()
+            trio.run(out.load, cluster.meta_address, 6, lambda o: bool(o.unknown or o.refused))
+            # the store write failed after the journal made the batch durable: the server
+            # stopped (fail-stop) and answered nobody of that batch with an error
+            assert cluster.procs["meta"].wait(30) == 1
+            assert out.refused == {}, list(out.refused.items())[:3]
+            assert "the metadata server stops" in cluster.log_tail("meta", 200)
+            resize("64m")
+            restart_and_check(cluster, out)
+        finally:
+            cluster.stop()
