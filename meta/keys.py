@@ -41,7 +41,12 @@ key                    value (msgpack)                             meaning
                                                                     ``applied_txid``,
                                                                     ``namespace_id``,
                                                                     ``layout_version``,
-                                                                    ``files``, ``dirs``
+                                                                    ``files``, ``dirs``;
+                                                                    ``checkpoint_txid``,
+                                                                    ``checkpoint_time`` (ns):
+                                                                    the last checkpoint, put
+                                                                    by its synced write (not
+                                                                    journaled; checkpoint.py)
 ====================  ==========================================  ===========================
 
 Anything else in the store (e.g. ``kv.py``'s ``\\x00sync`` marker) is not namespace data.
@@ -76,6 +81,9 @@ LAYOUT = "layout_version"
 FILES = "files"
 DIRS = "dirs"
 COUNTERS = (NEXT_INO, NEXT_BLOCK_ID, GENSTAMP, APPLIED_TXID, NAMESPACE_ID, LAYOUT, FILES, DIRS)
+# written by checkpoints, not by journal records
+CHECKPOINT_TXID = "checkpoint_txid"
+CHECKPOINT_TIME = "checkpoint_time"
 
 
 def encode_name(name: str) -> bytes:

@@ -258,3 +258,105 @@ def test_full_store_disk_stops_the_server_without_error_replies(tmp_path):
             restart_and_check(cluster, out)
         finally:
             cluster.stop()
+
+
+# ------------------------------------------------------------------------------ checkpoints
+def make_dirs(cluster: ProcessCluster, prefix: str, n: int) -> None:
+    async def run():
+        async with AsyncClient(cluster.meta_address, config=make_test_config()) as client:
+            for i in range(n):
+                await client.mkdirs(f"/{prefix}/d{i}")
+    trio.run(run)
+
+
+def report(cluster: ProcessCluster) -> dict:
+    async def run():
+        async with AsyncClient(cluster.meta_address, config=make_test_config()) as client:
+            return await client.report()
+    return trio.run(run)
+
+
+def restart_meta(cluster: ProcessCluster) -> None:
+    cluster.kill_meta(sig=15)
+    cluster.start_meta()
+    cluster.wait_ready(0)
+
+
+def wait_checkpoint(cluster: ProcessCluster, after_txid: int, timeout: float = 30.0) -> dict:
+    """The report's checkpoint once one newer than ``after_txid`` was taken."""
+    async def run():
+        async with AsyncClient(cluster.meta_address, config=make_test_config()) as client:
+            with trio.fail_after(timeout):
+                while True:
+                    checkpoint = (await client.report())["checkpoint"]
+                    if checkpoint["txid"] > after_txid:
+                        return checkpoint
+                    await trio.sleep(0.1)
+    return trio.run(run)
+
+
+def test_checkpoint_trigger_counts_transactions_across_restarts(tmp_path):
+    cluster = ProcessCluster(tmp_path, n_storage=0,
+                             settings={"checkpoint_txns": 100, "checkpoint_period": 3600})
+    cluster.start()
+    try:
+        make_dirs(cluster, "a", 60)                  # FORMAT + 60: under the 100
+        restart_meta(cluster)
+        assert report(cluster)["checkpoint"] == {"txid": 0, "time_ns": 0,
+                                                 "txns_since": report(cluster)["journal"]["last_txid"]}
+        make_dirs(cluster, "b", 60)                  # 121 since the start of time: due
+        first = wait_checkpoint(cluster, 0)
+        assert first["txid"] >= 100 and first["time_ns"] > 0
+
+        restart_meta(cluster)                        # the checkpoint is remembered
+        assert report(cluster)["checkpoint"]["txid"] == first["txid"]
+        assert report(cluster)["checkpoint"]["time_ns"] == first["time_ns"]
+        make_dirs(cluster, "c", 50)
+        restart_meta(cluster)
+        make_dirs(cluster, "d", 55)                  # 105 since the first checkpoint
+        second = wait_checkpoint(cluster, first["txid"])
+        assert second["txid"] - first["txid"] >= 100
+    finally:
+        cluster.stop()
+
+
+def test_save_namespace_needs_safe_mode_purges_old_segments_and_shows_in_report(tmp_path):
+    cluster = ProcessCluster(tmp_path, n_storage=0, settings={"journal_keep_segments": 1})
+    cluster.start()
+    try:
+        make_dirs(cluster, "a", 20)
+        refused = leasefs(cluster, "save-namespace")
+        assert refused.returncode == 1
+        assert refused.stderr.strip().splitlines() == [
+            "leasefs save-namespace: save namespace: safe mode must be ON to save the "
+            "namespace (leasefs safemode enter), as HDFS requires"]
+        assert "Last checkpoint: never" in leasefs(cluster, "report").stdout
+
+        for prefix in ("b", "c", "d"):
+            make_dirs(cluster, prefix, 10)
+            assert leasefs(cluster, "safemode", "enter").returncode == 0
+            saved = leasefs(cluster, "save-namespace")
+            assert saved.returncode == 0, saved.stderr
+            assert leasefs(cluster, "safemode", "leave").returncode == 0
+        txid = report(cluster)["journal"]["last_txid"]
+        assert f"Save namespace successful: checkpoint txid {txid} at " in saved.stdout
+        assert "purged 1 journal segment(s)" in saved.stdout
+        assert f"Last checkpoint: txid {txid} at " in leasefs(cluster, "report").stdout
+
+        # only the newest finalized segment is left; a start opens and replays just that
+        segments = sorted(os.listdir(journal_dir(cluster)))
+        first_kept = int(segments[0].split("_")[1].split("-")[0])
+        assert len(segments) == 2 and segments[1].startswith("edits_inprogress_"), segments
+        assert first_kept > 1
+        make_dirs(cluster, "e", 5)
+        cluster.kill_meta()                          # kill -9: the tail is in the journal only
+        cluster.start_meta()
+        cluster.wait_ready(0)
+        log_text = cluster.log_tail("meta", 400)
+        # the kept segment and the recovered in-progress one: nothing older is read
+        assert f"opened: 2 finalized segments, last txid {txid + 5}" in log_text, log_text
+        assert trio.run(all_exist, cluster.meta_address, ["/e/d4", "/a/d0"]) == []
+        check = leasefs(cluster, "meta", "--check-journal", str(journal_dir(cluster)))
+        assert check.returncode == 0 and f"txids {first_kept}.." in check.stdout, check.stdout
+    finally:
+        cluster.stop()
