@@ -490,6 +490,7 @@ def test_check_journal_reports_and_never_modifies(tmp_path):
 
 
 # ------------------------------------------------------------------------------ I/O errors
+@pytest.mark.allow_log_errors(r"journal write failed", reason="the test fills the disk")
 def test_failed_write_is_cut_back_so_failed_callers_are_not_durable(tmp_path, monkeypatch,
                                                                      caplog):
     applied = Applied()
@@ -536,6 +537,8 @@ def test_failed_write_is_cut_back_so_failed_callers_are_not_durable(tmp_path, mo
         [(1, "/ok"), (2, "/later")]
 
 
+@pytest.mark.allow_log_errors(r"journal write failed", r"the metadata server stops",
+                              reason="the test breaks fsync")
 def test_write_whose_cut_back_fails_stops_without_answering(tmp_path, monkeypatch, caplog):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
@@ -573,6 +576,8 @@ def test_write_whose_cut_back_fails_stops_without_answering(tmp_path, monkeypatc
     trio.run(journal.aclose)
 
 
+@pytest.mark.allow_log_errors(r"applying txids", r"the metadata server stops",
+                              reason="the test's apply raises")
 def test_apply_error_stops_without_answering_and_the_records_replay(tmp_path, caplog):
     seen = []
     answered = []

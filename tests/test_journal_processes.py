@@ -219,6 +219,7 @@ def restart_and_check(cluster: ProcessCluster, out: Outcomes) -> None:
     assert store_problems(cluster) == []
 
 
+@pytest.mark.allow_log_errors(r"journal write failed", reason="the journal's disk is full")
 def test_full_journal_disk_fails_only_undurable_calls_and_recovers_when_space_returns(tmp_path):
     cluster = ProcessCluster(tmp_path, n_storage=0)
     with small_tmpfs(journal_dir(cluster), "192k") as resize:
@@ -242,6 +243,9 @@ def test_full_journal_disk_fails_only_undurable_calls_and_recovers_when_space_re
             cluster.stop()
 
 
+@pytest.mark.allow_log_errors(r"applying txids", r"the metadata server stops",
+                              r"metadata server failed", r"No space|IO error|Traceback",
+                              reason="the store's disk is full: the server stops")
 def test_full_store_disk_stops_the_server_without_error_replies(tmp_path):
     cluster = ProcessCluster(tmp_path, n_storage=0)
     with small_tmpfs(cluster.meta_dir() / "db", "512k") as resize:
