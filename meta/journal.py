@@ -29,7 +29,10 @@ not a record is corruption too (a torn write cannot produce a matching CRC). The
 has applied txids the journal no longer holds (the disk lost the tail), a lost-txids marker
 bridges them and the new segment starts after the store's txid (WARNING naming the txids);
 when the store needs records the journal lacks, ``open`` refuses before changing anything.
-``check_journal`` runs the same decision, so the offline check and a start agree.
+``check_journal`` runs the same decision, so the offline check and a start agree. A start
+does not read finalized segments the store has applied past (they are never replayed; the
+chain of their names is still checked); ``check_journal`` reads them and reports corruption
+in them as a WARNING, not as a failed check, since a start would go on.
 
 Group commit. ``log()`` encodes the record, takes the next txid, appends it to the pending
 batch and waits. One syncer task (``run``) loops: take the whole pending batch, write it and
@@ -219,6 +222,7 @@ class _Scan:
     in_progress: bool
     torn_reason: str = ""
     lost: bool = False
+    unread: bool = False   # not verified: the store has applied past it
 
     @property
     def torn_bytes(self) -> int:
@@ -293,8 +297,11 @@ def _list_segments(directory: str) -> list[tuple[str, int, int | None, bool]]:
     return found
 
 
-def _verify_directory(directory: str, max_record: int) -> list[_Scan]:
-    """Scan and verify every segment and the txid chain between them (reads only)."""
+def _verify_directory(directory: str, max_record: int,
+                      applied_through: int | None = None) -> list[_Scan]:
+    """Scan and verify every segment and the txid chain between them (reads only). A
+    finalized segment wholly at or below ``applied_through`` (the store's applied txid) is
+    not read: no start replays it (``unread`` scans; ``check_journal`` reads them)."""
     listed = _list_segments(directory)
     in_progress = [item for item in listed if item[2] is None]
     if len(in_progress) > 1 or (in_progress and listed[-1][2] is not None):
@@ -317,14 +324,29 @@ def _verify_directory(directory: str, max_record: int) -> list[_Scan]:
                                valid_end=size, in_progress=False, lost=True))
             continue
         is_inprogress = last is None
-        scan = _scan_segment(directory, name, first, is_inprogress,
-                             tail_may_be_torn=is_inprogress, max_record=max_record)
-        if not is_inprogress and scan.last != last:
-            raise JournalError(f"journal segment {path}: name says txids {first}..{last} but it "
-                               f"holds {first}..{scan.last} (ends at offset {scan.valid_end})",
-                               file=path, offset=scan.valid_end)
-        scans.append(scan)
+        if not is_inprogress and applied_through is not None and last <= applied_through:
+            size = os.path.getsize(path)
+            scans.append(_Scan(name=name, first=first, last=last, records=last - first + 1,
+                               size=size, valid_end=size, in_progress=False, unread=True))
+            continue
+        if is_inprogress:
+            scans.append(_scan_segment(directory, name, first, True, tail_may_be_torn=True,
+                                       max_record=max_record))
+        else:
+            scans.append(_scan_finalized(directory, name, first, last, max_record))
     return scans
+
+
+def _scan_finalized(directory: str, name: str, first: int, last: int, max_record: int) -> _Scan:
+    """Verify a finalized segment, including that it holds exactly the txids its name says."""
+    scan = _scan_segment(directory, name, first, False, tail_may_be_torn=False,
+                         max_record=max_record)
+    if scan.last != last:
+        path = os.path.join(directory, name)
+        raise JournalError(f"journal segment {path}: name says txids {first}..{last} but it "
+                           f"holds {first}..{scan.last} (ends at offset {scan.valid_end})",
+                           file=path, offset=scan.valid_end)
+    return scan
 
 
 def _span(scans: list[_Scan]) -> JournalSpan:
@@ -417,7 +439,8 @@ class Journal:
         except OSError as exc:
             raise JournalError(f"journal directory {self.directory}: {exc}",
                                file=self.directory) from None
-        scans = _verify_directory(self.directory, self.max_record)
+        # what the store has applied is never replayed: verifying it would only cost time
+        scans = _verify_directory(self.directory, self.max_record, store_applied)
         plan = decide(_span(scans), store_applied)
         if plan.refusal is not None:
             raise JournalError(f"journal {self.directory}: {plan.refusal}", file=self.directory)
@@ -735,12 +758,21 @@ def check_journal(directory: str, max_record: int = 64 << 20, *,
     corruption or when a start would refuse. Never modifies anything."""
     if not os.path.isdir(directory):
         raise JournalError(f"journal directory {directory}: not a directory", file=directory)
-    scans = _verify_directory(directory, max_record)
+    scans = _verify_directory(directory, max_record, store_applied)
     plan = decide(_span(scans), store_applied)
     if plan.refusal is not None:
         raise JournalError(f"journal {directory}: {plan.refusal}", file=directory)
     lines = [f"journal {directory}: {len(scans)} segment(s)"]
-    for scan in scans:
+    for i, scan in enumerate(scans):
+        if scan.unread:     # a start skips it; the check still reads it, as a warning
+            try:
+                scans[i] = scan = _scan_finalized(directory, scan.name, scan.first, scan.last,
+                                                  max_record)
+            except JournalError as exc:
+                lines.append(f"  WARNING: {exc}; a start does not read this segment (the "
+                             f"namespace store has applied past it), a replay from before "
+                             f"txid {scan.last + 1} would fail")
+                continue
         if scan.lost:
             lines.append(f"  {scan.name}: txids {scan.first}..{scan.last}: lost from the "
                          f"journal (the namespace store had applied them)")

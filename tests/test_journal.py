@@ -354,6 +354,24 @@ def test_store_needing_purged_records_is_refused_by_start_and_check_alike(tmp_pa
     assert file_listing(tmp_path) == before
 
 
+def test_start_skips_segments_the_store_applied_and_the_check_warns_about_them(tmp_path):
+    session(tmp_path, mkdir_ops(0, 3))               # edits_1-3
+    session(tmp_path, mkdir_ops(3, 2))
+    restart(tmp_path)                                # edits_4-5, inprogress_6 empty
+    (tmp_path / finalized_name(1, 3)).write_bytes(b"\x00" * 8)
+    with pytest.raises(JournalError, match=finalized_name(1, 3)):
+        check_journal(str(tmp_path), store_applied=2)   # a start would replay txid 3
+    before = file_listing(tmp_path)
+    text = "\n".join(check_journal(str(tmp_path), store_applied=3))
+    assert f"WARNING: journal segment {tmp_path / finalized_name(1, 3)}: bad record at " \
+           f"offset 0" in text and "a replay from before txid 4 would fail" in text, text
+    assert "next start: replays txids 4..5" in text
+    assert file_listing(tmp_path) == before
+    journal = reopen(tmp_path, store_applied=3)      # the start agrees: it does not read it
+    assert [r.txid for r in journal.replay(3)] == [4, 5]
+    trio.run(journal.aclose)
+
+
 # ------------------------------------------------------------------------------ corruption
 def test_bad_record_in_middle_of_inprogress_is_hard_error(tmp_path):
     session(tmp_path, mkdir_ops(0, 6))               # inprogress_1 holds 1..6
