@@ -1801,8 +1801,8 @@ class MetaServer(Dispatcher):
         """HDFS ``dfsadmin -saveNamespace``: a checkpoint now; superuser, safe mode only."""
         self.permissions.check_superuser(self._caller(ctx), "save namespace")
         if not self.safemode.on:
-            raise InvalidArgument("save namespace: safe mode must be ON to save the namespace "
-                           "(leasefs safemode enter), as HDFS requires")
+            raise InvalidArgument("save namespace: safe mode must be ON to save the "
+                                  "namespace (leasefs safemode enter), as HDFS requires")
         return await self.checkpoint()
 
     async def run_monitors(self) -> None:

@@ -145,6 +145,8 @@ def find_journal_dir(directory: str) -> str:
 def store_applied_txid(given: str, journal_dir: str) -> tuple[int | None, str]:
     """The applied txid of the namespace store next to the journal (the ``db`` folder of
     the data folder), or None and why not; the check then judges the journal alone."""
+    import plyvel
+
     from meta import keys
     from meta.kv import PlyvelStore
 
@@ -155,8 +157,10 @@ def store_applied_txid(given: str, journal_dir: str) -> tuple[int | None, str]:
         return None, "no namespace store (db folder) next to the journal"
     try:
         store = PlyvelStore(db, create=False)
-    except Exception as exc:   # plyvel raises its own IOError for a held lock
-        return None, f"namespace store {db} not readable (is the server running?): {exc}"
+    except (plyvel.Error, OSError) as exc:   # e.g. the running server holds its lock
+        why = exc.args[0].decode(errors="replace") if exc.args and isinstance(
+            exc.args[0], bytes) else str(exc)
+        return None, f"namespace store {db} not readable (is the server running?): {why}"
     try:
         return int(keys.read_counter(store, keys.APPLIED_TXID)), f"namespace store {db}"
     finally:
