@@ -19,8 +19,9 @@ Records live in segment files in one folder; txids are consecutive, starting at 
 An empty in-progress segment still counts: its name says that txid ``first - 1`` was the
 last one written, so purging every finalized segment never forgets the txid counter.
 
-Recovery (``open(store_applied)``): a bad record at the END of the in-progress segment (short header,
-short body, bad CRC, zero fill) is a torn write from a crash and is cut with a warning. A
+Recovery (``open(store_applied)``): a bad record at the END of the in-progress segment
+(short header, short body, bad CRC, zero fill) is a torn write from a crash and is cut with
+a warning. A
 bad record followed by more valid-looking records, any bad record in a finalized segment, a
 txid out of sequence, or a gap between segments is corruption: ``JournalError`` naming the
 file and byte offset, and nothing is modified. A record whose CRC matches but whose body is
