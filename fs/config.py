@@ -63,9 +63,12 @@ class Config:
     safemode_threshold: float = _s(0.999, "fraction of complete blocks reported before leaving safe mode")
     safemode_extension: float = _s(30.0, "seconds safe mode lasts after the threshold is reached")
     safemode_min_storage: int = _s(0, "live block servers required before leaving safe mode")
-    checkpoint_period: float = _s(3600.0, "seconds between checkpoints (LevelDB sync + segment roll)")
-    checkpoint_txns: int = _s(1_000_000, "transactions that trigger a checkpoint early")
-    journal_keep_segments: int = _s(10, "finalized journal segments kept after a checkpoint")
+    checkpoint_period: float = _s(3600.0, "seconds since the last checkpoint (persisted, so across "
+                                  "restarts) that trigger one (LevelDB sync + segment roll + purge)")
+    checkpoint_txns: int = _s(1_000_000, "transactions since the last checkpoint's txid (persisted) "
+                              "that trigger one early")
+    journal_keep_segments: int = _s(2, "finalized journal segments kept after a checkpoint (each "
+                                    "checkpoint rolls one: HDFS num.checkpoints.retained)")
     namespace_lock: str = _s("fine", "metadata server locking: fine (per-path read/write locks, "
                              "HDFS-17366; disjoint mutations share journal fsyncs) or global "
                              "(one namespace write lock per mutation, held to its fsync; for "

@@ -12,17 +12,28 @@ File format. Every namespace mutation is one record ``[txid, op, args]`` (msgpac
 Records live in segment files in one folder; txids are consecutive, starting at 1:
 
 * ``edits_inprogress_<first:019d>`` - the segment being appended (at most one, the newest);
-* ``edits_<first:019d>-<last:019d>`` - finalized segments (rolled by checkpoints).
+* ``edits_<first:019d>-<last:019d>`` - finalized segments (rolled by checkpoints);
+* ``edits_lost_<first:019d>-<last:019d>`` - a marker (a few lines of text, no records): these
+  txids were lost from the journal while the namespace store had applied them (see below).
 
 An empty in-progress segment still counts: its name says that txid ``first - 1`` was the
 last one written, so purging every finalized segment never forgets the txid counter.
 
-Recovery (``open``): a bad record at the END of the in-progress segment (short header,
-short body, bad CRC, zero fill) is a torn write from a crash and is cut with a warning. A
+Recovery (``open(store_applied)``): a bad record at the END of the in-progress segment
+(short header, short body, bad CRC, zero fill) is a torn write from a crash and is cut with
+a warning. A
 bad record followed by more valid-looking records, any bad record in a finalized segment, a
 txid out of sequence, or a gap between segments is corruption: ``JournalError`` naming the
 file and byte offset, and nothing is modified. A record whose CRC matches but whose body is
-not a record is corruption too (a torn write cannot produce a matching CRC).
+not a record is corruption too (a torn write cannot produce a matching CRC). Then
+``journal_start.decide`` judges the journal against the store's applied txid: when the store
+has applied txids the journal no longer holds (the disk lost the tail), a lost-txids marker
+bridges them and the new segment starts after the store's txid (WARNING naming the txids);
+when the store needs records the journal lacks, ``open`` refuses before changing anything.
+``check_journal`` runs the same decision, so the offline check and a start agree. A start
+does not read finalized segments the store has applied past (they are never replayed; the
+chain of their names is still checked); ``check_journal`` reads them and reports corruption
+in them as a WARNING, not as a failed check, since a start would go on.
 
 Group commit. ``log()`` encodes the record, takes the next txid, appends it to the pending
 batch and waits. One syncer task (``run``) loops: take the whole pending batch, write it and
@@ -47,11 +58,20 @@ Concurrency contract:
   write, a roll and the final flush never overlap.
 * A ``log`` caller cancelled while waiting leaves its record in the batch: it is still
   written and applied; the syncer and the other waiters are unaffected.
-* On a write/fsync ``OSError`` every waiting caller gets ``InternalError`` and the journal
-  refuses all later ``log`` calls (the server must not acknowledge undurable mutations).
-  Records of a failed batch may still be on disk and replayed at the next start, as with
-  any database whose commit failed after the write. If ``apply`` raises, the batch's
-  waiters get ``InternalError`` (the records are durable and will replay at restart).
+
+Write failures: a caller gets an error only for a mutation that is NOT durable, and a
+durable mutation is never answered with an error:
+
+* A write/fsync ``OSError`` (disk full, I/O error): the syncer cuts the in-progress segment
+  back to its last durable length (``ftruncate`` + ``fsync``). Once that worked, nothing of
+  the batch nor of the records queued behind it is on disk: their callers get ``NoSpace``
+  (ENOSPC/EDQUOT) or ``InternalError`` naming the segment and the cause, the txid counter
+  goes back, and the journal keeps serving (the next ``log`` tries the disk again).
+* Fail-stop (HDFS: the NameNode terminates when it cannot write a required journal): when
+  the cut fails too (the records' fate is unknown), when ``apply`` raises (the records are
+  durable but not applied), or when a roll fails, the journal refuses everything, never
+  answers the waiting callers, and ``run`` raises ``JournalError`` so the server stops. A
+  restart replays what is durable.
 """
 
 from __future__ import annotations
@@ -68,7 +88,9 @@ import msgpack
 import trio
 
 from fs.datatransfer import crc32c
-from fs.errors import InternalError, InvalidArgument, LeaseFSError
+from fs.errors import InternalError, InvalidArgument, LeaseFSError, NoSpace
+
+from .journal_start import JournalSpan, StartPlan, decide
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +98,7 @@ RECORD_HEADER = struct.Struct(">II")  # length of body, crc32c(body)
 INPROGRESS_PREFIX = "edits_inprogress_"
 _FINALIZED_RE = re.compile(r"^edits_(\d{19})-(\d{19})$")
 _INPROGRESS_RE = re.compile(r"^edits_inprogress_(\d{19})$")
+_LOST_RE = re.compile(r"^edits_lost_(\d{19})-(\d{19})$")
 
 
 def finalized_name(first: int, last: int) -> str:
@@ -84,6 +107,10 @@ def finalized_name(first: int, last: int) -> str:
 
 def inprogress_name(first: int) -> str:
     return f"{INPROGRESS_PREFIX}{first:019d}"
+
+
+def lost_name(first: int, last: int) -> str:
+    return f"edits_lost_{first:019d}-{last:019d}"
 
 
 class JournalError(LeaseFSError):
@@ -110,6 +137,7 @@ class SegmentInfo:
     last: int          # first - 1 for an empty in-progress segment
     size: int
     in_progress: bool
+    lost: bool = False     # a lost-txids marker: no records
 
 
 @dataclass
@@ -194,6 +222,8 @@ class _Scan:
     valid_end: int         # bytes of valid records
     in_progress: bool
     torn_reason: str = ""
+    lost: bool = False
+    unread: bool = False   # not verified: the store has applied past it
 
     @property
     def torn_bytes(self) -> int:
@@ -239,22 +269,22 @@ def _scan_segment(directory: str, name: str, first: int, in_progress: bool,
                  size=len(buf), valid_end=pos, in_progress=in_progress, torn_reason=torn_reason)
 
 
-def _list_segments(directory: str) -> list[tuple[str, int, int | None]]:
-    """``(name, first, last or None for in-progress)`` sorted by first txid."""
+def _list_segments(directory: str) -> list[tuple[str, int, int | None, bool]]:
+    """``(name, first, last or None for in-progress, lost marker?)`` sorted by first txid."""
     try:
         names = os.listdir(directory)
     except OSError as exc:
         raise JournalError(f"journal directory {directory}: {exc}", file=directory) from None
     found = []
     for name in names:
-        m = _FINALIZED_RE.match(name)
+        m = _FINALIZED_RE.match(name) or _LOST_RE.match(name)
         if m:
             first, last = int(m.group(1)), int(m.group(2))
             if first < 1 or last < first:
                 raise JournalError(f"journal segment {os.path.join(directory, name)}: "
                                    f"bad txid range in the name",
                                    file=os.path.join(directory, name), offset=0)
-            found.append((name, first, last))
+            found.append((name, first, last, m.re is _LOST_RE))
             continue
         m = _INPROGRESS_RE.match(name)
         if m:
@@ -263,13 +293,16 @@ def _list_segments(directory: str) -> list[tuple[str, int, int | None]]:
                 raise JournalError(f"journal segment {os.path.join(directory, name)}: "
                                    f"bad first txid in the name",
                                    file=os.path.join(directory, name), offset=0)
-            found.append((name, first, None))
+            found.append((name, first, None, False))
     found.sort(key=lambda item: (item[1], item[2] is None))
     return found
 
 
-def _verify_directory(directory: str, max_record: int) -> list[_Scan]:
-    """Scan and verify every segment and the txid chain between them (reads only)."""
+def _verify_directory(directory: str, max_record: int,
+                      applied_through: int | None = None) -> list[_Scan]:
+    """Scan and verify every segment and the txid chain between them (reads only). A
+    finalized segment wholly at or below ``applied_through`` (the store's applied txid) is
+    not read: no start replays it (``unread`` scans; ``check_journal`` reads them)."""
     listed = _list_segments(directory)
     in_progress = [item for item in listed if item[2] is None]
     if len(in_progress) > 1 or (in_progress and listed[-1][2] is not None):
@@ -278,7 +311,7 @@ def _verify_directory(directory: str, max_record: int) -> list[_Scan]:
                            f"are not the newest segment", file=os.path.join(directory, in_progress[0][0]),
                            offset=0)
     scans: list[_Scan] = []
-    for name, first, last in listed:
+    for name, first, last, lost in listed:
         path = os.path.join(directory, name)
         if scans and first != scans[-1].last + 1:
             prev = scans[-1]
@@ -286,15 +319,58 @@ def _verify_directory(directory: str, max_record: int) -> list[_Scan]:
             raise JournalError(f"journal segment {path} (offset 0) starts at txid {first} but "
                                f"the previous segment {prev.name} ends at txid {prev.last}: txid "
                                f"{kind}", file=path, offset=0)
+        if lost:
+            size = os.path.getsize(path)
+            scans.append(_Scan(name=name, first=first, last=last, records=0, size=size,
+                               valid_end=size, in_progress=False, lost=True))
+            continue
         is_inprogress = last is None
-        scan = _scan_segment(directory, name, first, is_inprogress,
-                             tail_may_be_torn=is_inprogress, max_record=max_record)
-        if not is_inprogress and scan.last != last:
-            raise JournalError(f"journal segment {path}: name says txids {first}..{last} but it "
-                               f"holds {first}..{scan.last} (ends at offset {scan.valid_end})",
-                               file=path, offset=scan.valid_end)
-        scans.append(scan)
+        if not is_inprogress and applied_through is not None and last <= applied_through:
+            size = os.path.getsize(path)
+            scans.append(_Scan(name=name, first=first, last=last, records=last - first + 1,
+                               size=size, valid_end=size, in_progress=False, unread=True))
+            continue
+        if is_inprogress:
+            scans.append(_scan_segment(directory, name, first, True, tail_may_be_torn=True,
+                                       max_record=max_record))
+        else:
+            scans.append(_scan_finalized(directory, name, first, last, max_record))
     return scans
+
+
+def _scan_finalized(directory: str, name: str, first: int, last: int, max_record: int) -> _Scan:
+    """Verify a finalized segment, including that it holds exactly the txids its name says."""
+    scan = _scan_segment(directory, name, first, False, tail_may_be_torn=False,
+                         max_record=max_record)
+    if scan.last != last:
+        path = os.path.join(directory, name)
+        raise JournalError(f"journal segment {path}: name says txids {first}..{last} but it "
+                           f"holds {first}..{scan.last} (ends at offset {scan.valid_end})",
+                           file=path, offset=scan.valid_end)
+    return scan
+
+
+def _span(scans: list[_Scan]) -> JournalSpan:
+    """The txids a verified folder holds, as ``journal_start.decide`` needs them."""
+    last = scans[-1].last if scans else 0
+    first = scans[0].first if scans else last + 1
+    return JournalSpan(first=first, last=last,
+                       lost=tuple((s.first, s.last) for s in scans if s.lost))
+
+
+def _write_lost_marker(directory: str, first: int, last: int, applied: int) -> str:
+    """Create the marker for txids first..last (durably, before any later segment)."""
+    name = lost_name(first, last)
+    path = os.path.join(directory, name)
+    text = (f"txids {first}..{last} were lost from this journal (its tail was cut); the "
+            f"namespace store had applied them (applied txid {applied}), so it keeps their "
+            f"effects. Replaying from before txid {first} is no longer possible.\n")
+    with open(path, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync_dir(directory)
+    return name
 
 
 def _fsync_dir(directory: str) -> None:
@@ -314,10 +390,10 @@ class _Batch:
         self.records: list[Record] = []
         self.chunks: list[bytes] = []
         self.done = trio.Event()
-        self.error: str | None = None
+        self.error: tuple[type[LeaseFSError], str] | None = None
 
-    def fail(self, message: str) -> None:
-        self.error = message
+    def fail(self, message: str, error: type[LeaseFSError] = InternalError) -> None:
+        self.error = (error, message)
         self.done.set()
 
 
@@ -341,6 +417,7 @@ class Journal:
         self._opened = False
         self._closing = False
         self._failure: str | None = None
+        self._fatal = False          # the server must stop (see the module docstring)
         self._fd: int | None = None
         self._inprogress_first = 1
         self._inprogress_size = 0
@@ -350,9 +427,12 @@ class Journal:
         self._wakeup = trio.lowlevel.ParkingLot()
 
     # ------------------------------------------------------------------ startup (sync)
-    def open(self) -> None:
-        """Scan and verify the folder, cut a torn tail, finalize the recovered in-progress
-        segment and open a new one at ``last_txid + 1``. Raises ``JournalError``."""
+    def open(self, store_applied: int | None = None) -> StartPlan:
+        """Scan and verify the folder, judge it against the namespace store's applied txid
+        (``journal_start.decide``; None = not known), cut a torn tail, finalize the recovered
+        in-progress segment, bridge a lost tail, open a new segment. Returns the plan.
+        Raises ``JournalError`` (nothing modified) on corruption or a refused start; the
+        caller must have made the store durable when it passes ``store_applied``."""
         if self._opened:
             raise InternalError(f"journal {self.directory} is already open")
         try:
@@ -360,7 +440,11 @@ class Journal:
         except OSError as exc:
             raise JournalError(f"journal directory {self.directory}: {exc}",
                                file=self.directory) from None
-        scans = _verify_directory(self.directory, self.max_record)
+        # what the store has applied is never replayed: verifying it would only cost time
+        scans = _verify_directory(self.directory, self.max_record, store_applied)
+        plan = decide(_span(scans), store_applied)
+        if plan.refusal is not None:
+            raise JournalError(f"journal {self.directory}: {plan.refusal}", file=self.directory)
         reuse_empty: _Scan | None = None
         try:
             if scans and scans[-1].in_progress:
@@ -384,11 +468,14 @@ class Journal:
                                       valid_end=scan.valid_end, in_progress=False)
                 else:
                     reuse_empty = scans.pop()
-            self._finalized = [SegmentInfo(s.name, s.first, s.last, s.size, False) for s in scans]
+            self._finalized = [SegmentInfo(s.name, s.first, s.last, s.size, False, s.lost)
+                               for s in scans]
             if reuse_empty is not None:
                 self.last_txid = reuse_empty.first - 1
             else:
                 self.last_txid = scans[-1].last if scans else 0
+            if plan.bridge is not None:
+                self._bridge(plan, reuse_empty)
             self._next_txid = self.last_txid + 1
             self._inprogress_first = self._next_txid
             self._fd = self._open_inprogress(self._inprogress_first)
@@ -399,6 +486,16 @@ class Journal:
         self._opened = True
         log.info("journal %s opened: %d finalized segments, last txid %d",
                  self.directory, len(self._finalized), self.last_txid)
+
+    def _bridge(self, plan: StartPlan, empty: _Scan | None) -> None:
+        """Record the txids the store applied but the journal lost (startup, sync)."""
+        first, last = plan.bridge
+        if empty is not None:   # its name claims txid first - 1 was the last one written
+            os.unlink(os.path.join(self.directory, empty.name))
+        name = _write_lost_marker(self.directory, first, last, plan.applied)
+        self._finalized.append(SegmentInfo(name, first, last, 0, False, True))
+        self.last_txid = last
+        log.warning("journal %s: %s (marker %s)", self.directory, plan.lines()[0], name)
 
     def _open_inprogress(self, first: int) -> int:
         """Open (creating empty) the in-progress segment starting at ``first``; worker or startup."""
@@ -429,11 +526,16 @@ class Journal:
             raise JournalError(f"journal {self.directory}: txids {after_txid + 1}.."
                                f"{self.first_txid - 1} are needed but no longer in the journal "
                                f"(oldest segment starts at {self.first_txid})", file=self.directory)
+        for seg in self._finalized:
+            if seg.lost and seg.last > after_txid:
+                raise JournalError(f"journal {self.directory}: txids {max(seg.first, after_txid + 1)}"
+                                   f"..{seg.last} are needed but were recorded as lost ({seg.name})",
+                                   file=os.path.join(self.directory, seg.name))
         return self._replay(after_txid, list(self._finalized))
 
     def _replay(self, after_txid: int, segments: list[SegmentInfo]) -> Iterator[Record]:
         for seg in segments:
-            if seg.last <= after_txid:
+            if seg.last <= after_txid or seg.lost:
                 continue
             records: list[Record] = []
             _scan_segment(self.directory, seg.name, seg.first, False, tail_may_be_torn=False,
@@ -471,13 +573,17 @@ class Journal:
             self.observer("queued", txid, txid)
         await batch.done.wait()
         if batch.error is not None:
-            raise InternalError(batch.error)
+            error, message = batch.error
+            raise error(message)
         return txid
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The group-commit syncer task; runs in the server's nursery until cancelled."""
         task_status.started()
         while True:
+            if self._fatal:
+                raise JournalError(f"journal {self.directory}: {self._failure}",
+                                   file=self.directory)
             if self._failure is not None:
                 await trio.sleep_forever()
             if not self._pending.records:
@@ -499,8 +605,7 @@ class Journal:
             try:
                 await trio.to_thread.run_sync(self._write_and_fsync, data, limiter=self._limiter)
             except OSError as exc:
-                self._fail(f"journal write failed ({inprogress_name(self._inprogress_first)}, "
-                           f"txids {first}..{last}): {exc}", batch)
+                await self._write_failed(exc, batch)
                 return
             # from here to the wake-up there is no checkpoint: durable → applied → acknowledged
             self.stats.fsyncs += 1
@@ -515,8 +620,8 @@ class Journal:
                 self._apply(batch.records)
             except Exception as exc:
                 log.exception("journal: applying txids %d..%d failed", first, last)
-                batch.fail(f"applying journal txids {first}..{last} failed: "
-                           f"{type(exc).__name__}: {exc}")
+                self._stop(f"applying txids {first}..{last} failed after they were made "
+                           f"durable ({type(exc).__name__}: {exc}); they replay at the next start")
                 return
             batch.done.set()
 
@@ -528,13 +633,39 @@ class Journal:
             view = view[written:]
         os.fsync(self._fd)
 
-    def _fail(self, message: str, *batches: _Batch) -> None:
-        """Refuse all further writes and fail every waiting caller."""
-        log.error("%s; the journal now refuses all mutations", message)
+    async def _write_failed(self, exc: OSError, batch: _Batch) -> None:
+        """Cut the segment back to its durable length, then fail the batch and everything
+        queued behind it (nothing of theirs is on disk); fail-stop if the cut fails."""
+        first, last = batch.records[0].txid, batch.records[-1].txid
+        what = (f"journal write failed ({inprogress_name(self._inprogress_first)}, txids "
+                f"{first}..{last}): {exc}")
+        try:
+            await trio.to_thread.run_sync(self._cut_back, self._inprogress_size,
+                                          limiter=self._limiter)
+        except OSError as cut_exc:
+            self._stop(f"{what}; cutting the segment back to {self._inprogress_size} bytes "
+                       f"failed too ({cut_exc}): whether those records are durable is unknown")
+            return
+        # synchronous from here on: no log() can slip in between the reset and the failures
+        queued, self._pending = self._pending, _Batch()
+        self._next_txid = first
+        error = NoSpace if exc.errno in (_errno.ENOSPC, _errno.EDQUOT) else InternalError
+        message = f"{what}; nothing of it was kept: the mutation did not happen"
+        log.error("%s (%d callers failed)", message, len(batch.records) + len(queued.records))
+        batch.fail(message, error)
+        queued.fail(message, error)
+
+    def _cut_back(self, size: int) -> None:
+        """Worker thread: drop whatever a failed write left after ``size`` bytes, durably."""
+        os.ftruncate(self._fd, size)
+        os.fsync(self._fd)
+
+    def _stop(self, message: str) -> None:
+        """Fail-stop: refuse everything, answer no waiting caller, make ``run`` raise."""
+        log.critical("%s; the metadata server stops", message)
         self._failure = message
-        for batch in (*batches, self._pending):
-            if not batch.done.is_set():
-                batch.fail(message)
+        self._fatal = True
+        self._wakeup.unpark_all()
 
     # ------------------------------------------------------------------ checkpoints
     async def roll(self) -> tuple[int, int]:
@@ -552,7 +683,7 @@ class Journal:
                 new_fd = await trio.to_thread.run_sync(self._roll_files, first, last,
                                                        limiter=self._limiter)
             except OSError as exc:
-                self._fail(f"journal roll of {inprogress_name(first)} failed: {exc}")
+                self._stop(f"journal roll of {inprogress_name(first)} failed: {exc}")
                 raise InternalError(self._failure) from None
             self._fd = new_fd
             self._finalized.append(SegmentInfo(finalized_name(first, last), first, last,
@@ -620,14 +751,33 @@ class Journal:
 
 
 # ------------------------------------------------------------------------------ offline check
-def check_journal(directory: str, max_record: int = 64 << 20) -> list[str]:
-    """Offline verification for ``leasefs meta --check-journal DIR``: report lines; raises
-    ``JournalError`` (file + offset) on corruption. Never modifies anything."""
+def check_journal(directory: str, max_record: int = 64 << 20, *,
+                  store_applied: int | None = None) -> list[str]:
+    """Offline verification for ``leasefs meta --check-journal DIR``: report lines, including
+    what a start would do given the namespace store's ``store_applied`` txid (the same
+    ``journal_start.decide`` as ``Journal.open``); raises ``JournalError`` (file + offset) on
+    corruption or when a start would refuse. Never modifies anything."""
     if not os.path.isdir(directory):
         raise JournalError(f"journal directory {directory}: not a directory", file=directory)
-    scans = _verify_directory(directory, max_record)
+    scans = _verify_directory(directory, max_record, store_applied)
+    plan = decide(_span(scans), store_applied)
+    if plan.refusal is not None:
+        raise JournalError(f"journal {directory}: {plan.refusal}", file=directory)
     lines = [f"journal {directory}: {len(scans)} segment(s)"]
-    for scan in scans:
+    for i, scan in enumerate(scans):
+        if scan.unread:     # a start skips it; the check still reads it, as a warning
+            try:
+                scans[i] = scan = _scan_finalized(directory, scan.name, scan.first, scan.last,
+                                                  max_record)
+            except JournalError as exc:
+                lines.append(f"  WARNING: {exc}; a start does not read this segment (the "
+                             f"namespace store has applied past it), a replay from before "
+                             f"txid {scan.last + 1} would fail")
+                continue
+        if scan.lost:
+            lines.append(f"  {scan.name}: txids {scan.first}..{scan.last}: lost from the "
+                         f"journal (the namespace store had applied them)")
+            continue
         kind = "in progress" if scan.in_progress else "finalized"
         span = f"txids {scan.first}..{scan.last}, {scan.records} records" if scan.records \
             else "no records"
@@ -635,6 +785,7 @@ def check_journal(directory: str, max_record: int = 64 << 20) -> list[str]:
         if scan.torn_bytes:
             lines.append(f"    torn tail at offset {scan.valid_end}: {scan.torn_bytes} bytes "
                          f"({scan.torn_reason}); would be cut at the next start")
+    lines += [f"next start: {line}" for line in plan.lines()]
     total = sum(scan.records for scan in scans)
     if total:
         first = next(scan.first for scan in scans if scan.records)

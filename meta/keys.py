@@ -41,7 +41,12 @@ key                    value (msgpack)                             meaning
                                                                     ``applied_txid``,
                                                                     ``namespace_id``,
                                                                     ``layout_version``,
-                                                                    ``files``, ``dirs``
+                                                                    ``files``, ``dirs``;
+                                                                    ``checkpoint_txid``,
+                                                                    ``checkpoint_time`` (ns):
+                                                                    the last checkpoint, put
+                                                                    by its synced write (not
+                                                                    journaled; checkpoint.py)
 ====================  ==========================================  ===========================
 
 Anything else in the store (e.g. ``kv.py``'s ``\\x00sync`` marker) is not namespace data.
@@ -76,6 +81,9 @@ LAYOUT = "layout_version"
 FILES = "files"
 DIRS = "dirs"
 COUNTERS = (NEXT_INO, NEXT_BLOCK_ID, GENSTAMP, APPLIED_TXID, NAMESPACE_ID, LAYOUT, FILES, DIRS)
+# written by checkpoints, not by journal records
+CHECKPOINT_TXID = "checkpoint_txid"
+CHECKPOINT_TIME = "checkpoint_time"
 
 
 def encode_name(name: str) -> bytes:
@@ -152,3 +160,9 @@ def pack(value) -> bytes:
 
 def unpack(raw: bytes):
     return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+
+
+def read_counter(kv, name: str, default: int = 0):
+    """One ``M`` counter straight from a store (offline tools; the server keeps its own)."""
+    raw = kv.get(meta_key(name))
+    return default if raw is None else unpack(raw)

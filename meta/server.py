@@ -23,8 +23,9 @@ Monitors: dead block servers (their replicas leave the blocks map), safe mode (l
 enough blocks are reported), leases (hard-expired leases, oldest first and a bounded number
 of files per pass, go to the internal holder ``leasefs-meta``: closed at once or through
 block recovery; stalled block recoveries get a new recovery id after
-``block_recovery_retry``), checkpoints (under the global write lock: roll
-the journal, ``kv.sync()`` in a worker thread, purge old segments), the reclaimer (subtrees
+``block_recovery_retry``), checkpoints (``checkpoint.py``: due by txids or time since the
+last one, persisted; under the global write lock: roll the journal, one synced store write
+recording the checkpoint in a worker thread, purge old segments), the reclaimer (subtrees
 a big delete detached are removed one bounded RECLAIM record at a time, paused in safe mode
 like invalidations; it also finishes what a crash left behind).
 
@@ -40,7 +41,7 @@ path locks and before planning, so a denied call changes nothing and journals no
 superuser and, with ``permissions_enabled`` off, everyone skip the checks without a walk.
 
 Concurrency contract: everything runs on one trio thread; only the journal's fsync and the
-checkpoint's ``kv.sync`` run in worker threads. Handlers are independent tasks. No step may
+checkpoint's synced store write run in worker threads. Handlers are independent tasks. No step may
 hold the thread for long: big deletes and big block reports are cut into bounded pieces.
 """
 
@@ -70,6 +71,8 @@ from .blocks import BlockInfo, BlocksMap
 from . import datanodes as dm
 from .datanodes import DatanodeManager
 from .gcpolicy import GcGovernor
+from . import checkpoint as checkpoints
+from .checkpoint import CheckpointInfo
 from .journal import Journal
 from .kv import KVStore, PlyvelStore
 from . import leases as lm
@@ -166,8 +169,8 @@ class MetaServer(Dispatcher):
                                fsync_limiter=trio.CapacityLimiter(1),
                                keep_segments=config.journal_keep_segments)
         self._recovering = False
-        self._txns_since_checkpoint = 0
-        self._last_checkpoint = clock()
+        self.last_checkpoint = CheckpointInfo()   # read from the store by recover()
+        self._started_ns = wall_ns()
         self._release_logged: set[int] = set()
         self.checkpoints = 0
         self._reports: dict[str, _FullReport] = {}      # node id → unfinished full report
@@ -183,9 +186,13 @@ class MetaServer(Dispatcher):
 
     # ================================================================== startup
     def recover(self) -> None:
-        """Sync, at start: open the journal and replay what LevelDB has not applied."""
-        self.journal.open()
+        """Sync, at start: open the journal and replay what LevelDB has not applied. The
+        store is made durable first: its applied state is then authoritative, so a journal
+        that lost its tail (the store is ahead of it) is bridged instead of refused."""
         applied = self.ns.applied_txid
+        self.kv.sync()
+        self.journal.open(store_applied=applied)
+        self.last_checkpoint = checkpoints.load(self.kv)
         chunk = []
         replayed = 0
         self._recovering = True
@@ -232,7 +239,6 @@ class MetaServer(Dispatcher):
     def _apply(self, records) -> None:
         """The journal's apply: one LevelDB write, then the in-memory structures."""
         effects = self.ns.apply(records)
-        self._txns_since_checkpoint += len(records)
         if self._recovering:
             return
         for record, effect in zip(records, effects):
@@ -1221,6 +1227,7 @@ class MetaServer(Dispatcher):
                 "journal": {"last_txid": self.journal.last_txid,
                             "fsyncs": self.journal.stats.fsyncs,
                             "records": self.journal.stats.records},
+                "checkpoint": self.last_checkpoint.as_dict(self.ns.applied_txid),
                 "namespace_cache": {"entries": len(self.ns.cache.data),
                                     "hits": self.ns.cache.hits,
                                     "misses": self.ns.cache.misses},
@@ -1779,20 +1786,30 @@ class MetaServer(Dispatcher):
                 "totals": totals, "files": files, "truncated": truncated}
 
     # ================================================================== monitors
-    async def checkpoint(self) -> None:
-        """Roll the journal, make LevelDB durable, purge old segments (global write lock)."""
+    async def checkpoint(self) -> dict:
+        """Roll the journal, make LevelDB durable with the checkpoint recorded in it, purge
+        old segments (global write lock; see checkpoint.py)."""
         await self.global_lock.acquire(True)
         try:
             await self.journal.roll()
-            await trio.to_thread.run_sync(self.kv.sync)
-            durable = self.ns.applied_txid
-            removed = self.journal.purge(durable)
-            self._txns_since_checkpoint = 0
-            self._last_checkpoint = self.clock()
+            info = CheckpointInfo(self.ns.applied_txid, self.wall_ns())
+            await trio.to_thread.run_sync(partial(self.kv.write, checkpoints.record(info),
+                                                  sync=True))
+            removed = self.journal.purge(info.txid)
+            self.last_checkpoint = info
             self.checkpoints += 1
-            log.info("checkpoint at txid %d; purged %d journal segments", durable, len(removed))
+            log.info("checkpoint at txid %d; purged %d journal segments", info.txid, len(removed))
+            return {**info.as_dict(self.ns.applied_txid), "purged": removed}
         finally:
             self.global_lock.release(True)
+
+    async def rpc_save_namespace(self, ctx):
+        """HDFS ``dfsadmin -saveNamespace``: a checkpoint now; superuser, safe mode only."""
+        self.permissions.check_superuser(self._caller(ctx), "save namespace")
+        if not self.safemode.on:
+            raise InvalidArgument("save namespace: safe mode must be ON to save the "
+                                  "namespace (leasefs safemode enter), as HDFS requires")
+        return await self.checkpoint()
 
     async def run_monitors(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -1864,9 +1881,9 @@ class MetaServer(Dispatcher):
         period = max(0.05, min(1.0, self.config.checkpoint_period))
         while True:
             await trio.sleep(period)
-            due = (self.clock() - self._last_checkpoint >= self.config.checkpoint_period
-                   or self._txns_since_checkpoint >= self.config.checkpoint_txns)
-            if due and self._txns_since_checkpoint:
+            if checkpoints.due(self.last_checkpoint, self.ns.applied_txid, self.wall_ns(),
+                               self._started_ns, period=self.config.checkpoint_period,
+                               txns=self.config.checkpoint_txns):
                 try:
                     await self.checkpoint()
                 except LeaseFSError as exc:

@@ -418,8 +418,10 @@ def test_bench_moosefs_missing_script_is_clean(cluster, env, tmp_path):
                 "none.sh", "not found", status=2)
 
 
-def test_check_journal_reports_ok_and_corruption(cluster, tmp_path):
+def test_check_journal_reports_ok_and_corruption(cluster, env, tmp_path):
     import shutil
+    # records after the first one: a bad first record then is corruption, not a torn tail
+    check_ok(leasefs("mkdir", "-p", "/check-journal/a", "/check-journal/b", env=env))
     journal = tmp_path / "copy" / "journal"
     shutil.copytree(cluster.meta_dir() / "journal", journal)
     ok = leasefs("meta", "--check-journal", tmp_path / "copy")

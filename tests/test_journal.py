@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from fs.errors import InternalError, InvalidArgument
+from fs.errors import InternalError, InvalidArgument, NoSpace
 from meta.journal import (Journal, JournalError, Record, check_journal, encode_record,
                           finalized_name, inprogress_name)
 
@@ -53,9 +53,9 @@ def session(directory, ops, **kwargs) -> tuple[Journal, Applied, list[int]]:
     return journal, applied, txids
 
 
-def reopen(directory, **kwargs) -> Journal:
+def reopen(directory, store_applied=None, **kwargs) -> Journal:
     journal = Journal(str(directory), Applied(), **kwargs)
-    journal.open()
+    journal.open(store_applied)
     return journal
 
 
@@ -68,6 +68,24 @@ def restart(directory) -> None:
 def mkdir_ops(start: int, count: int) -> list[tuple[str, dict]]:
     return [("MKDIR", {"path": f"/d{i}", "perm": 0o755, "blob": bytes([i % 256])})
             for i in range(start, start + count)]
+
+
+def rolled_journal(directory, count: int) -> Journal:
+    """A closed journal (keep_segments=0) whose ``count`` records are in one rolled segment."""
+    journal = Journal(str(directory), Applied(), keep_segments=0)
+    journal.open()
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            for op, args in mkdir_ops(0, count):
+                await journal.log(op, args)
+            await journal.roll()
+            nursery.cancel_scope.cancel()
+        await journal.aclose()
+
+    trio.run(main)
+    return journal
 
 
 def only_segment(directory) -> str:
@@ -290,6 +308,70 @@ def test_torn_first_record_leaves_empty_segment_and_keeps_txid(tmp_path):
     assert trio.run(log_all, journal, mkdir_ops(2, 1)) == [3]
 
 
+@pytest.mark.parametrize("empty_segment", [False, True])
+def test_store_ahead_of_a_lost_tail_is_bridged_and_the_check_agrees(tmp_path, caplog,
+                                                                     empty_segment):
+    session(tmp_path, mkdir_ops(0, 5))               # inprogress_1 holds 1..5
+    if empty_segment:
+        restart(tmp_path)                            # edits_1-5 + inprogress_6 (empty)
+        for name in os.listdir(tmp_path):
+            os.unlink(tmp_path / name)
+        session(tmp_path, [])                        # a folder that only keeps the counter
+        assert check_journal(str(tmp_path))[-1] == "OK: no records (last txid 0)"
+        applied, lost = 5, "1..5"
+    else:
+        inprog = tmp_path / inprogress_name(1)
+        inprog.write_bytes(inprog.read_bytes()[:-3])   # record 5 lost its tail
+        applied, lost = 7, "5..7"                    # the store applied 5..7 before the loss
+    before = file_listing(tmp_path)
+    text = "\n".join(check_journal(str(tmp_path), store_applied=applied))
+    assert f"txids {lost} are not in the journal" in text, text
+    assert f"continuing at txid {applied + 1}" in text
+    assert file_listing(tmp_path) == before
+
+    with caplog.at_level(logging.WARNING, logger="meta.journal"):
+        journal = reopen(tmp_path, store_applied=applied)
+    assert any(f"txids {lost} are not in the journal" in m for m in caplog.messages)
+    assert journal.last_txid == applied and list(journal.replay(applied)) == []
+    assert trio.run(log_all, journal, mkdir_ops(50, 2)) == [applied + 1, applied + 2]
+    # the chain is whole again: a plain restart, replay after the store, the check
+    journal = reopen(tmp_path, store_applied=applied + 2)
+    assert [r.txid for r in journal.replay(applied)] == [applied + 1, applied + 2]
+    with pytest.raises(JournalError, match=f"recorded as lost"):
+        list(journal.replay(int(lost.split("..")[0]) - 1))
+    text = "\n".join(check_journal(str(tmp_path), store_applied=applied + 2))
+    assert f"txids {lost}: lost from the journal" in text and "nothing to replay" in text
+
+
+def test_store_needing_purged_records_is_refused_by_start_and_check_alike(tmp_path):
+    journal = rolled_journal(tmp_path, 4)
+    journal.purge(4)
+    before = file_listing(tmp_path)
+    with pytest.raises(JournalError, match="applied txid 2; txids 3..4 are needed"):
+        check_journal(str(tmp_path), store_applied=2)
+    with pytest.raises(JournalError, match="applied txid 2; txids 3..4 are needed"):
+        reopen(tmp_path, store_applied=2)
+    assert file_listing(tmp_path) == before
+
+
+def test_start_skips_segments_the_store_applied_and_the_check_warns_about_them(tmp_path):
+    session(tmp_path, mkdir_ops(0, 3))               # edits_1-3
+    session(tmp_path, mkdir_ops(3, 2))
+    restart(tmp_path)                                # edits_4-5, inprogress_6 empty
+    (tmp_path / finalized_name(1, 3)).write_bytes(b"\x00" * 8)
+    with pytest.raises(JournalError, match=finalized_name(1, 3)):
+        check_journal(str(tmp_path), store_applied=2)   # a start would replay txid 3
+    before = file_listing(tmp_path)
+    text = "\n".join(check_journal(str(tmp_path), store_applied=3))
+    assert f"WARNING: journal segment {tmp_path / finalized_name(1, 3)}: bad record at " \
+           f"offset 0" in text and "a replay from before txid 4 would fail" in text, text
+    assert "next start: replays txids 4..5" in text
+    assert file_listing(tmp_path) == before
+    journal = reopen(tmp_path, store_applied=3)      # the start agrees: it does not read it
+    assert [r.txid for r in journal.replay(3)] == [4, 5]
+    trio.run(journal.aclose)
+
+
 # ------------------------------------------------------------------------------ corruption
 def test_bad_record_in_middle_of_inprogress_is_hard_error(tmp_path):
     session(tmp_path, mkdir_ops(0, 6))               # inprogress_1 holds 1..6
@@ -390,19 +472,7 @@ def test_roll_and_purge_keep_newest_segments(tmp_path):
 
 
 def test_purge_everything_keeps_txid_counter(tmp_path):
-    journal = Journal(str(tmp_path), Applied(), keep_segments=0)
-    journal.open()
-
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            for op, args in mkdir_ops(0, 4):
-                await journal.log(op, args)
-            await journal.roll()
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
-
-    trio.run(main)
+    journal = rolled_journal(tmp_path, 4)
     assert journal.purge(4) == [finalized_name(1, 4)]
     journal = reopen(tmp_path, keep_segments=0)
     assert journal.last_txid == 4
@@ -438,11 +508,60 @@ def test_check_journal_reports_and_never_modifies(tmp_path):
 
 
 # ------------------------------------------------------------------------------ I/O errors
-def test_fsync_error_fails_callers_and_refuses_later_logs(tmp_path, monkeypatch, caplog):
+@pytest.mark.allow_log_errors(r"journal write failed", reason="the test fills the disk")
+def test_failed_write_is_cut_back_so_failed_callers_are_not_durable(tmp_path, monkeypatch,
+                                                                     caplog):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
     journal.open()
-    errors: list[str] = []
+    real_write = os.write
+    disk_full = True
+    errors: list[Exception] = []
+
+    def short_write(fd, data):     # a disk that takes half a batch, then is full
+        if disk_full and len(data) > 8:
+            return real_write(fd, bytes(data[:len(data) // 2]))
+        if disk_full:
+            raise OSError(28, "No space left on device (injected)")
+        return real_write(fd, data)
+
+    async def writer(i):
+        try:
+            await journal.log("MKDIR", {"path": f"/{i}"})
+        except NoSpace as exc:
+            errors.append(exc)
+
+    async def main():
+        nonlocal disk_full
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            assert await journal.log("MKDIR", {"path": "/ok"}) == 1
+            monkeypatch.setattr(os, "write", short_write)
+            async with trio.open_nursery() as writers:
+                for i in range(5):
+                    writers.start_soon(writer, i)
+            disk_full = False            # space is back: the journal writes again
+            assert await journal.log("MKDIR", {"path": "/later"}) == 2
+            nursery.cancel_scope.cancel()
+        await journal.aclose()
+
+    with caplog.at_level(logging.ERROR, logger="meta.journal"):
+        trio.run(main)
+    monkeypatch.setattr(os, "write", real_write)
+    assert len(errors) == 5 and all(e.errno == 28 for e in errors)
+    assert all("journal write failed" in str(e) and "did not happen" in str(e) for e in errors)
+    assert [(r.txid, r.args["path"]) for r in applied.records] == [(1, "/ok"), (2, "/later")]
+    assert [(r.txid, r.args["path"]) for r in reopen(tmp_path).replay(0)] == \
+        [(1, "/ok"), (2, "/later")]
+
+
+@pytest.mark.allow_log_errors(r"journal write failed", r"the metadata server stops",
+                              reason="the test breaks fsync")
+def test_write_whose_cut_back_fails_stops_without_answering(tmp_path, monkeypatch, caplog):
+    applied = Applied()
+    journal = Journal(str(tmp_path), applied)
+    journal.open()
+    answered: list[str] = []
 
     def broken_fsync(fd):
         raise OSError(5, "Input/output error (injected)")
@@ -450,36 +569,36 @@ def test_fsync_error_fails_callers_and_refuses_later_logs(tmp_path, monkeypatch,
     async def writer(i):
         try:
             await journal.log("MKDIR", {"path": f"/{i}"})
+            answered.append("ok")
         except InternalError as exc:
-            errors.append(str(exc))
+            answered.append(str(exc))
 
     async def main():
         async with trio.open_nursery() as nursery:
             await nursery.start(journal.run)
             assert await journal.log("MKDIR", {"path": "/ok"}) == 1
             monkeypatch.setattr(os, "fsync", broken_fsync)
-            async with trio.open_nursery() as writers:
-                for i in range(5):
-                    writers.start_soon(writer, i)
-            with pytest.raises(InternalError, match="refuses writes"):
-                await journal.log("MKDIR", {"path": "/later"})
-            with pytest.raises(InternalError, match="cannot roll"):
-                await journal.roll()
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
+            for i in range(5):
+                nursery.start_soon(writer, i)
 
     with caplog.at_level(logging.ERROR, logger="meta.journal"):
-        trio.run(main)
+        with pytest.raises(BaseExceptionGroup) as group:
+            trio.run(main)
     monkeypatch.undo()
-    assert len(errors) == 5
-    assert all("journal write failed" in e and "injected" in e for e in errors), errors
-    assert [r.txid for r in applied.records] == [1]      # nothing undurable was applied
-    assert journal.last_txid == 1
-    assert any("refuses all mutations" in m for m in caplog.messages)
+    assert group.group_contains(JournalError, match="whether those records are durable is unknown")
+    assert answered == []                                 # fate unknown: nobody was answered
+    assert [r.txid for r in applied.records] == [1]       # nothing undurable was applied
+    with pytest.raises(InternalError, match="refuses writes"):
+        trio.run(journal.log, "MKDIR", {"path": "/later"})
+    assert any("the metadata server stops" in m for m in caplog.messages)
+    trio.run(journal.aclose)
 
 
-def test_apply_error_fails_that_batch_only(tmp_path, caplog):
+@pytest.mark.allow_log_errors(r"applying txids", r"the metadata server stops",
+                              reason="the test's apply raises")
+def test_apply_error_stops_without_answering_and_the_records_replay(tmp_path, caplog):
     seen = []
+    answered = []
 
     def apply(records):
         seen.extend(r.txid for r in records)
@@ -492,14 +611,13 @@ def test_apply_error_fails_that_batch_only(tmp_path, caplog):
     async def main():
         async with trio.open_nursery() as nursery:
             await nursery.start(journal.run)
-            with pytest.raises(InternalError, match="applying journal txids 1..1 failed.*namespace bug"):
-                await journal.log("MKDIR", {"boom": True})
-            assert await journal.log("MKDIR", {"path": "/fine"}) == 2
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
+            assert await journal.log("MKDIR", {"path": "/fine"}) == 1
+            answered.append(await journal.log("MKDIR", {"boom": True}))
 
     with caplog.at_level(logging.ERROR, logger="meta.journal"):
-        trio.run(main)
-    assert seen == [1, 2]
-    assert any("applying txids 1..1 failed" in m for m in caplog.messages)
-    assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2]   # durable despite the bug
+        with pytest.raises(BaseExceptionGroup) as group:
+            trio.run(main)
+    trio.run(journal.aclose)
+    assert group.group_contains(JournalError, match="applying txids 2..2 failed.*namespace bug")
+    assert seen == [1, 2] and answered == []
+    assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2]   # durable: replays

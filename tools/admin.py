@@ -1,5 +1,6 @@
-"""The repair commands of ``leasefs``: ``fsck`` and ``decommission`` (HDFS ``hdfs fsck`` and
-``hdfs dfsadmin -decommission``/``-refreshNodes``).
+"""The repair and admin commands of ``leasefs``: ``fsck``, ``decommission`` and
+``save-namespace`` (HDFS ``hdfs fsck``, ``hdfs dfsadmin -decommission``/``-refreshNodes`` and
+``hdfs dfsadmin -saveNamespace``).
 
 Why a module of its own: their outcome is a health verdict scripts rely on — ``fsck`` exits 1
 when any block is missing or corrupt (0 when healthy, even with under-replicated blocks, as
@@ -13,12 +14,14 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import trio
 
 from fs.rpc import RpcClient
 
 from .common import Command
+from .daemons import unwrap
 from .formatting import format_table
 
 log = logging.getLogger(__name__)
@@ -32,7 +35,10 @@ def _rpc(cmd: Command, method: str, args: dict):
                              retry_seconds=min(10.0, config.rpc_retry_seconds),
                              max_frame=config.max_frame) as rpc:
             return await rpc.call(method, args)
-    return trio.run(call)
+    try:
+        return trio.run(call)
+    except BaseExceptionGroup as group:   # the server's error, not trio's wrapping of it
+        raise unwrap(group) from None
 
 
 # --------------------------------------------------------------------------- fsck
@@ -121,6 +127,26 @@ def cmd_decommission(cmd: Command):
     return 0
 
 
+# --------------------------------------------------------------------------- save-namespace
+
+def format_checkpoint(c: dict | None) -> str:
+    """One line for a ``{txid, time_ns, txns_since}`` checkpoint entry (``report`` too)."""
+    if not c or not c.get("time_ns"):
+        return "never"
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["time_ns"] / 1e9))
+    return f"txid {c['txid']} at {when} ({c.get('txns_since', 0)} transactions since)"
+
+
+def cmd_save_namespace(cmd: Command):
+    r = _rpc(cmd, "save_namespace", {})
+    if cmd.args.json:
+        cmd.out(json.dumps(r, indent=2, sort_keys=True, default=str))
+        return 0
+    cmd.out(f"Save namespace successful: checkpoint {format_checkpoint(r)}; "
+            f"purged {len(r.get('purged', []))} journal segment(s)")
+    return 0
+
+
 def register(sub, common) -> None:
     from .shell import _parser
 
@@ -143,3 +169,9 @@ def register(sub, common) -> None:
     g.add_argument("--stop", action="store_true", help="put the node back in service")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_decommission)
+
+    p = _parser(sub, "save-namespace", common, "take a checkpoint now (LevelDB made durable, "
+                "journal rolled, old segments purged); needs safe mode and the superuser, as "
+                "HDFS dfsadmin -saveNamespace")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_save_namespace)

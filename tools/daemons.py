@@ -142,12 +142,39 @@ def find_journal_dir(directory: str) -> str:
     return directory
 
 
+def store_applied_txid(given: str, journal_dir: str) -> tuple[int | None, str]:
+    """The applied txid of the namespace store next to the journal (the ``db`` folder of
+    the data folder), or None and why not; the check then judges the journal alone."""
+    import plyvel
+
+    from meta import keys
+    from meta.kv import PlyvelStore
+
+    for db in (os.path.join(given, "db"), os.path.join(os.path.dirname(journal_dir), "db")):
+        if os.path.isdir(db):
+            break
+    else:
+        return None, "no namespace store (db folder) next to the journal"
+    try:
+        store = PlyvelStore(db, create=False)
+    except (plyvel.Error, OSError) as exc:   # e.g. the running server holds its lock
+        why = exc.args[0].decode(errors="replace") if exc.args and isinstance(
+            exc.args[0], bytes) else str(exc)
+        return None, f"namespace store {db} not readable (is the server running?): {why}"
+    try:
+        return int(keys.read_counter(store, keys.APPLIED_TXID)), f"namespace store {db}"
+    finally:
+        store.close()
+
+
 def run_meta(args) -> int:
     if args.check_journal:
         from meta.journal import check_journal
         directory = find_journal_dir(args.check_journal)
+        applied, store_note = store_applied_txid(args.check_journal, directory)
+        print(f"{store_note}" + (f": applied txid {applied}" if applied is not None else ""))
         try:
-            lines = check_journal(directory)
+            lines = check_journal(directory, store_applied=applied)
         except LeaseFSError as exc:
             where = ""
             if getattr(exc, "file", None) and str(exc.file) not in str(exc):

@@ -23,6 +23,7 @@ from fs.errors import (DirectoryNotEmpty, FileExists, FileNotFound, InvalidArgum
                        IsDirectory, LeaseFSError, NotDirectory)
 
 from . import transfer
+from .admin import format_checkpoint
 from .common import Command
 from .formatting import (STAT_FORMAT_HELP, UsageError, format_table, human_size,
                          ls_long_lines, parse_mode, parse_owner, parse_size, split_file_url,
@@ -523,6 +524,7 @@ def format_report(r: dict, meta_address: str) -> list[str]:
         f"{r.get('decommissioned', 0)}",
         f"Safe mode: {'ON' if sm.get('on') else 'OFF'}"
         + (f" ({_safemode_reason(sm)})" if sm.get("on") and _safemode_reason(sm) else ""),
+        f"Last checkpoint: {format_checkpoint(r.get('checkpoint'))}",
         "",
     ]
     for title, nodes in (("Live block servers", r.get("live_nodes", [])),

@@ -1,0 +1,366 @@
+"""The edit journal with real metadata server processes: kill -9 under load and a journal
+that lost its tail, a full metadata disk, checkpoints counted across restarts and
+save-namespace. Real processes, real LevelDB, real journal files."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from contextlib import contextmanager
+
+import msgpack
+import pytest
+import trio
+
+from fs import errors
+from fs.client import AsyncClient
+from harness import ProcessCluster, make_test_config
+from meta import keys
+from meta.invariants import check_namespace
+from meta.journal import RECORD_HEADER
+from meta.kv import PlyvelStore
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+def leasefs(cluster: ProcessCluster, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tools", *args], env=cluster.env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def journal_dir(cluster: ProcessCluster):
+    return cluster.meta_dir() / "journal"
+
+
+def inprogress_segment(cluster: ProcessCluster):
+    names = [n for n in os.listdir(journal_dir(cluster)) if n.startswith("edits_inprogress_")]
+    assert len(names) == 1, names
+    return journal_dir(cluster) / names[0]
+
+
+def store_applied(cluster: ProcessCluster) -> int:
+    store = PlyvelStore(str(cluster.meta_dir() / "db"), create=False)
+    try:
+        return int(keys.read_counter(store, keys.APPLIED_TXID))
+    finally:
+        store.close()
+
+
+def cut_inside_record(segment, txid: int) -> None:
+    """Truncate ``segment`` a few bytes before the end of record ``txid`` (a lost tail)."""
+    data = segment.read_bytes()
+    pos = 0
+    while pos < len(data):
+        length, _crc = RECORD_HEADER.unpack_from(data, pos)
+        end = pos + RECORD_HEADER.size + length
+        if msgpack.unpackb(data[pos + RECORD_HEADER.size:end])[0] == txid:
+            with open(segment, "r+b") as fh:
+                fh.truncate(end - 5)
+            return
+        pos = end
+    raise AssertionError(f"record {txid} not in {segment}")
+
+
+def store_problems(cluster: ProcessCluster) -> list[str]:
+    store = PlyvelStore(str(cluster.meta_dir() / "db"), create=False)
+    try:
+        return check_namespace(store)
+    finally:
+        store.close()
+
+
+async def mkdir_load(address: str, workers: int, on_ack, stop: trio.Event) -> None:
+    """``workers`` clients making directories until ``stop``; ``on_ack(path)`` per success."""
+    async def worker(k: int):
+        async with AsyncClient(address, config=make_test_config()) as client:
+            i = 0
+            while not stop.is_set():
+                path = f"/load/w{k}/d{i}"
+                await client.mkdirs(path)
+                on_ack(path)
+                i += 1
+
+    async with trio.open_nursery() as nursery:
+        for k in range(workers):
+            nursery.start_soon(worker, k)
+        await stop.wait()
+        nursery.cancel_scope.cancel()
+
+
+async def all_exist(address: str, wanted) -> list[str]:
+    async with AsyncClient(address, config=make_test_config()) as client:
+        return [p for p in wanted if not await client.exists(p)]
+
+
+# ------------------------------------------------------------------------------ lost tail
+def test_kill9_then_lost_journal_tail_starts_from_the_store_and_check_agrees(tmp_path):
+    cluster = ProcessCluster(tmp_path, n_storage=0)
+    cluster.start()
+    acked: list[str] = []
+    try:
+        async def load_then_kill():
+            stop = trio.Event()
+
+            def ack(path):
+                acked.append(path)
+                if len(acked) == 300:
+                    cluster.kill_meta()      # kill -9 while the other workers are mid-call
+                    stop.set()
+            with trio.fail_after(120):
+                await mkdir_load(cluster.meta_address, 4, ack, stop)
+
+        trio.run(load_then_kill)
+        # the disk lost the journal's last few bytes, down into the last record the store
+        # applied (its write was fsynced before it was applied)
+        applied = store_applied(cluster)
+        cut_inside_record(inprogress_segment(cluster), applied)
+
+        # the offline check (store present) says what the start will do
+        before = leasefs(cluster, "meta", "--check-journal", str(cluster.meta_dir()))
+        assert before.returncode == 0, before.stderr
+        found = re.search(r"txids (\d+)\.\.(\d+) are not in the journal", before.stdout)
+        assert found, before.stdout
+        lost = (int(found.group(1)), int(found.group(2)))
+        assert lost == (applied, applied)
+
+        cluster.start_meta()
+        cluster.wait_ready(0)
+        log_text = (tmp_path / "logs" / "meta.log").read_text()
+        assert re.search(rf"WARNING .*txids {lost[0]}\.\.{lost[1]} .*not in the journal",
+                         log_text), log_text[-3000:]
+        assert trio.run(all_exist, cluster.meta_address, acked) == []
+        cluster.kill_meta(sig=15)
+        assert store_problems(cluster) == []
+
+        # a second start needs no recovery and the check agrees with it
+        cluster.start_meta()
+        cluster.wait_ready(0)
+        assert trio.run(all_exist, cluster.meta_address, acked[:20]) == []
+        cluster.kill_meta(sig=15)
+        after = leasefs(cluster, "meta", "--check-journal", str(cluster.meta_dir()))
+        assert after.returncode == 0, after.stderr
+        assert f"txids {lost[0]}..{lost[1]}: lost from the journal" in after.stdout, after.stdout
+        assert "OK" in after.stdout
+    finally:
+        cluster.stop()
+
+
+# ------------------------------------------------------------------------------ full disk
+@contextmanager
+def small_tmpfs(path, size: str):
+    """A tmpfs of ``size`` mounted on ``path`` (a real ENOSPC once it is full)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                   check=True)
+    try:
+        yield lambda new_size: subprocess.run(
+            ["mount", "-o", f"remount,size={new_size}", str(path)], check=True)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+class Outcomes:
+    """What each mkdir's caller was told: ``ok``, an error reply, or nothing certain."""
+
+    def __init__(self):
+        self.ok: list[str] = []
+        self.refused: dict[str, str] = {}     # the server answered with an error
+        self.unknown: list[str] = []          # the connection was lost: either outcome
+
+    async def load(self, address: str, workers: int, enough, tag: str = "full") -> None:
+        """``workers`` clients making directories (long names) until ``enough(self)``."""
+        done = trio.Event()
+
+        async def worker(k: int):
+            config = make_test_config(rpc_retry_seconds=2.0)
+            async with AsyncClient(address, config=config) as client:
+                i = 0
+                while not done.is_set():
+                    path = f"/{tag}/w{k}/{'x' * 150}{i}"
+                    i += 1
+                    try:
+                        await client.mkdirs(path)
+                        self.ok.append(path)
+                    except errors.ServerUnavailable:
+                        self.unknown.append(path)
+                    except errors.LeaseFSError as exc:
+                        self.refused[path] = f"{type(exc).__name__}: {exc}"
+                    if enough(self):
+                        done.set()
+
+        with trio.fail_after(150):
+            async with trio.open_nursery() as nursery:
+                for k in range(workers):
+                    nursery.start_soon(worker, k)
+
+    def check_after_restart(self, address: str) -> None:
+        async def check():
+            async with AsyncClient(address, config=make_test_config()) as client:
+                lost = [p for p in self.ok if not await client.exists(p)]
+                kept = [p for p in self.refused if await client.exists(p)]
+            return lost, kept
+        lost, kept = trio.run(check)
+        assert lost == [], f"acknowledged but gone after the restart: {lost[:5]}"
+        assert kept == [], f"answered with an error but present after the restart: " \
+                           f"{[(p, self.refused[p]) for p in kept[:3]]}"
+
+
+def restart_and_check(cluster: ProcessCluster, out: Outcomes) -> None:
+    """Start the stopped metadata server; every success is there, every error reply is
+    not, and the store is consistent."""
+    cluster.start_meta()
+    cluster.wait_ready(0)
+    out.check_after_restart(cluster.meta_address)
+    cluster.kill_meta(sig=15)
+    assert store_problems(cluster) == []
+
+
+@pytest.mark.allow_log_errors(r"journal write failed", reason="the journal's disk is full")
+def test_full_journal_disk_fails_only_undurable_calls_and_recovers_when_space_returns(tmp_path):
+    cluster = ProcessCluster(tmp_path, n_storage=0)
+    with small_tmpfs(journal_dir(cluster), "192k") as resize:
+        cluster.start()
+        try:
+            out = Outcomes()
+            trio.run(out.load, cluster.meta_address, 6, lambda o: len(o.refused) >= 30)
+            assert out.ok and not out.unknown
+            assert all("NoSpace" in why and "did not happen" in why
+                       for why in out.refused.values()), list(out.refused.values())[:3]
+
+            resize("64m")             # space is back: the running server writes again
+            ok, refused = len(out.ok), len(out.refused)
+            trio.run(out.load, cluster.meta_address, 1,
+                     lambda o: len(o.ok) + len(o.refused) > ok + refused, "again")
+            assert len(out.ok) == ok + 1 and out.ok[-1].startswith("/again/"), \
+                list(out.refused.values())[-1:]
+            cluster.kill_meta(sig=15)
+            restart_and_check(cluster, out)
+        finally:
+            cluster.stop()
+
+
+@pytest.mark.allow_log_errors(r"applying txids", r"the metadata server stops",
+                              r"metadata server failed", r"No space|IO error|Traceback",
+                              reason="the store's disk is full: the server stops")
+def test_full_store_disk_stops_the_server_without_error_replies(tmp_path):
+    cluster = ProcessCluster(tmp_path, n_storage=0)
+    with small_tmpfs(cluster.meta_dir() / "db", "512k") as resize:
+        cluster.start()
+        try:
+            out = Outcomes()
+            trio.run(out.load, cluster.meta_address, 6, lambda o: bool(o.unknown or o.refused))
+            # the store write failed after the journal made the batch durable: the server
+            # stopped (fail-stop) and answered nobody of that batch with an error
+            assert cluster.procs["meta"].wait(30) == 1
+            assert out.refused == {}, list(out.refused.items())[:3]
+            assert "the metadata server stops" in cluster.log_tail("meta", 200)
+            resize("64m")
+            restart_and_check(cluster, out)
+        finally:
+            cluster.stop()
+
+
+# ------------------------------------------------------------------------------ checkpoints
+def make_dirs(cluster: ProcessCluster, prefix: str, n: int) -> None:
+    async def run():
+        async with AsyncClient(cluster.meta_address, config=make_test_config()) as client:
+            for i in range(n):
+                await client.mkdirs(f"/{prefix}/d{i}")
+    trio.run(run)
+
+
+def report(cluster: ProcessCluster) -> dict:
+    async def run():
+        async with AsyncClient(cluster.meta_address, config=make_test_config()) as client:
+            return await client.report()
+    return trio.run(run)
+
+
+def restart_meta(cluster: ProcessCluster) -> None:
+    cluster.kill_meta(sig=15)
+    cluster.start_meta()
+    cluster.wait_ready(0)
+
+
+def wait_checkpoint(cluster: ProcessCluster, after_txid: int, timeout: float = 30.0) -> dict:
+    """The report's checkpoint once one newer than ``after_txid`` was taken."""
+    async def run():
+        async with AsyncClient(cluster.meta_address, config=make_test_config()) as client:
+            with trio.fail_after(timeout):
+                while True:
+                    checkpoint = (await client.report())["checkpoint"]
+                    if checkpoint["txid"] > after_txid:
+                        return checkpoint
+                    await trio.sleep(0.1)
+    return trio.run(run)
+
+
+def test_checkpoint_trigger_counts_transactions_across_restarts(tmp_path):
+    cluster = ProcessCluster(tmp_path, n_storage=0,
+                             settings={"checkpoint_txns": 100, "checkpoint_period": 3600})
+    cluster.start()
+    try:
+        make_dirs(cluster, "a", 60)                  # FORMAT + 60: under the 100
+        restart_meta(cluster)
+        assert report(cluster)["checkpoint"] == {"txid": 0, "time_ns": 0,
+                                                 "txns_since": report(cluster)["journal"]["last_txid"]}
+        make_dirs(cluster, "b", 60)                  # 121 since the start of time: due
+        first = wait_checkpoint(cluster, 0)
+        assert first["txid"] >= 100 and first["time_ns"] > 0
+
+        restart_meta(cluster)                        # the checkpoint is remembered
+        assert report(cluster)["checkpoint"]["txid"] == first["txid"]
+        assert report(cluster)["checkpoint"]["time_ns"] == first["time_ns"]
+        make_dirs(cluster, "c", 50)
+        restart_meta(cluster)
+        make_dirs(cluster, "d", 55)                  # 105 since the first checkpoint
+        second = wait_checkpoint(cluster, first["txid"])
+        assert second["txid"] - first["txid"] >= 100
+    finally:
+        cluster.stop()
+
+
+def test_save_namespace_needs_safe_mode_purges_old_segments_and_shows_in_report(tmp_path):
+    cluster = ProcessCluster(tmp_path, n_storage=0, settings={"journal_keep_segments": 1})
+    cluster.start()
+    try:
+        make_dirs(cluster, "a", 20)
+        refused = leasefs(cluster, "save-namespace")
+        assert refused.returncode == 1
+        assert refused.stderr.strip().splitlines() == [
+            "leasefs save-namespace: save namespace: safe mode must be ON to save the "
+            "namespace (leasefs safemode enter), as HDFS requires"]
+        assert "Last checkpoint: never" in leasefs(cluster, "report").stdout
+
+        for prefix in ("b", "c", "d"):
+            make_dirs(cluster, prefix, 10)
+            assert leasefs(cluster, "safemode", "enter").returncode == 0
+            saved = leasefs(cluster, "save-namespace")
+            assert saved.returncode == 0, saved.stderr
+            assert leasefs(cluster, "safemode", "leave").returncode == 0
+        txid = report(cluster)["journal"]["last_txid"]
+        assert f"Save namespace successful: checkpoint txid {txid} at " in saved.stdout
+        assert "purged 1 journal segment(s)" in saved.stdout
+        assert f"Last checkpoint: txid {txid} at " in leasefs(cluster, "report").stdout
+
+        # only the newest finalized segment is left; a start opens and replays just that
+        segments = sorted(os.listdir(journal_dir(cluster)))
+        first_kept = int(segments[0].split("_")[1].split("-")[0])
+        assert len(segments) == 2 and segments[1].startswith("edits_inprogress_"), segments
+        assert first_kept > 1
+        make_dirs(cluster, "e", 5)
+        cluster.kill_meta()                          # kill -9: the tail is in the journal only
+        cluster.start_meta()
+        cluster.wait_ready(0)
+        log_text = cluster.log_tail("meta", 400)
+        # the kept segment and the recovered in-progress one: nothing older is read
+        assert f"opened: 2 finalized segments, last txid {txid + 5}" in log_text, log_text
+        assert trio.run(all_exist, cluster.meta_address, ["/e/d4", "/a/d0"]) == []
+        check = leasefs(cluster, "meta", "--check-journal", str(journal_dir(cluster)))
+        assert check.returncode == 0 and f"txids {first_kept}.." in check.stdout, check.stdout
+    finally:
+        cluster.stop()
