@@ -6,6 +6,7 @@ What is checked is what a user sees: stdout text, the one-line error on stderr, 
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -129,6 +130,33 @@ def test_table_and_error_line():
         "leasefs rm: /d: directory not empty"
     assert error_line("put", None, FileNotFoundError(2, "No such file or directory", "l.txt")) \
         == "leasefs put: l.txt: No such file or directory"
+
+
+def _subcommands(parser, prefix=()):
+    """Every command path of the parser (``("cluster", "up")``, ...), from argparse itself."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            seen = set()
+            for name, sub in action.choices.items():
+                if id(sub) in seen:  # an alias
+                    continue
+                seen.add(id(sub))
+                yield (*prefix, name)
+                yield from _subcommands(sub, (*prefix, name))
+
+
+def test_every_subcommand_help_exits_0_without_traceback(capsys):
+    from tools.cli import build_parser, main
+
+    commands = list(_subcommands(build_parser()))
+    assert ("stat",) in commands and ("cluster", "up") in commands and len(commands) > 30
+    for command in commands:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*command, "--help"])
+        out, err = capsys.readouterr()
+        assert exit_info.value.code in (0, None), (command, err)
+        assert "Traceback" not in out + err, (command, err)
+        assert out.startswith("usage: leasefs " + " ".join(command)), (command, out[:200])
 
 
 # --------------------------------------------------------------------------- subprocess runs
