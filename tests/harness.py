@@ -10,8 +10,10 @@ Both use short timings (heartbeats of a tenth of a second) so that failures are 
 
 from __future__ import annotations
 
+import keyword
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -175,6 +177,98 @@ async def inprocess_cluster(tmp_path, n_storage: int = 3, **overrides):
             nursery.cancel_scope.cancel()
 
 
+# --------------------------------------------------------------------------- server logs
+
+
+class LogWatch:
+    """Finds ERROR/CRITICAL lines and tracebacks in the log files of server processes.
+
+    Each watched folder's ``*.log`` files are read from where the previous ``scan`` stopped,
+    so every finding is reported once, to the test during which it was written (the conftest
+    scans after each test). ``ProcessCluster`` watches its logs folder by itself; tests that
+    start servers another way call ``LOG_WATCH.watch(folder)``.
+    """
+
+    LEVELS = (" ERROR ", " CRITICAL ")
+
+    def __init__(self):
+        self._dirs: list[Path] = []
+        self._offsets: dict[Path, int] = {}
+
+    def watch(self, folder) -> None:
+        folder = Path(folder)
+        if folder not in self._dirs:
+            self._dirs.append(folder)
+
+    def scan(self) -> list[str]:
+        """New findings as one-line texts ``<file>: <line>`` (a traceback: its last line)."""
+        found = []
+        for folder in list(self._dirs):
+            if not folder.exists():
+                continue
+            for path in sorted(folder.glob("*.log")):
+                found += self._scan_file(path)
+        return found
+
+    def _scan_file(self, path: Path) -> list[str]:
+        start = self._offsets.get(path, 0)
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(start)
+                data = fh.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self._offsets[path] = start + end
+        return [f"{path.name}: {text}"
+                for text in log_findings(data[:end].decode(errors="replace").splitlines())]
+
+
+_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(: .*)?$")
+
+
+def log_findings(lines: list[str]) -> list[str]:
+    """ERROR/CRITICAL log lines and tracebacks of a server log, one text each.
+
+    A traceback is everything up to the next timestamped log line (chained and grouped
+    exceptions included); it is reported by its last exception line, joined to the log
+    line it belongs to, so one allow pattern covers "ERROR ... | Traceback: ValueError: x".
+    """
+    found: list[str] = []
+    owner: str | None = None  # the log line a following traceback belongs to
+    owner_index: int | None = None  # its finding, when it is one itself
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if "Traceback (most recent call last)" in line:
+            exception = None
+            j = i + 1
+            while j < len(lines) and not _LOG_LINE.match(lines[j]):
+                text = lines[j].strip(" |+-\t")
+                if _EXCEPTION_LINE.match(text) and text.split(":")[0] not in keyword.kwlist:
+                    exception = text
+                j += 1
+            what = f"Traceback: {exception or '(no exception line)'}"
+            if owner_index is not None:
+                found[owner_index] += f" | {what}"
+            else:
+                found.append(f"{owner} | {what}" if owner else what)
+            owner = owner_index = None
+            i = j
+            continue
+        if _LOG_LINE.match(line):
+            owner, owner_index = line.strip(), None
+            if any(level in line for level in LogWatch.LEVELS):
+                found.append(owner)
+                owner_index = len(found) - 1
+        i += 1
+    return found
+
+
+LOG_WATCH = LogWatch()
+
+
 # --------------------------------------------------------------------------- subprocesses
 
 
@@ -191,6 +285,7 @@ class ProcessCluster:
         self.ports: dict[str, int] = {}
         self.meta_address: str | None = None
         (self.base / "logs").mkdir(parents=True, exist_ok=True)
+        LOG_WATCH.watch(self.base / "logs")
 
     # -- plumbing
     def _set_args(self) -> list[str]:

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from harness import LOG_WATCH
 from tools.cluster import is_ours, mounted_fuse, process_state
 
 FAST = ["--set", "heartbeat_interval=0.1", "--set", "dead_node_interval=3",
@@ -39,6 +40,7 @@ def recorded_pids(home) -> dict:
 @pytest.fixture
 def home(tmp_path):
     home = tmp_path / "home"
+    LOG_WATCH.watch(home / "logs")  # the servers' logs: an error there fails the test
     yield home
     # never leak servers, whatever the test did
     try:
