@@ -27,18 +27,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from fs.errors import sole_exception  # noqa: E402
 from harness import LOG_WATCH  # noqa: E402
 
 logging.basicConfig(level=logging.INFO,
                     format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 _ALLOWED = pytest.StashKey[list]()
-
-
-def _leaf(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
 
 
 class _ErrorRecords(logging.Handler):
@@ -56,7 +51,7 @@ class _ErrorRecords(logging.Handler):
         except Exception:  # a bad format string is a finding too
             text = f"{record.levelname} {record.name}: {record.msg!r} (unformattable)"
         if record.exc_info and record.exc_info[1] is not None:
-            exc = _leaf(record.exc_info[1])
+            exc = sole_exception(record.exc_info[1])
             last = traceback.format_exception_only(type(exc), exc)[-1].strip()
             text += f" | Traceback: {last}"
         self.found.append(text)

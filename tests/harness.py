@@ -200,6 +200,14 @@ class LogWatch:
         if folder not in self._dirs:
             self._dirs.append(folder)
 
+    def skip(self, path) -> None:
+        """Ignore what ``path`` holds so far (e.g. a start that failed and was retried)."""
+        path = Path(path)
+        try:
+            self._offsets[path] = path.stat().st_size
+        except OSError:
+            pass
+
     def scan(self) -> list[str]:
         """New findings as one-line texts ``<file>: <line>`` (a traceback: its last line)."""
         found = []
@@ -272,6 +280,10 @@ LOG_WATCH = LogWatch()
 # --------------------------------------------------------------------------- subprocesses
 
 
+class PortTaken(RuntimeError):
+    """A server process could not bind the port it was given."""
+
+
 class ProcessCluster:
     """A metadata server and N block servers as real ``python -m tools`` processes."""
 
@@ -295,6 +307,20 @@ class ProcessCluster:
         return out
 
     def _spawn(self, name: str, args: list[str]) -> str:
+        first_start = name not in self.ports
+        for attempt in range(3):
+            try:
+                return self._spawn_once(name, args)
+            except PortTaken:
+                # free_port() only probed the port; on a shared machine another process may
+                # bind it first. Only a first start may move: a restart keeps its address.
+                if not first_start or attempt == 2:
+                    raise
+                LOG_WATCH.skip(self.base / "logs" / f"{name}.log")
+                del self.ports[name]
+        raise AssertionError("unreachable")
+
+    def _spawn_once(self, name: str, args: list[str]) -> str:
         addr_file = self.base / "run" / f"{name}.addr"
         addr_file.parent.mkdir(parents=True, exist_ok=True)
         addr_file.unlink(missing_ok=True)
@@ -310,7 +336,10 @@ class ProcessCluster:
         deadline = time.monotonic() + 30
         while not addr_file.exists():
             if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+                tail = self.log_tail(name)
+                if "Address already in use" in tail:
+                    raise PortTaken(f"{name}: port {port} taken:\n{tail}")
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name} did not report its address:\n{self.log_tail(name)}")
             time.sleep(0.02)

@@ -127,19 +127,19 @@ def test_default_is_a_local_folder_by_the_cluster_home(tmp_path):
     _assert_nothing_left(tmp_path / "home", tmp_path / "tmpdir")
 
 
-def test_bad_path_is_one_line_and_exit_2(tmp_path):
+def test_bad_path_is_one_line_and_exit_1(tmp_path):
     (good,) = _folders(tmp_path, 1)
     missing = tmp_path / "nope"
     proc = bench(tmp_path, "--path", good, "--path", missing, *TINY)
     err = proc.stderr.decode()
-    assert proc.returncode == 2, err
-    assert err.splitlines() == [f"leasefs bench fuse: {missing}: not a directory"]
+    assert proc.returncode == 1, err
+    assert err.splitlines() == [f"leasefs bench fuse: {missing}: no such file or directory"]
     assert proc.stdout == b""
     _assert_nothing_left(good, tmp_path / "tmpdir")   # refused before writing anything
     plain_file = tmp_path / "plain"
     plain_file.write_bytes(b"x")
     proc = bench(tmp_path, "--path", plain_file)
-    assert proc.returncode == 2
+    assert proc.returncode == 1
     assert proc.stderr.decode().splitlines() == [f"leasefs bench fuse: {plain_file}: "
                                                  "not a directory"]
 

@@ -366,6 +366,117 @@ def test_cp_mv_rm(cluster, env, tmp_path):
     assert check_ok(leasefs("ls", "/cli/cp", env=env)).split() == ["dir", "moved"]
 
 
+# Every path-taking command against a path of the wrong kind: (argv, the path the error line
+# names, its cause). M: missing; F: a file; D: a directory; L/LD/LN: a local file/dir/nothing.
+WRONG_PATHS = [
+    # a missing path
+    ("ls {M}", "{M}", "no such file or directory"),
+    ("stat {M}", "{M}", "no such file or directory"),
+    ("cat {M}", "{M}", "no such file or directory"),
+    ("tail {M}", "{M}", "no such file or directory"),
+    ("du {M}", "{M}", "no such file or directory"),
+    ("rm {M}", "{M}", "no such file or directory"),
+    ("chmod 644 {M}", "{M}", "no such file or directory"),
+    ("chown bob {M}", "{M}", "no such file or directory"),
+    ("setrep 2 {M}", "{M}", "no such file or directory"),
+    ("truncate 0 {M}", "{M}", "no such file or directory"),
+    ("recover-lease {M}", "{M}", "no such file or directory"),
+    ("leases {M}", "{M}", "no such file or directory"),
+    ("fsck {M}", "{M}", "no such file or directory"),
+    ("fsck {MR}", "{MR}", "no such file or directory"),  # relative: said once, as typed
+    ("decommission nosuch:1", "nosuch:1", "no such block server"),
+    ("get {M} {LD}", "{M}", "no such file or directory"),
+    ("cp {M} {D}/x", "{M}", "no such file or directory"),
+    ("mv {M} {D}/x", "{M}", "no such file or directory"),
+    ("touch {M}/x", "{M}/x", "parent directory {M} does not exist"),
+    ("mkdir {M}/x", "{M}/x", "parent directory {M} does not exist"),
+    ("put {L} {M}/x", "{M}/x", "parent directory {M} does not exist"),
+    ("put {LN} {D}/x", "{LN}", "no such file or directory"),
+    ("append {LN} {F}", "{LN}", "no such file or directory"),
+    ("mount {LN}", "{LN}", "no such file or directory"),
+    ("umount {LN}", "{LN}", "no such file or directory"),
+    ("bench fuse --path {LN}", "{LN}", "no such file or directory"),
+    ("meta --check-journal {LN}", "{LN}", "no such file or directory"),
+    ("settings --update-readme {LN}", "{LN}", "no such file or directory"),
+    # a file where a directory is expected
+    ("ls {F}/x", "{F}/x", "not a directory"),
+    ("stat {F}/x", "{F}/x", "not a directory"),
+    ("cat {F}/x", "{F}/x", "not a directory"),
+    ("tail {F}/x", "{F}/x", "not a directory"),
+    ("du {F}/x", "{F}/x", "not a directory"),
+    ("rm {F}/x", "{F}/x", "not a directory"),
+    ("chmod 644 {F}/x", "{F}/x", "not a directory"),
+    ("chown bob {F}/x", "{F}/x", "not a directory"),
+    ("setrep 2 {F}/x", "{F}/x", "not a directory"),
+    ("truncate 0 {F}/x", "{F}/x", "not a directory"),
+    ("recover-lease {F}/x", "{F}/x", "not a directory"),
+    ("leases {F}/x", "{F}/x", "not a directory"),
+    ("fsck {F}/x", "{F}/x", "not a directory"),
+    ("mkdir {F}/sub", "{F}/sub", "not a directory"),
+    ("mkdir -p {F}/sub", "{F}/sub", "not a directory"),
+    ("touch {F}/x", "{F}/x", "not a directory"),
+    ("put {L} {F}/", "{F}/", "not a directory"),
+    ("put {L} {F}/x", "{F}/x", "not a directory"),
+    ("append {L} {F}/x", "{F}/x", "not a directory"),
+    ("cp {F} {F}/x", "{F}/x", "not a directory"),
+    ("mv {F} {F}/x", "{F}/x", "not a directory"),
+    ("get {F}/x {LD}", "{F}/x", "not a directory"),
+    ("get {F} {L}/x", "{L}/x", "not a directory"),
+    ("mount {L}", "{L}", "not a directory"),
+    ("bench fuse --path {L}", "{L}", "not a directory"),
+    ("cluster status --home {L}", "{L}", "not a directory"),
+    # a directory where a file is expected
+    ("cat {D}", "{D}", "is a directory"),
+    ("tail {D}", "{D}", "is a directory"),
+    ("truncate 0 {D}", "{D}", "directory"),
+    ("append {L} {D}", "{D}", "is a directory"),
+    ("recover-lease {D}", "{D}", "is a directory"),
+    ("get {D} {L}", "{L}", "exists and is not a directory"),
+    ("cp {D} {F}", "{F}", "exists and is not a directory"),
+    ("put {LD} {F}", "{F}", "exists and is not a directory"),
+    ("mv {D} {F}", "{D}", "exists"),
+]
+
+
+@pytest.mark.slow
+def test_wrong_kind_of_path_is_one_line_naming_command_path_and_cause(cluster, tmp_path,
+                                                                       monkeypatch, capsys):
+    from tools.cli import main
+
+    monkeypatch.setenv("LEASEFS_META", cluster.meta_address)
+    monkeypatch.setenv("LEASEFS_HOME", str(cluster.base / "home"))
+    names = {"M": "/cli/wrong/missing", "MR": "cli/wrong/missing", "F": "/cli/wrong/file", "D": "/cli/wrong/dir",
+             "L": str(tmp_path / "local.txt"), "LD": str(tmp_path / "localdir"),
+             "LN": str(tmp_path / "nothing")}
+    (tmp_path / "local.txt").write_bytes(b"local")
+    (tmp_path / "localdir").mkdir()
+    assert main(["mkdir", "-p", names["D"]]) == 0
+    assert main(["put", names["L"], names["F"]]) == 0
+    capsys.readouterr()
+    problems = []
+    for argv, path, cause in WRONG_PATHS:
+        argv, path, cause = (text.format(**names) for text in (argv, path, cause))
+        words = argv.split()
+        status = main(words)
+        out, err = capsys.readouterr()
+        lines = err.splitlines()
+        command = " ".join(words[:2]) if words[0] in ("bench", "cluster") else words[0]
+        if words[:2] == ["meta", "--check-journal"]:
+            command = "meta --check-journal"
+        prefix = f"leasefs {command}: {path}: "
+        said_already = (f"{command}: ", f"{path}: ", f"/{path}: ")  # the cause repeating them
+        if (status != 1 or len(lines) != 1 or not lines[0].startswith(prefix)
+                or cause.lower() not in lines[0].lower() or "Traceback" in err
+                or lines[0][len(prefix):].startswith(said_already)
+                or "internal error" in err or out):
+            problems.append(f"{argv!r}: status {status}, stderr {err!r}, stdout {out[:100]!r}")
+    assert not problems, "\n".join(problems)
+    # nothing was created by the failed commands
+    assert main(["ls", "-R", "/cli/wrong"]) == 0
+    assert capsys.readouterr().out.split() == [names["D"], names["F"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["local.txt", "localdir"]
+
+
 def test_chmod_chown_setrep_du_df_report_safemode(cluster, env):
     check_ok(leasefs("mkdir", "-p", "/cli/attr/sub", env=env))
     check_ok(leasefs("put", "-", "/cli/attr/sub/f", env=env, input=b"x" * 3000))
