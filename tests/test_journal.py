@@ -438,6 +438,8 @@ def test_check_journal_reports_and_never_modifies(tmp_path):
 
 
 # ------------------------------------------------------------------------------ I/O errors
+@pytest.mark.allow_log_errors(r"journal write failed .*\(injected\)",
+                                reason="the test injects the fsync error")
 def test_fsync_error_fails_callers_and_refuses_later_logs(tmp_path, monkeypatch, caplog):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
@@ -478,6 +480,8 @@ def test_fsync_error_fails_callers_and_refuses_later_logs(tmp_path, monkeypatch,
     assert any("refuses all mutations" in m for m in caplog.messages)
 
 
+@pytest.mark.allow_log_errors(r"applying txids 1\.\.1 failed \| Traceback: RuntimeError: namespace bug",
+                                reason="the test's namespace raises on purpose")
 def test_apply_error_fails_that_batch_only(tmp_path, caplog):
     seen = []
 
