@@ -13,6 +13,9 @@ allows and why:
 or, when the pattern is only known while the test runs, the ``allow_log_errors`` fixture:
 ``allow_log_errors(r"...")``. Records from setup and the test body fail the test itself;
 those written during teardown (a cluster stopping) fail its teardown.
+
+A test that starts real server processes (``harness.ProcessCluster``) must be marked
+``slow``; the harness refuses to start them otherwise.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from fs.errors import sole_exception  # noqa: E402
+import harness  # noqa: E402
 from harness import LOG_WATCH  # noqa: E402
 
 logging.basicConfig(level=logging.INFO,
@@ -110,6 +114,7 @@ def allow_log_errors(request):
 def pytest_runtest_setup(item):
     _RECORDS.take()  # what earlier tests' leftovers logged between tests is not this test's
     LOG_WATCH.scan()
+    harness.RUNNING_TEST = (item.nodeid, item.get_closest_marker("slow") is not None)
     return (yield)
 
 
@@ -129,7 +134,10 @@ def pytest_runtest_call(item):
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_teardown(item, nextitem):
-    result = yield
+    try:
+        result = yield
+    finally:
+        harness.RUNNING_TEST = None
     found = _unexpected(item)
     if found:
         pytest.fail(_complaint(item, found, "while tearing down"), pytrace=False)

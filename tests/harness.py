@@ -280,6 +280,17 @@ LOG_WATCH = LogWatch()
 # --------------------------------------------------------------------------- subprocesses
 
 
+# The running test, set by the conftest: (node id, carries the ``slow`` marker).
+RUNNING_TEST: tuple[str, bool] | None = None
+
+
+def require_slow_marker(what: str) -> None:
+    """Refuse to start real server processes for a test that is not marked ``slow``, so
+    ``-m "not slow"`` really leaves out every test that needs them."""
+    if RUNNING_TEST is not None and not RUNNING_TEST[1]:
+        raise RuntimeError(f"{RUNNING_TEST[0]} starts {what}: mark it @pytest.mark.slow")
+
+
 class PortTaken(RuntimeError):
     """A server process could not bind the port it was given."""
 
@@ -289,6 +300,7 @@ class ProcessCluster:
 
     def __init__(self, base_dir, n_storage: int = 3, settings: dict | None = None,
                  python: str = sys.executable):
+        require_slow_marker("server processes (ProcessCluster)")
         self.base = Path(base_dir)
         self.n_storage = n_storage
         self.settings = {**TEST_SETTINGS, **(settings or {})}

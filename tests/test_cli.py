@@ -225,6 +225,7 @@ def env(cluster):
     return cluster.env
 
 
+@pytest.mark.slow
 def test_mkdir_ls_and_ls_long(cluster, env):
     check_ok(leasefs("mkdir", "-p", "/cli/ls/sub/deeper", env=env))
     check_ok(leasefs("put", "-", "/cli/ls/hello.txt", env=env, input=b"hello world\n"))
@@ -247,6 +248,7 @@ def test_mkdir_ls_and_ls_long(cluster, env):
     check_fails(leasefs("mkdir", "-p", "/cli/ls/hello.txt/x", env=env), "leasefs mkdir:")
 
 
+@pytest.mark.slow
 def test_stat_cat_tail_touch(cluster, env):
     check_ok(leasefs("put", "-", "/cli/st/data.txt", env=env, input=b"0123456789" * 10))
     out = check_ok(leasefs("stat", "/cli/st/data.txt", env=env))
@@ -286,6 +288,7 @@ def _tree(root: Path) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_put_get_tree_round_trip_byte_identical(cluster, env, tmp_path):
     src = tmp_path / "src"
     (src / "a" / "b").mkdir(parents=True)
@@ -335,6 +338,7 @@ def test_put_get_tree_round_trip_byte_identical(cluster, env, tmp_path):
     assert not (tmp_path / "nodir").exists()
 
 
+@pytest.mark.slow
 def test_cp_mv_rm(cluster, env, tmp_path):
     check_ok(leasefs("mkdir", "-p", "/cli/cp/dir", env=env))
     check_ok(leasefs("put", "-", "/cli/cp/one", env=env, input=b"one"))
@@ -477,6 +481,7 @@ def test_wrong_kind_of_path_is_one_line_naming_command_path_and_cause(cluster, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local.txt", "localdir"]
 
 
+@pytest.mark.slow
 def test_chmod_chown_setrep_du_df_report_safemode(cluster, env):
     check_ok(leasefs("mkdir", "-p", "/cli/attr/sub", env=env))
     check_ok(leasefs("put", "-", "/cli/attr/sub/f", env=env, input=b"x" * 3000))
@@ -509,6 +514,7 @@ def test_chmod_chown_setrep_du_df_report_safemode(cluster, env):
     check_ok(leasefs("mkdir", "/cli/attr/blocked", env=env))
 
 
+@pytest.mark.slow
 def test_bench_runs_against_the_cluster(cluster, env):
     out = check_ok(leasefs("bench", "write", "--size", "3M", "--replication", "1,2", "--json",
                            "--quiet", env=env))
@@ -550,6 +556,7 @@ def test_bench_runs_against_the_cluster(cluster, env):
     assert check_ok(leasefs("ls", "/.leasefs-bench", env=env)).strip() == ""
 
 
+@pytest.mark.slow
 def test_bench_moosefs_missing_script_is_clean(cluster, env, tmp_path):
     env = {**env, "MFS_BASE": str(tmp_path / "no-peer")}
     check_fails(leasefs("bench", "meta", "--clients", "1", "--ops", "1", "--moosefs",
@@ -557,6 +564,7 @@ def test_bench_moosefs_missing_script_is_clean(cluster, env, tmp_path):
                 "none.sh", "not found", status=2)
 
 
+@pytest.mark.slow
 def test_check_journal_reports_ok_and_corruption(cluster, tmp_path):
     import shutil
     journal = tmp_path / "copy" / "journal"

@@ -53,6 +53,7 @@ def home(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_up_idempotent_status_shell_restart_down(home):
     env = {**os.environ, "LEASEFS_HOME": str(home)}
     env.pop("LEASEFS_META", None)
@@ -131,6 +132,7 @@ def test_up_idempotent_status_shell_restart_down(home):
         bystander.wait()
 
 
+@pytest.mark.slow
 def test_startup_failure_points_at_log_and_mounts_nothing(home):
     env = {**os.environ, "LEASEFS_HOME": str(home)}
     env.pop("LEASEFS_META", None)
@@ -148,6 +150,7 @@ def test_startup_failure_points_at_log_and_mounts_nothing(home):
     assert leasefs("cluster", "down", env=env).returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("role", ["meta", "storage"])
 def test_server_writes_address_file_and_exits_0_on_sigterm(tmp_path, role):
     addr = tmp_path / "run" / f"{role}.addr"
@@ -177,6 +180,7 @@ def test_server_writes_address_file_and_exits_0_on_sigterm(tmp_path, role):
             proc.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse on this machine")
 def test_up_with_mount_serves_files_and_down_unmounts(home, tmp_path):
     """`cluster up --mount DIR` (what `make up` does with ./mnt): files written through the

@@ -26,7 +26,7 @@ from fsspec.tests.abstract import (AbstractCopyTests, AbstractFixtures, Abstract
 from fsspec_leasefs import LeaseFSFileSystem
 from harness import ProcessCluster
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 BLOCK = 256 << 10
 
