@@ -1,5 +1,6 @@
-"""The suite's own rule that a logged error fails the test that caused it (tests/conftest.py):
-run small test files in a pytest subprocess with this conftest and read the outcome."""
+"""The suite's own rules (tests/conftest.py, tests/harness.py): a logged error fails the test
+that caused it; a test that starts server processes is marked slow. Small test files run in
+a pytest subprocess with this conftest, and their outcomes are read."""
 
 from __future__ import annotations
 
@@ -80,6 +81,15 @@ def noisy_teardown():
 
 def test_error_in_teardown_fails_the_teardown(noisy_teardown):
     pass
+
+def test_process_cluster_unmarked(tmp_path):
+    from harness import ProcessCluster
+    ProcessCluster(tmp_path)
+
+@pytest.mark.slow
+def test_process_cluster_marked_slow(tmp_path):
+    from harness import ProcessCluster
+    ProcessCluster(tmp_path)  # constructing it starts nothing yet
 '''
 
 
@@ -98,6 +108,10 @@ def test_logged_errors_fail_the_test_unless_declared(tmp_path):
     assert outcomes["test_server_log_file_traceback_fails"] == {"FAILED"}, out
     assert "storage0.log: Traceback: KeyError: 'k'" in out
     assert outcomes["test_error_in_teardown_fails_the_teardown"] == {"PASSED", "ERROR"}, out
+    assert outcomes["test_process_cluster_unmarked"] == {"FAILED"}, out
+    assert "test_process_cluster_unmarked starts server processes (ProcessCluster): " \
+           "mark it @pytest.mark.slow" in out
+    assert outcomes["test_process_cluster_marked_slow"] == {"PASSED"}, out
 
 
 def test_server_log_findings_join_a_traceback_to_its_log_line():
