@@ -133,6 +133,8 @@ def test_up_idempotent_status_shell_restart_down(home):
 
 
 @pytest.mark.slow
+@pytest.mark.allow_log_errors(r"metadata server failed: Address already in use",
+                              reason="the test holds the metadata server's port")
 def test_startup_failure_points_at_log_and_mounts_nothing(home):
     env = {**os.environ, "LEASEFS_HOME": str(home)}
     env.pop("LEASEFS_META", None)
