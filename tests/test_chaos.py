@@ -27,7 +27,7 @@ from harness import ProcessCluster
 REPO = Path(__file__).resolve().parents[1]
 KiB = 1 << 10
 CHAOS_SECONDS = float(os.environ.get("LEASEFS_CHAOS_SECONDS", "60"))
-pytestmark = pytest.mark.timeout(int(CHAOS_SECONDS) + 300)
+pytestmark = [pytest.mark.timeout(int(CHAOS_SECONDS) + 300), pytest.mark.slow]
 
 
 class Ledger:

@@ -6,6 +6,7 @@ What is checked is what a user sees: stdout text, the one-line error on stderr, 
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -131,6 +132,33 @@ def test_table_and_error_line():
         == "leasefs put: l.txt: No such file or directory"
 
 
+def _subcommands(parser, prefix=()):
+    """Every command path of the parser (``("cluster", "up")``, ...), from argparse itself."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            seen = set()
+            for name, sub in action.choices.items():
+                if id(sub) in seen:  # an alias
+                    continue
+                seen.add(id(sub))
+                yield (*prefix, name)
+                yield from _subcommands(sub, (*prefix, name))
+
+
+def test_every_subcommand_help_exits_0_without_traceback(capsys):
+    from tools.cli import build_parser, main
+
+    commands = list(_subcommands(build_parser()))
+    assert ("stat",) in commands and ("cluster", "up") in commands and len(commands) > 30
+    for command in commands:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*command, "--help"])
+        out, err = capsys.readouterr()
+        assert exit_info.value.code in (0, None), (command, err)
+        assert "Traceback" not in out + err, (command, err)
+        assert out.startswith("usage: leasefs " + " ".join(command)), (command, out[:200])
+
+
 # --------------------------------------------------------------------------- subprocess runs
 
 def leasefs(*args, env=None, input=None, timeout=60, cwd=None):
@@ -197,6 +225,7 @@ def env(cluster):
     return cluster.env
 
 
+@pytest.mark.slow
 def test_mkdir_ls_and_ls_long(cluster, env):
     check_ok(leasefs("mkdir", "-p", "/cli/ls/sub/deeper", env=env))
     check_ok(leasefs("put", "-", "/cli/ls/hello.txt", env=env, input=b"hello world\n"))
@@ -219,6 +248,7 @@ def test_mkdir_ls_and_ls_long(cluster, env):
     check_fails(leasefs("mkdir", "-p", "/cli/ls/hello.txt/x", env=env), "leasefs mkdir:")
 
 
+@pytest.mark.slow
 def test_stat_cat_tail_touch(cluster, env):
     check_ok(leasefs("put", "-", "/cli/st/data.txt", env=env, input=b"0123456789" * 10))
     out = check_ok(leasefs("stat", "/cli/st/data.txt", env=env))
@@ -258,6 +288,7 @@ def _tree(root: Path) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_put_get_tree_round_trip_byte_identical(cluster, env, tmp_path):
     src = tmp_path / "src"
     (src / "a" / "b").mkdir(parents=True)
@@ -307,6 +338,7 @@ def test_put_get_tree_round_trip_byte_identical(cluster, env, tmp_path):
     assert not (tmp_path / "nodir").exists()
 
 
+@pytest.mark.slow
 def test_cp_mv_rm(cluster, env, tmp_path):
     check_ok(leasefs("mkdir", "-p", "/cli/cp/dir", env=env))
     check_ok(leasefs("put", "-", "/cli/cp/one", env=env, input=b"one"))
@@ -338,6 +370,118 @@ def test_cp_mv_rm(cluster, env, tmp_path):
     assert check_ok(leasefs("ls", "/cli/cp", env=env)).split() == ["dir", "moved"]
 
 
+# Every path-taking command against a path of the wrong kind: (argv, the path the error line
+# names, its cause). M: missing; F: a file; D: a directory; L/LD/LN: a local file/dir/nothing.
+WRONG_PATHS = [
+    # a missing path
+    ("ls {M}", "{M}", "no such file or directory"),
+    ("stat {M}", "{M}", "no such file or directory"),
+    ("cat {M}", "{M}", "no such file or directory"),
+    ("tail {M}", "{M}", "no such file or directory"),
+    ("du {M}", "{M}", "no such file or directory"),
+    ("rm {M}", "{M}", "no such file or directory"),
+    ("chmod 644 {M}", "{M}", "no such file or directory"),
+    ("chown bob {M}", "{M}", "no such file or directory"),
+    ("setrep 2 {M}", "{M}", "no such file or directory"),
+    ("truncate 0 {M}", "{M}", "no such file or directory"),
+    ("recover-lease {M}", "{M}", "no such file or directory"),
+    ("leases {M}", "{M}", "no such file or directory"),
+    ("fsck {M}", "{M}", "no such file or directory"),
+    ("fsck {MR}", "{MR}", "no such file or directory"),  # relative: said once, as typed
+    ("decommission nosuch:1", "nosuch:1", "no such block server"),
+    ("get {M} {LD}", "{M}", "no such file or directory"),
+    ("cp {M} {D}/x", "{M}", "no such file or directory"),
+    ("mv {M} {D}/x", "{M}", "no such file or directory"),
+    ("touch {M}/x", "{M}/x", "parent directory {M} does not exist"),
+    ("mkdir {M}/x", "{M}/x", "parent directory {M} does not exist"),
+    ("put {L} {M}/x", "{M}/x", "parent directory {M} does not exist"),
+    ("put {LN} {D}/x", "{LN}", "no such file or directory"),
+    ("append {LN} {F}", "{LN}", "no such file or directory"),
+    ("mount {LN}", "{LN}", "no such file or directory"),
+    ("umount {LN}", "{LN}", "no such file or directory"),
+    ("bench fuse --path {LN}", "{LN}", "no such file or directory"),
+    ("meta --check-journal {LN}", "{LN}", "no such file or directory"),
+    ("settings --update-readme {LN}", "{LN}", "no such file or directory"),
+    # a file where a directory is expected
+    ("ls {F}/x", "{F}/x", "not a directory"),
+    ("stat {F}/x", "{F}/x", "not a directory"),
+    ("cat {F}/x", "{F}/x", "not a directory"),
+    ("tail {F}/x", "{F}/x", "not a directory"),
+    ("du {F}/x", "{F}/x", "not a directory"),
+    ("rm {F}/x", "{F}/x", "not a directory"),
+    ("chmod 644 {F}/x", "{F}/x", "not a directory"),
+    ("chown bob {F}/x", "{F}/x", "not a directory"),
+    ("setrep 2 {F}/x", "{F}/x", "not a directory"),
+    ("truncate 0 {F}/x", "{F}/x", "not a directory"),
+    ("recover-lease {F}/x", "{F}/x", "not a directory"),
+    ("leases {F}/x", "{F}/x", "not a directory"),
+    ("fsck {F}/x", "{F}/x", "not a directory"),
+    ("mkdir {F}/sub", "{F}/sub", "not a directory"),
+    ("mkdir -p {F}/sub", "{F}/sub", "not a directory"),
+    ("touch {F}/x", "{F}/x", "not a directory"),
+    ("put {L} {F}/", "{F}/", "not a directory"),
+    ("put {L} {F}/x", "{F}/x", "not a directory"),
+    ("append {L} {F}/x", "{F}/x", "not a directory"),
+    ("cp {F} {F}/x", "{F}/x", "not a directory"),
+    ("mv {F} {F}/x", "{F}/x", "not a directory"),
+    ("get {F}/x {LD}", "{F}/x", "not a directory"),
+    ("get {F} {L}/x", "{L}/x", "not a directory"),
+    ("mount {L}", "{L}", "not a directory"),
+    ("bench fuse --path {L}", "{L}", "not a directory"),
+    ("cluster status --home {L}", "{L}", "not a directory"),
+    # a directory where a file is expected
+    ("cat {D}", "{D}", "is a directory"),
+    ("tail {D}", "{D}", "is a directory"),
+    ("truncate 0 {D}", "{D}", "directory"),
+    ("append {L} {D}", "{D}", "is a directory"),
+    ("recover-lease {D}", "{D}", "is a directory"),
+    ("get {D} {L}", "{L}", "exists and is not a directory"),
+    ("cp {D} {F}", "{F}", "exists and is not a directory"),
+    ("put {LD} {F}", "{F}", "exists and is not a directory"),
+    ("mv {D} {F}", "{D}", "exists"),
+]
+
+
+@pytest.mark.slow
+def test_wrong_kind_of_path_is_one_line_naming_command_path_and_cause(cluster, tmp_path,
+                                                                       monkeypatch, capsys):
+    from tools.cli import main
+
+    monkeypatch.setenv("LEASEFS_META", cluster.meta_address)
+    monkeypatch.setenv("LEASEFS_HOME", str(cluster.base / "home"))
+    names = {"M": "/cli/wrong/missing", "MR": "cli/wrong/missing", "F": "/cli/wrong/file", "D": "/cli/wrong/dir",
+             "L": str(tmp_path / "local.txt"), "LD": str(tmp_path / "localdir"),
+             "LN": str(tmp_path / "nothing")}
+    (tmp_path / "local.txt").write_bytes(b"local")
+    (tmp_path / "localdir").mkdir()
+    assert main(["mkdir", "-p", names["D"]]) == 0
+    assert main(["put", names["L"], names["F"]]) == 0
+    capsys.readouterr()
+    problems = []
+    for argv, path, cause in WRONG_PATHS:
+        argv, path, cause = (text.format(**names) for text in (argv, path, cause))
+        words = argv.split()
+        status = main(words)
+        out, err = capsys.readouterr()
+        lines = err.splitlines()
+        command = " ".join(words[:2]) if words[0] in ("bench", "cluster") else words[0]
+        if words[:2] == ["meta", "--check-journal"]:
+            command = "meta --check-journal"
+        prefix = f"leasefs {command}: {path}: "
+        said_already = (f"{command}: ", f"{path}: ", f"/{path}: ")  # the cause repeating them
+        if (status != 1 or len(lines) != 1 or not lines[0].startswith(prefix)
+                or cause.lower() not in lines[0].lower() or "Traceback" in err
+                or lines[0][len(prefix):].startswith(said_already)
+                or "internal error" in err or out):
+            problems.append(f"{argv!r}: status {status}, stderr {err!r}, stdout {out[:100]!r}")
+    assert not problems, "\n".join(problems)
+    # nothing was created by the failed commands
+    assert main(["ls", "-R", "/cli/wrong"]) == 0
+    assert capsys.readouterr().out.split() == [names["D"], names["F"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["local.txt", "localdir"]
+
+
+@pytest.mark.slow
 def test_chmod_chown_setrep_du_df_report_safemode(cluster, env):
     check_ok(leasefs("mkdir", "-p", "/cli/attr/sub", env=env))
     check_ok(leasefs("put", "-", "/cli/attr/sub/f", env=env, input=b"x" * 3000))
@@ -370,6 +514,7 @@ def test_chmod_chown_setrep_du_df_report_safemode(cluster, env):
     check_ok(leasefs("mkdir", "/cli/attr/blocked", env=env))
 
 
+@pytest.mark.slow
 def test_bench_runs_against_the_cluster(cluster, env):
     out = check_ok(leasefs("bench", "write", "--size", "3M", "--replication", "1,2", "--json",
                            "--quiet", env=env))
@@ -411,6 +556,7 @@ def test_bench_runs_against_the_cluster(cluster, env):
     assert check_ok(leasefs("ls", "/.leasefs-bench", env=env)).strip() == ""
 
 
+@pytest.mark.slow
 def test_bench_moosefs_missing_script_is_clean(cluster, env, tmp_path):
     env = {**env, "MFS_BASE": str(tmp_path / "no-peer")}
     check_fails(leasefs("bench", "meta", "--clients", "1", "--ops", "1", "--moosefs",
@@ -418,6 +564,7 @@ def test_bench_moosefs_missing_script_is_clean(cluster, env, tmp_path):
                 "none.sh", "not found", status=2)
 
 
+@pytest.mark.slow
 def test_check_journal_reports_ok_and_corruption(cluster, env, tmp_path):
     import shutil
     # records after the first one: a bad first record then is corruption, not a torn tail

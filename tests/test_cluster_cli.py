@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from harness import LOG_WATCH
 from tools.cluster import is_ours, mounted_fuse, process_state
 
 FAST = ["--set", "heartbeat_interval=0.1", "--set", "dead_node_interval=3",
@@ -39,6 +40,7 @@ def recorded_pids(home) -> dict:
 @pytest.fixture
 def home(tmp_path):
     home = tmp_path / "home"
+    LOG_WATCH.watch(home / "logs")  # the servers' logs: an error there fails the test
     yield home
     # never leak servers, whatever the test did
     try:
@@ -51,6 +53,7 @@ def home(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_up_idempotent_status_shell_restart_down(home):
     env = {**os.environ, "LEASEFS_HOME": str(home)}
     env.pop("LEASEFS_META", None)
@@ -129,6 +132,9 @@ def test_up_idempotent_status_shell_restart_down(home):
         bystander.wait()
 
 
+@pytest.mark.slow
+@pytest.mark.allow_log_errors(r"metadata server failed: Address already in use",
+                              reason="the test holds the metadata server's port")
 def test_startup_failure_points_at_log_and_mounts_nothing(home):
     env = {**os.environ, "LEASEFS_HOME": str(home)}
     env.pop("LEASEFS_META", None)
@@ -146,6 +152,7 @@ def test_startup_failure_points_at_log_and_mounts_nothing(home):
     assert leasefs("cluster", "down", env=env).returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("role", ["meta", "storage"])
 def test_server_writes_address_file_and_exits_0_on_sigterm(tmp_path, role):
     addr = tmp_path / "run" / f"{role}.addr"
@@ -175,6 +182,7 @@ def test_server_writes_address_file_and_exits_0_on_sigterm(tmp_path, role):
             proc.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse on this machine")
 def test_up_with_mount_serves_files_and_down_unmounts(home, tmp_path):
     """`cluster up --mount DIR` (what `make up` does with ./mnt): files written through the

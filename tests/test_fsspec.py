@@ -10,6 +10,8 @@ blocks) serves the whole module. Three layers:
 
 from __future__ import annotations
 
+import contextlib
+
 import errno
 import pickle
 import posixpath
@@ -24,7 +26,7 @@ from fsspec.tests.abstract import (AbstractCopyTests, AbstractFixtures, Abstract
 from fsspec_leasefs import LeaseFSFileSystem
 from harness import ProcessCluster
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 BLOCK = 256 << 10
 
@@ -271,6 +273,48 @@ def test_transaction_commits_or_discards(lfs, base):
     fh.write(b"x")
     fh.discard()
     assert not lfs.exists(f"{base}/gone")
+
+
+def test_every_write_call_in_a_transaction_is_deferred_like_open_wb(lfs, base, tmp_path):
+    local = tmp_path / "local.bin"
+    local.write_bytes(b"from disk")
+    lfs.pipe_file(f"{base}/old", b"old contents")
+    lfs.pipe_file(f"{base}/src", b"copy me")
+    writes = {  # each call, and what the file holds once committed
+        "pipe_file": (lambda: lfs.pipe_file(f"{base}/piped", b"piped"), "piped", b"piped"),
+        "pipe": (lambda: lfs.pipe({f"{base}/multi": b"multi"}), "multi", b"multi"),
+        "put_file": (lambda: lfs.put_file(str(local), f"{base}/put"), "put", b"from disk"),
+        "touch": (lambda: lfs.touch(f"{base}/touched"), "touched", b""),
+        "cp_file": (lambda: lfs.cp_file(f"{base}/src", f"{base}/copied"), "copied", b"copy me"),
+        "overwrite": (lambda: lfs.pipe_file(f"{base}/old", b"new"), "old", b"new"),
+    }
+    before = {"old": b"old contents"}
+    for commit in (False, True):
+        with pytest.raises(RuntimeError) if not commit else contextlib.nullcontext():
+            with lfs.transaction:
+                for what, (call, name, _) in writes.items():
+                    call()
+                    # not visible (or not changed) before the commit
+                    assert lfs.exists(f"{base}/{name}") == (name in before), what
+                    if name in before:
+                        assert lfs.cat_file(f"{base}/{name}") == before[name]
+                if not commit:
+                    raise RuntimeError("roll back")
+        names = sorted(lfs.ls(base, detail=False))
+        if not commit:  # rolled back: nothing new, nothing changed, no temporary files
+            assert names == [f"{base}/old", f"{base}/src"]
+            assert lfs.cat_file(f"{base}/old") == b"old contents"
+    for _, name, data in writes.values():
+        assert lfs.cat_file(f"{base}/{name}") == data, name
+    assert len(names) == len(writes) + 1  # + src; no temporary file left over
+
+
+def test_a_failed_write_in_a_transaction_is_not_committed(lfs, base):
+    with lfs.transaction:
+        lfs.pipe_file(f"{base}/kept", b"kept")
+        with pytest.raises(OSError):  # reading /proc/self/mem at offset 0 fails with EIO
+            lfs.put_file("/proc/self/mem", f"{base}/broken")
+    assert lfs.ls(base, detail=False) == [f"{base}/kept"]
 
 
 # ============================================================================ namespace

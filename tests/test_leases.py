@@ -457,6 +457,8 @@ def test_9_reader_sees_exactly_the_hflushed_bytes(tmp_path):
 # --------------------------------------------------------------------------- (10) renewer
 
 
+@pytest.mark.allow_log_errors(r"lease of leasefs-client-\w+ lost: aborted 1 open file",
+                                reason="the test makes the server refuse renewals past the hard limit")
 def test_10_renewals_refused_past_the_hard_limit_abort_the_writer(tmp_path):
     async def main():
         async with inprocess_cluster(tmp_path, **LIMITS) as cluster:

@@ -34,7 +34,7 @@ from harness import ProcessCluster  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 NOBODY = 65534
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 class Mount:

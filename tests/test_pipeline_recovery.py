@@ -458,16 +458,19 @@ def _kill_during_write(tmp_path, position: str, policy: str, hflush: bool = Fals
             return time.monotonic() - started
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_kill_first_node_of_the_pipeline_mid_write(tmp_path):
     assert _kill_during_write(tmp_path, "first", "always") < 90
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_kill_middle_node_of_the_pipeline_mid_write(tmp_path):
     assert _kill_during_write(tmp_path, "middle", "default", hflush=True) < 90
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_kill_last_node_of_the_pipeline_mid_write(tmp_path):
     assert _kill_during_write(tmp_path, "last", "never") < 90

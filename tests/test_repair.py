@@ -87,6 +87,7 @@ def leasefs(cluster, *args):
 
 # --------------------------------------------------------------------------- (a)
 
+@pytest.mark.slow
 def test_dead_block_server_is_re_replicated_and_excess_removed_on_return(tmp_path):
     with ProcessCluster(tmp_path, n_storage=4, settings=SETTINGS) as cluster:
         with cluster.client() as client:
@@ -140,6 +141,7 @@ def test_dead_block_server_is_re_replicated_and_excess_removed_on_return(tmp_pat
 
 # --------------------------------------------------------------------------- (b)
 
+@pytest.mark.slow
 def test_garbage_truncated_and_deleted_replicas_are_found_and_repaired(tmp_path):
     settings = {**SETTINGS, "scanner_period": 0.5}
     with ProcessCluster(tmp_path, n_storage=4, settings=settings) as cluster:
@@ -193,6 +195,7 @@ def test_garbage_truncated_and_deleted_replicas_are_found_and_repaired(tmp_path)
 
 # --------------------------------------------------------------------------- (c)
 
+@pytest.mark.slow
 def test_only_replica_corrupt_read_fails_clearly_and_fsck_exits_1(tmp_path):
     with ProcessCluster(tmp_path, n_storage=2, settings=SETTINGS) as cluster:
         with cluster.client() as client:
@@ -227,6 +230,7 @@ def test_only_replica_corrupt_read_fails_clearly_and_fsck_exits_1(tmp_path):
 
 # --------------------------------------------------------------------------- (d)
 
+@pytest.mark.slow
 def test_set_replication_down_and_up(tmp_path):
     with ProcessCluster(tmp_path, n_storage=3, settings=SETTINGS) as cluster:
         with cluster.client() as client:
@@ -251,6 +255,7 @@ def test_set_replication_down_and_up(tmp_path):
 
 # --------------------------------------------------------------------------- (e)
 
+@pytest.mark.slow
 def test_decommission_under_reads(tmp_path):
     with ProcessCluster(tmp_path, n_storage=4, settings=SETTINGS) as cluster:
         with cluster.client() as client:

@@ -19,7 +19,7 @@ from harness import ProcessCluster, make_test_config
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
 def _fast_client(cluster) -> Client:

@@ -106,6 +106,7 @@ def published(client, path):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("fmt,rows", [("parquet", ROUND_TRIP_ROWS), ("csv", ROUND_TRIP_ROWS),
                                       ("json", ROUND_TRIP_ROWS)])
+@pytest.mark.slow
 def test_round_trip(spark, cluster, client, fmt, rows):
     df = source_frame(spark, rows).cache()
     target = url(cluster, f"/rt/{fmt}")
@@ -122,6 +123,7 @@ def test_round_trip(spark, cluster, client, fmt, rows):
     df.unpersist()
 
 
+@pytest.mark.slow
 def test_parquet_schema_inferred_and_csv_inference(spark, cluster, client):
     df = source_frame(spark, 2000, partitions=2)
     df.write.format("leasefs").option("format", "parquet").mode("overwrite") \
@@ -139,6 +141,7 @@ def test_parquet_schema_inferred_and_csv_inference(spark, cluster, client):
     assert sorted(tuple(r) for r in got.collect()) == [(1, 2.5, "x"), (2, None, "y;z")]
 
 
+@pytest.mark.slow
 def test_text_round_trip_and_binary_file(spark, cluster, client):
     lines = [f"line {i}, with \"quotes\" and ünïcode €" for i in range(5000)]
     df = spark.createDataFrame([(x,) for x in lines], "value string").repartition(3)
@@ -160,6 +163,7 @@ def test_text_round_trip_and_binary_file(spark, cluster, client):
 
 # --------------------------------------------------------------------------- splits, globs
 
+@pytest.mark.slow
 def test_text_file_split_by_block_reads_every_line_once(spark, cluster, client):
     import random
     rnd = random.Random(6)
@@ -204,6 +208,7 @@ def test_line_split_ranges_cover_file_exactly_once():
         assert b"".join(got) == data, size
 
 
+@pytest.mark.slow
 def test_globs_hidden_names_partitions_and_pushdown(spark, cluster, client):
     for year in (2023, 2024):
         for month in (1, 2):
@@ -241,6 +246,7 @@ def test_globs_hidden_names_partitions_and_pushdown(spark, cluster, client):
 
 # --------------------------------------------------------------------------- commit protocol
 
+@pytest.mark.slow
 def test_failed_job_leaves_nothing_and_rerun_gives_one_copy(spark, cluster, client):
     from pyspark.sql.functions import udf
     target = url(cluster, "/jobs/out")
@@ -272,6 +278,7 @@ def test_failed_job_leaves_nothing_and_rerun_gives_one_copy(spark, cluster, clie
     assert back.count() == 4000 and back.distinct().count() == 4000
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_at_commit_and_append_adds(spark, cluster, client):
     target = url(cluster, "/ow/out")
     spark.range(0, 100, numPartitions=2).write.format("leasefs").option("format", "json") \
@@ -318,6 +325,7 @@ def test_overwrite_replaces_at_commit_and_append_adds(spark, cluster, client):
     assert sum(1 for names in seen_during if set(old_files) <= set(names)) >= 1
 
 
+@pytest.mark.slow
 def test_commit_publishes_only_named_files(cluster, client):
     paths = protocol.JobPaths("/cp/out", "job1")
     protocol.start_job(client, paths, 3600)
@@ -330,6 +338,7 @@ def test_commit_publishes_only_named_files(cluster, client):
     assert client.read_file("/cp/out/part-00000-job1.txt") == b"x\n"
 
 
+@pytest.mark.slow
 def test_job_commit_is_one_step_for_a_concurrent_lister(cluster, client):
     """commit_job publishes (and, overwriting, swaps out) a whole set at once: a lister
     polling the target from another connection sees the old set or the new one, never a
@@ -373,6 +382,7 @@ def test_job_commit_is_one_step_for_a_concurrent_lister(cluster, client):
 
 # --------------------------------------------------------------------------- streaming
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_streaming_picks_up_new_files_and_restarts_from_checkpoint(spark, cluster, client,
                                                                   tmp_path):
@@ -427,6 +437,7 @@ def test_streaming_picks_up_new_files_and_restarts_from_checkpoint(spark, cluste
     assert client.exists("/stream/out/_batches")
 
 
+@pytest.mark.slow
 def test_stream_sink_replayed_batch_is_not_duplicated(cluster, client):
     paths = protocol.JobPaths("/sink/out", "stream-x")
     protocol.start_job(client, paths, 3600)
@@ -442,6 +453,7 @@ def test_stream_sink_replayed_batch_is_not_duplicated(cluster, client):
 
 # --------------------------------------------------------------------------- other readers
 
+@pytest.mark.slow
 def test_pandas_and_pyarrow_read_what_spark_wrote(spark, cluster):
     """Spark writes parquet and csv through the data source; pandas (fsspec URL) and pyarrow
     (``PyFileSystem(FSSpecHandler(...))``) read the same rows back, skipping ``_SUCCESS``."""

@@ -18,10 +18,11 @@ import time
 
 import trio
 
+from fs import paths
+from fs.errors import LeaseFSError, sole_exception
 from fs.rpc import RpcClient
 
 from .common import Command
-from .daemons import unwrap
 from .formatting import format_table
 
 log = logging.getLogger(__name__)
@@ -37,8 +38,8 @@ def _rpc(cmd: Command, method: str, args: dict):
             return await rpc.call(method, args)
     try:
         return trio.run(call)
-    except BaseExceptionGroup as group:   # the server's error, not trio's wrapping of it
-        raise unwrap(group) from None
+    except BaseExceptionGroup as group:  # the RPC client's nursery wraps the server's error
+        raise sole_exception(group) from None
 
 
 # --------------------------------------------------------------------------- fsck
@@ -92,8 +93,12 @@ def format_fsck(r: dict, *, locations: bool = False) -> list[str]:
 
 def cmd_fsck(cmd: Command):
     a = cmd.args
-    r = _rpc(cmd, "fsck", {"path": a.path, "openforwrite": a.openforwrite,
-                           "locations": a.locations})
+    try:
+        r = _rpc(cmd, "fsck", {"path": paths.normalize_user_path(a.path),
+                               "openforwrite": a.openforwrite, "locations": a.locations})
+    except (LeaseFSError, OSError) as exc:
+        cmd.fail(a.path, exc)
+        return 1
     if a.json:
         cmd.out(json.dumps(r, indent=2, sort_keys=True, default=str))
     else:
@@ -106,6 +111,14 @@ def cmd_fsck(cmd: Command):
 
 def cmd_decommission(cmd: Command):
     a = cmd.args
+    try:
+        return _decommission(cmd, a)
+    except (LeaseFSError, OSError) as exc:
+        cmd.fail(a.node, exc)
+        return 1
+
+
+def _decommission(cmd: Command, a):
     if a.status:
         r = _rpc(cmd, "decommission", {"node": a.node, "action": "status"})
     elif a.stop:

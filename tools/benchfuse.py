@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import crc32c
 
 from fs.config import default_home
+from fs.errors import FileNotFound, NotDirectory, PermissionDenied
 
 from .bench import MooseFSPeer, baseline_dir, mbps, payload, percentile, size_label
 from .common import Command
@@ -175,11 +176,13 @@ def leasefs_mount() -> str | None:
 
 
 def check_folder(path: str) -> str:
-    """The absolute folder, or a usage error naming it (before anything is written)."""
+    """The absolute folder, or an error naming it (before anything is written)."""
+    if not os.path.exists(path):
+        raise FileNotFound(f"{path}: no such file or directory")
     if not os.path.isdir(path):
-        raise UsageError(f"{path}: not a directory")
+        raise NotDirectory(f"{path}: not a directory")
     if not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError(f"{path}: not writable")
+        raise PermissionDenied(f"{path}: not writable")
     return os.path.abspath(path)
 
 

@@ -46,10 +46,11 @@ from contextlib import AsyncExitStack, contextmanager
 
 import trio
 
+from fs.errors import sole_exception
+
 from .bench import (META_OPS, MooseFSPeer, _posix_meta, _Recorder, baseline_dir,
                     client_folder, percentile)
 from .common import Command
-from .daemons import unwrap
 from .formatting import UsageError, format_table
 from .progress import StatusLine
 
@@ -116,7 +117,7 @@ def _worker(address, settings, clients, plan, barrier, results):
     try:
         trio.run(_worker_main, address, settings, clients, plan, barrier, results)
     except BaseException as exc:   # tell the parent instead of leaving it at the barrier
-        results.put(("error", f"{type(exc).__name__}: {unwrap(exc)}"))
+        results.put(("error", f"{type(exc).__name__}: {sole_exception(exc)}"))
         barrier.abort()
         raise
 

@@ -19,9 +19,9 @@ import os
 import sys
 import traceback
 
-from fs.errors import LeaseFSError, ServerUnavailable
+from fs.errors import LeaseFSError, ServerUnavailable, sole_exception
 
-from .common import PROG, Command, cause_of
+from .common import PROG, Command, error_line
 from .formatting import UsageError
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,35 @@ def _setup_tool_logging(args) -> None:
                         format="%(levelname)s %(name)s: %(message)s")
 
 
+def _report(name: str, exc: BaseException, cmd, debug: bool) -> int:
+    """Print the one line a failed command ends with; its exit status."""
+    if isinstance(exc, UsageError):
+        print(f"{PROG} {name}: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(exc, KeyboardInterrupt):
+        print(f"{PROG} {name}: interrupted", file=sys.stderr)
+        return 130
+    if isinstance(exc, BrokenPipeError):  # `leasefs cat f | head`: the reader left, that is fine
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141
+    if isinstance(exc, (LeaseFSError, OSError)):
+        line = error_line(name, getattr(exc, "item_path", None), exc)
+        if isinstance(exc, ServerUnavailable):
+            where = getattr(cmd, "meta_address", None) if cmd is not None else None
+            line += (f" (metadata server {where}; is the cluster running? "
+                     "see 'leasefs cluster status')" if where else "")
+        print(line, file=sys.stderr)
+        return 1
+    if not debug:  # a bug: one line unless --debug
+        print(f"{PROG} {name}: internal error: {type(exc).__name__}: {exc} "
+              "(run with --debug for the traceback)", file=sys.stderr)
+    return 1
+
+
 def main(argv=None) -> int:
     """Run one ``leasefs`` command; returns the exit status."""
     parser = build_parser()
@@ -120,38 +149,14 @@ def main(argv=None) -> int:
             status = cmd.status if result is None else result
         sys.stdout.flush()
         return int(status or 0)
-    except UsageError as exc:
-        print(f"{PROG} {name}: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{PROG} {name}: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # `leasefs cat f | head`: the reader left, that is fine
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
-        return 141
-    except (LeaseFSError, OSError) as exc:
-        if debug:
-            traceback.print_exc()
-        path = getattr(exc, "item_path", None)
-        cause = cause_of(exc, path)
-        if isinstance(exc, ServerUnavailable):
-            where = getattr(cmd, "meta_address", None) if cmd is not None else None
-            cause += (f" (metadata server {where}; is the cluster running? "
-                      "see 'leasefs cluster status')" if where else "")
-        print(f"{PROG} {name}: {path}: {cause}" if path else f"{PROG} {name}: {cause}",
-              file=sys.stderr)
-        return 1
-    except Exception as exc:  # a bug: one line unless --debug
-        if debug:
-            traceback.print_exc()
-        else:
-            print(f"{PROG} {name}: internal error: {type(exc).__name__}: {exc} "
-                  "(run with --debug for the traceback)", file=sys.stderr)
-        return 1
+    except BaseException as raised:
+        # trio wraps an error that crosses a nursery in a group: report the one inside
+        exc = sole_exception(raised)
+        if not isinstance(exc, (Exception, KeyboardInterrupt)):
+            raise
+        if debug and not isinstance(exc, (UsageError, KeyboardInterrupt, BrokenPipeError)):
+            traceback.print_exception(raised)
+        return _report(name, exc, cmd, debug)
     finally:
         if cmd is not None:
             cmd.close()

@@ -33,7 +33,7 @@ import time
 import trio
 
 from fs.config import default_home
-from fs.errors import LeaseFSError
+from fs.errors import LeaseFSError, NotDirectory, sole_exception
 from fs.rpc import RpcClient
 
 from .common import PROG
@@ -84,6 +84,8 @@ def load_state(layout: Layout) -> dict | None:
         return state if isinstance(state, dict) else None
     except FileNotFoundError:
         return None
+    except NotADirectoryError:  # the home itself (or a folder above it) is a file
+        raise NotDirectory(f"{os.path.dirname(layout.state)}: not a directory") from None
     except (OSError, ValueError) as exc:
         raise LeaseFSError(f"{layout.state}: unreadable cluster state ({exc}); "
                            "remove it to start over") from None
@@ -215,8 +217,7 @@ def report_or_none(meta_address: str, timeout: float = 5.0):
     try:
         return trio.run(probe_report, meta_address, timeout), None
     except BaseException as group:  # trio wraps in exception groups
-        from .daemons import unwrap
-        exc = unwrap(group)
+        exc = sole_exception(group)
         if isinstance(exc, (LeaseFSError, OSError)):
             return None, exc
         raise

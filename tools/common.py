@@ -18,6 +18,7 @@ import sys
 
 from fs.config import Config, find_meta_address
 from fs.errors import InvalidArgument, LeaseFSError, ServerUnavailable
+from fs.paths import normalize_user_path
 
 from .formatting import UsageError, parse_settings
 
@@ -35,8 +36,23 @@ def load_config(args) -> Config:
         raise UsageError(str(exc)) from None
 
 
-def cause_of(exc: BaseException, path: str | None = None) -> str:
-    """The human cause of an error, without repeating the path the line already names."""
+def _said_already(cmd: str | None, path: str | None) -> list[str]:
+    """Openings of an error text that repeat what the line already says (the command and
+    the path as typed or normalised), e.g. the server's "decommission: " or "/a/b: "."""
+    forms = [path] if path else []
+    if path:
+        try:
+            forms.append(normalize_user_path(path))
+        except LeaseFSError:
+            pass
+    out = [f"{cmd}: "] if cmd else []
+    for form in forms:
+        out += [f"{form}: ", f"'{form}': "]
+    return out
+
+
+def cause_of(exc: BaseException, path: str | None = None, cmd: str | None = None) -> str:
+    """The human cause of an error, without repeating the command or path the line names."""
     if isinstance(exc, LeaseFSError):
         text = exc.message or type(exc).__name__
     elif isinstance(exc, OSError):
@@ -45,18 +61,21 @@ def cause_of(exc: BaseException, path: str | None = None) -> str:
             text = os.strerror(exc.errno)
     else:
         text = str(exc) or type(exc).__name__
-    if path:
-        for prefix in (f"{path}: ", f"'{path}': ", f"{path!r}: "):
-            if text.startswith(prefix):
+    openings = _said_already(cmd, path)
+    stripped = True
+    while stripped:
+        stripped = False
+        for prefix in openings:
+            if text.startswith(prefix) and len(text) > len(prefix):
                 text = text[len(prefix):]
-                break
+                stripped = True
     return " ".join(text.split())  # one line, always
 
 
 def error_line(cmd: str, path: str | None, exc: BaseException) -> str:
     if isinstance(exc, OSError) and not isinstance(exc, LeaseFSError) and exc.filename and not path:
         path = str(exc.filename)
-    cause = cause_of(exc, path)
+    cause = cause_of(exc, path, cmd)
     return f"{PROG} {cmd}: {path}: {cause}" if path else f"{PROG} {cmd}: {cause}"
 
 

@@ -19,7 +19,7 @@ import sys
 
 import trio
 
-from fs.errors import LeaseFSError
+from fs.errors import LeaseFSError, sole_exception
 from fs.rpc import format_address, parse_address
 
 from .common import PROG, load_config
@@ -68,13 +68,6 @@ def remove_address_file(path: str, address: str) -> None:
         pass
 
 
-def unwrap(exc: BaseException) -> BaseException:
-    """The one real error inside trio's (strict) exception groups."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
 async def serve_until_signal(start, address_file: str | None, what: str) -> None:
     """``await nursery.start(start)``, publish the address, run until SIGTERM/SIGINT."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -104,7 +97,7 @@ def _run(start, args, what: str) -> int:
     try:
         trio.run(serve_until_signal, start, args.address_file, what)
     except BaseException as group:
-        exc = unwrap(group)
+        exc = sole_exception(group)
         if isinstance(exc, LeaseFSError):
             text = str(exc)
         elif isinstance(exc, OSError):  # port in use, data folder not writable, ...
@@ -171,6 +164,11 @@ def run_meta(args) -> int:
     if args.check_journal:
         from meta.journal import check_journal
         directory = find_journal_dir(args.check_journal)
+        if not os.path.isdir(directory):  # a mistyped folder is not a corrupt journal
+            cause = "not a directory" if os.path.exists(directory) else \
+                "no such file or directory"
+            print(f"{PROG} meta --check-journal: {directory}: {cause}", file=sys.stderr)
+            return 1
         applied, store_note = store_applied_txid(args.check_journal, directory)
         print(f"{store_note}" + (f": applied txid {applied}" if applied is not None else ""))
         try:
@@ -211,7 +209,7 @@ def run_storage(args) -> int:
     setup_logging(getattr(args, "log_level", None))
     config = load_config(args)
     from fs.config import find_meta_address
-    meta_address = find_meta_address(args.meta)
+    meta_address = find_meta_address(getattr(args, "meta", None))
     host = args.host or config.bind_host
     port = args.port if args.port is not None else config.storage_port
     os.makedirs(args.data, exist_ok=True)

@@ -218,7 +218,7 @@ def status_fields(st) -> list[tuple[str, str]]:
 
 STAT_FORMAT_HELP = ("%n name, %N path, %F type, %a octal mode, %A mode string, %u owner, "
                     "%g group, %b length, %o block size, %r replication, %i inode, "
-                    "%y mtime, %Y mtime ms, %x atime, %X atime ms, %%% percent sign")
+                    "%y mtime, %Y mtime ms, %x atime, %X atime ms, %% percent sign")
 
 
 def stat_format(fmt: str, st) -> str:

@@ -44,6 +44,8 @@ def cmd_recover_lease(cmd: Command):
         raise UsageError("--interval must not be negative")
     try:
         path = _user_path(a.path)
+        if cmd.client.get_file_status(path).is_dir:  # leases belong to files only
+            raise IsDirectory("is a directory")
         for attempt in range(1, a.retries + 1):
             if cmd.client.recover_lease(path):
                 cmd.out(f"recover-lease succeeded on {path}")
@@ -77,6 +79,7 @@ def cmd_leases(cmd: Command):
     a = cmd.args
     try:
         path = _user_path(a.path or "/")
+        cmd.client.get_file_status(path)  # a mistyped path is an error, not "nothing open"
         entries = cmd.client.list_open_files(path)
     except ITEM_ERRORS as exc:
         cmd.fail(a.path or "/", exc)

@@ -15,12 +15,14 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 
 from fs.config import find_meta_address
 
+from .cluster import mounted_fuse
 from .common import PROG, load_config
 from .formatting import UsageError
 
@@ -34,16 +36,24 @@ def _setup_logging(args, stream) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def _check_mountpoint(path: str) -> str:
-    path = os.path.abspath(path)
-    if not os.path.isdir(path):
-        raise UsageError(f"mountpoint {path} is not a directory")
-    return path
+def _path_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a mountpoint, or None."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "no such file or directory"
+    except OSError as exc:  # e.g. a dead FUSE mount: "transport endpoint is not connected"
+        return (exc.strerror or str(exc)).lower()
+    return None if stat.S_ISDIR(st.st_mode) else "not a directory"
 
 
 def cmd_mount(args) -> int:
+    mountpoint = os.path.abspath(args.mountpoint)
+    problem = _path_problem(mountpoint)
+    if problem:
+        print(f"{PROG} mount: {mountpoint}: {problem}", file=sys.stderr)
+        return 1
     try:
-        mountpoint = _check_mountpoint(args.mountpoint)
         config = load_config(args)
     except UsageError as exc:
         print(f"{PROG} mount: {exc}", file=sys.stderr)
@@ -165,6 +175,16 @@ def cmd_umount(args) -> int:
     mount finishes when the last file closes) or ``--force`` (the mount process publishes
     every open file with its data, releases the leases and exits)."""
     mountpoint = os.path.abspath(args.mountpoint)
+    try:
+        os.lstat(mountpoint)  # lstat: a dead FUSE mount still unmounts
+    except FileNotFoundError:
+        print(f"{PROG} umount: {mountpoint}: no such file or directory", file=sys.stderr)
+        return 1
+    except OSError:
+        pass
+    if not mounted_fuse(mountpoint):  # listed even when its process died
+        print(f"{PROG} umount: {mountpoint}: not a FUSE mount point", file=sys.stderr)
+        return 1
     if getattr(args, "force", False):
         problem = _stop_mount_process(mountpoint)
         if problem is None:

@@ -607,7 +607,8 @@ def register(sub, common) -> None:
     p.set_defaults(func=cmd_ls)
 
     p = _parser(sub, "stat", common, "show every field of a file or directory status")
-    p.add_argument("--format", "-c", default=None, help=STAT_FORMAT_HELP)
+    # argparse %-formats help texts, and this one is made of % codes
+    p.add_argument("--format", "-c", default=None, help=STAT_FORMAT_HELP.replace("%", "%%"))
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_stat)
 
