@@ -17,7 +17,10 @@ On-disk layout of ``data_dir``::
                                   so no folder ever holds more than a small share of the blocks
     corrupt/                      finalized replicas whose data length disagrees with their
                                   meta file at start: moved here, logged, NOT reported (the
-                                  metadata server sees one replica fewer and re-replicates)
+                                  metadata server sees one replica fewer and re-replicates);
+                                  also what is left of a replica dropped later because its
+                                  files were found gone or cut (``drop_if_lost``: reported
+                                  deleted by the caller)
 
 Meta file = header ``>HBI`` (version 1, checksum type 2 = CRC32C in HDFS's DataChecksum
 numbering, bytes_per_checksum), then one big-endian CRC32C per ``bytes_per_checksum`` chunk of
@@ -33,7 +36,9 @@ descriptors are guarded by its own thread lock: ``close`` (INVALIDATE, delete, r
 for a write or fsync in flight in another worker thread, and a write that starts after the
 close fails (``ReplicaNotFound``) instead of touching a descriptor number the kernel may have
 handed to another file meanwhile. ``used_bytes`` is a running counter (no walk per heartbeat),
-kept by every operation that adds, grows or removes a replica in the map.
+kept by every operation that adds, grows or removes a replica in the map. Files of a replica
+being deleted or dropped stay on disk for a moment after it left the map: ``_removing`` and
+the ``removals`` count keep the directory scan (``adopt_finalized``) from taking them back.
 """
 
 from __future__ import annotations
