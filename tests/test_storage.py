@@ -1200,3 +1200,80 @@ def test_no_incremental_report_overtakes_a_chunked_full_report(tmp_path):
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+# --------------------------------------------------------------------------- lost replicas
+
+
+def damage_replica(node: Node, block_id: int, gs: int, how: str) -> None:
+    data_path, meta_path = replica_paths(node, block_id, gs)
+    if how == "delete":
+        data_path.unlink()
+        meta_path.unlink()
+    elif how == "delete meta":
+        meta_path.unlink()
+    elif how == "cut data":
+        os.truncate(data_path, 1000)
+    elif how == "cut meta":
+        os.truncate(meta_path, 20)
+
+
+def test_a_read_of_a_replica_whose_files_are_gone_or_cut_drops_it_and_reports_it(tmp_path):
+    damages = {21: "delete", 22: "delete meta", 23: "cut data", 24: "cut meta"}
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            meta, (node,) = await start_cluster(nursery, tmp_path, 1)
+            for block_id in (*damages, 25):
+                await write_block(node.address, block_id, 3, bytes([block_id]) * 5000)
+            used_before = node.store.used_bytes()
+            for block_id, how in damages.items():
+                damage_replica(node, block_id, 3, how)
+                try:
+                    response, data, _ = await read_block(node.address, block_id, 3)
+                    assert response["status"] != "SUCCESS" or data != bytes([block_id]) * 5000
+                except (LeaseFSError, EOFError):   # the read broke off after its response
+                    pass
+            await wait_for(lambda: set(damages) <= set(meta.deleted(node.node_id)),
+                           what="the lost replicas reported deleted")
+            assert all(node.store.get(b) is None for b in damages)
+            assert node.store.used_bytes() < used_before
+            # what was left of them is kept aside, never served
+            aside = sorted(p.name for p in (node.data_dir / "corrupt").iterdir())
+            assert aside == ["blk_22", "blk_23", "blk_23_3.meta", "blk_24", "blk_24_3.meta"]
+            # an intact replica is served and stays
+            response, data, _ = await read_block(node.address, 25, 3)
+            assert data == bytes([25]) * 5000 and 25 not in meta.deleted(node.node_id)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_directory_scan_reports_lost_replicas_deleted_and_unknown_files_received(tmp_path):
+    async def main():
+        async with trio.open_nursery() as nursery:
+            meta, (node,) = await start_cluster(nursery, tmp_path, 1,
+                                                directory_scan_interval=0.2)
+            for block_id in (31, 32, 33):
+                await write_block(node.address, block_id, 4, bytes([block_id]) * 3000)
+            damage_replica(node, 31, 4, "delete")
+            damage_replica(node, 32, 4, "cut meta")
+            # replica files of block 34 appear (a copy of 33's bytes; each file whole)
+            src_data, src_meta = replica_paths(node, 33, 4)
+            dst_data, dst_meta = replica_paths(node, 34, 4)
+            dst_data.parent.mkdir(parents=True, exist_ok=True)
+            for src, dst in ((src_meta, dst_meta), (src_data, dst_data)):
+                tmp = node.data_dir / "copying"
+                tmp.write_bytes(src.read_bytes())
+                os.replace(tmp, dst)
+            await wait_for(lambda: {31, 32} <= set(meta.deleted(node.node_id))
+                           and [34, 4, 3000, "FINALIZED"] in meta.received(node.node_id),
+                           what="the directory scan's reports")
+            assert node.store.get(31) is None and node.store.get(32) is None
+            response, data, _ = await read_block(node.address, 34, 4)
+            assert data == bytes([33]) * 3000
+            assert 33 not in meta.deleted(node.node_id) and node.store.get(33) is not None
+            assert node.server.dirscan.passes >= 1
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
