@@ -15,9 +15,10 @@ to the listed targets (``storage.blockcopy``, at most ``replication_max_streams`
 local replica found corrupt on the way is reported bad, one whose files are gone or cut is
 dropped and reported deleted); other command types are logged once and ignored.
 ``report_bad_replicas`` sends the block scanner's findings; ``replica_lost`` drops a replica
-whose files a read, copy or scan found gone or cut and reports it deleted at once. A full report also goes out every ``block_report_interval``. While the metadata
-server cannot be reached the loop retries with doubling backoff, logging once per change of
-state, never per attempt; after an outage it registers again (cheap, and a restarted
+whose files a read, copy or scan found gone or cut and reports it deleted at once. A full
+report also goes out every ``block_report_interval``. While the metadata server cannot be
+reached the loop retries with doubling backoff, logging once per change of state, never per
+attempt; after an outage it registers again (cheap, and a restarted
 metadata server needs the full report to leave safe mode).
 
 Incremental reports (``block_received_and_deleted``) are queued per block id (the latest

@@ -1249,6 +1249,23 @@ def test_a_read_of_a_replica_whose_files_are_gone_or_cut_drops_it_and_reports_it
     trio.run(main)
 
 
+def test_a_transfer_source_whose_replica_files_are_gone_drops_and_reports_it(tmp_path):
+    async def main():
+        async with trio.open_nursery() as nursery:
+            meta, (source, target) = await start_cluster(nursery, tmp_path, 2)
+            await write_block(source.address, 41, 2, b"t" * 4000)
+            damage_replica(source, 41, 2, "delete")
+            meta.commands[source.node_id] = [{"type": "TRANSFER",
+                                              "block": block_dict(41, 2, 4000),
+                                              "targets": [target.address]}]
+            await wait_for(lambda: 41 in meta.deleted(source.node_id),
+                           what="the lost TRANSFER source reported deleted")
+            assert source.store.get(41) is None and node_has_no(target, 41)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
 def test_directory_scan_reports_lost_replicas_deleted_and_unknown_files_received(tmp_path):
     async def main():
         async with trio.open_nursery() as nursery:
