@@ -1,5 +1,7 @@
 """Repair on real processes: re-replication after a block server dies, corrupt/stale replicas,
-the block scanner, setReplication up and down, decommission under reads, fsck.
+the block scanner, replicas whose files are gone or cut (dropped on a read or by the directory
+scan) and replica files unknown to a block server, setReplication up and down, decommission
+under reads, fsck.
 
 Every test starts a ``ProcessCluster`` (real ``python -m tools`` processes, real sockets, real
 LevelDB and replica files) with short heartbeat/dead/replication intervals.
@@ -261,6 +263,37 @@ def test_replica_deleted_or_cut_behind_the_map_is_dropped_and_reported_when_read
             block_id, idx = damaged["/lost/truncate"]
             aside = cluster.storage_dir(idx) / "corrupt" / f"blk_{block_id}"
             assert aside.exists() and aside.stat().st_size == 100
+
+
+def test_fsck_shows_a_replica_lost_under_a_reader_as_under_replicated_at_once(tmp_path):
+    # no replication passes: the block stays under-replicated for fsck to show
+    settings = {**SETTINGS_LOST, "replication_interval": 3600.0}
+    with ProcessCluster(tmp_path, n_storage=3, settings=settings) as cluster:
+        with cluster.client() as client:
+            data = payload(45, BLOCK + 100)
+            client.write_file("/lost/f", data, replication=3)
+            assert fsck(cluster, "/lost")["status"] == "HEALTHY"
+            block_id, idx = damage(cluster, client, "/lost/f", "delete")
+            victim_port = cluster.ports[f"storage{idx}"]
+            assert client.read_file("/lost/f") == data
+            started = time.monotonic()
+
+            def shown():
+                r = fsck(cluster, "/lost", locations=True)
+                (block,) = [b for f in r["files"] for b in f["blocks"] if b["id"] == block_id]
+                ports = {int(loc["address"].rsplit(":", 1)[1]) for loc in block["locations"]}
+                return (block["status"] == "UNDER_REPLICATED" and block["live"] == 2
+                        and r["totals"]["under_replicated_blocks"] == 1
+                        and victim_port not in ports and r)
+            # the full block report is 600 s away: only the block server's own report can
+            # have told the metadata server
+            wait_until(shown, 20, "fsck UNDER_REPLICATED without the damaged node")
+            print(f"\nfsck showed the lost replica {time.monotonic() - started:.2f}s after "
+                  f"the read")
+            proc = leasefs(cluster, "fsck", "/lost")
+            assert f"blk_{block_id}_" in proc.stdout, proc.stdout
+            assert "UNDER_REPLICATED live=2/3" in proc.stdout, proc.stdout
+            assert client.read_file("/lost/f") == data
 
 
 def test_directory_scan_drops_replicas_whose_files_are_gone_or_cut_without_a_read(tmp_path):
