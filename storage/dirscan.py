@@ -15,8 +15,8 @@ One pass (``scan_once``):
 1. List ``finalized/`` one top-level bucket at a time, each in a worker thread (file names and
    sizes; nothing is changed).
 2. Compare the FINALIZED replicas of the map with the listing, ``STEP`` replicas between two
-   checkpoints of the trio thread (pure: ``lost_candidates``); the files of one whose files
-   are absent, elsewhere or of other sizes may be lost.
+   checkpoints of the trio thread (pure: ``lost_candidates``): a replica whose files are
+   absent, elsewhere or of other sizes may be lost.
 3. Each candidate is checked again, under its replica's lock, against the disk of now
    (``ReplicaStore.drop_if_lost``): the listing is not a snapshot, so a replica finalized,
    appended or deleted meanwhile is left alone. A lost one is dropped (what is left of its

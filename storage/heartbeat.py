@@ -18,8 +18,8 @@ dropped and reported deleted); other command types are logged once and ignored.
 whose files a read, copy or scan found gone or cut and reports it deleted at once. A full
 report also goes out every ``block_report_interval``. While the metadata server cannot be
 reached the loop retries with doubling backoff, logging once per change of state, never per
-attempt; after an outage it registers again (cheap, and a restarted
-metadata server needs the full report to leave safe mode).
+attempt; after an outage it registers again (cheap, and a restarted metadata server needs the
+full report to leave safe mode).
 
 Incremental reports (``block_received_and_deleted``) are queued per block id (the latest
 state of a block wins) and sent at once by their own task, so the write path never waits for

@@ -38,7 +38,7 @@ close fails (``ReplicaNotFound``) instead of touching a descriptor number the ke
 handed to another file meanwhile. ``used_bytes`` is a running counter (no walk per heartbeat),
 kept by every operation that adds, grows or removes a replica in the map. Files of a replica
 being deleted or dropped stay on disk for a moment after it left the map: ``_removing`` and
-the ``removals`` count keep the directory scan (``adopt_finalized``) from taking them back.
+the ``_removals`` count keep the directory scan (``adopt_finalized``) from taking them back.
 """
 
 from __future__ import annotations
@@ -756,7 +756,7 @@ class ReplicaStore:
         # ids whose files are being deleted or quarantined right now, and a count of every
         # removal from the map: the directory scan must not adopt files on their way out
         self._removing: set[int] = set()
-        self.removals = 0
+        self._removals = 0
 
     # -- lifecycle
     async def run_io(self, fn, *args):
@@ -846,7 +846,7 @@ class ReplicaStore:
         if self.replicas.get(replica.block_id) is replica:
             del self.replicas[replica.block_id]
             self._used_bytes -= replica.disk_bytes()
-            self.removals += 1
+            self._removals += 1
 
     def _set_num_bytes(self, replica: Replica, num_bytes: int) -> None:
         before = replica.disk_bytes()
@@ -1296,7 +1296,7 @@ class ReplicaStore:
                 or files.data_path is None or files.meta_path is None or files.gs is None:
             return None
         state = next_state(None, ReplicaEvent.CHECK_AND_UPDATE)
-        removals = self.removals
+        removals = self._removals
         try:
             bpc, length = await self.run_io(finalized_consistent, files.data_path,
                                             files.meta_path)
@@ -1304,8 +1304,9 @@ class ReplicaStore:
             log.warning("directory scan: files of blk_%d in %s are not a consistent replica "
                         "(%s); left alone", block_id, os.path.dirname(files.data_path), exc)
             return None
-        if block_id in self.replicas or block_id in self._removing or removals != self.removals:
-            return None   # the next scan looks again
+        if block_id in self.replicas or block_id in self._removing \
+                or removals != self._removals:
+            return None   # something left the map meanwhile: the next scan looks again
         replica = Replica(block_id, files.gs, state, bpc, files.data_path, files.meta_path,
                           num_bytes=length, visible_length=length)
         self._track(replica)
