@@ -12,11 +12,13 @@ replica_lost``); this scan finds the rest, every ``directory_scan_interval`` sec
 
 One pass (``scan_once``):
 
-1. List ``finalized/`` one top-level bucket at a time, each in a worker thread (file names and
-   sizes; nothing is changed).
-2. Compare the FINALIZED replicas of the map with the listing, ``STEP`` replicas between two
-   checkpoints of the trio thread (pure: ``lost_candidates``): a replica whose files are
-   absent, elsewhere or of other sizes may be lost.
+1. Sort the FINALIZED replicas of the map by the bucket folder (``finalized/subdirA``) their
+   files are in, ``STEP`` replicas between two checkpoints of the trio thread. Then, bucket
+   by bucket:
+2. List the bucket in a worker thread (file names and sizes; nothing is changed) and compare
+   its replicas with the listing, ``STEP`` at a time (pure: ``lost_candidates``): a replica
+   whose files are absent, elsewhere or of other sizes may be lost. Replicas in no listed
+   bucket (its folder vanished) are compared with an empty listing.
 3. Each candidate is checked again, under its replica's lock, against the disk of now
    (``ReplicaStore.drop_if_lost``): the listing is not a snapshot, so a replica finalized,
    appended or deleted meanwhile is left alone. A lost one is dropped (what is left of its
@@ -86,6 +88,10 @@ class ScanSummary:
     lost: tuple[int, ...]
     adopted: tuple[int, ...]
 
+    def plus(self, other: "ScanSummary") -> "ScanSummary":
+        return ScanSummary(self.listed + other.listed, self.lost + other.lost,
+                           self.adopted + other.adopted)
+
 
 def lost_candidates(mapped: Iterable[MappedReplica],
                     on_disk: Mapping[int, FinalizedFiles]) -> list[LostCandidate]:
@@ -140,23 +146,40 @@ class DirectoryScanner:
                     "%d unknown replicas added", self.store.data_dir, summary.listed,
                     len(summary.lost), len(summary.adopted))
 
-    async def _list_finalized(self) -> dict[int, FinalizedFiles]:
+    async def scan_once(self) -> ScanSummary:
         root = os.path.join(self.store.data_dir, "finalized")
         buckets = await self.store.run_io(_subfolders, root)
-        on_disk: dict[int, FinalizedFiles] = {}
+        by_bucket = await self._mapped_by_bucket()
+        summary = ScanSummary(0, (), ())
         for bucket in buckets:
-            for files in await self.store.run_io(list_finalized_files, bucket):
-                on_disk[files.block_id] = files
-        return on_disk
+            files = await self.store.run_io(list_finalized_files, bucket)
+            summary = summary.plus(await self._reconcile(by_bucket.pop(bucket, []),
+                                                         {f.block_id: f for f in files}))
+        for leftover in by_bucket.values():   # in no bucket folder (e.g. one that vanished)
+            summary = summary.plus(await self._reconcile(leftover, {}))
+        return summary
 
-    async def scan_once(self) -> ScanSummary:
-        on_disk = await self._list_finalized()
+    async def _mapped_by_bucket(self) -> dict[str, list[Replica]]:
+        """The map's FINALIZED replicas by the bucket folder their files are in, so each
+        bucket is compared with its own listing and no listing of the whole folder is ever
+        held (fewer long-lived objects: no full garbage collection pauses the trio thread)."""
         snapshot = self.store.report_snapshot()
-        candidates: list[LostCandidate] = []
+        by_bucket: dict[str, list[Replica]] = {}
         for start in range(0, len(snapshot), STEP):
-            mapped = [MappedReplica.of(r) for r in snapshot[start:start + STEP]
-                      if r.state is ReplicaState.FINALIZED and not r.removed]
-            candidates += lost_candidates(mapped, on_disk)
+            for replica in snapshot[start:start + STEP]:
+                if replica.state is ReplicaState.FINALIZED and not replica.removed:
+                    bucket = os.path.dirname(os.path.dirname(replica.data_path))
+                    by_bucket.setdefault(bucket, []).append(replica)
+            await trio.sleep(0)
+        return by_bucket
+
+    async def _reconcile(self, mapped: list[Replica],
+                         on_disk: dict[int, FinalizedFiles]) -> ScanSummary:
+        """Steps 2-4 for one bucket: its mapped replicas against its listing."""
+        candidates: list[LostCandidate] = []
+        for start in range(0, len(mapped), STEP):
+            candidates += lost_candidates(
+                [MappedReplica.of(r) for r in mapped[start:start + STEP]], on_disk)
             await trio.sleep(0)
         lost = []
         for candidate in candidates:

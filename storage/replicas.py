@@ -1282,7 +1282,6 @@ class ReplicaStore:
                                   f"replica {replica.name} lost: {reason}")
             finally:
                 self._removing.discard(block_id)
-        log.warning("replica %s dropped from the replica map: %s", replica.name, reason)
         return reason
 
     async def adopt_finalized(self, files: FinalizedFiles) -> Replica | None:
