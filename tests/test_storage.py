@@ -96,6 +96,10 @@ class FakeMeta(Dispatcher):
                            dict(node_id=node_id, received=received, deleted=deleted)))
         return True
 
+    async def rpc_report_bad_blocks(self, ctx, blocks):
+        self.calls.append(("report_bad_blocks", dict(node_id=None, blocks=blocks)))
+        return True
+
 
 async def start_fake_meta(nursery, port: int = 0):
     meta = FakeMeta()
@@ -1261,6 +1265,29 @@ def test_a_transfer_source_whose_replica_files_are_gone_drops_and_reports_it(tmp
             await wait_for(lambda: 41 in meta.deleted(source.node_id),
                            what="the lost TRANSFER source reported deleted")
             assert source.store.get(41) is None and node_has_no(target, 41)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_block_scanner_reports_bad_bytes_bad_and_lost_files_deleted(tmp_path):
+    async def main():
+        async with trio.open_nursery() as nursery:
+            meta, (node,) = await start_cluster(nursery, tmp_path, 1, scanner_period=0.2,
+                                                scanner_bytes_per_second=100 << 20)
+            for block_id in (51, 52):
+                await write_block(node.address, block_id, 2, bytes([block_id]) * 3000)
+            data_path, _ = replica_paths(node, 51, 2)
+            data_path.write_bytes(b"\xff" * 3000)        # garbage: a checksum matter
+            damage_replica(node, 52, 2, "cut data")      # cut: lost, not corrupt
+
+            def bad_ids():
+                return {b["block"]["id"] for args in meta.of("report_bad_blocks")
+                        for b in args["blocks"]}
+            await wait_for(lambda: 51 in bad_ids() and 52 in meta.deleted(node.node_id),
+                           what="the scanner's reports")
+            assert 52 not in bad_ids() and 51 not in meta.deleted(node.node_id)
+            assert node.store.get(52) is None and node.store.get(51) is not None
             nursery.cancel_scope.cancel()
 
     trio.run(main)
