@@ -47,13 +47,43 @@ import trio
 from fs.config import Config
 from fs.errors import LeaseFSError
 
-from .replicas import (FinalizedFiles, Replica, ReplicaState, ReplicaStore,
-                       list_finalized_files, meta_length)
+from .replicas import Replica, ReplicaState, ReplicaStore, group_block_files, meta_length
 
 log = logging.getLogger(__name__)
 
 #: map entries (or listed block ids) compared between two checkpoints of the trio thread
 STEP = 5000
+
+
+@dataclass(frozen=True)
+class FinalizedFiles:
+    """The files of one block id found in ``finalized/`` by the directory scan (newest meta
+    file; ``None``/-1 where a file is absent or vanished while being listed)."""
+
+    block_id: int
+    gs: int | None
+    data_path: str | None
+    meta_path: str | None
+    data_size: int
+    meta_size: int
+
+
+def list_finalized_files(folder: str) -> list[FinalizedFiles]:
+    """Every blk_ file group under ``folder`` (a part of ``finalized/``), without changing
+    anything. Blocking: run it in a worker thread."""
+    def size(path: str | None) -> int:
+        try:
+            return os.stat(path).st_size if path else -1
+        except OSError:
+            return -1
+
+    out = []
+    for dirpath, _dirnames, _files in os.walk(folder):
+        for block_id, group in group_block_files(dirpath).items():
+            gs, meta_path = max(group["metas"]) if group["metas"] else (None, None)
+            out.append(FinalizedFiles(block_id, gs, group["data"], meta_path,
+                                      size(group["data"]), size(meta_path)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -190,7 +220,11 @@ class DirectoryScanner:
         adopted = []
         for start in range(0, len(listed), STEP):
             for block_id in unknown_ids(listed[start:start + STEP], self.store.replicas):
-                replica = await self.store.adopt_finalized(on_disk[block_id])
+                files = on_disk[block_id]
+                if files.gs is None or files.data_path is None or files.meta_path is None:
+                    continue   # half a replica: the start-up scan quarantines it
+                replica = await self.store.adopt_finalized(block_id, files.gs,
+                                                           files.data_path, files.meta_path)
                 if replica is not None:
                     adopted.append(block_id)
                     self.reporter.block_received(block_id, replica.gs, replica.num_bytes,

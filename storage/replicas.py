@@ -440,7 +440,7 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _group_block_files(folder: str) -> dict[int, dict]:
+def group_block_files(folder: str) -> dict[int, dict]:
     """``id -> {"data": path|None, "metas": [(gs, path)]}`` for the blk_ files in one folder;
     anything else is left alone."""
     groups: dict[int, dict] = {}
@@ -586,37 +586,6 @@ def lost_reason(data_path: str, meta_path: str, num_bytes: int,
     return None
 
 
-@dataclass(frozen=True)
-class FinalizedFiles:
-    """The files of one block id found in ``finalized/`` by the directory scan (newest meta
-    file; ``None``/-1 where a file is absent or vanished while being listed)."""
-
-    block_id: int
-    gs: int | None
-    data_path: str | None
-    meta_path: str | None
-    data_size: int
-    meta_size: int
-
-
-def list_finalized_files(folder: str) -> list[FinalizedFiles]:
-    """Every blk_ file group under ``folder`` (a part of ``finalized/``), without changing
-    anything. Blocking: run it in a worker thread."""
-    def size(path: str | None) -> int:
-        try:
-            return os.stat(path).st_size if path else -1
-        except OSError:
-            return -1
-
-    out = []
-    for dirpath, _dirnames, _files in os.walk(folder):
-        for block_id, group in _group_block_files(dirpath).items():
-            gs, meta_path = max(group["metas"]) if group["metas"] else (None, None)
-            out.append(FinalizedFiles(block_id, gs, group["data"], meta_path,
-                                      size(group["data"]), size(meta_path)))
-    return out
-
-
 def scan_data_dir(data_dir: str) -> ScanResult:
     """Rebuild the replica list from the folder, repairing what a crash can leave behind.
     Blocking: run it in a worker thread."""
@@ -636,7 +605,7 @@ def scan_data_dir(data_dir: str) -> ScanResult:
     found: dict[int, ScannedReplica] = {}
 
     # --- rbw/ first: it may hold the data half of a finalize that crashed between renames
-    for block_id, group in sorted(_group_block_files(rbw).items()):
+    for block_id, group in sorted(group_block_files(rbw).items()):
         newest = _newest_meta(block_id, group, result)
         data_path = group["data"]
         if data_path is None:
@@ -646,7 +615,7 @@ def scan_data_dir(data_dir: str) -> ScanResult:
             continue
         if newest is None:
             bucket = os.path.join(fin, finalized_subdir(block_id))
-            fin_metas = [m for m in _group_block_files(bucket).get(block_id, {}).get("metas", [])]
+            fin_metas = [m for m in group_block_files(bucket).get(block_id, {}).get("metas", [])]
             fin_data = os.path.join(bucket, data_name(block_id))
             if fin_metas and not os.path.exists(fin_data):
                 os.replace(data_path, fin_data)   # finish the interrupted finalize
@@ -673,7 +642,7 @@ def scan_data_dir(data_dir: str) -> ScanResult:
 
     # --- finalized/
     for dirpath, _dirnames, _files in os.walk(fin):
-        for block_id, group in sorted(_group_block_files(dirpath).items()):
+        for block_id, group in sorted(group_block_files(dirpath).items()):
             newest = _newest_meta(block_id, group, result)
             data_path = group["data"]
             if data_path is None or newest is None:
@@ -1284,29 +1253,27 @@ class ReplicaStore:
                 self._removing.discard(block_id)
         return reason
 
-    async def adopt_finalized(self, files: FinalizedFiles) -> Replica | None:
+    async def adopt_finalized(self, block_id: int, gs: int, data_path: str,
+                              meta_path: str) -> Replica | None:
         """HDFS DirectoryScanner ``checkAndUpdate`` for files in ``finalized/`` the map does
         not know: a consistent data + meta pair becomes a FINALIZED replica (the caller
         reports it received). None when the id is known by now, its files are on their way
         out (a delete or a drop running or finished meanwhile), or they are not a consistent
         replica (logged, left alone: the start-up scan quarantines such files)."""
-        block_id = files.block_id
-        if block_id in self.replicas or block_id in self._removing \
-                or files.data_path is None or files.meta_path is None or files.gs is None:
+        if block_id in self.replicas or block_id in self._removing:
             return None
         state = next_state(None, ReplicaEvent.CHECK_AND_UPDATE)
         removals = self._removals
         try:
-            bpc, length = await self.run_io(finalized_consistent, files.data_path,
-                                            files.meta_path)
+            bpc, length = await self.run_io(finalized_consistent, data_path, meta_path)
         except (OSError, ValueError) as exc:
             log.warning("directory scan: files of blk_%d in %s are not a consistent replica "
-                        "(%s); left alone", block_id, os.path.dirname(files.data_path), exc)
+                        "(%s); left alone", block_id, os.path.dirname(data_path), exc)
             return None
         if block_id in self.replicas or block_id in self._removing \
                 or removals != self._removals:
             return None   # something left the map meanwhile: the next scan looks again
-        replica = Replica(block_id, files.gs, state, bpc, files.data_path, files.meta_path,
+        replica = Replica(block_id, gs, state, bpc, data_path, meta_path,
                           num_bytes=length, visible_length=length)
         self._track(replica)
         log.warning("directory scan: replica %s found on disk but not in the replica map; "

@@ -422,7 +422,7 @@ def test_drop_if_lost_drops_only_idle_replicas_whose_files_are_gone_or_cut(tmp_p
 
 
 def test_directory_scan_never_adopts_files_of_a_replica_being_deleted(tmp_path):
-    from storage.replicas import list_finalized_files
+    from storage.dirscan import list_finalized_files
 
     async def main():
         store = await open_store(tmp_path)
@@ -434,7 +434,8 @@ def test_directory_scan_never_adopts_files_of_a_replica_being_deleted(tmp_path):
                 nursery.start_soon(store.delete, replica)
                 await trio.testing.wait_all_tasks_blocked()
                 assert store.get(5) is None and os.path.exists(files.data_path)
-                assert await store.adopt_finalized(files) is None
+                assert await store.adopt_finalized(files.block_id, files.gs, files.data_path,
+                                                   files.meta_path) is None
         assert store.get(5) is None and not os.path.exists(files.data_path)
         store.close()
 
