@@ -114,6 +114,11 @@ class Config:
                                        "reads to verify finalized replicas")
     scanner_period: float = _s(1_814_400.0, "seconds between two scans of all finalized "
                                "replicas of a block server (HDFS: 3 weeks)")
+    directory_scan_interval: float = _s(21600.0, "seconds between two reconciliations of a "
+                                        "block server's replica map with its data folder: "
+                                        "replicas whose files are gone or cut are dropped and "
+                                        "reported, unknown ones added (HDFS dfs.datanode."
+                                        "directoryscan.interval: 6 h; 0 = off)")
     # --- client
     lease_renew_period: float = _s(0.0, "client lease renewal period (0 = soft limit / 2)")
     # --- FUSE mount

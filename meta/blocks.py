@@ -388,24 +388,6 @@ class BlocksMap:
             return
         self._change(info, lambda: info.replicas.pop(node_id, None))
 
-    def process_report(self, node_id: str, reported) -> tuple[list[tuple[str, dict]], int]:
-        """A full block report: replaces what ``node_id`` holds. Returns the replicas to
-        invalidate (blocks of no file) and the number of corrupt replicas found."""
-        seen: set[int] = set()
-        doomed: list[tuple[str, dict]] = []
-        corrupt = 0
-        for block_id, gs, num_bytes, state in reported:
-            seen.add(block_id)
-            info = self.add_replica(node_id, block_id, gs, num_bytes, state)
-            if info is None:
-                doomed.append((node_id, {"id": block_id, "gs": gs, "num_bytes": num_bytes}))
-            elif info.replicas[node_id].corrupt:
-                corrupt += 1
-        for block_id in list(self.by_node.get(node_id, ())):
-            if block_id not in seen:
-                self.remove_replica(node_id, block_id)
-        return doomed, corrupt
-
     def remove_node(self, node_id: str) -> list[int]:
         """A dead block server: its replicas leave every block. Returns the affected ids."""
         affected = sorted(self.by_node.pop(node_id, set()))

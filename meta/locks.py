@@ -31,10 +31,11 @@ A task only ever acquires downward in this list, and path locks in one sorted pa
    The reclaimer (RECLAIM records of detached subtrees) holds it in READ mode: nothing it
    removes is reachable by a path. With ``namespace_lock=global`` every mutation takes it
    in WRITE mode and no path lock: the comparison baseline.
-2. Block-server domain: ``_report_locks[node]`` (one full-report chunk of a node at a
-   time). Block-server state (blocks map, datanodes, replication queues) is otherwise
-   changed only in synchronous steps on the trio thread, which need no lock; a report
-   chunk never takes path locks, and nothing holding path locks waits for a report lock.
+2. Block-server domain: the per-node lock of ``reports.BlockReports`` (one full-report
+   chunk of a node at a time). Block-server state (blocks map, datanodes, replication
+   queues) is otherwise changed only in synchronous steps on the trio thread, which need no
+   lock; a report chunk never takes path locks, and nothing holding path locks waits for a
+   report lock.
 3. Path locks (``PathLockPool``), one merged set per operation, sorted:
 
 =============================================  ================  ==============================

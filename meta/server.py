@@ -29,11 +29,9 @@ recording the checkpoint in a worker thread, purge old segments), the reclaimer 
 a big delete detached are removed one bounded RECLAIM record at a time, paused in safe mode
 like invalidations; it also finishes what a crash left behind).
 
-Full block reports come in chunks of one ``report_id`` (``block_report_chunk`` entries each);
-each chunk is processed with a checkpoint every ``REPORT_STEP`` entries, the ids seen are
-remembered per (node, report id), and only the ``last`` chunk removes the node's replicas
-the report did not list. A newer report id (or the node's death or re-registration)
-abandons an unfinished report, which then removes nothing.
+Block reports (full ones in chunks of one ``report_id``, incremental ones) are applied by
+``reports.py`` (``BlockReports``), with a checkpoint every ``REPORT_STEP`` entries; the
+handlers here only check the caller and the arguments.
 
 Permissions (``permissions.py``, HDFS FSPermissionChecker): every namespace handler checks
 the caller's identity (from the RPC hello) against the inode chain of its path(s) inside its
@@ -53,7 +51,7 @@ import os
 import secrets
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import trio
@@ -83,6 +81,7 @@ from .namespace import (DIR, FILE, SYMLINK, ContentSummary, Defaults, Namespace,
                         check_int, check_name)
 from . import replication as rq
 from .replication import ReplicationQueues
+from .reports import BlockReports, parse_entries
 from .permissions import ALL, READ, READ_EXECUTE, WRITE, Caller, PermissionChecker
 from .safemode import SafeModeState
 
@@ -114,16 +113,6 @@ class _Recovery:
     attempt: int                # rotates the primary on retries
     started: float              # clock() when this recovery id was handed out
     primary: str | None
-
-
-@dataclass
-class _FullReport:
-    """A full block report of one node being received chunk by chunk."""
-    report_id: str | None        # None: the one-call form
-    next_chunk: int = 0
-    seen: dict[int, int] = field(default_factory=dict)   # block id → reported gs
-    doomed: int = 0
-    corrupt: int = 0
 
 
 class MetaServer(Dispatcher):
@@ -173,8 +162,7 @@ class MetaServer(Dispatcher):
         self._started_ns = wall_ns()
         self._release_logged: set[int] = set()
         self.checkpoints = 0
-        self._reports: dict[str, _FullReport] = {}      # node id → unfinished full report
-        self._report_locks: dict[str, trio.Lock] = {}   # node id → one report chunk at a time
+        self.reports = self._new_reports()
         self._reclaim_wakeup = trio.Event()
         self.reclaim_records = 0
         self.recoveries: dict[int, _Recovery] = {}            # block id → running recovery
@@ -219,8 +207,12 @@ class MetaServer(Dispatcher):
             log.info("formatted a new namespace, id %d", namespace_id)
         self.rebuild_memory()
 
+    def _new_reports(self) -> BlockReports:
+        return BlockReports(self.blocks, self.datanodes, self.update_safemode, step=REPORT_STEP)
+
     def rebuild_memory(self) -> None:
         self.blocks = BlocksMap(self.config.min_replication)
+        self.reports = self._new_reports()
         for ino, index, block, replication in self.ns.all_blocks():
             self.blocks.add(BlockInfo(block["id"], ino, index, block["gs"], block["num_bytes"],
                                       block["state"], replication))
@@ -497,7 +489,7 @@ class MetaServer(Dispatcher):
                              len(self.datanodes.live_nodes()))
 
     def _node_dead(self, node) -> None:
-        self._reports.pop(node.node_id, None)   # an unfinished full report is void
+        self.reports.abandon(node.node_id)   # an unfinished full report is void
         affected = self.blocks.remove_node(node.node_id)
         self._transfer_commands.pop(node.node_id, None)
         self.blocks.mark_dirty(self.replication.forget_node(node.node_id))
@@ -1269,20 +1261,6 @@ class MetaServer(Dispatcher):
         for name, value in (("capacity", capacity), ("used", used), ("remaining", remaining)):
             check_int(value, name, low=0)
 
-    @staticmethod
-    def _replica_entries(entries, what: str) -> list[tuple[int, int, int, str]]:
-        if not isinstance(entries, list):
-            raise InvalidArgument(f"{what} must be a list of [id, gs, num_bytes, state]")
-        out = []
-        for entry in entries:
-            if not (isinstance(entry, (list, tuple)) and len(entry) == 4
-                    and all(isinstance(x, int) and not isinstance(x, bool) for x in entry[:3])
-                    and isinstance(entry[3], str)):
-                raise InvalidArgument(f"{what}: bad entry {entry!r:.80} "
-                                      f"(want [id, gs, num_bytes, state])")
-            out.append((entry[0], entry[1], entry[2], entry[3]))
-        return out
-
     def _registered(self, node_id, what: str):
         check_name(node_id, f"{what}: node_id")
         node = self.datanodes.live(node_id)
@@ -1303,7 +1281,7 @@ class MetaServer(Dispatcher):
                                                          capacity, used, remaining)
         for other in displaced:
             self._node_dead(other)
-        if self._reports.pop(node_id, None) is not None:
+        if self.reports.abandon(node_id):
             log.info("block server %s registered again: its unfinished block report is "
                      "abandoned", node_id)
         log.info("block server %s registered at %s%s", node_id, node.address,
@@ -1380,126 +1358,23 @@ class MetaServer(Dispatcher):
                      ", file closed" if close_file else "")
             return True
 
-    async def _replica_entries_stepwise(self, entries, what: str) -> list[tuple]:
-        """``_replica_entries`` for a big list: a checkpoint every ``REPORT_STEP`` entries."""
-        if not isinstance(entries, list):
-            raise InvalidArgument(f"{what} must be a list of [id, gs, num_bytes, state]")
-        out: list[tuple] = []
-        for start in range(0, len(entries), REPORT_STEP):
-            out += self._replica_entries(entries[start:start + REPORT_STEP], what)
-            if len(entries) > REPORT_STEP:
-                await trio.sleep(0)
-        return out
-
     async def rpc_block_report(self, ctx, node_id, blocks, report_id=None, chunk=0, last=True):
         self._registered(node_id, "block_report")
         if report_id is not None:
             check_name(report_id, "block_report: report_id")
             check_int(chunk, "block_report: chunk", low=0)
             check_bool(last, "block_report: last")
-        entries = await self._replica_entries_stepwise(blocks, "block_report: blocks")
-        lock = self._report_locks.setdefault(node_id, trio.Lock())
-        async with lock:
-            node = self._registered(node_id, "block_report")   # it may have died meanwhile
-            report = self._reports.get(node_id)
-            if report_id is None:
-                report, chunk, last = self._start_report(node_id, None), 0, True
-            elif report is not None and report.report_id == report_id:
-                if chunk != report.next_chunk:
-                    del self._reports[node_id]
-                    raise InvalidArgument(
-                        f"block_report from {node_id}: chunk {chunk} of report {report_id}, "
-                        f"expected chunk {report.next_chunk}; the report is abandoned, send "
-                        f"a new one")
-            elif chunk != 0:
-                raise InvalidArgument(
-                    f"block_report from {node_id}: chunk {chunk} of report {report_id}, which "
-                    f"is unknown (abandoned, or its chunk 0 never came); send a new report")
-            else:
-                report = self._start_report(node_id, report_id)
-            await self._report_chunk(node, report, entries)
-            report.next_chunk += 1
-            if last:
-                try:
-                    await self._finish_report(node, report)
-                finally:
-                    if self._reports.get(node_id) is report:
-                        del self._reports[node_id]
+        entries = await self.reports.parse_entries_stepwise(blocks, "block_report: blocks")
+        await self.reports.full_report(node_id, entries, report_id, chunk, last)
         return True
-
-    def _start_report(self, node_id: str, report_id: str | None) -> _FullReport:
-        old = self._reports.get(node_id)
-        if old is not None:
-            log.info("block server %s starts a new full report: report %s abandoned after "
-                     "%d chunks", node_id, old.report_id, old.next_chunk)
-        report = self._reports[node_id] = _FullReport(report_id)
-        return report
-
-    def _check_report_alive(self, node_id: str, report: _FullReport) -> None:
-        if self._reports.get(node_id) is not report or self.datanodes.live(node_id) is None:
-            raise InvalidArgument(f"block_report from {node_id}: report {report.report_id} "
-                                  f"was abandoned while being processed (a newer report, "
-                                  f"or the block server re-registered or was declared dead)")
-
-    async def _report_chunk(self, node, report: _FullReport, entries) -> None:
-        """Add the chunk's replicas; a checkpoint (and safe-mode update) every REPORT_STEP."""
-        node_id = node.node_id
-        for start in range(0, len(entries), REPORT_STEP):
-            for block_id, gs, num_bytes, state in entries[start:start + REPORT_STEP]:
-                report.seen[block_id] = gs
-                info = self.blocks.add_replica(node_id, block_id, gs, num_bytes, state)
-                if info is None:
-                    report.doomed += 1
-                    self.datanodes.add_invalidate(node_id, {"id": block_id, "gs": gs,
-                                                            "num_bytes": num_bytes})
-                    continue
-                if info.replicas[node_id].corrupt:
-                    report.corrupt += 1
-                for nid, ref in self.blocks.excess_corrupt(block_id):
-                    self.datanodes.add_invalidate(nid, ref)
-            self.update_safemode()
-            if len(entries) > REPORT_STEP:
-                await trio.sleep(0)
-                self._check_report_alive(node_id, report)
-
-    async def _finish_report(self, node, report: _FullReport) -> None:
-        """The last chunk: replicas of the node the report did not list are gone."""
-        node_id = node.node_id
-        held = list(self.blocks.by_node.get(node_id, ()))
-        removed = 0
-        for start in range(0, len(held), REPORT_STEP):
-            for block_id in held[start:start + REPORT_STEP]:
-                if block_id not in report.seen:
-                    self.blocks.remove_replica(node_id, block_id)
-                    removed += 1
-            if len(held) > REPORT_STEP:
-                await trio.sleep(0)
-                self._check_report_alive(node_id, report)
-        self.datanodes.confirm_by_report(node_id, report.seen)
-        log.info("block report from %s: %d replicas in %d chunk(s), %d of no file, %d corrupt, "
-                 "%d no longer held", node_id, len(report.seen), report.next_chunk,
-                 report.doomed, report.corrupt, removed)
-        self.update_safemode()
 
     async def rpc_block_received_and_deleted(self, ctx, node_id, received=(), deleted=()):
         node = self._registered(node_id, "block_received_and_deleted")
-        entries = self._replica_entries(list(received), "block_received_and_deleted: received")
+        entries = parse_entries(list(received), "block_received_and_deleted: received")
         if not isinstance(deleted, (list, tuple)) or not all(
                 isinstance(x, int) and not isinstance(x, bool) for x in deleted):
             raise InvalidArgument("block_received_and_deleted: deleted must be a list of ids")
-        for block_id, gs, num_bytes, state in entries:
-            self.datanodes.cancel_invalidate(node.node_id, block_id)   # decided again below
-            info = self.blocks.add_replica(node.node_id, block_id, gs, num_bytes, state)
-            if info is None:
-                self.datanodes.add_invalidate(node.node_id, {"id": block_id, "gs": gs,
-                                                             "num_bytes": num_bytes})
-            else:
-                for nid, ref in self.blocks.excess_corrupt(block_id):
-                    self.datanodes.add_invalidate(nid, ref)
-        for block_id in deleted:
-            self.blocks.remove_replica(node.node_id, block_id)
-            self.datanodes.cancel_invalidate(node.node_id, block_id)
-        self.update_safemode()
+        self.reports.incremental(node.node_id, entries, list(deleted))
         return True
 
     # ================================================================== repair

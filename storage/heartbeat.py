@@ -12,11 +12,14 @@ its restart: register again, full report again) and carries commands: INVALIDATE
 replicas in a worker thread and reports them deleted; RECOVER_BLOCK starts the block recovery
 worker (``storage.recovery``, this node is the primary); TRANSFER copies a finalized replica
 to the listed targets (``storage.blockcopy``, at most ``replication_max_streams`` at once; a
-local replica found corrupt on the way is reported bad); other command types are logged once
-and ignored. ``report_bad_replicas`` sends the block scanner's findings. A full report also goes out every ``block_report_interval``. While the metadata
-server cannot be reached the loop retries with doubling backoff, logging once per change of
-state, never per attempt; after an outage it registers again (cheap, and a restarted
-metadata server needs the full report to leave safe mode).
+local replica found corrupt on the way is reported bad, one whose files are gone or cut is
+dropped and reported deleted); other command types are logged once and ignored.
+``report_bad_replicas`` sends the block scanner's findings; ``replica_lost`` drops a replica
+whose files a read, copy or scan found gone or cut and reports it deleted at once. A full
+report also goes out every ``block_report_interval``. While the metadata server cannot be
+reached the loop retries with doubling backoff, logging once per change of state, never per
+attempt; after an outage it registers again (cheap, and a restarted metadata server needs the
+full report to leave safe mode).
 
 Incremental reports (``block_received_and_deleted``) are queued per block id (the latest
 state of a block wins) and sent at once by their own task, so the write path never waits for
@@ -105,6 +108,19 @@ class HeartbeatService:
             self._pending_received.pop(block_id, None)
             self._pending_deleted[block_id] = None
         return self._enqueued()
+
+    async def replica_lost(self, block_id: int, gs: int, why) -> bool:
+        """A read (or copy, or scan) of our replica ``blk_<id>_<gs>`` failed with ``why``: if
+        its files really are gone or cut, the store drops it and it is reported deleted at
+        once, so the metadata server stops handing it out and re-replicates (HDFS
+        ``invalidateMissingBlock`` + ``notifyNamenodeDeletedBlock``). True if dropped."""
+        reason = await self.store.drop_if_lost(block_id, gs)
+        if reason is None:
+            return False
+        log.warning("replica blk_%d_%d is lost (%s; noticed after: %s); reporting it deleted",
+                    block_id, gs, reason, why)
+        self.blocks_deleted([block_id])
+        return True
 
     def _enqueued(self) -> trio.Event:
         done = trio.Event()
@@ -311,7 +327,12 @@ class HeartbeatService:
                 await self.report_bad_replicas([(block, str(exc))])
             except LeaseFSError as report_exc:
                 log.warning("could not report blk_%d bad: %s", block_id, report_exc)
-        except (LeaseFSError, OSError) as exc:
+        except OSError as exc:   # our disk, not the target
+            self.transfers_failed += 1
+            log.warning("TRANSFER blk_%d_%d to %s: reading the local replica failed: %s",
+                        block_id, gs, ", ".join(targets), exc)
+            await self.replica_lost(block_id, gs, exc)
+        except LeaseFSError as exc:
             self.transfers_failed += 1
             log.warning("TRANSFER blk_%d_%d to %s failed: %s", block_id, gs,
                         ", ".join(targets), exc)

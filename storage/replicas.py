@@ -17,7 +17,10 @@ On-disk layout of ``data_dir``::
                                   so no folder ever holds more than a small share of the blocks
     corrupt/                      finalized replicas whose data length disagrees with their
                                   meta file at start: moved here, logged, NOT reported (the
-                                  metadata server sees one replica fewer and re-replicates)
+                                  metadata server sees one replica fewer and re-replicates);
+                                  also what is left of a replica dropped later because its
+                                  files were found gone or cut (``drop_if_lost``: reported
+                                  deleted by the caller)
 
 Meta file = header ``>HBI`` (version 1, checksum type 2 = CRC32C in HDFS's DataChecksum
 numbering, bytes_per_checksum), then one big-endian CRC32C per ``bytes_per_checksum`` chunk of
@@ -33,7 +36,9 @@ descriptors are guarded by its own thread lock: ``close`` (INVALIDATE, delete, r
 for a write or fsync in flight in another worker thread, and a write that starts after the
 close fails (``ReplicaNotFound``) instead of touching a descriptor number the kernel may have
 handed to another file meanwhile. ``used_bytes`` is a running counter (no walk per heartbeat),
-kept by every operation that adds, grows or removes a replica in the map.
+kept by every operation that adds, grows or removes a replica in the map. Files of a replica
+being deleted or dropped stay on disk for a moment after it left the map: ``_removing`` and
+the ``_removals`` count keep the directory scan (``adopt_finalized``) from taking them back.
 """
 
 from __future__ import annotations
@@ -101,6 +106,8 @@ class ReplicaEvent(str, enum.Enum):
     INIT_RECOVERY = "initReplicaRecovery"           # lease recovery, primary asks
     UPDATE_UNDER_RECOVERY = "updateReplicaUnderRecovery"
     INVALIDATE = "invalidate"                       # metadata server's INVALIDATE command
+    MISSING = "invalidateMissingBlock"              # its files are gone or cut: dropped
+    CHECK_AND_UPDATE = "checkAndUpdate"             # directory scan found unknown files
 
 
 S, E = ReplicaState, ReplicaEvent
@@ -126,6 +133,10 @@ TRANSITIONS: dict[tuple[ReplicaState | None, ReplicaEvent], ReplicaState | None]
     (S.RUR, E.INIT_RECOVERY): S.RUR,    # a newer recovery id takes over
     (S.RUR, E.UPDATE_UNDER_RECOVERY): S.FINALIZED,
     **{(state, E.INVALIDATE): None for state in ReplicaState},
+    # only replicas nobody writes: an RBW/RUR/TEMPORARY replica's files are in flux
+    (S.FINALIZED, E.MISSING): None,
+    (S.RWR, E.MISSING): None,
+    (None, E.CHECK_AND_UPDATE): S.FINALIZED,
 }
 del S, E
 
@@ -429,7 +440,7 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _group_block_files(folder: str) -> dict[int, dict]:
+def group_block_files(folder: str) -> dict[int, dict]:
     """``id -> {"data": path|None, "metas": [(gs, path)]}`` for the blk_ files in one folder;
     anything else is left alone."""
     groups: dict[int, dict] = {}
@@ -526,7 +537,7 @@ def truncate_replica_files(data_path: str, meta_path: str, new_length: int,
         os.fsync(meta.fileno())
 
 
-def _finalized_consistent(data_path: str, meta_path: str) -> tuple[int, int]:
+def finalized_consistent(data_path: str, meta_path: str) -> tuple[int, int]:
     """``(bytes_per_checksum, length)`` of a finalized replica, ``ValueError`` if the data
     length disagrees with the number of checksums."""
     with open(meta_path, "rb") as meta:
@@ -539,12 +550,47 @@ def _finalized_consistent(data_path: str, meta_path: str) -> tuple[int, int]:
     return bpc, length
 
 
+def quarantine_files(data_dir: str, paths: list[str], why: str) -> list[str]:
+    """Move the replica files ``paths`` that still exist to ``corrupt/`` (kept for a look,
+    never served); returns where they went. Blocking: run it in a worker thread."""
+    corrupt = os.path.join(data_dir, "corrupt")
+    os.makedirs(corrupt, exist_ok=True)
+    moved = []
+    for path in paths:
+        target = os.path.join(corrupt, os.path.basename(path))
+        try:
+            os.replace(path, target)
+        except FileNotFoundError:
+            continue
+        moved.append(target)
+    log.warning("moved %s to %s: %s", ", ".join(os.path.basename(p) for p in moved) or
+                "nothing (no file left)", corrupt, why)
+    return moved
+
+
+def lost_reason(data_path: str, meta_path: str, num_bytes: int,
+                bytes_per_checksum: int) -> str | None:
+    """Why the files of a replica the map holds with ``num_bytes`` bytes cannot serve it (a
+    file gone, cut or grown), or None when both have the sizes the map implies. Blocking."""
+    sizes = []
+    for kind, path in (("data", data_path), ("meta", meta_path)):
+        try:
+            sizes.append(os.stat(path).st_size)
+        except OSError as exc:
+            return f"its {kind} file {path} is gone ({exc.strerror or exc})"
+    want_meta = meta_length(num_bytes, bytes_per_checksum)
+    if sizes[0] != num_bytes:
+        return f"its data file holds {sizes[0]} bytes, the replica {num_bytes}"
+    if sizes[1] != want_meta:
+        return f"its meta file holds {sizes[1]} bytes, {want_meta} expected for {num_bytes} bytes"
+    return None
+
+
 def scan_data_dir(data_dir: str) -> ScanResult:
     """Rebuild the replica list from the folder, repairing what a crash can leave behind.
     Blocking: run it in a worker thread."""
     result = ScanResult()
-    tmp, rbw, fin, corrupt = (os.path.join(data_dir, d) for d in ("tmp", "rbw", "finalized",
-                                                                   "corrupt"))
+    tmp, rbw, fin = (os.path.join(data_dir, d) for d in ("tmp", "rbw", "finalized"))
     # TEMPORARY replicas are half-copied transfers: the sender will retry elsewhere.
     for entry in list(os.scandir(tmp)):
         if entry.is_dir(follow_symlinks=False):
@@ -554,18 +600,12 @@ def scan_data_dir(data_dir: str) -> ScanResult:
         result.temporaries_removed += 1
 
     def quarantine(paths: list[str], why: str) -> None:
-        os.makedirs(corrupt, exist_ok=True)
-        for path in paths:
-            target = os.path.join(corrupt, os.path.basename(path))
-            os.replace(path, target)
-            result.quarantined.append(target)
-        log.warning("moved %s to %s: %s", ", ".join(os.path.basename(p) for p in paths),
-                    corrupt, why)
+        result.quarantined += quarantine_files(data_dir, paths, why)
 
     found: dict[int, ScannedReplica] = {}
 
     # --- rbw/ first: it may hold the data half of a finalize that crashed between renames
-    for block_id, group in sorted(_group_block_files(rbw).items()):
+    for block_id, group in sorted(group_block_files(rbw).items()):
         newest = _newest_meta(block_id, group, result)
         data_path = group["data"]
         if data_path is None:
@@ -575,7 +615,7 @@ def scan_data_dir(data_dir: str) -> ScanResult:
             continue
         if newest is None:
             bucket = os.path.join(fin, finalized_subdir(block_id))
-            fin_metas = [m for m in _group_block_files(bucket).get(block_id, {}).get("metas", [])]
+            fin_metas = [m for m in group_block_files(bucket).get(block_id, {}).get("metas", [])]
             fin_data = os.path.join(bucket, data_name(block_id))
             if fin_metas and not os.path.exists(fin_data):
                 os.replace(data_path, fin_data)   # finish the interrupted finalize
@@ -602,7 +642,7 @@ def scan_data_dir(data_dir: str) -> ScanResult:
 
     # --- finalized/
     for dirpath, _dirnames, _files in os.walk(fin):
-        for block_id, group in sorted(_group_block_files(dirpath).items()):
+        for block_id, group in sorted(group_block_files(dirpath).items()):
             newest = _newest_meta(block_id, group, result)
             data_path = group["data"]
             if data_path is None or newest is None:
@@ -612,7 +652,7 @@ def scan_data_dir(data_dir: str) -> ScanResult:
                 continue
             gs, meta_path = newest
             try:
-                bpc, length = _finalized_consistent(data_path, meta_path)
+                bpc, length = finalized_consistent(data_path, meta_path)
             except (OSError, ValueError) as exc:
                 quarantine([data_path, meta_path], str(exc))
                 continue
@@ -682,6 +722,10 @@ class ReplicaStore:
         self.last_scan: ScanResult | None = None
         self._lock_fd: int | None = None
         self._used_bytes = 0   # disk_bytes() summed over the replicas in the map
+        # ids whose files are being deleted or quarantined right now, and a count of every
+        # removal from the map: the directory scan must not adopt files on their way out
+        self._removing: set[int] = set()
+        self._removals = 0
 
     # -- lifecycle
     async def run_io(self, fn, *args):
@@ -771,6 +815,7 @@ class ReplicaStore:
         if self.replicas.get(replica.block_id) is replica:
             del self.replicas[replica.block_id]
             self._used_bytes -= replica.disk_bytes()
+            self._removals += 1
 
     def _set_num_bytes(self, replica: Replica, num_bytes: int) -> None:
         before = replica.disk_bytes()
@@ -1162,8 +1207,12 @@ class ReplicaStore:
             for path in (replica.data_path, replica.meta_path):
                 _unlink_quietly(path)
 
-        async with replica.lock:
-            await self.run_io(remove)
+        self._removing.add(replica.block_id)
+        try:
+            async with replica.lock:
+                await self.run_io(remove)
+        finally:
+            self._removing.discard(replica.block_id)
 
     async def invalidate(self, block_id: int, gs: int) -> bool:
         """INVALIDATE command: delete the replica unless it is newer than ``gs``. Returns
@@ -1181,3 +1230,62 @@ class ReplicaStore:
             log.warning("could not delete %s: %s", replica.name, exc)
             return False
         return True
+
+    # -- replicas whose files went missing (reads, the block scanner, the directory scan)
+    async def drop_if_lost(self, block_id: int, gs: int) -> str | None:
+        """HDFS ``invalidateMissingBlock``: if the files of the FINALIZED or RWR replica
+        ``blk_<id>_<gs>`` are gone, cut or grown behind the map's back, drop it from the map,
+        move what is left of it to ``corrupt/`` and return why. None (nothing changed) when
+        the files are fine, or the replica is another one by now or is being written.
+        Checked under the replica's lock, so never in the middle of a finalize, append or
+        recovery that renames or cuts its files; the caller reports the loss."""
+        replica = self.replicas.get(block_id)
+        if replica is None or replica.removed or replica.gs != gs:
+            return None
+        async with replica.lock:
+            if replica.removed or self.replicas.get(block_id) is not replica \
+                    or replica.gs != gs \
+                    or (replica.state, ReplicaEvent.MISSING) not in TRANSITIONS:
+                return None
+            paths = [replica.data_path, replica.meta_path]
+            reason = await self.run_io(lost_reason, *paths, replica.num_bytes,
+                                       replica.bytes_per_checksum)
+            if reason is None or replica.removed:
+                return None
+            next_state(replica.state, ReplicaEvent.MISSING)
+            self._untrack(replica)
+            replica.removed = True
+            self._removing.add(block_id)
+            try:
+                await self.run_io(quarantine_files, self.data_dir, paths,
+                                  f"replica {replica.name} lost: {reason}")
+            finally:
+                self._removing.discard(block_id)
+        return reason
+
+    async def adopt_finalized(self, block_id: int, gs: int, data_path: str,
+                              meta_path: str) -> Replica | None:
+        """HDFS DirectoryScanner ``checkAndUpdate`` for files in ``finalized/`` the map does
+        not know: a consistent data + meta pair becomes a FINALIZED replica (the caller
+        reports it received). None when the id is known by now, its files are on their way
+        out (a delete or a drop running or finished meanwhile), or they are not a consistent
+        replica (logged, left alone: the start-up scan quarantines such files)."""
+        if block_id in self.replicas or block_id in self._removing:
+            return None
+        state = next_state(None, ReplicaEvent.CHECK_AND_UPDATE)
+        removals = self._removals
+        try:
+            bpc, length = await self.run_io(finalized_consistent, data_path, meta_path)
+        except (OSError, ValueError) as exc:
+            log.warning("directory scan: files of blk_%d in %s are not a consistent replica "
+                        "(%s); left alone", block_id, os.path.dirname(data_path), exc)
+            return None
+        if block_id in self.replicas or block_id in self._removing \
+                or removals != self._removals:
+            return None   # something left the map meanwhile: the next scan looks again
+        replica = Replica(block_id, gs, state, bpc, data_path, meta_path,
+                          num_bytes=length, visible_length=length)
+        self._track(replica)
+        log.warning("directory scan: replica %s found on disk but not in the replica map; "
+                    "added (%d bytes)", replica.name, length)
+        return replica

@@ -4,8 +4,9 @@ replica slowly and reports the ones whose bytes no longer match their checksums.
 Why it exists: disks lie silently. A replica nobody reads can rot for months; by the time
 a reader finds out, the other copies may be gone too. The scanner finds it first and reports
 it with ``report_bad_blocks`` (as a reader would), so the metadata server re-replicates from a
-good copy and deletes the bad one. A replica whose data or meta file is missing or shorter
-than the replica map says is reported the same way.
+good copy and deletes the bad one. A replica whose data or meta file is missing, shorter or
+longer than the replica map says is not corrupt but lost: ``lost`` (the heartbeat service's
+``replica_lost``) drops it and reports it deleted.
 
 Pacing: one pass over all finalized replicas every ``scanner_period`` seconds, reading at most
 ``scanner_bytes_per_second`` (a token bucket: sleep after each piece for as long as its bytes
@@ -35,12 +36,15 @@ PIECE = 256 * 1024   # bytes verified per read
 
 class BlockScanner:
     """Verifies finalized replicas; ``report(list of (block ref, reason))`` is awaited for
-    the bad ones (the heartbeat service sends them to the metadata server)."""
+    the bad ones (the heartbeat service sends them to the metadata server), ``lost(id, gs,
+    reason)`` first for each (True: its files are gone or cut, it was dropped and reported
+    deleted instead)."""
 
-    def __init__(self, config: Config, store: ReplicaStore, report):
+    def __init__(self, config: Config, store: ReplicaStore, report, lost):
         self.config = config
         self.store = store
         self.report = report
+        self.lost = lost
         self.passes = 0
         self.bytes_scanned = 0
         self.bad_found = 0
@@ -62,7 +66,8 @@ class BlockScanner:
                     if r.state is ReplicaState.FINALIZED]
         for block_id, gs, num_bytes in snapshot:
             reason = await self.scan_one(block_id, gs, num_bytes)
-            if reason is not None and self._still_same(block_id, gs):
+            if reason is not None and self._still_same(block_id, gs) \
+                    and not await self.lost(block_id, gs, reason):
                 log.warning("block scanner: replica blk_%d_%d is bad: %s", block_id, gs, reason)
                 bad.append(({"id": block_id, "gs": gs, "num_bytes": num_bytes}, reason))
                 if len(bad) >= 100:

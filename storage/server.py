@@ -1,9 +1,10 @@
 """Entry point of a block server (HDFS DataNode role): one data folder, one data-transfer
 port, one conversation with the metadata server.
 
-Why it exists: it wires the replica store, the data-transfer server and the heartbeat
-service (and the block scanner, ``storage.scanner``) together and reports the bound address before registration, so a test (or the
-cluster launcher) can start block servers before the metadata server is up.
+Why it exists: it wires the replica store, the data-transfer server, the heartbeat service,
+the block scanner (``storage.scanner``) and the directory scanner (``storage.dirscan``)
+together and reports the bound address before registration, so a test (or the cluster
+launcher) can start block servers before the metadata server is up.
 
 Concurrency contract: ``BlockServer.run`` is one trio task tree; the store is opened (scanned)
 before the port is bound, the address is reported through ``task_status.started`` as soon as
@@ -22,6 +23,7 @@ import trio
 from fs.config import Config
 from fs.rpc import format_address, serve_tcp
 
+from .dirscan import DirectoryScanner
 from .heartbeat import HeartbeatService
 from .replicas import ReplicaStore
 from .scanner import BlockScanner
@@ -40,7 +42,9 @@ class BlockServer:
         self.heartbeat = HeartbeatService(config, self.store, meta_address,
                                           xceiver_count=lambda: self.transfer.active_ops)
         self.transfer.reporter = self.heartbeat
-        self.scanner = BlockScanner(config, self.store, self.heartbeat.report_bad_replicas)
+        self.scanner = BlockScanner(config, self.store, self.heartbeat.report_bad_replicas,
+                                    self.heartbeat.replica_lost)
+        self.dirscan = DirectoryScanner(config, self.store, self.heartbeat)
         self.bound: tuple[str, int] | None = None
         self.advertised: str | None = None
 
@@ -55,6 +59,7 @@ class BlockServer:
                                                   self.bound[1]))
                 task_status.started(self.bound)
                 nursery.start_soon(self.scanner.run)
+                nursery.start_soon(self.dirscan.run)
                 await self.heartbeat.run(self.advertised)
         finally:
             self.store.close()

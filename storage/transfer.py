@@ -38,7 +38,9 @@ replica (its cancel scope) and answers the replica's length, stamp and original 
 
 READ_BLOCK: every packet send has ``data_timeout``; a reader that stops reading for that
 long, or closes the connection early (normal: it read what it needed), ends the op with a
-debug line, and the replica's files are closed at once.
+debug line, and the replica's files are closed at once. A replica whose files cannot be
+opened or read in full is dropped and reported deleted if they are gone or cut
+(``reporter.replica_lost``), so the metadata server stops listing it and re-replicates.
 
 Concurrency contract: every connection is served by its own task(s) in the trio thread; each
 op owns its connection; disk work goes through the ``ReplicaStore``'s worker threads. Bad
@@ -129,6 +131,9 @@ class NullReporter:
         done = trio.Event()
         done.set()
         return done
+
+    async def replica_lost(self, block_id: int, gs: int, why) -> bool:
+        return False
 
 
 # --------------------------------------------------------------------------- header parsing
@@ -346,6 +351,16 @@ class DataTransferServer:
         block_id, gs = _block(header, READ_BLOCK)
         offset = _field(header, "offset", int, READ_BLOCK, 0)
         length = _field(header, "length", int, READ_BLOCK, -1)
+        try:
+            await self._read_range(conn, block_id, gs, offset, length)
+        except OSError as exc:
+            # a replica we believe we have cannot be opened or read in full: if its files
+            # are gone or cut it is dropped and reported now (the reader tries another)
+            await self.reporter.replica_lost(block_id, gs, exc)
+            raise
+
+    async def _read_range(self, conn: _Conn, block_id: int, gs: int, offset: int,
+                          length: int) -> None:
         reader = await self.store.open_reader(block_id, gs)
         try:
             visible = reader.visible_length

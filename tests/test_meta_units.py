@@ -18,6 +18,7 @@ from meta.kv import MemoryStore
 from meta.leases import LeaseManager
 from meta.locks import (LOCK_ANCESTOR, LOCK_PARENT, LOCK_READ, LOCK_WRITE, PathLockPool, RWLock,
                         lock_set, merge)
+from meta.reports import BlockReports, parse_entries
 from meta.safemode import SafeModeState
 
 
@@ -217,14 +218,21 @@ def test_replica_classification():
 
 def test_blocks_map_commit_complete_reports_and_safe_counters():
     m = BlocksMap(min_replication=2)
+    nodes = DatanodeManager(dead_interval=10, invalidate_limit=10, clock=lambda: 0.0)
+    nodes.register("n1", "h1:1", 100, 0, 100)
+    safe_updates = []
+    reports = BlockReports(m, nodes, lambda: safe_updates.append(m.safe), step=2)
     m.add(BlockInfo(1, ino=10, index=0, gs=100, num_bytes=64, state=bm.COMPLETE, replication=3))
     m.add(BlockInfo(2, ino=10, index=1, gs=101, num_bytes=0, state=bm.UNDER_CONSTRUCTION,
                     replication=3))
     assert (m.total_countable, m.safe) == (1, 0)      # UC blocks do not count for safe mode
-    # a full report: one good, one stale, one of no file
-    doomed, corrupt = m.process_report("n1", [(1, 100, 64, "FINALIZED"), (2, 99, 5, "RBW"),
-                                              (77, 1, 1, "FINALIZED")])
-    assert doomed == [("n1", {"id": 77, "gs": 1, "num_bytes": 1})] and corrupt == 1
+    # a full report (the path the metadata server runs): one good, one stale, one of no file
+    entries = parse_entries([[1, 100, 64, "FINALIZED"], [2, 99, 5, "RBW"],
+                             [77, 1, 1, "FINALIZED"]], "report")
+    report = trio.run(reports.full_report, "n1", entries)
+    assert (report.doomed, report.corrupt, report.removed) == (1, 1, 0)
+    assert report.seen == {1: 100, 2: 99, 77: 1} and safe_updates   # counted step by step
+    assert nodes.take_invalidate("n1") == [{"id": 77, "gs": 1, "num_bytes": 1}]
     assert m.get(2).corrupt_nodes() == ["n1"]
     m.add_replica("n2", 1, 100, 64, "FINALIZED")
     assert (m.safe, m.counts()["under_replicated"]) == (1, 1)
@@ -235,7 +243,7 @@ def test_blocks_map_commit_complete_reports_and_safe_counters():
     assert m.commit(2, 30) == bm.COMPLETE
     assert m.total_countable == 2 and m.safe == 2
     # a second full report from n1 without block 1: its replica goes
-    m.process_report("n1", [])
+    assert trio.run(reports.full_report, "n1", []).removed == 2
     assert "n1" not in m.get(1).replicas and m.node_block_count("n1") == 0
     # a reader's checksum error hides the replica; with enough good copies it may be deleted
     m.add_replica("n1", 1, 100, 64, "FINALIZED")
@@ -251,6 +259,42 @@ def test_blocks_map_commit_complete_reports_and_safe_counters():
     assert m.get(2) is None and m.total_countable == 1
     with pytest.raises(errors.InvalidArgument):
         m.add(BlockInfo(1, 10, 0, 1, 1, bm.COMPLETE, 1))
+
+
+def test_block_reports_incremental_and_abandoned_chunked_report():
+    m = BlocksMap(min_replication=1)
+    nodes = DatanodeManager(dead_interval=10, invalidate_limit=10, clock=lambda: 0.0)
+    nodes.register("n1", "h1:1", 100, 0, 100)
+    reports = BlockReports(m, nodes, lambda: None)
+    m.add(BlockInfo(1, ino=10, index=0, gs=5, num_bytes=8, state=bm.COMPLETE, replication=2))
+    m.add(BlockInfo(2, ino=10, index=1, gs=5, num_bytes=8, state=bm.COMPLETE, replication=2))
+    # received: a known block joins, one of no file is invalidated; deleted: it leaves
+    reports.incremental("n1", [(1, 5, 8, "FINALIZED"), (2, 5, 8, "FINALIZED"),
+                               (9, 1, 1, "FINALIZED")], [])
+    assert m.get(1).good_nodes() == ["n1"] and m.get(2).good_nodes() == ["n1"]
+    assert nodes.take_invalidate("n1") == [{"id": 9, "gs": 1, "num_bytes": 1}]
+    reports.incremental("n1", [], [2])
+    assert m.get(2).good_nodes() == [] and m.node_block_count("n1") == 1
+
+    async def chunked():
+        # chunk 0 of a report that lists nothing, then the node registers again: the
+        # unfinished report is abandoned and removes nothing, its next chunk is refused
+        await reports.full_report("n1", [], report_id="r1", chunk=0, last=False)
+        assert reports.abandon("n1") and not reports.abandon("n1")
+        with pytest.raises(errors.InvalidArgument, match="unknown"):
+            await reports.full_report("n1", [], report_id="r1", chunk=1, last=True)
+        assert m.get(1).good_nodes() == ["n1"]
+        # out of order: refused and abandoned
+        await reports.full_report("n1", [(1, 5, 8, "FINALIZED")], report_id="r2", chunk=0,
+                                  last=False)
+        with pytest.raises(errors.InvalidArgument, match="expected chunk 1"):
+            await reports.full_report("n1", [], report_id="r2", chunk=2, last=True)
+        done = await reports.full_report("n1", [], report_id="r3", chunk=0, last=True)
+        assert done.removed == 1 and m.get(1).good_nodes() == []
+        nodes.nodes["n1"].alive = False
+        with pytest.raises(errors.InvalidArgument, match="not registered"):
+            await reports.full_report("n1", [])
+    trio.run(chunked)
 
 
 def test_committed_block_completes_when_replicas_arrive():

@@ -1,5 +1,7 @@
 """Repair on real processes: re-replication after a block server dies, corrupt/stale replicas,
-the block scanner, setReplication up and down, decommission under reads, fsck.
+the block scanner, replicas whose files are gone or cut (dropped on a read or by the directory
+scan) and replica files unknown to a block server, setReplication up and down, decommission
+under reads, fsck.
 
 Every test starts a ``ProcessCluster`` (real ``python -m tools`` processes, real sockets, real
 LevelDB and replica files) with short heartbeat/dead/replication intervals.
@@ -171,13 +173,16 @@ def test_garbage_truncated_and_deleted_replicas_are_found_and_repaired(tmp_path)
 
             named = set()
 
-            def all_named():
+            def garbage_named():
+                # a truncated or deleted replica is not corrupt but lost: its block server
+                # drops it (see the tests below); garbage is a checksum matter
                 for f in fsck(cluster)["files"]:
                     for b in f["blocks"]:
                         for bad in b["corrupt_replicas"]:
                             named.add((b["id"], bad["node_id"]))
-                return all((bid, node) in named for bid, node, _ in damaged)
-            wait_until(all_named, 20, "fsck naming every bad replica")
+                return all((bid, node) in named for bid, node, how in damaged
+                           if how == "garbage")
+            wait_until(garbage_named, 20, "fsck naming the replica with garbage")
 
             def repaired():
                 r = fsck(cluster)
@@ -191,6 +196,147 @@ def test_garbage_truncated_and_deleted_replicas_are_found_and_repaired(tmp_path)
                 assert len(locs) == 3
             for path, data in files.items():
                 assert client.read_file(path) == data
+
+
+# --------------------------------------------------------------------------- lost replicas
+
+def damage(cluster, client, path: str, how: str) -> tuple[int, int]:
+    """Delete or cut (to 100 bytes) the replica files of the first block of ``path`` on the
+    node a reader tries first; returns (block id, storage index)."""
+    located = client.get_block_locations(path)["blocks"][0]
+    block_id = located["block"]["id"]
+    idx = storage_index(cluster, located["locations"][0]["address"])
+    data_file, meta_file = replica_files(cluster, idx, block_id)
+    if how == "delete":
+        data_file.unlink()
+        meta_file.unlink()
+    else:
+        with open(data_file, "r+b") as fh:
+            fh.truncate(100)
+    return block_id, idx
+
+
+def scheduled_copies(client) -> int:
+    return client.report()["replication"]["scheduled_total"]
+
+
+def wait_restored(cluster, client, files: dict, damaged: dict, before: int, started: float):
+    """The metadata server noticed the loss (a copy was scheduled; full block reports are
+    600 s apart), then every block is HEALTHY with 3 replicas, the damaged node holding a
+    fresh complete copy again (3 nodes: it is the only target)."""
+    wait_until(lambda: scheduled_copies(client) >= before + len(damaged), 20,
+               "copies of the lost replicas scheduled")
+    noticed = time.monotonic() - started
+
+    def healthy():
+        r = fsck(cluster, "/lost")
+        return (r["status"] == "HEALTHY" and r["totals"]["under_replicated_blocks"] == 0
+                and all(b["live"] == 3 for f in r["files"] for b in f["blocks"]) and r)
+    wait_until(healthy, 30, "fsck HEALTHY with 3 replicas of every block")
+    for path, (block_id, idx) in damaged.items():
+        data_file, _meta = replica_files(cluster, idx, block_id)
+        want = files[path][:BLOCK]
+        wait_until(lambda: data_file.exists() and data_file.read_bytes() == want, 20,
+                   f"a fresh copy of block {block_id} on storage{idx}")
+    for path, data in files.items():
+        assert client.read_file(path) == data
+    return noticed
+
+
+SETTINGS_LOST = {**SETTINGS, "directory_scan_interval": 3600.0, "block_report_interval": 600.0}
+
+
+def test_replica_deleted_or_cut_behind_the_map_is_dropped_and_reported_when_read(tmp_path):
+    with ProcessCluster(tmp_path, n_storage=3, settings=SETTINGS_LOST) as cluster:
+        with cluster.client() as client:
+            files = {f"/lost/{how}": payload(40 + i, BLOCK + 500)
+                     for i, how in enumerate(("delete", "truncate"))}
+            for path, data in files.items():
+                client.write_file(path, data, replication=3)
+            before = scheduled_copies(client)
+            damaged = {path: damage(cluster, client, path, path.rsplit("/", 1)[1])
+                       for path in files}
+            started = time.monotonic()
+            for path, data in files.items():   # the reader falls back to another replica
+                assert client.read_file(path) == data
+            noticed = wait_restored(cluster, client, files, damaged, before, started)
+            print(f"\nlost replicas noticed {noticed:.2f}s after the reads")
+            # what was left of the cut replica was moved aside, never served again
+            block_id, idx = damaged["/lost/truncate"]
+            aside = cluster.storage_dir(idx) / "corrupt" / f"blk_{block_id}"
+            assert aside.exists() and aside.stat().st_size == 100
+
+
+def test_fsck_shows_a_replica_lost_under_a_reader_as_under_replicated_at_once(tmp_path):
+    # no replication passes: the block stays under-replicated for fsck to show
+    settings = {**SETTINGS_LOST, "replication_interval": 3600.0}
+    with ProcessCluster(tmp_path, n_storage=3, settings=settings) as cluster:
+        with cluster.client() as client:
+            data = payload(45, BLOCK + 100)
+            client.write_file("/lost/f", data, replication=3)
+            assert fsck(cluster, "/lost")["status"] == "HEALTHY"
+            block_id, idx = damage(cluster, client, "/lost/f", "delete")
+            victim_port = cluster.ports[f"storage{idx}"]
+            assert client.read_file("/lost/f") == data
+            started = time.monotonic()
+
+            def shown():
+                r = fsck(cluster, "/lost", locations=True)
+                (block,) = [b for f in r["files"] for b in f["blocks"] if b["id"] == block_id]
+                ports = {int(loc["address"].rsplit(":", 1)[1]) for loc in block["locations"]}
+                return (block["status"] == "UNDER_REPLICATED" and block["live"] == 2
+                        and r["totals"]["under_replicated_blocks"] == 1
+                        and victim_port not in ports and r)
+            # the full block report is 600 s away: only the block server's own report can
+            # have told the metadata server
+            wait_until(shown, 20, "fsck UNDER_REPLICATED without the damaged node")
+            print(f"\nfsck showed the lost replica {time.monotonic() - started:.2f}s after "
+                  f"the read")
+            proc = leasefs(cluster, "fsck", "/lost")
+            assert f"blk_{block_id}_" in proc.stdout, proc.stdout
+            assert "UNDER_REPLICATED live=2/3" in proc.stdout, proc.stdout
+            assert client.read_file("/lost/f") == data
+
+
+def test_directory_scan_drops_replicas_whose_files_are_gone_or_cut_without_a_read(tmp_path):
+    settings = {**SETTINGS_LOST, "directory_scan_interval": 1.0}
+    with ProcessCluster(tmp_path, n_storage=3, settings=settings) as cluster:
+        with cluster.client() as client:
+            files = {f"/lost/{how}": payload(50 + i, BLOCK + 300)
+                     for i, how in enumerate(("delete", "truncate"))}
+            for path, data in files.items():
+                client.write_file(path, data, replication=3)
+            before = scheduled_copies(client)
+            damaged = {path: damage(cluster, client, path, path.rsplit("/", 1)[1])
+                       for path in files}
+            wait_restored(cluster, client, files, damaged, before, time.monotonic())
+
+
+def test_directory_scan_adds_replica_files_the_map_does_not_know(tmp_path):
+    # no replication passes: the extra replica is neither deleted as excess nor copied
+    settings = {**SETTINGS_LOST, "directory_scan_interval": 1.0, "replication_interval": 3600.0}
+    with ProcessCluster(tmp_path, n_storage=3, settings=settings) as cluster:
+        with cluster.client() as client:
+            data = payload(60, BLOCK // 2)
+            client.write_file("/found/f", data, replication=2)
+            located = client.get_block_locations("/found/f")["blocks"][0]
+            block_id = located["block"]["id"]
+            holders = {storage_index(cluster, loc["address"]) for loc in located["locations"]}
+            (other,) = set(range(3)) - holders
+            data_file, meta_file = replica_files(cluster, min(holders), block_id)
+            bucket = cluster.storage_dir(other) / data_file.parent.relative_to(
+                cluster.storage_dir(min(holders)))
+            bucket.mkdir(parents=True, exist_ok=True)
+            for src in (meta_file, data_file):   # each file appears whole (rename)
+                tmp = cluster.storage_dir(other) / (src.name + ".copying")
+                tmp.write_bytes(src.read_bytes())
+                os.replace(tmp, bucket / src.name)
+            wait_until(lambda: other in {storage_index(cluster, a)
+                                         for a in block_nodes(client, "/found/f")[0]}, 20,
+                       f"storage{other} listed as a holder of block {block_id}")
+            r = fsck(cluster, "/found", locations=True)
+            assert [b["live"] for f in r["files"] for b in f["blocks"]] == [3]
+            assert client.read_file("/found/f") == data
 
 
 # --------------------------------------------------------------------------- (c)

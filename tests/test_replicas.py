@@ -10,6 +10,7 @@ import threading
 
 import pytest
 import trio
+import trio.testing
 
 from fs.datatransfer import chunk_checksums, crc32c, verify_checksums
 from fs.errors import (InvalidArgument, ProtocolError, ReplicaAlreadyExists, ReplicaNotFound,
@@ -382,6 +383,60 @@ def test_report_entries_from_a_snapshot_show_the_replicas_as_they_are_now(tmp_pa
         assert sorted(store.block_report()) == [
             [1, 1, 1500, "FINALIZED"], [3, 1, 1000, "FINALIZED"], [4, 1, 10, "RBW"]]
         await store.release_writer(later)
+        store.close()
+
+    run(main)
+
+
+async def finalized(store, block_id: int, gs: int, data: bytes):
+    replica = await store.create_rbw(block_id, gs, BPC)
+    await write_all(store, replica, data)
+    await store.finalize(replica)
+    return replica
+
+
+def test_drop_if_lost_drops_only_idle_replicas_whose_files_are_gone_or_cut(tmp_path):
+    async def main():
+        store = await open_store(tmp_path)
+        fine = await finalized(store, 1, 7, b"a" * 3000)
+        gone = await finalized(store, 2, 7, b"b" * 3000)
+        writing = await store.create_rbw(3, 7, BPC)
+        await write_all(store, writing, b"c" * 1000)
+        assert next_state(S.FINALIZED, E.MISSING) is None
+        assert (S.RBW, E.MISSING) not in TRANSITIONS and (S.RUR, E.MISSING) not in TRANSITIONS
+        assert await store.drop_if_lost(1, 7) is None and store.get(1) is fine
+        os.unlink(gone.data_path)
+        assert await store.drop_if_lost(2, 6) is None        # another replica than asked
+        used = store.used_bytes()
+        reason = await store.drop_if_lost(2, 7)
+        assert "data file" in reason and "gone" in reason, reason
+        assert store.get(2) is None and gone.removed
+        assert store.used_bytes() == used - gone.disk_bytes()
+        assert os.listdir(tmp_path / "corrupt") == ["blk_2_7.meta"]
+        # a replica being written is the pipeline's business, whatever its files look like
+        os.unlink(writing.data_path)
+        assert await store.drop_if_lost(3, 7) is None and store.get(3) is writing
+        store.close()
+
+    run(main)
+
+
+def test_directory_scan_never_adopts_files_of_a_replica_being_deleted(tmp_path):
+    from storage.dirscan import list_finalized_files
+
+    async def main():
+        store = await open_store(tmp_path)
+        replica = await finalized(store, 5, 2, b"x" * 2000)
+        bucket = str(tmp_path / "finalized")
+        (files,) = await store.run_io(list_finalized_files, bucket)
+        async with trio.open_nursery() as nursery:
+            async with replica.lock:   # the delete leaves the map, then waits to unlink
+                nursery.start_soon(store.delete, replica)
+                await trio.testing.wait_all_tasks_blocked()
+                assert store.get(5) is None and os.path.exists(files.data_path)
+                assert await store.adopt_finalized(files.block_id, files.gs, files.data_path,
+                                                   files.meta_path) is None
+        assert store.get(5) is None and not os.path.exists(files.data_path)
         store.close()
 
     run(main)

@@ -96,6 +96,10 @@ class FakeMeta(Dispatcher):
                            dict(node_id=node_id, received=received, deleted=deleted)))
         return True
 
+    async def rpc_report_bad_blocks(self, ctx, blocks):
+        self.calls.append(("report_bad_blocks", dict(node_id=None, blocks=blocks)))
+        return True
+
 
 async def start_fake_meta(nursery, port: int = 0):
     meta = FakeMeta()
@@ -1197,6 +1201,123 @@ def test_no_incremental_report_overtakes_a_chunked_full_report(tmp_path):
                                      if m == "block_received_and_deleted"
                                      and any(e[0] == 73 for e in a["received"]))
             assert held_last < first_incremental
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+# --------------------------------------------------------------------------- lost replicas
+
+
+def damage_replica(node: Node, block_id: int, gs: int, how: str) -> None:
+    data_path, meta_path = replica_paths(node, block_id, gs)
+    if how == "delete":
+        data_path.unlink()
+        meta_path.unlink()
+    elif how == "delete meta":
+        meta_path.unlink()
+    elif how == "cut data":
+        os.truncate(data_path, 1000)
+    elif how == "cut meta":
+        os.truncate(meta_path, 20)
+
+
+def test_a_read_of_a_replica_whose_files_are_gone_or_cut_drops_it_and_reports_it(tmp_path):
+    damages = {21: "delete", 22: "delete meta", 23: "cut data", 24: "cut meta"}
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            meta, (node,) = await start_cluster(nursery, tmp_path, 1)
+            for block_id in (*damages, 25):
+                await write_block(node.address, block_id, 3, bytes([block_id]) * 5000)
+            used_before = node.store.used_bytes()
+            for block_id, how in damages.items():
+                damage_replica(node, block_id, 3, how)
+                try:
+                    response, data, _ = await read_block(node.address, block_id, 3)
+                    assert response["status"] != "SUCCESS" or data != bytes([block_id]) * 5000
+                except (LeaseFSError, EOFError):   # the read broke off after its response
+                    pass
+            await wait_for(lambda: set(damages) <= set(meta.deleted(node.node_id)),
+                           what="the lost replicas reported deleted")
+            assert all(node.store.get(b) is None for b in damages)
+            assert node.store.used_bytes() < used_before
+            # what was left of them is kept aside, never served
+            aside = sorted(p.name for p in (node.data_dir / "corrupt").iterdir())
+            assert aside == ["blk_22", "blk_23", "blk_23_3.meta", "blk_24", "blk_24_3.meta"]
+            # an intact replica is served and stays
+            response, data, _ = await read_block(node.address, 25, 3)
+            assert data == bytes([25]) * 5000 and 25 not in meta.deleted(node.node_id)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_transfer_source_whose_replica_files_are_gone_drops_and_reports_it(tmp_path):
+    async def main():
+        async with trio.open_nursery() as nursery:
+            meta, (source, target) = await start_cluster(nursery, tmp_path, 2)
+            await write_block(source.address, 41, 2, b"t" * 4000)
+            damage_replica(source, 41, 2, "delete")
+            meta.commands[source.node_id] = [{"type": "TRANSFER",
+                                              "block": block_dict(41, 2, 4000),
+                                              "targets": [target.address]}]
+            await wait_for(lambda: 41 in meta.deleted(source.node_id),
+                           what="the lost TRANSFER source reported deleted")
+            assert source.store.get(41) is None and node_has_no(target, 41)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_block_scanner_reports_bad_bytes_bad_and_lost_files_deleted(tmp_path):
+    async def main():
+        async with trio.open_nursery() as nursery:
+            meta, (node,) = await start_cluster(nursery, tmp_path, 1, scanner_period=0.2,
+                                                scanner_bytes_per_second=100 << 20)
+            for block_id in (51, 52):
+                await write_block(node.address, block_id, 2, bytes([block_id]) * 3000)
+            data_path, _ = replica_paths(node, 51, 2)
+            data_path.write_bytes(b"\xff" * 3000)        # garbage: a checksum matter
+            damage_replica(node, 52, 2, "cut data")      # cut: lost, not corrupt
+
+            def bad_ids():
+                return {b["block"]["id"] for args in meta.of("report_bad_blocks")
+                        for b in args["blocks"]}
+            await wait_for(lambda: 51 in bad_ids() and 52 in meta.deleted(node.node_id),
+                           what="the scanner's reports")
+            assert 52 not in bad_ids() and 51 not in meta.deleted(node.node_id)
+            assert node.store.get(52) is None and node.store.get(51) is not None
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_directory_scan_reports_lost_replicas_deleted_and_unknown_files_received(tmp_path):
+    async def main():
+        async with trio.open_nursery() as nursery:
+            meta, (node,) = await start_cluster(nursery, tmp_path, 1,
+                                                directory_scan_interval=0.2)
+            for block_id in (31, 32, 33):
+                await write_block(node.address, block_id, 4, bytes([block_id]) * 3000)
+            damage_replica(node, 31, 4, "delete")
+            damage_replica(node, 32, 4, "cut meta")
+            # replica files of block 34 appear (a copy of 33's bytes; each file whole)
+            src_data, src_meta = replica_paths(node, 33, 4)
+            dst_data, dst_meta = replica_paths(node, 34, 4)
+            dst_data.parent.mkdir(parents=True, exist_ok=True)
+            for src, dst in ((src_meta, dst_meta), (src_data, dst_data)):
+                tmp = node.data_dir / "copying"
+                tmp.write_bytes(src.read_bytes())
+                os.replace(tmp, dst)
+            await wait_for(lambda: {31, 32} <= set(meta.deleted(node.node_id))
+                           and [34, 4, 3000, "FINALIZED"] in meta.received(node.node_id),
+                           what="the directory scan's reports")
+            assert node.store.get(31) is None and node.store.get(32) is None
+            response, data, _ = await read_block(node.address, 34, 4)
+            assert data == bytes([33]) * 3000
+            assert 33 not in meta.deleted(node.node_id) and node.store.get(33) is not None
+            assert node.server.dirscan.passes >= 1
             nursery.cancel_scope.cancel()
 
     trio.run(main)
