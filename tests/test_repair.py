@@ -246,6 +246,7 @@ def wait_restored(cluster, client, files: dict, damaged: dict, before: int, star
 SETTINGS_LOST = {**SETTINGS, "directory_scan_interval": 3600.0, "block_report_interval": 600.0}
 
 
+@pytest.mark.slow
 def test_replica_deleted_or_cut_behind_the_map_is_dropped_and_reported_when_read(tmp_path):
     with ProcessCluster(tmp_path, n_storage=3, settings=SETTINGS_LOST) as cluster:
         with cluster.client() as client:
@@ -267,6 +268,7 @@ def test_replica_deleted_or_cut_behind_the_map_is_dropped_and_reported_when_read
             assert aside.exists() and aside.stat().st_size == 100
 
 
+@pytest.mark.slow
 def test_fsck_shows_a_replica_lost_under_a_reader_as_under_replicated_at_once(tmp_path):
     # no replication passes: the block stays under-replicated for fsck to show
     settings = {**SETTINGS_LOST, "replication_interval": 3600.0}
@@ -298,6 +300,7 @@ def test_fsck_shows_a_replica_lost_under_a_reader_as_under_replicated_at_once(tm
             assert client.read_file("/lost/f") == data
 
 
+@pytest.mark.slow
 def test_directory_scan_drops_replicas_whose_files_are_gone_or_cut_without_a_read(tmp_path):
     settings = {**SETTINGS_LOST, "directory_scan_interval": 1.0}
     with ProcessCluster(tmp_path, n_storage=3, settings=settings) as cluster:
@@ -312,6 +315,7 @@ def test_directory_scan_drops_replicas_whose_files_are_gone_or_cut_without_a_rea
             wait_restored(cluster, client, files, damaged, before, time.monotonic())
 
 
+@pytest.mark.slow
 def test_directory_scan_adds_replica_files_the_map_does_not_know(tmp_path):
     # no replication passes: the extra replica is neither deleted as excess nor copied
     settings = {**SETTINGS_LOST, "directory_scan_interval": 1.0, "replication_interval": 3600.0}
