@@ -62,8 +62,9 @@ from fs.config import Config
 from fs.errors import (AlreadyBeingCreated, InternalError, InvalidArgument, TryAgain,
                        IsDirectory, LeaseFSError, NotReplicatedYet, RecoveryInProgress,
                        ServerUnavailable, StaleGenerationStamp)
+from fs.limits import ByteBudget, ConnectionLimits
 from fs.rpc import (Dispatcher, RetryCache, current_user, format_address, parse_address,
-                    serve_rpc, serve_tcp)
+                    rpc_refusal, serve_rpc, serve_tcp)
 
 from . import blocks as bm
 from .blocks import BlockInfo, BlocksMap
@@ -1883,9 +1884,11 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
             await server.start()
             nursery.start_soon(server.run_monitors)
             nursery.start_soon(server.gc_governor.run)
-            handler = partial(_serve_connection, server, config.max_frame)
-            bound = await nursery.start(partial(serve_tcp, handler, host, port,
-                                                name="metadata server"))
+            budget = ByteBudget(max(config.rpc_buffer_limit, config.max_frame + 4))
+            handler = partial(_serve_connection, server, budget)
+            bound = await nursery.start(partial(
+                serve_tcp, handler, host, port, name="metadata server",
+                limits=ConnectionLimits.from_config(config), refusal=rpc_refusal))
             if http_port:
                 from .status_http import serve_status
                 await nursery.start(partial(serve_status, server, host, http_port))
@@ -1901,8 +1904,11 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
         kv.close()
 
 
-async def _serve_connection(server: MetaServer, max_frame: int, stream, peer: str) -> None:
+async def _serve_connection(server: MetaServer, budget: ByteBudget, stream, peer: str) -> None:
+    config = server.config
     try:
-        await serve_rpc(stream, server, max_frame=max_frame, peer=peer)
+        await serve_rpc(stream, server, max_frame=config.max_frame, peer=peer,
+                        frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
+                        budget=budget)
     except ServerUnavailable:
         pass

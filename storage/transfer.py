@@ -64,7 +64,7 @@ from fs.datatransfer import (BLOCK_LENGTH, CHECKSUM_SIZE, ERROR, ERROR_CHECKSUM,
                              num_chunks, receive_ack, send_ack, send_packet, verify_checksums)
 from fs.errors import (ChecksumError, InternalError, InvalidArgument, LeaseFSError,
                        NotSupported, PipelineError, ProtocolError, ReplicaNotFound,
-                       ServerUnavailable)
+                       ServerBusy, ServerUnavailable)
 from fs.framing import FramedStream
 from fs.rpc import parse_address
 
@@ -159,6 +159,11 @@ def _error_response(exc: LeaseFSError, **extra) -> dict:
             "error": exc.to_wire(), **extra}
 
 
+def refusal_response(why: str) -> dict:
+    """The response a refused data-transfer connection gets instead of its op's."""
+    return _error_response(ServerBusy(f"connection refused: {why}"), first_bad_link="")
+
+
 class _Conn:
     """One data-transfer connection and whether its op response went out already."""
 
@@ -215,10 +220,10 @@ class DataTransferServer:
     async def _serve(self, conn: _Conn) -> None:
         op = "?"
         try:
-            with trio.move_on_after(self.config.data_timeout) as scope:
+            with trio.move_on_after(self.config.idle_timeout) as scope:
                 header = await conn.framed.receive_frame()
             if scope.cancelled_caught:
-                raise ProtocolError(f"no op header within {self.config.data_timeout:g} s")
+                raise ProtocolError(f"no op header within {self.config.idle_timeout:g} s")
             if not isinstance(header, dict) or not isinstance(header.get("op"), str):
                 raise ProtocolError(f"op header must be a map with an 'op' name, got "
                                     f"{header!r:.120}")
