@@ -514,12 +514,22 @@ class Dispatcher:
         return cached
 
 
+def check_version(version, supported: int, what: str) -> None:
+    """``ProtocolError`` unless ``version`` is exactly the integer ``supported`` (not a bool,
+    not a string of it)."""
+    if type(version) is not int or version != supported:
+        raise ProtocolError(f"{what}: unsupported protocol version {brief(version, 40)}; "
+                            f"this server speaks version {supported}")
+
+
 def _check_hello(hello) -> tuple[str, str, tuple[str, ...]]:
     """``(client_id, user, groups)`` of a connection's first frame; ``ProtocolError`` if it
-    is not a leasefs hello. A hello without ``user`` (an older client) is ``nobody``."""
+    is not a leasefs hello of ``PROTOCOL_VERSION``. A hello without ``user`` (an older
+    client) is ``nobody``."""
     if not (isinstance(hello, dict) and hello.get("hello") == "leasefs"
             and isinstance(hello.get("client_id"), str) and hello["client_id"]):
         raise ProtocolError(f"first frame must be a leasefs hello, got {brief(hello)}")
+    check_version(hello.get("version"), PROTOCOL_VERSION, "hello")
     if hello.get("user") is None:
         return hello["client_id"][:256], ANONYMOUS_USER, ()
     try:

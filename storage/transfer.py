@@ -56,8 +56,8 @@ from dataclasses import dataclass
 import trio
 
 from fs.config import Config
-from fs.datatransfer import (BLOCK_LENGTH, CHECKSUM_SIZE, ERROR, ERROR_CHECKSUM, FLAG_HEARTBEAT,
-                             FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA, PACKET_HEADER,
+from fs.datatransfer import (BLOCK_LENGTH, CHECKSUM_SIZE, DATA_TRANSFER_VERSION, ERROR,
+                             ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA, PACKET_HEADER,
                              PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE,
                              PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
                              TRANSFER_BLOCK, TRANSFER_RBW, WRITE_BLOCK, Packet,
@@ -66,7 +66,7 @@ from fs.errors import (ChecksumError, InternalError, InvalidArgument, LeaseFSErr
                        NotSupported, PipelineError, ProtocolError, ReplicaNotFound,
                        ServerBusy, ServerUnavailable)
 from fs.framing import FramedStream
-from fs.rpc import parse_address
+from fs.rpc import check_version, parse_address
 
 from .blockcopy import send_replica
 from .recovery import INIT_REPLICA_RECOVERY, UPDATE_REPLICA_UNDER_RECOVERY, replica_wire
@@ -228,6 +228,8 @@ class DataTransferServer:
                 raise ProtocolError(f"op header must be a map with an 'op' name, got "
                                     f"{header!r:.120}")
             op = header["op"]
+            check_version(header.get("version", DATA_TRANSFER_VERSION), DATA_TRANSFER_VERSION,
+                          f"{op[:80]} header")
             if op == WRITE_BLOCK:
                 await self._write_block(conn, header)
             elif op == READ_BLOCK:

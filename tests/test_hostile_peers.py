@@ -1,5 +1,5 @@
-"""Peers that hold server resources without using them: partial frames, idle connections,
-connection floods. Real servers on loopback (the metadata server in-process or as a process,
+"""Hostile peers: ones that hold server resources without using them (partial frames, idle
+connections, connection floods) or speak a protocol version the server does not. Real servers on loopback (the metadata server in-process or as a process,
 the block server in-process), spoken to with raw sockets the way a hostile peer would, next
 to a well-behaved ``RpcClient`` that must keep being served."""
 
@@ -355,3 +355,65 @@ def test_partial_frames_on_many_connections_keep_the_server_memory_bounded(tmp_p
         trio.run(main)
     finally:
         cluster.stop()
+
+
+# --------------------------------------------------------------------------- protocol versions
+
+
+@pytest.mark.parametrize("version", [999, -1, "1", True, None])
+def test_metadata_server_refuses_a_hello_of_an_unknown_protocol_version(tmp_path, caplog,
+                                                                        version):
+    """The hello must say version 1 (the integer): anything else gets a ProtocolError naming
+    the version and the one the server speaks, the connection is closed and the refusal
+    logged once with the peer; a proper client is served next to it."""
+    config = make_test_config()
+    caplog.set_level(logging.WARNING, logger="fs.rpc")
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            address = await start_meta(nursery, tmp_path, config)
+            stream = await connect_from(address, "127.0.0.2")
+            await stream.send_all(hello(version) + encode_frame([1, "get_file_info",
+                                                                 {"path": "/"}]))
+            [(call_id, ok, error)] = frames(await read_until_closed(stream, 10))
+            assert call_id is None and not ok and error["type"] == "ProtocolError"
+            assert "unsupported protocol version" in error["message"]
+            assert "speaks version 1" in error["message"]
+            async with RpcClient(address, "good", retry_seconds=0) as rpc:
+                assert (await rpc.call("get_file_info", {"path": "/"}))["type"] == "dir"
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    logged = [r for r in caplog.records if "unsupported protocol version" in r.getMessage()]
+    assert len(logged) == 1 and "127.0.0.2:" in logged[0].getMessage()
+
+
+@pytest.mark.parametrize("version", [999, -1, "1"])
+def test_block_server_refuses_an_op_header_of_an_unknown_protocol_version(tmp_path, caplog,
+                                                                          version):
+    """An op header with a ``version`` other than 1 gets an ERROR response naming it and
+    the connection is closed (logged once); version 1, or none (older clients), is served."""
+    config = make_test_config()
+    caplog.set_level(logging.INFO, logger="storage.transfer")
+
+    async def ask(address, **extra) -> dict:
+        stream = await connect_from(address, "127.0.0.2")
+        await stream.send_all(encode_frame({"op": "BLOCK_LENGTH", "block": {"id": 7, "gs": 1},
+                                            **extra}))
+        [response] = frames(await read_until_closed(stream, 10))
+        return response
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            meta = await start_meta(nursery, tmp_path, config)
+            address = await start_block_server(nursery, tmp_path, config, meta)
+            refused = await ask(address, version=version)
+            assert refused["status"] == "ERROR" and refused["error"]["type"] == "ProtocolError"
+            assert "unsupported protocol version" in refused["message"]
+            for extra in ({"version": 1}, {}):        # served: the replica is just missing
+                assert (await ask(address, **extra))["error"]["type"] == "ReplicaNotFound"
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    logged = [r for r in caplog.records if "unsupported protocol version" in r.getMessage()]
+    assert len(logged) == 1 and "127.0.0.2:" in logged[0].getMessage()
