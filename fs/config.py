@@ -94,7 +94,7 @@ class Config:
     invalidate_limit: int = _s(1000, "replica deletions handed to one block server per heartbeat")
     delete_chunk: int = _s(2000, "inodes + blocks one delete record removes; a bigger subtree is "
                            "detached at once and reclaimed in the background in records of "
-                           "this size (HDFS incremental block deletion)")
+                           "at most this size (HDFS incremental block deletion)")
     permissions_enabled: bool = _s(True, "check mode bits, owners and the superuser on every "
                                    "namespace operation (HDFS dfs.permissions.enabled)")
     superuser: str = _s("", "user allowed everything (default: the user running the metadata "

@@ -100,6 +100,9 @@ INVALIDATE_RESEND_HEARTBEATS = 10
 REPORT_STEP = 2000
 # files one lease monitor pass may release (HDFS bounds the work of one checkLeases pass)
 LEASE_MONITOR_MAX_FILES = 1000
+# seconds of trio-thread time one RECLAIM record may take to plan (applying it costs about
+# as much): other calls wait at most that long behind the reclaimer
+RECLAIM_SLICE = 0.001
 
 
 @dataclass
@@ -1803,7 +1806,8 @@ class MetaServer(Dispatcher):
         under the global read lock; False when nothing is left to reclaim."""
         await self.global_lock.acquire(False)
         try:
-            plan = self.ns.plan_reclaim()
+            until = time.perf_counter() + RECLAIM_SLICE
+            plan = self.ns.plan_reclaim(stop=lambda: time.perf_counter() >= until)
             if plan is None:
                 return False
             await self.journal.log(*plan)
