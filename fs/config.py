@@ -62,6 +62,9 @@ class Config:
     rpc_buffer_limit: int = _s(256 * MiB, "bytes of request frames larger than 64 KiB the "
                                "metadata server buffers across all connections; a frame that "
                                "does not fit waits until others are read (at least max_frame)")
+    data_buffer_limit: int = _s(256 * MiB, "bytes of packet data a block server holds across all "
+                                "write connections (being received or waiting for the disk); "
+                                "a packet that does not fit waits before it is read")
     complete_retries: int = _s(10, "times close() asks complete() before giving up (backoff doubles)")
     replace_datanode_on_failure: str = _s(
         "default", "pipeline recovery: when to add a replacement block server for a failed one "

@@ -66,6 +66,7 @@ from fs.errors import (ChecksumError, InternalError, InvalidArgument, LeaseFSErr
                        NotSupported, PipelineError, ProtocolError, ReplicaNotFound,
                        ServerBusy, ServerUnavailable)
 from fs.framing import FramedStream
+from fs.limits import ByteBudget
 from fs.rpc import check_version, parse_address
 
 from .blockcopy import send_replica
@@ -206,6 +207,8 @@ class DataTransferServer:
         self.store = store
         self.reporter = reporter or NullReporter()
         self.active_ops = 0   # HDFS xceiver count, reported in heartbeats
+        #: packet data held by all write pipelines (being received or waiting for the disk)
+        self.budget = ByteBudget(max(config.data_buffer_limit, MAX_PACKET_DATA))
 
     async def handle(self, stream: trio.abc.Stream, peer: str = "?") -> None:
         """Serve one connection: one op header, one op."""
@@ -563,6 +566,7 @@ class _WritePipeline:
         self.downstream_failed = False
         self.replica = replica
         self.scope: trio.CancelScope | None = None
+        self._held = 0      # bytes of the server's budget this pipeline's packets hold
 
     async def run(self) -> None:
         # receiver -> (one packet in hand) -> disk writer -> (window of entries) -> responder
@@ -580,6 +584,12 @@ class _WritePipeline:
         finally:
             self.replica.writer_scope = self.replica.writer_stopped = None
             stopped.set()
+            self._unreserve(self._held)    # packets dropped unwritten
+
+    def _unreserve(self, n: int) -> None:
+        if n:
+            self._held -= n
+            self.server.budget.release(n)
 
     def _stop(self) -> None:
         self.scope.cancel()
@@ -601,6 +611,12 @@ class _WritePipeline:
             problem = "is a heartbeat carrying data"
         if problem:
             raise _BadPacket(seqno, ProtocolError(f"{self.replica.name}: packet {seqno} {problem}"))
+        # the payload is read once the server's budget has room for it (held until the
+        # disk writer is done with it): many peers sending large packets slowly, or
+        # stalling half way, cannot make the server buffer without bound
+        if data_len:
+            await self.server.budget.acquire(data_len)
+            self._held += data_len
         sums = await framed.receive_exactly(
             CHECKSUM_SIZE * num_chunks(data_len, self.replica.bytes_per_checksum))
         data = await framed.receive_exactly(data_len)
@@ -665,8 +681,11 @@ class _WritePipeline:
                     return
                 try:
                     if len(packet.data):
-                        await self.store.write_packet(replica, packet.offset, packet.data,
-                                                      packet.sums)
+                        try:
+                            await self.store.write_packet(replica, packet.offset, packet.data,
+                                                          packet.sums)
+                        finally:
+                            self._unreserve(len(packet.data))
                         entry.has_data = True
                         entry.end = packet.offset + len(packet.data)
                         entry.last_sum = packet.sums[-CHECKSUM_SIZE:]

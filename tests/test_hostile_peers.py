@@ -417,3 +417,63 @@ def test_block_server_refuses_an_op_header_of_an_unknown_protocol_version(tmp_pa
     trio.run(main)
     logged = [r for r in caplog.records if "unsupported protocol version" in r.getMessage()]
     assert len(logged) == 1 and "127.0.0.2:" in logged[0].getMessage()
+
+
+@pytest.mark.slow
+def test_partial_packets_on_many_connections_keep_the_block_server_memory_bounded(tmp_path):
+    """16 write connections each send 15 MiB of a 16 MiB packet: the block server process
+    reads at most ``data_buffer_limit`` of packet data at once (the rest waits unread in
+    the kernel), so its peak RSS grows by about that much, not by 240 MiB."""
+    limit = 32 * MiB
+    cluster = ProcessCluster(tmp_path, n_storage=1, settings={
+        "data_buffer_limit": limit, "data_timeout": 120.0, "idle_timeout": 120.0})
+    cluster.start()
+    try:
+        pid = cluster.pid("storage0")
+        address = f"127.0.0.1:{cluster.ports['storage0']}"
+
+        async def main():
+            baseline = _rss_kib(pid)
+            sent = [0] * 16
+            chunk = b"\x00" * MiB
+            bpc = 4096
+
+            async def flood(i, task_status=trio.TASK_STATUS_IGNORED):
+                stream = await connect_from(address)
+                await stream.send_all(encode_frame({
+                    "op": "WRITE_BLOCK", "version": 1, "block": {"id": 10_000 + i, "gs": 1},
+                    "targets": [], "stage": "PIPELINE_SETUP_CREATE", "client": "hostile",
+                    "bytes_per_checksum": bpc}))
+                response = b""
+                with trio.fail_after(30):
+                    while len(response) < 4 or len(response) < 4 + struct.unpack_from(
+                            ">I", response)[0]:
+                        response += await stream.receive_some(4096)
+                assert frames(response)[0]["status"] == "SUCCESS"
+                task_status.started()
+                await stream.send_all(struct.pack(">qqIB", 0, 0, 16 * MiB, 0)
+                                      + b"\x00" * (4 * (16 * MiB // bpc)))
+                for _ in range(15):
+                    await stream.send_all(chunk)
+                    sent[i] += 1
+                await trio.sleep_forever()
+
+            async with trio.open_nursery() as nursery:
+                for i in range(16):
+                    await nursery.start(flood, i)
+                with trio.fail_after(120):      # every sender done, or none moving for 2 s
+                    last, still = -1, 0.0
+                    while sum(sent) < 16 * 15 and still < 2.0:
+                        await trio.sleep(0.25)
+                        still = still + 0.25 if sum(sent) == last else 0.0
+                        last = sum(sent)
+                peak = _rss_kib(pid, "VmHWM")
+                nursery.cancel_scope.cancel()
+            grown = (peak - baseline) * 1024
+            print(f"block server: baseline {baseline} KiB, peak {peak} KiB, grown "
+                  f"{grown / MiB:.0f} MiB, sent {sum(sent)} MiB")
+            assert grown < limit + 48 * MiB, f"grew {grown / MiB:.0f} MiB"
+
+        trio.run(main)
+    finally:
+        cluster.stop()
