@@ -303,6 +303,24 @@ def _rss_kib(pid: int, field: str = "VmRSS") -> int:
     raise AssertionError(f"no {field} for pid {pid}")
 
 
+async def senders_done_or_stuck(sent: list[int], total: int) -> None:
+    """Until the senders sent ``total`` MiB or none made progress for 2 s (the server
+    stopped reading them)."""
+    with trio.fail_after(120):
+        last, still = -1, 0.0
+        while sum(sent) < total and still < 2.0:
+            await trio.sleep(0.25)
+            still = still + 0.25 if sum(sent) == last else 0.0
+            last = sum(sent)
+
+
+def assert_grown_at_most(baseline_kib: int, peak_kib: int, sent: list[int], bound: int) -> None:
+    grown = (peak_kib - baseline_kib) * 1024
+    print(f"RSS baseline {baseline_kib} KiB, peak {peak_kib} KiB, grown {grown / MiB:.0f} MiB, "
+          f"sent {sum(sent)} MiB")
+    assert grown < bound, f"grew {grown / MiB:.0f} MiB, more than {bound / MiB:.0f} MiB"
+
+
 @pytest.mark.slow
 def test_partial_frames_on_many_connections_keep_the_server_memory_bounded(tmp_path):
     """8 connections each send 60 MiB of a 64 MiB frame: the metadata server process
@@ -336,21 +354,12 @@ def test_partial_frames_on_many_connections_keep_the_server_memory_bounded(tmp_p
             async with trio.open_nursery() as nursery:
                 for i in range(8):
                     await nursery.start(flood, i)
-                # until every sender finished or none made progress for 2 s
-                with trio.fail_after(120):
-                    last, still = -1, 0.0
-                    while sum(sent) < 8 * 60 and still < 2.0:
-                        await trio.sleep(0.25)
-                        still = still + 0.25 if sum(sent) == last else 0.0
-                        last = sum(sent)
+                await senders_done_or_stuck(sent, 8 * 60)
                 async with RpcClient(address, "good", retry_seconds=0, timeout=10) as rpc:
                     assert (await rpc.call("get_file_info", {"path": "/"}))["type"] == "dir"
                 peak = _rss_kib(pid, "VmHWM")
                 nursery.cancel_scope.cancel()
-            grown = (peak - baseline) * 1024
-            print(f"baseline {baseline} KiB, peak {peak} KiB, grown {grown / MiB:.0f} MiB, "
-                  f"sent {sum(sent)} MiB")
-            assert grown < limit + 64 * MiB, f"grew {grown / MiB:.0f} MiB"
+            assert_grown_at_most(baseline, peak, sent, limit + 64 * MiB)
 
         trio.run(main)
     finally:
@@ -461,18 +470,10 @@ def test_partial_packets_on_many_connections_keep_the_block_server_memory_bounde
             async with trio.open_nursery() as nursery:
                 for i in range(16):
                     await nursery.start(flood, i)
-                with trio.fail_after(120):      # every sender done, or none moving for 2 s
-                    last, still = -1, 0.0
-                    while sum(sent) < 16 * 15 and still < 2.0:
-                        await trio.sleep(0.25)
-                        still = still + 0.25 if sum(sent) == last else 0.0
-                        last = sum(sent)
+                await senders_done_or_stuck(sent, 16 * 15)
                 peak = _rss_kib(pid, "VmHWM")
                 nursery.cancel_scope.cancel()
-            grown = (peak - baseline) * 1024
-            print(f"block server: baseline {baseline} KiB, peak {peak} KiB, grown "
-                  f"{grown / MiB:.0f} MiB, sent {sum(sent)} MiB")
-            assert grown < limit + 48 * MiB, f"grew {grown / MiB:.0f} MiB"
+            assert_grown_at_most(baseline, peak, sent, limit + 48 * MiB)
 
         trio.run(main)
     finally:
