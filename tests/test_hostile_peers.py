@@ -6,7 +6,11 @@ to a well-behaved ``RpcClient`` that must keep being served."""
 from __future__ import annotations
 
 import logging
+import os
 import struct
+import subprocess
+import sys
+import time
 
 import msgpack
 import pytest
@@ -476,5 +480,72 @@ def test_partial_packets_on_many_connections_keep_the_block_server_memory_bounde
             assert_grown_at_most(baseline, peak, sent, limit + 48 * MiB)
 
         trio.run(main)
+    finally:
+        cluster.stop()
+
+
+def _tcp_connections(pid: int, remote_port: int) -> int:
+    """Established TCP connections of process ``pid`` to ``remote_port`` on this host."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as fh:
+            for line in list(fh)[1:]:
+                fields = line.split()
+                port = int(fields[2].rsplit(":", 1)[1], 16)
+                if fields[3] == "01" and port == remote_port and fields[9] in inodes:
+                    count += 1
+    return count
+
+
+@pytest.mark.slow
+def test_a_fuse_mount_goes_on_after_the_server_closed_its_idle_connection(tmp_path):
+    """The mount's metadata connection sits idle past the server's ``idle_timeout`` and is
+    closed by the server; the next file operations in the mount work as before."""
+    pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
+    cluster = ProcessCluster(tmp_path, n_storage=1, settings={"replication": 1,
+                                                             "idle_timeout": 3.0})
+    cluster.start()
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    log = tmp_path / "logs" / "mount.log"
+    try:
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tools", "mount", "--foreground", str(mp),
+                 "--cache-dir", str(tmp_path / "cache")], env=cluster.env,
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while not os.path.ismount(mp):
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            (mp / "before.txt").write_text("written before the idle period\n")
+            meta_port = int(cluster.meta_address.rsplit(":", 1)[1])
+            assert _tcp_connections(proc.pid, meta_port) >= 1    # just used: still open
+            deadline = time.monotonic() + 30
+            while _tcp_connections(proc.pid, meta_port):     # the server closes it
+                assert time.monotonic() < deadline, "the idle connection stayed open"
+                time.sleep(0.1)
+            assert (mp / "before.txt").read_text() == "written before the idle period\n"
+            (mp / "after.txt").write_text("and after\n")
+            assert sorted(p.name for p in mp.iterdir()) == ["after.txt", "before.txt"]
+        finally:
+            if os.path.ismount(mp):
+                subprocess.run(["fusermount3", "-u", str(mp)], capture_output=True)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
     finally:
         cluster.stop()
