@@ -193,7 +193,8 @@ class FrameChannel:
     a frame larger than ``UNBUDGETED_FRAME`` is read only once its whole size is reserved
     there (the read waits until it fits); the reservation is released when the frame has
     been parsed or the channel closes. ``partial_since`` and ``last_received`` let the owner
-    time out a frame that never completes and a connection that stays idle.
+    time out a frame that never completes and a connection that stays idle
+    (``awaiting_budget``: neither, the wait is the server's).
 
     Concurrency contract: one task receives at a time; ``send_nowait`` may be called from any
     task of the channel's trio thread; the flusher runs in ``nursery`` until ``aclose`` or
@@ -212,6 +213,8 @@ class FrameChannel:
         #: the head of the buffer; None while the buffer holds no partial frame
         self.partial_since: float | None = None
         self.last_received = trio.current_time()   # trio time of the last read with data
+        #: True while a read waits for ``budget`` to have room for the frame at the head
+        self.awaiting_budget = False
         self.send_timeout = math.inf if send_timeout is None else send_timeout
         self._on_send_timeout = on_send_timeout
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
@@ -296,8 +299,14 @@ class FrameChannel:
     async def _read(self) -> None:
         if self._budget is not None and self._budgeted_need() > self._reserved:
             more = self._budgeted_need() - self._reserved
-            await self._budget.acquire(more)
+            self.awaiting_budget = True
+            try:
+                await self._budget.acquire(more)
+            finally:
+                self.awaiting_budget = False
             self._reserved += more
+            # the peer is timed from when the server can read it, not while it waited
+            self.partial_since = trio.current_time()
         want = max(65536, min(self._want, _RECEIVE_CHUNK))
         sock = self._socket
         if sock is None:

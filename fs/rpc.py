@@ -550,7 +550,8 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
     reading until one finishes, so a peer that pipelines requests without reading replies
     holds a bounded amount of server memory. A reply that cannot be sent within
     ``send_timeout`` ends the connection. A frame that has not arrived whole
-    ``frame_timeout`` seconds after its first bytes ends the connection with an error reply
+    ``frame_timeout`` seconds after its first bytes (not counting a wait for ``budget``)
+    ends the connection with an error reply
     (logged); a connection with no call running, nothing to send and nothing received for
     ``idle_timeout`` seconds is closed quietly (clients reconnect on their next call).
     ``budget`` (``fs.limits.ByteBudget``) is the server-wide allowance large frames
@@ -624,6 +625,8 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
 
     def timed_out(now: float) -> tuple[float, str | None]:
         """(when to look again, why the connection is over or None)."""
+        if channel.awaiting_budget:    # the server is not reading it: no fault of the peer's
+            return now + min(idle_timeout, frame_timeout), None
         if channel.partial_since is not None:
             deadline = channel.partial_since + frame_timeout
             if now >= deadline:

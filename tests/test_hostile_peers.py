@@ -22,7 +22,7 @@ from fs import errors
 from fs.framing import encode_frame
 from fs.rpc import PROTOCOL_VERSION, RpcClient
 from meta.server import run_meta_server
-from storage.server import run_block_server
+from storage.server import BlockServer
 
 MiB = 1 << 20
 
@@ -61,6 +61,8 @@ def frames(data: bytes) -> list:
     out, pos = [], 0
     while pos + 4 <= len(data):
         (length,) = struct.unpack_from(">I", data, pos)
+        if pos + 4 + length > len(data):     # the rest has not arrived yet
+            break
         out.append(msgpack.unpackb(data[pos + 4:pos + 4 + length], raw=False))
         pos += 4 + length
     return out
@@ -72,11 +74,10 @@ async def start_meta(nursery, tmp_path, config) -> str:
     return f"{host}:{port}"
 
 
-async def start_block_server(nursery, tmp_path, config, meta_address: str) -> str:
-    host, port = await nursery.start(lambda task_status: run_block_server(
-        config, str(tmp_path / "dn"), meta_address=meta_address, port=0,
-        task_status=task_status))
-    return f"{host}:{port}"
+async def start_block_server(nursery, tmp_path, config, meta_address: str) -> BlockServer:
+    server = BlockServer(config, str(tmp_path / "dn"), meta_address=meta_address)
+    await nursery.start(server.run, "127.0.0.1", 0)
+    return server
 
 
 # --------------------------------------------------------------------------- frame timeout
@@ -197,7 +198,8 @@ def test_an_idle_block_server_connection_is_closed_after_the_idle_timeout(tmp_pa
     async def main():
         async with trio.open_nursery() as nursery:
             meta = await start_meta(nursery, tmp_path, config)
-            address = await start_block_server(nursery, tmp_path, config, meta)
+            block_server = await start_block_server(nursery, tmp_path, config, meta)
+            address = block_server.advertised
             stream = await connect_from(address)
             started = trio.current_time()
             data = await read_until_closed(stream, 10)
@@ -210,6 +212,24 @@ def test_an_idle_block_server_connection_is_closed_after_the_idle_timeout(tmp_pa
 
 
 # --------------------------------------------------------------------------- connection limits
+
+
+async def served(stream: trio.SocketStream) -> bool:
+    """Hello and one call on a raw connection: True when the call is answered (the server
+    admitted the connection, which stays open), False when the server refused it."""
+    await stream.send_all(hello() + encode_frame([1, "get_file_info", {"path": "/"}]))
+    data = b""
+    with trio.fail_after(10):
+        while True:
+            got = frames(data)
+            if got and got[0][0] == 1:
+                return True
+            if got and got[0][0] is None:
+                assert got[0][2]["type"] == "ServerBusy", got
+                return False
+            chunk = await stream.receive_some(65536)
+            assert chunk, "closed without a word"
+            data += chunk
 
 
 def test_connections_beyond_the_limits_are_refused_while_a_good_client_is_served(tmp_path,
@@ -230,14 +250,14 @@ def test_connections_beyond_the_limits_are_refused_while_a_good_client_is_served
                 held = []
                 for _ in range(3):                                      # 2..4 from .2
                     held.append(await connect_from(address, "127.0.0.2"))
-                    await held[-1].send_all(hello())
+                    assert await served(held[-1])
                 for _ in range(3):                                      # refused
                     extra = await connect_from(address, "127.0.0.2")
                     [(call_id, ok, error)] = frames(await read_until_closed(extra, 10))
                     assert error["type"] == "ServerBusy" and "127.0.0.2" in error["message"]
                 for _ in range(2):                                      # 5, 6 from .3
                     held.append(await connect_from(address, "127.0.0.3"))
-                    await held[-1].send_all(hello())
+                    assert await served(held[-1])
                 await rpc.call("get_file_info", {"path": "/"})    # all six are being served
                 extra = await connect_from(address, "127.0.0.3")        # 7: over the total
                 [(_, _, error)] = frames(await read_until_closed(extra, 10))
@@ -246,13 +266,8 @@ def test_connections_beyond_the_limits_are_refused_while_a_good_client_is_served
                 # a held connection that closes makes room again
                 await held.pop().aclose()
                 with trio.fail_after(10):
-                    while True:
-                        again = await connect_from(address, "127.0.0.3")
-                        await again.send_all(hello())
-                        with trio.move_on_after(0.3) as admitted:
-                            await read_until_closed(again, 10)   # refused: not released yet
-                        if admitted.cancelled_caught:
-                            break
+                    while not await served(again := await connect_from(address, "127.0.0.3")):
+                        await trio.sleep(0.05)     # refused: the close is not seen yet
                 # a client of a full server gets the cause, not a bare disconnect
                 async with RpcClient(address, "late", retry_seconds=0) as late:
                     with pytest.raises(errors.ServerUnavailable, match="connection refused"):
@@ -275,8 +290,12 @@ def test_block_server_refuses_connections_beyond_the_per_peer_limit(tmp_path, ca
     async def main():
         async with trio.open_nursery() as nursery:
             meta = await start_meta(nursery, tmp_path, config)
-            address = await start_block_server(nursery, tmp_path, config, meta)
+            block_server = await start_block_server(nursery, tmp_path, config, meta)
+            address = block_server.advertised
             held = [await connect_from(address, "127.0.0.2") for _ in range(2)]
+            with trio.fail_after(10):           # both admitted (waiting for their op)
+                while block_server.transfer.active_ops < 2:
+                    await trio.sleep(0.01)
             extra = await connect_from(address, "127.0.0.2")
             [response] = frames(await read_until_closed(extra, 10))
             assert response["status"] == "ERROR" and "ServerBusy" in response["message"]
@@ -419,7 +438,8 @@ def test_block_server_refuses_an_op_header_of_an_unknown_protocol_version(tmp_pa
     async def main():
         async with trio.open_nursery() as nursery:
             meta = await start_meta(nursery, tmp_path, config)
-            address = await start_block_server(nursery, tmp_path, config, meta)
+            block_server = await start_block_server(nursery, tmp_path, config, meta)
+            address = block_server.advertised
             refused = await ask(address, version=version)
             assert refused["status"] == "ERROR" and refused["error"]["type"] == "ProtocolError"
             assert "unsupported protocol version" in refused["message"]
