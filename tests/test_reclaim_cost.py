@@ -24,7 +24,8 @@ CTX = CallContext(client_id="t", peer="127.0.0.1:1", call_id=None)
 
 
 class StepTimes(trio.abc.Instrument):
-    """Wall time of every task step while ``on``: how long the trio thread was held."""
+    """CPU time of every task step while ``on``: how long the trio thread was held (CPU
+    time, so that other processes on a busy machine do not count as the server's)."""
 
     def __init__(self):
         self.on = False
@@ -32,11 +33,11 @@ class StepTimes(trio.abc.Instrument):
         self._started: float | None = None
 
     def before_task_step(self, task):
-        self._started = time.perf_counter()
+        self._started = time.thread_time()
 
     def after_task_step(self, task):
         if self.on and self._started is not None:
-            self.steps.append(time.perf_counter() - self._started)
+            self.steps.append(time.thread_time() - self._started)
 
 
 async def _create(server, layout: str) -> None:
@@ -77,7 +78,7 @@ async def _delete_and_reclaim(folder, layout: str) -> dict:
         gc.disable()
         trio.lowlevel.add_instrument(steps)
         steps.on = True
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(probe)
@@ -89,32 +90,34 @@ async def _delete_and_reclaim(folder, layout: str) -> dict:
             steps.on = False
             trio.lowlevel.remove_instrument(steps)
             gc.enable()
-        total = time.perf_counter() - started
+        total, cpu = time.perf_counter() - started, time.thread_time() - cpu_started
         assert server.ns.file_count() == 0 and server.ns.dir_count() == 1
         assert check_namespace(server.kv) == []
         holds, late = sorted(steps.steps), sorted(lateness)
-        return {"total": total, "records": server.reclaim_records, "max_hold": holds[-1],
+        return {"total": total, "cpu": cpu, "records": server.reclaim_records,
+                "max_hold": holds[-1],
                 "p99_hold": holds[int(len(holds) * 0.99)], "max_late": late[-1]}
 
 
 def test_reclaiming_a_flat_folder_costs_what_it_removes_and_never_stalls_other_calls(
         tmp_path):
     """20 000 empty files in one folder and the same number spread over 100 folders: each
-    reclaim takes about the same total time (each record costs what it removes: no rescans
-    of what earlier records removed), no step holds the trio thread for long, and
-    get_file_info calls issued during the reclaim are answered within a bound."""
+    reclaim costs about the same CPU time (each record costs what it removes: no rescans of
+    what earlier records removed), no step holds the trio thread for long, and get_file_info
+    calls issued during the reclaim are answered within a bound."""
 
     async def main():
         flat = await _delete_and_reclaim(tmp_path / "flat", "flat")
         spread = await _delete_and_reclaim(tmp_path / "spread", "spread")
         for name, run in (("flat", flat), ("spread", spread)):
-            print(f"{name}: {run['records']} records in {run['total']:.2f} s, trio-thread "
+            print(f"{name}: {run['records']} records in {run['total']:.2f} s ({run['cpu']:.2f} s "
+                  f"CPU), trio-thread "
                   f"hold p99 {run['p99_hold'] * 1000:.1f} ms max {run['max_hold'] * 1000:.1f}"
                   f" ms, get_file_info late by at most {run['max_late'] * 1000:.1f} ms")
-        assert flat["total"] < 3 * spread["total"] + 1.0, (flat, spread)
+        assert flat["cpu"] < 3 * spread["cpu"] + 0.5, (flat, spread)
         for run in (flat, spread):
-            assert run["p99_hold"] < 0.05, run
-            assert run["max_hold"] < 0.5, run
-            assert run["max_late"] < 0.5, run
+            assert run["p99_hold"] < 0.02, run
+            assert run["max_hold"] < 0.1, run
+            assert run["max_late"] < 1.0, run      # wall time: a busy machine adds to it
 
     trio.run(main)
