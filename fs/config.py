@@ -48,6 +48,23 @@ class Config:
     rpc_timeout: float = _s(60.0, "seconds a client waits for one RPC reply")
     rpc_retry_seconds: float = _s(30.0, "seconds a client keeps retrying a call over lost connections")
     data_timeout: float = _s(60.0, "seconds a data-transfer read or ack may stall before the peer is failed")
+    frame_timeout: float = _s(60.0, "seconds an RPC request frame may take to arrive whole "
+                              "after its first bytes; a slower peer is disconnected with an "
+                              "error")
+    idle_timeout: float = _s(60.0, "seconds a server keeps a connection nothing happens on "
+                             "(metadata server: no call running, nothing received; clients "
+                             "reconnect by themselves; block server: until its op header "
+                             "has arrived)")
+    max_connections: int = _s(1000, "connections one server (metadata or block server) keeps "
+                              "open at once; more are refused (0 = no limit)")
+    max_connections_per_peer: int = _s(256, "connections one server keeps open from one peer "
+                                       "address; more are refused (0 = no limit)")
+    rpc_buffer_limit: int = _s(256 * MiB, "bytes of request frames larger than 64 KiB the "
+                               "metadata server buffers across all connections; a frame that "
+                               "does not fit waits until others are read (at least max_frame)")
+    data_buffer_limit: int = _s(256 * MiB, "bytes of packet data a block server holds across all "
+                                "write connections (being received or waiting for the disk); "
+                                "a packet that does not fit waits before it is read")
     complete_retries: int = _s(10, "times close() asks complete() before giving up (backoff doubles)")
     replace_datanode_on_failure: str = _s(
         "default", "pipeline recovery: when to add a replacement block server for a failed one "
@@ -83,7 +100,7 @@ class Config:
     invalidate_limit: int = _s(1000, "replica deletions handed to one block server per heartbeat")
     delete_chunk: int = _s(2000, "inodes + blocks one delete record removes; a bigger subtree is "
                            "detached at once and reclaimed in the background in records of "
-                           "this size (HDFS incremental block deletion)")
+                           "at most this size (HDFS incremental block deletion)")
     permissions_enabled: bool = _s(True, "check mode bits, owners and the superuser on every "
                                    "namespace operation (HDFS dfs.permissions.enabled)")
     superuser: str = _s("", "user allowed everything (default: the user running the metadata "

@@ -25,6 +25,10 @@ import crc32c as _crc32c
 from .errors import ChecksumError, ProtocolError
 from .framing import FramedStream
 
+#: the ``version`` every op header carries; a block server refuses any other (a header
+#: without one is from a client older than the field and is read as version 1)
+DATA_TRANSFER_VERSION = 1
+
 PACKET_HEADER = struct.Struct(">qqIB")
 ACK_HEADER = struct.Struct(">qB")
 FLAG_LAST = 1

@@ -185,6 +185,13 @@ class ServerUnavailable(LeaseFSError):
     retriable = True
 
 
+class ServerBusy(ServerUnavailable):
+    """The server refused the connection: it holds as many as it allows (from this peer or
+    in all)."""
+    errno = _errno.EAGAIN
+    retriable = True
+
+
 class RpcTimeout(ServerUnavailable):
     """No reply in time."""
     errno = _errno.ETIMEDOUT

@@ -148,6 +148,10 @@ class FramedStream:
         await self.stream.aclose()
 
 
+#: frames up to this size (length prefix included) are read without reserving a server's
+#: ``ByteBudget``: ordinary calls never wait for one; a connection holds at most this much
+#: unreserved
+UNBUDGETED_FRAME = 64 << 10
 _OUT_HIGH_WATER = 4 << 20   # queued bytes above which senders wait (``backlogged``)
 
 
@@ -185,6 +189,13 @@ class FrameChannel:
     comes with the next receive. A flush that cannot make progress for ``send_timeout``
     (the peer reads nothing) breaks the channel and closes the stream.
 
+    Memory: with a ``budget`` (``fs.limits.ByteBudget``, shared by a server's connections)
+    a frame larger than ``UNBUDGETED_FRAME`` is read only once its whole size is reserved
+    there (the read waits until it fits); the reservation is released when the frame has
+    been parsed or the channel closes. ``partial_since`` and ``last_received`` let the owner
+    time out a frame that never completes and a connection that stays idle
+    (``awaiting_budget``: neither, the wait is the server's).
+
     Concurrency contract: one task receives at a time; ``send_nowait`` may be called from any
     task of the channel's trio thread; the flusher runs in ``nursery`` until ``aclose`` or
     ``finish``.
@@ -192,9 +203,18 @@ class FrameChannel:
 
     def __init__(self, stream: trio.abc.Stream, nursery: trio.Nursery,
                  max_frame: int = DEFAULT_MAX_FRAME, *, send_timeout: float | None = None,
-                 on_send_timeout=None):
+                 on_send_timeout=None, budget=None):
         self.stream = stream
         self.max_frame = max_frame
+        self._budget = budget
+        self._reserved = 0        # bytes of ``budget`` this channel holds
+        self._frame_size = 0      # 4 + length of the incomplete frame at the buffer's head
+        #: trio time of the read that brought the first bytes of the incomplete frame at
+        #: the head of the buffer; None while the buffer holds no partial frame
+        self.partial_since: float | None = None
+        self.last_received = trio.current_time()   # trio time of the last read with data
+        #: True while a read waits for ``budget`` to have room for the frame at the head
+        self.awaiting_budget = False
         self.send_timeout = math.inf if send_timeout is None else send_timeout
         self._on_send_timeout = on_send_timeout
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
@@ -245,12 +265,14 @@ class FrameChannel:
                                         f"{self.max_frame} bytes")
                 if end - pos - 4 < length:
                     self._want = 4 + length - (end - pos)
+                    self._frame_size = 4 + length
                     break
                 body = buf[pos + 4:pos + 4 + length]
                 pos += 4 + length          # a bad body is consumed: the next frame stays whole
                 frames.append(unpackb(body))
             else:
                 self._want = 4 - (end - pos) if end - pos < 4 else 0
+                self._frame_size = 0
         except (FrameTooLarge, ProtocolError) as exc:
             if not frames:
                 raise
@@ -258,10 +280,33 @@ class FrameChannel:
         finally:
             if pos:
                 del buf[:pos]
+            if not buf:
+                self.partial_since = None
+            elif pos or self.partial_since is None:   # a new frame began with the last read
+                self.partial_since = self.last_received
+            if self._reserved > self._budgeted_need():
+                self._release_budget(self._reserved - self._budgeted_need())
         self.stats.frames_in += len(frames)
         return frames
 
+    def _budgeted_need(self) -> int:
+        return self._frame_size if self._frame_size > UNBUDGETED_FRAME else 0
+
+    def _release_budget(self, n: int) -> None:
+        self._reserved -= n
+        self._budget.release(n)
+
     async def _read(self) -> None:
+        if self._budget is not None and self._budgeted_need() > self._reserved:
+            more = self._budgeted_need() - self._reserved
+            self.awaiting_budget = True
+            try:
+                await self._budget.acquire(more)
+            finally:
+                self.awaiting_budget = False
+            self._reserved += more
+            # the peer is timed from when the server can read it, not while it waited
+            self.partial_since = trio.current_time()
         want = max(65536, min(self._want, _RECEIVE_CHUNK))
         sock = self._socket
         if sock is None:
@@ -291,6 +336,7 @@ class FrameChannel:
                                     f"({len(self._inbuf)} bytes of it received)")
             raise EOFError("peer closed the connection")
         self.stats.reads += 1
+        self.last_received = trio.current_time()
         self._inbuf += chunk
 
     async def _receive_some(self, n: int) -> bytes:
@@ -324,6 +370,11 @@ class FrameChannel:
         else:
             self._out += data
         self._wake.set()
+
+    @property
+    def sending(self) -> bool:
+        """Frames are queued that the flusher has not written yet."""
+        return bool(self._out)
 
     @property
     def backlogged(self) -> bool:
@@ -390,6 +441,8 @@ class FrameChannel:
     def _break(self, exc: BaseException) -> None:
         if self.broken is None:
             self.broken = exc
+        if self._reserved:    # a frame that will never be parsed frees its share at once
+            self._release_budget(self._reserved)
         self._out.clear()
         self._wake.set()
         self._wake_drained()

@@ -46,7 +46,8 @@ import trio
 from . import errors
 from .errors import (InternalError, InvalidArgument, LeaseFSError, ProtocolError,
                      RpcTimeout, ServerUnavailable, UnknownMethod)
-from .framing import DEFAULT_MAX_FRAME, FrameChannel, brief
+from .framing import DEFAULT_MAX_FRAME, FrameChannel, brief, encode_frame
+from .limits import ConnectionLimits, RefusalLog
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +262,12 @@ class RpcClient:
             await conn.channel.aclose()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+
+    @property
+    def connected(self) -> bool:
+        """A connection is open (a call now needs no connect); False after the server closed
+        it, e.g. for being idle: the next call reconnects."""
+        return self._conn is not None and self._conn.broken is None
 
     async def _connect(self) -> _Connection:
         async with self._connect_lock:
@@ -507,12 +514,22 @@ class Dispatcher:
         return cached
 
 
+def check_version(version, supported: int, what: str) -> None:
+    """``ProtocolError`` unless ``version`` is exactly the integer ``supported`` (not a bool,
+    not a string of it)."""
+    if type(version) is not int or version != supported:
+        raise ProtocolError(f"{what}: unsupported protocol version {brief(version, 40)}; "
+                            f"this server speaks version {supported}")
+
+
 def _check_hello(hello) -> tuple[str, str, tuple[str, ...]]:
     """``(client_id, user, groups)`` of a connection's first frame; ``ProtocolError`` if it
-    is not a leasefs hello. A hello without ``user`` (an older client) is ``nobody``."""
+    is not a leasefs hello of ``PROTOCOL_VERSION``. A hello without ``user`` (an older
+    client) is ``nobody``."""
     if not (isinstance(hello, dict) and hello.get("hello") == "leasefs"
             and isinstance(hello.get("client_id"), str) and hello["client_id"]):
         raise ProtocolError(f"first frame must be a leasefs hello, got {brief(hello)}")
+    check_version(hello.get("version"), PROTOCOL_VERSION, "hello")
     if hello.get("user") is None:
         return hello["client_id"][:256], ANONYMOUS_USER, ()
     try:
@@ -525,15 +542,23 @@ def _check_hello(hello) -> tuple[str, str, tuple[str, ...]]:
 async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                     max_frame: int = DEFAULT_MAX_FRAME, peer: str = "?",
                     max_concurrent_calls: int = 256, hello_timeout: float = 10.0,
-                    send_timeout: float = 60.0) -> None:
+                    send_timeout: float = 60.0, frame_timeout: float = math.inf,
+                    idle_timeout: float = math.inf, budget=None) -> None:
     """Serve one connection until the peer closes it or sends an unreadable frame.
 
     At most ``max_concurrent_calls`` calls of one connection run at once; the reader stops
     reading until one finishes, so a peer that pipelines requests without reading replies
     holds a bounded amount of server memory. A reply that cannot be sent within
-    ``send_timeout`` ends the connection."""
+    ``send_timeout`` ends the connection. A frame that has not arrived whole
+    ``frame_timeout`` seconds after its first bytes (not counting a wait for ``budget``)
+    ends the connection with an error reply
+    (logged); a connection with no call running, nothing to send and nothing received for
+    ``idle_timeout`` seconds is closed quietly (clients reconnect on their next call).
+    ``budget`` (``fs.limits.ByteBudget``) is the server-wide allowance large frames
+    reserve before they are read."""
     inline = dispatcher.inline_methods
     slots = trio.Semaphore(max_concurrent_calls)
+    running = [0, trio.current_time()]     # calls in flight, trio time the last one ended
 
     def reply(call_id, ok, value) -> None:
         try:
@@ -551,6 +576,7 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                     peer, send_timeout)
 
     async def run_call(ctx: CallContext, method, args, holds_slot: bool):
+        running[0] += 1
         try:
             try:
                 result = await dispatcher.dispatch(ctx, method, args)
@@ -563,6 +589,8 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
             else:
                 reply(ctx.call_id, True, result)
         finally:
+            running[0] -= 1
+            running[1] = trio.current_time()
             if holds_slot:
                 slots.release()
 
@@ -595,13 +623,43 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
             if channel.backlogged:     # a peer that does not read its replies: stop reading
                 await channel.drained()
 
+    def timed_out(now: float) -> tuple[float, str | None]:
+        """(when to look again, why the connection is over or None)."""
+        if channel.awaiting_budget:    # the server is not reading it: no fault of the peer's
+            return now + min(idle_timeout, frame_timeout), None
+        if channel.partial_since is not None:
+            deadline = channel.partial_since + frame_timeout
+            if now >= deadline:
+                return now, (f"a frame is still incomplete {frame_timeout:g} s after its "
+                             f"first bytes")
+            return deadline, None
+        if running[0] or channel.sending:
+            return now + min(idle_timeout, frame_timeout), None
+        deadline = max(channel.last_received, running[1]) + idle_timeout
+        if now >= deadline:
+            return now, ""
+        # a frame that starts after now ends no earlier than now + frame_timeout
+        return min(deadline, now + frame_timeout), None
+
+    async def watch(reading: trio.CancelScope, verdict: list) -> None:
+        with watching:
+            while True:
+                wake, why = timed_out(trio.current_time())
+                if why is not None:
+                    verdict.append(why)
+                    reading.cancel()
+                    return
+                await trio.sleep_until(wake)
+
     # In-flight calls run to completion when the peer goes away (a mutation half done is
     # never cancelled by a disconnect); their replies are dropped. The channel's flusher
     # outlives them (outer nursery), so a last reply is written before the stream closes.
+    channel = None
+    watching = trio.CancelScope()
     try:
         async with trio.open_nursery() as outer:
             channel = FrameChannel(stream, outer, MAX_HELLO_FRAME, send_timeout=send_timeout,
-                                   on_send_timeout=too_slow)
+                                   on_send_timeout=too_slow, budget=budget)
             async with trio.open_nursery() as nursery:
                 try:
                     with trio.move_on_after(hello_timeout) as scope:
@@ -610,36 +668,82 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                         raise ProtocolError("no hello frame in time")
                     client_id, user, groups = _check_hello(hello)
                     channel.max_frame = max_frame
-                    await read_requests(nursery, client_id, user, groups)
+                    verdict: list[str] = []
+                    with trio.CancelScope() as reading:
+                        if frame_timeout < math.inf or idle_timeout < math.inf:
+                            nursery.start_soon(watch, reading, verdict)
+                        await read_requests(nursery, client_id, user, groups)
+                    if verdict and verdict[0]:
+                        raise ProtocolError(verdict[0])
+                    if verdict:
+                        log.debug("closing connection from %s: idle for %g s", peer,
+                                  idle_timeout)
                 except (EOFError, ServerUnavailable):
                     pass
                 except ProtocolError as exc:
                     log.warning("closing connection from %s: %s", peer, exc)
                     reply(None, False, exc.to_wire())
+                watching.cancel()
             await channel.finish()
     finally:
         with trio.CancelScope(shield=True):
-            await stream.aclose()
+            if channel is not None:
+                await channel.aclose()
+            else:
+                await stream.aclose()
 
 
 async def serve_tcp(handler, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED,
-                    name: str = "server"):
+                    name: str = "server", limits: ConnectionLimits | None = None,
+                    refusal=None):
     """Listen on ``host:port`` (0 = any free port), report the bound address through
-    ``task_status.started((host, port))`` and run ``handler(stream, peer)`` per connection."""
+    ``task_status.started((host, port))`` and run ``handler(stream, peer)`` per connection.
+
+    With ``limits``, a connection beyond them is refused: ``refusal(reason)`` (the frame
+    that tells the peer why, in the server's protocol) is sent best-effort, the connection
+    is closed and the refusal logged (``RefusalLog``: once per peer, then counted)."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[:2]
     log.info("%s listening on %s", name, format_address(bound))
+    refusals = RefusalLog(log)
 
     async def per_connection(stream):
         try:
-            peer = format_address(stream.socket.getpeername()[:2])
+            address = stream.socket.getpeername()[:2]
+            peer, peer_host = format_address(address), address[0]
         except OSError:
-            peer = "?"
+            peer = peer_host = "?"
+        if limits is not None:
+            why = limits.admit(peer_host)
+            if why is not None:
+                refusals.refused(peer_host, "connections",
+                                 f"{name}: refusing a connection from {peer}: {why}")
+                await _refuse(stream, refusal(why) if refusal is not None else None)
+                return
         try:
             await handler(stream, peer)
         except Exception:
             log.exception("%s: connection handler from %s failed", name, peer)
+        finally:
+            if limits is not None:
+                limits.release(peer_host)
 
     async with trio.open_nursery() as nursery:
         task_status.started((bound[0], bound[1]))
         await trio.serve_listeners(per_connection, listeners, handler_nursery=nursery)
+
+
+def rpc_refusal(why: str) -> list:
+    """The frame a refused RPC connection gets: a connection-level ``ServerBusy``."""
+    return [None, False, errors.ServerBusy(f"connection refused: {why}").to_wire()]
+
+
+async def _refuse(stream: trio.SocketStream, frame) -> None:
+    """Tell a refused peer why (one frame, without waiting for a slow reader) and close."""
+    try:
+        if frame is not None:
+            os.write(stream.socket.fileno(), encode_frame(frame))
+    except OSError:
+        pass
+    with trio.CancelScope(shield=True):
+        await stream.aclose()

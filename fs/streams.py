@@ -55,8 +55,9 @@ from dataclasses import dataclass
 import trio
 
 from . import errors
-from .datatransfer import (BLOCK_LENGTH, ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC,
-                           MAX_PACKET_DATA, PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE,
+from .datatransfer import (BLOCK_LENGTH, DATA_TRANSFER_VERSION, ERROR_CHECKSUM,
+                           FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA,
+                           PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE,
                            PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
                            TRANSFER_BLOCK, TRANSFER_RBW, WRITE_BLOCK, Packet, block_dict,
                            chunk_checksums, receive_ack, receive_packet, send_packet,
@@ -196,7 +197,8 @@ class _Pipeline:
             framed = await _open_data_connection(first["address"], timeout, max_frame)
         except ServerUnavailable as exc:
             raise _SetupFailed(first, str(exc)) from None
-        header = {"op": WRITE_BLOCK, "block": located["block"],
+        header = {"op": WRITE_BLOCK, "version": DATA_TRANSFER_VERSION,
+                  "block": located["block"],
                   "targets": [n["address"] for n in nodes[1:]],
                   "stage": PIPELINE_SETUP_CREATE, "client": client_name,
                   "bytes_per_checksum": bytes_per_checksum}
@@ -980,7 +982,8 @@ async def _transfer_rbw(source: dict, target: dict, block: dict, *, client_name:
     framed = await _open_data_connection(source["address"], timeout, max_frame)
     try:
         with trio.fail_after(timeout):
-            await framed.send_frame({"op": TRANSFER_BLOCK, "block": block,
+            await framed.send_frame({"op": TRANSFER_BLOCK, "version": DATA_TRANSFER_VERSION,
+                                     "block": block,
                                      "targets": [target["address"]], "stage": TRANSFER_RBW,
                                      "client": client_name})
             resp = await framed.receive_frame()
@@ -1045,7 +1048,8 @@ class _BlockReader:
         framed = await _open_data_connection(node["address"], timeout, max_frame)
         try:
             with trio.fail_after(timeout):
-                await framed.send_frame({"op": READ_BLOCK, "block": {"id": block.id, "gs": block.gs},
+                await framed.send_frame({"op": READ_BLOCK, "version": DATA_TRANSFER_VERSION,
+                                         "block": {"id": block.id, "gs": block.gs},
                                          "offset": start, "length": end - start, "verify": True})
                 resp = await framed.receive_frame()
             if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
@@ -1270,7 +1274,7 @@ class AsyncInputStream:
                 framed = await _open_data_connection(node["address"], config.data_timeout,
                                                      config.max_frame)
                 with trio.fail_after(config.data_timeout):
-                    await framed.send_frame({"op": BLOCK_LENGTH,
+                    await framed.send_frame({"op": BLOCK_LENGTH, "version": DATA_TRANSFER_VERSION,
                                              "block": {"id": block.id, "gs": block.gs}})
                     resp = await framed.receive_frame()
                 if isinstance(resp, dict) and resp.get("status") == "SUCCESS" \

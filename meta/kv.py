@@ -16,6 +16,7 @@ checkpoint, which it runs in a worker thread while no writes happen.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable, Iterator
 
@@ -90,13 +91,10 @@ class PlyvelStore(KVStore):
     def scan(self, prefix, start=None, limit=None):
         kwargs = {"prefix": prefix} if start is None else {
             "start": max(prefix, start), "stop": _prefix_end(prefix)}
-        count = 0
         with self._db.iterator(**kwargs) as it:
-            for key, value in it:
-                if limit is not None and count >= limit:
-                    return
-                count += 1
-                yield key, value
+            # islice stops at ``limit`` without asking for one more: LevelDB would walk
+            # every tombstone up to the next live key to answer that
+            yield from itertools.islice(it, limit)
 
     def write(self, puts=(), deletes=(), sync=False):
         with self._db.write_batch(sync=sync) as batch:

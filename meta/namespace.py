@@ -37,6 +37,15 @@ inside by inode id). ``plan_reclaim`` then walks an orphan subtree in post-order
 at most ``delete_chunk`` keys; its RECLAIM record removes exactly those keys (and the ``O``
 key with the root's last piece), so every record is bounded and replay is exact.
 
+A RECLAIM record costs what it removes, however big the subtree and however many records
+came before it: LevelDB leaves a removed key as a tombstone until compaction, and an
+iterator that finds no live key where it starts walks every tombstone after it, so the
+walk never scans where it may find nothing. A directory's remaining entries are counted by
+its ``children`` (RECLAIM lowers it for the entries it removes) and scanned from the last
+removed one with that limit; a file's blocks are read by index up to ``nblocks``, after the
+ones removed already; the orphan roots are kept in memory. Without the cursors (after a
+restart) the first record of a directory skips its tombstones once.
+
 Cost of a long file: only the last block and a COMMITTED penultimate may be incomplete
 (ADD_BLOCK always names ``previous`` and completes the block before it), so writer calls
 and CLOSE read the inode plus its last one or two block keys (``tail_blocks``), and a
@@ -57,7 +66,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sortedcontainers import SortedDict
+from sortedcontainers import SortedDict, SortedSet
 
 from fs import paths
 from fs.errors import (FileExists, FileNotFound, InternalError, InvalidArgument, IsDirectory,
@@ -276,6 +285,9 @@ class Namespace:
         # orphan dir ino → its greatest entry key a RECLAIM removed: every entry up to it is
         # gone, so the next scan starts after it instead of skipping LevelDB tombstones
         self._reclaimed_upto: dict[int, bytes] = {}
+        # orphan file ino → how many of its first blocks RECLAIM records removed
+        self._blocks_reclaimed: dict[int, int] = {}
+        self._orphans: SortedSet = SortedSet()   # roots of detached subtrees (``O`` keys)
         self.load()
 
     # ------------------------------------------------------------------ counters
@@ -290,6 +302,7 @@ class Namespace:
         self._next_block_id = max(self._next_block_id,
                                   int(self.counters.get(keys.NEXT_BLOCK_ID, 0)))
         self._genstamp = max(self._genstamp, int(self.counters.get(keys.GENSTAMP, 0)))
+        self._orphans = SortedSet(keys.parse_orphan_key(k) for k, _ in self.kv.scan(keys.ORPHAN))
 
     @property
     def formatted(self) -> bool:
@@ -1114,10 +1127,10 @@ class Namespace:
     # ------------------------------------------------------------------ reclaiming
     def has_orphans(self) -> bool:
         """Is a detached subtree waiting to be reclaimed?"""
-        return next(iter(self.kv.scan(keys.ORPHAN, limit=1)), None) is not None
+        return bool(self._orphans)
 
     def orphan_roots(self) -> list[int]:
-        return [keys.parse_orphan_key(k) for k, _ in self.kv.scan(keys.ORPHAN)]
+        return list(self._orphans)
 
     def _post_order(self, root: int) -> Iterator[tuple]:
         """The keys of the detached subtree at ``root``, children before their directory and
@@ -1129,7 +1142,8 @@ class Namespace:
         if root_inode is None:
             return
         stack = [(root, root_inode, None, None,
-                  self._remaining_children(root) if root_inode["type"] == DIR else None)]
+                  self._remaining_children(root, root_inode)
+                  if root_inode["type"] == DIR else None)]
         while stack:
             ino, inode, parent, name, entries = stack[-1]
             nxt = next(entries, None) if entries is not None else None
@@ -1140,29 +1154,36 @@ class Namespace:
                     yield ("D", ino, child_name)
                 else:
                     stack.append((child, child_inode, ino, child_name,
-                                  self._remaining_children(child)
+                                  self._remaining_children(child, child_inode)
                                   if child_inode["type"] == DIR else None))
                 continue
             stack.pop()
             if inode["type"] == FILE:
-                for key, raw in self.kv.scan(keys.block_prefix(ino)):
-                    yield ("B", ino, keys.parse_block_key(key)[1], keys.unpack(raw)["id"])
+                for index in range(self._blocks_reclaimed.get(ino, 0), inode.get("nblocks", 0)):
+                    raw = self.kv.get(keys.block_key(ino, index))
+                    if raw is not None:
+                        yield ("B", ino, index, keys.unpack(raw)["id"])
             yield ("I", ino, inode["type"], parent, name, bool(inode.get("uc")))
 
-    def _remaining_children(self, ino: int) -> Iterator[tuple[str, int]]:
+    def _remaining_children(self, ino: int, inode: dict) -> Iterator[tuple[str, int]]:
+        left = inode.get("children", 0)
+        if left <= 0:    # nothing to find: never seek into the tombstones after the range
+            return
         upto = self._reclaimed_upto.get(ino)
         start = upto + b"\x00" if upto is not None else None
-        for key, raw in self.kv.scan(keys.dentry_prefix(ino), start=start):
+        for key, raw in self.kv.scan(keys.dentry_prefix(ino), start=start, limit=left):
             yield keys.parse_dentry_key(key)[1], keys.unpack(raw)
 
-    def plan_reclaim(self, budget: int | None = None) -> tuple[str, dict] | None:
+    def plan_reclaim(self, budget: int | None = None, *,
+                     stop=None) -> tuple[str, dict] | None:
         """The next RECLAIM record: at most ``budget`` (default ``delete_chunk``) keys of the
         first orphan subtree, in post-order, so what is left stays a tree hanging from the
-        ``O`` key; ``done`` when the root is among them. None when nothing is detached."""
-        first = next(iter(self.kv.scan(keys.ORPHAN, limit=1)), None)
-        if first is None:
+        ``O`` key; ``done`` when the root is among them. None when nothing is detached.
+        ``stop()`` (asked every few keys) ends the record early when it returns True: the
+        caller's bound on how long planning, and so applying, the record may take."""
+        if not self._orphans:
             return None
-        root = keys.parse_orphan_key(first[0])
+        root = self._orphans[0]
         budget = max(1, budget if budget is not None else self.defaults.delete_chunk)
         blocks: list[list] = []
         inodes: list[list] = []
@@ -1171,7 +1192,7 @@ class Namespace:
         taken = 0
         done = True
         for item in self._post_order(root):
-            if taken >= budget:
+            if taken >= budget or (stop is not None and taken and not taken % 32 and stop()):
                 done = False
                 break
             taken += 1
@@ -1221,19 +1242,33 @@ class Namespace:
             self.cache.data.clear()
             raise
         self.cache.committed(txn.puts, txn.dels)
+        for key in txn.puts.irange(minimum=keys.ORPHAN):
+            if not key.startswith(keys.ORPHAN):
+                break
+            self._orphans.add(keys.parse_orphan_key(key))
         for effect in effects:
             if effect["op"] == "RECLAIM":
-                for parent, name in effect["entries"]:
-                    key = keys.dentry_key(parent, name)
-                    if key > self._reclaimed_upto.get(parent, b""):
-                        self._reclaimed_upto[parent] = key
-                for ino in effect["removed_inos"]:
-                    self._reclaimed_upto.pop(ino, None)
+                self._reclaimed(effect)
         self.counters = counters
         self._next_ino = max(self._next_ino, int(counters.get(keys.NEXT_INO, 0)))
         self._next_block_id = max(self._next_block_id, int(counters.get(keys.NEXT_BLOCK_ID, 0)))
         self._genstamp = max(self._genstamp, int(counters.get(keys.GENSTAMP, 0)))
         return effects
+
+    def _reclaimed(self, effect: dict) -> None:
+        """Move the reclaim cursors past what a RECLAIM record removed."""
+        for parent, name in effect["entries"]:
+            key = keys.dentry_key(parent, name)
+            if key > self._reclaimed_upto.get(parent, b""):
+                self._reclaimed_upto[parent] = key
+        for ino, index in effect["block_indexes"]:
+            if index >= self._blocks_reclaimed.get(ino, 0):
+                self._blocks_reclaimed[ino] = index + 1
+        for ino in effect["removed_inos"]:
+            self._reclaimed_upto.pop(ino, None)
+            self._blocks_reclaimed.pop(ino, None)
+        if effect["done"]:
+            self._orphans.discard(effect["reclaimed"])
 
     # ------------------------------------------------------------------ apply helpers
     @staticmethod
@@ -1491,8 +1526,18 @@ class Namespace:
         removed_blocks = [block_id for _, _, block_id in a["blocks"]]
         for ino, index, _ in a["blocks"]:
             txn.delete(keys.block_key(ino, index))
+        removed_inos = {ino for ino, _ in a["inodes"]}
+        left: dict[int, int] = {}
         for parent, name in a["entries"]:
             txn.delete(keys.dentry_key(parent, name))
+            left[parent] = left.get(parent, 0) + 1
+        for parent, count in left.items():
+            # what is left of a directory being reclaimed stays counted: the next record
+            # scans exactly that many entries (never past its range, into tombstones)
+            inode = txn.get(keys.inode_key(parent)) if parent not in removed_inos else None
+            if inode is not None and inode.get("type") == DIR:
+                inode["children"] = max(0, inode.get("children", 0) - count)
+                txn.put(keys.inode_key(parent), inode)
         for ino in a["uc"]:
             txn.delete(keys.uc_key(ino))
         for ino, kind in a["inodes"]:
@@ -1505,7 +1550,8 @@ class Namespace:
             txn.delete(keys.orphan_key(a["root"]))
         return {"removed_blocks": removed_blocks, "removed_uc": list(a["uc"]),
                 "removed_inos": [ino for ino, _ in a["inodes"]], "reclaimed": a["root"],
-                "done": a["done"], "entries": a["entries"]}
+                "done": a["done"], "entries": a["entries"],
+                "block_indexes": [(ino, index) for ino, index, _ in a["blocks"]]}
 
     def _apply_RENAME(self, txn, counters, a):
         effects: dict = {}

@@ -61,8 +61,9 @@ from fs.config import Config
 from fs.errors import (AlreadyBeingCreated, InternalError, InvalidArgument, TryAgain,
                        IsDirectory, LeaseFSError, NotReplicatedYet, RecoveryInProgress,
                        ServerUnavailable, StaleGenerationStamp)
+from fs.limits import ByteBudget, ConnectionLimits
 from fs.rpc import (Dispatcher, RetryCache, current_user, format_address, parse_address,
-                    serve_rpc, serve_tcp)
+                    rpc_refusal, serve_rpc, serve_tcp)
 
 from . import blocks as bm
 from .blocks import BlockInfo, BlocksMap
@@ -101,6 +102,9 @@ INVALIDATE_RESEND_HEARTBEATS = 10
 REPORT_STEP = 2000
 # files one lease monitor pass may release (HDFS bounds the work of one checkLeases pass)
 LEASE_MONITOR_MAX_FILES = 1000
+# seconds of trio-thread time one RECLAIM record may take to plan (applying it costs about
+# as much): other calls wait at most that long behind the reclaimer
+RECLAIM_SLICE = 0.001
 
 
 @dataclass
@@ -1700,7 +1704,8 @@ class MetaServer(Dispatcher):
         under the global read lock; False when nothing is left to reclaim."""
         await self.global_lock.acquire(False)
         try:
-            plan = self.ns.plan_reclaim()
+            until = time.perf_counter() + RECLAIM_SLICE
+            plan = self.ns.plan_reclaim(stop=lambda: time.perf_counter() >= until)
             if plan is None:
                 return False
             await self.journal.log(*plan)
@@ -1781,9 +1786,11 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
             await server.start()
             nursery.start_soon(server.run_monitors)
             nursery.start_soon(server.gc_governor.run)
-            handler = partial(_serve_connection, server, config.max_frame)
-            bound = await nursery.start(partial(serve_tcp, handler, host, port,
-                                                name="metadata server"))
+            budget = ByteBudget(max(config.rpc_buffer_limit, config.max_frame + 4))
+            handler = partial(_serve_connection, server, budget)
+            bound = await nursery.start(partial(
+                serve_tcp, handler, host, port, name="metadata server",
+                limits=ConnectionLimits.from_config(config), refusal=rpc_refusal))
             if http_port:
                 from .status_http import serve_status
                 await nursery.start(partial(serve_status, server, host, http_port))
@@ -1799,8 +1806,11 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
         kv.close()
 
 
-async def _serve_connection(server: MetaServer, max_frame: int, stream, peer: str) -> None:
+async def _serve_connection(server: MetaServer, budget: ByteBudget, stream, peer: str) -> None:
+    config = server.config
     try:
-        await serve_rpc(stream, server, max_frame=max_frame, peer=peer)
+        await serve_rpc(stream, server, max_frame=config.max_frame, peer=peer,
+                        frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
+                        budget=budget)
     except ServerUnavailable:
         pass

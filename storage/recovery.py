@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import trio
 
 from fs.config import Config
+from fs.datatransfer import DATA_TRANSFER_VERSION
 from fs.errors import (InvalidArgument, LeaseFSError, ProtocolError, ReplicaNotFound,
                        ServerUnavailable, from_wire)
 from fs.framing import FramedStream
@@ -240,7 +241,8 @@ class BlockRecoveryWorker:
                     wire = replica_wire(replica, replica.original_state)
                 else:
                     wire = await call_recovery_op(target.address, {
-                        "op": INIT_REPLICA_RECOVERY, "block": {"id": block_id, "gs": gs},
+                        "op": INIT_REPLICA_RECOVERY, "version": DATA_TRANSFER_VERSION,
+                        "block": {"id": block_id, "gs": gs},
                         "recovery_id": recovery_id}, self.config.data_timeout)
                 infos.append(ReplicaRecoveryInfo(target.node_id, wire["num_bytes"], wire["gs"],
                                                  ReplicaState(wire["state"]), target.address))
@@ -266,7 +268,7 @@ class BlockRecoveryWorker:
                                                  ReplicaState.FINALIZED.value)
                 else:
                     await call_recovery_op(info.address, {
-                        "op": UPDATE_REPLICA_UNDER_RECOVERY,
+                        "op": UPDATE_REPLICA_UNDER_RECOVERY, "version": DATA_TRANSFER_VERSION,
                         "block": {"id": block_id, "gs": gs}, "recovery_id": recovery_id,
                         "new_length": decision.length}, self.config.data_timeout)
                 done.append(info.node_id)

@@ -17,17 +17,19 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from functools import partial
 
 import trio
 
 from fs.config import Config
+from fs.limits import ConnectionLimits
 from fs.rpc import format_address, serve_tcp
 
 from .dirscan import DirectoryScanner
 from .heartbeat import HeartbeatService
 from .replicas import ReplicaStore
 from .scanner import BlockScanner
-from .transfer import DataTransferServer
+from .transfer import DataTransferServer, refusal_response
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +55,10 @@ class BlockServer:
         await self.store.open()
         try:
             async with trio.open_nursery() as nursery:
-                self.bound = await nursery.start(serve_tcp, self.transfer.handle, host, port,
-                                                 name="block server")
+                self.bound = await nursery.start(partial(
+                    serve_tcp, self.transfer.handle, host, port, name="block server",
+                    limits=ConnectionLimits.from_config(self.config),
+                    refusal=refusal_response))
                 self.advertised = format_address((self.config.storage_advertise_host,
                                                   self.bound[1]))
                 task_status.started(self.bound)

@@ -58,17 +58,18 @@ from dataclasses import dataclass
 import trio
 
 from fs.config import Config
-from fs.datatransfer import (BLOCK_LENGTH, CHECKSUM_SIZE, ERROR, ERROR_CHECKSUM, FLAG_HEARTBEAT,
-                             FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA, PACKET_HEADER,
+from fs.datatransfer import (BLOCK_LENGTH, CHECKSUM_SIZE, DATA_TRANSFER_VERSION, ERROR,
+                             ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA, PACKET_HEADER,
                              PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE,
                              PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
                              TRANSFER_BLOCK, TRANSFER_RBW, WRITE_BLOCK, Packet,
                              num_chunks, receive_ack, send_ack, send_packet, verify_checksums)
 from fs.errors import (ChecksumError, InternalError, InvalidArgument, LeaseFSError,
                        NotSupported, PipelineError, ProtocolError, ReplicaNotFound,
-                       ServerUnavailable)
+                       ServerBusy, ServerUnavailable)
 from fs.framing import FramedStream
-from fs.rpc import parse_address
+from fs.limits import ByteBudget
+from fs.rpc import check_version, parse_address
 
 from .blockcopy import send_replica
 from .recovery import INIT_REPLICA_RECOVERY, UPDATE_REPLICA_UNDER_RECOVERY, replica_wire
@@ -164,6 +165,11 @@ def _error_response(exc: LeaseFSError, **extra) -> dict:
             "error": exc.to_wire(), **extra}
 
 
+def refusal_response(why: str) -> dict:
+    """The response a refused data-transfer connection gets instead of its op's."""
+    return _error_response(ServerBusy(f"connection refused: {why}"), first_bad_link="")
+
+
 class _Conn:
     """One data-transfer connection and whether its op response went out already."""
 
@@ -206,6 +212,8 @@ class DataTransferServer:
         self.store = store
         self.reporter = reporter or NullReporter()
         self.active_ops = 0   # HDFS xceiver count, reported in heartbeats
+        #: packet data held by all write pipelines (being received or waiting for the disk)
+        self.budget = ByteBudget(max(config.data_buffer_limit, MAX_PACKET_DATA))
 
     async def handle(self, stream: trio.abc.Stream, peer: str = "?") -> None:
         """Serve one connection: one op header, one op."""
@@ -220,14 +228,16 @@ class DataTransferServer:
     async def _serve(self, conn: _Conn) -> None:
         op = "?"
         try:
-            with trio.move_on_after(self.config.data_timeout) as scope:
+            with trio.move_on_after(self.config.idle_timeout) as scope:
                 header = await conn.framed.receive_frame()
             if scope.cancelled_caught:
-                raise ProtocolError(f"no op header within {self.config.data_timeout:g} s")
+                raise ProtocolError(f"no op header within {self.config.idle_timeout:g} s")
             if not isinstance(header, dict) or not isinstance(header.get("op"), str):
                 raise ProtocolError(f"op header must be a map with an 'op' name, got "
                                     f"{header!r:.120}")
             op = header["op"]
+            check_version(header.get("version", DATA_TRANSFER_VERSION), DATA_TRANSFER_VERSION,
+                          f"{op[:80]} header")
             if op == WRITE_BLOCK:
                 await self._write_block(conn, header)
             elif op == READ_BLOCK:
@@ -571,6 +581,7 @@ class _WritePipeline:
         self.downstream_failed = False
         self.replica = replica
         self.scope: trio.CancelScope | None = None
+        self._held = 0      # bytes of the server's budget this pipeline's packets hold
 
     async def run(self) -> None:
         # receiver -> (one packet in hand) -> disk writer -> (window of entries) -> responder
@@ -588,6 +599,12 @@ class _WritePipeline:
         finally:
             self.replica.writer_scope = self.replica.writer_stopped = None
             stopped.set()
+            self._unreserve(self._held)    # packets dropped unwritten
+
+    def _unreserve(self, n: int) -> None:
+        if n:
+            self._held -= n
+            self.server.budget.release(n)
 
     def _stop(self) -> None:
         self.scope.cancel()
@@ -609,6 +626,12 @@ class _WritePipeline:
             problem = "is a heartbeat carrying data"
         if problem:
             raise _BadPacket(seqno, ProtocolError(f"{self.replica.name}: packet {seqno} {problem}"))
+        # the payload is read once the server's budget has room for it (held until the
+        # disk writer is done with it): many peers sending large packets slowly, or
+        # stalling half way, cannot make the server buffer without bound
+        if data_len:
+            await self.server.budget.acquire(data_len)
+            self._held += data_len
         sums = await framed.receive_exactly(
             CHECKSUM_SIZE * num_chunks(data_len, self.replica.bytes_per_checksum))
         data = await framed.receive_exactly(data_len)
@@ -673,8 +696,11 @@ class _WritePipeline:
                     return
                 try:
                     if len(packet.data):
-                        await self.store.write_packet(replica, packet.offset, packet.data,
-                                                      packet.sums)
+                        try:
+                            await self.store.write_packet(replica, packet.offset, packet.data,
+                                                          packet.sums)
+                        finally:
+                            self._unreserve(len(packet.data))
                         entry.has_data = True
                         entry.end = packet.offset + len(packet.data)
                         entry.last_sum = packet.sums[-CHECKSUM_SIZE:]

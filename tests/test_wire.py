@@ -569,7 +569,8 @@ def test_a_peer_that_reads_no_replies_is_cut_off_and_others_are_served():
                 serve_tcp, lambda s, p: serve_rpc(s, Echo(), peer=p, send_timeout=0.5),
                 "127.0.0.1", 0)
             stream = await trio.open_tcp_stream(*addr)
-            requests = encode_frame({"hello": "leasefs", "client_id": "greedy"})
+            requests = encode_frame({"hello": "leasefs", "version": 1,
+                                     "client_id": "greedy"})
             requests += b"".join(encode_frame([i, "blob", {"size": 256 << 10}])
                                  for i in range(1, 201))
             await stream.send_all(requests)       # 50 MiB of replies asked for, none read
