@@ -427,9 +427,11 @@ class AsyncClient:
         await self._call("set_owner", path=paths.validate(path), owner=owner, group=group)
 
     async def set_times(self, path: str, mtime_ns: int | None = None,
-                        atime_ns: int | None = None) -> None:
+                        atime_ns: int | None = None, *, ino: int | None = None) -> None:
+        """``ino``: set them on that inode wherever it is now (``path`` names it in errors);
+        ``FileNotFound`` once it is deleted."""
         await self._call("set_times", path=paths.validate(path), mtime_ns=mtime_ns,
-                         atime_ns=atime_ns)
+                         atime_ns=atime_ns, ino=ino)
 
     async def set_replication(self, path: str, n: int) -> None:
         await self._call("set_replication", path=paths.validate(path), replication=n)

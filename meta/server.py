@@ -59,8 +59,8 @@ import trio
 
 from fs import paths
 from fs.config import Config
-from fs.errors import (AlreadyBeingCreated, InternalError, InvalidArgument, TryAgain,
-                       IsDirectory, LeaseFSError, NotReplicatedYet, RecoveryInProgress,
+from fs.errors import (AlreadyBeingCreated, FileNotFound, InternalError, InvalidArgument,
+                       TryAgain, IsDirectory, LeaseFSError, NotReplicatedYet, RecoveryInProgress,
                        ServerUnavailable, StaleGenerationStamp)
 from fs.rpc import (Dispatcher, RetryCache, current_user, format_address, parse_address,
                     serve_rpc, serve_tcp)
@@ -1157,11 +1157,23 @@ class MetaServer(Dispatcher):
         return await self._set_op("chown", path, lambda p, t: self.ns.plan_set_owner(
             p, owner, group, now_ns=t), check)
 
-    async def rpc_set_times(self, ctx, path, mtime_ns=None, atime_ns=None):
-        return await self._set_op(
-            "set times of", path,
-            lambda p, t: self.ns.plan_set_times(p, mtime_ns, atime_ns, now_ns=t),
-            lambda parts, _: self._check(ctx, parts, access=WRITE))
+    async def rpc_set_times(self, ctx, path, mtime_ns=None, atime_ns=None, ino=None):
+        """``ino``: the file is addressed by inode id (``path`` only names it in errors),
+        so a writer re-applying times after its close is not thrown off by a rename."""
+        def planner(p, t):
+            return self.ns.plan_set_times(p, mtime_ns, atime_ns, now_ns=t)
+
+        canonical = paths.validate(path)
+        ino = self._check_ino(ino, canonical)
+        if ino is None:
+            return await self._set_op("set times of", path, planner,
+                                      lambda parts, _: self._check(ctx, parts, access=WRITE))
+        async with self._file_lock(f"set times of {canonical}", canonical, ino) as current:
+            if self.ns.path_of(ino) != current:
+                raise FileNotFound(f"{canonical}: inode {ino} no longer exists")
+            self._check(ctx, paths.split(current), access=WRITE)
+            await self._log(planner(current, self.wall_ns()))
+            return True
 
     async def rpc_set_replication(self, ctx, path, replication):
         return await self._set_op("setrep", path, lambda p, t: self.ns.plan_set_replication(

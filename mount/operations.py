@@ -78,6 +78,10 @@ class OpenFile:
     def __init__(self, ino: int, size: int, permission: int, owner: str | None = None,
                  group: str | None = None, replication: int | None = None):
         self.ino = ino
+        # the namespace inode holding the content now: ``ino`` until a re-upload replaces
+        # the file (a new inode under the same name); what runs after a release addresses
+        # this id, so a rename meanwhile does not lose it
+        self.ns_ino = ino
         self.size = size
         self.permission = permission
         # kept so that a re-upload (a new inode under the same name) keeps them
@@ -293,10 +297,23 @@ class LeaseFS(pyfuse3.Operations):
 
     @fuse_op
     async def setattr(self, inode, attr, fields, fh, ctx):
+        of = self._open.get(inode)
+        if of is None:
+            await self._set_attrs(inode, None, attr, fields, fh)
+        else:
+            # an open file's state (and its asynchronous release) changes only under its
+            # lock: taken before the first await, so a release that completes the file
+            # either ran before (then the times below land last) or sees pending_times
+            async with of.lock:
+                await self._set_attrs(inode, of if self._open.get(inode) is of else None,
+                                      attr, fields, fh)
+        return self._attrs(await self._status_of(inode))
+
+    async def _set_attrs(self, inode: int, of: OpenFile | None, attr, fields, fh) -> None:
+        """``setattr``'s changes; ``of`` (lock held) when the file is open here."""
         path = self._path(inode)
         if fields.update_mode:
             await self.client.set_permission(path, attr.st_mode & 0o7777)
-            of = self._open.get(inode)
             if of is not None:
                 of.permission = attr.st_mode & 0o7777
         if fields.update_uid or fields.update_gid:
@@ -304,15 +321,17 @@ class LeaseFS(pyfuse3.Operations):
             group = group_name(attr.st_gid) if fields.update_gid else None
             await self.client.set_owner(path, owner, group)
         if fields.update_size:
-            await self._truncate(inode, attr.st_size, by_handle=fh is not None)
+            if of is not None:
+                await self._truncate_open(of, path, attr.st_size, by_handle=fh is not None)
+            else:
+                await self._truncate_closed(inode, path, attr.st_size)
         if fields.update_atime or fields.update_mtime:
             times = (attr.st_mtime_ns if fields.update_mtime else None,
                      attr.st_atime_ns if fields.update_atime else None)
-            await self.client.set_times(self._path(inode), mtime_ns=times[0], atime_ns=times[1])
-            of = self._open.get(inode)
             if of is not None and of.mode != "clean":
+                # the completion or upload still to come would replace them: set again then
                 of.pending_times = times
-        return self._attrs(await self._status_of(inode))
+            await self.client.set_times(self._path(inode), mtime_ns=times[0], atime_ns=times[1])
 
     def _identity(self, ctx) -> tuple[str | None, str | None]:
         """Owner and group for a new inode: the calling process's uid/gid (as names when
@@ -527,6 +546,8 @@ class LeaseFS(pyfuse3.Operations):
         if of is None:
             of = self._open_file(inode, status.length, status.mode & 0o7777, status)
         of.status = status
+        if of.mode == "clean":
+            of.ns_ino = status.ino
         handle = self._add_handle(of, flags)
         try:
             if handle.writable:
@@ -549,6 +570,7 @@ class LeaseFS(pyfuse3.Operations):
     async def _start_append(self, of: OpenFile, path: str) -> None:
         """Take the lease and continue the file at its end (the fast path's stream)."""
         of.stream = await self.client.append(path)
+        of.ns_ino = of.stream.ino
         of.mode = "stream"
         of.size = of.stream.pos
         of.generation += 1
@@ -734,8 +756,12 @@ class LeaseFS(pyfuse3.Operations):
                 mtime_ns, atime_ns = of.pending_times
                 if finish:
                     of.pending_times = None
-                await self.client.set_times(self._path(of.ino), mtime_ns=mtime_ns,
-                                            atime_ns=atime_ns)
+                # by inode: after a close (rsync: close, set times, rename) the name may
+                # change while this runs
+                node = self._nodes.get(of.ino)
+                await self.client.set_times(node.path if node and node.path else "/",
+                                            mtime_ns=mtime_ns, atime_ns=atime_ns,
+                                            ino=of.ns_ino)
 
     async def _publish_content(self, of: OpenFile, *, finish: bool) -> None:
         if of.mode == "stream":
@@ -793,6 +819,7 @@ class LeaseFS(pyfuse3.Operations):
                                           replication=of.replication, owner=of.owner,
                                           group=of.group)
         self._alias[stream.ino] = of.ino
+        of.ns_ino = stream.ino
         return stream
 
     def _staged_bytes(self) -> int:
@@ -857,18 +884,16 @@ class LeaseFS(pyfuse3.Operations):
     async def _io(self, fn, *args):
         return await trio.to_thread.run_sync(fn, *args, limiter=self._io_limiter)
 
-    async def _truncate(self, ino: int, size: int, *, by_handle: bool = False) -> None:
-        """``truncate(2)`` by path takes effect in the cluster at once; ``ftruncate`` on a
-        file this mount is writing goes into that file's pending state (published with it)."""
-        path = self._path(ino)
-        of = self._open.get(ino)
-        if of is not None:
-            async with of.lock:
-                if self._open.get(ino) is of:   # not released while we waited for the lock
-                    await self._truncate_locked(of, path, size)
-                    if not (by_handle and of.writers > 0):
-                        await self._publish(of, finish=of.writers == 0)
-                    return
+    async def _truncate_open(self, of: OpenFile, path: str, size: int, *,
+                             by_handle: bool) -> None:
+        """``ftruncate`` on a file this mount is writing goes into that file's pending
+        state (published with it); ``truncate(2)`` by path takes effect at once. Lock held."""
+        await self._truncate_locked(of, path, size)
+        if not (by_handle and of.writers > 0):
+            await self._publish(of, finish=of.writers == 0)
+
+    async def _truncate_closed(self, ino: int, path: str, size: int) -> None:
+        """``truncate(2)`` of a file not open here: takes effect in the cluster at once."""
         status = await self.client.get_file_status(path)
         if status.is_dir:
             raise fuse_error(errno.EISDIR)
