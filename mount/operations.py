@@ -556,7 +556,7 @@ class LeaseFS(pyfuse3.Operations):
                 async with of.lock:
                     if flags & os.O_TRUNC:
                         await self._truncate_locked(of, path, 0)
-                    elif of.mode == "clean" and not of.unlinked:
+                    if of.mode == "clean" and not of.unlinked:
                         await self._start_append(of, path)
         except AlreadyBeingCreated as exc:
             log.warning("open %s for writing: %s", path, exc)
@@ -899,18 +899,8 @@ class LeaseFS(pyfuse3.Operations):
             raise fuse_error(errno.EISDIR)
         if size == status.length:
             return
-        if size == 0:
-            stream = await self._recreate(path, OpenFile(
-                ino, status.length, status.mode & 0o7777, status.owner, status.group,
-                status.replication or None))
-            await stream.close()
-        elif size < status.length:
-            if not await self.client.truncate(path, size):
-                deadline = trio.current_time() + TRUNCATE_WAIT
-                while not await self.client.is_file_closed(path):
-                    if trio.current_time() > deadline:
-                        raise fuse_error(errno.EAGAIN)
-                    await trio.sleep(0.05)
+        if size < status.length:
+            await self._cut(path, size)
         else:  # growing: stage, extend, upload
             of = OpenFile(ino, status.length, status.mode & 0o7777, status.owner,
                           status.group, status.replication or None)
@@ -921,15 +911,30 @@ class LeaseFS(pyfuse3.Operations):
             finally:
                 await self._discard_staging(of)
 
+    async def _cut(self, path: str, size: int) -> None:
+        """Shorten the closed file ``path`` in the cluster (HDFS truncate): it takes the
+        lease, so a file another client writes is refused (EBUSY) and keeps its bytes."""
+        if not await self.client.truncate(path, size):
+            deadline = trio.current_time() + TRUNCATE_WAIT
+            while not await self.client.is_file_closed(path):
+                if trio.current_time() > deadline:
+                    raise fuse_error(errno.EAGAIN)
+                await trio.sleep(0.05)
+
     async def _truncate_locked(self, of: OpenFile, path: str, size: int) -> None:
         if of.mode == "stream" and size == of.stream.pos:
             return
-        if size == 0 and of.mode != "staging":
-            if of.mode == "stream":
-                stream, of.stream = of.stream, None
-                await stream.close()
+        if size == 0 and of.mode == "stream":
+            # our own lease: replace the content with a new, empty file at once
+            stream, of.stream = of.stream, None
+            await stream.close()
             stream = await self._recreate(path, of)
             of.mode, of.stream, of.size = "stream", stream, 0
+            of.generation += 1
+            return
+        if of.mode == "clean" and not of.unlinked and size < of.size:
+            await self._cut(path, size)
+            of.size = size
             of.generation += 1
             return
         if of.mode == "clean" and size == of.size:

@@ -100,3 +100,35 @@ def test_times_set_on_a_closed_temp_file_survive_its_rename(cluster, one):
     assert got == wanted
     assert {p.name: os.stat(p).st_mtime_ns for p in d.iterdir()} == wanted
     assert "release of inode" not in one.log.read_text(errors="replace"), one.log_text()
+
+
+# ------------------------------------------------------------------ O_TRUNC against a lease
+
+def test_truncating_open_of_a_file_another_mount_writes_is_ebusy(cluster, one, two):
+    """The lease protects its writer: another client's O_TRUNC open (or truncate(2)) of
+    the file is refused with EBUSY, as its append and read-write opens are, and the
+    writer's fsynced bytes, later writes, fsync and close all stand."""
+    fd = os.open(one.mp / "leased.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, b"first line\n")
+        os.fsync(fd)
+        target = two.mp / "leased.log"
+        assert _errno_of(os.open, target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) == errno.EBUSY
+        assert _errno_of(os.open, target, os.O_RDWR | os.O_TRUNC) == errno.EBUSY
+        assert _errno_of(os.truncate, target, 0) == errno.EBUSY
+        assert _errno_of(os.truncate, target, 4) == errno.EBUSY
+        with open(target, "rb") as fh:   # readers are welcome
+            assert fh.read() == b"first line\n"
+        os.write(fd, b"second line\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    want = b"first line\nsecond line\n"
+    with cluster.client() as client:
+        assert client.read_file("/leased.log") == want
+        assert _wait_until(lambda: client.is_file_closed("/leased.log"))
+    # once the writer closed it, the other mount may truncate it as usual
+    with open(two.mp / "leased.log", "wb") as fh:
+        fh.write(b"new")
+    with cluster.client() as client:
+        assert client.read_file("/leased.log") == b"new"
