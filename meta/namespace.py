@@ -74,7 +74,7 @@ DIR = "dir"
 SYMLINK = "symlink"
 
 MAX_OWNER_LEN = 256
-MAX_TARGET_BYTES = paths.MAX_PATH_BYTES
+MAX_TARGET_BYTES = 4096      # PATH_MAX: the kernel refuses longer symlink targets itself
 MAX_LIST_LIMIT = 10_000
 MAX_RENAMES = 10_000          # moves in one rename_many (one journal record)
 

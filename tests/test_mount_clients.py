@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import subprocess
 import time
 
 import pytest
@@ -132,3 +133,48 @@ def test_truncating_open_of_a_file_another_mount_writes_is_ebusy(cluster, one, t
         fh.write(b"new")
     with cluster.client() as client:
         assert client.read_file("/leased.log") == b"new"
+
+
+# ------------------------------------------------------------------ deep trees
+
+def test_deep_tree_past_path_max_through_relative_paths(cluster, one):
+    """PATH_MAX (4096) limits one system call's argument, not a tree: a shell that cd's
+    down level by level builds a 7000-character path; the namespace allows 8000 characters
+    (HDFS) and refuses more with ENAMETOOLONG. Names stay at most 255 bytes."""
+    name = "d" * 199
+    levels = 35                           # 35 * 200 = 7000 characters
+    script = (f"cd {one.mp} && mkdir deep && cd deep && "
+              f"for i in $(seq {levels}); do mkdir {name} && cd -P {name} || exit 1; done && "
+              "echo 'at the bottom' > file && cat file && ls")
+    result = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "at the bottom\nfile\n"
+    bottom = "/deep" + ("/" + name) * levels
+    assert len(bottom) == 7005
+    with cluster.client() as client:
+        assert client.read_file(bottom + "/file") == b"at the bottom\n"
+
+    # walk down with directory descriptors and go on to the limit
+    fds = [os.open(one.mp / "deep", os.O_RDONLY | os.O_DIRECTORY)]
+    try:
+        for _ in range(levels):
+            fds.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
+        assert os.listdir(fds[-1]) == ["file"]
+        for _ in range(4):                 # 7805 characters
+            os.mkdir(name, dir_fd=fds[-1])
+            fds.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
+        used = len(bottom) + 4 * 200
+        assert _errno_of(os.mkdir, "x" * (8000 - used), dir_fd=fds[-1]) == errno.ENAMETOOLONG
+        os.mkdir("x" * (8000 - used - 1), dir_fd=fds[-1])     # exactly 8000 characters
+        assert _errno_of(os.open, "f" * 255, os.O_WRONLY | os.O_CREAT, 0o644,
+                         dir_fd=fds[-1]) == errno.ENAMETOOLONG
+        assert _errno_of(os.mkdir, "n" * 256, dir_fd=fds[0]) == errno.ENAMETOOLONG
+    finally:
+        for fd in fds:
+            os.close(fd)
+    with cluster.client() as client:
+        deepest = bottom + ("/" + name) * 4 + "/" + "x" * (8000 - used - 1)
+        assert len(deepest) == 8000
+        assert client.get_file_status(deepest).is_dir
+    subprocess.run(["rm", "-rf", str(one.mp / "deep")], check=True, timeout=120)
+    assert not (one.mp / "deep").exists()
