@@ -71,6 +71,7 @@ class FileStatus:
     symlink: str | None
     under_construction: bool
     children: int
+    subdirs: int = 0       # directories: subdirectory count (link count 2 + subdirs)
 
     @property
     def is_dir(self) -> bool:
@@ -97,7 +98,7 @@ _STATUS_DEFAULTS = tuple(
     (f.name, {"name": "", "path": "", "ino": 0, "type": "file", "mode": 0, "owner": "",
               "group": "", "mtime_ns": 0, "atime_ns": 0, "ctime_ns": 0, "length": 0,
               "replication": 0, "block_size": 0, "symlink": None,
-              "under_construction": False, "children": 0}[f.name])
+              "under_construction": False, "children": 0, "subdirs": 0}[f.name])
     for f in fields(FileStatus))
 
 

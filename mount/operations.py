@@ -227,14 +227,17 @@ class LeaseFS(pyfuse3.Operations):
         attr.attr_timeout = self.attr_timeout
         kind = {"dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}.get(status.type, stat.S_IFREG)
         attr.st_mode = kind | (status.mode & 0o7777)
-        attr.st_nlink = 2 if status.is_dir else 1
+        of = self._open.get(ino)
+        if status.is_dir:
+            attr.st_nlink = 2 + status.subdirs      # "." and ".." of each subdirectory
+        else:
+            attr.st_nlink = 0 if of is not None and of.unlinked else 1
         attr.st_uid = self._uid(status.owner)
         attr.st_gid = self._gid(status.group)
         attr.st_rdev = 0
         size = status.length
         if status.is_symlink:
             size = len(os.fsencode(status.symlink or ""))
-        of = self._open.get(ino)
         if of is not None and of.mode != "clean":
             size = of.size
         attr.st_size = size

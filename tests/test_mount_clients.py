@@ -178,3 +178,39 @@ def test_deep_tree_past_path_max_through_relative_paths(cluster, one):
         assert client.get_file_status(deepest).is_dir
     subprocess.run(["rm", "-rf", str(one.mp / "deep")], check=True, timeout=120)
     assert not (one.mp / "deep").exists()
+
+
+# ------------------------------------------------------------------ link counts
+
+def test_link_counts_of_directories_and_unlinked_open_files(cluster, one, two):
+    """A directory has 2 + (its subdirectories) links, as on ext4 (find's leaf
+    optimisation and pjdfstest rely on it); a file unlinked while open has 0."""
+    d = one.mp / "links"
+    d.mkdir()
+    assert os.stat(d).st_nlink == 2
+    (d / "a").mkdir()
+    (d / "b").mkdir()
+    (d / "b" / "inner").mkdir()
+    (d / "file").write_bytes(b"x")
+    assert os.stat(d).st_nlink == 4
+    assert os.stat(d / "b").st_nlink == 3
+    assert os.stat(d / "file").st_nlink == 1
+    (d / "other").mkdir()
+    assert os.stat(d).st_nlink == 5
+    os.rename(d / "b", d / "other" / "b")             # across directories
+    assert (os.stat(d).st_nlink, os.stat(d / "other").st_nlink) == (4, 3)
+    os.rmdir(d / "a")
+    assert os.stat(d).st_nlink == 3
+    # another client sees the same counts
+    assert os.stat(two.mp / "links").st_nlink == 3
+    assert os.stat(two.mp / "links" / "other").st_nlink == 3
+    subprocess.run(["rm", "-rf", str(d / "other")], check=True, timeout=60)
+    assert os.stat(d).st_nlink == 2
+
+    fd = os.open(d / "file", os.O_RDWR)
+    try:
+        os.unlink(d / "file")
+        assert os.fstat(fd).st_nlink == 0
+        assert os.pread(fd, 10, 0) == b"x"
+    finally:
+        os.close(fd)
