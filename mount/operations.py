@@ -38,7 +38,7 @@ import uuid
 import pyfuse3
 import trio
 
-from fs.client import FileStatus
+from fs.client import FileSettings, FileStatus
 from fs.errors import AlreadyBeingCreated, FileNotFound, LeaseFSError, ServerUnavailable
 from fs.paths import validate as validate_path
 from fs.rpc import group_name, user_name
@@ -76,7 +76,8 @@ class OpenFile:
     """
 
     def __init__(self, ino: int, size: int, permission: int, owner: str | None = None,
-                 group: str | None = None, replication: int | None = None):
+                 group: str | None = None, replication: int | None = None,
+                 block_size: int | None = None):
         self.ino = ino
         # the namespace inode holding the content now: ``ino`` until a re-upload replaces
         # the file (a new inode under the same name); what runs after a release addresses
@@ -88,6 +89,7 @@ class OpenFile:
         self.owner = owner
         self.group = group
         self.replication = replication
+        self.block_size = block_size
         self.status = None          # last FileStatus seen: attributes once it is unlinked
         # (mtime_ns, atime_ns) set explicitly while written (rsync, tar, cp -p): the
         # completion or upload at release would replace them, so they are set again then
@@ -143,9 +145,11 @@ class LeaseFS(pyfuse3.Operations):
 
     def __init__(self, client, cache_dir: str, *, entry_timeout: float = 1.0,
                  attr_timeout: float = 1.0, io_threads: int = 4,
-                 cache_limit: int = 8 << 30):
+                 cache_limit: int = 8 << 30, file_settings: FileSettings | None = None):
         super().__init__()
         self.client = client
+        # what the mount's user chose for new files (``--set block_size=...``)
+        self.file_settings = file_settings or FileSettings()
         self.cache_dir = cache_dir
         self.cache_limit = cache_limit
         self.entry_timeout = entry_timeout
@@ -513,7 +517,8 @@ class LeaseFS(pyfuse3.Operations):
             of = self._open[ino] = OpenFile(
                 ino, size, permission, owner=getattr(status, "owner", None),
                 group=getattr(status, "group", None),
-                replication=getattr(status, "replication", None) or None)
+                replication=getattr(status, "replication", None) or None,
+                block_size=getattr(status, "block_size", None) or None)
         return of
 
     def _add_handle(self, of: OpenFile, flags: int) -> Handle:
@@ -528,8 +533,12 @@ class LeaseFS(pyfuse3.Operations):
     async def create(self, parent_inode, name, mode, flags, ctx):
         path = self._child(parent_inode, name)
         owner, group = self._identity(ctx)
+        chosen = self.file_settings
         stream = await self.client.create(path, overwrite=False, permission=mode & 0o7777,
-                                          create_parent=False, owner=owner, group=group)
+                                          create_parent=False, owner=owner, group=group,
+                                          block_size=chosen.block_size,
+                                          replication=chosen.replication,
+                                          bytes_per_checksum=chosen.bytes_per_checksum)
         status = FileStatus.from_wire(stream.created_status)
         of = self._open_file(status.ino, 0, mode & 0o7777, status)
         of.status = status
@@ -817,13 +826,20 @@ class LeaseFS(pyfuse3.Operations):
 
     async def _recreate(self, path: str, of: OpenFile):
         """Replace ``path``'s content: a new inode under the same name with the same mode,
-        owner, group and replication, known to the kernel by the old inode number."""
+        owner, group, replication and block size, known to the kernel by the old inode
+        number."""
         stream = await self.client.create(path, overwrite=True, permission=of.permission,
                                           replication=of.replication, owner=of.owner,
-                                          group=of.group)
+                                          group=of.group, block_size=of.block_size,
+                                          bytes_per_checksum=self._chunk_for(of.block_size))
         self._alias[stream.ino] = of.ino
         of.ns_ino = stream.ino
         return stream
+
+    def _chunk_for(self, block_size: int | None) -> int | None:
+        """The chosen checksum chunk, when it fits ``block_size`` (else the cluster's)."""
+        bpc = self.file_settings.bytes_per_checksum
+        return bpc if bpc and not (block_size or 0) % bpc else None
 
     def _staged_bytes(self) -> int:
         return sum(f.size for f in self._open.values()

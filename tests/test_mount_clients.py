@@ -13,6 +13,7 @@ import errno
 import os
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -21,7 +22,7 @@ pyfuse3 = pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
 if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
     pytest.skip("/dev/fuse or fusermount3 is not available", allow_module_level=True)
 
-from harness import Mount, ProcessCluster  # noqa: E402
+from harness import REPO, Mount, ProcessCluster  # noqa: E402
 
 MiB = 1 << 20
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -214,3 +215,57 @@ def test_link_counts_of_directories_and_unlinked_open_files(cluster, one, two):
         assert os.pread(fd, 10, 0) == b"x"
     finally:
         os.close(fd)
+
+
+# ------------------------------------------------------------------ per-file settings
+
+def _replica_chunk(cluster, block_id: int) -> set[int]:
+    """bytes_per_checksum in the meta headers of ``block_id``'s replicas on disk."""
+    from storage.replicas import META_HEADER, decode_meta_header
+
+    found = set()
+    for i in range(cluster.n_storage):
+        for meta in cluster.storage_dir(i).rglob(f"blk_{block_id}_*.meta"):
+            with open(meta, "rb") as fh:
+                found.add(decode_meta_header(fh.read(META_HEADER.size)))
+    return found
+
+
+def test_block_size_replication_and_checksum_chunk_set_for_the_mount_apply(cluster, one):
+    m = Mount(cluster, "chooser", "--set", f"block_size={2 * MiB}", "--set", "replication=1",
+              "--set", "bytes_per_checksum=512")
+    try:
+        m.start()
+        data = os.urandom(5 * MiB + 77)
+        (m.mp / "chosen.bin").write_bytes(data)
+        (one.mp / "defaults.bin").write_bytes(b"d" * 1000)
+        assert (m.mp / "chosen.bin").read_bytes() == data
+        with cluster.client() as client:
+            chosen = client.get_file_status("/chosen.bin")
+            assert (chosen.block_size, chosen.replication) == (2 * MiB, 1)
+            located = client.get_block_locations("/chosen.bin")["blocks"]
+            assert [b["block"]["num_bytes"] for b in located] == [2 * MiB, 2 * MiB, MiB + 77]
+            assert all(len(b["locations"]) == 1 for b in located)
+            assert _replica_chunk(cluster, located[0]["block"]["id"]) == {512}
+            assert client.read_file("/chosen.bin") == data
+            default = client.get_file_status("/defaults.bin")
+            assert (default.block_size, default.replication) == (MiB, 2)
+        m.stop()
+    finally:
+        m.cleanup()
+
+
+def test_mount_refuses_a_checksum_chunk_its_block_size_cannot_hold(cluster, tmp_path):
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "tools", "mount", str(mp), "--set", f"block_size={2 * MiB}",
+             "--set", "bytes_per_checksum=3000"],
+            env=cluster.env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    finally:
+        if os.path.ismount(mp):
+            subprocess.run(["fusermount3", "-u", str(mp)], capture_output=True)
+    assert result.returncode == 1
+    assert "bytes_per_checksum 3000" in result.stderr and "Traceback" not in result.stderr
+    assert not os.path.ismount(mp)
