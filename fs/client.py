@@ -47,7 +47,7 @@ __all__ = ["AsyncClient", "Client", "FileSettings", "FileStatus", "AsyncInputStr
 #: server defaults (``get_server_defaults``) that override the client's own config
 SERVER_DEFAULT_KEYS = ("block_size", "replication", "min_replication", "bytes_per_checksum",
                        "packet_size", "write_window_packets", "lease_soft_limit",
-                       "lease_hard_limit")
+                       "lease_hard_limit", "max_blocks_per_file")
 LIST_PAGE = 1000
 
 

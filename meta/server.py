@@ -657,6 +657,7 @@ class MetaServer(Dispatcher):
                 "min_replication": c.min_replication, "bytes_per_checksum": c.bytes_per_checksum,
                 "packet_size": c.packet_size, "write_window_packets": c.write_window_packets,
                 "lease_soft_limit": c.lease_soft_limit, "lease_hard_limit": c.lease_hard_limit,
+                "max_blocks_per_file": c.max_blocks_per_file,
                 "namespace_id": self.ns.namespace_id}
 
     async def rpc_mkdirs(self, ctx, path, permission=0o755, owner=None, group=None):

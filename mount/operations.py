@@ -39,7 +39,8 @@ import pyfuse3
 import trio
 
 from fs.client import FileSettings, FileStatus
-from fs.errors import AlreadyBeingCreated, FileNotFound, LeaseFSError, ServerUnavailable
+from fs.errors import (AlreadyBeingCreated, FileNotFound, FileTooLarge, LeaseFSError,
+                       ServerUnavailable)
 from fs.paths import validate as validate_path
 from fs.rpc import group_name, user_name
 
@@ -818,11 +819,16 @@ class LeaseFS(pyfuse3.Operations):
                 offset += len(chunk)
             await stream.close()
         except BaseException as exc:
-            stream.abort(exc if isinstance(exc, LeaseFSError)
-                         else LeaseFSError(f"{path}: upload interrupted"))
+            self._abandon(stream, path, exc, "upload")
             raise
         of.dirty = False
         of.generation += 1
+
+    @staticmethod
+    def _abandon(stream, path: str, exc: BaseException, what: str) -> None:
+        """Give up a stream a failed ``what`` leaves behind (lease recovery closes it)."""
+        stream.abort(exc if isinstance(exc, LeaseFSError)
+                     else LeaseFSError(f"{path}: {what} interrupted"))
 
     async def _recreate(self, path: str, of: OpenFile):
         """Replace ``path``'s content: a new inode under the same name with the same mode,
@@ -920,15 +926,16 @@ class LeaseFS(pyfuse3.Operations):
             return
         if size < status.length:
             await self._cut(path, size)
-        else:  # growing: stage, extend, upload
+        else:  # growing: zeros appended through the pipeline (under the lease), then closed
             of = OpenFile(ino, status.length, status.mode & 0o7777, status.owner,
-                          status.group, status.replication or None)
+                          status.group, status.replication or None, status.block_size or None)
             try:
-                await self._to_staging(of, path)
                 await self._truncate_locked(of, path, size)
-                await self._upload(of)
-            finally:
-                await self._discard_staging(of)
+                await self._publish(of, finish=True)
+            except BaseException as exc:
+                if of.stream is not None:
+                    self._abandon(of.stream, path, exc, "truncate")
+                raise
 
     async def _cut(self, path: str, size: int) -> None:
         """Shorten the closed file ``path`` in the cluster (HDFS truncate): it takes the
@@ -956,6 +963,9 @@ class LeaseFS(pyfuse3.Operations):
             of.size = size
             of.generation += 1
             return
+        if of.mode != "staging" and not of.unlinked and size > of.size:
+            await self._grow(of, path, size)
+            return
         if of.mode == "clean" and size == of.size:
             return
         await self._to_staging(of, path if not of.unlinked else None)
@@ -963,6 +973,28 @@ class LeaseFS(pyfuse3.Operations):
         await self._io(os.truncate, of.staging_path, size)
         of.size = size
         of.dirty = True
+
+
+    async def _grow(self, of: OpenFile, path: str, size: int) -> None:
+        """Extend ``of`` to ``size`` with zeros written through the pipeline under its lease
+        (the stream stays open, published with the file): nothing is staged locally, so a
+        file may grow past the staging cache. ``EFBIG`` past the largest file size."""
+        block_size = of.block_size or self.client.config.block_size
+        largest = block_size * self.client.config.max_blocks_per_file
+        if size > largest:
+            raise FileTooLarge(f"{path}: {size} bytes is more than the largest file size "
+                               f"{largest} (max_blocks_per_file x block size {block_size})")
+        if of.mode == "clean":
+            await self._start_append(of, path)
+        zeros = memoryview(bytes(min(COPY_CHUNK, max(0, size - of.stream.pos))))
+        try:
+            while of.stream.pos < size:
+                await of.stream.write(zeros[:size - of.stream.pos])
+        except LeaseFSError as exc:
+            of.error = exc
+            raise
+        finally:
+            of.size = of.stream.pos
 
 
 def _pread_file(path: str, off: int, size: int) -> bytes:

@@ -31,7 +31,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     base = tmp_path_factory.mktemp("mountclients")
-    with ProcessCluster(base, n_storage=2, settings={"replication": 2, "block_size": MiB}) as c:
+    settings = {"replication": 2, "block_size": MiB, "max_blocks_per_file": 24}  # files <= 24 MiB
+    with ProcessCluster(base, n_storage=2, settings=settings) as c:
         yield c
 
 
@@ -269,3 +270,46 @@ def test_mount_refuses_a_checksum_chunk_its_block_size_cannot_hold(cluster, tmp_
     assert result.returncode == 1
     assert "bytes_per_checksum 3000" in result.stderr and "Traceback" not in result.stderr
     assert not os.path.ismount(mp)
+
+
+# ------------------------------------------------------------------ growing truncates
+
+def test_growing_truncate_streams_zeros_instead_of_staging(cluster):
+    """truncate/ftruncate to a larger size append zeros through the pipeline: a size past
+    the mount's staging cache (1 MiB here) works; past the largest file (24 blocks of
+    1 MiB in this cluster) it is EFBIG and the file keeps its content."""
+    m = Mount(cluster, "grower", "--set", f"mount_cache_limit={MiB}")
+    try:
+        m.start()
+        f = m.mp / "grown.bin"
+        f.write_bytes(b"head")
+        os.truncate(f, 5 * MiB)                                   # by path, file closed
+        assert os.stat(f).st_size == 5 * MiB
+        with cluster.client() as client:
+            assert client.read_file("/grown.bin") == b"head" + bytes(5 * MiB - 4)
+        fd = os.open(f, os.O_RDWR)
+        try:
+            os.ftruncate(fd, 9 * MiB)                             # by handle, open for write
+            assert os.fstat(fd).st_size == 9 * MiB
+            os.lseek(fd, 0, os.SEEK_END)
+            os.write(fd, b"tail")
+        finally:
+            os.close(fd)
+        with cluster.client() as client:
+            data = client.read_file("/grown.bin")
+        assert (len(data), data[:4], data[-4:]) == (9 * MiB + 4, b"head", b"tail")
+        assert data[4:-4] == bytes(9 * MiB - 4)
+        subprocess.run(["truncate", "-s", "16M", str(f)], check=True, timeout=120)
+        assert os.stat(f).st_size == 16 * MiB
+
+        assert _errno_of(os.truncate, f, 24 * MiB + 1) == errno.EFBIG
+        result = subprocess.run(["truncate", "-s", "1G", str(f)], capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode != 0 and "too large" in result.stderr.lower(), result.stderr
+        assert os.stat(f).st_size == 16 * MiB
+        with cluster.client() as client:   # (the last release completes it asynchronously)
+            assert _wait_until(lambda: client.is_file_closed("/grown.bin"))
+            assert client.get_file_status("/grown.bin").length == 16 * MiB
+        m.stop()
+    finally:
+        m.cleanup()
