@@ -12,16 +12,19 @@ open file is dropped). A rename rewrites the paths of the moved subtree. When th
 replaces a file's content with ``create(overwrite=True)`` the namespace hands out a new id;
 ``_alias`` maps it back to the number the kernel already holds.
 
-Writes: a file opened for writing streams sequential writes into an ``AsyncOutputStream``
-(the fast path). A write at another offset, a read of a file being written, or a truncate
-to a size other than the current end moves the file to a local staging file (under the
-cache folder) that is uploaded with ``create(overwrite=True)`` at flush/fsync/release.
-Errors surface in ``flush``/``fsync`` so ``close(2)`` sees them. While a file is open the
-mount reports its own size for it at once.
+Open files: ``mount.openfiles`` holds the per-inode state (``OpenFile`` and its mode
+table) and the per-handle state; this module drives it. Writes: a file opened for writing
+streams sequential writes into an ``AsyncOutputStream`` (the fast path); a growing truncate
+appends zeros to it, a shrinking one is the ``truncate`` RPC. A write at another offset, a
+read of a file being written, or shrinking a file being written moves the file to a local
+staging file (under the cache folder) that is uploaded with ``create(overwrite=True)`` at
+flush/fsync/release. Errors surface in ``flush``/``fsync`` so ``close(2)`` sees them. While
+a file is open the mount reports its own size for it at once.
 
 Concurrency contract: all handlers run as tasks of the one trio run that ``pyfuse3.main``
 drives; they call the async client directly. Per-file state changes are serialised by that
-file's ``trio.Lock``. Staging-file I/O runs in worker threads (``trio.to_thread``) limited by
+file's ``trio.Lock``, which every handler changing an open file takes before its first
+await (the asynchronous release of a closed file may run at any await). Staging-file I/O runs in worker threads (``trio.to_thread``) limited by
 one ``CapacityLimiter``; nothing blocks the trio thread.
 """
 
@@ -45,6 +48,7 @@ from fs.paths import validate as validate_path
 from fs.rpc import group_name, user_name
 
 from .errors import fuse_error, fuse_op
+from .openfiles import DirHandle, FileEvent, FileMode, Handle, Node, OpenFile
 
 log = logging.getLogger(__name__)
 
@@ -55,87 +59,6 @@ COPY_CHUNK = 4 << 20
 READ_WINDOW = 4 << 20
 READDIR_PAGE = 1000
 TRUNCATE_WAIT = 60.0
-
-
-class Node:
-    """An inode the kernel knows: its current path and lookup count."""
-
-    __slots__ = ("ino", "path", "lookups")
-
-    def __init__(self, ino: int, path: str | None):
-        self.ino = ino
-        self.path = path
-        self.lookups = 0
-
-
-class OpenFile:
-    """State of one inode while any handle has it open.
-
-    ``mode`` is ``"clean"`` (nothing written), ``"stream"`` (``stream`` takes sequential
-    writes) or ``"staging"`` (the whole content lives in ``staging_path``; ``dirty`` when it
-    differs from the cluster's copy).
-    """
-
-    def __init__(self, ino: int, size: int, permission: int, owner: str | None = None,
-                 group: str | None = None, replication: int | None = None,
-                 block_size: int | None = None):
-        self.ino = ino
-        # the namespace inode holding the content now: ``ino`` until a re-upload replaces
-        # the file (a new inode under the same name); what runs after a release addresses
-        # this id, so a rename meanwhile does not lose it
-        self.ns_ino = ino
-        self.size = size
-        self.permission = permission
-        # kept so that a re-upload (a new inode under the same name) keeps them
-        self.owner = owner
-        self.group = group
-        self.replication = replication
-        self.block_size = block_size
-        self.status = None          # last FileStatus seen: attributes once it is unlinked
-        # (mtime_ns, atime_ns) set explicitly while written (rsync, tar, cp -p): the
-        # completion or upload at release would replace them, so they are set again then
-        self.pending_times: tuple[int | None, int | None] | None = None
-        self.mode = "clean"
-        self.stream = None
-        self.staging_path: str | None = None
-        self.dirty = False
-        self.error: LeaseFSError | None = None
-        self.handles = 0
-        self.writers = 0
-        self.unlinked = False
-        self.generation = 0       # bumps whenever the cluster copy changes under readers
-        self.lock = trio.Lock()
-
-
-class Handle:
-    """One ``open``/``create``: its file and (for reads of a clean file) an input stream."""
-
-    def __init__(self, fh: int, of: OpenFile, flags: int):
-        self.fh = fh
-        self.of = of
-        self.flags = flags
-        self.writable = (flags & os.O_ACCMODE) != os.O_RDONLY
-        self.input = None
-        self.input_generation = -1
-        # read window: the kernel reads in requests of at most 128 KiB (readahead folios);
-        # one sequential fetch of READ_WINDOW serves the next ones from memory
-        self.window_offset = 0
-        self.window = b""
-        self.read_lock = trio.Lock()
-
-    def from_window(self, off: int, size: int) -> bytes | None:
-        start = off - self.window_offset
-        if 0 <= start and off + size <= self.window_offset + len(self.window):
-            return self.window[start:start + size]
-        return None
-
-
-class DirHandle:
-    """An open directory: readdir cookies are indexes into ``names`` (stable for the handle)."""
-
-    def __init__(self, ino: int):
-        self.ino = ino
-        self.names: list[str] = []
 
 
 class LeaseFS(pyfuse3.Operations):
@@ -243,7 +166,7 @@ class LeaseFS(pyfuse3.Operations):
         size = status.length
         if status.is_symlink:
             size = len(os.fsencode(status.symlink or ""))
-        if of is not None and of.mode != "clean":
+        if of is not None and of.mode is not FileMode.CLEAN:
             size = of.size
         attr.st_size = size
         attr.st_blksize = 1 << 16
@@ -336,7 +259,7 @@ class LeaseFS(pyfuse3.Operations):
         if fields.update_atime or fields.update_mtime:
             times = (attr.st_mtime_ns if fields.update_mtime else None,
                      attr.st_atime_ns if fields.update_atime else None)
-            if of is not None and of.mode != "clean":
+            if of is not None and of.mode is not FileMode.CLEAN:
                 # the completion or upload still to come would replace them: set again then
                 of.pending_times = times
             await self.client.set_times(self._path(inode), mtime_ns=times[0], atime_ns=times[1])
@@ -543,7 +466,8 @@ class LeaseFS(pyfuse3.Operations):
         status = FileStatus.from_wire(stream.created_status)
         of = self._open_file(status.ino, 0, mode & 0o7777, status)
         of.status = status
-        of.mode, of.stream, of.size = "stream", stream, 0
+        of.stream, of.size = stream, 0
+        of.move(FileEvent.CREATE)
         attrs = self._attrs(status)
         self._remember(attrs.st_ino, path)
         handle = self._add_handle(of, flags)
@@ -559,7 +483,7 @@ class LeaseFS(pyfuse3.Operations):
         if of is None:
             of = self._open_file(inode, status.length, status.mode & 0o7777, status)
         of.status = status
-        if of.mode == "clean":
+        if of.mode is FileMode.CLEAN:
             of.ns_ino = status.ino
         handle = self._add_handle(of, flags)
         try:
@@ -569,7 +493,7 @@ class LeaseFS(pyfuse3.Operations):
                 async with of.lock:
                     if flags & os.O_TRUNC:
                         await self._truncate_locked(of, path, 0)
-                    if of.mode == "clean" and not of.unlinked:
+                    if of.mode is FileMode.CLEAN and not of.unlinked:
                         await self._start_append(of, path)
         except AlreadyBeingCreated as exc:
             log.warning("open %s for writing: %s", path, exc)
@@ -584,7 +508,7 @@ class LeaseFS(pyfuse3.Operations):
         """Take the lease and continue the file at its end (the fast path's stream)."""
         of.stream = await self.client.append(path)
         of.ns_ino = of.stream.ino
-        of.mode = "stream"
+        of.move(FileEvent.APPEND)
         of.size = of.stream.pos
         of.generation += 1
 
@@ -599,9 +523,9 @@ class LeaseFS(pyfuse3.Operations):
         handle = self._handle(fh)
         of = handle.of
         async with of.lock:
-            if of.mode == "stream":
+            if of.mode is FileMode.STREAM:
                 await self._to_staging(of, self._path(of.ino))
-            if of.mode == "staging":
+            if of.mode is FileMode.STAGING:
                 return await self._staging_pread(of, off, size)
         async with handle.read_lock:
             if handle.input is None or handle.input_generation != of.generation:
@@ -629,9 +553,9 @@ class LeaseFS(pyfuse3.Operations):
             if handle.flags & os.O_APPEND:
                 off = of.size   # the kernel's idea of the end may be a stale cached size
             path = self._path(of.ino) if not of.unlinked else None
-            if of.mode == "clean" and off == of.size and path is not None:
+            if of.mode is FileMode.CLEAN and off == of.size and path is not None:
                 await self._start_append(of, path)
-            if of.mode == "stream" and off == of.stream.pos:
+            if of.mode is FileMode.STREAM and off == of.stream.pos:
                 try:
                     await of.stream.write(buf)
                 except LeaseFSError as exc:
@@ -664,13 +588,13 @@ class LeaseFS(pyfuse3.Operations):
         of = handle.of
         async with of.lock:
             self._raise_pending(of)
-            if of.mode == "stream":
+            if of.mode is FileMode.STREAM:
                 try:
                     await of.stream.hsync()
                 except LeaseFSError as exc:
                     of.error = exc
                     raise
-            elif of.mode == "staging":
+            elif of.mode is FileMode.STAGING:
                 await self._publish(of, finish=False)
 
     @fuse_op
@@ -761,7 +685,7 @@ class LeaseFS(pyfuse3.Operations):
     async def _publish(self, of: OpenFile, *, finish: bool) -> None:
         """Make the cluster copy match what was written. ``finish``: also close the stream
         (completing the file, releasing the lease) and go back to ``clean``."""
-        changed = of.mode == "stream" and finish or of.mode == "staging" and of.dirty
+        changed = of.mode is FileMode.STREAM and finish or of.mode is FileMode.STAGING and of.dirty
         try:
             await self._publish_content(of, finish=finish)
         finally:
@@ -777,7 +701,7 @@ class LeaseFS(pyfuse3.Operations):
                                             ino=of.ns_ino)
 
     async def _publish_content(self, of: OpenFile, *, finish: bool) -> None:
-        if of.mode == "stream":
+        if of.mode is FileMode.STREAM:
             try:
                 if finish:
                     # the mode changes only once the file is complete: until then the
@@ -793,18 +717,18 @@ class LeaseFS(pyfuse3.Operations):
                             self._unfinished.append((of.ino, stream))
                         raise
                     finally:
-                        of.stream, of.mode = None, "clean"
+                        of.stream = None
+                        of.move(FileEvent.COMPLETE)
                 else:
                     await of.stream.hflush()
             except LeaseFSError:
                 of.error = None   # reported right here, not again
                 raise
-        elif of.mode == "staging":
+        elif of.mode is FileMode.STAGING:
             if of.dirty and not of.unlinked:
                 await self._upload(of)
             if finish and not of.unlinked:
                 await self._discard_staging(of)
-                of.mode = "clean"
 
     async def _upload(self, of: OpenFile) -> None:
         path = self._path(of.ino)
@@ -849,12 +773,12 @@ class LeaseFS(pyfuse3.Operations):
 
     def _staged_bytes(self) -> int:
         return sum(f.size for f in self._open.values()
-                   if f.mode == "staging" and f.staging_path is not None)
+                   if f.mode is FileMode.STAGING and f.staging_path is not None)
 
     def _reserve(self, of: OpenFile, new_size: int) -> None:
         """ENOSPC when growing ``of``'s staging file to ``new_size`` would pass the cache
         limit (the mount's local staging space, not the cluster's)."""
-        current = of.size if (of.mode == "staging" and of.staging_path) else 0
+        current = of.size if (of.mode is FileMode.STAGING and of.staging_path) else 0
         if new_size > current and self._staged_bytes() - current + new_size > self.cache_limit:
             log.warning("staging cache %s full (limit %d bytes): write to inode %d refused",
                         self.cache_dir, self.cache_limit, of.ino)
@@ -862,17 +786,18 @@ class LeaseFS(pyfuse3.Operations):
 
     async def _to_staging(self, of: OpenFile, path: str | None) -> None:
         """Move ``of`` to a local staging file holding its whole current content."""
-        if of.mode == "staging":
+        if of.mode is FileMode.STAGING:
             return
         self._reserve(of, of.size)
-        if of.mode == "stream":
+        if of.mode is FileMode.STREAM:
             try:
                 await of.stream.close()
             except LeaseFSError as exc:
                 of.error = exc
                 raise
             finally:
-                of.stream, of.mode = None, "clean"
+                of.stream = None
+                of.move(FileEvent.COMPLETE)
         staging = os.path.join(self.cache_dir, f"{of.ino}-{uuid.uuid4().hex}")
         fd = await self._io(os.open, staging, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         await self._io(os.close, fd)
@@ -887,7 +812,7 @@ class LeaseFS(pyfuse3.Operations):
                     await self._io(_pwrite_file, staging, chunk, size)
                     size += len(chunk)
         of.size = size
-        of.mode = "staging"
+        of.move(FileEvent.STAGE)
         of.dirty = False
 
     async def _discard_staging(self, of: OpenFile) -> None:
@@ -897,8 +822,8 @@ class LeaseFS(pyfuse3.Operations):
                 await self._io(os.unlink, staging)
             except FileNotFoundError:
                 pass
-            if of.mode == "staging":
-                of.mode = "clean"
+            if of.mode is FileMode.STAGING:
+                of.move(FileEvent.DISCARD)
 
     async def _staging_pread(self, of: OpenFile, off: int, size: int) -> bytes:
         return await self._io(_pread_file, of.staging_path, off, size)
@@ -948,25 +873,29 @@ class LeaseFS(pyfuse3.Operations):
                 await trio.sleep(0.05)
 
     async def _truncate_locked(self, of: OpenFile, path: str, size: int) -> None:
-        if of.mode == "stream" and size == of.stream.pos:
+        if of.mode is FileMode.STREAM and size == of.stream.pos:
             return
-        if size == 0 and of.mode == "stream":
+        if size == 0 and of.mode is FileMode.STREAM:
             # our own lease: replace the content with a new, empty file at once
             stream, of.stream = of.stream, None
-            await stream.close()
+            try:
+                await stream.close()
+            finally:
+                of.move(FileEvent.COMPLETE)
             stream = await self._recreate(path, of)
-            of.mode, of.stream, of.size = "stream", stream, 0
+            of.stream, of.size = stream, 0
+            of.move(FileEvent.CREATE)
             of.generation += 1
             return
-        if of.mode == "clean" and not of.unlinked and size < of.size:
+        if of.mode is FileMode.CLEAN and not of.unlinked and size < of.size:
             await self._cut(path, size)
             of.size = size
             of.generation += 1
             return
-        if of.mode != "staging" and not of.unlinked and size > of.size:
+        if of.mode is not FileMode.STAGING and not of.unlinked and size > of.size:
             await self._grow(of, path, size)
             return
-        if of.mode == "clean" and size == of.size:
+        if of.mode is FileMode.CLEAN and size == of.size:
             return
         await self._to_staging(of, path if not of.unlinked else None)
         self._reserve(of, size)
@@ -984,7 +913,7 @@ class LeaseFS(pyfuse3.Operations):
         if size > largest:
             raise FileTooLarge(f"{path}: {size} bytes is more than the largest file size "
                                f"{largest} (max_blocks_per_file x block size {block_size})")
-        if of.mode == "clean":
+        if of.mode is FileMode.CLEAN:
             await self._start_append(of, path)
         zeros = memoryview(bytes(min(COPY_CHUNK, max(0, size - of.stream.pos))))
         try:
