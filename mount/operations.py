@@ -443,6 +443,8 @@ class LeaseFS(pyfuse3.Operations):
                 group=getattr(status, "group", None),
                 replication=getattr(status, "replication", None) or None,
                 block_size=getattr(status, "block_size", None) or None)
+            if status is not None:   # the kernel's number may be an alias of a re-upload
+                of.ns_ino = status.ino
         return of
 
     def _add_handle(self, of: OpenFile, flags: int) -> Handle:
@@ -483,8 +485,6 @@ class LeaseFS(pyfuse3.Operations):
         if of is None:
             of = self._open_file(inode, status.length, status.mode & 0o7777, status)
         of.status = status
-        if of.mode is FileMode.CLEAN:
-            of.ns_ino = status.ino
         handle = self._add_handle(of, flags)
         try:
             if handle.writable:
