@@ -74,25 +74,29 @@ def _wait_until(check, timeout: float = 20.0):
 
 # ------------------------------------------------------------------ times before a rename
 
-def test_times_set_on_a_closed_temp_file_survive_its_rename(cluster, one):
-    """rsync's pattern for every file: write a temp file, close it, set its times, rename it.
-    The mount completes the file after the close (asynchronous release); the times set in
-    between must be what the file keeps, under its new name."""
-    d = one.mp / "rsync-like"
-    d.mkdir()
+def test_times_set_on_a_closed_temp_file_survive_its_rename(cluster, one, tmp_path):
+    """rsync's pattern for every file: write a temp file, close it, set its mode and times,
+    rename it. The mount completes the file after the close (asynchronous release) while
+    those calls run; the times set in between must be what the file keeps, under its new
+    name, so a second ``rsync -a`` finds nothing to transfer."""
+    src = tmp_path / "src"
+    src.mkdir()
     base_ns = 1_600_000_000 * 10**9
-    count = 150
+    count = 200
+    wanted = {}
     for i in range(count):
-        tmp = d / f".f{i}.XXXXXX"
-        with open(tmp, "wb") as fh:
-            fh.write(b"x" * (1000 + i))
-        os.utime(tmp, ns=(base_ns, base_ns + i * 10**9))
-        os.rename(tmp, d / f"f{i}")
-    wanted = {f"f{i}": base_ns + i * 10**9 for i in range(count)}
+        f = src / f"f{i:03d}"
+        f.write_bytes(os.urandom(100 + 37 * i))
+        os.utime(f, ns=(base_ns, base_ns + i * 10**9))
+        wanted[f.name] = base_ns + i * 10**9
+    first = subprocess.run(["rsync", "-a", "--stats", f"{src}/", str(one.mp / "rsynced")],
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert f"Number of regular files transferred: {count}" in first.stdout, first.stdout
 
     def server_times():
         with cluster.client() as client:
-            entries = client.list_status("/rsync-like")
+            entries = client.list_status("/rsynced")
         if any(e.under_construction for e in entries):
             return None
         return {e.name: e.mtime_ns for e in entries}
@@ -101,7 +105,9 @@ def test_times_set_on_a_closed_temp_file_survive_its_rename(cluster, one):
     # again afterwards; a lost update never comes back, so the wait is bounded
     got = _wait_until(lambda: (t := server_times()) == wanted and t) or server_times()
     assert got == wanted
-    assert {p.name: os.stat(p).st_mtime_ns for p in d.iterdir()} == wanted
+    second = subprocess.run(["rsync", "-a", "--stats", f"{src}/", str(one.mp / "rsynced")],
+                            capture_output=True, text=True, timeout=300)
+    assert "Number of regular files transferred: 0" in second.stdout, second.stdout
     assert "release of inode" not in one.log.read_text(errors="replace"), one.log_text()
 
 
