@@ -9,16 +9,17 @@ Inodes: namespace inode ids are the FUSE inode numbers (root = 1). ``_nodes`` ma
 the kernel knows to its current path and lookup count (pyfuse3 rules: +1 per lookup,
 create, mkdir, symlink and readdir entry; ``forget`` subtracts; a node with count 0 and no
 open file is dropped). A rename rewrites the paths of the moved subtree. When the mount
-replaces a file's content with ``create(overwrite=True)`` the namespace hands out a new id;
-``_alias`` maps it back to the number the kernel already holds.
+replaces the content of a file it is writing with ``create(overwrite=True)`` (``O_TRUNC``
+of its own stream) the namespace hands out a new id; ``_alias`` maps it back to the number
+the kernel already holds.
 
 Open files: ``mount.openfiles`` holds the per-inode state (``OpenFile`` and its mode
 table) and the per-handle state; this module drives it. Writes: a file opened for writing
 streams sequential writes into an ``AsyncOutputStream`` (the fast path); a growing truncate
 appends zeros to it, a shrinking one is the ``truncate`` RPC. A write at another offset, a
 read of a file being written, or shrinking a file being written moves the file to a local
-staging file (under the cache folder) that is uploaded with ``create(overwrite=True)`` at
-flush/fsync/release. Errors surface in ``flush``/``fsync`` so ``close(2)`` sees them. While
+staging file (under the cache folder) that is uploaded (truncate to 0, append: the lease
+rules apply and the inode stays) at flush/fsync/release. Errors surface in ``flush``/``fsync`` so ``close(2)`` sees them. While
 a file is open the mount reports its own size for it at once.
 
 Concurrency contract: all handlers run as tasks of the one trio run that ``pyfuse3.main``
@@ -731,8 +732,14 @@ class LeaseFS(pyfuse3.Operations):
                 await self._discard_staging(of)
 
     async def _upload(self, of: OpenFile) -> None:
+        """Replace the cluster's content of ``of`` with its staging file: cut to 0 and
+        append, both under the lease rules — a file another client opened for writing
+        meanwhile is refused (EBUSY), never replaced under its writer — and the inode, with
+        its mode, owner, replication and block size, stays the same."""
         path = self._path(of.ino)
-        stream = await self._recreate(path, of)
+        await self._cut(path, 0)
+        stream = await self.client.append(path)
+        of.ns_ino = stream.ino
         try:
             offset = 0
             while offset < of.size:
