@@ -19,14 +19,16 @@ streams sequential writes into an ``AsyncOutputStream`` (the fast path); a growi
 appends zeros to it, a shrinking one is the ``truncate`` RPC. A write at another offset, a
 read of a file being written, or shrinking a file being written moves the file to a local
 staging file (under the cache folder) that is uploaded (truncate to 0, append: the lease
-rules apply and the inode stays) at flush/fsync/release. Errors surface in ``flush``/``fsync`` so ``close(2)`` sees them. While
-a file is open the mount reports its own size for it at once.
+rules apply and the inode stays) at flush/fsync/release. Errors surface in
+``flush``/``fsync`` so ``close(2)`` sees them. While a file is open the mount reports its
+own size for it at once.
 
 Concurrency contract: all handlers run as tasks of the one trio run that ``pyfuse3.main``
 drives; they call the async client directly. Per-file state changes are serialised by that
 file's ``trio.Lock``, which every handler changing an open file takes before its first
-await (the asynchronous release of a closed file may run at any await). Staging-file I/O runs in worker threads (``trio.to_thread``) limited by
-one ``CapacityLimiter``; nothing blocks the trio thread.
+await (the asynchronous release of a closed file may run at any await). Staging-file I/O
+runs in worker threads (``trio.to_thread``) limited by one ``CapacityLimiter``; nothing
+blocks the trio thread.
 """
 
 from __future__ import annotations
@@ -686,7 +688,8 @@ class LeaseFS(pyfuse3.Operations):
     async def _publish(self, of: OpenFile, *, finish: bool) -> None:
         """Make the cluster copy match what was written. ``finish``: also close the stream
         (completing the file, releasing the lease) and go back to ``clean``."""
-        changed = of.mode is FileMode.STREAM and finish or of.mode is FileMode.STAGING and of.dirty
+        changed = (of.mode is FileMode.STREAM and finish
+                   or of.mode is FileMode.STAGING and of.dirty)
         try:
             await self._publish_content(of, finish=finish)
         finally:
