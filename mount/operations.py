@@ -897,12 +897,17 @@ class LeaseFS(pyfuse3.Operations):
             of.move(FileEvent.CREATE)
             of.generation += 1
             return
-        if of.mode is FileMode.CLEAN and not of.unlinked and size < of.size:
-            await self._cut(path, size)
-            of.size = size
-            of.generation += 1
+        if of.mode is FileMode.CLEAN and not of.unlinked:
+            if size:   # another client may have changed it since it was opened here
+                of.size = (await self.client.get_file_status(path)).length
+            if size == 0 or size < of.size:
+                await self._cut(path, size)
+                of.size = size
+                of.generation += 1
+            elif size > of.size:
+                await self._grow(of, path, size)
             return
-        if of.mode is not FileMode.STAGING and not of.unlinked and size > of.size:
+        if of.mode is FileMode.STREAM and size > of.size:
             await self._grow(of, path, size)
             return
         if of.mode is FileMode.CLEAN and size == of.size:

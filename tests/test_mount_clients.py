@@ -349,3 +349,23 @@ def test_growing_truncate_streams_zeros_instead_of_staging(cluster):
         m.stop()
     finally:
         m.cleanup()
+
+
+def test_truncate_of_a_file_open_here_uses_its_current_length(cluster, one):
+    """A file open read-only here and appended to by another client meanwhile: truncate(2)
+    to a size between the length seen at open and the real one shortens it."""
+    f = one.mp / "appended-elsewhere.txt"
+    f.write_bytes(b"0123456789")
+    with cluster.client() as client:
+        assert _wait_until(lambda: client.is_file_closed("/appended-elsewhere.txt"))
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        with cluster.client() as client:
+            out = client.append("/appended-elsewhere.txt")
+            out.write(b"abcdefghij")
+            out.close()
+        os.truncate(f, 15)
+        with cluster.client() as client:
+            assert client.read_file("/appended-elsewhere.txt") == b"0123456789abcde"
+    finally:
+        os.close(fd)
