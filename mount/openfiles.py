@@ -10,8 +10,9 @@ Modes of an open file, named after what holds its content:
 * ``CLEAN``: the cluster's copy is the content; nothing of ours is pending.
 * ``STREAM``: we hold the lease and an output stream (``create``/``append``) that takes
   sequential writes; the content is the cluster's copy plus what the stream has taken.
-* ``STAGING``: the whole content is in a local staging file, uploaded (``create`` with
-  overwrite) when flushed.
+* ``STAGING``: the whole content is in a local staging file, uploaded (truncate, append)
+  when flushed; ``keeper``, an idle output stream, holds the lease meanwhile when the file
+  came from ``STREAM`` (so another client's open for writing still gets EBUSY).
 
 Concurrency contract: plain objects of the mount's one trio run; an ``OpenFile`` changes
 only under its ``lock`` (taken by every handler before its first await), a ``Handle``'s read
@@ -51,6 +52,7 @@ TRANSITIONS: dict[tuple[FileMode, FileEvent], FileMode] = {
     (M.CLEAN, E.APPEND): M.STREAM,
     (M.STREAM, E.COMPLETE): M.CLEAN,
     (M.CLEAN, E.STAGE): M.STAGING,
+    (M.STREAM, E.STAGE): M.STAGING,         # the stream stays open as the lease keeper
     (M.STAGING, E.DISCARD): M.CLEAN,
 }
 
@@ -105,6 +107,7 @@ class OpenFile:
         self.pending_times: tuple[int | None, int | None] | None = None
         self.mode = FileMode.CLEAN
         self.stream = None
+        self.keeper = None          # STAGING: the idle output stream holding the lease
         self.staging_path: str | None = None
         self.dirty = False
         self.error: LeaseFSError | None = None

@@ -353,6 +353,7 @@ class LeaseFS(pyfuse3.Operations):
             async with of.lock:
                 if self._open.get(ino) is of:
                     await self._to_staging(of, path)
+                    await self._release_keeper(of)   # its file goes: no lease to keep
                     of.unlinked = True
                     of.dirty = False
         await self.client.delete(path, recursive=False)
@@ -378,6 +379,7 @@ class LeaseFS(pyfuse3.Operations):
                 async with of.lock:
                     if self._open.get(replaced) is of:
                         await self._to_staging(of, dst)
+                        await self._release_keeper(of)   # its file goes: no lease to keep
                         of.unlinked = True
                         of.dirty = False
         await self.client.rename(src, dst, overwrite=not (flags & RENAME_NOREPLACE))
@@ -629,6 +631,10 @@ class LeaseFS(pyfuse3.Operations):
                 # an open() may have joined this file while it was being published: then
                 # it stays registered (now clean) for that handle
                 if of.handles == 0:
+                    try:   # still leased when the publish failed, or deleted while open
+                        await self._release_keeper(of, abandon=of.unlinked)
+                    except LeaseFSError as exc:
+                        log.warning("release of inode %d: %s", of.ino, exc)
                     await self._discard_staging(of)
                 if of.handles == 0 and self._open.get(of.ino) is of:
                     del self._open[of.ino]
@@ -710,16 +716,8 @@ class LeaseFS(pyfuse3.Operations):
                 if finish:
                     # the mode changes only once the file is complete: until then the
                     # cluster's length lags and getattr must keep answering of.size
-                    stream = of.stream
                     try:
-                        await stream.close()
-                    except LeaseFSError:
-                        if stream.complete_pending:
-                            log.warning("%s: metadata server unreachable at close; the data "
-                                        "is on the block servers, completing it when the "
-                                        "server is back", stream.path)
-                            self._unfinished.append((of.ino, stream))
-                        raise
+                        await self._complete(of.ino, of.stream)
                     finally:
                         of.stream = None
                         of.move(FileEvent.COMPLETE)
@@ -730,16 +728,43 @@ class LeaseFS(pyfuse3.Operations):
                 raise
         elif of.mode is FileMode.STAGING:
             if of.dirty and not of.unlinked:
-                await self._upload(of)
+                await self._upload(of, finish=finish)
             if finish and not of.unlinked:
+                await self._release_keeper(of)
                 await self._discard_staging(of)
 
-    async def _upload(self, of: OpenFile) -> None:
+    async def _complete(self, ino: int, stream) -> None:
+        """Close ``stream`` (complete the file, release the lease); a close that reached
+        every block server but not the metadata server is completed later."""
+        try:
+            await stream.close()
+        except LeaseFSError:
+            if stream.complete_pending:
+                log.warning("%s: metadata server unreachable at close; the data is on the "
+                            "block servers, completing it when the server is back",
+                            stream.path)
+                self._unfinished.append((ino, stream))
+            raise
+
+    async def _release_keeper(self, of: OpenFile, *, abandon: bool = False) -> None:
+        """End the lease a staged file holds: complete the file, or (``abandon``: the file
+        was deleted under it) just drop the stream."""
+        keeper, of.keeper = of.keeper, None
+        if keeper is None:
+            return
+        if abandon:
+            keeper.abort(LeaseFSError(f"{keeper.path}: deleted while open"))
+        else:
+            await self._complete(of.ino, keeper)
+
+    async def _upload(self, of: OpenFile, *, finish: bool) -> None:
         """Replace the cluster's content of ``of`` with its staging file: cut to 0 and
-        append, both under the lease rules — a file another client opened for writing
-        meanwhile is refused (EBUSY), never replaced under its writer — and the inode, with
-        its mode, owner, replication and block size, stays the same."""
+        append, both under the lease rules — a file another client opened for writing in
+        the moment our lease is let go is refused (EBUSY), never replaced under its writer
+        — and the inode, with its mode, owner, replication and block size, stays the same.
+        Unless ``finish``, the new stream is hsynced and kept as the lease keeper."""
         path = self._path(of.ino)
+        await self._release_keeper(of)
         await self._cut(path, 0)
         stream = await self.client.append(path)
         of.ns_ino = stream.ino
@@ -751,7 +776,11 @@ class LeaseFS(pyfuse3.Operations):
                     break
                 await stream.write(chunk)
                 offset += len(chunk)
-            await stream.close()
+            if finish:
+                await stream.close()
+            else:
+                await stream.hsync()
+                of.keeper = stream
         except BaseException as exc:
             self._abandon(stream, path, exc, "upload")
             raise
@@ -800,14 +829,11 @@ class LeaseFS(pyfuse3.Operations):
             return
         self._reserve(of, of.size)
         if of.mode is FileMode.STREAM:
-            try:
-                await of.stream.close()
+            try:   # the copy below reads what the stream wrote; the stream keeps the lease
+                await of.stream.hflush()
             except LeaseFSError as exc:
                 of.error = exc
                 raise
-            finally:
-                of.stream = None
-                of.move(FileEvent.COMPLETE)
         staging = os.path.join(self.cache_dir, f"{of.ino}-{uuid.uuid4().hex}")
         fd = await self._io(os.open, staging, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         await self._io(os.close, fd)
@@ -822,6 +848,8 @@ class LeaseFS(pyfuse3.Operations):
                     await self._io(_pwrite_file, staging, chunk, size)
                     size += len(chunk)
         of.size = size
+        if of.mode is FileMode.STREAM:
+            of.keeper, of.stream = of.stream, None
         of.move(FileEvent.STAGE)
         of.dirty = False
 

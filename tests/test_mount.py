@@ -303,11 +303,14 @@ def test_open_file_modes_move_only_as_the_table_says():
                         (E.DISCARD, M.CLEAN), (E.CREATE, M.STREAM)]:
         of.move(event)
         assert of.mode is mode
-    with pytest.raises(InternalError, match="stage is not allowed in mode stream"):
-        of.move(E.STAGE)          # a stream is completed before its file is staged
+    with pytest.raises(InternalError, match="append is not allowed in mode stream"):
+        of.move(E.APPEND)         # one stream per open file
     assert of.mode is M.STREAM    # a refused move changes nothing
-    for event in (E.CREATE, E.APPEND, E.DISCARD):
+    of.move(E.STAGE)              # staged; the stream stays on as the lease keeper
+    assert of.mode is M.STAGING
+    for event in (E.CREATE, E.DISCARD):
         with pytest.raises(InternalError):
             next_state(M.STREAM, event)
-    with pytest.raises(InternalError):
-        next_state(M.STAGING, E.COMPLETE)
+    for event in (E.COMPLETE, E.APPEND, E.STAGE):
+        with pytest.raises(InternalError):
+            next_state(M.STAGING, event)

@@ -143,34 +143,33 @@ def test_truncating_open_of_a_file_another_mount_writes_is_ebusy(cluster, one, t
         assert client.read_file("/leased.log") == b"new"
 
 
-def test_upload_of_a_staged_file_does_not_destroy_another_writers_file(cluster, one, two):
-    """A random write moves a file to the mount's staging file (its stream, and so its
-    lease, closed); if another client then opens it for append, the staged upload is
-    refused (EBUSY) instead of replacing that writer's file under it."""
+def test_a_staged_file_stays_leased_to_its_writer(cluster, one, two):
+    """A random write moves a file to the mount's local staging file; its writer keeps the
+    lease all along (fsync uploads it under the lease), so another client's open for
+    writing is EBUSY until the writer closes it, and nothing replaces that client's file."""
     (one.mp / "contended.bin").write_bytes(b"0123456789")
-    fd1 = os.open(one.mp / "contended.bin", os.O_RDWR)
-    try:
-        os.pwrite(fd1, b"AB", 2)                   # not at the end: staged in mount one
-        with cluster.client() as client:           # (its stream completed the file)
-            assert _wait_until(lambda: client.is_file_closed("/contended.bin"))
-        fd2 = os.open(two.mp / "contended.bin", os.O_WRONLY | os.O_APPEND)
-        try:
-            os.write(fd2, b"-appended")
-            os.fsync(fd2)
-            assert _errno_of(os.fsync, fd1) == errno.EBUSY
-            os.write(fd2, b"-more")
-            os.fsync(fd2)
-        finally:
-            os.close(fd2)
-    finally:
-        try:
-            os.close(fd1)
-        except OSError:
-            pass
     with cluster.client() as client:
         assert _wait_until(lambda: client.is_file_closed("/contended.bin"))
-        assert client.read_file("/contended.bin") in (
-            b"0123456789-appended-more", b"01AB456789")   # the staged copy, once it is free
+    other = two.mp / "contended.bin"
+    fd = os.open(one.mp / "contended.bin", os.O_RDWR)
+    try:
+        os.pwrite(fd, b"AB", 2)                    # not at the end: staged in mount one
+        assert _errno_of(os.open, other, os.O_WRONLY | os.O_APPEND) == errno.EBUSY
+        os.fsync(fd)                               # uploaded, still leased
+        with cluster.client() as client:
+            assert client.read_file("/contended.bin") == b"01AB456789"
+        assert _errno_of(os.open, other, os.O_WRONLY | os.O_APPEND) == errno.EBUSY
+        assert _errno_of(os.open, other, os.O_WRONLY | os.O_TRUNC) == errno.EBUSY
+        os.pwrite(fd, b"CD", 4)
+    finally:
+        os.close(fd)
+    with cluster.client() as client:
+        assert _wait_until(lambda: client.is_file_closed("/contended.bin"))
+        assert client.read_file("/contended.bin") == b"01ABCD6789"
+    with open(other, "ab") as fh:                  # free once its writer closed it
+        fh.write(b"-two")
+    with cluster.client() as client:
+        assert client.read_file("/contended.bin") == b"01ABCD6789-two"
 
 
 # ------------------------------------------------------------------ deep trees
