@@ -41,13 +41,13 @@ from .streams import AsyncInputStream, AsyncOutputStream, InputStream, OutputStr
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AsyncClient", "Client", "FileStatus", "AsyncInputStream", "AsyncOutputStream",
-           "InputStream", "OutputStream"]
+__all__ = ["AsyncClient", "Client", "FileSettings", "FileStatus", "AsyncInputStream",
+           "AsyncOutputStream", "InputStream", "OutputStream"]
 
 #: server defaults (``get_server_defaults``) that override the client's own config
 SERVER_DEFAULT_KEYS = ("block_size", "replication", "min_replication", "bytes_per_checksum",
                        "packet_size", "write_window_packets", "lease_soft_limit",
-                       "lease_hard_limit")
+                       "lease_hard_limit", "max_blocks_per_file")
 LIST_PAGE = 1000
 
 
@@ -71,6 +71,7 @@ class FileStatus:
     symlink: str | None
     under_construction: bool
     children: int
+    subdirs: int = 0       # directories: subdirectory count (link count 2 + subdirs)
 
     @property
     def is_dir(self) -> bool:
@@ -93,11 +94,40 @@ class FileStatus:
                      for name, default in _STATUS_DEFAULTS])
 
 
+@dataclass(frozen=True)
+class FileSettings:
+    """What a client chooses per file at create (HDFS ``dfs.blocksize``, ``dfs.replication``,
+    ``dfs.bytes-per-checksum``); None = the cluster's default."""
+
+    block_size: int | None = None
+    replication: int | None = None
+    bytes_per_checksum: int | None = None
+
+    @classmethod
+    def chosen_in(cls, config: Config, chosen) -> "FileSettings":
+        """The per-file settings of ``config`` that were given explicitly (names in
+        ``chosen``, e.g. ``Config.chosen(...)``); the others stay the cluster's."""
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls) if f.name in chosen})
+
+    def check(self, what: str) -> None:
+        """``InvalidArgument`` naming ``what`` for a checksum chunk the block size does not
+        hold a whole number of times (the metadata server checks the rest)."""
+        bpc = self.bytes_per_checksum
+        if bpc is None:
+            return
+        if isinstance(bpc, bool) or not isinstance(bpc, int) or bpc <= 0:
+            raise InvalidArgument(f"{what}: bytes_per_checksum must be a positive integer, "
+                                  f"got {bpc!r}")
+        if self.block_size is not None and self.block_size % bpc:
+            raise InvalidArgument(f"{what}: block_size {self.block_size} is not a multiple of "
+                                  f"bytes_per_checksum {bpc}")
+
+
 _STATUS_DEFAULTS = tuple(
     (f.name, {"name": "", "path": "", "ino": 0, "type": "file", "mode": 0, "owner": "",
               "group": "", "mtime_ns": 0, "atime_ns": 0, "ctime_ns": 0, "length": 0,
               "replication": 0, "block_size": 0, "symlink": None,
-              "under_construction": False, "children": 0}[f.name])
+              "under_construction": False, "children": 0, "subdirs": 0}[f.name])
     for f in fields(FileStatus))
 
 
@@ -246,16 +276,19 @@ class AsyncClient:
     async def create(self, path: str, *, overwrite: bool = False, replication: int | None = None,
                      block_size: int | None = None, permission: int = 0o644,
                      create_parent: bool = True, owner: str | None = None,
-                     group: str | None = None) -> AsyncOutputStream:
+                     group: str | None = None,
+                     bytes_per_checksum: int | None = None) -> AsyncOutputStream:
         """Create ``path`` for writing (lease held by this client); ``FileExists`` if it
         exists and not ``overwrite``. ``owner``/``group``: superuser only (the mount passes
-        the calling process's identity)."""
+        the calling process's identity). ``replication``/``block_size``/
+        ``bytes_per_checksum``: this file's own (None: the cluster's default)."""
         path = paths.validate(path)
+        FileSettings(block_size, replication, bytes_per_checksum).check(path)
         status = await self._call("create", path=path, client_name=self.client_name,
                                   overwrite=overwrite, create_parent=create_parent,
                                   replication=replication, block_size=block_size,
                                   permission=permission, owner=owner, group=group)
-        stream = AsyncOutputStream(self, path, status)
+        stream = AsyncOutputStream(self, path, status, bytes_per_checksum=bytes_per_checksum)
         self._outputs[id(stream)] = stream
         self._renewer.add(stream)
         return stream
@@ -430,9 +463,11 @@ class AsyncClient:
         await self._call("set_owner", path=paths.validate(path), owner=owner, group=group)
 
     async def set_times(self, path: str, mtime_ns: int | None = None,
-                        atime_ns: int | None = None) -> None:
+                        atime_ns: int | None = None, *, ino: int | None = None) -> None:
+        """``ino``: set them on that inode wherever it is now (``path`` names it in errors);
+        ``FileNotFound`` once it is deleted."""
         await self._call("set_times", path=paths.validate(path), mtime_ns=mtime_ns,
-                         atime_ns=atime_ns)
+                         atime_ns=atime_ns, ino=ino)
 
     async def set_replication(self, path: str, n: int) -> None:
         await self._call("set_replication", path=paths.validate(path), replication=n)

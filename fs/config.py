@@ -154,6 +154,13 @@ class Config:
     # ----------------------------------------------------------------- loading
     @classmethod
     def load(cls, path: str | None = None, env: dict | None = None, **overrides) -> "Config":
+        return cls().replace(**cls.chosen(path, env, **overrides))
+
+    @classmethod
+    def chosen(cls, path: str | None = None, env: dict | None = None, **overrides) -> dict:
+        """The settings given explicitly (file < environment < overrides), as given: what
+        ``load`` applies over the defaults. A client keeps these per-file choices (block
+        size, replication, checksum chunk) over the server's defaults."""
         env = os.environ if env is None else env
         values: dict = {}
         path = path or env.get("LEASEFS_CONFIG")
@@ -175,7 +182,7 @@ class Config:
         for key, value in overrides.items():
             if value is not None:
                 values[cls._check_name(key, "override")] = value
-        return cls().replace(**values)
+        return values
 
     @classmethod
     def _check_name(cls, key: str, where: str) -> str:

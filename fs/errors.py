@@ -89,6 +89,12 @@ class NoSpace(LeaseFSError):
     errno = _errno.ENOSPC
 
 
+class FileTooLarge(LeaseFSError):
+    """A file would grow past the largest size it may have (``max_blocks_per_file`` blocks
+    of its block size)."""
+    errno = _errno.EFBIG
+
+
 class QuotaExceeded(LeaseFSError):
     """A configured limit was exceeded."""
     errno = _errno.EDQUOT

@@ -1,8 +1,11 @@
 """Path rules shared by the metadata server (which enforces them) and clients.
 
 A valid leasefs path is absolute, uses ``/`` separators, has no empty, ``.`` or ``..``
-components, no NUL byte, components of at most ``MAX_NAME_BYTES`` UTF-8 bytes and at most
-``MAX_PATH_BYTES`` in total (HDFS ``DFSUtil.isValidName`` plus POSIX limits). The root is
+components, no NUL byte, components of at most ``MAX_NAME_BYTES`` UTF-8 bytes (HDFS
+``dfs.namenode.fs-limits.max-component-length``, POSIX ``NAME_MAX``) and at most
+``MAX_PATH_CHARS`` characters in total (HDFS ``MAX_PATH_LENGTH``). POSIX ``PATH_MAX`` (4096)
+limits one system call's argument, not how deep a tree is: a tree ext4 holds, reached with
+relative paths, must fit here too. The root is
 ``/``; a single trailing slash is tolerated (``/a/`` is ``/a``), as shells produce them.
 
 ``split`` returns the components; ``join``/``parent``/``basename`` never produce an invalid
@@ -20,7 +23,7 @@ import posixpath
 from .errors import InvalidPath, NameTooLong
 
 MAX_NAME_BYTES = 255
-MAX_PATH_BYTES = 4096
+MAX_PATH_CHARS = 8000
 ROOT = "/"
 
 
@@ -39,8 +42,8 @@ def _split(path: str) -> tuple[str, ...]:
         raise InvalidPath(f"path {path!r:.300} is not absolute")
     if "\0" in path:
         raise InvalidPath(f"path {path!r:.300} contains a NUL byte")
-    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
-        raise NameTooLong(f"path {path[:100]!r}... is longer than {MAX_PATH_BYTES} bytes")
+    if len(path) > MAX_PATH_CHARS:
+        raise NameTooLong(f"path {path[:100]!r}... is longer than {MAX_PATH_CHARS} characters")
     if path == "/":
         return ()
     body = path[1:-1] if path.endswith("/") else path[1:]

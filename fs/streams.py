@@ -384,7 +384,7 @@ class AsyncOutputStream:
     Obtained from ``AsyncClient.create``. ``pos`` is the number of bytes written so far.
     """
 
-    def __init__(self, client, path: str, status: dict):
+    def __init__(self, client, path: str, status: dict, *, bytes_per_checksum: int | None = None):
         self._client = client
         self.path = path
         self.ino = status["ino"]
@@ -392,7 +392,8 @@ class AsyncOutputStream:
         config = client.config
         self.block_size = int(status.get("block_size") or config.block_size)
         self.replication = int(status.get("replication") or config.replication)
-        self.bytes_per_checksum = int(config.bytes_per_checksum)
+        # the file's own checksum chunk (chosen at create), else the cluster's
+        self.bytes_per_checksum = int(bytes_per_checksum or config.bytes_per_checksum)
         self.packet_size = _effective_packet_size(config.packet_size, self.bytes_per_checksum)
         self.window = max(1, int(config.write_window_packets))
         self._lock = trio.Lock()

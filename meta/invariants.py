@@ -8,7 +8,8 @@ too. It reads the whole store once and checks the schema of ``keys.py``:
 * the root exists and is a directory; every inode but the root has exactly one entry
   ``D<parent><name>`` that points to it and agrees with its ``parent``/``name`` fields;
   every entry points to a live inode inside a directory; every inode is reachable from the
-  root (no orphans, no cycles); directory ``children`` counts match their entries;
+  root (no orphans, no cycles); directory ``children`` counts match their entries and
+  ``subdirs`` their directory entries (a directory's link count is 2 + subdirs);
 * block keys belong to files, indexes are 0..nblocks-1, block ids are unique, the file's
   ``length`` is the sum of its blocks; a closed file has only COMPLETE blocks, an open
   one at most its last two (the writer checks and CLOSE read only those);
@@ -106,15 +107,21 @@ def check_namespace(kv, leases=None) -> list[str]:
         elif parent not in orphaned and parent_inode.get("children", 0) != len(names):
             problem(f"directory inode {parent} says {parent_inode.get('children')} children, "
                     f"has {len(names)} entries")
+        elif parent not in orphaned and "subdirs" in parent_inode:   # (older stores: none)
+            subdirs = sum(1 for c in names.values() if inodes.get(c, {}).get("type") == "dir")
+            if parent_inode.get("subdirs", 0) != subdirs:
+                problem(f"directory inode {parent} says {parent_inode.get('subdirs', 0)} "
+                        f"subdirectories, has {subdirs}")
         for name, child in names.items():
             if child not in inodes:
                 problem(f"entry {name!r} in inode {parent} points to missing inode {child}")
                 continue
             linked_from.setdefault(child, []).append((parent, name))
     for ino, inode in inodes.items():
-        if (inode.get("type") == "dir" and ino not in entries and inode.get("children", 0)
-                and ino not in orphaned):
-            problem(f"directory inode {ino} says {inode['children']} children, has none")
+        if (inode.get("type") == "dir" and ino not in entries and ino not in orphaned
+                and (inode.get("children", 0) or inode.get("subdirs", 0))):
+            problem(f"directory inode {ino} says {inode.get('children', 0)} children and "
+                    f"{inode.get('subdirs', 0)} subdirectories, has none")
 
     # inodes → exactly one entry, matching parent pointers
     for ino, inode in inodes.items():

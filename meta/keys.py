@@ -12,7 +12,7 @@ key                    value (msgpack)                             meaning
 ``I<ino:8>``           map: ``type`` ("file"/"dir"/"symlink"),      one inode; the root is
                        ``mode``, ``owner``, ``group``,              ``ROOT_INO`` (1, the FUSE
                        ``mtime``/``atime``/``ctime`` (ns),          root inode) with parent 0
-                       ``parent``, ``name``; dirs: ``children``;
+                       ``parent``, ``name``; dirs: ``children``, ``subdirs``;
                        files: ``replication``, ``block_size``,
                        ``length``, ``nblocks``, ``uc`` (None or
                        ``{holder, client_machine}``);

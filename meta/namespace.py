@@ -83,7 +83,7 @@ DIR = "dir"
 SYMLINK = "symlink"
 
 MAX_OWNER_LEN = 256
-MAX_TARGET_BYTES = paths.MAX_PATH_BYTES
+MAX_TARGET_BYTES = 4096      # PATH_MAX: the kernel refuses longer symlink targets itself
 MAX_LIST_LIMIT = 10_000
 MAX_RENAMES = 10_000          # moves in one rename_many (one journal record)
 
@@ -464,6 +464,7 @@ class Namespace:
             "symlink": inode.get("target") if kind == SYMLINK else None,
             "under_construction": bool(is_file and inode.get("uc")),
             "children": inode.get("children", 0) if kind == DIR else 0,
+            "subdirs": inode.get("subdirs", 0) if kind == DIR else 0,
             "parent": inode["parent"],
         }
 
@@ -1284,12 +1285,22 @@ class Namespace:
         counters[name] = int(counters.get(name, 0)) + delta
 
     @staticmethod
-    def _touch_dir(txn: _Txn, ino: int, time: int, children_delta: int) -> None:
+    def _touch_dir(txn: _Txn, ino: int, time: int, children_delta: int, child: dict | None) -> None:
+        """A directory gained (+1) or lost (-1) the entry of ``child``: its entry count and,
+        for a directory child, its subdirectory count (its link count is 2 + subdirs)."""
         inode = txn.get(keys.inode_key(ino))
         if inode is None:
             log.error("apply: parent directory inode %d is missing", ino)
             return
         inode["children"] = inode.get("children", 0) + children_delta
+        if child is not None and child.get("type") == DIR:
+            if "subdirs" in inode:
+                inode["subdirs"] += children_delta
+            else:   # stored before directories counted them: count once (the batch
+                # already holds the entry change, so the count is the new one)
+                inode["subdirs"] = sum(
+                    1 for _, c in txn.scan(keys.dentry_prefix(ino))
+                    if (txn.get(keys.inode_key(c)) or {}).get("type") == DIR)
         inode["mtime"] = inode["ctime"] = time
         txn.put(keys.inode_key(ino), inode)
 
@@ -1297,7 +1308,7 @@ class Namespace:
               time: int) -> None:
         txn.put(keys.inode_key(ino), inode)
         txn.put(keys.dentry_key(parent, name), ino)
-        self._touch_dir(txn, parent, time, +1)
+        self._touch_dir(txn, parent, time, +1, inode)
         self._bump(counters, keys.NEXT_INO, ino)
         if inode["type"] == DIR:
             self._add(counters, keys.DIRS, 1)
@@ -1308,7 +1319,7 @@ class Namespace:
         for d in dirs:
             inode = {"type": DIR, "mode": d["mode"], "owner": d["owner"], "group": d["group"],
                      "mtime": time, "atime": time, "ctime": time, "parent": d["parent"],
-                     "name": d["name"], "children": 0}
+                     "name": d["name"], "children": 0, "subdirs": 0}
             self._link(txn, counters, d["parent"], d["name"], d["ino"], inode, time)
 
     def _remove_subtree(self, txn: _Txn, counters, ino: int, effects: dict) -> None:
@@ -1346,7 +1357,7 @@ class Namespace:
         if current != ino:
             log.error("apply: entry %r in %d is %r, expected %d", name, parent, current, ino)
         txn.delete(key)
-        self._touch_dir(txn, parent, time, -1)
+        self._touch_dir(txn, parent, time, -1, txn.get(keys.inode_key(ino)))
         if detach:
             self._detach(txn, parent, name, ino, time, effects)
         else:
@@ -1397,7 +1408,8 @@ class Namespace:
             raise InternalError("FORMAT of an already formatted namespace")
         t = a["time"]
         root = {"type": DIR, "mode": a["mode"], "owner": a["owner"], "group": a["group"],
-                "mtime": t, "atime": t, "ctime": t, "parent": 0, "name": "", "children": 0}
+                "mtime": t, "atime": t, "ctime": t, "parent": 0, "name": "", "children": 0,
+                "subdirs": 0}
         txn.put(keys.inode_key(keys.ROOT_INO), root)
         counters.update({keys.NAMESPACE_ID: a["namespace_id"], keys.LAYOUT: keys.LAYOUT_VERSION,
                          keys.NEXT_INO: keys.ROOT_INO + 1, keys.NEXT_BLOCK_ID: 1,
@@ -1560,11 +1572,11 @@ class Namespace:
         if a["overwrite"] is not None:
             self._unlink(txn, counters, a["dst_parent"], a["dst_name"], a["overwrite"], t, effects,
                          detach=a.get("detach", False))
-        txn.delete(keys.dentry_key(a["src_parent"], a["src_name"]))
-        self._touch_dir(txn, a["src_parent"], t, -1)
-        txn.put(keys.dentry_key(a["dst_parent"], a["dst_name"]), ino)
-        self._touch_dir(txn, a["dst_parent"], t, +1)
         inode = txn.get(keys.inode_key(ino))
+        txn.delete(keys.dentry_key(a["src_parent"], a["src_name"]))
+        self._touch_dir(txn, a["src_parent"], t, -1, inode)
+        txn.put(keys.dentry_key(a["dst_parent"], a["dst_name"]), ino)
+        self._touch_dir(txn, a["dst_parent"], t, +1, inode)
         if inode is not None:
             inode["parent"], inode["name"], inode["ctime"] = a["dst_parent"], a["dst_name"], t
             txn.put(keys.inode_key(ino), inode)

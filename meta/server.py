@@ -58,8 +58,8 @@ import trio
 
 from fs import paths
 from fs.config import Config
-from fs.errors import (AlreadyBeingCreated, InternalError, InvalidArgument, TryAgain,
-                       IsDirectory, LeaseFSError, NotReplicatedYet, RecoveryInProgress,
+from fs.errors import (AlreadyBeingCreated, FileNotFound, InternalError, InvalidArgument,
+                       TryAgain, IsDirectory, LeaseFSError, NotReplicatedYet, RecoveryInProgress,
                        ServerUnavailable, StaleGenerationStamp)
 from fs.limits import ByteBudget, ConnectionLimits
 from fs.rpc import (Dispatcher, RetryCache, current_user, format_address, parse_address,
@@ -667,6 +667,7 @@ class MetaServer(Dispatcher):
                 "min_replication": c.min_replication, "bytes_per_checksum": c.bytes_per_checksum,
                 "packet_size": c.packet_size, "write_window_packets": c.write_window_packets,
                 "lease_soft_limit": c.lease_soft_limit, "lease_hard_limit": c.lease_hard_limit,
+                "max_blocks_per_file": c.max_blocks_per_file,
                 "namespace_id": self.ns.namespace_id}
 
     async def rpc_mkdirs(self, ctx, path, permission=0o755, owner=None, group=None):
@@ -1165,11 +1166,23 @@ class MetaServer(Dispatcher):
         return await self._set_op("chown", path, lambda p, t: self.ns.plan_set_owner(
             p, owner, group, now_ns=t), check)
 
-    async def rpc_set_times(self, ctx, path, mtime_ns=None, atime_ns=None):
-        return await self._set_op(
-            "set times of", path,
-            lambda p, t: self.ns.plan_set_times(p, mtime_ns, atime_ns, now_ns=t),
-            lambda parts, _: self._check(ctx, parts, access=WRITE))
+    async def rpc_set_times(self, ctx, path, mtime_ns=None, atime_ns=None, ino=None):
+        """``ino``: the file is addressed by inode id (``path`` only names it in errors),
+        so a writer re-applying times after its close is not thrown off by a rename."""
+        def planner(p, t):
+            return self.ns.plan_set_times(p, mtime_ns, atime_ns, now_ns=t)
+
+        canonical = paths.validate(path)
+        ino = self._check_ino(ino, canonical)
+        if ino is None:
+            return await self._set_op("set times of", path, planner,
+                                      lambda parts, _: self._check(ctx, parts, access=WRITE))
+        async with self._file_lock(f"set times of {canonical}", canonical, ino) as current:
+            if self.ns.path_of(ino) != current:
+                raise FileNotFound(f"{canonical}: inode {ino} no longer exists")
+            self._check(ctx, paths.split(current), access=WRITE)
+            await self._log(planner(current, self.wall_ns()))
+            return True
 
     async def rpc_set_replication(self, ctx, path, replication):
         return await self._set_op("setrep", path, lambda p, t: self.ns.plan_set_replication(

@@ -9,20 +9,27 @@ Inodes: namespace inode ids are the FUSE inode numbers (root = 1). ``_nodes`` ma
 the kernel knows to its current path and lookup count (pyfuse3 rules: +1 per lookup,
 create, mkdir, symlink and readdir entry; ``forget`` subtracts; a node with count 0 and no
 open file is dropped). A rename rewrites the paths of the moved subtree. When the mount
-replaces a file's content with ``create(overwrite=True)`` the namespace hands out a new id;
-``_alias`` maps it back to the number the kernel already holds.
+replaces the content of a file it is writing with ``create(overwrite=True)`` (``O_TRUNC``
+of its own stream) the namespace hands out a new id; ``_alias`` maps it back to the number
+the kernel already holds.
 
-Writes: a file opened for writing streams sequential writes into an ``AsyncOutputStream``
-(the fast path). A write at another offset, a read of a file being written, or a truncate
-to a size other than the current end moves the file to a local staging file (under the
-cache folder) that is uploaded with ``create(overwrite=True)`` at flush/fsync/release.
-Errors surface in ``flush``/``fsync`` so ``close(2)`` sees them. While a file is open the
-mount reports its own size for it at once.
+Open files: ``mount.openfiles`` holds the per-inode state (``OpenFile`` and its mode
+table) and the per-handle state; this module drives it, and ``mount.writes``
+(``WriteMachinery``, a mixin of ``LeaseFS``) carries writes to the cluster. Writes: a file opened for writing
+streams sequential writes into an ``AsyncOutputStream`` (the fast path); a growing truncate
+appends zeros to it, a shrinking one is the ``truncate`` RPC. A write at another offset, a
+read of a file being written, or shrinking a file being written moves the file to a local
+staging file (under the cache folder) that is uploaded (truncate to 0, append: the lease
+rules apply and the inode stays) at flush/fsync/release. Errors surface in
+``flush``/``fsync`` so ``close(2)`` sees them. While a file is open the mount reports its
+own size for it at once.
 
 Concurrency contract: all handlers run as tasks of the one trio run that ``pyfuse3.main``
 drives; they call the async client directly. Per-file state changes are serialised by that
-file's ``trio.Lock``. Staging-file I/O runs in worker threads (``trio.to_thread``) limited by
-one ``CapacityLimiter``; nothing blocks the trio thread.
+file's ``trio.Lock``, which every handler changing an open file takes before its first
+await (the asynchronous release of a closed file may run at any await). Staging-file I/O
+runs in worker threads (``trio.to_thread``) limited by one ``CapacityLimiter``; nothing
+blocks the trio thread.
 """
 
 from __future__ import annotations
@@ -33,105 +40,29 @@ import logging
 import os
 import pwd
 import stat
-import uuid
 
 import pyfuse3
 import trio
 
-from fs.client import FileStatus
+from fs.client import FileSettings, FileStatus
 from fs.errors import AlreadyBeingCreated, FileNotFound, LeaseFSError, ServerUnavailable
 from fs.paths import validate as validate_path
 from fs.rpc import group_name, user_name
 
 from .errors import fuse_error, fuse_op
+from .openfiles import DirHandle, FileEvent, FileMode, Handle, Node, OpenFile
+from .writes import WriteMachinery
 
 log = logging.getLogger(__name__)
 
 ROOT_INO = pyfuse3.ROOT_INODE
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
-COPY_CHUNK = 4 << 20
 READ_WINDOW = 4 << 20
 READDIR_PAGE = 1000
-TRUNCATE_WAIT = 60.0
 
 
-class Node:
-    """An inode the kernel knows: its current path and lookup count."""
-
-    __slots__ = ("ino", "path", "lookups")
-
-    def __init__(self, ino: int, path: str | None):
-        self.ino = ino
-        self.path = path
-        self.lookups = 0
-
-
-class OpenFile:
-    """State of one inode while any handle has it open.
-
-    ``mode`` is ``"clean"`` (nothing written), ``"stream"`` (``stream`` takes sequential
-    writes) or ``"staging"`` (the whole content lives in ``staging_path``; ``dirty`` when it
-    differs from the cluster's copy).
-    """
-
-    def __init__(self, ino: int, size: int, permission: int, owner: str | None = None,
-                 group: str | None = None, replication: int | None = None):
-        self.ino = ino
-        self.size = size
-        self.permission = permission
-        # kept so that a re-upload (a new inode under the same name) keeps them
-        self.owner = owner
-        self.group = group
-        self.replication = replication
-        self.status = None          # last FileStatus seen: attributes once it is unlinked
-        # (mtime_ns, atime_ns) set explicitly while written (rsync, tar, cp -p): the
-        # completion or upload at release would replace them, so they are set again then
-        self.pending_times: tuple[int | None, int | None] | None = None
-        self.mode = "clean"
-        self.stream = None
-        self.staging_path: str | None = None
-        self.dirty = False
-        self.error: LeaseFSError | None = None
-        self.handles = 0
-        self.writers = 0
-        self.unlinked = False
-        self.generation = 0       # bumps whenever the cluster copy changes under readers
-        self.lock = trio.Lock()
-
-
-class Handle:
-    """One ``open``/``create``: its file and (for reads of a clean file) an input stream."""
-
-    def __init__(self, fh: int, of: OpenFile, flags: int):
-        self.fh = fh
-        self.of = of
-        self.flags = flags
-        self.writable = (flags & os.O_ACCMODE) != os.O_RDONLY
-        self.input = None
-        self.input_generation = -1
-        # read window: the kernel reads in requests of at most 128 KiB (readahead folios);
-        # one sequential fetch of READ_WINDOW serves the next ones from memory
-        self.window_offset = 0
-        self.window = b""
-        self.read_lock = trio.Lock()
-
-    def from_window(self, off: int, size: int) -> bytes | None:
-        start = off - self.window_offset
-        if 0 <= start and off + size <= self.window_offset + len(self.window):
-            return self.window[start:start + size]
-        return None
-
-
-class DirHandle:
-    """An open directory: readdir cookies are indexes into ``names`` (stable for the handle)."""
-
-    def __init__(self, ino: int):
-        self.ino = ino
-        self.names: list[str] = []
-
-
-class LeaseFS(pyfuse3.Operations):
+class LeaseFS(WriteMachinery, pyfuse3.Operations):
     """The FUSE operations of a leasefs mount."""
 
     supports_dot_lookup = True
@@ -139,9 +70,11 @@ class LeaseFS(pyfuse3.Operations):
 
     def __init__(self, client, cache_dir: str, *, entry_timeout: float = 1.0,
                  attr_timeout: float = 1.0, io_threads: int = 4,
-                 cache_limit: int = 8 << 30):
+                 cache_limit: int = 8 << 30, file_settings: FileSettings | None = None):
         super().__init__()
         self.client = client
+        # what the mount's user chose for new files (``--set block_size=...``)
+        self.file_settings = file_settings or FileSettings()
         self.cache_dir = cache_dir
         self.cache_limit = cache_limit
         self.entry_timeout = entry_timeout
@@ -223,15 +156,18 @@ class LeaseFS(pyfuse3.Operations):
         attr.attr_timeout = self.attr_timeout
         kind = {"dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}.get(status.type, stat.S_IFREG)
         attr.st_mode = kind | (status.mode & 0o7777)
-        attr.st_nlink = 2 if status.is_dir else 1
+        of = self._open.get(ino)
+        if status.is_dir:
+            attr.st_nlink = 2 + status.subdirs      # "." and ".." of each subdirectory
+        else:
+            attr.st_nlink = 0 if of is not None and of.unlinked else 1
         attr.st_uid = self._uid(status.owner)
         attr.st_gid = self._gid(status.group)
         attr.st_rdev = 0
         size = status.length
         if status.is_symlink:
             size = len(os.fsencode(status.symlink or ""))
-        of = self._open.get(ino)
-        if of is not None and of.mode != "clean":
+        if of is not None and of.mode is not FileMode.CLEAN:
             size = of.size
         attr.st_size = size
         attr.st_blksize = 1 << 16
@@ -293,10 +229,23 @@ class LeaseFS(pyfuse3.Operations):
 
     @fuse_op
     async def setattr(self, inode, attr, fields, fh, ctx):
+        of = self._open.get(inode)
+        if of is None:
+            await self._set_attrs(inode, None, attr, fields, fh)
+        else:
+            # an open file's state (and its asynchronous release) changes only under its
+            # lock: taken before the first await, so a release that completes the file
+            # either ran before (then the times below land last) or sees pending_times
+            async with of.lock:
+                await self._set_attrs(inode, of if self._open.get(inode) is of else None,
+                                      attr, fields, fh)
+        return self._attrs(await self._status_of(inode))
+
+    async def _set_attrs(self, inode: int, of: OpenFile | None, attr, fields, fh) -> None:
+        """``setattr``'s changes; ``of`` (lock held) when the file is open here."""
         path = self._path(inode)
         if fields.update_mode:
             await self.client.set_permission(path, attr.st_mode & 0o7777)
-            of = self._open.get(inode)
             if of is not None:
                 of.permission = attr.st_mode & 0o7777
         if fields.update_uid or fields.update_gid:
@@ -304,15 +253,17 @@ class LeaseFS(pyfuse3.Operations):
             group = group_name(attr.st_gid) if fields.update_gid else None
             await self.client.set_owner(path, owner, group)
         if fields.update_size:
-            await self._truncate(inode, attr.st_size, by_handle=fh is not None)
+            if of is not None:
+                await self._truncate_open(of, path, attr.st_size, by_handle=fh is not None)
+            else:
+                await self._truncate_closed(inode, path, attr.st_size)
         if fields.update_atime or fields.update_mtime:
             times = (attr.st_mtime_ns if fields.update_mtime else None,
                      attr.st_atime_ns if fields.update_atime else None)
-            await self.client.set_times(self._path(inode), mtime_ns=times[0], atime_ns=times[1])
-            of = self._open.get(inode)
-            if of is not None and of.mode != "clean":
+            if of is not None and of.mode is not FileMode.CLEAN:
+                # the completion or upload still to come would replace them: set again then
                 of.pending_times = times
-        return self._attrs(await self._status_of(inode))
+            await self.client.set_times(self._path(inode), mtime_ns=times[0], atime_ns=times[1])
 
     def _identity(self, ctx) -> tuple[str | None, str | None]:
         """Owner and group for a new inode: the calling process's uid/gid (as names when
@@ -400,6 +351,7 @@ class LeaseFS(pyfuse3.Operations):
             async with of.lock:
                 if self._open.get(ino) is of:
                     await self._to_staging(of, path)
+                    await self._release_keeper(of)   # its file goes: no lease to keep
                     of.unlinked = True
                     of.dirty = False
         await self.client.delete(path, recursive=False)
@@ -425,6 +377,7 @@ class LeaseFS(pyfuse3.Operations):
                 async with of.lock:
                     if self._open.get(replaced) is of:
                         await self._to_staging(of, dst)
+                        await self._release_keeper(of)   # its file goes: no lease to keep
                         of.unlinked = True
                         of.dirty = False
         await self.client.rename(src, dst, overwrite=not (flags & RENAME_NOREPLACE))
@@ -491,7 +444,10 @@ class LeaseFS(pyfuse3.Operations):
             of = self._open[ino] = OpenFile(
                 ino, size, permission, owner=getattr(status, "owner", None),
                 group=getattr(status, "group", None),
-                replication=getattr(status, "replication", None) or None)
+                replication=getattr(status, "replication", None) or None,
+                block_size=getattr(status, "block_size", None) or None)
+            if status is not None:   # the kernel's number may be an alias of a re-upload
+                of.ns_ino = status.ino
         return of
 
     def _add_handle(self, of: OpenFile, flags: int) -> Handle:
@@ -506,12 +462,17 @@ class LeaseFS(pyfuse3.Operations):
     async def create(self, parent_inode, name, mode, flags, ctx):
         path = self._child(parent_inode, name)
         owner, group = self._identity(ctx)
+        chosen = self.file_settings
         stream = await self.client.create(path, overwrite=False, permission=mode & 0o7777,
-                                          create_parent=False, owner=owner, group=group)
+                                          create_parent=False, owner=owner, group=group,
+                                          block_size=chosen.block_size,
+                                          replication=chosen.replication,
+                                          bytes_per_checksum=chosen.bytes_per_checksum)
         status = FileStatus.from_wire(stream.created_status)
         of = self._open_file(status.ino, 0, mode & 0o7777, status)
         of.status = status
-        of.mode, of.stream, of.size = "stream", stream, 0
+        of.stream, of.size = stream, 0
+        of.move(FileEvent.CREATE)
         attrs = self._attrs(status)
         self._remember(attrs.st_ino, path)
         handle = self._add_handle(of, flags)
@@ -535,7 +496,7 @@ class LeaseFS(pyfuse3.Operations):
                 async with of.lock:
                     if flags & os.O_TRUNC:
                         await self._truncate_locked(of, path, 0)
-                    elif of.mode == "clean" and not of.unlinked:
+                    if of.mode is FileMode.CLEAN and not of.unlinked:
                         await self._start_append(of, path)
         except AlreadyBeingCreated as exc:
             log.warning("open %s for writing: %s", path, exc)
@@ -545,13 +506,6 @@ class LeaseFS(pyfuse3.Operations):
             await self._drop_handle(handle)
             raise
         return pyfuse3.FileInfo(fh=handle.fh, keep_cache=False)
-
-    async def _start_append(self, of: OpenFile, path: str) -> None:
-        """Take the lease and continue the file at its end (the fast path's stream)."""
-        of.stream = await self.client.append(path)
-        of.mode = "stream"
-        of.size = of.stream.pos
-        of.generation += 1
 
     def _handle(self, fh: int) -> Handle:
         handle = self._handles.get(fh)
@@ -564,9 +518,9 @@ class LeaseFS(pyfuse3.Operations):
         handle = self._handle(fh)
         of = handle.of
         async with of.lock:
-            if of.mode == "stream":
+            if of.mode is FileMode.STREAM:
                 await self._to_staging(of, self._path(of.ino))
-            if of.mode == "staging":
+            if of.mode is FileMode.STAGING:
                 return await self._staging_pread(of, off, size)
         async with handle.read_lock:
             if handle.input is None or handle.input_generation != of.generation:
@@ -594,9 +548,9 @@ class LeaseFS(pyfuse3.Operations):
             if handle.flags & os.O_APPEND:
                 off = of.size   # the kernel's idea of the end may be a stale cached size
             path = self._path(of.ino) if not of.unlinked else None
-            if of.mode == "clean" and off == of.size and path is not None:
+            if of.mode is FileMode.CLEAN and off == of.size and path is not None:
                 await self._start_append(of, path)
-            if of.mode == "stream" and off == of.stream.pos:
+            if of.mode is FileMode.STREAM and off == of.stream.pos:
                 try:
                     await of.stream.write(buf)
                 except LeaseFSError as exc:
@@ -629,13 +583,13 @@ class LeaseFS(pyfuse3.Operations):
         of = handle.of
         async with of.lock:
             self._raise_pending(of)
-            if of.mode == "stream":
+            if of.mode is FileMode.STREAM:
                 try:
                     await of.stream.hsync()
                 except LeaseFSError as exc:
                     of.error = exc
                     raise
-            elif of.mode == "staging":
+            elif of.mode is FileMode.STAGING:
                 await self._publish(of, finish=False)
 
     @fuse_op
@@ -667,6 +621,10 @@ class LeaseFS(pyfuse3.Operations):
                 # an open() may have joined this file while it was being published: then
                 # it stays registered (now clean) for that handle
                 if of.handles == 0:
+                    try:   # still leased when the publish failed, or deleted while open
+                        await self._release_keeper(of, abandon=of.unlinked)
+                    except LeaseFSError as exc:
+                        log.warning("release of inode %d: %s", of.ino, exc)
                     await self._discard_staging(of)
                 if of.handles == 0 and self._open.get(of.ino) is of:
                     del self._open[of.ino]
@@ -721,217 +679,6 @@ class LeaseFS(pyfuse3.Operations):
             await trio.sleep(1.0)
             if self._unfinished:
                 await self.complete_unfinished()
-
-    # ================================================================== write machinery
-    async def _publish(self, of: OpenFile, *, finish: bool) -> None:
-        """Make the cluster copy match what was written. ``finish``: also close the stream
-        (completing the file, releasing the lease) and go back to ``clean``."""
-        changed = of.mode == "stream" and finish or of.mode == "staging" and of.dirty
-        try:
-            await self._publish_content(of, finish=finish)
-        finally:
-            if changed and of.pending_times is not None and not of.unlinked:
-                mtime_ns, atime_ns = of.pending_times
-                if finish:
-                    of.pending_times = None
-                await self.client.set_times(self._path(of.ino), mtime_ns=mtime_ns,
-                                            atime_ns=atime_ns)
-
-    async def _publish_content(self, of: OpenFile, *, finish: bool) -> None:
-        if of.mode == "stream":
-            try:
-                if finish:
-                    # the mode changes only once the file is complete: until then the
-                    # cluster's length lags and getattr must keep answering of.size
-                    stream = of.stream
-                    try:
-                        await stream.close()
-                    except LeaseFSError:
-                        if stream.complete_pending:
-                            log.warning("%s: metadata server unreachable at close; the data "
-                                        "is on the block servers, completing it when the "
-                                        "server is back", stream.path)
-                            self._unfinished.append((of.ino, stream))
-                        raise
-                    finally:
-                        of.stream, of.mode = None, "clean"
-                else:
-                    await of.stream.hflush()
-            except LeaseFSError:
-                of.error = None   # reported right here, not again
-                raise
-        elif of.mode == "staging":
-            if of.dirty and not of.unlinked:
-                await self._upload(of)
-            if finish and not of.unlinked:
-                await self._discard_staging(of)
-                of.mode = "clean"
-
-    async def _upload(self, of: OpenFile) -> None:
-        path = self._path(of.ino)
-        stream = await self._recreate(path, of)
-        try:
-            offset = 0
-            while offset < of.size:
-                chunk = await self._staging_pread(of, offset, min(COPY_CHUNK, of.size - offset))
-                if not chunk:
-                    break
-                await stream.write(chunk)
-                offset += len(chunk)
-            await stream.close()
-        except BaseException as exc:
-            stream.abort(exc if isinstance(exc, LeaseFSError)
-                         else LeaseFSError(f"{path}: upload interrupted"))
-            raise
-        of.dirty = False
-        of.generation += 1
-
-    async def _recreate(self, path: str, of: OpenFile):
-        """Replace ``path``'s content: a new inode under the same name with the same mode,
-        owner, group and replication, known to the kernel by the old inode number."""
-        stream = await self.client.create(path, overwrite=True, permission=of.permission,
-                                          replication=of.replication, owner=of.owner,
-                                          group=of.group)
-        self._alias[stream.ino] = of.ino
-        return stream
-
-    def _staged_bytes(self) -> int:
-        return sum(f.size for f in self._open.values()
-                   if f.mode == "staging" and f.staging_path is not None)
-
-    def _reserve(self, of: OpenFile, new_size: int) -> None:
-        """ENOSPC when growing ``of``'s staging file to ``new_size`` would pass the cache
-        limit (the mount's local staging space, not the cluster's)."""
-        current = of.size if (of.mode == "staging" and of.staging_path) else 0
-        if new_size > current and self._staged_bytes() - current + new_size > self.cache_limit:
-            log.warning("staging cache %s full (limit %d bytes): write to inode %d refused",
-                        self.cache_dir, self.cache_limit, of.ino)
-            raise fuse_error(errno.ENOSPC)
-
-    async def _to_staging(self, of: OpenFile, path: str | None) -> None:
-        """Move ``of`` to a local staging file holding its whole current content."""
-        if of.mode == "staging":
-            return
-        self._reserve(of, of.size)
-        if of.mode == "stream":
-            try:
-                await of.stream.close()
-            except LeaseFSError as exc:
-                of.error = exc
-                raise
-            finally:
-                of.stream, of.mode = None, "clean"
-        staging = os.path.join(self.cache_dir, f"{of.ino}-{uuid.uuid4().hex}")
-        fd = await self._io(os.open, staging, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        await self._io(os.close, fd)
-        of.staging_path = staging
-        size = 0
-        if path is not None:
-            async with await self.client.open(path) as src:
-                while True:
-                    chunk = await src.read(COPY_CHUNK)
-                    if not chunk:
-                        break
-                    await self._io(_pwrite_file, staging, chunk, size)
-                    size += len(chunk)
-        of.size = size
-        of.mode = "staging"
-        of.dirty = False
-
-    async def _discard_staging(self, of: OpenFile) -> None:
-        if of.staging_path is not None:
-            staging, of.staging_path = of.staging_path, None
-            try:
-                await self._io(os.unlink, staging)
-            except FileNotFoundError:
-                pass
-            if of.mode == "staging":
-                of.mode = "clean"
-
-    async def _staging_pread(self, of: OpenFile, off: int, size: int) -> bytes:
-        return await self._io(_pread_file, of.staging_path, off, size)
-
-    async def _staging_pwrite(self, of: OpenFile, off: int, data: bytes) -> None:
-        await self._io(_pwrite_file, of.staging_path, data, off)
-
-    async def _io(self, fn, *args):
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._io_limiter)
-
-    async def _truncate(self, ino: int, size: int, *, by_handle: bool = False) -> None:
-        """``truncate(2)`` by path takes effect in the cluster at once; ``ftruncate`` on a
-        file this mount is writing goes into that file's pending state (published with it)."""
-        path = self._path(ino)
-        of = self._open.get(ino)
-        if of is not None:
-            async with of.lock:
-                if self._open.get(ino) is of:   # not released while we waited for the lock
-                    await self._truncate_locked(of, path, size)
-                    if not (by_handle and of.writers > 0):
-                        await self._publish(of, finish=of.writers == 0)
-                    return
-        status = await self.client.get_file_status(path)
-        if status.is_dir:
-            raise fuse_error(errno.EISDIR)
-        if size == status.length:
-            return
-        if size == 0:
-            stream = await self._recreate(path, OpenFile(
-                ino, status.length, status.mode & 0o7777, status.owner, status.group,
-                status.replication or None))
-            await stream.close()
-        elif size < status.length:
-            if not await self.client.truncate(path, size):
-                deadline = trio.current_time() + TRUNCATE_WAIT
-                while not await self.client.is_file_closed(path):
-                    if trio.current_time() > deadline:
-                        raise fuse_error(errno.EAGAIN)
-                    await trio.sleep(0.05)
-        else:  # growing: stage, extend, upload
-            of = OpenFile(ino, status.length, status.mode & 0o7777, status.owner,
-                          status.group, status.replication or None)
-            try:
-                await self._to_staging(of, path)
-                await self._truncate_locked(of, path, size)
-                await self._upload(of)
-            finally:
-                await self._discard_staging(of)
-
-    async def _truncate_locked(self, of: OpenFile, path: str, size: int) -> None:
-        if of.mode == "stream" and size == of.stream.pos:
-            return
-        if size == 0 and of.mode != "staging":
-            if of.mode == "stream":
-                stream, of.stream = of.stream, None
-                await stream.close()
-            stream = await self._recreate(path, of)
-            of.mode, of.stream, of.size = "stream", stream, 0
-            of.generation += 1
-            return
-        if of.mode == "clean" and size == of.size:
-            return
-        await self._to_staging(of, path if not of.unlinked else None)
-        self._reserve(of, size)
-        await self._io(os.truncate, of.staging_path, size)
-        of.size = size
-        of.dirty = True
-
-
-def _pread_file(path: str, off: int, size: int) -> bytes:
-    with open(path, "rb") as fh:
-        fh.seek(off)
-        return fh.read(size)
-
-
-def _pwrite_file(path: str, data: bytes, off: int) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        view = memoryview(data)
-        while view:
-            n = os.pwrite(fd, view, off)
-            view = view[n:]
-            off += n
-    finally:
-        os.close(fd)
 
 
 __all__ = ["LeaseFS", "ROOT_INO"]

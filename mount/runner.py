@@ -24,7 +24,7 @@ import tempfile
 import pyfuse3
 import trio
 
-from fs.client import AsyncClient
+from fs.client import AsyncClient, FileSettings
 from fs.config import Config, default_home
 
 from .operations import LeaseFS
@@ -131,12 +131,14 @@ def set_readahead(mountpoint: str, nbytes: int) -> int | None:
 
 
 async def _serve(mountpoint: str, meta_address: str, config: Config, options: set[str],
-                 cache_dir: str, entry_timeout: float, attr_timeout: float, on_ready) -> None:
+                 cache_dir: str, entry_timeout: float, attr_timeout: float, on_ready,
+                 file_settings: FileSettings) -> None:
     own_cache = os.path.join(cache_dir, f"mount-{os.getpid()}")
+    file_settings.check(f"mount {mountpoint}")
     async with AsyncClient(meta_address, config=mount_client_config(config),
                            client_name=mount_client_name(mountpoint)) as client:
         ops = LeaseFS(client, own_cache, entry_timeout=entry_timeout, attr_timeout=attr_timeout,
-                      cache_limit=config.mount_cache_limit)
+                      cache_limit=config.mount_cache_limit, file_settings=file_settings)
         pyfuse3.init(ops, mountpoint, options)
         mounted = True
         registry = _register(mountpoint)
@@ -173,14 +175,18 @@ async def _serve(mountpoint: str, meta_address: str, config: Config, options: se
 
 def run_mount(mountpoint: str, meta_address: str, config: Config, *, options=None,
               cache_dir: str | None = None, entry_timeout: float | None = None,
-              attr_timeout: float | None = None, on_ready=None) -> None:
+              attr_timeout: float | None = None, on_ready=None,
+              file_settings: FileSettings | None = None) -> None:
     """Mount the cluster at ``mountpoint`` and serve until unmounted or signalled. Unset
-    arguments come from ``config`` (``mount_*`` settings)."""
+    arguments come from ``config`` (``mount_*`` settings). ``file_settings``: what files
+    created through the mount get (block size, replication, checksum chunk; unset = the
+    cluster's defaults)."""
     opts = mount_options(options, meta_address)
     trio.run(_serve, os.path.abspath(mountpoint), meta_address, config, opts,
              cache_dir or config.mount_cache_dir or default_cache_dir(),
              config.mount_entry_timeout if entry_timeout is None else entry_timeout,
-             config.mount_attr_timeout if attr_timeout is None else attr_timeout, on_ready)
+             config.mount_attr_timeout if attr_timeout is None else attr_timeout, on_ready,
+             file_settings or FileSettings())
 
 
 __all__ = ["run_mount", "mount_options", "default_cache_dir", "mount_client_config",

@@ -301,3 +301,28 @@ def test_append_lands_at_the_real_end_despite_a_cached_size(mounted, cluster):
         assert client.read_file("/grow.log") == b"a" * 100 + b"b" * 50 + b"c" * 10
     time.sleep(1.2)
     assert f.read_bytes() == b"a" * 100 + b"b" * 50 + b"c" * 10
+
+
+def test_open_file_modes_move_only_as_the_table_says():
+    from fs.errors import InternalError
+    from mount.openfiles import FileEvent as E
+    from mount.openfiles import FileMode as M
+    from mount.openfiles import OpenFile, next_state
+
+    of = OpenFile(7, 0, 0o644)
+    assert of.mode is M.CLEAN
+    for event, mode in [(E.APPEND, M.STREAM), (E.COMPLETE, M.CLEAN), (E.STAGE, M.STAGING),
+                        (E.DISCARD, M.CLEAN), (E.CREATE, M.STREAM)]:
+        of.move(event)
+        assert of.mode is mode
+    with pytest.raises(InternalError, match="append is not allowed in mode stream"):
+        of.move(E.APPEND)         # one stream per open file
+    assert of.mode is M.STREAM    # a refused move changes nothing
+    of.move(E.STAGE)              # staged; the stream stays on as the lease keeper
+    assert of.mode is M.STAGING
+    for event in (E.CREATE, E.DISCARD):
+        with pytest.raises(InternalError):
+            next_state(M.STREAM, event)
+    for event in (E.COMPLETE, E.APPEND, E.STAGE):
+        with pytest.raises(InternalError):
+            next_state(M.STAGING, event)

@@ -19,7 +19,6 @@ import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,77 +28,12 @@ pyfuse3 = pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
 if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
     pytest.skip("/dev/fuse or fusermount3 is not available", allow_module_level=True)
 
-from harness import ProcessCluster  # noqa: E402
+from harness import Mount, ProcessCluster  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 NOBODY = 65534
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
-
-
-class Mount:
-    """One ``leasefs mount --foreground`` process of ``cluster`` at a fresh mountpoint."""
-
-    def __init__(self, cluster: ProcessCluster, name: str, *extra: str):
-        self.cluster = cluster
-        self.name = name
-        self.extra = list(extra)
-        self.mp = Path(tempfile.mkdtemp(prefix=f"leasefs-{name}-"))
-        os.chmod(self.mp, 0o755)
-        self.log = cluster.base / "logs" / f"mount-{name}.log"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> "Mount":
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tools", "mount", "--foreground", str(self.mp),
-                 "-o", "allow_other", "--cache-dir", str(self.cluster.base / "cache"),
-                 "--log-level", "INFO", *self.extra],
-                env=self.cluster.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(self.mp):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mount exited {self.proc.returncode}: {self.log_text()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.mp} not mounted: {self.log_text()}")
-            time.sleep(0.05)
-        return self
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        """Unmount cleanly and check the process exited 0 without a traceback."""
-        if os.path.ismount(self.mp):
-            subprocess.run(["fusermount3", "-u", str(self.mp)], check=True, capture_output=True)
-        assert self.proc is not None
-        assert self.proc.wait(60) == 0, self.log_text()
-        assert "Traceback" not in self.log.read_text(errors="replace"), self.log_text()
-        self.proc = None
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(30)
-        self.proc = None
-        subprocess.run(["umount", "-l", str(self.mp)], capture_output=True)
-
-    def cleanup(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
-        if os.path.ismount(self.mp) or _stale(self.mp):
-            subprocess.run(["umount", "-l", str(self.mp)], capture_output=True)
-        shutil.rmtree(self.mp, ignore_errors=True)
-
-
-def _stale(path: Path) -> bool:
-    try:
-        os.stat(path)
-        return False
-    except OSError as exc:
-        return exc.errno == errno.ENOTCONN
 
 
 @pytest.fixture(scope="module")

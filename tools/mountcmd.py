@@ -20,11 +20,12 @@ import subprocess
 import sys
 import time
 
-from fs.config import find_meta_address
+from fs.client import FileSettings
+from fs.config import Config, find_meta_address
 
 from .cluster import mounted_fuse
 from .common import PROG, load_config
-from .formatting import UsageError
+from .formatting import UsageError, parse_settings
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,13 @@ def cmd_mount(args) -> int:
         return 1
     from mount.runner import run_mount
 
+    # per-file settings given explicitly (--set, LEASEFS_*, --config) apply to the files
+    # the mount creates; the client's other settings follow the cluster's defaults
+    chosen = Config.chosen(getattr(args, "config", None),
+                           **parse_settings(getattr(args, "set", None)))
     kwargs = dict(options=args.options, cache_dir=args.cache_dir,
-                  entry_timeout=args.entry_timeout, attr_timeout=args.attr_timeout)
+                  entry_timeout=args.entry_timeout, attr_timeout=args.attr_timeout,
+                  file_settings=FileSettings.chosen_in(config, chosen))
     if args.foreground:
         _setup_logging(args, sys.stderr)
         try:

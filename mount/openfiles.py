@@ -1,0 +1,157 @@
+"""The mount's per-inode and per-handle state, and the open-file state table.
+
+Why a module of its own: ``mount.operations`` translates FUSE requests; what one open file
+is (its mode, stream, staging file, pending times, lease-holding handles) and the moves
+between its modes are kept here, table-driven like ``storage/replicas.py``: every change of
+``OpenFile.mode`` goes through ``OpenFile.move``, which asks ``TRANSITIONS`` first.
+
+Modes of an open file, named after what holds its content:
+
+* ``CLEAN``: the cluster's copy is the content; nothing of ours is pending.
+* ``STREAM``: we hold the lease and an output stream (``create``/``append``) that takes
+  sequential writes; the content is the cluster's copy plus what the stream has taken.
+* ``STAGING``: the whole content is in a local staging file, uploaded (truncate, append)
+  when flushed; ``keeper``, an idle output stream, holds the lease meanwhile when the file
+  came from ``STREAM`` (so another client's open for writing still gets EBUSY).
+
+Concurrency contract: plain objects of the mount's one trio run; an ``OpenFile`` changes
+only under its ``lock`` (taken by every handler before its first await), a ``Handle``'s read
+window under its ``read_lock``.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+
+import trio
+
+from fs.errors import InternalError, LeaseFSError
+
+
+class FileMode(str, enum.Enum):
+    CLEAN = "clean"
+    STREAM = "stream"
+    STAGING = "staging"
+
+
+class FileEvent(str, enum.Enum):
+    """What happens to an open file, named after the client calls that do it."""
+
+    CREATE = "create"          # a new file (or a new inode replacing our own stream's)
+    APPEND = "append"          # the lease taken on an existing file, writes go on at its end
+    COMPLETE = "complete"      # the stream closed: file completed, lease released
+    STAGE = "stage"            # the content copied into a local staging file
+    DISCARD = "discard"        # the staging file uploaded (or abandoned) and removed
+
+
+M, E = FileMode, FileEvent
+
+TRANSITIONS: dict[tuple[FileMode, FileEvent], FileMode] = {
+    (M.CLEAN, E.CREATE): M.STREAM,
+    (M.CLEAN, E.APPEND): M.STREAM,
+    (M.STREAM, E.COMPLETE): M.CLEAN,
+    (M.CLEAN, E.STAGE): M.STAGING,
+    (M.STREAM, E.STAGE): M.STAGING,         # the stream stays open as the lease keeper
+    (M.STAGING, E.DISCARD): M.CLEAN,
+}
+
+
+def next_state(mode: FileMode, event: FileEvent) -> FileMode:
+    """The mode after ``event``; ``InternalError`` (a bug of the mount) if the table has
+    no such move."""
+    try:
+        return TRANSITIONS[(mode, event)]
+    except KeyError:
+        raise InternalError(f"open file: {event.value} is not allowed in mode "
+                            f"{mode.value}") from None
+
+
+class Node:
+    """An inode the kernel knows: its current path and lookup count."""
+
+    __slots__ = ("ino", "path", "lookups")
+
+    def __init__(self, ino: int, path: str | None):
+        self.ino = ino
+        self.path = path
+        self.lookups = 0
+
+
+class OpenFile:
+    """State of one inode while any handle has it open.
+
+    ``mode`` (a ``FileMode``, changed only by ``move``): ``CLEAN`` (nothing written),
+    ``STREAM`` (``stream`` takes sequential writes) or ``STAGING`` (the whole content lives
+    in ``staging_path``; ``dirty`` when it differs from the cluster's copy).
+    """
+
+    def __init__(self, ino: int, size: int, permission: int, owner: str | None = None,
+                 group: str | None = None, replication: int | None = None,
+                 block_size: int | None = None):
+        self.ino = ino
+        # the namespace inode holding the content now: ``ino`` until a re-upload replaces
+        # the file (a new inode under the same name); what runs after a release addresses
+        # this id, so a rename meanwhile does not lose it
+        self.ns_ino = ino
+        self.size = size
+        self.permission = permission
+        # kept so that a re-upload (a new inode under the same name) keeps them
+        self.owner = owner
+        self.group = group
+        self.replication = replication
+        self.block_size = block_size
+        self.status = None          # last FileStatus seen: attributes once it is unlinked
+        # (mtime_ns, atime_ns) set explicitly while written (rsync, tar, cp -p): the
+        # completion or upload at release would replace them, so they are set again then
+        self.pending_times: tuple[int | None, int | None] | None = None
+        self.mode = FileMode.CLEAN
+        self.stream = None
+        self.keeper = None          # STAGING: the idle output stream holding the lease
+        self.staging_path: str | None = None
+        self.dirty = False
+        self.error: LeaseFSError | None = None
+        self.handles = 0
+        self.writers = 0
+        self.unlinked = False
+        self.generation = 0       # bumps whenever the cluster copy changes under readers
+        self.lock = trio.Lock()
+
+    def move(self, event: FileEvent) -> None:
+        """Change ``mode`` as the transition table says (``InternalError`` if it may not)."""
+        self.mode = next_state(self.mode, event)
+
+
+class Handle:
+    """One ``open``/``create``: its file and (for reads of a clean file) an input stream."""
+
+    def __init__(self, fh: int, of: OpenFile, flags: int):
+        self.fh = fh
+        self.of = of
+        self.flags = flags
+        self.writable = (flags & os.O_ACCMODE) != os.O_RDONLY
+        self.input = None
+        self.input_generation = -1
+        # read window: the kernel reads in requests of at most 128 KiB (readahead folios);
+        # one sequential fetch of READ_WINDOW serves the next ones from memory
+        self.window_offset = 0
+        self.window = b""
+        self.read_lock = trio.Lock()
+
+    def from_window(self, off: int, size: int) -> bytes | None:
+        start = off - self.window_offset
+        if 0 <= start and off + size <= self.window_offset + len(self.window):
+            return self.window[start:start + size]
+        return None
+
+
+class DirHandle:
+    """An open directory: readdir cookies are indexes into ``names`` (stable for the handle)."""
+
+    def __init__(self, ino: int):
+        self.ino = ino
+        self.names: list[str] = []
+
+
+__all__ = ["FileMode", "FileEvent", "TRANSITIONS", "next_state", "Node", "OpenFile", "Handle",
+           "DirHandle"]

@@ -1,0 +1,345 @@
+"""How the mount's writes reach the cluster: publishing an open file (hflush, complete,
+upload of a staging file), the local staging files, and truncates (shrink by the
+``truncate`` RPC, grow by appending zeros), as ``WriteMachinery``, a mixin of
+``mount.operations.LeaseFS``.
+
+Why a module of its own: ``mount.operations`` translates FUSE requests into these moves;
+this is what the moves do to an ``OpenFile`` (``mount.openfiles``) and to the cluster, kept
+apart so each module has one job.
+
+Concurrency contract: methods of the mount's one trio run. Every method taking an
+``OpenFile`` expects the caller to hold that file's ``lock`` (the FUSE handlers take it
+before their first await). Staging-file I/O runs in worker threads (``_io``) limited by
+the mount's ``CapacityLimiter``; nothing blocks the trio thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import uuid
+
+import trio
+
+from fs.errors import FileTooLarge, LeaseFSError
+
+from .errors import fuse_error
+from .openfiles import FileEvent, FileMode, OpenFile
+
+log = logging.getLogger(__name__)
+
+COPY_CHUNK = 4 << 20
+TRUNCATE_WAIT = 60.0
+
+
+class WriteMachinery:
+    """The write side of ``LeaseFS`` (needs its ``client``, ``_open``, ``_nodes``,
+    ``_alias``, ``_unfinished``, ``cache_dir``, ``cache_limit``, ``file_settings``,
+    ``_io_limiter`` and ``_path``)."""
+
+    async def _start_append(self, of: OpenFile, path: str) -> None:
+        """Take the lease and continue the file at its end (the fast path's stream)."""
+        of.stream = await self.client.append(path)
+        of.ns_ino = of.stream.ino
+        of.move(FileEvent.APPEND)
+        of.size = of.stream.pos
+        of.generation += 1
+
+    async def _publish(self, of: OpenFile, *, finish: bool) -> None:
+        """Make the cluster copy match what was written. ``finish``: also close the stream
+        (completing the file, releasing the lease) and go back to ``clean``."""
+        changed = (of.mode is FileMode.STREAM and finish
+                   or of.mode is FileMode.STAGING and of.dirty)
+        try:
+            await self._publish_content(of, finish=finish)
+        finally:
+            if changed and of.pending_times is not None and not of.unlinked:
+                mtime_ns, atime_ns = of.pending_times
+                if finish:
+                    of.pending_times = None
+                # by inode: after a close (rsync: close, set times, rename) the name may
+                # change while this runs
+                node = self._nodes.get(of.ino)
+                await self.client.set_times(node.path if node and node.path else "/",
+                                            mtime_ns=mtime_ns, atime_ns=atime_ns,
+                                            ino=of.ns_ino)
+
+    async def _publish_content(self, of: OpenFile, *, finish: bool) -> None:
+        if of.mode is FileMode.STREAM:
+            try:
+                if finish:
+                    # the mode changes only once the file is complete: until then the
+                    # cluster's length lags and getattr must keep answering of.size
+                    try:
+                        await self._complete(of.ino, of.stream)
+                    finally:
+                        of.stream = None
+                        of.move(FileEvent.COMPLETE)
+                else:
+                    await of.stream.hflush()
+            except LeaseFSError:
+                of.error = None   # reported right here, not again
+                raise
+        elif of.mode is FileMode.STAGING:
+            if of.dirty and not of.unlinked:
+                await self._upload(of, finish=finish)
+            if finish and not of.unlinked:
+                await self._release_keeper(of)
+                await self._discard_staging(of)
+
+    async def _complete(self, ino: int, stream) -> None:
+        """Close ``stream`` (complete the file, release the lease); a close that reached
+        every block server but not the metadata server is completed later."""
+        try:
+            await stream.close()
+        except LeaseFSError:
+            if stream.complete_pending:
+                log.warning("%s: metadata server unreachable at close; the data is on the "
+                            "block servers, completing it when the server is back",
+                            stream.path)
+                self._unfinished.append((ino, stream))
+            raise
+
+    async def _release_keeper(self, of: OpenFile, *, abandon: bool = False) -> None:
+        """End the lease a staged file holds: complete the file, or (``abandon``: the file
+        was deleted under it) just drop the stream."""
+        keeper, of.keeper = of.keeper, None
+        if keeper is None:
+            return
+        if abandon:
+            keeper.abort(LeaseFSError(f"{keeper.path}: deleted while open"))
+        else:
+            await self._complete(of.ino, keeper)
+
+    async def _upload(self, of: OpenFile, *, finish: bool) -> None:
+        """Replace the cluster's content of ``of`` with its staging file: cut to 0 and
+        append, both under the lease rules — a file another client opened for writing in
+        the moment our lease is let go is refused (EBUSY), never replaced under its writer
+        — and the inode, with its mode, owner, replication and block size, stays the same.
+        Unless ``finish``, the new stream is hsynced and kept as the lease keeper."""
+        path = self._path(of.ino)
+        await self._release_keeper(of)
+        await self._cut(path, 0)
+        stream = await self.client.append(path)
+        of.ns_ino = stream.ino
+        try:
+            offset = 0
+            while offset < of.size:
+                chunk = await self._staging_pread(of, offset, min(COPY_CHUNK, of.size - offset))
+                if not chunk:
+                    break
+                await stream.write(chunk)
+                offset += len(chunk)
+            if finish:
+                await stream.close()
+            else:
+                await stream.hsync()
+                of.keeper = stream
+        except BaseException as exc:
+            self._abandon(stream, path, exc, "upload")
+            raise
+        of.dirty = False
+        of.generation += 1
+
+    @staticmethod
+    def _abandon(stream, path: str, exc: BaseException, what: str) -> None:
+        """Give up a stream a failed ``what`` leaves behind (lease recovery closes it)."""
+        stream.abort(exc if isinstance(exc, LeaseFSError)
+                     else LeaseFSError(f"{path}: {what} interrupted"))
+
+    async def _recreate(self, path: str, of: OpenFile):
+        """Replace ``path``'s content: a new inode under the same name with the same mode,
+        owner, group, replication and block size, known to the kernel by the old inode
+        number."""
+        stream = await self.client.create(path, overwrite=True, permission=of.permission,
+                                          replication=of.replication, owner=of.owner,
+                                          group=of.group, block_size=of.block_size,
+                                          bytes_per_checksum=self._chunk_for(of.block_size))
+        self._alias[stream.ino] = of.ino
+        of.ns_ino = stream.ino
+        return stream
+
+    def _chunk_for(self, block_size: int | None) -> int | None:
+        """The chosen checksum chunk, when it fits ``block_size`` (else the cluster's)."""
+        bpc = self.file_settings.bytes_per_checksum
+        return bpc if bpc and not (block_size or 0) % bpc else None
+
+    def _staged_bytes(self) -> int:
+        return sum(f.size for f in self._open.values()
+                   if f.mode is FileMode.STAGING and f.staging_path is not None)
+
+    def _reserve(self, of: OpenFile, new_size: int) -> None:
+        """ENOSPC when growing ``of``'s staging file to ``new_size`` would pass the cache
+        limit (the mount's local staging space, not the cluster's)."""
+        current = of.size if (of.mode is FileMode.STAGING and of.staging_path) else 0
+        if new_size > current and self._staged_bytes() - current + new_size > self.cache_limit:
+            log.warning("staging cache %s full (limit %d bytes): write to inode %d refused",
+                        self.cache_dir, self.cache_limit, of.ino)
+            raise fuse_error(errno.ENOSPC)
+
+    async def _to_staging(self, of: OpenFile, path: str | None) -> None:
+        """Move ``of`` to a local staging file holding its whole current content."""
+        if of.mode is FileMode.STAGING:
+            return
+        self._reserve(of, of.size)
+        if of.mode is FileMode.STREAM:
+            try:   # the copy below reads what the stream wrote; the stream keeps the lease
+                await of.stream.hflush()
+            except LeaseFSError as exc:
+                of.error = exc
+                raise
+        staging = os.path.join(self.cache_dir, f"{of.ino}-{uuid.uuid4().hex}")
+        fd = await self._io(os.open, staging, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        await self._io(os.close, fd)
+        of.staging_path = staging
+        size = 0
+        if path is not None:
+            async with await self.client.open(path) as src:
+                while True:
+                    chunk = await src.read(COPY_CHUNK)
+                    if not chunk:
+                        break
+                    await self._io(_pwrite_file, staging, chunk, size)
+                    size += len(chunk)
+        of.size = size
+        if of.mode is FileMode.STREAM:
+            of.keeper, of.stream = of.stream, None
+        of.move(FileEvent.STAGE)
+        of.dirty = False
+
+    async def _discard_staging(self, of: OpenFile) -> None:
+        if of.staging_path is not None:
+            staging, of.staging_path = of.staging_path, None
+            try:
+                await self._io(os.unlink, staging)
+            except FileNotFoundError:
+                pass
+            if of.mode is FileMode.STAGING:
+                of.move(FileEvent.DISCARD)
+
+    async def _staging_pread(self, of: OpenFile, off: int, size: int) -> bytes:
+        return await self._io(_pread_file, of.staging_path, off, size)
+
+    async def _staging_pwrite(self, of: OpenFile, off: int, data: bytes) -> None:
+        await self._io(_pwrite_file, of.staging_path, data, off)
+
+    async def _io(self, fn, *args):
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._io_limiter)
+
+    async def _truncate_open(self, of: OpenFile, path: str, size: int, *,
+                             by_handle: bool) -> None:
+        """``ftruncate`` on a file this mount is writing goes into that file's pending
+        state (published with it); ``truncate(2)`` by path takes effect at once. Lock held."""
+        await self._truncate_locked(of, path, size)
+        if not (by_handle and of.writers > 0):
+            await self._publish(of, finish=of.writers == 0)
+
+    async def _truncate_closed(self, ino: int, path: str, size: int) -> None:
+        """``truncate(2)`` of a file not open here: takes effect in the cluster at once."""
+        status = await self.client.get_file_status(path)
+        if status.is_dir:
+            raise fuse_error(errno.EISDIR)
+        if size == status.length:
+            return
+        if size < status.length:
+            await self._cut(path, size)
+        else:  # growing: zeros appended through the pipeline (under the lease), then closed
+            of = OpenFile(ino, status.length, status.mode & 0o7777, status.owner,
+                          status.group, status.replication or None, status.block_size or None)
+            try:
+                await self._truncate_locked(of, path, size)
+                await self._publish(of, finish=True)
+            except BaseException as exc:
+                if of.stream is not None:
+                    self._abandon(of.stream, path, exc, "truncate")
+                raise
+
+    async def _cut(self, path: str, size: int) -> None:
+        """Shorten the closed file ``path`` in the cluster (HDFS truncate): it takes the
+        lease, so a file another client writes is refused (EBUSY) and keeps its bytes."""
+        if not await self.client.truncate(path, size):
+            deadline = trio.current_time() + TRUNCATE_WAIT
+            while not await self.client.is_file_closed(path):
+                if trio.current_time() > deadline:
+                    raise fuse_error(errno.EAGAIN)
+                await trio.sleep(0.05)
+
+    async def _truncate_locked(self, of: OpenFile, path: str, size: int) -> None:
+        if of.mode is FileMode.STREAM and size == of.stream.pos:
+            return
+        if size == 0 and of.mode is FileMode.STREAM:
+            # our own lease: replace the content with a new, empty file at once
+            stream, of.stream = of.stream, None
+            try:
+                await stream.close()
+            finally:
+                of.move(FileEvent.COMPLETE)
+            stream = await self._recreate(path, of)
+            of.stream, of.size = stream, 0
+            of.move(FileEvent.CREATE)
+            of.generation += 1
+            return
+        if of.mode is FileMode.CLEAN and not of.unlinked:
+            if size:   # another client may have changed it since it was opened here
+                of.size = (await self.client.get_file_status(path)).length
+            if size == 0 or size < of.size:
+                await self._cut(path, size)
+                of.size = size
+                of.generation += 1
+            elif size > of.size:
+                await self._grow(of, path, size)
+            return
+        if of.mode is FileMode.STREAM and size > of.size:
+            await self._grow(of, path, size)
+            return
+        if of.mode is FileMode.CLEAN and size == of.size:
+            return
+        await self._to_staging(of, path if not of.unlinked else None)
+        self._reserve(of, size)
+        await self._io(os.truncate, of.staging_path, size)
+        of.size = size
+        of.dirty = True
+
+
+    async def _grow(self, of: OpenFile, path: str, size: int) -> None:
+        """Extend ``of`` to ``size`` with zeros written through the pipeline under its lease
+        (the stream stays open, published with the file): nothing is staged locally, so a
+        file may grow past the staging cache. ``EFBIG`` past the largest file size."""
+        block_size = of.block_size or self.client.config.block_size
+        largest = block_size * self.client.config.max_blocks_per_file
+        if size > largest:
+            raise FileTooLarge(f"{path}: {size} bytes is more than the largest file size "
+                               f"{largest} (max_blocks_per_file x block size {block_size})")
+        if of.mode is FileMode.CLEAN:
+            await self._start_append(of, path)
+        zeros = memoryview(bytes(min(COPY_CHUNK, max(0, size - of.stream.pos))))
+        try:
+            while of.stream.pos < size:
+                await of.stream.write(zeros[:size - of.stream.pos])
+        except LeaseFSError as exc:
+            of.error = exc
+            raise
+        finally:
+            of.size = of.stream.pos
+
+
+def _pread_file(path: str, off: int, size: int) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(off)
+        return fh.read(size)
+
+
+def _pwrite_file(path: str, data: bytes, off: int) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(fd, view, off)
+            view = view[n:]
+            off += n
+    finally:
+        os.close(fd)
+
+
+__all__ = ["WriteMachinery", "COPY_CHUNK"]

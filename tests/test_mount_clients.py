@@ -1,0 +1,370 @@
+"""POSIX behaviour of the FUSE mount that needs real mounts: two mount processes of one
+process cluster are two clients (each its own lease holder). Covers what tools like rsync
+do (times set on a closed temp file just before its rename), one client's ``O_TRUNC``
+against another client's lease, deep trees, link counts, per-file settings of the mount
+and growing truncates.
+
+Skipped (with the reason) when pyfuse3, /dev/fuse or fusermount3 is missing.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+pyfuse3 = pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
+if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
+    pytest.skip("/dev/fuse or fusermount3 is not available", allow_module_level=True)
+
+from harness import REPO, Mount, ProcessCluster  # noqa: E402
+
+MiB = 1 << 20
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    base = tmp_path_factory.mktemp("mountclients")
+    settings = {"replication": 2, "block_size": MiB, "max_blocks_per_file": 24}  # files <= 24 MiB
+    with ProcessCluster(base, n_storage=2, settings=settings) as c:
+        yield c
+
+
+def _started(cluster, name: str, *extra: str):
+    m = Mount(cluster, name, *extra)
+    try:
+        m.start()
+        yield m
+        m.stop()
+    finally:
+        m.cleanup()
+
+
+@pytest.fixture(scope="module")
+def one(cluster):
+    yield from _started(cluster, "one")
+
+
+@pytest.fixture(scope="module")
+def two(cluster):
+    yield from _started(cluster, "two")
+
+
+def _errno_of(fn, *args, **kwargs) -> int:
+    with pytest.raises(OSError) as info:
+        fn(*args, **kwargs)
+    return info.value.errno
+
+
+def _wait_until(check, timeout: float = 20.0):
+    """``check()``'s first truthy result, or its last result once ``timeout`` passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------ times before a rename
+
+def test_times_set_on_a_closed_temp_file_survive_its_rename(cluster, one, tmp_path):
+    """rsync's pattern for every file: write a temp file, close it, set its mode and times,
+    rename it. The mount completes the file after the close (asynchronous release) while
+    those calls run; the times set in between must be what the file keeps, under its new
+    name, so a second ``rsync -a`` finds nothing to transfer."""
+    src = tmp_path / "src"
+    src.mkdir()
+    base_ns = 1_600_000_000 * 10**9
+    count = 200
+    wanted = {}
+    for i in range(count):
+        f = src / f"f{i:03d}"
+        f.write_bytes(os.urandom(100 + 37 * i))
+        os.utime(f, ns=(base_ns, base_ns + i * 10**9))
+        wanted[f.name] = base_ns + i * 10**9
+    first = subprocess.run(["rsync", "-a", "--stats", f"{src}/", str(one.mp / "rsynced")],
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert f"Number of regular files transferred: {count}" in first.stdout, first.stdout
+
+    def server_times():
+        with cluster.client() as client:
+            entries = client.list_status("/rsynced")
+        if any(e.under_construction for e in entries):
+            return None
+        return {e.name: e.mtime_ns for e in entries}
+
+    # every release has completed its file (nothing under construction) and set its times
+    # again afterwards; a lost update never comes back, so the wait is bounded
+    got = _wait_until(lambda: (t := server_times()) == wanted and t) or server_times()
+    assert got == wanted
+    second = subprocess.run(["rsync", "-a", "--stats", f"{src}/", str(one.mp / "rsynced")],
+                            capture_output=True, text=True, timeout=300)
+    assert "Number of regular files transferred: 0" in second.stdout, second.stdout
+    assert "release of inode" not in one.log.read_text(errors="replace"), one.log_text()
+
+
+# ------------------------------------------------------------------ O_TRUNC against a lease
+
+def test_truncating_open_of_a_file_another_mount_writes_is_ebusy(cluster, one, two):
+    """The lease protects its writer: another client's O_TRUNC open (or truncate(2)) of
+    the file is refused with EBUSY, as its append and read-write opens are, and the
+    writer's fsynced bytes, later writes, fsync and close all stand."""
+    fd = os.open(one.mp / "leased.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, b"first line\n")
+        os.fsync(fd)
+        target = two.mp / "leased.log"
+        assert _errno_of(os.open, target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) == errno.EBUSY
+        assert _errno_of(os.open, target, os.O_RDWR | os.O_TRUNC) == errno.EBUSY
+        assert _errno_of(os.truncate, target, 0) == errno.EBUSY
+        assert _errno_of(os.truncate, target, 4) == errno.EBUSY
+        with open(target, "rb") as fh:   # readers are welcome
+            assert fh.read() == b"first line\n"
+        os.write(fd, b"second line\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    want = b"first line\nsecond line\n"
+    with cluster.client() as client:
+        assert client.read_file("/leased.log") == want
+        assert _wait_until(lambda: client.is_file_closed("/leased.log"))
+    # once the writer closed it, the other mount may truncate it as usual
+    with open(two.mp / "leased.log", "wb") as fh:
+        fh.write(b"new")
+    with cluster.client() as client:
+        assert client.read_file("/leased.log") == b"new"
+
+
+def test_a_staged_file_stays_leased_to_its_writer(cluster, one, two):
+    """A random write moves a file to the mount's local staging file; its writer keeps the
+    lease all along (fsync uploads it under the lease), so another client's open for
+    writing is EBUSY until the writer closes it, and nothing replaces that client's file."""
+    (one.mp / "contended.bin").write_bytes(b"0123456789")
+    with cluster.client() as client:
+        assert _wait_until(lambda: client.is_file_closed("/contended.bin"))
+    other = two.mp / "contended.bin"
+    fd = os.open(one.mp / "contended.bin", os.O_RDWR)
+    try:
+        os.pwrite(fd, b"AB", 2)                    # not at the end: staged in mount one
+        assert _errno_of(os.open, other, os.O_WRONLY | os.O_APPEND) == errno.EBUSY
+        os.fsync(fd)                               # uploaded, still leased
+        with cluster.client() as client:
+            assert client.read_file("/contended.bin") == b"01AB456789"
+        assert _errno_of(os.open, other, os.O_WRONLY | os.O_APPEND) == errno.EBUSY
+        assert _errno_of(os.open, other, os.O_WRONLY | os.O_TRUNC) == errno.EBUSY
+        os.pwrite(fd, b"CD", 4)
+    finally:
+        os.close(fd)
+    with cluster.client() as client:
+        assert _wait_until(lambda: client.is_file_closed("/contended.bin"))
+        assert client.read_file("/contended.bin") == b"01ABCD6789"
+    with open(other, "ab") as fh:                  # free once its writer closed it
+        fh.write(b"-two")
+    with cluster.client() as client:
+        assert client.read_file("/contended.bin") == b"01ABCD6789-two"
+
+
+# ------------------------------------------------------------------ deep trees
+
+def test_deep_tree_past_path_max_through_relative_paths(cluster, one):
+    """PATH_MAX (4096) limits one system call's argument, not a tree: a shell that cd's
+    down level by level builds a 7000-character path; the namespace allows 8000 characters
+    (HDFS) and refuses more with ENAMETOOLONG. Names stay at most 255 bytes."""
+    name = "d" * 199
+    levels = 35                           # 35 * 200 = 7000 characters
+    script = (f"cd {one.mp} && mkdir deep && cd deep && "
+              f"for i in $(seq {levels}); do mkdir {name} && cd -P {name} || exit 1; done && "
+              "echo 'at the bottom' > file && cat file && ls")
+    result = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "at the bottom\nfile\n"
+    bottom = "/deep" + ("/" + name) * levels
+    assert len(bottom) == 7005
+    with cluster.client() as client:
+        assert client.read_file(bottom + "/file") == b"at the bottom\n"
+
+    # walk down with directory descriptors and go on to the limit
+    fds = [os.open(one.mp / "deep", os.O_RDONLY | os.O_DIRECTORY)]
+    try:
+        for _ in range(levels):
+            fds.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
+        assert os.listdir(fds[-1]) == ["file"]
+        for _ in range(4):                 # 7805 characters
+            os.mkdir(name, dir_fd=fds[-1])
+            fds.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
+        used = len(bottom) + 4 * 200
+        assert _errno_of(os.mkdir, "x" * (8000 - used), dir_fd=fds[-1]) == errno.ENAMETOOLONG
+        os.mkdir("x" * (8000 - used - 1), dir_fd=fds[-1])     # exactly 8000 characters
+        assert _errno_of(os.open, "f" * 255, os.O_WRONLY | os.O_CREAT, 0o644,
+                         dir_fd=fds[-1]) == errno.ENAMETOOLONG
+        assert _errno_of(os.mkdir, "n" * 256, dir_fd=fds[0]) == errno.ENAMETOOLONG
+    finally:
+        for fd in fds:
+            os.close(fd)
+    with cluster.client() as client:
+        deepest = bottom + ("/" + name) * 4 + "/" + "x" * (8000 - used - 1)
+        assert len(deepest) == 8000
+        assert client.get_file_status(deepest).is_dir
+    subprocess.run(["rm", "-rf", str(one.mp / "deep")], check=True, timeout=120)
+    assert not (one.mp / "deep").exists()
+
+
+# ------------------------------------------------------------------ link counts
+
+def test_link_counts_of_directories_and_unlinked_open_files(cluster, one, two):
+    """A directory has 2 + (its subdirectories) links, as on ext4 (find's leaf
+    optimisation and pjdfstest rely on it); a file unlinked while open has 0."""
+    d = one.mp / "links"
+    d.mkdir()
+    assert os.stat(d).st_nlink == 2
+    (d / "a").mkdir()
+    (d / "b").mkdir()
+    (d / "b" / "inner").mkdir()
+    (d / "file").write_bytes(b"x")
+    assert os.stat(d).st_nlink == 4
+    assert os.stat(d / "b").st_nlink == 3
+    assert os.stat(d / "file").st_nlink == 1
+    (d / "other").mkdir()
+    assert os.stat(d).st_nlink == 5
+    os.rename(d / "b", d / "other" / "b")             # across directories
+    assert (os.stat(d).st_nlink, os.stat(d / "other").st_nlink) == (4, 3)
+    os.rmdir(d / "a")
+    assert os.stat(d).st_nlink == 3
+    # another client sees the same counts
+    assert os.stat(two.mp / "links").st_nlink == 3
+    assert os.stat(two.mp / "links" / "other").st_nlink == 3
+    subprocess.run(["rm", "-rf", str(d / "other")], check=True, timeout=60)
+    assert os.stat(d).st_nlink == 2
+
+    fd = os.open(d / "file", os.O_RDWR)
+    try:
+        os.unlink(d / "file")
+        assert os.fstat(fd).st_nlink == 0
+        assert os.pread(fd, 10, 0) == b"x"
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------ per-file settings
+
+def _replica_chunk(cluster, block_id: int) -> set[int]:
+    """bytes_per_checksum in the meta headers of ``block_id``'s replicas on disk."""
+    from storage.replicas import META_HEADER, decode_meta_header
+
+    found = set()
+    for i in range(cluster.n_storage):
+        for meta in cluster.storage_dir(i).rglob(f"blk_{block_id}_*.meta"):
+            with open(meta, "rb") as fh:
+                found.add(decode_meta_header(fh.read(META_HEADER.size)))
+    return found
+
+
+def test_block_size_replication_and_checksum_chunk_set_for_the_mount_apply(cluster, one):
+    m = Mount(cluster, "chooser", "--set", f"block_size={2 * MiB}", "--set", "replication=1",
+              "--set", "bytes_per_checksum=512")
+    try:
+        m.start()
+        data = os.urandom(5 * MiB + 77)
+        (m.mp / "chosen.bin").write_bytes(data)
+        (one.mp / "defaults.bin").write_bytes(b"d" * 1000)
+        assert (m.mp / "chosen.bin").read_bytes() == data
+        with cluster.client() as client:
+            chosen = client.get_file_status("/chosen.bin")
+            assert (chosen.block_size, chosen.replication) == (2 * MiB, 1)
+            located = client.get_block_locations("/chosen.bin")["blocks"]
+            assert [b["block"]["num_bytes"] for b in located] == [2 * MiB, 2 * MiB, MiB + 77]
+            assert all(len(b["locations"]) == 1 for b in located)
+            assert _replica_chunk(cluster, located[0]["block"]["id"]) == {512}
+            assert client.read_file("/chosen.bin") == data
+            default = client.get_file_status("/defaults.bin")
+            assert (default.block_size, default.replication) == (MiB, 2)
+        m.stop()
+    finally:
+        m.cleanup()
+
+
+def test_mount_refuses_a_checksum_chunk_its_block_size_cannot_hold(cluster, tmp_path):
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "tools", "mount", str(mp), "--set", f"block_size={2 * MiB}",
+             "--set", "bytes_per_checksum=3000"],
+            env=cluster.env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    finally:
+        if os.path.ismount(mp):
+            subprocess.run(["fusermount3", "-u", str(mp)], capture_output=True)
+    assert result.returncode == 1
+    assert "bytes_per_checksum 3000" in result.stderr and "Traceback" not in result.stderr
+    assert not os.path.ismount(mp)
+
+
+# ------------------------------------------------------------------ growing truncates
+
+def test_growing_truncate_streams_zeros_instead_of_staging(cluster):
+    """truncate/ftruncate to a larger size append zeros through the pipeline: a size past
+    the mount's staging cache (1 MiB here) works; past the largest file (24 blocks of
+    1 MiB in this cluster) it is EFBIG and the file keeps its content."""
+    m = Mount(cluster, "grower", "--set", f"mount_cache_limit={MiB}")
+    try:
+        m.start()
+        f = m.mp / "grown.bin"
+        f.write_bytes(b"head")
+        os.truncate(f, 5 * MiB)                                   # by path, file closed
+        assert os.stat(f).st_size == 5 * MiB
+        with cluster.client() as client:
+            assert client.read_file("/grown.bin") == b"head" + bytes(5 * MiB - 4)
+        fd = os.open(f, os.O_RDWR)
+        try:
+            os.ftruncate(fd, 9 * MiB)                             # by handle, open for write
+            assert os.fstat(fd).st_size == 9 * MiB
+            os.lseek(fd, 0, os.SEEK_END)
+            os.write(fd, b"tail")
+        finally:
+            os.close(fd)
+        with cluster.client() as client:
+            data = client.read_file("/grown.bin")
+        assert (len(data), data[:4], data[-4:]) == (9 * MiB + 4, b"head", b"tail")
+        assert data[4:-4] == bytes(9 * MiB - 4)
+        subprocess.run(["truncate", "-s", "16M", str(f)], check=True, timeout=120)
+        assert os.stat(f).st_size == 16 * MiB
+
+        assert _errno_of(os.truncate, f, 24 * MiB + 1) == errno.EFBIG
+        result = subprocess.run(["truncate", "-s", "1G", str(f)], capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode != 0 and "too large" in result.stderr.lower(), result.stderr
+        assert os.stat(f).st_size == 16 * MiB
+        with cluster.client() as client:   # (the last release completes it asynchronously)
+            assert _wait_until(lambda: client.is_file_closed("/grown.bin"))
+            assert client.get_file_status("/grown.bin").length == 16 * MiB
+        m.stop()
+    finally:
+        m.cleanup()
+
+
+def test_truncate_of_a_file_open_here_uses_its_current_length(cluster, one):
+    """A file open read-only here and appended to by another client meanwhile: truncate(2)
+    to a size between the length seen at open and the real one shortens it."""
+    f = one.mp / "appended-elsewhere.txt"
+    f.write_bytes(b"0123456789")
+    with cluster.client() as client:
+        assert _wait_until(lambda: client.is_file_closed("/appended-elsewhere.txt"))
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        with cluster.client() as client:
+            out = client.append("/appended-elsewhere.txt")
+            out.write(b"abcdefghij")
+            out.close()
+        os.truncate(f, 15)
+        with cluster.client() as client:
+            assert client.read_file("/appended-elsewhere.txt") == b"0123456789abcde"
+    finally:
+        os.close(fd)
