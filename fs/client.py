@@ -207,6 +207,10 @@ class AsyncClient:
             self.server_defaults = await self.rpc.call("get_server_defaults", {})
             overrides = {k: self.server_defaults[k] for k in SERVER_DEFAULT_KEYS
                          if self.server_defaults.get(k) is not None}
+            # A cluster too small to find replacement block servers says so (HDFS advises
+            # clusters of 3 nodes or less not to insist); a client may ask for it itself too.
+            if self.server_defaults.get("replace_datanode_best_effort"):
+                overrides["replace_datanode_best_effort"] = True
             self.config = self.config.replace(**overrides)
             self._renewer = LeaseRenewer(
                 self._renew_lease, holder=self.client_name, period=self.config.renew_period,

@@ -73,7 +73,8 @@ class Config:
         "was hflushed/appended)")
     replace_datanode_best_effort: bool = _s(
         False, "pipeline recovery: when no replacement can be found or copied to, go on with "
-        "the remaining nodes instead of failing the write")
+        "the remaining nodes instead of failing the write; a metadata server with it on "
+        "turns it on for its clients (the embedded cluster does with 3 block servers or fewer)")
     pipeline_recovery_retries: int = _s(5, "pipeline recoveries one block may go through "
                                         "before the write fails")
     # --- metadata server

@@ -668,6 +668,7 @@ class MetaServer(Dispatcher):
                 "packet_size": c.packet_size, "write_window_packets": c.write_window_packets,
                 "lease_soft_limit": c.lease_soft_limit, "lease_hard_limit": c.lease_hard_limit,
                 "max_blocks_per_file": c.max_blocks_per_file,
+                "replace_datanode_best_effort": c.replace_datanode_best_effort,
                 "namespace_id": self.ns.namespace_id}
 
     async def rpc_mkdirs(self, ctx, path, permission=0o755, owner=None, group=None):

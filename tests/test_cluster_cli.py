@@ -209,3 +209,38 @@ def test_up_with_mount_serves_files_and_down_unmounts(home, tmp_path):
         if mounted_fuse(str(mnt)):
             subprocess.run(["umount", "-l", str(mnt)], check=False)
         leasefs("cluster", "down", env=env)
+
+
+@pytest.mark.slow
+def test_embedded_cluster_append_goes_on_after_a_replica_holder_dies(home, tmp_path):
+    """Three block servers have no spare for a failed pipeline node, so the embedded cluster
+    tells its clients to go on with the survivors (best effort): an append after the death of
+    a block server holding the last block goes on, and the file is closed afterwards."""
+    env = {**os.environ, "LEASEFS_HOME": str(home)}
+    env.pop("LEASEFS_META", None)
+    up = leasefs("cluster", "up", "--storage", "3", "--port", "0", "--storage-port", "0",
+                 "--timeout", "60", *FAST, env=env)
+    assert up.returncode == 0, up.stderr + up.stdout
+    state = json.loads((home / "cluster.json").read_text())
+    assert state["settings"]["replace_datanode_best_effort"] is True
+    first = tmp_path / "first"
+    first.write_bytes(b"a" * 100_000)
+    assert leasefs("put", first, "/log", env=env).returncode == 0
+    fsck = leasefs("fsck", "/log", "--locations", "--json", env=env)
+    assert fsck.returncode == 0, fsck.stderr
+    block = json.loads(fsck.stdout)["files"][0]["blocks"][-1]
+    assert len(block["locations"]) == 3
+    victim_port = int(block["locations"][1]["address"].rsplit(":", 1)[1])
+    victims = [entry["pid"] for entry in state["storage"] if entry.get("port") == victim_port]
+    assert len(victims) == 1, (victim_port, state["storage"])
+    os.kill(victims[0], signal.SIGKILL)
+
+    more = tmp_path / "more"
+    more.write_bytes(b"b" * 50_000)
+    append = leasefs("append", more, "/log", env=env)
+    assert append.returncode == 0, append.stderr
+    cat = subprocess.run([sys.executable, "-m", "tools", "cat", "/log"], env=env,
+                         capture_output=True, timeout=120)
+    assert cat.returncode == 0 and cat.stdout == b"a" * 100_000 + b"b" * 50_000
+    leases = leasefs("leases", "--json", env=env)
+    assert leases.returncode == 0 and json.loads(leases.stdout) == [], leases.stdout

@@ -259,8 +259,11 @@ def _home(args) -> Layout:
 def _embedded_defaults(n: int) -> dict:
     # A whole-cluster launch knows how many block servers to expect: wait for all of them
     # (safemode_min_storage) and skip most of HDFS's 30 s safe-mode extension, which exists
-    # for clusters whose nodes report at unknown times.
-    return {"safemode_min_storage": n, "safemode_extension": 2.0}
+    # for clusters whose nodes report at unknown times. With 3 block servers or fewer there
+    # is no spare to replace a failed pipeline node (HDFS advises such clusters not to insist
+    # on one): writers go on with the survivors and re-replication restores the count.
+    return {"safemode_min_storage": n, "safemode_extension": 2.0,
+            "replace_datanode_best_effort": n <= 3}
 
 
 def _members(state: dict) -> list[tuple[str, str]]:
