@@ -18,7 +18,7 @@ import trio
 
 from harness import ProcessCluster, make_test_config
 
-from fs import errors
+from fs import errors, paths
 from fs.framing import encode_frame
 from fs.rpc import PROTOCOL_VERSION, RpcClient
 from meta.server import run_meta_server
@@ -129,7 +129,7 @@ def test_a_large_frame_waiting_for_the_request_buffer_is_read_once_a_stalled_one
             async with RpcClient(address, "big", retry_seconds=0, timeout=20) as rpc:
                 await rpc.call("get_file_info", {"path": "/"})   # the staller holds its share
                 started = trio.current_time()
-                with pytest.raises(errors.LeaseFSError, match="longer than 4096 bytes"):
+                with pytest.raises(errors.NameTooLong, match=f"longer than {paths.MAX_PATH_CHARS} "):
                     await rpc.call("mkdirs", {"path": "/" + "x" * 600_000})
                 waited = trio.current_time() - started
                 [(_, _, error)] = frames(await read_until_closed(staller, 10))

@@ -243,6 +243,19 @@ def wait_restored(cluster, client, files: dict, damaged: dict, before: int, star
     return noticed
 
 
+def write_and_damage(cluster, client, seed: int, extra: int):
+    """``/lost/delete`` and ``/lost/truncate`` written with 3 replicas, then one replica of
+    each damaged that way behind the block server's back; returns (files, damaged, copies
+    scheduled before the damage)."""
+    files = {f"/lost/{how}": payload(seed + i, BLOCK + extra)
+             for i, how in enumerate(("delete", "truncate"))}
+    for path, data in files.items():
+        client.write_file(path, data, replication=3)
+    before = scheduled_copies(client)
+    damaged = {path: damage(cluster, client, path, path.rsplit("/", 1)[1]) for path in files}
+    return files, damaged, before
+
+
 SETTINGS_LOST = {**SETTINGS, "directory_scan_interval": 3600.0, "block_report_interval": 600.0}
 
 
@@ -250,13 +263,7 @@ SETTINGS_LOST = {**SETTINGS, "directory_scan_interval": 3600.0, "block_report_in
 def test_replica_deleted_or_cut_behind_the_map_is_dropped_and_reported_when_read(tmp_path):
     with ProcessCluster(tmp_path, n_storage=3, settings=SETTINGS_LOST) as cluster:
         with cluster.client() as client:
-            files = {f"/lost/{how}": payload(40 + i, BLOCK + 500)
-                     for i, how in enumerate(("delete", "truncate"))}
-            for path, data in files.items():
-                client.write_file(path, data, replication=3)
-            before = scheduled_copies(client)
-            damaged = {path: damage(cluster, client, path, path.rsplit("/", 1)[1])
-                       for path in files}
+            files, damaged, before = write_and_damage(cluster, client, 40, 500)
             started = time.monotonic()
             for path, data in files.items():   # the reader falls back to another replica
                 assert client.read_file(path) == data
@@ -305,13 +312,7 @@ def test_directory_scan_drops_replicas_whose_files_are_gone_or_cut_without_a_rea
     settings = {**SETTINGS_LOST, "directory_scan_interval": 1.0}
     with ProcessCluster(tmp_path, n_storage=3, settings=settings) as cluster:
         with cluster.client() as client:
-            files = {f"/lost/{how}": payload(50 + i, BLOCK + 300)
-                     for i, how in enumerate(("delete", "truncate"))}
-            for path, data in files.items():
-                client.write_file(path, data, replication=3)
-            before = scheduled_copies(client)
-            damaged = {path: damage(cluster, client, path, path.rsplit("/", 1)[1])
-                       for path in files}
+            files, damaged, before = write_and_damage(cluster, client, 50, 300)
             wait_restored(cluster, client, files, damaged, before, time.monotonic())
 
 
