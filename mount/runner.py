@@ -13,6 +13,7 @@ owns the one trio run; pyfuse3 runs its request tasks inside it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -30,6 +31,23 @@ from fs.config import Config, default_home
 from .operations import LeaseFS
 
 log = logging.getLogger(__name__)
+
+
+class LateReplyFilter(logging.Filter):
+    """pyfuse3 logs an ERROR when the kernel refuses a reply with ENOENT. That means the
+    kernel no longer waits for it: the caller was interrupted, or the mount went away while
+    the request ran (an unmount right after a close races the asynchronous release, whose
+    work is done all the same). Nothing is lost, so it is logged as INFO."""
+
+    _NO_WAITER = f"fuse_reply_* failed with {os.strerror(errno.ENOENT)}"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and self._NO_WAITER in record.getMessage():
+            record.msg = (f"{record.getMessage()}: the kernel no longer waits for this reply "
+                          f"(caller interrupted or mount going away)")
+            record.args = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
 
 
 def default_cache_dir() -> str:
@@ -182,6 +200,9 @@ def run_mount(mountpoint: str, meta_address: str, config: Config, *, options=Non
     created through the mount get (block size, replication, checksum chunk; unset = the
     cluster's defaults)."""
     opts = mount_options(options, meta_address)
+    pyfuse3_log = logging.getLogger("pyfuse3")
+    if not any(isinstance(f, LateReplyFilter) for f in pyfuse3_log.filters):
+        pyfuse3_log.addFilter(LateReplyFilter())
     trio.run(_serve, os.path.abspath(mountpoint), meta_address, config, opts,
              cache_dir or config.mount_cache_dir or default_cache_dir(),
              config.mount_entry_timeout if entry_timeout is None else entry_timeout,

@@ -326,3 +326,29 @@ def test_open_file_modes_move_only_as_the_table_says():
     for event in (E.COMPLETE, E.APPEND, E.STAGE):
         with pytest.raises(InternalError):
             next_state(M.STAGING, event)
+
+
+@pytest.mark.allow_log_errors(r"fuse_read\(\): fuse_reply_\* failed with Invalid argument",
+                              reason="the test logs a failed reply that stays an error")
+def test_a_reply_the_kernel_no_longer_waits_for_is_not_an_error(caplog):
+    """pyfuse3 logs ERROR when the kernel refuses a reply with ENOENT (caller interrupted, or
+    an unmount right after a close racing the asynchronous release): the mount logs it as
+    INFO; any other failed reply stays an ERROR."""
+    import logging
+
+    from mount.runner import LateReplyFilter
+
+    log = logging.getLogger("pyfuse3")
+    filt = LateReplyFilter()
+    log.addFilter(filt)
+    try:
+        with caplog.at_level(logging.INFO, logger="pyfuse3"):
+            log.error("fuse_release(): fuse_reply_* failed with %s", os.strerror(errno.ENOENT))
+            late = caplog.records[-1]
+            assert late.levelno == logging.INFO and "no longer waits" in late.getMessage()
+            caplog.clear()
+            log.error("fuse_read(): fuse_reply_* failed with %s", os.strerror(errno.EINVAL))
+            other = caplog.records[-1]
+            assert other.levelno == logging.ERROR
+    finally:
+        log.removeFilter(filt)
