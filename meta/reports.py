@@ -81,11 +81,16 @@ class FullReport:
     removed: int = 0             # replicas the node held but the report did not list
 
 
+# block report entries validated / processed between two checkpoints of the trio thread
+# (also the step of the metadata server's other long walks)
+REPORT_STEP = 2000
+
+
 class BlockReports:
     """Applies block reports to ``blocks`` and ``datanodes``; see the module docstring."""
 
     def __init__(self, blocks: BlocksMap, datanodes: DatanodeManager,
-                 on_change: Callable[[], None], *, step: int = 2000):
+                 on_change: Callable[[], None], *, step: int = REPORT_STEP):
         self.blocks = blocks
         self.datanodes = datanodes
         self.on_change = on_change
