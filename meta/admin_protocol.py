@@ -46,10 +46,10 @@ class AdminProtocol:
 
     async def rpc_content_summary(self, ctx, path):
         parts = paths.split(path)
-        async with self._reading(parts):
-            caller = self._checked(ctx)
+        async with self.reading(parts):
+            caller = self.checked_caller(ctx)
             if caller is not None:
-                self.permissions.check_path(caller, parts, self._chain(parts))
+                self.permissions.check_path(caller, parts, self.inode_chain(parts))
             _, ino, inode, _ = self.ns.resolve(path)
             summary = ContentSummary()
             for count, (node_ino, node) in enumerate(self.ns.iter_subtree(ino, inode), 1):
@@ -102,7 +102,7 @@ class AdminProtocol:
         if action not in ("get", "enter", "leave"):
             raise InvalidArgument(f"safemode: action must be get, enter or leave, got {action!r:.40}")
         if action != "get":
-            self.permissions.check_superuser(self._caller(ctx), f"safemode {action}")
+            self.permissions.check_superuser(self.caller_of(ctx), f"safemode {action}")
             await self.global_lock.acquire(True)   # no mutation is half way through
             try:
                 if action == "enter":
@@ -117,7 +117,7 @@ class AdminProtocol:
     def _node_admin_dict(self, node) -> dict:
         return {"node_id": node.node_id, "address": node.address, "admin": node.admin,
                 "alive": node.alive, "blocks": self.blocks.node_block_count(node.node_id),
-                "blocks_to_copy": (self._blocks_to_copy(node.node_id)
+                "blocks_to_copy": (self.blocks_to_copy(node.node_id)
                                    if node.admin == dm.DECOMMISSION_IN_PROGRESS else 0)}
 
     async def rpc_decommission(self, ctx, node=None, action="start"):
@@ -135,7 +135,7 @@ class AdminProtocol:
         if info is None:
             raise InvalidArgument(f"decommission: {node:.100}: no such block server")
         if action != "status":
-            self.permissions.check_superuser(self._caller(ctx), f"decommission {action}")
+            self.permissions.check_superuser(self.caller_of(ctx), f"decommission {action}")
             if action == "start" and info.admin == dm.NORMAL:
                 info.admin = dm.DECOMMISSION_IN_PROGRESS
                 log.info("decommissioning block server %s (%s): %d replicas to protect",
@@ -154,7 +154,7 @@ class AdminProtocol:
         if info is None:
             out.update(status="MISSING", live=0, expected=0, corrupt_replicas=[])
             return out
-        normal, retiring, _ = self._replica_groups(info)
+        normal, retiring, _ = self.replica_groups(info)
         corrupt = [{"node_id": n, "address": (self.datanodes.nodes[n].address
                                               if n in self.datanodes.nodes else "?"),
                     "reason": info.replicas[n].reason or "reported bad by a reader or scanner"}
@@ -171,7 +171,7 @@ class AdminProtocol:
         out.update(status=status, live=len(normal), decommissioning=len(retiring),
                    expected=info.replication, corrupt_replicas=corrupt)
         if locations:
-            out["locations"] = [loc for loc in map(self._location, normal + retiring)
+            out["locations"] = [loc for loc in map(self.location, normal + retiring)
                                 if loc is not None]
         return out
 
@@ -186,10 +186,10 @@ class AdminProtocol:
                   "open_files": 0, "under_construction_blocks": 0}
         files: list[dict] = []
         truncated = False
-        async with self._reading(parts):
-            caller = self._checked(ctx)
+        async with self.reading(parts):
+            caller = self.checked_caller(ctx)
             if caller is not None:
-                self.permissions.check_path(caller, parts, self._chain(parts))
+                self.permissions.check_path(caller, parts, self.inode_chain(parts))
             canonical = paths.join_parts(parts)
             _, ino, inode, _ = self.ns.resolve(path)
             for count, (node_ino, node) in enumerate(self.ns.iter_subtree(ino, inode), 1):
@@ -238,7 +238,7 @@ class AdminProtocol:
 
     async def rpc_save_namespace(self, ctx):
         """HDFS ``dfsadmin -saveNamespace``: a checkpoint now; superuser, safe mode only."""
-        self.permissions.check_superuser(self._caller(ctx), "save namespace")
+        self.permissions.check_superuser(self.caller_of(ctx), "save namespace")
         if not self.safemode.on:
             raise InvalidArgument("save namespace: safe mode must be ON to save the "
                                   "namespace (leasefs safemode enter), as HDFS requires")

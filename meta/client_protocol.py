@@ -60,19 +60,19 @@ class ClientProtocol:
         canonical = paths.join_parts(parts)
 
         async def body():
-            caller = self._checked(ctx)
+            caller = self.checked_caller(ctx)
             if caller is not None:   # an existing directory needs only traverse (HDFS)
-                chain = self._chain(parts)
+                chain = self.inode_chain(parts)
                 self.permissions.check_path(caller, parts, chain,
                                             ancestor=WRITE if len(chain) <= len(parts) else 0)
-            new_owner, new_group = self._new_owner(ctx, f"mkdirs {canonical}", canonical,
-                                                   owner, group)
-            _, wall = self._now()
-            await self._log(self.ns.plan_mkdirs(canonical, permission, new_owner, new_group,
-                                                now_ns=wall))
+            new_owner, new_group = self.new_owner(ctx, f"mkdirs {canonical}", canonical,
+                                                  owner, group)
+            _, wall = self.now()
+            await self.log_plan(self.ns.plan_mkdirs(canonical, permission, new_owner, new_group,
+                                                    now_ns=wall))
             return True
-        return await self._with_ancestor_locks(f"mkdirs {canonical}", parts, body,
-                                               keep_parent_write=False)
+        return await self.with_ancestor_locks(f"mkdirs {canonical}", parts, body,
+                                              keep_parent_write=False)
 
     async def rpc_create(self, ctx, path, client_name, overwrite=False, create_parent=True,
                          replication=None, block_size=None, permission=0o644, owner=None,
@@ -82,32 +82,32 @@ class ClientProtocol:
         check_name(client_name, f"create {canonical}: client_name")
 
         async def body():
-            caller = self._checked(ctx)
+            caller = self.checked_caller(ctx)
             if caller is not None:   # overwriting a file also needs WRITE on it (HDFS)
-                chain = self._chain(parts)
+                chain = self.inode_chain(parts)
                 replaces = (overwrite is True and len(chain) == len(parts) + 1
                             and chain[-1]["type"] == FILE)
                 self.permissions.check_path(caller, parts, chain, ancestor=WRITE,
                                             access=WRITE if replaces else 0)
-            new_owner, new_group = self._new_owner(ctx, f"create {canonical}", canonical,
-                                                   owner, group)
-            now, wall = self._now()
+            new_owner, new_group = self.new_owner(ctx, f"create {canonical}", canonical,
+                                                  owner, group)
+            now, wall = self.now()
             found = self.ns.walk(parts, canonical) if parts else []
             if parts and len(found) == len(parts) + 1 and overwrite is False:
                 ino, inode = found[-1]
                 uc = inode.get("uc") if inode["type"] == FILE else None
-                if uc and not await self._recover_lease_internal("create", canonical, ino,
-                                                                 inode, client_name, now):
+                if uc and not await self.recover_lease_internal("create", canonical, ino,
+                                                                inode, client_name, now):
                     raise RecoveryInProgress(f"failed to create {canonical} for {client_name}: "
                                              f"lease recovery is in progress; try again later")
             plan = self.ns.plan_create(
                 canonical, holder=client_name, client_machine=ctx.peer, overwrite=overwrite,
                 create_parent=create_parent, replication=replication, block_size=block_size,
                 permission=permission, owner=new_owner, group=new_group, now_ns=wall)
-            await self._log(plan)
+            await self.log_plan(plan)
             ino = plan[1]["ino"]
             return self.ns.status(canonical, ino, self.ns.get_inode(ino))
-        return await self._with_ancestor_locks(f"create {canonical}", parts, body)
+        return await self.with_ancestor_locks(f"create {canonical}", parts, body)
 
     async def rpc_create_symlink(self, ctx, target, path, create_parent=False, owner=None,
                                  group=None):
@@ -115,39 +115,39 @@ class ClientProtocol:
         canonical = paths.join_parts(parts)
 
         async def body():
-            self._check(ctx, parts, ancestor=WRITE)
-            new_owner, new_group = self._new_owner(ctx, f"symlink {canonical}", canonical,
-                                                   owner, group)
-            _, wall = self._now()
+            self.check_access(ctx, parts, ancestor=WRITE)
+            new_owner, new_group = self.new_owner(ctx, f"symlink {canonical}", canonical,
+                                                  owner, group)
+            _, wall = self.now()
             plan = self.ns.plan_symlink(target, canonical, create_parent=create_parent,
                                         owner=new_owner, group=new_group, now_ns=wall)
-            await self._log(plan)
+            await self.log_plan(plan)
             ino = plan[1]["ino"]
             return self.ns.status(canonical, ino, self.ns.get_inode(ino))
-        return await self._with_ancestor_locks(f"symlink {canonical}", parts, body)
+        return await self.with_ancestor_locks(f"symlink {canonical}", parts, body)
 
     async def rpc_add_block(self, ctx, path, client_name, ino=None, previous=None, excluded=()):
         canonical = paths.validate(path)
-        ino = self._check_ino(ino, canonical)
+        ino = self.check_ino(ino, canonical)
         if not isinstance(excluded, (list, tuple)) or not all(isinstance(x, str) for x in excluded):
             raise InvalidArgument(f"add_block {canonical}: excluded must be a list of node ids "
                                   f"or addresses")
-        async with self._file_lock(f"add a block to {canonical}", canonical, ino) as current:
+        async with self.file_lock(f"add a block to {canonical}", canonical, ino) as current:
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
             blocks = self.ns.tail_blocks(ino, inode)
             kind, last = self.ns.check_previous(current, blocks, previous)
             # every block before the last is final: the last one starts at length - its size
             last_offset = inode.get("length", 0) - (last["num_bytes"] if last else 0)
             if kind == "retry":
-                return self._located(last, self.blocks.get(last["id"]), last_offset)
+                return self.located(last, self.blocks.get(last["id"]), last_offset)
             commit = None
             if kind == "commit":
                 self.ns.check_block_length(current, inode, previous["num_bytes"])
                 commit = {"num_bytes": previous["num_bytes"]}
-            waiting = [b for b in blocks[:-1] if not self._is_complete(b)]
+            waiting = [b for b in blocks[:-1] if not self.is_complete(b)]
             if waiting:
                 if commit is not None:
-                    await self._log(self.ns.plan_commit(ino, last, commit["num_bytes"]))
+                    await self.log_plan(self.ns.plan_commit(ino, last, commit["num_bytes"]))
                 b = waiting[0]
                 raise NotReplicatedYet(f"{current}: block {b['id']} (#{b['index']}) is not yet "
                                        f"minimally replicated; try again")
@@ -158,61 +158,61 @@ class ClientProtocol:
                 block_size=inode["block_size"], what=f"add_block {current}")
             block_id = self.ns.allocate_block_id()
             gs = self.ns.next_genstamp()
-            _, wall = self._now()
-            await self._log(self.ns.plan_add_block(ino, blocks, block_id, gs, commit,
-                                                   [t.node_id for t in targets], wall))
+            _, wall = self.now()
+            await self.log_plan(self.ns.plan_add_block(ino, blocks, block_id, gs, commit,
+                                                       [t.node_id for t in targets], wall))
             offset = 0
             if last is not None:
                 offset = last_offset + (commit["num_bytes"] if commit else last["num_bytes"])
             block = {"id": block_id, "gs": gs, "num_bytes": 0, "state": bm.UNDER_CONSTRUCTION}
-            return self._located(block, self.blocks.get(block_id), offset)
+            return self.located(block, self.blocks.get(block_id), offset)
 
     async def rpc_abandon_block(self, ctx, path, client_name, ino=None, block=None):
         canonical = paths.validate(path)
-        ino = self._check_ino(ino, canonical)
-        async with self._file_lock(f"abandon a block of {canonical}", canonical, ino) as current:
+        ino = self.check_ino(ino, canonical)
+        async with self.file_lock(f"abandon a block of {canonical}", canonical, ino) as current:
             _, ino, _ = self.ns.writer_file(current, ino, client_name)
             blocks = self.ns.blocks_of(ino)
-            await self._log(self.ns.plan_abandon(current, ino, blocks, block))
+            await self.log_plan(self.ns.plan_abandon(current, ino, blocks, block))
             return True
 
     async def rpc_complete(self, ctx, path, client_name, ino=None, last=None):
         canonical = paths.validate(path)
-        ino = self._check_ino(ino, canonical)
-        async with self._file_lock(f"complete {canonical}", canonical, ino) as current:
+        ino = self.check_ino(ino, canonical)
+        async with self.file_lock(f"complete {canonical}", canonical, ino) as current:
             if self.ns.closed_with(current, ino, last):
                 return True
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
             blocks = self.ns.tail_blocks(ino, inode)
             kind, block = self.ns.check_last(current, blocks, last)
-            _, wall = self._now()
+            _, wall = self.now()
             if kind == "none":
-                await self._log(self.ns.plan_close(ino, None, None, wall))
+                await self.log_plan(self.ns.plan_close(ino, None, None, wall))
                 return True
-            earlier_ok = all(self._is_complete(b) for b in blocks[:-1])
+            earlier_ok = all(self.is_complete(b) for b in blocks[:-1])
             num_bytes = last["num_bytes"]
             if kind == "commit":
                 self.ns.check_block_length(current, inode, num_bytes)
                 last_ok = self.blocks.would_complete(block["id"], num_bytes)
             else:
-                last_ok = self._is_complete(block)
+                last_ok = self.is_complete(block)
             if earlier_ok and last_ok:
-                await self._log(self.ns.plan_close(ino, block, num_bytes, wall))
+                await self.log_plan(self.ns.plan_close(ino, block, num_bytes, wall))
                 return True
             if kind == "commit":
-                await self._log(self.ns.plan_commit(ino, block, num_bytes))
+                await self.log_plan(self.ns.plan_commit(ino, block, num_bytes))
             return False
 
     async def rpc_fsync(self, ctx, path, client_name, ino=None, last_block_length=0):
         canonical = paths.validate(path)
-        ino = self._check_ino(ino, canonical)
-        async with self._file_lock(f"fsync {canonical}", canonical, ino) as current:
+        ino = self.check_ino(ino, canonical)
+        async with self.file_lock(f"fsync {canonical}", canonical, ino) as current:
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
             blocks = self.ns.tail_blocks(ino, inode, 1)
             plan = self.ns.plan_fsync(current, ino, blocks, last_block_length)
             if plan is not None:
                 self.ns.check_block_length(current, inode, last_block_length)
-            await self._log(plan)
+            await self.log_plan(plan)
             return True
 
     # ------------------------------------------------------------------ pipeline recovery
@@ -257,14 +257,14 @@ class ClientProtocol:
         what = "update_block_for_pipeline"
         check_name(client_name, f"{what}: client_name")
         block_id, info, path = self._pipeline_block(what, block)
-        async with self._file_lock(f"{what} {path}", path, info.ino) as current:
+        async with self.file_lock(f"{what} {path}", path, info.ino) as current:
             last = self._writer_last_block(what, current, info.ino, block_id, client_name)
             op, args = self.ns.plan_set_genstamp()
             await self.journal.log(op, args)
             log.info("%s: new generation stamp %d for block %d of %s", what, args["gs"],
                      block_id, current)
             return {"block": {"id": block_id, "gs": args["gs"], "num_bytes": last["num_bytes"]},
-                    "locations": [loc for loc in map(self._location, info.location_nodes())
+                    "locations": [loc for loc in map(self.location, info.location_nodes())
                                   if loc is not None]}
 
     async def rpc_update_pipeline(self, ctx, client_name, old_block, new_block, new_nodes):
@@ -287,7 +287,7 @@ class ClientProtocol:
                 or len(set(node_ids)) != len(node_ids):
             raise InvalidArgument(f"{what}: new_nodes must be distinct node ids, got "
                                   f"{new_nodes!r:.200}")
-        async with self._file_lock(f"{what} {path}", path, info.ino) as current:
+        async with self.file_lock(f"{what} {path}", path, info.ino) as current:
             last = self._writer_last_block(what, current, info.ino, block_id, client_name)
             where = f"{what} of block {block_id} of {current}"
             if last["gs"] == new_gs and old_gs < new_gs and new_length >= last["num_bytes"]:
@@ -300,7 +300,7 @@ class ClientProtocol:
             if new_gs <= last["gs"]:
                 raise StaleGenerationStamp(f"{where}: the new stamp {new_gs} is not larger "
                                            f"than the current {last['gs']}")
-            if new_gs > self.ns._genstamp:
+            if new_gs > self.ns.genstamp:
                 raise StaleGenerationStamp(f"{where}: stamp {new_gs} was never issued")
             if new_length < last["num_bytes"]:
                 raise InvalidArgument(f"{where}: the length may not shrink from "
@@ -321,7 +321,7 @@ class ClientProtocol:
         getAdditionalDatanode): ``num`` live nodes that are neither in ``existing`` nor in
         ``excluded`` (node ids or addresses). Returns ``{block, locations}``."""
         canonical = paths.validate(path)
-        ino = self._check_ino(ino, canonical)
+        ino = self.check_ino(ino, canonical)
         what = f"get_additional_datanode {canonical}"
         num = check_int(num, f"{what}: num", low=1, high=self.config.max_replication)
         for name, value in (("existing", existing), ("excluded", excluded)):
@@ -344,8 +344,8 @@ class ClientProtocol:
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_name(client_name, f"recover_lease {canonical}: client_name")
-        async with self._mutation(f"recover lease of {canonical}", lock_set(parts, LOCK_WRITE)):
-            self._check(ctx, parts, access=WRITE)
+        async with self.mutation(f"recover lease of {canonical}", lock_set(parts, LOCK_WRITE)):
+            self.check_access(ctx, parts, access=WRITE)
             _, ino, inode, _ = self.ns.resolve(canonical)
             if inode["type"] != FILE:
                 raise IsDirectory(f"recover_lease {canonical}: not a file") \
@@ -353,9 +353,9 @@ class ClientProtocol:
                         f"recover_lease {canonical}: not a file")
             if not inode.get("uc"):
                 return True
-            return await self._recover_lease_internal("recover the lease of", canonical, ino,
-                                                      inode, client_name, self.clock(),
-                                                      force=True)
+            return await self.recover_lease_internal("recover the lease of", canonical, ino,
+                                                     inode, client_name, self.clock(),
+                                                     force=True)
 
     async def _reopen_checks(self, op: str, canonical: str, client_name: str) -> tuple[int, dict]:
         """append/truncate: the path must be a file; an open one goes through
@@ -366,8 +366,8 @@ class ClientProtocol:
         if inode["type"] != FILE:
             raise InvalidArgument(f"cannot {op} {canonical}: not a file")
         if inode.get("uc"):
-            if not await self._recover_lease_internal(op, canonical, ino, inode, client_name,
-                                                      self.clock()):
+            if not await self.recover_lease_internal(op, canonical, ino, inode, client_name,
+                                                     self.clock()):
                 raise RecoveryInProgress(f"failed to {op} {canonical} for {client_name}: lease "
                                          f"recovery is in progress; try again later")
             inode = self.ns.get_inode(ino)
@@ -378,15 +378,15 @@ class ClientProtocol:
         canonical = paths.join_parts(parts)
         check_name(client_name, f"truncate {canonical}: client_name")
         check_int(new_length, f"truncate {canonical}: new_length", low=0)
-        async with self._mutation(f"truncate {canonical}", lock_set(parts, LOCK_WRITE)):
-            self._check(ctx, parts, access=WRITE)
+        async with self.mutation(f"truncate {canonical}", lock_set(parts, LOCK_WRITE)):
+            self.check_access(ctx, parts, access=WRITE)
             ino, inode = await self._reopen_checks("truncate", canonical, client_name)
-            _, wall = self._now()
+            _, wall = self.now()
             plan = self.ns.plan_truncate(canonical, ino, inode, new_length, holder=client_name,
                                          client_machine=ctx.peer or "", now_ns=wall)
             if plan is None:
                 return True
-            await self._log(plan)
+            await self.log_plan(plan)
             last = plan[1]["last"]
             if last is None:
                 return True
@@ -398,23 +398,23 @@ class ClientProtocol:
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_name(client_name, f"append {canonical}: client_name")
-        async with self._mutation(f"append to {canonical}", lock_set(parts, LOCK_WRITE)):
-            self._check(ctx, parts, access=WRITE)
+        async with self.mutation(f"append to {canonical}", lock_set(parts, LOCK_WRITE)):
+            self.check_access(ctx, parts, access=WRITE)
             ino, inode = await self._reopen_checks("append", canonical, client_name)
             tail = self.ns.tail_blocks(ino, inode, 1)
             partial = bool(tail) and tail[-1]["num_bytes"] < inode["block_size"]
             new_gs = self.ns.next_genstamp() if partial else None
-            _, wall = self._now()
+            _, wall = self.now()
             plan = self.ns.plan_append(ino, inode, holder=client_name,
                                        client_machine=ctx.peer or "", new_gs=new_gs, now_ns=wall)
-            await self._log(plan)
+            await self.log_plan(plan)
             inode = self.ns.get_inode(ino)
             last_block = None
             last = plan[1]["last"]
             if last is not None:
                 block = {**self.ns.tail_blocks(ino, inode, 1)[-1]}
                 offset = inode.get("length", 0) - block["num_bytes"]
-                last_block = self._located(block, self.blocks.get(block["id"]), offset)
+                last_block = self.located(block, self.blocks.get(block["id"]), offset)
             return {"status": self.ns.status(canonical, ino, inode), "last_block": last_block}
 
     async def rpc_list_open_files(self, ctx, path="/"):
@@ -434,7 +434,7 @@ class ClientProtocol:
             out.append({"path": file_path, "ino": ino, "holder": holder,
                         "client_machine": inode["uc"].get("client_machine", ""),
                         "last_renewal_age": round(now - lease.last_update, 3) if lease else None,
-                        "last_block_state": self._block_state(tail[-1]) if tail else None})
+                        "last_block_state": self.block_state(tail[-1]) if tail else None})
         out.sort(key=lambda e: e["path"])
         return out
 
@@ -444,7 +444,7 @@ class ClientProtocol:
         return True
 
     async def rpc_get_block_locations(self, ctx, path, offset=0, length=None):
-        self._check(ctx, paths.split(path), access=READ)
+        self.check_access(ctx, paths.split(path), access=READ)
         parts, ino, inode, _ = self.ns.resolve(path)
         canonical = paths.join_parts(parts)
         if inode["type"] == DIR:
@@ -456,34 +456,34 @@ class ClientProtocol:
             check_int(length, f"{canonical}: length", low=0)
         end = math.inf if length is None else offset + length
         under_construction = bool(inode.get("uc"))
-        located = [self._located(block, self.blocks.get(block["id"]), pos)
+        located = [self.located(block, self.blocks.get(block["id"]), pos)
                    for block, pos in self.ns.blocks_in_range(ino, inode, offset, end)]
         last = self.ns.tail_blocks(ino, inode, 1)
         return {"length": inode.get("length", 0), "under_construction": under_construction,
                 "blocks": located,
-                "last_block_complete": not last or self._is_complete(last[-1])}
+                "last_block_complete": not last or self.is_complete(last[-1])}
 
     async def rpc_get_file_info(self, ctx, path):
-        self._check(ctx, paths.split(path))
+        self.check_access(ctx, paths.split(path))
         return self.ns.get_file_info(path)
 
     async def rpc_list_status(self, ctx, path, start_after="", limit=1000):
-        caller = self._checked(ctx)
+        caller = self.checked_caller(ctx)
         if caller is not None:   # a directory: READ_EXECUTE on it; a file: traverse (HDFS)
             parts = paths.split(path)
-            chain = self._chain(parts)
+            chain = self.inode_chain(parts)
             is_dir = len(chain) == len(parts) + 1 and chain[-1]["type"] == DIR
             self.permissions.check_path(caller, parts, chain,
                                         access=READ_EXECUTE if is_dir else 0)
         return self.ns.list_status(path, start_after, limit)
 
     def _check_rename(self, ctx, src_parts, dst_parts) -> None:
-        caller = self._checked(ctx)
+        caller = self.checked_caller(ctx)
         if caller is None:
             return
         # replacing the destination counts as deleting it
-        self.permissions.check_path(caller, src_parts, self._chain(src_parts), parent=WRITE)
-        dst_chain = self._chain(dst_parts)
+        self.permissions.check_path(caller, src_parts, self.inode_chain(src_parts), parent=WRITE)
+        dst_chain = self.inode_chain(dst_parts)
         self.permissions.check_path(caller, dst_parts, dst_chain, ancestor=WRITE,
                                     parent=WRITE if len(dst_chain) == len(dst_parts) + 1 else 0)
 
@@ -491,10 +491,10 @@ class ClientProtocol:
         src_parts, dst_parts = paths.split(src), paths.split(dst)
         s, d = paths.join_parts(src_parts), paths.join_parts(dst_parts)
         wanted = merge(lock_set(src_parts, LOCK_PARENT), lock_set(dst_parts, LOCK_PARENT))
-        async with self._mutation(f"rename {s} to {d}", wanted):
+        async with self.mutation(f"rename {s} to {d}", wanted):
             self._check_rename(ctx, src_parts, dst_parts)
-            _, wall = self._now()
-            await self._log(self.ns.plan_rename(s, d, overwrite, now_ns=wall))
+            _, wall = self.now()
+            await self.log_plan(self.ns.plan_rename(s, d, overwrite, now_ns=wall))
             return True
 
     async def rpc_rename_many(self, ctx, moves, overwrite=False):
@@ -503,45 +503,45 @@ class ClientProtocol:
         wanted = merge(*(lock_set(parts, LOCK_PARENT) for s, d, _ in triples
                          for parts in (s, d)))
         first = paths.join_parts(triples[0][0])
-        async with self._mutation(f"rename_many ({len(triples)} moves, first {first})", wanted):
+        async with self.mutation(f"rename_many ({len(triples)} moves, first {first})", wanted):
             for src_parts, dst_parts, _ in triples:
                 self._check_rename(ctx, src_parts, dst_parts)
-            _, wall = self._now()
-            await self._log(self.ns.plan_rename_many(moves, overwrite, now_ns=wall))
+            _, wall = self.now()
+            await self.log_plan(self.ns.plan_rename_many(moves, overwrite, now_ns=wall))
             return True
 
     async def rpc_delete(self, ctx, path, recursive=False):
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
-        async with self._mutation(f"delete {canonical}", lock_set(parts, LOCK_PARENT)):
-            caller = self._checked(ctx)
+        async with self.mutation(f"delete {canonical}", lock_set(parts, LOCK_PARENT)):
+            caller = self.checked_caller(ctx)
             if caller is not None:
-                self.permissions.check_path(caller, parts, self._chain(parts), parent=WRITE)
+                self.permissions.check_path(caller, parts, self.inode_chain(parts), parent=WRITE)
                 if recursive is True:   # HDFS subAccess=ALL, empty directories ignored
-                    await self._check_subtree(caller, parts, ALL, ignore_empty_dir=True)
-            _, wall = self._now()
-            await self._log(self.ns.plan_delete(canonical, recursive, now_ns=wall))
+                    await self.check_subtree(caller, parts, ALL, ignore_empty_dir=True)
+            _, wall = self.now()
+            await self.log_plan(self.ns.plan_delete(canonical, recursive, now_ns=wall))
             return True
 
     async def _set_op(self, what: str, path, planner, check=None) -> bool:
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
-        async with self._mutation(f"{what} {canonical}", lock_set(parts, LOCK_WRITE)):
+        async with self.mutation(f"{what} {canonical}", lock_set(parts, LOCK_WRITE)):
             if check is not None:
                 check(parts, canonical)
-            await self._log(planner(canonical, self.wall_ns()))
+            await self.log_plan(planner(canonical, self.wall_ns()))
             return True
 
     async def rpc_set_permission(self, ctx, path, permission):
         return await self._set_op("chmod", path, lambda p, t: self.ns.plan_set_permission(
-            p, permission, now_ns=t), lambda parts, _: self._check(ctx, parts, owner=True))
+            p, permission, now_ns=t), lambda parts, _: self.check_access(ctx, parts, owner=True))
 
     async def rpc_set_owner(self, ctx, path, owner=None, group=None):
         def check(parts, canonical):
-            caller = self._checked(ctx)
+            caller = self.checked_caller(ctx)
             if caller is None:
                 return
-            chain = self._chain(parts)
+            chain = self.inode_chain(parts)
             self.permissions.check_path(caller, parts, chain, owner=True)
             if len(chain) == len(parts) + 1:   # a missing path: the planner says so
                 self.permissions.check_set_owner(
@@ -558,17 +558,17 @@ class ClientProtocol:
             return self.ns.plan_set_times(p, mtime_ns, atime_ns, now_ns=t)
 
         canonical = paths.validate(path)
-        ino = self._check_ino(ino, canonical)
+        ino = self.check_ino(ino, canonical)
         if ino is None:
             return await self._set_op("set times of", path, planner,
-                                      lambda parts, _: self._check(ctx, parts, access=WRITE))
-        async with self._file_lock(f"set times of {canonical}", canonical, ino) as current:
+                                      lambda parts, _: self.check_access(ctx, parts, access=WRITE))
+        async with self.file_lock(f"set times of {canonical}", canonical, ino) as current:
             if self.ns.path_of(ino) != current:
                 raise FileNotFound(f"{canonical}: inode {ino} no longer exists")
-            self._check(ctx, paths.split(current), access=WRITE)
-            await self._log(planner(current, self.wall_ns()))
+            self.check_access(ctx, paths.split(current), access=WRITE)
+            await self.log_plan(planner(current, self.wall_ns()))
             return True
 
     async def rpc_set_replication(self, ctx, path, replication):
         return await self._set_op("setrep", path, lambda p, t: self.ns.plan_set_replication(
-            p, replication, now_ns=t), lambda parts, _: self._check(ctx, parts, access=WRITE))
+            p, replication, now_ns=t), lambda parts, _: self.check_access(ctx, parts, access=WRITE))

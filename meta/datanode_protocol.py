@@ -61,7 +61,7 @@ class DatanodeProtocol:
         node, fresh, displaced = self.datanodes.register(node_id, format_address((host, port)),
                                                          capacity, used, remaining)
         for other in displaced:
-            self._node_dead(other)
+            self.node_dead(other)
         if self.reports.abandon(node_id):
             log.info("block server %s registered again: its unfinished block report is "
                      "abandoned", node_id)
@@ -82,8 +82,8 @@ class DatanodeProtocol:
             refs = self.datanodes.take_invalidate(node_id)
             if refs:
                 commands.append({"type": "INVALIDATE", "blocks": refs})
-            commands.extend(self._transfer_commands.pop(node_id, []))
-        commands.extend(self._recover_commands.pop(node_id, {}).values())
+            commands.extend(self.transfer_commands.pop(node_id, []))
+        commands.extend(self.recover_commands.pop(node_id, {}).values())
         return {"reregister": False, "commands": commands}
 
     async def rpc_commit_block_synchronization(self, ctx, block, recovery_id, new_length,
@@ -116,19 +116,19 @@ class DatanodeProtocol:
                                        f"{rec.recovery_id}")
         path = self.ns.path_of(rec.ino)
         if path is None:
-            self._forget_recovery(block_id)
+            self.forget_recovery(block_id)
             raise StaleGenerationStamp(f"{what}: the file was deleted")
-        async with self._file_lock(what, path, rec.ino) as current:
+        async with self.file_lock(what, path, rec.ino) as current:
             if self.recoveries.get(block_id) is not rec:
                 raise StaleGenerationStamp(f"{what}: recovery id {recovery_id} was superseded")
             inode = self.ns.get_inode(rec.ino)
             tail = self.ns.tail_blocks(rec.ino, inode, 1) if inode else []
             if not tail or tail[-1]["id"] != block_id:
-                self._forget_recovery(block_id)
+                self.forget_recovery(block_id)
                 raise StaleGenerationStamp(f"{what}: it is no longer the last block of {current}")
             if not delete_block:
                 self.ns.check_block_length(current, inode, new_length)
-            _, wall = self._now()
+            _, wall = self.now()
             op, args = self.ns.plan_commit_block_sync(
                 rec.ino, tail[-1], recovery_id, 0 if delete_block else new_length,
                 delete=delete_block, close=close_file, now_ns=wall)

@@ -49,7 +49,7 @@ class Redundancy:
         gs, num_bytes = (replica.gs, replica.num_bytes) if replica else (info.gs, info.num_bytes)
         return {"id": info.id, "gs": gs, "num_bytes": num_bytes}
 
-    def _replica_groups(self, info: BlockInfo) -> tuple[list[str], list[str], set[str]]:
+    def replica_groups(self, info: BlockInfo) -> tuple[list[str], list[str], set[str]]:
         """(counted good replicas, good replicas on retiring nodes, chosen excess)."""
         excess = self.replication.excess_of(info.id, info.replicas)
         good = [n for n in info.good_nodes() if self.datanodes.live(n) is not None]
@@ -68,7 +68,7 @@ class Redundancy:
             # being written or recovered blocks are never missing nor re-replicated
             self.replication.remove(block_id)
             return
-        normal, retiring, _ = self._replica_groups(info)
+        normal, retiring, _ = self.replica_groups(info)
         for node_id in normal + retiring:
             self.replication.target_done(block_id, node_id)
         expected = info.replication
@@ -107,7 +107,7 @@ class Redundancy:
             if info is None or info.state != bm.COMPLETE:
                 self.replication.remove(block_id)
                 continue
-            normal, retiring, excess = self._replica_groups(info)
+            normal, retiring, excess = self.replica_groups(info)
             need = info.replication - len(normal)
             if need <= 0:
                 self.replication.update(block_id, None)
@@ -125,7 +125,7 @@ class Redundancy:
             except LeaseFSError:
                 continue   # no room now; the next pass tries again
             source = sources[0]
-            self._transfer_commands.setdefault(source, []).append(
+            self.transfer_commands.setdefault(source, []).append(
                 {"type": "TRANSFER", "block": info.ref(),
                  "targets": [t.address for t in targets]})
             self.replication.add_pending(block_id, source, [t.node_id for t in targets], now)
@@ -148,7 +148,7 @@ class Redundancy:
                                                       self._replica_ref(info, node_id))
             self.blocks.mark_dirty([pending.block_id])
 
-    def _blocks_to_copy(self, node_id: str) -> int:
+    def blocks_to_copy(self, node_id: str) -> int:
         """Blocks of a decommissioning node that still lack enough replicas elsewhere."""
         left = 0
         for block_id in self.blocks.by_node.get(node_id, ()):
@@ -158,7 +158,7 @@ class Redundancy:
             if info.state != bm.COMPLETE:
                 left += 1
                 continue
-            normal, _, _ = self._replica_groups(info)
+            normal, _, _ = self.replica_groups(info)
             if len(normal) < info.replication:
                 left += 1
         return left
@@ -167,7 +167,7 @@ class Redundancy:
         for node in list(self.datanodes.nodes.values()):
             if node.admin != dm.DECOMMISSION_IN_PROGRESS:
                 continue
-            if self._blocks_to_copy(node.node_id) == 0:
+            if self.blocks_to_copy(node.node_id) == 0:
                 node.admin = dm.DECOMMISSIONED
                 log.info("block server %s (%s) is decommissioned: every replica it holds "
                          "has enough copies elsewhere", node.node_id, node.address)

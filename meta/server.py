@@ -160,11 +160,11 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
         self._reclaim_wakeup = trio.Event()
         self.reclaim_records = 0
         self.recoveries: dict[int, _Recovery] = {}            # block id → running recovery
-        self._recover_commands: dict[str, dict[int, dict]] = {}   # node → block id → command
+        self.recover_commands: dict[str, dict[int, dict]] = {}   # node → block id → command
         self.replication = ReplicationQueues(
             pending_timeout=config.replication_pending_timeout,
             max_streams=config.replication_max_streams)
-        self._transfer_commands: dict[str, list[dict]] = {}   # node → TRANSFER commands
+        self.transfer_commands: dict[str, list[dict]] = {}   # node → TRANSFER commands
 
     # ================================================================== startup
     def recover(self) -> None:
@@ -274,7 +274,7 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
             if effect.get("holder") is not None:
                 self.leases.reassign(args["ino"], args["holder"], now)
         elif op == "COMMIT_BLOCK_SYNC":
-            self._forget_recovery(args["id"])
+            self.forget_recovery(args["id"])
             if not args["delete"] and self.blocks.get(args["id"]) is not None and effect:
                 self.blocks.recovered(args["id"], gs=args["gs"], num_bytes=args["num_bytes"],
                                       state=bm.COMPLETE if args["close"] else bm.COMMITTED,
@@ -315,22 +315,22 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
             self.leases.remove_file(ino)
             self._release_logged.discard(ino)
         for block_id in effect.get("removed_blocks", ()):
-            self._forget_recovery(block_id)
+            self.forget_recovery(block_id)
 
-    def _forget_recovery(self, block_id: int) -> None:
+    def forget_recovery(self, block_id: int) -> None:
         rec = self.recoveries.pop(block_id, None)
         if rec is not None and rec.primary is not None:
-            self._recover_commands.get(rec.primary, {}).pop(block_id, None)
+            self.recover_commands.get(rec.primary, {}).pop(block_id, None)
 
     # ================================================================== helpers
-    async def _log(self, plan) -> int | None:
+    async def log_plan(self, plan) -> int | None:
         if plan is None:
             return None
         op, args = plan
         return await self.journal.log(op, args)
 
     @asynccontextmanager
-    async def _mutation(self, what: str, wanted: dict, *, check_safemode: bool = True):
+    async def mutation(self, what: str, wanted: dict, *, check_safemode: bool = True):
         """Hold what a mutation needs from validation to its applied journal record: the
         global lock in read mode + its path locks (``namespace_lock=fine``), or the global
         lock in write mode alone (``namespace_lock=global``, the comparison baseline)."""
@@ -347,7 +347,7 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
             self.global_lock.release(exclusive)
 
     @asynccontextmanager
-    async def _reading(self, parts):
+    async def reading(self, parts):
         """For reads that await between store reads (content summary, fsck): LOCK_READ on
         the path, or the global lock in read mode under ``namespace_lock=global``."""
         if self.global_namespace_lock:
@@ -360,8 +360,8 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
             async with self.locks.hold(lock_set(parts, LOCK_READ)):
                 yield
 
-    async def _with_ancestor_locks(self, what: str, parts, body, *, keep_parent_write=True,
-                                   extra: dict | None = None):
+    async def with_ancestor_locks(self, what: str, parts, body, *, keep_parent_write=True,
+                                  extra: dict | None = None):
         """Run ``body()`` under LOCK_ANCESTOR for ``parts`` (LOCK_PARENT when the parent
         exists), re-checking after the wait that no locked-out ancestor vanished."""
         canonical = paths.join_parts(parts)
@@ -372,18 +372,18 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
             wanted = lock_set(parts, LOCK_ANCESTOR, depth)
             if extra:
                 wanted = merge(wanted, extra)
-            async with self._mutation(what, wanted):
+            async with self.mutation(what, wanted):
                 if self.ns.existing_depth(canonical) < depth:
                     continue   # an ancestor was removed while we waited: lock again
                 return await body()
         raise TryAgain(f"{what}: the namespace kept changing under the request; try again")
 
     @asynccontextmanager
-    async def _file_lock(self, what: str, path: str, ino):
+    async def file_lock(self, what: str, path: str, ino):
         """LOCK_WRITE on a file addressed by inode id (its current path) or by path."""
         for _ in range(LOCK_RETRIES):
             current = (self.ns.path_of(ino) if ino else None) or path
-            async with self._mutation(what, lock_set(paths.split(current), LOCK_WRITE)):
+            async with self.mutation(what, lock_set(paths.split(current), LOCK_WRITE)):
                 moved_to = self.ns.path_of(ino) if ino else None
                 if moved_to is not None and moved_to != current:
                     continue   # renamed while we waited (None: gone, the writer check says so)
@@ -392,7 +392,7 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
         raise TryAgain(f"{what}: the file kept moving under the request; try again")
 
     # ------------------------------------------------------------------ permissions
-    def _caller(self, ctx) -> Caller:
+    def caller_of(self, ctx) -> Caller:
         """The caller's identity; an in-process caller (``ctx.user`` None) acts as the
         server's own user."""
         user = getattr(ctx, "user", None)
@@ -400,24 +400,24 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
             return self.permissions.caller(self.superuser)
         return self.permissions.caller(user, getattr(ctx, "groups", ()))
 
-    def _checked(self, ctx) -> Caller | None:
+    def checked_caller(self, ctx) -> Caller | None:
         """The caller when permission checks apply to it; None (no walk needed) for the
         superuser or with permissions disabled."""
-        caller = self._caller(ctx)
+        caller = self.caller_of(ctx)
         return caller if self.permissions.applies_to(caller) else None
 
-    def _chain(self, parts) -> list[dict]:
+    def inode_chain(self, parts) -> list[dict]:
         """Inodes of the root and the existing leading components of ``parts``."""
         return [inode for _, inode in self.ns.walk(parts, strict=False)]
 
-    def _check(self, ctx, parts, **needs) -> None:
+    def check_access(self, ctx, parts, **needs) -> None:
         """``PermissionChecker.check_path`` for the caller of ``ctx`` on ``parts``."""
-        caller = self._checked(ctx)
+        caller = self.checked_caller(ctx)
         if caller is not None:
-            self.permissions.check_path(caller, parts, self._chain(parts), **needs)
+            self.permissions.check_path(caller, parts, self.inode_chain(parts), **needs)
 
-    async def _check_subtree(self, caller: Caller, parts, access: int, *,
-                             ignore_empty_dir: bool = False) -> None:
+    async def check_subtree(self, caller: Caller, parts, access: int, *,
+                            ignore_empty_dir: bool = False) -> None:
         """HDFS subAccess: ``access`` on every directory of the subtree at ``parts`` (a
         checkpoint every REPORT_STEP inodes; the caller's path locks keep it still)."""
         found = self.ns.walk(parts, strict=False)
@@ -430,26 +430,26 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
             if count % REPORT_STEP == 0:
                 await trio.sleep(0)
 
-    def _new_owner(self, ctx, what: str, canonical: str, owner, group) -> tuple[str, str | None]:
+    def new_owner(self, ctx, what: str, canonical: str, owner, group) -> tuple[str, str | None]:
         """Owner and group of a new inode (``PermissionChecker.new_owner``)."""
         owner = check_name(owner, f"{what}: owner", optional=True)
         group = check_name(group, f"{what}: group", optional=True)
-        return self.permissions.new_owner(self._caller(ctx), canonical, owner, group)
+        return self.permissions.new_owner(self.caller_of(ctx), canonical, owner, group)
 
     @staticmethod
-    def _check_ino(ino, path: str):
+    def check_ino(ino, path: str):
         if ino is None or ino == 0:
             return None
         return check_int(ino, f"{path}: ino", low=1)
 
-    def _now(self) -> tuple[float, int]:
+    def now(self) -> tuple[float, int]:
         return self.clock(), self.wall_ns()
 
-    def _location(self, node_id: str) -> dict | None:
+    def location(self, node_id: str) -> dict | None:
         node = self.datanodes.live(node_id)
         return None if node is None else {"node_id": node.node_id, "address": node.address}
 
-    def _located(self, block: dict, info: BlockInfo | None, offset: int) -> dict:
+    def located(self, block: dict, info: BlockInfo | None, offset: int) -> dict:
         """A located block for clients (pipeline nodes while being written)."""
         state = info.state if info is not None else block["state"]
         corrupt = False
@@ -469,12 +469,12 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
             if not nodes:
                 nodes = info.corrupt_nodes()
                 corrupt = bool(nodes)
-        locations = [loc for loc in map(self._location, nodes) if loc is not None]
+        locations = [loc for loc in map(self.location, nodes) if loc is not None]
         return {"block": {"id": block["id"], "gs": info.gs if info else block["gs"],
                           "num_bytes": block["num_bytes"]},
                 "offset": offset, "locations": locations, "state": state, "corrupt": corrupt}
 
-    def _is_complete(self, block: dict) -> bool:
+    def is_complete(self, block: dict) -> bool:
         info = self.blocks.get(block["id"])
         return info is not None and info.state == bm.COMPLETE
 
@@ -482,10 +482,10 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
         self.safemode.update(self.clock(), self.blocks.safe, self.blocks.total_countable,
                              len(self.datanodes.live_nodes()))
 
-    def _node_dead(self, node) -> None:
+    def node_dead(self, node) -> None:
         self.reports.abandon(node.node_id)   # an unfinished full report is void
         affected = self.blocks.remove_node(node.node_id)
-        self._transfer_commands.pop(node.node_id, None)
+        self.transfer_commands.pop(node.node_id, None)
         self.blocks.mark_dirty(self.replication.forget_node(node.node_id))
         log.info("block server %s removed: %d replicas left the blocks map",
                  node.node_id, len(affected))
@@ -499,7 +499,7 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
             return info.good_count
         return sum(1 for r in info.replicas.values() if not r.corrupt)
 
-    def _block_state(self, block: dict) -> str:
+    def block_state(self, block: dict) -> str:
         info = self.blocks.get(block["id"])
         return info.state if info is not None else block["state"]
 
@@ -508,18 +508,18 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
         """HDFS ``internalReleaseLease`` (caller holds the file's path locks): close the
         file when its last blocks allow it (True), else start block recovery and reassign
         the lease to ``new_holder`` (False; the file closes when recovery commits)."""
-        _, wall = self._now()
+        _, wall = self.now()
         blocks = self.ns.tail_blocks(ino, inode)
         decision = lm.release_decision(
-            [(self._block_state(b), b["num_bytes"], self._replica_count(b)) for b in blocks],
+            [(self.block_state(b), b["num_bytes"], self._replica_count(b)) for b in blocks],
             self.config.min_replication)
         if decision == lm.CLOSE:
-            await self._log(self.ns.plan_close(ino, None, None, wall))
+            await self.log_plan(self.ns.plan_close(ino, None, None, wall))
             log.info("lease of %s released: file closed", path)
             return True
         if decision == lm.DROP_LAST_AND_CLOSE:
-            await self._log(self.ns.plan_abandon(path, ino, blocks, blocks[-1]))
-            await self._log(self.ns.plan_close(ino, None, None, wall))
+            await self.log_plan(self.ns.plan_abandon(path, ino, blocks, blocks[-1]))
+            await self.log_plan(self.ns.plan_close(ino, None, None, wall))
             log.info("lease of %s released: dropped an empty last block, file closed", path)
             return True
         if decision == lm.WAIT:
@@ -530,7 +530,7 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
             await self.start_block_recovery(path, ino, last)
         holder = inode["uc"]["holder"]
         if new_holder is not None and new_holder != holder:
-            await self._log(self.ns.plan_reassign_lease(ino, new_holder))
+            await self.log_plan(self.ns.plan_reassign_lease(ino, new_holder))
             log.info("lease of %s reassigned from %s to %s", path, holder, new_holder)
         return False
 
@@ -559,15 +559,15 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
                 if (node := self.datanodes.live(n)) is not None]
         primary = lm.choose_primary(live, attempt, now=self.clock(),
                                     stale_after=self._stale_after())
-        self._forget_recovery(block["id"])
+        self.forget_recovery(block["id"])
         rec = _Recovery(ino, block["id"], recovery_id, new_length, attempt, self.clock(), primary)
         self.recoveries[block["id"]] = rec
         if primary is not None:
-            self._recover_commands.setdefault(primary, {})[block["id"]] = {
+            self.recover_commands.setdefault(primary, {})[block["id"]] = {
                 "type": "RECOVER_BLOCK",
                 "block": {"id": info.id, "gs": info.recovery_gs(), "num_bytes": info.num_bytes},
                 "recovery_id": recovery_id, "new_length": new_length,
-                "targets": [loc for loc in map(self._location, [n for n, _ in live])
+                "targets": [loc for loc in map(self.location, [n for n, _ in live])
                             if loc is not None]}
         log.info("block recovery of %s block %d: recovery id %d, primary %s (attempt %d)",
                  path, block["id"], recovery_id, primary or "none alive", attempt)
@@ -590,17 +590,17 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
                 continue
             path = self.ns.path_of(rec.ino)
             if path is None:
-                self._forget_recovery(rec.block_id)
+                self.forget_recovery(rec.block_id)
                 continue
-            async with self._mutation(f"retry block recovery of {path}",
-                                      lock_set(paths.split(path), LOCK_WRITE),
-                                      check_safemode=False):
+            async with self.mutation(f"retry block recovery of {path}",
+                                     lock_set(paths.split(path), LOCK_WRITE),
+                                     check_safemode=False):
                 if self.recoveries.get(rec.block_id) is not rec:
                     continue
                 inode = self.ns.get_inode(rec.ino)
                 tail = self.ns.tail_blocks(rec.ino, inode, 1) if inode and inode.get("uc") else []
                 if not tail or tail[-1]["id"] != rec.block_id:
-                    self._forget_recovery(rec.block_id)
+                    self.forget_recovery(rec.block_id)
                     continue
                 await self.start_block_recovery(path, rec.ino, tail[-1])
                 retried += 1
@@ -618,9 +618,9 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
                 self.leases.remove_file(ino)
                 continue
             try:
-                async with self._mutation(f"release lease of {path}",
-                                          lock_set(paths.split(path), LOCK_WRITE),
-                                          check_safemode=False):
+                async with self.mutation(f"release lease of {path}",
+                                         lock_set(paths.split(path), LOCK_WRITE),
+                                         check_safemode=False):
                     inode = self.ns.get_inode(ino)
                     if inode is None or not inode.get("uc") or self.ns.path_of(ino) != path:
                         continue
@@ -634,10 +634,10 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
 
     def _last_under_recovery(self, ino: int, inode: dict) -> bool:
         tail = self.ns.tail_blocks(ino, inode, 1)
-        return bool(tail) and self._block_state(tail[-1]) == bm.UNDER_RECOVERY
+        return bool(tail) and self.block_state(tail[-1]) == bm.UNDER_RECOVERY
 
-    async def _recover_lease_internal(self, op: str, path: str, ino: int, inode: dict,
-                                      caller: str, now: float, *, force: bool = False) -> bool:
+    async def recover_lease_internal(self, op: str, path: str, ino: int, inode: dict,
+                                     caller: str, now: float, *, force: bool = False) -> bool:
         """HDFS ``recoverLeaseInternal`` on an open file (caller holds its locks): True
         when the file is closed now, False while block recovery runs."""
         self.leases.recover_lease_internal(op, path, inode["uc"]["holder"], caller, now,
@@ -646,7 +646,7 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
         tail = self.ns.tail_blocks(ino, inode, 1)
         if tail and tail[-1]["id"] in self.recoveries:
             if inode["uc"]["holder"] != caller and force:
-                await self._log(self.ns.plan_reassign_lease(ino, caller))
+                await self.log_plan(self.ns.plan_reassign_lease(ino, caller))
             return False
         return await self._internal_release_lease(path, ino, inode, caller)
 
@@ -716,7 +716,7 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
         while True:
             await trio.sleep(period)
             for node in self.datanodes.check_dead():
-                self._node_dead(node)
+                self.node_dead(node)
 
     async def _safemode_monitor(self) -> None:
         period = max(0.05, min(0.5, self.config.heartbeat_interval))
