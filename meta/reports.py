@@ -3,8 +3,8 @@ to the blocks map and the block servers' invalidate sets (HDFS ``BlockManager.pr
 and ``processIncrementalBlockReport``).
 
 Why it exists: what a block server holds is only known from its reports; this is the one
-place that turns them into replica locations. The RPC handlers of ``meta/server.py`` only
-check the caller and the arguments, then call ``BlockReports``.
+place that turns them into replica locations. The RPC handlers of ``meta/datanode_protocol.py``
+only check the caller and the arguments, then call ``BlockReports``.
 
 Full reports: a block server sends its replicas in chunks of ``block_report_chunk`` entries
 under one ``report_id`` (``chunk`` counts from 0, ``last`` marks the end; ``report_id``

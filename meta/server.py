@@ -1,9 +1,18 @@
-"""The metadata server (the HDFS NameNode role): RPC handlers, startup/recovery, monitors.
+"""The metadata server (the HDFS NameNode role): its core — state, startup/recovery, the
+journal's apply, the lock and permission helpers, lease release and block recovery,
+monitors, checkpoints — and the connection serving.
 
 Why it exists: it is the shell around the pure parts. ``namespace.py`` validates and applies
 journal records, ``leases.py``/``blocks.py``/``datanodes.py``/``safemode.py`` are I/O-free
 state machines; this module wires them to the journal, the path locks, the clock and the
-wire (every method of docs/PROTOCOL.md §2).
+wire (every method of docs/PROTOCOL.md §2). The RPC handlers live by role, as HDFS separates
+them, in mixins ``MetaServer`` composes: ``client_protocol.py`` (ClientProtocol: namespace
+and write path), ``datanode_protocol.py`` (DatanodeProtocol: block servers),
+``admin_protocol.py`` (report, safe mode, decommission, fsck, save_namespace, content
+summary); ``redundancy.py`` holds the replication monitor's decisions. Their methods run on
+this one object; the helpers without a leading underscore here (``mutation``, ``file_lock``,
+``with_ancestor_locks``, ``reading``, ``log_plan``, ``check_access``, ``located``, ...) are the
+core's API for them.
 
 Mutation order (every mutating RPC): safe-mode check → global lock (read) → path locks →
 validate and decide in memory (``ns.plan_*``; a ``LeaseFSError`` leaves everything
@@ -31,7 +40,7 @@ like invalidations; it also finishes what a crash left behind).
 
 Block reports (full ones in chunks of one ``report_id``, incremental ones) are applied by
 ``reports.py`` (``BlockReports``), with a checkpoint every ``REPORT_STEP`` entries; the
-handlers here only check the caller and the arguments.
+handlers (``datanode_protocol.py``) only check the caller and the arguments.
 
 Permissions (``permissions.py``, HDFS FSPermissionChecker): every namespace handler checks
 the caller's identity (from the RPC hello) against the inode chain of its path(s) inside its
@@ -110,7 +119,8 @@ class _Recovery:
 
 
 class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Dispatcher):
-    """Every RPC of PROTOCOL.md §2 as ``rpc_<method>(ctx, **args)``."""
+    """Every RPC of PROTOCOL.md §2 as ``rpc_<method>(ctx, **args)``: the handlers come from
+    the role mixins, which calls go through the retry cache or run inline is declared here."""
 
     retry_cached = frozenset({"create", "add_block", "complete", "delete", "rename",
                               "rename_many", "create_symlink", "append", "truncate", "recover_lease"})
