@@ -3,8 +3,8 @@ to the blocks map and the block servers' invalidate sets (HDFS ``BlockManager.pr
 and ``processIncrementalBlockReport``).
 
 Why it exists: what a block server holds is only known from its reports; this is the one
-place that turns them into replica locations. The RPC handlers of ``meta/server.py`` only
-check the caller and the arguments, then call ``BlockReports``.
+place that turns them into replica locations. The RPC handlers of ``meta/datanode_protocol.py``
+only check the caller and the arguments, then call ``BlockReports``.
 
 Full reports: a block server sends its replicas in chunks of ``block_report_chunk`` entries
 under one ``report_id`` (``chunk`` counts from 0, ``last`` marks the end; ``report_id``
@@ -81,11 +81,16 @@ class FullReport:
     removed: int = 0             # replicas the node held but the report did not list
 
 
+# block report entries validated / processed between two checkpoints of the trio thread
+# (also the step of the metadata server's other long walks)
+REPORT_STEP = 2000
+
+
 class BlockReports:
     """Applies block reports to ``blocks`` and ``datanodes``; see the module docstring."""
 
     def __init__(self, blocks: BlocksMap, datanodes: DatanodeManager,
-                 on_change: Callable[[], None], *, step: int = 2000):
+                 on_change: Callable[[], None], *, step: int = REPORT_STEP):
         self.blocks = blocks
         self.datanodes = datanodes
         self.on_change = on_change

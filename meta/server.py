@@ -1,9 +1,18 @@
-"""The metadata server (the HDFS NameNode role): RPC handlers, startup/recovery, monitors.
+"""The metadata server (the HDFS NameNode role): its core — state, startup/recovery, the
+journal's apply, the lock and permission helpers, lease release and block recovery,
+monitors, checkpoints — and the connection serving.
 
 Why it exists: it is the shell around the pure parts. ``namespace.py`` validates and applies
 journal records, ``leases.py``/``blocks.py``/``datanodes.py``/``safemode.py`` are I/O-free
 state machines; this module wires them to the journal, the path locks, the clock and the
-wire (every method of docs/PROTOCOL.md §2).
+wire (every method of docs/PROTOCOL.md §2). The RPC handlers live by role, as HDFS separates
+them, in mixins ``MetaServer`` composes: ``client_protocol.py`` (ClientProtocol: namespace
+and write path), ``datanode_protocol.py`` (DatanodeProtocol: block servers),
+``admin_protocol.py`` (report, safe mode, decommission, fsck, save_namespace, content
+summary); ``redundancy.py`` holds the replication monitor's decisions. Their methods run on
+this one object; the helpers without a leading underscore here (``mutation``, ``file_lock``,
+``with_ancestor_locks``, ``reading``, ``log_plan``, ``check_access``, ``located``, ...) are the
+core's API for them.
 
 Mutation order (every mutating RPC): safe-mode check → global lock (read) → path locks →
 validate and decide in memory (``ns.plan_*``; a ``LeaseFSError`` leaves everything
@@ -31,7 +40,7 @@ like invalidations; it also finishes what a crash left behind).
 
 Block reports (full ones in chunks of one ``report_id``, incremental ones) are applied by
 ``reports.py`` (``BlockReports``), with a checkpoint every ``REPORT_STEP`` entries; the
-handlers here only check the caller and the arguments.
+handlers (``datanode_protocol.py``) only check the caller and the arguments.
 
 Permissions (``permissions.py``, HDFS FSPermissionChecker): every namespace handler checks
 the caller's identity (from the RPC hello) against the inode chain of its path(s) inside its
@@ -46,7 +55,6 @@ hold the thread for long: big deletes and big block reports are cut into bounded
 from __future__ import annotations
 
 import logging
-import math
 import os
 import secrets
 import time
@@ -58,16 +66,13 @@ import trio
 
 from fs import paths
 from fs.config import Config
-from fs.errors import (AlreadyBeingCreated, FileNotFound, InternalError, InvalidArgument,
-                       TryAgain, IsDirectory, LeaseFSError, NotReplicatedYet, RecoveryInProgress,
-                       ServerUnavailable, StaleGenerationStamp)
+from fs.errors import AlreadyBeingCreated, InternalError, TryAgain, LeaseFSError, ServerUnavailable
 from fs.limits import ByteBudget, ConnectionLimits
-from fs.rpc import (Dispatcher, RetryCache, current_user, format_address, parse_address,
-                    rpc_refusal, serve_rpc, serve_tcp)
+from fs.rpc import (Dispatcher, RetryCache, current_user, format_address, rpc_refusal, serve_rpc,
+                    serve_tcp)
 
 from . import blocks as bm
 from .blocks import BlockInfo, BlocksMap
-from . import datanodes as dm
 from .datanodes import DatanodeManager
 from .gcpolicy import GcGovernor
 from . import checkpoint as checkpoints
@@ -76,30 +81,24 @@ from .journal import Journal
 from .kv import KVStore, PlyvelStore
 from . import leases as lm
 from .leases import INTERNAL_HOLDER, LeaseManager
-from .locks import (LOCK_ANCESTOR, LOCK_PARENT, LOCK_READ, LOCK_WRITE, PathLockPool, RWLock,
-                    lock_set, merge)
-from .namespace import (DIR, FILE, SYMLINK, ContentSummary, Defaults, Namespace, check_bool,
-                        check_int, check_name)
-from . import replication as rq
+from .locks import LOCK_ANCESTOR, LOCK_READ, LOCK_WRITE, PathLockPool, RWLock, lock_set, merge
+from .namespace import DIR, Defaults, Namespace, check_int, check_name
 from .replication import ReplicationQueues
-from .reports import BlockReports, parse_entries
-from .permissions import ALL, READ, READ_EXECUTE, WRITE, Caller, PermissionChecker
+from .reports import REPORT_STEP, BlockReports
+from .permissions import Caller, PermissionChecker
 from .safemode import SafeModeState
+from .admin_protocol import AdminProtocol
+from .client_protocol import ClientProtocol
+from .datanode_protocol import DatanodeProtocol
+from .redundancy import Redundancy
 
 log = logging.getLogger(__name__)
 
 REPLAY_CHUNK = 512
-# fsck: the totals counter of each block status, and statuses from best to worst
-FSCK_TOTAL_OF = {"HEALTHY": "healthy_blocks", "UNDER_REPLICATED": "under_replicated_blocks",
-                 "CORRUPT": "corrupt_blocks", "MISSING": "missing_blocks",
-                 "UNDER_CONSTRUCTION": "under_construction_blocks"}
-FSCK_RANK = ("HEALTHY", "UNDER_CONSTRUCTION", "UNDER_REPLICATED", "MISSING", "CORRUPT")
 LOCK_RETRIES = 8
 # a handed-out INVALIDATE not reported done after this many heartbeat intervals is resent
 # (its heartbeat reply may have been lost)
 INVALIDATE_RESEND_HEARTBEATS = 10
-# block report entries validated / processed between two checkpoints of the trio thread
-REPORT_STEP = 2000
 # files one lease monitor pass may release (HDFS bounds the work of one checkLeases pass)
 LEASE_MONITOR_MAX_FILES = 1000
 # seconds of trio-thread time one RECLAIM record may take to plan (applying it costs about
@@ -119,8 +118,9 @@ class _Recovery:
     primary: str | None
 
 
-class MetaServer(Dispatcher):
-    """Every RPC of PROTOCOL.md §2 as ``rpc_<method>(ctx, **args)``."""
+class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Dispatcher):
+    """Every RPC of PROTOCOL.md §2 as ``rpc_<method>(ctx, **args)``: the handlers come from
+    the role mixins, which calls go through the retry cache or run inline is declared here."""
 
     retry_cached = frozenset({"create", "add_block", "complete", "delete", "rename",
                               "rename_many", "create_symlink", "append", "truncate", "recover_lease"})
@@ -170,11 +170,11 @@ class MetaServer(Dispatcher):
         self._reclaim_wakeup = trio.Event()
         self.reclaim_records = 0
         self.recoveries: dict[int, _Recovery] = {}            # block id → running recovery
-        self._recover_commands: dict[str, dict[int, dict]] = {}   # node → block id → command
+        self.recover_commands: dict[str, dict[int, dict]] = {}   # node → block id → command
         self.replication = ReplicationQueues(
             pending_timeout=config.replication_pending_timeout,
             max_streams=config.replication_max_streams)
-        self._transfer_commands: dict[str, list[dict]] = {}   # node → TRANSFER commands
+        self.transfer_commands: dict[str, list[dict]] = {}   # node → TRANSFER commands
 
     # ================================================================== startup
     def recover(self) -> None:
@@ -284,7 +284,7 @@ class MetaServer(Dispatcher):
             if effect.get("holder") is not None:
                 self.leases.reassign(args["ino"], args["holder"], now)
         elif op == "COMMIT_BLOCK_SYNC":
-            self._forget_recovery(args["id"])
+            self.forget_recovery(args["id"])
             if not args["delete"] and self.blocks.get(args["id"]) is not None and effect:
                 self.blocks.recovered(args["id"], gs=args["gs"], num_bytes=args["num_bytes"],
                                       state=bm.COMPLETE if args["close"] else bm.COMMITTED,
@@ -325,22 +325,22 @@ class MetaServer(Dispatcher):
             self.leases.remove_file(ino)
             self._release_logged.discard(ino)
         for block_id in effect.get("removed_blocks", ()):
-            self._forget_recovery(block_id)
+            self.forget_recovery(block_id)
 
-    def _forget_recovery(self, block_id: int) -> None:
+    def forget_recovery(self, block_id: int) -> None:
         rec = self.recoveries.pop(block_id, None)
         if rec is not None and rec.primary is not None:
-            self._recover_commands.get(rec.primary, {}).pop(block_id, None)
+            self.recover_commands.get(rec.primary, {}).pop(block_id, None)
 
     # ================================================================== helpers
-    async def _log(self, plan) -> int | None:
+    async def log_plan(self, plan) -> int | None:
         if plan is None:
             return None
         op, args = plan
         return await self.journal.log(op, args)
 
     @asynccontextmanager
-    async def _mutation(self, what: str, wanted: dict, *, check_safemode: bool = True):
+    async def mutation(self, what: str, wanted: dict, *, check_safemode: bool = True):
         """Hold what a mutation needs from validation to its applied journal record: the
         global lock in read mode + its path locks (``namespace_lock=fine``), or the global
         lock in write mode alone (``namespace_lock=global``, the comparison baseline)."""
@@ -357,7 +357,7 @@ class MetaServer(Dispatcher):
             self.global_lock.release(exclusive)
 
     @asynccontextmanager
-    async def _reading(self, parts):
+    async def reading(self, parts):
         """For reads that await between store reads (content summary, fsck): LOCK_READ on
         the path, or the global lock in read mode under ``namespace_lock=global``."""
         if self.global_namespace_lock:
@@ -370,8 +370,8 @@ class MetaServer(Dispatcher):
             async with self.locks.hold(lock_set(parts, LOCK_READ)):
                 yield
 
-    async def _with_ancestor_locks(self, what: str, parts, body, *, keep_parent_write=True,
-                                   extra: dict | None = None):
+    async def with_ancestor_locks(self, what: str, parts, body, *, keep_parent_write=True,
+                                  extra: dict | None = None):
         """Run ``body()`` under LOCK_ANCESTOR for ``parts`` (LOCK_PARENT when the parent
         exists), re-checking after the wait that no locked-out ancestor vanished."""
         canonical = paths.join_parts(parts)
@@ -382,18 +382,18 @@ class MetaServer(Dispatcher):
             wanted = lock_set(parts, LOCK_ANCESTOR, depth)
             if extra:
                 wanted = merge(wanted, extra)
-            async with self._mutation(what, wanted):
+            async with self.mutation(what, wanted):
                 if self.ns.existing_depth(canonical) < depth:
                     continue   # an ancestor was removed while we waited: lock again
                 return await body()
         raise TryAgain(f"{what}: the namespace kept changing under the request; try again")
 
     @asynccontextmanager
-    async def _file_lock(self, what: str, path: str, ino):
+    async def file_lock(self, what: str, path: str, ino):
         """LOCK_WRITE on a file addressed by inode id (its current path) or by path."""
         for _ in range(LOCK_RETRIES):
             current = (self.ns.path_of(ino) if ino else None) or path
-            async with self._mutation(what, lock_set(paths.split(current), LOCK_WRITE)):
+            async with self.mutation(what, lock_set(paths.split(current), LOCK_WRITE)):
                 moved_to = self.ns.path_of(ino) if ino else None
                 if moved_to is not None and moved_to != current:
                     continue   # renamed while we waited (None: gone, the writer check says so)
@@ -402,7 +402,7 @@ class MetaServer(Dispatcher):
         raise TryAgain(f"{what}: the file kept moving under the request; try again")
 
     # ------------------------------------------------------------------ permissions
-    def _caller(self, ctx) -> Caller:
+    def caller_of(self, ctx) -> Caller:
         """The caller's identity; an in-process caller (``ctx.user`` None) acts as the
         server's own user."""
         user = getattr(ctx, "user", None)
@@ -410,24 +410,24 @@ class MetaServer(Dispatcher):
             return self.permissions.caller(self.superuser)
         return self.permissions.caller(user, getattr(ctx, "groups", ()))
 
-    def _checked(self, ctx) -> Caller | None:
+    def checked_caller(self, ctx) -> Caller | None:
         """The caller when permission checks apply to it; None (no walk needed) for the
         superuser or with permissions disabled."""
-        caller = self._caller(ctx)
+        caller = self.caller_of(ctx)
         return caller if self.permissions.applies_to(caller) else None
 
-    def _chain(self, parts) -> list[dict]:
+    def inode_chain(self, parts) -> list[dict]:
         """Inodes of the root and the existing leading components of ``parts``."""
         return [inode for _, inode in self.ns.walk(parts, strict=False)]
 
-    def _check(self, ctx, parts, **needs) -> None:
+    def check_access(self, ctx, parts, **needs) -> None:
         """``PermissionChecker.check_path`` for the caller of ``ctx`` on ``parts``."""
-        caller = self._checked(ctx)
+        caller = self.checked_caller(ctx)
         if caller is not None:
-            self.permissions.check_path(caller, parts, self._chain(parts), **needs)
+            self.permissions.check_path(caller, parts, self.inode_chain(parts), **needs)
 
-    async def _check_subtree(self, caller: Caller, parts, access: int, *,
-                             ignore_empty_dir: bool = False) -> None:
+    async def check_subtree(self, caller: Caller, parts, access: int, *,
+                            ignore_empty_dir: bool = False) -> None:
         """HDFS subAccess: ``access`` on every directory of the subtree at ``parts`` (a
         checkpoint every REPORT_STEP inodes; the caller's path locks keep it still)."""
         found = self.ns.walk(parts, strict=False)
@@ -440,26 +440,26 @@ class MetaServer(Dispatcher):
             if count % REPORT_STEP == 0:
                 await trio.sleep(0)
 
-    def _new_owner(self, ctx, what: str, canonical: str, owner, group) -> tuple[str, str | None]:
+    def new_owner(self, ctx, what: str, canonical: str, owner, group) -> tuple[str, str | None]:
         """Owner and group of a new inode (``PermissionChecker.new_owner``)."""
         owner = check_name(owner, f"{what}: owner", optional=True)
         group = check_name(group, f"{what}: group", optional=True)
-        return self.permissions.new_owner(self._caller(ctx), canonical, owner, group)
+        return self.permissions.new_owner(self.caller_of(ctx), canonical, owner, group)
 
     @staticmethod
-    def _check_ino(ino, path: str):
+    def check_ino(ino, path: str):
         if ino is None or ino == 0:
             return None
         return check_int(ino, f"{path}: ino", low=1)
 
-    def _now(self) -> tuple[float, int]:
+    def now(self) -> tuple[float, int]:
         return self.clock(), self.wall_ns()
 
-    def _location(self, node_id: str) -> dict | None:
+    def location(self, node_id: str) -> dict | None:
         node = self.datanodes.live(node_id)
         return None if node is None else {"node_id": node.node_id, "address": node.address}
 
-    def _located(self, block: dict, info: BlockInfo | None, offset: int) -> dict:
+    def located(self, block: dict, info: BlockInfo | None, offset: int) -> dict:
         """A located block for clients (pipeline nodes while being written)."""
         state = info.state if info is not None else block["state"]
         corrupt = False
@@ -479,12 +479,12 @@ class MetaServer(Dispatcher):
             if not nodes:
                 nodes = info.corrupt_nodes()
                 corrupt = bool(nodes)
-        locations = [loc for loc in map(self._location, nodes) if loc is not None]
+        locations = [loc for loc in map(self.location, nodes) if loc is not None]
         return {"block": {"id": block["id"], "gs": info.gs if info else block["gs"],
                           "num_bytes": block["num_bytes"]},
                 "offset": offset, "locations": locations, "state": state, "corrupt": corrupt}
 
-    def _is_complete(self, block: dict) -> bool:
+    def is_complete(self, block: dict) -> bool:
         info = self.blocks.get(block["id"])
         return info is not None and info.state == bm.COMPLETE
 
@@ -492,10 +492,10 @@ class MetaServer(Dispatcher):
         self.safemode.update(self.clock(), self.blocks.safe, self.blocks.total_countable,
                              len(self.datanodes.live_nodes()))
 
-    def _node_dead(self, node) -> None:
+    def node_dead(self, node) -> None:
         self.reports.abandon(node.node_id)   # an unfinished full report is void
         affected = self.blocks.remove_node(node.node_id)
-        self._transfer_commands.pop(node.node_id, None)
+        self.transfer_commands.pop(node.node_id, None)
         self.blocks.mark_dirty(self.replication.forget_node(node.node_id))
         log.info("block server %s removed: %d replicas left the blocks map",
                  node.node_id, len(affected))
@@ -509,7 +509,7 @@ class MetaServer(Dispatcher):
             return info.good_count
         return sum(1 for r in info.replicas.values() if not r.corrupt)
 
-    def _block_state(self, block: dict) -> str:
+    def block_state(self, block: dict) -> str:
         info = self.blocks.get(block["id"])
         return info.state if info is not None else block["state"]
 
@@ -518,18 +518,18 @@ class MetaServer(Dispatcher):
         """HDFS ``internalReleaseLease`` (caller holds the file's path locks): close the
         file when its last blocks allow it (True), else start block recovery and reassign
         the lease to ``new_holder`` (False; the file closes when recovery commits)."""
-        _, wall = self._now()
+        _, wall = self.now()
         blocks = self.ns.tail_blocks(ino, inode)
         decision = lm.release_decision(
-            [(self._block_state(b), b["num_bytes"], self._replica_count(b)) for b in blocks],
+            [(self.block_state(b), b["num_bytes"], self._replica_count(b)) for b in blocks],
             self.config.min_replication)
         if decision == lm.CLOSE:
-            await self._log(self.ns.plan_close(ino, None, None, wall))
+            await self.log_plan(self.ns.plan_close(ino, None, None, wall))
             log.info("lease of %s released: file closed", path)
             return True
         if decision == lm.DROP_LAST_AND_CLOSE:
-            await self._log(self.ns.plan_abandon(path, ino, blocks, blocks[-1]))
-            await self._log(self.ns.plan_close(ino, None, None, wall))
+            await self.log_plan(self.ns.plan_abandon(path, ino, blocks, blocks[-1]))
+            await self.log_plan(self.ns.plan_close(ino, None, None, wall))
             log.info("lease of %s released: dropped an empty last block, file closed", path)
             return True
         if decision == lm.WAIT:
@@ -540,7 +540,7 @@ class MetaServer(Dispatcher):
             await self.start_block_recovery(path, ino, last)
         holder = inode["uc"]["holder"]
         if new_holder is not None and new_holder != holder:
-            await self._log(self.ns.plan_reassign_lease(ino, new_holder))
+            await self.log_plan(self.ns.plan_reassign_lease(ino, new_holder))
             log.info("lease of %s reassigned from %s to %s", path, holder, new_holder)
         return False
 
@@ -569,15 +569,15 @@ class MetaServer(Dispatcher):
                 if (node := self.datanodes.live(n)) is not None]
         primary = lm.choose_primary(live, attempt, now=self.clock(),
                                     stale_after=self._stale_after())
-        self._forget_recovery(block["id"])
+        self.forget_recovery(block["id"])
         rec = _Recovery(ino, block["id"], recovery_id, new_length, attempt, self.clock(), primary)
         self.recoveries[block["id"]] = rec
         if primary is not None:
-            self._recover_commands.setdefault(primary, {})[block["id"]] = {
+            self.recover_commands.setdefault(primary, {})[block["id"]] = {
                 "type": "RECOVER_BLOCK",
                 "block": {"id": info.id, "gs": info.recovery_gs(), "num_bytes": info.num_bytes},
                 "recovery_id": recovery_id, "new_length": new_length,
-                "targets": [loc for loc in map(self._location, [n for n, _ in live])
+                "targets": [loc for loc in map(self.location, [n for n, _ in live])
                             if loc is not None]}
         log.info("block recovery of %s block %d: recovery id %d, primary %s (attempt %d)",
                  path, block["id"], recovery_id, primary or "none alive", attempt)
@@ -600,17 +600,17 @@ class MetaServer(Dispatcher):
                 continue
             path = self.ns.path_of(rec.ino)
             if path is None:
-                self._forget_recovery(rec.block_id)
+                self.forget_recovery(rec.block_id)
                 continue
-            async with self._mutation(f"retry block recovery of {path}",
-                                      lock_set(paths.split(path), LOCK_WRITE),
-                                      check_safemode=False):
+            async with self.mutation(f"retry block recovery of {path}",
+                                     lock_set(paths.split(path), LOCK_WRITE),
+                                     check_safemode=False):
                 if self.recoveries.get(rec.block_id) is not rec:
                     continue
                 inode = self.ns.get_inode(rec.ino)
                 tail = self.ns.tail_blocks(rec.ino, inode, 1) if inode and inode.get("uc") else []
                 if not tail or tail[-1]["id"] != rec.block_id:
-                    self._forget_recovery(rec.block_id)
+                    self.forget_recovery(rec.block_id)
                     continue
                 await self.start_block_recovery(path, rec.ino, tail[-1])
                 retried += 1
@@ -628,9 +628,9 @@ class MetaServer(Dispatcher):
                 self.leases.remove_file(ino)
                 continue
             try:
-                async with self._mutation(f"release lease of {path}",
-                                          lock_set(paths.split(path), LOCK_WRITE),
-                                          check_safemode=False):
+                async with self.mutation(f"release lease of {path}",
+                                         lock_set(paths.split(path), LOCK_WRITE),
+                                         check_safemode=False):
                     inode = self.ns.get_inode(ino)
                     if inode is None or not inode.get("uc") or self.ns.path_of(ino) != path:
                         continue
@@ -644,10 +644,10 @@ class MetaServer(Dispatcher):
 
     def _last_under_recovery(self, ino: int, inode: dict) -> bool:
         tail = self.ns.tail_blocks(ino, inode, 1)
-        return bool(tail) and self._block_state(tail[-1]) == bm.UNDER_RECOVERY
+        return bool(tail) and self.block_state(tail[-1]) == bm.UNDER_RECOVERY
 
-    async def _recover_lease_internal(self, op: str, path: str, ino: int, inode: dict,
-                                      caller: str, now: float, *, force: bool = False) -> bool:
+    async def recover_lease_internal(self, op: str, path: str, ino: int, inode: dict,
+                                     caller: str, now: float, *, force: bool = False) -> bool:
         """HDFS ``recoverLeaseInternal`` on an open file (caller holds its locks): True
         when the file is closed now, False while block recovery runs."""
         self.leases.recover_lease_internal(op, path, inode["uc"]["holder"], caller, now,
@@ -656,1027 +656,9 @@ class MetaServer(Dispatcher):
         tail = self.ns.tail_blocks(ino, inode, 1)
         if tail and tail[-1]["id"] in self.recoveries:
             if inode["uc"]["holder"] != caller and force:
-                await self._log(self.ns.plan_reassign_lease(ino, caller))
+                await self.log_plan(self.ns.plan_reassign_lease(ino, caller))
             return False
         return await self._internal_release_lease(path, ino, inode, caller)
-
-    # ================================================================== client RPCs
-    async def rpc_get_server_defaults(self, ctx):
-        c = self.config
-        return {"block_size": c.block_size, "replication": c.replication,
-                "min_replication": c.min_replication, "bytes_per_checksum": c.bytes_per_checksum,
-                "packet_size": c.packet_size, "write_window_packets": c.write_window_packets,
-                "lease_soft_limit": c.lease_soft_limit, "lease_hard_limit": c.lease_hard_limit,
-                "max_blocks_per_file": c.max_blocks_per_file,
-                "replace_datanode_best_effort": c.replace_datanode_best_effort,
-                "namespace_id": self.ns.namespace_id}
-
-    async def rpc_mkdirs(self, ctx, path, permission=0o755, owner=None, group=None):
-        parts = paths.split(path)
-        canonical = paths.join_parts(parts)
-
-        async def body():
-            caller = self._checked(ctx)
-            if caller is not None:   # an existing directory needs only traverse (HDFS)
-                chain = self._chain(parts)
-                self.permissions.check_path(caller, parts, chain,
-                                            ancestor=WRITE if len(chain) <= len(parts) else 0)
-            new_owner, new_group = self._new_owner(ctx, f"mkdirs {canonical}", canonical,
-                                                   owner, group)
-            _, wall = self._now()
-            await self._log(self.ns.plan_mkdirs(canonical, permission, new_owner, new_group,
-                                                now_ns=wall))
-            return True
-        return await self._with_ancestor_locks(f"mkdirs {canonical}", parts, body,
-                                               keep_parent_write=False)
-
-    async def rpc_create(self, ctx, path, client_name, overwrite=False, create_parent=True,
-                         replication=None, block_size=None, permission=0o644, owner=None,
-                         group=None):
-        parts = paths.split(path)
-        canonical = paths.join_parts(parts)
-        check_name(client_name, f"create {canonical}: client_name")
-
-        async def body():
-            caller = self._checked(ctx)
-            if caller is not None:   # overwriting a file also needs WRITE on it (HDFS)
-                chain = self._chain(parts)
-                replaces = (overwrite is True and len(chain) == len(parts) + 1
-                            and chain[-1]["type"] == FILE)
-                self.permissions.check_path(caller, parts, chain, ancestor=WRITE,
-                                            access=WRITE if replaces else 0)
-            new_owner, new_group = self._new_owner(ctx, f"create {canonical}", canonical,
-                                                   owner, group)
-            now, wall = self._now()
-            found = self.ns.walk(parts, canonical) if parts else []
-            if parts and len(found) == len(parts) + 1 and overwrite is False:
-                ino, inode = found[-1]
-                uc = inode.get("uc") if inode["type"] == FILE else None
-                if uc and not await self._recover_lease_internal("create", canonical, ino,
-                                                                 inode, client_name, now):
-                    raise RecoveryInProgress(f"failed to create {canonical} for {client_name}: "
-                                             f"lease recovery is in progress; try again later")
-            plan = self.ns.plan_create(
-                canonical, holder=client_name, client_machine=ctx.peer, overwrite=overwrite,
-                create_parent=create_parent, replication=replication, block_size=block_size,
-                permission=permission, owner=new_owner, group=new_group, now_ns=wall)
-            await self._log(plan)
-            ino = plan[1]["ino"]
-            return self.ns.status(canonical, ino, self.ns.get_inode(ino))
-        return await self._with_ancestor_locks(f"create {canonical}", parts, body)
-
-    async def rpc_create_symlink(self, ctx, target, path, create_parent=False, owner=None,
-                                 group=None):
-        parts = paths.split(path)
-        canonical = paths.join_parts(parts)
-
-        async def body():
-            self._check(ctx, parts, ancestor=WRITE)
-            new_owner, new_group = self._new_owner(ctx, f"symlink {canonical}", canonical,
-                                                   owner, group)
-            _, wall = self._now()
-            plan = self.ns.plan_symlink(target, canonical, create_parent=create_parent,
-                                        owner=new_owner, group=new_group, now_ns=wall)
-            await self._log(plan)
-            ino = plan[1]["ino"]
-            return self.ns.status(canonical, ino, self.ns.get_inode(ino))
-        return await self._with_ancestor_locks(f"symlink {canonical}", parts, body)
-
-    async def rpc_add_block(self, ctx, path, client_name, ino=None, previous=None, excluded=()):
-        canonical = paths.validate(path)
-        ino = self._check_ino(ino, canonical)
-        if not isinstance(excluded, (list, tuple)) or not all(isinstance(x, str) for x in excluded):
-            raise InvalidArgument(f"add_block {canonical}: excluded must be a list of node ids "
-                                  f"or addresses")
-        async with self._file_lock(f"add a block to {canonical}", canonical, ino) as current:
-            _, ino, inode = self.ns.writer_file(current, ino, client_name)
-            blocks = self.ns.tail_blocks(ino, inode)
-            kind, last = self.ns.check_previous(current, blocks, previous)
-            # every block before the last is final: the last one starts at length - its size
-            last_offset = inode.get("length", 0) - (last["num_bytes"] if last else 0)
-            if kind == "retry":
-                return self._located(last, self.blocks.get(last["id"]), last_offset)
-            commit = None
-            if kind == "commit":
-                self.ns.check_block_length(current, inode, previous["num_bytes"])
-                commit = {"num_bytes": previous["num_bytes"]}
-            waiting = [b for b in blocks[:-1] if not self._is_complete(b)]
-            if waiting:
-                if commit is not None:
-                    await self._log(self.ns.plan_commit(ino, last, commit["num_bytes"]))
-                b = waiting[0]
-                raise NotReplicatedYet(f"{current}: block {b['id']} (#{b['index']}) is not yet "
-                                       f"minimally replicated; try again")
-            self.ns.check_block_count(current, inode)
-            host = ctx.peer.rsplit(":", 1)[0].strip("[]") if ctx.peer else None
-            targets = self.datanodes.choose_targets(
-                inode.get("replication", 1), excluded=excluded, writer_host=host,
-                block_size=inode["block_size"], what=f"add_block {current}")
-            block_id = self.ns.allocate_block_id()
-            gs = self.ns.next_genstamp()
-            _, wall = self._now()
-            await self._log(self.ns.plan_add_block(ino, blocks, block_id, gs, commit,
-                                                   [t.node_id for t in targets], wall))
-            offset = 0
-            if last is not None:
-                offset = last_offset + (commit["num_bytes"] if commit else last["num_bytes"])
-            block = {"id": block_id, "gs": gs, "num_bytes": 0, "state": bm.UNDER_CONSTRUCTION}
-            return self._located(block, self.blocks.get(block_id), offset)
-
-    async def rpc_abandon_block(self, ctx, path, client_name, ino=None, block=None):
-        canonical = paths.validate(path)
-        ino = self._check_ino(ino, canonical)
-        async with self._file_lock(f"abandon a block of {canonical}", canonical, ino) as current:
-            _, ino, _ = self.ns.writer_file(current, ino, client_name)
-            blocks = self.ns.blocks_of(ino)
-            await self._log(self.ns.plan_abandon(current, ino, blocks, block))
-            return True
-
-    async def rpc_complete(self, ctx, path, client_name, ino=None, last=None):
-        canonical = paths.validate(path)
-        ino = self._check_ino(ino, canonical)
-        async with self._file_lock(f"complete {canonical}", canonical, ino) as current:
-            if self.ns.closed_with(current, ino, last):
-                return True
-            _, ino, inode = self.ns.writer_file(current, ino, client_name)
-            blocks = self.ns.tail_blocks(ino, inode)
-            kind, block = self.ns.check_last(current, blocks, last)
-            _, wall = self._now()
-            if kind == "none":
-                await self._log(self.ns.plan_close(ino, None, None, wall))
-                return True
-            earlier_ok = all(self._is_complete(b) for b in blocks[:-1])
-            num_bytes = last["num_bytes"]
-            if kind == "commit":
-                self.ns.check_block_length(current, inode, num_bytes)
-                last_ok = self.blocks.would_complete(block["id"], num_bytes)
-            else:
-                last_ok = self._is_complete(block)
-            if earlier_ok and last_ok:
-                await self._log(self.ns.plan_close(ino, block, num_bytes, wall))
-                return True
-            if kind == "commit":
-                await self._log(self.ns.plan_commit(ino, block, num_bytes))
-            return False
-
-    async def rpc_fsync(self, ctx, path, client_name, ino=None, last_block_length=0):
-        canonical = paths.validate(path)
-        ino = self._check_ino(ino, canonical)
-        async with self._file_lock(f"fsync {canonical}", canonical, ino) as current:
-            _, ino, inode = self.ns.writer_file(current, ino, client_name)
-            blocks = self.ns.tail_blocks(ino, inode, 1)
-            plan = self.ns.plan_fsync(current, ino, blocks, last_block_length)
-            if plan is not None:
-                self.ns.check_block_length(current, inode, last_block_length)
-            await self._log(plan)
-            return True
-
-    # ------------------------------------------------------------------ pipeline recovery
-    def _pipeline_block(self, what: str, block) -> tuple[int, BlockInfo, str]:
-        """``(block id, its BlockInfo, its file's path)`` for a pipeline-recovery call."""
-        if not isinstance(block, dict):
-            raise InvalidArgument(f"{what}: block must be {{id, gs, num_bytes}}, got "
-                                  f"{block!r:.80}")
-        block_id = check_int(block.get("id"), f"{what}: block.id", low=0)
-        info = self.blocks.get(block_id)
-        path = self.ns.path_of(info.ino) if info is not None else None
-        if info is None or path is None:
-            raise StaleGenerationStamp(f"{what}: block {block_id} belongs to no file (deleted "
-                                       f"or abandoned)")
-        return block_id, info, path
-
-    def _writer_last_block(self, what: str, current: str, ino: int, block_id: int,
-                           client_name: str) -> dict:
-        """The file's last block after the writer checks: the caller holds the lease (checked
-        first, as HDFS checkUCBlock: a writer whose file was taken over learns that, not the
-        block state the takeover left), the block is the last one and still under
-        construction."""
-        _, ino, inode = self.ns.writer_file(current, ino, client_name)
-        tail = self.ns.tail_blocks(ino, inode, 1)
-        if not tail or tail[-1]["id"] != block_id:
-            raise StaleGenerationStamp(f"{what}: block {block_id} is not the last block of "
-                                       f"{current}")
-        last = tail[-1]
-        info = self.blocks.get(block_id)
-        if last["state"] != bm.UNDER_CONSTRUCTION or info is None \
-                or info.state != bm.UNDER_CONSTRUCTION:
-            raise StaleGenerationStamp(f"{what}: block {block_id} of {current} is "
-                                       f"{info.state if info else last['state']}, not under "
-                                       f"construction")
-        return last
-
-    async def rpc_update_block_for_pipeline(self, ctx, block, client_name):
-        """A fresh generation stamp for the pipeline recovery of a block being written
-        (HDFS updateBlockForPipeline): only the lease holder, only the file's last block
-        under construction. The stamp is journaled; the block keeps its old one until
-        ``update_pipeline``."""
-        what = "update_block_for_pipeline"
-        check_name(client_name, f"{what}: client_name")
-        block_id, info, path = self._pipeline_block(what, block)
-        async with self._file_lock(f"{what} {path}", path, info.ino) as current:
-            last = self._writer_last_block(what, current, info.ino, block_id, client_name)
-            op, args = self.ns.plan_set_genstamp()
-            await self.journal.log(op, args)
-            log.info("%s: new generation stamp %d for block %d of %s", what, args["gs"],
-                     block_id, current)
-            return {"block": {"id": block_id, "gs": args["gs"], "num_bytes": last["num_bytes"]},
-                    "locations": [loc for loc in map(self._location, info.location_nodes())
-                                  if loc is not None]}
-
-    async def rpc_update_pipeline(self, ctx, client_name, old_block, new_block, new_nodes):
-        """Commit a pipeline recovery (HDFS updatePipeline): the block takes the new stamp
-        (larger than its current one) and the acknowledged length (never shorter), and the
-        new pipeline's nodes become its expected locations. Journaled."""
-        what = "update_pipeline"
-        check_name(client_name, f"{what}: client_name")
-        block_id, info, path = self._pipeline_block(what, old_block)
-        if not isinstance(new_block, dict) or new_block.get("id") != block_id:
-            raise InvalidArgument(f"{what}: new_block must be block {block_id} with its new "
-                                  f"stamp, got {new_block!r:.80}")
-        old_gs = check_int(old_block.get("gs"), f"{what}: old_block.gs", low=0)
-        new_gs = check_int(new_block.get("gs"), f"{what}: new_block.gs", low=0)
-        new_length = check_int(new_block.get("num_bytes"), f"{what}: new_block.num_bytes", low=0)
-        if not isinstance(new_nodes, (list, tuple)) or not new_nodes:
-            raise InvalidArgument(f"{what}: new_nodes must be a non-empty list of node ids")
-        node_ids = [n.get("node_id") if isinstance(n, dict) else n for n in new_nodes]
-        if not all(isinstance(n, str) and n for n in node_ids) \
-                or len(set(node_ids)) != len(node_ids):
-            raise InvalidArgument(f"{what}: new_nodes must be distinct node ids, got "
-                                  f"{new_nodes!r:.200}")
-        async with self._file_lock(f"{what} {path}", path, info.ino) as current:
-            last = self._writer_last_block(what, current, info.ino, block_id, client_name)
-            where = f"{what} of block {block_id} of {current}"
-            if last["gs"] == new_gs and old_gs < new_gs and new_length >= last["num_bytes"]:
-                # a retry whose first reply was lost: already done
-                self.blocks.update_pipeline(block_id, new_gs, new_length, node_ids)
-                return True
-            if old_gs != last["gs"]:
-                raise StaleGenerationStamp(f"{where}: the old stamp {old_gs} is not the "
-                                           f"block's current stamp {last['gs']}")
-            if new_gs <= last["gs"]:
-                raise StaleGenerationStamp(f"{where}: the new stamp {new_gs} is not larger "
-                                           f"than the current {last['gs']}")
-            if new_gs > self.ns._genstamp:
-                raise StaleGenerationStamp(f"{where}: stamp {new_gs} was never issued")
-            if new_length < last["num_bytes"]:
-                raise InvalidArgument(f"{where}: the length may not shrink from "
-                                      f"{last['num_bytes']} to {new_length}")
-            inode = self.ns.get_inode(info.ino)
-            self.ns.check_block_length(current, inode, new_length)
-            await self.journal.log("UPDATE_BLOCKS", {"ino": info.ino, "blocks": [{
-                "index": last["index"], "id": block_id, "gs": new_gs, "num_bytes": new_length,
-                "state": bm.UNDER_CONSTRUCTION}]})
-            self.blocks.update_pipeline(block_id, new_gs, new_length, node_ids)
-            log.info("%s: stamp %d -> %d, length %d, pipeline %s", where, old_gs, new_gs,
-                     new_length, node_ids)
-            return True
-
-    async def rpc_get_additional_datanode(self, ctx, path, ino=None, block=None, existing=(),
-                                          excluded=(), num=1, client_name=None):
-        """Replacement block servers for a pipeline being recovered (HDFS
-        getAdditionalDatanode): ``num`` live nodes that are neither in ``existing`` nor in
-        ``excluded`` (node ids or addresses). Returns ``{block, locations}``."""
-        canonical = paths.validate(path)
-        ino = self._check_ino(ino, canonical)
-        what = f"get_additional_datanode {canonical}"
-        num = check_int(num, f"{what}: num", low=1, high=self.config.max_replication)
-        for name, value in (("existing", existing), ("excluded", excluded)):
-            if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) for x in value):
-                raise InvalidArgument(f"{what}: {name} must be a list of node ids or addresses")
-        if client_name is not None:
-            _, ino, inode = self.ns.writer_file(canonical, ino, client_name)
-        else:
-            _, ino, inode, _ = self.ns.resolve(canonical)
-        if inode is None or inode.get("type") != FILE:
-            raise InvalidArgument(f"{what}: not a file")
-        host = ctx.peer.rsplit(":", 1)[0].strip("[]") if getattr(ctx, "peer", None) else None
-        targets = self.datanodes.choose_targets(
-            num, excluded=list(existing) + list(excluded), writer_host=host,
-            block_size=inode.get("block_size", 0), what=what)
-        return {"block": block, "locations": [{"node_id": t.node_id, "address": t.address}
-                                              for t in targets]}
-
-    async def rpc_recover_lease(self, ctx, path, client_name):
-        parts = paths.split(path)
-        canonical = paths.join_parts(parts)
-        check_name(client_name, f"recover_lease {canonical}: client_name")
-        async with self._mutation(f"recover lease of {canonical}", lock_set(parts, LOCK_WRITE)):
-            self._check(ctx, parts, access=WRITE)
-            _, ino, inode, _ = self.ns.resolve(canonical)
-            if inode["type"] != FILE:
-                raise IsDirectory(f"recover_lease {canonical}: not a file") \
-                    if inode["type"] == DIR else InvalidArgument(
-                        f"recover_lease {canonical}: not a file")
-            if not inode.get("uc"):
-                return True
-            return await self._recover_lease_internal("recover the lease of", canonical, ino,
-                                                      inode, client_name, self.clock(),
-                                                      force=True)
-
-    async def _reopen_checks(self, op: str, canonical: str, client_name: str) -> tuple[int, dict]:
-        """append/truncate: the path must be a file; an open one goes through
-        recoverLeaseInternal first (closed at once → go on, else RecoveryInProgress)."""
-        _, ino, inode, _ = self.ns.resolve(canonical)
-        if inode["type"] == DIR:
-            raise IsDirectory(f"cannot {op} {canonical}: it is a directory")
-        if inode["type"] != FILE:
-            raise InvalidArgument(f"cannot {op} {canonical}: not a file")
-        if inode.get("uc"):
-            if not await self._recover_lease_internal(op, canonical, ino, inode, client_name,
-                                                      self.clock()):
-                raise RecoveryInProgress(f"failed to {op} {canonical} for {client_name}: lease "
-                                         f"recovery is in progress; try again later")
-            inode = self.ns.get_inode(ino)
-        return ino, inode
-
-    async def rpc_truncate(self, ctx, path, new_length, client_name):
-        parts = paths.split(path)
-        canonical = paths.join_parts(parts)
-        check_name(client_name, f"truncate {canonical}: client_name")
-        check_int(new_length, f"truncate {canonical}: new_length", low=0)
-        async with self._mutation(f"truncate {canonical}", lock_set(parts, LOCK_WRITE)):
-            self._check(ctx, parts, access=WRITE)
-            ino, inode = await self._reopen_checks("truncate", canonical, client_name)
-            _, wall = self._now()
-            plan = self.ns.plan_truncate(canonical, ino, inode, new_length, holder=client_name,
-                                         client_machine=ctx.peer or "", now_ns=wall)
-            if plan is None:
-                return True
-            await self._log(plan)
-            last = plan[1]["last"]
-            if last is None:
-                return True
-            await self.start_block_recovery(canonical, ino, last,
-                                            new_length=last["num_bytes"])
-            return False
-
-    async def rpc_append(self, ctx, path, client_name):
-        parts = paths.split(path)
-        canonical = paths.join_parts(parts)
-        check_name(client_name, f"append {canonical}: client_name")
-        async with self._mutation(f"append to {canonical}", lock_set(parts, LOCK_WRITE)):
-            self._check(ctx, parts, access=WRITE)
-            ino, inode = await self._reopen_checks("append", canonical, client_name)
-            tail = self.ns.tail_blocks(ino, inode, 1)
-            partial = bool(tail) and tail[-1]["num_bytes"] < inode["block_size"]
-            new_gs = self.ns.next_genstamp() if partial else None
-            _, wall = self._now()
-            plan = self.ns.plan_append(ino, inode, holder=client_name,
-                                       client_machine=ctx.peer or "", new_gs=new_gs, now_ns=wall)
-            await self._log(plan)
-            inode = self.ns.get_inode(ino)
-            last_block = None
-            last = plan[1]["last"]
-            if last is not None:
-                block = {**self.ns.tail_blocks(ino, inode, 1)[-1]}
-                offset = inode.get("length", 0) - block["num_bytes"]
-                last_block = self._located(block, self.blocks.get(block["id"]), offset)
-            return {"status": self.ns.status(canonical, ino, inode), "last_block": last_block}
-
-    async def rpc_list_open_files(self, ctx, path="/"):
-        canonical = paths.validate(path)
-        now = self.clock()
-        out = []
-        for ino, holder in list(self.leases.lease_by_ino.items()):
-            file_path = self.ns.path_of(ino)
-            if file_path is None or not (canonical == "/" or file_path == canonical
-                                         or file_path.startswith(canonical + "/")):
-                continue
-            inode = self.ns.get_inode(ino)
-            if inode is None or not inode.get("uc"):
-                continue
-            lease = self.leases.lease_of(holder)
-            tail = self.ns.tail_blocks(ino, inode, 1)
-            out.append({"path": file_path, "ino": ino, "holder": holder,
-                        "client_machine": inode["uc"].get("client_machine", ""),
-                        "last_renewal_age": round(now - lease.last_update, 3) if lease else None,
-                        "last_block_state": self._block_state(tail[-1]) if tail else None})
-        out.sort(key=lambda e: e["path"])
-        return out
-
-    async def rpc_renew_lease(self, ctx, client_name):
-        check_name(client_name, "renew_lease: client_name")
-        self.leases.renew(client_name, self.clock())
-        return True
-
-    async def rpc_get_block_locations(self, ctx, path, offset=0, length=None):
-        self._check(ctx, paths.split(path), access=READ)
-        parts, ino, inode, _ = self.ns.resolve(path)
-        canonical = paths.join_parts(parts)
-        if inode["type"] == DIR:
-            raise IsDirectory(f"{canonical}: is a directory")
-        if inode["type"] == SYMLINK:
-            raise InvalidArgument(f"{canonical}: is a symlink (to {inode['target']})")
-        check_int(offset, f"{canonical}: offset", low=0)
-        if length is not None:
-            check_int(length, f"{canonical}: length", low=0)
-        end = math.inf if length is None else offset + length
-        under_construction = bool(inode.get("uc"))
-        located = [self._located(block, self.blocks.get(block["id"]), pos)
-                   for block, pos in self.ns.blocks_in_range(ino, inode, offset, end)]
-        last = self.ns.tail_blocks(ino, inode, 1)
-        return {"length": inode.get("length", 0), "under_construction": under_construction,
-                "blocks": located,
-                "last_block_complete": not last or self._is_complete(last[-1])}
-
-    async def rpc_get_file_info(self, ctx, path):
-        self._check(ctx, paths.split(path))
-        return self.ns.get_file_info(path)
-
-    async def rpc_list_status(self, ctx, path, start_after="", limit=1000):
-        caller = self._checked(ctx)
-        if caller is not None:   # a directory: READ_EXECUTE on it; a file: traverse (HDFS)
-            parts = paths.split(path)
-            chain = self._chain(parts)
-            is_dir = len(chain) == len(parts) + 1 and chain[-1]["type"] == DIR
-            self.permissions.check_path(caller, parts, chain,
-                                        access=READ_EXECUTE if is_dir else 0)
-        return self.ns.list_status(path, start_after, limit)
-
-    def _check_rename(self, ctx, src_parts, dst_parts) -> None:
-        caller = self._checked(ctx)
-        if caller is None:
-            return
-        # replacing the destination counts as deleting it
-        self.permissions.check_path(caller, src_parts, self._chain(src_parts), parent=WRITE)
-        dst_chain = self._chain(dst_parts)
-        self.permissions.check_path(caller, dst_parts, dst_chain, ancestor=WRITE,
-                                    parent=WRITE if len(dst_chain) == len(dst_parts) + 1 else 0)
-
-    async def rpc_rename(self, ctx, src, dst, overwrite=False):
-        src_parts, dst_parts = paths.split(src), paths.split(dst)
-        s, d = paths.join_parts(src_parts), paths.join_parts(dst_parts)
-        wanted = merge(lock_set(src_parts, LOCK_PARENT), lock_set(dst_parts, LOCK_PARENT))
-        async with self._mutation(f"rename {s} to {d}", wanted):
-            self._check_rename(ctx, src_parts, dst_parts)
-            _, wall = self._now()
-            await self._log(self.ns.plan_rename(s, d, overwrite, now_ns=wall))
-            return True
-
-    async def rpc_rename_many(self, ctx, moves, overwrite=False):
-        """Several renames in one journal record: readers see all of them or none."""
-        triples = self.ns.check_moves(moves, overwrite)
-        wanted = merge(*(lock_set(parts, LOCK_PARENT) for s, d, _ in triples
-                         for parts in (s, d)))
-        first = paths.join_parts(triples[0][0])
-        async with self._mutation(f"rename_many ({len(triples)} moves, first {first})", wanted):
-            for src_parts, dst_parts, _ in triples:
-                self._check_rename(ctx, src_parts, dst_parts)
-            _, wall = self._now()
-            await self._log(self.ns.plan_rename_many(moves, overwrite, now_ns=wall))
-            return True
-
-    async def rpc_delete(self, ctx, path, recursive=False):
-        parts = paths.split(path)
-        canonical = paths.join_parts(parts)
-        async with self._mutation(f"delete {canonical}", lock_set(parts, LOCK_PARENT)):
-            caller = self._checked(ctx)
-            if caller is not None:
-                self.permissions.check_path(caller, parts, self._chain(parts), parent=WRITE)
-                if recursive is True:   # HDFS subAccess=ALL, empty directories ignored
-                    await self._check_subtree(caller, parts, ALL, ignore_empty_dir=True)
-            _, wall = self._now()
-            await self._log(self.ns.plan_delete(canonical, recursive, now_ns=wall))
-            return True
-
-    async def _set_op(self, what: str, path, planner, check=None) -> bool:
-        parts = paths.split(path)
-        canonical = paths.join_parts(parts)
-        async with self._mutation(f"{what} {canonical}", lock_set(parts, LOCK_WRITE)):
-            if check is not None:
-                check(parts, canonical)
-            await self._log(planner(canonical, self.wall_ns()))
-            return True
-
-    async def rpc_set_permission(self, ctx, path, permission):
-        return await self._set_op("chmod", path, lambda p, t: self.ns.plan_set_permission(
-            p, permission, now_ns=t), lambda parts, _: self._check(ctx, parts, owner=True))
-
-    async def rpc_set_owner(self, ctx, path, owner=None, group=None):
-        def check(parts, canonical):
-            caller = self._checked(ctx)
-            if caller is None:
-                return
-            chain = self._chain(parts)
-            self.permissions.check_path(caller, parts, chain, owner=True)
-            if len(chain) == len(parts) + 1:   # a missing path: the planner says so
-                self.permissions.check_set_owner(
-                    caller, canonical,
-                    check_name(owner, f"chown {canonical}: owner", optional=True),
-                    check_name(group, f"chown {canonical}: group", optional=True))
-        return await self._set_op("chown", path, lambda p, t: self.ns.plan_set_owner(
-            p, owner, group, now_ns=t), check)
-
-    async def rpc_set_times(self, ctx, path, mtime_ns=None, atime_ns=None, ino=None):
-        """``ino``: the file is addressed by inode id (``path`` only names it in errors),
-        so a writer re-applying times after its close is not thrown off by a rename."""
-        def planner(p, t):
-            return self.ns.plan_set_times(p, mtime_ns, atime_ns, now_ns=t)
-
-        canonical = paths.validate(path)
-        ino = self._check_ino(ino, canonical)
-        if ino is None:
-            return await self._set_op("set times of", path, planner,
-                                      lambda parts, _: self._check(ctx, parts, access=WRITE))
-        async with self._file_lock(f"set times of {canonical}", canonical, ino) as current:
-            if self.ns.path_of(ino) != current:
-                raise FileNotFound(f"{canonical}: inode {ino} no longer exists")
-            self._check(ctx, paths.split(current), access=WRITE)
-            await self._log(planner(current, self.wall_ns()))
-            return True
-
-    async def rpc_set_replication(self, ctx, path, replication):
-        return await self._set_op("setrep", path, lambda p, t: self.ns.plan_set_replication(
-            p, replication, now_ns=t), lambda parts, _: self._check(ctx, parts, access=WRITE))
-
-    async def rpc_content_summary(self, ctx, path):
-        parts = paths.split(path)
-        async with self._reading(parts):
-            caller = self._checked(ctx)
-            if caller is not None:
-                self.permissions.check_path(caller, parts, self._chain(parts))
-            _, ino, inode, _ = self.ns.resolve(path)
-            summary = ContentSummary()
-            for count, (node_ino, node) in enumerate(self.ns.iter_subtree(ino, inode), 1):
-                if caller is not None:   # HDFS subAccess=READ_EXECUTE on every directory
-                    self.permissions.check_sub_access(
-                        caller, node, READ_EXECUTE,
-                        lambda: self.ns.path_of(node_ino) or f"<inode {node_ino}>")
-                summary.add(node)
-                if count % 2000 == 0:
-                    await trio.sleep(0)   # a big tree must not stall every other client
-            return summary.as_dict()
-
-    async def rpc_report(self, ctx):
-        now = self.clock()
-
-        def node_dict(node):
-            return {"node_id": node.node_id, "address": node.address,
-                    "capacity": node.capacity, "used": node.used, "remaining": node.remaining,
-                    "last_heartbeat_age": round(now - node.last_heartbeat, 3),
-                    "blocks": self.blocks.node_block_count(node.node_id),
-                    "admin": node.admin}
-        live = sorted(self.datanodes.live_nodes(), key=lambda n: n.address)
-        dead = sorted(self.datanodes.dead_nodes(), key=lambda n: n.address)
-        return {"capacity": sum(n.capacity for n in live), "used": sum(n.used for n in live),
-                "remaining": sum(n.remaining for n in live),
-                "live_nodes": [node_dict(n) for n in live],
-                "dead_nodes": [node_dict(n) for n in dead],
-                "blocks": len(self.blocks), "files": self.ns.file_count(),
-                "directories": self.ns.dir_count(), "open_files": self.leases.open_files(),
-                **self.blocks.counts(),
-                "pending_deletion": self.datanodes.pending_deletion(),
-                "replication": self.replication.stats(),
-                "decommissioning": sum(1 for n in self.datanodes.nodes.values()
-                                       if n.admin == dm.DECOMMISSION_IN_PROGRESS),
-                "decommissioned": sum(1 for n in self.datanodes.nodes.values()
-                                      if n.admin == dm.DECOMMISSIONED),
-                "safemode": self.safemode.status(),
-                "namespace_id": self.ns.namespace_id,
-                "namespace_lock": self.config.namespace_lock,
-                "journal": {"last_txid": self.journal.last_txid,
-                            "fsyncs": self.journal.stats.fsyncs,
-                            "records": self.journal.stats.records},
-                "checkpoint": self.last_checkpoint.as_dict(self.ns.applied_txid),
-                "namespace_cache": {"entries": len(self.ns.cache.data),
-                                    "hits": self.ns.cache.hits,
-                                    "misses": self.ns.cache.misses},
-                "gc": self.gc_governor.stats()}
-
-    async def rpc_safemode(self, ctx, action="get"):
-        if action not in ("get", "enter", "leave"):
-            raise InvalidArgument(f"safemode: action must be get, enter or leave, got {action!r:.40}")
-        if action != "get":
-            self.permissions.check_superuser(self._caller(ctx), f"safemode {action}")
-            await self.global_lock.acquire(True)   # no mutation is half way through
-            try:
-                if action == "enter":
-                    self.safemode.enter()
-                else:
-                    self.safemode.leave()
-            finally:
-                self.global_lock.release(True)
-        return self.safemode.status()
-
-    async def rpc_report_bad_blocks(self, ctx, blocks):
-        if not isinstance(blocks, list):
-            raise InvalidArgument("report_bad_blocks: blocks must be a list of {block, node_id}")
-        for item in blocks:
-            if not (isinstance(item, dict) and isinstance(item.get("node_id"), str)
-                    and isinstance(item.get("block"), dict)):
-                raise InvalidArgument(f"report_bad_blocks: bad entry {item!r:.80}")
-            block_id = check_int(item["block"].get("id"), "report_bad_blocks: block.id", low=0)
-            if self.blocks.mark_bad(item["node_id"], block_id):
-                log.warning("replica of block %d on %s reported corrupt by %s", block_id,
-                            item["node_id"], ctx.client_id)
-                for node_id, ref in self.blocks.excess_corrupt(block_id):
-                    self.datanodes.add_invalidate(node_id, ref)
-        return True
-
-    # ================================================================== block server RPCs
-    @staticmethod
-    def _check_usage(capacity, used, remaining) -> None:
-        for name, value in (("capacity", capacity), ("used", used), ("remaining", remaining)):
-            check_int(value, name, low=0)
-
-    def _registered(self, node_id, what: str):
-        check_name(node_id, f"{what}: node_id")
-        node = self.datanodes.live(node_id)
-        if node is None:
-            raise InvalidArgument(f"{what}: block server {node_id} is not registered "
-                                  f"(register_storage first)")
-        return node
-
-    async def rpc_register_storage(self, ctx, node_id, address, capacity=0, used=0, remaining=0):
-        check_name(node_id, "register_storage: node_id")
-        if not isinstance(address, str):
-            raise InvalidArgument("register_storage: address must be 'host:port'")
-        host, port = parse_address(address)
-        if port == 0:
-            raise InvalidArgument(f"register_storage: address {address!r} has no port")
-        self._check_usage(capacity, used, remaining)
-        node, fresh, displaced = self.datanodes.register(node_id, format_address((host, port)),
-                                                         capacity, used, remaining)
-        for other in displaced:
-            self._node_dead(other)
-        if self.reports.abandon(node_id):
-            log.info("block server %s registered again: its unfinished block report is "
-                     "abandoned", node_id)
-        log.info("block server %s registered at %s%s", node_id, node.address,
-                 "" if fresh else " (again)")
-        self.update_safemode()
-        return {"namespace_id": self.ns.namespace_id}
-
-    async def rpc_heartbeat(self, ctx, node_id, capacity=0, used=0, remaining=0, xceivers=0):
-        check_name(node_id, "heartbeat: node_id")
-        self._check_usage(capacity, used, remaining)
-        node = self.datanodes.heartbeat(node_id, capacity, used, remaining,
-                                        xceivers if isinstance(xceivers, int) else 0)
-        if node is None:
-            return {"reregister": True, "commands": []}
-        commands = []
-        if not self.safemode.on:   # no deletions before the namespace is known to be whole
-            refs = self.datanodes.take_invalidate(node_id)
-            if refs:
-                commands.append({"type": "INVALIDATE", "blocks": refs})
-            commands.extend(self._transfer_commands.pop(node_id, []))
-        commands.extend(self._recover_commands.pop(node_id, {}).values())
-        return {"reregister": False, "commands": commands}
-
-    async def rpc_commit_block_synchronization(self, ctx, block, recovery_id, new_length,
-                                               close_file=True, delete_block=False,
-                                               new_targets=()):
-        """The primary finished block recovery (PROTOCOL.md §4)."""
-        if not isinstance(block, dict):
-            raise InvalidArgument(f"commit_block_synchronization: block must be {{id, gs}}, "
-                                  f"got {block!r:.80}")
-        block_id = check_int(block.get("id"), "commit_block_synchronization: block.id", low=0)
-        check_int(recovery_id, "commit_block_synchronization: recovery_id", low=0)
-        check_int(new_length, "commit_block_synchronization: new_length", low=0)
-        check_bool(close_file, "commit_block_synchronization: close_file")
-        check_bool(delete_block, "commit_block_synchronization: delete_block")
-        if not isinstance(new_targets, (list, tuple)) or not all(
-                isinstance(n, str) for n in new_targets):
-            raise InvalidArgument("commit_block_synchronization: new_targets must be a list "
-                                  "of node ids")
-        what = f"commit_block_synchronization of block {block_id}"
-        rec = self.recoveries.get(block_id)
-        if rec is None:
-            info = self.blocks.get(block_id)
-            if info is not None and info.gs == recovery_id and info.state in (bm.COMMITTED,
-                                                                             bm.COMPLETE):
-                return True   # a retry of a commit that already happened
-            raise StaleGenerationStamp(f"{what}: no block recovery of it is running (recovery "
-                                       f"id {recovery_id} is stale or the file is gone)")
-        if recovery_id != rec.recovery_id:
-            raise StaleGenerationStamp(f"{what}: recovery id {recovery_id} was superseded by "
-                                       f"{rec.recovery_id}")
-        path = self.ns.path_of(rec.ino)
-        if path is None:
-            self._forget_recovery(block_id)
-            raise StaleGenerationStamp(f"{what}: the file was deleted")
-        async with self._file_lock(what, path, rec.ino) as current:
-            if self.recoveries.get(block_id) is not rec:
-                raise StaleGenerationStamp(f"{what}: recovery id {recovery_id} was superseded")
-            inode = self.ns.get_inode(rec.ino)
-            tail = self.ns.tail_blocks(rec.ino, inode, 1) if inode else []
-            if not tail or tail[-1]["id"] != block_id:
-                self._forget_recovery(block_id)
-                raise StaleGenerationStamp(f"{what}: it is no longer the last block of {current}")
-            if not delete_block:
-                self.ns.check_block_length(current, inode, new_length)
-            _, wall = self._now()
-            op, args = self.ns.plan_commit_block_sync(
-                rec.ino, tail[-1], recovery_id, 0 if delete_block else new_length,
-                delete=delete_block, close=close_file, now_ns=wall)
-            args["targets"] = list(new_targets)
-            await self.journal.log(op, args)
-            log.info("block recovery of %s block %d committed: gs %d, length %d%s%s", current,
-                     block_id, recovery_id, new_length, ", block dropped" if delete_block else "",
-                     ", file closed" if close_file else "")
-            return True
-
-    async def rpc_block_report(self, ctx, node_id, blocks, report_id=None, chunk=0, last=True):
-        self._registered(node_id, "block_report")
-        if report_id is not None:
-            check_name(report_id, "block_report: report_id")
-            check_int(chunk, "block_report: chunk", low=0)
-            check_bool(last, "block_report: last")
-        entries = await self.reports.parse_entries_stepwise(blocks, "block_report: blocks")
-        await self.reports.full_report(node_id, entries, report_id, chunk, last)
-        return True
-
-    async def rpc_block_received_and_deleted(self, ctx, node_id, received=(), deleted=()):
-        node = self._registered(node_id, "block_received_and_deleted")
-        entries = parse_entries(list(received), "block_received_and_deleted: received")
-        if not isinstance(deleted, (list, tuple)) or not all(
-                isinstance(x, int) and not isinstance(x, bool) for x in deleted):
-            raise InvalidArgument("block_received_and_deleted: deleted must be a list of ids")
-        self.reports.incremental(node.node_id, entries, list(deleted))
-        return True
-
-    # ================================================================== repair
-    # The replication monitor (``meta/replication.py`` holds its state): every changed block
-    # (``BlocksMap.dirty``) is checked — corrupt replicas invalidated once a good copy can
-    # replace them, surplus replicas invalidated, too few replicas queued by priority — then
-    # queued blocks get TRANSFER commands for a live source (bounded streams per node), which
-    # ride on that node's next heartbeat reply; the target's incremental report finishes the
-    # copy; a copy not finished within ``replication_pending_timeout`` is scheduled again.
-
-    def _replica_ref(self, info: BlockInfo, node_id: str) -> dict:
-        replica = info.replicas.get(node_id)
-        gs, num_bytes = (replica.gs, replica.num_bytes) if replica else (info.gs, info.num_bytes)
-        return {"id": info.id, "gs": gs, "num_bytes": num_bytes}
-
-    def _replica_groups(self, info: BlockInfo) -> tuple[list[str], list[str], set[str]]:
-        """(counted good replicas, good replicas on retiring nodes, chosen excess)."""
-        excess = self.replication.excess_of(info.id, info.replicas)
-        good = [n for n in info.good_nodes() if self.datanodes.live(n) is not None]
-        normal = [n for n in good if not self.datanodes.retiring(n) and n not in excess]
-        retiring = [n for n in good if self.datanodes.retiring(n)]
-        return normal, retiring, excess
-
-    def _free_target_exists(self, info: BlockInfo) -> bool:
-        return any(not n.retiring and n.node_id not in info.replicas
-                   for n in self.datanodes.live_nodes())
-
-    def check_block(self, block_id: int) -> None:
-        """Decide what one block needs: corrupt/excess deletions, its queue level."""
-        info = self.blocks.get(block_id)
-        if info is None or info.state != bm.COMPLETE:
-            # being written or recovered blocks are never missing nor re-replicated
-            self.replication.remove(block_id)
-            return
-        normal, retiring, _ = self._replica_groups(info)
-        for node_id in normal + retiring:
-            self.replication.target_done(block_id, node_id)
-        expected = info.replication
-        corrupt = info.corrupt_nodes()
-        if corrupt and normal and (len(normal) >= expected or not self._free_target_exists(info)):
-            for node_id in corrupt:   # a good copy replaces it (or it blocks the only target)
-                log.info("invalidating corrupt replica of block %d on %s (%s)", block_id,
-                         node_id, info.replicas[node_id].reason or "reported bad")
-                self.datanodes.add_invalidate(node_id, self._replica_ref(info, node_id))
-        if len(normal) > expected:
-            candidates = []
-            for node_id in normal:
-                node = self.datanodes.live(node_id)
-                candidates.append((node_id, node.remaining if node else 0, False))
-            victims = rq.choose_excess(candidates, len(normal) - expected)
-            for node_id in victims:
-                self.datanodes.add_invalidate(node_id, self._replica_ref(info, node_id))
-            self.replication.add_excess(block_id, victims)
-            log.info("block %d has %d replicas, %d wanted: deleting the ones on %s", block_id,
-                     len(normal), expected, ", ".join(victims))
-            normal = [n for n in normal if n not in victims]
-        self.replication.update(block_id, rq.priority(len(normal), len(retiring), expected))
-
-    def schedule_replications(self) -> int:
-        """Hand TRANSFER commands for the most urgent queued blocks; returns how many."""
-        live = self.datanodes.live_nodes()
-        budget = max(1, len(live)) * self.replication.max_streams
-        now = self.clock()
-        scheduled = 0
-        for block_id in self.replication.in_order():
-            if scheduled >= budget:
-                break
-            if block_id in self.replication.pending:
-                continue
-            info = self.blocks.get(block_id)
-            if info is None or info.state != bm.COMPLETE:
-                self.replication.remove(block_id)
-                continue
-            normal, retiring, excess = self._replica_groups(info)
-            need = info.replication - len(normal)
-            if need <= 0:
-                self.replication.update(block_id, None)
-                continue
-            sources = [n for n in normal + retiring if self.replication.has_stream(n)]
-            if not sources:
-                continue
-            # HDFS prefers decommissioning nodes as sources (they take no new writes)
-            sources.sort(key=lambda n: (not self.datanodes.retiring(n),
-                                        self.replication.streams_of(n)))
-            try:
-                targets = self.datanodes.choose_targets(
-                    need, excluded=set(info.replicas), block_size=info.num_bytes,
-                    what=f"re-replicating block {block_id}")
-            except LeaseFSError:
-                continue   # no room now; the next pass tries again
-            source = sources[0]
-            self._transfer_commands.setdefault(source, []).append(
-                {"type": "TRANSFER", "block": info.ref(),
-                 "targets": [t.address for t in targets]})
-            self.replication.add_pending(block_id, source, [t.node_id for t in targets], now)
-            scheduled += 1
-            log.info("block %d (%d/%d good): copy from %s to %s", block_id, len(normal),
-                     info.replication, source, ", ".join(t.node_id for t in targets))
-        return scheduled
-
-    def _expire_pending(self) -> None:
-        for pending in self.replication.timed_out(self.clock()):
-            info = self.blocks.get(pending.block_id)
-            log.warning("copy of block %d from %s to %s did not finish in %.0f s; "
-                        "scheduling it again", pending.block_id, pending.source,
-                        ", ".join(pending.waiting), self.replication.pending_timeout)
-            if info is not None:
-                for node_id in pending.waiting:   # a half-copied replica is garbage
-                    replica = info.replicas.get(node_id)
-                    if replica is not None and not replica.good:
-                        self.datanodes.add_invalidate(node_id,
-                                                      self._replica_ref(info, node_id))
-            self.blocks.mark_dirty([pending.block_id])
-
-    def _blocks_to_copy(self, node_id: str) -> int:
-        """Blocks of a decommissioning node that still lack enough replicas elsewhere."""
-        left = 0
-        for block_id in self.blocks.by_node.get(node_id, ()):
-            info = self.blocks.get(block_id)
-            if info is None:
-                continue
-            if info.state != bm.COMPLETE:
-                left += 1
-                continue
-            normal, _, _ = self._replica_groups(info)
-            if len(normal) < info.replication:
-                left += 1
-        return left
-
-    def _check_decommission(self) -> None:
-        for node in list(self.datanodes.nodes.values()):
-            if node.admin != dm.DECOMMISSION_IN_PROGRESS:
-                continue
-            if self._blocks_to_copy(node.node_id) == 0:
-                node.admin = dm.DECOMMISSIONED
-                log.info("block server %s (%s) is decommissioned: every replica it holds "
-                         "has enough copies elsewhere", node.node_id, node.address)
-
-    async def replication_pass(self) -> None:
-        """One pass of the monitor: check changed blocks, expire, schedule, decommission."""
-        if self.safemode.on:
-            return   # HDFS does not populate the queues in safe mode
-        self._expire_pending()
-        while True:
-            batch = self.blocks.take_dirty(REPORT_STEP)
-            if not batch:
-                break
-            for block_id in batch:
-                self.check_block(block_id)
-            await trio.sleep(0)
-        self.schedule_replications()
-        self._check_decommission()
-
-    async def _replication_monitor(self) -> None:
-        period = max(0.02, self.config.replication_interval)
-        while True:
-            await trio.sleep(period)
-            try:
-                await self.replication_pass()
-            except LeaseFSError as exc:
-                log.warning("replication monitor: %s", exc)
-
-    # ------------------------------------------------------------------ decommission
-    def _node_admin_dict(self, node) -> dict:
-        return {"node_id": node.node_id, "address": node.address, "admin": node.admin,
-                "alive": node.alive, "blocks": self.blocks.node_block_count(node.node_id),
-                "blocks_to_copy": (self._blocks_to_copy(node.node_id)
-                                   if node.admin == dm.DECOMMISSION_IN_PROGRESS else 0)}
-
-    async def rpc_decommission(self, ctx, node=None, action="start"):
-        if action not in ("start", "stop", "status"):
-            raise InvalidArgument(f"decommission: action must be start, stop or status, "
-                                  f"got {action!r:.40}")
-        if node is None:
-            if action != "status":
-                raise InvalidArgument("decommission: which block server (HOST:PORT or node id)?")
-            return [self._node_admin_dict(n) for n in sorted(
-                self.datanodes.nodes.values(), key=lambda n: n.address) if n.retiring]
-        if not isinstance(node, str):
-            raise InvalidArgument("decommission: node must be 'HOST:PORT' or a node id")
-        info = self.datanodes.find(node)
-        if info is None:
-            raise InvalidArgument(f"decommission: {node:.100}: no such block server")
-        if action != "status":
-            self.permissions.check_superuser(self._caller(ctx), f"decommission {action}")
-            if action == "start" and info.admin == dm.NORMAL:
-                info.admin = dm.DECOMMISSION_IN_PROGRESS
-                log.info("decommissioning block server %s (%s): %d replicas to protect",
-                         info.node_id, info.address, self.blocks.node_block_count(info.node_id))
-            elif action == "stop" and info.admin != dm.NORMAL:
-                info.admin = dm.NORMAL
-                log.info("block server %s (%s) is back in service", info.node_id, info.address)
-            self.blocks.mark_dirty(self.blocks.by_node.get(info.node_id, ()))
-        return self._node_admin_dict(info)
-
-    # ------------------------------------------------------------------ fsck
-    def _fsck_block(self, block: dict, info: BlockInfo | None, locations: bool) -> dict:
-        out = {"id": block["id"], "gs": info.gs if info else block["gs"],
-               "num_bytes": block["num_bytes"],
-               "state": info.state if info else block["state"]}
-        if info is None:
-            out.update(status="MISSING", live=0, expected=0, corrupt_replicas=[])
-            return out
-        normal, retiring, _ = self._replica_groups(info)
-        corrupt = [{"node_id": n, "address": (self.datanodes.nodes[n].address
-                                              if n in self.datanodes.nodes else "?"),
-                    "reason": info.replicas[n].reason or "reported bad by a reader or scanner"}
-                   for n in info.corrupt_nodes()]
-        good = len(normal) + len(retiring)
-        if info.state != bm.COMPLETE:
-            status = "UNDER_CONSTRUCTION"
-        elif good == 0:
-            status = "CORRUPT" if corrupt else "MISSING"
-        elif len(normal) < info.replication:
-            status = "UNDER_REPLICATED"
-        else:
-            status = "HEALTHY"
-        out.update(status=status, live=len(normal), decommissioning=len(retiring),
-                   expected=info.replication, corrupt_replicas=corrupt)
-        if locations:
-            out["locations"] = [loc for loc in map(self._location, normal + retiring)
-                                if loc is not None]
-        return out
-
-    async def rpc_fsck(self, ctx, path="/", openforwrite=False, locations=False, limit=10000):
-        check_bool(openforwrite, "fsck: openforwrite")
-        check_bool(locations, "fsck: locations")
-        limit = check_int(limit, "fsck: limit", low=0)
-        parts = paths.split(path)
-        totals = {"files": 0, "directories": 0, "symlinks": 0, "total_size": 0, "blocks": 0,
-                  "healthy_blocks": 0, "under_replicated_blocks": 0, "corrupt_blocks": 0,
-                  "corrupt_replicas": 0, "missing_blocks": 0, "missing_size": 0,
-                  "open_files": 0, "under_construction_blocks": 0}
-        files: list[dict] = []
-        truncated = False
-        async with self._reading(parts):
-            caller = self._checked(ctx)
-            if caller is not None:
-                self.permissions.check_path(caller, parts, self._chain(parts))
-            canonical = paths.join_parts(parts)
-            _, ino, inode, _ = self.ns.resolve(path)
-            for count, (node_ino, node) in enumerate(self.ns.iter_subtree(ino, inode), 1):
-                if count % 500 == 0:
-                    await trio.sleep(0)   # a big tree must not stall every other client
-                kind = node["type"]
-                if kind == DIR:
-                    totals["directories"] += 1
-                    continue
-                if kind == SYMLINK:
-                    totals["symlinks"] += 1
-                    continue
-                totals["files"] += 1
-                is_open = bool(node.get("uc"))
-                totals["open_files"] += int(is_open)
-                totals["total_size"] += node.get("length", 0)
-                if is_open and not openforwrite:
-                    continue
-                blocks = []
-                worst = "HEALTHY"
-                for block in self.ns.blocks_of(node_ino):
-                    entry = self._fsck_block(block, self.blocks.get(block["id"]), locations)
-                    blocks.append(entry)
-                    totals["blocks"] += 1
-                    totals["corrupt_replicas"] += len(entry["corrupt_replicas"])
-                    status = entry["status"]
-                    totals[FSCK_TOTAL_OF[status]] += 1
-                    if status == "MISSING":
-                        totals["missing_size"] += entry["num_bytes"]
-                    if FSCK_RANK.index(status) > FSCK_RANK.index(worst):
-                        worst = status
-                if worst == "UNDER_CONSTRUCTION":
-                    worst = "HEALTHY"
-                has_bad_replica = any(b["corrupt_replicas"] for b in blocks)
-                if worst != "HEALTHY" or has_bad_replica or is_open or locations:
-                    if len(files) >= limit:
-                        truncated = True
-                        continue
-                    files.append({"path": self.ns.path_of(node_ino) or f"<inode {node_ino}>",
-                                  "length": node.get("length", 0),
-                                  "replication": node.get("replication", 0),
-                                  "status": worst, "open": is_open, "blocks": blocks})
-        healthy = totals["corrupt_blocks"] == 0 and totals["missing_blocks"] == 0
-        return {"path": canonical, "status": "HEALTHY" if healthy else "CORRUPT",
-                "totals": totals, "files": files, "truncated": truncated}
 
     # ================================================================== monitors
     async def checkpoint(self) -> dict:
@@ -1695,14 +677,6 @@ class MetaServer(Dispatcher):
             return {**info.as_dict(self.ns.applied_txid), "purged": removed}
         finally:
             self.global_lock.release(True)
-
-    async def rpc_save_namespace(self, ctx):
-        """HDFS ``dfsadmin -saveNamespace``: a checkpoint now; superuser, safe mode only."""
-        self.permissions.check_superuser(self._caller(ctx), "save namespace")
-        if not self.safemode.on:
-            raise InvalidArgument("save namespace: safe mode must be ON to save the "
-                                  "namespace (leasefs safemode enter), as HDFS requires")
-        return await self.checkpoint()
 
     async def run_monitors(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -1752,7 +726,7 @@ class MetaServer(Dispatcher):
         while True:
             await trio.sleep(period)
             for node in self.datanodes.check_dead():
-                self._node_dead(node)
+                self.node_dead(node)
 
     async def _safemode_monitor(self) -> None:
         period = max(0.05, min(0.5, self.config.heartbeat_interval))
@@ -1782,6 +756,15 @@ class MetaServer(Dispatcher):
                     await self.checkpoint()
                 except LeaseFSError as exc:
                     log.error("checkpoint failed: %s", exc)
+
+    async def _replication_monitor(self) -> None:
+        period = max(0.02, self.config.replication_interval)
+        while True:
+            await trio.sleep(period)
+            try:
+                await self.replication_pass()
+            except LeaseFSError as exc:
+                log.warning("replication monitor: %s", exc)
 
 
 async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0.1",

@@ -1,0 +1,174 @@
+"""The metadata server's block-server protocol (HDFS ``DatanodeProtocol``): register_storage,
+heartbeat, block_report, block_received_and_deleted, commit_block_synchronization and
+report_bad_blocks (PROTOCOL.md §2, §4).
+
+Why it exists: one role per module. HDFS keeps the calls of DataNodes apart from those of
+clients (``client_protocol.py``) and administrators (``admin_protocol.py``). The handlers
+check the caller and the arguments; block reports are applied by ``reports.py``
+(``BlockReports``), the node table is ``datanodes.py``. report_bad_blocks is here because
+it is a replica-state report (HDFS has it in both protocols; readers and block servers send it).
+
+``DatanodeProtocol`` is a mixin: ``MetaServer`` (``server.py``) composes it and owns all the
+state. The handlers rely on the core for: ``node_dead`` (a re-registration displaces a
+node), ``update_safemode``, the commands waiting for a node's next heartbeat
+(``transfer_commands``, ``recover_commands``), the running block recoveries
+(``recoveries``, ``forget_recovery``), ``file_lock`` and ``now``, and the core's ``ns``,
+``blocks``, ``datanodes``, ``reports``, ``safemode`` and ``journal``.
+
+Concurrency contract: that of ``MetaServer``: everything runs on its one trio thread, each
+call is its own task; big block reports are cut into bounded steps by ``BlockReports``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fs.errors import InvalidArgument, StaleGenerationStamp
+from fs.rpc import format_address, parse_address
+
+from . import blocks as bm
+from .namespace import check_bool, check_int, check_name
+from .reports import parse_entries
+
+log = logging.getLogger(__name__)
+
+
+class DatanodeProtocol:
+    """Handlers of HDFS DatanodeProtocol calls, as ``rpc_<method>(ctx, **args)``."""
+
+    # ================================================================== block server RPCs
+    @staticmethod
+    def _check_usage(capacity, used, remaining) -> None:
+        for name, value in (("capacity", capacity), ("used", used), ("remaining", remaining)):
+            check_int(value, name, low=0)
+
+    def _registered(self, node_id, what: str):
+        check_name(node_id, f"{what}: node_id")
+        node = self.datanodes.live(node_id)
+        if node is None:
+            raise InvalidArgument(f"{what}: block server {node_id} is not registered "
+                                  f"(register_storage first)")
+        return node
+
+    async def rpc_register_storage(self, ctx, node_id, address, capacity=0, used=0, remaining=0):
+        check_name(node_id, "register_storage: node_id")
+        if not isinstance(address, str):
+            raise InvalidArgument("register_storage: address must be 'host:port'")
+        host, port = parse_address(address)
+        if port == 0:
+            raise InvalidArgument(f"register_storage: address {address!r} has no port")
+        self._check_usage(capacity, used, remaining)
+        node, fresh, displaced = self.datanodes.register(node_id, format_address((host, port)),
+                                                         capacity, used, remaining)
+        for other in displaced:
+            self.node_dead(other)
+        if self.reports.abandon(node_id):
+            log.info("block server %s registered again: its unfinished block report is "
+                     "abandoned", node_id)
+        log.info("block server %s registered at %s%s", node_id, node.address,
+                 "" if fresh else " (again)")
+        self.update_safemode()
+        return {"namespace_id": self.ns.namespace_id}
+
+    async def rpc_heartbeat(self, ctx, node_id, capacity=0, used=0, remaining=0, xceivers=0):
+        check_name(node_id, "heartbeat: node_id")
+        self._check_usage(capacity, used, remaining)
+        node = self.datanodes.heartbeat(node_id, capacity, used, remaining,
+                                        xceivers if isinstance(xceivers, int) else 0)
+        if node is None:
+            return {"reregister": True, "commands": []}
+        commands = []
+        if not self.safemode.on:   # no deletions before the namespace is known to be whole
+            refs = self.datanodes.take_invalidate(node_id)
+            if refs:
+                commands.append({"type": "INVALIDATE", "blocks": refs})
+            commands.extend(self.transfer_commands.pop(node_id, []))
+        commands.extend(self.recover_commands.pop(node_id, {}).values())
+        return {"reregister": False, "commands": commands}
+
+    async def rpc_commit_block_synchronization(self, ctx, block, recovery_id, new_length,
+                                               close_file=True, delete_block=False,
+                                               new_targets=()):
+        """The primary finished block recovery (PROTOCOL.md §4)."""
+        if not isinstance(block, dict):
+            raise InvalidArgument(f"commit_block_synchronization: block must be {{id, gs}}, "
+                                  f"got {block!r:.80}")
+        block_id = check_int(block.get("id"), "commit_block_synchronization: block.id", low=0)
+        check_int(recovery_id, "commit_block_synchronization: recovery_id", low=0)
+        check_int(new_length, "commit_block_synchronization: new_length", low=0)
+        check_bool(close_file, "commit_block_synchronization: close_file")
+        check_bool(delete_block, "commit_block_synchronization: delete_block")
+        if not isinstance(new_targets, (list, tuple)) or not all(
+                isinstance(n, str) for n in new_targets):
+            raise InvalidArgument("commit_block_synchronization: new_targets must be a list "
+                                  "of node ids")
+        what = f"commit_block_synchronization of block {block_id}"
+        rec = self.recoveries.get(block_id)
+        if rec is None:
+            info = self.blocks.get(block_id)
+            if info is not None and info.gs == recovery_id and info.state in (bm.COMMITTED,
+                                                                             bm.COMPLETE):
+                return True   # a retry of a commit that already happened
+            raise StaleGenerationStamp(f"{what}: no block recovery of it is running (recovery "
+                                       f"id {recovery_id} is stale or the file is gone)")
+        if recovery_id != rec.recovery_id:
+            raise StaleGenerationStamp(f"{what}: recovery id {recovery_id} was superseded by "
+                                       f"{rec.recovery_id}")
+        path = self.ns.path_of(rec.ino)
+        if path is None:
+            self.forget_recovery(block_id)
+            raise StaleGenerationStamp(f"{what}: the file was deleted")
+        async with self.file_lock(what, path, rec.ino) as current:
+            if self.recoveries.get(block_id) is not rec:
+                raise StaleGenerationStamp(f"{what}: recovery id {recovery_id} was superseded")
+            inode = self.ns.get_inode(rec.ino)
+            tail = self.ns.tail_blocks(rec.ino, inode, 1) if inode else []
+            if not tail or tail[-1]["id"] != block_id:
+                self.forget_recovery(block_id)
+                raise StaleGenerationStamp(f"{what}: it is no longer the last block of {current}")
+            if not delete_block:
+                self.ns.check_block_length(current, inode, new_length)
+            _, wall = self.now()
+            op, args = self.ns.plan_commit_block_sync(
+                rec.ino, tail[-1], recovery_id, 0 if delete_block else new_length,
+                delete=delete_block, close=close_file, now_ns=wall)
+            args["targets"] = list(new_targets)
+            await self.journal.log(op, args)
+            log.info("block recovery of %s block %d committed: gs %d, length %d%s%s", current,
+                     block_id, recovery_id, new_length, ", block dropped" if delete_block else "",
+                     ", file closed" if close_file else "")
+            return True
+
+    async def rpc_block_report(self, ctx, node_id, blocks, report_id=None, chunk=0, last=True):
+        self._registered(node_id, "block_report")
+        if report_id is not None:
+            check_name(report_id, "block_report: report_id")
+            check_int(chunk, "block_report: chunk", low=0)
+            check_bool(last, "block_report: last")
+        entries = await self.reports.parse_entries_stepwise(blocks, "block_report: blocks")
+        await self.reports.full_report(node_id, entries, report_id, chunk, last)
+        return True
+
+    async def rpc_block_received_and_deleted(self, ctx, node_id, received=(), deleted=()):
+        node = self._registered(node_id, "block_received_and_deleted")
+        entries = parse_entries(list(received), "block_received_and_deleted: received")
+        if not isinstance(deleted, (list, tuple)) or not all(
+                isinstance(x, int) and not isinstance(x, bool) for x in deleted):
+            raise InvalidArgument("block_received_and_deleted: deleted must be a list of ids")
+        self.reports.incremental(node.node_id, entries, list(deleted))
+        return True
+
+    async def rpc_report_bad_blocks(self, ctx, blocks):
+        if not isinstance(blocks, list):
+            raise InvalidArgument("report_bad_blocks: blocks must be a list of {block, node_id}")
+        for item in blocks:
+            if not (isinstance(item, dict) and isinstance(item.get("node_id"), str)
+                    and isinstance(item.get("block"), dict)):
+                raise InvalidArgument(f"report_bad_blocks: bad entry {item!r:.80}")
+            block_id = check_int(item["block"].get("id"), "report_bad_blocks: block.id", low=0)
+            if self.blocks.mark_bad(item["node_id"], block_id):
+                log.warning("replica of block %d on %s reported corrupt by %s", block_id,
+                            item["node_id"], ctx.client_id)
+                for node_id, ref in self.blocks.excess_corrupt(block_id):
+                    self.datanodes.add_invalidate(node_id, ref)
+        return True
