@@ -2,9 +2,11 @@
 
 Why a module of its own: this is where bytes become packets and packets become bytes, with
 every HDFS rule that makes the data path safe — chunk-aligned packets with a CRC32C per
-chunk, a bounded window of unacknowledged packets, hflush/hsync visibility, the partial-chunk
-rewrite after a flush, complete() with backoff on close, checksum verification and replica
-failover on read. ``fs/client.py`` only opens and closes them.
+chunk, hflush/hsync visibility, the partial-chunk rewrite after a flush, complete() with
+backoff on close, checksum verification and replica failover on read. ``fs/client.py`` only
+opens and closes them. One block's write pipeline (the connection, the bounded window of
+unacknowledged packets, the ack responder) is ``fs/pipeline.py``; the data-connection
+helpers both directions use are ``fs/dataconn.py``.
 
 Write path (``AsyncOutputStream``): bytes are buffered into packets of ``packet_size`` bytes (a
 multiple of ``bytes_per_checksum``). Per block: ``add_block`` → WRITE_BLOCK to the first
@@ -49,24 +51,21 @@ import bisect
 import io
 import logging
 import os
-from collections import deque
 from dataclasses import dataclass
 
 import trio
 
-from . import errors
-from .datatransfer import (BLOCK_LENGTH, DATA_TRANSFER_VERSION, ERROR_CHECKSUM,
-                           FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA,
-                           PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE,
-                           PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
-                           TRANSFER_BLOCK, TRANSFER_RBW, WRITE_BLOCK, Packet, block_dict,
-                           chunk_checksums, receive_ack, receive_packet, send_packet,
+from .dataconn import (FIRST_BACKOFF, IO_ERRORS, close_quietly, node_name,
+                       open_data_connection, response_error)
+from .datatransfer import (BLOCK_LENGTH, DATA_TRANSFER_VERSION, FLAG_LAST, FLAG_SYNC,
+                           MAX_PACKET_DATA, PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK,
+                           Packet, block_dict, chunk_checksums, receive_packet,
                            verify_checksums)
 from .errors import (BlockMissing, ChecksumError, FileNotFound, InvalidArgument, LeaseExpired,
                      LeaseFSError, NotReplicatedYet, PipelineError, ProtocolError,
                      ServerUnavailable)
 from .framing import FramedStream
-from .rpc import parse_address
+from .pipeline import Pipeline, SetupFailed, transfer_rbw
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +76,6 @@ LOCATE_RETRIES = 3
 #: a forward seek inside the current block within this many bytes reads on instead of
 #: reconnecting (what HDFS does too: cheaper than a new connection)
 SEEK_SKIP_LIMIT = 256 << 10
-#: first wait of the add_block / complete backoff loops (doubles every retry)
-FIRST_BACKOFF = 0.05
-
-_ACK_NAMES = {SUCCESS: "SUCCESS", 1: "ERROR", ERROR_CHECKSUM: "ERROR_CHECKSUM"}
-# transport-level failures of a data connection
-_IO_ERRORS = (LeaseFSError, EOFError, OSError, trio.TooSlowError, trio.BrokenResourceError,
-              trio.ClosedResourceError)
 
 
 class Offset(int):
@@ -96,269 +88,13 @@ class Offset(int):
         return int(self)
 
 
-def _node_name(node: dict) -> str:
-    return f"{node.get('address', '?')} ({node.get('node_id', '?')})"
-
-
 def _effective_packet_size(packet_size: int, bytes_per_checksum: int) -> int:
     """Packets carry whole chunks: round down to a multiple of bytes_per_checksum."""
     size = min(int(packet_size), MAX_PACKET_DATA)
     return max(bytes_per_checksum, size - size % bytes_per_checksum)
 
 
-async def _open_data_connection(address: str, timeout: float, max_frame: int) -> FramedStream:
-    host, port = parse_address(address)
-    try:
-        with trio.fail_after(timeout):
-            stream = await trio.open_tcp_stream(host, port)
-    except (OSError, trio.TooSlowError) as exc:
-        raise ServerUnavailable(f"cannot connect to block server {address}: "
-                                f"{exc or 'connect timed out'}") from None
-    return FramedStream(stream, max_frame)
-
-
-async def _close_quietly(framed: FramedStream | None) -> None:
-    if framed is None:
-        return
-    with trio.CancelScope(shield=True):
-        try:
-            await framed.aclose()
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-
-
-def _response_error(resp, what: str) -> LeaseFSError:
-    """The exception a data-transfer error response stands for."""
-    if isinstance(resp, dict) and isinstance(resp.get("error"), dict):
-        exc = errors.from_wire(resp["error"])
-        exc.message = f"{what}: {exc.message}"
-        return exc
-    message = resp.get("message") if isinstance(resp, dict) else None
-    return LeaseFSError(f"{what}: {message or f'unexpected response {resp!r:.200}'}")
-
-
 # =========================================================================== write path
-
-
-class _SetupFailed(Exception):
-    """Pipeline setup failed at ``node`` (the first bad link)."""
-
-    def __init__(self, node: dict, reason: str):
-        super().__init__(reason)
-        self.node = node
-        self.reason = reason
-
-
-class _Pipeline:
-    """One block's write pipeline: the connection to its first node, the unacked packet
-    queue, and the responder that consumes acks. Sending happens in the caller's task."""
-
-    def __init__(self, *, path: str, located: dict, framed: FramedStream, window: int,
-                 timeout: float, start: int = 0):
-        self.path = path
-        self.block = dict(located["block"])
-        self.nodes = list(located["locations"])
-        self.framed = framed
-        self.window = window
-        self.timeout = timeout
-        self.error: LeaseFSError | None = None
-        #: index in ``nodes`` of the node blamed for ``error`` (None: not a node's fault,
-        #: e.g. the stream was aborted, so no pipeline recovery)
-        self.bad_index: int | None = None
-        self.queued = 0               # packets ever queued (tells a caller if its packet was)
-        self.done = trio.Event()      # the responder ended (and closed the connection)
-        self.acked_bytes = start      # block offset up to which every node acknowledged
-        self.sent_end = start         # block offset just past the last data sent
-        self._seqno = 0
-        self._unacked: deque[Packet] = deque()
-        self._send_lock = trio.Lock()
-        self._progress = trio.Event()  # set (and replaced) on every ack and on failure
-        self._wake = trio.Event()      # wakes an idle responder when a packet goes out
-        self._finished = False
-        self._scope = trio.CancelScope()
-
-    @property
-    def where(self) -> str:
-        return f"{self.path}: block {self.block['id']}"
-
-    @classmethod
-    async def connect(cls, *, path: str, located: dict, client_name: str,
-                      bytes_per_checksum: int, window: int, timeout: float,
-                      max_frame: int, min_bytes: int | None = None,
-                      stage: str = PIPELINE_SETUP_APPEND) -> "_Pipeline":
-        """WRITE_BLOCK to the first location; ``_SetupFailed`` names the first bad node.
-        With ``min_bytes`` the stage is PIPELINE_SETUP_APPEND (the nodes reopen their
-        replicas of exactly that length under the block's new generation stamp) or
-        PIPELINE_SETUP_STREAMING_RECOVERY (they cut their RBW replicas to that acknowledged
-        length and take the new stamp)."""
-        nodes = located["locations"]
-        first = nodes[0]
-        try:
-            framed = await _open_data_connection(first["address"], timeout, max_frame)
-        except ServerUnavailable as exc:
-            raise _SetupFailed(first, str(exc)) from None
-        header = {"op": WRITE_BLOCK, "version": DATA_TRANSFER_VERSION,
-                  "block": located["block"],
-                  "targets": [n["address"] for n in nodes[1:]],
-                  "stage": PIPELINE_SETUP_CREATE, "client": client_name,
-                  "bytes_per_checksum": bytes_per_checksum}
-        if min_bytes is not None:
-            header["stage"] = stage
-            header["min_bytes"] = min_bytes
-        try:
-            with trio.fail_after(timeout):
-                await framed.send_frame(header)
-                resp = await framed.receive_frame()
-        except (LeaseFSError, EOFError, trio.TooSlowError) as exc:
-            await _close_quietly(framed)
-            raise _SetupFailed(first, f"no setup response from {first['address']}: "
-                                      f"{exc or 'timed out'}") from None
-        if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
-            await _close_quietly(framed)
-            bad_address = resp.get("first_bad_link") if isinstance(resp, dict) else ""
-            bad = next((n for n in nodes if bad_address and n["address"] == bad_address), first)
-            raise _SetupFailed(bad, str(_response_error(resp, f"pipeline setup at {first['address']}")))
-        return cls(path=path, located=located, framed=framed, window=window, timeout=timeout,
-                   start=min_bytes or 0)
-
-    # ------------------------------------------------------------------ sending
-    def _raise_if_failed(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    def _notify(self) -> None:
-        self._progress.set()
-        self._progress = trio.Event()
-
-    async def send(self, offset: int, data, sums: bytes, flags: int = 0) -> None:
-        """Send one packet once the window has room; raises the pipeline's failure."""
-        while len(self._unacked) >= self.window and self.error is None:
-            await self._progress.wait()
-        self._raise_if_failed()
-        packet = Packet(self._seqno, offset, data, sums, flags)
-        self._seqno += 1
-        self._unacked.append(packet)
-        self.queued += 1
-        self._wake.set()
-        try:
-            async with self._send_lock:
-                with trio.fail_after(self.timeout):
-                    await send_packet(self.framed, packet.seqno, offset, data, sums, flags)
-        except (LeaseFSError, trio.TooSlowError) as exc:
-            self.fail(self.error or PipelineError(
-                f"{self.where}: cannot send to {_node_name(self.nodes[0])}: {exc or 'timed out'}"),
-                bad_index=0)
-            raise self.error from None
-        if data:
-            self.sent_end = offset + len(data)
-
-    async def wait_all_acked(self) -> None:
-        while self._unacked and self.error is None:
-            await self._progress.wait()
-        self._raise_if_failed()
-
-    # ------------------------------------------------------------------ acks
-    async def run_responder(self) -> None:
-        """Consume acks in order; on any failure record it and close the connection."""
-        heartbeat_after = max(self.timeout / 2, 0.05)
-        try:
-            with self._scope:
-                while True:
-                    if not self._unacked:
-                        if self._finished:
-                            return
-                        self._wake = trio.Event()
-                        with trio.move_on_after(heartbeat_after) as idle:
-                            await self._wake.wait()
-                        if idle.cancelled_caught and not self._unacked and not self._finished:
-                            # keep an idle pipeline alive (HDFS heartbeat packets)
-                            await self.send(self.sent_end, b"", b"", FLAG_HEARTBEAT)
-                        continue
-                    try:
-                        with trio.fail_after(self.timeout):
-                            seqno, statuses = await receive_ack(self.framed)
-                    except trio.TooSlowError:
-                        raise PipelineError(
-                            f"{self.where}: no ack from {_node_name(self.nodes[0])} for "
-                            f"{self.timeout:g} s") from None
-                    except EOFError:
-                        raise PipelineError(
-                            f"{self.where}: {_node_name(self.nodes[0])} closed the pipeline "
-                            f"with {len(self._unacked)} packet(s) unacknowledged") from None
-                    self._handle_ack(seqno, statuses)
-        except _BadNode as exc:
-            self.fail(exc.error, bad_index=exc.index)
-        except PipelineError as exc:   # the first node's connection broke or timed out
-            self.fail(exc, bad_index=0)
-        except LeaseFSError as exc:
-            self.fail(PipelineError(f"{self.where}: pipeline to {_node_name(self.nodes[0])} "
-                                    f"broke: {exc}"), bad_index=0)
-        except Exception as exc:  # never let a data-path surprise kill the client's nursery
-            log.exception("%s: responder failed", self.where)
-            self.fail(PipelineError(f"{self.where}: responder failed: {type(exc).__name__}: {exc}"))
-        finally:
-            if self.error is None and not self._finished:
-                self.error = PipelineError(f"{self.where}: pipeline closed")
-            self._notify()
-            await _close_quietly(self.framed)
-            self.done.set()
-
-    def _handle_ack(self, seqno: int, statuses: list[int]) -> None:
-        if not self._unacked:
-            raise ProtocolError(f"{self.where}: ack for packet {seqno} with none outstanding")
-        packet = self._unacked[0]
-        if seqno != packet.seqno:
-            raise ProtocolError(f"{self.where}: ack for packet {seqno}, expected {packet.seqno}")
-        for index, status in enumerate(statuses):
-            if status != SUCCESS:
-                node = self.nodes[index] if index < len(self.nodes) else {"address": f"node #{index}"}
-                raise _BadNode(min(index, len(self.nodes) - 1), PipelineError(
-                    f"{self.where}: block server {_node_name(node)} answered "
-                    f"{_ACK_NAMES.get(status, status)} for packet {seqno} (block offset "
-                    f"{packet.offset})"))
-        if len(statuses) < len(self.nodes):
-            node = self.nodes[len(statuses)]
-            raise _BadNode(len(statuses), PipelineError(
-                f"{self.where}: ack for packet {seqno} carries no status for {_node_name(node)}"))
-        self._unacked.popleft()
-        if packet.data:
-            self.acked_bytes = max(self.acked_bytes, packet.offset + len(packet.data))
-        if packet.flags & FLAG_LAST:
-            self._finished = True
-        self._notify()
-
-    def fail(self, exc: LeaseFSError, bad_index: int | None = None) -> None:
-        """Record the first failure (and the node it blames, if any), wake every waiter,
-        stop the responder (closes the socket)."""
-        if self.error is None:
-            self.error = exc
-            self.bad_index = bad_index
-            log.warning("%s", exc)
-        self._notify()
-        self._scope.cancel()
-
-    def close(self) -> None:
-        """Stop using the pipeline (after the LAST ack, or to abandon it)."""
-        self._finished = True
-        self._scope.cancel()
-
-    @property
-    def recoverable(self) -> bool:
-        """Failed through one of its nodes: pipeline recovery may go on without it."""
-        return self.error is not None and self.bad_index is not None
-
-    def pending_packets(self) -> list[Packet]:
-        """The unacknowledged packets a recovered pipeline must resend (not heartbeats)."""
-        return [p for p in self._unacked if not p.flags & FLAG_HEARTBEAT]
-
-
-class _BadNode(Exception):
-    """An ack blamed the pipeline node at ``index`` (internal to the responder)."""
-
-    def __init__(self, index: int, error: PipelineError):
-        super().__init__(str(error))
-        self.index = index
-        self.error = error
 
 
 @dataclass(frozen=True)
@@ -401,7 +137,7 @@ class AsyncOutputStream:
         self._buf = bytearray()     # bytes of the current block not yet sent in a full chunk
         self._buf_start = 0         # block offset of _buf[0] (always chunk aligned)
         self._buf_sent = 0          # leading bytes of _buf already sent by an hflush
-        self._pipeline: _Pipeline | None = None
+        self._pipeline: Pipeline | None = None
         self._previous: dict | None = None  # last finished block with its final length
         self.blocks_written = 0
         # pipeline recovery: nodes that failed this stream (excluded from later pipelines),
@@ -610,17 +346,17 @@ class AsyncOutputStream:
         self._appended = True
         self._block_recoveries = 0
         try:
-            pipeline = await _Pipeline.connect(
+            pipeline = await Pipeline.connect(
                 path=self.path, located={**located, "locations": nodes},
                 client_name=client.client_name, bytes_per_checksum=self.bytes_per_checksum,
                 window=self.window, timeout=client.config.data_timeout,
                 max_frame=client.config.max_frame, min_bytes=min_bytes)
-        except _SetupFailed as exc:
+        except SetupFailed as exc:
             # HDFS setupPipelineForAppendOrRecovery: the failed node is dropped and every
             # retry takes a new stamp (a node that reopened its replica under the append's
             # stamp before the failure refuses that stamp again)
             log.warning("%s: append pipeline setup for block %s failed at %s: %s", self.path,
-                        block["id"], _node_name(exc.node), exc.reason)
+                        block["id"], node_name(exc.node), exc.reason)
             bad_index = next((i for i, n in enumerate(nodes)
                               if n.get("node_id") == exc.node.get("node_id")), 0)
             pipeline = await self._rebuild(_Broken(
@@ -663,7 +399,7 @@ class AsyncOutputStream:
                         self.bytes_per_checksum = bpc
                         self.packet_size = _effective_packet_size(config.packet_size, bpc)
                     return b"".join(parts)
-                except _IO_ERRORS as exc:
+                except IO_ERRORS as exc:
                     failures.append(f"{node.get('address')}: {exc or type(exc).__name__}")
                     break
                 finally:
@@ -719,15 +455,15 @@ class AsyncOutputStream:
                 raise PipelineError(f"{self.path}: the metadata server gave block "
                                     f"{located['block']['id']} no block server")
             try:
-                pipeline = await _Pipeline.connect(
+                pipeline = await Pipeline.connect(
                     path=self.path, located=located, client_name=client.client_name,
                     bytes_per_checksum=self.bytes_per_checksum, window=self.window,
                     timeout=client.config.data_timeout, max_frame=client.config.max_frame)
-            except _SetupFailed as exc:
+            except SetupFailed as exc:
                 failures.append(exc.reason)
                 log.warning("%s: pipeline setup for block %s failed at %s: %s; abandoning "
                             "the block and excluding the node", self.path,
-                            located["block"]["id"], _node_name(exc.node), exc.reason)
+                            located["block"]["id"], node_name(exc.node), exc.reason)
                 await client.rpc.call("abandon_block", {
                     "path": self.path, "client_name": client.client_name, "ino": self.ino,
                     "block": located["block"]})
@@ -843,7 +579,7 @@ class AsyncOutputStream:
                 return
             pipeline = new
 
-    async def _rebuild(self, old: _Broken) -> _Pipeline:
+    async def _rebuild(self, old: _Broken) -> Pipeline:
         """One recovery of ``old`` (a failed pipeline or append setup): returns the new,
         running pipeline."""
         client = self._client
@@ -864,7 +600,7 @@ class AsyncOutputStream:
                 self._failed_nodes.append(bad)
             self._block_recoveries += 1
             self.recoveries += 1
-            tried = ", ".join(_node_name(n) for n in self._failed_nodes)
+            tried = ", ".join(node_name(n) for n in self._failed_nodes)
             if self._block_recoveries > retries:
                 raise PipelineError(f"{where}: giving up after {retries} pipeline recoveries; "
                                     f"failed block servers: {tried}; last error: {cause}")
@@ -872,7 +608,7 @@ class AsyncOutputStream:
                 raise PipelineError(f"{where}: every block server of the pipeline failed "
                                     f"({tried}); last error: {cause}")
             log.warning("%s: pipeline recovery %d: dropping %s (%s); %d node(s) left, %d "
-                        "bytes acknowledged", where, self._block_recoveries, _node_name(bad),
+                        "bytes acknowledged", where, self._block_recoveries, node_name(bad),
                         cause, len(nodes), acked)
             try:
                 located = await client.rpc.call("update_block_for_pipeline", {
@@ -897,12 +633,12 @@ class AsyncOutputStream:
                                 "node(s) (best effort)", where, exc, len(nodes))
             new_block = block_dict(block["id"], new_gs, acked)
             try:
-                pipeline = await _Pipeline.connect(
+                pipeline = await Pipeline.connect(
                     path=self.path, located={"block": new_block, "locations": nodes},
                     client_name=client.client_name, bytes_per_checksum=self.bytes_per_checksum,
                     window=self.window, timeout=config.data_timeout, max_frame=config.max_frame,
                     min_bytes=acked, stage=PIPELINE_SETUP_STREAMING_RECOVERY)
-            except _SetupFailed as exc:
+            except SetupFailed as exc:
                 cause = PipelineError(f"{where}: recovery setup failed: {exc.reason}")
                 bad_index = next((i for i, n in enumerate(nodes)
                                   if n.get("node_id") == exc.node.get("node_id")), 0)
@@ -913,10 +649,10 @@ class AsyncOutputStream:
                     "new_block": new_block, "new_nodes": [n["node_id"] for n in nodes]})
             except BaseException:
                 pipeline.close()
-                await _close_quietly(pipeline.framed)
+                await close_quietly(pipeline.framed)
                 raise
             log.info("%s: pipeline recovered: generation stamp %d, %d bytes acknowledged, "
-                     "nodes %s", where, new_gs, acked, ", ".join(_node_name(n) for n in nodes))
+                     "nodes %s", where, new_gs, acked, ", ".join(node_name(n) for n in nodes))
             pipeline.sent_end = max(old.sent_end, acked)
             client._nursery.start_soon(pipeline.run_responder,
                                        name=f"responder {self.path} blk {block['id']} (recovered)")
@@ -941,17 +677,17 @@ class AsyncOutputStream:
         failures = []
         for source in nodes:
             try:
-                await _transfer_rbw(source, target, copy, client_name=client.client_name,
-                                    timeout=config.data_timeout, max_frame=config.max_frame)
-            except _IO_ERRORS as exc:
-                failures.append(f"from {_node_name(source)}: {exc or type(exc).__name__}")
+                await transfer_rbw(source, target, copy, client_name=client.client_name,
+                                   timeout=config.data_timeout, max_frame=config.max_frame)
+            except IO_ERRORS as exc:
+                failures.append(f"from {node_name(source)}: {exc or type(exc).__name__}")
                 continue
             log.info("%s: block %s: copied %d bytes from %s to the replacement %s", self.path,
-                     copy["id"], copy["num_bytes"], _node_name(source), _node_name(target))
+                     copy["id"], copy["num_bytes"], node_name(source), node_name(target))
             self.replacements += 1
             return nodes + [target]
         self._failed_nodes.append(target)
-        raise PipelineError(f"could not copy block {copy['id']} to {_node_name(target)}: "
+        raise PipelineError(f"could not copy block {copy['id']} to {node_name(target)}: "
                             + "; ".join(failures))
 
     async def _complete(self) -> None:
@@ -974,27 +710,6 @@ class AsyncOutputStream:
             f"{self.path}: could not close the file: the metadata server still reports "
             f"block {block} as not minimally replicated after {retries + 1} attempts over "
             f"{waited:.1f} s")
-
-
-async def _transfer_rbw(source: dict, target: dict, block: dict, *, client_name: str,
-                       timeout: float, max_frame: int) -> None:
-    """Ask ``source`` to copy ``block`` up to ``block['num_bytes']`` to ``target``
-    (TRANSFER_BLOCK stage TRANSFER_RBW, docs/PROTOCOL.md §3); returns once it is done."""
-    framed = await _open_data_connection(source["address"], timeout, max_frame)
-    try:
-        with trio.fail_after(timeout):
-            await framed.send_frame({"op": TRANSFER_BLOCK, "version": DATA_TRANSFER_VERSION,
-                                     "block": block,
-                                     "targets": [target["address"]], "stage": TRANSFER_RBW,
-                                     "client": client_name})
-            resp = await framed.receive_frame()
-    except trio.TooSlowError:
-        raise PipelineError(f"no TRANSFER_BLOCK answer from {source['address']} in "
-                            f"{timeout:g} s") from None
-    finally:
-        await _close_quietly(framed)
-    if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
-        raise _response_error(resp, f"TRANSFER_BLOCK at {source['address']}")
 
 
 # =========================================================================== read path
@@ -1046,7 +761,7 @@ class _BlockReader:
     @classmethod
     async def connect(cls, block: _Block, node: dict, start: int, end: int, *,
                       timeout: float, max_frame: int) -> "_BlockReader":
-        framed = await _open_data_connection(node["address"], timeout, max_frame)
+        framed = await open_data_connection(node["address"], timeout, max_frame)
         try:
             with trio.fail_after(timeout):
                 await framed.send_frame({"op": READ_BLOCK, "version": DATA_TRANSFER_VERSION,
@@ -1054,7 +769,7 @@ class _BlockReader:
                                          "offset": start, "length": end - start, "verify": True})
                 resp = await framed.receive_frame()
             if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
-                raise _response_error(resp, f"READ_BLOCK of block {block.id} at {node['address']}")
+                raise response_error(resp, f"READ_BLOCK of block {block.id} at {node['address']}")
             bpc = resp.get("bytes_per_checksum")
             chunk_offset = resp.get("chunk_offset", start)
             if not (isinstance(bpc, int) and bpc > 0 and isinstance(chunk_offset, int)
@@ -1062,7 +777,7 @@ class _BlockReader:
                 raise ProtocolError(f"READ_BLOCK response from {node['address']} is malformed: "
                                     f"{resp!r:.200}")
         except BaseException:
-            await _close_quietly(framed)
+            await close_quietly(framed)
             raise
         return cls(framed, block, node, start, end, bpc, chunk_offset, timeout)
 
@@ -1118,9 +833,9 @@ class _BlockReader:
                     while not self._saw_last:
                         packet = await receive_packet(self.framed, self.bytes_per_checksum)
                         self._saw_last = bool(packet.flags & FLAG_LAST)
-                except _IO_ERRORS:
+                except IO_ERRORS:
                     pass
-        await _close_quietly(self.framed)
+        await close_quietly(self.framed)
 
 
 @dataclass
@@ -1272,8 +987,8 @@ class AsyncInputStream:
         for node in block.locations:
             framed = None
             try:
-                framed = await _open_data_connection(node["address"], config.data_timeout,
-                                                     config.max_frame)
+                framed = await open_data_connection(node["address"], config.data_timeout,
+                                                    config.max_frame)
                 with trio.fail_after(config.data_timeout):
                     await framed.send_frame({"op": BLOCK_LENGTH, "version": DATA_TRANSFER_VERSION,
                                              "block": {"id": block.id, "gs": block.gs}})
@@ -1282,12 +997,12 @@ class AsyncInputStream:
                         and isinstance(resp.get("visible_length"), int):
                     return resp["visible_length"]
                 log.info("%s: BLOCK_LENGTH of block %s at %s: %s", self.path, block.id,
-                         node["address"], _response_error(resp, "refused"))
-            except _IO_ERRORS as exc:
+                         node["address"], response_error(resp, "refused"))
+            except IO_ERRORS as exc:
                 log.info("%s: BLOCK_LENGTH of block %s at %s failed: %s", self.path, block.id,
                          node["address"], exc)
             finally:
-                await _close_quietly(framed)
+                await close_quietly(framed)
         return None
 
     def _block_at(self, pos: int) -> _Block | None:
@@ -1321,7 +1036,7 @@ class AsyncInputStream:
             if reader is not None and not reader.positioned_at(block.id, off):
                 try:
                     moved = await reader.skip_to(block.id, off)
-                except _IO_ERRORS:
+                except IO_ERRORS:
                     moved = False
                 if not moved:
                     await slot.close()
@@ -1343,7 +1058,7 @@ class AsyncInputStream:
                     slot.reader = await _BlockReader.connect(
                         block, node, off, range_end, timeout=self._client.config.data_timeout,
                         max_frame=self._client.config.max_frame)
-                except _IO_ERRORS as exc:
+                except IO_ERRORS as exc:
                     await self._replica_failed(block, node, exc, failures)
                     continue
             try:
@@ -1352,7 +1067,7 @@ class AsyncInputStream:
                     raise ProtocolError(f"replica at {slot.reader.node['address']} "
                                         f"returned no data at block offset {off}")
                 return data
-            except _IO_ERRORS as exc:
+            except IO_ERRORS as exc:
                 node = slot.reader.node
                 await slot.close()
                 await self._replica_failed(block, node, exc, failures)
@@ -1363,7 +1078,7 @@ class AsyncInputStream:
         failures.append(f"{node.get('address')}: {exc or type(exc).__name__}")
         if isinstance(exc, ChecksumError):
             log.warning("%s: %s; reporting the replica on %s as corrupt", self.path, exc,
-                        _node_name(node))
+                        node_name(node))
             self.reported_bad.append((block.id, node.get("node_id")))
             try:
                 await self._client.rpc.call(
@@ -1375,7 +1090,7 @@ class AsyncInputStream:
                             report_exc)
         else:
             log.info("%s: block %s from %s failed: %s; trying another replica", self.path,
-                     block.id, _node_name(node), exc)
+                     block.id, node_name(node), exc)
 
 
 # =========================================================================== sync facades

@@ -463,7 +463,7 @@ def test_setup_failure_downstream_names_the_first_bad_link(tmp_path):
     ``first_bad_link``; the client blames that node, not the first one."""
     import socket
 
-    from fs.streams import _Pipeline, _SetupFailed
+    from fs.pipeline import Pipeline, SetupFailed
 
     with socket.socket() as sock:   # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
@@ -474,10 +474,10 @@ def test_setup_failure_downstream_names_the_first_bad_link(tmp_path):
             first = {"node_id": "first", "address": cluster.storage_address(0)}
             located = {"block": {"id": 424242, "gs": 1, "num_bytes": 0},
                        "locations": [first, {"node_id": "dead-one", "address": dead}]}
-            with pytest.raises(_SetupFailed) as info:
-                await _Pipeline.connect(path="/p", located=located, client_name="t",
-                                        bytes_per_checksum=BPC, window=4, timeout=5.0,
-                                        max_frame=1 << 20)
+            with pytest.raises(SetupFailed) as info:
+                await Pipeline.connect(path="/p", located=located, client_name="t",
+                                       bytes_per_checksum=BPC, window=4, timeout=5.0,
+                                       max_frame=1 << 20)
             assert info.value.node["node_id"] == "dead-one"
             assert dead in info.value.reason
 

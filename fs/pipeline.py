@@ -1,0 +1,280 @@
+"""One block's chained write pipeline, from the client's side, and the TRANSFER_RBW request
+that copies a block under construction to a replacement node.
+
+Why a module of its own: this is where the output stream's packets meet the wire — the
+WRITE_BLOCK setup (``Pipeline.connect``: stage PIPELINE_SETUP_CREATE, or with ``min_bytes``
+PIPELINE_SETUP_APPEND / PIPELINE_SETUP_STREAMING_RECOVERY; ``SetupFailed`` names the first bad
+node), a bounded window of unacknowledged packets (``send`` waits while it is full) and the
+responder that matches acks to the queue of unacked packets. The packets are kept whole, so
+a pipeline recovery (``fs/streams.py``) can resend them; a pipeline that fails through one of
+its nodes records which (``bad_index``) and stops, and deciding what happens next is the
+writer's job, not this module's.
+
+Concurrency contract: everything runs on the client's trio thread. Sending happens in the
+writer's task (the output stream's lock serialises it; ``send`` also holds the pipeline's
+own send lock while a packet goes out, since the responder sends heartbeats on an idle
+pipeline). The responder (``run_responder``) runs as a task in the client's nursery and
+never raises: the first failure is stored in ``error`` and re-raised by the writer's next
+``send``/``wait_all_acked``; ``fail``/``close`` cancel it, which closes the connection.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import trio
+
+from .dataconn import close_quietly, node_name, open_data_connection, response_error
+from .datatransfer import (DATA_TRANSFER_VERSION, ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST,
+                           PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE, SUCCESS,
+                           TRANSFER_BLOCK, TRANSFER_RBW, WRITE_BLOCK, Packet, receive_ack,
+                           send_packet)
+from .errors import LeaseFSError, PipelineError, ProtocolError, ServerUnavailable
+from .framing import FramedStream
+
+log = logging.getLogger(__name__)
+
+_ACK_NAMES = {SUCCESS: "SUCCESS", 1: "ERROR", ERROR_CHECKSUM: "ERROR_CHECKSUM"}
+
+
+class SetupFailed(Exception):
+    """Pipeline setup failed at ``node`` (the first bad link)."""
+
+    def __init__(self, node: dict, reason: str):
+        super().__init__(reason)
+        self.node = node
+        self.reason = reason
+
+
+class Pipeline:
+    """One block's write pipeline: the connection to its first node, the unacked packet
+    queue, and the responder that consumes acks. Sending happens in the caller's task."""
+
+    def __init__(self, *, path: str, located: dict, framed: FramedStream, window: int,
+                 timeout: float, start: int = 0):
+        self.path = path
+        self.block = dict(located["block"])
+        self.nodes = list(located["locations"])
+        self.framed = framed
+        self.window = window
+        self.timeout = timeout
+        self.error: LeaseFSError | None = None
+        #: index in ``nodes`` of the node blamed for ``error`` (None: not a node's fault,
+        #: e.g. the stream was aborted, so no pipeline recovery)
+        self.bad_index: int | None = None
+        self.queued = 0               # packets ever queued (tells a caller if its packet was)
+        self.done = trio.Event()      # the responder ended (and closed the connection)
+        self.acked_bytes = start      # block offset up to which every node acknowledged
+        self.sent_end = start         # block offset just past the last data sent
+        self._seqno = 0
+        self._unacked: deque[Packet] = deque()
+        self._send_lock = trio.Lock()
+        self._progress = trio.Event()  # set (and replaced) on every ack and on failure
+        self._wake = trio.Event()      # wakes an idle responder when a packet goes out
+        self._finished = False
+        self._scope = trio.CancelScope()
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}: block {self.block['id']}"
+
+    @classmethod
+    async def connect(cls, *, path: str, located: dict, client_name: str,
+                      bytes_per_checksum: int, window: int, timeout: float,
+                      max_frame: int, min_bytes: int | None = None,
+                      stage: str = PIPELINE_SETUP_APPEND) -> "Pipeline":
+        """WRITE_BLOCK to the first location; ``SetupFailed`` names the first bad node.
+        With ``min_bytes`` the stage is PIPELINE_SETUP_APPEND (the nodes reopen their
+        replicas of exactly that length under the block's new generation stamp) or
+        PIPELINE_SETUP_STREAMING_RECOVERY (they cut their RBW replicas to that acknowledged
+        length and take the new stamp)."""
+        nodes = located["locations"]
+        first = nodes[0]
+        try:
+            framed = await open_data_connection(first["address"], timeout, max_frame)
+        except ServerUnavailable as exc:
+            raise SetupFailed(first, str(exc)) from None
+        header = {"op": WRITE_BLOCK, "version": DATA_TRANSFER_VERSION,
+                  "block": located["block"],
+                  "targets": [n["address"] for n in nodes[1:]],
+                  "stage": PIPELINE_SETUP_CREATE, "client": client_name,
+                  "bytes_per_checksum": bytes_per_checksum}
+        if min_bytes is not None:
+            header["stage"] = stage
+            header["min_bytes"] = min_bytes
+        try:
+            with trio.fail_after(timeout):
+                await framed.send_frame(header)
+                resp = await framed.receive_frame()
+        except (LeaseFSError, EOFError, trio.TooSlowError) as exc:
+            await close_quietly(framed)
+            raise SetupFailed(first, f"no setup response from {first['address']}: "
+                                      f"{exc or 'timed out'}") from None
+        if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
+            await close_quietly(framed)
+            bad_address = resp.get("first_bad_link") if isinstance(resp, dict) else ""
+            bad = next((n for n in nodes if bad_address and n["address"] == bad_address), first)
+            raise SetupFailed(bad, str(response_error(resp, f"pipeline setup at {first['address']}")))
+        return cls(path=path, located=located, framed=framed, window=window, timeout=timeout,
+                   start=min_bytes or 0)
+
+    # ------------------------------------------------------------------ sending
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _notify(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
+
+    async def send(self, offset: int, data, sums: bytes, flags: int = 0) -> None:
+        """Send one packet once the window has room; raises the pipeline's failure."""
+        while len(self._unacked) >= self.window and self.error is None:
+            await self._progress.wait()
+        self._raise_if_failed()
+        packet = Packet(self._seqno, offset, data, sums, flags)
+        self._seqno += 1
+        self._unacked.append(packet)
+        self.queued += 1
+        self._wake.set()
+        try:
+            async with self._send_lock:
+                with trio.fail_after(self.timeout):
+                    await send_packet(self.framed, packet.seqno, offset, data, sums, flags)
+        except (LeaseFSError, trio.TooSlowError) as exc:
+            self.fail(self.error or PipelineError(
+                f"{self.where}: cannot send to {node_name(self.nodes[0])}: {exc or 'timed out'}"),
+                bad_index=0)
+            raise self.error from None
+        if data:
+            self.sent_end = offset + len(data)
+
+    async def wait_all_acked(self) -> None:
+        while self._unacked and self.error is None:
+            await self._progress.wait()
+        self._raise_if_failed()
+
+    # ------------------------------------------------------------------ acks
+    async def run_responder(self) -> None:
+        """Consume acks in order; on any failure record it and close the connection."""
+        heartbeat_after = max(self.timeout / 2, 0.05)
+        try:
+            with self._scope:
+                while True:
+                    if not self._unacked:
+                        if self._finished:
+                            return
+                        self._wake = trio.Event()
+                        with trio.move_on_after(heartbeat_after) as idle:
+                            await self._wake.wait()
+                        if idle.cancelled_caught and not self._unacked and not self._finished:
+                            # keep an idle pipeline alive (HDFS heartbeat packets)
+                            await self.send(self.sent_end, b"", b"", FLAG_HEARTBEAT)
+                        continue
+                    try:
+                        with trio.fail_after(self.timeout):
+                            seqno, statuses = await receive_ack(self.framed)
+                    except trio.TooSlowError:
+                        raise PipelineError(
+                            f"{self.where}: no ack from {node_name(self.nodes[0])} for "
+                            f"{self.timeout:g} s") from None
+                    except EOFError:
+                        raise PipelineError(
+                            f"{self.where}: {node_name(self.nodes[0])} closed the pipeline "
+                            f"with {len(self._unacked)} packet(s) unacknowledged") from None
+                    self._handle_ack(seqno, statuses)
+        except _BadNode as exc:
+            self.fail(exc.error, bad_index=exc.index)
+        except PipelineError as exc:   # the first node's connection broke or timed out
+            self.fail(exc, bad_index=0)
+        except LeaseFSError as exc:
+            self.fail(PipelineError(f"{self.where}: pipeline to {node_name(self.nodes[0])} "
+                                    f"broke: {exc}"), bad_index=0)
+        except Exception as exc:  # never let a data-path surprise kill the client's nursery
+            log.exception("%s: responder failed", self.where)
+            self.fail(PipelineError(f"{self.where}: responder failed: {type(exc).__name__}: {exc}"))
+        finally:
+            if self.error is None and not self._finished:
+                self.error = PipelineError(f"{self.where}: pipeline closed")
+            self._notify()
+            await close_quietly(self.framed)
+            self.done.set()
+
+    def _handle_ack(self, seqno: int, statuses: list[int]) -> None:
+        if not self._unacked:
+            raise ProtocolError(f"{self.where}: ack for packet {seqno} with none outstanding")
+        packet = self._unacked[0]
+        if seqno != packet.seqno:
+            raise ProtocolError(f"{self.where}: ack for packet {seqno}, expected {packet.seqno}")
+        for index, status in enumerate(statuses):
+            if status != SUCCESS:
+                node = self.nodes[index] if index < len(self.nodes) else {"address": f"node #{index}"}
+                raise _BadNode(min(index, len(self.nodes) - 1), PipelineError(
+                    f"{self.where}: block server {node_name(node)} answered "
+                    f"{_ACK_NAMES.get(status, status)} for packet {seqno} (block offset "
+                    f"{packet.offset})"))
+        if len(statuses) < len(self.nodes):
+            node = self.nodes[len(statuses)]
+            raise _BadNode(len(statuses), PipelineError(
+                f"{self.where}: ack for packet {seqno} carries no status for {node_name(node)}"))
+        self._unacked.popleft()
+        if packet.data:
+            self.acked_bytes = max(self.acked_bytes, packet.offset + len(packet.data))
+        if packet.flags & FLAG_LAST:
+            self._finished = True
+        self._notify()
+
+    def fail(self, exc: LeaseFSError, bad_index: int | None = None) -> None:
+        """Record the first failure (and the node it blames, if any), wake every waiter,
+        stop the responder (closes the socket)."""
+        if self.error is None:
+            self.error = exc
+            self.bad_index = bad_index
+            log.warning("%s", exc)
+        self._notify()
+        self._scope.cancel()
+
+    def close(self) -> None:
+        """Stop using the pipeline (after the LAST ack, or to abandon it)."""
+        self._finished = True
+        self._scope.cancel()
+
+    @property
+    def recoverable(self) -> bool:
+        """Failed through one of its nodes: pipeline recovery may go on without it."""
+        return self.error is not None and self.bad_index is not None
+
+    def pending_packets(self) -> list[Packet]:
+        """The unacknowledged packets a recovered pipeline must resend (not heartbeats)."""
+        return [p for p in self._unacked if not p.flags & FLAG_HEARTBEAT]
+
+
+class _BadNode(Exception):
+    """An ack blamed the pipeline node at ``index`` (internal to the responder)."""
+
+    def __init__(self, index: int, error: PipelineError):
+        super().__init__(str(error))
+        self.index = index
+        self.error = error
+
+
+async def transfer_rbw(source: dict, target: dict, block: dict, *, client_name: str,
+                      timeout: float, max_frame: int) -> None:
+    """Ask ``source`` to copy ``block`` up to ``block['num_bytes']`` to ``target``
+    (TRANSFER_BLOCK stage TRANSFER_RBW, docs/PROTOCOL.md §3); returns once it is done."""
+    framed = await open_data_connection(source["address"], timeout, max_frame)
+    try:
+        with trio.fail_after(timeout):
+            await framed.send_frame({"op": TRANSFER_BLOCK, "version": DATA_TRANSFER_VERSION,
+                                     "block": block,
+                                     "targets": [target["address"]], "stage": TRANSFER_RBW,
+                                     "client": client_name})
+            resp = await framed.receive_frame()
+    except trio.TooSlowError:
+        raise PipelineError(f"no TRANSFER_BLOCK answer from {source['address']} in "
+                            f"{timeout:g} s") from None
+    finally:
+        await close_quietly(framed)
+    if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
+        raise response_error(resp, f"TRANSFER_BLOCK at {source['address']}")
