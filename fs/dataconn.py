@@ -2,10 +2,10 @@
 without raising, turn an error response into the exception of ``fs.errors`` it stands for,
 name a node in messages.
 
-Why a module of its own: the write pipeline (``fs/pipeline.py``) and the output and input
-streams (``fs/streams.py``) all open data connections the same way and count the same
-transport failures (``IO_ERRORS``) as a replica's or node's failure; this is the one copy
-they share.
+Why a module of its own: the write pipeline (``fs/pipeline.py``), the output stream
+(``fs/writer.py``) and the input stream (``fs/reader.py``) all open data connections the same
+way and count the same transport failures (``IO_ERRORS``) as a replica's or node's failure;
+this is the one copy they share.
 
 Concurrency contract: stateless async helpers that run in the caller's task on the client's
 trio thread; ``close_quietly`` is shielded from cancellation, so a cancelled caller still

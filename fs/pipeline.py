@@ -6,7 +6,7 @@ WRITE_BLOCK setup (``Pipeline.connect``: stage PIPELINE_SETUP_CREATE, or with ``
 PIPELINE_SETUP_APPEND / PIPELINE_SETUP_STREAMING_RECOVERY; ``SetupFailed`` names the first bad
 node), a bounded window of unacknowledged packets (``send`` waits while it is full) and the
 responder that matches acks to the queue of unacked packets. The packets are kept whole, so
-a pipeline recovery (``fs/streams.py``) can resend them; a pipeline that fails through one of
+a pipeline recovery (``fs/writer.py``) can resend them; a pipeline that fails through one of
 its nodes records which (``bad_index``) and stops, and deciding what happens next is the
 writer's job, not this module's.
 

@@ -21,7 +21,8 @@ import fs.client as client_mod
 from fs import errors
 from fs.client import AsyncClient, Client, FileStatus
 from fs.renewer import LeaseRenewer
-from fs.streams import Offset, _effective_packet_size
+from fs.streams import Offset
+from fs.writer import _effective_packet_size
 from harness import inprocess_cluster
 
 KiB = 1 << 10

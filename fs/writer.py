@@ -1,0 +1,681 @@
+"""The output stream of the client (``AsyncOutputStream``): bytes become packets, blocks
+are added and ended, a file is appended to, a broken pipeline is recovered, and the file is
+completed on close.
+
+Why a module of its own: this is every HDFS rule of the write side above the wire —
+chunk-aligned packets with a CRC32C per chunk, hflush/hsync visibility, the partial-chunk
+rewrite after a flush, the append setup, pipeline recovery with the replace-datanode policy,
+complete() with backoff on close. The pipeline itself (connection, window, acks) is
+``fs/pipeline.py``; ``fs/client.py`` only opens and closes streams.
+
+Write path: bytes are buffered into packets of ``packet_size`` bytes (a multiple of
+``bytes_per_checksum``). Per block: ``add_block`` → WRITE_BLOCK to the first location with
+the others as downstream ``targets`` → a ``Pipeline`` whose sender is the writer itself and
+whose responder task matches acks to the queue of unacked packets (kept whole, so a later
+pipeline recovery can resend them). At most ``write_window_packets`` are unacked: ``write``
+waits, so memory stays bounded. A full block ends with an empty LAST packet; the next
+``add_block`` passes it as ``previous``. ``close`` ends the last block and calls ``complete``
+until the server says the file is closed. ``append`` reopens a partial last block
+(``_setup_append``: reread its last partial chunk, WRITE_BLOCK stage PIPELINE_SETUP_APPEND
+under the new stamp; a setup that fails at a node goes on as a pipeline recovery, below) and
+then writes on exactly as after an hflush.
+A pipeline that breaks because the file was deleted or overwritten under the writer is
+reported as ``FileNotFound``, as HDFS's writer sees it.
+
+Pipeline recovery (``_recover_pipeline``, docs/DESIGN.md "Pipeline recovery"): a pipeline
+that fails through one of its nodes records which (``bad_index``); the writer's next send or
+wait drops that node, gets a new stamp (``update_block_for_pipeline``), adds a replacement
+when the replace-datanode policy says so (``get_additional_datanode`` + TRANSFER_RBW from a
+survivor), sets up PIPELINE_SETUP_STREAMING_RECOVERY, calls ``update_pipeline`` and resends
+the unacked packets; at most ``pipeline_recovery_retries`` rounds per block. ``_rebuild``
+does one recovery from a ``_Broken`` pipeline (a failed one, or an append setup that failed).
+
+Concurrency contract: every async method runs on the client's trio thread. An output stream
+serialises its operations with one lock (writes from several tasks do not interleave inside
+a packet); its pipeline's responder runs as a task in the client's nursery and never raises
+(failures are stored and re-raised by the writer's next call). ``abort`` is synchronous and
+may run while an operation waits: it records the error and fails the pipeline, which wakes
+that operation.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import trio
+
+from .dataconn import FIRST_BACKOFF, IO_ERRORS, close_quietly, node_name
+from .datatransfer import (FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA,
+                           PIPELINE_SETUP_STREAMING_RECOVERY, Packet, block_dict,
+                           chunk_checksums)
+from .errors import (FileNotFound, InvalidArgument, LeaseExpired, LeaseFSError,
+                     NotReplicatedYet, PipelineError, ProtocolError, ServerUnavailable)
+from .pipeline import Pipeline, SetupFailed, transfer_rbw
+from .reader import Block, BlockReader
+
+log = logging.getLogger(__name__)
+
+#: attempts to set up a pipeline for one new block before giving up (HDFS: 3)
+PIPELINE_SETUP_ATTEMPTS = 3
+
+
+def _effective_packet_size(packet_size: int, bytes_per_checksum: int) -> int:
+    """Packets carry whole chunks: round down to a multiple of bytes_per_checksum."""
+    size = min(int(packet_size), MAX_PACKET_DATA)
+    return max(bytes_per_checksum, size - size % bytes_per_checksum)
+
+
+@dataclass(frozen=True)
+class _Broken:
+    """What a pipeline recovery starts from: the block as the metadata server knows it, the
+    pipeline's nodes, the index of the one to drop and why, the bytes every node
+    acknowledged and the block offset sent up to; ``source_gs``: the oldest stamp a
+    survivor's replica may still carry (an append setup: the stamp before ``append``;
+    None: the block's stamp)."""
+
+    block: dict
+    nodes: tuple
+    bad_index: int | None
+    cause: LeaseFSError
+    acked: int
+    sent_end: int
+    source_gs: int | None = None
+
+
+class AsyncOutputStream:
+    """A file being written: ``write``/``hflush``/``hsync``/``close``; ``async with`` closes.
+
+    Obtained from ``AsyncClient.create``. ``pos`` is the number of bytes written so far.
+    """
+
+    def __init__(self, client, path: str, status: dict, *, bytes_per_checksum: int | None = None):
+        self._client = client
+        self.path = path
+        self.ino = status["ino"]
+        self.created_status = status   # what create/append answered (a FileStatus on the wire)
+        config = client.config
+        self.block_size = int(status.get("block_size") or config.block_size)
+        self.replication = int(status.get("replication") or config.replication)
+        # the file's own checksum chunk (chosen at create), else the cluster's
+        self.bytes_per_checksum = int(bytes_per_checksum or config.bytes_per_checksum)
+        self.packet_size = _effective_packet_size(config.packet_size, self.bytes_per_checksum)
+        self.window = max(1, int(config.write_window_packets))
+        self._lock = trio.Lock()
+        self._pos = 0
+        self._buf = bytearray()     # bytes of the current block not yet sent in a full chunk
+        self._buf_start = 0         # block offset of _buf[0] (always chunk aligned)
+        self._buf_sent = 0          # leading bytes of _buf already sent by an hflush
+        self._pipeline: Pipeline | None = None
+        self._previous: dict | None = None  # last finished block with its final length
+        self.blocks_written = 0
+        # pipeline recovery: nodes that failed this stream (excluded from later pipelines),
+        # recoveries of the current block, and what the replace-datanode policy looks at
+        self._failed_nodes: list[dict] = []
+        self._block_recoveries = 0
+        self._hflushed = False
+        self._appended = False
+        self.recoveries = 0           # pipeline recoveries over the stream's life
+        self.replacements = 0         # replacement block servers added by recoveries
+        self._error: LeaseFSError | None = None
+        self._closed = False
+        # close() got every byte acknowledged but could not reach the metadata server for
+        # ``complete``: retry_complete() finishes the file later
+        self._complete_pending = False
+
+    # ------------------------------------------------------------------ public
+    @property
+    def pos(self) -> int:
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            await self.close()
+        else:  # do not publish a half-written file as complete: leave it to lease recovery
+            self.abort(PipelineError(f"{self.path}: abandoned after {exc_type.__name__}"))
+
+    async def write(self, data) -> int:
+        """Append ``data``; returns its length. Waits while the window of unacked packets is
+        full, so a fast writer cannot outrun the block servers."""
+        view = memoryview(data)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        total = len(view)
+        async with self._lock:
+            self._check_writable()
+            try:
+                while view:
+                    if self._pipeline is None:
+                        await self._start_block()
+                    block_used = self._buf_start + len(self._buf)
+                    n = min(len(view), self.block_size - block_used,
+                            self.packet_size - len(self._buf))
+                    self._buf += view[:n]
+                    view = view[n:]
+                    self._pos += n
+                    block_full = block_used + n >= self.block_size
+                    if block_full or len(self._buf) >= self.packet_size:
+                        await self._send_buffer()
+                    if block_full:
+                        await self._end_block()
+            except BaseException as exc:
+                await self._fail_and_raise(exc)
+        return total
+
+    async def hflush(self) -> None:
+        """Send everything written (a partial chunk too) and wait until every block server
+        of the pipeline acknowledged it: new readers then see these bytes."""
+        async with self._lock:
+            self._check_writable()
+            try:
+                if self._pipeline is not None:
+                    self._hflushed = True
+                    await self._send_buffer()
+                    await self._wait_all_acked()
+            except BaseException as exc:
+                await self._fail_and_raise(exc)
+
+    flush = hflush
+
+    async def hsync(self) -> None:
+        """hflush, with the block servers fsyncing the data, then record the block's length
+        on the metadata server (``fsync`` RPC)."""
+        async with self._lock:
+            self._check_writable()
+            try:
+                length = None
+                if self._pipeline is not None:
+                    self._hflushed = True
+                    await self._send_buffer(FLAG_SYNC)
+                    await self._wait_all_acked()
+                    length = self._buf_start + len(self._buf)
+                elif self._previous is not None:
+                    length = self._previous["num_bytes"]
+                if length is not None:
+                    await self._client.rpc.call("fsync", {
+                        "path": self.path, "client_name": self._client.client_name,
+                        "ino": self.ino, "last_block_length": length})
+            except BaseException as exc:
+                await self._fail_and_raise(exc)
+
+    async def close(self) -> None:
+        """End the last block and ``complete`` the file (retrying with doubling backoff
+        while the server waits for replicas). Closing twice is a no-op; closing a failed
+        stream raises its failure once."""
+        async with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            ended = False
+            try:
+                if self._error is not None:
+                    raise self._error
+                if self._pipeline is not None:
+                    await self._end_block()
+                ended = True
+                await self._complete()
+            except BaseException as exc:
+                self._complete_pending = ended and isinstance(exc, ServerUnavailable)
+                await self._fail_and_raise(exc)
+            finally:
+                self._client._output_closed(self)
+
+    aclose = close
+
+    @property
+    def complete_pending(self) -> bool:
+        """True after a ``close`` that failed only at ``complete`` because the metadata
+        server was unreachable: every byte is on the block servers, the file is still under
+        construction, and ``retry_complete`` can finish it."""
+        return self._complete_pending
+
+    async def retry_complete(self) -> None:
+        """Ask ``complete`` again for a file whose ``close`` could not reach the server."""
+        async with self._lock:
+            if not self._complete_pending:
+                raise self._error or InvalidArgument(f"{self.path}: nothing to complete")
+            await self._complete()
+            self._complete_pending = False
+            self._error = None
+
+    def abort(self, exc: LeaseFSError) -> None:
+        """Fail the stream at once (lease lost, client closing): no complete, the file stays
+        under construction until lease recovery. Later calls raise ``exc``."""
+        if self._error is None:
+            self._error = exc
+        if self._pipeline is not None:
+            self._pipeline.fail(exc)
+        self._closed = True
+        self._client._output_closed(self)
+
+    # ------------------------------------------------------------------ internals
+    def _check_writable(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise InvalidArgument(f"{self.path}: stream is closed")
+
+    async def _fail_and_raise(self, exc: BaseException):
+        """Fail the stream with ``exc`` and raise it — or, when the pipeline broke because
+        the file itself is gone (deleted, or replaced by ``create(overwrite=True)``, so its
+        blocks were invalidated under the writer), the ``FileNotFound`` the metadata server
+        would have answered, as HDFS's writer sees it."""
+        self._fail(exc)
+        if isinstance(exc, PipelineError) and self._error is exc:
+            gone = await self._file_gone(exc)
+            if gone is not None:
+                self._error = gone
+                raise gone from None
+        raise exc
+
+    async def _file_gone(self, cause: LeaseFSError) -> FileNotFound | None:
+        """``FileNotFound`` if ``path`` no longer names this stream's inode, else None."""
+        client = self._client
+        try:
+            status = await client.rpc.call(
+                "get_file_info", {"path": self.path},
+                retry_seconds=min(2.0, client.config.rpc_retry_seconds))
+        except FileNotFound:
+            status = None
+        except LeaseFSError:
+            return None  # cannot tell; keep the pipeline's own error
+        if status is not None and status.get("ino") == self.ino:
+            return None
+        return FileNotFound(f"{self.path}: the file was deleted or replaced while open for "
+                            f"writing (the write failed: {cause.message})")
+
+    async def _setup_append(self, located: dict, old_gs: int) -> None:
+        """Reopen the file's partial last block for appending (PROTOCOL.md §4): read its
+        last partial checksum chunk from a replica (with the stamp it had before ``append``),
+        then WRITE_BLOCK stage PIPELINE_SETUP_APPEND to its replicas under the new stamp;
+        the first packet starts at that chunk's boundary and repeats those bytes, so the
+        last checksum is recomputed exactly as after an hflush. A setup that fails at a
+        node goes on as a pipeline recovery (``_rebuild``): the node is dropped (or replaced
+        as the policy says) and the survivors are set up again under a new stamp."""
+        client = self._client
+        block = located["block"]
+        min_bytes = int(block["num_bytes"])
+        nodes = list(located.get("locations") or [])
+        if not nodes:
+            raise PipelineError(f"{self.path}: cannot append: the last block {block['id']} "
+                                f"has no replica")
+        tail = b""
+        if min_bytes % self.bytes_per_checksum:
+            tail = await self._read_partial_chunk(located, old_gs, min_bytes)
+        self._appended = True
+        self._block_recoveries = 0
+        try:
+            pipeline = await Pipeline.connect(
+                path=self.path, located={**located, "locations": nodes},
+                client_name=client.client_name, bytes_per_checksum=self.bytes_per_checksum,
+                window=self.window, timeout=client.config.data_timeout,
+                max_frame=client.config.max_frame, min_bytes=min_bytes)
+        except SetupFailed as exc:
+            # HDFS setupPipelineForAppendOrRecovery: the failed node is dropped and every
+            # retry takes a new stamp (a node that reopened its replica under the append's
+            # stamp before the failure refuses that stamp again)
+            log.warning("%s: append pipeline setup for block %s failed at %s: %s", self.path,
+                        block["id"], node_name(exc.node), exc.reason)
+            bad_index = next((i for i, n in enumerate(nodes)
+                              if n.get("node_id") == exc.node.get("node_id")), 0)
+            pipeline = await self._rebuild(_Broken(
+                block=dict(block), nodes=tuple(nodes), bad_index=bad_index,
+                cause=PipelineError(f"{self.path}: append pipeline setup for block "
+                                    f"{block['id']} failed: {exc.reason}"),
+                acked=min_bytes, sent_end=min_bytes, source_gs=old_gs))
+        else:
+            client._nursery.start_soon(pipeline.run_responder,
+                                       name=f"responder {self.path} blk {block['id']} (append)")
+        self._pipeline = pipeline
+        whole = min_bytes - len(tail)
+        self._buf, self._buf_start, self._buf_sent = bytearray(tail), whole, len(tail)
+
+    async def _read_partial_chunk(self, located: dict, old_gs: int, min_bytes: int) -> bytes:
+        """The bytes of the block's last partial chunk, from the first replica that serves
+        them (verified); adopts the replica's bytes_per_checksum if it differs."""
+        config = self._client.config
+        block = Block.from_wire({**located, "block": {**located["block"], "gs": old_gs}})
+        failures = []
+        for node in block.locations:
+            bpc = self.bytes_per_checksum
+            for _ in range(2):  # a second round when the replica's chunk size differs
+                start = min_bytes - min_bytes % bpc
+                reader = None
+                try:
+                    reader = await BlockReader.connect(block, node, start, min_bytes,
+                                                       timeout=config.data_timeout,
+                                                       max_frame=config.max_frame)
+                    if reader.bytes_per_checksum != bpc:
+                        bpc = reader.bytes_per_checksum
+                        continue
+                    parts = []
+                    while reader.cursor < min_bytes:
+                        data = await reader.read(min_bytes - reader.cursor)
+                        if not data:
+                            raise ProtocolError(f"replica ended at block offset {reader.cursor}")
+                        parts.append(data)
+                    if bpc != self.bytes_per_checksum:
+                        self.bytes_per_checksum = bpc
+                        self.packet_size = _effective_packet_size(config.packet_size, bpc)
+                    return b"".join(parts)
+                except IO_ERRORS as exc:
+                    failures.append(f"{node.get('address')}: {exc or type(exc).__name__}")
+                    break
+                finally:
+                    if reader is not None:
+                        await reader.aclose()
+        raise PipelineError(f"{self.path}: cannot append: could not read the last partial "
+                            f"chunk of block {block.id}: " + ("; ".join(failures) or
+                                                             "no replica answered"))
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            if isinstance(exc, LeaseFSError):
+                if exc.message and self.path not in exc.message:
+                    exc.message = f"{self.path}: {exc.message}"
+                self._error = exc
+            else:
+                self._error = PipelineError(
+                    f"{self.path}: write interrupted ({type(exc).__name__}); the stream "
+                    f"cannot continue")
+        if self._pipeline is not None:
+            self._pipeline.fail(self._error)
+            self._pipeline = None
+
+    async def _add_block(self, excluded: list) -> dict:
+        """``add_block``, retrying ``NotReplicatedYet`` with doubling backoff."""
+        retries = max(1, self._client.config.complete_retries)
+        delay = FIRST_BACKOFF
+        for attempt in range(retries + 1):
+            try:
+                return await self._client.rpc.call("add_block", {
+                    "path": self.path, "client_name": self._client.client_name,
+                    "ino": self.ino, "previous": self._previous, "excluded": excluded})
+            except NotReplicatedYet as exc:
+                if attempt == retries:
+                    raise NotReplicatedYet(
+                        f"{self.path}: cannot add a block: the previous block is still not "
+                        f"replicated after {retries} retries ({exc})") from None
+                log.debug("%s: add_block: %s; retrying in %.2f s", self.path, exc, delay)
+                await trio.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    async def _start_block(self) -> None:
+        """Allocate the next block and set up its pipeline, excluding nodes that fail."""
+        client = self._client
+        # nodes that already failed this stream stay out (HDFS excludedNodes)
+        excluded: list[str] = [n["node_id"] for n in self._failed_nodes if n.get("node_id")]
+        failures: list[str] = []
+        self._block_recoveries = 0
+        for _attempt in range(PIPELINE_SETUP_ATTEMPTS):
+            located = await self._add_block(excluded)
+            if not located.get("locations"):
+                raise PipelineError(f"{self.path}: the metadata server gave block "
+                                    f"{located['block']['id']} no block server")
+            try:
+                pipeline = await Pipeline.connect(
+                    path=self.path, located=located, client_name=client.client_name,
+                    bytes_per_checksum=self.bytes_per_checksum, window=self.window,
+                    timeout=client.config.data_timeout, max_frame=client.config.max_frame)
+            except SetupFailed as exc:
+                failures.append(exc.reason)
+                log.warning("%s: pipeline setup for block %s failed at %s: %s; abandoning "
+                            "the block and excluding the node", self.path,
+                            located["block"]["id"], node_name(exc.node), exc.reason)
+                await client.rpc.call("abandon_block", {
+                    "path": self.path, "client_name": client.client_name, "ino": self.ino,
+                    "block": located["block"]})
+                excluded.append(exc.node["node_id"])
+                continue
+            self._pipeline = pipeline
+            self._buf, self._buf_start, self._buf_sent = bytearray(), 0, 0
+            client._nursery.start_soon(pipeline.run_responder,
+                                       name=f"responder {self.path} blk {located['block']['id']}")
+            return
+        raise PipelineError(f"{self.path}: could not set up a write pipeline after "
+                            f"{PIPELINE_SETUP_ATTEMPTS} attempts: " + "; ".join(failures))
+
+    async def _send_buffer(self, flags: int = 0) -> None:
+        """Send the buffer as one packet (starting at a chunk boundary). A partial chunk at
+        the end stays buffered so the next packet repeats it from the chunk's start."""
+        if self._pipeline is None:
+            return
+        if not flags & FLAG_SYNC and self._buf_sent >= len(self._buf):
+            return  # nothing new
+        data, offset = self._buf, self._buf_start
+        sums = chunk_checksums(data, self.bytes_per_checksum)
+        await self._send(offset, data, sums, flags)
+        whole = len(data) - len(data) % self.bytes_per_checksum
+        tail = bytes(data[whole:])  # the packet keeps `data`; never mutate it again
+        self._buf = bytearray(tail)
+        self._buf_start = offset + whole
+        self._buf_sent = len(tail)
+
+    async def _end_block(self) -> None:
+        """Flush, send the empty LAST packet, wait for every ack, remember the block."""
+        await self._send_buffer()
+        length = self._buf_start + len(self._buf)
+        await self._send(length, b"", b"", FLAG_LAST)
+        await self._wait_all_acked()
+        pipeline = self._pipeline   # a recovery may have replaced it
+        pipeline.close()
+        self._previous = block_dict(pipeline.block["id"], pipeline.block["gs"], length)
+        self._pipeline = None
+        self._buf, self._buf_start, self._buf_sent = bytearray(), 0, 0
+        self.blocks_written += 1
+
+    # ------------------------------------------------------------------ pipeline recovery
+    async def _send(self, offset: int, data, sums: bytes, flags: int = 0) -> None:
+        """Send one packet on the current pipeline, recovering the pipeline when one of its
+        nodes fails (the packet is then resent by the recovery, or sent afterwards)."""
+        while True:
+            pipeline = self._pipeline
+            before = pipeline.queued
+            try:
+                await pipeline.send(offset, data, sums, flags)
+                return
+            except PipelineError:
+                if not pipeline.recoverable:
+                    raise
+                queued = pipeline.queued > before
+            await self._recover_pipeline()
+            if queued:
+                return   # it was in the unacked queue: the recovery resent it
+
+    async def _wait_all_acked(self) -> None:
+        while True:
+            pipeline = self._pipeline
+            try:
+                await pipeline.wait_all_acked()
+                return
+            except PipelineError:
+                if not pipeline.recoverable:
+                    raise
+            await self._recover_pipeline()
+
+    def _should_replace(self, remaining: int) -> bool:
+        """HDFS ReplaceDatanodeOnFailure: add a replacement for a failed node?"""
+        policy = self._client.config.replace_datanode_on_failure   # checked by Config
+        if remaining == 0 or remaining >= self.replication or policy == "never":
+            return False
+        if policy == "always":
+            return True
+        if self.replication < 3:
+            return False
+        return remaining <= self.replication // 2 or self._hflushed or self._appended
+
+    async def _recover_pipeline(self) -> None:
+        """HDFS pipeline recovery (DataStreamer.setupPipelineForAppendOrRecovery), run by
+        the writer's task once the current pipeline failed through one of its nodes: drop
+        the bad node, get a new generation stamp, add a replacement (copied up to the
+        acknowledged length) when the policy says so, rebuild the pipeline with stage
+        PIPELINE_SETUP_STREAMING_RECOVERY, ``update_pipeline``, then resend every unacked
+        packet. Repeats while failures continue, up to ``pipeline_recovery_retries`` per
+        block; raises ``PipelineError`` naming the block and the nodes tried."""
+        pipeline = self._pipeline
+        leftover: list[Packet] = []    # packets never queued on ``pipeline``
+        while True:
+            with trio.move_on_after(pipeline.timeout):
+                await pipeline.done.wait()
+            pending = pipeline.pending_packets() + leftover
+            new = await self._rebuild(_Broken(
+                block=dict(pipeline.block), nodes=tuple(pipeline.nodes),
+                bad_index=pipeline.bad_index, cause=pipeline.error,
+                acked=pipeline.acked_bytes, sent_end=pipeline.sent_end))
+            self._pipeline = new
+            leftover = []
+            for i, packet in enumerate(pending):
+                before = new.queued
+                try:
+                    await new.send(packet.offset, packet.data, packet.sums, packet.flags)
+                except PipelineError:
+                    if not new.recoverable:
+                        raise
+                    leftover = pending[i + (1 if new.queued > before else 0):]
+                    break
+            else:
+                return
+            pipeline = new
+
+    async def _rebuild(self, old: _Broken) -> Pipeline:
+        """One recovery of ``old`` (a failed pipeline or append setup): returns the new,
+        running pipeline."""
+        client = self._client
+        config = client.config
+        retries = max(0, int(config.pipeline_recovery_retries))
+        block = dict(old.block)          # as the metadata server knows it
+        nodes = list(old.nodes)
+        bad_index, cause = old.bad_index, old.cause
+        acked = old.acked
+        where = f"{self.path}: block {block['id']}"
+        while True:
+            if self._error is not None:   # aborted meanwhile (lease lost, client closing)
+                raise self._error
+            if bad_index is None or not 0 <= bad_index < len(nodes):
+                raise cause
+            bad = nodes.pop(bad_index)
+            if all(bad.get("node_id") != n.get("node_id") for n in self._failed_nodes):
+                self._failed_nodes.append(bad)
+            self._block_recoveries += 1
+            self.recoveries += 1
+            tried = ", ".join(node_name(n) for n in self._failed_nodes)
+            if self._block_recoveries > retries:
+                raise PipelineError(f"{where}: giving up after {retries} pipeline recoveries; "
+                                    f"failed block servers: {tried}; last error: {cause}")
+            if not nodes:
+                raise PipelineError(f"{where}: every block server of the pipeline failed "
+                                    f"({tried}); last error: {cause}")
+            log.warning("%s: pipeline recovery %d: dropping %s (%s); %d node(s) left, %d "
+                        "bytes acknowledged", where, self._block_recoveries, node_name(bad),
+                        cause, len(nodes), acked)
+            try:
+                located = await client.rpc.call("update_block_for_pipeline", {
+                    "block": block, "client_name": client.client_name})
+            except (FileNotFound, LeaseExpired, ServerUnavailable):
+                raise
+            except LeaseFSError as exc:
+                raise PipelineError(f"{where}: pipeline recovery refused by the metadata "
+                                    f"server: {exc}") from None
+            new_gs = located["block"]["gs"]
+            if self._should_replace(len(nodes)):
+                try:
+                    source_gs = block["gs"] if old.source_gs is None else old.source_gs
+                    nodes = await self._add_replacement(
+                        block_dict(block["id"], source_gs, acked), nodes)
+                except LeaseFSError as exc:
+                    if not config.replace_datanode_best_effort:
+                        raise PipelineError(f"{where}: cannot add a replacement block server "
+                                            f"({exc}); {len(nodes)} node(s) left, failed: "
+                                            f"{tried}; last error: {cause}") from None
+                    log.warning("%s: no replacement block server (%s); going on with %d "
+                                "node(s) (best effort)", where, exc, len(nodes))
+            new_block = block_dict(block["id"], new_gs, acked)
+            try:
+                pipeline = await Pipeline.connect(
+                    path=self.path, located={"block": new_block, "locations": nodes},
+                    client_name=client.client_name, bytes_per_checksum=self.bytes_per_checksum,
+                    window=self.window, timeout=config.data_timeout, max_frame=config.max_frame,
+                    min_bytes=acked, stage=PIPELINE_SETUP_STREAMING_RECOVERY)
+            except SetupFailed as exc:
+                cause = PipelineError(f"{where}: recovery setup failed: {exc.reason}")
+                bad_index = next((i for i, n in enumerate(nodes)
+                                  if n.get("node_id") == exc.node.get("node_id")), 0)
+                continue
+            try:
+                await client.rpc.call("update_pipeline", {
+                    "client_name": client.client_name, "old_block": block,
+                    "new_block": new_block, "new_nodes": [n["node_id"] for n in nodes]})
+            except BaseException:
+                pipeline.close()
+                await close_quietly(pipeline.framed)
+                raise
+            log.info("%s: pipeline recovered: generation stamp %d, %d bytes acknowledged, "
+                     "nodes %s", where, new_gs, acked, ", ".join(node_name(n) for n in nodes))
+            pipeline.sent_end = max(old.sent_end, acked)
+            client._nursery.start_soon(pipeline.run_responder,
+                                       name=f"responder {self.path} blk {block['id']} (recovered)")
+            return pipeline
+
+    async def _add_replacement(self, copy: dict, nodes: list[dict]) -> list[dict]:
+        """A new block server from ``get_additional_datanode``, given a copy of the first
+        ``copy["num_bytes"]`` (acknowledged) bytes of block ``copy["id"]`` by one of
+        ``nodes`` (TRANSFER_BLOCK stage TRANSFER_RBW; ``copy["gs"]`` is the oldest stamp a
+        source's replica may carry); returns the pipeline with it appended."""
+        client = self._client
+        config = client.config
+        answer = await client.rpc.call("get_additional_datanode", {
+            "path": self.path, "ino": self.ino, "block": copy,
+            "existing": [n["node_id"] for n in nodes],
+            "excluded": [n["node_id"] for n in self._failed_nodes if n.get("node_id")],
+            "num": 1, "client_name": client.client_name})
+        new_nodes = answer.get("locations") or []
+        if not new_nodes:
+            raise PipelineError("the metadata server has no block server to add")
+        target = new_nodes[0]
+        failures = []
+        for source in nodes:
+            try:
+                await transfer_rbw(source, target, copy, client_name=client.client_name,
+                                   timeout=config.data_timeout, max_frame=config.max_frame)
+            except IO_ERRORS as exc:
+                failures.append(f"from {node_name(source)}: {exc or type(exc).__name__}")
+                continue
+            log.info("%s: block %s: copied %d bytes from %s to the replacement %s", self.path,
+                     copy["id"], copy["num_bytes"], node_name(source), node_name(target))
+            self.replacements += 1
+            return nodes + [target]
+        self._failed_nodes.append(target)
+        raise PipelineError(f"could not copy block {copy['id']} to {node_name(target)}: "
+                            + "; ".join(failures))
+
+    async def _complete(self) -> None:
+        client = self._client
+        retries = max(0, client.config.complete_retries)
+        delay = FIRST_BACKOFF
+        waited = 0.0
+        for attempt in range(retries + 1):
+            done = await client.rpc.call("complete", {
+                "path": self.path, "client_name": client.client_name, "ino": self.ino,
+                "last": self._previous})
+            if done:
+                return
+            if attempt < retries:
+                await trio.sleep(delay)
+                waited += delay
+                delay *= 2
+        block = self._previous["id"] if self._previous else None
+        raise NotReplicatedYet(
+            f"{self.path}: could not close the file: the metadata server still reports "
+            f"block {block} as not minimally replicated after {retries + 1} attempts over "
+            f"{waited:.1f} s")
