@@ -7,9 +7,10 @@ open for writing alive, and closing the client closes those files.
 
 Namespace calls are single RPCs to the metadata server (``fs.rpc.RpcClient`` retries lost
 connections with the same call id, so mutating calls are applied once). Data goes through
-the streams of ``fs.streams``. On entry the client asks the server for its defaults
-(``get_server_defaults``) and merges them into ``config``, so block size, checksum chunk,
-packet size and lease limits always match the cluster.
+the streams of ``fs.streams`` (output: ``fs.writer``, input: ``fs.reader``). On entry the
+client asks the server for its defaults (``get_server_defaults``) and merges them into
+``config``, so block size, checksum chunk, packet size and lease limits always match the
+cluster.
 
 Concurrency contract: an ``AsyncClient`` must be used as ``async with AsyncClient(...) as c``
 inside one trio run; any number of its tasks may call it at once. Its background tasks
