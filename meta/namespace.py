@@ -61,10 +61,8 @@ abandoned plan only leaves a gap.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from sortedcontainers import SortedDict, SortedSet
 
@@ -75,88 +73,17 @@ from fs.errors import (FileExists, FileNotFound, InternalError, InvalidArgument,
 from . import keys
 from .blocks import COMMITTED, COMPLETE, UNDER_CONSTRUCTION
 from .leases import LeaseManager
+from .namespace_args import (DIR, FILE, MAX_LIST_LIMIT, MAX_OWNER_LEN, MAX_RENAMES,
+                             MAX_TARGET_BYTES, SYMLINK, Defaults, check_block_ref, check_bool,
+                             check_int, check_mode, check_name, is_int)
+from .namespace_view import CACHED_KINDS, ContentSummary, DecodedCache, NamespaceView
 
 log = logging.getLogger(__name__)
 
-FILE = "file"
-DIR = "dir"
-SYMLINK = "symlink"
-
-MAX_OWNER_LEN = 256
-MAX_TARGET_BYTES = 4096      # PATH_MAX: the kernel refuses longer symlink targets itself
-MAX_LIST_LIMIT = 10_000
-MAX_RENAMES = 10_000          # moves in one rename_many (one journal record)
-
-
-@dataclass
-class Defaults:
-    """What a namespace needs from the configuration."""
-
-    block_size: int = 128 << 20
-    replication: int = 3
-    max_replication: int = 32
-    bytes_per_checksum: int = 4096
-    min_block_size: int = 1 << 20          # HDFS dfs.namenode.fs-limits.min-block-size
-    max_blocks_per_file: int = 1_048_576   # HDFS dfs.namenode.fs-limits.max-blocks-per-file
-    delete_chunk: int = 2000               # entries one DELETE/RECLAIM record may remove
-    owner: str = "leasefs"
-    group: str = "supergroup"
-
-    @classmethod
-    def from_config(cls, config) -> "Defaults":
-        return cls(block_size=config.block_size, replication=config.replication,
-                   max_replication=config.max_replication,
-                   bytes_per_checksum=config.bytes_per_checksum,
-                   min_block_size=config.min_block_size,
-                   max_blocks_per_file=config.max_blocks_per_file,
-                   delete_chunk=config.delete_chunk)
-
-
-# ---------------------------------------------------------------------------- arg checks
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_int(value, what: str, *, low: int | None = None, high: int | None = None) -> int:
-    if not _is_int(value):
-        raise InvalidArgument(f"{what} must be an integer, got {value!r:.60}")
-    if low is not None and value < low:
-        raise InvalidArgument(f"{what} must be at least {low}, got {value}")
-    if high is not None and value > high:
-        raise InvalidArgument(f"{what} must be at most {high}, got {value}")
-    return value
-
-
-def check_bool(value, what: str) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidArgument(f"{what} must be true or false, got {value!r:.60}")
-    return value
-
-
-def check_name(value, what: str, *, optional: bool = False) -> str | None:
-    """Client names, owners, groups: short printable strings."""
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or not value:
-        raise InvalidArgument(f"{what} must be a non-empty string, got {value!r:.60}")
-    if len(value) > MAX_OWNER_LEN or "\0" in value:
-        raise InvalidArgument(f"{what} {value[:60]!r}: too long or contains NUL")
-    return value
-
-
-def check_mode(value, what: str) -> int:
-    return check_int(value, what, low=0, high=0o7777)
-
-
-def check_block_ref(value, what: str) -> dict:
-    """``{"id", "gs"?, "num_bytes"}`` from a client."""
-    if not isinstance(value, dict):
-        raise InvalidArgument(f"{what} must be a block map {{id, gs, num_bytes}}, got {value!r:.80}")
-    check_int(value.get("id"), f"{what}.id", low=0)
-    if value.get("gs") is not None:
-        check_int(value.get("gs"), f"{what}.gs", low=0)
-    check_int(value.get("num_bytes"), f"{what}.num_bytes", low=0)
-    return value
+# what other modules import from here
+__all__ = ["CACHED_KINDS", "DIR", "FILE", "MAX_LIST_LIMIT", "MAX_OWNER_LEN", "MAX_RENAMES",
+           "MAX_TARGET_BYTES", "SYMLINK", "ContentSummary", "Defaults", "Namespace", "_Txn",
+           "check_block_ref", "check_bool", "check_int", "check_mode", "check_name", "inside"]
 
 
 # ---------------------------------------------------------------------------- overlay
@@ -197,30 +124,6 @@ class _Txn:
         self.kv.write(puts=[(k, keys.pack(v)) for k, v in self.puts.items()],
                       deletes=list(self.dels))
 
-
-# ---------------------------------------------------------------------------- namespace
-
-class ContentSummary:
-    """Totals of a subtree for ``content_summary``: fed one inode at a time, so a caller
-    walking a big tree can yield between inodes."""
-
-    __slots__ = ("length", "files", "dirs", "space")
-
-    def __init__(self):
-        self.length = self.files = self.dirs = self.space = 0
-
-    def add(self, node: dict) -> None:
-        if node["type"] == DIR:
-            self.dirs += 1
-        elif node["type"] == FILE:
-            self.files += 1
-            self.length += node.get("length", 0)
-            self.space += node.get("length", 0) * node.get("replication", 1)
-
-    def as_dict(self) -> dict:
-        return {"length": self.length, "file_count": self.files,
-                "directory_count": self.dirs, "space_consumed": self.space}
-
 def inside(view: _Txn, ino: int, root: int) -> bool:
     """Is ``ino`` at or below ``root`` by parent pointers in a batch view (``ino`` itself
     included)? Used by apply (open files inside a detached subtree) and by the replay
@@ -237,46 +140,10 @@ def inside(view: _Txn, ino: int, root: int) -> bool:
     return False
 
 
-class _DecodedCache:
-    """Decoded inodes and directory entries by store key (HDFS keeps its whole namespace in
-    memory; every RPC walks its path, and a LevelDB get + msgpack decode per component was
-    most of a getFileInfo). Filled on reads, updated by ``apply`` with exactly the values it
-    wrote, dropped for deleted keys; only positive entries are kept. Values are shared:
-    readers must not modify them (apply works on fresh decodes through ``_Txn``). Bounded:
-    past ``limit`` entries the oldest half is dropped."""
-
-    __slots__ = ("data", "limit", "hits", "misses")
-
-    def __init__(self, limit: int):
-        self.data: dict[bytes, object] = {}
-        self.limit = max(0, limit)
-        self.hits = self.misses = 0
-
-    def put(self, key: bytes, value) -> None:
-        if self.limit == 0:
-            return
-        data = self.data
-        if len(data) >= self.limit and key not in data:
-            for old in list(itertools.islice(data, max(1, self.limit // 2))):
-                del data[old]
-        data[key] = value
-
-    def committed(self, puts, dels) -> None:
-        data = self.data
-        for key in dels:
-            data.pop(key, None)
-        for key, value in puts.items():
-            if key[:1] in CACHED_KINDS:
-                self.put(key, value)
-
-
-CACHED_KINDS = (keys.INODE, keys.DENTRY)
-
-
-class Namespace:
+class Namespace(NamespaceView):
     def __init__(self, kv, defaults: Defaults | None = None, *, cache_entries: int = 1_000_000):
         self.kv = kv
-        self.cache = _DecodedCache(cache_entries)
+        self.cache = DecodedCache(cache_entries)
         self.defaults = defaults or Defaults()
         self.counters: dict[str, int | bytes] = {}
         self._next_ino = 0
@@ -305,26 +172,8 @@ class Namespace:
         self._orphans = SortedSet(keys.parse_orphan_key(k) for k, _ in self.kv.scan(keys.ORPHAN))
 
     @property
-    def formatted(self) -> bool:
-        return keys.NAMESPACE_ID in self.counters
-
-    @property
-    def namespace_id(self) -> int:
-        return int(self.counters.get(keys.NAMESPACE_ID, 0))
-
-    @property
-    def applied_txid(self) -> int:
-        return int(self.counters.get(keys.APPLIED_TXID, 0))
-
-    @property
     def genstamp(self) -> int:
         return self._genstamp
-
-    def file_count(self) -> int:
-        return int(self.counters.get(keys.FILES, 0))
-
-    def dir_count(self) -> int:
-        return int(self.counters.get(keys.DIRS, 0))
 
     def allocate_ino(self) -> int:
         ino = self._next_ino
@@ -339,252 +188,6 @@ class Namespace:
     def next_genstamp(self) -> int:
         self._genstamp += 1
         return self._genstamp
-
-    def _require_formatted(self) -> None:
-        if not self.formatted:
-            raise InternalError("the namespace is not formatted yet")
-
-    # ------------------------------------------------------------------ reads
-    def _cached_get(self, key: bytes):
-        cache = self.cache
-        value = cache.data.get(key)
-        if value is not None:
-            cache.hits += 1
-            return value
-        cache.misses += 1
-        raw = self.kv.get(key)
-        if raw is None:
-            return None
-        value = keys.unpack(raw)
-        cache.put(key, value)
-        return value
-
-    def get_inode(self, ino: int) -> dict | None:
-        """The decoded inode (shared with the cache: do not modify it)."""
-        return self._cached_get(keys.inode_key(ino))
-
-    def lookup(self, parent: int, name: str) -> int | None:
-        return self._cached_get(keys.dentry_key(parent, name))
-
-    def walk(self, parts, path: str = "", *, strict: bool = True) -> list[tuple[int, dict]]:
-        """``(ino, inode)`` of the root and of every existing leading component; stops at the
-        first missing one. A non-directory with components after it → ``NotDirectory``
-        (``strict=False``: the chain up to it, for the permission checker, which must see
-        the inodes the caller would traverse before the namespace names the problem)."""
-        self._require_formatted()
-        root = self.get_inode(keys.ROOT_INO)
-        found = [(keys.ROOT_INO, root)]
-        for depth, name in enumerate(parts):
-            ino, inode = found[-1]
-            if inode["type"] != DIR:
-                if not strict:
-                    break
-                prefix = paths.join_parts(parts[:depth])
-                kind = "a symlink (the metadata server does not follow links)" \
-                    if inode["type"] == SYMLINK else "not a directory"
-                raise NotDirectory(f"{path or paths.join_parts(parts)}: {prefix} is {kind}")
-            child = self.lookup(ino, name)
-            if child is None:
-                break
-            child_inode = self.get_inode(child)
-            if child_inode is None:   # a dangling entry would be a bug; treat as missing
-                log.error("dentry %s in inode %d points to missing inode %d", name, ino, child)
-                break
-            found.append((child, child_inode))
-        return found
-
-    def existing_depth(self, path) -> int:
-        """How many leading components of ``path`` exist (for LOCK_ANCESTOR); no errors
-        except for an invalid path."""
-        parts = paths.split(path)
-        try:
-            return len(self.walk(parts)) - 1
-        except NotDirectory:
-            return len(parts)
-
-    def resolve(self, path) -> tuple[list[str], int, dict, list[tuple[int, dict]]]:
-        """``(parts, ino, inode, found)`` of an existing path, else ``FileNotFound``."""
-        parts = paths.split(path)
-        canonical = paths.join_parts(parts)
-        found = self.walk(parts, canonical)
-        if len(found) != len(parts) + 1:
-            missing = paths.join_parts(parts[:len(found)])
-            raise FileNotFound(f"{canonical}: no such file or directory"
-                               + (f" ({missing} does not exist)" if missing != canonical else ""))
-        ino, inode = found[-1]
-        return parts, ino, inode, found
-
-    def path_of(self, ino: int) -> str | None:
-        """The current path of an inode from its parent pointers (None if not linked)."""
-        names = []
-        seen = 0
-        while ino != keys.ROOT_INO:
-            inode = self.get_inode(ino)
-            if inode is None or seen > 10_000:
-                return None
-            names.append(inode["name"])
-            ino = inode["parent"]
-            seen += 1
-        return paths.join_parts(reversed(names))
-
-    def linked_inode(self, ino: int) -> dict | None:
-        """The inode if it is reachable from the root, else None: a file inside a detached
-        (deleted, not yet reclaimed) subtree is gone for writers addressing it by id."""
-        inode = self.get_inode(ino)
-        cur, node = ino, inode
-        for _ in range(10_000):
-            if node is None:
-                return None
-            if cur == keys.ROOT_INO:
-                return inode
-            cur = node["parent"]
-            if cur == 0:
-                return None
-            node = self.get_inode(cur)
-        return None
-
-    def status(self, path: str, ino: int, inode: dict) -> dict:
-        kind = inode["type"]
-        is_file = kind == FILE
-        return {
-            "name": inode.get("name", ""),
-            "path": path,
-            "ino": ino,
-            "type": kind,
-            "mode": inode["mode"],
-            "owner": inode["owner"],
-            "group": inode["group"],
-            "mtime_ns": inode["mtime"],
-            "atime_ns": inode["atime"],
-            "ctime_ns": inode["ctime"],
-            "length": inode.get("length", 0) if is_file else
-            (len(keys.encode_name(inode["target"])) if kind == SYMLINK else 0),
-            "replication": inode.get("replication", 0) if is_file else 0,
-            "block_size": inode.get("block_size", 0) if is_file else 0,
-            "symlink": inode.get("target") if kind == SYMLINK else None,
-            "under_construction": bool(is_file and inode.get("uc")),
-            "children": inode.get("children", 0) if kind == DIR else 0,
-            "subdirs": inode.get("subdirs", 0) if kind == DIR else 0,
-            "parent": inode["parent"],
-        }
-
-    def get_file_info(self, path) -> dict:
-        parts, ino, inode, _ = self.resolve(path)
-        return self.status(paths.join_parts(parts), ino, inode)
-
-    def list_status(self, path, start_after: str = "", limit: int = 1000) -> dict:
-        parts, ino, inode, _ = self.resolve(path)
-        canonical = paths.join_parts(parts)
-        if not isinstance(start_after, str) or "\0" in start_after:
-            raise InvalidArgument(f"list {canonical}: start_after must be a name string")
-        check_int(limit, f"list {canonical}: limit", low=1)
-        limit = min(limit, MAX_LIST_LIMIT)
-        if inode["type"] != DIR:
-            return {"entries": [self.status(canonical, ino, inode)], "has_more": False}
-        prefix = keys.dentry_prefix(ino)
-        start = keys.after_name(ino, start_after) if start_after else None
-        entries = []
-        has_more = False
-        for key, raw in self.kv.scan(prefix, start=start, limit=limit + 1):
-            if len(entries) == limit:
-                has_more = True
-                break
-            _, name = keys.parse_dentry_key(key)
-            child = keys.unpack(raw)
-            child_inode = self.get_inode(child)
-            if child_inode is None:
-                log.error("listing %s: entry %s points to missing inode %d", canonical, name, child)
-                continue
-            entries.append(self.status(paths.join(canonical, name), child, child_inode))
-        return {"entries": entries, "has_more": has_more}
-
-    def children(self, ino: int) -> Iterator[tuple[str, int]]:
-        for key, raw in self.kv.scan(keys.dentry_prefix(ino)):
-            yield keys.parse_dentry_key(key)[1], keys.unpack(raw)
-
-    def iter_subtree(self, ino: int, inode: dict) -> Iterator[tuple[int, dict]]:
-        """Every inode of the subtree rooted at ``ino`` (depth first, the root first)."""
-        stack = [(ino, inode)]
-        while stack:
-            cur, cur_inode = stack.pop()
-            yield cur, cur_inode
-            if cur_inode["type"] == DIR:
-                for _, child in self.children(cur):
-                    child_inode = self.get_inode(child)
-                    if child_inode is not None:
-                        stack.append((child, child_inode))
-
-    def blocks_of(self, ino: int) -> list[dict]:
-        """The file's blocks in order, each ``{index, id, gs, num_bytes, state}``.
-        Reads every block key: for whole-file work only, never per write call."""
-        out = []
-        for key, raw in self.kv.scan(keys.block_prefix(ino)):
-            block = keys.unpack(raw)
-            block["index"] = keys.parse_block_key(key)[1]
-            out.append(block)
-        return out
-
-    def tail_blocks(self, ino: int, inode: dict, count: int = 2) -> list[dict]:
-        """The file's last ``count`` blocks (fewer if it has fewer), read by key from the
-        inode's ``nblocks``, so a writer's call costs the same at block 5 and block 50 000.
-        Enough for every writer check: only the last block and a COMMITTED penultimate
-        may be incomplete (ADD_BLOCK marks the block before ``previous`` COMPLETE)."""
-        nblocks = inode.get("nblocks", 0)
-        out = []
-        for index in range(max(0, nblocks - count), nblocks):
-            raw = self.kv.get(keys.block_key(ino, index))
-            if raw is None:
-                raise InternalError(f"inode {ino}: block #{index} of {nblocks} is missing")
-            block = keys.unpack(raw)
-            block["index"] = index
-            out.append(block)
-        return out
-
-    def blocks_in_range(self, ino: int, inode: dict, offset: int,
-                        end: float) -> list[tuple[dict, int]]:
-        """``(block, file offset)`` of the blocks overlapping ``[offset, end)``, plus the
-        last block of a file under construction if it starts before ``end`` (it grows).
-
-        Blocks are at most ``block_size`` long; when the inode's length shows that every
-        block before the last is exactly that long, the scan starts at the block holding
-        ``offset`` (index arithmetic); otherwise (a short block in the middle) it starts at
-        the first block. Either way it stops at ``end``."""
-        nblocks = inode.get("nblocks", 0)
-        if nblocks == 0 or offset >= end and not inode.get("uc"):
-            return []
-        last = self.tail_blocks(ino, inode, 1)[-1]
-        block_size = inode["block_size"]
-        first = 0
-        if inode.get("length", 0) - last["num_bytes"] == (nblocks - 1) * block_size:
-            first = min(offset // block_size, nblocks - 1)
-        growing = bool(inode.get("uc"))
-        out = []
-        pos = first * block_size
-        for key, raw in self.kv.scan(keys.block_prefix(ino), start=keys.block_key(ino, first)):
-            if pos >= end:
-                break
-            block = keys.unpack(raw)
-            index = block["index"] = keys.parse_block_key(key)[1]
-            size = block["num_bytes"]
-            if pos + size > offset or (growing and index == nblocks - 1):
-                out.append((block, pos))
-            pos += size
-        return out
-
-    def under_construction(self) -> dict[int, str]:
-        """ino → lease holder of every file under construction (to rebuild leases)."""
-        return {keys.parse_uc_key(k): keys.unpack(v)
-                for k, v in self.kv.scan(keys.UNDER_CONSTRUCTION)}
-
-    def all_blocks(self) -> Iterator[tuple[int, int, dict, int]]:
-        """``(ino, index, block, replication)`` of every block, to rebuild the blocks map."""
-        replication = {}
-        for key, raw in self.kv.scan(keys.BLOCK):
-            ino, index = keys.parse_block_key(key)
-            if ino not in replication:
-                inode = self.get_inode(ino)
-                replication[ino] = inode.get("replication", 1) if inode else 1
-            yield ino, index, keys.unpack(raw), replication[ino]
 
     # ------------------------------------------------------------------ plan helpers
     def _owner_group(self, owner, group, parent_inode: dict) -> tuple[str, str]:
@@ -1024,7 +627,7 @@ class Namespace:
         the old writer does not match and gets the lease error instead."""
         canonical = paths.validate(path)
         if ino:
-            inode = self.linked_inode(ino) if _is_int(ino) else None
+            inode = self.linked_inode(ino) if is_int(ino) else None
         else:
             try:
                 _, ino, inode, _ = self.resolve(canonical)
@@ -1210,13 +813,6 @@ class Namespace:
                     uc.append(ino)
         return "RECLAIM", {"root": root, "blocks": blocks, "inodes": inodes,
                            "entries": entries, "uc": uc, "done": done}
-
-    # ------------------------------------------------------------------ summaries
-    def content_summary_of(self, ino: int, inode: dict) -> dict:
-        summary = ContentSummary()
-        for _, node in self.iter_subtree(ino, inode):
-            summary.add(node)
-        return summary.as_dict()
 
     # ================================================================== apply
     def apply(self, records) -> list[dict]:
@@ -1706,4 +1302,3 @@ class Namespace:
 
     def _apply_SET_GENSTAMP(self, txn, counters, a):
         self._bump(counters, keys.GENSTAMP, a["gs"])
-
