@@ -1,5 +1,5 @@
 """The replica store of one block server: block replica files in a data folder, the in-memory
-replica map rebuilt from them at start, and the pure replica state table.
+replica map rebuilt from them at start; its state table is ``storage/replica_states.py``.
 
 Why it exists: everything the block server knows about its blocks is on disk in a layout that
 survives a crash (HDFS's FsDatasetImpl); the map is only a cache of that folder, rebuilt by
@@ -43,7 +43,6 @@ the ``_removals`` count keep the directory scan (``adopt_finalized``) from takin
 
 from __future__ import annotations
 
-import enum
 import errno as _errno
 import fcntl
 import logging
@@ -60,6 +59,8 @@ import trio
 from fs.datatransfer import CHECKSUM_SIZE, crc32c, num_chunks
 from fs.errors import (InvalidArgument, LeaseFSError, ProtocolError, ReplicaAlreadyExists,
                        ReplicaNotFound, StaleGenerationStamp)
+
+from .replica_states import TRANSITIONS, ReplicaEvent, ReplicaState, next_state
 
 log = logging.getLogger(__name__)
 
@@ -78,76 +79,6 @@ _META_MAX_BPC = 16 << 20
 
 _DATA_NAME = re.compile(r"^blk_(-?\d+)$")
 _META_NAME = re.compile(r"^blk_(-?\d+)_(\d+)\.meta$")
-
-
-# --------------------------------------------------------------------------- state table
-
-
-class ReplicaState(str, enum.Enum):
-    """HDFS ReplicaState names."""
-
-    FINALIZED = "FINALIZED"   # complete, immutable, in finalized/
-    RBW = "RBW"               # replica being written by a live pipeline, in rbw/
-    RWR = "RWR"               # replica waiting to be recovered: an RBW found at restart
-    RUR = "RUR"               # replica under (lease) recovery
-    TEMPORARY = "TEMPORARY"   # incoming copy (replication / pipeline recovery), in tmp/
-
-
-class ReplicaEvent(str, enum.Enum):
-    """What happens to a replica, named after the HDFS FsDataset methods that do it."""
-
-    CREATE_RBW = "createRbw"                        # WRITE_BLOCK PIPELINE_SETUP_CREATE
-    CREATE_TEMPORARY = "createTemporary"            # TRANSFER target
-    FINALIZE = "finalizeReplica"                    # LAST packet acknowledged downstream
-    RESTART = "addToReplicasMap"                    # found by the scan at start
-    RECOVER_RBW = "recoverRbw"                      # pipeline recovery of a live writer
-    APPEND = "append"                               # reopen a finalized replica
-    CONVERT_TEMPORARY_TO_RBW = "convertTemporaryToRbw"
-    INIT_RECOVERY = "initReplicaRecovery"           # lease recovery, primary asks
-    UPDATE_UNDER_RECOVERY = "updateReplicaUnderRecovery"
-    INVALIDATE = "invalidate"                       # metadata server's INVALIDATE command
-    MISSING = "invalidateMissingBlock"              # its files are gone or cut: dropped
-    CHECK_AND_UPDATE = "checkAndUpdate"             # directory scan found unknown files
-
-
-S, E = ReplicaState, ReplicaEvent
-
-#: (state before or None for "no replica", event) -> state after (None = replica gone).
-#: Pairs that are missing are refused by ``next_state``.
-TRANSITIONS: dict[tuple[ReplicaState | None, ReplicaEvent], ReplicaState | None] = {
-    (None, E.CREATE_RBW): S.RBW,
-    (None, E.CREATE_TEMPORARY): S.TEMPORARY,
-    (S.RBW, E.FINALIZE): S.FINALIZED,
-    (S.TEMPORARY, E.FINALIZE): S.FINALIZED,
-    (S.RBW, E.RESTART): S.RWR,
-    (S.RWR, E.RESTART): S.RWR,
-    (S.RUR, E.RESTART): S.RWR,          # RUR is not persisted: its rbw/ files come back RWR
-    (S.FINALIZED, E.RESTART): S.FINALIZED,
-    (S.TEMPORARY, E.RESTART): None,     # half-copied temporaries are removed
-    (S.RBW, E.RECOVER_RBW): S.RBW,
-    (S.FINALIZED, E.APPEND): S.RBW,
-    (S.TEMPORARY, E.CONVERT_TEMPORARY_TO_RBW): S.RBW,
-    (S.RBW, E.INIT_RECOVERY): S.RUR,
-    (S.RWR, E.INIT_RECOVERY): S.RUR,
-    (S.FINALIZED, E.INIT_RECOVERY): S.RUR,
-    (S.RUR, E.INIT_RECOVERY): S.RUR,    # a newer recovery id takes over
-    (S.RUR, E.UPDATE_UNDER_RECOVERY): S.FINALIZED,
-    **{(state, E.INVALIDATE): None for state in ReplicaState},
-    # only replicas nobody writes: an RBW/RUR/TEMPORARY replica's files are in flux
-    (S.FINALIZED, E.MISSING): None,
-    (S.RWR, E.MISSING): None,
-    (None, E.CHECK_AND_UPDATE): S.FINALIZED,
-}
-del S, E
-
-
-def next_state(state: ReplicaState | None, event: ReplicaEvent) -> ReplicaState | None:
-    """The state after ``event``; ``InvalidArgument`` if the table has no such transition."""
-    try:
-        return TRANSITIONS[(state, event)]
-    except KeyError:
-        where = "no replica" if state is None else f"a {state.value} replica"
-        raise InvalidArgument(f"{event.value} is not allowed on {where}") from None
 
 
 # --------------------------------------------------------------------------- pure helpers
