@@ -2,8 +2,8 @@
 
 Why a module of its own: ``mount.operations`` translates FUSE requests; what one open file
 is (its mode, stream, staging file, pending times, lease-holding handles) and the moves
-between its modes are kept here, table-driven like ``storage/replicas.py``: every change of
-``OpenFile.mode`` goes through ``OpenFile.move``, which asks ``TRANSITIONS`` first.
+between its modes are kept here, table-driven like ``storage/replica_states.py``: every
+change of ``OpenFile.mode`` goes through ``OpenFile.move``, which asks ``TRANSITIONS`` first.
 
 Modes of an open file, named after what holds its content:
 

@@ -31,7 +31,8 @@ from fs.errors import LeaseFSError, ProtocolError, ServerUnavailable
 from fs.framing import FramedStream
 from fs.rpc import parse_address
 
-from .replicas import ReplicaState, ReplicaStore
+from .replica_states import ReplicaState
+from .replicas import ReplicaStore
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,10 @@ import trio
 from fs.config import Config
 from fs.errors import LeaseFSError
 
-from .replicas import Replica, ReplicaState, ReplicaStore, group_block_files, meta_length
+from .layout import group_block_files, meta_length
+from .replica_records import Replica
+from .replica_states import ReplicaState
+from .replicas import ReplicaStore
 
 log = logging.getLogger(__name__)
 

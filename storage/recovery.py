@@ -48,7 +48,9 @@ from fs.errors import (InvalidArgument, LeaseFSError, ProtocolError, ReplicaNotF
 from fs.framing import FramedStream
 from fs.rpc import parse_address
 
-from .replicas import Replica, ReplicaState, ReplicaStore
+from .replica_records import Replica
+from .replica_states import ReplicaState
+from .replicas import ReplicaStore
 
 log = logging.getLogger(__name__)
 

@@ -1,30 +1,16 @@
-"""The replica store of one block server: block replica files in a data folder, the in-memory
-replica map rebuilt from them at start, and the pure replica state table.
+"""The replica store of one block server: block replica files in a data folder and the
+in-memory replica map rebuilt from them at start, with every operation on a replica (create
+RBW, write, finalize, append reopen, pipeline and block recovery, read, delete, drop a lost
+replica, adopt files the directory scan found).
 
 Why it exists: everything the block server knows about its blocks is on disk in a layout that
 survives a crash (HDFS's FsDatasetImpl); the map is only a cache of that folder, rebuilt by
 ``ReplicaStore.open`` (temporaries removed, RBW replicas turned into RWR and cut back to the
-length their checksums cover, broken finalized replicas moved aside).
-
-On-disk layout of ``data_dir``::
-
-    node_id                       this server's identity (uuid hex), created once
-    in_use.lock                   flock'ed while a server runs on the folder
-    tmp/                          TEMPORARY replicas (incoming copies); wiped at start
-    rbw/blk_<id>                  replicas being written: RBW, or RWR after a restart
-    rbw/blk_<id>_<gs>.meta
-    finalized/subdirA/subdirB/blk_<id> (+ .meta)    A = (id >> 16) & 31, B = (id >> 8) & 31,
-                                  so no folder ever holds more than a small share of the blocks
-    corrupt/                      finalized replicas whose data length disagrees with their
-                                  meta file at start: moved here, logged, NOT reported (the
-                                  metadata server sees one replica fewer and re-replicates);
-                                  also what is left of a replica dropped later because its
-                                  files were found gone or cut (``drop_if_lost``: reported
-                                  deleted by the caller)
-
-Meta file = header ``>HBI`` (version 1, checksum type 2 = CRC32C in HDFS's DataChecksum
-numbering, bytes_per_checksum), then one big-endian CRC32C per ``bytes_per_checksum`` chunk of
-the data (the last chunk may be short).
+length their checksums cover, broken finalized replicas moved aside). The parts live apart:
+the state table in ``storage/replica_states.py`` (every mutation here asks it first), the
+replica records and their open files in ``storage/replica_records.py``, the folder layout and
+meta file format in ``storage/layout.py``, the start-up scan in ``storage/startup_scan.py``.
+The names other modules used to import from here stay importable from here.
 
 Concurrency contract: the map and ``Replica`` objects are only touched from the trio thread;
 every file operation runs in a worker thread under one ``CapacityLimiter(disk_io_threads)``.
@@ -43,672 +29,35 @@ the ``_removals`` count keep the directory scan (``adopt_finalized``) from takin
 
 from __future__ import annotations
 
-import enum
-import errno as _errno
 import fcntl
 import logging
 import os
-import re
-import shutil
-import struct
-import threading
-import uuid
-from dataclasses import dataclass, field
 
 import trio
 
-from fs.datatransfer import CHECKSUM_SIZE, crc32c, num_chunks
-from fs.errors import (InvalidArgument, LeaseFSError, ProtocolError, ReplicaAlreadyExists,
-                       ReplicaNotFound, StaleGenerationStamp)
+from fs.errors import (InvalidArgument, LeaseFSError, ReplicaAlreadyExists, ReplicaNotFound,
+                       StaleGenerationStamp)
+
+from .layout import (META_HEADER, check_bytes_per_checksum, check_packet_range, data_name,
+                     decode_meta_header, encode_meta_header, ensure_layout, finalized_consistent,
+                     finalized_subdir, fsync_dir, group_block_files, lost_reason, meta_length,
+                     meta_name, quarantine_files, truncate_replica_files, unlink_quietly)
+from .replica_records import Replica, ReplicaReader, ReplicaWriter, WriterClosed, reopen_writer
+from .replica_states import TRANSITIONS, ReplicaEvent, ReplicaState, next_state
+from .startup_scan import ScanResult, scan_data_dir
+
+#: the store, and the names other modules and tests import from here (they live in the
+#: modules above)
+__all__ = [
+    "ReplicaStore",
+    "META_HEADER", "check_bytes_per_checksum", "check_packet_range", "decode_meta_header",
+    "encode_meta_header", "finalized_subdir", "group_block_files", "meta_length",
+    "Replica", "ReplicaReader", "ReplicaWriter", "WriterClosed",
+    "TRANSITIONS", "ReplicaEvent", "ReplicaState", "next_state",
+    "ScanResult",
+]
 
 log = logging.getLogger(__name__)
-
-META_HEADER = struct.Struct(">HBI")
-META_VERSION = 1
-CHECKSUM_TYPE_CRC32C = 2
-#: accepted ``bytes_per_checksum`` of a new replica: smaller chunks make verifying a packet
-#: on the trio thread far too slow (16-byte chunks: 0.6 s per 16 MiB packet), larger ones
-#: make every partial-chunk rewrite and read re-checksum huge runs
-MIN_BYTES_PER_CHECKSUM = 512
-MAX_BYTES_PER_CHECKSUM = 1 << 20
-#: what a meta header found on disk may say (looser: files written by older versions stay
-#: readable)
-_META_MIN_BPC = 16
-_META_MAX_BPC = 16 << 20
-
-_DATA_NAME = re.compile(r"^blk_(-?\d+)$")
-_META_NAME = re.compile(r"^blk_(-?\d+)_(\d+)\.meta$")
-
-
-# --------------------------------------------------------------------------- state table
-
-
-class ReplicaState(str, enum.Enum):
-    """HDFS ReplicaState names."""
-
-    FINALIZED = "FINALIZED"   # complete, immutable, in finalized/
-    RBW = "RBW"               # replica being written by a live pipeline, in rbw/
-    RWR = "RWR"               # replica waiting to be recovered: an RBW found at restart
-    RUR = "RUR"               # replica under (lease) recovery
-    TEMPORARY = "TEMPORARY"   # incoming copy (replication / pipeline recovery), in tmp/
-
-
-class ReplicaEvent(str, enum.Enum):
-    """What happens to a replica, named after the HDFS FsDataset methods that do it."""
-
-    CREATE_RBW = "createRbw"                        # WRITE_BLOCK PIPELINE_SETUP_CREATE
-    CREATE_TEMPORARY = "createTemporary"            # TRANSFER target
-    FINALIZE = "finalizeReplica"                    # LAST packet acknowledged downstream
-    RESTART = "addToReplicasMap"                    # found by the scan at start
-    RECOVER_RBW = "recoverRbw"                      # pipeline recovery of a live writer
-    APPEND = "append"                               # reopen a finalized replica
-    CONVERT_TEMPORARY_TO_RBW = "convertTemporaryToRbw"
-    INIT_RECOVERY = "initReplicaRecovery"           # lease recovery, primary asks
-    UPDATE_UNDER_RECOVERY = "updateReplicaUnderRecovery"
-    INVALIDATE = "invalidate"                       # metadata server's INVALIDATE command
-    MISSING = "invalidateMissingBlock"              # its files are gone or cut: dropped
-    CHECK_AND_UPDATE = "checkAndUpdate"             # directory scan found unknown files
-
-
-S, E = ReplicaState, ReplicaEvent
-
-#: (state before or None for "no replica", event) -> state after (None = replica gone).
-#: Pairs that are missing are refused by ``next_state``.
-TRANSITIONS: dict[tuple[ReplicaState | None, ReplicaEvent], ReplicaState | None] = {
-    (None, E.CREATE_RBW): S.RBW,
-    (None, E.CREATE_TEMPORARY): S.TEMPORARY,
-    (S.RBW, E.FINALIZE): S.FINALIZED,
-    (S.TEMPORARY, E.FINALIZE): S.FINALIZED,
-    (S.RBW, E.RESTART): S.RWR,
-    (S.RWR, E.RESTART): S.RWR,
-    (S.RUR, E.RESTART): S.RWR,          # RUR is not persisted: its rbw/ files come back RWR
-    (S.FINALIZED, E.RESTART): S.FINALIZED,
-    (S.TEMPORARY, E.RESTART): None,     # half-copied temporaries are removed
-    (S.RBW, E.RECOVER_RBW): S.RBW,
-    (S.FINALIZED, E.APPEND): S.RBW,
-    (S.TEMPORARY, E.CONVERT_TEMPORARY_TO_RBW): S.RBW,
-    (S.RBW, E.INIT_RECOVERY): S.RUR,
-    (S.RWR, E.INIT_RECOVERY): S.RUR,
-    (S.FINALIZED, E.INIT_RECOVERY): S.RUR,
-    (S.RUR, E.INIT_RECOVERY): S.RUR,    # a newer recovery id takes over
-    (S.RUR, E.UPDATE_UNDER_RECOVERY): S.FINALIZED,
-    **{(state, E.INVALIDATE): None for state in ReplicaState},
-    # only replicas nobody writes: an RBW/RUR/TEMPORARY replica's files are in flux
-    (S.FINALIZED, E.MISSING): None,
-    (S.RWR, E.MISSING): None,
-    (None, E.CHECK_AND_UPDATE): S.FINALIZED,
-}
-del S, E
-
-
-def next_state(state: ReplicaState | None, event: ReplicaEvent) -> ReplicaState | None:
-    """The state after ``event``; ``InvalidArgument`` if the table has no such transition."""
-    try:
-        return TRANSITIONS[(state, event)]
-    except KeyError:
-        where = "no replica" if state is None else f"a {state.value} replica"
-        raise InvalidArgument(f"{event.value} is not allowed on {where}") from None
-
-
-# --------------------------------------------------------------------------- pure helpers
-
-
-def finalized_subdir(block_id: int) -> str:
-    """Bucket folder of a finalized replica, relative to ``finalized/`` (HDFS idToBlockDir)."""
-    return os.path.join(f"subdir{(block_id >> 16) & 0x1F}", f"subdir{(block_id >> 8) & 0x1F}")
-
-
-def data_name(block_id: int) -> str:
-    return f"blk_{block_id}"
-
-
-def meta_name(block_id: int, gs: int) -> str:
-    return f"blk_{block_id}_{gs}.meta"
-
-
-def meta_offset(chunk_index: int) -> int:
-    return META_HEADER.size + CHECKSUM_SIZE * chunk_index
-
-
-def meta_length(data_length: int, bytes_per_checksum: int) -> int:
-    return meta_offset(num_chunks(data_length, bytes_per_checksum))
-
-
-def check_bytes_per_checksum(bytes_per_checksum: int) -> None:
-    """``InvalidArgument`` unless a new replica may use this chunk size."""
-    if not MIN_BYTES_PER_CHECKSUM <= bytes_per_checksum <= MAX_BYTES_PER_CHECKSUM:
-        raise InvalidArgument(f"bytes_per_checksum {bytes_per_checksum} is outside the "
-                              f"accepted range [{MIN_BYTES_PER_CHECKSUM}, "
-                              f"{MAX_BYTES_PER_CHECKSUM}]")
-
-
-def check_packet_range(received: int, offset: int, data_len: int, bytes_per_checksum: int) -> None:
-    """Where a data packet may land in a replica that holds ``received`` bytes.
-
-    It must start on a chunk boundary, not before the start of the last (possibly partial)
-    chunk already received (the writer repeats that chunk's bytes after a flush), must leave
-    no gap, and must not end before ``received`` (that would shrink the replica). Packets
-    without data (LAST, SYNC-only, HEARTBEAT) carry no bytes, so their offset does not matter.
-    """
-    if not data_len:
-        return
-    last_boundary = received - received % bytes_per_checksum
-    if offset % bytes_per_checksum:
-        raise ProtocolError(f"packet offset {offset} is not a multiple of the "
-                            f"{bytes_per_checksum}-byte checksum chunk")
-    if offset > received:
-        raise ProtocolError(f"packet at offset {offset} leaves a gap: only {received} bytes "
-                            f"received")
-    if offset < last_boundary:
-        raise ProtocolError(f"packet at offset {offset} starts before the last chunk boundary "
-                            f"{last_boundary} already received")
-    if offset + data_len < received:
-        raise ProtocolError(f"packet [{offset}, {offset + data_len}) ends before the {received} "
-                            f"bytes already received")
-
-
-def encode_meta_header(bytes_per_checksum: int) -> bytes:
-    return META_HEADER.pack(META_VERSION, CHECKSUM_TYPE_CRC32C, bytes_per_checksum)
-
-
-def decode_meta_header(raw: bytes) -> int:
-    """bytes_per_checksum from a meta header; ``ValueError`` if it is not one of ours."""
-    if len(raw) < META_HEADER.size:
-        raise ValueError(f"meta header of {len(raw)} bytes is too short")
-    version, kind, bpc = META_HEADER.unpack_from(raw)
-    if version != META_VERSION or kind != CHECKSUM_TYPE_CRC32C:
-        raise ValueError(f"meta header version {version} / checksum type {kind} unsupported")
-    if not _META_MIN_BPC <= bpc <= _META_MAX_BPC:
-        raise ValueError(f"meta header has bytes_per_checksum {bpc}")
-    return bpc
-
-
-# --------------------------------------------------------------------------- replica
-
-
-@dataclass(eq=False)
-class Replica:
-    """One replica in the map. ``num_bytes`` = bytes on disk (for RBW: received so far);
-    ``visible_length`` = bytes readers may see (RBW: acknowledged downstream)."""
-
-    block_id: int
-    gs: int
-    state: ReplicaState
-    bytes_per_checksum: int
-    data_path: str
-    meta_path: str
-    num_bytes: int = 0
-    visible_length: int = 0
-    #: CRC of the partial last chunk at ``visible_length`` (kept in memory because the writer
-    #: may already be rewriting that chunk's stored checksum for a longer chunk)
-    visible_last_sum: bytes | None = None
-    removed: bool = False
-    lock: trio.Lock = field(default_factory=trio.Lock)
-    writer: "ReplicaWriter | None" = None
-    #: cancels the WRITE_BLOCK pipeline feeding this replica (set by the pipeline while it
-    #: runs), so block recovery can stop a running writer (HDFS ReplicaInPipeline.stopWriter)
-    writer_scope: "trio.CancelScope | None" = None
-    writer_stopped: "trio.Event | None" = None
-    #: RUR only: the state the replica had before recovery (FINALIZED, RBW or RWR)
-    original_state: "ReplicaState | None" = None
-    #: the highest recovery id seen by ``init_replica_recovery`` (0 = none); lower or equal
-    #: ids are stale recoveries and refused
-    recovery_id: int = 0
-
-    @property
-    def name(self) -> str:
-        return f"blk_{self.block_id}_{self.gs}"
-
-    def report_entry(self) -> list:
-        """``[id, gs, num_bytes, state]`` as block reports carry it."""
-        length = self.visible_length if self.state is ReplicaState.RBW else self.num_bytes
-        state = self.state
-        if state is ReplicaState.RUR:   # not a wire state: report what it was before recovery
-            state = self.original_state or ReplicaState.RWR
-        return [self.block_id, self.gs, length, state.value]
-
-    def disk_bytes(self) -> int:
-        return self.num_bytes + meta_length(self.num_bytes, self.bytes_per_checksum)
-
-    def set_visible(self, length: int, last_sum: bytes | None) -> None:
-        """Bytes acknowledged by the whole downstream pipeline; never moves backwards."""
-        if length >= self.visible_length:
-            self.visible_length = length
-            self.visible_last_sum = last_sum if length % self.bytes_per_checksum else None
-
-
-class WriterClosed(Exception):
-    """A write or fsync reached a ``ReplicaWriter`` after its files were closed (the store
-    turns it into ``ReplicaNotFound``)."""
-
-
-class ReplicaWriter:
-    """Open file descriptors of an RBW replica; its methods block (call them in a thread).
-
-    ``_io_lock`` makes close wait for a write/fsync running in another worker thread, and
-    makes every operation after close fail with ``WriterClosed`` without touching the
-    (possibly reused) descriptor numbers.
-    """
-
-    def __init__(self, data_path: str, meta_path: str, bytes_per_checksum: int, create: bool):
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        self.bytes_per_checksum = bytes_per_checksum
-        self._io_lock = threading.Lock()
-        self.closed = False
-        self.data_fd = os.open(data_path, flags, 0o644)
-        try:
-            self.meta_fd = os.open(meta_path, flags, 0o644)
-        except BaseException:
-            os.close(self.data_fd)
-            if create:
-                _unlink_quietly(data_path)
-            raise
-        if create:
-            os.pwrite(self.meta_fd, encode_meta_header(bytes_per_checksum), 0)
-
-    def write(self, offset: int, data, sums: bytes) -> None:
-        with self._io_lock:
-            self._require_open()
-            if len(data):
-                os.pwrite(self.data_fd, data, offset)
-                os.pwrite(self.meta_fd, sums, meta_offset(offset // self.bytes_per_checksum))
-
-    def fsync(self) -> None:
-        with self._io_lock:
-            self._require_open()
-            os.fsync(self.data_fd)
-            os.fsync(self.meta_fd)
-
-    def fsync_and_close(self) -> None:
-        """finalize: flush and close in one step, so no write can slip in between."""
-        with self._io_lock:
-            self._require_open()
-            os.fsync(self.data_fd)
-            os.fsync(self.meta_fd)
-            self._close_locked()
-
-    def close(self) -> None:
-        """Close the files once any write/fsync in flight is done; idempotent."""
-        with self._io_lock:
-            self._close_locked()
-
-    def _require_open(self) -> None:
-        if self.closed:
-            raise WriterClosed("the replica's files were closed")
-
-    def _close_locked(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        for fd in (self.data_fd, self.meta_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.data_fd = self.meta_fd = -1
-
-
-class ReplicaReader:
-    """A snapshot of a readable replica (taken on the trio thread) with its files open;
-    ``open_files``/``read``/``close`` block (use a thread)."""
-
-    def __init__(self, replica: Replica):
-        self.block_id = replica.block_id
-        self.gs = replica.gs
-        self.state = replica.state
-        self.bytes_per_checksum = replica.bytes_per_checksum
-        self.data_path, self.meta_path = replica.data_path, replica.meta_path
-        being_written = replica.state is ReplicaState.RBW
-        self.visible_length = replica.visible_length if being_written else replica.num_bytes
-        self.last_sum = replica.visible_last_sum if being_written else None
-        self.data_fd = self.meta_fd = -1
-
-    def open_files(self) -> "ReplicaReader":
-        self.data_fd = os.open(self.data_path, os.O_RDONLY)
-        try:
-            self.meta_fd = os.open(self.meta_path, os.O_RDONLY)
-        except BaseException:
-            os.close(self.data_fd)
-            self.data_fd = -1
-            raise
-        return self
-
-    def read(self, start: int, length: int) -> tuple[bytes, bytes]:
-        """Data ``[start, start+length)`` (chunk-aligned start, within the visible length)
-        and its stored checksums."""
-        bpc = self.bytes_per_checksum
-        data = os.pread(self.data_fd, length, start)
-        if len(data) != length:
-            raise OSError(_errno.EIO, f"blk_{self.block_id}: data file holds fewer bytes than "
-                                      f"{start + length}")
-        n = num_chunks(length, bpc)
-        sums = os.pread(self.meta_fd, CHECKSUM_SIZE * n, meta_offset(start // bpc))
-        if len(sums) != CHECKSUM_SIZE * n:
-            raise OSError(_errno.EIO, f"blk_{self.block_id}: meta file holds fewer checksums "
-                                      f"than chunk {start // bpc + n}")
-        end = start + length
-        if self.last_sum is not None and end == self.visible_length and end % bpc:
-            sums = sums[:-CHECKSUM_SIZE] + self.last_sum
-        return data, sums
-
-    def close(self) -> None:
-        for fd in (self.data_fd, self.meta_fd):
-            if fd >= 0:
-                os.close(fd)
-        self.data_fd = self.meta_fd = -1
-
-
-# --------------------------------------------------------------------------- scanning
-
-
-@dataclass
-class ScannedReplica:
-    """A replica as found on disk; ``state`` is its folder's (RBW for rbw/, FINALIZED)."""
-
-    block_id: int
-    gs: int
-    state: ReplicaState
-    bytes_per_checksum: int
-    data_path: str
-    meta_path: str
-    num_bytes: int
-
-
-@dataclass
-class ScanResult:
-    """What the start-up scan found and did (also logged)."""
-
-    replicas: list[ScannedReplica] = field(default_factory=list)
-    temporaries_removed: int = 0
-    rbw_trimmed: list[tuple[int, int, int]] = field(default_factory=list)  # id, before, after
-    quarantined: list[str] = field(default_factory=list)
-    orphans_removed: list[str] = field(default_factory=list)
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def group_block_files(folder: str) -> dict[int, dict]:
-    """``id -> {"data": path|None, "metas": [(gs, path)]}`` for the blk_ files in one folder;
-    anything else is left alone."""
-    groups: dict[int, dict] = {}
-    try:
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
-        return groups
-    for entry in entries:
-        if not entry.is_file(follow_symlinks=False):
-            continue
-        m = _DATA_NAME.match(entry.name)
-        if m:
-            groups.setdefault(int(m.group(1)), {"data": None, "metas": []})["data"] = entry.path
-            continue
-        m = _META_NAME.match(entry.name)
-        if m:
-            groups.setdefault(int(m.group(1)), {"data": None, "metas": []})["metas"].append(
-                (int(m.group(2)), entry.path))
-    return groups
-
-
-def _newest_meta(block_id: int, group: dict, result: ScanResult) -> tuple[int, str] | None:
-    """Keep the meta file with the highest GS, remove older ones (left by a GS bump)."""
-    metas = sorted(group["metas"])
-    for _gs, path in metas[:-1]:
-        _unlink_quietly(path)
-        result.orphans_removed.append(path)
-    return metas[-1] if metas else None
-
-
-def _longest_prefix_matching(chunk: bytes, stored: bytes) -> int:
-    """Length of the longest prefix of ``chunk`` whose CRC32C equals ``stored`` (0: none)."""
-    want = int.from_bytes(stored, "big") if len(stored) == CHECKSUM_SIZE else None
-    best, value, view = 0, 0, memoryview(chunk)
-    for i in range(len(view)):
-        value = crc32c(view[i:i + 1], value)
-        if value == want:
-            best = i + 1
-    return best
-
-
-def _trim_rbw(block_id: int, data_path: str, meta_path: str) -> tuple[int, int, int]:
-    """Cut an RBW replica found at restart to the length its checksums validly cover.
-
-    Returns ``(bytes_per_checksum, length_before, length_after)``. The data may run ahead of
-    the checksums or vice versa after a crash, and the last chunk may be torn; walk back from
-    the longest length both files cover until the last chunk (or a prefix of it) matches its
-    checksum, so bytes acknowledged after an hflush/hsync of a partial chunk survive.
-    """
-    with open(meta_path, "r+b") as meta, open(data_path, "r+b") as data:
-        bpc = decode_meta_header(meta.read(META_HEADER.size))
-        meta_size = os.fstat(meta.fileno()).st_size
-        data_size = os.fstat(data.fileno()).st_size
-        n_sums = (meta_size - META_HEADER.size) // CHECKSUM_SIZE
-        length = min(data_size, n_sums * bpc)
-        while length > 0:
-            chunk_start = (length - 1) // bpc * bpc
-            chunk = os.pread(data.fileno(), length - chunk_start, chunk_start)
-            stored = os.pread(meta.fileno(), CHECKSUM_SIZE, meta_offset(chunk_start // bpc))
-            if crc32c(chunk).to_bytes(4, "big") == stored:
-                break
-            # the data may run ahead of a partial chunk's checksum (the crash hit a rewrite
-            # of that chunk between the data and the meta write): keep the prefix it covers
-            prefix = _longest_prefix_matching(chunk, stored)
-            if prefix:
-                length = chunk_start + prefix
-                break
-            length = chunk_start
-        if length != data_size:
-            data.truncate(length)
-        if meta_size != meta_length(length, bpc):
-            meta.truncate(meta_length(length, bpc))
-    return bpc, data_size, length
-
-
-def truncate_replica_files(data_path: str, meta_path: str, new_length: int,
-                           bytes_per_checksum: int) -> None:
-    """Cut a replica's data to ``new_length`` and its meta file to the matching number of
-    checksums; the last chunk, if now partial, gets its checksum recomputed from the data.
-    fsyncs both. Blocking: run it in a worker thread."""
-    bpc = bytes_per_checksum
-    with open(data_path, "r+b") as data, open(meta_path, "r+b") as meta:
-        if os.fstat(data.fileno()).st_size != new_length:
-            data.truncate(new_length)
-        meta.truncate(meta_length(new_length, bpc))
-        if new_length % bpc:
-            start = new_length - new_length % bpc
-            chunk = os.pread(data.fileno(), new_length - start, start)
-            if len(chunk) != new_length - start:
-                raise OSError(_errno.EIO, f"{data_path}: shorter than {new_length} bytes")
-            os.pwrite(meta.fileno(), crc32c(chunk).to_bytes(CHECKSUM_SIZE, "big"),
-                      meta_offset(start // bpc))
-        os.fsync(data.fileno())
-        os.fsync(meta.fileno())
-
-
-def finalized_consistent(data_path: str, meta_path: str) -> tuple[int, int]:
-    """``(bytes_per_checksum, length)`` of a finalized replica, ``ValueError`` if the data
-    length disagrees with the number of checksums."""
-    with open(meta_path, "rb") as meta:
-        bpc = decode_meta_header(meta.read(META_HEADER.size))
-        meta_size = os.fstat(meta.fileno()).st_size
-    length = os.stat(data_path).st_size
-    if meta_size != meta_length(length, bpc):
-        raise ValueError(f"data of {length} bytes needs a meta file of "
-                         f"{meta_length(length, bpc)} bytes, found {meta_size}")
-    return bpc, length
-
-
-def quarantine_files(data_dir: str, paths: list[str], why: str) -> list[str]:
-    """Move the replica files ``paths`` that still exist to ``corrupt/`` (kept for a look,
-    never served); returns where they went. Blocking: run it in a worker thread."""
-    corrupt = os.path.join(data_dir, "corrupt")
-    os.makedirs(corrupt, exist_ok=True)
-    moved = []
-    for path in paths:
-        target = os.path.join(corrupt, os.path.basename(path))
-        try:
-            os.replace(path, target)
-        except FileNotFoundError:
-            continue
-        moved.append(target)
-    log.warning("moved %s to %s: %s", ", ".join(os.path.basename(p) for p in moved) or
-                "nothing (no file left)", corrupt, why)
-    return moved
-
-
-def lost_reason(data_path: str, meta_path: str, num_bytes: int,
-                bytes_per_checksum: int) -> str | None:
-    """Why the files of a replica the map holds with ``num_bytes`` bytes cannot serve it (a
-    file gone, cut or grown), or None when both have the sizes the map implies. Blocking."""
-    sizes = []
-    for kind, path in (("data", data_path), ("meta", meta_path)):
-        try:
-            sizes.append(os.stat(path).st_size)
-        except OSError as exc:
-            return f"its {kind} file {path} is gone ({exc.strerror or exc})"
-    want_meta = meta_length(num_bytes, bytes_per_checksum)
-    if sizes[0] != num_bytes:
-        return f"its data file holds {sizes[0]} bytes, the replica {num_bytes}"
-    if sizes[1] != want_meta:
-        return f"its meta file holds {sizes[1]} bytes, {want_meta} expected for {num_bytes} bytes"
-    return None
-
-
-def scan_data_dir(data_dir: str) -> ScanResult:
-    """Rebuild the replica list from the folder, repairing what a crash can leave behind.
-    Blocking: run it in a worker thread."""
-    result = ScanResult()
-    tmp, rbw, fin = (os.path.join(data_dir, d) for d in ("tmp", "rbw", "finalized"))
-    # TEMPORARY replicas are half-copied transfers: the sender will retry elsewhere.
-    for entry in list(os.scandir(tmp)):
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
-            _unlink_quietly(entry.path)
-        result.temporaries_removed += 1
-
-    def quarantine(paths: list[str], why: str) -> None:
-        result.quarantined += quarantine_files(data_dir, paths, why)
-
-    found: dict[int, ScannedReplica] = {}
-
-    # --- rbw/ first: it may hold the data half of a finalize that crashed between renames
-    for block_id, group in sorted(group_block_files(rbw).items()):
-        newest = _newest_meta(block_id, group, result)
-        data_path = group["data"]
-        if data_path is None:
-            if newest:
-                _unlink_quietly(newest[1])
-                result.orphans_removed.append(newest[1])
-            continue
-        if newest is None:
-            bucket = os.path.join(fin, finalized_subdir(block_id))
-            fin_metas = [m for m in group_block_files(bucket).get(block_id, {}).get("metas", [])]
-            fin_data = os.path.join(bucket, data_name(block_id))
-            if fin_metas and not os.path.exists(fin_data):
-                os.replace(data_path, fin_data)   # finish the interrupted finalize
-                log.info("finished the interrupted finalize of blk_%d", block_id)
-            else:
-                _unlink_quietly(data_path)
-                result.orphans_removed.append(data_path)
-            continue
-        gs, meta_path = newest
-        try:
-            bpc, before, after = _trim_rbw(block_id, data_path, meta_path)
-        except (OSError, ValueError) as exc:
-            log.warning("removing unreadable RBW replica blk_%d: %s", block_id, exc)
-            for p in (data_path, meta_path):
-                _unlink_quietly(p)
-                result.orphans_removed.append(p)
-            continue
-        if after != before:
-            result.rbw_trimmed.append((block_id, before, after))
-            log.info("RBW replica blk_%d_%d cut from %d to %d bytes (torn last chunk)",
-                     block_id, gs, before, after)
-        found[block_id] = ScannedReplica(block_id, gs, ReplicaState.RBW, bpc, data_path,
-                                         meta_path, after)
-
-    # --- finalized/
-    for dirpath, _dirnames, _files in os.walk(fin):
-        for block_id, group in sorted(group_block_files(dirpath).items()):
-            newest = _newest_meta(block_id, group, result)
-            data_path = group["data"]
-            if data_path is None or newest is None:
-                quarantine([p for p in (data_path, newest and newest[1]) if p],
-                           "finalized replica without its " +
-                           ("data file" if data_path is None else "meta file"))
-                continue
-            gs, meta_path = newest
-            try:
-                bpc, length = finalized_consistent(data_path, meta_path)
-            except (OSError, ValueError) as exc:
-                quarantine([data_path, meta_path], str(exc))
-                continue
-            other = found.get(block_id)
-            if other is not None:
-                # the same block in rbw/ and finalized/: keep the newer, finalized on a tie
-                loser = other if other.gs <= gs else None
-                if loser is None:
-                    for p in (data_path, meta_path):
-                        _unlink_quietly(p)
-                        result.orphans_removed.append(p)
-                    continue
-                for p in (loser.data_path, loser.meta_path):
-                    _unlink_quietly(p)
-                    result.orphans_removed.append(p)
-            found[block_id] = ScannedReplica(block_id, gs, ReplicaState.FINALIZED, bpc,
-                                             data_path, meta_path, length)
-    result.replicas = list(found.values())
-    return result
-
-
-def _ensure_layout(data_dir: str) -> str:
-    """Create the folders, take the folder lock, load or create the node id."""
-    for sub in ("tmp", "rbw", "finalized"):
-        os.makedirs(os.path.join(data_dir, sub), exist_ok=True)
-    path = os.path.join(data_dir, "node_id")
-    try:
-        with open(path) as fh:
-            node_id = fh.read().strip()
-        if node_id:
-            return node_id
-    except FileNotFoundError:
-        pass
-    node_id = uuid.uuid4().hex
-    tmp = path + ".new"
-    with open(tmp, "w") as fh:
-        fh.write(node_id + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(data_dir)
-    return node_id
-
-
-# --------------------------------------------------------------------------- the store
-
-
-def _reopen_writer(data_path: str, meta_path: str, bpc: int, length: int):
-    """A ``ReplicaWriter`` continuing an existing replica of ``length`` bytes, and the stored
-    checksum of its last partial chunk (None at a chunk boundary): what append and pipeline
-    recovery need to go on writing it."""
-    writer = ReplicaWriter(data_path, meta_path, bpc, create=False)
-    last_sum = None
-    if length % bpc:
-        last_sum = os.pread(writer.meta_fd, CHECKSUM_SIZE, meta_offset(length // bpc))
-    return writer, last_sum
 
 
 class ReplicaStore:
@@ -736,7 +85,7 @@ class ReplicaStore:
         """Create the layout, lock the folder, scan it into the map."""
         self._lock_fd = await self.run_io(self._take_folder_lock)
         try:
-            self.node_id = await self.run_io(_ensure_layout, self.data_dir)
+            self.node_id = await self.run_io(ensure_layout, self.data_dir)
             result = await self.run_io(scan_data_dir, self.data_dir)
         except BaseException:
             self.close()
@@ -989,7 +338,7 @@ class ReplicaStore:
             fsync_dir(rbw)
             if old_data != new_data:
                 fsync_dir(os.path.dirname(old_data))
-            return _reopen_writer(new_data, new_meta, bpc, min_bytes)
+            return reopen_writer(new_data, new_meta, bpc, min_bytes)
 
         async with replica.lock:
             if replica.removed or self.replicas.get(block_id) is not replica \
@@ -1065,7 +414,7 @@ class ReplicaStore:
                 truncate_replica_files(data_path, old_meta, acked_length, bpc)
             os.replace(old_meta, new_meta)
             fsync_dir(rbw)
-            return _reopen_writer(data_path, new_meta, bpc, acked_length)
+            return reopen_writer(data_path, new_meta, bpc, acked_length)
 
         async with replica.lock:
             if replica.removed or self.replicas.get(block_id) is not replica \
@@ -1205,7 +554,7 @@ class ReplicaStore:
             if writer is not None:
                 writer.close()
             for path in (replica.data_path, replica.meta_path):
-                _unlink_quietly(path)
+                unlink_quietly(path)
 
         self._removing.add(replica.block_id)
         try:

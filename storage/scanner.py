@@ -27,7 +27,8 @@ from fs.config import Config
 from fs.datatransfer import verify_checksums
 from fs.errors import ChecksumError, LeaseFSError, ReplicaNotFound, StaleGenerationStamp
 
-from .replicas import ReplicaState, ReplicaStore
+from .replica_states import ReplicaState
+from .replicas import ReplicaStore
 
 log = logging.getLogger(__name__)
 

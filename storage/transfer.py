@@ -72,9 +72,11 @@ from fs.limits import ByteBudget
 from fs.rpc import check_version, parse_address
 
 from .blockcopy import send_replica
+from .layout import check_bytes_per_checksum, check_packet_range
 from .recovery import INIT_REPLICA_RECOVERY, UPDATE_REPLICA_UNDER_RECOVERY, replica_wire
-from .replicas import (Replica, ReplicaState, ReplicaStore, check_bytes_per_checksum,
-                       check_packet_range)
+from .replica_records import Replica
+from .replica_states import ReplicaState
+from .replicas import ReplicaStore
 
 log = logging.getLogger(__name__)
 

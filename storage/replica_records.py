@@ -1,0 +1,213 @@
+"""The block server's replica records: ``Replica`` (one entry of the replica map) and the
+open files of a replica, ``ReplicaWriter`` (an RBW replica being written) and
+``ReplicaReader`` (a snapshot of a readable replica).
+
+Why it exists: the records and their file handles are what the store (``storage/replicas.py``)
+hands to the data transfer code; they carry no policy (which moves are legal is
+``storage/replica_states.py``, where files go is ``storage/layout.py``).
+
+Concurrency contract: a ``Replica`` is only touched from the trio thread; structural changes
+of one replica (finalize's renames, delete, opening its files for a read) hold its
+``replica.lock``, so a reader never opens a path that is being renamed. ``ReplicaWriter`` and
+``ReplicaReader`` methods block (call them in a worker thread). A ``ReplicaWriter``'s file
+descriptors are guarded by its own thread lock: ``close`` (INVALIDATE, delete, release) waits
+for a write or fsync in flight in another worker thread, and a write that starts after the
+close fails (``WriterClosed``, which the store turns into ``ReplicaNotFound``) instead of
+touching a descriptor number the kernel may have handed to another file meanwhile.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+import threading
+from dataclasses import dataclass, field
+
+import trio
+
+from fs.datatransfer import CHECKSUM_SIZE, num_chunks
+
+from .layout import encode_meta_header, meta_length, meta_offset, unlink_quietly
+from .replica_states import ReplicaState
+
+@dataclass(eq=False)
+class Replica:
+    """One replica in the map. ``num_bytes`` = bytes on disk (for RBW: received so far);
+    ``visible_length`` = bytes readers may see (RBW: acknowledged downstream)."""
+
+    block_id: int
+    gs: int
+    state: ReplicaState
+    bytes_per_checksum: int
+    data_path: str
+    meta_path: str
+    num_bytes: int = 0
+    visible_length: int = 0
+    #: CRC of the partial last chunk at ``visible_length`` (kept in memory because the writer
+    #: may already be rewriting that chunk's stored checksum for a longer chunk)
+    visible_last_sum: bytes | None = None
+    removed: bool = False
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    writer: "ReplicaWriter | None" = None
+    #: cancels the WRITE_BLOCK pipeline feeding this replica (set by the pipeline while it
+    #: runs), so block recovery can stop a running writer (HDFS ReplicaInPipeline.stopWriter)
+    writer_scope: "trio.CancelScope | None" = None
+    writer_stopped: "trio.Event | None" = None
+    #: RUR only: the state the replica had before recovery (FINALIZED, RBW or RWR)
+    original_state: "ReplicaState | None" = None
+    #: the highest recovery id seen by ``init_replica_recovery`` (0 = none); lower or equal
+    #: ids are stale recoveries and refused
+    recovery_id: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"blk_{self.block_id}_{self.gs}"
+
+    def report_entry(self) -> list:
+        """``[id, gs, num_bytes, state]`` as block reports carry it."""
+        length = self.visible_length if self.state is ReplicaState.RBW else self.num_bytes
+        state = self.state
+        if state is ReplicaState.RUR:   # not a wire state: report what it was before recovery
+            state = self.original_state or ReplicaState.RWR
+        return [self.block_id, self.gs, length, state.value]
+
+    def disk_bytes(self) -> int:
+        return self.num_bytes + meta_length(self.num_bytes, self.bytes_per_checksum)
+
+    def set_visible(self, length: int, last_sum: bytes | None) -> None:
+        """Bytes acknowledged by the whole downstream pipeline; never moves backwards."""
+        if length >= self.visible_length:
+            self.visible_length = length
+            self.visible_last_sum = last_sum if length % self.bytes_per_checksum else None
+
+
+class WriterClosed(Exception):
+    """A write or fsync reached a ``ReplicaWriter`` after its files were closed (the store
+    turns it into ``ReplicaNotFound``)."""
+
+
+class ReplicaWriter:
+    """Open file descriptors of an RBW replica; its methods block (call them in a thread).
+
+    ``_io_lock`` makes close wait for a write/fsync running in another worker thread, and
+    makes every operation after close fail with ``WriterClosed`` without touching the
+    (possibly reused) descriptor numbers.
+    """
+
+    def __init__(self, data_path: str, meta_path: str, bytes_per_checksum: int, create: bool):
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        self.bytes_per_checksum = bytes_per_checksum
+        self._io_lock = threading.Lock()
+        self.closed = False
+        self.data_fd = os.open(data_path, flags, 0o644)
+        try:
+            self.meta_fd = os.open(meta_path, flags, 0o644)
+        except BaseException:
+            os.close(self.data_fd)
+            if create:
+                unlink_quietly(data_path)
+            raise
+        if create:
+            os.pwrite(self.meta_fd, encode_meta_header(bytes_per_checksum), 0)
+
+    def write(self, offset: int, data, sums: bytes) -> None:
+        with self._io_lock:
+            self._require_open()
+            if len(data):
+                os.pwrite(self.data_fd, data, offset)
+                os.pwrite(self.meta_fd, sums, meta_offset(offset // self.bytes_per_checksum))
+
+    def fsync(self) -> None:
+        with self._io_lock:
+            self._require_open()
+            os.fsync(self.data_fd)
+            os.fsync(self.meta_fd)
+
+    def fsync_and_close(self) -> None:
+        """finalize: flush and close in one step, so no write can slip in between."""
+        with self._io_lock:
+            self._require_open()
+            os.fsync(self.data_fd)
+            os.fsync(self.meta_fd)
+            self._close_locked()
+
+    def close(self) -> None:
+        """Close the files once any write/fsync in flight is done; idempotent."""
+        with self._io_lock:
+            self._close_locked()
+
+    def _require_open(self) -> None:
+        if self.closed:
+            raise WriterClosed("the replica's files were closed")
+
+    def _close_locked(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for fd in (self.data_fd, self.meta_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.data_fd = self.meta_fd = -1
+
+
+class ReplicaReader:
+    """A snapshot of a readable replica (taken on the trio thread) with its files open;
+    ``open_files``/``read``/``close`` block (use a thread)."""
+
+    def __init__(self, replica: Replica):
+        self.block_id = replica.block_id
+        self.gs = replica.gs
+        self.state = replica.state
+        self.bytes_per_checksum = replica.bytes_per_checksum
+        self.data_path, self.meta_path = replica.data_path, replica.meta_path
+        being_written = replica.state is ReplicaState.RBW
+        self.visible_length = replica.visible_length if being_written else replica.num_bytes
+        self.last_sum = replica.visible_last_sum if being_written else None
+        self.data_fd = self.meta_fd = -1
+
+    def open_files(self) -> "ReplicaReader":
+        self.data_fd = os.open(self.data_path, os.O_RDONLY)
+        try:
+            self.meta_fd = os.open(self.meta_path, os.O_RDONLY)
+        except BaseException:
+            os.close(self.data_fd)
+            self.data_fd = -1
+            raise
+        return self
+
+    def read(self, start: int, length: int) -> tuple[bytes, bytes]:
+        """Data ``[start, start+length)`` (chunk-aligned start, within the visible length)
+        and its stored checksums."""
+        bpc = self.bytes_per_checksum
+        data = os.pread(self.data_fd, length, start)
+        if len(data) != length:
+            raise OSError(_errno.EIO, f"blk_{self.block_id}: data file holds fewer bytes than "
+                                      f"{start + length}")
+        n = num_chunks(length, bpc)
+        sums = os.pread(self.meta_fd, CHECKSUM_SIZE * n, meta_offset(start // bpc))
+        if len(sums) != CHECKSUM_SIZE * n:
+            raise OSError(_errno.EIO, f"blk_{self.block_id}: meta file holds fewer checksums "
+                                      f"than chunk {start // bpc + n}")
+        end = start + length
+        if self.last_sum is not None and end == self.visible_length and end % bpc:
+            sums = sums[:-CHECKSUM_SIZE] + self.last_sum
+        return data, sums
+
+    def close(self) -> None:
+        for fd in (self.data_fd, self.meta_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.data_fd = self.meta_fd = -1
+
+
+def reopen_writer(data_path: str, meta_path: str, bpc: int, length: int):
+    """A ``ReplicaWriter`` continuing an existing replica of ``length`` bytes, and the stored
+    checksum of its last partial chunk (None at a chunk boundary): what append and pipeline
+    recovery need to go on writing it."""
+    writer = ReplicaWriter(data_path, meta_path, bpc, create=False)
+    last_sum = None
+    if length % bpc:
+        last_sum = os.pread(writer.meta_fd, CHECKSUM_SIZE, meta_offset(length // bpc))
+    return writer, last_sum
