@@ -34,7 +34,7 @@ folder, or a test's own store).
 from __future__ import annotations
 
 from . import keys
-from .namespace import _Txn, inside   # the batch view apply uses: reads see earlier writes
+from .namespace_apply import Txn, inside   # the batch view apply uses: reads see earlier writes
 
 _MAX_REPORTED = 200
 
@@ -235,7 +235,7 @@ _INODE_OPS = frozenset({"SET_PERMISSIONS", "SET_OWNER", "TIMES"})
 _FILE_OPS = frozenset({"SET_REPLICATION", "TRUNCATE", "APPEND"})
 
 
-class _View(_Txn):
+class _View(Txn):
     """The store as decoded values, with an in-memory overlay for the earlier moves of a
     RENAMES record (the namespace's batch view; ``commit`` is never called, so the store
     itself is never written)."""

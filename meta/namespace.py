@@ -62,11 +62,10 @@ from .namespace_reclaim import ReclaimPlanner
 from .namespace_rename import RenamePlanner
 from .namespace_view import CACHED_KINDS, ContentSummary, DecodedCache, NamespaceView
 
-# what other modules import from here (``_Txn``: the batch view's name in meta.invariants)
-_Txn = Txn
+# what other modules import from here
 __all__ = ["CACHED_KINDS", "DIR", "FILE", "MAX_LIST_LIMIT", "MAX_OWNER_LEN", "MAX_RENAMES",
            "MAX_TARGET_BYTES", "SYMLINK", "ContentSummary", "Defaults", "Namespace", "Txn",
-           "_Txn", "check_block_ref", "check_bool", "check_int", "check_mode", "check_name",
+           "check_block_ref", "check_bool", "check_int", "check_mode", "check_name",
            "inside"]
 
 
