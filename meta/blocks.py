@@ -63,9 +63,9 @@ STATES = (UNDER_CONSTRUCTION, COMMITTED, COMPLETE, UNDER_RECOVERY)
 # events
 COMMIT = "commit"                  # the client reported the block's final length
 MIN_REPLICATED = "min_replicated"  # min_replication good finalized replicas are reported
-START_RECOVERY = "start_recovery"  # lease recovery picked this block (issue 3)
-RECOVERED = "recovered"            # commit_block_synchronization (issue 3)
-REOPEN = "reopen"                  # append reopens the last block (later issue)
+START_RECOVERY = "start_recovery"  # lease recovery picked this block to recover
+RECOVERED = "recovered"            # commit_block_synchronization closed the recovery
+REOPEN = "reopen"                  # append reopens the last block
 
 TRANSITIONS: dict[tuple[str, str], str] = {
     (UNDER_CONSTRUCTION, COMMIT): COMMITTED,

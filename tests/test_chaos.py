@@ -1,4 +1,4 @@
-"""Chaos (issue 5, test 7): writers, readers, renames and deletes run against a real process
+"""Chaos under block-server deaths: writers, readers, renames and deletes run against a real process
 cluster while a loop kills -9 and restarts random block servers, one at a time (so never all
 holders of a replication-3 block at once). At the end every file whose close was acknowledged
 reads back exactly, and fsck is healthy once repair has run.

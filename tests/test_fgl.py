@@ -1,4 +1,4 @@
-"""Fine-grained namespace locking (issue 7, HDFS-17366): what it must allow and what it must
+"""Fine-grained namespace locking (HDFS-17366): what it must allow and what it must
 never allow, proven on an in-process ``MetaServer`` (real LevelDB, real journal).
 
 Why it exists: path locks are only worth having if disjoint mutations really share an

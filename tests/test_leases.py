@@ -1,4 +1,5 @@
-"""Leases, lease recovery, append and truncate end to end (issue 3's must-show scenarios).
+"""Leases, lease recovery, append and truncate end to end: the HDFS lease
+scenarios a user relies on (takeover after the soft limit, recovery after the hard limit).
 
 A real in-process cluster (metadata server on LevelDB, three block servers, real sockets and
 replica files) with short limits: soft 1 s, hard 3 s, monitor every 0.2 s. A writer that

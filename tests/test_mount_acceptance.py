@@ -1,4 +1,4 @@
-"""What the FUSE mount must show (issue 4), on a real process cluster and real mount
+"""What the FUSE mount must show everyday tools, on a real process cluster and real mount
 processes: shell tools round trip, 10 000 random O_RDWR operations across remounts, editor
 saves and ``>>`` logs, leases held by a mount and recovered after kill -9, POSIX errors
 including EACCES for another user, unmount with files open for write, and an unreachable

@@ -1,4 +1,4 @@
-"""Write-pipeline recovery (issue 5, part A): a block server that dies or corrupts packets in
+"""Write-pipeline recovery (HDFS DataStreamer): a block server that dies or corrupts packets in
 the middle of a write is dropped, the block gets a new generation stamp, a replacement is
 added when the replace-datanode policy says so, and the write goes on.
 

@@ -1,4 +1,4 @@
-"""Safe mode on real processes (issue 5, test 6): after a metadata-server restart with block
+"""Safe mode on real processes: after a metadata-server restart with block
 servers down, mutations are refused, reads of data whose replicas are reported work, and safe
 mode ends by itself once the reports arrive; a manual safe mode never ends by itself.
 """
