@@ -110,7 +110,7 @@ class Pipeline:
         except (LeaseFSError, EOFError, trio.TooSlowError) as exc:
             await close_quietly(framed)
             raise SetupFailed(first, f"no setup response from {first['address']}: "
-                                      f"{exc or 'timed out'}") from None
+                              f"{exc or 'timed out'}") from None
         if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
             await close_quietly(framed)
             bad_address = resp.get("first_bad_link") if isinstance(resp, dict) else ""
@@ -260,7 +260,7 @@ class _BadNode(Exception):
 
 
 async def transfer_rbw(source: dict, target: dict, block: dict, *, client_name: str,
-                      timeout: float, max_frame: int) -> None:
+                       timeout: float, max_frame: int) -> None:
     """Ask ``source`` to copy ``block`` up to ``block['num_bytes']`` to ``target``
     (TRANSFER_BLOCK stage TRANSFER_RBW, docs/PROTOCOL.md §3); returns once it is done."""
     framed = await open_data_connection(source["address"], timeout, max_frame)

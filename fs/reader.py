@@ -81,7 +81,7 @@ class BlockReader:
     """One READ_BLOCK connection serving ``[cursor, end)`` of a block, verified chunk by chunk."""
 
     def __init__(self, framed: FramedStream, block: Block, node: dict, start: int, end: int,
-                bytes_per_checksum: int, chunk_offset: int, timeout: float):
+                 bytes_per_checksum: int, chunk_offset: int, timeout: float):
         self.framed = framed
         self.block_id = block.id
         self.node = node
@@ -95,7 +95,7 @@ class BlockReader:
 
     @classmethod
     async def connect(cls, block: Block, node: dict, start: int, end: int, *,
-                     timeout: float, max_frame: int) -> "BlockReader":
+                      timeout: float, max_frame: int) -> "BlockReader":
         framed = await open_data_connection(node["address"], timeout, max_frame)
         try:
             with trio.fail_after(timeout):
@@ -301,7 +301,7 @@ class AsyncInputStream:
         info = await self._client.rpc.call("get_block_locations",
                                            {"path": self.path, "offset": 0, "length": None})
         blocks = sorted((Block.from_wire(lb) for lb in info.get("blocks", [])),
-                       key=lambda b: b.offset)
+                        key=lambda b: b.offset)
         length = int(info.get("length", 0))
         self.under_construction = bool(info.get("under_construction"))
         if self.under_construction and blocks and not info.get("last_block_complete", False):
@@ -408,7 +408,7 @@ class AsyncInputStream:
                 await self._replica_failed(block, node, exc, failures)
 
     async def _replica_failed(self, block: Block, node: dict, exc: BaseException,
-                             failures: list[str]) -> None:
+                              failures: list[str]) -> None:
         self._dead.setdefault(block.id, set()).add(node.get("node_id"))
         failures.append(f"{node.get('address')}: {exc or type(exc).__name__}")
         if isinstance(exc, ChecksumError):

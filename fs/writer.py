@@ -376,7 +376,7 @@ class AsyncOutputStream:
                         await reader.aclose()
         raise PipelineError(f"{self.path}: cannot append: could not read the last partial "
                             f"chunk of block {block.id}: " + ("; ".join(failures) or
-                                                             "no replica answered"))
+                                                              "no replica answered"))
 
     def _fail(self, exc: BaseException) -> None:
         if self._error is None:

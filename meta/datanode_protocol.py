@@ -107,7 +107,7 @@ class DatanodeProtocol:
         if rec is None:
             info = self.blocks.get(block_id)
             if info is not None and info.gs == recovery_id and info.state in (bm.COMMITTED,
-                                                                             bm.COMPLETE):
+                                                                              bm.COMPLETE):
                 return True   # a retry of a commit that already happened
             raise StaleGenerationStamp(f"{what}: no block recovery of it is running (recovery "
                                        f"id {recovery_id} is stale or the file is gone)")

@@ -301,7 +301,6 @@ class WriteMachinery:
         of.size = size
         of.dirty = True
 
-
     async def _grow(self, of: OpenFile, path: str, size: int) -> None:
         """Extend ``of`` to ``size`` with zeros written through the pipeline under its lease
         (the stream stays open, published with the file): nothing is staged locally, so a

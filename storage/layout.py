@@ -170,7 +170,6 @@ def group_block_files(folder: str) -> dict[int, dict]:
     return groups
 
 
-
 def truncate_replica_files(data_path: str, meta_path: str, new_length: int,
                            bytes_per_checksum: int) -> None:
     """Cut a replica's data to ``new_length`` and its meta file to the matching number of
@@ -239,7 +238,6 @@ def lost_reason(data_path: str, meta_path: str, num_bytes: int,
     if sizes[1] != want_meta:
         return f"its meta file holds {sizes[1]} bytes, {want_meta} expected for {num_bytes} bytes"
     return None
-
 
 
 def ensure_layout(data_dir: str) -> str:

@@ -30,6 +30,7 @@ from fs.datatransfer import CHECKSUM_SIZE, num_chunks
 from .layout import encode_meta_header, meta_length, meta_offset, unlink_quietly
 from .replica_states import ReplicaState
 
+
 @dataclass(eq=False)
 class Replica:
     """One replica in the map. ``num_bytes`` = bytes on disk (for RBW: received so far);

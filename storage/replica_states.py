@@ -16,6 +16,7 @@ import enum
 
 from fs.errors import InvalidArgument
 
+
 class ReplicaState(str, enum.Enum):
     """HDFS ReplicaState names."""
 

@@ -28,6 +28,7 @@ from .replica_states import ReplicaState
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class ScannedReplica:
     """A replica as found on disk; ``state`` is its folder's (RBW for rbw/, FINALIZED)."""
@@ -50,7 +51,6 @@ class ScanResult:
     rbw_trimmed: list[tuple[int, int, int]] = field(default_factory=list)  # id, before, after
     quarantined: list[str] = field(default_factory=list)
     orphans_removed: list[str] = field(default_factory=list)
-
 
 
 def _newest_meta(block_id: int, group: dict, result: ScanResult) -> tuple[int, str] | None:
@@ -105,7 +105,6 @@ def _trim_rbw(block_id: int, data_path: str, meta_path: str) -> tuple[int, int, 
         if meta_size != meta_length(length, bpc):
             meta.truncate(meta_length(length, bpc))
     return bpc, data_size, length
-
 
 
 def scan_data_dir(data_dir: str) -> ScanResult:

@@ -579,7 +579,7 @@ def register(sub, common) -> None:
     down.set_defaults(func=cmd_down, raw=True)
 
     status = csub.add_parser("status", parents=[common], help="processes, address and live block servers "
-                                            "(exit 0 up, 1 degraded, 3 down)")
+                             "(exit 0 up, 1 degraded, 3 down)")
     status.add_argument("--home", default=None, help=home_help)
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=cmd_status, raw=True)

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 def _setup_logging(args, stream) -> None:
     level = getattr(args, "log_level", None) or ("DEBUG" if getattr(args, "debug", False)
-                                                else "WARNING")
+                                                 else "WARNING")
     logging.basicConfig(level=getattr(logging, level.upper()), stream=stream,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
