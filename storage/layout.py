@@ -241,7 +241,7 @@ def lost_reason(data_path: str, meta_path: str, num_bytes: int,
 
 
 def ensure_layout(data_dir: str) -> str:
-    """Create the folders, take the folder lock, load or create the node id."""
+    """Create the folders, load or create the node id (the store takes the folder lock)."""
     for sub in ("tmp", "rbw", "finalized"):
         os.makedirs(os.path.join(data_dir, sub), exist_ok=True)
     path = os.path.join(data_dir, "node_id")
