@@ -47,7 +47,7 @@ import trio
 from fs.config import Config
 from fs.errors import LeaseFSError
 
-from .layout import group_block_files, meta_length
+from .layout import group_block_files, size_mismatch
 from .replica_records import Replica
 from .replica_states import ReplicaState
 from .replicas import ReplicaStore
@@ -90,23 +90,6 @@ def list_finalized_files(folder: str) -> list[FinalizedFiles]:
 
 
 @dataclass(frozen=True)
-class MappedReplica:
-    """A FINALIZED replica as the map holds it (copied on the trio thread)."""
-
-    block_id: int
-    gs: int
-    data_path: str
-    meta_path: str
-    num_bytes: int
-    bytes_per_checksum: int
-
-    @classmethod
-    def of(cls, replica: Replica) -> "MappedReplica":
-        return cls(replica.block_id, replica.gs, replica.data_path, replica.meta_path,
-                   replica.num_bytes, replica.bytes_per_checksum)
-
-
-@dataclass(frozen=True)
 class LostCandidate:
     block_id: int
     gs: int
@@ -126,9 +109,10 @@ class ScanSummary:
                            self.adopted + other.adopted)
 
 
-def lost_candidates(mapped: Iterable[MappedReplica],
+def lost_candidates(mapped: Iterable[Replica],
                     on_disk: Mapping[int, FinalizedFiles]) -> list[LostCandidate]:
-    """The mapped replicas whose files the listing does not show as the map expects."""
+    """The mapped replicas whose files the listing does not show as the map expects (read
+    on the trio thread, in the step that compares them)."""
     out = []
     for r in mapped:
         files = on_disk.get(r.block_id)
@@ -137,12 +121,11 @@ def lost_candidates(mapped: Iterable[MappedReplica],
         elif files.data_path != r.data_path or files.meta_path != r.meta_path:
             why = (f"files listed as {files.data_path} and {files.meta_path}, not "
                    f"{r.data_path} and {r.meta_path}")
-        elif files.data_size != r.num_bytes:
-            why = f"data file of {files.data_size} bytes, the replica has {r.num_bytes}"
-        elif files.meta_size != meta_length(r.num_bytes, r.bytes_per_checksum):
-            why = f"meta file of {files.meta_size} bytes"
         else:
-            continue
+            why = size_mismatch(files.data_size, files.meta_size, r.num_bytes,
+                                r.bytes_per_checksum)
+            if why is None:
+                continue
         out.append(LostCandidate(r.block_id, r.gs, why))
     return out
 
@@ -211,8 +194,7 @@ class DirectoryScanner:
         """Steps 2-4 for one bucket: its mapped replicas against its listing."""
         candidates: list[LostCandidate] = []
         for start in range(0, len(mapped), STEP):
-            candidates += lost_candidates(
-                [MappedReplica.of(r) for r in mapped[start:start + STEP]], on_disk)
+            candidates += lost_candidates(mapped[start:start + STEP], on_disk)
             await trio.sleep(0)
         lost = []
         for candidate in candidates:

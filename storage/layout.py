@@ -232,11 +232,17 @@ def lost_reason(data_path: str, meta_path: str, num_bytes: int,
             sizes.append(os.stat(path).st_size)
         except OSError as exc:
             return f"its {kind} file {path} is gone ({exc.strerror or exc})"
+    return size_mismatch(sizes[0], sizes[1], num_bytes, bytes_per_checksum)
+
+
+def size_mismatch(data_size: int, meta_size: int, num_bytes: int,
+                  bytes_per_checksum: int) -> str | None:
+    """Why files of these sizes cannot hold a replica of ``num_bytes`` bytes, or None."""
     want_meta = meta_length(num_bytes, bytes_per_checksum)
-    if sizes[0] != num_bytes:
-        return f"its data file holds {sizes[0]} bytes, the replica {num_bytes}"
-    if sizes[1] != want_meta:
-        return f"its meta file holds {sizes[1]} bytes, {want_meta} expected for {num_bytes} bytes"
+    if data_size != num_bytes:
+        return f"its data file holds {data_size} bytes, the replica {num_bytes}"
+    if meta_size != want_meta:
+        return f"its meta file holds {meta_size} bytes, {want_meta} expected for {num_bytes} bytes"
     return None
 
 
