@@ -345,15 +345,7 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
         if status.is_dir:
             raise fuse_error(errno.EISDIR)
         ino = self._kernel_ino(status.ino)
-        of = self._open.get(ino)
-        if of is not None:
-            # keep it readable (and writable) until its last release: stage it locally
-            async with of.lock:
-                if self._open.get(ino) is of:
-                    await self._to_staging(of, path)
-                    await self._release_keeper(of)   # its file goes: no lease to keep
-                    of.unlinked = True
-                    of.dirty = False
+        await self._detach(ino, path)
         await self.client.delete(path, recursive=False)
         self._forget_path(ino)
 
@@ -372,14 +364,8 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
             if flags & RENAME_NOREPLACE:
                 raise fuse_error(errno.EEXIST)
             replaced = self._kernel_ino(dst_status.ino)
-            of = self._open.get(replaced)
-            if of is not None and not dst_status.is_dir:
-                async with of.lock:
-                    if self._open.get(replaced) is of:
-                        await self._to_staging(of, dst)
-                        await self._release_keeper(of)   # its file goes: no lease to keep
-                        of.unlinked = True
-                        of.dirty = False
+            if not dst_status.is_dir:
+                await self._detach(replaced, dst)
         await self.client.rename(src, dst, overwrite=not (flags & RENAME_NOREPLACE))
         if replaced is not None:
             self._forget_path(replaced)
@@ -438,16 +424,13 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
         return True
 
     # ================================================================== file handlers
-    def _open_file(self, ino: int, size: int, permission: int, status=None) -> OpenFile:
+    def _open_file(self, ino: int, size: int, permission: int, status: FileStatus) -> OpenFile:
         of = self._open.get(ino)
         if of is None:
             of = self._open[ino] = OpenFile(
-                ino, size, permission, owner=getattr(status, "owner", None),
-                group=getattr(status, "group", None),
-                replication=getattr(status, "replication", None) or None,
-                block_size=getattr(status, "block_size", None) or None)
-            if status is not None:   # the kernel's number may be an alias of a re-upload
-                of.ns_ino = status.ino
+                ino, size, permission, owner=status.owner, group=status.group,
+                replication=status.replication or None, block_size=status.block_size or None)
+            of.ns_ino = status.ino   # the kernel's number may be an alias of a re-upload
         return of
 
     def _add_handle(self, of: OpenFile, flags: int) -> Handle:

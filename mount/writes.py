@@ -235,6 +235,20 @@ class WriteMachinery:
         if not (by_handle and of.writers > 0):
             await self._publish(of, finish=of.writers == 0)
 
+    async def _detach(self, ino: int, path: str) -> None:
+        """The file ``path`` open here as ``ino`` is about to go (unlink, or a rename over
+        it): keep it readable and writable until its last release from a local staging
+        copy, with no lease (its file goes)."""
+        of = self._open.get(ino)
+        if of is None:
+            return
+        async with of.lock:
+            if self._open.get(ino) is of:
+                await self._to_staging(of, path)
+                await self._release_keeper(of)
+                of.unlinked = True
+                of.dirty = False
+
     async def _truncate_closed(self, ino: int, path: str, size: int) -> None:
         """``truncate(2)`` of a file not open here: takes effect in the cluster at once."""
         status = await self.client.get_file_status(path)
@@ -248,7 +262,7 @@ class WriteMachinery:
             of = OpenFile(ino, status.length, status.mode & 0o7777, status.owner,
                           status.group, status.replication or None, status.block_size or None)
             try:
-                await self._truncate_locked(of, path, size)
+                await self._grow(of, path, size)   # a CLEAN file known to be shorter
                 await self._publish(of, finish=True)
             except BaseException as exc:
                 if of.stream is not None:
