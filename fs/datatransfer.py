@@ -29,6 +29,12 @@ from .framing import FramedStream
 #: without one is from a client older than the field and is read as version 1)
 DATA_TRANSFER_VERSION = 1
 
+
+def op_header(op: str, **fields) -> dict:
+    """The first frame of a data-transfer connection: ``op``, the protocol version, fields."""
+    return {"op": op, "version": DATA_TRANSFER_VERSION, **fields}
+
+
 PACKET_HEADER = struct.Struct(">qqIB")
 ACK_HEADER = struct.Struct(">qB")
 FLAG_LAST = 1

@@ -26,10 +26,9 @@ from collections import deque
 import trio
 
 from .dataconn import close_quietly, node_name, open_data_connection, response_error
-from .datatransfer import (DATA_TRANSFER_VERSION, ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST,
-                           PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE, SUCCESS,
-                           TRANSFER_BLOCK, TRANSFER_RBW, WRITE_BLOCK, Packet, receive_ack,
-                           send_packet)
+from .datatransfer import (ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, PIPELINE_SETUP_APPEND,
+                           PIPELINE_SETUP_CREATE, Packet, SUCCESS, TRANSFER_BLOCK, TRANSFER_RBW,
+                           WRITE_BLOCK, op_header, receive_ack, send_packet)
 from .errors import LeaseFSError, PipelineError, ProtocolError, ServerUnavailable
 from .framing import FramedStream
 
@@ -95,11 +94,10 @@ class Pipeline:
             framed = await open_data_connection(first["address"], timeout, max_frame)
         except ServerUnavailable as exc:
             raise SetupFailed(first, str(exc)) from None
-        header = {"op": WRITE_BLOCK, "version": DATA_TRANSFER_VERSION,
-                  "block": located["block"],
-                  "targets": [n["address"] for n in nodes[1:]],
-                  "stage": PIPELINE_SETUP_CREATE, "client": client_name,
-                  "bytes_per_checksum": bytes_per_checksum}
+        header = op_header(WRITE_BLOCK, block=located["block"],
+                           targets=[n["address"] for n in nodes[1:]],
+                           stage=PIPELINE_SETUP_CREATE, client=client_name,
+                           bytes_per_checksum=bytes_per_checksum)
         if min_bytes is not None:
             header["stage"] = stage
             header["min_bytes"] = min_bytes
@@ -266,10 +264,9 @@ async def transfer_rbw(source: dict, target: dict, block: dict, *, client_name: 
     framed = await open_data_connection(source["address"], timeout, max_frame)
     try:
         with trio.fail_after(timeout):
-            await framed.send_frame({"op": TRANSFER_BLOCK, "version": DATA_TRANSFER_VERSION,
-                                     "block": block,
-                                     "targets": [target["address"]], "stage": TRANSFER_RBW,
-                                     "client": client_name})
+            await framed.send_frame(op_header(TRANSFER_BLOCK, block=block,
+                                              targets=[target["address"]], stage=TRANSFER_RBW,
+                                              client=client_name))
             resp = await framed.receive_frame()
     except trio.TooSlowError:
         raise PipelineError(f"no TRANSFER_BLOCK answer from {source['address']} in "

@@ -26,8 +26,8 @@ import trio
 
 from .dataconn import (FIRST_BACKOFF, IO_ERRORS, close_quietly, node_name,
                        open_data_connection, response_error)
-from .datatransfer import (BLOCK_LENGTH, DATA_TRANSFER_VERSION, FLAG_LAST, READ_BLOCK,
-                           block_dict, receive_packet, verify_checksums)
+from .datatransfer import (BLOCK_LENGTH, FLAG_LAST, READ_BLOCK, block_dict, op_header,
+                           receive_packet, verify_checksums)
 from .errors import BlockMissing, ChecksumError, InvalidArgument, LeaseFSError, ProtocolError
 from .framing import FramedStream
 
@@ -99,9 +99,9 @@ class BlockReader:
         framed = await open_data_connection(node["address"], timeout, max_frame)
         try:
             with trio.fail_after(timeout):
-                await framed.send_frame({"op": READ_BLOCK, "version": DATA_TRANSFER_VERSION,
-                                         "block": {"id": block.id, "gs": block.gs},
-                                         "offset": start, "length": end - start, "verify": True})
+                await framed.send_frame(op_header(READ_BLOCK,
+                                                  block={"id": block.id, "gs": block.gs},
+                                                  offset=start, length=end - start, verify=True))
                 resp = await framed.receive_frame()
             if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
                 raise response_error(resp, f"READ_BLOCK of block {block.id} at {node['address']}")
@@ -325,8 +325,8 @@ class AsyncInputStream:
                 framed = await open_data_connection(node["address"], config.data_timeout,
                                                     config.max_frame)
                 with trio.fail_after(config.data_timeout):
-                    await framed.send_frame({"op": BLOCK_LENGTH, "version": DATA_TRANSFER_VERSION,
-                                             "block": {"id": block.id, "gs": block.gs}})
+                    await framed.send_frame(op_header(BLOCK_LENGTH,
+                                                      block={"id": block.id, "gs": block.gs}))
                     resp = await framed.receive_frame()
                 if isinstance(resp, dict) and resp.get("status") == "SUCCESS" \
                         and isinstance(resp.get("visible_length"), int):

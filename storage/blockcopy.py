@@ -24,9 +24,8 @@ import logging
 import trio
 
 from fs.config import Config
-from fs.datatransfer import (CHECKSUM_SIZE, DATA_TRANSFER_VERSION, FLAG_LAST,
-                             PIPELINE_SETUP_CREATE, SUCCESS,
-                             WRITE_BLOCK, crc32c, receive_ack, send_packet, verify_checksums)
+from fs.datatransfer import (CHECKSUM_SIZE, FLAG_LAST, PIPELINE_SETUP_CREATE, SUCCESS, WRITE_BLOCK,
+                             crc32c, op_header, receive_ack, send_packet, verify_checksums)
 from fs.errors import LeaseFSError, ProtocolError, ServerUnavailable
 from fs.framing import FramedStream
 from fs.rpc import parse_address
@@ -79,10 +78,9 @@ async def send_replica(config: Config, store: ReplicaStore, reader, block_id: in
     framed = FramedStream(stream, HEADER_MAX_FRAME)
     try:
         with trio.fail_after(timeout):
-            await framed.send_frame({"op": WRITE_BLOCK, "version": DATA_TRANSFER_VERSION,
-                                     "block": {"id": block_id, "gs": gs},
-                                     "targets": list(targets[1:]), "stage": stage,
-                                     "client": client, "bytes_per_checksum": bpc})
+            await framed.send_frame(op_header(WRITE_BLOCK, block={"id": block_id, "gs": gs},
+                                              targets=list(targets[1:]), stage=stage,
+                                              client=client, bytes_per_checksum=bpc))
             response = await framed.receive_frame()
         if not isinstance(response, dict) or response.get("status") != "SUCCESS":
             message = response.get("message") if isinstance(response, dict) else response

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import trio
 
 from fs.config import Config
-from fs.datatransfer import DATA_TRANSFER_VERSION
+from fs.datatransfer import op_header
 from fs.errors import (InvalidArgument, LeaseFSError, ProtocolError, ReplicaNotFound,
                        ServerUnavailable, from_wire)
 from fs.framing import FramedStream
@@ -242,10 +242,9 @@ class BlockRecoveryWorker:
                     replica = await self.store.init_replica_recovery(block_id, gs, recovery_id)
                     wire = replica_wire(replica, replica.original_state)
                 else:
-                    wire = await call_recovery_op(target.address, {
-                        "op": INIT_REPLICA_RECOVERY, "version": DATA_TRANSFER_VERSION,
-                        "block": {"id": block_id, "gs": gs},
-                        "recovery_id": recovery_id}, self.config.data_timeout)
+                    wire = await call_recovery_op(target.address, op_header(
+                        INIT_REPLICA_RECOVERY, block={"id": block_id, "gs": gs},
+                        recovery_id=recovery_id), self.config.data_timeout)
                 infos.append(ReplicaRecoveryInfo(target.node_id, wire["num_bytes"], wire["gs"],
                                                  ReplicaState(wire["state"]), target.address))
             except (LeaseFSError, ValueError) as exc:
@@ -269,10 +268,10 @@ class BlockRecoveryWorker:
                     self.reporter.block_received(block_id, replica.gs, replica.num_bytes,
                                                  ReplicaState.FINALIZED.value)
                 else:
-                    await call_recovery_op(info.address, {
-                        "op": UPDATE_REPLICA_UNDER_RECOVERY, "version": DATA_TRANSFER_VERSION,
-                        "block": {"id": block_id, "gs": gs}, "recovery_id": recovery_id,
-                        "new_length": decision.length}, self.config.data_timeout)
+                    await call_recovery_op(info.address, op_header(
+                        UPDATE_REPLICA_UNDER_RECOVERY, block={"id": block_id, "gs": gs},
+                        recovery_id=recovery_id, new_length=decision.length),
+                        self.config.data_timeout)
                 done.append(info.node_id)
             except LeaseFSError as exc:
                 log.info("block recovery %d: UPDATE on %s failed, left out: %s", recovery_id,
