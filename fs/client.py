@@ -337,7 +337,7 @@ class AsyncClient:
         its old length, instead of leaving it open under our lease until the hard limit."""
         with trio.CancelScope(shield=True), trio.move_on_after(self.config.rpc_timeout):
             try:
-                await self._call("recover_lease", path=path, client_name=self.client_name)
+                await self.recover_lease(path)
             except LeaseFSError as exc:
                 log.warning("%s: the failed append could not give the file back (%s); it "
                             "stays open until its lease expires", path, exc)

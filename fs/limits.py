@@ -26,9 +26,6 @@ import trio
 
 from .errors import FrameTooLarge
 
-log = logging.getLogger(__name__)
-
-
 class ConnectionLimits:
     """Open connections per peer host and in total; ``0`` means no limit."""
 
@@ -61,9 +58,6 @@ class ConnectionLimits:
         else:
             self._per_peer.pop(host, None)
         self.total -= 1
-
-    def open_from(self, host: str) -> int:
-        return self._per_peer.get(host, 0)
 
 
 class RefusalLog:
