@@ -416,8 +416,7 @@ class Journal:
         self._next_txid = 1
         self._opened = False
         self._closing = False
-        self._failure: str | None = None
-        self._fatal = False          # the server must stop (see the module docstring)
+        self._failure: str | None = None   # set by _stop: the server must stop (module docstring)
         self._fd: int | None = None
         self._inprogress_first = 1
         self._inprogress_size = 0
@@ -535,7 +534,7 @@ class Journal:
 
     def _replay(self, after_txid: int, segments: list[SegmentInfo]) -> Iterator[Record]:
         for seg in segments:
-            if seg.last <= after_txid or seg.lost:
+            if seg.last <= after_txid:   # lost segments past after_txid: refused by replay
                 continue
             records: list[Record] = []
             _scan_segment(self.directory, seg.name, seg.first, False, tail_may_be_torn=False,
@@ -581,11 +580,9 @@ class Journal:
         """The group-commit syncer task; runs in the server's nursery until cancelled."""
         task_status.started()
         while True:
-            if self._fatal:
+            if self._failure is not None:
                 raise JournalError(f"journal {self.directory}: {self._failure}",
                                    file=self.directory)
-            if self._failure is not None:
-                await trio.sleep_forever()
             if not self._pending.records:
                 await self._wakeup.park()
                 continue
@@ -664,7 +661,6 @@ class Journal:
         """Fail-stop: refuse everything, answer no waiting caller, make ``run`` raise."""
         log.critical("%s; the metadata server stops", message)
         self._failure = message
-        self._fatal = True
         self._wakeup.unpark_all()
 
     # ------------------------------------------------------------------ checkpoints

@@ -250,6 +250,11 @@ def release_decision(blocks: list[tuple[str, int, int]], min_replication: int) -
     return RECOVER
 
 
+def is_stale(last_heartbeat: float, now: float, stale_after: float) -> bool:
+    """A block server silent for longer than ``stale_after`` (HDFS stale datanode)."""
+    return now - last_heartbeat > stale_after
+
+
 def choose_primary(candidates: list[tuple[str, float]], attempt: int, *,
                    now: float | None = None, stale_after: float | None = None) -> str | None:
     """The block-recovery primary among ``(node_id, last_heartbeat)`` of live replica
@@ -258,7 +263,8 @@ def choose_primary(candidates: list[tuple[str, float]], attempt: int, *,
     ``stale_after`` only holders heard from within ``stale_after`` are candidates (all of
     them when none is). None when there is none."""
     if now is not None and stale_after is not None:
-        candidates = [c for c in candidates if now - c[1] <= stale_after] or candidates
+        candidates = [c for c in candidates if not is_stale(c[1], now, stale_after)] \
+            or candidates
     if not candidates:
         return None
     ordered = sorted(candidates, key=lambda c: (-c[1], c[0]))
@@ -276,4 +282,4 @@ def recovery_due(*, started: float, now: float, retry_after: float,
     if age >= retry_after:
         return True
     return (primary_heartbeat is not None and age >= stale_after
-            and now - primary_heartbeat > stale_after)
+            and is_stale(primary_heartbeat, now, stale_after))

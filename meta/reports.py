@@ -45,7 +45,7 @@ import trio
 
 from fs.errors import InvalidArgument
 
-from .blocks import BlocksMap
+from .blocks import BlockInfo, BlocksMap
 from .datanodes import DatanodeManager
 
 log = logging.getLogger(__name__)
@@ -173,9 +173,10 @@ class BlockReports:
         for start in range(0, len(entries), self.step):
             for block_id, gs, num_bytes, state in entries[start:start + self.step]:
                 report.seen[block_id] = gs
-                if not self._add_replica(node_id, block_id, gs, num_bytes, state):
+                info = self._add_replica(node_id, block_id, gs, num_bytes, state)
+                if info is None:
                     report.doomed += 1
-                elif self.blocks.get(block_id).replicas[node_id].corrupt:
+                elif info.replicas[node_id].corrupt:
                     report.corrupt += 1
             self.on_change()
             if len(entries) > self.step:
@@ -210,14 +211,14 @@ class BlockReports:
         self.on_change()
 
     def _add_replica(self, node_id: str, block_id: int, gs: int, num_bytes: int,
-                     state: str) -> bool:
-        """One reported replica; False (and invalidated) when the block belongs to no file.
+                     state: str) -> BlockInfo | None:
+        """One reported replica; None (and invalidated) when the block belongs to no file.
         Corrupt replicas of the block that may go now are invalidated."""
         info = self.blocks.add_replica(node_id, block_id, gs, num_bytes, state)
         if info is None:
             self.datanodes.add_invalidate(node_id, {"id": block_id, "gs": gs,
                                                     "num_bytes": num_bytes})
-            return False
+            return None
         for nid, ref in self.blocks.excess_corrupt(block_id):
             self.datanodes.add_invalidate(nid, ref)
-        return True
+        return info
