@@ -346,8 +346,8 @@ class LeaseFSFileSystem(AbstractFileSystem):
     def pipe_file(self, path, value, mode="overwrite", **kwargs):
         path = self._strip_protocol(path)
         if self._intrans:
-            self._write_from(path, io.BytesIO(bytes(value)), overwrite=mode != "create",
-                             callback=DEFAULT_CALLBACK, kwargs=kwargs)
+            self._write_deferred(path, io.BytesIO(bytes(value)), overwrite=mode != "create",
+                                 callback=DEFAULT_CALLBACK, kwargs=kwargs)
             return
         with _mapped(path):
             self.client.write_file(path, bytes(value), overwrite=mode != "create",

@@ -447,6 +447,30 @@ class ProcessCluster:
         return Client(self.meta_address, config=make_test_config())
 
 
+def storage_index(cluster: ProcessCluster, address: str) -> int:
+    """The index of the block server of ``cluster`` listening at ``address``."""
+    port = int(address.rsplit(":", 1)[1])
+    return next(i for i in range(cluster.n_storage) if cluster.ports[f"storage{i}"] == port)
+
+
+def leasefs(cluster: ProcessCluster, *args) -> subprocess.CompletedProcess:
+    """``leasefs ARGS`` against ``cluster`` as a user runs it (text output captured)."""
+    return subprocess.run([sys.executable, "-m", "tools", *map(str, args)], env=cluster.env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def wait_mounted(mp: Path, proc: subprocess.Popen | None, log: Path, timeout: float = 30.0):
+    """Until ``mp`` is a mount point; fails naming the log when ``proc`` exited first."""
+    deadline = time.monotonic() + timeout
+    while not os.path.ismount(mp):
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"mount exited with {proc.returncode}:\n"
+                               f"{log.read_text(errors='replace')[-4000:]}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{mp} not mounted:\n{log.read_text(errors='replace')[-4000:]}")
+        time.sleep(0.05)
+
+
 class Mount:
     """One ``leasefs mount --foreground`` process of ``cluster`` at a fresh mountpoint."""
 
@@ -467,13 +491,7 @@ class Mount:
                  "--log-level", "INFO", *self.extra],
                 env=self.cluster.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(self.mp):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mount exited {self.proc.returncode}: {self.log_text()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.mp} not mounted: {self.log_text()}")
-            time.sleep(0.05)
+        wait_mounted(self.mp, self.proc, self.log)
         return self
 
     def log_text(self) -> str:

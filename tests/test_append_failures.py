@@ -16,7 +16,7 @@ import pytest
 
 from fs import errors
 from fs.client import Client
-from harness import ProcessCluster, make_test_config
+from harness import ProcessCluster, make_test_config, storage_index
 
 KiB = 1 << 10
 #: the killed block server stays "live" on the metadata server for the whole test
@@ -27,11 +27,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 def payload(n: int, seed: int) -> bytes:
     return random.Random(seed).randbytes(n)
-
-
-def storage_index(cluster, address: str) -> int:
-    port = int(address.rsplit(":", 1)[1])
-    return next(i for i in range(cluster.n_storage) if cluster.ports[f"storage{i}"] == port)
 
 
 def write_small_file(client, path: str, data: bytes) -> dict:

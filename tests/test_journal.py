@@ -337,7 +337,7 @@ def test_store_ahead_of_a_lost_tail_is_bridged_and_the_check_agrees(tmp_path, ca
     # the chain is whole again: a plain restart, replay after the store, the check
     journal = reopen(tmp_path, store_applied=applied + 2)
     assert [r.txid for r in journal.replay(applied)] == [applied + 1, applied + 2]
-    with pytest.raises(JournalError, match=f"recorded as lost"):
+    with pytest.raises(JournalError, match="recorded as lost"):
         list(journal.replay(int(lost.split("..")[0]) - 1))
     text = "\n".join(check_journal(str(tmp_path), store_applied=applied + 2))
     assert f"txids {lost}: lost from the journal" in text and "nothing to replay" in text

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from contextlib import contextmanager
 
 import msgpack
@@ -16,18 +15,13 @@ import trio
 
 from fs import errors
 from fs.client import AsyncClient
-from harness import ProcessCluster, make_test_config
+from harness import ProcessCluster, leasefs, make_test_config
 from meta import keys
 from meta.invariants import check_namespace
 from meta.journal import RECORD_HEADER
 from meta.kv import PlyvelStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
-
-
-def leasefs(cluster: ProcessCluster, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools", *args], env=cluster.env,
-                          capture_output=True, text=True, timeout=60)
 
 
 def journal_dir(cluster: ProcessCluster):
@@ -266,18 +260,14 @@ def test_full_store_disk_stops_the_server_without_error_replies(tmp_path):
 
 # ------------------------------------------------------------------------------ checkpoints
 def make_dirs(cluster: ProcessCluster, prefix: str, n: int) -> None:
-    async def run():
-        async with AsyncClient(cluster.meta_address, config=make_test_config()) as client:
-            for i in range(n):
-                await client.mkdirs(f"/{prefix}/d{i}")
-    trio.run(run)
+    with cluster.client() as client:
+        for i in range(n):
+            client.mkdirs(f"/{prefix}/d{i}")
 
 
 def report(cluster: ProcessCluster) -> dict:
-    async def run():
-        async with AsyncClient(cluster.meta_address, config=make_test_config()) as client:
-            return await client.report()
-    return trio.run(run)
+    with cluster.client() as client:
+        return client.report()
 
 
 def restart_meta(cluster: ProcessCluster) -> None:
@@ -306,15 +296,16 @@ def test_checkpoint_trigger_counts_transactions_across_restarts(tmp_path):
     try:
         make_dirs(cluster, "a", 60)                  # FORMAT + 60: under the 100
         restart_meta(cluster)
-        assert report(cluster)["checkpoint"] == {"txid": 0, "time_ns": 0,
-                                                 "txns_since": report(cluster)["journal"]["last_txid"]}
+        now = report(cluster)
+        assert now["checkpoint"] == {"txid": 0, "time_ns": 0,
+                                     "txns_since": now["journal"]["last_txid"]}
         make_dirs(cluster, "b", 60)                  # 121 since the start of time: due
         first = wait_checkpoint(cluster, 0)
         assert first["txid"] >= 100 and first["time_ns"] > 0
 
         restart_meta(cluster)                        # the checkpoint is remembered
-        assert report(cluster)["checkpoint"]["txid"] == first["txid"]
-        assert report(cluster)["checkpoint"]["time_ns"] == first["time_ns"]
+        remembered = report(cluster)["checkpoint"]
+        assert (remembered["txid"], remembered["time_ns"]) == (first["txid"], first["time_ns"])
         make_dirs(cluster, "c", 50)
         restart_meta(cluster)
         make_dirs(cluster, "d", 55)                  # 105 since the first checkpoint

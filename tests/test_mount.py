@@ -21,20 +21,9 @@ pyfuse3 = pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
 if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
     pytest.skip("/dev/fuse or fusermount3 is not available", allow_module_level=True)
 
-from harness import ProcessCluster  # noqa: E402
+from harness import REPO, ProcessCluster, wait_mounted  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(240)
-
-
-def _wait_mounted(mp: Path, proc: subprocess.Popen | None, log: Path, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not os.path.ismount(mp):
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"mount exited with {proc.returncode}:\n{log.read_text()}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{mp} not mounted:\n{log.read_text()}")
-        time.sleep(0.05)
 
 
 def _unmount(mp: Path) -> None:
@@ -62,7 +51,7 @@ def mounted(cluster):
             env=cluster.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL)
     try:
-        _wait_mounted(mp, proc, log)
+        wait_mounted(mp, proc, log)
         yield mp
     finally:
         _unmount(mp)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 import trio
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import ProcessCluster  # noqa: E402
+from harness import ProcessCluster, leasefs, storage_index  # noqa: E402
 
 from fs.rpc import RpcClient  # noqa: E402
 
@@ -75,16 +74,6 @@ def replica_files(cluster, i: int, block_id: int) -> tuple[Path, Path]:
     meta = [p for p in root.rglob(f"blk_{block_id}_*.meta") if "finalized" in str(p)]
     assert data and meta, f"no finalized replica of block {block_id} in {root}"
     return data[0], meta[0]
-
-
-def storage_index(cluster, address: str) -> int:
-    port = int(address.rsplit(":", 1)[1])
-    return next(i for i in range(cluster.n_storage) if cluster.ports[f"storage{i}"] == port)
-
-
-def leasefs(cluster, *args):
-    return subprocess.run([sys.executable, "-m", "tools", *args], env=cluster.env,
-                          capture_output=True, text=True, timeout=60)
 
 
 # --------------------------------------------------------------------------- (a)
