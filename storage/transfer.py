@@ -80,6 +80,16 @@ from .replicas import ReplicaStore
 
 log = logging.getLogger(__name__)
 
+
+def _log_local_failure(replica: Replica, what: str, exc: BaseException) -> None:
+    """A replica the metadata server deleted under a writer (its file deleted or overwritten,
+    a newer stamp won) is the writer's problem, not this server's: a warning, not an error."""
+    if isinstance(exc, ReplicaNotFound):
+        log.warning("WRITE_BLOCK %s: %s refused: %s", replica.name, what, exc)
+    else:
+        log.error("WRITE_BLOCK %s: %s failed: %s", replica.name, what, exc)
+
+
 #: op headers and responses are small maps; anything bigger is garbage
 HEADER_MAX_FRAME = 1 << 20
 #: longest downstream list a WRITE_BLOCK header may carry
@@ -709,7 +719,7 @@ class _WritePipeline:
                     if packet.sync or packet.last:
                         await self.store.sync(replica)
                 except (OSError, LeaseFSError) as exc:
-                    log.error("WRITE_BLOCK %s: local write failed: %s", replica.name, exc)
+                    _log_local_failure(replica, "local write", exc)
                     entry.own_status = ERROR
                     await acks.send(entry)
                     return
@@ -764,7 +774,7 @@ class _WritePipeline:
                     try:
                         await self.store.finalize(replica)
                     except (OSError, LeaseFSError) as exc:
-                        log.error("WRITE_BLOCK %s: finalize failed: %s", replica.name, exc)
+                        _log_local_failure(replica, "finalize", exc)
                         statuses[0] = ERROR
                         ok = False
                     else:

@@ -126,6 +126,50 @@ def test_1_create_conflict_names_holder_and_overwrite_takes_the_file(tmp_path):
     trio.run(main)
 
 
+def test_writer_whose_replicas_are_deleted_gets_the_error_and_servers_only_warn(tmp_path,
+                                                                                monkeypatch):
+    """The metadata server's INVALIDATE deletes replicas under a live pipeline (another client
+    deleted or overwrote the file): the writer's next packet, and a last packet whose replica
+    goes just before it is finalized, are refused with a warning on the block servers, not an
+    ERROR (the conftest fails a test on one); the writer's close fails with the file's error."""
+    from storage.replicas import ReplicaStore
+
+    finalize = ReplicaStore.finalize
+    raced = []
+
+    async def finalize_after_invalidate(store, replica):
+        # the INVALIDATE lands between the last packet's write and its finalize
+        if replica.block_id == 2 and await store.invalidate(replica.block_id, replica.gs):
+            raced.append(replica.name)
+        await finalize(store, replica)
+
+    monkeypatch.setattr(ReplicaStore, "finalize", finalize_after_invalidate)
+
+    async def main():
+        async with inprocess_cluster(tmp_path, **LIMITS) as cluster:
+            async with cluster.client() as a, cluster.client() as b:
+                out = await a.create("/gone")
+                await out.write(b"A" * 3000)
+                await out.hflush()
+                assert await b.delete("/gone")
+                with trio.fail_after(20):
+                    while any(p for d in cluster.storage_dirs for p in d.rglob("blk_*")):
+                        await trio.sleep(0.05)
+                await out.write(b"B" * 3000)
+                with pytest.raises(errors.FileNotFound):
+                    await out.close()
+                assert a.open_output_streams == []
+
+                out = await a.create("/raced")
+                await out.write(b"C" * 3000)
+                with pytest.raises(errors.LeaseFSError) as info:
+                    await out.close()
+                assert "/raced" in str(info.value)
+                assert raced
+
+    trio.run(main)
+
+
 # --------------------------------------------------------------------------- (2) soft limit
 
 
