@@ -121,6 +121,9 @@ class Config:
     block_report_chunk: int = _s(50_000, "replicas per block_report call; a full report of more "
                                  "is sent as several chunks of one report id")
     disk_io_threads: int = _s(8, "worker threads a block server uses for disk I/O")
+    sync_on_close: bool = _s(False, "fsync a replica's files (and their folders) when its "
+                             "block is finalized (HDFS dfs.datanode.synconclose, off by "
+                             "default as there: hsync/fsync(2) makes data durable)")
     # --- repair (replication monitor, block scanner)
     replication_interval: float = _s(3.0, "seconds between replication monitor passes "
                                      "(copies scheduled, surplus replicas deleted)")

@@ -19,7 +19,7 @@ import trio
 from . import errors
 from .errors import LeaseFSError, ServerUnavailable
 from .framing import FramedStream
-from .rpc import parse_address
+from .rpc import connect_tcp, parse_address
 
 #: first wait of the add_block / complete backoff loops and of an input stream's location
 #: refreshes (doubles every retry)
@@ -37,7 +37,7 @@ async def open_data_connection(address: str, timeout: float, max_frame: int) -> 
     host, port = parse_address(address)
     try:
         with trio.fail_after(timeout):
-            stream = await trio.open_tcp_stream(host, port)
+            stream = await connect_tcp(host, port)
     except (OSError, trio.TooSlowError) as exc:
         raise ServerUnavailable(f"cannot connect to block server {address}: "
                                 f"{exc or 'connect timed out'}") from None

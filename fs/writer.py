@@ -9,11 +9,13 @@ complete() with backoff on close. The pipeline itself (connection, window, acks)
 ``fs/pipeline.py``; ``fs/client.py`` only opens and closes streams.
 
 Write path: bytes are buffered into packets of ``packet_size`` bytes (a multiple of
-``bytes_per_checksum``). Per block: ``add_block`` → WRITE_BLOCK to the first location with
-the others as downstream ``targets`` → a ``Pipeline`` whose sender is the writer itself and
-whose responder task matches acks to the queue of unacked packets (kept whole, so a later
-pipeline recovery can resend them). At most ``write_window_packets`` are unacked: ``write``
-waits, so memory stays bounded. A full block ends with an empty LAST packet; the next
+``bytes_per_checksum``). Per block, once its first packet is due (a full packet, an hflush
+or the close; so a small file costs one packet and an empty one no block): ``add_block`` →
+WRITE_BLOCK to the first location with the others as downstream ``targets`` → a
+``Pipeline`` whose sender is the writer itself and whose responder task matches acks to the
+queue of unacked packets (kept whole, so a later pipeline recovery can resend them). At most
+``write_window_packets`` are unacked: ``write`` waits, so memory stays bounded. A block ends
+with a LAST packet carrying its unsent bytes (empty when all were sent); the next
 ``add_block`` passes it as ``previous``. ``close`` ends the last block and calls ``complete``
 until the server says the file is closed. ``append`` reopens a partial last block
 (``_setup_append``: reread its last partial chunk, WRITE_BLOCK stage PIPELINE_SETUP_APPEND
@@ -155,8 +157,6 @@ class AsyncOutputStream:
             self._check_writable()
             try:
                 while view:
-                    if self._pipeline is None:
-                        await self._start_block()
                     block_used = self._buf_start + len(self._buf)
                     n = min(len(view), self.block_size - block_used,
                             self.packet_size - len(self._buf))
@@ -178,7 +178,7 @@ class AsyncOutputStream:
         async with self._lock:
             self._check_writable()
             try:
-                if self._pipeline is not None:
+                if await self._ensure_pipeline():
                     self._hflushed = True
                     await self._send_buffer()
                     await self._wait_all_acked()
@@ -194,7 +194,7 @@ class AsyncOutputStream:
             self._check_writable()
             try:
                 length = None
-                if self._pipeline is not None:
+                if await self._ensure_pipeline():
                     self._hflushed = True
                     await self._send_buffer(FLAG_SYNC)
                     await self._wait_all_acked()
@@ -220,8 +220,7 @@ class AsyncOutputStream:
             try:
                 if self._error is not None:
                     raise self._error
-                if self._pipeline is not None:
-                    await self._end_block()
+                await self._end_block()
                 ended = True
                 await self._complete()
             except BaseException as exc:
@@ -437,22 +436,35 @@ class AsyncOutputStream:
                     "path": self.path, "client_name": client.client_name, "ino": self.ino,
                     "block": located["block"]})
                 excluded.append(exc.node["node_id"])
+                # and for the stream's later blocks too (HDFS's excludedNodes cache): a dead
+                # node stays in the metadata server's placement until it is declared dead
+                self._failed_nodes.append(exc.node)
                 continue
             self._pipeline = pipeline
-            self._buf, self._buf_start, self._buf_sent = bytearray(), 0, 0
             client._nursery.start_soon(pipeline.run_responder,
                                        name=f"responder {self.path} blk {located['block']['id']}")
             return
         raise PipelineError(f"{self.path}: could not set up a write pipeline after "
                             f"{PIPELINE_SETUP_ATTEMPTS} attempts: " + "; ".join(failures))
 
+    async def _ensure_pipeline(self) -> bool:
+        """The current block's pipeline, set up now if bytes wait for it. A block is
+        allocated only once its first packet is due (a full packet, an hflush, the close),
+        as HDFS's DataStreamer does: a small file's bytes then travel in one packet, and a
+        file closed empty gets no block. False: no block is open and nothing waits."""
+        if self._pipeline is None:
+            if not self._buf:
+                return False
+            await self._start_block()
+        return True
+
     async def _send_buffer(self, flags: int = 0) -> None:
         """Send the buffer as one packet (starting at a chunk boundary). A partial chunk at
         the end stays buffered so the next packet repeats it from the chunk's start."""
-        if self._pipeline is None:
-            return
-        if not flags & FLAG_SYNC and self._buf_sent >= len(self._buf):
+        if not flags & (FLAG_SYNC | FLAG_LAST) and self._buf_sent >= len(self._buf):
             return  # nothing new
+        if not await self._ensure_pipeline():
+            return
         data, offset = self._buf, self._buf_start
         sums = chunk_checksums(data, self.bytes_per_checksum)
         await self._send(offset, data, sums, flags)
@@ -463,10 +475,16 @@ class AsyncOutputStream:
         self._buf_sent = len(tail)
 
     async def _end_block(self) -> None:
-        """Flush, send the empty LAST packet, wait for every ack, remember the block."""
-        await self._send_buffer()
+        """Send what is buffered with the LAST flag (an empty LAST packet when all was sent),
+        wait for every ack, remember the block. Nothing to do when no block is open and
+        nothing is buffered."""
+        if not await self._ensure_pipeline():
+            return
         length = self._buf_start + len(self._buf)
-        await self._send(length, b"", b"", FLAG_LAST)
+        if self._buf_sent < len(self._buf):
+            await self._send_buffer(FLAG_LAST)   # the block's last bytes ride on LAST
+        else:
+            await self._send(length, b"", b"", FLAG_LAST)
         await self._wait_all_acked()
         pipeline = self._pipeline   # a recovery may have replaced it
         pipeline.close()

@@ -28,6 +28,8 @@ from __future__ import annotations
 import logging
 import math
 
+import trio
+
 from fs import paths
 from fs.errors import (FileNotFound, InvalidArgument, IsDirectory, NotReplicatedYet,
                        RecoveryInProgress, StaleGenerationStamp)
@@ -37,6 +39,10 @@ from .blocks import BlockInfo
 from .locks import LOCK_PARENT, LOCK_WRITE, lock_set, merge
 from .namespace import DIR, FILE, SYMLINK, check_int, check_name
 from .permissions import ALL, READ, READ_EXECUTE, WRITE
+
+#: seconds ``complete`` waits for the report of the last block's first replica before it
+#: answers False (the client then retries with backoff)
+COMPLETE_REPORT_WAIT = 0.5
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +183,26 @@ class ClientProtocol:
             return True
 
     async def rpc_complete(self, ctx, path, client_name, ino=None, last=None):
+        """Close the file once its last block has ``min_replication`` reported replicas.
+        The writer's block servers report their replicas while its ``complete`` is on the
+        way: one not reported yet is waited for here (``COMPLETE_REPORT_WAIT``), so the
+        usual complete succeeds at the first call; after that False and the client backs
+        off and retries (HDFS)."""
         canonical = paths.validate(path)
         ino = self.check_ino(ino, canonical)
+        deadline = trio.current_time() + COMPLETE_REPORT_WAIT
+        while True:
+            result = await self._complete_once(canonical, client_name, ino, last)
+            if not isinstance(result, trio.Event):
+                return result
+            with trio.move_on_at(deadline):
+                await result.wait()
+            if trio.current_time() >= deadline:
+                return False
+
+    async def _complete_once(self, canonical, client_name, ino, last) -> bool | trio.Event:
+        """One try of ``complete``: True/False, or the event of the last block's next
+        replica report to wait for (taken under the lock: no report is missed)."""
         async with self.file_lock(f"complete {canonical}", canonical, ino) as current:
             if self.ns.closed_with(current, ino, last):
                 return True
@@ -201,7 +225,9 @@ class ClientProtocol:
                 return True
             if kind == "commit":
                 await self.log_plan(self.ns.plan_commit(ino, block, num_bytes))
-            return False
+            if not earlier_ok:
+                return False
+            return self.report_waiter(block["id"])
 
     async def rpc_fsync(self, ctx, path, client_name, ino=None, last_block_length=0):
         canonical = paths.validate(path)

@@ -556,7 +556,8 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
             self._raise_pending(of)
             if handle.writable:
                 # flush runs at every close(2) of a descriptor of this handle, including
-                # the copies a fork inherited, so it hflushes (data visible, close reports
+                # the copies a fork inherited (every fork + exec of a process holding the
+                # file open closes one), so it hflushes (data visible, close reports
                 # errors) and the stream - and the lease - live until release, as fuse-dfs
                 await self._publish(of, finish=False)
 

@@ -28,7 +28,7 @@ from fs.datatransfer import (CHECKSUM_SIZE, FLAG_LAST, PIPELINE_SETUP_CREATE, SU
                              crc32c, op_header, receive_ack, send_packet, verify_checksums)
 from fs.errors import LeaseFSError, ProtocolError, ServerUnavailable
 from fs.framing import FramedStream
-from fs.rpc import parse_address
+from fs.rpc import connect_tcp, parse_address
 
 from .replica_states import ReplicaState
 from .replicas import ReplicaStore
@@ -71,7 +71,7 @@ async def send_replica(config: Config, store: ReplicaStore, reader, block_id: in
     timeout = config.data_timeout
     try:
         with trio.fail_after(min(10.0, timeout)):
-            stream = await trio.open_tcp_stream(host, port)
+            stream = await connect_tcp(host, port)
     except (OSError, trio.TooSlowError) as exc:
         raise ServerUnavailable(f"copy of blk_{block_id}: cannot connect to "
                                 f"{targets[0]}: {exc or 'timed out'}") from None

@@ -24,7 +24,9 @@ participants = the FINALIZED replicas of that length plus RBW replicas of exactl
 Else the minimum length among RBW replicas (participants = the RBW replicas), else the minimum
 among RWR (participants = the RWR replicas); a truncate's ``new_length`` overrides the length
 and every replica at least that long participates; a length of 0 with no FINALIZED replica
-(and no truncate) drops the block (``delete_block``). HDFS refuses FINALIZED replicas of
+(and no truncate) drops the block (``delete_block``), and so does a recovery in which every
+holder answered that it has no replica (``none_held``: a writer that died before its first
+packet; HDFS's empty sync list). HDFS refuses FINALIZED replicas of
 different lengths; we take the longest (the shorter ones are left out, so the metadata server
 sees them as stale and replaces them) so recovery of the file still completes.
 
@@ -46,7 +48,7 @@ from fs.datatransfer import op_header
 from fs.errors import (InvalidArgument, LeaseFSError, ProtocolError, ReplicaNotFound,
                        ServerUnavailable, from_wire)
 from fs.framing import FramedStream
-from fs.rpc import parse_address
+from fs.rpc import connect_tcp, parse_address
 
 from .replica_records import Replica
 from .replica_states import ReplicaState
@@ -86,12 +88,15 @@ class Decision:
     delete_block: bool = False
 
 
-def decide(replicas, new_length: int | None = None) -> Decision:
+def decide(replicas, new_length: int | None = None, none_held: bool = False) -> Decision:
     """The block length and participants from the replicas that answered INIT (see the
-    module docstring). ``ReplicaNotFound`` when none did; ``InvalidArgument`` when a
-    truncate asks for more bytes than every replica holds."""
+    module docstring). ``none_held``: every holder answered that it has no replica (none
+    failed to answer). ``ReplicaNotFound`` when no replica answered otherwise;
+    ``InvalidArgument`` when a truncate asks for more bytes than every replica holds."""
     replicas = [r for r in replicas if ReplicaState(r.state) in _RECOVERABLE]
     if not replicas:
+        if none_held and new_length is None:
+            return Decision(0, (), delete_block=True)
         raise ReplicaNotFound("block recovery: no replica answered INIT_REPLICA_RECOVERY")
     if new_length is not None:
         participants = tuple(r for r in replicas if r.num_bytes >= new_length)
@@ -132,7 +137,7 @@ async def call_recovery_op(address: str, header: dict, timeout: float) -> dict:
     host, port = parse_address(address)
     try:
         with trio.fail_after(timeout):
-            stream = await trio.open_tcp_stream(host, port)
+            stream = await connect_tcp(host, port)
             framed = FramedStream(stream, _MAX_FRAME)
             try:
                 await framed.send_frame(header)
@@ -235,6 +240,7 @@ class BlockRecoveryWorker:
         log.info("block recovery of blk_%d_%d: recovery id %d, new length %s, targets %s",
                  block_id, gs, recovery_id, new_length, [t.address for t in targets])
         infos: list[ReplicaRecoveryInfo] = []
+        absent: list[str] = []    # holders that answered they have no replica
 
         async def init_one(target: _Target) -> None:
             try:
@@ -248,13 +254,16 @@ class BlockRecoveryWorker:
                 infos.append(ReplicaRecoveryInfo(target.node_id, wire["num_bytes"], wire["gs"],
                                                  ReplicaState(wire["state"]), target.address))
             except (LeaseFSError, ValueError) as exc:
+                if isinstance(exc, ReplicaNotFound):
+                    absent.append(target.node_id)
                 log.info("block recovery %d: INIT on %s failed, left out: %s", recovery_id,
                          target.address, exc)
 
         async with trio.open_nursery() as nursery:
             for target in targets:
                 nursery.start_soon(init_one, target)
-        decision = decide(infos, new_length)
+        decision = decide(infos, new_length,
+                          none_held=bool(targets) and len(absent) == len(targets))
         log.info("block recovery %d of blk_%d: length %d, participants %s%s", recovery_id,
                  block_id, decision.length, [p.address for p in decision.participants],
                  ", block dropped" if decision.delete_block else "")

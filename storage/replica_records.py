@@ -124,12 +124,13 @@ class ReplicaWriter:
             os.fsync(self.data_fd)
             os.fsync(self.meta_fd)
 
-    def fsync_and_close(self) -> None:
-        """finalize: flush and close in one step, so no write can slip in between."""
+    def close_for_finalize(self, sync: bool) -> None:
+        """finalize: (fsync and) close in one step, so no write can slip in between."""
         with self._io_lock:
             self._require_open()
-            os.fsync(self.data_fd)
-            os.fsync(self.meta_fd)
+            if sync:
+                os.fsync(self.data_fd)
+                os.fsync(self.meta_fd)
             self._close_locked()
 
     def close(self) -> None:

@@ -63,8 +63,11 @@ log = logging.getLogger(__name__)
 class ReplicaStore:
     """The replica map of one data folder plus every file operation on it."""
 
-    def __init__(self, data_dir: str, *, disk_io_threads: int = 8):
+    def __init__(self, data_dir: str, *, disk_io_threads: int = 8, sync_on_close: bool = False):
         self.data_dir = os.path.abspath(data_dir)
+        #: fsync at finalize; off (the block server's default, as HDFS), a finalized
+        #: replica is durable once the kernel writes it back or an hsync synced it
+        self.sync_on_close = sync_on_close
         self.limiter = trio.CapacityLimiter(max(1, disk_io_threads))
         self.node_id: str = ""
         self.replicas: dict[int, Replica] = {}
@@ -251,20 +254,24 @@ class ReplicaStore:
         await self._writer_io(replica, writer.fsync)
 
     async def finalize(self, replica: Replica) -> None:
-        """fsync data + meta, move both into finalized/<bucket>/, fsync both folders."""
+        """Close data + meta, move both into finalized/<bucket>/; with ``sync_on_close``
+        fsync both files first and both folders after."""
         writer = self._require_writable(replica)
         new_state = next_state(replica.state, ReplicaEvent.FINALIZE)
         bucket = os.path.join(self.data_dir, "finalized", finalized_subdir(replica.block_id))
         new_data = os.path.join(bucket, data_name(replica.block_id))
         new_meta = os.path.join(bucket, meta_name(replica.block_id, replica.gs))
 
+        sync = self.sync_on_close
+
         def move() -> None:
-            writer.fsync_and_close()
+            writer.close_for_finalize(sync)
             os.makedirs(bucket, exist_ok=True)
             os.replace(replica.meta_path, new_meta)   # meta first: the scan completes a
             os.replace(replica.data_path, new_data)   # finalize cut between the two renames
-            fsync_dir(bucket)
-            fsync_dir(os.path.dirname(replica.data_path))
+            if sync:
+                fsync_dir(bucket)
+                fsync_dir(os.path.dirname(replica.data_path))
 
         async with replica.lock:
             if replica.removed:

@@ -39,7 +39,8 @@ class BlockServer:
 
     def __init__(self, config: Config, data_dir: str, *, meta_address: str):
         self.config = config
-        self.store = ReplicaStore(data_dir, disk_io_threads=config.disk_io_threads)
+        self.store = ReplicaStore(data_dir, disk_io_threads=config.disk_io_threads,
+                                  sync_on_close=config.sync_on_close)
         self.transfer = DataTransferServer(config, self.store)
         self.heartbeat = HeartbeatService(config, self.store, meta_address,
                                           xceiver_count=lambda: self.transfer.active_ops)

@@ -10,12 +10,14 @@ answers upstream. Then three tasks run per write:
 
 * the receiver reads a packet, verifies its checksums and forwards it downstream, then hands it
   to the disk writer (one packet in hand, so receiving the next packet overlaps writing this
-  one), which writes data and checksums locally (fsync for SYNC packets) and queues it for
+  one), which writes data and checksums locally (fsync for SYNC packets; at finalize only
+  with ``sync_on_close``) and queues it for
   the responder; that queue holds at most ``write_window_packets`` entries, so the receiver
   stops reading (and TCP pushes back on the writer) when the acks lag;
 * the responder takes the queued packets in order, waits for the downstream ack of the same
-  seqno (the last node: none), marks the bytes visible, finalizes on LAST (then sends the
-  incremental block report), and acks upstream ``[own status] + downstream statuses``.
+  seqno (the last node: none), marks the bytes visible, finalizes on LAST (then queues the
+  incremental block report, which the writer's ``complete`` waits for on the metadata
+  server), and acks upstream ``[own status] + downstream statuses``.
 
 A checksum error stops this node with ERROR_CHECKSUM; a downstream that breaks, or stops
 reading for ``data_timeout`` while a packet is forwarded to it, is acked as ``SUCCESS`` for
@@ -69,7 +71,7 @@ from fs.errors import (ChecksumError, InternalError, InvalidArgument, LeaseFSErr
                        ServerBusy, ServerUnavailable)
 from fs.framing import FramedStream
 from fs.limits import ByteBudget
-from fs.rpc import check_version, parse_address
+from fs.rpc import check_version, connect_tcp, parse_address
 
 from .blockcopy import send_replica
 from .layout import check_bytes_per_checksum, check_packet_range
@@ -94,10 +96,6 @@ def _log_local_failure(replica: Replica, what: str, exc: BaseException) -> None:
 HEADER_MAX_FRAME = 1 << 20
 #: longest downstream list a WRITE_BLOCK header may carry
 MAX_TARGETS = 32
-#: how long the ack of a LAST packet may wait for the incremental block report to reach the
-#: metadata server (so the client's ``complete`` usually succeeds on its first try) before the
-#: ack goes out anyway and the report follows asynchronously
-IBR_ACK_WAIT = 1.0
 #: seconds a connection to a downstream block server may take
 CONNECT_TIMEOUT = 10.0
 _KNOWN_FLAGS = FLAG_LAST | FLAG_SYNC | FLAG_HEARTBEAT
@@ -545,7 +543,7 @@ class DataTransferServer:
         host, port = parse_address(target)
         try:
             with trio.fail_after(min(CONNECT_TIMEOUT, self.config.data_timeout)):
-                stream = await trio.open_tcp_stream(host, port)
+                stream = await connect_tcp(host, port)
         except (OSError, trio.TooSlowError) as exc:
             return None, (f"cannot connect: {str(exc) or 'timed out'}", target)
         framed = FramedStream(stream, HEADER_MAX_FRAME)
@@ -716,7 +714,7 @@ class _WritePipeline:
                         entry.has_data = True
                         entry.end = packet.offset + len(packet.data)
                         entry.last_sum = packet.sums[-CHECKSUM_SIZE:]
-                    if packet.sync or packet.last:
+                    if packet.sync:   # hsync; finalize syncs per sync_on_close
                         await self.store.sync(replica)
                 except (OSError, LeaseFSError) as exc:
                     _log_local_failure(replica, "local write", exc)
@@ -778,7 +776,7 @@ class _WritePipeline:
                         statuses[0] = ERROR
                         ok = False
                     else:
-                        await self._report_finalized(replica)
+                        self._report_finalized(replica)
                 try:
                     await send_ack(self.upstream, entry.seqno, statuses)
                 except ServerUnavailable as exc:
@@ -789,13 +787,10 @@ class _WritePipeline:
                     self._stop()
                     return
 
-    async def _report_finalized(self, replica: Replica) -> None:
+    def _report_finalized(self, replica: Replica) -> None:
         log.debug("finalized %s (%d bytes)", replica.name, replica.num_bytes)
-        delivered = self.server.reporter.block_received(
+        self.server.reporter.block_received(
             replica.block_id, replica.gs, replica.num_bytes, ReplicaState.FINALIZED.value)
-        if getattr(self.server.reporter, "registered", False):
-            with trio.move_on_after(IBR_ACK_WAIT):
-                await delivered.wait()
 
 
 class _BadPacket(Exception):

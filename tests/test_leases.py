@@ -260,6 +260,97 @@ def test_4_recover_lease_on_a_live_writer(tmp_path):
     trio.run(main)
 
 
+def test_4_recover_lease_keeps_hflushed_bytes_whose_reports_are_late(tmp_path, monkeypatch):
+    """hflushed bytes are acknowledged by every pipeline node, but the nodes' reports of the
+    replica may still be on the way (never sent here): recover_lease must ask the pipeline's
+    nodes (block recovery) instead of dropping a block it thinks empty. A block allocated
+    by a writer that died before its first packet is dropped that way too: every node
+    answers it has no replica."""
+    from storage.heartbeat import HeartbeatService
+
+    block_received = HeartbeatService.block_received
+
+    def late_receiving_reports(service, block_id, gs, num_bytes, state):
+        if state == "RBW":
+            return trio.Event()   # the "receiving" report has not arrived yet
+        return block_received(service, block_id, gs, num_bytes, state)
+
+    monkeypatch.setattr(HeartbeatService, "block_received", late_receiving_reports)
+
+    async def main():
+        async with inprocess_cluster(tmp_path, **LIMITS) as cluster:
+            async with cluster.client() as a, cluster.client() as b:
+                data = payload(3000, seed=44)
+                out = await a.create("/late")
+                await out.write(data)
+                await out.hflush()
+                answers = await recover_until_closed(b, "/late")
+                assert answers[0] is False
+                assert await b.read_file("/late") == data
+
+                st = await a.create("/never")
+                await a.rpc.call("add_block", {"path": "/never", "client_name": a.client_name,
+                                               "ino": st.ino, "previous": None})
+                answers = await recover_until_closed(b, "/never")
+                assert answers[0] is False and answers[-1] is True
+                status = await b.get_file_status("/never")
+                assert not status.under_construction and status.length == 0
+                assert (await b.get_block_locations("/never"))["blocks"] == []
+
+    trio.run(main)
+
+
+def test_complete_waits_on_the_server_for_the_first_replica_report(tmp_path, monkeypatch):
+    """The block servers ack the LAST packet before their reports reach the metadata
+    server (delayed 0.3 s here): the writer's one ``complete`` call waits for the first
+    report on the server and succeeds, no client-side retry; a report that does not come
+    within the server's wait gets False (and the client's backoff)."""
+    from meta.client_protocol import COMPLETE_REPORT_WAIT
+    from storage.heartbeat import HeartbeatService
+
+    block_received = HeartbeatService.block_received
+    delay = {"FINALIZED": 0.3}
+
+    def late_finalized_reports(service, block_id, gs, num_bytes, state):
+        if state in delay:
+            async def later():
+                await trio.sleep(delay[state])
+                block_received(service, block_id, gs, num_bytes, state)
+            service._nursery.start_soon(later)
+            return trio.Event()
+        return block_received(service, block_id, gs, num_bytes, state)
+
+    monkeypatch.setattr(HeartbeatService, "block_received", late_finalized_reports)
+
+    async def main():
+        async with inprocess_cluster(tmp_path, **LIMITS) as cluster:
+            async with cluster.client() as a:
+                calls = []
+                call = a.rpc.call
+
+                async def counting(method, args, **kw):
+                    result = await call(method, args, **kw)
+                    if method == "complete":
+                        calls.append(result)
+                    return result
+
+                a.rpc.call = counting
+                out = await a.create("/waited")
+                await out.write(b"w" * 3000)
+                await out.close()
+                assert calls == [True]
+                assert (await a.get_file_status("/waited")).length == 3000
+
+                delay["FINALIZED"] = COMPLETE_REPORT_WAIT + 0.3
+                calls.clear()
+                out = await a.create("/retried")
+                await out.write(b"r" * 3000)
+                await out.close()
+                assert calls[0] is False and calls[-1] is True
+
+    trio.run(main)
+
+
 def test_4_recover_lease_cli_and_holder_itself(tmp_path):
     async def main():
         async with inprocess_cluster(tmp_path, **LIMITS) as cluster:

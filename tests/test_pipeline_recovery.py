@@ -394,8 +394,11 @@ def _kill_during_write(tmp_path, position: str, policy: str, hflush: bool = Fals
     carries its block's final stamp, and the recovered block has a replacement replica
     exactly when the policy asks for one."""
     data = payload(total, seed=7)
+    # packets well under the block size, so the block's pipeline is up (its first packets
+    # sent) when the node dies
     with ProcessCluster(tmp_path, n_storage=4,
-                        settings={"replication_interval": 0.5}) as cluster:
+                        settings={"replication_interval": 0.5,
+                                  "packet_size": 128 * KiB}) as cluster:
         config = make_test_config(packet_size=128 * KiB, write_window_packets=8,
                                   replace_datanode_on_failure=policy)
         ports = {cluster.ports[f"storage{i}"]: i for i in range(4)}

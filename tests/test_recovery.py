@@ -445,7 +445,7 @@ def test_append_through_a_two_node_pipeline_reopens_and_extends_both_replicas(tm
                 assert meta_path.read_bytes() == expected_meta(DATA[:total])
                 assert not replica_paths(node, 31, 1)[1].exists()
                 assert not list((node.data_dir / "rbw").iterdir())
-                assert [31, 2, total, "FINALIZED"] in meta.received(node.node_id)
+                await wait_for(lambda: [31, 2, total, "FINALIZED"] in meta.received(node.node_id))
                 assert [31, 2, first, "RBW"] in meta.received(node.node_id)
             nursery.cancel_scope.cancel()
 

@@ -344,8 +344,9 @@ def test_three_node_pipeline_writes_identical_replicas(tmp_path):
                 assert not list((node.data_dir / "rbw").iterdir())
                 replica = node.store.get(1001)
                 assert replica.state.value == "FINALIZED" and replica.num_bytes == len(data)
-                # the incremental report reached the metadata server before the ack
-                assert [1001, 7, len(data), "FINALIZED"] in meta.received(node.node_id)
+                # the incremental report follows the ack (complete waits for it)
+                await wait_for(lambda: [1001, 7, len(data), "FINALIZED"]
+                               in meta.received(node.node_id))
             response, got, _ = await read_block(nodes[2].address, 1001, 7)
             assert got == data and response["visible_length"] == len(data)
             nursery.cancel_scope.cancel()
