@@ -167,8 +167,11 @@ class ReplicationQueues:
         return late
 
     def forget_node(self, node_id: str) -> list[int]:
-        """A dead node: pending copies from it will never finish. Returns their blocks."""
-        gone = [p.block_id for p in self.pending.values() if p.source == node_id]
+        """A dead node: pending copies from it, or still waiting for it as a target, will
+        never finish (they would wait ``replication_pending_timeout``): dropped, so the
+        next pass schedules them again elsewhere. Returns their blocks."""
+        gone = [p.block_id for p in self.pending.values()
+                if p.source == node_id or node_id in p.waiting]
         for block_id in gone:
             self._release_stream(self.pending.pop(block_id).source)
         self.streams.pop(node_id, None)

@@ -56,12 +56,16 @@ from fs.rpc import RpcClient
 
 from .blockcopy import copy_replica
 from .recovery import BlockRecoveryWorker
+from .replica_states import ReplicaState
 from .replicas import ReplicaStore
 
 log = logging.getLogger(__name__)
 
 # report entries built between two checkpoints of the block server's trio thread
 BUILD_STEP = 5000
+#: seconds a "receiving" (RBW) report may wait for company: a small block's FINALIZED
+#: report usually follows within milliseconds and replaces it, one report instead of two
+RECEIVING_REPORT_DELAY = 0.05
 
 
 class HeartbeatService:
@@ -84,6 +88,7 @@ class HeartbeatService:
         self._pending_deleted: dict[int, None] = {}
         self._waiters: list[trio.Event] = []
         self._wakeup = trio.Event()
+        self._wake_scheduled = False   # a delayed wakeup for RBW entries is on its way
         self._outage: str | None = None          # last logged failure kind, None = all well
         self._ignored_command_types: set[str] = set()
         self.recovery = BlockRecoveryWorker(config, store, self, self._commit_block_sync)
@@ -97,11 +102,25 @@ class HeartbeatService:
     # ------------------------------------------------------------------ incremental reports
 
     def block_received(self, block_id: int, gs: int, num_bytes: int, state: str) -> trio.Event:
-        """Queue ``[id, gs, num_bytes, state]`` for the next incremental report."""
+        """Queue ``[id, gs, num_bytes, state]`` for the next incremental report: at once,
+        or for an RBW ("receiving") entry within ``RECEIVING_REPORT_DELAY`` (nothing waits
+        for those: the metadata server knows a block's pipeline from add_block)."""
         self._pending_deleted.pop(block_id, None)
         self._pending_received.pop(block_id, None)   # re-insert: keep the latest at the end
         self._pending_received[block_id] = [block_id, gs, num_bytes, state]
+        if state == ReplicaState.RBW.value and self._nursery is not None:
+            done = trio.Event()
+            self._waiters.append(done)
+            if not self._wake_scheduled:
+                self._wake_scheduled = True
+                self._nursery.start_soon(self._wake_after, RECEIVING_REPORT_DELAY)
+            return done
         return self._enqueued()
+
+    async def _wake_after(self, delay: float) -> None:
+        await trio.sleep(delay)
+        self._wake_scheduled = False
+        self._wakeup.set()
 
     def blocks_deleted(self, block_ids) -> trio.Event:
         for block_id in block_ids:

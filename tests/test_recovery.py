@@ -435,6 +435,9 @@ def test_append_through_a_two_node_pipeline_reopens_and_extends_both_replicas(tm
             # readers see exactly the old bytes at the new stamp while the append runs
             response, data, _ = await read_block(b.address, 31, 2)
             assert data == DATA[:first]
+            # while the append runs, each node reports its reopened replica (RBW, new stamp)
+            for node in (a, b):
+                await wait_for(lambda: [31, 2, first, "RBW"] in meta.received(node.node_id))
             start = first - first % BPC
             acks = await stream_packets(framed, data_packets(DATA[start:total], base=start))
             await framed.aclose()
@@ -446,7 +449,6 @@ def test_append_through_a_two_node_pipeline_reopens_and_extends_both_replicas(tm
                 assert not replica_paths(node, 31, 1)[1].exists()
                 assert not list((node.data_dir / "rbw").iterdir())
                 await wait_for(lambda: [31, 2, total, "FINALIZED"] in meta.received(node.node_id))
-                assert [31, 2, first, "RBW"] in meta.received(node.node_id)
             nursery.cancel_scope.cancel()
 
     trio.run(main)

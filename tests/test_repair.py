@@ -464,3 +464,11 @@ def test_replication_queues_priorities_pending_and_excess():
     assert q.excess_of(7, ["n1"]) == set() and 7 not in q.excess   # deleted: forgotten
     q.remove(7)
     assert q.in_order() == [8]
+    # a dead node: copies from it, and copies still waiting for it as a target, are dropped
+    # at once (rescheduled by the next pass), not after the pending timeout
+    q.add_pending(5, "n1", ["n2"], now=200.0)
+    q.add_pending(6, "n3", ["n4", "n5"], now=200.0)
+    q.add_pending(4, "n6", ["n7"], now=200.0)
+    assert q.target_done(6, "n4") is False
+    assert sorted(q.forget_node("n5")) == [6] and sorted(q.pending) == [4, 5]
+    assert q.forget_node("n1") == [5] and list(q.pending) == [4]

@@ -34,6 +34,7 @@ from fs.framing import FramedStream, encode_frame
 from fs.rpc import Dispatcher, format_address, parse_address, serve_rpc, serve_tcp
 from storage.replicas import ReplicaStore, encode_meta_header, finalized_subdir
 from storage.server import BlockServer
+import storage.transfer
 from storage.transfer import DataTransferServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -1029,7 +1030,7 @@ def test_downstream_that_stops_reading_is_failed_after_data_timeout(tmp_path, mo
                 nursery.start_soon(stalled_downstream, theirs)
                 return ours
 
-            monkeypatch.setattr(trio, "open_tcp_stream", open_lockstep)
+            monkeypatch.setattr(storage.transfer, "connect_tcp", open_lockstep)
             client_end, server_end = trio.testing.memory_stream_pair()
             nursery.start_soon(server.handle, server_end, "test-writer")
             client = FramedStream(client_end)
