@@ -132,6 +132,9 @@ class Handle:
         self.writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         self.input = None
         self.input_generation = -1
+        # (generation, block locations) handed out with the status at open: the first read
+        # opens its input stream from them when the file has not changed here since
+        self.located: tuple[int, dict] | None = None
         # read window: the kernel reads in requests of at most 128 KiB (readahead folios);
         # one sequential fetch of READ_WINDOW serves the next ones from memory
         self.window_offset = 0
