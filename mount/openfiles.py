@@ -68,14 +68,16 @@ def next_state(mode: FileMode, event: FileEvent) -> FileMode:
 
 
 class Node:
-    """An inode the kernel knows: its current path and lookup count."""
+    """An inode the kernel knows: its current path and lookup count (and a symlink's
+    target, once seen)."""
 
-    __slots__ = ("ino", "path", "lookups")
+    __slots__ = ("ino", "path", "lookups", "target")
 
     def __init__(self, ino: int, path: str | None):
         self.ino = ino
         self.path = path
         self.lookups = 0
+        self.target: str | None = None
 
 
 class OpenFile:

@@ -132,14 +132,17 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
     def _kernel_ino(self, ns_ino: int) -> int:
         return self._alias.get(ns_ino, ns_ino)
 
-    def _remember(self, ino: int, path: str) -> Node:
-        """Register ``ino`` at ``path`` and count one lookup."""
+    def _remember(self, ino: int, path: str, status: FileStatus | None = None) -> Node:
+        """Register ``ino`` at ``path`` and count one lookup; a symlink's target is kept
+        for readlink (an inode's target never changes: a new link is a new inode)."""
         node = self._nodes.get(ino)
         if node is None:
             node = self._nodes[ino] = Node(ino, path)
         else:
             node.path = path
         node.lookups += 1
+        if status is not None and status.is_symlink:
+            node.target = status.symlink
         return node
 
     def _new_fh(self) -> int:
@@ -237,7 +240,7 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
                     raise
                 return self._negative_entry()
             attrs = self._attrs(status)
-            self._remember(attrs.st_ino, path)
+            self._remember(attrs.st_ino, path, status)
             return attrs
         attrs = self._attrs(status)
         attrs.st_ino = parent_inode
@@ -363,7 +366,7 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
                 if not pyfuse3.readdir_reply(token, os.fsencode(entry.name), attrs, cookie):
                     return
                 child = "/" + entry.name if path == "/" else f"{path}/{entry.name}"
-                self._remember(attrs.st_ino, child)
+                self._remember(attrs.st_ino, child, entry)
                 start_after = entry.name
             if not more or not entries:
                 return
@@ -471,11 +474,14 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
         made = await self.client.symlink(os.fsdecode(target), path, owner=owner, group=group)
         self._keep_fresh(named, made.parent)
         attrs = self._attrs(made.status)
-        self._remember(attrs.st_ino, path)
+        self._remember(attrs.st_ino, path, made.status)
         return attrs
 
     @fuse_op
     async def readlink(self, inode, ctx):
+        node = self._nodes.get(inode)
+        if node is not None and node.target is not None:
+            return os.fsencode(node.target)   # no call: the kernel does not cache it
         status = await self._status_of(inode)
         if not status.is_symlink:
             raise fuse_error(errno.EINVAL)

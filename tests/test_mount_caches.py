@@ -159,3 +159,18 @@ def test_directory_attributes_after_each_change_match_the_cluster(cluster, other
         os.chmod(root / "d2", 0o700)
         assert os.stat(root / "d2").st_mode & 0o777 == 0o700
         same("attrs")
+
+
+def test_a_replaced_symlink_reads_its_new_target(cluster, slow_misses, other):
+    """readlink answers from the target seen at lookup (a symlink's target never changes;
+    a new link is a new inode), so a link another client replaced reads the new target as
+    soon as this mount's kernel looks the name up again."""
+    os.symlink("first", other.mp / "link")
+    assert os.readlink(other.mp / "link") == "first"
+    assert _wait_until(lambda: os.path.lexists(slow_misses.mp / "link"))
+    assert os.readlink(slow_misses.mp / "link") == "first"
+    with cluster.client() as client:
+        client.unlink("/link")
+        client.symlink("second", "/link")
+    assert _wait_until(lambda: os.readlink(other.mp / "link") == "second")
+    os.unlink(other.mp / "link")
