@@ -1,8 +1,10 @@
 """``LeaseFS``: the pyfuse3 ``Operations`` adapter over ONE ``fs.client.AsyncClient``.
 
-Why: the mount is a thin translation layer (DESIGN.md §7) — a FUSE request becomes one or a
-few client calls and the result becomes ``EntryAttributes`` or a ``FUSEError`` (mapped in
-``mount.errors`` only). The mount is one lease holder: every file it writes is leased to its
+Why: the mount is a thin translation layer (DESIGN.md §7) — a FUSE request becomes one
+client call (the server decides POSIX errors and answers the statuses the kernel needs) and
+the result becomes ``EntryAttributes`` or a ``FUSEError`` (mapped in ``mount.errors`` only).
+The kernel caches names, misses and attributes for the mount's timeouts and keeps pages of
+files unchanged since their last open for reading (DESIGN.md, "caching"). The mount is one lease holder: every file it writes is leased to its
 one client, whose renewer keeps the leases alive while files are open.
 
 Inodes: namespace inode ids are the FUSE inode numbers (root = 1). ``_nodes`` maps each inode
