@@ -42,8 +42,8 @@ from .streams import AsyncInputStream, AsyncOutputStream, InputStream, OutputStr
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AsyncClient", "Client", "FileSettings", "FileStatus", "AsyncInputStream",
-           "AsyncOutputStream", "InputStream", "OutputStream"]
+__all__ = ["AsyncClient", "Client", "FileSettings", "FileStatus", "Changed", "Moved",
+           "AsyncInputStream", "AsyncOutputStream", "InputStream", "OutputStream"]
 
 #: server defaults (``get_server_defaults``) that override the client's own config
 SERVER_DEFAULT_KEYS = ("block_size", "replication", "min_replication", "bytes_per_checksum",
@@ -73,6 +73,9 @@ class FileStatus:
     under_construction: bool
     children: int
     subdirs: int = 0       # directories: subdirectory count (link count 2 + subdirs)
+    # ``get_file_status(path, locations=True)`` of a readable file: what
+    # ``get_block_locations`` answers for the whole file (``open(path, located=...)``)
+    locations: dict | None = None
 
     @property
     def is_dir(self) -> bool:
@@ -128,8 +131,44 @@ _STATUS_DEFAULTS = tuple(
     (f.name, {"name": "", "path": "", "ino": 0, "type": "file", "mode": 0, "owner": "",
               "group": "", "mtime_ns": 0, "atime_ns": 0, "ctime_ns": 0, "length": 0,
               "replication": 0, "block_size": 0, "symlink": None,
-              "under_construction": False, "children": 0, "subdirs": 0}[f.name])
+              "under_construction": False, "children": 0, "subdirs": 0,
+              "locations": None}[f.name])
     for f in fields(FileStatus))
+
+
+def _status(answer) -> FileStatus | None:
+    return FileStatus.from_wire(answer) if isinstance(answer, dict) else None
+
+
+@dataclass(frozen=True)
+class Changed:
+    """What a one-call namespace change (``mkdir``, ``symlink``, ``unlink``, ``rmdir``)
+    answers: the inode's status (as it was, when it is gone) and its parent directory's
+    after the change (None from a server that does not send it)."""
+
+    status: FileStatus
+    parent: FileStatus | None
+
+    @classmethod
+    def from_wire(cls, obj: dict) -> "Changed":
+        return cls(FileStatus.from_wire(obj["status"]), _status(obj.get("parent")))
+
+
+@dataclass(frozen=True)
+class Moved:
+    """What ``AsyncClient.move`` did: the moved inode's status at its new path, the
+    statuses of its new and old parent directories after the move, and the status of the
+    destination it replaced (None when there was none)."""
+
+    status: FileStatus
+    parent: FileStatus | None
+    src_parent: FileStatus | None
+    replaced: FileStatus | None
+
+
+def _want(want_status: bool) -> dict:
+    # sent only when asked, so an older server that does not know the argument still works
+    return {"want_status": True} if want_status else {}
 
 
 def _meta_address(meta_address: str | None, config: Config | None) -> str:
@@ -378,10 +417,12 @@ class AsyncClient:
 
     open_files = list_open_files
 
-    async def open(self, path: str) -> AsyncInputStream:
-        """Open ``path`` for reading (seekable; ``pread`` for positional reads)."""
+    async def open(self, path: str, *, located: dict | None = None) -> AsyncInputStream:
+        """Open ``path`` for reading (seekable; ``pread`` for positional reads).
+        ``located``: the file's block locations already fetched (``FileStatus.locations``),
+        which spares the call that would fetch them."""
         self._check_open()
-        return await AsyncInputStream.open(self, paths.validate(path))
+        return await AsyncInputStream.open(self, paths.validate(path), located=located)
 
     async def write_file(self, path: str, data: bytes, **create_kw) -> None:
         """Create ``path`` with ``data`` as its whole content and close it."""
@@ -407,9 +448,29 @@ class AsyncClient:
         return bool(await self._call("mkdirs", path=paths.validate(path), permission=permission,
                                      owner=owner, group=group))
 
-    async def get_file_status(self, path: str) -> FileStatus:
-        """Status of ``path`` (symlinks not followed); ``FileNotFound`` if missing."""
-        return FileStatus.from_wire(await self._call("get_file_info", path=paths.validate(path)))
+    async def mkdir(self, path: str, permission: int = 0o755, *, owner: str | None = None,
+                    group: str | None = None) -> "Changed":
+        """POSIX mkdir(2) in one call: ``FileExists`` if ``path`` exists, ``FileNotFound``
+        if its parent does not; the new directory's status and its parent's."""
+        return Changed.from_wire(await self._call(
+            "mkdirs", path=paths.validate(path), permission=permission, owner=owner,
+            group=group, create_parent=False, exclusive=True, want_status=True))
+
+    async def symlink(self, target: str, path: str, *, owner: str | None = None,
+                      group: str | None = None) -> "Changed":
+        """symlink(2) in one call: ``create_symlink`` answering the link's status and its
+        parent's."""
+        return Changed.from_wire(await self._call(
+            "create_symlink", target=target, path=paths.validate(path), create_parent=False,
+            owner=owner, group=group, want_status=True))
+
+    async def get_file_status(self, path: str, *, locations: bool = False) -> FileStatus:
+        """Status of ``path`` (symlinks not followed); ``FileNotFound`` if missing.
+        ``locations``: a readable file's status also carries its block locations."""
+        args = {"path": paths.validate(path)}
+        if locations:
+            args["locations"] = True
+        return FileStatus.from_wire(await self._call("get_file_info", **args))
 
     async def exists(self, path: str) -> bool:
         try:
@@ -444,6 +505,29 @@ class AsyncClient:
         paths raise ``FileNotFound``; returns True."""
         return bool(await self._call("delete", path=paths.validate(path), recursive=recursive))
 
+    async def unlink(self, path: str) -> "Changed":
+        """POSIX unlink(2) in one call: delete the file or symlink ``path`` (a directory is
+        ``IsDirectory``); the status it had and its parent's after."""
+        return Changed.from_wire(await self._call(
+            "delete", path=paths.validate(path), recursive=False, expect="nondir",
+            want_status=True))
+
+    async def rmdir(self, path: str) -> "Changed":
+        """POSIX rmdir(2) in one call: delete the empty directory ``path`` (``NotDirectory``,
+        ``DirectoryNotEmpty``); the status it had and its parent's after."""
+        return Changed.from_wire(await self._call(
+            "delete", path=paths.validate(path), recursive=False, expect="dir",
+            want_status=True))
+
+    async def move(self, src: str, dst: str, *, overwrite: bool = False) -> "Moved":
+        """``rename`` answering what it did: the moved inode's status at ``dst``, both
+        parents' after the move and the status of the destination it replaced (None if
+        none)."""
+        out = await self._call("rename", src=paths.validate(src), dst=paths.validate(dst),
+                               overwrite=overwrite, want_status=True)
+        return Moved(_status(out["status"]), _status(out.get("parent")),
+                     _status(out.get("src_parent")), _status(out.get("replaced")))
+
     async def rename(self, src: str, dst: str, *, overwrite: bool = False) -> bool:
         """POSIX-like rename; ``dst`` must not exist unless ``overwrite``."""
         return bool(await self._call("rename", src=paths.validate(src), dst=paths.validate(dst),
@@ -461,18 +545,27 @@ class AsyncClient:
             checked.append([paths.validate(move[0]), paths.validate(move[1]), *move[2:]])
         return bool(await self._call("rename_many", moves=checked, overwrite=overwrite))
 
-    async def set_permission(self, path: str, mode: int) -> None:
-        await self._call("set_permission", path=paths.validate(path), permission=mode)
+    # the set_* calls: ``want_status`` answers the status after the change (else None)
+    async def set_permission(self, path: str, mode: int, *,
+                             want_status: bool = False) -> FileStatus | None:
+        return _status(await self._call(
+            "set_permission", path=paths.validate(path), permission=mode,
+            **_want(want_status)))
 
-    async def set_owner(self, path: str, owner: str | None = None, group: str | None = None) -> None:
-        await self._call("set_owner", path=paths.validate(path), owner=owner, group=group)
+    async def set_owner(self, path: str, owner: str | None = None, group: str | None = None,
+                        *, want_status: bool = False) -> FileStatus | None:
+        return _status(await self._call(
+            "set_owner", path=paths.validate(path), owner=owner, group=group,
+            **_want(want_status)))
 
     async def set_times(self, path: str, mtime_ns: int | None = None,
-                        atime_ns: int | None = None, *, ino: int | None = None) -> None:
+                        atime_ns: int | None = None, *, ino: int | None = None,
+                        want_status: bool = False) -> FileStatus | None:
         """``ino``: set them on that inode wherever it is now (``path`` names it in errors);
         ``FileNotFound`` once it is deleted."""
-        await self._call("set_times", path=paths.validate(path), mtime_ns=mtime_ns,
-                         atime_ns=atime_ns, ino=ino)
+        return _status(await self._call(
+            "set_times", path=paths.validate(path), mtime_ns=mtime_ns, atime_ns=atime_ns,
+            ino=ino, **_want(want_status)))
 
     async def set_replication(self, path: str, n: int) -> None:
         await self._call("set_replication", path=paths.validate(path), replication=n)
@@ -645,7 +738,8 @@ def _mirror(name: str):
     return method
 
 
-for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "get_file_status",
+for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "mkdir",
+              "get_file_status", "symlink", "unlink", "rmdir", "move",
               "exists", "list_status", "delete", "rename", "rename_many", "set_permission", "set_owner",
               "set_times", "set_replication", "create_symlink", "content_summary", "report",
               "safemode", "truncate", "recover_lease", "is_file_closed", "list_open_files",

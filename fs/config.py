@@ -146,6 +146,9 @@ class Config:
     mount_entry_timeout: float = _s(1.0, "seconds the kernel caches names of a mount "
                                     "(other clients' creates/deletes show up after this)")
     mount_attr_timeout: float = _s(1.0, "seconds the kernel caches attributes of a mount")
+    mount_negative_timeout: float = _s(1.0, "seconds the kernel caches that a name does not "
+                                       "exist (another client's create shows up after this; "
+                                       "0 = misses are not cached)")
     mount_meta_timeout: float = _s(15.0, "seconds a mount request waits for an unreachable "
                                    "metadata server before failing with EIO (never a hung shell)")
     mount_cache_dir: str = _s("", "folder for a mount's staging files of random writes "

@@ -207,9 +207,11 @@ class AsyncInputStream:
         self.reported_bad: list[tuple[int, str]] = []
 
     @classmethod
-    async def open(cls, client, path: str) -> "AsyncInputStream":
+    async def open(cls, client, path: str, *, located: dict | None = None) -> "AsyncInputStream":
+        """``located``: ``get_block_locations``' answer for the whole file, already fetched
+        (with the file's status), so opening makes no call of its own."""
         stream = cls(client, path)
-        await stream._locate()
+        await stream._locate(located)
         return stream
 
     # ------------------------------------------------------------------ public
@@ -297,9 +299,10 @@ class AsyncInputStream:
         if self._closed:
             raise InvalidArgument(f"{self.path}: stream is closed")
 
-    async def _locate(self) -> None:
-        info = await self._client.rpc.call("get_block_locations",
-                                           {"path": self.path, "offset": 0, "length": None})
+    async def _locate(self, info: dict | None = None) -> None:
+        if info is None:
+            info = await self._client.rpc.call("get_block_locations",
+                                               {"path": self.path, "offset": 0, "length": None})
         blocks = sorted((Block.from_wire(lb) for lb in info.get("blocks", [])),
                         key=lambda b: b.offset)
         length = int(info.get("length", 0))

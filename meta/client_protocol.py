@@ -31,13 +31,14 @@ import math
 import trio
 
 from fs import paths
-from fs.errors import (FileNotFound, InvalidArgument, IsDirectory, NotReplicatedYet,
-                       RecoveryInProgress, StaleGenerationStamp)
+from fs.errors import (FileNotFound, InvalidArgument, IsDirectory, NotDirectory,
+                       NotReplicatedYet, PermissionDenied, RecoveryInProgress,
+                       StaleGenerationStamp)
 
 from . import blocks as bm
 from .blocks import BlockInfo
 from .locks import LOCK_PARENT, LOCK_WRITE, lock_set, merge
-from .namespace import DIR, FILE, SYMLINK, check_int, check_name
+from .namespace import DIR, FILE, SYMLINK, check_bool, check_int, check_name
 from .permissions import ALL, READ, READ_EXECUTE, WRITE
 
 #: seconds ``complete`` waits for the report of the last block's first replica before it
@@ -61,9 +62,17 @@ class ClientProtocol:
                 "replace_datanode_best_effort": c.replace_datanode_best_effort,
                 "namespace_id": self.ns.namespace_id}
 
-    async def rpc_mkdirs(self, ctx, path, permission=0o755, owner=None, group=None):
+    async def rpc_mkdirs(self, ctx, path, permission=0o755, owner=None, group=None,
+                         create_parent=True, exclusive=False, want_status=False):
+        """``create_parent=False``/``exclusive=True`` give POSIX mkdir(2) (a missing parent
+        is ``FileNotFound``, an existing path ``FileExists``); ``want_status``: answer
+        ``{status, parent}`` (``changed``) instead of ``true`` (a mount's mkdir in one round
+        trip)."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
+        check_bool(create_parent, f"mkdirs {canonical}: create_parent")
+        check_bool(exclusive, f"mkdirs {canonical}: exclusive")
+        check_bool(want_status, f"mkdirs {canonical}: want_status")
 
         async def body():
             caller = self.checked_caller(ctx)
@@ -75,8 +84,9 @@ class ClientProtocol:
                                                   owner, group)
             _, wall = self.now()
             await self.log_plan(self.ns.plan_mkdirs(canonical, permission, new_owner, new_group,
-                                                    now_ns=wall))
-            return True
+                                                    create_parent=create_parent,
+                                                    exclusive=exclusive, now_ns=wall))
+            return self._changed(canonical) if want_status else True
         return await self.with_ancestor_locks(f"mkdirs {canonical}", parts, body,
                                               keep_parent_write=False)
 
@@ -116,9 +126,11 @@ class ClientProtocol:
         return await self.with_ancestor_locks(f"create {canonical}", parts, body)
 
     async def rpc_create_symlink(self, ctx, target, path, create_parent=False, owner=None,
-                                 group=None):
+                                 group=None, want_status=False):
+        """``want_status``: answer ``{status, parent}`` instead of the status alone."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
+        check_bool(want_status, f"symlink {canonical}: want_status")
 
         async def body():
             self.check_access(ctx, parts, ancestor=WRITE)
@@ -128,9 +140,18 @@ class ClientProtocol:
             plan = self.ns.plan_symlink(target, canonical, create_parent=create_parent,
                                         owner=new_owner, group=new_group, now_ns=wall)
             await self.log_plan(plan)
+            if want_status:
+                return self._changed(canonical)
             ino = plan[1]["ino"]
             return self.ns.status(canonical, ino, self.ns.get_inode(ino))
         return await self.with_ancestor_locks(f"symlink {canonical}", parts, body)
+
+    def _changed(self, canonical: str, status: dict | None = None) -> dict:
+        """The ``want_status`` answer of a namespace change at ``canonical``: the inode's
+        status (``status`` when it is gone) and its parent directory's after the change,
+        whose attributes a kernel drops after any change in it and asks for again."""
+        return {"status": self.ns.get_file_info(canonical) if status is None else status,
+                "parent": self.ns.get_file_info(paths.parent(canonical))}
 
     async def rpc_add_block(self, ctx, path, client_name, ino=None, previous=None, excluded=()):
         canonical = paths.validate(path)
@@ -480,7 +501,12 @@ class ClientProtocol:
         check_int(offset, f"{canonical}: offset", low=0)
         if length is not None:
             check_int(length, f"{canonical}: length", low=0)
-        end = math.inf if length is None else offset + length
+        return self._file_locations(ino, inode, offset,
+                                    math.inf if length is None else offset + length)
+
+    def _file_locations(self, ino: int, inode: dict, offset: int, end) -> dict:
+        """``get_block_locations``' answer for the blocks of a file overlapping
+        ``[offset, end)``."""
         under_construction = bool(inode.get("uc"))
         located = [self.located(block, self.blocks.get(block["id"]), pos)
                    for block, pos in self.ns.blocks_in_range(ino, inode, offset, end)]
@@ -489,9 +515,22 @@ class ClientProtocol:
                 "blocks": located,
                 "last_block_complete": not last or self.is_complete(last[-1])}
 
-    async def rpc_get_file_info(self, ctx, path):
-        self.check_access(ctx, paths.split(path))
-        return self.ns.get_file_info(path)
+    async def rpc_get_file_info(self, ctx, path, locations=False):
+        """``locations``: a file's status also carries ``locations``, what
+        ``get_block_locations`` of the whole file answers, when the caller may read it (an
+        open for reading then needs no second call before its first read)."""
+        parts = paths.split(path)
+        self.check_access(ctx, parts)
+        check_bool(locations, f"get_file_info {path}: locations")
+        found_parts, ino, inode, _ = self.ns.resolve(path)
+        status = self.ns.status(paths.join_parts(found_parts), ino, inode)
+        if locations and inode["type"] == FILE:
+            try:
+                self.check_access(ctx, parts, access=READ)
+            except PermissionDenied:
+                return status   # the read itself will be refused, with its own error
+            status["locations"] = self._file_locations(ino, inode, 0, math.inf)
+        return status
 
     async def rpc_list_status(self, ctx, path, start_after="", limit=1000):
         caller = self.checked_caller(ctx)
@@ -513,15 +552,27 @@ class ClientProtocol:
         self.permissions.check_path(caller, dst_parts, dst_chain, ancestor=WRITE,
                                     parent=WRITE if len(dst_chain) == len(dst_parts) + 1 else 0)
 
-    async def rpc_rename(self, ctx, src, dst, overwrite=False):
+    async def rpc_rename(self, ctx, src, dst, overwrite=False, want_status=False):
+        """``want_status``: answer ``{status, parent, src_parent, replaced}`` instead of
+        ``true``: the moved inode's status at ``dst``, both parents' after the move and
+        the status the replaced destination had (null when nothing was replaced), so a
+        mount fixes its inode table without asking again."""
         src_parts, dst_parts = paths.split(src), paths.split(dst)
         s, d = paths.join_parts(src_parts), paths.join_parts(dst_parts)
+        check_bool(want_status, f"rename {s} to {d}: want_status")
         wanted = merge(lock_set(src_parts, LOCK_PARENT), lock_set(dst_parts, LOCK_PARENT))
         async with self.mutation(f"rename {s} to {d}", wanted):
             self._check_rename(ctx, src_parts, dst_parts)
             _, wall = self.now()
-            await self.log_plan(self.ns.plan_rename(s, d, overwrite, now_ns=wall))
-            return True
+            plan = self.ns.plan_rename(s, d, overwrite, now_ns=wall)
+            replaced = None
+            if want_status and plan is not None and plan[1]["overwrite"] is not None:
+                replaced = self.ns.get_file_info(d)
+            await self.log_plan(plan)
+            if not want_status:
+                return True
+            return {**self._changed(d), "replaced": replaced,
+                    "src_parent": self.ns.get_file_info(paths.parent(s))}
 
     async def rpc_rename_many(self, ctx, moves, overwrite=False):
         """Several renames in one journal record: readers see all of them or none."""
@@ -536,9 +587,16 @@ class ClientProtocol:
             await self.log_plan(self.ns.plan_rename_many(moves, overwrite, now_ns=wall))
             return True
 
-    async def rpc_delete(self, ctx, path, recursive=False):
+    async def rpc_delete(self, ctx, path, recursive=False, expect=None, want_status=False):
+        """``expect``: ``"dir"`` (rmdir(2): anything else is ``NotDirectory``) or
+        ``"nondir"`` (unlink(2): a directory is ``IsDirectory``). ``want_status``: answer
+        ``{status, parent}`` (the deleted inode's status as it was) instead of ``true``."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
+        if expect not in (None, "dir", "nondir"):
+            raise InvalidArgument(f"delete {canonical}: expect must be null, \"dir\" or "
+                                  f"\"nondir\", got {expect!r:.40}")
+        check_bool(want_status, f"delete {canonical}: want_status")
         async with self.mutation(f"delete {canonical}", lock_set(parts, LOCK_PARENT)):
             caller = self.checked_caller(ctx)
             if caller is not None:
@@ -546,23 +604,34 @@ class ClientProtocol:
                 if recursive is True:   # HDFS subAccess=ALL, empty directories ignored
                     await self.check_subtree(caller, parts, ALL, ignore_empty_dir=True)
             _, wall = self.now()
+            gone = None
+            if expect is not None or want_status:
+                gone = self.ns.get_file_info(canonical)
+                if expect == "dir" and gone["type"] != DIR:
+                    raise NotDirectory(f"rmdir {canonical}: not a directory")
+                if expect == "nondir" and gone["type"] == DIR:
+                    raise IsDirectory(f"unlink {canonical}: is a directory")
             await self.log_plan(self.ns.plan_delete(canonical, recursive, now_ns=wall))
-            return True
+            return self._changed(canonical, gone) if want_status else True
 
-    async def _set_op(self, what: str, path, planner, check=None) -> bool:
+    async def _set_op(self, what: str, path, planner, check=None, want_status=False):
+        """``want_status``: answer the inode's status after the change instead of ``true``
+        (a mount's setattr in one round trip)."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
+        check_bool(want_status, f"{what} {canonical}: want_status")
         async with self.mutation(f"{what} {canonical}", lock_set(parts, LOCK_WRITE)):
             if check is not None:
                 check(parts, canonical)
             await self.log_plan(planner(canonical, self.wall_ns()))
-            return True
+            return self.ns.get_file_info(canonical) if want_status else True
 
-    async def rpc_set_permission(self, ctx, path, permission):
+    async def rpc_set_permission(self, ctx, path, permission, want_status=False):
         return await self._set_op("chmod", path, lambda p, t: self.ns.plan_set_permission(
-            p, permission, now_ns=t), lambda parts, _: self.check_access(ctx, parts, owner=True))
+            p, permission, now_ns=t), lambda parts, _: self.check_access(ctx, parts, owner=True),
+            want_status)
 
-    async def rpc_set_owner(self, ctx, path, owner=None, group=None):
+    async def rpc_set_owner(self, ctx, path, owner=None, group=None, want_status=False):
         def check(parts, canonical):
             caller = self.checked_caller(ctx)
             if caller is None:
@@ -575,9 +644,10 @@ class ClientProtocol:
                     check_name(owner, f"chown {canonical}: owner", optional=True),
                     check_name(group, f"chown {canonical}: group", optional=True))
         return await self._set_op("chown", path, lambda p, t: self.ns.plan_set_owner(
-            p, owner, group, now_ns=t), check)
+            p, owner, group, now_ns=t), check, want_status)
 
-    async def rpc_set_times(self, ctx, path, mtime_ns=None, atime_ns=None, ino=None):
+    async def rpc_set_times(self, ctx, path, mtime_ns=None, atime_ns=None, ino=None,
+                            want_status=False):
         """``ino``: the file is addressed by inode id (``path`` only names it in errors),
         so a writer re-applying times after its close is not thrown off by a rename."""
         def planner(p, t):
@@ -587,13 +657,15 @@ class ClientProtocol:
         ino = self.check_ino(ino, canonical)
         if ino is None:
             return await self._set_op("set times of", path, planner,
-                                      lambda parts, _: self.check_access(ctx, parts, access=WRITE))
+                                      lambda parts, _: self.check_access(ctx, parts, access=WRITE),
+                                      want_status)
         async with self.file_lock(f"set times of {canonical}", canonical, ino) as current:
             if self.ns.path_of(ino) != current:
                 raise FileNotFound(f"{canonical}: inode {ino} no longer exists")
             self.check_access(ctx, paths.split(current), access=WRITE)
+            check_bool(want_status, f"set times of {canonical}: want_status")
             await self.log_plan(planner(current, self.wall_ns()))
-            return True
+            return self.ns.get_file_info(current) if want_status else True
 
     async def rpc_set_replication(self, ctx, path, replication):
         return await self._set_op("setrep", path, lambda p, t: self.ns.plan_set_replication(

@@ -64,15 +64,22 @@ class NamespacePlanner:
                           "owner": self.defaults.owner, "group": self.defaults.group}
 
     def plan_mkdirs(self, path, permission=0o755, owner=None, group=None, *,
+                    create_parent: bool = True, exclusive: bool = False,
                     now_ns: int) -> tuple[str, dict] | None:
+        """``create_parent=False``: a missing parent is ``FileNotFound``; ``exclusive``: an
+        existing path is ``FileExists`` even when it is a directory (mkdir(2))."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         permission = check_mode(permission, f"mkdirs {canonical}: permission")
         found = self.walk(parts, canonical)
         if len(found) == len(parts) + 1:
-            if found[-1][1]["type"] == DIR:
+            if found[-1][1]["type"] == DIR and not exclusive:
                 return None
-            raise FileExists(f"mkdirs {canonical}: exists and is not a directory")
+            raise FileExists(f"mkdirs {canonical}: exists"
+                             + ("" if found[-1][1]["type"] == DIR else " and is not a directory"))
+        if len(found) < len(parts) and not create_parent:
+            raise FileNotFound(f"mkdir {canonical}: parent {paths.join_parts(parts[:-1])} "
+                               f"does not exist")
         self.check_parent_dir(canonical, found)
         owner, group = self._owner_group(owner, group, found[-1][1])
         dirs = self._missing_dirs(parts, found, len(parts), permission, owner, group)

@@ -122,7 +122,7 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
     """Every RPC of PROTOCOL.md §2 as ``rpc_<method>(ctx, **args)``: the handlers come from
     the role mixins, which calls go through the retry cache or run inline is declared here."""
 
-    retry_cached = frozenset({"create", "add_block", "complete", "delete", "rename",
+    retry_cached = frozenset({"mkdirs", "create", "add_block", "complete", "delete", "rename",
                               "rename_many", "create_symlink", "append", "truncate", "recover_lease"})
 
     # reads that never await (they see the state between two applied journal batches)

@@ -68,14 +68,16 @@ def next_state(mode: FileMode, event: FileEvent) -> FileMode:
 
 
 class Node:
-    """An inode the kernel knows: its current path and lookup count."""
+    """An inode the kernel knows: its current path and lookup count (and a symlink's
+    target, once seen)."""
 
-    __slots__ = ("ino", "path", "lookups")
+    __slots__ = ("ino", "path", "lookups", "target")
 
     def __init__(self, ino: int, path: str | None):
         self.ino = ino
         self.path = path
         self.lookups = 0
+        self.target: str | None = None
 
 
 class OpenFile:
@@ -132,6 +134,9 @@ class Handle:
         self.writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         self.input = None
         self.input_generation = -1
+        # (generation, block locations) handed out with the status at open: the first read
+        # opens its input stream from them when the file has not changed here since
+        self.located: tuple[int, dict] | None = None
         # read window: the kernel reads in requests of at most 128 KiB (readahead folios);
         # one sequential fetch of READ_WINDOW serves the next ones from memory
         self.window_offset = 0

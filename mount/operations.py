@@ -1,8 +1,10 @@
 """``LeaseFS``: the pyfuse3 ``Operations`` adapter over ONE ``fs.client.AsyncClient``.
 
-Why: the mount is a thin translation layer (DESIGN.md §7) — a FUSE request becomes one or a
-few client calls and the result becomes ``EntryAttributes`` or a ``FUSEError`` (mapped in
-``mount.errors`` only). The mount is one lease holder: every file it writes is leased to its
+Why: the mount is a thin translation layer (DESIGN.md §7) — a FUSE request becomes one
+client call (the server decides POSIX errors and answers the statuses the kernel needs) and
+the result becomes ``EntryAttributes`` or a ``FUSEError`` (mapped in ``mount.errors`` only).
+The kernel caches names, misses and attributes for the mount's timeouts and keeps pages of
+files unchanged since their last open for reading (DESIGN.md, "caching"). The mount is one lease holder: every file it writes is leased to its
 one client, whose renewer keeps the leases alive while files are open.
 
 Inodes: namespace inode ids are the FUSE inode numbers (root = 1). ``_nodes`` maps each inode
@@ -60,6 +62,7 @@ RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 READ_WINDOW = 4 << 20
 READDIR_PAGE = 1000
+FRESH_LIMIT = 4096
 
 
 class LeaseFS(WriteMachinery, pyfuse3.Operations):
@@ -69,7 +72,7 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
     enable_writeback_cache = False
 
     def __init__(self, client, cache_dir: str, *, entry_timeout: float = 1.0,
-                 attr_timeout: float = 1.0, io_threads: int = 4,
+                 attr_timeout: float = 1.0, negative_timeout: float = 1.0, io_threads: int = 4,
                  cache_limit: int = 8 << 30, file_settings: FileSettings | None = None):
         super().__init__()
         self.client = client
@@ -79,6 +82,20 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
         self.cache_limit = cache_limit
         self.entry_timeout = entry_timeout
         self.attr_timeout = attr_timeout
+        self.negative_timeout = negative_timeout
+        # (mtime, ctime, length) of each closed file when it was last opened for reading
+        # here: an open that finds the same stamp keeps the kernel's cached pages
+        self._read_stamps: dict[int, tuple[int, int, int]] = {}
+        # parent directories' statuses a change answered with, kept for the getattr the
+        # kernel sends next: it drops a directory's attributes after every change in it and
+        # (default_permissions) asks again at the next path walk. Directories only (no
+        # write path changes them); served once, within attr_timeout of the answer (the
+        # kernel would have cached them that long); dropped by any handler addressing a
+        # name in the directory or changing it (_child, setattr), and not kept at all when
+        # another such handler started while the change was in flight (_named counts them:
+        # its answer may predate that handler's change).
+        self._fresh: dict[int, tuple[float, FileStatus]] = {}
+        self._named = 0
         self._io_limiter = trio.CapacityLimiter(io_threads)
         self._nodes: dict[int, Node] = {ROOT_INO: Node(ROOT_INO, "/")}
         self._nodes[ROOT_INO].lookups = 1
@@ -102,6 +119,8 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
         return node.path
 
     def _child(self, parent_ino: int, name: bytes) -> str:
+        self._fresh.pop(parent_ino, None)   # the handler may change the directory
+        self._named += 1
         text = os.fsdecode(name)
         if "/" in text or text in ("", ".", ".."):
             raise fuse_error(errno.EINVAL)
@@ -115,14 +134,17 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
     def _kernel_ino(self, ns_ino: int) -> int:
         return self._alias.get(ns_ino, ns_ino)
 
-    def _remember(self, ino: int, path: str) -> Node:
-        """Register ``ino`` at ``path`` and count one lookup."""
+    def _remember(self, ino: int, path: str, status: FileStatus | None = None) -> Node:
+        """Register ``ino`` at ``path`` and count one lookup; a symlink's target is kept
+        for readlink (an inode's target never changes: a new link is a new inode)."""
         node = self._nodes.get(ino)
         if node is None:
             node = self._nodes[ino] = Node(ino, path)
         else:
             node.path = path
         node.lookups += 1
+        if status is not None and status.is_symlink:
+            node.target = status.symlink
         return node
 
     def _new_fh(self) -> int:
@@ -180,6 +202,25 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
     async def _status_of(self, ino: int):
         return await self.client.get_file_status(self._path(ino))
 
+    def _keep_fresh(self, named: int, *statuses: FileStatus | None) -> None:
+        """Remember the directory statuses a change answered with for the kernel's next
+        getattr, unless another handler addressed a name since this one (``named``: the
+        count after its own ``_child``)."""
+        if named != self._named:
+            return
+        if len(self._fresh) > FRESH_LIMIT:
+            self._fresh.clear()
+        now = trio.current_time()
+        for status in statuses:
+            if status is not None:
+                self._fresh[self._kernel_ino(status.ino)] = (now, status)
+
+    def _fresh_status(self, ino: int) -> FileStatus | None:
+        entry = self._fresh.pop(ino, None)
+        if entry is not None and trio.current_time() - entry[0] < self.attr_timeout:
+            return entry[1]
+        return None
+
     # ================================================================== namespace handlers
     @fuse_op
     async def lookup(self, parent_inode, name, ctx=None):
@@ -194,14 +235,28 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
             return attrs
         else:
             path = self._child(parent_inode, name)
-            status = await self.client.get_file_status(path)
+            try:
+                status = await self.client.get_file_status(path)
+            except FileNotFound:
+                if self.negative_timeout <= 0:
+                    raise
+                return self._negative_entry()
             attrs = self._attrs(status)
-            self._remember(attrs.st_ino, path)
+            self._remember(attrs.st_ino, path, status)
             return attrs
         attrs = self._attrs(status)
         attrs.st_ino = parent_inode
         self._nodes[parent_inode].lookups += 1
         return attrs
+
+    def _negative_entry(self) -> pyfuse3.EntryAttributes:
+        """A miss the kernel caches for ``negative_timeout`` (inode 0). A name this mount
+        creates meanwhile is no problem: the kernel turns its own negative entry into the
+        new one at create, mkdir, symlink and rename."""
+        attr = pyfuse3.EntryAttributes()
+        attr.st_ino = 0
+        attr.entry_timeout = self.negative_timeout
+        return attr
 
     def forget(self, inode_list):
         for ino, nlookup in inode_list:
@@ -211,6 +266,7 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
             node.lookups -= nlookup
             if node.lookups <= 0 and ino not in self._open:
                 del self._nodes[ino]
+                self._read_stamps.pop(ino, None)
                 for ns, k in list(self._alias.items()):
                     if k == ino:
                         del self._alias[ns]
@@ -222,7 +278,7 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
         if of is not None and of.status is not None and (
                 of.unlinked or node is None or node.path is None):
             return self._attrs(of.status)   # unlinked but open: still has attributes
-        status = await self._status_of(inode)
+        status = self._fresh_status(inode) or await self._status_of(inode)
         if of is not None:
             of.status = status
         return self._attrs(status)
@@ -230,29 +286,38 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
     @fuse_op
     async def setattr(self, inode, attr, fields, fh, ctx):
         of = self._open.get(inode)
+        self._fresh.pop(inode, None)
         if of is None:
-            await self._set_attrs(inode, None, attr, fields, fh)
+            status = await self._set_attrs(inode, None, attr, fields, fh)
         else:
             # an open file's state (and its asynchronous release) changes only under its
             # lock: taken before the first await, so a release that completes the file
             # either ran before (then the times below land last) or sees pending_times
             async with of.lock:
-                await self._set_attrs(inode, of if self._open.get(inode) is of else None,
-                                      attr, fields, fh)
-        return self._attrs(await self._status_of(inode))
+                status = await self._set_attrs(inode, of if self._open.get(inode) is of
+                                               else None, attr, fields, fh)
+        if status is None:
+            status = await self._status_of(inode)
+        return self._attrs(status)
 
-    async def _set_attrs(self, inode: int, of: OpenFile | None, attr, fields, fh) -> None:
-        """``setattr``'s changes; ``of`` (lock held) when the file is open here."""
+    async def _set_attrs(self, inode: int, of: OpenFile | None, attr, fields, fh):
+        """``setattr``'s changes; ``of`` (lock held) when the file is open here. Each call
+        answers the status after it, so the usual one-field setattr (chmod, chown, utimens)
+        is one round trip; the status after the last change, or None after a truncate."""
         path = self._path(inode)
+        status = None
         if fields.update_mode:
-            await self.client.set_permission(path, attr.st_mode & 0o7777)
+            status = await self.client.set_permission(path, attr.st_mode & 0o7777,
+                                                      want_status=True)
             if of is not None:
                 of.permission = attr.st_mode & 0o7777
         if fields.update_uid or fields.update_gid:
             owner = user_name(attr.st_uid) if fields.update_uid else None
             group = group_name(attr.st_gid) if fields.update_gid else None
-            await self.client.set_owner(path, owner, group)
+            status = await self.client.set_owner(path, owner, group, want_status=True)
         if fields.update_size:
+            self._read_stamps.pop(inode, None)
+            status = None
             if of is not None:
                 await self._truncate_open(of, path, attr.st_size, by_handle=fh is not None)
             else:
@@ -263,7 +328,9 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
             if of is not None and of.mode is not FileMode.CLEAN:
                 # the completion or upload still to come would replace them: set again then
                 of.pending_times = times
-            await self.client.set_times(self._path(inode), mtime_ns=times[0], atime_ns=times[1])
+            status = await self.client.set_times(self._path(inode), mtime_ns=times[0],
+                                                 atime_ns=times[1], want_status=True)
+        return status
 
     def _identity(self, ctx) -> tuple[str | None, str | None]:
         """Owner and group for a new inode: the calling process's uid/gid (as names when
@@ -274,9 +341,9 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
 
     @fuse_op
     async def opendir(self, inode, ctx):
-        status = await self._status_of(inode)
-        if not status.is_dir:
-            raise fuse_error(errno.ENOTDIR)
+        # no call: the kernel opens only what it knows as a directory, and a directory
+        # another client removed meanwhile fails at readdir (ENOENT)
+        self._path(inode)
         fh = self._new_fh()
         self._dirs[fh] = DirHandle(inode)
         return fh
@@ -293,13 +360,15 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
         while True:
             entries, more = await self.client._list_page(path, start_after, READDIR_PAGE)
             for entry in entries:
+                if entry.path == path:   # a file lists itself: no longer a directory
+                    raise fuse_error(errno.ENOTDIR)
                 attrs = self._attrs(entry)
                 handle.names.append(entry.name)
                 cookie = len(handle.names)
                 if not pyfuse3.readdir_reply(token, os.fsencode(entry.name), attrs, cookie):
                     return
                 child = "/" + entry.name if path == "/" else f"{path}/{entry.name}"
-                self._remember(attrs.st_ino, child)
+                self._remember(attrs.st_ino, child, entry)
                 start_after = entry.name
             if not more or not entries:
                 return
@@ -311,27 +380,23 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
     @fuse_op
     async def mkdir(self, parent_inode, name, mode, ctx):
         path = self._child(parent_inode, name)
-        if await self.client.exists(path):
-            raise fuse_error(errno.EEXIST)
-        parent = self._path(parent_inode)
-        status = await self.client.get_file_status(parent)
-        if not status.is_dir:
-            raise fuse_error(errno.ENOTDIR)
+        named = self._named
         owner, group = self._identity(ctx)
-        await self.client.mkdirs(path, permission=mode & 0o7777, owner=owner, group=group)
-        status = await self.client.get_file_status(path)
-        attrs = self._attrs(status)
+        # one call: EEXIST, ENOENT (parent gone) and ENOTDIR come from the server
+        made = await self.client.mkdir(path, permission=mode & 0o7777, owner=owner,
+                                       group=group)
+        self._keep_fresh(named, made.parent)
+        attrs = self._attrs(made.status)
         self._remember(attrs.st_ino, path)
         return attrs
 
     @fuse_op
     async def rmdir(self, parent_inode, name, ctx):
         path = self._child(parent_inode, name)
-        status = await self.client.get_file_status(path)
-        if not status.is_dir:
-            raise fuse_error(errno.ENOTDIR)
-        await self.client.delete(path, recursive=False)
-        self._forget_path(self._kernel_ino(status.ino))
+        named = self._named
+        gone = await self.client.rmdir(path)   # ENOTDIR, ENOTEMPTY from the server
+        self._keep_fresh(named, gone.parent)
+        self._forget_path(self._kernel_ino(gone.status.ino))
 
     def _forget_path(self, ino: int) -> None:
         node = self._nodes.get(ino)
@@ -341,13 +406,37 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
     @fuse_op
     async def unlink(self, parent_inode, name, ctx):
         path = self._child(parent_inode, name)
-        status = await self.client.get_file_status(path)
-        if status.is_dir:
-            raise fuse_error(errno.EISDIR)
-        ino = self._kernel_ino(status.ino)
-        await self._detach(ino, path)
-        await self.client.delete(path, recursive=False)
+        named = self._named
+        if self._open_at(path):
+            # a file open here: staged before it goes, so its handles keep their content
+            status = await self.client.get_file_status(path)
+            if status.is_dir:
+                raise fuse_error(errno.EISDIR)
+            await self._detach(self._kernel_ino(status.ino), path)
+        gone = await self.client.unlink(path)   # EISDIR from the server
+        self._keep_fresh(named, gone.parent)
+        ino = self._kernel_ino(gone.status.ino)
+        self._check_gone(ino, path)
         self._forget_path(ino)
+
+    def _open_at(self, path: str) -> bool:
+        """Whether a file open here (and not yet detached) has ``path`` as far as this mount
+        knows: its node's path (another client's rename moves it unseen)."""
+        for ino, of in self._open.items():
+            node = self._nodes.get(ino)
+            if node is not None and node.path == path and not of.unlinked:
+                return True
+        return False
+
+    def _check_gone(self, ino: int, path: str) -> None:
+        """After an unlink or a rename over ``path`` removed inode ``ino``: an open file here
+        that was not detached first (another client had moved it to ``path``) lost its
+        content; its handles get errors from now on, which the log says."""
+        of = self._open.get(ino)
+        if of is not None and not of.unlinked:
+            log.warning("%s (inode %d) was removed while open here under another name; "
+                        "its open handles lose their content", path, ino)
+            of.unlinked = True
 
     @fuse_op
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
@@ -355,39 +444,46 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
             raise fuse_error(errno.EINVAL)
         src = self._child(parent_inode_old, name_old)
         dst = self._child(parent_inode_new, name_new)
-        replaced = None
-        try:
+        named = self._named
+        overwrite = not (flags & RENAME_NOREPLACE)
+        if overwrite and self._open_at(dst):
+            # replacing a file open here: staged before it goes, as at unlink
             dst_status = await self.client.get_file_status(dst)
-        except FileNotFound:
-            dst_status = None
-        if dst_status is not None:
-            if flags & RENAME_NOREPLACE:
-                raise fuse_error(errno.EEXIST)
-            replaced = self._kernel_ino(dst_status.ino)
             if not dst_status.is_dir:
-                await self._detach(replaced, dst)
-        await self.client.rename(src, dst, overwrite=not (flags & RENAME_NOREPLACE))
-        if replaced is not None:
+                await self._detach(self._kernel_ino(dst_status.ino), dst)
+        # one call: EEXIST (NOREPLACE), EISDIR/ENOTDIR/ENOTEMPTY come from the server
+        moved = await self.client.move(src, dst, overwrite=overwrite)
+        self._keep_fresh(named, moved.src_parent, moved.parent)
+        if moved.replaced is not None:
+            replaced = self._kernel_ino(moved.replaced.ino)
+            if not moved.replaced.is_dir:
+                self._check_gone(replaced, dst)
             self._forget_path(replaced)
-        prefix = src + "/"
-        for node in self._nodes.values():
-            if node.path == src:
-                node.path = dst
-            elif node.path is not None and node.path.startswith(prefix):
-                node.path = dst + node.path[len(src):]
+        node = self._nodes.get(self._kernel_ino(moved.status.ino))
+        if node is not None:
+            node.path = dst
+        if moved.status.is_dir:   # the paths of what the kernel knows below it move too
+            prefix = src + "/"
+            for node in self._nodes.values():
+                if node.path is not None and node.path.startswith(prefix):
+                    node.path = dst + node.path[len(src):]
 
     @fuse_op
     async def symlink(self, parent_inode, name, target, ctx):
         path = self._child(parent_inode, name)
+        named = self._named
         owner, group = self._identity(ctx)
-        status = await self.client.create_symlink(os.fsdecode(target), path, owner=owner,
-                                                  group=group)
-        attrs = self._attrs(status)
-        self._remember(attrs.st_ino, path)
+        made = await self.client.symlink(os.fsdecode(target), path, owner=owner, group=group)
+        self._keep_fresh(named, made.parent)
+        attrs = self._attrs(made.status)
+        self._remember(attrs.st_ino, path, made.status)
         return attrs
 
     @fuse_op
     async def readlink(self, inode, ctx):
+        node = self._nodes.get(inode)
+        if node is not None and node.target is not None:
+            return os.fsencode(node.target)   # no call: the kernel does not cache it
         status = await self._status_of(inode)
         if not status.is_symlink:
             raise fuse_error(errno.EINVAL)
@@ -464,14 +560,24 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
     @fuse_op
     async def open(self, inode, flags, ctx):
         path = self._path(inode)
-        status = await self.client.get_file_status(path)
+        reading = (flags & os.O_ACCMODE) == os.O_RDONLY and not flags & os.O_TRUNC
+        # for reading: the block locations come with the status (one call before the
+        # first read instead of two)
+        status = await self.client.get_file_status(path, locations=reading)
         if status.is_dir:
             raise fuse_error(errno.EISDIR)
         of = self._open.get(inode)
         if of is None:
             of = self._open_file(inode, status.length, status.mode & 0o7777, status)
+        keep_cache = False
+        if reading:
+            keep_cache = self._unchanged_since_read(inode, of, status)
+        else:
+            self._read_stamps.pop(inode, None)
         of.status = status
         handle = self._add_handle(of, flags)
+        if status.locations is not None:
+            handle.located = (of.generation, status.locations)
         try:
             if handle.writable:
                 # opening for write takes the lease now, so a second writer learns at open
@@ -488,7 +594,21 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
         except BaseException:
             await self._drop_handle(handle)
             raise
-        return pyfuse3.FileInfo(fh=handle.fh, keep_cache=False)
+        return pyfuse3.FileInfo(fh=handle.fh, keep_cache=keep_cache)
+
+    def _unchanged_since_read(self, ino: int, of: OpenFile, status: FileStatus) -> bool:
+        """Whether the kernel's cached pages of ``ino`` still hold its content: the file is
+        closed and has the mtime, ctime and length it had at the last open for reading
+        here (any write, truncate or append, here or by another client, changes them).
+        Records the stamp for the next open."""
+        if (status.under_construction or of.mode is not FileMode.CLEAN or of.writers
+                or of.unlinked):
+            self._read_stamps.pop(ino, None)
+            return False
+        stamp = (status.mtime_ns, status.ctime_ns, status.length)
+        same = self._read_stamps.get(ino) == stamp
+        self._read_stamps[ino] = stamp
+        return same
 
     def _handle(self, fh: int) -> Handle:
         handle = self._handles.get(fh)
@@ -509,7 +629,10 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
             if handle.input is None or handle.input_generation != of.generation:
                 if handle.input is not None:
                     await handle.input.close()
-                handle.input = await self.client.open(self._path(of.ino))
+                located, handle.located = handle.located, None
+                handle.input = await self.client.open(
+                    self._path(of.ino),
+                    located=located[1] if located and located[0] == of.generation else None)
                 handle.input_generation = of.generation
                 handle.window = b""
             data = handle.from_window(off, size)

@@ -156,6 +156,7 @@ async def _serve(mountpoint: str, meta_address: str, config: Config, options: se
     async with AsyncClient(meta_address, config=mount_client_config(config),
                            client_name=mount_client_name(mountpoint)) as client:
         ops = LeaseFS(client, own_cache, entry_timeout=entry_timeout, attr_timeout=attr_timeout,
+                      negative_timeout=config.mount_negative_timeout,
                       cache_limit=config.mount_cache_limit, file_settings=file_settings)
         pyfuse3.init(ops, mountpoint, options)
         mounted = True

@@ -1,0 +1,176 @@
+"""What the mount lets the kernel cache, and that it stays correct: cached misses
+(negative entries), pages kept across opens of an unchanged file, and the directory
+attributes a change answers with (served for the getattr the kernel sends after every
+change in a directory). Two mount processes of one cluster are two clients.
+
+Skipped (with the reason) when pyfuse3, /dev/fuse or fusermount3 is missing.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import time
+
+import pytest
+
+pyfuse3 = pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
+if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
+    pytest.skip("/dev/fuse or fusermount3 is not available", allow_module_level=True)
+
+from harness import Mount, ProcessCluster  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    base = tmp_path_factory.mktemp("mountcaches")
+    with ProcessCluster(base, n_storage=2, settings={"replication": 2}) as c:
+        yield c
+
+
+def _started(cluster, name: str, *extra: str):
+    m = Mount(cluster, name, *extra)
+    try:
+        m.start()
+        yield m
+        m.stop()
+    finally:
+        m.cleanup()
+
+
+@pytest.fixture(scope="module")
+def slow_misses(cluster):
+    """A mount whose kernel caches names, misses and attributes for 30 s: long enough to
+    see a miss held, and so that no expired entry or attribute makes the kernel fetch a
+    changed file's attributes: only the mount (its open, and the refresh after a release)
+    can make it drop the pages it kept."""
+    yield from _started(cluster, "slowmiss", "--set", "mount_negative_timeout=30",
+                        "--attr-timeout", "30", "--entry-timeout", "30")
+
+
+@pytest.fixture(scope="module")
+def other(cluster):
+    yield from _started(cluster, "other")
+
+
+def _errno_of(fn, *args) -> int:
+    with pytest.raises(OSError) as info:
+        fn(*args)
+    return info.value.errno
+
+
+def _wait_until(check, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(0.05)
+
+
+def test_a_cached_miss_holds_for_its_timeout_and_yields_to_this_mounts_creates(
+        slow_misses, other):
+    d = "misses"
+    os.mkdir(slow_misses.mp / d)
+    here, there = slow_misses.mp / d, other.mp / d
+    assert _wait_until(there.exists)
+
+    # another client's create stays unseen while the miss is cached (30 s here) ...
+    assert _errno_of(os.stat, here / "theirs") == errno.ENOENT
+    (there / "theirs").write_bytes(b"from the other mount")
+    assert _errno_of(os.stat, here / "theirs") == errno.ENOENT
+    # ... and shows up on a mount with the default (1 s) timeout once it ran out
+    assert _errno_of(os.stat, there / "mine") == errno.ENOENT
+    assert _errno_of(os.stat, there / "dir") == errno.ENOENT
+
+    # a name this mount creates replaces its own cached miss at once
+    for name in ("mine", "dir", "link", "moved"):
+        assert _errno_of(os.stat, here / name) == errno.ENOENT
+    (here / "mine").write_bytes(b"created here")
+    os.mkdir(here / "dir")
+    os.symlink("mine", here / "link")
+    (here / "src").write_bytes(b"renamed here")
+    os.rename(here / "src", here / "moved")
+    assert (here / "mine").read_bytes() == b"created here"
+    assert os.path.isdir(here / "dir")
+    assert os.readlink(here / "link") == "mine"
+    assert (here / "moved").read_bytes() == b"renamed here"
+
+    assert _wait_until(lambda: (there / "mine").exists() and (there / "dir").is_dir())
+    assert (there / "mine").read_bytes() == b"created here"
+
+
+def test_reopening_an_unchanged_file_keeps_pages_a_changed_one_does_not(
+        cluster, slow_misses, other):
+    here, there = slow_misses.mp / "kept", other.mp / "kept"
+    with cluster.client() as client:
+        def closed() -> bool:   # the release after close(2) completes the file a moment later
+            return client.exists("/kept") and client.is_file_closed("/kept")
+
+        here.write_bytes(b"A" * 5000)
+        assert _wait_until(closed)
+        for _ in range(3):   # the second and third opens keep the kernel's pages
+            assert here.read_bytes() == b"A" * 5000
+        assert there.read_bytes() == b"A" * 5000
+
+        with open(there, "r+b") as fh:   # rewritten in place: same inode, same length
+            fh.write(b"B" * 5000)
+        assert _wait_until(closed)
+        assert here.read_bytes() == b"B" * 5000
+
+        with open(here, "ab") as fh:     # a change through this mount
+            fh.write(b"C" * 10)
+        assert _wait_until(closed)
+        assert here.read_bytes() == b"B" * 5000 + b"C" * 10
+        os.truncate(here, 100)
+        assert here.read_bytes() == b"B" * 100
+        assert _wait_until(lambda: there.stat().st_size == 100)
+        assert there.read_bytes() == b"B" * 100
+
+
+def test_directory_attributes_after_each_change_match_the_cluster(cluster, other):
+    root = other.mp / "attrs"
+    os.mkdir(root)
+    with cluster.client() as client:
+        def same(rel: str) -> None:
+            st = os.stat(other.mp / rel)
+            status = client.get_file_status("/" + rel)
+            assert (st.st_mtime_ns, st.st_nlink) == (status.mtime_ns, 2 + status.subdirs), rel
+
+        for i in range(3):
+            os.mkdir(root / f"d{i}")
+            same("attrs")
+        assert os.stat(root).st_nlink == 5
+        (root / "f").write_bytes(b"x")      # a create between two answered changes
+        same("attrs")
+        os.symlink("f", root / "l")
+        same("attrs")
+        os.rename(root / "d0", root / "d1" / "d0")
+        same("attrs")
+        same("attrs/d1")
+        assert os.stat(root).st_nlink == 4 and os.stat(root / "d1").st_nlink == 3
+        os.rmdir(root / "d1" / "d0")
+        same("attrs/d1")
+        os.unlink(root / "l")
+        same("attrs")
+        os.chmod(root / "d2", 0o700)
+        assert os.stat(root / "d2").st_mode & 0o777 == 0o700
+        same("attrs")
+
+
+def test_a_replaced_symlink_reads_its_new_target(cluster, slow_misses, other):
+    """readlink answers from the target seen at lookup (a symlink's target never changes;
+    a new link is a new inode), so a link another client replaced reads the new target as
+    soon as this mount's kernel looks the name up again."""
+    os.symlink("first", other.mp / "link")
+    assert os.readlink(other.mp / "link") == "first"
+    assert _wait_until(lambda: os.path.lexists(slow_misses.mp / "link"))
+    assert os.readlink(slow_misses.mp / "link") == "first"
+    with cluster.client() as client:
+        client.unlink("/link")
+        client.symlink("second", "/link")
+    assert _wait_until(lambda: os.readlink(other.mp / "link") == "second")
+    os.unlink(other.mp / "link")

@@ -1,0 +1,124 @@
+"""The one-call namespace changes a mount makes (``mkdir``, ``symlink``, ``unlink``,
+``rmdir``, ``move``, the ``want_status`` answers of the set_* calls, and the block
+locations handed out with a file's status), against a real in-process cluster, plus the
+HDFS calls they extend, which must answer as before (``true``) for other callers.
+"""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+import trio
+
+from fs import errors
+from harness import inprocess_cluster
+
+pytestmark = pytest.mark.timeout(120)
+
+SMALL = dict(block_size=64 << 10, bytes_per_checksum=512, packet_size=4096)
+
+
+def _errno(exc_info) -> int:
+    return exc_info.value.errno
+
+
+def test_posix_changes_refuse_server_side_and_answer_statuses(tmp_path):
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=1, replication=1, **SMALL) as cluster:
+            async with cluster.client() as c:
+                made = await c.mkdir("/d", 0o750)
+                assert made.status.is_dir and made.status.mode == 0o750
+                assert made.status.path == "/d"
+                assert made.parent.path == "/" and made.parent.subdirs == 1
+                with pytest.raises(errors.FileExists) as info:
+                    await c.mkdir("/d")                       # mkdirs would say true
+                assert _errno(info) == errno.EEXIST
+                with pytest.raises(errors.FileNotFound):
+                    await c.mkdir("/no/such")                 # mkdirs would create /no
+                assert not await c.exists("/no")
+                await c.write_file("/d/f", b"data")
+                with pytest.raises(errors.NotDirectory) as info:
+                    await c.mkdir("/d/f/x")
+                assert _errno(info) == errno.ENOTDIR
+
+                with pytest.raises(errors.DirectoryNotEmpty) as info:
+                    await c.rmdir("/d")
+                assert _errno(info) == errno.ENOTEMPTY
+                with pytest.raises(errors.NotDirectory):
+                    await c.rmdir("/d/f")
+                with pytest.raises(errors.IsDirectory) as info:
+                    await c.unlink("/d")
+                assert _errno(info) == errno.EISDIR
+                assert await c.exists("/d/f")                 # refusals changed nothing
+
+                link = await c.symlink("f", "/d/l")
+                assert link.status.is_symlink and link.status.symlink == "f"
+                assert link.parent.path == "/d" and link.parent.children == 2
+
+                await c.write_file("/d/g", b"other")
+                g = await c.get_file_status("/d/g")
+                moved = await c.move("/d/f", "/d/g", overwrite=True)
+                assert moved.status.path == "/d/g" and moved.status.length == 4
+                assert moved.replaced.ino == g.ino and moved.replaced.length == 5
+                assert moved.parent.path == "/d" and moved.src_parent.path == "/d"
+                moved = await c.move("/d/g", "/h")
+                assert moved.replaced is None and moved.parent.path == "/"
+                assert moved.src_parent.path == "/d"
+
+                gone = await c.unlink("/h")
+                assert gone.status.ino == moved.status.ino and gone.status.is_file
+                assert not await c.exists("/h")
+                await c.unlink("/d/l")
+                gone = await c.rmdir("/d")
+                assert gone.status.ino == made.status.ino
+                assert gone.parent.path == "/" and gone.parent.subdirs == 0
+
+                # the HDFS calls answer as they always did
+                assert await c.mkdirs("/a/b/c") is True
+                assert await c.mkdirs("/a/b/c") is True
+                assert await c.rename("/a/b/c", "/a/c") is True
+                assert await c.delete("/a", recursive=True) is True
+
+    trio.run(main)
+
+
+def test_set_calls_answer_the_new_status_when_asked(tmp_path):
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=1, replication=1, **SMALL) as cluster:
+            async with cluster.client() as c:
+                await c.write_file("/f", b"x")
+                assert await c.set_permission("/f", 0o600) is None
+                status = await c.set_permission("/f", 0o640, want_status=True)
+                assert status.mode == 0o640 and status.path == "/f"
+                status = await c.set_times("/f", mtime_ns=10**18, want_status=True)
+                assert status.mtime_ns == 10**18
+                status = await c.set_times("/f", atime_ns=5, ino=status.ino, want_status=True)
+                assert status.atime_ns == 5 and status.mtime_ns == 10**18
+                status = await c.set_owner("/f", group="staff", want_status=True)
+                assert status.group == "staff"
+
+    trio.run(main)
+
+
+def test_status_carries_block_locations_an_open_uses(tmp_path):
+    data = bytes(range(256)) * 700   # 175 KiB: three blocks of 64 KiB
+
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=2, replication=2, **SMALL) as cluster:
+            async with cluster.client() as c:
+                await c.write_file("/f", data)
+                await c.mkdirs("/d")
+                plain = await c.get_file_status("/f")
+                assert plain.locations is None
+                status = await c.get_file_status("/f", locations=True)
+                assert status.locations["length"] == len(data)
+                assert len(status.locations["blocks"]) == 3
+                assert status.locations == await c.get_block_locations("/f")
+                assert (await c.get_file_status("/d", locations=True)).locations is None
+                async with await c.open("/f", located=status.locations) as stream:
+                    assert stream.length == len(data)
+                    assert await stream.read() == data
+                    assert await stream.pread(70_000, 10) == data[70_000:70_010]
+
+    trio.run(main)
