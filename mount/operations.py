@@ -47,7 +47,8 @@ import pyfuse3
 import trio
 
 from fs.client import FileSettings, FileStatus
-from fs.errors import AlreadyBeingCreated, FileNotFound, LeaseFSError, ServerUnavailable
+from fs.errors import (AlreadyBeingCreated, FileExists, FileNotFound, LeaseFSError,
+                       ServerUnavailable)
 from fs.paths import validate as validate_path
 from fs.rpc import group_name, user_name
 
@@ -542,11 +543,29 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
         path = self._child(parent_inode, name)
         owner, group = self._identity(ctx)
         chosen = self.file_settings
-        stream = await self.client.create(path, overwrite=False, permission=mode & 0o7777,
-                                          create_parent=False, owner=owner, group=group,
-                                          block_size=chosen.block_size,
-                                          replication=chosen.replication,
-                                          bytes_per_checksum=chosen.bytes_per_checksum)
+        try:
+            stream = await self.client.create(path, overwrite=False,
+                                              permission=mode & 0o7777, create_parent=False,
+                                              owner=owner, group=group,
+                                              block_size=chosen.block_size,
+                                              replication=chosen.replication,
+                                              bytes_per_checksum=chosen.bytes_per_checksum)
+        except FileExists:
+            if flags & os.O_EXCL:
+                raise
+            # the kernel trusted a cached miss, but another client created the name
+            # meanwhile: without O_EXCL, open(O_CREAT) opens the existing file
+            status = await self.client.get_file_status(path)
+            if status.is_dir:
+                raise fuse_error(errno.EISDIR) from None
+            ino = self._kernel_ino(status.ino)
+            self._remember(ino, path, status)
+            try:
+                info = await self._open_inode(ino, path, flags)
+            except BaseException:
+                self.forget([(ino, 1)])
+                raise
+            return info, self._attrs(status)
         status = FileStatus.from_wire(stream.created_status)
         of = self._open_file(status.ino, 0, mode & 0o7777, status)
         of.status = status
@@ -559,7 +578,9 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
 
     @fuse_op
     async def open(self, inode, flags, ctx):
-        path = self._path(inode)
+        return await self._open_inode(inode, self._path(inode), flags)
+
+    async def _open_inode(self, inode: int, path: str, flags: int) -> pyfuse3.FileInfo:
         reading = (flags & os.O_ACCMODE) == os.O_RDONLY and not flags & os.O_TRUNC
         # for reading: the block locations come with the status (one call before the
         # first read instead of two)

@@ -103,6 +103,31 @@ def test_a_cached_miss_holds_for_its_timeout_and_yields_to_this_mounts_creates(
     assert (there / "mine").read_bytes() == b"created here"
 
 
+def test_open_creat_of_a_name_cached_missing_opens_the_file_another_client_made(
+        slow_misses, other):
+    """The kernel trusts its cached miss and sends CREATE for a name another client has
+    created meanwhile: without O_EXCL that is an open of the existing file (appending,
+    truncating as asked), with O_EXCL EEXIST, as on a local filesystem."""
+    d = "creat-after-miss"
+    os.mkdir(other.mp / d)
+    here, there = slow_misses.mp / d, other.mp / d
+    assert _wait_until((slow_misses.mp / d).exists)
+    for name in ("appended", "truncated", "exclusive"):
+        assert _errno_of(os.stat, here / name) == errno.ENOENT   # cached as missing
+        (there / name).write_bytes(b"theirs\n")
+    fd = os.open(here / "appended", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(fd, b"ours\n")
+    os.close(fd)
+    fd = os.open(here / "truncated", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(fd, b"replaced\n")
+    os.close(fd)
+    assert _errno_of(os.open, here / "exclusive", os.O_WRONLY | os.O_CREAT | os.O_EXCL) \
+        == errno.EEXIST
+    assert _wait_until(lambda: (there / "appended").read_bytes() == b"theirs\nours\n")
+    assert _wait_until(lambda: (there / "truncated").read_bytes() == b"replaced\n")
+    assert (there / "exclusive").read_bytes() == b"theirs\n"
+
+
 def test_reopening_an_unchanged_file_keeps_pages_a_changed_one_does_not(
         cluster, slow_misses, other):
     here, there = slow_misses.mp / "kept", other.mp / "kept"
