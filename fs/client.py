@@ -320,19 +320,26 @@ class AsyncClient:
     async def create(self, path: str, *, overwrite: bool = False, replication: int | None = None,
                      block_size: int | None = None, permission: int = 0o644,
                      create_parent: bool = True, owner: str | None = None,
-                     group: str | None = None,
-                     bytes_per_checksum: int | None = None) -> AsyncOutputStream:
+                     group: str | None = None, bytes_per_checksum: int | None = None,
+                     want_parent: bool = False) -> AsyncOutputStream:
         """Create ``path`` for writing (lease held by this client); ``FileExists`` if it
         exists and not ``overwrite``. ``owner``/``group``: superuser only (the mount passes
         the calling process's identity). ``replication``/``block_size``/
-        ``bytes_per_checksum``: this file's own (None: the cluster's default)."""
+        ``bytes_per_checksum``: this file's own (None: the cluster's default).
+        ``want_parent``: the stream's ``created_parent`` is the parent directory's status
+        after the create (same call)."""
         path = paths.validate(path)
         FileSettings(block_size, replication, bytes_per_checksum).check(path)
-        status = await self._call("create", path=path, client_name=self.client_name,
-                                  overwrite=overwrite, create_parent=create_parent,
-                                  replication=replication, block_size=block_size,
-                                  permission=permission, owner=owner, group=group)
+        args = dict(path=path, client_name=self.client_name, overwrite=overwrite,
+                    create_parent=create_parent, replication=replication,
+                    block_size=block_size, permission=permission, owner=owner, group=group)
+        if want_parent:
+            args["want_status"] = True
+        answer = await self._call("create", **args)
+        status = answer["status"] if want_parent else answer
         stream = AsyncOutputStream(self, path, status, bytes_per_checksum=bytes_per_checksum)
+        if want_parent:
+            stream.created_parent = FileStatus.from_wire(answer["parent"])
         self._outputs[id(stream)] = stream
         self._renewer.add(stream)
         return stream

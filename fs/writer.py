@@ -96,6 +96,7 @@ class AsyncOutputStream:
         self.path = path
         self.ino = status["ino"]
         self.created_status = status   # what create/append answered (a FileStatus on the wire)
+        self.created_parent = None     # the parent's FileStatus, when create was asked for it
         config = client.config
         self.block_size = int(status.get("block_size") or config.block_size)
         self.replication = int(status.get("replication") or config.replication)

@@ -92,10 +92,13 @@ class ClientProtocol:
 
     async def rpc_create(self, ctx, path, client_name, overwrite=False, create_parent=True,
                          replication=None, block_size=None, permission=0o644, owner=None,
-                         group=None):
+                         group=None, want_status=False):
+        """``want_status``: answer ``{status, parent}`` (the parent directory's status
+        after the create) instead of the status alone."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_name(client_name, f"create {canonical}: client_name")
+        check_bool(want_status, f"create {canonical}: want_status")
 
         async def body():
             caller = self.checked_caller(ctx)
@@ -122,7 +125,10 @@ class ClientProtocol:
                 permission=permission, owner=new_owner, group=new_group, now_ns=wall)
             await self.log_plan(plan)
             ino = plan[1]["ino"]
-            return self.ns.status(canonical, ino, self.ns.get_inode(ino))
+            status = self.ns.status(canonical, ino, self.ns.get_inode(ino))
+            if want_status:
+                return self._changed(canonical, status)
+            return status
         return await self.with_ancestor_locks(f"create {canonical}", parts, body)
 
     async def rpc_create_symlink(self, ctx, target, path, create_parent=False, owner=None,

@@ -541,6 +541,7 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
     @fuse_op
     async def create(self, parent_inode, name, mode, flags, ctx):
         path = self._child(parent_inode, name)
+        named = self._named
         owner, group = self._identity(ctx)
         chosen = self.file_settings
         try:
@@ -549,7 +550,8 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
                                               owner=owner, group=group,
                                               block_size=chosen.block_size,
                                               replication=chosen.replication,
-                                              bytes_per_checksum=chosen.bytes_per_checksum)
+                                              bytes_per_checksum=chosen.bytes_per_checksum,
+                                              want_parent=True)
         except FileExists:
             if flags & os.O_EXCL:
                 raise
@@ -566,6 +568,7 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
                 self.forget([(ino, 1)])
                 raise
             return info, self._attrs(status)
+        self._keep_fresh(named, stream.created_parent)
         status = FileStatus.from_wire(stream.created_status)
         of = self._open_file(status.ino, 0, mode & 0o7777, status)
         of.status = status

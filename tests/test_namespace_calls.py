@@ -97,6 +97,18 @@ def test_set_calls_answer_the_new_status_when_asked(tmp_path):
                 assert status.atime_ns == 5 and status.mtime_ns == 10**18
                 status = await c.set_owner("/f", group="staff", want_status=True)
                 assert status.group == "staff"
+                # create answers its parent's status after the create when asked
+                await c.mkdirs("/d")
+                before = await c.get_file_status("/d")
+                out = await c.create("/d/new", want_parent=True)
+                parent = out.created_parent
+                assert parent.path == "/d" and parent.is_dir
+                assert parent.mtime_ns >= before.mtime_ns
+                assert parent == await c.get_file_status("/d")
+                await out.close()
+                plain = await c.create("/d/plain")
+                assert plain.created_parent is None and plain.created_status["ino"]
+                await plain.close()
 
     trio.run(main)
 
