@@ -13,8 +13,10 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ import pytest
 from tests.harness import Mount, ProcessCluster
 from tools import benchapps as A
 from tools import benchcalls as C
+from tools import benchfuse as B
 from tools import sourcetree as S
 from tools.bench import BenchFailed
 
@@ -148,6 +151,30 @@ def test_apps_errors_are_one_line(tmp_path):
     assert proc.stderr.decode().splitlines() == [
         "leasefs bench apps: git not found on the PATH (install it: apt-get install git)"]
     _assert_nothing_left(good, tmp_path / "tmpdir")
+
+
+@pytest.mark.slow
+def test_apps_ctrl_c_removes_the_work_folder_and_archive(tmp_path):
+    (a,) = _folders(tmp_path, 1)
+    proc = subprocess.Popen([sys.executable, "-m", "tools", "bench", "apps", "--path", str(a),
+                             "--entries", "40", "--rows", "100000", "--transactions", "100000"],
+                            env=_env(tmp_path), cwd=str(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:   # wait until it is inserting, one fsync'd transaction a row
+            if "inserts in 100000 transactions ..." in line:
+                break
+        time.sleep(0.3)
+        assert any(name.startswith(B.WORK_PREFIX) for name in os.listdir(a))
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=30) == 130, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "interrupted" in rest
+    _assert_nothing_left(a, tmp_path / "tmpdir")
 
 
 @pytest.mark.slow

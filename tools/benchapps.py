@@ -8,7 +8,8 @@ latencies that ``bench fuse``'s rates only hint at. Steps per path, each timed a
 of the real program:
 
 - ``tar``: ``tar -xf`` of a seeded synthetic source tree (sourcetree.py; ``--entries``
-  archive members, default 4,729) from a local temp archive built once per run;
+  archive members, default 4,729) from a local temp archive built once per run (plain
+  ``tar -xf``: run as root it also sets every entry's owner, as any root extraction does);
 - ``git``: ``git init -q; git add -A; git commit -q`` in the extracted tree, with identity
   given by ``-c``, no hooks, no signing, and no system/global config so a user's settings do
   not change the figure. ``core.fsync`` stays at git's shipped default; automatic gc and
