@@ -124,10 +124,11 @@ def test_apps_table_has_every_step_for_both_paths_with_ratios(tmp_path):
 @pytest.mark.slow
 def test_apps_json_shape(tmp_path):
     a, b = _folders(tmp_path)
-    proc = bench(tmp_path, "apps", "--path", a, "--path", b, *TINY, "--json", "--quiet")
+    proc = bench(tmp_path, "apps", "--path", a, "--path", b, *TINY, "--json", "--quiet",
+                 "--baseline", b)   # the second path is the one the ratios divide by
     assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stderr.decode().strip() == ""
-    _check_apps_json(json.loads(proc.stdout), [str(a), str(b)])
+    _check_apps_json(json.loads(proc.stdout), [str(b), str(a)])
     _assert_nothing_left(a, b, tmp_path / "tmpdir")
 
 
@@ -140,6 +141,11 @@ def test_apps_errors_are_one_line(tmp_path):
     assert proc.stderr.decode().splitlines() == [
         f"leasefs bench apps: {missing}: no such file or directory"]
     assert proc.stdout == b""
+    _assert_nothing_left(good, tmp_path / "tmpdir")
+    proc = bench(tmp_path, "apps", "--path", good, *TINY, "--baseline", "MooseFS")
+    assert proc.returncode == 2
+    assert proc.stderr.decode().splitlines() == [
+        f"leasefs bench apps: --baseline MooseFS: not one of the paths benchmarked ({good})"]
     _assert_nothing_left(good, tmp_path / "tmpdir")
     # a PATH without git: refused before anything is written
     bin_dir = tmp_path / "bin"

@@ -50,8 +50,9 @@ import crc32c
 
 from . import sourcetree
 from .bench import BenchFailed, size_label
-from .benchfuse import (WORK_PREFIX, Target, fmt_figure, fs_type, make_work_dir, ratios,
-                        remove_tree, sigterm_as_interrupt, targets_from_args)
+from .benchfuse import (WORK_PREFIX, Target, add_path_options, finish_targets, fmt_figure,
+                        make_work_dir, ratios, remove_tree, sigterm_as_interrupt,
+                        targets_from_args)
 from .common import Command
 from .formatting import UsageError, format_table
 from .progress import StatusLine
@@ -275,14 +276,7 @@ def run_apps_bench(cmd: Command) -> int:
     work = None
     with sigterm_as_interrupt():
         try:
-            if peer:
-                peer.ensure_up()
-                folder = peer.folder(3)
-                if folder is None:
-                    raise UsageError(f"--moosefs: {peer.mount}/g3 not found")
-                targets.append(Target(label="MooseFS", path=folder))
-            for t in targets:
-                t.fstype = fs_type(t.path)
+            targets = finish_targets(targets, peer, a.baseline)
             home = tempfile.mkdtemp(prefix=WORK_PREFIX + "apps-")
             status(f"building the source tree: {params.entries} entries, seed {params.seed} ...")
             work = prepare(params, home)
@@ -365,9 +359,7 @@ def register(bsub, common) -> None:
                                     "commit of it, sqlite3 inserts in transactions and rm -rf, "
                                     "timed in each --path and checked; the first path is the "
                                     "baseline of the ratio columns.")
-    q.add_argument("--path", action="append", default=None, metavar="DIR",
-                   help="folder to benchmark (repeatable; default: a local folder on the "
-                        "filesystem of the cluster home, plus the leasefs mount if mounted)")
+    add_path_options(q)
     q.add_argument("--entries", type=int, default=4729,
                    help="members of the tar archive: files, folders, symlinks (default 4729)")
     q.add_argument("--rows", type=int, default=20000, help="sqlite3 inserts (default 20000)")
@@ -377,8 +369,4 @@ def register(bsub, common) -> None:
                    help="seed of the generated source tree")
     q.add_argument("--json", action="store_true", help="machine-readable results on stdout")
     q.add_argument("--quiet", action="store_true", help="no progress lines")
-    q.add_argument("--moosefs", action="store_true",
-                   help="also the MooseFS peer's g3/ folder (started if needed, then stopped)")
-    q.add_argument("--moosefs-script", default=None, metavar="PATH",
-                   help="moosefs-up.sh to start the peer (default ../shared/peers/)")
     q.set_defaults(func=run_apps_bench)

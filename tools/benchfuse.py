@@ -4,8 +4,9 @@ in the same run and can be divided by each other.
 
 Why: "the mount writes at 40 MB/s" means nothing alone; next to "the local disk writes at
 400 MB/s on this VM right now" it does. So the workload is plain POSIX file I/O (no leasefs
-client: it must run on any folder), and the FIRST path is the baseline: every figure of the
-other paths is also printed as a ratio to it. Phases per path, each timed:
+client: it must run on any folder), and the FIRST path (or the ``--baseline`` one, such as
+``MooseFS``) is the baseline: every figure of the other paths is also printed as a ratio to
+it. Phases per path, each timed:
 
 - ``seq-write``: ``--size`` bytes in ``--io-size`` writes, then fsync and close (all timed);
   every chunk carries its index, so a read from the wrong offset cannot pass verification;
@@ -537,6 +538,43 @@ def targets_from_args(a, status) -> tuple[list[Target], MooseFSPeer | None]:
     return targets, peer
 
 
+def finish_targets(targets: list[Target], peer: MooseFSPeer | None,
+                   baseline: str | None) -> list[Target]:
+    """The targets to run: plus the MooseFS peer's g3/ folder (starting the peer if need be),
+    each with its filesystem type, the ``--baseline`` one (a label or a path) first."""
+    if peer:
+        peer.ensure_up()
+        folder = peer.folder(3)
+        if folder is None:
+            raise UsageError(f"--moosefs: {peer.mount}/g3 not found")
+        targets.append(Target(label="MooseFS", path=folder))
+    for t in targets:
+        t.fstype = fs_type(t.path)
+    if baseline:
+        real = os.path.realpath(baseline)
+        chosen = [t for t in targets if t.label == baseline or t.path == real]
+        if not chosen:
+            raise UsageError(f"--baseline {baseline}: not one of the paths benchmarked "
+                             f"({', '.join(t.label for t in targets)})")
+        targets = [chosen[0]] + [t for t in targets if t is not chosen[0]]
+    return targets
+
+
+def add_path_options(q) -> None:
+    """--path, --baseline, --moosefs: how ``bench fuse`` and ``bench apps`` pick folders."""
+    q.add_argument("--path", action="append", default=None, metavar="DIR",
+                   help="folder to benchmark (repeatable; default: a local folder on the "
+                        "filesystem of the cluster home, plus the leasefs mount if mounted)")
+    q.add_argument("--baseline", default=None, metavar="LABEL|DIR",
+                   help="the path the ratio columns divide by: a --path, 'MooseFS', or "
+                        "'local'/'leasefs' without --path (default: the first)")
+    q.add_argument("--moosefs", action="store_true",
+                   help="also the MooseFS peer's g3/ folder (started if needed, and then "
+                        "stopped only if this run started it)")
+    q.add_argument("--moosefs-script", default=None, metavar="PATH",
+                   help="moosefs-up.sh to start the peer (default ../shared/peers/)")
+
+
 def fmt_figure(value) -> str:
     if value is None or not math.isfinite(value):
         return "-"
@@ -558,14 +596,7 @@ def run_fuse_bench(cmd: Command) -> int:
     tree = None
     with sigterm_as_interrupt():
         try:
-            if peer:
-                peer.ensure_up()
-                folder = peer.folder(3)
-                if folder is None:
-                    raise UsageError(f"--moosefs: {peer.mount}/g3 not found")
-                targets.append(Target(label="MooseFS", path=folder))
-            for t in targets:
-                t.fstype = fs_type(t.path)
+            targets = finish_targets(targets, peer, a.baseline)
             if "cp-r" in params.phases:
                 tree_home = tempfile.mkdtemp(prefix=WORK_PREFIX + "tree-")
                 status(f"building the cp -r source: {params.tree_files} files in "
@@ -661,9 +692,7 @@ def register(bsub, common) -> None:
                                     "small files, cp -r of a file tree and single-syscall "
                                     "latencies, in each --path; the first path is the "
                                     "baseline of the ratio columns.")
-    q.add_argument("--path", action="append", default=None, metavar="DIR",
-                   help="folder to benchmark (repeatable; default: a local folder on the "
-                        "filesystem of the cluster home, plus the leasefs mount if mounted)")
+    add_path_options(q)
     q.add_argument("--size", default="1G", help="sequential file size (default 1G)")
     q.add_argument("--io-size", default="1M", help="bytes per read/write call (default 1M)")
     q.add_argument("--files", type=int, default=1000,
@@ -677,8 +706,4 @@ def register(bsub, common) -> None:
                    help="run only this phase (repeatable; stat and unlink also run create)")
     q.add_argument("--json", action="store_true", help="machine-readable results on stdout")
     q.add_argument("--quiet", action="store_true", help="no progress lines")
-    q.add_argument("--moosefs", action="store_true",
-                   help="also the MooseFS peer's g3/ folder (started if needed, then stopped)")
-    q.add_argument("--moosefs-script", default=None, metavar="PATH",
-                   help="moosefs-up.sh to start the peer (default ../shared/peers/)")
     q.set_defaults(func=run_fuse_bench)
