@@ -21,7 +21,7 @@ EXTRAS      ?= test,fuse,spark
 PYTEST_ARGS ?=
 UP_ARGS     ?=
 MNT         ?= $(CURDIR)/mnt
-APT_PACKAGES := fuse3 libfuse3-dev pkg-config python3-venv python3-dev build-essential rsync
+APT_PACKAGES := fuse3 libfuse3-dev pkg-config python3-venv python3-dev build-essential rsync git
 STAMP       := $(VENV)/.leasefs-installed
 LEASEFS     := $(VENV)/bin/leasefs
 export DEBIAN_FRONTEND := noninteractive
@@ -33,8 +33,9 @@ help:
 
 install: $(STAMP)
 
-# Debian packages: FUSE (mount), compilers/headers (wheels that need building), venv, and a
-# Java runtime for the Spark connector when no `java` is on the PATH.
+# Debian packages: FUSE (mount), compilers/headers (wheels that need building), venv, git
+# (`bench apps` commits a tree; its tests run it), and a Java runtime for the Spark connector
+# when no `java` is on the PATH. tar and rm are essential packages; SQLite comes with Python.
 system-packages:
 	@missing=(); \
 	for p in $(APT_PACKAGES); do \

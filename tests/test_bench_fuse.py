@@ -20,7 +20,7 @@ import pytest
 from tools import benchfuse as B
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["--size", "4M", "--files", "30", "--tree-files", "60"]
+TINY = ["--size", "4M", "--files", "30", "--tree-files", "60", "--calls", "20"]
 PHASE_ROWS = [("seq-write", "MB/s"), ("seq-read", "MB/s"),
               ("create", "ops/s"), ("create", "p50 ms"), ("create", "p99 ms"),
               ("stat", "ops/s"), ("stat", "p50 ms"), ("stat", "p99 ms"),
@@ -97,7 +97,8 @@ def test_json_results_and_ratios(tmp_path):
     doc = json.loads(proc.stdout)
     assert doc["benchmark"] == "fuse" and doc["baseline"] == str(a)
     assert doc["params"] == {"size": 4 << 20, "io_size": 1 << 20, "files": 30,
-                             "file_size": 4096, "tree_files": 60}
+                             "file_size": 4096, "tree_files": 60, "calls": 20,
+                             "phases": list(B.PHASES)}
     assert doc["tree"]["files"] == 60 and 60 << 10 <= doc["tree"]["bytes"] <= 60 * (64 << 10)
     base, other = doc["paths"]
     assert [base["path"], other["path"]] == [str(a), str(b)]

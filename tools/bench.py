@@ -1,6 +1,8 @@
 """``leasefs bench write|read|meta``: throughput and metadata benchmarks against the running
 cluster, with same-run baselines so a number means something on this machine.
-(``leasefs bench fuse``, plain POSIX I/O on any folders such as the mount, is in benchfuse.py.)
+(``leasefs bench fuse``, plain POSIX I/O on any folders such as the mount, is in benchfuse.py;
+``leasefs bench apps``, real programs — tar, git, sqlite3, rm -rf — on any folders, in
+benchapps.py.)
 
 Why: a bare "120 MB/s" says nothing on a 2-core VM shared with other work. Every data run
 therefore also measures, with the same bytes in the same run, the local disk (write + fsync
@@ -43,6 +45,11 @@ MB = 1_000_000
 
 
 # --------------------------------------------------------------------------- helpers
+
+class BenchFailed(Exception):
+    """A benchmark produced a wrong result (short read, checksum mismatch, incomplete copy,
+    wrong entry count): reported as that path's failure, never as a figure."""
+
 
 def percentile(values, q: float) -> float:
     """Nearest-rank percentile (q in 0..100) of a non-empty list."""
@@ -427,10 +434,11 @@ def _posix_meta(root: str, args, rec: _Recorder, status: StatusLine, label: str,
 # --------------------------------------------------------------------------- parser
 
 def register(sub, common) -> None:
-    p = sub.add_parser("bench", help="benchmarks: write, read, meta (cluster), fuse (any folder)",
+    p = sub.add_parser("bench", help="benchmarks: write, read, meta (cluster), fuse and apps "
+                                     "(any folder)",
                        description="Benchmarks with same-run baselines (local disk, loopback "
                                    "TCP) and an optional MooseFS peer.")
-    bsub = p.add_subparsers(dest="kind", metavar="{write,read,meta,fuse}")
+    bsub = p.add_subparsers(dest="kind", metavar="{write,read,meta,fuse,apps,spark}")
     bsub.required = True
 
     def shared(q):
@@ -458,5 +466,7 @@ def register(sub, common) -> None:
     register_meta(bsub, common, shared)
     from .benchfuse import register as register_fuse  # late: benchfuse imports this module
     register_fuse(bsub, common)
+    from .benchapps import register as register_apps
+    register_apps(bsub, common)
     from .benchspark import register as register_spark
     register_spark(bsub, common)

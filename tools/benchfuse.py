@@ -4,8 +4,9 @@ in the same run and can be divided by each other.
 
 Why: "the mount writes at 40 MB/s" means nothing alone; next to "the local disk writes at
 400 MB/s on this VM right now" it does. So the workload is plain POSIX file I/O (no leasefs
-client: it must run on any folder), and the FIRST path is the baseline: every figure of the
-other paths is also printed as a ratio to it. Phases per path, each timed:
+client: it must run on any folder), and the FIRST path (or the ``--baseline`` one, such as
+``MooseFS``) is the baseline: every figure of the other paths is also printed as a ratio to
+it. Phases per path, each timed:
 
 - ``seq-write``: ``--size`` bytes in ``--io-size`` writes, then fsync and close (all timed);
   every chunk carries its index, so a read from the wrong offset cannot pass verification;
@@ -15,7 +16,12 @@ other paths is also printed as a ratio to it. Phases per path, each timed:
 - ``create`` / ``stat`` / ``unlink``: ``--files`` small files, ops/s and p50/p99 latency;
 - ``cp-r``: ``cp -r`` of a ``--tree-files`` tree (built once per run in a local temp dir,
   deterministic sizes 1-64 KiB), files/s and MB/s, then the copy is checked (every relative
-  path and size) and removed, untimed.
+  path and size) and removed, untimed;
+- ``calls``: p50/p99 latency of each single syscall on a ``--file-size`` file (open(O_CREAT),
+  first write, close, stat, open, read, rename, mkdir, rmdir, unlink; benchcalls.py).
+
+``--phase`` picks some (repeatable). Whole applications (tar, git, sqlite, rm -rf) are
+``leasefs bench apps`` (benchapps.py), which shares this module's path handling.
 
 Each path gets a private work folder ``.leasefs-bench-<pid>-<rand>`` that is removed
 afterwards, also on errors, Ctrl-C and SIGTERM. Checksum time is measured and subtracted, so
@@ -47,14 +53,15 @@ import crc32c
 from fs.config import default_home
 from fs.errors import FileNotFound, NotDirectory, PermissionDenied
 
-from .bench import MooseFSPeer, baseline_dir, mbps, payload, percentile, size_label
+from . import benchcalls
+from .bench import BenchFailed, MooseFSPeer, baseline_dir, mbps, payload, percentile, size_label
 from .common import Command
 from .formatting import UsageError, format_table, parse_size
 from .progress import StatusLine
 
 log = logging.getLogger(__name__)
 
-PHASES = ("seq-write", "seq-read", "create", "stat", "unlink", "cp-r")
+PHASES = ("seq-write", "seq-read", "create", "stat", "unlink", "cp-r", "calls")
 OP_PHASES = ("create", "stat", "unlink")
 WORK_PREFIX = ".leasefs-bench-"
 TREE_SEED = 20240601
@@ -71,11 +78,10 @@ TABLE_ROWS = (
       for key, unit in (("ops_per_s", "ops/s"), ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"))),
     ("cp-r", "files_per_s", "files/s"),
     ("cp-r", "mbps", "MB/s"),
+    *(("calls", f"{c.key}_{stat}", f"{c.label} {stat[:3]} ms") for c in benchcalls.CALLS
+      for stat, _ in benchcalls.STATS),
 )
-
-
-class BenchFailed(Exception):
-    """A phase produced a wrong result: short read, checksum mismatch, incomplete copy."""
+COUNT_KEYS = frozenset({"bytes", "ops", "files", "calls", "entries", "rows", "transactions"})
 
 
 @dataclass
@@ -97,6 +103,8 @@ class Params:
     files: int
     file_size: int
     tree_files: int
+    calls: int = 200
+    phases: tuple = PHASES
 
 
 @dataclass
@@ -416,28 +424,51 @@ def copy_tree(tree: Tree, dest: str, status=None) -> dict:
 def bench_path(work: str, params: Params, tree: Tree, status, label: str) -> dict:
     """All phases in the work folder ``work``; returns phase -> figures."""
     results = {}
-    big = os.path.join(work, "seq.bin")
-    status(f"{label}: seq-write {size_label(params.size)} in {size_label(params.io_size)} "
-           f"writes + fsync ...")
-    results["seq-write"], crc = seq_write(big, params.size, params.io_size, status)
-    status(f"{label}: seq-write {results['seq-write']['mbps']:.1f} MB/s; seq-read ...")
-    results["seq-read"] = seq_read(big, params.size, params.io_size, crc, status)
-    os.unlink(big)
-    status(f"{label}: seq-read {results['seq-read']['mbps']:.1f} MB/s (checksum ok)")
-    small = os.path.join(work, "small")
-    os.mkdir(small)
-    names = small_file_names(small, params.files)
-    status(f"{label}: create {params.files} files of {size_label(params.file_size)} ...")
-    results["create"] = create_files(names, params.file_size, status)
-    status(f"{label}: stat {params.files} files ...")
-    results["stat"] = stat_files(names, params.file_size, status)
-    status(f"{label}: unlink {params.files} files ...")
-    results["unlink"] = unlink_files(names, status)
-    os.rmdir(small)
-    status(f"{label}: cp-r {tree.files} files ({size_label(tree.total)}) ...")
-    results["cp-r"] = copy_tree(tree, os.path.join(work, "tree"), status)
-    status(f"{label}: cp-r {results['cp-r']['files_per_s']:.0f} files/s, "
-           f"{results['cp-r']['mbps']:.1f} MB/s")
+    wanted = set(params.phases)
+    if wanted & {"seq-write", "seq-read"}:
+        big = os.path.join(work, "seq.bin")
+        status(f"{label}: seq-write {size_label(params.size)} in {size_label(params.io_size)} "
+               f"writes + fsync ...")
+        written, crc = seq_write(big, params.size, params.io_size, status)
+        if "seq-write" in wanted:
+            results["seq-write"] = written
+            status(f"{label}: seq-write {written['mbps']:.1f} MB/s")
+        if "seq-read" in wanted:
+            status(f"{label}: seq-read ...")
+            results["seq-read"] = seq_read(big, params.size, params.io_size, crc, status)
+            status(f"{label}: seq-read {results['seq-read']['mbps']:.1f} MB/s (checksum ok)")
+        os.unlink(big)
+    if wanted & set(OP_PHASES):
+        # stat and unlink need the files create makes: create runs (and is reported) for them
+        small = os.path.join(work, "small")
+        os.mkdir(small)
+        names = small_file_names(small, params.files)
+        status(f"{label}: create {params.files} files of {size_label(params.file_size)} ...")
+        results["create"] = create_files(names, params.file_size, status)
+        if "stat" in wanted:
+            status(f"{label}: stat {params.files} files ...")
+            results["stat"] = stat_files(names, params.file_size, status)
+        status(f"{label}: unlink {params.files} files ...")
+        unlinked = unlink_files(names, status)
+        if "unlink" in wanted:
+            results["unlink"] = unlinked
+        os.rmdir(small)
+    if "cp-r" in wanted:
+        status(f"{label}: cp-r {tree.files} files ({size_label(tree.total)}) ...")
+        results["cp-r"] = copy_tree(tree, os.path.join(work, "tree"), status)
+        status(f"{label}: cp-r {results['cp-r']['files_per_s']:.0f} files/s, "
+               f"{results['cp-r']['mbps']:.1f} MB/s")
+    if "calls" in wanted:
+        folder = os.path.join(work, "calls")
+        os.mkdir(folder)
+        status(f"{label}: calls: single syscalls on {params.calls} files of "
+               f"{size_label(params.file_size)} ...")
+        results["calls"] = benchcalls.measure_calls(folder, params.calls, params.file_size,
+                                                    status)
+        os.rmdir(folder)
+        status(f"{label}: calls: open(O_CREAT) p50 "
+               f"{fmt_figure(results['calls']['open_creat_p50_ms'])} ms, first write "
+               f"{fmt_figure(results['calls']['write_first_p50_ms'])} ms")
     return results
 
 
@@ -448,7 +479,7 @@ def ratios(results: dict, baseline: dict) -> dict:
         base = baseline.get(phase, {})
         out[phase] = {}
         for key, value in figures.items():
-            if key in ("bytes", "ops", "files"):
+            if key in COUNT_KEYS:
                 continue
             b = base.get(key)
             out[phase][key] = value / b if b and math.isfinite(b) and math.isfinite(value) \
@@ -459,7 +490,7 @@ def ratios(results: dict, baseline: dict) -> dict:
 # --------------------------------------------------------------------------- command
 
 @contextmanager
-def _sigterm_as_interrupt():
+def sigterm_as_interrupt():
     """SIGTERM unwinds like Ctrl-C, so the work folders are removed either way."""
     def handler(signum, frame):
         raise KeyboardInterrupt
@@ -475,16 +506,18 @@ def _sigterm_as_interrupt():
 
 
 def _params(a) -> Params:
+    phases = tuple(ph for ph in PHASES if ph in (a.phase or PHASES))
     p = Params(size=parse_size(a.size), io_size=parse_size(a.io_size), files=a.files,
-               file_size=parse_size(a.file_size), tree_files=a.tree_files)
+               file_size=parse_size(a.file_size), tree_files=a.tree_files, calls=a.calls,
+               phases=phases)
     if p.size <= 0 or p.io_size <= 0:
         raise UsageError("--size and --io-size must be positive")
-    if p.files < 1 or p.tree_files < 1:
-        raise UsageError("--files and --tree-files must be at least 1")
+    if p.files < 1 or p.tree_files < 1 or p.calls < 1:
+        raise UsageError("--files, --tree-files and --calls must be at least 1")
     return p
 
 
-def _targets(a, status) -> tuple[list[Target], MooseFSPeer | None]:
+def targets_from_args(a, status) -> tuple[list[Target], MooseFSPeer | None]:
     targets = []
     if a.path:
         for given in a.path:
@@ -505,7 +538,44 @@ def _targets(a, status) -> tuple[list[Target], MooseFSPeer | None]:
     return targets, peer
 
 
-def _fmt(value) -> str:
+def finish_targets(targets: list[Target], peer: MooseFSPeer | None,
+                   baseline: str | None) -> list[Target]:
+    """The targets to run: plus the MooseFS peer's g3/ folder (starting the peer if need be),
+    each with its filesystem type, the ``--baseline`` one (a label or a path) first."""
+    if peer:
+        peer.ensure_up()
+        folder = peer.folder(3)
+        if folder is None:
+            raise UsageError(f"--moosefs: {peer.mount}/g3 not found")
+        targets.append(Target(label="MooseFS", path=folder))
+    for t in targets:
+        t.fstype = fs_type(t.path)
+    if baseline:
+        real = os.path.realpath(baseline)
+        chosen = [t for t in targets if t.label == baseline or t.path == real]
+        if not chosen:
+            raise UsageError(f"--baseline {baseline}: not one of the paths benchmarked "
+                             f"({', '.join(t.label for t in targets)})")
+        targets = [chosen[0]] + [t for t in targets if t is not chosen[0]]
+    return targets
+
+
+def add_path_options(q) -> None:
+    """--path, --baseline, --moosefs: how ``bench fuse`` and ``bench apps`` pick folders."""
+    q.add_argument("--path", action="append", default=None, metavar="DIR",
+                   help="folder to benchmark (repeatable; default: a local folder on the "
+                        "filesystem of the cluster home, plus the leasefs mount if mounted)")
+    q.add_argument("--baseline", default=None, metavar="LABEL|DIR",
+                   help="the path the ratio columns divide by: a --path, 'MooseFS', or "
+                        "'local'/'leasefs' without --path (default: the first)")
+    q.add_argument("--moosefs", action="store_true",
+                   help="also the MooseFS peer's g3/ folder (started if needed, and then "
+                        "stopped only if this run started it)")
+    q.add_argument("--moosefs-script", default=None, metavar="PATH",
+                   help="moosefs-up.sh to start the peer (default ../shared/peers/)")
+
+
+def fmt_figure(value) -> str:
     if value is None or not math.isfinite(value):
         return "-"
     if value >= 100:
@@ -521,23 +591,18 @@ def run_fuse_bench(cmd: Command) -> int:
     a = cmd.args
     params = _params(a)
     status = StatusLine(enabled=not a.quiet)
-    targets, peer = _targets(a, status)
+    targets, peer = targets_from_args(a, status)
     tree_home = None
     tree = None
-    with _sigterm_as_interrupt():
+    with sigterm_as_interrupt():
         try:
-            if peer:
-                peer.ensure_up()
-                folder = peer.folder(3)
-                if folder is None:
-                    raise UsageError(f"--moosefs: {peer.mount}/g3 not found")
-                targets.append(Target(label="MooseFS", path=folder))
-            for t in targets:
-                t.fstype = fs_type(t.path)
-            tree_home = tempfile.mkdtemp(prefix=WORK_PREFIX + "tree-")
-            status(f"building the cp -r source: {params.tree_files} files in {tree_home} ...")
-            tree = build_tree(os.path.join(tree_home, "src"), params.tree_files)
-            status(f"  {tree.files} files in {tree.dirs} folders, {size_label(tree.total)}")
+            targets = finish_targets(targets, peer, a.baseline)
+            if "cp-r" in params.phases:
+                tree_home = tempfile.mkdtemp(prefix=WORK_PREFIX + "tree-")
+                status(f"building the cp -r source: {params.tree_files} files in "
+                       f"{tree_home} ...")
+                tree = build_tree(os.path.join(tree_home, "src"), params.tree_files)
+                status(f"  {tree.files} files in {tree.dirs} folders, {size_label(tree.total)}")
             for t in targets:
                 try:
                     t.work = make_work_dir(t.path)
@@ -559,7 +624,8 @@ def run_fuse_bench(cmd: Command) -> int:
     return cmd.status
 
 
-def _print_results(cmd: Command, params: Params, tree: Tree, targets: list[Target]) -> None:
+def _print_results(cmd: Command, params: Params, tree: Tree | None,
+                   targets: list[Target]) -> None:
     base = targets[0]
     for t in targets:
         t.ratios = ratios(t.results, base.results) if t is not base else {}
@@ -567,8 +633,10 @@ def _print_results(cmd: Command, params: Params, tree: Tree, targets: list[Targe
         cmd.out(json.dumps({
             "benchmark": "fuse",
             "params": {"size": params.size, "io_size": params.io_size, "files": params.files,
-                       "file_size": params.file_size, "tree_files": params.tree_files},
-            "tree": {"files": tree.files, "dirs": tree.dirs, "bytes": tree.total},
+                       "file_size": params.file_size, "tree_files": params.tree_files,
+                       "calls": params.calls, "phases": list(params.phases)},
+            "tree": {"files": tree.files, "dirs": tree.dirs, "bytes": tree.total} if tree
+            else None,
             "baseline": base.label,
             "paths": [{"label": t.label, "path": t.path, "fstype": t.fstype,
                        "baseline": t is base, "error": t.error, "results": t.results,
@@ -577,10 +645,17 @@ def _print_results(cmd: Command, params: Params, tree: Tree, targets: list[Targe
         return
     if all(t.error for t in targets):
         return
-    cmd.out(f"bench fuse: {size_label(params.size)} sequential in {size_label(params.io_size)} "
-            f"I/Os; {params.files} files of {size_label(params.file_size)}; cp -r of "
-            f"{tree.files} files in {tree.dirs} folder{'s' if tree.dirs != 1 else ''} "
-            f"({size_label(tree.total)})")
+    what = []
+    if {"seq-write", "seq-read"} & set(params.phases):
+        what.append(f"{size_label(params.size)} sequential in {size_label(params.io_size)} I/Os")
+    if set(OP_PHASES) & set(params.phases):
+        what.append(f"{params.files} files of {size_label(params.file_size)}")
+    if tree:
+        what.append(f"cp -r of {tree.files} files in {tree.dirs} "
+                    f"folder{'s' if tree.dirs != 1 else ''} ({size_label(tree.total)})")
+    if "calls" in params.phases:
+        what.append(f"single calls on {params.calls} files of {size_label(params.file_size)}")
+    cmd.out(f"bench fuse: {'; '.join(what)}")
     width = max(len(t.label) for t in targets)
     for t in targets:
         where = f"{t.label:<{width}}" + (f"  {t.path}" if t.path != t.label else "")
@@ -591,10 +666,13 @@ def _print_results(cmd: Command, params: Params, tree: Tree, targets: list[Targe
     headers = ["phase", "metric", *(t.label for t in targets),
                *(f"{t.label} ratio" for t in others)]
     rows = []
+    size = size_label(params.file_size)
     for phase, key, unit in TABLE_ROWS:
-        row = [phase, unit]
-        row += [_fmt(t.results.get(phase, {}).get(key)) for t in targets]
-        row += [_fmt(t.ratios.get(phase, {}).get(key)) for t in others]
+        if not any(key in t.results.get(phase, {}) for t in targets):
+            continue  # a phase not run, or failed on every path
+        row = [phase, unit.format(size=size)]
+        row += [fmt_figure(t.results.get(phase, {}).get(key)) for t in targets]
+        row += [fmt_figure(t.ratios.get(phase, {}).get(key)) for t in others]
         rows.append(row)
     for line in format_table(headers, rows, align="<<" + ">" * (len(headers) - 2)):
         cmd.out(line)
@@ -611,11 +689,10 @@ def register(bsub, common) -> None:
     q = bsub.add_parser("fuse", parents=[common],
                         help="POSIX filesystem benchmark of any folders (local, mount, MooseFS)",
                         description="Sequential write+fsync and read, create/stat/unlink of "
-                                    "small files and cp -r of a file tree, in each --path; "
-                                    "the first path is the baseline of the ratio columns.")
-    q.add_argument("--path", action="append", default=None, metavar="DIR",
-                   help="folder to benchmark (repeatable; default: a local folder on the "
-                        "filesystem of the cluster home, plus the leasefs mount if mounted)")
+                                    "small files, cp -r of a file tree and single-syscall "
+                                    "latencies, in each --path; the first path is the "
+                                    "baseline of the ratio columns.")
+    add_path_options(q)
     q.add_argument("--size", default="1G", help="sequential file size (default 1G)")
     q.add_argument("--io-size", default="1M", help="bytes per read/write call (default 1M)")
     q.add_argument("--files", type=int, default=1000,
@@ -623,10 +700,10 @@ def register(bsub, common) -> None:
     q.add_argument("--file-size", default="4K", help="bytes per small file (default 4K)")
     q.add_argument("--tree-files", type=int, default=2000,
                    help="files in the cp -r tree (default 2000, 100 per folder)")
+    q.add_argument("--calls", type=int, default=200,
+                   help="files (and folders) of the calls phase (default 200)")
+    q.add_argument("--phase", action="append", choices=PHASES, default=None,
+                   help="run only this phase (repeatable; stat and unlink also run create)")
     q.add_argument("--json", action="store_true", help="machine-readable results on stdout")
     q.add_argument("--quiet", action="store_true", help="no progress lines")
-    q.add_argument("--moosefs", action="store_true",
-                   help="also the MooseFS peer's g3/ folder (started if needed, then stopped)")
-    q.add_argument("--moosefs-script", default=None, metavar="PATH",
-                   help="moosefs-up.sh to start the peer (default ../shared/peers/)")
     q.set_defaults(func=run_fuse_bench)
