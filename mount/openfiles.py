@@ -115,6 +115,7 @@ class OpenFile:
         self.error: LeaseFSError | None = None
         self.handles = 0
         self.writers = 0
+        self.opened_for_writing = False   # by any handle since it was opened here
         self.unlinked = False
         self.generation = 0       # bumps whenever the cluster copy changes under readers
         self.lock = trio.Lock()

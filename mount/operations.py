@@ -535,6 +535,7 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
         of.handles += 1
         if handle.writable:
             of.writers += 1
+            of.opened_for_writing = True
         self._handles[handle.fh] = handle
         return handle
 
@@ -748,7 +749,8 @@ class LeaseFS(WriteMachinery, pyfuse3.Operations):
             except LeaseFSError as exc:
                 log.warning("release of inode %d: %s", of.ino, exc)
             finally:
-                self._invalidate_attrs(of.ino)
+                if of.opened_for_writing:   # a read-only open changed nothing
+                    self._invalidate_attrs(of.ino)
                 # an open() may have joined this file while it was being published: then
                 # it stays registered (now clean) for that handle
                 if of.handles == 0:
