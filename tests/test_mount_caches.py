@@ -104,7 +104,7 @@ def test_a_cached_miss_holds_for_its_timeout_and_yields_to_this_mounts_creates(
 
 
 def test_open_creat_of_a_name_cached_missing_opens_the_file_another_client_made(
-        slow_misses, other):
+        cluster, slow_misses, other):
     """The kernel trusts its cached miss and sends CREATE for a name another client has
     created meanwhile: without O_EXCL that is an open of the existing file (appending,
     truncating as asked), with O_EXCL EEXIST, as on a local filesystem."""
@@ -115,6 +115,9 @@ def test_open_creat_of_a_name_cached_missing_opens_the_file_another_client_made(
     for name in ("appended", "truncated", "exclusive"):
         assert _errno_of(os.stat, here / name) == errno.ENOENT   # cached as missing
         (there / name).write_bytes(b"theirs\n")
+    with cluster.client() as client:   # the other mount's release completes them (its lease)
+        for name in ("appended", "truncated", "exclusive"):
+            assert _wait_until(lambda: client.is_file_closed(f"/{d}/{name}"))
     fd = os.open(here / "appended", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.write(fd, b"ours\n")
     os.close(fd)
