@@ -56,7 +56,9 @@ from .progress import StatusLine
 
 log = logging.getLogger(__name__)
 
-MUTATIONS = ("create", "mkdirs", "rename", "delete")
+MUTATIONS = ("create", "mkdirs", "rename", "delete", "prefill")
+# files per folder of the prefill phase
+PREFILL_FOLDER = 10_000
 LOCK_MODES = ("fine", "global")
 
 
@@ -81,10 +83,21 @@ async def _worker_main(address: str, settings: dict, clients: list[int], plan: d
 
         async def run(op: str, k: int, client, out: array):
             folder, prefix = client_folder(base, k, contended)
-            for i in range(n_ops):
+            count = n_ops
+            if op == "prefill":
+                # files that only fill the namespace: a folder of their own per client
+                # and per ``PREFILL_FOLDER`` files (no folder grows without bound)
+                count = plan["prefill"] // plan["clients"] + (k < plan["prefill"] % plan["clients"])
+            elif plan["round"]:
+                prefix = f"{prefix}r{plan['round']}-"
+            for i in range(count):
                 f = f"{folder}/{prefix}f{i}"
                 t0 = time.perf_counter()
-                if op == "create":
+                if op == "prefill":
+                    stream = await client.create(
+                        f"{base}/prefill/c{k}/{i // PREFILL_FOLDER}/f{i}", overwrite=False)
+                    await stream.close()
+                elif op == "create":
                     stream = await client.create(f, overwrite=False)
                     await stream.close()
                 elif op == "mkdirs":
@@ -101,7 +114,8 @@ async def _worker_main(address: str, settings: dict, clients: list[int], plan: d
                     await client.delete(f"{folder}/{prefix}r{i}")
                 out.append(time.perf_counter() - t0)
 
-        for op in ops:
+        for step, op in enumerate(ops):
+            plan["round"] = ops[:step].count(op)   # a repeated op works on new names
             await trio.to_thread.run_sync(barrier.wait)   # ready: the parent reads counters
             await trio.to_thread.run_sync(barrier.wait)   # go
             latencies = array("d")
@@ -188,6 +202,8 @@ def _base(a, label: str) -> str:
 def _run_workers(address: str, settings: dict, control, a, status: StatusLine,
                  label: str) -> dict:
     ops = list(a.op)
+    if a.prefill:   # the same ops on the empty namespace, then after filling it
+        ops += ["prefill"] + ops
     n_proc = max(1, min(a.processes, a.clients))
     groups = [list(range(p, a.clients, n_proc)) for p in range(n_proc)]
     ctx = multiprocessing.get_context("spawn")
@@ -195,15 +211,19 @@ def _run_workers(address: str, settings: dict, control, a, status: StatusLine,
     results = ctx.Queue()
     base = _base(a, label)
     plan = {"ops": ops, "n_ops": a.ops, "contended": a.contended, "base": base,
-            "connections": a.connections}
+            "connections": a.connections, "prefill": a.prefill, "clients": a.clients,
+            "round": 0}
     workers = [ctx.Process(target=_worker, args=(address, settings, g, plan, barrier, results),
                            daemon=True) for g in groups]
     for w in workers:
         w.start()
     out: dict = {}
     try:
-        for op in ops:
-            status(f"{label} {op}: {a.clients} clients in {n_proc} processes x {a.ops} ops ...")
+        for step, op in enumerate(ops):
+            key = op if op not in ops[:step] else f"{op} @{a.prefill}"
+            count = a.prefill if op == "prefill" else f"{a.clients} x {a.ops}"
+            status(f"{label} {key}: {count} ops by {a.clients} clients in {n_proc} "
+                   f"processes ...")
             try:
                 barrier.wait(timeout=120)   # every worker is set up and idle
                 before = _journal_counters(control)
@@ -214,7 +234,7 @@ def _run_workers(address: str, settings: dict, control, a, status: StatusLine,
             t0 = time.perf_counter()
             latencies = array("d")
             for _ in workers:
-                got_op, payload = results.get(timeout=600)
+                got_op, payload = results.get(timeout=None if op == "prefill" else 600)
                 if got_op == "error":
                     raise UsageError(f"{label}: a benchmark worker failed: {payload}")
                 latencies.frombytes(payload)
@@ -222,7 +242,7 @@ def _run_workers(address: str, settings: dict, control, a, status: StatusLine,
             after = _journal_counters(control)
             n = len(latencies)
             fsyncs, records = after[0] - before[0], after[1] - before[1]
-            out[op] = {"ops": n, "seconds": wall, "ops_per_s": n / wall if wall > 0 else None,
+            out[key] = {"ops": n, "seconds": wall, "ops_per_s": n / wall if wall > 0 else None,
                        "p50_ms": percentile(list(latencies), 50) * 1000,
                        "p99_ms": percentile(list(latencies), 99) * 1000,
                        "fsyncs_per_op": fsyncs / n if n else 0.0,
@@ -260,8 +280,9 @@ def _posix_rows(rec: _Recorder) -> dict:
 
 def run_meta_bench(cmd: Command) -> int:
     a = cmd.args
-    if a.clients < 1 or a.ops < 1 or a.processes < 1:
-        raise UsageError("--clients, --ops and --processes must be at least 1")
+    if a.clients < 1 or a.ops < 1 or a.processes < 1 or a.prefill < 0:
+        raise UsageError("--clients, --ops and --processes must be at least 1, --prefill "
+                         "at least 0")
     unknown = [op for op in a.op if op not in META_OPS]
     if unknown:
         raise UsageError(f"unknown op {unknown[0]!r}; ops are {', '.join(META_OPS)}")
@@ -303,6 +324,7 @@ def run_meta_bench(cmd: Command) -> int:
     if a.json:
         cmd.out(json.dumps({"benchmark": "meta", "clients": a.clients, "ops": a.ops,
                             "processes": a.processes, "contended": a.contended,
+                            "prefill": a.prefill,
                             "connections": a.connections,
                             "results": results}, indent=2))
         return 0
@@ -316,17 +338,20 @@ def run_meta_bench(cmd: Command) -> int:
             headers += [f"{'local disk' if peer == 'local' else 'MooseFS'} ops/s",
                         f"{modes[0]}/{'local' if peer == 'local' else 'MooseFS'}"]
     table = []
-    for op in a.op:
+    rows = list(a.op)
+    if a.prefill:
+        rows += ["prefill"] + [f"{op} @{a.prefill}" for op in a.op]
+    for op in rows:
         row = [op]
         for mode in modes:
             r = results[mode].get(op)
             row += [f"{r['ops_per_s']:.0f}", f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}",
-                    f"{r['fsyncs_per_op']:.3f}" if op in MUTATIONS else "-"]
+                    f"{r['fsyncs_per_op']:.3f}" if op.split()[0] in MUTATIONS else "-"]
         if "fine" in modes and "global" in modes:
             row.append(f"{results['fine'][op]['ops_per_s'] / results['global'][op]['ops_per_s']:.2f}")
         for peer in ("local", "moosefs"):
             if peer in results:
-                other = results[peer].get(op)
+                other = results[peer].get(op.split()[0])
                 mine = results[modes[0]][op]["ops_per_s"]
                 row += [f"{other['ops_per_s']:.0f}", f"{mine / other['ops_per_s']:.3f}"] \
                     if other else ["-", "-"]
@@ -335,6 +360,13 @@ def run_meta_bench(cmd: Command) -> int:
             f"{a.ops} ops each, {layout}, {a.connections} connections")
     for line in format_table(headers, table):
         cmd.out(line)
+    if a.prefill:
+        for mode in modes:
+            ratios = ", ".join(
+                f"{op} {results[mode][f'{op} @{a.prefill}']['ops_per_s'] / results[mode][op]['ops_per_s']:.2f}"
+                for op in a.op)
+            cmd.out(f"{mode}: ops/s with {a.prefill} more files / on the empty namespace: "
+                    f"{ratios}")
     return 0
 
 
@@ -352,6 +384,10 @@ def register(bsub, common, shared) -> None:
                    help="ops per client per op type (default 500)")
     q.add_argument("--op", action="append", default=None, metavar="OP",
                    help=f"run only these ops (repeatable; {', '.join(META_OPS)})")
+    q.add_argument("--prefill", type=int, default=0, metavar="N",
+                   help="after the ops, create N more files (create + complete, by the same "
+                        "clients, 10 000 per folder) and run the ops again: how the rate "
+                        "holds up as the namespace grows (ratio printed)")
     q.add_argument("--contended", action="store_true", help="all clients in one folder")
     q.add_argument("--connections", choices=("shared", "own"), default="shared",
                    help="shared (default): the clients of one worker process share one RPC "
