@@ -675,8 +675,10 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
     watching = trio.CancelScope()
     try:
         async with trio.open_nursery() as outer:
+            # replies wait for the flusher (eager=False): those one journal batch wakes
+            # leave together, one write per connection
             channel = FrameChannel(stream, outer, MAX_HELLO_FRAME, send_timeout=send_timeout,
-                                   on_send_timeout=too_slow, budget=budget)
+                                   on_send_timeout=too_slow, budget=budget, eager=False)
             async with trio.open_nursery() as nursery:
                 try:
                     with trio.move_on_after(hello_timeout) as scope:
