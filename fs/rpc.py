@@ -28,6 +28,7 @@ one reader task per connection resolves the waiters.
 
 from __future__ import annotations
 
+import collections
 import functools
 import grp
 import inspect
@@ -423,13 +424,23 @@ class RetryCache:
 
     A duplicate that arrives while the first is still running waits for its outcome. Entries
     expire after ``expiry`` seconds (clock injected, so the cache is testable without sleeps).
+
+    The entries live in an ``OrderedDict`` (a linked list): purging takes them from the
+    oldest end, one or a few per call. A plain dict looked the same but is not: its oldest
+    key is found by walking past every slot deleted before it until the dict is resized,
+    so once the cache was full (``max_entries``, ~80 s of creates at 16 clients) every
+    mutating call paid a walk over tens of thousands of holes (a fifth of the server's
+    thread at 200 000 files). An entry gets a ``trio.Event`` only when a duplicate waits
+    for it and drops it when finished, so a full cache holds only outcomes.
     """
 
     def __init__(self, expiry: float = 600.0, max_entries: int = 200_000, clock=time.monotonic):
         self.expiry = expiry
         self.max_entries = max_entries
         self.clock = clock
-        self._entries: dict[tuple, list] = {}  # key -> [expires_at, event, ok, value]
+        # key -> [expires_at (inf while running), event (made by the first duplicate that
+        # waits, None once finished), ok, value]
+        self._entries: collections.OrderedDict[tuple, list] = collections.OrderedDict()
 
     def __len__(self):
         return len(self._entries)
@@ -442,13 +453,16 @@ class RetryCache:
             entry = self._entries.get(key)
             if entry is None:
                 break
-            await entry[1].wait()
+            if entry[0] == math.inf:   # still running: wait for its outcome
+                if entry[1] is None:
+                    entry[1] = trio.Event()
+                await entry[1].wait()
             if entry[2]:
                 return entry[3]
             if self._entries.get(key) is entry:   # a failure left in place: run again
                 del self._entries[key]
         self._purge()
-        entry = [math.inf, trio.Event(), False, None]
+        entry = [math.inf, None, False, None]
         self._entries[key] = entry
         try:
             value = await thunk()
@@ -457,17 +471,20 @@ class RetryCache:
             return value
         except BaseException:
             # failed, cancelled or a bug: forget it, so that a retry runs the call again
+            entry[0] = -math.inf
             if self._entries.get(key) is entry:
                 del self._entries[key]
             raise
         finally:
-            entry[1].set()
+            event, entry[1] = entry[1], None
+            if event is not None:
+                event.set()
 
     def _purge(self) -> None:
-        """Drop expired entries from the oldest end (the dict keeps insertion order, which is
-        near enough to expiry order), plus the oldest beyond ``max_entries``. Stops at the
-        first live entry, so a call costs O(entries removed), never a scan of the cache: this
-        runs on every mutating RPC."""
+        """Drop expired entries from the oldest end (insertion order, which is near enough
+        to expiry order), plus the oldest beyond ``max_entries``. Stops at the first live
+        entry, so a call costs O(entries removed), never a scan of the cache: this runs on
+        every mutating RPC."""
         now = self.clock()
         entries = self._entries
         while entries:
@@ -678,8 +695,10 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
     watching = trio.CancelScope()
     try:
         async with trio.open_nursery() as outer:
+            # replies wait for the flusher (eager=False): those one journal batch wakes
+            # leave together, one write per connection
             channel = FrameChannel(stream, outer, MAX_HELLO_FRAME, send_timeout=send_timeout,
-                                   on_send_timeout=too_slow, budget=budget)
+                                   on_send_timeout=too_slow, budget=budget, eager=False)
             async with trio.open_nursery() as nursery:
                 try:
                     with trio.move_on_after(hello_timeout) as scope:

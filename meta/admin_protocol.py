@@ -20,6 +20,7 @@ and content_summary walk a subtree with a checkpoint every few hundred inodes.
 from __future__ import annotations
 
 import logging
+import time
 
 import trio
 
@@ -96,7 +97,10 @@ class AdminProtocol:
                 "namespace_cache": {"entries": len(self.ns.cache.data),
                                     "hits": self.ns.cache.hits,
                                     "misses": self.ns.cache.misses},
-                "gc": self.gc_governor.stats()}
+                "gc": self.gc_governor.stats(),
+                # CPU seconds of the whole server process (all threads): benchmarks divide
+                # its growth by the calls they made (less swayed by other load than a rate)
+                "cpu_seconds": time.process_time()}
 
     async def rpc_safemode(self, ctx, action="get"):
         if action not in ("get", "enter", "leave"):

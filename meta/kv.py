@@ -82,8 +82,12 @@ class PlyvelStore(KVStore):
 
         os.makedirs(path, exist_ok=True)
         self.path = path
+        # a bloom filter per table (10 bits a key, ~1% false positives): a get of a key
+        # that does not exist (every create looks its new name up) otherwise reads a block
+        # of every level that may hold it, more of them as the store grows; tables written
+        # before it was set are read as before and get one when compacted
         self._db = plyvel.DB(path, create_if_missing=create, lru_cache_size=lru_cache_size,
-                             write_buffer_size=16 << 20)
+                             write_buffer_size=16 << 20, bloom_filter_bits=10)
 
     def get(self, key):
         return self._db.get(bytes(key))

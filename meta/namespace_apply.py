@@ -16,9 +16,9 @@ Trio thread only, no awaits.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
-
-from sortedcontainers import SortedDict
 
 from fs.errors import InternalError
 
@@ -31,22 +31,32 @@ log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------- overlay
 class Txn:
-    """A batch's view of the store: reads see the batch's own earlier writes."""
+    """A batch's view of the store: reads see the batch's own earlier writes.
+
+    ``puts`` is a plain dict (a live batch is a few small records; keeping it sorted on
+    every put cost more than the rest of the overlay); the sorted key list the rare
+    ``scan`` needs is built on demand and kept until a new key is put."""
+
+    __slots__ = ("kv", "puts", "dels", "_order")
 
     def __init__(self, kv):
         self.kv = kv
-        self.puts: SortedDict = SortedDict()   # key -> decoded value
+        self.puts: dict[bytes, object] = {}   # key -> decoded value
         self.dels: set[bytes] = set()
+        self._order: list[bytes] | None = None   # sorted keys of ``puts`` (may hold popped ones)
 
     def get(self, key: bytes):
-        if key in self.puts:
-            return self.puts[key]
+        value = self.puts.get(key)
+        if value is not None:
+            return value
         if key in self.dels:
             return None
         raw = self.kv.get(key)
         return None if raw is None else keys.unpack(raw)
 
     def put(self, key: bytes, value) -> None:
+        if key not in self.puts:
+            self._order = None
         self.puts[key] = value
         self.dels.discard(key)
 
@@ -54,17 +64,30 @@ class Txn:
         self.puts.pop(key, None)
         self.dels.add(key)
 
+    def put_keys(self, prefix: bytes) -> list[bytes]:
+        """The keys put in this batch that start with ``prefix``, in key order."""
+        order = self._order
+        if order is None:
+            order = self._order = sorted(self.puts)
+        puts = self.puts
+        found = []
+        for key in itertools.islice(order, bisect.bisect_left(order, prefix), None):
+            if not key.startswith(prefix):
+                break
+            if key in puts:
+                found.append(key)
+        return found
+
     def scan(self, prefix: bytes) -> list[tuple[bytes, object]]:
         merged = {k: v for k, v in self.kv.scan(prefix) if k not in self.dels}
         merged = {k: keys.unpack(v) for k, v in merged.items() if k not in self.puts}
-        for key in self.puts.irange(minimum=prefix):
-            if not key.startswith(prefix):
-                break
+        for key in self.put_keys(prefix):
             merged[key] = self.puts[key]
         return sorted(merged.items())
 
     def commit(self) -> None:
-        self.kv.write(puts=[(k, keys.pack(v)) for k, v in self.puts.items()],
+        pack = keys.pack
+        self.kv.write(puts=[(k, pack(v)) for k, v in self.puts.items()],
                       deletes=list(self.dels))
 
 
@@ -111,9 +134,7 @@ class RecordApplier:
             self.cache.data.clear()
             raise
         self.cache.committed(txn.puts, txn.dels)
-        for key in txn.puts.irange(minimum=keys.ORPHAN):
-            if not key.startswith(keys.ORPHAN):
-                break
+        for key in txn.put_keys(keys.ORPHAN):
             self.note_orphan(keys.parse_orphan_key(key))
         for effect in effects:
             if effect["op"] == "RECLAIM":

@@ -55,11 +55,17 @@ class DecodedCache:
     """Decoded inodes and directory entries by store key (HDFS keeps its whole namespace in
     memory; every RPC walks its path, and a LevelDB get + msgpack decode per component was
     most of a getFileInfo). Filled on reads, updated by ``apply`` with exactly the values it
-    wrote, dropped for deleted keys; only positive entries are kept. Values are shared:
-    readers must not modify them (apply works on fresh decodes through ``namespace_apply.Txn``). Bounded:
-    past ``limit`` entries the oldest half is dropped."""
+    wrote, dropped for deleted keys. A directory entry found missing is kept too (``ABSENT``):
+    a create looks its new name up several times (lock depth before and after the wait,
+    the handler, the planner), and a LevelDB miss is the dearest read there is (it visits
+    every level that may hold the key); ``apply``'s put replaces it. Values are shared:
+    readers must not modify them (apply works on fresh decodes through
+    ``namespace_apply.Txn``). Bounded: past ``limit`` entries the oldest
+    ``1/EVICT_FRACTION`` is dropped (a bounded pause: dropping half of a million entries
+    at once held the trio thread for ~0.1 s)."""
 
     __slots__ = ("data", "limit", "hits", "misses")
+    EVICT_FRACTION = 8
 
     def __init__(self, limit: int):
         self.data: dict[bytes, object] = {}
@@ -71,7 +77,7 @@ class DecodedCache:
             return
         data = self.data
         if len(data) >= self.limit and key not in data:
-            for old in list(itertools.islice(data, max(1, self.limit // 2))):
+            for old in list(itertools.islice(data, max(1, self.limit // self.EVICT_FRACTION))):
                 del data[old]
         data[key] = value
 
@@ -85,6 +91,8 @@ class DecodedCache:
 
 
 CACHED_KINDS = (keys.INODE, keys.DENTRY)
+#: a cached "no such directory entry" (never a stored value: entries hold inode numbers)
+ABSENT = object()
 
 
 class NamespaceView:
@@ -119,10 +127,12 @@ class NamespaceView:
         value = cache.data.get(key)
         if value is not None:
             cache.hits += 1
-            return value
+            return None if value is ABSENT else value
         cache.misses += 1
         raw = self.kv.get(key)
         if raw is None:
+            if key[:1] == keys.DENTRY:
+                cache.put(key, ABSENT)
             return None
         value = keys.unpack(raw)
         cache.put(key, value)

@@ -159,7 +159,6 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
         self.locks = PathLockPool()
         self.global_lock = RWLock()
         self.journal = Journal(journal_dir, self._apply,
-                               fsync_limiter=trio.CapacityLimiter(1),
                                keep_segments=config.journal_keep_segments)
         self._recovering = False
         self.last_checkpoint = CheckpointInfo()   # read from the store by recover()

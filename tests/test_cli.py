@@ -551,6 +551,16 @@ def test_bench_runs_against_the_cluster(cluster, env):
     assert set(rows) == {"create", "getFileInfo"}
     check_fails(leasefs("bench", "meta", "--op", "rename", "--quiet", env=env),
                 "rename needs create", status=2)
+    # --prefill: the ops again after filling the namespace, with the server's CPU per op
+    grown = json.loads(check_ok(leasefs("bench", "meta", "--cluster", "--clients", "2",
+                                        "--ops", "2", "--op", "create", "--prefill", "3,7",
+                                        "--json", "--quiet", env=env)))
+    ops = grown["results"]["cluster"]
+    assert list(ops) == ["create", "prefill to 3", "create @3", "prefill to 7", "create @7"]
+    assert [ops[k]["ops"] for k in ops] == [4, 3, 4, 4, 4]
+    assert all(v["server_cpu_us"] > 0 and v["records_per_op"] == 2 for v in ops.values())
+    check_fails(leasefs("bench", "meta", "--prefill", "5,3", "--quiet", env=env),
+                "increasing", status=2)
     # bench files are cleaned up
     check_fails(leasefs("ls", "/.leasefs-bench/x", env=env), "leasefs ls:")
     assert check_ok(leasefs("ls", "/.leasefs-bench", env=env)).strip() == ""

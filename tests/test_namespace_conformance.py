@@ -878,6 +878,38 @@ def test_concurrent_mutations_in_one_batch_compose(kind, tmp_path):
     run_ns(kind, tmp_path, body)
 
 
+def test_names_found_missing_are_cached_until_created_renamed_or_deleted(kind, tmp_path):
+    """A directory entry looked up and found missing is remembered (a create looks its new
+    name up several times); every record that adds, renames or removes the name replaces
+    the remembered answer, also with a cache too small for the namespace."""
+    async def body(h):
+        h.ns.cache.limit = 16          # evictions happen all along
+        await h.mkdirs("/d")
+        for i in range(40):
+            with pytest.raises(errors.FileNotFound):
+                h.ns.get_file_info(f"/d/f{i}")
+            misses = h.ns.cache.misses
+            with pytest.raises(errors.FileNotFound):
+                h.ns.get_file_info(f"/d/f{i}")
+            assert h.ns.cache.misses - misses <= 2      # the name's miss itself is cached
+            await h.create(f"/d/f{i}")
+            assert h.ns.get_file_info(f"/d/f{i}")["type"] == "file"
+        assert len(h.ns.cache.data) <= 16
+        await h.do(h.ns.plan_rename("/d/f1", "/d/g1", now_ns=h.now()))
+        with pytest.raises(errors.FileNotFound):
+            h.ns.get_file_info("/d/f1")
+        assert h.ns.get_file_info("/d/g1")["type"] == "file"
+        await h.do(h.ns.plan_delete("/d/g1", False, now_ns=h.now()))
+        with pytest.raises(errors.FileNotFound):
+            h.ns.get_file_info("/d/g1")
+        await h.create("/d/g1")
+        assert h.ns.get_file_info("/d/g1")["type"] == "file"
+        assert h.ns.get_file_info("/d")["children"] == 40
+        assert_consistent(h)
+
+    run_ns(kind, tmp_path, body)
+
+
 # --------------------------------------------------------------------------- restart
 
 

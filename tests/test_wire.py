@@ -237,6 +237,66 @@ def test_retry_cache_expires_entries_and_reruns_failed_calls():
     trio.run(main)
 
 
+def test_retry_cache_duplicate_waits_for_the_running_call():
+    """A duplicate arriving while the first call runs waits for it: a success is answered
+    from the cache (the call ran once), a failure lets the duplicate run it again."""
+    cache = RetryCache(expiry=10)
+    release = trio.Event()
+    calls = []
+
+    async def slow(result):
+        calls.append(result)
+        await release.wait()
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def main():
+        got = []
+
+        async def call(key, result):
+            try:
+                got.append(await cache.run(key, lambda: slow(result)))
+            except errors.SafeMode as exc:
+                got.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call, ("c", 1), 7)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(call, ("c", 1), 8)
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+        assert got == [7, 7] and calls == [7]
+        release2 = trio.Event()
+
+        async def failing_then(result):
+            calls.append(result)
+            await release2.wait()
+            if result == "fail":
+                raise errors.SafeMode("/x: in safe mode")
+            return result
+
+        got.clear()
+
+        async def first():
+            with pytest.raises(errors.SafeMode):
+                await cache.run(("c", 2), lambda: failing_then("fail"))
+            got.append("failed")
+
+        async def duplicate():
+            got.append(await cache.run(("c", 2), lambda: failing_then("ok")))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(duplicate)
+            await trio.testing.wait_all_tasks_blocked()
+            release2.set()
+        assert got == ["failed", "ok"] and calls[-2:] == ["fail", "ok"]
+
+    trio.run(main)
+
+
 async def _value(v):
     return v
 

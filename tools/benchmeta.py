@@ -56,7 +56,9 @@ from .progress import StatusLine
 
 log = logging.getLogger(__name__)
 
-MUTATIONS = ("create", "mkdirs", "rename", "delete")
+MUTATIONS = ("create", "mkdirs", "rename", "delete", "prefill")
+# files per folder of the prefill phase
+PREFILL_FOLDER = 10_000
 LOCK_MODES = ("fine", "global")
 
 
@@ -81,10 +83,24 @@ async def _worker_main(address: str, settings: dict, clients: list[int], plan: d
 
         async def run(op: str, k: int, client, out: array):
             folder, prefix = client_folder(base, k, contended)
-            for i in range(n_ops):
+            count = n_ops
+            if op == "prefill":
+                # files that only fill the namespace: a folder of their own per client, stage
+                # and ``PREFILL_FOLDER`` files (no folder grows without bound)
+                stage = plan["prefill"][plan["round"]] - (plan["prefill"][plan["round"] - 1]
+                                                          if plan["round"] else 0)
+                count = stage // plan["clients"] + (k < stage % plan["clients"])
+            elif plan["round"]:
+                prefix = f"{prefix}r{plan['round']}-"
+            for i in range(count):
                 f = f"{folder}/{prefix}f{i}"
                 t0 = time.perf_counter()
-                if op == "create":
+                if op == "prefill":
+                    stream = await client.create(
+                        f"{base}/prefill/c{k}/s{plan['round']}/{i // PREFILL_FOLDER}/f{i}",
+                        overwrite=False)
+                    await stream.close()
+                elif op == "create":
                     stream = await client.create(f, overwrite=False)
                     await stream.close()
                 elif op == "mkdirs":
@@ -101,7 +117,8 @@ async def _worker_main(address: str, settings: dict, clients: list[int], plan: d
                     await client.delete(f"{folder}/{prefix}r{i}")
                 out.append(time.perf_counter() - t0)
 
-        for op in ops:
+        for step, op in enumerate(ops):
+            plan["round"] = ops[:step].count(op)   # a repeated op works on new names
             await trio.to_thread.run_sync(barrier.wait)   # ready: the parent reads counters
             await trio.to_thread.run_sync(barrier.wait)   # go
             latencies = array("d")
@@ -162,9 +179,11 @@ def private_meta_server(home: str, lock: str, status: StatusLine):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _journal_counters(control) -> tuple[int, int]:
-    journal = control.report()["journal"]
-    return journal["fsyncs"], journal["records"]
+def _journal_counters(control) -> tuple[int, int, float | None]:
+    """(fsyncs, records, server CPU seconds or None from a server without the field)."""
+    report = control.report()
+    journal = report["journal"]
+    return journal["fsyncs"], journal["records"], report.get("cpu_seconds")
 
 
 def run_on_server(address: str, a, status: StatusLine, label: str) -> dict:
@@ -188,6 +207,8 @@ def _base(a, label: str) -> str:
 def _run_workers(address: str, settings: dict, control, a, status: StatusLine,
                  label: str) -> dict:
     ops = list(a.op)
+    for _ in a.prefill:   # the same ops on the empty namespace, then after each fill
+        ops += ["prefill"] + list(a.op)
     n_proc = max(1, min(a.processes, a.clients))
     groups = [list(range(p, a.clients, n_proc)) for p in range(n_proc)]
     ctx = multiprocessing.get_context("spawn")
@@ -195,15 +216,23 @@ def _run_workers(address: str, settings: dict, control, a, status: StatusLine,
     results = ctx.Queue()
     base = _base(a, label)
     plan = {"ops": ops, "n_ops": a.ops, "contended": a.contended, "base": base,
-            "connections": a.connections}
+            "connections": a.connections, "prefill": a.prefill, "clients": a.clients,
+            "round": 0}
     workers = [ctx.Process(target=_worker, args=(address, settings, g, plan, barrier, results),
                            daemon=True) for g in groups]
     for w in workers:
         w.start()
     out: dict = {}
     try:
-        for op in ops:
-            status(f"{label} {op}: {a.clients} clients in {n_proc} processes x {a.ops} ops ...")
+        for step, op in enumerate(ops):
+            stage = ops[:step].count("prefill")
+            total = a.prefill[stage - 1] if stage else 0
+            key = f"{op} @{total}" if stage and op != "prefill" else op
+            if op == "prefill":
+                key = f"prefill to {a.prefill[stage]}"
+            count = (a.prefill[stage] - total) if op == "prefill" else f"{a.clients} x {a.ops}"
+            status(f"{label} {key}: {count} ops by {a.clients} clients in {n_proc} "
+                   f"processes ...")
             try:
                 barrier.wait(timeout=120)   # every worker is set up and idle
                 before = _journal_counters(control)
@@ -214,7 +243,7 @@ def _run_workers(address: str, settings: dict, control, a, status: StatusLine,
             t0 = time.perf_counter()
             latencies = array("d")
             for _ in workers:
-                got_op, payload = results.get(timeout=600)
+                got_op, payload = results.get(timeout=None if op == "prefill" else 600)
                 if got_op == "error":
                     raise UsageError(f"{label}: a benchmark worker failed: {payload}")
                 latencies.frombytes(payload)
@@ -222,12 +251,16 @@ def _run_workers(address: str, settings: dict, control, a, status: StatusLine,
             after = _journal_counters(control)
             n = len(latencies)
             fsyncs, records = after[0] - before[0], after[1] - before[1]
-            out[op] = {"ops": n, "seconds": wall, "ops_per_s": n / wall if wall > 0 else None,
+            cpu = after[2] - before[2] if after[2] is not None and before[2] is not None \
+                else None
+            out[key] = {"ops": n, "seconds": wall, "ops_per_s": n / wall if wall > 0 else None,
                        "p50_ms": percentile(list(latencies), 50) * 1000,
                        "p99_ms": percentile(list(latencies), 99) * 1000,
                        "fsyncs_per_op": fsyncs / n if n else 0.0,
                        "records_per_op": records / n if n else 0.0,
-                       "records_per_fsync": records / fsyncs if fsyncs else 0.0}
+                       "records_per_fsync": records / fsyncs if fsyncs else 0.0,
+                       # server CPU per op: what the rate would be with a core of its own
+                       "server_cpu_us": cpu / n * 1e6 if cpu is not None and n else None}
     finally:
         for w in workers:
             w.join(timeout=0 if sys.exc_info()[0] else 30)
@@ -262,6 +295,13 @@ def run_meta_bench(cmd: Command) -> int:
     a = cmd.args
     if a.clients < 1 or a.ops < 1 or a.processes < 1:
         raise UsageError("--clients, --ops and --processes must be at least 1")
+    try:
+        a.prefill = [int(n) for n in a.prefill.split(",")] if a.prefill else []
+    except ValueError:
+        raise UsageError(f"--prefill takes file counts separated by commas, got "
+                         f"{a.prefill!r}") from None
+    if any(n <= 0 for n in a.prefill) or a.prefill != sorted(set(a.prefill)):
+        raise UsageError("--prefill counts must be positive and increasing")
     unknown = [op for op in a.op if op not in META_OPS]
     if unknown:
         raise UsageError(f"unknown op {unknown[0]!r}; ops are {', '.join(META_OPS)}")
@@ -303,12 +343,13 @@ def run_meta_bench(cmd: Command) -> int:
     if a.json:
         cmd.out(json.dumps({"benchmark": "meta", "clients": a.clients, "ops": a.ops,
                             "processes": a.processes, "contended": a.contended,
+                            "prefill": a.prefill,
                             "connections": a.connections,
                             "results": results}, indent=2))
         return 0
     headers = ["op"]
     for mode in modes:
-        headers += [f"{mode} ops/s", "p50 ms", "p99 ms", "fsyncs/op"]
+        headers += [f"{mode} ops/s", "p50 ms", "p99 ms", "fsyncs/op", "server µs/op"]
     if "fine" in modes and "global" in modes:
         headers.append("fine/global")
     for peer in ("local", "moosefs"):
@@ -316,17 +357,21 @@ def run_meta_bench(cmd: Command) -> int:
             headers += [f"{'local disk' if peer == 'local' else 'MooseFS'} ops/s",
                         f"{modes[0]}/{'local' if peer == 'local' else 'MooseFS'}"]
     table = []
-    for op in a.op:
+    rows = list(a.op)
+    for total in a.prefill:
+        rows += [f"prefill to {total}"] + [f"{op} @{total}" for op in a.op]
+    for op in rows:
         row = [op]
         for mode in modes:
             r = results[mode].get(op)
             row += [f"{r['ops_per_s']:.0f}", f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}",
-                    f"{r['fsyncs_per_op']:.3f}" if op in MUTATIONS else "-"]
+                    f"{r['fsyncs_per_op']:.3f}" if op.split()[0] in MUTATIONS else "-",
+                    "-" if r.get("server_cpu_us") is None else f"{r['server_cpu_us']:.0f}"]
         if "fine" in modes and "global" in modes:
             row.append(f"{results['fine'][op]['ops_per_s'] / results['global'][op]['ops_per_s']:.2f}")
         for peer in ("local", "moosefs"):
             if peer in results:
-                other = results[peer].get(op)
+                other = results[peer].get(op.split()[0])
                 mine = results[modes[0]][op]["ops_per_s"]
                 row += [f"{other['ops_per_s']:.0f}", f"{mine / other['ops_per_s']:.3f}"] \
                     if other else ["-", "-"]
@@ -335,7 +380,21 @@ def run_meta_bench(cmd: Command) -> int:
             f"{a.ops} ops each, {layout}, {a.connections} connections")
     for line in format_table(headers, table):
         cmd.out(line)
+    for mode in modes:
+        for total in a.prefill:
+            cmd.out(f"{mode}: with {total} more files / on the empty namespace: " + ", ".join(
+                _growth(op, results[mode][op], results[mode][f"{op} @{total}"])
+                for op in a.op))
     return 0
+
+
+def _growth(op: str, empty: dict, filled: dict) -> str:
+    """One op's rate ratio (filled / empty) and, when known, that of its server CPU per op
+    inverted (empty / filled: what the rate ratio is on a machine with a core to spare)."""
+    text = f"{op} ops/s {filled['ops_per_s'] / empty['ops_per_s']:.2f}"
+    if empty.get("server_cpu_us") and filled.get("server_cpu_us"):
+        text += f" (by server CPU per op {empty['server_cpu_us'] / filled['server_cpu_us']:.2f})"
+    return text
 
 
 def register(bsub, common, shared) -> None:
@@ -352,6 +411,11 @@ def register(bsub, common, shared) -> None:
                    help="ops per client per op type (default 500)")
     q.add_argument("--op", action="append", default=None, metavar="OP",
                    help=f"run only these ops (repeatable; {', '.join(META_OPS)})")
+    q.add_argument("--prefill", default="", metavar="N[,N...]",
+                   help="after the ops, fill the namespace up to N more files (create + "
+                        "complete by the same clients, 10 000 per folder) and run the ops "
+                        "again, for each N: how the rates hold up as the namespace grows "
+                        "(ratios to the empty namespace printed)")
     q.add_argument("--contended", action="store_true", help="all clients in one folder")
     q.add_argument("--connections", choices=("shared", "own"), default="shared",
                    help="shared (default): the clients of one worker process share one RPC "
