@@ -254,7 +254,7 @@ class ClientProtocol:
                 await self.log_plan(self.ns.plan_commit(ino, block, num_bytes))
             if not earlier_ok:
                 return False
-            return self.report_waiter(block["id"])
+            return self.reports.waiter(block["id"])
 
     async def rpc_fsync(self, ctx, path, client_name, ino=None, last_block_length=0):
         canonical = paths.validate(path)

@@ -156,7 +156,6 @@ class DatanodeProtocol:
                 isinstance(x, int) and not isinstance(x, bool) for x in deleted):
             raise InvalidArgument("block_received_and_deleted: deleted must be a list of ids")
         self.reports.incremental(node.node_id, entries, list(deleted))
-        self.replicas_reported(entry[0] for entry in entries)
         return True
 
     async def rpc_report_bad_blocks(self, ctx, blocks):

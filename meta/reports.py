@@ -97,6 +97,17 @@ class BlockReports:
         self.step = max(1, step)
         self._reports: dict[str, FullReport] = {}      # node id → unfinished full report
         self._locks: dict[str, trio.Lock] = {}         # node id → one chunk at a time
+        # block id → set at the next incremental report of one of its replicas (a
+        # ``complete`` waits for the first)
+        self._waiters: dict[int, trio.Event] = {}
+
+    def waiter(self, block_id: int) -> trio.Event:
+        """An event set at the next incremental report of a replica of ``block_id``; taken
+        before the caller lets its lock go, so a report arriving in between is not missed."""
+        event = self._waiters.get(block_id)
+        if event is None:
+            event = self._waiters[block_id] = trio.Event()
+        return event
 
     # ------------------------------------------------------------------ parsing
     async def parse_entries_stepwise(self, entries, what: str) -> list[Entry]:
@@ -205,6 +216,10 @@ class BlockReports:
         for block_id, gs, num_bytes, state in received:
             self.datanodes.cancel_invalidate(node_id, block_id)   # decided again below
             self._add_replica(node_id, block_id, gs, num_bytes, state)
+            if self._waiters:
+                event = self._waiters.pop(block_id, None)
+                if event is not None:
+                    event.set()
         for block_id in deleted:
             self.blocks.remove_replica(node_id, block_id)
             self.datanodes.cancel_invalidate(node_id, block_id)

@@ -166,8 +166,6 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
         self._release_logged: set[int] = set()
         self.checkpoints = 0
         self.reports = self._new_reports()
-        # block id → woken when a replica of it is reported (a ``complete`` waits for one)
-        self._report_waiters: dict[int, trio.Event] = {}
         self._reclaim_wakeup = trio.Event()
         self.reclaim_records = 0
         self.recoveries: dict[int, _Recovery] = {}            # block id → running recovery
@@ -488,21 +486,6 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
     def is_complete(self, block: dict) -> bool:
         info = self.blocks.get(block["id"])
         return info is not None and info.state == bm.COMPLETE
-
-    def report_waiter(self, block_id: int) -> trio.Event:
-        """An event set at the next report of a replica of ``block_id``; taken before the
-        caller's lock is let go, so a report arriving in between is not missed."""
-        event = self._report_waiters.get(block_id)
-        if event is None:
-            event = self._report_waiters[block_id] = trio.Event()
-        return event
-
-    def replicas_reported(self, block_ids) -> None:
-        if self._report_waiters:
-            for block_id in block_ids:
-                event = self._report_waiters.pop(block_id, None)
-                if event is not None:
-                    event.set()
 
     def update_safemode(self) -> None:
         self.safemode.update(self.clock(), self.blocks.safe, self.blocks.total_countable,

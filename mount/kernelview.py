@@ -1,0 +1,152 @@
+"""The kernel's view of a leasefs mount: which path each inode number the kernel holds
+stands for (``_nodes``, with pyfuse3's lookup counts), names checked and turned into
+paths, and the ``EntryAttributes`` the kernel caches, as ``KernelView``, a mixin of
+``mount.operations.LeaseFS``.
+
+Why a module of its own: ``mount.operations`` translates FUSE requests; the inode table
+and the attributes it answers with are what every handler shares, kept apart so each module
+has one job. Directory statuses a change answered with are kept here for the kernel's next
+getattr (``_keep_fresh``/``_fresh_status``), for ``attr_timeout`` at most.
+
+Concurrency contract: plain methods of the mount's one trio run, no awaits but
+``_status_of``; the tables change only between awaits of the handlers that call them.
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import os
+import pwd
+import stat
+
+import pyfuse3
+import trio
+
+from fs.client import FileStatus
+from fs.errors import LeaseFSError
+from fs.paths import validate as validate_path
+
+from .errors import fuse_error
+from .openfiles import FileMode, Node
+
+FRESH_LIMIT = 4096
+
+
+class KernelView:
+    """The inode table and attributes of ``LeaseFS`` (needs its ``client``, ``_nodes``,
+    ``_alias``, ``_open``, ``_fresh``, ``_named``, ``_uid_cache``, ``_gid_cache``,
+    ``_next_fh``, ``entry_timeout`` and ``attr_timeout``)."""
+
+    # ================================================================== helpers: paths
+    def _path(self, ino: int) -> str:
+        node = self._nodes.get(ino)
+        if node is None or node.path is None:
+            raise fuse_error(errno.ESTALE if node is None else errno.ENOENT)
+        return node.path
+
+    def _child(self, parent_ino: int, name: bytes) -> str:
+        self._fresh.pop(parent_ino, None)   # the handler may change the directory
+        self._named += 1
+        text = os.fsdecode(name)
+        if "/" in text or text in ("", ".", ".."):
+            raise fuse_error(errno.EINVAL)
+        parent = self._path(parent_ino)
+        path = "/" + text if parent == "/" else f"{parent}/{text}"
+        try:
+            return validate_path(path)
+        except LeaseFSError as exc:
+            raise fuse_error(exc.errno) from None
+
+    def _kernel_ino(self, ns_ino: int) -> int:
+        return self._alias.get(ns_ino, ns_ino)
+
+    def _remember(self, ino: int, path: str, status: FileStatus | None = None) -> Node:
+        """Register ``ino`` at ``path`` and count one lookup; a symlink's target is kept
+        for readlink (an inode's target never changes: a new link is a new inode)."""
+        node = self._nodes.get(ino)
+        if node is None:
+            node = self._nodes[ino] = Node(ino, path)
+        else:
+            node.path = path
+        node.lookups += 1
+        if status is not None and status.is_symlink:
+            node.target = status.symlink
+        return node
+
+    def _new_fh(self) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        return fh
+
+    # ================================================================== helpers: attributes
+    def _uid(self, owner: str) -> int:
+        if owner not in self._uid_cache:
+            try:
+                self._uid_cache[owner] = pwd.getpwnam(owner).pw_uid
+            except KeyError:
+                self._uid_cache[owner] = int(owner) if owner.isdigit() else os.getuid()
+        return self._uid_cache[owner]
+
+    def _gid(self, group: str) -> int:
+        if group not in self._gid_cache:
+            try:
+                self._gid_cache[group] = grp.getgrnam(group).gr_gid
+            except KeyError:
+                self._gid_cache[group] = int(group) if group.isdigit() else os.getgid()
+        return self._gid_cache[group]
+
+    def _attrs(self, status) -> pyfuse3.EntryAttributes:
+        attr = pyfuse3.EntryAttributes()
+        ino = self._kernel_ino(status.ino)
+        attr.st_ino = ino
+        attr.generation = 0
+        attr.entry_timeout = self.entry_timeout
+        attr.attr_timeout = self.attr_timeout
+        kind = {"dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}.get(status.type, stat.S_IFREG)
+        attr.st_mode = kind | (status.mode & 0o7777)
+        of = self._open.get(ino)
+        if status.is_dir:
+            attr.st_nlink = 2 + status.subdirs      # "." and ".." of each subdirectory
+        else:
+            attr.st_nlink = 0 if of is not None and of.unlinked else 1
+        attr.st_uid = self._uid(status.owner)
+        attr.st_gid = self._gid(status.group)
+        attr.st_rdev = 0
+        size = status.length
+        if status.is_symlink:
+            size = len(os.fsencode(status.symlink or ""))
+        if of is not None and of.mode is not FileMode.CLEAN:
+            size = of.size
+        attr.st_size = size
+        attr.st_blksize = 1 << 16
+        attr.st_blocks = (size + 511) // 512
+        attr.st_atime_ns = status.atime_ns
+        attr.st_mtime_ns = status.mtime_ns
+        attr.st_ctime_ns = status.ctime_ns
+        return attr
+
+    async def _status_of(self, ino: int):
+        return await self.client.get_file_status(self._path(ino))
+
+    def _keep_fresh(self, named: int, *statuses: FileStatus | None) -> None:
+        """Remember the directory statuses a change answered with for the kernel's next
+        getattr, unless another handler addressed a name since this one (``named``: the
+        count after its own ``_child``)."""
+        if named != self._named:
+            return
+        if len(self._fresh) > FRESH_LIMIT:
+            self._fresh.clear()
+        now = trio.current_time()
+        for status in statuses:
+            if status is not None:
+                self._fresh[self._kernel_ino(status.ino)] = (now, status)
+
+    def _fresh_status(self, ino: int) -> FileStatus | None:
+        entry = self._fresh.pop(ino, None)
+        if entry is not None and trio.current_time() - entry[0] < self.attr_timeout:
+            return entry[1]
+        return None
+
+
+__all__ = ["KernelView", "FRESH_LIMIT"]
