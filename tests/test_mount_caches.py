@@ -19,7 +19,7 @@ pyfuse3 = pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
 if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
     pytest.skip("/dev/fuse or fusermount3 is not available", allow_module_level=True)
 
-from harness import Mount, ProcessCluster  # noqa: E402
+from harness import ProcessCluster, mounted  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -31,29 +31,19 @@ def cluster(tmp_path_factory):
         yield c
 
 
-def _started(cluster, name: str, *extra: str):
-    m = Mount(cluster, name, *extra)
-    try:
-        m.start()
-        yield m
-        m.stop()
-    finally:
-        m.cleanup()
-
-
 @pytest.fixture(scope="module")
 def slow_misses(cluster):
     """A mount whose kernel caches names, misses and attributes for 30 s: long enough to
     see a miss held, and so that no expired entry or attribute makes the kernel fetch a
     changed file's attributes: only the mount (its open, and the refresh after a release)
     can make it drop the pages it kept."""
-    yield from _started(cluster, "slowmiss", "--set", "mount_negative_timeout=30",
+    yield from mounted(cluster, "slowmiss", "--set", "mount_negative_timeout=30",
                         "--attr-timeout", "30", "--entry-timeout", "30")
 
 
 @pytest.fixture(scope="module")
 def other(cluster):
-    yield from _started(cluster, "other")
+    yield from mounted(cluster, "other")
 
 
 def _errno_of(fn, *args) -> int:

@@ -22,7 +22,7 @@ pyfuse3 = pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
 if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
     pytest.skip("/dev/fuse or fusermount3 is not available", allow_module_level=True)
 
-from harness import REPO, Mount, ProcessCluster  # noqa: E402
+from harness import REPO, Mount, ProcessCluster, mounted  # noqa: E402
 
 MiB = 1 << 20
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -36,24 +36,14 @@ def cluster(tmp_path_factory):
         yield c
 
 
-def _started(cluster, name: str, *extra: str):
-    m = Mount(cluster, name, *extra)
-    try:
-        m.start()
-        yield m
-        m.stop()
-    finally:
-        m.cleanup()
-
-
 @pytest.fixture(scope="module")
 def one(cluster):
-    yield from _started(cluster, "one")
+    yield from mounted(cluster, "one")
 
 
 @pytest.fixture(scope="module")
 def two(cluster):
-    yield from _started(cluster, "two")
+    yield from mounted(cluster, "two")
 
 
 def _errno_of(fn, *args, **kwargs) -> int:

@@ -51,7 +51,7 @@ import crc32c
 from . import sourcetree
 from .bench import BenchFailed, size_label
 from .benchfuse import (WORK_PREFIX, Target, add_path_options, finish_targets, fmt_figure,
-                        make_work_dir, ratios, remove_tree, sigterm_as_interrupt,
+                        ratios, remove_tree, run_on_targets, sigterm_as_interrupt,
                         targets_from_args)
 from .common import Command
 from .formatting import UsageError, format_table
@@ -282,18 +282,9 @@ def run_apps_bench(cmd: Command) -> int:
             work = prepare(params, home)
             status(f"  {work.tree.files} files, {work.tree.dirs} folders, {work.tree.links} "
                    f"symlinks, {size_label(work.tree.total)}; archive {work.archive}")
-            for t in targets:
-                try:
-                    t.work = make_work_dir(t.path)
-                    t.results = bench_path(t.work, params, work, status, t.label)
-                except (OSError, BenchFailed, sqlite3.Error, subprocess.SubprocessError) as exc:
-                    t.error = str(exc)
-                    cmd.fail(t.path, exc)
-                finally:
-                    if t.work:
-                        problem = remove_tree(t.work)
-                        if problem:
-                            cmd.warn(f"{t.path}: could not remove {t.work}: {problem}")
+            run_on_targets(cmd, targets,
+                           lambda t: bench_path(t.work, params, work, status, t.label),
+                           (OSError, BenchFailed, sqlite3.Error, subprocess.SubprocessError))
         finally:
             if home:
                 remove_tree(home)

@@ -210,6 +210,24 @@ def remove_tree(path: str) -> str | None:
     return None
 
 
+def run_on_targets(cmd: Command, targets, run, failures: tuple) -> None:
+    """``run(target)`` in a fresh work folder (``target.work``) of each target, in order:
+    a failure of one of ``failures`` is reported against that target's path and the others
+    go on; the work folder is removed either way."""
+    for t in targets:
+        try:
+            t.work = make_work_dir(t.path)
+            t.results = run(t)
+        except failures as exc:
+            t.error = str(exc)
+            cmd.fail(t.path, exc)
+        finally:
+            if t.work:
+                problem = remove_tree(t.work)
+                if problem:
+                    cmd.warn(f"{t.path}: could not remove {t.work}: {problem}")
+
+
 # --------------------------------------------------------------------------- sequential
 
 def _write_all(fd: int, view: memoryview) -> None:
@@ -603,18 +621,9 @@ def run_fuse_bench(cmd: Command) -> int:
                        f"{tree_home} ...")
                 tree = build_tree(os.path.join(tree_home, "src"), params.tree_files)
                 status(f"  {tree.files} files in {tree.dirs} folders, {size_label(tree.total)}")
-            for t in targets:
-                try:
-                    t.work = make_work_dir(t.path)
-                    t.results = bench_path(t.work, params, tree, status, t.label)
-                except (OSError, BenchFailed, subprocess.SubprocessError) as exc:
-                    t.error = str(exc)
-                    cmd.fail(t.path, exc)
-                finally:
-                    if t.work:
-                        problem = remove_tree(t.work)
-                        if problem:
-                            cmd.warn(f"{t.path}: could not remove {t.work}: {problem}")
+            run_on_targets(cmd, targets,
+                           lambda t: bench_path(t.work, params, tree, status, t.label),
+                           (OSError, BenchFailed, subprocess.SubprocessError))
         finally:
             if tree_home:
                 remove_tree(tree_home)
