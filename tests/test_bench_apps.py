@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Mount, ProcessCluster
+from harness import Mount, ProcessCluster
 from tools import benchapps as A
 from tools import benchcalls as C
 from tools import benchfuse as B
