@@ -330,16 +330,15 @@ class AsyncClient:
         after the create (same call)."""
         path = paths.validate(path)
         FileSettings(block_size, replication, bytes_per_checksum).check(path)
-        args = dict(path=path, client_name=self.client_name, overwrite=overwrite,
-                    create_parent=create_parent, replication=replication,
-                    block_size=block_size, permission=permission, owner=owner, group=group)
-        if want_parent:
-            args["want_status"] = True
-        answer = await self._call("create", **args)
+        answer = await self._call("create", path=path, client_name=self.client_name,
+                                  overwrite=overwrite, create_parent=create_parent,
+                                  replication=replication, block_size=block_size,
+                                  permission=permission, owner=owner, group=group,
+                                  **_want(want_parent))
         status = answer["status"] if want_parent else answer
         stream = AsyncOutputStream(self, path, status, bytes_per_checksum=bytes_per_checksum)
         if want_parent:
-            stream.created_parent = FileStatus.from_wire(answer["parent"])
+            stream.created_parent = _status(answer.get("parent"))
         self._outputs[id(stream)] = stream
         self._renewer.add(stream)
         return stream

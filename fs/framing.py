@@ -181,10 +181,6 @@ class FrameChannel:
       nothing), the frames sent after it queue until the flusher runs, after the other
       tasks of the same scheduler round, and leave in one ``write``: the replies to one
       batch, or the requests of the many tasks one batch of replies woke, travel together.
-      With ``eager=False`` (the RPC server) every frame waits for the flusher: the replies a
-      journal batch wakes leave in one write per connection instead of two (the first one
-      alone, then the rest), for one scheduler round of delay; on loopback a ``write`` is
-      the dearest step of a reply.
 
     Other streams (in-memory test streams) get the same interface through the stream's own
     awaited calls. Frames and their limits are ``FramedStream``'s: 4-byte length + msgpack
@@ -207,9 +203,8 @@ class FrameChannel:
 
     def __init__(self, stream: trio.abc.Stream, nursery: trio.Nursery,
                  max_frame: int = DEFAULT_MAX_FRAME, *, send_timeout: float | None = None,
-                 on_send_timeout=None, budget=None, eager: bool = True):
+                 on_send_timeout=None, budget=None):
         self.stream = stream
-        self.eager = eager
         self.max_frame = max_frame
         self._budget = budget
         self._reserved = 0        # bytes of ``budget`` this channel holds
@@ -358,7 +353,7 @@ class FrameChannel:
         if self.broken is not None:
             raise ServerUnavailable(f"connection lost: {self.broken}")
         self.stats.frames_out += 1
-        if self.eager and not self._out and not self._wake.is_set() and self._socket is not None:
+        if not self._out and not self._wake.is_set() and self._socket is not None:
             # the first frame since the flusher last ran goes out at once (no added
             # latency for a lone call); frames sent after it in the same scheduler round
             # queue behind it and leave together when the flusher runs

@@ -695,9 +695,9 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
     watching = trio.CancelScope()
     try:
         async with trio.open_nursery() as outer:
-            # eager replies: a lone call's reply leaves at once. Waiting for the flusher
-            # (eager=False) saves a write per journal batch under many clients, but costs
-            # every reply a scheduler round, and a mount's calls come one at a time
+            # a lone call's reply leaves at once (see FrameChannel.send_nowait): holding every
+            # reply for the flusher saves a write per journal batch under many clients but
+            # costs each reply a scheduler round, and a mount's calls come one at a time
             channel = FrameChannel(stream, outer, MAX_HELLO_FRAME, send_timeout=send_timeout,
                                    on_send_timeout=too_slow, budget=budget)
             async with trio.open_nursery() as nursery:

@@ -126,9 +126,7 @@ class ClientProtocol:
             await self.log_plan(plan)
             ino = plan[1]["ino"]
             status = self.ns.status(canonical, ino, self.ns.get_inode(ino))
-            if want_status:
-                return self._changed(canonical, status)
-            return status
+            return self._changed(canonical, status) if want_status else status
         return await self.with_ancestor_locks(f"create {canonical}", parts, body)
 
     async def rpc_create_symlink(self, ctx, target, path, create_parent=False, owner=None,
@@ -146,10 +144,9 @@ class ClientProtocol:
             plan = self.ns.plan_symlink(target, canonical, create_parent=create_parent,
                                         owner=new_owner, group=new_group, now_ns=wall)
             await self.log_plan(plan)
-            if want_status:
-                return self._changed(canonical)
             ino = plan[1]["ino"]
-            return self.ns.status(canonical, ino, self.ns.get_inode(ino))
+            status = self.ns.status(canonical, ino, self.ns.get_inode(ino))
+            return self._changed(canonical, status) if want_status else status
         return await self.with_ancestor_locks(f"symlink {canonical}", parts, body)
 
     def _changed(self, canonical: str, status: dict | None = None) -> dict:

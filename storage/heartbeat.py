@@ -23,7 +23,7 @@ full report to leave safe mode).
 
 Incremental reports (``block_received_and_deleted``) are queued per block id (the latest
 state of a block wins) and sent at once by their own task, so the write path never waits for
-a heartbeat. ``block_received`` returns an event set when the report was delivered.
+a heartbeat; a "receiving" (RBW) entry waits up to ``RECEIVING_REPORT_DELAY`` for company.
 
 Ordering of reports: a full report is a snapshot; an incremental report processed before a
 stale snapshot would be undone by it (a just-finalized replica removed again, a deleted one
@@ -86,7 +86,6 @@ class HeartbeatService:
         self._rpc: RpcClient | None = None
         self._pending_received: dict[int, list] = {}
         self._pending_deleted: dict[int, None] = {}
-        self._waiters: list[trio.Event] = []
         self._wakeup = trio.Event()
         self._wake_scheduled = False   # a delayed wakeup for RBW entries is on its way
         self._outage: str | None = None          # last logged failure kind, None = all well
@@ -101,7 +100,7 @@ class HeartbeatService:
 
     # ------------------------------------------------------------------ incremental reports
 
-    def block_received(self, block_id: int, gs: int, num_bytes: int, state: str) -> trio.Event:
+    def block_received(self, block_id: int, gs: int, num_bytes: int, state: str) -> None:
         """Queue ``[id, gs, num_bytes, state]`` for the next incremental report: at once,
         or for an RBW ("receiving") entry within ``RECEIVING_REPORT_DELAY`` (nothing waits
         for those: the metadata server knows a block's pipeline from add_block)."""
@@ -109,24 +108,22 @@ class HeartbeatService:
         self._pending_received.pop(block_id, None)   # re-insert: keep the latest at the end
         self._pending_received[block_id] = [block_id, gs, num_bytes, state]
         if state == ReplicaState.RBW.value and self._nursery is not None:
-            done = trio.Event()
-            self._waiters.append(done)
             if not self._wake_scheduled:
                 self._wake_scheduled = True
                 self._nursery.start_soon(self._wake_after, RECEIVING_REPORT_DELAY)
-            return done
-        return self._enqueued()
+        else:
+            self._wakeup.set()
 
     async def _wake_after(self, delay: float) -> None:
         await trio.sleep(delay)
         self._wake_scheduled = False
         self._wakeup.set()
 
-    def blocks_deleted(self, block_ids) -> trio.Event:
+    def blocks_deleted(self, block_ids) -> None:
         for block_id in block_ids:
             self._pending_received.pop(block_id, None)
             self._pending_deleted[block_id] = None
-        return self._enqueued()
+        self._wakeup.set()
 
     async def replica_lost(self, block_id: int, gs: int, why) -> bool:
         """A read (or copy, or scan) of our replica ``blk_<id>_<gs>`` failed with ``why``: if
@@ -141,12 +138,6 @@ class HeartbeatService:
         self.blocks_deleted([block_id])
         return True
 
-    def _enqueued(self) -> trio.Event:
-        done = trio.Event()
-        self._waiters.append(done)
-        self._wakeup.set()
-        return done
-
     async def _incremental_report_loop(self) -> None:
         delay = self._initial_backoff()
         while True:
@@ -159,7 +150,6 @@ class HeartbeatService:
                 self._wakeup = trio.Event()
                 received = list(self._pending_received.values())
                 deleted = list(self._pending_deleted)
-                waiters, self._waiters = self._waiters, []
                 self._pending_received, self._pending_deleted = {}, {}
                 try:
                     if received or deleted:
@@ -176,7 +166,6 @@ class HeartbeatService:
                     for block_id in deleted:
                         if block_id not in self._pending_received:
                             self._pending_deleted.setdefault(block_id, None)
-                    self._waiters = waiters + self._waiters
                     self._wakeup.set()
             if failure is not None:
                 log.debug("incremental block report failed (%s); retrying in %.2fs",
@@ -185,8 +174,6 @@ class HeartbeatService:
                 delay = min(delay * 2, self._max_backoff())
                 continue
             delay = self._initial_backoff()
-            for done in waiters:
-                done.set()
 
     # ------------------------------------------------------------------ main loop
 

@@ -272,7 +272,7 @@ def test_4_recover_lease_keeps_hflushed_bytes_whose_reports_are_late(tmp_path, m
 
     def late_receiving_reports(service, block_id, gs, num_bytes, state):
         if state == "RBW":
-            return trio.Event()   # the "receiving" report has not arrived yet
+            return None   # the "receiving" report has not arrived yet
         return block_received(service, block_id, gs, num_bytes, state)
 
     monkeypatch.setattr(HeartbeatService, "block_received", late_receiving_reports)
@@ -317,7 +317,7 @@ def test_complete_waits_on_the_server_for_the_first_replica_report(tmp_path, mon
                 await trio.sleep(delay[state])
                 block_received(service, block_id, gs, num_bytes, state)
             service._nursery.start_soon(later)
-            return trio.Event()
+            return None
         return block_received(service, block_id, gs, num_bytes, state)
 
     monkeypatch.setattr(HeartbeatService, "block_received", late_finalized_reports)
