@@ -26,6 +26,7 @@ import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 import trio
 
 from fs.config import Config
@@ -520,6 +521,23 @@ class Mount:
         if os.path.ismount(self.mp) or _stale(self.mp):
             subprocess.run(["umount", "-l", str(self.mp)], capture_output=True)
         shutil.rmtree(self.mp, ignore_errors=True)
+
+
+def errno_of(fn, *args, **kwargs) -> int:
+    """The errno of the ``OSError`` that ``fn(*args, **kwargs)`` must raise."""
+    with pytest.raises(OSError) as info:
+        fn(*args, **kwargs)
+    return info.value.errno
+
+
+def poll_until(check, timeout: float = 20.0):
+    """``check()``'s first truthy result, or its last result once ``timeout`` passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(0.05)
 
 
 def mounted(cluster: ProcessCluster, name: str, *extra: str):

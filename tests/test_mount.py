@@ -21,7 +21,7 @@ pyfuse3 = pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
 if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
     pytest.skip("/dev/fuse or fusermount3 is not available", allow_module_level=True)
 
-from harness import REPO, ProcessCluster, wait_mounted  # noqa: E402
+from harness import REPO, ProcessCluster, errno_of, wait_mounted  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -64,11 +64,6 @@ def mounted(cluster):
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
-def _errno_of(fn, *args) -> int:
-    with pytest.raises(OSError) as info:
-        fn(*args)
-    return info.value.errno
-
 
 @pytest.mark.slow
 def test_copy_tree_and_diff(mounted, tmp_path):
@@ -94,24 +89,24 @@ def test_copy_tree_and_diff(mounted, tmp_path):
 def test_namespace_errors(mounted):
     d = mounted / "errs"
     os.mkdir(d)
-    assert _errno_of(os.mkdir, d) == errno.EEXIST
+    assert errno_of(os.mkdir, d) == errno.EEXIST
     (d / "f").write_text("data")
-    assert _errno_of(os.rmdir, d) == errno.ENOTEMPTY
-    assert _errno_of(os.rmdir, d / "f") == errno.ENOTDIR
-    assert _errno_of(os.unlink, d / "missing") == errno.ENOENT
-    assert _errno_of(os.rmdir, d / "missing") == errno.ENOENT
-    assert _errno_of(os.rename, d / "missing", d / "other") == errno.ENOENT
-    assert _errno_of(os.mkdir, d / "no" / "such") == errno.ENOENT
-    assert _errno_of(os.link, d / "f", d / "hard") == errno.EPERM
+    assert errno_of(os.rmdir, d) == errno.ENOTEMPTY
+    assert errno_of(os.rmdir, d / "f") == errno.ENOTDIR
+    assert errno_of(os.unlink, d / "missing") == errno.ENOENT
+    assert errno_of(os.rmdir, d / "missing") == errno.ENOENT
+    assert errno_of(os.rename, d / "missing", d / "other") == errno.ENOENT
+    assert errno_of(os.mkdir, d / "no" / "such") == errno.ENOENT
+    assert errno_of(os.link, d / "f", d / "hard") == errno.EPERM
     os.mkdir(d / "sub")
     (d / "sub" / "x").write_text("x")
     os.mkdir(d / "target")
     (d / "target" / "y").write_text("y")
-    assert _errno_of(os.rename, d / "sub", d / "target") == errno.ENOTEMPTY
+    assert errno_of(os.rename, d / "sub", d / "target") == errno.ENOTEMPTY
     # nothing changed by the failures
     assert sorted(os.listdir(d)) == ["f", "sub", "target"]
     os.unlink(d / "f")
-    assert _errno_of(os.stat, d / "f") == errno.ENOENT
+    assert errno_of(os.stat, d / "f") == errno.ENOENT
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ pyfuse3 = pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
 if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
     pytest.skip("/dev/fuse or fusermount3 is not available", allow_module_level=True)
 
-from harness import Mount, ProcessCluster  # noqa: E402
+from harness import Mount, ProcessCluster, errno_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -77,11 +77,6 @@ def _cli(cluster, *args, timeout=120, check=True) -> subprocess.CompletedProcess
         assert result.returncode == 0, result.stderr
     return result
 
-
-def _errno_of(fn, *args) -> int:
-    with pytest.raises(OSError) as info:
-        fn(*args)
-    return info.value.errno
 
 
 def _diff(a: Path, b: Path) -> None:
@@ -266,7 +261,7 @@ def test_mount_holds_lease_and_recover_lease_after_kill(cluster, mount, extra_mo
     assert path in table and f"-{other.proc.pid}" in table
 
     # a second writer elsewhere is refused while the holder lives
-    assert _errno_of(os.open, mount.mp / "leased.bin", os.O_WRONLY | os.O_APPEND) == errno.EBUSY
+    assert errno_of(os.open, mount.mp / "leased.bin", os.O_WRONLY | os.O_APPEND) == errno.EBUSY
     assert "leased.bin" in mount.log.read_text() and "leasefs-mount-" in mount.log.read_text()
 
     other.kill()                      # kill -9 of the mount process
@@ -329,15 +324,15 @@ def test_posix_errors_and_open_file_semantics(mount):
     # the classic errnos
     (d / "sub").mkdir()
     (d / "sub" / "x").write_text("x")
-    assert _errno_of(os.rmdir, d / "sub") == errno.ENOTEMPTY
-    assert _errno_of(os.mkdir, d / "sub") == errno.EEXIST
-    assert _errno_of(os.open, d / "missing", os.O_RDONLY) == errno.ENOENT
+    assert errno_of(os.rmdir, d / "sub") == errno.ENOTEMPTY
+    assert errno_of(os.mkdir, d / "sub") == errno.EEXIST
+    assert errno_of(os.open, d / "missing", os.O_RDONLY) == errno.ENOENT
     fd = os.open(d / "target", os.O_RDONLY)
     try:
-        assert _errno_of(os.write, fd, b"nope") == errno.EBADF
+        assert errno_of(os.write, fd, b"nope") == errno.EBADF
     finally:
         os.close(fd)
-    assert _errno_of(os.mkfifo, d / "fifo") in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS)
+    assert errno_of(os.mkfifo, d / "fifo") in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS)
     assert (d / "target").read_bytes() == b"new content"
 
     # another user: a 0600 file of root is refused, a 0644 one is readable, a new file in a
@@ -451,10 +446,10 @@ def test_unreachable_meta_gives_eio_in_bounded_time_and_recovers(cluster, extra_
     try:
         for i in range(3):
             started = time.monotonic()
-            assert _errno_of(os.stat, m.mp / f"not-cached-{i}") == errno.EIO
+            assert errno_of(os.stat, m.mp / f"not-cached-{i}") == errno.EIO
             assert time.monotonic() - started < 10
         started = time.monotonic()
-        assert _errno_of(os.listdir, m.mp) == errno.EIO
+        assert errno_of(os.listdir, m.mp) == errno.EIO
         assert time.monotonic() - started < 10
     finally:
         cluster.start_meta()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import time
 
 import pytest
 
@@ -19,7 +18,7 @@ pyfuse3 = pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
 if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
     pytest.skip("/dev/fuse or fusermount3 is not available", allow_module_level=True)
 
-from harness import ProcessCluster, mounted  # noqa: E402
+from harness import ProcessCluster, errno_of, mounted, poll_until  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -46,19 +45,6 @@ def other(cluster):
     yield from mounted(cluster, "other")
 
 
-def _errno_of(fn, *args) -> int:
-    with pytest.raises(OSError) as info:
-        fn(*args)
-    return info.value.errno
-
-
-def _wait_until(check, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(0.05)
 
 
 def test_a_cached_miss_holds_for_its_timeout_and_yields_to_this_mounts_creates(
@@ -66,19 +52,19 @@ def test_a_cached_miss_holds_for_its_timeout_and_yields_to_this_mounts_creates(
     d = "misses"
     os.mkdir(slow_misses.mp / d)
     here, there = slow_misses.mp / d, other.mp / d
-    assert _wait_until(there.exists)
+    assert poll_until(there.exists)
 
     # another client's create stays unseen while the miss is cached (30 s here) ...
-    assert _errno_of(os.stat, here / "theirs") == errno.ENOENT
+    assert errno_of(os.stat, here / "theirs") == errno.ENOENT
     (there / "theirs").write_bytes(b"from the other mount")
-    assert _errno_of(os.stat, here / "theirs") == errno.ENOENT
+    assert errno_of(os.stat, here / "theirs") == errno.ENOENT
     # ... and shows up on a mount with the default (1 s) timeout once it ran out
-    assert _errno_of(os.stat, there / "mine") == errno.ENOENT
-    assert _errno_of(os.stat, there / "dir") == errno.ENOENT
+    assert errno_of(os.stat, there / "mine") == errno.ENOENT
+    assert errno_of(os.stat, there / "dir") == errno.ENOENT
 
     # a name this mount creates replaces its own cached miss at once
     for name in ("mine", "dir", "link", "moved"):
-        assert _errno_of(os.stat, here / name) == errno.ENOENT
+        assert errno_of(os.stat, here / name) == errno.ENOENT
     (here / "mine").write_bytes(b"created here")
     os.mkdir(here / "dir")
     os.symlink("mine", here / "link")
@@ -89,7 +75,7 @@ def test_a_cached_miss_holds_for_its_timeout_and_yields_to_this_mounts_creates(
     assert os.readlink(here / "link") == "mine"
     assert (here / "moved").read_bytes() == b"renamed here"
 
-    assert _wait_until(lambda: (there / "mine").exists() and (there / "dir").is_dir())
+    assert poll_until(lambda: (there / "mine").exists() and (there / "dir").is_dir())
     assert (there / "mine").read_bytes() == b"created here"
 
 
@@ -101,23 +87,23 @@ def test_open_creat_of_a_name_cached_missing_opens_the_file_another_client_made(
     d = "creat-after-miss"
     os.mkdir(other.mp / d)
     here, there = slow_misses.mp / d, other.mp / d
-    assert _wait_until((slow_misses.mp / d).exists)
+    assert poll_until((slow_misses.mp / d).exists)
     for name in ("appended", "truncated", "exclusive"):
-        assert _errno_of(os.stat, here / name) == errno.ENOENT   # cached as missing
+        assert errno_of(os.stat, here / name) == errno.ENOENT   # cached as missing
         (there / name).write_bytes(b"theirs\n")
     with cluster.client() as client:   # the other mount's release completes them (its lease)
         for name in ("appended", "truncated", "exclusive"):
-            assert _wait_until(lambda: client.is_file_closed(f"/{d}/{name}"))
+            assert poll_until(lambda: client.is_file_closed(f"/{d}/{name}"))
     fd = os.open(here / "appended", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.write(fd, b"ours\n")
     os.close(fd)
     fd = os.open(here / "truncated", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.write(fd, b"replaced\n")
     os.close(fd)
-    assert _errno_of(os.open, here / "exclusive", os.O_WRONLY | os.O_CREAT | os.O_EXCL) \
+    assert errno_of(os.open, here / "exclusive", os.O_WRONLY | os.O_CREAT | os.O_EXCL) \
         == errno.EEXIST
-    assert _wait_until(lambda: (there / "appended").read_bytes() == b"theirs\nours\n")
-    assert _wait_until(lambda: (there / "truncated").read_bytes() == b"replaced\n")
+    assert poll_until(lambda: (there / "appended").read_bytes() == b"theirs\nours\n")
+    assert poll_until(lambda: (there / "truncated").read_bytes() == b"replaced\n")
     assert (there / "exclusive").read_bytes() == b"theirs\n"
 
 
@@ -129,23 +115,23 @@ def test_reopening_an_unchanged_file_keeps_pages_a_changed_one_does_not(
             return client.exists("/kept") and client.is_file_closed("/kept")
 
         here.write_bytes(b"A" * 5000)
-        assert _wait_until(closed)
+        assert poll_until(closed)
         for _ in range(3):   # the second and third opens keep the kernel's pages
             assert here.read_bytes() == b"A" * 5000
         assert there.read_bytes() == b"A" * 5000
 
         with open(there, "r+b") as fh:   # rewritten in place: same inode, same length
             fh.write(b"B" * 5000)
-        assert _wait_until(closed)
+        assert poll_until(closed)
         assert here.read_bytes() == b"B" * 5000
 
         with open(here, "ab") as fh:     # a change through this mount
             fh.write(b"C" * 10)
-        assert _wait_until(closed)
+        assert poll_until(closed)
         assert here.read_bytes() == b"B" * 5000 + b"C" * 10
         os.truncate(here, 100)
         assert here.read_bytes() == b"B" * 100
-        assert _wait_until(lambda: there.stat().st_size == 100)
+        assert poll_until(lambda: there.stat().st_size == 100)
         assert there.read_bytes() == b"B" * 100
 
 
@@ -185,10 +171,10 @@ def test_a_replaced_symlink_reads_its_new_target(cluster, slow_misses, other):
     soon as this mount's kernel looks the name up again."""
     os.symlink("first", other.mp / "link")
     assert os.readlink(other.mp / "link") == "first"
-    assert _wait_until(lambda: os.path.lexists(slow_misses.mp / "link"))
+    assert poll_until(lambda: os.path.lexists(slow_misses.mp / "link"))
     assert os.readlink(slow_misses.mp / "link") == "first"
     with cluster.client() as client:
         client.unlink("/link")
         client.symlink("second", "/link")
-    assert _wait_until(lambda: os.readlink(other.mp / "link") == "second")
+    assert poll_until(lambda: os.readlink(other.mp / "link") == "second")
     os.unlink(other.mp / "link")

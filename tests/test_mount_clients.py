@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -22,7 +21,8 @@ pyfuse3 = pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
 if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
     pytest.skip("/dev/fuse or fusermount3 is not available", allow_module_level=True)
 
-from harness import REPO, Mount, ProcessCluster, mounted  # noqa: E402
+from harness import (REPO, Mount, ProcessCluster, errno_of, mounted,  # noqa: E402
+                     poll_until)
 
 MiB = 1 << 20
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -46,20 +46,6 @@ def two(cluster):
     yield from mounted(cluster, "two")
 
 
-def _errno_of(fn, *args, **kwargs) -> int:
-    with pytest.raises(OSError) as info:
-        fn(*args, **kwargs)
-    return info.value.errno
-
-
-def _wait_until(check, timeout: float = 20.0):
-    """``check()``'s first truthy result, or its last result once ``timeout`` passed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------ times before a rename
@@ -93,7 +79,7 @@ def test_times_set_on_a_closed_temp_file_survive_its_rename(cluster, one, tmp_pa
 
     # every release has completed its file (nothing under construction) and set its times
     # again afterwards; a lost update never comes back, so the wait is bounded
-    got = _wait_until(lambda: (t := server_times()) == wanted and t) or server_times()
+    got = poll_until(lambda: (t := server_times()) == wanted and t) or server_times()
     assert got == wanted
     second = subprocess.run(["rsync", "-a", "--stats", f"{src}/", str(one.mp / "rsynced")],
                             capture_output=True, text=True, timeout=300)
@@ -112,10 +98,10 @@ def test_truncating_open_of_a_file_another_mount_writes_is_ebusy(cluster, one, t
         os.write(fd, b"first line\n")
         os.fsync(fd)
         target = two.mp / "leased.log"
-        assert _errno_of(os.open, target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) == errno.EBUSY
-        assert _errno_of(os.open, target, os.O_RDWR | os.O_TRUNC) == errno.EBUSY
-        assert _errno_of(os.truncate, target, 0) == errno.EBUSY
-        assert _errno_of(os.truncate, target, 4) == errno.EBUSY
+        assert errno_of(os.open, target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) == errno.EBUSY
+        assert errno_of(os.open, target, os.O_RDWR | os.O_TRUNC) == errno.EBUSY
+        assert errno_of(os.truncate, target, 0) == errno.EBUSY
+        assert errno_of(os.truncate, target, 4) == errno.EBUSY
         with open(target, "rb") as fh:   # readers are welcome
             assert fh.read() == b"first line\n"
         os.write(fd, b"second line\n")
@@ -125,7 +111,7 @@ def test_truncating_open_of_a_file_another_mount_writes_is_ebusy(cluster, one, t
     want = b"first line\nsecond line\n"
     with cluster.client() as client:
         assert client.read_file("/leased.log") == want
-        assert _wait_until(lambda: client.is_file_closed("/leased.log"))
+        assert poll_until(lambda: client.is_file_closed("/leased.log"))
     # once the writer closed it, the other mount may truncate it as usual
     with open(two.mp / "leased.log", "wb") as fh:
         fh.write(b"new")
@@ -139,22 +125,22 @@ def test_a_staged_file_stays_leased_to_its_writer(cluster, one, two):
     writing is EBUSY until the writer closes it, and nothing replaces that client's file."""
     (one.mp / "contended.bin").write_bytes(b"0123456789")
     with cluster.client() as client:
-        assert _wait_until(lambda: client.is_file_closed("/contended.bin"))
+        assert poll_until(lambda: client.is_file_closed("/contended.bin"))
     other = two.mp / "contended.bin"
     fd = os.open(one.mp / "contended.bin", os.O_RDWR)
     try:
         os.pwrite(fd, b"AB", 2)                    # not at the end: staged in mount one
-        assert _errno_of(os.open, other, os.O_WRONLY | os.O_APPEND) == errno.EBUSY
+        assert errno_of(os.open, other, os.O_WRONLY | os.O_APPEND) == errno.EBUSY
         os.fsync(fd)                               # uploaded, still leased
         with cluster.client() as client:
             assert client.read_file("/contended.bin") == b"01AB456789"
-        assert _errno_of(os.open, other, os.O_WRONLY | os.O_APPEND) == errno.EBUSY
-        assert _errno_of(os.open, other, os.O_WRONLY | os.O_TRUNC) == errno.EBUSY
+        assert errno_of(os.open, other, os.O_WRONLY | os.O_APPEND) == errno.EBUSY
+        assert errno_of(os.open, other, os.O_WRONLY | os.O_TRUNC) == errno.EBUSY
         os.pwrite(fd, b"CD", 4)
     finally:
         os.close(fd)
     with cluster.client() as client:
-        assert _wait_until(lambda: client.is_file_closed("/contended.bin"))
+        assert poll_until(lambda: client.is_file_closed("/contended.bin"))
         assert client.read_file("/contended.bin") == b"01ABCD6789"
     with open(other, "ab") as fh:                  # free once its writer closed it
         fh.write(b"-two")
@@ -191,11 +177,11 @@ def test_deep_tree_past_path_max_through_relative_paths(cluster, one):
             os.mkdir(name, dir_fd=fds[-1])
             fds.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
         used = len(bottom) + 4 * 200
-        assert _errno_of(os.mkdir, "x" * (8000 - used), dir_fd=fds[-1]) == errno.ENAMETOOLONG
+        assert errno_of(os.mkdir, "x" * (8000 - used), dir_fd=fds[-1]) == errno.ENAMETOOLONG
         os.mkdir("x" * (8000 - used - 1), dir_fd=fds[-1])     # exactly 8000 characters
-        assert _errno_of(os.open, "f" * 255, os.O_WRONLY | os.O_CREAT, 0o644,
+        assert errno_of(os.open, "f" * 255, os.O_WRONLY | os.O_CREAT, 0o644,
                          dir_fd=fds[-1]) == errno.ENAMETOOLONG
-        assert _errno_of(os.mkdir, "n" * 256, dir_fd=fds[0]) == errno.ENAMETOOLONG
+        assert errno_of(os.mkdir, "n" * 256, dir_fd=fds[0]) == errno.ENAMETOOLONG
     finally:
         for fd in fds:
             os.close(fd)
@@ -327,13 +313,13 @@ def test_growing_truncate_streams_zeros_instead_of_staging(cluster):
         subprocess.run(["truncate", "-s", "16M", str(f)], check=True, timeout=120)
         assert os.stat(f).st_size == 16 * MiB
 
-        assert _errno_of(os.truncate, f, 24 * MiB + 1) == errno.EFBIG
+        assert errno_of(os.truncate, f, 24 * MiB + 1) == errno.EFBIG
         result = subprocess.run(["truncate", "-s", "1G", str(f)], capture_output=True,
                                 text=True, timeout=120)
         assert result.returncode != 0 and "too large" in result.stderr.lower(), result.stderr
         assert os.stat(f).st_size == 16 * MiB
         with cluster.client() as client:   # (the last release completes it asynchronously)
-            assert _wait_until(lambda: client.is_file_closed("/grown.bin"))
+            assert poll_until(lambda: client.is_file_closed("/grown.bin"))
             assert client.get_file_status("/grown.bin").length == 16 * MiB
         m.stop()
     finally:
@@ -346,7 +332,7 @@ def test_truncate_of_a_file_open_here_uses_its_current_length(cluster, one):
     f = one.mp / "appended-elsewhere.txt"
     f.write_bytes(b"0123456789")
     with cluster.client() as client:
-        assert _wait_until(lambda: client.is_file_closed("/appended-elsewhere.txt"))
+        assert poll_until(lambda: client.is_file_closed("/appended-elsewhere.txt"))
     fd = os.open(f, os.O_RDONLY)
     try:
         with cluster.client() as client:
