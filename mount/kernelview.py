@@ -123,6 +123,12 @@ class KernelView:
         attr.st_blocks = (size + 511) // 512
         attr.st_atime_ns = status.atime_ns
         attr.st_mtime_ns = status.mtime_ns
+        if of is not None and of.pending_times is not None and of.mode is not FileMode.CLEAN:
+            mtime_ns, atime_ns = of.pending_times   # set here, reach the server at close
+            if mtime_ns is not None:
+                attr.st_mtime_ns = mtime_ns
+            if atime_ns is not None:
+                attr.st_atime_ns = atime_ns
         attr.st_ctime_ns = status.ctime_ns
         return attr
 

@@ -184,8 +184,12 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
             async with of.lock:
                 status = await self._set_attrs(inode, of if self._open.get(inode) is of
                                                else None, attr, fields, fh)
+                if status is None and of.status is not None and not fields.update_size:
+                    status = of.status   # nothing asked the server (kept times, no-op chown)
         if status is None:
             status = await self._status_of(inode)
+        if of is not None:
+            of.status = status
         return self._attrs(status)
 
     async def _set_attrs(self, inode: int, of: OpenFile | None, attr, fields, fh):
@@ -202,7 +206,12 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
         if fields.update_uid or fields.update_gid:
             owner = user_name(attr.st_uid) if fields.update_uid else None
             group = group_name(attr.st_gid) if fields.update_gid else None
-            status = await self.client.set_owner(path, owner, group, want_status=True)
+            # tar and cp -p chown what they just created to who created it: the kernel has
+            # checked the caller may (default_permissions), and nothing would change
+            if of is None or (owner or of.owner) != of.owner or (group or of.group) != of.group:
+                status = await self.client.set_owner(path, owner, group, want_status=True)
+                if of is not None:
+                    of.owner, of.group = status.owner, status.group
         if fields.update_size:
             self._read_stamps.pop(inode, None)
             status = None
@@ -213,9 +222,12 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
         if fields.update_atime or fields.update_mtime:
             times = (attr.st_mtime_ns if fields.update_mtime else None,
                      attr.st_atime_ns if fields.update_atime else None)
-            if of is not None and of.mode is not FileMode.CLEAN:
-                # the completion or upload still to come would replace them: set again then
+            if of is not None and (of.mode is FileMode.STREAM
+                                   or of.mode is FileMode.STAGING and of.dirty):
+                # the completion or upload still to come would replace them: they are set
+                # then (and by fsync), and answered from here meanwhile
                 of.pending_times = times
+                return status
             status = await self.client.set_times(self._path(inode), mtime_ns=times[0],
                                                  atime_ns=times[1], want_status=True)
         return status
@@ -593,8 +605,14 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
                 # flush runs at every close(2) of a descriptor of this handle, including
                 # the copies a fork inherited (every fork + exec of a process holding the
                 # file open closes one), so it hflushes (data visible, close reports
-                # errors) and the stream - and the lease - live until release, as fuse-dfs
-                await self._publish(of, finish=False)
+                # errors) and the stream - and the lease - live until release, as fuse-dfs.
+                # Except for the last handle of a stream nothing of which reached a block
+                # server yet (create, write, close: cp, tar, git): that close completes
+                # the file, its one block written whole, errors of complete included; a
+                # later write through an inherited descriptor appends.
+                finish = (of.handles == 1 and of.mode is FileMode.STREAM
+                          and of.stream.nothing_sent)
+                await self._publish(of, finish=finish)
 
     @fuse_op
     async def fsync(self, fh, datasync):
@@ -608,6 +626,7 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
                 except LeaseFSError as exc:
                     of.error = exc
                     raise
+                await self._send_pending_times(of, keep=True)
             elif of.mode is FileMode.STAGING:
                 await self._publish(of, finish=False)
 

@@ -54,16 +54,22 @@ class WriteMachinery:
         try:
             await self._publish_content(of, finish=finish)
         finally:
-            if changed and of.pending_times is not None and not of.unlinked:
-                mtime_ns, atime_ns = of.pending_times
-                if finish:
-                    of.pending_times = None
-                # by inode: after a close (rsync: close, set times, rename) the name may
-                # change while this runs
-                node = self._nodes.get(of.ino)
-                await self.client.set_times(node.path if node and node.path else "/",
-                                            mtime_ns=mtime_ns, atime_ns=atime_ns,
-                                            ino=of.ns_ino)
+            if changed:
+                await self._send_pending_times(of, keep=not finish)
+
+    async def _send_pending_times(self, of: OpenFile, *, keep: bool) -> None:
+        """Set the times utimens gave ``of`` while it was written (``keep``: and set them
+        again after the completion still to come)."""
+        if of.pending_times is None or of.unlinked:
+            return
+        mtime_ns, atime_ns = of.pending_times
+        if not keep:
+            of.pending_times = None
+        # by inode: after a close (rsync: close, set times, rename) the name may change
+        # while this runs
+        node = self._nodes.get(of.ino)
+        await self.client.set_times(node.path if node and node.path else "/",
+                                    mtime_ns=mtime_ns, atime_ns=atime_ns, ino=of.ns_ino)
 
     async def _publish_content(self, of: OpenFile, *, finish: bool) -> None:
         if of.mode is FileMode.STREAM:

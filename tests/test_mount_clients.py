@@ -87,6 +87,66 @@ def test_times_set_on_a_closed_temp_file_survive_its_rename(cluster, one, tmp_pa
     assert "release of inode" not in one.log.read_text(errors="replace"), one.log_text()
 
 
+# ------------------------------------------------------------------ small files close whole
+
+def test_closing_a_small_new_file_completes_it_before_close_returns(cluster, one, two):
+    """create, write, close (cp, tar, git): the close(2) of its last descriptor completes
+    a file nothing of which went to a block server yet, so when close returns no lease is
+    left and another client reads every byte. A write through a descriptor still open
+    after another copy's close (dup, fork + exec) appends under a new lease."""
+    with cluster.client() as client:
+        for i in range(12):
+            data = os.urandom(1 + 997 * i)
+            (one.mp / f"small{i}").write_bytes(data)
+            assert client.is_file_closed(f"/small{i}")
+            assert client.read_file(f"/small{i}") == data
+        fd = os.open(one.mp / "inherited", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, b"parent ")
+            os.close(os.dup(fd))
+            assert client.is_file_closed("/inherited")
+            os.write(fd, b"and child")
+            assert not client.is_file_closed("/inherited")   # appending under the lease
+        finally:
+            os.close(fd)
+        # that stream went to the block servers before its close: completed at release
+        assert poll_until(lambda: client.is_file_closed("/inherited"))
+        assert client.read_file("/inherited") == b"parent and child"
+    assert (two.mp / "inherited").read_bytes() == b"parent and child"
+
+
+def test_tar_attributes_set_while_writing_hold_here_and_reach_the_cluster(cluster, one, two):
+    """tar's calls for each file: create, write, futimens, fchown, fchmod, close. The times
+    of a file being written are kept by the mount (the completion would replace them) and
+    answered at once; fsync and close set them on the cluster, where they stay after the
+    completion. A chown to the owner it has changes nothing; to another owner it does."""
+    stamp = 1_500_000_000 * 10**9
+    fd = os.open(one.mp / "tarred", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, b"x" * 5000)
+        os.utime(fd, ns=(stamp + 7, stamp))
+        os.fchown(fd, os.getuid(), os.getgid())
+        os.fchmod(fd, 0o644)
+        st = os.fstat(fd)
+        assert (st.st_mtime_ns, st.st_atime_ns, st.st_mode & 0o777) == (stamp, stamp + 7, 0o644)
+        assert os.stat(one.mp / "tarred").st_mtime_ns == stamp
+        os.fsync(fd)
+        with cluster.client() as client:
+            assert client.get_file_status("/tarred").mtime_ns == stamp
+        os.fchown(fd, 4321, -1)
+        assert os.fstat(fd).st_uid == 4321
+    finally:
+        os.close(fd)
+    with cluster.client() as client:
+        # fsynced, so on the block servers before its close: completed at release
+        assert poll_until(lambda: client.is_file_closed("/tarred"))
+        status = client.get_file_status("/tarred")
+        assert (status.mtime_ns, status.atime_ns, status.mode) == (stamp, stamp + 7, 0o644)
+        assert client.read_file("/tarred") == b"x" * 5000
+    st = os.stat(two.mp / "tarred")
+    assert (st.st_mtime_ns, st.st_uid, st.st_size) == (stamp, 4321, 5000)
+
+
 # ------------------------------------------------------------------ O_TRUNC against a lease
 
 def test_truncating_open_of_a_file_another_mount_writes_is_ebusy(cluster, one, two):
