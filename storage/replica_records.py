@@ -197,6 +197,15 @@ class ReplicaReader:
             sums = sums[:-CHECKSUM_SIZE] + self.last_sum
         return data, sums
 
+    def read_closed(self, start: int, length: int) -> tuple[bytes, bytes]:
+        """``open_files`` + ``read`` + ``close`` as one blocking call: a read of one
+        packet costs one worker-thread hop."""
+        self.open_files()
+        try:
+            return self.read(start, length)
+        finally:
+            self.close()
+
     def close(self) -> None:
         for fd in (self.data_fd, self.meta_fd):
             if fd >= 0:

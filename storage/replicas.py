@@ -541,6 +541,22 @@ class ReplicaStore:
             reader = ReplicaReader(replica)
             return await self.run_io(reader.open_files)
 
+    async def read_or_open(self, block_id: int, gs: int, span):
+        """One worker-thread hop for a read: ``span(reader)`` sees the replica's snapshot and
+        answers ``(start, length)`` to read now (the files are opened, read and closed at
+        once: ``(reader, data, sums)``) or None to stream (``(reader, None, None)`` with the
+        files open; ``close_reader`` it)."""
+        replica = self.readable(block_id, gs)
+        async with replica.lock:
+            if replica.removed:
+                raise ReplicaNotFound(f"replica {replica.name} was deleted")
+            reader = ReplicaReader(replica)
+            whole = span(reader)
+            if whole is None:
+                return await self.run_io(reader.open_files), None, None
+            data, sums = await self.run_io(reader.read_closed, *whole)
+            return reader, data, sums
+
     async def close_reader(self, reader: ReplicaReader) -> None:
         await self.run_io(reader.close)
 

@@ -65,11 +65,11 @@ from fs.datatransfer import (BLOCK_LENGTH, CHECKSUM_SIZE, DATA_TRANSFER_VERSION,
                              PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE,
                              PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
                              TRANSFER_BLOCK, TRANSFER_RBW, WRITE_BLOCK, Packet,
-                             num_chunks, receive_ack, send_ack, send_packet, verify_checksums)
+                             encode_packet_header, num_chunks, receive_ack, send_ack, send_packet, verify_checksums)
 from fs.errors import (ChecksumError, InternalError, InvalidArgument, LeaseFSError,
                        NotSupported, PipelineError, ProtocolError, ReplicaNotFound,
                        ServerBusy, ServerUnavailable)
-from fs.framing import FramedStream
+from fs.framing import FramedStream, encode_frame
 from fs.limits import ByteBudget
 from fs.rpc import check_version, connect_tcp, parse_address
 
@@ -377,24 +377,49 @@ class DataTransferServer:
 
     async def _read_range(self, conn: _Conn, block_id: int, gs: int, offset: int,
                           length: int) -> None:
-        reader = await self.store.open_reader(block_id, gs)
-        try:
-            visible = reader.visible_length
-            bpc = reader.bytes_per_checksum
-            if length == -1:
-                length = max(0, visible - offset)
-            if offset < 0 or length < 0 or offset + length > visible:
+        """A range that fits one packet is read in one worker hop (open, read, close) and
+        goes out with the response and the LAST packet in one send; a longer one streams."""
+        chosen: list[int] = []
+
+        def span(reader):
+            visible, bpc = reader.visible_length, reader.bytes_per_checksum
+            want = max(0, visible - offset) if length == -1 else length
+            if offset < 0 or want < 0 or offset + want > visible:
                 raise InvalidArgument(
-                    f"READ_BLOCK blk_{block_id}: range [{offset}, {offset + length}) is outside "
+                    f"READ_BLOCK blk_{block_id}: range [{offset}, {offset + want}) is outside "
                     f"the {visible} visible bytes")
             chunk_offset = offset - offset % bpc
-            end = (chunk_offset if length == 0
-                   else min(visible, math.ceil((offset + length) / bpc) * bpc))
+            end = (chunk_offset if want == 0
+                   else min(visible, math.ceil((offset + want) / bpc) * bpc))
+            chosen[:] = [chunk_offset, end]
+            one_packet = max(bpc, self.config.packet_size // bpc * bpc)
+            return (chunk_offset, end - chunk_offset) if end - chunk_offset <= one_packet else None
+
+        reader, data, sums = await self.store.read_or_open(block_id, gs, span)
+        chunk_offset, end = chosen
+        response = {"status": "SUCCESS", "message": "", "visible_length": reader.visible_length,
+                    "bytes_per_checksum": reader.bytes_per_checksum,
+                    "chunk_offset": chunk_offset}
+        if data is not None:
+            wire = [encode_frame(response)]
+            if data:
+                wire += [encode_packet_header(0, chunk_offset, len(data), 0), sums, data]
+            wire.append(encode_packet_header(1 if data else 0, end, 0, FLAG_LAST))
+            conn.responded = True
             try:
                 with trio.fail_after(self.config.data_timeout):
-                    await conn.respond({"status": "SUCCESS", "message": "",
-                                        "visible_length": visible, "bytes_per_checksum": bpc,
-                                        "chunk_offset": chunk_offset})
+                    await conn.framed.send_all(b"".join(wire))
+            except trio.TooSlowError:
+                log.debug("READ_BLOCK blk_%d to %s: reader took nothing for %gs",
+                          block_id, conn.peer, self.config.data_timeout)
+            except ServerUnavailable as exc:
+                log.debug("READ_BLOCK blk_%d to %s: reader closed the connection (%s)",
+                          block_id, conn.peer, exc)
+            return
+        try:
+            try:
+                with trio.fail_after(self.config.data_timeout):
+                    await conn.respond(response)
             except trio.TooSlowError:
                 log.debug("READ_BLOCK blk_%d to %s: reader took no response for %gs",
                           block_id, conn.peer, self.config.data_timeout)
