@@ -125,6 +125,7 @@ class AsyncOutputStream:
         # close() got every byte acknowledged but could not reach the metadata server for
         # ``complete``: retry_complete() finishes the file later
         self._complete_pending = False
+        self._close_times: dict = {}
 
     # ------------------------------------------------------------------ public
     @property
@@ -209,11 +210,14 @@ class AsyncOutputStream:
             except BaseException as exc:
                 await self._fail_and_raise(exc)
 
-    async def close(self) -> None:
+    async def close(self, *, mtime_ns: int | None = None, atime_ns: int | None = None) -> None:
         """End the last block and ``complete`` the file (retrying with doubling backoff
         while the server waits for replicas). Closing twice is a no-op; closing a failed
-        stream raises its failure once."""
+        stream raises its failure once. ``mtime_ns``/``atime_ns``: times the file gets
+        with its completion instead of the completion's own (one call, not a
+        ``set_times`` after)."""
         async with self._lock:
+            self._close_times = {"mtime_ns": mtime_ns, "atime_ns": atime_ns}
             if self._closed:
                 return
             self._closed = True
@@ -692,7 +696,8 @@ class AsyncOutputStream:
         for attempt in range(retries + 1):
             done = await client.rpc.call("complete", {
                 "path": self.path, "client_name": client.client_name, "ino": self.ino,
-                "last": self._previous})
+                "last": self._previous,
+                **{k: v for k, v in self._close_times.items() if v is not None}})
             if done:
                 return
             if attempt < retries:

@@ -394,6 +394,10 @@ class RecordApplier:
                 self._set_block(txn, counters, ino, inode, index, {**block, "state": COMPLETE})
         inode["uc"] = None
         inode["mtime"] = inode["ctime"] = a["time"]
+        if a.get("mtime") is not None:   # the writer's utimens while it wrote
+            inode["mtime"] = a["mtime"]
+        if a.get("atime") is not None:
+            inode["atime"] = a["atime"]
         txn.put(keys.inode_key(ino), inode)
         txn.delete(keys.uc_key(ino))
         return {"ino": ino, "closed": True}

@@ -361,11 +361,23 @@ class NamespacePlanner:
                 and blocks[-1]["gs"] == last.get("gs"))
 
     def plan_close(self, ino: int, block: dict | None, num_bytes: int | None,
-                   now_ns: int) -> tuple[str, dict]:
+                   now_ns: int, times: dict | None = None) -> tuple[str, dict]:
+        """``times``: ``{"mtime": ns, "atime": ns}`` (either may be None) the writer set while
+        it wrote, taken instead of the completion's own time (checked by ``close_times``)."""
         last = None
         if block is not None:
             last = {"index": block["index"], "id": block["id"], "num_bytes": num_bytes}
-        return "CLOSE", {"ino": ino, "last": last, "time": now_ns}
+        return "CLOSE", {"ino": ino, "last": last, "time": now_ns, **(times or {})}
+
+    @staticmethod
+    def close_times(path: str, mtime_ns, atime_ns) -> dict | None:
+        """The times a ``complete`` asks for, validated, as CLOSE record fields."""
+        if mtime_ns is None and atime_ns is None:
+            return None
+        for name, value in (("mtime_ns", mtime_ns), ("atime_ns", atime_ns)):
+            if value is not None:
+                check_int(value, f"complete {path}: {name}")
+        return {"mtime": mtime_ns, "atime": atime_ns}
 
     def plan_abandon(self, path: str, ino: int, blocks: list[dict], block) -> tuple[str, dict] | None:
         check_block_ref(block, f"abandon_block {path}: block")

@@ -78,7 +78,7 @@ class WriteMachinery:
                     # the mode changes only once the file is complete: until then the
                     # cluster's length lags and getattr must keep answering of.size
                     try:
-                        await self._complete(of.ino, of.stream)
+                        await self._complete(of.ino, of.stream, of)
                     finally:
                         of.stream = None
                         of.move(FileEvent.COMPLETE)
@@ -94,11 +94,17 @@ class WriteMachinery:
                 await self._release_keeper(of)
                 await self._discard_staging(of)
 
-    async def _complete(self, ino: int, stream) -> None:
+    async def _complete(self, ino: int, stream, of: OpenFile | None = None) -> None:
         """Close ``stream`` (complete the file, release the lease); a close that reached
-        every block server but not the metadata server is completed later."""
+        every block server but not the metadata server is completed later. The times
+        utimens gave ``of`` while it was written go with the completion."""
+        times = of.pending_times if of is not None and not of.unlinked else None
         try:
-            await stream.close()
+            if times is None:
+                await stream.close()
+            else:
+                await stream.close(mtime_ns=times[0], atime_ns=times[1])
+                of.pending_times = None   # set by the completion
         except LeaseFSError:
             if stream.complete_pending:
                 log.warning("%s: metadata server unreachable at close; the data is on the "

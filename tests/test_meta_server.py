@@ -629,6 +629,43 @@ def test_restart_keeps_namespace_leases_and_blocks(tmp_path):
     trio.run(main)
 
 
+def test_complete_records_the_writers_times_and_a_restart_keeps_them(tmp_path):
+    """A writer that set times while it wrote (utimens through the mount) hands them to
+    ``complete``: the close records them instead of its own time, in the same journal
+    record, so the replay has them too; bad values are refused and the file stays open."""
+    stamp = 1_400_000_000 * 10**9
+
+    async def main():
+        async with meta_server(tmp_path) as meta:
+            async with meta.client("storage-a") as ra, meta.client() as rpc:
+                node = FakeNode(ra, "node-a", 9001)
+                await node.register()
+                st = await rpc.call("create", {"path": "/t", "client_name": "w"})
+                lb = await rpc.call("add_block", {"path": "/t", "client_name": "w",
+                                                  "ino": st["ino"]})
+                await node.received(lb["block"], 10)
+                last = {**lb["block"], "num_bytes": 10}
+                with pytest.raises(errors.InvalidArgument, match="mtime_ns"):
+                    await rpc.call("complete", {"path": "/t", "client_name": "w",
+                                                "ino": st["ino"], "last": last,
+                                                "mtime_ns": "soon"})
+                assert (await rpc.call("get_file_info", {"path": "/t"}))["under_construction"]
+                assert await rpc.call("complete", {"path": "/t", "client_name": "w",
+                                                   "ino": st["ino"], "last": last,
+                                                   "mtime_ns": stamp, "atime_ns": stamp + 5})
+                await write_file(rpc, [node], "/own-time", [7])
+                want = await rpc.call("get_file_info", {"path": "/t"})
+                assert (want["mtime_ns"], want["atime_ns"]) == (stamp, stamp + 5)
+                assert not want["under_construction"] and want["length"] == 10
+                own = await rpc.call("get_file_info", {"path": "/own-time"})
+                assert own["mtime_ns"] > 1_700_000_000 * 10**9   # its completion's own time
+                await meta.restart()
+                assert await rpc.call("get_file_info", {"path": "/t"}) == want
+        assert_store_consistent(tmp_path)
+
+    trio.run(main)
+
+
 def test_concurrent_mutations_share_fsyncs_and_stay_consistent(tmp_path):
     async def main():
         async with meta_server(tmp_path) as meta:
