@@ -125,7 +125,7 @@ class AsyncOutputStream:
         # close() got every byte acknowledged but could not reach the metadata server for
         # ``complete``: retry_complete() finishes the file later
         self._complete_pending = False
-        self._close_times: dict = {}
+        self._close_attrs: dict = {}
 
     # ------------------------------------------------------------------ public
     @property
@@ -210,14 +210,16 @@ class AsyncOutputStream:
             except BaseException as exc:
                 await self._fail_and_raise(exc)
 
-    async def close(self, *, mtime_ns: int | None = None, atime_ns: int | None = None) -> None:
+    async def close(self, *, mtime_ns: int | None = None, atime_ns: int | None = None,
+                    permission: int | None = None) -> None:
         """End the last block and ``complete`` the file (retrying with doubling backoff
         while the server waits for replicas). Closing twice is a no-op; closing a failed
-        stream raises its failure once. ``mtime_ns``/``atime_ns``: times the file gets
-        with its completion instead of the completion's own (one call, not a
-        ``set_times`` after)."""
+        stream raises its failure once. ``mtime_ns``/``atime_ns``/``permission``: times
+        the file gets with its completion instead of the completion's own, and its new
+        mode (one call, not a ``set_times``/``set_permission`` after)."""
         async with self._lock:
-            self._close_times = {"mtime_ns": mtime_ns, "atime_ns": atime_ns}
+            self._close_attrs = {"mtime_ns": mtime_ns, "atime_ns": atime_ns,
+                                 "permission": permission}
             if self._closed:
                 return
             self._closed = True
@@ -697,7 +699,7 @@ class AsyncOutputStream:
             done = await client.rpc.call("complete", {
                 "path": self.path, "client_name": client.client_name, "ino": self.ino,
                 "last": self._previous,
-                **{k: v for k, v in self._close_times.items() if v is not None}})
+                **{k: v for k, v in self._close_attrs.items() if v is not None}})
             if done:
                 return
             if attempt < retries:

@@ -207,20 +207,21 @@ class ClientProtocol:
             return True
 
     async def rpc_complete(self, ctx, path, client_name, ino=None, last=None, mtime_ns=None,
-                           atime_ns=None):
+                           atime_ns=None, permission=None):
         """Close the file once its last block has ``min_replication`` reported replicas.
         The writer's block servers report their replicas while its ``complete`` is on the
         way: one not reported yet is waited for here (``COMPLETE_REPORT_WAIT``), so the
         usual complete succeeds at the first call; after that False and the client backs
-        off and retries (HDFS). ``mtime_ns``/``atime_ns``: times the writer set while it
-        wrote (utimens through the mount), recorded by the close instead of its own time,
-        so they need no ``set_times`` after it (the lease holder may set them)."""
+        off and retries (HDFS). ``mtime_ns``/``atime_ns``/``permission``: times and mode the
+        writer set while it wrote (utimens, chmod through the mount), recorded by the close
+        (times instead of its own), so they need no call after it; the lease holder may set
+        the times, the mode takes what chmod takes (owner or superuser)."""
         canonical = paths.validate(path)
         ino = self.check_ino(ino, canonical)
-        times = self.ns.close_times(canonical, mtime_ns, atime_ns)
+        attrs = self.ns.close_attrs(canonical, mtime_ns, atime_ns, permission)
         deadline = trio.current_time() + COMPLETE_REPORT_WAIT
         while True:
-            result = await self._complete_once(canonical, client_name, ino, last, times)
+            result = await self._complete_once(ctx, canonical, client_name, ino, last, attrs)
             if not isinstance(result, trio.Event):
                 return result
             with trio.move_on_at(deadline):
@@ -228,19 +229,21 @@ class ClientProtocol:
             if trio.current_time() >= deadline:
                 return False
 
-    async def _complete_once(self, canonical, client_name, ino, last,
-                             times) -> bool | trio.Event:
+    async def _complete_once(self, ctx, canonical, client_name, ino, last,
+                             attrs) -> bool | trio.Event:
         """One try of ``complete``: True/False, or the event of the last block's next
         replica report to wait for (taken under the lock: no report is missed)."""
         async with self.file_lock(f"complete {canonical}", canonical, ino) as current:
             if self.ns.closed_with(current, ino, last):
                 return True
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
+            if attrs and attrs["mode"] is not None:
+                self.check_access(ctx, paths.split(current), owner=True)
             blocks = self.ns.tail_blocks(ino, inode)
             kind, block = self.ns.check_last(current, blocks, last)
             _, wall = self.now()
             if kind == "none":
-                await self.log_plan(self.ns.plan_close(ino, None, None, wall, times))
+                await self.log_plan(self.ns.plan_close(ino, None, None, wall, attrs))
                 return True
             earlier_ok = all(self.is_complete(b) for b in blocks[:-1])
             num_bytes = last["num_bytes"]
@@ -250,7 +253,7 @@ class ClientProtocol:
             else:
                 last_ok = self.is_complete(block)
             if earlier_ok and last_ok:
-                await self.log_plan(self.ns.plan_close(ino, block, num_bytes, wall, times))
+                await self.log_plan(self.ns.plan_close(ino, block, num_bytes, wall, attrs))
                 return True
             if kind == "commit":
                 await self.log_plan(self.ns.plan_commit(ino, block, num_bytes))

@@ -398,6 +398,8 @@ class RecordApplier:
             inode["mtime"] = a["mtime"]
         if a.get("atime") is not None:
             inode["atime"] = a["atime"]
+        if a.get("mode") is not None:    # and its chmod
+            inode["mode"] = a["mode"]
         txn.put(keys.inode_key(ino), inode)
         txn.delete(keys.uc_key(ino))
         return {"ino": ino, "closed": True}

@@ -361,23 +361,26 @@ class NamespacePlanner:
                 and blocks[-1]["gs"] == last.get("gs"))
 
     def plan_close(self, ino: int, block: dict | None, num_bytes: int | None,
-                   now_ns: int, times: dict | None = None) -> tuple[str, dict]:
-        """``times``: ``{"mtime": ns, "atime": ns}`` (either may be None) the writer set while
-        it wrote, taken instead of the completion's own time (checked by ``close_times``)."""
+                   now_ns: int, attrs: dict | None = None) -> tuple[str, dict]:
+        """``attrs``: ``{"mtime": ns, "atime": ns, "mode": bits}`` (any may be None) the writer
+        set while it wrote, taken instead of the completion's own time and the file's mode
+        (checked by ``close_attrs``)."""
         last = None
         if block is not None:
             last = {"index": block["index"], "id": block["id"], "num_bytes": num_bytes}
-        return "CLOSE", {"ino": ino, "last": last, "time": now_ns, **(times or {})}
+        return "CLOSE", {"ino": ino, "last": last, "time": now_ns, **(attrs or {})}
 
     @staticmethod
-    def close_times(path: str, mtime_ns, atime_ns) -> dict | None:
-        """The times a ``complete`` asks for, validated, as CLOSE record fields."""
-        if mtime_ns is None and atime_ns is None:
+    def close_attrs(path: str, mtime_ns, atime_ns, permission) -> dict | None:
+        """The times and mode a ``complete`` asks for, validated, as CLOSE record fields."""
+        if mtime_ns is None and atime_ns is None and permission is None:
             return None
         for name, value in (("mtime_ns", mtime_ns), ("atime_ns", atime_ns)):
             if value is not None:
                 check_int(value, f"complete {path}: {name}")
-        return {"mtime": mtime_ns, "atime": atime_ns}
+        mode = None if permission is None else check_mode(permission,
+                                                          f"complete {path}: permission")
+        return {"mtime": mtime_ns, "atime": atime_ns, "mode": mode}
 
     def plan_abandon(self, path: str, ino: int, blocks: list[dict], block) -> tuple[str, dict] | None:
         check_block_ref(block, f"abandon_block {path}: block")

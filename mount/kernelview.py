@@ -106,6 +106,8 @@ class KernelView:
         kind = {"dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}.get(status.type, stat.S_IFREG)
         attr.st_mode = kind | (status.mode & 0o7777)
         of = self._open.get(ino)
+        if of is not None and of.pending_mode is not None and of.mode is not FileMode.CLEAN:
+            attr.st_mode = kind | of.pending_mode   # set here, reaches the server at close
         if status.is_dir:
             attr.st_nlink = 2 + status.subdirs      # "." and ".." of each subdirectory
         else:

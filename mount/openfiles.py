@@ -107,6 +107,8 @@ class OpenFile:
         # (mtime_ns, atime_ns) set explicitly while written (rsync, tar, cp -p): the
         # completion or upload at release would replace them, so they are set again then
         self.pending_times: tuple[int | None, int | None] | None = None
+        # a chmod while written: set with the completion (or by fsync / after an upload)
+        self.pending_mode: int | None = None
         self.mode = FileMode.CLEAN
         self.stream = None
         self.keeper = None          # STAGING: the idle output stream holding the lease

@@ -198,11 +198,18 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
         is one round trip; the status after the last change, or None after a truncate."""
         path = self._path(inode)
         status = None
+        # what a completion or upload still to come can carry waits for it (answered from
+        # here meanwhile): tar sets mode and times of every file before its close
+        later = of is not None and (of.mode is FileMode.STREAM
+                                    or of.mode is FileMode.STAGING and of.dirty)
         if fields.update_mode:
-            status = await self.client.set_permission(path, attr.st_mode & 0o7777,
-                                                      want_status=True)
             if of is not None:
                 of.permission = attr.st_mode & 0o7777
+            if later:
+                of.pending_mode = attr.st_mode & 0o7777
+            else:
+                status = await self.client.set_permission(path, attr.st_mode & 0o7777,
+                                                          want_status=True)
         if fields.update_uid or fields.update_gid:
             owner = user_name(attr.st_uid) if fields.update_uid else None
             group = group_name(attr.st_gid) if fields.update_gid else None
@@ -222,10 +229,7 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
         if fields.update_atime or fields.update_mtime:
             times = (attr.st_mtime_ns if fields.update_mtime else None,
                      attr.st_atime_ns if fields.update_atime else None)
-            if of is not None and (of.mode is FileMode.STREAM
-                                   or of.mode is FileMode.STAGING and of.dirty):
-                # the completion or upload still to come would replace them: they are set
-                # then (and by fsync), and answered from here meanwhile
+            if later:   # the completion would replace them anyway
                 of.pending_times = times
                 return status
             status = await self.client.set_times(self._path(inode), mtime_ns=times[0],
@@ -626,7 +630,7 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
                 except LeaseFSError as exc:
                     of.error = exc
                     raise
-                await self._send_pending_times(of, keep=True)
+                await self._send_pending_attrs(of, keep=True)
             elif of.mode is FileMode.STAGING:
                 await self._publish(of, finish=False)
 

@@ -55,21 +55,26 @@ class WriteMachinery:
             await self._publish_content(of, finish=finish)
         finally:
             if changed:
-                await self._send_pending_times(of, keep=not finish)
+                await self._send_pending_attrs(of, keep=not finish)
 
-    async def _send_pending_times(self, of: OpenFile, *, keep: bool) -> None:
-        """Set the times utimens gave ``of`` while it was written (``keep``: and set them
-        again after the completion still to come)."""
-        if of.pending_times is None or of.unlinked:
+    async def _send_pending_attrs(self, of: OpenFile, *, keep: bool) -> None:
+        """Set the mode and times chmod and utimens gave ``of`` while it was written
+        (``keep``: times again after the completion still to come)."""
+        if of.unlinked:
             return
-        mtime_ns, atime_ns = of.pending_times
-        if not keep:
-            of.pending_times = None
-        # by inode: after a close (rsync: close, set times, rename) the name may change
-        # while this runs
+        # by inode or current name: after a close (rsync: close, set times, rename) the
+        # name may change while this runs
         node = self._nodes.get(of.ino)
-        await self.client.set_times(node.path if node and node.path else "/",
-                                    mtime_ns=mtime_ns, atime_ns=atime_ns, ino=of.ns_ino)
+        path = node.path if node and node.path else "/"
+        if of.pending_mode is not None:
+            mode, of.pending_mode = of.pending_mode, None
+            await self.client.set_permission(path, mode)
+        if of.pending_times is not None:
+            mtime_ns, atime_ns = of.pending_times
+            if not keep:
+                of.pending_times = None
+            await self.client.set_times(path, mtime_ns=mtime_ns, atime_ns=atime_ns,
+                                        ino=of.ns_ino)
 
     async def _publish_content(self, of: OpenFile, *, finish: bool) -> None:
         if of.mode is FileMode.STREAM:
@@ -98,13 +103,16 @@ class WriteMachinery:
         """Close ``stream`` (complete the file, release the lease); a close that reached
         every block server but not the metadata server is completed later. The times
         utimens gave ``of`` while it was written go with the completion."""
-        times = of.pending_times if of is not None and not of.unlinked else None
+        send = of is not None and not of.unlinked and (of.pending_times is not None
+                                                       or of.pending_mode is not None)
         try:
-            if times is None:
+            if not send:
                 await stream.close()
             else:
-                await stream.close(mtime_ns=times[0], atime_ns=times[1])
-                of.pending_times = None   # set by the completion
+                mtime_ns, atime_ns = of.pending_times or (None, None)
+                await stream.close(mtime_ns=mtime_ns, atime_ns=atime_ns,
+                                   permission=of.pending_mode)
+                of.pending_times = of.pending_mode = None   # set by the completion
         except LeaseFSError:
             if stream.complete_pending:
                 log.warning("%s: metadata server unreachable at close; the data is on the "

@@ -630,9 +630,10 @@ def test_restart_keeps_namespace_leases_and_blocks(tmp_path):
 
 
 def test_complete_records_the_writers_times_and_a_restart_keeps_them(tmp_path):
-    """A writer that set times while it wrote (utimens through the mount) hands them to
-    ``complete``: the close records them instead of its own time, in the same journal
-    record, so the replay has them too; bad values are refused and the file stays open."""
+    """A writer that set times and mode while it wrote (utimens, chmod through the mount)
+    hands them to ``complete``: the close records them (the times instead of its own) in
+    the same journal record, so the replay has them too; bad values are refused and the
+    file stays open."""
     stamp = 1_400_000_000 * 10**9
 
     async def main():
@@ -652,10 +653,12 @@ def test_complete_records_the_writers_times_and_a_restart_keeps_them(tmp_path):
                 assert (await rpc.call("get_file_info", {"path": "/t"}))["under_construction"]
                 assert await rpc.call("complete", {"path": "/t", "client_name": "w",
                                                    "ino": st["ino"], "last": last,
-                                                   "mtime_ns": stamp, "atime_ns": stamp + 5})
+                                                   "mtime_ns": stamp, "atime_ns": stamp + 5,
+                                                   "permission": 0o640})
                 await write_file(rpc, [node], "/own-time", [7])
                 want = await rpc.call("get_file_info", {"path": "/t"})
-                assert (want["mtime_ns"], want["atime_ns"]) == (stamp, stamp + 5)
+                assert (want["mtime_ns"], want["atime_ns"], want["mode"]) == (stamp, stamp + 5,
+                                                                             0o640)
                 assert not want["under_construction"] and want["length"] == 10
                 own = await rpc.call("get_file_info", {"path": "/own-time"})
                 assert own["mtime_ns"] > 1_700_000_000 * 10**9   # its completion's own time

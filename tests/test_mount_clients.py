@@ -116,10 +116,11 @@ def test_closing_a_small_new_file_completes_it_before_close_returns(cluster, one
 
 
 def test_tar_attributes_set_while_writing_hold_here_and_reach_the_cluster(cluster, one, two):
-    """tar's calls for each file: create, write, futimens, fchown, fchmod, close. The times
-    of a file being written are kept by the mount (the completion would replace them) and
-    answered at once; fsync and close set them on the cluster, where they stay after the
-    completion. A chown to the owner it has changes nothing; to another owner it does."""
+    """tar's calls for each file: create, write, futimens, fchown, fchmod, close. Times and
+    mode of a file being written are kept by the mount (the completion would replace the
+    times) and answered at once; fsync and the close set them on the cluster, where they
+    stay after the completion. A chown to the owner it has changes nothing; to another
+    owner it does."""
     stamp = 1_500_000_000 * 10**9
     fd = os.open(one.mp / "tarred", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -132,7 +133,10 @@ def test_tar_attributes_set_while_writing_hold_here_and_reach_the_cluster(cluste
         assert os.stat(one.mp / "tarred").st_mtime_ns == stamp
         os.fsync(fd)
         with cluster.client() as client:
-            assert client.get_file_status("/tarred").mtime_ns == stamp
+            status = client.get_file_status("/tarred")
+            assert (status.mtime_ns, status.mode) == (stamp, 0o644)
+        os.fchmod(fd, 0o640)
+        assert os.fstat(fd).st_mode & 0o777 == 0o640
         os.fchown(fd, 4321, -1)
         assert os.fstat(fd).st_uid == 4321
     finally:
@@ -141,7 +145,7 @@ def test_tar_attributes_set_while_writing_hold_here_and_reach_the_cluster(cluste
         # fsynced, so on the block servers before its close: completed at release
         assert poll_until(lambda: client.is_file_closed("/tarred"))
         status = client.get_file_status("/tarred")
-        assert (status.mtime_ns, status.atime_ns, status.mode) == (stamp, stamp + 7, 0o644)
+        assert (status.mtime_ns, status.atime_ns, status.mode) == (stamp, stamp + 7, 0o640)
         assert client.read_file("/tarred") == b"x" * 5000
     st = os.stat(two.mp / "tarred")
     assert (st.st_mtime_ns, st.st_uid, st.st_size) == (stamp, 4321, 5000)
