@@ -93,6 +93,7 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
         # another such handler started while the change was in flight (_named counts them:
         # its answer may predate that handler's change).
         self._fresh: dict[int, tuple[float, FileStatus]] = {}
+        self._statfs: tuple[float, dict] | None = None   # (when, the report statfs answered)
         self._named = 0
         self._io_limiter = trio.CapacityLimiter(io_threads)
         self._nodes: dict[int, Node] = {ROOT_INO: Node(ROOT_INO, "/")}
@@ -403,7 +404,12 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
 
     @fuse_op
     async def statfs(self, ctx):
-        report = await self.client.report()
+        # rm -rf and find ask for every directory they open: one answer serves for as long
+        # as the kernel keeps attributes
+        now = trio.current_time()
+        if self._statfs is None or now - self._statfs[0] > self.attr_timeout:
+            self._statfs = (now, await self.client.report())
+        report = self._statfs[1]
         bsize = 1 << 16
         out = pyfuse3.StatvfsData()
         out.f_bsize = bsize

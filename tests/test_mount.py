@@ -21,7 +21,7 @@ pyfuse3 = pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
 if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
     pytest.skip("/dev/fuse or fusermount3 is not available", allow_module_level=True)
 
-from harness import REPO, ProcessCluster, errno_of, wait_mounted  # noqa: E402
+from harness import REPO, ProcessCluster, errno_of, poll_until, wait_mounted  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -187,6 +187,11 @@ def test_statfs_reports_cluster_capacity(mounted, cluster):
         capacity = client.report()["capacity"]
     assert st.f_blocks * st.f_frsize == pytest.approx(capacity, rel=0.01, abs=1 << 17)
     assert st.f_bavail > 0
+    # an answer is reused for the attribute timeout (rm -rf asks per directory), not longer
+    os.mkdir(mounted / "statfs-counted")
+    for i in range(3):
+        (mounted / "statfs-counted" / f"f{i}").write_bytes(b"x")
+    assert poll_until(lambda: os.statvfs(mounted).f_files >= st.f_files + 4)
 
 
 @pytest.mark.slow
