@@ -8,7 +8,8 @@ node), a bounded window of unacknowledged packets (``send`` waits while it is fu
 responder that matches acks to the queue of unacked packets. The packets are kept whole, so
 a pipeline recovery (``fs/writer.py``) can resend them; a pipeline that fails through one of
 its nodes records which (``bad_index``) and stops, and deciding what happens next is the
-writer's job, not this module's.
+writer's job, not this module's. ``write_oneshot`` sends a block held whole as one
+WRITE_BLOCK_ONESHOT message instead (no pipeline, no responder task).
 
 Concurrency contract: everything runs on the client's trio thread. Sending happens in the
 writer's task (the output stream's lock serialises it; ``send`` also holds the pipeline's

@@ -16,7 +16,12 @@ WRITE_BLOCK to the first location with the others as downstream ``targets`` → 
 queue of unacked packets (kept whole, so a later pipeline recovery can resend them). At most
 ``write_window_packets`` are unacked: ``write`` waits, so memory stays bounded. A block ends
 with a LAST packet carrying its unsent bytes (empty when all were sent); the next
-``add_block`` passes it as ``previous``. ``close`` ends the last block and calls ``complete``
+``add_block`` passes it as ``previous``. A block that is wholly in the buffer when it ends,
+in one packet, with no pipeline open (a small file closed before any flush; a file's last
+block of at most one packet; ``flush_before_close``, the mount's close(2)) is instead written
+with one WRITE_BLOCK_ONESHOT (``_write_whole_block``, docs/PROTOCOL.md §3): its data is still
+in hand, so any failure is handled as a failed setup (abandon the block, exclude the node,
+take a new one). ``close`` ends the last block and calls ``complete``
 until the server says the file is closed. ``append`` reopens a partial last block
 (``_setup_append``: reread its last partial chunk, WRITE_BLOCK stage PIPELINE_SETUP_APPEND
 under the new stamp; a setup that fails at a node goes on as a pipeline recovery, below) and
@@ -179,14 +184,34 @@ class AsyncOutputStream:
         async with self._lock:
             self._check_writable()
             try:
-                if await self._ensure_pipeline():
-                    self._hflushed = True
-                    await self._send_buffer()
-                    await self._wait_all_acked()
+                await self._hflush()
             except BaseException as exc:
                 await self._fail_and_raise(exc)
 
     flush = hflush
+
+    async def flush_before_close(self) -> None:
+        """``hflush`` for a caller whose next call is usually ``close`` (the mount's
+        close(2)): when no pipeline is open and the block is wholly in the buffer in one
+        packet (a small file written since it was opened), the block is ended now with a
+        one-shot write — every node acknowledged, readers see the bytes, ``close`` then has
+        nothing left to send — instead of opening a pipeline only to hflush it and send an
+        empty LAST packet after. A write after it starts a new block."""
+        async with self._lock:
+            self._check_writable()
+            try:
+                if self._whole_block_buffered():
+                    await self._write_whole_block()
+                else:
+                    await self._hflush()
+            except BaseException as exc:
+                await self._fail_and_raise(exc)
+
+    async def _hflush(self) -> None:
+        if await self._ensure_pipeline():
+            self._hflushed = True
+            await self._send_buffer()
+            await self._wait_all_acked()
 
     async def hsync(self) -> None:
         """hflush, with the block servers fsyncing the data, then record the block's length
@@ -456,6 +481,11 @@ class AsyncOutputStream:
         # node stays in the metadata server's placement until it is declared dead
         self._failed_nodes.append(exc.node)
 
+    def _whole_block_buffered(self) -> bool:
+        """No pipeline is open and the current block's every byte is buffered, in one packet."""
+        return (self._pipeline is None and bool(self._buf) and self._buf_start == 0
+                and not self._buf_sent and len(self._buf) <= self.packet_size)
+
     async def _write_whole_block(self) -> None:
         """The block's every byte is in the buffer and fits one packet, and no pipeline is
         open (a small file closed before any flush, or a file's last block of at most one
@@ -523,8 +553,7 @@ class AsyncOutputStream:
         """Send what is buffered with the LAST flag (an empty LAST packet when all was sent),
         wait for every ack, remember the block. Nothing to do when no block is open and
         nothing is buffered; a block wholly in the buffer goes in one message instead."""
-        if self._pipeline is None and self._buf and self._buf_start == 0 \
-                and not self._buf_sent and len(self._buf) <= self.packet_size:
+        if self._whole_block_buffered():
             await self._write_whole_block()
             return
         if not await self._ensure_pipeline():

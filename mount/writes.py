@@ -77,7 +77,9 @@ class WriteMachinery:
                         of.stream = None
                         of.move(FileEvent.COMPLETE)
                 else:
-                    await of.stream.hflush()
+                    # close(2): a small file's only block goes in one shot now, so the
+                    # release's close has nothing left to send
+                    await of.stream.flush_before_close()
             except LeaseFSError:
                 of.error = None   # reported right here, not again
                 raise

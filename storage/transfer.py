@@ -38,6 +38,9 @@ INIT_REPLICA_RECOVERY / UPDATE_REPLICA_UNDER_RECOVERY: the block-recovery ops a 
 (``storage.recovery``) sends to every replica holder; INIT stops a running pipeline of that
 replica (its cancel scope) and answers the replica's length, stamp and original state.
 
+WRITE_BLOCK_ONESHOT (a whole small block in one message, answered once) is served by
+``storage.oneshot``; the header checks both write ops share are ``storage.opheader``.
+
 READ_BLOCK: every packet send has ``data_timeout``; a reader that stops reading for that
 long, or closes the connection early (normal: it read what it needed), ends the op with a
 debug line, and the replica's files are closed at once. A replica whose files cannot be

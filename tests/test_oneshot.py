@@ -347,3 +347,34 @@ def test_writer_retries_a_block_refused_for_a_corrupted_packet(tmp_path, monkeyp
                 assert len(blocks) == 1 and len(blocks[0]["locations"]) == 3
 
     trio.run(main)
+
+
+def test_flush_before_close_ends_a_whole_block_in_one_shot(tmp_path, monkeypatch):
+    """The mount's close(2): the small file's block goes in one shot, readers see it at once,
+    the close after it sends nothing more; a write after it starts a new block."""
+    served = count_oneshots(monkeypatch)
+    first, more = payload(6000, seed=10), payload(2000, seed=11)
+
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=3, **SMALL) as cluster:
+            async with cluster.client() as c, cluster.client() as reader:
+                out = await c.create("/m", replication=3)
+                await out.write(first)
+                await out.flush_before_close()
+                assert len(served) == 3
+                assert await reader.read_file("/m") == first   # visible while open
+                await out.close()
+                assert len(served) == 3 and await c.read_file("/m") == first
+                blocks = (await c.get_block_locations("/m"))["blocks"]
+                assert [b["block"]["num_bytes"] for b in blocks] == [len(first)]
+                # written on after the flush: a second block, the file whole
+                out = await c.create("/n", replication=3)
+                await out.write(first)
+                await out.flush_before_close()
+                await out.write(more)
+                await out.close()
+                assert await c.read_file("/n") == first + more
+                blocks = (await c.get_block_locations("/n"))["blocks"]
+                assert [b["block"]["num_bytes"] for b in blocks] == [len(first), len(more)]
+
+    trio.run(main)
