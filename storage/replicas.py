@@ -17,7 +17,8 @@ every file operation runs in a worker thread under one ``CapacityLimiter(disk_io
 Structural changes of one replica (finalize's renames, delete, opening its files for a read)
 hold ``replica.lock``, so a reader never opens a path that is being renamed. An RBW replica has
 exactly one writer (the pipeline that created it), which alone calls ``write_packet``/``sync``/
-``finalize``. fsync happens only for SYNC packets and at finalize. A ``ReplicaWriter``'s file
+``finalize``; a one-shot block (``create_finalized``) is RBW without a writer only while its
+one worker-thread step runs, under its lock. fsync happens only for SYNC packets and at finalize. A ``ReplicaWriter``'s file
 descriptors are guarded by its own thread lock: ``close`` (INVALIDATE, delete, release) waits
 for a write or fsync in flight in another worker thread, and a write that starts after the
 close fails (``ReplicaNotFound``) instead of touching a descriptor number the kernel may have
