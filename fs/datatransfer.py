@@ -53,6 +53,8 @@ WRITE_BLOCK = "WRITE_BLOCK"
 READ_BLOCK = "READ_BLOCK"
 BLOCK_LENGTH = "BLOCK_LENGTH"
 TRANSFER_BLOCK = "TRANSFER_BLOCK"
+#: a whole small block in one message: the op header and its single LAST packet
+WRITE_BLOCK_ONESHOT = "WRITE_BLOCK_ONESHOT"
 
 # write stages (HDFS BlockConstructionStage names)
 PIPELINE_SETUP_CREATE = "PIPELINE_SETUP_CREATE"
@@ -140,8 +142,12 @@ async def receive_packet(framed: FramedStream, bytes_per_checksum: int,
     return Packet(seqno, offset, data, sums, flags)
 
 
+def encode_ack(seqno: int, statuses) -> bytes:
+    return ACK_HEADER.pack(seqno, len(statuses)) + bytes(statuses)
+
+
 async def send_ack(framed: FramedStream, seqno: int, statuses) -> None:
-    await framed.send_all(ACK_HEADER.pack(seqno, len(statuses)) + bytes(statuses))
+    await framed.send_all(encode_ack(seqno, statuses))
 
 
 async def receive_ack(framed: FramedStream) -> tuple[int, list[int]]:

@@ -8,7 +8,8 @@ node), a bounded window of unacknowledged packets (``send`` waits while it is fu
 responder that matches acks to the queue of unacked packets. The packets are kept whole, so
 a pipeline recovery (``fs/writer.py``) can resend them; a pipeline that fails through one of
 its nodes records which (``bad_index``) and stops, and deciding what happens next is the
-writer's job, not this module's.
+writer's job, not this module's. ``write_oneshot`` sends a block held whole as one
+WRITE_BLOCK_ONESHOT message instead (no pipeline, no responder task).
 
 Concurrency contract: everything runs on the client's trio thread. Sending happens in the
 writer's task (the output stream's lock serialises it; ``send`` also holds the pipeline's
@@ -28,9 +29,10 @@ import trio
 from .dataconn import close_quietly, node_name, open_data_connection, response_error
 from .datatransfer import (ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, PIPELINE_SETUP_APPEND,
                            PIPELINE_SETUP_CREATE, Packet, SUCCESS, TRANSFER_BLOCK, TRANSFER_RBW,
-                           WRITE_BLOCK, op_header, receive_ack, send_packet)
+                           WRITE_BLOCK, WRITE_BLOCK_ONESHOT, encode_packet_header, op_header,
+                           receive_ack, send_packet)
 from .errors import LeaseFSError, PipelineError, ProtocolError, ServerUnavailable
-from .framing import FramedStream
+from .framing import FramedStream, encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +248,56 @@ class Pipeline:
     def pending_packets(self) -> list[Packet]:
         """The unacknowledged packets a recovered pipeline must resend (not heartbeats)."""
         return [p for p in self._unacked if not p.flags & FLAG_HEARTBEAT]
+
+
+async def write_oneshot(*, path: str, located: dict, client_name: str,
+                        bytes_per_checksum: int, data, sums: bytes, timeout: float,
+                        max_frame: int) -> None:
+    """Write a whole block held in hand with one WRITE_BLOCK_ONESHOT (docs/PROTOCOL.md §3):
+    the op header and the block's single LAST packet in one send to the first location,
+    which forwards them down the others; returns once every node acknowledged (its replica
+    is finalized). Any failure is a ``SetupFailed`` naming the first node that failed (the
+    refusing node, the first non-SUCCESS status, or the first node when the connection
+    broke): the writer abandons the block and retries with a new one, excluding that node."""
+    nodes = located["locations"]
+    first = nodes[0]
+    where = f"{path}: block {located['block']['id']}"
+    try:
+        framed = await open_data_connection(first["address"], timeout, max_frame)
+    except ServerUnavailable as exc:
+        raise SetupFailed(first, str(exc)) from None
+    header = op_header(WRITE_BLOCK_ONESHOT, block=located["block"],
+                       targets=[n["address"] for n in nodes[1:]], client=client_name,
+                       bytes_per_checksum=bytes_per_checksum)
+    try:
+        # the answer comes once every node answered: each may wait for its downstream
+        # (HDFS's read timeout extension per pipeline node)
+        with trio.fail_after(timeout * len(nodes)):
+            await framed.send_all(encode_frame(header)
+                                  + encode_packet_header(0, 0, len(data), FLAG_LAST)
+                                  + sums + bytes(data))
+            resp = await framed.receive_frame()
+            if isinstance(resp, dict) and resp.get("status") == "SUCCESS":
+                seqno, statuses = await receive_ack(framed)
+    except (LeaseFSError, EOFError, trio.TooSlowError) as exc:
+        raise SetupFailed(first, f"{where}: no answer to the one-shot write from "
+                          f"{node_name(first)}: {exc or 'timed out'}") from None
+    finally:
+        await close_quietly(framed)
+    if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
+        bad_address = resp.get("first_bad_link") if isinstance(resp, dict) else ""
+        bad = next((n for n in nodes if bad_address and n["address"] == bad_address), first)
+        raise SetupFailed(bad, str(response_error(resp, f"{where}: one-shot write at "
+                                                        f"{first['address']}")))
+    if seqno != 0:
+        raise SetupFailed(first, f"{where}: {node_name(first)} acked packet {seqno}, not 0")
+    for index, node in enumerate(nodes):
+        status = statuses[index] if index < len(statuses) else None
+        if status != SUCCESS:
+            what = ("gave no status" if status is None
+                    else f"answered {_ACK_NAMES.get(status, status)}")
+            raise SetupFailed(node, f"{where}: block server {node_name(node)} {what} for the "
+                              f"one-shot write")
 
 
 class _BadNode(Exception):

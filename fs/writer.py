@@ -16,7 +16,12 @@ WRITE_BLOCK to the first location with the others as downstream ``targets`` → 
 queue of unacked packets (kept whole, so a later pipeline recovery can resend them). At most
 ``write_window_packets`` are unacked: ``write`` waits, so memory stays bounded. A block ends
 with a LAST packet carrying its unsent bytes (empty when all were sent); the next
-``add_block`` passes it as ``previous``. ``close`` ends the last block and calls ``complete``
+``add_block`` passes it as ``previous``. A block that is wholly in the buffer when it ends,
+in one packet, with no pipeline open (a small file closed before any flush; a file's last
+block of at most one packet: the mount's close(2) of a small file) is instead written
+with one WRITE_BLOCK_ONESHOT (``_write_whole_block``, docs/PROTOCOL.md §3): its data is still
+in hand, so any failure is handled as a failed setup (abandon the block, exclude the node,
+take a new one). ``close`` ends the last block and calls ``complete``
 until the server says the file is closed. ``append`` reopens a partial last block
 (``_setup_append``: reread its last partial chunk, WRITE_BLOCK stage PIPELINE_SETUP_APPEND
 under the new stamp; a setup that fails at a node goes on as a pipeline recovery, below) and
@@ -53,7 +58,7 @@ from .datatransfer import (FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA,
                            chunk_checksums)
 from .errors import (FileNotFound, InvalidArgument, LeaseExpired, LeaseFSError,
                      NotReplicatedYet, PipelineError, ProtocolError, ServerUnavailable)
-from .pipeline import Pipeline, SetupFailed, transfer_rbw
+from .pipeline import Pipeline, SetupFailed, transfer_rbw, write_oneshot
 from .reader import Block, BlockReader
 
 log = logging.getLogger(__name__)
@@ -180,14 +185,17 @@ class AsyncOutputStream:
         async with self._lock:
             self._check_writable()
             try:
-                if await self._ensure_pipeline():
-                    self._hflushed = True
-                    await self._send_buffer()
-                    await self._wait_all_acked()
+                await self._hflush()
             except BaseException as exc:
                 await self._fail_and_raise(exc)
 
     flush = hflush
+
+    async def _hflush(self) -> None:
+        if await self._ensure_pipeline():
+            self._hflushed = True
+            await self._send_buffer()
+            await self._wait_all_acked()
 
     async def hsync(self) -> None:
         """hflush, with the block servers fsyncing the data, then record the block's length
@@ -441,23 +449,72 @@ class AsyncOutputStream:
                     bytes_per_checksum=self.bytes_per_checksum, window=self.window,
                     timeout=client.config.data_timeout, max_frame=client.config.max_frame)
             except SetupFailed as exc:
-                failures.append(exc.reason)
-                log.warning("%s: pipeline setup for block %s failed at %s: %s; abandoning "
-                            "the block and excluding the node", self.path,
-                            located["block"]["id"], node_name(exc.node), exc.reason)
-                await client.rpc.call("abandon_block", {
-                    "path": self.path, "client_name": client.client_name, "ino": self.ino,
-                    "block": located["block"]})
-                excluded.append(exc.node["node_id"])
-                # and for the stream's later blocks too (HDFS's excludedNodes cache): a dead
-                # node stays in the metadata server's placement until it is declared dead
-                self._failed_nodes.append(exc.node)
+                await self._abandon_block(located, exc, excluded, failures)
                 continue
             self._pipeline = pipeline
             client._nursery.start_soon(pipeline.run_responder,
                                        name=f"responder {self.path} blk {located['block']['id']}")
             return
         raise PipelineError(f"{self.path}: could not set up a write pipeline after "
+                            f"{PIPELINE_SETUP_ATTEMPTS} attempts: " + "; ".join(failures))
+
+    async def _abandon_block(self, located: dict, exc: SetupFailed, excluded: list[str],
+                             failures: list[str]) -> None:
+        """A new block's setup (or one-shot write) failed at ``exc.node``: abandon the block
+        (the metadata server forgets it; replicas a node made already are invalidated) and
+        exclude the node from the next ``add_block``."""
+        client = self._client
+        failures.append(exc.reason)
+        log.warning("%s: pipeline setup for block %s failed at %s: %s; abandoning "
+                    "the block and excluding the node", self.path,
+                    located["block"]["id"], node_name(exc.node), exc.reason)
+        await client.rpc.call("abandon_block", {
+            "path": self.path, "client_name": client.client_name, "ino": self.ino,
+            "block": located["block"]})
+        excluded.append(exc.node["node_id"])
+        # and for the stream's later blocks too (HDFS's excludedNodes cache): a dead
+        # node stays in the metadata server's placement until it is declared dead
+        self._failed_nodes.append(exc.node)
+
+    def _whole_block_buffered(self) -> bool:
+        """No pipeline is open and the current block's every byte is buffered, in one packet."""
+        return (self._pipeline is None and bool(self._buf) and self._buf_start == 0
+                and not self._buf_sent and len(self._buf) <= self.packet_size)
+
+    async def _write_whole_block(self) -> None:
+        """The block's every byte is in the buffer and fits one packet, and no pipeline is
+        open (a small file closed before any flush, or a file's last block of at most one
+        packet): one WRITE_BLOCK_ONESHOT instead of a pipeline. The data stays in hand, so
+        any failure is a failed setup: abandon the block, exclude the node, take a new one
+        (HDFS createBlockOutputStream). Returns once every node acknowledged."""
+        client = self._client
+        config = client.config
+        data = bytes(self._buf)
+        sums = chunk_checksums(data, self.bytes_per_checksum)
+        excluded: list[str] = [n["node_id"] for n in self._failed_nodes if n.get("node_id")]
+        failures: list[str] = []
+        self._block_recoveries = 0
+        for _attempt in range(PIPELINE_SETUP_ATTEMPTS):
+            if self._error is not None:   # aborted meanwhile (lease lost, client closing)
+                raise self._error
+            located = await self._add_block(excluded)
+            if not located.get("locations"):
+                raise PipelineError(f"{self.path}: the metadata server gave block "
+                                    f"{located['block']['id']} no block server")
+            try:
+                await write_oneshot(
+                    path=self.path, located=located, client_name=client.client_name,
+                    bytes_per_checksum=self.bytes_per_checksum, data=data, sums=sums,
+                    timeout=config.data_timeout, max_frame=config.max_frame)
+            except SetupFailed as exc:
+                await self._abandon_block(located, exc, excluded, failures)
+                continue
+            block = located["block"]
+            self._previous = block_dict(block["id"], block["gs"], len(data))
+            self._buf, self._buf_start, self._buf_sent = bytearray(), 0, 0
+            self.blocks_written += 1
+            return
+        raise PipelineError(f"{self.path}: could not write a block after "
                             f"{PIPELINE_SETUP_ATTEMPTS} attempts: " + "; ".join(failures))
 
     async def _ensure_pipeline(self) -> bool:
@@ -490,7 +547,10 @@ class AsyncOutputStream:
     async def _end_block(self) -> None:
         """Send what is buffered with the LAST flag (an empty LAST packet when all was sent),
         wait for every ack, remember the block. Nothing to do when no block is open and
-        nothing is buffered."""
+        nothing is buffered; a block wholly in the buffer goes in one message instead."""
+        if self._whole_block_buffered():
+            await self._write_whole_block()
+            return
         if not await self._ensure_pipeline():
             return
         length = self._buf_start + len(self._buf)

@@ -17,7 +17,8 @@ every file operation runs in a worker thread under one ``CapacityLimiter(disk_io
 Structural changes of one replica (finalize's renames, delete, opening its files for a read)
 hold ``replica.lock``, so a reader never opens a path that is being renamed. An RBW replica has
 exactly one writer (the pipeline that created it), which alone calls ``write_packet``/``sync``/
-``finalize``. fsync happens only for SYNC packets and at finalize. A ``ReplicaWriter``'s file
+``finalize``; a one-shot block (``create_finalized``) is RBW without a writer only while its
+one worker-thread step runs, under its lock. fsync happens only for SYNC packets and at finalize. A ``ReplicaWriter``'s file
 descriptors are guarded by its own thread lock: ``close`` (INVALIDATE, delete, release) waits
 for a write or fsync in flight in another worker thread, and a write that starts after the
 close fails (``ReplicaNotFound``) instead of touching a descriptor number the kernel may have
@@ -290,6 +291,73 @@ class ReplicaStore:
             replica.state = new_state
             replica.visible_length = replica.num_bytes
             replica.visible_last_sum = None
+
+    async def create_finalized(self, block_id: int, gs: int, bytes_per_checksum: int, data,
+                               sums: bytes) -> Replica:
+        """A whole small block in one worker-thread hop (the one-shot write): create the RBW
+        files, write ``data`` and its verified ``sums`` from offset 0, finalize (as
+        ``finalize``: files moved into finalized/, fsynced only with ``sync_on_close``). The
+        replica is in the map as RBW (no writer) while the files are made, so the id is
+        claimed and a delete or recovery meanwhile waits on ``replica.lock``; it leaves as
+        FINALIZED, through the same two transitions as a pipeline's replica."""
+        check_bytes_per_checksum(bytes_per_checksum)
+        check_packet_range(0, 0, len(data), bytes_per_checksum)
+        rbw_state = next_state(None, ReplicaEvent.CREATE_RBW)
+        final_state = next_state(rbw_state, ReplicaEvent.FINALIZE)
+        existing = self.replicas.get(block_id)
+        if existing is not None:
+            if existing.gs >= gs:
+                raise ReplicaAlreadyExists(
+                    f"replica blk_{block_id} already exists with generation stamp {existing.gs} "
+                    f"({existing.state.value}), not older than {gs}")
+            log.info("replacing %s replica %s by a new generation stamp %d",
+                     existing.state.value, existing.name, gs)
+            await self.delete(existing)
+            if self.replicas.get(block_id) is not None:   # raced with another writer
+                raise ReplicaAlreadyExists(f"replica blk_{block_id} is being created already")
+        rbw = os.path.join(self.data_dir, "rbw")
+        replica = Replica(block_id, gs, rbw_state, bytes_per_checksum,
+                          os.path.join(rbw, data_name(block_id)),
+                          os.path.join(rbw, meta_name(block_id, gs)))
+        bucket = os.path.join(self.data_dir, "finalized", finalized_subdir(block_id))
+        new_data = os.path.join(bucket, data_name(block_id))
+        new_meta = os.path.join(bucket, meta_name(block_id, gs))
+        sync = self.sync_on_close
+
+        def write_and_move() -> None:
+            writer = ReplicaWriter(replica.data_path, replica.meta_path, bytes_per_checksum,
+                                   True)
+            try:
+                writer.write(0, data, sums)
+                writer.close_for_finalize(sync)
+            except BaseException:
+                writer.close()
+                for path in (replica.data_path, replica.meta_path):
+                    unlink_quietly(path)
+                raise
+            os.makedirs(bucket, exist_ok=True)
+            os.replace(replica.meta_path, new_meta)   # meta first, as finalize does
+            os.replace(replica.data_path, new_data)
+            if sync:
+                fsync_dir(bucket)
+                fsync_dir(rbw)
+
+        self._track(replica)   # claim the id before the first await
+        async with replica.lock:
+            try:
+                await self.run_io(write_and_move)
+            except BaseException:
+                self._untrack(replica)
+                raise
+            # a delete waiting on the lock removes the files where they are now
+            replica.data_path, replica.meta_path = new_data, new_meta
+            if replica.removed or replica.state is not ReplicaState.RBW:
+                raise ReplicaNotFound(f"replica {replica.name} was deleted or recovered while "
+                                      f"being written")
+            replica.state = final_state
+            self._set_num_bytes(replica, len(data))
+            replica.visible_length = len(data)
+        return replica
 
     async def release_writer(self, replica: Replica) -> None:
         """A pipeline ended without finalizing: close the files, keep the RBW replica."""

@@ -38,6 +38,9 @@ INIT_REPLICA_RECOVERY / UPDATE_REPLICA_UNDER_RECOVERY: the block-recovery ops a 
 (``storage.recovery``) sends to every replica holder; INIT stops a running pipeline of that
 replica (its cancel scope) and answers the replica's length, stamp and original state.
 
+WRITE_BLOCK_ONESHOT (a whole small block in one message, answered once) is served by
+``storage.oneshot``; the header checks both write ops share are ``storage.opheader``.
+
 READ_BLOCK: every packet send has ``data_timeout``; a reader that stops reading for that
 long, or closes the connection early (normal: it read what it needed), ends the op with a
 debug line, and the replica's files are closed at once. A replica whose files cannot be
@@ -64,8 +67,9 @@ from fs.datatransfer import (BLOCK_LENGTH, CHECKSUM_SIZE, DATA_TRANSFER_VERSION,
                              ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA, PACKET_HEADER,
                              PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE,
                              PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
-                             TRANSFER_BLOCK, TRANSFER_RBW, WRITE_BLOCK, Packet,
-                             encode_packet_header, num_chunks, receive_ack, send_ack, send_packet, verify_checksums)
+                             TRANSFER_BLOCK, TRANSFER_RBW, WRITE_BLOCK, WRITE_BLOCK_ONESHOT,
+                             Packet, encode_packet_header, num_chunks, receive_ack, send_ack,
+                             send_packet, verify_checksums)
 from fs.errors import (ChecksumError, InternalError, InvalidArgument, LeaseFSError,
                        NotSupported, PipelineError, ProtocolError, ReplicaNotFound,
                        ServerBusy, ServerUnavailable)
@@ -75,6 +79,10 @@ from fs.rpc import check_version, connect_tcp, parse_address
 
 from .blockcopy import send_replica
 from .layout import check_bytes_per_checksum, check_packet_range
+from .oneshot import write_oneshot
+from .opheader import (CONNECT_TIMEOUT, HEADER_MAX_FRAME, block_ref as _block,
+                       bytes_per_checksum as _bytes_per_checksum, error_response as _error_response,
+                       field as _field, refusal_response, write_targets as _targets)
 from .recovery import INIT_REPLICA_RECOVERY, UPDATE_REPLICA_UNDER_RECOVERY, replica_wire
 from .replica_records import Replica
 from .replica_states import ReplicaState
@@ -92,12 +100,6 @@ def _log_local_failure(replica: Replica, what: str, exc: BaseException) -> None:
         log.error("WRITE_BLOCK %s: %s failed: %s", replica.name, what, exc)
 
 
-#: op headers and responses are small maps; anything bigger is garbage
-HEADER_MAX_FRAME = 1 << 20
-#: longest downstream list a WRITE_BLOCK header may carry
-MAX_TARGETS = 32
-#: seconds a connection to a downstream block server may take
-CONNECT_TIMEOUT = 10.0
 _KNOWN_FLAGS = FLAG_LAST | FLAG_SYNC | FLAG_HEARTBEAT
 #: TEST-ONLY fault injection: ``LEASEFS_TEST_CORRUPT_PACKETS=once|always`` in a block server's
 #: environment flips a byte of a received data packet before it is verified, as if the
@@ -143,39 +145,6 @@ class NullReporter:
         return False
 
 
-# --------------------------------------------------------------------------- header parsing
-
-
-def _field(header: dict, key: str, kind: type, op: str, default=...):
-    """``header[key]`` of type ``kind`` (a bool is not an int here), or ProtocolError."""
-    value = header.get(key, default)
-    if value is ...:
-        raise ProtocolError(f"{op} header lacks {key!r}")
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ProtocolError(f"{op} header field {key!r} has the wrong type: {value!r:.80}")
-    return value
-
-
-def _block(header: dict, op: str) -> tuple[int, int]:
-    block = _field(header, "block", dict, op)
-    block_id, gs = block.get("id"), block.get("gs")
-    if not isinstance(block_id, int) or isinstance(block_id, bool) or not isinstance(gs, int) \
-            or isinstance(gs, bool) or gs < 0:
-        raise ProtocolError(f"{op}: block must be {{id: int, gs: int >= 0}}, got {block!r:.120}")
-    return block_id, gs
-
-
-def _error_response(exc: LeaseFSError, **extra) -> dict:
-    """The message names the error type too, for peers that only print the message."""
-    return {"status": "ERROR", "message": f"{type(exc).__name__}: {exc}",
-            "error": exc.to_wire(), **extra}
-
-
-def refusal_response(why: str) -> dict:
-    """The response a refused data-transfer connection gets instead of its op's."""
-    return _error_response(ServerBusy(f"connection refused: {why}"), first_bad_link="")
-
-
 class _Conn:
     """One data-transfer connection and whether its op response went out already."""
 
@@ -183,6 +152,9 @@ class _Conn:
         self.framed = FramedStream(stream, HEADER_MAX_FRAME)
         self.peer = peer
         self.responded = False
+        #: the op read everything the peer sends and answered: a plain close sends no RST
+        #: (no unread input), so the half-close and drain are skipped
+        self.drained = False
 
     async def respond(self, response: dict) -> None:
         self.responded = True
@@ -218,6 +190,7 @@ class DataTransferServer:
         self.store = store
         self.reporter = reporter or NullReporter()
         self.active_ops = 0   # HDFS xceiver count, reported in heartbeats
+        self.oneshot_writes = 0   # WRITE_BLOCK_ONESHOT packets received (tests, metrics)
         #: packet data held by all write pipelines (being received or waiting for the disk)
         self.budget = ByteBudget(max(config.data_buffer_limit, MAX_PACKET_DATA))
 
@@ -229,7 +202,11 @@ class DataTransferServer:
             await self._serve(conn)
         finally:
             self.active_ops -= 1
-            await close_gracefully(conn.framed)
+            if conn.drained:
+                with trio.CancelScope(shield=True):
+                    await conn.framed.aclose()
+            else:
+                await close_gracefully(conn.framed)
 
     async def _serve(self, conn: _Conn) -> None:
         op = "?"
@@ -246,6 +223,8 @@ class DataTransferServer:
                           f"{op[:80]} header")
             if op == WRITE_BLOCK:
                 await self._write_block(conn, header)
+            elif op == WRITE_BLOCK_ONESHOT:   # the corruption hook as tests patch it
+                await write_oneshot(self, conn, header, corruption=_TEST_CORRUPTION)
             elif op == READ_BLOCK:
                 await self._read_block(conn, header)
             elif op == BLOCK_LENGTH:
@@ -277,7 +256,7 @@ class DataTransferServer:
     async def _try_error_response(conn: _Conn, exc: LeaseFSError, op: str) -> None:
         if conn.responded:
             return
-        extra = {"first_bad_link": ""} if op == WRITE_BLOCK else {}
+        extra = {"first_bad_link": ""} if op in (WRITE_BLOCK, WRITE_BLOCK_ONESHOT) else {}
         try:
             await conn.respond(_error_response(exc, **extra))
         except (ServerUnavailable, EOFError):
@@ -488,12 +467,7 @@ class DataTransferServer:
 
     async def _write_block(self, conn: _Conn, header: dict) -> None:
         block_id, gs = _block(header, WRITE_BLOCK)
-        targets = _field(header, "targets", list, WRITE_BLOCK, [])
-        if len(targets) > MAX_TARGETS or not all(isinstance(t, str) for t in targets):
-            raise ProtocolError(f"WRITE_BLOCK targets must be at most {MAX_TARGETS} "
-                                f"\"host:port\" strings, got {targets!r:.200}")
-        for target in targets:
-            parse_address(target)
+        targets = _targets(header, WRITE_BLOCK)
         stage = _field(header, "stage", str, WRITE_BLOCK, PIPELINE_SETUP_CREATE)
         if stage not in (PIPELINE_SETUP_CREATE, PIPELINE_SETUP_APPEND,
                          PIPELINE_SETUP_STREAMING_RECOVERY, TRANSFER_RBW):
@@ -506,13 +480,7 @@ class DataTransferServer:
             min_bytes = _field(header, "min_bytes", int, WRITE_BLOCK)
             if min_bytes < 0:
                 raise ProtocolError(f"WRITE_BLOCK: min_bytes {min_bytes} is negative")
-        bpc = _field(header, "bytes_per_checksum", int, WRITE_BLOCK,
-                     self.config.bytes_per_checksum)
-        try:
-            check_bytes_per_checksum(bpc)
-        except InvalidArgument as exc:
-            raise InvalidArgument(f"WRITE_BLOCK blk_{block_id}: {exc.message}") from None
-
+        bpc = _bytes_per_checksum(header, block_id, WRITE_BLOCK, self.config)
         if stage == PIPELINE_SETUP_APPEND:
             # without an explicit bytes_per_checksum the replica's own is used
             replica = await self.store.reopen_for_append(
