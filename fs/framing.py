@@ -181,6 +181,8 @@ class FrameChannel:
       nothing), the frames sent after it queue until the flusher runs, after the other
       tasks of the same scheduler round, and leave in one ``write``: the replies to one
       batch, or the requests of the many tasks one batch of replies woke, travel together.
+      A sender that knows more frames follow passes ``defer`` (the RPC server, for a reply
+      while other calls of the connection are running): then the first one waits too.
 
     Other streams (in-memory test streams) get the same interface through the stream's own
     awaited calls. Frames and their limits are ``FramedStream``'s: 4-byte length + msgpack
@@ -346,14 +348,16 @@ class FrameChannel:
             raise ServerUnavailable(f"connection lost: {exc}") from None
 
     # ------------------------------------------------------------------ sending
-    def send_nowait(self, obj) -> None:
+    def send_nowait(self, obj, *, defer: bool = False) -> None:
         """Queue one frame for the flusher; ``ServerUnavailable`` if the channel is broken;
-        encoding errors (``TypeError``/``ValueError``) before anything is queued."""
+        encoding errors (``TypeError``/``ValueError``) before anything is queued.
+        ``defer``: even a first frame waits for the flusher (the caller knows more frames
+        follow in this scheduler round: one write for all of them, not two)."""
         data = encode_frame(obj)
         if self.broken is not None:
             raise ServerUnavailable(f"connection lost: {self.broken}")
         self.stats.frames_out += 1
-        if not self._out and not self._wake.is_set() and self._socket is not None:
+        if not defer and not self._out and not self._wake.is_set() and self._socket is not None:
             # the first frame since the flusher last ran goes out at once (no added
             # latency for a lone call); frames sent after it in the same scheduler round
             # queue behind it and leave together when the flusher runs

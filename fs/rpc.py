@@ -343,10 +343,14 @@ class RpcClient:
         if conn is None or conn.broken is not None:
             conn = await self._connect()
         waiter = _Waiter(trio.current_time() + timeout)
+        # other calls waiting on this connection: this request most likely has company in
+        # this scheduler round (the callers one batch of replies woke), so it waits for the
+        # flusher and they leave in one write; a lone call is written at once
+        defer = bool(conn.waiters)
         conn.waiters[call_id] = waiter
         try:
             # written straight to the socket or queued whole, no task switch (FrameChannel)
-            conn.channel.send_nowait([call_id, method, args])
+            conn.channel.send_nowait([call_id, method, args], defer=defer)
             if conn.channel.backlogged:
                 await conn.channel.drained()
         except BaseException as exc:
@@ -598,13 +602,18 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
     running = [0, trio.current_time()]     # calls in flight, trio time the last one ended
 
     def reply(call_id, ok, value) -> None:
+        # other calls of this connection still running (a journal batch wakes them in one
+        # scheduler round): their replies and this one leave in one write by the flusher; a
+        # lone call's reply (a mount's calls come one at a time) leaves at once
+        defer = running[0] > 1
         try:
             try:
-                channel.send_nowait([call_id, ok, value])
+                channel.send_nowait([call_id, ok, value], defer=defer)
             except (TypeError, ValueError) as exc:  # result not msgpack-serialisable: a bug
                 log.exception("cannot encode reply to call %r", call_id)
                 channel.send_nowait(
-                    [call_id, False, InternalError(f"cannot encode reply: {exc}").to_wire()])
+                    [call_id, False, InternalError(f"cannot encode reply: {exc}").to_wire()],
+                    defer=defer)
         except ServerUnavailable:
             pass  # the client went away; nothing to tell it
 
@@ -695,9 +704,10 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
     watching = trio.CancelScope()
     try:
         async with trio.open_nursery() as outer:
-            # a lone call's reply leaves at once (see FrameChannel.send_nowait): holding every
-            # reply for the flusher saves a write per journal batch under many clients but
-            # costs each reply a scheduler round, and a mount's calls come one at a time
+            # a lone call's reply leaves at once (see FrameChannel.send_nowait and reply()):
+            # holding every reply for the flusher saves a write per journal batch under many
+            # clients but costs each reply a scheduler round, and a mount's calls come one
+            # at a time
             channel = FrameChannel(stream, outer, MAX_HELLO_FRAME, send_timeout=send_timeout,
                                    on_send_timeout=too_slow, budget=budget)
             async with trio.open_nursery() as nursery:
