@@ -425,6 +425,14 @@ class _SyncThread:
             lambda _: trio.lowlevel.Abort.FAILED)
 
     def _loop(self) -> None:
+        # SCHED_BATCH (this thread only, Linux): its wake-up per batch no longer preempts the
+        # trio thread, which holds the GIL this thread needs first anyway; measured on 2
+        # cores, the trio thread's queue put took 170-540 us of wall time (12 us of CPU),
+        # ~65 us after
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        except (AttributeError, OSError):
+            pass
         while True:
             job = self._jobs.get()
             if job is None:
