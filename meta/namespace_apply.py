@@ -131,7 +131,7 @@ class RecordApplier:
         try:
             txn.commit()
         except BaseException:   # a failed write may have landed partly: forget, not guess
-            self.cache.data.clear()
+            self.cache.clear()
             raise
         self.cache.committed(txn.puts, txn.dels)
         for key in txn.put_keys(keys.ORPHAN):
