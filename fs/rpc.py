@@ -640,6 +640,32 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
             if holds_slot:
                 slots.release()
 
+    # Calls of one connection run in worker tasks that outlive a call: a worker that
+    # finishes one takes the next waiting call or parks in ``idle``; a request is handed to
+    # a parked worker (``pending`` + unpark) and only starts a new task when none is idle.
+    # A task per call cost a spawn and an exit each (task object, context copy, nursery
+    # bookkeeping), more than waking a parked one. ``pending`` holds at most one call per
+    # worker woken and not yet running; a woken worker that finds it empty (a busy worker
+    # took its call) exits. Once the reader stops, workers finish their calls and exit.
+    pending: collections.deque = collections.deque()
+    idle = trio.lowlevel.ParkingLot()
+    closing = [False]
+
+    async def worker(ctx: CallContext, method, args) -> None:
+        while True:
+            await run_call(ctx, method, args, True)
+            if not pending:
+                if closing[0]:
+                    return
+                await idle.park()
+                if not pending:
+                    return
+            ctx, method, args = pending.popleft()
+
+    def stop_workers() -> None:
+        closing[0] = True
+        idle.unpark_all()
+
     async def read_requests(nursery, client_id, user, groups):
         while True:
             # the replies to one batch leave in one write: the channel's flusher runs after
@@ -665,7 +691,11 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                     slots.acquire_nowait()
                 except trio.WouldBlock:
                     await slots.acquire()
-                nursery.start_soon(run_call, ctx, method, args, True)
+                if len(idle):
+                    pending.append((ctx, method, args))
+                    idle.unpark()
+                else:
+                    nursery.start_soon(worker, ctx, method, args)
             if channel.backlogged:     # a peer that does not read its replies: stop reading
                 await channel.drained()
 
@@ -733,6 +763,8 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                 except ProtocolError as exc:
                     log.warning("closing connection from %s: %s", peer, exc)
                     reply(None, False, exc.to_wire())
+                finally:
+                    stop_workers()
                 watching.cancel()
             await channel.finish()
     finally:
