@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+import threading
 from dataclasses import dataclass
 
 import msgpack
@@ -28,8 +29,18 @@ DEFAULT_MAX_FRAME = 64 << 20
 _RECEIVE_CHUNK = 1 << 20
 
 
+_local = threading.local()
+
+
 def packb(obj) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    """``msgpack.packb(obj, use_bin_type=True)`` with one ``Packer`` per thread, reused
+    (``packb`` builds a Packer and its buffer per call; this runs several times per RPC).
+    A failed pack leaves the Packer empty."""
+    try:
+        packer = _local.packer
+    except AttributeError:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(obj)
 
 
 MAX_CONTAINER_ITEMS = 4 << 20   # entries in one array or map

@@ -515,44 +515,48 @@ class Dispatcher:
 
     def __init__(self, retry_cache: RetryCache | None = None):
         self.retry_cache = retry_cache or RetryCache()
-        self._signatures: dict[str, tuple[frozenset, frozenset]] = {}
+        self._signatures: dict[str, tuple] = {}
 
     def methods(self) -> list[str]:
         return sorted(n[4:] for n in dir(self) if n.startswith("rpc_"))
 
     async def dispatch(self, ctx: CallContext, method, args):
+        try:
+            handler, known, required, cached = self._signatures[method]
+        except (KeyError, TypeError):   # first call of a method, or not a method name
+            handler, known, required, cached = self._method(method)
+        if not isinstance(args, dict):
+            raise InvalidArgument(f"{method}: arguments must be a map of names to values")
+        if not required <= args.keys() or not args.keys() <= known:
+            if not all(isinstance(k, str) for k in args):
+                raise InvalidArgument(f"{method}: arguments must be a map of names to values")
+            try:   # let inspect word the error exactly (the rare, slow path)
+                inspect.signature(handler).bind(ctx, **args)
+            except TypeError as exc:
+                raise InvalidArgument(f"{method}: {exc}") from None
+        if cached and ctx.call_id is not None:
+            return await self.retry_cache.run(
+                (ctx.client_id, ctx.call_id, method), lambda: handler(ctx, **args))
+        return await handler(ctx, **args)
+
+    def _method(self, method) -> tuple:
+        """(bound handler, accepted and required keyword names, retry cached?) of a method,
+        computed once per method (``inspect.signature`` per call cost more than a whole
+        getFileInfo); ``UnknownMethod`` for a name that is none."""
         if not isinstance(method, str) or not method.isidentifier():
             raise UnknownMethod(f"method name must be a string identifier, got {brief(method, 80)}")
         handler = getattr(self, "rpc_" + method, None)
         if handler is None:
             raise UnknownMethod(f"unknown method {method!r}")
-        if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
-            raise InvalidArgument(f"{method}: arguments must be a map of names to values")
-        known, required = self._parameters(method, handler)
-        if not required <= args.keys() or not args.keys() <= known:
-            try:   # let inspect word the error exactly (the rare, slow path)
-                inspect.signature(handler).bind(ctx, **args)
-            except TypeError as exc:
-                raise InvalidArgument(f"{method}: {exc}") from None
-        if method in self.retry_cached and ctx.call_id is not None:
-            return await self.retry_cache.run(
-                (ctx.client_id, ctx.call_id, method), lambda: handler(ctx, **args))
-        return await handler(ctx, **args)
-
-    def _parameters(self, method: str, handler) -> tuple[frozenset, frozenset]:
-        """(accepted, required) keyword names of a handler, computed once per method
-        (``inspect.signature`` per call cost more than a whole getFileInfo)."""
-        cache = self._signatures
-        cached = cache.get(method)
-        if cached is None:
-            params = list(inspect.signature(handler).parameters.values())[1:]   # ctx
-            if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY)
-                   for p in params):
-                raise InternalError(f"rpc_{method} must take only named parameters")
-            cached = cache[method] = (
-                frozenset(p.name for p in params),
-                frozenset(p.name for p in params if p.default is p.empty))
-        return cached
+        params = list(inspect.signature(handler).parameters.values())[1:]   # ctx
+        if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY)
+               for p in params):
+            raise InternalError(f"rpc_{method} must take only named parameters")
+        entry = self._signatures[method] = (
+            handler, frozenset(p.name for p in params),
+            frozenset(p.name for p in params if p.default is p.empty),
+            method in self.retry_cached)
+        return entry
 
 
 def check_version(version, supported: int, what: str) -> None:

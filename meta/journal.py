@@ -91,6 +91,7 @@ import outcome
 import trio
 
 from fs.datatransfer import crc32c
+from fs.framing import packb
 from fs.errors import InternalError, InvalidArgument, LeaseFSError, NoSpace
 
 from .journal_start import JournalSpan, StartPlan, decide
@@ -618,7 +619,7 @@ class Journal:
                                   f"{type(op).__name__} and {type(args).__name__}")
         txid = self._next_txid
         try:
-            body = msgpack.packb([txid, op, args], use_bin_type=True)
+            body = packb([txid, op, args])
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidArgument(f"journal record {op}: arguments cannot be encoded: {exc}") from None
         if len(body) > self.max_record:

@@ -215,27 +215,27 @@ class _Hold:
     """One ``PathLockPool.hold``: a plain async context manager, not a generator one (it
     runs twice per mutating RPC); an uncontended lock is taken without a coroutine call."""
 
-    __slots__ = ("_locks", "_wanted", "_held", "_entries")
+    __slots__ = ("_locks", "_wanted", "_entries", "_held")
 
     def __init__(self, locks: dict[tuple, list], wanted: dict[tuple, bool]):
         self._locks = locks
         self._wanted = wanted
-        self._held: list[tuple[tuple, bool]] = []
-        self._entries: list[tuple] = []
+        self._entries: list[list] = []   # pool entries [RWLock, users, key] this hold uses
+        self._held = 0                   # how many of them it holds (in order)
 
     async def __aenter__(self) -> None:
-        locks, wanted = self._locks, self._wanted
+        locks, wanted, entries = self._locks, self._wanted, self._entries
         try:
             for key in (sorted(wanted) if len(wanted) > 1 else wanted):
                 entry = locks.get(key)
                 if entry is None:
-                    entry = locks[key] = [RWLock(), 0]
+                    entry = locks[key] = [RWLock(), 0, key]
                 entry[1] += 1
-                self._entries.append(key)
+                entries.append(entry)
                 write = wanted[key]
                 if not entry[0].try_acquire(write):
                     await entry[0].acquire(write)
-                self._held.append((key, write))
+                self._held += 1
         except BaseException:
             self._release()
             raise
@@ -244,15 +244,17 @@ class _Hold:
         self._release()
 
     def _release(self) -> None:
+        entries, wanted = self._entries, self._wanted
+        for i in range(self._held - 1, -1, -1):
+            entry = entries[i]
+            entry[0].release(wanted[entry[2]])
         locks = self._locks
-        for key, write in reversed(self._held):
-            locks[key][0].release(write)
-        for key in self._entries:
-            entry = locks[key]
+        for entry in entries:
             entry[1] -= 1
             if entry[1] == 0 and entry[0].idle:
-                del locks[key]
-        self._held = self._entries = ()
+                del locks[entry[2]]
+        self._entries = []
+        self._held = 0
 
 
 class Mutation:
