@@ -251,19 +251,12 @@ class NamespaceView:
 
     def linked_inode(self, ino: int) -> dict | None:
         """The inode if it is reachable from the root, else None: a file inside a detached
-        (deleted, not yet reclaimed) subtree is gone for writers addressing it by id."""
-        inode = self.get_inode(ino)
-        cur, node = ino, inode
-        for _ in range(10_000):
-            if node is None:
-                return None
-            if cur == keys.ROOT_INO:
-                return inode
-            cur = node["parent"]
-            if cur == 0:
-                return None
-            node = self.get_inode(cur)
-        return None
+        (deleted, not yet reclaimed) subtree is gone for writers addressing it by id.
+        Reachable is what ``path_of`` (remembered until the next apply) finds: the same
+        climb, and a writer's call asks twice (``closed_with``, ``writer_file``)."""
+        if self.path_of(ino) is None:
+            return None
+        return self.get_inode(ino)
 
     def status(self, path: str, ino: int, inode: dict) -> dict:
         kind = inode["type"]
