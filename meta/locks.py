@@ -64,6 +64,11 @@ rename_many (job commit)                       LOCK_PARENT ×2n   every src and 
 
 ``RWLock`` is FIFO-fair: a waiting writer blocks later readers, so writers never starve.
 
+``Mutation`` (global lock, then the path locks, safe-mode check before and after the wait)
+and ``FileLock`` (LOCK_WRITE on a file by inode id, re-checked that it did not move) are
+what the server's handlers hold; like ``PathLockPool.hold`` they are plain async context
+managers that take an uncontended lock without awaiting (they run on every mutating RPC).
+
 Concurrency contract: trio tasks of one thread; acquisition is cancellable (a cancelled
 waiter leaves the queue; a lock granted to a task that is being cancelled is released).
 """
