@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+import threading
 from dataclasses import dataclass
 
 import msgpack
@@ -28,8 +29,18 @@ DEFAULT_MAX_FRAME = 64 << 20
 _RECEIVE_CHUNK = 1 << 20
 
 
+_local = threading.local()
+
+
 def packb(obj) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    """``msgpack.packb(obj, use_bin_type=True)`` with one ``Packer`` per thread, reused
+    (``packb`` builds a Packer and its buffer per call; this runs several times per RPC).
+    A failed pack leaves the Packer empty."""
+    try:
+        packer = _local.packer
+    except AttributeError:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(obj)
 
 
 MAX_CONTAINER_ITEMS = 4 << 20   # entries in one array or map
@@ -181,6 +192,8 @@ class FrameChannel:
       nothing), the frames sent after it queue until the flusher runs, after the other
       tasks of the same scheduler round, and leave in one ``write``: the replies to one
       batch, or the requests of the many tasks one batch of replies woke, travel together.
+      A sender that knows more frames follow passes ``defer`` (the RPC server, for a reply
+      while other calls of the connection are running): then the first one waits too.
 
     Other streams (in-memory test streams) get the same interface through the stream's own
     awaited calls. Frames and their limits are ``FramedStream``'s: 4-byte length + msgpack
@@ -346,14 +359,16 @@ class FrameChannel:
             raise ServerUnavailable(f"connection lost: {exc}") from None
 
     # ------------------------------------------------------------------ sending
-    def send_nowait(self, obj) -> None:
+    def send_nowait(self, obj, *, defer: bool = False) -> None:
         """Queue one frame for the flusher; ``ServerUnavailable`` if the channel is broken;
-        encoding errors (``TypeError``/``ValueError``) before anything is queued."""
+        encoding errors (``TypeError``/``ValueError``) before anything is queued.
+        ``defer``: even a first frame waits for the flusher (the caller knows more frames
+        follow in this scheduler round: one write for all of them, not two)."""
         data = encode_frame(obj)
         if self.broken is not None:
             raise ServerUnavailable(f"connection lost: {self.broken}")
         self.stats.frames_out += 1
-        if not self._out and not self._wake.is_set() and self._socket is not None:
+        if not defer and not self._out and not self._wake.is_set() and self._socket is not None:
             # the first frame since the flusher last ran goes out at once (no added
             # latency for a lone call); frames sent after it in the same scheduler round
             # queue behind it and leave together when the flusher runs

@@ -9,8 +9,9 @@ Wire (see docs/PROTOCOL.md): the client's first frame is a hello
 call retried on a new connection after a lost reply carries the same ``(client_id, call_id)``
 and the server's ``RetryCache`` answers it instead of applying it twice.
 
-Server side: ``serve_rpc`` reads requests and runs each mutation in its own task, so one slow
-call (a journal fsync) never blocks the others on the connection; reads that never await
+Server side: ``serve_rpc`` reads requests and runs each mutation in a worker task of the
+connection (one per call in flight, reused for the next call rather than started anew), so
+one slow call (a journal fsync) never blocks the others on the connection; reads that never await
 (``Dispatcher.inline_methods``) run in the reader itself. A malformed request gets an
 error reply and the connection keeps serving; only an unreadable frame (too large, not
 msgpack) ends the connection, after a best-effort error reply. Handler bugs are logged and
@@ -18,7 +19,8 @@ answered with ``InternalError``; the server never dies on a client's mistake.
 
 Transport: ``fs.framing.FrameChannel`` on both sides — every complete frame a read
 brings is handled at once, frames sent in one scheduler round leave in one write, no task
-switch per frame. So one connection shared by many callers (``fs.client.meta_connection``,
+switch per frame; a frame sent while other calls of the connection are in flight waits
+for the flusher even when it is the round's first (``defer``), a lone call's leaves at once. So one connection shared by many callers (``fs.client.meta_connection``,
 Hadoop IPC's model) carries batches, and a server answers a batch of reads with one write.
 
 Concurrency contract: ``RpcClient.call`` may be called from any number of tasks of the
@@ -50,6 +52,7 @@ from .errors import (InternalError, InvalidArgument, LeaseFSError, ProtocolError
                      RpcTimeout, ServerUnavailable, UnknownMethod)
 from .framing import DEFAULT_MAX_FRAME, FrameChannel, brief, encode_frame
 from .limits import ConnectionLimits, RefusalLog
+from .retry_cache import RetryCache
 
 log = logging.getLogger(__name__)
 
@@ -343,10 +346,14 @@ class RpcClient:
         if conn is None or conn.broken is not None:
             conn = await self._connect()
         waiter = _Waiter(trio.current_time() + timeout)
+        # other calls waiting on this connection: this request most likely has company in
+        # this scheduler round (the callers one batch of replies woke), so it waits for the
+        # flusher and they leave in one write; a lone call is written at once
+        defer = bool(conn.waiters)
         conn.waiters[call_id] = waiter
         try:
             # written straight to the socket or queued whole, no task switch (FrameChannel)
-            conn.channel.send_nowait([call_id, method, args])
+            conn.channel.send_nowait([call_id, method, args], defer=defer)
             if conn.channel.backlogged:
                 await conn.channel.drained()
         except BaseException as exc:
@@ -419,82 +426,6 @@ class CallContext:
     groups: tuple[str, ...] = ()
 
 
-class RetryCache:
-    """HDFS RetryCache: remembers replies of mutating calls by ``(client_id, call_id)``.
-
-    A duplicate that arrives while the first is still running waits for its outcome. Entries
-    expire after ``expiry`` seconds (clock injected, so the cache is testable without sleeps).
-
-    The entries live in an ``OrderedDict`` (a linked list): purging takes them from the
-    oldest end, one or a few per call. A plain dict looked the same but is not: its oldest
-    key is found by walking past every slot deleted before it until the dict is resized,
-    so once the cache was full (``max_entries``, ~80 s of creates at 16 clients) every
-    mutating call paid a walk over tens of thousands of holes (a fifth of the server's
-    thread at 200 000 files). An entry gets a ``trio.Event`` only when a duplicate waits
-    for it and drops it when finished, so a full cache holds only outcomes.
-    """
-
-    def __init__(self, expiry: float = 600.0, max_entries: int = 200_000, clock=time.monotonic):
-        self.expiry = expiry
-        self.max_entries = max_entries
-        self.clock = clock
-        # key -> [expires_at (inf while running), event (made by the first duplicate that
-        # waits, None once finished), ok, value]
-        self._entries: collections.OrderedDict[tuple, list] = collections.OrderedDict()
-
-    def __len__(self):
-        return len(self._entries)
-
-    async def run(self, key: tuple, thunk):
-        """Run ``thunk`` once per key. A duplicate that arrives while the first runs waits
-        for it: a success is answered from the cache; a failure is not cached (as in HDFS,
-        a failed call changed nothing), so the retry runs the call again."""
-        while True:
-            entry = self._entries.get(key)
-            if entry is None:
-                break
-            if entry[0] == math.inf:   # still running: wait for its outcome
-                if entry[1] is None:
-                    entry[1] = trio.Event()
-                await entry[1].wait()
-            if entry[2]:
-                return entry[3]
-            if self._entries.get(key) is entry:   # a failure left in place: run again
-                del self._entries[key]
-        self._purge()
-        entry = [math.inf, None, False, None]
-        self._entries[key] = entry
-        try:
-            value = await thunk()
-            entry[2], entry[3] = True, value
-            entry[0] = self.clock() + self.expiry
-            return value
-        except BaseException:
-            # failed, cancelled or a bug: forget it, so that a retry runs the call again
-            entry[0] = -math.inf
-            if self._entries.get(key) is entry:
-                del self._entries[key]
-            raise
-        finally:
-            event, entry[1] = entry[1], None
-            if event is not None:
-                event.set()
-
-    def _purge(self) -> None:
-        """Drop expired entries from the oldest end (insertion order, which is near enough
-        to expiry order), plus the oldest beyond ``max_entries``. Stops at the first live
-        entry, so a call costs O(entries removed), never a scan of the cache: this runs on
-        every mutating RPC."""
-        now = self.clock()
-        entries = self._entries
-        while entries:
-            key = next(iter(entries))
-            if entries[key][0] <= now or len(entries) >= self.max_entries:
-                del entries[key]
-            else:
-                break
-
-
 class Dispatcher:
     """Exposes ``async def rpc_<method>(self, ctx, **args)`` methods over RPC.
 
@@ -511,44 +442,48 @@ class Dispatcher:
 
     def __init__(self, retry_cache: RetryCache | None = None):
         self.retry_cache = retry_cache or RetryCache()
-        self._signatures: dict[str, tuple[frozenset, frozenset]] = {}
+        self._signatures: dict[str, tuple] = {}
 
     def methods(self) -> list[str]:
         return sorted(n[4:] for n in dir(self) if n.startswith("rpc_"))
 
     async def dispatch(self, ctx: CallContext, method, args):
+        try:
+            handler, known, required, cached = self._signatures[method]
+        except (KeyError, TypeError):   # first call of a method, or not a method name
+            handler, known, required, cached = self._method(method)
+        if not isinstance(args, dict):
+            raise InvalidArgument(f"{method}: arguments must be a map of names to values")
+        if not required <= args.keys() or not args.keys() <= known:
+            if not all(isinstance(k, str) for k in args):
+                raise InvalidArgument(f"{method}: arguments must be a map of names to values")
+            try:   # let inspect word the error exactly (the rare, slow path)
+                inspect.signature(handler).bind(ctx, **args)
+            except TypeError as exc:
+                raise InvalidArgument(f"{method}: {exc}") from None
+        if cached and ctx.call_id is not None:
+            return await self.retry_cache.run(
+                (ctx.client_id, ctx.call_id, method), lambda: handler(ctx, **args))
+        return await handler(ctx, **args)
+
+    def _method(self, method) -> tuple:
+        """(bound handler, accepted and required keyword names, retry cached?) of a method,
+        computed once per method (``inspect.signature`` per call cost more than a whole
+        getFileInfo); ``UnknownMethod`` for a name that is none."""
         if not isinstance(method, str) or not method.isidentifier():
             raise UnknownMethod(f"method name must be a string identifier, got {brief(method, 80)}")
         handler = getattr(self, "rpc_" + method, None)
         if handler is None:
             raise UnknownMethod(f"unknown method {method!r}")
-        if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
-            raise InvalidArgument(f"{method}: arguments must be a map of names to values")
-        known, required = self._parameters(method, handler)
-        if not required <= args.keys() or not args.keys() <= known:
-            try:   # let inspect word the error exactly (the rare, slow path)
-                inspect.signature(handler).bind(ctx, **args)
-            except TypeError as exc:
-                raise InvalidArgument(f"{method}: {exc}") from None
-        if method in self.retry_cached and ctx.call_id is not None:
-            return await self.retry_cache.run(
-                (ctx.client_id, ctx.call_id, method), lambda: handler(ctx, **args))
-        return await handler(ctx, **args)
-
-    def _parameters(self, method: str, handler) -> tuple[frozenset, frozenset]:
-        """(accepted, required) keyword names of a handler, computed once per method
-        (``inspect.signature`` per call cost more than a whole getFileInfo)."""
-        cache = self._signatures
-        cached = cache.get(method)
-        if cached is None:
-            params = list(inspect.signature(handler).parameters.values())[1:]   # ctx
-            if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY)
-                   for p in params):
-                raise InternalError(f"rpc_{method} must take only named parameters")
-            cached = cache[method] = (
-                frozenset(p.name for p in params),
-                frozenset(p.name for p in params if p.default is p.empty))
-        return cached
+        params = list(inspect.signature(handler).parameters.values())[1:]   # ctx
+        if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY)
+               for p in params):
+            raise InternalError(f"rpc_{method} must take only named parameters")
+        entry = self._signatures[method] = (
+            handler, frozenset(p.name for p in params),
+            frozenset(p.name for p in params if p.default is p.empty),
+            method in self.retry_cached)
+        return entry
 
 
 def check_version(version, supported: int, what: str) -> None:
@@ -598,13 +533,18 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
     running = [0, trio.current_time()]     # calls in flight, trio time the last one ended
 
     def reply(call_id, ok, value) -> None:
+        # other calls of this connection still running (a journal batch wakes them in one
+        # scheduler round): their replies and this one leave in one write by the flusher; a
+        # lone call's reply (a mount's calls come one at a time) leaves at once
+        defer = running[0] > 1
         try:
             try:
-                channel.send_nowait([call_id, ok, value])
+                channel.send_nowait([call_id, ok, value], defer=defer)
             except (TypeError, ValueError) as exc:  # result not msgpack-serialisable: a bug
                 log.exception("cannot encode reply to call %r", call_id)
                 channel.send_nowait(
-                    [call_id, False, InternalError(f"cannot encode reply: {exc}").to_wire()])
+                    [call_id, False, InternalError(f"cannot encode reply: {exc}").to_wire()],
+                    defer=defer)
         except ServerUnavailable:
             pass  # the client went away; nothing to tell it
 
@@ -631,6 +571,32 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
             if holds_slot:
                 slots.release()
 
+    # Calls of one connection run in worker tasks that outlive a call: a worker that
+    # finishes one takes the next waiting call or parks in ``idle``; a request is handed to
+    # a parked worker (``pending`` + unpark) and only starts a new task when none is idle.
+    # A task per call cost a spawn and an exit each (task object, context copy, nursery
+    # bookkeeping), more than waking a parked one. ``pending`` holds at most one call per
+    # worker woken and not yet running; a woken worker that finds it empty (a busy worker
+    # took its call) exits. Once the reader stops, workers finish their calls and exit.
+    pending: collections.deque = collections.deque()
+    idle = trio.lowlevel.ParkingLot()
+    closing = [False]
+
+    async def worker(ctx: CallContext, method, args) -> None:
+        while True:
+            await run_call(ctx, method, args, True)
+            if not pending:
+                if closing[0]:
+                    return
+                await idle.park()
+                if not pending:
+                    return
+            ctx, method, args = pending.popleft()
+
+    def stop_workers() -> None:
+        closing[0] = True
+        idle.unpark_all()
+
     async def read_requests(nursery, client_id, user, groups):
         while True:
             # the replies to one batch leave in one write: the channel's flusher runs after
@@ -656,7 +622,11 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                     slots.acquire_nowait()
                 except trio.WouldBlock:
                     await slots.acquire()
-                nursery.start_soon(run_call, ctx, method, args, True)
+                if len(idle):
+                    pending.append((ctx, method, args))
+                    idle.unpark()
+                else:
+                    nursery.start_soon(worker, ctx, method, args)
             if channel.backlogged:     # a peer that does not read its replies: stop reading
                 await channel.drained()
 
@@ -695,9 +665,10 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
     watching = trio.CancelScope()
     try:
         async with trio.open_nursery() as outer:
-            # a lone call's reply leaves at once (see FrameChannel.send_nowait): holding every
-            # reply for the flusher saves a write per journal batch under many clients but
-            # costs each reply a scheduler round, and a mount's calls come one at a time
+            # a lone call's reply leaves at once (see FrameChannel.send_nowait and reply()):
+            # holding every reply for the flusher saves a write per journal batch under many
+            # clients but costs each reply a scheduler round, and a mount's calls come one
+            # at a time
             channel = FrameChannel(stream, outer, MAX_HELLO_FRAME, send_timeout=send_timeout,
                                    on_send_timeout=too_slow, budget=budget)
             async with trio.open_nursery() as nursery:
@@ -723,6 +694,8 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                 except ProtocolError as exc:
                     log.warning("closing connection from %s: %s", peer, exc)
                     reply(None, False, exc.to_wire())
+                finally:
+                    stop_workers()
                 watching.cancel()
             await channel.finish()
     finally:

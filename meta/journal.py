@@ -91,6 +91,7 @@ import outcome
 import trio
 
 from fs.datatransfer import crc32c
+from fs.framing import packb
 from fs.errors import InternalError, InvalidArgument, LeaseFSError, NoSpace
 
 from .journal_start import JournalSpan, StartPlan, decide
@@ -425,6 +426,14 @@ class _SyncThread:
             lambda _: trio.lowlevel.Abort.FAILED)
 
     def _loop(self) -> None:
+        # SCHED_BATCH (this thread only, Linux): its wake-up per batch no longer preempts the
+        # trio thread, which holds the GIL this thread needs first anyway; measured on 2
+        # cores, the trio thread's queue put took 170-540 us of wall time (12 us of CPU),
+        # ~65 us after
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        except (AttributeError, OSError):
+            pass
         while True:
             job = self._jobs.get()
             if job is None:
@@ -610,7 +619,7 @@ class Journal:
                                   f"{type(op).__name__} and {type(args).__name__}")
         txid = self._next_txid
         try:
-            body = msgpack.packb([txid, op, args], use_bin_type=True)
+            body = packb([txid, op, args])
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidArgument(f"journal record {op}: arguments cannot be encoded: {exc}") from None
         if len(body) > self.max_record:

@@ -58,6 +58,8 @@ import struct
 
 import msgpack
 
+from fs.framing import packb
+
 ROOT_INO = 1
 LAYOUT_VERSION = 1
 
@@ -155,7 +157,7 @@ def after_name(parent: int, name: str) -> bytes:
 
 # ------------------------------------------------------------------ values
 def pack(value) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
+    return packb(value)
 
 
 def unpack(raw: bytes):

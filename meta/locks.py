@@ -64,6 +64,11 @@ rename_many (job commit)                       LOCK_PARENT ×2n   every src and 
 
 ``RWLock`` is FIFO-fair: a waiting writer blocks later readers, so writers never starve.
 
+``Mutation`` (global lock, then the path locks, safe-mode check before and after the wait)
+and ``FileLock`` (LOCK_WRITE on a file by inode id, re-checked that it did not move) are
+what the server's handlers hold; like ``PathLockPool.hold`` they are plain async context
+managers that take an uncontended lock without awaiting (they run on every mutating RPC).
+
 Concurrency contract: trio tasks of one thread; acquisition is cancellable (a cancelled
 waiter leaves the queue; a lock granted to a task that is being cancelled is released).
 """
@@ -72,9 +77,9 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from contextlib import asynccontextmanager
-
 import trio
+
+from fs.paths import split as _split
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +129,18 @@ class RWLock:
     def idle(self) -> bool:
         return not self.writer and self.readers == 0 and not self._queue
 
+    def try_acquire(self, write: bool) -> bool:
+        """Take the lock without waiting if nobody holds it against us or waits for it."""
+        if self._queue or self.writer or (write and self.readers):
+            return False
+        if write:
+            self.writer = True
+        else:
+            self.readers += 1
+        return True
+
     async def acquire(self, write: bool) -> None:
-        if not self._queue and self._grantable(write):
-            self._grant(write)
+        if self.try_acquire(write):
             return
         waiter = _Waiter(write)
         self._queue.append(waiter)
@@ -189,29 +203,10 @@ class PathLockPool:
     def __len__(self) -> int:
         return len(self._locks)
 
-    @asynccontextmanager
-    async def hold(self, wanted: dict[tuple, bool]):
-        """Acquire every lock of ``wanted`` in the global order; release all on exit."""
-        held: list[tuple[tuple, bool]] = []
-        entries: list[tuple] = []
-        try:
-            for key in sorted(wanted):
-                entry = self._locks.get(key)
-                if entry is None:
-                    entry = self._locks[key] = [RWLock(), 0]
-                entry[1] += 1
-                entries.append(key)
-                await entry[0].acquire(wanted[key])
-                held.append((key, wanted[key]))
-            yield
-        finally:
-            for key, write in reversed(held):
-                self._locks[key][0].release(write)
-            for key in entries:
-                entry = self._locks[key]
-                entry[1] -= 1
-                if entry[1] == 0 and entry[0].idle:
-                    del self._locks[key]
+    def hold(self, wanted: dict[tuple, bool]) -> "_Hold":
+        """``async with pool.hold(wanted)``: acquire every lock of ``wanted`` in the global
+        order; release all on exit."""
+        return _Hold(self._locks, wanted)
 
     def locked(self, key: tuple) -> tuple[int, bool]:
         """(readers, writer) on ``key`` — for tests and the status page."""
@@ -219,3 +214,132 @@ class PathLockPool:
         if entry is None:
             return 0, False
         return entry[0].readers, entry[0].writer
+
+
+class _Hold:
+    """One ``PathLockPool.hold``: a plain async context manager, not a generator one (it
+    runs twice per mutating RPC); an uncontended lock is taken without a coroutine call."""
+
+    __slots__ = ("_locks", "_wanted", "_entries", "_held")
+
+    def __init__(self, locks: dict[tuple, list], wanted: dict[tuple, bool]):
+        self._locks = locks
+        self._wanted = wanted
+        self._entries: list[list] = []   # pool entries [RWLock, users, key] this hold uses
+        self._held = 0                   # how many of them it holds (in order)
+
+    async def __aenter__(self) -> None:
+        locks, wanted, entries = self._locks, self._wanted, self._entries
+        try:
+            for key in (sorted(wanted) if len(wanted) > 1 else wanted):
+                entry = locks.get(key)
+                if entry is None:
+                    entry = locks[key] = [RWLock(), 0, key]
+                entry[1] += 1
+                entries.append(entry)
+                write = wanted[key]
+                if not entry[0].try_acquire(write):
+                    await entry[0].acquire(write)
+                self._held += 1
+        except BaseException:
+            self._release()
+            raise
+
+    async def __aexit__(self, *exc_info) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        entries, wanted = self._entries, self._wanted
+        for i in range(self._held - 1, -1, -1):
+            entry = entries[i]
+            entry[0].release(wanted[entry[2]])
+        locks = self._locks
+        for entry in entries:
+            entry[1] -= 1
+            if entry[1] == 0 and entry[0].idle:
+                del locks[entry[2]]
+        self._entries = []
+        self._held = 0
+
+
+class Mutation:
+    """``async with``: the global lock (read mode, or write mode when ``exclusive``, the
+    ``namespace_lock=global`` baseline) and then the path locks of ``wanted`` (none when
+    exclusive); ``check()`` (safe mode) runs before waiting and again once everything is
+    held, since the state may have changed during the wait. A plain class for the same
+    reason as ``_Hold``."""
+
+    __slots__ = ("_global", "_hold", "_exclusive", "_check", "_entered")
+
+    def __init__(self, global_lock: RWLock, pool: PathLockPool, exclusive: bool,
+                 wanted: dict[tuple, bool], check=None):
+        self._global = global_lock
+        self._exclusive = exclusive
+        self._hold = pool.hold({} if exclusive else wanted)
+        self._check = check
+        self._entered = False
+
+    async def __aenter__(self) -> None:
+        check = self._check
+        if check is not None:
+            check()
+        exclusive = self._exclusive
+        if not self._global.try_acquire(exclusive):
+            await self._global.acquire(exclusive)
+        try:
+            await self._hold.__aenter__()
+            try:
+                if check is not None:
+                    check()
+            except BaseException:
+                self._hold._release()
+                raise
+        except BaseException:
+            self._global.release(exclusive)
+            raise
+
+    async def __aexit__(self, *exc_info) -> None:
+        try:
+            self._hold._release()
+        finally:
+            self._global.release(self._exclusive)
+
+
+class FileLock:
+    """``async with ... as current``: LOCK_WRITE on a file addressed by inode id (``ino``;
+    its current path from ``path_of``) or by ``path``; re-checked after the wait that the
+    file did not move (locked again, up to ``retries`` times, then ``on_give_up()`` is
+    raised). ``mutation(wanted)`` makes the ``Mutation`` to hold."""
+
+    __slots__ = ("_mutation", "_path_of", "_path", "_ino", "_retries", "_give_up", "_held")
+
+    def __init__(self, mutation, path_of, path: str, ino, retries: int, give_up):
+        self._mutation = mutation
+        self._path_of = path_of
+        self._path = path
+        self._ino = ino
+        self._retries = retries
+        self._give_up = give_up
+        self._held: Mutation | None = None
+
+    async def __aenter__(self) -> str:
+        ino, path_of = self._ino, self._path_of
+        for _ in range(self._retries):
+            current = (path_of(ino) if ino else None) or self._path
+            held = self._mutation(lock_set(_split(current), LOCK_WRITE))
+            await held.__aenter__()
+            try:
+                moved_to = path_of(ino) if ino else None
+            except BaseException:
+                await held.__aexit__(None, None, None)
+                raise
+            if moved_to is not None and moved_to != current:
+                await held.__aexit__(None, None, None)
+                continue   # renamed while we waited (None: gone, the writer check says so)
+            self._held = held
+            return current
+        raise self._give_up()
+
+    async def __aexit__(self, *exc_info) -> None:
+        held, self._held = self._held, None
+        await held.__aexit__(*exc_info)

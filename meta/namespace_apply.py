@@ -25,6 +25,7 @@ from fs.errors import InternalError
 from . import keys
 from .blocks import COMMITTED, COMPLETE, UNDER_CONSTRUCTION
 from .namespace_args import DIR, FILE, SYMLINK
+from .namespace_view import ABSENT
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +36,22 @@ class Txn:
 
     ``puts`` is a plain dict (a live batch is a few small records; keeping it sorted on
     every put cost more than the rest of the overlay); the sorted key list the rare
-    ``scan`` needs is built on demand and kept until a new key is put."""
+    ``scan`` needs is built on demand and kept until a new key is put.
 
-    __slots__ = ("kv", "puts", "dels", "_order")
+    With ``cache`` (the namespace's ``DecodedCache``, live apply) an inode or entry it holds
+    is read from there instead of a LevelDB get + decode (a create read its parent and a
+    complete its file that way, dearer as the store grows): an inode comes as a shallow
+    copy, which is enough because the appliers replace an inode's nested values (``uc``,
+    ...) and never change them in place."""
 
-    def __init__(self, kv):
+    __slots__ = ("kv", "puts", "dels", "_order", "_cached")
+
+    def __init__(self, kv, cache=None):
         self.kv = kv
         self.puts: dict[bytes, object] = {}   # key -> decoded value
         self.dels: set[bytes] = set()
         self._order: list[bytes] | None = None   # sorted keys of ``puts`` (may hold popped ones)
+        self._cached: dict | None = cache.data if cache is not None else None
 
     def get(self, key: bytes):
         value = self.puts.get(key)
@@ -51,6 +59,12 @@ class Txn:
             return value
         if key in self.dels:
             return None
+        if self._cached is not None:
+            value = self._cached.get(key)
+            if value is not None:
+                if value is ABSENT:
+                    return None
+                return dict(value) if type(value) is dict else value
         raw = self.kv.get(key)
         return None if raw is None else keys.unpack(raw)
 
@@ -112,7 +126,7 @@ class RecordApplier:
 
     def apply(self, records) -> list[dict]:
         """Apply a batch of journal records in one store write; returns effects per record."""
-        txn = Txn(self.kv)
+        txn = Txn(self.kv, self.cache)
         counters = dict(self.counters)
         effects = []
         for record in records:
@@ -131,7 +145,7 @@ class RecordApplier:
         try:
             txn.commit()
         except BaseException:   # a failed write may have landed partly: forget, not guess
-            self.cache.data.clear()
+            self.cache.clear()
             raise
         self.cache.committed(txn.puts, txn.dels)
         for key in txn.put_keys(keys.ORPHAN):

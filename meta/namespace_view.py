@@ -64,13 +64,29 @@ class DecodedCache:
     ``1/EVICT_FRACTION`` is dropped (a bounded pause: dropping half of a million entries
     at once held the trio thread for ~0.1 s)."""
 
-    __slots__ = ("data", "limit", "hits", "misses")
+    __slots__ = ("data", "limit", "hits", "misses", "walks", "paths")
     EVICT_FRACTION = 8
+    #: at most this many remembered walks between two applied batches
+    WALK_LIMIT = 4096
 
     def __init__(self, limit: int):
         self.data: dict[bytes, object] = {}
         self.limit = max(0, limit)
         self.hits = self.misses = 0
+        #: ``walk`` results since the last applied batch, by (components, strict): a create
+        #: walks its path four times (lock depth before and after the wait, handler,
+        #: planner) and nothing can change the namespace between two applies
+        self.walks: dict[tuple, list] = {}
+        #: ``path_of`` results since the last applied batch (addBlock, complete: twice each)
+        self.paths: dict[int, str | None] = {}
+
+    def clear(self) -> None:
+        self.data.clear()
+        self.forget_walks()
+
+    def forget_walks(self) -> None:
+        self.walks.clear()
+        self.paths.clear()
 
     def put(self, key: bytes, value) -> None:
         if self.limit == 0:
@@ -82,6 +98,7 @@ class DecodedCache:
         data[key] = value
 
     def committed(self, puts, dels) -> None:
+        self.forget_walks()
         data = self.data
         for key in dels:
             data.pop(key, None)
@@ -150,6 +167,18 @@ class NamespaceView:
         first missing one. A non-directory with components after it → ``NotDirectory``
         (``strict=False``: the chain up to it, for the permission checker, which must see
         the inodes the caller would traverse before the namespace names the problem)."""
+        memo_key = (tuple(parts), strict)
+        walks = self.cache.walks
+        found = walks.get(memo_key)
+        if found is not None:
+            return list(found)
+        found = self._walk(parts, path, strict)
+        if len(walks) >= DecodedCache.WALK_LIMIT:
+            walks.clear()
+        walks[memo_key] = found
+        return list(found)
+
+    def _walk(self, parts, path: str, strict: bool) -> list[tuple[int, dict]]:
         self._require_formatted()
         root = self.get_inode(keys.ROOT_INO)
         found = [(keys.ROOT_INO, root)]
@@ -195,6 +224,20 @@ class NamespaceView:
 
     def path_of(self, ino: int) -> str | None:
         """The current path of an inode from its parent pointers (None if not linked)."""
+        memo = self.cache.paths
+        try:
+            return memo[ino]
+        except KeyError:
+            pass
+        except TypeError:   # not hashable: not an inode id (the lookup below says so)
+            return self._path_of(ino)
+        path = self._path_of(ino)
+        if len(memo) >= DecodedCache.WALK_LIMIT:
+            memo.clear()
+        memo[ino] = path
+        return path
+
+    def _path_of(self, ino) -> str | None:
         names = []
         seen = 0
         while ino != keys.ROOT_INO:
@@ -208,19 +251,12 @@ class NamespaceView:
 
     def linked_inode(self, ino: int) -> dict | None:
         """The inode if it is reachable from the root, else None: a file inside a detached
-        (deleted, not yet reclaimed) subtree is gone for writers addressing it by id."""
-        inode = self.get_inode(ino)
-        cur, node = ino, inode
-        for _ in range(10_000):
-            if node is None:
-                return None
-            if cur == keys.ROOT_INO:
-                return inode
-            cur = node["parent"]
-            if cur == 0:
-                return None
-            node = self.get_inode(cur)
-        return None
+        (deleted, not yet reclaimed) subtree is gone for writers addressing it by id.
+        Reachable is what ``path_of`` (remembered until the next apply) finds: the same
+        climb, and a writer's call asks twice (``closed_with``, ``writer_file``)."""
+        if self.path_of(ino) is None:
+            return None
+        return self.get_inode(ino)
 
     def status(self, path: str, ino: int, inode: dict) -> dict:
         kind = inode["type"]

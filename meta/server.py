@@ -81,7 +81,8 @@ from .journal import Journal
 from .kv import KVStore, PlyvelStore
 from . import leases as lm
 from .leases import INTERNAL_HOLDER, LeaseManager
-from .locks import LOCK_ANCESTOR, LOCK_READ, LOCK_WRITE, PathLockPool, RWLock, lock_set, merge
+from .locks import (LOCK_ANCESTOR, LOCK_READ, LOCK_WRITE, FileLock, Mutation, PathLockPool,
+                    RWLock, lock_set, merge)
 from .namespace import DIR, Defaults, Namespace, check_int, check_name
 from .replication import ReplicationQueues
 from .reports import REPORT_STEP, BlockReports
@@ -338,22 +339,13 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
         op, args = plan
         return await self.journal.log(op, args)
 
-    @asynccontextmanager
-    async def mutation(self, what: str, wanted: dict, *, check_safemode: bool = True):
-        """Hold what a mutation needs from validation to its applied journal record: the
-        global lock in read mode + its path locks (``namespace_lock=fine``), or the global
-        lock in write mode alone (``namespace_lock=global``, the comparison baseline)."""
-        if check_safemode:
-            self.safemode.check(what)
-        exclusive = self.global_namespace_lock
-        await self.global_lock.acquire(exclusive)
-        try:
-            async with self.locks.hold({} if exclusive else wanted):
-                if check_safemode:
-                    self.safemode.check(what)   # it may have been entered while we waited
-                yield
-        finally:
-            self.global_lock.release(exclusive)
+    def mutation(self, what: str, wanted: dict, *, check_safemode: bool = True):
+        """``async with``: hold what a mutation needs from validation to its applied journal
+        record: the global lock in read mode + its path locks (``namespace_lock=fine``), or
+        the global lock in write mode alone (``namespace_lock=global``, the comparison
+        baseline)."""
+        return Mutation(self.global_lock, self.locks, self.global_namespace_lock, wanted,
+                        partial(self.safemode.check, what) if check_safemode else None)
 
     @asynccontextmanager
     async def reading(self, parts):
@@ -387,18 +379,12 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
                 return await body()
         raise TryAgain(f"{what}: the namespace kept changing under the request; try again")
 
-    @asynccontextmanager
-    async def file_lock(self, what: str, path: str, ino):
-        """LOCK_WRITE on a file addressed by inode id (its current path) or by path."""
-        for _ in range(LOCK_RETRIES):
-            current = (self.ns.path_of(ino) if ino else None) or path
-            async with self.mutation(what, lock_set(paths.split(current), LOCK_WRITE)):
-                moved_to = self.ns.path_of(ino) if ino else None
-                if moved_to is not None and moved_to != current:
-                    continue   # renamed while we waited (None: gone, the writer check says so)
-                yield current
-                return
-        raise TryAgain(f"{what}: the file kept moving under the request; try again")
+    def file_lock(self, what: str, path: str, ino):
+        """``async with ... as current``: LOCK_WRITE on a file addressed by inode id (its
+        current path) or by path."""
+        return FileLock(partial(self.mutation, what), self.ns.path_of, path, ino,
+                        LOCK_RETRIES, lambda: TryAgain(f"{what}: the file kept moving under "
+                                                       f"the request; try again"))
 
     # ------------------------------------------------------------------ permissions
     def caller_of(self, ctx) -> Caller:

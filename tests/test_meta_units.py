@@ -632,3 +632,49 @@ def test_gc_governor_freezes_survivors_and_collects_frozen_cycles_at_its_interva
         assert gc.get_freeze_count() == 0 and governor._on_gc not in gc.callbacks
 
     trio.run(main)
+
+
+# --------------------------------------------------------------------------- read view
+
+
+def test_walks_and_paths_remembered_between_applies_follow_every_apply():
+    """walk/path_of/linked_inode answers are kept until the next applied batch: a create,
+    a rename and a delete applied after a remembered answer are seen at once."""
+    from meta.journal import Record
+    from meta.namespace import Namespace
+
+    ns = Namespace(MemoryStore())
+    txid = iter(range(1, 100))
+    ns.apply([Record(next(txid), *ns.plan_format(1, 10))])
+    ns.apply([Record(next(txid), *ns.plan_mkdirs("/a", now_ns=20))])
+    assert len(ns.walk(["a", "f"])) == 2                       # /a exists, f does not
+    ns.apply([Record(next(txid), *ns.plan_create("/a/f", holder="w", now_ns=30))])
+    found = ns.walk(["a", "f"])
+    assert len(found) == 3
+    ino = found[-1][0]
+    assert ns.path_of(ino) == "/a/f" and ns.linked_inode(ino) is not None
+    ns.apply([Record(next(txid), *ns.plan_rename("/a/f", "/a/g", now_ns=40))])
+    assert len(ns.walk(["a", "f"])) == 2
+    assert ns.path_of(ino) == "/a/g"
+    ns.apply([Record(next(txid), *ns.plan_delete("/a/g", recursive=False, now_ns=50))])
+    assert ns.path_of(ino) is None and ns.linked_inode(ino) is None
+    found = ns.walk(["a", "g"])
+    found.append("caller's own list")                          # a copy: the memo is intact
+    assert len(ns.walk(["a", "g"])) == 2
+
+
+def test_apply_does_not_change_inodes_readers_hold():
+    """apply reads inodes from the decoded cache: it must change its own copy, never the
+    shared cached dict a reader (a walk, a status) already holds."""
+    from meta.journal import Record
+    from meta.namespace import Namespace
+
+    ns = Namespace(MemoryStore())
+    ns.apply([Record(1, *ns.plan_format(1, 10))])
+    ns.apply([Record(2, *ns.plan_mkdirs("/a", now_ns=20))])
+    held = ns.walk(["a"])[-1][1]
+    before = dict(held)
+    ns.apply([Record(3, *ns.plan_create("/a/f", holder="w", now_ns=30))])
+    assert held == before
+    assert ns.get_inode(ns.walk(["a"])[-1][0])["children"] == before["children"] + 1
+    assert check_namespace(ns.kv) == []
