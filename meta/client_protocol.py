@@ -232,7 +232,8 @@ class ClientProtocol:
     async def _complete_once(self, ctx, canonical, client_name, ino, last,
                              attrs) -> bool | trio.Event:
         """One try of ``complete``: True/False, or the event of the last block's next
-        replica report to wait for (taken under the lock: no report is missed)."""
+        replica report to wait for (taken under the lock before any await: no report is
+        missed)."""
         async with self.file_lock(f"complete {canonical}", canonical, ino) as current:
             if self.ns.closed_with(current, ino, last):
                 return True
@@ -255,11 +256,16 @@ class ClientProtocol:
             if earlier_ok and last_ok:
                 await self.log_plan(self.ns.plan_close(ino, block, num_bytes, wall, attrs))
                 return True
+            if not earlier_ok:
+                if kind == "commit":
+                    await self.log_plan(self.ns.plan_commit(ino, block, num_bytes))
+                return False
+            # taken before the commit record's fsync: the replicas reported during it
+            # (every node answered the writer already) must not be missed
+            waiter = self.reports.waiter(block["id"])
             if kind == "commit":
                 await self.log_plan(self.ns.plan_commit(ino, block, num_bytes))
-            if not earlier_ok:
-                return False
-            return self.reports.waiter(block["id"])
+            return waiter
 
     async def rpc_fsync(self, ctx, path, client_name, ino=None, last_block_length=0):
         canonical = paths.validate(path)

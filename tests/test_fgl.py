@@ -481,3 +481,42 @@ def test_rename_many_refuses_a_path_below_another_moves_destination():
     with pytest.raises(errors.InvalidArgument, match="/dst is a destination"):
         ns.plan_rename_many([["/src", "/dst", True], ["/other", "/dst/x"]], now_ns=9)
     assert dict(ns.kv.scan(b"")) == before and check_namespace(ns.kv) == []
+
+# --------------------------------------------------------------------------- complete
+
+
+def test_reports_during_the_commit_fsync_of_a_complete_end_its_wait(tmp_path):
+    """complete of a last block no replica was reported for yet logs the block's commit
+    (UPDATE_BLOCKS) and waits for a report. The writer's block servers report while that
+    record's fsync runs (they answered the writer already, often no report comes after):
+    those reports must end the wait, so the call answers True instead of False after its
+    wait (and the writer's backoff)."""
+
+    async def main():
+        async with running_server(tmp_path) as (server, probe):
+            with trio.fail_after(30):
+                await server.rpc_register_storage(ctx("dn"), "n1", "127.0.0.1:9001",
+                                                  capacity=1 << 40, remaining=1 << 40)
+                st = await server.rpc_create(ctx("w"), "/f", "w")
+                located = await server.rpc_add_block(ctx("w"), "/f", "w", ino=st["ino"])
+                block = located["block"]
+                answers = []
+
+                async def complete():
+                    answers.append(await server.rpc_complete(
+                        ctx("w"), "/f", "w", ino=st["ino"], last={**block, "num_bytes": 10}))
+
+                probe.gate.clear()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(complete)
+                    commit = await probe.wait_for(lambda: next(
+                        (first for kind, first, _, op, _ in probe.events
+                         if kind == "queued" and op == "UPDATE_BLOCKS"), None))
+                    await probe.wait_for(lambda: probe.index("fsync_start", commit))
+                    await server.rpc_block_received_and_deleted(
+                        ctx("dn"), "n1", received=[[block["id"], block["gs"], 10, "FINALIZED"]])
+                    probe.gate.set()
+                assert answers == [True]
+                assert not (await server.rpc_get_file_info(ctx("r"), "/f"))["under_construction"]
+
+    trio.run(main)
