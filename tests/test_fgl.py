@@ -35,7 +35,8 @@ from fs import errors
 from fs.config import Config
 from fs.rpc import CallContext
 from meta.invariants import check_namespace, check_record
-from meta.journal import Journal, Record
+from meta.journal import Journal
+from meta.journal_files import Record
 from meta.kv import MemoryStore, PlyvelStore
 from meta.namespace import Namespace
 from meta.server import MetaServer

@@ -1,5 +1,6 @@
-"""Issue 2's acceptance tests, on real processes: a metadata server and three block servers
-started through the real CLI (``python -m tools``), real LevelDB, real replica files.
+"""The core's acceptance tests (write, read, leases, failures), on real processes: a
+metadata server and three block servers started through the real CLI (``python -m tools``),
+real LevelDB, real replica files.
 
 Each test states the behaviour it proves in its docstring.
 """

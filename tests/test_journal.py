@@ -11,8 +11,9 @@ import trio
 import trio.testing
 
 from fs.errors import InternalError, InvalidArgument, NoSpace
-from meta.journal import (Journal, JournalError, Record, check_journal, encode_record,
-                          finalized_name, inprogress_name)
+from meta.journal import Journal
+from meta.journal_files import (JournalError, Record, check_journal, encode_record, finalized_name,
+                                inprogress_name)
 
 
 class Applied:

@@ -18,7 +18,7 @@ from fs.client import AsyncClient
 from harness import ProcessCluster, leasefs, make_test_config
 from meta import keys
 from meta.invariants import check_namespace
-from meta.journal import RECORD_HEADER
+from meta.journal_files import RECORD_HEADER
 from meta.kv import PlyvelStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

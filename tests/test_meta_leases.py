@@ -1,4 +1,4 @@
-"""Issue 3 on the metadata server: the LeaseManager's pure decisions (fake clock), and the
+"""Leases on the metadata server: the LeaseManager's pure decisions (fake clock), and the
 lease-recovery RPCs in-process (real LevelDB, journal, sockets) with fake block servers that
 answer RECOVER_BLOCK by calling commit_block_synchronization."""
 

@@ -479,7 +479,7 @@ def test_safe_mode_threshold_extension_and_manual():
 
 
 def test_check_namespace_finds_broken_stores():
-    from meta.journal import Record
+    from meta.journal_files import Record
     from meta.namespace import Namespace
 
     store = MemoryStore()
@@ -516,7 +516,7 @@ def test_check_namespace_finds_broken_stores():
 
 
 def test_check_namespace_accepts_orphan_subtrees_and_flags_linked_orphan_roots():
-    from meta.journal import Record
+    from meta.journal_files import Record
     from meta.namespace import Defaults, Namespace
 
     store = MemoryStore()
@@ -640,7 +640,7 @@ def test_gc_governor_freezes_survivors_and_collects_frozen_cycles_at_its_interva
 def test_walks_and_paths_remembered_between_applies_follow_every_apply():
     """walk/path_of/linked_inode answers are kept until the next applied batch: a create,
     a rename and a delete applied after a remembered answer are seen at once."""
-    from meta.journal import Record
+    from meta.journal_files import Record
     from meta.namespace import Namespace
 
     ns = Namespace(MemoryStore())
@@ -666,7 +666,7 @@ def test_walks_and_paths_remembered_between_applies_follow_every_apply():
 def test_apply_does_not_change_inodes_readers_hold():
     """apply reads inodes from the decoded cache: it must change its own copy, never the
     shared cached dict a reader (a walk, a status) already holds."""
-    from meta.journal import Record
+    from meta.journal_files import Record
     from meta.namespace import Namespace
 
     ns = Namespace(MemoryStore())

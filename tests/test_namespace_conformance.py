@@ -347,7 +347,7 @@ class CountingStore:
 def _long_file(store, sizes, block_size=8 * BPC, **limits):
     """A namespace holding /long with blocks of ``sizes`` (the last under construction),
     built by applying journal records directly (no fsync per block)."""
-    from meta.journal import Record
+    from meta.journal_files import Record
 
     ns = Namespace(store, Defaults(block_size=block_size, replication=1,
                                    bytes_per_checksum=BPC, min_block_size=BPC, **limits))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from meta import keys
 from meta.invariants import check_namespace
-from meta.journal import Record
+from meta.journal_files import Record
 from meta.kv import PlyvelStore
 from meta.namespace import Namespace
 

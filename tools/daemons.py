@@ -162,7 +162,7 @@ def store_applied_txid(given: str, journal_dir: str) -> tuple[int | None, str]:
 
 def run_meta(args) -> int:
     if args.check_journal:
-        from meta.journal import check_journal
+        from meta.journal_files import check_journal
         directory = find_journal_dir(args.check_journal)
         if not os.path.isdir(directory):  # a mistyped folder is not a corrupt journal
             cause = "not a directory" if os.path.exists(directory) else \
