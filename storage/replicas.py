@@ -193,21 +193,27 @@ class ReplicaStore:
         return replica
 
     # -- writing
+    async def _replace_older(self, block_id: int, gs: int) -> None:
+        """Make room for a new replica of ``block_id`` at ``gs``: an existing replica with an
+        equal or newer GS is refused; an older one is deleted."""
+        existing = self.replicas.get(block_id)
+        if existing is None:
+            return
+        if existing.gs >= gs:
+            raise ReplicaAlreadyExists(
+                f"replica blk_{block_id} already exists with generation stamp {existing.gs} "
+                f"({existing.state.value}), not older than {gs}")
+        log.info("replacing %s replica %s by a new generation stamp %d",
+                 existing.state.value, existing.name, gs)
+        await self.delete(existing)
+        if self.replicas.get(block_id) is not None:   # raced with another writer
+            raise ReplicaAlreadyExists(f"replica blk_{block_id} is being created already")
+
     async def create_rbw(self, block_id: int, gs: int, bytes_per_checksum: int) -> Replica:
         """A new RBW replica with its files open for writing. An existing replica with an
         equal or newer GS is refused; an older one is replaced."""
         check_bytes_per_checksum(bytes_per_checksum)
-        existing = self.replicas.get(block_id)
-        if existing is not None:
-            if existing.gs >= gs:
-                raise ReplicaAlreadyExists(
-                    f"replica blk_{block_id} already exists with generation stamp {existing.gs} "
-                    f"({existing.state.value}), not older than {gs}")
-            log.info("replacing %s replica %s by a new generation stamp %d",
-                     existing.state.value, existing.name, gs)
-            await self.delete(existing)
-            if self.replicas.get(block_id) is not None:   # raced with another writer
-                raise ReplicaAlreadyExists(f"replica blk_{block_id} is being created already")
+        await self._replace_older(block_id, gs)
         state = next_state(None, ReplicaEvent.CREATE_RBW)
         rbw = os.path.join(self.data_dir, "rbw")
         replica = Replica(block_id, gs, state, bytes_per_checksum,
@@ -304,17 +310,7 @@ class ReplicaStore:
         check_packet_range(0, 0, len(data), bytes_per_checksum)
         rbw_state = next_state(None, ReplicaEvent.CREATE_RBW)
         final_state = next_state(rbw_state, ReplicaEvent.FINALIZE)
-        existing = self.replicas.get(block_id)
-        if existing is not None:
-            if existing.gs >= gs:
-                raise ReplicaAlreadyExists(
-                    f"replica blk_{block_id} already exists with generation stamp {existing.gs} "
-                    f"({existing.state.value}), not older than {gs}")
-            log.info("replacing %s replica %s by a new generation stamp %d",
-                     existing.state.value, existing.name, gs)
-            await self.delete(existing)
-            if self.replicas.get(block_id) is not None:   # raced with another writer
-                raise ReplicaAlreadyExists(f"replica blk_{block_id} is being created already")
+        await self._replace_older(block_id, gs)
         rbw = os.path.join(self.data_dir, "rbw")
         replica = Replica(block_id, gs, rbw_state, bytes_per_checksum,
                           os.path.join(rbw, data_name(block_id)),
