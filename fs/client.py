@@ -321,22 +321,27 @@ class AsyncClient:
                      block_size: int | None = None, permission: int = 0o644,
                      create_parent: bool = True, owner: str | None = None,
                      group: str | None = None, bytes_per_checksum: int | None = None,
-                     want_parent: bool = False) -> AsyncOutputStream:
+                     want_parent: bool = False, first_block: bool = False) -> AsyncOutputStream:
         """Create ``path`` for writing (lease held by this client); ``FileExists`` if it
         exists and not ``overwrite``. ``owner``/``group``: superuser only (the mount passes
         the calling process's identity). ``replication``/``block_size``/
         ``bytes_per_checksum``: this file's own (None: the cluster's default).
         ``want_parent``: the stream's ``created_parent`` is the parent directory's status
-        after the create (same call)."""
+        after the create (same call). ``first_block``: the create also allocates the first
+        block (one call fewer for a file that gets data; a file closed empty gives it back
+        with ``abandon_block``)."""
         path = paths.validate(path)
         FileSettings(block_size, replication, bytes_per_checksum).check(path)
         answer = await self._call("create", path=path, client_name=self.client_name,
                                   overwrite=overwrite, create_parent=create_parent,
                                   replication=replication, block_size=block_size,
                                   permission=permission, owner=owner, group=group,
-                                  **_want(want_parent))
-        status = answer["status"] if want_parent else answer
+                                  **_want(want_parent),
+                                  **({"first_block": True} if first_block else {}))
+        status = answer["status"] if want_parent or first_block else answer
         stream = AsyncOutputStream(self, path, status, bytes_per_checksum=bytes_per_checksum)
+        if first_block:
+            stream.set_first_block(answer.get("first_block"))
         if want_parent:
             stream.created_parent = _status(answer.get("parent"))
         self._outputs[id(stream)] = stream

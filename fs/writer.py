@@ -116,6 +116,8 @@ class AsyncOutputStream:
         self._buf_sent = 0          # leading bytes of _buf already sent by an hflush
         self._pipeline: Pipeline | None = None
         self._previous: dict | None = None  # last finished block with its final length
+        # the first block, allocated with the create (``first_block``) and not used yet
+        self._first_block: dict | None = None
         self.blocks_written = 0
         # pipeline recovery: nodes that failed this stream (excluded from later pipelines),
         # recoveries of the current block, and what the replace-datanode policy looks at
@@ -237,6 +239,8 @@ class AsyncOutputStream:
                     raise self._error
                 await self._end_block()
                 ended = True
+                if self._first_block is not None:   # closed empty: give the block back
+                    await self._abandon_first_block()
                 await self._complete()
             except BaseException as exc:
                 self._complete_pending = ended and isinstance(exc, ServerUnavailable)
@@ -413,7 +417,11 @@ class AsyncOutputStream:
             self._pipeline = None
 
     async def _add_block(self, excluded: list) -> dict:
-        """``add_block``, retrying ``NotReplicatedYet`` with doubling backoff."""
+        """``add_block``, retrying ``NotReplicatedYet`` with doubling backoff; the block the
+        create allocated, when there is one (no call)."""
+        if self._first_block is not None:
+            located, self._first_block = self._first_block, None
+            return located
         retries = max(1, self._client.config.complete_retries)
         delay = FIRST_BACKOFF
         for attempt in range(retries + 1):
@@ -475,6 +483,17 @@ class AsyncOutputStream:
         # and for the stream's later blocks too (HDFS's excludedNodes cache): a dead
         # node stays in the metadata server's placement until it is declared dead
         self._failed_nodes.append(exc.node)
+
+    def set_first_block(self, located: dict | None) -> None:
+        """The block ``create(first_block=True)`` allocated (None: it could not): the first
+        block this stream needs, instead of an ``add_block`` call."""
+        self._first_block = located
+
+    async def _abandon_first_block(self) -> None:
+        located, self._first_block = self._first_block, None
+        await self._client.rpc.call("abandon_block", {
+            "path": self.path, "client_name": self._client.client_name, "ino": self.ino,
+            "block": located["block"]})
 
     def _whole_block_buffered(self) -> bool:
         """No pipeline is open and the current block's every byte is buffered, in one packet."""

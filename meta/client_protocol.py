@@ -31,7 +31,7 @@ import math
 import trio
 
 from fs import paths
-from fs.errors import (FileNotFound, InvalidArgument, IsDirectory, NotDirectory,
+from fs.errors import (FileNotFound, InvalidArgument, IsDirectory, LeaseFSError, NotDirectory,
                        NotReplicatedYet, PermissionDenied, RecoveryInProgress,
                        StaleGenerationStamp)
 
@@ -92,13 +92,17 @@ class ClientProtocol:
 
     async def rpc_create(self, ctx, path, client_name, overwrite=False, create_parent=True,
                          replication=None, block_size=None, permission=0o644, owner=None,
-                         group=None, want_status=False):
+                         group=None, want_status=False, first_block=False):
         """``want_status``: answer ``{status, parent}`` (the parent directory's status
-        after the create) instead of the status alone."""
+        after the create) instead of the status alone. ``first_block``: also allocate the
+        file's first block, as ``add_block`` would, and answer ``{status, parent?,
+        first_block}`` (a writer that will write saves a round trip; one that closes the
+        file empty abandons it)."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_name(client_name, f"create {canonical}: client_name")
         check_bool(want_status, f"create {canonical}: want_status")
+        check_bool(first_block, f"create {canonical}: first_block")
 
         async def body():
             caller = self.checked_caller(ctx)
@@ -123,10 +127,24 @@ class ClientProtocol:
                 canonical, holder=client_name, client_machine=ctx.peer, overwrite=overwrite,
                 create_parent=create_parent, replication=replication, block_size=block_size,
                 permission=permission, owner=new_owner, group=new_group, now_ns=wall)
-            await self.log_plan(plan)
             ino = plan[1]["ino"]
+            block = None
+            if first_block:
+                # no node to place it on: the file is created without it, and the writer's
+                # own add_block meets the cause when a packet is due
+                try:
+                    block = self._plan_block(ctx, canonical, ino, plan[1]["replication"],
+                                             plan[1]["block_size"], [], None, ())
+                except LeaseFSError as exc:
+                    log.info("create %s: no first block: %s", canonical, exc)
+            # the first block's record goes in the create's batch: one fsync for both
+            await self.log_plans([plan, block and block[0]])
             status = self.ns.status(canonical, ino, self.ns.get_inode(ino))
-            return self._changed(canonical, status) if want_status else status
+            answer = self._changed(canonical, status) if want_status else status
+            if not first_block:
+                return answer
+            located = block and self._located_new(block[1], 0)
+            return {**(answer if want_status else {"status": status}), "first_block": located}
         return await self.with_ancestor_locks(f"create {canonical}", parts, body)
 
     async def rpc_create_symlink(self, ctx, target, path, create_parent=False, owner=None,
@@ -182,20 +200,33 @@ class ClientProtocol:
                 raise NotReplicatedYet(f"{current}: block {b['id']} (#{b['index']}) is not yet "
                                        f"minimally replicated; try again")
             self.ns.check_block_count(current, inode)
-            host = ctx.peer.rsplit(":", 1)[0].strip("[]") if ctx.peer else None
-            targets = self.datanodes.choose_targets(
-                inode.get("replication", 1), excluded=excluded, writer_host=host,
-                block_size=inode["block_size"], what=f"add_block {current}")
-            block_id = self.ns.allocate_block_id()
-            gs = self.ns.next_genstamp()
-            _, wall = self.now()
-            await self.log_plan(self.ns.plan_add_block(ino, blocks, block_id, gs, commit,
-                                                       [t.node_id for t in targets], wall))
             offset = 0
             if last is not None:
                 offset = last_offset + (commit["num_bytes"] if commit else last["num_bytes"])
-            block = {"id": block_id, "gs": gs, "num_bytes": 0, "state": bm.UNDER_CONSTRUCTION}
-            return self.located(block, self.blocks.get(block_id), offset)
+            plan, block = self._plan_block(ctx, current, ino, inode.get("replication", 1),
+                                           inode["block_size"], blocks, commit, excluded)
+            await self.log_plan(plan)
+            return self._located_new(block, offset)
+
+    def _plan_block(self, ctx, current: str, ino: int, replication: int, block_size: int,
+                    blocks: list, commit: dict | None, excluded) -> tuple[tuple, dict]:
+        """The file's next block on chosen nodes: its ADD_BLOCK plan and the block. The
+        caller holds the file's lock, has checked the writer and the previous block, and
+        journals the plan."""
+        host = ctx.peer.rsplit(":", 1)[0].strip("[]") if ctx.peer else None
+        targets = self.datanodes.choose_targets(
+            replication, excluded=excluded, writer_host=host, block_size=block_size,
+            what=f"add_block {current}")
+        block_id = self.ns.allocate_block_id()
+        gs = self.ns.next_genstamp()
+        _, wall = self.now()
+        plan = self.ns.plan_add_block(ino, blocks, block_id, gs, commit,
+                                      [t.node_id for t in targets], wall)
+        return plan, {"id": block_id, "gs": gs, "num_bytes": 0, "state": bm.UNDER_CONSTRUCTION}
+
+    def _located_new(self, block: dict, offset: int) -> dict:
+        """A block just journaled by ``_plan_block``, located for its writer."""
+        return self.located(block, self.blocks.get(block["id"]), offset)
 
     async def rpc_abandon_block(self, ctx, path, client_name, ino=None, block=None):
         canonical = paths.validate(path)

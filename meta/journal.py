@@ -16,7 +16,7 @@ concurrent ``log()`` calls cost about one fsync (``stats`` counts fsyncs, record
 ``apply`` receives the records exactly as ``replay`` will decode them after a restart.
 
 Instrumentation: ``observer`` (None, or a sync callable set by tests and the status page)
-gets ``("queued", txid, txid)`` when a record joins the pending batch and
+gets ``("queued", first, last)`` when records join the pending batch and
 ``("fsync_start"|"fsync_end", first, last)`` around each batch's write+fsync; tests use it
 to prove which mutations overlapped an fsync without timing anything.
 
@@ -295,35 +295,46 @@ class Journal:
     # ------------------------------------------------------------------ appending
     async def log(self, op: str, args: dict) -> int:
         """Append one record, wait until it is durable AND applied; return its txid."""
+        return (await self.log_many([(op, args)]))[0]
+
+    async def log_many(self, records: list[tuple[str, dict]]) -> list[int]:
+        """Append ``(op, args)`` records to the same batch, in order, and wait until all are
+        durable and applied; their txids. A record that cannot be encoded refuses them all
+        before any is queued."""
         if self._failure is not None:
             raise InternalError(f"journal refuses writes after an earlier failure: {self._failure}")
         if not self._opened or self._closing:
             raise InternalError(f"journal {self.directory} is not open for writing")
-        if not isinstance(op, str) or not isinstance(args, dict):
-            raise InvalidArgument(f"journal record needs op: str and args: dict, got "
-                                  f"{type(op).__name__} and {type(args).__name__}")
-        txid = self._next_txid
-        try:
-            body = packb([txid, op, args])
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise InvalidArgument(f"journal record {op}: arguments cannot be encoded: {exc}") from None
-        if len(body) > self.max_record:
-            raise InvalidArgument(f"journal record {op} is {len(body)} bytes, over the "
-                                  f"{self.max_record}-byte limit")
-        # what replay will see after a restart (tuples become lists, ...)
-        record = Record(txid, op, msgpack.unpackb(body, raw=False, strict_map_key=False)[2])
-        self._next_txid = txid + 1
+        encoded = []
+        for txid, (op, args) in enumerate(records, start=self._next_txid):
+            if not isinstance(op, str) or not isinstance(args, dict):
+                raise InvalidArgument(f"journal record needs op: str and args: dict, got "
+                                      f"{type(op).__name__} and {type(args).__name__}")
+            try:
+                body = packb([txid, op, args])
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise InvalidArgument(f"journal record {op}: arguments cannot be encoded: "
+                                      f"{exc}") from None
+            if len(body) > self.max_record:
+                raise InvalidArgument(f"journal record {op} is {len(body)} bytes, over the "
+                                      f"{self.max_record}-byte limit")
+            # what replay will see after a restart (tuples become lists, ...)
+            record = Record(txid, op, msgpack.unpackb(body, raw=False, strict_map_key=False)[2])
+            encoded.append((record, RECORD_HEADER.pack(len(body), crc32c(body)) + body))
+        first = self._next_txid
+        self._next_txid = first + len(encoded)
         batch = self._pending
-        batch.records.append(record)
-        batch.chunks.append(RECORD_HEADER.pack(len(body), crc32c(body)) + body)
+        for record, chunk in encoded:
+            batch.records.append(record)
+            batch.chunks.append(chunk)
         self._wakeup.unpark_all()
         if self.observer is not None:
-            self.observer("queued", txid, txid)
+            self.observer("queued", first, self._next_txid - 1)
         await batch.done.wait()
         if batch.error is not None:
             error, message = batch.error
             raise error(message)
-        return txid
+        return list(range(first, first + len(encoded)))
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The group-commit syncer task; runs in the server's nursery until cancelled."""

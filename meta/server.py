@@ -339,6 +339,10 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
         op, args = plan
         return await self.journal.log(op, args)
 
+    async def log_plans(self, plans) -> None:
+        """Journal several plans in one batch (one fsync), applied in order."""
+        await self.journal.log_many([plan for plan in plans if plan is not None])
+
     def mutation(self, what: str, wanted: dict, *, check_safemode: bool = True):
         """``async with``: hold what a mutation needs from validation to its applied journal
         record: the global lock in read mode + its path locks (``namespace_lock=fine``), or

@@ -461,7 +461,7 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
                                               block_size=chosen.block_size,
                                               replication=chosen.replication,
                                               bytes_per_checksum=chosen.bytes_per_checksum,
-                                              want_parent=True)
+                                              want_parent=True, first_block=True)
         except FileExists:
             if flags & os.O_EXCL:
                 raise

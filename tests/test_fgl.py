@@ -55,8 +55,8 @@ def ctx(client: str) -> CallContext:
 class Probe:
     """The journal's fsync worker waits at ``gate`` (open unless a test clears it); every
     observer event is kept as ``(kind, first, last, op, args)``, op/args naming the record
-    for "queued" (``log`` reaches the observer before its first checkpoint, so the
-    record being logged is the one just queued)."""
+    for "queued" (``log_many`` reaches the observer before its first checkpoint, so the
+    records being logged are the ones just queued; the first names them)."""
 
     def __init__(self, journal: Journal):
         self.gate = threading.Event()
@@ -64,19 +64,19 @@ class Probe:
         self.events: list[tuple] = []
         self._changed = trio.Event()
         self._logging: tuple = (None, None)
-        write, log = journal._write_and_fsync, journal.log
+        write, log_many = journal._write_and_fsync, journal.log_many
 
         def gated(data: bytes) -> None:   # worker thread
             if not self.gate.wait(GATE_SECONDS):
                 raise OSError("test gate never opened")
             write(data)
 
-        async def logged(op: str, args: dict) -> int:
-            self._logging = (op, args)
-            return await log(op, args)
+        async def logged(records: list) -> list:   # log() comes here too
+            self._logging = records[0]
+            return await log_many(records)
 
         journal._write_and_fsync = gated
-        journal.log = logged
+        journal.log_many = logged
         journal.observer = self._observe
 
     def _observe(self, kind: str, first: int, last: int) -> None:

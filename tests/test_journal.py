@@ -182,6 +182,33 @@ def test_group_commit_batches_concurrent_logs(tmp_path):
     assert journal.stats.bytes == os.path.getsize(tmp_path / inprogress_name(1))
 
 
+def test_log_many_writes_its_records_in_one_batch_or_refuses_them_all(tmp_path):
+    """``log_many``: consecutive txids, one fsync, one apply call with all of them; a record
+    that cannot be encoded refuses the whole list before any txid is used."""
+    applied = Applied()
+    journal = Journal(str(tmp_path), applied)
+    journal.open()
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            assert await journal.log("MKDIR", {"path": "/a"}) == 1
+            fsyncs = journal.stats.fsyncs
+            assert await journal.log_many([("ADD", {"path": "/a/f"}),
+                                           ("ADD_BLOCK", {"path": "/a/f"})]) == [2, 3]
+            assert journal.stats.fsyncs == fsyncs + 1
+            assert [r.txid for r in applied.batches[-1]] == [2, 3]
+            with pytest.raises(InvalidArgument, match="cannot be encoded"):
+                await journal.log_many([("ADD", {"path": "/a/g"}), ("X", {"bad": object()})])
+            assert await journal.log("MKDIR", {"path": "/b"}) == 4
+            await journal.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert [(r.txid, r.op) for r in reopen(tmp_path).replay(0)] == [
+        (1, "MKDIR"), (2, "ADD"), (3, "ADD_BLOCK"), (4, "MKDIR")]
+
+
 def test_log_returns_only_after_apply(tmp_path):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)

@@ -25,6 +25,7 @@ from fs.datatransfer import (ERROR, ERROR_CHECKSUM, FLAG_LAST, FLAG_SYNC, SUCCES
                              WRITE_BLOCK_ONESHOT, chunk_checksums, encode_packet_header,
                              op_header, receive_ack)
 from fs.framing import encode_frame
+from fs.errors import LeaseFSError
 from fs.pipeline import SetupFailed, write_oneshot
 import storage.transfer as transfer_mod
 from storage.transfer import CORRUPT_PACKETS_ENV
@@ -346,5 +347,81 @@ def test_writer_retries_a_block_refused_for_a_corrupted_packet(tmp_path, monkeyp
                 assert await c.read_file("/c") == data
                 blocks = (await c.get_block_locations("/c"))["blocks"]
                 assert len(blocks) == 1 and len(blocks[0]["locations"]) == 3
+
+    trio.run(main)
+
+
+def _count_calls(client) -> list[str]:
+    """Record the method of every RPC ``client`` makes from now on."""
+    calls: list[str] = []
+    call = client.rpc.call
+
+    async def recording(method, *args, **kwargs):
+        calls.append(method)
+        return await call(method, *args, **kwargs)
+
+    client.rpc.call = recording
+    return calls
+
+
+def test_a_create_that_allocates_the_first_block_saves_the_add_block_call(tmp_path):
+    """``create(first_block=True)``: the small file's block comes with the create (no
+    ``add_block``) and is written in one shot; a file closed empty gives its block back
+    (``abandon_block``) and ends with no block; a second file's block ids follow on."""
+    data = payload(5000, seed=9)
+
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=3, **SMALL) as cluster:
+            async with cluster.client() as c:
+                calls = _count_calls(c)
+                out = await c.create("/small", replication=3, first_block=True)
+                await out.write(data)
+                await out.close()
+                assert calls == ["create", "complete"]
+                assert await c.read_file("/small") == data
+                blocks = (await c.get_block_locations("/small"))["blocks"]
+                assert len(blocks) == 1 and len(blocks[0]["locations"]) == 3
+                assert blocks[0]["block"]["num_bytes"] == len(data)
+
+                del calls[:]
+                out = await c.create("/empty", first_block=True)
+                await out.close()
+                assert calls == ["create", "abandon_block", "complete"]
+                status = await c.get_file_status("/empty")
+                assert status.length == 0 and not status.under_construction
+                assert (await c.get_block_locations("/empty"))["blocks"] == []
+
+                # more than one block: the first from the create, the rest from add_block
+                big = payload(64 * KiB + 3000, seed=10)
+                del calls[:]
+                out = await c.create("/big", first_block=True)
+                await out.write(big)
+                await out.close()
+                assert calls.count("add_block") == 1
+                assert await c.read_file("/big") == big
+
+    trio.run(main)
+
+
+def test_a_writer_that_dies_holding_an_unwritten_first_block_loses_nothing(tmp_path):
+    """A writer created a file with its first block and went away before writing: another
+    client's ``recover_lease`` closes the file empty (every holder answers that it has no
+    replica), and the file can be written again."""
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=3, **SMALL) as cluster:
+            async with cluster.client() as a, cluster.client() as b:
+                out = await a.create("/orphan", first_block=True)
+                out.abort(LeaseFSError("the writer went away"))   # no complete
+                assert (await b.get_file_status("/orphan")).under_construction
+                with trio.fail_after(30):
+                    while not await b.recover_lease("/orphan"):
+                        await trio.sleep(0.2)
+                status = await b.get_file_status("/orphan")
+                assert status.length == 0 and not status.under_construction
+                assert (await b.get_block_locations("/orphan"))["blocks"] == []
+                again = await b.create("/orphan", overwrite=True, first_block=True)
+                await again.write(b"x" * 100)
+                await again.close()
+                assert await b.read_file("/orphan") == b"x" * 100
 
     trio.run(main)
