@@ -6,7 +6,9 @@ paths, and the ``EntryAttributes`` the kernel caches, as ``KernelView``, a mixin
 Why a module of its own: ``mount.operations`` translates FUSE requests; the inode table
 and the attributes it answers with are what every handler shares, kept apart so each module
 has one job. Directory statuses a change answered with are kept here for the kernel's next
-getattr (``_keep_fresh``/``_fresh_status``), for ``attr_timeout`` at most.
+getattr (``_keep_fresh``/``_fresh_status``), for ``attr_timeout`` at most; directories
+this mount made are known empty but for what it made in them (``_note_new_dir``), for
+``negative_timeout`` at most.
 
 Concurrency contract: plain methods of the mount's one trio run, no awaits but
 ``_status_of``; the tables change only between awaits of the handlers that call them.
@@ -35,8 +37,46 @@ FRESH_LIMIT = 4096
 
 class KernelView:
     """The inode table and attributes of ``LeaseFS`` (needs its ``client``, ``_nodes``,
-    ``_alias``, ``_open``, ``_fresh``, ``_named``, ``_uid_cache``, ``_gid_cache``,
-    ``_next_fh``, ``entry_timeout`` and ``attr_timeout``)."""
+    ``_alias``, ``_open``, ``_fresh``, ``_new_dirs``, ``_named``, ``_uid_cache``,
+    ``_gid_cache``, ``_next_fh``, ``entry_timeout``, ``attr_timeout`` and
+    ``negative_timeout``)."""
+
+    # ================================================================== new directories
+    def _note_new_dir(self, ino: int) -> None:
+        """A directory this mount just made is empty as of now: for ``negative_timeout`` (the
+        bound a cached miss has) a name not made in it through this mount since is missing,
+        without asking the server (tar, cp -r and git fill new folders name by name)."""
+        if self.negative_timeout <= 0:
+            return
+        now = trio.current_time()
+        if len(self._new_dirs) >= FRESH_LIMIT:
+            self._new_dirs = {k: v for k, v in self._new_dirs.items() if v[0] > now}
+            if len(self._new_dirs) >= FRESH_LIMIT:
+                self._new_dirs.clear()
+        self._new_dirs[ino] = (now + self.negative_timeout, set())
+
+    def _note_made(self, parent_ino: int, name: bytes) -> None:
+        """``name`` was made in ``parent_ino`` through this mount."""
+        entry = self._new_dirs.get(parent_ino)
+        if entry is not None:
+            entry[1].add(name)
+
+    def _drop_new_dirs(self, *inos: int) -> None:
+        """Names went or moved in these directories: ask the server again."""
+        for ino in inos:
+            self._new_dirs.pop(ino, None)
+
+    def _known_missing(self, parent_ino: int, name: bytes) -> float | None:
+        """Seconds for which ``name`` is known to be missing in ``parent_ino`` (None: not
+        known, ask the server)."""
+        entry = self._new_dirs.get(parent_ino)
+        if entry is None:
+            return None
+        left = entry[0] - trio.current_time()
+        if left <= 0:
+            del self._new_dirs[parent_ino]
+            return None
+        return None if name in entry[1] else left
 
     # ================================================================== helpers: paths
     def _path(self, ino: int) -> str:

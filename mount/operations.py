@@ -106,6 +106,8 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
         # files whose last close reached every block server but not the metadata server
         # (unreachable for longer than the mount's timeout): completed in the background
         self._unfinished: list[tuple[int, object]] = []
+        # directories this mount made: (known until, names made in them here since)
+        self._new_dirs: dict[int, tuple[float, set[bytes]]] = {}
         self._uid_cache: dict[str, int] = {}
         self._gid_cache: dict[str, int] = {}
         os.makedirs(cache_dir, exist_ok=True)
@@ -124,6 +126,9 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
             return attrs
         else:
             path = self._child(parent_inode, name)
+            left = self._known_missing(parent_inode, name)
+            if left is not None:
+                return self._negative_entry(left)
             try:
                 status = await self.client.get_file_status(path)
             except FileNotFound:
@@ -138,13 +143,14 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
         self._nodes[parent_inode].lookups += 1
         return attrs
 
-    def _negative_entry(self) -> pyfuse3.EntryAttributes:
-        """A miss the kernel caches for ``negative_timeout`` (inode 0). A name this mount
-        creates meanwhile is no problem: the kernel turns its own negative entry into the
-        new one at create, mkdir, symlink and rename."""
+    def _negative_entry(self, timeout: float | None = None) -> pyfuse3.EntryAttributes:
+        """A miss the kernel caches for ``negative_timeout`` (inode 0), or ``timeout`` when
+        shorter. A name this mount creates meanwhile is no problem: the kernel turns its
+        own negative entry into the new one at create, mkdir, symlink and rename."""
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = 0
-        attr.entry_timeout = self.negative_timeout
+        attr.entry_timeout = (self.negative_timeout if timeout is None
+                              else min(timeout, self.negative_timeout))
         return attr
 
     def forget(self, inode_list):
@@ -293,6 +299,8 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
         self._keep_fresh(named, made.parent)
         attrs = self._attrs(made.status)
         self._remember(attrs.st_ino, path)
+        self._note_made(parent_inode, name)
+        self._note_new_dir(attrs.st_ino)
         return attrs
 
     @fuse_op
@@ -300,6 +308,7 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
         path = self._child(parent_inode, name)
         named = self._named
         gone = await self.client.rmdir(path)   # ENOTDIR, ENOTEMPTY from the server
+        self._drop_new_dirs(parent_inode)
         self._keep_fresh(named, gone.parent)
         self._forget_path(self._kernel_ino(gone.status.ino))
 
@@ -319,6 +328,7 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
                 raise fuse_error(errno.EISDIR)
             await self._detach(self._kernel_ino(status.ino), path)
         gone = await self.client.unlink(path)   # EISDIR from the server
+        self._drop_new_dirs(parent_inode)
         self._keep_fresh(named, gone.parent)
         ino = self._kernel_ino(gone.status.ino)
         self._check_gone(ino, path)
@@ -358,6 +368,7 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
                 await self._detach(self._kernel_ino(dst_status.ino), dst)
         # one call: EEXIST (NOREPLACE), EISDIR/ENOTDIR/ENOTEMPTY come from the server
         moved = await self.client.move(src, dst, overwrite=overwrite)
+        self._drop_new_dirs(parent_inode_old, parent_inode_new)
         self._keep_fresh(named, moved.src_parent, moved.parent)
         if moved.replaced is not None:
             replaced = self._kernel_ino(moved.replaced.ino)
@@ -379,6 +390,7 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
         named = self._named
         owner, group = self._identity(ctx)
         made = await self.client.symlink(os.fsdecode(target), path, owner=owner, group=group)
+        self._note_made(parent_inode, name)
         self._keep_fresh(named, made.parent)
         attrs = self._attrs(made.status)
         self._remember(attrs.st_ino, path, made.status)
@@ -463,6 +475,7 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
                                               bytes_per_checksum=chosen.bytes_per_checksum,
                                               want_parent=True, first_block=True)
         except FileExists:
+            self._note_made(parent_inode, name)   # another client's, but it is there
             if flags & os.O_EXCL:
                 raise
             # the kernel trusted a cached miss, but another client created the name
@@ -478,6 +491,7 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
                 self.forget([(ino, 1)])
                 raise
             return info, self._attrs(status)
+        self._note_made(parent_inode, name)
         self._keep_fresh(named, stream.created_parent)
         status = FileStatus.from_wire(stream.created_status)
         of = self._open_file(status.ino, 0, mode & 0o7777, status)

@@ -79,6 +79,38 @@ def test_a_cached_miss_holds_for_its_timeout_and_yields_to_this_mounts_creates(
     assert (there / "mine").read_bytes() == b"created here"
 
 
+def test_a_folder_made_here_answers_names_not_made_here_as_missing_for_the_miss_timeout(
+        cluster, slow_misses, other):
+    """A folder this mount made is empty as of its mkdir: for the miss timeout (30 s on
+    this mount) a name not made in it through this mount is answered missing without a
+    call, even one another client made meanwhile and this mount never looked up, the same
+    bound as any cached miss; what this mount makes there is found at once, and once it
+    removes or renames something there it asks the server again."""
+    d = "made-here"
+    os.mkdir(slow_misses.mp / d)
+    here, there = slow_misses.mp / d, other.mp / d
+    assert poll_until(there.exists)
+    (there / "theirs").write_bytes(b"from the other mount")
+    with cluster.client() as client:
+        assert poll_until(lambda: client.is_file_closed(f"/{d}/theirs"))
+    assert errno_of(os.stat, here / "theirs") == errno.ENOENT   # never looked up before
+    (here / "mine").write_bytes(b"made here")
+    os.mkdir(here / "sub")
+    os.symlink("mine", here / "link")
+    assert (here / "mine").read_bytes() == b"made here"
+    assert os.path.isdir(here / "sub") and os.readlink(here / "link") == "mine"
+    # an exclusive create of a name answered missing here is still refused by the server
+    assert errno_of(os.open, here / "theirs", os.O_WRONLY | os.O_CREAT | os.O_EXCL) \
+        == errno.EEXIST
+    (there / "late").write_bytes(b"late")
+    os.unlink(here / "link")   # a name went: the folder is no longer known
+    assert (here / "late").read_bytes() == b"late"
+    # a folder the other mount made is not known empty here: its names are looked up
+    os.mkdir(there / "made-there")
+    (there / "made-there" / "x").write_bytes(b"x")
+    assert poll_until(lambda: (here / "made-there" / "x").exists())
+
+
 def test_open_creat_of_a_name_cached_missing_opens_the_file_another_client_made(
         cluster, slow_misses, other):
     """The kernel trusts its cached miss and sends CREATE for a name another client has
