@@ -147,7 +147,9 @@ class Config:
                                     "(other clients' creates/deletes show up after this)")
     mount_attr_timeout: float = _s(1.0, "seconds the kernel caches attributes of a mount")
     mount_negative_timeout: float = _s(1.0, "seconds the kernel caches that a name does not "
-                                       "exist (another client's create shows up after this; "
+                                       "exist, and for which a folder the mount made answers "
+                                       "names it did not make there as missing without asking "
+                                       "(another client's create shows up after this; "
                                        "0 = misses are not cached)")
     mount_meta_timeout: float = _s(15.0, "seconds a mount request waits for an unreachable "
                                    "metadata server before failing with EIO (never a hung shell)")
