@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 
 from .errors import InvalidArgument
 
+KiB = 1 << 10
 MiB = 1 << 20
 
 
@@ -108,6 +109,9 @@ class Config:
                         "server, as in HDFS)")
     supergroup: str = _s("supergroup", "members of this group are superusers too "
                          "(HDFS dfs.permissions.superusergroup)")
+    inline_max: int = _s(64 * KiB, "a file of at most this many bytes, closed before any of "
+                         "it was flushed, is kept in the namespace instead of a block "
+                         "(one metadata call, no block server; 0: always blocks)")
     # --- leases
     lease_soft_limit: float = _s(60.0, "seconds after which another client may recover a lease")
     lease_hard_limit: float = _s(1200.0, "seconds after which the server recovers a lease itself")

@@ -58,7 +58,7 @@ class ClientProtocol:
                 "min_replication": c.min_replication, "bytes_per_checksum": c.bytes_per_checksum,
                 "packet_size": c.packet_size, "write_window_packets": c.write_window_packets,
                 "lease_soft_limit": c.lease_soft_limit, "lease_hard_limit": c.lease_hard_limit,
-                "max_blocks_per_file": c.max_blocks_per_file,
+                "max_blocks_per_file": c.max_blocks_per_file, "inline_max": c.inline_max,
                 "replace_datanode_best_effort": c.replace_datanode_best_effort,
                 "namespace_id": self.ns.namespace_id}
 
@@ -190,7 +190,7 @@ class ClientProtocol:
                 return self.located(last, self.blocks.get(last["id"]), last_offset)
             commit = None
             if kind == "commit":
-                self.ns.check_block_length(current, inode, previous["num_bytes"])
+                self.ns.check_writer_length(current, inode, previous["num_bytes"])
                 commit = {"num_bytes": previous["num_bytes"]}
             waiting = [b for b in blocks[:-1] if not self.is_complete(b)]
             if waiting:
@@ -238,7 +238,7 @@ class ClientProtocol:
             return True
 
     async def rpc_complete(self, ctx, path, client_name, ino=None, last=None, mtime_ns=None,
-                           atime_ns=None, permission=None):
+                           atime_ns=None, permission=None, data=None):
         """Close the file once its last block has ``min_replication`` reported replicas.
         The writer's block servers report their replicas while its ``complete`` is on the
         way: one not reported yet is waited for here (``COMPLETE_REPORT_WAIT``), so the
@@ -246,10 +246,14 @@ class ClientProtocol:
         off and retries (HDFS). ``mtime_ns``/``atime_ns``/``permission``: times and mode the
         writer set while it wrote (utimens, chmod through the mount), recorded by the close
         (times instead of its own), so they need no call after it; the lease holder may set
-        the times, the mode takes what chmod takes (owner or superuser)."""
+        the times, the mode takes what chmod takes (owner or superuser). ``data``: the
+        file's whole content, kept inline (``inline_max``) instead of in a block: the
+        writer sent nothing to block servers, and the close needs no replica."""
         canonical = paths.validate(path)
         ino = self.check_ino(ino, canonical)
         attrs = self.ns.close_attrs(canonical, mtime_ns, atime_ns, permission)
+        if data is not None:
+            return await self._complete_inline(ctx, canonical, client_name, ino, data, attrs)
         deadline = trio.current_time() + COMPLETE_REPORT_WAIT
         while True:
             result = await self._complete_once(ctx, canonical, client_name, ino, last, attrs)
@@ -259,6 +263,19 @@ class ClientProtocol:
                 await result.wait()
             if trio.current_time() >= deadline:
                 return False
+
+    async def _complete_inline(self, ctx, canonical, client_name, ino, data, attrs) -> bool:
+        async with self.file_lock(f"complete {canonical}", canonical, ino) as current:
+            if isinstance(data, (bytes, bytearray)) and self.ns.closed_with(current, ino, None,
+                                                                             bytes(data)):
+                return True
+            _, ino, inode = self.ns.writer_file(current, ino, client_name)
+            if attrs and attrs["mode"] is not None:
+                self.check_access(ctx, paths.split(current), owner=True)
+            self.ns.check_inline(current, inode, self.ns.tail_blocks(ino, inode), data)
+            _, wall = self.now()
+            await self.log_plan(self.ns.plan_close(ino, None, None, wall, attrs, data=data))
+            return True
 
     async def _complete_once(self, ctx, canonical, client_name, ino, last,
                              attrs) -> bool | trio.Event:
@@ -280,7 +297,7 @@ class ClientProtocol:
             earlier_ok = all(self.is_complete(b) for b in blocks[:-1])
             num_bytes = last["num_bytes"]
             if kind == "commit":
-                self.ns.check_block_length(current, inode, num_bytes)
+                self.ns.check_writer_length(current, inode, num_bytes)
                 last_ok = self.blocks.would_complete(block["id"], num_bytes)
             else:
                 last_ok = self.is_complete(block)
@@ -306,7 +323,7 @@ class ClientProtocol:
             blocks = self.ns.tail_blocks(ino, inode, 1)
             plan = self.ns.plan_fsync(current, ino, blocks, last_block_length)
             if plan is not None:
-                self.ns.check_block_length(current, inode, last_block_length)
+                self.ns.check_writer_length(current, inode, last_block_length)
             await self.log_plan(plan)
             return True
 
@@ -510,7 +527,11 @@ class ClientProtocol:
                 block = {**self.ns.tail_blocks(ino, inode, 1)[-1]}
                 offset = inode.get("length", 0) - block["num_bytes"]
                 last_block = self.located(block, self.blocks.get(block["id"]), offset)
-            return {"status": self.ns.status(canonical, ino, inode), "last_block": last_block}
+            answer = {"status": self.ns.status(canonical, ino, inode), "last_block": last_block}
+            data = self.ns.inline_data(ino, inode)
+            if data is not None:   # the writer starts with these bytes (sent first)
+                answer["inline"] = data
+            return answer
 
     async def rpc_list_open_files(self, ctx, path="/"):
         canonical = paths.validate(path)
@@ -556,6 +577,10 @@ class ClientProtocol:
         """``get_block_locations``' answer for the blocks of a file overlapping
         ``[offset, end)``."""
         under_construction = bool(inode.get("uc"))
+        data = self.ns.inline_data(ino, inode)
+        if data is not None:   # the whole content, whatever the range asked
+            return {"length": len(data), "under_construction": under_construction,
+                    "blocks": [], "last_block_complete": True, "inline": data}
         located = [self.located(block, self.blocks.get(block["id"]), pos)
                    for block, pos in self.ns.blocks_in_range(ino, inode, offset, end)]
         last = self.ns.tail_blocks(ino, inode, 1)

@@ -183,8 +183,23 @@ def check_namespace(kv, leases=None) -> list[str]:
             elif index < n - 2 and block.get("state") != "COMPLETE":
                 problem(f"open file inode {ino}: block {block['id']} (#{index} of {n}) is "
                         f"{block.get('state')}; only the last two may be incomplete")
-        if length != inode.get("length", 0):
+        if "inline" in inode:
+            if len(by_index) > 1 or not inode.get("uc"):
+                problem(f"file inode {ino}: inline data beside {len(by_index)} block(s) "
+                        f"{'(closed)' if not inode.get('uc') else ''}")
+        elif length != inode.get("length", 0):
             problem(f"file inode {ino}: length {inode.get('length')} != sum of blocks {length}")
+    inline = {keys.parse_inline_key(k): keys.unpack(v) for k, v in kv.scan(keys.INLINE)}
+    for ino, data in inline.items():
+        inode = inodes.get(ino)
+        if inode is None or inode.get("type") != "file" or "inline" not in inode:
+            problem(f"inline data of inode {ino}, which is not a file with inline data")
+        elif len(data) != inode["inline"] or inode.get("length") != inode["inline"]:
+            problem(f"file inode {ino}: {len(data)} bytes of inline data, the inode says "
+                    f"inline {inode['inline']}, length {inode.get('length')}")
+    for ino, inode in inodes.items():
+        if "inline" in inode and ino not in inline:
+            problem(f"file inode {ino} says inline {inode['inline']} but has no inline data")
     for ino, inode in inodes.items():
         if (inode.get("type") == "file" and inode.get("nblocks", 0) and ino not in blocks
                 and ino not in orphaned):

@@ -15,13 +15,19 @@ key                    value (msgpack)                             meaning
                        ``parent``, ``name``; dirs: ``children``, ``subdirs``;
                        files: ``replication``, ``block_size``,
                        ``length``, ``nblocks``, ``uc`` (None or
-                       ``{holder, client_machine}``);
+                       ``{holder, client_machine}``), ``inline``
+                       (byte count while the data is an F key);
                        symlinks: ``target``
 ``B<ino:8><index:4>``  map: ``id``, ``gs``, ``num_bytes``,          block ``index`` of file ``ino``
                        ``state`` (UNDER_CONSTRUCTION/COMMITTED/     (one small key per block, so
                        COMPLETE/UNDER_RECOVERY); ``truncate_to``    addBlock never rewrites a
                        while a mid-block truncate awaits its        block list)
                        block recovery
+``F<ino:8>``           bytes: the whole content of a small file     inline data: a file closed
+                                                                    whole from its writer's
+                                                                    buffer (``inline_max``);
+                                                                    goes when a block of the
+                                                                    file holds all of it
 ``D<parent:8><name>``  int: child ino                               directory entry; ``name`` is
                                                                     UTF-8 (surrogatepass)
 ``U<ino:8>``           str: lease holder                            file under construction
@@ -66,6 +72,7 @@ LAYOUT_VERSION = 1
 INODE = b"I"
 BLOCK = b"B"
 DENTRY = b"D"
+INLINE = b"F"
 UNDER_CONSTRUCTION = b"U"
 ORPHAN = b"O"
 META = b"M"
@@ -109,6 +116,10 @@ def block_prefix(ino: int) -> bytes:
     return BLOCK + _INO.pack(ino)
 
 
+def inline_key(ino: int) -> bytes:
+    return INLINE + _INO.pack(ino)
+
+
 def dentry_key(parent: int, name: str) -> bytes:
     return DENTRY + _INO.pack(parent) + encode_name(name)
 
@@ -140,6 +151,10 @@ def parse_block_key(key: bytes) -> tuple[int, int]:
 
 def parse_dentry_key(key: bytes) -> tuple[int, str]:
     return _INO.unpack_from(key, 1)[0], decode_name(key[1 + _INO.size:])
+
+
+def parse_inline_key(key: bytes) -> int:
+    return _INO.unpack_from(key, 1)[0]
 
 
 def parse_uc_key(key: bytes) -> int:

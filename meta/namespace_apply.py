@@ -231,6 +231,8 @@ class RecordApplier:
                 if inode.get("uc"):
                     txn.delete(keys.uc_key(cur))
                     removed_uc.append(cur)
+                if "inline" in inode:
+                    txn.delete(keys.inline_key(cur))
                 self._add(counters, keys.FILES, -1)
             txn.delete(keys.inode_key(cur))
             removed_inos.append(cur)
@@ -276,16 +278,28 @@ class RecordApplier:
 
     def _set_block(self, txn: Txn, counters, ino: int, inode: dict, index: int,
                    block: dict) -> None:
-        """Write one block key and keep the inode's length and block count in step."""
+        """Write one block key and keep the inode's length and block count in step. A file
+        whose data is inline (reopened by append) keeps it, and its length, until its first
+        block holds at least as many bytes (the writer sends the inline bytes first)."""
         key = keys.block_key(ino, index)
         old = txn.get(key)
-        inode["length"] = inode.get("length", 0) - (old["num_bytes"] if old else 0) \
-            + block["num_bytes"]
+        if "inline" in inode:
+            if block["num_bytes"] >= inode["inline"]:
+                self._drop_inline(txn, ino, inode)
+                inode["length"] = block["num_bytes"]
+        else:
+            inode["length"] = inode.get("length", 0) - (old["num_bytes"] if old else 0) \
+                + block["num_bytes"]
         inode["nblocks"] = max(inode.get("nblocks", 0), index + 1)
         txn.put(key, {"id": block["id"], "gs": block["gs"], "num_bytes": block["num_bytes"],
                       "state": block["state"]})
         self._bump(counters, keys.NEXT_BLOCK_ID, block["id"])
         self._bump(counters, keys.GENSTAMP, block["gs"])
+
+    @staticmethod
+    def _drop_inline(txn: Txn, ino: int, inode: dict) -> None:
+        txn.delete(keys.inline_key(ino))
+        del inode["inline"]
 
     # ------------------------------------------------------------------ appliers
     def _apply_FORMAT(self, txn, counters, a):
@@ -382,7 +396,8 @@ class RecordApplier:
         if old is None:
             return {}
         txn.delete(key)
-        inode["length"] = inode.get("length", 0) - old["num_bytes"]
+        if "inline" not in inode:
+            inode["length"] = inode.get("length", 0) - old["num_bytes"]
         inode["nblocks"] = a["index"]
         txn.put(keys.inode_key(ino), inode)
         return {"ino": ino, "removed_blocks": [old["id"]]}
@@ -393,6 +408,9 @@ class RecordApplier:
         if inode is None:
             return {}
         last = a.get("last")
+        effects: dict = {"ino": ino, "closed": True}
+        if a.get("data") is not None:
+            effects["removed_blocks"] = self._store_inline(txn, ino, inode, a["data"])
         # only the last two blocks may be incomplete (ADD_BLOCK completes the one before
         # ``previous``), so a close costs the same for 2 blocks and for 50 000
         nblocks = inode.get("nblocks", 0)
@@ -416,7 +434,19 @@ class RecordApplier:
             inode["mode"] = a["mode"]
         txn.put(keys.inode_key(ino), inode)
         txn.delete(keys.uc_key(ino))
-        return {"ino": ino, "closed": True}
+        return effects
+
+    def _store_inline(self, txn: Txn, ino: int, inode: dict, data: bytes) -> list[int]:
+        """The file's content becomes ``data``, kept in the namespace; its blocks (at most
+        the unused first block ``create`` allocated) go. Returns their ids."""
+        removed = []
+        for key, block in txn.scan(keys.block_prefix(ino)):
+            removed.append(block["id"])
+            txn.delete(key)
+        txn.put(keys.inline_key(ino), bytes(data))
+        inode["inline"] = inode["length"] = len(data)
+        inode["nblocks"] = 0
+        return removed
 
     def _apply_DELETE(self, txn, counters, a):
         effects: dict = {}
@@ -448,6 +478,7 @@ class RecordApplier:
             if kind == DIR:
                 self._add(counters, keys.DIRS, -1)
             elif kind == FILE:
+                txn.delete(keys.inline_key(ino))   # a no-op for a file with blocks
                 self._add(counters, keys.FILES, -1)
         if a["done"]:
             txn.delete(keys.orphan_key(a["root"]))
@@ -537,9 +568,13 @@ class RecordApplier:
         if old is None or old["id"] != a["id"]:
             return {}
         effects: dict = {"ino": ino, "id": a["id"]}
-        if a["delete"]:
+        # a reopened inline file whose first block holds less than the inline bytes: the
+        # writer died before sending them all, so nothing after them was acknowledged
+        # either; the block goes and the inline data stays the content
+        if a["delete"] or ("inline" in inode and a["num_bytes"] < inode["inline"]):
             txn.delete(key)
-            inode["length"] = inode.get("length", 0) - old["num_bytes"]
+            if "inline" not in inode:
+                inode["length"] = inode.get("length", 0) - old["num_bytes"]
             inode["nblocks"] = a["index"]
             effects["removed_blocks"] = [a["id"]]
         else:
@@ -574,6 +609,13 @@ class RecordApplier:
                         {**old, "num_bytes": last["num_bytes"], "state": UNDER_CONSTRUCTION,
                          "truncate_to": last["num_bytes"]})
             self._set_uc(txn, ino, inode, a["holder"], a.get("client_machine", ""))
+        if "inline" in inode:
+            if a["new_length"]:
+                data = txn.get(keys.inline_key(ino)) or b""
+                txn.put(keys.inline_key(ino), bytes(data[:a["new_length"]]))
+                inode["inline"] = a["new_length"]
+            else:
+                self._drop_inline(txn, ino, inode)
         inode["length"] = a["new_length"]
         inode["nblocks"] = a["keep"]
         inode["mtime"] = inode["ctime"] = a["time"]

@@ -35,6 +35,7 @@ class Defaults:
     min_block_size: int = 1 << 20          # HDFS dfs.namenode.fs-limits.min-block-size
     max_blocks_per_file: int = 1_048_576   # HDFS dfs.namenode.fs-limits.max-blocks-per-file
     delete_chunk: int = 2000               # entries one DELETE/RECLAIM record may remove
+    inline_max: int = 64 << 10             # bytes of a file kept in the namespace at most
     owner: str = "leasefs"
     group: str = "supergroup"
 
@@ -45,7 +46,7 @@ class Defaults:
                    bytes_per_checksum=config.bytes_per_checksum,
                    min_block_size=config.min_block_size,
                    max_blocks_per_file=config.max_blocks_per_file,
-                   delete_chunk=config.delete_chunk)
+                   delete_chunk=config.delete_chunk, inline_max=config.inline_max)
 
 
 # ---------------------------------------------------------------------------- arg checks

@@ -297,6 +297,15 @@ class NamespacePlanner:
             raise InvalidArgument(f"{path}: block length {num_bytes} exceeds the file's block "
                                   f"size {inode['block_size']}")
 
+    def check_writer_length(self, path: str, inode: dict, num_bytes: int) -> None:
+        """A length the writer reports for its block: within the block size, and for a
+        reopened inline file's first block at least the inline bytes, which it sends first."""
+        self.check_block_length(path, inode, num_bytes)
+        if num_bytes < inode.get("inline", 0):
+            raise InvalidArgument(f"{path}: block length {num_bytes} is short of the file's "
+                                  f"{inode['inline']} inline bytes, which its first block "
+                                  f"must hold")
+
     def check_block_count(self, path: str, inode: dict) -> None:
         """HDFS ``dfs.namenode.fs-limits.max-blocks-per-file``: refuse one block more."""
         limit = self.defaults.max_blocks_per_file
@@ -338,11 +347,13 @@ class NamespacePlanner:
                                   f"last block ({blocks[-1]['id'] if blocks else 'none'})")
         return self._commit_kind(path, blocks[-1], last), blocks[-1]
 
-    def closed_with(self, path, ino, last) -> bool:
+    def closed_with(self, path, ino, last, data=None) -> bool:
         """A complete() retried after the file was already closed with this last block: the
         same id, length and generation stamp (HDFS-3031). A block recovery after another
         client took the file over gives the last block a new stamp, so a late complete of
-        the old writer does not match and gets the lease error instead."""
+        the old writer does not match and gets the lease error instead. With inline
+        ``data``: the file holds exactly those bytes inline (a recovery that closed it
+        without them does not match)."""
         canonical = paths.validate(path)
         if ino:
             inode = self.linked_inode(ino) if is_int(ino) else None
@@ -353,6 +364,8 @@ class NamespacePlanner:
                 return False
         if inode is None or inode["type"] != FILE or inode.get("uc"):
             return False
+        if data is not None:
+            return inode.get("inline") == len(data) and self.inline_data(ino, inode) == data
         blocks = self.tail_blocks(ino, inode, 1)
         if last is None:
             return not blocks
@@ -361,14 +374,33 @@ class NamespacePlanner:
                 and blocks[-1]["gs"] == last.get("gs"))
 
     def plan_close(self, ino: int, block: dict | None, num_bytes: int | None,
-                   now_ns: int, attrs: dict | None = None) -> tuple[str, dict]:
+                   now_ns: int, attrs: dict | None = None,
+                   data: bytes | None = None) -> tuple[str, dict]:
         """``attrs``: ``{"mtime": ns, "atime": ns, "mode": bits}`` (any may be None) the writer
         set while it wrote, taken instead of the completion's own time and the file's mode
-        (checked by ``close_attrs``)."""
+        (checked by ``close_attrs``). ``data``: the file's whole content, kept inline
+        (checked by ``check_inline``; the file's unused blocks go with the same record)."""
         last = None
         if block is not None:
             last = {"index": block["index"], "id": block["id"], "num_bytes": num_bytes}
-        return "CLOSE", {"ino": ino, "last": last, "time": now_ns, **(attrs or {})}
+        extra = {} if data is None else {"data": bytes(data)}
+        return "CLOSE", {"ino": ino, "last": last, "time": now_ns, **(attrs or {}), **extra}
+
+    def check_inline(self, path: str, inode: dict, blocks: list[dict], data) -> None:
+        """``complete(data=...)``: the bytes fit ``inline_max`` and the file's block size,
+        and no byte of the file is in a block: it has none, or only the block ``create``
+        allocated with it, still empty (it goes with the close)."""
+        if not isinstance(data, (bytes, bytearray)):
+            raise InvalidArgument(f"complete {path}: data must be bytes, got "
+                                  f"{type(data).__name__}")
+        limit = min(self.defaults.inline_max, inode["block_size"])
+        if not 0 < len(data) <= limit:
+            raise InvalidArgument(f"complete {path}: {len(data)} bytes of inline data; this "
+                                  f"server keeps 1 to {limit} bytes inline (inline_max)")
+        if len(blocks) > 1 or any(b["index"] != 0 or b["num_bytes"] or
+                                  b["state"] != UNDER_CONSTRUCTION for b in blocks):
+            raise InvalidArgument(f"complete {path}: inline data for a file whose bytes are "
+                                  f"in blocks already; complete its last block instead")
 
     @staticmethod
     def close_attrs(path: str, mtime_ns, atime_ns, permission) -> dict | None:

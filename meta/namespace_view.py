@@ -329,6 +329,13 @@ class NamespaceView:
                     if child_inode is not None:
                         stack.append((child, child_inode))
 
+    def inline_data(self, ino: int, inode: dict) -> bytes | None:
+        """The content of a file kept in the namespace (``inline``), else None."""
+        if "inline" not in inode:
+            return None
+        raw = self.kv.get(keys.inline_key(ino))
+        return b"" if raw is None else keys.unpack(raw)
+
     def blocks_of(self, ino: int) -> list[dict]:
         """The file's blocks in order, each ``{index, id, gs, num_bytes, state}``.
         Reads every block key: for whole-file work only, never per write call."""
