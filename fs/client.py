@@ -48,7 +48,7 @@ __all__ = ["AsyncClient", "Client", "FileSettings", "FileStatus", "Changed", "Mo
 #: server defaults (``get_server_defaults``) that override the client's own config
 SERVER_DEFAULT_KEYS = ("block_size", "replication", "min_replication", "bytes_per_checksum",
                        "packet_size", "write_window_packets", "lease_soft_limit",
-                       "lease_hard_limit", "max_blocks_per_file")
+                       "lease_hard_limit", "max_blocks_per_file", "inline_max")
 LIST_PAGE = 1000
 
 
@@ -363,7 +363,9 @@ class AsyncClient:
         self._outputs[id(stream)] = stream
         self._renewer.add(stream)
         try:
-            if last is not None:
+            if result.get("inline") is not None:
+                stream.start_with(result["inline"])
+            elif last is not None:
                 same = before is not None and before["block"]["id"] == last["block"]["id"]
                 await stream._setup_append(last, before["block"]["gs"] if same else 0)
                 stream._pos = int(last["offset"]) + int(last["block"]["num_bytes"])

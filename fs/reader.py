@@ -198,6 +198,7 @@ class AsyncInputStream:
         self._blocks: list[Block] = []
         self._offsets: list[int] = []
         self._length = 0
+        self._inline: bytes | None = None   # the content, for a file kept in the namespace
         self.under_construction = False
         self._dead: dict[int, set[str]] = {}   # block id -> node ids that failed it
         self._seq = _ReaderSlot()
@@ -303,6 +304,8 @@ class AsyncInputStream:
         if info is None:
             info = await self._client.rpc.call("get_block_locations",
                                                {"path": self.path, "offset": 0, "length": None})
+        inline = info.get("inline")
+        self._inline = None if inline is None else bytes(inline)
         blocks = sorted((Block.from_wire(lb) for lb in info.get("blocks", [])),
                         key=lambda b: b.offset)
         length = int(info.get("length", 0))
@@ -362,6 +365,8 @@ class AsyncInputStream:
         """Up to ``want`` bytes at file offset ``pos`` from the block holding it, with
         replica failover. ``span_end`` bounds the range a new connection asks for (pread);
         ``None`` asks for the rest of the block (sequential reads keep the connection)."""
+        if self._inline is not None:
+            return self._inline[pos:pos + want]
         failures: list[str] = []
         refreshes = 0
         while True:

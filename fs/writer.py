@@ -109,6 +109,7 @@ class AsyncOutputStream:
         self.bytes_per_checksum = int(bytes_per_checksum or config.bytes_per_checksum)
         self.packet_size = _effective_packet_size(config.packet_size, self.bytes_per_checksum)
         self.window = max(1, int(config.write_window_packets))
+        self.inline_max = min(max(0, int(config.inline_max)), self.block_size)
         self._lock = trio.Lock()
         self._pos = 0
         self._buf = bytearray()     # bytes of the current block not yet sent in a full chunk
@@ -133,6 +134,11 @@ class AsyncOutputStream:
         # ``complete``: retry_complete() finishes the file later
         self._complete_pending = False
         self._close_attrs: dict = {}
+        # the whole content, when the close keeps it in the namespace (``inline_max``)
+        self._inline: bytes | None = None
+        # an appended inline file: the server answers readers with its inline copy until
+        # told that the first block holds those bytes (``fsync`` at the first hflush)
+        self._inline_to_settle = False
 
     # ------------------------------------------------------------------ public
     @property
@@ -198,6 +204,15 @@ class AsyncOutputStream:
             self._hflushed = True
             await self._send_buffer()
             await self._wait_all_acked()
+            if self._inline_to_settle:
+                await self._record_length(self._buf_start + len(self._buf))
+
+    async def _record_length(self, length: int) -> None:
+        """The ``fsync`` call: the metadata server records the current block's length."""
+        await self._client.rpc.call("fsync", {
+            "path": self.path, "client_name": self._client.client_name, "ino": self.ino,
+            "last_block_length": length})
+        self._inline_to_settle = False
 
     async def hsync(self) -> None:
         """hflush, with the block servers fsyncing the data, then record the block's length
@@ -214,9 +229,7 @@ class AsyncOutputStream:
                 elif self._previous is not None:
                     length = self._previous["num_bytes"]
                 if length is not None:
-                    await self._client.rpc.call("fsync", {
-                        "path": self.path, "client_name": self._client.client_name,
-                        "ino": self.ino, "last_block_length": length})
+                    await self._record_length(length)
             except BaseException as exc:
                 await self._fail_and_raise(exc)
 
@@ -237,10 +250,14 @@ class AsyncOutputStream:
             try:
                 if self._error is not None:
                     raise self._error
-                await self._end_block()
+                self._inline = self._inline_content()
+                if self._inline is None:
+                    await self._end_block()
+                    if self._first_block is not None:   # closed empty: give the block back
+                        await self._abandon_first_block()
+                else:   # the complete takes the bytes; an unused first block goes with it
+                    self._buf, self._first_block = bytearray(), None
                 ended = True
-                if self._first_block is not None:   # closed empty: give the block back
-                    await self._abandon_first_block()
                 await self._complete()
             except BaseException as exc:
                 self._complete_pending = ended and isinstance(exc, ServerUnavailable)
@@ -249,6 +266,22 @@ class AsyncOutputStream:
                 self._client._output_closed(self)
 
     aclose = close
+
+    def _inline_content(self) -> bytes | None:
+        """The whole file, when nothing of it went to a block server, nothing was flushed,
+        and it fits ``inline_max``: the close hands it to ``complete`` instead of a block."""
+        if (self._pipeline is None and self.blocks_written == 0 and self._previous is None
+                and self._buf_start == 0 and not self._buf_sent and not self._hflushed
+                and 0 < len(self._buf) <= self.inline_max):
+            return bytes(self._buf)
+        return None
+
+    def start_with(self, data: bytes) -> None:
+        """An appended file whose content is inline: those bytes come first in the stream
+        (the first block holds them, or the close keeps them inline with what follows)."""
+        self._buf, self._buf_start, self._buf_sent = bytearray(data), 0, 0
+        self._pos = len(data)
+        self._inline_to_settle = True
 
     @property
     def nothing_sent(self) -> bool:
@@ -778,6 +811,7 @@ class AsyncOutputStream:
             done = await client.rpc.call("complete", {
                 "path": self.path, "client_name": client.client_name, "ino": self.ino,
                 "last": self._previous,
+                **({"data": self._inline} if self._inline is not None else {}),
                 **{k: v for k, v in self._close_attrs.items() if v is not None}})
             if done:
                 return

@@ -473,7 +473,10 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
                                               block_size=chosen.block_size,
                                               replication=chosen.replication,
                                               bytes_per_checksum=chosen.bytes_per_checksum,
-                                              want_parent=True, first_block=True)
+                                              want_parent=True,
+                                              # a small file's close keeps it inline:
+                                              # no block to give back then
+                                              first_block=not self.client.config.inline_max)
         except FileExists:
             self._note_made(parent_inode, name)   # another client's, but it is there
             if flags & os.O_EXCL:
