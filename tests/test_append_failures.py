@@ -20,7 +20,8 @@ from harness import ProcessCluster, make_test_config, storage_index
 
 KiB = 1 << 10
 #: the killed block server stays "live" on the metadata server for the whole test
-SLOW_DEATH = {"dead_node_interval": 60.0, "block_recovery_retry": 5.0}
+# appends to blocks are under test: small files stay in blocks, not inline
+SLOW_DEATH = {"dead_node_interval": 60.0, "block_recovery_retry": 5.0, "inline_max": 0}
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -123,7 +124,8 @@ def test_a_replica_longer_than_the_acknowledged_length_is_cut_not_refused(tmp_pa
 
     bpc = 512
     old, new = payload(8000, 6), payload(1500, 7)
-    with ProcessCluster(tmp_path, n_storage=1, settings={"bytes_per_checksum": bpc}) as cluster:
+    with ProcessCluster(tmp_path, n_storage=1, settings={"bytes_per_checksum": bpc,
+                                                             "inline_max": 0}) as cluster:
         with Client(cluster.meta_address, config=make_test_config(bytes_per_checksum=bpc)) as c:
             with c.create("/long", replication=1, block_size=64 * KiB) as out:
                 out.write(old)

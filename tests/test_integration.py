@@ -286,7 +286,7 @@ def test_delete_directory_forgets_at_once_and_frees_replicas(cluster):
     with cluster.client() as client:
         for i in range(50):
             with client.create(f"/doomed/f{i:02d}", replication=3) as out:
-                out.write(os.urandom(1000 + i))
+                out.write(os.urandom(70_000 + i))   # past inline_max: in blocks
         ids = {lb["block"]["id"] for i in range(50)
                for lb in client.get_block_locations(f"/doomed/f{i:02d}")["blocks"]}
         assert len(ids) == 50

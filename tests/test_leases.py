@@ -326,7 +326,7 @@ def test_complete_waits_on_the_server_for_the_first_replica_report(tmp_path, mon
     monkeypatch.setattr(HeartbeatService, "block_received", late_finalized_reports)
 
     async def main():
-        async with inprocess_cluster(tmp_path, **LIMITS) as cluster:
+        async with inprocess_cluster(tmp_path, **LIMITS, inline_max=0) as cluster:
             async with cluster.client() as a:
                 calls = []
                 call = a.rpc.call

@@ -92,19 +92,23 @@ def test_times_set_on_a_closed_temp_file_survive_its_rename(cluster, one, tmp_pa
 def test_closing_a_small_new_file_completes_it_before_close_returns(cluster, one, two):
     """create, write, close (cp, tar, git): the close(2) of its last descriptor completes
     a file nothing of which went to a block server yet, so when close returns no lease is
-    left and another client reads every byte, from the one block the create allocated (a
-    file closed empty gives it back). A write through a descriptor still open
+    left and another client reads every byte: kept in the namespace up to inline_max, past
+    it in one block (a file closed empty has none). A write through a descriptor still open
     after another copy's close (dup, fork + exec) appends under a new lease."""
     with cluster.client() as client:
-        for i in range(12):
-            data = os.urandom(1 + 997 * i)
+        inline_max = client.config.inline_max   # the server's, as every client takes it
+        for i, size in enumerate([1, 997, 4096, 30_000, inline_max, inline_max + 1, 200_000]):
+            data = os.urandom(size)
             (one.mp / f"small{i}").write_bytes(data)
             assert client.is_file_closed(f"/small{i}")
             assert client.read_file(f"/small{i}") == data
-            # the block the create allocated holds it: one block, every byte
-            blocks = client.get_block_locations(f"/small{i}")["blocks"]
-            assert [b["block"]["num_bytes"] for b in blocks] == [len(data)]
-        # a file closed empty gives its allocated block back: closed, no block
+            assert (two.mp / f"small{i}").read_bytes() == data
+            located = client.get_block_locations(f"/small{i}")
+            if size <= inline_max:   # no block: the complete carried the bytes
+                assert located["blocks"] == [] and bytes(located["inline"]) == data
+            else:                    # one block, every byte
+                assert [b["block"]["num_bytes"] for b in located["blocks"]] == [size]
+        # a file closed empty: closed, no block
         (one.mp / "touched").touch()
         assert client.is_file_closed("/touched")
         assert client.get_block_locations("/touched")["blocks"] == []

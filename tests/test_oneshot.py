@@ -31,8 +31,9 @@ import storage.transfer as transfer_mod
 from storage.transfer import CORRUPT_PACKETS_ENV
 
 KiB = 1 << 10
+# small blocks are under test: no file is kept inline
 SMALL = dict(block_size=64 * KiB, bytes_per_checksum=BPC, packet_size=16 * KiB,
-             write_window_packets=4)
+             write_window_packets=4, inline_max=0)
 
 pytestmark = pytest.mark.timeout(90)
 

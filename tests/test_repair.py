@@ -308,7 +308,8 @@ def test_directory_scan_drops_replicas_whose_files_are_gone_or_cut_without_a_rea
 @pytest.mark.slow
 def test_directory_scan_adds_replica_files_the_map_does_not_know(tmp_path):
     # no replication passes: the extra replica is neither deleted as excess nor copied
-    settings = {**SETTINGS_LOST, "directory_scan_interval": 1.0, "replication_interval": 3600.0}
+    settings = {**SETTINGS_LOST, "directory_scan_interval": 1.0, "replication_interval": 3600.0,
+                "inline_max": 0}   # a small file's replicas are under test
     with ProcessCluster(tmp_path, n_storage=3, settings=settings) as cluster:
         with cluster.client() as client:
             data = payload(60, BLOCK // 2)
