@@ -16,14 +16,14 @@ key                    value (msgpack)                             meaning
                        files: ``replication``, ``block_size``,
                        ``length``, ``nblocks``, ``uc`` (None or
                        ``{holder, client_machine}``), ``inline``
-                       (byte count while the data is an F key);
+                       (byte count while the data is an L key);
                        symlinks: ``target``
 ``B<ino:8><index:4>``  map: ``id``, ``gs``, ``num_bytes``,          block ``index`` of file ``ino``
                        ``state`` (UNDER_CONSTRUCTION/COMMITTED/     (one small key per block, so
                        COMPLETE/UNDER_RECOVERY); ``truncate_to``    addBlock never rewrites a
                        while a mid-block truncate awaits its        block list)
                        block recovery
-``F<ino:8>``           bytes: the whole content of a small file     inline data: a file closed
+``L<ino:8>``           bytes: the whole content of a small file     inline data: a file closed
                                                                     whole from its writer's
                                                                     buffer (``inline_max``);
                                                                     goes when a block of the
@@ -72,7 +72,9 @@ LAYOUT_VERSION = 1
 INODE = b"I"
 BLOCK = b"B"
 DENTRY = b"D"
-INLINE = b"F"
+# after the inodes, not right after the entries: a scan of an empty directory's entries
+# walks LevelDB tombstones up to the next live key, and the root inode is always live
+INLINE = b"L"
 UNDER_CONSTRUCTION = b"U"
 ORPHAN = b"O"
 META = b"M"

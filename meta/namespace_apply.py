@@ -220,9 +220,10 @@ class RecordApplier:
                 log.error("apply: inode %d to remove is missing", cur)
                 continue
             if inode["type"] == DIR:
-                for key, child in txn.scan(keys.dentry_prefix(cur)):
-                    stack.append(child)
-                    txn.delete(key)
+                if inode.get("children", 1):   # an empty folder needs no scan
+                    for key, child in txn.scan(keys.dentry_prefix(cur)):
+                        stack.append(child)
+                        txn.delete(key)
                 self._add(counters, keys.DIRS, -1)
             elif inode["type"] == FILE:
                 for key, block in txn.scan(keys.block_prefix(cur)):

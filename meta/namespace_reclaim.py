@@ -75,8 +75,8 @@ class ReclaimPlanner:
             count += 1 + (node.get("nblocks", 0) if node["type"] == FILE else 0)
             if count > limit:
                 return True
-            if node["type"] != DIR:
-                continue
+            if node["type"] != DIR or not node.get("children", 1):
+                continue   # an empty folder: no scan (it would walk tombstones past it)
             for _, child in self.children(cur):
                 child_inode = self.get_inode(child)
                 if child_inode is not None:
