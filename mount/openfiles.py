@@ -22,6 +22,7 @@ window under its ``read_lock``.
 from __future__ import annotations
 
 import enum
+import math
 import os
 
 import trio
@@ -103,7 +104,8 @@ class OpenFile:
         self.group = group
         self.replication = replication
         self.block_size = block_size
-        self.status = None          # last FileStatus seen: attributes once it is unlinked
+        self._status = None
+        self.status_at = -math.inf  # trio time ``status`` was last set
         # (mtime_ns, atime_ns) set explicitly while written (rsync, tar, cp -p): the
         # completion or upload at release would replace them, so they are set again then
         self.pending_times: tuple[int | None, int | None] | None = None
@@ -121,6 +123,17 @@ class OpenFile:
         self.unlinked = False
         self.generation = 0       # bumps whenever the cluster copy changes under readers
         self.lock = trio.Lock()
+
+    @property
+    def status(self):
+        """Last FileStatus seen: attributes once it is unlinked, and while this mount
+        writes the file (under its lease) for ``attr_timeout`` after it was fetched."""
+        return self._status
+
+    @status.setter
+    def status(self, value) -> None:
+        self._status = value
+        self.status_at = trio.current_time()
 
     def move(self, event: FileEvent) -> None:
         """Change ``mode`` as the transition table says (``InternalError`` if it may not)."""

@@ -173,6 +173,11 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
         if of is not None and of.status is not None and (
                 of.unlinked or node is None or node.path is None):
             return self._attrs(of.status)   # unlinked but open: still has attributes
+        if (of is not None and of.status is not None and of.mode is FileMode.STREAM
+                and trio.current_time() - of.status_at < self.attr_timeout):
+            # written here under our lease: size and times are ours (``_attrs`` overlays
+            # them); no call for the kernel's getattr before a chown or after a write
+            return self._attrs(of.status)
         status = self._fresh_status(inode) or await self._status_of(inode)
         if of is not None:
             of.status = status

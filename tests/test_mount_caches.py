@@ -210,3 +210,28 @@ def test_a_replaced_symlink_reads_its_new_target(cluster, slow_misses, other):
         client.symlink("second", "/link")
     assert poll_until(lambda: os.readlink(other.mp / "link") == "second")
     os.unlink(other.mp / "link")
+
+
+def test_a_file_written_here_answers_getattr_itself_for_the_attribute_timeout(cluster, other):
+    """While this mount writes a file under its lease, the kernel's getattr (before a
+    chown, after writes) is answered from what the mount knows, size included; a change
+    another client makes meanwhile (a chmod) shows once the attribute timeout (1 s) has
+    passed, as a cached attribute would."""
+    import time
+
+    path = other.mp / "written_here"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"x" * 5000)
+        os.fchown(fd, os.getuid(), os.getgid())   # a no-op chown asks for attributes first
+        st = os.fstat(fd)
+        assert st.st_size == 5000 and st.st_mode & 0o777 == 0o644
+        with cluster.client() as client:
+            client.set_permission("/written_here", 0o600)
+        time.sleep(1.5)
+        os.write(fd, b"y" * 100)
+        st = os.fstat(fd)
+        assert st.st_size == 5100 and st.st_mode & 0o777 == 0o600
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"x" * 5000 + b"y" * 100
