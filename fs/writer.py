@@ -67,6 +67,10 @@ log = logging.getLogger(__name__)
 PIPELINE_SETUP_ATTEMPTS = 3
 
 
+#: hsyncs of one stream that may store its content inline (each sends all of it again)
+INLINE_SYNCS = 4
+
+
 def _effective_packet_size(packet_size: int, bytes_per_checksum: int) -> int:
     """Packets carry whole chunks: round down to a multiple of bytes_per_checksum."""
     size = min(int(packet_size), MAX_PACKET_DATA)
@@ -139,6 +143,7 @@ class AsyncOutputStream:
         # an appended inline file: the server answers readers with its inline copy until
         # told that the first block holds those bytes (``fsync`` at the first hflush)
         self._inline_to_settle = False
+        self._inline_syncs = 0
 
     # ------------------------------------------------------------------ public
     @property
@@ -207,6 +212,23 @@ class AsyncOutputStream:
             if self._inline_to_settle:
                 await self._record_length(self._buf_start + len(self._buf))
 
+    async def _sync_inline(self) -> bool:
+        """hsync of a file wholly in the buffer within ``inline_max``: its bytes go to the
+        metadata server as the open file's content (durable, visible to readers) in one
+        call; they stay buffered, so a close or a later block carries them again. At most
+        ``INLINE_SYNCS`` times per stream (each sends the whole content again), then the
+        pipeline; hflush always takes the pipeline (streaming writers flush often)."""
+        data = self._inline_content()
+        if data is None or self._inline_syncs >= INLINE_SYNCS:
+            return False
+        self._inline_syncs += 1
+        await self._client.rpc.call("fsync", {
+            "path": self.path, "client_name": self._client.client_name, "ino": self.ino,
+            "data": data})
+        self._first_block = None   # the server dropped it with the record
+        self._inline_to_settle = True
+        return True
+
     async def _record_length(self, length: int) -> None:
         """The ``fsync`` call: the metadata server records the current block's length."""
         await self._client.rpc.call("fsync", {
@@ -216,10 +238,13 @@ class AsyncOutputStream:
 
     async def hsync(self) -> None:
         """hflush, with the block servers fsyncing the data, then record the block's length
-        on the metadata server (``fsync`` RPC)."""
+        on the metadata server (``fsync`` RPC). A small file wholly in the buffer is stored
+        on the metadata server instead (``_sync_inline``)."""
         async with self._lock:
             self._check_writable()
             try:
+                if await self._sync_inline():
+                    return
                 length = None
                 if await self._ensure_pipeline():
                     self._hflushed = True
@@ -267,14 +292,19 @@ class AsyncOutputStream:
 
     aclose = close
 
-    def _inline_content(self) -> bytes | None:
-        """The whole file, when nothing of it went to a block server, nothing was flushed,
-        and it fits ``inline_max``: the close hands it to ``complete`` instead of a block."""
+    def unsent_content(self) -> bytes | None:
+        """The whole file, when none of it went to a block server (it is all buffered
+        here, from offset 0), else None."""
         if (self._pipeline is None and self.blocks_written == 0 and self._previous is None
-                and self._buf_start == 0 and not self._buf_sent and not self._hflushed
-                and 0 < len(self._buf) <= self.inline_max):
+                and self._buf_start == 0 and not self._buf_sent and not self._hflushed):
             return bytes(self._buf)
         return None
+
+    def _inline_content(self) -> bytes | None:
+        """The whole file, when it is all buffered here and fits ``inline_max``: the close
+        hands it to ``complete`` instead of a block."""
+        data = self.unsent_content()
+        return data if data and len(data) <= self.inline_max else None
 
     def start_with(self, data: bytes) -> None:
         """An appended file whose content is inline: those bytes come first in the stream

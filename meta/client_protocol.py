@@ -315,11 +315,19 @@ class ClientProtocol:
                 await self.log_plan(self.ns.plan_commit(ino, block, num_bytes))
             return waiter
 
-    async def rpc_fsync(self, ctx, path, client_name, ino=None, last_block_length=0):
+    async def rpc_fsync(self, ctx, path, client_name, ino=None, last_block_length=0, data=None):
+        """Record the last block's length (hsync). ``data``: the file's whole content from
+        a writer that sent nothing to block servers, kept inline while the file stays open
+        (an hflush/hsync of a small file: one journaled call, no pipeline)."""
         canonical = paths.validate(path)
         ino = self.check_ino(ino, canonical)
         async with self.file_lock(f"fsync {canonical}", canonical, ino) as current:
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
+            if data is not None:
+                self.ns.check_inline(current, inode, self.ns.tail_blocks(ino, inode), data,
+                                     "fsync")
+                await self.log_plan(self.ns.plan_inline(ino, data))
+                return True
             blocks = self.ns.tail_blocks(ino, inode, 1)
             plan = self.ns.plan_fsync(current, ino, blocks, last_block_length)
             if plan is not None:

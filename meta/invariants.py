@@ -243,7 +243,8 @@ def check_namespace(kv, leases=None) -> list[str]:
 # ------------------------------------------------------------------------------ records
 # Ops that address an open file by inode id: the writer checks ran on a linked file
 # (``Namespace.writer_file``), so the file exists, is reachable and is under construction.
-_WRITER_OPS = frozenset({"ADD_BLOCK", "UPDATE_BLOCKS", "FSYNC", "ABANDON_BLOCK", "CLOSE"})
+_WRITER_OPS = frozenset({"ADD_BLOCK", "UPDATE_BLOCKS", "FSYNC", "ABANDON_BLOCK", "CLOSE",
+                         "INLINE"})
 # lease recovery ops: an existing file under construction
 _RECOVERY_OPS = frozenset({"REASSIGN_LEASE", "COMMIT_BLOCK_SYNC"})
 _INODE_OPS = frozenset({"SET_PERMISSIONS", "SET_OWNER", "TIMES"})

@@ -437,6 +437,15 @@ class RecordApplier:
         txn.delete(keys.uc_key(ino))
         return effects
 
+    def _apply_INLINE(self, txn, counters, a):
+        ino = a["ino"]
+        inode = self._file(txn, ino)
+        if inode is None:
+            return {}
+        removed = self._store_inline(txn, ino, inode, a["data"])
+        txn.put(keys.inode_key(ino), inode)
+        return {"ino": ino, "removed_blocks": removed}
+
     def _store_inline(self, txn: Txn, ino: int, inode: dict, data: bytes) -> list[int]:
         """The file's content becomes ``data``, kept in the namespace; its blocks (at most
         the unused first block ``create`` allocated) go. Returns their ids."""

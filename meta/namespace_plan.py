@@ -386,21 +386,28 @@ class NamespacePlanner:
         extra = {} if data is None else {"data": bytes(data)}
         return "CLOSE", {"ino": ino, "last": last, "time": now_ns, **(attrs or {}), **extra}
 
-    def check_inline(self, path: str, inode: dict, blocks: list[dict], data) -> None:
-        """``complete(data=...)``: the bytes fit ``inline_max`` and the file's block size,
-        and no byte of the file is in a block: it has none, or only the block ``create``
-        allocated with it, still empty (it goes with the close)."""
+    def check_inline(self, path: str, inode: dict, blocks: list[dict], data,
+                     op: str = "complete") -> None:
+        """``complete(data=...)``/``fsync(data=...)``: the bytes fit ``inline_max`` and the
+        file's block size, and no byte of the file is in a block: it has none, or only the
+        block ``create`` allocated with it, still empty (it goes with the record)."""
         if not isinstance(data, (bytes, bytearray)):
-            raise InvalidArgument(f"complete {path}: data must be bytes, got "
+            raise InvalidArgument(f"{op} {path}: data must be bytes, got "
                                   f"{type(data).__name__}")
         limit = min(self.defaults.inline_max, inode["block_size"])
         if not 0 < len(data) <= limit:
-            raise InvalidArgument(f"complete {path}: {len(data)} bytes of inline data; this "
+            raise InvalidArgument(f"{op} {path}: {len(data)} bytes of inline data; this "
                                   f"server keeps 1 to {limit} bytes inline (inline_max)")
         if len(blocks) > 1 or any(b["index"] != 0 or b["num_bytes"] or
                                   b["state"] != UNDER_CONSTRUCTION for b in blocks):
-            raise InvalidArgument(f"complete {path}: inline data for a file whose bytes are "
-                                  f"in blocks already; complete its last block instead")
+            raise InvalidArgument(f"{op} {path}: inline data for a file whose bytes are "
+                                  f"in blocks already; {op} its last block instead")
+
+    @staticmethod
+    def plan_inline(ino: int, data: bytes) -> tuple[str, dict]:
+        """A writer's flush of a file wholly in its buffer: ``data`` becomes the content of
+        the still open file, durable and visible to readers (``fsync(data=...)``)."""
+        return "INLINE", {"ino": ino, "data": bytes(data)}
 
     @staticmethod
     def close_attrs(path: str, mtime_ns, atime_ns, permission) -> dict | None:
