@@ -203,7 +203,10 @@ class WriteMachinery:
         if of.mode is FileMode.STAGING:
             return
         self._reserve(of, of.size)
-        if of.mode is FileMode.STREAM:
+        # a stream none of whose bytes left this mount yet (a small file written and
+        # fsynced inline, then rewritten in place): the staging copy comes from its buffer
+        unsent = of.stream.unsent_content() if of.mode is FileMode.STREAM else None
+        if of.mode is FileMode.STREAM and unsent is None:
             try:   # the copy below reads what the stream wrote; the stream keeps the lease
                 await of.stream.hflush()
             except LeaseFSError as exc:
@@ -214,7 +217,10 @@ class WriteMachinery:
         await self._io(os.close, fd)
         of.staging_path = staging
         size = 0
-        if path is not None:
+        if unsent is not None:
+            await self._io(_pwrite_file, staging, unsent, 0)
+            size = len(unsent)
+        elif path is not None:
             async with await self.client.open(path) as src:
                 while True:
                     chunk = await src.read(COPY_CHUNK)
