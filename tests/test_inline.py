@@ -270,3 +270,58 @@ def test_truncate_delete_and_overwrite_of_inline_files(tmp_path):
             assert sorted(stored(cluster).values()) == sorted([data[:100], data[:50]])
 
     trio.run(main)
+
+
+def test_hsync_of_a_small_file_stores_it_inline_and_survives_its_writer(tmp_path):
+    """hsync (fsync(2) through the mount) of a file wholly in the buffer: one journaled call
+    stores the bytes as the open file's content — readers see them, a writer that dies then
+    leaves them (lease recovery closes the file with them); the close or a later block
+    carries them again. After INLINE_SYNCS of them the pipeline takes over."""
+    from fs.writer import INLINE_SYNCS
+
+    a, b = payload(3000, 10), payload(2000, 11)
+    big = payload(200 * KiB, 12)
+
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=3, **INLINE) as cluster:
+            async with cluster.client() as c, cluster.client() as other:
+                out = await c.create("/synced")
+                await out.write(a)
+                await out.hsync()
+                located = await other.get_block_locations("/synced")
+                assert located["under_construction"] and bytes(located["inline"]) == a
+                await out.write(b)
+                await out.hsync()
+                assert await other.read_file("/synced") == a + b
+                out.abort(PipelineError("writer died"))
+                with trio.fail_after(30):
+                    while not await other.recover_lease("/synced"):
+                        await trio.sleep(0.1)
+                assert await other.read_file("/synced") == a + b
+
+                out = await c.create("/grows")
+                await out.write(a)
+                await out.hsync()
+                await out.write(big)          # past a packet: the first block starts with a
+                await out.close()
+                located = await c.get_block_locations("/grows")
+                assert "inline" not in located and located["blocks"]
+                assert await c.read_file("/grows") == a + big
+
+                out = await c.create("/often")
+                for i in range(INLINE_SYNCS + 1):
+                    await out.write(b)
+                    await out.hsync()
+                located = await other.get_block_locations("/often")
+                assert "inline" not in located and len(located["blocks"]) == 1
+                assert await other.read_file("/often") == b * (INLINE_SYNCS + 1)
+                await out.close()
+                assert await c.read_file("/often") == b * (INLINE_SYNCS + 1)
+            await restart_meta(cluster)
+            async with cluster.client() as c:
+                assert await c.read_file("/synced") == a + b
+                assert await c.read_file("/grows") == a + big
+            await cluster.stop_meta()
+            assert list(stored(cluster).values()) == [a + b]
+
+    trio.run(main)
