@@ -226,7 +226,9 @@ class RecordApplier:
                         txn.delete(key)
                 self._add(counters, keys.DIRS, -1)
             elif inode["type"] == FILE:
-                for key, block in txn.scan(keys.block_prefix(cur)):
+                # no blocks (an inline or empty file): no scan, as for an empty folder
+                for key, block in (txn.scan(keys.block_prefix(cur))
+                                   if inode.get("nblocks", 1) else ()):
                     removed_blocks.append(block["id"])
                     txn.delete(key)
                 if inode.get("uc"):
@@ -450,7 +452,7 @@ class RecordApplier:
         """The file's content becomes ``data``, kept in the namespace; its blocks (at most
         the unused first block ``create`` allocated) go. Returns their ids."""
         removed = []
-        for key, block in txn.scan(keys.block_prefix(ino)):
+        for key, block in (txn.scan(keys.block_prefix(ino)) if inode.get("nblocks", 1) else ()):
             removed.append(block["id"])
             txn.delete(key)
         txn.put(keys.inline_key(ino), bytes(data))

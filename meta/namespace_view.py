@@ -300,7 +300,10 @@ class NamespaceView:
         start = keys.after_name(ino, start_after) if start_after else None
         entries = []
         has_more = False
-        for key, raw in self.kv.scan(prefix, start=start, limit=limit + 1):
+        # an empty folder: no scan (LevelDB would walk tombstones up to the next live key)
+        scan = self.kv.scan(prefix, start=start, limit=limit + 1) \
+            if inode.get("children", 1) else ()
+        for key, raw in scan:
             if len(entries) == limit:
                 has_more = True
                 break
