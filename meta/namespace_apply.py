@@ -226,11 +226,7 @@ class RecordApplier:
                         txn.delete(key)
                 self._add(counters, keys.DIRS, -1)
             elif inode["type"] == FILE:
-                # no blocks (an inline or empty file): no scan, as for an empty folder
-                for key, block in (txn.scan(keys.block_prefix(cur))
-                                   if inode.get("nblocks", 1) else ()):
-                    removed_blocks.append(block["id"])
-                    txn.delete(key)
+                removed_blocks.extend(self._delete_blocks(txn, cur, inode))
                 if inode.get("uc"):
                     txn.delete(keys.uc_key(cur))
                     removed_uc.append(cur)
@@ -298,6 +294,18 @@ class RecordApplier:
                       "state": block["state"]})
         self._bump(counters, keys.NEXT_BLOCK_ID, block["id"])
         self._bump(counters, keys.GENSTAMP, block["gs"])
+
+    @staticmethod
+    def _delete_blocks(txn: Txn, ino: int, inode: dict) -> list[int]:
+        """Delete every block key of file ``ino``; returns the block ids. A file without
+        blocks (inline or empty) is not scanned: LevelDB would walk tombstones past its
+        empty range up to the next live key."""
+        removed = []
+        if inode.get("nblocks", 1):
+            for key, block in txn.scan(keys.block_prefix(ino)):
+                removed.append(block["id"])
+                txn.delete(key)
+        return removed
 
     @staticmethod
     def _drop_inline(txn: Txn, ino: int, inode: dict) -> None:
@@ -451,10 +459,7 @@ class RecordApplier:
     def _store_inline(self, txn: Txn, ino: int, inode: dict, data: bytes) -> list[int]:
         """The file's content becomes ``data``, kept in the namespace; its blocks (at most
         the unused first block ``create`` allocated) go. Returns their ids."""
-        removed = []
-        for key, block in (txn.scan(keys.block_prefix(ino)) if inode.get("nblocks", 1) else ()):
-            removed.append(block["id"])
-            txn.delete(key)
+        removed = self._delete_blocks(txn, ino, inode)
         txn.put(keys.inline_key(ino), bytes(data))
         inode["inline"] = inode["length"] = len(data)
         inode["nblocks"] = 0
