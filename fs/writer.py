@@ -222,19 +222,20 @@ class AsyncOutputStream:
         if data is None or self._inline_syncs >= INLINE_SYNCS:
             return False
         self._inline_syncs += 1
-        await self._client.rpc.call("fsync", {
-            "path": self.path, "client_name": self._client.client_name, "ino": self.ino,
-            "data": data})
+        await self._fsync_call(data=data)
         self._first_block = None   # the server dropped it with the record
         self._inline_to_settle = True
         return True
 
     async def _record_length(self, length: int) -> None:
-        """The ``fsync`` call: the metadata server records the current block's length."""
+        """The metadata server records the current block's length."""
+        await self._fsync_call(last_block_length=length)
+        self._inline_to_settle = False
+
+    async def _fsync_call(self, **args) -> None:
         await self._client.rpc.call("fsync", {
             "path": self.path, "client_name": self._client.client_name, "ino": self.ino,
-            "last_block_length": length})
-        self._inline_to_settle = False
+            **args})
 
     async def hsync(self) -> None:
         """hflush, with the block servers fsyncing the data, then record the block's length

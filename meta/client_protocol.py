@@ -272,7 +272,7 @@ class ClientProtocol:
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
             if attrs and attrs["mode"] is not None:
                 self.check_access(ctx, paths.split(current), owner=True)
-            self.ns.check_inline(current, inode, self.ns.tail_blocks(ino, inode), data)
+            self.ns.check_inline(current, ino, inode, data)
             _, wall = self.now()
             await self.log_plan(self.ns.plan_close(ino, None, None, wall, attrs, data=data))
             return True
@@ -324,8 +324,7 @@ class ClientProtocol:
         async with self.file_lock(f"fsync {canonical}", canonical, ino) as current:
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
             if data is not None:
-                self.ns.check_inline(current, inode, self.ns.tail_blocks(ino, inode), data,
-                                     "fsync")
+                self.ns.check_inline(current, ino, inode, data, "fsync")
                 await self.log_plan(self.ns.plan_inline(ino, data))
                 return True
             blocks = self.ns.tail_blocks(ino, inode, 1)

@@ -386,7 +386,7 @@ class NamespacePlanner:
         extra = {} if data is None else {"data": bytes(data)}
         return "CLOSE", {"ino": ino, "last": last, "time": now_ns, **(attrs or {}), **extra}
 
-    def check_inline(self, path: str, inode: dict, blocks: list[dict], data,
+    def check_inline(self, path: str, ino: int, inode: dict, data,
                      op: str = "complete") -> None:
         """``complete(data=...)``/``fsync(data=...)``: the bytes fit ``inline_max`` and the
         file's block size, and no byte of the file is in a block: it has none, or only the
@@ -398,6 +398,7 @@ class NamespacePlanner:
         if not 0 < len(data) <= limit:
             raise InvalidArgument(f"{op} {path}: {len(data)} bytes of inline data; this "
                                   f"server keeps 1 to {limit} bytes inline (inline_max)")
+        blocks = self.tail_blocks(ino, inode)
         if len(blocks) > 1 or any(b["index"] != 0 or b["num_bytes"] or
                                   b["state"] != UNDER_CONSTRUCTION for b in blocks):
             raise InvalidArgument(f"{op} {path}: inline data for a file whose bytes are "
