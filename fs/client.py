@@ -193,7 +193,8 @@ def meta_connection(meta_address: str | None = None, *, config: Config | None = 
         retry_seconds=config.rpc_retry_seconds, max_frame=config.max_frame,
         # a restarting metadata server (safe mode) or a request whose path kept moving
         # under it: wait and send it again, as HDFS does
-        retry_errors=(SafeMode, TryAgain), user=user, groups=groups)
+        retry_errors=(SafeMode, TryAgain), user=user, groups=groups,
+        sync_metadata=config.sync_metadata)
 
 
 class AsyncClient:
@@ -513,6 +514,13 @@ class AsyncClient:
         """All entries of a directory (all pages); a file lists itself."""
         return [entry async for entry in self.iter_status(path)]
 
+    async def sync_metadata(self) -> int:
+        """Wait until every namespace change the metadata server has answered so far (this
+        client's and everyone's) is on its disk; returns the durable txid. Needed only with
+        the ``sync_metadata`` setting off (a mount's fsync(2) of a folder); an hsync does it
+        for its file's changes and everything before them."""
+        return await self._call("sync_metadata")
+
     async def delete(self, path: str, recursive: bool = False) -> bool:
         """Delete a file or directory (a non-empty one only with ``recursive``). Missing
         paths raise ``FileNotFound``; returns True."""
@@ -756,6 +764,6 @@ for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "mkdir
               "exists", "list_status", "delete", "rename", "rename_many", "set_permission", "set_owner",
               "set_times", "set_replication", "create_symlink", "content_summary", "report",
               "safemode", "truncate", "recover_lease", "is_file_closed", "list_open_files",
-              "open_files"):
+              "open_files", "sync_metadata"):
     setattr(Client, _name, _mirror(_name))
 del _name

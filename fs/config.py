@@ -86,6 +86,10 @@ class Config:
                                   "restarts) that trigger one (LevelDB sync + segment roll + purge)")
     checkpoint_txns: int = _s(1_000_000, "transactions since the last checkpoint's txid (persisted) "
                               "that trigger one early")
+    journal_sync_delay: float = _s(0.005, "seconds the metadata server may wait to fsync "
+                                   "namespace changes it answered before their fsync (clients "
+                                   "without sync_metadata, e.g. mounts), so that those of that "
+                                   "moment share one fsync; a machine crash can lose this much")
     journal_keep_segments: int = _s(2, "finalized journal segments kept after a checkpoint (each "
                                     "checkpoint rolls one: HDFS num.checkpoints.retained)")
     namespace_lock: str = _s("fine", "metadata server locking: fine (per-path read/write locks, "
@@ -146,6 +150,12 @@ class Config:
                                         "directoryscan.interval: 6 h; 0 = off)")
     # --- client
     lease_renew_period: float = _s(0.0, "client lease renewal period (0 = soft limit / 2)")
+    sync_metadata: bool = _s(True, "a client's namespace changes (mkdir, create, close, "
+                             "rename, delete, chmod, ...) return once the metadata server "
+                             "has fsynced them (HDFS); false: once journaled to its page "
+                             "cache (a crash of the server process loses nothing, a machine "
+                             "crash at most the fsync that follows at once) and hsync or "
+                             "sync_metadata() makes them durable")
     # --- FUSE mount
     mount_entry_timeout: float = _s(1.0, "seconds the kernel caches names of a mount "
                                     "(other clients' creates/deletes show up after this)")
@@ -155,6 +165,9 @@ class Config:
                                        "names it did not make there as missing without asking "
                                        "(another client's create shows up after this; "
                                        "0 = misses are not cached)")
+    mount_sync_metadata: bool = _s(False, "sync_metadata of a mount: false, as a local "
+                                   "filesystem, namespace changes are durable at fsync(2) of "
+                                   "a file or folder (or within one journal fsync, ~ms)")
     mount_meta_timeout: float = _s(15.0, "seconds a mount request waits for an unreachable "
                                    "metadata server before failing with EIO (never a hung shell)")
     mount_cache_dir: str = _s("", "folder for a mount's staging files of random writes "

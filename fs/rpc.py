@@ -1,9 +1,11 @@
 """RPC over framed msgpack: many calls in flight per connection, errors as exceptions.
 
 Wire (see docs/PROTOCOL.md): the client's first frame is a hello
-``{"hello": "leasefs", "version": 1, "client_id": str, "user": str, "groups": [str]}``
-(``user``/``groups``: the caller's identity, HDFS simple authentication; a hello without
-``user`` is user ``nobody`` without groups); then requests
+``{"hello": "leasefs", "version": 1, "client_id": str, "user": str, "groups": [str],
+"sync_metadata": bool}`` (``user``/``groups``: the caller's identity, HDFS simple
+authentication; a hello without ``user`` is user ``nobody`` without groups;
+``sync_metadata`` false: the connection's namespace changes are answered once journaled
+without waiting for the fsync, see PROTOCOL.md; absent = true); then requests
 ``[call_id, method, args]`` and replies ``[call_id, ok, result_or_error]`` in any order.
 ``call_id`` is unique per ``client_id`` for the client's lifetime (not per connection), so a
 call retried on a new connection after a lost reply carries the same ``(client_id, call_id)``
@@ -242,12 +244,13 @@ class RpcClient:
                  retry_seconds: float = 30.0, connect_timeout: float = 5.0,
                  max_frame: int = DEFAULT_MAX_FRAME,
                  retry_errors: tuple[type[LeaseFSError], ...] = (),
-                 user: str | None = None, groups=None):
+                 user: str | None = None, groups=None, sync_metadata: bool = True):
         self.address = parse_address(address)
         self.user, groups = check_identity(
             current_user() if user is None else user,
             current_groups() if groups is None else list(groups), "RPC client identity")
         self.groups = list(groups)
+        self.sync_metadata = sync_metadata
         # The retry cache keys on (client_id, call_id) and call ids restart at 1 in every
         # RpcClient: the random part keeps two clients that share a name (two processes, a
         # restarted service) from ever answering each other's calls. It stays the same across
@@ -310,7 +313,7 @@ class RpcClient:
             channel = FrameChannel(stream, self._nursery, self.max_frame)
             channel.send_nowait({"hello": "leasefs", "version": PROTOCOL_VERSION,
                                  "client_id": self.client_id, "user": self.user,
-                                 "groups": self.groups})
+                                 "groups": self.groups, "sync_metadata": self.sync_metadata})
             conn = _Connection(channel)
             self._conn = conn
             self._nursery.start_soon(self._reader, conn)
@@ -424,6 +427,7 @@ class CallContext:
     extra: dict = field(default_factory=dict)
     user: str | None = None
     groups: tuple[str, ...] = ()
+    sync_metadata: bool = True   # namespace changes answered only once durable
 
 
 class Dispatcher:
@@ -494,21 +498,25 @@ def check_version(version, supported: int, what: str) -> None:
                             f"this server speaks version {supported}")
 
 
-def _check_hello(hello) -> tuple[str, str, tuple[str, ...]]:
-    """``(client_id, user, groups)`` of a connection's first frame; ``ProtocolError`` if it
-    is not a leasefs hello of ``PROTOCOL_VERSION``. A hello without ``user`` (an older
-    client) is ``nobody``."""
+def _check_hello(hello) -> tuple[str, str, tuple[str, ...], bool]:
+    """``(client_id, user, groups, sync_metadata)`` of a connection's first frame;
+    ``ProtocolError`` if it is not a leasefs hello of ``PROTOCOL_VERSION``. A hello without
+    ``user`` (an older client) is ``nobody``."""
     if not (isinstance(hello, dict) and hello.get("hello") == "leasefs"
             and isinstance(hello.get("client_id"), str) and hello["client_id"]):
         raise ProtocolError(f"first frame must be a leasefs hello, got {brief(hello)}")
     check_version(hello.get("version"), PROTOCOL_VERSION, "hello")
+    sync_metadata = hello.get("sync_metadata", True)
+    if not isinstance(sync_metadata, bool):
+        raise ProtocolError(f"hello: sync_metadata must be true or false, got "
+                            f"{brief(sync_metadata, 40)}")
     if hello.get("user") is None:
-        return hello["client_id"][:256], ANONYMOUS_USER, ()
+        return hello["client_id"][:256], ANONYMOUS_USER, (), sync_metadata
     try:
         user, groups = check_identity(hello["user"], hello.get("groups") or [])
     except InvalidArgument as exc:
         raise ProtocolError(str(exc)) from None
-    return hello["client_id"][:256], user, groups
+    return hello["client_id"][:256], user, groups, sync_metadata
 
 
 async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
@@ -597,7 +605,7 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
         closing[0] = True
         idle.unpark_all()
 
-    async def read_requests(nursery, client_id, user, groups):
+    async def read_requests(nursery, client_id, user, groups, sync_metadata):
         while True:
             # the replies to one batch leave in one write: the channel's flusher runs after
             # this loop has answered the batch's reads and started its mutations
@@ -614,7 +622,7 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                         f"call id must be an integer, got {brief(call_id, 40)}").to_wire())
                     continue
                 ctx = CallContext(client_id=client_id, peer=peer, call_id=call_id,
-                                  user=user, groups=groups)
+                                  user=user, groups=groups, sync_metadata=sync_metadata)
                 if method in inline:   # never awaits: no task of its own
                     await run_call(ctx, method, args, False)
                     continue
@@ -677,13 +685,13 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                         hello = await channel.receive_frame()
                     if scope.cancelled_caught:
                         raise ProtocolError("no hello frame in time")
-                    client_id, user, groups = _check_hello(hello)
+                    client_id, user, groups, sync_metadata = _check_hello(hello)
                     channel.max_frame = max_frame
                     verdict: list[str] = []
                     with trio.CancelScope() as reading:
                         if frame_timeout < math.inf or idle_timeout < math.inf:
                             nursery.start_soon(watch, reading, verdict)
-                        await read_requests(nursery, client_id, user, groups)
+                        await read_requests(nursery, client_id, user, groups, sync_metadata)
                     if verdict and verdict[0]:
                         raise ProtocolError(verdict[0])
                     if verdict:

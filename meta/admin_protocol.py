@@ -91,6 +91,7 @@ class AdminProtocol:
                 "namespace_id": self.ns.namespace_id,
                 "namespace_lock": self.config.namespace_lock,
                 "journal": {"last_txid": self.journal.last_txid,
+                            "durable_txid": self.journal.durable_txid,
                             "fsyncs": self.journal.stats.fsyncs,
                             "records": self.journal.stats.records},
                 "checkpoint": self.last_checkpoint.as_dict(self.ns.applied_txid),

@@ -2,8 +2,14 @@
 write path — mkdirs, create, create_symlink, add_block, abandon_block, complete, fsync, the
 pipeline-recovery calls (update_block_for_pipeline, update_pipeline,
 get_additional_datanode), recover_lease, append, truncate, list_open_files, renew_lease,
-get_block_locations, get_file_info, list_status, rename, rename_many, delete and the set_*
-calls (PROTOCOL.md §2).
+get_block_locations, get_file_info, list_status, rename, rename_many, delete, the set_*
+calls and sync_metadata (PROTOCOL.md §2).
+
+Durability: a handler journals with ``durable=ctx.sync_metadata`` where its record only
+changes the namespace (``MetaServer.LAZY_OPS``); a connection whose hello turned
+``sync_metadata`` off is then answered once the record is written and applied, before its
+fsync. Records that hand out block ids or generation stamps, or that an hsync asks for,
+always wait for the fsync.
 
 Why it exists: one role per module. HDFS keeps the calls of clients apart from those of
 DataNodes (``datanode_protocol.py``) and of administrators (``admin_protocol.py``); the
@@ -85,7 +91,8 @@ class ClientProtocol:
             _, wall = self.now()
             await self.log_plan(self.ns.plan_mkdirs(canonical, permission, new_owner, new_group,
                                                     create_parent=create_parent,
-                                                    exclusive=exclusive, now_ns=wall))
+                                                    exclusive=exclusive, now_ns=wall),
+                                durable=ctx.sync_metadata)
             return self._changed(canonical) if want_status else True
         return await self.with_ancestor_locks(f"mkdirs {canonical}", parts, body,
                                               keep_parent_write=False)
@@ -138,7 +145,7 @@ class ClientProtocol:
                 except LeaseFSError as exc:
                     log.info("create %s: no first block: %s", canonical, exc)
             # the first block's record goes in the create's batch: one fsync for both
-            await self.log_plans([plan, block and block[0]])
+            await self.log_plans([plan, block and block[0]], durable=ctx.sync_metadata)
             status = self.ns.status(canonical, ino, self.ns.get_inode(ino))
             answer = self._changed(canonical, status) if want_status else status
             if not first_block:
@@ -161,7 +168,7 @@ class ClientProtocol:
             _, wall = self.now()
             plan = self.ns.plan_symlink(target, canonical, create_parent=create_parent,
                                         owner=new_owner, group=new_group, now_ns=wall)
-            await self.log_plan(plan)
+            await self.log_plan(plan, durable=ctx.sync_metadata)
             ino = plan[1]["ino"]
             status = self.ns.status(canonical, ino, self.ns.get_inode(ino))
             return self._changed(canonical, status) if want_status else status
@@ -274,7 +281,8 @@ class ClientProtocol:
                 self.check_access(ctx, paths.split(current), owner=True)
             self.ns.check_inline(current, ino, inode, data)
             _, wall = self.now()
-            await self.log_plan(self.ns.plan_close(ino, None, None, wall, attrs, data=data))
+            await self.log_plan(self.ns.plan_close(ino, None, None, wall, attrs, data=data),
+                                durable=ctx.sync_metadata)
             return True
 
     async def _complete_once(self, ctx, canonical, client_name, ino, last,
@@ -292,7 +300,8 @@ class ClientProtocol:
             kind, block = self.ns.check_last(current, blocks, last)
             _, wall = self.now()
             if kind == "none":
-                await self.log_plan(self.ns.plan_close(ino, None, None, wall, attrs))
+                await self.log_plan(self.ns.plan_close(ino, None, None, wall, attrs),
+                                    durable=ctx.sync_metadata)
                 return True
             earlier_ok = all(self.is_complete(b) for b in blocks[:-1])
             num_bytes = last["num_bytes"]
@@ -302,7 +311,8 @@ class ClientProtocol:
             else:
                 last_ok = self.is_complete(block)
             if earlier_ok and last_ok:
-                await self.log_plan(self.ns.plan_close(ino, block, num_bytes, wall, attrs))
+                await self.log_plan(self.ns.plan_close(ino, block, num_bytes, wall, attrs),
+                                    durable=ctx.sync_metadata)
                 return True
             if not earlier_ok:
                 if kind == "commit":
@@ -331,8 +341,16 @@ class ClientProtocol:
             plan = self.ns.plan_fsync(current, ino, blocks, last_block_length)
             if plan is not None:
                 self.ns.check_writer_length(current, inode, last_block_length)
-            await self.log_plan(plan)
+                await self.log_plan(plan)
+            else:   # nothing new to record: what was answered before it is durable all the same
+                await self.journal.sync()
             return True
+
+    async def rpc_sync_metadata(self, ctx):
+        """Wait until every namespace change answered so far is durable (the changes of a
+        client without ``sync_metadata``: a mount's fsync(2) of a folder, ``sync``); returns
+        the durable txid."""
+        return await self.journal.sync()
 
     # ------------------------------------------------------------------ pipeline recovery
     def _pipeline_block(self, what: str, block) -> tuple[int, BlockInfo, str]:
@@ -648,7 +666,7 @@ class ClientProtocol:
             replaced = None
             if want_status and plan is not None and plan[1]["overwrite"] is not None:
                 replaced = self.ns.get_file_info(d)
-            await self.log_plan(plan)
+            await self.log_plan(plan, durable=ctx.sync_metadata)
             if not want_status:
                 return True
             return {**self._changed(d), "replaced": replaced,
@@ -664,7 +682,8 @@ class ClientProtocol:
             for src_parts, dst_parts, _ in triples:
                 self._check_rename(ctx, src_parts, dst_parts)
             _, wall = self.now()
-            await self.log_plan(self.ns.plan_rename_many(moves, overwrite, now_ns=wall))
+            await self.log_plan(self.ns.plan_rename_many(moves, overwrite, now_ns=wall),
+                                durable=ctx.sync_metadata)
             return True
 
     async def rpc_delete(self, ctx, path, recursive=False, expect=None, want_status=False):
@@ -691,10 +710,12 @@ class ClientProtocol:
                     raise NotDirectory(f"rmdir {canonical}: not a directory")
                 if expect == "nondir" and gone["type"] == DIR:
                     raise IsDirectory(f"unlink {canonical}: is a directory")
-            await self.log_plan(self.ns.plan_delete(canonical, recursive, now_ns=wall))
+            await self.log_plan(self.ns.plan_delete(canonical, recursive, now_ns=wall),
+                                durable=ctx.sync_metadata)
             return self._changed(canonical, gone) if want_status else True
 
-    async def _set_op(self, what: str, path, planner, check=None, want_status=False):
+    async def _set_op(self, what: str, path, planner, check=None, want_status=False,
+                      durable=True):
         """``want_status``: answer the inode's status after the change instead of ``true``
         (a mount's setattr in one round trip)."""
         parts = paths.split(path)
@@ -703,13 +724,13 @@ class ClientProtocol:
         async with self.mutation(f"{what} {canonical}", lock_set(parts, LOCK_WRITE)):
             if check is not None:
                 check(parts, canonical)
-            await self.log_plan(planner(canonical, self.wall_ns()))
+            await self.log_plan(planner(canonical, self.wall_ns()), durable=durable)
             return self.ns.get_file_info(canonical) if want_status else True
 
     async def rpc_set_permission(self, ctx, path, permission, want_status=False):
         return await self._set_op("chmod", path, lambda p, t: self.ns.plan_set_permission(
             p, permission, now_ns=t), lambda parts, _: self.check_access(ctx, parts, owner=True),
-            want_status)
+            want_status, ctx.sync_metadata)
 
     async def rpc_set_owner(self, ctx, path, owner=None, group=None, want_status=False):
         def check(parts, canonical):
@@ -724,7 +745,7 @@ class ClientProtocol:
                     check_name(owner, f"chown {canonical}: owner", optional=True),
                     check_name(group, f"chown {canonical}: group", optional=True))
         return await self._set_op("chown", path, lambda p, t: self.ns.plan_set_owner(
-            p, owner, group, now_ns=t), check, want_status)
+            p, owner, group, now_ns=t), check, want_status, ctx.sync_metadata)
 
     async def rpc_set_times(self, ctx, path, mtime_ns=None, atime_ns=None, ino=None,
                             want_status=False):
@@ -744,7 +765,7 @@ class ClientProtocol:
                 raise FileNotFound(f"{canonical}: inode {ino} no longer exists")
             self.check_access(ctx, paths.split(current), access=WRITE)
             check_bool(want_status, f"set times of {canonical}: want_status")
-            await self.log_plan(planner(current, self.wall_ns()))
+            await self.log_plan(planner(current, self.wall_ns()), durable=ctx.sync_metadata)
             return self.ns.get_file_info(current) if want_status else True
 
     async def rpc_set_replication(self, ctx, path, replication):

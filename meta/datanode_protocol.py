@@ -79,7 +79,8 @@ class DatanodeProtocol:
             return {"reregister": True, "commands": []}
         commands = []
         if not self.safemode.on:   # no deletions before the namespace is known to be whole
-            refs = self.datanodes.take_invalidate(node_id)
+            # only deletions decided on a durable namespace (see datanodes.py)
+            refs = self.datanodes.take_invalidate(node_id, self.journal.durable_txid)
             if refs:
                 commands.append({"type": "INVALIDATE", "blocks": refs})
             commands.extend(self.transfer_commands.pop(node_id, []))

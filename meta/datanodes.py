@@ -15,6 +15,11 @@ reply to that node's next heartbeat (HDFS ``DatanodeManager`` + ``InvalidateBloc
   received anew (the server then decides again), and is handed out again when
   ``invalidate_timeout`` passes without that (at most ``invalidate_max_sends`` times; after
   that the next full report finds the replica again if it is still there).
+  A ref remembers the namespace txid of the state that decided it (``applied_txid``, when
+  it was added) and is handed out only once the journal has made that txid durable
+  (``take_invalidate``'s ``durable_txid``): a namespace change acknowledged before its fsync
+  (``sync_metadata`` off) never deletes a replica that a machine crash could bring back
+  into the namespace.
 * Admin state (``NodeInfo.admin``): NORMAL, DECOMMISSION_IN_PROGRESS, DECOMMISSIONED; a
   node that is not NORMAL is never chosen as a target.
 * Placement (``choose_targets``): ``n`` distinct live nodes, never an excluded one (by node id
@@ -27,6 +32,7 @@ Concurrency contract: plain data, no I/O, called only from the trio thread; atom
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -62,6 +68,7 @@ class NodeInfo:
     scheduled_bytes: int = 0
     admin: str = NORMAL
     invalidate: dict[int, dict] = field(default_factory=dict)   # block id → block ref
+    invalidate_txid: dict[int, int] = field(default_factory=dict)   # block id → decided at
     # handed out, not yet reported deleted; in order of the last send
     awaiting_deletion: dict[int, "SentInvalidation"] = field(default_factory=dict)
 
@@ -80,14 +87,16 @@ class NodeInfo:
     def forget_invalidations(self) -> None:
         """Dead or replaced: it re-reports everything when it returns."""
         self.invalidate.clear()
+        self.invalidate_txid.clear()
         self.awaiting_deletion.clear()
 
 
 class DatanodeManager:
     def __init__(self, *, dead_interval: float, invalidate_limit: int, clock=time.monotonic,
                  rng: random.Random | None = None, invalidate_timeout: float = 30.0,
-                 invalidate_max_sends: int = 5):
+                 invalidate_max_sends: int = 5, applied_txid=lambda: 0):
         self.dead_interval = dead_interval
+        self.applied_txid = applied_txid   # the namespace txid invalidations are decided at
         self.invalidate_limit = max(1, invalidate_limit)
         self.invalidate_timeout = invalidate_timeout
         self.invalidate_max_sends = max(1, invalidate_max_sends)
@@ -172,13 +181,16 @@ class DatanodeManager:
         node = self.nodes.get(node_id)
         if node is not None and node.alive:
             node.awaiting_deletion.pop(block_ref["id"], None)
+            node.invalidate.pop(block_ref["id"], None)   # to the end: kept in txid order
             node.invalidate[block_ref["id"]] = block_ref
+            node.invalidate_txid[block_ref["id"]] = self.applied_txid()
 
     def cancel_invalidate(self, node_id: str, block_id: int) -> None:
         """The node reported the replica deleted, or anew (then the caller decides again)."""
         node = self.nodes.get(node_id)
         if node is not None:
             node.invalidate.pop(block_id, None)
+            node.invalidate_txid.pop(block_id, None)
             node.awaiting_deletion.pop(block_id, None)
 
     def confirm_by_report(self, node_id: str, reported: dict[int, int]) -> int:
@@ -193,10 +205,11 @@ class DatanodeManager:
             del node.awaiting_deletion[block_id]
         return len(done)
 
-    def take_invalidate(self, node_id: str) -> list[dict]:
+    def take_invalidate(self, node_id: str, durable_txid: float = math.inf) -> list[dict]:
         """At most ``invalidate_limit`` refs for this heartbeat's reply: first those handed
-        out ``invalidate_timeout`` ago and still not reported deleted, then new ones
-        (oldest first). Every ref handed out waits for its deletion report."""
+        out ``invalidate_timeout`` ago and still not reported deleted, then new ones decided
+        at a txid <= ``durable_txid`` (oldest first). Every ref handed out waits for its
+        deletion report."""
         node = self.nodes.get(node_id)
         if node is None or not (node.invalidate or node.awaiting_deletion):
             return []
@@ -219,8 +232,13 @@ class DatanodeManager:
             sent.sent_at, sent.sends = now, sent.sends + 1
             node.awaiting_deletion[block_id] = sent   # to the end: the newest send
             out.append(sent.ref)
-        for block_id in list(node.invalidate)[:self.invalidate_limit - len(out)]:
+        for block_id in list(node.invalidate):
+            if len(out) >= self.invalidate_limit:
+                break
+            if node.invalidate_txid.get(block_id, 0) > durable_txid:
+                break   # refs are in the order they were decided: the rest are newer
             ref = node.invalidate.pop(block_id)
+            node.invalidate_txid.pop(block_id, None)
             node.awaiting_deletion[block_id] = SentInvalidation(ref, now)
             out.append(ref)
         return out

@@ -15,6 +15,20 @@ waiter of the batch. Records logged while an fsync runs form the next batch, so 
 concurrent ``log()`` calls cost about one fsync (``stats`` counts fsyncs, records, bytes).
 ``apply`` receives the records exactly as ``replay`` will decode them after a restart.
 
+Written or durable acknowledgement. ``log(..., durable=False)`` (the namespace changes of a
+client that asked for local-filesystem semantics, see ``sync_metadata`` in DESIGN.md) returns
+once its record is written to the segment (the page cache: a crash of this process loses
+nothing) and applied; the fsync follows in the background (``_background_sync``) within
+``sync_delay`` (5 ms: writes of that moment share one fsync), so a machine crash loses at
+most the records of that moment, as a local filesystem loses metadata not yet committed
+(ext4: 5 s). A batch holding any durable record takes the durable path
+(write + fsync, then apply), which makes everything written before it durable too.
+``durable_txid`` is the last txid known to be on disk; ``on_durable(txid)`` (set by the
+server) is called each time it advances, for effects that must wait for it (block deletions
+sent to block servers); ``sync()`` waits until everything acknowledged so far is durable.
+A lazy batch is written by the trio thread itself (a small append to the page cache, like
+the LevelDB batch its apply writes); only the fsync runs in the worker thread.
+
 Instrumentation: ``observer`` (None, or a sync callable set by tests and the status page)
 gets ``("queued", first, last)`` when records join the pending batch and
 ``("fsync_start"|"fsync_end", first, last)`` around each batch's write+fsync; tests use it
@@ -26,8 +40,12 @@ Concurrency contract:
   (``open``/``replay`` at startup before ``run``; ``purge`` only unlinks a few files).
 * ``apply`` is sync, called only by the syncer on the trio thread, never concurrently with
   itself and never awaited; it must not await (it is what writes the LevelDB batch).
-* File writes, fsyncs, renames run in the journal's one worker thread (``_SyncThread``)
-  under ``_sync_lock``, so a batch write, a roll and the final flush never overlap.
+* Durable batch writes, fsyncs, renames run in the journal's one worker thread
+  (``_SyncThread``) under ``_sync_lock``, so a batch write, a roll and the final flush never
+  overlap; a lazy batch is written under ``_sync_lock`` on the trio thread (no await between
+  the write and its apply). The background fsync does not take ``_sync_lock`` (a lazy write
+  must not wait for it): it runs in the same worker thread as rolls and closes, so it never
+  meets a closed descriptor, and a roll fsyncs the segment it finalizes.
 * A ``log`` caller cancelled while waiting leaves its record in the batch: it is still
   written and applied; the syncer and the other waiters are unaffected.
 
@@ -41,9 +59,10 @@ durable mutation is never answered with an error:
   goes back, and the journal keeps serving (the next ``log`` tries the disk again).
 * Fail-stop (HDFS: the NameNode terminates when it cannot write a required journal): when
   the cut fails too (the records' fate is unknown), when ``apply`` raises (the records are
-  durable but not applied), or when a roll fails, the journal refuses everything, never
-  answers the waiting callers, and ``run`` raises ``JournalError`` so the server stops. A
-  restart replays what is durable.
+  durable but not applied), when a roll fails, or when the background fsync of written and
+  acknowledged records fails, the journal refuses everything, never answers the waiting
+  callers, and ``run`` raises ``JournalError`` so the server stops. A restart replays what
+  is durable.
 """
 
 from __future__ import annotations
@@ -132,17 +151,21 @@ class _SyncThread:
 
 
 class _Batch:
-    """Records waiting for one write+fsync, and the event their callers wait on."""
-    __slots__ = ("records", "chunks", "done", "error")
+    """Records waiting for one write (+fsync), and the events their callers wait on:
+    ``written`` (written and applied) and ``done`` (durable and applied)."""
+    __slots__ = ("records", "chunks", "durable", "written", "done", "error")
 
     def __init__(self) -> None:
         self.records: list[Record] = []
         self.chunks: list[bytes] = []
+        self.durable = False    # some caller waits for the fsync: the batch takes that path
+        self.written = trio.Event()
         self.done = trio.Event()
         self.error: tuple[type[LeaseFSError], str] | None = None
 
     def fail(self, message: str, error: type[LeaseFSError] = InternalError) -> None:
         self.error = (error, message)
+        self.written.set()
         self.done.set()
 
 
@@ -151,7 +174,7 @@ class Journal:
 
     def __init__(self, directory: str, apply: Callable[[list[Record]], None], *,
                  keep_segments: int = 10,
-                 max_record: int = 64 << 20):
+                 max_record: int = 64 << 20, sync_delay: float = 0.005):
         if keep_segments < 0:
             raise InvalidArgument(f"journal keep_segments must be >= 0, got {keep_segments}")
         self.directory = os.path.abspath(directory)
@@ -159,9 +182,17 @@ class Journal:
         self._thread = _SyncThread(f"journal {os.path.basename(self.directory)}")
         self.keep_segments = keep_segments
         self.max_record = max_record
-        self.last_txid = 0
+        self.last_txid = 0       # the last txid written to the segment (and applied)
+        self.durable_txid = 0    # the last txid known to be on disk
         self.stats = JournalStats()
         self.observer: Callable[[str, int, int], None] | None = None
+        self.on_durable: Callable[[int], None] | None = None
+        self._unsynced: list[_Batch] = []   # written, acknowledged, not yet fsynced
+        self._unsynced_wakeup = trio.lowlevel.ParkingLot()
+        self._sync_now = trio.lowlevel.ParkingLot()
+        self._sync_wanted = False   # a sync() waits: no delay before the next fsync
+        self.sync_delay = max(0.0, sync_delay)
+        self._durable_wakeup = trio.lowlevel.ParkingLot()
         self._next_txid = 1
         self._opened = False
         self._closing = False
@@ -225,6 +256,7 @@ class Journal:
             if plan.bridge is not None:
                 self._bridge(plan, reuse_empty)
             self._next_txid = self.last_txid + 1
+            self.durable_txid = self.last_txid
             self._inprogress_first = self._next_txid
             self._fd = self._open_inprogress(self._inprogress_first)
             self._inprogress_size = 0
@@ -293,14 +325,16 @@ class Journal:
                     yield record
 
     # ------------------------------------------------------------------ appending
-    async def log(self, op: str, args: dict) -> int:
-        """Append one record, wait until it is durable AND applied; return its txid."""
-        return (await self.log_many([(op, args)]))[0]
+    async def log(self, op: str, args: dict, *, durable: bool = True) -> int:
+        """Append one record, wait until it is durable (or, with ``durable=False``, written)
+        AND applied; return its txid."""
+        return (await self.log_many([(op, args)], durable=durable))[0]
 
-    async def log_many(self, records: list[tuple[str, dict]]) -> list[int]:
+    async def log_many(self, records: list[tuple[str, dict]], *,
+                       durable: bool = True) -> list[int]:
         """Append ``(op, args)`` records to the same batch, in order, and wait until all are
-        durable and applied; their txids. A record that cannot be encoded refuses them all
-        before any is queued."""
+        durable (``durable=False``: written) and applied; their txids. A record that cannot be
+        encoded refuses them all before any is queued."""
         if self._failure is not None:
             raise InternalError(f"journal refuses writes after an earlier failure: {self._failure}")
         if not self._opened or self._closing:
@@ -327,29 +361,34 @@ class Journal:
         for record, chunk in encoded:
             batch.records.append(record)
             batch.chunks.append(chunk)
+        batch.durable = batch.durable or durable
         self._wakeup.unpark_all()
         if self.observer is not None:
             self.observer("queued", first, self._next_txid - 1)
-        await batch.done.wait()
+        await (batch.done if durable else batch.written).wait()
         if batch.error is not None:
             error, message = batch.error
             raise error(message)
         return list(range(first, first + len(encoded)))
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """The group-commit syncer task; runs in the server's nursery until cancelled."""
-        task_status.started()
-        while True:
-            if self._failure is not None:
-                raise JournalError(f"journal {self.directory}: {self._failure}",
-                                   file=self.directory)
-            if not self._pending.records:
-                await self._wakeup.park()
-                continue
-            await self._flush_once()
+        """The group-commit syncer task (and its background fsync of written records); runs
+        in the server's nursery until cancelled."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._background_sync)
+            task_status.started()
+            while True:
+                if self._failure is not None:
+                    raise JournalError(f"journal {self.directory}: {self._failure}",
+                                       file=self.directory)
+                if not self._pending.records:
+                    await self._wakeup.park()
+                    continue
+                await self._flush_once()
 
     async def _flush_once(self) -> None:
-        """Write + fsync the whole pending batch in one worker call, apply it, wake waiters."""
+        """Write the whole pending batch (+ fsync in one worker call when a caller waits for
+        durability), apply it, wake its waiters."""
         async with self._sync_lock:
             batch = self._pending
             if not batch.records or self._failure is not None:
@@ -357,38 +396,116 @@ class Journal:
             self._pending = _Batch()
             data = b"".join(batch.chunks)
             first, last = batch.records[0].txid, batch.records[-1].txid
-            if self.observer is not None:
-                self.observer("fsync_start", first, last)
-            try:
-                await self._thread.run(self._write_and_fsync, data)
-            except OSError as exc:
-                await self._write_failed(exc, batch)
-                return
-            # from here to the wake-up there is no checkpoint: durable → applied → acknowledged
-            self.stats.fsyncs += 1
+            if batch.durable:
+                if self.observer is not None:
+                    self.observer("fsync_start", first, last)
+                try:
+                    await self._thread.run(self._write_and_fsync, data)
+                except OSError as exc:
+                    await self._write_failed(exc, batch)
+                    return
+                self.stats.fsyncs += 1
+            else:
+                try:
+                    self._write(data)
+                except OSError as exc:
+                    await self._write_failed(exc, batch)
+                    return
+            # from here to the wake-up there is no checkpoint: written (durable) → applied →
+            # acknowledged
             self.stats.records += len(batch.records)
             self.stats.bytes += len(data)
             self.stats.largest_batch = max(self.stats.largest_batch, len(batch.records))
             self._inprogress_size += len(data)
             self.last_txid = last
-            if self.observer is not None:
-                self.observer("fsync_end", first, last)
+            if batch.durable:
+                if self.observer is not None:
+                    self.observer("fsync_end", first, last)
+                self._mark_durable(last)
             try:
                 self._apply(batch.records)
             except Exception as exc:
                 log.exception("journal: applying txids %d..%d failed", first, last)
-                self._stop(f"applying txids {first}..{last} failed after they were made "
-                           f"durable ({type(exc).__name__}: {exc}); they replay at the next start")
+                self._stop(f"applying txids {first}..{last} failed after they were "
+                           f"written ({type(exc).__name__}: {exc}); they replay at the next start")
                 return
-            batch.done.set()
+            batch.written.set()
+            if batch.durable:
+                batch.done.set()
+            else:
+                self._unsynced.append(batch)
+                self._unsynced_wakeup.unpark_all()
 
-    def _write_and_fsync(self, data: bytes) -> None:
-        """Worker thread: append ``data`` to the in-progress segment and fsync it."""
+    def _write(self, data: bytes) -> None:
+        """Append ``data`` to the in-progress segment (no fsync)."""
         view = memoryview(data)
         while view:
             written = os.write(self._fd, view)
             view = view[written:]
+
+    def _write_and_fsync(self, data: bytes) -> None:
+        """Worker thread: append ``data`` to the in-progress segment and fsync it."""
+        self._write(data)
         os.fsync(self._fd)
+
+    def _fsync_segment(self) -> None:
+        """Worker thread: fsync the in-progress segment (nothing to do once closed)."""
+        if self._fd is not None:
+            os.fsync(self._fd)
+
+    async def _background_sync(self) -> None:
+        """Make written (acknowledged) records durable: fsync as soon as there are any, in
+        the worker thread. A failure stops the server: those callers were answered."""
+        while self._failure is None:
+            if self.durable_txid >= self.last_txid:
+                await self._unsynced_wakeup.park()
+                continue
+            # a moment for more writes to share the fsync (a mount's calls come one at a
+            # time: an fsync per call cost each ~0.1 ms of both threads); sync() cuts it short
+            if not self._sync_wanted:
+                with trio.move_on_after(self.sync_delay):
+                    await self._sync_now.park()
+            self._sync_wanted = False
+            target = self.last_txid
+            try:
+                await self._thread.run(self._fsync_segment)
+            except OSError as exc:
+                self._stop(f"journal fsync of {inprogress_name(self._inprogress_first)} "
+                           f"failed: {exc}; txids up to {target} were acknowledged when "
+                           f"written and may not be durable")
+                return
+            self.stats.fsyncs += 1
+            self._mark_durable(target)
+
+    def _mark_durable(self, txid: int) -> None:
+        """Everything up to ``txid`` is on disk: wake its lazy callers' ``done`` and
+        ``sync()`` waiters, tell ``on_durable``."""
+        if txid <= self.durable_txid:
+            return
+        self.durable_txid = txid
+        keep = 0
+        for batch in self._unsynced:
+            if batch.records[-1].txid > txid:
+                break
+            batch.done.set()
+            keep += 1
+        del self._unsynced[:keep]
+        self._durable_wakeup.unpark_all()
+        if self.on_durable is not None:
+            self.on_durable(txid)
+
+    async def sync(self) -> int:
+        """Wait until every record written so far (everything acknowledged) is durable;
+        returns the durable txid."""
+        target = self.last_txid
+        while self.durable_txid < target:
+            if self._failure is not None:
+                raise InternalError(f"journal refuses writes after an earlier failure: "
+                                    f"{self._failure}")
+            self._sync_wanted = True
+            self._sync_now.unpark_all()
+            await self._durable_wakeup.park()
+        return self.durable_txid
 
     async def _write_failed(self, exc: OSError, batch: _Batch) -> None:
         """Cut the segment back to its durable length, then fail the batch and everything
@@ -402,6 +519,7 @@ class Journal:
             self._stop(f"{what}; cutting the segment back to {self._inprogress_size} bytes "
                        f"failed too ({cut_exc}): whether those records are durable is unknown")
             return
+        self._mark_durable(self.last_txid)   # the cut-back's fsync covers what was written
         # synchronous from here on: no log() can slip in between the reset and the failures
         queued, self._pending = self._pending, _Batch()
         self._next_txid = first
@@ -421,6 +539,7 @@ class Journal:
         log.critical("%s; the metadata server stops", message)
         self._failure = message
         self._wakeup.unpark_all()
+        self._durable_wakeup.unpark_all()
 
     # ------------------------------------------------------------------ checkpoints
     async def roll(self) -> tuple[int, int]:
@@ -440,6 +559,7 @@ class Journal:
                 self._stop(f"journal roll of {inprogress_name(first)} failed: {exc}")
                 raise InternalError(self._failure) from None
             self._fd = new_fd
+            self._mark_durable(last)
             self._finalized.append(SegmentInfo(finalized_name(first, last), first, last,
                                                self._inprogress_size, False))
             self._inprogress_first = last + 1
@@ -448,8 +568,10 @@ class Journal:
             return first, last
 
     def _roll_files(self, first: int, last: int) -> int:
-        """Worker thread: close, rename to the finalized name, open the next segment."""
+        """Worker thread: fsync (records written without one), close, rename to the finalized
+        name, open the next segment."""
         fd, self._fd = self._fd, None
+        os.fsync(fd)
         os.close(fd)
         os.rename(os.path.join(self.directory, inprogress_name(first)),
                   os.path.join(self.directory, finalized_name(first, last)))
@@ -497,9 +619,18 @@ class Journal:
             if not self._pending.done.is_set():
                 self._pending.fail(self._failure or f"journal {self.directory} closed")
             if self._fd is not None:
-                fd, self._fd = self._fd, None
                 try:
-                    os.close(fd)
+                    await self._thread.run(self._close_segment)
                 except OSError as exc:
                     log.warning("journal: closing %s: %s", inprogress_name(self._inprogress_first), exc)
+                else:
+                    self._mark_durable(self.last_txid)
             self._thread.close()
+
+    def _close_segment(self) -> None:
+        """Worker thread: fsync (records written without one) and close the segment."""
+        fd, self._fd = self._fd, None
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -17,7 +17,8 @@ core's API for them.
 Mutation order (every mutating RPC): safe-mode check → global lock (read) → path locks →
 validate and decide in memory (``ns.plan_*``; a ``LeaseFSError`` leaves everything
 unchanged) → ``await journal.log(op, args)``, which returns after the record is fsynced AND
-applied: ``_apply`` writes the batch to LevelDB (one write) and, in the same synchronous
+applied (or, for a namespace-only record of a client without ``sync_metadata``, written
+and applied; ``LAZY_OPS``): ``_apply`` writes the batch to LevelDB (one write) and, in the same synchronous
 step, updates the blocks map, leases and invalidate sets → release locks → reply. Reads
 take no path lock (see ``locks.py``): they never wait for a mutation's fsync.
 
@@ -105,6 +106,11 @@ LEASE_MONITOR_MAX_FILES = 1000
 # seconds of trio-thread time one RECLAIM record may take to plan (applying it costs about
 # as much): other calls wait at most that long behind the reclaimer
 RECLAIM_SLICE = 0.001
+# journal ops that only change the namespace: a client without ``sync_metadata`` is answered
+# once they are written, before their fsync (they hand out no block id or generation stamp,
+# and block deletions they cause wait for the fsync: ``DatanodeManager.take_invalidate``)
+LAZY_OPS = frozenset({"MKDIR", "ADD", "SYMLINK", "CLOSE", "DELETE", "RENAME", "RENAMES",
+                      "SET_PERMISSIONS", "SET_OWNER", "TIMES"})
 
 
 @dataclass
@@ -153,14 +159,16 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
         self.leases = LeaseManager(config.lease_soft_limit, config.lease_hard_limit)
         self.datanodes = DatanodeManager(
             dead_interval=config.dead_node_interval, invalidate_limit=config.invalidate_limit,
-            clock=clock, invalidate_timeout=INVALIDATE_RESEND_HEARTBEATS * config.heartbeat_interval)
+            clock=clock, invalidate_timeout=INVALIDATE_RESEND_HEARTBEATS * config.heartbeat_interval,
+            applied_txid=lambda: self.ns.applied_txid)
         self.safemode = SafeModeState(config.safemode_threshold, config.safemode_extension,
                                       config.safemode_min_storage)
         self.global_namespace_lock = config.namespace_lock == "global"
         self.locks = PathLockPool()
         self.global_lock = RWLock()
         self.journal = Journal(journal_dir, self._apply,
-                               keep_segments=config.journal_keep_segments)
+                               keep_segments=config.journal_keep_segments,
+                               sync_delay=config.journal_sync_delay)
         self._recovering = False
         self.last_checkpoint = CheckpointInfo()   # read from the store by recover()
         self._started_ns = wall_ns()
@@ -333,15 +341,20 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
             self.recover_commands.get(rec.primary, {}).pop(block_id, None)
 
     # ================================================================== helpers
-    async def log_plan(self, plan) -> int | None:
+    async def log_plan(self, plan, *, durable: bool = True) -> int | None:
+        """Journal a plan and wait until it is applied and durable; ``durable=False`` (a
+        client without ``sync_metadata``): applied and written, when its op is in
+        ``LAZY_OPS``."""
         if plan is None:
             return None
         op, args = plan
-        return await self.journal.log(op, args)
+        return await self.journal.log(op, args, durable=durable or op not in LAZY_OPS)
 
-    async def log_plans(self, plans) -> None:
+    async def log_plans(self, plans, *, durable: bool = True) -> None:
         """Journal several plans in one batch (one fsync), applied in order."""
-        await self.journal.log_many([plan for plan in plans if plan is not None])
+        plans = [plan for plan in plans if plan is not None]
+        await self.journal.log_many(plans, durable=durable or any(
+            op not in LAZY_OPS for op, _ in plans))
 
     def mutation(self, what: str, wanted: dict, *, check_safemode: bool = True):
         """``async with``: hold what a mutation needs from validation to its applied journal

@@ -652,15 +652,31 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
         of = handle.of
         async with of.lock:
             self._raise_pending(of)
+            synced = False
             if of.mode is FileMode.STREAM:
                 try:
-                    await of.stream.hsync()
+                    await of.stream.hsync()   # durable, with every namespace change before it
                 except LeaseFSError as exc:
                     of.error = exc
                     raise
+                synced = of.pending_mode is None and of.pending_times is None
                 await self._send_pending_attrs(of, keep=True)
             elif of.mode is FileMode.STAGING:
                 await self._publish(of, finish=False)
+            if not synced:
+                await self._sync_metadata()
+
+    @fuse_op
+    async def fsyncdir(self, fh, datasync):
+        if fh not in self._dirs:
+            raise fuse_error(errno.EBADF)
+        await self._sync_metadata()
+
+    async def _sync_metadata(self) -> None:
+        """fsync(2)'s promise for namespace changes (a create, rename, unlink, a close of a
+        file kept inline) that were answered before the metadata server's fsync."""
+        if not self.client.config.sync_metadata:
+            await self.client.sync_metadata()
 
     @fuse_op
     async def release(self, fh):

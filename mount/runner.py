@@ -107,10 +107,12 @@ def mount_client_name(mountpoint: str) -> str:
 
 def mount_client_config(config: Config) -> Config:
     """The mount's client settings: an unreachable or silent metadata server fails a request
-    within ``mount_meta_timeout`` (EIO) instead of hanging the shell that made it."""
+    within ``mount_meta_timeout`` (EIO) instead of hanging the shell that made it, and
+    namespace changes are durable at fsync(2) (``mount_sync_metadata``)."""
     bound = max(1.0, config.mount_meta_timeout)
     return config.replace(rpc_retry_seconds=min(config.rpc_retry_seconds, bound),
-                          rpc_timeout=min(config.rpc_timeout, bound))
+                          rpc_timeout=min(config.rpc_timeout, bound),
+                          sync_metadata=config.mount_sync_metadata)
 
 
 def _mount_bdi(mountpoint: str) -> str | None:

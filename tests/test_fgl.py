@@ -71,9 +71,9 @@ class Probe:
                 raise OSError("test gate never opened")
             write(data)
 
-        async def logged(records: list) -> list:   # log() comes here too
+        async def logged(records: list, **kwargs) -> list:   # log() comes here too
             self._logging = records[0]
-            return await log_many(records)
+            return await log_many(records, **kwargs)
 
         journal._write_and_fsync = gated
         journal.log_many = logged

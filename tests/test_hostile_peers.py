@@ -418,6 +418,31 @@ def test_metadata_server_refuses_a_hello_of_an_unknown_protocol_version(tmp_path
     assert len(logged) == 1 and "127.0.0.2:" in logged[0].getMessage()
 
 
+@pytest.mark.parametrize("value", [1, "false", None, [True]])
+def test_metadata_server_refuses_a_hello_whose_sync_metadata_is_not_a_boolean(tmp_path, value):
+    """``sync_metadata`` must be true or false (absent = true): anything else is a
+    ProtocolError naming it, and the connection is closed before any call runs."""
+    config = make_test_config()
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            address = await start_meta(nursery, tmp_path, config)
+            stream = await connect_from(address, "127.0.0.2")
+            frame = {"hello": "leasefs", "version": 1, "client_id": "x", "user": "alice",
+                     "groups": [], "sync_metadata": value}
+            await stream.send_all(encode_frame(frame) + encode_frame(
+                [1, "mkdirs", {"path": "/made"}]))
+            [(call_id, ok, error)] = frames(await read_until_closed(stream, 10))
+            assert call_id is None and not ok and error["type"] == "ProtocolError"
+            assert "sync_metadata must be true or false" in error["message"]
+            async with RpcClient(address, "good", retry_seconds=0) as rpc:
+                with pytest.raises(errors.FileNotFound):   # the call after the hello never ran
+                    await rpc.call("get_file_info", {"path": "/made"})
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
 @pytest.mark.parametrize("version", [999, -1, "1"])
 def test_block_server_refuses_an_op_header_of_an_unknown_protocol_version(tmp_path, caplog,
                                                                           version):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 
 import pytest
 import trio
@@ -58,6 +59,14 @@ def reopen(directory, store_applied=None, **kwargs) -> Journal:
     journal = Journal(str(directory), Applied(), **kwargs)
     journal.open(store_applied)
     return journal
+
+
+def reopen_copy(directory) -> Journal:
+    """The journal folder as a second process sees it now (a copy: opening finalizes)."""
+    copy = directory.parent / (directory.name + "-copy")
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(directory, copy)
+    return reopen(copy)
 
 
 def restart(directory) -> None:
@@ -649,3 +658,135 @@ def test_apply_error_stops_without_answering_and_the_records_replay(tmp_path, ca
     assert group.group_contains(JournalError, match="applying txids 2..2 failed.*namespace bug")
     assert seen == [1, 2] and answered == []
     assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2]   # durable: replays
+
+
+# ------------------------------------------------------------------ written, then durable
+
+def test_a_written_log_returns_before_its_fsync_and_sync_makes_it_durable(tmp_path):
+    """``durable=False``: answered once written and applied; the fsync waits for
+    ``sync_delay`` (here a minute) unless ``sync()`` asks for it, which it then does at once."""
+    applied = Applied()
+    journal = Journal(str(tmp_path), applied, sync_delay=60.0)
+    journal.open()
+    seen = {}
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            fsyncs = journal.stats.fsyncs
+            txids = [await journal.log(op, args, durable=False) for op, args in mkdir_ops(0, 3)]
+            seen["txids"] = txids
+            seen["applied"] = [r.txid for r in applied.records]
+            seen["durable"] = journal.durable_txid
+            seen["fsyncs"] = journal.stats.fsyncs - fsyncs
+            # written to the segment: a new process (a restart after kill -9) reads them
+            seen["on_disk"] = [r.txid for r in reopen_copy(tmp_path).replay(0)]
+            with trio.fail_after(10):      # not the minute of sync_delay
+                seen["synced"] = await journal.sync()
+            seen["durable_after"] = journal.durable_txid
+            nursery.cancel_scope.cancel()
+        await journal.aclose()
+
+    trio.run(main)
+    assert seen["txids"] == [1, 2, 3] and seen["applied"] == [1, 2, 3]
+    assert seen["durable"] == 0 and seen["fsyncs"] == 0
+    assert seen["on_disk"] == [1, 2, 3]
+    assert seen["synced"] == 3 and seen["durable_after"] == 3
+
+
+def test_the_background_fsync_follows_within_the_delay_and_tells_on_durable(tmp_path):
+    durable_seen = []
+    journal = Journal(str(tmp_path), Applied(), sync_delay=0.01)
+    journal.on_durable = durable_seen.append
+    journal.open()
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            for op, args in mkdir_ops(0, 5):
+                await journal.log(op, args, durable=False)
+            with trio.fail_after(10):
+                while journal.durable_txid < 5:
+                    await trio.sleep(0.005)
+            nursery.cancel_scope.cancel()
+        await journal.aclose()
+
+    trio.run(main)
+    assert durable_seen and durable_seen[-1] == 5 and durable_seen == sorted(durable_seen)
+    # the five calls came one after the other within the delay: far fewer fsyncs than records
+    assert journal.stats.fsyncs < 5, journal.stats
+
+
+def test_a_durable_log_makes_the_written_ones_before_it_durable(tmp_path):
+    journal = Journal(str(tmp_path), Applied(), sync_delay=60.0)
+    journal.open()
+    seen = {}
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            for op, args in mkdir_ops(0, 3):
+                await journal.log(op, args, durable=False)
+            seen["before"] = journal.durable_txid
+            seen["txid"] = await journal.log("MKDIR", {"path": "/sync"})
+            seen["after"] = journal.durable_txid
+            nursery.cancel_scope.cancel()
+        await journal.aclose()
+
+    trio.run(main)
+    assert seen == {"before": 0, "txid": 4, "after": 4}
+
+
+def test_roll_and_close_make_written_records_durable(tmp_path):
+    journal = Journal(str(tmp_path), Applied(), sync_delay=60.0, keep_segments=5)
+    journal.open()
+    seen = {}
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            for op, args in mkdir_ops(0, 2):
+                await journal.log(op, args, durable=False)
+            seen["rolled"] = await journal.roll()
+            seen["after_roll"] = journal.durable_txid
+            await journal.log("MKDIR", {"path": "/late"}, durable=False)
+            seen["before_close"] = journal.durable_txid
+            nursery.cancel_scope.cancel()
+        await journal.aclose()
+        seen["after_close"] = journal.durable_txid
+
+    trio.run(main)
+    assert seen == {"rolled": (1, 2), "after_roll": 2, "before_close": 2, "after_close": 3}
+    assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2, 3]
+
+
+@pytest.mark.allow_log_errors(r"journal fsync of .* failed", r"the metadata server stops",
+                              reason="the test breaks fsync")
+def test_a_failed_background_fsync_stops_the_journal(tmp_path, monkeypatch, caplog):
+    """Written records were answered: when their fsync fails the server must stop (HDFS
+    terminates when it cannot sync a required journal), and nothing is answered after."""
+    journal = Journal(str(tmp_path), Applied(), sync_delay=0.0)
+    journal.open()
+    answered = []
+
+    def broken_fsync(fd):
+        raise OSError(5, "Input/output error (injected)")
+
+    async def main():
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(journal.run)
+                monkeypatch.setattr(os, "fsync", broken_fsync)
+                answered.append(await journal.log("MKDIR", {"path": "/a"}, durable=False))
+                await trio.sleep_forever()
+
+    with caplog.at_level(logging.ERROR, logger="meta.journal"):
+        with pytest.raises(BaseExceptionGroup) as group:
+            trio.run(main)
+    monkeypatch.undo()
+    assert group.group_contains(JournalError, match="txids up to 1 were acknowledged")
+    assert answered == [1]
+    with pytest.raises(InternalError, match="refuses writes"):
+        trio.run(journal.log, "MKDIR", {"path": "/later"})
+    with pytest.raises(InternalError, match="refuses writes"):
+        trio.run(journal.sync)

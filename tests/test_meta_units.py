@@ -351,6 +351,25 @@ def test_invalidate_sets_are_handed_out_in_limited_batches():
     assert dm.take_invalidate("a") == []
 
 
+def test_invalidations_wait_until_the_namespace_that_decided_them_is_durable():
+    """A deletion decided on namespace changes answered before their fsync goes to the block
+    server only once the journal says they are durable (a machine crash must not bring back
+    a file whose replicas were deleted)."""
+    applied = [10]
+    dm = DatanodeManager(dead_interval=10, invalidate_limit=10, clock=FakeClock(),
+                         applied_txid=lambda: applied[0])
+    dm.register("a", "h:1", 1, 0, 1)
+    dm.add_invalidate("a", {"id": 1, "gs": 1, "num_bytes": 0})    # decided at txid 10
+    applied[0] = 12
+    dm.add_invalidate("a", {"id": 2, "gs": 1, "num_bytes": 0})    # decided at txid 12
+    dm.add_invalidate("a", {"id": 1, "gs": 1, "num_bytes": 0})    # decided again at 12
+    dm.add_invalidate("a", {"id": 3, "gs": 1, "num_bytes": 0})
+    assert dm.take_invalidate("a", durable_txid=9) == []
+    assert dm.take_invalidate("a", durable_txid=11) == []   # 1 was decided again at 12
+    assert [r["id"] for r in dm.take_invalidate("a", durable_txid=12)] == [2, 1, 3]
+    assert dm.pending_deletion() == 3   # handed out, waiting for the deletion report
+
+
 def test_handed_out_invalidations_wait_for_the_deletion_report_and_are_resent():
     """Finding 15: a heartbeat reply carrying INVALIDATE may be lost; the refs stay pending
     and go out again after the timeout until the node reports the replicas deleted."""

@@ -1,0 +1,188 @@
+"""Namespace changes answered before their fsync (``sync_metadata`` off, the mount's default):
+a kill -9 of the metadata server loses none of them, fsync(2) of a folder or a file through
+the mount and ``sync_metadata()`` make them durable, and a block deletion they cause reaches
+the block servers only once they are durable.
+
+The server runs with ``journal_sync_delay`` of a minute, so nothing the background fsync
+would do happens during a test: what is durable is exactly what the calls under test made
+durable. Real metadata server and block server processes, real LevelDB, real FUSE mounts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+import trio
+
+from fs.client import AsyncClient
+from harness import Mount, ProcessCluster, make_test_config, poll_until
+from meta.invariants import check_namespace
+from meta.journal import Journal
+from meta.kv import PlyvelStore
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+LATE = {"journal_sync_delay": 60.0}
+KiB = 1 << 10
+
+
+def journal_state(cluster: ProcessCluster) -> dict:
+    with cluster.client() as client:
+        return client.report()["journal"]
+
+
+def lazy_config(**extra):
+    return make_test_config(sync_metadata=False, **extra)
+
+
+def store_problems(cluster: ProcessCluster) -> list[str]:
+    store = PlyvelStore(str(cluster.meta_dir() / "db"), create=False)
+    try:
+        return check_namespace(store)
+    finally:
+        store.close()
+
+
+def test_changes_answered_before_their_fsync_survive_a_kill9(tmp_path):
+    """Clients without sync_metadata make folders, small files (kept inline), renames and
+    deletes; the server is killed (-9) right after the last answer, with none of it fsynced:
+    after the restart every answered change is there (the journal was written before the
+    answer), and the store is consistent."""
+    cluster = ProcessCluster(tmp_path, n_storage=1, settings=LATE)
+    cluster.start()
+    try:
+        before = journal_state(cluster)
+        expected_files: dict[str, bytes] = {}
+        expected_gone: list[str] = []
+
+        async def load():
+            async with trio.open_nursery() as nursery:
+                for k in range(3):
+                    nursery.start_soon(worker, k)
+
+        async def worker(k: int):
+            async with AsyncClient(cluster.meta_address, config=lazy_config()) as client:
+                for i in range(60):
+                    base = f"/w{k}/d{i}"
+                    await client.mkdirs(base)
+                    data = os.urandom(100 + i)
+                    await client.write_file(f"{base}/f", data)
+                    await client.rename(f"{base}/f", f"{base}/g")
+                    expected_files[f"{base}/g"] = data
+                    if i % 3 == 0:
+                        await client.mkdirs(f"{base}/gone")
+                        await client.delete(f"{base}/gone")
+                        expected_gone.append(f"{base}/gone")
+
+        trio.run(load)
+        state = journal_state(cluster)
+        # the calls were answered before any fsync of theirs (the report itself is a read)
+        assert state["durable_txid"] == before["durable_txid"] < state["last_txid"], state
+        cluster.kill_meta()
+        # in the journal itself, not only in LevelDB (whose unsynced log survives a process
+        # kill as well, but not a machine crash, and is not what a restart replays)
+        copy = tmp_path / "journal-copy"
+        shutil.copytree(cluster.meta_dir() / "journal", copy)
+        journal = Journal(str(copy), lambda records: None)
+        journal.open()
+        assert journal.last_txid == state["last_txid"]
+        assert store_problems(cluster) == []
+        cluster.start_meta()
+        cluster.wait_ready(1)
+
+        async def check():
+            async with AsyncClient(cluster.meta_address, config=make_test_config()) as client:
+                wrong = [p for p, data in expected_files.items()
+                         if await client.read_file(p) != data]
+                back = [p for p in expected_gone if await client.exists(p)]
+            return wrong, back
+
+        wrong, back = trio.run(check)
+        assert wrong == [] and back == []
+        assert len(expected_files) == 180
+    finally:
+        cluster.stop()
+
+
+def test_a_deletion_reaches_block_servers_only_once_it_is_durable(tmp_path):
+    """A file with blocks deleted by a client without sync_metadata: its replicas stay on
+    the block server (many heartbeats) until the delete is durable, then go."""
+    cluster = ProcessCluster(tmp_path, n_storage=1, settings={**LATE, "replication": 1,
+                                                              "inline_max": 0})
+    cluster.start()
+    try:
+        def replica_files():
+            return [p for p in cluster.storage_dir(0).rglob("blk_*") if p.is_file()]
+
+        async def write_and_delete():
+            async with AsyncClient(cluster.meta_address, config=lazy_config()) as client:
+                await client.write_file("/big", os.urandom(300 * KiB))
+                assert replica_files()
+                await client.delete("/big")
+                assert not await client.exists("/big")
+
+        trio.run(write_and_delete)
+        time.sleep(2.0)   # twenty heartbeats, each of which could have carried the deletion
+        assert replica_files(), "a replica was deleted before the delete was durable"
+        with cluster.client() as client:
+            assert client.report()["pending_deletion"] >= 1
+            client.sync_metadata()
+        assert poll_until(lambda: not replica_files(), timeout=20), \
+            "the replicas were not deleted once the delete was durable"
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
+                    reason="/dev/fuse or fusermount3 is not available")
+def test_fsync_through_the_mount_makes_the_namespace_durable(tmp_path):
+    """The mount answers mkdir, create, close (inline), rename before the metadata server's
+    fsync; fsync(2) of the folder, or of a file opened for reading after its close, waits
+    for it, as on a local filesystem."""
+    pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
+    cluster = ProcessCluster(tmp_path, n_storage=1, settings=LATE)
+    cluster.start()
+    mount = Mount(cluster, "sync").start()
+    try:
+        before = journal_state(cluster)["durable_txid"]
+        folder = mount.mp / "d"
+        folder.mkdir()
+        (folder / "a").write_bytes(b"hello")
+        os.rename(folder / "a", folder / "b")
+        state = journal_state(cluster)
+        assert state["durable_txid"] == before < state["last_txid"], state
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        state = journal_state(cluster)
+        assert state["durable_txid"] == state["last_txid"], state
+
+        (folder / "c").write_bytes(b"world")
+        state = journal_state(cluster)
+        assert state["durable_txid"] < state["last_txid"], state
+        fd = os.open(folder / "c", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        state = journal_state(cluster)
+        assert state["durable_txid"] == state["last_txid"], state
+
+        # and what was made durable is what a restart after kill -9 shows
+        (folder / "lazy").mkdir()
+        mount.stop()
+        cluster.kill_meta()
+        cluster.start_meta()
+        cluster.wait_ready(1)
+        with cluster.client() as client:
+            assert client.read_file("/d/b") == b"hello"
+            assert client.read_file("/d/c") == b"world"
+            assert client.exists("/d/lazy")   # written before the kill: kept too
+    finally:
+        mount.cleanup()
+        cluster.stop()
