@@ -493,8 +493,10 @@ class AsyncClient:
             return False
         return True
 
-    async def _list_page(self, path: str, start_after: str = "",
+    async def list_page(self, path: str, start_after: str = "",
                          limit: int | None = None) -> tuple[list[FileStatus], bool]:
+        """One page of a directory's entries sorted by name, those after ``start_after``
+        (at most ``limit``), and whether more follow."""
         page = await self._call("list_status", path=paths.validate(path),
                                 start_after=start_after, limit=limit or LIST_PAGE)
         return [FileStatus.from_wire(e) for e in page["entries"]], bool(page.get("has_more"))
@@ -503,7 +505,7 @@ class AsyncClient:
         """Entries of a directory sorted by name (a file yields itself), fetched page by page."""
         start_after = ""
         while True:
-            entries, more = await self._list_page(path, start_after)
+            entries, more = await self.list_page(path, start_after)
             for entry in entries:
                 yield entry
             if not more or not entries:
@@ -742,7 +744,7 @@ class Client:
         """Entries of a directory, fetched page by page as the iteration goes."""
         start_after = ""
         while True:
-            entries, more = self._call(self._async._list_page, path, start_after)
+            entries, more = self._call(self._async.list_page, path, start_after)
             yield from entries
             if not more or not entries:
                 return

@@ -10,6 +10,18 @@ getattr (``_keep_fresh``/``_fresh_status``), for ``attr_timeout`` at most; direc
 this mount made are known empty but for what it made in them (``_note_new_dir``), for
 ``negative_timeout`` at most.
 
+Folder listings (statahead, as Lustre's): when lookups of names in one folder keep asking
+the server (``STATAHEAD_AFTER`` within the listing's life: ``ls -l``-less stat walks, ``git
+status``, ``find``, a stat of every file just written), the mount fetches the folder's
+listing (at most ``STATAHEAD_MAX`` entries) once and answers the next lookups and getattrs
+of names it holds from it for min(``entry_timeout``, ``negative_timeout``, 1 s) from the
+fetch: the staleness the kernel's own name and attribute caches have, for names it had not
+cached yet. A name the listing does not hold is asked for (another client may have just
+made it: misses are cached only for names looked up, as before). A name this mount changes (every name handler but lookup, setattr, the release
+of a file opened for writing) is marked ``ASK`` in its folder's listing: the server answers
+for it from then on; a folder renamed here drops every listing (their paths move); and a
+listing whose fetch overlapped any change of ours is not kept (``_listing_gen``).
+
 Concurrency contract: plain methods of the mount's one trio run, no awaits but
 ``_status_of``; the tables change only between awaits of the handlers that call them.
 """
@@ -33,11 +45,33 @@ from .errors import fuse_error
 from .openfiles import FileMode, Node
 
 FRESH_LIMIT = 4096
+STATAHEAD_AFTER = 4      # lookups in one folder that asked the server, then its listing
+STATAHEAD_MAX = 4096     # entries of a listing: a bigger folder is looked up name by name
+LISTINGS_LIMIT = 64      # folders with a listing at once
+TOO_BIG_FOR = 10         # listing lives a folder too big for one stays unlisted
+# a listing answers for names the kernel never asked about: however long a mount lets the
+# kernel cache what it asked, another client's change shows within the default timeout
+LISTING_LIFE_MAX = 1.0
+
+
+ASK = None   # a listing's answer for a name changed here since the fetch: ask the server
+
+
+class Listing:
+    """A folder's entries as fetched at one moment, usable until ``until`` (trio time);
+    ``ASK`` for names this mount changed since."""
+
+    __slots__ = ("until", "entries")
+
+    def __init__(self, until: float, entries: dict[bytes, FileStatus]):
+        self.until = until
+        self.entries: dict[bytes, FileStatus | None] = entries
 
 
 class KernelView:
     """The inode table and attributes of ``LeaseFS`` (needs its ``client``, ``_nodes``,
-    ``_alias``, ``_open``, ``_fresh``, ``_new_dirs``, ``_named``, ``_uid_cache``,
+    ``_alias``, ``_open``, ``_fresh``, ``_new_dirs``, ``_listings``, ``_listing_gen``,
+    ``_asked``, ``_too_big``, ``_named``, ``_uid_cache``,
     ``_gid_cache``, ``_next_fh``, ``entry_timeout``, ``attr_timeout`` and
     ``negative_timeout``)."""
 
@@ -78,6 +112,115 @@ class KernelView:
             return None
         return None if name in entry[1] else left
 
+    # ================================================================== folder listings
+    @property
+    def _listing_life(self) -> float:
+        return min(self.entry_timeout, self.negative_timeout, LISTING_LIFE_MAX)
+
+    def _listed(self, folder: str, name: bytes):
+        """From a live listing of the folder at path ``folder``: ``(seconds left, status)``
+        of a name it holds, ``ASK`` for a name it does not hold or that changed here since;
+        None without a live listing."""
+        listing = self._listings.get(folder)
+        if listing is None:
+            return None
+        left = listing.until - trio.current_time()
+        if left <= 0:
+            del self._listings[folder]
+            return None
+        status = listing.entries.get(name)
+        return ASK if status is None else (left, status)
+
+    async def _listed_status(self, ino: int) -> tuple[float, FileStatus] | None:
+        """A getattr's answer ``(seconds left, status)`` from its folder's listing (the
+        kernel keeps a name it looked up but asks for its attributes again, e.g. after the
+        release of a written file), or None: ask the server."""
+        where = self._where(ino)
+        if where is None:
+            return None
+        listed = self._listed(*where)
+        if listed is None and await self._statahead(where[0]):
+            listed = self._listed(*where)
+        if listed is None or listed is ASK or self._kernel_ino(listed[1].ino) != ino:
+            return None
+        return listed
+
+    def _where(self, ino: int) -> tuple[str, bytes] | None:
+        """(folder path, name) of an inode the kernel knows by a path, but the root."""
+        node = self._nodes.get(ino)
+        if node is None or node.path is None or node.path == "/":
+            return None
+        folder, _, name = node.path.rpartition("/")
+        return folder or "/", os.fsencode(name)
+
+    def _touch_listing(self, folder: str, name: bytes) -> None:
+        """This mount is changing ``name`` in ``folder``: the server answers for it from now
+        on, and a listing being fetched meanwhile is not kept."""
+        self._listing_gen += 1
+        listing = self._listings.get(folder)
+        if listing is not None:
+            listing.entries[name] = ASK
+
+    def _touch_node(self, ino: int) -> None:
+        """``_touch_listing`` for an inode's current name (the root and unlinked files are
+        in no listing)."""
+        where = self._where(ino)
+        self._listing_gen += 1
+        if where is not None:
+            self._touch_listing(*where)
+
+    def _drop_listings(self) -> None:
+        """Paths moved here (a folder renamed): no listing can be trusted."""
+        self._listing_gen += 1
+        if self._listings:
+            self._listings.clear()
+
+    async def _statahead(self, path: str) -> bool:
+        """Count a lookup (or getattr) in the folder at ``path`` about to ask the server; at
+        the ``STATAHEAD_AFTER``-th within a listing's life fetch the folder's listing
+        instead. True when a listing of it is live now."""
+        life = self._listing_life
+        if life <= 0:
+            return False
+        now = trio.current_time()
+        start, count = self._asked.get(path, (now, 0))
+        if now - start > life:
+            start, count = now, 0
+        if count + 1 < STATAHEAD_AFTER:
+            if len(self._asked) >= FRESH_LIMIT:
+                self._asked.clear()
+            self._asked[path] = (start, count + 1)
+            return False
+        self._asked.pop(path, None)
+        if self._too_big.get(path, 0.0) > now:
+            return False
+        generation = self._listing_gen
+        entries: dict[bytes, FileStatus] = {}
+        start_after = ""
+        try:
+            while True:
+                page, more = await self.client.list_page(path, start_after)
+                for entry in page:
+                    if entry.path == path:   # a file lists itself: let the lookup say so
+                        return False
+                    entries[os.fsencode(entry.name)] = entry
+                if not more or not page:
+                    break
+                if len(entries) >= STATAHEAD_MAX:
+                    if len(self._too_big) >= FRESH_LIMIT:
+                        self._too_big.clear()
+                    self._too_big[path] = now + TOO_BIG_FOR * life
+                    return False
+                start_after = page[-1].name
+        except LeaseFSError:   # gone, not readable: the lookup asks for its name
+            return False
+        if generation != self._listing_gen:
+            return False   # a change of ours overlapped the fetch: it may not show it
+        if len(self._listings) >= LISTINGS_LIMIT:
+            self._listings.clear()
+        self._listings[path] = Listing(now + life, entries)
+        return True
+
     # ================================================================== helpers: paths
     def _path(self, ino: int) -> str:
         node = self._nodes.get(ino)
@@ -85,13 +228,18 @@ class KernelView:
             raise fuse_error(errno.ESTALE if node is None else errno.ENOENT)
         return node.path
 
-    def _child(self, parent_ino: int, name: bytes) -> str:
+    def _child(self, parent_ino: int, name: bytes, *, changing: bool = True) -> str:
+        """The path of ``name`` in ``parent_ino`` for a handler that may change the folder
+        (``changing``: every name handler but lookup)."""
         self._fresh.pop(parent_ino, None)   # the handler may change the directory
         self._named += 1
         text = os.fsdecode(name)
         if "/" in text or text in ("", ".", ".."):
             raise fuse_error(errno.EINVAL)
         parent = self._path(parent_ino)
+        if changing:   # the name, and the folder's own status (times, link count)
+            self._touch_listing(parent, name)
+            self._touch_node(parent_ino)
         path = "/" + text if parent == "/" else f"{parent}/{text}"
         try:
             return validate_path(path)
@@ -197,4 +345,4 @@ class KernelView:
         return None
 
 
-__all__ = ["KernelView", "FRESH_LIMIT"]
+__all__ = ["ASK", "KernelView", "FRESH_LIMIT", "Listing", "STATAHEAD_AFTER", "STATAHEAD_MAX"]

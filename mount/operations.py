@@ -50,7 +50,7 @@ from fs.errors import (AlreadyBeingCreated, FileExists, FileNotFound, LeaseFSErr
 from fs.rpc import group_name, user_name
 
 from .errors import fuse_error, fuse_op
-from .kernelview import KernelView
+from .kernelview import ASK, KernelView
 from .openfiles import DirHandle, FileEvent, FileMode, Handle, Node, OpenFile
 from .writes import WriteMachinery
 
@@ -108,6 +108,13 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
         self._unfinished: list[tuple[int, object]] = []
         # directories this mount made: (known until, names made in them here since)
         self._new_dirs: dict[int, tuple[float, set[bytes]]] = {}
+        # folder listings answering lookups (statahead, see mount.kernelview): by folder
+        # path; their generation (a change here bumps it); lookups that asked the server,
+        # per folder (since, count); folders too big to list (until)
+        self._listings: dict = {}
+        self._listing_gen = 0
+        self._asked: dict[str, tuple[float, int]] = {}
+        self._too_big: dict[str, float] = {}
         self._uid_cache: dict[str, int] = {}
         self._gid_cache: dict[str, int] = {}
         os.makedirs(cache_dir, exist_ok=True)
@@ -125,10 +132,22 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
             self._remember(attrs.st_ino, parent)
             return attrs
         else:
-            path = self._child(parent_inode, name)
+            path = self._child(parent_inode, name, changing=False)
             left = self._known_missing(parent_inode, name)
             if left is not None:
                 return self._negative_entry(left)
+            folder = self._path(parent_inode)
+            listed = self._listed(folder, name)
+            if listed is None and await self._statahead(folder):
+                listed = self._listed(folder, name)
+            if listed is not None and listed is not ASK:
+                left, status = listed
+                attrs = self._attrs(status)
+                # no longer than the listing's life: its age counts
+                attrs.entry_timeout = min(attrs.entry_timeout, left)
+                attrs.attr_timeout = min(attrs.attr_timeout, left)
+                self._remember(attrs.st_ino, path, status)
+                return attrs
             try:
                 status = await self.client.get_file_status(path)
             except FileNotFound:
@@ -178,7 +197,16 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
             # written here under our lease: size and times are ours (``_attrs`` overlays
             # them); no call for the kernel's getattr before a chown or after a write
             return self._attrs(of.status)
-        status = self._fresh_status(inode) or await self._status_of(inode)
+        status = self._fresh_status(inode)
+        if status is None and of is None:   # an open file's status is the server's own
+            listed = await self._listed_status(inode)
+            if listed is not None:
+                left, status = listed
+                attrs = self._attrs(status)
+                attrs.attr_timeout = min(attrs.attr_timeout, left)   # its age counts
+                return attrs
+        if status is None:
+            status = await self._status_of(inode)
         if of is not None:
             of.status = status
         return self._attrs(status)
@@ -187,6 +215,7 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
     async def setattr(self, inode, attr, fields, fh, ctx):
         of = self._open.get(inode)
         self._fresh.pop(inode, None)
+        self._touch_node(inode)
         if of is None:
             status = await self._set_attrs(inode, None, attr, fields, fh)
         else:
@@ -274,7 +303,7 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
             return
         start_after = handle.names[start_id - 1] if start_id > 0 else ""
         while True:
-            entries, more = await self.client._list_page(path, start_after, READDIR_PAGE)
+            entries, more = await self.client.list_page(path, start_after, READDIR_PAGE)
             for entry in entries:
                 if entry.path == path:   # a file lists itself: no longer a directory
                     raise fuse_error(errno.ENOTDIR)
@@ -384,6 +413,7 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
         if node is not None:
             node.path = dst
         if moved.status.is_dir:   # the paths of what the kernel knows below it move too
+            self._drop_listings()
             prefix = src + "/"
             for node in self._nodes.values():
                 if node.path is not None and node.path.startswith(prefix):
@@ -705,6 +735,7 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
             finally:
                 if of.opened_for_writing:   # a read-only open changed nothing
                     self._invalidate_attrs(of.ino)
+                    self._touch_node(of.ino)
                 # an open() may have joined this file while it was being published: then
                 # it stays registered (now clean) for that handle
                 if of.handles == 0:

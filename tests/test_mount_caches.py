@@ -235,3 +235,44 @@ def test_a_file_written_here_answers_getattr_itself_for_the_attribute_timeout(cl
     finally:
         os.close(fd)
     assert path.read_bytes() == b"x" * 5000 + b"y" * 100
+
+
+def test_a_folder_listing_answers_a_stat_walk_and_never_hides_a_change(cluster, other):
+    """Stat walks (a stat of every file of a folder, ``git status``) are answered from one
+    listing of the folder after a few lookups; still: a name another client just made is
+    found at once (names the listing does not hold are asked for), this mount's own
+    changes (write, chmod, truncate, rename, unlink) show at once, and another client's
+    delete or chmod shows within the name and attribute timeout (1 s) as for any cached
+    name."""
+    d = "walk"
+    folder = other.mp / d
+    with cluster.client() as client:
+        client.mkdirs(f"/{d}")   # not made here: no "made here, empty" knowledge
+        for i in range(40):
+            client.write_file(f"/{d}/f{i:02d}", b"x" * i)
+        for _ in range(3):   # the walk: the listing is fetched during the first round
+            assert [os.stat(folder / f"f{i:02d}").st_size for i in range(40)] == list(range(40))
+            client.write_file(f"/{d}/new", b"brand new")          # another client's create
+            assert (folder / "new").read_bytes() == b"brand new"  # found: never a stale miss
+            client.delete(f"/{d}/new")
+            assert poll_until(lambda: not (folder / "new").exists(), timeout=5)
+
+        # this mount's own changes show at once
+        (folder / "f01").write_bytes(b"rewritten here")
+        assert os.stat(folder / "f01").st_size == 14
+        os.chmod(folder / "f02", 0o600)
+        assert os.stat(folder / "f02").st_mode & 0o777 == 0o600
+        os.truncate(folder / "f03", 1000)
+        assert os.stat(folder / "f03").st_size == 1000
+        os.rename(folder / "f04", folder / "g04")
+        assert not (folder / "f04").exists() and os.stat(folder / "g04").st_size == 4
+        os.unlink(folder / "f05")
+        assert not (folder / "f05").exists()
+
+        # another client's changes show within the timeouts
+        assert os.stat(folder / "f06").st_size == 6
+        client.delete(f"/{d}/f06")
+        client.set_permission(f"/{d}/f07", 0o640)
+        assert poll_until(lambda: not (folder / "f06").exists(), timeout=5)
+        assert poll_until(lambda: os.stat(folder / "f07").st_mode & 0o777 == 0o640, timeout=5)
+    shutil.rmtree(folder)
