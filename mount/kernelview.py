@@ -10,8 +10,14 @@ getattr (``_keep_fresh``/``_fresh_status``), for ``attr_timeout`` at most; direc
 this mount made are known empty but for what it made in them (``_note_new_dir``), for
 ``negative_timeout`` at most.
 
-Folder listings (statahead, as Lustre's): when lookups of names in one folder keep asking
-the server (``STATAHEAD_AFTER`` within the listing's life: ``ls -l``-less stat walks, ``git
+Misses: a name a lookup here found missing is answered missing by the mount itself for
+``negative_timeout`` (``_note_miss``/``_cached_miss``), the bound the kernel's own cached
+miss has: the kernel looks a name up again before an ``O_EXCL`` create, a link and a rename
+whatever it cached (git does all three per object), and the call that follows is decided by
+the server anyway. A change of that name here forgets it.
+
+Folder listings (statahead, as Lustre's): when lookups of names in one folder keep finding
+them one by one on the server, with no change here in that folder between them (``STATAHEAD_AFTER`` within the listing's life: ``ls -l``-less stat walks, ``git
 status``, ``find``, a stat of every file just written), the mount fetches the folder's
 listing (at most ``STATAHEAD_MAX`` entries) once and answers the next lookups and getattrs
 of names it holds from it for min(``entry_timeout``, ``negative_timeout``, 1 s) from the
@@ -71,7 +77,7 @@ class Listing:
 class KernelView:
     """The inode table and attributes of ``LeaseFS`` (needs its ``client``, ``_nodes``,
     ``_alias``, ``_open``, ``_fresh``, ``_new_dirs``, ``_listings``, ``_listing_gen``,
-    ``_asked``, ``_too_big``, ``_named``, ``_uid_cache``,
+    ``_asked``, ``_too_big``, ``_misses``, ``_named``, ``_uid_cache``,
     ``_gid_cache``, ``_next_fh``, ``entry_timeout``, ``attr_timeout`` and
     ``negative_timeout``)."""
 
@@ -153,10 +159,33 @@ class KernelView:
         folder, _, name = node.path.rpartition("/")
         return folder or "/", os.fsencode(name)
 
+    def _note_miss(self, folder: str, name: bytes) -> None:
+        if len(self._misses) >= FRESH_LIMIT:
+            now = trio.current_time()
+            self._misses = {k: v for k, v in self._misses.items() if v > now}
+            if len(self._misses) >= FRESH_LIMIT:
+                self._misses.clear()
+        self._misses[(folder, name)] = trio.current_time() + self.negative_timeout
+
+    def _cached_miss(self, folder: str, name: bytes) -> float | None:
+        """Seconds for which a lookup here found ``name`` missing in ``folder`` (None: ask)."""
+        until = self._misses.get((folder, name))
+        if until is None:
+            return None
+        left = until - trio.current_time()
+        if left <= 0:
+            del self._misses[(folder, name)]
+            return None
+        return left
+
     def _touch_listing(self, folder: str, name: bytes) -> None:
         """This mount is changing ``name`` in ``folder``: the server answers for it from now
-        on, and a listing being fetched meanwhile is not kept."""
+        on, and a listing or a miss being fetched meanwhile is not kept."""
         self._listing_gen += 1
+        self._misses.pop((folder, name), None)
+        # a folder being changed here is not walked: count its names anew (a listing would
+        # be stale at once; git stats each object file it just wrote)
+        self._asked.pop(folder, None)
         listing = self._listings.get(folder)
         if listing is not None:
             listing.entries[name] = ASK
@@ -170,15 +199,17 @@ class KernelView:
             self._touch_listing(*where)
 
     def _drop_listings(self) -> None:
-        """Paths moved here (a folder renamed): no listing can be trusted."""
+        """Paths moved here (a folder renamed): no listing or miss can be trusted."""
         self._listing_gen += 1
         if self._listings:
             self._listings.clear()
+        if self._misses:
+            self._misses.clear()
 
     async def _statahead(self, path: str) -> bool:
-        """Count a lookup (or getattr) in the folder at ``path`` about to ask the server; at
-        the ``STATAHEAD_AFTER``-th within a listing's life fetch the folder's listing
-        instead. True when a listing of it is live now."""
+        """Count a name found on the server in the folder at ``path`` (a lookup's, or a
+        getattr's about to ask); at the ``STATAHEAD_AFTER``-th within a listing's life fetch
+        the folder's listing for the next ones. True when a listing of it is live now."""
         life = self._listing_life
         if life <= 0:
             return False

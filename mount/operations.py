@@ -115,6 +115,8 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
         self._listing_gen = 0
         self._asked: dict[str, tuple[float, int]] = {}
         self._too_big: dict[str, float] = {}
+        # names a lookup here found missing: (folder path, name) -> until (trio time)
+        self._misses: dict[tuple[str, bytes], float] = {}
         self._uid_cache: dict[str, int] = {}
         self._gid_cache: dict[str, int] = {}
         os.makedirs(cache_dir, exist_ok=True)
@@ -137,9 +139,12 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
             if left is not None:
                 return self._negative_entry(left)
             folder = self._path(parent_inode)
+            left = self._cached_miss(folder, name)
+            if left is not None:
+                # the kernel looks a name up again before O_EXCL, link and rename whatever
+                # it cached; the call that follows is decided by the server all the same
+                return self._negative_entry(left)
             listed = self._listed(folder, name)
-            if listed is None and await self._statahead(folder):
-                listed = self._listed(folder, name)
             if listed is not None and listed is not ASK:
                 left, status = listed
                 attrs = self._attrs(status)
@@ -148,14 +153,19 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
                 attrs.attr_timeout = min(attrs.attr_timeout, left)
                 self._remember(attrs.st_ino, path, status)
                 return attrs
+            generation = self._listing_gen
             try:
                 status = await self.client.get_file_status(path)
             except FileNotFound:
                 if self.negative_timeout <= 0:
                     raise
+                if generation == self._listing_gen:   # no change of ours since the ask
+                    self._note_miss(folder, name)
                 return self._negative_entry()
             attrs = self._attrs(status)
             self._remember(attrs.st_ino, path, status)
+            if listed is None:
+                await self._statahead(folder)   # names found one by one: list the folder
             return attrs
         attrs = self._attrs(status)
         attrs.st_ino = parent_inode

@@ -276,3 +276,31 @@ def test_a_folder_listing_answers_a_stat_walk_and_never_hides_a_change(cluster, 
         assert poll_until(lambda: not (folder / "f06").exists(), timeout=5)
         assert poll_until(lambda: os.stat(folder / "f07").st_mode & 0o777 == 0o640, timeout=5)
     shutil.rmtree(folder)
+
+
+def test_a_miss_the_mount_keeps_never_decides_a_create_or_a_rename(cluster, other):
+    """A name looked up missing here is answered missing by the mount itself for the
+    negative timeout (the kernel asks again before every O_EXCL create, link and rename);
+    what follows is still decided by the server: another client's file meanwhile makes
+    O_EXCL fail with EEXIST and is what a rename replaces; this mount's own create shows
+    at once."""
+    d = "kept-misses"
+    here = other.mp / d
+    with cluster.client() as client:
+        client.mkdirs(f"/{d}")
+        assert errno_of(os.stat, here / "theirs") == errno.ENOENT
+        client.write_file(f"/{d}/theirs", b"made elsewhere")
+        assert errno_of(os.open, here / "theirs", os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                        0o644) == errno.EEXIST
+        (here / "mine").write_bytes(b"made here")
+        os.rename(here / "mine", here / "theirs")
+        assert client.read_file(f"/{d}/theirs") == b"made here"
+        assert (here / "theirs").read_bytes() == b"made here"
+
+        assert errno_of(os.stat, here / "later") == errno.ENOENT
+        os.mkdir(here / "later")                 # this mount's own change: seen at once
+        assert (here / "later").is_dir()
+        assert errno_of(os.stat, here / "gone") == errno.ENOENT
+        client.write_file(f"/{d}/gone", b"x")
+        assert poll_until(lambda: (here / "gone").exists(), timeout=5)
+    shutil.rmtree(here)
