@@ -21,6 +21,7 @@ window under its ``read_lock``.
 
 from __future__ import annotations
 
+import collections
 import enum
 import math
 import os
@@ -167,11 +168,22 @@ class Handle:
 
 
 class DirHandle:
-    """An open directory: readdir cookies are indexes into ``names`` (stable for the handle)."""
+    """An open directory: readdir cookies are indexes into ``names``, the names handed to the
+    kernel so far (stable for the handle); ``fetched`` holds entries of the last page not
+    handed out yet (the kernel's buffer was full), ``complete`` says the server has no more."""
 
     def __init__(self, ino: int):
         self.ino = ino
         self.names: list[str] = []
+        self.fetched: collections.deque = collections.deque()
+        self.complete = False
+
+    def rewind(self, start_id: int) -> None:
+        """The kernel asks from an earlier cookie than the next (rewinddir, seekdir): fetch
+        from there again."""
+        del self.names[start_id:]
+        self.fetched.clear()
+        self.complete = False
 
 
 __all__ = ["FileMode", "FileEvent", "TRANSITIONS", "next_state", "Node", "OpenFile", "Handle",

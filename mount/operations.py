@@ -311,22 +311,30 @@ class LeaseFS(WriteMachinery, KernelView, pyfuse3.Operations):
         path = self._path(handle.ino)
         if start_id > len(handle.names):
             return
-        start_after = handle.names[start_id - 1] if start_id > 0 else ""
+        if start_id < len(handle.names) or (start_id == 0 and handle.complete):
+            handle.rewind(start_id)
         while True:
+            # what the last page brought beyond the kernel's full buffer goes first: a folder
+            # costs one call per page, and none for the kernel's last, empty readdir
+            while handle.fetched:
+                entry = handle.fetched[0]
+                attrs = self._attrs(entry)
+                if not pyfuse3.readdir_reply(token, os.fsencode(entry.name), attrs,
+                                             len(handle.names) + 1):
+                    return
+                handle.fetched.popleft()
+                handle.names.append(entry.name)
+                child = "/" + entry.name if path == "/" else f"{path}/{entry.name}"
+                self._remember(attrs.st_ino, child, entry)
+            if handle.complete:
+                return
+            start_after = handle.names[-1] if handle.names else ""
             entries, more = await self.client.list_page(path, start_after, READDIR_PAGE)
             for entry in entries:
                 if entry.path == path:   # a file lists itself: no longer a directory
                     raise fuse_error(errno.ENOTDIR)
-                attrs = self._attrs(entry)
-                handle.names.append(entry.name)
-                cookie = len(handle.names)
-                if not pyfuse3.readdir_reply(token, os.fsencode(entry.name), attrs, cookie):
-                    return
-                child = "/" + entry.name if path == "/" else f"{path}/{entry.name}"
-                self._remember(attrs.st_ino, child, entry)
-                start_after = entry.name
-            if not more or not entries:
-                return
+            handle.fetched.extend(entries)
+            handle.complete = not more or not entries
 
     @fuse_op
     async def releasedir(self, fh):

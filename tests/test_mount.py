@@ -236,6 +236,10 @@ def test_readdir_pages_past_one_listing_page(mounted, cluster):
     assert sorted(os.listdir(mounted / "many")) == names
     with os.scandir(mounted / "many") as it:
         assert sum(1 for e in it if e.is_dir(follow_symlinks=False)) == len(names)
+    with cluster.client() as client:   # every opendir lists afresh: another client's change
+        client.mkdirs("/many/zlast")
+        client.delete("/many/d00000")
+    assert sorted(os.listdir(mounted / "many")) == names[1:] + ["zlast"]
 
 
 @pytest.mark.allow_log_errors(r"buggy failed unexpectedly \| Traceback: KeyError: 'a bug'",
