@@ -16,20 +16,23 @@ miss has: the kernel looks a name up again before an ``O_EXCL`` create, a link a
 whatever it cached (git does all three per object), and the call that follows is decided by
 the server anyway. A change of that name here forgets it.
 
-Folder listings (statahead, as Lustre's): when lookups of names in one folder keep finding
-them one by one on the server, with no change here in that folder between them (``STATAHEAD_AFTER`` within the listing's life: ``ls -l``-less stat walks, ``git
-status``, ``find``, a stat of every file just written), the mount fetches the folder's
-listing (at most ``STATAHEAD_MAX`` entries) once and answers the next lookups and getattrs
-of names it holds from it for min(``entry_timeout``, ``negative_timeout``, 1 s) from the
-fetch: the staleness the kernel's own name and attribute caches have, for names it had not
-cached yet. A name the listing does not hold is asked for (another client may have just
-made it: misses are cached only for names looked up, as before). A name this mount changes (every name handler but lookup, setattr, the release
-of a file opened for writing) is marked ``ASK`` in its folder's listing: the server answers
-for it from then on; a folder renamed here drops every listing (their paths move); and a
-listing whose fetch overlapped any change of ours is not kept (``_listing_gen``).
+Folder listings (statahead, as Lustre's): when lookups or getattrs in one folder keep
+finding names one by one on the server, with no change here in that folder between them
+(``STATAHEAD_AFTER`` within the listing's life: stat walks without a readdir, ``git
+status``, a stat of every file just written), the mount fetches the folder's listing (at
+most ``STATAHEAD_MAX`` entries) once and answers the next lookups and getattrs of names it
+holds from it for min(``entry_timeout``, ``negative_timeout``, 1 s) from the fetch: the
+staleness the kernel's own name and attribute caches have, for names it had not cached
+yet. A name the listing does not hold is asked for (another client may have just made it:
+misses are cached only for names looked up, as before). A name this mount changes (every
+name handler but lookup, setattr, the release of a file opened for writing) is marked
+``ASK`` in its folder's listing: the server answers for it from then on; a folder renamed
+here drops every listing (their paths move); and a listing whose fetch overlapped any
+change of ours is not kept (``_listing_gen``).
 
-Concurrency contract: plain methods of the mount's one trio run, no awaits but
-``_status_of``; the tables change only between awaits of the handlers that call them.
+Concurrency contract: plain methods of the mount's one trio run; only ``_status_of``,
+``_statahead`` and ``_listed_status`` await (a listing is stored only if no change of ours
+ran meanwhile); the tables change only between awaits of the handlers that call them.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from .errors import fuse_error
 from .openfiles import FileMode, Node
 
 FRESH_LIMIT = 4096
-STATAHEAD_AFTER = 4      # lookups in one folder that asked the server, then its listing
+STATAHEAD_AFTER = 4      # names of one folder found on the server one by one, then a listing
 STATAHEAD_MAX = 4096     # entries of a listing: a bigger folder is looked up name by name
 LISTINGS_LIMIT = 64      # folders with a listing at once
 TOO_BIG_FOR = 10         # listing lives a folder too big for one stays unlisted
