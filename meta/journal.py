@@ -98,10 +98,11 @@ class _SyncThread:
     ~75 us of CPU against ~50 us for a queue put and one ``run_sync_soon`` back. One thread
     also runs the jobs in order, which ``_sync_lock`` needed a limiter of 1 for.
 
-    Contract: ``run`` is awaited from the trio thread, one call at a time (the journal's
-    ``_sync_lock``); it is not cancellable (neither was ``to_thread.run_sync``: a write in
-    progress finishes and its outcome is delivered). ``close`` ends the thread after the
-    jobs queued before it."""
+    Contract: ``run`` is awaited from tasks of the trio thread (the syncer under
+    ``_sync_lock``, and the background fsync); jobs run one after the other in the order
+    they were queued, each outcome delivered to its own task. It is not cancellable
+    (neither was ``to_thread.run_sync``: a write in progress finishes and its outcome is
+    delivered). ``close`` ends the thread after the jobs queued before it."""
 
     def __init__(self, name: str):
         self._name = name
