@@ -23,9 +23,9 @@ nothing) and applied; the fsync follows in the background (``_background_sync``)
 most the records of that moment, as a local filesystem loses metadata not yet committed
 (ext4: 5 s). A batch holding any durable record takes the durable path
 (write + fsync, then apply), which makes everything written before it durable too.
-``durable_txid`` is the last txid known to be on disk; ``on_durable(txid)`` (set by the
-server) is called each time it advances, for effects that must wait for it (block deletions
-sent to block servers); ``sync()`` waits until everything acknowledged so far is durable.
+``durable_txid`` is the last txid known to be on disk (the server hands block deletions to
+block servers only up to it); ``sync()`` waits until everything acknowledged so far is
+durable.
 A lazy batch is written by the trio thread itself (a small append to the page cache, like
 the LevelDB batch its apply writes); only the fsync runs in the worker thread.
 
@@ -153,7 +153,8 @@ class _SyncThread:
 
 class _Batch:
     """Records waiting for one write (+fsync), and the events their callers wait on:
-    ``written`` (written and applied) and ``done`` (durable and applied)."""
+    ``written`` (written and applied) and, for a batch that takes the durable path because
+    a caller waits for durability, ``done`` (durable and applied)."""
     __slots__ = ("records", "chunks", "durable", "written", "done", "error")
 
     def __init__(self) -> None:
@@ -187,8 +188,6 @@ class Journal:
         self.durable_txid = 0    # the last txid known to be on disk
         self.stats = JournalStats()
         self.observer: Callable[[str, int, int], None] | None = None
-        self.on_durable: Callable[[int], None] | None = None
-        self._unsynced: list[_Batch] = []   # written, acknowledged, not yet fsynced
         self._unsynced_wakeup = trio.lowlevel.ParkingLot()
         self._sync_now = trio.lowlevel.ParkingLot()
         self._sync_wanted = False   # a sync() waits: no delay before the next fsync
@@ -433,8 +432,7 @@ class Journal:
             batch.written.set()
             if batch.durable:
                 batch.done.set()
-            else:
-                self._unsynced.append(batch)
+            else:   # its callers are answered; the background fsync follows
                 self._unsynced_wakeup.unpark_all()
 
     def _write(self, data: bytes) -> None:
@@ -479,21 +477,11 @@ class Journal:
             self._mark_durable(target)
 
     def _mark_durable(self, txid: int) -> None:
-        """Everything up to ``txid`` is on disk: wake its lazy callers' ``done`` and
-        ``sync()`` waiters, tell ``on_durable``."""
+        """Everything up to ``txid`` is on disk: wake the ``sync()`` waiters."""
         if txid <= self.durable_txid:
             return
         self.durable_txid = txid
-        keep = 0
-        for batch in self._unsynced:
-            if batch.records[-1].txid > txid:
-                break
-            batch.done.set()
-            keep += 1
-        del self._unsynced[:keep]
         self._durable_wakeup.unpark_all()
-        if self.on_durable is not None:
-            self.on_durable(txid)
 
     async def sync(self) -> int:
         """Wait until every record written so far (everything acknowledged) is durable;
