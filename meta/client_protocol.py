@@ -259,11 +259,10 @@ class ClientProtocol:
         canonical = paths.validate(path)
         ino = self.check_ino(ino, canonical)
         attrs = self.ns.close_attrs(canonical, mtime_ns, atime_ns, permission)
-        if data is not None:
-            return await self._complete_inline(ctx, canonical, client_name, ino, data, attrs)
         deadline = trio.current_time() + COMPLETE_REPORT_WAIT
         while True:
-            result = await self._complete_once(ctx, canonical, client_name, ino, last, attrs)
+            result = await self._complete_once(ctx, canonical, client_name, ino, last, attrs,
+                                               data)
             if not isinstance(result, trio.Event):
                 return result
             with trio.move_on_at(deadline):
@@ -271,31 +270,25 @@ class ClientProtocol:
             if trio.current_time() >= deadline:
                 return False
 
-    async def _complete_inline(self, ctx, canonical, client_name, ino, data, attrs) -> bool:
-        async with self.file_lock(f"complete {canonical}", canonical, ino) as current:
-            if isinstance(data, (bytes, bytearray)) and self.ns.closed_with(current, ino, None,
-                                                                             bytes(data)):
-                return True
-            _, ino, inode = self.ns.writer_file(current, ino, client_name)
-            if attrs and attrs["mode"] is not None:
-                self.check_access(ctx, paths.split(current), owner=True)
-            self.ns.check_inline(current, ino, inode, data)
-            _, wall = self.now()
-            await self.log_plan(self.ns.plan_close(ino, None, None, wall, attrs, data=data),
-                                durable=ctx.sync_metadata)
-            return True
-
-    async def _complete_once(self, ctx, canonical, client_name, ino, last,
-                             attrs) -> bool | trio.Event:
+    async def _complete_once(self, ctx, canonical, client_name, ino, last, attrs,
+                             data=None) -> bool | trio.Event:
         """One try of ``complete``: True/False, or the event of the last block's next
         replica report to wait for (taken under the lock before any await: no report is
-        missed)."""
+        missed). With inline ``data`` the close needs no replica: True or an error."""
         async with self.file_lock(f"complete {canonical}", canonical, ino) as current:
-            if self.ns.closed_with(current, ino, last):
+            inline = isinstance(data, (bytes, bytearray))
+            if (data is None or inline) and self.ns.closed_with(
+                    current, ino, last, bytes(data) if inline else None):
                 return True
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
             if attrs and attrs["mode"] is not None:
                 self.check_access(ctx, paths.split(current), owner=True)
+            if data is not None:   # the whole content, kept in the namespace
+                self.ns.check_inline(current, ino, inode, data)
+                _, wall = self.now()
+                await self.log_plan(self.ns.plan_close(ino, None, None, wall, attrs, data=data),
+                                    durable=ctx.sync_metadata)
+                return True
             blocks = self.ns.tail_blocks(ino, inode)
             kind, block = self.ns.check_last(current, blocks, last)
             _, wall = self.now()
