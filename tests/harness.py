@@ -448,6 +448,18 @@ class ProcessCluster:
         return Client(self.meta_address, config=make_test_config())
 
 
+def store_problems(cluster: ProcessCluster) -> list[str]:
+    """``check_namespace`` of the stopped metadata server's LevelDB store."""
+    from meta.invariants import check_namespace
+    from meta.kv import PlyvelStore
+
+    store = PlyvelStore(str(cluster.meta_dir() / "db"), create=False)
+    try:
+        return check_namespace(store)
+    finally:
+        store.close()
+
+
 def storage_index(cluster: ProcessCluster, address: str) -> int:
     """The index of the block server of ``cluster`` listening at ``address``."""
     port = int(address.rsplit(":", 1)[1])

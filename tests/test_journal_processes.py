@@ -15,9 +15,8 @@ import trio
 
 from fs import errors
 from fs.client import AsyncClient
-from harness import ProcessCluster, leasefs, make_test_config
+from harness import ProcessCluster, leasefs, make_test_config, store_problems
 from meta import keys
-from meta.invariants import check_namespace
 from meta.journal_files import RECORD_HEADER
 from meta.kv import PlyvelStore
 
@@ -55,14 +54,6 @@ def cut_inside_record(segment, txid: int) -> None:
             return
         pos = end
     raise AssertionError(f"record {txid} not in {segment}")
-
-
-def store_problems(cluster: ProcessCluster) -> list[str]:
-    store = PlyvelStore(str(cluster.meta_dir() / "db"), create=False)
-    try:
-        return check_namespace(store)
-    finally:
-        store.close()
 
 
 async def mkdir_load(address: str, workers: int, on_ack, stop: trio.Event) -> None:

@@ -13,20 +13,48 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from contextlib import contextmanager
 
 import pytest
 import trio
 
 from fs.client import AsyncClient
-from harness import Mount, ProcessCluster, make_test_config, poll_until
-from meta.invariants import check_namespace
+from harness import Mount, ProcessCluster, make_test_config, poll_until, store_problems
 from meta.journal import Journal
-from meta.kv import PlyvelStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 LATE = {"journal_sync_delay": 60.0}
 KiB = 1 << 10
+
+
+needs_fuse = pytest.mark.skipif(
+    not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
+    reason="/dev/fuse or fusermount3 is not available")
+
+
+@contextmanager
+def late_cluster_and_mount(tmp_path, name: str):
+    """A one-block-server cluster whose background fsync never comes (``LATE``) and one
+    mount of it; both stopped afterwards whatever happened."""
+    pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
+    cluster = ProcessCluster(tmp_path, n_storage=1, settings=LATE)
+    cluster.start()
+    mount = Mount(cluster, name)
+    try:
+        yield cluster, mount.start()
+    finally:
+        mount.cleanup()
+        cluster.stop()
+
+
+def fsync_path(path, flags: int = 0) -> None:
+    """fsync(2) of ``path`` opened read-only (``flags`` added)."""
+    fd = os.open(path, os.O_RDONLY | flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def journal_state(cluster: ProcessCluster) -> dict:
@@ -36,14 +64,6 @@ def journal_state(cluster: ProcessCluster) -> dict:
 
 def lazy_config(**extra):
     return make_test_config(sync_metadata=False, **extra)
-
-
-def store_problems(cluster: ProcessCluster) -> list[str]:
-    store = PlyvelStore(str(cluster.meta_dir() / "db"), create=False)
-    try:
-        return check_namespace(store)
-    finally:
-        store.close()
 
 
 def test_changes_answered_before_their_fsync_survive_a_kill9(tmp_path):
@@ -136,17 +156,12 @@ def test_a_deletion_reaches_block_servers_only_once_it_is_durable(tmp_path):
         cluster.stop()
 
 
-@pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-                    reason="/dev/fuse or fusermount3 is not available")
+@needs_fuse
 def test_fsync_through_the_mount_makes_the_namespace_durable(tmp_path):
     """The mount answers mkdir, create, close (inline), rename before the metadata server's
     fsync; fsync(2) of the folder, or of a file opened for reading after its close, waits
     for it, as on a local filesystem."""
-    pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
-    cluster = ProcessCluster(tmp_path, n_storage=1, settings=LATE)
-    cluster.start()
-    mount = Mount(cluster, "sync").start()
-    try:
+    with late_cluster_and_mount(tmp_path, "sync") as (cluster, mount):
         before = journal_state(cluster)["durable_txid"]
         folder = mount.mp / "d"
         folder.mkdir()
@@ -154,22 +169,14 @@ def test_fsync_through_the_mount_makes_the_namespace_durable(tmp_path):
         os.rename(folder / "a", folder / "b")
         state = journal_state(cluster)
         assert state["durable_txid"] == before < state["last_txid"], state
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(folder, os.O_DIRECTORY)
         state = journal_state(cluster)
         assert state["durable_txid"] == state["last_txid"], state
 
         (folder / "c").write_bytes(b"world")
         state = journal_state(cluster)
         assert state["durable_txid"] < state["last_txid"], state
-        fd = os.open(folder / "c", os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(folder / "c")
         state = journal_state(cluster)
         assert state["durable_txid"] == state["last_txid"], state
 
@@ -183,22 +190,14 @@ def test_fsync_through_the_mount_makes_the_namespace_durable(tmp_path):
             assert client.read_file("/d/b") == b"hello"
             assert client.read_file("/d/c") == b"world"
             assert client.exists("/d/lazy")   # written before the kill: kept too
-    finally:
-        mount.cleanup()
-        cluster.stop()
 
 
-@pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-                    reason="/dev/fuse or fusermount3 is not available")
+@needs_fuse
 def test_what_the_mount_answered_survives_a_kill9_of_the_metadata_server(tmp_path):
     """Small files, folders, renames and deletes through a mount (each answered before its
     fsync), then kill -9 of the metadata server with nothing fsynced: after its restart
     the same mount (it reconnects) and another client see exactly what was answered."""
-    pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
-    cluster = ProcessCluster(tmp_path, n_storage=1, settings=LATE)
-    cluster.start()
-    mount = Mount(cluster, "kill9").start()
-    try:
+    with late_cluster_and_mount(tmp_path, "kill9") as (cluster, mount):
         before = journal_state(cluster)["durable_txid"]
         expected: dict[str, bytes] = {}
         for d in range(5):
@@ -230,6 +229,3 @@ def test_what_the_mount_answered_survives_a_kill9_of_the_metadata_server(tmp_pat
                 assert client.read_file("/" + rel) == data
             assert not client.exists("/d4")
         mount.stop()
-    finally:
-        mount.cleanup()
-        cluster.stop()
