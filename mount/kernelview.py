@@ -154,6 +154,14 @@ class KernelView:
             return None
         return listed
 
+    def _listed_attrs(self, left: float, status: FileStatus) -> pyfuse3.EntryAttributes:
+        """The attributes of a listing's entry, which the kernel may keep no longer than the
+        listing lives (``left`` seconds): its age counts."""
+        attrs = self._attrs(status)
+        attrs.entry_timeout = min(attrs.entry_timeout, left)
+        attrs.attr_timeout = min(attrs.attr_timeout, left)
+        return attrs
+
     def _where(self, ino: int) -> tuple[str, bytes] | None:
         """(folder path, name) of an inode the kernel knows by a path, but the root."""
         node = self._nodes.get(ino)

@@ -52,7 +52,7 @@ from fs.rpc import group_name, user_name
 
 from .errors import fuse_error, fuse_op
 from .files import FileHandlers
-from .kernelview import ASK, KernelView
+from .kernelview import ASK, KernelView, Listing
 from .openfiles import DirHandle, FileMode, Handle, Node, OpenFile
 from .writes import WriteMachinery
 
@@ -112,7 +112,7 @@ class LeaseFS(FileHandlers, WriteMachinery, KernelView, pyfuse3.Operations):
         # folder listings answering lookups (statahead, see mount.kernelview): by folder
         # path; their generation (a change here bumps it); lookups that asked the server,
         # per folder (since, count); folders too big to list (until)
-        self._listings: dict = {}
+        self._listings: dict[str, Listing] = {}
         self._listing_gen = 0
         self._asked: dict[str, tuple[float, int]] = {}
         self._too_big: dict[str, float] = {}
@@ -147,12 +147,8 @@ class LeaseFS(FileHandlers, WriteMachinery, KernelView, pyfuse3.Operations):
                 return self._negative_entry(left)
             listed = self._listed(folder, name)
             if listed is not None and listed is not ASK:
-                left, status = listed
-                attrs = self._attrs(status)
-                # no longer than the listing's life: its age counts
-                attrs.entry_timeout = min(attrs.entry_timeout, left)
-                attrs.attr_timeout = min(attrs.attr_timeout, left)
-                self._remember(attrs.st_ino, path, status)
+                attrs = self._listed_attrs(*listed)
+                self._remember(attrs.st_ino, path, listed[1])
                 return attrs
             generation = self._listing_gen
             try:
@@ -212,10 +208,7 @@ class LeaseFS(FileHandlers, WriteMachinery, KernelView, pyfuse3.Operations):
         if status is None and of is None:   # an open file's status is the server's own
             listed = await self._listed_status(inode)
             if listed is not None:
-                left, status = listed
-                attrs = self._attrs(status)
-                attrs.attr_timeout = min(attrs.attr_timeout, left)   # its age counts
-                return attrs
+                return self._listed_attrs(*listed)
         if status is None:
             status = await self._status_of(inode)
         if of is not None:
