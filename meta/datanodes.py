@@ -31,6 +31,7 @@ Concurrency contract: plain data, no I/O, called only from the trio thread; atom
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import random
@@ -232,9 +233,10 @@ class DatanodeManager:
             sent.sent_at, sent.sends = now, sent.sends + 1
             node.awaiting_deletion[block_id] = sent   # to the end: the newest send
             out.append(sent.ref)
-        for block_id in list(node.invalidate):
-            if len(out) >= self.invalidate_limit:
-                break
+        # the oldest that fit the reply, not a copy of the whole set (a big delete leaves
+        # hundreds of thousands)
+        room = self.invalidate_limit - len(out)
+        for block_id in list(itertools.islice(node.invalidate, max(0, room))):
             if node.invalidate_txid.get(block_id, 0) > durable_txid:
                 break   # refs are in the order they were decided: the rest are newer
             ref = node.invalidate.pop(block_id)
