@@ -308,6 +308,15 @@ class AsyncClient:
         return await self.rpc.call("renew_lease", {"client_name": self.client_name},
                                    retry_seconds=0)
 
+    def _new_output(self, path: str, status: dict, *,
+                    bytes_per_checksum: int | None = None) -> AsyncOutputStream:
+        """A stream for a file this client now holds the lease of, kept alive by the
+        renewer until it closes."""
+        stream = AsyncOutputStream(self, path, status, bytes_per_checksum=bytes_per_checksum)
+        self._outputs[id(stream)] = stream
+        self._renewer.add(stream)
+        return stream
+
     def _output_closed(self, stream: AsyncOutputStream) -> None:
         self._outputs.pop(id(stream), None)
         if self._renewer is not None:
@@ -340,13 +349,11 @@ class AsyncClient:
                                   **_want(want_parent),
                                   **({"first_block": True} if first_block else {}))
         status = answer["status"] if want_parent or first_block else answer
-        stream = AsyncOutputStream(self, path, status, bytes_per_checksum=bytes_per_checksum)
+        stream = self._new_output(path, status, bytes_per_checksum=bytes_per_checksum)
         if first_block:
             stream.set_first_block(answer.get("first_block"))
         if want_parent:
             stream.created_parent = _status(answer.get("parent"))
-        self._outputs[id(stream)] = stream
-        self._renewer.add(stream)
         return stream
 
     async def append(self, path: str) -> AsyncOutputStream:
@@ -360,9 +367,7 @@ class AsyncClient:
         before = await self._last_block(path)   # the stamp the replicas carry now
         result = await self._call("append", path=path, client_name=self.client_name)
         status, last = result["status"], result.get("last_block")
-        stream = AsyncOutputStream(self, path, status)
-        self._outputs[id(stream)] = stream
-        self._renewer.add(stream)
+        stream = self._new_output(path, status)
         try:
             if result.get("inline") is not None:
                 stream.start_with(result["inline"])

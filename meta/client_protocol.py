@@ -339,6 +339,20 @@ class ClientProtocol:
                 await self.journal.sync()
             return True
 
+    async def rpc_rewrite(self, ctx, path, client_name, ino=None):
+        """Start the file the caller is writing over, empty, under its lease: its blocks go
+        (invalidated once durable), the file stays open for the caller. The writer replaces
+        the whole content (the mount's upload of a staging file) with one journaled call
+        instead of complete, truncate and append, and nobody can take the file in between.
+        Answers the file's status."""
+        canonical = paths.validate(path)
+        ino = self.check_ino(ino, canonical)
+        async with self.file_lock(f"rewrite {canonical}", canonical, ino) as current:
+            current, ino, inode = self.ns.writer_file(current, ino, client_name)
+            _, wall = self.now()
+            await self.log_plan(self.ns.plan_rewrite(ino, inode, now_ns=wall))
+            return self.ns.status(current, ino, self.ns.get_inode(ino))
+
     async def rpc_sync_metadata(self, ctx):
         """Wait until every namespace change answered so far is durable (the changes of a
         client without ``sync_metadata``: a mount's fsync(2) of a folder, ``sync``); returns

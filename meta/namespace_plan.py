@@ -488,6 +488,13 @@ class NamespacePlanner:
                             "holder": holder if last else None,
                             "client_machine": str(client_machine)[:256], "time": now_ns}
 
+    def plan_rewrite(self, ino: int, inode: dict, *, now_ns: int) -> tuple[str, dict]:
+        """Start a file its holder is writing over, empty: every block (and inline content)
+        goes, the file stays under construction for the same holder. A TRUNCATE record to
+        0 without a ``last`` block, which leaves the lease alone."""
+        return "TRUNCATE", {"ino": ino, "new_length": 0, "keep": 0, "last": None,
+                            "holder": None, "client_machine": "", "time": now_ns}
+
     def plan_append(self, ino: int, inode: dict, *, holder: str, client_machine: str = "",
                     new_gs: int | None, now_ns: int) -> tuple[str, dict]:
         """Reopen a closed file for ``holder``; a partial last block is reopened under the

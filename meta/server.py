@@ -130,7 +130,8 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
     the role mixins, which calls go through the retry cache or run inline is declared here."""
 
     retry_cached = frozenset({"mkdirs", "create", "add_block", "complete", "delete", "rename",
-                              "rename_many", "create_symlink", "append", "truncate", "recover_lease"})
+                              "rename_many", "create_symlink", "append", "truncate", "rewrite",
+                              "recover_lease"})
 
     # reads that never await (they see the state between two applied journal batches)
     inline_methods = frozenset({"get_file_info", "exists", "list_status",
