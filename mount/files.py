@@ -41,7 +41,8 @@ class FileHandlers:
         if of is None:
             of = self._open[ino] = OpenFile(
                 ino, size, permission, owner=status.owner, group=status.group,
-                replication=status.replication or None, block_size=status.block_size or None)
+                replication=status.replication or None, block_size=status.block_size or None,
+                copies=self._copies)
             of.ns_ino = status.ino   # the kernel's number may be an alias of a re-upload
         return of
 
@@ -169,7 +170,7 @@ class FileHandlers:
             if of.mode is FileMode.STREAM:
                 await self._to_staging(of, self._path(of.ino))
             if of.mode is FileMode.STAGING:
-                return await self._staging_pread(of, off, size)
+                return await of.staging.pread(off, size)
         async with handle.read_lock:
             if handle.input is None or handle.input_generation != of.generation:
                 if handle.input is not None:
@@ -207,11 +208,12 @@ class FileHandlers:
                 except LeaseFSError as exc:
                     of.error = exc
                     raise
+                of.stream_took(buf)
                 of.size = of.stream.pos
                 return len(buf)
             await self._to_staging(of, path)
             self._reserve(of, off + len(buf))
-            await self._staging_pwrite(of, off, buf)
+            await of.staging.pwrite(off, buf)
             of.dirty = True
             of.size = max(of.size, off + len(buf))
             return len(buf)
@@ -304,6 +306,7 @@ class FileHandlers:
                         log.warning("release of inode %d: %s", of.ino, exc)
                     await self._discard_staging(of)
                 if of.handles == 0 and self._open.get(of.ino) is of:
+                    of.drop_copy()   # a stream whose completion failed may still hold one
                     del self._open[of.ino]
                     node = self._nodes.get(of.ino)
                     if node is not None and node.lookups <= 0 and of.ino != ROOT_INO:

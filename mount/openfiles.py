@@ -10,6 +10,9 @@ Modes of an open file, named after what holds its content:
 * ``CLEAN``: the cluster's copy is the content; nothing of ours is pending.
 * ``STREAM``: we hold the lease and an output stream (``create``/``append``) that takes
   sequential writes; the content is the cluster's copy plus what the stream has taken.
+  A stream this mount began at offset 0 keeps a copy of what it took (``shadow``, while
+  the file is at most ``SHADOW_MAX`` bytes): moving such a file to ``STAGING`` (a database
+  journal rewriting its header) then needs no hflush and no read back from the cluster.
 * ``STAGING``: the whole content is in a local staging file, uploaded (truncate, append)
   when flushed; ``keeper``, an idle output stream, holds the lease meanwhile when the file
   came from ``STREAM`` (so another client's open for writing still gets EBUSY).
@@ -49,6 +52,20 @@ class FileEvent(str, enum.Enum):
 
 M, E = FileMode, FileEvent
 
+# the largest file whose stream keeps a copy of its bytes for a move to staging, and what
+# the copies of all the files open in one mount may hold together
+SHADOW_MAX = 1 << 20
+SHADOW_TOTAL = 64 << 20
+
+
+class CopyBudget:
+    """The bytes the stream copies (``OpenFile.shadow``) of one mount hold together: past
+    ``limit`` a file keeps no copy (staging it then reads it back from the cluster)."""
+
+    def __init__(self, limit: int = SHADOW_TOTAL):
+        self.limit = limit
+        self.used = 0
+
 TRANSITIONS: dict[tuple[FileMode, FileEvent], FileMode] = {
     (M.CLEAN, E.CREATE): M.STREAM,
     (M.CLEAN, E.APPEND): M.STREAM,
@@ -87,12 +104,12 @@ class OpenFile:
 
     ``mode`` (a ``FileMode``, changed only by ``move``): ``CLEAN`` (nothing written),
     ``STREAM`` (``stream`` takes sequential writes) or ``STAGING`` (the whole content lives
-    in ``staging_path``; ``dirty`` when it differs from the cluster's copy).
+    in ``staging``, a ``mount.staging.StagingFile``; ``dirty`` when it differs from the cluster's copy).
     """
 
     def __init__(self, ino: int, size: int, permission: int, owner: str | None = None,
                  group: str | None = None, replication: int | None = None,
-                 block_size: int | None = None):
+                 block_size: int | None = None, copies: CopyBudget | None = None):
         self.ino = ino
         # the namespace inode holding the content now: ``ino`` until a re-upload replaces
         # the file (a new inode under the same name); what runs after a release addresses
@@ -114,8 +131,12 @@ class OpenFile:
         self.pending_mode: int | None = None
         self.mode = FileMode.CLEAN
         self.stream = None
+        # STREAM begun at offset 0 here: a copy of every byte it took (None past SHADOW_MAX,
+        # or when ``copies``, the mount's budget, is used up; no budget: never)
+        self.shadow: bytearray | None = None
+        self._copies = copies
         self.keeper = None          # STAGING: the idle output stream holding the lease
-        self.staging_path: str | None = None
+        self.staging = None         # STAGING: the local copy (``mount.staging.StagingFile``)
         self.dirty = False
         self.error: LeaseFSError | None = None
         self.handles = 0
@@ -139,6 +160,36 @@ class OpenFile:
     def move(self, event: FileEvent) -> None:
         """Change ``mode`` as the transition table says (``InternalError`` if it may not)."""
         self.mode = next_state(self.mode, event)
+        self.drop_copy()
+        # only a stream that starts the content here can copy all of it
+        if event is FileEvent.CREATE and self._copies is not None:
+            self.shadow = bytearray()
+
+    def stream_took(self, data) -> None:
+        """The stream took ``data`` at its end: the copy follows, or is dropped once the
+        file outgrows ``SHADOW_MAX`` or the mount's budget is used up. Lock held."""
+        if self.shadow is not None:
+            copies = self._copies
+            if (len(self.shadow) + len(data) > SHADOW_MAX
+                    or copies.used + len(data) > copies.limit):
+                self.drop_copy()
+            else:
+                self.shadow += data
+                copies.used += len(data)
+
+    def drop_copy(self) -> None:
+        """Give the stream copy's bytes back to the mount's budget (the file left STREAM,
+        or is forgotten)."""
+        if self.shadow is not None:
+            self._copies.used -= len(self.shadow)
+            self.shadow = None
+
+    def shadow_content(self) -> bytes | None:
+        """The whole content from the copy, when it holds every byte the stream took."""
+        if (self.mode is FileMode.STREAM and self.shadow is not None
+                and len(self.shadow) == self.stream.pos):
+            return bytes(self.shadow)
+        return None
 
 
 class Handle:
@@ -186,5 +237,5 @@ class DirHandle:
         self.complete = False
 
 
-__all__ = ["FileMode", "FileEvent", "TRANSITIONS", "next_state", "Node", "OpenFile", "Handle",
+__all__ = ["FileMode", "FileEvent", "TRANSITIONS", "SHADOW_MAX", "SHADOW_TOTAL", "CopyBudget", "next_state", "Node", "OpenFile", "Handle",
            "DirHandle"]

@@ -33,8 +33,9 @@ Concurrency contract: all handlers run as tasks of the one trio run that ``pyfus
 drives; they call the async client directly. Per-file state changes are serialised by that
 file's ``trio.Lock``, which every handler changing an open file takes before its first
 await (the asynchronous release of a closed file may run at any await). Staging-file I/O
-runs in worker threads (``trio.to_thread``) limited by one ``CapacityLimiter``; nothing
-blocks the trio thread.
+follows ``mount.staging``: reads and writes of a few pages are page-cache copies on the
+trio thread, everything else runs in worker threads (``trio.to_thread``) limited by one
+``CapacityLimiter``.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from fs.rpc import group_name, user_name
 from .errors import fuse_error, fuse_op
 from .files import FileHandlers
 from .kernelview import ASK, KernelView, Listing
-from .openfiles import DirHandle, FileMode, Handle, Node, OpenFile
+from .openfiles import CopyBudget, DirHandle, FileMode, Handle, Node, OpenFile
 from .writes import WriteMachinery
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ class LeaseFS(FileHandlers, WriteMachinery, KernelView, pyfuse3.Operations):
         self._nodes[ROOT_INO].lookups = 1
         self._alias: dict[int, int] = {}
         self._open: dict[int, OpenFile] = {}
+        self._copies = CopyBudget()   # what the open files' stream copies hold together
         self._handles: dict[int, Handle] = {}
         self._dirs: dict[int, DirHandle] = {}
         self._next_fh = 1

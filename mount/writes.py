@@ -1,5 +1,5 @@
 """How the mount's writes reach the cluster: publishing an open file (hflush, complete,
-upload of a staging file), the local staging files, and truncates (shrink by the
+upload of a staging file), the local staging files (``mount.staging``), and truncates (shrink by the
 ``truncate`` RPC, grow by appending zeros), as ``WriteMachinery``, a mixin of
 ``mount.operations.LeaseFS``.
 
@@ -9,8 +9,9 @@ apart so each module has one job.
 
 Concurrency contract: methods of the mount's one trio run. Every method taking an
 ``OpenFile`` expects the caller to hold that file's ``lock`` (the FUSE handlers take it
-before their first await). Staging-file I/O runs in worker threads (``_io``) limited by
-the mount's ``CapacityLimiter``; nothing blocks the trio thread.
+before their first await). Staging-file I/O follows ``mount.staging``'s contract: calls
+of a few pages on the trio thread (page-cache copies), everything else in worker threads
+limited by the mount's ``CapacityLimiter``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import uuid
 
 import trio
 
@@ -26,6 +26,7 @@ from fs.errors import FileTooLarge, LeaseFSError
 
 from .errors import fuse_error
 from .openfiles import FileEvent, FileMode, OpenFile
+from .staging import StagingFile
 
 log = logging.getLogger(__name__)
 
@@ -133,20 +134,29 @@ class WriteMachinery:
             await self._complete(of.ino, keeper)
 
     async def _upload(self, of: OpenFile, *, finish: bool) -> None:
-        """Replace the cluster's content of ``of`` with its staging file: cut to 0 and
-        append, both under the lease rules — a file another client opened for writing in
-        the moment our lease is let go is refused (EBUSY), never replaced under its writer
-        — and the inode, with its mode, owner, replication and block size, stays the same.
-        Unless ``finish``, the new stream is hsynced and kept as the lease keeper."""
+        """Replace the cluster's content of ``of`` with its staging file; the inode, with
+        its mode, owner, replication and block size, stays the same. With a lease keeper
+        (the file was staged from our stream, or uploaded before and kept open) the keeper
+        starts the file over (``rewrite``: one call, the lease never let go); else cut to 0
+        and append, both under the lease rules — a file another client is writing is
+        refused (EBUSY), never replaced under its writer. Unless ``finish``, the new stream
+        is hsynced and kept as the lease keeper."""
         path = self._path(of.ino)
-        await self._release_keeper(of)
-        await self._cut(path, 0)
-        stream = await self.client.append(path)
+        keeper, of.keeper = of.keeper, None
+        if keeper is not None:
+            try:
+                stream = await keeper.rewrite()
+            except BaseException:
+                of.keeper = keeper   # still ours, as it was
+                raise
+        else:
+            await self._cut(path, 0)
+            stream = await self.client.append(path)
         of.ns_ino = stream.ino
         try:
             offset = 0
             while offset < of.size:
-                chunk = await self._staging_pread(of, offset, min(COPY_CHUNK, of.size - offset))
+                chunk = await of.staging.pread(offset, min(COPY_CHUNK, of.size - offset))
                 if not chunk:
                     break
                 await stream.write(chunk)
@@ -187,12 +197,12 @@ class WriteMachinery:
 
     def _staged_bytes(self) -> int:
         return sum(f.size for f in self._open.values()
-                   if f.mode is FileMode.STAGING and f.staging_path is not None)
+                   if f.mode is FileMode.STAGING and f.staging is not None)
 
     def _reserve(self, of: OpenFile, new_size: int) -> None:
         """ENOSPC when growing ``of``'s staging file to ``new_size`` would pass the cache
         limit (the mount's local staging space, not the cluster's)."""
-        current = of.size if (of.mode is FileMode.STAGING and of.staging_path) else 0
+        current = of.size if (of.mode is FileMode.STAGING and of.staging is not None) else 0
         if new_size > current and self._staged_bytes() - current + new_size > self.cache_limit:
             log.warning("staging cache %s full (limit %d bytes): write to inode %d refused",
                         self.cache_dir, self.cache_limit, of.ino)
@@ -204,21 +214,25 @@ class WriteMachinery:
             return
         self._reserve(of, of.size)
         # a stream none of whose bytes left this mount yet (a small file written and
-        # fsynced inline, then rewritten in place): the staging copy comes from its buffer
-        unsent = of.stream.unsent_content() if of.mode is FileMode.STREAM else None
+        # fsynced inline, then rewritten in place), or one whose every byte the mount kept
+        # (a journal written, hsynced, then its header rewritten): the staging copy comes
+        # from here; the stream keeps the lease, and its close or abandon later decides
+        unsent = None
+        if of.mode is FileMode.STREAM:
+            unsent = of.stream.unsent_content()
+            if unsent is None:
+                unsent = of.shadow_content()
         if of.mode is FileMode.STREAM and unsent is None:
             try:   # the copy below reads what the stream wrote; the stream keeps the lease
                 await of.stream.hflush()
             except LeaseFSError as exc:
                 of.error = exc
                 raise
-        staging = os.path.join(self.cache_dir, f"{of.ino}-{uuid.uuid4().hex}")
-        fd = await self._io(os.open, staging, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        await self._io(os.close, fd)
-        of.staging_path = staging
+        staging = await StagingFile.create(self.cache_dir, of.ino, self._io_limiter)
+        of.staging = staging
         size = 0
         if unsent is not None:
-            await self._io(_pwrite_file, staging, unsent, 0)
+            await staging.pwrite(0, unsent)
             size = len(unsent)
         elif path is not None:
             async with await self.client.open(path) as src:
@@ -226,7 +240,7 @@ class WriteMachinery:
                     chunk = await src.read(COPY_CHUNK)
                     if not chunk:
                         break
-                    await self._io(_pwrite_file, staging, chunk, size)
+                    await staging.pwrite(size, chunk)
                     size += len(chunk)
         of.size = size
         if of.mode is FileMode.STREAM:
@@ -235,23 +249,11 @@ class WriteMachinery:
         of.dirty = False
 
     async def _discard_staging(self, of: OpenFile) -> None:
-        if of.staging_path is not None:
-            staging, of.staging_path = of.staging_path, None
-            try:
-                await self._io(os.unlink, staging)
-            except FileNotFoundError:
-                pass
+        if of.staging is not None:
+            staging, of.staging = of.staging, None
+            await staging.remove()
             if of.mode is FileMode.STAGING:
                 of.move(FileEvent.DISCARD)
-
-    async def _staging_pread(self, of: OpenFile, off: int, size: int) -> bytes:
-        return await self._io(_pread_file, of.staging_path, off, size)
-
-    async def _staging_pwrite(self, of: OpenFile, off: int, data: bytes) -> None:
-        await self._io(_pwrite_file, of.staging_path, data, off)
-
-    async def _io(self, fn, *args):
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._io_limiter)
 
     async def _truncate_open(self, of: OpenFile, path: str, size: int, *,
                              by_handle: bool) -> None:
@@ -337,7 +339,7 @@ class WriteMachinery:
             return
         await self._to_staging(of, path if not of.unlinked else None)
         self._reserve(of, size)
-        await self._io(os.truncate, of.staging_path, size)
+        await of.staging.truncate(size)
         of.size = size
         of.dirty = True
 
@@ -355,30 +357,14 @@ class WriteMachinery:
         zeros = memoryview(bytes(min(COPY_CHUNK, max(0, size - of.stream.pos))))
         try:
             while of.stream.pos < size:
-                await of.stream.write(zeros[:size - of.stream.pos])
+                chunk = zeros[:size - of.stream.pos]
+                await of.stream.write(chunk)
+                of.stream_took(chunk)
         except LeaseFSError as exc:
             of.error = exc
             raise
         finally:
             of.size = of.stream.pos
-
-
-def _pread_file(path: str, off: int, size: int) -> bytes:
-    with open(path, "rb") as fh:
-        fh.seek(off)
-        return fh.read(size)
-
-
-def _pwrite_file(path: str, data: bytes, off: int) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        view = memoryview(data)
-        while view:
-            n = os.pwrite(fd, view, off)
-            view = view[n:]
-            off += n
-    finally:
-        os.close(fd)
 
 
 __all__ = ["WriteMachinery", "COPY_CHUNK"]

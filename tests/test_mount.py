@@ -321,6 +321,47 @@ def test_open_file_modes_move_only_as_the_table_says():
             next_state(M.STAGING, event)
 
 
+def test_a_stream_copy_is_kept_only_from_offset_0_within_its_bounds():
+    """The copy of a stream's bytes that lets a file be staged without a read back: only
+    for a stream begun here at offset 0, up to SHADOW_MAX per file and the mount's budget
+    for all files; every byte is given back when the file leaves STREAM or is forgotten."""
+    from types import SimpleNamespace
+
+    from mount.openfiles import SHADOW_MAX, CopyBudget, OpenFile
+    from mount.openfiles import FileEvent as E
+
+    copies = CopyBudget(limit=SHADOW_MAX + 100)
+    a, b = OpenFile(1, 0, 0o644, copies=copies), OpenFile(2, 0, 0o644, copies=copies)
+    a.move(E.CREATE)
+    a.stream = SimpleNamespace(pos=0)
+    for chunk in (b"x" * 4096, b"y" * 10):
+        a.stream_took(chunk)
+        a.stream.pos += len(chunk)
+    assert a.shadow_content() == b"x" * 4096 + b"y" * 10 and copies.used == 4106
+    a.stream.pos += 1                      # a byte the copy missed: no copy is answered
+    assert a.shadow_content() is None
+    b.move(E.CREATE)
+    b.stream = SimpleNamespace(pos=0)
+    b.stream_took(b"z" * (SHADOW_MAX - 4000))   # past what is left of the budget
+    assert b.shadow is None and copies.used == 4106
+    a.move(E.COMPLETE)
+    assert a.shadow is None and copies.used == 0
+    b.move(E.COMPLETE)
+    b.move(E.APPEND)                       # an append continues bytes it never saw
+    assert b.shadow is None
+    b.move(E.COMPLETE)
+    b.move(E.CREATE)
+    b.stream = SimpleNamespace(pos=0)
+    b.stream_took(b"w" * SHADOW_MAX)
+    assert copies.used == SHADOW_MAX
+    b.stream_took(b"w")                    # past SHADOW_MAX for one file
+    assert b.shadow is None and copies.used == 0
+    c = OpenFile(3, 0, 0o644)              # no budget (a file only truncated): no copy
+    c.move(E.CREATE)
+    c.stream_took(b"q")
+    assert c.shadow is None
+
+
 @pytest.mark.allow_log_errors(r"fuse_read\(\): fuse_reply_\* failed with Invalid argument",
                               reason="the test logs a failed reply that stays an error")
 def test_a_reply_the_kernel_no_longer_waits_for_is_not_an_error(caplog):

@@ -225,6 +225,46 @@ def test_a_staged_file_stays_leased_to_its_writer(cluster, one, two):
         assert client.read_file("/contended.bin") == b"01ABCD6789-two"
 
 
+@pytest.mark.parametrize("size", [300 << 10, 3 * MiB // 2])
+def test_a_journal_written_synced_rewritten_in_place_and_deleted(cluster, one, two, size):
+    """A database's rollback journal, per transaction: create, write (past inline_max, so
+    through a pipeline), fsync, rewrite its header in place, fsync, more pages, fsync,
+    close, delete. The in-place write moves it to the mount's staging file, from the bytes
+    the mount kept of its stream (up to 1 MiB) or read back from the cluster (bigger); each
+    fsync uploads it under the lease the writer never lets go. Another mount reads exactly
+    the fsynced content each time and cannot open it for writing meanwhile."""
+    journal, other = one.mp / f"db-{size}-journal", two.mp / f"db-{size}-journal"
+    name = f"/db-{size}-journal"
+    body = os.urandom(size)
+    fd = os.open(journal, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, body)
+        os.fsync(fd)
+        with cluster.client() as client:
+            assert client.read_file(name) == body
+        os.pwrite(fd, b"HEADER!!", 0)
+        expected = b"HEADER!!" + body[8:]
+        assert os.pread(fd, 64, 0) == expected[:64]
+        os.fsync(fd)
+        with cluster.client() as client:
+            assert client.read_file(name) == expected
+        assert errno_of(os.open, other, os.O_WRONLY | os.O_APPEND) == errno.EBUSY
+        pages = os.urandom(200 << 10)
+        os.pwrite(fd, pages, size - 4096)              # over the end: the file grows
+        expected = expected[:size - 4096] + pages
+        os.fsync(fd)
+        with cluster.client() as client:
+            assert client.read_file(name) == expected
+        assert os.pread(fd, len(expected) + 10, 0) == expected
+    finally:
+        os.close(fd)
+    assert other.read_bytes() == expected
+    os.unlink(journal)
+    with cluster.client() as client:
+        assert not client.exists(name)
+    assert "release of inode" not in one.log_text()
+
+
 # ------------------------------------------------------------------ deep trees
 
 def test_deep_tree_past_path_max_through_relative_paths(cluster, one):
