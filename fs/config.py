@@ -107,6 +107,14 @@ class Config:
     delete_chunk: int = _s(2000, "inodes + blocks one delete record removes; a bigger subtree is "
                            "detached at once and reclaimed in the background in records of "
                            "at most this size (HDFS incremental block deletion)")
+    security: str = _s("secure", "secure: block servers prove they hold the cluster key "
+                       "(challenge-response) before the metadata server takes their calls; "
+                       "simple: anyone who reaches the port is believed, as HDFS simple "
+                       "authentication (tests, trusted networks)")
+    cluster_key_file: str = _s("", "the cluster key (32 random bytes, mode 0600): the metadata "
+                               "server creates <data>/cluster.key when missing and uses it by "
+                               "default; block servers need this set to a copy of it "
+                               "(leasefs cluster up does that)")
     permissions_enabled: bool = _s(True, "check mode bits, owners and the superuser on every "
                                    "namespace operation (HDFS dfs.permissions.enabled)")
     superuser: str = _s("", "user allowed everything (default: the user running the metadata "
@@ -248,7 +256,7 @@ class Config:
         return self.advertise_host or self.bind_host
 
 
-CHOICES = {"namespace_lock": ("fine", "global"),
+CHOICES = {"namespace_lock": ("fine", "global"), "security": ("secure", "simple"),
            "replace_datanode_on_failure": ("never", "default", "always")}
 
 

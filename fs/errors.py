@@ -139,6 +139,12 @@ class InvalidToken(LeaseFSError):
     errno = _errno.EACCES
 
 
+class AuthenticationFailed(LeaseFSError):
+    """A peer did not prove who it is (a block server without the cluster key, a call of
+    the block-server protocol on a connection that did not authenticate)."""
+    errno = _errno.EACCES
+
+
 class SafeMode(LeaseFSError):
     """The metadata server is in safe mode: reads only."""
     errno = _errno.EROFS

@@ -244,8 +244,12 @@ class RpcClient:
                  retry_seconds: float = 30.0, connect_timeout: float = 5.0,
                  max_frame: int = DEFAULT_MAX_FRAME,
                  retry_errors: tuple[type[LeaseFSError], ...] = (),
-                 user: str | None = None, groups=None, sync_metadata: bool = True):
+                 user: str | None = None, groups=None, sync_metadata: bool = True,
+                 authenticate=None):
         self.address = parse_address(address)
+        # ``async authenticate(call)`` runs on every new connection before any other call
+        # goes on it; ``call(method, args)`` calls on that connection (fs.nodeauth)
+        self.authenticate = authenticate
         self.user, groups = check_identity(
             current_user() if user is None else user,
             current_groups() if groups is None else list(groups), "RPC client identity")
@@ -315,9 +319,36 @@ class RpcClient:
                                  "client_id": self.client_id, "user": self.user,
                                  "groups": self.groups, "sync_metadata": self.sync_metadata})
             conn = _Connection(channel)
-            self._conn = conn
             self._nursery.start_soon(self._reader, conn)
+            if self.authenticate is not None:
+                try:
+                    with trio.fail_after(self.timeout):
+                        await self.authenticate(functools.partial(self._call_on, conn))
+                except trio.TooSlowError:
+                    conn.fail_all(ServerUnavailable("authentication timed out"))
+                    with trio.CancelScope(shield=True):
+                        await conn.channel.aclose()
+                    raise RpcTimeout(f"authenticating to {format_address(self.address)}: "
+                                     f"no answer within {self.timeout:g} s") from None
+                except BaseException as exc:
+                    conn.fail_all(exc if isinstance(exc, LeaseFSError)
+                                  else ServerUnavailable("authentication interrupted"))
+                    with trio.CancelScope(shield=True):
+                        await conn.channel.aclose()
+                    raise
+            self._conn = conn
             return conn
+
+    async def _call_on(self, conn: _Connection, method: str, args: dict):
+        """One call on ``conn`` itself (the authentication of a new connection)."""
+        call_id = next(self._call_ids)
+        waiter = _Waiter(math.inf)
+        conn.waiters[call_id] = waiter
+        conn.channel.send_nowait([call_id, method, args])
+        ok, value = await waiter.wait(lambda: conn.waiters.pop(call_id, None))
+        if ok:
+            return value
+        raise value if isinstance(value, LeaseFSError) else errors.from_wire(value)
 
     async def _reader(self, conn: _Connection) -> None:
         try:
@@ -428,6 +459,9 @@ class CallContext:
     user: str | None = None
     groups: tuple[str, ...] = ()
     sync_metadata: bool = True   # namespace changes answered only once durable
+    # what the connection established about its peer, shared by all its calls (a block
+    # server's authenticated node id, see fs.nodeauth)
+    session: dict = field(default_factory=dict)
 
 
 class Dispatcher:
@@ -588,6 +622,7 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
     # took its call) exits. Once the reader stops, workers finish their calls and exit.
     pending: collections.deque = collections.deque()
     idle = trio.lowlevel.ParkingLot()
+    session: dict = {}
     closing = [False]
 
     async def worker(ctx: CallContext, method, args) -> None:
@@ -622,7 +657,8 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                         f"call id must be an integer, got {brief(call_id, 40)}").to_wire())
                     continue
                 ctx = CallContext(client_id=client_id, peer=peer, call_id=call_id,
-                                  user=user, groups=groups, sync_metadata=sync_metadata)
+                                  user=user, groups=groups, sync_metadata=sync_metadata,
+                                  session=session)
                 if method in inline:   # never awaits: no task of its own
                     await run_call(ctx, method, args, False)
                     continue

@@ -23,18 +23,72 @@ from __future__ import annotations
 
 import logging
 
-from fs.errors import InvalidArgument, StaleGenerationStamp
+from fs import nodeauth, paths
+from fs.errors import (AuthenticationFailed, InvalidArgument, PermissionDenied,
+                       StaleGenerationStamp)
 from fs.rpc import format_address, parse_address
 
 from . import blocks as bm
 from .namespace import check_bool, check_int, check_name
+from .permissions import READ
 from .reports import parse_entries
 
 log = logging.getLogger(__name__)
 
 
 class DatanodeProtocol:
-    """Handlers of HDFS DatanodeProtocol calls, as ``rpc_<method>(ctx, **args)``."""
+    """Handlers of HDFS DatanodeProtocol calls, as ``rpc_<method>(ctx, **args)``.
+
+    Under ``security = secure`` (``node_key`` set) every call of this protocol needs a
+    connection a block server authenticated with ``node_challenge`` + ``node_authenticate``
+    (``fs.nodeauth``), and one naming a node acts for that node only; ``report_bad_blocks``
+    also takes a reader's report of a block of a file it may read. Callers in the server's
+    own process (``ctx.user`` None) pass."""
+
+    # ================================================================== authentication
+    async def rpc_node_challenge(self, ctx):
+        """Step 1 of ``fs.nodeauth``: a fresh nonce, for this connection and one answer."""
+        nonce = nodeauth.new_nonce()
+        ctx.session["challenge"] = nonce
+        return nonce
+
+    async def rpc_node_authenticate(self, ctx, node_id, client_nonce, proof):
+        """Steps 2-3 of ``fs.nodeauth``: a block server's proof of the cluster key; on a
+        match the connection belongs to ``node_id`` and the answer proves the key back."""
+        check_name(node_id, "node_authenticate: node_id")
+        challenge = ctx.session.pop("challenge", None)
+        key = self.node_key
+        if key is None:
+            raise AuthenticationFailed("node_authenticate: this metadata server runs with "
+                                       "security = simple (no cluster key)")
+        if not (challenge is not None and isinstance(client_nonce, bytes)
+                and len(client_nonce) == nodeauth.NONCE_BYTES
+                and nodeauth.same(proof, nodeauth.node_proof(key, challenge, client_nonce,
+                                                             node_id))):
+            log.warning("block server authentication from %s as %r refused: %s", ctx.peer,
+                        node_id[:80], "no challenge on this connection" if challenge is None
+                        else "wrong proof (not the cluster key, or not for this challenge)")
+            raise AuthenticationFailed(f"block server {node_id[:80]!r} from {ctx.peer}: "
+                                       f"authentication refused (wrong cluster key, or no "
+                                       f"fresh challenge on this connection)")
+        ctx.session["node"] = node_id
+        log.info("block server %s authenticated from %s", node_id, ctx.peer)
+        return nodeauth.meta_proof(key, challenge, client_nonce, node_id)
+
+    def _node_caller(self, ctx, what: str, node_id=None) -> str | None:
+        """The block server this connection authenticated as (None without security);
+        ``AuthenticationFailed`` when it did not, or acts for another node."""
+        if self.node_key is None or getattr(ctx, "user", None) is None:
+            return None
+        node = ctx.session.get("node")
+        if node is None:
+            raise AuthenticationFailed(f"{what}: only an authenticated block server may call "
+                                       f"this (security = secure; this connection did not "
+                                       f"prove it holds the cluster key)")
+        if node_id is not None and node_id != node:
+            raise AuthenticationFailed(f"{what}: this connection authenticated as block "
+                                       f"server {node}, not {str(node_id)[:80]}")
+        return node
 
     # ================================================================== block server RPCs
     @staticmethod
@@ -42,8 +96,9 @@ class DatanodeProtocol:
         for name, value in (("capacity", capacity), ("used", used), ("remaining", remaining)):
             check_int(value, name, low=0)
 
-    def _registered(self, node_id, what: str):
+    def _registered(self, ctx, node_id, what: str):
         check_name(node_id, f"{what}: node_id")
+        self._node_caller(ctx, what, node_id)
         node = self.datanodes.live(node_id)
         if node is None:
             raise InvalidArgument(f"{what}: block server {node_id} is not registered "
@@ -52,6 +107,7 @@ class DatanodeProtocol:
 
     async def rpc_register_storage(self, ctx, node_id, address, capacity=0, used=0, remaining=0):
         check_name(node_id, "register_storage: node_id")
+        self._node_caller(ctx, "register_storage", node_id)
         if not isinstance(address, str):
             raise InvalidArgument("register_storage: address must be 'host:port'")
         host, port = parse_address(address)
@@ -72,6 +128,7 @@ class DatanodeProtocol:
 
     async def rpc_heartbeat(self, ctx, node_id, capacity=0, used=0, remaining=0, xceivers=0):
         check_name(node_id, "heartbeat: node_id")
+        self._node_caller(ctx, "heartbeat", node_id)
         self._check_usage(capacity, used, remaining)
         node = self.datanodes.heartbeat(node_id, capacity, used, remaining,
                                         xceivers if isinstance(xceivers, int) else 0)
@@ -91,6 +148,7 @@ class DatanodeProtocol:
                                                close_file=True, delete_block=False,
                                                new_targets=()):
         """The primary finished block recovery (PROTOCOL.md §4)."""
+        self._node_caller(ctx, "commit_block_synchronization")
         if not isinstance(block, dict):
             raise InvalidArgument(f"commit_block_synchronization: block must be {{id, gs}}, "
                                   f"got {block!r:.80}")
@@ -141,7 +199,7 @@ class DatanodeProtocol:
             return True
 
     async def rpc_block_report(self, ctx, node_id, blocks, report_id=None, chunk=0, last=True):
-        self._registered(node_id, "block_report")
+        self._registered(ctx, node_id, "block_report")
         if report_id is not None:
             check_name(report_id, "block_report: report_id")
             check_int(chunk, "block_report: chunk", low=0)
@@ -151,7 +209,7 @@ class DatanodeProtocol:
         return True
 
     async def rpc_block_received_and_deleted(self, ctx, node_id, received=(), deleted=()):
-        node = self._registered(node_id, "block_received_and_deleted")
+        node = self._registered(ctx, node_id, "block_received_and_deleted")
         entries = parse_entries(list(received), "block_received_and_deleted: received")
         if not isinstance(deleted, (list, tuple)) or not all(
                 isinstance(x, int) and not isinstance(x, bool) for x in deleted):
@@ -162,14 +220,27 @@ class DatanodeProtocol:
     async def rpc_report_bad_blocks(self, ctx, blocks):
         if not isinstance(blocks, list):
             raise InvalidArgument("report_bad_blocks: blocks must be a list of {block, node_id}")
+        reader = (self.node_key is not None and getattr(ctx, "user", None) is not None
+                  and ctx.session.get("node") is None)
         for item in blocks:
             if not (isinstance(item, dict) and isinstance(item.get("node_id"), str)
                     and isinstance(item.get("block"), dict)):
                 raise InvalidArgument(f"report_bad_blocks: bad entry {item!r:.80}")
             block_id = check_int(item["block"].get("id"), "report_bad_blocks: block.id", low=0)
+            if reader:   # a client: only blocks of files it may read (it read them)
+                self._check_reader_of(ctx, block_id)
             if self.blocks.mark_bad(item["node_id"], block_id):
                 log.warning("replica of block %d on %s reported corrupt by %s", block_id,
                             item["node_id"], ctx.client_id)
                 for node_id, ref in self.blocks.excess_corrupt(block_id):
                     self.datanodes.add_invalidate(node_id, ref)
         return True
+
+    def _check_reader_of(self, ctx, block_id: int) -> None:
+        """A client reporting a bad replica must be allowed to read the block's file."""
+        info = self.blocks.get(block_id)
+        path = self.ns.path_of(info.ino) if info is not None else None
+        if path is None:
+            raise PermissionDenied(f"report_bad_blocks: block {block_id} belongs to no file "
+                                   f"this caller may read")
+        self.check_access(ctx, paths.split(path), access=READ)

@@ -65,7 +65,7 @@ from functools import partial
 
 import trio
 
-from fs import paths
+from fs import nodeauth, paths
 from fs.config import Config
 from fs.errors import AlreadyBeingCreated, InternalError, TryAgain, LeaseFSError, ServerUnavailable
 from fs.limits import ByteBudget, ConnectionLimits
@@ -147,6 +147,9 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
         # HDFS: the superuser is the user running the NameNode unless configured; it owns
         # the root directory of a new namespace, whose group is the supergroup
         self.superuser = config.superuser or current_user()
+        # the cluster key block servers prove they hold (security = secure; set by
+        # run_meta_server), None: simple, every peer is believed
+        self.node_key: bytes | None = None
         self.permissions = PermissionChecker(superuser=self.superuser,
                                              supergroup=config.supergroup,
                                              enabled=config.permissions_enabled)
@@ -783,6 +786,8 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
     server = None
     try:
         server = MetaServer(config, kv, os.path.join(data_dir, "journal"))
+        if config.security == "secure":
+            server.node_key = nodeauth.ensure_key(nodeauth.key_path(config, data_dir))
         server.recover()
         async with trio.open_nursery() as nursery:
             await nursery.start(server.journal.run)

@@ -50,8 +50,9 @@ import secrets
 
 import trio
 
+from fs import nodeauth
 from fs.config import Config
-from fs.errors import ChecksumError, LeaseFSError, ServerUnavailable
+from fs.errors import AuthenticationFailed, ChecksumError, LeaseFSError, ServerUnavailable
 from fs.rpc import RpcClient
 
 from .blockcopy import copy_replica
@@ -72,8 +73,11 @@ class HeartbeatService:
     """Registration, heartbeats, commands and block reports of one block server."""
 
     def __init__(self, config: Config, store: ReplicaStore, meta_address: str,
-                 xceiver_count=lambda: 0):
+                 xceiver_count=lambda: 0, key: bytes | None = None):
         self.config = config
+        # the cluster key (security = secure): every connection to the metadata server
+        # starts with the challenge-response of fs.nodeauth
+        self._key = key
         self.store = store
         self.meta_address = meta_address
         self.xceiver_count = xceiver_count
@@ -189,7 +193,8 @@ class HeartbeatService:
         async with RpcClient(self.meta_address, f"storage-{self.store.node_id}",
                              timeout=self.config.rpc_timeout, retry_seconds=0,
                              connect_timeout=min(5.0, self.config.rpc_timeout),
-                             max_frame=self.config.max_frame) as rpc:
+                             max_frame=self.config.max_frame,
+                             authenticate=self._authenticate if self._key else None) as rpc:
             self._rpc = rpc
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -235,6 +240,23 @@ class HeartbeatService:
                 delay = min(delay * 2, self._max_backoff())
                 continue
             await trio.sleep(self.config.heartbeat_interval)
+
+    async def _authenticate(self, call) -> None:
+        """``fs.nodeauth`` on a new connection: prove we hold the cluster key, and check
+        that the metadata server does too (else it could command us)."""
+        node_id = self.store.node_id
+        server_nonce = await call("node_challenge", {})
+        if not isinstance(server_nonce, bytes):
+            raise AuthenticationFailed(f"metadata server {self.meta_address} sent no "
+                                       f"challenge (is it in security = simple?)")
+        client_nonce = nodeauth.new_nonce()
+        answer = await call("node_authenticate", {
+            "node_id": node_id, "client_nonce": client_nonce,
+            "proof": nodeauth.node_proof(self._key, server_nonce, client_nonce, node_id)})
+        if not nodeauth.same(answer, nodeauth.meta_proof(self._key, server_nonce,
+                                                         client_nonce, node_id)):
+            raise AuthenticationFailed(f"metadata server {self.meta_address} did not prove "
+                                       f"that it holds the cluster key")
 
     def _unregister(self) -> None:
         self.registered = False

@@ -21,6 +21,7 @@ from functools import partial
 
 import trio
 
+from fs import nodeauth
 from fs.config import Config
 from fs.limits import ConnectionLimits
 from fs.rpc import format_address, serve_tcp
@@ -42,8 +43,12 @@ class BlockServer:
         self.store = ReplicaStore(data_dir, disk_io_threads=config.disk_io_threads,
                                   sync_on_close=config.sync_on_close)
         self.transfer = DataTransferServer(config, self.store)
+        # security = secure: no key, no block server (a clear error at start, not a
+        # server that is refused forever)
+        key = nodeauth.load_key(config.cluster_key_file) if config.security == "secure" else None
         self.heartbeat = HeartbeatService(config, self.store, meta_address,
-                                          xceiver_count=lambda: self.transfer.active_ops)
+                                          xceiver_count=lambda: self.transfer.active_ops,
+                                          key=key)
         self.transfer.reporter = self.heartbeat
         self.scanner = BlockScanner(config, self.store, self.heartbeat.report_bad_replicas,
                                     self.heartbeat.replica_lost)

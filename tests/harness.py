@@ -141,7 +141,10 @@ class InProcessCluster:
     async def start_storage(self, i: int):
         from storage.server import run_block_server
 
-        task = await self._start(run_block_server, config=self.config,
+        config = self.config
+        if not config.cluster_key_file:   # the metadata server's own (security = secure)
+            config = config.replace(cluster_key_file=str(self.meta_dir / "cluster.key"))
+        task = await self._start(run_block_server, config=config,
                                  data_dir=str(self.storage_dirs[i]),
                                  meta_address=self.meta_address, host="127.0.0.1",
                                  port=self._storage_ports[i])
@@ -405,8 +408,11 @@ class ProcessCluster:
                                                  "--http-port", "0"])
 
     def start_storage(self, i: int):
+        # the metadata server made its cluster key at its first start (security = secure)
+        key = self.settings.get("cluster_key_file") or str(self.meta_dir() / "cluster.key")
         self._spawn(f"storage{i}", ["storage", "--data", str(self.storage_dir(i)),
-                                    "--meta", self.meta_address])
+                                    "--meta", self.meta_address,
+                                    "--set", f"cluster_key_file={key}"])
 
     def pid(self, name: str) -> int:
         return self.procs[name].pid

@@ -158,8 +158,8 @@ def test_server_writes_address_file_and_exits_0_on_sigterm(tmp_path, role):
     addr = tmp_path / "run" / f"{role}.addr"
     argv = [sys.executable, "-m", "tools", role, "--data", str(tmp_path / "data"), "--port", "0",
             "--address-file", str(addr), *FAST]
-    if role == "storage":
-        argv += ["--meta", "127.0.0.1:1"]  # no metadata server: it keeps retrying, still serves
+    if role == "storage":   # no metadata server: it keeps retrying, still serves
+        argv += ["--meta", "127.0.0.1:1", "--set", "security=simple"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 30
@@ -244,3 +244,23 @@ def test_embedded_cluster_append_goes_on_after_a_replica_holder_dies(home, tmp_p
     assert cat.returncode == 0 and cat.stdout == b"a" * 100_000 + b"b" * 50_000
     leases = leasefs("leases", "--json", env=env)
     assert leases.returncode == 0 and json.loads(leases.stdout) == [], leases.stdout
+
+
+@pytest.mark.slow
+def test_a_block_server_without_the_cluster_key_does_not_start(tmp_path):
+    """security = secure (the default): a block server started without the cluster key, or
+    with a key file others may read, exits at once with one line naming what to set."""
+    base = [sys.executable, "-m", "tools", "storage", "--data", str(tmp_path / "data"),
+            "--port", "0", "--meta", "127.0.0.1:1", *FAST]
+    loose = tmp_path / "loose.key"
+    loose.write_text("ab" * 32 + "\n")
+    loose.chmod(0o644)
+    for extra, wanted in (([], "set cluster_key_file"),
+                          (["--set", f"cluster_key_file={tmp_path / 'none.key'}"],
+                           "No such file"),
+                          (["--set", f"cluster_key_file={loose}"], "readable by others")):
+        proc = subprocess.run(base + extra, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("leasefs storage:")]
+        assert len(lines) == 1 and wanted in lines[0], proc.stderr
+        assert "Traceback" not in proc.stderr

@@ -73,6 +73,8 @@ async def start_meta(nursery, tmp_path, config) -> str:
 
 
 async def start_block_server(nursery, tmp_path, config, meta_address: str) -> BlockServer:
+    if not config.cluster_key_file:   # the key start_meta's server made (security = secure)
+        config = config.replace(cluster_key_file=str(tmp_path / "meta" / "cluster.key"))
     server = BlockServer(config, str(tmp_path / "dn"), meta_address=meta_address)
     await nursery.start(server.run, "127.0.0.1", 0)
     return server

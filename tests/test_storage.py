@@ -43,7 +43,8 @@ BPC = 512
 
 
 def make_config(**overrides) -> Config:
-    settings = {"heartbeat_interval": 0.05, "data_timeout": 5.0, "rpc_timeout": 5.0,
+    # the metadata server here is a test double that does not check the cluster key
+    settings = {"security": "simple", "heartbeat_interval": 0.05, "data_timeout": 5.0, "rpc_timeout": 5.0,
                 "block_report_interval": 3600.0, "bytes_per_checksum": BPC,
                 "packet_size": 4096, "write_window_packets": 4, "disk_io_threads": 4}
     return Config.load(env={}, **{**settings, **overrides})

@@ -32,6 +32,7 @@ import time
 
 import trio
 
+from fs import nodeauth
 from fs.config import default_home
 from fs.errors import LeaseFSError, NotDirectory, sole_exception
 from fs.rpc import RpcClient
@@ -321,6 +322,14 @@ def cmd_up(args) -> int:
     deadline = time.monotonic() + args.timeout
     procs: dict[str, subprocess.Popen] = {}
     started = []
+    # the cluster key (security = secure): made here, in the metadata server's folder, so the
+    # block servers started next read the same file; nothing to set up by hand
+    key_file = settings.get("cluster_key_file") or os.path.join(layout.meta_data, "cluster.key")
+    try:
+        nodeauth.ensure_key(key_file)
+    except (OSError, LeaseFSError) as exc:
+        print(f"{PROG} cluster up: cluster key {key_file}: {exc}", file=sys.stderr)
+        return 1
     try:
         if not meta_alive:
             port = state["meta"].get("port")  # a restart keeps the recorded address valid
@@ -348,7 +357,8 @@ def cmd_up(args) -> int:
             if port is None:
                 port = base + i if base else 0
             procs[name] = spawn(layout, name, "storage",
-                                ["--meta", address, "--port", str(port)], settings)
+                                ["--meta", address, "--port", str(port)],
+                                {**settings, "cluster_key_file": key_file})
             started.append(name)
             storage[i]["pid"] = procs[name].pid
             save_state(layout, state)

@@ -1,0 +1,120 @@
+"""Block servers and the metadata server prove to each other that they hold the cluster key
+(``security = "secure"``); the key never travels.
+
+The exchange, on each RPC connection a block server opens to the metadata server, before
+any other call of it:
+
+1. ``node_challenge``: the metadata server answers a fresh random ``server_nonce``, kept
+   for this connection only and usable once.
+2. ``node_authenticate(node_id, client_nonce, proof)`` with
+   ``proof = HMAC-SHA256(key, NODE_LABEL | server_nonce | client_nonce | node_id)``.
+3. The metadata server recomputes it; on a match the connection belongs to ``node_id``
+   (block-server calls on it are taken for that node only) and it answers
+   ``HMAC-SHA256(key, META_LABEL | client_nonce | server_nonce | node_id)``.
+4. The block server checks that answer, so a server without the key cannot command it.
+
+A proof is bound to both nonces and to the node id: one recorded on another connection, or
+made for another node, is worth nothing. HDFS gets the same from Kerberos service
+principals; a shared cluster key needs no KDC.
+
+The key file holds 32 random bytes as 64 hex digits, mode 0600; the metadata server creates
+it when missing (``ensure_key``), block servers only read a copy (``load_key``).
+
+Concurrency contract: pure functions and blocking file reads at start-up; no state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+
+from .errors import AuthenticationFailed, InvalidArgument
+
+KEY_BYTES = 32
+NONCE_BYTES = 32
+NODE_LABEL = b"leasefs node auth v1\0"
+META_LABEL = b"leasefs meta auth v1\0"
+
+
+def _mac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
+
+
+def node_proof(key: bytes, server_nonce: bytes, client_nonce: bytes, node_id: str) -> bytes:
+    """What a block server answers to a challenge."""
+    return _mac(key, NODE_LABEL, server_nonce, client_nonce, node_id.encode())
+
+
+def meta_proof(key: bytes, server_nonce: bytes, client_nonce: bytes, node_id: str) -> bytes:
+    """What the metadata server answers to a block server's proof."""
+    return _mac(key, META_LABEL, client_nonce, server_nonce, node_id.encode())
+
+
+def same(a, b) -> bool:
+    """Constant-time equality of two proofs (anything not bytes never matches)."""
+    return isinstance(a, (bytes, bytearray)) and isinstance(b, (bytes, bytearray)) \
+        and hmac.compare_digest(bytes(a), bytes(b))
+
+
+def new_nonce() -> bytes:
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def load_key(path: str) -> bytes:
+    """The cluster key from ``path``; ``AuthenticationFailed`` naming the file and what is
+    wrong with it (missing, readable by others, not 64 hex digits)."""
+    if not path:
+        raise InvalidArgument("security = secure needs the cluster key: set cluster_key_file "
+                              "to a copy of the metadata server's <data>/cluster.key (mode "
+                              "0600), or security = simple on a trusted network")
+    try:
+        info = os.stat(path)
+        with open(path, "rb") as fh:
+            text = fh.read(4 * KEY_BYTES)
+    except OSError as exc:
+        raise AuthenticationFailed(f"cluster key {path}: {exc.strerror or exc}") from None
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise AuthenticationFailed(f"cluster key {path}: readable by others "
+                                   f"(mode {stat.S_IMODE(info.st_mode):o}); chmod 600 it")
+    try:
+        key = bytes.fromhex(text.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        key = b""
+    if len(key) != KEY_BYTES:
+        raise AuthenticationFailed(f"cluster key {path}: not {2 * KEY_BYTES} hex digits")
+    return key
+
+
+def ensure_key(path: str) -> bytes:
+    """The cluster key at ``path``, created (mode 0600, written whole or not at all) when
+    the file does not exist."""
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, secrets.token_bytes(KEY_BYTES).hex().encode() + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)   # never replaces a key another process made meanwhile
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    return load_key(path)
+
+
+def key_path(config, meta_data_dir: str | None = None) -> str:
+    """Where the key is: ``cluster_key_file``, else (the metadata server) its data folder."""
+    if config.cluster_key_file:
+        return config.cluster_key_file
+    return os.path.join(meta_data_dir, "cluster.key") if meta_data_dir else ""
+
+
+__all__ = ["KEY_BYTES", "node_proof", "meta_proof", "same", "new_nonce", "load_key",
+           "ensure_key", "key_path"]
