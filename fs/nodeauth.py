@@ -17,6 +17,11 @@ A proof is bound to both nonces and to the node id: one recorded on another conn
 made for another node, is worth nothing. HDFS gets the same from Kerberos service
 principals; a shared cluster key needs no KDC.
 
+Block recovery's ops between block servers (INIT_REPLICA_RECOVERY, which stops a replica's
+writer, and UPDATE_REPLICA_UNDER_RECOVERY, which cuts it) carry a MAC by the same key over
+the whole op header and the time it was issued (``sign_op``/``check_op``): anyone else
+reaching a block server's data port could otherwise stop writes and cut replicas.
+
 The key file holds 32 random bytes as 64 hex digits, mode 0600; the metadata server creates
 it when missing (``ensure_key``), block servers only read a copy (``load_key``).
 
@@ -32,11 +37,14 @@ import secrets
 import stat
 
 from .errors import AuthenticationFailed, InvalidArgument
+from .framing import packb
 
 KEY_BYTES = 32
 NONCE_BYTES = 32
 NODE_LABEL = b"leasefs node auth v1\0"
 META_LABEL = b"leasefs meta auth v1\0"
+OP_LABEL = b"leasefs node op v1\0"
+OP_WINDOW = 300.0   # seconds a signed op stays valid (clocks of the block servers may differ)
 
 
 def _mac(key: bytes, *parts: bytes) -> bytes:
@@ -57,6 +65,35 @@ def same(a, b) -> bool:
     """Constant-time equality of two proofs (anything not bytes never matches)."""
     return isinstance(a, (bytes, bytearray)) and isinstance(b, (bytes, bytearray)) \
         and hmac.compare_digest(bytes(a), bytes(b))
+
+
+def sign_op(key: bytes, header: dict, now: float) -> dict:
+    """``header`` (a data-transfer op one block server sends another: the block-recovery
+    ops) with ``issued`` (wall seconds) and ``mac`` over all of it."""
+    signed = {**header, "issued": round(now, 3)}
+    return {**signed, "mac": _mac(key, OP_LABEL, _canonical(signed))}
+
+
+def check_op(key: bytes, header: dict, now: float, what: str) -> None:
+    """``AuthenticationFailed`` unless ``header`` carries a MAC by the cluster key made
+    within ``OP_WINDOW`` seconds of ``now`` (a recorded op is refused once that passed,
+    and before that it repeats what it did: the recovery ops are idempotent per recovery
+    id)."""
+    mac, issued = header.get("mac"), header.get("issued")
+    if not isinstance(issued, (int, float)) or isinstance(issued, bool):
+        raise AuthenticationFailed(f"{what}: not signed by a block server of this cluster "
+                                   f"(security = secure)")
+    body = {k: v for k, v in header.items() if k != "mac"}
+    if not same(mac, _mac(key, OP_LABEL, _canonical(body))):
+        raise AuthenticationFailed(f"{what}: signature does not match (not made with this "
+                                   f"cluster's key, or the op was changed)")
+    if abs(now - issued) > OP_WINDOW:
+        raise AuthenticationFailed(f"{what}: signed {now - issued:.0f} s ago, outside the "
+                                   f"{OP_WINDOW:g} s window (replayed, or clocks apart)")
+
+
+def _canonical(header: dict) -> bytes:
+    return packb(sorted(header.items()))
 
 
 def new_nonce() -> bytes:
@@ -116,5 +153,5 @@ def key_path(config, meta_data_dir: str | None = None) -> str:
     return os.path.join(meta_data_dir, "cluster.key") if meta_data_dir else ""
 
 
-__all__ = ["KEY_BYTES", "node_proof", "meta_proof", "same", "new_nonce", "load_key",
-           "ensure_key", "key_path"]
+__all__ = ["KEY_BYTES", "node_proof", "meta_proof", "same", "sign_op", "check_op",
+           "new_nonce", "load_key", "ensure_key", "key_path"]

@@ -94,7 +94,8 @@ class HeartbeatService:
         self._wake_scheduled = False   # a delayed wakeup for RBW entries is on its way
         self._outage: str | None = None          # last logged failure kind, None = all well
         self._ignored_command_types: set[str] = set()
-        self.recovery = BlockRecoveryWorker(config, store, self, self._commit_block_sync)
+        self.recovery = BlockRecoveryWorker(config, store, self, self._commit_block_sync,
+                                            key=key)
         self._nursery: trio.Nursery | None = None
         self._report_lock = trio.Lock()   # full vs. incremental reports, see the docstring
         self._transfer_limiter = trio.CapacityLimiter(max(1, config.replication_max_streams))

@@ -39,10 +39,12 @@ per-target INIT and UPDATE calls run concurrently, each with ``data_timeout``.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import trio
 
+from fs import nodeauth
 from fs.config import Config
 from fs.datatransfer import op_header
 from fs.errors import (InvalidArgument, LeaseFSError, ProtocolError, ReplicaNotFound,
@@ -201,11 +203,13 @@ class BlockRecoveryWorker:
     ``commit`` is ``async (args: dict) -> None`` calling ``commit_block_synchronization``.
     """
 
-    def __init__(self, config: Config, store: ReplicaStore, reporter, commit):
+    def __init__(self, config: Config, store: ReplicaStore, reporter, commit,
+                 key: bytes | None = None):
         self.config = config
         self.store = store
         self.reporter = reporter
         self.commit = commit
+        self.key = key   # the cluster key (security = secure): the ops it sends are signed
         self.running: dict[int, int] = {}    # block id -> recovery id in progress here
         self.finished: list[tuple[int, int, str]] = []   # (block, recovery id, outcome)
 
@@ -236,6 +240,9 @@ class BlockRecoveryWorker:
                 del self.running[block_id]
             self.finished.append((block_id, recovery_id, outcome))
 
+    def _signed(self, header: dict) -> dict:
+        return header if self.key is None else nodeauth.sign_op(self.key, header, time.time())
+
     async def _recover(self, block_id, gs, recovery_id, new_length, targets) -> None:
         log.info("block recovery of blk_%d_%d: recovery id %d, new length %s, targets %s",
                  block_id, gs, recovery_id, new_length, [t.address for t in targets])
@@ -248,9 +255,9 @@ class BlockRecoveryWorker:
                     replica = await self.store.init_replica_recovery(block_id, gs, recovery_id)
                     wire = replica_wire(replica, replica.original_state)
                 else:
-                    wire = await call_recovery_op(target.address, op_header(
+                    wire = await call_recovery_op(target.address, self._signed(op_header(
                         INIT_REPLICA_RECOVERY, block={"id": block_id, "gs": gs},
-                        recovery_id=recovery_id), self.config.data_timeout)
+                        recovery_id=recovery_id)), self.config.data_timeout)
                 infos.append(ReplicaRecoveryInfo(target.node_id, wire["num_bytes"], wire["gs"],
                                                  ReplicaState(wire["state"]), target.address))
             except (LeaseFSError, ValueError) as exc:
@@ -277,9 +284,9 @@ class BlockRecoveryWorker:
                     self.reporter.block_received(block_id, replica.gs, replica.num_bytes,
                                                  ReplicaState.FINALIZED.value)
                 else:
-                    await call_recovery_op(info.address, op_header(
+                    await call_recovery_op(info.address, self._signed(op_header(
                         UPDATE_REPLICA_UNDER_RECOVERY, block={"id": block_id, "gs": gs},
-                        recovery_id=recovery_id, new_length=decision.length),
+                        recovery_id=recovery_id, new_length=decision.length)),
                         self.config.data_timeout)
                 done.append(info.node_id)
             except LeaseFSError as exc:

@@ -50,6 +50,7 @@ class BlockServer:
                                           xceiver_count=lambda: self.transfer.active_ops,
                                           key=key)
         self.transfer.reporter = self.heartbeat
+        self.transfer.node_key = key
         self.scanner = BlockScanner(config, self.store, self.heartbeat.report_bad_replicas,
                                     self.heartbeat.replica_lost)
         self.dirscan = DirectoryScanner(config, self.store, self.heartbeat)

@@ -58,10 +58,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass
 
 import trio
 
+from fs import nodeauth
 from fs.config import Config
 from fs.datatransfer import (BLOCK_LENGTH, CHECKSUM_SIZE, DATA_TRANSFER_VERSION, ERROR,
                              ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA, PACKET_HEADER,
@@ -189,6 +191,9 @@ class DataTransferServer:
         self.config = config
         self.store = store
         self.reporter = reporter or NullReporter()
+        # the cluster key (security = secure, set by the block server): recovery ops must be
+        # signed with it (fs.nodeauth)
+        self.node_key: bytes | None = None
         self.active_ops = 0   # HDFS xceiver count, reported in heartbeats
         self.oneshot_writes = 0   # WRITE_BLOCK_ONESHOT packets received (tests, metrics)
         #: packet data held by all write pipelines (being received or waiting for the disk)
@@ -274,7 +279,14 @@ class DataTransferServer:
 
     # ------------------------------------------------------------------ block recovery
 
+    def _check_signed(self, header: dict, op: str) -> None:
+        """Recovery ops stop writers and cut replicas: only a block server of this cluster
+        may send them (security = secure)."""
+        if self.node_key is not None:
+            nodeauth.check_op(self.node_key, header, time.time(), op)
+
     async def _init_replica_recovery(self, conn: _Conn, header: dict) -> None:
+        self._check_signed(header, INIT_REPLICA_RECOVERY)
         block_id, gs = _block(header, INIT_REPLICA_RECOVERY)
         recovery_id = _field(header, "recovery_id", int, INIT_REPLICA_RECOVERY)
         replica = await self.store.init_replica_recovery(block_id, gs, recovery_id)
@@ -283,6 +295,7 @@ class DataTransferServer:
 
     async def _update_replica_under_recovery(self, conn: _Conn, header: dict) -> None:
         op = UPDATE_REPLICA_UNDER_RECOVERY
+        self._check_signed(header, op)
         block_id, _gs = _block(header, op)
         recovery_id = _field(header, "recovery_id", int, op)
         new_length = _field(header, "new_length", int, op)

@@ -170,3 +170,56 @@ def test_a_block_server_does_not_obey_a_server_that_cannot_prove_the_key(tmp_pat
         await service._authenticate(honest)
 
     trio.run(main)
+
+
+def test_recovery_ops_between_block_servers_must_be_signed_with_the_cluster_key(tmp_path):
+    """INIT_REPLICA_RECOVERY stops a replica's writer and UPDATE_REPLICA_UNDER_RECOVERY cuts
+    it: sent to a block server's data port by anyone but a block server of the cluster
+    (unsigned, signed with another key, changed after signing, or replayed after the
+    window) they are refused and the replica keeps its bytes; lease recovery between the
+    real block servers (signed) still works."""
+    import time
+
+    from fs.datatransfer import op_header
+    from fs.errors import PipelineError
+    from storage.recovery import (INIT_REPLICA_RECOVERY, UPDATE_REPLICA_UNDER_RECOVERY,
+                                  call_recovery_op)
+
+    data = os.urandom(100_000)
+
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=3) as cluster:
+            key = nodeauth.load_key(str(cluster.meta_dir / "cluster.key"))
+            async with cluster.client() as c, cluster.client() as other:
+                await c.write_file("/kept", data, replication=3)
+                located = (await c.get_block_locations("/kept"))["blocks"][0]
+                block, target = located["block"], located["locations"][0]["address"]
+                ref = {"id": block["id"], "gs": block["gs"]}
+                attacks = [
+                    op_header(INIT_REPLICA_RECOVERY, block=ref, recovery_id=block["gs"] + 50),
+                    nodeauth.sign_op(os.urandom(32), op_header(
+                        INIT_REPLICA_RECOVERY, block=ref, recovery_id=block["gs"] + 50),
+                        time.time()),
+                    {**nodeauth.sign_op(key, op_header(
+                        UPDATE_REPLICA_UNDER_RECOVERY, block=ref, recovery_id=block["gs"] + 50,
+                        new_length=len(data)), time.time()), "new_length": 1},
+                    nodeauth.sign_op(key, op_header(
+                        UPDATE_REPLICA_UNDER_RECOVERY, block=ref, recovery_id=block["gs"] + 50,
+                        new_length=1), time.time() - 3600),
+                ]
+                for header in attacks:
+                    with pytest.raises(AuthenticationFailed):
+                        await call_recovery_op(target, header, 10)
+                assert await other.read_file("/kept") == data
+
+                # the real thing: a writer dies, lease recovery runs signed ops between nodes
+                out = await c.create("/recovered", replication=3)
+                await out.write(data)
+                await out.hflush()
+                out.abort(PipelineError("writer died"))
+                with trio.fail_after(60):
+                    while not await other.recover_lease("/recovered"):
+                        await trio.sleep(0.1)
+                assert await other.read_file("/recovered") == data
+
+    trio.run(main)
