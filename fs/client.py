@@ -373,7 +373,8 @@ class AsyncClient:
                 stream.start_with(result["inline"])
             elif last is not None:
                 same = before is not None and before["block"]["id"] == last["block"]["id"]
-                await stream._setup_append(last, before["block"]["gs"] if same else 0)
+                await stream._setup_append(last, before["block"]["gs"] if same else 0,
+                                           before.get("token") if same else None)
                 stream._pos = int(last["offset"]) + int(last["block"]["num_bytes"])
             else:
                 located = await self._last_block(path)

@@ -115,6 +115,11 @@ class Config:
                                "server creates <data>/cluster.key when missing and uses it by "
                                "default; block servers need this set to a copy of it "
                                "(leasefs cluster up does that)")
+    block_key_interval: float = _s(36000.0, "seconds between two block keys of the metadata "
+                                   "server (HDFS dfs.block.access.key.update.interval)")
+    block_token_lifetime: float = _s(36000.0, "seconds a block access token stays valid "
+                                     "(HDFS dfs.block.access.token.lifetime); a reader "
+                                     "refetches an expired one")
     permissions_enabled: bool = _s(True, "check mode bits, owners and the superuser on every "
                                    "namespace operation (HDFS dfs.permissions.enabled)")
     superuser: str = _s("", "user allowed everything (default: the user running the metadata "

@@ -28,13 +28,15 @@ from .dataconn import (FIRST_BACKOFF, IO_ERRORS, close_quietly, node_name,
                        open_data_connection, response_error)
 from .datatransfer import (BLOCK_LENGTH, FLAG_LAST, READ_BLOCK, block_dict, op_header,
                            receive_packet, verify_checksums)
-from .errors import BlockMissing, ChecksumError, InvalidArgument, LeaseFSError, ProtocolError
+from .errors import (BlockMissing, ChecksumError, InvalidArgument, InvalidToken, LeaseFSError,
+                     ProtocolError)
 from .framing import FramedStream
 
 log = logging.getLogger(__name__)
 
 #: times an input stream fetches locations again when every replica of a block failed
 LOCATE_RETRIES = 3
+TOKEN_REFRESHES = 2   # fresh locations (tokens) fetched for one read refused its token
 #: a forward seek inside the current block within this many bytes reads on instead of
 #: reconnecting (what HDFS does too: cheaper than a new connection)
 SEEK_SKIP_LIMIT = 256 << 10
@@ -61,13 +63,22 @@ class Block:
     locations: list
     state: str = "COMPLETE"
     corrupt: bool = False
+    token: dict | None = None     # the block access token block servers check (secure)
 
     @classmethod
     def from_wire(cls, lb: dict) -> "Block":
         block = lb["block"]
         return cls(id=block["id"], gs=block["gs"], num_bytes=block.get("num_bytes", 0),
                    offset=lb["offset"], locations=list(lb.get("locations") or []),
-                   state=lb.get("state", "COMPLETE"), corrupt=bool(lb.get("corrupt", False)))
+                   state=lb.get("state", "COMPLETE"), corrupt=bool(lb.get("corrupt", False)),
+                   token=lb.get("token"))
+
+    def op_fields(self) -> dict:
+        """The block (and its token) as a read op's header names them."""
+        fields = {"block": {"id": self.id, "gs": self.gs}}
+        if self.token is not None:
+            fields["token"] = self.token
+        return fields
 
     @property
     def end(self) -> int:
@@ -99,8 +110,7 @@ class BlockReader:
         framed = await open_data_connection(node["address"], timeout, max_frame)
         try:
             with trio.fail_after(timeout):
-                await framed.send_frame(op_header(READ_BLOCK,
-                                                  block={"id": block.id, "gs": block.gs},
+                await framed.send_frame(op_header(READ_BLOCK, **block.op_fields(),
                                                   offset=start, length=end - start, verify=True))
                 resp = await framed.receive_frame()
             if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
@@ -331,8 +341,7 @@ class AsyncInputStream:
                 framed = await open_data_connection(node["address"], config.data_timeout,
                                                     config.max_frame)
                 with trio.fail_after(config.data_timeout):
-                    await framed.send_frame(op_header(BLOCK_LENGTH,
-                                                      block={"id": block.id, "gs": block.gs}))
+                    await framed.send_frame(op_header(BLOCK_LENGTH, **block.op_fields()))
                     resp = await framed.receive_frame()
                 if isinstance(resp, dict) and resp.get("status") == "SUCCESS" \
                         and isinstance(resp.get("visible_length"), int):
@@ -368,7 +377,7 @@ class AsyncInputStream:
         if self._inline is not None:
             return self._inline[pos:pos + want]
         failures: list[str] = []
-        refreshes = 0
+        refreshes = token_refreshes = 0
         while True:
             block = self._block_at(pos)
             if block is None:
@@ -401,6 +410,14 @@ class AsyncInputStream:
                     slot.reader = await BlockReader.connect(
                         block, node, off, range_end, timeout=self._client.config.data_timeout,
                         max_frame=self._client.config.max_frame)
+                except InvalidToken as exc:
+                    # expired (or made with a key the metadata server has since replaced):
+                    # fresh locations bring fresh tokens; the replica is not to blame
+                    if token_refreshes >= TOKEN_REFRESHES:
+                        raise InvalidToken(f"{self.path}: block {block.id}: {exc}") from None
+                    token_refreshes += 1
+                    await self._locate()
+                    continue
                 except IO_ERRORS as exc:
                     await self._replica_failed(block, node, exc, failures)
                     continue

@@ -404,14 +404,16 @@ class AsyncOutputStream:
         return FileNotFound(f"{self.path}: the file was deleted or replaced while open for "
                             f"writing (the write failed: {cause.message})")
 
-    async def _setup_append(self, located: dict, old_gs: int) -> None:
+    async def _setup_append(self, located: dict, old_gs: int,
+                            old_token: dict | None = None) -> None:
         """Reopen the file's partial last block for appending (PROTOCOL.md §4): read its
         last partial checksum chunk from a replica (with the stamp it had before ``append``),
         then WRITE_BLOCK stage PIPELINE_SETUP_APPEND to its replicas under the new stamp;
         the first packet starts at that chunk's boundary and repeats those bytes, so the
         last checksum is recomputed exactly as after an hflush. A setup that fails at a
         node goes on as a pipeline recovery (``_rebuild``): the node is dropped (or replaced
-        as the policy says) and the survivors are set up again under a new stamp."""
+        as the policy says) and the survivors are set up again under a new stamp.
+        ``old_token``: the read token of the block at ``old_gs`` (security = secure)."""
         client = self._client
         block = located["block"]
         min_bytes = int(block["num_bytes"])
@@ -421,7 +423,7 @@ class AsyncOutputStream:
                                 f"has no replica")
         tail = b""
         if min_bytes % self.bytes_per_checksum:
-            tail = await self._read_partial_chunk(located, old_gs, min_bytes)
+            tail = await self._read_partial_chunk(located, old_gs, min_bytes, old_token)
         self._appended = True
         self._block_recoveries = 0
         try:
@@ -450,11 +452,13 @@ class AsyncOutputStream:
         whole = min_bytes - len(tail)
         self._buf, self._buf_start, self._buf_sent = bytearray(tail), whole, len(tail)
 
-    async def _read_partial_chunk(self, located: dict, old_gs: int, min_bytes: int) -> bytes:
+    async def _read_partial_chunk(self, located: dict, old_gs: int, min_bytes: int,
+                                  old_token: dict | None) -> bytes:
         """The bytes of the block's last partial chunk, from the first replica that serves
         them (verified); adopts the replica's bytes_per_checksum if it differs."""
         config = self._client.config
-        block = Block.from_wire({**located, "block": {**located["block"], "gs": old_gs}})
+        block = Block.from_wire({**located, "block": {**located["block"], "gs": old_gs},
+                                 "token": old_token})
         failures = []
         for node in block.locations:
             bpc = self.bytes_per_checksum

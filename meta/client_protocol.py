@@ -603,17 +603,18 @@ class ClientProtocol:
         if length is not None:
             check_int(length, f"{canonical}: length", low=0)
         return self._file_locations(ino, inode, offset,
-                                    math.inf if length is None else offset + length)
+                                    math.inf if length is None else offset + length,
+                                    self.token_user(ctx))
 
-    def _file_locations(self, ino: int, inode: dict, offset: int, end) -> dict:
+    def _file_locations(self, ino: int, inode: dict, offset: int, end, user: str) -> dict:
         """``get_block_locations``' answer for the blocks of a file overlapping
-        ``[offset, end)``."""
+        ``[offset, end)``, each with a read token for ``user`` (security = secure)."""
         under_construction = bool(inode.get("uc"))
         data = self.ns.inline_data(ino, inode)
         if data is not None:   # the whole content, whatever the range asked
             return {"length": len(data), "under_construction": under_construction,
                     "blocks": [], "last_block_complete": True, "inline": data}
-        located = [self.located(block, self.blocks.get(block["id"]), pos)
+        located = [self.located(block, self.blocks.get(block["id"]), pos, user)
                    for block, pos in self.ns.blocks_in_range(ino, inode, offset, end)]
         last = self.ns.tail_blocks(ino, inode, 1)
         return {"length": inode.get("length", 0), "under_construction": under_construction,
@@ -634,7 +635,8 @@ class ClientProtocol:
                 self.check_access(ctx, parts, access=READ)
             except PermissionDenied:
                 return status   # the read itself will be refused, with its own error
-            status["locations"] = self._file_locations(ino, inode, 0, math.inf)
+            status["locations"] = self._file_locations(ino, inode, 0, math.inf,
+                                                       self.token_user(ctx))
         return status
 
     async def rpc_list_status(self, ctx, path, start_after="", limit=1000):

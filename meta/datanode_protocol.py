@@ -124,9 +124,14 @@ class DatanodeProtocol:
         log.info("block server %s registered at %s%s", node_id, node.address,
                  "" if fresh else " (again)")
         self.update_safemode()
-        return {"namespace_id": self.ns.namespace_id}
+        answer = {"namespace_id": self.ns.namespace_id}
+        keys = self.block_keys_for(None)
+        if keys is not None:   # the block keys its readers' tokens are checked with
+            answer["block_keys"] = keys
+        return answer
 
-    async def rpc_heartbeat(self, ctx, node_id, capacity=0, used=0, remaining=0, xceivers=0):
+    async def rpc_heartbeat(self, ctx, node_id, capacity=0, used=0, remaining=0, xceivers=0,
+                            block_keys_version=None):
         check_name(node_id, "heartbeat: node_id")
         self._node_caller(ctx, "heartbeat", node_id)
         self._check_usage(capacity, used, remaining)
@@ -142,7 +147,11 @@ class DatanodeProtocol:
                 commands.append({"type": "INVALIDATE", "blocks": refs})
             commands.extend(self.transfer_commands.pop(node_id, []))
         commands.extend(self.recover_commands.pop(node_id, {}).values())
-        return {"reregister": False, "commands": commands}
+        answer = {"reregister": False, "commands": commands}
+        keys = self.block_keys_for(block_keys_version)
+        if keys is not None:   # rolled (or never sent): the node gets them all again
+            answer["block_keys"] = keys
+        return answer
 
     async def rpc_commit_block_synchronization(self, ctx, block, recovery_id, new_length,
                                                close_file=True, delete_block=False,

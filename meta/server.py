@@ -65,7 +65,8 @@ from functools import partial
 
 import trio
 
-from fs import nodeauth, paths
+from fs import blocktoken, nodeauth, paths
+from fs.blocktoken import READ as READ_TOKEN, KeyRing
 from fs.config import Config
 from fs.errors import AlreadyBeingCreated, InternalError, TryAgain, LeaseFSError, ServerUnavailable
 from fs.limits import ByteBudget, ConnectionLimits
@@ -150,6 +151,8 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
         # the cluster key block servers prove they hold (security = secure; set by
         # run_meta_server), None: simple, every peer is believed
         self.node_key: bytes | None = None
+        # block keys tokens are made with (security = secure; set by run_meta_server)
+        self.block_keys: KeyRing | None = None
         self.permissions = PermissionChecker(superuser=self.superuser,
                                              supergroup=config.supergroup,
                                              enabled=config.permissions_enabled)
@@ -465,8 +468,10 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
         node = self.datanodes.live(node_id)
         return None if node is None else {"node_id": node.node_id, "address": node.address}
 
-    def located(self, block: dict, info: BlockInfo | None, offset: int) -> dict:
-        """A located block for clients (pipeline nodes while being written)."""
+    def located(self, block: dict, info: BlockInfo | None, offset: int,
+                user: str | None = None) -> dict:
+        """A located block for clients (pipeline nodes while being written); with a
+        ``user`` and block keys, the block access token its readers show block servers."""
         state = info.state if info is not None else block["state"]
         corrupt = False
         if info is None:
@@ -486,9 +491,29 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
                 nodes = info.corrupt_nodes()
                 corrupt = bool(nodes)
         locations = [loc for loc in map(self.location, nodes) if loc is not None]
-        return {"block": {"id": block["id"], "gs": info.gs if info else block["gs"],
-                          "num_bytes": block["num_bytes"]},
-                "offset": offset, "locations": locations, "state": state, "corrupt": corrupt}
+        gs = info.gs if info else block["gs"]
+        out = {"block": {"id": block["id"], "gs": gs, "num_bytes": block["num_bytes"]},
+               "offset": offset, "locations": locations, "state": state, "corrupt": corrupt}
+        if self.block_keys is not None and user is not None:
+            out["token"] = self.block_keys.token(block["id"], gs, user, READ_TOKEN,
+                                                 self.wall_ns() / 1e9)
+        return out
+
+    def token_user(self, ctx) -> str:
+        """Whom a block access token is made out to (the server's user in-process)."""
+        return getattr(ctx, "user", None) or self.superuser
+
+    def block_keys_for(self, version) -> dict | None:
+        """The block keys a block server should hold (rolled first if due), wrapped with the
+        cluster key, or None when it already holds version ``version``."""
+        ring = self.block_keys
+        if ring is None:
+            return None
+        ring.roll_if_due(self.wall_ns() / 1e9)
+        if version == ring.version:
+            return None
+        return {"version": ring.version,
+                "keys": [blocktoken.wrap(self.node_key, k) for k in ring.keys()]}
 
     def is_complete(self, block: dict) -> bool:
         info = self.blocks.get(block["id"])
@@ -788,6 +813,8 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
         server = MetaServer(config, kv, os.path.join(data_dir, "journal"))
         if config.security == "secure":
             server.node_key = nodeauth.ensure_key(nodeauth.key_path(config, data_dir))
+            server.block_keys = KeyRing(config.block_key_interval, config.block_token_lifetime,
+                                        time.time())
         server.recover()
         async with trio.open_nursery() as nursery:
             await nursery.start(server.journal.run)

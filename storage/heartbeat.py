@@ -50,7 +50,7 @@ import secrets
 
 import trio
 
-from fs import nodeauth
+from fs import blocktoken, nodeauth
 from fs.config import Config
 from fs.errors import AuthenticationFailed, ChecksumError, LeaseFSError, ServerUnavailable
 from fs.rpc import RpcClient
@@ -78,6 +78,10 @@ class HeartbeatService:
         # the cluster key (security = secure): every connection to the metadata server
         # starts with the challenge-response of fs.nodeauth
         self._key = key
+        # block keys from the metadata server (fs.blocktoken): their version, and who takes
+        # them (the data-transfer server, which checks readers' tokens with them)
+        self.block_keys_version = None
+        self.on_block_keys = lambda keys: None
         self.store = store
         self.meta_address = meta_address
         self.xceiver_count = xceiver_count
@@ -272,6 +276,8 @@ class HeartbeatService:
             "node_id": self.store.node_id, "address": self.address, **await self._usage()},
             retry_seconds=0)
         self.namespace_id = result.get("namespace_id") if isinstance(result, dict) else None
+        if isinstance(result, dict):
+            self._take_block_keys(result.get("block_keys"))
         await self._full_report()
         self.registered = True
         self._registered_event.set()
@@ -301,9 +307,27 @@ class HeartbeatService:
     async def _heartbeat(self):
         reply = await self._rpc.call("heartbeat", {
             "node_id": self.store.node_id, **await self._usage(),
-            "xceivers": self.xceiver_count()}, retry_seconds=0)
+            "xceivers": self.xceiver_count(),
+            **({"block_keys_version": self.block_keys_version} if self._key else {})},
+            retry_seconds=0)
         self.heartbeats_sent += 1
+        if isinstance(reply, dict):
+            self._take_block_keys(reply.get("block_keys"))
         return reply
+
+    def _take_block_keys(self, wire) -> None:
+        """Block keys the metadata server sent (wrapped with the cluster key)."""
+        if wire is None or self._key is None:
+            return
+        try:
+            keys = {k.key_id: k.secret for k in
+                    (blocktoken.unwrap(self._key, w) for w in wire["keys"])}
+            version = wire["version"]
+        except (KeyError, TypeError, ValueError, LeaseFSError) as exc:
+            log.warning("malformed block keys from %s ignored: %s", self.meta_address, exc)
+            return
+        self.on_block_keys(keys)
+        self.block_keys_version = version
 
     # ------------------------------------------------------------------ commands
 

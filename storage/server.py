@@ -51,6 +51,7 @@ class BlockServer:
                                           key=key)
         self.transfer.reporter = self.heartbeat
         self.transfer.node_key = key
+        self.heartbeat.on_block_keys = self.transfer.set_block_keys
         self.scanner = BlockScanner(config, self.store, self.heartbeat.report_bad_replicas,
                                     self.heartbeat.replica_lost)
         self.dirscan = DirectoryScanner(config, self.store, self.heartbeat)

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 
 import trio
 
-from fs import nodeauth
+from fs import blocktoken, nodeauth
 from fs.config import Config
 from fs.datatransfer import (BLOCK_LENGTH, CHECKSUM_SIZE, DATA_TRANSFER_VERSION, ERROR,
                              ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA, PACKET_HEADER,
@@ -194,6 +194,9 @@ class DataTransferServer:
         # the cluster key (security = secure, set by the block server): recovery ops must be
         # signed with it (fs.nodeauth)
         self.node_key: bytes | None = None
+        # block keys readers' tokens are checked with (security = secure: from the metadata
+        # server's registration and heartbeat replies)
+        self.block_keys: dict[int, bytes] = {}
         self.active_ops = 0   # HDFS xceiver count, reported in heartbeats
         self.oneshot_writes = 0   # WRITE_BLOCK_ONESHOT packets received (tests, metrics)
         #: packet data held by all write pipelines (being received or waiting for the disk)
@@ -271,6 +274,7 @@ class DataTransferServer:
 
     async def _block_length(self, conn: _Conn, header: dict) -> None:
         block_id, gs = _block(header, BLOCK_LENGTH)
+        self._check_token(header, block_id, gs, BLOCK_LENGTH)
         replica = self.store.readable(block_id, gs)
         visible = (replica.visible_length if replica.state is ReplicaState.RBW
                    else replica.num_bytes)
@@ -278,6 +282,15 @@ class DataTransferServer:
                             "gs": replica.gs, "state": replica.state.value})
 
     # ------------------------------------------------------------------ block recovery
+
+    def set_block_keys(self, keys: dict[int, bytes]) -> None:
+        self.block_keys = dict(keys)
+
+    def _check_token(self, header: dict, block_id: int, gs: int, op: str) -> None:
+        """A read needs a block access token of the metadata server (security = secure)."""
+        if self.node_key is not None:
+            blocktoken.check(self.block_keys, header.get("token"), block_id, gs,
+                             blocktoken.READ, time.time(), f"{op} of block {block_id}")
 
     def _check_signed(self, header: dict, op: str) -> None:
         """Recovery ops stop writers and cut replicas: only a block server of this cluster
@@ -357,6 +370,7 @@ class DataTransferServer:
 
     async def _read_block(self, conn: _Conn, header: dict) -> None:
         block_id, gs = _block(header, READ_BLOCK)
+        self._check_token(header, block_id, gs, READ_BLOCK)
         offset = _field(header, "offset", int, READ_BLOCK, 0)
         length = _field(header, "length", int, READ_BLOCK, -1)
         try:

@@ -223,3 +223,66 @@ def test_recovery_ops_between_block_servers_must_be_signed_with_the_cluster_key(
                 assert await other.read_file("/recovered") == data
 
     trio.run(main)
+
+
+def test_block_servers_serve_reads_only_with_a_valid_block_access_token(tmp_path):
+    """security = secure: READ_BLOCK (and BLOCK_LENGTH) need the metadata server's token,
+    which it hands only to callers that may read the file. Without one, with one forged,
+    changed, made for another block, with an unknown key or expired, a block server refuses
+    with InvalidToken; a reader whose token expired gets fresh ones by itself, also across
+    rolled block keys."""
+    import time
+
+    from fs.errors import InvalidToken
+    from fs.reader import Block, BlockReader
+
+    secret, shared = os.urandom(100_000), os.urandom(70_000)
+
+    async def read_raw(located: dict, token="keep") -> bytes:
+        wire = dict(located) if token == "keep" else {**located, "token": token}
+        block = Block.from_wire(wire)
+        reader = await BlockReader.connect(block, block.locations[0], 0, block.num_bytes,
+                                           timeout=10, max_frame=1 << 22)
+        try:
+            return await reader.read(block.num_bytes)
+        finally:
+            await reader.aclose()
+
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=2, replication=2,
+                                     block_token_lifetime=1.0,
+                                     block_key_interval=1.0) as cluster:
+            async with cluster.client() as owner, \
+                    cluster.client(user="mallory", groups=["mallory"]) as mallory:
+                await owner.write_file("/secret.bin", secret)
+                await owner.set_permission("/secret.bin", 0o600)
+                await owner.write_file("/shared.bin", shared)
+                mine = (await owner.get_block_locations("/secret.bin"))["blocks"][0]
+                theirs = (await mallory.get_block_locations("/shared.bin"))["blocks"][0]
+                assert await read_raw(mine) == secret[:len(await read_raw(mine))]
+                with pytest.raises(PermissionDenied):
+                    await mallory.get_block_locations("/secret.bin")
+                token = theirs["token"]
+                attacks = {
+                    "no block access token": None,
+                    "is for block": token,                                    # another block
+                    "signature does not match": {**mine["token"], "mode": "rw",
+                                                 "expiry": time.time() + 3600},
+                    "does not have": {**mine["token"], "key": 12345},
+                }
+                for why, forged in attacks.items():
+                    with pytest.raises(InvalidToken, match=why):
+                        await read_raw({**mine, "locations": mine["locations"]}, forged)
+                await trio.sleep(1.5)                 # the token's lifetime is over
+                with pytest.raises(InvalidToken, match="expired|does not have"):
+                    await read_raw(mine)
+
+                # a reader holding expired tokens, across key rolls: fresh ones by itself
+                async with await owner.open("/shared.bin") as stream:
+                    assert await stream.read(1000) == shared[:1000]
+                    for round_ in range(3):
+                        await trio.sleep(1.2)
+                        assert await stream.pread(0, len(shared)) == shared
+                assert await mallory.read_file("/shared.bin") == shared
+
+    trio.run(main)

@@ -1,0 +1,144 @@
+"""Block access tokens (HDFS ``BlockTokenIdentifier`` and ``BlockTokenSecretManager``):
+what lets a block server serve a block to a reader without asking the metadata server.
+
+A token is ``{key, id, gs, user, mode, expiry, mac}``: ``mac`` = HMAC-SHA256 over the other
+fields under block key ``key``. The metadata server hands one out with every located block
+(the caller's user, the block's stamp, mode ``r``, expiring ``block_token_lifetime`` after)
+to a caller it has checked may read the file; a block server checks it on READ_BLOCK and
+BLOCK_LENGTH: the key is one it was given, the MAC matches, the block and stamp are those
+asked for, the mode allows the op, and it has not expired. Without a token, anyone who
+reaches a block server could read any block by naming its id.
+
+Block keys (``KeyRing``, on the metadata server): random 32-byte secrets with ids. The ring
+holds the key tokens are made with (current), the one made next (handed to block servers a
+whole interval before it is used, so a block server always knows it in time) and the one
+before (still valid for the tokens it made). It rolls every ``block_key_interval`` seconds;
+a key is forgotten once every token it made has expired. Block servers get the keys with
+their registration and heartbeat replies, over their authenticated connection, each secret
+wrapped with the cluster key (``wrap``), never in the clear.
+
+Concurrency contract: pure; ``now`` (wall seconds) is passed in. A ``KeyRing`` belongs to the
+metadata server's trio thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from .errors import InvalidToken
+from .framing import packb
+
+READ = "r"
+KEY_BYTES = 32
+TOKEN_LABEL = b"leasefs block token v1\0"
+WRAP_LABEL = b"leasefs block key wrap v1\0"
+
+
+@dataclass(frozen=True)
+class BlockKey:
+    key_id: int
+    secret: bytes
+    expires: float      # wall seconds after which no token made with it is valid
+
+
+def _fields(token: dict) -> bytes:
+    return packb([token["key"], token["id"], token["gs"], token["user"], token["mode"],
+                  token["expiry"]])
+
+
+def issue(key: BlockKey, block_id: int, gs: int, user: str, mode: str, expiry: float) -> dict:
+    token = {"key": key.key_id, "id": block_id, "gs": gs, "user": user, "mode": mode,
+             "expiry": round(expiry, 3)}
+    token["mac"] = hmac.new(key.secret, TOKEN_LABEL + _fields(token), hashlib.sha256).digest()
+    return token
+
+
+def check(keys: dict[int, bytes], token, block_id: int, gs: int, mode: str, now: float,
+          what: str) -> None:
+    """``InvalidToken`` saying why, unless ``token`` lets ``mode`` on block ``block_id`` at
+    stamp ``gs`` now. ``keys``: the block keys this block server was given."""
+    if not isinstance(token, dict):
+        raise InvalidToken(f"{what}: no block access token (security = secure)")
+    try:
+        secret = keys.get(token["key"])
+        body = _fields(token)
+        mac = token["mac"]
+    except (KeyError, TypeError, ValueError):
+        raise InvalidToken(f"{what}: malformed block access token") from None
+    if secret is None:
+        raise InvalidToken(f"{what}: block access token made with key {token['key']!r:.20}, "
+                           f"which this block server does not have (expired or forged)")
+    good = hmac.new(secret, TOKEN_LABEL + body, hashlib.sha256).digest()
+    if not (isinstance(mac, (bytes, bytearray)) and hmac.compare_digest(good, bytes(mac))):
+        raise InvalidToken(f"{what}: block access token signature does not match (forged or "
+                           f"changed)")
+    if token["id"] != block_id or token["gs"] != gs:
+        raise InvalidToken(f"{what}: block access token is for block {token['id']} stamp "
+                           f"{token['gs']}, not block {block_id} stamp {gs}")
+    if mode not in str(token["mode"]):
+        raise InvalidToken(f"{what}: block access token does not allow {mode!r}")
+    if not isinstance(token["expiry"], (int, float)) or token["expiry"] < now:
+        raise InvalidToken(f"{what}: block access token expired")
+
+
+def wrap(cluster_key: bytes, key: BlockKey) -> dict:
+    """A block key as it travels to block servers: the secret XORed with a pad derived from
+    the cluster key and the key's id and expiry (each pad is used once)."""
+    pad = _pad(cluster_key, key.key_id, key.expires)
+    return {"id": key.key_id, "expires": key.expires,
+            "secret": bytes(a ^ b for a, b in zip(key.secret, pad))}
+
+
+def unwrap(cluster_key: bytes, wire: dict) -> BlockKey:
+    pad = _pad(cluster_key, wire["id"], wire["expires"])
+    secret = bytes(wire["secret"])
+    if len(secret) != KEY_BYTES:
+        raise InvalidToken("block key of the wrong size")
+    return BlockKey(wire["id"], bytes(a ^ b for a, b in zip(secret, pad)), wire["expires"])
+
+
+def _pad(cluster_key: bytes, key_id: int, expires: float) -> bytes:
+    return hmac.new(cluster_key, WRAP_LABEL + packb([key_id, expires]), hashlib.sha256).digest()
+
+
+class KeyRing:
+    """The metadata server's block keys: ``previous``, ``current`` (tokens are made with it)
+    and ``next`` (already at the block servers); ``version`` changes at every roll."""
+
+    def __init__(self, interval: float, lifetime: float, now: float):
+        self.interval = interval
+        self.lifetime = lifetime
+        self._ids = int.from_bytes(secrets.token_bytes(3), "big") << 8   # apart across restarts
+        self.previous: BlockKey | None = None
+        self.current = self._new(now)
+        self.next = self._new(now + interval)
+        self.rolled_at = now
+        self.version = 1
+
+    def _new(self, start: float) -> BlockKey:
+        self._ids += 1
+        # valid for the interval it makes tokens in, plus the lifetime of the last one
+        return BlockKey(self._ids, secrets.token_bytes(KEY_BYTES),
+                        start + 2 * self.interval + self.lifetime)
+
+    def roll_if_due(self, now: float) -> bool:
+        if now - self.rolled_at < self.interval:
+            return False
+        self.previous, self.current = self.current, self.next
+        self.next = self._new(now + self.interval)
+        self.rolled_at = now
+        self.version += 1
+        return True
+
+    def token(self, block_id: int, gs: int, user: str, mode: str, now: float) -> dict:
+        self.roll_if_due(now)
+        return issue(self.current, block_id, gs, user, mode, now + self.lifetime)
+
+    def keys(self) -> list[BlockKey]:
+        return [k for k in (self.previous, self.current, self.next) if k is not None]
+
+
+__all__ = ["READ", "BlockKey", "issue", "check", "wrap", "unwrap", "KeyRing"]
