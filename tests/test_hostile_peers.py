@@ -300,12 +300,13 @@ def test_block_server_refuses_connections_beyond_the_per_peer_limit(tmp_path, ca
             [response] = frames(await read_until_closed(extra, 10))
             assert response["status"] == "ERROR" and "ServerBusy" in response["message"]
             assert "limit 2" in response["message"]
-            # another peer: served (its op fails for the missing replica, not for the limit)
+            # another peer: served (its op fails for its missing block access token, not
+            # for the limit)
             other = await connect_from(address, "127.0.0.3")
             await other.send_all(encode_frame({"op": "BLOCK_LENGTH",
                                                "block": {"id": 1, "gs": 1}}))
             [response] = frames(await read_until_closed(other, 10))
-            assert "ReplicaNotFound" in response["message"]
+            assert "InvalidToken" in response["message"]
             for stream in held:
                 await stream.aclose()
             nursery.cancel_scope.cancel()
@@ -468,8 +469,8 @@ def test_block_server_refuses_an_op_header_of_an_unknown_protocol_version(tmp_pa
             refused = await ask(address, version=version)
             assert refused["status"] == "ERROR" and refused["error"]["type"] == "ProtocolError"
             assert "unsupported protocol version" in refused["message"]
-            for extra in ({"version": 1}, {}):        # served: the replica is just missing
-                assert (await ask(address, **extra))["error"]["type"] == "ReplicaNotFound"
+            for extra in ({"version": 1}, {}):   # served: refused only for want of a token
+                assert (await ask(address, **extra))["error"]["type"] == "InvalidToken"
             nursery.cancel_scope.cancel()
 
     trio.run(main)
