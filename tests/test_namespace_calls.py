@@ -126,7 +126,15 @@ def test_status_carries_block_locations_an_open_uses(tmp_path):
                 status = await c.get_file_status("/f", locations=True)
                 assert status.locations["length"] == len(data)
                 assert len(status.locations["blocks"]) == 3
-                assert status.locations == await c.get_block_locations("/f")
+                # the same answer as get_block_locations, but for the tokens' issue times
+                # (each call makes its own, expiring a lifetime after it)
+                def untokened(located):
+                    return {**located, "blocks": [{k: v for k, v in b.items() if k != "token"}
+                                                  for b in located["blocks"]]}
+                assert [b["token"]["id"] for b in status.locations["blocks"]] == \
+                    [b["block"]["id"] for b in status.locations["blocks"]]
+                assert untokened(status.locations) == \
+                    untokened(await c.get_block_locations("/f"))
                 assert (await c.get_file_status("/d", locations=True)).locations is None
                 async with await c.open("/f", located=status.locations) as stream:
                     assert stream.length == len(data)
