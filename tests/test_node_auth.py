@@ -251,7 +251,7 @@ def test_block_servers_serve_reads_only_with_a_valid_block_access_token(tmp_path
     async def main():
         async with inprocess_cluster(tmp_path, n_storage=2, replication=2,
                                      block_token_lifetime=1.0,
-                                     block_key_interval=1.0) as cluster:
+                                     block_key_interval=2.0) as cluster:
             async with cluster.client() as owner, \
                     cluster.client(user="mallory", groups=["mallory"]) as mallory:
                 await owner.write_file("/secret.bin", secret)
@@ -284,5 +284,29 @@ def test_block_servers_serve_reads_only_with_a_valid_block_access_token(tmp_path
                         await trio.sleep(1.2)
                         assert await stream.pread(0, len(shared)) == shared
                 assert await mallory.read_file("/shared.bin") == shared
+
+    trio.run(main)
+
+
+def test_a_reader_rides_a_metadata_server_restart_with_its_new_block_keys(tmp_path):
+    """A restarted metadata server makes new block keys, which its block servers get with
+    their registration answer (before their block reports, so before any token made with
+    them can name them): the open stream's tokens then name a key no block server keeps,
+    and the stream fetches fresh ones by itself."""
+    data = os.urandom(150_000)
+
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=2, replication=2,
+                                     heartbeat_interval=1.0) as cluster:
+            async with cluster.client() as c:
+                await c.write_file("/kept.bin", data)
+                stream = await c.open("/kept.bin")
+                assert await stream.pread(0, 100) == data[:100]
+                await cluster.stop_meta()
+                await cluster.start_meta()
+                await cluster.wait_ready(2)   # registered again: the old keys are gone
+                assert await stream.pread(0, len(data)) == data
+                assert await c.read_file("/kept.bin") == data
+                await stream.close()
 
     trio.run(main)
