@@ -310,3 +310,48 @@ def test_a_reader_rides_a_metadata_server_restart_with_its_new_block_keys(tmp_pa
                 await stream.close()
 
     trio.run(main)
+
+
+def test_no_secret_shows_on_the_status_page_or_in_the_logs(tmp_path, caplog):
+    """The cluster key never appears in the status page's JSON nor in any log line of a
+    metadata server and a block server that authenticated, handed out tokens and served
+    reads."""
+    import logging
+    import urllib.request
+    from functools import partial
+
+    from harness import free_port, make_test_config
+    from meta.server import run_meta_server
+
+    caplog.set_level(logging.DEBUG)
+    config = make_test_config(replication=1)
+    http_port = free_port()
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            host, port = await nursery.start(partial(
+                run_meta_server, config, str(tmp_path / "meta"), port=0, http_port=http_port))
+            meta = f"{host}:{port}"
+            await nursery.start(lambda task_status: run_block_server(
+                config.replace(cluster_key_file=str(tmp_path / "meta" / "cluster.key")),
+                str(tmp_path / "dn"), meta_address=meta, host="127.0.0.1", port=0,
+                task_status=task_status))
+            from fs.client import AsyncClient
+            async with AsyncClient(meta, config=config) as c:
+                with trio.fail_after(30):
+                    while not (await c.report())["live_nodes"]:
+                        await trio.sleep(0.05)
+                await c.write_file("/f", os.urandom(100_000))
+                await c.read_file("/f")
+            page = await trio.to_thread.run_sync(lambda: urllib.request.urlopen(
+                f"http://127.0.0.1:{http_port}/report", timeout=10).read())
+            nursery.cancel_scope.cancel()
+        return page
+
+    page = trio.run(main)
+    key = nodeauth.load_key(str(tmp_path / "meta" / "cluster.key"))
+    secrets_ = [key, key.hex().encode()]
+    logged = "\n".join(r.getMessage() for r in caplog.records).encode()
+    assert b"live_nodes" in page and "authenticated from" in logged.decode()
+    for secret in secrets_:
+        assert secret not in page and secret not in logged
