@@ -250,7 +250,7 @@ def test_block_servers_serve_reads_only_with_a_valid_block_access_token(tmp_path
 
     async def main():
         async with inprocess_cluster(tmp_path, n_storage=2, replication=2,
-                                     block_token_lifetime=1.0,
+                                     block_token_lifetime=3.0,
                                      block_key_interval=2.0) as cluster:
             async with cluster.client() as owner, \
                     cluster.client(user="mallory", groups=["mallory"]) as mallory:
@@ -273,14 +273,14 @@ def test_block_servers_serve_reads_only_with_a_valid_block_access_token(tmp_path
                 for why, forged in attacks.items():
                     with pytest.raises(InvalidToken, match=why):
                         await read_raw({**mine, "locations": mine["locations"]}, forged)
-                await trio.sleep(1.5)                 # the token's lifetime is over
+                await trio.sleep(3.5)                 # the token's lifetime is over
                 with pytest.raises(InvalidToken, match="expired|does not have"):
                     await read_raw(mine)
 
                 # a reader holding expired tokens, across key rolls: fresh ones by itself
                 async with await owner.open("/shared.bin") as stream:
                     assert await stream.read(1000) == shared[:1000]
-                    for round_ in range(3):
+                    for round_ in range(4):   # past the lifetime: refetched
                         await trio.sleep(1.2)
                         assert await stream.pread(0, len(shared)) == shared
                 assert await mallory.read_file("/shared.bin") == shared
