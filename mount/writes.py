@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 
 import trio
 
