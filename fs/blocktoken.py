@@ -23,16 +23,14 @@ metadata server's trio thread.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 from dataclasses import dataclass
 
 from .errors import InvalidToken
 from .framing import packb
+from .nodeauth import KEY_BYTES, mac, same
 
 READ = "r"
-KEY_BYTES = 32
 TOKEN_LABEL = b"leasefs block token v1\0"
 WRAP_LABEL = b"leasefs block key wrap v1\0"
 
@@ -52,7 +50,7 @@ def _fields(token: dict) -> bytes:
 def issue(key: BlockKey, block_id: int, gs: int, user: str, mode: str, expiry: float) -> dict:
     token = {"key": key.key_id, "id": block_id, "gs": gs, "user": user, "mode": mode,
              "expiry": round(expiry, 3)}
-    token["mac"] = hmac.new(key.secret, TOKEN_LABEL + _fields(token), hashlib.sha256).digest()
+    token["mac"] = mac(key.secret, TOKEN_LABEL, _fields(token))
     return token
 
 
@@ -65,14 +63,13 @@ def check(keys: dict[int, bytes], token, block_id: int, gs: int, mode: str, now:
     try:
         secret = keys.get(token["key"])
         body = _fields(token)
-        mac = token["mac"]
+        shown = token["mac"]
     except (KeyError, TypeError, ValueError):
         raise InvalidToken(f"{what}: malformed block access token") from None
     if secret is None:
         raise InvalidToken(f"{what}: block access token made with key {token['key']!r:.20}, "
                            f"which this block server does not have (expired or forged)")
-    good = hmac.new(secret, TOKEN_LABEL + body, hashlib.sha256).digest()
-    if not (isinstance(mac, (bytes, bytearray)) and hmac.compare_digest(good, bytes(mac))):
+    if not same(shown, mac(secret, TOKEN_LABEL, body)):
         raise InvalidToken(f"{what}: block access token signature does not match (forged or "
                            f"changed)")
     if token["id"] != block_id or token["gs"] != gs:
@@ -101,7 +98,7 @@ def unwrap(cluster_key: bytes, wire: dict) -> BlockKey:
 
 
 def _pad(cluster_key: bytes, key_id: int, expires: float) -> bytes:
-    return hmac.new(cluster_key, WRAP_LABEL + packb([key_id, expires]), hashlib.sha256).digest()
+    return mac(cluster_key, WRAP_LABEL, packb([key_id, expires]))
 
 
 class KeyRing:

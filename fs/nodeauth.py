@@ -47,18 +47,19 @@ OP_LABEL = b"leasefs node op v1\0"
 OP_WINDOW = 300.0   # seconds a signed op stays valid (clocks of the block servers may differ)
 
 
-def _mac(key: bytes, *parts: bytes) -> bytes:
+def mac(key: bytes, *parts: bytes) -> bytes:
+    """HMAC-SHA256 of ``parts`` under ``key`` (every MAC of the cluster's secrets)."""
     return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
 
 
 def node_proof(key: bytes, server_nonce: bytes, client_nonce: bytes, node_id: str) -> bytes:
     """What a block server answers to a challenge."""
-    return _mac(key, NODE_LABEL, server_nonce, client_nonce, node_id.encode())
+    return mac(key, NODE_LABEL, server_nonce, client_nonce, node_id.encode())
 
 
 def meta_proof(key: bytes, server_nonce: bytes, client_nonce: bytes, node_id: str) -> bytes:
     """What the metadata server answers to a block server's proof."""
-    return _mac(key, META_LABEL, client_nonce, server_nonce, node_id.encode())
+    return mac(key, META_LABEL, client_nonce, server_nonce, node_id.encode())
 
 
 def same(a, b) -> bool:
@@ -71,7 +72,7 @@ def sign_op(key: bytes, header: dict, now: float) -> dict:
     """``header`` (a data-transfer op one block server sends another: the block-recovery
     ops) with ``issued`` (wall seconds) and ``mac`` over all of it."""
     signed = {**header, "issued": round(now, 3)}
-    return {**signed, "mac": _mac(key, OP_LABEL, _canonical(signed))}
+    return {**signed, "mac": mac(key, OP_LABEL, _canonical(signed))}
 
 
 def check_op(key: bytes, header: dict, now: float, what: str) -> None:
@@ -79,12 +80,12 @@ def check_op(key: bytes, header: dict, now: float, what: str) -> None:
     within ``OP_WINDOW`` seconds of ``now`` (a recorded op is refused once that passed,
     and before that it repeats what it did: the recovery ops are idempotent per recovery
     id)."""
-    mac, issued = header.get("mac"), header.get("issued")
+    shown, issued = header.get("mac"), header.get("issued")
     if not isinstance(issued, (int, float)) or isinstance(issued, bool):
         raise AuthenticationFailed(f"{what}: not signed by a block server of this cluster "
                                    f"(security = secure)")
     body = {k: v for k, v in header.items() if k != "mac"}
-    if not same(mac, _mac(key, OP_LABEL, _canonical(body))):
+    if not same(shown, mac(key, OP_LABEL, _canonical(body))):
         raise AuthenticationFailed(f"{what}: signature does not match (not made with this "
                                    f"cluster's key, or the op was changed)")
     if abs(now - issued) > OP_WINDOW:
@@ -146,12 +147,11 @@ def ensure_key(path: str) -> bytes:
     return load_key(path)
 
 
-def key_path(config, meta_data_dir: str | None = None) -> str:
-    """Where the key is: ``cluster_key_file``, else (the metadata server) its data folder."""
-    if config.cluster_key_file:
-        return config.cluster_key_file
-    return os.path.join(meta_data_dir, "cluster.key") if meta_data_dir else ""
+def key_path(configured: str, meta_data_dir) -> str:
+    """Where the key is: ``configured`` (the ``cluster_key_file`` setting), else the
+    metadata server's data folder ``meta_data_dir``, where it makes the key."""
+    return configured or os.path.join(meta_data_dir, "cluster.key")
 
 
-__all__ = ["KEY_BYTES", "node_proof", "meta_proof", "same", "sign_op", "check_op",
+__all__ = ["KEY_BYTES", "mac", "node_proof", "meta_proof", "same", "sign_op", "check_op",
            "new_nonce", "load_key", "ensure_key", "key_path"]

@@ -812,9 +812,10 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
     try:
         server = MetaServer(config, kv, os.path.join(data_dir, "journal"))
         if config.security == "secure":
-            server.node_key = nodeauth.ensure_key(nodeauth.key_path(config, data_dir))
+            server.node_key = nodeauth.ensure_key(
+                nodeauth.key_path(config.cluster_key_file, data_dir))
             server.block_keys = KeyRing(config.block_key_interval, config.block_token_lifetime,
-                                        time.time())
+                                        server.wall_ns() / 1e9)
         server.recover()
         async with trio.open_nursery() as nursery:
             await nursery.start(server.journal.run)

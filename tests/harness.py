@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from fs import nodeauth
 from fs.config import Config
 from fs.rpc import RpcClient, format_address
 
@@ -141,9 +142,9 @@ class InProcessCluster:
     async def start_storage(self, i: int):
         from storage.server import run_block_server
 
-        config = self.config
-        if not config.cluster_key_file:   # the metadata server's own (security = secure)
-            config = config.replace(cluster_key_file=str(self.meta_dir / "cluster.key"))
+        # the key the metadata server made (security = secure)
+        config = self.config.replace(cluster_key_file=nodeauth.key_path(
+            self.config.cluster_key_file, self.meta_dir))
         task = await self._start(run_block_server, config=config,
                                  data_dir=str(self.storage_dirs[i]),
                                  meta_address=self.meta_address, host="127.0.0.1",
@@ -409,7 +410,7 @@ class ProcessCluster:
 
     def start_storage(self, i: int):
         # the metadata server made its cluster key at its first start (security = secure)
-        key = self.settings.get("cluster_key_file") or str(self.meta_dir() / "cluster.key")
+        key = nodeauth.key_path(self.settings.get("cluster_key_file", ""), self.meta_dir())
         self._spawn(f"storage{i}", ["storage", "--data", str(self.storage_dir(i)),
                                     "--meta", self.meta_address,
                                     "--set", f"cluster_key_file={key}"])

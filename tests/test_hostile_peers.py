@@ -16,7 +16,7 @@ import trio
 
 from harness import Mount, ProcessCluster, make_test_config
 
-from fs import errors, paths
+from fs import errors, nodeauth, paths
 from fs.framing import encode_frame
 from fs.rpc import PROTOCOL_VERSION, RpcClient
 from meta.server import run_meta_server
@@ -73,8 +73,9 @@ async def start_meta(nursery, tmp_path, config) -> str:
 
 
 async def start_block_server(nursery, tmp_path, config, meta_address: str) -> BlockServer:
-    if not config.cluster_key_file:   # the key start_meta's server made (security = secure)
-        config = config.replace(cluster_key_file=str(tmp_path / "meta" / "cluster.key"))
+    # the key start_meta's server made (security = secure)
+    config = config.replace(cluster_key_file=nodeauth.key_path(config.cluster_key_file,
+                                                               tmp_path / "meta"))
     server = BlockServer(config, str(tmp_path / "dn"), meta_address=meta_address)
     await nursery.start(server.run, "127.0.0.1", 0)
     return server

@@ -324,7 +324,7 @@ def cmd_up(args) -> int:
     started = []
     # the cluster key (security = secure): made here, in the metadata server's folder, so the
     # block servers started next read the same file; nothing to set up by hand
-    key_file = settings.get("cluster_key_file") or os.path.join(layout.meta_data, "cluster.key")
+    key_file = nodeauth.key_path(settings.get("cluster_key_file", ""), layout.meta_data)
     try:
         nodeauth.ensure_key(key_file)
     except (OSError, LeaseFSError) as exc:
