@@ -75,10 +75,14 @@ class DatanodeProtocol:
         log.info("block server %s authenticated from %s", node_id, ctx.peer)
         return nodeauth.meta_proof(key, challenge, client_nonce, node_id)
 
+    def _secured(self, ctx) -> bool:
+        """Whether this call is checked (security = secure, a caller from the wire)."""
+        return self.node_key is not None and getattr(ctx, "user", None) is not None
+
     def _node_caller(self, ctx, what: str, node_id=None) -> str | None:
         """The block server this connection authenticated as (None without security);
         ``AuthenticationFailed`` when it did not, or acts for another node."""
-        if self.node_key is None or getattr(ctx, "user", None) is None:
+        if not self._secured(ctx):
             return None
         node = ctx.session.get("node")
         if node is None:
@@ -229,8 +233,7 @@ class DatanodeProtocol:
     async def rpc_report_bad_blocks(self, ctx, blocks):
         if not isinstance(blocks, list):
             raise InvalidArgument("report_bad_blocks: blocks must be a list of {block, node_id}")
-        reader = (self.node_key is not None and getattr(ctx, "user", None) is not None
-                  and ctx.session.get("node") is None)
+        reader = self._secured(ctx) and ctx.session.get("node") is None
         for item in blocks:
             if not (isinstance(item, dict) and isinstance(item.get("node_id"), str)
                     and isinstance(item.get("block"), dict)):

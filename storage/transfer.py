@@ -270,6 +270,17 @@ class DataTransferServer:
         except (ServerUnavailable, EOFError):
             pass
 
+    # ------------------------------------------------------------------ access tokens
+
+    def set_block_keys(self, keys: dict[int, bytes]) -> None:
+        self.block_keys = dict(keys)
+
+    def _check_token(self, header: dict, block_id: int, gs: int, op: str) -> None:
+        """A read needs a block access token of the metadata server (security = secure)."""
+        if self.node_key is not None:
+            blocktoken.check(self.block_keys, header.get("token"), block_id, gs,
+                             blocktoken.READ, time.time(), f"{op} of block {block_id}")
+
     # ------------------------------------------------------------------ BLOCK_LENGTH
 
     async def _block_length(self, conn: _Conn, header: dict) -> None:
@@ -282,15 +293,6 @@ class DataTransferServer:
                             "gs": replica.gs, "state": replica.state.value})
 
     # ------------------------------------------------------------------ block recovery
-
-    def set_block_keys(self, keys: dict[int, bytes]) -> None:
-        self.block_keys = dict(keys)
-
-    def _check_token(self, header: dict, block_id: int, gs: int, op: str) -> None:
-        """A read needs a block access token of the metadata server (security = secure)."""
-        if self.node_key is not None:
-            blocktoken.check(self.block_keys, header.get("token"), block_id, gs,
-                             blocktoken.READ, time.time(), f"{op} of block {block_id}")
 
     def _check_signed(self, header: dict, op: str) -> None:
         """Recovery ops stop writers and cut replicas: only a block server of this cluster
