@@ -169,6 +169,17 @@ class InProcessCluster:
         return AsyncClient(self.meta_address, config=self.config, **kwargs)
 
 
+async def recover_until_closed(client, path: str, timeout: float = 20.0) -> list[bool]:
+    """Call recover_lease until it answers True; the answers in order."""
+    answers = []
+    with trio.fail_after(timeout):
+        while True:
+            answers.append(await client.recover_lease(path))
+            if answers[-1]:
+                return answers
+            await trio.sleep(0.2)
+
+
 def make_test_config(**overrides) -> Config:
     return Config.load(env={}, **{**TEST_SETTINGS, **overrides})
 

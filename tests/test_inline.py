@@ -13,7 +13,7 @@ import random
 import pytest
 import trio
 
-from harness import inprocess_cluster
+from harness import inprocess_cluster, recover_until_closed
 from test_oneshot import count_oneshots
 
 from fs.errors import LeaseExpired, LeaseFSError, PipelineError
@@ -227,9 +227,7 @@ def test_a_dead_appender_leaves_the_inline_content_or_what_it_flushed(tmp_path):
                 out.abort(PipelineError("writer died"))
 
                 for name in ("/quiet", "/short", "/flushed"):
-                    with trio.fail_after(30):
-                        while not await other.recover_lease(name):
-                            await trio.sleep(0.1)
+                    await recover_until_closed(other, name, timeout=30)
                 assert await other.read_file("/quiet") == first
                 assert await other.read_file("/short") == first
                 assert await other.read_file("/flushed") == first + more
@@ -294,9 +292,7 @@ def test_hsync_of_a_small_file_stores_it_inline_and_survives_its_writer(tmp_path
                 await out.hsync()
                 assert await other.read_file("/synced") == a + b
                 out.abort(PipelineError("writer died"))
-                with trio.fail_after(30):
-                    while not await other.recover_lease("/synced"):
-                        await trio.sleep(0.1)
+                await recover_until_closed(other, "/synced", timeout=30)
                 assert await other.read_file("/synced") == a + b
 
                 out = await c.create("/grows")

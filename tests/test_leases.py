@@ -23,7 +23,7 @@ import trio
 
 from fs import errors
 from fs.client import AsyncClient
-from harness import inprocess_cluster
+from harness import inprocess_cluster, recover_until_closed
 
 KiB = 1 << 10
 BPC = 512
@@ -50,17 +50,6 @@ async def wait_closed(client, path: str, timeout: float = 20.0) -> None:
     with trio.fail_after(timeout):
         while not await client.is_file_closed(path):
             await trio.sleep(0.1)
-
-
-async def recover_until_closed(client, path: str, timeout: float = 20.0) -> list[bool]:
-    """Call recover_lease until it answers True; the answers in order."""
-    answers = []
-    with trio.fail_after(timeout):
-        while True:
-            answers.append(await client.recover_lease(path))
-            if answers[-1]:
-                return answers
-            await trio.sleep(0.2)
 
 
 def replica_bytes(cluster, block_id: int) -> list[bytes]:

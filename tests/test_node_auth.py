@@ -17,7 +17,7 @@ import os
 import pytest
 import trio
 
-from harness import inprocess_cluster
+from harness import inprocess_cluster, recover_until_closed
 
 from fs import nodeauth
 from fs.errors import AuthenticationFailed, PermissionDenied
@@ -217,9 +217,7 @@ def test_recovery_ops_between_block_servers_must_be_signed_with_the_cluster_key(
                 await out.write(data)
                 await out.hflush()
                 out.abort(PipelineError("writer died"))
-                with trio.fail_after(60):
-                    while not await other.recover_lease("/recovered"):
-                        await trio.sleep(0.1)
+                await recover_until_closed(other, "/recovered", timeout=60)
                 assert await other.read_file("/recovered") == data
 
     trio.run(main)

@@ -17,7 +17,7 @@ import struct
 import pytest
 import trio
 
-from harness import inprocess_cluster
+from harness import inprocess_cluster, recover_until_closed
 from test_storage import (BPC, connect, decode_frame, expected_meta, raw_exchange, read_block,
                           replica_paths, start_cluster, wait_for)
 
@@ -414,9 +414,7 @@ def test_a_writer_that_dies_holding_an_unwritten_first_block_loses_nothing(tmp_p
                 out = await a.create("/orphan", first_block=True)
                 out.abort(LeaseFSError("the writer went away"))   # no complete
                 assert (await b.get_file_status("/orphan")).under_construction
-                with trio.fail_after(30):
-                    while not await b.recover_lease("/orphan"):
-                        await trio.sleep(0.2)
+                await recover_until_closed(b, "/orphan", timeout=30)
                 status = await b.get_file_status("/orphan")
                 assert status.length == 0 and not status.under_construction
                 assert (await b.get_block_locations("/orphan"))["blocks"] == []

@@ -15,7 +15,7 @@ import random
 import pytest
 import trio
 
-from harness import inprocess_cluster
+from harness import inprocess_cluster, recover_until_closed
 from test_inline import replicas, restart_meta, stored
 
 from fs.errors import AlreadyBeingCreated, InvalidArgument, LeaseExpired, PipelineError
@@ -150,9 +150,7 @@ def test_a_writer_that_dies_after_a_rewrite_leaves_what_it_hsynced(tmp_path):
                 await out.hsync()
                 await out.write(unsynced)
                 out.abort(PipelineError("writer died"))
-                with trio.fail_after(30):
-                    while not await other.recover_lease("/d"):
-                        await trio.sleep(0.1)
+                await recover_until_closed(other, "/d", timeout=30)
                 assert await other.read_file("/d") == new
 
     trio.run(main)
