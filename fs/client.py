@@ -37,7 +37,9 @@ from .config import Config, find_meta_address
 from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, SafeMode,
                      ServerUnavailable, TryAgain, sole_exception)
 from .renewer import LeaseRenewer
-from .rpc import RpcClient, check_identity, current_groups, current_user, format_address
+from .delegation import TokenFile
+from .rpc import (RpcClient, check_identity, current_groups, current_user, format_address,
+                  local_socket_name)
 from .streams import AsyncInputStream, AsyncOutputStream, InputStream, OutputStream
 
 log = logging.getLogger(__name__)
@@ -188,13 +190,22 @@ def meta_connection(meta_address: str | None = None, *, config: Config | None = 
     travel in batches (see ``fs.framing.FrameChannel``). Use as ``async with``; it outlives
     the clients that use it."""
     config = config if config is not None else Config.load()
+    address = _meta_address(meta_address, config)
     return RpcClient(
-        _meta_address(meta_address, config), name, timeout=config.rpc_timeout,
+        address, name, timeout=config.rpc_timeout,
         retry_seconds=config.rpc_retry_seconds, max_frame=config.max_frame,
         # a restarting metadata server (safe mode) or a request whose path kept moving
         # under it: wait and send it again, as HDFS does
         retry_errors=(SafeMode, TryAgain), user=user, groups=groups,
-        sync_metadata=config.sync_metadata)
+        sync_metadata=config.sync_metadata, **authentication(config, address))
+
+
+def authentication(config: Config, address: str) -> dict:
+    """How an ``RpcClient`` to the metadata server at ``address`` proves who its user is
+    (security = secure): the server's local socket when it is on this machine, else the
+    configured delegation token. Arguments for ``RpcClient``."""
+    return {"local_socket": local_socket_name(config.meta_socket, address),
+            "token": TokenFile.load(config.token_file) if config.token_file else None}
 
 
 class AsyncClient:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields
 
 from .errors import InvalidArgument
 
+DEFAULT_LOCAL_SOCKET = "@leasefs-meta-{port}"   # the meta_socket setting's default
+
 KiB = 1 << 10
 MiB = 1 << 20
 
@@ -107,14 +109,32 @@ class Config:
     delete_chunk: int = _s(2000, "inodes + blocks one delete record removes; a bigger subtree is "
                            "detached at once and reclaimed in the background in records of "
                            "at most this size (HDFS incremental block deletion)")
-    security: str = _s("secure", "secure: block servers prove they hold the cluster key "
-                       "(challenge-response) before the metadata server takes their calls; "
-                       "simple: anyone who reaches the port is believed, as HDFS simple "
-                       "authentication (tests, trusted networks)")
+    security: str = _s("secure", "secure: users are who the kernel (local socket) or a "
+                       "delegation token says, block servers prove they hold the cluster key, "
+                       "block access tokens guard the data; simple: anyone who reaches the "
+                       "port is believed, as HDFS simple authentication (tests, trusted "
+                       "networks)")
     cluster_key_file: str = _s("", "the cluster key (32 random bytes, mode 0600): the metadata "
                                "server creates <data>/cluster.key when missing and uses it by "
                                "default; block servers need this set to a copy of it "
                                "(leasefs cluster up does that)")
+    meta_socket: str = _s(DEFAULT_LOCAL_SOCKET, "the metadata server's local socket, where "
+                          "the kernel tells it who each client is (SO_PEERCRED): @NAME is "
+                          "Linux's abstract namespace, else a file path; {port} is its RPC "
+                          "port. Clients of a metadata server on a loopback address try it "
+                          "before TCP; empty = none")
+    token_file: str = _s("", "a delegation token file (leasefs token fetch) a client "
+                         "authenticates with over TCP, e.g. from another machine (HDFS "
+                         "HADOOP_TOKEN_FILE_LOCATION)")
+    proxy_users: str = _s("", "users that may act for others (a FUSE mount acts for each "
+                          "caller the kernel names): 'NAME=USER|USER,NAME2=*' (HDFS "
+                          "hadoop.proxyuser.NAME.users); the superuser always may")
+    delegation_token_renew_interval: float = _s(
+        86400.0, "seconds a delegation token lives unless renewed (HDFS "
+        "dfs.namenode.delegation.token.renew-interval)")
+    delegation_token_max_lifetime: float = _s(
+        7 * 86400.0, "seconds after its issue no renewal extends a delegation token past "
+        "(HDFS dfs.namenode.delegation.token.max-lifetime)")
     block_key_interval: float = _s(36000.0, "seconds between two block keys of the metadata "
                                    "server (HDFS dfs.block.access.key.update.interval)")
     block_token_lifetime: float = _s(36000.0, "seconds a block access token stays valid "

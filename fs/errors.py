@@ -145,6 +145,10 @@ class AuthenticationFailed(LeaseFSError):
     errno = _errno.EACCES
 
 
+class AuthenticationRequired(AuthenticationFailed):
+    """A call on a connection that has not authenticated yet (security = secure)."""
+
+
 class SafeMode(LeaseFSError):
     """The metadata server is in safe mode: reads only."""
     errno = _errno.EROFS

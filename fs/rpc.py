@@ -33,13 +33,17 @@ one reader task per connection resolves the waiters.
 from __future__ import annotations
 
 import collections
+import contextvars
 import functools
 import grp
 import inspect
+import ipaddress
 import itertools
 import os
 import pwd
+import secrets
 import socket
+import struct
 import uuid
 import logging
 import math
@@ -49,7 +53,8 @@ from dataclasses import dataclass, field
 import outcome
 import trio
 
-from . import errors
+from . import delegation, errors, nodeauth
+from .config import DEFAULT_LOCAL_SOCKET
 from .errors import (InternalError, InvalidArgument, LeaseFSError, ProtocolError,
                      RpcTimeout, ServerUnavailable, UnknownMethod)
 from .framing import DEFAULT_MAX_FRAME, FrameChannel, brief, encode_frame
@@ -67,6 +72,14 @@ MAX_GROUP_NAME = 64        # characters of one group name (Linux allows 32)
 MAX_GROUPS = 64            # group names in the hello
 MAX_IDENTITY_BYTES = 6144  # UTF-8 bytes of user + group names together
 ANONYMOUS_USER = "nobody"  # the user of a hello without one (an older client)
+# the identity of a connection that has not authenticated yet (security = secure, over TCP):
+# not printable, so no hello or act-as can name it; the dispatcher admits only the calls
+# that authenticate (``Dispatcher.admits_unauthenticated``)
+UNAUTHENTICATED = "\0unauthenticated"
+# a call's effective identity when the connection's user acts for another (a FUSE mount for
+# the kernel's caller): set around the calls, the request carries it (``RpcClient.call``)
+ACTING_FOR: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "leasefs_acting_for", default=None)
 
 
 def _name_ok(value, limit: int) -> bool:
@@ -135,6 +148,64 @@ def current_groups() -> list[str]:
         out.append(name)
         budget -= size
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def os_groups(user: str) -> tuple[str, ...]:
+    """The group names the system gives ``user`` (primary first); empty for a user it does
+    not know. Memoized like ``user_name``."""
+    try:
+        entry = pwd.getpwnam(user)
+        gids = os.getgrouplist(user, entry.pw_gid)
+    except (KeyError, OSError):
+        return ()
+    names = dict.fromkeys(group_name(gid) for gid in [entry.pw_gid, *gids])
+    return tuple(n for n in names if _name_ok(n, MAX_GROUP_NAME))[:MAX_GROUPS]
+
+
+@dataclass(frozen=True)
+class PeerCredentials:
+    """Who is at the other end of a local (Unix domain) connection, as the kernel says
+    (``SO_PEERCRED``: the process's ids when it connected)."""
+
+    pid: int
+    uid: int
+    gid: int
+
+    @classmethod
+    def of(cls, sock) -> "PeerCredentials":
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size)
+        return cls(*_CRED.unpack(raw))
+
+
+_CRED = struct.Struct("3i")
+
+
+def local_socket_address(name: str) -> str | bytes:
+    """A ``meta_socket`` name as ``bind``/``connect`` take it: ``@name`` is Linux's abstract
+    namespace (no file, nothing stale after a crash), anything else a filesystem path."""
+    return b"\0" + name[1:].encode() if name.startswith("@") else name
+
+
+def local_socket_name(template: str, address, *, server: bool = False) -> str | None:
+    """The ``meta_socket`` setting for the metadata server at ``address``: ``{port}`` filled
+    in. A client uses it only for a server on a loopback address (another machine's server
+    has no socket here, and a same-named one would be another cluster's)."""
+    if not template:
+        return None
+    host, port = parse_address(address)
+    if not server and not _loopback(host):
+        return None
+    return template.replace("{port}", str(port))
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]:
@@ -245,8 +316,16 @@ class RpcClient:
                  max_frame: int = DEFAULT_MAX_FRAME,
                  retry_errors: tuple[type[LeaseFSError], ...] = (),
                  user: str | None = None, groups=None, sync_metadata: bool = True,
-                 authenticate=None):
+                 authenticate=None, local_socket: str | None = DEFAULT_LOCAL_SOCKET,
+                 token=None):
         self.address = parse_address(address)
+        # the server's local socket (``local_socket_address``), tried before TCP: there the
+        # kernel tells the server who we are; by default the default ``meta_socket`` of a
+        # server on a loopback address, None: TCP only
+        self.local_socket = (local_socket_name(local_socket, self.address)
+                             if local_socket == DEFAULT_LOCAL_SOCKET else local_socket)
+        # a ``fs.delegation.TokenFile`` that authenticates a TCP connection
+        self.token = token
         # ``async authenticate(call)`` runs on every new connection before any other call
         # goes on it; ``call(method, args)`` calls on that connection (fs.nodeauth)
         self.authenticate = authenticate
@@ -306,24 +385,21 @@ class RpcClient:
                 return self._conn
             if self._closed:
                 raise ServerUnavailable("RPC client is closed")
-            host, port = self.address
-            try:
-                with trio.fail_after(self.connect_timeout):
-                    stream = await trio.open_tcp_stream(host, port)
-            except (OSError, trio.TooSlowError) as exc:
-                raise ServerUnavailable(
-                    f"cannot reach {format_address(self.address)}: {exc or 'connect timed out'}"
-                ) from None
+            stream = await self._open_stream()
             channel = FrameChannel(stream, self._nursery, self.max_frame)
             channel.send_nowait({"hello": "leasefs", "version": PROTOCOL_VERSION,
                                  "client_id": self.client_id, "user": self.user,
                                  "groups": self.groups, "sync_metadata": self.sync_metadata})
             conn = _Connection(channel)
             self._nursery.start_soon(self._reader, conn)
-            if self.authenticate is not None:
+            authenticate = self.authenticate
+            if authenticate is None and self.token is not None \
+                    and not isinstance(stream.socket.getsockname(), (str, bytes)):
+                authenticate = self._token_authenticate
+            if authenticate is not None:
                 try:
                     with trio.fail_after(self.timeout):
-                        await self.authenticate(functools.partial(self._call_on, conn))
+                        await authenticate(functools.partial(self._call_on, conn))
                 except trio.TooSlowError:
                     conn.fail_all(ServerUnavailable("authentication timed out"))
                     with trio.CancelScope(shield=True):
@@ -338,6 +414,39 @@ class RpcClient:
                     raise
             self._conn = conn
             return conn
+
+    async def _open_stream(self) -> trio.SocketStream:
+        """The local socket when there is one and it answers, else TCP."""
+        if self.local_socket:
+            sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                with trio.fail_after(self.connect_timeout):
+                    await sock.connect(local_socket_address(self.local_socket))
+                return trio.SocketStream(sock)
+            except (OSError, trio.TooSlowError):
+                sock.close()   # no local server (another machine's, or an older one): TCP
+        host, port = self.address
+        try:
+            with trio.fail_after(self.connect_timeout):
+                return await trio.open_tcp_stream(host, port)
+        except (OSError, trio.TooSlowError) as exc:
+            raise ServerUnavailable(
+                f"cannot reach {format_address(self.address)}: {exc or 'connect timed out'}"
+            ) from None
+
+    async def _token_authenticate(self, call) -> None:
+        """``fs.delegation`` steps 2-3 with ``self.token``; ``AuthenticationFailed`` when the
+        server refuses it or cannot prove it knows the token's password."""
+        token = self.token
+        server_nonce = await call("token_challenge", {})
+        client_nonce = secrets.token_bytes(32)
+        answer = await call("token_authenticate", {
+            "token": token.token.to_wire(), "client_nonce": client_nonce,
+            "proof": delegation.client_proof(token.secret, server_nonce, client_nonce)})
+        if not nodeauth.same(answer, delegation.server_proof(token.secret, server_nonce, client_nonce)):
+            raise errors.AuthenticationFailed(
+                f"{format_address(self.address)} did not prove it knows the password of "
+                f"{token.token.describe()}: not the metadata server that issued it")
 
     async def _call_on(self, conn: _Connection, method: str, args: dict):
         """One call on ``conn`` itself (the authentication of a new connection)."""
@@ -385,9 +494,12 @@ class RpcClient:
         # flusher and they leave in one write; a lone call is written at once
         defer = bool(conn.waiters)
         conn.waiters[call_id] = waiter
+        acting = ACTING_FOR.get()
+        request = [call_id, method, args] if acting is None or acting["user"] == self.user \
+            else [call_id, method, args, acting]
         try:
             # written straight to the socket or queued whole, no task switch (FrameChannel)
-            conn.channel.send_nowait([call_id, method, args], defer=defer)
+            conn.channel.send_nowait(request, defer=defer)
             if conn.channel.backlogged:
                 await conn.channel.drained()
         except BaseException as exc:
@@ -485,11 +597,33 @@ class Dispatcher:
     def methods(self) -> list[str]:
         return sorted(n[4:] for n in dir(self) if n.startswith("rpc_"))
 
+    # Who a connection is. This base believes what the peer states (HDFS simple
+    # authentication); a server with authentication overrides the three hooks.
+    def open_session(self, session: dict, user: str, groups, credentials, peer: str) -> None:
+        """Set ``session["user"]``/``["groups"]`` from the hello (``credentials``: the
+        kernel's, on a local connection); ``AuthenticationFailed`` refuses the connection."""
+        session["user"], session["groups"] = user, groups
+
+    def act_as(self, session: dict, acting) -> tuple[str, tuple[str, ...]]:
+        """The identity one request acts for (its fourth element)."""
+        if not isinstance(acting, dict):
+            raise InvalidArgument(f"acting_for must be a map, got {brief(acting, 80)}")
+        return check_identity(acting.get("user"), acting.get("groups") or [], "acting_for")
+
+    def admits_unauthenticated(self, ctx: CallContext, method) -> bool:
+        """Whether a connection that has not authenticated may make this call."""
+        return False
+
     async def dispatch(self, ctx: CallContext, method, args):
         try:
             handler, known, required, cached = self._signatures[method]
         except (KeyError, TypeError):   # first call of a method, or not a method name
             handler, known, required, cached = self._method(method)
+        if ctx.user is UNAUTHENTICATED and not self.admits_unauthenticated(ctx, method):
+            raise errors.AuthenticationRequired(
+                f"{method}: this connection has not authenticated (security = secure): "
+                f"connect through the metadata server's local socket, or set token_file to "
+                f"a delegation token (leasefs token fetch)")
         if not isinstance(args, dict):
             raise InvalidArgument(f"{method}: arguments must be a map of names to values")
         if not required <= args.keys() or not args.keys() <= known:
@@ -557,8 +691,13 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                     max_frame: int = DEFAULT_MAX_FRAME, peer: str = "?",
                     max_concurrent_calls: int = 256, hello_timeout: float = 10.0,
                     send_timeout: float = 60.0, frame_timeout: float = math.inf,
-                    idle_timeout: float = math.inf, budget=None) -> None:
+                    idle_timeout: float = math.inf, budget=None,
+                    credentials: PeerCredentials | None = None) -> None:
     """Serve one connection until the peer closes it or sends an unreadable frame.
+
+    The hello's identity goes to ``dispatcher.open_session`` with ``credentials`` (the
+    kernel's word on a local connection, None over TCP), which decides the connection's
+    user; a request's fourth element asks ``dispatcher.act_as`` for another.
 
     At most ``max_concurrent_calls`` calls of one connection run at once; the reader stops
     reading until one finishes, so a peer that pipelines requests without reading replies
@@ -640,22 +779,31 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
         closing[0] = True
         idle.unpark_all()
 
-    async def read_requests(nursery, client_id, user, groups, sync_metadata):
+    async def read_requests(nursery, client_id, sync_metadata):
         while True:
             # the replies to one batch leave in one write: the channel's flusher runs after
             # this loop has answered the batch's reads and started its mutations
             for request in await channel.receive_batch():
-                if not (isinstance(request, list) and len(request) == 3):
+                if not (isinstance(request, list) and 3 <= len(request) <= 4):
                     call_id = request[0] if isinstance(request, list) and request else None
                     reply(call_id if isinstance(call_id, int) else None, False, ProtocolError(
-                        f"request must be [call_id, method, args], got {brief(request)}"
-                    ).to_wire())
+                        f"request must be [call_id, method, args] or [call_id, method, args, "
+                        f"acting_for], got {brief(request)}").to_wire())
                     continue
-                call_id, method, args = request
+                call_id, method, args = request[:3]
                 if not isinstance(call_id, int):
                     reply(None, False, ProtocolError(
                         f"call id must be an integer, got {brief(call_id, 40)}").to_wire())
                     continue
+                # the connection's identity may change (an authentication call): read it
+                # per request
+                user, groups = session["user"], session["groups"]
+                if len(request) == 4:
+                    try:
+                        user, groups = dispatcher.act_as(session, request[3])
+                    except LeaseFSError as exc:
+                        reply(call_id, False, exc.to_wire())
+                        continue
                 ctx = CallContext(client_id=client_id, peer=peer, call_id=call_id,
                                   user=user, groups=groups, sync_metadata=sync_metadata,
                                   session=session)
@@ -722,12 +870,13 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                     if scope.cancelled_caught:
                         raise ProtocolError("no hello frame in time")
                     client_id, user, groups, sync_metadata = _check_hello(hello)
+                    dispatcher.open_session(session, user, groups, credentials, peer)
                     channel.max_frame = max_frame
                     verdict: list[str] = []
                     with trio.CancelScope() as reading:
                         if frame_timeout < math.inf or idle_timeout < math.inf:
                             nursery.start_soon(watch, reading, verdict)
-                        await read_requests(nursery, client_id, user, groups, sync_metadata)
+                        await read_requests(nursery, client_id, sync_metadata)
                     if verdict and verdict[0]:
                         raise ProtocolError(verdict[0])
                     if verdict:
@@ -735,7 +884,7 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                                   idle_timeout)
                 except (EOFError, ServerUnavailable):
                     pass
-                except ProtocolError as exc:
+                except (ProtocolError, errors.AuthenticationFailed) as exc:
                     log.warning("closing connection from %s: %s", peer, exc)
                     reply(None, False, exc.to_wire())
                 finally:
@@ -788,6 +937,71 @@ async def serve_tcp(handler, host: str, port: int, *, task_status=trio.TASK_STAT
     async with trio.open_nursery() as nursery:
         task_status.started((bound[0], bound[1]))
         await trio.serve_listeners(per_connection, listeners, handler_nursery=nursery)
+
+
+async def serve_local(handler, name: str, *, task_status=trio.TASK_STATUS_IGNORED,
+                      server: str = "server", limits: ConnectionLimits | None = None,
+                      refusal=None):
+    """Listen on the local (Unix domain) socket ``name`` (``local_socket_address``) and run
+    ``handler(stream, peer, credentials)`` per connection, ``credentials`` being the
+    kernel's ``PeerCredentials`` of the connecting process. A filesystem path is replaced
+    if a socket file is already there (a crashed server's) and made connectable by every
+    local user: the kernel says who each one is. ``limits`` count per uid."""
+    address = local_socket_address(name)
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        if isinstance(address, str):
+            try:
+                if os.path.exists(address) and not os.path.isdir(address):
+                    os.unlink(address)
+            except OSError:
+                pass
+        await sock.bind(address)
+        if isinstance(address, str):
+            os.chmod(address, 0o666)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise ServerUnavailable(f"{server}: cannot listen on local socket {name}: "
+                                f"{exc.strerror or exc}") from None
+    log.info("%s listening on local socket %s", server, name)
+    refusals = RefusalLog(log)
+
+    async def per_connection(stream):
+        try:
+            credentials = PeerCredentials.of(stream.socket)
+        except OSError:
+            await stream.aclose()
+            return
+        peer = f"local:{user_name(credentials.uid)}:{credentials.pid}"
+        key = f"uid {credentials.uid}"
+        if limits is not None:
+            why = limits.admit(key)
+            if why is not None:
+                refusals.refused(key, "connections",
+                                 f"{server}: refusing a connection from {peer}: {why}")
+                await _refuse(stream, refusal(why) if refusal is not None else None)
+                return
+        try:
+            await handler(stream, peer, credentials)
+        except Exception:
+            log.exception("%s: connection handler from %s failed", server, peer)
+        finally:
+            if limits is not None:
+                limits.release(key)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            task_status.started(name)
+            await trio.serve_listeners(per_connection, [trio.SocketListener(sock)],
+                                       handler_nursery=nursery)
+    finally:
+        sock.close()
+        if isinstance(address, str):
+            try:
+                os.unlink(address)
+            except OSError:
+                pass
 
 
 def rpc_refusal(why: str) -> list:

@@ -40,6 +40,9 @@ key                    value (msgpack)                             meaning
                                                                     records remove it piece
                                                                     by piece, the O key goes
                                                                     with the root's last piece
+``T<seq:8>``           map: ``seq``, ``owner``, ``renewer``,        a live delegation token
+                       ``issued``, ``max_date``, ``expiry``         (``fs.delegation``); goes
+                       (wall seconds)                               when cancelled or expired
 ``M<name>``            int / bytes                                  counters and identity:
                                                                     ``next_ino``,
                                                                     ``next_block_id``,
@@ -47,7 +50,8 @@ key                    value (msgpack)                             meaning
                                                                     ``applied_txid``,
                                                                     ``namespace_id``,
                                                                     ``layout_version``,
-                                                                    ``files``, ``dirs``;
+                                                                    ``files``, ``dirs``,
+                                                                    ``next_token``;
                                                                     ``checkpoint_txid``,
                                                                     ``checkpoint_time`` (ns):
                                                                     the last checkpoint, put
@@ -77,6 +81,7 @@ DENTRY = b"D"
 INLINE = b"L"
 UNDER_CONSTRUCTION = b"U"
 ORPHAN = b"O"
+DELEGATION_TOKEN = b"T"
 META = b"M"
 
 _INO = struct.Struct(">Q")
@@ -91,7 +96,9 @@ NAMESPACE_ID = "namespace_id"
 LAYOUT = "layout_version"
 FILES = "files"
 DIRS = "dirs"
-COUNTERS = (NEXT_INO, NEXT_BLOCK_ID, GENSTAMP, APPLIED_TXID, NAMESPACE_ID, LAYOUT, FILES, DIRS)
+NEXT_TOKEN = "next_token"   # sequence number of the next delegation token
+COUNTERS = (NEXT_INO, NEXT_BLOCK_ID, GENSTAMP, APPLIED_TXID, NAMESPACE_ID, LAYOUT, FILES, DIRS,
+            NEXT_TOKEN)
 # written by checkpoints, not by journal records
 CHECKPOINT_TXID = "checkpoint_txid"
 CHECKPOINT_TIME = "checkpoint_time"
@@ -138,6 +145,10 @@ def orphan_key(ino: int) -> bytes:
     return ORPHAN + _INO.pack(ino)
 
 
+def token_key(seq: int) -> bytes:
+    return DELEGATION_TOKEN + _INO.pack(seq)
+
+
 def meta_key(name: str) -> bytes:
     return META + name.encode("ascii")
 
@@ -164,6 +175,10 @@ def parse_uc_key(key: bytes) -> int:
 
 
 def parse_orphan_key(key: bytes) -> int:
+    return _INO.unpack_from(key, 1)[0]
+
+
+def parse_token_key(key: bytes) -> int:
     return _INO.unpack_from(key, 1)[0]
 
 

@@ -656,3 +656,22 @@ class RecordApplier:
 
     def _apply_SET_GENSTAMP(self, txn, counters, a):
         self._bump(counters, keys.GENSTAMP, a["gs"])
+
+    # delegation tokens (fs.delegation): the namespace keeps what each live token may still
+    # do, so renewals and cancellations survive restarts as HDFS's edit log keeps them
+    def _apply_DELEGATION_TOKEN(self, txn, counters, a):
+        txn.put(keys.token_key(a["seq"]), a)
+        counters[keys.NEXT_TOKEN] = max(counters.get(keys.NEXT_TOKEN, 1), a["seq"] + 1)
+        return {"token": a}
+
+    def _apply_RENEW_DELEGATION_TOKEN(self, txn, counters, a):
+        state = txn.get(keys.token_key(a["seq"]))
+        if state is None:
+            return {}
+        state = {**state, "expiry": a["expiry"]}
+        txn.put(keys.token_key(a["seq"]), state)
+        return {"token": state}
+
+    def _apply_CANCEL_DELEGATION_TOKEN(self, txn, counters, a):
+        txn.delete(keys.token_key(a["seq"]))
+        return {"seq": a["seq"]}

@@ -401,6 +401,10 @@ class NamespaceView:
         return {keys.parse_uc_key(k): keys.unpack(v)
                 for k, v in self.kv.scan(keys.UNDER_CONSTRUCTION)}
 
+    def delegation_tokens(self) -> list[dict]:
+        """Every live delegation token's state (``fs.delegation.TokenState`` wire form)."""
+        return [keys.unpack(v) for _, v in self.kv.scan(keys.DELEGATION_TOKEN)]
+
     def all_blocks(self) -> Iterator[tuple[int, int, dict, int]]:
         """``(ino, index, block, replication)`` of every block, to rebuild the blocks map."""
         replication = {}

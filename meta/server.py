@@ -70,7 +70,8 @@ from fs.blocktoken import READ as READ_TOKEN, KeyRing
 from fs.config import Config
 from fs.errors import AlreadyBeingCreated, InternalError, TryAgain, LeaseFSError, ServerUnavailable
 from fs.limits import ByteBudget, ConnectionLimits
-from fs.rpc import (Dispatcher, RetryCache, current_user, format_address, rpc_refusal, serve_rpc,
+from fs.rpc import (Dispatcher, RetryCache, current_user, format_address, local_socket_name,
+                    rpc_refusal, serve_local, serve_rpc,
                     serve_tcp)
 
 from . import blocks as bm
@@ -94,6 +95,8 @@ from .admin_protocol import AdminProtocol
 from .client_protocol import ClientProtocol
 from .datanode_protocol import DatanodeProtocol
 from .redundancy import Redundancy
+from .monitors import Monitors
+from .user_auth import AuthProtocol, ProxyRules
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +107,6 @@ LOCK_RETRIES = 8
 INVALIDATE_RESEND_HEARTBEATS = 10
 # files one lease monitor pass may release (HDFS bounds the work of one checkLeases pass)
 LEASE_MONITOR_MAX_FILES = 1000
-# seconds of trio-thread time one RECLAIM record may take to plan (applying it costs about
-# as much): other calls wait at most that long behind the reclaimer
-RECLAIM_SLICE = 0.001
 # journal ops that only change the namespace: a client without ``sync_metadata`` is answered
 # once they are written, before their fsync (they hand out no block id or generation stamp,
 # and block deletions they cause wait for the fsync: ``DatanodeManager.take_invalidate``)
@@ -126,7 +126,8 @@ class _Recovery:
     primary: str | None
 
 
-class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Dispatcher):
+class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, AuthProtocol, Redundancy,
+                 Monitors, Dispatcher):
     """Every RPC of PROTOCOL.md §2 as ``rpc_<method>(ctx, **args)``: the handlers come from
     the role mixins, which calls go through the retry cache or run inline is declared here."""
 
@@ -153,6 +154,9 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
         self.node_key: bytes | None = None
         # block keys tokens are made with (security = secure; set by run_meta_server)
         self.block_keys: KeyRing | None = None
+        self.proxy_rules = ProxyRules.parse(config.proxy_users, self.superuser)
+        self.tokens: dict = {}        # delegation tokens: seq → TokenState (user_auth.py)
+        self._next_token = 1
         self.permissions = PermissionChecker(superuser=self.superuser,
                                              supergroup=config.supergroup,
                                              enabled=config.permissions_enabled)
@@ -236,6 +240,7 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
             self.blocks.add(BlockInfo(block["id"], ino, index, block["gs"], block["num_bytes"],
                                       block["state"], replication))
         self.leases.rebuild(self.ns.under_construction(), self.clock())
+        self.load_tokens()
         if len(self.blocks) and self.safemode.min_storage < 1:
             # blocks (even only ones being written) are useless until a block server is back:
             # startup safe mode waits for one, so writers retry (SafeMode) instead of failing
@@ -316,6 +321,8 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
                     self.blocks.restore(last["id"], gs=info.gs, num_bytes=last["num_bytes"],
                                         state=bm.UNDER_CONSTRUCTION)
                 self.leases.add(args["holder"], args["ino"], now)
+        elif op in ("DELEGATION_TOKEN", "RENEW_DELEGATION_TOKEN", "CANCEL_DELEGATION_TOKEN"):
+            self.apply_token_effect(op, effect)
         elif op == "APPEND":
             last = args.get("last")
             if last is not None and (info := self.blocks.get(last["id"])) is not None:
@@ -694,112 +701,6 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, Redundancy, Di
             return False
         return await self._internal_release_lease(path, ino, inode, caller)
 
-    # ================================================================== monitors
-    async def checkpoint(self) -> dict:
-        """Roll the journal, make LevelDB durable with the checkpoint recorded in it, purge
-        old segments (global write lock; see checkpoint.py)."""
-        await self.global_lock.acquire(True)
-        try:
-            await self.journal.roll()
-            info = CheckpointInfo(self.ns.applied_txid, self.wall_ns())
-            await trio.to_thread.run_sync(partial(self.kv.write, checkpoints.record(info),
-                                                  sync=True))
-            removed = self.journal.purge(info.txid)
-            self.last_checkpoint = info
-            self.checkpoints += 1
-            log.info("checkpoint at txid %d; purged %d journal segments", info.txid, len(removed))
-            return {**info.as_dict(self.ns.applied_txid), "purged": removed}
-        finally:
-            self.global_lock.release(True)
-
-    async def run_monitors(self) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._dead_node_monitor)
-            nursery.start_soon(self._safemode_monitor)
-            nursery.start_soon(self._lease_monitor)
-            nursery.start_soon(self._checkpoint_monitor)
-            nursery.start_soon(self._reclaim_monitor)
-            nursery.start_soon(self._replication_monitor)
-
-    async def reclaim_once(self) -> bool:
-        """Journal one RECLAIM record (at most ``delete_chunk`` keys of a detached subtree)
-        under the global read lock; False when nothing is left to reclaim."""
-        await self.global_lock.acquire(False)
-        try:
-            until = time.perf_counter() + RECLAIM_SLICE
-            plan = self.ns.plan_reclaim(stop=lambda: time.perf_counter() >= until)
-            if plan is None:
-                return False
-            await self.journal.log(*plan)
-            self.reclaim_records += 1
-            if plan[1]["done"]:
-                log.info("reclaimed the detached subtree of inode %d", plan[1]["root"])
-            return True
-        finally:
-            self.global_lock.release(False)
-
-    async def _reclaim_monitor(self) -> None:
-        """Removes detached subtrees record by record; waits while in safe mode (a server
-        started on a stale folder deletes nothing) and while nothing is detached."""
-        period = max(0.05, min(0.5, self.config.heartbeat_interval))
-        while True:
-            if not self.safemode.on and self.ns.has_orphans():
-                try:
-                    await self.reclaim_once()
-                    await trio.sleep(0)
-                except LeaseFSError as exc:
-                    log.warning("reclaiming deleted files: %s", exc)
-                    await trio.sleep(period)
-                continue
-            self._reclaim_wakeup = trio.Event()
-            with trio.move_on_after(period):
-                await self._reclaim_wakeup.wait()
-
-    async def _dead_node_monitor(self) -> None:
-        period = max(0.05, min(self.config.heartbeat_interval, self.config.dead_node_interval / 4))
-        while True:
-            await trio.sleep(period)
-            for node in self.datanodes.check_dead():
-                self.node_dead(node)
-
-    async def _safemode_monitor(self) -> None:
-        period = max(0.05, min(0.5, self.config.heartbeat_interval))
-        while True:
-            if self.safemode.on:
-                self.update_safemode()
-            await trio.sleep(period)
-
-    async def _lease_monitor(self) -> None:
-        while True:
-            await trio.sleep(max(0.05, self.config.lease_monitor_period))
-            if not self.safemode.on:
-                try:
-                    await self.release_expired_leases()
-                    await self.retry_stalled_recoveries()
-                except LeaseFSError as exc:
-                    log.warning("lease monitor: %s", exc)
-
-    async def _checkpoint_monitor(self) -> None:
-        period = max(0.05, min(1.0, self.config.checkpoint_period))
-        while True:
-            await trio.sleep(period)
-            if checkpoints.due(self.last_checkpoint, self.ns.applied_txid, self.wall_ns(),
-                               self._started_ns, period=self.config.checkpoint_period,
-                               txns=self.config.checkpoint_txns):
-                try:
-                    await self.checkpoint()
-                except LeaseFSError as exc:
-                    log.error("checkpoint failed: %s", exc)
-
-    async def _replication_monitor(self) -> None:
-        period = max(0.02, self.config.replication_interval)
-        while True:
-            await trio.sleep(period)
-            try:
-                await self.replication_pass()
-            except LeaseFSError as exc:
-                log.warning("replication monitor: %s", exc)
-
 
 async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0.1",
                           port: int = 8020, http_port: int = 0,
@@ -824,9 +725,16 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
             nursery.start_soon(server.gc_governor.run)
             budget = ByteBudget(max(config.rpc_buffer_limit, config.max_frame + 4))
             handler = partial(_serve_connection, server, budget)
+            # one count of connections for both listeners: max_connections is the server's
+            limits = ConnectionLimits.from_config(config)
             bound = await nursery.start(partial(
-                serve_tcp, handler, host, port, name="metadata server",
-                limits=ConnectionLimits.from_config(config), refusal=rpc_refusal))
+                serve_tcp, handler, host, port, name="metadata server", limits=limits,
+                refusal=rpc_refusal))
+            local = local_socket_name(config.meta_socket, bound, server=True)
+            if local:
+                await nursery.start(partial(
+                    serve_local, handler, local, server="metadata server", limits=limits,
+                    refusal=rpc_refusal))
             if http_port:
                 from .status_http import serve_status
                 await nursery.start(partial(serve_status, server, host, http_port))
@@ -842,11 +750,12 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
         kv.close()
 
 
-async def _serve_connection(server: MetaServer, budget: ByteBudget, stream, peer: str) -> None:
+async def _serve_connection(server: MetaServer, budget: ByteBudget, stream, peer: str,
+                            credentials=None) -> None:
     config = server.config
     try:
         await serve_rpc(stream, server, max_frame=config.max_frame, peer=peer,
                         frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
-                        budget=budget)
+                        budget=budget, credentials=credentials)
     except ServerUnavailable:
         pass

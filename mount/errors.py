@@ -2,7 +2,8 @@
 
 Why: pyfuse3 turns a ``FUSEError(errno)`` raised by a handler into the errno the calling
 process sees, but ANY other exception escaping a handler ends ``pyfuse3.main`` and so the
-whole mount. Every handler of ``mount.operations`` is therefore wrapped by ``fuse_op``:
+whole mount. Every handler of ``mount.operations`` is therefore wrapped by ``fuse_op``
+(which also makes its calls act for the request's caller, ``mount.callers``):
 ``ServerUnavailable`` (metadata server unreachable or silent past the mount's
 ``mount_meta_timeout``) → ``EIO``, other ``LeaseFSError`` → its ``errno``, ``OSError`` (local staging files) → its errno, anything
 else (a bug) → logged with its traceback and reported as ``EIO``. Cancellation passes through.
@@ -20,6 +21,9 @@ import pyfuse3
 import trio
 
 from fs.errors import LeaseFSError, ServerUnavailable
+from fs.rpc import ACTING_FOR
+
+from .callers import request_identity
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,8 @@ def fuse_op(fn):
 
     @functools.wraps(fn)
     async def handler(*args, **kwargs):
+        # the calls made for this request act for its caller (mount.callers)
+        acting = ACTING_FOR.set(request_identity(args, kwargs))
         try:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
@@ -57,6 +63,8 @@ def fuse_op(fn):
         except Exception:  # a bug: keep the mount alive, tell the caller EIO
             log.exception("%s failed unexpectedly", fn.__name__)
             raise pyfuse3.FUSEError(_errno.EIO) from None
+        finally:
+            ACTING_FOR.reset(acting)
 
     return handler
 

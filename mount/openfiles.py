@@ -31,6 +31,7 @@ import os
 
 import trio
 
+from fs.rpc import ACTING_FOR
 from fs.errors import InternalError, LeaseFSError
 
 
@@ -210,6 +211,9 @@ class Handle:
         self.window_offset = 0
         self.window = b""
         self.read_lock = trio.Lock()
+        # who opened it (``mount.callers``): the calls for this handle's reads, writes,
+        # flushes and release act for that user
+        self.identity = ACTING_FOR.get()
 
     def from_window(self, off: int, size: int) -> bytes | None:
         start = off - self.window_offset
@@ -225,6 +229,7 @@ class DirHandle:
 
     def __init__(self, ino: int):
         self.ino = ino
+        self.identity = ACTING_FOR.get()   # who opened it: readdir lists as that user
         self.names: list[str] = []
         self.fetched: collections.deque = collections.deque()
         self.complete = False

@@ -290,6 +290,11 @@ class LeaseFS(FileHandlers, WriteMachinery, KernelView, pyfuse3.Operations):
             return None, None
         return user_name(ctx.uid), group_name(ctx.gid)
 
+    def handle_identity(self, fh: int) -> dict | None:
+        """Who opened file or directory handle ``fh`` (``mount.callers``)."""
+        handle = self._handles.get(fh) or self._dirs.get(fh)
+        return None if handle is None else handle.identity
+
     @fuse_op
     async def opendir(self, inode, ctx):
         # no call: the kernel opens only what it knows as a directory, and a directory

@@ -199,7 +199,9 @@ class HeartbeatService:
                              timeout=self.config.rpc_timeout, retry_seconds=0,
                              connect_timeout=min(5.0, self.config.rpc_timeout),
                              max_frame=self.config.max_frame,
-                             authenticate=self._authenticate if self._key else None) as rpc:
+                             authenticate=self._authenticate if self._key else None,
+                             # a node proves itself with the cluster key, not as a local user
+                             local_socket=None) as rpc:
             self._rpc = rpc
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

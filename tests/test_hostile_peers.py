@@ -552,6 +552,15 @@ def _tcp_connections(pid: int, remote_port: int) -> int:
     return count
 
 
+def _local_connections(meta_port: int) -> int:
+    """Connections accepted on the metadata server's default local socket (each accepted
+    socket carries the listener's name in /proc/net/unix)."""
+    name = f"@leasefs-meta-{meta_port}"
+    with open("/proc/net/unix") as fh:
+        return sum(1 for line in list(fh)[1:]
+                   if line.split()[5:6] == ["03"] and line.split()[-1] == name)
+
+
 @pytest.mark.slow
 def test_a_fuse_mount_goes_on_after_the_server_closed_its_idle_connection(tmp_path):
     """The mount's metadata connection sits idle past the server's ``idle_timeout`` and is
@@ -564,9 +573,11 @@ def test_a_fuse_mount_goes_on_after_the_server_closed_its_idle_connection(tmp_pa
             mp = mount.start().mp
             (mp / "before.txt").write_text("written before the idle period\n")
             meta_port = int(cluster.meta_address.rsplit(":", 1)[1])
-            assert _tcp_connections(mount.proc.pid, meta_port) >= 1    # just used: still open
+            # the mount's only client: its connection is the local socket's only one
+            assert _local_connections(meta_port) == 1                # just used: still open
+            assert _tcp_connections(mount.proc.pid, meta_port) == 0
             deadline = time.monotonic() + 30
-            while _tcp_connections(mount.proc.pid, meta_port):     # the server closes it
+            while _local_connections(meta_port):                     # the server closes it
                 assert time.monotonic() < deadline, "the idle connection stayed open"
                 time.sleep(0.1)
             assert (mp / "before.txt").read_text() == "written before the idle period\n"

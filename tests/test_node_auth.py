@@ -341,15 +341,24 @@ def test_no_secret_shows_on_the_status_page_or_in_the_logs(tmp_path, caplog):
                         await trio.sleep(0.05)
                 await c.write_file("/f", os.urandom(100_000))
                 await c.read_file("/f")
+                got = await c.rpc.call("get_delegation_token", {})
+            # a client elsewhere authenticating with that delegation token
+            from fs.delegation import TokenFile, TokenId
+            token = TokenFile(TokenId.from_wire(got["id"]), bytes(got["password"]), meta)
+            token.save(str(tmp_path / "t.token"))
+            async with AsyncClient(meta, config=config.replace(
+                    meta_socket="", token_file=str(tmp_path / "t.token"))) as remote:
+                await remote.read_file("/f")
             page = await trio.to_thread.run_sync(lambda: urllib.request.urlopen(
                 f"http://127.0.0.1:{http_port}/report", timeout=10).read())
             nursery.cancel_scope.cancel()
-        return page
+        return page, token.secret
 
-    page = trio.run(main)
+    page, password = trio.run(main)
     key = nodeauth.load_key(str(tmp_path / "meta" / "cluster.key"))
-    secrets_ = [key, key.hex().encode()]
+    secrets_ = [key, key.hex().encode(), password, password.hex().encode()]
     logged = "\n".join(r.getMessage() for r in caplog.records).encode()
     assert b"live_nodes" in page and "authenticated from" in logged.decode()
+    assert "authenticated from" in logged.decode() and "with token 1 of" in logged.decode()
     for secret in secrets_:
         assert secret not in page and secret not in logged

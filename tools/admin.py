@@ -20,6 +20,7 @@ import trio
 
 from fs import paths
 from fs.errors import LeaseFSError, sole_exception
+from fs.client import authentication
 from fs.rpc import RpcClient
 
 from .common import Command
@@ -34,7 +35,8 @@ def _rpc(cmd: Command, method: str, args: dict):
     async def call():
         async with RpcClient(cmd.meta_address, "leasefs-admin", timeout=config.rpc_timeout,
                              retry_seconds=min(10.0, config.rpc_retry_seconds),
-                             max_frame=config.max_frame) as rpc:
+                             max_frame=config.max_frame,
+                             **authentication(config, cmd.meta_address)) as rpc:
             return await rpc.call(method, args)
     try:
         return trio.run(call)

@@ -55,7 +55,7 @@ def common_options() -> argparse.ArgumentParser:
 
 
 def build_parser() -> Parser:
-    from . import admin, bench, cluster, daemons, docgen, leasetools, mountcmd, shell
+    from . import admin, bench, cluster, daemons, docgen, leasetools, mountcmd, shell, tokens
 
     common = common_options()
     parser = Parser(prog=PROG, parents=[common],
@@ -67,6 +67,7 @@ def build_parser() -> Parser:
     shell.register(sub, common)
     leasetools.register(sub, common)
     admin.register(sub, common)
+    tokens.register(sub, common)
     mountcmd.register(sub, common)
     bench.register(sub, common)
     docgen.register(sub, common)

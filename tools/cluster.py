@@ -33,7 +33,8 @@ import time
 import trio
 
 from fs import nodeauth
-from fs.config import default_home
+from fs.client import authentication
+from fs.config import Config, default_home
 from fs.errors import LeaseFSError, NotDirectory, sole_exception
 from fs.rpc import RpcClient
 
@@ -210,7 +211,8 @@ def wait_address(layout: Layout, name: str, proc: subprocess.Popen, deadline: fl
 
 async def probe_report(meta_address: str, timeout: float = 5.0) -> dict:
     async with RpcClient(meta_address, f"leasefs-cluster-{os.getpid()}", timeout=timeout,
-                         retry_seconds=0.5, connect_timeout=min(timeout, 2.0)) as rpc:
+                         retry_seconds=0.5, connect_timeout=min(timeout, 2.0),
+                         **authentication(Config.load(), meta_address)) as rpc:
         return await rpc.call("report", {})
 
 

@@ -1,0 +1,154 @@
+"""The metadata server's background work: checkpoints, reclaiming detached subtrees, dead
+block servers, safe mode, expired leases, re-replication and expired delegation tokens.
+
+Why it exists: one role per module. These loops run beside the protocols (client, block
+server, admin) and act on the same state; HDFS keeps them apart too (its Monitor threads:
+HeartbeatManager, LeaseManager.Monitor, RedundancyMonitor, ExpiredTokenRemover).
+
+``Monitors`` is a mixin: ``MetaServer`` (``server.py``) composes it and owns all the state;
+each loop calls the core (``release_expired_leases``, ``replication_pass``,
+``remove_expired_tokens``, ...).
+
+Concurrency contract: that of ``MetaServer``: every loop is a task on its one trio thread;
+a checkpoint holds the global write lock, a reclaim record the global read lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+
+import trio
+
+from fs.errors import LeaseFSError
+
+from . import checkpoint as checkpoints
+from .checkpoint import CheckpointInfo
+
+log = logging.getLogger(__name__)
+
+# seconds of trio-thread time one RECLAIM record may take to plan (applying it costs about
+# as much): other calls wait at most that long behind the reclaimer
+RECLAIM_SLICE = 0.001
+
+
+class Monitors:
+    async def checkpoint(self) -> dict:
+        """Roll the journal, make LevelDB durable with the checkpoint recorded in it, purge
+        old segments (global write lock; see checkpoint.py)."""
+        await self.global_lock.acquire(True)
+        try:
+            await self.journal.roll()
+            info = CheckpointInfo(self.ns.applied_txid, self.wall_ns())
+            await trio.to_thread.run_sync(partial(self.kv.write, checkpoints.record(info),
+                                                  sync=True))
+            removed = self.journal.purge(info.txid)
+            self.last_checkpoint = info
+            self.checkpoints += 1
+            log.info("checkpoint at txid %d; purged %d journal segments", info.txid, len(removed))
+            return {**info.as_dict(self.ns.applied_txid), "purged": removed}
+        finally:
+            self.global_lock.release(True)
+
+    async def run_monitors(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._dead_node_monitor)
+            nursery.start_soon(self._safemode_monitor)
+            nursery.start_soon(self._lease_monitor)
+            nursery.start_soon(self._checkpoint_monitor)
+            nursery.start_soon(self._reclaim_monitor)
+            nursery.start_soon(self._replication_monitor)
+            nursery.start_soon(self._token_monitor)
+
+    async def reclaim_once(self) -> bool:
+        """Journal one RECLAIM record (at most ``delete_chunk`` keys of a detached subtree)
+        under the global read lock; False when nothing is left to reclaim."""
+        await self.global_lock.acquire(False)
+        try:
+            until = time.perf_counter() + RECLAIM_SLICE
+            plan = self.ns.plan_reclaim(stop=lambda: time.perf_counter() >= until)
+            if plan is None:
+                return False
+            await self.journal.log(*plan)
+            self.reclaim_records += 1
+            if plan[1]["done"]:
+                log.info("reclaimed the detached subtree of inode %d", plan[1]["root"])
+            return True
+        finally:
+            self.global_lock.release(False)
+
+    async def _reclaim_monitor(self) -> None:
+        """Removes detached subtrees record by record; waits while in safe mode (a server
+        started on a stale folder deletes nothing) and while nothing is detached."""
+        period = max(0.05, min(0.5, self.config.heartbeat_interval))
+        while True:
+            if not self.safemode.on and self.ns.has_orphans():
+                try:
+                    await self.reclaim_once()
+                    await trio.sleep(0)
+                except LeaseFSError as exc:
+                    log.warning("reclaiming deleted files: %s", exc)
+                    await trio.sleep(period)
+                continue
+            self._reclaim_wakeup = trio.Event()
+            with trio.move_on_after(period):
+                await self._reclaim_wakeup.wait()
+
+    async def _token_monitor(self) -> None:
+        """Removes expired delegation tokens (they are refused from their expiry on; this
+        only keeps the namespace from filling with dead ones), hourly as HDFS does."""
+        period = max(1.0, min(3600.0, self.config.delegation_token_renew_interval))
+        while True:
+            await trio.sleep(period)
+            if self.safemode.on:
+                continue
+            try:
+                await self.remove_expired_tokens()
+            except LeaseFSError as exc:
+                log.warning("removing expired delegation tokens: %s", exc)
+
+    async def _dead_node_monitor(self) -> None:
+        period = max(0.05, min(self.config.heartbeat_interval, self.config.dead_node_interval / 4))
+        while True:
+            await trio.sleep(period)
+            for node in self.datanodes.check_dead():
+                self.node_dead(node)
+
+    async def _safemode_monitor(self) -> None:
+        period = max(0.05, min(0.5, self.config.heartbeat_interval))
+        while True:
+            if self.safemode.on:
+                self.update_safemode()
+            await trio.sleep(period)
+
+    async def _lease_monitor(self) -> None:
+        while True:
+            await trio.sleep(max(0.05, self.config.lease_monitor_period))
+            if not self.safemode.on:
+                try:
+                    await self.release_expired_leases()
+                    await self.retry_stalled_recoveries()
+                except LeaseFSError as exc:
+                    log.warning("lease monitor: %s", exc)
+
+    async def _checkpoint_monitor(self) -> None:
+        period = max(0.05, min(1.0, self.config.checkpoint_period))
+        while True:
+            await trio.sleep(period)
+            if checkpoints.due(self.last_checkpoint, self.ns.applied_txid, self.wall_ns(),
+                               self._started_ns, period=self.config.checkpoint_period,
+                               txns=self.config.checkpoint_txns):
+                try:
+                    await self.checkpoint()
+                except LeaseFSError as exc:
+                    log.error("checkpoint failed: %s", exc)
+
+    async def _replication_monitor(self) -> None:
+        period = max(0.02, self.config.replication_interval)
+        while True:
+            await trio.sleep(period)
+            try:
+                await self.replication_pass()
+            except LeaseFSError as exc:
+                log.warning("replication monitor: %s", exc)
