@@ -66,6 +66,7 @@ from functools import partial
 import trio
 
 from fs import blocktoken, nodeauth, paths
+from fs import tls as tlsmod
 from fs.blocktoken import READ as READ_TOKEN, KeyRing
 from fs.config import Config
 from fs.errors import AlreadyBeingCreated, InternalError, TryAgain, LeaseFSError, ServerUnavailable
@@ -816,6 +817,12 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
                 nodeauth.key_path(config.cluster_key_file, data_dir))
             server.block_keys = KeyRing(config.block_key_interval, config.block_token_lifetime,
                                         server.wall_ns() / 1e9)
+        server_tls = None
+        if config.tls == "on":
+            # the CA and this server's certificate are made (key generation, file writes)
+            # in a worker thread, not on the trio thread
+            server_tls, _ca = await trio.to_thread.run_sync(
+                tlsmod.meta_server_tls, config, data_dir, host)
         server.recover()
         async with trio.open_nursery() as nursery:
             await nursery.start(server.journal.run)
@@ -826,7 +833,8 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
             handler = partial(_serve_connection, server, budget)
             bound = await nursery.start(partial(
                 serve_tcp, handler, host, port, name="metadata server",
-                limits=ConnectionLimits.from_config(config), refusal=rpc_refusal))
+                limits=ConnectionLimits.from_config(config), refusal=rpc_refusal,
+                tls=server_tls))
             if http_port:
                 from .status_http import serve_status
                 await nursery.start(partial(serve_status, server, host, http_port))

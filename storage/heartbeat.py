@@ -51,6 +51,7 @@ import secrets
 import trio
 
 from fs import blocktoken, nodeauth
+from fs import tls as tlsmod
 from fs.config import Config
 from fs.errors import AuthenticationFailed, ChecksumError, LeaseFSError, ServerUnavailable
 from fs.rpc import RpcClient
@@ -199,7 +200,8 @@ class HeartbeatService:
                              timeout=self.config.rpc_timeout, retry_seconds=0,
                              connect_timeout=min(5.0, self.config.rpc_timeout),
                              max_frame=self.config.max_frame,
-                             authenticate=self._authenticate if self._key else None) as rpc:
+                             authenticate=self._authenticate if self._key else None,
+                             tls=tlsmod.client(self.config)) as rpc:
             self._rpc = rpc
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
