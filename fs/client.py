@@ -33,7 +33,8 @@ from dataclasses import dataclass, fields
 import trio
 
 from . import paths
-from .config import Config, find_meta_address
+from . import tls as tlsmod
+from .config import Config, cluster_client_settings, find_meta_address
 from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, SafeMode,
                      ServerUnavailable, TryAgain, sole_exception)
 from .renewer import LeaseRenewer
@@ -197,7 +198,8 @@ def meta_connection(meta_address: str | None = None, *, config: Config | None = 
         # a restarting metadata server (safe mode) or a request whose path kept moving
         # under it: wait and send it again, as HDFS does
         retry_errors=(SafeMode, TryAgain), user=user, groups=groups,
-        sync_metadata=config.sync_metadata, **authentication(config, address))
+        sync_metadata=config.sync_metadata, tls=tlsmod.client(config),
+        **authentication(config, address))
 
 
 def authentication(config: Config, address: str) -> dict:
@@ -219,7 +221,11 @@ class AsyncClient:
     def __init__(self, meta_address: str | None = None, *, config: Config | None = None,
                  client_name: str | None = None, user: str | None = None,
                  groups: list[str] | None = None, rpc: RpcClient | None = None):
-        self.config = config if config is not None else Config.load()
+        if config is None:   # the embedded cluster it finds brings its TLS settings
+            config = Config().replace(**{
+                **(cluster_client_settings() if meta_address is None and rpc is None else {}),
+                **Config.chosen()})
+        self.config = config
         self.client_name = client_name or f"leasefs-client-{uuid.uuid4().hex}"
         if rpc is not None:
             if (user is not None and user != rpc.user) or \
@@ -234,6 +240,9 @@ class AsyncClient:
             current_groups() if groups is None else list(groups), "client identity")
         self.groups = list(identity_groups)
         self._shared_rpc = rpc
+        # tls = on: how data connections (and a connection of its own to the metadata
+        # server) verify servers; None when off
+        self.tls = tlsmod.client(self.config)
         self.server_defaults: dict = {}
         self.rpc: RpcClient | None = None
         self._stack: contextlib.AsyncExitStack | None = None

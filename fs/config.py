@@ -135,6 +135,18 @@ class Config:
     delegation_token_max_lifetime: float = _s(
         7 * 86400.0, "seconds after its issue no renewal extends a delegation token past "
         "(HDFS dfs.namenode.delegation.token.max-lifetime)")
+    tls: str = _s("off", "on: RPC and data transfer run over TLS (1.2 at least, 1.3 preferred); "
+                  "servers serve only TLS, clients verify the server's certificate against "
+                  "tls_ca_file and the address they connect to; off: plaintext, as HDFS by "
+                  "default (measured cost in README \"Security\")")
+    tls_ca_file: str = _s("", "CA certificate clients and block servers verify servers "
+                          "with (default for the metadata server: <data>/tls/ca.crt, which it "
+                          "creates; leasefs cluster up sets it for its block servers, and "
+                          "clients that find the cluster through its cluster.json use it)")
+    tls_cert_file: str = _s("", "this server's certificate (PEM, chain first to last); the "
+                            "metadata server issues <data>/tls/meta.crt from its CA when "
+                            "unset, leasefs cluster up issues one per block server")
+    tls_key_file: str = _s("", "private key of tls_cert_file (PEM, mode 0600)")
     block_key_interval: float = _s(36000.0, "seconds between two block keys of the metadata "
                                    "server (HDFS dfs.block.access.key.update.interval)")
     block_token_lifetime: float = _s(36000.0, "seconds a block access token stays valid "
@@ -256,6 +268,8 @@ class Config:
         for key, allowed in CHOICES.items():   # any case and spacing, stored canonical
             if key in values and values[key] is not None:
                 choice = str(values[key]).strip().lower()
+                # an on/off choice also takes TOML booleans and the usual spellings
+                choice = ON_OFF.get(choice, choice) if "on" in allowed else choice
                 if choice not in allowed:
                     raise InvalidArgument(f"setting {key}: {values[key]!r} is not one of "
                                           f"{', '.join(allowed)}")
@@ -282,7 +296,11 @@ class Config:
 
 
 CHOICES = {"namespace_lock": ("fine", "global"), "security": ("secure", "simple"),
+           "tls": ("off", "on"),
            "replace_datanode_on_failure": ("never", "default", "always")}
+
+
+ON_OFF = {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}
 
 
 def describe() -> list[tuple[str, object, str]]:
@@ -294,6 +312,27 @@ def default_home(env: dict | None = None) -> str:
     """Where ``leasefs cluster up`` keeps data and its state file (``LEASEFS_HOME``)."""
     env = os.environ if env is None else env
     return env.get("LEASEFS_HOME") or os.path.join(os.path.expanduser("~"), ".leasefs")
+
+
+def cluster_client_settings(explicit: str | None = None, env: dict | None = None) -> dict:
+    """What a client needs besides the address to talk to the embedded cluster it finds
+    through ``<home>/cluster.json`` (only then: an address given by ``--meta`` or
+    ``LEASEFS_META`` names another cluster): ``tls`` and ``tls_ca_file`` when that cluster
+    runs with TLS. Applied under the settings the caller chose itself."""
+    import json
+
+    env = os.environ if env is None else env
+    if explicit or env.get("LEASEFS_META"):
+        return {}
+    try:
+        with open(os.path.join(default_home(env), "cluster.json")) as fh:
+            state = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(state, dict) or not state.get("meta_address") \
+            or not state.get("tls_ca_file"):
+        return {}
+    return {"tls": "on", "tls_ca_file": state["tls_ca_file"]}
 
 
 def find_meta_address(explicit: str | None = None, env: dict | None = None) -> str:

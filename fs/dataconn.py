@@ -33,11 +33,14 @@ def node_name(node: dict) -> str:
     return f"{node.get('address', '?')} ({node.get('node_id', '?')})"
 
 
-async def open_data_connection(address: str, timeout: float, max_frame: int) -> FramedStream:
+async def open_data_connection(address: str, timeout: float, max_frame: int,
+                               tls=None) -> FramedStream:
+    """A framed data connection to the block server at ``address``; with ``tls``
+    (``fs.tls.ClientTls``) over TLS, its certificate verified (``TlsError`` if not)."""
     host, port = parse_address(address)
     try:
         with trio.fail_after(timeout):
-            stream = await connect_tcp(host, port)
+            stream = await connect_tcp(host, port, tls)
     except (OSError, trio.TooSlowError) as exc:
         raise ServerUnavailable(f"cannot connect to block server {address}: "
                                 f"{exc or 'connect timed out'}") from None

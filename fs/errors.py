@@ -149,6 +149,13 @@ class AuthenticationRequired(AuthenticationFailed):
     """A call on a connection that has not authenticated yet (security = secure)."""
 
 
+class TlsError(LeaseFSError):
+    """TLS could not be set up with a peer (tls = on): its certificate is not trusted, one
+    side speaks TLS and the other does not, a certificate or key file is missing or bad.
+    Not retried: trying again meets the same setting."""
+    errno = _errno.EPROTO
+
+
 class SafeMode(LeaseFSError):
     """The metadata server is in safe mode: reads only."""
     errno = _errno.EROFS

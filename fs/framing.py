@@ -27,6 +27,15 @@ from .errors import FrameTooLarge, ProtocolError, ServerUnavailable
 LENGTH = struct.Struct(">I")
 DEFAULT_MAX_FRAME = 64 << 20
 _RECEIVE_CHUNK = 1 << 20
+# most bytes asked of a TLS stream at once: ``SSLObject.read(n)`` allocates all ``n`` and
+# hands back one 16 KiB record, so asking for 1 MiB cost a third of the throughput (loopback,
+# measured: 500 MB/s at 1 MiB, 730 at 64 KiB, 650 at 16 KiB)
+_TLS_RECEIVE_CHUNK = 64 << 10
+
+
+def receive_limit(stream) -> int:
+    """The most bytes one ``receive_some`` on ``stream`` should ask for."""
+    return _TLS_RECEIVE_CHUNK if isinstance(stream, trio.SSLStream) else 1 << 62
 
 
 _local = threading.local()
@@ -87,6 +96,15 @@ def brief(obj, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def too_large(length: int, max_frame: int) -> FrameTooLarge:
+    """The error for a frame length above the maximum; one whose bytes open a TLS record
+    (0x16 0x03: a handshake) says so, since that is a peer with tls = on at a plaintext
+    port, not a huge frame."""
+    if length >> 16 == 0x1603:
+        return FrameTooLarge("the peer started a TLS handshake, but this server has tls = off")
+    return FrameTooLarge(f"frame of {length} bytes exceeds the maximum of {max_frame} bytes")
+
+
 def encode_frame(obj) -> bytes:
     body = packb(obj)
     return LENGTH.pack(len(body)) + body
@@ -99,11 +117,13 @@ class FramedStream:
         self.stream = stream
         self.max_frame = max_frame
         self._buf = bytearray()
+        self._limit = receive_limit(stream)
 
     async def _fill(self, need: int) -> None:
         while len(self._buf) < need:
             try:
-                chunk = await self.stream.receive_some(max(_RECEIVE_CHUNK, need - len(self._buf)))
+                chunk = await self.stream.receive_some(
+                    min(self._limit, max(_RECEIVE_CHUNK, need - len(self._buf))))
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 raise ServerUnavailable(f"connection lost: {exc}") from None
             if not chunk:
@@ -119,7 +139,7 @@ class FramedStream:
             parts, got = [], 0
             while got < n:
                 try:
-                    chunk = await self.stream.receive_some(n - got)
+                    chunk = await self.stream.receive_some(min(self._limit, n - got))
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     raise ServerUnavailable(f"connection lost: {exc}") from None
                 if not chunk:
@@ -137,8 +157,7 @@ class FramedStream:
         await self._fill(4)
         (length,) = LENGTH.unpack_from(self._buf)
         if length > self.max_frame:
-            raise FrameTooLarge(
-                f"frame of {length} bytes exceeds the maximum of {self.max_frame} bytes")
+            raise too_large(length, self.max_frame)
         del self._buf[:4]
         try:
             body = await self.receive_exactly(length)
@@ -274,8 +293,7 @@ class FrameChannel:
             while end - pos >= 4 and (limit is None or len(frames) < limit):
                 (length,) = LENGTH.unpack_from(buf, pos)
                 if length > self.max_frame:
-                    raise FrameTooLarge(f"frame of {length} bytes exceeds the maximum of "
-                                        f"{self.max_frame} bytes")
+                    raise too_large(length, self.max_frame)
                 if end - pos - 4 < length:
                     self._want = 4 + length - (end - pos)
                     self._frame_size = 4 + length
@@ -354,7 +372,7 @@ class FrameChannel:
 
     async def _receive_some(self, n: int) -> bytes:
         try:
-            return await self.stream.receive_some(n)
+            return await self.stream.receive_some(min(n, receive_limit(self.stream)))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise ServerUnavailable(f"connection lost: {exc}") from None
 

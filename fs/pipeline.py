@@ -84,7 +84,7 @@ class Pipeline:
     async def connect(cls, *, path: str, located: dict, client_name: str,
                       bytes_per_checksum: int, window: int, timeout: float,
                       max_frame: int, min_bytes: int | None = None,
-                      stage: str = PIPELINE_SETUP_APPEND) -> "Pipeline":
+                      stage: str = PIPELINE_SETUP_APPEND, tls=None) -> "Pipeline":
         """WRITE_BLOCK to the first location; ``SetupFailed`` names the first bad node.
         With ``min_bytes`` the stage is PIPELINE_SETUP_APPEND (the nodes reopen their
         replicas of exactly that length under the block's new generation stamp) or
@@ -93,7 +93,7 @@ class Pipeline:
         nodes = located["locations"]
         first = nodes[0]
         try:
-            framed = await open_data_connection(first["address"], timeout, max_frame)
+            framed = await open_data_connection(first["address"], timeout, max_frame, tls)
         except ServerUnavailable as exc:
             raise SetupFailed(first, str(exc)) from None
         header = op_header(WRITE_BLOCK, block=located["block"],
@@ -252,7 +252,7 @@ class Pipeline:
 
 async def write_oneshot(*, path: str, located: dict, client_name: str,
                         bytes_per_checksum: int, data, sums: bytes, timeout: float,
-                        max_frame: int) -> None:
+                        max_frame: int, tls=None) -> None:
     """Write a whole block held in hand with WRITE_BLOCK_ONESHOT (docs/PROTOCOL.md §3) to
     every location at once, each without downstream targets: a block of one packet gains
     nothing from a chain (the client's bandwidth is no concern for it), while each hop of a
@@ -268,7 +268,7 @@ async def write_oneshot(*, path: str, located: dict, client_name: str,
     async def one(index: int, node: dict) -> None:
         try:
             await _oneshot_to(node, path, located["block"], client_name, bytes_per_checksum,
-                              message, timeout, max_frame)
+                              message, timeout, max_frame, tls)
         except SetupFailed as exc:
             failures[index] = exc
 
@@ -281,11 +281,11 @@ async def write_oneshot(*, path: str, located: dict, client_name: str,
 
 async def _oneshot_to(node: dict, path: str, block: dict, client_name: str,
                       bytes_per_checksum: int, message: bytes, timeout: float,
-                      max_frame: int) -> None:
+                      max_frame: int, tls=None) -> None:
     """One node's one-shot write (no downstream); ``SetupFailed`` naming it if it fails."""
     where = f"{path}: block {block['id']}"
     try:
-        framed = await open_data_connection(node["address"], timeout, max_frame)
+        framed = await open_data_connection(node["address"], timeout, max_frame, tls)
     except ServerUnavailable as exc:
         raise SetupFailed(node, str(exc)) from None
     header = op_header(WRITE_BLOCK_ONESHOT, block=block, targets=[], client=client_name,
@@ -324,10 +324,10 @@ class _BadNode(Exception):
 
 
 async def transfer_rbw(source: dict, target: dict, block: dict, *, client_name: str,
-                       timeout: float, max_frame: int) -> None:
+                       timeout: float, max_frame: int, tls=None) -> None:
     """Ask ``source`` to copy ``block`` up to ``block['num_bytes']`` to ``target``
     (TRANSFER_BLOCK stage TRANSFER_RBW, docs/PROTOCOL.md §3); returns once it is done."""
-    framed = await open_data_connection(source["address"], timeout, max_frame)
+    framed = await open_data_connection(source["address"], timeout, max_frame, tls)
     try:
         with trio.fail_after(timeout):
             await framed.send_frame(op_header(TRANSFER_BLOCK, block=block,

@@ -106,8 +106,8 @@ class BlockReader:
 
     @classmethod
     async def connect(cls, block: Block, node: dict, start: int, end: int, *,
-                      timeout: float, max_frame: int) -> "BlockReader":
-        framed = await open_data_connection(node["address"], timeout, max_frame)
+                      timeout: float, max_frame: int, tls=None) -> "BlockReader":
+        framed = await open_data_connection(node["address"], timeout, max_frame, tls)
         try:
             with trio.fail_after(timeout):
                 await framed.send_frame(op_header(READ_BLOCK, **block.op_fields(),
@@ -339,7 +339,7 @@ class AsyncInputStream:
             framed = None
             try:
                 framed = await open_data_connection(node["address"], config.data_timeout,
-                                                    config.max_frame)
+                                                    config.max_frame, self._client.tls)
                 with trio.fail_after(config.data_timeout):
                     await framed.send_frame(op_header(BLOCK_LENGTH, **block.op_fields()))
                     resp = await framed.receive_frame()
@@ -409,7 +409,7 @@ class AsyncInputStream:
                 try:
                     slot.reader = await BlockReader.connect(
                         block, node, off, range_end, timeout=self._client.config.data_timeout,
-                        max_frame=self._client.config.max_frame)
+                        max_frame=self._client.config.max_frame, tls=self._client.tls)
                 except InvalidToken as exc:
                     # expired (or made with a key the metadata server has since replaced):
                     # fresh locations bring fresh tokens; the replica is not to blame

@@ -54,6 +54,7 @@ import outcome
 import trio
 
 from . import delegation, errors, nodeauth
+from . import tls as tlsmod
 from .config import DEFAULT_LOCAL_SOCKET
 from .errors import (InternalError, InvalidArgument, LeaseFSError, ProtocolError,
                      RpcTimeout, ServerUnavailable, UnknownMethod)
@@ -226,10 +227,20 @@ def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]
     return host.strip("[]") or "127.0.0.1", port_no
 
 
-async def connect_tcp(host: str, port: int) -> trio.SocketStream:
-    """A TCP stream to ``host:port``. A literal IP address is connected directly: trio's
-    ``open_tcp_stream`` (resolution, happy eyeballs in a nursery of its own) costs about
-    three times the CPU, and data connections are opened per block."""
+async def connect_tcp(host: str, port: int, tls=None) -> trio.abc.Stream:
+    """A TCP stream to ``host:port``; with ``tls`` (an ``fs.tls.ClientTls``, None when the
+    setting is off) a ``trio.SSLStream`` over it whose handshake verified the server's
+    certificate for ``host`` (``TlsError`` if not; see ``fs.tls.connect``). A literal IP
+    address is connected directly: trio's ``open_tcp_stream`` (resolution, happy eyeballs in
+    a nursery of its own) costs about three times the CPU, and data connections are opened
+    per block."""
+    stream = await _connect_plain(host, port)
+    if tls is None:
+        return stream
+    return await tlsmod.connect(stream, tls, host, format_address((host, port)))
+
+
+async def _connect_plain(host: str, port: int) -> trio.SocketStream:
     for family in (socket.AF_INET, socket.AF_INET6):
         try:
             socket.inet_pton(family, host)
@@ -317,7 +328,7 @@ class RpcClient:
                  retry_errors: tuple[type[LeaseFSError], ...] = (),
                  user: str | None = None, groups=None, sync_metadata: bool = True,
                  authenticate=None, local_socket: str | None = DEFAULT_LOCAL_SOCKET,
-                 token=None):
+                 token=None, tls=None):
         self.address = parse_address(address)
         # the server's local socket (``local_socket_address``), tried before TCP: there the
         # kernel tells the server who we are; by default the default ``meta_socket`` of a
@@ -326,6 +337,9 @@ class RpcClient:
                              if local_socket == DEFAULT_LOCAL_SOCKET else local_socket)
         # a ``fs.delegation.TokenFile`` that authenticates a TCP connection
         self.token = token
+        # ``fs.tls.ClientTls`` (tls = on): every TCP connection is TLS, the server's
+        # certificate verified for the host of ``address``
+        self.tls = tls
         # ``async authenticate(call)`` runs on every new connection before any other call
         # goes on it; ``call(method, args)`` calls on that connection (fs.nodeauth)
         self.authenticate = authenticate
@@ -385,7 +399,7 @@ class RpcClient:
                 return self._conn
             if self._closed:
                 raise ServerUnavailable("RPC client is closed")
-            stream = await self._open_stream()
+            stream, local = await self._open_stream()
             channel = FrameChannel(stream, self._nursery, self.max_frame)
             channel.send_nowait({"hello": "leasefs", "version": PROTOCOL_VERSION,
                                  "client_id": self.client_id, "user": self.user,
@@ -393,8 +407,7 @@ class RpcClient:
             conn = _Connection(channel)
             self._nursery.start_soon(self._reader, conn)
             authenticate = self.authenticate
-            if authenticate is None and self.token is not None \
-                    and not isinstance(stream.socket.getsockname(), (str, bytes)):
+            if authenticate is None and self.token is not None and not local:
                 authenticate = self._token_authenticate
             if authenticate is not None:
                 try:
@@ -415,24 +428,35 @@ class RpcClient:
             self._conn = conn
             return conn
 
-    async def _open_stream(self) -> trio.SocketStream:
-        """The local socket when there is one and it answers, else TCP."""
+    async def _open_stream(self) -> tuple[trio.abc.Stream, bool]:
+        """``(stream, local)``: the local socket when there is one and it answers, else TCP
+        (TLS over it when ``self.tls``)."""
         if self.local_socket:
             sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 with trio.fail_after(self.connect_timeout):
                     await sock.connect(local_socket_address(self.local_socket))
-                return trio.SocketStream(sock)
+                return trio.SocketStream(sock), True
             except (OSError, trio.TooSlowError):
                 sock.close()   # no local server (another machine's, or an older one): TCP
         host, port = self.address
         try:
             with trio.fail_after(self.connect_timeout):
-                return await trio.open_tcp_stream(host, port)
+                stream = await trio.open_tcp_stream(host, port)
         except (OSError, trio.TooSlowError) as exc:
             raise ServerUnavailable(
                 f"cannot reach {format_address(self.address)}: {exc or 'connect timed out'}"
             ) from None
+        if self.tls is not None:
+            try:
+                with trio.fail_after(self.connect_timeout):
+                    stream = await tlsmod.connect(stream, self.tls, host,
+                                                  format_address(self.address))
+            except trio.TooSlowError:
+                raise ServerUnavailable(f"TLS handshake with {format_address(self.address)}"
+                                        f": no answer within {self.connect_timeout:g} s "
+                                        f"(does it serve TLS?)") from None
+        return stream, False
 
     async def _token_authenticate(self, call) -> None:
         """``fs.delegation`` steps 2-3 with ``self.token``; ``AuthenticationFailed`` when the
@@ -474,6 +498,8 @@ class RpcClient:
                     waiter.resolve(bool(ok), value)
         except EOFError:
             conn.fail_all(ServerUnavailable(f"{format_address(self.address)} closed the connection"))
+        except errors.TlsError as exc:   # trying again meets the same setting: final
+            conn.fail_all(errors.TlsError(f"{format_address(self.address)}: {exc}"))
         except LeaseFSError as exc:
             conn.fail_all(exc if isinstance(exc, ServerUnavailable)
                           else ServerUnavailable(f"{format_address(self.address)}: {exc}"))
@@ -901,17 +927,28 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
 
 async def serve_tcp(handler, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED,
                     name: str = "server", limits: ConnectionLimits | None = None,
-                    refusal=None):
+                    refusal=None, tls=None):
     """Listen on ``host:port`` (0 = any free port), report the bound address through
     ``task_status.started((host, port))`` and run ``handler(stream, peer)`` per connection.
 
     With ``limits``, a connection beyond them is refused: ``refusal(reason)`` (the frame
     that tells the peer why, in the server's protocol) is sent best-effort, the connection
-    is closed and the refusal logged (``RefusalLog``: once per peer, then counted)."""
+    is closed and the refusal logged (``RefusalLog``: once per peer, then counted).
+
+    With ``tls`` (``fs.tls.ServerTls``) every connection must open with a TLS handshake,
+    done before ``handler`` gets the ``trio.SSLStream``; a peer without TLS gets
+    ``refusal(reason, TlsError)`` in plaintext, one whose handshake fails or stalls a
+    logged refusal (``fs.tls.accept``). A refusal for the limits then goes over TLS."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[:2]
     log.info("%s listening on %s", name, format_address(bound))
     refusals = RefusalLog(log)
+    if tls is not None:
+        # what a peer without TLS is told, in plaintext, in the server's protocol
+        not_tls = encode_frame(refusal(
+            f"{name} at {format_address(bound)} speaks TLS only (tls = on there); set "
+            f"tls = on and tls_ca_file to the cluster's CA certificate",
+            errors.TlsError)) if refusal is not None else b""
 
     async def per_connection(stream):
         try:
@@ -924,9 +961,15 @@ async def serve_tcp(handler, host: str, port: int, *, task_status=trio.TASK_STAT
             if why is not None:
                 refusals.refused(peer_host, "connections",
                                  f"{name}: refusing a connection from {peer}: {why}")
-                await _refuse(stream, refusal(why) if refusal is not None else None)
+                await _refuse(stream, refusal(why) if refusal is not None else None, tls,
+                              peer, name, refusals)
                 return
         try:
+            if tls is not None:
+                secured = await tlsmod.accept(stream, tls, peer, name, refusals, not_tls)
+                if secured is None:
+                    return
+                stream = secured
             await handler(stream, peer)
         except Exception:
             log.exception("%s: connection handler from %s failed", name, peer)
@@ -1004,13 +1047,38 @@ async def serve_local(handler, name: str, *, task_status=trio.TASK_STATUS_IGNORE
                 pass
 
 
-def rpc_refusal(why: str) -> list:
-    """The frame a refused RPC connection gets: a connection-level ``ServerBusy``."""
-    return [None, False, errors.ServerBusy(f"connection refused: {why}").to_wire()]
+def rpc_refusal(why: str, kind=errors.ServerBusy) -> list:
+    """The frame a refused RPC connection gets: a connection-level ``ServerBusy`` (or
+    ``kind``: ``TlsError`` for a peer without TLS at a TLS port)."""
+    prefix = "connection refused: " if kind is errors.ServerBusy else ""
+    return [None, False, kind(f"{prefix}{why}").to_wire()]
 
 
-async def _refuse(stream: trio.SocketStream, frame) -> None:
-    """Tell a refused peer why (one frame, without waiting for a slow reader) and close."""
+#: seconds a refused peer of a TLS server gets to finish the handshake that carries the
+#: refusal (without TLS the refusal is one write that never waits)
+TLS_REFUSAL_TIMEOUT = 2.0
+
+
+async def _refuse(stream: trio.SocketStream, frame, tls=None, peer: str = "?",
+                  name: str = "server", refusals=None) -> None:
+    """Tell a refused peer why (one frame, without waiting for a slow reader) and close.
+    Under TLS the frame must go through a handshake (bounded by ``TLS_REFUSAL_TIMEOUT``);
+    the raw socket write is only for plaintext."""
+    if tls is not None:
+        quick = tlsmod.ServerTls(tls.context, timeout=TLS_REFUSAL_TIMEOUT)
+        secured = await tlsmod.accept(stream, quick, peer, name, refusals or RefusalLog(log),
+                                      b"" if frame is None else encode_frame(frame))
+        if secured is None:
+            return
+        with trio.move_on_after(TLS_REFUSAL_TIMEOUT):
+            try:
+                if frame is not None:
+                    await secured.send_all(encode_frame(frame))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+        with trio.CancelScope(shield=True):
+            await secured.aclose()
+        return
     try:
         if frame is not None:
             os.write(stream.socket.fileno(), encode_frame(frame))

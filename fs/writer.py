@@ -431,7 +431,7 @@ class AsyncOutputStream:
                 path=self.path, located={**located, "locations": nodes},
                 client_name=client.client_name, bytes_per_checksum=self.bytes_per_checksum,
                 window=self.window, timeout=client.config.data_timeout,
-                max_frame=client.config.max_frame, min_bytes=min_bytes)
+                max_frame=client.config.max_frame, min_bytes=min_bytes, tls=client.tls)
         except SetupFailed as exc:
             # HDFS setupPipelineForAppendOrRecovery: the failed node is dropped and every
             # retry takes a new stamp (a node that reopened its replica under the append's
@@ -468,7 +468,8 @@ class AsyncOutputStream:
                 try:
                     reader = await BlockReader.connect(block, node, start, min_bytes,
                                                        timeout=config.data_timeout,
-                                                       max_frame=config.max_frame)
+                                                       max_frame=config.max_frame,
+                                                       tls=self._client.tls)
                     if reader.bytes_per_checksum != bpc:
                         bpc = reader.bytes_per_checksum
                         continue
@@ -545,7 +546,8 @@ class AsyncOutputStream:
                 pipeline = await Pipeline.connect(
                     path=self.path, located=located, client_name=client.client_name,
                     bytes_per_checksum=self.bytes_per_checksum, window=self.window,
-                    timeout=client.config.data_timeout, max_frame=client.config.max_frame)
+                    timeout=client.config.data_timeout, max_frame=client.config.max_frame,
+                    tls=client.tls)
             except SetupFailed as exc:
                 await self._abandon_block(located, exc, excluded, failures)
                 continue
@@ -614,7 +616,7 @@ class AsyncOutputStream:
                 await write_oneshot(
                     path=self.path, located=located, client_name=client.client_name,
                     bytes_per_checksum=self.bytes_per_checksum, data=data, sums=sums,
-                    timeout=config.data_timeout, max_frame=config.max_frame)
+                    timeout=config.data_timeout, max_frame=config.max_frame, tls=client.tls)
             except SetupFailed as exc:
                 await self._abandon_block(located, exc, excluded, failures)
                 continue
@@ -806,7 +808,7 @@ class AsyncOutputStream:
                     path=self.path, located={"block": new_block, "locations": nodes},
                     client_name=client.client_name, bytes_per_checksum=self.bytes_per_checksum,
                     window=self.window, timeout=config.data_timeout, max_frame=config.max_frame,
-                    min_bytes=acked, stage=PIPELINE_SETUP_STREAMING_RECOVERY)
+                    min_bytes=acked, stage=PIPELINE_SETUP_STREAMING_RECOVERY, tls=client.tls)
             except SetupFailed as exc:
                 cause = PipelineError(f"{where}: recovery setup failed: {exc.reason}")
                 bad_index = next((i for i, n in enumerate(nodes)
@@ -847,7 +849,8 @@ class AsyncOutputStream:
         for source in nodes:
             try:
                 await transfer_rbw(source, target, copy, client_name=client.client_name,
-                                   timeout=config.data_timeout, max_frame=config.max_frame)
+                                   timeout=config.data_timeout, max_frame=config.max_frame,
+                                   tls=client.tls)
             except IO_ERRORS as exc:
                 failures.append(f"from {node_name(source)}: {exc or type(exc).__name__}")
                 continue

@@ -66,6 +66,7 @@ from functools import partial
 import trio
 
 from fs import blocktoken, nodeauth, paths
+from fs import tls as tlsmod
 from fs.blocktoken import READ as READ_TOKEN, KeyRing
 from fs.config import Config
 from fs.errors import AlreadyBeingCreated, InternalError, TryAgain, LeaseFSError, ServerUnavailable
@@ -717,6 +718,12 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
                 nodeauth.key_path(config.cluster_key_file, data_dir))
             server.block_keys = KeyRing(config.block_key_interval, config.block_token_lifetime,
                                         server.wall_ns() / 1e9)
+        server_tls = None
+        if config.tls == "on":
+            # the CA and this server's certificate are made (key generation, file writes)
+            # in a worker thread, not on the trio thread
+            server_tls, _ca = await trio.to_thread.run_sync(
+                tlsmod.meta_server_tls, config, data_dir, host)
         server.recover()
         async with trio.open_nursery() as nursery:
             await nursery.start(server.journal.run)
@@ -729,7 +736,8 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
             limits = ConnectionLimits.from_config(config)
             bound = await nursery.start(partial(
                 serve_tcp, handler, host, port, name="metadata server", limits=limits,
-                refusal=rpc_refusal))
+                refusal=rpc_refusal, tls=server_tls))
+            # local clients need no TLS: nothing of theirs leaves the machine
             local = local_socket_name(config.meta_socket, bound, server=True)
             if local:
                 await nursery.start(partial(

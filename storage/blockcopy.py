@@ -23,6 +23,7 @@ import logging
 
 import trio
 
+from fs import tls as tlsmod
 from fs.config import Config
 from fs.datatransfer import (CHECKSUM_SIZE, FLAG_LAST, PIPELINE_SETUP_CREATE, SUCCESS, WRITE_BLOCK,
                              crc32c, op_header, receive_ack, send_packet, verify_checksums)
@@ -71,8 +72,8 @@ async def send_replica(config: Config, store: ReplicaStore, reader, block_id: in
     timeout = config.data_timeout
     try:
         with trio.fail_after(min(10.0, timeout)):
-            stream = await connect_tcp(host, port)
-    except (OSError, trio.TooSlowError) as exc:
+            stream = await connect_tcp(host, port, tlsmod.client(config))
+    except (OSError, LeaseFSError, trio.TooSlowError) as exc:   # LeaseFSError: TLS
         raise ServerUnavailable(f"copy of blk_{block_id}: cannot connect to "
                                 f"{targets[0]}: {exc or 'timed out'}") from None
     framed = FramedStream(stream, HEADER_MAX_FRAME)

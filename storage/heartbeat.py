@@ -51,6 +51,7 @@ import secrets
 import trio
 
 from fs import blocktoken, nodeauth
+from fs import tls as tlsmod
 from fs.config import Config
 from fs.errors import AuthenticationFailed, ChecksumError, LeaseFSError, ServerUnavailable
 from fs.rpc import RpcClient
@@ -201,7 +202,7 @@ class HeartbeatService:
                              max_frame=self.config.max_frame,
                              authenticate=self._authenticate if self._key else None,
                              # a node proves itself with the cluster key, not as a local user
-                             local_socket=None) as rpc:
+                             local_socket=None, tls=tlsmod.client(self.config)) as rpc:
             self._rpc = rpc
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

@@ -39,6 +39,7 @@ import trio
 from fs.datatransfer import (ACK_HEADER, CHECKSUM_SIZE, ERROR, ERROR_CHECKSUM, FLAG_LAST,
                              MAX_PACKET_DATA, PACKET_HEADER, SUCCESS, WRITE_BLOCK_ONESHOT,
                              encode_ack, num_chunks, verify_checksums)
+from fs import tls as tlsmod
 from fs.errors import ChecksumError, LeaseFSError, ProtocolError, ServerBusy
 from fs.framing import FramedStream, encode_frame
 from fs.rpc import connect_tcp, parse_address
@@ -144,8 +145,8 @@ async def _forward(config, header: dict, targets: list[str], packet: bytes,
     host, port = parse_address(targets[0])
     try:
         with trio.fail_after(min(CONNECT_TIMEOUT, config.data_timeout)):
-            stream = await connect_tcp(host, port)
-    except (OSError, trio.TooSlowError) as exc:
+            stream = await connect_tcp(host, port, tlsmod.client(config))
+    except (OSError, LeaseFSError, trio.TooSlowError) as exc:   # LeaseFSError: TLS
         log.warning("%s %s: cannot connect to the downstream %s: %s", OP, name, targets[0],
                     str(exc) or "timed out")
         return None

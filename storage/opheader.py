@@ -70,6 +70,9 @@ def error_response(exc: LeaseFSError, **extra) -> dict:
             "error": exc.to_wire(), **extra}
 
 
-def refusal_response(why: str) -> dict:
-    """The response a refused data-transfer connection gets instead of its op's."""
-    return error_response(ServerBusy(f"connection refused: {why}"), first_bad_link="")
+def refusal_response(why: str, kind=ServerBusy) -> dict:
+    """The response a refused data-transfer connection gets instead of its op's: ``kind``
+    is ``ServerBusy`` for the connection limits, ``TlsError`` for a peer without TLS at a
+    TLS port."""
+    prefix = "connection refused: " if kind is ServerBusy else ""
+    return error_response(kind(f"{prefix}{why}"), first_bad_link="")

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import trio
 
 from fs import nodeauth
+from fs import tls as tlsmod
 from fs.config import Config
 from fs.datatransfer import op_header
 from fs.errors import (InvalidArgument, LeaseFSError, ProtocolError, ReplicaNotFound,
@@ -133,13 +134,13 @@ def replica_wire(replica: Replica, state: ReplicaState | None = None) -> dict:
             "state": (state or replica.state).value}
 
 
-async def call_recovery_op(address: str, header: dict, timeout: float) -> dict:
+async def call_recovery_op(address: str, header: dict, timeout: float, tls=None) -> dict:
     """Send one recovery op to a block server and return its ``replica`` map; the remote
-    error is raised as its own ``LeaseFSError`` class."""
+    error is raised as its own ``LeaseFSError`` class. ``tls``: ``fs.tls.client(config)``."""
     host, port = parse_address(address)
     try:
         with trio.fail_after(timeout):
-            stream = await connect_tcp(host, port)
+            stream = await connect_tcp(host, port, tls)
             framed = FramedStream(stream, _MAX_FRAME)
             try:
                 await framed.send_frame(header)
@@ -257,7 +258,8 @@ class BlockRecoveryWorker:
                 else:
                     wire = await call_recovery_op(target.address, self._signed(op_header(
                         INIT_REPLICA_RECOVERY, block={"id": block_id, "gs": gs},
-                        recovery_id=recovery_id)), self.config.data_timeout)
+                        recovery_id=recovery_id)), self.config.data_timeout,
+                        tlsmod.client(self.config))
                 infos.append(ReplicaRecoveryInfo(target.node_id, wire["num_bytes"], wire["gs"],
                                                  ReplicaState(wire["state"]), target.address))
             except (LeaseFSError, ValueError) as exc:
@@ -287,7 +289,7 @@ class BlockRecoveryWorker:
                     await call_recovery_op(info.address, self._signed(op_header(
                         UPDATE_REPLICA_UNDER_RECOVERY, block={"id": block_id, "gs": gs},
                         recovery_id=recovery_id, new_length=decision.length)),
-                        self.config.data_timeout)
+                        self.config.data_timeout, tlsmod.client(self.config))
                 done.append(info.node_id)
             except LeaseFSError as exc:
                 log.info("block recovery %d: UPDATE on %s failed, left out: %s", recovery_id,

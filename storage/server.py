@@ -22,6 +22,7 @@ from functools import partial
 import trio
 
 from fs import nodeauth
+from fs import tls as tlsmod
 from fs.config import Config
 from fs.limits import ConnectionLimits
 from fs.rpc import format_address, serve_tcp
@@ -60,13 +61,19 @@ class BlockServer:
 
     async def run(self, host: str = "127.0.0.1", port: int = 9866,
                   task_status=trio.TASK_STATUS_IGNORED) -> None:
+        server_tls = None
+        if self.config.tls == "on":
+            # certificate, key and CA are read in a worker thread; a missing or bad one stops
+            # the start with one line naming it, not a server every peer fails to reach
+            server_tls = await trio.to_thread.run_sync(tlsmod.block_server_tls, self.config)
+            await tlsmod.client(self.config).context()
         await self.store.open()
         try:
             async with trio.open_nursery() as nursery:
                 self.bound = await nursery.start(partial(
                     serve_tcp, self.transfer.handle, host, port, name="block server",
                     limits=ConnectionLimits.from_config(self.config),
-                    refusal=refusal_response))
+                    refusal=refusal_response, tls=server_tls))
                 self.advertised = format_address((self.config.storage_advertise_host,
                                                   self.bound[1]))
                 task_status.started(self.bound)

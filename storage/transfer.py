@@ -64,6 +64,7 @@ from dataclasses import dataclass
 import trio
 
 from fs import blocktoken, nodeauth
+from fs import tls as tlsmod
 from fs.config import Config
 from fs.datatransfer import (BLOCK_LENGTH, CHECKSUM_SIZE, DATA_TRANSFER_VERSION, ERROR,
                              ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA, PACKET_HEADER,
@@ -561,8 +562,8 @@ class DataTransferServer:
         host, port = parse_address(target)
         try:
             with trio.fail_after(min(CONNECT_TIMEOUT, self.config.data_timeout)):
-                stream = await connect_tcp(host, port)
-        except (OSError, trio.TooSlowError) as exc:
+                stream = await connect_tcp(host, port, tlsmod.client(self.config))
+        except (OSError, LeaseFSError, trio.TooSlowError) as exc:   # LeaseFSError: TLS
             return None, (f"cannot connect: {str(exc) or 'timed out'}", target)
         framed = FramedStream(stream, HEADER_MAX_FRAME)
         try:

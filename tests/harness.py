@@ -30,6 +30,7 @@ import pytest
 import trio
 
 from fs import nodeauth
+from fs import tls as tlsmod
 from fs.config import Config
 from fs.rpc import RpcClient, format_address
 
@@ -72,11 +73,15 @@ def free_port() -> int:
     raise RuntimeError("no free port below the ephemeral range")
 
 
-async def wait_cluster_ready(meta_address: str, n_live: int, timeout: float = 30.0) -> dict:
-    """Poll ``report`` until ``n_live`` block servers are live and safe mode is off."""
+async def wait_cluster_ready(meta_address: str, n_live: int, timeout: float = 30.0,
+                             config: Config | None = None) -> dict:
+    """Poll ``report`` until ``n_live`` block servers are live and safe mode is off
+    (``config``: the cluster's, for its TLS settings)."""
     deadline = trio.current_time() + timeout
     last = None
-    async with RpcClient(meta_address, "harness-probe", retry_seconds=1.0, timeout=5.0) as rpc:
+    tls = tlsmod.client(config) if config is not None else None
+    async with RpcClient(meta_address, "harness-probe", retry_seconds=1.0, timeout=5.0,
+                         tls=tls) as rpc:
         while trio.current_time() < deadline:
             try:
                 last = await rpc.call("report", {}, retry_seconds=0.5)
@@ -130,6 +135,11 @@ class InProcessCluster:
     async def start_meta(self):
         from meta.server import run_meta_server
 
+        if self.config.tls == "on" and not self.config.tls_ca_file:
+            # the CA the metadata server would make, made first so every config names it
+            ca = await trio.to_thread.run_sync(tlsmod.ensure_ca, self.meta_dir)
+            self.config = self.config.replace(tls_ca_file=ca)
+
         self.meta = await self._start(run_meta_server, config=self.config,
                                       data_dir=str(self.meta_dir), host="127.0.0.1",
                                       port=self._meta_port)
@@ -145,6 +155,10 @@ class InProcessCluster:
         # the key the metadata server made (security = secure)
         config = self.config.replace(cluster_key_file=nodeauth.key_path(
             self.config.cluster_key_file, self.meta_dir))
+        if config.tls == "on":   # its certificate, issued from the cluster CA
+            config = config.replace(**await trio.to_thread.run_sync(
+                tlsmod.block_server_settings, self.meta_dir, self.storage_dirs[i],
+                tlsmod.default_hosts()))
         task = await self._start(run_block_server, config=config,
                                  data_dir=str(self.storage_dirs[i]),
                                  meta_address=self.meta_address, host="127.0.0.1",
@@ -161,12 +175,25 @@ class InProcessCluster:
 
     async def wait_ready(self, n_live: int | None = None, timeout: float = 30.0) -> dict:
         n = sum(t is not None for t in self.storage) if n_live is None else n_live
-        return await wait_cluster_ready(self.meta_address, n, timeout)
+        return await wait_cluster_ready(self.meta_address, n, timeout, self.config)
 
     def client(self, **kwargs):
         from fs.client import AsyncClient
 
         return AsyncClient(self.meta_address, config=self.config, **kwargs)
+
+    async def remote_config(self, base: Config | None = None) -> Config:
+        """Settings of a client on another machine: no local socket (so TCP, and TLS when
+        on), authenticated with a delegation token of this process's user, fetched here on
+        the local socket."""
+        from fs.delegation import TokenFile, TokenId
+
+        async with self.client() as local:
+            got = await local.rpc.call("get_delegation_token", {})
+        path = self.base / f"remote-{got['id']['seq']}.token"
+        TokenFile(TokenId.from_wire(got["id"]), bytes(got["password"]),
+                  self.meta_address).save(str(path))
+        return (base or self.config).replace(meta_socket="", token_file=str(path))
 
 
 async def recover_until_closed(client, path: str, timeout: float = 20.0) -> list[bool]:
@@ -391,7 +418,14 @@ class ProcessCluster:
     @property
     def env(self) -> dict:
         """Environment for CLI subprocesses that should find this cluster."""
-        return {**self.env_base(), "LEASEFS_META": self.meta_address}
+        tls = ({"LEASEFS_TLS": "on", "LEASEFS_TLS_CA_FILE": self.settings["tls_ca_file"]}
+               if self.settings.get("tls") == "on" else {})
+        return {**self.env_base(), "LEASEFS_META": self.meta_address, **tls}
+
+    def config(self) -> Config:
+        """A client's settings for this cluster (its TLS ones included)."""
+        keep = ("tls", "tls_ca_file")
+        return make_test_config(**{k: v for k, v in self.settings.items() if k in keep})
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         try:
@@ -416,15 +450,23 @@ class ProcessCluster:
         return self
 
     def start_meta(self):
+        if self.settings.get("tls") == "on" and not self.settings.get("tls_ca_file"):
+            # made before the metadata server starts, so every process's settings name it
+            self.settings["tls_ca_file"] = tlsmod.ensure_ca(self.meta_dir())
         self.meta_address = self._spawn("meta", ["meta", "--data", str(self.meta_dir()),
                                                  "--http-port", "0"])
 
     def start_storage(self, i: int):
         # the metadata server made its cluster key at its first start (security = secure)
         key = nodeauth.key_path(self.settings.get("cluster_key_file", ""), self.meta_dir())
+        tls = []
+        if self.settings.get("tls") == "on":
+            for name, value in tlsmod.block_server_settings(
+                    self.meta_dir(), self.storage_dir(i), tlsmod.default_hosts()).items():
+                tls += ["--set", f"{name}={value}"]
         self._spawn(f"storage{i}", ["storage", "--data", str(self.storage_dir(i)),
                                     "--meta", self.meta_address,
-                                    "--set", f"cluster_key_file={key}"])
+                                    "--set", f"cluster_key_file={key}", *tls])
 
     def pid(self, name: str) -> int:
         return self.procs[name].pid
@@ -448,7 +490,7 @@ class ProcessCluster:
 
     def wait_ready(self, n_live: int | None = None, timeout: float = 60.0) -> dict:
         n = self.n_storage if n_live is None else n_live
-        return trio.run(wait_cluster_ready, self.meta_address, n, timeout)
+        return trio.run(wait_cluster_ready, self.meta_address, n, timeout, self.config())
 
     def stop(self):
         for name in list(self.procs):
@@ -463,7 +505,7 @@ class ProcessCluster:
     def client(self):
         from fs.client import Client
 
-        return Client(self.meta_address, config=make_test_config())
+        return Client(self.meta_address, config=self.config())
 
 
 def store_problems(cluster: ProcessCluster) -> list[str]:

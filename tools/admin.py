@@ -19,6 +19,7 @@ import time
 import trio
 
 from fs import paths
+from fs import tls as tlsmod
 from fs.errors import LeaseFSError, sole_exception
 from fs.client import authentication
 from fs.rpc import RpcClient
@@ -35,7 +36,7 @@ def _rpc(cmd: Command, method: str, args: dict):
     async def call():
         async with RpcClient(cmd.meta_address, "leasefs-admin", timeout=config.rpc_timeout,
                              retry_seconds=min(10.0, config.rpc_retry_seconds),
-                             max_frame=config.max_frame,
+                             max_frame=config.max_frame, tls=tlsmod.client(config),
                              **authentication(config, cmd.meta_address)) as rpc:
             return await rpc.call(method, args)
     try:

@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -32,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 import trio
 
 from fs.config import default_home
+from fs.framing import receive_limit
 
 from .common import Command
 from .formatting import UsageError, format_table, human_size, parse_size
@@ -131,15 +133,24 @@ def local_disk_read(path: str) -> tuple[float, int]:
     return time.perf_counter() - start, total
 
 
-async def _loopback(size: int, data: bytes) -> float:
+async def _loopback(size: int, data: bytes, tls_files: tuple[str, str, str] | None = None) -> float:
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     received = trio.Event()
+    server_context = client_tls = None
+    if tls_files:   # (CA, certificate, key): both ends as leasefs sets them up
+        from fs import tls as tlsmod
+        ca, cert, key = tls_files
+        server_context = tlsmod.server_context(cert, key)
+        client_tls = tlsmod.ClientTls(ca)
 
     async def sink(stream):
+        if server_context is not None:
+            stream = trio.SSLStream(stream, server_context, server_side=True,
+                                    https_compatible=True)
         got = 0
         while got < size:
-            chunk = await stream.receive_some(1 << 20)
+            chunk = await stream.receive_some(min(1 << 20, receive_limit(stream)))
             if not chunk:
                 break
             got += len(chunk)
@@ -147,9 +158,13 @@ async def _loopback(size: int, data: bytes) -> float:
 
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, sink, listeners)
+        start = time.perf_counter()    # with TLS the handshake counts, as for a block
         stream = await trio.open_tcp_stream("127.0.0.1", port)
+        if client_tls is not None:
+            stream = await tlsmod.connect(stream, client_tls, "127.0.0.1", f"127.0.0.1:{port}")
         view = memoryview(data)[: 1 << 20]
-        start = time.perf_counter()
+        if client_tls is None:
+            start = time.perf_counter()
         left = size
         async with stream:
             while left > 0:
@@ -162,9 +177,10 @@ async def _loopback(size: int, data: bytes) -> float:
     return elapsed
 
 
-def loopback_tcp(size: int, data: bytes) -> float:
-    """Seconds to move ``size`` bytes over one loopback TCP connection (trio both ends)."""
-    return trio.run(_loopback, size, data)
+def loopback_tcp(size: int, data: bytes, tls_files: tuple[str, str, str] | None = None) -> float:
+    """Seconds to move ``size`` bytes over one loopback TCP connection (trio both ends);
+    ``tls_files`` (CA, certificate, key): over TLS, as leasefs's connections."""
+    return trio.run(_loopback, size, data, tls_files)
 
 
 # --------------------------------------------------------------------------- MooseFS peer
@@ -255,6 +271,8 @@ def _leasefs_read(client, path: str) -> tuple[float, int]:
 
 def run_data_bench(cmd: Command) -> int:
     a = cmd.args
+    if a.tls:
+        return run_tls_bench(cmd)
     kind = a.kind
     size = parse_size(a.size)
     if size <= 0:
@@ -368,6 +386,127 @@ def _print_data_results(cmd: Command, kind: str, size: int, rows) -> None:
         cmd.out(line)
 
 
+# --------------------------------------------------------------------------- TLS on / off
+
+class _TempCluster:
+    """A throw-away ``leasefs cluster up`` (its own home, ports chosen by the system) with
+    ``tls`` on or off, for ``--tls``: both clusters run side by side, so their runs can
+    alternate and the machine's drift hits both alike."""
+
+    def __init__(self, tls: str, n_storage: int, parent: str, status: StatusLine):
+        self.tls = tls
+        self.n_storage = n_storage
+        self.status = status
+        self.home = tempfile.mkdtemp(prefix=f".leasefs-bench-tls-{tls}-", dir=parent)
+        self.address = ""
+        self.ca_file = ""
+
+    def _cli(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tools", "cluster", *args,
+                               "--home", self.home], capture_output=True, text=True,
+                              env={k: v for k, v in os.environ.items()
+                                   if k not in ("LEASEFS_META", "LEASEFS_HOME")})
+
+    def up(self) -> None:
+        self.status(f"starting a cluster with tls = {self.tls} in {self.home} ...")
+        done = self._cli("up", "--storage", str(self.n_storage), "--port", "0",
+                         "--storage-port", "0", "--http-port", "0", "--set", f"tls={self.tls}")
+        if done.returncode != 0:
+            raise BenchFailed(f"cluster with tls = {self.tls} did not start: "
+                              f"{(done.stderr or done.stdout).strip()[-600:]}")
+        with open(os.path.join(self.home, "cluster.json")) as fh:
+            state = json.load(fh)
+        self.address = state["meta_address"]
+        self.ca_file = state.get("tls_ca_file") or ""
+
+    def client(self, config):
+        from fs.client import Client
+        return Client(self.address, config=config.replace(tls=self.tls,
+                                                          tls_ca_file=self.ca_file))
+
+    def tls_files(self) -> tuple[str, str, str]:
+        """The CA and the metadata server's certificate and key (the loopback baseline)."""
+        folder = os.path.join(self.home, "meta", "tls")
+        return (self.ca_file, os.path.join(folder, "meta.crt"), os.path.join(folder, "meta.key"))
+
+    def down(self) -> None:
+        self._cli("down")
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+def run_tls_bench(cmd: Command) -> int:
+    """``bench write|read --tls``: the same workload on two fresh local clusters, one with
+    ``tls = off`` and one with ``tls = on``, in alternating order (off/on, on/off, ...) for
+    ``--rounds`` rounds, and raw loopback TCP without and with TLS; MB/s of every run, the
+    means and the on/off ratios."""
+    a = cmd.args
+    kind = a.kind
+    size = parse_size(a.size)
+    if size <= 0:
+        raise UsageError("--size must be positive")
+    if a.rounds < 1:
+        raise UsageError("--rounds must be at least 1")
+    replications = _parse_replications(a.replication)
+    block_size = parse_size(a.block_size) if a.block_size else None
+    status = StatusLine(enabled=not a.quiet)
+    data = payload(min(CHUNK, size))
+    parent = baseline_dir(a.home)
+    clusters = {tls: _TempCluster(tls, max(3, max(replications)), parent, status)
+                for tls in ("off", "on")}
+    clients: dict = {}
+    runs: dict[tuple[str, str], list[float]] = {}
+    try:
+        for cluster in clusters.values():
+            cluster.up()
+            clients[cluster.tls] = cluster.client(cmd.config)
+        for r in replications:
+            for k in range(a.rounds):
+                for tls in (("off", "on") if k % 2 == 0 else ("on", "off")):
+                    client = clients[tls]
+                    path = f"/bench-r{r}"
+                    status(f"round {k + 1}: leasefs {kind}, replication {r}, tls = {tls} ...")
+                    seconds = _leasefs_write(client, path, size, data, r, block_size, status)
+                    if kind == "read":
+                        seconds, got = _leasefs_read(client, path)
+                        if got != size:
+                            raise BenchFailed(f"{path}: read {got} bytes, expected {size}")
+                    client.delete(path)
+                    runs.setdefault((f"leasefs {kind} r={r}", tls), []).append(mbps(size, seconds))
+        for k in range(a.rounds):
+            for tls in (("off", "on") if k % 2 == 0 else ("on", "off")):
+                status(f"round {k + 1}: loopback TCP, tls = {tls} ...")
+                seconds = loopback_tcp(size, data, clusters["on"].tls_files() if tls == "on"
+                                       else None)
+                runs.setdefault(("loopback TCP (trio)", tls), []).append(mbps(size, seconds))
+    finally:
+        for client in clients.values():
+            try:
+                client.close()
+            except Exception:
+                log.debug("closing a bench client failed", exc_info=True)
+        for cluster in clusters.values():
+            cluster.down()
+    rows = []
+    for name in dict.fromkeys(n for n, _ in runs):
+        off, on = runs[(name, "off")], runs[(name, "on")]
+        mean_off, mean_on = sum(off) / len(off), sum(on) / len(on)
+        rows.append({"name": name, "off": off, "on": on, "mean_off": mean_off,
+                     "mean_on": mean_on, "ratio": mean_on / mean_off if mean_off else None})
+    if a.json:
+        cmd.out(json.dumps({"benchmark": f"{kind} --tls", "size": size, "rounds": a.rounds,
+                            "results": rows}, indent=2))
+        return 0
+    cmd.out(f"bench {kind} --tls: {size_label(size)} ({size} bytes) per run, {a.rounds} "
+            f"round(s) in alternating order; MB/s = 10^6 bytes per second")
+    table = [[row["name"], " ".join(f"{v:.0f}" for v in row["off"]), f"{row['mean_off']:.1f}",
+              " ".join(f"{v:.0f}" for v in row["on"]), f"{row['mean_on']:.1f}",
+              "-" if row["ratio"] is None else f"{row['ratio']:.2f}"] for row in rows]
+    for line in format_table(["measurement", "tls off runs", "off MB/s", "tls on runs",
+                              "on MB/s", "on / off"], table, align="<>>>>>"):
+        cmd.out(line)
+    return 0
+
+
 # --------------------------------------------------------------------------- meta
 
 class _Recorder:
@@ -459,6 +598,12 @@ def register(sub, common) -> None:
         q.add_argument("--home", default=None,
                        help="folder whose filesystem the local-disk baseline uses "
                             "(default: the cluster home)")
+        q.add_argument("--tls", action="store_true",
+                       help="measure the cost of wire encryption instead: the same workload "
+                            "on two fresh local clusters, tls = off and tls = on, in "
+                            "alternating order, plus loopback TCP without and with TLS")
+        q.add_argument("--rounds", type=int, default=2,
+                       help="with --tls: runs of each (default 2)")
         shared(q)
         q.set_defaults(func=run_data_bench)
 

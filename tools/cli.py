@@ -78,7 +78,7 @@ def _command_name(args) -> str:
     name = getattr(args, "command", None) or ""
     for attr in ("action", "kind"):
         sub = getattr(args, attr, None)
-        if sub and name in ("cluster", "bench"):
+        if sub and name in ("cluster", "bench", "tls"):
             return f"{name} {sub}"
     return name
 

@@ -34,6 +34,7 @@ import trio
 
 from fs import nodeauth
 from fs.client import authentication
+from fs import tls as tlsmod
 from fs.config import Config, default_home
 from fs.errors import LeaseFSError, NotDirectory, sole_exception
 from fs.rpc import RpcClient
@@ -209,16 +210,19 @@ def wait_address(layout: Layout, name: str, proc: subprocess.Popen, deadline: fl
         time.sleep(0.05)
 
 
-async def probe_report(meta_address: str, timeout: float = 5.0) -> dict:
+async def probe_report(meta_address: str, timeout: float = 5.0, ca_file: str = "") -> dict:
+    tls = tlsmod.ClientTls(ca_file) if ca_file else None
     async with RpcClient(meta_address, f"leasefs-cluster-{os.getpid()}", timeout=timeout,
-                         retry_seconds=0.5, connect_timeout=min(timeout, 2.0),
+                         retry_seconds=0.5, connect_timeout=min(timeout, 2.0), tls=tls,
                          **authentication(Config.load(), meta_address)) as rpc:
         return await rpc.call("report", {})
 
 
-def report_or_none(meta_address: str, timeout: float = 5.0):
+def report_or_none(meta_address: str, timeout: float = 5.0, ca_file: str = ""):
+    """``(report, None)`` or ``(None, error)``; ``ca_file``: the cluster's CA when it runs
+    with TLS."""
     try:
-        return trio.run(probe_report, meta_address, timeout), None
+        return trio.run(probe_report, meta_address, timeout, ca_file), None
     except BaseException as group:  # trio wraps in exception groups
         exc = sole_exception(group)
         if isinstance(exc, (LeaseFSError, OSError)):
@@ -226,7 +230,8 @@ def report_or_none(meta_address: str, timeout: float = 5.0):
         raise
 
 
-def wait_ready(layout: Layout, meta_address: str, n: int, procs: dict, deadline: float) -> dict:
+def wait_ready(layout: Layout, meta_address: str, n: int, procs: dict, deadline: float,
+               ca_file: str = "") -> dict:
     """Until the metadata server answers, ``n`` block servers are live and safe mode is off."""
     last_problem = "metadata server not answering yet"
     while True:
@@ -235,7 +240,7 @@ def wait_ready(layout: Layout, meta_address: str, n: int, procs: dict, deadline:
             if code is not None:
                 raise StartupFailed(f"{name} exited with status {code}; see "
                                     f"{layout.log_file(name)}", layout.log_file(name))
-        report, error = report_or_none(meta_address, timeout=2.0)
+        report, error = report_or_none(meta_address, timeout=2.0, ca_file=ca_file)
         if report is not None:
             live = len(report.get("live_nodes", []))
             safemode = report.get("safemode") or {}
@@ -295,7 +300,6 @@ def cmd_up(args) -> int:
         settings["replication"] = args.replication
     settings.setdefault("replication", min(3, n))
     settings.update(parse_settings(getattr(args, "set", None)))
-    from fs.config import Config
     Config.load(env={}, **settings)  # refuse a bad --set here, not in n log files
 
     state.setdefault("meta", {})
@@ -332,6 +336,23 @@ def cmd_up(args) -> int:
     except (OSError, LeaseFSError) as exc:
         print(f"{PROG} cluster up: cluster key {key_file}: {exc}", file=sys.stderr)
         return 1
+    # tls = on: the CA made here too, and each block server's certificate issued from it
+    # (the block servers never read the CA key); clients find the CA through cluster.json
+    config = Config.load(env={}, **settings)
+    storage_tls: list[dict] = [{} for _ in range(n)]
+    ca_file = ""
+    if config.tls == "on":
+        try:
+            ca_file = config.tls_ca_file or tlsmod.ensure_ca(layout.meta_data)
+            if not config.tls_cert_file:
+                hosts = tlsmod.default_hosts(config.bind_host, config.advertise_host)
+                storage_tls = [tlsmod.block_server_settings(layout.meta_data,
+                                                            layout.storage_data(i), hosts)
+                               for i in range(n)]
+        except (OSError, LeaseFSError) as exc:
+            print(f"{PROG} cluster up: TLS certificates: {exc}", file=sys.stderr)
+            return 1
+    state["tls_ca_file"] = ca_file
     try:
         if not meta_alive:
             port = state["meta"].get("port")  # a restart keeps the recorded address valid
@@ -341,7 +362,8 @@ def cmd_up(args) -> int:
             if http_port is None:
                 http_port = state["meta"].get("http_port", 0 if port == 0 else DEFAULT_HTTP_PORT)
             procs["meta"] = spawn(layout, "meta", "meta",
-                                  ["--port", str(port), "--http-port", str(http_port)], settings)
+                                  ["--port", str(port), "--http-port", str(http_port)],
+                                  {**settings, "tls_ca_file": ca_file} if ca_file else settings)
             started.append("meta")
             state["meta"].update(pid=procs["meta"].pid, http_port=http_port)
             save_state(layout, state)
@@ -360,7 +382,7 @@ def cmd_up(args) -> int:
                 port = base + i if base else 0
             procs[name] = spawn(layout, name, "storage",
                                 ["--meta", address, "--port", str(port)],
-                                {**settings, "cluster_key_file": key_file})
+                                {**settings, "cluster_key_file": key_file, **storage_tls[i]})
             started.append(name)
             storage[i]["pid"] = procs[name].pid
             save_state(layout, state)
@@ -371,7 +393,7 @@ def cmd_up(args) -> int:
                 storage[i]["port"] = int(storage[i]["address"].rsplit(":", 1)[1])
         state["running"] = True
         save_state(layout, state)
-        report = wait_ready(layout, address, n, procs, deadline)
+        report = wait_ready(layout, address, n, procs, deadline, ca_file)
     except StartupFailed as exc:
         print(f"{PROG} cluster up: {exc}", file=sys.stderr)
         if exc.log_path:
@@ -426,8 +448,10 @@ def _ensure_mounted(layout, state: dict, mountpoint: str, address: str) -> int:
             return 0
         subprocess.run(["umount", "-l", mountpoint], check=False, capture_output=True)
     os.makedirs(mountpoint, exist_ok=True)
+    tls = (["--set", "tls=on", "--set", f"tls_ca_file={state['tls_ca_file']}"]
+           if state.get("tls_ca_file") else [])
     proc = subprocess.run([sys.executable, "-m", "tools", "mount", mountpoint, "--meta", address,
-                           "--log-file", os.path.join(layout.logs, "mount.log")],
+                           "--log-file", os.path.join(layout.logs, "mount.log"), *tls],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"{PROG} cluster up: mount at {mountpoint} failed: "
@@ -525,7 +549,8 @@ def cmd_status(args) -> int:
                       "address": state.get("meta_address") if name == "meta" else entry.get("address")})
     report, error = (None, None)
     if procs[0]["alive"]:
-        report, error = report_or_none(state["meta_address"], timeout=3.0)
+        report, error = report_or_none(state["meta_address"], timeout=3.0,
+                                       ca_file=state.get("tls_ca_file") or "")
     n_alive = sum(p["alive"] for p in procs)
     if n_alive == 0:
         overall, code = "down", 3
@@ -558,7 +583,40 @@ def cmd_status(args) -> int:
     return code
 
 
+def cmd_tls_issue(args) -> int:
+    """``leasefs tls issue``: a server certificate from the cluster CA, for a block server
+    (or a metadata server) on another machine; prints the settings that use it."""
+    ca_dir = os.path.abspath(args.ca_dir)
+    ca_cert, ca_key = os.path.join(ca_dir, tlsmod.CA_CERT), os.path.join(ca_dir, tlsmod.CA_KEY)
+    if not os.path.exists(ca_cert):
+        raise UsageError(f"--ca-dir {ca_dir}: no {tlsmod.CA_CERT} there (the metadata server "
+                         f"makes it in <meta data>/tls when it first starts with tls = on)")
+    hosts = list(dict.fromkeys(h for h in args.host if h)) or tlsmod.default_hosts()
+    cert, key = tlsmod.issue(ca_cert, ca_key, args.out, hosts, name=args.name)
+    print(f"issued {cert} (key {key}, mode 0600) for {', '.join(hosts)}")
+    print(f"  settings: tls = \"on\", tls_ca_file = \"{ca_cert}\" (a copy), "
+          f"tls_cert_file = \"{cert}\", tls_key_file = \"{key}\"")
+    return 0
+
+
 def register(sub, common) -> None:
+    t = sub.add_parser("tls", help="wire encryption: issue a certificate from the cluster CA",
+                       description="Certificates for tls = on. 'leasefs cluster up' needs none "
+                                   "of this; a server on another machine needs a certificate "
+                                   "from the cluster CA, made here and copied there.")
+    tsub = t.add_subparsers(dest="action", metavar="{issue}")
+    tsub.required = True
+    issue = tsub.add_parser("issue", parents=[common],
+                            help="a server certificate (and key) from the cluster CA")
+    issue.add_argument("--ca-dir", required=True,
+                       help="the CA's folder: <meta data>/tls of the metadata server")
+    issue.add_argument("--host", action="append", default=[],
+                       help="host name or IP address the server is reached at (repeatable; "
+                            "default: this machine's loopback and host names)")
+    issue.add_argument("--out", required=True, help="folder for <name>.crt and <name>.key")
+    issue.add_argument("--name", default="server", help="file name stem (default server)")
+    issue.set_defaults(func=cmd_tls_issue, raw=True)
+
     p = sub.add_parser("cluster", help="the embedded local cluster: up, down, status",
                        description="Run a metadata server and N block servers as local processes "
                                    "with all state under one home folder.")

@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from fs.config import Config, find_meta_address
+from fs.config import Config, cluster_client_settings, find_meta_address
 from fs.errors import InvalidArgument, LeaseFSError, ServerUnavailable
 from fs.paths import normalize_user_path
 
@@ -27,11 +27,15 @@ log = logging.getLogger(__name__)
 PROG = "leasefs"
 
 
-def load_config(args) -> Config:
-    """``Config`` from ``--config FILE`` and ``--set KEY=VALUE`` pairs (env vars in between)."""
+def load_config(args, *, client: bool = False) -> Config:
+    """``Config`` from ``--config FILE`` and ``--set KEY=VALUE`` pairs (env vars in between).
+    ``client``: a client of the embedded cluster found through its cluster.json also takes
+    that cluster's TLS settings (under everything chosen explicitly)."""
     settings = parse_settings(getattr(args, "set", None))
     try:
-        return Config.load(getattr(args, "config", None), **settings)
+        chosen = Config.chosen(getattr(args, "config", None), **settings)
+        found = cluster_client_settings(getattr(args, "meta", None)) if client else {}
+        return Config().replace(**{**found, **chosen})
     except InvalidArgument as exc:  # unknown setting, bad value, unreadable file
         raise UsageError(str(exc)) from None
 
@@ -101,7 +105,7 @@ class Command:
     @property
     def config(self) -> Config:
         if self._config is None:
-            self._config = load_config(self.args)
+            self._config = load_config(self.args, client=True)
         return self._config
 
     @property

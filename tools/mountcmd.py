@@ -55,7 +55,7 @@ def cmd_mount(args) -> int:
         print(f"{PROG} mount: {mountpoint}: {problem}", file=sys.stderr)
         return 1
     try:
-        config = load_config(args)
+        config = load_config(args, client=True)
     except UsageError as exc:
         print(f"{PROG} mount: {exc}", file=sys.stderr)
         return 2
