@@ -1026,7 +1026,7 @@ def test_downstream_that_stops_reading_is_failed_after_data_timeout(tmp_path, mo
                                          "first_bad_link": ""})
                 await trio.sleep_forever()            # never reads a packet
 
-            async def open_lockstep(host, port, **kw):
+            async def open_lockstep(host, port, tls=None, **kw):
                 ours, theirs = trio.testing.lockstep_stream_pair()
                 nursery.start_soon(stalled_downstream, theirs)
                 return ours
