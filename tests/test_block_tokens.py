@@ -37,7 +37,9 @@ pytestmark = pytest.mark.timeout(120)
 
 BPC = 512
 LIFETIME = 3.0   # seconds a token lives here (long enough for a loaded machine's round trips)
-SETTINGS = dict(inline_max=0, bytes_per_checksum=BPC, block_token_lifetime=LIFETIME)
+# packets of 64 KiB: a file of a few of them goes through a pipeline, not in one message
+SETTINGS = dict(inline_max=0, bytes_per_checksum=BPC, packet_size=64 << 10,
+                block_token_lifetime=LIFETIME)
 DATA = random.Random(7).randbytes(3000)   # one partial block, a partial last chunk too
 
 WRITES = ("create", "append", "recovery", "oneshot")
@@ -240,6 +242,45 @@ def test_a_refused_recovery_or_copy_does_not_stop_a_running_writer(tmp_path):
     trio.run(main)
 
 
+def test_write_and_copy_tokens_go_only_to_the_writer_of_the_block(tmp_path):
+    """Only the lease holder gets a block's write token for a new stamp or its copy token,
+    a copy token only for the last block under construction at a stamp it has had, and
+    no caller naming no lease gets one."""
+    from fs.errors import LeaseExpired, StaleGenerationStamp
+
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=3, **SETTINGS) as cluster:
+            async with cluster.client() as c, cluster.client() as other:
+                await c.write_file("/closed", DATA, replication=2)
+                closed = (await c.get_block_locations("/closed"))["blocks"][0]["block"]
+                out = await c.create("/open", replication=2)
+                await out.write(DATA)
+                await out.hflush()
+                block = (await c.get_block_locations("/open"))["blocks"][0]["block"]
+                ref = {"id": block["id"], "gs": block["gs"], "num_bytes": 0}
+                with pytest.raises(LeaseExpired):
+                    await other.rpc.call("update_block_for_pipeline", {
+                        "block": ref, "client_name": other.client_name})
+                with pytest.raises(LeaseExpired):
+                    await other.rpc.call("get_additional_datanode", {
+                        "path": "/open", "block": ref, "client_name": other.client_name})
+                anonymous = await other.rpc.call("get_additional_datanode", {
+                    "path": "/open", "block": ref})
+                assert "token" not in anonymous and anonymous["locations"]
+                with pytest.raises(StaleGenerationStamp, match="has stamp"):
+                    await copy_token(c, "/open", block["id"], block["gs"] + 1)
+                with pytest.raises(StaleGenerationStamp, match="not the last block"):
+                    await copy_token(c, "/open", closed["id"], closed["gs"])
+                token = await copy_token(c, "/open", block["id"], block["gs"])
+                assert (token["id"], token["gs"], token["mode"]) == (block["id"], block["gs"],
+                                                                     "c")
+                await out.close()
+                with pytest.raises(LeaseExpired):
+                    await copy_token(c, "/open", block["id"], block["gs"])
+
+    trio.run(main)
+
+
 @pytest.mark.parametrize("security", ["secure", "simple"])
 def test_writes_appends_recoveries_and_re_replication_lose_nothing(tmp_path, security):
     """Four block servers, replication 3. Written, appended to; a file whose first block
@@ -250,7 +291,7 @@ def test_writes_appends_recoveries_and_re_replication_lose_nothing(tmp_path, sec
     back; the copy is a real replica on the fourth server's disk. ``simple``: no token
     anywhere, all of it works the same."""
     a, a_more = payload(200_000, 3), payload(7_000, 4)
-    late = payload(4_000, 5)
+    late = {"/late-small": payload(4_000, 5), "/late-big": payload(300_000, 8)}
     b1, b2 = payload(60_000, 6), payload(90_000, 7)
 
     async def main():
@@ -266,11 +307,13 @@ def test_writes_appends_recoveries_and_re_replication_lose_nothing(tmp_path, sec
                 assert ("token" in located) == (security == "secure")
                 holders_a = {loc["address"] for loc in located["locations"]}
 
-                out = await c.create("/late", first_block=True)
-                await trio.sleep(LIFETIME + 0.5)       # the first block's token expired
-                await out.write(late)
-                await out.close()
-                assert not out._failed_nodes           # no node was blamed for it
+                # one block in one message (WRITE_BLOCK_ONESHOT), one through a pipeline
+                outs = {path: await c.create(path, first_block=True) for path in late}
+                await trio.sleep(LIFETIME + 0.5)       # the first blocks' tokens expired
+                for path, out in outs.items():
+                    await out.write(late[path])
+                    await out.close()
+                    assert not out._failed_nodes       # no node was blamed for it
 
                 out = await c.create("/b")
                 await out.write(b1)
@@ -284,7 +327,8 @@ def test_writes_appends_recoveries_and_re_replication_lose_nothing(tmp_path, sec
                 assert out.recoveries >= 1 and out.replacements == 1
 
                 assert await c.read_file("/a") == a + a_more
-                assert await c.read_file("/late") == late
+                for path, data in late.items():
+                    assert await c.read_file(path) == data
                 assert await c.read_file("/b") == b1 + b2
 
                 # the dead node's replica of /a is copied to the one server that lacks it

@@ -269,6 +269,7 @@ def test_connections_beyond_the_limits_are_refused_while_a_good_client_is_served
                 with trio.fail_after(10):
                     while not await served(again := await connect_from(address, "127.0.0.3")):
                         await trio.sleep(0.05)     # refused: the close is not seen yet
+                held.append(again)                 # it takes the freed place: full again
                 # a client of a full server gets the cause, not a bare disconnect
                 async with RpcClient(address, "late", retry_seconds=0) as late:
                     with pytest.raises(errors.ServerUnavailable, match="connection refused"):
