@@ -2,12 +2,16 @@
 what lets a block server serve a block to a reader without asking the metadata server.
 
 A token is ``{key, id, gs, user, mode, expiry, mac}``: ``mac`` = HMAC-SHA256 over the other
-fields under block key ``key``. The metadata server hands one out with every located block
-(the caller's user, the block's stamp, mode ``r``, expiring ``block_token_lifetime`` after)
-to a caller it has checked may read the file; a block server checks it on READ_BLOCK and
-BLOCK_LENGTH: the key is one it was given, the MAC matches, the block and stamp are those
-asked for, the mode allows the op, and it has not expired. Without a token, anyone who
-reaches a block server could read any block by naming its id.
+fields under block key ``key``. Modes (HDFS ``AccessMode``): ``r`` (READ) with every located
+block the metadata server hands a caller it has checked may read the file; ``w`` (WRITE)
+with every block it hands a writer to write (``add_block``, ``create``'s first block,
+``append``'s last block, ``update_block_for_pipeline``'s new stamp); ``c`` (COPY) for a copy
+between block servers (a TRANSFER command, ``get_additional_datanode``'s answer to a writer
+replacing a pipeline node). Each expires ``block_token_lifetime`` after it was made. A block
+server checks it on every op that reads, writes or copies a replica: the key is one it was
+given, the MAC matches, the block and stamp are those the op names, the mode allows the op,
+and it has not expired. Without a token, anyone who reaches a block server could read any
+block by naming its id, overwrite or cut a replica, or have it copied anywhere.
 
 Block keys (``KeyRing``, on the metadata server): random 32-byte secrets with ids. The ring
 holds the key tokens are made with (current), the one made next (handed to block servers a
@@ -30,7 +34,10 @@ from .errors import InvalidToken
 from .framing import packb
 from .nodeauth import KEY_BYTES, mac, same
 
-READ = "r"
+READ = "r"      # READ_BLOCK, BLOCK_LENGTH
+WRITE = "w"     # WRITE_BLOCK stages CREATE, APPEND, STREAMING_RECOVERY; WRITE_BLOCK_ONESHOT
+COPY = "c"      # TRANSFER_BLOCK; WRITE_BLOCK stages TRANSFER_RBW, TRANSFER_FINALIZED
+_NAMES = {READ: "read", WRITE: "write", COPY: "copy"}
 TOKEN_LABEL = b"leasefs block token v1\0"
 WRAP_LABEL = b"leasefs block key wrap v1\0"
 
@@ -76,7 +83,9 @@ def check(keys: dict[int, bytes], token, block_id: int, gs: int, mode: str, now:
         raise InvalidToken(f"{what}: block access token is for block {token['id']} stamp "
                            f"{token['gs']}, not block {block_id} stamp {gs}")
     if mode not in str(token["mode"]):
-        raise InvalidToken(f"{what}: block access token does not allow {mode!r}")
+        shown_mode = _NAMES.get(str(token["mode"]), repr(token["mode"])[:10])
+        raise InvalidToken(f"{what}: block access token is a {shown_mode} token, not a "
+                           f"{_NAMES[mode]} token (mode {mode!r})")
     if not isinstance(token["expiry"], (int, float)) or token["expiry"] < now:
         raise InvalidToken(f"{what}: block access token expired")
 
@@ -138,4 +147,4 @@ class KeyRing:
         return [k for k in (self.previous, self.current, self.next) if k is not None]
 
 
-__all__ = ["READ", "BlockKey", "issue", "check", "wrap", "unwrap", "KeyRing"]
+__all__ = ["READ", "WRITE", "COPY", "BlockKey", "issue", "check", "wrap", "unwrap", "KeyRing"]

@@ -111,9 +111,9 @@ class Config:
                            "at most this size (HDFS incremental block deletion)")
     security: str = _s("secure", "secure: users are who the kernel (local socket) or a "
                        "delegation token says, block servers prove they hold the cluster key, "
-                       "block access tokens guard the data; simple: anyone who reaches the "
-                       "port is believed, as HDFS simple authentication (tests, trusted "
-                       "networks)")
+                       "and read, write or copy a replica only for the metadata server's "
+                       "block access token; simple: anyone who reaches the port is believed, "
+                       "as HDFS simple authentication (tests, trusted networks)")
     cluster_key_file: str = _s("", "the cluster key (32 random bytes, mode 0600): the metadata "
                                "server creates <data>/cluster.key when missing and uses it by "
                                "default; block servers need this set to a copy of it "
@@ -150,8 +150,8 @@ class Config:
     block_key_interval: float = _s(36000.0, "seconds between two block keys of the metadata "
                                    "server (HDFS dfs.block.access.key.update.interval)")
     block_token_lifetime: float = _s(36000.0, "seconds a block access token stays valid "
-                                     "(HDFS dfs.block.access.token.lifetime); a reader "
-                                     "refetches an expired one")
+                                     "(HDFS dfs.block.access.token.lifetime); readers "
+                                     "and writers get fresh ones on their own")
     permissions_enabled: bool = _s(True, "check mode bits, owners and the superuser on every "
                                    "namespace operation (HDFS dfs.permissions.enabled)")
     superuser: str = _s("", "user allowed everything (default: the user running the metadata "

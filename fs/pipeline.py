@@ -31,7 +31,7 @@ from .datatransfer import (ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, PIPELINE_S
                            PIPELINE_SETUP_CREATE, Packet, SUCCESS, TRANSFER_BLOCK, TRANSFER_RBW,
                            WRITE_BLOCK, WRITE_BLOCK_ONESHOT, encode_packet_header, op_header,
                            receive_ack, send_packet)
-from .errors import LeaseFSError, PipelineError, ProtocolError, ServerUnavailable
+from .errors import InvalidToken, LeaseFSError, PipelineError, ProtocolError, ServerUnavailable
 from .framing import FramedStream, encode_frame
 
 log = logging.getLogger(__name__)
@@ -40,12 +40,27 @@ _ACK_NAMES = {SUCCESS: "SUCCESS", 1: "ERROR", ERROR_CHECKSUM: "ERROR_CHECKSUM"}
 
 
 class SetupFailed(Exception):
-    """Pipeline setup failed at ``node`` (the first bad link)."""
+    """Pipeline setup failed at ``node`` (the first bad link). ``token_refused``: for the
+    block access token (expired, or made with a key the node does not have yet): the node
+    is not to blame, the writer asks the metadata server again."""
 
-    def __init__(self, node: dict, reason: str):
+    def __init__(self, node: dict, reason: str, token_refused: bool = False):
         super().__init__(reason)
         self.node = node
         self.reason = reason
+        self.token_refused = token_refused
+
+
+def _refused_token(resp) -> bool:
+    error = resp.get("error") if isinstance(resp, dict) else None
+    return isinstance(error, dict) and error.get("type") == InvalidToken.__name__
+
+
+def _with_token(header: dict, token: dict | None) -> dict:
+    """The op header with the block access token (none in security = simple)."""
+    if token is not None:
+        header["token"] = token
+    return header
 
 
 class Pipeline:
@@ -89,17 +104,19 @@ class Pipeline:
         With ``min_bytes`` the stage is PIPELINE_SETUP_APPEND (the nodes reopen their
         replicas of exactly that length under the block's new generation stamp) or
         PIPELINE_SETUP_STREAMING_RECOVERY (they cut their RBW replicas to that acknowledged
-        length and take the new stamp)."""
+        length and take the new stamp). ``located["token"]``: the write token for the
+        block's stamp (security = secure), which every node checks."""
         nodes = located["locations"]
         first = nodes[0]
         try:
             framed = await open_data_connection(first["address"], timeout, max_frame, tls)
         except ServerUnavailable as exc:
             raise SetupFailed(first, str(exc)) from None
-        header = op_header(WRITE_BLOCK, block=located["block"],
-                           targets=[n["address"] for n in nodes[1:]],
-                           stage=PIPELINE_SETUP_CREATE, client=client_name,
-                           bytes_per_checksum=bytes_per_checksum)
+        header = _with_token(op_header(WRITE_BLOCK, block=located["block"],
+                                       targets=[n["address"] for n in nodes[1:]],
+                                       stage=PIPELINE_SETUP_CREATE, client=client_name,
+                                       bytes_per_checksum=bytes_per_checksum),
+                             located.get("token"))
         if min_bytes is not None:
             header["stage"] = stage
             header["min_bytes"] = min_bytes
@@ -115,7 +132,8 @@ class Pipeline:
             await close_quietly(framed)
             bad_address = resp.get("first_bad_link") if isinstance(resp, dict) else ""
             bad = next((n for n in nodes if bad_address and n["address"] == bad_address), first)
-            raise SetupFailed(bad, str(response_error(resp, f"pipeline setup at {first['address']}")))
+            raise SetupFailed(bad, str(response_error(resp, f"pipeline setup at {first['address']}")),
+                              token_refused=_refused_token(resp))
         return cls(path=path, located=located, framed=framed, window=window, timeout=timeout,
                    start=min_bytes or 0)
 
@@ -267,8 +285,8 @@ async def write_oneshot(*, path: str, located: dict, client_name: str,
 
     async def one(index: int, node: dict) -> None:
         try:
-            await _oneshot_to(node, path, located["block"], client_name, bytes_per_checksum,
-                              message, timeout, max_frame, tls)
+            await _oneshot_to(node, path, located["block"], located.get("token"), client_name,
+                              bytes_per_checksum, message, timeout, max_frame, tls)
         except SetupFailed as exc:
             failures[index] = exc
 
@@ -279,17 +297,18 @@ async def write_oneshot(*, path: str, located: dict, client_name: str,
         raise failures[min(failures)]
 
 
-async def _oneshot_to(node: dict, path: str, block: dict, client_name: str,
-                      bytes_per_checksum: int, message: bytes, timeout: float,
-                      max_frame: int, tls=None) -> None:
+async def _oneshot_to(node: dict, path: str, block: dict, token: dict | None,
+                      client_name: str, bytes_per_checksum: int, message: bytes,
+                      timeout: float, max_frame: int, tls=None) -> None:
     """One node's one-shot write (no downstream); ``SetupFailed`` naming it if it fails."""
     where = f"{path}: block {block['id']}"
     try:
         framed = await open_data_connection(node["address"], timeout, max_frame, tls)
     except ServerUnavailable as exc:
         raise SetupFailed(node, str(exc)) from None
-    header = op_header(WRITE_BLOCK_ONESHOT, block=block, targets=[], client=client_name,
-                       bytes_per_checksum=bytes_per_checksum)
+    header = _with_token(op_header(WRITE_BLOCK_ONESHOT, block=block, targets=[],
+                                   client=client_name, bytes_per_checksum=bytes_per_checksum),
+                         token)
     try:
         with trio.fail_after(timeout):
             await framed.send_all(encode_frame(header) + message)
@@ -303,7 +322,8 @@ async def _oneshot_to(node: dict, path: str, block: dict, client_name: str,
         await close_quietly(framed)
     if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
         raise SetupFailed(node, str(response_error(resp, f"{where}: one-shot write at "
-                                                         f"{node['address']}")))
+                                                         f"{node['address']}")),
+                          token_refused=_refused_token(resp))
     if seqno != 0:
         raise SetupFailed(node, f"{where}: {node_name(node)} acked packet {seqno}, not 0")
     status = statuses[0] if statuses else None
@@ -324,15 +344,18 @@ class _BadNode(Exception):
 
 
 async def transfer_rbw(source: dict, target: dict, block: dict, *, client_name: str,
-                       timeout: float, max_frame: int, tls=None) -> None:
+                       timeout: float, max_frame: int, tls=None,
+                       token: dict | None = None) -> None:
     """Ask ``source`` to copy ``block`` up to ``block['num_bytes']`` to ``target``
-    (TRANSFER_BLOCK stage TRANSFER_RBW, docs/PROTOCOL.md §3); returns once it is done."""
+    (TRANSFER_BLOCK stage TRANSFER_RBW, docs/PROTOCOL.md §3) with the copy ``token`` of
+    ``get_additional_datanode`` (security = secure: the source checks it and shows it to
+    the target); returns once it is done."""
     framed = await open_data_connection(source["address"], timeout, max_frame, tls)
     try:
         with trio.fail_after(timeout):
-            await framed.send_frame(op_header(TRANSFER_BLOCK, block=block,
-                                              targets=[target["address"]], stage=TRANSFER_RBW,
-                                              client=client_name))
+            await framed.send_frame(_with_token(op_header(
+                TRANSFER_BLOCK, block=block, targets=[target["address"]], stage=TRANSFER_RBW,
+                client=client_name), token))
             resp = await framed.receive_frame()
     except trio.TooSlowError:
         raise PipelineError(f"no TRANSFER_BLOCK answer from {source['address']} in "

@@ -29,6 +29,14 @@ then writes on exactly as after an hflush.
 A pipeline that breaks because the file was deleted or overwritten under the writer is
 reported as ``FileNotFound``, as HDFS's writer sees it.
 
+Block access tokens (security = secure): every block the metadata server hands the writer
+comes with a write token for its stamp, which the writer's op header carries and every node
+checks at setup (a running pipeline is not checked again, so a token expiring under it does
+not matter). A recovery's ``update_block_for_pipeline`` brings a fresh token for the new
+stamp, ``get_additional_datanode`` a copy token for the replacement's TRANSFER_BLOCK; a
+setup refused for its token (``create``'s first block, used long after) abandons the block
+without blaming the node and takes a new one, with a fresh token.
+
 Pipeline recovery (``_recover_pipeline``, docs/DESIGN.md "Pipeline recovery"): a pipeline
 that fails through one of its nodes records which (``bad_index``); the writer's next send or
 wait drops that node, gets a new stamp (``update_block_for_pipeline``), adds a replacement
@@ -562,15 +570,19 @@ class AsyncOutputStream:
                              failures: list[str]) -> None:
         """A new block's setup (or one-shot write) failed at ``exc.node``: abandon the block
         (the metadata server forgets it; replicas a node made already are invalidated) and
-        exclude the node from the next ``add_block``."""
+        exclude the node from the next ``add_block`` — unless the node refused the block's
+        token (expired: the block came with ``create`` long ago), which is not the node's
+        fault: the next ``add_block`` brings a fresh token."""
         client = self._client
         failures.append(exc.reason)
         log.warning("%s: pipeline setup for block %s failed at %s: %s; abandoning "
-                    "the block and excluding the node", self.path,
-                    located["block"]["id"], node_name(exc.node), exc.reason)
+                    "the block%s", self.path, located["block"]["id"], node_name(exc.node),
+                    exc.reason, "" if exc.token_refused else " and excluding the node")
         await client.rpc.call("abandon_block", {
             "path": self.path, "client_name": client.client_name, "ino": self.ino,
             "block": located["block"]})
+        if exc.token_refused:
+            return
         excluded.append(exc.node["node_id"])
         # and for the stream's later blocks too (HDFS's excludedNodes cache): a dead
         # node stays in the metadata server's placement until it is declared dead
@@ -789,6 +801,7 @@ class AsyncOutputStream:
             except LeaseFSError as exc:
                 raise PipelineError(f"{where}: pipeline recovery refused by the metadata "
                                     f"server: {exc}") from None
+            # with the new stamp comes a fresh write token for it (security = secure)
             new_gs = located["block"]["gs"]
             if self._should_replace(len(nodes)):
                 try:
@@ -805,7 +818,8 @@ class AsyncOutputStream:
             new_block = block_dict(block["id"], new_gs, acked)
             try:
                 pipeline = await Pipeline.connect(
-                    path=self.path, located={"block": new_block, "locations": nodes},
+                    path=self.path, located={"block": new_block, "locations": nodes,
+                                             "token": located.get("token")},
                     client_name=client.client_name, bytes_per_checksum=self.bytes_per_checksum,
                     window=self.window, timeout=config.data_timeout, max_frame=config.max_frame,
                     min_bytes=acked, stage=PIPELINE_SETUP_STREAMING_RECOVERY, tls=client.tls)
@@ -850,7 +864,7 @@ class AsyncOutputStream:
             try:
                 await transfer_rbw(source, target, copy, client_name=client.client_name,
                                    timeout=config.data_timeout, max_frame=config.max_frame,
-                                   tls=client.tls)
+                                   tls=client.tls, token=answer.get("token"))
             except IO_ERRORS as exc:
                 failures.append(f"from {node_name(source)}: {exc or type(exc).__name__}")
                 continue

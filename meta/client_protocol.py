@@ -37,6 +37,7 @@ import math
 import trio
 
 from fs import paths
+from fs.blocktoken import COPY as COPY_TOKEN, WRITE as WRITE_TOKEN
 from fs.errors import (FileNotFound, InvalidArgument, IsDirectory, LeaseFSError, NotDirectory,
                        NotReplicatedYet, PermissionDenied, RecoveryInProgress,
                        StaleGenerationStamp)
@@ -150,7 +151,7 @@ class ClientProtocol:
             answer = self._changed(canonical, status) if want_status else status
             if not first_block:
                 return answer
-            located = block and self._located_new(block[1], 0)
+            located = block and self._located_new(ctx, block[1], 0)
             return {**(answer if want_status else {"status": status}), "first_block": located}
         return await self.with_ancestor_locks(f"create {canonical}", parts, body)
 
@@ -194,7 +195,8 @@ class ClientProtocol:
             # every block before the last is final: the last one starts at length - its size
             last_offset = inode.get("length", 0) - (last["num_bytes"] if last else 0)
             if kind == "retry":
-                return self.located(last, self.blocks.get(last["id"]), last_offset)
+                return self.located(last, self.blocks.get(last["id"]), last_offset,
+                                    self.token_user(ctx), WRITE_TOKEN)
             commit = None
             if kind == "commit":
                 self.ns.check_writer_length(current, inode, previous["num_bytes"])
@@ -213,7 +215,7 @@ class ClientProtocol:
             plan, block = self._plan_block(ctx, current, ino, inode.get("replication", 1),
                                            inode["block_size"], blocks, commit, excluded)
             await self.log_plan(plan)
-            return self._located_new(block, offset)
+            return self._located_new(ctx, block, offset)
 
     def _plan_block(self, ctx, current: str, ino: int, replication: int, block_size: int,
                     blocks: list, commit: dict | None, excluded) -> tuple[tuple, dict]:
@@ -231,9 +233,11 @@ class ClientProtocol:
                                       [t.node_id for t in targets], wall)
         return plan, {"id": block_id, "gs": gs, "num_bytes": 0, "state": bm.UNDER_CONSTRUCTION}
 
-    def _located_new(self, block: dict, offset: int) -> dict:
-        """A block just journaled by ``_plan_block``, located for its writer."""
-        return self.located(block, self.blocks.get(block["id"]), offset)
+    def _located_new(self, ctx, block: dict, offset: int) -> dict:
+        """A block just journaled by ``_plan_block``, located for its writer, with the
+        write token its block servers check (security = secure)."""
+        return self.located(block, self.blocks.get(block["id"]), offset, self.token_user(ctx),
+                            WRITE_TOKEN)
 
     async def rpc_abandon_block(self, ctx, path, client_name, ino=None, block=None):
         canonical = paths.validate(path)
@@ -407,9 +411,16 @@ class ClientProtocol:
             await self.journal.log(op, args)
             log.info("%s: new generation stamp %d for block %d of %s", what, args["gs"],
                      block_id, current)
-            return {"block": {"id": block_id, "gs": args["gs"], "num_bytes": last["num_bytes"]},
-                    "locations": [loc for loc in map(self.location, info.location_nodes())
-                                  if loc is not None]}
+            answer = {"block": {"id": block_id, "gs": args["gs"],
+                                "num_bytes": last["num_bytes"]},
+                      "locations": [loc for loc in map(self.location, info.location_nodes())
+                                    if loc is not None]}
+            # the recovered pipeline is set up under the new stamp: a write token for it
+            # (also how a writer whose token expired gets a fresh one)
+            token = self.block_token(block_id, args["gs"], self.token_user(ctx), WRITE_TOKEN)
+            if token is not None:
+                answer["token"] = token
+            return answer
 
     async def rpc_update_pipeline(self, ctx, client_name, old_block, new_block, new_nodes):
         """Commit a pipeline recovery (HDFS updatePipeline): the block takes the new stamp
@@ -477,12 +488,41 @@ class ClientProtocol:
             _, ino, inode, _ = self.ns.resolve(canonical)
         if inode is None or inode.get("type") != FILE:
             raise InvalidArgument(f"{what}: not a file")
+        # only the lease holder may have its block copied to the replacement
+        token = None if client_name is None else self._copy_token(ctx, what, canonical, ino,
+                                                                  inode, block)
         host = ctx.peer.rsplit(":", 1)[0].strip("[]") if getattr(ctx, "peer", None) else None
         targets = self.datanodes.choose_targets(
             num, excluded=list(existing) + list(excluded), writer_host=host,
             block_size=inode.get("block_size", 0), what=what)
-        return {"block": block, "locations": [{"node_id": t.node_id, "address": t.address}
-                                              for t in targets]}
+        answer = {"block": block, "locations": [{"node_id": t.node_id, "address": t.address}
+                                                for t in targets]}
+        if token is not None:
+            answer["token"] = token
+        return answer
+
+    def _copy_token(self, ctx, what: str, canonical: str, ino: int, inode: dict,
+                    block) -> dict | None:
+        """The copy token (security = secure) with which the writer has a pipeline node copy
+        ``block`` to a replacement (TRANSFER_BLOCK): only for the file's last block under
+        construction, at a stamp it has had (the copy's source may still carry the stamp
+        from before ``append`` or an unfinished recovery)."""
+        if self.block_keys is None:
+            return None
+        if not isinstance(block, dict):
+            raise InvalidArgument(f"{what}: block must be {{id, gs, num_bytes}}, got "
+                                  f"{block!r:.80}")
+        block_id = check_int(block.get("id"), f"{what}: block.id", low=0)
+        gs = check_int(block.get("gs"), f"{what}: block.gs", low=0)
+        tail = self.ns.tail_blocks(ino, inode, 1)
+        if not tail or tail[-1]["id"] != block_id \
+                or tail[-1]["state"] != bm.UNDER_CONSTRUCTION:
+            raise StaleGenerationStamp(f"{what}: block {block_id} is not the last block under "
+                                       f"construction of {canonical}")
+        if gs > tail[-1]["gs"]:
+            raise StaleGenerationStamp(f"{what}: block {block_id} of {canonical} has stamp "
+                                       f"{tail[-1]['gs']}, not {gs}")
+        return self.block_token(block_id, gs, self.token_user(ctx), COPY_TOKEN)
 
     async def rpc_recover_lease(self, ctx, path, client_name):
         parts = paths.split(path)
@@ -558,7 +598,9 @@ class ClientProtocol:
             if last is not None:
                 block = {**self.ns.tail_blocks(ino, inode, 1)[-1]}
                 offset = inode.get("length", 0) - block["num_bytes"]
-                last_block = self.located(block, self.blocks.get(block["id"]), offset)
+                # written on under the new stamp: a write token for it
+                last_block = self.located(block, self.blocks.get(block["id"]), offset,
+                                          self.token_user(ctx), WRITE_TOKEN)
             answer = {"status": self.ns.status(canonical, ino, inode), "last_block": last_block}
             data = self.ns.inline_data(ino, inode)
             if data is not None:   # the writer starts with these bytes (sent first)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 
 from fs import nodeauth, paths
+from fs.blocktoken import COPY as COPY_TOKEN
 from fs.errors import (AuthenticationFailed, InvalidArgument, PermissionDenied,
                        StaleGenerationStamp)
 from fs.rpc import format_address, parse_address
@@ -149,7 +150,11 @@ class DatanodeProtocol:
             refs = self.datanodes.take_invalidate(node_id, self.journal.durable_txid)
             if refs:
                 commands.append({"type": "INVALIDATE", "blocks": refs})
-            commands.extend(self.transfer_commands.pop(node_id, []))
+            for command in self.transfer_commands.pop(node_id, []):
+                # the copy token the node shows its targets (made now: fresh when it leaves)
+                block = command["block"]
+                token = self.block_token(block["id"], block["gs"], node_id, COPY_TOKEN)
+                commands.append(command if token is None else {**command, "token": token})
         commands.extend(self.recover_commands.pop(node_id, {}).values())
         answer = {"reregister": False, "commands": commands}
         keys = self.block_keys_for(block_keys_version)

@@ -477,9 +477,10 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, AuthProtocol, 
         return None if node is None else {"node_id": node.node_id, "address": node.address}
 
     def located(self, block: dict, info: BlockInfo | None, offset: int,
-                user: str | None = None) -> dict:
+                user: str | None = None, mode: str = READ_TOKEN) -> dict:
         """A located block for clients (pipeline nodes while being written); with a
-        ``user`` and block keys, the block access token its readers show block servers."""
+        ``user`` and block keys, the block access token (``mode``: read, or write for the
+        block's writer) its caller shows block servers."""
         state = info.state if info is not None else block["state"]
         corrupt = False
         if info is None:
@@ -502,10 +503,17 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, AuthProtocol, 
         gs = info.gs if info else block["gs"]
         out = {"block": {"id": block["id"], "gs": gs, "num_bytes": block["num_bytes"]},
                "offset": offset, "locations": locations, "state": state, "corrupt": corrupt}
-        if self.block_keys is not None and user is not None:
-            out["token"] = self.block_keys.token(block["id"], gs, user, READ_TOKEN,
-                                                 self.wall_ns() / 1e9)
+        token = None if user is None else self.block_token(block["id"], gs, user, mode)
+        if token is not None:
+            out["token"] = token
         return out
+
+    def block_token(self, block_id: int, gs: int, user: str, mode: str) -> dict | None:
+        """A block access token for ``mode`` on block ``block_id`` at stamp ``gs``
+        (``fs.blocktoken``), or None in security = simple."""
+        if self.block_keys is None:
+            return None
+        return self.block_keys.token(block_id, gs, user, mode, self.wall_ns() / 1e9)
 
     def token_user(self, ctx) -> str:
         """Whom a block access token is made out to (the server's user in-process)."""

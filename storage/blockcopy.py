@@ -4,9 +4,11 @@ replication monitor; HDFS ``DataNode.DataTransfer``).
 Why it exists: re-replication and decommission need block servers to copy replicas among
 themselves; the metadata server only says "copy block B to targets T" in a heartbeat reply.
 The copy reuses the ordinary write pipeline: this node plays the client and sends a
-WRITE_BLOCK (``PIPELINE_SETUP_CREATE``) to ``targets[0]`` with ``targets[1:]`` downstream, so
-every target verifies the checksums, finalizes on the LAST packet and reports the replica
-received itself, exactly as for a client write. The source verifies every chunk it reads
+WRITE_BLOCK (stage ``TRANSFER_FINALIZED``) to ``targets[0]`` with ``targets[1:]`` downstream,
+so every target verifies the checksums, finalizes on the LAST packet and reports the replica
+received itself, exactly as for a client write. The header carries the copy token of the
+metadata server's command (security = secure): each target checks it, so nobody else can
+have a block server write a replica. The source verifies every chunk it reads
 first: a replica whose bytes do not match their checksums is never copied, and is reported
 bad (``ChecksumError``) so the metadata server picks another source.
 
@@ -25,7 +27,7 @@ import trio
 
 from fs import tls as tlsmod
 from fs.config import Config
-from fs.datatransfer import (CHECKSUM_SIZE, FLAG_LAST, PIPELINE_SETUP_CREATE, SUCCESS, WRITE_BLOCK,
+from fs.datatransfer import (CHECKSUM_SIZE, FLAG_LAST, SUCCESS, TRANSFER_FINALIZED, WRITE_BLOCK,
                              crc32c, op_header, receive_ack, send_packet, verify_checksums)
 from fs.errors import LeaseFSError, ProtocolError, ServerUnavailable
 from fs.framing import FramedStream
@@ -40,9 +42,10 @@ HEADER_MAX_FRAME = 1 << 20
 
 
 async def copy_replica(config: Config, store: ReplicaStore, block_id: int, gs: int,
-                       targets: list[str], *, client: str = "transfer") -> int:
-    """Send the finalized replica ``blk_<id>_<gs>`` to ``targets`` (a pipeline); returns the
-    bytes sent. Raises ``ChecksumError`` when the local replica is corrupt, ``LeaseFSError``
+                       targets: list[str], *, client: str = "transfer",
+                       token: dict | None = None) -> int:
+    """Send the finalized replica ``blk_<id>_<gs>`` to ``targets`` (a pipeline), showing them
+    ``token`` (the command's copy token); returns the bytes sent. Raises ``ChecksumError`` when the local replica is corrupt, ``LeaseFSError``
     (``ServerUnavailable``, ``ProtocolError``) when a target fails."""
     replica = store.readable(block_id, gs)
     if replica.state is not ReplicaState.FINALIZED or replica.gs != gs:
@@ -52,17 +55,19 @@ async def copy_replica(config: Config, store: ReplicaStore, block_id: int, gs: i
     reader = await store.open_reader(block_id, gs)
     try:
         return await send_replica(config, store, reader, block_id, gs, reader.visible_length,
-                                  targets, stage=PIPELINE_SETUP_CREATE, client=client)
+                                  targets, stage=TRANSFER_FINALIZED, client=client, token=token)
     finally:
         with trio.CancelScope(shield=True):
             await store.close_reader(reader)
 
 
 async def send_replica(config: Config, store: ReplicaStore, reader, block_id: int, gs: int,
-                       length: int, targets: list[str], *, stage: str, client: str) -> int:
-    """Stream ``[0, length)`` of an open replica ``reader`` into a WRITE_BLOCK ``stage`` on
-    ``targets[0]`` (``targets[1:]`` downstream); the one sender of every block-server-side
-    copy: re-replication (``PIPELINE_SETUP_CREATE``, finalized replicas) and pipeline recovery
+                       length: int, targets: list[str], *, stage: str, client: str,
+                       token: dict | None = None) -> int:
+    """Stream ``[0, length)`` of an open replica ``reader`` into a WRITE_BLOCK ``stage`` of
+    block ``block_id`` at stamp ``gs`` on ``targets[0]`` (``targets[1:]`` downstream), with
+    the copy ``token`` (None: security = simple); the one sender of every block-server-side
+    copy: re-replication (``TRANSFER_FINALIZED``, finalized replicas) and pipeline recovery
     (``TRANSFER_RBW``, the acknowledged part of a replica being written). Every chunk is
     verified before it is sent (``ChecksumError`` for a corrupt source); when ``length`` ends
     inside a chunk whose stored checksum covers more bytes, that checksum is recomputed for
@@ -79,9 +84,12 @@ async def send_replica(config: Config, store: ReplicaStore, reader, block_id: in
     framed = FramedStream(stream, HEADER_MAX_FRAME)
     try:
         with trio.fail_after(timeout):
-            await framed.send_frame(op_header(WRITE_BLOCK, block={"id": block_id, "gs": gs},
-                                              targets=list(targets[1:]), stage=stage,
-                                              client=client, bytes_per_checksum=bpc))
+            header = op_header(WRITE_BLOCK, block={"id": block_id, "gs": gs},
+                               targets=list(targets[1:]), stage=stage, client=client,
+                               bytes_per_checksum=bpc)
+            if token is not None:
+                header["token"] = token
+            await framed.send_frame(header)
             response = await framed.receive_frame()
         if not isinstance(response, dict) or response.get("status") != "SUCCESS":
             message = response.get("message") if isinstance(response, dict) else response

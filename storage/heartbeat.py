@@ -11,9 +11,10 @@ Life cycle: ``register_storage`` → full ``block_report`` → every ``heartbeat
 its restart: register again, full report again) and carries commands: INVALIDATE deletes the
 replicas in a worker thread and reports them deleted; RECOVER_BLOCK starts the block recovery
 worker (``storage.recovery``, this node is the primary); TRANSFER copies a finalized replica
-to the listed targets (``storage.blockcopy``, at most ``replication_max_streams`` at once; a
-local replica found corrupt on the way is reported bad, one whose files are gone or cut is
-dropped and reported deleted); other command types are logged once and ignored.
+to the listed targets with the command's copy token (``storage.blockcopy``, at most
+``replication_max_streams`` at once; a local replica found corrupt on the way is reported
+bad, one whose files are gone or cut is dropped and reported deleted); other command types
+are logged once and ignored.
 ``report_bad_replicas`` sends the block scanner's findings; ``replica_lost`` drops a replica
 whose files a read, copy or scan found gone or cut and reports it deleted at once. A full
 report also goes out every ``block_report_interval``. While the metadata server cannot be
@@ -356,7 +357,8 @@ class HeartbeatService:
         await self._rpc.call("commit_block_synchronization", args, retry_seconds=0)
 
     async def _transfer(self, command: dict) -> None:
-        """TRANSFER: copy our finalized replica of ``block`` to ``targets``."""
+        """TRANSFER: copy our finalized replica of ``block`` to ``targets``, showing them the
+        command's copy token (security = secure)."""
         block, targets = command.get("block"), command.get("targets")
         if not (isinstance(block, dict) and isinstance(block.get("id"), int)
                 and isinstance(block.get("gs"), int) and isinstance(targets, list) and targets
@@ -371,7 +373,8 @@ class HeartbeatService:
             async with self._transfer_limiter:
                 started = trio.current_time()
                 sent = await copy_replica(self.config, self.store, block_id, gs, targets,
-                                          client=f"transfer-{self.store.node_id}")
+                                          client=f"transfer-{self.store.node_id}",
+                                          token=command.get("token"))
             self.transfers_done += 1
             log.info("TRANSFER blk_%d_%d: %d bytes copied to %s in %.2fs", block_id, gs, sent,
                      ", ".join(targets), trio.current_time() - started)

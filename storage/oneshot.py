@@ -16,13 +16,14 @@ downstream's answer and answers upstream: the setup response a WRITE_BLOCK would
 and the ack of the packet, ``[own status] + downstream statuses``, in one send. The
 downstream works on its copy while this node writes, so the nodes' disk work overlaps.
 
-Failures are answered, never raised past the connection: a bad header or packet header
-(oversized, not one LAST packet at offset 0, too slow) gets an error response before
-anything is created; a checksum error acks ``ERROR_CHECKSUM`` for this node (nothing
+Failures are answered, never raised past the connection: a block access token that does not
+let this write (security = secure) is refused with ``InvalidToken`` before the packet is
+read; a bad header or packet header (oversized, not one LAST packet at offset 0, too slow)
+gets an error response before anything is created; a checksum error acks ``ERROR_CHECKSUM`` for this node (nothing
 written, nothing forwarded); a local write that fails acks ``ERROR`` for this node; a
 downstream that cannot be reached, refuses, breaks or stays silent for ``data_timeout`` is
 acked ``ERROR`` at its index. The writer treats any failure as a failed pipeline setup
-(abandons the block, excludes the node, takes a new block); replicas already finalized of the
+(abandons the block, excludes the node — not for a refused token — takes a new block); replicas already finalized of the
 abandoned block are invalidated by the metadata server as for any abandoned block.
 
 Concurrency contract: runs in the task that serves the connection, on the trio thread; the
@@ -36,6 +37,7 @@ import logging
 
 import trio
 
+from fs import blocktoken
 from fs.datatransfer import (ACK_HEADER, CHECKSUM_SIZE, ERROR, ERROR_CHECKSUM, FLAG_LAST,
                              MAX_PACKET_DATA, PACKET_HEADER, SUCCESS, WRITE_BLOCK_ONESHOT,
                              encode_ack, num_chunks, verify_checksums)
@@ -58,13 +60,16 @@ _TAKEN = encode_frame({"status": "SUCCESS", "message": "", "first_bad_link": ""}
 async def write_oneshot(server, conn, header: dict, *, corruption) -> None:
     """Serve one WRITE_BLOCK_ONESHOT on ``conn`` (the data-transfer server's connection:
     ``framed``, ``peer``, ``responded``, ``drained``) for ``server`` (its ``config``, ``store``,
-    ``reporter``, ``budget``, ``oneshot_writes``). ``corruption``: the test-only in-flight
+    ``reporter``, ``budget``, ``oneshot_writes``, ``check_token``). ``corruption``: the test-only in-flight
     corruption hook of ``storage.transfer``. Raises what the caller answers as an error
     response (a bad header or packet header) before anything was created."""
     config = server.config
     block_id, gs = block_ref(header, OP)
     targets = write_targets(header, OP)
     bpc = bytes_per_checksum(header, block_id, OP, config)
+    # a write token for this block and stamp (security = secure), before the packet is
+    # even read; the header (and so the token) goes downstream unchanged
+    server.check_token(header, block_id, gs, OP, blocktoken.WRITE)
     name = f"blk_{block_id}_{gs}"
     framed: FramedStream = conn.framed
     with trio.move_on_after(config.data_timeout) as slow:

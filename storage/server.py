@@ -31,7 +31,8 @@ from .dirscan import DirectoryScanner
 from .heartbeat import HeartbeatService
 from .replicas import ReplicaStore
 from .scanner import BlockScanner
-from .transfer import DataTransferServer, refusal_response
+from .opheader import refusal_response
+from .transfer import DataTransferServer
 
 log = logging.getLogger(__name__)
 

@@ -34,6 +34,15 @@ PIPELINE_SETUP_APPEND (docs/PROTOCOL.md §4): the same pipeline, but each node r
 FINALIZED replica of exactly ``min_bytes`` bytes as RBW under the new generation stamp instead
 of creating one; the writer's first packet repeats the last partial chunk.
 
+Block access tokens (security = secure, ``fs.blocktoken``): every op that reads, writes or
+copies a replica is checked before it touches anything: READ_BLOCK and BLOCK_LENGTH need a
+read token, WRITE_BLOCK a write token (CREATE, APPEND, STREAMING_RECOVERY: for the stamp the
+header names, which for APPEND and STREAMING_RECOVERY is the new one) or a copy token
+(TRANSFER_RBW, TRANSFER_FINALIZED: ``STAGE_MODES``), TRANSFER_BLOCK and WRITE_BLOCK_ONESHOT
+as their writes do. A pipeline node forwards the header with the token unchanged; a copy's
+sender shows its receiver the copy token it was given (by the client, or in the metadata
+server's TRANSFER command). A refused token is an ``InvalidToken`` error response.
+
 INIT_REPLICA_RECOVERY / UPDATE_REPLICA_UNDER_RECOVERY: the block-recovery ops a primary
 (``storage.recovery``) sends to every replica holder; INIT stops a running pipeline of that
 replica (its cancel scope) and answers the replica's length, stamp and original state.
@@ -70,22 +79,23 @@ from fs.datatransfer import (BLOCK_LENGTH, CHECKSUM_SIZE, DATA_TRANSFER_VERSION,
                              ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA, PACKET_HEADER,
                              PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE,
                              PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
-                             TRANSFER_BLOCK, TRANSFER_RBW, WRITE_BLOCK, WRITE_BLOCK_ONESHOT,
+                             TRANSFER_BLOCK, TRANSFER_FINALIZED, TRANSFER_RBW, WRITE_BLOCK,
+                             WRITE_BLOCK_ONESHOT,
                              Packet, encode_packet_header, num_chunks, receive_ack, send_ack,
                              send_packet, verify_checksums)
-from fs.errors import (ChecksumError, InternalError, InvalidArgument, LeaseFSError,
-                       NotSupported, PipelineError, ProtocolError, ReplicaNotFound,
-                       ServerBusy, ServerUnavailable)
+from fs.errors import (ChecksumError, InternalError, InvalidArgument, InvalidToken,
+                       LeaseFSError, NotSupported, PipelineError, ProtocolError,
+                       ReplicaNotFound, ServerUnavailable)
 from fs.framing import FramedStream, encode_frame
 from fs.limits import ByteBudget
 from fs.rpc import check_version, connect_tcp, parse_address
 
 from .blockcopy import send_replica
-from .layout import check_bytes_per_checksum, check_packet_range
+from .layout import check_packet_range
 from .oneshot import write_oneshot
 from .opheader import (CONNECT_TIMEOUT, HEADER_MAX_FRAME, block_ref as _block,
                        bytes_per_checksum as _bytes_per_checksum, error_response as _error_response,
-                       field as _field, refusal_response, write_targets as _targets)
+                       field as _field, write_targets as _targets)
 from .recovery import INIT_REPLICA_RECOVERY, UPDATE_REPLICA_UNDER_RECOVERY, replica_wire
 from .replica_records import Replica
 from .replica_states import ReplicaState
@@ -102,6 +112,16 @@ def _log_local_failure(replica: Replica, what: str, exc: BaseException) -> None:
     else:
         log.error("WRITE_BLOCK %s: %s failed: %s", replica.name, what, exc)
 
+
+#: the access each WRITE_BLOCK stage needs (HDFS AccessMode): a client writing its block,
+#: or a block server copying a replica (re-replication, a pipeline's replacement node)
+STAGE_MODES = {
+    PIPELINE_SETUP_CREATE: blocktoken.WRITE,
+    PIPELINE_SETUP_APPEND: blocktoken.WRITE,
+    PIPELINE_SETUP_STREAMING_RECOVERY: blocktoken.WRITE,
+    TRANSFER_RBW: blocktoken.COPY,
+    TRANSFER_FINALIZED: blocktoken.COPY,
+}
 
 _KNOWN_FLAGS = FLAG_LAST | FLAG_SYNC | FLAG_HEARTBEAT
 #: TEST-ONLY fault injection: ``LEASEFS_TEST_CORRUPT_PACKETS=once|always`` in a block server's
@@ -195,8 +215,8 @@ class DataTransferServer:
         # the cluster key (security = secure, set by the block server): recovery ops must be
         # signed with it (fs.nodeauth)
         self.node_key: bytes | None = None
-        # block keys readers' tokens are checked with (security = secure: from the metadata
-        # server's registration and heartbeat replies)
+        # block keys the tokens of reads, writes and copies are checked with (security =
+        # secure: from the metadata server's registration and heartbeat replies)
         self.block_keys: dict[int, bytes] = {}
         self.active_ops = 0   # HDFS xceiver count, reported in heartbeats
         self.oneshot_writes = 0   # WRITE_BLOCK_ONESHOT packets received (tests, metrics)
@@ -276,17 +296,20 @@ class DataTransferServer:
     def set_block_keys(self, keys: dict[int, bytes]) -> None:
         self.block_keys = dict(keys)
 
-    def _check_token(self, header: dict, block_id: int, gs: int, op: str) -> None:
-        """A read needs a block access token of the metadata server (security = secure)."""
+    def check_token(self, header: dict, block_id: int, gs: int, op: str,
+                    mode: str = blocktoken.READ) -> None:
+        """Every read, write and copy of a replica needs a block access token of the
+        metadata server for this block, stamp and ``mode`` (security = secure); checked
+        before the op touches anything."""
         if self.node_key is not None:
-            blocktoken.check(self.block_keys, header.get("token"), block_id, gs,
-                             blocktoken.READ, time.time(), f"{op} of block {block_id}")
+            blocktoken.check(self.block_keys, header.get("token"), block_id, gs, mode,
+                             time.time(), f"{op} of block {block_id} stamp {gs}")
 
     # ------------------------------------------------------------------ BLOCK_LENGTH
 
     async def _block_length(self, conn: _Conn, header: dict) -> None:
         block_id, gs = _block(header, BLOCK_LENGTH)
-        self._check_token(header, block_id, gs, BLOCK_LENGTH)
+        self.check_token(header, block_id, gs, BLOCK_LENGTH)
         replica = self.store.readable(block_id, gs)
         visible = (replica.visible_length if replica.state is ReplicaState.RBW
                    else replica.num_bytes)
@@ -330,6 +353,8 @@ class DataTransferServer:
         the old pipeline still writing it first. Answers once the target acked the copy."""
         op = TRANSFER_BLOCK
         block_id, gs = _block(header, op)
+        # HDFS: the client's token, mode COPY; the target checks the same token again
+        self.check_token(header, block_id, gs, op, blocktoken.COPY)
         length = header["block"].get("num_bytes", -1)
         if not isinstance(length, int) or isinstance(length, bool) or length < 0:
             raise ProtocolError(f"{op}: block.num_bytes must be the length to copy")
@@ -341,13 +366,17 @@ class DataTransferServer:
         if stage != TRANSFER_RBW:
             raise NotSupported(f"{op} stage {stage[:60]!r} is not supported")
         sent = await self.transfer_replica(block_id, gs, length, targets[0],
-                                           client=str(header.get("client", ""))[:200])
+                                           client=str(header.get("client", ""))[:200],
+                                           token=header.get("token"))
         await conn.respond({"status": "SUCCESS", "message": "", "bytes": sent})
 
     async def transfer_replica(self, block_id: int, gs: int, length: int, target: str, *,
-                               client: str = "") -> int:
+                               client: str = "", token: dict | None = None) -> int:
         """Stream ``[0, length)`` of the local replica of ``(block_id, gs)`` with its stored
-        checksums into a WRITE_BLOCK TRANSFER_RBW on ``target``; returns the bytes sent."""
+        checksums into a WRITE_BLOCK TRANSFER_RBW on ``target``, under stamp ``gs`` (the
+        one ``token``, the client's copy token, names; the replica here may carry a newer
+        one from a recovery that did not finish, and the writer's recovery gives the copy
+        its new stamp anyway); returns the bytes sent."""
         replica = self.store.readable(block_id, gs)
         have = (replica.visible_length if replica.state is ReplicaState.RBW
                 else replica.num_bytes)
@@ -358,8 +387,8 @@ class DataTransferServer:
             await self.store.stop_writer(replica)
         reader = await self.store.open_reader(block_id, gs)
         try:
-            await send_replica(self.config, self.store, reader, block_id, reader.gs, length,
-                               [target], stage=TRANSFER_RBW, client=client)
+            await send_replica(self.config, self.store, reader, block_id, gs, length,
+                               [target], stage=TRANSFER_RBW, client=client, token=token)
         except ServerUnavailable as exc:   # the replacement failed: a pipeline matter
             raise PipelineError(f"{TRANSFER_BLOCK} {replica.name}: {exc.message}") from None
         finally:
@@ -373,7 +402,7 @@ class DataTransferServer:
 
     async def _read_block(self, conn: _Conn, header: dict) -> None:
         block_id, gs = _block(header, READ_BLOCK)
-        self._check_token(header, block_id, gs, READ_BLOCK)
+        self.check_token(header, block_id, gs, READ_BLOCK)
         offset = _field(header, "offset", int, READ_BLOCK, 0)
         length = _field(header, "length", int, READ_BLOCK, -1)
         try:
@@ -499,9 +528,11 @@ class DataTransferServer:
         block_id, gs = _block(header, WRITE_BLOCK)
         targets = _targets(header, WRITE_BLOCK)
         stage = _field(header, "stage", str, WRITE_BLOCK, PIPELINE_SETUP_CREATE)
-        if stage not in (PIPELINE_SETUP_CREATE, PIPELINE_SETUP_APPEND,
-                         PIPELINE_SETUP_STREAMING_RECOVERY, TRANSFER_RBW):
+        if stage not in STAGE_MODES:
             raise NotSupported(f"WRITE_BLOCK stage {stage[:60]!r} is not supported yet")
+        # before anything is created, cut or renamed; for APPEND and STREAMING_RECOVERY
+        # ``gs`` is the new stamp the writer got from the metadata server with its token
+        self.check_token(header, block_id, gs, f"{WRITE_BLOCK} {stage}", STAGE_MODES[stage])
         if stage == TRANSFER_RBW and targets:
             raise ProtocolError("WRITE_BLOCK stage TRANSFER_RBW takes no downstream targets")
         min_bytes = 0
@@ -529,14 +560,17 @@ class DataTransferServer:
             if targets:
                 downstream, failure = await self._connect_downstream(header, targets)
                 if failure is not None:
-                    message, bad_link = failure
+                    message, bad_link, kind = failure
                     log.info("WRITE_BLOCK %s: downstream setup failed at %s: %s",
                              replica.name, bad_link, message)
                     if reopening:   # keep the acknowledged data: only stop writing
                         await self.store.release_writer(replica)
                     else:
                         await self.store.delete(replica)
-                    exc = ServerUnavailable(f"pipeline setup failed at {bad_link}: {message}")
+                    # a refused token stays one upstream: the writer asks for a fresh
+                    # token instead of blaming the node
+                    error = InvalidToken if kind == InvalidToken.__name__ else ServerUnavailable
+                    exc = error(f"pipeline setup failed at {bad_link}: {message}")
                     await conn.respond(_error_response(exc, first_bad_link=bad_link))
                     return
             # HDFS "receiving block" report: the metadata server learns the RBW location
@@ -557,14 +591,15 @@ class DataTransferServer:
                     await self.store.release_writer(replica)
 
     async def _connect_downstream(self, header: dict, targets: list[str]):
-        """``(stream, None)`` or ``(None, (message, first_bad_link))``."""
+        """``(stream, None)`` or ``(None, (message, first_bad_link, error type or None))``.
+        The header goes on as it came (the writer's token too: each node checks it)."""
         target = targets[0]
         host, port = parse_address(target)
         try:
             with trio.fail_after(min(CONNECT_TIMEOUT, self.config.data_timeout)):
                 stream = await connect_tcp(host, port, tlsmod.client(self.config))
         except (OSError, LeaseFSError, trio.TooSlowError) as exc:   # LeaseFSError: TLS
-            return None, (f"cannot connect: {str(exc) or 'timed out'}", target)
+            return None, (f"cannot connect: {str(exc) or 'timed out'}", target, None)
         framed = FramedStream(stream, HEADER_MAX_FRAME)
         try:
             await framed.send_frame({**header, "targets": targets[1:]})
@@ -572,14 +607,16 @@ class DataTransferServer:
                 response = await framed.receive_frame()
         except (LeaseFSError, EOFError, trio.TooSlowError) as exc:
             await framed.aclose()
-            return None, (f"no setup response: {str(exc) or 'timed out'}", target)
+            return None, (f"no setup response: {str(exc) or 'timed out'}", target, None)
         if isinstance(response, dict) and response.get("status") == "SUCCESS":
             return framed, None
         await framed.aclose()
         if not isinstance(response, dict):
-            return None, (f"malformed setup response {response!r:.100}", target)
+            return None, (f"malformed setup response {response!r:.100}", target, None)
         bad = response.get("first_bad_link") or target
-        return None, (str(response.get("message", "refused")), bad)
+        error = response.get("error")
+        kind = error.get("type") if isinstance(error, dict) else None
+        return None, (str(response.get("message", "refused")), bad, kind)
 
 
 @dataclass(slots=True)

@@ -476,7 +476,10 @@ def test_setup_failure_downstream_names_the_first_bad_link(tmp_path):
         dead = f"127.0.0.1:{sock.getsockname()[1]}"
 
     async def main():
-        async with inprocess_cluster(tmp_path, n_storage=1, **SMALL) as cluster:
+        # a block the metadata server never allocated: no write token for it in security =
+        # secure, where the first node would refuse it before looking downstream
+        async with inprocess_cluster(tmp_path, n_storage=1, security="simple",
+                                     **SMALL) as cluster:
             first = {"node_id": "first", "address": cluster.storage_address(0)}
             located = {"block": {"id": 424242, "gs": 1, "num_bytes": 0},
                        "locations": [first, {"node_id": "dead-one", "address": dead}]}
