@@ -23,7 +23,7 @@ from test_storage import (BPC, connect, decode_frame, expected_meta, raw_exchang
 
 from fs.datatransfer import (ERROR, ERROR_CHECKSUM, FLAG_LAST, FLAG_SYNC, SUCCESS,
                              WRITE_BLOCK_ONESHOT, chunk_checksums, encode_packet_header,
-                             op_header, receive_ack)
+                             op_header)
 from fs.framing import encode_frame
 from fs.errors import LeaseFSError
 from fs.pipeline import SetupFailed, write_oneshot
