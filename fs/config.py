@@ -121,8 +121,9 @@ class Config:
     meta_socket: str = _s(DEFAULT_LOCAL_SOCKET, "the metadata server's local socket, where "
                           "the kernel tells it who each client is (SO_PEERCRED): @NAME is "
                           "Linux's abstract namespace, else a file path; {port} is its RPC "
-                          "port. Clients of a metadata server on a loopback address try it "
-                          "before TCP; empty = none")
+                          "port. Clients try it before TCP: the default one for a metadata "
+                          "server on a loopback address, one set explicitly always; empty = "
+                          "none")
     token_file: str = _s("", "a delegation token file (leasefs token fetch) a client "
                          "authenticates with over TCP, e.g. from another machine (HDFS "
                          "HADOOP_TOKEN_FILE_LOCATION)")

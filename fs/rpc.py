@@ -190,12 +190,14 @@ def local_socket_address(name: str) -> str | bytes:
 
 def local_socket_name(template: str, address, *, server: bool = False) -> str | None:
     """The ``meta_socket`` setting for the metadata server at ``address``: ``{port}`` filled
-    in. A client uses it only for a server on a loopback address (another machine's server
-    has no socket here, and a same-named one would be another cluster's)."""
+    in. A client uses the default one only for a server on a loopback address (another
+    machine's server has no socket here, and a same-named one would be another cluster's);
+    one set explicitly, whatever the address names (a server of this machine named by its
+    host name)."""
     if not template:
         return None
     host, port = parse_address(address)
-    if not server and not _loopback(host):
+    if not server and template == DEFAULT_LOCAL_SOCKET and not _loopback(host):
         return None
     return template.replace("{port}", str(port))
 

@@ -32,6 +32,7 @@ import trio
 from fs import nodeauth
 from fs import tls as tlsmod
 from fs.config import Config
+from fs.client import authentication
 from fs.rpc import RpcClient, format_address
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,8 +81,9 @@ async def wait_cluster_ready(meta_address: str, n_live: int, timeout: float = 30
     deadline = trio.current_time() + timeout
     last = None
     tls = tlsmod.client(config) if config is not None else None
+    how = authentication(config, meta_address) if config is not None else {}
     async with RpcClient(meta_address, "harness-probe", retry_seconds=1.0, timeout=5.0,
-                         tls=tls) as rpc:
+                         tls=tls, **how) as rpc:
         while trio.current_time() < deadline:
             try:
                 last = await rpc.call("report", {}, retry_seconds=0.5)

@@ -404,3 +404,62 @@ def test_a_mount_acts_for_each_caller_only_as_a_proxy_user(tmp_path):
                 assert not root.exists("/pub/d")
         finally:
             mount.cleanup()
+
+
+def test_which_clients_try_the_local_socket():
+    """The default socket only for a server on a loopback address; one set explicitly for
+    any address; none when empty."""
+    from fs.config import DEFAULT_LOCAL_SOCKET
+    from fs.rpc import local_socket_name
+
+    assert local_socket_name(DEFAULT_LOCAL_SOCKET, "127.0.0.1:8020") == "@leasefs-meta-8020"
+    assert local_socket_name(DEFAULT_LOCAL_SOCKET, "localhost:9") == "@leasefs-meta-9"
+    assert local_socket_name(DEFAULT_LOCAL_SOCKET, "[::1]:7") == "@leasefs-meta-7"
+    assert local_socket_name(DEFAULT_LOCAL_SOCKET, "10.1.2.3:8020") is None
+    assert local_socket_name(DEFAULT_LOCAL_SOCKET, "10.1.2.3:8020", server=True) == \
+        "@leasefs-meta-8020"
+    assert local_socket_name("/run/lfs-{port}.sock", "meta.example:8020") == \
+        "/run/lfs-8020.sock"
+    assert local_socket_name("", "127.0.0.1:8020") is None
+
+
+def test_a_local_socket_at_a_file_path(tmp_path):
+    """``meta_socket`` as a file path: made connectable by every local user (the kernel
+    says who each is), used by clients that set it, removed when the server stops."""
+    import shutil
+    import stat
+    import tempfile
+    from pathlib import Path
+
+    # a folder nobody can reach (pytest's own are root's, mode 0700)
+    folder = Path(tempfile.mkdtemp(prefix="leasefs-sock-"))
+    os.chmod(folder, 0o755)
+    path = folder / "meta.sock"
+
+    async def main():
+        async with inprocess_cluster(tmp_path / "c", n_storage=0,
+                                     meta_socket=str(path)) as cluster:
+            assert stat.S_ISSOCK(os.stat(path).st_mode)
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o666
+            async with cluster.client() as root:
+                await root.mkdirs("/pub", permission=0o777)
+                assert root.rpc.local_socket == str(path) and root.rpc.connected
+            # a process of nobody through the file: nobody
+            script = _LOCAL_PEER.replace('b"\\0" + sys.argv[1].encode()', "sys.argv[1]")
+            payload = encode_frame(hello("nobody")) + encode_frame(
+                [1, "mkdirs", {"path": "/pub/via-file"}])
+            result = await trio.to_thread.run_sync(functools.partial(
+                subprocess.run, [SYSTEM_PYTHON, "-c", script, str(path), "1"], input=payload,
+                user=NOBODY, group=NOBODY, extra_groups=[], capture_output=True, timeout=60,
+                cwd="/"))
+            assert result.returncode == 0, result.stderr.decode(errors="replace")
+            [reply] = _frames(bytes.fromhex(result.stdout.decode().strip()))
+            assert reply[:2] == [1, True], reply
+            async with cluster.client() as root:
+                assert (await root.get_file_status("/pub/via-file")).owner == "nobody"
+        assert not path.exists()
+
+    try:
+        trio.run(main)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
