@@ -3,5 +3,5 @@
 ``server.run_meta_server`` is the entry point; ``namespace`` (inode namespace + journal
 apply), ``keys`` (LevelDB key schema), ``locks`` (path locks), ``leases``, ``blocks``,
 ``datanodes``, ``safemode`` (pure state machines), ``journal`` (edit log), ``kv`` (store),
-``invariants`` (offline consistency check), ``status_http`` (status page).
+``invariants`` (offline consistency check), ``web`` (web pages, JSON, metrics).
 """

@@ -71,6 +71,7 @@ from fs.blocktoken import READ as READ_TOKEN, KeyRing
 from fs.config import Config
 from fs.errors import AlreadyBeingCreated, InternalError, TryAgain, LeaseFSError, ServerUnavailable
 from fs.limits import ByteBudget, ConnectionLimits
+from fs.metrics import new_registry
 from fs.rpc import (Dispatcher, RetryCache, current_user, format_address, local_socket_name,
                     rpc_refusal, serve_local, serve_rpc,
                     serve_tcp)
@@ -156,6 +157,7 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, AuthProtocol, 
         # block keys tokens are made with (security = secure; set by run_meta_server)
         self.block_keys: KeyRing | None = None
         self.proxy_rules = ProxyRules.parse(config.proxy_users, self.superuser)
+        self.metrics_registry = new_registry()      # /metrics (web.py)
         self.tokens: dict = {}        # delegation tokens: seq → TokenState (user_auth.py)
         self._next_token = 1
         self.permissions = PermissionChecker(superuser=self.superuser,
@@ -752,8 +754,10 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
                     serve_local, handler, local, server="metadata server", limits=limits,
                     refusal=rpc_refusal))
             if http_port:
-                from .status_http import serve_status
-                await nursery.start(partial(serve_status, server, host, http_port))
+                from fs.web import serve_app
+                from .web import make_app
+                await nursery.start(partial(serve_app, make_app(server), host, http_port,
+                                            name="metadata server web pages"))
             log.info("metadata server ready on %s (data %s)", format_address(bound), data_dir)
             task_status.started(bound)
     finally:

@@ -25,7 +25,9 @@ from fs import nodeauth
 from fs import tls as tlsmod
 from fs.config import Config
 from fs.limits import ConnectionLimits
+from fs.metrics import new_registry
 from fs.rpc import format_address, serve_tcp
+from fs.web import serve_app
 
 from .dirscan import DirectoryScanner
 from .heartbeat import HeartbeatService
@@ -33,6 +35,7 @@ from .replicas import ReplicaStore
 from .scanner import BlockScanner
 from .opheader import refusal_response
 from .transfer import DataTransferServer
+from .web import make_app
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,8 @@ class BlockServer:
         self.dirscan = DirectoryScanner(config, self.store, self.heartbeat)
         self.bound: tuple[str, int] | None = None
         self.advertised: str | None = None
+        self.metrics_registry = new_registry()      # /metrics (web.py)
+        self.http_bound: tuple[str, int] | None = None
 
     async def run(self, host: str = "127.0.0.1", port: int = 9866,
                   task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -77,6 +82,10 @@ class BlockServer:
                     refusal=refusal_response, tls=server_tls))
                 self.advertised = format_address((self.config.storage_advertise_host,
                                                   self.bound[1]))
+                if self.config.storage_http_port >= 0:
+                    self.http_bound = await nursery.start(partial(
+                        serve_app, make_app(self), host, self.config.storage_http_port,
+                        name="block server web page"))
                 task_status.started(self.bound)
                 nursery.start_soon(self.scanner.run)
                 nursery.start_soon(self.dirscan.run)

@@ -1,0 +1,58 @@
+"""Serving the status pages and metrics of every leasefs process: one maintained HTTP
+stack (Hypercorn, an ASGI server that runs on trio) under small ASGI apps (Starlette).
+
+Why it exists: the metadata server, the block servers and the mount each serve read-only
+pages, JSON for scripts and Prometheus metrics beside their own protocols, in their own
+trio thread. A hand-written HTTP handler would have to get request parsing, keep-alive,
+timeouts and limits right itself; Hypercorn does (h11), and runs as one more task tree in
+the server's nursery.
+
+Concurrency contract: ``serve_app`` is a trio task; the app's handlers run on the same
+trio thread as the server they describe, so they read its state without locks and must
+not block.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+
+from .rpc import format_address
+
+log = logging.getLogger(__name__)
+
+# what one request may hold: pages are small GETs
+MAX_REQUEST_HEAD = 16 * 1024
+READ_TIMEOUT = 10
+
+
+def _config(host: str, port: int) -> HypercornConfig:
+    config = HypercornConfig()
+    config.bind = [format_address((host, port))]
+    config.accesslog = None                     # requests are not news; errors are logged
+    config.errorlog = logging.getLogger("fs.web.hypercorn")
+    config.h11_max_incomplete_size = MAX_REQUEST_HEAD
+    config.read_timeout = READ_TIMEOUT
+    config.keep_alive_timeout = 30
+    config.graceful_timeout = 1
+    return config
+
+
+async def serve_app(app, host: str, port: int, *, name: str = "status page",
+                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``app`` on ``host:port`` (0 = any free port) until cancelled; reports the
+    bound ``(host, port)``."""
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(_serve, app, _config(host, port))
+        address = urls[0].split("://", 1)[1]
+        bound_host, _, bound_port = address.rpartition(":")
+        bound = (bound_host.strip("[]"), int(bound_port))
+        log.info("%s on http://%s/", name, format_address(bound))
+        task_status.started(bound)
+
+
+async def _serve(app, config, task_status=trio.TASK_STATUS_IGNORED):
+    await serve(app, config, task_status=task_status)
