@@ -95,6 +95,8 @@ class AdminProtocol:
                             "fsyncs": self.journal.stats.fsyncs,
                             "records": self.journal.stats.records},
                 "checkpoint": self.last_checkpoint.as_dict(self.ns.applied_txid),
+                # how the last start went: its phases' durations, the records replayed
+                "startup": self.startup.as_dict(self.wall_ns() / 1e9),
                 "namespace_cache": {"entries": len(self.ns.cache.data),
                                     "hits": self.ns.cache.hits,
                                     "misses": self.ns.cache.misses},

@@ -93,6 +93,7 @@ from .replication import ReplicationQueues
 from .reports import REPORT_STEP, BlockReports
 from .permissions import Caller, PermissionChecker
 from .safemode import SafeModeState
+from .startup import Phase, StartupProgress
 from .admin_protocol import AdminProtocol
 from .client_protocol import ClientProtocol
 from .datanode_protocol import DatanodeProtocol
@@ -186,6 +187,7 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, AuthProtocol, 
         self._recovering = False
         self.last_checkpoint = CheckpointInfo()   # read from the store by recover()
         self._started_ns = wall_ns()
+        self.startup = StartupProgress(self._started_ns / 1e9)
         self._release_logged: set[int] = set()
         self.checkpoints = 0
         self.reports = self._new_reports()
@@ -200,30 +202,38 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, AuthProtocol, 
 
     # ================================================================== startup
     def recover(self) -> None:
-        """Sync, at start: open the journal and replay what LevelDB has not applied. The
-        store is made durable first: its applied state is then authoritative, so a journal
-        that lost its tail (the store is ahead of it) is bridged instead of refused."""
+        """Sync, at start: open the journal and replay what LevelDB has not applied (all of
+        ``recover_steps`` at once)."""
+        for _ in self.recover_steps():
+            pass
+
+    def recover_steps(self):
+        """``recover`` a chunk of records at a time: yields after each, so a caller on the
+        trio thread can let the web pages answer (``startup``) in between. The store is made
+        durable first: its applied state is then authoritative, so a journal that lost its
+        tail (the store is ahead of it) is bridged instead of refused."""
         applied = self.ns.applied_txid
         self.kv.sync()
         self.journal.open(store_applied=applied)
         self.last_checkpoint = checkpoints.load(self.kv)
+        self.startup.replaying(applied, self.journal.last_txid, self.wall_ns() / 1e9)
         chunk = []
-        replayed = 0
         self._recovering = True
         try:
             for record in self.journal.replay(applied):
                 chunk.append(record)
                 if len(chunk) >= REPLAY_CHUNK:
                     self.ns.apply(chunk)
-                    replayed += len(chunk)
+                    self.startup.replayed += len(chunk)
                     chunk = []
+                    yield
             if chunk:
                 self.ns.apply(chunk)
-                replayed += len(chunk)
+                self.startup.replayed += len(chunk)
         finally:
             self._recovering = False
         log.info("namespace: applied txid %d, replayed %d journal records, now at txid %d",
-                 applied, replayed, self.ns.applied_txid)
+                 applied, self.startup.replayed, self.ns.applied_txid)
 
     async def start(self) -> None:
         """After ``journal.run`` started: format a new namespace, rebuild memory state."""
@@ -231,7 +241,9 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, AuthProtocol, 
             namespace_id = secrets.randbelow(1 << 31) + 1
             await self.journal.log(*self.ns.plan_format(namespace_id, self.wall_ns()))
             log.info("formatted a new namespace, id %d", namespace_id)
+        self.startup.move(Phase.LOADING_MEMORY, self.wall_ns() / 1e9)
         self.rebuild_memory()
+        self.startup.move(Phase.RUNNING, self.wall_ns() / 1e9)
 
     def _new_reports(self) -> BlockReports:
         return BlockReports(self.blocks, self.datanodes, self.update_safemode, step=REPORT_STEP)
@@ -734,8 +746,17 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
             # in a worker thread, not on the trio thread
             server_tls, _ca = await trio.to_thread.run_sync(
                 tlsmod.meta_server_tls, config, data_dir, host)
-        server.recover()
         async with trio.open_nursery() as nursery:
+            if http_port:
+                # up first: the pages show the start-up progress while the journal replays
+                from fs.web import serve_app
+                from .web import make_app
+                from .webstartup import StartupGate
+                await nursery.start(partial(
+                    serve_app, StartupGate(make_app(server), server), host, http_port,
+                    name="metadata server web pages"))
+            for _ in server.recover_steps():
+                await trio.sleep(0)
             await nursery.start(server.journal.run)
             await server.start()
             nursery.start_soon(server.run_monitors)
@@ -753,11 +774,6 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
                 await nursery.start(partial(
                     serve_local, handler, local, server="metadata server", limits=limits,
                     refusal=rpc_refusal))
-            if http_port:
-                from fs.web import serve_app
-                from .web import make_app
-                await nursery.start(partial(serve_app, make_app(server), host, http_port,
-                                            name="metadata server web pages"))
             log.info("metadata server ready on %s (data %s)", format_address(bound), data_dir)
             task_status.started(bound)
     finally:

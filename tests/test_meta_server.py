@@ -5,6 +5,7 @@ report replicas and heartbeat exactly as the protocol says."""
 from __future__ import annotations
 
 import os
+import json
 import socket
 from contextlib import asynccontextmanager
 
@@ -709,12 +710,17 @@ def test_status_page_serves_the_report(tmp_path):
             meta = Meta(nursery, tmp_path / "meta", config)
             await meta.start(http_port=http_port)
             stream = await trio.open_tcp_stream("127.0.0.1", http_port)
-            await stream.send_all(b"GET / HTTP/1.0\r\n\r\n")
+            # the JSON for scripts (the page at / is HTML)
+            await stream.send_all(b"GET /report HTTP/1.0\r\n\r\n")
             data = b""
             while chunk := await stream.receive_some(65536):
                 data += chunk
-            assert data.startswith(b"HTTP/1.0 200 OK")
-            assert b'"safemode"' in data and b'"live_nodes"' in data
+            head, _, body = data.partition(b"\r\n\r\n")
+            assert head.split(b"\r\n")[0].split()[1] == b"200"
+            assert b"application/json" in head.lower()
+            report = json.loads(body)
+            assert report["schema_version"] == 1 and "safemode" in report \
+                and "live_nodes" in report
             nursery.cancel_scope.cancel()
 
     trio.run(main)
