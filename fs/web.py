@@ -36,7 +36,9 @@ def _config(host: str, port: int) -> HypercornConfig:
     config.errorlog = logging.getLogger("fs.web.hypercorn")
     config.h11_max_incomplete_size = MAX_REQUEST_HEAD
     config.read_timeout = READ_TIMEOUT
-    config.keep_alive_timeout = 30
+    # also what bounds a request that trickles in (the connection counts as idle until a
+    # whole request head arrived), and a closing connection waits for it: keep it short
+    config.keep_alive_timeout = READ_TIMEOUT
     config.graceful_timeout = 1
     return config
 
