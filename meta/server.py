@@ -65,7 +65,7 @@ from functools import partial
 
 import trio
 
-from fs import blocktoken, nodeauth, paths
+from fs import blocktoken, nodeauth, paths, weblog
 from fs import tls as tlsmod
 from fs.blocktoken import READ as READ_TOKEN, KeyRing
 from fs.config import Config
@@ -186,6 +186,10 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, AuthProtocol, 
         self._recovering = False
         self.last_checkpoint = CheckpointInfo()   # read from the store by recover()
         self._started_ns = wall_ns()
+        # the web overview's start-up progress: set by recover()
+        self.startup = {"started_ns": self._started_ns, "store_txid": 0, "replayed": 0,
+                        "replay_seconds": 0.0, "replaying": False}
+        self.recent_log = weblog.install()   # the web pages' recent log lines
         self._release_logged: set[int] = set()
         self.checkpoints = 0
         self.reports = self._new_reports()
@@ -210,6 +214,8 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, AuthProtocol, 
         chunk = []
         replayed = 0
         self._recovering = True
+        began = time.monotonic()
+        self.startup.update(store_txid=applied, replaying=True)
         try:
             for record in self.journal.replay(applied):
                 chunk.append(record)
@@ -222,6 +228,8 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, AuthProtocol, 
                 replayed += len(chunk)
         finally:
             self._recovering = False
+            self.startup.update(replayed=replayed, replaying=False,
+                                replay_seconds=round(time.monotonic() - began, 3))
         log.info("namespace: applied txid %d, replayed %d journal records, now at txid %d",
                  applied, replayed, self.ns.applied_txid)
 
