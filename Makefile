@@ -22,11 +22,13 @@ PYTEST_ARGS ?=
 UP_ARGS     ?=
 MNT         ?= $(CURDIR)/mnt
 APT_PACKAGES := fuse3 libfuse3-dev pkg-config python3-venv python3-dev build-essential rsync git
+# only `make test` needs these: the web UI's browser test (tests/test_webui.py)
+TEST_APT_PACKAGES := chromium chromium-driver
 STAMP       := $(VENV)/.leasefs-installed
 LEASEFS     := $(VENV)/bin/leasefs
 export DEBIAN_FRONTEND := noninteractive
 
-.PHONY: help install system-packages up test down clean
+.PHONY: help install system-packages test-packages up test down clean
 
 help:
 	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
@@ -70,8 +72,23 @@ up: install
 	@echo "         $(VENV)/bin/leasefs put README.md /  ;  $(VENV)/bin/leasefs cat /README.md"
 	@echo "Status:  $(VENV)/bin/leasefs cluster status   Stop: make down   Wipe: make clean"
 
+# the test-only Debian packages, installed like APT_PACKAGES (only when one is missing)
+test-packages:
+	@missing=(); \
+	for p in $(TEST_APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$$p"); \
+	done; \
+	if (( $${#missing[@]} == 0 )); then exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make: missing test packages ($${missing[*]}) and no apt-get; install them by hand" >&2; exit 1; \
+	fi; \
+	sudo=; if [[ $$(id -u) != 0 ]]; then sudo=sudo; fi; \
+	echo "installing (tests): $${missing[*]}"; \
+	$$sudo apt-get install -y -q --no-install-recommends "$${missing[@]}" \
+	  || { $$sudo apt-get update -q && $$sudo apt-get install -y -q --no-install-recommends "$${missing[@]}"; }
+
 # pytest exits 5 when it collected no tests: that fails the build like any other failure.
-test: install
+test: install test-packages
 	@rc=0; $(VENV)/bin/pytest $(PYTEST_ARGS) || rc=$$?; \
 	if [[ $$rc == 5 ]]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; \
 	exit $$rc

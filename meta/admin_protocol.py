@@ -71,7 +71,11 @@ class AdminProtocol:
                     "capacity": node.capacity, "used": node.used, "remaining": node.remaining,
                     "last_heartbeat_age": round(now - node.last_heartbeat, 3),
                     "blocks": self.blocks.node_block_count(node.node_id),
-                    "admin": node.admin}
+                    "admin": node.admin, "alive": node.alive, "xceivers": node.xceivers,
+                    "http_port": node.http_port,
+                    # one data folder per block server: a failed one stops the server,
+                    # which then shows as dead, so a live node has none failed
+                    "volumes": 1, "failed_volumes": 0}
         live = sorted(self.datanodes.live_nodes(), key=lambda n: n.address)
         dead = sorted(self.datanodes.dead_nodes(), key=lambda n: n.address)
         return {"capacity": sum(n.capacity for n in live), "used": sum(n.used for n in live),

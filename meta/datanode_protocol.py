@@ -110,7 +110,10 @@ class DatanodeProtocol:
                                   f"(register_storage first)")
         return node
 
-    async def rpc_register_storage(self, ctx, node_id, address, capacity=0, used=0, remaining=0):
+    async def rpc_register_storage(self, ctx, node_id, address, capacity=0, used=0, remaining=0,
+                                   http_port=None):
+        """``http_port``: the port of the node's own web page (on its address's host), so
+        the metadata server's pages can link to it; None when it serves none."""
         check_name(node_id, "register_storage: node_id")
         self._node_caller(ctx, "register_storage", node_id)
         if not isinstance(address, str):
@@ -119,8 +122,10 @@ class DatanodeProtocol:
         if port == 0:
             raise InvalidArgument(f"register_storage: address {address!r} has no port")
         self._check_usage(capacity, used, remaining)
+        if http_port is not None:
+            check_int(http_port, "register_storage: http_port", low=1, high=65535)
         node, fresh, displaced = self.datanodes.register(node_id, format_address((host, port)),
-                                                         capacity, used, remaining)
+                                                         capacity, used, remaining, http_port)
         for other in displaced:
             self.node_dead(other)
         if self.reports.abandon(node_id):

@@ -68,6 +68,7 @@ class NodeInfo:
     alive: bool = True
     scheduled_bytes: int = 0
     admin: str = NORMAL
+    http_port: int | None = None     # its own web page's port, when it serves one
     invalidate: dict[int, dict] = field(default_factory=dict)   # block id → block ref
     invalidate_txid: dict[int, int] = field(default_factory=dict)   # block id → decided at
     # handed out, not yet reported deleted; in order of the last send
@@ -107,7 +108,8 @@ class DatanodeManager:
 
     # ------------------------------------------------------------------ membership
     def register(self, node_id: str, address: str, capacity: int, used: int,
-                 remaining: int) -> tuple[NodeInfo, bool, list[NodeInfo]]:
+                 remaining: int, http_port: int | None = None
+                 ) -> tuple[NodeInfo, bool, list[NodeInfo]]:
         """Add or refresh a node; returns (node, was_dead_or_new, displaced nodes): a node
         registering on the address of another live id replaced it (a wiped data folder)."""
         now = self.clock()
@@ -125,6 +127,7 @@ class DatanodeManager:
             node = NodeInfo(node_id, address)
             self.nodes[node_id] = node
         node.address = address
+        node.http_port = http_port
         node.capacity, node.used, node.remaining = capacity, used, remaining
         node.last_heartbeat = now
         node.alive = True

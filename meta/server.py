@@ -65,7 +65,7 @@ from functools import partial
 
 import trio
 
-from fs import blocktoken, nodeauth, paths
+from fs import blocktoken, nodeauth, paths, weblog
 from fs import tls as tlsmod
 from fs.blocktoken import READ as READ_TOKEN, KeyRing
 from fs.config import Config
@@ -188,6 +188,7 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, AuthProtocol, 
         self.last_checkpoint = CheckpointInfo()   # read from the store by recover()
         self._started_ns = wall_ns()
         self.startup = StartupProgress(self._started_ns / 1e9)
+        self.recent_log = weblog.install()   # the web pages' recent log lines
         self._release_logged: set[int] = set()
         self.checkpoints = 0
         self.reports = self._new_reports()

@@ -88,6 +88,7 @@ class HeartbeatService:
         self.meta_address = meta_address
         self.xceiver_count = xceiver_count
         self.address: str | None = None
+        self.http_port: int | None = None   # our web page's port, told at registration
         self.namespace_id = None
         self.registered = False
         self.heartbeats_sent = 0
@@ -108,6 +109,11 @@ class HeartbeatService:
         self._transfers: set[int] = set()   # block ids being copied (a resent command waits)
         self.transfers_done = 0
         self.transfers_failed = 0
+
+    @property
+    def copies_in_progress(self) -> list[int]:
+        """Block ids this node is copying to others now (TRANSFER commands)."""
+        return sorted(self._transfers)
 
     # ------------------------------------------------------------------ incremental reports
 
@@ -276,9 +282,10 @@ class HeartbeatService:
         return {"capacity": capacity, "used": self.store.used_bytes(), "remaining": remaining}
 
     async def _register(self) -> None:
-        result = await self._rpc.call("register_storage", {
-            "node_id": self.store.node_id, "address": self.address, **await self._usage()},
-            retry_seconds=0)
+        args = {"node_id": self.store.node_id, "address": self.address, **await self._usage()}
+        if self.http_port:   # an older metadata server refuses arguments it does not know
+            args["http_port"] = self.http_port
+        result = await self._rpc.call("register_storage", args, retry_seconds=0)
         self.namespace_id = result.get("namespace_id") if isinstance(result, dict) else None
         if isinstance(result, dict):
             self._take_block_keys(result.get("block_keys"))

@@ -21,7 +21,7 @@ from functools import partial
 
 import trio
 
-from fs import nodeauth
+from fs import nodeauth, weblog
 from fs import tls as tlsmod
 from fs.config import Config
 from fs.limits import ConnectionLimits
@@ -64,6 +64,7 @@ class BlockServer:
         self.advertised: str | None = None
         self.metrics_registry = new_registry()      # /metrics (web.py)
         self.http_bound: tuple[str, int] | None = None
+        self.recent_log = weblog.install()   # the page's recent errors
 
     async def run(self, host: str = "127.0.0.1", port: int = 9866,
                   task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -86,6 +87,7 @@ class BlockServer:
                     self.http_bound = await nursery.start(partial(
                         serve_app, make_app(self), host, self.config.storage_http_port,
                         name="block server web page"))
+                    self.heartbeat.http_port = self.http_bound[1]
                 task_status.started(self.bound)
                 nursery.start_soon(self.scanner.run)
                 nursery.start_soon(self.dirscan.run)

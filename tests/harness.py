@@ -350,7 +350,8 @@ class ProcessCluster:
     """A metadata server and N block servers as real ``python -m tools`` processes."""
 
     def __init__(self, base_dir, n_storage: int = 3, settings: dict | None = None,
-                 python: str = sys.executable):
+                 python: str = sys.executable, meta_http: bool = False):
+        """``meta_http``: the metadata server serves its web pages (on ``meta_http_port``)."""
         require_slow_marker("server processes (ProcessCluster)")
         self.base = Path(base_dir)
         self.n_storage = n_storage
@@ -359,6 +360,7 @@ class ProcessCluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self.ports: dict[str, int] = {}
         self.meta_address: str | None = None
+        self.meta_http_port = free_port() if meta_http else 0
         (self.base / "logs").mkdir(parents=True, exist_ok=True)
         LOG_WATCH.watch(self.base / "logs")
 
@@ -456,7 +458,7 @@ class ProcessCluster:
             # made before the metadata server starts, so every process's settings name it
             self.settings["tls_ca_file"] = tlsmod.ensure_ca(self.meta_dir())
         self.meta_address = self._spawn("meta", ["meta", "--data", str(self.meta_dir()),
-                                                 "--http-port", "0"])
+                                                 "--http-port", str(self.meta_http_port)])
 
     def start_storage(self, i: int):
         # the metadata server made its cluster key at its first start (security = secure)

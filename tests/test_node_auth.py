@@ -311,10 +311,12 @@ def test_a_reader_rides_a_metadata_server_restart_with_its_new_block_keys(tmp_pa
 
 
 def test_no_secret_shows_on_the_status_page_or_in_the_logs(tmp_path, caplog):
-    """The cluster key never appears in the status page's JSON nor in any log line of a
-    metadata server and a block server that authenticated, handed out tokens and served
-    reads."""
+    """The cluster key and a delegation token's password never appear on any web page or
+    JSON endpoint of the metadata server and of a block server, nor in any log line of
+    servers that authenticated, handed out tokens and served reads."""
+    import json
     import logging
+    import urllib.error
     import urllib.request
     from functools import partial
 
@@ -349,8 +351,24 @@ def test_no_secret_shows_on_the_status_page_or_in_the_logs(tmp_path, caplog):
             async with AsyncClient(meta, config=config.replace(
                     meta_socket="", token_file=str(tmp_path / "t.token"))) as remote:
                 await remote.read_file("/f")
-            page = await trio.to_thread.run_sync(lambda: urllib.request.urlopen(
-                f"http://127.0.0.1:{http_port}/report", timeout=10).read())
+            def fetch(url):
+                try:
+                    return urllib.request.urlopen(url, timeout=10).read()
+                except urllib.error.HTTPError as err:   # a 4xx page is a page too
+                    return err.read()
+            base = f"http://127.0.0.1:{http_port}"
+            urls = [base + p for p in (
+                "/report", "/", "/datanodes", "/openfiles", "/explorer?path=/",
+                "/explorer?path=/f", "/download?path=/f", "/fsck?path=/", "/logs?level=DEBUG",
+                "/api/v1/report", "/api/v1/overview", "/api/v1/datanodes",
+                "/api/v1/openfiles", "/api/v1/explorer?path=/f", "/api/v1/fsck?path=/",
+                "/api/v1/logs?level=DEBUG", "/metrics", "/explorer?path=/nope")]
+            nodes = json.loads(await trio.to_thread.run_sync(fetch, base + "/api/v1/datanodes"))
+            for node in nodes["nodes"]:   # each block server's own page
+                urls += [node["web_url"], node["web_url"] + "api/v1/status",
+                         node["web_url"] + "metrics"]
+            assert len(urls) == 21
+            page = b"\n".join([await trio.to_thread.run_sync(fetch, url) for url in urls])
             nursery.cancel_scope.cancel()
         return page, token.secret
 
