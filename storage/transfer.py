@@ -478,6 +478,7 @@ class DataTransferServer:
             try:
                 with trio.fail_after(self.config.data_timeout):
                     await conn.framed.send_all(b"".join(wire))
+                self.stats.bytes_read += len(data)
             except trio.TooSlowError:
                 log.debug("READ_BLOCK blk_%d to %s: reader took nothing for %gs",
                           block_id, conn.peer, self.config.data_timeout)

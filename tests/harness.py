@@ -350,8 +350,9 @@ class ProcessCluster:
     """A metadata server and N block servers as real ``python -m tools`` processes."""
 
     def __init__(self, base_dir, n_storage: int = 3, settings: dict | None = None,
-                 python: str = sys.executable):
+                 python: str = sys.executable, meta_http_port: int = 0):
         require_slow_marker("server processes (ProcessCluster)")
+        self.meta_http_port = meta_http_port   # 0: no web pages
         self.base = Path(base_dir)
         self.n_storage = n_storage
         self.settings = {**TEST_SETTINGS, **(settings or {})}
@@ -456,7 +457,7 @@ class ProcessCluster:
             # made before the metadata server starts, so every process's settings name it
             self.settings["tls_ca_file"] = tlsmod.ensure_ca(self.meta_dir())
         self.meta_address = self._spawn("meta", ["meta", "--data", str(self.meta_dir()),
-                                                 "--http-port", "0"])
+                                                 "--http-port", str(self.meta_http_port)])
 
     def start_storage(self, i: int):
         # the metadata server made its cluster key at its first start (security = secure)
