@@ -22,11 +22,13 @@ PYTEST_ARGS ?=
 UP_ARGS     ?=
 MNT         ?= $(CURDIR)/mnt
 APT_PACKAGES := fuse3 libfuse3-dev pkg-config python3-venv python3-dev build-essential rsync git
+# packages only the tests need (`make test`, CI), installed the same idempotent way
+TEST_APT_PACKAGES := prometheus
 STAMP       := $(VENV)/.leasefs-installed
 LEASEFS     := $(VENV)/bin/leasefs
 export DEBIAN_FRONTEND := noninteractive
 
-.PHONY: help install system-packages up test down clean
+.PHONY: help install system-packages test-packages up test down clean
 
 help:
 	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
@@ -37,11 +39,20 @@ install: $(STAMP)
 # (`bench apps` commits a tree; its tests run it), and a Java runtime for the Spark connector
 # when no `java` is on the PATH. tar and rm are essential packages; SQLite comes with Python.
 system-packages:
+	@$(MAKE) --no-print-directory apt-install PACKAGES='$(APT_PACKAGES)' CHECK_JAVA=1
+
+# tests/test_metrics.py scrapes a running cluster with a real Prometheus server (the
+# binary only: the package's system service is not used)
+test-packages:
+	@$(MAKE) --no-print-directory apt-install PACKAGES='$(TEST_APT_PACKAGES)'
+
+.PHONY: apt-install
+apt-install:
 	@missing=(); \
-	for p in $(APT_PACKAGES); do \
+	for p in $(PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$$p"); \
 	done; \
-	command -v java >/dev/null 2>&1 || missing+=(default-jre-headless); \
+	if [[ -n "$(CHECK_JAVA)" ]]; then command -v java >/dev/null 2>&1 || missing+=(default-jre-headless); fi; \
 	if (( $${#missing[@]} == 0 )); then exit 0; fi; \
 	if ! command -v apt-get >/dev/null 2>&1; then \
 	  echo "make: missing packages ($${missing[*]}) and no apt-get; install them by hand" >&2; exit 1; \
@@ -71,7 +82,7 @@ up: install
 	@echo "Status:  $(VENV)/bin/leasefs cluster status   Stop: make down   Wipe: make clean"
 
 # pytest exits 5 when it collected no tests: that fails the build like any other failure.
-test: install
+test: install test-packages
 	@rc=0; $(VENV)/bin/pytest $(PYTEST_ARGS) || rc=$$?; \
 	if [[ $$rc == 5 ]]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; \
 	exit $$rc
