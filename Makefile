@@ -22,8 +22,10 @@ PYTEST_ARGS ?=
 UP_ARGS     ?=
 MNT         ?= $(CURDIR)/mnt
 APT_PACKAGES := fuse3 libfuse3-dev pkg-config python3-venv python3-dev build-essential rsync git
-# only `make test` needs these: the web UI's browser test (tests/test_webui.py)
-TEST_APT_PACKAGES := chromium chromium-driver
+# packages only the tests need (`make test`, CI), installed the same idempotent way: the web
+# UI's browser test (tests/test_webui.py) and a real Prometheus scraping a cluster
+# (tests/test_metrics.py; the binary only, not the package's system service)
+TEST_APT_PACKAGES := chromium chromium-driver prometheus
 STAMP       := $(VENV)/.leasefs-installed
 LEASEFS     := $(VENV)/bin/leasefs
 export DEBIAN_FRONTEND := noninteractive
@@ -39,11 +41,20 @@ install: $(STAMP)
 # (`bench apps` commits a tree; its tests run it), and a Java runtime for the Spark connector
 # when no `java` is on the PATH. tar and rm are essential packages; SQLite comes with Python.
 system-packages:
+	@$(MAKE) --no-print-directory apt-install PACKAGES='$(APT_PACKAGES)' CHECK_JAVA=1
+
+# the test-only Debian packages (TEST_APT_PACKAGES), installed like APT_PACKAGES: only
+# when one is missing
+test-packages:
+	@$(MAKE) --no-print-directory apt-install PACKAGES='$(TEST_APT_PACKAGES)'
+
+.PHONY: apt-install
+apt-install:
 	@missing=(); \
-	for p in $(APT_PACKAGES); do \
+	for p in $(PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$$p"); \
 	done; \
-	command -v java >/dev/null 2>&1 || missing+=(default-jre-headless); \
+	if [[ -n "$(CHECK_JAVA)" ]]; then command -v java >/dev/null 2>&1 || missing+=(default-jre-headless); fi; \
 	if (( $${#missing[@]} == 0 )); then exit 0; fi; \
 	if ! command -v apt-get >/dev/null 2>&1; then \
 	  echo "make: missing packages ($${missing[*]}) and no apt-get; install them by hand" >&2; exit 1; \
@@ -71,21 +82,6 @@ up: install
 	@echo "Use it:  $(VENV)/bin/leasefs ls -l /      (or: source $(VENV)/bin/activate; leasefs --help)"
 	@echo "         $(VENV)/bin/leasefs put README.md /  ;  $(VENV)/bin/leasefs cat /README.md"
 	@echo "Status:  $(VENV)/bin/leasefs cluster status   Stop: make down   Wipe: make clean"
-
-# the test-only Debian packages, installed like APT_PACKAGES (only when one is missing)
-test-packages:
-	@missing=(); \
-	for p in $(TEST_APT_PACKAGES); do \
-	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$$p"); \
-	done; \
-	if (( $${#missing[@]} == 0 )); then exit 0; fi; \
-	if ! command -v apt-get >/dev/null 2>&1; then \
-	  echo "make: missing test packages ($${missing[*]}) and no apt-get; install them by hand" >&2; exit 1; \
-	fi; \
-	sudo=; if [[ $$(id -u) != 0 ]]; then sudo=sudo; fi; \
-	echo "installing (tests): $${missing[*]}"; \
-	$$sudo apt-get install -y -q --no-install-recommends "$${missing[@]}" \
-	  || { $$sudo apt-get update -q && $$sudo apt-get install -y -q --no-install-recommends "$${missing[@]}"; }
 
 # pytest exits 5 when it collected no tests: that fails the build like any other failure.
 test: install test-packages

@@ -250,6 +250,8 @@ class AsyncClient:
         self._renewer: LeaseRenewer | None = None
         self._outputs: dict[int, AsyncOutputStream] = {}
         self._closed = False
+        # pipeline recoveries its output streams went through (a mount's metrics show them)
+        self.pipeline_recoveries = 0
 
     # ------------------------------------------------------------------ life cycle
     async def __aenter__(self) -> "AsyncClient":

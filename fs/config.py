@@ -224,6 +224,8 @@ class Config:
                                 "write past it fails with ENOSPC")
     mount_readahead: int = _s(8 * MiB, "kernel readahead window of a mount (set through the "
                               "mount's bdi read_ahead_kb when running as root)")
+    mount_metrics_port: int = _s(-1, "port of a mount's Prometheus /metrics page on bind_host "
+                                 "(-1 = off, 0 = any free port; the URL is logged)")
 
     # ----------------------------------------------------------------- loading
     @classmethod

@@ -602,6 +602,9 @@ class CallContext:
     # what the connection established about its peer, shared by all its calls (a block
     # server's authenticated node id, see fs.nodeauth)
     session: dict = field(default_factory=dict)
+    # ``time.perf_counter()`` when the request was read, set only while a ``call_observer``
+    # watches (0: not measured, or run at once in the reader)
+    received: float = 0.0
 
 
 class Dispatcher:
@@ -617,6 +620,11 @@ class Dispatcher:
     # connection's reader task instead of starting a task per call; one that does await
     # would only delay the next request of the same connection
     inline_methods: frozenset[str] = frozenset()
+    # metrics hook: None, or ``observe(method, outcome, queued, seconds)`` called once per
+    # call after its reply was queued (``outcome`` "ok" or the error's class name; ``method``
+    # as the peer sent it, possibly not a method name; ``queued``: seconds it waited for a
+    # slot and a worker, 0 for inline reads; ``seconds``: its run). Read once per connection.
+    call_observer = None
 
     def __init__(self, retry_cache: RetryCache | None = None):
         self.retry_cache = retry_cache or RetryCache()
@@ -738,6 +746,8 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
     ``budget`` (``fs.limits.ByteBudget``) is the server-wide allowance large frames
     reserve before they are read."""
     inline = dispatcher.inline_methods
+    observe = dispatcher.call_observer
+    clock = time.perf_counter
     slots = trio.Semaphore(max_concurrent_calls)
     running = [0, trio.current_time()]     # calls in flight, trio time the last one ended
 
@@ -763,12 +773,17 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
 
     async def run_call(ctx: CallContext, method, args, holds_slot: bool):
         running[0] += 1
+        # the clock is read only while observed: the hook costs nothing when unset
+        start = clock() if observe is not None else 0.0
+        result_kind = "ok"
         try:
             try:
                 result = await dispatcher.dispatch(ctx, method, args)
             except LeaseFSError as exc:
+                result_kind = type(exc).__name__
                 reply(ctx.call_id, False, exc.to_wire())
             except Exception as exc:  # a bug: log it, answer, keep serving
+                result_kind = "InternalError"
                 log.exception("RPC %s from %s failed", brief(method, 40), ctx.peer)
                 reply(ctx.call_id, False, InternalError(
                     f"{brief(method, 40)}: internal error: {type(exc).__name__}: {exc}").to_wire())
@@ -779,6 +794,9 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
             running[1] = trio.current_time()
             if holds_slot:
                 slots.release()
+            if observe is not None:
+                queued = start - ctx.received if ctx.received else 0.0
+                observe(method, result_kind, queued, clock() - start)
 
     # Calls of one connection run in worker tasks that outlive a call: a worker that
     # finishes one takes the next waiting call or parks in ``idle``; a request is handed to
@@ -838,6 +856,8 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                 if method in inline:   # never awaits: no task of its own
                     await run_call(ctx, method, args, False)
                     continue
+                if observe is not None:
+                    ctx.received = clock()
                 try:
                     slots.acquire_nowait()
                 except trio.WouldBlock:

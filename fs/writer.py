@@ -783,6 +783,7 @@ class AsyncOutputStream:
                 self._failed_nodes.append(bad)
             self._block_recoveries += 1
             self.recoveries += 1
+            self._client.pipeline_recoveries += 1
             tried = ", ".join(node_name(n) for n in self._failed_nodes)
             if self._block_recoveries > retries:
                 raise PipelineError(f"{where}: giving up after {retries} pipeline recoveries; "

@@ -248,6 +248,10 @@ class DatanodeManager:
             out.append(ref)
         return out
 
+    def invalidate_queued(self) -> int:
+        """Replica deletions decided and not yet sent to their block servers."""
+        return sum(len(n.invalidate) for n in self.nodes.values())
+
     def pending_deletion(self) -> int:
         """Replicas the metadata server wants deleted and not yet reported deleted."""
         return sum(len(n.invalidate) + len(n.awaiting_deletion) for n in self.nodes.values())

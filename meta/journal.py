@@ -32,7 +32,10 @@ the LevelDB batch its apply writes); only the fsync runs in the worker thread.
 Instrumentation: ``observer`` (None, or a sync callable set by tests and the status page)
 gets ``("queued", first, last)`` when records join the pending batch and
 ``("fsync_start"|"fsync_end", first, last)`` around each batch's write+fsync; tests use it
-to prove which mutations overlapped an fsync without timing anything.
+to prove which mutations overlapped an fsync without timing anything. ``sync_observer``
+(None, or a sync callable set by the server's metrics) gets ``(seconds, records)`` after
+each fsync: its duration in the worker thread (with the batch's write on the durable
+path) and the records it made durable.
 
 Concurrency contract:
 * ``log``/``roll``/``aclose`` are called from any number of tasks of the server's trio
@@ -72,6 +75,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import msgpack
@@ -188,6 +192,7 @@ class Journal:
         self.durable_txid = 0    # the last txid known to be on disk
         self.stats = JournalStats()
         self.observer: Callable[[str, int, int], None] | None = None
+        self.sync_observer: Callable[[float, int], None] | None = None
         self._unsynced_wakeup = trio.lowlevel.ParkingLot()
         self._sync_now = trio.lowlevel.ParkingLot()
         self._sync_wanted = False   # a sync() waits: no delay before the next fsync
@@ -399,12 +404,16 @@ class Journal:
             if batch.durable:
                 if self.observer is not None:
                     self.observer("fsync_start", first, last)
+                started = time.perf_counter()
                 try:
                     await self._thread.run(self._write_and_fsync, data)
                 except OSError as exc:
                     await self._write_failed(exc, batch)
                     return
                 self.stats.fsyncs += 1
+                if self.sync_observer is not None:
+                    # records made durable: this batch and any written lazily before it
+                    self.sync_observer(time.perf_counter() - started, last - self.durable_txid)
             else:
                 try:
                     self._write(data)
@@ -466,6 +475,7 @@ class Journal:
                     await self._sync_now.park()
             self._sync_wanted = False
             target = self.last_txid
+            started = time.perf_counter()
             try:
                 await self._thread.run(self._fsync_segment)
             except OSError as exc:
@@ -474,6 +484,8 @@ class Journal:
                            f"written and may not be durable")
                 return
             self.stats.fsyncs += 1
+            if self.sync_observer is not None and target > self.durable_txid:
+                self.sync_observer(time.perf_counter() - started, target - self.durable_txid)
             self._mark_durable(target)
 
     def _mark_durable(self, txid: int) -> None:

@@ -78,6 +78,7 @@ from fs.rpc import (Dispatcher, RetryCache, current_user, format_address, local_
 
 from . import blocks as bm
 from .blocks import BlockInfo, BlocksMap
+from .metrics import MetaMetrics
 from .datanodes import DatanodeManager
 from .gcpolicy import GcGovernor
 from . import checkpoint as checkpoints
@@ -200,6 +201,10 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, AuthProtocol, 
             pending_timeout=config.replication_pending_timeout,
             max_streams=config.replication_max_streams)
         self.transfer_commands: dict[str, list[dict]] = {}   # node → TRANSFER commands
+        # /metrics: per call (serve_rpc's hook), per journal sync, the rest at scrape time
+        self.metrics = MetaMetrics(self)
+        self.call_observer = self.metrics.observe_call
+        self.journal.sync_observer = self.metrics.observe_sync
 
     # ================================================================== startup
     def recover(self) -> None:

@@ -7,8 +7,12 @@ whole mount. Every handler of ``mount.operations`` is therefore wrapped by ``fus
 ``ServerUnavailable`` (metadata server unreachable or silent past the mount's
 ``mount_meta_timeout``) → ``EIO``, other ``LeaseFSError`` → its ``errno``, ``OSError`` (local staging files) → its errno, anything
 else (a bug) → logged with its traceback and reported as ``EIO``. Cancellation passes through.
+``fuse_op`` also counts each request in the mount's metrics (``LeaseFS.metrics``, a
+``mount.metrics.MountMetrics``): its operation, result (ok or the errno's name), latency,
+and the bytes of ``read``/``write`` answers.
 
-Concurrency contract: pure functions; no state.
+Concurrency contract: pure functions; no state of their own (the metrics are the
+handler's object's, on its trio thread).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import errno as _errno
 import functools
 import logging
+import time
 
 import pyfuse3
 import trio
@@ -43,30 +48,54 @@ def to_fuse_error(exc: BaseException) -> pyfuse3.FUSEError:
 
 def fuse_op(fn):
     """Wrap an async ``Operations`` handler so only ``FUSEError`` ever leaves it."""
+    op = fn.__name__
+    reads, writes = op == "read", op == "write"
 
     @functools.wraps(fn)
     async def handler(*args, **kwargs):
         # the calls made for this request act for its caller (mount.callers)
         acting = ACTING_FOR.set(request_identity(args, kwargs))
+        metrics = getattr(args[0], "metrics", None) if args else None
+        started = time.perf_counter()
+        result = "ok"
         try:
-            return await fn(*args, **kwargs)
-        except pyfuse3.FUSEError:
+            value = await fn(*args, **kwargs)
+            if metrics is not None:
+                if reads:
+                    metrics.read_bytes += len(value)
+                elif writes:
+                    metrics.written_bytes += value
+            return value
+        except pyfuse3.FUSEError as exc:
+            result = _errno_name(exc.errno)
             raise
         except trio.Cancelled:
+            result = "cancelled"
             raise
         except LeaseFSError as exc:
-            log.debug("%s: %s (errno %s)", fn.__name__, exc, exc.errno)
-            raise to_fuse_error(exc) from None
+            log.debug("%s: %s (errno %s)", op, exc, exc.errno)
+            error = to_fuse_error(exc)
+            result = _errno_name(error.errno)
+            raise error from None
         except OSError as exc:
-            log.warning("%s: local error: %s", fn.__name__, exc)
-            raise to_fuse_error(exc) from None
+            log.warning("%s: local error: %s", op, exc)
+            error = to_fuse_error(exc)
+            result = _errno_name(error.errno)
+            raise error from None
         except Exception:  # a bug: keep the mount alive, tell the caller EIO
-            log.exception("%s failed unexpectedly", fn.__name__)
+            result = "EIO"
+            log.exception("%s failed unexpectedly", op)
             raise pyfuse3.FUSEError(_errno.EIO) from None
         finally:
             ACTING_FOR.reset(acting)
+            if metrics is not None:
+                metrics.observe_op(op, result, time.perf_counter() - started)
 
     return handler
+
+
+def _errno_name(code) -> str:
+    return _errno.errorcode.get(code, "errno_other")
 
 
 def fuse_error(code: int) -> pyfuse3.FUSEError:

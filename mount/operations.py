@@ -52,6 +52,7 @@ from fs.errors import FileNotFound
 from fs.rpc import group_name, user_name
 
 from .errors import fuse_error, fuse_op
+from .metrics import MountMetrics
 from .files import FileHandlers
 from .kernelview import ASK, KernelView, Listing
 from .openfiles import CopyBudget, DirHandle, FileMode, Handle, Node, OpenFile
@@ -76,6 +77,7 @@ class LeaseFS(FileHandlers, WriteMachinery, KernelView, pyfuse3.Operations):
                  cache_limit: int = 8 << 30, file_settings: FileSettings | None = None):
         super().__init__()
         self.client = client
+        self.metrics = MountMetrics(client)   # counted by fuse_op (mount.errors)
         # what the mount's user chose for new files (``--set block_size=...``)
         self.file_settings = file_settings or FileSettings()
         self.cache_dir = cache_dir

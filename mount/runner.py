@@ -5,7 +5,8 @@ daemonizes; everything that must happen in order around the FUSE loop lives here
 client is connected before the mount appears (so a wrong ``--meta`` fails at once), the
 mount reports readiness through ``on_ready`` only after ``pyfuse3.init`` succeeded, and on
 the way out (``fusermount3 -u``, SIGTERM, SIGINT) every open file is published and the
-client closes its leases before the process exits.
+client closes its leases before the process exits. With ``mount_metrics_port`` >= 0 the
+mount's ``/metrics`` page (``mount/web.py``) is served in the FUSE loop's nursery.
 
 Concurrency contract: ``run_mount`` is called once per process, on the main thread, and
 owns the one trio run; pyfuse3 runs its request tasks inside it.
@@ -21,14 +22,17 @@ import shutil
 import signal
 import socket
 import tempfile
+from functools import partial
 
 import pyfuse3
 import trio
 
 from fs.client import AsyncClient, FileSettings
 from fs.config import Config, default_home
+from fs.web import serve_app
 
 from .operations import LeaseFS
+from .web import make_app as make_metrics_app
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +184,10 @@ async def _serve(mountpoint: str, meta_address: str, config: Config, options: se
 
                 nursery.start_soon(stop_on_signal)
                 nursery.start_soon(ops.run_background)
+                if config.mount_metrics_port >= 0:   # serve_app logs the bound URL
+                    await nursery.start(partial(
+                        serve_app, make_metrics_app(ops.metrics), config.bind_host,
+                        config.mount_metrics_port, name=f"mount {mountpoint} /metrics"))
                 await pyfuse3.main()
                 nursery.cancel_scope.cancel()
             await ops.close_all()

@@ -60,7 +60,7 @@ _TAKEN = encode_frame({"status": "SUCCESS", "message": "", "first_bad_link": ""}
 async def write_oneshot(server, conn, header: dict, *, corruption) -> None:
     """Serve one WRITE_BLOCK_ONESHOT on ``conn`` (the data-transfer server's connection:
     ``framed``, ``peer``, ``responded``, ``drained``) for ``server`` (its ``config``, ``store``,
-    ``reporter``, ``budget``, ``oneshot_writes``, ``check_token``). ``corruption``: the test-only in-flight
+    ``reporter``, ``budget``, ``oneshot_writes``, ``stats``, ``check_token``). ``corruption``: the test-only in-flight
     corruption hook of ``storage.transfer``. Raises what the caller answers as an error
     response (a bad header or packet header) before anything was created."""
     config = server.config
@@ -101,6 +101,7 @@ async def write_oneshot(server, conn, header: dict, *, corruption) -> None:
         try:
             verify_checksums(data, sums, bpc, where=f"in {name} from {conn.peer}")
         except ChecksumError as exc:   # nothing written, nothing forwarded
+            server.stats.checksum_errors += 1
             log.warning("%s %s: %s", OP, name, exc)
             await _answer(conn, seqno, [ERROR_CHECKSUM])
             return
@@ -138,6 +139,7 @@ async def _write_locally(server, block_id: int, gs: int, bpc: int, data, sums: b
     except OSError as exc:        # the disk: this server's problem
         log.error("%s %s: local write failed: %s", OP, name, exc)
         return ERROR
+    server.stats.bytes_written += replica.num_bytes
     server.reporter.block_received(block_id, gs, replica.num_bytes,
                                    ReplicaState.FINALIZED.value)
     return SUCCESS

@@ -34,6 +34,7 @@ from .heartbeat import HeartbeatService
 from .replicas import ReplicaStore
 from .scanner import BlockScanner
 from .opheader import refusal_response
+from .metrics import StorageMetrics
 from .transfer import DataTransferServer
 from .web import make_app
 
@@ -63,6 +64,8 @@ class BlockServer:
         self.bound: tuple[str, int] | None = None
         self.advertised: str | None = None
         self.metrics_registry = new_registry()      # /metrics (web.py)
+        self.metrics = StorageMetrics(self)
+        self.transfer.op_observer = self.metrics.observe_op
         self.http_bound: tuple[str, int] | None = None
         self.recent_log = weblog.install()   # the page's recent errors
 

@@ -158,6 +158,18 @@ def _flip_first_byte(data) -> bytes:
     return bytes(raw)
 
 
+@dataclass
+class TransferStats:
+    """What the data-transfer server did, for its metrics (``storage/metrics.py``): plain
+    counters the trio thread adds to; read at scrape time."""
+    bytes_read: int = 0           # block data sent to readers (READ_BLOCK)
+    bytes_written: int = 0        # block data written to local replicas (all write ops)
+    checksum_errors: int = 0      # received packets whose data did not match its checksums
+    streaming_recoveries: int = 0   # WRITE_BLOCK stage PIPELINE_SETUP_STREAMING_RECOVERY set up
+    copies_sent: int = 0          # TRANSFER_BLOCK copies for a writer's pipeline recovery
+    token_refusals: int = 0       # ops refused for their block access token
+
+
 class NullReporter:
     """Stands in for the heartbeat service where no metadata server is wired (tests)."""
 
@@ -220,6 +232,11 @@ class DataTransferServer:
         self.block_keys: dict[int, bytes] = {}
         self.active_ops = 0   # HDFS xceiver count, reported in heartbeats
         self.oneshot_writes = 0   # WRITE_BLOCK_ONESHOT packets received (tests, metrics)
+        self.stats = TransferStats()
+        # metrics hook: None, or ``observe(op, result, seconds)`` once per connection's op
+        # (``op`` as the peer sent it; ``result`` "ok", "peer_gone", "disk_error" or the
+        # error's class name)
+        self.op_observer = None
         #: packet data held by all write pipelines (being received or waiting for the disk)
         self.budget = ByteBudget(max(config.data_buffer_limit, MAX_PACKET_DATA))
 
@@ -239,6 +256,8 @@ class DataTransferServer:
 
     async def _serve(self, conn: _Conn) -> None:
         op = "?"
+        started = time.perf_counter()
+        result = "ok"
         try:
             with trio.move_on_after(self.config.idle_timeout) as scope:
                 header = await conn.framed.receive_frame()
@@ -267,19 +286,26 @@ class DataTransferServer:
             else:
                 raise NotSupported(f"unknown or unsupported data-transfer op {op[:80]!r}")
         except (EOFError, ServerUnavailable) as exc:
+            result = "peer_gone"
             log.debug("%s from %s: peer went away: %s", op, conn.peer, exc)
         except LeaseFSError as exc:
+            result = type(exc).__name__
             log.info("%s from %s refused: %s", op, conn.peer, exc)
             await self._try_error_response(conn, exc, op)
         except OSError as exc:   # the disk, not the peer
+            result = "disk_error"
             log.warning("%s from %s: disk error: %s", op, conn.peer, exc)
             await self._try_error_response(
                 conn, LeaseFSError(f"{op}: disk error on the block server: {exc}",
                                    errno=exc.errno or None), op)
         except Exception as exc:   # a bug: keep serving everybody else
+            result = "InternalError"
             log.exception("%s from %s failed", op, conn.peer)
             await self._try_error_response(
                 conn, InternalError(f"{op}: internal error: {type(exc).__name__}: {exc}"), op)
+        finally:
+            if self.op_observer is not None:
+                self.op_observer(op, result, time.perf_counter() - started)
 
     @staticmethod
     async def _try_error_response(conn: _Conn, exc: LeaseFSError, op: str) -> None:
@@ -302,8 +328,12 @@ class DataTransferServer:
         metadata server for this block, stamp and ``mode`` (security = secure); checked
         before the op touches anything."""
         if self.node_key is not None:
-            blocktoken.check(self.block_keys, header.get("token"), block_id, gs, mode,
-                             time.time(), f"{op} of block {block_id} stamp {gs}")
+            try:
+                blocktoken.check(self.block_keys, header.get("token"), block_id, gs, mode,
+                                 time.time(), f"{op} of block {block_id} stamp {gs}")
+            except InvalidToken:
+                self.stats.token_refusals += 1
+                raise
 
     # ------------------------------------------------------------------ BLOCK_LENGTH
 
@@ -394,6 +424,7 @@ class DataTransferServer:
         finally:
             with trio.CancelScope(shield=True):
                 await self.store.close_reader(reader)
+        self.stats.copies_sent += 1
         log.info("transferred %s (%d bytes) to %s for pipeline recovery", replica.name,
                  length, target)
         return length
@@ -447,6 +478,7 @@ class DataTransferServer:
             try:
                 with trio.fail_after(self.config.data_timeout):
                     await conn.framed.send_all(b"".join(wire))
+                self.stats.bytes_read += len(data)
             except trio.TooSlowError:
                 log.debug("READ_BLOCK blk_%d to %s: reader took nothing for %gs",
                           block_id, conn.peer, self.config.data_timeout)
@@ -512,6 +544,7 @@ class DataTransferServer:
         try:
             with trio.fail_after(self.config.data_timeout):
                 await send_packet(conn.framed, seqno, offset, data, sums, flags)
+            self.stats.bytes_read += len(data)
             return True
         except trio.TooSlowError:
             log.debug("READ_BLOCK blk_%d to %s: reader stopped reading for %gs at offset %d; "
@@ -550,6 +583,7 @@ class DataTransferServer:
             # the old pipeline is stopped, the replica cut to the acked length, new stamp
             replica = await self.store.recover_rbw(
                 block_id, gs, min_bytes, bpc if "bytes_per_checksum" in header else None)
+            self.stats.streaming_recoveries += 1
         else:
             replica = await self.store.create_rbw(block_id, gs, bpc)
         # a later pipeline recovery may give the replica a new writer while this op is
@@ -736,6 +770,7 @@ class _WritePipeline:
                                          base_offset=packet.offset)
                         received = packet.offset + len(packet.data)
                 except ChecksumError as exc:
+                    self.server.stats.checksum_errors += 1
                     log.warning("WRITE_BLOCK %s: %s", replica.name, exc)
                     entry.own_status = ERROR_CHECKSUM
                     await disk.send((None, entry))
@@ -765,6 +800,7 @@ class _WritePipeline:
                         try:
                             await self.store.write_packet(replica, packet.offset, packet.data,
                                                           packet.sums)
+                            self.server.stats.bytes_written += len(packet.data)
                         finally:
                             self._unreserve(len(packet.data))
                         entry.has_data = True

@@ -350,8 +350,10 @@ class ProcessCluster:
     """A metadata server and N block servers as real ``python -m tools`` processes."""
 
     def __init__(self, base_dir, n_storage: int = 3, settings: dict | None = None,
-                 python: str = sys.executable, meta_http: bool = False):
-        """``meta_http``: the metadata server serves its web pages (on ``meta_http_port``)."""
+                 python: str = sys.executable, meta_http: bool = False,
+                 meta_http_port: int = 0):
+        """``meta_http``: the metadata server serves its web pages (on a free port);
+        ``meta_http_port``: on that port."""
         require_slow_marker("server processes (ProcessCluster)")
         self.base = Path(base_dir)
         self.n_storage = n_storage
@@ -360,7 +362,8 @@ class ProcessCluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self.ports: dict[str, int] = {}
         self.meta_address: str | None = None
-        self.meta_http_port = free_port() if meta_http else 0
+        # 0: no web pages
+        self.meta_http_port = meta_http_port or (free_port() if meta_http else 0)
         (self.base / "logs").mkdir(parents=True, exist_ok=True)
         LOG_WATCH.watch(self.base / "logs")
 
