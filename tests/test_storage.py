@@ -74,7 +74,8 @@ class FakeMeta(Dispatcher):
         return [b for args in self.of("block_received_and_deleted", node_id)
                 for b in args["deleted"]]
 
-    async def rpc_register_storage(self, ctx, node_id, address, capacity, used, remaining):
+    async def rpc_register_storage(self, ctx, node_id, address, capacity, used, remaining,
+                                   http_port=0):
         self.calls.append(("register_storage", dict(node_id=node_id, address=address,
                                                     capacity=capacity, used=used,
                                                     remaining=remaining)))
