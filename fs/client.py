@@ -38,6 +38,7 @@ from .config import Config, cluster_client_settings, find_meta_address
 from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, SafeMode,
                      ServerUnavailable, TryAgain, sole_exception)
 from .renewer import LeaseRenewer
+from . import trash
 from .delegation import TokenFile
 from .rpc import (RpcClient, check_identity, current_groups, current_user, format_address,
                   local_socket_name)
@@ -556,6 +557,22 @@ class AsyncClient:
         paths raise ``FileNotFound``; returns True."""
         return bool(await self._call("delete", path=paths.validate(path), recursive=recursive))
 
+    @property
+    def trash_interval(self) -> float:
+        """Minutes a path removed with ``move_to_trash`` stays in the trash (the metadata
+        server's ``trash_interval``; 0 = no trash: the shell deletes at once)."""
+        return float(self.server_defaults.get("trash_interval") or 0)
+
+    async def move_to_trash(self, path: str) -> str | None:
+        """HDFS ``Trash.moveToAppropriateTrash``: move ``path`` into the caller's trash
+        (``fs.trash``); its path there, or None when it is already in a trash."""
+        return await trash.move_to_trash(self, path)
+
+    async def expunge(self, *, immediate: bool = False) -> dict:
+        """HDFS ``-expunge``: checkpoint the caller's trash, delete checkpoints older than
+        ``trash_interval`` (everything with ``immediate``)."""
+        return await trash.expunge(self, self.trash_interval * 60, immediate=immediate)
+
     async def unlink(self, path: str) -> "Changed":
         """POSIX unlink(2) in one call: delete the file or symlink ``path`` (a directory is
         ``IsDirectory``); the status it had and its parent's after."""
@@ -737,6 +754,10 @@ class Client:
     def meta_address(self) -> str:
         return self._async.meta_address
 
+    @property
+    def trash_interval(self) -> float:
+        return self._async.trash_interval
+
     def close(self) -> None:
         """Close open output streams, the connection and the background thread."""
         if self._closed:
@@ -794,6 +815,6 @@ for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "mkdir
               "exists", "list_status", "delete", "rename", "rename_many", "set_permission", "set_owner",
               "set_times", "set_replication", "create_symlink", "content_summary", "report",
               "safemode", "truncate", "recover_lease", "is_file_closed", "list_open_files",
-              "open_files", "sync_metadata"):
+              "open_files", "sync_metadata", "move_to_trash", "expunge"):
     setattr(Client, _name, _mirror(_name))
 del _name

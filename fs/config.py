@@ -155,6 +155,13 @@ class Config:
     block_token_lifetime: float = _s(36000.0, "seconds a block access token stays valid "
                                      "(HDFS dfs.block.access.token.lifetime); readers "
                                      "and writers get fresh ones on their own")
+    trash_interval: float = _s(1440.0, "minutes a path removed with leasefs rm stays in its "
+                               "owner's trash (/user/NAME/.Trash) before the metadata server "
+                               "deletes it (HDFS fs.trash.interval); 0 = rm deletes at once. "
+                               "The client API and the mount always delete")
+    trash_checkpoint_interval: float = _s(0.0, "minutes between the metadata server's trash "
+                                          "checkpoints (HDFS fs.trash.checkpoint.interval); "
+                                          "0 = trash_interval")
     permissions_enabled: bool = _s(True, "check mode bits, owners and the superuser on every "
                                    "namespace operation (HDFS dfs.permissions.enabled)")
     superuser: str = _s("", "user allowed everything (default: the user running the metadata "

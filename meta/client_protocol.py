@@ -67,6 +67,7 @@ class ClientProtocol:
                 "lease_soft_limit": c.lease_soft_limit, "lease_hard_limit": c.lease_hard_limit,
                 "max_blocks_per_file": c.max_blocks_per_file, "inline_max": c.inline_max,
                 "replace_datanode_best_effort": c.replace_datanode_best_effort,
+                "trash_interval": c.trash_interval,
                 "namespace_id": self.ns.namespace_id}
 
     async def rpc_mkdirs(self, ctx, path, permission=0o755, owner=None, group=None,

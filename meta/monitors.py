@@ -21,7 +21,9 @@ from functools import partial
 
 import trio
 
-from fs.errors import LeaseFSError
+from fs import trash
+from fs.errors import FileNotFound, LeaseFSError, NotDirectory
+from fs.rpc import CallContext
 
 from . import checkpoint as checkpoints
 from .checkpoint import CheckpointInfo
@@ -60,6 +62,7 @@ class Monitors:
             nursery.start_soon(self._reclaim_monitor)
             nursery.start_soon(self._replication_monitor)
             nursery.start_soon(self._token_monitor)
+            nursery.start_soon(self._trash_monitor)
 
     async def reclaim_once(self) -> bool:
         """Journal one RECLAIM record (at most ``delete_chunk`` keys of a detached subtree)
@@ -108,6 +111,28 @@ class Monitors:
             except LeaseFSError as exc:
                 log.warning("removing expired delegation tokens: %s", exc)
 
+    async def _trash_monitor(self) -> None:
+        """HDFS's trash emptier: every ``trash_checkpoint_interval`` each user's
+        ``.Trash/Current`` becomes a checkpoint and checkpoints older than
+        ``trash_interval`` are deleted (``fs.trash``)."""
+        interval = self.config.trash_interval * 60
+        if interval <= 0:
+            return
+        period = (self.config.trash_checkpoint_interval or self.config.trash_interval) * 60
+        period = max(1.0, min(period, interval))
+        calls = _ServerCalls(self)
+        while True:
+            await trio.sleep(period)
+            if self.safemode.on:
+                continue
+            try:
+                removed = await trash.empty(calls, interval, self.wall_ns() / 1e9, log)
+            except LeaseFSError as exc:
+                log.warning("trash emptier: %s", exc)
+                continue
+            if removed:
+                log.info("trash emptier: deleted %d expired trash checkpoint(s)", removed)
+
     async def _dead_node_monitor(self) -> None:
         period = max(0.05, min(self.config.heartbeat_interval, self.config.dead_node_interval / 4))
         while True:
@@ -152,3 +177,35 @@ class Monitors:
                 await self.replication_pass()
             except LeaseFSError as exc:
                 log.warning("replication monitor: %s", exc)
+
+
+class _ServerCalls:
+    """The namespace calls the trash emptier makes: the server's own handlers, as the
+    superuser (an in-process caller)."""
+
+    def __init__(self, server):
+        self.server = server
+        self.ctx = CallContext(client_id="trash-emptier", peer="metadata server")
+
+    async def exists(self, path: str) -> bool:
+        try:
+            await self.server.rpc_get_file_info(self.ctx, path=path)
+        except (FileNotFound, NotDirectory):
+            return False
+        return True
+
+    async def list(self, path: str) -> list[str]:
+        names, after = [], ""
+        while True:
+            page = await self.server.rpc_list_status(self.ctx, path=path, start_after=after)
+            entries = page["entries"] if isinstance(page, dict) else page
+            names += [entry["name"] for entry in entries]
+            if not entries or not (isinstance(page, dict) and page.get("has_more")):
+                return names
+            after = names[-1]
+
+    async def rename(self, src: str, dst: str) -> None:
+        await self.server.rpc_rename(self.ctx, src=src, dst=dst)
+
+    async def delete(self, path: str) -> None:
+        await self.server.rpc_delete(self.ctx, path=path, recursive=True)

@@ -20,7 +20,7 @@ import time
 
 from fs import paths
 from fs.errors import (DirectoryNotEmpty, FileExists, FileNotFound, InvalidArgument,
-                       IsDirectory, LeaseFSError, NotDirectory)
+                       IsDirectory, LeaseFSError, NotDirectory, PermissionDenied)
 
 from . import transfer
 from .admin import format_checkpoint
@@ -340,11 +340,27 @@ def cmd_mv(cmd: Command):
 
 
 def cmd_rm(cmd: Command):
+    """HDFS ``rm``: into the caller's trash when the cluster keeps one (``trash_interval``),
+    unless ``-skipTrash`` or the path is in a trash already."""
     a = cmd.args
+    client = cmd.client
+    use_trash = client.trash_interval > 0 and not a.skip_trash
     for raw in a.paths:
         try:
             path = user_path(raw)
-            cmd.client.delete(path, recursive=a.recursive)
+            if use_trash:
+                st = client.get_file_status(path)
+                if st.type == "dir" and not a.recursive:
+                    raise IsDirectory("is a directory (use -r to remove it and everything in it)")
+                try:
+                    moved = client.move_to_trash(path)
+                except (InvalidArgument, PermissionDenied) as exc:
+                    raise type(exc)(f"cannot move to the trash: {exc}; use -skipTrash to "
+                                    f"delete at once") from None
+                if moved is not None:
+                    cmd.out(f"Moved: '{path}' to trash at: {moved}")
+                    continue
+            client.delete(path, recursive=a.recursive)
         except FileNotFound as exc:
             if not a.force:
                 cmd.fail(raw, exc)
@@ -353,6 +369,14 @@ def cmd_rm(cmd: Command):
                 "directory not empty (use -r to delete it and everything in it)"))
         except ITEM_ERRORS as exc:
             cmd.fail(raw, exc)
+
+
+def cmd_expunge(cmd: Command):
+    done = cmd.client.expunge(immediate=cmd.args.immediate)
+    if done["checkpoint"]:
+        cmd.out(f"Created trash checkpoint: {done['checkpoint']}")
+    for name in done["deleted"]:
+        cmd.out(f"Deleted trash checkpoint: {name}")
 
 
 def _require_parent_dir(client, path: str, hint: str) -> None:
@@ -659,8 +683,23 @@ def register(sub, common) -> None:
     p.add_argument("-r", "-R", dest="recursive", action="store_true", help="delete directories "
                    "and their contents")
     p.add_argument("-f", dest="force", action="store_true", help="ignore missing paths")
+    p.add_argument("-skipTrash", "--skip-trash", dest="skip_trash", action="store_true",
+                   help="delete at once instead of moving into /user/NAME/.Trash")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_rm)
+
+    p = _parser(sub, "expunge", common, "empty the trash: checkpoint it and delete "
+                "checkpoints older than the cluster's trash_interval (hdfs dfs -expunge)",
+                description="leasefs expunge [-immediate]\nThe caller's /user/NAME/.Trash/Current "
+                            "becomes a checkpoint; checkpoints older than trash_interval\n"
+                            "minutes are deleted (-immediate: all of the trash now). The "
+                            "metadata server does the same\nby itself every "
+                            "trash_checkpoint_interval.\n\nexample:\n  leasefs rm -r /data/old"
+                            "   # moved to /user/$USER/.Trash/Current/data/old\n"
+                            "  leasefs expunge -immediate")
+    p.add_argument("-immediate", "--immediate", dest="immediate", action="store_true",
+                   help="delete everything in the trash now")
+    p.set_defaults(func=cmd_expunge)
 
     p = _parser(sub, "mkdir", common, "create directories")
     p.add_argument("-p", dest="parents", action="store_true", help="create missing parents, "
