@@ -84,24 +84,24 @@ async def _block_crc(client, path: str, block: Block) -> int:
 async def file_checksum(client, path: str) -> dict:
     """``{"algorithm": "COMPOSITE-CRC32C", "crc": "8 hex digits", "length": n}`` of ``path``
     (its visible length, for a file being written)."""
-    for attempt in range(2):
-        # the input stream's locating (tokens, the visible length of a block being written)
-        async with await AsyncInputStream.open(client, path) as stream:
-            if stream._inline is not None:
-                data = stream._inline[:stream.length]
-                return result(crc32c(data), len(data))
-            blocks = [b for b in stream._blocks if b.num_bytes > 0]
-            length = stream.length
-        total = CompositeCrc()
-        try:
-            for block in blocks:
-                total.add(await _block_crc(client, path, block), block.num_bytes)
-        except InvalidToken:
-            if attempt:
-                raise
-            continue   # expired: fresh locations bring fresh tokens
-        if total.length != length:
-            raise ProtocolError(f"{path}: blocks cover {total.length} bytes, the file has "
-                                f"{length}")
-        return result(total.crc, length)
-    raise AssertionError("unreachable")
+    try:
+        return await _file_checksum(client, path)
+    except InvalidToken:   # expired: fresh locations bring fresh tokens, once
+        return await _file_checksum(client, path)
+
+
+async def _file_checksum(client, path: str) -> dict:
+    # the input stream's locating: tokens, inline content, the visible length of a block
+    # being written (BLOCK_LENGTH)
+    async with await AsyncInputStream.open(client, path) as stream:
+        if stream._inline is not None:
+            data = stream._inline[:stream.length]
+            return result(crc32c(data), len(data))
+        blocks = [b for b in stream._blocks if b.num_bytes > 0]
+        length = stream.length
+    total = CompositeCrc()
+    for block in blocks:
+        total.add(await _block_crc(client, path, block), block.num_bytes)
+    if total.length != length:
+        raise ProtocolError(f"{path}: blocks cover {total.length} bytes, the file has {length}")
+    return result(total.crc, length)
