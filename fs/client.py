@@ -34,6 +34,7 @@ import trio
 
 from . import paths
 from . import tls as tlsmod
+from .checksum import file_checksum
 from .config import Config, cluster_client_settings, find_meta_address
 from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, SafeMode,
                      ServerUnavailable, TryAgain, sole_exception)
@@ -484,6 +485,13 @@ class AsyncClient:
         return await self._call("get_block_locations", path=paths.validate(path),
                                 offset=offset, length=length)
 
+    async def get_file_checksum(self, path: str) -> dict:
+        """HDFS getFileChecksum, COMPOSITE-CRC: ``{"algorithm": "COMPOSITE-CRC32C", "crc":
+        "8 hex digits", "length": n}``, the CRC32C of the content whatever its block and chunk
+        sizes, combined on the block servers from stored chunk CRCs (``fs.checksum``)."""
+        self._check_open()
+        return await file_checksum(self, paths.validate(path))
+
     # ------------------------------------------------------------------ namespace
     async def mkdirs(self, path: str, permission: int = 0o755, *, owner: str | None = None,
                      group: str | None = None) -> bool:
@@ -818,3 +826,4 @@ for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "mkdir
               "open_files", "sync_metadata", "move_to_trash", "expunge"):
     setattr(Client, _name, _mirror(_name))
 del _name
+Client.get_file_checksum = _mirror("get_file_checksum")

@@ -53,6 +53,8 @@ WRITE_BLOCK = "WRITE_BLOCK"
 READ_BLOCK = "READ_BLOCK"
 BLOCK_LENGTH = "BLOCK_LENGTH"
 TRANSFER_BLOCK = "TRANSFER_BLOCK"
+#: a replica's CRC32C over a prefix, combined from its stored chunk CRCs (storage/blockchecksum.py)
+BLOCK_CHECKSUM = "BLOCK_CHECKSUM"
 #: a whole small block in one message: the op header and its single LAST packet
 WRITE_BLOCK_ONESHOT = "WRITE_BLOCK_ONESHOT"
 

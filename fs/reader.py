@@ -227,6 +227,17 @@ class AsyncInputStream:
 
     # ------------------------------------------------------------------ public
     @property
+    def inline(self) -> bytes | None:
+        """The content of a file kept in the namespace (None for a file with blocks)."""
+        return self._inline
+
+    @property
+    def blocks(self) -> list[Block]:
+        """The located blocks, tokens included, with a block being written at its visible
+        length."""
+        return list(self._blocks)
+
+    @property
     def length(self) -> int:
         return self._length
 

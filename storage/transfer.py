@@ -35,13 +35,14 @@ FINALIZED replica of exactly ``min_bytes`` bytes as RBW under the new generation
 of creating one; the writer's first packet repeats the last partial chunk.
 
 Block access tokens (security = secure, ``fs.blocktoken``): every op that reads, writes or
-copies a replica is checked before it touches anything: READ_BLOCK and BLOCK_LENGTH need a
-read token, WRITE_BLOCK a write token (CREATE, APPEND, STREAMING_RECOVERY: for the stamp the
-header names, which for APPEND and STREAMING_RECOVERY is the new one) or a copy token
-(TRANSFER_RBW, TRANSFER_FINALIZED: ``STAGE_MODES``), TRANSFER_BLOCK and WRITE_BLOCK_ONESHOT
-as their writes do. A pipeline node forwards the header with the token unchanged; a copy's
-sender shows its receiver the copy token it was given (by the client, or in the metadata
-server's TRANSFER command). A refused token is an ``InvalidToken`` error response.
+copies a replica is checked before it touches anything: READ_BLOCK, BLOCK_LENGTH and
+BLOCK_CHECKSUM (``storage.blockchecksum``) need a read token, WRITE_BLOCK a write token
+(CREATE, APPEND, STREAMING_RECOVERY: for the stamp the header names, which for APPEND and
+STREAMING_RECOVERY is the new one) or a copy token (TRANSFER_RBW, TRANSFER_FINALIZED:
+``STAGE_MODES``), TRANSFER_BLOCK and WRITE_BLOCK_ONESHOT as their writes do. A pipeline
+node forwards the header with the token unchanged; a copy's sender shows its receiver the
+copy token it was given (by the client, or in the metadata server's TRANSFER command).
+A refused token is an ``InvalidToken`` error response.
 
 INIT_REPLICA_RECOVERY / UPDATE_REPLICA_UNDER_RECOVERY: the block-recovery ops a primary
 (``storage.recovery``) sends to every replica holder; INIT stops a running pipeline of that
@@ -75,7 +76,7 @@ import trio
 from fs import blocktoken, nodeauth
 from fs import tls as tlsmod
 from fs.config import Config
-from fs.datatransfer import (BLOCK_LENGTH, CHECKSUM_SIZE, DATA_TRANSFER_VERSION, ERROR,
+from fs.datatransfer import (BLOCK_CHECKSUM, BLOCK_LENGTH, CHECKSUM_SIZE, DATA_TRANSFER_VERSION, ERROR,
                              ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA, PACKET_HEADER,
                              PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE,
                              PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
@@ -90,6 +91,7 @@ from fs.framing import FramedStream, encode_frame
 from fs.limits import ByteBudget
 from fs.rpc import check_version, connect_tcp, parse_address
 
+from .blockchecksum import serve_block_checksum
 from .blockcopy import send_replica
 from .layout import check_packet_range
 from .oneshot import write_oneshot
@@ -279,6 +281,8 @@ class DataTransferServer:
                 await self._block_length(conn, header)
             elif op == TRANSFER_BLOCK:
                 await self._transfer_block(conn, header)
+            elif op == BLOCK_CHECKSUM:
+                await serve_block_checksum(self, conn, header)
             elif op == INIT_REPLICA_RECOVERY:
                 await self._init_replica_recovery(conn, header)
             elif op == UPDATE_REPLICA_UNDER_RECOVERY:

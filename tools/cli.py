@@ -65,6 +65,8 @@ def build_parser() -> Parser:
     daemons.register(sub, common)
     cluster.register(sub, common)
     shell.register(sub, common)
+    from . import checksum
+    checksum.register(sub, common)
     leasetools.register(sub, common)
     admin.register(sub, common)
     tokens.register(sub, common)

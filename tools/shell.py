@@ -24,6 +24,7 @@ from fs.errors import (DirectoryNotEmpty, FileExists, FileNotFound, InvalidArgum
 
 from . import transfer
 from .admin import format_checkpoint
+from .checksum import verify_steps
 from .common import Command
 from .formatting import (STAT_FORMAT_HELP, UsageError, format_table, human_size,
                          ls_long_lines, parse_mode, parse_owner, parse_size, split_file_url,
@@ -200,6 +201,8 @@ def _copy(cmd: Command, sources, dst_side, dst: str, dst_display: str):
             try:
                 transfer.run_steps(steps, side, dst_side, overwrite=overwrite, progress=bar,
                                    options=options)
+                if getattr(a, "verify", False):
+                    verify_steps(steps, side, dst_side)
             except ITEM_ERRORS as exc:
                 cmd.fail(_item_path(exc, display), exc)
 
@@ -658,6 +661,8 @@ def register(sub, common) -> None:
     p.add_argument("-f", dest="force", action="store_true", help="overwrite existing files")
     p.add_argument("--progress", action="store_true", help="always show a progress bar")
     p.add_argument("args", nargs="+", metavar="PATH", help="SRC... [LOCALDST] (default .)")
+    p.add_argument("--verify", "-checksum", dest="verify", action="store_true",
+                   help="compare each copy's checksum with its source's afterwards")
     p.set_defaults(func=cmd_get)
 
     p = _parser(sub, "cp", common, "copy within the cluster, or to/from file: URLs",
@@ -669,6 +674,8 @@ def register(sub, common) -> None:
     p.add_argument("--replication", type=int, default=None, help="replication of new files")
     p.add_argument("--block-size", default=None, help="block size of new files (e.g. 64M)")
     p.add_argument("args", nargs="+", metavar="PATH", help="SRC... DST")
+    p.add_argument("--verify", "-checksum", dest="verify", action="store_true",
+                   help="compare each copy's checksum with its source's afterwards")
     p.set_defaults(func=cmd_cp)
 
     p = _parser(sub, "mv", common, "rename or move into a directory",
