@@ -333,3 +333,17 @@ def test_commands_update_readme_rewrites_a_stale_block(tmp_path):
     (tmp_path / "plain.md").write_text("no markers\n")
     check_fails(leasefs("commands", "--update-readme", tmp_path / "plain.md"), "no '")
     assert os.path.exists(readme)
+
+
+def test_getmerge_sources_are_files_in_name_order_whatever_the_listing_order():
+    from types import SimpleNamespace
+
+    from test_cli import _status
+    from tools.shellread import merge_sources
+
+    listing = [_status(name="b"), _status(name="sub", type="dir"), _status(name="a")]
+    client = SimpleNamespace(get_file_status=lambda p: _status(type="dir" if p == "/d" else "file"),
+                             iter_status=lambda p: iter(listing))
+    cmd = SimpleNamespace(client=client)
+    assert merge_sources(cmd, "/d") == ["/d/a", "/d/b"]
+    assert merge_sources(cmd, "/d/a") == ["/d/a"]
