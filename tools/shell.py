@@ -693,7 +693,7 @@ def register(sub, common) -> None:
     p = _parser(sub, "mkdir", common, "create directories")
     p.add_argument("-p", dest="parents", action="store_true", help="create missing parents, "
                    "no error if it exists")
-    p.add_argument("-m", dest="mode", default=None, help="permission (octal, default 755)")
+    p.add_argument("-m", dest="mode", default=None, help="permission: octal or symbolic from a=rwx (default 755)")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_mkdir)
 
