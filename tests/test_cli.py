@@ -68,7 +68,8 @@ def test_modes_owners_settings_urls_parse_or_refuse():
     assert F.parse_mode("755") == 0o755
     assert F.parse_mode("0644") == 0o644
     assert F.parse_mode("1777") == 0o1777
-    for bad in ("9z", "888", "u+x", "", "07777"):
+    assert F.parse_mode("u+x") == 0o777   # symbolic: from a=rwx (tests/test_shell_hdfs.py)
+    for bad in ("9z", "888", "u+z", "", "07777"):
         with pytest.raises(F.UsageError, match="invalid mode"):
             F.parse_mode(bad)
     assert F.parse_owner("bob") == ("bob", None)

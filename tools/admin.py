@@ -94,16 +94,49 @@ def format_fsck(r: dict, *, locations: bool = False) -> list[str]:
     return lines
 
 
+def format_fsck_files(r: dict, *, blocks: bool = False, locations: bool = False) -> list[str]:
+    """``hdfs fsck PATH -files [-blocks [-locations]]`` lines: one per file, then one per
+    block (``-blocks``), each with its replicas' addresses (``-locations``)."""
+    lines = []
+    for f in r.get("files", []):
+        status = f.get("status")
+        flags = " OPENFORWRITE" if f.get("open") else ""
+        lines.append(f"{f['path']} {f.get('length', 0)} bytes, replicated: replication="
+                     f"{f.get('replication', 0)}, {len(f.get('blocks', []))} block(s): "
+                     f"{' OK' if status == 'HEALTHY' else ' ' + str(status)}{flags}")
+        if not blocks:
+            continue
+        for i, b in enumerate(f.get("blocks", [])):
+            text = f"{i}. blk_{b['id']}_{b['gs']} len={b['num_bytes']} Live_repl={b.get('live', 0)}"
+            if b.get("status") != "HEALTHY":
+                text += f" {b.get('status')}"
+            if locations:
+                text += "  [" + ", ".join(
+                    f"DatanodeInfoWithStorage[{loc['address']},{loc.get('node_id', '')},DISK]"
+                    for loc in b.get("locations") or []) + "]"
+            lines.append(text)
+        lines.append("")
+    return lines
+
+
 def cmd_fsck(cmd: Command):
     a = cmd.args
+    hdfs_style = a.files or a.blocks or a.hdfs_locations
     try:
         r = _rpc(cmd, "fsck", {"path": paths.normalize_user_path(a.path),
-                               "openforwrite": a.openforwrite, "locations": a.locations})
+                               "openforwrite": a.openforwrite,
+                               "locations": a.locations or bool(hdfs_style)})
     except (LeaseFSError, OSError) as exc:
         cmd.fail(a.path, exc)
         return 1
     if a.json:
         cmd.out(json.dumps(r, indent=2, sort_keys=True, default=str))
+    elif hdfs_style:
+        # as hdfs fsck: the per-file lines, then the totals without the default listing
+        lines = format_fsck_files(r, blocks=a.blocks or a.hdfs_locations,
+                                  locations=a.hdfs_locations)
+        for line in lines + format_fsck({**r, "files": []}):
+            cmd.out(line)
     else:
         for line in format_fsck(r, locations=a.locations):
             cmd.out(line)
@@ -173,6 +206,12 @@ def register(sub, common) -> None:
                    help="also check files open for writing")
     p.add_argument("--locations", action="store_true",
                    help="list every file and each block's replica locations")
+    p.add_argument("-files", dest="files", action="store_true",
+                   help="hdfs fsck style: a line per file")
+    p.add_argument("-blocks", dest="blocks", action="store_true",
+                   help="hdfs fsck style: and a line per block")
+    p.add_argument("-locations", dest="hdfs_locations", action="store_true",
+                   help="hdfs fsck style: and each block's replica addresses")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_fsck)
 

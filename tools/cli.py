@@ -55,7 +55,9 @@ def common_options() -> argparse.ArgumentParser:
 
 
 def build_parser() -> Parser:
-    from . import admin, bench, cluster, daemons, docgen, leasetools, mountcmd, shell, tokens
+    from . import (admin, bench, cluster, cmddoc, daemons, docgen, leasetools, mountcmd,
+                   shell, shellalias, shellattr, shellcount, shellfind, shellread, shelltest,
+                   tokens)
 
     common = common_options()
     parser = Parser(prog=PROG, parents=[common],
@@ -67,12 +69,19 @@ def build_parser() -> Parser:
     shell.register(sub, common)
     from . import checksum
     checksum.register(sub, common)
+    shellalias.register(sub, common)
+    shellattr.register(sub, common)
+    shelltest.register(sub, common)
+    shellfind.register(sub, common)
+    shellcount.register(sub, common)
+    shellread.register(sub, common)
     leasetools.register(sub, common)
     admin.register(sub, common)
     tokens.register(sub, common)
     mountcmd.register(sub, common)
     bench.register(sub, common)
     docgen.register(sub, common)
+    cmddoc.register(sub, common)
     return parser
 
 

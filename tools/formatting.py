@@ -16,7 +16,8 @@ import stat as _stat
 import time
 
 __all__ = [
-    "UsageError", "mode_string", "human_size", "parse_size", "parse_mode", "parse_owner",
+    "UsageError", "mode_string", "human_size", "parse_size", "parse_mode", "parse_mode_change",
+    "ModeChange", "parse_owner",
     "parse_settings", "split_file_url", "format_time", "ls_long_lines", "format_table",
     "stat_format", "STAT_FORMAT_HELP", "status_fields",
 ]
@@ -77,13 +78,78 @@ def mode_string(kind: str, mode: int) -> str:
 
 
 _MODE_RE = re.compile(r"^[0-7]{1,4}$")
+_CLAUSE_RE = re.compile(r"^([ugoa]*)((?:[-+=](?:[rwxXt]*|[ugo]))+)$")
+_ACTION_RE = re.compile(r"([-+=])([ugo]|[rwxXt]*)")
+_WHO_BITS = {"u": 0o4700, "g": 0o2070, "o": 0o1007}   # each with its special bit, as chmod(1)
+_MODE_HELP = "expected octal digits (755, 0644, 1777) or symbolic clauses (u+x,g-w,o=r, a+X, +t)"
 
 
-def parse_mode(text: str) -> int:
-    """Octal permission (``755``, ``0644``, ``1777``) → int; anything else is a usage error."""
-    if not isinstance(text, str) or not _MODE_RE.match(text):
-        raise UsageError(f"invalid mode {text!r}: expected octal digits such as 755 or 0644")
-    return int(text, 8)
+class ModeChange:
+    """A parsed ``chmod`` mode: octal (sets every bit) or symbolic clauses applied in order.
+
+    ``apply(mode, is_dir)`` gives the new mode. As HDFS (and unlike coreutils), a clause
+    without ``ugoa`` applies to all and no umask is consulted: the cluster has no umask of
+    the caller's shell. ``X`` adds execute to directories and to files that already have an
+    execute bit; ``t`` is the sticky bit (only for ``o``/``a``/no who).
+    """
+
+    def __init__(self, text: str, octal: int | None, clauses: list):
+        self.text, self.octal, self.clauses = text, octal, clauses
+
+    def apply(self, mode: int, is_dir: bool = False) -> int:
+        if self.octal is not None:
+            return self.octal
+        mode &= 0o7777
+        for who, actions in self.clauses:
+            affected = 0
+            for w in who or "a":
+                affected |= 0o7777 if w == "a" else _WHO_BITS[w]
+            for op, perms in actions:
+                value = 0
+                if perms in ("u", "g", "o"):   # copy another class's bits (g=u)
+                    shift = {"u": 6, "g": 3, "o": 0}[perms]
+                    bits = (mode >> shift) & 7
+                    value = bits << 6 | bits << 3 | bits
+                else:
+                    for ch in perms:
+                        if ch == "r":
+                            value |= 0o444
+                        elif ch == "w":
+                            value |= 0o222
+                        elif ch == "x" or (ch == "X" and (is_dir or mode & 0o111)):
+                            value |= 0o111
+                        elif ch == "t":
+                            value |= 0o1000
+                value &= affected
+                if op == "+":
+                    mode |= value
+                elif op == "-":
+                    mode &= ~value
+                else:
+                    mode = (mode & ~affected) | value
+        return mode & 0o7777
+
+
+def parse_mode_change(text: str) -> ModeChange:
+    """``755`` / ``u+x,g-w,o=r`` / ``a+X`` / ``+t`` / ``=`` → ``ModeChange``; else a usage
+    error (raised before any file is touched)."""
+    if not isinstance(text, str) or not text:
+        raise UsageError(f"invalid mode {text!r}: {_MODE_HELP}")
+    if _MODE_RE.match(text):
+        return ModeChange(text, int(text, 8), [])
+    clauses = []
+    for clause in text.split(","):
+        match = _CLAUSE_RE.match(clause)
+        if not match:
+            raise UsageError(f"invalid mode {text!r}: {_MODE_HELP}")
+        clauses.append((match.group(1), _ACTION_RE.findall(match.group(2))))
+    return ModeChange(text, None, clauses)
+
+
+def parse_mode(text: str, *, base: int = 0o777, is_dir: bool = True) -> int:
+    """A permission as a number: octal as is, symbolic applied to ``base`` (``mkdir -m``
+    starts from ``a=rwx``, as mkdir(1))."""
+    return parse_mode_change(text).apply(base, is_dir)
 
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.@$-][A-Za-z0-9_.@$\\-]*$")
@@ -142,8 +208,10 @@ def format_time(ns: int | None, *, seconds: bool = False) -> str:
 
 # --------------------------------------------------------------------------- ls -l, tables
 
-def ls_long_lines(statuses, *, human: bool = False, name_of=lambda st: st.name) -> list[str]:
-    """``ls -l`` lines: mode, replication (``-`` for dirs), owner, group, size, mtime, name.
+def ls_long_lines(statuses, *, human: bool = False, atime: bool = False,
+                  name_of=lambda st: st.name) -> list[str]:
+    """``ls -l`` lines: mode, replication (``-`` for dirs), owner, group, size, mtime (the
+    access time with ``atime``, as ``ls -u``), name.
 
     Columns are aligned over the whole listing, numbers right-aligned, names left.
     """
@@ -159,7 +227,7 @@ def ls_long_lines(statuses, *, human: bool = False, name_of=lambda st: st.name) 
             st.owner or "-",
             st.group or "-",
             human_size(st.length) if human else str(st.length),
-            format_time(st.mtime_ns),
+            format_time(st.atime_ns if atime else st.mtime_ns),
             name,
         ])
     if not rows:

@@ -27,8 +27,8 @@ from .admin import format_checkpoint
 from .checksum import verify_steps
 from .common import Command
 from .formatting import (STAT_FORMAT_HELP, UsageError, format_table, human_size,
-                         ls_long_lines, parse_mode, parse_owner, parse_size, split_file_url,
-                         stat_format, status_fields)
+                         ls_long_lines, parse_mode, parse_mode_change, parse_owner, parse_size,
+                         split_file_url, stat_format, status_fields)
 from .progress import Progress, wanted
 
 log = logging.getLogger(__name__)
@@ -78,16 +78,31 @@ def cmd_ls(cmd: Command):
                 show_full = a.recursive
             else:
                 entries, show_full = [(path, st)], True
+            entries = sort_entries(entries, by_time=a.by_time, by_size=a.by_size,
+                                   reverse=a.reverse, atime=a.atime)
             names = {id(s): (p if show_full else s.name) for p, s in entries}
             statuses = [s for _, s in entries]
             if a.long:
-                for line in ls_long_lines(statuses, human=a.human, name_of=lambda s: names[id(s)]):
+                for line in ls_long_lines(statuses, human=a.human, atime=a.atime,
+                                          name_of=lambda s: names[id(s)]):
                     cmd.out(line)
             else:
                 for s in statuses:
                     cmd.out(names[id(s)])
         except ITEM_ERRORS as exc:
             cmd.fail(raw, exc)
+
+
+def sort_entries(entries, *, by_time=False, by_size=False, reverse=False, atime=False):
+    """``ls`` order as ``hdfs dfs -ls``: by name, or newest first (``-t``; ``-u`` uses the
+    access time), or largest first (``-S``); ``-r`` reverses whichever applies."""
+    if by_time:
+        field = "atime_ns" if atime else "mtime_ns"
+        # ties keep name order, so the output does not depend on the server's listing order
+        entries = sorted(entries, key=lambda e: (-(getattr(e[1], field) or 0), e[0]))
+    elif by_size:
+        entries = sorted(entries, key=lambda e: (-(e[1].length or 0), e[0]))
+    return list(reversed(entries)) if reverse else list(entries)
 
 
 def cmd_stat(cmd: Command):
@@ -431,23 +446,25 @@ def cmd_touch(cmd: Command):
             cmd.fail(raw, exc)
 
 
-def _targets(cmd: Command, path: str, recursive: bool):
-    """``path`` and, with ``recursive``, everything below it."""
-    yield path
-    if recursive:
-        st = cmd.client.get_file_status(path)
-        if st.type == "dir":
-            for child, _ in walk(cmd.client, path):
-                yield child
+def targets(cmd: Command, path: str, recursive: bool):
+    """``(path, status)`` of ``path`` and, with ``recursive``, of everything below it."""
+    st = cmd.client.get_file_status(path)
+    yield path, st
+    if recursive and st.type == "dir":
+        yield from walk(cmd.client, path)
 
 
 def cmd_chmod(cmd: Command):
     a = cmd.args
-    mode = parse_mode(a.mode)
+    change = parse_mode_change(a.mode)
     for raw in a.paths:
         try:
-            for path in _targets(cmd, user_path(raw), a.recursive):
-                cmd.client.set_permission(path, mode)
+            for path, st in targets(cmd, user_path(raw), a.recursive):
+                if st.type == "symlink":  # HDFS: a link has no permission of its own
+                    continue
+                mode = change.apply(st.mode, st.type == "dir")
+                if mode != st.mode & 0o7777 or change.octal is not None:
+                    cmd.client.set_permission(path, mode)
         except ITEM_ERRORS as exc:
             cmd.fail(raw, exc)
 
@@ -457,7 +474,7 @@ def cmd_chown(cmd: Command):
     owner, group = parse_owner(a.owner)
     for raw in a.paths:
         try:
-            for path in _targets(cmd, user_path(raw), a.recursive):
+            for path, _ in targets(cmd, user_path(raw), a.recursive):
                 cmd.client.set_owner(path, owner=owner, group=group)
         except ITEM_ERRORS as exc:
             cmd.fail(raw, exc)
@@ -480,6 +497,10 @@ def cmd_setrep(cmd: Command):
             for file_path in files:
                 cmd.client.set_replication(file_path, replication)
                 cmd.out(f"Replication {replication} set: {file_path}")
+            if a.wait:
+                from .replwait import wait_replication
+                for file_path in files:
+                    wait_replication(cmd, file_path, replication, timeout=a.timeout)
         except ITEM_ERRORS as exc:
             cmd.fail(raw, exc)
 
@@ -630,6 +651,13 @@ def register(sub, common) -> None:
     p.add_argument("-R", dest="recursive", action="store_true", help="list subdirectories recursively")
     p.add_argument("-h", dest="human", action="store_true", help="human-readable sizes")
     p.add_argument("-d", dest="directory", action="store_true", help="list directories themselves")
+    p.add_argument("-t", dest="by_time", action="store_true",
+                   help="sort by modification time, newest first")
+    p.add_argument("-S", dest="by_size", action="store_true", help="sort by size, largest first")
+    p.add_argument("-r", dest="reverse", action="store_true", help="reverse the sort order")
+    p.add_argument("-u", dest="atime", action="store_true",
+                   help="show (and with -t sort by) the access time instead of the modification "
+                        "time")
     p.add_argument("paths", nargs="*", metavar="PATH")
     p.set_defaults(func=cmd_ls)
 
@@ -711,7 +739,7 @@ def register(sub, common) -> None:
     p = _parser(sub, "mkdir", common, "create directories")
     p.add_argument("-p", dest="parents", action="store_true", help="create missing parents, "
                    "no error if it exists")
-    p.add_argument("-m", dest="mode", default=None, help="permission (octal, default 755)")
+    p.add_argument("-m", dest="mode", default=None, help="permission: octal or symbolic from a=rwx (default 755)")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_mkdir)
 
@@ -733,11 +761,20 @@ def register(sub, common) -> None:
                 "directory)")
     p.add_argument("-R", dest="recursive", action="store_true",
                    help="accepted for hdfs compatibility; directories are always recursive")
+    p.add_argument("-w", dest="wait", action="store_true",
+                   help="wait until every block has N replicas (progress on stderr)")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds -w waits per file before failing (default 600)")
     p.add_argument("replication", metavar="N")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_setrep)
 
-    p = _parser(sub, "chmod", common, "change permissions (octal MODE)")
+    p = _parser(sub, "chmod", common, "change permissions (octal or symbolic MODE)",
+                description="change permissions (octal or symbolic MODE)\n\nexamples:\n"
+                            "  leasefs chmod 750 /data\n"
+                            "  leasefs chmod -R u+rwX,g+rX,o= /data   # X: dirs and executables\n"
+                            "  leasefs chmod +t /tmp                  # sticky bit\n"
+                            "A clause without u/g/o/a applies to all (no umask), as HDFS.")
     p.add_argument("-R", dest="recursive", action="store_true", help="also everything below")
     p.add_argument("mode", metavar="MODE")
     p.add_argument("paths", nargs="+", metavar="PATH")

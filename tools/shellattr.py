@@ -1,0 +1,68 @@
+"""``touchz`` (create a zero-length file) and ``chgrp [-R]``, as their ``hdfs dfs``
+namesakes.
+
+Why not ``touch``/``chown``: ``touchz`` refuses a file that already has data (HDFS: "Not a
+zero-length file") instead of updating its times, and ``chgrp GROUP`` is ``chown :GROUP``
+under the name scripts use.
+
+Concurrency contract: synchronous, the CLI's main thread; one client per process.
+"""
+
+from __future__ import annotations
+
+from fs.errors import FileExists, FileNotFound, IsDirectory, LeaseFSError
+
+from .common import Command
+from .formatting import parse_owner
+from .shell import _require_parent_dir, targets, user_path
+
+ITEM_ERRORS = (LeaseFSError, OSError)
+
+
+def cmd_touchz(cmd: Command):
+    for raw in cmd.args.paths:
+        try:
+            path = user_path(raw)
+            try:
+                st = cmd.client.get_file_status(path)
+            except FileNotFound:
+                _require_parent_dir(cmd.client, path, "")
+                with cmd.client.create(path, overwrite=False):
+                    pass
+                continue
+            if st.type == "dir":
+                raise IsDirectory("Is a directory")
+            if st.length:
+                raise FileExists("Not a zero-length file")
+        except ITEM_ERRORS as exc:
+            cmd.fail(raw, exc)
+
+
+def cmd_chgrp(cmd: Command):
+    a = cmd.args
+    _, group = parse_owner(":" + a.group)
+    for raw in a.paths:
+        try:
+            for path, _ in targets(cmd, user_path(raw), a.recursive):
+                cmd.client.set_owner(path, group=group)
+        except ITEM_ERRORS as exc:
+            cmd.fail(raw, exc)
+
+
+def register(sub, common) -> None:
+    from .shell import _parser
+
+    p = _parser(sub, "touchz", common, "create zero-length files",
+                description="leasefs touchz PATH...: create empty files; an existing empty "
+                            "file is fine, one with data is an error (as hdfs dfs -touchz).\n\n"
+                            "example:\n  leasefs touchz /jobs/run1/_SUCCESS")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.set_defaults(func=cmd_touchz)
+
+    p = _parser(sub, "chgrp", common, "change the group of files and directories",
+                description="leasefs chgrp [-R] GROUP PATH...\n\nexamples:\n"
+                            "  leasefs chgrp staff /shared\n  leasefs chgrp -R eng /projects/x")
+    p.add_argument("-R", dest="recursive", action="store_true", help="also everything below")
+    p.add_argument("group", metavar="GROUP")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.set_defaults(func=cmd_chgrp)

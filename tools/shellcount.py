@@ -1,0 +1,77 @@
+"""``leasefs count [-q] [-h] [-v] PATH...``: directories, files and bytes below each path in
+``hdfs dfs -count``'s columns (``-q`` adds the quota columns first).
+
+Why the server's ``content_summary``: it counts a subtree in one call instead of a listing
+per directory. Quotas: the summary's ``ns_quota``/``ds_quota`` (-1 or absent = none) are
+read when present, else the columns say ``none``/``inf`` as HDFS does without a quota.
+
+Concurrency contract: synchronous, the CLI's main thread; one summary call per path.
+"""
+
+from __future__ import annotations
+
+from fs.errors import LeaseFSError
+
+from .common import Command
+from .formatting import human_size
+from .shell import user_path
+
+QUOTA_FORMAT = "%12s %15s "           # QUOTA REM_QUOTA, as HDFS ContentSummary
+SPACE_QUOTA_FORMAT = "%15s %15s "     # SPACE_QUOTA REM_SPACE_QUOTA
+SUMMARY_FORMAT = "%12s %12s %18s "    # DIR_COUNT FILE_COUNT CONTENT_SIZE
+
+
+def header(quotas: bool) -> str:
+    text = ""
+    if quotas:
+        text = QUOTA_FORMAT % ("QUOTA", "REM_QUOTA") + \
+            SPACE_QUOTA_FORMAT % ("SPACE_QUOTA", "REM_SPACE_QUOTA")
+    return text + SUMMARY_FORMAT % ("DIR_COUNT", "FILE_COUNT", "CONTENT_SIZE") + "PATHNAME"
+
+
+def count_line(summary: dict, path: str, *, quotas: bool = False, human: bool = False) -> str:
+    """One ``hdfs dfs -count`` line of a ``content_summary`` answer."""
+    size = human_size if human else str
+    dirs, files = summary.get("directory_count", 0), summary.get("file_count", 0)
+    text = ""
+    if quotas:
+        ns = summary.get("ns_quota", -1)
+        ds = summary.get("ds_quota", -1)
+        ns = -1 if ns is None else ns
+        ds = -1 if ds is None else ds
+        text = QUOTA_FORMAT % (("none", "inf") if ns < 0 else (ns, ns - dirs - files))
+        consumed = summary.get("space_consumed", 0)
+        text += SPACE_QUOTA_FORMAT % (("none", "inf") if ds < 0
+                                      else (size(ds), size(ds - consumed)))
+    return text + SUMMARY_FORMAT % (dirs, files, size(summary.get("length", 0))) + path
+
+
+def cmd_count(cmd: Command):
+    a = cmd.args
+    if a.header:
+        cmd.out(header(a.quotas))
+    for raw in a.paths:
+        try:
+            path = user_path(raw)
+            cmd.out(count_line(cmd.client.content_summary(path), path, quotas=a.quotas,
+                               human=a.human))
+        except (LeaseFSError, OSError) as exc:
+            if isinstance(exc, BrokenPipeError):
+                raise
+            cmd.fail(raw, exc)
+
+
+def register(sub, common) -> None:
+    from .shell import _parser
+
+    p = _parser(sub, "count", common, "count directories, files and bytes below paths",
+                description="leasefs count [-q] [-h] [-v] PATH...\n"
+                            "Columns as hdfs dfs -count: DIR_COUNT FILE_COUNT CONTENT_SIZE "
+                            "PATHNAME;\n-q first adds QUOTA REM_QUOTA SPACE_QUOTA "
+                            "REM_SPACE_QUOTA (none/inf without a quota).\n\nexamples:\n"
+                            "  leasefs count -v /data\n  leasefs count -q -h /user/*")
+    p.add_argument("-q", dest="quotas", action="store_true", help="also the quota columns")
+    p.add_argument("-h", dest="human", action="store_true", help="human-readable sizes")
+    p.add_argument("-v", dest="header", action="store_true", help="print a header line")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.set_defaults(func=cmd_count)
