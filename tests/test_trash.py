@@ -146,3 +146,26 @@ def test_the_root_and_folders_holding_a_trash_are_refused(tmp_path, path):
                 assert await c.exists("/user")
 
     trio.run(main)
+
+
+@pytest.mark.slow
+def test_deletes_through_the_mount_stay_deletes(tmp_path):
+    """As fuse-dfs: rm through the mount deletes (a program unlinking a temporary file must
+    not fill its owner's trash), with the trash on."""
+    pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
+    from harness import Mount, ProcessCluster
+
+    with ProcessCluster(tmp_path, n_storage=1, settings={"replication": 1}) as cluster:
+        mount = Mount(cluster, "trash")
+        try:
+            mp = mount.start().mp
+            (mp / "d").mkdir()
+            (mp / "d" / "f.txt").write_text("x")
+            (mp / "d" / "f.txt").unlink()
+            (mp / "d").rmdir()
+            with cluster.client() as c:
+                assert c.trash_interval > 0
+                assert not c.exists("/d")
+                assert not c.exists("/user")
+        finally:
+            mount.cleanup()
