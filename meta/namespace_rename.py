@@ -71,9 +71,16 @@ class RenamePlanner:
                                    f"{paths.join_parts(dst_parts[:-1])} does not exist")
             self.check_parent_dir(d, dst_found)
             dst_parent = dst_found[-1][0]
-        return {"src_parent": src_found[-2][0], "src_name": src_parts[-1],
+        src_parent = src_found[-2][0]
+        usage, shared = self.moved_usage(ino, inode, src_parent, dst_parent)
+        if usage:   # quota folders above both sides keep their usage: HDFS skips them too
+            self.check_quota(dst_parent, usage[0], usage[1], exclude=shared)
+        overwritten = None if overwrite_ino is None else \
+            self.detached_usage(dst_parent, overwrite_ino, dst_found[-1][1], detach)
+        return {"src_parent": src_parent, "src_name": src_parts[-1],
                 "dst_parent": dst_parent, "dst_name": dst_parts[-1], "ino": ino,
-                "overwrite": overwrite_ino, "detach": detach, "time": now_ns}
+                "overwrite": overwrite_ino, "detach": detach, "time": now_ns,
+                "usage": usage, "overwritten_usage": overwritten}
 
     @staticmethod
     def check_moves(moves, overwrite=False) -> list[tuple[list[str], list[str], bool]]:
