@@ -209,3 +209,43 @@ def test_usage_stays_exact_randomized(tmp_path, seed):
                 await check(c)
                 assert {q: await c.content_summary(q) for q in quota_dirs} == summaries
     run(main)
+
+
+def test_cli_forms_call_set_quota(capsys):
+    """``dfsadmin -setQuota/...`` and the plain commands make the same calls; a refused path
+    is one stderr line and exit 1, the other paths still go."""
+    from tools.cli import build_parser
+    from tools.common import UsageError
+    from tools.common import Command
+
+    class Stub:
+        def __init__(self):
+            self.calls = []
+
+        def set_quota(self, path, **quota):
+            if path == "/denied":
+                raise PermissionDenied("Access denied for user eve. Superuser privilege is "
+                                       "required")
+            self.calls.append((path, quota))
+
+    def run_cli(*argv):
+        args = build_parser().parse_args(list(argv))
+        cmd = Command(argv[0], args)
+        cmd._client = stub = Stub()
+        return args.func(cmd), stub.calls
+
+    assert run_cli("dfsadmin", "-setQuota", "10", "/a", "/b") == (
+        0, [("/a", {"ns_quota": 10}), ("/b", {"ns_quota": 10})])
+    assert run_cli("dfsadmin", "-clrQuota", "/a")[1] == [("/a", {"ns_quota": -1})]
+    assert run_cli("dfsadmin", "-setSpaceQuota", "1.5m", "/a")[1] == [
+        ("/a", {"ds_quota": 3 << 19})]
+    assert run_cli("dfsadmin", "-clrSpaceQuota", "/a")[1] == [("/a", {"ds_quota": -1})]
+    assert run_cli("set-space-quota", "10g", "/a")[1] == [("/a", {"ds_quota": 10 << 30})]
+    assert run_cli("clr-quota", "/a")[1] == [("/a", {"ns_quota": -1})]
+    status, calls = run_cli("set-quota", "3", "/denied", "/ok")
+    assert status == 1 and calls == [("/ok", {"ns_quota": 3})]
+    assert "setQuota: Access denied" in capsys.readouterr().err
+    for bad in (("dfsadmin", "-setQuota", "0", "/a"), ("set-space-quota", "lots", "/a"),
+                ("dfsadmin", "/a")):
+        with pytest.raises((SystemExit, UsageError)):
+            build_parser().parse_args(list(bad))

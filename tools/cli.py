@@ -55,7 +55,8 @@ def common_options() -> argparse.ArgumentParser:
 
 
 def build_parser() -> Parser:
-    from . import admin, bench, cluster, daemons, docgen, leasetools, mountcmd, shell, tokens
+    from . import (admin, bench, cluster, daemons, docgen, leasetools, mountcmd, quotas, shell,
+                   tokens)
 
     common = common_options()
     parser = Parser(prog=PROG, parents=[common],
@@ -67,6 +68,7 @@ def build_parser() -> Parser:
     shell.register(sub, common)
     leasetools.register(sub, common)
     admin.register(sub, common)
+    quotas.register(sub, common)
     tokens.register(sub, common)
     mountcmd.register(sub, common)
     bench.register(sub, common)
