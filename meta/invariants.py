@@ -481,6 +481,13 @@ def check_record(kv, record) -> list[str]:
         inode = view.inode(a.get("ino"))
         if inode is None or inode.get("type") != "file":
             problem(f"inode {a.get('ino')} is not a file")
+    elif op == "SET_QUOTA":
+        inode = view.inode(a.get("ino"))
+        if inode is None or inode.get("type") != "dir" or not view.linked(a.get("ino")):
+            problem(f"inode {a.get('ino')} is not a linked directory")
+        elif inode.get("quota") is None and (a.get("ns", -1) >= 0 or a.get("ds", -1) >= 0) \
+                and a.get("usage") is None:
+            problem(f"a new quota of inode {a.get('ino')} without its usage")
     elif op == "RECLAIM":
         root = a.get("root")
         if not isinstance(root, int) or view.get(keys.orphan_key(root)) is None:
