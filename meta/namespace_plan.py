@@ -181,6 +181,7 @@ class NamespacePlanner:
         self.check_parent_dir(canonical, found)
         owner, group = self._owner_group(owner, group, found[-1][1])
         dirs = self._missing_dirs(parts, found, len(parts) - 1, 0o755, owner, group)
+        self.check_quota(found[-1][0], len(dirs) + 1, 0)
         parent_ino = dirs[-1]["ino"] if dirs else found[-1][0]
         return "SYMLINK", {"dirs": dirs, "parent": parent_ino, "name": parts[-1],
                            "ino": self.allocate_ino(), "target": target, "mode": 0o777,
@@ -414,6 +415,9 @@ class NamespacePlanner:
         if not 0 < len(data) <= limit:
             raise InvalidArgument(f"{op} {path}: {len(data)} bytes of inline data; this "
                                   f"server keeps 1 to {limit} bytes inline (inline_max)")
+        # a file created while its first block was refused holds no space yet
+        self.check_quota(inode["parent"], 0, len(data) * inode.get("replication", 1)
+                         - file_charge(self._cached_get, ino, inode))
         blocks = self.tail_blocks(ino, inode)
         if len(blocks) > 1 or any(b["index"] != 0 or b["num_bytes"] or
                                   b["state"] != UNDER_CONSTRUCTION for b in blocks):
@@ -500,6 +504,11 @@ class NamespacePlanner:
                 last = {"index": block["index"], "id": block["id"], "gs": block["gs"],
                         "num_bytes": new_length - pos, "old_num_bytes": block["num_bytes"]}
             pos = end
+        if last is not None:   # the cut block is written again: it counts whole meanwhile
+            self.check_quota(inode["parent"], 0, (new_length - last["num_bytes"]
+                                                  + inode["block_size"])
+                             * inode.get("replication", 1)
+                             - file_charge(self._cached_get, ino, inode))
         return "TRUNCATE", {"ino": ino, "new_length": new_length, "keep": keep, "last": last,
                             "holder": holder if last else None,
                             "client_machine": str(client_machine)[:256], "time": now_ns}

@@ -65,7 +65,8 @@ def test_name_quota_refuses_create_mkdirs_rename(tmp_path):
                 message = ("The NameSpace quota (directories and files) of directory /q is "
                            "exceeded: quota=3 file count=4")
                 for op in (lambda: c.mkdirs("/q/b"), lambda: c.write_file("/q/g", b"y"),
-                           lambda: c.mkdirs("/q/a/x/y"), lambda: c.rename("/out/d", "/q/d")):
+                           lambda: c.mkdirs("/q/a/x/y"), lambda: c.rename("/out/d", "/q/d"),
+                           lambda: c.create_symlink("/out", "/q/l")):
                     with pytest.raises(NSQuotaExceeded) as info:
                         await op()
                     assert info.value.errno == errno.EDQUOT
@@ -107,6 +108,16 @@ def test_space_quota_refuses_add_block_setrep_append(tmp_path):
                 with pytest.raises(DSQuotaExceeded, match="consumed = 131072 B = 128 KB"):
                     async with await c.append("/s/f") as out:
                         await out.write(b"c")
+                assert await tree(c) == before
+                assert await usage(c, "/s") == (2, 100 * KiB)
+                # truncate inside a block makes it be written again: it counts whole
+                with pytest.raises(DSQuotaExceeded, match="consumed = 131072 B = 128 KB"):
+                    await c.truncate("/s/f", 90 * KiB)
+                # a small file kept inline is checked at its close
+                await c.set_quota("/s", ds_quota=100 * KiB + 50)
+                with pytest.raises(DSQuotaExceeded, match="consumed = 102500 B = 100.10 KB"):
+                    await c.write_file("/s/tiny", b"t" * 100)
+                await c.delete("/s/tiny")
                 assert await tree(c) == before
                 assert await usage(c, "/s") == (2, 100 * KiB)
                 await c.set_quota("/s", ds_quota=-1)
