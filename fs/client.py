@@ -635,6 +635,13 @@ class AsyncClient:
 
     get_content_summary = content_summary
 
+    async def concat(self, target: str, srcs: list[str]) -> None:
+        """HDFS concat: the blocks of ``srcs`` move, in order, to the end of ``target``
+        without copying; the sources are deleted (same folder, full blocks but the last
+        source's last, same block size)."""
+        await self._call("concat", target=paths.validate(target),
+                         srcs=[paths.validate(s) for s in srcs])
+
     async def set_quota(self, path: str, ns_quota: int | None = None,
                         ds_quota: int | None = None) -> None:
         """Set a folder's name quota and/or space quota (bytes × replication); -1 clears
@@ -803,7 +810,7 @@ for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "mkdir
               "get_file_status", "symlink", "unlink", "rmdir", "move",
               "exists", "list_status", "delete", "rename", "rename_many", "set_permission", "set_owner",
               "set_times", "set_replication", "create_symlink", "content_summary",
-              "get_content_summary", "set_quota", "report",
+              "get_content_summary", "set_quota", "concat", "report",
               "safemode", "truncate", "recover_lease", "is_file_closed", "list_open_files",
               "open_files", "sync_metadata"):
     setattr(Client, _name, _mirror(_name))

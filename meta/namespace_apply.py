@@ -613,6 +613,41 @@ class RecordApplier:
         ids = [block["id"] for _, block in txn.scan(keys.block_prefix(a["ino"]))]
         return {"ino": a["ino"], "replication": a["replication"], "block_ids": ids}
 
+    def _apply_CONCAT(self, txn, counters, a):
+        """The sources' blocks become the target's next ones, in order; the sources go."""
+        t_ino, t = a["target"], a["time"]
+        target = self._file(txn, t_ino)
+        if target is None:
+            return {}
+        rep = target.get("replication", 1)
+        before = file_charge(txn.get, t_ino, target)
+        index = target.get("nblocks", 0)
+        moved = []
+        removed_inos = []
+        for src in a["srcs"]:
+            s_ino = src["ino"]
+            inode = self._file(txn, s_ino)
+            if inode is None:
+                continue
+            before += file_charge(txn.get, s_ino, inode)
+            for key, block in txn.scan(keys.block_prefix(s_ino)):
+                txn.delete(key)
+                txn.put(keys.block_key(t_ino, index), block)
+                moved.append((block["id"], index))
+                index += 1
+            target["length"] = target.get("length", 0) + inode.get("length", 0)
+            txn.delete(keys.inode_key(s_ino))
+            txn.delete(keys.dentry_key(a["parent"], src["name"]))
+            self._touch_dir(txn, a["parent"], t, -1, inode)
+            self._add(counters, keys.FILES, -1)
+            removed_inos.append(s_ino)
+        target["nblocks"] = index
+        target["mtime"] = target["ctime"] = t
+        txn.put(keys.inode_key(t_ino), target)
+        self._charge_usage(txn, counters, a["parent"], -len(removed_inos),
+                           file_charge(txn.get, t_ino, target) - before)
+        return {"ino": t_ino, "moved": moved, "replication": rep, "removed_inos": removed_inos}
+
     def _apply_SET_QUOTA(self, txn, counters, a):
         inode = txn.get(keys.inode_key(a["ino"]))
         if inode is None or inode.get("type") != DIR:

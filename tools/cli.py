@@ -55,8 +55,8 @@ def common_options() -> argparse.ArgumentParser:
 
 
 def build_parser() -> Parser:
-    from . import (admin, bench, cluster, daemons, docgen, leasetools, mountcmd, quotas, shell,
-                   tokens)
+    from . import (admin, bench, cluster, concat, daemons, docgen, leasetools, mountcmd, quotas,
+                   shell, tokens)
 
     common = common_options()
     parser = Parser(prog=PROG, parents=[common],
@@ -69,6 +69,7 @@ def build_parser() -> Parser:
     leasetools.register(sub, common)
     admin.register(sub, common)
     quotas.register(sub, common)
+    concat.register(sub, common)
     tokens.register(sub, common)
     mountcmd.register(sub, common)
     bench.register(sub, common)
