@@ -481,6 +481,12 @@ def check_record(kv, record) -> list[str]:
         inode = view.inode(a.get("ino"))
         if inode is None or inode.get("type") != "file":
             problem(f"inode {a.get('ino')} is not a file")
+    elif op == "CONCAT":
+        for ino in [a.get("target")] + [src.get("ino") for src in a.get("srcs", ())]:
+            inode = view.inode(ino)
+            if inode is None or inode.get("type") != "file" or inode.get("uc") \
+                    or inode.get("parent") != a.get("parent"):
+                problem(f"concat: inode {ino} is not a closed file of folder {a.get('parent')}")
     elif op == "SET_QUOTA":
         inode = view.inode(a.get("ino"))
         if inode is None or inode.get("type") != "dir" or not view.linked(a.get("ino")):
