@@ -17,6 +17,11 @@ Checks happen in the planners, before a record exists, so a refused op changes n
 they raise ``NSQuotaExceeded`` / ``DSQuotaExceeded`` (errno EDQUOT) with HDFS's wording.
 Truncate, fsync, close and block commits only lower usage and are not checked.
 
+A measured usage stays true until its record is applied because of the path locks: every
+record that changes a file's space (writer calls, lease recovery, pipeline updates) holds
+that file's path, which a delete, rename or quota setting of a folder above it holds in
+write mode.
+
 ``QuotaPlanner`` is a mixin of ``meta.namespace.Namespace``. Concurrency contract: that of
 the planners and appliers: trio thread only, no awaits; planners only read.
 """
