@@ -75,6 +75,17 @@ def check_quota_value(value, what: str) -> int:
 class QuotaPlanner:
     """Quota checks, usage measurement and ``plan_set_quota`` (a mixin of ``Namespace``)."""
 
+    # a RENAMES being planned: quota folder -> [names, space] its earlier moves add
+    pending_usage: dict[int, list[int]] | None = None
+
+    def pend_usage(self, src_parent: int, dst_parent: int, usage) -> None:
+        """A planned move of ``usage`` from under ``src_parent`` to under ``dst_parent``."""
+        for parent, sign in ((src_parent, -1), (dst_parent, 1)):
+            for ino, _ in self.quota_chain(parent):
+                pending = self.pending_usage.setdefault(ino, [0, 0])
+                pending[0] += sign * usage[0]
+                pending[1] += sign * usage[1]
+
     def quotas_exist(self) -> bool:
         return bool(self.counters.get(keys.QUOTA_DIRS, 0))
 
@@ -120,10 +131,14 @@ class QuotaPlanner:
         quota folder above it (not in ``exclude``) would go over its quota."""
         if names <= 0 and space <= 0:
             return
+        pending = self.pending_usage or {}
         for ino, inode in self.quota_chain(parent):
             if ino in exclude:
                 continue
             q = inode["quota"]
+            if ino in pending:
+                q = {**q, "ns_used": q["ns_used"] + pending[ino][0],
+                     "ds_used": q["ds_used"] + pending[ino][1]}
             if names > 0 and q["ns"] >= 0 and q["ns_used"] + names > q["ns"]:
                 raise NSQuotaExceeded(
                     f"The NameSpace quota (directories and files) of directory "

@@ -132,13 +132,22 @@ class RenamePlanner:
                                           f"{name} is below it")
         vacated: set[str] = set()
         planned = []
-        for (src_parts, dst_parts, own), s, d in zip(triples, sources, targets):
-            if d in source_set and d not in vacated:
-                raise InvalidArgument(f"rename_many: {d} is a destination before it is moved")
-            args = self._plan_one_rename(src_parts, dst_parts, own, now_ns, frozenset(vacated))
-            vacated.add(s)
-            if args is not None:
-                planned.append(args)
+        # the moves land together: each one's quota check counts the earlier ones' usage
+        self.pending_usage = {}
+        try:
+            for (src_parts, dst_parts, own), s, d in zip(triples, sources, targets):
+                if d in source_set and d not in vacated:
+                    raise InvalidArgument(f"rename_many: {d} is a destination before it is "
+                                          f"moved")
+                args = self._plan_one_rename(src_parts, dst_parts, own, now_ns,
+                                             frozenset(vacated))
+                vacated.add(s)
+                if args is not None:
+                    planned.append(args)
+                    if args["usage"]:
+                        self.pend_usage(args["src_parent"], args["dst_parent"], args["usage"])
+        finally:
+            self.pending_usage = None
         if not planned:
             return None
         return "RENAMES", {"renames": planned, "time": now_ns}

@@ -74,6 +74,14 @@ def test_name_quota_refuses_create_mkdirs_rename(tmp_path):
                 assert await tree(c) == before
                 with pytest.raises(NSQuotaExceeded, match="file count=4$"):
                     await c.mkdirs("/q/b")
+                # moves that land together are checked together
+                await c.mkdirs("/out/m1")
+                await c.mkdirs("/out/m2")
+                await c.rename("/q/f", "/out/f")
+                with pytest.raises(NSQuotaExceeded, match="file count=4$"):
+                    await c.rename_many([("/out/m1", "/q/m1"), ("/out/m2", "/q/m2")])
+                assert await usage(c, "/q") == (2, 0)
+                await c.rename("/out/f", "/q/f")
                 # a rename inside the quota folder moves nothing out of it
                 await c.rename("/q/f", "/q/a/f")
                 await c.set_quota("/q", ns_quota=-1)
