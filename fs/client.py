@@ -654,8 +654,25 @@ class AsyncClient:
             create_parent=create_parent, owner=owner, group=group))
 
     async def content_summary(self, path: str) -> dict:
-        """``{length, file_count, directory_count, space_consumed}``."""
+        """``{length, file_count, directory_count, space_consumed, ns_quota, ns_used,
+        ds_quota, ds_used}`` (quotas -1 when none)."""
         return await self._call("content_summary", path=paths.validate(path))
+
+    get_content_summary = content_summary
+
+    async def concat(self, target: str, srcs: list[str]) -> None:
+        """HDFS concat: the blocks of ``srcs`` move, in order, to the end of ``target``
+        without copying; the sources are deleted (same folder, full blocks but the last
+        source's last, same block size)."""
+        await self._call("concat", target=paths.validate(target),
+                         srcs=[paths.validate(s) for s in srcs])
+
+    async def set_quota(self, path: str, ns_quota: int | None = None,
+                        ds_quota: int | None = None) -> None:
+        """Set a folder's name quota and/or space quota (bytes × replication); -1 clears
+        one, None leaves it as it is. Superuser only."""
+        await self._call("set_quota", path=paths.validate(path), ns_quota=ns_quota,
+                         ds_quota=ds_quota)
 
     async def report(self) -> dict:
         """Cluster report: capacity, live/dead block servers, block counts, safe mode."""
@@ -821,7 +838,8 @@ def _mirror(name: str):
 for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "mkdir",
               "get_file_status", "symlink", "unlink", "rmdir", "move",
               "exists", "list_status", "delete", "rename", "rename_many", "set_permission", "set_owner",
-              "set_times", "set_replication", "create_symlink", "content_summary", "report",
+              "set_times", "set_replication", "create_symlink", "content_summary",
+              "get_content_summary", "set_quota", "concat", "report",
               "safemode", "truncate", "recover_lease", "is_file_closed", "list_open_files",
               "open_files", "sync_metadata", "move_to_trash", "expunge"):
     setattr(Client, _name, _mirror(_name))

@@ -100,6 +100,16 @@ class QuotaExceeded(LeaseFSError):
     errno = _errno.EDQUOT
 
 
+class NSQuotaExceeded(QuotaExceeded):
+    """A folder's name quota (folders + files) would be exceeded (HDFS
+    NSQuotaExceededException)."""
+
+
+class DSQuotaExceeded(QuotaExceeded):
+    """A folder's space quota (bytes × replication) would be exceeded (HDFS
+    DSQuotaExceededException)."""
+
+
 class AlreadyBeingCreated(LeaseFSError):
     """The file is open for writing by a lease holder."""
     errno = _errno.EBUSY

@@ -1,6 +1,6 @@
 """The metadata server's administrative calls (HDFS ``dfsadmin``/``fsck``, the calls HDFS keeps
 apart from ClientProtocol's namespace and write path): report, safemode, decommission, fsck,
-save_namespace and content_summary (PROTOCOL.md §2).
+save_namespace, content_summary and set_quota (PROTOCOL.md §2).
 
 Why it exists: one role per module. These calls read the whole server's state (cluster
 report, fsck over a subtree) or change its mode (safe mode, decommissioning, a checkpoint);
@@ -30,7 +30,9 @@ from fs.errors import InvalidArgument
 from . import blocks as bm
 from .blocks import BlockInfo
 from . import datanodes as dm
+from .locks import LOCK_WRITE, lock_set
 from .namespace import DIR, SYMLINK, ContentSummary, check_bool, check_int
+from .namespace_quota import NO_QUOTA, file_charge
 from .permissions import READ_EXECUTE
 
 log = logging.getLogger(__name__)
@@ -58,10 +60,33 @@ class AdminProtocol:
                     self.permissions.check_sub_access(
                         caller, node, READ_EXECUTE,
                         lambda: self.ns.path_of(node_ino) or f"<inode {node_ino}>")
-                summary.add(node)
+                summary.add(node, file_charge(self.ns._cached_get, node_ino, node))
                 if count % 2000 == 0:
                     await trio.sleep(0)   # a big tree must not stall every other client
-            return summary.as_dict()
+            answer = summary.as_dict()
+            # HDFS's count -q columns: a quota folder answers its quotas and stored usage
+            quota = inode.get("quota")
+            if quota is None:
+                answer.update(ns_quota=NO_QUOTA, ds_quota=NO_QUOTA,
+                              ns_used=answer["file_count"] + answer["directory_count"],
+                              ds_used=answer["space_consumed"])
+            else:
+                answer.update(ns_quota=quota["ns"], ds_quota=quota["ds"],
+                              ns_used=quota["ns_used"], ds_used=quota["ds_used"])
+            return answer
+
+    async def rpc_set_quota(self, ctx, path, ns_quota=None, ds_quota=None):
+        """HDFS setQuota: a folder's name and/or space quota (-1 clears one, None leaves
+        it); superuser only."""
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        self.permissions.check_superuser(self.caller_of(ctx), f"set quota of {canonical}")
+        async with self.mutation(f"set quota of {canonical}", lock_set(parts, LOCK_WRITE)):
+            # the usage count of a new quota folder walks its subtree in the planner: the
+            # write lock keeps the subtree still until the record is applied
+            await self.log_plan(self.ns.plan_set_quota(canonical, ns_quota, ds_quota,
+                                                       now_ns=self.wall_ns()))
+            return True
 
     async def rpc_report(self, ctx):
         now = self.clock()

@@ -738,6 +738,27 @@ class ClientProtocol:
                                 durable=ctx.sync_metadata)
             return True
 
+    async def rpc_concat(self, ctx, target, srcs):
+        """HDFS concat: the sources' blocks move to the end of ``target``; they go."""
+        if not isinstance(srcs, (list, tuple)) or not srcs:
+            raise InvalidArgument(f"concat {target}: srcs must be a non-empty list of paths")
+        t_parts = paths.split(target)
+        s_parts = [paths.split(src) for src in srcs[:1001]]
+        wanted = merge(lock_set(t_parts, LOCK_WRITE),
+                       *(lock_set(parts, LOCK_PARENT) for parts in s_parts))
+        async with self.mutation(f"concat {paths.join_parts(t_parts)}", wanted):
+            caller = self.checked_caller(ctx)
+            if caller is not None:   # HDFS: WRITE on the target, and deleting each source
+                self.permissions.check_path(caller, t_parts, self.inode_chain(t_parts),
+                                            access=WRITE)
+                for parts in s_parts:
+                    self.permissions.check_path(caller, parts, self.inode_chain(parts),
+                                                parent=WRITE)
+            _, wall = self.now()
+            await self.log_plan(self.ns.plan_concat(target, list(srcs), now_ns=wall),
+                                durable=ctx.sync_metadata)
+            return True
+
     async def rpc_delete(self, ctx, path, recursive=False, expect=None, want_status=False):
         """``expect``: ``"dir"`` (rmdir(2): anything else is ``NotDirectory``) or
         ``"nondir"`` (unlink(2): a directory is ``IsDirectory``). ``want_status``: answer

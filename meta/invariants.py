@@ -15,6 +15,8 @@ too. It reads the whole store once and checks the schema of ``keys.py``:
   one at most its last two (the writer checks and CLOSE read only those);
 * counters: ``next_ino``/``next_block_id`` above every used id, the generation stamp at
   least every block's, ``files``/``dirs`` equal the counted inodes, an applied txid exists;
+* folder quotas: every quota folder's stored usage equals a recount of the names and the
+  space (``namespace_quota.file_charge``) at and below it; ``quota_dirs`` counts them;
 * files under construction ↔ ``U`` keys (same holder), and, when a ``LeaseManager`` is
   given, ↔ its ``lease_by_ino``.
 * detached subtrees (a big delete being reclaimed): everything reachable from an ``O`` key
@@ -34,6 +36,7 @@ folder, or a test's own store).
 from __future__ import annotations
 
 from . import keys
+from .namespace_quota import file_charge
 from .namespace_apply import Txn, inside   # the batch view apply uses: reads see earlier writes
 
 _MAX_REPORTED = 200
@@ -219,6 +222,36 @@ def check_namespace(kv, leases=None) -> list[str]:
         problem(f"files counter {counters.get(keys.FILES)} != {n_files} file inodes")
     if counters.get(keys.DIRS, 0) != n_dirs:
         problem(f"dirs counter {counters.get(keys.DIRS)} != {n_dirs} directory inodes")
+
+    # quotas: recount every linked inode's names and space into the quota folders above it
+    quota_dirs = {ino: inode["quota"] for ino, inode in inodes.items()
+                  if inode.get("quota") is not None and ino not in orphaned}
+    if counters.get(keys.QUOTA_DIRS, 0) != sum(1 for i in inodes.values() if i.get("quota")):
+        problem(f"quota_dirs counter {counters.get(keys.QUOTA_DIRS, 0)} != the quota folders")
+    if quota_dirs:
+        recount = {ino: [0, 0] for ino in quota_dirs}
+
+        def block_get(key):
+            ino, index = keys.parse_block_key(key)
+            return blocks.get(ino, {}).get(index)
+
+        for ino, inode in inodes.items():
+            if ino in orphaned:
+                continue
+            space = file_charge(block_get, ino, inode)
+            cur = ino
+            for _ in range(10_000):
+                if cur in recount:
+                    recount[cur][0] += 1
+                    recount[cur][1] += space
+                if not cur or cur not in inodes:
+                    break
+                cur = inodes[cur].get("parent", 0)
+        for ino, quota in quota_dirs.items():
+            if [quota["ns_used"], quota["ds_used"]] != recount[ino]:
+                problem(f"quota folder inode {ino} stores usage {quota['ns_used']} names, "
+                        f"{quota['ds_used']} bytes; a recount finds {recount[ino][0]}, "
+                        f"{recount[ino][1]}")
 
     # under construction ↔ U keys ↔ leases
     uc_inodes = {ino: inode["uc"]["holder"] for ino, inode in inodes.items()
@@ -448,6 +481,19 @@ def check_record(kv, record) -> list[str]:
         inode = view.inode(a.get("ino"))
         if inode is None or inode.get("type") != "file":
             problem(f"inode {a.get('ino')} is not a file")
+    elif op == "CONCAT":
+        for ino in [a.get("target")] + [src.get("ino") for src in a.get("srcs", ())]:
+            inode = view.inode(ino)
+            if inode is None or inode.get("type") != "file" or inode.get("uc") \
+                    or inode.get("parent") != a.get("parent"):
+                problem(f"concat: inode {ino} is not a closed file of folder {a.get('parent')}")
+    elif op == "SET_QUOTA":
+        inode = view.inode(a.get("ino"))
+        if inode is None or inode.get("type") != "dir" or not view.linked(a.get("ino")):
+            problem(f"inode {a.get('ino')} is not a linked directory")
+        elif inode.get("quota") is None and (a.get("ns", -1) >= 0 or a.get("ds", -1) >= 0) \
+                and a.get("usage") is None:
+            problem(f"a new quota of inode {a.get('ino')} without its usage")
     elif op == "RECLAIM":
         root = a.get("root")
         if not isinstance(root, int) or view.get(keys.orphan_key(root)) is None:

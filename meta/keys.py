@@ -17,7 +17,11 @@ key                    value (msgpack)                             meaning
                        ``length``, ``nblocks``, ``uc`` (None or
                        ``{holder, client_machine}``), ``inline``
                        (byte count while the data is an L key);
-                       symlinks: ``target``
+                       symlinks: ``target``; a dir with a
+                       quota: ``quota`` = ``{ns, ds, ns_used,
+                       ds_used}`` (limits, -1 = none; its usage:
+                       names at/below it, bytes × replication;
+                       ``namespace_quota.py``)
 ``B<ino:8><index:4>``  map: ``id``, ``gs``, ``num_bytes``,          block ``index`` of file ``ino``
                        ``state`` (UNDER_CONSTRUCTION/COMMITTED/     (one small key per block, so
                        COMPLETE/UNDER_RECOVERY); ``truncate_to``    addBlock never rewrites a
@@ -51,7 +55,9 @@ key                    value (msgpack)                             meaning
                                                                     ``namespace_id``,
                                                                     ``layout_version``,
                                                                     ``files``, ``dirs``,
-                                                                    ``next_token``;
+                                                                    ``next_token``,
+                                                                    ``quota_dirs`` (dirs with
+                                                                    a quota);
                                                                     ``checkpoint_txid``,
                                                                     ``checkpoint_time`` (ns):
                                                                     the last checkpoint, put
@@ -97,8 +103,9 @@ LAYOUT = "layout_version"
 FILES = "files"
 DIRS = "dirs"
 NEXT_TOKEN = "next_token"   # sequence number of the next delegation token
+QUOTA_DIRS = "quota_dirs"   # folders with a quota: 0 spares every op the parent-chain walk
 COUNTERS = (NEXT_INO, NEXT_BLOCK_ID, GENSTAMP, APPLIED_TXID, NAMESPACE_ID, LAYOUT, FILES, DIRS,
-            NEXT_TOKEN)
+            NEXT_TOKEN, QUOTA_DIRS)
 # written by checkpoints, not by journal records
 CHECKPOINT_TXID = "checkpoint_txid"
 CHECKPOINT_TIME = "checkpoint_time"

@@ -22,7 +22,7 @@ Ops (HDFS edit-log names): FORMAT, MKDIR, ADD (create, incl. overwrite and missi
 ADD_BLOCK (commits the previous block), UPDATE_BLOCKS (commit / length / gs changes),
 ABANDON_BLOCK, FSYNC, CLOSE, DELETE, RENAME (rename2 with overwrite), RENAMES (several renames
 visible at once: a job commit), SET_PERMISSIONS,
-SET_OWNER, SET_REPLICATION, TIMES, SYMLINK, SET_GENSTAMP, RECLAIM, and for leases
+SET_OWNER, SET_REPLICATION, SET_QUOTA, CONCAT, TIMES, SYMLINK, SET_GENSTAMP, RECLAIM, and for leases
 REASSIGN_LEASE, COMMIT_BLOCK_SYNC (block recovery done), TRUNCATE, APPEND.
 Cost of a long file: only the last block and a COMMITTED penultimate may be incomplete
 (ADD_BLOCK always names ``previous`` and completes the block before it), so writer calls
@@ -42,6 +42,8 @@ of one mixin per role, each in its own module:
 * ``namespace_rename`` (``RenamePlanner``): ``plan_rename`` and ``plan_rename_many``;
 * ``namespace_reclaim`` (``ReclaimPlanner``): detach decisions, the orphan set and reclaim
   cursors, ``plan_reclaim`` (deleting a big subtree in bounded records: see there);
+* ``namespace_quota`` (``QuotaPlanner``): folder quotas: checks, usage, ``plan_set_quota``;
+* ``namespace_concat`` (``ConcatPlanner``): ``plan_concat`` (HDFS concat);
 * ``namespace_apply`` (``RecordApplier``): ``apply`` and the per-op appliers.
 
 Concurrency contract: trio thread only; no awaits, no I/O except the store's small sync
@@ -57,7 +59,9 @@ from .namespace_apply import RecordApplier, Txn, inside
 from .namespace_args import (DIR, FILE, MAX_LIST_LIMIT, MAX_OWNER_LEN, MAX_RENAMES,
                              MAX_TARGET_BYTES, SYMLINK, Defaults, check_block_ref, check_bool,
                              check_int, check_mode, check_name)
+from .namespace_concat import ConcatPlanner
 from .namespace_plan import NamespacePlanner
+from .namespace_quota import QuotaPlanner
 from .namespace_reclaim import ReclaimPlanner
 from .namespace_rename import RenamePlanner
 from .namespace_view import CACHED_KINDS, ContentSummary, DecodedCache, NamespaceView
@@ -69,7 +73,8 @@ __all__ = ["CACHED_KINDS", "DIR", "FILE", "MAX_LIST_LIMIT", "MAX_OWNER_LEN", "MA
            "inside"]
 
 
-class Namespace(NamespaceView, NamespacePlanner, RenamePlanner, ReclaimPlanner, RecordApplier):
+class Namespace(NamespaceView, NamespacePlanner, RenamePlanner, ReclaimPlanner, QuotaPlanner,
+                ConcatPlanner, RecordApplier):
     """The namespace over a KV store: the state the role mixins share."""
 
     def __init__(self, kv, defaults: Defaults | None = None, *, cache_entries: int = 1_000_000):

@@ -25,9 +25,16 @@ from fs.errors import InternalError
 from . import keys
 from .blocks import COMMITTED, COMPLETE, UNDER_CONSTRUCTION
 from .namespace_args import DIR, FILE, SYMLINK
+from .namespace_quota import file_charge
 from .namespace_view import ABSENT
 
 log = logging.getLogger(__name__)
+
+# ops that change one file's space (``ino``): the applier charges the difference of its
+# ``file_charge`` before and after to the quota folders above it
+FILE_SPACE_OPS = frozenset({"ADD_BLOCK", "UPDATE_BLOCKS", "FSYNC", "ABANDON_BLOCK", "CLOSE",
+                            "INLINE", "COMMIT_BLOCK_SYNC", "TRUNCATE", "APPEND",
+                            "SET_REPLICATION"})
 
 
 # ---------------------------------------------------------------------------- overlay
@@ -135,7 +142,16 @@ class RecordApplier:
                 raise InternalError(f"journal txid {record.txid}: unknown op {record.op!r}")
             if record.op != "FORMAT" and keys.NAMESPACE_ID not in counters:
                 raise InternalError(f"journal txid {record.txid}: {record.op} before FORMAT")
+            charged = None
+            if record.op in FILE_SPACE_OPS and counters.get(keys.QUOTA_DIRS):
+                ino = record.args["ino"]
+                charged = file_charge(txn.get, ino, txn.get(keys.inode_key(ino)))
             effect = handler(txn, counters, record.args) or {}
+            if charged is not None:
+                inode = txn.get(keys.inode_key(ino))
+                if inode is not None:
+                    self._charge_usage(txn, counters, inode["parent"], 0,
+                                       file_charge(txn.get, ino, inode) - charged)
             effect["op"] = record.op
             effects.append(effect)
             counters[keys.APPLIED_TXID] = record.txid
@@ -170,6 +186,24 @@ class RecordApplier:
         counters[name] = int(counters.get(name, 0)) + delta
 
     @staticmethod
+    def _charge_usage(txn: Txn, counters, ino: int, names: int, space: int) -> None:
+        """Add ``names``/``space`` to the usage of every quota folder at and above ``ino``."""
+        if not (names or space) or not counters.get(keys.QUOTA_DIRS):
+            return
+        for _ in range(10_000):
+            if not ino:
+                return
+            inode = txn.get(keys.inode_key(ino))
+            if inode is None:
+                return
+            quota = inode.get("quota")
+            if quota is not None:   # replaced, never changed in place (the cache shares it)
+                inode["quota"] = {**quota, "ns_used": quota["ns_used"] + names,
+                                  "ds_used": quota["ds_used"] + space}
+                txn.put(keys.inode_key(ino), inode)
+            ino = inode["parent"]
+
+    @staticmethod
     def _touch_dir(txn: Txn, ino: int, time: int, children_delta: int, child: dict | None) -> None:
         """A directory gained (+1) or lost (-1) the entry of ``child``: its entry count and,
         for a directory child, its subdirectory count (its link count is 2 + subdirs)."""
@@ -194,6 +228,7 @@ class RecordApplier:
         txn.put(keys.inode_key(ino), inode)
         txn.put(keys.dentry_key(parent, name), ino)
         self._touch_dir(txn, parent, time, +1, inode)
+        self._charge_usage(txn, counters, parent, 1, file_charge(txn.get, ino, inode))
         self._bump(counters, keys.NEXT_INO, ino)
         if inode["type"] == DIR:
             self._add(counters, keys.DIRS, 1)
@@ -207,18 +242,21 @@ class RecordApplier:
                      "name": d["name"], "children": 0, "subdirs": 0}
             self._link(txn, counters, d["parent"], d["name"], d["ino"], inode, time)
 
-    def _remove_subtree(self, txn: Txn, counters, ino: int, effects: dict) -> None:
-        """Remove ``ino`` and everything below it (not its own dentry)."""
+    def _remove_subtree(self, txn: Txn, counters, ino: int, effects: dict) -> tuple[int, int]:
+        """Remove ``ino`` and everything below it (not its own dentry); returns the names
+        and space it held (for the quota folders above)."""
         removed_blocks = effects.setdefault("removed_blocks", [])
         removed_uc = effects.setdefault("removed_uc", [])
         removed_inos = effects.setdefault("removed_inos", [])
         stack = [ino]
+        names = space = 0
         while stack:
             cur = stack.pop()
             inode = txn.get(keys.inode_key(cur))
             if inode is None:
                 log.error("apply: inode %d to remove is missing", cur)
                 continue
+            names += 1
             if inode["type"] == DIR:
                 if inode.get("children", 1):   # an empty folder needs no scan
                     for key, child in txn.scan(keys.dentry_prefix(cur)):
@@ -226,6 +264,7 @@ class RecordApplier:
                         txn.delete(key)
                 self._add(counters, keys.DIRS, -1)
             elif inode["type"] == FILE:
+                space += file_charge(txn.get, cur, inode)
                 removed_blocks.extend(self._delete_blocks(txn, cur, inode))
                 if inode.get("uc"):
                     txn.delete(keys.uc_key(cur))
@@ -235,9 +274,12 @@ class RecordApplier:
                 self._add(counters, keys.FILES, -1)
             txn.delete(keys.inode_key(cur))
             removed_inos.append(cur)
+        return names, space
 
     def _unlink(self, txn: Txn, counters, parent: int, name: str, ino: int, time: int,
-                effects: dict, detach: bool = False) -> None:
+                effects: dict, detach: bool = False, usage=None) -> None:
+        """``usage``: what a detached subtree held, measured by the planner (None when no
+        quota folder is above it); a removed one is measured here."""
         key = keys.dentry_key(parent, name)
         current = txn.get(key)
         if current != ino:
@@ -246,8 +288,10 @@ class RecordApplier:
         self._touch_dir(txn, parent, time, -1, txn.get(keys.inode_key(ino)))
         if detach:
             self._detach(txn, parent, name, ino, time, effects)
+            names, space = usage or (0, 0)
         else:
-            self._remove_subtree(txn, counters, ino, effects)
+            names, space = self._remove_subtree(txn, counters, ino, effects)
+        self._charge_usage(txn, counters, parent, -names, -space)
 
     def _detach(self, txn: Txn, parent: int, name: str, ino: int, time: int,
                 effects: dict) -> None:
@@ -334,7 +378,7 @@ class RecordApplier:
         self._mkdirs(txn, counters, a["dirs"], t)
         if a["overwrite"] is not None:
             self._unlink(txn, counters, a["parent"], a["name"], a["overwrite"], t, effects,
-                         detach=a.get("detach", False))
+                         detach=a.get("detach", False), usage=a.get("usage"))
         inode = {"type": FILE, "mode": a["mode"], "owner": a["owner"], "group": a["group"],
                  "mtime": t, "atime": t, "ctime": t, "parent": a["parent"], "name": a["name"],
                  "replication": a["replication"], "block_size": a["block_size"], "length": 0,
@@ -468,7 +512,7 @@ class RecordApplier:
     def _apply_DELETE(self, txn, counters, a):
         effects: dict = {}
         self._unlink(txn, counters, a["parent"], a["name"], a["ino"], a["time"], effects,
-                     detach=a.get("detach", False))
+                     detach=a.get("detach", False), usage=a.get("usage"))
         return effects
 
     def _apply_RECLAIM(self, txn, counters, a):
@@ -510,7 +554,10 @@ class RecordApplier:
         ino = a["ino"]
         if a["overwrite"] is not None:
             self._unlink(txn, counters, a["dst_parent"], a["dst_name"], a["overwrite"], t, effects,
-                         detach=a.get("detach", False))
+                         detach=a.get("detach", False), usage=a.get("overwritten_usage"))
+        moved = a.get("usage")   # [names, space] of the moved subtree, when quotas are near
+        if moved:
+            self._charge_usage(txn, counters, a["src_parent"], -moved[0], -moved[1])
         inode = txn.get(keys.inode_key(ino))
         txn.delete(keys.dentry_key(a["src_parent"], a["src_name"]))
         self._touch_dir(txn, a["src_parent"], t, -1, inode)
@@ -519,6 +566,8 @@ class RecordApplier:
         if inode is not None:
             inode["parent"], inode["name"], inode["ctime"] = a["dst_parent"], a["dst_name"], t
             txn.put(keys.inode_key(ino), inode)
+        if moved:
+            self._charge_usage(txn, counters, a["dst_parent"], moved[0], moved[1])
         return effects
 
     def _apply_RENAMES(self, txn, counters, a):
@@ -563,6 +612,57 @@ class RecordApplier:
         self._update_inode(txn, a["ino"], replication=a["replication"], ctime=a["time"])
         ids = [block["id"] for _, block in txn.scan(keys.block_prefix(a["ino"]))]
         return {"ino": a["ino"], "replication": a["replication"], "block_ids": ids}
+
+    def _apply_CONCAT(self, txn, counters, a):
+        """The sources' blocks become the target's next ones, in order; the sources go."""
+        t_ino, t = a["target"], a["time"]
+        target = self._file(txn, t_ino)
+        if target is None:
+            return {}
+        rep = target.get("replication", 1)
+        before = file_charge(txn.get, t_ino, target)
+        index = target.get("nblocks", 0)
+        moved = []
+        removed_inos = []
+        for src in a["srcs"]:
+            s_ino = src["ino"]
+            inode = self._file(txn, s_ino)
+            if inode is None:
+                continue
+            before += file_charge(txn.get, s_ino, inode)
+            for key, block in txn.scan(keys.block_prefix(s_ino)):
+                txn.delete(key)
+                txn.put(keys.block_key(t_ino, index), block)
+                moved.append((block["id"], index))
+                index += 1
+            target["length"] = target.get("length", 0) + inode.get("length", 0)
+            txn.delete(keys.inode_key(s_ino))
+            txn.delete(keys.dentry_key(a["parent"], src["name"]))
+            self._touch_dir(txn, a["parent"], t, -1, inode)
+            self._add(counters, keys.FILES, -1)
+            removed_inos.append(s_ino)
+        target["nblocks"] = index
+        target["mtime"] = target["ctime"] = t
+        txn.put(keys.inode_key(t_ino), target)
+        self._charge_usage(txn, counters, a["parent"], -len(removed_inos),
+                           file_charge(txn.get, t_ino, target) - before)
+        return {"ino": t_ino, "moved": moved, "replication": rep, "removed_inos": removed_inos}
+
+    def _apply_SET_QUOTA(self, txn, counters, a):
+        inode = txn.get(keys.inode_key(a["ino"]))
+        if inode is None or inode.get("type") != DIR:
+            log.error("apply SET_QUOTA: directory inode %d is missing", a["ino"])
+            return {}
+        old = inode.pop("quota", None)
+        if a["ns"] >= 0 or a["ds"] >= 0:
+            # a folder that had a quota kept its usage exact; a new one starts from the
+            # planner's count of its subtree
+            names, space = (old["ns_used"], old["ds_used"]) if old else a["usage"]
+            inode["quota"] = {"ns": a["ns"], "ds": a["ds"], "ns_used": names, "ds_used": space}
+        inode["ctime"] = a["time"]
+        txn.put(keys.inode_key(a["ino"]), inode)
+        self._add(counters, keys.QUOTA_DIRS, ("quota" in inode) - (old is not None))
+        return {"ino": a["ino"]}
 
     def _set_uc(self, txn, ino: int, inode: dict, holder: str, client_machine: str) -> None:
         inode["uc"] = {"holder": holder, "client_machine": client_machine}

@@ -26,6 +26,7 @@ from .blocks import COMMITTED, UNDER_CONSTRUCTION
 from .leases import LeaseManager
 from .namespace_args import (DIR, FILE, MAX_TARGET_BYTES, check_block_ref, check_bool,
                              check_int, check_mode, check_name, is_int)
+from .namespace_quota import file_charge
 
 
 class NamespacePlanner:
@@ -85,6 +86,7 @@ class NamespacePlanner:
         dirs = self._missing_dirs(parts, found, len(parts), permission, owner, group)
         for d in dirs[:-1]:
             d["mode"] = permission | 0o300   # parents stay writable and searchable by the owner
+        self.check_quota(found[-1][0], len(dirs), 0)
         return "MKDIR", {"dirs": dirs, "time": now_ns}
 
     def plan_create(self, path, *, holder, client_machine: str = "", overwrite=False,
@@ -124,6 +126,10 @@ class NamespacePlanner:
             self.check_parent_dir(canonical, found)
             parent_ino, parent_inode = found[-1]
         owner, group = self._owner_group(owner, group, parent_inode)
+        self.check_quota(parent_ino, 1 + max(0, len(parts) - len(found))
+                         - (overwrite_ino is not None), 0)
+        usage = None if overwrite_ino is None else \
+            self.detached_usage(parent_ino, overwrite_ino, found[-1][1], detach)
         if len(found) < len(parts):
             dirs = self._missing_dirs(parts, found, len(parts) - 1, 0o755, owner, group)
             parent_ino = dirs[-1]["ino"]
@@ -132,7 +138,7 @@ class NamespacePlanner:
             "mode": permission, "owner": owner, "group": group, "time": now_ns,
             "replication": replication, "block_size": block_size, "holder": holder,
             "client_machine": str(client_machine)[:256], "overwrite": overwrite_ino,
-            "detach": detach,
+            "detach": detach, "usage": usage,
         }
 
     def check_replication(self, path: str, replication) -> int:
@@ -175,6 +181,7 @@ class NamespacePlanner:
         self.check_parent_dir(canonical, found)
         owner, group = self._owner_group(owner, group, found[-1][1])
         dirs = self._missing_dirs(parts, found, len(parts) - 1, 0o755, owner, group)
+        self.check_quota(found[-1][0], len(dirs) + 1, 0)
         parent_ino = dirs[-1]["ino"] if dirs else found[-1][0]
         return "SYMLINK", {"dirs": dirs, "parent": parent_ino, "name": parts[-1],
                            "ino": self.allocate_ino(), "target": target, "mode": 0o777,
@@ -190,8 +197,10 @@ class NamespacePlanner:
         if inode["type"] == DIR and inode.get("children", 0) and not recursive:
             raise DirectoryNotEmpty(f"cannot delete {canonical}: directory is not empty "
                                     f"({inode['children']} entries); use recursive")
+        detach = self.needs_detach(ino, inode)
         return "DELETE", {"parent": found[-2][0], "name": parts[-1], "ino": ino,
-                          "time": now_ns, "detach": self.needs_detach(ino, inode)}
+                          "time": now_ns, "detach": detach,
+                          "usage": self.detached_usage(found[-2][0], ino, inode, detach)}
 
     def plan_set_permission(self, path, permission, *, now_ns: int) -> tuple[str, dict]:
         parts, ino, inode, _ = self.resolve(path)
@@ -230,6 +239,9 @@ class NamespacePlanner:
                                 high=self.defaults.max_replication)
         if replication == inode.get("replication"):
             return None
+        old = inode.get("replication", 1)
+        self.check_quota(inode["parent"], 0,
+                         file_charge(self._cached_get, ino, inode) // old * (replication - old))
         return "SET_REPLICATION", {"ino": ino, "replication": replication, "time": now_ns}
 
     # -------------------------------------------------------- writer (lease holder) ops
@@ -320,6 +332,11 @@ class NamespacePlanner:
         ``previous`` names the last block even when it was committed by an earlier call,
         so the apply marks the block before it COMPLETE (only the last two blocks may be
         incomplete: writer checks read just those)."""
+        inode = self.get_inode(ino)
+        if inode is not None:   # (None: the first block of a file created in this batch)
+            # HDFS reserves a whole block for the block being written
+            self.check_quota(inode["parent"], 0,
+                             inode.get("block_size", 0) * inode.get("replication", 1))
         previous = None
         if blocks:
             last = blocks[-1]
@@ -398,6 +415,9 @@ class NamespacePlanner:
         if not 0 < len(data) <= limit:
             raise InvalidArgument(f"{op} {path}: {len(data)} bytes of inline data; this "
                                   f"server keeps 1 to {limit} bytes inline (inline_max)")
+        # a file created while its first block was refused holds no space yet
+        self.check_quota(inode["parent"], 0, len(data) * inode.get("replication", 1)
+                         - file_charge(self._cached_get, ino, inode))
         blocks = self.tail_blocks(ino, inode)
         if len(blocks) > 1 or any(b["index"] != 0 or b["num_bytes"] or
                                   b["state"] != UNDER_CONSTRUCTION for b in blocks):
@@ -484,6 +504,11 @@ class NamespacePlanner:
                 last = {"index": block["index"], "id": block["id"], "gs": block["gs"],
                         "num_bytes": new_length - pos, "old_num_bytes": block["num_bytes"]}
             pos = end
+        if last is not None:   # the cut block is written again: it counts whole meanwhile
+            self.check_quota(inode["parent"], 0, (new_length - last["num_bytes"]
+                                                  + inode["block_size"])
+                             * inode.get("replication", 1)
+                             - file_charge(self._cached_get, ino, inode))
         return "TRUNCATE", {"ino": ino, "new_length": new_length, "keep": keep, "last": last,
                             "holder": holder if last else None,
                             "client_machine": str(client_machine)[:256], "time": now_ns}
@@ -505,5 +530,8 @@ class NamespacePlanner:
             b = tail[-1]
             last = {"index": b["index"], "id": b["id"], "gs": new_gs, "old_gs": b["gs"],
                     "num_bytes": b["num_bytes"]}
+            # the reopened block counts at its full size while it is written again
+            self.check_quota(inode["parent"], 0, (inode["block_size"] - b["num_bytes"])
+                             * inode.get("replication", 1))
         return "APPEND", {"ino": ino, "holder": holder, "client_machine": str(client_machine)[:256],
                           "last": last, "time": now_ns}

@@ -71,9 +71,16 @@ class RenamePlanner:
                                    f"{paths.join_parts(dst_parts[:-1])} does not exist")
             self.check_parent_dir(d, dst_found)
             dst_parent = dst_found[-1][0]
-        return {"src_parent": src_found[-2][0], "src_name": src_parts[-1],
+        src_parent = src_found[-2][0]
+        usage, shared = self.moved_usage(ino, inode, src_parent, dst_parent)
+        if usage:   # quota folders above both sides keep their usage: HDFS skips them too
+            self.check_quota(dst_parent, usage[0], usage[1], exclude=shared)
+        overwritten = None if overwrite_ino is None else \
+            self.detached_usage(dst_parent, overwrite_ino, dst_found[-1][1], detach)
+        return {"src_parent": src_parent, "src_name": src_parts[-1],
                 "dst_parent": dst_parent, "dst_name": dst_parts[-1], "ino": ino,
-                "overwrite": overwrite_ino, "detach": detach, "time": now_ns}
+                "overwrite": overwrite_ino, "detach": detach, "time": now_ns,
+                "usage": usage, "overwritten_usage": overwritten}
 
     @staticmethod
     def check_moves(moves, overwrite=False) -> list[tuple[list[str], list[str], bool]]:
@@ -125,13 +132,22 @@ class RenamePlanner:
                                           f"{name} is below it")
         vacated: set[str] = set()
         planned = []
-        for (src_parts, dst_parts, own), s, d in zip(triples, sources, targets):
-            if d in source_set and d not in vacated:
-                raise InvalidArgument(f"rename_many: {d} is a destination before it is moved")
-            args = self._plan_one_rename(src_parts, dst_parts, own, now_ns, frozenset(vacated))
-            vacated.add(s)
-            if args is not None:
-                planned.append(args)
+        # the moves land together: each one's quota check counts the earlier ones' usage
+        self.pending_usage = {}
+        try:
+            for (src_parts, dst_parts, own), s, d in zip(triples, sources, targets):
+                if d in source_set and d not in vacated:
+                    raise InvalidArgument(f"rename_many: {d} is a destination before it is "
+                                          f"moved")
+                args = self._plan_one_rename(src_parts, dst_parts, own, now_ns,
+                                             frozenset(vacated))
+                vacated.add(s)
+                if args is not None:
+                    planned.append(args)
+                    if args["usage"]:
+                        self.pend_usage(args["src_parent"], args["dst_parent"], args["usage"])
+        finally:
+            self.pending_usage = None
         if not planned:
             return None
         return "RENAMES", {"renames": planned, "time": now_ns}

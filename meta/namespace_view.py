@@ -38,13 +38,16 @@ class ContentSummary:
     def __init__(self):
         self.length = self.files = self.dirs = self.space = 0
 
-    def add(self, node: dict) -> None:
+    def add(self, node: dict, space: int | None = None) -> None:
+        """``space``: the file's quota charge (``namespace_quota.file_charge``), which
+        counts a block being written at its full size; default its length × replication."""
         if node["type"] == DIR:
             self.dirs += 1
         elif node["type"] == FILE:
             self.files += 1
             self.length += node.get("length", 0)
-            self.space += node.get("length", 0) * node.get("replication", 1)
+            self.space += node.get("length", 0) * node.get("replication", 1) \
+                if space is None else space
 
     def as_dict(self) -> dict:
         return {"length": self.length, "file_count": self.files,

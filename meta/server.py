@@ -318,6 +318,12 @@ class MetaServer(ClientProtocol, DatanodeProtocol, AdminProtocol, AuthProtocol, 
                                     state=bm.COMPLETE)
             self.leases.remove_file(args["ino"])
             self._release_logged.discard(args["ino"])
+        elif op == "CONCAT":
+            for block_id, index in effect.get("moved", ()):
+                info = self.blocks.get(block_id)
+                if info is not None:   # a block keeps its id, so replicas stay where they are
+                    info.ino, info.index = args["target"], index
+                    self.blocks.set_replication(block_id, effect["replication"])
         elif op == "SET_REPLICATION":
             for block_id in effect.get("block_ids", []):
                 self.blocks.set_replication(block_id, args["replication"])

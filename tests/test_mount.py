@@ -181,6 +181,21 @@ def test_open_size_is_immediate_and_unlinked_file_stays_readable(mounted):
 
 
 @pytest.mark.slow
+def test_quota_gives_edquot(mounted, cluster):
+    d = mounted / "quota"
+    os.mkdir(d)
+    os.mkdir(d / "a")
+    with cluster.client() as client:
+        client.set_quota("/quota", ns_quota=2, ds_quota=-1)
+    assert errno_of(os.mkdir, d / "b") == errno.EDQUOT
+    assert errno_of(lambda: open(d / "f", "wb").close()) == errno.EDQUOT
+    assert sorted(os.listdir(d)) == ["a"]
+    with cluster.client() as client:
+        client.set_quota("/quota", ns_quota=-1)
+    os.mkdir(d / "b")
+
+
+@pytest.mark.slow
 def test_statfs_reports_cluster_capacity(mounted, cluster):
     st = os.statvfs(mounted)
     with cluster.client() as client:

@@ -55,9 +55,9 @@ def common_options() -> argparse.ArgumentParser:
 
 
 def build_parser() -> Parser:
-    from . import (admin, bench, cluster, cmddoc, daemons, docgen, leasetools, mountcmd,
-                   shell, shellalias, shellattr, shellcount, shellfind, shellread, shelltest,
-                   tokens)
+    from . import (admin, bench, cluster, cmddoc, concat, daemons, docgen, leasetools,
+                   mountcmd, quotas, shell, shellalias, shellattr, shellcount, shellfind,
+                   shellread, shelltest, tokens)
 
     common = common_options()
     parser = Parser(prog=PROG, parents=[common],
@@ -77,6 +77,8 @@ def build_parser() -> Parser:
     shellread.register(sub, common)
     leasetools.register(sub, common)
     admin.register(sub, common)
+    quotas.register(sub, common)
+    concat.register(sub, common)
     tokens.register(sub, common)
     mountcmd.register(sub, common)
     bench.register(sub, common)
