@@ -60,7 +60,7 @@ class AdminProtocol:
                     self.permissions.check_sub_access(
                         caller, node, READ_EXECUTE,
                         lambda: self.ns.path_of(node_ino) or f"<inode {node_ino}>")
-                summary.add(node, file_charge(self.ns._cached_get, node_ino, node))
+                summary.add(node, file_charge(self.ns.read, node_ino, node))
                 if count % 2000 == 0:
                     await trio.sleep(0)   # a big tree must not stall every other client
             answer = summary.as_dict()

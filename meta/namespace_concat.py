@@ -82,7 +82,7 @@ class ConcatPlanner:
                     f"preferred block size {t_inode['block_size']}")
             if i != len(srcs) - 1:
                 self._full_blocks(what, s_path, s_ino, s_inode)
-            extra_space += s_inode["length"] * rep - file_charge(self._cached_get, s_ino,
+            extra_space += s_inode["length"] * rep - file_charge(self.read, s_ino,
                                                                  s_inode)
             sources.append({"ino": s_ino, "name": s_parts[-1]})
         self.check_quota(parent, 0, extra_space)

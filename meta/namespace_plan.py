@@ -241,7 +241,7 @@ class NamespacePlanner:
             return None
         old = inode.get("replication", 1)
         self.check_quota(inode["parent"], 0,
-                         file_charge(self._cached_get, ino, inode) // old * (replication - old))
+                         file_charge(self.read, ino, inode) // old * (replication - old))
         return "SET_REPLICATION", {"ino": ino, "replication": replication, "time": now_ns}
 
     # -------------------------------------------------------- writer (lease holder) ops
@@ -417,7 +417,7 @@ class NamespacePlanner:
                                   f"server keeps 1 to {limit} bytes inline (inline_max)")
         # a file created while its first block was refused holds no space yet
         self.check_quota(inode["parent"], 0, len(data) * inode.get("replication", 1)
-                         - file_charge(self._cached_get, ino, inode))
+                         - file_charge(self.read, ino, inode))
         blocks = self.tail_blocks(ino, inode)
         if len(blocks) > 1 or any(b["index"] != 0 or b["num_bytes"] or
                                   b["state"] != UNDER_CONSTRUCTION for b in blocks):
@@ -508,7 +508,7 @@ class NamespacePlanner:
             self.check_quota(inode["parent"], 0, (new_length - last["num_bytes"]
                                                   + inode["block_size"])
                              * inode.get("replication", 1)
-                             - file_charge(self._cached_get, ino, inode))
+                             - file_charge(self.read, ino, inode))
         return "TRUNCATE", {"ino": ino, "new_length": new_length, "keep": keep, "last": last,
                             "holder": holder if last else None,
                             "client_machine": str(client_machine)[:256], "time": now_ns}

@@ -107,7 +107,7 @@ class QuotaPlanner:
         """(names, space) at and under ``ino``; a quota folder below answers from its usage."""
         names = space = 0
         stack = [(ino, inode)]
-        get = self._cached_get
+        get = self.read
         while stack:
             cur, node = stack.pop()
             quota = node.get("quota")

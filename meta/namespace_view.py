@@ -155,8 +155,16 @@ class NamespaceView:
                 cache.put(key, ABSENT)
             return None
         value = keys.unpack(raw)
-        cache.put(key, value)
+        # only inodes and entries are shared through the cache: appliers change the other
+        # kinds (block keys) in place on the batch's copy, which must not be a cached one
+        if key[:1] in CACHED_KINDS:
+            cache.put(key, value)
         return value
+
+    def read(self, key: bytes):
+        """One decoded key, through the cache for the kinds it keeps (read only: a cached
+        value is shared)."""
+        return self._cached_get(key)
 
     def get_inode(self, ino: int) -> dict | None:
         """The decoded inode (shared with the cache: do not modify it)."""
