@@ -81,6 +81,8 @@ class FileStatus:
     # ``get_file_status(path, locations=True)`` of a readable file: what
     # ``get_block_locations`` answers for the whole file (``open(path, located=...)``)
     locations: dict | None = None
+    # a folder with a quota: ``{ns, ds, ns_used, ds_used}`` (-1 = none)
+    quota: dict | None = None
 
     @property
     def is_dir(self) -> bool:
@@ -137,7 +139,7 @@ _STATUS_DEFAULTS = tuple(
               "group": "", "mtime_ns": 0, "atime_ns": 0, "ctime_ns": 0, "length": 0,
               "replication": 0, "block_size": 0, "symlink": None,
               "under_construction": False, "children": 0, "subdirs": 0,
-              "locations": None}[f.name])
+              "locations": None, "quota": None}[f.name])
     for f in fields(FileStatus))
 
 

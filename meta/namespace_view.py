@@ -292,6 +292,8 @@ class NamespaceView:
             "children": inode.get("children", 0) if kind == DIR else 0,
             "subdirs": inode.get("subdirs", 0) if kind == DIR else 0,
             "parent": inode["parent"],
+            # a folder with a quota: {ns, ds, ns_used, ds_used} (-1 = none), for df
+            "quota": inode.get("quota") if kind == DIR else None,
         }
 
     def get_file_info(self, path) -> dict:

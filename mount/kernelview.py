@@ -165,7 +165,7 @@ class KernelView:
     def _where(self, ino: int) -> tuple[str, bytes] | None:
         """(folder path, name) of an inode the kernel knows by a path, but the root."""
         node = self._nodes.get(ino)
-        if node is None or node.path is None or node.path == "/":
+        if node is None or node.path is None or ino == pyfuse3.ROOT_INODE or node.path == "/":
             return None
         folder, _, name = node.path.rpartition("/")
         return folder or "/", os.fsencode(name)

@@ -74,9 +74,13 @@ class LeaseFS(FileHandlers, WriteMachinery, KernelView, pyfuse3.Operations):
 
     def __init__(self, client, cache_dir: str, *, entry_timeout: float = 1.0,
                  attr_timeout: float = 1.0, negative_timeout: float = 1.0, io_threads: int = 4,
-                 cache_limit: int = 8 << 30, file_settings: FileSettings | None = None):
+                 cache_limit: int = 8 << 30, file_settings: FileSettings | None = None,
+                 root: str = "/", root_ino: int | None = None):
         super().__init__()
         self.client = client
+        # the cluster folder the mount shows at its top (MooseFS mfsmount -S): a subfolder
+        # mount; ``root_ino`` is that folder's namespace inode, shown as the FUSE root
+        self.root = root
         self.metrics = MountMetrics(client)   # counted by fuse_op (mount.errors)
         # what the mount's user chose for new files (``--set block_size=...``)
         self.file_settings = file_settings or FileSettings()
@@ -100,9 +104,11 @@ class LeaseFS(FileHandlers, WriteMachinery, KernelView, pyfuse3.Operations):
         self._statfs: tuple[float, dict] | None = None   # (when, the report statfs answered)
         self._named = 0
         self._io_limiter = trio.CapacityLimiter(io_threads)
-        self._nodes: dict[int, Node] = {ROOT_INO: Node(ROOT_INO, "/")}
+        self._nodes: dict[int, Node] = {ROOT_INO: Node(ROOT_INO, root)}
         self._nodes[ROOT_INO].lookups = 1
         self._alias: dict[int, int] = {}
+        if root_ino is not None and root_ino != ROOT_INO:
+            self._alias[root_ino] = ROOT_INO
         self._open: dict[int, OpenFile] = {}
         self._copies = CopyBudget()   # what the open files' stream copies hold together
         self._handles: dict[int, Handle] = {}
@@ -476,19 +482,30 @@ class LeaseFS(FileHandlers, WriteMachinery, KernelView, pyfuse3.Operations):
         # as the kernel keeps attributes
         now = trio.current_time()
         if self._statfs is None or now - self._statfs[0] > self.attr_timeout:
-            self._statfs = (now, await self.client.report())
-        report = self._statfs[1]
+            # the root's own quota only: a quota above it limits it too, but df shows
+            # the folder mounted (one status call; a walk per df would be too dear)
+            quota = (await self.client.get_file_status(self.root)).quota
+            self._statfs = (now, (await self.client.report(), quota))
+        report, quota = self._statfs[1]
         bsize = 1 << 16
         out = pyfuse3.StatvfsData()
         out.f_bsize = bsize
         out.f_frsize = bsize
         out.f_blocks = int(report.get("capacity") or 0) // bsize
         out.f_bfree = int(report.get("remaining") or 0) // bsize
-        out.f_bavail = out.f_bfree
         files = int(report.get("files") or 0) + int(report.get("directories") or 0)
         out.f_files = files + 1_000_000
         out.f_ffree = 1_000_000
-        out.f_favail = 1_000_000
+        # the mounted folder's quotas are what it may hold (as MooseFS shows them for a
+        # subfolder mount): space in bytes x replication, names for files + folders
+        if quota and quota.get("ds", -1) >= 0:
+            out.f_blocks = quota["ds"] // bsize
+            out.f_bfree = min(out.f_bfree, max(0, quota["ds"] - quota["ds_used"]) // bsize)
+        if quota and quota.get("ns", -1) >= 0:
+            out.f_files = quota["ns"]
+            out.f_ffree = max(0, quota["ns"] - quota["ns_used"])
+        out.f_bavail = out.f_bfree
+        out.f_favail = out.f_ffree
         out.f_namemax = 255
         return out
 

@@ -29,6 +29,7 @@ import trio
 
 from fs.client import AsyncClient, FileSettings
 from fs.config import Config, default_home
+from fs.errors import NotDirectory
 from fs.web import serve_app
 
 from .operations import LeaseFS
@@ -156,14 +157,18 @@ def set_readahead(mountpoint: str, nbytes: int) -> int | None:
 
 async def _serve(mountpoint: str, meta_address: str, config: Config, options: set[str],
                  cache_dir: str, entry_timeout: float, attr_timeout: float, on_ready,
-                 file_settings: FileSettings) -> None:
+                 file_settings: FileSettings, subdir: str) -> None:
     own_cache = os.path.join(cache_dir, f"mount-{os.getpid()}")
     file_settings.check(f"mount {mountpoint}")
     async with AsyncClient(meta_address, config=mount_client_config(config),
                            client_name=mount_client_name(mountpoint)) as client:
+        root = await client.get_file_status(subdir)
+        if not root.is_dir:
+            raise NotDirectory(f"--subdir {subdir}: not a folder")
         ops = LeaseFS(client, own_cache, entry_timeout=entry_timeout, attr_timeout=attr_timeout,
                       negative_timeout=config.mount_negative_timeout,
-                      cache_limit=config.mount_cache_limit, file_settings=file_settings)
+                      cache_limit=config.mount_cache_limit, file_settings=file_settings,
+                      root=root.path, root_ino=root.ino)
         pyfuse3.init(ops, mountpoint, options)
         mounted = True
         registry = _register(mountpoint)
@@ -205,11 +210,12 @@ async def _serve(mountpoint: str, meta_address: str, config: Config, options: se
 def run_mount(mountpoint: str, meta_address: str, config: Config, *, options=None,
               cache_dir: str | None = None, entry_timeout: float | None = None,
               attr_timeout: float | None = None, on_ready=None,
-              file_settings: FileSettings | None = None) -> None:
+              file_settings: FileSettings | None = None, subdir: str = "/") -> None:
     """Mount the cluster at ``mountpoint`` and serve until unmounted or signalled. Unset
     arguments come from ``config`` (``mount_*`` settings). ``file_settings``: what files
     created through the mount get (block size, replication, checksum chunk; unset = the
-    cluster's defaults)."""
+    cluster's defaults). ``subdir``: the cluster folder shown at the top of the mount (its
+    quotas are what ``df`` shows)."""
     opts = mount_options(options, meta_address)
     pyfuse3_log = logging.getLogger("pyfuse3")
     if not any(isinstance(f, LateReplyFilter) for f in pyfuse3_log.filters):
@@ -218,7 +224,7 @@ def run_mount(mountpoint: str, meta_address: str, config: Config, *, options=Non
              cache_dir or config.mount_cache_dir or default_cache_dir(),
              config.mount_entry_timeout if entry_timeout is None else entry_timeout,
              config.mount_attr_timeout if attr_timeout is None else attr_timeout, on_ready,
-             file_settings or FileSettings())
+             file_settings or FileSettings(), subdir)
 
 
 __all__ = ["run_mount", "mount_options", "default_cache_dir", "mount_client_config",

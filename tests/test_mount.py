@@ -196,6 +196,40 @@ def test_quota_gives_edquot(mounted, cluster):
 
 
 @pytest.mark.slow
+def test_a_subfolder_mount_shows_the_folder_and_df_its_quotas(mounted, cluster):
+    """``mount --subdir /proj`` (MooseFS -S): the folder's content at the top, files made
+    there land in it, and ``df`` (statvfs) shows its space and name quotas and what is left
+    of them, as bytes x replication."""
+    from harness import Mount
+
+    with cluster.client() as client:
+        client.mkdirs("/proj/inner")
+        client.write_file("/proj/inner/a.bin", b"a" * 1000)
+        client.set_quota("/proj", ns_quota=100, ds_quota=64 << 20)
+    sub = Mount(cluster, "subdir", "--subdir", "/proj")
+    try:
+        mp = sub.start().mp
+        assert sorted(os.listdir(mp)) == ["inner"]
+        assert (mp / "inner" / "a.bin").read_bytes() == b"a" * 1000
+        (mp / "new.txt").write_bytes(b"b" * 5000)
+        with cluster.client() as client:
+            assert client.read_file("/proj/new.txt") == b"b" * 5000
+            assert not client.exists("/new.txt")
+            used = client.content_summary("/proj")
+        st = os.statvfs(mp)
+        assert st.f_blocks * st.f_frsize == 64 << 20
+        assert st.f_bavail * st.f_frsize == pytest.approx((64 << 20) - used["ds_used"],
+                                                          abs=st.f_frsize)
+        assert (st.f_files, st.f_ffree) == (100, 100 - used["ns_used"])
+        df = subprocess.run(["df", "-B1", str(mp)], capture_output=True, text=True)
+        assert df.returncode == 0 and str(64 << 20) in df.stdout, df.stdout
+        # the whole-cluster mount still shows the cluster
+        assert os.statvfs(mounted).f_blocks * os.statvfs(mounted).f_frsize > 64 << 20
+    finally:
+        sub.cleanup()
+
+
+@pytest.mark.slow
 def test_statfs_reports_cluster_capacity(mounted, cluster):
     st = os.statvfs(mounted)
     with cluster.client() as client:

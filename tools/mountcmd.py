@@ -71,7 +71,7 @@ def cmd_mount(args) -> int:
     # the mount creates; the client's other settings follow the cluster's defaults
     chosen = Config.chosen(getattr(args, "config", None),
                            **parse_settings(getattr(args, "set", None)))
-    kwargs = dict(options=args.options, cache_dir=args.cache_dir,
+    kwargs = dict(options=args.options, cache_dir=args.cache_dir, subdir=args.subdir,
                   entry_timeout=args.entry_timeout, attr_timeout=args.attr_timeout,
                   file_settings=FileSettings.chosen_in(config, chosen))
     if args.foreground:
@@ -223,6 +223,9 @@ def register(sub, common) -> None:
                    help="stay in the foreground (logs to stderr)")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT,...",
                    help="FUSE mount options, e.g. allow_other")
+    p.add_argument("--subdir", "-S", default="/", metavar="PATH",
+                   help="show this cluster folder at the top of the mount (MooseFS mfsmount "
+                        "-S); df then shows its quotas")
     p.add_argument("--cache-dir", default=None, metavar="DIR",
                    help="folder for staging files of random writes (setting mount_cache_dir; "
                         "default $TMPDIR/leasefs-mount-cache)")
