@@ -20,7 +20,8 @@ default parquet), ``meta`` (cluster address for plain ``/paths``), ``header``, `
 allows splitting files at block boundaries), ``includePath`` (text: add a ``path`` column),
 ``splitSize`` (bytes, default the file's block size), ``compression`` (parquet),
 ``staleStagingSeconds`` (write: age after which abandoned staging is removed),
-``maxFilesPerTrigger`` and ``lookbackSeconds`` (streaming source).
+``maxFilesPerTrigger`` and ``lookbackSeconds`` (streaming source). Any other option Spark's
+own source honours for the format is refused before planning (``options.py``).
 
 Filter pushdown: only with ``spark.sql.python.filterPushdown.enabled=true`` does Spark call
 ``pushFilters``; we accept only comparisons of partition columns (``key=value`` folders) with
@@ -51,6 +52,7 @@ from . import commit as protocol
 from . import formats
 from .formats import flag, option
 from .location import client_for, list_data_files, parse_location
+from .options import check as options_check
 
 log = logging.getLogger(__name__)
 
@@ -438,9 +440,17 @@ class LeaseFSDataSource(DataSource):
                 names.setdefault(k, []).append(v)
         return {k: _infer_partition_type(v).typeName() for k, v in names.items()}
 
+    def check_options(self, direction: str, *, streaming: bool = False) -> None:
+        """Refuse a Spark option this source would otherwise ignore (``options.py``)."""
+        fmt = self.write_format() if direction == "write" else self.fmt
+        options_check(self.options, fmt, direction, streaming=streaming)
+
     # -- DataSource API
     def schema(self):
         from pyspark.sql.types import LongType, StringType, StructField, StructType
+        # before any file is read; streaming or not is known only at reader(), which
+        # checks again without the streaming options for a batch read
+        self.check_options("read", streaming=True)
         client = client_for(self.location_meta)
         data = formats.infer_schema(client, self.files(), self.fmt, self.options)
         fields = list(data.fields)
@@ -452,15 +462,19 @@ class LeaseFSDataSource(DataSource):
         return StructType(fields)
 
     def reader(self, schema):
+        self.check_options("read")
         if _pushdown_enabled(self.options):
             return LeaseFSPushdownReader(self, schema)
         return LeaseFSReader(self, schema)
 
     def writer(self, schema, overwrite):
+        self.check_options("write")
         return LeaseFSWriter(self, overwrite)
 
     def streamReader(self, schema):
+        self.check_options("read", streaming=True)
         return LeaseFSStreamReader(self, schema)
 
     def streamWriter(self, schema, overwrite):
+        self.check_options("write", streaming=True)
         return LeaseFSStreamWriter(self)

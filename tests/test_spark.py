@@ -490,3 +490,32 @@ def test_pandas_and_pyarrow_read_what_spark_wrote(spark, cluster):
     assert list(got["id"]) == list(expected["id"])
     pd.testing.assert_series_equal(got["f"], expected["f"], check_dtype=False,
                                    check_names=False)
+
+
+@pytest.mark.slow
+def test_spark_options_this_source_would_ignore_are_refused_up_front(spark, cluster, client):
+    """An option Spark's own csv source honours and this one does not (pathGlobFilter on a
+    read, compression on a csv write, a PERMISSIVE mode) fails the job before anything is
+    read or written, naming the option and what is supported; options Spark itself ignores
+    for the format (header for parquet) and neutral values (mode FAILFAST) pass."""
+    client.write_file("/opts/a.csv", b"k,v\n1,x\n")
+    client.write_file("/opts/b.txt", b"k,v\n2,y\n")
+    src = url(cluster, "/opts")
+    with pytest.raises(Exception, match="pathglobfilter not supported"):
+        spark.read.format("leasefs").option("format", "csv").option("header", "true") \
+            .option("pathGlobFilter", "*.csv").load(src).collect()
+    with pytest.raises(Exception, match="(?s)mode not supported.*supported: "):
+        spark.read.format("leasefs").option("format", "csv").option("header", "true") \
+            .option("mode", "PERMISSIVE").load(src).collect()
+    rows = spark.read.format("leasefs").option("format", "csv").option("header", "true") \
+        .option("mode", "FAILFAST").load(src).collect()
+    assert sorted(r["k"] for r in rows) == ["1", "2"]
+    df = spark.createDataFrame([(1, "a")], "k int, v string")
+    with pytest.raises(Exception, match="compression not supported when writing format 'csv'"):
+        df.write.format("leasefs").option("format", "csv").option("compression", "gzip") \
+            .mode("overwrite").save(url(cluster, "/opts-out/csv"))
+    assert not client.exists("/opts-out/csv") or not [
+        n for n in visible(client, "/opts-out/csv") if n.endswith(".csv")]
+    df.write.format("leasefs").option("format", "parquet").option("header", "true") \
+        .mode("overwrite").save(url(cluster, "/opts-out/parquet"))
+    assert any(n.endswith(".parquet") for n in visible(client, "/opts-out/parquet"))
