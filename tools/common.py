@@ -131,10 +131,14 @@ class Command:
 
     # ------------------------------------------------------------------ reporting
     def fail(self, path: str | None, exc: BaseException) -> None:
-        """Report one failed item and remember the failure; re-raise a lost cluster."""
+        """Report one failed item and remember the failure; re-raise a lost cluster, and a
+        reader of our output that went away (``leasefs cat f | head``): neither is about
+        this item, and the next would meet it too."""
         if isinstance(exc, ServerUnavailable):
             if not getattr(exc, "item_path", None):
                 exc.item_path = path
+            raise exc
+        if isinstance(exc, BrokenPipeError):
             raise exc
         if getattr(self.args, "debug", False):
             import traceback

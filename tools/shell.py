@@ -141,8 +141,6 @@ def cmd_cat(cmd: Command):
                 transfer.pump(reader, out)
             out.flush()
         except ITEM_ERRORS as exc:
-            if isinstance(exc, BrokenPipeError):
-                raise
             cmd.fail(raw, exc)
 
 
@@ -173,8 +171,6 @@ def cmd_tail(cmd: Command):
         except KeyboardInterrupt:
             return
     except ITEM_ERRORS as exc:
-        if isinstance(exc, BrokenPipeError):
-            raise
         cmd.fail(raw, exc)
 
 

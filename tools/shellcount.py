@@ -10,11 +10,9 @@ Concurrency contract: synchronous, the CLI's main thread; one summary call per p
 
 from __future__ import annotations
 
-from fs.errors import LeaseFSError
-
 from .common import Command
 from .formatting import human_size
-from .shell import user_path
+from .shell import ITEM_ERRORS, user_path
 
 QUOTA_FORMAT = "%12s %15s "           # QUOTA REM_QUOTA, as HDFS ContentSummary
 SPACE_QUOTA_FORMAT = "%15s %15s "     # SPACE_QUOTA REM_SPACE_QUOTA
@@ -55,9 +53,7 @@ def cmd_count(cmd: Command):
             path = user_path(raw)
             cmd.out(count_line(cmd.client.content_summary(path), path, quotas=a.quotas,
                                human=a.human))
-        except (LeaseFSError, OSError) as exc:
-            if isinstance(exc, BrokenPipeError):
-                raise
+        except ITEM_ERRORS as exc:
             cmd.fail(raw, exc)
 
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 import fnmatch
 
 from fs import paths
-from fs.errors import LeaseFSError
 
 from .common import Command
-from .shell import user_path, walk
+from .shell import ITEM_ERRORS, user_path, walk
 
 
 def matches(path: str, st, *, name=None, iname=None, kind=None) -> bool:
@@ -44,9 +43,7 @@ def cmd_find(cmd: Command):
             for path, item in found:
                 if matches(path, item, name=a.name, iname=a.iname, kind=a.type):
                     cmd.out(path)
-        except (LeaseFSError, OSError) as exc:
-            if isinstance(exc, BrokenPipeError):
-                raise
+        except ITEM_ERRORS as exc:
             cmd.fail(raw, exc)
 
 

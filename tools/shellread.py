@@ -53,8 +53,6 @@ def cmd_head(cmd: Command):
         out.write(data)
         out.flush()
     except ITEM_ERRORS as exc:
-        if isinstance(exc, BrokenPipeError):
-            raise
         cmd.fail(raw, exc)
 
 
@@ -83,8 +81,6 @@ def cmd_text(cmd: Command):
                 shutil.copyfileobj(decompressor(path, reader), out, 1 << 20)
             out.flush()
         except ITEM_ERRORS as exc:
-            if isinstance(exc, BrokenPipeError):
-                raise
             cmd.fail(raw, exc)
 
 
