@@ -197,9 +197,9 @@ def cmd_save_namespace(cmd: Command):
 
 
 def register(sub, common) -> None:
-    from .shell import _parser
+    from .shell import command_parser
 
-    p = _parser(sub, "fsck", common, "check the health of files' blocks; exit 1 when a block "
+    p = command_parser(sub, "fsck", common, "check the health of files' blocks; exit 1 when a block "
                 "is missing or corrupt")
     p.add_argument("path", metavar="PATH", nargs="?", default="/")
     p.add_argument("--openforwrite", action="store_true",
@@ -215,7 +215,7 @@ def register(sub, common) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_fsck)
 
-    p = _parser(sub, "decommission", common, "retire a block server: copy its replicas "
+    p = command_parser(sub, "decommission", common, "retire a block server: copy its replicas "
                 "elsewhere, then mark it decommissioned (--status: progress)")
     p.add_argument("node", metavar="HOST:PORT", nargs="?", default=None,
                    help="block server address or node id")
@@ -225,7 +225,7 @@ def register(sub, common) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_decommission)
 
-    p = _parser(sub, "save-namespace", common, "take a checkpoint now (LevelDB made durable, "
+    p = command_parser(sub, "save-namespace", common, "take a checkpoint now (LevelDB made durable, "
                 "journal rolled, old segments purged); needs safe mode and the superuser, as "
                 "HDFS dfsadmin -saveNamespace")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -86,9 +86,9 @@ def cmd_checksum(cmd: Command):
 
 
 def register(sub, common) -> None:
-    from .shell import _parser
+    from .shell import command_parser
 
-    p = _parser(sub, "checksum", common,
+    p = command_parser(sub, "checksum", common,
                 "content checksums (COMPOSITE-CRC32C) that do not depend on block size",
                 description="leasefs checksum PATH...\n"
                             "Prints PATH<TAB>COMPOSITE-CRC32C<TAB>crc per file: the CRC32C of its\n"

@@ -18,9 +18,9 @@ def cmd_concat(cmd: Command) -> int:
 
 
 def register(sub, common) -> None:
-    from .shell import _parser
+    from .shell import command_parser
 
-    p = _parser(sub, "concat", common, "append the blocks of SRC... to TARGET without copying "
+    p = command_parser(sub, "concat", common, "append the blocks of SRC... to TARGET without copying "
                 "and delete the sources (HDFS concat; same folder, full blocks but the last "
                 "source's last, same block size)")
     p.add_argument("target", metavar="TARGET")

@@ -182,9 +182,9 @@ def _local(text: str) -> str:
 # --------------------------------------------------------------------------- parsers
 
 def register(sub, common) -> None:
-    from .shell import _parser
+    from .shell import command_parser
 
-    p = _parser(sub, "recover-lease", common,
+    p = command_parser(sub, "recover-lease", common,
                 "force lease recovery of a file left open (hdfs debug recoverLease)",
                 description="leasefs recover-lease PATH [--retries N] [--interval S]\n"
                             "Closes a file whose writer died: prints 'recover-lease succeeded "
@@ -196,13 +196,13 @@ def register(sub, common) -> None:
     p.add_argument("path", metavar="PATH")
     p.set_defaults(func=cmd_recover_lease)
 
-    p = _parser(sub, "leases", common, "files open for writing: holder, client machine, "
+    p = command_parser(sub, "leases", common, "files open for writing: holder, client machine, "
                 "seconds since the last lease renewal, last block state")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("path", nargs="?", default=None, metavar="PATH", help="default /")
     p.set_defaults(func=cmd_leases)
 
-    p = _parser(sub, "truncate", common, "cut files to LENGTH bytes (hdfs dfs -truncate)",
+    p = command_parser(sub, "truncate", common, "cut files to LENGTH bytes (hdfs dfs -truncate)",
                 description="leasefs truncate [-w] LENGTH PATH...\nOn a block boundary the "
                             "file is cut at once; mid-block its last block is recovered\nto "
                             "the new length in the background (-w waits for that).",
@@ -214,7 +214,7 @@ def register(sub, common) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_truncate)
 
-    p = _parser(sub, "append", common, "append local files or stdin to a cluster file "
+    p = command_parser(sub, "append", common, "append local files or stdin to a cluster file "
                 "(hdfs dfs -appendToFile; creates it when missing)",
                 description="leasefs append LOCAL... PATH  ('-' as LOCAL reads stdin)",
                 usage="leasefs append [options] LOCAL... PATH")

@@ -211,9 +211,9 @@ def cmd_umount(args) -> int:
 
 
 def register(sub, common) -> None:
-    from .shell import _parser
+    from .shell import command_parser
 
-    p = _parser(sub, "mount", common, "mount the cluster with FUSE (daemonizes unless "
+    p = command_parser(sub, "mount", common, "mount the cluster with FUSE (daemonizes unless "
                 "--foreground)",
                 description="leasefs mount MOUNTPOINT [--foreground] [-o OPT,...] "
                             "[--cache-dir DIR]\nReturns once the mount works (or fails "
@@ -237,7 +237,7 @@ def register(sub, common) -> None:
                    help="where the daemonized mount logs (default: nowhere)")
     p.set_defaults(func=cmd_mount, raw=True)
 
-    p = _parser(sub, "umount", common, "unmount a leasefs mount (fusermount3 -u)")
+    p = command_parser(sub, "umount", common, "unmount a leasefs mount (fusermount3 -u)")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
     how = p.add_mutually_exclusive_group()
     how.add_argument("--lazy", "-z", action="store_true",

@@ -77,9 +77,9 @@ def cmd_dfsadmin(cmd: Command) -> int:
 
 
 def register(sub, common) -> None:
-    from .shell import _parser
+    from .shell import command_parser
 
-    p = _parser(sub, "dfsadmin", common, "folder quotas, as HDFS dfsadmin: -setQuota N, "
+    p = command_parser(sub, "dfsadmin", common, "folder quotas, as HDFS dfsadmin: -setQuota N, "
                 "-clrQuota, -setSpaceQuota N[k|m|g|t], -clrSpaceQuota (superuser only)")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("-setQuota", type=parse_count, metavar="N",
@@ -99,7 +99,7 @@ def register(sub, common) -> None:
              "bytes × replication, suffix k/m/g/t (dfsadmin -setSpaceQuota)"),
             ("clr-space-quota", "clrSpaceQuota", None, "clear a folder's space quota "
              "(dfsadmin -clrSpaceQuota)")):
-        p = _parser(sub, name, common, text)
+        p = command_parser(sub, name, common, text)
         if value_type is not None:
             p.add_argument("value", metavar="N", type=value_type)
         p.add_argument("paths", metavar="PATH", nargs="+")

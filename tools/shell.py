@@ -176,7 +176,7 @@ def cmd_tail(cmd: Command):
 
 # --------------------------------------------------------------------------- copies
 
-def _copy(cmd: Command, sources, dst_side, dst: str, dst_display: str):
+def copy_items(cmd: Command, sources, dst_side, dst: str, dst_display: str):
     """Copy every ``(side, path, display)`` source to ``dst`` (into it when it is a dir)."""
     a = cmd.args
     overwrite = bool(getattr(a, "force", False))
@@ -240,7 +240,7 @@ def cmd_put(cmd: Command):
             raise UsageError("'-' (stdin) must be the only source")
         _put_stdin(cmd, cluster, dst)
         return
-    _copy(cmd, [(local, _local(s), s) for s in srcs], cluster, dst, dst_raw)
+    copy_items(cmd, [(local, _local(s), s) for s in srcs], cluster, dst, dst_raw)
 
 
 def _put_stdin(cmd: Command, cluster, dst: str):
@@ -269,6 +269,14 @@ def cmd_get(cmd: Command):
     else:
         *srcs, dst = a.args
     dst = _local(dst)
+    sources = cluster_sources(cmd, srcs)
+    if sources:
+        copy_items(cmd, sources, transfer.LocalSide(), dst, a.args[-1] if len(a.args) > 1 else dst)
+
+
+def cluster_sources(cmd: Command, srcs) -> list:
+    """``(side, path, as typed)`` of cluster paths to copy from; a bad one is reported and
+    left out."""
     cluster = transfer.ClusterSide(cmd.client)
     sources = []
     for raw in srcs:
@@ -276,8 +284,7 @@ def cmd_get(cmd: Command):
             sources.append((cluster, user_path(raw), raw))
         except ITEM_ERRORS as exc:
             cmd.fail(raw, exc)
-    if sources:
-        _copy(cmd, sources, transfer.LocalSide(), dst, a.args[-1] if len(a.args) > 1 else dst)
+    return sources
 
 
 def cmd_cp(cmd: Command):
@@ -313,7 +320,7 @@ def cmd_cp(cmd: Command):
             raise UsageError(f"{raw} and {dst_raw} are both local; use cp(1) for that")
         sources.append((side, path, raw))
     if sources:
-        _copy(cmd, sources, dst_side, dst, dst_raw)
+        copy_items(cmd, sources, dst_side, dst, dst_raw)
 
 
 # --------------------------------------------------------------------------- namespace
@@ -393,7 +400,7 @@ def cmd_expunge(cmd: Command):
         cmd.out(f"Deleted trash checkpoint: {name}")
 
 
-def _require_parent_dir(client, path: str, hint: str) -> None:
+def require_parent_dir(client, path: str, hint: str) -> None:
     parent = paths.parent(path)
     try:
         st = client.get_file_status(parent)
@@ -412,7 +419,7 @@ def cmd_mkdir(cmd: Command):
             if not a.parents:
                 if cmd.client.exists(path):
                     raise FileExists(f"{path}: file exists")
-                _require_parent_dir(cmd.client, path, " (use -p to create parents)")
+                require_parent_dir(cmd.client, path, " (use -p to create parents)")
             else:
                 try:
                     st = cmd.client.get_file_status(path)
@@ -432,7 +439,7 @@ def cmd_touch(cmd: Command):
             try:
                 cmd.client.get_file_status(path)
             except FileNotFound:
-                _require_parent_dir(cmd.client, path, "")
+                require_parent_dir(cmd.client, path, "")
                 with cmd.client.create(path, overwrite=False):
                     pass
                 continue
@@ -632,7 +639,7 @@ def cmd_safemode(cmd: Command):
 
 # --------------------------------------------------------------------------- parsers
 
-def _parser(sub, name, common, help_text, *, description=None, usage=None):
+def command_parser(sub, name, common, help_text, *, description=None, usage=None):
     p = sub.add_parser(name, parents=[common], help=help_text, add_help=False, usage=usage,
                        description=description or help_text, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--help", action="help", help="show this help and exit")
@@ -641,7 +648,7 @@ def _parser(sub, name, common, help_text, *, description=None, usage=None):
 
 def register(sub, common) -> None:
     """Add every shell command to the ``leasefs`` subcommand parser."""
-    p = _parser(sub, "ls", common, "list directories (-l long format, -R recursive)")
+    p = command_parser(sub, "ls", common, "list directories (-l long format, -R recursive)")
     p.add_argument("-l", dest="long", action="store_true", help="long format: mode, replication, "
                    "owner, group, size, mtime, name")
     p.add_argument("-R", dest="recursive", action="store_true", help="list subdirectories recursively")
@@ -657,19 +664,19 @@ def register(sub, common) -> None:
     p.add_argument("paths", nargs="*", metavar="PATH")
     p.set_defaults(func=cmd_ls)
 
-    p = _parser(sub, "stat", common, "show every field of a file or directory status")
+    p = command_parser(sub, "stat", common, "show every field of a file or directory status")
     # argparse %-formats help texts, and this one is made of % codes
     p.add_argument("--format", "-c", default=None, help=STAT_FORMAT_HELP.replace("%", "%%"))
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_stat)
 
-    p = _parser(sub, "cat", common, "write files to stdout")
+    p = command_parser(sub, "cat", common, "write files to stdout")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_cat)
 
     copy_help = ("-f overwrites existing files; directories are copied recursively; "
                  "a progress bar shows on a terminal for large copies (--progress forces it)")
-    p = _parser(sub, "put", common, "copy local files or directories into the cluster",
+    p = command_parser(sub, "put", common, "copy local files or directories into the cluster",
                 description="leasefs put LOCAL... DST  ('-' as LOCAL reads stdin)\n" + copy_help,
                 usage="leasefs put [options] LOCAL... DST")
     p.add_argument("-f", dest="force", action="store_true", help="overwrite existing files")
@@ -679,7 +686,7 @@ def register(sub, common) -> None:
     p.add_argument("args", nargs="+", metavar="PATH", help="LOCAL... DST")
     p.set_defaults(func=cmd_put)
 
-    p = _parser(sub, "get", common, "copy cluster files or directories to the local disk",
+    p = command_parser(sub, "get", common, "copy cluster files or directories to the local disk",
                 description="leasefs get SRC... LOCALDST  (LOCALDST defaults to .)\n" + copy_help,
                 usage="leasefs get [options] SRC... [LOCALDST]")
     p.add_argument("-f", dest="force", action="store_true", help="overwrite existing files")
@@ -689,7 +696,7 @@ def register(sub, common) -> None:
                    help="compare each copy's checksum with its source's afterwards")
     p.set_defaults(func=cmd_get)
 
-    p = _parser(sub, "cp", common, "copy within the cluster, or to/from file: URLs",
+    p = command_parser(sub, "cp", common, "copy within the cluster, or to/from file: URLs",
                 description="leasefs cp SRC... DST\nCluster paths are plain (/a/b); local ones "
                             "are written file:///abs/path or file:relative/path.\n" + copy_help,
                 usage="leasefs cp [options] SRC... DST")
@@ -702,7 +709,7 @@ def register(sub, common) -> None:
                    help="compare each copy's checksum with its source's afterwards")
     p.set_defaults(func=cmd_cp)
 
-    p = _parser(sub, "mv", common, "rename or move into a directory",
+    p = command_parser(sub, "mv", common, "rename or move into a directory",
                 description="leasefs mv SRC... DST  (into DST when it is a directory)",
                 usage="leasefs mv [options] SRC... DST")
     p.add_argument("-f", dest="force", action="store_true",
@@ -710,7 +717,7 @@ def register(sub, common) -> None:
     p.add_argument("args", nargs="+", metavar="PATH", help="SRC... DST")
     p.set_defaults(func=cmd_mv)
 
-    p = _parser(sub, "rm", common, "delete files and directories")
+    p = command_parser(sub, "rm", common, "delete files and directories")
     p.add_argument("-r", "-R", dest="recursive", action="store_true", help="delete directories "
                    "and their contents")
     p.add_argument("-f", dest="force", action="store_true", help="ignore missing paths")
@@ -719,7 +726,7 @@ def register(sub, common) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_rm)
 
-    p = _parser(sub, "expunge", common, "empty the trash: checkpoint it and delete "
+    p = command_parser(sub, "expunge", common, "empty the trash: checkpoint it and delete "
                 "checkpoints older than the cluster's trash_interval (hdfs dfs -expunge)",
                 description="leasefs expunge [-immediate]\nThe caller's /user/NAME/.Trash/Current "
                             "becomes a checkpoint; checkpoints older than trash_interval\n"
@@ -732,28 +739,28 @@ def register(sub, common) -> None:
                    help="delete everything in the trash now")
     p.set_defaults(func=cmd_expunge)
 
-    p = _parser(sub, "mkdir", common, "create directories")
+    p = command_parser(sub, "mkdir", common, "create directories")
     p.add_argument("-p", dest="parents", action="store_true", help="create missing parents, "
                    "no error if it exists")
     p.add_argument("-m", dest="mode", default=None, help="permission: octal or symbolic from a=rwx (default 755)")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_mkdir)
 
-    p = _parser(sub, "touch", common, "create empty files or set their times to now")
+    p = command_parser(sub, "touch", common, "create empty files or set their times to now")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_touch)
 
-    p = _parser(sub, "du", common, "space used by files and directories")
+    p = command_parser(sub, "du", common, "space used by files and directories")
     p.add_argument("-s", dest="summary", action="store_true", help="one total per argument")
     p.add_argument("-h", dest="human", action="store_true", help="human-readable sizes")
     p.add_argument("paths", nargs="*", metavar="PATH")
     p.set_defaults(func=cmd_du)
 
-    p = _parser(sub, "df", common, "cluster capacity and usage")
+    p = command_parser(sub, "df", common, "cluster capacity and usage")
     p.add_argument("-h", dest="human", action="store_true", help="human-readable sizes")
     p.set_defaults(func=cmd_df)
 
-    p = _parser(sub, "setrep", common, "change the replication of files (all files below a "
+    p = command_parser(sub, "setrep", common, "change the replication of files (all files below a "
                 "directory)")
     p.add_argument("-R", dest="recursive", action="store_true",
                    help="accepted for hdfs compatibility; directories are always recursive")
@@ -765,7 +772,7 @@ def register(sub, common) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_setrep)
 
-    p = _parser(sub, "chmod", common, "change permissions (octal or symbolic MODE)",
+    p = command_parser(sub, "chmod", common, "change permissions (octal or symbolic MODE)",
                 description="change permissions (octal or symbolic MODE)\n\nexamples:\n"
                             "  leasefs chmod 750 /data\n"
                             "  leasefs chmod -R u+rwX,g+rX,o= /data   # X: dirs and executables\n"
@@ -776,24 +783,24 @@ def register(sub, common) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_chmod)
 
-    p = _parser(sub, "chown", common, "change owner and/or group (OWNER[:GROUP] or :GROUP)")
+    p = command_parser(sub, "chown", common, "change owner and/or group (OWNER[:GROUP] or :GROUP)")
     p.add_argument("-R", dest="recursive", action="store_true", help="also everything below")
     p.add_argument("owner", metavar="OWNER[:GROUP]")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_chown)
 
-    p = _parser(sub, "tail", common, "the last bytes of a file (default 1K)")
+    p = command_parser(sub, "tail", common, "the last bytes of a file (default 1K)")
     p.add_argument("-c", dest="bytes", default="1024", help="bytes to show (e.g. 100, 4K)")
     p.add_argument("-f", dest="follow", action="store_true", help="keep printing appended data")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between -f polls")
     p.add_argument("path", metavar="PATH")
     p.set_defaults(func=cmd_tail)
 
-    p = _parser(sub, "report", common, "cluster report: capacity, blocks, block servers")
+    p = command_parser(sub, "report", common, "cluster report: capacity, blocks, block servers")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_report)
 
-    p = _parser(sub, "safemode", common, "get, enter, leave or wait for safe mode")
+    p = command_parser(sub, "safemode", common, "get, enter, leave or wait for safe mode")
     p.add_argument("action", choices=["get", "enter", "leave", "wait"])
     p.add_argument("--timeout", type=float, default=300.0, help="seconds 'wait' waits")
     p.set_defaults(func=cmd_safemode)

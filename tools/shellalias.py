@@ -14,14 +14,13 @@ from __future__ import annotations
 import os
 import shutil
 
-from fs.errors import LeaseFSError, NotDirectory
+from fs.errors import NotDirectory
 
 from . import transfer
 from .common import Command
 from .formatting import UsageError, split_file_url
-from .shell import _copy, cmd_get, cmd_put, user_path
+from .shell import ITEM_ERRORS, cluster_sources, cmd_get, cmd_put, copy_items, user_path
 
-ITEM_ERRORS = (LeaseFSError, OSError)
 
 
 def _move(cmd: Command, sources, dst_side, dst: str, dst_raw: str, delete) -> None:
@@ -40,7 +39,7 @@ def _move(cmd: Command, sources, dst_side, dst: str, dst_raw: str, delete) -> No
     worst = cmd.status
     for source in sources:
         cmd.status = 0
-        _copy(cmd, [source], dst_side, dst, dst_raw)
+        copy_items(cmd, [source], dst_side, dst, dst_raw)
         if cmd.status == 0:
             try:
                 delete(source[1])
@@ -77,14 +76,7 @@ def cmd_move_to_local(cmd: Command):
     if len(a.args) < 2:
         raise UsageError("needs SRC... LOCALDST")
     *srcs, dst_raw = a.args
-    cluster = transfer.ClusterSide(cmd.client)
-    sources = []
-    for raw in srcs:
-        try:
-            sources.append((cluster, user_path(raw), raw))
-        except ITEM_ERRORS as exc:
-            cmd.fail(raw, exc)
-    _move(cmd, sources, transfer.LocalSide(), split_file_url(dst_raw)[1], dst_raw,
+    _move(cmd, cluster_sources(cmd, srcs), transfer.LocalSide(), split_file_url(dst_raw)[1], dst_raw,
           lambda path: cmd.client.delete(path, recursive=True))
 
 
@@ -97,7 +89,7 @@ def _copy_options(p, *, to_cluster: bool) -> None:
 
 
 def register(sub, common) -> None:
-    from .shell import _parser
+    from .shell import command_parser
 
     table = [
         ("copyFromLocal", cmd_put, True, "copy local files into the cluster (= put)",
@@ -117,7 +109,7 @@ def register(sub, common) -> None:
                  if name == "moveToLocal" else
                  "\nA source is deleted only after its own copy succeeded."
                  if name.startswith("move") else "")
-        p = _parser(sub, name, common, help_text,
+        p = command_parser(sub, name, common, help_text,
                     description=f"leasefs {name} {operands}\n{help_text}.{extra}\n\n"
                                 f"example:\n  {example}",
                     usage=f"leasefs {name} [options] {operands}")

@@ -14,7 +14,7 @@ from fs.errors import FileExists, FileNotFound, IsDirectory, LeaseFSError
 
 from .common import Command
 from .formatting import parse_owner
-from .shell import _require_parent_dir, targets, user_path
+from .shell import require_parent_dir, targets, user_path
 
 ITEM_ERRORS = (LeaseFSError, OSError)
 
@@ -26,7 +26,7 @@ def cmd_touchz(cmd: Command):
             try:
                 st = cmd.client.get_file_status(path)
             except FileNotFound:
-                _require_parent_dir(cmd.client, path, "")
+                require_parent_dir(cmd.client, path, "")
                 with cmd.client.create(path, overwrite=False):
                     pass
                 continue
@@ -50,16 +50,16 @@ def cmd_chgrp(cmd: Command):
 
 
 def register(sub, common) -> None:
-    from .shell import _parser
+    from .shell import command_parser
 
-    p = _parser(sub, "touchz", common, "create zero-length files",
+    p = command_parser(sub, "touchz", common, "create zero-length files",
                 description="leasefs touchz PATH...: create empty files; an existing empty "
                             "file is fine, one with data is an error (as hdfs dfs -touchz).\n\n"
                             "example:\n  leasefs touchz /jobs/run1/_SUCCESS")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_touchz)
 
-    p = _parser(sub, "chgrp", common, "change the group of files and directories",
+    p = command_parser(sub, "chgrp", common, "change the group of files and directories",
                 description="leasefs chgrp [-R] GROUP PATH...\n\nexamples:\n"
                             "  leasefs chgrp staff /shared\n  leasefs chgrp -R eng /projects/x")
     p.add_argument("-R", dest="recursive", action="store_true", help="also everything below")

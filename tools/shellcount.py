@@ -58,9 +58,9 @@ def cmd_count(cmd: Command):
 
 
 def register(sub, common) -> None:
-    from .shell import _parser
+    from .shell import command_parser
 
-    p = _parser(sub, "count", common, "count directories, files and bytes below paths",
+    p = command_parser(sub, "count", common, "count directories, files and bytes below paths",
                 description="leasefs count [-q] [-h] [-v] PATH...\n"
                             "Columns as hdfs dfs -count: DIR_COUNT FILE_COUNT CONTENT_SIZE "
                             "PATHNAME;\n-q first adds QUOTA REM_QUOTA SPACE_QUOTA "

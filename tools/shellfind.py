@@ -48,9 +48,9 @@ def cmd_find(cmd: Command):
 
 
 def register(sub, common) -> None:
-    from .shell import _parser
+    from .shell import command_parser
 
-    p = _parser(sub, "find", common, "find files and directories by name or type",
+    p = command_parser(sub, "find", common, "find files and directories by name or type",
                 description="leasefs find PATH... [-name GLOB] [-iname GLOB] [-type f|d]\n"
                             "Prints the full path of every match below each PATH (itself "
                             "included), as hdfs dfs -find.\n\nexamples:\n"

@@ -125,22 +125,22 @@ def cmd_getmerge(cmd: Command):
 
 
 def register(sub, common) -> None:
-    from .shell import _parser
+    from .shell import command_parser
 
-    p = _parser(sub, "head", common, "the first kilobyte of a file",
+    p = command_parser(sub, "head", common, "the first kilobyte of a file",
                 description="leasefs head PATH: the first 1 KiB of a file on stdout, as hdfs "
                             "dfs -head.\n\nexample:\n  leasefs head /logs/app.log")
     p.add_argument("path", metavar="PATH")
     p.set_defaults(func=cmd_head)
 
-    p = _parser(sub, "text", common, "write files to stdout, decompressing .gz/.bz2/.zst",
+    p = command_parser(sub, "text", common, "write files to stdout, decompressing .gz/.bz2/.zst",
                 description="leasefs text PATH...: like cat, but a name ending .gz, .bz2 or .zst "
                             "is decompressed (.zst needs the Python package zstandard).\n\n"
                             "example:\n  leasefs text /logs/app.log.gz | grep ERROR")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_text)
 
-    p = _parser(sub, "getmerge", common, "concatenate cluster files into one local file",
+    p = command_parser(sub, "getmerge", common, "concatenate cluster files into one local file",
                 description="leasefs getmerge [-nl] [--skip-empty-file] SRC... LOCALDST\n"
                             "A directory SRC stands for the files directly in it, in name "
                             "order.\n\nexamples:\n  leasefs getmerge /out/job1 result.csv\n"

@@ -64,9 +64,9 @@ def cmd_test(cmd: Command):
 
 
 def register(sub, common) -> None:
-    from .shell import _parser
+    from .shell import command_parser
 
-    p = _parser(sub, "test", common, "answer a question about a path with the exit status",
+    p = command_parser(sub, "test", common, "answer a question about a path with the exit status",
                 description="leasefs test -e|-d|-f|-s|-z|-w|-r PATH: exit 0 when true, 1 when "
                             "false (or the path is missing), no output, as hdfs dfs -test.\n\n"
                             "  -e exists    -d is a directory   -f is a file\n"

@@ -50,9 +50,9 @@ def cmd_token(cmd: Command):
 
 
 def register(sub, common) -> None:
-    from .shell import _parser
+    from .shell import command_parser
 
-    p = _parser(sub, "token", common, "delegation tokens for clients on other machines "
+    p = command_parser(sub, "token", common, "delegation tokens for clients on other machines "
                 "(HDFS fetchdt): fetch, renew, cancel, print",
                 description="leasefs token fetch FILE [--renewer USER]\n"
                             "leasefs token renew|cancel|print FILE\n\n"
