@@ -99,7 +99,8 @@ async def move_to_trash(client, path: str, now: float | None = None) -> str | No
 
 async def checkpoint(client, root: str, now: float) -> str | None:
     """Rename ``root/Current`` to a checkpoint named after ``now``; its name, or None when
-    there is no Current."""
+    there is no Current. ``client``: anything with ``rename(src, dst)`` (an
+    ``AsyncClient``, or the emptier's server calls)."""
     name = checkpoint_name(now)
     try:
         await client.rename(paths.join(root, CURRENT), paths.join(root, name))
@@ -142,11 +143,7 @@ async def empty(server_calls, interval_seconds: float, now: float, log) -> int:
         try:
             if not await server_calls.exists(root):
                 continue
-            try:
-                await server_calls.rename(paths.join(root, CURRENT),
-                                          paths.join(root, checkpoint_name(now)))
-            except (FileNotFound, FileExists):
-                pass
+            await checkpoint(server_calls, root, now)
             for name in expired(await server_calls.list(root), now, interval_seconds):
                 await server_calls.delete(paths.join(root, name))
                 deleted += 1

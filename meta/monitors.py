@@ -198,9 +198,8 @@ class _ServerCalls:
         names, after = [], ""
         while True:
             page = await self.server.rpc_list_status(self.ctx, path=path, start_after=after)
-            entries = page["entries"] if isinstance(page, dict) else page
-            names += [entry["name"] for entry in entries]
-            if not entries or not (isinstance(page, dict) and page.get("has_more")):
+            names += [entry["name"] for entry in page["entries"]]
+            if not page["entries"] or not page["has_more"]:
                 return names
             after = names[-1]
 
