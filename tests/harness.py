@@ -517,10 +517,15 @@ class ProcessCluster:
 
 def store_problems(cluster: ProcessCluster) -> list[str]:
     """``check_namespace`` of the stopped metadata server's LevelDB store."""
+    return namespace_problems(cluster.meta_dir())
+
+
+def namespace_problems(meta_dir) -> list[str]:
+    """``check_namespace`` of the LevelDB store in a stopped metadata server's folder."""
     from meta.invariants import check_namespace
     from meta.kv import PlyvelStore
 
-    store = PlyvelStore(str(cluster.meta_dir() / "db"), create=False)
+    store = PlyvelStore(str(Path(meta_dir) / "db"), create=False)
     try:
         return check_namespace(store)
     finally:

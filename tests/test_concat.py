@@ -8,9 +8,7 @@ import pytest
 import trio
 
 from fs.errors import DSQuotaExceeded, FileNotFound, InvalidArgument
-from meta.invariants import check_namespace
-from meta.kv import PlyvelStore
-from harness import inprocess_cluster
+from harness import inprocess_cluster, namespace_problems
 
 KiB = 1024
 BS = 64 * KiB
@@ -42,11 +40,7 @@ def test_concat_moves_blocks_and_survives_restart(tmp_path):
                 s = await c.content_summary("/d")
                 assert (s["ns_used"], s["ds_used"]) == (2, len(a + b + last))
             await cluster.stop_meta()
-            store = PlyvelStore(str(cluster.meta_dir / "db"), create=False)
-            try:
-                assert check_namespace(store) == []
-            finally:
-                store.close()
+            assert namespace_problems(cluster.meta_dir) == []
             await cluster.start_meta()
             await cluster.wait_ready(2)
             async with cluster.client() as c:

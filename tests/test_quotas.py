@@ -12,9 +12,7 @@ import pytest
 import trio
 
 from fs.errors import DSQuotaExceeded, NSQuotaExceeded, PermissionDenied, QuotaExceeded
-from meta.invariants import check_namespace
-from meta.kv import PlyvelStore
-from harness import inprocess_cluster, recover_until_closed
+from harness import inprocess_cluster, namespace_problems, recover_until_closed
 
 KiB = 1024
 BS = 64 * KiB
@@ -224,11 +222,7 @@ def test_usage_stays_exact_randomized(tmp_path, seed):
                 assert refused > 0   # the quotas were met, not just carried along
                 summaries = {q: await c.content_summary(q) for q in quota_dirs}
             await cluster.stop_meta()
-            store = PlyvelStore(str(cluster.meta_dir / "db"), create=False)
-            try:
-                assert check_namespace(store) == []
-            finally:
-                store.close()
+            assert namespace_problems(cluster.meta_dir) == []
             await cluster.start_meta()
             await cluster.wait_ready(3)
             async with cluster.client() as c:
