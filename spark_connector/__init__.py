@@ -6,7 +6,7 @@ Register it once per session, then use ``format("leasefs")``::
     spark.dataSource.register(LeaseFSDataSource)
 
 See ``datasource.py`` for the options, ``commit.py`` for the write commit protocol and
-``formats.py`` for the formats and how large files are split.
+``formats.py`` for the formats and ``splits.py`` for how large files are split.
 """
 
 from .datasource import LeaseFSDataSource

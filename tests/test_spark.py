@@ -21,7 +21,7 @@ from harness import ProcessCluster  # noqa: E402
 
 from spark_connector import LeaseFSDataSource  # noqa: E402
 from spark_connector import commit as protocol  # noqa: E402
-from spark_connector import formats  # noqa: E402
+from spark_connector import formats, splits  # noqa: E402
 
 ROUND_TRIP_ROWS = int(os.environ.get("LEASEFS_SPARK_ROWS", "1000000"))
 
@@ -202,7 +202,7 @@ def test_line_split_ranges_cover_file_exactly_once():
     for size in range(1, len(data) + 2):
         got = []
         for start in range(0, len(data), size):
-            begin, stop = formats.line_split_range(Mem(data), start, min(start + size, len(data)),
+            begin, stop = splits.line_split_range(Mem(data), start, min(start + size, len(data)),
                                                    len(data))
             got.append(data[begin:stop])
         assert b"".join(got) == data, size
