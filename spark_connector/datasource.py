@@ -278,7 +278,7 @@ class LeaseFSWriter(DataSourceArrowWriter):
 
     def write(self, iterator):
         client = client_for(self.meta)
-        ext = formats.EXTENSIONS[self.fmt]
+        ext = formats.file_extension(self.fmt, self.options)
         job = self.paths.job
         return _write_batches(client, self.paths, self.fmt, self.options, iterator,
                               lambda p: f"part-{p:05d}-{job}.{ext}")
@@ -365,12 +365,12 @@ class LeaseFSStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator):
         client = client_for(self.meta)
-        ext = formats.EXTENSIONS[self.fmt]
+        ext = formats.file_extension(self.fmt, self.options)
         return _write_batches(client, self.paths, self.fmt, self.options, iterator,
                               lambda p: f"staged-{p:05d}-{time.time_ns()}.{ext}")
 
     def commit(self, messages, batchId):
-        ext = formats.EXTENSIONS[self.fmt]
+        ext = formats.file_extension(self.fmt, self.options)
         for m in messages or []:
             for f in getattr(m, "files", None) or []:
                 f.final_name = f"part-{int(batchId):010d}-{f.partition:05d}.{ext}"
