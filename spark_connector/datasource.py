@@ -51,7 +51,7 @@ from fs.errors import InvalidArgument
 from . import commit as protocol
 from . import formats
 from .formats import flag, option
-from .location import client_for, list_data_files, parse_location
+from .location import ListingOptions, client_for, list_data_files, parse_location
 from .options import check as options_check
 
 log = logging.getLogger(__name__)
@@ -313,7 +313,8 @@ class LeaseFSStreamReader(DataSourceStreamReader):
     def _list(self):
         from fs.errors import FileNotFound
         try:
-            return list_data_files(client_for(self.meta), self.path)
+            return list_data_files(client_for(self.meta), self.path,
+                                   filters=ListingOptions.of(self.options))
         except FileNotFound:
             return []
 
@@ -429,7 +430,8 @@ class LeaseFSDataSource(DataSource):
                 if loc.meta != self.location_meta:
                     raise InvalidArgument(f"leasefs data source: all paths must be on one "
                                           f"cluster ({loc.meta} vs {self.location_meta})")
-                files.extend(list_data_files(client, loc.path))
+                files.extend(list_data_files(client, loc.path,
+                                             filters=ListingOptions.of(self.options)))
             self._files = files
         return self._files
 

@@ -78,7 +78,24 @@ def infer_schema(client, files, fmt: str, options):
 
 
 def read_split(client, split: Split, fmt: str, target: pa.Schema, options):
-    """Arrow batches of exactly ``target`` for one split."""
+    """Arrow batches of exactly ``target`` for one split; ``ignoreMissingFiles`` skips a
+    file gone since planning, ``ignoreCorruptFiles`` the rest of a file that fails to parse
+    (with a warning naming it), as Spark."""
+    from fs.errors import FileNotFound
+    try:
+        yield from _read_split(client, split, fmt, target, options)
+    except FileNotFound:
+        if not flag(options, "ignoreMissingFiles", False):
+            raise
+        log.warning("leasefs data source: %s is gone; skipped (ignoreMissingFiles)", split.path)
+    except (InvalidArgument, pa.ArrowException, ValueError, OSError, EOFError) as exc:
+        if not flag(options, "ignoreCorruptFiles", False):
+            raise
+        log.warning("leasefs data source: skipped the rest of corrupt file %s "
+                    "(ignoreCorruptFiles): %s", split.path, exc)
+
+
+def _read_split(client, split: Split, fmt: str, target: pa.Schema, options):
     partition = split.partition or {}
     with client.open(split.path) as stream:
         if fmt == "binaryfile":

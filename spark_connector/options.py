@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 # what this source does, by format and direction (datasource.py describes each)
 COMMON = {"format", "path", "paths", "meta"}
-READ_COMMON = {"splitsize", "filterpushdown"}
+READ_COMMON = {"splitsize", "filterpushdown", "pathglobfilter", "recursivefilelookup",
+               "modifiedbefore", "modifiedafter", "ignoremissingfiles", "ignorecorruptfiles"}
 STREAM = {"maxfilespertrigger", "lookbackseconds", "checkpointlocation"}
 _TEXT_READ = {"linesep", "mode", "columnnameofcorruptrecord", "dateformat", "timestampformat",
               "samplingratio"}

@@ -234,15 +234,18 @@ def _finish(columns: dict, bad, raws, target, partition, opts, path, corrupt):
 
 
 def _typed(strings: dict, fields, opts: TextOptions):
-    """String columns → typed columns and the rows with a value that did not parse."""
+    """String columns → typed columns and the rows with a value that did not parse. As
+    Spark: a quoted empty value reads as ``emptyValue`` and then, like any value equal to
+    ``nullValue``, as null (so ``""`` is null by default)."""
     columns, bad = {}, None
+    empty = opts.empty_value if opts.empty_value is not None else ""
     for f in fields:
         col = strings.get(f.name)
         if col is None:
             continue
-        arr, mask = to_type(col, f.type if not pa.types.is_decimal(f.type) else f.type, opts)
-        if opts.empty_value is not None and pa.types.is_string(f.type):
-            arr = pc.if_else(pc.equal(arr, ""), opts.empty_value, arr)
+        col = pc.if_else(pc.equal(col, ""), empty, col)
+        col = pc.if_else(pc.equal(col, opts.null_value), pa.scalar(None, pa.string()), col)
+        arr, mask = to_type(col, f.type, opts)
         columns[f.name] = arr
         if mask is not None:
             bad = mask if bad is None else pc.or_(bad, mask)
