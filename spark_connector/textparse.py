@@ -204,7 +204,7 @@ def json_rows_slow(lines, fields: list[pa.Field], opts: TextOptions):
         for obj in objs:
             broken = not isinstance(obj, dict)
             for f in fields:
-                value = obj.get(f.name) if not broken else None
+                value = obj.get(f.name) if isinstance(obj, dict) else None
                 if is_nested(f.type):
                     try:
                         pa.array([_plain(value)], f.type)

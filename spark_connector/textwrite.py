@@ -6,7 +6,8 @@ Spark's: csv values quoted and escaped as Spark's (Univocity) writer does (quote
 escape ``\\``, null as ``nullValue``, empty string as ``emptyValue`` ``""``, leading and
 trailing white space trimmed by default), timestamps and dates in ``timestampFormat`` /
 ``dateFormat`` (UTC; without the option, timestamps keep their microseconds, where Spark's
-default ``yyyy-MM-dd'T'HH:mm:ss.SSSXXX`` would cut them to milliseconds), json nulls
+default ``yyyy-MM-dd'T'HH:mm:ss.SSSXXX`` would cut them to milliseconds; without
+sub-millisecond digits the text is Spark's), json nulls
 left out unless ``ignoreNullFields=false``. csv cells are built with Arrow compute, a batch
 at a time.
 
@@ -39,9 +40,9 @@ def _formatted(col: pa.Array, at: pa.DataType, opts: TextOptions) -> pa.Array:
         pc.assume_timezone(col.cast(pa.timestamp("us")), "UTC")
     values = utc.to_pylist()
     if opts.timestamp.pattern == DEFAULT_TIMESTAMP:
-        return pa.array([None if v is None else
-                         v.isoformat(timespec="microseconds").replace("+00:00", "Z")
-                         for v in values], pa.string())
+        return pa.array([None if v is None else v.isoformat(
+            timespec="milliseconds" if v.microsecond % 1000 == 0 else "microseconds")
+            .replace("+00:00", "Z") for v in values], pa.string())
     return pa.array([None if v is None else opts.timestamp.format_value(v) for v in values],
                     pa.string())
 
