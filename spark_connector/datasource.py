@@ -15,10 +15,16 @@ Usage::
         .save("leasefs://127.0.0.1:8020/out")
 
 Options (Spark lower-cases the keys): ``format`` (text, binaryFile, csv, json, parquet;
-default parquet), ``meta`` (cluster address for plain ``/paths``), ``header``, ``delimiter``
-/ ``sep``, ``inferSchema``, ``quote``, ``escape``, ``nullValue``, ``multiLine`` (csv: false
-allows splitting files at block boundaries), ``includePath`` (text: add a ``path`` column),
-``splitSize`` (bytes, default the file's block size), ``compression`` (parquet),
+default parquet), ``meta`` (cluster address for plain ``/paths``), ``splitSize`` (bytes,
+default the file's block size), the listing options ``pathGlobFilter``,
+``recursiveFileLookup``, ``modifiedBefore``/``modifiedAfter``, ``ignoreMissingFiles``,
+``ignoreCorruptFiles`` (``location.ListingOptions``, ``formats.read_split``), the text/csv/json
+options of ``textoptions.TextOptions`` (csv: ``header``, ``sep``, ``quote``, ``escape``,
+``comment``, ``nullValue``, ``emptyValue``, ``nanValue``..., ``mode``, ``lineSep``,
+``dateFormat``, ``timestampFormat``...; json: ``mode``, ``primitivesAsString``,
+``ignoreNullFields``...; text: ``lineSep``, ``wholetext``, ``includePath``), ``multiLine``
+(csv: false allows splitting files at block boundaries), ``compression`` / ``codec``
+(parquet; text/csv/json: gzip, bzip2, deflate, zstd, lz4, snappy — ``compression.py``),
 ``staleStagingSeconds`` (write: age after which abandoned staging is removed),
 ``maxFilesPerTrigger`` and ``lookbackSeconds`` (streaming source). Any other option Spark's
 own source honours for the format is refused before planning (``options.py``).
