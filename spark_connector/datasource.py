@@ -15,10 +15,16 @@ Usage::
         .save("leasefs://127.0.0.1:8020/out")
 
 Options (Spark lower-cases the keys): ``format`` (text, binaryFile, csv, json, parquet;
-default parquet), ``meta`` (cluster address for plain ``/paths``), ``header``, ``delimiter``
-/ ``sep``, ``inferSchema``, ``quote``, ``escape``, ``nullValue``, ``multiLine`` (csv: false
-allows splitting files at block boundaries), ``includePath`` (text: add a ``path`` column),
-``splitSize`` (bytes, default the file's block size), ``compression`` (parquet),
+default parquet), ``meta`` (cluster address for plain ``/paths``), ``splitSize`` (bytes,
+default the file's block size), the listing options ``pathGlobFilter``,
+``recursiveFileLookup``, ``modifiedBefore``/``modifiedAfter``, ``ignoreMissingFiles``,
+``ignoreCorruptFiles`` (``location.ListingOptions``, ``formats.read_split``), the text/csv/json
+options of ``textoptions.TextOptions`` (csv: ``header``, ``sep``, ``quote``, ``escape``,
+``comment``, ``nullValue``, ``emptyValue``, ``nanValue``..., ``mode``, ``lineSep``,
+``dateFormat``, ``timestampFormat``...; json: ``mode``, ``primitivesAsString``,
+``ignoreNullFields``...; text: ``lineSep``, ``wholetext``, ``includePath``), ``multiLine``
+(csv: false allows splitting files at block boundaries), ``compression`` / ``codec``
+(parquet; text/csv/json: gzip, bzip2, deflate, zstd, lz4, snappy — ``compression.py``),
 ``staleStagingSeconds`` (write: age after which abandoned staging is removed),
 ``maxFilesPerTrigger`` and ``lookbackSeconds`` (streaming source). Any other option Spark's
 own source honours for the format is refused before planning (``options.py``).
@@ -51,7 +57,7 @@ from fs.errors import InvalidArgument
 from . import commit as protocol
 from . import formats
 from .formats import flag, option
-from .location import client_for, list_data_files, parse_location
+from .location import ListingOptions, client_for, list_data_files, parse_location
 from .options import check as options_check
 
 log = logging.getLogger(__name__)
@@ -278,7 +284,7 @@ class LeaseFSWriter(DataSourceArrowWriter):
 
     def write(self, iterator):
         client = client_for(self.meta)
-        ext = formats.EXTENSIONS[self.fmt]
+        ext = formats.file_extension(self.fmt, self.options)
         job = self.paths.job
         return _write_batches(client, self.paths, self.fmt, self.options, iterator,
                               lambda p: f"part-{p:05d}-{job}.{ext}")
@@ -313,7 +319,8 @@ class LeaseFSStreamReader(DataSourceStreamReader):
     def _list(self):
         from fs.errors import FileNotFound
         try:
-            return list_data_files(client_for(self.meta), self.path)
+            return list_data_files(client_for(self.meta), self.path,
+                                   filters=ListingOptions.of(self.options))
         except FileNotFound:
             return []
 
@@ -365,12 +372,12 @@ class LeaseFSStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator):
         client = client_for(self.meta)
-        ext = formats.EXTENSIONS[self.fmt]
+        ext = formats.file_extension(self.fmt, self.options)
         return _write_batches(client, self.paths, self.fmt, self.options, iterator,
                               lambda p: f"staged-{p:05d}-{time.time_ns()}.{ext}")
 
     def commit(self, messages, batchId):
-        ext = formats.EXTENSIONS[self.fmt]
+        ext = formats.file_extension(self.fmt, self.options)
         for m in messages or []:
             for f in getattr(m, "files", None) or []:
                 f.final_name = f"part-{int(batchId):010d}-{f.partition:05d}.{ext}"
@@ -429,7 +436,8 @@ class LeaseFSDataSource(DataSource):
                 if loc.meta != self.location_meta:
                     raise InvalidArgument(f"leasefs data source: all paths must be on one "
                                           f"cluster ({loc.meta} vs {self.location_meta})")
-                files.extend(list_data_files(client, loc.path))
+                files.extend(list_data_files(client, loc.path,
+                                             filters=ListingOptions.of(self.options)))
             self._files = files
         return self._files
 

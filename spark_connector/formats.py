@@ -17,8 +17,9 @@ import pyarrow as pa
 
 from fs.errors import InvalidArgument
 
-from . import columnar, textformats
+from . import columnar, textformats, textwrite
 from .arrowcast import arrow_schema, conform
+from .compression import write_codec
 from .optionvalues import flag, option
 from .splits import Split, plan_splits, read_range
 
@@ -29,7 +30,19 @@ WRITE_FORMATS = ("text", "csv", "json", "parquet")
 EXTENSIONS = {"text": "txt", "csv": "csv", "json": "json", "parquet": "parquet"}
 
 __all__ = ["FORMATS", "WRITE_FORMATS", "EXTENSIONS", "Split", "plan_splits", "arrow_schema",
-           "flag", "option", "read_format", "infer_schema", "read_split", "FormatWriter"]
+           "flag", "option", "read_format", "infer_schema", "read_split", "FormatWriter",
+           "file_extension"]
+
+
+def file_extension(fmt: str, options) -> str:
+    """The extension of the files a write produces, as Spark names them: ``csv`` or, with
+    ``compression=gzip``, ``csv.gz`` (parquet's codec is inside the file: no suffix)."""
+    ext = EXTENSIONS[fmt]
+    if fmt in ("text", "csv", "json"):
+        codec = write_codec(options)
+        if codec is not None:
+            ext += codec.extension
+    return ext
 
 
 def read_format(options) -> str:
@@ -65,7 +78,24 @@ def infer_schema(client, files, fmt: str, options):
 
 
 def read_split(client, split: Split, fmt: str, target: pa.Schema, options):
-    """Arrow batches of exactly ``target`` for one split."""
+    """Arrow batches of exactly ``target`` for one split; ``ignoreMissingFiles`` skips a
+    file gone since planning, ``ignoreCorruptFiles`` the rest of a file that fails to parse
+    (with a warning naming it), as Spark."""
+    from fs.errors import FileNotFound
+    try:
+        yield from _read_split(client, split, fmt, target, options)
+    except FileNotFound:
+        if not flag(options, "ignoreMissingFiles", False):
+            raise
+        log.warning("leasefs data source: %s is gone; skipped (ignoreMissingFiles)", split.path)
+    except (InvalidArgument, pa.ArrowException, ValueError, OSError, EOFError) as exc:
+        if not flag(options, "ignoreCorruptFiles", False):
+            raise
+        log.warning("leasefs data source: skipped the rest of corrupt file %s "
+                    "(ignoreCorruptFiles): %s", split.path, exc)
+
+
+def _read_split(client, split: Split, fmt: str, target: pa.Schema, options):
     partition = split.partition or {}
     with client.open(split.path) as stream:
         if fmt == "binaryfile":
@@ -89,7 +119,7 @@ class FormatWriter:
             raise InvalidArgument(f"leasefs data source cannot write format {fmt!r}")
         self.rows = 0
         self._writer = (columnar.ParquetFormatWriter(out, schema, options) if fmt == "parquet"
-                        else textformats.TextFormatWriter(fmt, out, schema, options))
+                        else textwrite.TextFormatWriter(fmt, out, schema, options))
 
     def write(self, batch: pa.RecordBatch) -> None:
         self.rows += batch.num_rows

@@ -155,9 +155,55 @@ def glob_base(path: str) -> str:
     return path
 
 
-def list_data_files(client: Client, path: str) -> list[DataFile]:
+@dataclass(frozen=True)
+class ListingOptions:
+    """Spark's generic file-source read options that choose files: ``pathGlobFilter`` (a
+    glob on the file NAME), ``recursiveFileLookup`` (no partition values), and
+    ``modifiedBefore`` / ``modifiedAfter`` (exclusive bounds, ns since the epoch)."""
+
+    name_glob: str | None = None
+    recursive: bool = False
+    modified_before_ns: int | None = None
+    modified_after_ns: int | None = None
+
+    @classmethod
+    def of(cls, options) -> "ListingOptions":
+        def get(name):
+            return options.get(name.lower()) if options else None
+
+        def instant(name):
+            import datetime
+            text = get(name)
+            if text is None:
+                return None
+            try:
+                value = datetime.datetime.fromisoformat(str(text).strip())
+            except ValueError:
+                raise InvalidArgument(f"leasefs data source: {name} {text!r} is not a "
+                                      f"timestamp YYYY-MM-DDTHH:mm:ss") from None
+            if value.tzinfo is None:      # the session time zone; timestamps here are UTC
+                value = value.replace(tzinfo=datetime.timezone.utc)
+            return int(value.timestamp() * 1_000_000) * 1000
+
+        recursive = str(get("recursiveFileLookup") or "false").strip().lower() == "true"
+        return cls(get("pathGlobFilter"), recursive, instant("modifiedBefore"),
+                   instant("modifiedAfter"))
+
+    def keeps(self, st: FileStatus) -> bool:
+        if self.name_glob and not fnmatch.fnmatchcase(st.name, self.name_glob):
+            return False
+        if self.modified_before_ns is not None and st.mtime_ns >= self.modified_before_ns:
+            return False
+        if self.modified_after_ns is not None and st.mtime_ns <= self.modified_after_ns:
+            return False
+        return True
+
+
+def list_data_files(client: Client, path: str, *,
+                    filters: ListingOptions | None = None) -> list[DataFile]:
     """Every data file under ``path`` (a file, a folder walked recursively, or a glob),
-    sorted by path, with the partition values found between the base and each file."""
+    sorted by path, with the partition values found between the base and each file;
+    ``filters`` drops files (and partition values) as Spark's listing options do."""
     if GLOB_CHARS.search(path):
         roots = _expand_glob(client, path)
         base = glob_base(path)
@@ -172,7 +218,10 @@ def list_data_files(client: Client, path: str) -> list[DataFile]:
     for st in sorted(statuses, key=lambda s: s.path):
         if st.path in seen or st.under_construction:
             continue   # a file still being written is not data yet
+        if filters is not None and not filters.keeps(st):
+            continue
         seen.add(st.path)
         files.append(DataFile(st.path, st.length, st.mtime_ns, st.block_size or (128 << 20),
-                              partition_values(base, st.path)))
+                              {} if filters is not None and filters.recursive
+                              else partition_values(base, st.path)))
     return files

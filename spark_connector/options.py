@@ -32,20 +32,29 @@ log = logging.getLogger(__name__)
 
 # what this source does, by format and direction (datasource.py describes each)
 COMMON = {"format", "path", "paths", "meta"}
-READ_COMMON = {"splitsize", "filterpushdown"}
+READ_COMMON = {"splitsize", "filterpushdown", "pathglobfilter", "recursivefilelookup",
+               "modifiedbefore", "modifiedafter", "ignoremissingfiles", "ignorecorruptfiles"}
 STREAM = {"maxfilespertrigger", "lookbackseconds", "checkpointlocation"}
+_TEXT_READ = {"linesep", "mode", "columnnameofcorruptrecord", "dateformat", "timestampformat",
+              "samplingratio"}
 READ = {
-    "text": {"includepath"},
+    "text": {"includepath", "wholetext", "linesep"},
     "binaryfile": set(),
-    "csv": {"header", "inferschema", "sep", "delimiter", "quote", "escape", "nullvalue",
-            "multiline"},
-    "json": set(),
+    "csv": _TEXT_READ | {"header", "inferschema", "sep", "delimiter", "quote", "escape",
+                         "nullvalue", "multiline", "comment", "ignoreleadingwhitespace",
+                         "ignoretrailingwhitespace", "nanvalue", "positiveinf", "negativeinf",
+                         "emptyvalue"},
+    "json": _TEXT_READ | {"primitivesasstring"},
     "parquet": set(),
 }
+_TEXT_WRITE = {"compression", "codec", "linesep"}
 WRITE = {
-    "text": set(),
-    "csv": {"header", "sep", "delimiter"},
-    "json": set(),
+    "text": _TEXT_WRITE,
+    "csv": _TEXT_WRITE | {"header", "sep", "delimiter", "quote", "escape", "escapequotes",
+                          "quoteall", "nullvalue", "emptyvalue", "dateformat",
+                          "timestampformat", "ignoreleadingwhitespace",
+                          "ignoretrailingwhitespace"},
+    "json": _TEXT_WRITE | {"dateformat", "timestampformat", "ignorenullfields"},
     "parquet": {"compression"},
 }
 WRITE_COMMON = {"stalestagingseconds"}
@@ -106,6 +115,7 @@ NEUTRAL = {
     "codec": {"none", "uncompressed"},
     "linesep": {"\n", "\\n"},
     "wholetext": {"false"},
+    "timezone": {"utc", "z", "+00:00", "gmt", "etc/utc"},   # timestamps are read and written in UTC
 }
 
 

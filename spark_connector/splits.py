@@ -5,7 +5,8 @@ Splits follow Hadoop's ``LineRecordReader`` (``line_split_range``): a split ``[s
 owns every line that STARTS in ``(start, end]`` (and the line at 0 for the first split); a
 split not at 0 skips to just after the first line break at or after ``start``, and reads past
 ``end`` to the line break that finishes its last line. So each line is read exactly once
-whatever the block boundaries. CSV files are split only with ``multiLine=false`` (the user
+whatever the block boundaries. Compressed files, a custom ``lineSep`` and ``wholetext``
+mean one split per file. CSV files are split only with ``multiLine=false`` (the user
 promises no quoted line breaks); by default a csv file is one partition, since a split
 starting inside a quoted field cannot know it is inside one.
 
@@ -38,12 +39,18 @@ class Split:
 def plan_splits(files, fmt: str, options) -> list[Split]:
     """One split per file; text/json (and csv with ``multiLine=false``) files larger than
     their block size are cut at block boundaries (option ``splitSize`` overrides it)."""
+    from .compression import codec_for_path
     splittable = fmt in SPLITTABLE and (fmt != "csv" or not flag(options, "multiLine", True))
+    # records end at Hadoop's default line breaks only; wholetext is a row per file
+    splittable = splittable and option(options, "lineSep") in (None, "\n", "\\n") \
+        and not flag(options, "wholetext", False)
     size_option = option(options, "splitSize")
     out = []
     for f in files:
         size = int(size_option) if size_option else f.block_size
-        if not splittable or size <= 0 or f.length <= size * SPLIT_SLOP:
+        # a compressed stream cannot be entered in the middle (refuses unreadable codecs)
+        compressed = fmt in SPLITTABLE and codec_for_path(f.path) is not None
+        if not splittable or compressed or size <= 0 or f.length <= size * SPLIT_SLOP:
             out.append(Split(f.path, 0, f.length, f.length, f.mtime_ns, f.partition))
             continue
         start = 0

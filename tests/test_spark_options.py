@@ -13,17 +13,15 @@ from spark_connector.options import SPARK_READ, check  # noqa: E402
 
 @pytest.mark.parametrize("fmt,direction,option,value", [
     ("parquet", "read", "mergeSchema", "true"),
-    ("csv", "read", "pathGlobFilter", "*.csv"),
-    ("csv", "read", "recursiveFileLookup", "true"),
-    ("csv", "read", "mode", "PERMISSIVE"),
-    ("csv", "read", "mode", "DROPMALFORMED"),
-    ("csv", "read", "timestampFormat", "yyyy"),
-    ("json", "read", "dateFormat", "yyyy"),
+    ("csv", "read", "locale", "de-DE"),
+    ("csv", "read", "enforceSchema", "false"),
+    ("csv", "read", "encoding", "ISO-8859-1"),
+    ("csv", "read", "timestampNTZFormat", "yyyy"),
     ("json", "read", "multiLine", "true"),
-    ("text", "read", "lineSep", ";"),
-    ("csv", "write", "compression", "gzip"),
-    ("json", "write", "compression", "gzip"),
-    ("csv", "write", "quote", "'"),
+    ("json", "read", "allowComments", "true"),
+    ("json", "read", "allowSingleQuotes", "false"),
+    ("json", "write", "timeZone", "Europe/Paris"),
+    ("csv", "write", "charToEscapeQuoteEscaping", "x"),
 ])
 def test_spark_options_not_implemented_are_refused_naming_them(fmt, direction, option, value):
     with pytest.raises(InvalidArgument) as info:
@@ -39,6 +37,13 @@ def test_spark_options_not_implemented_are_refused_naming_them(fmt, direction, o
     ("parquet", "read", {"mergeSchema": "false", "encoding": "UTF-8"}),
     ("parquet", "write", {"compression": "zstd"}),
     ("csv", "write", {"compression": "none"}),
+    # implemented now, no longer refused
+    ("csv", "read", {"mode": "PERMISSIVE", "pathGlobFilter": "*.csv", "lineSep": ";",
+                     "timestampFormat": "yyyy", "recursiveFileLookup": "true"}),
+    ("json", "read", {"mode": "DROPMALFORMED", "dateFormat": "yyyy", "samplingRatio": "0.5"}),
+    ("text", "read", {"lineSep": ";", "wholetext": "true"}),
+    ("csv", "write", {"compression": "gzip", "quote": "'", "quoteAll": "true"}),
+    ("json", "write", {"codec": "bzip2", "ignoreNullFields": "false", "timeZone": "UTC"}),
 ])
 def test_supported_neutral_and_other_format_options_pass(fmt, direction, options):
     assert check({k.lower(): v for k, v in options.items()}, fmt, direction) == []
