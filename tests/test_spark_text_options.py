@@ -284,7 +284,7 @@ def test_text_read_options_match_spark(spark, cluster, client, tmp_path, options
 def test_csv_write_options_read_the_same_as_sparks_files(spark, cluster, client, tmp_path,
                                                         options):
     df = frame(spark).union(spark.sql(
-        f"SELECT 999L, 1, 0.5D, '  padded  ', TIMESTAMP'2021-01-01 00:00:00', DATE'2021-01-01'"))
+        "SELECT 999L, 1, 0.5D, '  padded  ', TIMESTAMP'2021-01-01 00:00:00', DATE'2021-01-01'"))
     theirs_dir = str(tmp_path / "spark")
     writer = df.write
     for k, v in options.items():
