@@ -49,7 +49,7 @@ from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourc
 from fs.errors import InvalidArgument
 
 from . import commit as protocol
-from . import formats
+from . import formats, pushdown
 from .formats import flag, option
 from .location import client_for, list_data_files, parse_location
 from .options import check as options_check
@@ -162,18 +162,22 @@ class LeaseFSReader(DataSourceReader):
         self.partition_types = {name: kind for name, kind in source.partition_types().items()}
         self.files = source.files()
         self.filters: list = []
+        self.data_filters: list = []     # data-column filters for the reader (pushdown.py)
+        self.data_kinds = pushdown.column_kinds(schema, exclude=self.partition_types)
 
     def partitions(self):
         files = [f for f in self.files
                  if all(_filter_matches(flt, f.partition, self.partition_types)
                         for flt in self.filters)]
-        splits = formats.plan_splits(files, self.fmt, self.options)
+        splits = formats.plan_read_splits(client_for(self.meta), files, self.fmt, self.options,
+                                          self.data_filters, self.data_kinds)
         return [LeaseFSPartition(s, self.meta) for s in splits]
 
     def read(self, partition: LeaseFSPartition):
         client = client_for(partition.meta)
         target = formats.arrow_schema(self.schema)
-        yield from formats.read_split(client, partition.split, self.fmt, target, self.options)
+        yield from formats.read_split(client, partition.split, self.fmt, target, self.options,
+                                      self.data_filters, self.data_kinds)
 
 
 class LeaseFSPushdownReader(LeaseFSReader):
@@ -182,9 +186,12 @@ class LeaseFSPushdownReader(LeaseFSReader):
     class out only when pushdown is on (see ``_pushdown_enabled``)."""
 
     def pushFilters(self, filters):
+        data = self.fmt in formats.PUSHDOWN_FORMATS
         for flt in filters:
             if _pushable(flt, self.partition_types):
                 self.filters.append(flt)
+            elif data and pushdown.pushable(flt, self.data_kinds):
+                self.data_filters.append(flt)
             else:
                 yield flt
 

@@ -40,13 +40,15 @@ READ = {
     "csv": {"header", "inferschema", "sep", "delimiter", "quote", "escape", "nullvalue",
             "multiline"},
     "json": set(),
-    "parquet": set(),
+    "parquet": {"mergeschema"},
+    "orc": {"mergeschema"},
 }
 WRITE = {
     "text": set(),
     "csv": {"header", "sep", "delimiter"},
     "json": set(),
     "parquet": {"compression"},
+    "orc": {"compression"},
 }
 WRITE_COMMON = {"stalestagingseconds"}
 
@@ -77,6 +79,7 @@ SPARK_READ = {
     "csv": _GENERIC_READ | _CSV_READ,
     "json": _GENERIC_READ | _JSON_READ,
     "parquet": _GENERIC_READ | {"mergeschema", "datetimerebasemode", "int96rebasemode"},
+    "orc": _GENERIC_READ | {"mergeschema"},
 }
 SPARK_WRITE = {
     "text": {"compression", "linesep"},
@@ -87,6 +90,7 @@ SPARK_WRITE = {
     "json": {"compression", "dateformat", "timestampformat", "timestampntzformat",
              "encoding", "linesep", "ignorenullfields", "timezone"},
     "parquet": {"compression"},
+    "orc": {"compression"},
 }
 # every option name some Spark file source knows (an unknown one gets a warning)
 SPARK_FILE_OPTIONS = set().union(*SPARK_READ.values(), *SPARK_WRITE.values(),
