@@ -14,19 +14,25 @@ Usage::
     df.write.format("leasefs").option("format", "parquet").mode("overwrite") \\
         .save("leasefs://127.0.0.1:8020/out")
 
-Options (Spark lower-cases the keys): ``format`` (text, binaryFile, csv, json, parquet;
+Options (Spark lower-cases the keys): ``format`` (text, binaryFile, csv, json, parquet, orc;
 default parquet), ``meta`` (cluster address for plain ``/paths``), ``header``, ``delimiter``
 / ``sep``, ``inferSchema``, ``quote``, ``escape``, ``nullValue``, ``multiLine`` (csv: false
 allows splitting files at block boundaries), ``includePath`` (text: add a ``path`` column),
-``splitSize`` (bytes, default the file's block size), ``compression`` (parquet),
+``splitSize`` (bytes, default the file's block size; parquet/orc split by row groups /
+stripes), ``mergeSchema`` (parquet, orc), ``compression`` (parquet, orc),
 ``staleStagingSeconds`` (write: age after which abandoned staging is removed),
 ``maxFilesPerTrigger`` and ``lookbackSeconds`` (streaming source). Any other option Spark's
 own source honours for the format is refused before planning (``options.py``).
 
 Filter pushdown: only with ``spark.sql.python.filterPushdown.enabled=true`` does Spark call
-``pushFilters``; we accept only comparisons of partition columns (``key=value`` folders) with
-literals, prune whole files with them on the driver and apply them exactly (so Spark may drop
-them); every other filter is handed back to Spark.
+``pushFilters``, with the AND-ed conjuncts of the query. Comparisons of partition columns
+(``key=value`` folders) with literals prune whole files on the driver and are exact. For
+parquet and orc, filters on data columns that ``pushdown.pushable`` accepts (the literal's
+type is the column's; no float comparisons, see ``pushdown.py``) skip row groups by their
+statistics (driver and task) and are applied exactly to every batch. Spark may drop every
+filter we take; the rest are handed back and Spark evaluates them. Spark passes no required
+columns to Python data sources: the columns read are those of the schema, so a subset
+``.schema(...)`` prunes.
 
 Concurrency contract: planning (``schema``, ``partitions``, ``commit``, ``abort``, offsets) runs
 in driver-side Python processes, ``read``/``write`` in worker processes; each uses the
