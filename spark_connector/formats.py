@@ -3,8 +3,9 @@ schema inference, reading one split and writing to the module that owns the form
 
 Why: Spark's own file formats live in the JVM and cannot open ``leasefs://``; the Python data
 source must parse them itself. ``textformats.py`` owns text, csv and json lines,
-``columnar.py`` parquet and ORC (row-group / stripe splits, pushed filters); ``splits.py`` cuts files into tasks and ``arrowcast.py`` turns
-parsed tables into the exact Arrow form of the Spark schema.
+``columnar.py`` parquet and ORC (row-group / stripe splits, pushed filters);
+``splits.py`` cuts files into tasks and ``arrowcast.py`` turns parsed tables into the exact
+Arrow form of the Spark schema.
 
 Concurrency contract: pure functions over a blocking ``fs.Client``; no shared state.
 """
