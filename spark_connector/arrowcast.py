@@ -49,9 +49,11 @@ def cast_column(array, target: pa.DataType) -> pa.Array:
     return array.cast(target)
 
 
-def conform(table_or_batch, target: pa.Schema, partition: dict, path: str | None = None):
-    """``table_or_batch`` as RecordBatches of exactly ``target``: data columns cast,
-    partition columns (and ``path``) filled in, missing columns null."""
+def conform(table_or_batch, target: pa.Schema, partition: dict, path: str | None = None,
+            batch_rows: int = BATCH_ROWS):
+    """``table_or_batch`` as RecordBatches of exactly ``target`` (at most ``batch_rows``
+    rows each): data columns cast, partition columns (and ``path``) filled in, missing
+    columns null."""
     if isinstance(table_or_batch, pa.RecordBatch):
         table = pa.Table.from_batches([table_or_batch])
     else:
@@ -71,11 +73,11 @@ def conform(table_or_batch, target: pa.Schema, partition: dict, path: str | None
         else:
             arrays.append(pa.nulls(n, f.type))
     batch = pa.RecordBatch.from_arrays(arrays, schema=target)
-    if n <= BATCH_ROWS:
+    if n <= batch_rows:
         yield batch
         return
-    for offset in range(0, n, BATCH_ROWS):
-        yield batch.slice(offset, BATCH_ROWS)
+    for offset in range(0, n, batch_rows):
+        yield batch.slice(offset, batch_rows)
 
 def spark_type(at: pa.DataType):
     """Spark type for a parsed Arrow type (zone-aware timestamps: Spark's TIMESTAMP)."""

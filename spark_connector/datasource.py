@@ -14,9 +14,10 @@ Usage::
     df.write.format("leasefs").option("format", "parquet").mode("overwrite") \\
         .save("leasefs://127.0.0.1:8020/out")
 
-Options (Spark lower-cases the keys): ``format`` (text, binaryFile, csv, json, parquet;
-default parquet), ``meta`` (cluster address for plain ``/paths``), ``splitSize`` (bytes,
-default the file's block size), the listing options ``pathGlobFilter``,
+Options (Spark lower-cases the keys): ``format`` (text, binaryFile, csv, json, parquet,
+orc; default parquet), ``meta`` (cluster address for plain ``/paths``), ``splitSize`` (bytes,
+default the file's block size; parquet/orc split by row groups / stripes), ``mergeSchema``
+(parquet, orc), the listing options ``pathGlobFilter``,
 ``recursiveFileLookup``, ``modifiedBefore``/``modifiedAfter``, ``ignoreMissingFiles``,
 ``ignoreCorruptFiles`` (``location.ListingOptions``, ``formats.read_split``), the text/csv/json
 options of ``textoptions.TextOptions`` (csv: ``header``, ``sep``, ``quote``, ``escape``,
@@ -24,15 +25,20 @@ options of ``textoptions.TextOptions`` (csv: ``header``, ``sep``, ``quote``, ``e
 ``dateFormat``, ``timestampFormat``...; json: ``mode``, ``primitivesAsString``,
 ``ignoreNullFields``...; text: ``lineSep``, ``wholetext``, ``includePath``), ``multiLine``
 (csv: false allows splitting files at block boundaries), ``compression`` / ``codec``
-(parquet; text/csv/json: gzip, bzip2, deflate, zstd, lz4, snappy — ``compression.py``),
+(parquet, orc; text/csv/json: gzip, bzip2, deflate, zstd, lz4, snappy — ``compression.py``),
 ``staleStagingSeconds`` (write: age after which abandoned staging is removed),
 ``maxFilesPerTrigger`` and ``lookbackSeconds`` (streaming source). Any other option Spark's
 own source honours for the format is refused before planning (``options.py``).
 
 Filter pushdown: only with ``spark.sql.python.filterPushdown.enabled=true`` does Spark call
-``pushFilters``; we accept only comparisons of partition columns (``key=value`` folders) with
-literals, prune whole files with them on the driver and apply them exactly (so Spark may drop
-them); every other filter is handed back to Spark.
+``pushFilters``, with the AND-ed conjuncts of the query. Comparisons of partition columns
+(``key=value`` folders) with literals prune whole files on the driver and are exact. For
+parquet and orc, filters on data columns that ``pushdown.pushable`` accepts (the literal's
+type is the column's; no float comparisons, see ``pushdown.py``) skip row groups by their
+statistics (driver and task) and are applied exactly to every batch. Spark may drop every
+filter we take; the rest are handed back and Spark evaluates them. Spark passes no required
+columns to Python data sources: the columns read are those of the schema, so a subset
+``.schema(...)`` prunes.
 
 Concurrency contract: planning (``schema``, ``partitions``, ``commit``, ``abort``, offsets) runs
 in driver-side Python processes, ``read``/``write`` in worker processes; each uses the
@@ -55,7 +61,7 @@ from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourc
 from fs.errors import InvalidArgument
 
 from . import commit as protocol
-from . import formats
+from . import formats, pushdown
 from .formats import flag, option
 from .location import ListingOptions, client_for, list_data_files, parse_location
 from .options import check as options_check
@@ -168,18 +174,22 @@ class LeaseFSReader(DataSourceReader):
         self.partition_types = {name: kind for name, kind in source.partition_types().items()}
         self.files = source.files()
         self.filters: list = []
+        self.data_filters: list = []     # data-column filters for the reader (pushdown.py)
+        self.data_kinds = pushdown.column_kinds(schema, exclude=self.partition_types)
 
     def partitions(self):
         files = [f for f in self.files
                  if all(_filter_matches(flt, f.partition, self.partition_types)
                         for flt in self.filters)]
-        splits = formats.plan_splits(files, self.fmt, self.options)
+        splits = formats.plan_read_splits(client_for(self.meta), files, self.fmt, self.options,
+                                          self.data_filters, self.data_kinds)
         return [LeaseFSPartition(s, self.meta) for s in splits]
 
     def read(self, partition: LeaseFSPartition):
         client = client_for(partition.meta)
         target = formats.arrow_schema(self.schema)
-        yield from formats.read_split(client, partition.split, self.fmt, target, self.options)
+        yield from formats.read_split(client, partition.split, self.fmt, target, self.options,
+                                      self.data_filters, self.data_kinds)
 
 
 class LeaseFSPushdownReader(LeaseFSReader):
@@ -188,9 +198,12 @@ class LeaseFSPushdownReader(LeaseFSReader):
     class out only when pushdown is on (see ``_pushdown_enabled``)."""
 
     def pushFilters(self, filters):
+        data = self.fmt in formats.PUSHDOWN_FORMATS
         for flt in filters:
             if _pushable(flt, self.partition_types):
                 self.filters.append(flt)
+            elif data and pushdown.pushable(flt, self.data_kinds):
+                self.data_filters.append(flt)
             else:
                 yield flt
 

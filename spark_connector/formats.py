@@ -3,8 +3,9 @@ schema inference, reading one split and writing to the module that owns the form
 
 Why: Spark's own file formats live in the JVM and cannot open ``leasefs://``; the Python data
 source must parse them itself. ``textformats.py`` owns text, csv and json lines,
-``columnar.py`` parquet; ``splits.py`` cuts files into tasks and ``arrowcast.py`` turns
-parsed tables into the exact Arrow form of the Spark schema.
+``columnar.py`` parquet and ORC (row-group / stripe splits, pushed filters);
+``splits.py`` cuts files into tasks and ``arrowcast.py`` turns parsed tables into the exact
+Arrow form of the Spark schema.
 
 Concurrency contract: pure functions over a blocking ``fs.Client``; no shared state.
 """
@@ -25,13 +26,15 @@ from .splits import Split, plan_splits, read_range
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("text", "binaryfile", "csv", "json", "parquet")
-WRITE_FORMATS = ("text", "csv", "json", "parquet")
-EXTENSIONS = {"text": "txt", "csv": "csv", "json": "json", "parquet": "parquet"}
+FORMATS = ("text", "binaryfile", "csv", "json", "parquet", "orc")
+WRITE_FORMATS = ("text", "csv", "json", "parquet", "orc")
+EXTENSIONS = {"text": "txt", "csv": "csv", "json": "json", "parquet": "parquet", "orc": "orc"}
+#: formats whose readers apply pushed data-column filters (``pushdown.py``)
+PUSHDOWN_FORMATS = columnar.COLUMNAR
 
-__all__ = ["FORMATS", "WRITE_FORMATS", "EXTENSIONS", "Split", "plan_splits", "arrow_schema",
-           "flag", "option", "read_format", "infer_schema", "read_split", "FormatWriter",
-           "file_extension"]
+__all__ = ["FORMATS", "WRITE_FORMATS", "EXTENSIONS", "PUSHDOWN_FORMATS", "Split",
+           "plan_splits", "plan_read_splits", "arrow_schema", "flag", "option",
+           "read_format", "infer_schema", "read_split", "FormatWriter", "file_extension"]
 
 
 def file_extension(fmt: str, options) -> str:
@@ -72,18 +75,29 @@ def infer_schema(client, files, fmt: str, options):
     if not files:
         raise InvalidArgument(f"leasefs data source: no {fmt} files to infer a schema from; "
                               f"give a schema with .schema(...)")
-    if fmt == "parquet":
-        return columnar.infer_parquet_schema(client, files[0])
+    if fmt in columnar.COLUMNAR:
+        return columnar.infer_columnar_schema(client, files, fmt, options)
     return textformats.infer_text_schema(client, files[0], fmt, options)
 
 
-def read_split(client, split: Split, fmt: str, target: pa.Schema, options):
-    """Arrow batches of exactly ``target`` for one split; ``ignoreMissingFiles`` skips a
+def plan_read_splits(client, files, fmt: str, options, filters=(), kinds=None) -> list[Split]:
+    """The splits of ``files``: row groups / stripes for the columnar formats (footers read
+    on the driver for files larger than one split, ``filters`` skipping row groups), byte
+    ranges for the others."""
+    if fmt in columnar.COLUMNAR:
+        return columnar.plan_columnar_splits(client, files, fmt, options, filters, kinds)
+    return plan_splits(files, fmt, options)
+
+
+def read_split(client, split: Split, fmt: str, target: pa.Schema, options, filters=(),
+               kinds=None):
+    """Arrow batches of exactly ``target`` for one split, ``filters`` (data-column filters
+    of ``PUSHDOWN_FORMATS``, see ``pushdown.py``) applied exactly; ``ignoreMissingFiles`` skips a
     file gone since planning, ``ignoreCorruptFiles`` the rest of a file that fails to parse
     (with a warning naming it), as Spark."""
     from fs.errors import FileNotFound
     try:
-        yield from _read_split(client, split, fmt, target, options)
+        yield from _read_split(client, split, fmt, target, options, filters, kinds)
     except FileNotFound:
         if not flag(options, "ignoreMissingFiles", False):
             raise
@@ -95,7 +109,8 @@ def read_split(client, split: Split, fmt: str, target: pa.Schema, options):
                     "(ignoreCorruptFiles): %s", split.path, exc)
 
 
-def _read_split(client, split: Split, fmt: str, target: pa.Schema, options):
+def _read_split(client, split: Split, fmt: str, target: pa.Schema, options, filters,
+                kinds):
     partition = split.partition or {}
     with client.open(split.path) as stream:
         if fmt == "binaryfile":
@@ -105,8 +120,9 @@ def _read_split(client, split: Split, fmt: str, target: pa.Schema, options):
                                                            pa.timestamp("us", tz="UTC")),
                               "content": pa.array([content], pa.binary())})
             yield from conform(table, target, partition)
-        elif fmt == "parquet":
-            yield from columnar.read_parquet_split(stream, split, target, options)
+        elif fmt in columnar.COLUMNAR:
+            yield from columnar.read_columnar_split(stream, split, fmt, target, options,
+                                                    filters, kinds)
         else:
             yield from textformats.read_text_split(stream, split, fmt, target, options)
 
@@ -118,8 +134,12 @@ class FormatWriter:
         if fmt not in WRITE_FORMATS:
             raise InvalidArgument(f"leasefs data source cannot write format {fmt!r}")
         self.rows = 0
-        self._writer = (columnar.ParquetFormatWriter(out, schema, options) if fmt == "parquet"
-                        else textwrite.TextFormatWriter(fmt, out, schema, options))
+        if fmt == "parquet":
+            self._writer = columnar.ParquetFormatWriter(out, schema, options)
+        elif fmt == "orc":
+            self._writer = columnar.OrcFormatWriter(out, schema, options)
+        else:
+            self._writer = textwrite.TextFormatWriter(fmt, out, schema, options)
 
     def write(self, batch: pa.RecordBatch) -> None:
         self.rows += batch.num_rows

@@ -45,7 +45,8 @@ READ = {
                          "ignoretrailingwhitespace", "nanvalue", "positiveinf", "negativeinf",
                          "emptyvalue"},
     "json": _TEXT_READ | {"primitivesasstring"},
-    "parquet": set(),
+    "parquet": {"mergeschema"},
+    "orc": {"mergeschema"},
 }
 _TEXT_WRITE = {"compression", "codec", "linesep"}
 WRITE = {
@@ -56,6 +57,7 @@ WRITE = {
                           "ignoretrailingwhitespace"},
     "json": _TEXT_WRITE | {"dateformat", "timestampformat", "ignorenullfields"},
     "parquet": {"compression"},
+    "orc": {"compression"},
 }
 WRITE_COMMON = {"stalestagingseconds"}
 
@@ -86,6 +88,7 @@ SPARK_READ = {
     "csv": _GENERIC_READ | _CSV_READ,
     "json": _GENERIC_READ | _JSON_READ,
     "parquet": _GENERIC_READ | {"mergeschema", "datetimerebasemode", "int96rebasemode"},
+    "orc": _GENERIC_READ | {"mergeschema"},
 }
 SPARK_WRITE = {
     "text": {"compression", "linesep"},
@@ -96,6 +99,7 @@ SPARK_WRITE = {
     "json": {"compression", "dateformat", "timestampformat", "timestampntzformat",
              "encoding", "linesep", "ignorenullfields", "timezone"},
     "parquet": {"compression"},
+    "orc": {"compression"},
 }
 # every option name some Spark file source knows (an unknown one gets a warning)
 SPARK_FILE_OPTIONS = set().union(*SPARK_READ.values(), *SPARK_WRITE.values(),

@@ -34,6 +34,8 @@ class Split:
     length: int              # the whole file's length
     mtime_ns: int
     partition: dict = field(default_factory=dict)
+    #: parquet row groups / ORC stripes this split reads (``columnar.py``); empty: all
+    row_groups: tuple = ()
 
 
 def plan_splits(files, fmt: str, options) -> list[Split]:
