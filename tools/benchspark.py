@@ -156,9 +156,9 @@ def run_spark_bench(cmd: Command) -> int:
     rows = []
     for op, label in (("write", "parquet write"), ("read", "parquet full scan"),
                       ("select", "selective query")):
-        mine, theirs = results[f"leasefs_{op}"], results[f"spark_{op}"]
+        mine_s, theirs_s = results[f"leasefs_{op}"], results[f"spark_{op}"]
         mine_best, theirs_best = best[f"leasefs_{op}"], best[f"spark_{op}"]
-        rows.append([label, f"{mine:.2f}", f"{theirs:.2f}", f"{theirs / mine:.3f}",
+        rows.append([label, f"{mine_s:.2f}", f"{theirs_s:.2f}", f"{theirs_s / mine_s:.3f}",
                      f"{theirs_best / mine_best:.3f}"])
     cmd.out(f"bench spark: {a.rows} rows, {a.partitions} files, {a.master}, "
             f"median of {a.repeat} alternating rounds; selective: {selective}, "
