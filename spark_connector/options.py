@@ -114,11 +114,13 @@ NEUTRAL = {
     "ignoremissingfiles": {"false"},
     "encoding": {"utf-8", "utf8"},
     "charset": {"utf-8", "utf8"},
-    "mode": {"failfast"},            # a malformed record fails the job, as FAILFAST does
     "compression": {"none", "uncompressed"},
     "codec": {"none", "uncompressed"},
     "linesep": {"\n", "\\n"},
     "wholetext": {"false"},
+    # pyarrow reads dates and timestamps in the proleptic Gregorian calendar: CORRECTED
+    "datetimerebasemode": {"corrected"},
+    "int96rebasemode": {"corrected"},
     "timezone": {"utc", "z", "+00:00", "gmt", "etc/utc"},   # timestamps are read and written in UTC
 }
 

@@ -12,7 +12,7 @@ from spark_connector.options import SPARK_READ, check  # noqa: E402
 
 
 @pytest.mark.parametrize("fmt,direction,option,value", [
-    ("parquet", "read", "mergeSchema", "true"),
+    ("parquet", "read", "datetimeRebaseMode", "LEGACY"),
     ("csv", "read", "locale", "de-DE"),
     ("csv", "read", "enforceSchema", "false"),
     ("csv", "read", "encoding", "ISO-8859-1"),
@@ -34,7 +34,8 @@ def test_spark_options_not_implemented_are_refused_naming_them(fmt, direction, o
     ("parquet", "write", {"header": "true"}),          # Spark ignores it for parquet too
     ("csv", "read", {"header": "true", "inferSchema": "true", "sep": ";"}),
     ("csv", "read", {"mode": "FAILFAST", "mergeSchema": "false"}),
-    ("parquet", "read", {"mergeSchema": "false", "encoding": "UTF-8"}),
+    ("parquet", "read", {"mergeSchema": "false", "encoding": "UTF-8",
+                         "datetimeRebaseMode": "CORRECTED"}),
     ("parquet", "write", {"compression": "zstd"}),
     ("csv", "write", {"compression": "none"}),
     # implemented now, no longer refused
@@ -57,4 +58,4 @@ def test_unknown_options_are_warned_with_the_closest_name():
 
 
 def test_every_format_has_its_spark_options():
-    assert set(SPARK_READ) == {"text", "binaryfile", "csv", "json", "parquet"}
+    assert set(SPARK_READ) == {"text", "binaryfile", "csv", "json", "parquet", "orc"}
