@@ -49,6 +49,16 @@ def cast_column(array, target: pa.DataType) -> pa.Array:
     return array.cast(target)
 
 
+def partition_column(value, target: pa.DataType, n: int) -> pa.Array:
+    """``n`` copies of one partition value: a typed value (int, float, Decimal, date,
+    datetime, parsed by ``partitioning.parse_value``) as is, a text cast to ``target``."""
+    if value is None:
+        return pa.nulls(n, target)
+    if isinstance(value, str):
+        return pa.array([value] * n, pa.string()).cast(target)
+    return pa.array([value] * n, target)
+
+
 def conform(table_or_batch, target: pa.Schema, partition: dict, path: str | None = None):
     """``table_or_batch`` as RecordBatches of exactly ``target``: data columns cast,
     partition columns (and ``path``) filled in, missing columns null."""
@@ -61,9 +71,7 @@ def conform(table_or_batch, target: pa.Schema, partition: dict, path: str | None
     arrays = []
     for f in target:
         if f.name in partition:
-            value = partition[f.name]
-            arrays.append(pa.array([value] * n, pa.string()).cast(f.type)
-                          if value is not None else pa.nulls(n, f.type))
+            arrays.append(partition_column(partition[f.name], f.type, n))
         elif f.name in names:
             arrays.append(cast_column(table.column(f.name), f.type))
         elif f.name == "path" and path is not None:

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 # what this source does, by format and direction (datasource.py describes each)
 COMMON = {"format", "path", "paths", "meta"}
-READ_COMMON = {"splitsize", "filterpushdown"}
+READ_COMMON = {"splitsize", "filterpushdown", "partitioncolumntypeinference"}
 STREAM = {"maxfilespertrigger", "lookbackseconds", "checkpointlocation"}
 READ = {
     "text": {"includepath"},
@@ -48,7 +48,8 @@ WRITE = {
     "json": set(),
     "parquet": {"compression"},
 }
-WRITE_COMMON = {"stalestagingseconds"}
+WRITE_COMMON = {"stalestagingseconds", "partitionby", "partitionoverwritemode",
+                "maxopenfiles"}
 
 # options Spark's built-in file sources honour, by format and direction (its data source
 # option docs): one of these that this source does not take for the same format and
