@@ -9,6 +9,8 @@ Layout under the target folder ``T``::
 
     T/_temporary/<job>/<attempt>/part-<partition>-<job>.<ext>   a task attempt's file (leased
                                                                  while written, then closed)
+    T/_temporary/<job>/<attempt>/k=v/.../part-...c000.<ext>      partitionBy: per folder
+    T/_temporary/<job>/_publish/k=v/...                          partitioned: assembled tree
     T/_temporary/<job>/_trash/...                                overwrite: the old files
     T/_SUCCESS                                                   written last by commit
     T/_batches/<batch id>                                        streaming: batch committed
@@ -27,9 +29,16 @@ Layout under the target folder ``T``::
   removes job folders whose newest entry is older than ``staleStagingSeconds`` (default
   3600) and whose open files (if any) belong to writers that stopped renewing their lease
   for that long (a killed task).
+- Partitioned jobs (``_publishing_moves``): the named files are first assembled into one
+  tree under the job folder (invisible), which then merges into ``T`` in the same single
+  ``rename_many``: a partition folder ``T`` lacks moves in whole, one it has is merged into,
+  and with dynamic overwrite a written folder replaces the old one (moved to the trash).
 - Streaming (``commit_batch``): files get names derived from the batch id and partition;
   they and the batch marker ``_batches/<id>`` move in one ``rename_many`` whose marker move
-  refuses an existing marker, so a replayed batch id never duplicates output.
+  refuses an existing marker, so a replayed batch id never duplicates output. The sink's
+  job folder (``stream-*``) is created by its tasks and removed after every batch
+  (``end_batch``), so a stopped query leaves nothing; an empty ``stream-*`` folder of
+  another query is removed by the next job start at once (``cleanup_stale``).
 
 Publishing is atomic (unlike Hadoop's FileOutputCommitter, whose job commit renames file by
 file): a concurrent lister of ``T`` sees the old set or the new set, never a mix, never a

@@ -20,12 +20,18 @@ default parquet), ``meta`` (cluster address for plain ``/paths``), ``header``, `
 allows splitting files at block boundaries), ``includePath`` (text: add a ``path`` column),
 ``splitSize`` (bytes, default the file's block size), ``compression`` (parquet),
 ``staleStagingSeconds`` (write: age after which abandoned staging is removed),
+``partitionBy`` (write: comma-separated columns → ``k=v`` folders named as Spark names them;
+Spark itself refuses ``.partitionBy`` for Python sources), ``partitionOverwriteMode``
+(``static``: overwrite replaces the target; ``dynamic``: only the partition folders written),
+``maxOpenFiles`` (partitioned write: open files per task, default 32),
+``partitionColumnTypeInference`` (read: false → partition columns are strings),
 ``maxFilesPerTrigger`` and ``lookbackSeconds`` (streaming source). Any other option Spark's
 own source honours for the format is refused before planning (``options.py``).
 
 Filter pushdown: only with ``spark.sql.python.filterPushdown.enabled=true`` does Spark call
 ``pushFilters``; we accept only comparisons of partition columns (``key=value`` folders) with
-literals, prune whole files with them on the driver and apply them exactly (so Spark may drop
+literals of the column's (inferred, ``partitioning.py``) type, compare them with the typed
+values, prune whole files with them on the driver and apply them exactly (so Spark may drop
 them); every other filter is handed back to Spark.
 
 Concurrency contract: planning (``schema``, ``partitions``, ``commit``, ``abort``, offsets) runs
