@@ -316,10 +316,8 @@ def parse_value(value: str | None, kind: PartitionType):
     if kind.kind in ("integer", "long"):
         return int(value) if _INT.match(value) else None
     if kind.kind == "decimal":
-        d = _integral_decimal(value) if _BIG_DECIMAL.match(value) else None
-        if d is None and _BIG_DECIMAL.match(value):
-            d = Decimal(value)
-        return None if d is None else d.quantize(Decimal(1))
+        # a user schema may declare a decimal column over non-integral texts: Spark's cast
+        return Decimal(value).quantize(Decimal(1)) if _BIG_DECIMAL.match(value) else None
     if kind.kind == "double":
         return _java_parse_double(value)
     if kind.kind == "timestamp":
