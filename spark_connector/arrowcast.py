@@ -49,6 +49,16 @@ def cast_column(array, target: pa.DataType) -> pa.Array:
     return array.cast(target)
 
 
+def partition_column(value, target: pa.DataType, n: int) -> pa.Array:
+    """``n`` copies of one partition value: a typed value (int, float, Decimal, date,
+    datetime, parsed by ``partitioning.parse_value``) as is, a text cast to ``target``."""
+    if value is None:
+        return pa.nulls(n, target)
+    if isinstance(value, str):
+        return pa.array([value] * n, pa.string()).cast(target)
+    return pa.array([value] * n, target)
+
+
 def conform(table_or_batch, target: pa.Schema, partition: dict, path: str | None = None,
             batch_rows: int = BATCH_ROWS):
     """``table_or_batch`` as RecordBatches of exactly ``target`` (at most ``batch_rows``
@@ -63,9 +73,7 @@ def conform(table_or_batch, target: pa.Schema, partition: dict, path: str | None
     arrays = []
     for f in target:
         if f.name in partition:
-            value = partition[f.name]
-            arrays.append(pa.array([value] * n, pa.string()).cast(f.type)
-                          if value is not None else pa.nulls(n, f.type))
+            arrays.append(partition_column(partition[f.name], f.type, n))
         elif f.name in names:
             arrays.append(cast_column(table.column(f.name), f.type))
         elif f.name == "path" and path is not None:
@@ -78,6 +86,7 @@ def conform(table_or_batch, target: pa.Schema, partition: dict, path: str | None
         return
     for offset in range(0, n, batch_rows):
         yield batch.slice(offset, batch_rows)
+
 
 def spark_type(at: pa.DataType):
     """Spark type for a parsed Arrow type (zone-aware timestamps: Spark's TIMESTAMP)."""

@@ -9,6 +9,8 @@ Layout under the target folder ``T``::
 
     T/_temporary/<job>/<attempt>/part-<partition>-<job>.<ext>   a task attempt's file (leased
                                                                  while written, then closed)
+    T/_temporary/<job>/<attempt>/k=v/.../part-...c000.<ext>      partitionBy: per folder
+    T/_temporary/<job>/_publish/k=v/...                          partitioned: assembled tree
     T/_temporary/<job>/_trash/...                                overwrite: the old files
     T/_SUCCESS                                                   written last by commit
     T/_batches/<batch id>                                        streaming: batch committed
@@ -27,9 +29,16 @@ Layout under the target folder ``T``::
   removes job folders whose newest entry is older than ``staleStagingSeconds`` (default
   3600) and whose open files (if any) belong to writers that stopped renewing their lease
   for that long (a killed task).
+- Partitioned jobs (``_publishing_moves``): the named files are first assembled into one
+  tree under the job folder (invisible), which then merges into ``T`` in the same single
+  ``rename_many``: a partition folder ``T`` lacks moves in whole, one it has is merged into,
+  and with dynamic overwrite a written folder replaces the old one (moved to the trash).
 - Streaming (``commit_batch``): files get names derived from the batch id and partition;
   they and the batch marker ``_batches/<id>`` move in one ``rename_many`` whose marker move
-  refuses an existing marker, so a replayed batch id never duplicates output.
+  refuses an existing marker, so a replayed batch id never duplicates output. The sink's
+  job folder (``stream-*``) is created by its tasks and removed after every batch
+  (``end_batch``), so a stopped query leaves nothing; an empty ``stream-*`` folder of
+  another query is removed by the next job start at once (``cleanup_stale``).
 
 Publishing is atomic (unlike Hadoop's FileOutputCommitter, whose job commit renames file by
 file): a concurrent lister of ``T`` sees the old set or the new set, never a mix, never a
@@ -50,7 +59,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from fs.errors import FileExists, FileNotFound, LeaseFSError, NotDirectory
+from fs.errors import FileExists, FileNotFound, InvalidArgument, LeaseFSError, NotDirectory
 
 from .location import is_hidden
 
@@ -61,6 +70,9 @@ SUCCESS = "_SUCCESS"
 BATCHES = "_batches"
 TRASH = "_trash"
 DEFAULT_STALE_SECONDS = 3600.0
+STREAM_PREFIX = "stream-"
+PUBLISH = "_publish"
+MAX_MOVES = 10000          # rename_many takes at most this many moves
 
 
 @dataclass
@@ -69,6 +81,7 @@ class StagedFile:
     final_name: str        # name inside the target folder
     rows: int = 0
     partition: int = 0
+    counter: int = 0       # partitioned writes: the task's n-th file of one partition folder
 
 
 @dataclass
@@ -99,27 +112,22 @@ def _delete_quietly(client, path: str) -> bool:
         return False
 
 
-def write_task_file(client, paths: JobPaths, attempt: str, name: str, write_body) -> StagedFile | None:
-    """Create ``attempt``'s file ``name``, let ``write_body(stream)`` fill it (returns the row
-    count), close it. An exception gives the file up and removes the attempt folder."""
-    try:
-        client.get_file_status(paths.job_dir)
-    except FileNotFound:
-        raise LeaseFSError(f"{paths.job_dir}: the write job was aborted") from None
-    attempt_dir = paths.attempt_dir(attempt)
-    staged = posixpath.join(attempt_dir, name)
-    stream = client.create(staged, overwrite=True)
-    try:
-        rows = write_body(stream)
-    except BaseException:
+def open_task_file(client, paths: JobPaths, attempt: str, name: str):
+    """Create ``attempt``'s file ``name`` (a relative path: partitioned writes put it in its
+    ``k=v`` folders) under the lease of this process; returns ``(staged path, stream)``.
+    Refused when the job folder is gone (the job was aborted), except for a streaming
+    sink (``stream-*``), whose tasks create it: the sink removes it after every batch."""
+    if not paths.job.startswith(STREAM_PREFIX):
         try:
-            stream.abort()
-        finally:
-            try:
-                _delete_quietly(client, attempt_dir)
-            except LeaseFSError as exc:
-                log.warning("%s: could not remove the failed attempt: %s", attempt_dir, exc)
-        raise
+            client.get_file_status(paths.job_dir)
+        except FileNotFound:
+            raise LeaseFSError(f"{paths.job_dir}: the write job was aborted") from None
+    staged = posixpath.join(paths.attempt_dir(attempt), name)
+    return staged, client.create(staged, overwrite=True)
+
+
+def close_task_file(client, staged: str, stream, name: str, rows: int) -> StagedFile | None:
+    """Close a task file; one without rows is removed (no message names it)."""
     stream.close()
     if not rows:
         _delete_quietly(client, staged)
@@ -127,22 +135,59 @@ def write_task_file(client, paths: JobPaths, attempt: str, name: str, write_body
     return StagedFile(staged, name, rows)
 
 
-def start_job(client, paths: JobPaths, stale_seconds: float) -> None:
-    """Called on the driver before any task: clean stale staging, create the job folder."""
+def give_up_attempt(client, paths: JobPaths, attempt: str, streams=()) -> None:
+    """A failed task: give up its open files and remove its attempt folder."""
+    attempt_dir = paths.attempt_dir(attempt)
+    try:
+        for stream in streams:
+            try:
+                stream.abort()
+            except LeaseFSError as exc:
+                log.warning("%s: could not give up a file: %s", attempt_dir, exc)
+    finally:
+        try:
+            _delete_quietly(client, attempt_dir)
+        except LeaseFSError as exc:
+            log.warning("%s: could not remove the failed attempt: %s", attempt_dir, exc)
+
+
+def write_task_file(client, paths: JobPaths, attempt: str, name: str,
+                    write_body) -> StagedFile | None:
+    """Create ``attempt``'s file ``name``, let ``write_body(stream)`` fill it (returns the row
+    count), close it. An exception gives the file up and removes the attempt folder."""
+    staged, stream = open_task_file(client, paths, attempt, name)
+    try:
+        rows = write_body(stream)
+    except BaseException:
+        give_up_attempt(client, paths, attempt, [stream])
+        raise
+    done = close_task_file(client, staged, stream, name, rows)
+    if done is None:
+        _remove_if_empty(client, paths.attempt_dir(attempt))
+    return done
+
+
+def start_job(client, paths: JobPaths, stale_seconds: float, *,
+              create: bool = True) -> None:
+    """Called on the driver before any task: clean stale staging, create the job folder
+    (``create=False``: a streaming sink, whose tasks create it)."""
     cleanup_stale(client, paths.target, stale_seconds, keep=paths.job)
-    client.mkdirs(paths.job_dir)
+    if create:
+        client.mkdirs(paths.job_dir)
 
 
-def _newest_mtime(client, path: str) -> int:
-    """Newest mtime (ns) in a subtree."""
-    newest = 0
+def _subtree(client, path: str) -> tuple[int, bool]:
+    """Newest mtime (ns) in a subtree, and whether it holds any file."""
+    newest, has_files = 0, False
     stack = [path]
     while stack:
         for st in client.iter_status(stack.pop()):
             newest = max(newest, st.mtime_ns)
             if st.is_dir:
                 stack.append(st.path)
-    return newest
+            else:
+                has_files = True
+    return newest, has_files
 
 
 def _live_writer(client, path: str, stale_seconds: float) -> bool:
@@ -156,9 +201,17 @@ def _live_writer(client, path: str, stale_seconds: float) -> bool:
 
 
 def cleanup_stale(client, target: str, stale_seconds: float, keep: str | None = None) -> list[str]:
-    """Remove ``target/_temporary/<job>`` folders of jobs that are over: nothing in them
-    newer than ``stale_seconds`` and no file open by a writer that renewed its lease within
-    that time. Returns the removed folders."""
+    """Remove ``target/_temporary/<job>`` folders of jobs that are over, then
+    ``_temporary`` itself when empty. A job is over when:
+
+    1. nothing in its folder is newer than ``stale_seconds`` and no file in it is open by a
+       writer that renewed its lease within that time (a killed job), or
+    2. it is a streaming sink's folder (``stream-*``) with no file in it at all: a running
+       sink's folder holds its batch's files from the first task's create until the batch
+       commit removes the folder, so an empty one belongs to a query that stopped.
+
+    A batch job's folder is created empty before its tasks start, so rule 2 is for stream
+    folders only. Returns the removed folders."""
     temporary = posixpath.join(target, TEMPORARY)
     try:
         jobs = client.list_status(temporary)
@@ -169,9 +222,13 @@ def cleanup_stale(client, target: str, stale_seconds: float, keep: str | None = 
     for job in jobs:
         if job.name == keep:
             continue
-        newest = max(job.mtime_ns, _newest_mtime(client, job.path) if job.is_dir else 0)
-        if now_ns - newest < stale_seconds * 1e9 or _live_writer(client, job.path,
-                                                                 stale_seconds):
+        newest, has_files = _subtree(client, job.path) if job.is_dir else (0, True)
+        newest = max(job.mtime_ns, newest)
+        idle_stream = job.name.startswith(STREAM_PREFIX) and not has_files
+        if not idle_stream and (now_ns - newest < stale_seconds * 1e9
+                                or _live_writer(client, job.path, stale_seconds)):
+            continue
+        if idle_stream and _live_writer(client, job.path, stale_seconds):
             continue
         if _delete_quietly(client, job.path):
             log.info("removed stale staging folder %s", job.path)
@@ -196,25 +253,85 @@ def _staged(messages) -> list[StagedFile]:
     return out
 
 
-def _publishing_moves(paths: JobPaths, files: list[StagedFile], moves: list) -> list[str]:
-    """Append the moves of ``files`` into the target (replacing same-named files, in name
-    order) to ``moves``; returns the published paths."""
+def _assemble(client, root: str, files: list[StagedFile]) -> None:
+    """Move partitioned task files into ``root/<k=v/...>/<name>`` (still under
+    ``_temporary``, so invisible; several calls are fine): one tree the publishing step can
+    move by whole folders."""
+    for folder in sorted({posixpath.dirname(f.final_name) for f in files}):
+        client.mkdirs(posixpath.join(root, folder))
+    moves = [(f.staged, posixpath.join(root, f.final_name), True) for f in files]
+    for i in range(0, len(moves), MAX_MOVES):
+        client.rename_many(moves[i:i + MAX_MOVES])
+
+
+def _merge_moves(client, src: str, dst: str, rel: str, replace: set, trash: str, moves: list,
+                 emptied: bool = False) -> None:
+    """Append the moves that put the tree ``src`` into ``dst``: a folder ``dst`` lacks moves
+    whole; one it has is merged into, unless its relative path is in ``replace`` (dynamic
+    overwrite), then the old one moves to ``trash`` and the new one in, in the same call.
+    ``emptied``: every entry of ``dst`` moves to the trash earlier in the call."""
+    existing = {} if emptied else {st.name: st for st in _list_or_empty(client, dst)}
+    for entry in client.list_status(src):
+        rel_name = posixpath.join(rel, entry.name) if rel else entry.name
+        target = posixpath.join(dst, entry.name)
+        old = existing.get(entry.name)
+        if old is not None and entry.is_dir and old.is_dir and rel_name not in replace:
+            _merge_moves(client, entry.path, target, rel_name, replace, trash, moves)
+            continue
+        if old is not None and (old.is_dir or entry.is_dir):
+            moves.append((old.path, posixpath.join(trash, f"{len(moves)}-{entry.name}")))
+        moves.append((entry.path, target, not entry.is_dir))
+
+
+def _list_or_empty(client, path: str) -> list:
+    try:
+        return client.list_status(path)
+    except (FileNotFound, NotDirectory):
+        return []
+
+
+def _publishing_moves(client, paths: JobPaths, files: list[StagedFile], moves: list, *,
+                      publish: str = PUBLISH, dynamic: bool = False,
+                      emptied: bool = False) -> list[str]:
+    """Append the moves of ``files`` into the target to ``moves``; returns the published
+    paths. Files named ``k=v/.../name`` (partitioned writes) are first assembled into one
+    tree under the job folder (``_assemble``), which then merges into the target by whole
+    folders (``_merge_moves``): a new partition folder appears with all its files in the
+    same step. ``dynamic``: the partition folders written replace the old ones."""
     published = []
-    for f in sorted(files, key=lambda f: f.final_name):
+    flat = sorted((f for f in files if "/" not in f.final_name), key=lambda f: f.final_name)
+    for f in flat:
         final = posixpath.join(paths.target, f.final_name)
         moves.append((f.staged, final, True))
         published.append(final)
+    nested = [f for f in files if "/" in f.final_name]
+    if nested:
+        root = posixpath.join(paths.job_dir, publish)
+        _assemble(client, root, nested)
+        replace = {posixpath.dirname(f.final_name) for f in nested} if dynamic else set()
+        trash = posixpath.join(paths.job_dir, TRASH)
+        if replace:
+            client.mkdirs(trash)
+        _merge_moves(client, root, paths.target, "", replace, trash, moves, emptied)
+        published += sorted(posixpath.join(paths.target, f.final_name) for f in nested)
+    if len(moves) > MAX_MOVES:
+        raise InvalidArgument(f"{paths.target}: the commit of job {paths.job} needs "
+                              f"{len(moves)} moves, more than one atomic step takes "
+                              f"({MAX_MOVES}); write fewer files per job")
     return published
 
 
-def commit_job(client, paths: JobPaths, messages, overwrite: bool) -> list[str]:
+def commit_job(client, paths: JobPaths, messages, overwrite: bool, *,
+               dynamic: bool = False) -> list[str]:
     """Publish exactly the files the commit messages name, ``_SUCCESS`` with them, as ONE
     ``rename_many`` (overwrite: the old entries move into the job's trash in the same
-    step). Returns the published paths."""
+    step; ``dynamic``: only the partition folders written are replaced). Returns the
+    published paths."""
     files = _staged(messages)
     client.mkdirs(paths.target)
     moves = []
-    if overwrite:
+    static = overwrite and not dynamic
+    if static:
         trash = posixpath.join(paths.job_dir, TRASH)
         client.mkdirs(trash)
         for st in client.list_status(paths.target):
@@ -223,8 +340,10 @@ def commit_job(client, paths: JobPaths, messages, overwrite: bool) -> list[str]:
             if is_hidden(st.name) and st.name not in (SUCCESS, BATCHES):
                 continue
             moves.append((st.path, posixpath.join(trash, st.name)))
-    published = _publishing_moves(paths, files, moves)
-    summary = {"job": paths.job, "files": [posixpath.basename(p) for p in published],
+    published = _publishing_moves(client, paths, files, moves, dynamic=overwrite and dynamic,
+                                  emptied=static)
+    summary = {"job": paths.job,
+               "files": [posixpath.relpath(p, paths.target) for p in published],
                "rows": sum(f.rows for f in files), "time_ns": time.time_ns()}
     staged_success = posixpath.join(paths.job_dir, SUCCESS)
     client.write_file(staged_success, json.dumps(summary).encode(), overwrite=True)
@@ -255,14 +374,14 @@ def commit_batch(client, paths: JobPaths, messages, batch_id: int) -> list[str]:
     marker = batch_marker(paths.target, batch_id)
     if client.exists(marker):
         log.info("batch %d already committed in %s: replay ignored", batch_id, paths.target)
-        for f in files:
-            _delete_quietly(client, f.staged)
+        end_batch(client, paths)
         return []
     moves: list = []
-    published = _publishing_moves(paths, files, moves)
+    published = _publishing_moves(client, paths, files, moves,
+                                  publish=f"{PUBLISH}-{int(batch_id)}")
     staged_marker = posixpath.join(paths.job_dir, f"{BATCHES}-{int(batch_id)}")
-    client.write_file(staged_marker, json.dumps({"files": [posixpath.basename(p) for p in
-                                                           published]}).encode(),
+    client.write_file(staged_marker, json.dumps({"files": [posixpath.relpath(p, paths.target)
+                                                           for p in published]}).encode(),
                       overwrite=True)
     client.mkdirs(posixpath.dirname(marker))
     moves.append((staged_marker, marker, False))
@@ -272,9 +391,13 @@ def commit_batch(client, paths: JobPaths, messages, batch_id: int) -> list[str]:
         log.info("batch %d was committed concurrently in %s: replay ignored", batch_id,
                  paths.target)
         published = []
-        for f in files:
-            _delete_quietly(client, f.staged)
-        _delete_quietly(client, staged_marker)
-    for f in files:   # the attempt folders are empty now
-        _delete_quietly(client, posixpath.dirname(f.staged))
+    end_batch(client, paths)
     return published
+
+
+def end_batch(client, paths: JobPaths) -> None:
+    """After a streaming batch's commit or abort: remove the sink's job folder (its tasks
+    recreate it for the next batch) and ``_temporary`` when empty, so a query that stops
+    leaves no staging behind."""
+    _delete_quietly(client, paths.job_dir)
+    _remove_if_empty(client, paths.temporary)

@@ -27,12 +27,18 @@ options of ``textoptions.TextOptions`` (csv: ``header``, ``sep``, ``quote``, ``e
 (csv: false allows splitting files at block boundaries), ``compression`` / ``codec``
 (parquet, orc; text/csv/json: gzip, bzip2, deflate, zstd, lz4, snappy — ``compression.py``),
 ``staleStagingSeconds`` (write: age after which abandoned staging is removed),
+``partitionBy`` (write: comma-separated columns → ``k=v`` folders named as Spark names them;
+Spark itself refuses ``.partitionBy`` for Python sources), ``partitionOverwriteMode``
+(``static``: overwrite replaces the target; ``dynamic``: only the partition folders written),
+``maxOpenFiles`` (partitioned write: open files per task, default 32),
+``partitionColumnTypeInference`` (read: false → partition columns are strings),
 ``maxFilesPerTrigger`` and ``lookbackSeconds`` (streaming source). Any other option Spark's
 own source honours for the format is refused before planning (``options.py``).
 
 Filter pushdown: only with ``spark.sql.python.filterPushdown.enabled=true`` does Spark call
 ``pushFilters``, with the AND-ed conjuncts of the query. Comparisons of partition columns
-(``key=value`` folders) with literals prune whole files on the driver and are exact. For
+(``key=value`` folders) with literals of the column's (inferred, ``partitioning.py``) type
+are compared with the typed values, prune whole files on the driver and are exact. For
 parquet and orc, filters on data columns that ``pushdown.pushable`` accepts (the literal's
 type is the column's; no float comparisons, see ``pushdown.py``) skip row groups by their
 statistics (driver and task) and are applied exactly to every batch. Spark may drop every
@@ -47,9 +53,10 @@ blocking ``fs.Client`` of its process, safe to share between threads.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import logging
-import posixpath
 import sys
 import time
 from dataclasses import dataclass, field
@@ -62,6 +69,8 @@ from fs.errors import InvalidArgument
 
 from . import commit as protocol
 from . import formats, pushdown
+from . import partitioning as parts
+from .partitionwrite import DEFAULT_MAX_OPEN_FILES, PartitionedTaskWriter
 from .formats import flag, option
 from .location import ListingOptions, client_for, list_data_files, parse_location
 from .options import check as options_check
@@ -87,14 +96,6 @@ def _paths_option(options) -> list[str]:
     return [path]
 
 
-def _infer_partition_type(values: list):
-    from pyspark.sql.types import LongType, StringType
-    present = [v for v in values if v is not None]
-    if present and all(v.lstrip("-").isdigit() for v in present):
-        return LongType()
-    return StringType()
-
-
 class LeaseFSPartition(InputPartition):
     """One split of one file (``formats.Split``) as a Spark input partition."""
 
@@ -106,59 +107,62 @@ class LeaseFSPartition(InputPartition):
 
 # --------------------------------------------------------------------------- filters
 
-def _filter_matches(flt, values: dict, types: dict) -> bool:
-    """Does a pushed partition filter keep a file with these partition values?"""
+def _filter_matches(flt, values: dict) -> bool:
+    """Does a pushed partition filter keep a file with these typed partition values?"""
     from pyspark.sql.datasource import (EqualNullSafe, EqualTo, GreaterThan, GreaterThanOrEqual,
                                         In, IsNotNull, IsNull, LessThan, LessThanOrEqual, Not)
     if isinstance(flt, Not):
-        return not _filter_matches(flt.child, values, types)
-    col = flt.attribute[0]
-    raw = values.get(col)
-    value = None if raw is None else (int(raw) if types[col] == "long" else raw)
+        return not _filter_matches(flt.child, values)
+    value = values.get(flt.attribute[0])
     if isinstance(flt, IsNull):
         return value is None
     if isinstance(flt, IsNotNull):
         return value is not None
     if isinstance(flt, EqualNullSafe):
-        return value == flt.value
+        return value is None and flt.value is None or \
+            value is not None and flt.value is not None and parts.compare(value, flt.value) == 0
     if value is None:
         return False
-    if isinstance(flt, EqualTo):
-        return value == flt.value
     if isinstance(flt, In):
-        return value in flt.value
-    try:
-        if isinstance(flt, GreaterThan):
-            return value > flt.value
-        if isinstance(flt, GreaterThanOrEqual):
-            return value >= flt.value
-        if isinstance(flt, LessThan):
-            return value < flt.value
-        if isinstance(flt, LessThanOrEqual):
-            return value <= flt.value
-    except TypeError:
+        return any(v is not None and parts.compare(value, v) == 0 for v in flt.value)
+    order = None if flt.value is None else parts.compare(value, flt.value)
+    if order is None:
         return False
-    return False
+    return {EqualTo: order == 0, GreaterThan: order > 0, GreaterThanOrEqual: order >= 0,
+            LessThan: order < 0, LessThanOrEqual: order <= 0}.get(type(flt), False)
 
 
-def _pushable(flt, partition_types: dict) -> bool:
+def _pushable(flt, partition_kinds: dict) -> bool:
+    """Can ``flt`` be applied exactly to the typed partition values (``partition_kinds``:
+    column → ``partitioning.PartitionType``)? Only literals of the column's own type."""
     from pyspark.sql.datasource import (EqualNullSafe, EqualTo, GreaterThan, GreaterThanOrEqual,
                                         In, IsNotNull, IsNull, LessThan, LessThanOrEqual, Not)
     if isinstance(flt, Not):
         # NOT of a null-rejecting comparison differs from ours on nulls only: keep exact
         return isinstance(flt.child, (EqualNullSafe, IsNull, IsNotNull)) and \
-            _pushable(flt.child, partition_types)
+            _pushable(flt.child, partition_kinds)
     if not isinstance(flt, (EqualTo, EqualNullSafe, GreaterThan, GreaterThanOrEqual, LessThan,
                             LessThanOrEqual, In, IsNull, IsNotNull)):
         return False
-    if len(flt.attribute) != 1 or flt.attribute[0] not in partition_types:
+    if len(flt.attribute) != 1 or flt.attribute[0] not in partition_kinds:
         return False
-    kind = partition_types[flt.attribute[0]]
+    kind = partition_kinds[flt.attribute[0]]
     literals = list(flt.value) if isinstance(flt, In) else \
         ([] if isinstance(flt, (IsNull, IsNotNull)) else [flt.value])
-    ok = (lambda v: isinstance(v, int) and not isinstance(v, bool)) if kind == "long" \
-        else (lambda v: isinstance(v, str))
-    return all(v is None or ok(v) for v in literals)
+    return all(parts.literal_fits(kind, v) for v in literals)
+
+
+def _partition_kinds(schema, names) -> dict:
+    """The ``PartitionType`` each partition column's values parse as: the type the read
+    schema (inferred or the user's) gives it."""
+    fields = {f.name: f for f in schema.fields}
+    return {n: parts.kind_of(fields[n].dataType) for n in names if n in fields}
+
+
+def _typed_files(files, kinds: dict) -> list:
+    """``files`` with their partition values parsed to the column types."""
+    return [dataclasses.replace(f, partition=parts.typed_values(f.partition, kinds))
+            if f.partition else f for f in files]
 
 
 # --------------------------------------------------------------------------- reader
@@ -171,21 +175,22 @@ class LeaseFSReader(DataSourceReader):
         self.fmt = source.fmt
         self.meta = source.location_meta
         self.schema = schema
-        self.partition_types = {name: kind for name, kind in source.partition_types().items()}
-        self.files = source.files()
+        self.partition_kinds = _partition_kinds(schema, source.partition_types())
+        self.files = _typed_files(source.files(), _partition_kinds(schema, schema.names))
         self.filters: list = []
         self.data_filters: list = []     # data-column filters for the reader (pushdown.py)
-        self.data_kinds = pushdown.column_kinds(schema, exclude=self.partition_types)
+        self.data_kinds = pushdown.column_kinds(schema, exclude=self.partition_kinds)
 
     def partitions(self):
         files = [f for f in self.files
-                 if all(_filter_matches(flt, f.partition, self.partition_types)
-                        for flt in self.filters)]
+                 if all(_filter_matches(flt, f.partition) for flt in self.filters)]
         splits = formats.plan_read_splits(client_for(self.meta), files, self.fmt, self.options,
                                           self.data_filters, self.data_kinds)
         return [LeaseFSPartition(s, self.meta) for s in splits]
 
     def read(self, partition: LeaseFSPartition):
+        if not isinstance(partition, LeaseFSPartition):
+            return      # Spark hands a plain InputPartition when we planned none
         client = client_for(partition.meta)
         target = formats.arrow_schema(self.schema)
         yield from formats.read_split(client, partition.split, self.fmt, target, self.options,
@@ -200,7 +205,7 @@ class LeaseFSPushdownReader(LeaseFSReader):
     def pushFilters(self, filters):
         data = self.fmt in formats.PUSHDOWN_FORMATS
         for flt in filters:
-            if _pushable(flt, self.partition_types):
+            if _pushable(flt, self.partition_kinds):
                 self.filters.append(flt)
             elif data and pushdown.pushable(flt, self.data_kinds):
                 self.data_filters.append(flt)
@@ -276,34 +281,88 @@ def _write_batches(client, paths, fmt, options, iterator, name_for_partition):
     return LeaseFSCommitMessage(attempt, [staged] if staged else [])
 
 
-def _begin_job(writer, source: "LeaseFSDataSource", job_id: str) -> None:
+def _write_partitioned(client, writer, iterator, name_for):
+    """A task of a ``partitionBy`` write: one staged file per partition folder
+    (``partitionwrite.py``); ``name_for(partition, counter)`` names the files."""
+    partition, attempt = _task_identity()
+    task = PartitionedTaskWriter(client, writer.paths, attempt, partition, writer.fmt,
+                                 writer.options, writer.partition_by,
+                                 lambda counter: name_for(partition, counter),
+                                 writer.max_open_files)
+    try:
+        for batch in iterator:
+            if batch.num_rows:
+                task.write(batch)
+        files = task.close()
+    except BaseException:
+        task.abort()
+        raise
+    return LeaseFSCommitMessage(attempt, files)
+
+
+def _begin_job(writer, source: "LeaseFSDataSource", job_id: str, schema, *,
+               streaming: bool = False) -> None:
     """What every writer (batch or stream) does on the driver first: remember the options,
-    format and cluster, name its job's staging paths, and clear stale staging of jobs that
-    are over (the cleanup pass of the commit protocol)."""
+    format, cluster and partition columns, name its job's staging paths, and clear stale
+    staging of jobs that are over (the cleanup pass of the commit protocol)."""
     writer.options = dict(source.options)
     writer.fmt = source.write_format()
     writer.meta = source.location_meta
     writer.paths = protocol.JobPaths(source.location.path, job_id)
+    writer.partition_by = parts.check_partition_columns(
+        parts.parse_partition_by(option(writer.options, "partitionBy")), schema,
+        source.location.path)
+    writer.max_open_files = int(option(writer.options, "maxOpenFiles", DEFAULT_MAX_OPEN_FILES))
     stale = float(option(writer.options, "staleStagingSeconds", protocol.DEFAULT_STALE_SECONDS))
-    protocol.start_job(client_for(writer.meta), writer.paths, stale)
+    client = client_for(writer.meta)
+    if streaming and not _called_from("python_streaming_sink_runner.py"):
+        # the query starts (pyspark also builds a writer for every batch commit): what an
+        # earlier run of this same query left in its job folder is garbage now
+        protocol.abort_job(client, writer.paths)
+    protocol.start_job(client, writer.paths, stale, create=not streaming)
+
+
+def _called_from(filename: str) -> bool:
+    """Is a caller of ours in pyspark's worker module ``filename``?"""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(filename):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _overwrite_mode(options, target: str) -> bool:
+    """Option ``partitionOverwriteMode``: static (default) → False, dynamic → True."""
+    mode = str(option(options, "partitionOverwriteMode", "static")).strip().lower()
+    if mode not in ("static", "dynamic"):
+        raise InvalidArgument(f"{target}: partitionOverwriteMode={mode!r}: use static or "
+                              f"dynamic")
+    return mode == "dynamic"
 
 
 class LeaseFSWriter(DataSourceArrowWriter):
     """Batch write with the commit protocol of ``commit.py``."""
 
-    def __init__(self, source: "LeaseFSDataSource", overwrite: bool):
-        _begin_job(self, source, protocol.new_job_id())
+    def __init__(self, source: "LeaseFSDataSource", schema, overwrite: bool):
+        self.dynamic = _overwrite_mode(source.options, source.location.path)
+        _begin_job(self, source, protocol.new_job_id(), schema)
         self.overwrite = overwrite
+        self.dynamic = self.dynamic and bool(self.partition_by)
 
     def write(self, iterator):
         client = client_for(self.meta)
         ext = formats.file_extension(self.fmt, self.options)
         job = self.paths.job
+        if self.partition_by:
+            return _write_partitioned(client, self, iterator,
+                                      lambda p, c: f"part-{p:05d}-{job}.c{c:03d}.{ext}")
         return _write_batches(client, self.paths, self.fmt, self.options, iterator,
                               lambda p: f"part-{p:05d}-{job}.{ext}")
 
     def commit(self, messages):
-        protocol.commit_job(client_for(self.meta), self.paths, messages, self.overwrite)
+        protocol.commit_job(client_for(self.meta), self.paths, messages, self.overwrite,
+                            dynamic=self.dynamic)
 
     def abort(self, messages):
         protocol.abort_job(client_for(self.meta), self.paths)
@@ -363,7 +422,8 @@ class LeaseFSStreamReader(DataSourceStreamReader):
 
     def partitions(self, start, end):
         added = set(end.get("files") or []) - set(start.get("files") or [])
-        files = [f for f in self._list() if f.path in added]
+        files = _typed_files([f for f in self._list() if f.path in added],
+                             _partition_kinds(self.schema, self.schema.names))
         splits = formats.plan_splits(sorted(files, key=_file_key), self.fmt, self.options)
         return [LeaseFSPartition(s, self.meta) for s in splits]
 
@@ -376,16 +436,31 @@ class LeaseFSStreamReader(DataSourceStreamReader):
         pass   # files are never consumed or moved: the checkpointed offset is the state
 
 
-class LeaseFSStreamWriter(DataSourceStreamArrowWriter):
-    """Streaming sink: per micro-batch files ``part-<batch>-<partition>.<ext>`` published
-    once per batch id (``commit.commit_batch``)."""
+def _stream_job_id(options) -> str:
+    """The sink's job folder name: stable per checkpoint (one query, which Spark never runs
+    twice at once), so a restarted query removes what an earlier run of it left; without a
+    ``checkpointLocation`` option, a new one per start."""
+    checkpoint = option(options, "checkpointLocation")
+    if checkpoint:
+        return protocol.STREAM_PREFIX + hashlib.sha256(str(checkpoint).encode()).hexdigest()[:24]
+    return protocol.STREAM_PREFIX + protocol.new_job_id()
 
-    def __init__(self, source: "LeaseFSDataSource"):
-        _begin_job(self, source, "stream-" + protocol.new_job_id())
+
+class LeaseFSStreamWriter(DataSourceStreamArrowWriter):
+    """Streaming sink: per micro-batch files ``part-<batch>-<partition>.<ext>`` (with
+    ``partitionBy``: ``k=v/part-<batch>-<partition>-c<n>.<ext>``) published once per batch
+    id (``commit.commit_batch``); the job folder exists only while a batch is written."""
+
+    def __init__(self, source: "LeaseFSDataSource", schema):
+        _begin_job(self, source, _stream_job_id(source.options), schema, streaming=True)
 
     def write(self, iterator):
         client = client_for(self.meta)
         ext = formats.file_extension(self.fmt, self.options)
+        if self.partition_by:
+            return _write_partitioned(
+                client, self, iterator,
+                lambda p, c: f"staged-{p:05d}-{time.time_ns()}-c{c:03d}.{ext}")
         return _write_batches(client, self.paths, self.fmt, self.options, iterator,
                               lambda p: f"staged-{p:05d}-{time.time_ns()}.{ext}")
 
@@ -393,14 +468,16 @@ class LeaseFSStreamWriter(DataSourceStreamArrowWriter):
         ext = formats.file_extension(self.fmt, self.options)
         for m in messages or []:
             for f in getattr(m, "files", None) or []:
-                f.final_name = f"part-{int(batchId):010d}-{f.partition:05d}.{ext}"
+                name = f"part-{int(batchId):010d}-{f.partition:05d}"
+                if "/" in f.final_name:
+                    folder = f.final_name.rsplit("/", 1)[0]
+                    f.final_name = f"{folder}/{name}-c{f.counter:03d}.{ext}"
+                else:
+                    f.final_name = f"{name}.{ext}"
         protocol.commit_batch(client_for(self.meta), self.paths, messages, batchId)
 
     def abort(self, messages, batchId):
-        client = client_for(self.meta)
-        for m in messages or []:
-            for f in getattr(m, "files", None) or []:
-                protocol._delete_quietly(client, posixpath.dirname(f.staged))
+        protocol.end_batch(client_for(self.meta), self.paths)
 
 
 # --------------------------------------------------------------------------- data source
@@ -454,12 +531,15 @@ class LeaseFSDataSource(DataSource):
             self._files = files
         return self._files
 
-    def partition_types(self) -> dict[str, str]:
+    def partition_types(self) -> dict:
+        """Each partition column's ``partitioning.PartitionType``, inferred over all its
+        values as Spark does (option ``partitionColumnTypeInference=false``: strings)."""
         names: dict[str, list] = {}
         for f in self.files():
             for k, v in f.partition.items():
                 names.setdefault(k, []).append(v)
-        return {k: _infer_partition_type(v).typeName() for k, v in names.items()}
+        inference = flag(self.options, "partitionColumnTypeInference", True)
+        return {k: parts.infer_column(v, inference) for k, v in names.items()}
 
     def check_options(self, direction: str, *, streaming: bool = False) -> None:
         """Refuse a Spark option this source would otherwise ignore (``options.py``)."""
@@ -468,7 +548,7 @@ class LeaseFSDataSource(DataSource):
 
     # -- DataSource API
     def schema(self):
-        from pyspark.sql.types import LongType, StringType, StructField, StructType
+        from pyspark.sql.types import StructField, StructType
         # before any file is read; streaming or not is known only at reader(), which
         # checks again without the streaming options for a batch read
         self.check_options("read", streaming=True)
@@ -478,8 +558,7 @@ class LeaseFSDataSource(DataSource):
         names = {f.name for f in fields}
         for key, kind in self.partition_types().items():
             if key not in names:
-                fields.append(StructField(key, LongType() if kind == "long" else StringType(),
-                                          True))
+                fields.append(StructField(key, kind.spark_type(), True))
         return StructType(fields)
 
     def reader(self, schema):
@@ -490,7 +569,7 @@ class LeaseFSDataSource(DataSource):
 
     def writer(self, schema, overwrite):
         self.check_options("write")
-        return LeaseFSWriter(self, overwrite)
+        return LeaseFSWriter(self, schema, overwrite)
 
     def streamReader(self, schema):
         self.check_options("read", streaming=True)
@@ -498,4 +577,4 @@ class LeaseFSDataSource(DataSource):
 
     def streamWriter(self, schema, overwrite):
         self.check_options("write", streaming=True)
-        return LeaseFSStreamWriter(self)
+        return LeaseFSStreamWriter(self, schema)

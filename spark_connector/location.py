@@ -23,11 +23,12 @@ import posixpath
 import re
 import threading
 from dataclasses import dataclass, field
-from urllib.parse import unquote
 
 from fs.client import Client, FileStatus
 from fs.config import find_meta_address
 from fs.errors import FileNotFound, InvalidArgument, NotDirectory
+
+from .partitioning import unescape_path_name
 
 log = logging.getLogger(__name__)
 
@@ -99,14 +100,15 @@ class DataFile:
 
 
 def partition_values(base: str, path: str) -> dict[str, str | None]:
-    """``key=value`` folder names between ``base`` and the file ``path``."""
+    """``key=value`` folder names between ``base`` and the file ``path``, unescaped as
+    Spark does (``partitioning.unescape_path_name``)."""
     rel = posixpath.relpath(posixpath.dirname(path), base) if path.startswith(base) else ""
     values: dict[str, str | None] = {}
     for part in rel.split("/"):
         if "=" in part and not part.startswith("="):
             key, value = part.split("=", 1)
-            value = unquote(value)
-            values[unquote(key)] = None if value == DEFAULT_PARTITION else value
+            value = unescape_path_name(value)
+            values[unescape_path_name(key)] = None if value == DEFAULT_PARTITION else value
     return values
 
 

@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 # what this source does, by format and direction (datasource.py describes each)
 COMMON = {"format", "path", "paths", "meta"}
 READ_COMMON = {"splitsize", "filterpushdown", "pathglobfilter", "recursivefilelookup",
-               "modifiedbefore", "modifiedafter", "ignoremissingfiles", "ignorecorruptfiles"}
+               "modifiedbefore", "modifiedafter", "ignoremissingfiles", "ignorecorruptfiles",
+               "partitioncolumntypeinference"}
 STREAM = {"maxfilespertrigger", "lookbackseconds", "checkpointlocation"}
 _TEXT_READ = {"linesep", "mode", "columnnameofcorruptrecord", "dateformat", "timestampformat",
               "samplingratio"}
@@ -59,7 +60,8 @@ WRITE = {
     "parquet": {"compression"},
     "orc": {"compression"},
 }
-WRITE_COMMON = {"stalestagingseconds"}
+WRITE_COMMON = {"stalestagingseconds", "partitionby", "partitionoverwritemode",
+                "maxopenfiles"}
 
 # options Spark's built-in file sources honour, by format and direction (its data source
 # option docs): one of these that this source does not take for the same format and
