@@ -13,7 +13,9 @@ and (b) a selective query, ``id BETWEEN rows/2 AND rows/2 + rows/100`` selecting
 name``, with ``spark.sql.python.filterPushdown.enabled=true`` (ours needs it; Spark's own
 source ignores it). ``--repeat`` rounds alternate which side goes first; the median of each
 is reported (and the best), as ``Spark time / leasefs time``: above 1 means leasefs is
-faster.
+faster. ``--floor`` adds the yardsticks of ``sparkfloor.py``: a full scan of Spark's own
+local files by a minimal Python data source, and the selective query answered from memory
+by one; Spark's time over theirs is the best ratio any Python data source can reach here.
 
 Concurrency contract: a CLI process driving one local SparkSession (``--master``, default
 ``local[2]``); Spark's Python workers each open their own leasefs client. Progress on
@@ -71,6 +73,10 @@ def run_spark_bench(cmd: Command) -> int:
              .config("spark.sql.session.timeZone", "UTC").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(LeaseFSDataSource)
+    if a.floor:
+        from .sparkfloor import LocalParquetFloor, SelectiveAnswerFloor
+        spark.dataSource.register(LocalParquetFloor)
+        spark.dataSource.register(SelectiveAnswerFloor)
     local = tempfile.mkdtemp(prefix=".leasefs-bench-spark-")
     times: dict[str, list[float]] = {}
     results: dict[str, float] = {}
@@ -119,6 +125,14 @@ def run_spark_bench(cmd: Command) -> int:
             ("leasefs_select", "selective: leasefs data source", lambda: select(ours())),
             ("spark_select", "selective: Spark parquet", lambda: select(theirs())),
         ]
+        if a.floor:
+            # Spark's own files read by a minimal local Python source: the API's floor
+            reads.append(("floor_read", "read: minimal Python source, Spark's local files",
+                          lambda: scan(spark.read.format("localparquet")
+                                       .schema(theirs().schema).load(local + "/out"))))
+            reads.append(("floor_select", "selective: its answer from memory, Python source",
+                          lambda: select(spark.read.format("answerfloor").option("lo", lo)
+                                         .option("hi", hi).load().where(selective))))
         for round_no in range(a.repeat):
             # rounds alternate which side goes first, so neither always gets the warm cache
             order = steps if round_no % 2 == 0 else steps[::-1]
@@ -126,7 +140,8 @@ def run_spark_bench(cmd: Command) -> int:
                 status(f"round {round_no + 1}/{a.repeat} {text}")
                 times.setdefault(key, []).append(_timed(fn))
         for round_no in range(a.repeat):
-            order = reads if round_no % 2 == 0 else [reads[1], reads[0], reads[3], reads[2]]
+            order = reads if round_no % 2 == 0 else \
+                [reads[1], reads[0], reads[3], reads[2]] + reads[4:]
             for key, text, fn in order:
                 status(f"round {round_no + 1}/{a.repeat} {text}")
                 times.setdefault(key, []).append(_timed(fn))
@@ -160,6 +175,15 @@ def run_spark_bench(cmd: Command) -> int:
         mine_best, theirs_best = best[f"leasefs_{op}"], best[f"spark_{op}"]
         rows.append([label, f"{mine_s:.2f}", f"{theirs_s:.2f}", f"{theirs_s / mine_s:.3f}",
                      f"{theirs_best / mine_best:.3f}"])
+    if a.floor:
+        floor_s, theirs_s = results["floor_read"], results["spark_read"]
+        rows.append(["full scan, minimal Python source (floor)", f"{floor_s:.2f}",
+                     f"{theirs_s:.2f}", f"{theirs_s / floor_s:.3f}",
+                     f"{best['spark_read'] / best['floor_read']:.3f}"])
+        floor_s, theirs_s = results["floor_select"], results["spark_select"]
+        rows.append(["selective, answer from memory (floor)", f"{floor_s:.2f}",
+                     f"{theirs_s:.2f}", f"{theirs_s / floor_s:.3f}",
+                     f"{best['spark_select'] / best['floor_select']:.3f}"])
     cmd.out(f"bench spark: {a.rows} rows, {a.partitions} files, {a.master}, "
             f"median of {a.repeat} alternating rounds; selective: {selective}, "
             f"select id, name")
@@ -180,6 +204,9 @@ def register(bsub, common) -> None:
     q.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     q.add_argument("--dir", default="/.leasefs-bench", help="cluster folder for bench files")
     q.add_argument("--keep", action="store_true", help="keep the files written")
+    q.add_argument("--floor", action="store_true",
+                   help="also time a minimal Python data source reading Spark's own local "
+                        "files (what the Python data source API costs by itself)")
     q.add_argument("--json", action="store_true", help="machine-readable results on stdout")
     q.add_argument("--quiet", action="store_true", help="no progress lines")
     q.set_defaults(func=run_spark_bench)
