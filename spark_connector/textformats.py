@@ -191,9 +191,22 @@ def infer_text_schema(client, first, fmt: str, options):
         head, rest = _header_line(data) if opts.header else (b"", data)
         data = head + b"".join(_sampled(rest.splitlines(keepends=True), opts))
     table = read_csv_bytes(data, options, header=opts.header, column_types=None, infer=infer)
-    return StructType([StructField(name, spark_type(table.column(name).type)
+    return StructType([StructField(name, _csv_inferred_type(table.column(name))
                                    if infer else StringType(), True)
                        for name in table.column_names])
+
+
+def _csv_inferred_type(column):
+    """Spark's csv inference for a parsed column: integers are ``int`` when every value
+    fits 32 bits (Spark tries int before long), else as pyarrow parsed them."""
+    from pyspark.sql.types import IntegerType
+    if pa.types.is_int64(column.type):
+        import pyarrow.compute as pc
+        bounds = pc.min_max(column)
+        low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        if low is None or (-(1 << 31) <= low and high < (1 << 31)):
+            return IntegerType()
+    return spark_type(column.type)
 
 
 # --------------------------------------------------------------------------- reading

@@ -126,7 +126,7 @@ def test_round_trip(spark, cluster, client, fmt, rows):
 
 
 @pytest.mark.slow
-def test_parquet_schema_inferred_and_csv_inference(spark, cluster, client):
+def test_parquet_schema_inferred_and_csv_inference(spark, cluster, client, tmp_path):
     df = source_frame(spark, 2000, partitions=2)
     df.write.format("leasefs").option("format", "parquet").mode("overwrite") \
         .save(url(cluster, "/infer/pq"))
@@ -135,12 +135,19 @@ def test_parquet_schema_inferred_and_csv_inference(spark, cluster, client):
         [("id", "long"), ("i", "integer"), ("f", "double"), ("s", "string"),
          ("ts", "timestamp"), ("d", "date")]
     assert_same(df, back)
-    client.write_file("/infer/csv/a.csv", b"k;v;name\n1;2.5;x\n2;;\"y;z\"\n", overwrite=True)
+    data = b"k;big;v;name\n1;3000000000;2.5;x\n2;-4;;\"y;z\"\n"
+    client.write_file("/infer/csv/a.csv", data, overwrite=True)
     got = spark.read.format("leasefs").option("format", "csv").option("header", "true") \
         .option("delimiter", ";").option("inferSchema", "true").load(url(cluster, "/infer/csv"))
     assert [(f.name, f.dataType.typeName()) for f in got.schema.fields] == \
-        [("k", "long"), ("v", "double"), ("name", "string")]
-    assert sorted(tuple(r) for r in got.collect()) == [(1, 2.5, "x"), (2, None, "y;z")]
+        [("k", "integer"), ("big", "long"), ("v", "double"), ("name", "string")]
+    assert sorted(tuple(r) for r in got.collect()) == \
+        [(1, 3000000000, 2.5, "x"), (2, -4, None, "y;z")]
+    local = tmp_path / "infer.csv"
+    local.write_bytes(data)
+    theirs = spark.read.option("header", "true").option("delimiter", ";") \
+        .option("inferSchema", "true").csv(str(local))
+    assert got.schema == theirs.schema
 
 
 @pytest.mark.slow
