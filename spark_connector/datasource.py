@@ -31,6 +31,7 @@ options of ``textoptions.TextOptions`` (csv: ``header``, ``sep``, ``quote``, ``e
 Spark itself refuses ``.partitionBy`` for Python sources), ``partitionOverwriteMode``
 (``static``: overwrite replaces the target; ``dynamic``: only the partition folders written),
 ``maxOpenFiles`` (partitioned write: open files per task, default 32),
+``maxRecordsPerFile`` (write: a file is cut at that many rows, as Spark's),
 ``partitionColumnTypeInference`` (read: false → partition columns are strings),
 ``maxFilesPerTrigger`` and ``lookbackSeconds`` (streaming source). Any other option Spark's
 own source honours for the format is refused before planning (``options.py``).
@@ -282,13 +283,14 @@ def _write_batches(client, paths, fmt, options, iterator, name_for_partition):
 
 
 def _write_partitioned(client, writer, iterator, name_for):
-    """A task of a ``partitionBy`` write: one staged file per partition folder
-    (``partitionwrite.py``); ``name_for(partition, counter)`` names the files."""
+    """A task of a ``partitionBy`` write (one staged file per partition folder) or of a
+    write with ``maxRecordsPerFile`` (files cut at that many rows): ``partitionwrite.py``;
+    ``name_for(partition, counter)`` names the files."""
     partition, attempt = _task_identity()
     task = PartitionedTaskWriter(client, writer.paths, attempt, partition, writer.fmt,
                                  writer.options, writer.partition_by,
                                  lambda counter: name_for(partition, counter),
-                                 writer.max_open_files)
+                                 writer.max_open_files, writer.max_records)
     try:
         for batch in iterator:
             if batch.num_rows:
@@ -313,6 +315,9 @@ def _begin_job(writer, source: "LeaseFSDataSource", job_id: str, schema, *,
         parts.parse_partition_by(option(writer.options, "partitionBy")), schema,
         source.location.path)
     writer.max_open_files = int(option(writer.options, "maxOpenFiles", DEFAULT_MAX_OPEN_FILES))
+    writer.max_records = _max_records(writer.options, source.location.path)
+    # files numbered c000, c001...: several per task and folder
+    writer.counted = bool(writer.partition_by) or writer.max_records > 0
     stale = float(option(writer.options, "staleStagingSeconds", protocol.DEFAULT_STALE_SECONDS))
     client = client_for(writer.meta)
     if streaming and not _called_from("python_streaming_sink_runner.py"):
@@ -320,6 +325,16 @@ def _begin_job(writer, source: "LeaseFSDataSource", job_id: str, schema, *,
         # earlier run of this same query left in its job folder is garbage now
         protocol.abort_job(client, writer.paths)
     protocol.start_job(client, writer.paths, stale, create=not streaming)
+
+
+def _max_records(options, target: str) -> int:
+    """Option ``maxRecordsPerFile`` (Spark's: 0 or less means no limit)."""
+    text = str(option(options, "maxRecordsPerFile", 0)).strip()
+    try:
+        return max(0, int(text))
+    except ValueError:
+        raise InvalidArgument(f"{target}: maxRecordsPerFile={text!r} is not a whole "
+                              f"number") from None
 
 
 def _called_from(filename: str) -> bool:
@@ -354,7 +369,7 @@ class LeaseFSWriter(DataSourceArrowWriter):
         client = client_for(self.meta)
         ext = formats.file_extension(self.fmt, self.options)
         job = self.paths.job
-        if self.partition_by:
+        if self.counted:
             return _write_partitioned(client, self, iterator,
                                       lambda p, c: f"part-{p:05d}-{job}.c{c:03d}.{ext}")
         return _write_batches(client, self.paths, self.fmt, self.options, iterator,
@@ -457,7 +472,7 @@ class LeaseFSStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator):
         client = client_for(self.meta)
         ext = formats.file_extension(self.fmt, self.options)
-        if self.partition_by:
+        if self.counted:
             return _write_partitioned(
                 client, self, iterator,
                 lambda p, c: f"staged-{p:05d}-{time.time_ns()}-c{c:03d}.{ext}")
@@ -469,11 +484,11 @@ class LeaseFSStreamWriter(DataSourceStreamArrowWriter):
         for m in messages or []:
             for f in getattr(m, "files", None) or []:
                 name = f"part-{int(batchId):010d}-{f.partition:05d}"
+                if self.counted:
+                    name += f"-c{f.counter:03d}"
                 if "/" in f.final_name:
-                    folder = f.final_name.rsplit("/", 1)[0]
-                    f.final_name = f"{folder}/{name}-c{f.counter:03d}.{ext}"
-                else:
-                    f.final_name = f"{name}.{ext}"
+                    name = f.final_name.rsplit("/", 1)[0] + "/" + name
+                f.final_name = f"{name}.{ext}"
         protocol.commit_batch(client_for(self.meta), self.paths, messages, batchId)
 
     def abort(self, messages, batchId):

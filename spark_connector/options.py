@@ -61,7 +61,7 @@ WRITE = {
     "orc": {"compression"},
 }
 WRITE_COMMON = {"stalestagingseconds", "partitionby", "partitionoverwritemode",
-                "maxopenfiles"}
+                "maxopenfiles", "maxrecordsperfile"}
 
 # options Spark's built-in file sources honour, by format and direction (its data source
 # option docs): one of these that this source does not take for the same format and
@@ -92,7 +92,7 @@ SPARK_READ = {
     "parquet": _GENERIC_READ | {"mergeschema", "datetimerebasemode", "int96rebasemode"},
     "orc": _GENERIC_READ | {"mergeschema"},
 }
-_SPARK_WRITE = {
+SPARK_WRITE = {
     "text": {"compression", "linesep"},
     "csv": {"sep", "delimiter", "quote", "escape", "escapequotes", "quoteall", "header",
             "nullvalue", "emptyvalue", "encoding", "charset", "compression", "dateformat",
@@ -103,11 +103,9 @@ _SPARK_WRITE = {
     "parquet": {"compression"},
     "orc": {"compression"},
 }
-# every Spark file sink also cuts its files at ``maxRecordsPerFile`` rows
-SPARK_WRITE = {fmt: names | {"maxrecordsperfile"} for fmt, names in _SPARK_WRITE.items()}
 # every option name some Spark file source knows (an unknown one gets a warning)
 SPARK_FILE_OPTIONS = set().union(*SPARK_READ.values(), *SPARK_WRITE.values(),
-                                 {"codec", "partitionby"})
+                                 {"codec", "maxrecordsperfile", "partitionby"})
 
 # values with which a Spark option changes nothing here (its default, or what this source
 # already does), so they are accepted
@@ -122,7 +120,6 @@ NEUTRAL = {
     "codec": {"none", "uncompressed"},
     "linesep": {"\n", "\\n"},
     "wholetext": {"false"},
-    "maxrecordsperfile": {"0", "-1"},
     # pyarrow reads dates and timestamps in the proleptic Gregorian calendar: CORRECTED
     "datetimerebasemode": {"corrected"},
     "int96rebasemode": {"corrected"},

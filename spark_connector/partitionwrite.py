@@ -59,7 +59,10 @@ def _folder_texts(column) -> tuple[np.ndarray, list[str]]:
 
 def split_by_folder(batch: pa.RecordBatch, columns: list[str]):
     """``(folder, rows without the partition columns)`` for each partition folder of
-    ``batch`` (steps 1-3)."""
+    ``batch`` (steps 1-3); no columns: the whole batch in folder ``""``."""
+    if not columns:
+        yield "", batch
+        return
     per_column = [_folder_texts(batch.column(c)) for c in columns]
     codes = np.stack([idx for idx, _ in per_column], axis=1)
     combos, inverse = np.unique(codes, axis=0, return_inverse=True)
@@ -81,33 +84,44 @@ def split_by_folder(batch: pa.RecordBatch, columns: list[str]):
 
 
 class PartitionedTaskWriter:
-    """One task attempt's files of a partitioned write (module docstring)."""
+    """One task attempt's files of a partitioned write (module docstring); with
+    ``max_records`` (Spark's ``maxRecordsPerFile``) a file that reaches that many rows is
+    closed and the folder's next rows start its next file. With no partition columns it is
+    the task's files of a plain write cut at ``max_records``."""
 
     def __init__(self, client, paths: protocol.JobPaths, attempt: str, partition: int,
-                 fmt: str, options, columns: list[str], file_name, max_open: int):
+                 fmt: str, options, columns: list[str], file_name, max_open: int,
+                 max_records: int = 0):
         self.client, self.paths, self.attempt = client, paths, attempt
         self.partition, self.fmt, self.options = partition, fmt, options
         self.columns, self.file_name = columns, file_name      # file_name(counter) -> str
         self.max_open = max(1, max_open)
+        self.max_records = max(0, max_records)
         self.open: OrderedDict = OrderedDict()   # folder -> [staged, stream, writer, name]
         self.counters: dict[str, int] = {}
         self.done: list[protocol.StagedFile] = []
 
     def write(self, batch: pa.RecordBatch) -> None:
         for folder, rows in split_by_folder(batch, self.columns):
-            entry = self.open.get(folder)
-            if entry is None:
-                entry = self._start(folder, rows.schema)
-            else:
-                self.open.move_to_end(folder)
-            entry[2].write(rows)
+            while rows.num_rows:
+                entry = self.open.get(folder)
+                if entry is None:
+                    entry = self._start(folder, rows.schema)
+                else:
+                    self.open.move_to_end(folder)
+                room = (self.max_records - entry[2].rows if self.max_records
+                        else rows.num_rows)
+                entry[2].write(rows.slice(0, room))
+                rows = rows.slice(room)
+                if self.max_records and entry[2].rows >= self.max_records:
+                    self._finish(folder, self.open.pop(folder))
 
     def _start(self, folder: str, schema: pa.Schema):
         while len(self.open) >= self.max_open:
             self._finish(*self.open.popitem(last=False))
         counter = self.counters.get(folder, 0)
         self.counters[folder] = counter + 1
-        name = f"{folder}/{self.file_name(counter)}"
+        name = f"{folder}/{self.file_name(counter)}" if folder else self.file_name(counter)
         staged, stream = protocol.open_task_file(self.client, self.paths, self.attempt, name)
         try:
             writer = formats.FormatWriter(self.fmt, stream, schema, self.options)

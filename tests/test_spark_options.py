@@ -13,8 +13,6 @@ from spark_connector.options import SPARK_READ, check  # noqa: E402
 
 @pytest.mark.parametrize("fmt,direction,option,value", [
     ("parquet", "read", "datetimeRebaseMode", "LEGACY"),
-    ("parquet", "write", "maxRecordsPerFile", "1000"),
-    ("csv", "write", "maxRecordsPerFile", "10"),
     ("csv", "read", "locale", "de-DE"),
     ("csv", "read", "enforceSchema", "false"),
     ("csv", "read", "encoding", "ISO-8859-1"),

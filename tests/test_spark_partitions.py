@@ -264,6 +264,53 @@ def test_dynamic_overwrite_replaces_only_written_partitions(spark, cluster, clie
     assert not client.exists("/pw/dyn/_temporary")
 
 
+def _files_per_folder_and_rows(spark, paths):
+    """``{folder: sorted row counts of its data files}`` for local or cluster paths."""
+    out: dict[str, list[int]] = {}
+    for folder, path in paths:
+        n = spark.read.parquet(path).count() if path.startswith("/") \
+            else spark.read.format("leasefs").load(path).count()
+        out.setdefault(folder, []).append(n)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("partition_by", [None, "k"])
+def test_max_records_per_file_cuts_files_as_spark(spark, cluster, client, tmp_path,
+                                                  partition_by):
+    """``maxRecordsPerFile``: every file holds at most that many rows, and a folder gets
+    as many files of as many rows as Spark's own writer gives it from the same tasks."""
+    df = spark.range(0, 1000, numPartitions=2).selectExpr("id", "CAST(id % 3 AS STRING) AS k")
+    local = str(tmp_path / "spark")
+    writer = df.write.option("maxRecordsPerFile", 70)
+    if partition_by:
+        writer = writer.partitionBy(partition_by)
+    writer.parquet(local)
+    root = f"/pw/maxrec-{partition_by}"
+    ours = df.write.format("leasefs").option("maxRecordsPerFile", 70).mode("overwrite")
+    if partition_by:
+        ours = ours.option("partitionBy", partition_by)
+    ours.save(url(cluster, root))
+    theirs_files, our_files = [], []
+    for folder, _, names in os.walk(local):
+        for name in names:
+            if name.endswith(".parquet"):
+                theirs_files.append((os.path.relpath(folder, local),
+                                     os.path.join(folder, name)))
+    stack = [root]
+    while stack:
+        for st in client.list_status(stack.pop()):
+            if st.is_dir and not st.name.startswith("_"):
+                stack.append(st.path)
+            elif st.name.endswith(".parquet"):
+                our_files.append((posixpath.relpath(posixpath.dirname(st.path), root),
+                                  url(cluster, st.path)))
+    ours_counts = _files_per_folder_and_rows(spark, our_files)
+    assert ours_counts == _files_per_folder_and_rows(spark, theirs_files)
+    assert max(n for counts in ours_counts.values() for n in counts) == 70
+    assert rows(spark.read.format("leasefs").load(url(cluster, root))) == \
+        rows(spark.read.parquet(local))
+
+
 # --------------------------------------------------------------------------- typed reads
 
 FOLDERS = {
