@@ -103,8 +103,9 @@ class CheckView(Protocol):
 @dataclass(frozen=True)
 class Op:
     """One journal op. Fields are the record's args in wire order (subclasses are made
-    dataclasses by ``register``); a field defaulting to ``ABSENT`` is optional (left out of ``to_args`` when it was not in the record). Keys
-    this code does not know are kept in ``extra`` (after the others) and ignored."""
+    dataclasses by ``register``); a field defaulting to ``ABSENT`` is optional (left out
+    of ``to_args`` when it was not in the record). Keys this code does not know are kept
+    in ``extra`` (put back after the others) and otherwise ignored."""
 
     NAME: ClassVar[str] = ""
     needs_format: ClassVar[bool] = True       # refused before FORMAT
@@ -148,13 +149,13 @@ class Op:
         """The planner's preconditions at serial replay (default: none)."""
 
 
-# ``extra`` is declared by ``register``, after the op's own fields (keyword-only fields, so
-# optional and required ones may alternate as the wire order wants)
-OPS: dict[str, type[Op]] = {}
+OPS: dict[str, type[Op]] = {}   # op name -> class: the only way to an op
 
 
 def register(cls):
-    """Class decorator: make ``cls`` a frozen dataclass op named ``cls.NAME``, registered."""
+    """Class decorator: make ``cls`` a frozen dataclass op named ``cls.NAME``, registered.
+    Fields are keyword-only, so optional and required ones may alternate as the wire order
+    wants; ``extra`` is added after the op's own fields."""
     cls.__annotations__ = {**cls.__dict__.get("__annotations__", {}), "extra": "tuple"}
     cls.extra = ()
     cls = dataclass(frozen=True, kw_only=True)(cls)

@@ -3,7 +3,8 @@ journal's apply, the lock and permission helpers, lease release and block recove
 monitors, checkpoints — and the connection serving.
 
 Why it exists: it is the shell around the pure parts. ``namespace.py`` validates and applies
-journal records, ``leases.py``/``blocks.py``/``datanodes.py``/``safemode.py`` are I/O-free
+journal records (what each op does, in the store and here in memory, is its class in
+``ops.py``), ``leases.py``/``blocks.py``/``datanodes.py``/``safemode.py`` are I/O-free
 state machines; this module wires them to the journal, the path locks, the clock and the
 wire (every method of docs/PROTOCOL.md §2). The RPC handlers live by role, as HDFS separates
 them, in mixins ``MetaServer`` composes: ``client_protocol.py`` (ClientProtocol: namespace

@@ -152,6 +152,10 @@ def test_unknown_and_malformed_records_name_their_txid():
     ns = Namespace(MemoryStore())
     with pytest.raises(InternalError, match=r"txid 3: unknown op 'NOPE'"):
         ns.apply([Record(3, "NOPE", {})])
+    ns.apply([Record(1, *ns.plan_format(1, 1))])
+    assert check_record(ns.kv, Record(9, "MKDIR", {"dirs": []})) == [
+        "txid 9 MKDIR: malformed record: MKDIR record without 'time'"]
+    assert check_record(ns.kv, Record(9, "NOPE", {})) == []   # unknown ops are not checked
 
 
 def test_lazy_ops_are_the_namespace_only_ones():
