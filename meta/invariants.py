@@ -37,7 +37,8 @@ from __future__ import annotations
 
 from . import keys
 from .namespace_quota import file_charge
-from .namespace_apply import Txn, inside   # the batch view apply uses: reads see earlier writes
+from .ops import OPS, MalformedRecord
+from .ops_store import Txn, inside   # the batch view apply uses: reads see earlier writes
 
 _MAX_REPORTED = 200
 
@@ -274,20 +275,22 @@ def check_namespace(kv, leases=None) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ records
-# Ops that address an open file by inode id: the writer checks ran on a linked file
-# (``Namespace.writer_file``), so the file exists, is reachable and is under construction.
-_WRITER_OPS = frozenset({"ADD_BLOCK", "UPDATE_BLOCKS", "FSYNC", "ABANDON_BLOCK", "CLOSE",
-                         "INLINE"})
-# lease recovery ops: an existing file under construction
-_RECOVERY_OPS = frozenset({"REASSIGN_LEASE", "COMMIT_BLOCK_SYNC"})
-_INODE_OPS = frozenset({"SET_PERMISSIONS", "SET_OWNER", "TIMES"})
-_FILE_OPS = frozenset({"SET_REPLICATION", "TRUNCATE", "APPEND"})
+class RecordCheck(Txn):
+    """The replay checker's view of one record (``meta.ops.CheckView``): the store as
+    decoded values, with an in-memory overlay for the earlier moves of a RENAMES record (the
+    namespace's batch view; ``commit`` is never called, so the store itself is never
+    written), the problems found, and the checks several ops share."""
 
+    __slots__ = ("formatted", "problems", "_prefix")
 
-class _View(Txn):
-    """The store as decoded values, with an in-memory overlay for the earlier moves of a
-    RENAMES record (the namespace's batch view; ``commit`` is never called, so the store
-    itself is never written)."""
+    def __init__(self, kv, record):
+        super().__init__(kv)
+        self.formatted = kv.get(keys.meta_key(keys.NAMESPACE_ID)) is not None
+        self.problems: list[str] = []
+        self._prefix = f"txid {record.txid} {record.op}: "
+
+    def problem(self, text: str) -> None:
+        self.problems.append(self._prefix + text)
 
     def inode(self, ino):
         return self.get(keys.inode_key(ino)) if isinstance(ino, int) else None
@@ -308,6 +311,96 @@ class _View(Txn):
             ino = inode["parent"]
         return False
 
+    def live_dir(self, parent, label: str) -> bool | None:
+        """None (a problem) when ``parent`` is not a directory; else whether it is linked
+        to the root (a detached one is a problem too, but names below it can be checked)."""
+        parent_inode = self.inode(parent)
+        if parent_inode is None or parent_inode.get("type") != "dir":
+            self.problem(f"{label} inode {parent} is not a directory")
+            return None
+        if not self.linked(parent):
+            self.problem(f"{label} inode {parent} is detached")
+            return False
+        return True
+
+    def new_dirs(self, dirs) -> set:
+        """MKDIR/ADD/SYMLINK ``dirs``: each parent a directory, each name free, each inode
+        id unused; returns the new inode ids."""
+        made: set = set()
+        for d in dirs or ():
+            parent, name, ino = d.get("parent"), d.get("name"), d.get("ino")
+            if parent not in made and self.live_dir(parent, f"new directory {name!r}: parent") \
+                    and self.entry(parent, name) is not None:
+                self.problem(f"new directory {name!r} in inode {parent}: the name exists "
+                             f"(inode {self.entry(parent, name)})")
+            if self.inode(ino) is not None:
+                self.problem(f"new directory {name!r}: inode id {ino} is in use")
+            made.add(ino)
+        return made
+
+    def new_entry(self, parent, name, ino, made, overwrite=None) -> None:
+        """A new entry: its name free (or naming the file ``overwrite`` replaces)."""
+        if parent not in made and self.live_dir(parent, f"{name!r}: parent") is None:
+            return
+        current = None if parent in made else self.entry(parent, name)
+        if current != overwrite:
+            self.problem(f"entry {name!r} in inode {parent} is {current}, the planner saw "
+                         f"{overwrite}")
+        elif overwrite is not None:
+            replaced = self.inode(overwrite)
+            if replaced is None or replaced.get("type") == "dir":
+                self.problem(f"overwritten inode {overwrite} is not a file")
+        if self.inode(ino) is not None:
+            self.problem(f"{name!r}: new inode id {ino} is in use")
+
+    def rename(self, one) -> None:
+        """One move (a RENAME op, or one of a RENAMES); the view then shows it done."""
+        ino = one.ino
+        src = self.entry(one.src_parent, one.src_name)
+        moved = self.inode(ino)
+        if src != ino or moved is None:
+            self.problem(f"source entry {one.src_name!r} in inode {one.src_parent} "
+                         f"is {src}, the planner moved inode {ino}")
+            return
+        dst_parent, dst_name = one.dst_parent, one.dst_name
+        if self.live_dir(dst_parent, "destination parent") is None:
+            return
+        if inside(self, dst_parent, ino):
+            self.problem(f"destination parent inode {dst_parent} is inside the moved inode "
+                         f"{ino} (a cycle)")
+        current = self.entry(dst_parent, dst_name)
+        overwrite = one.overwrite
+        if current != overwrite:
+            self.problem(f"destination entry {dst_name!r} in inode {dst_parent} is {current}, "
+                         f"the planner saw {overwrite}")
+        elif overwrite is not None:
+            replaced = self.inode(overwrite)
+            if overwrite == ino or replaced is None:
+                self.problem(f"overwritten inode {overwrite} is missing or the moved inode")
+            elif (replaced.get("type") == "dir") != (moved.get("type") == "dir"):
+                self.problem(f"overwrite of inode {overwrite} ({replaced.get('type')}) by "
+                             f"inode {ino} ({moved.get('type')})")
+            elif replaced.get("type") == "dir" and replaced.get("children", 0):
+                self.problem(f"overwritten directory inode {overwrite} is not empty")
+        # what the next move of a RENAMES record sees
+        self.delete(keys.dentry_key(one.src_parent, one.src_name))
+        if overwrite is not None:
+            self.delete(keys.inode_key(overwrite))
+        self.put(keys.dentry_key(dst_parent, dst_name), ino)
+        self.put(keys.inode_key(ino), {**moved, "parent": dst_parent, "name": dst_name})
+
+    def open_file(self, ino, *, linked: bool) -> dict | None:
+        """A file under construction (``linked``: and reachable from the root)."""
+        inode = self.inode(ino)
+        if inode is None or inode.get("type") != "file":
+            self.problem(f"inode {ino} is not a file")
+            return None
+        if linked and not self.linked(ino):
+            self.problem(f"file inode {ino} is detached")
+        if not inode.get("uc"):
+            self.problem(f"file inode {ino} is not under construction")
+        return inode
+
 
 def check_record(kv, record) -> list[str]:
     """The planner's preconditions of one journal record, re-checked against ``kv`` (the
@@ -319,183 +412,31 @@ def check_record(kv, record) -> list[str]:
     the damage only shows later. Replaying the journal serially and checking every record
     before applying it shows exactly which record was planned on a state it did not run on.
 
-    Checked: FORMAT on an unformatted store and every other op on a formatted one; MKDIR,
-    ADD, SYMLINK: each new directory's parent is a directory, its name is free and its
-    inode id unused, the new entry's name is free (ADD ``overwrite``: it names the current
-    file); RENAME and each move of RENAMES in order: the source entry points to ``ino``, the
-    destination parent is a linked directory not inside the moved inode (no cycle), the
-    destination entry is absent or is ``overwrite`` (an empty directory for a directory, a
-    non-directory otherwise); DELETE: the entry points to ``ino``; writer ops by inode id
-    (ADD_BLOCK, UPDATE_BLOCKS, FSYNC, ABANDON_BLOCK, CLOSE): a linked file under
-    construction, block indexes at its end; REASSIGN_LEASE, COMMIT_BLOCK_SYNC: a file under
-    construction; set* ops: the inode exists; RECLAIM: its orphan root is detached.
-    Unknown ops are not checked. Returns problems (empty: fine); reads only."""
-    view = _View(kv)
-    op, a, txid = record.op, record.args, record.txid
-    problems: list[str] = []
-
-    def problem(text: str) -> None:
-        problems.append(f"txid {txid} {op}: {text}")
-
-    formatted = kv.get(keys.meta_key(keys.NAMESPACE_ID)) is not None
-    if op == "FORMAT":
-        if formatted:
-            problem("the namespace is already formatted")
-        return problems
-    if not formatted:
-        problem("before FORMAT")
-        return problems
-
-    def live_dir(parent, label: str) -> bool | None:
-        """None (a problem) when ``parent`` is not a directory; else whether it is linked
-        to the root (a detached one is a problem too, but names below it can be checked)."""
-        parent_inode = view.inode(parent)
-        if parent_inode is None or parent_inode.get("type") != "dir":
-            problem(f"{label} inode {parent} is not a directory")
-            return None
-        if not view.linked(parent):
-            problem(f"{label} inode {parent} is detached")
-            return False
-        return True
-
-    def new_dirs(dirs) -> set:
-        made: set = set()
-        for d in dirs or ():
-            parent, name, ino = d.get("parent"), d.get("name"), d.get("ino")
-            if parent not in made and live_dir(parent, f"new directory {name!r}: parent") \
-                    and view.entry(parent, name) is not None:
-                problem(f"new directory {name!r} in inode {parent}: the name exists "
-                        f"(inode {view.entry(parent, name)})")
-            if view.inode(ino) is not None:
-                problem(f"new directory {name!r}: inode id {ino} is in use")
-            made.add(ino)
-        return made
-
-    def new_entry(parent, name, ino, made, overwrite=None) -> None:
-        if parent not in made and live_dir(parent, f"{name!r}: parent") is None:
-            return
-        current = None if parent in made else view.entry(parent, name)
-        if current != overwrite:
-            problem(f"entry {name!r} in inode {parent} is {current}, the planner saw "
-                    f"{overwrite}")
-        elif overwrite is not None:
-            replaced = view.inode(overwrite)
-            if replaced is None or replaced.get("type") == "dir":
-                problem(f"overwritten inode {overwrite} is not a file")
-        if view.inode(ino) is not None:
-            problem(f"{name!r}: new inode id {ino} is in use")
-
-    def rename(one: dict) -> None:
-        ino = one.get("ino")
-        src = view.entry(one.get("src_parent"), one.get("src_name"))
-        moved = view.inode(ino)
-        if src != ino or moved is None:
-            problem(f"source entry {one.get('src_name')!r} in inode {one.get('src_parent')} "
-                    f"is {src}, the planner moved inode {ino}")
-            return
-        dst_parent, dst_name = one.get("dst_parent"), one.get("dst_name")
-        if live_dir(dst_parent, "destination parent") is None:
-            return
-        if inside(view, dst_parent, ino):
-            problem(f"destination parent inode {dst_parent} is inside the moved inode {ino} "
-                    f"(a cycle)")
-        current = view.entry(dst_parent, dst_name)
-        overwrite = one.get("overwrite")
-        if current != overwrite:
-            problem(f"destination entry {dst_name!r} in inode {dst_parent} is {current}, "
-                    f"the planner saw {overwrite}")
-        elif overwrite is not None:
-            replaced = view.inode(overwrite)
-            if overwrite == ino or replaced is None:
-                problem(f"overwritten inode {overwrite} is missing or the moved inode")
-            elif (replaced.get("type") == "dir") != (moved.get("type") == "dir"):
-                problem(f"overwrite of inode {overwrite} ({replaced.get('type')}) by inode "
-                        f"{ino} ({moved.get('type')})")
-            elif replaced.get("type") == "dir" and replaced.get("children", 0):
-                problem(f"overwritten directory inode {overwrite} is not empty")
-        # what the next move of a RENAMES record sees
-        view.delete(keys.dentry_key(one["src_parent"], one["src_name"]))
-        if overwrite is not None:
-            view.delete(keys.inode_key(overwrite))
-        view.put(keys.dentry_key(dst_parent, dst_name), ino)
-        view.put(keys.inode_key(ino), {**moved, "parent": dst_parent, "name": dst_name})
-
-    def open_file(ino, *, linked: bool) -> dict | None:
-        inode = view.inode(ino)
-        if inode is None or inode.get("type") != "file":
-            problem(f"inode {ino} is not a file")
-            return None
-        if linked and not view.linked(ino):
-            problem(f"file inode {ino} is detached")
-        if not inode.get("uc"):
-            problem(f"file inode {ino} is not under construction")
-        return inode
-
-    if op == "MKDIR":
-        new_dirs(a.get("dirs"))
-    elif op in ("ADD", "SYMLINK"):
-        made = new_dirs(a.get("dirs"))
-        new_entry(a.get("parent"), a.get("name"), a.get("ino"), made,
-                  a.get("overwrite") if op == "ADD" else None)
-    elif op == "RENAME":
-        rename(a)
-    elif op == "RENAMES":
-        for one in a.get("renames", ()):
-            rename(one)
-    elif op == "DELETE":
-        current = view.entry(a.get("parent"), a.get("name"))
-        if current != a.get("ino") or view.inode(a.get("ino")) is None:
-            problem(f"entry {a.get('name')!r} in inode {a.get('parent')} is {current}, the "
-                    f"planner deleted inode {a.get('ino')}")
-        elif a.get("ino") == keys.ROOT_INO:
-            problem("deletes the root")
-    elif op in _WRITER_OPS:
-        inode = open_file(a.get("ino"), linked=True)
-        nblocks = inode.get("nblocks", 0) if inode else 0
-        if inode is None:
-            pass
-        elif op == "ADD_BLOCK":
-            if a.get("index") != nblocks:
-                problem(f"adds block #{a.get('index')} to a file of {nblocks} blocks")
-            prev = a.get("previous")
-            if prev is not None and prev.get("index") != nblocks - 1:
-                problem(f"previous block #{prev.get('index')} is not the last of {nblocks}")
-        elif op in ("ABANDON_BLOCK", "FSYNC") or (op == "CLOSE" and a.get("last")):
-            index = a["last"]["index"] if op == "CLOSE" else a.get("index")
-            block_id = a["last"]["id"] if op == "CLOSE" else a.get("id")
-            block = view.get(keys.block_key(a["ino"], index)) if isinstance(index, int) else None
-            if index != nblocks - 1 or block is None or block.get("id") != block_id:
-                problem(f"block {block_id} (#{index}) is not the last of {nblocks} blocks")
-        elif op == "UPDATE_BLOCKS":
-            for block in a.get("blocks", ()):
-                stored = view.get(keys.block_key(a["ino"], block.get("index", -1)))
-                if stored is None or stored.get("id") != block.get("id"):
-                    problem(f"block {block.get('id')} (#{block.get('index')}) is not the "
-                            f"file's")
-    elif op in _RECOVERY_OPS:
-        open_file(a.get("ino"), linked=False)
-    elif op in _INODE_OPS:
-        if view.inode(a.get("ino")) is None:
-            problem(f"inode {a.get('ino')} does not exist")
-    elif op in _FILE_OPS:
-        inode = view.inode(a.get("ino"))
-        if inode is None or inode.get("type") != "file":
-            problem(f"inode {a.get('ino')} is not a file")
-    elif op == "CONCAT":
-        for ino in [a.get("target")] + [src.get("ino") for src in a.get("srcs", ())]:
-            inode = view.inode(ino)
-            if inode is None or inode.get("type") != "file" or inode.get("uc") \
-                    or inode.get("parent") != a.get("parent"):
-                problem(f"concat: inode {ino} is not a closed file of folder {a.get('parent')}")
-    elif op == "SET_QUOTA":
-        inode = view.inode(a.get("ino"))
-        if inode is None or inode.get("type") != "dir" or not view.linked(a.get("ino")):
-            problem(f"inode {a.get('ino')} is not a linked directory")
-        elif inode.get("quota") is None and (a.get("ns", -1) >= 0 or a.get("ds", -1) >= 0) \
-                and a.get("usage") is None:
-            problem(f"a new quota of inode {a.get('ino')} without its usage")
-    elif op == "RECLAIM":
-        root = a.get("root")
-        if not isinstance(root, int) or view.get(keys.orphan_key(root)) is None:
-            problem(f"inode {root} is not a detached subtree root")
-    return problems
+    Checked here: FORMAT on an unformatted store and every other op on a formatted one, a
+    record whose args do not fit its op; the rest is each op's ``check`` (``meta.ops``):
+    MKDIR, ADD, SYMLINK: each new directory's parent is a directory, its name is free and
+    its inode id unused, the new entry's name is free (ADD ``overwrite``: it names the
+    current file); RENAME and each move of RENAMES in order: the source entry points to
+    ``ino``, the destination parent is a linked directory not inside the moved inode (no
+    cycle), the destination entry is absent or is ``overwrite`` (an empty directory for a
+    directory, a non-directory otherwise); DELETE: the entry points to ``ino``; writer ops
+    by inode id (ADD_BLOCK, UPDATE_BLOCKS, FSYNC, ABANDON_BLOCK, CLOSE, INLINE): a linked
+    file under construction, block indexes at its end; REASSIGN_LEASE, COMMIT_BLOCK_SYNC: a
+    file under construction; set* ops: the inode exists; RECLAIM: its orphan root is
+    detached. Unknown ops are not checked. Returns problems (empty: fine); reads only."""
+    view = RecordCheck(kv, record)
+    cls = OPS.get(record.op)
+    if cls is not None and not cls.needs_format:
+        pass   # FORMAT: its own check
+    elif not view.formatted:
+        view.problem("before FORMAT")
+        return view.problems
+    if cls is None:
+        return view.problems
+    try:
+        op = cls.from_args(record.args)
+    except (MalformedRecord, TypeError, AttributeError) as exc:
+        view.problem(f"malformed record: {exc}")
+        return view.problems
+    op.check(view)
+    return view.problems

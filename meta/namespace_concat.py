@@ -11,7 +11,7 @@ the difference, as HDFS); the names quota gains the sources' count.
 
 Why it exists: one more planner, apart from ``namespace_plan`` (which is near its size
 limit). ``ConcatPlanner`` is a mixin of ``meta.namespace.Namespace``; the applier is
-``RecordApplier._apply_CONCAT``. Concurrency contract: that of the planners: reads only,
+``meta.ops_namespace.Concat``. Concurrency contract: that of the planners: reads only,
 under the caller's write locks on the target and the sources; trio thread, no awaits.
 """
 

@@ -63,7 +63,7 @@ class DecodedCache:
     the handler, the planner), and a LevelDB miss is the dearest read there is (it visits
     every level that may hold the key); ``apply``'s put replaces it. Values are shared:
     readers must not modify them (apply works on fresh decodes through
-    ``namespace_apply.Txn``). Bounded: past ``limit`` entries the oldest
+    ``ops_store.Txn``). Bounded: past ``limit`` entries the oldest
     ``1/EVICT_FRACTION`` is dropped (a bounded pause: dropping half of a million entries
     at once held the trio thread for ~0.1 s)."""
 

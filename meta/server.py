@@ -3,7 +3,8 @@ journal's apply, the lock and permission helpers, lease release and block recove
 monitors, checkpoints — and the connection serving.
 
 Why it exists: it is the shell around the pure parts. ``namespace.py`` validates and applies
-journal records, ``leases.py``/``blocks.py``/``datanodes.py``/``safemode.py`` are I/O-free
+journal records (what each op does, in the store and here in memory, is its class in
+``ops.py``), ``leases.py``/``blocks.py``/``datanodes.py``/``safemode.py`` are I/O-free
 state machines; this module wires them to the journal, the path locks, the clock and the
 wire (every method of docs/PROTOCOL.md §2). The RPC handlers live by role, as HDFS separates
 them, in mixins ``MetaServer`` composes: ``client_protocol.py`` (ClientProtocol: namespace
@@ -88,6 +89,7 @@ from .leases import LeaseManager
 from .locks import (LOCK_ANCESTOR, LOCK_READ, FileLock, Mutation, PathLockPool, RWLock,
                     lock_set, merge)
 from .namespace import DIR, Defaults, Namespace, check_int, check_name
+from .ops import LAZY_OPS, decode
 from .replication import ReplicationQueues
 from .reports import REPORT_STEP, BlockReports
 from .permissions import Caller, PermissionChecker
@@ -109,11 +111,10 @@ LOCK_RETRIES = 8
 # a handed-out INVALIDATE not reported done after this many heartbeat intervals is resent
 # (its heartbeat reply may have been lost)
 INVALIDATE_RESEND_HEARTBEATS = 10
-# journal ops that only change the namespace: a client without ``sync_metadata`` is answered
-# once they are written, before their fsync (they hand out no block id or generation stamp,
-# and block deletions they cause wait for the fsync: ``DatanodeManager.take_invalidate``)
-LAZY_OPS = frozenset({"MKDIR", "ADD", "SYMLINK", "CLOSE", "DELETE", "RENAME", "RENAMES",
-                      "SET_PERMISSIONS", "SET_OWNER", "TIMES"})
+# ``LAZY_OPS`` (``meta.ops``, the ops with ``lazy``): journal ops that only change the
+# namespace: a client without ``sync_metadata`` is answered once they are written, before
+# their fsync (they hand out no block id or generation stamp, and block deletions they cause
+# wait for the fsync: ``DatanodeManager.take_invalidate``)
 
 
 class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProtocol,
@@ -260,89 +261,24 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
 
     # ================================================================== apply (journal)
     def _apply(self, records) -> None:
-        """The journal's apply: one LevelDB write, then the in-memory structures."""
-        effects = self.ns.apply(records)
+        """The journal's apply: one LevelDB write, then the in-memory structures (each op's
+        ``apply`` and ``apply_memory``, ``meta.ops``)."""
+        ops = [decode(record) for record in records]
+        effects = self.ns.apply(records, ops)
         if self._recovering:
             return
-        for record, effect in zip(records, effects):
+        for record, op, effect in zip(records, ops, effects):
             try:
-                self._apply_memory(record, effect)
+                self._forget(effect)
+                if effect.get("orphan") is not None:
+                    self._reclaim_wakeup.set()
+                op.apply_memory(self, effect, self.clock())
             except Exception:   # memory is rebuilt at restart; never fail a durable batch
                 log.exception("updating memory state for txid %d (%s) failed",
                               record.txid, record.op)
 
-    def _apply_memory(self, record, effect: dict) -> None:
-        op, args = record.op, record.args
-        now = self.clock()
-        self._forget(effect)
-        if effect.get("orphan") is not None:
-            self._reclaim_wakeup.set()
-        if op == "ADD":
-            self.leases.add(args["holder"], args["ino"], now)
-        elif op == "ADD_BLOCK":
-            committed = effect.get("committed")
-            if committed is not None:
-                self._commit_in_memory(committed["id"], committed["num_bytes"])
-            block = args["block"]
-            self.blocks.add(BlockInfo(block["id"], args["ino"], args["index"], block["gs"], 0,
-                                      bm.UNDER_CONSTRUCTION, effect.get("replication", 1),
-                                      expected=list(args.get("targets", []))))
-        elif op == "UPDATE_BLOCKS":
-            for block in args["blocks"]:
-                if block["state"] == bm.COMMITTED:
-                    self._commit_in_memory(block["id"], block["num_bytes"])
-                elif self.blocks.get(block["id"]) is not None:
-                    self.blocks.restore(block["id"], gs=block["gs"],
-                                        num_bytes=block["num_bytes"], state=block["state"])
-        elif op == "FSYNC":
-            if self.blocks.get(args["id"]) is not None:
-                self.blocks.set_length(args["id"], args["num_bytes"])
-        elif op == "CLOSE":
-            last = args.get("last")
-            if last is not None and (info := self.blocks.get(last["id"])) is not None:
-                self.blocks.restore(last["id"], gs=info.gs, num_bytes=last["num_bytes"],
-                                    state=bm.COMPLETE)
-            self.leases.remove_file(args["ino"])
-            self._release_logged.discard(args["ino"])
-        elif op == "CONCAT":
-            for block_id, index in effect.get("moved", ()):
-                info = self.blocks.get(block_id)
-                if info is not None:   # a block keeps its id, so replicas stay where they are
-                    info.ino, info.index = args["target"], index
-                    self.blocks.set_replication(block_id, effect["replication"])
-        elif op == "SET_REPLICATION":
-            for block_id in effect.get("block_ids", []):
-                self.blocks.set_replication(block_id, args["replication"])
-        elif op == "REASSIGN_LEASE":
-            if effect.get("holder") is not None:
-                self.leases.reassign(args["ino"], args["holder"], now)
-        elif op == "COMMIT_BLOCK_SYNC":
-            self.forget_recovery(args["id"])
-            if not args["delete"] and self.blocks.get(args["id"]) is not None and effect:
-                self.blocks.recovered(args["id"], gs=args["gs"], num_bytes=args["num_bytes"],
-                                      state=bm.COMPLETE if args["close"] else bm.COMMITTED,
-                                      finalized_on=[n for n in args.get("targets", [])
-                                                    if isinstance(n, str)])
-            if args["close"] and effect:
-                self.leases.remove_file(args["ino"])
-                self._release_logged.discard(args["ino"])
-        elif op == "TRUNCATE":
-            last = args.get("last")
-            if last is not None:
-                info = self.blocks.get(last["id"])
-                if info is not None:
-                    self.blocks.restore(last["id"], gs=info.gs, num_bytes=last["num_bytes"],
-                                        state=bm.UNDER_CONSTRUCTION)
-                self.leases.add(args["holder"], args["ino"], now)
-        elif op in ("DELEGATION_TOKEN", "RENEW_DELEGATION_TOKEN", "CANCEL_DELEGATION_TOKEN"):
-            self.apply_token_effect(op, effect)
-        elif op == "APPEND":
-            last = args.get("last")
-            if last is not None and (info := self.blocks.get(last["id"])) is not None:
-                self.blocks.reopen(last["id"], last["gs"], sorted(info.good_nodes()))
-            self.leases.add(args["holder"], args["ino"], now)
-
-    def _commit_in_memory(self, block_id: int, num_bytes: int) -> None:
+    # the state ops update after their store write (``meta.ops.MemoryState``)
+    def commit_in_memory(self, block_id: int, num_bytes: int) -> None:
         info = self.blocks.get(block_id)
         if info is None:
             return
@@ -351,14 +287,18 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         else:
             self.blocks.restore(block_id, gs=info.gs, num_bytes=num_bytes, state=info.state)
 
+    def lease_ended(self, ino: int) -> None:
+        """File ``ino`` is no longer under construction (closed, or its lease went)."""
+        self.leases.remove_file(ino)
+        self._release_logged.discard(ino)
+
     def _forget(self, effect: dict) -> None:
         """Blocks that left the namespace go to invalidate sets; their leases end."""
         for block_id in effect.get("removed_blocks", ()):
             for node_id, ref in self.blocks.remove(block_id):
                 self.datanodes.add_invalidate(node_id, ref)
         for ino in effect.get("removed_uc", ()):
-            self.leases.remove_file(ino)
-            self._release_logged.discard(ino)
+            self.lease_ended(ino)
         for block_id in effect.get("removed_blocks", ()):
             self.forget_recovery(block_id)
 

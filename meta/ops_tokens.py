@@ -1,0 +1,69 @@
+"""Delegation token ops of the journal: DELEGATION_TOKEN, RENEW_DELEGATION_TOKEN,
+CANCEL_DELEGATION_TOKEN.
+
+Why it exists: the namespace keeps what each live token may still do, so renewals and
+cancellations survive restarts as HDFS's edit log keeps them (``meta.user_auth`` plans
+them; the server's token table follows the effects). Reach them through ``meta.ops.OPS``
+/ ``decode``.
+
+Concurrency contract: immutable values; ``apply``/``apply_memory`` run on the trio thread
+inside one batch's apply, no awaits.
+"""
+
+from __future__ import annotations
+
+from . import keys
+from .ops import Op, register
+
+
+@register
+class DelegationToken(Op):
+    """A token issued: its identifier and expiry (``fs.delegation.TokenState`` wire form),
+    stored as is under its ``seq``."""
+    NAME = "DELEGATION_TOKEN"
+    seq: int
+    owner: str
+    renewer: str
+    issued: float
+    max_date: float
+    expiry: float
+
+    def apply(self, txn, counters):
+        state = self.to_args()
+        txn.put(keys.token_key(self.seq), state)
+        counters[keys.NEXT_TOKEN] = max(counters.get(keys.NEXT_TOKEN, 1), self.seq + 1)
+        return {"token": state}
+
+    def apply_memory(self, state, effect, now):
+        state.apply_token_effect(self.NAME, effect)
+
+
+@register
+class RenewDelegationToken(Op):
+    NAME = "RENEW_DELEGATION_TOKEN"
+    seq: int
+    expiry: float
+
+    def apply(self, txn, counters):
+        state = txn.get(keys.token_key(self.seq))
+        if state is None:
+            return {}
+        state = {**state, "expiry": self.expiry}
+        txn.put(keys.token_key(self.seq), state)
+        return {"token": state}
+
+    def apply_memory(self, state, effect, now):
+        state.apply_token_effect(self.NAME, effect)
+
+
+@register
+class CancelDelegationToken(Op):
+    NAME = "CANCEL_DELEGATION_TOKEN"
+    seq: int
+
+    def apply(self, txn, counters):
+        txn.delete(keys.token_key(self.seq))
+        return {"seq": self.seq}
+
+    def apply_memory(self, state, effect, now):
+        state.apply_token_effect(self.NAME, effect)
