@@ -23,7 +23,9 @@ Campaign (``campaign(node_id)``):
    EPOCH: etcd revisions only grow and each creation of the key gets a new one, so
    epochs are unique per term and increase across terms. Return ``Term(epoch, node_id,
    lease_id)``.
-4. Otherwise wait (polling the leader key every ``poll`` s) until it is gone — resigned,
+4. If the key exists but carries OUR lease, an earlier try of this txn (retried after a
+   timeout or a broken connection) created it: we won, epoch = its create revision.
+5. Otherwise wait (polling the leader key every ``poll`` s) until it is gone — resigned,
    or deleted by etcd when its holder's lease expired — and go to 2.
 
 Append (``append(term, first_txid, payload)``):
@@ -54,6 +56,8 @@ Read and tail:
   watch on the next endpoint. A watch rather than polling: a standby follows the active's
   journal within milliseconds at no cost while idle. Entries are yielded in commit order,
   which is txid order as long as the single writer's appends are sequential (below).
+
+``lost(term)`` is an event set when the keepalive finds the lease expired or on resign.
 
 Resign (``resign(term)``): delete the leader key if its create revision is still the
 term's epoch (one txn), revoke the lease and stop keeping it alive. A term also ends when
@@ -206,25 +210,33 @@ class HALog:
     """The edit log of one namespace in etcd. Open with ``async with HALog.open(...)``."""
 
     def __init__(self, client: httpx.AsyncClient, nursery: trio.Nursery, endpoints: list[str],
-                 prefix: str, ttl: float, op_timeout: float, poll: float, page: int):
+                 prefix: str, ttl: float, op_timeout: float, poll: float, page: int,
+                 attempt_timeout: float):
         self._http, self._nursery = client, nursery
         self.endpoints, self.ttl, self.op_timeout = list(endpoints), ttl, op_timeout
+        self.attempt_timeout = attempt_timeout
         self.poll, self.page = poll, page
         self.prefix = prefix.rstrip("/").encode()
         self.leader_key = self.prefix + b"/leader"
         self.log_prefix = self.prefix + b"/log/"
         self._current = 0                      # index of the endpoint in use
         self._keepalives: dict[int, trio.CancelScope] = {}
+        self._lost: dict[int, trio.Event] = {}
 
     @classmethod
     @asynccontextmanager
     async def open(cls, endpoints: list[str], prefix: str, *, ttl: float = 5.0,
-                   op_timeout: float = 5.0, poll: float = 0.1, page: int = 1000):
+                   op_timeout: float = 5.0, poll: float = 0.1, page: int = 1000,
+                   attempt_timeout: float = 1.5):
         """``ttl``: the election timeout (lease TTL, whole seconds in etcd, at least 1);
-        ``op_timeout``: bound on one call, retries on other members included."""
+        ``op_timeout``: bound on one call, retries on other members included;
+        ``attempt_timeout``: bound on one HTTP request, after which it is retried on the
+        next member (etcd itself gives up on a proposal lost with a dead raft leader only
+        after 5 s + 2 election timeouts; a retried append is safe, see ``decide``)."""
         async with httpx.AsyncClient(timeout=httpx.Timeout(op_timeout)) as client:
             async with trio.open_nursery() as nursery:
-                halog = cls(client, nursery, endpoints, prefix, ttl, op_timeout, poll, page)
+                halog = cls(client, nursery, endpoints, prefix, ttl, op_timeout, poll, page,
+                            attempt_timeout)
                 try:
                     yield halog
                 finally:
@@ -242,7 +254,8 @@ class HALog:
             while True:
                 url = self.endpoints[self._current] + path
                 try:
-                    answer = await self._http.post(url, content=json.dumps(body))
+                    answer = await self._http.post(url, content=json.dumps(body),
+                                                   timeout=self.attempt_timeout)
                 except httpx.TransportError as exc:
                     last = exc
                     if not isinstance(exc, httpx.ConnectError):
@@ -250,7 +263,10 @@ class HALog:
                     self._current = (self._current + 1) % len(self.endpoints)
                     await trio.sleep(0.05)
                     continue
-                data = answer.json() if answer.content else {}
+                try:
+                    data = answer.json() if answer.content else {}
+                except ValueError:
+                    data = {"error": answer.text[:200]}
                 if answer.status_code != 200:
                     last = HALogError(f"{path}: HTTP {answer.status_code} {data}")
                     if not _transient(answer.status_code, data):
@@ -272,6 +288,7 @@ class HALog:
         lease = int(grant["ID"])
         scope = trio.CancelScope()
         self._keepalives[lease] = scope
+        self._lost[lease] = trio.Event()
         self._nursery.start_soon(self._keepalive, lease, scope)
         key = b64(self.leader_key)
         with trio.move_on_after(timeout):
@@ -282,8 +299,13 @@ class HALog:
                     "success": [{"request_put": {"key": key, "value": b64(node_id),
                                                  "lease": str(lease)}}],
                     "failure": [{"request_range": {"key": key}}]})
-                if result.get("succeeded"):
-                    term = Term(int(result["header"]["revision"]), node_id, lease)
+                holder = (result.get("responses") or [{}])[0].get(
+                    "response_range", {}).get("kvs") or [{}]
+                if result.get("succeeded") or int(holder[0].get("lease", 0)) == lease:
+                    # won now, or an earlier try of this very txn won (retried request)
+                    epoch = int(result["header"]["revision"]) if result.get("succeeded") \
+                        else int(holder[0]["create_revision"])
+                    term = Term(epoch, node_id, lease)
                     log.info("halog %s: %s leads with epoch %d", self.prefix.decode(),
                              node_id, term.epoch)
                     return term
@@ -302,12 +324,20 @@ class HALog:
                     continue
                 if int(answer.get("result", {}).get("TTL", 0)) <= 0:
                     log.warning("halog: lease %x expired; its term is over", lease)
+                    self._lost[lease].set()
                     return
+
+    def lost(self, term: Term) -> trio.Event:
+        """Set once this process KNOWS the term is over (its lease expired or it resigned).
+        A hint for stepping down early: a term can also end unseen (a keepalive that cannot
+        reach etcd); the fencing compare in ``append`` is what makes that safe."""
+        return self._lost.setdefault(term.lease_id, trio.Event())
 
     async def _revoke(self, lease: int) -> None:
         scope = self._keepalives.pop(lease, None)
         if scope is not None:
             scope.cancel()
+        self._lost.setdefault(lease, trio.Event()).set()
         try:
             await self._call("/v3/lease/revoke", {"ID": str(lease)})
         except Unavailable:

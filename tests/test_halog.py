@@ -116,6 +116,27 @@ def test_stale_term_is_fenced_and_not_in_the_log(etcd):
     trio.run(main)
 
 
+def test_expired_lease_is_noticed_and_fenced(etcd):
+    p = prefix()
+
+    async def main():
+        async with HALog.open(etcd.endpoints, p, ttl=1) as halog, \
+                HALog.open(etcd.endpoints, p) as other:
+            term = await halog.campaign("w")
+            await trio.sleep(1.5)                   # kept alive past its TTL
+            assert not halog.lost(term).is_set()
+            await halog.append(term, 1, b"alive")
+            # what etcd does when the lease runs out: the leader key goes with it
+            await other._call("/v3/lease/revoke", {"ID": str(term.lease_id)})
+            with trio.fail_after(3):
+                await halog.lost(term).wait()
+            with pytest.raises(Fenced, match="there is no leader key") as info:
+                await halog.append(term, 2, b"late")
+            assert info.value.current_epoch is None
+            assert [e.txid for e in await other.read()] == [1]
+    trio.run(main)
+
+
 def test_appends_read_back_in_txid_order(etcd):
     async def main():
         async with HALog.open(etcd.endpoints, prefix(), page=7) as halog:
@@ -186,16 +207,29 @@ def test_one_member_killed_appends_go_on_and_nothing_is_lost(fresh_etcd, victim)
     async def main():
         # the client starts on the member that will die, so it must fail over
         endpoints = cluster.endpoints[kill:] + cluster.endpoints[:kill]
-        acked = []
-        async with HALog.open(endpoints, p, op_timeout=10) as halog:
+        acked, tailed = [], []
+        async with HALog.open(endpoints, p, op_timeout=10) as halog, \
+                HALog.open(endpoints, p, op_timeout=10) as follower:
+
+            async def follow():          # its watch starts on the member that dies
+                async for e in follower.tail(0):
+                    tailed.append(e.txid)
+                    if e.txid == 40:
+                        return
+
             term = await halog.campaign("w")
-            for t in range(1, 21):
-                await halog.append(term, t, b"%d" % t)
-                acked.append(t)
-            cluster.kill9(kill)
-            for t in range(21, 41):
-                await halog.append(term, t, b"%d" % t)
-                acked.append(t)
+            with trio.fail_after(30):
+                async with trio.open_nursery() as n:
+                    n.start_soon(follow)
+                    for t in range(1, 21):
+                        await halog.append(term, t, b"%d" % t)
+                        acked.append(t)
+                    await trio.sleep(0.2)
+                    cluster.kill9(kill)
+                    for t in range(21, 41):
+                        await halog.append(term, t, b"%d" % t)
+                        acked.append(t)
+            assert tailed == acked
         survivors = [e for i, e in enumerate(cluster.endpoints) if i != kill]
         async with HALog.open(survivors, p, op_timeout=10) as reader:
             got = await reader.read()
