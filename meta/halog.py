@@ -25,8 +25,12 @@ Campaign (``campaign(node_id)``):
    lease_id)``.
 4. If the key exists but carries OUR lease, an earlier try of this txn (retried after a
    timeout or a broken connection) created it: we won, epoch = its create revision.
-5. Otherwise wait (polling the leader key every ``poll`` s) until it is gone — resigned,
-   or deleted by etcd when its holder's lease expired — and go to 2.
+5. Otherwise wait (polling with the same txn every ``poll`` s: a failed compare writes
+   nothing) until the key is gone — resigned, or deleted by etcd when its holder's lease
+   expired — and go to 2.
+6. A campaign that ends without winning (``timeout``, ``Unavailable``, cancelled) revokes
+   its lease, so a txn of it that etcd applied late cannot leave a leader nobody knows of
+   kept alive; if the revoke cannot reach etcd the keepalive stops and the lease expires.
 
 Append (``append(term, first_txid, payload)``):
 
@@ -53,7 +57,8 @@ Read and tail:
   WATCH through the gateway (``/v3/watch`` answers a stream of JSON lines) starting at the
   revision after that read, so nothing is missed between the two; a broken watch (member
   killed) is replaced by a new read from the entry after the last one yielded and a new
-  watch on the next endpoint. A watch rather than polling: a standby follows the active's
+  watch on the next endpoint; a read that no member answers within ``op_timeout`` raises
+  ``Unavailable`` out of the iterator. A watch rather than polling: a standby follows the active's
   journal within milliseconds at no cost while idle. Entries are yielded in commit order,
   which is txid order as long as the single writer's appends are sequential (below).
 
@@ -133,7 +138,11 @@ class Unavailable(HALogError):
 
 
 class CampaignTimeout(HALogError):
-    pass
+    """The campaign did not win in time; its lease (``lease_id``) is revoked."""
+
+    def __init__(self, message: str, lease_id: int):
+        self.lease_id = lease_id
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -291,27 +300,37 @@ class HALog:
         self._lost[lease] = trio.Event()
         self._nursery.start_soon(self._keepalive, lease, scope)
         key = b64(self.leader_key)
-        with trio.move_on_after(timeout):
-            while True:
-                result, _ = await self._call("/v3/kv/txn", {
-                    "compare": [{"target": "CREATE", "key": key, "create_revision": "0",
-                                 "result": "EQUAL"}],
-                    "success": [{"request_put": {"key": key, "value": b64(node_id),
-                                                 "lease": str(lease)}}],
-                    "failure": [{"request_range": {"key": key}}]})
-                holder = (result.get("responses") or [{}])[0].get(
-                    "response_range", {}).get("kvs") or [{}]
-                if result.get("succeeded") or int(holder[0].get("lease", 0)) == lease:
-                    # won now, or an earlier try of this very txn won (retried request)
-                    epoch = int(result["header"]["revision"]) if result.get("succeeded") \
-                        else int(holder[0]["create_revision"])
-                    term = Term(epoch, node_id, lease)
-                    log.info("halog %s: %s leads with epoch %d", self.prefix.decode(),
-                             node_id, term.epoch)
-                    return term
-                await trio.sleep(self.poll)
-        await self._revoke(lease)
-        raise CampaignTimeout(f"{node_id} did not win the election within {timeout} s")
+        won = False
+        try:
+            with trio.move_on_after(timeout):
+                while True:
+                    result, _ = await self._call("/v3/kv/txn", {
+                        "compare": [{"target": "CREATE", "key": key, "create_revision": "0",
+                                     "result": "EQUAL"}],
+                        "success": [{"request_put": {"key": key, "value": b64(node_id),
+                                                     "lease": str(lease)}}],
+                        "failure": [{"request_range": {"key": key}}]})
+                    holder = (result.get("responses") or [{}])[0].get(
+                        "response_range", {}).get("kvs") or [{}]
+                    if result.get("succeeded") or int(holder[0].get("lease", 0)) == lease:
+                        # won now, or an earlier try of this very txn won (retried request)
+                        epoch = int(result["header"]["revision"]) if result.get("succeeded") \
+                            else int(holder[0]["create_revision"])
+                        won = True
+                        log.info("halog %s: %s leads with epoch %d", self.prefix.decode(),
+                                 node_id, epoch)
+                        return Term(epoch, node_id, lease)
+                    await trio.sleep(self.poll)
+            raise CampaignTimeout(f"{node_id} did not win the election within {timeout} s",
+                                  lease)
+        finally:
+            if not won:
+                # timed out, Unavailable or cancelled: a txn of ours may still have created
+                # the key, so the lease must not outlive the campaign (revoke it; if etcd
+                # cannot be reached, at least stop keeping it alive: it expires in ttl s)
+                with trio.CancelScope(shield=True), trio.move_on_after(self.op_timeout):
+                    await self._revoke(lease)
+                scope.cancel()
 
     async def _keepalive(self, lease: int, scope: trio.CancelScope) -> None:
         with scope:

@@ -97,6 +97,21 @@ def test_one_leader_and_epochs_increase(etcd):
     trio.run(main)
 
 
+def test_a_campaign_that_does_not_win_revokes_its_lease(etcd):
+    async def main():
+        async with HALog.open(etcd.endpoints, prefix(), ttl=30) as halog:
+            term = await halog.campaign("holder")
+            with pytest.raises(CampaignTimeout) as info:
+                await halog.campaign("loser", timeout=0.5)
+            ttl, _ = await halog._call("/v3/lease/timetolive",
+                                       {"ID": str(info.value.lease_id)})
+            assert int(ttl["TTL"]) == -1, ttl        # gone, not left to run 30 s
+            ttl, _ = await halog._call("/v3/lease/timetolive", {"ID": str(term.lease_id)})
+            assert int(ttl["TTL"]) > 0, ttl
+            assert await halog.leader() == (term.epoch, "holder")
+    trio.run(main)
+
+
 def test_stale_term_is_fenced_and_not_in_the_log(etcd):
     async def main():
         async with HALog.open(etcd.endpoints, prefix(), ttl=2) as halog:
