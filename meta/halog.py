@@ -45,9 +45,11 @@ Append (``append(term, first_txid, payload)``):
 4. etcd answers a txn only after raft committed it on a quorum, so a returned append is
    durable on a majority of members. No answer within ``op_timeout`` (no quorum, all
    members down) raises ``Unavailable``: the outcome is then UNKNOWN, and the caller
-   reads the entry back before deciding anything. A request retried on another member
-   after a broken connection may find its own entry already there: ``decide`` accepts that
-   (same epoch, same bytes) as appended.
+   reads the entry back before deciding anything. Within ``op_timeout`` each request is
+   retried on the next member after a broken connection, an etcd "no leader"/"timed out"
+   answer or ``attempt_timeout`` without an answer; a retry may find its own first try's
+   entry already there, and ``decide`` accepts that (same epoch, same bytes) as appended.
+   A late first try cannot write twice: its put-if-absent compare fails.
 
 Read and tail:
 
@@ -58,9 +60,12 @@ Read and tail:
   revision after that read, so nothing is missed between the two; a broken watch (member
   killed) is replaced by a new read from the entry after the last one yielded and a new
   watch on the next endpoint; a read that no member answers within ``op_timeout`` raises
-  ``Unavailable`` out of the iterator. A watch rather than polling: a standby follows the active's
-  journal within milliseconds at no cost while idle. Entries are yielded in commit order,
-  which is txid order as long as the single writer's appends are sequential (below).
+  ``Unavailable`` out of the iterator. A watch rather than polling: a standby follows the
+  active's journal within milliseconds at no cost while idle. Entries are yielded in
+  commit order, which is txid order as long as the single writer's appends are sequential
+  (below); an entry whose txid is below one already yielded is skipped, so a txid is never
+  yielded twice. Limit: a watch served by a member that lost its quorum stays open and
+  silent (the gateway cannot ask for etcd's require-leader option).
 
 ``lost(term)`` is an event set when the keepalive finds the lease expired or on resign.
 
