@@ -24,8 +24,11 @@ MNT         ?= $(CURDIR)/mnt
 APT_PACKAGES := fuse3 libfuse3-dev pkg-config python3-venv python3-dev build-essential rsync git
 # packages only the tests need (`make test`, CI), installed the same idempotent way: the web
 # UI's browser test (tests/test_webui.py) and a real Prometheus scraping a cluster
-# (tests/test_metrics.py; the binary only, not the package's system service)
-TEST_APT_PACKAGES := chromium chromium-driver prometheus
+# (tests/test_metrics.py; the binary only, not the package's system service), and a real
+# 3-member etcd cluster for the metadata HA log (tests/test_halog.py; /usr/bin/etcd only:
+# the package's own etcd.service, where systemd starts it, keeps 2379/2380, which the tests
+# never use)
+TEST_APT_PACKAGES := chromium chromium-driver prometheus etcd-server
 STAMP       := $(VENV)/.leasefs-installed
 LEASEFS     := $(VENV)/bin/leasefs
 export DEBIAN_FRONTEND := noninteractive

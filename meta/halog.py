@@ -1,0 +1,468 @@
+"""The replicated edit log on etcd: leader election, fenced appends, ordered reads.
+
+Foundation for metadata high availability (active + standby + observer metadata servers);
+not wired into the metadata server yet. etcd (3.4, Debian ``etcd-server``) is the engine,
+spoken to through its JSON gRPC gateway (``/v3/kv/txn``, ``/v3/kv/range``,
+``/v3/lease/*``, ``/v3/watch``; keys and values base64) with ``httpx`` on trio. See
+docs/DESIGN.md, "Metadata HA engine".
+
+Keys under ``prefix`` (e.g. ``/leasefs/ns1``)::
+
+    <prefix>/leader                    value: the holder's node id, attached to its lease
+    <prefix>/log/<txid, 20 digits>     value: one batch of journal records, first txid = key
+
+Algorithm
+---------
+Campaign (``campaign(node_id)``):
+
+1. Grant a lease of ``ttl`` seconds (the election timeout) and keep it alive from a
+   background task every ``ttl/3`` s.
+2. One txn: if ``create_revision(<prefix>/leader) == 0`` (no leader) put the leader key
+   with our node id, attached to the lease; else read the leader key.
+3. If the put happened, the leader key's create revision (the txn's revision) is our
+   EPOCH: etcd revisions only grow and each creation of the key gets a new one, so
+   epochs are unique per term and increase across terms. Return ``Term(epoch, node_id,
+   lease_id)``.
+4. If the key exists but carries OUR lease, an earlier try of this txn (retried after a
+   timeout or a broken connection) created it: we won, epoch = its create revision.
+5. Otherwise wait (polling with the same txn every ``poll`` s: a failed compare writes
+   nothing) until the key is gone — resigned, or deleted by etcd when its holder's lease
+   expired — and go to 2.
+6. A campaign that ends without winning (``timeout``, ``Unavailable``, cancelled) revokes
+   its lease, so a txn of it that etcd applied late cannot leave a leader nobody knows of
+   kept alive; if the revoke cannot reach etcd the keepalive stops and the lease expires.
+
+Append (``append(term, first_txid, payload)``):
+
+1. Refuse a payload over ``MAX_PAYLOAD`` (etcd refuses requests over 1.5 MiB by default;
+   the caller splits its batch) with ``PayloadTooLarge``.
+2. ONE txn: compare ``create_revision(<prefix>/leader) == term.epoch`` AND
+   ``create_revision(<prefix>/log/<first_txid>) == 0``; on success put the entry; on
+   failure read both keys.
+3. ``decide`` (pure) maps the txn result to: appended; ``Fenced`` (the leader key is gone
+   or has another create revision: a newer term exists or ours expired — the error names
+   both epochs); or ``DuplicateTxid``.
+4. etcd answers a txn only after raft committed it on a quorum, so a returned append is
+   durable on a majority of members. No answer within ``op_timeout`` (no quorum, all
+   members down) raises ``Unavailable``: the outcome is then UNKNOWN, and the caller
+   reads the entry back before deciding anything. Within ``op_timeout`` each request is
+   retried on the next member after a broken connection, an etcd "no leader"/"timed out"
+   answer or ``attempt_timeout`` without an answer; a retry may find its own first try's
+   entry already there, and ``decide`` accepts that (same epoch, same bytes) as appended.
+   A late first try cannot write twice: its put-if-absent compare fails.
+
+Read and tail:
+
+* ``read(from_txid)``: the entries with key txid >= from_txid in txid order (paged ranges
+  of ``page`` entries), each as ``Entry(txid, payload, revision)``.
+* ``tail(from_txid)``: yields what ``read`` finds, then follows new entries with an etcd
+  WATCH through the gateway (``/v3/watch`` answers a stream of JSON lines) starting at the
+  revision after that read, so nothing is missed between the two; a broken watch (member
+  killed) is replaced by a new read from the entry after the last one yielded and a new
+  watch on the next endpoint; a read that no member answers within ``op_timeout`` raises
+  ``Unavailable`` out of the iterator. A watch rather than polling: a standby follows the
+  active's journal within milliseconds at no cost while idle. Entries are yielded in
+  commit order, which is txid order as long as the single writer's appends are sequential
+  (below); an entry whose txid is below one already yielded is skipped, so a txid is never
+  yielded twice. Limit: a watch served by a member that lost its quorum stays open and
+  silent (the gateway cannot ask for etcd's require-leader option).
+
+``lost(term)`` is an event set when the keepalive finds the lease expired or on resign.
+
+Resign (``resign(term)``): delete the leader key if its create revision is still the
+term's epoch (one txn), revoke the lease and stop keeping it alive. A term also ends when
+its lease expires (holder stopped, partitioned or dead for ``ttl`` s): etcd deletes the
+leader key and the next campaign wins with a higher epoch; the old holder's appends are
+then ``Fenced``.
+
+Concurrency contract: one ``HALog`` serves one trio task tree; its calls may run from
+several tasks at once. The log has ONE writer, the term holder, and that writer awaits
+each ``append`` before the next one (the journal's group commit already makes one batch
+per flush), so entries commit in txid order. Safety never depends on timing: a holder that
+believes it still leads after its lease expired is stopped by the epoch compare in the
+same txn as its put, not by a clock.
+
+``decide`` and the key/encoding helpers are pure; everything that does I/O is a method of
+``HALog``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import httpx
+import trio
+
+log = logging.getLogger(__name__)
+
+#: etcd's default ``--max-request-bytes`` (1.5 MiB) less room for keys and the compares
+MAX_REQUEST_BYTES = 1_572_864
+MAX_PAYLOAD = MAX_REQUEST_BYTES - 4096
+TXID_DIGITS = 20
+
+
+class HALogError(Exception):
+    """Base of the errors of this module."""
+
+
+class Fenced(HALogError):
+    """The term is over: the leader key is gone or belongs to a newer term."""
+
+    def __init__(self, epoch: int, current_epoch: int | None, holder: str | None):
+        self.epoch, self.current_epoch, self.holder = epoch, current_epoch, holder
+        now = (f"the leader key has epoch {current_epoch} (holder {holder!r})"
+               if current_epoch is not None else "there is no leader key (lease expired or "
+               "resigned)")
+        super().__init__(f"fenced: this term's epoch is {epoch} but {now}")
+
+
+class DuplicateTxid(HALogError):
+    """An entry with that first txid is already in the log."""
+
+    def __init__(self, txid: int, revision: int):
+        self.txid, self.revision = txid, revision
+        super().__init__(f"txid {txid} is already in the log (written at revision {revision})")
+
+
+class PayloadTooLarge(HALogError):
+    def __init__(self, size: int):
+        self.size = size
+        super().__init__(f"payload of {size} bytes is over the {MAX_PAYLOAD}-byte limit "
+                         f"(etcd's request limit {MAX_REQUEST_BYTES}); split the batch")
+
+
+class Unavailable(HALogError):
+    """No etcd answer in time (no quorum, or no member reachable); for an append the
+    outcome is unknown."""
+
+
+class CampaignTimeout(HALogError):
+    """The campaign did not win in time; its lease (``lease_id``) is revoked."""
+
+    def __init__(self, message: str, lease_id: int):
+        self.lease_id = lease_id
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Term:
+    epoch: int
+    node_id: str
+    lease_id: int
+
+
+@dataclass(frozen=True)
+class Entry:
+    txid: int
+    payload: bytes
+    revision: int
+
+
+# ---- pure helpers ----------------------------------------------------------------------
+
+def b64(data: bytes | str) -> str:
+    if isinstance(data, str):
+        data = data.encode()
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+def prefix_end(key: bytes) -> bytes:
+    """The smallest key after every key that starts with ``key`` (etcd's range_end)."""
+    return key[:-1] + bytes([key[-1] + 1])
+
+
+@dataclass(frozen=True)
+class Appended:
+    revision: int
+
+
+def decide(term: Term, txid: int, payload: bytes, result: dict, retried: bool = False):
+    """What an append's txn answer means: ``Appended`` or the error to raise (pure).
+
+    ``result`` is the gateway's JSON txn answer; on failure its two responses are the
+    ranges of the leader key and of the log key, in that order. ``retried``: this was a
+    second try after a broken connection, so an entry with our exact bytes may be our own
+    first try."""
+    if result.get("succeeded"):
+        return Appended(int(result["header"]["revision"]))
+    responses = result.get("responses", [])
+    leader = (responses[0].get("response_range", {}).get("kvs") or [None])[0] \
+        if responses else None
+    entry = (responses[1].get("response_range", {}).get("kvs") or [None])[0] \
+        if len(responses) > 1 else None
+    current = int(leader["create_revision"]) if leader else None
+    if current != term.epoch:
+        return Fenced(term.epoch, current, unb64(leader.get("value")).decode()
+                      if leader else None)
+    assert entry is not None, result
+    if retried and unb64(entry.get("value")) == payload \
+            and int(entry["create_revision"]) > term.epoch:
+        return Appended(int(entry["create_revision"]))
+    return DuplicateTxid(txid, int(entry["create_revision"]))
+
+
+def _transient(status: int, data: dict) -> bool:
+    """An etcd error answer worth retrying (no leader, timeout, member unavailable)."""
+    text = str(data.get("error") or data.get("message") or "").lower()
+    return status in (503, 504) or any(
+        word in text for word in ("timed out", "leader", "unavailable", "stopped"))
+
+
+# ---- I/O -----------------------------------------------------------------------------------
+
+class HALog:
+    """The edit log of one namespace in etcd. Open with ``async with HALog.open(...)``."""
+
+    def __init__(self, client: httpx.AsyncClient, nursery: trio.Nursery, endpoints: list[str],
+                 prefix: str, ttl: float, op_timeout: float, poll: float, page: int,
+                 attempt_timeout: float):
+        self._http, self._nursery = client, nursery
+        self.endpoints, self.ttl, self.op_timeout = list(endpoints), ttl, op_timeout
+        self.attempt_timeout = attempt_timeout
+        self.poll, self.page = poll, page
+        self.prefix = prefix.rstrip("/").encode()
+        self.leader_key = self.prefix + b"/leader"
+        self.log_prefix = self.prefix + b"/log/"
+        self._current = 0                      # index of the endpoint in use
+        self._keepalives: dict[int, trio.CancelScope] = {}
+        self._lost: dict[int, trio.Event] = {}
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, endpoints: list[str], prefix: str, *, ttl: float = 5.0,
+                   op_timeout: float = 5.0, poll: float = 0.1, page: int = 1000,
+                   attempt_timeout: float = 1.5):
+        """``ttl``: the election timeout (lease TTL, whole seconds in etcd, at least 1);
+        ``op_timeout``: bound on one call, retries on other members included;
+        ``attempt_timeout``: bound on one HTTP request, after which it is retried on the
+        next member (etcd itself gives up on a proposal lost with a dead raft leader only
+        after 5 s + 2 election timeouts; a retried append is safe, see ``decide``)."""
+        async with httpx.AsyncClient(timeout=httpx.Timeout(op_timeout)) as client:
+            async with trio.open_nursery() as nursery:
+                halog = cls(client, nursery, endpoints, prefix, ttl, op_timeout, poll, page,
+                            attempt_timeout)
+                try:
+                    yield halog
+                finally:
+                    nursery.cancel_scope.cancel()
+
+    def log_key(self, txid: int) -> bytes:
+        return self.log_prefix + str(txid).zfill(TXID_DIGITS).encode()
+
+    async def _call(self, path: str, body: dict) -> tuple[dict, bool]:
+        """POST to the gateway; on a connection error try the next member, all within
+        ``op_timeout``. Returns (answer, whether an earlier try may have reached etcd)."""
+        retried = False
+        last: Exception | None = None
+        with trio.move_on_after(self.op_timeout):
+            while True:
+                url = self.endpoints[self._current] + path
+                try:
+                    answer = await self._http.post(url, content=json.dumps(body),
+                                                   timeout=self.attempt_timeout)
+                except httpx.TransportError as exc:
+                    last = exc
+                    if not isinstance(exc, httpx.ConnectError):
+                        retried = True          # the request may have been sent
+                    self._current = (self._current + 1) % len(self.endpoints)
+                    await trio.sleep(0.05)
+                    continue
+                try:
+                    data = answer.json() if answer.content else {}
+                except ValueError:
+                    data = {"error": answer.text[:200]}
+                if answer.status_code != 200:
+                    last = HALogError(f"{path}: HTTP {answer.status_code} {data}")
+                    if not _transient(answer.status_code, data):
+                        raise last
+                    # "request timed out", "no leader" while a member has no quorum: the
+                    # request may still commit later, so a retry may meet its own entry
+                    retried = True
+                    await trio.sleep(0.1)
+                    continue
+                return data, retried
+        raise Unavailable(f"etcd gave no answer to {path} within {self.op_timeout} s "
+                          f"(no quorum or no member reachable; last error: {last!r})")
+
+    # -- election --
+
+    async def campaign(self, node_id: str, timeout: float = math.inf) -> Term:
+        """Block until this node holds the leader key (or ``timeout`` → CampaignTimeout)."""
+        grant, _ = await self._call("/v3/lease/grant", {"TTL": max(1, round(self.ttl))})
+        lease = int(grant["ID"])
+        scope = trio.CancelScope()
+        self._keepalives[lease] = scope
+        self._lost[lease] = trio.Event()
+        self._nursery.start_soon(self._keepalive, lease, scope)
+        key = b64(self.leader_key)
+        won = False
+        try:
+            with trio.move_on_after(timeout):
+                while True:
+                    result, _ = await self._call("/v3/kv/txn", {
+                        "compare": [{"target": "CREATE", "key": key, "create_revision": "0",
+                                     "result": "EQUAL"}],
+                        "success": [{"request_put": {"key": key, "value": b64(node_id),
+                                                     "lease": str(lease)}}],
+                        "failure": [{"request_range": {"key": key}}]})
+                    holder = (result.get("responses") or [{}])[0].get(
+                        "response_range", {}).get("kvs") or [{}]
+                    if result.get("succeeded") or int(holder[0].get("lease", 0)) == lease:
+                        # won now, or an earlier try of this very txn won (retried request)
+                        epoch = int(result["header"]["revision"]) if result.get("succeeded") \
+                            else int(holder[0]["create_revision"])
+                        won = True
+                        log.info("halog %s: %s leads with epoch %d", self.prefix.decode(),
+                                 node_id, epoch)
+                        return Term(epoch, node_id, lease)
+                    await trio.sleep(self.poll)
+            raise CampaignTimeout(f"{node_id} did not win the election within {timeout} s",
+                                  lease)
+        finally:
+            if not won:
+                # timed out, Unavailable or cancelled: a txn of ours may still have created
+                # the key, so the lease must not outlive the campaign (revoke it; if etcd
+                # cannot be reached, at least stop keeping it alive: it expires in ttl s)
+                with trio.CancelScope(shield=True), trio.move_on_after(self.op_timeout):
+                    await self._revoke(lease)
+                scope.cancel()
+
+    async def _keepalive(self, lease: int, scope: trio.CancelScope) -> None:
+        with scope:
+            while True:
+                await trio.sleep(self.ttl / 3)
+                try:
+                    answer, _ = await self._call("/v3/lease/keepalive", {"ID": str(lease)})
+                except Unavailable as exc:
+                    log.warning("halog: lease %x keepalive failed: %s", lease, exc)
+                    continue
+                if int(answer.get("result", {}).get("TTL", 0)) <= 0:
+                    log.warning("halog: lease %x expired; its term is over", lease)
+                    self._lost[lease].set()
+                    return
+
+    def lost(self, term: Term) -> trio.Event:
+        """Set once this process KNOWS the term is over (its lease expired or it resigned).
+        A hint for stepping down early: a term can also end unseen (a keepalive that cannot
+        reach etcd); the fencing compare in ``append`` is what makes that safe."""
+        return self._lost.setdefault(term.lease_id, trio.Event())
+
+    async def _revoke(self, lease: int) -> None:
+        scope = self._keepalives.pop(lease, None)
+        if scope is not None:
+            scope.cancel()
+        self._lost.setdefault(lease, trio.Event()).set()
+        try:
+            await self._call("/v3/lease/revoke", {"ID": str(lease)})
+        except Unavailable:
+            log.warning("halog: could not revoke lease %x; it expires in %s s", lease, self.ttl)
+
+    async def leader(self) -> tuple[int, str] | None:
+        """(epoch, node id) of the current leader key, or None."""
+        answer, _ = await self._call("/v3/kv/range", {"key": b64(self.leader_key)})
+        kvs = answer.get("kvs") or []
+        return (int(kvs[0]["create_revision"]), unb64(kvs[0].get("value")).decode()) \
+            if kvs else None
+
+    async def resign(self, term: Term) -> None:
+        key = b64(self.leader_key)
+        await self._call("/v3/kv/txn", {
+            "compare": [{"target": "CREATE", "key": key, "create_revision": str(term.epoch),
+                         "result": "EQUAL"}],
+            "success": [{"request_delete_range": {"key": key}}]})
+        await self._revoke(term.lease_id)
+
+    # -- the log --
+
+    async def append(self, term: Term, first_txid: int, payload: bytes) -> int:
+        """Put one entry iff ``term`` still leads and ``first_txid`` is new; returns the
+        etcd revision once a quorum committed it. Raises Fenced, DuplicateTxid,
+        PayloadTooLarge or Unavailable (outcome unknown)."""
+        if len(payload) > MAX_PAYLOAD:
+            raise PayloadTooLarge(len(payload))
+        leader, entry = b64(self.leader_key), b64(self.log_key(first_txid))
+        result, retried = await self._call("/v3/kv/txn", {
+            "compare": [
+                {"target": "CREATE", "key": leader, "create_revision": str(term.epoch),
+                 "result": "EQUAL"},
+                {"target": "CREATE", "key": entry, "create_revision": "0",
+                 "result": "EQUAL"}],
+            "success": [{"request_put": {"key": entry, "value": b64(payload)}}],
+            "failure": [{"request_range": {"key": leader}},
+                        {"request_range": {"key": entry}}]})
+        outcome = decide(term, first_txid, payload, result, retried)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome.revision
+
+    def _entry(self, kv: dict) -> Entry:
+        txid = int(unb64(kv["key"])[len(self.log_prefix):])
+        return Entry(txid, unb64(kv.get("value")), int(kv["mod_revision"]))
+
+    async def _read_page(self, from_txid: int) -> tuple[list[Entry], int, bool]:
+        answer, _ = await self._call("/v3/kv/range", {
+            "key": b64(self.log_key(from_txid)), "range_end": b64(prefix_end(self.log_prefix)),
+            "limit": str(self.page), "sort_order": "ASCEND", "sort_target": "KEY"})
+        entries = [self._entry(kv) for kv in answer.get("kvs") or []]
+        return entries, int(answer["header"]["revision"]), bool(answer.get("more"))
+
+    async def read(self, from_txid: int = 0) -> list[Entry]:
+        """Every entry with txid >= from_txid, in txid order (one consistent snapshot
+        per page)."""
+        out: list[Entry] = []
+        while True:
+            entries, _, more = await self._read_page(from_txid)
+            out.extend(entries)
+            if not more or not entries:
+                return out
+            from_txid = entries[-1].txid + 1
+
+    async def tail(self, from_txid: int = 0) -> AsyncIterator[Entry]:
+        """Entries from ``from_txid`` on, then each new one as it commits (forever)."""
+        while True:
+            # catch up by reads, remembering the revision the last read saw
+            while True:
+                entries, revision, more = await self._read_page(from_txid)
+                for e in entries:
+                    yield e
+                if entries:
+                    from_txid = entries[-1].txid + 1
+                if not more:
+                    break
+            try:
+                async for e in self._watch(revision + 1):
+                    if e.txid >= from_txid:
+                        yield e
+                        from_txid = e.txid + 1
+            except (httpx.TransportError, ValueError, KeyError) as exc:
+                log.info("halog: watch broke (%r); reading again from txid %d", exc, from_txid)
+                self._current = (self._current + 1) % len(self.endpoints)
+                await trio.sleep(0.1)
+
+    async def _watch(self, start_revision: int) -> AsyncIterator[Entry]:
+        body = {"create_request": {"key": b64(self.log_prefix),
+                                   "range_end": b64(prefix_end(self.log_prefix)),
+                                   "start_revision": str(start_revision)}}
+        url = self.endpoints[self._current] + "/v3/watch"
+        async with self._http.stream("POST", url, content=json.dumps(body),
+                                     timeout=httpx.Timeout(self.op_timeout, read=None)) as r:
+            async for line in r.aiter_lines():
+                if not line.strip():
+                    continue
+                result = json.loads(line).get("result", {})
+                if result.get("canceled") or result.get("compact_revision"):
+                    raise ValueError(f"watch ended by etcd: {result}")
+                for event in result.get("events") or []:
+                    if event.get("type", "PUT") == "PUT":
+                        yield self._entry(event["kv"])
+        raise ValueError("watch stream closed")
