@@ -329,10 +329,38 @@ def _read_json(chunks, split, target, partition, opts: TextOptions):
         yield from _finish(columns, bad, raws, target, partition, opts, split.path, corrupt)
 
 
+_BLANK = "[ \\t\\f\\v]+"    # what Univocity's whitespace trimming removes (not line breaks)
+
+
+def _trim_outside_quotes(data: bytes, opts: TextOptions) -> bytes:
+    """``data`` with the whitespace around each field removed where it is outside quotes,
+    as Spark's ``ignoreLeadingWhiteSpace`` / ``ignoreTrailingWhiteSpace`` read: a quoted
+    value keeps its spaces, and ``  "a"`` is the quoted value ``a``. One regex pass in
+    which a quoted string is consumed whole, so nothing inside it is touched."""
+    q, d = re.escape(opts.quote), re.escape(opts.delimiter)
+    if opts.escape and opts.escape != opts.quote:
+        e = re.escape(opts.escape)
+        inner = f"[^{q}{e}]|{e}.|{q}{q}"
+    else:
+        inner = f"[^{q}]|{q}{q}"
+    parts = [f"({q}(?:{inner})*{q})"]
+    if opts.trim_leading:
+        parts.append(f"(?:(?<={d})|^){_BLANK}")
+    if opts.trim_trailing:
+        parts.append(f"{_BLANK}(?={d}|\\r?$)")
+    pattern = re.compile("|".join(parts), re.M | re.S)
+    text = data.decode("utf-8", errors="replace")
+    return pattern.sub(lambda m: m.group(1) or "", text).encode("utf-8")
+
+
 def _csv_strings(data: bytes, names: list[str], opts: TextOptions, placeholder):
     """String columns of csv ``data`` with ``names`` (fast: pyarrow), the per-row
     wrong-field-count flags and a callable giving the raw records (slow path)."""
     import pyarrow.csv as pcsv
+    trim = opts.trim_leading or opts.trim_trailing
+    if trim and opts.quote and opts.quote.encode() in data:
+        data = _trim_outside_quotes(data, opts)   # quotes: trimming after parsing is wrong
+        trim = False
     wrong_rows = []
     raws_cache: list = []
 
@@ -365,9 +393,9 @@ def _csv_strings(data: bytes, names: list[str], opts: TextOptions, placeholder):
         wrong_mask = None
     if placeholder:
         strings = {n: pc.replace_substring(c, placeholder, "\n") for n, c in strings.items()}
-    if opts.trim_leading:
+    if trim and opts.trim_leading:
         strings = {n: pc.utf8_ltrim_whitespace(c) for n, c in strings.items()}
-    if opts.trim_trailing:
+    if trim and opts.trim_trailing:
         strings = {n: pc.utf8_rtrim_whitespace(c) for n, c in strings.items()}
     return strings, wrong_mask, raws_of
 

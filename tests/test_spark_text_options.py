@@ -231,6 +231,12 @@ CSV_OPTION_CASES = [
     ({"comment": "#"}, b"#skip me\n1,a\n# and me\n2,b\n", "k int, v string"),
     ({"ignoreLeadingWhiteSpace": "true"}, b"  1,  a  \n2,b\n", "k int, v string"),
     ({"ignoreTrailingWhiteSpace": "true"}, b"1  ,  a  \n2,b\n", "k int, v string"),
+    # quoted values keep their spaces; only the space outside the quotes goes
+    ({"ignoreLeadingWhiteSpace": "true", "ignoreTrailingWhiteSpace": "true",
+      "multiLine": "true"},
+     b'1,  "  a  "  ,  b  \n2,"c ,\n d " , e\n', "k int, v string, w string"),
+    ({"ignoreLeadingWhiteSpace": "true"}, b'1,  " a ",  b  \n', "k int, v string, w string"),
+    ({"ignoreTrailingWhiteSpace": "true"}, b'1," a "  ,  b  \n', "k int, v string, w string"),
     ({"nanValue": "nan!", "positiveInf": "+big", "negativeInf": "-big"},
      b"nan!,1\n+big,2\n-big,3\n1.5,4\n", "x double, k int"),
     ({"emptyValue": "EMPTY"}, b'1,""\n2,x\n3,\n', "k int, v string"),
