@@ -6,9 +6,7 @@ in other processes, so they reach the cluster over TCP like any client.
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
 import threading
 import time
 
@@ -17,9 +15,8 @@ import pytest
 pyspark = pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
 
-from harness import ProcessCluster  # noqa: E402
+from sparkkit import run_client, run_cluster, run_spark, url  # noqa: E402
 
-from spark_connector import LeaseFSDataSource  # noqa: E402
 from spark_connector import commit as protocol  # noqa: E402
 from spark_connector import formats, splits  # noqa: E402
 
@@ -28,42 +25,17 @@ ROUND_TRIP_ROWS = int(os.environ.get("LEASEFS_SPARK_ROWS", "1000000"))
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = ProcessCluster(tmp_path_factory.mktemp("spark-cluster"), n_storage=1,
-                       settings={"replication": 1})
-    c.start()
-    yield c
-    c.stop()
+    yield from run_cluster(tmp_path_factory, "spark-cluster")
 
 
 @pytest.fixture(scope="module")
 def client(cluster):
-    c = cluster.client()
-    yield c
-    c.close()
+    yield from run_client(cluster)
 
 
 @pytest.fixture(scope="module")
 def spark(cluster):
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-    session = (SparkSession.builder.master("local[2]").appName("leasefs-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.memory", "2g")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(LeaseFSDataSource)
-    yield session
-    session.stop()
-    # py4j logs "Closing down clientserver connection" from a finalizer at interpreter exit,
-    # after pytest closed the captured streams ("--- Logging error ---" noise in CI logs)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-
-
-def url(cluster, path: str) -> str:
-    return f"leasefs://{cluster.meta_address}{path}"
+    yield from run_spark("leasefs-tests")
 
 
 def source_frame(spark, n: int, partitions: int = 4):

@@ -12,18 +12,15 @@ from __future__ import annotations
 import datetime as dt
 import glob
 import io
-import logging
 import os
-import sys
 
 import pytest
 
 pyspark = pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
 
-from harness import ProcessCluster  # noqa: E402
+from sparkkit import run_client, run_cluster, run_spark, url  # noqa: E402
 
-from spark_connector import LeaseFSDataSource  # noqa: E402
 from spark_connector import columnar, pushdown  # noqa: E402
 from spark_connector.splits import Split  # noqa: E402
 
@@ -35,40 +32,17 @@ ROW_GROUP_BYTES = 64 << 10      # Spark's parquet.block.size for the reference f
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = ProcessCluster(tmp_path_factory.mktemp("spark-columnar"), n_storage=1,
-                       settings={"replication": 1})
-    c.start()
-    yield c
-    c.stop()
+    yield from run_cluster(tmp_path_factory, "spark-columnar")
 
 
 @pytest.fixture(scope="module")
 def client(cluster):
-    c = cluster.client()
-    yield c
-    c.close()
+    yield from run_client(cluster)
 
 
 @pytest.fixture(scope="module")
 def spark(cluster):
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-    session = (SparkSession.builder.master("local[2]").appName("leasefs-columnar-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.memory", "2g")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(LeaseFSDataSource)
-    yield session
-    session.stop()
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-
-
-def url(cluster, path: str) -> str:
-    return f"leasefs://{cluster.meta_address}{path}"
+    yield from run_spark("leasefs-columnar-tests")
 
 
 def frame(spark, n: int, partitions: int = 1):

@@ -13,7 +13,6 @@ import datetime
 import glob
 import json
 import os
-import sys
 import time
 
 import pytest
@@ -23,46 +22,23 @@ pytestmark = pytest.mark.slow
 pyspark = pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
 
-from harness import ProcessCluster  # noqa: E402
+from sparkkit import run_client, run_cluster, run_spark, url  # noqa: E402
 
-from spark_connector import LeaseFSDataSource  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = ProcessCluster(tmp_path_factory.mktemp("spark-text"), n_storage=1,
-                       settings={"replication": 1})
-    c.start()
-    yield c
-    c.stop()
+    yield from run_cluster(tmp_path_factory, "spark-text")
 
 
 @pytest.fixture(scope="module")
 def client(cluster):
-    c = cluster.client()
-    yield c
-    c.close()
+    yield from run_client(cluster)
 
 
 @pytest.fixture(scope="module")
 def spark(cluster):
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-    session = (SparkSession.builder.master("local[2]").appName("leasefs-text-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(LeaseFSDataSource)
-    yield session
-    import logging
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-
-
-def url(cluster, path):
-    return f"leasefs://{cluster.meta_address}{path}"
+    yield from run_spark("leasefs-text-tests")
 
 
 def rows(df):
