@@ -34,6 +34,8 @@ import pyarrow as pa
 
 from fs.errors import InvalidArgument
 
+from .splits import read_range
+
 CHUNK = 1 << 20              # compressed bytes read per step
 HADOOP_BLOCK = 128 << 10     # uncompressed bytes per lz4/snappy block we write (Hadoop's
 #                              decompressor buffer is 256 KiB; a block must fit in it)
@@ -87,18 +89,11 @@ def write_codec(options) -> Codec | None:
 
 # --------------------------------------------------------------------------- reading
 
-def _stream_chunks(stream, length: int):
-    pos = 0
-    while pos < length:
-        data = stream.pread(pos, min(CHUNK, length - pos))
-        if not data:
-            break
-        yield data
-        pos += len(data)
-
-
-def _gzip_members(chunks):
-    dec = zlib.decompressobj(wbits=31)
+def _members(chunks, new_decompressor, truncated):
+    """Concatenated members (gzip) or streams (bzip2), each decompressed by a fresh
+    decompressor, as Hadoop's codecs read them; ``truncated`` is raised when the data ends
+    inside one."""
+    dec = new_decompressor()
     started = False
     for data in chunks:
         while data:
@@ -108,29 +103,20 @@ def _gzip_members(chunks):
                 yield out
             if dec.eof:
                 data, started = dec.unused_data, False
-                dec = zlib.decompressobj(wbits=31)
-            else:
-                data = b""
-    if started and not dec.eof:
-        raise zlib.error("truncated gzip stream")
-
-
-def _bzip2_streams(chunks):
-    dec = bz2.BZ2Decompressor()
-    started = False
-    for data in chunks:
-        while data:
-            started = True
-            out = dec.decompress(data)
-            if out:
-                yield out
-            if dec.eof:
-                data, started = dec.unused_data, False
-                dec = bz2.BZ2Decompressor()
+                dec = new_decompressor()
             else:
                 data = b""
     if started:
-        raise OSError("truncated bzip2 stream")
+        raise truncated
+
+
+def _gzip_members(chunks):
+    return _members(chunks, lambda: zlib.decompressobj(wbits=31),
+                    zlib.error("truncated gzip stream"))
+
+
+def _bzip2_streams(chunks):
+    return _members(chunks, bz2.BZ2Decompressor, OSError("truncated bzip2 stream"))
 
 
 def _deflate(chunks):
@@ -248,7 +234,7 @@ _DECODERS = {"gzip": _gzip_members, "bzip2": _bzip2_streams, "deflate": _deflate
 def decompressed_chunks(stream, length: int, codec: str, path: str):
     """The decompressed bytes of a whole file, in pieces; corrupt data is an
     ``InvalidArgument`` naming the path and codec."""
-    chunks = _stream_chunks(stream, length)
+    chunks = read_range(stream, 0, length, CHUNK)
     gen = (_hadoop_blocks(chunks, codec) if codec in ("lz4", "snappy")
            else _DECODERS[codec](chunks))
     try:
@@ -261,7 +247,7 @@ def file_chunks(stream, path: str, length: int):
     """A whole file's (decompressed, by its extension) bytes in pieces."""
     codec = codec_for_path(path)
     if codec is None:
-        return _stream_chunks(stream, length)
+        return read_range(stream, 0, length, CHUNK)
     return decompressed_chunks(stream, length, codec, path)
 
 

@@ -86,11 +86,11 @@ def line_split_range(stream, start: int, end: int, length: int) -> tuple[int, in
     return begin, min(length, stop + 1)
 
 
-def read_range(stream, begin: int, stop: int):
-    """The bytes ``[begin, stop)`` in chunks of ``READ_CHUNK``."""
+def read_range(stream, begin: int, stop: int, chunk_size: int = READ_CHUNK):
+    """The bytes ``[begin, stop)`` in chunks of ``chunk_size``."""
     pos = begin
     while pos < stop:
-        chunk = stream.pread(pos, min(READ_CHUNK, stop - pos))
+        chunk = stream.pread(pos, min(chunk_size, stop - pos))
         if not chunk:
             break
         yield chunk
