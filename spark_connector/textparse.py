@@ -137,6 +137,19 @@ def _loads(line: str):
     return json.loads(line, parse_int=_Number, parse_float=_Number, parse_constant=_Number)
 
 
+def _json_records(line: str) -> list:
+    """The records of one json line, as Spark reads them: each object of a top-level array
+    of objects, else the one parsed value (``None`` when the line does not parse; anything
+    but a dict is a malformed record)."""
+    try:
+        parsed = _loads(line)
+    except ValueError:
+        return [None]
+    if isinstance(parsed, list) and parsed and all(isinstance(o, dict) for o in parsed):
+        return parsed
+    return [parsed]
+
+
 def _plain(value):
     """A parsed value with numbers turned back into Python numbers (nested columns)."""
     if isinstance(value, _Number):
@@ -195,13 +208,7 @@ def json_rows_slow(lines, fields: list[pa.Field], opts: TextOptions):
     for line in lines:
         if not line.strip():
             continue
-        try:
-            parsed = _loads(line)
-        except ValueError:
-            parsed = None
-        objs = parsed if isinstance(parsed, list) and parsed and \
-            all(isinstance(o, dict) for o in parsed) else [parsed]
-        for obj in objs:
+        for obj in _json_records(line):
             broken = not isinstance(obj, dict)
             for f in fields:
                 value = obj.get(f.name) if isinstance(obj, dict) else None
@@ -284,14 +291,7 @@ def infer_json(lines, opts: TextOptions):
     for line in lines:
         if not line.strip():
             continue
-        try:
-            parsed = _loads(line)
-        except ValueError:
-            corrupt = True
-            continue
-        objs = parsed if isinstance(parsed, list) and parsed and \
-            all(isinstance(o, dict) for o in parsed) else [parsed]
-        for obj in objs:
+        for obj in _json_records(line):
             if not isinstance(obj, dict):
                 corrupt = True
                 continue
