@@ -29,7 +29,9 @@ def _s(default, doc):
 @dataclass
 class Config:
     # --- addresses
-    meta_address: str = _s("127.0.0.1:8020", "metadata server RPC address clients connect to")
+    meta_address: str = _s("127.0.0.1:8020", "metadata server RPC address clients connect "
+                           "to; with HA a comma-separated list of every metadata server "
+                           "(clients move on at StandbyError or a lost connection)")
     meta_http_port: int = _s(9870, "metadata server status page port (0 = off)")
     bind_host: str = _s("127.0.0.1", "address servers bind to")
     advertise_host: str = _s("", "address block servers advertise (default: bind_host)")
@@ -94,6 +96,21 @@ class Config:
                                    "namespace changes it answered before their fsync (clients "
                                    "without sync_metadata, e.g. mounts), so that those of that "
                                    "moment share one fsync; a machine crash can lose this much")
+    ha: str = _s("none", "metadata high availability: none (one metadata server) or etcd "
+                 "(active + standby + observers; the edit log replicated on etcd, election "
+                 "and fencing by etcd's leader key: docs/DESIGN.md)")
+    ha_etcd_endpoints: str = _s("http://127.0.0.1:2379", "ha = etcd: comma-separated client "
+                                "URLs of the etcd members")
+    ha_prefix: str = _s("/leasefs/default", "ha = etcd: the key prefix of this namespace's "
+                        "leader key and log in etcd")
+    ha_node_id: str = _s("", "ha = etcd: this metadata server's name in the election "
+                         "(default: its RPC address)")
+    ha_role: str = _s("standby", "ha = etcd: what a metadata server starts as: standby "
+                      "(campaigns, becomes active when it wins) or observer (never "
+                      "campaigns, serves reads)")
+    ha_election_timeout: float = _s(3.0, "ha = etcd: seconds without keepalive after which "
+                                    "the active's term ends (etcd lease TTL) and a standby "
+                                    "takes over")
     journal_keep_segments: int = _s(2, "finalized journal segments kept after a checkpoint (each "
                                     "checkpoint rolls one: HDFS num.checkpoints.retained)")
     namespace_lock: str = _s("fine", "metadata server locking: fine (per-path read/write locks, "
@@ -307,7 +324,8 @@ class Config:
         return self.advertise_host or self.bind_host
 
 
-CHOICES = {"namespace_lock": ("fine", "global"), "security": ("secure", "simple"),
+CHOICES = {"namespace_lock": ("fine", "global"), "ha": ("none", "etcd"),
+           "ha_role": ("standby", "observer"), "security": ("secure", "simple"),
            "tls": ("off", "on"),
            "replace_datanode_on_failure": ("never", "default", "always")}
 

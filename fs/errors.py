@@ -172,6 +172,14 @@ class SafeMode(LeaseFSError):
     retriable = True
 
 
+class StandbyError(LeaseFSError):
+    """The metadata server is not the active one (standby, observer for a call it does not
+    serve, or it just lost its term): the call was NOT carried out; send it to another
+    metadata server of the list (HDFS StandbyException)."""
+    errno = _errno.EAGAIN
+    retriable = True
+
+
 class ChecksumError(LeaseFSError):
     """Data does not match its CRC32C checksum."""
     errno = _errno.EIO

@@ -93,6 +93,7 @@ from .ops import LAZY_OPS, decode
 from .replication import ReplicationQueues
 from .reports import REPORT_STEP, BlockReports
 from .permissions import Caller, PermissionChecker
+from .harole import SERVING, HAStatus, Role
 from .safemode import SafeModeState
 from .startup import Phase, StartupProgress
 from .admin_protocol import AdminProtocol
@@ -192,6 +193,8 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         self.metrics = MetaMetrics(self)
         self.call_observer = self.metrics.observe_call
         self.journal.sync_observer = self.metrics.observe_sync
+        # ``meta.ha.HAController`` with ha = etcd (set by run_meta_server), None: always active
+        self.ha = None
 
     # ================================================================== startup
     def recover(self) -> None:
@@ -258,6 +261,26 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         log.info("loaded %d files, %d directories, %d blocks, %d files under construction",
                  self.ns.file_count(), self.ns.dir_count(), len(self.blocks),
                  self.leases.open_files())
+
+    # ================================================================== HA role
+    def ha_status(self) -> HAStatus:
+        """This server's role, epoch, applied txid and lag (``meta.harole``)."""
+        if self.ha is None:
+            return HAStatus(applied_txid=self.ns.applied_txid)
+        return self.ha.status()
+
+    @property
+    def role(self) -> Role:
+        return Role.ACTIVE if self.ha is None else self.ha.role
+
+    @property
+    def is_active(self) -> bool:
+        """Only the active server mutates, hands out block-server commands, runs monitors."""
+        return self.ha is None or self.ha.role is Role.ACTIVE
+
+    @property
+    def serving(self) -> bool:
+        return self.role in SERVING
 
     # ================================================================== apply (journal)
     def _apply(self, records) -> None:

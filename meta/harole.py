@@ -1,0 +1,121 @@
+"""The HA role state machine of one metadata server: HDFS HAServiceState names, the events
+that move it, ONE transition table and ``next_role``, which raises on a move the table does
+not have; and ``HAStatus``, the frozen record of a server's role as heartbeat replies,
+``leasefs report``, the web pages and ``haadmin`` carry it.
+
+Why it exists: which calls a server takes, whether it appends to the replicated log or tails
+it, and whether block servers obey its commands all follow from its role; every change of
+role asks this table first (``meta/ha.py`` does the I/O).
+
+States (``ha = none``: a server is ACTIVE from start to stop, epoch 0):
+
+* INITIALIZING: replaying its own journal, not yet following the log.
+* STANDBY: follows the replicated log (applies every entry as it is committed) and
+  campaigns for the leader key; refuses client calls with ``StandbyError``.
+* OBSERVER: follows the log like a standby, never campaigns, serves read calls to clients
+  that ask for them (read-your-writes through the txid a client has seen).
+* TAKING_OVER: won the election; reads the log to its end before serving, so it starts from
+  everything its predecessor got acknowledged.
+* ACTIVE: appends every journal batch to the log fenced by its epoch; the only role whose
+  block-server commands are obeyed.
+* STOPPED: left for good (fenced while active and not re-following, or shut down).
+
+Concurrency contract: pure and immutable (no I/O, no shared mutable state).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from fs.errors import InvalidArgument
+
+
+class Role(str, enum.Enum):
+    """HDFS HAServiceState names (plus TAKING_OVER, HDFS's transition to active)."""
+
+    INITIALIZING = "initializing"
+    STANDBY = "standby"
+    OBSERVER = "observer"
+    TAKING_OVER = "taking_over"
+    ACTIVE = "active"
+    STOPPED = "stopped"
+
+
+class RoleEvent(str, enum.Enum):
+    """What moves a role, named after the HDFS HAServiceProtocol/ZKFC calls that do it."""
+
+    START_STANDBY = "transitionToStandby"     # journal replayed: follow the log
+    START_OBSERVER = "transitionToObserver"   # journal replayed: follow the log, serve reads
+    START_ACTIVE = "startActiveServices"      # ha = none: active from the start
+    ELECTED = "becomeActive"                  # won the leader key
+    CAUGHT_UP = "catchupDone"                 # read the log to its end: serve
+    DEPOSED = "fenced"                        # term lost (lease expired, Fenced append)
+    RESIGN = "gracefulFailover"               # haadmin -failover: give the term away
+    CAMPAIGN_FAILED = "campaignFailed"        # could not finish taking over: follow again
+    STOP = "stop"
+
+
+R, E = Role, RoleEvent
+
+#: (role before, event) -> role after. Pairs that are missing are refused by ``next_role``.
+TRANSITIONS: dict[tuple[Role, RoleEvent], Role] = {
+    (R.INITIALIZING, E.START_STANDBY): R.STANDBY,
+    (R.INITIALIZING, E.START_OBSERVER): R.OBSERVER,
+    (R.INITIALIZING, E.START_ACTIVE): R.ACTIVE,
+    (R.STANDBY, E.ELECTED): R.TAKING_OVER,
+    (R.TAKING_OVER, E.CAUGHT_UP): R.ACTIVE,
+    (R.TAKING_OVER, E.CAMPAIGN_FAILED): R.STANDBY,
+    (R.TAKING_OVER, E.DEPOSED): R.STANDBY,
+    (R.ACTIVE, E.DEPOSED): R.STANDBY,
+    (R.ACTIVE, E.RESIGN): R.STANDBY,
+    **{(role, E.STOP): R.STOPPED for role in Role},
+}
+del R, E
+
+#: roles that take client calls at all (the others answer ``StandbyError``)
+SERVING = frozenset({Role.ACTIVE, Role.OBSERVER})
+#: roles that follow the replicated log
+FOLLOWING = frozenset({Role.STANDBY, Role.OBSERVER, Role.TAKING_OVER})
+
+
+def next_role(role: Role, event: RoleEvent) -> Role:
+    """The role after ``event``; ``InvalidArgument`` if the table has no such transition."""
+    try:
+        return TRANSITIONS[(role, event)]
+    except KeyError:
+        raise InvalidArgument(f"{event.value} is not allowed in role {role.value}") from None
+
+
+@dataclass(frozen=True)
+class HAStatus:
+    """One metadata server's HA state as it travels on the wire (heartbeat and register
+    replies, ``report``, ``ha_status``): ``role``; ``epoch``, the term it holds or last saw
+    (0 with ``ha = none``; block servers obey only the newest); ``applied_txid``; ``lag``,
+    seconds the follower's applied state is behind the newest log entry it has seen (0 for
+    the active); ``node_id``; ``mode`` ("none" or "etcd")."""
+
+    role: Role = Role.ACTIVE
+    epoch: int = 0
+    applied_txid: int = 0
+    lag: float = 0.0
+    node_id: str = ""
+    mode: str = "none"
+
+    def to_wire(self) -> dict:
+        return {"role": self.role.value, "epoch": self.epoch, "applied_txid": self.applied_txid,
+                "lag": round(self.lag, 6), "node_id": self.node_id, "mode": self.mode}
+
+    @classmethod
+    def from_wire(cls, wire) -> "HAStatus":
+        """The status a peer sent; absent (an older server, ``ha = none``) = active, epoch 0.
+        ``InvalidArgument`` for a malformed one."""
+        if wire is None:
+            return cls()
+        try:
+            return cls(role=Role(wire["role"]), epoch=int(wire.get("epoch", 0)),
+                       applied_txid=int(wire.get("applied_txid", 0)),
+                       lag=float(wire.get("lag", 0.0)), node_id=str(wire.get("node_id", "")),
+                       mode=str(wire.get("mode", "none")))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InvalidArgument(f"malformed HA status {wire!r}: {exc}") from None
