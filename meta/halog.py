@@ -1,7 +1,7 @@
 """The replicated edit log on etcd: leader election, fenced appends, ordered reads.
 
-Foundation for metadata high availability (active + standby + observer metadata servers);
-not wired into the metadata server yet. etcd (3.4, Debian ``etcd-server``) is the engine,
+The engine under metadata high availability (active + standby + observer metadata
+servers; ``meta/ha.py`` drives it). etcd (3.4, Debian ``etcd-server``) is the engine,
 spoken to through its JSON gRPC gateway (``/v3/kv/txn``, ``/v3/kv/range``,
 ``/v3/lease/*``, ``/v3/watch``; keys and values base64) with ``httpx`` on trio. See
 docs/DESIGN.md, "Metadata HA engine".
@@ -384,14 +384,16 @@ class HALog:
 
     # -- the log --
 
-    async def append(self, term: Term, first_txid: int, payload: bytes) -> int:
+    async def append(self, term: Term, first_txid: int, payload: bytes, *,
+                     retried: bool = False) -> int:
         """Put one entry iff ``term`` still leads and ``first_txid`` is new; returns the
         etcd revision once a quorum committed it. Raises Fenced, DuplicateTxid,
-        PayloadTooLarge or Unavailable (outcome unknown)."""
+        PayloadTooLarge or Unavailable (outcome unknown). ``retried``: the caller sends
+        the same entry again after an ``Unavailable`` (its first try may have committed)."""
         if len(payload) > MAX_PAYLOAD:
             raise PayloadTooLarge(len(payload))
         leader, entry = b64(self.leader_key), b64(self.log_key(first_txid))
-        result, retried = await self._call("/v3/kv/txn", {
+        result, again = await self._call("/v3/kv/txn", {
             "compare": [
                 {"target": "CREATE", "key": leader, "create_revision": str(term.epoch),
                  "result": "EQUAL"},
@@ -400,7 +402,7 @@ class HALog:
             "success": [{"request_put": {"key": entry, "value": b64(payload)}}],
             "failure": [{"request_range": {"key": leader}},
                         {"request_range": {"key": entry}}]})
-        outcome = decide(term, first_txid, payload, result, retried)
+        outcome = decide(term, first_txid, payload, result, retried or again)
         if isinstance(outcome, Exception):
             raise outcome
         return outcome.revision

@@ -18,7 +18,11 @@ States (``ha = none``: a server is ACTIVE from start to stop, epoch 0):
   everything its predecessor got acknowledged.
 * ACTIVE: appends every journal batch to the log fenced by its epoch; the only role whose
   block-server commands are obeyed.
-* STOPPED: left for good (fenced while active and not re-following, or shut down).
+* STOPPED: the server leaves this run: shut down, or its term ended (fenced, lease lost,
+  resigned). A deposed active never goes back to following in the same run: requests it
+  had planned may have left traces in memory, so it starts again from its store and the
+  log (``run_meta_server`` restarts it in place, on the same ports) and follows as a
+  standby.
 
 Concurrency contract: pure and immutable (no I/O, no shared mutable state).
 """
@@ -52,7 +56,6 @@ class RoleEvent(str, enum.Enum):
     CAUGHT_UP = "catchupDone"                 # read the log to its end: serve
     DEPOSED = "fenced"                        # term lost (lease expired, Fenced append)
     RESIGN = "gracefulFailover"               # haadmin -failover: give the term away
-    CAMPAIGN_FAILED = "campaignFailed"        # could not finish taking over: follow again
     STOP = "stop"
 
 
@@ -65,10 +68,9 @@ TRANSITIONS: dict[tuple[Role, RoleEvent], Role] = {
     (R.INITIALIZING, E.START_ACTIVE): R.ACTIVE,
     (R.STANDBY, E.ELECTED): R.TAKING_OVER,
     (R.TAKING_OVER, E.CAUGHT_UP): R.ACTIVE,
-    (R.TAKING_OVER, E.CAMPAIGN_FAILED): R.STANDBY,
-    (R.TAKING_OVER, E.DEPOSED): R.STANDBY,
-    (R.ACTIVE, E.DEPOSED): R.STANDBY,
-    (R.ACTIVE, E.RESIGN): R.STANDBY,
+    (R.TAKING_OVER, E.DEPOSED): R.STOPPED,
+    (R.ACTIVE, E.DEPOSED): R.STOPPED,
+    (R.ACTIVE, E.RESIGN): R.STOPPED,
     **{(role, E.STOP): R.STOPPED for role in Role},
 }
 del R, E

@@ -84,7 +84,7 @@ import trio
 
 from fs.datatransfer import crc32c
 from fs.framing import packb
-from fs.errors import InternalError, InvalidArgument, LeaseFSError, NoSpace
+from fs.errors import InternalError, InvalidArgument, LeaseFSError, NoSpace, StandbyError
 
 from .journal_files import (RECORD_HEADER, JournalError, JournalStats, Record, Scan, SegmentInfo,
                             finalized_name, fsync_dir, inprogress_name, scan_segment, span_of,
@@ -209,6 +209,12 @@ class Journal:
         self._pending = _Batch()
         self._sync_lock = trio.Lock()
         self._wakeup = trio.lowlevel.ParkingLot()
+        # Replication (ha = etcd, set by ``meta.ha``): ``replicator(records, chunks)`` puts a
+        # batch into the replicated log before it is written here; it raises
+        # ``StandbyError`` when the term is over (nothing of the batch is in the log).
+        # ``refusal``: why ``log`` refuses now (a follower, a server leaving its term).
+        self.replicator = None
+        self.refusal: str | None = None
 
     # ------------------------------------------------------------------ startup (sync)
     def open(self, store_applied: int | None = None) -> StartPlan:
@@ -344,6 +350,8 @@ class Journal:
             raise InternalError(f"journal refuses writes after an earlier failure: {self._failure}")
         if not self._opened or self._closing:
             raise InternalError(f"journal {self.directory} is not open for writing")
+        if self.refusal is not None:
+            raise StandbyError(self.refusal)
         encoded = []
         for txid, (op, args) in enumerate(records, start=self._next_txid):
             if not isinstance(op, str) or not isinstance(args, dict):
@@ -401,6 +409,9 @@ class Journal:
             self._pending = _Batch()
             data = b"".join(batch.chunks)
             first, last = batch.records[0].txid, batch.records[-1].txid
+            if self.replicator is not None:
+                await self._flush_replicated(batch, data)
+                return
             if batch.durable:
                 if self.observer is not None:
                     self.observer("fsync_start", first, last)
@@ -443,6 +454,87 @@ class Journal:
                 batch.done.set()
             else:   # its callers are answered; the background fsync follows
                 self._unsynced_wakeup.unpark_all()
+
+    async def _flush_replicated(self, batch: _Batch, data: bytes) -> None:
+        """ha = etcd, under ``_sync_lock``: the batch is durable once the replicated log has
+        it (a quorum of etcd members); only then is it written here (no fsync of its own:
+        what a crash of this machine loses, the log gives back at restart), applied and
+        acknowledged. A refused append leaves nothing anywhere: the batch and everything
+        queued behind it fail with ``StandbyError``."""
+        first, last = batch.records[0].txid, batch.records[-1].txid
+        try:
+            await self.replicator(batch.records, batch.chunks)
+        except StandbyError as exc:
+            queued, self._pending = self._pending, _Batch()
+            self._next_txid = first
+            message = f"{exc}; the mutation did not happen here (txids {first}..{last})"
+            batch.fail(message, StandbyError)
+            queued.fail(message, StandbyError)
+            return
+        except Exception as exc:
+            log.exception("journal: replicating txids %d..%d failed", first, last)
+            self._stop(f"replicating txids {first}..{last} failed ({type(exc).__name__}: "
+                       f"{exc}); their fate in the log is unknown")
+            return
+        self._take_replicated(batch.records, data)
+        batch.written.set()
+        batch.done.set()
+
+    def _take_replicated(self, records: list[Record], data: bytes) -> None:
+        """Write records the replicated log holds to the segment and apply them (sync: no
+        await between the write and the apply)."""
+        first, last = records[0].txid, records[-1].txid
+        try:
+            self._write(data)
+        except OSError as exc:
+            self._stop(f"journal write of txids {first}..{last} (already in the replicated "
+                       f"log) failed: {exc}; a restart takes them from the log")
+            return
+        self.stats.records += len(records)
+        self.stats.bytes += len(data)
+        self.stats.largest_batch = max(self.stats.largest_batch, len(records))
+        self._inprogress_size += len(data)
+        self.last_txid = last
+        self._next_txid = max(self._next_txid, last + 1)
+        self._mark_durable(last)
+        try:
+            self._apply(records)
+        except Exception as exc:
+            log.exception("journal: applying txids %d..%d failed", first, last)
+            self._stop(f"applying txids {first}..{last} failed after they were "
+                       f"written ({type(exc).__name__}: {exc}); they replay at the next start")
+        self._unsynced_wakeup.unpark_all()
+
+    async def ingest(self, records: list[Record], data: bytes) -> None:
+        """A follower's way in (ha = etcd): write and apply a batch another server put into
+        the replicated log; ``data`` is its framed records exactly as that server's journal
+        wrote them. They must follow ``last_txid`` without a gap (``JournalError``
+        otherwise: the log lost entries this server needs)."""
+        async with self._sync_lock:
+            if self._failure is not None:
+                raise JournalError(f"journal {self.directory}: {self._failure}",
+                                   file=self.directory)
+            if self._pending.records:
+                raise InternalError("journal: a follower has records of its own queued")
+            if records[0].txid != self.last_txid + 1:
+                raise JournalError(
+                    f"journal {self.directory}: the replicated log continues at txid "
+                    f"{records[0].txid} but this server has applied up to {self.last_txid} "
+                    f"(entries it needs are gone from the log)", file=self.directory)
+            self._take_replicated(records, data)
+            if self._failure is not None:
+                raise JournalError(f"journal {self.directory}: {self._failure}",
+                                   file=self.directory)
+
+    async def quiesce(self, why: str) -> None:
+        """Refuse new records with ``StandbyError(why)`` and wait until no batch is being
+        replicated, written or applied; what is queued fails with the same error."""
+        self.refusal = why
+        async with self._sync_lock:
+            queued, self._pending = self._pending, _Batch()
+            if queued.records:
+                self._next_txid = queued.records[0].txid
+                queued.fail(f"{why}; the mutation did not happen here", StandbyError)
 
     def _write(self, data: bytes) -> None:
         """Append ``data`` to the in-progress segment (no fsync)."""

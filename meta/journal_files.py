@@ -158,6 +158,23 @@ def _parse_at(buf: bytes, pos: int, max_record: int) -> tuple[Record, int] | _Ba
     return record, end
 
 
+def decode_batch(data: bytes, max_record: int) -> list[Record]:
+    """The framed records of ``data`` (a batch as the journal writes it, e.g. an entry of
+    the replicated log), each verified; ``JournalError`` at the first bad one."""
+    records: list[Record] = []
+    pos = 0
+    while pos < len(data):
+        parsed = _parse_at(data, pos, max_record)
+        if isinstance(parsed, _Bad):
+            raise JournalError(f"bad record at offset {pos} of a {len(data)}-byte batch: "
+                               f"{parsed.reason}")
+        record, pos = parsed
+        if records and record.txid != records[-1].txid + 1:
+            raise JournalError(f"batch txids jump from {records[-1].txid} to {record.txid}")
+        records.append(record)
+    return records
+
+
 def _valid_record_after(buf: bytes, start: int, max_record: int) -> int | None:
     """Offset of the first position >= start where a valid-looking record begins."""
     size = len(buf)

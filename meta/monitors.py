@@ -54,11 +54,19 @@ class Monitors:
             self.global_lock.release(True)
 
     async def run_monitors(self) -> None:
+        """The loops every metadata server runs whatever its role (they journal nothing:
+        a standby keeps its blocks map, safe mode and checkpoints too)."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._dead_node_monitor)
             nursery.start_soon(self._safemode_monitor)
-            nursery.start_soon(self._lease_monitor)
             nursery.start_soon(self._checkpoint_monitor)
+
+    async def run_active_services(self) -> None:
+        """The loops only the active server runs (HDFS startActiveServices): they journal
+        (lease recovery, reclaiming, expired tokens, trash) or command block servers
+        (re-replication). Cancelled when the server leaves the active role."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._lease_monitor)
             nursery.start_soon(self._reclaim_monitor)
             nursery.start_soon(self._replication_monitor)
             nursery.start_soon(self._token_monitor)

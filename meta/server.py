@@ -60,7 +60,7 @@ import logging
 import os
 import secrets
 import time
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 
 import trio
@@ -69,7 +69,7 @@ from fs import blocktoken, nodeauth, paths, weblog
 from fs import tls as tlsmod
 from fs.blocktoken import READ as READ_TOKEN, KeyRing
 from fs.config import Config
-from fs.errors import ServerUnavailable, TryAgain
+from fs.errors import ServerUnavailable, StandbyError, TryAgain
 from fs.limits import ByteBudget, ConnectionLimits
 from fs.metrics import new_registry
 from fs.rpc import (Dispatcher, RetryCache, current_user, format_address, local_socket_name,
@@ -109,6 +109,12 @@ log = logging.getLogger(__name__)
 
 REPLAY_CHUNK = 512
 LOCK_RETRIES = 8
+# calls a metadata server takes whatever its HA role: block servers report to every metadata
+# server, connections authenticate first, and the HA calls themselves
+ANY_ROLE_METHODS = frozenset({
+    "node_challenge", "node_authenticate", "register_storage", "heartbeat", "block_report",
+    "block_received_and_deleted", "token_challenge", "token_authenticate", "ha_status",
+    "ha_failover"})
 # a handed-out INVALIDATE not reported done after this many heartbeat intervals is resent
 # (its heartbeat reply may have been lost)
 INVALIDATE_RESEND_HEARTBEATS = 10
@@ -233,13 +239,17 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
 
     async def start(self) -> None:
         """After ``journal.run`` started: format a new namespace, rebuild memory state."""
+        await self.format_if_new()
+        self.startup.move(Phase.LOADING_MEMORY, self.wall_ns() / 1e9)
+        self.rebuild_memory()
+        self.startup.move(Phase.RUNNING, self.wall_ns() / 1e9)
+
+    async def format_if_new(self) -> None:
+        """A new namespace gets its FORMAT record (a random namespace id) as its first."""
         if not self.ns.formatted:
             namespace_id = secrets.randbelow(1 << 31) + 1
             await self.journal.log(*self.ns.plan_format(namespace_id, self.wall_ns()))
             log.info("formatted a new namespace, id %d", namespace_id)
-        self.startup.move(Phase.LOADING_MEMORY, self.wall_ns() / 1e9)
-        self.rebuild_memory()
-        self.startup.move(Phase.RUNNING, self.wall_ns() / 1e9)
 
     def _new_reports(self) -> BlockReports:
         return BlockReports(self.blocks, self.datanodes, self.update_safemode, step=REPORT_STEP)
@@ -281,6 +291,35 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
     @property
     def serving(self) -> bool:
         return self.role in SERVING
+
+    async def dispatch(self, ctx, method, args):
+        """A server that is not active refuses every call but the ``ANY_ROLE_METHODS``
+        with ``StandbyError`` before anything is looked at: the client moves on."""
+        if self.ha is not None and self.ha.role is not Role.ACTIVE \
+                and method not in ANY_ROLE_METHODS:
+            raise StandbyError(self.ha.refusal())
+        return await super().dispatch(ctx, method, args)
+
+    async def activate(self) -> None:
+        """Become the active server after following the log (ha = etcd): format a new
+        namespace, renew every lease from now (HDFS renews all leases when a NameNode
+        becomes active: holders had no server to renew with during the failover), and
+        leave safe mode as its rules say. The HA controller then starts the active-only
+        monitors."""
+        await self.format_if_new()
+        self.leases.rebuild(self.ns.under_construction(), self.clock())
+        self.update_safemode()
+
+    async def rpc_ha_status(self, ctx):
+        """This server's role, epoch, applied txid and lag (``meta.harole.HAStatus``)."""
+        return self.ha_status().to_wire()
+
+    async def rpc_ha_failover(self, ctx):
+        """``haadmin -failover``: the active gives its term away (superuser only)."""
+        self.permissions.check_superuser(self.caller_of(ctx), "haadmin -failover")
+        if self.ha is None:
+            raise StandbyError("ha = none: there is no other metadata server to fail over to")
+        return await self.ha.resign()
 
     # ================================================================== apply (journal)
     def _apply(self, records) -> None:
@@ -527,10 +566,27 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
                           port: int = 8020, http_port: int = 0,
                           task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Run a metadata server on ``data_dir`` (``db/`` = LevelDB, ``journal/`` = edit log)
-    until cancelled; reports the bound ``(host, port)`` through ``task_status.started``."""
+    until cancelled; reports the bound ``(host, port)`` through ``task_status.started``.
+
+    With ``ha = etcd`` a server whose term ended (``meta.ha.Deposed``) closes everything
+    and starts again here, on the ports it had, as a follower."""
+    bound: list = []
+    while True:
+        again = await _run_once(config, data_dir, host, port, http_port, bound,
+                                task_status if not bound else trio.TASK_STATUS_IGNORED)
+        if not again:
+            return
+        (host, port), http_port = bound[0], bound[1] or http_port
+        log.info("metadata server on %s starts again as a follower", format_address(bound[0]))
+
+
+async def _run_once(config: Config, data_dir: str, host: str, port: int, http_port: int,
+                    bound: list, task_status) -> bool:
+    """One run of the server; True when it must start again (its HA term ended)."""
     os.makedirs(data_dir, exist_ok=True)
     kv = PlyvelStore(os.path.join(data_dir, "db"))
     server = None
+    again = False
     try:
         server = MetaServer(config, kv, os.path.join(data_dir, "journal"))
         if config.security == "secure":
@@ -544,36 +600,71 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
             # in a worker thread, not on the trio thread
             server_tls, _ca = await trio.to_thread.run_sync(
                 tlsmod.meta_server_tls, config, data_dir, host)
-        async with trio.open_nursery() as nursery:
+        async with AsyncExitStack() as stack:
+            halog = None
+            if config.ha == "etcd":
+                from .ha import HAController
+                from .halog import HALog
+                endpoints = [e.strip() for e in config.ha_etcd_endpoints.split(",") if e.strip()]
+                halog = await stack.enter_async_context(HALog.open(
+                    endpoints, config.ha_prefix, ttl=config.ha_election_timeout))
+                # refuses client calls from the first one on (role INITIALIZING)
+                server.ha = HAController(server, halog, config.ha_node_id,
+                                         observer=config.ha_role == "observer")
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            http_bound = None
             if http_port:
                 # up first: the pages show the start-up progress while the journal replays
                 from fs.web import serve_app
                 from .web import make_app
                 from .webstartup import StartupGate
-                await nursery.start(partial(
+                http_bound = await nursery.start(partial(
                     serve_app, StartupGate(make_app(server), server), host, http_port,
                     name="metadata server web pages"))
             for _ in server.recover_steps():
                 await trio.sleep(0)
             await nursery.start(server.journal.run)
-            await server.start()
+            if server.ha is None:
+                await server.start()
+            else:   # a follower: the namespace comes from the log
+                server.startup.move(Phase.LOADING_MEMORY, server.wall_ns() / 1e9)
+                if server.ns.formatted:
+                    server.rebuild_memory()
             nursery.start_soon(server.run_monitors)
+            if server.ha is None:
+                nursery.start_soon(server.run_active_services)
             nursery.start_soon(server.gc_governor.run)
             budget = ByteBudget(max(config.rpc_buffer_limit, config.max_frame + 4))
             handler = partial(_serve_connection, server, budget)
             # one count of connections for both listeners: max_connections is the server's
             limits = ConnectionLimits.from_config(config)
-            bound = await nursery.start(partial(
+            address = await nursery.start(partial(
                 serve_tcp, handler, host, port, name="metadata server", limits=limits,
                 refusal=rpc_refusal, tls=server_tls))
+            bound[:] = [address, http_bound[1] if http_bound else 0]
             # local clients need no TLS: nothing of theirs leaves the machine
-            local = local_socket_name(config.meta_socket, bound, server=True)
+            local = local_socket_name(config.meta_socket, address, server=True)
             if local:
                 await nursery.start(partial(
                     serve_local, handler, local, server="metadata server", limits=limits,
                     refusal=rpc_refusal))
-            log.info("metadata server ready on %s (data %s)", format_address(bound), data_dir)
-            task_status.started(bound)
+            if server.ha is not None:
+                if not server.ha.node_id:
+                    server.ha.node_id = format_address(address)
+
+                async def run_ha(task_status=trio.TASK_STATUS_IGNORED):
+                    nonlocal again
+                    from .ha import Deposed
+                    try:
+                        await server.ha.run(task_status=task_status)
+                    except Deposed:
+                        again = True
+                        nursery.cancel_scope.cancel()
+
+                await nursery.start(run_ha)
+                server.startup.move(Phase.RUNNING, server.wall_ns() / 1e9)
+            log.info("metadata server ready on %s (data %s)", format_address(address), data_dir)
+            task_status.started(address)
     finally:
         with trio.CancelScope(shield=True):
             if server is not None:
@@ -582,6 +673,7 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
                 except Exception:
                     log.exception("closing the journal failed")
         kv.close()
+    return again
 
 
 async def _serve_connection(server: MetaServer, budget: ByteBudget, stream, peer: str,
