@@ -1,0 +1,142 @@
+"""An HA cluster for tests: a real 3-member etcd, metadata servers (``ha = etcd``) and block
+servers as real ``python -m tools`` processes on loopback.
+
+``HACluster(tmp_path, n_meta=2, observers=0, n_storage=3)``: ``meta0``..``meta<n-1>`` start
+as standbys (the first to campaign becomes active), then the observers; every process gets
+the whole list of metadata addresses (``meta_address``), so clients and block servers move
+between them on their own. The metadata servers share one cluster key file (block servers
+authenticate to each). Processes and etcd members are stopped by their own pids.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import trio
+
+from etcd_cluster import EtcdCluster
+from fs.rpc import RpcClient
+from harness import ProcessCluster, free_port, wait_cluster_ready
+
+#: election timeout of the tests' metadata servers (the etcd lease TTL)
+ELECTION_TIMEOUT = 2.0
+
+
+async def _ha_status(address: str, timeout: float) -> dict | None:
+    try:
+        async with RpcClient(address, "hakit-probe", retry_seconds=0, timeout=timeout,
+                             connect_timeout=timeout) as rpc:
+            with trio.fail_after(timeout):
+                return await rpc.call("ha_status", {}, retry_seconds=0)
+    except Exception:
+        return None
+
+
+def ha_status(address: str, timeout: float = 2.0) -> dict | None:
+    """The server's ``ha_status`` answer, or None when it does not answer."""
+    return trio.run(_ha_status, address, timeout)
+
+
+class HACluster(ProcessCluster):
+    def __init__(self, base_dir, n_meta: int = 2, observers: int = 0, n_storage: int = 3,
+                 settings: dict | None = None, election_timeout: float = ELECTION_TIMEOUT):
+        base = Path(base_dir)
+        self.etcd = EtcdCluster((base / "etcd"))
+        self.names = [f"meta{i}" for i in range(n_meta + observers)]
+        self.observers = set(self.names[n_meta:])
+        super().__init__(base, n_storage, {
+            "ha": "etcd", "ha_prefix": f"/leasefs/test-{free_port()}",
+            "ha_election_timeout": election_timeout,
+            "cluster_key_file": str(base / "cluster.key"), **(settings or {})})
+        self.meta_ports = {name: free_port() for name in self.names}
+        self.meta_address = ",".join(f"127.0.0.1:{p}" for p in self.meta_ports.values())
+
+    def address(self, name: str) -> str:
+        return f"127.0.0.1:{self.meta_ports[name]}"
+
+    def meta_dir(self, name: str = "meta0") -> Path:
+        return self.base / name
+
+    # -- lifecycle
+    def start(self, wait: bool = True):
+        (self.base / "etcd").mkdir(parents=True, exist_ok=True)
+        self.etcd.start()
+        self.settings["ha_etcd_endpoints"] = ",".join(self.etcd.endpoints)
+        for name in self.names:
+            self.start_one(name)
+            if name == self.names[0]:
+                self.wait_role(name, "active", timeout=30)
+        for i in range(self.n_storage):
+            self.start_storage(i)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def start_one(self, name: str) -> None:
+        self.ports[name] = self.meta_ports[name]
+        role = ["--set", "ha_role=observer"] if name in self.observers else []
+        self._spawn(name, ["meta", "--data", str(self.meta_dir(name)), "--http-port", "0",
+                           "--set", f"ha_node_id={name}", *role])
+
+    def start_storage(self, i: int):
+        self._spawn(f"storage{i}", ["storage", "--data", str(self.storage_dir(i)),
+                                    "--meta", self.meta_address])
+
+    def wait_ready(self, n_live: int | None = None, timeout: float = 60.0) -> dict:
+        n = self.n_storage if n_live is None else n_live
+        active = self.wait_active(timeout)
+        return trio.run(wait_cluster_ready, self.address(active), n, timeout, self.config())
+
+    def stop(self):
+        try:
+            super().stop()
+        finally:
+            self.etcd.stop()
+
+    # -- roles
+    def statuses(self) -> dict[str, dict | None]:
+        return {name: ha_status(self.address(name)) for name in self.names}
+
+    def active(self) -> str | None:
+        for name, status in self.statuses().items():
+            if status and status["role"] == "active":
+                return name
+        return None
+
+    def wait_role(self, name: str, role: str, timeout: float = 20.0) -> dict:
+        deadline = time.monotonic() + timeout
+        status = None
+        while time.monotonic() < deadline:
+            status = ha_status(self.address(name))
+            if status and status["role"] == role:
+                return status
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"{name} exited {proc.returncode}:\n{self.log_tail(name)}")
+            time.sleep(0.05)
+        raise TimeoutError(f"{name} is not {role} after {timeout} s (last {status}):\n"
+                           f"{self.log_tail(name)}")
+
+    def wait_active(self, timeout: float = 20.0, besides: str | None = None) -> str:
+        """The name of the active server (not ``besides``) once there is one."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name in self.names:
+                if name == besides:
+                    continue
+                status = ha_status(self.address(name), timeout=0.5)
+                if status and status["role"] == "active":
+                    return name
+            time.sleep(0.05)
+        raise TimeoutError(f"no active metadata server after {timeout} s: {self.statuses()}")
+
+    def kill_meta(self, name: str = None, sig=signal.SIGKILL):
+        self.kill(name or self.active(), sig)
+
+    def pause(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGCONT)

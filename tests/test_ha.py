@@ -1,0 +1,83 @@
+"""Metadata high availability (ha = etcd) with real etcd members and real metadata server
+processes: the standby follows the active, refuses client calls, takes over after a
+kill -9 with everything acknowledged, and a deposed active starts again as a standby."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import trio
+
+from fs.errors import StandbyError, sole_exception
+from fs.rpc import RpcClient
+from hakit import HACluster
+
+pytestmark = pytest.mark.slow
+
+
+async def _calls(address: str, calls: list[tuple[str, dict]], retry_seconds: float = 0):
+    async with RpcClient(address, "test-ha", retry_seconds=retry_seconds) as rpc:
+        return [await rpc.call(method, args) for method, args in calls]
+
+
+def call(address: str, method: str, **args):
+    try:
+        return trio.run(_calls, address, [(method, args)])[0]
+    except BaseExceptionGroup as group:
+        raise sole_exception(group) from None
+
+
+@pytest.fixture
+def ha(tmp_path):
+    cluster = HACluster(tmp_path, n_meta=2, n_storage=0)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_standby_follows_and_refuses(ha):
+    active = ha.wait_active()
+    standby = next(n for n in ha.names if n != active)
+    ha.wait_role(standby, "standby")
+    for i in range(20):
+        call(ha.address(active), "mkdirs", path=f"/d/{i}")
+    applied = ha.statuses()[active]["applied_txid"]
+    deadline = time.monotonic() + 10
+    while ha.statuses()[standby]["applied_txid"] < applied:
+        assert time.monotonic() < deadline, ha.statuses()
+        time.sleep(0.05)
+    with pytest.raises(StandbyError, match="standby"):
+        call(ha.address(standby), "mkdirs", path="/refused")
+    with pytest.raises(StandbyError):
+        call(ha.address(standby), "get_file_info", path="/d/1")
+    status = ha.statuses()[standby]
+    assert status["epoch"] == ha.statuses()[active]["epoch"] > 0
+    assert status["lag"] < 1.0
+
+
+def test_kill9_active_standby_takes_over_with_everything(ha):
+    active = ha.wait_active()
+    epoch = ha.statuses()[active]["epoch"]
+    for i in range(50):
+        call(ha.address(active), "mkdirs", path=f"/before/{i}")
+    ha.kill_meta(active)
+    started = time.monotonic()
+    new = ha.wait_active(timeout=15, besides=active)
+    took = time.monotonic() - started
+    assert new != active
+    status = ha.statuses()[new]
+    assert status["epoch"] > epoch
+    assert took < 8, took
+    listing = call(ha.address(new), "list_status", path="/before")
+    assert len(listing["entries"] if isinstance(listing, dict) else listing) == 50
+    call(ha.address(new), "mkdirs", path="/after")
+    # the old active comes back as a standby and catches up
+    ha.start_one(active)
+    ha.wait_role(active, "standby")
+    deadline = time.monotonic() + 10
+    while ha.statuses()[active]["applied_txid"] < ha.statuses()[new]["applied_txid"]:
+        assert time.monotonic() < deadline, ha.statuses()
+        time.sleep(0.05)
