@@ -81,3 +81,45 @@ def test_kill9_active_standby_takes_over_with_everything(ha):
     while ha.statuses()[active]["applied_txid"] < ha.statuses()[new]["applied_txid"]:
         assert time.monotonic() < deadline, ha.statuses()
         time.sleep(0.05)
+
+
+def test_sigstop_active_is_fenced_and_acknowledges_nothing(ha):
+    """Split brain: the active is frozen for twice the election timeout, the standby takes
+    over, then the old active runs again with calls waiting in its sockets: none of them
+    is acknowledged, none reaches the namespace, and it starts again as a standby."""
+    import threading
+
+    from fs.errors import FileNotFound, LeaseFSError
+
+    active = ha.wait_active()
+    old_epoch = ha.statuses()[active]["epoch"]
+    call(ha.address(active), "mkdirs", path="/split")
+    paused_at = time.monotonic()
+    ha.pause(active)
+    try:
+        new = ha.wait_active(timeout=20, besides=active)
+        assert ha.statuses()[new]["epoch"] > old_epoch
+        outcomes: list = []
+
+        def send(i: int) -> None:
+            try:
+                outcomes.append(("ok", call(ha.address(active), "mkdirs", path=f"/split/{i}")))
+            except LeaseFSError as exc:
+                outcomes.append(("refused", exc))
+
+        senders = [threading.Thread(target=send, args=(i,)) for i in range(5)]
+        for thread in senders:
+            thread.start()
+        time.sleep(max(0.0, paused_at + 2 * ha.settings["ha_election_timeout"]
+                       - time.monotonic()) + 0.5)
+    finally:
+        ha.resume(active)
+    for thread in senders:
+        thread.join(60)
+    assert len(outcomes) == 5 and all(kind == "refused" for kind, _ in outcomes), outcomes
+    assert any(isinstance(exc, StandbyError) for _, exc in outcomes), outcomes
+    for i in range(5):
+        with pytest.raises(FileNotFound):
+            call(ha.address(new), "get_file_info", path=f"/split/{i}")
+    ha.wait_role(active, "standby", timeout=20)
+    assert ha.wait_active() == new
