@@ -111,6 +111,9 @@ class Config:
     ha_election_timeout: float = _s(3.0, "ha = etcd: seconds without keepalive after which "
                                     "the active's term ends (etcd lease TTL) and a standby "
                                     "takes over")
+    ha_observer_wait: float = _s(1.0, "ha = etcd: seconds an observer lets a read wait for "
+                                 "the journal txid its client has seen before sending it to "
+                                 "the active (StandbyError)")
     journal_keep_segments: int = _s(2, "finalized journal segments kept after a checkpoint (each "
                                     "checkpoint rolls one: HDFS num.checkpoints.retained)")
     namespace_lock: str = _s("fine", "metadata server locking: fine (per-path read/write locks, "

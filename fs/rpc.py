@@ -7,6 +7,10 @@ authentication; a hello without ``user`` is user ``nobody`` without groups;
 ``sync_metadata`` false: the connection's namespace changes are answered once journaled
 without waiting for the fsync, see PROTOCOL.md; absent = true); then requests
 ``[call_id, method, args]`` and replies ``[call_id, ok, result_or_error]`` in any order.
+A request may add ``acting_for`` (a map, or null) and then the client's ``state_id`` (the
+newest server state it has seen: an observer metadata server serves the call only once it
+has applied that much); a hello with ``"state_id": true`` gets replies with the server's
+state id as a 4th element (HDFS-12943's RPC header state id).
 ``call_id`` is unique per ``client_id`` for the client's lifetime (not per connection), so a
 call retried on a new connection after a lost reply carries the same ``(client_id, call_id)``
 and the server's ``RetryCache`` answers it instead of applying it twice.
@@ -605,6 +609,9 @@ class CallContext:
     # ``time.perf_counter()`` when the request was read, set only while a ``call_observer``
     # watches (0: not measured, or run at once in the reader)
     received: float = 0.0
+    # the newest server state (journal txid) the client has seen: a read served by an
+    # observer must reflect at least that (read-your-writes, HDFS-12943); 0 = none
+    state_id: int = 0
 
 
 class Dispatcher:
@@ -629,6 +636,11 @@ class Dispatcher:
     def __init__(self, retry_cache: RetryCache | None = None):
         self.retry_cache = retry_cache or RetryCache()
         self._signatures: dict[str, tuple] = {}
+
+    def state_id(self) -> int:
+        """The state replies carry to a client whose hello asked for it (``state_id``):
+        the metadata server's applied journal txid; 0 for servers without one."""
+        return 0
 
     def methods(self) -> list[str]:
         return sorted(n[4:] for n in dir(self) if n.startswith("rpc_"))
@@ -758,7 +770,9 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
         defer = running[0] > 1
         try:
             try:
-                channel.send_nowait([call_id, ok, value], defer=defer)
+                channel.send_nowait([call_id, ok, value, dispatcher.state_id()]
+                                    if session.get("state_id") else [call_id, ok, value],
+                                    defer=defer)
             except (TypeError, ValueError) as exc:  # result not msgpack-serialisable: a bug
                 log.exception("cannot encode reply to call %r", call_id)
                 channel.send_nowait(
@@ -830,11 +844,12 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
             # the replies to one batch leave in one write: the channel's flusher runs after
             # this loop has answered the batch's reads and started its mutations
             for request in await channel.receive_batch():
-                if not (isinstance(request, list) and 3 <= len(request) <= 4):
+                if not (isinstance(request, list) and 3 <= len(request) <= 5):
                     call_id = request[0] if isinstance(request, list) and request else None
                     reply(call_id if isinstance(call_id, int) else None, False, ProtocolError(
                         f"request must be [call_id, method, args] or [call_id, method, args, "
-                        f"acting_for], got {brief(request)}").to_wire())
+                        f"acting_for] or [call_id, method, args, acting_for or null, "
+                        f"state_id], got {brief(request)}").to_wire())
                     continue
                 call_id, method, args = request[:3]
                 if not isinstance(call_id, int):
@@ -844,7 +859,15 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                 # the connection's identity may change (an authentication call): read it
                 # per request
                 user, groups = session["user"], session["groups"]
-                if len(request) == 4:
+                state_id = 0
+                if len(request) == 5:
+                    state_id = request[4]
+                    if type(state_id) is not int or state_id < 0:
+                        reply(call_id, False, ProtocolError(
+                            f"state id must be an integer >= 0, got "
+                            f"{brief(state_id, 40)}").to_wire())
+                        continue
+                if len(request) >= 4 and request[3] is not None:
                     try:
                         user, groups = dispatcher.act_as(session, request[3])
                     except LeaseFSError as exc:
@@ -852,7 +875,7 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                         continue
                 ctx = CallContext(client_id=client_id, peer=peer, call_id=call_id,
                                   user=user, groups=groups, sync_metadata=sync_metadata,
-                                  session=session)
+                                  session=session, state_id=state_id)
                 if method in inline:   # never awaits: no task of its own
                     await run_call(ctx, method, args, False)
                     continue
@@ -919,6 +942,8 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                         raise ProtocolError("no hello frame in time")
                     client_id, user, groups, sync_metadata = _check_hello(hello)
                     dispatcher.open_session(session, user, groups, credentials, peer)
+                    # replies carry the server's state id (a 4th element) when asked
+                    session["state_id"] = hello.get("state_id") is True
                     channel.max_frame = max_frame
                     verdict: list[str] = []
                     with trio.CancelScope() as reading:

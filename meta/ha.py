@@ -149,6 +149,7 @@ class HAController:
         self._resigning = False
         # entries appended before this are catch-up, not lag
         self._following_since = wall_ns()
+        self._applied = trio.lowlevel.ParkingLot()   # woken after every ingested entry
 
     # ------------------------------------------------------------------ state
     def _move(self, event: RoleEvent) -> None:
@@ -223,10 +224,21 @@ class HAController:
         if not records or records[-1].txid <= journal.last_txid:
             return   # already here (a read and the watch both delivered it)
         await journal.ingest(records, data)
+        self._applied.unpark_all()
         self.entries_applied += 1
         if wall_ns >= self._following_since:
             self.lag = max(0.0, (self.wall_ns() - wall_ns) / 1e9)
             self.lag_samples.append(self.lag)
+
+    async def wait_applied(self, txid: int, timeout: float) -> None:
+        """An observer's read waits until this server has applied ``txid`` (the client's
+        state id); ``StandbyError`` after ``timeout`` s: the client asks the active."""
+        with trio.move_on_after(timeout):
+            while self.server.ns.applied_txid < txid:
+                await self._applied.park()
+            return
+        raise StandbyError(f"{self.refusal()}: it has applied txid "
+                           f"{self.server.ns.applied_txid}, the call needs {txid}")
 
     async def _take_over(self, term: Term) -> None:
         self.term, self.epoch, self.leader = term, term.epoch, self.node_id

@@ -115,6 +115,10 @@ ANY_ROLE_METHODS = frozenset({
     "node_challenge", "node_authenticate", "register_storage", "heartbeat", "block_report",
     "block_received_and_deleted", "token_challenge", "token_authenticate", "ha_status",
     "ha_failover"})
+# the reads an observer serves (HDFS-12943: getFileInfo, getListing, getBlockLocations, ...)
+OBSERVER_METHODS = frozenset({
+    "get_server_defaults", "get_file_info", "exists", "list_status", "get_block_locations",
+    "content_summary"})
 # a handed-out INVALIDATE not reported done after this many heartbeat intervals is resent
 # (its heartbeat reply may have been lost)
 INVALIDATE_RESEND_HEARTBEATS = 10
@@ -294,11 +298,23 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
 
     async def dispatch(self, ctx, method, args):
         """A server that is not active refuses every call but the ``ANY_ROLE_METHODS``
-        with ``StandbyError`` before anything is looked at: the client moves on."""
-        if self.ha is not None and self.ha.role is not Role.ACTIVE \
-                and method not in ANY_ROLE_METHODS:
-            raise StandbyError(self.ha.refusal())
+        with ``StandbyError`` before anything is looked at: the client moves on. An
+        observer serves ``OBSERVER_METHODS`` once it has applied the client's state id."""
+        ha = self.ha
+        if ha is not None and ha.role is not Role.ACTIVE and method not in ANY_ROLE_METHODS:
+            if ha.role is not Role.OBSERVER or method not in OBSERVER_METHODS:
+                raise StandbyError(ha.refusal())
+            if ctx.state_id > self.ns.applied_txid:
+                await ha.wait_applied(ctx.state_id, self.config.ha_observer_wait)
         return await super().dispatch(ctx, method, args)
+
+    def state_id(self) -> int:
+        return self.ns.applied_txid
+
+    async def rpc_msync(self, ctx):
+        """HDFS msync: the active's state id, so that the caller's next reads on an
+        observer see everything acknowledged before this call (its reply carries it)."""
+        return {"state_id": self.ns.applied_txid}
 
     async def activate(self) -> None:
         """Become the active server after following the log (ha = etcd): format a new
