@@ -3,7 +3,8 @@
 The engine under metadata high availability (active + standby + observer metadata
 servers; ``meta/ha.py`` drives it). etcd (3.4, Debian ``etcd-server``) is the engine,
 spoken to through its JSON gRPC gateway (``/v3/kv/txn``, ``/v3/kv/range``,
-``/v3/lease/*``, ``/v3/watch``; keys and values base64) with ``httpx`` on trio. See
+``/v3/lease/*``, ``/v3/watch``; keys and values base64): unary calls with the lean client of
+``meta/etcdhttp.py``, the streamed watch with ``httpx``, both on trio. See
 docs/DESIGN.md, "Metadata HA engine".
 
 Keys under ``prefix`` (e.g. ``/leasefs/ns1``)::
@@ -98,6 +99,8 @@ from typing import AsyncIterator
 
 import httpx
 import trio
+
+from .etcdhttp import Gateway, GatewayError
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +229,10 @@ class HALog:
     def __init__(self, client: httpx.AsyncClient, nursery: trio.Nursery, endpoints: list[str],
                  prefix: str, ttl: float, op_timeout: float, poll: float, page: int,
                  attempt_timeout: float):
+        # unary calls go through the lean gateway client (``meta.etcdhttp``: the append is
+        # per journal batch); the streamed watch through httpx
         self._http, self._nursery = client, nursery
+        self._gateway = Gateway()
         self.endpoints, self.ttl, self.op_timeout = list(endpoints), ttl, op_timeout
         self.attempt_timeout = attempt_timeout
         self.poll, self.page = poll, page
@@ -255,6 +261,8 @@ class HALog:
                     yield halog
                 finally:
                     nursery.cancel_scope.cancel()
+                    with trio.CancelScope(shield=True):
+                        await halog._gateway.aclose()
 
     def log_key(self, txid: int) -> bytes:
         return self.log_prefix + str(txid).zfill(TXID_DIGITS).encode()
@@ -266,24 +274,23 @@ class HALog:
         last: Exception | None = None
         with trio.move_on_after(self.op_timeout):
             while True:
-                url = self.endpoints[self._current] + path
+                endpoint = self.endpoints[self._current]
                 try:
-                    answer = await self._http.post(url, content=json.dumps(body),
-                                                   timeout=self.attempt_timeout)
-                except httpx.TransportError as exc:
+                    status, content = await self._gateway.post(
+                        endpoint, path, json.dumps(body).encode(), self.attempt_timeout)
+                except GatewayError as exc:
                     last = exc
-                    if not isinstance(exc, httpx.ConnectError):
-                        retried = True          # the request may have been sent
+                    retried = retried or exc.sent   # the request may have reached etcd
                     self._current = (self._current + 1) % len(self.endpoints)
                     await trio.sleep(0.05)
                     continue
                 try:
-                    data = answer.json() if answer.content else {}
+                    data = json.loads(content) if content else {}
                 except ValueError:
-                    data = {"error": answer.text[:200]}
-                if answer.status_code != 200:
-                    last = HALogError(f"{path}: HTTP {answer.status_code} {data}")
-                    if not _transient(answer.status_code, data):
+                    data = {"error": content[:200].decode(errors="replace")}
+                if status != 200:
+                    last = HALogError(f"{path}: HTTP {status} {data}")
+                    if not _transient(status, data):
                         raise last
                     # "request timed out", "no leader" while a member has no quorum: the
                     # request may still commit later, so a retry may meet its own entry
