@@ -284,6 +284,22 @@ class HAController:
                   RoleEvent.RESIGN)
         return {"resigned": self.node_id, "epoch": epoch}
 
+    async def after_checkpoint(self, txid: int) -> None:
+        """The active checkpointed at ``txid``: entries more than ``ha_log_retain`` txids
+        older leave the log (a follower that is further behind than that has to be started
+        from a copy of a checkpoint: its own journal cannot bridge the gap)."""
+        term = self.term
+        below = txid - self.server.config.ha_log_retain
+        if term is None or self.role is not Role.ACTIVE or below <= 1:
+            return
+        try:
+            deleted = await self.log.purge(term, below)
+        except (Fenced, Unavailable) as exc:
+            log.warning("purging the replicated log below txid %d: %s", below, exc)
+            return
+        if deleted:
+            log.info("purged %d entries below txid %d from the replicated log", deleted, below)
+
     # ------------------------------------------------------------------ the writer
     async def _replicate(self, records, chunks) -> None:
         term = self.term

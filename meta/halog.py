@@ -12,6 +12,9 @@ Keys under ``prefix`` (e.g. ``/leasefs/ns1``)::
     <prefix>/leader                    value: the holder's node id, attached to its lease
     <prefix>/log/<txid, 20 digits>     value: one batch of journal records, first txid = key
 
+Entries below a txid every server has checkpointed past, less a margin, are deleted by the
+active (``purge``), so the log does not grow without bound (etcd's quota: 2 GiB).
+
 Algorithm
 ---------
 Campaign (``campaign(node_id)``):
@@ -390,6 +393,23 @@ class HALog:
         await self._revoke(term.lease_id)
 
     # -- the log --
+
+    async def purge(self, term: Term, below_txid: int) -> int:
+        """Delete the entries whose first txid is below ``below_txid`` (one txn, fenced by
+        the term like an append); returns how many went. etcd's compaction then frees
+        their space."""
+        if below_txid <= 1:
+            return 0
+        leader = b64(self.leader_key)
+        result, _ = await self._call("/v3/kv/txn", {
+            "compare": [{"target": "CREATE", "key": leader, "create_revision": str(term.epoch),
+                         "result": "EQUAL"}],
+            "success": [{"request_delete_range": {
+                "key": b64(self.log_prefix), "range_end": b64(self.log_key(below_txid))}}]})
+        if not result.get("succeeded"):
+            raise Fenced(term.epoch, None, None)
+        responses = result.get("responses") or [{}]
+        return int(responses[0].get("response_delete_range", {}).get("deleted", 0))
 
     async def append(self, term: Term, first_txid: int, payload: bytes, *,
                      retried: bool = False) -> int:

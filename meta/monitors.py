@@ -49,9 +49,11 @@ class Monitors:
             self.last_checkpoint = info
             self.checkpoints += 1
             log.info("checkpoint at txid %d; purged %d journal segments", info.txid, len(removed))
-            return {**info.as_dict(self.ns.applied_txid), "purged": removed}
         finally:
             self.global_lock.release(True)
+        if self.ha is not None:
+            await self.ha.after_checkpoint(info.txid)
+        return {**info.as_dict(self.ns.applied_txid), "purged": removed}
 
     async def run_monitors(self) -> None:
         """The loops every metadata server runs whatever its role (they journal nothing:

@@ -123,3 +123,37 @@ def test_sigstop_active_is_fenced_and_acknowledges_nothing(ha):
             call(ha.address(new), "get_file_info", path=f"/split/{i}")
     ha.wait_role(active, "standby", timeout=20)
     assert ha.wait_active() == new
+
+
+def test_checkpoint_purges_the_log_and_a_standby_still_catches_up(tmp_path):
+    from meta.halog import HALog
+
+    cluster = HACluster(tmp_path, n_meta=2, n_storage=0, settings={"ha_log_retain": 5})
+    try:
+        cluster.start()
+        active = cluster.wait_active()
+        standby = next(n for n in cluster.names if n != active)
+        for i in range(30):
+            call(cluster.address(active), "mkdirs", path=f"/p/{i}")
+        cluster.kill(standby)
+        call(cluster.address(active), "safemode", action="enter")
+        saved = call(cluster.address(active), "save_namespace")
+        call(cluster.address(active), "safemode", action="leave")
+        for i in range(30, 40):
+            call(cluster.address(active), "mkdirs", path=f"/p/{i}")
+
+        async def first_entry():
+            async with HALog.open(cluster.etcd.endpoints, cluster.settings["ha_prefix"]) as log:
+                return (await log.read())[0].txid
+
+        first = trio.run(first_entry)
+        assert first > 1 and first >= saved["txid"] - 5, (first, saved)
+        cluster.start_one(standby)
+        cluster.wait_role(standby, "standby")
+        deadline = time.monotonic() + 10
+        while cluster.statuses()[standby]["applied_txid"] < \
+                cluster.statuses()[active]["applied_txid"]:
+            assert time.monotonic() < deadline, cluster.statuses()
+            time.sleep(0.05)
+    finally:
+        cluster.stop()

@@ -310,3 +310,20 @@ def test_sigstopped_holder_lease_expires_and_its_append_is_fenced(etcd):
         except subprocess.TimeoutExpired:
             holder.kill()
             holder.wait(10)
+
+
+def test_purge_deletes_only_older_entries_and_is_fenced(etcd):
+    async def main():
+        async with HALog.open(etcd.endpoints, prefix(), ttl=2) as halog:
+            term = await halog.campaign("a")
+            for txid in (1, 3, 6, 9):
+                await halog.append(term, txid, b"batch %d" % txid)
+            assert await halog.purge(term, 6) == 2
+            assert [e.txid for e in await halog.read()] == [6, 9]
+            await halog.resign(term)
+            other = await halog.campaign("b")
+            with pytest.raises(Fenced):
+                await halog.purge(term, 10)
+            assert [e.txid for e in await halog.read()] == [6, 9]
+            assert await halog.purge(other, 1) == 0
+    trio.run(main)
