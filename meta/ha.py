@@ -178,17 +178,17 @@ class HAController:
         journal.replicator = self._replicate
         self._move(RoleEvent.START_OBSERVER if self.observer else RoleEvent.START_STANDBY)
         journal.refusal = self.refusal()
-        await self._read_to_end()
+        await self._until_done("reading the replicated log", self._read_to_end)
         task_status.started()
         if self.observer:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_leader)
-                await self._follow()
+                await self._until_done("following the replicated log", self._follow)
             return
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._follow)
+            nursery.start_soon(self._until_done, "following the replicated log", self._follow)
             nursery.start_soon(self._watch_leader)
-            term = await self.log.campaign(self.node_id)
+            term = await self._until_done("campaigning", self.log.campaign, self.node_id)
             nursery.cancel_scope.cancel()
         await self._take_over(term)
         async with trio.open_nursery() as nursery:
@@ -197,6 +197,26 @@ class HAController:
             await self._ended.wait()
             nursery.cancel_scope.cancel()
         await self._step_down()
+
+    async def _until_done(self, what: str, fn, *args):
+        """``await fn(*args)``, again while etcd has no quorum or cannot be reached
+        (``Unavailable``): a metadata server outlives an etcd outage and goes on where it
+        was. Logged once per outage."""
+        down_since = None
+        while True:
+            try:
+                result = await fn(*args)
+            except Unavailable as exc:
+                if down_since is None:
+                    down_since = trio.current_time()
+                    log.warning("metadata server %s: %s: %s; trying again until etcd answers",
+                                self.node_id, what, exc)
+                await trio.sleep(0.5)
+                continue
+            if down_since is not None:
+                log.info("metadata server %s: %s: etcd answers again after %.1f s",
+                         self.node_id, what, trio.current_time() - down_since)
+            return result
 
     async def _read_to_end(self) -> None:
         for entry in await self.log.read(self.server.journal.last_txid + 1):
@@ -243,7 +263,7 @@ class HAController:
     async def _take_over(self, term: Term) -> None:
         self.term, self.epoch, self.leader = term, term.epoch, self.node_id
         self._move(RoleEvent.ELECTED)
-        await self._read_to_end()
+        await self._until_done("reading the replicated log to its end", self._read_to_end)
         self.server.journal.refusal = None
         self._move(RoleEvent.CAUGHT_UP)
         log.info("metadata server %s is active with epoch %d from txid %d", self.node_id,
