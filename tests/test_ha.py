@@ -157,3 +157,35 @@ def test_checkpoint_purges_the_log_and_a_standby_still_catches_up(tmp_path):
             time.sleep(0.05)
     finally:
         cluster.stop()
+
+
+def test_leases_across_a_failover(tmp_path):
+    """A writer that keeps renewing holds its lease through a failover and closes its file
+    on the new active; a file whose writer went away is closed by the new active's
+    hard-limit recovery."""
+    cluster = HACluster(tmp_path, n_meta=2, n_storage=0,
+                        settings={"lease_soft_limit": 1.0, "lease_hard_limit": 4.0})
+    try:
+        cluster.start()
+        active = cluster.wait_active()
+        a = cluster.address(active)
+        call(a, "create", path="/kept", client_name="writer-kept")
+        call(a, "create", path="/abandoned", client_name="writer-gone")
+        cluster.kill_meta(active)
+        new = cluster.wait_active(besides=active)
+        n = cluster.address(new)
+        # the surviving writer renews through the failover, past the hard limit
+        deadline = time.monotonic() + 6.0
+        while time.monotonic() < deadline:
+            assert call(n, "renew_lease", client_name="writer-kept")
+            time.sleep(0.5)
+        # another client cannot take the kept file: its holder is alive
+        from fs.errors import AlreadyBeingCreated, RecoveryInProgress
+        with pytest.raises((AlreadyBeingCreated, RecoveryInProgress)):
+            call(n, "append", path="/kept", client_name="intruder")
+        call(n, "complete", path="/kept", client_name="writer-kept")
+        assert not call(n, "get_file_info", path="/kept")["under_construction"]
+        # the abandoned one was closed by the new active
+        assert not call(n, "get_file_info", path="/abandoned")["under_construction"]
+    finally:
+        cluster.stop()
