@@ -165,6 +165,15 @@ class HAController:
                         lag=0.0 if self.role is Role.ACTIVE else self.lag,
                         node_id=self.node_id, mode="etcd")
 
+    def lag_stats(self) -> dict:
+        """Count, p50, p99 and max (seconds) of the recent lag samples."""
+        samples = sorted(self.lag_samples)
+        if not samples:
+            return {"count": 0, "p50": 0.0, "p99": 0.0, "max": 0.0}
+        pick = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]  # noqa: E731
+        return {"count": len(samples), "p50": pick(0.5), "p99": pick(0.99),
+                "max": samples[-1]}
+
     def refusal(self) -> str:
         """What a call this server does not serve in its role is told."""
         leader = f"; the active is {self.leader}" if self.leader else ""

@@ -326,9 +326,16 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         self.leases.rebuild(self.ns.under_construction(), self.clock())
         self.update_safemode()
 
-    async def rpc_ha_status(self, ctx):
-        """This server's role, epoch, applied txid and lag (``meta.harole.HAStatus``)."""
-        return self.ha_status().to_wire()
+    async def rpc_ha_status(self, ctx, reset_lag=False):
+        """This server's role, epoch, applied txid and lag (``meta.harole.HAStatus``), with
+        ``lag_stats`` (count, p50, p99, max seconds of the recent lag samples of a
+        follower); ``reset_lag``: start a new sample window (a benchmark's measurement)."""
+        answer = self.ha_status().to_wire()
+        if self.ha is not None:
+            answer["lag_stats"] = self.ha.lag_stats()
+            if reset_lag:
+                self.ha.lag_samples.clear()
+        return answer
 
     async def rpc_ha_failover(self, ctx):
         """``haadmin -failover``: the active gives its term away (superuser only)."""
