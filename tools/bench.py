@@ -577,7 +577,7 @@ def register(sub, common) -> None:
                                      "(any folder)",
                        description="Benchmarks with same-run baselines (local disk, loopback "
                                    "TCP) and an optional MooseFS peer.")
-    bsub = p.add_subparsers(dest="kind", metavar="{write,read,meta,fuse,apps,spark}")
+    bsub = p.add_subparsers(dest="kind", metavar="{write,read,meta,fuse,apps,spark,ha}")
     bsub.required = True
 
     def shared(q):
@@ -615,3 +615,5 @@ def register(sub, common) -> None:
     register_apps(bsub, common)
     from .benchspark import register as register_spark
     register_spark(bsub, common)
+    from .benchha import register as register_ha
+    register_ha(bsub, common, shared)

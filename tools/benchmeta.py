@@ -6,7 +6,9 @@ fine-grained path locks buy over one global lock. So by default the benchmark st
 private metadata servers (a fresh folder each, ``leasefs meta`` subprocesses) — one with
 ``namespace_lock=fine`` and one with ``namespace_lock=global`` — and runs the same workload
 on both, printing the two figures and their ratio side by side. ``--cluster`` measures the
-running cluster instead (its own lock mode only).
+running cluster instead (its own lock mode only). ``--ha`` compares ``ha = none`` with
+``ha = etcd`` (``benchha.private_ha_cluster``: 3 etcd members, an active and a standby),
+both with fine locks: what the replicated log costs.
 
 Workload, per op in order (each a phase; the files of one phase feed the next): create
 (create + complete, as NNThroughputBenchmark's create), mkdirs, getFileInfo, open
@@ -320,6 +322,15 @@ def run_meta_bench(cmd: Command) -> int:
     if a.cluster:
         results["cluster"] = run_on_server(cmd.meta_address, a, status, "cluster")
         modes = ["cluster"]
+    elif a.ha:
+        # the same workload without and with the replicated log, in the same run
+        from .benchha import private_ha_cluster
+        modes = ["none", "etcd"]
+        with private_meta_server(home, "fine", status) as address:
+            results["none"] = run_on_server(address, a, status, "none")
+        with private_ha_cluster(home, status) as cluster:
+            results["etcd"] = run_on_server(cluster.address(cluster.active()), a, status,
+                                            "etcd")
     else:
         modes = list(dict.fromkeys(a.lock))
         for lock in modes:
@@ -352,6 +363,8 @@ def run_meta_bench(cmd: Command) -> int:
         headers += [f"{mode} ops/s", "p50 ms", "p99 ms", "fsyncs/op", "server µs/op"]
     if "fine" in modes and "global" in modes:
         headers.append("fine/global")
+    if "etcd" in modes:
+        headers.append("etcd/none")
     for peer in ("local", "moosefs"):
         if peer in results:
             headers += [f"{'local disk' if peer == 'local' else 'MooseFS'} ops/s",
@@ -369,6 +382,8 @@ def run_meta_bench(cmd: Command) -> int:
                     "-" if r.get("server_cpu_us") is None else f"{r['server_cpu_us']:.0f}"]
         if "fine" in modes and "global" in modes:
             row.append(f"{results['fine'][op]['ops_per_s'] / results['global'][op]['ops_per_s']:.2f}")
+        if "etcd" in modes:
+            row.append(f"{results['etcd'][op]['ops_per_s'] / results['none'][op]['ops_per_s']:.2f}")
         for peer in ("local", "moosefs"):
             if peer in results:
                 other = results[peer].get(op.split()[0])
@@ -425,6 +440,9 @@ def register(bsub, common, shared) -> None:
                    help="lock modes of the private servers (default: fine and global)")
     q.add_argument("--cluster", action="store_true",
                    help="measure the running cluster (--meta) instead of private servers")
+    q.add_argument("--ha", action="store_true",
+                   help="compare ha = none with ha = etcd (a private cluster of 3 etcd "
+                        "members, an active and a standby metadata server), fine locks")
     q.add_argument("--no-local", action="store_true", help="skip the local-disk baseline")
     q.add_argument("--home", default=None,
                    help="folder for the private servers and the local-disk baseline "

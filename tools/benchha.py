@@ -1,0 +1,328 @@
+"""``leasefs bench ha``: how long a metadata failover takes as a client sees it, and how far
+a standby trails the active (ha = etcd).
+
+Why: failover speed is a figure of the product (kill -9 of the active → the first create a
+client gets through; ``haadmin -failover`` → the same), as is the standby's lag under load;
+both are timings, so they are measured here, not asserted in tests.
+
+On a private HA cluster of its own (``private_ha_cluster``: 3 etcd members on loopback from
+``tools.etcd``, two metadata servers that campaign, ``leasefs meta`` processes in a fresh
+folder; no block servers: a create and close of an empty file is metadata only):
+
+1. Kill rounds (``--rounds``, default 30): a client creates and closes a new empty file
+   every ``--interval`` s (default 10 ms) through the address list of both servers; the
+   active is killed with SIGKILL; the time from the kill to the end of the first create
+   that succeeds after it is the round's figure; the killed server is started again and
+   waited for as a caught-up standby before the next round.
+2. Graceful rounds (``--graceful``, default 10): the same with ``ha_failover`` (``haadmin
+   -failover``) instead of the kill, timed from the call.
+3. Lag (``--lag-seconds``, default 10, at ``--rate`` mutations/s, default 500): one client
+   makes folders at that pace on the active; the standby's lag samples (the time from the
+   active's append to its own apply, per log entry) give p50/p99/max.
+
+Concurrency contract: a CLI process; the client runs in one ``trio.run`` per phase; server
+processes are started, killed and stopped by their own pids only. Progress lines on stderr,
+results on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+
+import trio
+
+from fs.errors import LeaseFSError, sole_exception
+
+from .bench import baseline_dir, percentile
+from .common import Command
+from .formatting import UsageError, format_table
+from .progress import StatusLine
+
+
+class PrivateHACluster:
+    """etcd members and metadata server processes of one private HA cluster."""
+
+    def __init__(self, folder: str, members, n_meta: int, settings: dict, status):
+        from . import etcd
+
+        self.folder = folder
+        self.members = members
+        self.status = status
+        self.names = [f"meta{i}" for i in range(n_meta)]
+        self.ports = {name: etcd.free_port() for name in self.names}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.settings = {"ha": "etcd", "ha_etcd_endpoints": etcd.endpoints(members),
+                         "ha_prefix": f"/leasefs/bench-{os.getpid()}", **settings}
+
+    def address(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name]}"
+
+    @property
+    def addresses(self) -> str:
+        return ",".join(self.address(n) for n in self.names)
+
+    def start(self, name: str) -> None:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        cmd = [sys.executable, "-m", "tools", "meta", "--data",
+               os.path.join(self.folder, name), "--host", "127.0.0.1",
+               "--port", str(self.ports[name]), "--http-port", "0", "--log-level", "WARNING",
+               "--set", f"ha_node_id={name}"]
+        for key, value in self.settings.items():
+            cmd += ["--set", f"{key}={value}"]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        with open(os.path.join(self.folder, f"{name}.log"), "ab") as log:
+            self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, env=env, cwd=root,
+                                                start_new_session=True)
+
+    def kill(self, name: str, sig=signal.SIGKILL) -> None:
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def status_of(self, name: str) -> dict | None:
+        return trio.run(ha_status, self.address(name))
+
+    def wait(self, name: str, role: str, timeout: float = 60.0,
+             applied: int = 0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            answer = self.status_of(name)
+            if answer and answer["role"] == role and answer["applied_txid"] >= applied:
+                return answer
+            proc = self.procs[name]
+            if proc.poll() is not None:
+                raise UsageError(f"metadata server {name} exited ({proc.returncode}); see "
+                                 f"{os.path.join(self.folder, name + '.log')}")
+            time.sleep(0.05)
+        raise UsageError(f"metadata server {name} is not {role} after {timeout:g} s; see "
+                         f"{os.path.join(self.folder, name + '.log')}")
+
+    def active(self, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name in self.names:
+                answer = self.status_of(name)
+                if answer and answer["role"] == "active":
+                    return name
+            time.sleep(0.05)
+        raise UsageError(f"no active metadata server after {timeout:g} s; see the logs in "
+                         f"{self.folder}")
+
+
+async def ha_status(address: str, reset_lag: bool = False) -> dict | None:
+    from fs.rpc import RpcClient
+
+    try:
+        async with RpcClient(address, "bench-ha-probe", retry_seconds=0, timeout=2.0,
+                             connect_timeout=2.0) as rpc:
+            return await rpc.call("ha_status", {"reset_lag": reset_lag}, retry_seconds=0)
+    except (LeaseFSError, OSError):
+        return None
+    except BaseExceptionGroup as group:
+        if isinstance(sole_exception(group), (LeaseFSError, OSError)):
+            return None
+        raise
+
+
+@contextmanager
+def private_ha_cluster(home: str, status, n_meta: int = 2, settings: dict | None = None):
+    """3 etcd members and ``n_meta`` metadata servers in a fresh folder under ``home``;
+    yields a ``PrivateHACluster`` with an active server; everything stopped at exit."""
+    from . import etcd
+
+    folder = tempfile.mkdtemp(prefix=".bench-ha-", dir=home)
+    members = etcd.plan(os.path.join(folder, "etcd"), os.path.join(folder, "logs"))
+    procs = {}
+    cluster = None
+    try:
+        status(f"starting 3 etcd members in {folder}")
+        token = etcd.new_token()
+        for member in members:
+            procs[member.name] = etcd.spawn(member, members, token)
+        etcd.wait_healthy(members, procs)
+        cluster = PrivateHACluster(folder, members, n_meta, settings or {}, status)
+        for name in cluster.names:
+            status(f"starting metadata server {name} (ha = etcd)")
+            cluster.start(name)
+            if name == cluster.names[0]:
+                cluster.wait(name, "active")
+        for name in cluster.names[1:]:
+            cluster.wait(name, "standby")
+        yield cluster
+    finally:
+        if cluster is not None:
+            for name in cluster.names:
+                cluster.kill(name, signal.SIGTERM)
+        etcd.stop(members)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- the phases
+async def _creator(address: str, interval: float, done: list, stop: trio.Event) -> None:
+    """Create and close empty files one after another; ``done`` gets the monotonic end
+    time of each that succeeded."""
+    from fs.client import AsyncClient
+    from fs.config import Config
+
+    config = Config.load(env={}, rpc_retry_seconds=60.0, rpc_timeout=30.0)
+    async with AsyncClient(address, config=config, client_name="bench-ha") as client:
+        base = f"/bench-ha-{os.getpid()}"
+        await client.mkdirs(base)
+        n = 0
+        while not stop.is_set():
+            n += 1
+            try:
+                out = await client.create(f"{base}/f{n}")
+                await out.close()
+                done.append(time.monotonic())
+            except LeaseFSError:
+                pass
+            await trio.sleep(interval)
+
+
+def _failover_rounds(cluster: PrivateHACluster, rounds: int, graceful: bool, interval: float,
+                     status) -> list[float]:
+    """Seconds from the kill (or the failover call) to the first create after it."""
+    figures: list[float] = []
+
+    async def main():
+        done: list[float] = []
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_creator, cluster.addresses, interval, done, stop)
+            while not done:
+                await trio.sleep(0.01)
+            for k in range(rounds):
+                active = await trio.to_thread.run_sync(cluster.active)
+                before = await ha_status(cluster.address(active))
+                started = time.monotonic()
+                if graceful:
+                    from fs.rpc import RpcClient
+                    async with RpcClient(cluster.address(active), "bench-ha-admin") as rpc:
+                        await rpc.call("ha_failover", {})
+                else:
+                    await trio.to_thread.run_sync(cluster.kill, active)
+                while not (done and done[-1] > started):
+                    await trio.sleep(0.002)
+                figures.append(done[-1] - started)
+                status(f"{'graceful' if graceful else 'kill -9'} round {k + 1}/{rounds}: "
+                       f"first create after {figures[-1]:.2f} s")
+                if not graceful:
+                    await trio.to_thread.run_sync(cluster.start, active)
+                await trio.to_thread.run_sync(
+                    lambda: cluster.wait(active, "standby", applied=before["applied_txid"]))
+            stop.set()
+
+    trio.run(main)
+    return figures
+
+
+def _lag(cluster: PrivateHACluster, seconds: float, rate: float, status) -> dict:
+    """The standby's lag samples while one client makes ``rate`` folders a second."""
+    active = cluster.active()
+    standby = next(n for n in cluster.names if n != active)
+
+    async def main():
+        from fs.client import AsyncClient
+
+        await ha_status(cluster.address(standby), reset_lag=True)
+        async with AsyncClient(cluster.address(active), client_name="bench-ha-lag") as client:
+            base = f"/bench-ha-lag-{os.getpid()}"
+            await client.mkdirs(base)
+            start = trio.current_time()
+            n = 0
+            async with trio.open_nursery() as nursery:
+                while trio.current_time() - start < seconds:
+                    n += 1
+                    nursery.start_soon(client.mkdirs, f"{base}/d{n}")
+                    await trio.sleep_until(start + n / rate)
+            made = n
+        await trio.sleep(0.5)
+        answer = await ha_status(cluster.address(standby))
+        return made, answer
+
+    made, answer = trio.run(main)
+    stats = answer.get("lag_stats", {}) if answer else {}
+    status(f"lag at {rate:g} mutations/s for {seconds:g} s: {made} mkdirs, "
+           f"p99 {stats.get('p99', 0) * 1e3:.1f} ms")
+    return {"mutations": made, "rate": rate, "seconds": seconds, **stats}
+
+
+def run_ha_bench(cmd: Command) -> int:
+    a = cmd.args
+    if a.rounds < 0 or a.graceful < 0 or a.rate <= 0 or a.lag_seconds < 0:
+        raise UsageError("--rounds/--graceful/--lag-seconds must be >= 0, --rate > 0")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    status = StatusLine(enabled=not a.quiet)
+    home = baseline_dir(a.home)
+    results: dict = {}
+    settings = {"ha_election_timeout": a.election_timeout}
+    with private_ha_cluster(home, status, settings=settings) as cluster:
+        if a.rounds:
+            results["kill"] = _failover_rounds(cluster, a.rounds, False, a.interval, status)
+        if a.graceful:
+            results["graceful"] = _failover_rounds(cluster, a.graceful, True, a.interval,
+                                                   status)
+        if a.lag_seconds:
+            results["lag"] = _lag(cluster, a.lag_seconds, a.rate, status)
+    if a.json:
+        cmd.out(json.dumps({"benchmark": "ha", "election_timeout": a.election_timeout,
+                            "results": results}, indent=2))
+        return 0
+    rows = []
+    for kind, label in (("kill", "kill -9 of the active"), ("graceful", "haadmin -failover")):
+        figures = results.get(kind)
+        if figures:
+            rows.append([label, str(len(figures)), f"{percentile(figures, 50):.2f}",
+                         f"{percentile(figures, 90):.2f}", f"{max(figures):.2f}"])
+    cmd.out(f"bench ha: ha = etcd, election timeout {a.election_timeout:g} s; seconds from "
+            f"the failure to the first create a client gets through")
+    for line in format_table(["failover", "rounds", "p50 s", "p90 s", "max s"], rows):
+        cmd.out(line)
+    lag = results.get("lag")
+    if lag:
+        cmd.out(f"standby lag at {lag['rate']:g} mutations/s for {lag['seconds']:g} s "
+                f"({lag['mutations']} mkdirs, {lag.get('count', 0)} log entries): p50 "
+                f"{lag.get('p50', 0) * 1e3:.1f} ms, p99 {lag.get('p99', 0) * 1e3:.1f} ms, max "
+                f"{lag.get('max', 0) * 1e3:.1f} ms")
+    return 0
+
+
+def register(bsub, common, shared) -> None:
+    q = bsub.add_parser("ha", parents=[common],
+                        help="metadata failover time (kill -9, haadmin -failover) and "
+                             "standby lag on a private ha = etcd cluster",
+                        description="Failover as a client sees it and the standby's lag, on "
+                                    "a private cluster of 3 etcd members and 2 metadata "
+                                    "servers.")
+    q.add_argument("--rounds", type=int, default=30, help="kill -9 rounds (default 30)")
+    q.add_argument("--graceful", type=int, default=10,
+                   help="haadmin -failover rounds (default 10)")
+    q.add_argument("--interval", type=float, default=0.01,
+                   help="seconds between two creates of the client (default 0.01)")
+    q.add_argument("--lag-seconds", type=float, default=10.0,
+                   help="seconds of the lag measurement (default 10; 0 = skip)")
+    q.add_argument("--rate", type=float, default=500.0,
+                   help="mutations per second during the lag measurement (default 500)")
+    q.add_argument("--election-timeout", type=float, default=3.0,
+                   help="ha_election_timeout of the private servers (default 3, the "
+                        "setting's default)")
+    q.add_argument("--home", default=None,
+                   help="folder for the private cluster (default: the cluster home)")
+    shared(q)
+    q.set_defaults(func=run_ha_bench)
