@@ -41,8 +41,8 @@ from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, 
 from .renewer import LeaseRenewer
 from . import trash
 from .delegation import TokenFile
-from .rpc import (RpcClient, check_identity, current_groups, current_user, format_address,
-                  local_socket_name)
+from .rpc import (RpcClient, check_identity, current_groups, current_user,
+                  format_address_list, normalize_address_list, parse_address_list)
 from .streams import AsyncInputStream, AsyncOutputStream, InputStream, OutputStream
 
 log = logging.getLogger(__name__)
@@ -179,11 +179,13 @@ def _want(want_status: bool) -> dict:
 
 
 def _meta_address(meta_address: str | None, config: Config | None) -> str:
+    """The metadata server (or HA list of them, ``"h1:p1,h2:p2"``) to use, checked and
+    written canonically; InvalidArgument names a bad entry."""
     if meta_address is not None:
-        return meta_address
+        return normalize_address_list(meta_address)
     if config is not None and config.meta_address != Config().meta_address:
-        return config.meta_address
-    return find_meta_address()
+        return normalize_address_list(config.meta_address)
+    return normalize_address_list(find_meta_address())
 
 
 def meta_connection(meta_address: str | None = None, *, config: Config | None = None,
@@ -207,10 +209,12 @@ def meta_connection(meta_address: str | None = None, *, config: Config | None = 
 
 
 def authentication(config: Config, address: str) -> dict:
-    """How an ``RpcClient`` to the metadata server at ``address`` proves who its user is
-    (security = secure): the server's local socket when it is on this machine, else the
-    configured delegation token. Arguments for ``RpcClient``."""
-    return {"local_socket": local_socket_name(config.meta_socket, address),
+    """How an ``RpcClient`` to the metadata server at ``address`` (or to each of an HA
+    list) proves who its user is (security = secure): the server's local socket when it is
+    on this machine, else the configured delegation token. Arguments for ``RpcClient``,
+    which fills in the ``meta_socket`` setting for each address of the list."""
+    parse_address_list(address)   # a bad entry is named here, before any token is read
+    return {"local_socket": config.meta_socket or None,
             "token": TokenFile.load(config.token_file) if config.token_file else None}
 
 
@@ -237,7 +241,7 @@ class AsyncClient:
                 raise InvalidArgument(f"client {self.client_name}: a shared connection "
                                       f"carries its own identity ({rpc.user})")
             user, groups = rpc.user, rpc.groups
-            meta_address = format_address(rpc.address)
+            meta_address = format_address_list(rpc.addresses)
         self.meta_address = _meta_address(meta_address, config)
         self.user, identity_groups = check_identity(
             current_user() if user is None else user,

@@ -374,7 +374,9 @@ def cluster_client_settings(explicit: str | None = None, env: dict | None = None
 
 def find_meta_address(explicit: str | None = None, env: dict | None = None) -> str:
     """The metadata server to talk to: ``--meta`` flag > ``LEASEFS_META`` > the running
-    embedded cluster's state file (``<home>/cluster.json``) > config file > 127.0.0.1:8020."""
+    embedded cluster's state file (``<home>/cluster.json``) > config file > 127.0.0.1:8020.
+    Any of them may be an HA list, ``"h1:p1,h2:p2"``: returned as given, checked where it is
+    parsed (``fs.rpc.parse_address_list``, which names a bad entry)."""
     import json
 
     env = os.environ if env is None else env

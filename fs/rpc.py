@@ -206,6 +206,20 @@ def local_socket_name(template: str, address, *, server: bool = False) -> str | 
     return template.replace("{port}", str(port))
 
 
+def _local_sockets(setting: str | None, addresses) -> list[str | None]:
+    """The local socket of each of ``addresses`` (``local_socket_name``). A name that
+    several addresses share (a setting without ``{port}``) cannot tell their servers apart:
+    those go over TCP."""
+    names = [local_socket_name(setting, a) if setting else None for a in addresses]
+    if len(addresses) > 1:
+        shared = {n for n in names if n is not None and names.count(n) > 1}
+        if shared:
+            log.debug("local socket %s is named for several servers of the list: TCP for "
+                      "them", ", ".join(sorted(shared)))
+        names = [None if n in shared else n for n in names]
+    return names
+
+
 def _loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -231,6 +245,46 @@ def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]
     if not 0 <= port_no < 65536:
         raise InvalidArgument(f"address {text!r}: port out of range")
     return host.strip("[]") or "127.0.0.1", port_no
+
+
+def parse_address_list(text, default_port: int | None = None) -> list[tuple[str, int]]:
+    """A server list as ``meta_address`` may give it: ``"h1:p1,h2:p2"``, a list of such
+    entries (or of ``(host, port)``), or one address → ``[(host, port), ...]`` in order,
+    duplicates dropped (HDFS's ConfiguredFailoverProxyProvider). InvalidArgument names
+    the bad entry; an empty list is one too."""
+    if isinstance(text, tuple) and len(text) == 2 and not isinstance(text[0], (tuple, list)):
+        entries = [text]
+    elif isinstance(text, (list, tuple)):
+        entries = list(text)
+    else:
+        entries = str(text).split(",")
+    out: list[tuple[str, int]] = []
+    for entry in entries:
+        if isinstance(entry, str):
+            entry = entry.strip()
+            if not entry:
+                raise InvalidArgument(f"server list {text!r} has an empty entry")
+        try:
+            address = parse_address(entry, default_port)
+        except (InvalidArgument, TypeError, ValueError) as exc:
+            why = exc.message if isinstance(exc, InvalidArgument) else f"{entry!r} is not HOST:PORT"
+            raise InvalidArgument(f"server list {text!r}: bad entry: {why}") from None
+        if address not in out:
+            out.append(address)
+    if not out:
+        raise InvalidArgument(f"server list {text!r} names no server")
+    return out
+
+
+def format_address_list(addresses) -> str:
+    """``[(host, port), ...]`` → ``"h1:p1,h2:p2"``, the form ``parse_address_list`` reads."""
+    return ",".join(format_address(a) for a in addresses)
+
+
+def normalize_address_list(text) -> str:
+    """``text`` checked and written canonically (one ``host:port`` or a comma list), so two
+    spellings of one server list compare equal; InvalidArgument names a bad entry."""
+    return format_address_list(parse_address_list(text))
 
 
 async def connect_tcp(host: str, port: int, tls=None) -> trio.abc.Stream:
@@ -303,10 +357,13 @@ class _Waiter:
 
 
 class _Connection:
-    """One TCP connection with its reader task; dies as a whole on any error."""
+    """One TCP connection with its reader task; dies as a whole on any error. ``index``:
+    which of the client's ``addresses`` it goes to."""
 
-    def __init__(self, channel: FrameChannel):
+    def __init__(self, channel: FrameChannel, index: int = 0, address=("?", 0)):
         self.channel = channel
+        self.index = index
+        self.address = address
         self.waiters: dict[int, _Waiter] = {}
         self.broken: LeaseFSError | None = None
 
@@ -318,11 +375,21 @@ class _Connection:
 
 
 class RpcClient:
-    """A reconnecting RPC client bound to one server address.
+    """A reconnecting RPC client bound to one server address or to a list of them (HA:
+    active, standbys, observers; ``"h1:p1,h2:p2"`` or a list, see ``parse_address_list``).
 
     ``call`` retries on connection loss (not on server-side errors) with the same call id
     until ``retry_seconds`` passed, so with the server's retry cache every call is applied
     at most once. Use as ``async with RpcClient(...) as rpc``.
+
+    Failover (HDFS ConfiguredFailoverProxyProvider): one address is current (``address``);
+    when a call cannot reach it (``ServerUnavailable``) or it answers ``StandbyError`` (it
+    did not carry the call out), the client makes the next address of the list current and
+    sends the call there, same call id; a full cycle where no address served waits the
+    backoff (0.05 s doubling to 1 s) before the next, all within ``retry_seconds``. A
+    working address stays current until it fails: calls never probe the others.
+    ``RpcTimeout`` is not retried (the call may be running). Calls still in flight on the
+    connection left behind get their replies there; new calls go to the new address.
 
     ``user``/``groups`` are the identity the hello states (default: the calling process's
     user and group names); the metadata server checks permissions against them.
@@ -335,12 +402,16 @@ class RpcClient:
                  user: str | None = None, groups=None, sync_metadata: bool = True,
                  authenticate=None, local_socket: str | None = DEFAULT_LOCAL_SOCKET,
                  token=None, tls=None):
-        self.address = parse_address(address)
-        # the server's local socket (``local_socket_address``), tried before TCP: there the
+        self.addresses = parse_address_list(address)
+        self._current = 0          # index into addresses: where calls go now (sticky)
+        # each server's local socket (``local_socket_address``), tried before TCP: there the
         # kernel tells the server who we are; by default the default ``meta_socket`` of a
-        # server on a loopback address, None: TCP only
-        self.local_socket = (local_socket_name(local_socket, self.address)
-                             if local_socket == DEFAULT_LOCAL_SOCKET else local_socket)
+        # server on a loopback address, None: TCP only. ``local_socket`` is the setting
+        # (``{port}`` filled per address) or a name already filled in
+        self._local_sockets = _local_sockets(local_socket, self.addresses)
+        # read-your-writes for observer reads: the highest journal txid a reply reported
+        # (``note_txid``); a later read may ask a server to have applied at least this much
+        self.last_seen_txid = 0
         # a ``fs.delegation.TokenFile`` that authenticates a TCP connection
         self.token = token
         # ``fs.tls.ClientTls`` (tls = on): every TCP connection is TLS, the server's
@@ -368,6 +439,9 @@ class RpcClient:
         self.retry_errors = retry_errors
         self._call_ids = itertools.count(1)
         self._conn: _Connection | None = None
+        # connections to addresses left behind whose calls are still in flight: closed once
+        # they are answered
+        self._leaving: set[_Connection] = set()
         self._connect_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._nursery_cm = None
@@ -387,11 +461,55 @@ class RpcClient:
     async def aclose(self) -> None:
         self._closed = True
         conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.fail_all(ServerUnavailable("client closed"))
-            await conn.channel.aclose()
+        leaving, self._leaving = list(self._leaving), set()
+        for each in [conn, *leaving] if conn is not None else leaving:
+            each.fail_all(ServerUnavailable("client closed"))
+            await each.channel.aclose()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The current server's ``(host, port)``: where the next call goes."""
+        return self.addresses[self._current]
+
+    @property
+    def local_socket(self) -> str | None:
+        """The current server's local socket name, None: TCP only."""
+        return self._local_sockets[self._current]
+
+    def note_txid(self, txid) -> None:
+        """Remember a journal txid a server reported (an integer in a reply): the client's
+        reads must not see a namespace older than its own writes (observer reads). Not yet
+        sent anywhere; ``last_seen_txid`` only grows."""
+        if isinstance(txid, int) and not isinstance(txid, bool) and txid > self.last_seen_txid:
+            self.last_seen_txid = txid
+
+    def _move_from(self, index: int, exc: LeaseFSError) -> None:
+        """Make the address after ``addresses[index]`` current, unless another call moved
+        on already (concurrent calls that failed together move once, and log once). The
+        connection left behind keeps serving the calls in flight on it."""
+        if index != self._current or len(self.addresses) < 2:
+            return
+        self._current = (index + 1) % len(self.addresses)
+        conn = self._conn
+        if conn is not None and conn.index == index:
+            self._conn = None
+            if conn.broken is None:
+                self._leave(conn)
+        # a standby at the head of the list is routine under HA; a dead server is not
+        standby = isinstance(exc, errors.StandbyError)
+        log.log(logging.INFO if standby else logging.WARNING, "metadata server %s %s (%s); "
+                "trying %s", format_address(self.addresses[index]),
+                "is standby" if standby else "is unreachable", exc, format_address(self.address))
+
+    def _leave(self, conn: _Connection) -> None:
+        if conn.waiters:
+            self._leaving.add(conn)
+        else:
+            conn.fail_all(ServerUnavailable(f"left {format_address(conn.address)} for "
+                                            f"another server"))
+            self._nursery.start_soon(conn.channel.aclose)
 
     @property
     def connected(self) -> bool:
@@ -405,16 +523,18 @@ class RpcClient:
                 return self._conn
             if self._closed:
                 raise ServerUnavailable("RPC client is closed")
-            stream, local = await self._open_stream()
+            index = self._current
+            address = self.addresses[index]
+            stream, local = await self._open_stream(address, self._local_sockets[index])
             channel = FrameChannel(stream, self._nursery, self.max_frame)
             channel.send_nowait({"hello": "leasefs", "version": PROTOCOL_VERSION,
                                  "client_id": self.client_id, "user": self.user,
                                  "groups": self.groups, "sync_metadata": self.sync_metadata})
-            conn = _Connection(channel)
+            conn = _Connection(channel, index, address)
             self._nursery.start_soon(self._reader, conn)
             authenticate = self.authenticate
             if authenticate is None and self.token is not None and not local:
-                authenticate = self._token_authenticate
+                authenticate = functools.partial(self._token_authenticate, address=address)
             if authenticate is not None:
                 try:
                     with trio.fail_after(self.timeout):
@@ -423,7 +543,7 @@ class RpcClient:
                     conn.fail_all(ServerUnavailable("authentication timed out"))
                     with trio.CancelScope(shield=True):
                         await conn.channel.aclose()
-                    raise RpcTimeout(f"authenticating to {format_address(self.address)}: "
+                    raise RpcTimeout(f"authenticating to {format_address(address)}: "
                                      f"no answer within {self.timeout:g} s") from None
                 except BaseException as exc:
                     conn.fail_all(exc if isinstance(exc, LeaseFSError)
@@ -434,37 +554,38 @@ class RpcClient:
             self._conn = conn
             return conn
 
-    async def _open_stream(self) -> tuple[trio.abc.Stream, bool]:
-        """``(stream, local)``: the local socket when there is one and it answers, else TCP
-        (TLS over it when ``self.tls``)."""
-        if self.local_socket:
+    async def _open_stream(self, address, local_socket) -> tuple[trio.abc.Stream, bool]:
+        """``(stream, local)`` to ``address``: its local socket when there is one and it
+        answers, else TCP (TLS over it when ``self.tls``, the certificate checked for the
+        host of ``address``)."""
+        if local_socket:
             sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 with trio.fail_after(self.connect_timeout):
-                    await sock.connect(local_socket_address(self.local_socket))
+                    await sock.connect(local_socket_address(local_socket))
                 return trio.SocketStream(sock), True
             except (OSError, trio.TooSlowError):
                 sock.close()   # no local server (another machine's, or an older one): TCP
-        host, port = self.address
+        host, port = address
         try:
             with trio.fail_after(self.connect_timeout):
                 stream = await trio.open_tcp_stream(host, port)
         except (OSError, trio.TooSlowError) as exc:
             raise ServerUnavailable(
-                f"cannot reach {format_address(self.address)}: {exc or 'connect timed out'}"
+                f"cannot reach {format_address(address)}: {exc or 'connect timed out'}"
             ) from None
         if self.tls is not None:
             try:
                 with trio.fail_after(self.connect_timeout):
                     stream = await tlsmod.connect(stream, self.tls, host,
-                                                  format_address(self.address))
+                                                  format_address(address))
             except trio.TooSlowError:
-                raise ServerUnavailable(f"TLS handshake with {format_address(self.address)}"
+                raise ServerUnavailable(f"TLS handshake with {format_address(address)}"
                                         f": no answer within {self.connect_timeout:g} s "
                                         f"(does it serve TLS?)") from None
         return stream, False
 
-    async def _token_authenticate(self, call) -> None:
+    async def _token_authenticate(self, call, address=None) -> None:
         """``fs.delegation`` steps 2-3 with ``self.token``; ``AuthenticationFailed`` when the
         server refuses it or cannot prove it knows the token's password."""
         token = self.token
@@ -475,7 +596,7 @@ class RpcClient:
             "proof": delegation.client_proof(token.secret, server_nonce, client_nonce)})
         if not nodeauth.same(answer, delegation.server_proof(token.secret, server_nonce, client_nonce)):
             raise errors.AuthenticationFailed(
-                f"{format_address(self.address)} did not prove it knows the password of "
+                f"{format_address(address or self.address)} did not prove it knows the password of "
                 f"{token.token.describe()}: not the metadata server that issued it")
 
     async def _call_on(self, conn: _Connection, method: str, args: dict):
@@ -503,17 +624,19 @@ class RpcClient:
                         continue
                     waiter.resolve(bool(ok), value)
         except EOFError:
-            conn.fail_all(ServerUnavailable(f"{format_address(self.address)} closed the connection"))
+            conn.fail_all(ServerUnavailable(f"{format_address(conn.address)} closed the connection"))
         except errors.TlsError as exc:   # trying again meets the same setting: final
-            conn.fail_all(errors.TlsError(f"{format_address(self.address)}: {exc}"))
+            conn.fail_all(errors.TlsError(f"{format_address(conn.address)}: {exc}"))
         except LeaseFSError as exc:
             conn.fail_all(exc if isinstance(exc, ServerUnavailable)
-                          else ServerUnavailable(f"{format_address(self.address)}: {exc}"))
+                          else ServerUnavailable(f"{format_address(conn.address)}: {exc}"))
         finally:
             if conn.broken is None:
-                conn.fail_all(ServerUnavailable("connection closed"))
+                conn.fail_all(ServerUnavailable(f"connection to {format_address(conn.address)} "
+                                                f"closed"))
             if self._conn is conn:
                 self._conn = None
+            self._leaving.discard(conn)
             await conn.channel.aclose()
 
     async def call_once(self, method: str, args: dict, call_id: int, timeout: float):
@@ -542,11 +665,14 @@ class RpcClient:
         if waiter.deadline < self._watchdog_scope.deadline:
             self._watchdog_scope.deadline = waiter.deadline
         ok, value = await waiter.wait(lambda: conn.waiters.pop(call_id, None))
+        if conn in self._leaving and not conn.waiters:   # its last call is answered
+            self._leaving.discard(conn)
+            self._leave(conn)
         if ok:
             return value
         if isinstance(value, RpcTimeout):
             # only this call gave up: the connection and the other calls on it go on
-            raise RpcTimeout(f"{method}: no reply from {format_address(self.address)} "
+            raise RpcTimeout(f"{method}: no reply from {format_address(conn.address)} "
                              f"within {timeout:g} s")
         raise value if isinstance(value, LeaseFSError) else errors.from_wire(value)
 
@@ -556,34 +682,59 @@ class RpcClient:
         while True:
             with trio.CancelScope() as scope:
                 self._watchdog_scope = scope
-                waiters = self._conn.waiters.values() if self._conn is not None else ()
-                scope.deadline = min((w.deadline for w in waiters), default=math.inf)
+                scope.deadline = min((w.deadline for conn in self._live()
+                                      for w in conn.waiters.values()), default=math.inf)
                 await trio.sleep_forever()
             now = trio.current_time()
-            conn = self._conn
-            if conn is None:
-                continue
-            expired = [call_id for call_id, w in conn.waiters.items() if w.deadline <= now]
-            for call_id in expired:
-                conn.waiters.pop(call_id).resolve(False, RpcTimeout("timed out"))
+            for conn in self._live():
+                expired = [call_id for call_id, w in conn.waiters.items() if w.deadline <= now]
+                for call_id in expired:
+                    conn.waiters.pop(call_id).resolve(False, RpcTimeout("timed out"))
+
+    def _live(self) -> list[_Connection]:
+        return [self._conn, *self._leaving] if self._conn is not None else list(self._leaving)
 
     async def call(self, method: str, args: dict | None = None, *, timeout: float | None = None,
                    retry_seconds: float | None = None):
-        """Call ``method(**args)``; retries transport failures with the same call id."""
+        """Call ``method(**args)``; retries transport failures and ``StandbyError`` with the
+        same call id, moving through the server list (see the class docstring)."""
         call_id = next(self._call_ids)
         timeout = self.timeout if timeout is None else timeout
         budget = self.retry_seconds if retry_seconds is None else retry_seconds
         deadline = time.monotonic() + budget
         delay = 0.05
+        several = len(self.addresses) > 1
+        failed: dict[int, LeaseFSError] = {}   # this cycle: address index → why it did not serve
         while True:
+            index = self._current
             try:
                 return await self.call_once(method, args or {}, call_id, timeout)
-            except (ServerUnavailable, *self.retry_errors) as exc:
-                if isinstance(exc, RpcTimeout) or self._closed or time.monotonic() + delay > deadline:
+            except (ServerUnavailable, errors.StandbyError, *self.retry_errors) as exc:
+                if isinstance(exc, RpcTimeout) or self._closed:
+                    raise
+                if several and isinstance(exc, (ServerUnavailable, errors.StandbyError)):
+                    failed[index] = exc
+                    self._move_from(index, exc)
+                    if len(failed) < len(self.addresses) and time.monotonic() < deadline:
+                        continue              # the next server at once
+                if time.monotonic() + delay > deadline:
+                    if several and failed:
+                        raise self._none_served(failed, budget) from None
                     raise
                 log.debug("%s: %s; retrying in %.2fs", method, exc, delay)
+                failed.clear()
                 await trio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+
+    def _none_served(self, failed: dict[int, LeaseFSError], budget: float) -> LeaseFSError:
+        """The error of a call no server of the list carried out: ``StandbyError`` when
+        each answered so, else ``ServerUnavailable``; it names every server and its cause."""
+        causes = "; ".join(f"{format_address(self.addresses[i])}: {exc}"
+                           for i, exc in sorted(failed.items()))
+        every = all(isinstance(exc, errors.StandbyError) for exc in failed.values())
+        kind = errors.StandbyError if every else ServerUnavailable
+        return kind(f"no metadata server of {format_address_list(self.addresses)} served the "
+                    f"call within {budget:g} s ({causes})")
 
 
 # --------------------------------------------------------------------------- server

@@ -1,4 +1,5 @@
-"""fsspec filesystem for leasefs: ``leasefs://host:port/path`` (``leasefs:///path`` = default cluster).
+"""fsspec filesystem for leasefs: ``leasefs://host:port/path`` (``leasefs:///path`` = default cluster;
+``leasefs://h1:p1,h2:p2/path`` or ``LEASEFS_META=h1:p1,h2:p2``: the HA list of metadata servers).
 
 Why: pandas, pyarrow and dask reach storage through fsspec; this adapter makes a leasefs
 cluster one of those stores (DESIGN.md §6), registered through the ``fsspec.specs`` entry
@@ -87,7 +88,8 @@ class LeaseFSFileSystem(AbstractFileSystem):
 
     ``LeaseFSFileSystem()`` uses the default cluster (``fs.config.find_meta_address``:
     ``LEASEFS_META``, the embedded cluster's state file, the config file);
-    ``LeaseFSFileSystem("host:port")`` or ``host=..., port=...`` name one. ``config``,
+    ``LeaseFSFileSystem("host:port")`` (or an HA list ``"h1:p1,h2:p2"``) or ``host=...,
+    port=...`` name one. ``config``,
     ``user`` and ``groups`` go to ``fs.Client``.
     """
 
@@ -138,6 +140,8 @@ class LeaseFSFileSystem(AbstractFileSystem):
         netloc = path[len(PROTOCOL) + 3:].split("/", 1)[0]
         if not netloc:
             return {}
+        if "," in netloc:   # an HA list of metadata servers: leasefs://h1:p1,h2:p2/path
+            return {"meta_address": netloc}
         host, sep, port = netloc.rpartition(":")
         if not sep or not port.isdigit():
             return {"host": netloc}

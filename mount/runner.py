@@ -62,7 +62,8 @@ def default_cache_dir() -> str:
 def mount_options(extra: list[str] | None, fsname: str) -> set[str]:
     """pyfuse3 defaults plus ``fsname``/``subtype`` and the user's ``-o`` options."""
     options = set(pyfuse3.default_options)
-    options.add(f"fsname=leasefs:{fsname}")
+    # libfuse splits -o values at commas: an HA list of servers is shown joined with "+"
+    options.add(f"fsname=leasefs:{fsname.replace(',', '+')}")
     options.add("subtype=leasefs")
     for item in extra or []:
         for opt in item.split(","):

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from fs.client import Client, FileStatus
 from fs.config import find_meta_address
+from fs.rpc import normalize_address_list
 from fs.errors import FileNotFound, InvalidArgument, NotDirectory
 
 from .partitioning import unescape_path_name
@@ -53,7 +54,8 @@ class Location:
 
 def parse_location(text: str, meta_option: str | None = None) -> Location:
     """``leasefs://host:port/dir``, ``leasefs:///dir`` (default cluster) or ``/dir`` (the
-    ``meta`` option, else the default cluster) → ``Location``."""
+    ``meta`` option, else the default cluster) → ``Location``. The address may be an HA list
+    of metadata servers, ``leasefs://h1:p1,h2:p2/dir`` or ``meta=h1:p1,h2:p2``."""
     if not text:
         raise InvalidArgument("leasefs data source: no path given (load(path) / save(path))")
     if text.startswith(SCHEME):
@@ -69,7 +71,9 @@ def parse_location(text: str, meta_option: str | None = None) -> Location:
     path = posixpath.normpath(path) if path not in ("", "/") else "/"
     if path.startswith("//"):
         path = "/" + path.lstrip("/")
-    return Location(meta, path)
+    # one spelling per cluster (paths of one job are compared by it); a bad entry of an HA
+    # list (leasefs://h1:p1,h2:p2/dir or the meta option) is named here
+    return Location(normalize_address_list(meta), path)
 
 
 def client_for(meta: str) -> Client:

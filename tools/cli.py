@@ -39,8 +39,9 @@ class Parser(argparse.ArgumentParser):
 def common_options() -> argparse.ArgumentParser:
     common = Parser(add_help=False)
     g = common.add_argument_group("common options")
-    g.add_argument("--meta", default=argparse.SUPPRESS, metavar="HOST:PORT",
-                   help="metadata server (default: $LEASEFS_META, the running embedded "
+    g.add_argument("--meta", default=argparse.SUPPRESS, metavar="HOST:PORT[,HOST:PORT...]",
+                   help="metadata server, or the comma-separated HA list of them (default: "
+                        "$LEASEFS_META, the running embedded "
                         "cluster, the config file, 127.0.0.1:8020)")
     g.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE",
                    help="TOML settings file (default: $LEASEFS_CONFIG)")
