@@ -41,7 +41,8 @@ from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, 
 from .renewer import LeaseRenewer
 from . import trash
 from .delegation import TokenFile
-from .rpc import (RpcClient, check_identity, current_groups, current_user,
+from .observer import ObserverReads, find_observers
+from .rpc import (RpcClient, StateAlignment, check_identity, current_groups, current_user,
                   format_address_list, normalize_address_list, parse_address_list)
 from .streams import AsyncInputStream, AsyncOutputStream, InputStream, OutputStream
 
@@ -205,6 +206,8 @@ def meta_connection(meta_address: str | None = None, *, config: Config | None = 
         # under it: wait and send it again, as HDFS does
         retry_errors=(SafeMode, TryAgain), user=user, groups=groups,
         sync_metadata=config.sync_metadata, tls=tlsmod.client(config),
+        # observer reads: replies and calls carry state ids (read-your-writes)
+        alignment=StateAlignment() if config.observer_reads else None,
         **authentication(config, address))
 
 
@@ -260,6 +263,8 @@ class AsyncClient:
         self._closed = False
         # pipeline recoveries its output streams went through (a mount's metrics show them)
         self.pipeline_recoveries = 0
+        # ``fs.observer.ObserverReads`` with observer_reads on and an observer found
+        self.observer_reads: ObserverReads | None = None
 
     # ------------------------------------------------------------------ life cycle
     async def __aenter__(self) -> "AsyncClient":
@@ -286,6 +291,9 @@ class AsyncClient:
             self._renewer = LeaseRenewer(
                 self._renew_lease, holder=self.client_name, period=self.config.renew_period,
                 hard_limit=self.config.lease_hard_limit, nursery=self._nursery)
+            if self.config.observer_reads and self.rpc.alignment is not None \
+                    and len(self.rpc.addresses) > 1:
+                await self._start_observer_reads(stack)
         except BaseException as exc:
             self._closed = True
             try:
@@ -330,8 +338,32 @@ class AsyncClient:
         if self._closed:
             raise InvalidArgument(f"client {self.client_name} is closed")
 
+    async def _start_observer_reads(self, stack: contextlib.AsyncExitStack) -> None:
+        """Reads go to the list's observers from now on (``fs.observer``), sharing the
+        active connection's state ids."""
+        auth = authentication(self.config, self.meta_address)
+        found = await find_observers(self.meta_address, tls=self.tls, **auth)
+        if not found:
+            log.info("observer_reads: no observer among %s; reads go to the active",
+                     self.meta_address)
+            return
+        observers = await stack.enter_async_context(RpcClient(
+            ",".join(found), self.client_name, timeout=self.config.rpc_timeout,
+            retry_seconds=0, max_frame=self.config.max_frame, user=self.user,
+            groups=self.groups, sync_metadata=self.config.sync_metadata, tls=self.tls,
+            alignment=self.rpc.alignment, **auth))
+        self.observer_reads = ObserverReads(self.rpc, observers)
+
+    async def msync(self) -> int:
+        """HDFS msync: after it, this client's reads (on an observer too) see everything
+        the active had acknowledged when it answered; the active's state id."""
+        self._check_open()
+        return (await self.rpc.call("msync", {}))["state_id"]
+
     async def _call(self, method: str, **args):
         self._check_open()
+        if self.observer_reads is not None:
+            return await self.observer_reads.call(method, args)
         return await self.rpc.call(method, args)
 
     async def _renew_lease(self):
@@ -847,7 +879,7 @@ for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "mkdir
               "set_times", "set_replication", "create_symlink", "content_summary",
               "get_content_summary", "set_quota", "concat", "report",
               "safemode", "truncate", "recover_lease", "is_file_closed", "list_open_files",
-              "open_files", "sync_metadata", "move_to_trash", "expunge"):
+              "open_files", "sync_metadata", "move_to_trash", "expunge", "msync"):
     setattr(Client, _name, _mirror(_name))
 del _name
 Client.get_file_checksum = _mirror("get_file_checksum")

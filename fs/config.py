@@ -114,6 +114,10 @@ class Config:
     ha_observer_wait: float = _s(1.0, "ha = etcd: seconds an observer lets a read wait for "
                                  "the journal txid its client has seen before sending it to "
                                  "the active (StandbyError)")
+    observer_reads: bool = _s(False, "ha = etcd: a client with a list of metadata servers "
+                              "sends its reads (stat, listings, block locations) to an "
+                              "observer, with read-your-writes consistency, and the rest to "
+                              "the active")
     ha_log_retain: int = _s(1_000_000, "ha = etcd: journal txids the replicated log keeps "
                             "behind the active's last checkpoint (older entries are deleted "
                             "after each checkpoint; a follower further behind must start from "

@@ -374,6 +374,22 @@ class _Connection:
             waiter.resolve(False, exc)
 
 
+class StateAlignment:
+    """The newest server state id (the metadata server's applied journal txid) a client has
+    seen in a reply, shared by its connection to the active and the one to observers
+    (HDFS-12943 AlignmentContext): sent with each call, it keeps an observer from answering
+    with a namespace older than the client's own writes. Only grows."""
+
+    __slots__ = ("last_seen",)
+
+    def __init__(self) -> None:
+        self.last_seen = 0
+
+    def note(self, state_id) -> None:
+        if type(state_id) is int and state_id > self.last_seen:
+            self.last_seen = state_id
+
+
 class RpcClient:
     """A reconnecting RPC client bound to one server address or to a list of them (HA:
     active, standbys, observers; ``"h1:p1,h2:p2"`` or a list, see ``parse_address_list``).
@@ -401,7 +417,7 @@ class RpcClient:
                  retry_errors: tuple[type[LeaseFSError], ...] = (),
                  user: str | None = None, groups=None, sync_metadata: bool = True,
                  authenticate=None, local_socket: str | None = DEFAULT_LOCAL_SOCKET,
-                 token=None, tls=None):
+                 token=None, tls=None, alignment: "StateAlignment | None" = None):
         self.addresses = parse_address_list(address)
         self._current = 0          # index into addresses: where calls go now (sticky)
         # each server's local socket (``local_socket_address``), tried before TCP: there the
@@ -409,9 +425,10 @@ class RpcClient:
         # server on a loopback address, None: TCP only. ``local_socket`` is the setting
         # (``{port}`` filled per address) or a name already filled in
         self._local_sockets = _local_sockets(local_socket, self.addresses)
-        # read-your-writes for observer reads: the highest journal txid a reply reported
-        # (``note_txid``); a later read may ask a server to have applied at least this much
-        self.last_seen_txid = 0
+        # read-your-writes for observer reads (``StateAlignment``, shared with the client's
+        # connection to observers): replies carry the server's state id, requests the newest
+        # one seen; None: neither (the hello does not ask)
+        self.alignment = alignment
         # a ``fs.delegation.TokenFile`` that authenticates a TCP connection
         self.token = token
         # ``fs.tls.ClientTls`` (tls = on): every TCP connection is TLS, the server's
@@ -478,12 +495,16 @@ class RpcClient:
         """The current server's local socket name, None: TCP only."""
         return self._local_sockets[self._current]
 
+    @property
+    def last_seen_txid(self) -> int:
+        return self.alignment.last_seen if self.alignment is not None else 0
+
     def note_txid(self, txid) -> None:
-        """Remember a journal txid a server reported (an integer in a reply): the client's
-        reads must not see a namespace older than its own writes (observer reads). Not yet
-        sent anywhere; ``last_seen_txid`` only grows."""
-        if isinstance(txid, int) and not isinstance(txid, bool) and txid > self.last_seen_txid:
-            self.last_seen_txid = txid
+        """Remember a journal txid a server reported: the client's reads must not see a
+        namespace older than its own writes (observer reads); only grows."""
+        if self.alignment is None:
+            self.alignment = StateAlignment()
+        self.alignment.note(txid)
 
     def _move_from(self, index: int, exc: LeaseFSError) -> None:
         """Make the address after ``addresses[index]`` current, unless another call moved
@@ -527,9 +548,12 @@ class RpcClient:
             address = self.addresses[index]
             stream, local = await self._open_stream(address, self._local_sockets[index])
             channel = FrameChannel(stream, self._nursery, self.max_frame)
-            channel.send_nowait({"hello": "leasefs", "version": PROTOCOL_VERSION,
-                                 "client_id": self.client_id, "user": self.user,
-                                 "groups": self.groups, "sync_metadata": self.sync_metadata})
+            hello = {"hello": "leasefs", "version": PROTOCOL_VERSION,
+                     "client_id": self.client_id, "user": self.user,
+                     "groups": self.groups, "sync_metadata": self.sync_metadata}
+            if self.alignment is not None:
+                hello["state_id"] = True
+            channel.send_nowait(hello)
             conn = _Connection(channel, index, address)
             self._nursery.start_soon(self._reader, conn)
             authenticate = self.authenticate
@@ -614,9 +638,11 @@ class RpcClient:
         try:
             while True:
                 for reply in await conn.channel.receive_batch():
-                    if not (isinstance(reply, list) and len(reply) == 3):
+                    if not (isinstance(reply, list) and 3 <= len(reply) <= 4):
                         raise ProtocolError(f"malformed reply from server: {brief(reply)}")
-                    call_id, ok, value = reply
+                    call_id, ok, value = reply[:3]
+                    if len(reply) == 4 and self.alignment is not None:
+                        self.alignment.note(reply[3])
                     waiter = conn.waiters.pop(call_id, None)
                     if waiter is None:
                         if call_id is None and not ok:  # server-side fatal error on this connection
@@ -650,8 +676,11 @@ class RpcClient:
         defer = bool(conn.waiters)
         conn.waiters[call_id] = waiter
         acting = ACTING_FOR.get()
-        request = [call_id, method, args] if acting is None or acting["user"] == self.user \
-            else [call_id, method, args, acting]
+        if acting is not None and acting["user"] == self.user:
+            acting = None
+        seen = self.alignment.last_seen if self.alignment is not None else 0
+        request = [call_id, method, args, acting, seen] if seen else \
+            [call_id, method, args] if acting is None else [call_id, method, args, acting]
         try:
             # written straight to the socket or queued whole, no task switch (FrameChannel)
             conn.channel.send_nowait(request, defer=defer)

@@ -1,0 +1,100 @@
+"""Observer reads (HDFS-12943) on a real HA cluster: reads go to the observer and see the
+client's own writes (state ids), and another client's after ``msync``."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import trio
+
+from fs.client import AsyncClient
+from fs.config import Config
+from fs.errors import FileNotFound
+from hakit import HACluster
+
+pytestmark = pytest.mark.slow
+PAIRS = int(os.environ.get("LEASEFS_OBSERVER_PAIRS", "100000"))
+TASKS = 16
+
+
+@pytest.fixture(scope="module")
+def ha(tmp_path_factory):
+    cluster = HACluster(tmp_path_factory.mktemp("observer"), n_meta=2, observers=1,
+                        n_storage=0)
+    try:
+        cluster.start()
+        cluster.wait_role("meta2", "observer")
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _config(**extra) -> Config:
+    return Config.load(env={}, observer_reads=True, rpc_retry_seconds=30.0, **extra)
+
+
+def test_write_then_read_pairs_on_the_observer_never_miss_a_write(ha):
+    """``PAIRS`` pairs of (mkdirs on the active, stat of the same folder) from ``TASKS``
+    concurrent tasks of one client: every stat finds its folder, and the observer served
+    the stats."""
+    violations: list[str] = []
+
+    async def main():
+        async with AsyncClient(ha.meta_address, config=_config()) as client:
+            assert client.observer_reads is not None, "the client found no observer"
+
+            async def task(k: int) -> None:
+                for i in range(k, PAIRS, TASKS):
+                    path = f"/pairs/{i // 1000}/{i}"
+                    await client.mkdirs(path)
+                    try:
+                        status = await client.get_file_status(path)
+                    except FileNotFound:
+                        violations.append(path)
+                        continue
+                    if not status.is_dir:
+                        violations.append(f"{path}: {status.type}")
+
+            async with trio.open_nursery() as nursery:
+                for k in range(TASKS):
+                    nursery.start_soon(task, k)
+            return client.observer_reads.served, client.observer_reads.fallbacks
+
+    served, fallbacks = trio.run(main)
+    print(f"OBSERVER pairs={PAIRS} violations={len(violations)} served={served} "
+          f"fallbacks={fallbacks}")
+    assert violations == [], violations[:10]
+    assert served + fallbacks == PAIRS
+    assert served >= PAIRS * 0.9, (served, fallbacks)
+
+
+def test_msync_makes_another_clients_writes_visible(ha):
+    async def main():
+        async with AsyncClient(ha.meta_address, config=Config.load(env={})) as writer, \
+                AsyncClient(ha.meta_address, config=_config()) as reader:
+            assert reader.observer_reads is not None
+            for i in range(300):
+                path = f"/msync/{i}"
+                await writer.mkdirs(path)
+                await reader.msync()
+                assert (await reader.get_file_status(path)).is_dir, path
+            return reader.observer_reads.served
+
+    assert trio.run(main) >= 270
+
+
+def test_reads_go_to_the_active_when_the_observer_is_down(ha):
+    ha.kill("meta2")
+    try:
+        async def main():
+            async with AsyncClient(ha.meta_address, config=_config()) as client:
+                await client.mkdirs("/observer-down")
+                assert (await client.get_file_status("/observer-down")).is_dir
+                return client.observer_reads
+
+        # no observer answers: the client found none and every read went to the active
+        assert trio.run(main) is None
+    finally:
+        ha.start_one("meta2")
+        ha.wait_role("meta2", "observer")
