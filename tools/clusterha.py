@@ -226,7 +226,9 @@ def cmd_up(args, layout: Layout, state: dict) -> int:
         by_name = {m["name"]: m for m in metas}
         rpc_ports = _ports(args.port, DEFAULT_META_PORT, len(METAS),
                            [by_name.get(name, {}).get("port") for name, _ in METAS])
-        http_ports = _ports(args.http_port, DEFAULT_HTTP_PORT, len(METAS),
+        # --port 0 alone: free web ports too (fixed ones would collide between clusters)
+        http_first = 0 if args.http_port is None and args.port == 0 else args.http_port
+        http_ports = _ports(http_first, DEFAULT_HTTP_PORT, len(METAS),
                             [by_name.get(name, {}).get("http_port") for name, _ in METAS])
         state["metas"] = metas = [
             {**by_name.get(name, {}), "name": name, "role": role, "port": rpc_ports[i],
