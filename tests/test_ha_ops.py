@@ -156,6 +156,25 @@ def test_up_status_and_haadmin(cluster):
     assert "HA: active (node meta0, epoch" in report.stdout
 
 
+def test_up_again_restarts_only_what_is_missing(cluster):
+    home, env = cluster
+    again = leasefs("cluster", "up", env=env)
+    assert again.returncode == 0 and "already up" in again.stdout, again.stdout + again.stderr
+    state = recorded(home)
+    meta1 = state["metas"][1]
+    assert is_ours(meta1["pid"], "meta", str(home / "meta1"))
+    os.kill(meta1["pid"], signal.SIGKILL)
+    up = leasefs("cluster", "up", env=env)
+    print(up.stdout)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "meta1: starting" in up.stdout and "meta0: starting" not in up.stdout
+    assert "etcd: starting" not in up.stdout
+    after = recorded(home)
+    assert after["metas"][1]["pid"] != meta1["pid"]
+    assert after["metas"][1]["address"] == meta1["address"]   # same port: lists stay valid
+    assert roles(env) == {"meta0": "active", "meta1": "standby", "meta2": "observer"}
+
+
 def test_standby_web_page_and_metrics(cluster):
     home, env = cluster
     state = recorded(home)

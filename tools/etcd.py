@@ -45,7 +45,12 @@ AUTO_COMPACTION = ("periodic", "1h")
 
 
 class EtcdError(Exception):
-    """An etcd member did not start or become healthy; the message names it and its log."""
+    """An etcd member did not start or become healthy; the message names it and its log
+    (``log_path``, for the caller to show its last lines)."""
+
+    def __init__(self, message: str, log_path: str | None = None):
+        super().__init__(message)
+        self.log_path = log_path
 
 
 def free_port(low: int = 10000) -> int:
@@ -200,11 +205,12 @@ def wait_healthy(members: list[Member], procs: dict, timeout: float = 30.0,
             proc = procs.get(m.name)
             if proc is not None and proc.poll() is not None:
                 raise EtcdError(f"etcd member {m.name} exited with status {proc.returncode} "
-                                f"while starting; see {m.log_file}")
+                                f"while starting; see {m.log_file}", m.log_file)
         if time.monotonic() > deadline:
             sick = [m for m, good in zip(members, ok) if not good]
             raise EtcdError(f"etcd member(s) {', '.join(m.name for m in sick)} not healthy "
-                            f"after {timeout:g} s; see {', '.join(m.log_file for m in sick)}")
+                            f"after {timeout:g} s; see {', '.join(m.log_file for m in sick)}",
+                            sick[0].log_file)
         time.sleep(0.1)
 
 
