@@ -117,6 +117,7 @@ class AdminProtocol:
                 "decommissioned": sum(1 for n in self.datanodes.nodes.values()
                                       if n.admin == dm.DECOMMISSIONED),
                 "safemode": self.safemode.status(),
+                "ha": self.ha_status().to_wire(),
                 "namespace_id": self.ns.namespace_id,
                 "namespace_lock": self.config.namespace_lock,
                 "journal": {"last_txid": self.journal.last_txid,

@@ -12,7 +12,12 @@ Where the numbers come from:
 * per journal sync: ``observe_sync`` is ``Journal.sync_observer`` (fsync latency, records
   made durable by it);
 * everything else is a gauge read from the server's state at scrape time (``_state``):
-  nothing is kept up to date per operation for it.
+  nothing is kept up to date per operation for it;
+* metadata HA (``leasefs_ha_*``, every server, ``ha = none`` too): the role (one series per
+  role, 1 for the server's own), the epoch and the applied txid from ``ha_status()``; the
+  follower lag histogram takes, at each scrape, the samples the HA controller added to its
+  ``lag_samples`` since the last one (counted by its ``entries_applied``: a follower past
+  its catch-up samples every entry it applies), so its counts only grow.
 
 Concurrency contract: everything runs on the metadata server's trio thread (the hooks are
 called there, scrapes are served there); nothing awaits.
@@ -24,7 +29,13 @@ from prometheus_client.core import GaugeMetricFamily
 
 from fs.metrics import BATCH_BUCKETS, Counters, Histograms, register
 
+from .harole import Role
+
 PREFIX = "leasefs_meta_"
+HA_PREFIX = "leasefs_ha_"
+#: follower lag: from a millisecond on loopback to the election timeout and beyond
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+               30.0, 60.0)
 UNKNOWN_METHOD = "unknown"   # a peer's name that is no method: one series, not one per name
 
 
@@ -47,6 +58,10 @@ class MetaMetrics:
         self.sync_records = Histograms(PREFIX + "journal_sync_records", "Journal records "
                                        "made durable by one fsync (group commit batch size)",
                                        buckets=BATCH_BUCKETS)
+        self.ha_lag = Histograms(HA_PREFIX + "lag_seconds", "Seconds from the active's "
+                                 "append of a replicated log entry to its apply on this "
+                                 "follower (standby or observer)", buckets=LAG_BUCKETS)
+        self._ha_seen = (None, 0)   # (controller, its entries_applied) at the last scrape
         register(server.metrics_registry, self.collect)
 
     def observe_call(self, method, outcome: str, queued: float, seconds: float) -> None:
@@ -70,6 +85,36 @@ class MetaMetrics:
         yield self.sync_duration.collect()
         yield self.sync_records.collect()
         yield from self._state()
+        yield from self._ha()
+
+    def _ha(self):
+        status = self.server.ha_status()
+        role = GaugeMetricFamily(HA_PREFIX + "role", "1 for this metadata server's HA role "
+                                 "(active, standby, observer, ...), 0 for the others",
+                                 labels=["role"])
+        for r in Role:
+            role.add_metric([r.value], 1 if status.role is r else 0)
+        yield role
+        yield GaugeMetricFamily(HA_PREFIX + "epoch", "The HA term this server holds or last "
+                                "saw (0 with ha = none)", value=status.epoch)
+        yield GaugeMetricFamily(HA_PREFIX + "applied_txid", "Last journal transaction id "
+                                "applied to this server's namespace", value=status.applied_txid)
+        self._take_lag_samples()
+        yield self.ha_lag.collect()
+
+    def _take_lag_samples(self) -> None:
+        ha = getattr(self.server, "ha", None)
+        samples = getattr(ha, "lag_samples", None)
+        if samples is None:
+            return
+        applied = getattr(ha, "entries_applied", 0)
+        seen_ha, seen = self._ha_seen
+        if seen_ha is not ha:
+            seen = 0
+        new = min(len(samples), max(0, applied - seen))
+        for value in list(samples)[len(samples) - new:]:
+            self.ha_lag.observe((), value)
+        self._ha_seen = (ha, applied)
 
     def _state(self):
         s = self.server
@@ -116,4 +161,4 @@ class MetaMetrics:
         yield gauge("delegation_tokens", "Live delegation tokens", len(s.tokens))
 
 
-__all__ = ["MetaMetrics", "PREFIX"]
+__all__ = ["MetaMetrics", "PREFIX", "HA_PREFIX"]

@@ -61,6 +61,7 @@ async def overview(server, ctx) -> dict:
         "uptime_seconds": round((now_ns - started_ns) / 1e9, 1),
         "security": server.config.security, "namespace_id": report["namespace_id"],
         "safemode": report["safemode"],
+        "ha": report["ha"],
         "startup": {"store_txid": startup["applied_txid"], "replayed": startup["replayed"],
                     "replay_seconds": startup["durations"].get("REPLAYING_JOURNAL", 0.0),
                     "replaying": startup["phase"] == "REPLAYING_JOURNAL",

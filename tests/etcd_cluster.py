@@ -3,8 +3,9 @@
 Each member listens on free ports from ``harness.free_port`` (10000 up to the kernel's
 ephemeral range, so never 2379/2380: Debian's package enables a system ``etcd.service`` on
 those, and we keep clear of it rather than stop it), keeps its data under the test's
-``tmp_path`` and is stopped by its own pid. Short heartbeat/election settings (50/500 ms)
-make a lost leader re-elected in about a second.
+``tmp_path`` and is stopped by its own pid. The command line and the health check are the
+product's (``tools/etcd.py``, which ``leasefs cluster up --ha`` uses): short
+heartbeat/election settings (50/500 ms) make a lost leader re-elected in about a second.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import uuid
 from pathlib import Path
 
 from harness import free_port
+from tools import etcd as etcdmod
 
-ETCD = "/usr/bin/etcd"
+ETCD = etcdmod.ETCD
 
 
 class EtcdCluster:
@@ -37,20 +39,18 @@ class EtcdCluster:
     def endpoints(self) -> list[str]:
         return [f"http://127.0.0.1:{p}" for p in self.client_ports]
 
+    def members(self) -> list[etcdmod.Member]:
+        return [etcdmod.Member(name, self.client_ports[i], self.peer_ports[i],
+                               str(self.base / f"etcd-{name}"),
+                               str(self.base / f"etcd-{name}.log"))
+                for i, name in enumerate(self.names)]
+
     def start(self, timeout: float = 30.0) -> "EtcdCluster":
-        initial = ",".join(f"{n}=http://127.0.0.1:{p}"
-                           for n, p in zip(self.names, self.peer_ports))
-        for i, name in enumerate(self.names):
-            client = f"http://127.0.0.1:{self.client_ports[i]}"
-            peer = f"http://127.0.0.1:{self.peer_ports[i]}"
-            self.logs[i] = open(self.base / f"etcd-{name}.log", "ab")
+        members = self.members()
+        for i, member in enumerate(members):
+            self.logs[i] = open(member.log_file, "ab")
             self.procs[i] = subprocess.Popen(
-                [ETCD, "--name", name, "--data-dir", str(self.base / f"etcd-{name}"),
-                 "--listen-client-urls", client, "--advertise-client-urls", client,
-                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                 "--initial-cluster", initial, "--initial-cluster-state", "new",
-                 "--initial-cluster-token", self.token,
-                 "--heartbeat-interval", "50", "--election-timeout", "500"],
+                etcdmod.argv(member, members, self.token),
                 stdout=self.logs[i], stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while not all(self.healthy(i) for i in self.procs):
@@ -65,11 +65,7 @@ class EtcdCluster:
         return self
 
     def healthy(self, i: int) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.endpoints[i]}/health", timeout=1) as answer:
-                return json.load(answer).get("health") == "true"
-        except (OSError, ValueError):
-            return False
+        return etcdmod.healthy(self.endpoints[i])
 
     def status(self, i: int) -> dict:
         """``/v3/maintenance/status`` of member ``i`` (its ``leader`` is the raft leader's id,

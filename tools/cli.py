@@ -56,8 +56,8 @@ def common_options() -> argparse.ArgumentParser:
 
 
 def build_parser() -> Parser:
-    from . import (admin, bench, cluster, cmddoc, concat, daemons, docgen, leasetools,
-                   mountcmd, quotas, shell, shellalias, shellattr, shellcount, shellfind,
+    from . import (admin, bench, cluster, cmddoc, concat, daemons, docgen, haadmin,
+                   leasetools, mountcmd, quotas, shell, shellalias, shellattr, shellcount, shellfind,
                    shellread, shelltest, tokens)
 
     common = common_options()
@@ -78,6 +78,7 @@ def build_parser() -> Parser:
     shellread.register(sub, common)
     leasetools.register(sub, common)
     admin.register(sub, common)
+    haadmin.register(sub, common)
     quotas.register(sub, common)
     concat.register(sub, common)
     tokens.register(sub, common)

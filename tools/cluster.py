@@ -275,11 +275,17 @@ def _embedded_defaults(n: int) -> dict:
 
 
 def _members(state: dict) -> list[tuple[str, str]]:
+    if state.get("ha"):
+        from .clusterha import members
+        return members(state)
     n = len(state.get("storage", []))
     return [("meta", "meta")] + [(f"storage{i}", "storage") for i in range(n)]
 
 
 def _pid_of(state: dict, name: str) -> int | None:
+    if state.get("ha"):
+        from .clusterha import pid_of
+        return pid_of(state, name)
     entry = state["meta"] if name == "meta" else state["storage"][int(name[len("storage"):])]
     return entry.get("pid")
 
@@ -287,6 +293,9 @@ def _pid_of(state: dict, name: str) -> int | None:
 def cmd_up(args) -> int:
     layout = _home(args)
     state = load_state(layout) or {}
+    if args.ha or state.get("ha"):
+        from .clusterha import cmd_up as cmd_up_ha
+        return cmd_up_ha(args, layout, state)
     recorded_n = len(state.get("storage", []))
     n = args.storage if args.storage is not None else (recorded_n or DEFAULT_STORAGE)
     if n < 1:
@@ -516,6 +525,9 @@ def cmd_down(args) -> int:
             print(f"{PROG} cluster down: {name} (pid {pid}) ignored SIGTERM for "
                   f"{args.timeout:g} s; sending SIGKILL", file=sys.stderr)
             _signal(pid, signal.SIGKILL)
+    if state.get("ha"):   # last: the metadata servers need it while they stop
+        from .clusterha import stop_etcd
+        victims += [(name, "etcd", None) for name in stop_etcd(layout, state, args.timeout)]
     for name, _ in _members(state):
         for path in (layout.pid_file(name), layout.addr_file(name)):
             try:
@@ -525,7 +537,8 @@ def cmd_down(args) -> int:
     state["running"] = False
     save_state(layout, state)
     if victims:
-        print("stopped " + ", ".join(f"{name} (pid {pid})" for name, _, pid in victims)
+        print("stopped " + ", ".join(name if pid is None else f"{name} (pid {pid})"
+                                     for name, _, pid in victims)
               + f"; data kept in {layout.home}")
     else:
         print(f"leasefs cluster in {layout.home} was not running")
@@ -541,6 +554,8 @@ def cmd_status(args) -> int:
         else:
             print(f"no leasefs cluster recorded in {layout.home}")
         return 3
+    if state.get("ha"):
+        return _status_ha(args, layout, state)
     procs = []
     for name, role in _members(state):
         pid = _pid_of(state, name)
@@ -580,6 +595,51 @@ def cmd_status(args) -> int:
                   f"blocks {node.get('blocks', 0)}  heartbeat {node.get('last_heartbeat_age', 0):.1f}s ago")
     elif procs[0]["alive"]:
         print(f"  metadata server not answering: {error}")
+    return code
+
+
+def _status_ha(args, layout: Layout, state: dict) -> int:
+    """``cluster status`` of an HA cluster: etcd members, each metadata server's role,
+    epoch, applied txid and lag, the block servers, and the active's report."""
+    from .clusterha import status_lines
+    lines, ha, ha_ok = status_lines(layout, state)
+    storage = []
+    for i, entry in enumerate(state.get("storage", [])):
+        storage.append({"name": f"storage{i}", "pid": entry.get("pid"),
+                        "alive": is_ours(entry.get("pid"), "storage", layout.storage_data(i)),
+                        "address": entry.get("address")})
+    report, error = (None, None)
+    if ha["active"]:
+        report, error = report_or_none(ha["active"], timeout=3.0)
+    n_alive = sum(s["alive"] for s in storage) + sum(m["alive"] for m in ha["metas"]) \
+        + sum(e["alive"] for e in ha["etcd"])
+    if n_alive == 0:
+        overall, code = "down", 3
+    elif ha_ok and all(s["alive"] for s in storage) and report is not None and \
+            len(report.get("live_nodes", [])) >= len(storage):
+        overall, code = "up", 0
+    else:
+        overall, code = "degraded", 1
+    if args.json:
+        print(json.dumps({"home": layout.home, "state": overall, "ha": ha,
+                          "meta_address": state.get("meta_address"), "processes": storage,
+                          "live_nodes": None if report is None else report.get("live_nodes"),
+                          "safemode": None if report is None else report.get("safemode")},
+                         indent=2, default=str))
+        return code
+    print(f"leasefs cluster in {layout.home}: {overall} (HA)")
+    print(f"  metadata server addresses: {state.get('meta_address')}")
+    for line in lines:
+        print(line)
+    for p in storage:
+        print(f"  {p['name']:<10} pid {p['pid'] or '-':<8} {'running' if p['alive'] else 'stopped'}"
+              + (f"  {p['address']}" if p["address"] else ""))
+    if report is not None:
+        sm = report.get("safemode") or {}
+        print(f"  live block servers: {len(report.get('live_nodes', []))}, dead: "
+              f"{len(report.get('dead_nodes', []))}; safe mode {'ON' if sm.get('on') else 'OFF'}")
+    elif ha["active"]:
+        print(f"  active metadata server not answering: {error}")
     return code
 
 
@@ -628,15 +688,23 @@ def register(sub, common) -> None:
     up.add_argument("--home", default=None, help=home_help)
     up.add_argument("--storage", type=int, default=None, help=f"block servers (default {DEFAULT_STORAGE})")
     up.add_argument("--port", type=int, default=None,
-                    help=f"metadata server port (default {DEFAULT_META_PORT}; 0 = any free)")
+                    help=f"metadata server port (default {DEFAULT_META_PORT}; 0 = any free; "
+                         "with --ha one each from there)")
     up.add_argument("--storage-port", type=int, default=None,
                     help=f"first block server port (default {DEFAULT_STORAGE_PORT}, then +1 each; "
                          "0 = any free)")
     up.add_argument("--http-port", type=int, default=None,
-                    help=f"status page port (default {DEFAULT_HTTP_PORT}, off with --port 0)")
+                    help=f"status page port (default {DEFAULT_HTTP_PORT}, off with --port 0; "
+                         "with --ha one each from there, 0 = free ports)")
     up.add_argument("--replication", type=int, default=None,
                     help="default replication of new files (default min(3, storage))")
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for readiness")
+    up.add_argument("--ha", action="store_true",
+                    help="metadata HA: a 3-member etcd, two metadata servers (active and "
+                         "standby) and an observer (remembered: a later 'up' keeps HA)")
+    up.add_argument("--etcd-port", type=int, default=None,
+                    help="--ha: first etcd client port (3 clients, then 3 peers; default: "
+                         "free ports)")
     up.add_argument("--mount", default=None, metavar="DIR",
                     help="also mount the cluster there with FUSE (remembered: a later "
                          "'up' remounts it, 'down' unmounts it)")

@@ -576,6 +576,7 @@ def format_report(r: dict, meta_address: str) -> list[str]:
         f"Safe mode: {'ON' if sm.get('on') else 'OFF'}"
         + (f" ({_safemode_reason(sm)})" if sm.get("on") and _safemode_reason(sm) else ""),
         f"Last checkpoint: {format_checkpoint(r.get('checkpoint'))}",
+        f"HA: {format_ha(r.get('ha'))}",
         "",
     ]
     for title, nodes in (("Live block servers", r.get("live_nodes", [])),
@@ -591,6 +592,14 @@ def format_report(r: dict, meta_address: str) -> list[str]:
                 rows, align="<<>>>>>"))
         lines.append("")
     return lines[:-1]
+
+
+def format_ha(ha: dict | None) -> str:
+    """The answering server's HA role (``report``'s ``ha``, a ``meta.harole.HAStatus``)."""
+    if not ha or ha.get("mode", "none") == "none":
+        return "none (one metadata server)"
+    return (f"{ha.get('role')} (node {ha.get('node_id') or '?'}, epoch {ha.get('epoch', 0)}, "
+            f"applied txid {ha.get('applied_txid', 0)}, lag {float(ha.get('lag', 0)):.3f}s)")
 
 
 def cmd_report(cmd: Command):
