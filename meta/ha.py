@@ -46,7 +46,9 @@ End of a term (the leader key's lease expired or was lost, an append was fenced,
 
 8. Refuse new records and wait until no batch is in flight (``Journal.quiesce``); the
    waiting callers get ``StandbyError`` and move to the next server.
-9. ``resign``: delete the leader key (the standby's campaign wins within its poll).
+9. ``resign``: delete the leader key (the standby's campaign wins within its poll); the
+   resigning server does not campaign again until another server holds the key (at most
+   an election timeout).
 10. Raise ``Deposed`` out of the server: ``run_meta_server`` closes the store and journal
     and starts the server again on the same ports; it replays its journal and follows the
     log as a standby. A deposed active never serves again from the memory it had: a
@@ -88,7 +90,13 @@ APPEND_RETRY = 0.2
 
 
 class Deposed(Exception):
-    """The server's term ended (or it resigned): it must start again as a follower."""
+    """The server's term ended (or it resigned): it must start again as a follower, and
+    not campaign for ``cede`` seconds (HDFS ZKFC cedeActive: after a graceful failover the
+    other server must win, not the one that just gave the term away)."""
+
+    def __init__(self, why: str, cede: float = 0.0):
+        super().__init__(why)
+        self.cede = cede
 
 
 # ------------------------------------------------------------------------ entries (pure)
@@ -131,11 +139,12 @@ class HAController:
     """The role of one metadata server with ``ha = etcd``; see the module docstring."""
 
     def __init__(self, server, halog: HALog, node_id: str, *, observer: bool = False,
-                 wall_ns=time.time_ns):
+                 cede: float = 0.0, wall_ns=time.time_ns):
         self.server = server
         self.log = halog
         self.node_id = node_id
         self.observer = observer
+        self.cede = cede               # seconds to follow before the first campaign
         self.wall_ns = wall_ns
         self.role = Role.INITIALIZING
         self.term: Term | None = None
@@ -197,6 +206,7 @@ class HAController:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._until_done, "following the replicated log", self._follow)
             nursery.start_soon(self._watch_leader)
+            await self._cede()
             term = await self._until_done("campaigning", self.log.campaign, self.node_id)
             nursery.cancel_scope.cancel()
         await self._take_over(term)
@@ -226,6 +236,19 @@ class HAController:
                 log.info("metadata server %s: %s: etcd answers again after %.1f s",
                          self.node_id, what, trio.current_time() - down_since)
             return result
+
+    async def _cede(self) -> None:
+        """After giving a term away: no campaign until another server holds the leader key
+        (or ``cede`` seconds passed without one, e.g. the only other server is down)."""
+        with trio.move_on_after(self.cede):
+            while self.cede > 0:
+                try:
+                    found = await self.log.leader()
+                except Unavailable:
+                    found = None
+                if found is not None and found[1] != self.node_id:
+                    return
+                await trio.sleep(self.log.poll)
 
     async def _read_to_end(self) -> None:
         for entry in await self.log.read(self.server.journal.last_txid + 1):
@@ -300,7 +323,7 @@ class HAController:
             with trio.move_on_after(self.log.op_timeout):
                 await self.log.resign(self.term)
         self.term = None
-        raise Deposed(why)
+        raise Deposed(why, cede=self.log.ttl if self._resigning else 0.0)
 
     async def resign(self) -> dict:
         """``haadmin -failover``: give the term away now (the standby's campaign wins at

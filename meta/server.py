@@ -594,22 +594,25 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
     With ``ha = etcd`` a server whose term ended (``meta.ha.Deposed``) closes everything
     and starts again here, on the ports it had, as a follower."""
     bound: list = []
+    cede = 0.0
     while True:
         again = await _run_once(config, data_dir, host, port, http_port, bound,
-                                task_status if not bound else trio.TASK_STATUS_IGNORED)
-        if not again:
+                                task_status if not bound else trio.TASK_STATUS_IGNORED, cede)
+        if again is None:
             return
+        cede = again
         (host, port), http_port = bound[0], bound[1] or http_port
         log.info("metadata server on %s starts again as a follower", format_address(bound[0]))
 
 
 async def _run_once(config: Config, data_dir: str, host: str, port: int, http_port: int,
-                    bound: list, task_status) -> bool:
-    """One run of the server; True when it must start again (its HA term ended)."""
+                    bound: list, task_status, cede: float = 0.0) -> float | None:
+    """One run of the server; when it must start again (its HA term ended), the seconds
+    the next run must not campaign, else None."""
     os.makedirs(data_dir, exist_ok=True)
     kv = PlyvelStore(os.path.join(data_dir, "db"))
     server = None
-    again = False
+    again = None
     try:
         server = MetaServer(config, kv, os.path.join(data_dir, "journal"))
         if config.security == "secure":
@@ -633,7 +636,7 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
                     endpoints, config.ha_prefix, ttl=config.ha_election_timeout))
                 # refuses client calls from the first one on (role INITIALIZING)
                 server.ha = HAController(server, halog, config.ha_node_id,
-                                         observer=config.ha_role == "observer")
+                                         observer=config.ha_role == "observer", cede=cede)
             nursery = await stack.enter_async_context(trio.open_nursery())
             http_bound = None
             if http_port:
@@ -680,8 +683,8 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
                     from .ha import Deposed
                     try:
                         await server.ha.run(task_status=task_status)
-                    except Deposed:
-                        again = True
+                    except Deposed as exc:
+                        again = exc.cede
                         nursery.cancel_scope.cancel()
 
                 await nursery.start(run_ha)

@@ -189,3 +189,23 @@ def test_leases_across_a_failover(tmp_path):
         assert not call(n, "get_file_info", path="/abandoned")["under_construction"]
     finally:
         cluster.stop()
+
+
+def test_graceful_failover_hands_the_term_to_the_standby(ha):
+    active = ha.wait_active()
+    standby = next(n for n in ha.names if n != active)
+    ha.wait_role(standby, "standby")
+    epoch = ha.statuses()[active]["epoch"]
+    call(ha.address(active), "mkdirs", path="/graceful/before")
+    answer = call(ha.address(active), "ha_failover")
+    assert answer == {"resigned": active, "epoch": epoch}
+    # the other server wins; the one that resigned follows and does not take it back
+    assert ha.wait_active(timeout=10, besides=active) == standby
+    ha.wait_role(active, "standby")
+    time.sleep(2 * ha.settings["ha_election_timeout"])
+    statuses = ha.statuses()
+    assert statuses[standby]["role"] == "active" and statuses[active]["role"] == "standby"
+    assert statuses[standby]["epoch"] > epoch
+    assert call(ha.address(standby), "get_file_info", path="/graceful/before")["type"] == "dir"
+    with pytest.raises(StandbyError):
+        call(ha.address(active), "ha_failover")

@@ -15,7 +15,9 @@ folder; no block servers: a create and close of an empty file is metadata only):
    that succeeds after it is the round's figure; the killed server is started again and
    waited for as a caught-up standby before the next round.
 2. Graceful rounds (``--graceful``, default 10): the same with ``ha_failover`` (``haadmin
-   -failover``) instead of the kill, timed from the call.
+   -failover``) instead of the kill: from the call to the end of the first create begun
+   after its answer (from then on the old active refuses every call, so that create is
+   the new active's).
 3. Lag (``--lag-seconds``, default 10, at ``--rate`` mutations/s, default 500): one client
    makes folders at that pace on the active; the standby's lag samples (the time from the
    active's append to its own apply, per log entry) give p50/p99/max.
@@ -174,8 +176,8 @@ def private_ha_cluster(home: str, status, n_meta: int = 2, settings: dict | None
 
 # --------------------------------------------------------------------------- the phases
 async def _creator(address: str, interval: float, done: list, stop: trio.Event) -> None:
-    """Create and close empty files one after another; ``done`` gets the monotonic end
-    time of each that succeeded."""
+    """Create and close empty files one after another; ``done`` gets ``(start, end)``
+    monotonic times of each that succeeded."""
     from fs.client import AsyncClient
     from fs.config import Config
 
@@ -186,10 +188,11 @@ async def _creator(address: str, interval: float, done: list, stop: trio.Event) 
         n = 0
         while not stop.is_set():
             n += 1
+            began = time.monotonic()
             try:
                 out = await client.create(f"{base}/f{n}")
                 await out.close()
-                done.append(time.monotonic())
+                done.append((began, time.monotonic()))
             except LeaseFSError:
                 pass
             await trio.sleep(interval)
@@ -215,11 +218,16 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, graceful: bool, int
                     from fs.rpc import RpcClient
                     async with RpcClient(cluster.address(active), "bench-ha-admin") as rpc:
                         await rpc.call("ha_failover", {})
+                    # from its answer on the old active refuses every call: the first
+                    # create begun after it is served by the new one
+                    since = time.monotonic()
+                    while not (done and done[-1][0] > since):
+                        await trio.sleep(0.002)
                 else:
                     await trio.to_thread.run_sync(cluster.kill, active)
-                while not (done and done[-1] > started):
-                    await trio.sleep(0.002)
-                figures.append(done[-1] - started)
+                    while not (done and done[-1][1] > started):
+                        await trio.sleep(0.002)
+                figures.append(done[-1][1] - started)
                 status(f"{'graceful' if graceful else 'kill -9'} round {k + 1}/{rounds}: "
                        f"first create after {figures[-1]:.2f} s")
                 if not graceful:
