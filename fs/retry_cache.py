@@ -125,8 +125,8 @@ class RetryCache:
         self._purge()
         entry = [math.inf, None, False, None]
         self._entries[key] = entry
-        token = _CURRENT_CALL.set(key if isinstance(key, CallKey) else CallKey(*key)
-                                  if len(key) == 3 else None)
+        # the dispatcher's keys are (client_id, call_id, method): what records carry
+        token = _CURRENT_CALL.set(CallKey(*key) if len(key) == 3 else None)
         try:
             value = await thunk()
             entry[2], entry[3] = True, value

@@ -20,7 +20,8 @@ names and defaults. Per method, one of:
   file already closed with that last block answers true), recover_lease (idempotent: closed
   → true, in recovery → false), and create/create_symlink/rewrite when the caller's result
   is no longer there and a second run cannot destroy anything (it creates or fails);
-* ``TryAgain``: the answer cannot be rebuilt and a second run is not safe (the status a
+* ``AnswerLost`` (retriable, but not by ``RpcClient``'s same-id retry, which would meet
+  it again): the answer cannot be rebuilt and a second run is not safe (the status a
   deleted inode had, the destination a rename replaced, a file the call opened that is no
   longer the caller's). The call WAS carried out; the client may look at the namespace or
   send the operation again as a new call.
@@ -38,16 +39,16 @@ from __future__ import annotations
 
 from fs import paths
 from fs.blocktoken import WRITE as WRITE_TOKEN
-from fs.errors import FileNotFound, InternalError, NotDirectory, TryAgain
+from fs.errors import AnswerLost, FileNotFound, InternalError, NotDirectory
 
 from . import blocks as bm
 from .namespace import FILE, SYMLINK
 
 
-def _lost(method: str, path: str, why: str) -> TryAgain:
-    return TryAgain(f"{method} {path}: this call was carried out before a failover or "
-                    f"restart, but its answer cannot be rebuilt ({why}); look at the "
-                    f"namespace, or send the operation again as a new call")
+def _lost(method: str, path: str, why: str) -> AnswerLost:
+    return AnswerLost(f"{method} {path}: this call was carried out before a failover or "
+                      f"restart, but its answer cannot be rebuilt ({why}); look at the "
+                      f"namespace, or send the operation again as a new call")
 
 
 def _found(server, canonical: str):
@@ -95,7 +96,7 @@ async def create(server, ctx, rerun, path, client_name, overwrite=False, create_
     when the file has none: the first call found no node for it). Otherwise the create
     did not get as far as the file (its tagged record was a lease recovery before it) or
     its file was changed since: without ``overwrite`` run again (it creates the file or
-    fails, destroying nothing); with ``overwrite`` ``TryAgain`` (a second run could replace
+    fails, destroying nothing); with ``overwrite`` ``AnswerLost`` (a second run could replace
     a file someone else made)."""
     canonical = paths.join_parts(paths.split(path))
     found = _found(server, canonical)
@@ -129,7 +130,7 @@ async def complete(server, ctx, rerun, path, client_name, ino=None, last=None, m
 
 
 async def delete(server, ctx, rerun, path, recursive=False, expect=None, want_status=False):
-    """Rebuilt: true. With ``want_status`` ``TryAgain``: the status the deleted inode had is
+    """Rebuilt: true. With ``want_status`` ``AnswerLost``: the status the deleted inode had is
     gone with it (a second run would delete what is there now, or fail)."""
     canonical = paths.join_parts(paths.split(path))
     if not want_status:
@@ -140,7 +141,7 @@ async def delete(server, ctx, rerun, path, recursive=False, expect=None, want_st
 async def rename(server, ctx, rerun, src, dst, overwrite=False, want_status=False):
     """Rebuilt: true; with ``want_status`` the moved inode at ``dst`` and both parents now,
     ``replaced`` null when ``overwrite`` was off (nothing can have been replaced), else
-    ``TryAgain`` (the replaced destination's status is gone)."""
+    ``AnswerLost`` (the replaced destination's status is gone)."""
     s, d = paths.join_parts(paths.split(src)), paths.join_parts(paths.split(dst))
     if not want_status:
         return True
@@ -174,7 +175,7 @@ async def append(server, ctx, rerun, path, client_name):
     """Rebuilt when the file is open for ``client_name``: its status, its partial last block
     located for the writer (reopened under a new stamp; None when the last block was full
     or the file empty: the writer starts a new block), its inline data. Otherwise
-    ``TryAgain``: a second run would reopen a file someone else has changed since."""
+    ``AnswerLost``: a second run would reopen a file someone else has changed since."""
     canonical = paths.join_parts(paths.split(path))
     found = _found(server, canonical)
     if found is None or not _held_by(found[1], client_name):
@@ -198,7 +199,7 @@ async def truncate(server, ctx, rerun, path, new_length, client_name):
     """Rebuilt: false while the file is open for ``client_name`` with its last block in
     recovery (the truncate cut inside a block), true once the file is closed at
     ``new_length`` (a cut on a block boundary, or that recovery has finished: the caller's
-    wait is over). Otherwise ``TryAgain``: a second run would cut a file changed since."""
+    wait is over). Otherwise ``AnswerLost``: a second run would cut a file changed since."""
     canonical = paths.join_parts(paths.split(path))
     found = _found(server, canonical)
     if found is not None and found[1]["type"] == FILE:

@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from fs import errors
-from fs.errors import TryAgain, sole_exception
+from fs.errors import AnswerLost, TryAgain, sole_exception
 from fs.retry_cache import CallKey, RetryCache, current_call
 from fs.rpc import RpcClient
 from meta.journal import Journal
@@ -212,7 +212,7 @@ def test_every_cached_call_retried_after_a_restart_gets_its_first_answer(tmp_pat
             info = await plain(meta.address, "get_file_info", path="/w/cut")
             assert info["length"] == 2
 
-            # the answers that cannot be rebuilt, and a second run is not safe: TryAgain
+            # the answers that cannot be rebuilt, and a second run is not safe: AnswerLost
             await plain(meta.address, "create", path="/u/x", client_name="w0")
             await plain(meta.address, "mkdirs", path="/u/dir")
             lost = [("delete", {"path": "/u/x", "want_status": True}),
@@ -222,7 +222,7 @@ def test_every_cached_call_retried_after_a_restart_gets_its_first_answer(tmp_pat
                 await send(meta.address, method, args, call_id)
             await meta.restart()
             for call_id, (method, args) in enumerate(lost, 100):
-                with pytest.raises(TryAgain, match="carried out before a failover or restart"):
+                with pytest.raises(AnswerLost, match="carried out before a failover or restart"):
                     await send(meta.address, method, args, call_id)
             # a call the server never saw runs as usual; another client's same call id too
             assert await send(meta.address, "mkdirs", {"path": "/fresh"}, 1,
