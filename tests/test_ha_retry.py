@@ -28,7 +28,7 @@ from meta.ops import RPC_CALL, decode
 from meta.retry_answers import ANSWERS
 from meta.server import MetaServer
 
-from test_meta_server import meta_server
+from test_meta_server import KiB, FakeNode, meta_server
 
 CLIENT = "retrying-client#0123456789abcdef"
 
@@ -229,6 +229,73 @@ def test_every_cached_call_retried_after_a_restart_gets_its_first_answer(tmp_pat
                               client_id="someone-else#0") is True
             with pytest.raises(errors.FileExists):
                 await send(meta.address, "mkdirs", CALLS[0][1], 2, client_id="someone-else#0")
+
+    trio.run(main)
+
+
+def _block_part(located: dict | None):
+    """What a located block answer says of the block itself (its locations follow the
+    block servers' reports, which a restart starts again)."""
+    if located is None:
+        return None
+    return located["block"], located["offset"]
+
+
+def test_the_write_path_calls_retried_after_a_restart_get_their_blocks_back(tmp_path):
+    """create with its first block, add_block, complete and append, each retried right
+    after a restart, answer the same blocks (id, stamp, offset): none is allocated twice."""
+    async def main():
+        async with meta_server(tmp_path) as meta:
+            async with meta.client("storage-a") as storage:
+                node = FakeNode(storage, "node-a", 9001)
+                await node.register()
+                replicas = []
+
+                async def restart():
+                    await meta.restart()
+                    await node.register()
+                    await node.report(replicas)
+
+                created = await send(meta.address, "create", {
+                    "path": "/b/f", "client_name": "w1", "first_block": True}, 1)
+                first = created["first_block"]
+                assert first is not None and first["locations"]
+                await restart()
+                again = await send(meta.address, "create", {
+                    "path": "/b/f", "client_name": "w1", "first_block": True}, 1)
+                assert again["status"] == created["status"]
+                assert _block_part(again["first_block"]) == _block_part(first)
+
+                await node.received(first["block"], 64 * KiB)
+                replicas.append([first["block"]["id"], first["block"]["gs"], 64 * KiB,
+                                 "FINALIZED"])
+                add = {"path": "/b/f", "client_name": "w1", "ino": created["status"]["ino"],
+                       "previous": {**first["block"], "num_bytes": 64 * KiB}}
+                second = await send(meta.address, "add_block", add, 2)
+                await restart()
+                assert _block_part(await send(meta.address, "add_block", add, 2)) == \
+                    _block_part(second)
+
+                await node.received(second["block"], 10)
+                replicas.append([second["block"]["id"], second["block"]["gs"], 10, "FINALIZED"])
+                done = {"path": "/b/f", "client_name": "w1", "ino": created["status"]["ino"],
+                        "last": {**second["block"], "num_bytes": 10}}
+                assert await send(meta.address, "complete", done, 3) is True
+                await restart()
+                assert await send(meta.address, "complete", done, 3) is True
+
+                appended = await send(meta.address, "append",
+                                      {"path": "/b/f", "client_name": "w2"}, 4)
+                assert appended["last_block"]["block"]["id"] == second["block"]["id"]
+                await restart()
+                appended_again = await send(meta.address, "append",
+                                            {"path": "/b/f", "client_name": "w2"}, 4)
+                assert appended_again["status"] == appended["status"]
+                assert _block_part(appended_again["last_block"]) == \
+                    _block_part(appended["last_block"])
+                located = await plain(meta.address, "get_block_locations", path="/b/f")
+                assert [b["block"]["id"] for b in located["blocks"]] == [
+                    first["block"]["id"], second["block"]["id"]]
 
     trio.run(main)
 
