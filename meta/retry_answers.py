@@ -18,13 +18,16 @@ names and defaults. Per method, one of:
 * run again, where a second run is safe and gives the first answer: add_block (its
   ``previous`` check recognizes a retry and hands out the same last block), complete (a
   file already closed with that last block answers true), recover_lease (idempotent: closed
-  → true, in recovery → false), and create/create_symlink/rewrite when the caller's result
-  is no longer there and a second run cannot destroy anything (it creates or fails);
+  → true, in recovery → false), and create/create_symlink/rewrite/append when the caller's
+  result is not there and a second run cannot destroy anything (it creates, reopens or
+  fails). Not there is also what a call leaves that failed after its first record: create,
+  append and truncate of a file open for another writer journal its lease recovery first
+  and may then answer ``RecoveryInProgress``;
 * ``AnswerLost`` (retriable, but not by ``RpcClient``'s same-id retry, which would meet
   it again): the answer cannot be rebuilt and a second run is not safe (the status a
-  deleted inode had, the destination a rename replaced, a file the call opened that is no
-  longer the caller's). The call WAS carried out; the client may look at the namespace or
-  send the operation again as a new call.
+  deleted inode had, the destination a rename replaced, a file a truncate left that has
+  changed since). The call changed the namespace; the client may look at it or send the
+  operation again as a new call.
 
 Permissions are not checked again: the key is the caller's own client id (random per
 client), as for answers cached before the failover.
@@ -46,8 +49,8 @@ from .namespace import FILE, SYMLINK
 
 
 def _lost(method: str, path: str, why: str) -> AnswerLost:
-    return AnswerLost(f"{method} {path}: this call was carried out before a failover or "
-                      f"restart, but its answer cannot be rebuilt ({why}); look at the "
+    return AnswerLost(f"{method} {path}: this call changed the namespace before a failover "
+                      f"or restart, but its answer cannot be rebuilt ({why}); look at the "
                       f"namespace, or send the operation again as a new call")
 
 
@@ -174,12 +177,13 @@ async def create_symlink(server, ctx, rerun, target, path, create_parent=False, 
 async def append(server, ctx, rerun, path, client_name):
     """Rebuilt when the file is open for ``client_name``: its status, its partial last block
     located for the writer (reopened under a new stamp; None when the last block was full
-    or the file empty: the writer starts a new block), its inline data. Otherwise
-    ``AnswerLost``: a second run would reopen a file someone else has changed since."""
+    or the file empty: the writer starts a new block), its inline data. Otherwise run
+    again: the append did not get past the lease recovery of another writer's file (or
+    the caller's lease went since), and reopening changes no data."""
     canonical = paths.join_parts(paths.split(path))
     found = _found(server, canonical)
     if found is None or not _held_by(found[1], client_name):
-        raise _lost("append", canonical, f"{canonical} is no longer open for {client_name}")
+        return await rerun()
     ino, inode = found
     last_block = None
     tail = server.ns.tail_blocks(ino, inode, 1)
@@ -199,7 +203,8 @@ async def truncate(server, ctx, rerun, path, new_length, client_name):
     """Rebuilt: false while the file is open for ``client_name`` with its last block in
     recovery (the truncate cut inside a block), true once the file is closed at
     ``new_length`` (a cut on a block boundary, or that recovery has finished: the caller's
-    wait is over). Otherwise ``AnswerLost``: a second run would cut a file changed since."""
+    wait is over). Otherwise ``AnswerLost``: a second run would cut again a file that may
+    have grown since (or the call only recovered another writer's lease, then failed)."""
     canonical = paths.join_parts(paths.split(path))
     found = _found(server, canonical)
     if found is not None and found[1]["type"] == FILE:

@@ -222,7 +222,7 @@ def test_every_cached_call_retried_after_a_restart_gets_its_first_answer(tmp_pat
                 await send(meta.address, method, args, call_id)
             await meta.restart()
             for call_id, (method, args) in enumerate(lost, 100):
-                with pytest.raises(AnswerLost, match="carried out before a failover or restart"):
+                with pytest.raises(AnswerLost, match="changed the namespace before a failover or restart"):
                     await send(meta.address, method, args, call_id)
             # a call the server never saw runs as usual; another client's same call id too
             assert await send(meta.address, "mkdirs", {"path": "/fresh"}, 1,
