@@ -121,6 +121,16 @@ class RecoveryInProgress(LeaseFSError):
     retriable = True
 
 
+class AnswerLost(LeaseFSError):
+    """A retried call changed the namespace before the metadata server failed over or
+    restarted, but its answer cannot be rebuilt (the status of an inode it deleted, a
+    destination it replaced) and running it again is not safe. Retriable as an operation:
+    not with the same call id (that meets the same entry), but as a new call after a look at
+    the namespace."""
+    errno = _errno.EAGAIN
+    retriable = True
+
+
 class TryAgain(LeaseFSError):
     """The namespace kept changing under a request (its path moved while it waited for
     its locks); the same call may succeed when sent again (HDFS RetriableException)."""

@@ -2,17 +2,67 @@
 ``(client_id, call_id, method)``, so a call retried after a lost reply is answered, not
 applied twice.
 
+It survives a failover or a restart as HDFS's does: while a cached call runs, its key is
+the task's ``current_call()``, and the metadata server's journal writes it into the records
+the call logs; every server that applies such a record (a standby following the log, a
+server replaying its journal) ``note``s the key as "applied, answer not known". A retry
+that meets such an entry gets the answer its ``rebuild`` makes from the current state
+instead of running the call a second time.
+
 Concurrency contract: used from the tasks of one trio thread (``fs.rpc.Dispatcher``); no
 locks, a duplicate that arrives while its first call runs waits on a ``trio.Event``.
+``current_call`` is a context variable: it is the key only inside the task running the
+call (and tasks it would spawn, which cached handlers do not).
 """
 
 from __future__ import annotations
 
 import collections
+import contextvars
 import math
 import time
+from typing import NamedTuple
 
 import trio
+
+from .errors import InternalError
+
+
+class CallKey(NamedTuple):
+    """Who made a retry-cached call: the cache key, and its wire form in journal records
+    (``[client_id, call_id, method]``)."""
+
+    client_id: str
+    call_id: int
+    method: str
+
+    def to_wire(self) -> list:
+        return [self.client_id, self.call_id, self.method]
+
+    @classmethod
+    def from_wire(cls, value) -> CallKey | None:
+        """The key of a record's ``rpc`` value; None for anything else (ignored, not
+        refused: a record is applied whatever its tag looks like)."""
+        if (isinstance(value, (list, tuple)) and len(value) == 3
+                and isinstance(value[0], str) and type(value[1]) is int
+                and isinstance(value[2], str)):
+            return cls(value[0], value[1], value[2])
+        return None
+
+
+_CURRENT_CALL: contextvars.ContextVar[CallKey | None] = contextvars.ContextVar(
+    "leasefs_retry_cached_call", default=None)
+
+
+def current_call() -> CallKey | None:
+    """The key of the retry-cached call the current task runs (None outside one: monitors,
+    uncached calls, replay)."""
+    return _CURRENT_CALL.get()
+
+
+# ``entry[2]`` of a key some applied journal record carried, whose answer this server never
+# had (it was another server's call, or this one's before a restart)
+APPLIED = "applied"
 
 
 class RetryCache:
@@ -35,16 +85,23 @@ class RetryCache:
         self.max_entries = max_entries
         self.clock = clock
         # key -> [expires_at (inf while running), event (made by the first duplicate that
-        # waits, None once finished), ok, value]
+        # waits, None once finished), ok (True, or APPLIED: noted, answer unknown), value]
         self._entries: collections.OrderedDict[tuple, list] = collections.OrderedDict()
 
     def __len__(self):
         return len(self._entries)
 
-    async def run(self, key: tuple, thunk):
+    async def run(self, key: tuple, thunk, rebuild=None):
         """Run ``thunk`` once per key. A duplicate that arrives while the first runs waits
         for it: a success is answered from the cache; a failure is not cached (as in HDFS,
-        a failed call changed nothing), so the retry runs the call again."""
+        a failed call changed nothing), so the retry runs the call again.
+
+        A key ``note``d as applied (answer unknown) runs ``rebuild`` instead: it makes the
+        first call's answer from the current state (or decides a second run is safe); its
+        answer is cached as the call's. A failed rebuild leaves the note in place, so a
+        later retry never runs the call blindly. Without ``rebuild`` such a key is an
+        ``InternalError``. While ``thunk``/``rebuild`` run, ``current_call()`` is ``key``."""
+        noted = None   # expiry of the note a rebuild replaces
         while True:
             entry = self._entries.get(key)
             if entry is None:
@@ -53,28 +110,53 @@ class RetryCache:
                 if entry[1] is None:
                     entry[1] = trio.Event()
                 await entry[1].wait()
-            if entry[2]:
+            if entry[2] is True:
                 return entry[3]
-            if self._entries.get(key) is entry:   # a failure left in place: run again
-                del self._entries[key]
+            if self._entries.get(key) is not entry:
+                continue
+            del self._entries[key]
+            if entry[2] is APPLIED and entry[0] > self.clock():
+                if rebuild is None:
+                    raise InternalError(f"{key[-1]}: this call was applied before a failover "
+                                        f"or restart and its answer cannot be rebuilt here")
+                noted, thunk = entry[0], rebuild
+                break
+            # a failure left in place, or an expired note: run again
         self._purge()
         entry = [math.inf, None, False, None]
         self._entries[key] = entry
+        # the dispatcher's keys are (client_id, call_id, method): what records carry
+        token = _CURRENT_CALL.set(CallKey(*key) if len(key) == 3 else None)
         try:
             value = await thunk()
             entry[2], entry[3] = True, value
             entry[0] = self.clock() + self.expiry
             return value
         except BaseException:
-            # failed, cancelled or a bug: forget it, so that a retry runs the call again
-            entry[0] = -math.inf
-            if self._entries.get(key) is entry:
-                del self._entries[key]
+            if noted is not None:
+                # the call is still known applied: keep it so
+                entry[0], entry[2] = noted, APPLIED
+            else:
+                # failed, cancelled or a bug: forget it, so that a retry runs the call again
+                entry[0] = -math.inf
+                if self._entries.get(key) is entry:
+                    del self._entries[key]
             raise
         finally:
+            _CURRENT_CALL.reset(token)
             event, entry[1] = entry[1], None
             if event is not None:
                 event.set()
+
+    def note(self, key: tuple) -> None:
+        """A journal record applied here says call ``key`` was carried out, with an answer
+        this server does not know: a retry gets ``run``'s ``rebuild``. A key already known
+        (this server's own call, running or answered) is left as it is. Expires like any
+        entry, from now (records carry no time)."""
+        if key in self._entries:
+            return
+        self._purge()
+        self._entries[key] = [self.clock() + self.expiry, None, APPLIED, None]
 
     def _purge(self) -> None:
         """Drop expired entries from the oldest end (insertion order, which is near enough

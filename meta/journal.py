@@ -15,6 +15,12 @@ waiter of the batch. Records logged while an fsync runs form the next batch, so 
 concurrent ``log()`` calls cost about one fsync (``stats`` counts fsyncs, records, bytes).
 ``apply`` receives the records exactly as ``replay`` will decode them after a restart.
 
+Retry-cached calls. A ``log``/``log_many`` made inside one (``fs.retry_cache.current_call``)
+adds ``"rpc": [client_id, call_id, method]`` (``meta.ops.RPC_CALL``) to the args of its
+last record: whoever applies the record later (a standby from the replicated log, this
+server replaying after a restart) notes the call in its retry cache, as an HDFS standby
+does with the rpcClientId/rpcCallId of the edits it tails.
+
 Written or durable acknowledgement. ``log(..., durable=False)`` (the namespace changes of a
 client that asked for local-filesystem semantics, see ``sync_metadata`` in DESIGN.md) returns
 once its record is written to the segment (the page cache: a crash of this process loses
@@ -85,11 +91,13 @@ import trio
 from fs.datatransfer import crc32c
 from fs.framing import packb
 from fs.errors import InternalError, InvalidArgument, LeaseFSError, NoSpace, StandbyError
+from fs.retry_cache import current_call
 
 from .journal_files import (RECORD_HEADER, JournalError, JournalStats, Record, Scan, SegmentInfo,
                             finalized_name, fsync_dir, inprogress_name, scan_segment, span_of,
                             verify_directory, write_lost_marker)
 from .journal_start import StartPlan, decide
+from .ops import RPC_CALL
 
 log = logging.getLogger(__name__)
 
@@ -335,6 +343,41 @@ class Journal:
                 if record.txid > after_txid:
                     yield record
 
+    def recent(self, since: float, limit: int) -> list[Record]:
+        """Records of the newest finalized segments last written at wall time ``since`` or
+        later (their files' mtime: records carry no time), newest segments first until
+        ``limit`` records, returned in txid order (startup, after ``open``, sync).
+
+        Why: a restarted server notes the retry-cached calls of recent records, applied or
+        not (``MetaServer``); the store already holds most of them, so replay does not see
+        them. A segment that cannot be read ends the look back (logged): the retry cache is
+        best effort, the start must not fail for it."""
+        chosen: list[SegmentInfo] = []
+        count = 0
+        for seg in reversed(self._finalized):
+            if seg.lost or count >= limit:
+                break
+            try:
+                written = os.stat(os.path.join(self.directory, seg.name)).st_mtime
+            except OSError:
+                break
+            if written < since:
+                break
+            chosen.append(seg)
+            count += seg.last - seg.first + 1
+        records: list[Record] = []
+        for seg in reversed(chosen):
+            found: list[Record] = []
+            try:
+                scan_segment(self.directory, seg.name, seg.first, False, tail_may_be_torn=False,
+                             max_record=self.max_record, on_record=found.append)
+            except JournalError as exc:
+                log.warning("journal %s: recent records: %s", self.directory, exc)
+                records = []   # keep the records contiguous up to the newest
+                continue
+            records.extend(found)
+        return records[-limit:] if limit > 0 else []
+
     # ------------------------------------------------------------------ appending
     async def log(self, op: str, args: dict, *, durable: bool = True) -> int:
         """Append one record, wait until it is durable (or, with ``durable=False``, written)
@@ -353,10 +396,16 @@ class Journal:
         if self.refusal is not None:
             raise StandbyError(self.refusal)
         encoded = []
+        # written on behalf of a retry-cached call: its last record names the call, so a
+        # server that applies it (a standby, a restart) knows the call was carried out
+        call = current_call()
+        tagged = self._next_txid + len(records) - 1 if call is not None else None
         for txid, (op, args) in enumerate(records, start=self._next_txid):
             if not isinstance(op, str) or not isinstance(args, dict):
                 raise InvalidArgument(f"journal record needs op: str and args: dict, got "
                                       f"{type(op).__name__} and {type(args).__name__}")
+            if txid == tagged:
+                args = {**args, RPC_CALL: call.to_wire()}
             try:
                 body = packb([txid, op, args])
             except (TypeError, ValueError, OverflowError) as exc:

@@ -14,7 +14,9 @@ with, in one place:
 * ``apply_memory(state, effect, now)``: the in-memory structures of the server
   (``MemoryState``: the blocks map, leases, tokens) after the store write;
 * ``check(view)``: the planner's preconditions re-checked at serial replay
-  (``meta.invariants.check_record``).
+  (``meta.invariants.check_record``);
+* ``rpc_call()``: the retry-cached call the record was written for (``RPC_CALL``), which
+  every server applying it notes in its retry cache.
 
 This module holds the base class, the wire helpers and the registry: ``OPS`` (op name →
 class) and ``decode(record)`` are the only way in; the family modules register their
@@ -31,10 +33,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from fs.errors import InternalError
+from fs.retry_cache import CallKey
 
 if TYPE_CHECKING:
     from .blocks import BlocksMap
     from .leases import LeaseManager
+
+
+# the key the journal adds to the last record a retry-cached call logs:
+# ``[client_id, call_id, method]`` (``fs.retry_cache.CallKey``); no op has a field of that
+# name, so it travels in ``Op.extra`` and re-encodes byte for byte
+RPC_CALL = "rpc"
 
 
 class _Absent:
@@ -137,6 +146,14 @@ class Op:
         args.update(self.extra)
         return args
 
+    def rpc_call(self) -> CallKey | None:
+        """The retry-cached call this record was written for (its ``RPC_CALL`` key, kept
+        in ``extra``), or None: records of monitors and uncached calls carry none."""
+        for name, value in self.extra:
+            if name == RPC_CALL:
+                return CallKey.from_wire(value)
+        return None
+
     # ------------------------------------------------------------------ meaning
     def apply(self, txn, counters: dict) -> dict | None:
         """The store changes (``txn``: the batch view, ``counters``: the batch's)."""
@@ -161,6 +178,8 @@ def register(cls):
     cls = dataclass(frozen=True, kw_only=True)(cls)
     fields = [f for f in dataclasses.fields(cls) if f.name != "extra"]
     cls._names = tuple(f.name for f in fields)
+    if RPC_CALL in cls._names:
+        raise InternalError(f"journal op {cls.NAME}: {RPC_CALL!r} is the retry cache's key")
     cls._required = frozenset(f.name for f in fields if f.default is not ABSENT)
     if cls.NAME in OPS:
         raise InternalError(f"journal op {cls.NAME} registered twice")

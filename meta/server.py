@@ -40,6 +40,11 @@ recording the checkpoint in a worker thread, purge old segments), the reclaimer 
 a big delete detached are removed one bounded RECLAIM record at a time, paused in safe mode
 like invalidations; it also finishes what a crash left behind).
 
+Retry cache across failovers and restarts (HDFS): a record written for a retry-cached
+call carries the call's key (``meta.journal``); applying it, live, from the replicated log
+or at replay, notes the key in the retry cache, and a retry of that call gets the answer
+``meta.retry_answers`` rebuilds from the current state instead of a second run.
+
 Block reports (full ones in chunks of one ``report_id``, incremental ones) are applied by
 ``reports.py`` (``BlockReports``), with a checkpoint every ``REPORT_STEP`` entries; the
 handlers (``datanode_protocol.py``) only check the caller and the arguments.
@@ -72,11 +77,13 @@ from fs.config import Config
 from fs.errors import ServerUnavailable, StandbyError, TryAgain
 from fs.limits import ByteBudget, ConnectionLimits
 from fs.metrics import new_registry
+from fs.retry_cache import CallKey
 from fs.rpc import (Dispatcher, RetryCache, current_user, format_address, local_socket_name,
                     rpc_refusal, serve_local, serve_rpc,
                     serve_tcp)
 
 from . import blocks as bm
+from . import retry_answers
 from .blocks import BlockInfo, BlocksMap
 from .metrics import MetaMetrics
 from .datanodes import DatanodeManager
@@ -89,7 +96,7 @@ from .leases import LeaseManager
 from .locks import (LOCK_ANCESTOR, LOCK_READ, FileLock, Mutation, PathLockPool, RWLock,
                     lock_set, merge)
 from .namespace import DIR, Defaults, Namespace, check_int, check_name
-from .ops import LAZY_OPS, decode
+from .ops import LAZY_OPS, RPC_CALL, decode
 from .replication import ReplicationQueues
 from .reports import REPORT_STEP, BlockReports
 from .permissions import Caller, PermissionChecker
@@ -222,6 +229,7 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         self.kv.sync()
         self.journal.open(store_applied=applied)
         self.last_checkpoint = checkpoints.load(self.kv)
+        self._note_recent_calls()
         self.startup.replaying(applied, self.journal.last_txid, self.wall_ns() / 1e9)
         chunk = []
         self._recovering = True
@@ -229,17 +237,37 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
             for record in self.journal.replay(applied):
                 chunk.append(record)
                 if len(chunk) >= REPLAY_CHUNK:
-                    self.ns.apply(chunk)
-                    self.startup.replayed += len(chunk)
+                    self._replay_chunk(chunk)
                     chunk = []
                     yield
             if chunk:
-                self.ns.apply(chunk)
-                self.startup.replayed += len(chunk)
+                self._replay_chunk(chunk)
         finally:
             self._recovering = False
         log.info("namespace: applied txid %d, replayed %d journal records, now at txid %d",
                  applied, self.startup.replayed, self.ns.applied_txid)
+
+    def _note_recent_calls(self) -> None:
+        """HDFS rebuilds its retry cache from the edits it loads at start: here the calls
+        named by the records of the journal's segments written within the cache's expiry
+        (the store has applied most of them: replay alone would miss them)."""
+        cache = self.retry_cache
+        noted = 0
+        for record in self.journal.recent(self.wall_ns() / 1e9 - cache.expiry,
+                                          cache.max_entries):
+            args = record.args
+            call = CallKey.from_wire(args.get(RPC_CALL)) if isinstance(args, dict) else None
+            if call is not None:
+                cache.note(call)
+                noted += 1
+        if noted:
+            log.info("retry cache: %d calls noted from the journal's recent records", noted)
+
+    def _replay_chunk(self, records) -> None:
+        ops = [decode(record) for record in records]
+        self.ns.apply(records, ops)
+        self._note_calls(ops)
+        self.startup.replayed += len(records)
 
     async def start(self) -> None:
         """After ``journal.run`` started: format a new namespace, rebuild memory state."""
@@ -350,6 +378,7 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         ``apply`` and ``apply_memory``, ``meta.ops``)."""
         ops = [decode(record) for record in records]
         effects = self.ns.apply(records, ops)
+        self._note_calls(ops)
         if self._recovering:
             return
         for record, op, effect in zip(records, ops, effects):
@@ -361,6 +390,22 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
             except Exception:   # memory is rebuilt at restart; never fail a durable batch
                 log.exception("updating memory state for txid %d (%s) failed",
                               record.txid, record.op)
+
+    def _note_calls(self, ops) -> None:
+        """The retry-cached calls applied records were written for go into the retry cache
+        as applied with an unknown answer (``RetryCache.note``): a retry after a failover
+        or a restart gets its answer rebuilt (``retry_answer``), not a second run. This
+        server's own running calls are already there and stay as they are."""
+        for op in ops:
+            if op.extra:
+                call = op.rpc_call()
+                if call is not None:
+                    self.retry_cache.note(call)
+
+    async def retry_answer(self, ctx, method, args, rerun):
+        """The answer of a call applied before a failover or restart
+        (``meta.retry_answers``)."""
+        return await retry_answers.answer(self, ctx, method, args, rerun)
 
     # the state ops update after their store write (``meta.ops.MemoryState``)
     def commit_in_memory(self, block_id: int, num_bytes: int) -> None:

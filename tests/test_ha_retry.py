@@ -1,0 +1,373 @@
+"""The retry cache survives a restart and a failover (HDFS: edit-log ops carry the call's
+rpcClientId/rpcCallId, and a standby fills its retry cache while tailing them).
+
+A call is sent with a fixed ``(client_id, call_id)``, its answer read; the server restarts
+(or the active is killed -9 and the standby takes over); the SAME call sent again gets the
+first answer, rebuilt from the namespace, and the namespace shows the call applied once:
+a retried create does not fail with FileExists, a retried rename not with FileNotFound,
+a retried delete answers true although the file is gone.
+
+The first tests need no processes: the cache's note/rebuild contract, the journal tagging
+the records of a cached call (and only those), and every cached method's answer rebuilt
+after an in-process restart."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import trio
+
+from fs import errors
+from fs.errors import AnswerLost, TryAgain, sole_exception
+from fs.retry_cache import CallKey, RetryCache, current_call
+from fs.rpc import RpcClient
+from meta.journal import Journal
+from meta.journal_files import Record
+from meta.ops import RPC_CALL, decode
+from meta.retry_answers import ANSWERS
+from meta.server import MetaServer
+
+from test_meta_server import KiB, FakeNode, meta_server
+
+CLIENT = "retrying-client#0123456789abcdef"
+
+
+# ----------------------------------------------------------------------- the cache itself
+def test_a_noted_call_is_answered_by_its_rebuild_once():
+    async def main():
+        now = [0.0]
+        cache = RetryCache(expiry=10, clock=lambda: now[0])
+        key = CallKey("c", 1, "create")
+        ran = []
+
+        async def thunk():
+            ran.append("thunk")
+            return "second run"
+
+        async def rebuild():
+            ran.append("rebuild")
+            assert current_call() == key   # records a rerun logs carry the key too
+            return "rebuilt"
+
+        cache.note(key)
+        assert await cache.run(key, thunk, rebuild) == "rebuilt"
+        assert await cache.run(key, thunk, rebuild) == "rebuilt"   # now an ordinary answer
+        assert ran == ["rebuild"]
+        assert current_call() is None
+
+    trio.run(main)
+
+
+def test_a_failed_rebuild_keeps_the_note_and_a_note_never_hides_an_answer():
+    async def main():
+        now = [0.0]
+        cache = RetryCache(expiry=10, clock=lambda: now[0])
+        key = ("c", 2, "delete")
+
+        async def thunk():
+            return "ran"
+
+        async def failing():
+            raise TryAgain("cannot")
+
+        cache.note(key)
+        with pytest.raises(TryAgain):
+            await cache.run(key, thunk, failing)
+        with pytest.raises(TryAgain):   # still applied: never run blindly
+            await cache.run(key, thunk, failing)
+        with pytest.raises(errors.InternalError):   # no rebuild at all
+            await cache.run(key, thunk)
+        now[0] = 11   # expired like any entry: the call runs again
+        assert await cache.run(key, thunk, failing) == "ran"
+        cache.note(key)   # the server's own answered call: the note changes nothing
+        assert await cache.run(key, failing, failing) == "ran"
+
+    trio.run(main)
+
+
+def test_a_note_while_the_call_runs_changes_nothing():
+    async def main():
+        cache = RetryCache()
+        key = ("c", 3, "mkdirs")
+
+        async def thunk():
+            cache.note(key)   # the server applies its own call's record while it runs
+            return True
+
+        assert await cache.run(key, thunk) is True
+        assert await cache.run(key, thunk) is True
+
+    trio.run(main)
+
+
+def test_every_cached_method_has_an_answer_rebuild():
+    assert set(ANSWERS) == set(MetaServer.retry_cached)
+
+
+# ----------------------------------------------------------------------- journal tagging
+def test_the_last_record_of_a_cached_calls_log_names_the_call(tmp_path):
+    async def main():
+        applied: list[Record] = []
+        journal = Journal(str(tmp_path / "j"), applied.extend)
+        journal.open()
+        key = CallKey(CLIENT, 7, "create")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            await journal.log("SET_GENSTAMP", {"gs": 1})   # a monitor's: nothing
+
+            async def call():
+                await journal.log_many([("SET_GENSTAMP", {"gs": 2}),
+                                        ("SET_GENSTAMP", {"gs": 3})])
+                return True
+
+            await RetryCache().run(key, call)
+            await journal.aclose()
+            nursery.cancel_scope.cancel()
+        assert [r.args for r in applied] == [
+            {"gs": 1}, {"gs": 2}, {"gs": 3, RPC_CALL: list(key)}]
+        ops = [decode(r) for r in applied]
+        assert [op.rpc_call() for op in ops] == [None, None, key]
+        assert ops[2].to_args() == applied[2].args   # kept, in place, when re-encoded
+        reopened = Journal(str(tmp_path / "j"), lambda records: None)
+        reopened.open()
+        assert [r.args for r in reopened.recent(time.time() - 60, 100)] == [
+            r.args for r in applied]
+        assert reopened.recent(time.time() + 60, 100) == []   # older than the window
+
+    trio.run(main)
+
+
+# ----------------------------------------------------------------------- calls, in process
+async def send(address: str, method: str, args: dict, call_id: int, client_id: str = CLIENT):
+    """One call with a fixed identity, as a client retrying it would send it."""
+    try:
+        async with RpcClient(address, "retry-test", retry_seconds=0, timeout=20) as rpc:
+            rpc.client_id = client_id
+            return await rpc.call_once(method, args, call_id, 20)
+    except BaseExceptionGroup as group:
+        raise sole_exception(group) from None
+
+
+async def plain(address: str, method: str, **args):
+    async with RpcClient(address, "setup", retry_seconds=5, timeout=20) as rpc:
+        return await rpc.call(method, args)
+
+
+# (method, args, what the first call answers); each on its own folder so that no later
+# call changes what an earlier one's rebuilt answer shows
+CALLS = [
+    ("mkdirs", {"path": "/m/new", "exclusive": True, "create_parent": False,
+                "want_status": True}),
+    ("mkdirs", {"path": "/m2/a/b"}),
+    ("create", {"path": "/c/f", "client_name": "w1"}),
+    ("create", {"path": "/c2/f", "client_name": "w1", "want_status": True,
+                "first_block": True}),
+    ("create_symlink", {"target": "/c/f", "path": "/s/link", "want_status": True}),
+    ("rename", {"src": "/r/x", "dst": "/r/y"}),
+    ("rename", {"src": "/r2/x", "dst": "/r2/y", "want_status": True}),
+    ("rename_many", {"moves": [["/r3/x", "/r3/y"], ["/r3/z", "/r3/w"]]}),
+    ("delete", {"path": "/d/x"}),
+    ("delete", {"path": "/d2", "recursive": True}),
+    ("complete", {"path": "/w/done", "client_name": "w1", "data": b"hello"}),
+    ("append", {"path": "/w/small", "client_name": "w2"}),
+    ("rewrite", {"path": "/w/rewritten", "client_name": "w1"}),
+    ("recover_lease", {"path": "/w/abandoned", "client_name": "w3"}),
+    ("truncate", {"path": "/w/cut", "new_length": 2, "client_name": "w4"}),
+]
+
+
+async def setup_namespace(address: str) -> None:
+    for path in ("/m", "/c", "/c2", "/s", "/r/x", "/r2/x", "/r3/x", "/r3/z", "/d2/a/b"):
+        await plain(address, "mkdirs", path=path)
+    await plain(address, "create", path="/d/x", client_name="w0")
+    for path, holder in (("/w/done", "w1"), ("/w/rewritten", "w1"),
+                         ("/w/abandoned", "w0"), ("/w/small", "w0"), ("/w/cut", "w0")):
+        await plain(address, "create", path=path, client_name=holder)
+    for path in ("/w/small", "/w/cut"):
+        await plain(address, "complete", path=path, client_name="w0", data=b"abcdef")
+
+
+def test_every_cached_call_retried_after_a_restart_gets_its_first_answer(tmp_path):
+    async def main():
+        async with meta_server(tmp_path) as meta:
+            await setup_namespace(meta.address)
+            first = [await send(meta.address, method, args, call_id)
+                     for call_id, (method, args) in enumerate(CALLS, 1)]
+            await meta.restart()
+            again = [await send(meta.address, method, args, call_id)
+                     for call_id, (method, args) in enumerate(CALLS, 1)]
+            for (method, args), one, two in zip(CALLS, first, again):
+                assert two == one, (method, args)
+            # ... applied once: a second run would have failed (FileExists, FileNotFound)
+            # or changed the namespace again
+            names = {}
+            for path in ("/r", "/r2", "/r3", "/d", "/", "/m", "/c", "/s"):
+                listing = await plain(meta.address, "list_status", path=path)
+                names[path] = sorted(e["name"] for e in listing["entries"])
+            assert names["/r"] == ["y"] and names["/r2"] == ["y"]
+            assert names["/r3"] == ["w", "y"] and names["/d"] == []
+            assert "d2" not in names["/"]
+            assert names["/m"] == ["new"] and names["/c"] == ["f"] and names["/s"] == ["link"]
+            info = await plain(meta.address, "get_file_info", path="/w/cut")
+            assert info["length"] == 2
+
+            # the answers that cannot be rebuilt, and a second run is not safe: AnswerLost
+            await plain(meta.address, "create", path="/u/x", client_name="w0")
+            await plain(meta.address, "mkdirs", path="/u/dir")
+            lost = [("delete", {"path": "/u/x", "want_status": True}),
+                    ("rename", {"src": "/u/dir", "dst": "/u/moved", "overwrite": True,
+                                "want_status": True})]
+            for call_id, (method, args) in enumerate(lost, 100):
+                await send(meta.address, method, args, call_id)
+            await meta.restart()
+            for call_id, (method, args) in enumerate(lost, 100):
+                with pytest.raises(AnswerLost, match="changed the namespace before a failover or restart"):
+                    await send(meta.address, method, args, call_id)
+            # a call the server never saw runs as usual; another client's same call id too
+            assert await send(meta.address, "mkdirs", {"path": "/fresh"}, 1,
+                              client_id="someone-else#0") is True
+            with pytest.raises(errors.FileExists):
+                await send(meta.address, "mkdirs", CALLS[0][1], 2, client_id="someone-else#0")
+
+    trio.run(main)
+
+
+def _block_part(located: dict | None):
+    """What a located block answer says of the block itself (its locations follow the
+    block servers' reports, which a restart starts again)."""
+    if located is None:
+        return None
+    return located["block"], located["offset"]
+
+
+def test_the_write_path_calls_retried_after_a_restart_get_their_blocks_back(tmp_path):
+    """create with its first block, add_block, complete and append, each retried right
+    after a restart, answer the same blocks (id, stamp, offset): none is allocated twice."""
+    async def main():
+        async with meta_server(tmp_path) as meta:
+            async with meta.client("storage-a") as storage:
+                node = FakeNode(storage, "node-a", 9001)
+                await node.register()
+                replicas = []
+
+                async def restart():
+                    await meta.restart()
+                    await node.register()
+                    await node.report(replicas)
+
+                created = await send(meta.address, "create", {
+                    "path": "/b/f", "client_name": "w1", "first_block": True}, 1)
+                first = created["first_block"]
+                assert first is not None and first["locations"]
+                await restart()
+                again = await send(meta.address, "create", {
+                    "path": "/b/f", "client_name": "w1", "first_block": True}, 1)
+                assert again["status"] == created["status"]
+                assert _block_part(again["first_block"]) == _block_part(first)
+
+                await node.received(first["block"], 64 * KiB)
+                replicas.append([first["block"]["id"], first["block"]["gs"], 64 * KiB,
+                                 "FINALIZED"])
+                add = {"path": "/b/f", "client_name": "w1", "ino": created["status"]["ino"],
+                       "previous": {**first["block"], "num_bytes": 64 * KiB}}
+                second = await send(meta.address, "add_block", add, 2)
+                await restart()
+                assert _block_part(await send(meta.address, "add_block", add, 2)) == \
+                    _block_part(second)
+
+                await node.received(second["block"], 10)
+                replicas.append([second["block"]["id"], second["block"]["gs"], 10, "FINALIZED"])
+                done = {"path": "/b/f", "client_name": "w1", "ino": created["status"]["ino"],
+                        "last": {**second["block"], "num_bytes": 10}}
+                assert await send(meta.address, "complete", done, 3) is True
+                await restart()
+                assert await send(meta.address, "complete", done, 3) is True
+
+                appended = await send(meta.address, "append",
+                                      {"path": "/b/f", "client_name": "w2"}, 4)
+                assert appended["last_block"]["block"]["id"] == second["block"]["id"]
+                await restart()
+                appended_again = await send(meta.address, "append",
+                                            {"path": "/b/f", "client_name": "w2"}, 4)
+                assert appended_again["status"] == appended["status"]
+                assert _block_part(appended_again["last_block"]) == \
+                    _block_part(appended["last_block"])
+                located = await plain(meta.address, "get_block_locations", path="/b/f")
+                assert [b["block"]["id"] for b in located["blocks"]] == [
+                    first["block"]["id"], second["block"]["id"]]
+
+    trio.run(main)
+
+
+# ----------------------------------------------------------------------- real processes
+def run(fn, *args):
+    try:
+        return trio.run(fn, *args)
+    except BaseExceptionGroup as group:
+        raise sole_exception(group) from None
+
+
+# each in its own folder: a want_status answer shows its parent, which the others leave be
+FAILOVER_CALLS = [
+    ("mkdirs", {"path": "/ha/m/new", "exclusive": True, "create_parent": False,
+                "want_status": True}),
+    ("create", {"path": "/ha/c/f", "client_name": "writer", "want_status": True}),
+    ("rename", {"src": "/ha/r/x", "dst": "/ha/r/y"}),
+    ("delete", {"path": "/ha/d/gone"}),
+]
+
+
+async def failover_setup(address: str) -> list:
+    for path in ("/ha/m", "/ha/c", "/ha/r/x"):
+        await plain(address, "mkdirs", path=path)
+    await plain(address, "create", path="/ha/d/gone", client_name="w0")
+    return [await send(address, method, args, call_id)
+            for call_id, (method, args) in enumerate(FAILOVER_CALLS, 1)]
+
+
+async def resend_and_list(address: str):
+    answers = [await send(address, method, args, call_id)
+               for call_id, (method, args) in enumerate(FAILOVER_CALLS, 1)]
+    names = []
+    for folder in ("m", "c", "r", "d"):
+        listing = await plain(address, "list_status", path=f"/ha/{folder}")
+        names.append(sorted(e["name"] for e in listing["entries"]))
+    return answers, names
+
+
+@pytest.mark.slow
+def test_calls_retried_after_a_failover_get_their_first_answers(tmp_path):
+    from hakit import HACluster
+    ha = HACluster(tmp_path, n_meta=2, n_storage=0)
+    try:
+        ha.start()
+        active = ha.wait_active()
+        standby = next(n for n in ha.names if n != active)
+        ha.wait_role(standby, "standby")
+        first = run(failover_setup, ha.address(active))
+        assert first[2] is True and first[3] is True
+        ha.kill_meta(active)
+        new = ha.wait_active(timeout=20, besides=active)
+        answers, names = run(resend_and_list, ha.address(new))
+        assert answers == first
+        assert answers[1]["status"]["ino"] == first[1]["status"]["ino"]
+        assert names == [["new"], ["f"], ["y"], []]
+    finally:
+        ha.stop()
+
+
+@pytest.mark.slow
+def test_calls_retried_after_a_kill9_restart_get_their_first_answers(tmp_path):
+    from harness import ProcessCluster
+    cluster = ProcessCluster(tmp_path, n_storage=0)
+    try:
+        cluster.start(wait=False)
+        first = run(failover_setup, cluster.meta_address)
+        cluster.kill_meta()
+        cluster.start_meta()
+        answers, names = run(resend_and_list, cluster.meta_address)
+        assert answers == first
+        assert names == [["new"], ["f"], ["y"], []]
+    finally:
+        cluster.stop()
