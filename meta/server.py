@@ -709,16 +709,23 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
             handler = partial(_serve_connection, server, budget)
             # one count of connections for both listeners: max_connections is the server's
             limits = ConnectionLimits.from_config(config)
+            # local clients need no TLS: nothing of theirs leaves the machine. On a known
+            # port (a restart) the local socket listens first: a client reconnecting while
+            # only TCP listened would fall back to it and be refused as unauthenticated
+            serve_local_socket = partial(serve_local, handler, server="metadata server",
+                                         limits=limits, refusal=rpc_refusal)
+            local = local_socket_name(config.meta_socket, (host, port), server=True) \
+                if port else None
+            if local:
+                await nursery.start(partial(serve_local_socket, name=local))
             address = await nursery.start(partial(
                 serve_tcp, handler, host, port, name="metadata server", limits=limits,
                 refusal=rpc_refusal, tls=server_tls))
             bound[:] = [address, http_bound[1] if http_bound else 0]
-            # local clients need no TLS: nothing of theirs leaves the machine
-            local = local_socket_name(config.meta_socket, address, server=True)
-            if local:
-                await nursery.start(partial(
-                    serve_local, handler, local, server="metadata server", limits=limits,
-                    refusal=rpc_refusal))
+            if not local:
+                local = local_socket_name(config.meta_socket, address, server=True)
+                if local:
+                    await nursery.start(partial(serve_local_socket, name=local))
             if server.ha is not None:
                 if not server.ha.node_id:
                     server.ha.node_id = format_address(address)
