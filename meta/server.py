@@ -282,6 +282,14 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
     def serving(self) -> bool:
         return self.role in SERVING
 
+    def became_active(self) -> None:
+        """The HA controller calls this once per takeover, when this server starts serving
+        as active (trio thread, no await). Block servers reported to it while it followed
+        the log, but it cannot know which deletions its predecessor already carried out:
+        hand out no INVALIDATE to a block server until its next full report (asked for at
+        its next heartbeat) was processed (``DatanodeManager.start_epoch``)."""
+        self.datanodes.start_epoch()
+
     # ================================================================== apply (journal)
     def _apply(self, records) -> None:
         """The journal's apply: one LevelDB write, then the in-memory structures (each op's
