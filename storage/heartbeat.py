@@ -491,6 +491,15 @@ class MetaActor:
                                     f"{self.address} yet")
         return await self._rpc.call(method, args, retry_seconds=0)
 
+    def summary(self) -> dict:
+        """This server as the block server's web page shows it."""
+        return {"address": self.address, "registered": self.registered,
+                "role": self.ha.role.value if self.ha else None,
+                "epoch": self.ha.epoch if self.ha else None, "obeyed": self.obeyed,
+                "heartbeats_sent": self.heartbeats_sent,
+                "full_reports_sent": self.full_reports_sent,
+                "dropped_commands": self.dropped_commands}
+
     def deposed(self) -> None:
         """It answered ``StandbyError`` (or could not be reached): not taken for the active
         one until its next reply says so again."""

@@ -20,7 +20,9 @@ controller's slot) with ``SetRole``, which only answers ``role`` and ``status()`
 
 from __future__ import annotations
 
+import json
 import shutil
+import urllib.request
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -118,6 +120,11 @@ async def write_files(tmp_path: Path, config, names) -> dict[str, int]:
                 located = await client.get_block_locations(name)
                 ids[name] = located["blocks"][0]["block"]["id"]
     return ids
+
+
+def fetch(port: int, path: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+        return answer.read().decode()
 
 
 async def heartbeat(rpc: RpcClient, node_id: str) -> dict:
@@ -307,7 +314,8 @@ async def start_role_meta(nursery, role: Role, epoch: int, node_id: str):
 
 
 def test_calls_that_are_not_reports_go_to_the_active_server(tmp_path):
-    config = make_test_config(**{**SETTINGS, "heartbeat_interval": 0.05})
+    config = make_test_config(**{**SETTINGS, "heartbeat_interval": 0.05,
+                                 "storage_http_port": 0})
     bad = [({"id": 5, "gs": 1, "num_bytes": 3}, "checksum mismatch")]
 
     async def main():
@@ -320,6 +328,13 @@ def test_calls_that_are_not_reports_go_to_the_active_server(tmp_path):
                            "registration with both, x known active")
             await node.heartbeat.report_bad_replicas(bad)
             assert len(x.bad_reports) == 1 and y.bad_reports == []
+            # the block server's page lists both servers with their roles
+            page = await trio.to_thread.run_sync(fetch, node.http_bound[1], "/")
+            assert 'id="meta-servers"' in page and addr_x in page and "standby" in page
+            status = json.loads(await trio.to_thread.run_sync(
+                fetch, node.http_bound[1], "/api/v1/status"))
+            assert [(m["address"], m["role"], m["obeyed"]) for m in status["meta_servers"]] \
+                == [(addr_y, "standby", False), (addr_x, "active", True)]
 
             # x lost its term but does not say so in its heartbeats yet; y takes over in
             # epoch 6 a little later: the call moves on to y
