@@ -19,7 +19,9 @@ HA: register and heartbeat replies carry ``"ha"`` (``HAStatus.to_wire``: role, e
 a block server obeys only the newest active server. A server that is not active
 (``is_active`` false: standby, observer, taking over) still takes registrations, heartbeats
 and every report, so its blocks map is warm when it takes over, but its replies carry no
-commands and no block keys. After a takeover (``MetaServer.became_active``) a node gets no
+commands and no block keys, and it refuses ``commit_block_synchronization`` and
+``report_bad_blocks`` with ``StandbyError`` (they change what the active decides; the caller
+moves on to the active server). After a takeover (``MetaServer.became_active``) a node gets no
 INVALIDATE until its fresh full report, which its next heartbeat reply asks for with
 ``"full_report": true`` (``DatanodeManager.start_epoch``).
 
@@ -34,7 +36,7 @@ import logging
 from fs import nodeauth, paths
 from fs.blocktoken import COPY as COPY_TOKEN
 from fs.errors import (AuthenticationFailed, InvalidArgument, PermissionDenied,
-                       StaleGenerationStamp)
+                       StaleGenerationStamp, StandbyError)
 from fs.rpc import format_address, parse_address
 
 from . import blocks as bm
@@ -108,6 +110,14 @@ class DatanodeProtocol:
     def _check_usage(capacity, used, remaining) -> None:
         for name, value in (("capacity", capacity), ("used", used), ("remaining", remaining)):
             check_int(value, name, low=0)
+
+    def _require_active(self, what: str) -> None:
+        """``StandbyError`` unless this server is the active one."""
+        if not self.is_active:
+            status = self.ha_status()
+            raise StandbyError(f"{what}: metadata server {status.node_id or '(no id)'} is "
+                               f"{status.role.value} (epoch {status.epoch}), not active; "
+                               f"send it to the active metadata server")
 
     def _registered(self, ctx, node_id, what: str):
         check_name(node_id, f"{what}: node_id")
@@ -187,6 +197,7 @@ class DatanodeProtocol:
                                                new_targets=()):
         """The primary finished block recovery (PROTOCOL.md §4)."""
         self._node_caller(ctx, "commit_block_synchronization")
+        self._require_active("commit_block_synchronization")
         if not isinstance(block, dict):
             raise InvalidArgument(f"commit_block_synchronization: block must be {{id, gs}}, "
                                   f"got {block!r:.80}")
@@ -258,6 +269,7 @@ class DatanodeProtocol:
     async def rpc_report_bad_blocks(self, ctx, blocks):
         if not isinstance(blocks, list):
             raise InvalidArgument("report_bad_blocks: blocks must be a list of {block, node_id}")
+        self._require_active("report_bad_blocks")
         reader = self._secured(ctx) and ctx.session.get("node") is None
         for item in blocks:
             if not (isinstance(item, dict) and isinstance(item.get("node_id"), str)

@@ -245,6 +245,10 @@ def test_no_invalidate_after_takeover_before_a_fresh_full_report(tmp_path):
                 assert reply["commands"] == [] and reply["ha"]["role"] == "standby"
                 assert "full_report" not in reply
                 assert server.datanodes.invalidate_queued() == 1   # kept for later
+                # what changes the active's decisions is refused: the caller moves on
+                with pytest.raises(StandbyError, match="standby"):
+                    await rpc.call("report_bad_blocks", {"blocks": [
+                        {"block": {"id": 999001, "gs": 1}, "node_id": "n1"}]})
 
                 ha.role, ha.epoch = Role.ACTIVE, 2
                 server.became_active()
@@ -354,5 +358,36 @@ def test_calls_that_are_not_reports_go_to_the_active_server(tmp_path):
             with pytest.raises(ServerUnavailable, match="no active metadata server"):
                 await node.heartbeat.report_bad_replicas(bad)
             nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_report_begun_before_the_takeover_does_not_count():
+    """``DatanodeManager.start_epoch`` with the real ``BlockReports``: deletions handed out
+    in the earlier term are queued again, and only a full report whose first chunk came
+    after the takeover lets them go out."""
+    from meta.blocks import BlocksMap
+    from meta.datanodes import DatanodeManager
+    from meta.reports import BlockReports
+
+    async def main():
+        datanodes = DatanodeManager(dead_interval=60, invalidate_limit=100)
+        reports = BlockReports(BlocksMap(), datanodes, lambda: None)
+        datanodes.register("n1", "127.0.0.1:9001", 1, 0, 1)
+        await reports.full_report("n1", [(7, 1, 10, "FINALIZED")])   # of no file
+        assert [r["id"] for r in datanodes.take_invalidate("n1")] == [7]   # handed out
+
+        await reports.full_report("n1", [(8, 1, 10, "FINALIZED")], "r1", 0, last=False)
+        assert datanodes.start_epoch() == 1
+        assert datanodes.invalidation_postponed("n1")
+        assert datanodes.invalidate_queued() == 2   # 8, and the earlier term's send of 7
+        assert datanodes.full_report_wanted("n1") and not datanodes.full_report_wanted("n1")
+        await reports.full_report("n1", [(7, 1, 10, "FINALIZED")], "r1", 1, last=True)
+        assert datanodes.invalidation_postponed("n1")   # begun before the takeover
+        assert datanodes.take_invalidate("n1") == []
+
+        await reports.full_report("n1", [(7, 1, 10, "FINALIZED"), (8, 1, 10, "FINALIZED")])
+        assert not datanodes.invalidation_postponed("n1")
+        assert sorted(r["id"] for r in datanodes.take_invalidate("n1")) == [7, 8]
 
     trio.run(main)
