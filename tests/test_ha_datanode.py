@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import urllib.request
 from contextlib import asynccontextmanager
 from functools import partial
@@ -389,5 +391,41 @@ def test_a_report_begun_before_the_takeover_does_not_count():
         await reports.full_report("n1", [(7, 1, 10, "FINALIZED"), (8, 1, 10, "FINALIZED")])
         assert not datanodes.invalidation_postponed("n1")
         assert sorted(r["id"] for r in datanodes.take_invalidate("n1")) == [7, 8]
+
+    trio.run(main)
+
+
+def test_a_block_server_process_registers_with_every_server_of_its_list(tmp_path):
+    """The real command line (``python -m storage.server --meta A,B``) in its own process:
+    it registers and reports to both servers, and obeys only the active one's epoch."""
+    config = make_test_config(**SETTINGS)
+
+    async def main():
+        async with meta_server(tmp_path / "a", config,
+                               SetRole(Role.ACTIVE, 4, "a")) as (a, addr_a), \
+                meta_server(tmp_path / "b", config,
+                            SetRole(Role.STANDBY, 4, "b")) as (b, addr_b):
+            log_path = tmp_path / "dn.log"
+            with open(log_path, "wb") as log_file:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "storage.server", "--data", str(tmp_path / "dn"),
+                     "--meta", f"{addr_a},{addr_b}", "--port", "0",
+                     "--set", "security=simple", "--set", "storage_http_port=-1",
+                     "--set", "heartbeat_interval=0.1"],
+                    cwd=Path(__file__).resolve().parents[1], stdout=log_file,
+                    stderr=subprocess.STDOUT)
+            try:
+                await wait_for(lambda: len(a.datanodes.live_nodes()) == 1
+                               and len(b.datanodes.live_nodes()) == 1,
+                               "the block server process to register with both servers", 30)
+                node_id = a.datanodes.live_nodes()[0].node_id
+                assert b.datanodes.live(node_id) is not None
+            finally:
+                proc.terminate()   # only the process this test started
+                await trio.to_thread.run_sync(proc.wait, 30)
+            text = log_path.read_text()
+            assert f"registered with metadata server {addr_a}" in text
+            assert f"registered with metadata server {addr_b}" in text
+            assert "is active in epoch 4" in text
 
     trio.run(main)
