@@ -15,6 +15,16 @@ node), ``update_safemode``, the commands waiting for a node's next heartbeat
 (``recoveries``, ``forget_recovery``), ``file_lock`` and ``now``, and the core's ``ns``,
 ``blocks``, ``datanodes``, ``reports``, ``safemode`` and ``journal``.
 
+HA: register and heartbeat replies carry ``"ha"`` (``HAStatus.to_wire``: role, epoch, ...) so
+a block server obeys only the newest active server. A server that is not active
+(``is_active`` false: standby, observer, taking over) still takes registrations, heartbeats
+and every report, so its blocks map is warm when it takes over, but its replies carry no
+commands and no block keys, and it refuses ``commit_block_synchronization`` and
+``report_bad_blocks`` with ``StandbyError`` (they change what the active decides; the caller
+moves on to the active server). After a takeover (``MetaServer.became_active``) a node gets no
+INVALIDATE until its fresh full report, which its next heartbeat reply asks for with
+``"full_report": true`` (``DatanodeManager.start_epoch``).
+
 Concurrency contract: that of ``MetaServer``: everything runs on its one trio thread, each
 call is its own task; big block reports are cut into bounded steps by ``BlockReports``.
 """
@@ -26,7 +36,7 @@ import logging
 from fs import nodeauth, paths
 from fs.blocktoken import COPY as COPY_TOKEN
 from fs.errors import (AuthenticationFailed, InvalidArgument, PermissionDenied,
-                       StaleGenerationStamp)
+                       StaleGenerationStamp, StandbyError)
 from fs.rpc import format_address, parse_address
 
 from . import blocks as bm
@@ -101,6 +111,14 @@ class DatanodeProtocol:
         for name, value in (("capacity", capacity), ("used", used), ("remaining", remaining)):
             check_int(value, name, low=0)
 
+    def _require_active(self, what: str) -> None:
+        """``StandbyError`` unless this server is the active one."""
+        if not self.is_active:
+            status = self.ha_status()
+            raise StandbyError(f"{what}: metadata server {status.node_id or '(no id)'} is "
+                               f"{status.role.value} (epoch {status.epoch}), not active; "
+                               f"send it to the active metadata server")
+
     def _registered(self, ctx, node_id, what: str):
         check_name(node_id, f"{what}: node_id")
         self._node_caller(ctx, what, node_id)
@@ -134,8 +152,8 @@ class DatanodeProtocol:
         log.info("block server %s registered at %s%s", node_id, node.address,
                  "" if fresh else " (again)")
         self.update_safemode()
-        answer = {"namespace_id": self.ns.namespace_id}
-        keys = self.block_keys_for(None)
+        answer = {"namespace_id": self.ns.namespace_id, "ha": self.ha_status().to_wire()}
+        keys = self.block_keys_for(None) if self.is_active else None
         if keys is not None:   # the block keys its readers' tokens are checked with
             answer["block_keys"] = keys
         return answer
@@ -150,8 +168,12 @@ class DatanodeProtocol:
         if node is None:
             return {"reregister": True, "commands": []}
         commands = []
-        if not self.safemode.on:   # no deletions before the namespace is known to be whole
-            # only deletions decided on a durable namespace (see datanodes.py)
+        # not active: no commands at all (the block server would drop them anyway); the
+        # queues keep them for when this server is active
+        active = self.is_active
+        if active and not self.safemode.on:   # no deletions before the namespace is whole
+            # only deletions decided on a durable namespace (see datanodes.py), and none
+            # before the node's first full report after a takeover
             refs = self.datanodes.take_invalidate(node_id, self.journal.durable_txid)
             if refs:
                 commands.append({"type": "INVALIDATE", "blocks": refs})
@@ -160,9 +182,12 @@ class DatanodeProtocol:
                 block = command["block"]
                 token = self.block_token(block["id"], block["gs"], node_id, COPY_TOKEN)
                 commands.append(command if token is None else {**command, "token": token})
-        commands.extend(self.recover_commands.pop(node_id, {}).values())
-        answer = {"reregister": False, "commands": commands}
-        keys = self.block_keys_for(block_keys_version)
+        if active:
+            commands.extend(self.recover_commands.pop(node_id, {}).values())
+        answer = {"reregister": False, "commands": commands, "ha": self.ha_status().to_wire()}
+        if self.datanodes.full_report_wanted(node_id):   # the first heartbeat after takeover
+            answer["full_report"] = True
+        keys = self.block_keys_for(block_keys_version) if active else None
         if keys is not None:   # rolled (or never sent): the node gets them all again
             answer["block_keys"] = keys
         return answer
@@ -172,6 +197,7 @@ class DatanodeProtocol:
                                                new_targets=()):
         """The primary finished block recovery (PROTOCOL.md §4)."""
         self._node_caller(ctx, "commit_block_synchronization")
+        self._require_active("commit_block_synchronization")
         if not isinstance(block, dict):
             raise InvalidArgument(f"commit_block_synchronization: block must be {{id, gs}}, "
                                   f"got {block!r:.80}")
@@ -243,6 +269,7 @@ class DatanodeProtocol:
     async def rpc_report_bad_blocks(self, ctx, blocks):
         if not isinstance(blocks, list):
             raise InvalidArgument("report_bad_blocks: blocks must be a list of {block, node_id}")
+        self._require_active("report_bad_blocks")
         reader = self._secured(ctx) and ctx.session.get("node") is None
         for item in blocks:
             if not (isinstance(item, dict) and isinstance(item.get("node_id"), str)

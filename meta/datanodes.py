@@ -20,6 +20,14 @@ reply to that node's next heartbeat (HDFS ``DatanodeManager`` + ``InvalidateBloc
   (``take_invalidate``'s ``durable_txid``): a namespace change acknowledged before its fsync
   (``sync_metadata`` off) never deletes a replica that a machine crash could bring back
   into the namespace.
+* Takeover (HA, ``start_epoch``): a metadata server that just became active does not know
+  which deletions its predecessor already had carried out or which replicas appeared since
+  its own reports, so it hands a node NO INVALIDATE until that node's first full block report
+  that started after the takeover was processed ("nothing is deleted before fresh block
+  reports", HDFS's postponed invalidation after failover); every node is asked for such a
+  report at its next heartbeat (``full_report_wanted``). A node that registers for the first
+  time after the takeover is postponed the same way until its report. With ``ha = none``
+  ``start_epoch`` is never called and nothing is postponed.
 * Admin state (``NodeInfo.admin``): NORMAL, DECOMMISSION_IN_PROGRESS, DECOMMISSIONED; a
   node that is not NORMAL is never chosen as a target.
 * Placement (``choose_targets``): ``n`` distinct live nodes, never an excluded one (by node id
@@ -73,6 +81,10 @@ class NodeInfo:
     invalidate_txid: dict[int, int] = field(default_factory=dict)   # block id → decided at
     # handed out, not yet reported deleted; in order of the last send
     awaiting_deletion: dict[int, "SentInvalidation"] = field(default_factory=dict)
+    # the ``DatanodeManager.report_epoch`` of its last full report that completed, and of
+    # the last heartbeat reply that asked it for one (see ``start_epoch``)
+    reported_epoch: int = 0
+    report_asked_epoch: int = 0
 
     @property
     def host(self) -> str:
@@ -105,6 +117,8 @@ class DatanodeManager:
         self.clock = clock
         self.nodes: dict[str, NodeInfo] = {}
         self._rng = rng or random.Random()
+        # takeovers of this server (``start_epoch``); 0: never took over, nothing postponed
+        self.report_epoch = 0
 
     # ------------------------------------------------------------------ membership
     def register(self, node_id: str, address: str, capacity: int, used: int,
@@ -180,6 +194,51 @@ class DatanodeManager:
         node = self.nodes.get(node_id)
         return node is not None and node.retiring
 
+    # ------------------------------------------------------------------ takeover
+    def start_epoch(self) -> int:
+        """This server just became active: postpone every node's INVALIDATE commands until
+        its next full report (one that starts from now on) was processed, and ask each for
+        one. Deletions handed out before (in an earlier term, possibly dropped by the node)
+        go back to the queue, to be handed out again after that report. Returns the new
+        report epoch."""
+        self.report_epoch += 1
+        for node in self.nodes.values():
+            if node.awaiting_deletion:
+                requeued = {block_id: sent.ref for block_id, sent in node.awaiting_deletion.items()}
+                for block_id in requeued:
+                    node.invalidate.pop(block_id, None)
+                    node.invalidate_txid[block_id] = 0   # decided in an earlier term
+                node.invalidate = {**requeued, **node.invalidate}   # oldest first
+                node.awaiting_deletion.clear()
+        log.info("new term as active (report epoch %d): no replica deletions for %d block "
+                 "servers until each sent a fresh full block report", self.report_epoch,
+                 len(self.nodes))
+        return self.report_epoch
+
+    def invalidation_postponed(self, node_id: str) -> bool:
+        """True while the node owes a full report since the last takeover (``start_epoch``)."""
+        node = self.nodes.get(node_id)
+        return node is not None and node.reported_epoch < self.report_epoch
+
+    def full_report_wanted(self, node_id: str) -> bool:
+        """Whether this heartbeat reply asks the node for a full report: once per takeover,
+        while it owes one."""
+        node = self.nodes.get(node_id)
+        if node is None or node.reported_epoch >= self.report_epoch \
+                or node.report_asked_epoch >= self.report_epoch:
+            return False
+        node.report_asked_epoch = self.report_epoch
+        return True
+
+    def full_report_done(self, node_id: str, epoch: int) -> None:
+        """A full report of the node that started at report epoch ``epoch`` was processed."""
+        node = self.nodes.get(node_id)
+        if node is not None and epoch > node.reported_epoch:
+            node.reported_epoch = epoch
+            if epoch == self.report_epoch and node.invalidate:
+                log.info("block server %s sent its full report of this term: %d replica "
+                         "deletions may go out", node_id, len(node.invalidate))
+
     # ------------------------------------------------------------------ invalidation
     def add_invalidate(self, node_id: str, block_ref: dict) -> None:
         node = self.nodes.get(node_id)
@@ -213,9 +272,11 @@ class DatanodeManager:
         """At most ``invalidate_limit`` refs for this heartbeat's reply: first those handed
         out ``invalidate_timeout`` ago and still not reported deleted, then new ones decided
         at a txid <= ``durable_txid`` (oldest first). Every ref handed out waits for its
-        deletion report."""
+        deletion report. Nothing while the node owes a full report since a takeover
+        (``start_epoch``)."""
         node = self.nodes.get(node_id)
-        if node is None or not (node.invalidate or node.awaiting_deletion):
+        if node is None or not (node.invalidate or node.awaiting_deletion) \
+                or node.reported_epoch < self.report_epoch:
             return []
         now = self.clock()
         out = []

@@ -18,7 +18,9 @@ None is the one-call form). Per chunk:
    invalidate set, corrupt ones are counted, corrupt replicas of a block that has enough good
    copies are invalidated. The ids seen are remembered.
 4. After the ``last`` chunk, the node's replicas the report did not list leave the blocks
-   map, and handed-out INVALIDATEs the report confirms are done.
+   map, and handed-out INVALIDATEs the report confirms are done; the node is marked as
+   having reported in the takeover epoch the report started in (``DatanodeManager
+   .start_epoch``: deletions wait for such a report).
 
 An abandoned report (a newer report id, the node's re-registration or death: ``abandon``)
 removes nothing. Work is cut into ``step`` entries between two checkpoints of the trio
@@ -79,6 +81,7 @@ class FullReport:
     doomed: int = 0              # replicas of no file (invalidated)
     corrupt: int = 0
     removed: int = 0             # replicas the node held but the report did not list
+    epoch: int = 0               # ``DatanodeManager.report_epoch`` when it started
 
 
 # block report entries validated / processed between two checkpoints of the trio thread
@@ -171,7 +174,8 @@ class BlockReports:
         if old is not None:
             log.info("block server %s starts a new full report: report %s abandoned after "
                      "%d chunks", node_id, old.report_id, old.next_chunk)
-        report = self._reports[node_id] = FullReport(report_id)
+        report = self._reports[node_id] = FullReport(report_id,
+                                                     epoch=self.datanodes.report_epoch)
         return report
 
     def _check_alive(self, node_id: str, report: FullReport) -> None:
@@ -205,6 +209,7 @@ class BlockReports:
                 await trio.sleep(0)
                 self._check_alive(node_id, report)
         self.datanodes.confirm_by_report(node_id, report.seen)
+        self.datanodes.full_report_done(node_id, report.epoch)
         log.info("block report from %s: %d replicas in %d chunk(s), %d of no file, %d corrupt, "
                  "%d no longer held", node_id, len(report.seen), report.next_chunk,
                  report.doomed, report.corrupt, report.removed)

@@ -352,6 +352,7 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         monitors."""
         await self.format_if_new()
         self.leases.rebuild(self.ns.under_construction(), self.clock())
+        self.became_active()
         self.update_safemode()
 
     async def rpc_ha_status(self, ctx, reset_lag=False):
@@ -371,6 +372,14 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         if self.ha is None:
             raise StandbyError("ha = none: there is no other metadata server to fail over to")
         return await self.ha.resign()
+
+    def became_active(self) -> None:
+        """The HA controller calls this once per takeover, when this server starts serving
+        as active (trio thread, no await). Block servers reported to it while it followed
+        the log, but it cannot know which deletions its predecessor already carried out:
+        hand out no INVALIDATE to a block server until its next full report (asked for at
+        its next heartbeat) was processed (``DatanodeManager.start_epoch``)."""
+        self.datanodes.start_epoch()
 
     # ================================================================== apply (journal)
     def _apply(self, records) -> None:

@@ -1,37 +1,52 @@
-"""The block server's conversation with the metadata server (HDFS BPServiceActor):
-register, full block reports, heartbeats carrying capacity and usage, the commands that ride
-on heartbeat replies, and incremental block reports.
+"""The block server's conversation with the metadata servers (HDFS BPOfferService with one
+BPServiceActor per NameNode): register, full block reports, heartbeats carrying capacity and
+usage, the commands that ride on heartbeat replies, and incremental block reports.
 
-Why it exists: the metadata server never calls a block server (seed 002); everything it wants
+Why it exists: the metadata server never calls a block server; everything it wants
 done arrives as a command in a heartbeat reply, and everything it knows about replicas comes
 from these reports.
 
-Life cycle: ``register_storage`` → full ``block_report`` → every ``heartbeat_interval`` a
-``heartbeat``; its reply may ask to ``reregister`` (the metadata server forgot us, e.g. after
-its restart: register again, full report again) and carries commands: INVALIDATE deletes the
-replicas in a worker thread and reports them deleted; RECOVER_BLOCK starts the block recovery
-worker (``storage.recovery``, this node is the primary); TRANSFER copies a finalized replica
-to the listed targets with the command's copy token (``storage.blockcopy``, at most
-``replication_max_streams`` at once; a local replica found corrupt on the way is reported
-bad, one whose files are gone or cut is dropped and reported deleted); other command types
-are logged once and ignored.
-``report_bad_replicas`` sends the block scanner's findings; ``replica_lost`` drops a replica
-whose files a read, copy or scan found gone or cut and reports it deleted at once. A full
-report also goes out every ``block_report_interval``. While the metadata server cannot be
-reached the loop retries with doubling backoff, logging once per change of state, never per
-attempt; after an outage it registers again (cheap, and a restarted metadata server needs the
-full report to leave safe mode).
+Several metadata servers (HA: ``meta_address`` lists every one, comma-separated): one
+``MetaActor`` per server does all of the below with that server alone: it registers, sends
+full reports, heartbeats and every incremental report to it, whatever its role, so a
+standby's blocks map is warm when it takes over. Commands are another matter: every register
+and heartbeat reply carries the server's ``"ha"`` status (``meta.harole.HAStatus``; absent =
+active in epoch 0, ``ha = none``); ``HeartbeatService.active_epoch`` is the newest epoch seen
+from a server claiming the active role, and the commands and block keys of a reply are
+obeyed only when it says active with an epoch >= that. Others are dropped, counted
+(``dropped_commands``) and logged once per server and epoch: a deposed active that has not
+noticed yet can delete nothing. A reply may ask for a full report (``"full_report": true``,
+a server that just took over and postpones deletions until it has one). Calls that are not
+reports (``commit_block_synchronization``, ``report_bad_blocks``) go to the active server
+(``call_active``): the actor whose last reply was obeyable, waiting briefly when none is
+known and moving on at a ``StandbyError`` or an unreachable server.
+
+Life cycle (per server): ``register_storage`` → full ``block_report`` → every
+``heartbeat_interval`` a ``heartbeat``; its reply may ask to ``reregister`` (the metadata
+server forgot us, e.g. after its restart: register again, full report again) and carries
+commands: INVALIDATE deletes the replicas in a worker thread and reports them deleted;
+RECOVER_BLOCK starts the block recovery worker (``storage.recovery``, this node is the
+primary); TRANSFER copies a finalized replica to the listed targets with the command's copy
+token (``storage.blockcopy``, at most ``replication_max_streams`` at once; a local replica
+found corrupt on the way is reported bad, one whose files are gone or cut is dropped and
+reported deleted); other command types are logged once and ignored. ``report_bad_replicas``
+sends the block scanner's findings; ``replica_lost`` drops a replica whose files a read, copy
+or scan found gone or cut and reports it deleted at once. A full report also goes out every
+``block_report_interval``. While the metadata server cannot be reached the loop retries with
+doubling backoff, logging once per change of state, never per attempt; after an outage it
+registers again (cheap, and a restarted metadata server needs the full report to leave safe
+mode).
 
 Incremental reports (``block_received_and_deleted``) are queued per block id (the latest
 state of a block wins) and sent at once by their own task, so the write path never waits for
 a heartbeat; a "receiving" (RBW) entry waits up to ``RECEIVING_REPORT_DELAY`` for company.
 
-Ordering of reports: a full report is a snapshot; an incremental report processed before a
-stale snapshot would be undone by it (a just-finalized replica removed again, a deleted one
-re-added). So ``_report_lock`` is held by a full report from its snapshot until the RPC of
-its last chunk returned, and by an incremental report from taking the pending entries until
-its RPC returned: the metadata server always sees an incremental report after any full
-report whose snapshot came before it.
+Ordering of reports (per server: each actor has its own queue and lock): a full report is a
+snapshot; an incremental report processed before a stale snapshot would be undone by it (a
+just-finalized replica removed again, a deleted one re-added). So ``_report_lock`` is held by a
+full report from its snapshot until the RPC of its last chunk returned, and by an incremental
+report from taking the pending entries until its RPC returned: the metadata server always sees
+an incremental report after any full report whose snapshot came before it.
 
 Big full reports: the replica map may hold millions of replicas, so a full report is sent
 as chunks of ``block_report_chunk`` entries under one random ``report_id`` (``chunk`` counts
@@ -40,8 +55,9 @@ from 0, ``last`` marks the end; the metadata server removes unlisted replicas on
 references, with a checkpoint between pieces. A replica that changes meanwhile is reported
 in its newer state or not at all, and its incremental report follows the whole report.
 
-Concurrency contract: all methods run in the block server's trio thread; ``run`` owns the RPC
-client and its tasks; ``block_received``/``blocks_deleted`` never block.
+Concurrency contract: all methods run in the block server's trio thread; ``run`` owns the
+actors, each its RPC client and tasks; ``block_received``/``blocks_deleted`` never block;
+``active_epoch`` and the actors' statuses change only between awaits.
 """
 
 from __future__ import annotations
@@ -54,8 +70,10 @@ import trio
 from fs import blocktoken, nodeauth
 from fs import tls as tlsmod
 from fs.config import Config
-from fs.errors import AuthenticationFailed, ChecksumError, LeaseFSError, ServerUnavailable
+from fs.errors import (AuthenticationFailed, ChecksumError, InvalidArgument, LeaseFSError,
+                       ServerUnavailable, StandbyError)
 from fs.rpc import RpcClient
+from meta.harole import HAStatus, Role
 
 from .blockcopy import copy_replica
 from .recovery import BlockRecoveryWorker
@@ -71,76 +89,150 @@ BUILD_STEP = 5000
 RECEIVING_REPORT_DELAY = 0.05
 
 
+def meta_addresses(text: str) -> list[str]:
+    """The metadata servers of a ``meta_address`` setting (one, or a comma-separated list)."""
+    addresses = [a.strip() for a in str(text).split(",") if a.strip()]
+    if not addresses:
+        raise InvalidArgument(f"meta_address {text!r} names no metadata server")
+    return addresses
+
+
 class HeartbeatService:
-    """Registration, heartbeats, commands and block reports of one block server."""
+    """Registration, heartbeats, commands and block reports of one block server, with every
+    metadata server of ``meta_address`` (one ``MetaActor`` each)."""
 
     def __init__(self, config: Config, store: ReplicaStore, meta_address: str,
                  xceiver_count=lambda: 0, key: bytes | None = None):
         self.config = config
-        # the cluster key (security = secure): every connection to the metadata server
+        # the cluster key (security = secure): every connection to a metadata server
         # starts with the challenge-response of fs.nodeauth
         self._key = key
-        # block keys from the metadata server (fs.blocktoken): their version, and who takes
-        # them (the data-transfer server, which checks readers' tokens with them)
+        # block keys from the active metadata server (fs.blocktoken): their version, and
+        # who takes them (the data-transfer server, which checks readers' tokens with them)
         self.block_keys_version = None
         self.on_block_keys = lambda keys: None
         self.store = store
         self.meta_address = meta_address
+        self.actors = [MetaActor(self, address) for address in meta_addresses(meta_address)]
+        # the newest epoch a server claiming the active role sent; only replies saying
+        # active in an epoch >= this are obeyed (0: ha = none, every reply of the one server)
+        self.active_epoch = 0
         self.xceiver_count = xceiver_count
         self.address: str | None = None
         self.http_port: int | None = None   # our web page's port, told at registration
-        self.namespace_id = None
-        self.registered = False
-        self.heartbeats_sent = 0
-        self.full_reports_sent = 0
-        self._registered_event = trio.Event()
-        self._rpc: RpcClient | None = None
-        self._pending_received: dict[int, list] = {}
-        self._pending_deleted: dict[int, None] = {}
-        self._wakeup = trio.Event()
-        self._wake_scheduled = False   # a delayed wakeup for RBW entries is on its way
-        self._outage: str | None = None          # last logged failure kind, None = all well
         self._ignored_command_types: set[str] = set()
         self.recovery = BlockRecoveryWorker(config, store, self, self._commit_block_sync,
                                             key=key)
         self._nursery: trio.Nursery | None = None
-        self._report_lock = trio.Lock()   # full vs. incremental reports, see the docstring
+        self._wake_scheduled = False   # a delayed wakeup for RBW entries is on its way
         self._transfer_limiter = trio.CapacityLimiter(max(1, config.replication_max_streams))
         self._transfers: set[int] = set()   # block ids being copied (a resent command waits)
         self.transfers_done = 0
         self.transfers_failed = 0
+
+    # ------------------------------------------------------------------ state, summed up
+
+    @property
+    def registered(self) -> bool:
+        """Registered with at least one metadata server."""
+        return any(actor.registered for actor in self.actors)
+
+    @property
+    def heartbeats_sent(self) -> int:
+        return sum(actor.heartbeats_sent for actor in self.actors)
+
+    @property
+    def full_reports_sent(self) -> int:
+        return sum(actor.full_reports_sent for actor in self.actors)
+
+    @property
+    def dropped_commands(self) -> int:
+        """Commands (and block key sets) dropped: from a server not active, or of an epoch
+        older than ``active_epoch``."""
+        return sum(actor.dropped_commands for actor in self.actors)
+
+    @property
+    def namespace_id(self):
+        for actor in sorted(self.actors, key=lambda a: not a.obeyed):
+            if actor.namespace_id is not None:
+                return actor.namespace_id
+        return None
 
     @property
     def copies_in_progress(self) -> list[int]:
         """Block ids this node is copying to others now (TRANSFER commands)."""
         return sorted(self._transfers)
 
+    # ------------------------------------------------------------------ HA: whom to obey
+
+    def obeys(self, status: HAStatus | None, source: str = "?") -> bool:
+        """Whether a reply with this HA status is obeyed; a status claiming active in a
+        newer epoch raises ``active_epoch`` first (no await: one step)."""
+        if status is None:
+            return False
+        if status.role is Role.ACTIVE and status.epoch > self.active_epoch:
+            log.info("metadata server %s (%s) is active in epoch %d (was %d): commands of "
+                     "older epochs are dropped from now on", source, status.node_id or "no id",
+                     status.epoch, self.active_epoch)
+            self.active_epoch = status.epoch
+        return status.role is Role.ACTIVE and status.epoch >= self.active_epoch
+
+    def active_actors(self) -> list["MetaActor"]:
+        """Registered actors whose last reply was obeyable (normally one)."""
+        return [actor for actor in self.actors if actor.registered and actor.obeyed
+                and actor.ha.epoch >= self.active_epoch]
+
+    def _active_wait(self) -> float:
+        return min(self.config.rpc_timeout, self._max_backoff())
+
+    async def call_active(self, method: str, args: dict):
+        """Call ``method`` on the active metadata server: an actor whose last reply was
+        obeyable. One that answers ``StandbyError`` or cannot be reached is passed over
+        until its next reply says active again; when none is known the call waits for one,
+        a few heartbeats in all, then fails with ``ServerUnavailable`` naming the servers
+        and the last cause."""
+        deadline = trio.current_time() + self._active_wait()
+        last: Exception | None = None
+        while True:
+            for actor in self.active_actors():
+                try:
+                    return await actor.call(method, args)
+                except (StandbyError, ServerUnavailable) as exc:
+                    last = exc
+                    actor.deposed()
+                    log.info("%s on metadata server %s failed (%s); trying another",
+                             method, actor.address, exc)
+            now = trio.current_time()
+            if now >= deadline:
+                raise ServerUnavailable(
+                    f"{method}: no active metadata server of {self.meta_address} took it "
+                    f"(last cause: {last or 'none registered and known active yet'})")
+            await trio.sleep(min(deadline - now, self._initial_backoff()))
+
     # ------------------------------------------------------------------ incremental reports
 
     def block_received(self, block_id: int, gs: int, num_bytes: int, state: str) -> None:
-        """Queue ``[id, gs, num_bytes, state]`` for the next incremental report: at once,
-        or for an RBW ("receiving") entry within ``RECEIVING_REPORT_DELAY`` (nothing waits
-        for those: the metadata server knows a block's pipeline from add_block)."""
-        self._pending_deleted.pop(block_id, None)
-        self._pending_received.pop(block_id, None)   # re-insert: keep the latest at the end
-        self._pending_received[block_id] = [block_id, gs, num_bytes, state]
-        if state == ReplicaState.RBW.value and self._nursery is not None:
-            if not self._wake_scheduled:
-                self._wake_scheduled = True
-                self._nursery.start_soon(self._wake_after, RECEIVING_REPORT_DELAY)
-        else:
-            self._wakeup.set()
+        """Queue ``[id, gs, num_bytes, state]`` for the next incremental report to every
+        metadata server: at once, or for an RBW ("receiving") entry within
+        ``RECEIVING_REPORT_DELAY`` (nothing waits for those: the metadata server knows a
+        block's pipeline from add_block)."""
+        rbw = state == ReplicaState.RBW.value and self._nursery is not None
+        for actor in self.actors:
+            actor.queue_received([block_id, gs, num_bytes, state], wake=not rbw)
+        if rbw and not self._wake_scheduled:
+            self._wake_scheduled = True
+            self._nursery.start_soon(self._wake_after, RECEIVING_REPORT_DELAY)
 
     async def _wake_after(self, delay: float) -> None:
         await trio.sleep(delay)
         self._wake_scheduled = False
-        self._wakeup.set()
+        for actor in self.actors:
+            actor.wake()
 
     def blocks_deleted(self, block_ids) -> None:
-        for block_id in block_ids:
-            self._pending_received.pop(block_id, None)
-            self._pending_deleted[block_id] = None
-        self._wakeup.set()
+        block_ids = list(block_ids)
+        for actor in self.actors:
+            actor.queue_deleted(block_ids)
 
     async def replica_lost(self, block_id: int, gs: int, why) -> bool:
         """A read (or copy, or scan) of our replica ``blk_<id>_<gs>`` failed with ``why``: if
@@ -155,43 +247,6 @@ class HeartbeatService:
         self.blocks_deleted([block_id])
         return True
 
-    async def _incremental_report_loop(self) -> None:
-        delay = self._initial_backoff()
-        while True:
-            await self._wakeup.wait()
-            while not self.registered:
-                await self._registered_event.wait()
-            async with self._report_lock:   # never overtake a full report's snapshot
-                if not self.registered:      # that full report failed: wait for the next
-                    continue
-                self._wakeup = trio.Event()
-                received = list(self._pending_received.values())
-                deleted = list(self._pending_deleted)
-                self._pending_received, self._pending_deleted = {}, {}
-                try:
-                    if received or deleted:
-                        await self._rpc.call("block_received_and_deleted",
-                                             {"node_id": self.store.node_id,
-                                              "received": received, "deleted": deleted},
-                                             retry_seconds=0)
-                    failure = None
-                except LeaseFSError as exc:
-                    failure = exc
-                    for entry in received:   # a newer state queued meanwhile wins
-                        if entry[0] not in self._pending_deleted:
-                            self._pending_received.setdefault(entry[0], entry)
-                    for block_id in deleted:
-                        if block_id not in self._pending_received:
-                            self._pending_deleted.setdefault(block_id, None)
-                    self._wakeup.set()
-            if failure is not None:
-                log.debug("incremental block report failed (%s); retrying in %.2fs",
-                          failure, delay)
-                await trio.sleep(delay)
-                delay = min(delay * 2, self._max_backoff())
-                continue
-            delay = self._initial_backoff()
-
     # ------------------------------------------------------------------ main loop
 
     def _initial_backoff(self) -> float:
@@ -203,66 +258,20 @@ class HeartbeatService:
     async def run(self, advertise_address: str) -> None:
         """Run forever (until cancelled); never raises on metadata server trouble."""
         self.address = advertise_address
-        async with RpcClient(self.meta_address, f"storage-{self.store.node_id}",
-                             timeout=self.config.rpc_timeout, retry_seconds=0,
-                             connect_timeout=min(5.0, self.config.rpc_timeout),
-                             max_frame=self.config.max_frame,
-                             authenticate=self._authenticate if self._key else None,
-                             # a node proves itself with the cluster key, not as a local user
-                             local_socket=None, tls=tlsmod.client(self.config)) as rpc:
-            self._rpc = rpc
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._incremental_report_loop)
-                await self._heartbeat_loop()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for actor in self.actors:
+                nursery.start_soon(actor.run)
 
-    async def _heartbeat_loop(self) -> None:
-        delay = self._initial_backoff()
-        next_full_report = 0.0
-        while True:
-            try:
-                if not self.registered:
-                    await self._register()
-                    next_full_report = trio.current_time() + self.config.block_report_interval
-                reply = await self._heartbeat()
-                if self._outage is not None:
-                    log.info("metadata server %s answers again", self.meta_address)
-                    self._outage = None
-                delay = self._initial_backoff()
-                if not isinstance(reply, dict):
-                    log.warning("malformed heartbeat reply ignored: %r", reply)
-                    reply = {}
-                if reply.get("reregister"):
-                    log.info("metadata server %s asks to register again", self.meta_address)
-                    self._unregister()
-                    continue
-                commands = reply.get("commands") or []
-                for command in commands if isinstance(commands, list) else []:
-                    self._handle_command(command)
-                if trio.current_time() >= next_full_report:
-                    await self._full_report()
-                    next_full_report = trio.current_time() + self.config.block_report_interval
-            except LeaseFSError as exc:
-                kind = ("unreachable" if isinstance(exc, ServerUnavailable)
-                        else f"refusing ({type(exc).__name__})")
-                if self._outage != kind:
-                    log.warning("metadata server %s %s: %s; retrying with backoff up to %.1fs",
-                                self.meta_address, kind, exc, self._max_backoff())
-                    self._outage = kind
-                if self.registered:
-                    self._unregister()   # register afresh once it answers again
-                await trio.sleep(delay)
-                delay = min(delay * 2, self._max_backoff())
-                continue
-            await trio.sleep(self.config.heartbeat_interval)
-
-    async def _authenticate(self, call) -> None:
-        """``fs.nodeauth`` on a new connection: prove we hold the cluster key, and check
-        that the metadata server does too (else it could command us)."""
+    async def _authenticate(self, call, address: str | None = None) -> None:
+        """``fs.nodeauth`` on a new connection to ``address`` (a ``MetaActor``'s): prove we
+        hold the cluster key, and check that the metadata server does too (else it could
+        command us)."""
+        address = address or self.meta_address
         node_id = self.store.node_id
         server_nonce = await call("node_challenge", {})
         if not isinstance(server_nonce, bytes):
-            raise AuthenticationFailed(f"metadata server {self.meta_address} sent no "
+            raise AuthenticationFailed(f"metadata server {address} sent no "
                                        f"challenge (is it in security = simple?)")
         client_nonce = nodeauth.new_nonce()
         answer = await call("node_authenticate", {
@@ -270,64 +279,11 @@ class HeartbeatService:
             "proof": nodeauth.node_proof(self._key, server_nonce, client_nonce, node_id)})
         if not nodeauth.same(answer, nodeauth.meta_proof(self._key, server_nonce,
                                                          client_nonce, node_id)):
-            raise AuthenticationFailed(f"metadata server {self.meta_address} did not prove "
+            raise AuthenticationFailed(f"metadata server {address} did not prove "
                                        f"that it holds the cluster key")
 
-    def _unregister(self) -> None:
-        self.registered = False
-        self._registered_event = trio.Event()
-
-    async def _usage(self) -> dict:
-        capacity, remaining = await self.store.disk_space()
-        return {"capacity": capacity, "used": self.store.used_bytes(), "remaining": remaining}
-
-    async def _register(self) -> None:
-        args = {"node_id": self.store.node_id, "address": self.address, **await self._usage()}
-        if self.http_port:   # an older metadata server refuses arguments it does not know
-            args["http_port"] = self.http_port
-        result = await self._rpc.call("register_storage", args, retry_seconds=0)
-        self.namespace_id = result.get("namespace_id") if isinstance(result, dict) else None
-        if isinstance(result, dict):
-            self._take_block_keys(result.get("block_keys"))
-        await self._full_report()
-        self.registered = True
-        self._registered_event.set()
-        log.info("registered with metadata server %s as %s (%s), %d replicas reported",
-                 self.meta_address, self.store.node_id, self.address, len(self.store.replicas))
-
-    async def _full_report(self) -> None:
-        """Snapshot and send in chunks under ``_report_lock``: incremental reports queued
-        meanwhile go out only after the metadata server has processed the last chunk."""
-        async with self._report_lock:
-            replicas = self.store.report_snapshot()
-            chunk_size = max(1, self.config.block_report_chunk)
-            chunks = max(1, -(-len(replicas) // chunk_size))
-            report_id = secrets.token_hex(8)
-            for index in range(chunks):
-                piece = replicas[index * chunk_size:(index + 1) * chunk_size]
-                blocks: list[list] = []
-                for start in range(0, len(piece), BUILD_STEP):
-                    blocks += self.store.report_entries(piece[start:start + BUILD_STEP])
-                    if len(replicas) > BUILD_STEP:
-                        await trio.sleep(0)
-                await self._rpc.call("block_report", {
-                    "node_id": self.store.node_id, "blocks": blocks, "report_id": report_id,
-                    "chunk": index, "last": index == chunks - 1}, retry_seconds=0)
-        self.full_reports_sent += 1
-
-    async def _heartbeat(self):
-        reply = await self._rpc.call("heartbeat", {
-            "node_id": self.store.node_id, **await self._usage(),
-            "xceivers": self.xceiver_count(),
-            **({"block_keys_version": self.block_keys_version} if self._key else {})},
-            retry_seconds=0)
-        self.heartbeats_sent += 1
-        if isinstance(reply, dict):
-            self._take_block_keys(reply.get("block_keys"))
-        return reply
-
-    def _take_block_keys(self, wire) -> None:
-        """Block keys the metadata server sent (wrapped with the cluster key)."""
+    def take_block_keys(self, wire, source: str) -> None:
+        """Block keys an obeyed metadata server sent (wrapped with the cluster key)."""
         if wire is None or self._key is None:
             return
         try:
@@ -335,14 +291,15 @@ class HeartbeatService:
                     (blocktoken.unwrap(self._key, w) for w in wire["keys"])}
             version = wire["version"]
         except (KeyError, TypeError, ValueError, LeaseFSError) as exc:
-            log.warning("malformed block keys from %s ignored: %s", self.meta_address, exc)
+            log.warning("malformed block keys from %s ignored: %s", source, exc)
             return
         self.on_block_keys(keys)
         self.block_keys_version = version
 
     # ------------------------------------------------------------------ commands
 
-    def _handle_command(self, command) -> None:
+    def handle_command(self, command) -> None:
+        """Run one command of an obeyed reply (``MetaActor``); never blocks."""
         kind = command.get("type") if isinstance(command, dict) else None
         if kind == "INVALIDATE" and isinstance(command.get("blocks"), list):
             self._nursery.start_soon(self._invalidate, command["blocks"])
@@ -361,7 +318,7 @@ class HeartbeatService:
 
     async def _commit_block_sync(self, args: dict) -> None:
         """The block recovery worker's last step (PROTOCOL.md §4)."""
-        await self._rpc.call("commit_block_synchronization", args, retry_seconds=0)
+        await self.call_active("commit_block_synchronization", args)
 
     async def _transfer(self, command: dict) -> None:
         """TRANSFER: copy our finalized replica of ``block`` to ``targets``, showing them the
@@ -407,12 +364,10 @@ class HeartbeatService:
 
     async def report_bad_replicas(self, bad: list) -> None:
         """``report_bad_blocks`` for replicas of this node: ``[(block ref, reason)]``."""
-        if self._rpc is None or not self.registered:
-            raise ServerUnavailable("not registered with the metadata server yet")
-        await self._rpc.call("report_bad_blocks", {"blocks": [
+        await self.call_active("report_bad_blocks", {"blocks": [
             {"block": {"id": ref["id"], "gs": ref["gs"],
                        "num_bytes": ref.get("num_bytes", 0)}, "node_id": self.store.node_id}
-            for ref, _reason in bad]}, retry_seconds=0)
+            for ref, _reason in bad]})
 
     async def _invalidate(self, blocks: list) -> None:
         deleted = []
@@ -427,3 +382,260 @@ class HeartbeatService:
         if deleted:
             log.info("INVALIDATE: deleted %d replicas", len(deleted))
             self.blocks_deleted(deleted)
+
+
+class MetaActor:
+    """The conversation with ONE metadata server (HDFS BPServiceActor): its RPC client, its
+    registration, its full and incremental reports (own queue, own ``_report_lock``), its
+    heartbeats, and the HA status of its last reply, which decides whether the commands of
+    that reply are obeyed (``HeartbeatService.obeys``)."""
+
+    def __init__(self, service: HeartbeatService, address: str):
+        self.service = service
+        self.config = service.config
+        self.store = service.store
+        self.address = address
+        self.namespace_id = None
+        self.registered = False
+        self.heartbeats_sent = 0
+        self.full_reports_sent = 0
+        self.ha: HAStatus | None = None   # from its last register or heartbeat reply
+        self.obeyed = False               # whether that reply's commands were obeyed
+        self.dropped_commands = 0
+        self._dropped_logged: set[tuple] = set()   # (role, epoch) already logged
+        self._registered_event = trio.Event()
+        self._rpc: RpcClient | None = None
+        self._pending_received: dict[int, list] = {}
+        self._pending_deleted: dict[int, None] = {}
+        self._wakeup = trio.Event()
+        self._outage: str | None = None          # last logged failure kind, None = all well
+        self._report_lock = trio.Lock()   # full vs. incremental reports, see the docstring
+
+    # ------------------------------------------------------------------ incremental reports
+
+    def queue_received(self, entry: list, wake: bool = True) -> None:
+        block_id = entry[0]
+        self._pending_deleted.pop(block_id, None)
+        self._pending_received.pop(block_id, None)   # re-insert: keep the latest at the end
+        self._pending_received[block_id] = entry
+        if wake:
+            self._wakeup.set()
+
+    def queue_deleted(self, block_ids) -> None:
+        for block_id in block_ids:
+            self._pending_received.pop(block_id, None)
+            self._pending_deleted[block_id] = None
+        self._wakeup.set()
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    async def _incremental_report_loop(self) -> None:
+        delay = self.service._initial_backoff()
+        while True:
+            await self._wakeup.wait()
+            while not self.registered:
+                await self._registered_event.wait()
+            async with self._report_lock:   # never overtake a full report's snapshot
+                if not self.registered:      # that full report failed: wait for the next
+                    continue
+                self._wakeup = trio.Event()
+                received = list(self._pending_received.values())
+                deleted = list(self._pending_deleted)
+                self._pending_received, self._pending_deleted = {}, {}
+                try:
+                    if received or deleted:
+                        await self._rpc.call("block_received_and_deleted",
+                                             {"node_id": self.store.node_id,
+                                              "received": received, "deleted": deleted},
+                                             retry_seconds=0)
+                    failure = None
+                except LeaseFSError as exc:
+                    failure = exc
+                    for entry in received:   # a newer state queued meanwhile wins
+                        if entry[0] not in self._pending_deleted:
+                            self._pending_received.setdefault(entry[0], entry)
+                    for block_id in deleted:
+                        if block_id not in self._pending_received:
+                            self._pending_deleted.setdefault(block_id, None)
+                    self._wakeup.set()
+            if failure is not None:
+                log.debug("incremental block report to %s failed (%s); retrying in %.2fs",
+                          self.address, failure, delay)
+                await trio.sleep(delay)
+                delay = min(delay * 2, self.service._max_backoff())
+                continue
+            delay = self.service._initial_backoff()
+
+    # ------------------------------------------------------------------ main loop
+
+    async def run(self) -> None:
+        """Run forever (until cancelled); never raises on metadata server trouble."""
+        service = self.service
+        async with RpcClient(self.address, f"storage-{self.store.node_id}",
+                             timeout=self.config.rpc_timeout, retry_seconds=0,
+                             connect_timeout=min(5.0, self.config.rpc_timeout),
+                             max_frame=self.config.max_frame,
+                             authenticate=self._authenticate if service._key else None,
+                             # a node proves itself with the cluster key, not as a local user
+                             local_socket=None, tls=tlsmod.client(self.config)) as rpc:
+            self._rpc = rpc
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._incremental_report_loop)
+                await self._heartbeat_loop()
+
+    async def call(self, method: str, args: dict):
+        """One call on this server (``HeartbeatService.call_active`` picks the server)."""
+        if self._rpc is None or not self.registered:
+            raise ServerUnavailable(f"{method}: not registered with metadata server "
+                                    f"{self.address} yet")
+        return await self._rpc.call(method, args, retry_seconds=0)
+
+    def summary(self) -> dict:
+        """This server as the block server's web page shows it."""
+        return {"address": self.address, "registered": self.registered,
+                "role": self.ha.role.value if self.ha else None,
+                "epoch": self.ha.epoch if self.ha else None, "obeyed": self.obeyed,
+                "heartbeats_sent": self.heartbeats_sent,
+                "full_reports_sent": self.full_reports_sent,
+                "dropped_commands": self.dropped_commands}
+
+    def deposed(self) -> None:
+        """It answered ``StandbyError`` (or could not be reached): not taken for the active
+        one until its next reply says so again."""
+        self.obeyed = False
+
+    async def _heartbeat_loop(self) -> None:
+        service = self.service
+        delay = service._initial_backoff()
+        next_full_report = 0.0
+        while True:
+            try:
+                if not self.registered:
+                    await self._register()
+                    next_full_report = trio.current_time() + self.config.block_report_interval
+                reply = await self._heartbeat()
+                if self._outage is not None:
+                    log.info("metadata server %s answers again", self.address)
+                    self._outage = None
+                delay = service._initial_backoff()
+                if not isinstance(reply, dict):
+                    log.warning("malformed heartbeat reply from %s ignored: %r",
+                                self.address, reply)
+                    reply = {}
+                if reply.get("reregister"):
+                    log.info("metadata server %s asks to register again", self.address)
+                    self._unregister()
+                    continue
+                commands = reply.get("commands") or []
+                if self._take_reply(reply, "heartbeat",
+                                    commands if isinstance(commands, list) else []):
+                    for command in commands if isinstance(commands, list) else []:
+                        service.handle_command(command)
+                if reply.get("full_report") is True:   # a server that just took over
+                    log.info("metadata server %s asks for a full block report", self.address)
+                    next_full_report = 0.0
+                if trio.current_time() >= next_full_report:
+                    await self._full_report()
+                    next_full_report = trio.current_time() + self.config.block_report_interval
+            except LeaseFSError as exc:
+                kind = ("unreachable" if isinstance(exc, ServerUnavailable)
+                        else f"refusing ({type(exc).__name__})")
+                if self._outage != kind:
+                    log.warning("metadata server %s %s: %s; retrying with backoff up to %.1fs",
+                                self.address, kind, exc, service._max_backoff())
+                    self._outage = kind
+                if self.registered:
+                    self._unregister()   # register afresh once it answers again
+                await trio.sleep(delay)
+                delay = min(delay * 2, service._max_backoff())
+                continue
+            await trio.sleep(self.config.heartbeat_interval)
+
+    def _take_reply(self, reply: dict, kind: str, commands: list) -> bool:
+        """Note the HA status of a register or heartbeat reply and take its block keys if
+        it is obeyed; True if its commands are to be run. Dropped ones are counted, and
+        logged once per (role, epoch) of this server."""
+        try:
+            status = HAStatus.from_wire(reply.get("ha"))
+        except InvalidArgument as exc:
+            status = None
+            why = f"its HA status is malformed ({exc})"
+        self.ha = status
+        self.obeyed = self.service.obeys(status, self.address)
+        if self.obeyed:
+            self.service.take_block_keys(reply.get("block_keys"), self.address)
+            return True
+        dropped = len(commands) + (reply.get("block_keys") is not None)
+        if dropped:
+            self.dropped_commands += dropped
+            if status is not None:
+                why = (f"it is {status.role.value} in epoch {status.epoch}"
+                       if status.role is not Role.ACTIVE else
+                       f"its epoch {status.epoch} is older than epoch "
+                       f"{self.service.active_epoch} of the newest active server")
+            seen = (status.role.value, status.epoch) if status is not None else None
+            if seen not in self._dropped_logged:
+                self._dropped_logged.add(seen)
+                log.warning("dropping %d command(s) of a %s reply from metadata server %s: "
+                            "%s (further drops from it in this state are only counted)",
+                            dropped, kind, self.address, why)
+        return False
+
+    async def _authenticate(self, call) -> None:
+        await self.service._authenticate(call, self.address)
+
+    def _unregister(self) -> None:
+        self.registered = False
+        self.obeyed = False
+        self._registered_event = trio.Event()
+
+    async def _usage(self) -> dict:
+        capacity, remaining = await self.store.disk_space()
+        return {"capacity": capacity, "used": self.store.used_bytes(), "remaining": remaining}
+
+    async def _register(self) -> None:
+        service = self.service
+        args = {"node_id": self.store.node_id, "address": service.address,
+                **await self._usage()}
+        if service.http_port:   # an older metadata server refuses arguments it does not know
+            args["http_port"] = service.http_port
+        result = await self._rpc.call("register_storage", args, retry_seconds=0)
+        self.namespace_id = result.get("namespace_id") if isinstance(result, dict) else None
+        obeyed = self._take_reply(result if isinstance(result, dict) else {}, "register", [])
+        await self._full_report()
+        self.registered = True
+        self.obeyed = obeyed
+        self._registered_event.set()
+        log.info("registered with metadata server %s as %s (%s), %d replicas reported",
+                 self.address, self.store.node_id, service.address, len(self.store.replicas))
+
+    async def _full_report(self) -> None:
+        """Snapshot and send in chunks under ``_report_lock``: incremental reports queued
+        meanwhile go out only after the metadata server has processed the last chunk."""
+        async with self._report_lock:
+            replicas = self.store.report_snapshot()
+            chunk_size = max(1, self.config.block_report_chunk)
+            chunks = max(1, -(-len(replicas) // chunk_size))
+            report_id = secrets.token_hex(8)
+            for index in range(chunks):
+                piece = replicas[index * chunk_size:(index + 1) * chunk_size]
+                blocks: list[list] = []
+                for start in range(0, len(piece), BUILD_STEP):
+                    blocks += self.store.report_entries(piece[start:start + BUILD_STEP])
+                    if len(replicas) > BUILD_STEP:
+                        await trio.sleep(0)
+                await self._rpc.call("block_report", {
+                    "node_id": self.store.node_id, "blocks": blocks, "report_id": report_id,
+                    "chunk": index, "last": index == chunks - 1}, retry_seconds=0)
+        self.full_reports_sent += 1
+
+    async def _heartbeat(self):
+        service = self.service
+        reply = await self._rpc.call("heartbeat", {
+            "node_id": self.store.node_id, **await self._usage(),
+            "xceivers": service.xceiver_count(),
+            **({"block_keys_version": service.block_keys_version} if service._key else {})},
+            retry_seconds=0)
+        self.heartbeats_sent += 1
+        return reply

@@ -7,9 +7,9 @@ text format.
 
 Where the numbers come from: ``observe_op`` is ``DataTransferServer.op_observer``, called
 once per data-transfer connection (one op each); the byte, checksum, recovery, copy and
-token counts are ``DataTransferServer.stats``, the heartbeat service's and the block
-scanner's own counters, and the replicas by state are counted from the store, all read at
-scrape time.
+token counts are ``DataTransferServer.stats``, the heartbeat service's (with the commands
+it dropped, per metadata server) and the block scanner's own counters, and the replicas by
+state are counted from the store, all read at scrape time.
 
 Concurrency contract: everything runs on the block server's trio thread; nothing awaits.
 """
@@ -78,6 +78,16 @@ class StorageMetrics:
         transfers.add_metric(["ok"], heartbeat.transfers_done)
         transfers.add_metric(["failed"], heartbeat.transfers_failed)
         yield transfers
+        dropped = CounterMetricFamily(PREFIX + "dropped_commands", "Commands (and block key "
+                                      "sets) dropped because the metadata server sending "
+                                      "them was not the newest active one, by server",
+                                      labels=["meta_server"])
+        for actor in heartbeat.actors:
+            dropped.add_metric([actor.address], actor.dropped_commands)
+        yield dropped
+        yield GaugeMetricFamily(PREFIX + "active_epoch", "Newest epoch of a metadata server "
+                                "claiming the active role (0: ha = none)",
+                                value=heartbeat.active_epoch)
         yield counter("scanner_bad_replicas", "Replicas the block scanner found corrupt or "
                       "unreadable", server.scanner.bad_found)
         states = collections.Counter(r.state for r in server.store.replicas.values())

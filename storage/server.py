@@ -1,5 +1,5 @@
 """Entry point of a block server (HDFS DataNode role): one data folder, one data-transfer
-port, one conversation with the metadata server.
+port, one conversation with each metadata server of ``meta_address`` (several with HA).
 
 Why it exists: it wires the replica store, the data-transfer server, the heartbeat service,
 the block scanner (``storage.scanner``) and the directory scanner (``storage.dirscan``)
@@ -112,7 +112,8 @@ def main(argv=None) -> int:
     """``python -m storage.server --data DIR --meta HOST:PORT [--port N] [--host H]``."""
     parser = argparse.ArgumentParser(prog="python -m storage.server", description=__doc__)
     parser.add_argument("--data", required=True, help="data folder")
-    parser.add_argument("--meta", required=True, help="metadata server HOST:PORT")
+    parser.add_argument("--meta", required=True, help="metadata server HOST:PORT, or a "
+                        "comma-separated list of every metadata server (HA)")
     parser.add_argument("--host", default=None, help="address to bind (default: bind_host)")
     parser.add_argument("--port", type=int, default=None, help="data port (default: storage_port)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",

@@ -47,6 +47,10 @@ async def status(server) -> dict:
             "address": server.advertised, "meta_address": heartbeat.meta_address,
             "registered": heartbeat.registered, "heartbeats_sent": heartbeat.heartbeats_sent,
             "full_reports_sent": heartbeat.full_reports_sent,
+            "active_epoch": heartbeat.active_epoch,
+            "dropped_commands": heartbeat.dropped_commands,
+            # one entry per metadata server of meta_address (several with HA)
+            "meta_servers": [actor.summary() for actor in heartbeat.actors],
             "replicas": len(store.replicas), "replicas_by_state": dict(sorted(states.items())),
             "used_bytes": used,
             "volumes": [{"data_dir": store.data_dir, "capacity": capacity, "used": used,
