@@ -17,7 +17,9 @@ Block keys (``KeyRing``, on the metadata server): random 32-byte secrets with id
 holds the key tokens are made with (current), the one made next (handed to block servers a
 whole interval before it is used, so a block server always knows it in time) and the one
 before (still valid for the tokens it made). It rolls every ``block_key_interval`` seconds;
-a key is forgotten once every token it made has expired. Block servers get the keys with
+a key is forgotten once every token it made has expired. With metadata HA the keys are
+derived from the cluster key instead (``KeyRing(shared=...)``), so every metadata server
+holds the same ring and a new active's tokens are good at once. Block servers get the keys with
 their registration and heartbeat replies, over their authenticated connection, each secret
 wrapped with the cluster key (``wrap``), never in the clear.
 
@@ -40,6 +42,7 @@ COPY = "c"      # TRANSFER_BLOCK; WRITE_BLOCK stages TRANSFER_RBW, TRANSFER_FINA
 _NAMES = {READ: "read", WRITE: "write", COPY: "copy"}
 TOKEN_LABEL = b"leasefs block token v1\0"
 WRAP_LABEL = b"leasefs block key wrap v1\0"
+SHARED_LABEL = b"leasefs shared block key v1\0"
 
 
 @dataclass(frozen=True)
@@ -112,13 +115,25 @@ def _pad(cluster_key: bytes, key_id: int, expires: float) -> bytes:
 
 class KeyRing:
     """The metadata server's block keys: ``previous``, ``current`` (tokens are made with it)
-    and ``next`` (already at the block servers); ``version`` changes at every roll."""
+    and ``next`` (already at the block servers); ``version`` changes at every roll.
 
-    def __init__(self, interval: float, lifetime: float, now: float):
+    ``shared``: with metadata HA every metadata server must make tokens the block servers
+    accept the moment it becomes active, so the keys are not random but derived from the
+    cluster key the servers share: the key of interval ``p`` (wall time // ``interval``) is
+    ``HMAC(cluster key, label + p)`` with id and version ``p``. Every server then holds the
+    same ring at the same time, with no exchange between them; the keys stay as secret as
+    the cluster key itself."""
+
+    def __init__(self, interval: float, lifetime: float, now: float,
+                 shared: bytes | None = None):
         self.interval = interval
         self.lifetime = lifetime
+        self.shared = shared
         self._ids = int.from_bytes(secrets.token_bytes(3), "big") << 8   # apart across restarts
         self.previous: BlockKey | None = None
+        if shared is not None:
+            self._derive(int(now // interval))
+            return
         self.current = self._new(now)
         self.next = self._new(now + interval)
         self.rolled_at = now
@@ -130,9 +145,23 @@ class KeyRing:
         return BlockKey(self._ids, secrets.token_bytes(KEY_BYTES),
                         start + 2 * self.interval + self.lifetime)
 
+    def _shared_key(self, period: int) -> BlockKey:
+        return BlockKey(period, mac(self.shared, SHARED_LABEL, str(period).encode()),
+                        (period + 2) * self.interval + self.lifetime)
+
+    def _derive(self, period: int) -> None:
+        self.previous = self._shared_key(period - 1)
+        self.current = self._shared_key(period)
+        self.next = self._shared_key(period + 1)
+        self.rolled_at = period * self.interval
+        self.version = period
+
     def roll_if_due(self, now: float) -> bool:
         if now - self.rolled_at < self.interval:
             return False
+        if self.shared is not None:
+            self._derive(int(now // self.interval))
+            return True
         self.previous, self.current = self.current, self.next
         self.next = self._new(now + self.interval)
         self.rolled_at = now

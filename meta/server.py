@@ -672,8 +672,10 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
         if config.security == "secure":
             server.node_key = nodeauth.ensure_key(
                 nodeauth.key_path(config.cluster_key_file, data_dir))
+            # with HA every metadata server derives the same keys from the cluster key
             server.block_keys = KeyRing(config.block_key_interval, config.block_token_lifetime,
-                                        server.wall_ns() / 1e9)
+                                        server.wall_ns() / 1e9,
+                                        shared=server.node_key if config.ha != "none" else None)
         server_tls = None
         if config.tls == "on":
             # the CA and this server's certificate are made (key generation, file writes)

@@ -46,12 +46,25 @@ class EtcdCluster:
                 for i, name in enumerate(self.names)]
 
     def start(self, timeout: float = 30.0) -> "EtcdCluster":
+        for i in range(len(self.names)):
+            self._spawn(i)
+        return self.wait_healthy(timeout)
+
+    def _spawn(self, i: int) -> None:
         members = self.members()
-        for i, member in enumerate(members):
-            self.logs[i] = open(member.log_file, "ab")
-            self.procs[i] = subprocess.Popen(
-                etcdmod.argv(member, members, self.token),
-                stdout=self.logs[i], stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if i not in self.logs:
+            self.logs[i] = open(members[i].log_file, "ab")
+        self.procs[i] = subprocess.Popen(
+            etcdmod.argv(members[i], members, self.token),
+            stdout=self.logs[i], stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def restart(self, i: int) -> None:
+        """Start member ``i`` again on its data (after ``kill9``): it rejoins the cluster."""
+        if self.procs[i].poll() is None:
+            raise RuntimeError(f"etcd {self.names[i]} is still running")
+        self._spawn(i)
+
+    def wait_healthy(self, timeout: float = 30.0) -> "EtcdCluster":
         deadline = time.monotonic() + timeout
         while not all(self.healthy(i) for i in self.procs):
             for i, proc in self.procs.items():

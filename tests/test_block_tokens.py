@@ -346,3 +346,26 @@ def test_writes_appends_recoveries_and_re_replication_lose_nothing(tmp_path, sec
                 assert await c.read_file("/a") == a + a_more
 
     trio.run(main)
+
+
+def test_shared_key_rings_agree_without_talking_and_roll_together():
+    """HA: two metadata servers with the same cluster key make tokens the other's keys
+    accept, from the first moment and across a roll; another cluster key does not."""
+    from fs.blocktoken import KeyRing, check
+    from fs.errors import InvalidToken
+
+    cluster_key = os.urandom(32)
+    now = 1_800_000_123.0
+    a = KeyRing(600.0, 300.0, now, shared=cluster_key)
+    b = KeyRing(600.0, 300.0, now + 5.0, shared=cluster_key)
+    assert a.version == b.version and [k.secret for k in a.keys()] == \
+        [k.secret for k in b.keys()]
+    token = a.token(7, 1001, "alice", "r", now)
+    check({k.key_id: k.secret for k in b.keys()}, token, 7, 1001, "r", now + 1, "test")
+    later = now + 650.0
+    assert a.roll_if_due(later) and b.roll_if_due(later)
+    assert a.version == b.version and a.current == b.current
+    check({k.key_id: k.secret for k in b.keys()}, token, 7, 1001, "r", now + 2, "test")
+    other = KeyRing(600.0, 300.0, now, shared=os.urandom(32))
+    with pytest.raises(InvalidToken):
+        check({k.key_id: k.secret for k in other.keys()}, token, 7, 1001, "r", now + 1, "test")
