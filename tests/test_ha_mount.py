@@ -72,3 +72,52 @@ def test_mount_writer_keeps_writing_through_a_kill9_of_the_active(ha):
         mount.stop()
     finally:
         mount.cleanup()
+
+
+def test_spark_write_job_rides_through_a_kill9_of_the_active(ha):
+    """A Spark job writing parquet through ``leasefs://<every metadata server>/...`` while
+    the active is killed: the job finishes and every row is there once."""
+    from sparkkit import run_spark, url
+
+    spark_gen = run_spark("ha-failover")
+    spark = next(spark_gen)
+    try:
+        target = url(ha, "/spark/out")
+
+        def slow(batches):   # runs in a Python worker: the job lasts a few seconds
+            for batch in batches:
+                time.sleep(0.4)
+                yield batch
+
+        df = spark.range(0, 200_000, numPartitions=16).selectExpr(
+            "id", "repeat('x', 40) as pad")
+        df = df.mapInArrow(slow, df.schema)
+        killed: list = []
+
+        def killer() -> None:
+            # Spark's job runs on the test's thread (its data sources are registered there)
+            with ha.client() as client:
+                deadline = time.monotonic() + 120
+                while not client.exists("/spark/out/_temporary"):
+                    if time.monotonic() > deadline:
+                        return
+                    time.sleep(0.05)
+            active = ha.wait_active()
+            ha.kill_meta(active)
+            killed.append(time.monotonic())
+
+        watcher = threading.Thread(target=killer)
+        watcher.start()
+        df.write.format("leasefs").mode("overwrite").save(target)
+        finished = time.monotonic()
+        watcher.join(60)
+        assert killed, "the job never started writing"
+        assert finished > killed[0] + 1.0, "the job ended before the failover"
+        back = spark.read.format("leasefs").load(target)
+        assert back.count() == 200_000
+        assert back.selectExpr("sum(id)").first()[0] == sum(range(200_000))
+    finally:
+        try:
+            next(spark_gen)
+        except StopIteration:
+            pass
