@@ -420,6 +420,7 @@ class RpcClient:
                  token=None, tls=None, alignment: "StateAlignment | None" = None):
         self.addresses = parse_address_list(address)
         self._current = 0          # index into addresses: where calls go now (sticky)
+        self._told: dict[int, str] = {}   # address index → the state last logged of it
         # each server's local socket (``local_socket_address``), tried before TCP: there the
         # kernel tells the server who we are; by default the default ``meta_socket`` of a
         # server on a loopback address, None: TCP only. ``local_socket`` is the setting
@@ -518,11 +519,15 @@ class RpcClient:
             self._conn = None
             if conn.broken is None:
                 self._leave(conn)
-        # a standby at the head of the list is routine under HA; a dead server is not
+        # a standby at the head of the list is routine under HA; a dead server is not. Each
+        # server's state is told once until it serves again (a failover cycles the list)
         standby = isinstance(exc, errors.StandbyError)
-        log.log(logging.INFO if standby else logging.WARNING, "metadata server %s %s (%s); "
-                "trying %s", format_address(self.addresses[index]),
-                "is standby" if standby else "is unreachable", exc, format_address(self.address))
+        state = "is standby" if standby else "is unreachable"
+        told = self._told.get(index) == state
+        self._told[index] = state
+        log.log(logging.DEBUG if told else logging.INFO if standby else logging.WARNING,
+                "metadata server %s %s (%s); trying %s", format_address(self.addresses[index]),
+                state, exc, format_address(self.address))
 
     def _leave(self, conn: _Connection) -> None:
         if conn.waiters:
@@ -737,7 +742,10 @@ class RpcClient:
         while True:
             index = self._current
             try:
-                return await self.call_once(method, args or {}, call_id, timeout)
+                answer = await self.call_once(method, args or {}, call_id, timeout)
+                if self._told:
+                    self._told.pop(index, None)
+                return answer
             except (ServerUnavailable, errors.StandbyError, *self.retry_errors) as exc:
                 if isinstance(exc, RpcTimeout) or self._closed:
                     raise
