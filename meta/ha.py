@@ -276,6 +276,7 @@ class HAController:
         if not records or records[-1].txid <= journal.last_txid:
             return   # already here (a read and the watch both delivered it)
         await journal.ingest(records, data)
+        self.server.reports.retry_pending()
         self._applied.unpark_all()
         self.entries_applied += 1
         if wall_ns >= self._following_since:

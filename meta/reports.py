@@ -29,6 +29,14 @@ thread, after each of which the report is checked to be still current.
 Incremental reports (``incremental``): received replicas are added (the node's pending
 INVALIDATE of the block is decided again), deleted ones removed.
 
+A follower (metadata HA: a standby or observer, ``following()`` true) gets every block
+server's reports too, but its namespace trails the active's by the replicated log: a replica
+of a block it does not know yet, or with a newer generation stamp than it knows, is what the
+log will explain a moment later, never a replica of no file. Such entries wait in
+``pending`` (HDFS PendingDataNodeMessages) and are applied by ``retry_pending`` once the
+follower has applied more of the log; they are never invalidated. A new active drops what
+is still pending (``drop_pending``): every block server sends it a fresh full report.
+
 ``on_change`` (the server's safe-mode update) runs after every piece that may have changed
 the block counts.
 
@@ -79,6 +87,7 @@ class FullReport:
     next_chunk: int = 0
     seen: dict[int, int] = field(default_factory=dict)   # block id → reported gs
     doomed: int = 0              # replicas of no file (invalidated)
+    pending: int = 0             # replicas a follower does not know yet (``pending``)
     corrupt: int = 0
     removed: int = 0             # replicas the node held but the report did not list
     epoch: int = 0               # ``DatanodeManager.report_epoch`` when it started
@@ -87,14 +96,21 @@ class FullReport:
 # block report entries validated / processed between two checkpoints of the trio thread
 # (also the step of the metadata server's other long walks)
 REPORT_STEP = 2000
+# the most replicas a follower keeps waiting for the log (the oldest go first)
+MAX_PENDING = 1_000_000
+_PENDING = object()   # ``_add_replica``: the replica waits for the log
 
 
 class BlockReports:
     """Applies block reports to ``blocks`` and ``datanodes``; see the module docstring."""
 
     def __init__(self, blocks: BlocksMap, datanodes: DatanodeManager,
-                 on_change: Callable[[], None], *, step: int = REPORT_STEP):
+                 on_change: Callable[[], None], *, step: int = REPORT_STEP,
+                 following: Callable[[], bool] = lambda: False):
         self.blocks = blocks
+        self.following = following
+        # (node id, block id) → entry: replicas a follower waits for the log to explain
+        self.pending: dict[tuple[str, int], Entry] = {}
         self.datanodes = datanodes
         self.on_change = on_change
         self.step = max(1, step)
@@ -191,6 +207,8 @@ class BlockReports:
                 info = self._add_replica(node_id, block_id, gs, num_bytes, state)
                 if info is None:
                     report.doomed += 1
+                elif info is _PENDING:
+                    report.pending += 1
                 elif info.replicas[node_id].corrupt:
                     report.corrupt += 1
             self.on_change()
@@ -211,8 +229,9 @@ class BlockReports:
         self.datanodes.confirm_by_report(node_id, report.seen)
         self.datanodes.full_report_done(node_id, report.epoch)
         log.info("block report from %s: %d replicas in %d chunk(s), %d of no file, %d corrupt, "
-                 "%d no longer held", node_id, len(report.seen), report.next_chunk,
-                 report.doomed, report.corrupt, report.removed)
+                 "%d no longer held, %d waiting for the log", node_id, len(report.seen),
+                 report.next_chunk, report.doomed, report.corrupt, report.removed,
+                 report.pending)
         self.on_change()
 
     # ------------------------------------------------------------------ incremental reports
@@ -226,14 +245,49 @@ class BlockReports:
                 if event is not None:
                     event.set()
         for block_id in deleted:
+            self.pending.pop((node_id, block_id), None)
             self.blocks.remove_replica(node_id, block_id)
             self.datanodes.cancel_invalidate(node_id, block_id)
         self.on_change()
 
+    # ------------------------------------------------------------------ followers
+    def retry_pending(self) -> int:
+        """A follower applied more of the log: apply the waiting replicas it now knows
+        (their block, at least their stamp). Returns how many."""
+        if not self.pending:
+            return 0
+        ready = []
+        for key, entry in self.pending.items():
+            info = self.blocks.get(entry[0])
+            if info is not None and entry[1] <= info.gs:
+                ready.append(key)
+        for node_id, block_id in ready:
+            _, gs, num_bytes, state = self.pending.pop((node_id, block_id))
+            if self.datanodes.live(node_id) is not None:
+                self._add_replica(node_id, block_id, gs, num_bytes, state)
+        if ready:
+            self.on_change()
+        return len(ready)
+
+    def drop_pending(self) -> int:
+        """Becoming active: forget the waiting replicas (fresh full reports follow)."""
+        dropped = len(self.pending)
+        self.pending.clear()
+        return dropped
+
     def _add_replica(self, node_id: str, block_id: int, gs: int, num_bytes: int,
-                     state: str) -> BlockInfo | None:
-        """One reported replica; None (and invalidated) when the block belongs to no file.
-        Corrupt replicas of the block that may go now are invalidated."""
+                     state: str) -> BlockInfo | object | None:
+        """One reported replica; None (and invalidated) when the block belongs to no file,
+        ``_PENDING`` when a follower waits for the log to tell. Corrupt replicas of the
+        block that may go now are invalidated."""
+        if self.following():
+            known = self.blocks.get(block_id)
+            if known is None or gs > known.gs:
+                self.pending.pop((node_id, block_id), None)   # the newest report last
+                self.pending[(node_id, block_id)] = (block_id, gs, num_bytes, state)
+                if len(self.pending) > MAX_PENDING:
+                    del self.pending[next(iter(self.pending))]
+                return _PENDING
         info = self.blocks.add_replica(node_id, block_id, gs, num_bytes, state)
         if info is None:
             self.datanodes.add_invalidate(node_id, {"id": block_id, "gs": gs,

@@ -284,7 +284,8 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
             log.info("formatted a new namespace, id %d", namespace_id)
 
     def _new_reports(self) -> BlockReports:
-        return BlockReports(self.blocks, self.datanodes, self.update_safemode, step=REPORT_STEP)
+        return BlockReports(self.blocks, self.datanodes, self.update_safemode, step=REPORT_STEP,
+                            following=lambda: not self.is_active)
 
     def rebuild_memory(self) -> None:
         self.blocks = BlocksMap(self.config.min_replication)
@@ -380,6 +381,10 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         hand out no INVALIDATE to a block server until its next full report (asked for at
         its next heartbeat) was processed (``DatanodeManager.start_epoch``)."""
         self.datanodes.start_epoch()
+        dropped = self.reports.drop_pending()
+        if dropped:
+            log.info("%d reported replicas the log had not explained yet are left to the "
+                     "fresh full reports", dropped)
 
     # ================================================================== apply (journal)
     def _apply(self, records) -> None:

@@ -105,12 +105,14 @@ class HACluster(ProcessCluster):
                 return name
         return None
 
-    def wait_role(self, name: str, role: str, timeout: float = 20.0) -> dict:
+    def wait_role(self, name: str, role, timeout: float = 20.0) -> dict:
+        """Until ``name`` reports ``role`` (or one of a tuple of roles)."""
+        roles = (role,) if isinstance(role, str) else tuple(role)
         deadline = time.monotonic() + timeout
         status = None
         while time.monotonic() < deadline:
             status = ha_status(self.address(name))
-            if status and status["role"] == role:
+            if status and status["role"] in roles:
                 return status
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is not None:

@@ -434,3 +434,36 @@ def test_a_block_server_process_registers_with_every_server_of_its_list(tmp_path
             assert "is active in epoch 4" in text
 
     trio.run(main)
+
+
+def test_a_follower_keeps_replicas_the_log_has_not_explained_yet():
+    """A standby hears of a replica before the log entry of its block: it must wait for the
+    log, not take it for a replica of no file (which would be deleted after a takeover)."""
+    from meta.blocks import UNDER_CONSTRUCTION, BlockInfo, BlocksMap
+    from meta.datanodes import DatanodeManager
+    from meta.reports import BlockReports
+
+    async def main():
+        following = [True]
+        blocks = BlocksMap()
+        datanodes = DatanodeManager(dead_interval=60, invalidate_limit=100)
+        reports = BlockReports(blocks, datanodes, lambda: None, following=lambda: following[0])
+        datanodes.register("n1", "127.0.0.1:9001", 1, 0, 1)
+        reports.incremental("n1", [(21, 1001, 10, "RBW")], [])          # block not known yet
+        report = await reports.full_report("n1", [(21, 1001, 10, "RBW"),
+                                                  (22, 1002, 10, "FINALIZED")])
+        assert report.pending == 2 and report.doomed == 0
+        assert datanodes.invalidate_queued() == 0 and reports.retry_pending() == 0
+        blocks.add(BlockInfo(21, 5, 0, 1001, 0, UNDER_CONSTRUCTION, 3))   # the log catches up
+        assert reports.retry_pending() == 1
+        assert blocks.get(21).location_nodes() == ["n1"]
+        blocks.add(BlockInfo(22, 6, 0, 1000, 0, UNDER_CONSTRUCTION, 3))   # an older stamp
+        assert reports.retry_pending() == 0 and len(reports.pending) == 1
+        # the active would invalidate a replica of no file at once; a new active drops
+        # what still waits and leaves it to the fresh full reports
+        following[0] = False
+        assert reports.drop_pending() == 1
+        reports.incremental("n1", [(23, 1003, 10, "FINALIZED")], [])
+        assert datanodes.invalidate_queued() == 1
+
+    trio.run(main)
