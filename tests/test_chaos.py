@@ -9,7 +9,6 @@ The counts are printed (``-s`` shows them) for the closing notes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -21,117 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from fs import errors
+from chaoskit import KiB, Ledger, mover, reader, sha, writer
 from harness import ProcessCluster
 
 REPO = Path(__file__).resolve().parents[1]
-KiB = 1 << 10
 CHAOS_SECONDS = float(os.environ.get("LEASEFS_CHAOS_SECONDS", "60"))
 pytestmark = [pytest.mark.timeout(int(CHAOS_SECONDS) + 300), pytest.mark.slow]
-
-
-class Ledger:
-    """What the cluster must hold: path -> sha256 of every acknowledged file."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.files: dict[str, str] = {}
-        self.counts = {"writes": 0, "write_failures": 0, "reads": 0, "read_failures": 0,
-                       "mismatches": 0, "renames": 0, "deletes": 0, "kills": 0}
-        self.errors: list[str] = []
-
-    def bump(self, key: str, n: int = 1) -> None:
-        with self.lock:
-            self.counts[key] += n
-
-    def pick(self, rng: random.Random) -> tuple[str, str] | None:
-        with self.lock:
-            if not self.files:
-                return None
-            path = rng.choice(sorted(self.files))
-            return path, self.files[path]
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _writer(cluster, ledger: Ledger, stop: threading.Event, k: int) -> None:
-    rng = random.Random(1000 + k)
-    with cluster.client() as client:
-        n = 0
-        while not stop.is_set():
-            path = f"/chaos/w{k}/f{n:05d}"
-            n += 1
-            data = rng.randbytes(rng.randrange(1, 1200 * KiB))
-            try:
-                with client.create(path, replication=3) as out:
-                    for i in range(0, len(data), 64 * KiB):
-                        out.write(data[i:i + 64 * KiB])
-            except errors.LeaseFSError as exc:
-                ledger.bump("write_failures")
-                ledger.errors.append(f"write {path}: {exc}")
-                continue
-            with ledger.lock:
-                ledger.files[path] = _sha(data)
-                ledger.counts["writes"] += 1
-
-
-def _reader(cluster, ledger: Ledger, stop: threading.Event, k: int) -> None:
-    rng = random.Random(2000 + k)
-    with cluster.client() as client:
-        while not stop.is_set():
-            picked = ledger.pick(rng)
-            if picked is None:
-                time.sleep(0.05)
-                continue
-            path, digest = picked
-            try:
-                data = client.read_file(path)
-            except errors.FileNotFound:
-                continue   # renamed or deleted meanwhile
-            except errors.LeaseFSError as exc:
-                ledger.bump("read_failures")
-                ledger.errors.append(f"read {path}: {exc}")
-                continue
-            ledger.bump("reads")
-            with ledger.lock:
-                still = ledger.files.get(path)
-            if still == digest and _sha(data) != digest:
-                ledger.bump("mismatches")
-                ledger.errors.append(f"MISMATCH {path}")
-
-
-def _mover(cluster, ledger: Ledger, stop: threading.Event) -> None:
-    rng = random.Random(3000)
-    with cluster.client() as client:
-        client.mkdirs("/chaos/moved")
-        n = 0
-        while not stop.is_set():
-            time.sleep(0.1)
-            picked = ledger.pick(rng)
-            if picked is None:
-                continue
-            path, digest = picked
-            with ledger.lock:   # take it out while it moves, so readers skip it
-                if ledger.files.get(path) != digest:
-                    continue
-                del ledger.files[path]
-            try:
-                if rng.random() < 0.6:
-                    dst = f"/chaos/moved/m{n:05d}"
-                    n += 1
-                    client.rename(path, dst)
-                    with ledger.lock:
-                        ledger.files[dst] = digest
-                        ledger.counts["renames"] += 1
-                else:
-                    client.delete(path)
-                    ledger.bump("deletes")
-            except errors.LeaseFSError as exc:
-                with ledger.lock:
-                    ledger.files[path] = digest   # nothing happened
-                ledger.errors.append(f"move {path}: {exc}")
 
 
 def _fsck(cluster) -> tuple[int, str]:
@@ -150,11 +44,11 @@ def test_chaos_kills_and_restarts_block_servers(tmp_path):
             client.mkdirs("/chaos")
         ledger = Ledger()
         stop = threading.Event()
-        threads = [threading.Thread(target=_writer, args=(cluster, ledger, stop, k))
-                   for k in range(3)]
-        threads += [threading.Thread(target=_reader, args=(cluster, ledger, stop, k))
+        threads = [threading.Thread(target=writer, args=(cluster, ledger, stop, k),
+                                    kwargs={"max_bytes": 1200 * KiB}) for k in range(3)]
+        threads += [threading.Thread(target=reader, args=(cluster, ledger, stop, k))
                     for k in range(2)]
-        threads.append(threading.Thread(target=_mover, args=(cluster, ledger, stop)))
+        threads.append(threading.Thread(target=mover, args=(cluster, ledger, stop)))
         for t in threads:
             t.start()
         rng = random.Random(4000)
@@ -183,7 +77,7 @@ def test_chaos_kills_and_restarts_block_servers(tmp_path):
         repair_seconds = time.monotonic() - repair_started
         with cluster.client() as client:
             for path, digest in sorted(ledger.files.items()):
-                assert _sha(client.read_file(path)) == digest, path
+                assert sha(client.read_file(path)) == digest, path
         summary = dict(ledger.counts, files_verified=len(ledger.files),
                        repair_seconds=round(repair_seconds, 1), chaos_seconds=CHAOS_SECONDS)
         print("CHAOS", json.dumps(summary))

@@ -14,7 +14,6 @@ Bounded: ``LEASEFS_HA_CHAOS_ROUNDS`` kill rounds (default 50). The counts are pr
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -24,53 +23,11 @@ import time
 import pytest
 import trio
 
+from chaoskit import KiB, Ledger, mover, sha, writer
 from fs import errors
 from hakit import HACluster
-
-KiB = 1 << 10
 ROUNDS = int(os.environ.get("LEASEFS_HA_CHAOS_ROUNDS", "50"))
 pytestmark = [pytest.mark.timeout(ROUNDS * 20 + 300), pytest.mark.slow]
-
-
-class Ledger:
-    """What the cluster must hold: acknowledged files (path -> sha256) and folders."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.files: dict[str, str] = {}
-        self.folders: set[str] = set()
-        self.counts = {"writes": 0, "write_failures": 0, "mkdirs": 0, "mkdir_failures": 0,
-                       "renames": 0, "deletes": 0, "move_failures": 0}
-        self.kills: dict[str, int] = {"active": 0, "standby": 0, "observer": 0, "etcd": 0}
-        self.errors: list[str] = []
-
-    def bump(self, key: str) -> None:
-        with self.lock:
-            self.counts[key] += 1
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _writer(cluster, ledger: Ledger, stop: threading.Event, k: int) -> None:
-    rng = random.Random(100 + k)
-    with cluster.client() as client:
-        n = 0
-        while not stop.is_set():
-            path = f"/chaos/w{k}/f{n:05d}"
-            n += 1
-            data = rng.randbytes(rng.randrange(1, 300 * KiB))
-            try:
-                with client.create(path, replication=3, overwrite=True) as out:
-                    out.write(data)
-            except errors.LeaseFSError as exc:
-                ledger.bump("write_failures")
-                ledger.errors.append(f"write {path}: {exc}")
-                continue
-            with ledger.lock:
-                ledger.files[path] = _sha(data)
-                ledger.counts["writes"] += 1
 
 
 def _folders(cluster, ledger: Ledger, stop: threading.Event) -> None:
@@ -82,48 +39,12 @@ def _folders(cluster, ledger: Ledger, stop: threading.Event) -> None:
             try:
                 client.mkdirs(path)
             except errors.LeaseFSError as exc:
-                ledger.bump("mkdir_failures")
-                ledger.errors.append(f"mkdirs {path}: {exc}")
+                ledger.failed("mkdir_failures", f"mkdirs {path}: {exc}")
                 continue
             with ledger.lock:
                 ledger.folders.add(path)
                 ledger.counts["mkdirs"] += 1
             time.sleep(0.01)
-
-
-def _mover(cluster, ledger: Ledger, stop: threading.Event) -> None:
-    rng = random.Random(300)
-    with cluster.client() as client:
-        client.mkdirs("/chaos/moved")
-        n = 0
-        while not stop.is_set():
-            time.sleep(0.05)
-            with ledger.lock:
-                if not ledger.files:
-                    continue
-                path = rng.choice(sorted(ledger.files))
-                digest = ledger.files.pop(path)   # out of the ledger while it moves
-            try:
-                if rng.random() < 0.6:
-                    dst = f"/chaos/moved/m{n:05d}"
-                    n += 1
-                    client.rename(path, dst)
-                    with ledger.lock:
-                        ledger.files[dst] = digest
-                        ledger.counts["renames"] += 1
-                else:
-                    client.delete(path)
-                    ledger.bump("deletes")
-            except errors.LeaseFSError as exc:
-                # not acknowledged: it may or may not have happened; find out
-                ledger.bump("move_failures")
-                ledger.errors.append(f"move {path}: {exc}")
-                try:
-                    client.get_file_status(path)
-                    with ledger.lock:
-                        ledger.files[path] = digest
-                except errors.LeaseFSError:
-                    pass
 
 
 def _kill_round(cluster: HACluster, ledger: Ledger, rng: random.Random, k: int) -> None:
@@ -152,7 +73,7 @@ def _kill_round(cluster: HACluster, ledger: Ledger, rng: random.Random, k: int) 
             # itself; either way one server is active and the other follows
             cluster.wait_active(timeout=30)
             cluster.wait_role(victim, ("standby", "active"), timeout=30)
-    ledger.kills[kind] += 1
+    ledger.bump(f"kills {kind}")
 
 
 def _store_items(kv) -> dict[bytes, bytes]:
@@ -202,10 +123,10 @@ def test_ha_chaos(tmp_path):
         with cluster.client() as client:
             client.mkdirs("/chaos")
         stop = threading.Event()
-        threads = [threading.Thread(target=_writer, args=(cluster, ledger, stop, k))
-                   for k in range(2)]
+        threads = [threading.Thread(target=writer, args=(cluster, ledger, stop, k),
+                                    kwargs={"max_bytes": 300 * KiB}) for k in range(2)]
         threads.append(threading.Thread(target=_folders, args=(cluster, ledger, stop)))
-        threads.append(threading.Thread(target=_mover, args=(cluster, ledger, stop)))
+        threads.append(threading.Thread(target=mover, args=(cluster, ledger, stop, 0.05)))
         for t in threads:
             t.start()
         rng = random.Random(4000)
@@ -223,7 +144,7 @@ def test_ha_chaos(tmp_path):
         # everything acknowledged is there
         with cluster.client() as client:
             for path, digest in sorted(ledger.files.items()):
-                assert _sha(client.read_file(path)) == digest, path
+                assert sha(client.read_file(path)) == digest, path
             for path in sorted(ledger.folders):
                 assert client.get_file_status(path).is_dir, path
         # every server has applied the same txid, then its store equals the log's replay
@@ -244,12 +165,14 @@ def test_ha_chaos(tmp_path):
                 assert _store_items(kv) == expected, name
             finally:
                 kv.close()
-        summary = dict(ledger.counts, kills=ledger.kills, rounds=ROUNDS,
+        kills = {kind: ledger.counts[f"kills {kind}"]
+                 for kind in ("active", "standby", "observer", "etcd")}
+        summary = dict(ledger.counts, rounds=ROUNDS,
                        files_verified=len(ledger.files), folders_verified=len(ledger.folders),
                        txids=applied, chaos_seconds=round(chaos_seconds, 1))
         print("HA CHAOS", json.dumps(summary))
-        assert sum(ledger.kills.values()) >= ROUNDS - 3, summary
-        assert all(ledger.kills.values()), summary
+        assert sum(kills.values()) >= ROUNDS - 3, summary
+        assert all(kills.values()), summary
         assert ledger.counts["writes"] > 20 and ledger.counts["mkdirs"] > 100, summary
         # acknowledged writes are what matters; failed ones must stay rare
         assert ledger.counts["write_failures"] <= max(5, ledger.counts["writes"] // 5), \
