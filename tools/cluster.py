@@ -264,7 +264,7 @@ def _home(args) -> Layout:
     return Layout(args.home or default_home())
 
 
-def _embedded_defaults(n: int) -> dict:
+def embedded_defaults(n: int) -> dict:
     # A whole-cluster launch knows how many block servers to expect: wait for all of them
     # (safemode_min_storage) and skip most of HDFS's 30 s safe-mode extension, which exists
     # for clusters whose nodes report at unknown times. With 3 block servers or fewer there
@@ -290,6 +290,36 @@ def _pid_of(state: dict, name: str) -> int | None:
     return entry.get("pid")
 
 
+def start_block_servers(layout: Layout, state: dict, args, alive: list[bool], procs: dict,
+                        started: list, deadline: float, settings_of) -> None:
+    """Start every block server of ``state["storage"]`` not ``alive`` against
+    ``state["meta_address"]`` (its recorded port, else ``--storage-port`` + i, or a free one
+    with 0; ``settings_of(i)`` its settings), record it, and wait for every started one's
+    address; then the cluster is recorded as running."""
+    storage = state["storage"]
+    base = args.storage_port if args.storage_port is not None else DEFAULT_STORAGE_PORT
+    for i, running in enumerate(alive):
+        if running:
+            continue
+        name = f"storage{i}"
+        port = storage[i].get("port")
+        if port is None:
+            port = base + i if base else 0
+        procs[name] = spawn(layout, name, "storage",
+                            ["--meta", state["meta_address"], "--port", str(port)],
+                            settings_of(i))
+        started.append(name)
+        storage[i]["pid"] = procs[name].pid
+        save_state(layout, state)
+    for i in range(len(alive)):
+        name = f"storage{i}"
+        if name in procs:
+            storage[i]["address"] = wait_address(layout, name, procs[name], deadline)
+            storage[i]["port"] = int(storage[i]["address"].rsplit(":", 1)[1])
+    state["running"] = True
+    save_state(layout, state)
+
+
 def cmd_up(args) -> int:
     layout = _home(args)
     state = load_state(layout) or {}
@@ -303,7 +333,7 @@ def cmd_up(args) -> int:
     n = max(n, recorded_n)  # never forget block servers that hold data
     if args.replication is not None and args.replication < 1:
         raise UsageError("--replication must be at least 1")
-    settings = {**_embedded_defaults(n), **state.get("settings", {})}
+    settings = {**embedded_defaults(n), **state.get("settings", {})}
     settings["safemode_min_storage"] = n
     if args.replication is not None:
         settings["replication"] = args.replication
@@ -330,7 +360,7 @@ def cmd_up(args) -> int:
                   "run 'leasefs cluster down' first", file=sys.stderr)
         mountpoint = args.mount or state.get("mount")
         if mountpoint:   # the mount may have died on its own: bring it back
-            return _ensure_mounted(layout, state, os.path.abspath(mountpoint),
+            return ensure_mounted(layout, state, os.path.abspath(mountpoint),
                                    state.get("meta_address"))
         return 0
 
@@ -381,27 +411,9 @@ def cmd_up(args) -> int:
             state["meta"]["port"] = int(address.rsplit(":", 1)[1])
             save_state(layout, state)
         address = state["meta_address"]
-        base = args.storage_port if args.storage_port is not None else DEFAULT_STORAGE_PORT
-        for i in range(n):
-            if storage_alive[i]:
-                continue
-            name = f"storage{i}"
-            port = storage[i].get("port")
-            if port is None:
-                port = base + i if base else 0
-            procs[name] = spawn(layout, name, "storage",
-                                ["--meta", address, "--port", str(port)],
-                                {**settings, "cluster_key_file": key_file, **storage_tls[i]})
-            started.append(name)
-            storage[i]["pid"] = procs[name].pid
-            save_state(layout, state)
-        for i in range(n):
-            name = f"storage{i}"
-            if name in procs:
-                storage[i]["address"] = wait_address(layout, name, procs[name], deadline)
-                storage[i]["port"] = int(storage[i]["address"].rsplit(":", 1)[1])
-        state["running"] = True
-        save_state(layout, state)
+        start_block_servers(layout, state, args, storage_alive, procs, started, deadline,
+                            lambda i: {**settings, "cluster_key_file": key_file,
+                                       **storage_tls[i]})
         report = wait_ready(layout, address, n, procs, deadline, ca_file)
     except StartupFailed as exc:
         print(f"{PROG} cluster up: {exc}", file=sys.stderr)
@@ -421,7 +433,7 @@ def cmd_up(args) -> int:
     print("  try: leasefs ls -l /   |   leasefs put FILE /   |   leasefs report")
     mountpoint = args.mount or state.get("mount")
     if mountpoint:
-        return _ensure_mounted(layout, state, os.path.abspath(mountpoint), address)
+        return ensure_mounted(layout, state, os.path.abspath(mountpoint), address)
     return 0
 
 
@@ -446,7 +458,7 @@ def _mount_alive(path: str) -> bool:
         return False
 
 
-def _ensure_mounted(layout, state: dict, mountpoint: str, address: str) -> int:
+def ensure_mounted(layout, state: dict, mountpoint: str, address: str) -> int:
     """Mount the cluster at ``mountpoint`` with the daemonized ``leasefs mount`` (a stale
     mount left by a dead daemon is lazily unmounted first); remembered for ``down``."""
     if mounted_fuse(mountpoint):
@@ -574,15 +586,29 @@ def cmd_status(args) -> int:
         overall, code = "up", 0
     else:
         overall, code = "degraded", 1
+    _print_status(args, layout, state, overall, procs, report, nodes=True,
+                  error_line=f"  metadata server not answering: {error}"
+                  if procs[0]["alive"] else None)
+    return code
+
+
+def _print_status(args, layout: Layout, state: dict, overall: str, procs: list[dict],
+                  report: dict | None, *, ha: dict | None = None, lines=(),
+                  nodes: bool = False, error_line: str | None = None) -> None:
+    """``cluster status`` output, JSON or text: the processes, then the (active) metadata
+    server's view of the block servers (each one with ``nodes``), or ``error_line``."""
     if args.json:
-        print(json.dumps({"home": layout.home, "state": overall,
-                          "meta_address": state.get("meta_address"), "processes": procs,
-                          "live_nodes": None if report is None else report.get("live_nodes"),
-                          "safemode": None if report is None else report.get("safemode")},
-                         indent=2, default=str))
-        return code
-    print(f"leasefs cluster in {layout.home}: {overall}")
-    print(f"  metadata server address: {state.get('meta_address')}")
+        out = {"home": layout.home, "state": overall, **({"ha": ha} if ha is not None else {}),
+               "meta_address": state.get("meta_address"), "processes": procs,
+               "live_nodes": None if report is None else report.get("live_nodes"),
+               "safemode": None if report is None else report.get("safemode")}
+        print(json.dumps(out, indent=2, default=str))
+        return
+    print(f"leasefs cluster in {layout.home}: {overall}" + (" (HA)" if ha is not None else ""))
+    print(f"  metadata server address{'es' if ha is not None else ''}: "
+          f"{state.get('meta_address')}")
+    for line in lines:
+        print(line)
     for p in procs:
         print(f"  {p['name']:<10} pid {p['pid'] or '-':<8} {'running' if p['alive'] else 'stopped'}"
               + (f"  {p['address']}" if p["address"] else ""))
@@ -590,12 +616,11 @@ def cmd_status(args) -> int:
         sm = report.get("safemode") or {}
         print(f"  live block servers: {len(report.get('live_nodes', []))}, dead: "
               f"{len(report.get('dead_nodes', []))}; safe mode {'ON' if sm.get('on') else 'OFF'}")
-        for node in report.get("live_nodes", []):
+        for node in report.get("live_nodes", []) if nodes else ():
             print(f"    {node.get('node_id', '?')}  {node.get('address', '?')}  "
                   f"blocks {node.get('blocks', 0)}  heartbeat {node.get('last_heartbeat_age', 0):.1f}s ago")
-    elif procs[0]["alive"]:
-        print(f"  metadata server not answering: {error}")
-    return code
+    elif error_line:
+        print(error_line)
 
 
 def _status_ha(args, layout: Layout, state: dict) -> int:
@@ -620,26 +645,9 @@ def _status_ha(args, layout: Layout, state: dict) -> int:
         overall, code = "up", 0
     else:
         overall, code = "degraded", 1
-    if args.json:
-        print(json.dumps({"home": layout.home, "state": overall, "ha": ha,
-                          "meta_address": state.get("meta_address"), "processes": storage,
-                          "live_nodes": None if report is None else report.get("live_nodes"),
-                          "safemode": None if report is None else report.get("safemode")},
-                         indent=2, default=str))
-        return code
-    print(f"leasefs cluster in {layout.home}: {overall} (HA)")
-    print(f"  metadata server addresses: {state.get('meta_address')}")
-    for line in lines:
-        print(line)
-    for p in storage:
-        print(f"  {p['name']:<10} pid {p['pid'] or '-':<8} {'running' if p['alive'] else 'stopped'}"
-              + (f"  {p['address']}" if p["address"] else ""))
-    if report is not None:
-        sm = report.get("safemode") or {}
-        print(f"  live block servers: {len(report.get('live_nodes', []))}, dead: "
-              f"{len(report.get('dead_nodes', []))}; safe mode {'ON' if sm.get('on') else 'OFF'}")
-    elif ha["active"]:
-        print(f"  active metadata server not answering: {error}")
+    _print_status(args, layout, state, overall, storage, report, ha=ha, lines=lines,
+                  error_line=f"  active metadata server not answering: {error}"
+                  if ha["active"] else None)
     return code
 
 

@@ -42,9 +42,9 @@ from fs.errors import LeaseFSError
 
 from . import etcd as etcdmod
 from .cluster import (DEFAULT_HTTP_PORT, DEFAULT_META_PORT, DEFAULT_STORAGE,
-                      DEFAULT_STORAGE_PORT, Layout, StartupFailed, _embedded_defaults,
-                      _ensure_mounted, is_ours, log_tail, probe_report, save_state, spawn,
-                      wait_address)
+                      Layout, StartupFailed, embedded_defaults,
+                      ensure_mounted, is_ours, log_tail, probe_report, save_state, spawn,
+                      start_block_servers, wait_address)
 from .common import PROG
 from .formatting import UsageError, parse_settings
 from .haadmin import active_of, statuses, why_not
@@ -168,7 +168,7 @@ def cmd_up(args, layout: Layout, state: dict) -> int:
         raise UsageError("--storage must be at least 0")
     n = max(n, recorded_n)
     ha = state.setdefault("ha", {})
-    settings = {**_embedded_defaults(n), **state.get("settings", {})}
+    settings = {**embedded_defaults(n), **state.get("settings", {})}
     settings["safemode_min_storage"] = n
     if args.replication is not None:
         if args.replication < 1:
@@ -265,27 +265,10 @@ def cmd_up(args, layout: Layout, state: dict) -> int:
         storage = state.setdefault("storage", [])
         while len(storage) < n:
             storage.append({})
-        base = args.storage_port if args.storage_port is not None else DEFAULT_STORAGE_PORT
-        for i in range(n):
-            name = f"storage{i}"
-            if is_ours(storage[i].get("pid"), "storage", layout.storage_data(i)):
-                continue
-            port = storage[i].get("port")
-            if port is None:
-                port = base + i if base else 0
-            procs[name] = spawn(layout, name, "storage",
-                                ["--meta", state["meta_address"], "--port", str(port)],
-                                settings)
-            started.append(name)
-            storage[i]["pid"] = procs[name].pid
-            save_state(layout, state)
-        for i in range(n):
-            name = f"storage{i}"
-            if name in procs:
-                storage[i]["address"] = wait_address(layout, name, procs[name], deadline)
-                storage[i]["port"] = int(storage[i]["address"].rsplit(":", 1)[1])
-        state["running"] = True
-        save_state(layout, state)
+        alive = [is_ours(storage[i].get("pid"), "storage", layout.storage_data(i))
+                 for i in range(n)]
+        start_block_servers(layout, state, args, alive, procs, started, deadline,
+                            lambda i: settings)
         if n:
             say(f"block servers: waiting for {n} to report to the active ...")
         report = wait_storage(layout, active, n, procs, deadline)
@@ -302,7 +285,7 @@ def cmd_up(args, layout: Layout, state: dict) -> int:
     print("  try: leasefs haadmin -getAllServiceState   |   leasefs haadmin -failover")
     mountpoint = args.mount or state.get("mount")
     if mountpoint:
-        return _ensure_mounted(layout, state, os.path.abspath(mountpoint),
+        return ensure_mounted(layout, state, os.path.abspath(mountpoint),
                                state["meta_address"])
     return 0
 
