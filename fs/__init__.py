@@ -1,8 +1,9 @@
 """leasefs shared core and client.
 
 ``from fs import Client, AsyncClient`` — the public client. ``fs.errors`` is the error family,
-``fs.paths`` the path rules, ``fs.config`` the settings, ``fs.rpc``/``fs.framing``/
-``fs.datatransfer`` the wire protocols (docs/PROTOCOL.md).
+``fs.paths`` the path rules, ``fs.config`` the settings, ``fs.rpc`` (with
+``fs.rpcclient``/``fs.rpcserver``)/``fs.framing``/``fs.datatransfer`` the wire protocols
+(docs/PROTOCOL.md).
 """
 
 from . import errors

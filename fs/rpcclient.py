@@ -1,0 +1,511 @@
+"""The client side of leasefs RPC (the wire: ``fs.rpc``, docs/PROTOCOL.md).
+
+Why a module of its own: one job per module. ``RpcClient`` is what every caller of a
+metadata server uses (``fs.client``, block servers' heartbeats, the tools): it keeps one
+connection to the current server of its list, sends the hello and the calls, matches the
+replies to the waiting calls, times them out, retries a call lost with its connection
+(same call id, so the server's retry cache applies it at most once) and fails over through
+the server list; ``StateAlignment`` carries the newest server state id a client has seen
+(read-your-writes for observer reads). The server side is ``fs.rpcserver``; the pieces both
+share (addresses, identities, local socket names, ``ACTING_FOR``) are ``fs.rpc``, which
+re-exports this module's public names.
+
+Concurrency contract: ``RpcClient.call`` may be called from any number of tasks of the
+client's trio thread at once; sends are queued whole on the connection's channel (no lock),
+one reader task per connection resolves the waiters.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import math
+import secrets
+import socket
+import time
+import uuid
+
+import outcome
+import trio
+
+from . import delegation, errors, nodeauth
+from . import tls as tlsmod
+from .config import DEFAULT_LOCAL_SOCKET
+from .errors import LeaseFSError, ProtocolError, RpcTimeout, ServerUnavailable
+from .framing import DEFAULT_MAX_FRAME, FrameChannel, brief
+
+# the logger keeps the name it had before the client moved out of fs.rpc: logging settings
+# and log readers that name "fs.rpc" still see the client's messages
+log = logging.getLogger("fs.rpc")
+
+
+def _local_sockets(setting: str | None, addresses) -> list[str | None]:
+    """The local socket of each of ``addresses`` (``local_socket_name``). A name that
+    several addresses share (a setting without ``{port}``) cannot tell their servers apart:
+    those go over TCP."""
+    names = [local_socket_name(setting, a) if setting else None for a in addresses]
+    if len(addresses) > 1:
+        shared = {n for n in names if n is not None and names.count(n) > 1}
+        if shared:
+            log.debug("local socket %s is named for several servers of the list: TCP for "
+                      "them", ", ".join(sorted(shared)))
+        names = [None if n in shared else n for n in names]
+    return names
+
+
+class _Waiter:
+    """One call's wait for its reply. Resolved exactly once, by whoever pops it from its
+    connection's ``waiters`` first: the reader (the reply), ``fail_all`` (the connection
+    died) or the timeout watchdog. Why not a ``trio.Event`` plus ``move_on_after`` per call:
+    those two cost a quarter of a client's CPU per metadata call."""
+
+    __slots__ = ("task", "result", "deadline")
+
+    def __init__(self, deadline: float):
+        self.task = None           # the parked caller, while it waits
+        self.result = None         # (ok, value) when resolved before the caller parked
+        self.deadline = deadline
+
+    def resolve(self, ok: bool, value) -> None:
+        if self.task is not None:
+            task, self.task = self.task, None
+            trio.lowlevel.reschedule(task, outcome.Value((ok, value)))
+        else:
+            self.result = (ok, value)
+
+    async def wait(self, abort) -> tuple[bool, object]:
+        if self.result is not None:
+            return self.result
+        self.task = trio.lowlevel.current_task()
+
+        def aborted(_raise_cancel):
+            self.task = None
+            abort()
+            return trio.lowlevel.Abort.SUCCEEDED
+        return await trio.lowlevel.wait_task_rescheduled(aborted)
+
+
+class _Connection:
+    """One TCP connection with its reader task; dies as a whole on any error. ``index``:
+    which of the client's ``addresses`` it goes to."""
+
+    def __init__(self, channel: FrameChannel, index: int = 0, address=("?", 0)):
+        self.channel = channel
+        self.index = index
+        self.address = address
+        self.waiters: dict[int, _Waiter] = {}
+        self.broken: LeaseFSError | None = None
+
+    def fail_all(self, exc: LeaseFSError) -> None:
+        self.broken = exc
+        waiters, self.waiters = self.waiters, {}
+        for waiter in waiters.values():
+            waiter.resolve(False, exc)
+
+
+class StateAlignment:
+    """The newest server state id (the metadata server's applied journal txid) a client has
+    seen in a reply, shared by its connection to the active and the one to observers
+    (HDFS-12943 AlignmentContext): sent with each call, it keeps an observer from answering
+    with a namespace older than the client's own writes. Only grows."""
+
+    __slots__ = ("last_seen",)
+
+    def __init__(self) -> None:
+        self.last_seen = 0
+
+    def note(self, state_id) -> None:
+        if type(state_id) is int and state_id > self.last_seen:
+            self.last_seen = state_id
+
+
+class RpcClient:
+    """A reconnecting RPC client bound to one server address or to a list of them (HA:
+    active, standbys, observers; ``"h1:p1,h2:p2"`` or a list, see ``parse_address_list``).
+
+    ``call`` retries on connection loss (not on server-side errors) with the same call id
+    until ``retry_seconds`` passed, so with the server's retry cache every call is applied
+    at most once. Use as ``async with RpcClient(...) as rpc``.
+
+    Failover (HDFS ConfiguredFailoverProxyProvider): one address is current (``address``);
+    when a call cannot reach it (``ServerUnavailable``) or it answers ``StandbyError`` (it
+    did not carry the call out), the client makes the next address of the list current and
+    sends the call there, same call id; a full cycle where no address served waits the
+    backoff (0.05 s doubling to 1 s) before the next, all within ``retry_seconds``. A
+    working address stays current until it fails: calls never probe the others.
+    ``RpcTimeout`` is not retried (the call may be running). Calls still in flight on the
+    connection left behind get their replies there; new calls go to the new address.
+
+    ``user``/``groups`` are the identity the hello states (default: the calling process's
+    user and group names); the metadata server checks permissions against them.
+    """
+
+    def __init__(self, address, client_id: str, *, timeout: float = 60.0,
+                 retry_seconds: float = 30.0, connect_timeout: float = 5.0,
+                 max_frame: int = DEFAULT_MAX_FRAME,
+                 retry_errors: tuple[type[LeaseFSError], ...] = (),
+                 user: str | None = None, groups=None, sync_metadata: bool = True,
+                 authenticate=None, local_socket: str | None = DEFAULT_LOCAL_SOCKET,
+                 token=None, tls=None, alignment: "StateAlignment | None" = None):
+        self.addresses = parse_address_list(address)
+        self._current = 0          # index into addresses: where calls go now (sticky)
+        self._told: dict[int, str] = {}   # address index → the state last logged of it
+        # each server's local socket (``local_socket_address``), tried before TCP: there the
+        # kernel tells the server who we are; by default the default ``meta_socket`` of a
+        # server on a loopback address, None: TCP only. ``local_socket`` is the setting
+        # (``{port}`` filled per address) or a name already filled in
+        self._local_sockets = _local_sockets(local_socket, self.addresses)
+        # read-your-writes for observer reads (``StateAlignment``, shared with the client's
+        # connection to observers): replies carry the server's state id, requests the newest
+        # one seen; None: neither (the hello does not ask)
+        self.alignment = alignment
+        # a ``fs.delegation.TokenFile`` that authenticates a TCP connection
+        self.token = token
+        # ``fs.tls.ClientTls`` (tls = on): every TCP connection is TLS, the server's
+        # certificate verified for the host of ``address``
+        self.tls = tls
+        # ``async authenticate(call)`` runs on every new connection before any other call
+        # goes on it; ``call(method, args)`` calls on that connection (fs.nodeauth)
+        self.authenticate = authenticate
+        self.user, groups = check_identity(
+            current_user() if user is None else user,
+            current_groups() if groups is None else list(groups), "RPC client identity")
+        self.groups = list(groups)
+        self.sync_metadata = sync_metadata
+        # The retry cache keys on (client_id, call_id) and call ids restart at 1 in every
+        # RpcClient: the random part keeps two clients that share a name (two processes, a
+        # restarted service) from ever answering each other's calls. It stays the same across
+        # reconnects of this RpcClient, which is what lets a retry find its first outcome.
+        self.client_id = f"{client_id}#{uuid.uuid4().hex[:16]}"
+        self.timeout = timeout
+        self.retry_seconds = retry_seconds
+        self.connect_timeout = connect_timeout
+        self.max_frame = max_frame
+        # server errors that mean "not now" (e.g. startup safe mode): retried like a lost
+        # connection, within the same retry budget
+        self.retry_errors = retry_errors
+        self._call_ids = itertools.count(1)
+        self._conn: _Connection | None = None
+        # connections to addresses left behind whose calls are still in flight: closed once
+        # they are answered
+        self._leaving: set[_Connection] = set()
+        self._connect_lock = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm = None
+        self._watchdog_scope = trio.CancelScope()   # replaced by the watchdog's own
+        self._closed = False
+
+    async def __aenter__(self):
+        self._nursery_cm = trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+        self._nursery.start_soon(self._watchdog)
+        return self
+
+    async def __aexit__(self, *exc_info):
+        await self.aclose()
+        return await self._nursery_cm.__aexit__(*exc_info)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        conn, self._conn = self._conn, None
+        leaving, self._leaving = list(self._leaving), set()
+        for each in [conn, *leaving] if conn is not None else leaving:
+            each.fail_all(ServerUnavailable("client closed"))
+            await each.channel.aclose()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The current server's ``(host, port)``: where the next call goes."""
+        return self.addresses[self._current]
+
+    @property
+    def local_socket(self) -> str | None:
+        """The current server's local socket name, None: TCP only."""
+        return self._local_sockets[self._current]
+
+    @property
+    def last_seen_txid(self) -> int:
+        return self.alignment.last_seen if self.alignment is not None else 0
+
+    def note_txid(self, txid) -> None:
+        """Remember a journal txid a server reported: the client's reads must not see a
+        namespace older than its own writes (observer reads); only grows."""
+        if self.alignment is None:
+            self.alignment = StateAlignment()
+        self.alignment.note(txid)
+
+    def _move_from(self, index: int, exc: LeaseFSError) -> None:
+        """Make the address after ``addresses[index]`` current, unless another call moved
+        on already (concurrent calls that failed together move once, and log once). The
+        connection left behind keeps serving the calls in flight on it."""
+        if index != self._current or len(self.addresses) < 2:
+            return
+        self._current = (index + 1) % len(self.addresses)
+        conn = self._conn
+        if conn is not None and conn.index == index:
+            self._conn = None
+            if conn.broken is None:
+                self._leave(conn)
+        # a standby at the head of the list is routine under HA; a dead server is not. Each
+        # server's state is told once until it serves again (a failover cycles the list)
+        standby = isinstance(exc, errors.StandbyError)
+        state = "is standby" if standby else "is unreachable"
+        told = self._told.get(index) == state
+        self._told[index] = state
+        log.log(logging.DEBUG if told else logging.INFO if standby else logging.WARNING,
+                "metadata server %s %s (%s); trying %s", format_address(self.addresses[index]),
+                state, exc, format_address(self.address))
+
+    def _leave(self, conn: _Connection) -> None:
+        if conn.waiters:
+            self._leaving.add(conn)
+        else:
+            conn.fail_all(ServerUnavailable(f"left {format_address(conn.address)} for "
+                                            f"another server"))
+            self._nursery.start_soon(conn.channel.aclose)
+
+    @property
+    def connected(self) -> bool:
+        """A connection is open (a call now needs no connect); False after the server closed
+        it, e.g. for being idle: the next call reconnects."""
+        return self._conn is not None and self._conn.broken is None
+
+    async def _connect(self) -> _Connection:
+        async with self._connect_lock:
+            if self._conn is not None and self._conn.broken is None:
+                return self._conn
+            if self._closed:
+                raise ServerUnavailable("RPC client is closed")
+            index = self._current
+            address = self.addresses[index]
+            stream, local = await self._open_stream(address, self._local_sockets[index])
+            channel = FrameChannel(stream, self._nursery, self.max_frame)
+            hello = {"hello": "leasefs", "version": PROTOCOL_VERSION,
+                     "client_id": self.client_id, "user": self.user,
+                     "groups": self.groups, "sync_metadata": self.sync_metadata}
+            if self.alignment is not None:
+                hello["state_id"] = True
+            channel.send_nowait(hello)
+            conn = _Connection(channel, index, address)
+            self._nursery.start_soon(self._reader, conn)
+            authenticate = self.authenticate
+            if authenticate is None and self.token is not None and not local:
+                authenticate = functools.partial(self._token_authenticate, address=address)
+            if authenticate is not None:
+                try:
+                    with trio.fail_after(self.timeout):
+                        await authenticate(functools.partial(self._call_on, conn))
+                except trio.TooSlowError:
+                    conn.fail_all(ServerUnavailable("authentication timed out"))
+                    with trio.CancelScope(shield=True):
+                        await conn.channel.aclose()
+                    raise RpcTimeout(f"authenticating to {format_address(address)}: "
+                                     f"no answer within {self.timeout:g} s") from None
+                except BaseException as exc:
+                    conn.fail_all(exc if isinstance(exc, LeaseFSError)
+                                  else ServerUnavailable("authentication interrupted"))
+                    with trio.CancelScope(shield=True):
+                        await conn.channel.aclose()
+                    raise
+            self._conn = conn
+            return conn
+
+    async def _open_stream(self, address, local_socket) -> tuple[trio.abc.Stream, bool]:
+        """``(stream, local)`` to ``address``: its local socket when there is one and it
+        answers, else TCP (TLS over it when ``self.tls``, the certificate checked for the
+        host of ``address``)."""
+        if local_socket:
+            sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                with trio.fail_after(self.connect_timeout):
+                    await sock.connect(local_socket_address(local_socket))
+                return trio.SocketStream(sock), True
+            except (OSError, trio.TooSlowError):
+                sock.close()   # no local server (another machine's, or an older one): TCP
+        host, port = address
+        try:
+            with trio.fail_after(self.connect_timeout):
+                stream = await trio.open_tcp_stream(host, port)
+        except (OSError, trio.TooSlowError) as exc:
+            raise ServerUnavailable(
+                f"cannot reach {format_address(address)}: {exc or 'connect timed out'}"
+            ) from None
+        if self.tls is not None:
+            try:
+                with trio.fail_after(self.connect_timeout):
+                    stream = await tlsmod.connect(stream, self.tls, host,
+                                                  format_address(address))
+            except trio.TooSlowError:
+                raise ServerUnavailable(f"TLS handshake with {format_address(address)}"
+                                        f": no answer within {self.connect_timeout:g} s "
+                                        f"(does it serve TLS?)") from None
+        return stream, False
+
+    async def _token_authenticate(self, call, address=None) -> None:
+        """``fs.delegation`` steps 2-3 with ``self.token``; ``AuthenticationFailed`` when the
+        server refuses it or cannot prove it knows the token's password."""
+        token = self.token
+        server_nonce = await call("token_challenge", {})
+        client_nonce = secrets.token_bytes(32)
+        answer = await call("token_authenticate", {
+            "token": token.token.to_wire(), "client_nonce": client_nonce,
+            "proof": delegation.client_proof(token.secret, server_nonce, client_nonce)})
+        if not nodeauth.same(answer, delegation.server_proof(token.secret, server_nonce, client_nonce)):
+            raise errors.AuthenticationFailed(
+                f"{format_address(address or self.address)} did not prove it knows the password of "
+                f"{token.token.describe()}: not the metadata server that issued it")
+
+    async def _call_on(self, conn: _Connection, method: str, args: dict):
+        """One call on ``conn`` itself (the authentication of a new connection)."""
+        call_id = next(self._call_ids)
+        waiter = _Waiter(math.inf)
+        conn.waiters[call_id] = waiter
+        conn.channel.send_nowait([call_id, method, args])
+        ok, value = await waiter.wait(lambda: conn.waiters.pop(call_id, None))
+        if ok:
+            return value
+        raise value if isinstance(value, LeaseFSError) else errors.from_wire(value)
+
+    async def _reader(self, conn: _Connection) -> None:
+        try:
+            while True:
+                for reply in await conn.channel.receive_batch():
+                    if not (isinstance(reply, list) and 3 <= len(reply) <= 4):
+                        raise ProtocolError(f"malformed reply from server: {brief(reply)}")
+                    call_id, ok, value = reply[:3]
+                    if len(reply) == 4 and self.alignment is not None:
+                        self.alignment.note(reply[3])
+                    waiter = conn.waiters.pop(call_id, None)
+                    if waiter is None:
+                        if call_id is None and not ok:  # server-side fatal error on this connection
+                            raise errors.from_wire(value)
+                        continue
+                    waiter.resolve(bool(ok), value)
+        except EOFError:
+            conn.fail_all(ServerUnavailable(f"{format_address(conn.address)} closed the connection"))
+        except errors.TlsError as exc:   # trying again meets the same setting: final
+            conn.fail_all(errors.TlsError(f"{format_address(conn.address)}: {exc}"))
+        except LeaseFSError as exc:
+            conn.fail_all(exc if isinstance(exc, ServerUnavailable)
+                          else ServerUnavailable(f"{format_address(conn.address)}: {exc}"))
+        finally:
+            if conn.broken is None:
+                conn.fail_all(ServerUnavailable(f"connection to {format_address(conn.address)} "
+                                                f"closed"))
+            if self._conn is conn:
+                self._conn = None
+            self._leaving.discard(conn)
+            await conn.channel.aclose()
+
+    async def call_once(self, method: str, args: dict, call_id: int, timeout: float):
+        conn = self._conn
+        if conn is None or conn.broken is not None:
+            conn = await self._connect()
+        waiter = _Waiter(trio.current_time() + timeout)
+        # other calls waiting on this connection: this request most likely has company in
+        # this scheduler round (the callers one batch of replies woke), so it waits for the
+        # flusher and they leave in one write; a lone call is written at once
+        defer = bool(conn.waiters)
+        conn.waiters[call_id] = waiter
+        acting = ACTING_FOR.get()
+        if acting is not None and acting["user"] == self.user:
+            acting = None
+        seen = self.alignment.last_seen if self.alignment is not None else 0
+        request = [call_id, method, args, acting, seen] if seen else \
+            [call_id, method, args] if acting is None else [call_id, method, args, acting]
+        try:
+            # written straight to the socket or queued whole, no task switch (FrameChannel)
+            conn.channel.send_nowait(request, defer=defer)
+            if conn.channel.backlogged:
+                await conn.channel.drained()
+        except BaseException as exc:
+            conn.waiters.pop(call_id, None)
+            if isinstance(exc, ServerUnavailable) and conn.broken is None:
+                conn.fail_all(exc)
+            raise
+        if waiter.deadline < self._watchdog_scope.deadline:
+            self._watchdog_scope.deadline = waiter.deadline
+        ok, value = await waiter.wait(lambda: conn.waiters.pop(call_id, None))
+        if conn in self._leaving and not conn.waiters:   # its last call is answered
+            self._leaving.discard(conn)
+            self._leave(conn)
+        if ok:
+            return value
+        if isinstance(value, RpcTimeout):
+            # only this call gave up: the connection and the other calls on it go on
+            raise RpcTimeout(f"{method}: no reply from {format_address(conn.address)} "
+                             f"within {timeout:g} s")
+        raise value if isinstance(value, LeaseFSError) else errors.from_wire(value)
+
+    async def _watchdog(self) -> None:
+        """Times out calls: sleeps until the earliest deadline of any waiting call (a call
+        with an earlier one moves the wake-up forward), then fails the expired ones."""
+        while True:
+            with trio.CancelScope() as scope:
+                self._watchdog_scope = scope
+                scope.deadline = min((w.deadline for conn in self._live()
+                                      for w in conn.waiters.values()), default=math.inf)
+                await trio.sleep_forever()
+            now = trio.current_time()
+            for conn in self._live():
+                expired = [call_id for call_id, w in conn.waiters.items() if w.deadline <= now]
+                for call_id in expired:
+                    conn.waiters.pop(call_id).resolve(False, RpcTimeout("timed out"))
+
+    def _live(self) -> list[_Connection]:
+        return [self._conn, *self._leaving] if self._conn is not None else list(self._leaving)
+
+    async def call(self, method: str, args: dict | None = None, *, timeout: float | None = None,
+                   retry_seconds: float | None = None):
+        """Call ``method(**args)``; retries transport failures and ``StandbyError`` with the
+        same call id, moving through the server list (see the class docstring)."""
+        call_id = next(self._call_ids)
+        timeout = self.timeout if timeout is None else timeout
+        budget = self.retry_seconds if retry_seconds is None else retry_seconds
+        deadline = time.monotonic() + budget
+        delay = 0.05
+        several = len(self.addresses) > 1
+        failed: dict[int, LeaseFSError] = {}   # this cycle: address index → why it did not serve
+        while True:
+            index = self._current
+            try:
+                answer = await self.call_once(method, args or {}, call_id, timeout)
+                if self._told:
+                    self._told.pop(index, None)
+                return answer
+            except (ServerUnavailable, errors.StandbyError, *self.retry_errors) as exc:
+                if isinstance(exc, RpcTimeout) or self._closed:
+                    raise
+                if several and isinstance(exc, (ServerUnavailable, errors.StandbyError)):
+                    failed[index] = exc
+                    self._move_from(index, exc)
+                    if len(failed) < len(self.addresses) and time.monotonic() < deadline:
+                        continue              # the next server at once
+                if time.monotonic() + delay > deadline:
+                    if several and failed:
+                        raise self._none_served(failed, budget) from None
+                    raise
+                log.debug("%s: %s; retrying in %.2fs", method, exc, delay)
+                failed.clear()
+                await trio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _none_served(self, failed: dict[int, LeaseFSError], budget: float) -> LeaseFSError:
+        """The error of a call no server of the list carried out: ``StandbyError`` when
+        each answered so, else ``ServerUnavailable``; it names every server and its cause."""
+        causes = "; ".join(f"{format_address(self.addresses[i])}: {exc}"
+                           for i, exc in sorted(failed.items()))
+        every = all(isinstance(exc, errors.StandbyError) for exc in failed.values())
+        kind = errors.StandbyError if every else ServerUnavailable
+        return kind(f"no metadata server of {format_address_list(self.addresses)} served the "
+                    f"call within {budget:g} s ({causes})")
+
+
+# the shared wire pieces, imported last: fs.rpc re-exports this module's names at its own
+# end, so whichever of the two is imported first finds what it needs already defined
+from .rpc import (ACTING_FOR, PROTOCOL_VERSION, check_identity,  # noqa: E402
+                  current_groups, current_user, format_address, format_address_list,
+                  local_socket_address, local_socket_name, parse_address_list)
