@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -213,6 +214,8 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, graceful: bool, int
             for k in range(rounds):
                 active = await trio.to_thread.run_sync(cluster.active)
                 before = await ha_status(cluster.address(active))
+                # at a random moment of the active's keepalive cycle (TTL/3)
+                await trio.sleep(random.uniform(0, cluster.settings["ha_election_timeout"] / 3))
                 started = time.monotonic()
                 if graceful:
                     from fs.rpc import RpcClient
