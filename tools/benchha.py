@@ -53,7 +53,8 @@ from .progress import StatusLine
 class PrivateHACluster:
     """etcd members and metadata server processes of one private HA cluster."""
 
-    def __init__(self, folder: str, members, n_meta: int, settings: dict, status):
+    def __init__(self, folder: str, members, n_meta: int, settings: dict, status,
+                 engine_cpus: set[int] | None = None):
         from . import etcd
 
         self.folder = folder
@@ -62,6 +63,8 @@ class PrivateHACluster:
         self.names = [f"meta{i}" for i in range(n_meta)]
         self.ports = {name: etcd.free_port() for name in self.names}
         self.procs: dict[str, subprocess.Popen] = {}
+        # CPUs of the replication engine's side: etcd and every server but the first
+        self.engine_cpus = engine_cpus
         self.settings = {"ha": "etcd", "ha_etcd_endpoints": etcd.endpoints(members),
                          "ha_prefix": f"/leasefs/bench-{os.getpid()}", **settings}
 
@@ -82,10 +85,12 @@ class PrivateHACluster:
             cmd += ["--set", f"{key}={value}"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        cpus = self.engine_cpus if name != self.names[0] else None
         with open(os.path.join(self.folder, f"{name}.log"), "ab") as log:
-            self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, env=env, cwd=root,
-                                                start_new_session=True)
+            self.procs[name] = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                cwd=root, start_new_session=True,
+                preexec_fn=None if cpus is None else (lambda: os.sched_setaffinity(0, cpus)))
 
     def kill(self, name: str, sig=signal.SIGKILL) -> None:
         proc = self.procs.get(name)
@@ -143,9 +148,12 @@ async def ha_status(address: str, reset_lag: bool = False) -> dict | None:
 
 
 @contextmanager
-def private_ha_cluster(home: str, status, n_meta: int = 2, settings: dict | None = None):
+def private_ha_cluster(home: str, status, n_meta: int = 2, settings: dict | None = None,
+                       engine_cpus: set[int] | None = None):
     """3 etcd members and ``n_meta`` metadata servers in a fresh folder under ``home``;
-    yields a ``PrivateHACluster`` with an active server; everything stopped at exit."""
+    yields a ``PrivateHACluster`` with an active server (the first); everything stopped at
+    exit. ``engine_cpus``: the CPUs etcd and the other servers run on (the machines of the
+    replication engine, as a deployment puts etcd apart from the active)."""
     from . import etcd
 
     folder = tempfile.mkdtemp(prefix=".bench-ha-", dir=home)
@@ -156,9 +164,10 @@ def private_ha_cluster(home: str, status, n_meta: int = 2, settings: dict | None
         status(f"starting 3 etcd members in {folder}")
         token = etcd.new_token()
         for member in members:
-            procs[member.name] = etcd.spawn(member, members, token)
+            procs[member.name] = etcd.spawn(member, members, token, cpus=engine_cpus)
         etcd.wait_healthy(members, procs)
-        cluster = PrivateHACluster(folder, members, n_meta, settings or {}, status)
+        cluster = PrivateHACluster(folder, members, n_meta, settings or {}, status,
+                                   engine_cpus)
         for name in cluster.names:
             status(f"starting metadata server {name} (ha = etcd)")
             cluster.start(name)

@@ -326,9 +326,15 @@ def run_meta_bench(cmd: Command) -> int:
         # the same workload without and with the replicated log, in the same run
         from .benchha import private_ha_cluster
         modes = ["none", "etcd"]
+        engine = _engine_cpus(a.engine_cpus)
+        if engine:
+            # the clients and the (active) metadata server of both runs on the other CPUs
+            os.sched_setaffinity(0, os.sched_getaffinity(0) - engine)
+            status(f"etcd and the standby on CPUs {sorted(engine)}, the active and the "
+                   f"clients on {sorted(os.sched_getaffinity(0))}")
         with private_meta_server(home, "fine", status) as address:
             results["none"] = run_on_server(address, a, status, "none")
-        with private_ha_cluster(home, status) as cluster:
+        with private_ha_cluster(home, status, engine_cpus=engine) as cluster:
             results["etcd"] = run_on_server(cluster.address(cluster.active()), a, status,
                                             "etcd")
     else:
@@ -403,6 +409,21 @@ def run_meta_bench(cmd: Command) -> int:
     return 0
 
 
+def _engine_cpus(text: str | None) -> set[int] | None:
+    """``--engine-cpus 1`` or ``2,3``: CPUs of this machine, leaving at least one."""
+    if not text:
+        return None
+    try:
+        cpus = {int(c) for c in text.split(",") if c.strip()}
+    except ValueError:
+        raise UsageError(f"--engine-cpus {text!r}: expected CPU numbers like 1 or 2,3") from None
+    mine = os.sched_getaffinity(0)
+    if not cpus or not cpus < mine:
+        raise UsageError(f"--engine-cpus {text!r}: must name some of this process's CPUs "
+                         f"{sorted(mine)} and leave at least one")
+    return cpus
+
+
 def _growth(op: str, empty: dict, filled: dict) -> str:
     """One op's rate ratio (filled / empty) and, when known, that of its server CPU per op
     inverted (empty / filled: what the rate ratio is on a machine with a core to spare)."""
@@ -443,6 +464,10 @@ def register(bsub, common, shared) -> None:
     q.add_argument("--ha", action="store_true",
                    help="compare ha = none with ha = etcd (a private cluster of 3 etcd "
                         "members, an active and a standby metadata server), fine locks")
+    q.add_argument("--engine-cpus", default=None, metavar="LIST",
+                   help="with --ha: run etcd and the standby on these CPUs and everything "
+                        "else (clients, the active, the ha = none server) on the others, as "
+                        "a deployment keeps etcd off the active's machine (e.g. 1)")
     q.add_argument("--no-local", action="store_true", help="skip the local-disk baseline")
     q.add_argument("--home", default=None,
                    help="folder for the private servers and the local-disk baseline "

@@ -144,7 +144,7 @@ def new_token() -> str:
 
 
 def spawn(member: Member, members: list[Member], token: str,
-          pid_file: str | None = None) -> subprocess.Popen:
+          pid_file: str | None = None, cpus: set[int] | None = None) -> subprocess.Popen:
     """Start one member detached (own session: a Ctrl-C of the launcher does not reach
     it), appending to its log; records the pid in ``member`` and ``pid_file``."""
     if not os.access(ETCD, os.X_OK):
@@ -157,6 +157,8 @@ def spawn(member: Member, members: list[Member], token: str,
                   .encode())
         log.flush()
         proc = subprocess.Popen(argv(member, members, token), stdout=log,
+                                preexec_fn=None if cpus is None else
+                                (lambda: os.sched_setaffinity(0, cpus)),
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, close_fds=True)
     member.pid = proc.pid
