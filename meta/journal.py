@@ -482,21 +482,12 @@ class Journal:
                     return
             # from here to the wake-up there is no checkpoint: written (durable) → applied →
             # acknowledged
-            self.stats.records += len(batch.records)
-            self.stats.bytes += len(data)
-            self.stats.largest_batch = max(self.stats.largest_batch, len(batch.records))
-            self._inprogress_size += len(data)
-            self.last_txid = last
+            self._count_written(batch.records, data)
             if batch.durable:
                 if self.observer is not None:
                     self.observer("fsync_end", first, last)
                 self._mark_durable(last)
-            try:
-                self._apply(batch.records)
-            except Exception as exc:
-                log.exception("journal: applying txids %d..%d failed", first, last)
-                self._stop(f"applying txids {first}..{last} failed after they were "
-                           f"written ({type(exc).__name__}: {exc}); they replay at the next start")
+            if not self._apply_or_stop(batch.records):
                 return
             batch.written.set()
             if batch.durable:
@@ -514,11 +505,8 @@ class Journal:
         try:
             await self.replicator(batch.records, batch.chunks)
         except StandbyError as exc:
-            queued, self._pending = self._pending, _Batch()
-            self._next_txid = first
-            message = f"{exc}; the mutation did not happen here (txids {first}..{last})"
-            batch.fail(message, StandbyError)
-            queued.fail(message, StandbyError)
+            self._fail_from(first, f"{exc}; the mutation did not happen here (txids "
+                                   f"{first}..{last})", StandbyError, batch)
             return
         except Exception as exc:
             log.exception("journal: replicating txids %d..%d failed", first, last)
@@ -539,20 +527,45 @@ class Journal:
             self._stop(f"journal write of txids {first}..{last} (already in the replicated "
                        f"log) failed: {exc}; a restart takes them from the log")
             return
+        self._count_written(records, data)
+        self._next_txid = max(self._next_txid, last + 1)
+        self._mark_durable(last)
+        self._apply_or_stop(records)
+        self._unsynced_wakeup.unpark_all()
+
+    def _count_written(self, records: list[Record], data: bytes) -> None:
+        """Records just written to the segment: the counters and ``last_txid``."""
         self.stats.records += len(records)
         self.stats.bytes += len(data)
         self.stats.largest_batch = max(self.stats.largest_batch, len(records))
         self._inprogress_size += len(data)
-        self.last_txid = last
-        self._next_txid = max(self._next_txid, last + 1)
-        self._mark_durable(last)
+        self.last_txid = records[-1].txid
+
+    def _apply_or_stop(self, records: list[Record]) -> bool:
+        """``apply`` written records; a failure stops the journal (they replay at the next
+        start). False then."""
         try:
             self._apply(records)
         except Exception as exc:
+            first, last = records[0].txid, records[-1].txid
             log.exception("journal: applying txids %d..%d failed", first, last)
             self._stop(f"applying txids {first}..{last} failed after they were "
                        f"written ({type(exc).__name__}: {exc}); they replay at the next start")
-        self._unsynced_wakeup.unpark_all()
+            return False
+        return True
+
+    def _fail_from(self, first: int, message: str, error: type[LeaseFSError],
+                   batch: _Batch | None = None) -> int:
+        """Nothing from txid ``first`` on was kept: fail ``batch`` and everything queued
+        behind it with ``error(message)`` and hand their txids out again (synchronous: no
+        ``log`` slips in between). Returns how many callers failed."""
+        queued, self._pending = self._pending, _Batch()
+        self._next_txid = first
+        failed = len(queued.records) + (len(batch.records) if batch is not None else 0)
+        if batch is not None:
+            batch.fail(message, error)
+        queued.fail(message, error)
+        return failed
 
     async def ingest(self, records: list[Record], data: bytes) -> None:
         """A follower's way in (ha = etcd): write and apply a batch another server put into
@@ -580,10 +593,9 @@ class Journal:
         replicated, written or applied; what is queued fails with the same error."""
         self.refusal = why
         async with self._sync_lock:
-            queued, self._pending = self._pending, _Batch()
-            if queued.records:
-                self._next_txid = queued.records[0].txid
-                queued.fail(f"{why}; the mutation did not happen here", StandbyError)
+            if self._pending.records:
+                self._fail_from(self._pending.records[0].txid,
+                                f"{why}; the mutation did not happen here", StandbyError)
 
     def _write(self, data: bytes) -> None:
         """Append ``data`` to the in-progress segment (no fsync)."""
@@ -662,14 +674,10 @@ class Journal:
                        f"failed too ({cut_exc}): whether those records are durable is unknown")
             return
         self._mark_durable(self.last_txid)   # the cut-back's fsync covers what was written
-        # synchronous from here on: no log() can slip in between the reset and the failures
-        queued, self._pending = self._pending, _Batch()
-        self._next_txid = first
         error = NoSpace if exc.errno in (_errno.ENOSPC, _errno.EDQUOT) else InternalError
         message = f"{what}; nothing of it was kept: the mutation did not happen"
-        log.error("%s (%d callers failed)", message, len(batch.records) + len(queued.records))
-        batch.fail(message, error)
-        queued.fail(message, error)
+        failed = self._fail_from(first, message, error, batch)
+        log.error("%s (%d callers failed)", message, failed)
 
     def _cut_back(self, size: int) -> None:
         """Worker thread: drop whatever a failed write left after ``size`` bytes, durably."""
