@@ -240,14 +240,9 @@ class HAController:
     async def _cede(self) -> None:
         """After giving a term away: no campaign until another server holds the leader key
         (or ``cede`` seconds passed without one, e.g. the only other server is down)."""
+        # ``leader`` is kept current by ``_watch_leader``, which runs beside this
         with trio.move_on_after(self.cede):
-            while self.cede > 0:
-                try:
-                    found = await self.log.leader()
-                except Unavailable:
-                    found = None
-                if found is not None and found[1] != self.node_id:
-                    return
+            while self.cede > 0 and self.leader in (None, self.node_id):
                 await trio.sleep(self.log.poll)
 
     async def _read_to_end(self) -> None:
