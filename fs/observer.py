@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import logging
 
-import trio
-
-from .errors import LeaseFSError, ServerUnavailable, StandbyError, sole_exception
-from .rpc import RpcClient, format_address, parse_address_list
+from .errors import ServerUnavailable, StandbyError
+from .haclient import call_each
+from .rpc import RpcClient
 
 log = logging.getLogger(__name__)
 
@@ -36,27 +35,10 @@ OBSERVER_READS = frozenset({"get_file_info", "exists", "list_status", "get_block
 
 async def find_observers(addresses: str, *, timeout: float = 2.0, **rpc_args) -> list[str]:
     """The addresses of the list whose server says it is an observer (``ha_status``)."""
-    found: list[str] = []
-
-    async def ask(address) -> None:
-        text = format_address(address)
-        try:
-            async with RpcClient(text, "leasefs-observer-probe", retry_seconds=0,
-                                 timeout=timeout, connect_timeout=timeout, **rpc_args) as rpc:
-                status = await rpc.call("ha_status", {}, retry_seconds=0)
-        except (LeaseFSError, OSError):
-            return
-        except BaseExceptionGroup as group:
-            if isinstance(sole_exception(group), (LeaseFSError, OSError)):
-                return
-            raise
-        if isinstance(status, dict) and status.get("role") == "observer":
-            found.append(text)
-
-    async with trio.open_nursery() as nursery:
-        for address in parse_address_list(addresses):
-            nursery.start_soon(ask, address)
-    return sorted(found)
+    answers = await call_each(addresses, "ha_status", timeout=timeout,
+                              name="leasefs-observer-probe", **rpc_args)
+    return sorted(address for address, (status, _) in answers.items()
+                  if isinstance(status, dict) and status.get("role") == "observer")
 
 
 class ObserverReads:

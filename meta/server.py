@@ -375,8 +375,8 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         return await self.ha.resign()
 
     def became_active(self) -> None:
-        """The HA controller calls this once per takeover, when this server starts serving
-        as active (trio thread, no await). Block servers reported to it while it followed
+        """Once per takeover, when this server starts serving as active (``activate``;
+        trio thread, no await). Block servers reported to it while it followed
         the log, but it cannot know which deletions its predecessor already carried out:
         hand out no INVALIDATE to a block server until its next full report (asked for at
         its next heartbeat) was processed (``DatanodeManager.start_epoch``)."""

@@ -12,31 +12,22 @@ from __future__ import annotations
 
 import signal
 import time
+from functools import partial
 from pathlib import Path
 
 import trio
 
 from etcd_cluster import EtcdCluster
-from fs.rpc import RpcClient
+from fs.haclient import call_each
 from harness import ProcessCluster, free_port, wait_cluster_ready
 
 #: election timeout of the tests' metadata servers (the etcd lease TTL)
 ELECTION_TIMEOUT = 2.0
 
 
-async def _ha_status(address: str, timeout: float) -> dict | None:
-    try:
-        async with RpcClient(address, "hakit-probe", retry_seconds=0, timeout=timeout,
-                             connect_timeout=timeout) as rpc:
-            with trio.fail_after(timeout):
-                return await rpc.call("ha_status", {}, retry_seconds=0)
-    except Exception:
-        return None
-
-
 def ha_status(address: str, timeout: float = 2.0) -> dict | None:
     """The server's ``ha_status`` answer, or None when it does not answer."""
-    return trio.run(_ha_status, address, timeout)
+    return trio.run(partial(call_each, [address], timeout=timeout))[address][0]
 
 
 class HACluster(ProcessCluster):

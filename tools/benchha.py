@@ -42,7 +42,8 @@ from contextlib import contextmanager
 
 import trio
 
-from fs.errors import LeaseFSError, sole_exception
+from fs.errors import LeaseFSError
+from fs.haclient import call_each
 
 from .bench import baseline_dir, percentile
 from .common import Command
@@ -133,18 +134,10 @@ class PrivateHACluster:
 
 
 async def ha_status(address: str, reset_lag: bool = False) -> dict | None:
-    from fs.rpc import RpcClient
-
-    try:
-        async with RpcClient(address, "bench-ha-probe", retry_seconds=0, timeout=2.0,
-                             connect_timeout=2.0) as rpc:
-            return await rpc.call("ha_status", {"reset_lag": reset_lag}, retry_seconds=0)
-    except (LeaseFSError, OSError):
-        return None
-    except BaseExceptionGroup as group:
-        if isinstance(sole_exception(group), (LeaseFSError, OSError)):
-            return None
-        raise
+    """The server's ``ha_status`` answer, or None when it does not answer."""
+    answers = await call_each([address], "ha_status", {"reset_lag": reset_lag},
+                              name="bench-ha-probe")
+    return answers[address][0]
 
 
 @contextmanager

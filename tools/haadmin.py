@@ -29,8 +29,8 @@ import trio
 from fs import tls as tlsmod
 from fs.client import authentication
 from fs.config import Config, default_home
-from fs.errors import LeaseFSError, sole_exception
-from fs.rpc import RpcClient
+from fs.errors import LeaseFSError
+from fs.haclient import call_each
 
 from .common import Command
 from .formatting import UsageError, format_table
@@ -57,29 +57,15 @@ def cluster_nodes(env=None) -> dict[str, str]:
 
 
 async def _one_status(address: str, config: Config, timeout: float, method: str = "ha_status"):
-    try:
-        async with RpcClient(address, f"leasefs-haadmin-{os.getpid()}", timeout=timeout,
-                             retry_seconds=0, connect_timeout=timeout,
-                             tls=tlsmod.client(config), max_frame=config.max_frame,
-                             **authentication(config, address)) as rpc:
-            with trio.fail_after(timeout):
-                return await rpc.call(method, {}, retry_seconds=0), None
-    except BaseException as raised:  # trio wraps errors crossing the client's nursery
-        exc = sole_exception(raised)
-        if isinstance(exc, (LeaseFSError, OSError, trio.TooSlowError)):
-            return None, exc
-        raise
+    return (await _all_statuses([address], config, timeout, method))[address]
 
 
-async def _all_statuses(addresses: list[str], config: Config, timeout: float) -> dict:
-    out: dict[str, tuple] = {}
-
-    async def one(address):
-        out[address] = await _one_status(address, config, timeout)
-    async with trio.open_nursery() as nursery:
-        for address in addresses:
-            nursery.start_soon(one, address)
-    return {address: out[address] for address in addresses}   # in the order given
+async def _all_statuses(addresses: list[str], config: Config, timeout: float,
+                        method: str = "ha_status") -> dict:
+    return await call_each(addresses, method, timeout=timeout,
+                           name=f"leasefs-haadmin-{os.getpid()}", tls=tlsmod.client(config),
+                           max_frame=config.max_frame,
+                           **authentication(config, ",".join(addresses)))
 
 
 def statuses(addresses: list[str], config: Config | None = None,
