@@ -72,7 +72,7 @@ from fs import tls as tlsmod
 from fs.config import Config
 from fs.errors import (AuthenticationFailed, ChecksumError, InvalidArgument, LeaseFSError,
                        ServerUnavailable, StandbyError)
-from fs.rpc import RpcClient
+from fs.rpc import RpcClient, format_address, parse_address_list
 from meta.harole import HAStatus, Role
 
 from .blockcopy import copy_replica
@@ -87,14 +87,6 @@ BUILD_STEP = 5000
 #: seconds a "receiving" (RBW) report may wait for company: a small block's FINALIZED
 #: report usually follows within milliseconds and replaces it, one report instead of two
 RECEIVING_REPORT_DELAY = 0.05
-
-
-def meta_addresses(text: str) -> list[str]:
-    """The metadata servers of a ``meta_address`` setting (one, or a comma-separated list)."""
-    addresses = [a.strip() for a in str(text).split(",") if a.strip()]
-    if not addresses:
-        raise InvalidArgument(f"meta_address {text!r} names no metadata server")
-    return addresses
 
 
 class HeartbeatService:
@@ -113,7 +105,8 @@ class HeartbeatService:
         self.on_block_keys = lambda keys: None
         self.store = store
         self.meta_address = meta_address
-        self.actors = [MetaActor(self, address) for address in meta_addresses(meta_address)]
+        self.actors = [MetaActor(self, format_address(address))
+                       for address in parse_address_list(meta_address)]
         # the newest epoch a server claiming the active role sent; only replies saying
         # active in an epoch >= this are obeyed (0: ha = none, every reply of the one server)
         self.active_epoch = 0
