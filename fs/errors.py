@@ -123,8 +123,8 @@ class RecoveryInProgress(LeaseFSError):
 
 class AnswerLost(LeaseFSError):
     """A retried call changed the namespace before the metadata server failed over or
-    restarted, but its answer cannot be rebuilt (the status of an inode it deleted, a
-    destination it replaced) and running it again is not safe. Retriable as an operation:
+    restarted, but its answer cannot be rebuilt (a truncated file changed since; what a
+    status answer shows is gone since) and running it again is not safe. Retriable as an operation:
     not with the same call id (that meets the same entry), but as a new call after a look at
     the namespace."""
     errno = _errno.EAGAIN

@@ -5,9 +5,10 @@ applied twice.
 It survives a failover or a restart as HDFS's does: while a cached call runs, its key is
 the task's ``current_call()``, and the metadata server's journal writes it into the records
 the call logs; every server that applies such a record (a standby following the log, a
-server replaying its journal) ``note``s the key as "applied, answer not known". A retry
-that meets such an entry gets the answer its ``rebuild`` makes from the current state
-instead of running the call a second time.
+server replaying its journal) ``note``s the key as "applied, answer not known", with what
+the record kept of the answer that the state no longer holds (``kept``). A retry that
+meets such an entry gets the answer its ``rebuild`` makes from the current state and
+``kept`` instead of running the call a second time.
 
 Concurrency contract: used from the tasks of one trio thread (``fs.rpc.Dispatcher``); no
 locks, a duplicate that arrives while its first call runs waits on a ``trio.Event``.
@@ -21,6 +22,7 @@ import collections
 import contextvars
 import math
 import time
+from functools import partial
 from typing import NamedTuple
 
 import trio
@@ -96,12 +98,13 @@ class RetryCache:
         for it: a success is answered from the cache; a failure is not cached (as in HDFS,
         a failed call changed nothing), so the retry runs the call again.
 
-        A key ``note``d as applied (answer unknown) runs ``rebuild`` instead: it makes the
-        first call's answer from the current state (or decides a second run is safe); its
-        answer is cached as the call's. A failed rebuild leaves the note in place, so a
-        later retry never runs the call blindly. Without ``rebuild`` such a key is an
-        ``InternalError``. While ``thunk``/``rebuild`` run, ``current_call()`` is ``key``."""
-        noted = None   # expiry of the note a rebuild replaces
+        A key ``note``d as applied (answer unknown) runs ``rebuild(kept)`` instead, with
+        the note's ``kept``: it makes the first call's answer from the current state (or
+        decides a second run is safe); its answer is cached as the call's. A failed
+        rebuild leaves the note in place, so a later retry never runs the call blindly.
+        Without ``rebuild`` such a key is an ``InternalError``. While ``thunk``/``rebuild``
+        run, ``current_call()`` is ``key``."""
+        noted = None   # expiry and kept of the note a rebuild replaces
         while True:
             entry = self._entries.get(key)
             if entry is None:
@@ -119,7 +122,8 @@ class RetryCache:
                 if rebuild is None:
                     raise InternalError(f"{key[-1]}: this call was applied before a failover "
                                         f"or restart and its answer cannot be rebuilt here")
-                noted, thunk = entry[0], rebuild
+                noted = entry[0], entry[3]
+                thunk = partial(rebuild, entry[3])
                 break
             # a failure left in place, or an expired note: run again
         self._purge()
@@ -135,7 +139,7 @@ class RetryCache:
         except BaseException:
             if noted is not None:
                 # the call is still known applied: keep it so
-                entry[0], entry[2] = noted, APPLIED
+                (entry[0], entry[3]), entry[2] = noted, APPLIED
             else:
                 # failed, cancelled or a bug: forget it, so that a retry runs the call again
                 entry[0] = -math.inf
@@ -148,15 +152,16 @@ class RetryCache:
             if event is not None:
                 event.set()
 
-    def note(self, key: tuple) -> None:
+    def note(self, key: tuple, kept=None) -> None:
         """A journal record applied here says call ``key`` was carried out, with an answer
-        this server does not know: a retry gets ``run``'s ``rebuild``. A key already known
-        (this server's own call, running or answered) is left as it is. Expires like any
-        entry, from now (records carry no time)."""
+        this server does not know: a retry gets ``run``'s ``rebuild(kept)``. ``kept``: what
+        the record kept of the answer for it (opaque here; None: nothing). A key already
+        known (this server's own call, running or answered) is left as it is. Expires like
+        any entry, from now (records carry no time)."""
         if key in self._entries:
             return
         self._purge()
-        self._entries[key] = [self.clock() + self.expiry, None, APPLIED, None]
+        self._entries[key] = [self.clock() + self.expiry, None, APPLIED, kept]
 
     def _purge(self) -> None:
         """Drop expired entries from the oldest end (insertion order, which is near enough

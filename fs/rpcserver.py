@@ -117,14 +117,15 @@ class Dispatcher:
         if cached and ctx.call_id is not None:
             return await self.retry_cache.run(
                 (ctx.client_id, ctx.call_id, method), lambda: handler(ctx, **args),
-                lambda: self.retry_answer(ctx, method, args, lambda: handler(ctx, **args)))
+                lambda kept: self.retry_answer(ctx, method, args, lambda: handler(ctx, **args),
+                                               kept))
         return await handler(ctx, **args)
 
-    async def retry_answer(self, ctx: CallContext, method: str, args: dict, rerun):
+    async def retry_answer(self, ctx: CallContext, method: str, args: dict, rerun, kept=None):
         """The answer of a retry-cached call that was applied before a failover or restart
-        (``RetryCache.note``), rebuilt from the current state, or ``await rerun()`` where
-        running it again is safe. A server that notes calls overrides this; the base has
-        nothing to rebuild from."""
+        (``RetryCache.note``; ``kept``: what its record kept of the answer), rebuilt from
+        the current state, or ``await rerun()`` where running it again is safe. A server
+        that notes calls overrides this; the base has nothing to rebuild from."""
         raise InternalError(f"{method}: this call was applied before a failover or restart "
                             f"and this server cannot rebuild its answer")
 

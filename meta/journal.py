@@ -19,7 +19,9 @@ Retry-cached calls. A ``log``/``log_many`` made inside one (``fs.retry_cache.cur
 adds ``"rpc": [client_id, call_id, method]`` (``meta.ops.RPC_CALL``) to the args of its
 last record: whoever applies the record later (a standby from the replicated log, this
 server replaying after a restart) notes the call in its retry cache, as an HDFS standby
-does with the rpcClientId/rpcCallId of the edits it tails.
+does with the rpcClientId/rpcCallId of the edits it tails. A call whose answer holds
+something the namespace will not keep passes it as ``kept``, added next to it as
+``"rpc_kept"`` (``meta.ops.RPC_KEPT``) for a retry's answer.
 
 Written or durable acknowledgement. ``log(..., durable=False)`` (the namespace changes of a
 client that asked for local-filesystem semantics, see ``sync_metadata`` in DESIGN.md) returns
@@ -97,7 +99,7 @@ from .journal_files import (RECORD_HEADER, JournalError, JournalStats, Record, S
                             finalized_name, fsync_dir, inprogress_name, scan_segment, span_of,
                             verify_directory, write_lost_marker)
 from .journal_start import StartPlan, decide
-from .ops import RPC_CALL
+from .ops import RPC_CALL, RPC_KEPT
 
 log = logging.getLogger(__name__)
 
@@ -379,16 +381,18 @@ class Journal:
         return records[-limit:] if limit > 0 else []
 
     # ------------------------------------------------------------------ appending
-    async def log(self, op: str, args: dict, *, durable: bool = True) -> int:
+    async def log(self, op: str, args: dict, *, durable: bool = True, kept=None) -> int:
         """Append one record, wait until it is durable (or, with ``durable=False``, written)
         AND applied; return its txid."""
-        return (await self.log_many([(op, args)], durable=durable))[0]
+        return (await self.log_many([(op, args)], durable=durable, kept=kept))[0]
 
     async def log_many(self, records: list[tuple[str, dict]], *,
-                       durable: bool = True) -> list[int]:
+                       durable: bool = True, kept=None) -> list[int]:
         """Append ``(op, args)`` records to the same batch, in order, and wait until all are
         durable (``durable=False``: written) and applied; their txids. A record that cannot be
-        encoded refuses them all before any is queued."""
+        encoded refuses them all before any is queued. ``kept`` (not None): what a retry of
+        the retry-cached call running needs of its answer (``meta.retry_answers``), written
+        next to the call's key; outside such a call nobody can retry, and it is dropped."""
         if self._failure is not None:
             raise InternalError(f"journal refuses writes after an earlier failure: {self._failure}")
         if not self._opened or self._closing:
@@ -406,6 +410,8 @@ class Journal:
                                       f"{type(op).__name__} and {type(args).__name__}")
             if txid == tagged:
                 args = {**args, RPC_CALL: call.to_wire()}
+                if kept is not None:
+                    args[RPC_KEPT] = kept
             try:
                 body = packb([txid, op, args])
             except (TypeError, ValueError, OverflowError) as exc:

@@ -26,6 +26,7 @@ from fs.errors import FileNotFound, InvalidArgument, IsDirectory, NotDirectory, 
 from .locks import LOCK_PARENT, LOCK_WRITE, lock_set, merge
 from .namespace import DIR, FILE, check_bool, check_name
 from .permissions import ALL, READ, READ_EXECUTE, WRITE
+from .retry_answers import keep_removed
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,10 @@ class NamespaceProtocol:
             replaced = None
             if want_status and plan is not None and plan[1]["overwrite"] is not None:
                 replaced = self.ns.get_file_info(d)
-            await self.log_plan(plan, durable=ctx.sync_metadata)
+            # the status it replaced is gone once the record is applied: a retry finds it
+            # in the record (without overwrite nothing can have been replaced)
+            kept = keep_removed(replaced) if want_status and overwrite else None
+            await self.log_plan(plan, durable=ctx.sync_metadata, kept=kept)
             if not want_status:
                 return True
             return {**self._changed(d), "replaced": replaced,
@@ -152,8 +156,10 @@ class NamespaceProtocol:
                     raise NotDirectory(f"rmdir {canonical}: not a directory")
                 if expect == "nondir" and gone["type"] == DIR:
                     raise IsDirectory(f"unlink {canonical}: is a directory")
+            # the status the inode had is gone with it: a retry finds it in the record
             await self.log_plan(self.ns.plan_delete(canonical, recursive, now_ns=wall),
-                                durable=ctx.sync_metadata)
+                                durable=ctx.sync_metadata,
+                                kept=keep_removed(gone) if want_status else None)
             return self._changed(canonical, gone) if want_status else True
 
     async def _set_op(self, what: str, path, planner, check=None, want_status=False,

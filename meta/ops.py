@@ -16,7 +16,8 @@ with, in one place:
 * ``check(view)``: the planner's preconditions re-checked at serial replay
   (``meta.invariants.check_record``);
 * ``rpc_call()``: the retry-cached call the record was written for (``RPC_CALL``), which
-  every server applying it notes in its retry cache.
+  every server applying it notes in its retry cache, with ``rpc_kept()`` (``RPC_KEPT``):
+  what the record kept of that call's answer for a retry.
 
 This module holds the base class, the wire helpers and the registry: ``OPS`` (op name →
 class) and ``decode(record)`` are the only way in; the family modules register their
@@ -44,6 +45,12 @@ if TYPE_CHECKING:
 # ``[client_id, call_id, method]`` (``fs.retry_cache.CallKey``); no op has a field of that
 # name, so it travels in ``Op.extra`` and re-encodes byte for byte
 RPC_CALL = "rpc"
+# the key the journal adds next to it (travelling in ``extra`` the same way) when the call's
+# answer holds something the namespace will not (the status of an inode it removed): what
+# a retry needs to answer as the first call did. Its value is ``meta.retry_answers``' to
+# make and read; only calls that have such a part carry it, other records stay as they were
+RPC_KEPT = "rpc_kept"
+_RPC_KEYS = (RPC_CALL, RPC_KEPT)
 
 
 class _Absent:
@@ -154,6 +161,14 @@ class Op:
                 return CallKey.from_wire(value)
         return None
 
+    def rpc_kept(self):
+        """What the record kept of its call's answer for a retry (``RPC_KEPT``), or None:
+        most calls need nothing, and records written before it existed have none."""
+        for name, value in self.extra:
+            if name == RPC_KEPT:
+                return value
+        return None
+
     # ------------------------------------------------------------------ meaning
     def apply(self, txn, counters: dict) -> dict | None:
         """The store changes (``txn``: the batch view, ``counters``: the batch's)."""
@@ -178,8 +193,9 @@ def register(cls):
     cls = dataclass(frozen=True, kw_only=True)(cls)
     fields = [f for f in dataclasses.fields(cls) if f.name != "extra"]
     cls._names = tuple(f.name for f in fields)
-    if RPC_CALL in cls._names:
-        raise InternalError(f"journal op {cls.NAME}: {RPC_CALL!r} is the retry cache's key")
+    for name in _RPC_KEYS:
+        if name in cls._names:
+            raise InternalError(f"journal op {cls.NAME}: {name!r} is the retry cache's key")
     cls._required = frozenset(f.name for f in fields if f.default is not ABSENT)
     if cls.NAME in OPS:
         raise InternalError(f"journal op {cls.NAME} registered twice")

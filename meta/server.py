@@ -41,8 +41,9 @@ a big delete detached are removed one bounded RECLAIM record at a time, paused i
 like invalidations; it also finishes what a crash left behind).
 
 Retry cache across failovers and restarts (HDFS): a record written for a retry-cached
-call carries the call's key (``meta.journal``); applying it, live, from the replicated log
-or at replay, notes the key in the retry cache, and a retry of that call gets the answer
+call carries the call's key (``meta.journal``), and what the namespace will not hold of
+its answer when it has such a part; applying it, live, from the replicated log or at
+replay, notes both in the retry cache, and a retry of that call gets the answer
 ``meta.retry_answers`` rebuilds from the current state instead of a second run.
 
 Block reports (full ones in chunks of one ``report_id``, incremental ones) are applied by
@@ -96,7 +97,7 @@ from .leases import LeaseManager
 from .locks import (LOCK_ANCESTOR, LOCK_READ, FileLock, Mutation, PathLockPool, RWLock,
                     lock_set, merge)
 from .namespace import DIR, Defaults, Namespace, check_int, check_name
-from .ops import LAZY_OPS, RPC_CALL, decode
+from .ops import LAZY_OPS, RPC_CALL, RPC_KEPT, decode
 from .replication import ReplicationQueues
 from .reports import REPORT_STEP, BlockReports
 from .permissions import Caller, PermissionChecker
@@ -258,7 +259,7 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
             args = record.args
             call = CallKey.from_wire(args.get(RPC_CALL)) if isinstance(args, dict) else None
             if call is not None:
-                cache.note(call)
+                cache.note(call, args.get(RPC_KEPT))
                 noted += 1
         if noted:
             log.info("retry cache: %d calls noted from the journal's recent records", noted)
@@ -414,12 +415,12 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
             if op.extra:
                 call = op.rpc_call()
                 if call is not None:
-                    self.retry_cache.note(call)
+                    self.retry_cache.note(call, op.rpc_kept())
 
-    async def retry_answer(self, ctx, method, args, rerun):
+    async def retry_answer(self, ctx, method, args, rerun, kept=None):
         """The answer of a call applied before a failover or restart
         (``meta.retry_answers``)."""
-        return await retry_answers.answer(self, ctx, method, args, rerun)
+        return await retry_answers.answer(self, ctx, method, args, rerun, kept)
 
     # the state ops update after their store write (``meta.ops.MemoryState``)
     def commit_in_memory(self, block_id: int, num_bytes: int) -> None:
@@ -452,14 +453,16 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
             self.recover_commands.get(rec.primary, {}).pop(block_id, None)
 
     # ================================================================== helpers
-    async def log_plan(self, plan, *, durable: bool = True) -> int | None:
+    async def log_plan(self, plan, *, durable: bool = True, kept=None) -> int | None:
         """Journal a plan and wait until it is applied and durable; ``durable=False`` (a
         client without ``sync_metadata``): applied and written, when its op is in
-        ``LAZY_OPS``."""
+        ``LAZY_OPS``. ``kept``: what a retry of the running retry-cached call needs of its
+        answer (``Journal.log_many``)."""
         if plan is None:
             return None
         op, args = plan
-        return await self.journal.log(op, args, durable=durable or op not in LAZY_OPS)
+        return await self.journal.log(op, args, durable=durable or op not in LAZY_OPS,
+                                      kept=kept)
 
     async def log_plans(self, plans, *, durable: bool = True) -> None:
         """Journal several plans in one batch (one fsync), applied in order."""

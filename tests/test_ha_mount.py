@@ -1,19 +1,26 @@
 """The FUSE mount and a Spark job ride through a metadata failover (ha = etcd, real
 processes): an open writer keeps its lease and its file is whole, the mount answers
-again within the failover time, and a Spark write job started before a kill -9 of the
-active finishes with every row."""
+again within the failover time, an rm, rmdir and mv whose replies the failover lost
+succeed, and a Spark write job started before a kill -9 of the active finishes with
+every row."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import threading
 import time
 
+import msgpack
 import pytest
+import trio
 
-from harness import Mount
-from hakit import HACluster
+from fs.config import DEFAULT_LOCAL_SOCKET
+from fs.errors import FileNotFound, sole_exception
+from fs.rpc import RpcClient, local_socket_address, local_socket_name
+from harness import Mount, free_port, poll_until
+from hakit import HACluster, ha_status
 
 pytestmark = pytest.mark.slow
 MiB = 1 << 20
@@ -121,3 +128,168 @@ def test_spark_write_job_rides_through_a_kill9_of_the_active(ha):
             next(spark_gen)
         except StopIteration:
             pass
+
+
+class ReplyDropper:
+    """A proxy on the local socket of a made-up port in front of one metadata server: a
+    mount given ``127.0.0.1:<port>`` tries that socket first. It forwards every frame;
+    once ``drop`` is set it swallows the server's replies to ``delete`` and ``rename``
+    calls, as a failover that takes the active down after it carried them out loses them
+    (other replies pass: the kernel looks a rename's destination up first). Once the
+    server is gone it closes its clients' connections (and refuses new ones), so they
+    move to the next server."""
+
+    LOST = ("delete", "rename")
+
+    def __init__(self, upstream: str):
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.upstream = local_socket_address(local_socket_name(DEFAULT_LOCAL_SOCKET, upstream))
+        self.drop = threading.Event()
+        self.dropped: list[str] = []
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(local_socket_address(
+            local_socket_name(DEFAULT_LOCAL_SOCKET, self.address)))
+        self.listener.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:   # closed
+                return
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                server.connect(self.upstream)
+            except OSError:
+                client.close()
+                server.close()
+                continue
+            lost: dict = {}   # call id -> method, of this connection's calls to lose
+            threading.Thread(target=self._pump, args=(client, server, lost, False),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, lost, True),
+                             daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, lost: dict, replies: bool) -> None:
+        """Whole frames (a 4-byte length, then msgpack) from ``src`` to ``dst``: requests
+        ``[call_id, method, ...]``, replies ``[call_id, ok, ...]``."""
+        buffer = b""
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                buffer += data
+                while len(buffer) >= 4 and len(buffer) >= 4 + int.from_bytes(buffer[:4], "big"):
+                    end = 4 + int.from_bytes(buffer[:4], "big")
+                    frame, buffer = buffer[:end], buffer[end:]
+                    body = msgpack.unpackb(frame[4:], raw=False, strict_map_key=False)
+                    if isinstance(body, list) and len(body) >= 2:
+                        if not replies and self.drop.is_set() and body[1] in self.LOST:
+                            lost[body[0]] = body[1]
+                        if replies and body[0] in lost:
+                            self.dropped.append(lost.pop(body[0]))
+                            continue
+                    dst.sendall(frame)
+        except OSError:
+            pass
+        for sock in (src, dst):   # one side gone: both
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+async def _rpc(address: str, method: str, **args):
+    async with RpcClient(address, "ha-mount-test", retry_seconds=5, timeout=20) as rpc:
+        return await rpc.call(method, args)
+
+
+def rpc(address: str, method: str, **args):
+    try:
+        return trio.run(lambda: _rpc(address, method, **args))
+    except BaseExceptionGroup as group:
+        raise sole_exception(group) from None
+
+
+def test_rm_rmdir_and_mv_whose_replies_a_failover_lost_succeed(tmp_path):
+    """The mount's unlink, rmdir and rename over a file are carried out by the active,
+    whose replies never reach the mount; the active is killed, and the mount's retries
+    (same call ids) to the server that took over get the first answers: the status of
+    what each removed, which the mount acts on. The user's rm, rmdir and mv succeed."""
+    ha = HACluster(tmp_path, n_meta=2, n_storage=0)
+    dropper = None
+    mount = None
+    try:
+        ha.start()
+        active = ha.wait_active()
+        standby = next(n for n in ha.names if n != active)
+        ha.wait_role(standby, "standby")
+        direct = ha.address(active)
+        for folder in ("/t/u", "/t/e/dir", "/t/o"):
+            rpc(direct, "mkdirs", path=folder)
+        for path in ("/t/u/file", "/t/o/x", "/t/o/y"):
+            rpc(direct, "create", path=path, client_name="setup")
+            rpc(direct, "complete", path=path, client_name="setup", data=path.encode())
+        dropper = ReplyDropper(direct)
+        mount = Mount(ha, "lost-replies", "--meta", f"{dropper.address},{ha.address(standby)}",
+                      "--set", "mount_entry_timeout=60", "--set", "mount_attr_timeout=60")
+        mount.start()
+        top = mount.mp / "t"
+        # the kernel knows every name now: the calls below need no lookup first
+        names = [top / "u" / "file", top / "e" / "dir", top / "o" / "x", top / "o" / "y"]
+        assert all(path.exists() for path in names)
+
+        dropper.drop.set()
+        errors: list[BaseException] = []
+
+        def run(fn, *args) -> None:
+            try:
+                fn(*args)
+            except BaseException as exc:   # reported below
+                errors.append(exc)
+
+        calls = [threading.Thread(target=run, args=(os.unlink, names[0])),
+                 threading.Thread(target=run, args=(os.rmdir, names[1])),
+                 threading.Thread(target=run, args=(os.rename, names[2], names[3]))]
+        for thread in calls:
+            thread.start()
+
+        def carried_out() -> bool:
+            for path in ("/t/u/file", "/t/e/dir", "/t/o/x"):
+                try:
+                    rpc(direct, "get_file_info", path=path)
+                    return False
+                except FileNotFound:
+                    pass
+            return True
+
+        assert poll_until(carried_out), "the active never carried the calls out"
+        applied = ha_status(direct)["applied_txid"]
+        assert poll_until(lambda: ha_status(ha.address(standby))["applied_txid"] >= applied)
+        assert poll_until(lambda: len(dropper.dropped) == 3)
+        assert sorted(dropper.dropped) == ["delete", "delete", "rename"]
+        assert all(thread.is_alive() for thread in calls)   # no reply reached the mount
+        ha.kill_meta(active)
+        assert ha.wait_active(timeout=30, besides=active) == standby
+        for thread in calls:
+            thread.join(60)
+        assert not any(thread.is_alive() for thread in calls)
+        assert errors == [], errors
+        assert sorted(os.listdir(top / "u")) == sorted(os.listdir(top / "e")) == []
+        assert os.listdir(top / "o") == ["y"]
+        assert (top / "o" / "y").read_bytes() == b"/t/o/x"
+        listing = rpc(ha.address(standby), "list_status", path="/t/o")
+        assert [e["name"] for e in listing["entries"]] == ["y"]
+        mount.stop()
+    finally:
+        if mount is not None:
+            mount.cleanup()
+        if dropper is not None:
+            dropper.close()
+        ha.stop()

@@ -5,7 +5,9 @@ A call is sent with a fixed ``(client_id, call_id)``, its answer read; the serve
 (or the active is killed -9 and the standby takes over); the SAME call sent again gets the
 first answer, rebuilt from the namespace, and the namespace shows the call applied once:
 a retried create does not fail with FileExists, a retried rename not with FileNotFound,
-a retried delete answers true although the file is gone.
+a retried delete answers true although the file is gone. A delete or rename answering
+``want_status`` (a mount's unlink, rmdir, rename) answers the status of the inode it removed
+again, from what its record kept.
 
 The first tests need no processes: the cache's note/rebuild contract, the journal tagging
 the records of a cached call (and only those), and every cached method's answer rebuilt
@@ -20,11 +22,13 @@ import trio
 
 from fs import errors
 from fs.errors import AnswerLost, TryAgain, sole_exception
+from fs.framing import packb
 from fs.retry_cache import CallKey, RetryCache, current_call
 from fs.rpc import RpcClient
 from meta.journal import Journal
 from meta.journal_files import Record
-from meta.ops import RPC_CALL, decode
+from meta.ops import RPC_CALL, RPC_KEPT, decode
+from meta import retry_answers
 from meta.retry_answers import ANSWERS
 from meta.server import MetaServer
 
@@ -45,12 +49,13 @@ def test_a_noted_call_is_answered_by_its_rebuild_once():
             ran.append("thunk")
             return "second run"
 
-        async def rebuild():
+        async def rebuild(kept):
             ran.append("rebuild")
+            assert kept == ["what the record kept"]
             assert current_call() == key   # records a rerun logs carry the key too
             return "rebuilt"
 
-        cache.note(key)
+        cache.note(key, ["what the record kept"])
         assert await cache.run(key, thunk, rebuild) == "rebuilt"
         assert await cache.run(key, thunk, rebuild) == "rebuilt"   # now an ordinary answer
         assert ran == ["rebuild"]
@@ -68,14 +73,18 @@ def test_a_failed_rebuild_keeps_the_note_and_a_note_never_hides_an_answer():
         async def thunk():
             return "ran"
 
-        async def failing():
+        seen = []
+
+        async def failing(kept=None):
+            seen.append(kept)
             raise TryAgain("cannot")
 
-        cache.note(key)
+        cache.note(key, "kept")
         with pytest.raises(TryAgain):
             await cache.run(key, thunk, failing)
-        with pytest.raises(TryAgain):   # still applied: never run blindly
+        with pytest.raises(TryAgain):   # still applied, with what it kept: never run blindly
             await cache.run(key, thunk, failing)
+        assert seen == ["kept", "kept"]
         with pytest.raises(errors.InternalError):   # no rebuild at all
             await cache.run(key, thunk)
         now[0] = 11   # expired like any entry: the call runs again
@@ -112,6 +121,7 @@ def test_the_last_record_of_a_cached_calls_log_names_the_call(tmp_path):
         journal = Journal(str(tmp_path / "j"), applied.extend)
         journal.open()
         key = CallKey(CLIENT, 7, "create")
+        kept_key = CallKey(CLIENT, 8, "delete")
         async with trio.open_nursery() as nursery:
             await nursery.start(journal.run)
             await journal.log("SET_GENSTAMP", {"gs": 1})   # a monitor's: nothing
@@ -122,13 +132,24 @@ def test_the_last_record_of_a_cached_calls_log_names_the_call(tmp_path):
                 return True
 
             await RetryCache().run(key, call)
+
+            async def keeping():
+                await journal.log("SET_GENSTAMP", {"gs": 4}, kept=[7, "file"])
+                return True
+
+            await RetryCache().run(kept_key, keeping)
+            # outside a retry-cached call nobody can retry: nothing is kept
+            await journal.log("SET_GENSTAMP", {"gs": 5}, kept=[8, "file"])
             await journal.aclose()
             nursery.cancel_scope.cancel()
         assert [r.args for r in applied] == [
-            {"gs": 1}, {"gs": 2}, {"gs": 3, RPC_CALL: list(key)}]
+            {"gs": 1}, {"gs": 2}, {"gs": 3, RPC_CALL: list(key)},
+            {"gs": 4, RPC_CALL: list(kept_key), RPC_KEPT: [7, "file"]}, {"gs": 5}]
         ops = [decode(r) for r in applied]
-        assert [op.rpc_call() for op in ops] == [None, None, key]
-        assert ops[2].to_args() == applied[2].args   # kept, in place, when re-encoded
+        assert [op.rpc_call() for op in ops] == [None, None, key, kept_key, None]
+        assert [op.rpc_kept() for op in ops] == [None, None, None, [7, "file"], None]
+        for op, record in zip(ops, applied):   # kept, in place, when re-encoded
+            assert op.to_args() == record.args
         reopened = Journal(str(tmp_path / "j"), lambda records: None)
         reopened.open()
         assert [r.args for r in reopened.recent(time.time() - 60, 100)] == [
@@ -169,6 +190,15 @@ CALLS = [
     ("rename_many", {"moves": [["/r3/x", "/r3/y"], ["/r3/z", "/r3/w"]]}),
     ("delete", {"path": "/d/x"}),
     ("delete", {"path": "/d2", "recursive": True}),
+    # a mount's unlink (of a file open for a writer, of a symlink), rmdir (of a folder with
+    # a quota) and rename over a file, over an empty folder, onto a free name: the status
+    # of what they removed is in the answer
+    ("delete", {"path": "/u1/open", "expect": "nondir", "want_status": True}),
+    ("delete", {"path": "/u2/link", "expect": "nondir", "want_status": True}),
+    ("delete", {"path": "/u3/dir", "expect": "dir", "want_status": True}),
+    ("rename", {"src": "/v1/x", "dst": "/v1/y", "overwrite": True, "want_status": True}),
+    ("rename", {"src": "/v2/x", "dst": "/v2/y", "overwrite": True, "want_status": True}),
+    ("rename", {"src": "/v3/x", "dst": "/v3/y", "overwrite": True, "want_status": True}),
     ("complete", {"path": "/w/done", "client_name": "w1", "data": b"hello"}),
     ("append", {"path": "/w/small", "client_name": "w2"}),
     ("rewrite", {"path": "/w/rewritten", "client_name": "w1"}),
@@ -181,6 +211,16 @@ async def setup_namespace(address: str) -> None:
     for path in ("/m", "/c", "/c2", "/s", "/r/x", "/r2/x", "/r3/x", "/r3/z", "/d2/a/b"):
         await plain(address, "mkdirs", path=path)
     await plain(address, "create", path="/d/x", client_name="w0")
+    await plain(address, "create", path="/u1/open", client_name="w0")
+    await plain(address, "create_symlink", target="/elsewhere", path="/u2/link",
+                create_parent=True)
+    await plain(address, "mkdirs", path="/u3/dir")
+    await plain(address, "set_quota", path="/u3/dir", ns_quota=10)
+    for path in ("/v1/x", "/v1/y"):
+        await plain(address, "create", path=path, client_name="w0")
+        await plain(address, "complete", path=path, client_name="w0", data=path.encode())
+    for path in ("/v2/x", "/v2/y", "/v3/x"):
+        await plain(address, "mkdirs", path=path)
     for path, holder in (("/w/done", "w1"), ("/w/rewritten", "w1"),
                          ("/w/abandoned", "w0"), ("/w/small", "w0"), ("/w/cut", "w0")):
         await plain(address, "create", path=path, client_name=holder)
@@ -212,14 +252,23 @@ def test_every_cached_call_retried_after_a_restart_gets_its_first_answer(tmp_pat
             info = await plain(meta.address, "get_file_info", path="/w/cut")
             assert info["length"] == 2
 
-            # the answers that cannot be rebuilt, and a second run is not safe: AnswerLost
-            await plain(meta.address, "create", path="/u/x", client_name="w0")
+            for folder in ("/u1", "/u2", "/u3", "/v1", "/v2", "/v3"):
+                listing = await plain(meta.address, "list_status", path=folder)
+                names[folder] = sorted(e["name"] for e in listing["entries"])
+            assert names["/u1"] == names["/u2"] == names["/u3"] == []
+            assert names["/v1"] == names["/v2"] == names["/v3"] == ["y"]
+
+            # what the answer shows is gone since (another call took it): it cannot be
+            # rebuilt, and a second run is not safe: AnswerLost
+            await plain(meta.address, "create", path="/u/gone/x", client_name="w0")
             await plain(meta.address, "mkdirs", path="/u/dir")
-            lost = [("delete", {"path": "/u/x", "want_status": True}),
+            lost = [("delete", {"path": "/u/gone/x", "want_status": True}),
                     ("rename", {"src": "/u/dir", "dst": "/u/moved", "overwrite": True,
                                 "want_status": True})]
             for call_id, (method, args) in enumerate(lost, 100):
                 await send(meta.address, method, args, call_id)
+            for path in ("/u/gone", "/u/moved"):
+                await plain(meta.address, "delete", path=path, recursive=True)
             await meta.restart()
             for call_id, (method, args) in enumerate(lost, 100):
                 with pytest.raises(AnswerLost, match="changed the namespace before a failover or restart"):
@@ -229,6 +278,39 @@ def test_every_cached_call_retried_after_a_restart_gets_its_first_answer(tmp_pat
                               client_id="someone-else#0") is True
             with pytest.raises(errors.FileExists):
                 await send(meta.address, "mkdirs", CALLS[0][1], 2, client_id="someone-else#0")
+            await meta.stop()
+
+        # only the calls whose answer shows what they removed (or that a rename with
+        # overwrite removed nothing) kept something in their record
+        journal = Journal(str(tmp_path / "meta" / "journal"), lambda records: None)
+        journal.open()
+        kept = {r.args[RPC_CALL][1]: r.args.get(RPC_KEPT) for r in journal.replay(0)
+                if r.args.get(RPC_CALL, [None])[0] == CLIENT}
+        for call_id, (method, args) in enumerate(CALLS, 1):
+            removes = args.get("want_status", False) and (
+                method == "delete" or method == "rename" and args.get("overwrite", False))
+            assert (kept.get(call_id) is not None) == removes, (method, args)
+            if args.get("src") == "/v3/x":   # a rename with overwrite onto a free name
+                assert kept[call_id] == []
+        assert max(len(packb(value)) for value in kept.values()) < 100
+
+    trio.run(main)
+
+
+def test_a_record_that_kept_nothing_answers_a_status_retry_answer_lost():
+    """Records journaled before ``RPC_KEPT`` existed: a delete or rename answering
+    ``want_status`` cannot answer the status of what it removed (nor can anything that is
+    not a ``keep_removed`` value)."""
+    async def main():
+        for kept in (None, [1, 2], "junk", []):
+            with pytest.raises(AnswerLost, match="did not keep the status the deleted"):
+                await retry_answers.delete(None, None, None, kept, "/a", expect="dir",
+                                           want_status=True)
+            if kept == []:   # a rename that replaced nothing
+                continue
+            with pytest.raises(AnswerLost, match="did not keep the status of the replaced"):
+                await retry_answers.rename(None, None, None, kept, "/a", "/b", overwrite=True,
+                                           want_status=True)
 
     trio.run(main)
 
@@ -315,13 +397,19 @@ FAILOVER_CALLS = [
     ("create", {"path": "/ha/c/f", "client_name": "writer", "want_status": True}),
     ("rename", {"src": "/ha/r/x", "dst": "/ha/r/y"}),
     ("delete", {"path": "/ha/d/gone"}),
+    # the mount's unlink, rmdir and rename over a file: their answers hold what they removed
+    ("delete", {"path": "/ha/u/gone", "expect": "nondir", "want_status": True}),
+    ("delete", {"path": "/ha/e/dir", "expect": "dir", "want_status": True}),
+    ("rename", {"src": "/ha/o/x", "dst": "/ha/o/y", "overwrite": True, "want_status": True}),
 ]
 
 
 async def failover_setup(address: str) -> list:
-    for path in ("/ha/m", "/ha/c", "/ha/r/x"):
+    for path in ("/ha/m", "/ha/c", "/ha/r/x", "/ha/e/dir"):
         await plain(address, "mkdirs", path=path)
-    await plain(address, "create", path="/ha/d/gone", client_name="w0")
+    for path in ("/ha/d/gone", "/ha/u/gone", "/ha/o/x", "/ha/o/y"):
+        await plain(address, "create", path=path, client_name="w0")
+    await plain(address, "complete", path="/ha/o/y", client_name="w0", data=b"replaced")
     return [await send(address, method, args, call_id)
             for call_id, (method, args) in enumerate(FAILOVER_CALLS, 1)]
 
@@ -330,7 +418,7 @@ async def resend_and_list(address: str):
     answers = [await send(address, method, args, call_id)
                for call_id, (method, args) in enumerate(FAILOVER_CALLS, 1)]
     names = []
-    for folder in ("m", "c", "r", "d"):
+    for folder in ("m", "c", "r", "d", "u", "e", "o"):
         listing = await plain(address, "list_status", path=f"/ha/{folder}")
         names.append(sorted(e["name"] for e in listing["entries"]))
     return answers, names
@@ -347,12 +435,13 @@ def test_calls_retried_after_a_failover_get_their_first_answers(tmp_path):
         ha.wait_role(standby, "standby")
         first = run(failover_setup, ha.address(active))
         assert first[2] is True and first[3] is True
+        assert first[6]["replaced"]["path"] == "/ha/o/y" and first[4]["status"]["type"] == "file"
         ha.kill_meta(active)
         new = ha.wait_active(timeout=20, besides=active)
         answers, names = run(resend_and_list, ha.address(new))
         assert answers == first
         assert answers[1]["status"]["ino"] == first[1]["status"]["ino"]
-        assert names == [["new"], ["f"], ["y"], []]
+        assert names == [["new"], ["f"], ["y"], [], [], [], ["y"]]
     finally:
         ha.stop()
 
@@ -368,6 +457,6 @@ def test_calls_retried_after_a_kill9_restart_get_their_first_answers(tmp_path):
         cluster.start_meta()
         answers, names = run(resend_and_list, cluster.meta_address)
         assert answers == first
-        assert names == [["new"], ["f"], ["y"], []]
+        assert names == [["new"], ["f"], ["y"], [], [], [], ["y"]]
     finally:
         cluster.stop()

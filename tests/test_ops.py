@@ -16,7 +16,7 @@ from meta.invariants import check_namespace, check_record
 from meta.journal_files import Record
 from meta.kv import MemoryStore
 from meta.namespace import Defaults, Namespace
-from meta.ops import ABSENT, OPS, LAZY_OPS, RPC_CALL, MalformedRecord, decode
+from meta.ops import ABSENT, OPS, LAZY_OPS, RPC_CALL, RPC_KEPT, MalformedRecord, decode
 from meta.ops_blocks import Close
 
 
@@ -125,18 +125,22 @@ def test_every_op_round_trips_to_the_bytes_the_planner_journals():
 
 
 def test_every_op_keeps_the_retry_cache_key_byte_for_byte():
-    """The journal adds ``rpc`` (the retry-cached call) after a record's own keys: every op
-    keeps it in ``extra``, re-encodes to the same bytes and names the call; records
-    without it name none."""
+    """The journal adds ``rpc`` (the retry-cached call) after a record's own keys, and for
+    some calls ``rpc_kept`` (what a retry needs of the answer): every op keeps them in
+    ``extra``, re-encodes to the same bytes and names the call and what it kept; records
+    without them name none."""
     key = CallKey("client#0123456789abcdef", 17, "create")
     for record, _ in every_op().wire:
-        assert decode(record).rpc_call() is None
-        body = packb([record.txid, record.op, {**record.args, RPC_CALL: key.to_wire()}])
-        tagged = Record(record.txid, record.op,
-                        msgpack.unpackb(body, raw=False, strict_map_key=False)[2])
-        op = decode(tagged)
-        assert op.rpc_call() == key, record.op
-        assert packb([record.txid, record.op, op.to_args()]) == body, record.op
+        assert decode(record).rpc_call() is None and decode(record).rpc_kept() is None
+        for kept in ({}, {RPC_KEPT: [42, "file", None]}):
+            body = packb([record.txid, record.op,
+                          {**record.args, RPC_CALL: key.to_wire(), **kept}])
+            tagged = Record(record.txid, record.op,
+                            msgpack.unpackb(body, raw=False, strict_map_key=False)[2])
+            op = decode(tagged)
+            assert op.rpc_call() == key, record.op
+            assert op.rpc_kept() == kept.get(RPC_KEPT), record.op
+            assert packb([record.txid, record.op, op.to_args()]) == body, record.op
 
 
 def test_replaying_the_decoded_records_rebuilds_the_same_store():
