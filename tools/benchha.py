@@ -93,6 +93,13 @@ class PrivateHACluster:
                 cwd=root, start_new_session=True,
                 preexec_fn=None if cpus is None else (lambda: os.sched_setaffinity(0, cpus)))
 
+    def processes(self, active: str) -> dict[str, list[int]]:
+        """Pids by role, for the benchmark's CPU accounting: the active, the other
+        metadata servers, the etcd members."""
+        return {"active": [self.procs[active].pid],
+                "standby": [p.pid for n, p in self.procs.items() if n != active],
+                "etcd": [m.pid for m in self.members if m.pid is not None]}
+
     def kill(self, name: str, sig=signal.SIGKILL) -> None:
         proc = self.procs.get(name)
         if proc is not None and proc.poll() is None:

@@ -45,6 +45,7 @@ import threading
 import time
 from array import array
 from contextlib import AsyncExitStack, contextmanager
+from typing import NamedTuple
 
 import trio
 
@@ -143,9 +144,15 @@ def _worker(address, settings, clients, plan, barrier, results):
 
 # --------------------------------------------------------------------------- servers
 
+class PrivateServer(NamedTuple):
+    address: str
+    pid: int
+
+
 @contextmanager
 def private_meta_server(home: str, lock: str, status: StatusLine):
-    """A fresh ``leasefs meta`` subprocess with ``namespace_lock=lock``; yields its address."""
+    """A fresh ``leasefs meta`` subprocess with ``namespace_lock=lock``; yields its
+    ``PrivateServer`` (address, pid)."""
     folder = tempfile.mkdtemp(prefix=f".bench-meta-{lock}-", dir=home)
     address_file = os.path.join(folder, "address")
     log_path = os.path.join(folder, "meta.log")
@@ -170,7 +177,7 @@ def private_meta_server(home: str, lock: str, status: StatusLine):
                                  f"(exit {proc.poll()}): {tail.strip()}")
             time.sleep(0.05)
         with open(address_file) as fh:
-            yield fh.read().strip()
+            yield PrivateServer(fh.read().strip(), proc.pid)
     finally:
         proc.terminate()
         try:
@@ -188,15 +195,18 @@ def _journal_counters(control) -> tuple[int, int, float | None]:
     return journal["fsyncs"], journal["records"], report.get("cpu_seconds")
 
 
-def run_on_server(address: str, a, status: StatusLine, label: str) -> dict:
-    """The whole workload on one metadata server: per op ops/s, p50/p99, fsyncs/op."""
+def run_on_server(address: str, a, status: StatusLine, label: str,
+                  processes: dict[str, list[int]] | None = None) -> dict:
+    """The whole workload on one metadata server: per op ops/s, p50/p99, fsyncs/op, and
+    the CPU each of ``processes`` (name → pids of this machine) and the clients spent per
+    op (``cpu_us``)."""
     from fs.client import Client
     from fs.config import Config
 
     settings = {"rpc_timeout": 120.0}
     # one connection of the parent's for counters and cleanup, apart from the workers'
     with Client(address, config=Config.load(env={}, **settings)) as control:
-        out = _run_workers(address, settings, control, a, status, label)
+        out = _run_workers(address, settings, control, a, status, label, processes or {})
         if not a.keep:
             control.delete(_base(a, label), recursive=True)
     return out
@@ -206,8 +216,22 @@ def _base(a, label: str) -> str:
     return f"{a.dir.rstrip('/')}/meta-{os.getpid()}-{label}"
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (0.0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_by_name(processes: dict[str, list[int]]) -> dict[str, float]:
+    return {name: sum(cpu_seconds(pid) for pid in pids) for name, pids in processes.items()}
+
+
 def _run_workers(address: str, settings: dict, control, a, status: StatusLine,
-                 label: str) -> dict:
+                 label: str, processes: dict[str, list[int]]) -> dict:
     ops = list(a.op)
     for _ in a.prefill:   # the same ops on the empty namespace, then after each fill
         ops += ["prefill"] + list(a.op)
@@ -224,6 +248,7 @@ def _run_workers(address: str, settings: dict, control, a, status: StatusLine,
                            daemon=True) for g in groups]
     for w in workers:
         w.start()
+    processes = {**processes, "clients": [w.pid for w in workers]}
     out: dict = {}
     try:
         for step, op in enumerate(ops):
@@ -238,6 +263,7 @@ def _run_workers(address: str, settings: dict, control, a, status: StatusLine,
             try:
                 barrier.wait(timeout=120)   # every worker is set up and idle
                 before = _journal_counters(control)
+                cpu_before = _cpu_by_name(processes)
                 barrier.wait(timeout=120)
             except threading.BrokenBarrierError:   # a worker failed (it aborted) or hangs
                 raise UsageError(f"{label}: a benchmark worker failed: "
@@ -250,6 +276,7 @@ def _run_workers(address: str, settings: dict, control, a, status: StatusLine,
                     raise UsageError(f"{label}: a benchmark worker failed: {payload}")
                 latencies.frombytes(payload)
             wall = time.perf_counter() - t0
+            cpu_after = _cpu_by_name(processes)
             after = _journal_counters(control)
             n = len(latencies)
             fsyncs, records = after[0] - before[0], after[1] - before[1]
@@ -262,7 +289,10 @@ def _run_workers(address: str, settings: dict, control, a, status: StatusLine,
                        "records_per_op": records / n if n else 0.0,
                        "records_per_fsync": records / fsyncs if fsyncs else 0.0,
                        # server CPU per op: what the rate would be with a core of its own
-                       "server_cpu_us": cpu / n * 1e6 if cpu is not None and n else None}
+                       "server_cpu_us": cpu / n * 1e6 if cpu is not None and n else None,
+                       # every process's share: where a machine's cores went per op
+                       "cpu_us": {name: (cpu_after[name] - cpu_before[name]) / n * 1e6
+                                  for name in processes} if n else {}}
     finally:
         for w in workers:
             w.join(timeout=0 if sys.exc_info()[0] else 30)
@@ -332,16 +362,18 @@ def run_meta_bench(cmd: Command) -> int:
             os.sched_setaffinity(0, os.sched_getaffinity(0) - engine)
             status(f"etcd and the standby on CPUs {sorted(engine)}, the active and the "
                    f"clients on {sorted(os.sched_getaffinity(0))}")
-        with private_meta_server(home, "fine", status) as address:
-            results["none"] = run_on_server(address, a, status, "none")
+        with private_meta_server(home, "fine", status) as server:
+            results["none"] = run_on_server(server.address, a, status, "none",
+                                            {"active": [server.pid]})
         with private_ha_cluster(home, status, engine_cpus=engine) as cluster:
-            results["etcd"] = run_on_server(cluster.address(cluster.active()), a, status,
-                                            "etcd")
+            active = cluster.active()
+            results["etcd"] = run_on_server(cluster.address(active), a, status, "etcd",
+                                            cluster.processes(active))
     else:
         modes = list(dict.fromkeys(a.lock))
         for lock in modes:
-            with private_meta_server(home, lock, status) as address:
-                results[lock] = run_on_server(address, a, status, lock)
+            with private_meta_server(home, lock, status) as server:
+                results[lock] = run_on_server(server.address, a, status, lock)
     lrec = _Recorder()
     if not a.no_local:
         a.ops_list = a.op
@@ -401,6 +433,15 @@ def run_meta_bench(cmd: Command) -> int:
             f"{a.ops} ops each, {layout}, {a.connections} connections")
     for line in format_table(headers, table):
         cmd.out(line)
+    if a.ha:
+        # on one machine the roles share its cores: where they went decides the ratio
+        cmd.out("CPU µs per op by process (this machine's cores):")
+        for op in a.op:
+            for mode in modes:
+                spent = results[mode][op].get("cpu_us") or {}
+                cmd.out(f"  {op:<12} {mode:<5} " + ", ".join(
+                    f"{name} {us:.0f}" for name, us in spent.items())
+                    + f"; total {sum(spent.values()):.0f}")
     for mode in modes:
         for total in a.prefill:
             cmd.out(f"{mode}: with {total} more files / on the empty namespace: " + ", ".join(
