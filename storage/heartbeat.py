@@ -15,7 +15,9 @@ active in epoch 0, ``ha = none``); ``HeartbeatService.active_epoch`` is the newe
 from a server claiming the active role, and the commands and block keys of a reply are
 obeyed only when it says active with an epoch >= that. Others are dropped, counted
 (``dropped_commands``) and logged once per server and epoch: a deposed active that has not
-noticed yet can delete nothing. A reply may ask for a full report (``"full_report": true``,
+noticed yet can delete nothing. Each actor also counts what its replies carried by outcome
+and type (``commands``: obeyed or dropped; INVALIDATE, TRANSFER, RECOVER_BLOCK, block_keys
+or other), so "no command of a deposed active was run" is a number one can read. A reply may ask for a full report (``"full_report": true``,
 a server that just took over and postpones deletions until it has one). Calls that are not
 reports (``commit_block_synchronization``, ``report_bad_blocks``) go to the active server
 (``call_active``): the actor whose last reply was obeyable, waiting briefly when none is
@@ -62,6 +64,7 @@ actors, each its RPC client and tasks; ``block_received``/``blocks_deleted`` nev
 
 from __future__ import annotations
 
+import collections
 import logging
 import secrets
 
@@ -84,6 +87,11 @@ log = logging.getLogger(__name__)
 
 # report entries built between two checkpoints of the block server's trio thread
 BUILD_STEP = 5000
+#: the command types ``MetaActor.commands`` counts by name; any other counts as "other" (a
+#: peer's made-up type must not grow the metric's series)
+COMMAND_TYPES = frozenset({"INVALIDATE", "TRANSFER", "RECOVER_BLOCK"})
+#: how a reply's block key set is counted in ``MetaActor.commands``
+BLOCK_KEYS = "block_keys"
 #: seconds a "receiving" (RBW) report may wait for company: a small block's FINALIZED
 #: report usually follows within milliseconds and replaces it, one report instead of two
 RECEIVING_REPORT_DELAY = 0.05
@@ -395,6 +403,8 @@ class MetaActor:
         self.ha: HAStatus | None = None   # from its last register or heartbeat reply
         self.obeyed = False               # whether that reply's commands were obeyed
         self.dropped_commands = 0
+        # (outcome, type) -> commands of its replies: outcome "obeyed" or "dropped"
+        self.commands: collections.Counter[tuple[str, str]] = collections.Counter()
         self._dropped_logged: set[tuple] = set()   # (role, epoch) already logged
         self._registered_event = trio.Event()
         self._rpc: RpcClient | None = None
@@ -491,7 +501,9 @@ class MetaActor:
                 "epoch": self.ha.epoch if self.ha else None, "obeyed": self.obeyed,
                 "heartbeats_sent": self.heartbeats_sent,
                 "full_reports_sent": self.full_reports_sent,
-                "dropped_commands": self.dropped_commands}
+                "dropped_commands": self.dropped_commands,
+                "commands": {outcome: {kind: n for (o, kind), n in sorted(self.commands.items())
+                                       if o == outcome} for outcome in ("obeyed", "dropped")}}
 
     def deposed(self) -> None:
         """It answered ``StandbyError`` (or could not be reached): not taken for the active
@@ -547,8 +559,9 @@ class MetaActor:
 
     def _take_reply(self, reply: dict, kind: str, commands: list) -> bool:
         """Note the HA status of a register or heartbeat reply and take its block keys if
-        it is obeyed; True if its commands are to be run. Dropped ones are counted, and
-        logged once per (role, epoch) of this server."""
+        it is obeyed; True if its commands are to be run. Every command is counted by
+        outcome and type (``commands``); dropped ones are also counted in
+        ``dropped_commands`` and logged once per (role, epoch) of this server."""
         try:
             status = HAStatus.from_wire(reply.get("ha"))
         except InvalidArgument as exc:
@@ -556,6 +569,13 @@ class MetaActor:
             why = f"its HA status is malformed ({exc})"
         self.ha = status
         self.obeyed = self.service.obeys(status, self.address)
+        outcome = "obeyed" if self.obeyed else "dropped"
+        for command in commands:
+            name = command.get("type") if isinstance(command, dict) else None
+            known = isinstance(name, str) and name in COMMAND_TYPES
+            self.commands[outcome, name if known else "other"] += 1
+        if reply.get("block_keys") is not None:
+            self.commands[outcome, BLOCK_KEYS] += 1
         if self.obeyed:
             self.service.take_block_keys(reply.get("block_keys"), self.address)
             return True

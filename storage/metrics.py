@@ -8,7 +8,7 @@ text format.
 Where the numbers come from: ``observe_op`` is ``DataTransferServer.op_observer``, called
 once per data-transfer connection (one op each); the byte, checksum, recovery, copy and
 token counts are ``DataTransferServer.stats``, the heartbeat service's (with the commands
-it dropped, per metadata server) and the block scanner's own counters, and the replicas by
+it obeyed and dropped, per metadata server and type) and the block scanner's own counters, and the replicas by
 state are counted from the store, all read at scrape time.
 
 Concurrency contract: everything runs on the block server's trio thread; nothing awaits.
@@ -85,6 +85,16 @@ class StorageMetrics:
         for actor in heartbeat.actors:
             dropped.add_metric([actor.address], actor.dropped_commands)
         yield dropped
+        commands = CounterMetricFamily(PREFIX + "commands", "Commands (and block key sets) "
+                                       "of register and heartbeat replies, by metadata "
+                                       "server, type (INVALIDATE, TRANSFER, RECOVER_BLOCK, "
+                                       "block_keys, other) and outcome (obeyed, or dropped: "
+                                       "the server was not the newest active one)",
+                                       labels=["meta_server", "type", "outcome"])
+        for actor in heartbeat.actors:
+            for (outcome, kind), count in sorted(actor.commands.items()):
+                commands.add_metric([actor.address, kind, outcome], count)
+        yield commands
         yield GaugeMetricFamily(PREFIX + "active_epoch", "Newest epoch of a metadata server "
                                 "claiming the active role (0: ha = none)",
                                 value=heartbeat.active_epoch)

@@ -19,7 +19,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from harness import free_port
+from harness import free_port, wait_stopped
 from tools import etcd as etcdmod
 
 ETCD = etcdmod.ETCD
@@ -99,6 +99,21 @@ class EtcdCluster:
                 if st.get("leader") == st["header"]["member_id"]:
                     return i
         raise RuntimeError("no raft leader")
+
+    def pause(self) -> None:
+        """SIGSTOP every member: an etcd outage, no member answers until ``resume``.
+        Leases keep ageing meanwhile: one whose TTL runs out in the pause expires at the
+        resume. Returns once every member is stopped."""
+        running = [proc for proc in self.procs.values() if proc.poll() is None]
+        for proc in running:
+            os.kill(proc.pid, signal.SIGSTOP)
+        for proc in running:
+            wait_stopped(proc.pid)
+
+    def resume(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
 
     def kill9(self, i: int) -> None:
         proc = self.procs[i]

@@ -19,7 +19,7 @@ import trio
 
 from etcd_cluster import EtcdCluster
 from fs.haclient import call_each
-from harness import ProcessCluster, free_port, wait_cluster_ready
+from harness import ProcessCluster, free_port, wait_cluster_ready, wait_stopped
 
 #: election timeout of the tests' metadata servers (the etcd lease TTL)
 ELECTION_TIMEOUT = 2.0
@@ -129,7 +129,9 @@ class HACluster(ProcessCluster):
         self.kill(name or self.active(), sig)
 
     def pause(self, name: str) -> None:
+        """SIGSTOP ``name`` (a metadata or block server); returns once it is stopped."""
         self.procs[name].send_signal(signal.SIGSTOP)
+        wait_stopped(self.procs[name].pid)
 
     def resume(self, name: str) -> None:
         self.procs[name].send_signal(signal.SIGCONT)

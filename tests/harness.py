@@ -478,6 +478,18 @@ class ProcessCluster:
     def pid(self, name: str) -> int:
         return self.procs[name].pid
 
+    def storage_http_port(self, i: int) -> int:
+        """The port of block server ``i``'s web page (``storage_http_port`` 0: any free
+        one, which it logs)."""
+        def find():
+            for line in (self.base / "logs" / f"storage{i}.log").read_text().splitlines():
+                if "block server web page on http://" in line:
+                    return int(line.rsplit(":", 1)[1].strip("/ \n"))
+            return None
+        port = poll_until(find, 20)
+        assert port, self.log_tail(f"storage{i}")
+        return port
+
     def kill(self, name: str, sig=signal.SIGKILL, timeout: float = 30.0):
         proc = self.procs.get(name)
         if proc is None or proc.poll() is not None:
@@ -612,6 +624,26 @@ def errno_of(fn, *args, **kwargs) -> int:
     with pytest.raises(OSError) as info:
         fn(*args, **kwargs)
     return info.value.errno
+
+
+def wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Until every thread of process ``pid`` is stopped. ``kill(SIGSTOP)`` returns before
+    that: a thread running on another core goes on for a moment, and a test that counts on
+    the process being frozen (nothing it answers from now on) must wait for it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                # the state follows the command name, which may itself hold ") "
+                states.append((task / "stat").read_text().rsplit(") ", 1)[1][:1])
+            except (OSError, IndexError):
+                continue   # a thread that just ended
+        if states and all(state in "Tt" for state in states):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"process {pid} is not stopped after {timeout} s: {states}")
+        time.sleep(0.005)
 
 
 def poll_until(check, timeout: float = 20.0):

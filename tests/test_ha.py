@@ -4,14 +4,18 @@ kill -9 with everything acknowledged, and a deposed active starts again as a sta
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+import urllib.request
 
 import pytest
 import trio
 
-from fs.errors import StandbyError, sole_exception
+from fs.errors import FileNotFound, LeaseFSError, StandbyError, sole_exception
 from fs.rpc import RpcClient
-from hakit import HACluster
+from hakit import HACluster, ha_status
+from harness import poll_until
 
 pytestmark = pytest.mark.slow
 
@@ -87,10 +91,6 @@ def test_sigstop_active_is_fenced_and_acknowledges_nothing(ha):
     """Split brain: the active is frozen for twice the election timeout, the standby takes
     over, then the old active runs again with calls waiting in its sockets: none of them
     is acknowledged, none reaches the namespace, and it starts again as a standby."""
-    import threading
-
-    from fs.errors import FileNotFound, LeaseFSError
-
     active = ha.wait_active()
     old_epoch = ha.statuses()[active]["epoch"]
     call(ha.address(active), "mkdirs", path="/split")
@@ -123,6 +123,137 @@ def test_sigstop_active_is_fenced_and_acknowledges_nothing(ha):
             call(ha.address(new), "get_file_info", path=f"/split/{i}")
     ha.wait_role(active, "standby", timeout=20)
     assert ha.wait_active() == new
+
+
+def node_status(port: int) -> dict:
+    """A block server's ``/api/v1/status``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/status", timeout=10) as answer:
+        return json.load(answer)
+
+
+def commands_from(status: dict, address: str, outcome: str, kind: str | None = None):
+    """The commands a block server ``outcome`` ("obeyed" or "dropped") from the metadata
+    server at ``address``: all of them by type, or the count of one ``kind``."""
+    counts = next(m for m in status["meta_servers"] if m["address"] == address)["commands"]
+    return counts[outcome] if kind is None else counts[outcome].get(kind, 0)
+
+
+def test_a_deposed_active_that_comes_back_commands_no_block_server(tmp_path):
+    """Split brain with real block servers. The active holds a deletion for block server X
+    that only it decided (a replica reported corrupt to it alone), queued while X is frozen,
+    when it is itself frozen (SIGSTOP) for twice the election timeout; the standby takes
+    over in a newer epoch and every block server hears of it. The old active then runs
+    again while etcd is frozen, so nothing can tell it that its term is over (a keepalive
+    that cannot reach etcd: the worst case) and it answers X's waiting heartbeat with the
+    queued INVALIDATE, saying active in the old epoch. Proven: X drops it (counted as a
+    dropped INVALIDATE of that server), no block server runs any command of the old active
+    after the new epoch, X keeps the replica and the new active lists it; a call sent to
+    the old active meanwhile is not acknowledged; the old active comes back as a standby."""
+    election_timeout = 3.0
+    cluster = HACluster(tmp_path, n_meta=2, n_storage=3, election_timeout=election_timeout,
+                        settings={
+                            # frozen processes stay live in every node table: a dead node's
+                            # queued deletions would be forgotten
+                            "dead_node_interval": 120.0,
+                            # the active queues the corrupt replica's deletion at once
+                            "replication_interval": 0.1,
+                            "inline_max": 0})   # the file's data in a block, not inline
+    etcd_paused = False
+    try:
+        cluster.start()
+        active = cluster.wait_active()
+        standby = next(n for n in cluster.names if n != active)
+        cluster.wait_role(standby, "standby")
+        a = cluster.address(active)
+        old_epoch = ha_status(a)["epoch"]
+        data = bytes(range(256)) * 64
+        with cluster.client() as client:
+            client.write_file("/kept", data, replication=3)
+
+        def kept_block() -> dict:
+            return call(a, "get_block_locations", path="/kept")["blocks"][0]
+        assert poll_until(lambda: len(kept_block()["locations"]) == 3, 20), kept_block()
+        block = kept_block()["block"]
+        ports = [cluster.storage_http_port(i) for i in range(3)]
+        x_id = node_status(ports[0])["node_id"]
+        assert x_id in {loc["node_id"] for loc in kept_block()["locations"]}
+
+        # X hears nothing from the active while the deletion is decided: frozen, and the
+        # active has stopped hearing from it (no heartbeat of it is still on its way)
+        cluster.pause("storage0")
+
+        def x_silent() -> bool:
+            nodes = call(a, "report")["live_nodes"]
+            return next(n for n in nodes if n["node_id"] == x_id)["last_heartbeat_age"] > 1.0
+        assert poll_until(x_silent, 20)
+        call(a, "report_bad_blocks", blocks=[{"block": {"id": block["id"], "gs": block["gs"]},
+                                              "node_id": x_id}])
+        assert poll_until(lambda: call(a, "report")["pending_deletion"] == 1, 20), \
+            call(a, "report")
+        paused_at = time.monotonic()
+        cluster.pause(active)
+        try:
+            cluster.resume("storage0")
+            new = cluster.wait_active(timeout=30, besides=active)
+            new_epoch = ha_status(cluster.address(new))["epoch"]
+            assert new_epoch > old_epoch
+            assert poll_until(lambda: all(node_status(p)["active_epoch"] == new_epoch
+                                          for p in ports), 20), [node_status(p) for p in ports]
+            # the issue's pause: twice the election timeout, whatever the takeover took
+            time.sleep(max(0.0, paused_at + 2 * election_timeout - time.monotonic()))
+            obeyed = [commands_from(node_status(p), a, "obeyed") for p in ports]
+            dropped = commands_from(node_status(ports[0]), a, "dropped", "INVALIDATE")
+            cluster.etcd.pause()
+            etcd_paused = True
+        finally:
+            cluster.resume(active)
+        outcomes: list = []
+        try:
+            status = ha_status(a, timeout=10)
+            assert status["role"] == "active" and status["epoch"] == old_epoch, status
+
+            def send() -> None:
+                try:
+                    outcomes.append(("ok", call(a, "mkdirs", path="/split/after")))
+                except LeaseFSError as exc:
+                    outcomes.append(("refused", exc))
+
+            sender = threading.Thread(target=send)
+            sender.start()
+            # X's heartbeat, waiting in the old active's socket since the pause, is answered
+            # with the queued deletion
+            assert poll_until(lambda: commands_from(node_status(ports[0]), a, "dropped",
+                                                    "INVALIDATE") > dropped
+                              or commands_from(node_status(ports[0]), a, "obeyed") != obeyed[0],
+                              20), node_status(ports[0])
+            assert not outcomes, outcomes   # nothing answered while etcd is away
+        finally:
+            cluster.etcd.resume()
+            etcd_paused = False
+        sender.join(60)
+        assert len(outcomes) == 1 and outcomes[0][0] == "refused", outcomes
+        cluster.wait_role(active, "standby", timeout=30)
+        assert cluster.wait_active() == new
+        n = cluster.address(new)
+        with pytest.raises(FileNotFound):
+            call(n, "get_file_info", path="/split/after")
+
+        statuses = [node_status(p) for p in ports]
+        assert [commands_from(st, a, "obeyed") for st in statuses] == obeyed, statuses
+        assert commands_from(statuses[0], a, "dropped", "INVALIDATE") > dropped
+        assert statuses[0]["replicas_by_state"] == {"FINALIZED": 1}, statuses[0]
+        located = call(n, "get_block_locations", path="/kept")["blocks"][0]
+        assert x_id in {loc["node_id"] for loc in located["locations"]}, located
+        assert len(located["locations"]) == 3 and not located["corrupt"], located
+        with cluster.client() as client:
+            assert client.read_file("/kept") == data
+    finally:
+        if etcd_paused:
+            cluster.etcd.resume()
+        for name in cluster.names + ["storage0"]:
+            if name in cluster.procs:
+                cluster.resume(name)   # SIGCONT to a running process is a no-op
+        cluster.stop()
 
 
 def test_checkpoint_purges_the_log_and_a_standby_still_catches_up(tmp_path):

@@ -196,6 +196,12 @@ def test_block_servers_report_to_every_server_and_obey_only_the_newest_active(tm
             scraped = generate_latest(nodes[0].metrics_registry).decode()
             assert f'leasefs_storage_dropped_commands_total{{meta_server="{addr_b}"}}' \
                 in scraped
+            assert (f'leasefs_storage_commands_total{{meta_server="{addr_b}",outcome="dropped",'
+                    f'type="INVALIDATE"}}') in scraped
+            assert all(n.heartbeat.actors[1].commands["obeyed", "INVALIDATE"] == 0
+                       for n in nodes)
+            assert all(n.heartbeat.actors[0].commands["obeyed", "INVALIDATE"] >= 1
+                       for n in nodes)
             assert "leasefs_storage_active_epoch 2.0" in scraped
 
             # 5. b takes over in epoch 3: its queued deletions go out after the fresh full

@@ -141,17 +141,6 @@ def test_server_metrics_pages(tmp_path):
 # ---------------------------------------------------------------- a real Prometheus
 
 
-def storage_http_port(cluster: ProcessCluster, i: int) -> int:
-    def find():
-        for line in (cluster.base / "logs" / f"storage{i}.log").read_text().splitlines():
-            if "block server web page on http://" in line:
-                return int(line.rsplit(":", 1)[1].strip("/ \n"))
-        return None
-    port = poll_until(find, 20)
-    assert port, cluster.log_tail(f"storage{i}")
-    return port
-
-
 def mount_metrics_port(mount: Mount) -> int:
     def find():
         for line in mount.log.read_text(errors="replace").splitlines():
@@ -221,7 +210,7 @@ def test_prometheus_scrapes_a_running_cluster(tmp_path):
         prometheus = None
         try:
             mount.start()
-            ports = [meta_http, storage_http_port(cluster, 0), storage_http_port(cluster, 1),
+            ports = [meta_http, cluster.storage_http_port(0), cluster.storage_http_port(1),
                      mount_metrics_port(mount)]
             client_data = os.urandom(2 * block + 1000)     # 3 blocks
             with cluster.client() as client:
