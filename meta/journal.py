@@ -14,6 +14,8 @@ on the trio thread call ``apply(records)`` ONCE with the batch in txid order and
 waiter of the batch. Records logged while an fsync runs form the next batch, so N
 concurrent ``log()`` calls cost about one fsync (``stats`` counts fsyncs, records, bytes).
 ``apply`` receives the records exactly as ``replay`` will decode them after a restart.
+Replicated (ha = etcd), where a batch's cost is mostly per append, the syncer lets a
+batch smaller than the previous one grow for a moment first (``_gather``).
 
 Retry-cached calls. A ``log``/``log_many`` made inside one (``fs.retry_cache.current_call``)
 adds ``"rpc": [client_id, call_id, method]`` (``meta.ops.RPC_CALL``) to the args of its
@@ -102,6 +104,9 @@ from .journal_start import StartPlan, decide
 from .ops import RPC_CALL, RPC_KEPT
 
 log = logging.getLogger(__name__)
+
+#: replicated: the share of the previous batch a pending batch waits to reach (``_gather``)
+GATHER_SHARE = 0.75
 
 # ------------------------------------------------------------------------------ the journal
 class _SyncThread:
@@ -225,6 +230,11 @@ class Journal:
         # ``refusal``: why ``log`` refuses now (a follower, a server leaving its term).
         self.replicator = None
         self.refusal: str | None = None
+        # replicated group commit (``_gather``): how long a batch may wait to grow, as a
+        # share of the previous append's duration (0: never); records and seconds of that
+        # append
+        self.gather = 0.0
+        self._appended: tuple[int, float] = (0, 0.0)
 
     # ------------------------------------------------------------------ startup (sync)
     def open(self, store_applied: int | None = None) -> StartPlan:
@@ -452,7 +462,23 @@ class Journal:
                 if not self._pending.records:
                     await self._wakeup.park()
                     continue
+                if self.replicator is not None and self.gather > 0:
+                    await self._gather()
                 await self._flush_once()
+
+    async def _gather(self) -> None:
+        """Replicated: an append costs the engine (and both servers) about the same whatever
+        its size, so under load wait for the pending batch to grow to ``GATHER_SHARE`` of
+        the previous one (its callers are on their way back with their next calls), at most
+        ``gather`` times the previous append's duration. A lone caller never waits: after
+        a batch of one record there is nothing to wait for."""
+        size, seconds = self._appended
+        target = int(size * GATHER_SHARE)
+        if len(self._pending.records) >= target:
+            return
+        with trio.move_on_after(self.gather * seconds):
+            while len(self._pending.records) < target:
+                await self._wakeup.park()
 
     async def _flush_once(self) -> None:
         """Write the whole pending batch (+ fsync in one worker call when a caller waits for
@@ -508,6 +534,7 @@ class Journal:
         acknowledged. A refused append leaves nothing anywhere: the batch and everything
         queued behind it fail with ``StandbyError``."""
         first, last = batch.records[0].txid, batch.records[-1].txid
+        started = trio.current_time()
         try:
             await self.replicator(batch.records, batch.chunks)
         except StandbyError as exc:
@@ -519,6 +546,7 @@ class Journal:
             self._stop(f"replicating txids {first}..{last} failed ({type(exc).__name__}: "
                        f"{exc}); their fate in the log is unknown")
             return
+        self._appended = (len(batch.records), trio.current_time() - started)
         self._take_replicated(batch.records, data)
         batch.written.set()
         batch.done.set()

@@ -791,3 +791,57 @@ def test_a_failed_background_fsync_stops_the_journal(tmp_path, monkeypatch, capl
         trio.run(journal.log, "MKDIR", {"path": "/later"})
     with pytest.raises(InternalError, match="refuses writes"):
         trio.run(journal.sync)
+
+
+def test_replicated_batches_grow_under_load_and_a_lone_caller_never_waits(tmp_path):
+    """With a replicator (ha = etcd) the syncer lets a batch smaller than the previous one
+    grow, up to ``GATHER_SHARE`` of it or ``gather`` times the previous append's duration,
+    whichever comes first; after a one-record batch it sends at once. Virtual time: the
+    replicated path writes on the trio thread and leaves the worker thread idle."""
+    applied = Applied()
+    journal = Journal(str(tmp_path), applied)
+    journal.open()
+    appends: list[tuple[float, int]] = []
+
+    async def replicator(records, chunks):
+        appends.append((trio.current_time(), len(records)))
+        await trio.sleep(0.010)
+
+    journal.replicator = replicator
+    journal.gather = 0.5
+    returned: dict[str, float] = {}
+
+    async def caller(name: str, at: float, start: float):
+        await trio.sleep_until(start + at)
+        await journal.log("MKDIR", {"path": f"/{name}"})
+        returned[name] = trio.current_time() - start
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            await journal.log_many([("MKDIR", {"path": f"/a{i}"}) for i in range(8)])
+            # 6 callers 1 ms apart after a batch of 8: one batch once 6 (3/4 of 8) wait
+            start = trio.current_time()
+            async with trio.open_nursery() as callers:
+                for i in range(6):
+                    callers.start_soon(caller, f"b{i}", 0.001 * (i + 1), start)
+            # 3 callers after a batch of 6 (4 wanted): sent when 5 ms (half of 10) are up
+            start = trio.current_time()
+            async with trio.open_nursery() as callers:
+                for i in range(3):
+                    callers.start_soon(caller, f"c{i}", 0.001 * (i + 1), start)
+            # one caller at a time: the first waits out the 5 ms (after a batch of 3 it
+            # wants 2), then every call costs the append alone
+            for i in range(4):
+                start = trio.current_time()
+                await caller(f"d{i}", 0.0, start)
+            await journal.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert [n for _, n in appends] == [8, 6, 3, 1, 1, 1, 1], appends
+    assert all(returned[f"b{i}"] == pytest.approx(0.016) for i in range(6)), returned
+    assert all(returned[f"c{i}"] == pytest.approx(0.016) for i in range(3)), returned
+    assert returned["d0"] == pytest.approx(0.015), returned
+    assert [returned[f"d{i}"] for i in (1, 2, 3)] == [pytest.approx(0.010)] * 3, returned
+    assert [r.txid for r in applied.records] == list(range(1, 22))
