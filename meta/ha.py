@@ -92,7 +92,7 @@ APPEND_RETRY = 0.2
 #: (``Journal.gather``): an append costs etcd ~1.2 ms of CPU over its 3 members whatever
 #: its size, and each batch costs both servers a request and a store write; fewer, fuller
 #: appends leave more CPU for the work itself (measured with ``bench meta --ha``)
-APPEND_GATHER = 0.5
+APPEND_GATHER = 1.0
 
 
 class Deposed(Exception):
