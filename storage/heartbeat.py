@@ -17,9 +17,10 @@ obeyed only when it says active with an epoch >= that. Others are dropped, count
 (``dropped_commands``) and logged once per server and epoch: a deposed active that has not
 noticed yet can delete nothing. Each actor also counts what its replies carried by outcome
 and type (``commands``: obeyed or dropped; INVALIDATE, TRANSFER, RECOVER_BLOCK, block_keys
-or other), so "no command of a deposed active was run" is a number one can read. A reply may ask for a full report (``"full_report": true``,
-a server that just took over and postpones deletions until it has one). Calls that are not
-reports (``commit_block_synchronization``, ``report_bad_blocks``) go to the active server
+or other), so "no command of a deposed active was run" is a number one can read. A reply
+may ask for a full report (``"full_report": true``, a server that just took over and
+postpones deletions until it has one). Calls that are not reports
+(``commit_block_synchronization``, ``report_bad_blocks``) go to the active server
 (``call_active``): the actor whose last reply was obeyable, waiting briefly when none is
 known and moving on at a ``StandbyError`` or an unreachable server.
 
