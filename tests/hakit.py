@@ -125,6 +125,13 @@ class HACluster(ProcessCluster):
             time.sleep(0.05)
         raise TimeoutError(f"no active metadata server after {timeout} s: {self.statuses()}")
 
+    def active_and_standby(self, timeout: float = 20.0) -> tuple[str, str]:
+        """(active, standby) of a two-server cluster once both have their roles."""
+        active = self.wait_active(timeout)
+        standby = next(n for n in self.names if n != active)
+        self.wait_role(standby, "standby", timeout)
+        return active, standby
+
     def kill_meta(self, name: str = None, sig=signal.SIGKILL):
         self.kill(name or self.active(), sig)
 

@@ -43,9 +43,7 @@ def ha(tmp_path):
 
 
 def test_standby_follows_and_refuses(ha):
-    active = ha.wait_active()
-    standby = next(n for n in ha.names if n != active)
-    ha.wait_role(standby, "standby")
+    active, standby = ha.active_and_standby()
     for i in range(20):
         call(ha.address(active), "mkdirs", path=f"/d/{i}")
     applied = ha.statuses()[active]["applied_txid"]
@@ -161,9 +159,7 @@ def test_a_deposed_active_that_comes_back_commands_no_block_server(tmp_path):
     etcd_paused = False
     try:
         cluster.start()
-        active = cluster.wait_active()
-        standby = next(n for n in cluster.names if n != active)
-        cluster.wait_role(standby, "standby")
+        active, standby = cluster.active_and_standby()
         a = cluster.address(active)
         old_epoch = ha_status(a)["epoch"]
         data = bytes(range(256)) * 64
@@ -323,9 +319,7 @@ def test_leases_across_a_failover(tmp_path):
 
 
 def test_graceful_failover_hands_the_term_to_the_standby(ha):
-    active = ha.wait_active()
-    standby = next(n for n in ha.names if n != active)
-    ha.wait_role(standby, "standby")
+    active, standby = ha.active_and_standby()
     epoch = ha.statuses()[active]["epoch"]
     call(ha.address(active), "mkdirs", path="/graceful/before")
     answer = call(ha.address(active), "ha_failover")

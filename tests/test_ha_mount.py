@@ -227,9 +227,7 @@ def test_rm_rmdir_and_mv_whose_replies_a_failover_lost_succeed(tmp_path):
     mount = None
     try:
         ha.start()
-        active = ha.wait_active()
-        standby = next(n for n in ha.names if n != active)
-        ha.wait_role(standby, "standby")
+        active, standby = ha.active_and_standby()
         direct = ha.address(active)
         for folder in ("/t/u", "/t/e/dir", "/t/o"):
             rpc(direct, "mkdirs", path=folder)

@@ -430,9 +430,7 @@ def test_calls_retried_after_a_failover_get_their_first_answers(tmp_path):
     ha = HACluster(tmp_path, n_meta=2, n_storage=0)
     try:
         ha.start()
-        active = ha.wait_active()
-        standby = next(n for n in ha.names if n != active)
-        ha.wait_role(standby, "standby")
+        active, standby = ha.active_and_standby()
         first = run(failover_setup, ha.address(active))
         assert first[2] is True and first[3] is True
         assert first[6]["replaced"]["path"] == "/ha/o/y" and first[4]["status"]["type"] == "file"
