@@ -65,6 +65,7 @@ change only through ``_move``, on the trio thread, before any await that follows
 from __future__ import annotations
 
 import logging
+import math
 import struct
 import time
 from collections import deque
@@ -88,6 +89,9 @@ MAX_RECORD = MAX_PAYLOAD - ENVELOPE.size - RECORD_HEADER.size
 LAG_SAMPLES = 4096
 #: seconds between two tries of an append whose outcome etcd left unknown
 APPEND_RETRY = 0.2
+#: the share of the election timeout before its lease's sure end at which an active stops
+#: answering clients (``sure_of_term``)
+LEASE_MARGIN = 0.2
 #: how long a batch may wait to grow, as a share of the previous append's duration
 #: (``Journal.gather``): an append costs etcd ~1.2 ms of CPU over its 3 members whatever
 #: its size, and each batch costs both servers a request and a store write; fewer, fuller
@@ -188,6 +192,25 @@ class HAController:
         pick = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]  # noqa: E731
         return {"count": len(samples), "p50": pick(0.5), "p99": pick(0.99),
                 "max": samples[-1]}
+
+    def sure_of_term(self) -> bool:
+        """Whether this active server can vouch that no other holds a newer term: etcd
+        surely keeps its lease (``HALog.held_until``) for more than ``LEASE_MARGIN`` of
+        the election timeout yet (room for clocks that run at slightly different rates).
+        An active frozen or cut off from etcd for longer stops answering clients before a
+        successor can have been elected, so none of them reads state it no longer owns."""
+        term = self.term
+        return (term is not None and not self._ended.is_set()
+                and trio.current_time() < self.log.held_until(term) - LEASE_MARGIN * self.log.ttl)
+
+    def unsure(self) -> str:
+        """What a client is told while ``sure_of_term`` is false."""
+        held = self.log.held_until(self.term) if self.term is not None else -math.inf
+        why = (f"etcd has not confirmed its lease for "
+               f"{trio.current_time() - (held - self.log.ttl):.1f} s"
+               if held != -math.inf else "it holds no etcd lease")
+        return (f"metadata server {self.node_id} cannot vouch that it is still the active "
+                f"one ({why}); another server may have taken over")
 
     def refusal(self) -> str:
         """What a call this server does not serve in its role is told."""

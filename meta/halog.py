@@ -245,6 +245,7 @@ class HALog:
         self._current = 0                      # index of the endpoint in use
         self._keepalives: dict[int, trio.CancelScope] = {}
         self._lost: dict[int, trio.Event] = {}
+        self._held: dict[int, float] = {}      # lease id -> see held_until
 
     @classmethod
     @asynccontextmanager
@@ -308,8 +309,10 @@ class HALog:
 
     async def campaign(self, node_id: str, timeout: float = math.inf) -> Term:
         """Block until this node holds the leader key (or ``timeout`` → CampaignTimeout)."""
+        sent = trio.current_time()
         grant, _ = await self._call("/v3/lease/grant", {"TTL": max(1, round(self.ttl))})
         lease = int(grant["ID"])
+        self._held[lease] = sent + int(grant.get("TTL", 0))
         scope = trio.CancelScope()
         self._keepalives[lease] = scope
         self._lost[lease] = trio.Event()
@@ -351,15 +354,27 @@ class HALog:
         with scope:
             while True:
                 await trio.sleep(self.ttl / 3)
+                sent = trio.current_time()
                 try:
                     answer, _ = await self._call("/v3/lease/keepalive", {"ID": str(lease)})
                 except Unavailable as exc:
                     log.warning("halog: lease %x keepalive failed: %s", lease, exc)
                     continue
-                if int(answer.get("result", {}).get("TTL", 0)) <= 0:
+                ttl = int(answer.get("result", {}).get("TTL", 0))
+                if ttl <= 0:
                     log.warning("halog: lease %x expired; its term is over", lease)
                     self._lost[lease].set()
                     return
+                # etcd restarted the lease's TTL after we sent this: it lives until then
+                self._held[lease] = sent + ttl
+
+    def held_until(self, term: Term) -> float:
+        """The ``trio.current_time()`` until which etcd surely keeps the term's lease: the
+        TTL etcd gave at its last grant or keepalive, counted from when that request was
+        SENT (etcd restarted the TTL later than that). Before it, no other server can have
+        won a term (its leader key lives as long as the lease), unless this one resigned;
+        ``-inf`` for a lease this process never held."""
+        return self._held.get(term.lease_id, -math.inf)
 
     def lost(self, term: Term) -> trio.Event:
         """Set once this process KNOWS the term is over (its lease expired or it resigned).
@@ -372,6 +387,7 @@ class HALog:
         if scope is not None:
             scope.cancel()
         self._lost.setdefault(lease, trio.Event()).set()
+        self._held.pop(lease, None)
         try:
             await self._call("/v3/lease/revoke", {"ID": str(lease)})
         except Unavailable:

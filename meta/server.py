@@ -329,12 +329,17 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
     async def dispatch(self, ctx, method, args):
         """A server that is not active refuses every call but the ``ANY_ROLE_METHODS``
         with ``StandbyError`` before anything is looked at: the client moves on. An
-        observer serves ``OBSERVER_METHODS`` once it has applied the client's state id."""
+        observer serves ``OBSERVER_METHODS`` once it has applied the client's state id. An
+        active refuses them too while it cannot vouch for its term (``sure_of_term``)."""
         ha = self.ha
-        if ha is not None and ha.role is not Role.ACTIVE and method not in ANY_ROLE_METHODS:
-            if ha.role is not Role.OBSERVER or method not in OBSERVER_METHODS:
+        if ha is not None and method not in ANY_ROLE_METHODS:
+            if ha.role is Role.ACTIVE:
+                # a deposed active that has not noticed yet answers nobody, reads included
+                if not ha.sure_of_term():
+                    raise StandbyError(ha.unsure())
+            elif ha.role is not Role.OBSERVER or method not in OBSERVER_METHODS:
                 raise StandbyError(ha.refusal())
-            if ctx.state_id > self.ns.applied_txid:
+            elif ctx.state_id > self.ns.applied_txid:
                 await ha.wait_applied(ctx.state_id, self.config.ha_observer_wait)
         return await super().dispatch(ctx, method, args)
 

@@ -145,8 +145,9 @@ def test_a_deposed_active_that_comes_back_commands_no_block_server(tmp_path):
     that cannot reach etcd: the worst case) and it answers X's waiting heartbeat with the
     queued INVALIDATE, saying active in the old epoch. Proven: X drops it (counted as a
     dropped INVALIDATE of that server), no block server runs any command of the old active
-    after the new epoch, X keeps the replica and the new active lists it; a call sent to
-    the old active meanwhile is not acknowledged; the old active comes back as a standby."""
+    after the new epoch, X keeps the replica and the new active lists it; the old active
+    answers no client call meanwhile, a read of what the new active made included (its
+    lease is older than it can vouch for); it comes back as a standby."""
     election_timeout = 3.0
     cluster = HACluster(tmp_path, n_meta=2, n_storage=3, election_timeout=election_timeout,
                         settings={
@@ -195,6 +196,7 @@ def test_a_deposed_active_that_comes_back_commands_no_block_server(tmp_path):
             assert new_epoch > old_epoch
             assert poll_until(lambda: all(node_status(p)["active_epoch"] == new_epoch
                                           for p in ports), 20), [node_status(p) for p in ports]
+            call(cluster.address(new), "mkdirs", path="/made-after")
             # the issue's pause: twice the election timeout, whatever the takeover took
             time.sleep(max(0.0, paused_at + 2 * election_timeout - time.monotonic()))
             obeyed = [commands_from(node_status(p), a, "obeyed") for p in ports]
@@ -222,7 +224,13 @@ def test_a_deposed_active_that_comes_back_commands_no_block_server(tmp_path):
                                                     "INVALIDATE") > dropped
                               or commands_from(node_status(ports[0]), a, "obeyed") != obeyed[0],
                               20), node_status(ports[0])
-            assert not outcomes, outcomes   # nothing answered while etcd is away
+            # it still says active, but its lease is older than it can vouch for: it answers
+            # no client, so nobody reads the state it no longer owns (the new active's
+            # folder would be "not found" there)
+            with pytest.raises(StandbyError, match="cannot vouch"):
+                call(a, "get_file_info", path="/made-after")
+            sender.join(30)
+            assert len(outcomes) == 1 and isinstance(outcomes[0][1], StandbyError), outcomes
         finally:
             cluster.etcd.resume()
             etcd_paused = False
