@@ -13,7 +13,9 @@ anything) creates a CA in ``<meta data>/tls/`` (``ca.crt``, ``ca.key`` mode 0600
 its own certificate from it for 127.0.0.1, ::1, localhost, the machine's host name and the
 bind/advertised host. Block servers get theirs from ``cluster up`` (or
 ``leasefs tls issue``): the CA key stays with the metadata server's files and is never read
-by a long-running block server (DESIGN.md "Wire encryption").
+by a long-running block server (DESIGN.md "Wire encryption"). ``cluster up --ha`` keeps one
+CA in ``<home>/tls/`` and issues every metadata server's certificate too
+(``server_settings``), so that one CA file verifies them all.
 
 Transport semantics: ``https_compatible=True`` on both ends, so a close is a plain TCP close
 (no close_notify to wait for: our shielded closes never block on the network) and EOF reads
@@ -255,15 +257,19 @@ def issue(ca_cert_path: str, ca_key_path: str, out_dir, hosts, *,
     return cert_path, key_path
 
 
-def block_server_settings(meta_data_dir, storage_data_dir, hosts) -> dict:
-    """The settings a block server on this machine needs for ``tls = on``: the cluster CA
-    (created when missing) and a certificate issued from it for ``hosts`` into
-    ``<storage data>/tls/``. What ``cluster up`` and the test harnesses hand their block
-    servers. Blocking."""
-    ca_cert = ensure_ca(meta_data_dir)
-    cert, key = issue(ca_cert, ca_paths(meta_data_dir)[1], tls_dir(storage_data_dir), hosts,
-                      name="storage")
+def server_settings(ca_home, data_dir, hosts, name: str) -> dict:
+    """The settings a server on this machine needs for ``tls = on``: the CA kept in
+    ``<ca_home>/tls/`` (created when missing) and a certificate issued from it for ``hosts``
+    into ``<data_dir>/tls/<name>.crt`` (kept while it still covers them). Blocking."""
+    ca_cert = ensure_ca(ca_home)
+    cert, key = issue(ca_cert, ca_paths(ca_home)[1], tls_dir(data_dir), hosts, name=name)
     return {"tls_ca_file": ca_cert, "tls_cert_file": cert, "tls_key_file": key}
+
+
+def block_server_settings(meta_data_dir, storage_data_dir, hosts) -> dict:
+    """``server_settings`` of a block server whose CA is the metadata server's: what
+    ``cluster up`` and the test harnesses hand their block servers. Blocking."""
+    return server_settings(meta_data_dir, storage_data_dir, hosts, "storage")
 
 
 # --------------------------------------------------------------------------- contexts
@@ -489,4 +495,4 @@ async def _handshake(stream, server: ServerTls, peer: str, name: str, refusals,
 __all__ = ["ClientTls", "ServerTls", "accept", "block_server_settings", "block_server_tls",
            "ca_paths", "client",
            "client_context", "connect", "default_hosts", "ensure_ca", "issue",
-           "meta_server_tls", "server_context", "tls_dir"]
+           "meta_server_tls", "server_context", "server_settings", "tls_dir"]

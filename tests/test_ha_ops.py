@@ -1,8 +1,9 @@
 """The operator side of metadata HA with real processes: ``leasefs cluster up --ha`` (3 etcd
 members, an active, a standby and an observer, block servers), ``cluster status``,
 ``leasefs haadmin`` (-getServiceState, -getAllServiceState, -failover), the HA role on a
-standby's web page and in ``leasefs report``, the ``leasefs_ha_*`` metrics, and ``cluster
-down`` leaving none of the recorded processes running.
+standby's web page and in ``leasefs report``, the ``leasefs_ha_*`` metrics, ``cluster
+down`` leaving none of the recorded processes running, and ``cluster up --ha`` with
+``tls = on`` (certificates, a kill -9 failover read back over TLS, a restart keeping them).
 
 Block servers take the comma-separated list of metadata addresses; where this checkout's
 RPC client cannot take a list yet, the cluster starts without block servers (``--storage
@@ -14,6 +15,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import ssl
+import stat
 import subprocess
 import sys
 import time
@@ -23,6 +27,7 @@ import pytest
 import trio
 
 from etcd_cluster import ETCD
+from fs import tls as tlsmod
 from fs.errors import sole_exception
 from fs.rpc import RpcClient
 from tools import etcd as etcdmod
@@ -102,20 +107,24 @@ def cluster(tmp_path_factory):
         assert up.returncode == 0, up.stdout + up.stderr
         yield home, env
     finally:
-        # whatever the tests did: never leak a process (recorded pids only, checked first)
-        try:
-            state = recorded(home)
-        except (OSError, ValueError):
-            return
-        for m in state.get("metas", []):
-            if is_ours(m.get("pid"), "meta", str(home / m["name"])):
-                os.kill(m["pid"], signal.SIGKILL)
-        for i, s in enumerate(state.get("storage", [])):
-            if is_ours(s.get("pid"), "storage", str(home / f"storage{i}")):
-                os.kill(s["pid"], signal.SIGKILL)
-        for m in state.get("ha", {}).get("etcd", []):
-            if etcdmod.is_etcd(m.get("pid"), m["data_dir"]):
-                os.kill(m["pid"], signal.SIGKILL)
+        kill_recorded(home)
+
+
+def kill_recorded(home) -> None:
+    """Whatever a test did: never leak a process (recorded pids only, checked first)."""
+    try:
+        state = recorded(home)
+    except (OSError, ValueError):
+        return
+    for m in state.get("metas", []):
+        if is_ours(m.get("pid"), "meta", str(home / m["name"])):
+            os.kill(m["pid"], signal.SIGKILL)
+    for i, s in enumerate(state.get("storage", [])):
+        if is_ours(s.get("pid"), "storage", str(home / f"storage{i}")):
+            os.kill(s["pid"], signal.SIGKILL)
+    for m in state.get("ha", {}).get("etcd", []):
+        if etcdmod.is_etcd(m.get("pid"), m["data_dir"]):
+            os.kill(m["pid"], signal.SIGKILL)
 
 
 def test_up_status_and_haadmin(cluster):
@@ -237,3 +246,115 @@ def test_down_stops_everything(cluster):
     assert not left, left
     status = leasefs("cluster", "status", env=env)
     assert status.returncode == 3, status.stdout
+
+
+def presented(address: str, ca_file: str) -> dict:
+    """The certificate the server at ``address`` presents, verified against ``ca_file``
+    and the IP address connected to (``ssl.SSLCertVerificationError`` when it is not)."""
+    host, port = address.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=ca_file)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        with context.wrap_socket(sock, server_hostname=host) as secured:
+            return secured.getpeercert()
+
+
+def roles_over(args, env, deadline: float, want) -> dict[str, str]:
+    """``roles`` (through ``args``' settings) polled until ``want(roles)`` or the deadline."""
+    while True:
+        out = leasefs("haadmin", "-getAllServiceState", "--json", *args, env=env)
+        now = {s.get("node_id") or address: s.get("role", s.get("error"))
+               for address, s in json.loads(out.stdout).items()}
+        if want(now):
+            return now
+        assert time.monotonic() < deadline, now
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not N_STORAGE, reason="block servers cannot take a list of metadata "
+                                          "addresses in this checkout")
+def test_up_with_tls_fails_over_and_restarts_with_the_same_certificates(tmp_path):
+    """``cluster up --ha --set tls=on``: one CA in ``<home>/tls``, every metadata and block
+    server presents a certificate from it for its address (a wrong CA or a plaintext client
+    is refused), a file written over TLS is read back byte-exact over TLS after a kill -9
+    of the active, and ``up`` again restarts the killed server with the same CA and
+    certificates."""
+    home = tmp_path / "home"
+    env = {**os.environ, "LEASEFS_HOME": str(home)}
+    env.pop("LEASEFS_META", None)
+    try:
+        up = leasefs("cluster", "up", "--ha", "--port", "0", "--http-port", "0", "--storage",
+                     N_STORAGE, "--storage-port", "0", "--set", "tls=on", *FAST, env=env)
+        print(up.stdout, up.stderr)
+        assert up.returncode == 0, up.stdout + up.stderr
+        state = recorded(home)
+        ca = home / "tls" / "ca.crt"
+        assert state["tls_ca_file"] == str(ca)
+        assert stat.S_IMODE(os.stat(home / "tls" / "ca.key").st_mode) == 0o600
+        servers = {m["name"]: m["address"] for m in state["metas"]}
+        servers.update({f"storage{i}": s["address"] for i, s in enumerate(state["storage"])})
+        wrong = tlsmod.ensure_ca(tmp_path / "wrong")
+        for name, address in servers.items():
+            key = home / name / "tls" / ("storage.key" if name.startswith("storage")
+                                         else "meta.key")
+            assert stat.S_IMODE(os.stat(key).st_mode) == 0o600, key
+            cert = presented(address, str(ca))
+            assert ("IP Address", "127.0.0.1") in cert["subjectAltName"], (name, cert)
+            with pytest.raises(ssl.SSLCertVerificationError):
+                presented(address, wrong)
+        certificates = {path: path.read_bytes() for path in [ca, *home.glob("*/tls/*.crt")]}
+        assert len(certificates) == 1 + len(servers)
+
+        status = leasefs("cluster", "status", env=env)
+        print(status.stdout)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert f"tls on: servers' certificates from the CA {ca}" in status.stdout
+        assert json.loads(leasefs("cluster", "status", "--json",
+                                  env=env).stdout)["tls_ca_file"] == str(ca)
+
+        # over TCP (no local socket), as a client on another machine would: a delegation
+        # token for who we are, TLS with the CA from cluster.json for every server
+        plain = leasefs("haadmin", "-getAllServiceState", "--json", "--set", "meta_socket=",
+                        "--set", "tls=off", env=env)
+        refusals = [s.get("error", "") for s in json.loads(plain.stdout).values()]
+        assert len(refusals) == 3 and all("speaks TLS only" in r for r in refusals), refusals
+        token = tmp_path / "token"
+        fetched = leasefs("token", "fetch", token, env=env)
+        assert fetched.returncode == 0, fetched.stderr
+        remote = ["--set", "meta_socket=", "--set", f"token_file={token}"]
+        first = {"meta0": "active", "meta1": "standby", "meta2": "observer"}
+        roles_over(remote, env, time.monotonic() + 30, lambda r: r == first)
+        local = tmp_path / "local.bin"
+        data = os.urandom(3 * 1024 * 1024 + 17)
+        local.write_bytes(data)
+        put = leasefs("put", local, "/tls.bin", *remote, env=env)
+        assert put.returncode == 0, put.stderr
+
+        os.kill(state["metas"][0]["pid"], signal.SIGKILL)
+        after = roles_over(remote, env, time.monotonic() + 30,
+                           lambda r: r.get("meta1") == "active")
+        print(f"after kill -9 of meta0: {after}")
+        got = subprocess.run([sys.executable, "-m", "tools", "cat", "/tls.bin", *remote],
+                             env=env, capture_output=True, timeout=120)
+        assert got.returncode == 0, got.stderr
+        assert got.stdout == data
+
+        again = leasefs("cluster", "up", env=env)
+        print(again.stdout, again.stderr)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "meta0: starting" in again.stdout and "meta1: starting" not in again.stdout
+        assert {path: path.read_bytes() for path in certificates} == certificates
+        presented(state["metas"][0]["address"], str(ca))
+        swapped = {"meta0": "standby", "meta1": "active", "meta2": "observer"}
+        roles_over(remote, env, time.monotonic() + 30, lambda r: r == swapped)
+        cat = subprocess.run([sys.executable, "-m", "tools", "cat", "/tls.bin"], env=env,
+                             capture_output=True, timeout=120)
+        assert cat.returncode == 0 and cat.stdout == data, cat.stderr
+
+        pids = all_pids(recorded(home))
+        down = leasefs("cluster", "down", env=env)
+        assert down.returncode == 0, down.stderr
+        left = {name: pid for name, pid in pids.items() if alive(pid)}
+        assert not left, left
+    finally:
+        kill_recorded(home)

@@ -36,7 +36,7 @@ from fs import nodeauth
 from fs.client import authentication
 from fs import tls as tlsmod
 from fs.config import Config, default_home
-from fs.errors import LeaseFSError, NotDirectory, sole_exception
+from fs.errors import InvalidArgument, LeaseFSError, NotDirectory, sole_exception
 from fs.rpc import RpcClient
 
 from .common import PROG
@@ -320,6 +320,31 @@ def start_block_servers(layout: Layout, state: dict, args, alive: list[bool], pr
     save_state(layout, state)
 
 
+def cluster_tls(config: Config, ca_home: str, meta_dirs: list[str],
+                storage_dirs: list[str]) -> tuple[str, list[dict], list[dict]]:
+    """``tls = on`` for ``cluster up`` (both modes): ``(CA file, settings of each metadata
+    server of meta_dirs, settings of each block server of storage_dirs)``. The CA is kept
+    in ``<ca_home>/tls/`` (made when missing) and each server gets a certificate from it for
+    this machine's names in ``<its data>/tls/``, kept while it still covers them, so a
+    restart reuses both. A certificate chosen with ``tls_cert_file`` is used as it is (all
+    servers share the settings then). ``("", [{}...], [{}...])`` with tls off. Blocking."""
+    none = ([{} for _ in meta_dirs], [{} for _ in storage_dirs])
+    if config.tls != "on":
+        return ("", *none)
+    if config.tls_cert_file:
+        return (config.tls_ca_file or tlsmod.ensure_ca(ca_home), *none)
+    own = tlsmod.ca_paths(ca_home)[0]
+    if config.tls_ca_file and os.path.abspath(config.tls_ca_file) != os.path.abspath(own):
+        raise InvalidArgument(f"tls_ca_file is {config.tls_ca_file} but no tls_cert_file is "
+                              f"set: cluster up issues certificates only from its own CA "
+                              f"({own}); set tls_cert_file and tls_key_file to one from "
+                              f"your CA, or neither")
+    hosts = tlsmod.default_hosts(config.bind_host, config.advertise_host)
+    return (tlsmod.ensure_ca(ca_home),
+            [tlsmod.server_settings(ca_home, d, hosts, "meta") for d in meta_dirs],
+            [tlsmod.server_settings(ca_home, d, hosts, "storage") for d in storage_dirs])
+
+
 def cmd_up(args) -> int:
     layout = _home(args)
     state = load_state(layout) or {}
@@ -376,21 +401,15 @@ def cmd_up(args) -> int:
         print(f"{PROG} cluster up: cluster key {key_file}: {exc}", file=sys.stderr)
         return 1
     # tls = on: the CA made here too, and each block server's certificate issued from it
-    # (the block servers never read the CA key); clients find the CA through cluster.json
-    config = Config.load(env={}, **settings)
-    storage_tls: list[dict] = [{} for _ in range(n)]
-    ca_file = ""
-    if config.tls == "on":
-        try:
-            ca_file = config.tls_ca_file or tlsmod.ensure_ca(layout.meta_data)
-            if not config.tls_cert_file:
-                hosts = tlsmod.default_hosts(config.bind_host, config.advertise_host)
-                storage_tls = [tlsmod.block_server_settings(layout.meta_data,
-                                                            layout.storage_data(i), hosts)
-                               for i in range(n)]
-        except (OSError, LeaseFSError) as exc:
-            print(f"{PROG} cluster up: TLS certificates: {exc}", file=sys.stderr)
-            return 1
+    # (the block servers never read the CA key); clients find the CA through cluster.json.
+    # The metadata server issues its own certificate from the CA in its data folder.
+    try:
+        ca_file, _, storage_tls = cluster_tls(Config.load(env={}, **settings),
+                                              layout.meta_data, [],
+                                              [layout.storage_data(i) for i in range(n)])
+    except (OSError, LeaseFSError) as exc:
+        print(f"{PROG} cluster up: TLS certificates: {exc}", file=sys.stderr)
+        return 1
     state["tls_ca_file"] = ca_file
     try:
         if not meta_alive:
@@ -599,7 +618,8 @@ def _print_status(args, layout: Layout, state: dict, overall: str, procs: list[d
     server's view of the block servers (each one with ``nodes``), or ``error_line``."""
     if args.json:
         out = {"home": layout.home, "state": overall, **({"ha": ha} if ha is not None else {}),
-               "meta_address": state.get("meta_address"), "processes": procs,
+               "meta_address": state.get("meta_address"),
+               "tls_ca_file": state.get("tls_ca_file") or None, "processes": procs,
                "live_nodes": None if report is None else report.get("live_nodes"),
                "safemode": None if report is None else report.get("safemode")}
         print(json.dumps(out, indent=2, default=str))
@@ -607,6 +627,8 @@ def _print_status(args, layout: Layout, state: dict, overall: str, procs: list[d
     print(f"leasefs cluster in {layout.home}: {overall}" + (" (HA)" if ha is not None else ""))
     print(f"  metadata server address{'es' if ha is not None else ''}: "
           f"{state.get('meta_address')}")
+    if state.get("tls_ca_file"):
+        print(f"  tls on: servers' certificates from the CA {state['tls_ca_file']}")
     for line in lines:
         print(line)
     for p in procs:
@@ -635,7 +657,8 @@ def _status_ha(args, layout: Layout, state: dict) -> int:
                         "address": entry.get("address")})
     report, error = (None, None)
     if ha["active"]:
-        report, error = report_or_none(ha["active"], timeout=3.0)
+        report, error = report_or_none(ha["active"], timeout=3.0,
+                                       ca_file=state.get("tls_ca_file") or "")
     n_alive = sum(s["alive"] for s in storage) + sum(m["alive"] for m in ha["metas"]) \
         + sum(e["alive"] for e in ha["etcd"])
     if n_alive == 0:
@@ -658,7 +681,8 @@ def cmd_tls_issue(args) -> int:
     ca_cert, ca_key = os.path.join(ca_dir, tlsmod.CA_CERT), os.path.join(ca_dir, tlsmod.CA_KEY)
     if not os.path.exists(ca_cert):
         raise UsageError(f"--ca-dir {ca_dir}: no {tlsmod.CA_CERT} there (the metadata server "
-                         f"makes it in <meta data>/tls when it first starts with tls = on)")
+                         f"makes it in <meta data>/tls when it first starts with tls = on; "
+                         f"cluster up --ha in <home>/tls)")
     hosts = list(dict.fromkeys(h for h in args.host if h)) or tlsmod.default_hosts()
     cert, key = tlsmod.issue(ca_cert, ca_key, args.out, hosts, name=args.name)
     print(f"issued {cert} (key {key}, mode 0600) for {', '.join(hosts)}")
@@ -677,7 +701,8 @@ def register(sub, common) -> None:
     issue = tsub.add_parser("issue", parents=[common],
                             help="a server certificate (and key) from the cluster CA")
     issue.add_argument("--ca-dir", required=True,
-                       help="the CA's folder: <meta data>/tls of the metadata server")
+                       help="the CA's folder: <meta data>/tls of the metadata server "
+                            "(<home>/tls of a 'cluster up --ha' cluster)")
     issue.add_argument("--host", action="append", default=[],
                        help="host name or IP address the server is reached at (repeatable; "
                             "default: this machine's loopback and host names)")

@@ -12,6 +12,10 @@ starts, in this order, each step shown as it goes:
 3. the block servers, and the mount when asked, with the comma-separated list of all
    metadata addresses (they move to whichever server is active).
 
+With ``tls = on`` the cluster CA is made in ``<home>/tls/`` and every metadata and block
+server gets a certificate from it (``cluster.cluster_tls``) before anything starts; etcd
+stays plain HTTP on loopback.
+
 ``cluster.json`` records every member: ``ha`` (prefix, etcd token and members with pids and
 ports), ``metas`` (name, configured role, pid, ports, address) and ``meta_address`` (the
 list). ``down`` stops block servers, then metadata servers, then etcd, each by its recorded
@@ -42,7 +46,7 @@ from fs.errors import LeaseFSError
 
 from . import etcd as etcdmod
 from .cluster import (DEFAULT_HTTP_PORT, DEFAULT_META_PORT, DEFAULT_STORAGE,
-                      Layout, StartupFailed, embedded_defaults,
+                      Layout, StartupFailed, cluster_tls, embedded_defaults,
                       ensure_mounted, is_ours, log_tail, probe_report, save_state, spawn,
                       start_block_servers, wait_address)
 from .common import PROG
@@ -98,7 +102,14 @@ def _fail(exc: Exception, layout: Layout) -> int:
     return 1
 
 
-def wait_roles(layout: Layout, state: dict, procs: dict, deadline: float,
+def probe_config(ca_file: str) -> Config:
+    """How this process asks the cluster's metadata servers: over TLS verified against
+    ``ca_file`` when the cluster has one (the local socket, tried first, needs none)."""
+    config = Config.load()
+    return config.replace(tls="on", tls_ca_file=ca_file) if ca_file else config
+
+
+def wait_roles(layout: Layout, state: dict, procs: dict, deadline: float, probe: Config,
                need_all: bool = True) -> str:
     """Until one metadata server is active and (``need_all``) every other answers as a
     standby or observer; the active's address. Names the process and its log on failure."""
@@ -109,7 +120,7 @@ def wait_roles(layout: Layout, state: dict, procs: dict, deadline: float,
             if name.startswith("meta") and proc.poll() is not None:
                 raise StartupFailed(f"{name} exited with status {proc.returncode}; see "
                                     f"{layout.log_file(name)}", layout.log_file(name))
-        found = statuses([m["address"] for m in metas], timeout=1.0)
+        found = statuses([m["address"] for m in metas], probe, timeout=1.0)
         active = active_of(found)
         settled = all(s is not None and s["role"] in ("active", "standby", "observer")
                       for s, _ in found.values())
@@ -124,7 +135,8 @@ def wait_roles(layout: Layout, state: dict, procs: dict, deadline: float,
         time.sleep(0.1)
 
 
-def wait_storage(layout: Layout, active: str, n: int, procs: dict, deadline: float) -> dict:
+def wait_storage(layout: Layout, active: str, n: int, procs: dict, deadline: float,
+                 ca_file: str = "") -> dict:
     """Until the active reports ``n`` live block servers and safe mode off."""
     import trio
 
@@ -136,7 +148,7 @@ def wait_storage(layout: Layout, active: str, n: int, procs: dict, deadline: flo
                 raise StartupFailed(f"{name} exited with status {proc.returncode}; see "
                                     f"{layout.log_file(name)}", layout.log_file(name))
         try:
-            report = trio.run(probe_report, active, 2.0)
+            report = trio.run(probe_report, active, 2.0, ca_file)
         except BaseException as raised:
             exc = sole_exception(raised)
             if not isinstance(exc, (LeaseFSError, OSError)):
@@ -182,15 +194,26 @@ def cmd_up(args, layout: Layout, state: dict) -> int:
     settings.update(ha="etcd", ha_prefix=settings.get("ha_prefix", ha["prefix"]),
                     cluster_key_file=key_file)
     config = Config.load(env={}, **settings)  # refuse a bad --set here, not in n log files
-    if config.tls == "on":
-        raise UsageError("cluster up --ha does not set up TLS (tls = on) yet; "
-                         "start without it")
     os.makedirs(layout.home, exist_ok=True)
     try:
         nodeauth.ensure_key(key_file)
     except (OSError, LeaseFSError) as exc:
         print(f"{PROG} cluster up: cluster key {key_file}: {exc}", file=sys.stderr)
         return 1
+    # tls = on: one CA for the cluster in <home>/tls/ (no metadata server's folder is more
+    # the cluster's than another's) and a certificate from it for every metadata and block
+    # server, each in its data folder; clients find the CA through cluster.json
+    storage = state.setdefault("storage", [])
+    while len(storage) < n:
+        storage.append({})
+    try:
+        ca_file, meta_tls, storage_tls = cluster_tls(
+            config, layout.home, [layout.data_dir(name) for name, _ in METAS],
+            [layout.storage_data(i) for i in range(n)])
+    except (OSError, LeaseFSError) as exc:
+        print(f"{PROG} cluster up: TLS certificates: {exc}", file=sys.stderr)
+        return 1
+    probe = probe_config(ca_file)
 
     # -- etcd
     etcd = etcd_members(state)
@@ -198,7 +221,7 @@ def cmd_up(args, layout: Layout, state: dict) -> int:
         etcd = etcdmod.plan(os.path.join(layout.home, "etcd"), layout.logs, N_ETCD,
                             args.etcd_port or 0)
     settings["ha_etcd_endpoints"] = etcdmod.endpoints(etcd)
-    state.update(home=layout.home, settings=settings, tls_ca_file="")
+    state.update(home=layout.home, settings=settings, tls_ca_file=ca_file)
     deadline = time.monotonic() + args.timeout
     procs: dict = {}
     started: list[str] = []
@@ -245,7 +268,8 @@ def cmd_up(args, layout: Layout, state: dict) -> int:
                 f"http://127.0.0.1:{m['http_port']}/ ...")
             procs[name] = spawn(layout, name, "meta",
                                 ["--port", str(m["port"]), "--http-port", str(m["http_port"])],
-                                {**settings, "ha_node_id": name, "ha_role": m["role"]})
+                                {**settings, "ha_node_id": name, "ha_role": m["role"],
+                                 **meta_tls[i]})
             started.append(name)
             m["pid"] = procs[name].pid
             save_state(layout, state)
@@ -253,25 +277,22 @@ def cmd_up(args, layout: Layout, state: dict) -> int:
             if i == 0 and not any(alive):
                 # none of them runs yet: let meta0 win the election, so the active is
                 # predictable (the next standby only campaigns after it)
-                wait_roles(layout, {"metas": [m]}, procs, deadline, need_all=False)
+                wait_roles(layout, {"metas": [m]}, procs, deadline, probe, need_all=False)
                 say(f"{name}: active")
-        active = wait_roles(layout, state, procs, deadline)
-        found = statuses([m["address"] for m in metas], timeout=2.0)
+        active = wait_roles(layout, state, procs, deadline, probe)
+        found = statuses([m["address"] for m in metas], probe, timeout=2.0)
         say("metadata servers: " + ", ".join(
             f"{m['name']} {found[m['address']][0]['role']}" for m in metas
             if found[m["address"]][0]))
 
         # -- block servers
-        storage = state.setdefault("storage", [])
-        while len(storage) < n:
-            storage.append({})
         alive = [is_ours(storage[i].get("pid"), "storage", layout.storage_data(i))
                  for i in range(n)]
         start_block_servers(layout, state, args, alive, procs, started, deadline,
-                            lambda i: settings)
+                            lambda i: {**settings, **storage_tls[i]})
         if n:
             say(f"block servers: waiting for {n} to report to the active ...")
-        report = wait_storage(layout, active, n, procs, deadline)
+        report = wait_storage(layout, active, n, procs, deadline, ca_file)
     except (StartupFailed, etcdmod.EtcdError) as exc:
         return _fail(exc, layout)
     if not started:
@@ -317,7 +338,8 @@ def status_lines(layout: Layout, state: dict) -> tuple[list[str], dict, bool]:
                      f"{'healthy' if healthy else 'running' if alive else 'stopped'}  "
                      f"{m.client_url}")
     metas = state.get("metas", [])
-    found = statuses([m["address"] for m in metas], timeout=2.0) if metas else {}
+    probe = probe_config(state.get("tls_ca_file") or "")
+    found = statuses([m["address"] for m in metas], probe, timeout=2.0) if metas else {}
     rows = []
     for m in metas:
         alive = is_ours(m.get("pid"), "meta", layout.data_dir(m["name"]))
