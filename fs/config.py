@@ -120,8 +120,8 @@ class Config:
                               "the active")
     ha_log_retain: int = _s(1_000_000, "ha = etcd: journal txids the replicated log keeps "
                             "behind the active's last checkpoint (older entries are deleted "
-                            "after each checkpoint; a follower further behind must start from "
-                            "a copy of a checkpoint)")
+                            "after each checkpoint; a follower further behind bootstraps "
+                            "itself from another server's namespace image)")
     journal_keep_segments: int = _s(2, "finalized journal segments kept after a checkpoint (each "
                                     "checkpoint rolls one: HDFS num.checkpoints.retained)")
     namespace_lock: str = _s("fine", "metadata server locking: fine (per-path read/write locks, "

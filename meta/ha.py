@@ -55,6 +55,13 @@ End of a term (the leader key's lease expired or was lost, an append was fenced,
     log as a standby. A deposed active never serves again from the memory it had: a
     request it had planned when the term ended may have left traces there.
 
+A follower behind the log (the entries after its applied txid were purged):
+
+11. Reading or following the log, the next entry starts after ``last_txid + 1``: raise
+    ``BehindLog`` out of the server; ``run_meta_server`` closes the store and journal,
+    installs another server's image (``meta/bootstrap.py``) and starts the server again,
+    which then follows the log from the image's txid + 1.
+
 Concurrency contract: every method runs on the server's trio thread. ``_replicate`` is
 called only by the journal's syncer (one batch at a time, under the journal's sync lock);
 ``_ingest`` only by the follower task or the take-over, never concurrently with a batch of
@@ -75,6 +82,7 @@ import trio
 from fs.errors import StandbyError
 
 from .harole import HAStatus, Role, RoleEvent, next_role
+from .bootstrap import BehindLog, behind
 from .halog import (MAX_PAYLOAD, DuplicateTxid, Fenced, HALog, Term, Unavailable)
 from .journal_files import RECORD_HEADER, decode_batch
 
@@ -300,6 +308,10 @@ class HAController:
         records = decode_batch(data, journal.max_record)
         if not records or records[-1].txid <= journal.last_txid:
             return   # already here (a read and the watch both delivered it)
+        gap = behind(journal.last_txid, records[0].txid)
+        if gap is not None and self.term is None:
+            # the entries in between were purged: only another server's image bridges it
+            raise BehindLog(gap)
         await journal.ingest(records, data)
         self.server.reports.retry_pending()
         self._applied.unpark_all()
@@ -364,8 +376,9 @@ class HAController:
 
     async def after_checkpoint(self, txid: int) -> None:
         """The active checkpointed at ``txid``: entries more than ``ha_log_retain`` txids
-        older leave the log (a follower that is further behind than that has to be started
-        from a copy of a checkpoint: its own journal cannot bridge the gap)."""
+        older leave the log (a follower that is further behind than that installs another
+        server's image at its next read, ``meta/bootstrap.py``: its own journal cannot
+        bridge the gap)."""
         term = self.term
         below = txid - self.server.config.ha_log_retain
         if term is None or self.role is not Role.ACTIVE or below <= 1:

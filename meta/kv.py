@@ -9,6 +9,10 @@ atomically. ``sync=True`` makes that write durable before returning (LevelDB's s
 ordinary writes reach LevelDB's own log but are not fsynced — the edit journal is what makes
 mutations durable, LevelDB is caught up from it at restart.
 
+``PlyvelStore.snapshot`` is a read-only view frozen at the moment it is taken, read in
+bounded pieces: the image a follower behind the replicated log bootstraps from
+(``meta.bootstrap``).
+
 Concurrency contract: not thread-safe by itself; the metadata server only touches it from the
 trio thread (LevelDB calls on small keys are microseconds), except ``sync`` during a
 checkpoint, which it runs in a worker thread while no writes happen.
@@ -107,9 +111,43 @@ class PlyvelStore(KVStore):
             for key, value in puts:
                 batch.put(bytes(key), bytes(value))
 
+    def snapshot(self) -> "StoreSnapshot":
+        """The store as it is now, unchanged by later writes (LevelDB keeps what it needs
+        until ``close``): taken on the trio thread between two applied batches, it is the
+        namespace at exactly one txid."""
+        return StoreSnapshot(self._db.snapshot())
+
     def close(self):
         if not self._db.closed:
             self._db.close()
+
+
+class StoreSnapshot:
+    """A LevelDB snapshot read a bounded piece at a time (``meta.bootstrap``)."""
+
+    def __init__(self, snap):
+        self._snap = snap
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._snap.get(bytes(key))
+
+    def items_after(self, after: bytes | None, max_bytes: int) -> tuple[list, bool]:
+        """``([(key, value), ...], done)``: the pairs after key ``after`` (from the first
+        key when None), in key order, until ``max_bytes`` of keys and values (at least one
+        pair); ``done`` when none is left after them."""
+        out: list[tuple[bytes, bytes]] = []
+        size = 0
+        kwargs = {} if after is None else {"start": bytes(after), "include_start": False}
+        with self._snap.iterator(**kwargs) as it:
+            for key, value in it:
+                if out and size + len(key) + len(value) > max_bytes:
+                    return out, False
+                out.append((key, value))
+                size += len(key) + len(value)
+        return out, True
+
+    def close(self) -> None:
+        self._snap.close()
 
 
 def _prefix_end(prefix: bytes) -> bytes | None:

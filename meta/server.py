@@ -75,7 +75,7 @@ from fs import blocktoken, nodeauth, paths, weblog
 from fs import tls as tlsmod
 from fs.blocktoken import READ as READ_TOKEN, KeyRing
 from fs.config import Config
-from fs.errors import ServerUnavailable, StandbyError, TryAgain
+from fs.errors import InvalidArgument, ServerUnavailable, StandbyError, TryAgain, sole_exception
 from fs.limits import ByteBudget, ConnectionLimits
 from fs.metrics import new_registry
 from fs.retry_cache import CallKey
@@ -90,6 +90,8 @@ from .metrics import MetaMetrics
 from .datanodes import DatanodeManager
 from .gcpolicy import GcGovernor
 from . import checkpoint as checkpoints
+from .bootstrap import CHUNK_BYTES, BehindLog, Gap, ImageSource
+from .bootstrap import recover as bootstrap_recover
 from .checkpoint import CheckpointInfo
 from .journal import Journal
 from .kv import KVStore, PlyvelStore
@@ -122,7 +124,7 @@ LOCK_RETRIES = 8
 ANY_ROLE_METHODS = frozenset({
     "node_challenge", "node_authenticate", "register_storage", "heartbeat", "block_report",
     "block_received_and_deleted", "token_challenge", "token_authenticate", "ha_status",
-    "ha_failover"})
+    "ha_failover", "image_read"})
 # the reads an observer serves (HDFS-12943: getFileInfo, getListing, getBlockLocations, ...)
 OBSERVER_METHODS = frozenset({
     "get_server_defaults", "get_file_info", "exists", "list_status", "get_block_locations",
@@ -213,6 +215,8 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         self.journal.sync_observer = self.metrics.observe_sync
         # ``meta.ha.HAController`` with ha = etcd (set by run_meta_server), None: always active
         self.ha = None
+        # images of the store other servers bootstrap from (``meta.bootstrap``)
+        self.images = ImageSource(clock)
 
     # ================================================================== startup
     def recover(self) -> None:
@@ -379,6 +383,25 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         if self.ha is None:
             raise StandbyError("ha = none: there is no other metadata server to fail over to")
         return await self.ha.resign()
+
+    async def rpc_image_read(self, ctx, min_txid=0, session=None, after=None):
+        """A page of a consistent image of the namespace store (``meta.bootstrap``): the
+        first call (no ``session``) opens one at this server's applied txid, at least
+        ``min_txid``; the next ones pass ``session`` and the last key read (``after``).
+        Only for the cluster's servers (a connection that proved the cluster key) or the
+        superuser: the image is everything, permissions included."""
+        if ctx.session.get("node") is None:
+            self.permissions.check_superuser(self.caller_of(ctx), "image_read")
+        check_int(min_txid, "image_read: min_txid", low=0)
+        if session is not None and not isinstance(session, str):
+            raise InvalidArgument("image_read: session must be a string")
+        if after is not None and not isinstance(after, bytes):
+            raise InvalidArgument("image_read: after must be bytes")
+        if not isinstance(self.kv, PlyvelStore):
+            raise InvalidArgument("image_read: this server's store takes no snapshots")
+        return self.images.read(self.kv, self.ns.applied_txid, min_txid=min_txid,
+                                session=session, after=after,
+                                max_bytes=max(1, min(CHUNK_BYTES, self.config.max_frame // 4)))
 
     def became_active(self) -> None:
         """Once per takeover, when this server starts serving as active (``activate``;
@@ -659,7 +682,9 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
     until cancelled; reports the bound ``(host, port)`` through ``task_status.started``.
 
     With ``ha = etcd`` a server whose term ended (``meta.ha.Deposed``) closes everything
-    and starts again here, on the ports it had, as a follower."""
+    and starts again here, on the ports it had, as a follower. So does a follower behind
+    the replicated log (``meta.bootstrap.BehindLog``), once another server's image is
+    installed in place of its store and journal."""
     bound: list = []
     cede = 0.0
     while True:
@@ -667,15 +692,28 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
                                 task_status if not bound else trio.TASK_STATUS_IGNORED, cede)
         if again is None:
             return
-        cede = again
-        (host, port), http_port = bound[0], bound[1] or http_port
-        log.info("metadata server on %s starts again as a follower", format_address(bound[0]))
+        if bound:
+            (host, port), http_port = bound[0], bound[1] or http_port
+        if isinstance(again, tuple):
+            gap, leader = again
+            cede = 0.0
+            log.warning("metadata server on %s: %s; bootstrapping from another metadata "
+                        "server's image", format_address((host, port)), gap.describe())
+            key = nodeauth.ensure_key(nodeauth.key_path(config.cluster_key_file, data_dir)) \
+                if config.security == "secure" else None
+            await bootstrap_recover(config, data_dir, gap, leader=leader,
+                                    own=format_address((host, port)), key=key)
+        else:
+            cede = again
+        log.info("metadata server on %s starts again as a follower", format_address((host, port)))
 
 
 async def _run_once(config: Config, data_dir: str, host: str, port: int, http_port: int,
-                    bound: list, task_status, cede: float = 0.0) -> float | None:
-    """One run of the server; when it must start again (its HA term ended), the seconds
-    the next run must not campaign, else None."""
+                    bound: list, task_status,
+                    cede: float = 0.0) -> float | tuple[Gap, str | None] | None:
+    """One run of the server; when it must start again: the seconds the next run must not
+    campaign (its HA term ended), or ``(gap, leader)`` when it must first be bootstrapped
+    (behind the replicated log); else None."""
     os.makedirs(data_dir, exist_ok=True)
     kv = PlyvelStore(os.path.join(data_dir, "db"))
     server = None
@@ -757,17 +795,30 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
                 async def run_ha(task_status=trio.TASK_STATUS_IGNORED):
                     nonlocal again
                     from .ha import Deposed
+                    task_status = _StartedOnce(task_status)
                     try:
                         await server.ha.run(task_status=task_status)
                     except Deposed as exc:
                         again = exc.cede
                         nursery.cancel_scope.cancel()
+                    except BaseException as raised:   # a nursery of ``run`` may wrap it
+                        exc = sole_exception(raised)
+                        if not isinstance(exc, BehindLog):
+                            raise
+                        again = (exc.gap, server.ha.leader)
+                        nursery.cancel_scope.cancel()
+                        # the address is bound: report it, the next run serves it
+                        task_status.started()
 
                 await nursery.start(run_ha)
                 server.startup.move(Phase.RUNNING, server.wall_ns() / 1e9)
-            log.info("metadata server ready on %s (data %s)", format_address(address), data_dir)
+            if not nursery.cancel_scope.cancel_called:
+                log.info("metadata server ready on %s (data %s)", format_address(address),
+                         data_dir)
             task_status.started(address)
     finally:
+        if server is not None:
+            server.images.close()   # their snapshots go before the store
         with trio.CancelScope(shield=True):
             if server is not None:
                 try:
@@ -776,6 +827,18 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
                     log.exception("closing the journal failed")
         kv.close()
     return again
+
+
+class _StartedOnce:
+    """A task status ``started`` may be called on again (a no-op then)."""
+
+    def __init__(self, status):
+        self._status, self._done = status, False
+
+    def started(self, value=None) -> None:
+        if not self._done:
+            self._done = True
+            self._status.started(value)
 
 
 async def _serve_connection(server: MetaServer, budget: ByteBudget, stream, peer: str,

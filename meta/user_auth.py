@@ -54,7 +54,10 @@ AUTHENTICATION_METHODS = frozenset({"node_challenge", "node_authenticate", "toke
                                     "token_authenticate"})
 NODE_METHODS = frozenset({"register_storage", "heartbeat", "block_report",
                           "block_received_and_deleted", "commit_block_synchronization",
-                          "report_bad_blocks"})
+                          "report_bad_blocks",
+                          # a metadata server bootstrapping from this one's image
+                          # (``meta.bootstrap``) proves the cluster key the same way
+                          "image_read"})
 ANY = "*"
 
 

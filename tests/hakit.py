@@ -68,8 +68,10 @@ class HACluster(ProcessCluster):
     def start_one(self, name: str) -> None:
         self.ports[name] = self.meta_ports[name]
         role = ["--set", "ha_role=observer"] if name in self.observers else []
+        # the other servers' addresses: where a follower behind the log finds an image
         self._spawn(name, ["meta", "--data", str(self.meta_dir(name)), "--http-port", "0",
-                           "--set", f"ha_node_id={name}", *role])
+                           "--set", f"ha_node_id={name}", "--set",
+                           f"meta_address={self.meta_address}", *role])
 
     def start_storage(self, i: int):
         self._spawn(f"storage{i}", ["storage", "--data", str(self.storage_dir(i)),

@@ -269,6 +269,8 @@ def cmd_up(args, layout: Layout, state: dict) -> int:
             procs[name] = spawn(layout, name, "meta",
                                 ["--port", str(m["port"]), "--http-port", str(m["http_port"])],
                                 {**settings, "ha_node_id": name, "ha_role": m["role"],
+                                 # where a follower behind the log finds an image
+                                 "meta_address": state["meta_address"],
                                  **meta_tls[i]})
             started.append(name)
             m["pid"] = procs[name].pid
