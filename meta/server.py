@@ -1,6 +1,6 @@
 """The metadata server (the HDFS NameNode role): its core — state, startup/recovery, the
 journal's apply, the lock and permission helpers, lease release and block recovery,
-monitors, checkpoints — and the connection serving.
+monitors, checkpoints. How a process runs it (sockets, restarts) is ``serverrun.py``.
 
 Why it exists: it is the shell around the pure parts. ``namespace.py`` validates and applies
 journal records (what each op does, in the store and here in memory, is its class in
@@ -23,7 +23,7 @@ and applied; ``LAZY_OPS``): ``_apply`` writes the batch to LevelDB (one write) a
 step, updates the blocks map, leases and invalidate sets → release locks → reply. Reads
 take no path lock (see ``locks.py``): they never wait for a mutation's fsync.
 
-Startup (``run_meta_server``): open LevelDB, ``journal.open()``, replay every record after
+Startup (``serverrun.run_meta_server``): open LevelDB, ``journal.open()``, replay every record after
 the applied txid through the same ``apply``, start the group-commit syncer, format the
 namespace if it is new (the FORMAT record makes a replay from an empty store exact), rebuild
 the blocks map from the ``B`` keys and the leases from the ``U`` keys, start monitors (dead
@@ -63,25 +63,20 @@ hold the thread for long: big deletes and big block reports are cut into bounded
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import time
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from functools import partial
 
 import trio
 
-from fs import blocktoken, nodeauth, paths, weblog
-from fs import tls as tlsmod
+from fs import blocktoken, paths, weblog
 from fs.blocktoken import READ as READ_TOKEN, KeyRing
 from fs.config import Config
-from fs.errors import InvalidArgument, ServerUnavailable, StandbyError, TryAgain, sole_exception
-from fs.limits import ByteBudget, ConnectionLimits
+from fs.errors import InvalidArgument, StandbyError, TryAgain
 from fs.metrics import new_registry
 from fs.retry_cache import CallKey
-from fs.rpc import (Dispatcher, RetryCache, current_user, format_address, local_socket_name,
-                    rpc_refusal, serve_local, serve_rpc,
-                    serve_tcp)
+from fs.rpc import Dispatcher, RetryCache, current_user
 
 from . import blocks as bm
 from . import retry_answers
@@ -90,8 +85,7 @@ from .metrics import MetaMetrics
 from .datanodes import DatanodeManager
 from .gcpolicy import GcGovernor
 from . import checkpoint as checkpoints
-from .bootstrap import CHUNK_BYTES, BehindLog, Gap, ImageSource
-from .bootstrap import recover as bootstrap_recover
+from .bootstrap import CHUNK_BYTES, ImageSource
 from .checkpoint import CheckpointInfo
 from .journal import Journal
 from .kv import KVStore, PlyvelStore
@@ -673,180 +667,3 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         self.blocks.mark_dirty(self.replication.forget_node(node.node_id))
         log.info("block server %s removed: %d replicas left the blocks map",
                  node.node_id, len(affected))
-
-
-async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0.1",
-                          port: int = 8020, http_port: int = 0,
-                          task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Run a metadata server on ``data_dir`` (``db/`` = LevelDB, ``journal/`` = edit log)
-    until cancelled; reports the bound ``(host, port)`` through ``task_status.started``.
-
-    With ``ha = etcd`` a server whose term ended (``meta.ha.Deposed``) closes everything
-    and starts again here, on the ports it had, as a follower. So does a follower behind
-    the replicated log (``meta.bootstrap.BehindLog``), once another server's image is
-    installed in place of its store and journal."""
-    bound: list = []
-    cede = 0.0
-    while True:
-        again = await _run_once(config, data_dir, host, port, http_port, bound,
-                                task_status if not bound else trio.TASK_STATUS_IGNORED, cede)
-        if again is None:
-            return
-        if bound:
-            (host, port), http_port = bound[0], bound[1] or http_port
-        if isinstance(again, tuple):
-            gap, leader = again
-            cede = 0.0
-            log.warning("metadata server on %s: %s; bootstrapping from another metadata "
-                        "server's image", format_address((host, port)), gap.describe())
-            key = nodeauth.ensure_key(nodeauth.key_path(config.cluster_key_file, data_dir)) \
-                if config.security == "secure" else None
-            await bootstrap_recover(config, data_dir, gap, leader=leader,
-                                    own=format_address((host, port)), key=key)
-        else:
-            cede = again
-        log.info("metadata server on %s starts again as a follower", format_address((host, port)))
-
-
-async def _run_once(config: Config, data_dir: str, host: str, port: int, http_port: int,
-                    bound: list, task_status,
-                    cede: float = 0.0) -> float | tuple[Gap, str | None] | None:
-    """One run of the server; when it must start again: the seconds the next run must not
-    campaign (its HA term ended), or ``(gap, leader)`` when it must first be bootstrapped
-    (behind the replicated log); else None."""
-    os.makedirs(data_dir, exist_ok=True)
-    kv = PlyvelStore(os.path.join(data_dir, "db"))
-    server = None
-    again = None
-    try:
-        server = MetaServer(config, kv, os.path.join(data_dir, "journal"))
-        if config.security == "secure":
-            server.node_key = nodeauth.ensure_key(
-                nodeauth.key_path(config.cluster_key_file, data_dir))
-            # with HA every metadata server derives the same keys from the cluster key
-            server.block_keys = KeyRing(config.block_key_interval, config.block_token_lifetime,
-                                        server.wall_ns() / 1e9,
-                                        shared=server.node_key if config.ha != "none" else None)
-        server_tls = None
-        if config.tls == "on":
-            # the CA and this server's certificate are made (key generation, file writes)
-            # in a worker thread, not on the trio thread
-            server_tls, _ca = await trio.to_thread.run_sync(
-                tlsmod.meta_server_tls, config, data_dir, host)
-        async with AsyncExitStack() as stack:
-            halog = None
-            if config.ha == "etcd":
-                from .ha import HAController
-                from .halog import HALog
-                endpoints = [e.strip() for e in config.ha_etcd_endpoints.split(",") if e.strip()]
-                halog = await stack.enter_async_context(HALog.open(
-                    endpoints, config.ha_prefix, ttl=config.ha_election_timeout))
-                # refuses client calls from the first one on (role INITIALIZING)
-                server.ha = HAController(server, halog, config.ha_node_id,
-                                         observer=config.ha_role == "observer", cede=cede)
-            nursery = await stack.enter_async_context(trio.open_nursery())
-            http_bound = None
-            if http_port:
-                # up first: the pages show the start-up progress while the journal replays
-                from fs.web import serve_app
-                from .web import make_app
-                from .webstartup import StartupGate
-                http_bound = await nursery.start(partial(
-                    serve_app, StartupGate(make_app(server), server), host, http_port,
-                    name="metadata server web pages"))
-            for _ in server.recover_steps():
-                await trio.sleep(0)
-            await nursery.start(server.journal.run)
-            if server.ha is None:
-                await server.start()
-            else:   # a follower: the namespace comes from the log
-                server.startup.move(Phase.LOADING_MEMORY, server.wall_ns() / 1e9)
-                if server.ns.formatted:
-                    server.rebuild_memory()
-            nursery.start_soon(server.run_monitors)
-            if server.ha is None:
-                nursery.start_soon(server.run_active_services)
-            nursery.start_soon(server.gc_governor.run)
-            budget = ByteBudget(max(config.rpc_buffer_limit, config.max_frame + 4))
-            handler = partial(_serve_connection, server, budget)
-            # one count of connections for both listeners: max_connections is the server's
-            limits = ConnectionLimits.from_config(config)
-            # local clients need no TLS: nothing of theirs leaves the machine. On a known
-            # port (a restart) the local socket listens first: a client reconnecting while
-            # only TCP listened would fall back to it and be refused as unauthenticated
-            serve_local_socket = partial(serve_local, handler, server="metadata server",
-                                         limits=limits, refusal=rpc_refusal)
-            local = local_socket_name(config.meta_socket, (host, port), server=True) \
-                if port else None
-            if local:
-                await nursery.start(partial(serve_local_socket, name=local))
-            address = await nursery.start(partial(
-                serve_tcp, handler, host, port, name="metadata server", limits=limits,
-                refusal=rpc_refusal, tls=server_tls))
-            bound[:] = [address, http_bound[1] if http_bound else 0]
-            if not local:
-                local = local_socket_name(config.meta_socket, address, server=True)
-                if local:
-                    await nursery.start(partial(serve_local_socket, name=local))
-            if server.ha is not None:
-                if not server.ha.node_id:
-                    server.ha.node_id = format_address(address)
-
-                async def run_ha(task_status=trio.TASK_STATUS_IGNORED):
-                    nonlocal again
-                    from .ha import Deposed
-                    task_status = _StartedOnce(task_status)
-                    try:
-                        await server.ha.run(task_status=task_status)
-                    except Deposed as exc:
-                        again = exc.cede
-                        nursery.cancel_scope.cancel()
-                    except BaseException as raised:   # a nursery of ``run`` may wrap it
-                        exc = sole_exception(raised)
-                        if not isinstance(exc, BehindLog):
-                            raise
-                        again = (exc.gap, server.ha.leader)
-                        nursery.cancel_scope.cancel()
-                        # the address is bound: report it, the next run serves it
-                        task_status.started()
-
-                await nursery.start(run_ha)
-                server.startup.move(Phase.RUNNING, server.wall_ns() / 1e9)
-            if not nursery.cancel_scope.cancel_called:
-                log.info("metadata server ready on %s (data %s)", format_address(address),
-                         data_dir)
-            task_status.started(address)
-    finally:
-        if server is not None:
-            server.images.close()   # their snapshots go before the store
-        with trio.CancelScope(shield=True):
-            if server is not None:
-                try:
-                    await server.journal.aclose()
-                except Exception:
-                    log.exception("closing the journal failed")
-        kv.close()
-    return again
-
-
-class _StartedOnce:
-    """A task status ``started`` may be called on again (a no-op then)."""
-
-    def __init__(self, status):
-        self._status, self._done = status, False
-
-    def started(self, value=None) -> None:
-        if not self._done:
-            self._done = True
-            self._status.started(value)
-
-
-async def _serve_connection(server: MetaServer, budget: ByteBudget, stream, peer: str,
-                            credentials=None) -> None:
-    config = server.config
-    try:
-        await serve_rpc(stream, server, max_frame=config.max_frame, peer=peer,
-                        frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
-                        budget=budget, credentials=credentials)
-    except ServerUnavailable:
-        pass

@@ -135,7 +135,7 @@ class InProcessCluster:
         return task
 
     async def start_meta(self):
-        from meta.server import run_meta_server
+        from meta.serverrun import run_meta_server
 
         if self.config.tls == "on" and not self.config.tls_ca_file:
             # the CA the metadata server would make, made first so every config names it

@@ -19,7 +19,7 @@ from harness import Mount, ProcessCluster, make_test_config
 from fs import errors, nodeauth, paths
 from fs.framing import encode_frame
 from fs.rpc import PROTOCOL_VERSION, RpcClient
-from meta.server import run_meta_server
+from meta.serverrun import run_meta_server
 from storage.server import BlockServer
 
 MiB = 1 << 20

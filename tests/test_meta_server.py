@@ -19,7 +19,7 @@ from fs.config import Config
 from fs.rpc import RpcClient, format_address
 from meta.invariants import check_namespace
 from meta.kv import PlyvelStore
-from meta.server import run_meta_server
+from meta.serverrun import run_meta_server
 
 KiB = 1024
 # fake block servers speak the block-server protocol without the cluster key

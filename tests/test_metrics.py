@@ -82,7 +82,7 @@ def test_server_metrics_pages(tmp_path):
     outcome (an unknown method name is one series), journal syncs, blocks by state, bytes
     and ops on the block server, replicas by state."""
     from fs.client import AsyncClient
-    from meta.server import run_meta_server
+    from meta.serverrun import run_meta_server
     from storage.server import run_block_server
 
     meta_http, storage_http = free_port(), free_port()

@@ -321,7 +321,7 @@ def test_no_secret_shows_on_the_status_page_or_in_the_logs(tmp_path, caplog):
     from functools import partial
 
     from harness import free_port, make_test_config
-    from meta.server import run_meta_server
+    from meta.serverrun import run_meta_server
 
     caplog.set_level(logging.DEBUG)
     config = make_test_config(replication=1)

@@ -14,7 +14,7 @@ import trio
 
 from fs.web import MAX_REQUEST_HEAD, READ_TIMEOUT
 from harness import free_port, make_test_config
-from meta.server import run_meta_server
+from meta.serverrun import run_meta_server
 
 
 def _fetch(port: int, path: str = "/report") -> dict:

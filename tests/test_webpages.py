@@ -18,7 +18,7 @@ import trio
 
 from harness import free_port, make_test_config
 from fs.client import AsyncClient
-from meta.server import run_meta_server
+from meta.serverrun import run_meta_server
 from storage.server import run_block_server
 
 PAGES = ["/", "/datanodes", "/openfiles", "/explorer?path=/", "/fsck?path=/", "/logs"]

@@ -198,7 +198,7 @@ def run_meta(args) -> int:
     else:  # with --port 0 (tests, several clusters) a fixed status port would collide
         http_port = 0 if port == 0 else config.meta_http_port
     os.makedirs(args.data, exist_ok=True)
-    from meta.server import run_meta_server
+    from meta.serverrun import run_meta_server
 
     async def start(task_status=trio.TASK_STATUS_IGNORED):
         await run_meta_server(config, args.data, host=host, port=port, http_port=http_port,
