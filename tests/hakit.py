@@ -18,11 +18,25 @@ from pathlib import Path
 import trio
 
 from etcd_cluster import EtcdCluster
+from fs.errors import sole_exception
 from fs.haclient import call_each
+from fs.rpcclient import RpcClient
 from harness import ProcessCluster, free_port, wait_cluster_ready, wait_stopped
 
 #: election timeout of the tests' metadata servers (the etcd lease TTL)
 ELECTION_TIMEOUT = 2.0
+
+
+def call(address: str, method: str, **args):
+    """One call to the metadata server at ``address`` only, not retried: what it answers,
+    or the error it raised."""
+    async def once():
+        async with RpcClient(address, "test-ha", retry_seconds=0) as rpc:
+            return await rpc.call(method, args)
+    try:
+        return trio.run(once)
+    except BaseExceptionGroup as group:
+        raise sole_exception(group) from None
 
 
 def ha_status(address: str, timeout: float = 2.0) -> dict | None:

@@ -12,24 +12,11 @@ import urllib.request
 import pytest
 import trio
 
-from fs.errors import FileNotFound, LeaseFSError, StandbyError, sole_exception
-from fs.rpc import RpcClient
-from hakit import HACluster, ha_status
+from fs.errors import FileNotFound, LeaseFSError, StandbyError
+from hakit import HACluster, call, ha_status
 from harness import poll_until
 
 pytestmark = pytest.mark.slow
-
-
-async def _calls(address: str, calls: list[tuple[str, dict]], retry_seconds: float = 0):
-    async with RpcClient(address, "test-ha", retry_seconds=retry_seconds) as rpc:
-        return [await rpc.call(method, args) for method, args in calls]
-
-
-def call(address: str, method: str, **args):
-    try:
-        return trio.run(_calls, address, [(method, args)])[0]
-    except BaseExceptionGroup as group:
-        raise sole_exception(group) from None
 
 
 @pytest.fixture

@@ -10,27 +10,15 @@ import time
 import pytest
 import trio
 
-from fs.errors import InvalidArgument, TryAgain, sole_exception
+from fs.errors import InvalidArgument, TryAgain
 from fs.rpc import RpcClient
-from hakit import HACluster
+from hakit import HACluster, call
 from meta import keys
 from meta.bootstrap import STAGING, Gap, ImageSource, behind, install, sources
 from meta.journal import Journal
 from meta.journal_files import inprogress_name
 from meta.kv import PlyvelStore
 
-
-
-async def _calls(address: str, calls: list[tuple[str, dict]]):
-    async with RpcClient(address, "test-ha-bootstrap", retry_seconds=0) as rpc:
-        return [await rpc.call(method, args) for method, args in calls]
-
-
-def call(address: str, method: str, **args):
-    try:
-        return trio.run(_calls, address, [(method, args)])[0]
-    except BaseExceptionGroup as group:
-        raise sole_exception(group) from None
 
 
 def namespace(address: str) -> dict[str, tuple]:
