@@ -297,6 +297,7 @@ class Journal:
         self._opened = True
         log.info("journal %s opened: %d finalized segments, last txid %d",
                  self.directory, len(self._finalized), self.last_txid)
+        return plan
 
     def _bridge(self, plan: StartPlan, empty: Scan | None) -> None:
         """Record the txids the store applied but the journal lost (startup, sync)."""
