@@ -97,6 +97,9 @@ MAX_RECORD = MAX_PAYLOAD - ENVELOPE.size - RECORD_HEADER.size
 LAG_SAMPLES = 4096
 #: seconds between two tries of an append whose outcome etcd left unknown
 APPEND_RETRY = 0.2
+#: seconds a server that gave its term away waits for another to take it before it may
+#: campaign again itself (a campaigning standby wins within its 0.1 s poll)
+CEDE_GRACE = 0.5
 #: the share of the election timeout before its lease's sure end at which an active stops
 #: answering clients (``sure_of_term``)
 LEASE_MARGIN = 0.2
@@ -276,11 +279,25 @@ class HAController:
             return result
 
     async def _cede(self) -> None:
-        """After giving a term away: no campaign until another server holds the leader key
-        (or ``cede`` seconds passed without one, e.g. the only other server is down)."""
-        # ``leader`` is kept current by ``_watch_leader``, which runs beside this
+        """After giving a term away: no campaign until another server holds the leader key,
+        or nobody has held it for ``CEDE_GRACE`` s (the other servers are ceding too, having
+        just handed the term back, or are down), or ``cede`` s passed. Asked at the
+        campaign's poll rate: a standby that campaigns wins within one poll."""
+        absent_since = None
         with trio.move_on_after(self.cede):
-            while self.cede > 0 and self.leader in (None, self.node_id):
+            while self.cede > 0:
+                try:
+                    found = await self.log.leader()
+                except Unavailable:
+                    absent_since = None     # not known to be absent
+                else:
+                    self._note_leader(found)
+                    if found is not None and found[1] != self.node_id:
+                        return
+                    now = trio.current_time()
+                    absent_since = (absent_since or now) if found is None else None
+                    if absent_since is not None and now - absent_since >= CEDE_GRACE:
+                        return
                 await trio.sleep(self.log.poll)
 
     async def _read_to_end(self) -> None:
@@ -295,12 +312,14 @@ class HAController:
         """Keep ``leader``/``epoch`` current for refusals and the status (a hint only)."""
         while True:
             try:
-                found = await self.log.leader()
+                self._note_leader(await self.log.leader())
             except Unavailable:
-                found = None
-            if found is not None:
-                self.epoch, self.leader = max(self.epoch, found[0]), found[1]
+                pass
             await trio.sleep(max(0.2, self.log.ttl / 3))
+
+    def _note_leader(self, found: tuple[int, str] | None) -> None:
+        if found is not None:
+            self.epoch, self.leader = max(self.epoch, found[0]), found[1]
 
     async def _ingest(self, entry) -> None:
         journal = self.server.journal

@@ -329,3 +329,25 @@ def test_graceful_failover_hands_the_term_to_the_standby(ha):
     assert call(ha.address(standby), "get_file_info", path="/graceful/before")["type"] == "dir"
     with pytest.raises(StandbyError):
         call(ha.address(active), "ha_failover")
+
+
+def test_a_term_handed_back_at_once_is_taken_at_once(tmp_path):
+    """haadmin -failover twice in a row: the server that gave the term away a moment ago
+    (restarted in place, ceding) takes it back as soon as it sees that nobody else does,
+    not after a whole election timeout in which both servers cede. (How fast a graceful
+    failover is, is measured by ``leasefs bench ha``.)"""
+    timeout = 10.0
+    cluster = HACluster(tmp_path, n_meta=2, n_storage=0, election_timeout=timeout)
+    try:
+        cluster.start()
+        first, second = cluster.active_and_standby(timeout=30)
+        call(cluster.address(first), "ha_failover")
+        assert cluster.wait_active(timeout=10, besides=first) == second
+        cluster.wait_role(first, "standby")
+        started = time.monotonic()
+        call(cluster.address(second), "ha_failover")
+        assert cluster.wait_active(timeout=2 * timeout, besides=second) == first
+        # ceding until the election timeout ran out took all of it
+        assert time.monotonic() - started < timeout / 2
+    finally:
+        cluster.stop()
