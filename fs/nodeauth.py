@@ -62,6 +62,24 @@ def meta_proof(key: bytes, server_nonce: bytes, client_nonce: bytes, node_id: st
     return mac(key, META_LABEL, client_nonce, server_nonce, node_id.encode())
 
 
+async def authenticate(call, key: bytes, node_id: str, address: str) -> None:
+    """The node's side of steps 1-3 on a new connection to the metadata server at
+    ``address``: ``call(method, args)`` is the connection's; prove we hold the cluster key,
+    and check that the server does too (else it could command us, or hand us its state).
+    ``AuthenticationFailed`` otherwise."""
+    server_nonce = await call("node_challenge", {})
+    if not isinstance(server_nonce, bytes):
+        raise AuthenticationFailed(f"metadata server {address} sent no "
+                                   f"challenge (is it in security = simple?)")
+    client_nonce = new_nonce()
+    answer = await call("node_authenticate", {
+        "node_id": node_id, "client_nonce": client_nonce,
+        "proof": node_proof(key, server_nonce, client_nonce, node_id)})
+    if not same(answer, meta_proof(key, server_nonce, client_nonce, node_id)):
+        raise AuthenticationFailed(f"metadata server {address} did not prove "
+                                   f"that it holds the cluster key")
+
+
 def same(a, b) -> bool:
     """Constant-time equality of two proofs (anything not bytes never matches)."""
     return isinstance(a, (bytes, bytearray)) and isinstance(b, (bytes, bytearray)) \
@@ -153,5 +171,5 @@ def key_path(configured: str, meta_data_dir) -> str:
     return configured or os.path.join(meta_data_dir, "cluster.key")
 
 
-__all__ = ["KEY_BYTES", "mac", "node_proof", "meta_proof", "same", "sign_op", "check_op",
+__all__ = ["KEY_BYTES", "authenticate", "mac", "node_proof", "meta_proof", "same", "sign_op", "check_op",
            "new_nonce", "load_key", "ensure_key", "key_path"]

@@ -54,12 +54,13 @@ import secrets
 import shutil
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import trio
 
 from fs import nodeauth
 from fs import tls as tlsmod
-from fs.errors import AuthenticationFailed, InvalidArgument, LeaseFSError, TryAgain, sole_exception
+from fs.errors import InvalidArgument, LeaseFSError, TryAgain, sole_exception
 from fs.rpc import format_address, parse_address_list
 from fs.rpcclient import RpcClient
 
@@ -195,29 +196,18 @@ class ImageSource:
 
 
 # ------------------------------------------------------------------ the follower
-def _authenticate(config, key: bytes | None):
+def _authenticate(config, address: str, key: bytes | None):
     if key is None:
         return None
     node_id = config.ha_node_id or "metadata-bootstrap"
-
-    async def authenticate(call) -> None:
-        server_nonce = await call("node_challenge", {})
-        client_nonce = nodeauth.new_nonce()
-        answer = await call("node_authenticate", {
-            "node_id": node_id, "client_nonce": client_nonce,
-            "proof": nodeauth.node_proof(key, server_nonce, client_nonce, node_id)})
-        # the namespace is only taken from a server that holds the cluster key too
-        if not nodeauth.same(answer, nodeauth.meta_proof(key, server_nonce, client_nonce,
-                                                         node_id)):
-            raise AuthenticationFailed("the metadata server did not prove that it holds "
-                                       "the cluster key")
-    return authenticate
+    # the namespace is only taken from a server that holds the cluster key too
+    return partial(nodeauth.authenticate, key=key, node_id=node_id, address=address)
 
 
 def _client(config, address: str, key: bytes | None) -> RpcClient:
     return RpcClient(address, f"leasefs-bootstrap-{os.getpid()}", timeout=CALL_TIMEOUT,
                      retry_seconds=0, connect_timeout=5.0, max_frame=config.max_frame,
-                     tls=tlsmod.client(config), authenticate=_authenticate(config, key),
+                     tls=tlsmod.client(config), authenticate=_authenticate(config, address, key),
                      local_socket=None)
 
 

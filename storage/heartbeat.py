@@ -74,8 +74,8 @@ import trio
 from fs import blocktoken, nodeauth
 from fs import tls as tlsmod
 from fs.config import Config
-from fs.errors import (AuthenticationFailed, ChecksumError, InvalidArgument, LeaseFSError,
-                       ServerUnavailable, StandbyError)
+from fs.errors import (ChecksumError, InvalidArgument, LeaseFSError, ServerUnavailable,
+                       StandbyError)
 from fs.rpc import RpcClient, format_address, parse_address_list
 from meta.harole import HAStatus, Role
 
@@ -269,20 +269,8 @@ class HeartbeatService:
         """``fs.nodeauth`` on a new connection to ``address`` (a ``MetaActor``'s): prove we
         hold the cluster key, and check that the metadata server does too (else it could
         command us)."""
-        address = address or self.meta_address
-        node_id = self.store.node_id
-        server_nonce = await call("node_challenge", {})
-        if not isinstance(server_nonce, bytes):
-            raise AuthenticationFailed(f"metadata server {address} sent no "
-                                       f"challenge (is it in security = simple?)")
-        client_nonce = nodeauth.new_nonce()
-        answer = await call("node_authenticate", {
-            "node_id": node_id, "client_nonce": client_nonce,
-            "proof": nodeauth.node_proof(self._key, server_nonce, client_nonce, node_id)})
-        if not nodeauth.same(answer, nodeauth.meta_proof(self._key, server_nonce,
-                                                         client_nonce, node_id)):
-            raise AuthenticationFailed(f"metadata server {address} did not prove "
-                                       f"that it holds the cluster key")
+        await nodeauth.authenticate(call, self._key, self.store.node_id,
+                                    address or self.meta_address)
 
     def take_block_keys(self, wire, source: str) -> None:
         """Block keys an obeyed metadata server sent (wrapped with the cluster key)."""
