@@ -53,6 +53,7 @@ from fs.errors import sole_exception
 
 from .bench import (META_OPS, MooseFSPeer, _posix_meta, _Recorder, baseline_dir,
                     client_folder, percentile)
+from .cluster import cpu_seconds
 from .common import Command
 from .formatting import UsageError, format_table
 from .progress import StatusLine
@@ -214,16 +215,6 @@ def run_on_server(address: str, a, status: StatusLine, label: str,
 
 def _base(a, label: str) -> str:
     return f"{a.dir.rstrip('/')}/meta-{os.getpid()}-{label}"
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds process ``pid`` has used (0.0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_by_name(processes: dict[str, list[int]]) -> dict[str, float]:

@@ -112,14 +112,29 @@ def _write_small(path: str, text: str) -> None:
 
 # --------------------------------------------------------------------------- processes
 
-def process_state(pid: int) -> str | None:
-    """The ``/proc/<pid>/stat`` state letter, or None when there is no such process."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (the state letter first),
+    or None when there is no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             data = fh.read()
-        return data[data.rindex(b")") + 2:].split()[0].decode()
-    except (OSError, ValueError, IndexError):
+        return data[data.rindex(b")") + 2:].split() or None
+    except (OSError, ValueError):
         return None
+
+
+def process_state(pid: int) -> str | None:
+    """The ``/proc/<pid>/stat`` state letter, or None when there is no such process."""
+    fields = _stat_fields(pid)
+    return fields[0].decode() if fields else None
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (0.0 once it is gone)."""
+    fields = _stat_fields(pid)
+    if not fields or len(fields) < 13:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cmdline(pid: int) -> list[str]:

@@ -23,7 +23,7 @@ import time
 from fs.client import FileSettings
 from fs.config import Config, find_meta_address
 
-from .cluster import mounted_fuse
+from .cluster import mounted_fuse, process_state
 from .common import PROG, load_config
 from .formatting import UsageError, parse_settings
 
@@ -169,11 +169,8 @@ def _stop_mount_process(mountpoint: str, timeout: float = 120.0) -> str | None:
 
 
 def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
+    """Exited and not yet reaped (or gone)."""
+    return process_state(pid) in (None, "Z")
 
 
 def cmd_umount(args) -> int:
