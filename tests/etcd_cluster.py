@@ -56,7 +56,7 @@ class EtcdCluster:
             self.logs[i] = open(members[i].log_file, "ab")
         self.procs[i] = subprocess.Popen(
             etcdmod.argv(members[i], members, self.token),
-            stdout=self.logs[i], stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            env=etcdmod.environment(members), stdout=self.logs[i], stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def restart(self, i: int) -> None:
         """Start member ``i`` again on its data (after ``kill9``): it rejoins the cluster."""

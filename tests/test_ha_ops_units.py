@@ -40,6 +40,16 @@ def test_etcd_plan_and_command_line(tmp_path):
     assert etcdmod.Member.from_dict(free[0].to_dict()) == free[0]
 
 
+def test_etcd_members_share_the_cores(tmp_path, monkeypatch):
+    members = etcdmod.plan(str(tmp_path), str(tmp_path), 3, first_port=20000)
+    monkeypatch.delenv("GOMAXPROCS", raising=False)
+    assert etcdmod.environment(members, {0, 1})["GOMAXPROCS"] == "1"
+    assert etcdmod.environment(members, set(range(8)))["GOMAXPROCS"] == "2"
+    assert etcdmod.environment(members[:1], set(range(8)))["GOMAXPROCS"] == "8"
+    monkeypatch.setenv("GOMAXPROCS", "3")            # an operator's choice stands
+    assert etcdmod.environment(members, {0, 1})["GOMAXPROCS"] == "3"
+
+
 def test_is_etcd_refuses_other_processes(tmp_path):
     assert not etcdmod.is_etcd(os.getpid(), str(tmp_path))
     assert not etcdmod.is_etcd(None, str(tmp_path))
