@@ -221,7 +221,8 @@ def test_one_member_killed_appends_go_on_and_nothing_is_lost(fresh_etcd, victim)
     p = prefix()
 
     async def main():
-        # the client starts on the member that will die, so it must fail over
+        # the client starts on the member that will die (the raft leader's, where it also
+        # goes by itself: then it must fail over)
         endpoints = cluster.endpoints[kill:] + cluster.endpoints[:kill]
         acked, tailed = [], []
         async with HALog.open(endpoints, p, op_timeout=10) as halog, \
@@ -251,6 +252,39 @@ def test_one_member_killed_appends_go_on_and_nothing_is_lost(fresh_etcd, victim)
             got = await reader.read()
         assert [e.txid for e in got] == acked
         assert [e.payload for e in got] == [b"%d" % t for t in acked]
+    trio.run(main)
+
+
+def test_calls_go_to_the_raft_leader_and_follow_it_when_it_changes(fresh_etcd):
+    """A follower forwards each proposal to the raft leader: the log sends its calls to the
+    leader's member, found at open, and again after the leader was killed."""
+    cluster = fresh_etcd
+    first = cluster.raft_leader()
+    follower = (first + 1) % 3
+    endpoints = cluster.endpoints[follower:] + cluster.endpoints[:follower]
+    p = prefix()
+
+    async def main():
+        async with HALog.open(endpoints, p, op_timeout=10) as halog:
+            with trio.fail_after(10):
+                while halog.endpoint != cluster.endpoints[first]:
+                    await trio.sleep(0.05)
+            term = await halog.campaign("w")
+            await halog.append(term, 1, b"one")
+            cluster.kill9(first)
+            await halog.append(term, 2, b"two")        # fails over to a live member
+            with trio.fail_after(15):
+                while True:
+                    try:
+                        second = cluster.raft_leader()
+                    except RuntimeError:
+                        second = None
+                    if second is not None and await halog.prefer_raft_leader():
+                        break
+                    await trio.sleep(0.1)
+            assert second != first and halog.endpoint == cluster.endpoints[second]
+            await halog.append(term, 3, b"three")
+            assert [e.payload for e in await halog.read()] == [b"one", b"two", b"three"]
     trio.run(main)
 
 
