@@ -13,8 +13,8 @@ the watch, leases) stays on the gateway: it is not per batch.
 
 What it is: a client for unary gRPC calls over cleartext HTTP/2 with prior knowledge
 (RFC 9113; etcd serves gRPC and the gateway on the same client port), one call at a time
-per connection, idle connections kept per endpoint, like ``etcdhttp.Gateway``. Only what
-a unary call needs:
+per connection, idle connections kept per endpoint (``etcdhttp.Pool``, as for the gateway).
+Only what a unary call needs:
 
 * we send the connection preface and SETTINGS (no push, header table 0, the largest
   stream window) and a connection WINDOW_UPDATE to the largest window, so etcd never
@@ -48,7 +48,7 @@ import struct
 import hpack
 import trio
 
-from .etcdhttp import GatewayError
+from .etcdhttp import GatewayError, Pool, open_stream
 
 TXN = "/etcdserverpb.KV/Txn"
 MAX_MESSAGE = 64 << 20
@@ -385,55 +385,21 @@ class _Connection:
         return 0, "", bytes(data[5:])
 
 
-class Channel:
+class Channel(Pool):
     """Unary gRPC calls to ``http://host:port`` etcd endpoints over kept-alive connections."""
 
     def __init__(self):
-        self._idle: dict[str, list[_Connection]] = {}
-        self._closed = False
+        super().__init__(self._open)
 
     async def call(self, endpoint: str, path: str, message: bytes,
                    timeout: float) -> tuple[int, str, bytes]:
         """(grpc-status, grpc-message, answer message) of one call; ``GatewayError`` on a
         transport failure or after ``timeout`` s."""
-        idle = self._idle.setdefault(endpoint, [])
-        conn = idle.pop() if idle else None
-        with trio.move_on_after(timeout):
-            if conn is None:
-                conn = await self._connect(endpoint)
-            try:
-                answer = await conn.call(path, message)
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
-                    GatewayError) as exc:
-                await trio.aclose_forcefully(conn.stream)
-                if isinstance(exc, GatewayError):
-                    raise
-                raise GatewayError(f"{endpoint}: {exc or type(exc).__name__}",
-                                   sent=True) from None
-            except BaseException:
-                await trio.aclose_forcefully(conn.stream)
-                raise
-            if conn.reusable and not self._closed:
-                idle.append(conn)
-            else:
-                await trio.aclose_forcefully(conn.stream)
-            return answer
-        if conn is not None:
-            await trio.aclose_forcefully(conn.stream)
-        raise GatewayError(f"{endpoint}{path}: no answer within {timeout:g} s",
-                           sent=conn is not None)
+        return await self.run(endpoint, path, timeout, lambda conn: conn.call(path, message))
 
-    async def _connect(self, endpoint: str) -> _Connection:
-        if not endpoint.startswith("http://"):
-            raise GatewayError(f"etcd endpoint {endpoint!r} is not http://host:port",
-                               sent=False)
-        hostport = endpoint[len("http://"):].rstrip("/")
-        host, _, port = hostport.rpartition(":")
-        try:
-            stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
-        except (OSError, ValueError) as exc:
-            raise GatewayError(f"cannot connect to etcd at {endpoint}: {exc}",
-                               sent=False) from None
+    @staticmethod
+    async def _open(endpoint: str) -> _Connection:
+        stream, hostport = await open_stream(endpoint)
         conn = _Connection(stream, hostport)
         try:
             await conn.start()
@@ -442,10 +408,3 @@ class Channel:
             raise GatewayError(f"cannot start HTTP/2 with etcd at {endpoint}: {exc}",
                                sent=False) from None
         return conn
-
-    async def aclose(self) -> None:
-        self._closed = True
-        for conns in self._idle.values():
-            for conn in conns:
-                await trio.aclose_forcefully(conn.stream)
-        self._idle.clear()

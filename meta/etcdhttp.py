@@ -100,23 +100,42 @@ class _Connection:
                 raise GatewayError("etcd's response is too large", sent=True)
 
 
-class Gateway:
-    """POST JSON to ``http://host:port`` endpoints over kept-alive connections."""
+async def open_stream(endpoint: str) -> tuple[trio.SocketStream, str]:
+    """A TCP connection to an ``http://host:port`` endpoint and its ``host:port``;
+    ``GatewayError`` (not sent) when it cannot be made."""
+    if not endpoint.startswith("http://"):
+        raise GatewayError(f"etcd endpoint {endpoint!r} is not http://host:port", sent=False)
+    hostport = endpoint[len("http://"):].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    try:
+        stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+    except (OSError, ValueError) as exc:
+        raise GatewayError(f"cannot connect to etcd at {endpoint}: {exc}", sent=False) from None
+    return stream, hostport
 
-    def __init__(self):
-        self._idle: dict[str, list[_Connection]] = {}
+
+class Pool:
+    """Kept-alive connections per endpoint, one request at a time on each; the HTTP/1.1
+    gateway client below and the HTTP/2 gRPC one (``meta/etcdgrpc.py``) share it. A
+    connection is anything with ``stream`` and ``reusable``; ``connect(endpoint)`` makes
+    one."""
+
+    def __init__(self, connect):
+        self._connect = connect
+        self._idle: dict[str, list] = {}
         self._closed = False
 
-    async def post(self, endpoint: str, path: str, body: bytes, timeout: float) -> tuple[int, bytes]:
-        """(HTTP status, body) of one POST; ``GatewayError`` on a transport failure or
-        after ``timeout`` s."""
+    async def run(self, endpoint: str, what: str, timeout: float, request):
+        """``await request(conn)`` on an idle or new connection to ``endpoint``;
+        ``GatewayError`` on a transport failure or after ``timeout`` s. A connection that
+        failed, timed out or is not ``reusable`` is closed."""
         idle = self._idle.setdefault(endpoint, [])
         conn = idle.pop() if idle else None
         with trio.move_on_after(timeout):
             if conn is None:
                 conn = await self._connect(endpoint)
             try:
-                status, data = await conn.request(path, body)
+                answer = await request(conn)
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
                     GatewayError) as exc:
                 await trio.aclose_forcefully(conn.stream)
@@ -130,24 +149,15 @@ class Gateway:
                 idle.append(conn)
             else:
                 await trio.aclose_forcefully(conn.stream)
-            return status, data
+            return answer
         if conn is not None:
             await trio.aclose_forcefully(conn.stream)
-        raise GatewayError(f"{endpoint}{path}: no answer within {timeout:g} s",
+        raise GatewayError(f"{endpoint}{what}: no answer within {timeout:g} s",
                            sent=conn is not None)
 
-    async def _connect(self, endpoint: str) -> _Connection:
-        if not endpoint.startswith("http://"):
-            raise GatewayError(f"etcd endpoint {endpoint!r} is not http://host:port",
-                               sent=False)
-        hostport = endpoint[len("http://"):].rstrip("/")
-        host, _, port = hostport.rpartition(":")
-        try:
-            stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
-        except (OSError, ValueError) as exc:
-            raise GatewayError(f"cannot connect to etcd at {endpoint}: {exc}",
-                               sent=False) from None
-        return _Connection(stream, hostport)
+    def idle(self, endpoint: str) -> int:
+        """How many kept-alive connections to ``endpoint`` wait for a request."""
+        return len(self._idle.get(endpoint, ()))
 
     async def aclose(self) -> None:
         self._closed = True
@@ -155,3 +165,20 @@ class Gateway:
             for conn in conns:
                 await trio.aclose_forcefully(conn.stream)
         self._idle.clear()
+
+
+class Gateway(Pool):
+    """POST JSON to ``http://host:port`` endpoints over kept-alive connections."""
+
+    def __init__(self):
+        super().__init__(self._open)
+
+    async def post(self, endpoint: str, path: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+        """(HTTP status, body) of one POST; ``GatewayError`` on a transport failure or
+        after ``timeout`` s."""
+        return await self.run(endpoint, path, timeout, lambda conn: conn.request(path, body))
+
+    @staticmethod
+    async def _open(endpoint: str) -> _Connection:
+        stream, hostport = await open_stream(endpoint)
+        return _Connection(stream, hostport)

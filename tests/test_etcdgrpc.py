@@ -117,7 +117,7 @@ def test_many_calls_share_one_connection(etcd):
                 code, _, _ = await channel.call(endpoint, etcdgrpc.TXN, etcdgrpc.txn_request(
                     [], [etcdgrpc.op_put(prefix + str(i).encode(), b"%d" % i)], []), 5)
                 assert code == 0
-            return len(channel._idle[endpoint])
+            return channel.idle(endpoint)
         finally:
             await channel.aclose()
 
