@@ -217,6 +217,7 @@ class _Connection:
         self.authority = authority
         self.buffer = bytearray()
         self.decoder = hpack.Decoder()
+        self.heads: dict[str, bytes] = {}        # path -> its request header block
         self.next_stream = 1
         self.send_window = DEFAULT_WINDOW        # the connection's, for our DATA
         self.stream_window = DEFAULT_WINDOW      # etcd's initial window of each stream
@@ -280,7 +281,10 @@ class _Connection:
         self.next_stream += 2
         if self.next_stream > MAX_STREAM_ID:
             self.reusable = False
-        head = (_literal(":method", "POST") + _literal(":scheme", "http")
+        head = self.heads.get(path)
+        if head is None:
+            head = self.heads[path] = (
+                _literal(":method", "POST") + _literal(":scheme", "http")
                 + _literal(":path", path) + _literal(":authority", self.authority)
                 + _literal("content-type", "application/grpc") + _literal("te", "trailers"))
         body = b"\x00" + struct.pack(">I", len(message)) + message
