@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from functools import partial
 
 import trio
@@ -56,26 +57,31 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
             return
         if bound:
             (host, port), http_port = bound[0], bound[1] or http_port
-        if isinstance(again, tuple):
-            gap, leader = again
-            cede = 0.0
+        cede = again.cede
+        if again.gap is not None:
             log.warning("metadata server on %s: %s; bootstrapping from another metadata "
-                        "server's image", format_address((host, port)), gap.describe())
+                        "server's image", format_address((host, port)), again.gap.describe())
             key = nodeauth.ensure_key(nodeauth.key_path(config.cluster_key_file, data_dir)) \
                 if config.security == "secure" else None
-            await bootstrap_recover(config, data_dir, gap, leader=leader,
+            await bootstrap_recover(config, data_dir, again.gap, leader=again.leader,
                                     own=format_address((host, port)), key=key)
-        else:
-            cede = again
         log.info("metadata server on %s starts again as a follower", format_address((host, port)))
 
 
+@dataclass(frozen=True)
+class Again:
+    """Why a run of the server ended and the next must start: its HA term ended (the next
+    run must not campaign for ``cede`` seconds), or it is behind the replicated log by
+    ``gap`` and must first be bootstrapped from another server's image (``leader``: the
+    active it knew of, asked first)."""
+    cede: float = 0.0
+    gap: Gap | None = None
+    leader: str | None = None
+
+
 async def _run_once(config: Config, data_dir: str, host: str, port: int, http_port: int,
-                    bound: list, task_status,
-                    cede: float = 0.0) -> float | tuple[Gap, str | None] | None:
-    """One run of the server; when it must start again: the seconds the next run must not
-    campaign (its HA term ended), or ``(gap, leader)`` when it must first be bootstrapped
-    (behind the replicated log); else None."""
+                    bound: list, task_status, cede: float = 0.0) -> Again | None:
+    """One run of the server; ``Again`` when it must start again, else None."""
     os.makedirs(data_dir, exist_ok=True)
     kv = PlyvelStore(os.path.join(data_dir, "db"))
     server = None
@@ -161,13 +167,13 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
                     try:
                         await server.ha.run(task_status=task_status)
                     except Deposed as exc:
-                        again = exc.cede
+                        again = Again(cede=exc.cede)
                         nursery.cancel_scope.cancel()
                     except BaseException as raised:   # a nursery of ``run`` may wrap it
                         exc = sole_exception(raised)
                         if not isinstance(exc, BehindLog):
                             raise
-                        again = (exc.gap, server.ha.leader)
+                        again = Again(gap=exc.gap, leader=server.ha.leader)
                         nursery.cancel_scope.cancel()
                         # the address is bound: report it, the next run serves it
                         task_status.started()
