@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import base64
 import struct
+from typing import AsyncIterator
 
 import hpack
 import trio
@@ -53,6 +54,9 @@ from .etcdhttp import GatewayError, Pool, open_stream
 TXN = "/etcdserverpb.KV/Txn"
 MAX_MESSAGE = 64 << 20
 MAX_HEADER_BLOCK = 64 << 10
+#: DATA bytes a stream takes in before it gives etcd that much window back
+REPLENISH = 16 << 20
+WATCH = "/etcdserverpb.Watch/Watch"
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, \
@@ -105,6 +109,47 @@ def txn_request(compare: list[bytes], success: list[bytes], failure: list[bytes]
     return (b"".join(_bytes_field(1, c) for c in compare)
             + b"".join(_bytes_field(2, op) for op in success)
             + b"".join(_bytes_field(3, op) for op in failure))
+
+
+def watch_request(key: bytes, range_end: bytes, start_revision: int) -> bytes:
+    """WatchRequest{create_request: keys [key, range_end) from ``start_revision``, puts
+    only (filter NODELETE)}."""
+    create = (_bytes_field(1, key) + _bytes_field(2, range_end)
+              + _int_field(3, start_revision) + _int_field(5, 1))
+    return _bytes_field(1, create)
+
+
+def watch_result(buf: bytes) -> dict:
+    """A WatchResponse: created, canceled, compact_revision, cancel_reason, and events
+    as ``{"type": "PUT" | "DELETE", "kv": {"key": bytes, "value": bytes,
+    "create_revision": int, "mod_revision": int}}`` (raw: a follower takes every entry
+    through here). ``ValueError`` on a malformed message."""
+    result: dict = {"events": []}
+    for n, v in _fields(buf):
+        if n == 3 and isinstance(v, int):
+            result["created"] = bool(v)
+        elif n == 4 and isinstance(v, int):
+            result["canceled"] = bool(v)
+        elif n == 5 and isinstance(v, int):
+            result["compact_revision"] = _signed(v)
+        elif n == 6 and isinstance(v, bytes):
+            result["cancel_reason"] = v.decode(errors="replace")
+        elif n == 11 and isinstance(v, bytes):
+            event: dict = {"type": "PUT"}
+            for m, w in _fields(v):
+                if m == 1 and isinstance(w, int):
+                    event["type"] = "DELETE" if w == 1 else "PUT"
+                elif m == 2 and isinstance(w, bytes):
+                    kv: dict = {"key": b"", "value": b"", "create_revision": 0,
+                                "mod_revision": 0}
+                    for k, x in _fields(w):
+                        if k in (1, 5) and isinstance(x, bytes):
+                            kv["key" if k == 1 else "value"] = x
+                        elif k in (2, 3) and isinstance(x, int):
+                            kv["create_revision" if k == 2 else "mod_revision"] = _signed(x)
+                    event["kv"] = kv
+            result["events"].append(event)
+    return result
 
 
 def _fields(buf: bytes) -> list[tuple[int, int | bytes]]:
@@ -277,6 +322,68 @@ class _Connection:
             raise GatewayError("etcd sent a PUSH_PROMISE we refused", sent=True)
 
     async def call(self, path: str, message: bytes) -> tuple[int, str, bytes]:
+        stream, early = await self._send(path, message, end=True)
+        data = bytearray()
+        status = Status()
+        async for kind, value in self._events(stream, early):
+            if kind == DATA:
+                data += value
+                self.received += len(value)
+                if len(data) > MAX_MESSAGE + 5:
+                    raise GatewayError("etcd's answer is too large", sent=True)
+            else:
+                status.take(value)
+        if self.received > MAX_WINDOW // 2:
+            self.reusable = False
+        status.check()
+        if status.code != 0:
+            return status.code, status.message, b""
+        if len(data) < 5 or data[0] != 0:
+            raise GatewayError("etcd's gRPC answer is malformed", sent=True)
+        length = struct.unpack(">I", data[1:5])[0]
+        if length != len(data) - 5:
+            raise GatewayError("etcd's gRPC answer has a wrong length", sent=True)
+        return 0, "", bytes(data[5:])
+
+    async def watch(self, path: str, message: bytes) -> AsyncIterator[bytes]:
+        """The messages of a server stream opened with ``message``, until it ends
+        (``GatewayError`` with its status). The stream asks etcd to end it when the member
+        loses its raft leader (gRPC metadata ``hasleader``, etcd's require-leader)."""
+        self.reusable = False                  # the connection is this stream's alone
+        stream, early = await self._send(path, message, end=False, require_leader=True)
+        data = bytearray()
+        status = Status()
+        taken = 0
+        async for kind, value in self._events(stream, early):
+            if kind != DATA:
+                status.take(value)
+                continue
+            data += value
+            taken += len(value)
+            if taken >= REPLENISH:
+                # a stream that lives for days would exhaust even the largest window
+                increment = struct.pack(">I", taken)
+                await self.stream.send_all(_frame(WINDOW_UPDATE, 0, 0, increment)
+                                           + _frame(WINDOW_UPDATE, 0, stream, increment))
+                taken = 0
+            while len(data) >= 5:
+                length = struct.unpack(">I", data[1:5])[0]
+                if data[0] != 0 or length > MAX_MESSAGE:
+                    raise GatewayError("etcd sent a malformed or oversized stream message",
+                                       sent=True)
+                if len(data) < 5 + length:
+                    break
+                piece = bytes(data[5:5 + length])
+                del data[:5 + length]
+                yield piece
+        status.check()
+        raise GatewayError(f"etcd ended the stream (grpc-status {status.code} "
+                           f"{status.message})", sent=True)
+
+    async def _send(self, path: str, message: bytes, *, end: bool,
+                    require_leader: bool = False) -> tuple[int, tuple | None]:
+        """Open a stream with ``message`` (closing our side when ``end``): (its id, a frame
+        of it etcd sent before taking the whole message, else None)."""
         stream = self.next_stream
         self.next_stream += 2
         if self.next_stream > MAX_STREAM_ID:
@@ -287,6 +394,8 @@ class _Connection:
                 _literal(":method", "POST") + _literal(":scheme", "http")
                 + _literal(":path", path) + _literal(":authority", self.authority)
                 + _literal("content-type", "application/grpc") + _literal("te", "trailers"))
+        if require_leader:
+            head += _literal("hasleader", "true")
         body = b"\x00" + struct.pack(">I", len(message)) + message
         out = [_frame(HEADERS, END_HEADERS, stream, head)]
         self.window, sent = self.stream_window, 0
@@ -294,8 +403,8 @@ class _Connection:
         while sent < len(body):
             size = min(len(body) - sent, self.max_frame, self.window, self.send_window)
             if size > 0:
-                end = END_STREAM if sent + size == len(body) else 0
-                out.append(_frame(DATA, end, stream, body[sent:sent + size]))
+                last = END_STREAM if end and sent + size == len(body) else 0
+                out.append(_frame(DATA, last, stream, body[sent:sent + size]))
                 sent += size
                 self.window -= size
                 self.send_window -= size
@@ -316,14 +425,12 @@ class _Connection:
                 break
         if out:
             await self.stream.send_all(b"".join(out))
-        return await self._answer(stream, early)
+        return stream, early
 
-    async def _answer(self, stream: int,
-                      early: tuple[int, int, bytes] | None) -> tuple[int, str, bytes]:
-        data = bytearray()
+    async def _events(self, stream: int, early: tuple | None) -> AsyncIterator[tuple]:
+        """Our stream's ``(DATA, payload)`` and ``(HEADERS, decoded header list)`` until it
+        ends; the connection's other frames handled on the way (``_control``)."""
         block = bytearray()
-        status: str | None = None
-        code, message = None, ""
         ending = False
         while True:
             if early is not None:
@@ -341,12 +448,9 @@ class _Connection:
                     raise GatewayError("etcd sent a malformed padded frame", sent=True)
                 payload = payload[1:len(payload) - payload[0]]
             if kind == DATA:
-                data += payload
-                self.received += len(payload)
-                if len(data) > MAX_MESSAGE + 5:
-                    raise GatewayError("etcd's answer is too large", sent=True)
+                yield DATA, payload
                 if flags & END_STREAM:
-                    break
+                    return
             elif kind in (HEADERS, CONTINUATION):
                 if kind == HEADERS:
                     ending = bool(flags & END_STREAM)
@@ -362,31 +466,37 @@ class _Connection:
                 except (hpack.HPACKError, ValueError) as exc:
                     raise GatewayError(f"etcd sent bad headers: {exc}", sent=True) from None
                 block.clear()
-                for name, value in headers:
-                    if name == ":status":
-                        status = value
-                    elif name == "grpc-status":
-                        code = int(value) if value.isdigit() else 2
-                    elif name == "grpc-message":
-                        message = value
+                yield HEADERS, headers
                 if ending:
-                    break
+                    return
             elif kind == RST_STREAM:
                 raise GatewayError("etcd reset the stream", sent=True)
-        if self.received > MAX_WINDOW // 2:
-            self.reusable = False
-        if status != "200":
-            raise GatewayError(f"etcd answered HTTP status {status} to a gRPC call", sent=True)
-        if code is None:
+
+
+class Status:
+    """The HTTP and gRPC status a stream's header blocks carried."""
+
+    def __init__(self):
+        self.http: str | None = None
+        self.code: int | None = None
+        self.message = ""
+
+    def take(self, headers: list) -> None:
+        for name, value in headers:
+            if name == ":status":
+                self.http = value
+            elif name == "grpc-status":
+                self.code = int(value) if value.isdigit() else 2
+            elif name == "grpc-message":
+                self.message = value
+
+    def check(self) -> None:
+        """``GatewayError`` unless the stream had HTTP 200 and a grpc-status."""
+        if self.http != "200":
+            raise GatewayError(f"etcd answered HTTP status {self.http} to a gRPC call",
+                               sent=True)
+        if self.code is None:
             raise GatewayError("etcd's answer ended without a grpc-status", sent=True)
-        if code != 0:
-            return code, message, b""
-        if len(data) < 5 or data[0] != 0:
-            raise GatewayError("etcd's gRPC answer is malformed", sent=True)
-        length = struct.unpack(">I", data[1:5])[0]
-        if length != len(data) - 5:
-            raise GatewayError("etcd's gRPC answer has a wrong length", sent=True)
-        return 0, "", bytes(data[5:])
 
 
 class Channel(Pool):
@@ -400,6 +510,26 @@ class Channel(Pool):
         """(grpc-status, grpc-message, answer message) of one call; ``GatewayError`` on a
         transport failure or after ``timeout`` s."""
         return await self.run(endpoint, path, timeout, lambda conn: conn.call(path, message))
+
+    async def watch(self, endpoint: str, path: str, message: bytes,
+                    connect_timeout: float) -> AsyncIterator[bytes]:
+        """The messages of a server stream on a connection of its own (``_Connection.watch``);
+        ``GatewayError`` when it cannot be opened within ``connect_timeout`` s, breaks or
+        ends."""
+        conn = None
+        with trio.move_on_after(connect_timeout):
+            conn = await self._open(endpoint)
+        if conn is None:
+            raise GatewayError(f"{endpoint}{path}: no connection within {connect_timeout:g} s",
+                               sent=False)
+        try:
+            async for piece in conn.watch(path, message):
+                yield piece
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise GatewayError(f"{endpoint}: {exc or type(exc).__name__}", sent=True) from None
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(conn.stream)
 
     @staticmethod
     async def _open(endpoint: str) -> _Connection:

@@ -1,12 +1,11 @@
 """A lean HTTP/1.1 client for etcd's JSON gateway's unary calls (txn, range, lease).
 
-Why it exists: the active metadata server sends one etcd txn per journal batch, so the
-cost of one request is paid per batch on the server's only thread. Measured with
-``leasefs bench meta --ha``, httpx's request machinery (client, auth and redirect
-handling, connection pool, httpcore's h11 state machine) took about 0.5 ms of CPU per
-append; this client writes the request in one ``send_all`` and reads a
-``Content-Length`` response, which is all etcd's gateway answers unary calls with. The
-streaming watch stays on httpx (``halog.HALog._watch``).
+Why it exists: the metadata servers call etcd (leases, the election, reads of the log) on
+their only thread. Measured with ``leasefs bench meta --ha``, httpx's request machinery
+(client, auth and redirect handling, connection pool, httpcore's h11 state machine) took
+about 0.5 ms of CPU per call; this client writes the request in one ``send_all`` and reads
+a ``Content-Length`` response, which is all etcd's gateway answers unary calls with. The
+append and the watch go through etcd's native gRPC instead (``meta/etcdgrpc.py``).
 
 Keep-alive connections, idle ones kept per endpoint; one request at a time per connection.
 Failures raise ``GatewayError`` with ``sent`` telling whether the request may have reached

@@ -2,11 +2,13 @@
 
 The engine under metadata high availability (active + standby + observer metadata
 servers; ``meta/ha.py`` drives it). etcd (3.4, Debian ``etcd-server``) is the engine.
-The append, once per journal batch, is a native gRPC ``KV.Txn`` (``meta/etcdgrpc.py``:
-a third less of etcd's CPU and of the append's latency); everything else goes through
-etcd's JSON gateway (``/v3/kv/txn``, ``/v3/kv/range``, ``/v3/lease/*``, ``/v3/watch``; keys
-and values base64): unary calls with the lean client of ``meta/etcdhttp.py``, the streamed
-watch with ``httpx``, all on trio. See docs/DESIGN.md, "Metadata HA engine".
+The append, once per journal batch, is a native gRPC ``KV.Txn`` and the followers' watch a
+native gRPC ``Watch`` stream (``meta/etcdgrpc.py``: a third less of etcd's CPU and of the
+append's latency than through the JSON gateway, and a watch etcd ends when its member
+loses the raft leader); the other calls (election, reads, leases) go through etcd's JSON
+gateway (``/v3/kv/txn``, ``/v3/kv/range``, ``/v3/lease/*``; keys and values base64) with
+the lean client of ``meta/etcdhttp.py``. All on trio. See docs/DESIGN.md, "Metadata HA
+engine".
 
 Keys under ``prefix`` (e.g. ``/leasefs/ns1``)::
 
@@ -61,16 +63,15 @@ Read and tail:
 * ``read(from_txid)``: the entries with key txid >= from_txid in txid order (paged ranges
   of ``page`` entries), each as ``Entry(txid, payload, revision)``.
 * ``tail(from_txid)``: yields what ``read`` finds, then follows new entries with an etcd
-  WATCH through the gateway (``/v3/watch`` answers a stream of JSON lines) starting at the
-  revision after that read, so nothing is missed between the two; a broken watch (member
-  killed) is replaced by a new read from the entry after the last one yielded and a new
-  watch on the next endpoint; a read that no member answers within ``op_timeout`` raises
+  WATCH (a native gRPC stream, puts only) starting at the revision after that read, so
+  nothing is missed between the two; a broken watch (member killed, or its member lost
+  the raft leader: the stream asks etcd's require-leader) is replaced by a new read from
+  the entry after the last one yielded and a new watch on the next endpoint; a read that no member answers within ``op_timeout`` raises
   ``Unavailable`` out of the iterator. A watch rather than polling: a standby follows the
   active's journal within milliseconds at no cost while idle. Entries are yielded in
   commit order, which is txid order as long as the single writer's appends are sequential
   (below); an entry whose txid is below one already yielded is skipped, so a txid is never
-  yielded twice. Limit: a watch served by a member that lost its quorum stays open and
-  silent (the gateway cannot ask for etcd's require-leader option).
+  yielded twice.
 
 ``lost(term)`` is an event set when the keepalive finds the lease expired or on resign.
 
@@ -110,7 +111,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-import httpx
 import trio
 
 from . import etcdgrpc
@@ -248,12 +248,12 @@ def _transient(status: int, data: dict) -> bool:
 class HALog:
     """The edit log of one namespace in etcd. Open with ``async with HALog.open(...)``."""
 
-    def __init__(self, client: httpx.AsyncClient, nursery: trio.Nursery, endpoints: list[str],
+    def __init__(self, nursery: trio.Nursery, endpoints: list[str],
                  prefix: str, ttl: float, op_timeout: float, poll: float, page: int,
                  attempt_timeout: float):
-        # unary calls go through the lean gateway client (``meta.etcdhttp``: the append is
-        # per journal batch); the streamed watch through httpx
-        self._http, self._nursery = client, nursery
+        # the append and the watch through native gRPC (``meta.etcdgrpc``), the other
+        # unary calls through the lean gateway client (``meta.etcdhttp``)
+        self._nursery = nursery
         self._gateway = Gateway()
         self._grpc = etcdgrpc.Channel()
         self.endpoints, self.ttl, self.op_timeout = list(endpoints), ttl, op_timeout
@@ -277,18 +277,17 @@ class HALog:
         ``attempt_timeout``: bound on one HTTP request, after which it is retried on the
         next member (etcd itself gives up on a proposal lost with a dead raft leader only
         after 5 s + 2 election timeouts; a retried append is safe, see ``decide``)."""
-        async with httpx.AsyncClient(timeout=httpx.Timeout(op_timeout)) as client:
-            async with trio.open_nursery() as nursery:
-                halog = cls(client, nursery, endpoints, prefix, ttl, op_timeout, poll, page,
-                            attempt_timeout)
-                nursery.start_soon(halog._follow_raft_leader)
-                try:
-                    yield halog
-                finally:
-                    nursery.cancel_scope.cancel()
-                    with trio.CancelScope(shield=True):
-                        await halog._gateway.aclose()
-                        await halog._grpc.aclose()
+        async with trio.open_nursery() as nursery:
+            halog = cls(nursery, endpoints, prefix, ttl, op_timeout, poll, page,
+                        attempt_timeout)
+            nursery.start_soon(halog._follow_raft_leader)
+            try:
+                yield halog
+            finally:
+                nursery.cancel_scope.cancel()
+                with trio.CancelScope(shield=True):
+                    await halog._gateway.aclose()
+                    await halog._grpc.aclose()
 
     async def _follow_raft_leader(self) -> None:
         while True:
@@ -570,25 +569,23 @@ class HALog:
                     if e.txid >= from_txid:
                         yield e
                         from_txid = e.txid + 1
-            except (httpx.TransportError, ValueError, KeyError) as exc:
+            except (GatewayError, ValueError, KeyError) as exc:
                 log.info("halog: watch broke (%r); reading again from txid %d", exc, from_txid)
                 self._current = (self._current + 1) % len(self.endpoints)
                 await trio.sleep(0.1)
 
     async def _watch(self, start_revision: int) -> AsyncIterator[Entry]:
-        body = {"create_request": {"key": b64(self.log_prefix),
-                                   "range_end": b64(prefix_end(self.log_prefix)),
-                                   "start_revision": str(start_revision)}}
-        url = self.endpoints[self._current] + "/v3/watch"
-        async with self._http.stream("POST", url, content=json.dumps(body),
-                                     timeout=httpx.Timeout(self.op_timeout, read=None)) as r:
-            async for line in r.aiter_lines():
-                if not line.strip():
-                    continue
-                result = json.loads(line).get("result", {})
-                if result.get("canceled") or result.get("compact_revision"):
-                    raise ValueError(f"watch ended by etcd: {result}")
-                for event in result.get("events") or []:
-                    if event.get("type", "PUT") == "PUT":
-                        yield self._entry(event["kv"])
-        raise ValueError("watch stream closed")
+        """The log's new entries from ``start_revision`` as etcd commits them: a native
+        gRPC watch stream that etcd ends when its member loses the raft leader."""
+        request = etcdgrpc.watch_request(self.log_prefix, prefix_end(self.log_prefix),
+                                         start_revision)
+        async for message in self._grpc.watch(self.endpoints[self._current], etcdgrpc.WATCH,
+                                              request, self.op_timeout):
+            result = etcdgrpc.watch_result(message)
+            if result.get("canceled") or result.get("compact_revision"):
+                raise ValueError(f"watch ended by etcd: {result}")
+            for event in result["events"]:
+                kv = event.get("kv")
+                if event["type"] == "PUT" and kv is not None:
+                    yield Entry(int(kv["key"][len(self.log_prefix):]), kv["value"],
+                                kv["mod_revision"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import struct
 import urllib.request
 import uuid
@@ -125,6 +126,92 @@ def test_many_calls_share_one_connection(etcd):
     read = gateway(endpoint, "/v3/kv/range", {"key": b64(prefix), "count_only": True,
                                               "range_end": b64(prefix[:-1] + b"0")})
     assert read["count"] == "300"
+
+
+def test_a_watch_sees_puts_only_and_ends_when_its_member_loses_the_leader(tmp_path):
+    """The stream asks for etcd's require-leader: when 2 of 3 members stop, the third ends
+    the watch instead of leaving it open and silent."""
+    if not os.path.exists(ETCD):
+        pytest.skip(f"{ETCD} is not installed (Debian package etcd-server)")
+    cluster = EtcdCluster(tmp_path).start()
+    prefix = b"/w/"
+    lone = (cluster.raft_leader() + 1) % 3
+
+    async def main():
+        seen, ended = [], []
+        channel = etcdgrpc.Channel()
+
+        async def follow():
+            request = etcdgrpc.watch_request(prefix, b"/w0", 1)
+            try:
+                async for message in channel.watch(cluster.endpoints[lone], etcdgrpc.WATCH,
+                                                   request, 5):
+                    for event in etcdgrpc.watch_result(message)["events"]:
+                        seen.append((event["type"], event["kv"]["key"]))
+            except GatewayError as exc:
+                ended.append((trio.current_time(), str(exc)))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow)
+            for i in range(3):
+                await trio.to_thread.run_sync(gateway, cluster.endpoints[0], "/v3/kv/put",
+                                              {"key": b64(prefix + b"%d" % i), "value": "eA=="})
+            await trio.to_thread.run_sync(gateway, cluster.endpoints[0], "/v3/kv/deleterange",
+                                          {"key": b64(prefix + b"0")})
+            with trio.fail_after(10):
+                while len(seen) < 3:
+                    await trio.sleep(0.05)
+            stopped = trio.current_time()
+            for i in range(3):
+                if i != lone:
+                    os.kill(cluster.procs[i].pid, signal.SIGSTOP)
+            with trio.fail_after(15):
+                while not ended:
+                    await trio.sleep(0.05)
+        await channel.aclose()
+        return seen, ended[0][0] - stopped, ended[0][1]
+
+    try:
+        seen, after, why = trio.run(main)
+    finally:
+        cluster.resume()
+        cluster.stop()
+    assert seen == [("PUT", b"/w/0"), ("PUT", b"/w/1"), ("PUT", b"/w/2")]
+    assert "leader" in why, why
+    assert after < 15
+
+
+def test_a_long_watch_gives_etcd_its_window_back(etcd, monkeypatch):
+    """With a 256 KiB window instead of the largest, 4 MiB of watched puts arrive only if
+    the stream hands the window back as it takes data in."""
+    monkeypatch.setattr(etcdgrpc, "MAX_WINDOW", 256 << 10)
+    monkeypatch.setattr(etcdgrpc, "REPLENISH", 64 << 10)
+    prefix = f"/big/{uuid.uuid4().hex}/".encode()
+    value = os.urandom(64 << 10)
+
+    async def main():
+        got = 0
+        channel = etcdgrpc.Channel()
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                async def put_all():
+                    for i in range(64):
+                        await trio.to_thread.run_sync(gateway, etcd.endpoints[0], "/v3/kv/put",
+                                                      {"key": b64(prefix + b"%02d" % i),
+                                                       "value": b64(value)})
+                nursery.start_soon(put_all)
+                request = etcdgrpc.watch_request(prefix, prefix[:-1] + b"0", 1)
+                async for message in channel.watch(etcd.endpoints[1], etcdgrpc.WATCH,
+                                                   request, 5):
+                    for event in etcdgrpc.watch_result(message)["events"]:
+                        assert event["kv"]["value"] == value
+                        got += 1
+                    if got == 64:
+                        break
+        await channel.aclose()
+        return got
+
+    assert trio.run(main) == 64
 
 
 def test_malformed_messages_raise_value_error():

@@ -31,8 +31,6 @@ def setup_logging(level: str | None) -> None:
     logging.basicConfig(level=getattr(logging, (level or "INFO").upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    # the etcd client logs every request at INFO (a keepalive a second, an append per batch)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def address_text(started) -> str:
