@@ -358,3 +358,23 @@ def test_up_with_tls_fails_over_and_restarts_with_the_same_certificates(tmp_path
         assert not left, left
     finally:
         kill_recorded(home)
+
+
+def test_bench_meta_ha_alternates_rounds_and_reports_each(tmp_path):
+    """``bench meta --ha --rounds 3``: both modes measured three times, alternating; the
+    table's ratio is the median of the rounds' ratios, each round's is in the JSON."""
+    env = {**os.environ, "LEASEFS_HOME": str(tmp_path)}
+    run = leasefs("bench", "meta", "--ha", "--rounds", "3", "--clients", "2", "--ops", "3",
+                  "--op", "create", "--op", "getFileInfo", "--no-local", "--json", "--quiet",
+                  "--home", tmp_path, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(run.stdout)["results"]
+    by_round = results["etcd_per_none_by_round"]
+    assert set(by_round) == {"create", "getFileInfo"}
+    for op, ratios in by_round.items():
+        assert len(ratios) == 3 and all(r > 0 for r in ratios), (op, ratios)
+        # the table rows are each mode's median round
+        assert results["none"][op]["ops_per_s"] > 0 and results["etcd"][op]["ops_per_s"] > 0
+    even = leasefs("bench", "meta", "--ha", "--rounds", "2", "--no-local", "--quiet",
+                   env=env)
+    assert even.returncode != 0 and "odd number" in even.stderr and "Traceback" not in even.stderr

@@ -38,6 +38,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -344,6 +345,9 @@ def run_meta_bench(cmd: Command) -> int:
         results["cluster"] = run_on_server(cmd.meta_address, a, status, "cluster")
         modes = ["cluster"]
     elif a.ha:
+        if a.rounds < 1 or a.rounds % 2 == 0:
+            raise UsageError(f"--rounds {a.rounds}: an odd number of rounds, so one is the "
+                             f"median")
         # the same workload without and with the replicated log, in the same run
         from .benchha import private_ha_cluster
         modes = ["none", "etcd"]
@@ -353,13 +357,24 @@ def run_meta_bench(cmd: Command) -> int:
             os.sched_setaffinity(0, os.sched_getaffinity(0) - engine)
             status(f"etcd and the standby on CPUs {sorted(engine)}, the active and the "
                    f"clients on {sorted(os.sched_getaffinity(0))}")
-        with private_meta_server(home, "fine", status) as server:
-            results["none"] = run_on_server(server.address, a, status, "none",
-                                            {"active": [server.pid]})
-        with private_ha_cluster(home, status, engine_cpus=engine) as cluster:
-            active = cluster.active()
-            results["etcd"] = run_on_server(cluster.address(active), a, status, "etcd",
-                                            cluster.processes(active))
+        # rounds alternate the two modes, so a slow spell of the machine lands on both
+        runs: dict[str, list] = {"none": [], "etcd": []}
+        for r in range(a.rounds):
+            tag = f" (round {r + 1}/{a.rounds})" if a.rounds > 1 else ""
+            with private_meta_server(home, "fine", status) as server:
+                runs["none"].append(run_on_server(server.address, a, status, "none" + tag,
+                                                  {"active": [server.pid]}))
+            with private_ha_cluster(home, status, engine_cpus=engine) as cluster:
+                active = cluster.active()
+                runs["etcd"].append(run_on_server(cluster.address(active), a, status,
+                                                  "etcd" + tag, cluster.processes(active)))
+        rows_measured = list(runs["none"][0])
+        ha_ratios = {op: [e[op]["ops_per_s"] / n[op]["ops_per_s"]
+                          for n, e in zip(runs["none"], runs["etcd"])] for op in rows_measured}
+        for mode in modes:       # each row's median round of the mode stands for it
+            results[mode] = {op: sorted((run[op] for run in runs[mode]),
+                                        key=lambda row: row["ops_per_s"])[a.rounds // 2]
+                             for op in rows_measured}
     else:
         modes = list(dict.fromkeys(a.lock))
         for lock in modes:
@@ -381,6 +396,8 @@ def run_meta_bench(cmd: Command) -> int:
         finally:
             peer.stop_if_ours()
     if a.json:
+        if a.ha:
+            results["etcd_per_none_by_round"] = ha_ratios
         cmd.out(json.dumps({"benchmark": "meta", "clients": a.clients, "ops": a.ops,
                             "processes": a.processes, "contended": a.contended,
                             "prefill": a.prefill,
@@ -412,7 +429,7 @@ def run_meta_bench(cmd: Command) -> int:
         if "fine" in modes and "global" in modes:
             row.append(f"{results['fine'][op]['ops_per_s'] / results['global'][op]['ops_per_s']:.2f}")
         if "etcd" in modes:
-            row.append(f"{results['etcd'][op]['ops_per_s'] / results['none'][op]['ops_per_s']:.2f}")
+            row.append(f"{statistics.median(ha_ratios[op]):.2f}")
         for peer in ("local", "moosefs"):
             if peer in results:
                 other = results[peer].get(op.split()[0])
@@ -424,6 +441,11 @@ def run_meta_bench(cmd: Command) -> int:
             f"{a.ops} ops each, {layout}, {a.connections} connections")
     for line in format_table(headers, table):
         cmd.out(line)
+    if a.ha and a.rounds > 1:
+        cmd.out("etcd/none by round (the table: each mode's median round, the median "
+                "ratio):")
+        for op in a.op:
+            cmd.out(f"  {op:<12} " + " ".join(f"{x:.2f}" for x in ha_ratios[op]))
     if a.ha:
         # on one machine the roles share its cores: where they went decides the ratio
         cmd.out("CPU µs per op by process (this machine's cores):")
@@ -500,6 +522,10 @@ def register(bsub, common, shared) -> None:
                    help="with --ha: run etcd and the standby on these CPUs and everything "
                         "else (clients, the active, the ha = none server) on the others, as "
                         "a deployment keeps etcd off the active's machine (e.g. 1)")
+    q.add_argument("--rounds", type=int, default=1,
+                   help="with --ha: measure both modes this many times, alternating (an "
+                        "odd number; the table shows each mode's median round and the "
+                        "median of the rounds' etcd/none)")
     q.add_argument("--no-local", action="store_true", help="skip the local-disk baseline")
     q.add_argument("--home", default=None,
                    help="folder for the private servers and the local-disk baseline "
