@@ -140,14 +140,7 @@ def watch_result(buf: bytes) -> dict:
                 if m == 1 and isinstance(w, int):
                     event["type"] = "DELETE" if w == 1 else "PUT"
                 elif m == 2 and isinstance(w, bytes):
-                    kv: dict = {"key": b"", "value": b"", "create_revision": 0,
-                                "mod_revision": 0}
-                    for k, x in _fields(w):
-                        if k in (1, 5) and isinstance(x, bytes):
-                            kv["key" if k == 1 else "value"] = x
-                        elif k in (2, 3) and isinstance(x, int):
-                            kv["create_revision" if k == 2 else "mod_revision"] = _signed(x)
-                    event["kv"] = kv
+                    event["kv"] = _raw_kv(w)
             result["events"].append(event)
     return result
 
@@ -199,17 +192,28 @@ def _header(buf: bytes) -> dict:
     return {"revision": str(_signed(v)) for n, v in _fields(buf) if n == 3 and isinstance(v, int)}
 
 
-def _kv(buf: bytes) -> dict:
-    kv: dict = {}
+_KV_BYTES = {1: "key", 5: "value"}
+_KV_INTS = {2: "create_revision", 3: "mod_revision", 4: "version", 6: "lease"}
+
+
+def _raw_kv(buf: bytes) -> dict:
+    """An mvccpb.KeyValue: key and value as bytes, revisions, version and lease as ints
+    (every field present, empty or 0 when the message left it out)."""
+    kv: dict = {name: b"" for name in _KV_BYTES.values()}
+    kv.update((name, 0) for name in _KV_INTS.values())
     for n, v in _fields(buf):
-        if n == 1 and isinstance(v, bytes):
-            kv["key"] = base64.b64encode(v).decode()
-        elif n == 5 and isinstance(v, bytes):
-            kv["value"] = base64.b64encode(v).decode()
-        elif isinstance(v, int) and n in (2, 3, 4, 6):
-            kv[{2: "create_revision", 3: "mod_revision", 4: "version", 6: "lease"}[n]] = \
-                str(_signed(v))
+        if n in _KV_BYTES and isinstance(v, bytes):
+            kv[_KV_BYTES[n]] = v
+        elif n in _KV_INTS and isinstance(v, int):
+            kv[_KV_INTS[n]] = _signed(v)
     return kv
+
+
+def _kv(buf: bytes) -> dict:
+    """A KeyValue in the gateway's JSON shape: bytes base64, numbers as strings, empty and
+    zero fields left out (as proto3 JSON leaves them)."""
+    return {name: base64.b64encode(v).decode() if isinstance(v, bytes) else str(v)
+            for name, v in _raw_kv(buf).items() if v}
 
 
 def txn_result(buf: bytes) -> dict:
