@@ -49,7 +49,8 @@ class NamespaceProtocol:
             except PermissionDenied:
                 return status   # the read itself will be refused, with its own error
             status["locations"] = self._file_locations(ino, inode, 0, math.inf,
-                                                       self.token_user(ctx))
+                                                       self.token_user(ctx),
+                                                       self.caller_host(ctx))
         return status
 
     async def rpc_list_status(self, ctx, path, start_after="", limit=1000):
