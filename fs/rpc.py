@@ -325,8 +325,9 @@ class CallContext:
 # import them at their own end, so either module may be imported first).
 
 from .rpcclient import RpcClient, StateAlignment  # noqa: E402
-from .rpcserver import (TLS_REFUSAL_TIMEOUT, Dispatcher, RetryCache,  # noqa: E402
-                        check_version, rpc_refusal, serve_local, serve_rpc, serve_tcp)
+from .rpcserver import (LOCAL_PEER_PREFIX, TLS_REFUSAL_TIMEOUT, Dispatcher,  # noqa: E402
+                        RetryCache, check_version, rpc_refusal, serve_local, serve_rpc,
+                        serve_tcp)
 
 __all__ = [
     # shared
@@ -339,6 +340,6 @@ __all__ = [
     # client (fs.rpcclient)
     "RpcClient", "StateAlignment",
     # server (fs.rpcserver)
-    "TLS_REFUSAL_TIMEOUT", "Dispatcher", "RetryCache", "check_version", "rpc_refusal",
+    "LOCAL_PEER_PREFIX", "TLS_REFUSAL_TIMEOUT", "Dispatcher", "RetryCache", "check_version", "rpc_refusal",
     "serve_local", "serve_rpc", "serve_tcp",
 ]

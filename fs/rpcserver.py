@@ -506,7 +506,7 @@ async def serve_local(handler, name: str, *, task_status=trio.TASK_STATUS_IGNORE
         except OSError:
             await stream.aclose()
             return
-        peer = f"local:{user_name(credentials.uid)}:{credentials.pid}"
+        peer = f"{LOCAL_PEER_PREFIX}{user_name(credentials.uid)}:{credentials.pid}"
         key = f"uid {credentials.uid}"
         if limits is not None:
             why = limits.admit(key)
@@ -547,6 +547,8 @@ def rpc_refusal(why: str, kind=errors.ServerBusy) -> list:
 #: seconds a refused peer of a TLS server gets to finish the handshake that carries the
 #: refusal (without TLS the refusal is one write that never waits)
 TLS_REFUSAL_TIMEOUT = 2.0
+#: how the peer of a local-socket connection is named (``local:USER:PID``)
+LOCAL_PEER_PREFIX = "local:"
 
 
 async def _refuse(stream: trio.SocketStream, frame, tls=None, peer: str = "?",

@@ -102,6 +102,8 @@ class InputStream(io.RawIOBase):
 
     path = property(lambda self: self._stream.path)
     length = property(lambda self: self._stream.length)
+    #: the located blocks, each replica in the order this stream tries them
+    blocks = property(lambda self: self._stream.blocks)
 
     def readable(self) -> bool:
         return True

@@ -223,9 +223,8 @@ class ClientProtocol:
         """The file's next block on chosen nodes: its ADD_BLOCK plan and the block. The
         caller holds the file's lock, has checked the writer and the previous block, and
         journals the plan."""
-        host = ctx.peer.rsplit(":", 1)[0].strip("[]") if ctx.peer else None
         targets = self.datanodes.choose_targets(
-            replication, excluded=excluded, writer_host=host, block_size=block_size,
+            replication, excluded=excluded, writer_host=self.caller_host(ctx), block_size=block_size,
             what=f"add_block {current}")
         block_id = self.ns.allocate_block_id()
         gs = self.ns.next_genstamp()
@@ -492,9 +491,8 @@ class ClientProtocol:
         # only the lease holder may have its block copied to the replacement
         token = None if client_name is None else self._copy_token(ctx, what, canonical, ino,
                                                                   inode, block)
-        host = ctx.peer.rsplit(":", 1)[0].strip("[]") if getattr(ctx, "peer", None) else None
         targets = self.datanodes.choose_targets(
-            num, excluded=list(existing) + list(excluded), writer_host=host,
+            num, excluded=list(existing) + list(excluded), writer_host=self.caller_host(ctx),
             block_size=inode.get("block_size", 0), what=what)
         answer = {"block": block, "locations": [{"node_id": t.node_id, "address": t.address}
                                                 for t in targets]}
@@ -647,17 +645,20 @@ class ClientProtocol:
             check_int(length, f"{canonical}: length", low=0)
         return self._file_locations(ino, inode, offset,
                                     math.inf if length is None else offset + length,
-                                    self.token_user(ctx))
+                                    self.token_user(ctx), self.caller_host(ctx))
 
-    def _file_locations(self, ino: int, inode: dict, offset: int, end, user: str) -> dict:
+    def _file_locations(self, ino: int, inode: dict, offset: int, end, user: str,
+                        reader_host: str | None) -> dict:
         """``get_block_locations``' answer for the blocks of a file overlapping
-        ``[offset, end)``, each with a read token for ``user`` (security = secure)."""
+        ``[offset, end)``, each with a read token for ``user`` (security = secure) and its
+        replicas in the order for a reader on ``reader_host``."""
         under_construction = bool(inode.get("uc"))
         data = self.ns.inline_data(ino, inode)
         if data is not None:   # the whole content, whatever the range asked
             return {"length": len(data), "under_construction": under_construction,
                     "blocks": [], "last_block_complete": True, "inline": data}
-        located = [self.located(block, self.blocks.get(block["id"]), pos, user)
+        located = [self.located(block, self.blocks.get(block["id"]), pos, user,
+                                reader_host=reader_host)
                    for block, pos in self.ns.blocks_in_range(ino, inode, offset, end)]
         last = self.ns.tail_blocks(ino, inode, 1)
         return {"length": inode.get("length", 0), "under_construction": under_construction,

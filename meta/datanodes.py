@@ -33,6 +33,10 @@ reply to that node's next heartbeat (HDFS ``DatanodeManager`` + ``InvalidateBloc
 * Placement (``choose_targets``): ``n`` distinct live nodes, never an excluded one (by node id
   or address), the writer's own node first when it runs one (locality), then least used
   (reported use plus bytes scheduled since its last heartbeat, so concurrent writers spread).
+* Read order (``sort_for_reader``, HDFS ``sortLocatedBlock`` + ``sortByDistance``): a finished
+  block's replicas in service and fresh first, the reader's own host first among those, and
+  at random among equals, so that reads spread over every replica and readers come across a
+  rotten one long before the block scanner does.
 
 Concurrency contract: plain data, no I/O, called only from the trio thread; atomic methods.
 """
@@ -48,6 +52,8 @@ from dataclasses import dataclass, field
 
 from fs.errors import InvalidArgument, NoSpace
 
+from .leases import is_stale
+
 log = logging.getLogger(__name__)
 
 # admin states (HDFS ``AdminStates``): a decommissioning node keeps serving reads and acts as
@@ -55,6 +61,8 @@ log = logging.getLogger(__name__)
 NORMAL = "NORMAL"
 DECOMMISSION_IN_PROGRESS = "DECOMMISSION_IN_PROGRESS"
 DECOMMISSIONED = "DECOMMISSIONED"
+#: where a replica on a node in each admin state comes in a reader's order
+READ_RANK = {NORMAL: 0, DECOMMISSION_IN_PROGRESS: 1, DECOMMISSIONED: 2}
 
 
 @dataclass
@@ -108,8 +116,12 @@ class NodeInfo:
 class DatanodeManager:
     def __init__(self, *, dead_interval: float, invalidate_limit: int, clock=time.monotonic,
                  rng: random.Random | None = None, invalidate_timeout: float = 30.0,
-                 invalidate_max_sends: int = 5, applied_txid=lambda: 0):
+                 invalidate_max_sends: int = 5, applied_txid=lambda: 0,
+                 stale_interval: float = math.inf):
         self.dead_interval = dead_interval
+        # silent this long, a node is stale: last in a reader's order, last choice as a
+        # block-recovery primary (HDFS stale datanode)
+        self.stale_interval = stale_interval
         self.applied_txid = applied_txid   # the namespace txid invalidations are decided at
         self.invalidate_limit = max(1, invalidate_limit)
         self.invalidate_timeout = invalidate_timeout
@@ -193,6 +205,25 @@ class DatanodeManager:
     def retiring(self, node_id: str) -> bool:
         node = self.nodes.get(node_id)
         return node is not None and node.retiring
+
+    def sort_for_reader(self, node_ids, reader_host: str | None) -> list[str]:
+        """``node_ids`` (holders of a finished block) in the order a reader should try
+        them: in service before decommissioning before decommissioned, fresh before stale,
+        a node on ``reader_host`` before the others, and shuffled among equals."""
+        now = self.clock()
+
+        def rank(node_id: str) -> tuple:
+            node = self.nodes.get(node_id)
+            if node is None:
+                return (len(READ_RANK), True, True)
+            return (READ_RANK.get(node.admin, len(READ_RANK)),
+                    is_stale(node.last_heartbeat, now, self.stale_interval),
+                    node.host != reader_host)
+
+        ordered = list(node_ids)
+        self._rng.shuffle(ordered)   # the sort is stable: equals stay in random order
+        ordered.sort(key=rank)
+        return ordered
 
     # ------------------------------------------------------------------ takeover
     def start_epoch(self) -> int:

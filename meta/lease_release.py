@@ -133,7 +133,7 @@ class LeaseRelease:
         return rec
 
     def _stale_after(self) -> float:
-        return lm.STALE_HEARTBEATS * self.config.heartbeat_interval
+        return self.datanodes.stale_interval
 
     async def retry_stalled_recoveries(self) -> int:
         """Recoveries without a commit after ``block_recovery_retry``, or whose primary

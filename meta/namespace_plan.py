@@ -28,6 +28,9 @@ from .namespace_args import (DIR, FILE, MAX_TARGET_BYTES, check_block_ref, check
                              check_int, check_mode, check_name, is_int)
 from .namespace_quota import file_charge
 
+#: the set-group-id bit: on a folder, new entries take its group and new folders the bit
+SETGID = 0o2000
+
 
 class NamespacePlanner:
     """``plan_<op>`` of the create/mkdir/delete/attribute/writer/lease ops (a mixin of
@@ -35,16 +38,22 @@ class NamespacePlanner:
 
     # ------------------------------------------------------------------ plan helpers
     def _owner_group(self, owner, group, parent_inode: dict) -> tuple[str, str]:
+        """Owner and group of an entry made in ``parent_inode``: the group asked for, else
+        the parent's (HDFS); in a setgid folder always the folder's (POSIX/BSD: the mount
+        asks for the creator's group, as a kernel would give it outside such a folder)."""
         owner = check_name(owner, "owner", optional=True) or self.defaults.owner
-        group = check_name(group, "group", optional=True) or parent_inode.get(
-            "group", self.defaults.group)
+        group = check_name(group, "group", optional=True)
+        if group is None or parent_inode.get("mode", 0) & SETGID:
+            group = parent_inode.get("group", self.defaults.group)
         return owner, group
 
     def _missing_dirs(self, parts, found, upto: int, mode: int, owner: str,
                       group: str) -> list[dict]:
-        """New directories for ``parts[len(found)-1 : upto]`` (ids allocated now)."""
+        """New directories for ``parts[len(found)-1 : upto]`` (ids allocated now); under a
+        setgid folder each keeps the bit (POSIX), so its own entries get the group too."""
         dirs = []
         parent = found[-1][0]
+        mode |= found[-1][1].get("mode", 0) & SETGID
         for name in parts[len(found) - 1:upto]:
             ino = self.allocate_ino()
             dirs.append({"parent": parent, "name": name, "ino": ino, "mode": mode,
@@ -85,7 +94,7 @@ class NamespacePlanner:
         owner, group = self._owner_group(owner, group, found[-1][1])
         dirs = self._missing_dirs(parts, found, len(parts), permission, owner, group)
         for d in dirs[:-1]:
-            d["mode"] = permission | 0o300   # parents stay writable and searchable by the owner
+            d["mode"] |= 0o300   # parents stay writable and searchable by the owner
         self.check_quota(found[-1][0], len(dirs), 0)
         return "MKDIR", {"dirs": dirs, "time": now_ns}
 

@@ -49,7 +49,8 @@ class NamespaceProtocol:
             except PermissionDenied:
                 return status   # the read itself will be refused, with its own error
             status["locations"] = self._file_locations(ino, inode, 0, math.inf,
-                                                       self.token_user(ctx))
+                                                       self.token_user(ctx),
+                                                       self.caller_host(ctx))
         return status
 
     async def rpc_list_status(self, ctx, path, start_after="", limit=1000):
@@ -206,12 +207,13 @@ class NamespaceProtocol:
         ino = self.check_ino(ino, canonical)
         if ino is None:
             return await self._set_op("set times of", path, planner,
-                                      lambda parts, _: self.check_access(ctx, parts, access=WRITE),
+                                      lambda parts, _: self.check_access(ctx, parts,
+                                                                         owner_or=WRITE),
                                       want_status)
         async with self.file_lock(f"set times of {canonical}", canonical, ino) as current:
             if self.ns.path_of(ino) != current:
                 raise FileNotFound(f"{canonical}: inode {ino} no longer exists")
-            self.check_access(ctx, paths.split(current), access=WRITE)
+            self.check_access(ctx, paths.split(current), owner_or=WRITE)
             check_bool(want_status, f"set times of {canonical}: want_status")
             await self.log_plan(planner(current, self.wall_ns()), durable=ctx.sync_metadata)
             return self.ns.get_file_info(current) if want_status else True

@@ -16,7 +16,9 @@ components; ``Namespace.walk(strict=False)``) the server resolved:
    exists, a sticky parent lets only the entry's owner or the parent's owner through;
 3. ``ancestor`` access on the nearest existing ancestor (create, mkdirs, symlink, rename
    destination), ``parent`` access on the parent, ``access`` on the inode itself;
-4. ``owner``: the caller must own the inode (setPermission, setOwner).
+4. ``owner``: the caller must own the inode (setPermission, setOwner); ``owner_or``: the
+   caller owns the inode or has that access to it (setTimes: POSIX lets the owner of a
+   read-only file ``touch`` it, and anyone who may write it).
 
 Subtree access (recursive delete, content summary) is checked node by node by the caller
 with ``check_sub_access`` because walking a subtree reads the store. Classes are exclusive
@@ -155,7 +157,7 @@ class PermissionChecker:
     # ------------------------------------------------------------------ a path
     def check_path(self, caller: Caller, parts: Sequence[str], chain: Sequence[dict], *,
                    ancestor: int = NONE, parent: int = NONE, access: int = NONE,
-                   owner: bool = False) -> None:
+                   owner: bool = False, owner_or: int = NONE) -> None:
         """HDFS ``checkPermission`` on a resolved path; see the module docstring.
 
         ``parts``: the path's components; ``chain``: inodes of the root and of the existing
@@ -183,6 +185,8 @@ class PermissionChecker:
             self.check_access(caller, paths.join_parts(parts), chain[n - 1], access)
         if exists and owner:
             self.check_owner(caller, paths.join_parts(parts), chain[n - 1])
+        if exists and owner_or and caller.user != chain[n - 1].get("owner"):
+            self.check_access(caller, paths.join_parts(parts), chain[n - 1], owner_or)
 
     # ------------------------------------------------------------------ owners
     def check_set_owner(self, caller: Caller, path: str, owner: str | None,

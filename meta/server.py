@@ -76,7 +76,7 @@ from fs.config import Config
 from fs.errors import InvalidArgument, StandbyError, TryAgain
 from fs.metrics import new_registry
 from fs.retry_cache import CallKey
-from fs.rpc import Dispatcher, RetryCache, current_user
+from fs.rpc import LOCAL_PEER_PREFIX, Dispatcher, RetryCache, current_user
 
 from . import blocks as bm
 from . import retry_answers
@@ -89,7 +89,7 @@ from .bootstrap import CHUNK_BYTES, ImageSource
 from .checkpoint import CheckpointInfo
 from .journal import Journal
 from .kv import KVStore, PlyvelStore
-from .leases import LeaseManager
+from .leases import STALE_HEARTBEATS, LeaseManager
 from .locks import (LOCK_ANCESTOR, LOCK_READ, FileLock, Mutation, PathLockPool, RWLock,
                     lock_set, merge)
 from .namespace import DIR, Defaults, Namespace, check_int, check_name
@@ -123,6 +123,8 @@ ANY_ROLE_METHODS = frozenset({
 OBSERVER_METHODS = frozenset({
     "get_server_defaults", "get_file_info", "exists", "list_status", "get_block_locations",
     "content_summary"})
+#: the host of a caller on the local socket: this machine, as block servers on it name it
+LOOPBACK_HOST = "127.0.0.1"
 # a handed-out INVALIDATE not reported done after this many heartbeat intervals is resent
 # (its heartbeat reply may have been lost)
 INVALIDATE_RESEND_HEARTBEATS = 10
@@ -178,7 +180,8 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         self.datanodes = DatanodeManager(
             dead_interval=config.dead_node_interval, invalidate_limit=config.invalidate_limit,
             clock=clock, invalidate_timeout=INVALIDATE_RESEND_HEARTBEATS * config.heartbeat_interval,
-            applied_txid=lambda: self.ns.applied_txid)
+            applied_txid=lambda: self.ns.applied_txid,
+            stale_interval=STALE_HEARTBEATS * config.heartbeat_interval)
         self.safemode = SafeModeState(config.safemode_threshold, config.safemode_extension,
                                       config.safemode_min_storage)
         self.global_namespace_lock = config.namespace_lock == "global"
@@ -597,11 +600,25 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         node = self.datanodes.live(node_id)
         return None if node is None else {"node_id": node.node_id, "address": node.address}
 
+    @staticmethod
+    def caller_host(ctx) -> str | None:
+        """The host a caller runs on, for locality: its TCP peer's address; a caller on the
+        local socket runs on this machine, which block servers on loopback share."""
+        peer = getattr(ctx, "peer", None)
+        if not peer or peer == "?":
+            return None
+        if peer.startswith(LOCAL_PEER_PREFIX):
+            return LOOPBACK_HOST
+        return peer.rsplit(":", 1)[0].strip("[]")
+
     def located(self, block: dict, info: BlockInfo | None, offset: int,
-                user: str | None = None, mode: str = READ_TOKEN) -> dict:
+                user: str | None = None, mode: str = READ_TOKEN,
+                reader_host: str | None = None) -> dict:
         """A located block for clients (pipeline nodes while being written); with a
         ``user`` and block keys, the block access token (``mode``: read, or write for the
-        block's writer) its caller shows block servers."""
+        block's writer) its caller shows block servers. A finished block's replicas come in
+        ``DatanodeManager.sort_for_reader``'s order for a reader on ``reader_host``: a new
+        order at every call, so that reads spread over every replica."""
         state = info.state if info is not None else block["state"]
         corrupt = False
         if info is None:
@@ -609,17 +626,11 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         elif state in (bm.UNDER_CONSTRUCTION, bm.UNDER_RECOVERY):
             nodes = info.location_nodes()
         else:
-            # a stable order per block (callers may rely on it between two calls), rotated
-            # by block id so that readers of different blocks start on different nodes
-            nodes = sorted(info.good_nodes())
-            if nodes:
-                turn = info.id % len(nodes)
-                nodes = nodes[turn:] + nodes[:turn]
-                # replicas on decommissioning/decommissioned nodes last (HDFS sorts them so)
-                nodes.sort(key=self.datanodes.retiring)
+            nodes = info.good_nodes()
             if not nodes:
                 nodes = info.corrupt_nodes()
                 corrupt = bool(nodes)
+            nodes = self.datanodes.sort_for_reader(nodes, reader_host)
         locations = [loc for loc in map(self.location, nodes) if loc is not None]
         gs = info.gs if info else block["gs"]
         out = {"block": {"id": block["id"], "gs": gs, "num_bytes": block["num_bytes"]},

@@ -393,17 +393,16 @@ def test_corrupt_replica_is_skipped_and_reported(tmp_path):
         async with inprocess_cluster(tmp_path, **SMALL) as cluster:
             async with cluster.client() as c:
                 await c.write_file("/corrupt", data)
-                locs = await c.get_block_locations("/corrupt")
-                block = locs["blocks"][0]
-                first = block["locations"][0]
-                [path] = replica_paths(cluster, storage_index(cluster, first["address"]),
-                                       block["block"]["id"])
-                raw = bytearray(path.read_bytes())
-                raw[1234] ^= 0xFF
-                path.write_bytes(bytes(raw))
                 async with await c.open("/corrupt") as s:
+                    block = s.blocks[0]
+                    first = block.locations[0]     # the replica this reader tries first
+                    [path] = replica_paths(cluster, storage_index(cluster, first["address"]),
+                                           block.id)
+                    raw = bytearray(path.read_bytes())
+                    raw[1234] ^= 0xFF
+                    path.write_bytes(bytes(raw))
                     assert await s.read() == data
-                    assert s.reported_bad == [(block["block"]["id"], first["node_id"])]
+                    assert s.reported_bad == [(block.id, first["node_id"])]
                     assert await s.pread(1000, 500) == data[1000:1500]
                 # the metadata server no longer hands out the corrupt replica
                 with trio.fail_after(10):

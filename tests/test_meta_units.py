@@ -337,6 +337,32 @@ def test_datanodes_register_heartbeat_dead_and_reregister():
     assert [n.node_id for n in displaced] == ["b"] and dm.live("b") is None
 
 
+def test_reader_order_puts_the_local_node_first_shuffles_equals_and_retiring_stale_last():
+    """HDFS ``sortLocatedBlock``: in service and fresh first, the reader's host first among
+    those, equals in a new random order at each call; decommissioning, decommissioned and
+    silent nodes last, in that order."""
+    clock = FakeClock()
+    dm = DatanodeManager(dead_interval=100, invalidate_limit=2, clock=clock, stale_interval=5)
+    for name, host in (("local", "10.0.0.1"), ("b", "10.0.0.2"), ("c", "10.0.0.3"),
+                       ("d", "10.0.0.4"), ("quiet", "10.0.0.5"), ("leaving", "10.0.0.6"),
+                       ("gone", "10.0.0.7")):
+        dm.register(name, f"{host}:9866", 100, 0, 100)
+    clock.now = 6
+    for name in ("local", "b", "c", "d", "leaving", "gone"):
+        dm.heartbeat(name, 100, 0, 100)            # "quiet" stays silent: stale
+    dm.nodes["leaving"].admin = "DECOMMISSION_IN_PROGRESS"
+    dm.nodes["gone"].admin = "DECOMMISSIONED"
+    ids = ["gone", "leaving", "quiet", "d", "c", "b", "local"]
+    seen_first = set()
+    for _ in range(200):
+        order = dm.sort_for_reader(ids, "10.0.0.1")
+        assert order[0] == "local" and order[4:] == ["quiet", "leaving", "gone"], order
+        assert sorted(order[1:4]) == ["b", "c", "d"]
+        seen_first.add(dm.sort_for_reader(["b", "c", "d"], None)[0])
+    assert seen_first == {"b", "c", "d"}             # no host of its own: any may come first
+    assert dm.sort_for_reader(["nobody", "b"], None) == ["b", "nobody"]   # unknown: last
+
+
 def test_invalidate_sets_are_handed_out_in_limited_batches():
     dm = DatanodeManager(dead_interval=10, invalidate_limit=2, clock=FakeClock())
     dm.register("a", "h:1", 1, 0, 1)

@@ -12,6 +12,7 @@ that a process running as ``nobody`` reaches them: its EACCES then comes from th
 from __future__ import annotations
 
 import errno
+import grp
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -356,6 +358,85 @@ def test_posix_errors_and_open_file_semantics(mount):
     assert (st.st_uid, st.st_gid) == (NOBODY, NOBODY)
     assert (d / "shared" / "mine").read_text() == "by nobody\n"
     assert (d / "secret").read_text() == "root only"
+
+
+# run as nobody (setpriv, no groups) in a 0777 folder of root's that holds root's files ro
+# (0644) and rw (0666) and a setgid folder sg (root:daemon, 2777); step prints "what: ok"
+# or the error the tool printed
+_STEP = r"""
+cd "$1" || exit 9
+err=$(mktemp)
+trap 'rm -f "$err"' EXIT
+step() { what=$1; shift
+         if "$@" 2>"$err"; then echo "$what: ok"; else echo "$what: $(sed 's/.*: //' "$err")"; fi; }
+"""
+
+
+def _as_nobody_in(folder: Path, script: str) -> list[str]:
+    """Lay out the folder at ``folder`` as root, run ``script`` there as nobody."""
+    folder.mkdir()
+    os.chmod(folder, 0o777)
+    for name, mode in (("ro", 0o644), ("rw", 0o666)):
+        (folder / name).write_text(name)
+        os.chmod(folder / name, mode)
+    (folder / "sg").mkdir()
+    os.chown(folder / "sg", 0, grp.getgrnam("daemon").gr_gid)
+    os.chmod(folder / "sg", 0o2777)
+    result = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
+                             "--clear-groups", "/bin/sh", "-c", "umask 022\n" + _STEP + script,
+                             "sh", str(folder)],
+                            capture_output=True, text=True, timeout=60, cwd="/")
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def _on_mount_and_ext4(mount, name: str, script: str) -> tuple[list[str], list[str]]:
+    """``script``'s lines on the mount, and on a local folder (ext4 under /tmp)."""
+    local = Path(tempfile.mkdtemp(prefix="leasefs-local-", dir="/tmp"))
+    try:
+        os.chmod(local, 0o755)
+        on_disk = _as_nobody_in(local / name, script)
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+    return _as_nobody_in(mount.mp / name, script), on_disk
+
+
+def test_touch_needs_ownership_or_write_permission_as_on_a_local_disk(mount):
+    """utimensat as POSIX has it (pjdfstest utimensat/06): the owner of a read-only file may
+    touch it and set its times; another user needs write permission for "now" and may never
+    set explicit times. The same steps on a local folder answer the same."""
+    got, on_disk = _on_mount_and_ext4(mount, "times", r"""
+echo mine > mine && chmod 0444 mine
+step "owner touch 0444" touch mine
+step "owner sets times 0444" touch -d @1000000000 mine
+stat -c "mine mtime %Y" mine
+step "other touch ro" touch ro
+step "other sets times ro" touch -d @1000000000 ro
+step "writer touch rw" touch rw
+step "writer sets times rw" touch -d @1000000000 rw
+""")
+    assert got == [
+        "owner touch 0444: ok",
+        "owner sets times 0444: ok",
+        "mine mtime 1000000000",
+        "other touch ro: Permission denied",
+        "other sets times ro: Permission denied",
+        "writer touch rw: ok",
+        "writer sets times rw: Operation not permitted",
+    ], got
+    assert got == on_disk, (got, on_disk)
+
+
+def test_setgid_folder_gives_its_group_and_bit_as_on_a_local_disk(mount):
+    """POSIX/BSD setgid folders: a file and folders made in one by a user of another group
+    take the folder's group, and new folders keep the bit (mkdir -p: every level)."""
+    got, on_disk = _on_mount_and_ext4(mount, "setgid", r"""
+echo f > sg/file && mkdir sg/sub && mkdir -p sg/a/b
+stat -c "%n %G %A" sg/file sg/sub sg/a sg/a/b
+""")
+    assert got == ["sg/file daemon -rw-r--r--", "sg/sub daemon drwxr-sr-x",
+                   "sg/a daemon drwxr-sr-x", "sg/a/b daemon drwxr-sr-x"], got
+    assert got == on_disk, (got, on_disk)
 
 
 # ------------------------------------------------------------------ 6. unmount with open files

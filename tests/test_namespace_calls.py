@@ -113,6 +113,38 @@ def test_set_calls_answer_the_new_status_when_asked(tmp_path):
     trio.run(main)
 
 
+def test_a_setgid_folder_gives_new_entries_its_group_and_new_folders_the_bit(tmp_path):
+    """POSIX/BSD: in a setgid folder the group a creator asks for (a mount asks for the
+    caller's) gives way to the folder's, and new folders keep the bit, parents made on the
+    way included; elsewhere the group asked for stays, and none asked is the parent's."""
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=1, replication=1, **SMALL) as cluster:
+            async with cluster.client() as c:
+                await c.mkdirs("/sg", 0o2775, group="staff")
+                await c.mkdirs("/plain", 0o775, group="staff")
+                await c.write_file("/sg/f", b"x", group="eve")
+                await c.mkdir("/sg/sub", 0o755, group="eve")
+                await c.mkdirs("/sg/a/b", 0o700, group="eve")
+                await c.write_file("/sg/m/n/f", b"x", group="eve")    # parents made
+                await c.symlink("f", "/sg/l", group="eve")
+                for path, mode in (("/sg/f", 0o644), ("/sg/sub", 0o2755), ("/sg/a", 0o2700),
+                                   ("/sg/a/b", 0o2700), ("/sg/m", 0o2755), ("/sg/m/n", 0o2755),
+                                   ("/sg/m/n/f", 0o644)):
+                    status = await c.get_file_status(path)
+                    assert (status.group, status.mode) == ("staff", mode), (path, status)
+                assert (await c.get_file_status("/sg/l")).group == "staff"
+                await c.write_file("/plain/f", b"x", group="eve")
+                await c.mkdir("/plain/sub", 0o755, group="eve")
+                await c.mkdir("/plain/inherit", 0o755)
+                for path, group, mode in (("/plain/f", "eve", 0o644),
+                                          ("/plain/sub", "eve", 0o755),
+                                          ("/plain/inherit", "staff", 0o755)):
+                    status = await c.get_file_status(path)
+                    assert (status.group, status.mode) == (group, mode), (path, status)
+
+    trio.run(main)
+
+
 def test_status_carries_block_locations_an_open_uses(tmp_path):
     data = bytes(range(256)) * 700   # 175 KiB: three blocks of 64 KiB
 
@@ -127,10 +159,13 @@ def test_status_carries_block_locations_an_open_uses(tmp_path):
                 assert status.locations["length"] == len(data)
                 assert len(status.locations["blocks"]) == 3
                 # the same answer as get_block_locations, but for the tokens' issue times
-                # (each call makes its own, expiring a lifetime after it)
+                # (each call makes its own, expiring a lifetime after it) and the order of
+                # the replicas (a new one at each call, so that reads spread)
                 def untokened(located):
-                    return {**located, "blocks": [{k: v for k, v in b.items() if k != "token"}
-                                                  for b in located["blocks"]]}
+                    return {**located, "blocks": [
+                        {**{k: v for k, v in b.items() if k != "token"},
+                         "locations": sorted(b["locations"], key=lambda n: n["node_id"])}
+                        for b in located["blocks"]]}
                 assert [b["token"]["id"] for b in status.locations["blocks"]] == \
                     [b["block"]["id"] for b in status.locations["blocks"]]
                 assert untokened(status.locations) == \

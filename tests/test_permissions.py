@@ -168,9 +168,12 @@ CASES = [
     Case("setReplication needs WRITE", [("f", "f", 0o664, "alice", "staff")],
          lambda c, b: c.set_replication(f"{b}/f", 2), EVE, ("access=WRITE", 'inode="{b}/f"'),
          allowed=BOB),
-    Case("setTimes needs WRITE", [("f", "f", 0o644, "alice", "staff")],
+    Case("setTimes needs the owner or WRITE", [("f", "f", 0o664, "alice", "staff")],
          lambda c, b: c.set_times(f"{b}/f", mtime_ns=5, atime_ns=6), EVE,
-         ("access=WRITE", 'inode="{b}/f"')),
+         ("access=WRITE", 'inode="{b}/f"'), allowed=BOB),
+    Case("setTimes by the owner of a read-only file (touch)", [("f", "f", 0o444, "alice", "staff")],
+         lambda c, b: c.set_times(f"{b}/f", mtime_ns=5, atime_ns=6), BOB,
+         ("access=WRITE", 'inode="{b}/f":alice:staff:-r--r--r--')),
     # --- deleting and renaming
     Case("delete needs WRITE on the parent", [D755, ("d/f", "f", 0o666, "eve", "eve")],
          lambda c, b: c.delete(f"{b}/d/f"), EVE, ("access=WRITE", 'inode="{b}/d"'),
@@ -474,6 +477,11 @@ def test_check_path_traverse_ancestor_parent_access_owner():
     assert "is not the owner" in denied(CHECKER.check_path, BOB_C, parts, [root, a, b, f],
                                         owner=True)
     CHECKER.check_path(ALICE_C, parts, [root, a, b, f], owner=True, parent=P.WRITE)
+    # setTimes: the owner whatever the mode bits, anyone else by them
+    CHECKER.check_path(ALICE_C, parts, [root, a, b, inode("file", 0o444)], owner_or=P.WRITE)
+    CHECKER.check_path(BOB_C, parts, [root, a, b, inode("file", 0o464)], owner_or=P.WRITE)
+    assert 'access=WRITE, inode="/a/b/f"' in denied(
+        CHECKER.check_path, BOB_C, parts, [root, a, b, f], owner_or=P.WRITE)
     # a non-directory on the way is the namespace's NotDirectory, not a permission matter
     CHECKER.check_path(EVE_C, ["a", "f", "x"], [root, a, inode("file", 0o000)],
                        ancestor=P.WRITE)

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -189,20 +190,21 @@ def test_garbage_truncated_and_deleted_replicas_are_found_and_repaired(tmp_path)
 
 # --------------------------------------------------------------------------- lost replicas
 
-def damage(cluster, client, path: str, how: str) -> tuple[int, int]:
+def damage(cluster, client, path: str, how: str):
     """Delete or cut (to 100 bytes) the replica files of the first block of ``path`` on the
-    node a reader tries first; returns (block id, storage index)."""
-    located = client.get_block_locations(path)["blocks"][0]
-    block_id = located["block"]["id"]
-    idx = storage_index(cluster, located["locations"][0]["address"])
-    data_file, meta_file = replica_files(cluster, idx, block_id)
+    node that a reader opened now tries first; returns (block id, storage index, that
+    reader: an open stream, the caller closes it)."""
+    reader = client.open(path)
+    block = reader.blocks[0]
+    idx = storage_index(cluster, block.locations[0]["address"])
+    data_file, meta_file = replica_files(cluster, idx, block.id)
     if how == "delete":
         data_file.unlink()
         meta_file.unlink()
     else:
         with open(data_file, "r+b") as fh:
             fh.truncate(100)
-    return block_id, idx
+    return block.id, idx, reader
 
 
 def scheduled_copies(client) -> int:
@@ -235,14 +237,18 @@ def wait_restored(cluster, client, files: dict, damaged: dict, before: int, star
 def write_and_damage(cluster, client, seed: int, extra: int):
     """``/lost/delete`` and ``/lost/truncate`` written with 3 replicas, then one replica of
     each damaged that way behind the block server's back; returns (files, damaged, copies
-    scheduled before the damage)."""
+    scheduled before the damage, per file an open reader that tries the damaged replica
+    first)."""
     files = {f"/lost/{how}": payload(seed + i, BLOCK + extra)
              for i, how in enumerate(("delete", "truncate"))}
     for path, data in files.items():
         client.write_file(path, data, replication=3)
     before = scheduled_copies(client)
-    damaged = {path: damage(cluster, client, path, path.rsplit("/", 1)[1]) for path in files}
-    return files, damaged, before
+    damaged, readers = {}, {}
+    for path in files:
+        block_id, idx, readers[path] = damage(cluster, client, path, path.rsplit("/", 1)[1])
+        damaged[path] = (block_id, idx)
+    return files, damaged, before, readers
 
 
 SETTINGS_LOST = {**SETTINGS, "directory_scan_interval": 3600.0, "block_report_interval": 600.0}
@@ -252,10 +258,11 @@ SETTINGS_LOST = {**SETTINGS, "directory_scan_interval": 3600.0, "block_report_in
 def test_replica_deleted_or_cut_behind_the_map_is_dropped_and_reported_when_read(tmp_path):
     with ProcessCluster(tmp_path, n_storage=3, settings=SETTINGS_LOST) as cluster:
         with cluster.client() as client:
-            files, damaged, before = write_and_damage(cluster, client, 40, 500)
+            files, damaged, before, readers = write_and_damage(cluster, client, 40, 500)
             started = time.monotonic()
             for path, data in files.items():   # the reader falls back to another replica
-                assert client.read_file(path) == data
+                with readers[path] as reader:
+                    assert reader.read() == data
             noticed = wait_restored(cluster, client, files, damaged, before, started)
             print(f"\nlost replicas noticed {noticed:.2f}s after the reads")
             # what was left of the cut replica was moved aside, never served again
@@ -273,9 +280,10 @@ def test_fsck_shows_a_replica_lost_under_a_reader_as_under_replicated_at_once(tm
             data = payload(45, BLOCK + 100)
             client.write_file("/lost/f", data, replication=3)
             assert fsck(cluster, "/lost")["status"] == "HEALTHY"
-            block_id, idx = damage(cluster, client, "/lost/f", "delete")
+            block_id, idx, reader = damage(cluster, client, "/lost/f", "delete")
             victim_port = cluster.ports[f"storage{idx}"]
-            assert client.read_file("/lost/f") == data
+            with reader:
+                assert reader.read() == data
             started = time.monotonic()
 
             def shown():
@@ -301,7 +309,9 @@ def test_directory_scan_drops_replicas_whose_files_are_gone_or_cut_without_a_rea
     settings = {**SETTINGS_LOST, "directory_scan_interval": 1.0}
     with ProcessCluster(tmp_path, n_storage=3, settings=settings) as cluster:
         with cluster.client() as client:
-            files, damaged, before = write_and_damage(cluster, client, 50, 300)
+            files, damaged, before, readers = write_and_damage(cluster, client, 50, 300)
+            for reader in readers.values():   # nothing is read: the scan finds the damage
+                reader.close()
             wait_restored(cluster, client, files, damaged, before, time.monotonic())
 
 
@@ -367,6 +377,68 @@ def test_only_replica_corrupt_read_fails_clearly_and_fsck_exits_1(tmp_path):
             assert client.read_file("/c/fine") == b"x" * 1000
             assert leasefs(cluster, "fsck", "/c/fine").returncode == 0
             assert client.report()["corrupt"] >= 1
+
+
+# --------------------------------------------------------------------------- read order
+
+def read_ops(cluster, i: int) -> float:
+    """READ_BLOCK ops block server ``i`` served successfully, from its /metrics page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = f"http://127.0.0.1:{cluster.storage_http_port(i)}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        text = answer.read().decode()
+    return sum(s.value for family in text_string_to_metric_families(text)
+               for s in family.samples
+               if s.name == "leasefs_storage_ops_total"
+               and s.labels == {"op": "READ_BLOCK", "result": "ok"})
+
+
+@pytest.mark.slow
+def test_reads_of_a_block_spread_over_its_replicas_and_find_a_rotten_one(tmp_path):
+    """Readers of one block are handed its replicas in a random order (equal distance: all
+    on this host), so every replica serves reads, and a flipped byte on a replica no one
+    used to read first is found and reported by a reader within a few reads, while every
+    read returns the right bytes."""
+    settings = {**SETTINGS, "inline_max": 0, "replication_interval": 3600.0}
+    reads = 30
+    with ProcessCluster(tmp_path, n_storage=3, settings=settings) as cluster:
+        with cluster.client() as client:
+            data = payload(60, 20_000)
+            client.write_file("/spread/f", data, replication=3)
+            before = [read_ops(cluster, i) for i in range(3)]
+            for _ in range(reads):
+                assert client.read_file("/spread/f") == data
+
+            def served():
+                counts = [read_ops(cluster, i) - before[i] for i in range(3)]
+                return sum(counts) >= reads and counts
+            counts = wait_until(served, 20, f"{reads} READ_BLOCK ops counted")
+            print(f"\nREAD_BLOCK ops per block server for {reads} reads: {counts}")
+            assert all(c >= 1 for c in counts), counts
+
+            located = client.get_block_locations("/spread/f")["blocks"][0]
+            block_id, rotten = located["block"]["id"], located["locations"][1]
+            data_file, _ = replica_files(cluster, storage_index(cluster, rotten["address"]),
+                                         block_id)
+            raw = bytearray(data_file.read_bytes())
+            raw[4321] ^= 0xFF
+            data_file.write_bytes(bytes(raw))
+
+            def still_handed_out() -> bool:
+                return rotten["node_id"] in [
+                    loc["node_id"] for loc in
+                    client.get_block_locations("/spread/f")["blocks"][0]["locations"]]
+            needed = 0
+            while still_handed_out():   # each read is a fresh order; 1/3 try the rotten one
+                needed += 1
+                assert needed <= 40, "no reader came across the rotten replica"
+                assert client.read_file("/spread/f") == data
+            print(f"rotten replica reported after {needed} read(s)")
+            corrupt = {(b["id"], bad["node_id"]) for f in fsck(cluster, "/spread")["files"]
+                       for b in f["blocks"] for bad in b["corrupt_replicas"]}
+            assert (block_id, rotten["node_id"]) in corrupt, corrupt
+            assert client.read_file("/spread/f") == data
 
 
 # --------------------------------------------------------------------------- (d)
