@@ -24,6 +24,7 @@ from fs import nodeauth
 from fs import tls as tlsmod
 from fs.blocktoken import KeyRing
 from fs.config import Config
+from fs.datafolder import open_data_folder
 from fs.errors import ServerUnavailable, sole_exception
 from fs.limits import ByteBudget, ConnectionLimits
 from fs.rpc import (format_address, local_socket_name, rpc_refusal, serve_local, serve_rpc,
@@ -82,7 +83,7 @@ class Again:
 async def _run_once(config: Config, data_dir: str, host: str, port: int, http_port: int,
                     bound: list, task_status, cede: float = 0.0) -> Again | None:
     """One run of the server; ``Again`` when it must start again, else None."""
-    os.makedirs(data_dir, exist_ok=True)
+    open_data_folder(data_dir, "metadata server data folder")
     kv = PlyvelStore(os.path.join(data_dir, "db"))
     server = None
     again = None

@@ -19,6 +19,7 @@ import sys
 
 import trio
 
+from fs.datafolder import private_umask
 from fs.errors import LeaseFSError, sole_exception
 from fs.rpc import format_address, parse_address
 
@@ -195,7 +196,7 @@ def run_meta(args) -> int:
         http_port = args.http_port
     else:  # with --port 0 (tests, several clusters) a fixed status port would collide
         http_port = 0 if port == 0 else config.meta_http_port
-    os.makedirs(args.data, exist_ok=True)
+    private_umask()   # LevelDB's files, the journal: the server user's alone
     from meta.serverrun import run_meta_server
 
     async def start(task_status=trio.TASK_STATUS_IGNORED):
@@ -212,7 +213,7 @@ def run_storage(args) -> int:
     meta_address = find_meta_address(getattr(args, "meta", None))
     host = args.host or config.bind_host
     port = args.port if args.port is not None else config.storage_port
-    os.makedirs(args.data, exist_ok=True)
+    private_umask()   # replica files: the server user's alone
     from storage.server import run_block_server
 
     async def start(task_status=trio.TASK_STATUS_IGNORED):
