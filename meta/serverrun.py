@@ -30,9 +30,9 @@ from fs.limits import ByteBudget, ConnectionLimits
 from fs.rpc import (format_address, local_socket_name, rpc_refusal, serve_local, serve_rpc,
                     serve_tcp)
 
+from . import start_space
 from .bootstrap import BehindLog, Gap
 from .bootstrap import recover as bootstrap_recover
-from .kv import PlyvelStore
 from .server import MetaServer
 from .startup import Phase
 
@@ -84,7 +84,7 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
                     bound: list, task_status, cede: float = 0.0) -> Again | None:
     """One run of the server; ``Again`` when it must start again, else None."""
     open_data_folder(data_dir, "metadata server data folder")
-    kv = PlyvelStore(os.path.join(data_dir, "db"))
+    kv = start_space.open_store(data_dir)   # as --check-journal opens it
     server = None
     again = None
     try:
