@@ -39,10 +39,13 @@ def private_umask() -> None:
 
 
 def make_private_folder(path: str) -> None:
-    """``path`` made (missing parents with the usual modes) mode 0700 whatever the umask;
-    an existing folder is left as it is."""
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
+    """``path`` and each missing folder above it made mode 0700 whatever the umask (a
+    server's store or journal may make its data folder); existing ones are left as they
+    are."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    if parent != path and not os.path.isdir(parent):
+        make_private_folder(parent)
     try:
         os.mkdir(path, FOLDER_MODE)
     except FileExistsError:

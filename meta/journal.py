@@ -92,7 +92,7 @@ import msgpack
 import outcome
 import trio
 
-from fs.datafolder import FILE_MODE, FOLDER_MODE
+from fs.datafolder import FILE_MODE, make_private_folder
 from fs.datatransfer import crc32c
 from fs.framing import packb
 from fs.errors import InternalError, InvalidArgument, LeaseFSError, NoSpace, StandbyError
@@ -247,7 +247,7 @@ class Journal:
         if self._opened:
             raise InternalError(f"journal {self.directory} is already open")
         try:
-            os.makedirs(self.directory, FOLDER_MODE, exist_ok=True)
+            make_private_folder(self.directory)
         except OSError as exc:
             raise JournalError(f"journal directory {self.directory}: {exc}",
                                file=self.directory) from None
