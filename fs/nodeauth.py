@@ -36,6 +36,7 @@ import os
 import secrets
 import stat
 
+from .datafolder import make_private_folder
 from .errors import AuthenticationFailed, InvalidArgument
 from .framing import packb
 
@@ -148,7 +149,7 @@ def ensure_key(path: str) -> bytes:
     """The cluster key at ``path``, created (mode 0600, written whole or not at all) when
     the file does not exist."""
     if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        make_private_folder(os.path.dirname(path) or ".")   # by default the metadata server's
         tmp = f"{path}.tmp-{os.getpid()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import trio
 
+from .datafolder import make_private_folder
 from .errors import InvalidArgument, ServerUnavailable, TlsError
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class _DirLock:
     never write half a pair of files over each other."""
 
     def __init__(self, folder: str):
+        make_private_folder(os.path.dirname(folder))   # the server's data folder
         os.makedirs(folder, mode=0o700, exist_ok=True)
         self.fd = os.open(os.path.join(folder, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
 

@@ -213,6 +213,14 @@ class AdminProtocol:
         return out
 
     async def rpc_fsck(self, ctx, path="/", openforwrite=False, locations=False, limit=10000):
+        """HDFS ``fsck``: the superuser's (it names every file of the subtree, whatever
+        its folders' modes; the web page's fsck checks the viewer's access instead)."""
+        self.permissions.check_superuser(self.caller_of(ctx), f"fsck {str(path)[:200]}")
+        return await self.fsck_report(ctx, path, openforwrite, locations, limit)
+
+    async def fsck_report(self, ctx, path="/", openforwrite=False, locations=False,
+                          limit=10000) -> dict:
+        """The fsck answer for ``path`` (the caller's access is the caller's to check)."""
         check_bool(openforwrite, "fsck: openforwrite")
         check_bool(locations, "fsck: locations")
         limit = check_int(limit, "fsck: limit", low=0)

@@ -60,6 +60,7 @@ import trio
 
 from fs import nodeauth
 from fs import tls as tlsmod
+from fs.datafolder import FILE_MODE
 from fs.errors import InvalidArgument, LeaseFSError, TryAgain, sole_exception
 from fs.rpc import format_address, parse_address_list
 from fs.rpcclient import RpcClient
@@ -260,7 +261,7 @@ def install(data_dir: str, staging: str, applied: int, txid: int, wall: float) -
     journal = os.path.join(data_dir, "journal")
     os.makedirs(journal)
     fd = os.open(os.path.join(journal, inprogress_name(txid + 1)),
-                 os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                 os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     try:
         os.fsync(fd)
     finally:

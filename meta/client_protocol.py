@@ -607,7 +607,10 @@ class ClientProtocol:
             return answer
 
     async def rpc_list_open_files(self, ctx, path="/"):
+        """HDFS ``dfsadmin -listOpenFiles``: the superuser's (it names files and their
+        writers in folders others may not list; the web page hides those instead)."""
         canonical = paths.validate(path)
+        self.permissions.check_superuser(self.caller_of(ctx), f"list open files {canonical}")
         now = self.clock()
         out = []
         for ino, holder in list(self.leases.lease_by_ino.items()):

@@ -92,6 +92,7 @@ import msgpack
 import outcome
 import trio
 
+from fs.datafolder import FILE_MODE, make_private_folder
 from fs.datatransfer import crc32c
 from fs.framing import packb
 from fs.errors import InternalError, InvalidArgument, LeaseFSError, NoSpace, StandbyError
@@ -246,7 +247,7 @@ class Journal:
         if self._opened:
             raise InternalError(f"journal {self.directory} is already open")
         try:
-            os.makedirs(self.directory, exist_ok=True)
+            make_private_folder(self.directory)
         except OSError as exc:
             raise JournalError(f"journal directory {self.directory}: {exc}",
                                file=self.directory) from None
@@ -312,7 +313,7 @@ class Journal:
     def _open_inprogress(self, first: int) -> int:
         """Open (creating empty) the in-progress segment starting at ``first``; worker or startup."""
         path = os.path.join(self.directory, inprogress_name(first))
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
         try:
             os.ftruncate(fd, 0)   # only ever called for a segment without records
             fsync_dir(self.directory)

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Iterator
 
 from sortedcontainers import SortedDict
 
+from fs.datafolder import make_private_folder
+
 
 class KVStore:
     def get(self, key: bytes) -> bytes | None:
@@ -84,7 +86,7 @@ class PlyvelStore(KVStore):
     def __init__(self, path: str, *, create: bool = True, lru_cache_size: int = 64 << 20):
         import plyvel  # imported here so MemoryStore users need no LevelDB
 
-        os.makedirs(path, exist_ok=True)
+        make_private_folder(path)
         self.path = path
         # a bloom filter per table (10 bits a key, ~1% false positives): a get of a key
         # that does not exist (every create looks its new name up) otherwise reads a block

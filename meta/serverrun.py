@@ -24,14 +24,15 @@ from fs import nodeauth
 from fs import tls as tlsmod
 from fs.blocktoken import KeyRing
 from fs.config import Config
+from fs.datafolder import open_data_folder
 from fs.errors import ServerUnavailable, sole_exception
 from fs.limits import ByteBudget, ConnectionLimits
 from fs.rpc import (format_address, local_socket_name, rpc_refusal, serve_local, serve_rpc,
                     serve_tcp)
 
+from . import start_space
 from .bootstrap import BehindLog, Gap
 from .bootstrap import recover as bootstrap_recover
-from .kv import PlyvelStore
 from .server import MetaServer
 from .startup import Phase
 
@@ -82,8 +83,8 @@ class Again:
 async def _run_once(config: Config, data_dir: str, host: str, port: int, http_port: int,
                     bound: list, task_status, cede: float = 0.0) -> Again | None:
     """One run of the server; ``Again`` when it must start again, else None."""
-    os.makedirs(data_dir, exist_ok=True)
-    kv = PlyvelStore(os.path.join(data_dir, "db"))
+    open_data_folder(data_dir, "metadata server data folder")
+    kv = start_space.open_store(data_dir)   # as --check-journal opens it
     server = None
     again = None
     try:

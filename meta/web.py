@@ -132,7 +132,7 @@ def make_app(server) -> Starlette:
         return await webpages.fsck(server, ctx, webui.query(request, "path", "/"))
 
     async def logs(request, ctx):
-        return webpages.logs(server, webui.query(request, "level", "INFO"))
+        return webpages.logs(server, ctx, webui.query(request, "level", "INFO"))
 
     async def report_data(request, ctx):
         return {"schema_version": SCHEMA_VERSION, **await server.rpc_report(ctx)}

@@ -207,12 +207,16 @@ async def fsck(server, ctx, path: str) -> dict:
     if caller is not None:
         server.permissions.check_path(caller, parts, server.inode_chain(parts))
         await server.check_subtree(caller, parts, READ_EXECUTE)
-    answer = await server.rpc_fsck(ctx, path=path, openforwrite=True,
-                                   limit=FSCK_FILE_LIMIT)
+    answer = await server.fsck_report(ctx, path=path, openforwrite=True,
+                                      limit=FSCK_FILE_LIMIT)
     return {"schema_version": SCHEMA_VERSION, "viewer": ctx.user, **answer}
 
 
-def logs(server, min_level: str = "INFO") -> dict:
+def logs(server, ctx, min_level: str = "INFO") -> dict:
+    """Recent log lines; under ``secure`` the superuser's (HDFS: admin only), since they
+    name files and users of the whole namespace: the unauthenticated viewer is refused."""
+    if server.config.security == "secure":
+        server.permissions.check_superuser(server.caller_of(ctx), "recent log lines")
     level = logging.getLevelName(str(min_level).upper())
     if not isinstance(level, int):
         raise InvalidArgument(f"level must be DEBUG, INFO, WARNING or ERROR, "

@@ -41,6 +41,7 @@ import re
 import struct
 import uuid
 
+from fs.datafolder import make_private_folder
 from fs.datatransfer import CHECKSUM_SIZE, crc32c, num_chunks
 from fs.errors import InvalidArgument, ProtocolError
 
@@ -249,7 +250,7 @@ def size_mismatch(data_size: int, meta_size: int, num_bytes: int,
 def ensure_layout(data_dir: str) -> str:
     """Create the folders, load or create the node id (the store takes the folder lock)."""
     for sub in ("tmp", "rbw", "finalized"):
-        os.makedirs(os.path.join(data_dir, sub), exist_ok=True)
+        make_private_folder(os.path.join(data_dir, sub))
     path = os.path.join(data_dir, "node_id")
     try:
         with open(path) as fh:

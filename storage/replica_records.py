@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from fs.datafolder import FILE_MODE
 from fs.datatransfer import CHECKSUM_SIZE, num_chunks
 
 from .layout import encode_meta_header, meta_length, meta_offset, unlink_quietly
@@ -100,9 +101,9 @@ class ReplicaWriter:
         self.bytes_per_checksum = bytes_per_checksum
         self._io_lock = threading.Lock()
         self.closed = False
-        self.data_fd = os.open(data_path, flags, 0o644)
+        self.data_fd = os.open(data_path, flags, FILE_MODE)
         try:
-            self.meta_fd = os.open(meta_path, flags, 0o644)
+            self.meta_fd = os.open(meta_path, flags, FILE_MODE)
         except BaseException:
             os.close(self.data_fd)
             if create:

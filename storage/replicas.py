@@ -36,6 +36,7 @@ import os
 
 import trio
 
+from fs.datafolder import FILE_MODE, open_data_folder
 from fs.errors import (InvalidArgument, LeaseFSError, ReplicaAlreadyExists, ReplicaNotFound,
                        StaleGenerationStamp)
 
@@ -111,8 +112,9 @@ class ReplicaStore:
         return result
 
     def _take_folder_lock(self) -> int:
-        os.makedirs(self.data_dir, exist_ok=True)
-        fd = os.open(os.path.join(self.data_dir, "in_use.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        open_data_folder(self.data_dir, "block server data folder")
+        fd = os.open(os.path.join(self.data_dir, "in_use.lock"), os.O_RDWR | os.O_CREAT,
+                     FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

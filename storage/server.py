@@ -24,6 +24,7 @@ import trio
 from fs import nodeauth, weblog
 from fs import tls as tlsmod
 from fs.config import Config
+from fs.datafolder import private_umask
 from fs.limits import ConnectionLimits
 from fs.metrics import new_registry
 from fs.rpc import format_address, serve_tcp
@@ -123,6 +124,7 @@ def main(argv=None) -> int:
     config = Config.load(**overrides)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    private_umask()   # replica files: the server user's alone
     try:
         trio.run(lambda: run_block_server(
             config, args.data, meta_address=args.meta, host=args.host or config.bind_host,

@@ -135,12 +135,14 @@ def test_kill9_then_lost_journal_tail_starts_from_the_store_and_check_agrees(tmp
 # ------------------------------------------------------------------------------ full disk
 @contextmanager
 def small_tmpfs(path, size: str):
-    """A tmpfs of ``size`` mounted on ``path`` (a real ENOSPC once it is full)."""
+    """A tmpfs of ``size`` mounted on ``path`` in a data folder (a real ENOSPC once it is
+    full)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                   check=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)   # a server's: its user's
+    path.mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                    str(path)], check=True)
     try:
         yield lambda new_size: subprocess.run(
             ["mount", "-o", f"remount,size={new_size}", str(path)], check=True)
@@ -243,6 +245,18 @@ def test_full_store_disk_stops_the_server_without_error_replies(tmp_path):
             assert cluster.procs["meta"].wait(30) == 1
             assert out.refused == {}, list(out.refused.items())[:3]
             assert "the metadata server stops" in cluster.log_tail("meta", 200)
+            # the offline check and a start agree, and say what to free where
+            db = cluster.meta_dir() / "db"
+            check = leasefs(cluster, "meta", "--check-journal", str(cluster.meta_dir()))
+            start = leasefs(cluster, "meta", "--data", str(cluster.meta_dir()), "--port", "0",
+                            "--http-port", "0")
+            assert check.returncode == 1 and start.returncode == 1, (check, start)
+            why = re.search(r"cannot start: not enough free space on the file system of "
+                            rf"{re.escape(str(db))}: 0\.\d MiB free, a start needs about "
+                            r"\d+\.\d MiB \(LevelDB rewrites .*\); free at least \d+\.\d MiB "
+                            r"there", check.stderr)
+            assert why, check.stderr
+            assert why.group(0) in start.stderr and "Traceback" not in start.stderr, start.stderr
             resize("64m")
             restart_and_check(cluster, out)
         finally:

@@ -135,7 +135,8 @@ def test_a_reader_reports_bad_replicas_only_of_files_it_may_read(tmp_path):
                 opened = located["/open.bin"]
                 assert await other.rpc.call("report_bad_blocks", {"blocks": [{
                     "block": opened["block"], "node_id": opened["locations"][0]["node_id"]}]})
-                fsck = await other.rpc.call("fsck", {"path": "/secret.bin"})
+            async with cluster.client() as owner:   # fsck is the superuser's
+                fsck = await owner.rpc.call("fsck", {"path": "/secret.bin"})
                 assert fsck["totals"]["corrupt_replicas"] == 0
 
     trio.run(main)

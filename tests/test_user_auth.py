@@ -463,3 +463,32 @@ def test_a_local_socket_at_a_file_path(tmp_path):
         trio.run(main)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_fsck_and_open_files_are_the_superusers(tmp_path):
+    """A local user who may not list root's 0700 folder learns none of its names from
+    ``fsck`` (with block locations) or the list of open files: both are the superuser's,
+    as in HDFS; root still gets both."""
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=1, replication=1) as cluster:
+            async with cluster.client() as root:
+                await root.mkdirs("/private", permission=0o700)
+                await root.write_file("/private/secret-name", b"x" * 100_000)
+                writer = await root.create("/private/open-hidden")
+                await writer.write(b"y")
+                replies = await as_nobody(cluster.meta_address, hello("nobody"), [
+                    [1, "fsck", {"path": "/", "locations": True, "openforwrite": True}],
+                    [2, "fsck", {"path": "/private/secret-name"}],
+                    [3, "list_open_files", {"path": "/"}]], 3)
+                for reply in replies:
+                    assert reply[1] is False and reply[2]["type"] == "PermissionDenied", reply
+                    assert "Superuser privilege is required" in reply[2]["message"]
+                # (the second call named the file itself)
+                assert "secret-name" not in repr([replies[0], replies[2]])
+                assert "open-hidden" not in repr(replies)
+                # the superuser's view is whole
+                assert [e["path"] for e in await root.list_open_files()] == [
+                    "/private/open-hidden"]
+                await writer.close()
+
+    trio.run(main)

@@ -197,3 +197,29 @@ def test_user_name_acts_as_that_user_in_simple_mode(tmp_path):
             assert (await get(base + "/download?path=/home/bob/notes&user.name=eve"))[0] == 403
 
     trio.run(main)
+
+
+def test_every_answer_forbids_framing_and_logs_are_the_admins(tmp_path):
+    """Every answer of both servers' web ports (pages, JSON, style sheet, errors) says it
+    may not be framed and loads nothing foreign; under secure the unauthenticated viewer
+    may not read the recent log lines (naming the superuser changes nothing)."""
+    async def main():
+        async with web_cluster(tmp_path, n_storage=1) as (config, meta, base):   # secure
+            nodes = json.loads((await get(base + "/api/v1/datanodes"))[1])["nodes"]
+            node = nodes[0]["web_url"]
+            urls = [base + p for p in PAGES + APIS + ["/static/style.css", "/metrics",
+                                                      "/explorer?path=/nope", "/no-such"]]
+            urls += [node, node + "api/v1/status", node + "metrics", node + "nope"]
+            for url in urls:
+                _, _, headers = await get(url)
+                headers = {k.lower(): v for k, v in headers.items()}
+                assert headers.get("x-frame-options") == "DENY", url
+                policy = headers.get("content-security-policy", "")
+                assert "frame-ancestors 'none'" in policy and "default-src 'none'" in policy, url
+            for page in ("/logs", "/api/v1/logs", "/logs?level=DEBUG",
+                         "/logs?user.name=" + getpass.getuser()):
+                status, body, _ = await get(base + page)
+                assert status == 403, (page, body[:300])
+                assert b"registered" not in body and b"Superuser privilege" in body
+
+    trio.run(main)

@@ -1,8 +1,9 @@
 """The web UI in a real browser: Debian's headless Chromium, driven by Selenium through
 Debian's chromedriver, against a real ProcessCluster. Loads every page (overview, block
 servers, each block server's own page, open files, the file browser's folder and file
-details, fsck, logs) with no SEVERE console entry, sees a file opened for writing appear
-and a killed block server turn dead.
+details, fsck) with no SEVERE console entry (so none the pages' Content-Security-Policy
+blocks), sees logs refused to the anonymous viewer (secure), a file opened for writing
+appear and a killed block server turn dead.
 
 ``LEASEFS_SCREENSHOTS=DIR`` saves PNGs of the main pages there (the README's come from
 this test on a small demo cluster).
@@ -120,8 +121,13 @@ def test_every_page_in_a_browser(tmp_path, browser):
 
             text = load(browser, base + "/fsck?path=/")
             assert "HEALTHY" in text and "files" in text
-            text = load(browser, base + "/logs")
-            assert "registered" in text
+            # under secure the recent log lines are the superuser's: the anonymous viewer
+            # gets the 403 page, whose status is the page's only console entry
+            browser.get(base + "/logs")
+            severe = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+            assert len(severe) == 1 and "status of 403" in severe[0], severe
+            text = text_of(browser)
+            assert "Superuser privilege is required" in text and "registered" not in text
 
             text = load(browser, base + "/datanodes")
             assert text.count("live") >= 3 and "own page" in text

@@ -19,7 +19,8 @@ import sys
 
 import trio
 
-from fs.errors import LeaseFSError, sole_exception
+from fs.datafolder import private_umask
+from fs.errors import LeaseFSError, NoSpace, sole_exception
 from fs.rpc import format_address, parse_address
 
 from .common import PROG, load_config
@@ -135,21 +136,28 @@ def find_journal_dir(directory: str) -> str:
     return directory
 
 
-def store_applied_txid(given: str, journal_dir: str) -> tuple[int | None, str]:
-    """The applied txid of the namespace store next to the journal (the ``db`` folder of
-    the data folder), or None and why not; the check then judges the journal alone."""
+def data_folder_of(given: str, journal_dir: str) -> str:
+    """The metadata data folder a check names: the one holding the namespace store (its
+    ``db`` folder) next to the journal, else the journal's parent."""
+    if os.path.isdir(os.path.join(given, "db")):
+        return given
+    return os.path.dirname(os.path.abspath(journal_dir))
+
+
+def store_applied_txid(data_dir: str) -> tuple[int | None, str]:
+    """The applied txid of the namespace store in ``data_dir`` (its ``db`` folder), or
+    None and why not; the check then judges the journal alone. ``NoSpace`` when a start
+    would refuse for want of room (the store is opened as a start opens it)."""
     import plyvel
 
     from meta import keys
-    from meta.kv import PlyvelStore
+    from meta.start_space import open_store
 
-    for db in (os.path.join(given, "db"), os.path.join(os.path.dirname(journal_dir), "db")):
-        if os.path.isdir(db):
-            break
-    else:
+    db = os.path.join(data_dir, "db")
+    if not os.path.isdir(db):
         return None, "no namespace store (db folder) next to the journal"
     try:
-        store = PlyvelStore(db, create=False)
+        store = open_store(data_dir, create=False)
     except (plyvel.Error, OSError) as exc:   # e.g. the running server holds its lock
         why = exc.args[0].decode(errors="replace") if exc.args and isinstance(
             exc.args[0], bytes) else str(exc)
@@ -161,6 +169,7 @@ def store_applied_txid(given: str, journal_dir: str) -> tuple[int | None, str]:
 
 
 def run_meta(args) -> int:
+    private_umask()   # LevelDB's files (an offline check's open writes too), the journal
     if args.check_journal:
         from meta.journal_files import check_journal
         directory = find_journal_dir(args.check_journal)
@@ -169,7 +178,12 @@ def run_meta(args) -> int:
                 "no such file or directory"
             print(f"{PROG} meta --check-journal: {directory}: {cause}", file=sys.stderr)
             return 1
-        applied, store_note = store_applied_txid(args.check_journal, directory)
+        try:
+            applied, store_note = store_applied_txid(data_folder_of(args.check_journal,
+                                                                    directory))
+        except NoSpace as exc:   # a start would refuse: so does the check
+            print(f"{PROG} meta --check-journal: {exc}", file=sys.stderr)
+            return 1
         print(f"{store_note}" + (f": applied txid {applied}" if applied is not None else ""))
         try:
             lines = check_journal(directory, store_applied=applied)
@@ -195,7 +209,6 @@ def run_meta(args) -> int:
         http_port = args.http_port
     else:  # with --port 0 (tests, several clusters) a fixed status port would collide
         http_port = 0 if port == 0 else config.meta_http_port
-    os.makedirs(args.data, exist_ok=True)
     from meta.serverrun import run_meta_server
 
     async def start(task_status=trio.TASK_STATUS_IGNORED):
@@ -212,7 +225,7 @@ def run_storage(args) -> int:
     meta_address = find_meta_address(getattr(args, "meta", None))
     host = args.host or config.bind_host
     port = args.port if args.port is not None else config.storage_port
-    os.makedirs(args.data, exist_ok=True)
+    private_umask()   # replica files: the server user's alone
     from storage.server import run_block_server
 
     async def start(task_status=trio.TASK_STATUS_IGNORED):
