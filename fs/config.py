@@ -135,6 +135,9 @@ class Config:
                                          "between, survivors of a collection are frozen: short "
                                          "pauses); 0 = CPython's default collector")
     retry_cache_expiry: float = _s(600.0, "seconds a mutating call's reply is kept for retries")
+    retry_cache_entries: int = _s(200_000, "mutating calls' replies the retry cache keeps at "
+                                  "most (a restart reads this many of the journal's newest "
+                                  "records back into it)")
     invalidate_limit: int = _s(1000, "replica deletions handed to one block server per heartbeat")
     delete_chunk: int = _s(2000, "inodes + blocks one delete record removes; a bigger subtree is "
                            "detached at once and reclaimed in the background in records of "

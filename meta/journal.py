@@ -98,8 +98,8 @@ from fs.errors import InternalError, InvalidArgument, LeaseFSError, NoSpace, Sta
 from fs.retry_cache import current_call
 
 from .journal_files import (RECORD_HEADER, JournalError, JournalStats, Record, Scan, SegmentInfo,
-                            finalized_name, fsync_dir, inprogress_name, scan_segment, span_of,
-                            verify_directory, write_lost_marker)
+                            finalized_name, fsync_dir, inprogress_name, read_tail,
+                            span_of, verify_directory, write_lost_marker)
 from .journal_start import StartPlan, decide
 from .ops import RPC_CALL, RPC_KEPT
 
@@ -349,23 +349,23 @@ class Journal:
         for seg in segments:
             if seg.last <= after_txid:   # lost segments past after_txid: refused by replay
                 continue
-            records: list[Record] = []
-            scan_segment(self.directory, seg.name, seg.first, False, tail_may_be_torn=False,
-                          max_record=self.max_record, on_record=records.append)
-            for record in records:
-                if record.txid > after_txid:
-                    yield record
+            # of a segment the store has partly applied, only the rest is decoded
+            yield from read_tail(self.directory, seg.name, seg.first, seg.last,
+                                 max(seg.first, after_txid + 1), self.max_record)
 
     def recent(self, since: float, limit: int) -> list[Record]:
-        """Records of the newest finalized segments last written at wall time ``since`` or
-        later (their files' mtime: records carry no time), newest segments first until
-        ``limit`` records, returned in txid order (startup, after ``open``, sync).
+        """The newest ``limit`` records (at most) of the finalized segments last written at
+        wall time ``since`` or later (their files' mtime: records carry no time), in txid
+        order (startup, after ``open``, sync).
 
         Why: a restarted server notes the retry-cached calls of recent records, applied or
         not (``MetaServer``); the store already holds most of them, so replay does not see
-        them. A segment that cannot be read ends the look back (logged): the retry cache is
-        best effort, the start must not fail for it."""
-        chosen: list[SegmentInfo] = []
+        them. Only what the caller keeps is decoded: segments are taken newest first, and
+        of the oldest one taken only its newest records (``read_tail``), so a start after
+        heavy writes reads about ``limit`` records, not every record of a big segment. A
+        segment that cannot be read ends the look back (logged): the retry cache is best
+        effort, the start must not fail for it."""
+        chosen: list[tuple[SegmentInfo, int]] = []   # (segment, first txid wanted)
         count = 0
         for seg in reversed(self._finalized):
             if seg.lost or count >= limit:
@@ -376,20 +376,20 @@ class Journal:
                 break
             if written < since:
                 break
-            chosen.append(seg)
-            count += seg.last - seg.first + 1
+            take = min(seg.last - seg.first + 1, limit - count)
+            chosen.append((seg, seg.last - take + 1))
+            count += take
         records: list[Record] = []
-        for seg in reversed(chosen):
-            found: list[Record] = []
+        for seg, from_txid in reversed(chosen):
             try:
-                scan_segment(self.directory, seg.name, seg.first, False, tail_may_be_torn=False,
-                             max_record=self.max_record, on_record=found.append)
+                found = read_tail(self.directory, seg.name, seg.first, seg.last, from_txid,
+                                  self.max_record)
             except JournalError as exc:
                 log.warning("journal %s: recent records: %s", self.directory, exc)
                 records = []   # keep the records contiguous up to the newest
                 continue
             records.extend(found)
-        return records[-limit:] if limit > 0 else []
+        return records
 
     # ------------------------------------------------------------------ appending
     async def log(self, op: str, args: dict, *, durable: bool = True, kept=None) -> int:

@@ -147,7 +147,8 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
 
     def __init__(self, config: Config, kv: KVStore, journal_dir: str, *,
                  clock=time.monotonic, wall_ns=time.time_ns):
-        super().__init__(RetryCache(expiry=config.retry_cache_expiry))
+        super().__init__(RetryCache(expiry=config.retry_cache_expiry,
+                                    max_entries=config.retry_cache_entries))
         self.config = config
         self.kv = kv
         self.clock = clock
@@ -252,15 +253,16 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         (the store has applied most of them: replay alone would miss them)."""
         cache = self.retry_cache
         noted = 0
-        for record in self.journal.recent(self.wall_ns() / 1e9 - cache.expiry,
-                                          cache.max_entries):
+        records = self.journal.recent(self.wall_ns() / 1e9 - cache.expiry, cache.max_entries)
+        for record in records:
             args = record.args
             call = CallKey.from_wire(args.get(RPC_CALL)) if isinstance(args, dict) else None
             if call is not None:
                 cache.note(call, args.get(RPC_KEPT))
                 noted += 1
-        if noted:
-            log.info("retry cache: %d calls noted from the journal's recent records", noted)
+        if records:
+            log.info("retry cache: %d calls noted from the journal's %d most recent records "
+                     "(txids %d..%d)", noted, len(records), records[0].txid, records[-1].txid)
 
     def _replay_chunk(self, records) -> None:
         ops = [decode(record) for record in records]
