@@ -100,6 +100,7 @@ from .permissions import Caller, PermissionChecker
 from .harole import SERVING, HAStatus, Role
 from .safemode import SafeModeState
 from .startup import Phase, StartupProgress
+from .timeslice import TimeSlice
 from .admin_protocol import AdminProtocol
 from .client_protocol import ClientProtocol
 from .namespace_protocol import NamespaceProtocol
@@ -568,17 +569,17 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
 
     async def check_subtree(self, caller: Caller, parts, access: int, *,
                             ignore_empty_dir: bool = False) -> None:
-        """HDFS subAccess: ``access`` on every directory of the subtree at ``parts`` (a
-        checkpoint every REPORT_STEP inodes; the caller's path locks keep it still)."""
+        """HDFS subAccess: ``access`` on every directory of the subtree at ``parts`` (yields
+        by ``TimeSlice``; the caller's path locks keep it still)."""
         found = self.ns.walk(parts, strict=False)
         if len(found) != len(parts) + 1 or found[-1][1]["type"] != DIR:
             return
-        for count, (ino, node) in enumerate(self.ns.iter_subtree(*found[-1]), 1):
+        walk = TimeSlice()
+        for ino, node in self.ns.iter_subtree(*found[-1]):
             self.permissions.check_sub_access(
                 caller, node, access, lambda: self.ns.path_of(ino) or f"<inode {ino}>",
                 ignore_empty_dir=ignore_empty_dir)
-            if count % REPORT_STEP == 0:
-                await trio.sleep(0)
+            await walk.tick()
 
     def new_owner(self, ctx, what: str, canonical: str, owner, group) -> tuple[str, str | None]:
         """Owner and group of a new inode (``PermissionChecker.new_owner``)."""
