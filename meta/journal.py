@@ -349,21 +349,24 @@ class Journal:
         for seg in segments:
             if seg.last <= after_txid:   # lost segments past after_txid: refused by replay
                 continue
-            # of a segment the store has partly applied, only the rest is decoded
-            yield from read_tail(self.directory, seg.name, seg.first, seg.last,
-                                 max(seg.first, after_txid + 1), self.max_record)
+            # of a segment the store has partly applied, only the rest is decoded; a bad
+            # record refuses the start before any record of its segment is applied
+            yield from list(read_tail(self.directory, seg.name, seg.first, seg.last,
+                                      max(seg.first, after_txid + 1), self.max_record))
 
-    def recent(self, since: float, limit: int) -> list[Record]:
+    def recent(self, since: float, limit: int) -> Iterator[Record]:
         """The newest ``limit`` records (at most) of the finalized segments last written at
-        wall time ``since`` or later (their files' mtime: records carry no time), in txid
-        order (startup, after ``open``, sync).
+        wall time ``since`` or later (their files' mtime: records carry no time), newest
+        segment first, each segment's in txid order, decoded as the caller takes them
+        (startup, after ``open``, sync).
 
         Why: a restarted server notes the retry-cached calls of recent records, applied or
         not (``MetaServer``); the store already holds most of them, so replay does not see
-        them. Only what the caller keeps is decoded: segments are taken newest first, and
-        of the oldest one taken only its newest records (``read_tail``), so a start after
-        heavy writes reads about ``limit`` records, not every record of a big segment. A
-        segment that cannot be read ends the look back (logged): the retry cache is best
+        them. Only what the caller keeps is decoded, one record at a time (none is held
+        here): segments are taken newest first, and of the oldest one taken only its
+        newest records (``read_tail``), so a start after heavy writes reads about ``limit``
+        records, not every record of a big segment. A record that cannot be read ends the
+        look back (logged), so what is missed is the oldest: the retry cache is best
         effort, the start must not fail for it."""
         chosen: list[tuple[SegmentInfo, int]] = []   # (segment, first txid wanted)
         count = 0
@@ -379,17 +382,13 @@ class Journal:
             take = min(seg.last - seg.first + 1, limit - count)
             chosen.append((seg, seg.last - take + 1))
             count += take
-        records: list[Record] = []
-        for seg, from_txid in reversed(chosen):
+        for seg, from_txid in chosen:
             try:
-                found = read_tail(self.directory, seg.name, seg.first, seg.last, from_txid,
-                                  self.max_record)
+                yield from read_tail(self.directory, seg.name, seg.first, seg.last, from_txid,
+                                     self.max_record)
             except JournalError as exc:
                 log.warning("journal %s: recent records: %s", self.directory, exc)
-                records = []   # keep the records contiguous up to the newest
-                continue
-            records.extend(found)
-        return records
+                return
 
     # ------------------------------------------------------------------ appending
     async def log(self, op: str, args: dict, *, durable: bool = True, kept=None) -> int:

@@ -48,7 +48,8 @@ import mmap
 import os
 import re
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import msgpack
@@ -234,6 +235,26 @@ class Scan:
         return self.size - self.valid_end
 
 
+@contextmanager
+def _mapped(path: str):
+    """The segment's bytes as a read-only map (b"" when empty): verifying or stepping
+    through a 200 MB segment does not make it resident in this process."""
+    try:
+        with open(path, "rb") as fh:
+            buf = (mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                   if os.fstat(fh.fileno()).st_size else b"")
+    except OSError as exc:
+        raise JournalError(f"journal segment {path}: cannot read: {exc}", file=path) from None
+    try:
+        yield buf
+    finally:
+        if buf:
+            try:
+                buf.close()
+            except BufferError:   # a view still refers to it: the collector closes it
+                pass
+
+
 def scan_segment(directory: str, name: str, first: int, in_progress: bool,
                   tail_may_be_torn: bool, max_record: int,
                   on_record: Callable[[Record], None] | None = None,
@@ -242,11 +263,14 @@ def scan_segment(directory: str, name: str, first: int, in_progress: bool,
     up to txid ``skip_through`` (the store applied them) are stepped over by their headers
     when the record after them verifies; otherwise the whole segment is verified."""
     path = os.path.join(directory, name)
-    try:
-        with open(path, "rb") as fh:
-            buf = fh.read()
-    except OSError as exc:
-        raise JournalError(f"journal segment {path}: cannot read: {exc}", file=path) from None
+    with _mapped(path) as buf:
+        return _scan(path, buf, name, first, in_progress, tail_may_be_torn, max_record,
+                     on_record, skip_through)
+
+
+def _scan(path: str, buf, name: str, first: int, in_progress: bool, tail_may_be_torn: bool,
+          max_record: int, on_record: Callable[[Record], None] | None,
+          skip_through: int) -> Scan:
     pos = 0
     expected = first
     torn_reason = ""
@@ -284,27 +308,20 @@ def scan_segment(directory: str, name: str, first: int, in_progress: bool,
 
 
 def read_tail(directory: str, name: str, first: int, last: int, from_txid: int,
-              max_record: int) -> list[Record]:
+              max_record: int) -> Iterator[Record]:
     """Records ``from_txid..last`` of the finalized segment ``name`` (``first..last``), each
-    verified. The records before ``from_txid`` are stepped over by their headers alone (no
-    CRC, no decode), through a read-only map of the file: reading the newest thousand
-    records of a 200 MB segment costs about what they are, not the segment."""
+    verified as it is reached (lazily: the caller keeps only what it wants of them). The
+    records before ``from_txid`` are stepped over by their headers alone (no CRC, no
+    decode), through a read-only map of the file: reading the newest thousand records of a
+    200 MB segment costs about what they are, not the segment. ``JournalError`` where a
+    record is bad (those before it were yielded)."""
     path = os.path.join(directory, name)
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size == 0:
-                raise JournalError(f"journal segment {path}: empty, its name says txids "
-                                   f"{first}..{last}", file=path, offset=0)
-            buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as exc:
-        raise JournalError(f"journal segment {path}: cannot read: {exc}", file=path) from None
-    try:
+    with _mapped(path) as buf:
+        size = len(buf)
         pos, txid = _step_over(buf, 0, from_txid - first), from_txid
         if pos is None:
             raise JournalError(f"journal segment {path}: its record headers lead past its "
                                f"end before txid {from_txid}", file=path)
-        records: list[Record] = []
         while pos < size:
             parsed = _parse_at(buf, pos, max_record)
             if isinstance(parsed, _Bad):
@@ -314,14 +331,11 @@ def read_tail(directory: str, name: str, first: int, last: int, from_txid: int,
             if record.txid != txid:
                 raise JournalError(f"journal segment {path}: record at offset {pos} has txid "
                                    f"{record.txid}, expected {txid}", file=path, offset=pos)
-            records.append(record)
+            yield record
             txid, pos = txid + 1, end
         if txid - 1 != last:
             raise JournalError(f"journal segment {path}: name says txids {first}..{last} but "
                                f"it ends at txid {txid - 1}", file=path, offset=pos)
-        return records
-    finally:
-        buf.close()
 
 
 def list_segments(directory: str) -> list[tuple[str, int, int | None, bool]]:

@@ -154,7 +154,7 @@ def test_the_last_record_of_a_cached_calls_log_names_the_call(tmp_path):
         reopened.open()
         assert [r.args for r in reopened.recent(time.time() - 60, 100)] == [
             r.args for r in applied]
-        assert reopened.recent(time.time() + 60, 100) == []   # older than the window
+        assert list(reopened.recent(time.time() + 60, 100)) == []   # older than the window
 
     trio.run(main)
 

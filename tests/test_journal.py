@@ -13,8 +13,8 @@ import trio.testing
 
 from fs.errors import InternalError, InvalidArgument, NoSpace
 from meta.journal import Journal
-from meta.journal_files import (JournalError, Record, check_journal, encode_record, finalized_name,
-                                inprogress_name)
+from meta.journal_files import (RECORD_HEADER, JournalError, Record, check_journal, encode_record,
+                                finalized_name, inprogress_name)
 
 
 class Applied:
@@ -852,7 +852,7 @@ def test_recent_decodes_only_the_records_asked_for(tmp_path, monkeypatch):
     """The retry cache's look back at start: of 3 segments (2000 + 3000 records + the
     recovered in-progress tail of 500) ``recent`` decodes only the newest ``limit`` records,
     stepping over the older ones by their headers (a flipped byte in a skipped record's body
-    does not matter); the records come back contiguous, newest last."""
+    does not matter); a record it cannot read ends the look back, keeping the newer ones."""
     journal = Journal(str(tmp_path), Applied(), keep_segments=0)
     journal.open()
 
@@ -869,7 +869,7 @@ def test_recent_decodes_only_the_records_asked_for(tmp_path, monkeypatch):
     trio.run(main)     # not closed: the in-progress segment is recovered as after kill -9
     middle = tmp_path / finalized_name(2001, 5000)
     data = bytearray(middle.read_bytes())
-    data[100] ^= 0xFF              # inside the body of txid 2001's record
+    data[RECORD_HEADER.size + 5] ^= 0xFF     # inside the body of txid 2001's record
     middle.write_bytes(bytes(data))
 
     import meta.journal_files as journal_files
@@ -884,11 +884,13 @@ def test_recent_decodes_only_the_records_asked_for(tmp_path, monkeypatch):
     monkeypatch.setattr(journal_files, "_decode_body", counting)
     for limit, first in ((300, 5201), (500, 5001), (1200, 4301), (3000, 2501)):
         decoded.clear()
-        records = journal.recent(0, limit)
-        assert [r.txid for r in records] == list(range(first, 5501)), limit
+        records = list(journal.recent(0, limit))
+        # newest segment first, each in txid order
+        assert [r.txid for r in records] == [t for lo, hi in ((5001, 5500), (2001, 5000),
+                                                               (1, 2000))
+                                              for t in range(max(lo, first), hi + 1)], limit
         assert len(decoded) == limit
-    # reaching the damaged record: the look back stops at the segment it cannot read
-    decoded.clear()
+    # reaching the damaged record: the look back stops there, the newest records are kept
     assert [r.txid for r in journal.recent(0, 5500)] == list(range(5001, 5501))
 
 
