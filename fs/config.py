@@ -92,6 +92,10 @@ class Config:
                                   "restarts) that trigger one (LevelDB sync + segment roll + purge)")
     checkpoint_txns: int = _s(1_000_000, "transactions since the last checkpoint's txid (persisted) "
                               "that trigger one early")
+    checkpoint_journal_bytes: int = _s(64 * MiB, "journal bytes written since the last "
+                                       "checkpoint that trigger one early (a record may carry "
+                                       "a small file's data: transactions alone let the journal "
+                                       "grow to gigabytes); 0 = no such trigger")
     journal_sync_delay: float = _s(0.005, "seconds the metadata server may wait to fsync "
                                    "namespace changes it answered before their fsync (clients "
                                    "without sync_metadata, e.g. mounts), so that those of that "
@@ -122,8 +126,10 @@ class Config:
                             "behind the active's last checkpoint (older entries are deleted "
                             "after each checkpoint; a follower further behind bootstraps "
                             "itself from another server's namespace image)")
-    journal_keep_segments: int = _s(2, "finalized journal segments kept after a checkpoint (each "
-                                    "checkpoint rolls one: HDFS num.checkpoints.retained)")
+    journal_keep_segments: int = _s(0, "finalized journal segments a checkpoint keeps besides "
+                                    "what follows it (0: none; the namespace store is the only "
+                                    "image, so no start replays them; a restart's retry cache "
+                                    "reads them when they are recent)")
     namespace_lock: str = _s("fine", "metadata server locking: fine (per-path read/write locks, "
                              "HDFS-17366; disjoint mutations share journal fsyncs) or global "
                              "(one namespace write lock per mutation, held to its fsync; for "

@@ -123,7 +123,7 @@ class AdminProtocol:
                             "durable_txid": self.journal.durable_txid,
                             "fsyncs": self.journal.stats.fsyncs,
                             "records": self.journal.stats.records},
-                "checkpoint": self.last_checkpoint.as_dict(self.ns.applied_txid),
+                "checkpoint": self.checkpoint_status(),
                 # how the last start went: its phases' durations, the records replayed
                 "startup": self.startup.as_dict(self.wall_ns() / 1e9),
                 "namespace_cache": {"entries": len(self.ns.cache.data),

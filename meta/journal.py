@@ -783,6 +783,11 @@ class Journal:
                      durable_txid)
         return removed
 
+    def bytes_after(self, txid: int) -> int:
+        """Bytes of the segments holding txids after ``txid`` (a segment straddling it
+        counts whole; no disk I/O)."""
+        return sum(seg.size for seg in self.segments() if seg.last > txid)
+
     def segments(self) -> list[SegmentInfo]:
         """Finalized segments oldest first, then the in-progress one (no disk I/O)."""
         result = list(self._finalized)
