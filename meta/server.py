@@ -253,21 +253,21 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         named by the records of the journal's segments written within the cache's expiry
         (the store has applied most of them: replay alone would miss them)."""
         cache = self.retry_cache
-        noted = read = 0
-        first = last = None
-        for record in self.journal.recent(self.wall_ns() / 1e9 - cache.expiry,
-                                          cache.max_entries):
-            read += 1
-            first = record.txid if first is None else min(first, record.txid)
-            last = record.txid if last is None else max(last, record.txid)
-            args = record.args
-            call = CallKey.from_wire(args.get(RPC_CALL)) if isinstance(args, dict) else None
-            if call is not None:
-                cache.note(call, args.get(RPC_KEPT))
-                noted += 1
+        read = 0
+
+        def calls():
+            nonlocal read
+            for record in self.journal.recent(self.wall_ns() / 1e9 - cache.expiry,
+                                              cache.max_entries):
+                read += 1
+                call = CallKey.from_wire(record.args.get(RPC_CALL))
+                if call is not None:
+                    yield call, record.args.get(RPC_KEPT)
+
+        noted = cache.note_all(calls())
         if read:
-            log.info("retry cache: %d calls noted from the journal's %d most recent records "
-                     "(txids %d..%d)", noted, read, first, last)
+            log.info("retry cache: %d calls noted from the journal's %d most recent records",
+                     noted, read)
 
     def _replay_chunk(self, records) -> None:
         ops = [decode(record) for record in records]

@@ -414,3 +414,41 @@ def test_journal_bytes_since_the_last_checkpoint_trigger_one(tmp_path):
         assert trio.run(all_exist, cluster.meta_address, ["/a/d0", "/c/d149"]) == []
     finally:
         cluster.stop()
+
+
+def test_a_start_after_kill9_reads_back_only_what_the_retry_cache_keeps(tmp_path):
+    """The retry cache keeps 40 calls: after 200 retry-cached creates and kill -9, the start
+    reads back the journal's newest 40 records (not 200), and a create among them retried
+    with its identity gets its first answer; one older than the look back is run again
+    (and fails: the cache no longer knows it)."""
+    from test_ha_retry import send
+
+    cluster = ProcessCluster(tmp_path, n_storage=0, settings={"retry_cache_entries": 40})
+    cluster.start()
+    try:
+        async def creates():
+            return [await send(cluster.meta_address, "create",
+                               {"path": f"/r/f{i}", "client_name": "w", "create_parent": True,
+                                "want_status": True}, i) for i in range(1, 201)]
+
+        first = trio.run(creates)
+        cluster.kill_meta()
+        cluster.start_meta()
+        cluster.wait_ready(0)
+        log_text = cluster.log_tail("meta", 200)
+        assert "retry cache: 40 calls noted from the journal's 40 most recent records" \
+            in log_text, log_text
+
+        async def retries():
+            newest = await send(cluster.meta_address, "create",
+                                {"path": "/r/f200", "client_name": "w", "create_parent": True,
+                                 "want_status": True}, 200)
+            with pytest.raises(errors.AlreadyBeingCreated):   # run again: the file is open
+                await send(cluster.meta_address, "create",
+                           {"path": "/r/f1", "client_name": "w", "create_parent": True,
+                            "want_status": True}, 1)
+            return newest
+
+        assert trio.run(retries) == first[-1]
+    finally:
+        cluster.stop()
