@@ -92,6 +92,10 @@ class Config:
                                   "restarts) that trigger one (LevelDB sync + segment roll + purge)")
     checkpoint_txns: int = _s(1_000_000, "transactions since the last checkpoint's txid (persisted) "
                               "that trigger one early")
+    checkpoint_journal_bytes: int = _s(64 * MiB, "journal bytes written since the last "
+                                       "checkpoint that trigger one early (a record may carry "
+                                       "a small file's data: transactions alone let the journal "
+                                       "grow to gigabytes); 0 = no such trigger")
     journal_sync_delay: float = _s(0.005, "seconds the metadata server may wait to fsync "
                                    "namespace changes it answered before their fsync (clients "
                                    "without sync_metadata, e.g. mounts), so that those of that "
@@ -122,8 +126,10 @@ class Config:
                             "behind the active's last checkpoint (older entries are deleted "
                             "after each checkpoint; a follower further behind bootstraps "
                             "itself from another server's namespace image)")
-    journal_keep_segments: int = _s(2, "finalized journal segments kept after a checkpoint (each "
-                                    "checkpoint rolls one: HDFS num.checkpoints.retained)")
+    journal_keep_segments: int = _s(0, "finalized journal segments a checkpoint keeps besides "
+                                    "what follows it (0: none; the namespace store is the only "
+                                    "image, so no start replays them; a restart's retry cache "
+                                    "reads them when they are recent)")
     namespace_lock: str = _s("fine", "metadata server locking: fine (per-path read/write locks, "
                              "HDFS-17366; disjoint mutations share journal fsyncs) or global "
                              "(one namespace write lock per mutation, held to its fsync; for "
@@ -135,6 +141,9 @@ class Config:
                                          "between, survivors of a collection are frozen: short "
                                          "pauses); 0 = CPython's default collector")
     retry_cache_expiry: float = _s(600.0, "seconds a mutating call's reply is kept for retries")
+    retry_cache_entries: int = _s(200_000, "mutating calls' replies the retry cache keeps at "
+                                  "most (a restart reads this many of the journal's newest "
+                                  "records back into it)")
     invalidate_limit: int = _s(1000, "replica deletions handed to one block server per heartbeat")
     delete_chunk: int = _s(2000, "inodes + blocks one delete record removes; a bigger subtree is "
                            "detached at once and reclaimed in the background in records of "

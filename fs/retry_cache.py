@@ -163,16 +163,31 @@ class RetryCache:
         self._purge()
         self._entries[key] = [self.clock() + self.expiry, None, APPLIED, kept]
 
-    def _purge(self) -> None:
+    def note_all(self, notes) -> int:
+        """``note`` each ``(key, kept)`` of ``notes`` (a restart's look back at the journal:
+        up to ``max_entries`` of them at once), expiring from now; the oldest beyond
+        ``max_entries`` go at the end, not one purge per note. Returns how many were new."""
+        entries = self._entries
+        expires = self.clock() + self.expiry
+        added = 0
+        for key, kept in notes:
+            if key not in entries:
+                entries[key] = [expires, None, APPLIED, kept]
+                added += 1
+        self._purge(keep=self.max_entries)
+        return added
+
+    def _purge(self, keep: int | None = None) -> None:
         """Drop expired entries from the oldest end (insertion order, which is near enough
-        to expiry order), plus the oldest beyond ``max_entries``. Stops at the first live
-        entry, so a call costs O(entries removed), never a scan of the cache: this runs on
-        every mutating RPC."""
+        to expiry order), plus the oldest beyond ``keep`` (default: room for one more
+        under ``max_entries``). Stops at the first live entry, so a call costs O(entries
+        removed), never a scan of the cache: this runs on every mutating RPC."""
+        keep = self.max_entries - 1 if keep is None else keep
         now = self.clock()
         entries = self._entries
         while entries:
             key = next(iter(entries))
-            if entries[key][0] <= now or len(entries) >= self.max_entries:
+            if entries[key][0] <= now or len(entries) > keep:
                 del entries[key]
             else:
                 break

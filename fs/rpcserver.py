@@ -67,7 +67,8 @@ class Dispatcher:
     call_observer = None
 
     def __init__(self, retry_cache: RetryCache | None = None):
-        self.retry_cache = retry_cache or RetryCache()
+        # "is not None": an empty cache is falsy (it has a length)
+        self.retry_cache = retry_cache if retry_cache is not None else RetryCache()
         self._signatures: dict[str, tuple] = {}
 
     def state_id(self) -> int:

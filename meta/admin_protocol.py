@@ -22,8 +22,6 @@ from __future__ import annotations
 import logging
 import time
 
-import trio
-
 from fs import paths
 from fs.errors import InvalidArgument
 
@@ -34,6 +32,7 @@ from .locks import LOCK_WRITE, lock_set
 from .namespace import DIR, SYMLINK, ContentSummary, check_bool, check_int
 from .namespace_quota import NO_QUOTA, file_charge
 from .permissions import READ_EXECUTE
+from .timeslice import TimeSlice
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +54,14 @@ class AdminProtocol:
                 self.permissions.check_path(caller, parts, self.inode_chain(parts))
             _, ino, inode, _ = self.ns.resolve(path)
             summary = ContentSummary()
-            for count, (node_ino, node) in enumerate(self.ns.iter_subtree(ino, inode), 1):
+            walk = TimeSlice()   # a big tree must not stall every other client
+            for node_ino, node in self.ns.iter_subtree(ino, inode):
                 if caller is not None:   # HDFS subAccess=READ_EXECUTE on every directory
                     self.permissions.check_sub_access(
                         caller, node, READ_EXECUTE,
                         lambda: self.ns.path_of(node_ino) or f"<inode {node_ino}>")
                 summary.add(node, file_charge(self.ns.read, node_ino, node))
-                if count % 2000 == 0:
-                    await trio.sleep(0)   # a big tree must not stall every other client
+                await walk.tick()
             answer = summary.as_dict()
             # HDFS's count -q columns: a quota folder answers its quotas and stored usage
             quota = inode.get("quota")
@@ -124,7 +123,7 @@ class AdminProtocol:
                             "durable_txid": self.journal.durable_txid,
                             "fsyncs": self.journal.stats.fsyncs,
                             "records": self.journal.stats.records},
-                "checkpoint": self.last_checkpoint.as_dict(self.ns.applied_txid),
+                "checkpoint": self.checkpoint_status(),
                 # how the last start went: its phases' durations, the records replayed
                 "startup": self.startup.as_dict(self.wall_ns() / 1e9),
                 "namespace_cache": {"entries": len(self.ns.cache.data),
@@ -237,9 +236,9 @@ class AdminProtocol:
                 self.permissions.check_path(caller, parts, self.inode_chain(parts))
             canonical = paths.join_parts(parts)
             _, ino, inode, _ = self.ns.resolve(path)
-            for count, (node_ino, node) in enumerate(self.ns.iter_subtree(ino, inode), 1):
-                if count % 500 == 0:
-                    await trio.sleep(0)   # a big tree must not stall every other client
+            walk = TimeSlice()   # a big tree must not stall every other client
+            for node_ino, node in self.ns.iter_subtree(ino, inode):
+                await walk.tick()
                 kind = node["type"]
                 if kind == DIR:
                     totals["directories"] += 1

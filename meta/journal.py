@@ -99,8 +99,8 @@ from fs.errors import InternalError, InvalidArgument, LeaseFSError, NoSpace, Sta
 from fs.retry_cache import current_call
 
 from .journal_files import (RECORD_HEADER, JournalError, JournalStats, Record, Scan, SegmentInfo,
-                            finalized_name, fsync_dir, inprogress_name, scan_segment, span_of,
-                            verify_directory, write_lost_marker)
+                            finalized_name, fsync_dir, inprogress_name, read_tail,
+                            span_of, verify_directory, write_lost_marker)
 from .journal_start import StartPlan, decide
 from .ops import RPC_CALL, RPC_KEPT
 
@@ -350,23 +350,26 @@ class Journal:
         for seg in segments:
             if seg.last <= after_txid:   # lost segments past after_txid: refused by replay
                 continue
-            records: list[Record] = []
-            scan_segment(self.directory, seg.name, seg.first, False, tail_may_be_torn=False,
-                          max_record=self.max_record, on_record=records.append)
-            for record in records:
-                if record.txid > after_txid:
-                    yield record
+            # of a segment the store has partly applied, only the rest is decoded; a bad
+            # record refuses the start before any record of its segment is applied
+            yield from list(read_tail(self.directory, seg.name, seg.first, seg.last,
+                                      max(seg.first, after_txid + 1), self.max_record))
 
-    def recent(self, since: float, limit: int) -> list[Record]:
-        """Records of the newest finalized segments last written at wall time ``since`` or
-        later (their files' mtime: records carry no time), newest segments first until
-        ``limit`` records, returned in txid order (startup, after ``open``, sync).
+    def recent(self, since: float, limit: int) -> Iterator[Record]:
+        """The newest ``limit`` records (at most) of the finalized segments last written at
+        wall time ``since`` or later (their files' mtime: records carry no time), newest
+        segment first, each segment's in txid order, decoded as the caller takes them
+        (startup, after ``open``, sync).
 
         Why: a restarted server notes the retry-cached calls of recent records, applied or
         not (``MetaServer``); the store already holds most of them, so replay does not see
-        them. A segment that cannot be read ends the look back (logged): the retry cache is
-        best effort, the start must not fail for it."""
-        chosen: list[SegmentInfo] = []
+        them. Only what the caller keeps is decoded, one record at a time (none is held
+        here): segments are taken newest first, and of the oldest one taken only its
+        newest records (``read_tail``), so a start after heavy writes reads about ``limit``
+        records, not every record of a big segment. A record that cannot be read ends the
+        look back (logged), so what is missed is the oldest: the retry cache is best
+        effort, the start must not fail for it."""
+        chosen: list[tuple[SegmentInfo, int]] = []   # (segment, first txid wanted)
         count = 0
         for seg in reversed(self._finalized):
             if seg.lost or count >= limit:
@@ -377,20 +380,16 @@ class Journal:
                 break
             if written < since:
                 break
-            chosen.append(seg)
-            count += seg.last - seg.first + 1
-        records: list[Record] = []
-        for seg in reversed(chosen):
-            found: list[Record] = []
+            take = min(seg.last - seg.first + 1, limit - count)
+            chosen.append((seg, seg.last - take + 1))
+            count += take
+        for seg, from_txid in chosen:
             try:
-                scan_segment(self.directory, seg.name, seg.first, False, tail_may_be_torn=False,
-                             max_record=self.max_record, on_record=found.append)
+                yield from read_tail(self.directory, seg.name, seg.first, seg.last, from_txid,
+                                     self.max_record)
             except JournalError as exc:
                 log.warning("journal %s: recent records: %s", self.directory, exc)
-                records = []   # keep the records contiguous up to the newest
-                continue
-            records.extend(found)
-        return records[-limit:] if limit > 0 else []
+                return
 
     # ------------------------------------------------------------------ appending
     async def log(self, op: str, args: dict, *, durable: bool = True, kept=None) -> int:
@@ -784,6 +783,11 @@ class Journal:
             log.info("journal: purged %d segments up to txid %d", len(removed),
                      durable_txid)
         return removed
+
+    def bytes_after(self, txid: int) -> int:
+        """Bytes of the segments holding txids after ``txid`` (a segment straddling it
+        counts whole; no disk I/O)."""
+        return sum(seg.size for seg in self.segments() if seg.last > txid)
 
     def segments(self) -> list[SegmentInfo]:
         """Finalized segments oldest first, then the in-progress one (no disk I/O)."""

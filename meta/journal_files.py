@@ -29,8 +29,12 @@ bridges them and the new segment starts after the store's txid (WARNING naming t
 when the store needs records the journal lacks, ``open`` refuses before changing anything.
 ``check_journal`` runs the same decision, so the offline check and a start agree. A start
 does not read finalized segments the store has applied past (they are never replayed; the
-chain of their names is still checked); ``check_journal`` reads them and reports corruption
-in them as a WARNING, not as a failed check, since a start would go on.
+chain of their names is still checked), and steps over the applied records of the
+in-progress segment by their headers (``_step_over``: what follows them is verified, a torn
+tail cut; when the record reached does not verify, the whole segment is). Likewise a replay,
+and ``read_tail`` for the retry cache, decode only the records they need of a segment.
+``check_journal`` reads everything and reports corruption in what a start skips as a
+WARNING, not as a failed check, since a start would go on.
 
 Concurrency contract: plain functions on files, no shared state; the live journal
 (``meta/journal.py``) calls them at startup and from its own worker thread.
@@ -40,10 +44,12 @@ from __future__ import annotations
 
 import errno as _errno
 import logging
+import mmap
 import os
 import re
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import msgpack
@@ -158,6 +164,21 @@ def _parse_at(buf: bytes, pos: int, max_record: int) -> tuple[Record, int] | _Ba
     return record, end
 
 
+def _step_over(buf, pos: int, count: int) -> int | None:
+    """The offset ``count`` records after ``pos``, read from their headers alone (no CRC, no
+    decode); None when the headers lead outside ``buf``. Only for records a start needs
+    no verdict on (the store applied them); the record reached must then verify with the
+    expected txid, which it does not when a header in between was damaged."""
+    size = len(buf)
+    unpack = RECORD_HEADER.unpack_from
+    step = RECORD_HEADER.size
+    for _ in range(count):
+        if size - pos < step:
+            return None
+        pos += step + unpack(buf, pos)[0]
+    return pos if pos <= size else None
+
+
 def decode_batch(data: bytes, max_record: int) -> list[Record]:
     """The framed records of ``data`` (a batch as the journal writes it, e.g. an entry of
     the replicated log), each verified; ``JournalError`` at the first bad one."""
@@ -173,6 +194,11 @@ def decode_batch(data: bytes, max_record: int) -> list[Record]:
             raise JournalError(f"batch txids jump from {records[-1].txid} to {record.txid}")
         records.append(record)
     return records
+
+
+def _verifies_as(buf, pos: int, max_record: int, txid: int) -> bool:
+    parsed = _parse_at(buf, pos, max_record)
+    return not isinstance(parsed, _Bad) and parsed[0].txid == txid
 
 
 def _valid_record_after(buf: bytes, start: int, max_record: int) -> int | None:
@@ -202,25 +228,58 @@ class Scan:
     torn_reason: str = ""
     lost: bool = False
     unread: bool = False   # not verified: the store has applied past it
+    stepped: int = 0       # leading records not verified (the store applied them)
 
     @property
     def torn_bytes(self) -> int:
         return self.size - self.valid_end
 
 
-def scan_segment(directory: str, name: str, first: int, in_progress: bool,
-                  tail_may_be_torn: bool, max_record: int,
-                  on_record: Callable[[Record], None] | None = None) -> Scan:
-    """Verify every record of one segment; raise ``JournalError`` on corruption."""
-    path = os.path.join(directory, name)
+@contextmanager
+def _mapped(path: str):
+    """The segment's bytes as a read-only map (b"" when empty): verifying or stepping
+    through a 200 MB segment does not make it resident in this process."""
     try:
         with open(path, "rb") as fh:
-            buf = fh.read()
+            buf = (mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                   if os.fstat(fh.fileno()).st_size else b"")
     except OSError as exc:
         raise JournalError(f"journal segment {path}: cannot read: {exc}", file=path) from None
+    try:
+        yield buf
+    finally:
+        if buf:
+            try:
+                buf.close()
+            except BufferError:   # a view still refers to it: the collector closes it
+                pass
+
+
+def scan_segment(directory: str, name: str, first: int, in_progress: bool,
+                  tail_may_be_torn: bool, max_record: int,
+                  on_record: Callable[[Record], None] | None = None,
+                  skip_through: int = 0) -> Scan:
+    """Verify every record of one segment; raise ``JournalError`` on corruption. Records
+    up to txid ``skip_through`` (the store applied them) are stepped over by their headers
+    when the record after them verifies; otherwise the whole segment is verified."""
+    path = os.path.join(directory, name)
+    with _mapped(path) as buf:
+        return _scan(path, buf, name, first, in_progress, tail_may_be_torn, max_record,
+                     on_record, skip_through)
+
+
+def _scan(path: str, buf, name: str, first: int, in_progress: bool, tail_may_be_torn: bool,
+          max_record: int, on_record: Callable[[Record], None] | None,
+          skip_through: int) -> Scan:
     pos = 0
     expected = first
     torn_reason = ""
+    if skip_through >= first:
+        after = _step_over(buf, 0, skip_through - first + 1)
+        if after is not None and (after == len(buf) or _verifies_as(buf, after, max_record,
+                                                                    skip_through + 1)):
+            pos, expected = after, skip_through + 1
+    stepped = expected - first
     while pos < len(buf):
         parsed = _parse_at(buf, pos, max_record)
         if isinstance(parsed, _Bad):
@@ -244,7 +303,39 @@ def scan_segment(directory: str, name: str, first: int, in_progress: bool,
         expected += 1
         pos = end
     return Scan(name=name, first=first, last=expected - 1, records=expected - first,
-                 size=len(buf), valid_end=pos, in_progress=in_progress, torn_reason=torn_reason)
+                 size=len(buf), valid_end=pos, in_progress=in_progress, torn_reason=torn_reason,
+                 stepped=stepped)
+
+
+def read_tail(directory: str, name: str, first: int, last: int, from_txid: int,
+              max_record: int) -> Iterator[Record]:
+    """Records ``from_txid..last`` of the finalized segment ``name`` (``first..last``), each
+    verified as it is reached (lazily: the caller keeps only what it wants of them). The
+    records before ``from_txid`` are stepped over by their headers alone (no CRC, no
+    decode), through a read-only map of the file: reading the newest thousand records of a
+    200 MB segment costs about what they are, not the segment. ``JournalError`` where a
+    record is bad (those before it were yielded)."""
+    path = os.path.join(directory, name)
+    with _mapped(path) as buf:
+        size = len(buf)
+        pos, txid = _step_over(buf, 0, from_txid - first), from_txid
+        if pos is None:
+            raise JournalError(f"journal segment {path}: its record headers lead past its "
+                               f"end before txid {from_txid}", file=path)
+        while pos < size:
+            parsed = _parse_at(buf, pos, max_record)
+            if isinstance(parsed, _Bad):
+                raise JournalError(f"journal segment {path}: bad record at offset {pos}: "
+                                   f"{parsed.reason}", file=path, offset=pos)
+            record, end = parsed
+            if record.txid != txid:
+                raise JournalError(f"journal segment {path}: record at offset {pos} has txid "
+                                   f"{record.txid}, expected {txid}", file=path, offset=pos)
+            yield record
+            txid, pos = txid + 1, end
+        if txid - 1 != last:
+            raise JournalError(f"journal segment {path}: name says txids {first}..{last} but "
+                               f"it ends at txid {txid - 1}", file=path, offset=pos)
 
 
 def list_segments(directory: str) -> list[tuple[str, int, int | None, bool]]:
@@ -308,9 +399,10 @@ def verify_directory(directory: str, max_record: int,
             scans.append(Scan(name=name, first=first, last=last, records=last - first + 1,
                                size=size, valid_end=size, in_progress=False, unread=True))
             continue
-        if is_inprogress:
+        if is_inprogress:   # read for its torn tail; what the store applied is stepped over
             scans.append(scan_segment(directory, name, first, True, tail_may_be_torn=True,
-                                       max_record=max_record))
+                                       max_record=max_record,
+                                       skip_through=applied_through or 0))
         else:
             scans.append(scan_finalized(directory, name, first, last, max_record))
     return scans
@@ -382,6 +474,15 @@ def check_journal(directory: str, max_record: int = 64 << 20, *,
                              f"namespace store has applied past it), a replay from before "
                              f"txid {scan.last + 1} would fail")
                 continue
+        if scan.stepped:    # a start steps over the applied records; the check reads them
+            try:
+                scan_segment(directory, scan.name, scan.first, True, tail_may_be_torn=True,
+                             max_record=max_record)
+            except JournalError as exc:
+                lines.append(f"  WARNING: {exc}; a start does not read txids {scan.first}.."
+                             f"{scan.first + scan.stepped - 1} of this segment (the namespace "
+                             f"store has applied them), a replay from before txid "
+                             f"{scan.first + scan.stepped} would fail")
         if scan.lost:
             lines.append(f"  {scan.name}: txids {scan.first}..{scan.last}: lost from the "
                          f"journal (the namespace store had applied them)")

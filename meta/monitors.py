@@ -53,7 +53,12 @@ class Monitors:
             self.global_lock.release(True)
         if self.ha is not None:
             await self.ha.after_checkpoint(info.txid)
-        return {**info.as_dict(self.ns.applied_txid), "purged": removed}
+        return {**self.checkpoint_status(), "purged": removed}
+
+    def checkpoint_status(self) -> dict:
+        """The last checkpoint and what the journal holds after it (``report``)."""
+        last = self.last_checkpoint
+        return last.as_dict(self.ns.applied_txid, self.journal.bytes_after(last.txid))
 
     async def run_monitors(self) -> None:
         """The loops every metadata server runs whatever its role (they journal nothing:
@@ -171,9 +176,12 @@ class Monitors:
         period = max(0.05, min(1.0, self.config.checkpoint_period))
         while True:
             await trio.sleep(period)
-            if checkpoints.due(self.last_checkpoint, self.ns.applied_txid, self.wall_ns(),
+            last = self.last_checkpoint
+            if checkpoints.due(last, self.ns.applied_txid, self.wall_ns(),
                                self._started_ns, period=self.config.checkpoint_period,
-                               txns=self.config.checkpoint_txns):
+                               txns=self.config.checkpoint_txns,
+                               journal_bytes=self.journal.bytes_after(last.txid),
+                               max_bytes=self.config.checkpoint_journal_bytes):
                 try:
                     await self.checkpoint()
                 except LeaseFSError as exc:

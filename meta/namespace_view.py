@@ -28,6 +28,9 @@ from .namespace_args import DIR, FILE, MAX_LIST_LIMIT, SYMLINK, check_int
 
 log = logging.getLogger(__name__)
 
+#: directory entries ``iter_subtree`` reads per store scan
+SUBTREE_PAGE = 256
+
 
 class ContentSummary:
     """Totals of a subtree for ``content_summary``: fed one inode at a time, so a caller
@@ -334,16 +337,39 @@ class NamespaceView:
             yield keys.parse_dentry_key(key)[1], keys.unpack(raw)
 
     def iter_subtree(self, ino: int, inode: dict) -> Iterator[tuple[int, dict]]:
-        """Every inode of the subtree rooted at ``ino`` (depth first, the root first)."""
-        stack = [(ino, inode)]
+        """Every inode of the subtree rooted at ``ino`` (depth first, the root first). Lazy
+        inside a folder too: its entries are read ``SUBTREE_PAGE`` at a time, so a caller
+        that awaits between inodes (``TimeSlice``) never holds the trio thread for a whole
+        folder of 100k entries. An entry is counted when its page is read (each at most
+        once: pages follow the key order)."""
+        yield ino, inode
+        stack = [self._child_inodes(ino, inode)] if inode["type"] == DIR else []
         while stack:
-            cur, cur_inode = stack.pop()
-            yield cur, cur_inode
-            if cur_inode["type"] == DIR:
-                for _, child in self.children(cur):
-                    child_inode = self.get_inode(child)
-                    if child_inode is not None:
-                        stack.append((child, child_inode))
+            found = next(stack[-1], None)
+            if found is None:
+                stack.pop()
+                continue
+            yield found
+            if found[1]["type"] == DIR:
+                stack.append(self._child_inodes(*found))
+
+    def _child_inodes(self, ino: int, inode: dict) -> Iterator[tuple[int, dict]]:
+        """``(ino, inode)`` of a folder's entries, a page of entries per store scan (a
+        fresh iterator each: none stays open while the caller awaits)."""
+        if not inode.get("children", 1):   # never seek into the tombstones of an empty folder
+            return
+        prefix = keys.dentry_prefix(ino)
+        start = None
+        while True:
+            page = list(self.kv.scan(prefix, start=start, limit=SUBTREE_PAGE))
+            for _, raw in page:
+                child = keys.unpack(raw)
+                child_inode = self.get_inode(child)
+                if child_inode is not None:
+                    yield child, child_inode
+            if len(page) < SUBTREE_PAGE:
+                return
+            start = page[-1][0] + b"\x00"     # the next key after the page's last name
 
     def inline_data(self, ino: int, inode: dict) -> bytes | None:
         """The content of a file kept in the namespace (``inline``), else None."""

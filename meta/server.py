@@ -100,6 +100,7 @@ from .permissions import Caller, PermissionChecker
 from .harole import SERVING, HAStatus, Role
 from .safemode import SafeModeState
 from .startup import Phase, StartupProgress
+from .timeslice import TimeSlice
 from .admin_protocol import AdminProtocol
 from .client_protocol import ClientProtocol
 from .namespace_protocol import NamespaceProtocol
@@ -149,7 +150,8 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
 
     def __init__(self, config: Config, kv: KVStore, journal_dir: str, *,
                  clock=time.monotonic, wall_ns=time.time_ns):
-        super().__init__(RetryCache(expiry=config.retry_cache_expiry))
+        super().__init__(RetryCache(expiry=config.retry_cache_expiry,
+                                    max_entries=config.retry_cache_entries))
         self.config = config
         self.kv = kv
         self.clock = clock
@@ -254,16 +256,21 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         named by the records of the journal's segments written within the cache's expiry
         (the store has applied most of them: replay alone would miss them)."""
         cache = self.retry_cache
-        noted = 0
-        for record in self.journal.recent(self.wall_ns() / 1e9 - cache.expiry,
-                                          cache.max_entries):
-            args = record.args
-            call = CallKey.from_wire(args.get(RPC_CALL)) if isinstance(args, dict) else None
-            if call is not None:
-                cache.note(call, args.get(RPC_KEPT))
-                noted += 1
-        if noted:
-            log.info("retry cache: %d calls noted from the journal's recent records", noted)
+        read = 0
+
+        def calls():
+            nonlocal read
+            for record in self.journal.recent(self.wall_ns() / 1e9 - cache.expiry,
+                                              cache.max_entries):
+                read += 1
+                call = CallKey.from_wire(record.args.get(RPC_CALL))
+                if call is not None:
+                    yield call, record.args.get(RPC_KEPT)
+
+        noted = cache.note_all(calls())
+        if read:
+            log.info("retry cache: %d calls noted from the journal's %d most recent records",
+                     noted, read)
 
     def _replay_chunk(self, records) -> None:
         ops = [decode(record) for record in records]
@@ -569,17 +576,17 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
 
     async def check_subtree(self, caller: Caller, parts, access: int, *,
                             ignore_empty_dir: bool = False) -> None:
-        """HDFS subAccess: ``access`` on every directory of the subtree at ``parts`` (a
-        checkpoint every REPORT_STEP inodes; the caller's path locks keep it still)."""
+        """HDFS subAccess: ``access`` on every directory of the subtree at ``parts`` (yields
+        by ``TimeSlice``; the caller's path locks keep it still)."""
         found = self.ns.walk(parts, strict=False)
         if len(found) != len(parts) + 1 or found[-1][1]["type"] != DIR:
             return
-        for count, (ino, node) in enumerate(self.ns.iter_subtree(*found[-1]), 1):
+        walk = TimeSlice()
+        for ino, node in self.ns.iter_subtree(*found[-1]):
             self.permissions.check_sub_access(
                 caller, node, access, lambda: self.ns.path_of(ino) or f"<inode {ino}>",
                 ignore_empty_dir=ignore_empty_dir)
-            if count % REPORT_STEP == 0:
-                await trio.sleep(0)
+            await walk.tick()
 
     def new_owner(self, ctx, what: str, canonical: str, owner, group) -> tuple[str, str | None]:
         """Owner and group of a new inode (``PermissionChecker.new_owner``)."""

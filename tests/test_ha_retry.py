@@ -64,6 +64,35 @@ def test_a_noted_call_is_answered_by_its_rebuild_once():
     trio.run(main)
 
 
+def test_noting_a_restarts_look_back_at_once_keeps_the_newest_and_known_calls():
+    """``note_all`` (the look back at start): past ``max_entries`` the oldest notes go, a
+    key already in the cache stays as it was, expired entries are dropped."""
+    async def main():
+        full = RetryCache(expiry=10, max_entries=3, clock=lambda: 0.0)
+        keys = [CallKey("c", i, "mkdirs") for i in range(5)]
+        assert full.note_all((key, [i]) for i, key in enumerate(keys)) == 5
+        assert list(full._entries) == keys[2:]
+
+        now = [0.0]
+        cache = RetryCache(expiry=10, clock=lambda: now[0])
+        expired, own = CallKey("c", 7, "mkdirs"), CallKey("c", 8, "mkdirs")
+        assert await cache.run(expired, _answer("old")) == "old"
+        now[0] = 5.0
+        assert await cache.run(own, _answer("own")) == "own"
+        now[0] = 12.0
+        assert cache.note_all([(own, ["x"]), (keys[0], None)]) == 1
+        assert list(cache._entries) == [own, keys[0]]
+        assert await cache.run(own, _answer("again")) == "own"   # not replaced by a note
+
+    trio.run(main)
+
+
+def _answer(value):
+    async def thunk():
+        return value
+    return thunk
+
+
 def test_a_failed_rebuild_keeps_the_note_and_a_note_never_hides_an_answer():
     async def main():
         now = [0.0]
@@ -154,7 +183,7 @@ def test_the_last_record_of_a_cached_calls_log_names_the_call(tmp_path):
         reopened.open()
         assert [r.args for r in reopened.recent(time.time() - 60, 100)] == [
             r.args for r in applied]
-        assert reopened.recent(time.time() + 60, 100) == []   # older than the window
+        assert list(reopened.recent(time.time() + 60, 100)) == []   # older than the window
 
     trio.run(main)
 

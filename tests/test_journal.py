@@ -13,8 +13,8 @@ import trio.testing
 
 from fs.errors import InternalError, InvalidArgument, NoSpace
 from meta.journal import Journal
-from meta.journal_files import (JournalError, Record, check_journal, encode_record, finalized_name,
-                                inprogress_name)
+from meta.journal_files import (RECORD_HEADER, JournalError, Record, check_journal, encode_record,
+                                finalized_name, inprogress_name)
 
 
 class Applied:
@@ -845,3 +845,90 @@ def test_replicated_batches_grow_under_load_and_a_lone_caller_never_waits(tmp_pa
     assert returned["d0"] == pytest.approx(0.015), returned
     assert [returned[f"d{i}"] for i in (1, 2, 3)] == [pytest.approx(0.010)] * 3, returned
     assert [r.txid for r in applied.records] == list(range(1, 22))
+
+
+# ------------------------------------------------------------------------------ recent records
+def test_recent_decodes_only_the_records_asked_for(tmp_path, monkeypatch):
+    """The retry cache's look back at start: of 3 segments (2000 + 3000 records + the
+    recovered in-progress tail of 500) ``recent`` decodes only the newest ``limit`` records,
+    stepping over the older ones by their headers (a flipped byte in a skipped record's body
+    does not matter); a record it cannot read ends the look back, keeping the newer ones."""
+    journal = Journal(str(tmp_path), Applied(), keep_segments=0)
+    journal.open()
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            for count in (2000, 3000, 500):
+                for start in range(0, count, 500):
+                    await journal.log_many(mkdir_ops(start, 500))
+                if count != 500:
+                    await journal.roll()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)     # not closed: the in-progress segment is recovered as after kill -9
+    middle = tmp_path / finalized_name(2001, 5000)
+    data = bytearray(middle.read_bytes())
+    data[RECORD_HEADER.size + 5] ^= 0xFF     # inside the body of txid 2001's record
+    middle.write_bytes(bytes(data))
+
+    import meta.journal_files as journal_files
+    decoded = []
+    real_decode = journal_files._decode_body
+
+    def counting(body):
+        decoded.append(1)
+        return real_decode(body)
+
+    journal = reopen(tmp_path, 5500, keep_segments=0)   # the store has applied them all
+    monkeypatch.setattr(journal_files, "_decode_body", counting)
+    for limit, first in ((300, 5201), (500, 5001), (1200, 4301), (3000, 2501)):
+        decoded.clear()
+        records = list(journal.recent(0, limit))
+        # newest segment first, each in txid order
+        assert [r.txid for r in records] == [t for lo, hi in ((5001, 5500), (2001, 5000),
+                                                               (1, 2000))
+                                              for t in range(max(lo, first), hi + 1)], limit
+        assert len(decoded) == limit
+    # reaching the damaged record: the look back stops there, the newest records are kept
+    assert [r.txid for r in journal.recent(0, 5500)] == list(range(5001, 5501))
+
+
+def test_start_steps_over_the_applied_records_of_the_inprogress_segment(tmp_path, monkeypatch):
+    """After a crash the in-progress segment holds 1..200 and the store applied 150: the
+    start decodes only what it replays (a flipped byte in an applied record's body is not
+    even seen; the offline check still reports it), and a damaged header among the applied
+    records (the step-over would land wrong) makes it verify everything: corruption, and
+    nothing cut."""
+    session(tmp_path, mkdir_ops(0, 200))
+    inprog = tmp_path / inprogress_name(1)
+    clean = inprog.read_bytes()
+    fifth = sum(len(encode_record(i + 1, *op)) for i, op in enumerate(mkdir_ops(0, 4)))
+    data = bytearray(clean)
+    data[fifth + 12] ^= 0xFF                     # inside txid 5's body
+    inprog.write_bytes(bytes(data))
+
+    import meta.journal_files as journal_files
+    decoded = []
+    real_decode = journal_files._decode_body
+    monkeypatch.setattr(journal_files, "_decode_body",
+                        lambda body: decoded.append(1) or real_decode(body))
+    text = "\n".join(check_journal(str(tmp_path), store_applied=150))
+    assert "WARNING" in text and "offset" in text and "txids 1..150" in text, text
+    decoded.clear()
+    journal = reopen(tmp_path, store_applied=150)
+    assert journal.last_txid == 200
+    assert [r.txid for r in journal.replay(150)] == list(range(151, 201))
+    assert len(decoded) <= 2 * 50 + 1            # the verify, then the replay, of 151..200
+    trio.run(journal.aclose)
+
+    shutil.rmtree(tmp_path)
+    tmp_path.mkdir()
+    session(tmp_path, mkdir_ops(0, 200))
+    data = bytearray(inprog.read_bytes())
+    data[fifth:fifth + 4] = (1 << 20).to_bytes(4, "big")   # txid 5's length, far too long
+    inprog.write_bytes(bytes(data))
+    before = file_listing(tmp_path)
+    with pytest.raises(JournalError, match="corruption in the middle"):
+        reopen(tmp_path, store_applied=150)
+    assert file_listing(tmp_path) == before

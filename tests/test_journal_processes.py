@@ -19,6 +19,7 @@ from harness import ProcessCluster, leasefs, make_test_config, store_problems
 from meta import keys
 from meta.journal_files import RECORD_HEADER
 from meta.kv import PlyvelStore
+from tools.formatting import human_size
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -281,6 +282,11 @@ def restart_meta(cluster: ProcessCluster) -> None:
     cluster.wait_ready(0)
 
 
+def journal_bytes(cluster: ProcessCluster) -> int:
+    return sum(os.path.getsize(journal_dir(cluster) / name)
+               for name in os.listdir(journal_dir(cluster)))
+
+
 def wait_checkpoint(cluster: ProcessCluster, after_txid: int, timeout: float = 30.0) -> dict:
     """The report's checkpoint once one newer than ``after_txid`` was taken."""
     async def run():
@@ -303,7 +309,8 @@ def test_checkpoint_trigger_counts_transactions_across_restarts(tmp_path):
         restart_meta(cluster)
         now = report(cluster)
         assert now["checkpoint"] == {"txid": 0, "time_ns": 0,
-                                     "txns_since": now["journal"]["last_txid"]}
+                                     "txns_since": now["journal"]["last_txid"],
+                                     "journal_bytes_since": journal_bytes(cluster)}
         make_dirs(cluster, "b", 60)                  # 121 since the start of time: due
         first = wait_checkpoint(cluster, 0)
         assert first["txid"] >= 100 and first["time_ns"] > 0
@@ -358,5 +365,104 @@ def test_save_namespace_needs_safe_mode_purges_old_segments_and_shows_in_report(
         assert trio.run(all_exist, cluster.meta_address, ["/e/d4", "/a/d0"]) == []
         check = leasefs(cluster, "meta", "--check-journal", str(journal_dir(cluster)))
         assert check.returncode == 0 and f"txids {first_kept}.." in check.stdout, check.stdout
+    finally:
+        cluster.stop()
+
+
+def test_one_save_namespace_leaves_only_what_follows_it_and_report_shows_the_size(tmp_path):
+    """Default settings: after writes (and a kill -9 restart that finalized a segment), one
+    save-namespace leaves the journal folder holding only the new, empty in-progress segment;
+    the report then counts the journal written since, as on disk."""
+    cluster = ProcessCluster(tmp_path, n_storage=0)
+    cluster.start()
+    try:
+        make_dirs(cluster, "a", 30)
+        cluster.kill_meta()
+        cluster.start_meta()
+        cluster.wait_ready(0)
+        make_dirs(cluster, "b", 30)
+        assert len(os.listdir(journal_dir(cluster))) == 2      # finalized + in progress
+        assert leasefs(cluster, "safemode", "enter").returncode == 0
+        saved = leasefs(cluster, "save-namespace")
+        assert saved.returncode == 0, saved.stderr
+        assert "purged 2 journal segment(s)" in saved.stdout, saved.stdout
+        assert leasefs(cluster, "safemode", "leave").returncode == 0
+        txid = report(cluster)["journal"]["last_txid"]
+        assert os.listdir(journal_dir(cluster)) == [f"edits_inprogress_{txid + 1:019d}"]
+        assert journal_bytes(cluster) == 0
+        assert report(cluster)["checkpoint"]["journal_bytes_since"] == 0
+
+        make_dirs(cluster, "c", 10)
+        on_disk = journal_bytes(cluster)
+        assert on_disk > 0
+        assert report(cluster)["checkpoint"]["journal_bytes_since"] == on_disk
+        text = leasefs(cluster, "report").stdout
+        size = human_size(on_disk)
+        size += "B" if size[-1].isalpha() else " B"
+        assert re.search(rf"Last checkpoint: txid {txid} at .* \(10 transactions, {size} "
+                         rf"of journal since\)", text), text
+    finally:
+        cluster.stop()
+
+
+def test_journal_bytes_since_the_last_checkpoint_trigger_one(tmp_path):
+    """With a low journal-size threshold (and the transaction and time thresholds far off),
+    writes alone trigger checkpoints, each leaving only what follows it."""
+    cluster = ProcessCluster(tmp_path, n_storage=0,
+                             settings={"checkpoint_journal_bytes": 8192,
+                                       "checkpoint_txns": 1_000_000,
+                                       "checkpoint_period": 3600})
+    cluster.start()
+    try:
+        make_dirs(cluster, "a", 20)
+        assert report(cluster)["checkpoint"]["time_ns"] == 0   # under 8 KiB so far
+        make_dirs(cluster, "b", 150)                             # ~100 bytes a record
+        first = wait_checkpoint(cluster, 0)
+        assert first["txid"] > 20
+        make_dirs(cluster, "c", 150)
+        second = wait_checkpoint(cluster, first["txid"])
+        while second["journal_bytes_since"] >= 8192:   # a third may be on its way
+            second = wait_checkpoint(cluster, second["txid"])
+        assert os.listdir(journal_dir(cluster)) == [f"edits_inprogress_{second['txid'] + 1:019d}"]
+        assert journal_bytes(cluster) == second["journal_bytes_since"]
+        assert trio.run(all_exist, cluster.meta_address, ["/a/d0", "/c/d149"]) == []
+    finally:
+        cluster.stop()
+
+
+def test_a_start_after_kill9_reads_back_only_what_the_retry_cache_keeps(tmp_path):
+    """The retry cache keeps 40 calls: after 200 retry-cached creates and kill -9, the start
+    reads back the journal's newest 40 records (not 200), and a create among them retried
+    with its identity gets its first answer; one older than the look back is run again
+    (and fails: the cache no longer knows it)."""
+    from test_ha_retry import send
+
+    cluster = ProcessCluster(tmp_path, n_storage=0, settings={"retry_cache_entries": 40})
+    cluster.start()
+    try:
+        async def creates():
+            return [await send(cluster.meta_address, "create",
+                               {"path": f"/r/f{i}", "client_name": "w", "create_parent": True,
+                                "want_status": True}, i) for i in range(1, 201)]
+
+        first = trio.run(creates)
+        cluster.kill_meta()
+        cluster.start_meta()
+        cluster.wait_ready(0)
+        log_text = cluster.log_tail("meta", 200)
+        assert "retry cache: 40 calls noted from the journal's 40 most recent records" \
+            in log_text, log_text
+
+        async def retries():
+            newest = await send(cluster.meta_address, "create",
+                                {"path": "/r/f200", "client_name": "w", "create_parent": True,
+                                 "want_status": True}, 200)
+            with pytest.raises(errors.AlreadyBeingCreated):   # run again: the file is open
+                await send(cluster.meta_address, "create",
+                           {"path": "/r/f1", "client_name": "w", "create_parent": True,
+                            "want_status": True}, 1)
+            return newest
+
+        assert trio.run(retries) == first[-1]
     finally:
         cluster.stop()

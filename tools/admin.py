@@ -25,7 +25,7 @@ from fs.client import authentication
 from fs.rpc import RpcClient
 
 from .common import Command
-from .formatting import format_table
+from .formatting import format_table, human_size
 
 log = logging.getLogger(__name__)
 
@@ -179,11 +179,17 @@ def _decommission(cmd: Command, a):
 # --------------------------------------------------------------------------- save-namespace
 
 def format_checkpoint(c: dict | None) -> str:
-    """One line for a ``{txid, time_ns, txns_since}`` checkpoint entry (``report`` too)."""
-    if not c or not c.get("time_ns"):
+    """One line for a ``{txid, time_ns, txns_since, journal_bytes_since}`` checkpoint entry
+    (``report`` too): what the journal holds since is what the next start may verify."""
+    if not c:
         return "never"
+    size = human_size(c.get("journal_bytes_since", 0))
+    since = (f"{c.get('txns_since', 0)} transactions, {size}{'B' if size[-1].isalpha() else ' B'}"
+             f" of journal since")
+    if not c.get("time_ns"):
+        return f"never ({since})"
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["time_ns"] / 1e9))
-    return f"txid {c['txid']} at {when} ({c.get('txns_since', 0)} transactions since)"
+    return f"txid {c['txid']} at {when} ({since})"
 
 
 def cmd_save_namespace(cmd: Command):
