@@ -25,6 +25,7 @@ dispatcher's handlers run in those tasks concurrently (all on that one thread, l
 from __future__ import annotations
 
 import collections
+import errno
 import inspect
 import logging
 import math
@@ -34,7 +35,7 @@ import time
 
 import trio
 
-from . import errors
+from . import errors, localserver
 from . import tls as tlsmod
 from .errors import (InternalError, InvalidArgument, LeaseFSError, ProtocolError,
                      ServerUnavailable, UnknownMethod)
@@ -562,8 +563,12 @@ async def serve_local(handler, name: str, *, task_status=trio.TASK_STATUS_IGNORE
         sock.listen(128)
     except OSError as exc:
         sock.close()
-        raise ServerUnavailable(f"{server}: cannot listen on local socket {name}: "
-                                f"{exc.strerror or exc}") from None
+        held = localserver.holder(name) if exc.errno == errno.EADDRINUSE else None
+        raise ServerUnavailable(
+            f"{server}: cannot listen on local socket {name}: {exc.strerror or exc}"
+            + (f" (held by {held}: another process took its name; stop it, or set "
+               f"meta_socket to a path in a folder only this server's user may write)"
+               if held else "")) from None
     log.info("%s listening on local socket %s", server, name)
     refusals = RefusalLog(log)
 
