@@ -63,7 +63,9 @@ class Config:
                              "reconnect by themselves; block server: until its op header "
                              "has arrived)")
     max_connections: int = _s(1000, "connections one server (metadata or block server) keeps "
-                              "open at once; more are refused (0 = no limit)")
+                              "open at once; more are refused (0 = no limit; the metadata "
+                              "server counts its local socket's apart, with the same limits "
+                              "per uid)")
     max_unauthenticated_connections: int = _s(
         100, "TCP connections the metadata server keeps open at once that have not "
         "authenticated yet (security = secure), counted apart from max_connections: peers "
