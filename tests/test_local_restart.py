@@ -18,7 +18,7 @@ CLIENTS = 250
 
 @pytest.mark.slow
 def test_local_clients_ride_through_restarts_under_load(tmp_path):
-    # every client has its own connection: more than one uid may hold by default
+    # each client has its own connection: room for all of them (one uid) and their reconnects
     with ProcessCluster(tmp_path, n_storage=0,
                         settings={"max_connections_per_peer": 2 * CLIENTS}) as cluster:
         async def main():
