@@ -63,7 +63,16 @@ class Config:
                              "reconnect by themselves; block server: until its op header "
                              "has arrived)")
     max_connections: int = _s(1000, "connections one server (metadata or block server) keeps "
-                              "open at once; more are refused (0 = no limit)")
+                              "open at once; more are refused (0 = no limit; the metadata "
+                              "server counts its local socket's apart, with the same limits "
+                              "per uid)")
+    max_unauthenticated_connections: int = _s(
+        100, "TCP connections the metadata server keeps open at once that have not "
+        "authenticated yet (security = secure), counted apart from max_connections: peers "
+        "that never authenticate cannot fill the count of those that did (0 = no limit)")
+    auth_timeout: float = _s(10.0, "seconds a TCP connection to the metadata server has to "
+                             "authenticate (security = secure: a delegation token or the "
+                             "cluster key) before it is closed, whatever it calls meanwhile")
     max_connections_per_peer: int = _s(256, "connections one server keeps open from one peer "
                                        "address; more are refused (0 = no limit)")
     rpc_buffer_limit: int = _s(256 * MiB, "bytes of request frames larger than 64 KiB the "

@@ -7,12 +7,14 @@ limits are one server's (shared by its connections); the timeouts that free what
 peer holds live with the protocol code (``fs.rpc.serve_rpc``, ``storage.transfer``).
 
 - ``ConnectionLimits``: admits a new connection or names why not (pure counting, no I/O);
+- ``Admission``: a TCP connection counted as unauthenticated until it authenticates, then
+  as authenticated (two ``ConnectionLimits``);
 - ``ByteBudget``: bytes that connections reserve before buffering a large frame; a
   reservation that does not fit waits (first come, first served) until others release;
 - ``RefusalLog``: one WARNING per refused peer and reason, then a count at most every
   ``interval`` seconds (a flood of refusals does not become a flood of log lines).
 
-Concurrency contract: all three live in the server's trio thread; ``ByteBudget.acquire`` is
+Concurrency contract: all of them live in the server's trio thread; ``ByteBudget.acquire`` is
 the only call that waits, every other call is synchronous.
 """
 
@@ -58,6 +60,44 @@ class ConnectionLimits:
         else:
             self._per_peer.pop(host, None)
         self.total -= 1
+
+
+class Admission:
+    """One TCP connection's place in its server's counts: admitted into ``pending`` (the
+    connections that have not authenticated) and, once it authenticates, moved into
+    ``limits`` (``authenticated()``). So peers that never authenticate fill only their own
+    budget, never the one of those that did."""
+
+    def __init__(self, host: str, limits: ConnectionLimits, pending: ConnectionLimits):
+        self.host = host
+        self._limits = limits
+        self._pending = pending
+        self._held: ConnectionLimits | None = None
+
+    def admit(self) -> str | None:
+        """Count the new connection as unauthenticated, or why it is refused."""
+        why = self._pending.admit(self.host)
+        if why is None:
+            self._held = self._pending
+            return None
+        return f"unauthenticated: {why}"
+
+    def authenticated(self) -> str | None:
+        """Move the connection into the authenticated count, or why that is full (it
+        stays counted where it was until ``release``)."""
+        if self._held is not self._pending:
+            return None
+        why = self._limits.admit(self.host)
+        if why is not None:
+            return why
+        self._pending.release(self.host)
+        self._held = self._limits
+        return None
+
+    def release(self) -> None:
+        if self._held is not None:
+            self._held.release(self.host)
+            self._held = None
 
 
 class RefusalLog:

@@ -29,7 +29,7 @@ import uuid
 import outcome
 import trio
 
-from . import delegation, errors, nodeauth
+from . import delegation, errors, localserver, nodeauth
 from . import tls as tlsmod
 from .config import DEFAULT_LOCAL_SOCKET
 from .errors import LeaseFSError, ProtocolError, RpcTimeout, ServerUnavailable
@@ -318,13 +318,9 @@ class RpcClient:
         answers, else TCP (TLS over it when ``self.tls``, the certificate checked for the
         host of ``address``)."""
         if local_socket:
-            sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                with trio.fail_after(self.connect_timeout):
-                    await sock.connect(local_socket_address(local_socket))
-                return trio.SocketStream(sock), True
-            except (OSError, trio.TooSlowError):
-                sock.close()   # no local server (another machine's, or an older one): TCP
+            stream = await self._open_local(address, local_socket)
+            if stream is not None:
+                return stream, True
         host, port = address
         try:
             with trio.fail_after(self.connect_timeout):
@@ -333,6 +329,18 @@ class RpcClient:
             raise ServerUnavailable(
                 f"cannot reach {format_address(address)}: {exc or 'connect timed out'}"
             ) from None
+        if local_socket:
+            # a server binds its local socket before its TCP port: one that started between
+            # the two attempts answers there now, and over TCP we would be nobody
+            try:
+                local = await self._open_local(address, local_socket)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await stream.aclose()
+                raise
+            if local is not None:
+                await stream.aclose()
+                return local, True
         if self.tls is not None:
             try:
                 with trio.fail_after(self.connect_timeout):
@@ -343,6 +351,40 @@ class RpcClient:
                                         f": no answer within {self.connect_timeout:g} s "
                                         f"(does it serve TLS?)") from None
         return stream, False
+
+    async def _open_local(self, address, name: str) -> trio.SocketStream | None:
+        """A connection to the local socket ``name`` of the metadata server at ``address``,
+        its holder checked to be that server before anything is sent (``fs.localserver``);
+        None when no server listens there (another machine's server, or one without a
+        local socket: TCP then). A socket whose backlog is full is busy, not absent: it is
+        tried again until ``connect_timeout``."""
+        target = local_socket_address(name)
+        deadline = trio.current_time() + self.connect_timeout
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                sock.connect(target)   # a Unix socket connects at once or not at all
+                break
+            except BlockingIOError:    # its backlog is full: a busy server, wait
+                sock.close()
+                if trio.current_time() >= deadline:
+                    raise ServerUnavailable(
+                        f"local socket {name}: its server accepted no connection within "
+                        f"{self.connect_timeout:g} s") from None
+                await trio.sleep(0.01)
+            except OSError:
+                sock.close()
+                return None
+        try:
+            wanted = localserver.addresses(address[0])
+            if wanted is None:
+                wanted = await trio.to_thread.run_sync(localserver.resolve, address[0])
+            localserver.check(sock, name, address, wanted)
+        except BaseException:
+            sock.close()
+            raise
+        return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
 
     async def _token_authenticate(self, call, address=None) -> None:
         """``fs.delegation`` steps 2-3 with ``self.token``; ``AuthenticationFailed`` when the

@@ -25,6 +25,7 @@ dispatcher's handlers run in those tasks concurrently (all on that one thread, l
 from __future__ import annotations
 
 import collections
+import errno
 import inspect
 import logging
 import math
@@ -34,12 +35,13 @@ import time
 
 import trio
 
-from . import errors
+from . import errors, localserver
 from . import tls as tlsmod
 from .errors import (InternalError, InvalidArgument, LeaseFSError, ProtocolError,
                      ServerUnavailable, UnknownMethod)
-from .framing import DEFAULT_MAX_FRAME, FrameChannel, brief, encode_frame
-from .limits import ConnectionLimits, RefusalLog
+from .framing import (DEFAULT_MAX_FRAME, UNBUDGETED_FRAME, FrameChannel, brief,
+                      encode_frame)
+from .limits import Admission, ConnectionLimits, RefusalLog
 from .retry_cache import RetryCache
 
 # the logger keeps the name it had before the server moved out of fs.rpc: logging settings
@@ -95,6 +97,12 @@ class Dispatcher:
     def admits_unauthenticated(self, ctx: CallContext, method) -> bool:
         """Whether a connection that has not authenticated may make this call."""
         return False
+
+    def authenticated(self, session: dict) -> bool:
+        """Whether the connection of ``session`` has proven who it is (a user, or a node of
+        the cluster): until then it gets ``UNAUTHENTICATED_MAX_FRAME``, ``auth_timeout``
+        and the server's budget of unauthenticated connections."""
+        return session.get("user") is not UNAUTHENTICATED
 
     async def dispatch(self, ctx: CallContext, method, args):
         try:
@@ -184,7 +192,8 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                     max_concurrent_calls: int = 256, hello_timeout: float = 10.0,
                     send_timeout: float = 60.0, frame_timeout: float = math.inf,
                     idle_timeout: float = math.inf, budget=None,
-                    credentials: PeerCredentials | None = None) -> None:
+                    credentials: PeerCredentials | None = None,
+                    auth_timeout: float = math.inf, admission=None) -> None:
     """Serve one connection until the peer closes it or sends an unreadable frame.
 
     The hello's identity goes to ``dispatcher.open_session`` with ``credentials`` (the
@@ -200,7 +209,13 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
     (logged); a connection with no call running, nothing to send and nothing received for
     ``idle_timeout`` seconds is closed quietly (clients reconnect on their next call).
     ``budget`` (``fs.limits.ByteBudget``) is the server-wide allowance large frames
-    reserve before they are read."""
+    reserve before they are read.
+
+    Until it authenticates (``dispatcher.authenticated``) a connection may send frames of
+    at most ``UNAUTHENTICATED_MAX_FRAME`` bytes (never the shared ``budget``'s) and is
+    closed ``auth_timeout`` seconds after its start, whatever it calls meanwhile. Then
+    ``admission`` (``fs.limits.Admission``, the server's count of unauthenticated
+    connections) moves it into the count of authenticated ones, or names why it is full."""
     inline = dispatcher.inline_methods
     observe = dispatcher.call_observer
     clock = time.perf_counter
@@ -246,6 +261,14 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                 reply(ctx.call_id, False, InternalError(
                     f"{brief(method, 40)}: internal error: {type(exc).__name__}: {exc}").to_wire())
             else:
+                if not trusted[0] and dispatcher.authenticated(session):
+                    # before the reply: the peer's next frame may be a large one
+                    refused = admit_authenticated()
+                    if refused is not None:   # the connection's refusal says why
+                        result_kind = "ServerBusy"
+                        closed_for[0] = refused
+                        reading_scope[0].cancel()
+                        return
                 reply(ctx.call_id, True, result)
         finally:
             running[0] -= 1
@@ -267,6 +290,18 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
     idle = trio.lowlevel.ParkingLot()
     session: dict = {}
     closing = [False]
+    trusted = [False]               # authenticated (and admitted as such)
+    closed_for: list = [None]       # why the connection was ended from a call
+    reading_scope = [trio.CancelScope()]
+    opened = trio.current_time()
+
+    def admit_authenticated() -> errors.ServerBusy | None:
+        """The connection has authenticated: lift its limits, count it as authenticated;
+        the refusal if the server holds as many as it may."""
+        trusted[0] = True
+        channel.max_frame = max_frame
+        why = admission.authenticated() if admission is not None else None
+        return None if why is None else errors.ServerBusy(f"connection refused: {why}")
 
     async def worker(ctx: CallContext, method, args) -> None:
         while True:
@@ -339,6 +374,14 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
 
     def timed_out(now: float) -> tuple[float, str | None]:
         """(when to look again, why the connection is over or None)."""
+        wake, why = timed_out_of_use(now)
+        if trusted[0] or why is not None:
+            return wake, why
+        if now >= opened + auth_timeout:
+            return now, f"it did not authenticate within {auth_timeout:g} s"
+        return min(wake, opened + auth_timeout), None
+
+    def timed_out_of_use(now: float) -> tuple[float, str | None]:
         if channel.awaiting_budget:    # the server is not reading it: no fault of the peer's
             return now + min(idle_timeout, frame_timeout), None
         if channel.partial_since is not None:
@@ -388,17 +431,29 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                     dispatcher.open_session(session, user, groups, credentials, peer)
                     # replies carry the server's state id (a 4th element) when asked
                     session["state_id"] = hello.get("state_id") is True
-                    channel.max_frame = max_frame
+                    if dispatcher.authenticated(session):
+                        refused = admit_authenticated()
+                        if refused is not None:
+                            raise refused
+                    else:
+                        channel.max_frame = min(max_frame, UNAUTHENTICATED_MAX_FRAME)
                     verdict: list[str] = []
                     with trio.CancelScope() as reading:
-                        if frame_timeout < math.inf or idle_timeout < math.inf:
+                        reading_scope[0] = reading
+                        if frame_timeout < math.inf or idle_timeout < math.inf or \
+                                (auth_timeout < math.inf and not trusted[0]):
                             nursery.start_soon(watch, reading, verdict)
                         await read_requests(nursery, client_id, sync_metadata)
+                    if closed_for[0] is not None:
+                        raise closed_for[0]
                     if verdict and verdict[0]:
                         raise ProtocolError(verdict[0])
                     if verdict:
                         log.debug("closing connection from %s: idle for %g s", peer,
                                   idle_timeout)
+                except errors.ServerBusy as exc:   # authenticated, but that count is full
+                    log.warning("closing connection from %s: %s", peer, exc)
+                    reply(None, False, exc.to_wire())
                 except (EOFError, ServerUnavailable):
                     pass
                 except (ProtocolError, errors.AuthenticationFailed) as exc:
@@ -418,7 +473,7 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
 
 async def serve_tcp(handler, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED,
                     name: str = "server", limits: ConnectionLimits | None = None,
-                    refusal=None, tls=None):
+                    refusal=None, tls=None, unauthenticated: ConnectionLimits | None = None):
     """Listen on ``host:port`` (0 = any free port), report the bound address through
     ``task_status.started((host, port))`` and run ``handler(stream, peer)`` per connection.
 
@@ -429,7 +484,11 @@ async def serve_tcp(handler, host: str, port: int, *, task_status=trio.TASK_STAT
     With ``tls`` (``fs.tls.ServerTls``) every connection must open with a TLS handshake,
     done before ``handler`` gets the ``trio.SSLStream``; a peer without TLS gets
     ``refusal(reason, TlsError)`` in plaintext, one whose handshake fails or stalls a
-    logged refusal (``fs.tls.accept``). A refusal for the limits then goes over TLS."""
+    logged refusal (``fs.tls.accept``). A refusal for the limits then goes over TLS.
+
+    With ``unauthenticated`` (a server whose peers authenticate), a new connection counts
+    there, not in ``limits``, until it authenticates: ``handler`` gets an ``admission``
+    (``fs.limits.Admission``) to move it."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[:2]
     log.info("%s listening on %s", name, format_address(bound))
@@ -447,25 +506,34 @@ async def serve_tcp(handler, host: str, port: int, *, task_status=trio.TASK_STAT
             peer, peer_host = format_address(address), address[0]
         except OSError:
             peer = peer_host = "?"
-        if limits is not None:
-            why = limits.admit(peer_host)
-            if why is not None:
-                refusals.refused(peer_host, "connections",
-                                 f"{name}: refusing a connection from {peer}: {why}")
-                await _refuse(stream, refusal(why) if refusal is not None else None, tls,
-                              peer, name, refusals)
-                return
+        admission = None
+        if unauthenticated is not None:
+            admission = Admission(peer_host, limits, unauthenticated)
+            why = admission.admit()
+        else:
+            why = limits.admit(peer_host) if limits is not None else None
+        if why is not None:
+            refusals.refused(peer_host, "connections",
+                             f"{name}: refusing a connection from {peer}: {why}")
+            await _refuse(stream, refusal(why) if refusal is not None else None, tls,
+                          peer, name, refusals)
+            return
         try:
             if tls is not None:
                 secured = await tlsmod.accept(stream, tls, peer, name, refusals, not_tls)
                 if secured is None:
                     return
                 stream = secured
-            await handler(stream, peer)
+            if admission is not None:
+                await handler(stream, peer, admission=admission)
+            else:
+                await handler(stream, peer)
         except Exception:
             log.exception("%s: connection handler from %s failed", name, peer)
         finally:
-            if limits is not None:
+            if admission is not None:
+                admission.release()
+            elif limits is not None:
                 limits.release(peer_host)
 
     async with trio.open_nursery() as nursery:
@@ -496,8 +564,12 @@ async def serve_local(handler, name: str, *, task_status=trio.TASK_STATUS_IGNORE
         sock.listen(128)
     except OSError as exc:
         sock.close()
-        raise ServerUnavailable(f"{server}: cannot listen on local socket {name}: "
-                                f"{exc.strerror or exc}") from None
+        held = localserver.holder(name) if exc.errno == errno.EADDRINUSE else None
+        raise ServerUnavailable(
+            f"{server}: cannot listen on local socket {name}: {exc.strerror or exc}"
+            + (f" (held by {held}: another process took its name; stop it, or set "
+               f"meta_socket to a path in a folder only this server's user may write)"
+               if held else "")) from None
     log.info("%s listening on local socket %s", server, name)
     refusals = RefusalLog(log)
 
@@ -579,6 +651,12 @@ async def _refuse(stream: trio.SocketStream, frame, tls=None, peer: str = "?",
         pass
     with trio.CancelScope(shield=True):
         await stream.aclose()
+
+
+#: the largest frame a connection may send before it authenticates: the authentication
+#: calls are a few hundred bytes, and frames this small never reserve the server's shared
+#: request buffer (``fs.framing.UNBUDGETED_FRAME``)
+UNAUTHENTICATED_MAX_FRAME = UNBUDGETED_FRAME
 
 
 # the shared wire pieces, imported last: fs.rpc re-exports this module's names at its own

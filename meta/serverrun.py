@@ -138,20 +138,26 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
             nursery.start_soon(server.gc_governor.run)
             budget = ByteBudget(max(config.rpc_buffer_limit, config.max_frame + 4))
             handler = partial(_serve_connection, server, budget)
-            # one count of connections for both listeners: max_connections is the server's
+            # the local socket counts its connections apart (per uid): TCP peers never
+            # starve it. TCP connections count as unauthenticated until they prove who
+            # they are (security = secure), so peers that never do fill only their own count
             limits = ConnectionLimits.from_config(config)
+            local_limits = ConnectionLimits.from_config(config)
+            unauthenticated = ConnectionLimits(config.max_unauthenticated_connections,
+                                               config.max_connections_per_peer) \
+                if server.node_key is not None else None
             # local clients need no TLS: nothing of theirs leaves the machine. On a known
             # port (a restart) the local socket listens first: a client reconnecting while
             # only TCP listened would fall back to it and be refused as unauthenticated
             serve_local_socket = partial(serve_local, handler, server="metadata server",
-                                         limits=limits, refusal=rpc_refusal)
+                                         limits=local_limits, refusal=rpc_refusal)
             local = local_socket_name(config.meta_socket, (host, port), server=True) \
                 if port else None
             if local:
                 await nursery.start(partial(serve_local_socket, name=local))
             address = await nursery.start(partial(
                 serve_tcp, handler, host, port, name="metadata server", limits=limits,
-                refusal=rpc_refusal, tls=server_tls))
+                refusal=rpc_refusal, tls=server_tls, unauthenticated=unauthenticated))
             bound[:] = [address, http_bound[1] if http_bound else 0]
             if not local:
                 local = local_socket_name(config.meta_socket, address, server=True)
@@ -211,11 +217,12 @@ class _StartedOnce:
 
 
 async def _serve_connection(server: MetaServer, budget: ByteBudget, stream, peer: str,
-                            credentials=None) -> None:
+                            credentials=None, admission=None) -> None:
     config = server.config
     try:
         await serve_rpc(stream, server, max_frame=config.max_frame, peer=peer,
                         frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
-                        budget=budget, credentials=credentials)
+                        budget=budget, credentials=credentials,
+                        auth_timeout=config.auth_timeout, admission=admission)
     except ServerUnavailable:
         pass

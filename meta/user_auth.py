@@ -122,6 +122,10 @@ class AuthProtocol:
                                    f"superuser and proxy_users)")
         return user, (groups if real == self.superuser else os_groups(user))
 
+    def authenticated(self, session) -> bool:
+        # a block server's connection proves a node, not a user
+        return session.get("user") is not UNAUTHENTICATED or session.get("node") is not None
+
     def admits_unauthenticated(self, ctx, method) -> bool:
         return method in AUTHENTICATION_METHODS or (
             method in NODE_METHODS and ctx.session.get("node") is not None)

@@ -9,14 +9,16 @@ import logging
 import os
 import struct
 import time
+from contextlib import contextmanager
 
 import msgpack
 import pytest
 import trio
 
-from harness import Mount, ProcessCluster, make_test_config
+from harness import Mount, ProcessCluster, inprocess_cluster, make_test_config
 
 from fs import errors, nodeauth, paths
+from fs.client import AsyncClient
 from fs.framing import encode_frame
 from fs.rpc import PROTOCOL_VERSION, RpcClient
 from meta.serverrun import run_meta_server
@@ -118,9 +120,11 @@ def test_a_large_frame_waiting_for_the_request_buffer_is_read_once_a_stalled_one
         tmp_path):
     """The request buffer holds one large frame (rpc_buffer_limit = max_frame): a peer that
     stalls inside one makes the next large request wait, unread, until ``frame_timeout``
-    cuts the staller off and its reservation comes back; then the request is answered."""
+    cuts the staller off and its reservation comes back; then the request is answered.
+    (security = simple: a peer that reaches the port is a user, as one that authenticated
+    is; an unauthenticated one may not start a frame this large at all, see below.)"""
     config = make_test_config(max_frame=1 * MiB, rpc_buffer_limit=1 * MiB, frame_timeout=1.0,
-                              idle_timeout=60.0)
+                              idle_timeout=60.0, security="simple")
 
     async def main():
         async with trio.open_nursery() as nursery:
@@ -238,29 +242,30 @@ def test_connections_beyond_the_limits_are_refused_while_a_good_client_is_served
     """max_connections_per_peer=3, max_connections=6: a fourth connection from one peer is
     refused with ServerBusy (one WARNING naming the peer however often it retries), another
     peer still gets in until the total is reached, and the client that was connected before
-    the flood keeps being served throughout."""
+    the flood keeps being served throughout (on the local socket, which counts its
+    connections apart). security = simple: every TCP peer counts as a user from its hello."""
     config = make_test_config(max_connections_per_peer=3, max_connections=6,
-                              idle_timeout=60.0)
+                              idle_timeout=60.0, security="simple")
     caplog.set_level(logging.WARNING, logger="fs.rpc")
 
     async def main():
         async with trio.open_nursery() as nursery:
             address = await start_meta(nursery, tmp_path, config)
             async with RpcClient(address, "good", retry_seconds=0) as rpc:
-                await rpc.call("get_file_info", {"path": "/"})          # connection 1
+                await rpc.call("get_file_info", {"path": "/"})   # local: counted apart
                 held = []
-                for _ in range(3):                                      # 2..4 from .2
+                for _ in range(3):                                      # 1..3 from .2
                     held.append(await connect_from(address, "127.0.0.2"))
                     assert await served(held[-1])
                 for _ in range(3):                                      # refused
                     extra = await connect_from(address, "127.0.0.2")
                     [(call_id, ok, error)] = frames(await read_until_closed(extra, 10))
                     assert error["type"] == "ServerBusy" and "127.0.0.2" in error["message"]
-                for _ in range(2):                                      # 5, 6 from .3
+                for _ in range(3):                                      # 4..6 from .3
                     held.append(await connect_from(address, "127.0.0.3"))
                     assert await served(held[-1])
                 await rpc.call("get_file_info", {"path": "/"})    # all six are being served
-                extra = await connect_from(address, "127.0.0.3")        # 7: over the total
+                extra = await connect_from(address, "127.0.0.4")        # 7: over the total
                 [(_, _, error)] = frames(await read_until_closed(extra, 10))
                 assert error["type"] == "ServerBusy" and "limit 6" in error["message"]
                 assert (await rpc.call("get_file_info", {"path": "/"}))["type"] == "dir"
@@ -271,7 +276,8 @@ def test_connections_beyond_the_limits_are_refused_while_a_good_client_is_served
                         await trio.sleep(0.05)     # refused: the close is not seen yet
                 held.append(again)                 # it takes the freed place: full again
                 # a client of a full server gets the cause, not a bare disconnect
-                async with RpcClient(address, "late", retry_seconds=0) as late:
+                async with RpcClient(address, "late", retry_seconds=0,
+                                     local_socket=None) as late:
                     with pytest.raises(errors.ServerUnavailable, match="connection refused"):
                         await late.call("get_file_info", {"path": "/"})
             nursery.cancel_scope.cancel()
@@ -281,6 +287,114 @@ def test_connections_beyond_the_limits_are_refused_while_a_good_client_is_served
     assert all(r.levelno == logging.WARNING for r in refused)
     from_two = [r for r in refused if "127.0.0.2" in r.getMessage()]
     assert len(from_two) == 1, [r.getMessage() for r in refused]
+
+
+def test_peers_that_never_authenticate_do_not_lock_local_users_out(tmp_path):
+    """Under security = secure, TCP peers that never authenticate fill only their own count
+    (max_unauthenticated_connections): 40 of them from five addresses, more than
+    max_connections, and a local user's listing of / is still answered at once, as is a
+    later one; the peers beyond their count are refused with ServerBusy naming it."""
+    config = make_test_config(max_connections=30, max_connections_per_peer=8,
+                              max_unauthenticated_connections=20, idle_timeout=60.0,
+                              rpc_retry_seconds=3.0)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            address = await start_meta(nursery, tmp_path, config)
+            held, refused = [], []
+            for i in range(40):
+                stream = await connect_from(address, f"127.0.0.{2 + i % 5}")
+                await stream.send_all(hello(client_id=f"flood{i}"))
+                held.append(stream)
+            for stream in held:                  # which of them the server kept
+                with trio.move_on_after(0.2):
+                    got = frames(await read_until_closed(stream, 10))
+                    refused.append(got)
+            assert len(refused) == 20, len(refused)
+            for got in refused:
+                [(_, _, error)] = got
+                assert error["type"] == "ServerBusy" and "unauthenticated" in error["message"]
+            for _ in range(2):
+                started = trio.current_time()
+                async with RpcClient(address, "local", retry_seconds=3.0) as rpc:
+                    assert rpc.local_socket is not None
+                    listing = await rpc.call("list_status", {"path": "/"})
+                assert trio.current_time() - started < 2.0
+                assert listing is not None
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_connection_that_only_asks_for_challenges_is_closed_at_the_auth_deadline(
+        tmp_path, caplog):
+    """A TCP peer that keeps calling ``token_challenge`` (never idle) but never
+    authenticates is closed ``auth_timeout`` after it connected, told why."""
+    config = make_test_config(auth_timeout=1.5, idle_timeout=0.5, frame_timeout=60.0)
+    caplog.set_level(logging.WARNING, logger="fs.rpc")
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            address = await start_meta(nursery, tmp_path, config)
+            stream = await connect_from(address)
+            started = trio.current_time()
+            await stream.send_all(hello())
+            data = bytearray()
+            closed = False
+            with trio.fail_after(10):
+                for call_id in range(1, 100):
+                    try:
+                        await stream.send_all(encode_frame([call_id, "token_challenge", {}]))
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        break
+                    try:
+                        chunk = await stream.receive_some(65536)
+                    except trio.BrokenResourceError:
+                        chunk = b""
+                    if not chunk:
+                        closed = True
+                        break
+                    data += chunk
+                    await trio.sleep(0.2)   # busier than idle_timeout allows for
+            took = trio.current_time() - started
+            if not closed:
+                data += await read_until_closed(stream, 10)
+            got = frames(bytes(data))
+            assert [ok for call_id, ok, _ in got if call_id is not None][:3] == [True] * 3
+            errors_sent = [error for call_id, _, error in got if call_id is None]
+            # its last error frame may be lost to a reset (a request it sent meanwhile
+            # was still unread): the server's log says why in any case
+            assert all("did not authenticate within 1.5 s" in e["message"]
+                       for e in errors_sent), errors_sent
+            assert 1.3 <= took < 5, took
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert any("did not authenticate within 1.5 s" in r.getMessage() for r in caplog.records)
+
+
+def test_authenticated_tcp_connections_outlive_the_auth_deadline(tmp_path, caplog):
+    """A block server (the cluster key) and a client with a delegation token authenticate
+    over TCP: their connections stay past ``auth_timeout`` and may send large frames."""
+    caplog.set_level(logging.WARNING, logger="fs.rpc")
+
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=1, auth_timeout=1.0,
+                                     idle_timeout=60.0) as cluster:
+            config = await cluster.remote_config()
+            async with AsyncClient(cluster.meta_address, config=config) as remote:
+                await remote.list_status("/")
+                assert remote.rpc.local_socket is None and remote.rpc.connected
+                conn = remote.rpc._conn
+                await trio.sleep(2.0)
+                with pytest.raises(errors.NameTooLong):     # a 600 kB frame
+                    await remote.mkdirs("/" + "x" * 600_000)
+                assert remote.rpc._conn is conn              # the same connection
+            assert (await cluster.wait_ready(1))             # the block server is live
+
+    trio.run(main)
+    cut = [r.getMessage() for r in caplog.records if "did not authenticate" in r.getMessage()]
+    assert cut == []
 
 
 def test_block_server_refuses_connections_beyond_the_per_peer_limit(tmp_path, caplog):
@@ -347,24 +461,36 @@ def assert_grown_at_most(baseline_kib: int, peak_kib: int, sent: list[int], boun
     assert grown < bound, f"grew {grown / MiB:.0f} MiB, more than {bound / MiB:.0f} MiB"
 
 
+@contextmanager
+def meta_process(tmp_path, settings: dict):
+    """``(pid, address)`` of a metadata server process with ``settings``, stopped after."""
+    cluster = ProcessCluster(tmp_path, n_storage=0, settings=settings)
+    cluster.start_meta()
+    try:
+        yield cluster.pid("meta"), cluster.meta_address
+    finally:
+        cluster.stop()
+
+
+async def rss_after_a_call(address: str, pid: int) -> int:
+    """The server's RSS (KiB) once it served a call: the baseline of a memory test."""
+    async with RpcClient(address, "good", retry_seconds=0) as rpc:
+        await rpc.call("get_file_info", {"path": "/"})
+    return _rss_kib(pid)
+
+
 @pytest.mark.slow
 def test_partial_frames_on_many_connections_keep_the_server_memory_bounded(tmp_path):
     """8 connections each send 60 MiB of a 64 MiB frame: the metadata server process
     buffers at most ``rpc_buffer_limit`` of them (the others wait unread), so its peak RSS
     grows by about that much, not by 480 MiB; a client with ordinary calls is served
-    meanwhile."""
+    meanwhile. (security = simple: every peer is a user from its hello, as an authenticated
+    one is; an unauthenticated one may not start such a frame, see the next test.)"""
     limit = 128 * MiB
-    cluster = ProcessCluster(tmp_path, n_storage=0, settings={
-        "rpc_buffer_limit": limit, "frame_timeout": 120.0, "idle_timeout": 120.0})
-    cluster.start_meta()
-    try:
-        pid = cluster.pid("meta")
-        address = cluster.meta_address
-
+    with meta_process(tmp_path, {"rpc_buffer_limit": limit, "frame_timeout": 120.0,
+                                 "idle_timeout": 120.0, "security": "simple"}) as (pid, address):
         async def main():
-            async with RpcClient(address, "good", retry_seconds=0) as rpc:
-                await rpc.call("get_file_info", {"path": "/"})
-            baseline = _rss_kib(pid)
+            baseline = await rss_after_a_call(address, pid)
             sent = [0] * 8
             chunk = b"\x00" * MiB
 
@@ -388,8 +514,54 @@ def test_partial_frames_on_many_connections_keep_the_server_memory_bounded(tmp_p
             assert_grown_at_most(baseline, peak, sent, limit + 64 * MiB)
 
         trio.run(main)
-    finally:
-        cluster.stop()
+
+
+@pytest.mark.slow
+def test_unauthenticated_peers_may_not_send_large_frames(tmp_path):
+    """Under security = secure, 8 TCP peers that have not authenticated each announce a
+    64 MiB frame and send what they can of it: each is refused at once (FrameTooLarge naming
+    the unauthenticated limit) and closed, the metadata server's peak RSS does not grow by
+    their frames, and an authenticated client's large request finds the shared request
+    buffer free (answered at once)."""
+    with meta_process(tmp_path, {"rpc_buffer_limit": 64 * MiB + 4, "frame_timeout": 120.0,
+                                 "idle_timeout": 120.0}) as (pid, address):
+        async def main():
+            baseline = await rss_after_a_call(address, pid)
+            sent = [0] * 8
+            answers: list = []
+            chunk = b"\x00" * MiB
+
+            async def flood(i):
+                stream = await connect_from(address, f"127.0.0.{2 + i}")
+                data = b""
+                try:
+                    await stream.send_all(hello(client_id=f"flood{i}")
+                                          + struct.pack(">I", 64 * MiB))
+                    for _ in range(60):
+                        await stream.send_all(chunk)
+                        sent[i] += 1
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass                          # refused and closed under our feet
+                with trio.move_on_after(10):
+                    data = await read_until_closed(stream, 10)
+                answers.append(frames(data))
+
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+                    for i in range(8):
+                        nursery.start_soon(flood, i)
+            peak = _rss_kib(pid, "VmHWM")
+            async with RpcClient(address, "big", retry_seconds=0, timeout=10) as rpc:
+                with trio.fail_after(5):           # no wait for the shared buffer
+                    with pytest.raises(errors.NameTooLong):
+                        await rpc.call("mkdirs", {"path": "/" + "x" * 600_000})
+            for got in answers:
+                [(call_id, ok, error)] = got
+                assert call_id is None and not ok and error["type"] == "FrameTooLarge", got
+                assert "65536" in error["message"], error
+            assert_grown_at_most(baseline, peak, sent, 16 * MiB)
+
+        trio.run(main)
 
 
 # --------------------------------------------------------------------------- protocol versions

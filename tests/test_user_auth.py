@@ -23,7 +23,7 @@ from fs.delegation import TokenFile, TokenId
 from fs.framing import LENGTH, FramedStream, encode_frame, unpackb
 from fs.rpc import ACTING_FOR, parse_address
 
-from harness import inprocess_cluster
+from harness import inprocess_cluster, make_test_config
 
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -381,7 +381,7 @@ def test_a_mount_acts_for_each_caller_only_as_a_proxy_user(tmp_path):
     lets into the world-writable folder, is refused by the metadata server, because root
     may not act for daemon; root itself works as root."""
     pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
-    from harness import Mount, ProcessCluster, make_test_config
+    from harness import Mount, ProcessCluster
     from fs.client import Client
 
     with ProcessCluster(tmp_path, n_storage=1, settings={
@@ -492,3 +492,140 @@ def test_fsck_and_open_files_are_the_superusers(tmp_path):
                 await writer.close()
 
     trio.run(main)
+
+
+# binds the abstract socket argv[1] as whoever runs it, answers each connection with a
+# reply a naive client would take for the server's, prints what each one sent it
+_SQUATTER = r"""
+import socket, struct, sys
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.bind(b"\0" + sys.argv[1].encode())
+sock.listen(16)
+print("listening", flush=True)
+fake = bytes.fromhex(sys.argv[2])
+while True:
+    conn, _ = sock.accept()
+    conn.settimeout(5)
+    try:
+        conn.sendall(fake)
+    except OSError:
+        pass
+    got = b""
+    try:
+        while True:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+    except OSError:
+        pass
+    conn.close()
+    print("connection", len(got), flush=True)
+"""
+
+
+class Squatter:
+    """A process of user nobody holding the abstract local socket ``name``; ``received()``
+    after ``stop()``: the byte count each connection sent it."""
+
+    def __init__(self, name: str):
+        fake = encode_frame([1, True, {"type": "dir"}]).hex()
+        self.proc = subprocess.Popen([SYSTEM_PYTHON, "-c", _SQUATTER, name.lstrip("@"), fake],
+                                     stdout=subprocess.PIPE, user=NOBODY, group=NOBODY,
+                                     extra_groups=[], cwd="/")
+        assert self.proc.stdout.readline() == b"listening\n"
+        self.output = b""
+
+    def stop(self) -> list[int]:
+        self.proc.terminate()
+        self.output = self.proc.communicate(timeout=30)[0]
+        return [int(line.split()[1]) for line in self.output.decode().splitlines()]
+
+
+def test_a_squatter_on_the_local_socket_gets_nothing_and_is_named(tmp_path):
+    """Another user (nobody) holds the abstract name ``@leasefs-meta-<port>`` of a running
+    metadata server (whose own local socket is a file): root's clients with the default
+    ``meta_socket`` (the API, one with a token file, the CLI's put) refuse it at once with
+    an error naming the socket and who holds it, and send it nothing, not even a hello."""
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(tempfile.mkdtemp(prefix="leasefs-sock-"))
+
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=0,
+                                     meta_socket=str(folder / "meta.sock")) as cluster:
+            from fs.config import DEFAULT_LOCAL_SOCKET
+            port = parse_address(cluster.meta_address)[1]
+            name = f"@leasefs-meta-{port}"
+            local = cluster.config.replace(meta_socket=DEFAULT_LOCAL_SOCKET)
+            token = (await cluster.remote_config()).replace(meta_socket=DEFAULT_LOCAL_SOCKET)
+            (tmp_path / "data").write_bytes(b"root's secret bytes\n")
+            squatter = await trio.to_thread.run_sync(Squatter, name)
+            try:
+                for config in (local, token):
+                    started = trio.current_time()
+                    with pytest.raises(errors.AuthenticationFailed) as raised:
+                        async with AsyncClient(cluster.meta_address, config=config) as client:
+                            await client.list_status("/")
+                    assert trio.current_time() - started < 5   # not retried
+                    message = str(raised.value)
+                    assert name in message and "uid 65534 (nobody)" in message, message
+                    assert "uid 0 (root)" in message and "nothing was sent" in message
+                env = {**os.environ, "LEASEFS_META": cluster.meta_address}
+                env.pop("LEASEFS_META_SOCKET", None)     # the default one
+                put = await trio.to_thread.run_sync(functools.partial(
+                    subprocess.run, [sys.executable, "-m", "tools", "put",
+                                     str(tmp_path / "data"), "/data"],
+                    env=env, capture_output=True, timeout=60))
+                assert put.returncode != 0
+                err = put.stderr.decode()
+                assert name in err and "nobody" in err and "Traceback" not in err, err
+            finally:
+                received = await trio.to_thread.run_sync(squatter.stop)
+            assert received and all(n == 0 for n in received), received
+            async with cluster.client() as client:     # nothing was put
+                with pytest.raises(errors.FileNotFound):
+                    await client.get_file_status("/data")
+
+    try:
+        trio.run(main)
+    finally:
+        folder.rmdir()
+
+
+def test_a_squatted_local_socket_name_stops_the_server_and_its_clients_loudly(tmp_path):
+    """While nobody's process holds the name, the metadata server refuses to start and says
+    who holds it; a client finds no server at the address behind the socket and says so
+    (retried, as for a server still starting), sending it nothing."""
+    from harness import free_port
+    from meta.serverrun import run_meta_server
+    from fs.rpc import RpcClient
+
+    port = free_port()
+    name = f"@leasefs-meta-{port}"
+    squatter = Squatter(name)
+    try:
+        async def main():
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(functools.partial(
+                        run_meta_server, make_test_config(), str(tmp_path / "meta"),
+                        port=port))
+            except BaseException as raised:   # trio wraps it crossing the nursery
+                exc = errors.sole_exception(raised)
+            else:
+                raise AssertionError("the metadata server started")
+            assert isinstance(exc, errors.ServerUnavailable), exc
+            message = str(exc)
+            assert name in message and "held by uid 65534 (nobody)" in message, message
+            async with RpcClient(f"127.0.0.1:{port}", "victim", retry_seconds=0.5) as rpc:
+                with pytest.raises(errors.ServerUnavailable) as raised:
+                    await rpc.call("get_file_info", {"path": "/"})
+            message = str(raised.value)
+            assert name in message and "nothing listens on 127.0.0.1:" in message, message
+
+        trio.run(main)
+    finally:
+        received = squatter.stop()
+    assert received and all(n == 0 for n in received), received

@@ -1,0 +1,149 @@
+"""Is the process behind a metadata server's local socket that server? The client's check,
+made before it sends anything on the socket.
+
+Why it exists: a local socket's name (Linux's abstract namespace, or a path in a folder others
+may write) can be taken by any local user before the metadata server binds it; a client that
+trusted whatever answers there would hand that user its files and believe its answers. The
+client already trusts one thing: the address it was given, whose TCP port the server holds.
+So the holder of the socket (the kernel's ``SO_PEERCRED`` of the connected socket: the uid
+that bound it) must be the user whose socket listens on that port (``/proc/net/tcp``,
+``tcp6``). Nothing there yet (a server starting binds its local socket first, one stopping
+may close its port first) is a state to wait out; another user's is an impostor.
+
+Concurrency contract: ``check`` runs in the client's trio thread (it reads /proc, no disk;
+its cache of the kernel's table is that thread's); a host name that is not an address is
+resolved with ``resolve`` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import pwd
+import socket
+import time
+from dataclasses import dataclass
+
+from .errors import AuthenticationFailed, ServerUnavailable
+
+_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+_LISTEN = "0A"
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A TCP socket listening on this host (a row of /proc/net/tcp or tcp6)."""
+
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address
+    port: int
+    uid: int
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    # /proc prints each 32-bit word of the address in the host's (little-endian) order
+    raw = bytes.fromhex(text)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return ipaddress.ip_address(words)
+
+
+def listeners(port: int) -> list[Listener]:
+    """The TCP sockets listening on ``port`` on this host."""
+    out = []
+    for table in _TABLES:
+        try:
+            with open(table) as fh:
+                rows = fh.read().splitlines()[1:]
+        except FileNotFoundError:   # no IPv6 here
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) < 8 or fields[3] != _LISTEN:
+                continue
+            host, _, hex_port = fields[1].partition(":")
+            if int(hex_port, 16) == port:
+                out.append(Listener(_address(host), port, int(fields[7])))
+    return out
+
+
+def addresses(host: str) -> frozenset | None:
+    """The IP addresses ``host`` names without a lookup (a literal address), else None."""
+    try:
+        return frozenset({ipaddress.ip_address(host)})
+    except ValueError:
+        return None
+
+
+def resolve(host: str) -> frozenset:
+    """The IP addresses of ``host`` (a name lookup: call it in a worker thread)."""
+    try:
+        return frozenset(ipaddress.ip_address(info[4][0].split("%")[0])
+                         for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP))
+    except OSError:
+        return frozenset()
+
+
+# port -> (monotonic expiry, the uids listening on it by address): many clients of one
+# process reconnecting at once (a server restart) read the kernel's table once
+_seen: dict[int, tuple[float, list[Listener]]] = {}
+_KEEP_SECONDS = 1.0
+
+
+def _listeners_now(port: int) -> list[Listener]:
+    now = time.monotonic()
+    kept = _seen.get(port)
+    if kept is not None and kept[0] > now:
+        return kept[1]
+    found = listeners(port)
+    if found:                   # nothing listening: look again next time (a server starting)
+        if len(_seen) > 64:
+            _seen.clear()
+        _seen[port] = (now + _KEEP_SECONDS, found)
+    return found
+
+
+def _who(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def holder(name: str) -> str | None:
+    """Who holds the local socket ``name`` (for a server that could not bind it): "uid N
+    (user), pid P", or None if nobody answers there."""
+    from .rpc import PeerCredentials, local_socket_address
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.setblocking(False)     # a Unix socket connects at once or not at all
+        try:
+            sock.connect(local_socket_address(name))
+        except OSError:
+            return None
+        held = PeerCredentials.of(sock)
+    return f"{_who(held.uid)}, pid {held.pid}"
+
+
+def check(sock: socket.socket, name: str, address: tuple[str, int], wanted) -> None:
+    """Return if the process that holds the local socket ``name`` (connected as ``sock``)
+    runs as the user whose socket listens on ``address``'s TCP port (``wanted``: the IP
+    addresses of its host): the metadata server. ``AuthenticationFailed`` if another user's
+    does; ``ServerUnavailable`` if none listens there (yet). It reads a kernel table, no
+    disk: quick enough for the caller's thread, which must send its hello promptly."""
+    from .rpc import PeerCredentials, format_address
+
+    holder = PeerCredentials.of(sock)
+    port = address[1]
+    held = {listener.uid for listener in _listeners_now(port)
+            if listener.address in wanted or listener.address.is_unspecified}
+    where = format_address(address)
+    if held == {holder.uid}:
+        return
+    if not held:
+        raise ServerUnavailable(
+            f"local socket {name}: held by {_who(holder.uid)} (pid {holder.pid}), but "
+            f"nothing listens on {where}: not the metadata server there (still starting, or "
+            f"another user took the socket's name); nothing was sent to it")
+    raise AuthenticationFailed(
+        f"local socket {name}: held by {_who(holder.uid)} (pid {holder.pid}), but the "
+        f"metadata server at {where} runs as {', '.join(_who(u) for u in sorted(held))}: "
+        f"another user took the socket's name; nothing was sent to it (stop that process, "
+        f"or set meta_socket to a path in a folder only the server's user may write)")
