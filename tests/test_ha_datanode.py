@@ -435,13 +435,15 @@ def test_a_block_server_process_registers_with_every_server_of_its_list(tmp_path
                                "the block server process to register with both servers", 30)
                 node_id = a.datanodes.live_nodes()[0].node_id
                 assert b.datanodes.live(node_id) is not None
+                # a server counts the node live at registration; the node says so in its log
+                # only after its first full block report, a moment later
+                said = (f"registered with metadata server {addr_a}",
+                        f"registered with metadata server {addr_b}", "is active in epoch 4")
+                await wait_for(lambda: all(s in log_path.read_text() for s in said),
+                               f"the block server's log to say {said}", 30)
             finally:
                 proc.terminate()   # only the process this test started
                 await trio.to_thread.run_sync(proc.wait, 30)
-            text = log_path.read_text()
-            assert f"registered with metadata server {addr_a}" in text
-            assert f"registered with metadata server {addr_b}" in text
-            assert "is active in epoch 4" in text
 
     trio.run(main)
 
