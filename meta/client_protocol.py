@@ -258,7 +258,7 @@ class ClientProtocol:
         off and retries (HDFS). ``mtime_ns``/``atime_ns``/``permission``: times and mode the
         writer set while it wrote (utimens, chmod through the mount), recorded by the close
         (times instead of its own), so they need no call after it; the lease holder may set
-        the times, the mode takes what chmod takes (owner or superuser). ``data``: the
+        the times, the mode takes what chmod takes (``check_set_mode``). ``data``: the
         file's whole content, kept inline (``inline_max``) instead of in a block: the
         writer sent nothing to block servers, and the close needs no replica."""
         canonical = paths.validate(path)
@@ -287,7 +287,7 @@ class ClientProtocol:
                 return True
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
             if attrs and attrs["mode"] is not None:
-                self.check_access(ctx, paths.split(current), owner=True)
+                self.check_set_mode(ctx, paths.split(current), attrs["mode"])
             if data is not None:   # the whole content, kept in the namespace
                 self.ns.check_inline(current, ino, inode, data)
                 _, wall = self.now()

@@ -96,7 +96,7 @@ from .namespace import DIR, Defaults, Namespace, check_int, check_name
 from .ops import LAZY_OPS, RPC_CALL, RPC_KEPT, decode
 from .replication import ReplicationQueues
 from .reports import REPORT_STEP, BlockReports
-from .permissions import Caller, PermissionChecker
+from .permissions import WRITE, Caller, PermissionChecker, clears_only_setid
 from .harole import SERVING, HAStatus, Role
 from .safemode import SafeModeState
 from .startup import Phase, StartupProgress
@@ -563,6 +563,19 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         caller = self.checked_caller(ctx)
         if caller is not None:
             self.permissions.check_path(caller, parts, self.inode_chain(parts), **needs)
+
+    def check_set_mode(self, ctx, parts, mode) -> None:
+        """chmod's check: the owner (or the superuser); or, for a change that only clears a
+        regular file's setuid/setgid bits, a user who may write it (what POSIX does at a
+        non-owner's write: the FUSE kernel sends it as a mode change by the writer)."""
+        caller = self.checked_caller(ctx)
+        if caller is None:
+            return
+        chain = self.inode_chain(parts)
+        if len(chain) == len(parts) + 1 and clears_only_setid(chain[-1], mode):
+            self.permissions.check_path(caller, parts, chain, access=WRITE)
+        else:
+            self.permissions.check_path(caller, parts, chain, owner=True)
 
     async def check_subtree(self, caller: Caller, parts, access: int, *,
                             ignore_empty_dir: bool = False) -> None:
