@@ -152,6 +152,7 @@ class AsyncOutputStream:
         # told that the first block holds those bytes (``fsync`` at the first hflush)
         self._inline_to_settle = False
         self._inline_syncs = 0
+        self._unpublished = False   # bytes written since the last ``publish``
 
     # ------------------------------------------------------------------ public
     @property
@@ -191,6 +192,7 @@ class AsyncOutputStream:
                     self._buf += view[:n]
                     view = view[n:]
                     self._pos += n
+                    self._unpublished = True
                     block_full = block_used + n >= self.block_size
                     if block_full or len(self._buf) >= self.packet_size:
                         await self._send_buffer()
@@ -211,6 +213,27 @@ class AsyncOutputStream:
                 await self._fail_and_raise(exc)
 
     flush = hflush
+
+    async def publish(self) -> None:
+        """New readers see every byte written, and so does a new open's length (a client
+        that asks the metadata server for it, as a mount's getattr), the file stays open:
+        what a close of one descriptor among several needs (the mount's FUSE flush). A
+        small file wholly in the buffer goes to the metadata server inline, as ``hsync``
+        sends it (one call, no pipeline, and its close can still keep it inline); anything
+        else is hflushed and its length recorded (``fsync`` without the block servers'
+        disk sync, HDFS's hsync UPDATE_LENGTH). Nothing when nothing was written since."""
+        async with self._lock:
+            self._check_writable()
+            if not self._unpublished:
+                return
+            try:
+                if not await self._sync_inline():
+                    await self._hflush()
+                    if self._pipeline is not None:
+                        await self._record_length(self._buf_start + len(self._buf))
+                self._unpublished = False
+            except BaseException as exc:
+                await self._fail_and_raise(exc)
 
     async def _hflush(self) -> None:
         if await self._ensure_pipeline():

@@ -89,20 +89,21 @@ def test_times_set_on_a_closed_temp_file_survive_its_rename(cluster, one, tmp_pa
 
 # ------------------------------------------------------------------ small files close whole
 
-def test_closing_a_small_new_file_completes_it_before_close_returns(cluster, one, two):
-    """create, write, close (cp, tar, git): the close(2) of its last descriptor completes
-    a file nothing of which went to a block server yet, so when close returns no lease is
-    left and another client reads every byte: kept in the namespace up to inline_max, past
-    it in one block (a file closed empty has none). A write through a descriptor still open
-    after another copy's close (dup, fork + exec) appends under a new lease."""
+def test_a_small_file_is_readable_when_close_returns_and_complete_at_release(cluster, one,
+                                                                             two):
+    """create, write, close (cp, tar, git): the close(2) publishes every byte (another
+    client reads them when it returns), and the release that follows completes the file:
+    kept in the namespace up to inline_max, past it in one block (a file closed empty has
+    none). A flush is not a release: closing a copy of the descriptor (dup, fork + exec)
+    keeps the file open under the lease, and the next write appends."""
     with cluster.client() as client:
         inline_max = client.config.inline_max   # the server's, as every client takes it
         for i, size in enumerate([1, 997, 4096, 30_000, inline_max, inline_max + 1, 200_000]):
             data = os.urandom(size)
             (one.mp / f"small{i}").write_bytes(data)
-            assert client.is_file_closed(f"/small{i}")
             assert client.read_file(f"/small{i}") == data
             assert (two.mp / f"small{i}").read_bytes() == data
+            assert poll_until(lambda: client.is_file_closed(f"/small{i}"))
             located = client.get_block_locations(f"/small{i}")
             if size <= inline_max:   # no block: the complete carried the bytes
                 assert located["blocks"] == [] and bytes(located["inline"]) == data
@@ -110,21 +111,22 @@ def test_closing_a_small_new_file_completes_it_before_close_returns(cluster, one
                 assert [b["block"]["num_bytes"] for b in located["blocks"]] == [size]
         # a file closed empty: closed, no block
         (one.mp / "touched").touch()
-        assert client.is_file_closed("/touched")
+        assert poll_until(lambda: client.is_file_closed("/touched"))
         assert client.get_block_locations("/touched")["blocks"] == []
         assert (two.mp / "touched").stat().st_size == 0
         fd = os.open(one.mp / "inherited", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.write(fd, b"parent ")
             os.close(os.dup(fd))
-            assert client.is_file_closed("/inherited")
+            assert client.read_file("/inherited") == b"parent "
+            assert not client.is_file_closed("/inherited")   # still under our lease
             os.write(fd, b"and child")
-            assert not client.is_file_closed("/inherited")   # appending under the lease
         finally:
             os.close(fd)
-        # that stream went to the block servers before its close: completed at release
         assert poll_until(lambda: client.is_file_closed("/inherited"))
         assert client.read_file("/inherited") == b"parent and child"
+        located = client.get_block_locations("/inherited")   # still small: inline
+        assert located["blocks"] == [] and bytes(located["inline"]) == b"parent and child"
     assert (two.mp / "inherited").read_bytes() == b"parent and child"
 
 
