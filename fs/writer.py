@@ -220,17 +220,19 @@ class AsyncOutputStream:
         what a close of one descriptor among several needs (the mount's FUSE flush). A
         small file wholly in the buffer goes to the metadata server inline, as ``hsync``
         sends it (one call, no pipeline, and its close can still keep it inline); anything
-        else is hflushed and its length recorded (``fsync`` without the block servers'
-        disk sync, HDFS's hsync UPDATE_LENGTH). Nothing when nothing was written since."""
+        else is hflushed and its length recorded (HDFS's hsync UPDATE_LENGTH without the
+        disk syncs). Not durable: both ``fsync(sync=false)``, as lazy as the client's other
+        namespace changes. Nothing when nothing was written since."""
         async with self._lock:
             self._check_writable()
             if not self._unpublished:
                 return
             try:
-                if not await self._sync_inline():
+                if not await self._sync_inline(sync=False):
                     await self._hflush()
                     if self._pipeline is not None:
-                        await self._record_length(self._buf_start + len(self._buf))
+                        await self._record_length(self._buf_start + len(self._buf),
+                                                  sync=False)
                 self._unpublished = False
             except BaseException as exc:
                 await self._fail_and_raise(exc)
@@ -243,7 +245,7 @@ class AsyncOutputStream:
             if self._inline_to_settle:
                 await self._record_length(self._buf_start + len(self._buf))
 
-    async def _sync_inline(self) -> bool:
+    async def _sync_inline(self, *, sync: bool = True) -> bool:
         """hsync of a file wholly in the buffer within ``inline_max``: its bytes go to the
         metadata server as the open file's content (durable, visible to readers) in one
         call; they stay buffered, so a close or a later block carries them again. At most
@@ -253,20 +255,21 @@ class AsyncOutputStream:
         if data is None or self._inline_syncs >= INLINE_SYNCS:
             return False
         self._inline_syncs += 1
-        await self._fsync_call(data=data)
+        await self._fsync_call(data=data, sync=sync)
         self._first_block = None   # the server dropped it with the record
         self._inline_to_settle = True
         return True
 
-    async def _record_length(self, length: int) -> None:
-        """The metadata server records the current block's length."""
-        await self._fsync_call(last_block_length=length)
+    async def _record_length(self, length: int, *, sync: bool = True) -> None:
+        """The metadata server records the current block's length (``sync``: durable when
+        answered, as hsync promises)."""
+        await self._fsync_call(last_block_length=length, sync=sync)
         self._inline_to_settle = False
 
-    async def _fsync_call(self, **args) -> None:
+    async def _fsync_call(self, *, sync: bool = True, **args) -> None:
         await self._client.rpc.call("fsync", {
             "path": self.path, "client_name": self._client.client_name, "ino": self.ino,
-            **args})
+            **args, **({} if sync else {"sync": False})})
 
     async def hsync(self) -> None:
         """hflush, with the block servers fsyncing the data, then record the block's length

@@ -129,7 +129,8 @@ INVALIDATE_RESEND_HEARTBEATS = 10
 # ``LAZY_OPS`` (``meta.ops``, the ops with ``lazy``): journal ops that only change the
 # namespace: a client without ``sync_metadata`` is answered once they are written, before
 # their fsync (they hand out no block id or generation stamp, and block deletions they cause
-# wait for the fsync: ``DatanodeManager.take_invalidate``)
+# wait for the fsync: ``DatanodeManager.take_invalidate``); FSYNC and INLINE only for a
+# flush (``fsync(sync=false)``), an hsync waits for its fsync
 
 
 class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProtocol,
