@@ -278,18 +278,18 @@ class AsyncOutputStream:
         async with self._lock:
             self._check_writable()
             try:
-                if await self._sync_inline():
-                    return
-                length = None
-                if await self._ensure_pipeline():
-                    self._hflushed = True
-                    await self._send_buffer(FLAG_SYNC)
-                    await self._wait_all_acked()
-                    length = self._buf_start + len(self._buf)
-                elif self._previous is not None:
-                    length = self._previous["num_bytes"]
-                if length is not None:
-                    await self._record_length(length)
+                if not await self._sync_inline():
+                    length = None
+                    if await self._ensure_pipeline():
+                        self._hflushed = True
+                        await self._send_buffer(FLAG_SYNC)
+                        await self._wait_all_acked()
+                        length = self._buf_start + len(self._buf)
+                    elif self._previous is not None:
+                        length = self._previous["num_bytes"]
+                    if length is not None:
+                        await self._record_length(length)
+                self._unpublished = False   # what publish would do, done durably
             except BaseException as exc:
                 await self._fail_and_raise(exc)
 
