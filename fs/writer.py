@@ -349,12 +349,6 @@ class AsyncOutputStream:
         self._inline_to_settle = True
 
     @property
-    def nothing_sent(self) -> bool:
-        """True while no byte of this stream went to a block server: no block finished, none
-        open, so all written so far is buffered here (at most one packet)."""
-        return self._pipeline is None and self.blocks_written == 0 and not self._closed
-
-    @property
     def complete_pending(self) -> bool:
         """True after a ``close`` that failed only at ``complete`` because the metadata
         server was unreachable: every byte is on the block servers, the file is still under
