@@ -448,20 +448,22 @@ class AsyncClient:
         except BaseException as exc:
             stream.abort(exc if isinstance(exc, LeaseFSError) else LeaseFSError(
                 f"{path}: append interrupted ({type(exc).__name__})"))
-            await self._close_failed_append(path)
+            await self.give_back(path, "append")
             raise
         return stream
 
-    async def _close_failed_append(self, path: str) -> None:
-        """An append that could not set up its pipeline gives the file back at once: lease
-        recovery of our own file closes it now, or by block recovery of the last block at
-        its old length, instead of leaving it open under our lease until the hard limit."""
+    async def give_back(self, path: str, what: str) -> None:
+        """A write that failed for good (``what``: an append that could not set up its
+        pipeline, a close refused) gives the file back at once: lease recovery of our own
+        file closes it now, or by block recovery of the last block, instead of leaving it
+        open under our lease, which the renewer keeps alive while any other file is open.
+        Never raises (logged)."""
         with trio.CancelScope(shield=True), trio.move_on_after(self.config.rpc_timeout):
             try:
                 await self.recover_lease(path)
             except LeaseFSError as exc:
-                log.warning("%s: the failed append could not give the file back (%s); it "
-                            "stays open until its lease expires", path, exc)
+                log.warning("%s: the failed %s could not give the file back (%s); it "
+                            "stays open until its lease expires", path, what, exc)
 
     async def _last_block(self, path: str) -> dict | None:
         """The located last block of ``path`` (None for an empty file)."""

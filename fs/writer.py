@@ -152,6 +152,7 @@ class AsyncOutputStream:
         # told that the first block holds those bytes (``fsync`` at the first hflush)
         self._inline_to_settle = False
         self._inline_syncs = 0
+        self._unpublished = False   # bytes written since the last ``publish``
 
     # ------------------------------------------------------------------ public
     @property
@@ -191,6 +192,7 @@ class AsyncOutputStream:
                     self._buf += view[:n]
                     view = view[n:]
                     self._pos += n
+                    self._unpublished = True
                     block_full = block_used + n >= self.block_size
                     if block_full or len(self._buf) >= self.packet_size:
                         await self._send_buffer()
@@ -212,6 +214,29 @@ class AsyncOutputStream:
 
     flush = hflush
 
+    async def publish(self) -> None:
+        """New readers see every byte written, and so does a new open's length (a client
+        that asks the metadata server for it, as a mount's getattr), the file stays open:
+        what a close of one descriptor among several needs (the mount's FUSE flush). A
+        small file wholly in the buffer goes to the metadata server inline, as ``hsync``
+        sends it (one call, no pipeline, and its close can still keep it inline); anything
+        else is hflushed and its length recorded (HDFS's hsync UPDATE_LENGTH without the
+        disk syncs). Not durable: both ``fsync(sync=false)``, as lazy as the client's other
+        namespace changes. Nothing when nothing was written since."""
+        async with self._lock:
+            self._check_writable()
+            if not self._unpublished:
+                return
+            try:
+                if not await self._sync_inline(sync=False):
+                    await self._hflush()
+                    if self._pipeline is not None:
+                        await self._record_length(self._buf_start + len(self._buf),
+                                                  sync=False)
+                self._unpublished = False
+            except BaseException as exc:
+                await self._fail_and_raise(exc)
+
     async def _hflush(self) -> None:
         if await self._ensure_pipeline():
             self._hflushed = True
@@ -220,7 +245,7 @@ class AsyncOutputStream:
             if self._inline_to_settle:
                 await self._record_length(self._buf_start + len(self._buf))
 
-    async def _sync_inline(self) -> bool:
+    async def _sync_inline(self, *, sync: bool = True) -> bool:
         """hsync of a file wholly in the buffer within ``inline_max``: its bytes go to the
         metadata server as the open file's content (durable, visible to readers) in one
         call; they stay buffered, so a close or a later block carries them again. At most
@@ -230,20 +255,21 @@ class AsyncOutputStream:
         if data is None or self._inline_syncs >= INLINE_SYNCS:
             return False
         self._inline_syncs += 1
-        await self._fsync_call(data=data)
+        await self._fsync_call(data=data, sync=sync)
         self._first_block = None   # the server dropped it with the record
         self._inline_to_settle = True
         return True
 
-    async def _record_length(self, length: int) -> None:
-        """The metadata server records the current block's length."""
-        await self._fsync_call(last_block_length=length)
+    async def _record_length(self, length: int, *, sync: bool = True) -> None:
+        """The metadata server records the current block's length (``sync``: durable when
+        answered, as hsync promises)."""
+        await self._fsync_call(last_block_length=length, sync=sync)
         self._inline_to_settle = False
 
-    async def _fsync_call(self, **args) -> None:
+    async def _fsync_call(self, *, sync: bool = True, **args) -> None:
         await self._client.rpc.call("fsync", {
             "path": self.path, "client_name": self._client.client_name, "ino": self.ino,
-            **args})
+            **args, **({} if sync else {"sync": False})})
 
     async def hsync(self) -> None:
         """hflush, with the block servers fsyncing the data, then record the block's length
@@ -252,18 +278,18 @@ class AsyncOutputStream:
         async with self._lock:
             self._check_writable()
             try:
-                if await self._sync_inline():
-                    return
-                length = None
-                if await self._ensure_pipeline():
-                    self._hflushed = True
-                    await self._send_buffer(FLAG_SYNC)
-                    await self._wait_all_acked()
-                    length = self._buf_start + len(self._buf)
-                elif self._previous is not None:
-                    length = self._previous["num_bytes"]
-                if length is not None:
-                    await self._record_length(length)
+                if not await self._sync_inline():
+                    length = None
+                    if await self._ensure_pipeline():
+                        self._hflushed = True
+                        await self._send_buffer(FLAG_SYNC)
+                        await self._wait_all_acked()
+                        length = self._buf_start + len(self._buf)
+                    elif self._previous is not None:
+                        length = self._previous["num_bytes"]
+                    if length is not None:
+                        await self._record_length(length)
+                self._unpublished = False   # what publish would do, done durably
             except BaseException as exc:
                 await self._fail_and_raise(exc)
 
@@ -321,12 +347,6 @@ class AsyncOutputStream:
         self._buf, self._buf_start, self._buf_sent = bytearray(data), 0, 0
         self._pos = len(data)
         self._inline_to_settle = True
-
-    @property
-    def nothing_sent(self) -> bool:
-        """True while no byte of this stream went to a block server: no block finished, none
-        open, so all written so far is buffered here (at most one packet)."""
-        return self._pipeline is None and self.blocks_written == 0 and not self._closed
 
     @property
     def complete_pending(self) -> bool:

@@ -257,7 +257,7 @@ class ClientProtocol:
         off and retries (HDFS). ``mtime_ns``/``atime_ns``/``permission``: times and mode the
         writer set while it wrote (utimens, chmod through the mount), recorded by the close
         (times instead of its own), so they need no call after it; the lease holder may set
-        the times, the mode takes what chmod takes (owner or superuser). ``data``: the
+        the times, the mode takes what chmod takes (``check_set_mode``). ``data``: the
         file's whole content, kept inline (``inline_max``) instead of in a block: the
         writer sent nothing to block servers, and the close needs no replica."""
         canonical = paths.validate(path)
@@ -286,7 +286,7 @@ class ClientProtocol:
                 return True
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
             if attrs and attrs["mode"] is not None:
-                self.check_access(ctx, paths.split(current), owner=True)
+                self.check_set_mode(ctx, paths.split(current), attrs["mode"])
             if data is not None:   # the whole content, kept in the namespace
                 self.ns.check_inline(current, ino, inode, data)
                 _, wall = self.now()
@@ -322,24 +322,29 @@ class ClientProtocol:
                 await self.log_plan(self.ns.plan_commit(ino, block, num_bytes))
             return waiter
 
-    async def rpc_fsync(self, ctx, path, client_name, ino=None, last_block_length=0, data=None):
+    async def rpc_fsync(self, ctx, path, client_name, ino=None, last_block_length=0, data=None,
+                        sync=True):
         """Record the last block's length (hsync). ``data``: the file's whole content from
         a writer that sent nothing to block servers, kept inline while the file stays open
-        (an hflush/hsync of a small file: one journaled call, no pipeline)."""
+        (an hflush/hsync of a small file: one journaled call, no pipeline). ``sync=False``:
+        a flush (readers see it; new opens see the length), not an hsync: durable as the
+        connection's other namespace changes are (``sync_metadata``)."""
         canonical = paths.validate(path)
         ino = self.check_ino(ino, canonical)
+        check_bool(sync, f"fsync {canonical}: sync")
+        durable = sync or ctx.sync_metadata
         async with self.file_lock(f"fsync {canonical}", canonical, ino) as current:
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
             if data is not None:
                 self.ns.check_inline(current, ino, inode, data, "fsync")
-                await self.log_plan(self.ns.plan_inline(ino, data))
+                await self.log_plan(self.ns.plan_inline(ino, data), durable=durable)
                 return True
             blocks = self.ns.tail_blocks(ino, inode, 1)
             plan = self.ns.plan_fsync(current, ino, blocks, last_block_length)
             if plan is not None:
                 self.ns.check_writer_length(current, inode, last_block_length)
-                await self.log_plan(plan)
-            else:   # nothing new to record: what was answered before it is durable all the same
+                await self.log_plan(plan, durable=durable)
+            elif durable:   # nothing new to record: what was answered before is durable too
                 await self.journal.sync()
             return True
 

@@ -178,7 +178,7 @@ class NamespaceProtocol:
 
     async def rpc_set_permission(self, ctx, path, permission, want_status=False):
         return await self._set_op("chmod", path, lambda p, t: self.ns.plan_set_permission(
-            p, permission, now_ns=t), lambda parts, _: self.check_access(ctx, parts, owner=True),
+            p, permission, now_ns=t), lambda parts, _: self.check_set_mode(ctx, parts, permission),
             want_status, ctx.sync_metadata)
 
     async def rpc_set_owner(self, ctx, path, owner=None, group=None, want_status=False):

@@ -137,8 +137,10 @@ class UpdateBlocks(_WriterOp):
 
 @register
 class Fsync(_WriterOp):
-    """The last block's length as the writer's hflush/hsync saw it."""
+    """The last block's length as the writer's hflush/hsync saw it. Lazy for a flush
+    (``fsync(sync=false)``): an hsync waits for its fsync all the same."""
     NAME = "FSYNC"
+    lazy = True
     ino: int
     index: int
     id: int
@@ -252,8 +254,10 @@ class Close(_WriterOp):
 
 @register
 class Inline(_WriterOp):
-    """The content of a still open file, kept in the namespace (``fsync(data=...)``)."""
+    """The content of a still open file, kept in the namespace (``fsync(data=...)``). Lazy
+    for a flush (``fsync(sync=false)``), as a CLOSE with data is."""
     NAME = "INLINE"
+    lazy = True
     ino: int
     data: bytes
 

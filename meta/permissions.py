@@ -18,7 +18,10 @@ components; ``Namespace.walk(strict=False)``) the server resolved:
    destination), ``parent`` access on the parent, ``access`` on the inode itself;
 4. ``owner``: the caller must own the inode (setPermission, setOwner); ``owner_or``: the
    caller owns the inode or has that access to it (setTimes: POSIX lets the owner of a
-   read-only file ``touch`` it, and anyone who may write it).
+   read-only file ``touch`` it, and anyone who may write it). One exception to ``owner``
+   (``clears_only_setid``): a mode change of a regular file that only clears its setuid
+   and/or setgid bits needs WRITE instead, since POSIX clears them at a non-owner's write
+   and a FUSE kernel sends that as a mode change by the writer.
 
 Subtree access (recursive delete, content summary) is checked node by node by the caller
 with ``check_sub_access`` because walking a subtree reads the store. Classes are exclusive
@@ -57,7 +60,9 @@ ACTION_NAMES = {NONE: "NONE", EXECUTE: "EXECUTE", WRITE: "WRITE",
                 WRITE_EXECUTE: "WRITE_EXECUTE", READ: "READ", READ_EXECUTE: "READ_EXECUTE",
                 READ_WRITE: "READ_WRITE", ALL: "ALL"}
 STICKY = 0o1000
+SETID = 0o6000   # setuid, setgid
 DIR = "dir"
+FILE = "file"
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,16 @@ def mode_string(inode: dict) -> str:
 def describe(path: str, inode: dict) -> str:
     """``"/a/b":owner:group:drwxr-xr-x`` as in HDFS messages."""
     return f'"{path}":{inode.get("owner", "")}:{inode.get("group", "")}:{mode_string(inode)}'
+
+
+def clears_only_setid(inode: dict, mode) -> bool:
+    """Is ``mode`` the regular file ``inode``'s mode with some of its setuid/setgid bits
+    cleared and nothing else changed (what a write by a non-owner does)?"""
+    if inode.get("type") != FILE or type(mode) is not int:
+        return False
+    current = inode.get("mode", 0)
+    cleared = current & ~mode
+    return mode != current and not mode & ~current and not cleared & ~SETID
 
 
 def permits(caller: Caller, inode: dict, access: int) -> bool:

@@ -96,7 +96,7 @@ from .namespace import DIR, Defaults, Namespace, check_int, check_name
 from .ops import LAZY_OPS, RPC_CALL, RPC_KEPT, decode
 from .replication import ReplicationQueues
 from .reports import REPORT_STEP, BlockReports
-from .permissions import Caller, PermissionChecker
+from .permissions import WRITE, Caller, PermissionChecker, clears_only_setid
 from .harole import SERVING, HAStatus, Role
 from .safemode import SafeModeState
 from .startup import Phase, StartupProgress
@@ -132,7 +132,8 @@ INVALIDATE_RESEND_HEARTBEATS = 10
 # ``LAZY_OPS`` (``meta.ops``, the ops with ``lazy``): journal ops that only change the
 # namespace: a client without ``sync_metadata`` is answered once they are written, before
 # their fsync (they hand out no block id or generation stamp, and block deletions they cause
-# wait for the fsync: ``DatanodeManager.take_invalidate``)
+# wait for the fsync: ``DatanodeManager.take_invalidate``); FSYNC and INLINE only for a
+# flush (``fsync(sync=false)``), an hsync waits for its fsync
 
 
 class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProtocol,
@@ -573,6 +574,19 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         caller = self.checked_caller(ctx)
         if caller is not None:
             self.permissions.check_path(caller, parts, self.inode_chain(parts), **needs)
+
+    def check_set_mode(self, ctx, parts, mode) -> None:
+        """chmod's check: the owner (or the superuser); or, for a change that only clears a
+        regular file's setuid/setgid bits, a user who may write it (what POSIX does at a
+        non-owner's write: the FUSE kernel sends it as a mode change by the writer)."""
+        caller = self.checked_caller(ctx)
+        if caller is None:
+            return
+        chain = self.inode_chain(parts)
+        if len(chain) == len(parts) + 1 and clears_only_setid(chain[-1], mode):
+            self.permissions.check_path(caller, parts, chain, access=WRITE)
+        else:
+            self.permissions.check_path(caller, parts, chain, owner=True)
 
     async def check_subtree(self, caller: Caller, parts, access: int, *,
                             ignore_empty_dir: bool = False) -> None:

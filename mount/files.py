@@ -226,16 +226,10 @@ class FileHandlers:
             self._raise_pending(of)
             if handle.writable:
                 # flush runs at every close(2) of a descriptor of this handle, including
-                # the copies a fork inherited (every fork + exec of a process holding the
-                # file open closes one), so it hflushes (data visible, close reports
-                # errors) and the stream - and the lease - live until release, as fuse-dfs.
-                # Except for the last handle of a stream nothing of which reached a block
-                # server yet (create, write, close: cp, tar, git): that close completes
-                # the file, its one block written whole, errors of complete included; a
-                # later write through an inherited descriptor appends.
-                finish = (of.handles == 1 and of.mode is FileMode.STREAM
-                          and of.stream.nothing_sent)
-                await self._publish(of, finish=finish)
+                # a dup's and the copies a fork inherited, and cannot tell the last one: it
+                # publishes what was written (new readers see it, close reports errors) and
+                # the stream - and the lease - live until the release, as fuse-dfs
+                await self._publish(of, finish=False)
 
     @fuse_op
     async def fsync(self, fh, datasync):
@@ -284,19 +278,21 @@ class FileHandlers:
         of.handles -= 1
         if handle.writable:
             of.writers -= 1
-        if of.handles > 0:
+        if of.handles > 0 and (of.writers > 0 or not handle.writable):
             return
         async with of.lock:
-            if of.handles > 0 or self._open.get(of.ino) is not of:
-                return   # opened again while we waited for the lock (or already finished)
+            if self._open.get(of.ino) is not of:
+                return   # already finished
+            if of.handles > 0:
+                # the last writer went while readers stay (tail -f, less): the file is
+                # published and its lease given back all the same; a writer that opened
+                # it again meanwhile keeps it
+                if of.writers == 0 and of.mode is not FileMode.CLEAN:
+                    await self._finish_writing(of)
+                return
             try:
-                await self._publish(of, finish=True)
-            except LeaseFSError as exc:
-                log.warning("release of inode %d: %s", of.ino, exc)
+                await self._finish_writing(of)
             finally:
-                if of.opened_for_writing:   # a read-only open changed nothing
-                    self._invalidate_attrs(of.ino)
-                    self._touch_node(of.ino)
                 # an open() may have joined this file while it was being published: then
                 # it stays registered (now clean) for that handle
                 if of.handles == 0:
@@ -311,6 +307,18 @@ class FileHandlers:
                     node = self._nodes.get(of.ino)
                     if node is not None and node.lookups <= 0 and of.ino != ROOT_INO:
                         del self._nodes[of.ino]
+
+    async def _finish_writing(self, of: OpenFile) -> None:
+        """Complete ``of`` (or upload its staging file), giving its lease back: its last
+        writer is gone. Errors are logged (nobody waits for a release). Lock held."""
+        try:
+            await self._publish(of, finish=True)
+        except LeaseFSError as exc:
+            log.warning("release of inode %d: %s", of.ino, exc)
+        finally:
+            if of.opened_for_writing:   # a read-only open changed nothing
+                self._invalidate_attrs(of.ino)
+                self._touch_node(of.ino)
 
     @staticmethod
     def _invalidate_attrs(ino: int) -> None:

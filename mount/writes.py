@@ -21,7 +21,7 @@ import logging
 
 import trio
 
-from fs.errors import FileTooLarge, LeaseFSError
+from fs.errors import FileNotFound, FileTooLarge, LeaseExpired, LeaseFSError
 
 from .errors import fuse_error
 from .openfiles import FileEvent, FileMode, OpenFile
@@ -31,6 +31,13 @@ log = logging.getLogger(__name__)
 
 COPY_CHUNK = 4 << 20
 TRUNCATE_WAIT = 60.0
+
+
+def still_ours(exc: LeaseFSError) -> bool:
+    """Whether a write that failed with ``exc`` may have left its file open under the
+    mount's lease (not when the file is gone or the lease was lost: the path may name
+    another client's file by now)."""
+    return not isinstance(exc, (FileNotFound, LeaseExpired))
 
 
 class WriteMachinery:
@@ -64,8 +71,7 @@ class WriteMachinery:
             return
         # by inode or current name: after a close (rsync: close, set times, rename) the
         # name may change while this runs
-        node = self._nodes.get(of.ino)
-        path = node.path if node and node.path else "/"
+        path = self._current_path(of.ino, "/")
         if of.pending_mode is not None:
             mode, of.pending_mode = of.pending_mode, None
             await self.client.set_permission(path, mode)
@@ -88,7 +94,7 @@ class WriteMachinery:
                         of.stream = None
                         of.move(FileEvent.COMPLETE)
                 else:
-                    await of.stream.hflush()
+                    await of.stream.publish()
             except LeaseFSError:
                 of.error = None   # reported right here, not again
                 raise
@@ -113,12 +119,14 @@ class WriteMachinery:
                 await stream.close(mtime_ns=mtime_ns, atime_ns=atime_ns,
                                    permission=of.pending_mode)
                 of.pending_times = of.pending_mode = None   # set by the completion
-        except LeaseFSError:
+        except LeaseFSError as exc:
             if stream.complete_pending:
                 log.warning("%s: metadata server unreachable at close; the data is on the "
                             "block servers, completing it when the server is back",
                             stream.path)
                 self._unfinished.append((ino, stream))
+            elif still_ours(exc):   # refused or broken for good: not left open under our lease
+                await self.client.give_back(self._current_path(ino, stream.path), "close")
             raise
 
     async def _release_keeper(self, of: OpenFile, *, abandon: bool = False) -> None:
@@ -166,16 +174,24 @@ class WriteMachinery:
                 await stream.hsync()
                 of.keeper = stream
         except BaseException as exc:
-            self._abandon(stream, path, exc, "upload")
+            await self._abandon(stream, path, exc, "upload")
             raise
         of.dirty = False
         of.generation += 1
 
-    @staticmethod
-    def _abandon(stream, path: str, exc: BaseException, what: str) -> None:
-        """Give up a stream a failed ``what`` leaves behind (lease recovery closes it)."""
+    async def _abandon(self, stream, path: str, exc: BaseException, what: str) -> None:
+        """Give up a stream a failed ``what`` leaves behind, and its file: lease recovery
+        closes it now (an interrupted call leaves that to the lease's expiry)."""
         stream.abort(exc if isinstance(exc, LeaseFSError)
                      else LeaseFSError(f"{path}: {what} interrupted"))
+        if isinstance(exc, LeaseFSError) and still_ours(exc):
+            await self.client.give_back(path, what)
+
+    def _current_path(self, ino: int, fallback: str) -> str:
+        """The path of the file the kernel knows as ``ino``, as far as this mount knows (a
+        rename here moves it), else ``fallback``."""
+        node = self._nodes.get(ino)
+        return node.path if node is not None and node.path else fallback
 
     async def _recreate(self, path: str, of: OpenFile):
         """Replace ``path``'s content: a new inode under the same name with the same mode,
@@ -281,9 +297,11 @@ class WriteMachinery:
         status = await self.client.get_file_status(path)
         if status.is_dir:
             raise fuse_error(errno.EISDIR)
-        if size == status.length:
+        if size == status.length and not status.under_construction:
             return
-        if size < status.length:
+        # a file another client writes reports only what it recorded so far: the server
+        # decides (EBUSY under the writer's lease), never a no-op here
+        if size <= status.length:
             await self._cut(path, size)
         else:  # growing: zeros appended through the pipeline (under the lease), then closed
             of = OpenFile(ino, status.length, status.mode & 0o7777, status.owner,
@@ -293,7 +311,7 @@ class WriteMachinery:
                 await self._publish(of, finish=True)
             except BaseException as exc:
                 if of.stream is not None:
-                    self._abandon(of.stream, path, exc, "truncate")
+                    await self._abandon(of.stream, path, exc, "truncate")
                 raise
 
     async def _cut(self, path: str, size: int) -> None:

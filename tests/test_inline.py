@@ -321,3 +321,51 @@ def test_hsync_of_a_small_file_stores_it_inline_and_survives_its_writer(tmp_path
             assert list(stored(cluster).values()) == [a + b]
 
     trio.run(main)
+
+
+def test_publish_shows_bytes_and_length_and_keeps_the_file_open(tmp_path):
+    """``publish`` (the mount's flush, at every close(2)): a small file wholly in the buffer
+    goes inline, a bigger one is hflushed and its length recorded, both by a
+    ``fsync(sync=false)``; another client sees the bytes and the length while the file
+    stays open under the writer's lease; a publish with nothing new makes no call."""
+    a, b = payload(3000, 20), payload(2000, 21)
+    big = payload(100 * KiB + 123, 22)
+
+    async def main():
+        async with inprocess_cluster(tmp_path, n_storage=3, **INLINE) as cluster:
+            async with cluster.client() as c, cluster.client() as other:
+                calls = []
+                real_call = c.rpc.call
+
+                async def spy(method, args=None, **kw):
+                    calls.append((method, (args or {}).get("sync", True)))
+                    return await real_call(method, args, **kw)
+
+                c.rpc.call = spy
+                out = await c.create("/published")
+                await out.write(a)
+                await out.publish()
+                await out.publish()   # nothing new
+                assert calls[1:] == [("fsync", False)]
+                located = await other.get_block_locations("/published")
+                assert located["under_construction"] and bytes(located["inline"]) == a
+                await out.write(b)
+                await out.publish()
+                assert await other.read_file("/published") == a + b
+                await out.close()
+                located = await other.get_block_locations("/published")
+                assert not located["under_construction"]
+                assert bytes(located["inline"]) == a + b
+
+                out = await c.create("/big")
+                await out.write(big)
+                del calls[:]
+                await out.publish()
+                assert ("fsync", False) in calls
+                status = await other.get_file_status("/big")
+                assert status.under_construction and status.length == len(big)
+                assert await other.read_file("/big") == big
+                await out.close()
+                assert await other.read_file("/big") == big
+
+    trio.run(main)

@@ -180,4 +180,4 @@ def test_unknown_and_malformed_records_name_their_txid():
 
 def test_lazy_ops_are_the_namespace_only_ones():
     assert LAZY_OPS == {"MKDIR", "ADD", "SYMLINK", "CLOSE", "DELETE", "RENAME", "RENAMES",
-                        "SET_PERMISSIONS", "SET_OWNER", "TIMES"}
+                        "SET_PERMISSIONS", "SET_OWNER", "TIMES", "FSYNC", "INLINE"}

@@ -97,6 +97,10 @@ async def _owner_is(root, path, owner, group):
     assert (st.owner, st.group) == (owner, group)
 
 
+async def _mode_is(root, path, mode):
+    assert (await root.get_file_status(path)).mode == mode
+
+
 @dataclass
 class Case:
     name: str
@@ -214,6 +218,18 @@ CASES = [
     Case("setPermission needs the owner", [("f", "f", 0o666, "alice", "staff")],
          lambda c, b: c.set_permission(f"{b}/f", 0o600), BOB,
          ("is not the owner", 'inode="{b}/f":alice:staff:-rw-rw-rw-')),
+    Case("a writer may clear setuid/setgid (what POSIX does at a non-owner's write)",
+         [("f", "f", 0o6770, "alice", "staff")],
+         lambda c, b: c.set_permission(f"{b}/f", 0o770), EVE,
+         ("access=WRITE", 'inode="{b}/f"'), allowed=BOB,
+         after=lambda r, b: _mode_is(r, f"{b}/f", 0o770)),
+    Case("any other change of a setuid file's mode stays the owner's",
+         [("f", "f", 0o6770, "alice", "staff")],
+         lambda c, b: c.set_permission(f"{b}/f", 0o2771), BOB, ("is not the owner",),
+         allowed=ALICE, after=lambda r, b: _mode_is(r, f"{b}/f", 0o2771)),
+    Case("a folder's setgid stays the owner's", [("d", "d", 0o2777, "alice", "staff")],
+         lambda c, b: c.set_permission(f"{b}/d", 0o777), BOB, ("is not the owner",),
+         allowed=ALICE),
     Case("chown to another user needs the superuser", [("f", "f", 0o644, "alice", "staff")],
          lambda c, b: c.set_owner(f"{b}/f", "bob"), ALICE,
          ("is not a superuser", '"{b}/f"', "to bob"), allowed=ADMIN,
