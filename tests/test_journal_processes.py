@@ -430,20 +430,24 @@ def test_journal_bytes_since_the_last_checkpoint_trigger_one(tmp_path):
         cluster.stop()
 
 
+def create_as_w(cluster: ProcessCluster, i: int):
+    """Create /r/f<i> as client "w" with call id i: the same identity a retry sends."""
+    from test_ha_retry import send
+
+    return send(cluster.meta_address, "create", {"path": f"/r/f{i}", "client_name": "w",
+                                                 "create_parent": True, "want_status": True}, i)
+
+
 def test_a_start_after_kill9_reads_back_only_what_the_retry_cache_keeps(tmp_path):
     """The retry cache keeps 40 calls: after 200 retry-cached creates and kill -9, the start
     reads back the journal's newest 40 records (not 200), and a create among them retried
     with its identity gets its first answer; one older than the look back is run again
     (and fails: the cache no longer knows it)."""
-    from test_ha_retry import send
-
     cluster = ProcessCluster(tmp_path, n_storage=0, settings={"retry_cache_entries": 40})
     cluster.start()
     try:
         async def creates():
-            return [await send(cluster.meta_address, "create",
-                               {"path": f"/r/f{i}", "client_name": "w", "create_parent": True,
-                                "want_status": True}, i) for i in range(1, 201)]
+            return [await create_as_w(cluster, i) for i in range(1, 201)]
 
         first = trio.run(creates)
         cluster.kill_meta()
@@ -455,13 +459,9 @@ def test_a_start_after_kill9_reads_back_only_what_the_retry_cache_keeps(tmp_path
             cluster.log_tail("meta", 200)
 
         async def retries():
-            newest = await send(cluster.meta_address, "create",
-                                {"path": "/r/f200", "client_name": "w", "create_parent": True,
-                                 "want_status": True}, 200)
+            newest = await create_as_w(cluster, 200)
             with pytest.raises(errors.AlreadyBeingCreated):   # run again: the file is open
-                await send(cluster.meta_address, "create",
-                           {"path": "/r/f1", "client_name": "w", "create_parent": True,
-                            "want_status": True}, 1)
+                await create_as_w(cluster, 1)
             return newest
 
         assert trio.run(retries) == first[-1]
@@ -475,15 +475,13 @@ def test_after_kill9_reads_are_answered_during_the_look_back_and_retries_wait_fo
     read is answered before the look back has finished, and a create from before the
     kill -9, retried with its identity meanwhile, waits for it and gets its first answer
     instead of a second run (which would fail: the file is open)."""
-    from test_ha_retry import plain, send
+    from test_ha_retry import plain
 
     cluster = ProcessCluster(tmp_path, n_storage=0)
     cluster.start()
     try:
         async def creates():
-            return [await send(cluster.meta_address, "create",
-                               {"path": f"/r/f{i}", "client_name": "w", "create_parent": True,
-                                "want_status": True}, i) for i in range(1, 21)]
+            return [await create_as_w(cluster, i) for i in range(1, 21)]
 
         first = trio.run(creates)
         cluster.kill_meta()
@@ -496,9 +494,7 @@ def test_after_kill9_reads_are_answered_during_the_look_back_and_retries_wait_fo
         async def during_the_look_back():
             info = await plain(cluster.meta_address, "get_file_info", path="/r/f20")
             looked_back_before_read = noted in cluster.log_tail("meta", 200)
-            retried = await send(cluster.meta_address, "create",
-                                 {"path": "/r/f20", "client_name": "w", "create_parent": True,
-                                  "want_status": True}, 20)
+            retried = await create_as_w(cluster, 20)
             return info, looked_back_before_read, retried, noted in cluster.log_tail("meta", 200)
 
         info, looked_back_before_read, retried, looked_back_before_retry = \
