@@ -153,6 +153,9 @@ class Config:
     retry_cache_entries: int = _s(200_000, "mutating calls' replies the retry cache keeps at "
                                   "most (a restart reads this many of the journal's newest "
                                   "records back into it)")
+    retry_cache_look_back_delay: float = _s(0.0, "seconds a start waits before it reads the "
+                                            "journal back into the retry cache (tests: calls "
+                                            "that arrive while it has not finished)")
     invalidate_limit: int = _s(1000, "replica deletions handed to one block server per heartbeat")
     delete_chunk: int = _s(2000, "inodes + blocks one delete record removes; a bigger subtree is "
                            "detached at once and reclaimed in the background in records of "

@@ -10,8 +10,15 @@ the record kept of the answer that the state no longer holds (``kept``). A retry
 meets such an entry gets the answer its ``rebuild`` makes from the current state and
 ``kept`` instead of running the call a second time.
 
+A restart notes what the journal says was applied in the background (the server answers
+once its replay is done): from ``hold`` until ``release`` every ``run`` waits, so a call
+that carries a retry key (one that could be a retry) is looked up only once the cache knows
+every call the look back would find, and a retried call is never run twice. Calls without a
+key (reads, heartbeats, block reports) do not come here and are not held.
+
 Concurrency contract: used from the tasks of one trio thread (``fs.rpc.Dispatcher``); no
-locks, a duplicate that arrives while its first call runs waits on a ``trio.Event``.
+locks, a duplicate that arrives while its first call runs waits on a ``trio.Event``, and
+so does every call while the cache is held.
 ``current_call`` is a context variable: it is the key only inside the task running the
 call (and tasks it would spawn, which cached handlers do not).
 """
@@ -89,6 +96,8 @@ class RetryCache:
         # key -> [expires_at (inf while running), event (made by the first duplicate that
         # waits, None once finished), ok (True, or APPLIED: noted, answer unknown), value]
         self._entries: collections.OrderedDict[tuple, list] = collections.OrderedDict()
+        # set while a look back is noting calls (``hold``): ``run`` waits for it
+        self._held: trio.Event | None = None
 
     def __len__(self):
         return len(self._entries)
@@ -104,6 +113,8 @@ class RetryCache:
         rebuild leaves the note in place, so a later retry never runs the call blindly.
         Without ``rebuild`` such a key is an ``InternalError``. While ``thunk``/``rebuild``
         run, ``current_call()`` is ``key``."""
+        if self._held is not None:
+            await self._held.wait()
         noted = None   # expiry and kept of the note a rebuild replaces
         while True:
             entry = self._entries.get(key)
@@ -152,6 +163,18 @@ class RetryCache:
             if event is not None:
                 event.set()
 
+    def hold(self) -> None:
+        """Until ``release``, ``run`` waits: the calls applied before a restart are being
+        ``note``d (``note_all``), and a retry of one must not run before its note is in."""
+        if self._held is None:
+            self._held = trio.Event()
+
+    def release(self) -> None:
+        """The look back is done (or gave up): the calls ``hold`` kept waiting go on."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.set()
+
     def note(self, key: tuple, kept=None) -> None:
         """A journal record applied here says call ``key`` was carried out, with an answer
         this server does not know: a retry gets ``run``'s ``rebuild(kept)``. ``kept``: what
@@ -164,8 +187,8 @@ class RetryCache:
         self._entries[key] = [self.clock() + self.expiry, None, APPLIED, kept]
 
     def note_all(self, notes) -> int:
-        """``note`` each ``(key, kept)`` of ``notes`` (a restart's look back at the journal:
-        up to ``max_entries`` of them at once), expiring from now; the oldest beyond
+        """``note`` each ``(key, kept)`` of ``notes`` (a slice of a restart's look back at the
+        journal, up to ``max_entries`` of them in all), expiring from now; the oldest beyond
         ``max_entries`` go at the end, not one purge per note. Returns how many were new."""
         entries = self._entries
         expires = self.clock() + self.expiry

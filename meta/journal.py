@@ -359,7 +359,8 @@ class Journal:
         """The newest ``limit`` records (at most) of the finalized segments last written at
         wall time ``since`` or later (their files' mtime: records carry no time), newest
         segment first, each segment's in txid order, decoded as the caller takes them
-        (startup, after ``open``, sync).
+        (startup, after ``open``, on the trio thread: while the journal runs, it reads the
+        segments finalized when it began; one a checkpoint purges meanwhile ends it).
 
         Why: a restarted server notes the retry-cached calls of recent records, applied or
         not (``MetaServer``); the store already holds most of them, so replay does not see
@@ -371,7 +372,7 @@ class Journal:
         effort, the start must not fail for it."""
         chosen: list[tuple[SegmentInfo, int]] = []   # (segment, first txid wanted)
         count = 0
-        for seg in reversed(self._finalized):
+        for seg in reversed(list(self._finalized)):
             if seg.lost or count >= limit:
                 break
             try:

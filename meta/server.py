@@ -129,6 +129,9 @@ LOOPBACK_HOST = "127.0.0.1"
 # a handed-out INVALIDATE not reported done after this many heartbeat intervals is resent
 # (its heartbeat reply may have been lost)
 INVALIDATE_RESEND_HEARTBEATS = 10
+# calls a restart's look back notes in the retry cache at once (``note_all``): a handful of
+# dict inserts, well under a time slice
+LOOK_BACK_BATCH = 256
 # ``LAZY_OPS`` (``meta.ops``, the ops with ``lazy``): journal ops that only change the
 # namespace: a client without ``sync_metadata`` is answered once they are written, before
 # their fsync (they hand out no block id or generation stamp, and block deletions they cause
@@ -220,21 +223,25 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
 
     # ================================================================== startup
     def recover(self) -> None:
-        """Sync, at start: open the journal and replay what LevelDB has not applied (all of
-        ``recover_steps`` at once)."""
+        """Sync, at start: open the journal, replay what LevelDB has not applied and note
+        the recent calls in the retry cache (all of ``recover_steps`` and
+        ``look_back_steps`` at once)."""
         for _ in self.recover_steps():
+            pass
+        for _ in self.look_back_steps():
             pass
 
     def recover_steps(self):
         """``recover`` a chunk of records at a time: yields after each, so a caller on the
         trio thread can let the web pages answer (``startup``) in between. The store is made
         durable first: its applied state is then authoritative, so a journal that lost its
-        tail (the store is ahead of it) is bridged instead of refused."""
+        tail (the store is ahead of it) is bridged instead of refused. The retry cache is
+        left held: ``look_back_steps`` (``look_back`` in the background) releases it."""
         applied = self.ns.applied_txid
         self.kv.sync()
         self.journal.open(store_applied=applied)
         self.last_checkpoint = checkpoints.load(self.kv)
-        self._note_recent_calls()
+        self.retry_cache.hold()
         self.startup.replaying(applied, self.journal.last_txid, self.wall_ns() / 1e9)
         chunk = []
         self._recovering = True
@@ -252,26 +259,48 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         log.info("namespace: applied txid %d, replayed %d journal records, now at txid %d",
                  applied, self.startup.replayed, self.ns.applied_txid)
 
-    def _note_recent_calls(self) -> None:
+    async def look_back(self) -> None:
+        """``look_back_steps`` on the trio thread, in slices (``TimeSlice``): the server
+        answers while it runs; calls that carry a retry key wait for it (``RetryCache.hold``).
+        ``retry_cache_look_back_delay`` (tests) waits before it starts."""
+        steps = self.look_back_steps()
+        try:
+            if self.config.retry_cache_look_back_delay > 0:
+                await trio.sleep(self.config.retry_cache_look_back_delay)
+            walk = TimeSlice()
+            for _ in steps:
+                await walk.tick()
+        finally:
+            steps.close()   # the journal's map, if cancelled
+            self.retry_cache.release()
+
+    def look_back_steps(self):
         """HDFS rebuilds its retry cache from the edits it loads at start: here the calls
         named by the records of the journal's segments written within the cache's expiry
-        (the store has applied most of them: replay alone would miss them)."""
+        (the store has applied most of them: replay alone would miss them). Yields after
+        each record; releases the retry cache when done, or stopped, or failed: the cache
+        is best effort, its waiting calls must go on."""
         cache = self.retry_cache
-        read = 0
-
-        def calls():
-            nonlocal read
+        started = time.perf_counter()
+        read = noted = 0
+        batch = []
+        try:
             for record in self.journal.recent(self.wall_ns() / 1e9 - cache.expiry,
                                               cache.max_entries):
                 read += 1
                 call = CallKey.from_wire(record.args.get(RPC_CALL))
                 if call is not None:
-                    yield call, record.args.get(RPC_KEPT)
-
-        noted = cache.note_all(calls())
+                    batch.append((call, record.args.get(RPC_KEPT)))
+                    if len(batch) >= LOOK_BACK_BATCH:
+                        noted += cache.note_all(batch)
+                        batch = []
+                yield
+            noted += cache.note_all(batch)
+        finally:
+            cache.release()
         if read:
-            log.info("retry cache: %d calls noted from the journal's %d most recent records",
-                     noted, read)
+            log.info("retry cache: %d calls noted from the journal's %d most recent records "
+                     "in %.2f s", noted, read, time.perf_counter() - started)
 
     def _replay_chunk(self, records) -> None:
         ops = [decode(record) for record in records]

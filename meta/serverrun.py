@@ -125,6 +125,9 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
                     name="metadata server web pages"))
             for _ in server.recover_steps():
                 await trio.sleep(0)
+            # the retry cache's look back runs while the server answers: until it is done,
+            # calls that carry a retry key wait for it (``RetryCache.hold``)
+            nursery.start_soon(server.look_back)
             await nursery.start(server.journal.run)
             if server.ha is None:
                 await server.start()

@@ -15,7 +15,7 @@ import trio
 
 from fs import errors
 from fs.client import AsyncClient
-from harness import ProcessCluster, leasefs, make_test_config, store_problems
+from harness import ProcessCluster, leasefs, make_test_config, poll_until, store_problems
 from meta import keys
 from meta.journal_files import RECORD_HEADER
 from meta.kv import PlyvelStore
@@ -430,39 +430,77 @@ def test_journal_bytes_since_the_last_checkpoint_trigger_one(tmp_path):
         cluster.stop()
 
 
+def create_as_w(cluster: ProcessCluster, i: int):
+    """Create /r/f<i> as client "w" with call id i: the same identity a retry sends."""
+    from test_ha_retry import send
+
+    return send(cluster.meta_address, "create", {"path": f"/r/f{i}", "client_name": "w",
+                                                 "create_parent": True, "want_status": True}, i)
+
+
 def test_a_start_after_kill9_reads_back_only_what_the_retry_cache_keeps(tmp_path):
     """The retry cache keeps 40 calls: after 200 retry-cached creates and kill -9, the start
     reads back the journal's newest 40 records (not 200), and a create among them retried
     with its identity gets its first answer; one older than the look back is run again
     (and fails: the cache no longer knows it)."""
-    from test_ha_retry import send
-
     cluster = ProcessCluster(tmp_path, n_storage=0, settings={"retry_cache_entries": 40})
     cluster.start()
     try:
         async def creates():
-            return [await send(cluster.meta_address, "create",
-                               {"path": f"/r/f{i}", "client_name": "w", "create_parent": True,
-                                "want_status": True}, i) for i in range(1, 201)]
+            return [await create_as_w(cluster, i) for i in range(1, 201)]
 
         first = trio.run(creates)
         cluster.kill_meta()
         cluster.start_meta()
         cluster.wait_ready(0)
-        log_text = cluster.log_tail("meta", 200)
-        assert "retry cache: 40 calls noted from the journal's 40 most recent records" \
-            in log_text, log_text
+        noted = "retry cache: 40 calls noted from the journal's 40 most recent records"
+        # the look back runs in the background: the retries below wait for it anyway
+        assert poll_until(lambda: noted in cluster.log_tail("meta", 200)), \
+            cluster.log_tail("meta", 200)
 
         async def retries():
-            newest = await send(cluster.meta_address, "create",
-                                {"path": "/r/f200", "client_name": "w", "create_parent": True,
-                                 "want_status": True}, 200)
+            newest = await create_as_w(cluster, 200)
             with pytest.raises(errors.AlreadyBeingCreated):   # run again: the file is open
-                await send(cluster.meta_address, "create",
-                           {"path": "/r/f1", "client_name": "w", "create_parent": True,
-                            "want_status": True}, 1)
+                await create_as_w(cluster, 1)
             return newest
 
         assert trio.run(retries) == first[-1]
+    finally:
+        cluster.stop()
+
+
+def test_after_kill9_reads_are_answered_during_the_look_back_and_retries_wait_for_it(tmp_path):
+    """The server answers once its replay is done and reads the journal back into the retry
+    cache in the background (held back 5 s here by ``retry_cache_look_back_delay``): a
+    read is answered before the look back has finished, and a create from before the
+    kill -9, retried with its identity meanwhile, waits for it and gets its first answer
+    instead of a second run (which would fail: the file is open)."""
+    from test_ha_retry import plain
+
+    cluster = ProcessCluster(tmp_path, n_storage=0)
+    cluster.start()
+    try:
+        async def creates():
+            return [await create_as_w(cluster, i) for i in range(1, 21)]
+
+        first = trio.run(creates)
+        cluster.kill_meta()
+        cluster.settings["retry_cache_look_back_delay"] = 5.0
+        cluster.start_meta()
+        cluster.wait_ready(0)
+        # the 20 creates and the namespace's format record
+        noted = "retry cache: 20 calls noted from the journal's 21 most recent records"
+
+        async def during_the_look_back():
+            info = await plain(cluster.meta_address, "get_file_info", path="/r/f20")
+            looked_back_before_read = noted in cluster.log_tail("meta", 200)
+            retried = await create_as_w(cluster, 20)
+            return info, looked_back_before_read, retried, noted in cluster.log_tail("meta", 200)
+
+        info, looked_back_before_read, retried, looked_back_before_retry = \
+            trio.run(during_the_look_back)
+        assert info is not None and not looked_back_before_read
+        assert looked_back_before_retry
+        assert retried == first[-1]
     finally:
         cluster.stop()

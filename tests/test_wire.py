@@ -237,6 +237,37 @@ def test_retry_cache_expires_entries_and_reruns_failed_calls():
     trio.run(main)
 
 
+def test_retry_cache_held_calls_wait_for_the_notes_of_the_look_back():
+    """While held (a restart's look back), ``run`` waits; a call noted before the release
+    is then rebuilt, not run a second time."""
+    cache = RetryCache(expiry=10)
+    ran = []
+
+    async def first_run():
+        ran.append("run")
+        return "ran again"
+
+    async def rebuild(kept):
+        return ("rebuilt", kept)
+
+    async def main():
+        cache.hold()
+        got = []
+
+        async def retry():
+            got.append(await cache.run(("c", 1, "create"), first_run, rebuild))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(retry)
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == [] and ran == []
+            cache.note_all([(("c", 1, "create"), "kept")])
+            cache.release()
+        assert got == [("rebuilt", "kept")] and ran == []
+
+    trio.run(main)
+
+
 def test_retry_cache_duplicate_waits_for_the_running_call():
     """A duplicate arriving while the first call runs waits for it: a success is answered
     from the cache (the call ran once), a failure lets the duplicate run it again."""
