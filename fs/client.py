@@ -34,7 +34,6 @@ import trio
 
 from . import paths
 from . import tls as tlsmod
-from .checksum import file_checksum
 from .config import Config, cluster_client_settings, find_meta_address
 from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, SafeMode,
                      ServerUnavailable, TryAgain, sole_exception)
@@ -44,9 +43,20 @@ from .delegation import TokenFile
 from .observer import ObserverReads, find_observers
 from .rpc import (RpcClient, StateAlignment, check_identity, current_groups, current_user,
                   format_address_list, normalize_address_list, parse_address_list)
-from .streams import AsyncInputStream, AsyncOutputStream, InputStream, OutputStream
 
 log = logging.getLogger(__name__)
+
+#: the data path (``fs.streams`` and what it needs: block connections, CRC32C) is imported
+#: on first use, so a client that only makes namespace calls (``leasefs ls``) starts faster
+_STREAMS = ("AsyncInputStream", "AsyncOutputStream", "InputStream", "OutputStream")
+
+
+def __getattr__(name: str):
+    if name in _STREAMS:
+        from . import streams
+        return getattr(streams, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["AsyncClient", "Client", "FileSettings", "FileStatus", "Changed", "Moved",
            "AsyncInputStream", "AsyncOutputStream", "InputStream", "OutputStream"]
@@ -374,6 +384,7 @@ class AsyncClient:
                     bytes_per_checksum: int | None = None) -> AsyncOutputStream:
         """A stream for a file this client now holds the lease of, kept alive by the
         renewer until it closes."""
+        from .streams import AsyncOutputStream
         stream = AsyncOutputStream(self, path, status, bytes_per_checksum=bytes_per_checksum)
         self._outputs[id(stream)] = stream
         self._renewer.add(stream)
@@ -503,6 +514,7 @@ class AsyncClient:
         """Open ``path`` for reading (seekable; ``pread`` for positional reads).
         ``located``: the file's block locations already fetched (``FileStatus.locations``),
         which spares the call that would fetch them."""
+        from .streams import AsyncInputStream
         self._check_open()
         return await AsyncInputStream.open(self, paths.validate(path), located=located)
 
@@ -527,6 +539,7 @@ class AsyncClient:
         """HDFS getFileChecksum, COMPOSITE-CRC: ``{"algorithm": "COMPOSITE-CRC32C", "crc":
         "8 hex digits", "length": n}``, the CRC32C of the content whatever its block and chunk
         sizes, combined on the block servers from stored chunk CRCs (``fs.checksum``)."""
+        from .checksum import file_checksum
         self._check_open()
         return await file_checksum(self, paths.validate(path))
 
@@ -841,14 +854,17 @@ class Client:
     # ------------------------------------------------------------------ streams
     def create(self, path: str, **kwargs) -> OutputStream:
         """Like ``AsyncClient.create``; returns a blocking ``OutputStream``."""
+        from .streams import OutputStream
         return OutputStream(self._call(self._async.create, path, **kwargs), self._call)
 
     def append(self, path: str) -> OutputStream:
         """Like ``AsyncClient.append``; returns a blocking ``OutputStream``."""
+        from .streams import OutputStream
         return OutputStream(self._call(self._async.append, path), self._call)
 
     def open(self, path: str) -> InputStream:
         """Like ``AsyncClient.open``; returns an ``io.RawIOBase`` ``InputStream``."""
+        from .streams import InputStream
         return InputStream(self._call(self._async.open, path), self._call,
                            close_call=self._run_or_spawn)
 

@@ -160,6 +160,50 @@ def test_every_subcommand_help_exits_0_without_traceback(capsys):
         assert out.startswith("usage: leasefs " + " ".join(command)), (command, out[:200])
 
 
+def test_command_table_is_what_the_modules_register():
+    """``--help`` and the choice of module to import come from ``tools.cli.COMMANDS``: each
+    command there is registered by the module it names, with that one-line help."""
+    import importlib
+
+    from tools.cli import COMMANDS, Parser, common_options
+
+    found = {}
+    common = common_options()
+    for module in dict.fromkeys(m for m, _ in COMMANDS.values()):
+        sub = Parser(prog="leasefs").add_subparsers(dest="command")
+        importlib.import_module(f"tools.{module}").register(sub, common)
+        helps = {a.dest: " ".join((a.help or "").split()) for a in sub._choices_actions}
+        found.update({name: (module, helps[name]) for name in sub.choices})
+    assert found == COMMANDS
+
+
+def _imported_by(*args, env=None, tmp_path) -> set[str]:
+    """The modules a ``python -m tools ARGS`` process has imported when it exits (what
+    ``python -X importtime`` shows, including the modules ``importlib`` loads)."""
+    out = tmp_path / "modules.json"
+    code = ("import atexit, json, runpy, sys\n"
+            f"atexit.register(lambda: open({str(out)!r}, 'w').write(json.dumps(list(sys.modules))))\n"
+            f"sys.argv = ['leasefs', *{list(args)!r}]\n"
+            "runpy.run_module('tools', run_name='__main__', alter_sys=True)\n")
+    subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60)
+    return set(json.loads(out.read_text()))
+
+
+def test_start_up_imports_only_what_the_command_needs(tmp_path):
+    env = {**os.environ, "LEASEFS_HOME": str(tmp_path), "LEASEFS_META": "127.0.0.1:1"}
+    heavy = {"trio", "msgpack", "crc32c", "fs.client", "fs.rpc", "meta.server", "storage.server",
+             "tools.admin", "tools.bench", "tools.cluster", "importlib.metadata"}
+    for args in (["--help"], ["ls", "--help"], ["dfs", "-help", "du"], ["commands", "--help"]):
+        loaded = _imported_by(*args, env=env, tmp_path=tmp_path)
+        assert "tools.cli" in loaded, args
+        assert not loaded & heavy, (args, loaded & heavy)
+    # a namespace call needs the RPC client, never the data path or other commands' modules
+    loaded = _imported_by("ls", "/", env=env, tmp_path=tmp_path)
+    assert {"tools.shell", "fs.client", "trio"} <= loaded
+    assert not loaded & {"crc32c", "fs.streams", "fs.dataconn", "fs.checksum", "tools.admin",
+                         "tools.bench", "tools.cluster", "meta.server"}, loaded
+
+
 # --------------------------------------------------------------------------- subprocess runs
 
 def leasefs(*args, env=None, input=None, timeout=60, cwd=None):

@@ -23,10 +23,8 @@ from fs.errors import (DirectoryNotEmpty, FileExists, FileNotFound, InvalidArgum
                        IsDirectory, LeaseFSError, NotDirectory, PermissionDenied)
 
 from . import transfer
-from .admin import format_checkpoint
-from .checksum import verify_steps
 from .common import Command
-from .formatting import (STAT_FORMAT_HELP, UsageError, format_table, human_size,
+from .formatting import (STAT_FORMAT_HELP, UsageError, format_checkpoint, format_table, human_size,
                          ls_long_lines, parse_mode, parse_mode_change, parse_owner, parse_size,
                          split_file_url, stat_format, status_fields)
 from .progress import Progress, wanted
@@ -213,6 +211,7 @@ def copy_items(cmd: Command, sources, dst_side, dst: str, dst_display: str):
                 transfer.run_steps(steps, side, dst_side, overwrite=overwrite, progress=bar,
                                    options=options)
                 if getattr(a, "verify", False):
+                    from .checksum import verify_steps
                     verify_steps(steps, side, dst_side)
             except ITEM_ERRORS as exc:
                 cmd.fail(_item_path(exc, display), exc)
