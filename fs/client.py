@@ -41,7 +41,7 @@ from .renewer import LeaseRenewer
 from . import trash
 from .delegation import TokenFile
 from .observer import ObserverReads, find_observers
-from .rpc import (RpcClient, StateAlignment, check_identity, current_groups, current_user,
+from .rpc import (RetryPolicy, RpcClient, StateAlignment, check_identity, current_groups, current_user,
                   format_address_list, normalize_address_list, parse_address_list)
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,8 @@ def _meta_address(meta_address: str | None, config: Config | None) -> str:
 
 def meta_connection(meta_address: str | None = None, *, config: Config | None = None,
                     name: str = "leasefs-shared", user: str | None = None,
-                    groups: list[str] | None = None) -> RpcClient:
+                    groups: list[str] | None = None,
+                    retry_policy: RetryPolicy | None = None) -> RpcClient:
     """One RPC connection to the metadata server that several ``AsyncClient``s of this trio
     thread can share (``AsyncClient(rpc=...)``), as Hadoop IPC shares one connection among
     all DFSClients of a JVM with the same server and user: the calls of many clients then
@@ -218,7 +219,7 @@ def meta_connection(meta_address: str | None = None, *, config: Config | None = 
         sync_metadata=config.sync_metadata, tls=tlsmod.client(config),
         # observer reads: replies and calls carry state ids (read-your-writes)
         alignment=StateAlignment() if config.observer_reads else None,
-        **authentication(config, address))
+        retry_policy=retry_policy, **authentication(config, address))
 
 
 def authentication(config: Config, address: str) -> dict:
@@ -241,7 +242,8 @@ class AsyncClient:
 
     def __init__(self, meta_address: str | None = None, *, config: Config | None = None,
                  client_name: str | None = None, user: str | None = None,
-                 groups: list[str] | None = None, rpc: RpcClient | None = None):
+                 groups: list[str] | None = None, rpc: RpcClient | None = None,
+                 retry_policy: RetryPolicy | None = None):
         if config is None:   # the embedded cluster it finds brings its TLS settings
             config = Config().replace(**{
                 **(cluster_client_settings() if meta_address is None and rpc is None else {}),
@@ -261,6 +263,9 @@ class AsyncClient:
             current_groups() if groups is None else list(groups), "client identity")
         self.groups = list(identity_groups)
         self._shared_rpc = rpc
+        # how its own connection retries (``fs.rpcclient.RetryPolicy``; the CLI's says a
+        # refused connection at once and prints what it retries)
+        self._retry_policy = retry_policy
         # tls = on: how data connections (and a connection of its own to the metadata
         # server) verify servers; None when off
         self.tls = tlsmod.client(self.config)
@@ -289,7 +294,7 @@ class AsyncClient:
             stack.callback(self._nursery.cancel_scope.cancel)
             self.rpc = self._shared_rpc or await stack.enter_async_context(meta_connection(
                 self.meta_address, config=self.config, name=self.client_name,
-                user=self.user, groups=self.groups))
+                user=self.user, groups=self.groups, retry_policy=self._retry_policy))
             self.server_defaults = await self.rpc.call("get_server_defaults", {})
             overrides = {k: self.server_defaults[k] for k in SERVER_DEFAULT_KEYS
                          if self.server_defaults.get(k) is not None}
@@ -747,9 +752,9 @@ class Client:
 
     def __init__(self, meta_address: str | None = None, *, config: Config | None = None,
                  client_name: str | None = None, user: str | None = None,
-                 groups: list[str] | None = None):
+                 groups: list[str] | None = None, retry_policy: RetryPolicy | None = None):
         self._async = AsyncClient(meta_address, config=config, client_name=client_name,
-                                  user=user, groups=groups)
+                                  user=user, groups=groups, retry_policy=retry_policy)
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
         self._startup_error: BaseException | None = None

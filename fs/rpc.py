@@ -324,7 +324,7 @@ class CallContext:
 # Imported last: fs.rpcclient and fs.rpcserver take the shared pieces above from here (and
 # import them at their own end, so either module may be imported first).
 
-from .rpcclient import RpcClient, StateAlignment  # noqa: E402
+from .rpcclient import RetryPolicy, RpcClient, StateAlignment  # noqa: E402
 from .rpcserver import (TLS_REFUSAL_TIMEOUT, Dispatcher, RetryCache,  # noqa: E402
                         check_version, rpc_refusal, serve_local, serve_rpc, serve_tcp)
 
@@ -337,7 +337,7 @@ __all__ = [
     "local_socket_address", "local_socket_name", "normalize_address_list", "os_groups",
     "parse_address", "parse_address_list", "user_name",
     # client (fs.rpcclient)
-    "RpcClient", "StateAlignment",
+    "RetryPolicy", "RpcClient", "StateAlignment",
     # server (fs.rpcserver)
     "TLS_REFUSAL_TIMEOUT", "Dispatcher", "RetryCache", "check_version", "rpc_refusal",
     "serve_local", "serve_rpc", "serve_tcp",

@@ -253,6 +253,59 @@ def test_unreachable_cluster_is_one_clean_line(tmp_path):
     assert time.monotonic() - started < 20  # one retry budget, not one per path
 
 
+def test_stopped_cluster_is_said_at_once(tmp_path):
+    """Nothing listens at the address (a stopped cluster): one line at once, not a silent
+    wait of rpc_retry_seconds (30 s by default)."""
+    import socket
+
+    with socket.socket() as probe:   # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "LEASEFS_HOME": str(tmp_path), "LEASEFS_META": f"127.0.0.1:{port}"}
+    for args in (["ls", "/"], ["fsck", "/"], ["dfsadmin", "-report"]):
+        started = time.monotonic()
+        proc = leasefs(*args, env=env)
+        took = time.monotonic() - started
+        check_fails(proc, f"leasefs {args[0]}", f"nothing listens at 127.0.0.1:{port}",
+                    "leasefs cluster status")
+        assert took < 8, (args, took)   # a process start, not a retry budget
+    started = time.monotonic()
+    proc = leasefs("ls", "--meta", f"127.0.0.1:{port},127.0.0.1:{port + 1}", "/", env=env)
+    check_fails(proc, "nothing listens at any of")
+    assert time.monotonic() - started < 8
+
+
+def test_what_is_retried_is_said_on_stderr(tmp_path):
+    """A server that takes connections and drops them is retried (that is transient): the
+    command says so at once on stderr, then fails with one line when the budget is out."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def drop_all():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.close()
+
+    threading.Thread(target=drop_all, daemon=True).start()
+    try:
+        env = {**os.environ, "LEASEFS_HOME": str(tmp_path)}
+        proc = leasefs("ls", "--meta", f"127.0.0.1:{port}", "--set", "rpc_retry_seconds=2",
+                       "/", env=env)
+    finally:
+        listener.close()
+    lines = proc.stderr.decode().splitlines()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr.decode(), lines
+    assert lines[0].startswith(f"leasefs ls: 127.0.0.1:{port} closed the connection; "
+                               "retrying for up to "), lines
+    assert len(lines) == 2 and lines[-1].startswith("leasefs ls: "), lines
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     from harness import ProcessCluster

@@ -19,7 +19,7 @@ import os
 import sys
 import traceback
 
-from fs.errors import LeaseFSError, ServerUnavailable, sole_exception
+from fs.errors import LeaseFSError, NothingListens, ServerUnavailable, sole_exception
 
 from .common import PROG, Command, error_line
 from .formatting import UsageError
@@ -103,7 +103,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     'decommission': ('admin', 'retire a block server: copy its replicas elsewhere, then mark it decommissioned (--status: progress)'),
     'save-namespace': ('admin', 'take a checkpoint now (LevelDB made durable, journal rolled, old segments purged); needs safe mode and the superuser, as HDFS dfsadmin -saveNamespace'),
     'haadmin': ('haadmin', "metadata HA: the servers' roles, a graceful failover (hdfs haadmin)"),
-    'dfsadmin': ('quotas', 'folder quotas, as HDFS dfsadmin: -setQuota N, -clrQuota, -setSpaceQuota N[k|m|g|t], -clrSpaceQuota (superuser only)'),
+    'dfsadmin': ('dfsadmin', 'HDFS dfsadmin: -report, -safemode, -saveNamespace, -refreshNodes, -printTopology, -listOpenFiles and the quota verbs, each running its leasefs command'),
     'set-quota': ('quotas', "set a folder's name quota (dfsadmin -setQuota)"),
     'clr-quota': ('quotas', "clear a folder's name quota (dfsadmin -clrQuota)"),
     'set-space-quota': ('quotas', "set a folder's space quota, bytes × replication, suffix k/m/g/t (dfsadmin -setSpaceQuota)"),
@@ -197,7 +197,9 @@ def _report(name: str, exc: BaseException, cmd, debug: bool) -> int:
         return 141
     if isinstance(exc, (LeaseFSError, OSError)):
         line = error_line(name, getattr(exc, "item_path", None), exc)
-        if isinstance(exc, ServerUnavailable):
+        if isinstance(exc, NothingListens):
+            line += "; is the cluster running? see 'leasefs cluster status'"
+        elif isinstance(exc, ServerUnavailable):
             where = getattr(cmd, "meta_address", None) if cmd is not None else None
             line += (f" (metadata server {where}; is the cluster running? "
                      "see 'leasefs cluster status')" if where else "")

@@ -113,10 +113,19 @@ class Command:
         return find_meta_address(getattr(self.args, "meta", None))
 
     @property
+    def retry_policy(self):
+        """How this command's RPCs retry: a cluster that is not running (nothing listens on
+        loopback) is said at once, and what is retried meanwhile is said on stderr, instead
+        of a silent wait of ``rpc_retry_seconds``."""
+        from fs.rpc import RetryPolicy
+        return RetryPolicy(refused_is_final=True, notice=self.warn)
+
+    @property
     def client(self):
         if self._client is None:
             from fs.client import Client  # lazy: the parsing-only paths never need it
-            self._client = Client(meta_address=self.meta_address, config=self.config)
+            self._client = Client(meta_address=self.meta_address, config=self.config,
+                                  retry_policy=self.retry_policy)
         return self._client
 
     def close(self) -> None:
