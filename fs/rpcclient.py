@@ -530,15 +530,17 @@ class RpcClient:
                         raise self._none_served(failed, budget) from None
                     raise
                 log.debug("%s: %s; retrying in %.2fs", method, exc, delay)
-                self._notice(exc, deadline)
+                self._notice(exc, index, deadline)
                 failed.clear()
                 await trio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    def _notice(self, exc: LeaseFSError, deadline: float) -> None:
+    def _notice(self, exc: LeaseFSError, index: int, deadline: float) -> None:
         """Tell ``retry_policy.notice`` what is retried, the first time for each cause."""
         notice = self.retry_policy.notice
-        cause = str(exc)
+        cause, where = str(exc), format_address(self.addresses[index])
+        if where not in cause:
+            cause = f"{where}: {cause}"
         if notice is None or cause in self._noticed:
             return
         self._noticed.add(cause)
