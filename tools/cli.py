@@ -21,7 +21,7 @@ import traceback
 
 from fs.errors import LeaseFSError, NothingListens, ServerUnavailable, sole_exception
 
-from .common import PROG, Command, error_line
+from .common import PROG, Command, configured_meta_address, error_line
 from .formatting import UsageError
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     'moveToLocal': ('shellalias', 'copy cluster files to the local disk, then delete them from the cluster'),
     'touchz': ('shellattr', 'create zero-length files'),
     'chgrp': ('shellattr', 'change the group of files and directories'),
+    'rmdir': ('shellattr', 'delete empty directories'),
     'test': ('shelltest', 'answer a question about a path with the exit status'),
     'find': ('shellfind', 'find files and directories by name or type'),
     'count': ('shellcount', 'count directories, files and bytes below paths'),
@@ -213,15 +214,19 @@ def _report(name: str, exc: BaseException, cmd, debug: bool) -> int:
 
 def main(argv=None) -> int:
     """Run one ``leasefs`` command; returns the exit status."""
-    from .hdfsnames import command_index, translate
+    from .hdfsnames import check_authority, cluster_uris, command_index, translate
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         argv = translate(argv, COMMANDS)
+        argv, authority = cluster_uris(argv)
         index = command_index(argv)
         name = argv[index] if index is not None else None
         parser = build_parser(only=name) if name in COMMANDS else build_parser(light=True)
         args, extras = parser.parse_known_args(argv)
+        if authority is not None:   # a leasefs://HOST:PORT/path argument names the server
+            args.meta = check_authority(authority, configured_meta_address(
+                getattr(args, "meta", None)))
     except UsageError as exc:
         print(f"{getattr(exc, 'prog', PROG)}: {exc}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from fs.config import Config, cluster_client_settings, find_meta_address
+from fs.config import Config, cluster_client_settings, default_home, find_meta_address
 from fs.errors import InvalidArgument, LeaseFSError, ServerUnavailable
 from fs.paths import normalize_user_path
 
@@ -38,6 +38,17 @@ def load_config(args, *, client: bool = False) -> Config:
         return Config().replace(**{**found, **chosen})
     except InvalidArgument as exc:  # unknown setting, bad value, unreadable file
         raise UsageError(str(exc)) from None
+
+
+def configured_meta_address(explicit: str | None = None) -> str | None:
+    """What ``find_meta_address`` answers when something chose it (``--meta``,
+    ``LEASEFS_META``, an embedded cluster's state file, the config file); None when it would
+    fall back to the built-in default."""
+    if explicit or os.environ.get("LEASEFS_META") or \
+            os.path.exists(os.path.join(default_home(), "cluster.json")):
+        return find_meta_address(explicit)
+    address = Config.load().meta_address
+    return None if address == Config().meta_address else address
 
 
 def _said_already(cmd: str | None, path: str | None) -> list[str]:

@@ -1,7 +1,8 @@
 """The command line as an HDFS user types it: ``leasefs dfs -ls /`` and ``leasefs fs -ls /``
-(the ``hdfs dfs`` / ``hadoop fs`` prefix), HDFS's verb names (``appendToFile``), and for an
-HDFS name that leasefs spells otherwise (``recoverLease``, ``listOpenFiles``, ``lsr``) one
-line saying which leasefs command does it.
+(the ``hdfs dfs`` / ``hadoop fs`` prefix), HDFS's verb names (``appendToFile``), full URIs
+(``leasefs://HOST:PORT/path``, as ``hdfs://nn:8020/path``), and for an HDFS name that leasefs
+spells otherwise (``recoverLease``, ``listOpenFiles``, ``lsr``) one line saying which
+leasefs command does it.
 
 Why a rewrite of the words before parsing: the commands themselves already take HDFS's
 single-dash options; only the first words differ, and rewriting them keeps one parser per
@@ -112,3 +113,44 @@ def translate(argv: list[str], commands) -> list[str]:
         if prefix:
             raise UsageError(f"unknown HDFS verb -{word} (see 'leasefs --help')")
     return argv
+
+
+SCHEME = "leasefs://"
+
+
+def cluster_uris(argv: list[str]) -> tuple[list[str], str | None]:
+    """``argv`` with every ``leasefs://AUTHORITY/path`` made ``/path``, and the one
+    authority they name (None when none does; ``leasefs:///path`` names none). Two URIs
+    naming different servers, or an ``hdfs://`` one, are a ``UsageError``."""
+    out, authority = [], None
+    for word in argv:
+        if word.startswith("hdfs://"):
+            raise UsageError(f"{word}: an hdfs:// URI names an HDFS cluster; leasefs takes "
+                             f"{SCHEME}HOST:PORT/PATH or a plain /PATH")
+        if not word.startswith(SCHEME):
+            out.append(word)
+            continue
+        named, slash, path = word[len(SCHEME):].partition("/")
+        if named:
+            if authority is not None and named != authority:
+                raise UsageError(f"{word}: names {named}, another argument names {authority}; "
+                                 f"one command talks to one cluster")
+            authority = named
+        out.append(slash + path or "/")
+    return out, authority
+
+
+def check_authority(authority: str, configured: str | None) -> str:
+    """The metadata server a URI's ``authority`` names, when it is (one of) the
+    ``configured`` address(es) or nothing is configured; else ``UsageError``."""
+    from fs.errors import InvalidArgument
+    from fs.rpc import parse_address_list
+
+    try:
+        named = parse_address_list(authority)
+        if configured is None or set(named) <= set(parse_address_list(configured)):
+            return configured or authority
+    except InvalidArgument as exc:
+        raise UsageError(f"{SCHEME}{authority}: {exc}") from None
+    raise UsageError(f"{SCHEME}{authority} names another cluster than the one configured "
+                     f"({configured}); give --meta {authority} to talk to that one")
