@@ -668,6 +668,19 @@ def test_bench_runs_against_the_cluster(cluster, env):
 
 
 @pytest.mark.slow
+def test_bench_cli_times_help_and_ls(cluster, env, tmp_path):
+    out = json.loads(check_ok(leasefs("bench", "cli", "--runs", "2", "--json", "--quiet",
+                                      "--compare", REPO, env=env, timeout=180)))
+    rows = {(r["tree"], r["case"]): r for r in out["results"]}
+    assert set(rows) == {(t, c) for t in ("this", "compare") for c in ("--help", "ls /")}
+    assert all(0 < r["min_s"] <= r["median_s"] <= r["max_s"] for r in rows.values())
+    text = check_ok(leasefs("bench", "cli", "--runs", "1", "--quiet", env=env, timeout=120))
+    assert "leasefs ls /" in text and "median of 1 runs" in text
+    check_fails(leasefs("bench", "cli", "--compare", tmp_path, env=env), "not a leasefs source",
+                status=2)
+
+
+@pytest.mark.slow
 def test_bench_moosefs_missing_script_is_clean(cluster, env, tmp_path):
     env = {**env, "MFS_BASE": str(tmp_path / "no-peer")}
     check_fails(leasefs("bench", "meta", "--clients", "1", "--ops", "1", "--moosefs",

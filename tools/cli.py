@@ -113,7 +113,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     'token': ('tokens', 'delegation tokens for clients on other machines (HDFS fetchdt): fetch, renew, cancel, print'),
     'mount': ('mountcmd', 'mount the cluster with FUSE (daemonizes unless --foreground)'),
     'umount': ('mountcmd', 'unmount a leasefs mount (fusermount3 -u)'),
-    'bench': ('bench', 'benchmarks: write, read, meta (cluster), fuse and apps (any folder)'),
+    'bench': ('bench', 'benchmarks: write, read, meta (cluster), fuse and apps (any folder), cli (start-up)'),
     'settings': ('docgen', 'list every setting with its default'),
     'commands': ('cmddoc', 'list every command with its one-line help'),
 }
