@@ -609,7 +609,12 @@ def test_chmod_chown_setrep_du_df_report_safemode(cluster, env):
     assert check_ok(leasefs("safemode", "get", env=env)).strip() == "Safe mode is OFF"
     assert check_ok(leasefs("safemode", "enter", env=env)).startswith("Safe mode is ON")
     try:
-        check_fails(leasefs("mkdir", "/cli/attr/blocked", env=env), "leasefs mkdir: /cli/attr/blocked:")
+        # safe mode is retried (said at once on stderr), then the one failure line
+        proc = leasefs("mkdir", "--set", "rpc_retry_seconds=2", "/cli/attr/blocked", env=env)
+        notice, last = proc.stderr.decode().splitlines()
+        assert proc.returncode == 1 and "safe mode" in notice, (notice, last)
+        assert notice.startswith("leasefs mkdir: ") and "; retrying for up to " in notice
+        assert last.startswith("leasefs mkdir: /cli/attr/blocked:") and "safe mode" in last
     finally:
         assert check_ok(leasefs("safemode", "leave", env=env)).strip() == "Safe mode is OFF"
     check_ok(leasefs("mkdir", "/cli/attr/blocked", env=env))

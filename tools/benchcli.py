@@ -3,7 +3,9 @@ answer — ``leasefs --help`` and ``leasefs ls /`` against the cluster it finds 
 time of whole processes (interpreter start, imports, parsing, the call, exit), median of N.
 
 Why whole processes: what a person or a script waits for is the process, and most of it is
-start-up (imports), which no in-process timer sees. ``--compare TREE`` runs the same commands
+start-up (imports), which no in-process timer sees. The CPU time (user + system) of each
+process is shown too: on a busy machine wall time mostly measures the queue for a core,
+CPU time much less so. ``--compare TREE`` runs the same commands
 from another source tree (e.g. an older checkout) with its own ``PYTHONPATH``, alternating
 with this one run by run, so that both see the same load on a shared machine.
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -34,11 +37,18 @@ def _tree_env(tree: str | None) -> dict:
     return env
 
 
-def run_once(args: list[str], env: dict, meta: str | None) -> float:
-    """Wall seconds of one ``python -m tools ARGS`` process; a failed one is an error."""
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_once(args: list[str], env: dict, meta: str | None) -> tuple[float, float]:
+    """``(wall, cpu)`` seconds of one ``python -m tools ARGS`` process; a failed one is an
+    error."""
     argv = [sys.executable, "-m", "tools", *args]
     if meta:
         argv += ["--meta", meta]
+    cpu = _children_cpu()
     started = time.perf_counter()
     proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           timeout=120)
@@ -46,7 +56,7 @@ def run_once(args: list[str], env: dict, meta: str | None) -> float:
     if proc.returncode != 0:
         raise UsageError(f"'leasefs {' '.join(args)}' failed ({proc.returncode}): "
                          f"{proc.stderr.decode(errors='replace').strip()[-300:]}")
-    return took
+    return took, _children_cpu() - cpu
 
 
 def cmd_bench_cli(cmd: Command) -> int:
@@ -59,30 +69,38 @@ def cmd_bench_cli(cmd: Command) -> int:
     trees = [("this", None)] + ([("compare", a.compare)] if a.compare else [])
     envs = {name: _tree_env(tree) for name, tree in trees}
     times = {(name, case): [] for name, _ in trees for case, _ in CASES}
+    cpus = {key: [] for key in times}
     for run in range(a.runs):
         # alternate which tree goes first, so neither always meets a warmer cache
         order = trees if run % 2 == 0 else trees[::-1]
         for case, args in CASES:
             for name, _ in order:
-                times[(name, case)].append(run_once(args, envs[name], meta))
+                wall, cpu = run_once(args, envs[name], meta)
+                times[(name, case)].append(wall)
+                cpus[(name, case)].append(cpu)
         if not a.quiet:
             print(f"bench cli: run {run + 1}/{a.runs}", file=sys.stderr, flush=True)
     medians = {key: statistics.median(v) for key, v in times.items()}
+    cpu = {key: statistics.median(v) for key, v in cpus.items()}
     if a.json:
         cmd.out(json.dumps({"runs": a.runs, "compare": a.compare, "results": [
             {"tree": name, "case": case, "median_s": medians[(name, case)],
-             "min_s": min(times[(name, case)]), "max_s": max(times[(name, case)])}
+             "min_s": min(times[(name, case)]), "max_s": max(times[(name, case)]),
+             "cpu_median_s": cpu[(name, case)]}
             for name, _ in trees for case, _ in CASES]}, indent=2))
         return 0
-    headers = ["command"] + [f"{name} median ms" for name, _ in trees] + \
-        (["this/compare"] if a.compare else [])
+    headers = ["command"] + [f"{name} {what} ms" for name, _ in trees
+                             for what in ("wall", "cpu")] + \
+        (["this/compare wall", "cpu"] if a.compare else [])
     rows = []
     for case, _ in CASES:
-        row = [f"leasefs {case}"] + [f"{medians[(name, case)] * 1000:.0f}" for name, _ in trees]
+        row = [f"leasefs {case}"] + [f"{figures[(name, case)] * 1000:.0f}" for name, _ in trees
+                                     for figures in (medians, cpu)]
         if a.compare:
-            row.append(f"{medians[('this', case)] / medians[('compare', case)]:.2f}")
+            row += [f"{figures[('this', case)] / figures[('compare', case)]:.2f}"
+                    for figures in (medians, cpu)]
         rows.append(row)
-    cmd.out(f"leasefs bench cli: wall time of whole processes, median of {a.runs} runs"
+    cmd.out(f"leasefs bench cli: wall and CPU time of whole processes, median of {a.runs} runs"
             + (f"; compare = {a.compare}" if a.compare else ""))
     for line in format_table(headers, rows, align="<" + ">" * (len(headers) - 1)):
         cmd.out(line)

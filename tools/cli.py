@@ -141,8 +141,11 @@ def build_parser(only: str | None = None, *, light: bool = False) -> Parser:
     for module in modules:
         importlib.import_module(f".{module}", __package__).register(sub, common)
     for name, (_, text) in COMMANDS.items():
-        if name not in sub.choices:   # listed in --help; never parsed by this parser
-            sub.add_parser(name, help=text, add_help=False)
+        if name not in sub.choices:
+            # a line of the command list, no parser: main() builds a parser with this
+            # command's module whenever the command is named
+            sub.choices[name] = None
+            sub._choices_actions.append(sub._ChoicesPseudoAction(name, (), text))
     return parser
 
 
@@ -222,6 +225,8 @@ def main(argv=None) -> int:
         argv, authority = cluster_uris(argv)
         index = command_index(argv)
         name = argv[index] if index is not None else None
+        if name is not None and name not in COMMANDS:
+            raise UsageError(f"unknown command '{name}' (see '{PROG} --help')")
         parser = build_parser(only=name) if name in COMMANDS else build_parser(light=True)
         args, extras = parser.parse_known_args(argv)
         if authority is not None:   # a leasefs://HOST:PORT/path argument names the server
