@@ -71,7 +71,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     'cp': ('shell', 'copy within the cluster, or to/from file: URLs'),
     'mv': ('shell', 'rename or move into a directory'),
     'rm': ('shell', 'delete files and directories'),
-    'expunge': ('shell', "empty the trash: checkpoint it and delete checkpoints older than the cluster's trash_interval (hdfs dfs -expunge)"),
+    'expunge': ('shell', 'empty the trash: checkpoint it and delete checkpoints older than the '
+                         "cluster's trash_interval (hdfs dfs -expunge)"),
     'mkdir': ('shell', 'create directories'),
     'touch': ('shell', 'create empty files or set their times to now'),
     'du': ('shell', 'space used by files and directories'),
@@ -82,11 +83,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     'tail': ('shell', 'the last bytes of a file (default 1K)'),
     'report': ('shell', 'cluster report: capacity, blocks, block servers'),
     'safemode': ('shell', 'get, enter, leave or wait for safe mode'),
-    'checksum': ('checksum', 'content checksums (COMPOSITE-CRC32C) that do not depend on block size'),
+    'checksum': ('checksum', 'content checksums (COMPOSITE-CRC32C) that do not depend on block '
+                             'size'),
     'copyFromLocal': ('shellalias', 'copy local files into the cluster (= put)'),
     'copyToLocal': ('shellalias', 'copy cluster files to the local disk (= get)'),
-    'moveFromLocal': ('shellalias', 'copy local files into the cluster, then delete the local sources'),
-    'moveToLocal': ('shellalias', 'copy cluster files to the local disk, then delete them from the cluster'),
+    'moveFromLocal': ('shellalias', 'copy local files into the cluster, then delete the local '
+                                    'sources'),
+    'moveToLocal': ('shellalias', 'copy cluster files to the local disk, then delete them from '
+                                  'the cluster'),
     'touchz': ('shellattr', 'create zero-length files'),
     'chgrp': ('shellattr', 'change the group of files and directories'),
     'rmdir': ('shellattr', 'delete empty directories'),
@@ -96,24 +100,38 @@ COMMANDS: dict[str, tuple[str, str]] = {
     'head': ('shellread', 'the first kilobyte of a file'),
     'text': ('shellread', 'write files to stdout, decompressing .gz/.bz2/.zst'),
     'getmerge': ('shellread', 'concatenate cluster files into one local file'),
-    'recover-lease': ('leasetools', 'force lease recovery of a file left open (hdfs debug recoverLease)'),
-    'leases': ('leasetools', 'files open for writing: holder, client machine, seconds since the last lease renewal, last block state'),
+    'recover-lease': ('leasetools', 'force lease recovery of a file left open (hdfs debug '
+                                    'recoverLease)'),
+    'leases': ('leasetools', 'files open for writing: holder, client machine, seconds since the '
+                             'last lease renewal, last block state'),
     'truncate': ('leasetools', 'cut files to LENGTH bytes (hdfs dfs -truncate)'),
-    'append': ('leasetools', 'append local files or stdin to a cluster file (hdfs dfs -appendToFile; creates it when missing)'),
-    'fsck': ('admin', "check the health of files' blocks; exit 1 when a block is missing or corrupt"),
-    'decommission': ('admin', 'retire a block server: copy its replicas elsewhere, then mark it decommissioned (--status: progress)'),
-    'save-namespace': ('admin', 'take a checkpoint now (LevelDB made durable, journal rolled, old segments purged); needs safe mode and the superuser, as HDFS dfsadmin -saveNamespace'),
+    'append': ('leasetools', 'append local files or stdin to a cluster file (hdfs dfs '
+                             '-appendToFile; creates it when missing)'),
+    'fsck': ('admin', "check the health of files' blocks; exit 1 when a block is missing or "
+                      'corrupt'),
+    'decommission': ('admin', 'retire a block server: copy its replicas elsewhere, then mark it '
+                              'decommissioned (--status: progress)'),
+    'save-namespace': ('admin', 'take a checkpoint now (LevelDB made durable, journal rolled, '
+                                'old segments purged); needs safe mode and the superuser, as '
+                                'HDFS dfsadmin -saveNamespace'),
     'haadmin': ('haadmin', "metadata HA: the servers' roles, a graceful failover (hdfs haadmin)"),
-    'dfsadmin': ('dfsadmin', 'HDFS dfsadmin: -report, -safemode, -saveNamespace, -refreshNodes, -printTopology, -listOpenFiles and the quota verbs, each running its leasefs command'),
+    'dfsadmin': ('dfsadmin', 'HDFS dfsadmin: -report, -safemode, -saveNamespace, -refreshNodes, '
+                             '-printTopology, -listOpenFiles and the quota verbs, each running '
+                             'its leasefs command'),
     'set-quota': ('quotas', "set a folder's name quota (dfsadmin -setQuota)"),
     'clr-quota': ('quotas', "clear a folder's name quota (dfsadmin -clrQuota)"),
-    'set-space-quota': ('quotas', "set a folder's space quota, bytes × replication, suffix k/m/g/t (dfsadmin -setSpaceQuota)"),
+    'set-space-quota': ('quotas', "set a folder's space quota, bytes × replication, suffix "
+                                  'k/m/g/t (dfsadmin -setSpaceQuota)'),
     'clr-space-quota': ('quotas', "clear a folder's space quota (dfsadmin -clrSpaceQuota)"),
-    'concat': ('concat', "append the blocks of SRC... to TARGET without copying and delete the sources (HDFS concat; same folder, full blocks but the last source's last, same block size)"),
-    'token': ('tokens', 'delegation tokens for clients on other machines (HDFS fetchdt): fetch, renew, cancel, print'),
+    'concat': ('concat', 'append the blocks of SRC... to TARGET without copying and delete the '
+                         "sources (HDFS concat; same folder, full blocks but the last source's "
+                         'last, same block size)'),
+    'token': ('tokens', 'delegation tokens for clients on other machines (HDFS fetchdt): fetch, '
+                        'renew, cancel, print'),
     'mount': ('mountcmd', 'mount the cluster with FUSE (daemonizes unless --foreground)'),
     'umount': ('mountcmd', 'unmount a leasefs mount (fusermount3 -u)'),
-    'bench': ('bench', 'benchmarks: write, read, meta (cluster), fuse and apps (any folder), cli (start-up)'),
+    'bench': ('bench', 'benchmarks: write, read, meta (cluster), fuse and apps (any folder), cli '
+                       '(start-up)'),
     'settings': ('docgen', 'list every setting with its default'),
     'commands': ('cmddoc', 'list every command with its one-line help'),
 }

@@ -97,8 +97,8 @@ def translate(argv: list[str], commands) -> list[str]:
             raise UsageError(f"usage: {PREFIX_USAGE.format(prefix=prefix)} (as hdfs dfs)")
         verb = _verb(argv[index], prefix)
         if verb in ("help", "usage"):
-            argv[index:] = [argv[index + 1].lstrip("-"), "--help"] \
-                if index + 1 < len(argv) else ["--help"]
+            topic = argv[index + 1].lstrip("-") if index + 1 < len(argv) else None
+            argv[index:] = [RUN_AS.get(topic, topic), "--help"] if topic else ["--help"]
             return argv
         argv[index] = verb
     word = argv[index]
