@@ -361,8 +361,8 @@ class RpcClient:
                 stream = await trio.open_tcp_stream(host, port)
         except (OSError, trio.TooSlowError) as exc:
             if _refused_on_loopback(exc, host):
-                raise NothingListens(f"nothing listens at {format_address(address)} "
-                                     f"(connection refused)") from None
+                raise NothingListens(f"cannot reach {format_address(address)}: nothing listens "
+                                     f"there (connection refused)") from None
             raise ServerUnavailable(
                 f"cannot reach {format_address(address)}: {exc or 'connect timed out'}"
             ) from None
@@ -521,9 +521,9 @@ class RpcClient:
                         isinstance(exc, NothingListens) and \
                         all(isinstance(e, NothingListens) for e in failed.values()):
                     if several:
-                        raise NothingListens(f"nothing listens at any of "
-                                             f"{format_address_list(self.addresses)} "
-                                             f"(connection refused)") from None
+                        raise NothingListens(f"cannot reach any of "
+                                             f"{format_address_list(self.addresses)}: nothing "
+                                             f"listens there (connection refused)") from None
                     raise
                 if time.monotonic() + delay > deadline:
                     if several and failed:
