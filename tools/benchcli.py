@@ -29,11 +29,14 @@ from .formatting import UsageError, format_table
 CASES = (("--help", ["--help"]), ("ls /", ["ls", "/"]))
 
 
-def _tree_env(tree: str | None) -> dict:
-    """The environment that makes ``python -m tools`` run from ``tree`` (this one: None)."""
+#: the source tree this module runs from
+THIS_TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tree_env(tree: str) -> dict:
+    """The environment that makes ``python -m tools`` run from ``tree``."""
     env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = os.path.abspath(tree) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
@@ -42,16 +45,16 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_once(args: list[str], env: dict, meta: str | None) -> tuple[float, float]:
-    """``(wall, cpu)`` seconds of one ``python -m tools ARGS`` process; a failed one is an
-    error."""
+def run_once(args: list[str], tree: str, env: dict, meta: str | None) -> tuple[float, float]:
+    """``(wall, cpu)`` seconds of one ``python -m tools ARGS`` process run from ``tree``
+    (its working folder too: ``python -m`` looks there first); a failed one is an error."""
     argv = [sys.executable, "-m", "tools", *args]
     if meta:
         argv += ["--meta", meta]
     cpu = _children_cpu()
     started = time.perf_counter()
-    proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          timeout=120)
+    proc = subprocess.run(argv, env=env, cwd=tree, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, timeout=120)
     took = time.perf_counter() - started
     if proc.returncode != 0:
         raise UsageError(f"'leasefs {' '.join(args)}' failed ({proc.returncode}): "
@@ -66,7 +69,8 @@ def cmd_bench_cli(cmd: Command) -> int:
     if a.compare and not os.path.isdir(os.path.join(a.compare, "tools")):
         raise UsageError(f"--compare {a.compare}: not a leasefs source tree (no tools/ in it)")
     meta = getattr(a, "meta", None)
-    trees = [("this", None)] + ([("compare", a.compare)] if a.compare else [])
+    trees = [("this", THIS_TREE)] + ([("compare", os.path.abspath(a.compare))]
+                                     if a.compare else [])
     envs = {name: _tree_env(tree) for name, tree in trees}
     times = {(name, case): [] for name, _ in trees for case, _ in CASES}
     cpus = {key: [] for key in times}
@@ -74,8 +78,8 @@ def cmd_bench_cli(cmd: Command) -> int:
         # alternate which tree goes first, so neither always meets a warmer cache
         order = trees if run % 2 == 0 else trees[::-1]
         for case, args in CASES:
-            for name, _ in order:
-                wall, cpu = run_once(args, envs[name], meta)
+            for name, tree in order:
+                wall, cpu = run_once(args, tree, envs[name], meta)
                 times[(name, case)].append(wall)
                 cpus[(name, case)].append(cpu)
         if not a.quiet:
