@@ -322,11 +322,21 @@ class CallContext:
 
 # --------------------------------------------------------------------------- the two sides
 # Imported last: fs.rpcclient and fs.rpcserver take the shared pieces above from here (and
-# import them at their own end, so either module may be imported first).
+# import them at their own end, so either module may be imported first). The server side
+# only when one of its names is asked for: a client process (the CLI) never needs it.
 
 from .rpcclient import RetryPolicy, RpcClient, StateAlignment  # noqa: E402
-from .rpcserver import (TLS_REFUSAL_TIMEOUT, Dispatcher, RetryCache,  # noqa: E402
-                        check_version, rpc_refusal, serve_local, serve_rpc, serve_tcp)
+
+_SERVER_NAMES = ("TLS_REFUSAL_TIMEOUT", "Dispatcher", "RetryCache", "check_version",
+                 "rpc_refusal", "serve_local", "serve_rpc", "serve_tcp")
+
+
+def __getattr__(name: str):
+    if name in _SERVER_NAMES:
+        from . import rpcserver
+        return getattr(rpcserver, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     # shared
