@@ -327,14 +327,14 @@ class CallContext:
 
 from .rpcclient import RetryPolicy, RpcClient, StateAlignment  # noqa: E402
 
-_SERVER_NAMES = ("TLS_REFUSAL_TIMEOUT", "Dispatcher", "RetryCache", "check_version",
-                 "rpc_refusal", "serve_local", "serve_rpc", "serve_tcp")
-
 
 def __getattr__(name: str):
-    if name in _SERVER_NAMES:
+    """A name of the server side (``fs.rpcserver``: ``serve_rpc``, ``Dispatcher``, ...),
+    loaded on first use."""
+    if not name.startswith("__"):
         from . import rpcserver
-        return getattr(rpcserver, name)
+        if hasattr(rpcserver, name):
+            return getattr(rpcserver, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

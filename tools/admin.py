@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import trio
 
@@ -24,7 +25,7 @@ from fs.client import authentication
 from fs.rpc import RpcClient
 
 from .common import Command
-from .formatting import format_checkpoint, format_table
+from .formatting import format_table
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,14 @@ def _decommission(cmd: Command, a):
 
 
 # --------------------------------------------------------------------------- save-namespace
+
+def format_checkpoint(c: dict | None) -> str:
+    """One line for a ``{txid, time_ns, txns_since}`` checkpoint entry (``report`` too)."""
+    if not c or not c.get("time_ns"):
+        return "never"
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["time_ns"] / 1e9))
+    return f"txid {c['txid']} at {when} ({c.get('txns_since', 0)} transactions since)"
+
 
 def cmd_save_namespace(cmd: Command):
     r = _rpc(cmd, "save_namespace", {})

@@ -325,11 +325,3 @@ def stat_format(fmt: str, st) -> str:
             out.append(ch)
             i += 1
     return "".join(out)
-
-
-def format_checkpoint(c: dict | None) -> str:
-    """One line for a ``{txid, time_ns, txns_since}`` checkpoint entry (``report`` too)."""
-    if not c or not c.get("time_ns"):
-        return "never"
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["time_ns"] / 1e9))
-    return f"txid {c['txid']} at {when} ({c.get('txns_since', 0)} transactions since)"

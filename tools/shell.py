@@ -24,7 +24,7 @@ from fs.errors import (DirectoryNotEmpty, FileExists, FileNotFound, InvalidArgum
 
 from . import transfer
 from .common import Command
-from .formatting import (STAT_FORMAT_HELP, UsageError, format_checkpoint, format_table, human_size,
+from .formatting import (STAT_FORMAT_HELP, UsageError, format_table, human_size,
                          ls_long_lines, parse_mode, parse_mode_change, parse_owner, parse_size,
                          split_file_url, stat_format, status_fields)
 from .progress import Progress, wanted
@@ -571,6 +571,8 @@ def cmd_df(cmd: Command):
 
 def format_report(r: dict, meta_address: str) -> list[str]:
     """``hdfs dfsadmin -report`` style text of ``Client.report()``."""
+    from .admin import format_checkpoint   # admin's RPC stack is not for every start-up
+
     def sized(n):
         return f"{n} ({human_size(n)})" if n >= 1024 else str(n)
     sm = r.get("safemode") or {}
