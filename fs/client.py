@@ -34,7 +34,6 @@ import trio
 
 from . import paths
 from . import tls as tlsmod
-from .checksum import file_checksum
 from .config import Config, cluster_client_settings, find_meta_address
 from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, SafeMode,
                      ServerUnavailable, TryAgain, sole_exception)
@@ -42,11 +41,22 @@ from .renewer import LeaseRenewer
 from . import trash
 from .delegation import TokenFile
 from .observer import ObserverReads, find_observers
-from .rpc import (RpcClient, StateAlignment, check_identity, current_groups, current_user,
+from .rpc import (RetryPolicy, RpcClient, StateAlignment, check_identity, current_groups, current_user,
                   format_address_list, normalize_address_list, parse_address_list)
-from .streams import AsyncInputStream, AsyncOutputStream, InputStream, OutputStream
 
 log = logging.getLogger(__name__)
+
+#: the data path (``fs.streams`` and what it needs: block connections, CRC32C) is imported
+#: on first use, so a client that only makes namespace calls (``leasefs ls``) starts faster
+_STREAMS = ("AsyncInputStream", "AsyncOutputStream", "InputStream", "OutputStream")
+
+
+def __getattr__(name: str):
+    if name in _STREAMS:
+        from . import streams
+        return getattr(streams, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["AsyncClient", "Client", "FileSettings", "FileStatus", "Changed", "Moved",
            "AsyncInputStream", "AsyncOutputStream", "InputStream", "OutputStream"]
@@ -191,7 +201,8 @@ def _meta_address(meta_address: str | None, config: Config | None) -> str:
 
 def meta_connection(meta_address: str | None = None, *, config: Config | None = None,
                     name: str = "leasefs-shared", user: str | None = None,
-                    groups: list[str] | None = None) -> RpcClient:
+                    groups: list[str] | None = None,
+                    retry_policy: RetryPolicy | None = None) -> RpcClient:
     """One RPC connection to the metadata server that several ``AsyncClient``s of this trio
     thread can share (``AsyncClient(rpc=...)``), as Hadoop IPC shares one connection among
     all DFSClients of a JVM with the same server and user: the calls of many clients then
@@ -208,7 +219,7 @@ def meta_connection(meta_address: str | None = None, *, config: Config | None = 
         sync_metadata=config.sync_metadata, tls=tlsmod.client(config),
         # observer reads: replies and calls carry state ids (read-your-writes)
         alignment=StateAlignment() if config.observer_reads else None,
-        **authentication(config, address))
+        retry_policy=retry_policy, **authentication(config, address))
 
 
 def authentication(config: Config, address: str) -> dict:
@@ -231,7 +242,8 @@ class AsyncClient:
 
     def __init__(self, meta_address: str | None = None, *, config: Config | None = None,
                  client_name: str | None = None, user: str | None = None,
-                 groups: list[str] | None = None, rpc: RpcClient | None = None):
+                 groups: list[str] | None = None, rpc: RpcClient | None = None,
+                 retry_policy: RetryPolicy | None = None):
         if config is None:   # the embedded cluster it finds brings its TLS settings
             config = Config().replace(**{
                 **(cluster_client_settings() if meta_address is None and rpc is None else {}),
@@ -251,6 +263,9 @@ class AsyncClient:
             current_groups() if groups is None else list(groups), "client identity")
         self.groups = list(identity_groups)
         self._shared_rpc = rpc
+        # how its own connection retries (``fs.rpcclient.RetryPolicy``; the CLI's says a
+        # refused connection at once and prints what it retries)
+        self._retry_policy = retry_policy
         # tls = on: how data connections (and a connection of its own to the metadata
         # server) verify servers; None when off
         self.tls = tlsmod.client(self.config)
@@ -279,7 +294,7 @@ class AsyncClient:
             stack.callback(self._nursery.cancel_scope.cancel)
             self.rpc = self._shared_rpc or await stack.enter_async_context(meta_connection(
                 self.meta_address, config=self.config, name=self.client_name,
-                user=self.user, groups=self.groups))
+                user=self.user, groups=self.groups, retry_policy=self._retry_policy))
             self.server_defaults = await self.rpc.call("get_server_defaults", {})
             overrides = {k: self.server_defaults[k] for k in SERVER_DEFAULT_KEYS
                          if self.server_defaults.get(k) is not None}
@@ -374,6 +389,7 @@ class AsyncClient:
                     bytes_per_checksum: int | None = None) -> AsyncOutputStream:
         """A stream for a file this client now holds the lease of, kept alive by the
         renewer until it closes."""
+        from .streams import AsyncOutputStream
         stream = AsyncOutputStream(self, path, status, bytes_per_checksum=bytes_per_checksum)
         self._outputs[id(stream)] = stream
         self._renewer.add(stream)
@@ -505,6 +521,7 @@ class AsyncClient:
         """Open ``path`` for reading (seekable; ``pread`` for positional reads).
         ``located``: the file's block locations already fetched (``FileStatus.locations``),
         which spares the call that would fetch them."""
+        from .streams import AsyncInputStream
         self._check_open()
         return await AsyncInputStream.open(self, paths.validate(path), located=located)
 
@@ -529,6 +546,7 @@ class AsyncClient:
         """HDFS getFileChecksum, COMPOSITE-CRC: ``{"algorithm": "COMPOSITE-CRC32C", "crc":
         "8 hex digits", "length": n}``, the CRC32C of the content whatever its block and chunk
         sizes, combined on the block servers from stored chunk CRCs (``fs.checksum``)."""
+        from .checksum import file_checksum
         self._check_open()
         return await file_checksum(self, paths.validate(path))
 
@@ -736,9 +754,9 @@ class Client:
 
     def __init__(self, meta_address: str | None = None, *, config: Config | None = None,
                  client_name: str | None = None, user: str | None = None,
-                 groups: list[str] | None = None):
+                 groups: list[str] | None = None, retry_policy: RetryPolicy | None = None):
         self._async = AsyncClient(meta_address, config=config, client_name=client_name,
-                                  user=user, groups=groups)
+                                  user=user, groups=groups, retry_policy=retry_policy)
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
         self._startup_error: BaseException | None = None
@@ -843,14 +861,17 @@ class Client:
     # ------------------------------------------------------------------ streams
     def create(self, path: str, **kwargs) -> OutputStream:
         """Like ``AsyncClient.create``; returns a blocking ``OutputStream``."""
+        from .streams import OutputStream
         return OutputStream(self._call(self._async.create, path, **kwargs), self._call)
 
     def append(self, path: str) -> OutputStream:
         """Like ``AsyncClient.append``; returns a blocking ``OutputStream``."""
+        from .streams import OutputStream
         return OutputStream(self._call(self._async.append, path), self._call)
 
     def open(self, path: str) -> InputStream:
         """Like ``AsyncClient.open``; returns an ``io.RawIOBase`` ``InputStream``."""
+        from .streams import InputStream
         return InputStream(self._call(self._async.open, path), self._call,
                            close_call=self._run_or_spawn)
 

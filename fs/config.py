@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from dataclasses import dataclass, field, fields
 
 from .errors import InvalidArgument
@@ -297,6 +296,8 @@ class Config:
         values: dict = {}
         path = path or env.get("LEASEFS_CONFIG")
         if path:
+            import tomllib   # only with a config file: a start without one never loads it
+
             try:
                 with open(path, "rb") as fh:
                     data = tomllib.load(fh)

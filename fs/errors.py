@@ -236,6 +236,13 @@ class ServerUnavailable(LeaseFSError):
     retriable = True
 
 
+class NothingListens(ServerUnavailable):
+    """A connection to a loopback address was refused: no server listens there. On this
+    machine a refusal is an answer (the port is closed), not a lost packet."""
+    errno = _errno.ECONNREFUSED
+    retriable = True   # across a server's restart it is; callers that know better stop
+
+
 class ServerBusy(ServerUnavailable):
     """The server refused the connection: it holds as many as it allows (from this peer or
     in all)."""

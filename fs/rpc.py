@@ -322,12 +322,21 @@ class CallContext:
 
 # --------------------------------------------------------------------------- the two sides
 # Imported last: fs.rpcclient and fs.rpcserver take the shared pieces above from here (and
-# import them at their own end, so either module may be imported first).
+# import them at their own end, so either module may be imported first). The server side
+# only when one of its names is asked for: a client process (the CLI) never needs it.
 
-from .rpcclient import RpcClient, StateAlignment  # noqa: E402
-from .rpcserver import (LOCAL_PEER_PREFIX, TLS_REFUSAL_TIMEOUT, Dispatcher,  # noqa: E402
-                        RetryCache, check_version, rpc_refusal, serve_local, serve_rpc,
-                        serve_tcp)
+from .rpcclient import RetryPolicy, RpcClient, StateAlignment  # noqa: E402
+
+
+def __getattr__(name: str):
+    """A name of the server side (``fs.rpcserver``: ``serve_rpc``, ``Dispatcher``, ...),
+    loaded on first use."""
+    if not name.startswith("__"):
+        from . import rpcserver
+        if hasattr(rpcserver, name):
+            return getattr(rpcserver, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     # shared
@@ -338,8 +347,8 @@ __all__ = [
     "local_socket_address", "local_socket_name", "normalize_address_list", "os_groups",
     "parse_address", "parse_address_list", "user_name",
     # client (fs.rpcclient)
-    "RpcClient", "StateAlignment",
+    "RetryPolicy", "RpcClient", "StateAlignment",
     # server (fs.rpcserver)
-    "LOCAL_PEER_PREFIX", "TLS_REFUSAL_TIMEOUT", "Dispatcher", "RetryCache", "check_version", "rpc_refusal",
-    "serve_local", "serve_rpc", "serve_tcp",
+    "LOCAL_PEER_PREFIX", "TLS_REFUSAL_TIMEOUT", "Dispatcher", "RetryCache", "check_version",
+    "rpc_refusal", "serve_local", "serve_rpc", "serve_tcp",
 ]

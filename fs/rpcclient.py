@@ -18,6 +18,7 @@ one reader task per connection resolves the waiters.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import itertools
 import logging
 import math
@@ -25,6 +26,8 @@ import secrets
 import socket
 import time
 import uuid
+from dataclasses import dataclass
+from typing import Callable
 
 import outcome
 import trio
@@ -32,7 +35,7 @@ import trio
 from . import delegation, errors, localserver, nodeauth
 from . import tls as tlsmod
 from .config import DEFAULT_LOCAL_SOCKET
-from .errors import LeaseFSError, ProtocolError, RpcTimeout, ServerUnavailable
+from .errors import LeaseFSError, NothingListens, ProtocolError, RpcTimeout, ServerUnavailable
 from .framing import DEFAULT_MAX_FRAME, FrameChannel, brief
 
 # the logger keeps the name it had before the client moved out of fs.rpc: logging settings
@@ -52,6 +55,28 @@ def _local_sockets(setting: str | None, addresses) -> list[str | None]:
                       "them", ", ".join(sorted(shared)))
         names = [None if n in shared else n for n in names]
     return names
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """What a caller with a person waiting for it (the CLI) asks of ``RpcClient.call`` on
+    top of its retry budget. ``refused_is_final``: until the client has once reached a
+    server, a connection refused on loopback by every address (``NothingListens``) ends the
+    call at once; a server that goes away later is retried as usual (a restart).
+    ``notice(text)``: told once per cause what is being retried and for how long."""
+
+    refused_is_final: bool = False
+    notice: Callable[[str], None] | None = None
+
+
+def _refused_on_loopback(exc: BaseException, host: str) -> bool:
+    """Did every attempt of ``trio.open_tcp_stream`` to the loopback ``host`` get refused?"""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+    attempts = getattr(exc.__cause__, "exceptions", None) or [exc]
+    return loopback and all(isinstance(e, ConnectionRefusedError) for e in attempts)
 
 
 class _Waiter:
@@ -147,8 +172,12 @@ class RpcClient:
                  retry_errors: tuple[type[LeaseFSError], ...] = (),
                  user: str | None = None, groups=None, sync_metadata: bool = True,
                  authenticate=None, local_socket: str | None = DEFAULT_LOCAL_SOCKET,
-                 token=None, tls=None, alignment: "StateAlignment | None" = None):
+                 token=None, tls=None, alignment: "StateAlignment | None" = None,
+                 retry_policy: RetryPolicy | None = None):
         self.addresses = parse_address_list(address)
+        self.retry_policy = retry_policy or RetryPolicy()
+        self._reached = False      # a connection was once made: a refusal now is a restart
+        self._noticed: set[str] = set()   # causes ``retry_policy.notice`` was told of
         self._current = 0          # index into addresses: where calls go now (sticky)
         self._told: dict[int, str] = {}   # address index → the state last logged of it
         # each server's local socket (``local_socket_address``), tried before TCP: there the
@@ -311,6 +340,7 @@ class RpcClient:
                         await conn.channel.aclose()
                     raise
             self._conn = conn
+            self._reached = True
             return conn
 
     async def _open_stream(self, address, local_socket) -> tuple[trio.abc.Stream, bool]:
@@ -326,6 +356,9 @@ class RpcClient:
             with trio.fail_after(self.connect_timeout):
                 stream = await trio.open_tcp_stream(host, port)
         except (OSError, trio.TooSlowError) as exc:
+            if _refused_on_loopback(exc, host):
+                raise NothingListens(f"cannot reach {format_address(address)}: nothing listens "
+                                     f"there (connection refused)") from None
             raise ServerUnavailable(
                 f"cannot reach {format_address(address)}: {exc or 'connect timed out'}"
             ) from None
@@ -526,14 +559,34 @@ class RpcClient:
                     self._move_from(index, exc)
                     if len(failed) < len(self.addresses) and time.monotonic() < deadline:
                         continue              # the next server at once
+                if self.retry_policy.refused_is_final and not self._reached and \
+                        isinstance(exc, NothingListens) and \
+                        all(isinstance(e, NothingListens) for e in failed.values()):
+                    if several:
+                        raise NothingListens(f"cannot reach any of "
+                                             f"{format_address_list(self.addresses)}: nothing "
+                                             f"listens there (connection refused)") from None
+                    raise
                 if time.monotonic() + delay > deadline:
                     if several and failed:
                         raise self._none_served(failed, budget) from None
                     raise
                 log.debug("%s: %s; retrying in %.2fs", method, exc, delay)
+                self._notice(exc, index, deadline)
                 failed.clear()
                 await trio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+
+    def _notice(self, exc: LeaseFSError, index: int, deadline: float) -> None:
+        """Tell ``retry_policy.notice`` what is retried, the first time for each cause."""
+        notice = self.retry_policy.notice
+        cause, where = str(exc), format_address(self.addresses[index])
+        if where not in cause:
+            cause = f"{where}: {cause}"
+        if notice is None or cause in self._noticed:
+            return
+        self._noticed.add(cause)
+        notice(f"{cause}; retrying for up to {max(0.0, deadline - time.monotonic()):.0f} s")
 
     def _none_served(self, failed: dict[int, LeaseFSError], budget: float) -> LeaseFSError:
         """The error of a call no server of the list carried out: ``StandbyError`` when

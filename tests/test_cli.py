@@ -160,6 +160,60 @@ def test_every_subcommand_help_exits_0_without_traceback(capsys):
         assert out.startswith("usage: leasefs " + " ".join(command)), (command, out[:200])
 
 
+def test_command_table_is_what_the_modules_register():
+    """``--help`` and the choice of module to import come from ``tools.cli.COMMANDS``: each
+    command there is registered by the module it names, with that one-line help."""
+    import importlib
+
+    from tools.cli import COMMANDS, Parser, common_options
+
+    found = {}
+    common = common_options()
+    for module in dict.fromkeys(m for m, _ in COMMANDS.values()):
+        sub = Parser(prog="leasefs").add_subparsers(dest="command")
+        importlib.import_module(f"tools.{module}").register(sub, common)
+        helps = {a.dest: " ".join((a.help or "").split()) for a in sub._choices_actions}
+        found.update({name: (module, helps[name]) for name in sub.choices})
+    stale = {name: found.get(name) for name in found.keys() | COMMANDS.keys()
+             if found.get(name) != COMMANDS.get(name)}
+    assert not stale, f"tools/cli.py COMMANDS differs from the modules; make these entries: {stale}"
+
+
+def _imported_by(*args, env=None, tmp_path) -> set[str]:
+    """The modules a ``python -m tools ARGS`` process has imported when it exits (what
+    ``python -X importtime`` shows, including the modules ``importlib`` loads)."""
+    out = tmp_path / "modules.json"
+    code = ("import atexit, json, runpy, sys\n"
+            f"atexit.register(lambda: open({str(out)!r}, 'w').write(json.dumps(list(sys.modules))))\n"
+            f"sys.argv = ['leasefs', *{list(args)!r}]\n"
+            "runpy.run_module('tools', run_name='__main__', alter_sys=True)\n")
+    subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60)
+    return set(json.loads(out.read_text()))
+
+
+def test_start_up_imports_only_what_the_command_needs(tmp_path):
+    env = {**os.environ, "LEASEFS_HOME": str(tmp_path), "LEASEFS_META": "127.0.0.1:1"}
+    heavy = {"trio", "msgpack", "crc32c", "fs.client", "fs.rpc", "tools.admin", "tools.bench",
+             "tools.cluster", "tools.shell", "importlib.metadata"}
+
+    def servers(modules):   # nothing of the servers, the mount or the Spark source, ever
+        return {m for m in modules if m.split(".")[0] in ("meta", "storage", "mount",
+                                                          "spark_connector", "pyspark")}
+
+    for args, own in ((["--help"], set()), (["ls", "--help"], {"tools.shell"}),
+                      (["dfs", "-help", "du"], {"tools.shell"}), (["commands", "--help"], set())):
+        loaded = _imported_by(*args, env=env, tmp_path=tmp_path)
+        assert "tools.cli" in loaded and own <= loaded, args
+        assert not loaded & (heavy - own), (args, loaded & (heavy - own))
+        assert not servers(loaded), (args, servers(loaded))
+    # a namespace call needs the RPC client, never the data path or other commands' modules
+    loaded = _imported_by("ls", "/", env=env, tmp_path=tmp_path)
+    assert {"tools.shell", "fs.client", "trio"} <= loaded
+    assert not loaded & {"crc32c", "fs.streams", "fs.dataconn", "fs.checksum", "fs.rpcserver",
+                         "tomllib", "tools.admin", "tools.bench", "tools.cluster"}, loaded
+    assert not servers(loaded), servers(loaded)
+
+
 # --------------------------------------------------------------------------- subprocess runs
 
 def leasefs(*args, env=None, input=None, timeout=60, cwd=None):
@@ -207,6 +261,63 @@ def test_unreachable_cluster_is_one_clean_line(tmp_path):
     line = check_fails(proc, "leasefs ls:", "127.0.0.1:1")
     assert "cluster" in line  # points at the likely cause
     assert time.monotonic() - started < 20  # one retry budget, not one per path
+
+
+def test_stopped_cluster_is_said_at_once(tmp_path):
+    """Nothing listens at the address (a stopped cluster): one line at once, not a silent
+    wait of rpc_retry_seconds (30 s by default)."""
+    import socket
+
+    with socket.socket() as probe:   # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "LEASEFS_HOME": str(tmp_path), "LEASEFS_META": f"127.0.0.1:{port}"}
+    for args in (["ls", "/"], ["fsck", "/"], ["dfsadmin", "-report"]):
+        started = time.monotonic()
+        proc = leasefs(*args, env=env)
+        took = time.monotonic() - started
+        check_fails(proc, f"leasefs {args[0]}", f"cannot reach 127.0.0.1:{port}: nothing listens",
+                    "leasefs cluster status")
+        assert took < 8, (args, took)   # a process start, not a retry budget
+    started = time.monotonic()
+    proc = leasefs("ls", "--meta", f"127.0.0.1:{port},127.0.0.1:{port + 1}", "/", env=env)
+    check_fails(proc, f"cannot reach any of 127.0.0.1:{port},127.0.0.1:{port + 1}: nothing "
+                      "listens there")
+    assert time.monotonic() - started < 8
+
+
+def test_what_is_retried_is_said_on_stderr(tmp_path):
+    """A server that takes connections and drops them is retried (that is transient): the
+    command says so at once on stderr, then fails with one line when the budget is out."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def drop_all():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.close()
+
+    threading.Thread(target=drop_all, daemon=True).start()
+    try:
+        env = {**os.environ, "LEASEFS_HOME": str(tmp_path)}
+        proc = leasefs("ls", "--meta", f"127.0.0.1:{port}", "--set", "rpc_retry_seconds=2",
+                       "/", env=env)
+    finally:
+        listener.close()
+    lines = proc.stderr.decode().splitlines()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr.decode(), lines
+    # each cause once (closed, or reset mid-hello), then the one line the command ends with
+    notices, last = lines[:-1], lines[-1]
+    assert notices and len(notices) == len(set(notices)) <= 3, lines
+    assert all(line.startswith("leasefs ls: ") and f"127.0.0.1:{port}" in line and
+               line.endswith(" s") and "; retrying for up to " in line for line in notices), lines
+    assert last.startswith("leasefs ls: ") and "retrying" not in last, lines
 
 
 @pytest.fixture(scope="module")
@@ -509,7 +620,12 @@ def test_chmod_chown_setrep_du_df_report_safemode(cluster, env):
     assert check_ok(leasefs("safemode", "get", env=env)).strip() == "Safe mode is OFF"
     assert check_ok(leasefs("safemode", "enter", env=env)).startswith("Safe mode is ON")
     try:
-        check_fails(leasefs("mkdir", "/cli/attr/blocked", env=env), "leasefs mkdir: /cli/attr/blocked:")
+        # safe mode is retried (said at once on stderr), then the one failure line
+        proc = leasefs("mkdir", "--set", "rpc_retry_seconds=2", "/cli/attr/blocked", env=env)
+        notice, last = proc.stderr.decode().splitlines()
+        assert proc.returncode == 1 and "safe mode" in notice, (notice, last)
+        assert notice.startswith("leasefs mkdir: ") and "; retrying for up to " in notice
+        assert last.startswith("leasefs mkdir: /cli/attr/blocked:") and "safe mode" in last
     finally:
         assert check_ok(leasefs("safemode", "leave", env=env)).strip() == "Safe mode is OFF"
     check_ok(leasefs("mkdir", "/cli/attr/blocked", env=env))
@@ -565,6 +681,19 @@ def test_bench_runs_against_the_cluster(cluster, env):
     # bench files are cleaned up
     check_fails(leasefs("ls", "/.leasefs-bench/x", env=env), "leasefs ls:")
     assert check_ok(leasefs("ls", "/.leasefs-bench", env=env)).strip() == ""
+
+
+@pytest.mark.slow
+def test_bench_cli_times_help_and_ls(cluster, env, tmp_path):
+    out = json.loads(check_ok(leasefs("bench", "cli", "--runs", "2", "--json", "--quiet",
+                                      "--compare", REPO, env=env, timeout=180)))
+    rows = {(r["tree"], r["case"]): r for r in out["results"]}
+    assert set(rows) == {(t, c) for t in ("this", "compare") for c in ("--help", "ls /")}
+    assert all(0 < r["min_s"] <= r["median_s"] <= r["max_s"] for r in rows.values())
+    text = check_ok(leasefs("bench", "cli", "--runs", "1", "--quiet", env=env, timeout=120))
+    assert "leasefs ls /" in text and "median of 1 runs" in text
+    check_fails(leasefs("bench", "cli", "--compare", tmp_path, env=env), "not a leasefs source",
+                status=2)
 
 
 @pytest.mark.slow

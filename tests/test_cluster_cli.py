@@ -57,10 +57,18 @@ def home(tmp_path):
 def test_up_idempotent_status_shell_restart_down(home):
     env = {**os.environ, "LEASEFS_HOME": str(home)}
     env.pop("LEASEFS_META", None)
-    up = leasefs("cluster", "up", "--storage", "2", "--port", "0", "--storage-port", "0",
-                 "--timeout", "60", *FAST, env=env)
+    # started with --home from a shell whose own home is elsewhere: the hint it prints must
+    # find this cluster from that shell
+    elsewhere = {**env, "HOME": str(home.parent / "elsewhere")}
+    del elsewhere["LEASEFS_HOME"]
+    up = leasefs("cluster", "up", "--home", home, "--storage", "2", "--port", "0",
+                 "--storage-port", "0", "--timeout", "60", *FAST, env=elsewhere)
     assert up.returncode == 0, up.stderr + up.stdout
     assert "is up at 127.0.0.1:" in up.stdout
+    hint = next(line for line in up.stdout.splitlines() if "try:" in line)
+    assert f"try: LEASEFS_HOME={home} leasefs ls -l /" in hint, hint
+    hinted = {**elsewhere, "LEASEFS_HOME": hint.split("LEASEFS_HOME=", 1)[1].split()[0]}
+    assert leasefs("ls", "-l", "/", env=hinted).returncode == 0
     state = json.loads((home / "cluster.json").read_text())
     address = state["meta_address"]
     assert address in up.stdout and state["meta"]["port"] != 8020

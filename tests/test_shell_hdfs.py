@@ -346,3 +346,171 @@ def test_getmerge_sources_are_files_in_name_order_whatever_the_listing_order():
     cmd = SimpleNamespace(client=client)
     assert merge_sources(cmd, "/d") == ["/d/a", "/d/b"]
     assert merge_sources(cmd, "/d/a") == ["/d/a"]
+
+
+# --------------------------------------------------------------------------- as HDFS users type it
+
+@pytest.mark.slow
+def test_dfs_fs_prefix_and_hdfs_verb_names(cluster, env, tmp_path):
+    check_ok(leasefs("mkdir", "-p", "/h/sub", env=env))
+    check_ok(leasefs("put", "-", "/h/f", env=env, input=b"x" * 3000))
+    plain = check_ok(leasefs("ls", "-l", "/h", env=env))
+    assert check_ok(leasefs("dfs", "-ls", "-l", "/h", env=env)) == plain
+    assert check_ok(leasefs("fs", "-ls", "-l", "/h", env=env)) == plain
+    assert check_ok(leasefs("dfs", "-du", "-s", "-h", "/h", env=env)).split() == \
+        ["2.9", "K", "8.8", "K", "/h"]
+    local = tmp_path / "more.txt"
+    local.write_bytes(b"one\n")
+    check_ok(leasefs("appendToFile", local, "/h/log", env=env))      # created when missing
+    check_ok(leasefs("dfs", "-appendToFile", "-", "/h/log", env=env, input=b"two\n"))
+    assert check_ok(leasefs("dfs", "-cat", "/h/log", env=env)) == "one\ntwo\n"
+    assert check_ok(leasefs("--version", env=env)).startswith("leasefs ")
+    assert check_ok(leasefs("dfs", "-help", "ls", env=env)).startswith("usage: leasefs ls")
+    # what leasefs has under another name is named; what it lacks is said
+    check_fails(leasefs("recoverLease", "/h/f", env=env), "recoverLease",
+                "leasefs recover-lease PATH", status=2)
+    check_fails(leasefs("dfs", "-lsr", "/h", env=env), "leasefs ls -R", status=2)
+    check_fails(leasefs("dfs", "-getfacl", "/h", env=env), "-getfacl", "no ACLs", status=2)
+    check_fails(leasefs("dfs", "-createSnapshot", "/h", env=env), "no snapshots", status=2)
+    check_fails(leasefs("dfs", "-nosuchverb", "/h", env=env), "unknown HDFS verb -nosuchverb",
+                status=2)
+    check_fails(leasefs("dfs", env=env), "leasefs dfs -VERB", status=2)
+
+
+@pytest.mark.slow
+def test_single_dash_options_as_hdfs_spells_them(cluster, env, tmp_path):
+    check_ok(leasefs("mkdir", "-p", "/o/d/e", env=env))
+    check_ok(leasefs("put", "-", "/o/d/f", env=env, input=b"hello\n"))
+    # stat: HDFS's order, the format first
+    assert check_ok(leasefs("stat", "%n %b %r %F", "/o/d/f", "/o/d", env=env)) == \
+        "f 6 3 regular file\nd 0 0 directory\n"
+    assert check_ok(leasefs("dfs", "-stat", "%a|%u", "/o/d/f", env=env)).count("|") == 1
+    # du -v: HDFS's header and left-aligned columns
+    assert check_ok(leasefs("du", "-v", "/o/d", env=env)).splitlines() == [
+        "SIZE  DISK_SPACE_CONSUMED_WITH_ALL_REPLICAS  FULL_PATH_NAME",
+        "0     0                                      /o/d/e",
+        "6     18                                     /o/d/f"]
+    assert check_ok(leasefs("du", "-s", "-x", "/o", env=env)) == "6  18  /o\n"
+    # count -u (quota columns only), -e (the policy column, every file replicated)
+    assert check_ok(leasefs("count", "-u", "-v", "/o", env=env)).splitlines() == [
+        "       QUOTA       REM_QUOTA     SPACE_QUOTA REM_SPACE_QUOTA PATHNAME",
+        "        none             inf            none             inf /o"]
+    assert check_ok(leasefs("count", "-e", "-v", "/o", env=env)).splitlines() == [
+        "   DIR_COUNT   FILE_COUNT       CONTENT_SIZE ERASURECODING_POLICY PATHNAME",
+        "           3            1                  6           Replicated /o"]
+    # checksum -v: the block size after the checksum
+    plain = check_ok(leasefs("checksum", "/o/d/f", env=env)).rstrip("\n")
+    assert check_ok(leasefs("dfs", "-checksum", "-v", "/o/d/f", env=env)) == \
+        f"{plain}\tBlockSize={1 << 20}\n"
+    # df PATH: the cluster's line; a missing PATH is an error
+    df = check_ok(leasefs("df", "/o", env=env)).splitlines()
+    assert df[0].split() == ["Filesystem", "Size", "Used", "Available", "Use%"]
+    assert df[2].startswith(f"leasefs://{cluster.meta_address} ")
+    check_fails(leasefs("df", "/o/none", env=env), "leasefs df: /o/none:")
+    # fsck -openforwrite and -list-corruptfileblocks
+    out = check_ok(leasefs("fsck", "/o", "-openforwrite", env=env))
+    assert out.rstrip().endswith("The filesystem under path '/o' is HEALTHY")
+    assert check_ok(leasefs("fsck", "/o", "-list-corruptfileblocks", env=env)) == \
+        "The filesystem under path '/o' has no CORRUPT files\n"
+    # rmdir: only empty folders, as hdfs dfs -rmdir
+    check_ok(leasefs("rmdir", "/o/d/e", env=env))
+    assert leasefs("test", "-e", "/o/d/e", env=env).returncode == 1
+    check_fails(leasefs("rmdir", "/o/d", env=env), "leasefs rmdir: /o/d:", "not empty")
+    check_fails(leasefs("dfs", "-rmdir", "/o/d/f", env=env), "leasefs rmdir: /o/d/f:",
+                "not a directory")
+    check_ok(leasefs("rmdir", "--ignore-fail-on-non-empty", "/o/d", env=env))
+    assert leasefs("test", "-d", "/o/d", env=env).returncode == 0
+
+
+def test_corrupt_file_blocks_lines():
+    from tools.admin import corrupt_file_blocks
+
+    answer = {"path": "/x", "files": [
+        {"path": "/x/a", "blocks": [{"id": 7, "gs": 1001, "status": "HEALTHY"},
+                                    {"id": 8, "gs": 1002, "status": "CORRUPT"}]},
+        {"path": "/x/b", "blocks": [{"id": 9, "gs": 1003, "status": "MISSING"}]},
+        {"path": "/x/c", "blocks": [{"id": 10, "gs": 1004, "status": "UNDER_REPLICATED"}]}]}
+    assert corrupt_file_blocks(answer) == [
+        "The list of corrupt files under path '/x' are:", "blk_8_1002\t/x/a", "blk_9_1003\t/x/b",
+        "The filesystem under path '/x' has 2 CORRUPT files"]
+
+
+@pytest.mark.slow
+def test_full_uris_name_the_cluster(cluster, env, tmp_path):
+    check_ok(leasefs("mkdir", "-p", "/u/a", env=env))
+    address = cluster.meta_address
+    assert check_ok(leasefs("ls", f"leasefs://{address}/u", env=env)) == "a\n"
+    assert check_ok(leasefs("ls", "leasefs:///u", env=env)) == "a\n"
+    check_ok(leasefs("dfs", "-mkdir", f"leasefs://{address}/u/b", env=env))
+    assert check_ok(leasefs("ls", "/u", env=env)).split() == ["a", "b"]
+    # another cluster than the configured one is refused, naming both
+    check_fails(leasefs("ls", "leasefs://127.0.0.1:1/u", env=env),
+                "leasefs://127.0.0.1:1", "another cluster", address, status=2)
+    check_fails(leasefs("ls", "hdfs://nn:8020/u", env=env), "hdfs://", status=2)
+    # nothing configured: the URI's authority is the metadata server
+    bare = {k: v for k, v in env.items() if k != "LEASEFS_META"}
+    bare["LEASEFS_HOME"] = str(tmp_path / "no-cluster-here")
+    assert check_ok(leasefs("ls", f"leasefs://{address}/u", env=bare)).split() == ["a", "b"]
+
+
+@pytest.mark.slow
+def test_put_cp_get_p_preserve_times_owner_mode(cluster, env, tmp_path):
+    src = tmp_path / "tree"
+    (src / "in").mkdir(parents=True)
+    (src / "in" / "x").write_bytes(b"data")
+    os.chmod(src / "in" / "x", 0o640)
+    os.chmod(src / "in", 0o750)
+    old = 1_500_000_000
+    for path in (src / "in" / "x", src / "in", src):
+        os.utime(path, (old, old))
+    check_ok(leasefs("mkdir", "/p", env=env))
+    check_ok(leasefs("put", "-p", src, "/p/t", env=env))
+    fmt = "%a %Y %u"
+    import pwd
+    me = pwd.getpwuid(os.getuid()).pw_name
+    for path, mode in (("/p/t/in/x", "640"), ("/p/t/in", "750")):
+        assert check_ok(leasefs("stat", fmt, path, env=env)) == f"{mode} {old * 1000} {me}\n"
+    check_ok(leasefs("put", src / "in" / "x", "/p/plain", env=env))   # without -p: now, 644
+    assert check_ok(leasefs("stat", "%a", "/p/plain", env=env)) == "644\n"
+    check_ok(leasefs("cp", "-p", "/p/t/in/x", "/p/copy", env=env))
+    assert check_ok(leasefs("stat", fmt, "/p/copy", env=env)) == f"640 {old * 1000} {me}\n"
+    back = tmp_path / "back"
+    check_ok(leasefs("get", "-p", "/p/t", back, env=env))
+    st = os.stat(back / "in" / "x")
+    assert (st.st_mode & 0o7777, int(st.st_mtime)) == (0o640, old)
+    assert (os.stat(back / "in").st_mode & 0o7777, int(os.stat(back / "in").st_mtime)) == \
+        (0o750, old)
+    check_ok(leasefs("copyFromLocal", "-p", src / "in" / "x", "/p/cfl", env=env))
+    assert check_ok(leasefs("stat", "%a", "/p/cfl", env=env)) == "640\n"
+
+
+@pytest.mark.slow
+def test_dfsadmin_verbs_run_their_leasefs_commands(cluster, env):
+    report = check_ok(leasefs("dfsadmin", "-report", env=env))
+    labels = lambda text: [line.split(":")[0] for line in text.splitlines()]  # noqa: E731
+    assert labels(report) == labels(check_ok(leasefs("report", env=env)))   # numbers move
+    assert "Live block servers (3):" in report
+    topology = check_ok(leasefs("dfsadmin", "-printTopology", env=env)).splitlines()
+    assert topology[0] == "Rack: /default-rack" and len(topology) == 5 and topology[-1] == ""
+    assert all(line.startswith("   127.0.0.1:") and line.endswith(") In Service")
+               for line in topology[1:4])
+    assert check_ok(leasefs("dfsadmin", "-safemode", "get", env=env)) == "Safe mode is OFF\n"
+    assert check_ok(leasefs("dfsadmin", "-safemode", "enter", env=env)).startswith(
+        "Safe mode is ON")
+    try:
+        saved = check_ok(leasefs("dfsadmin", "-saveNamespace", env=env))
+        assert saved.startswith("Save namespace successful: checkpoint txid ")
+    finally:
+        assert check_ok(leasefs("dfsadmin", "-safemode", "leave", env=env)) == \
+            "Safe mode is OFF\n"
+    assert check_ok(leasefs("dfsadmin", "-safemode", "wait", env=env)) == "Safe mode is OFF\n"
+    assert check_ok(leasefs("dfsadmin", "-refreshNodes", env=env)) == \
+        check_ok(leasefs("decommission", "--status", env=env))
+    check_ok(leasefs("mkdir", "-p", "/lo", env=env))
+    assert check_ok(leasefs("dfsadmin", "-listOpenFiles", "-path", "/lo", env=env)) == \
+        "no files open for writing below /lo\n"
+    check_fails(leasefs("dfsadmin", "-report", "/x", env=env), "takes no PATH", status=2)
+    check_fails(leasefs("dfsadmin", "-setQuota", "5", env=env), "needs at least one PATH",
+                status=2)
+    check_fails(leasefs("dfsadmin", "-safemode", "sideways", env=env), "invalid choice",
+                status=2)

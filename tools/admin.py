@@ -37,6 +37,7 @@ def _rpc(cmd: Command, method: str, args: dict):
         async with RpcClient(cmd.meta_address, "leasefs-admin", timeout=config.rpc_timeout,
                              retry_seconds=min(10.0, config.rpc_retry_seconds),
                              max_frame=config.max_frame, tls=tlsmod.client(config),
+                             retry_policy=cmd.retry_policy,
                              **authentication(config, cmd.meta_address)) as rpc:
             return await rpc.call(method, args)
     try:
@@ -119,6 +120,18 @@ def format_fsck_files(r: dict, *, blocks: bool = False, locations: bool = False)
     return lines
 
 
+def corrupt_file_blocks(r: dict) -> list[str]:
+    """``hdfs fsck PATH -list-corruptfileblocks`` text of the ``fsck`` RPC result: every
+    block without a good replica (corrupt or missing) with its file, then the count."""
+    bad = [f"blk_{b['id']}_{b['gs']}\t{f['path']}" for f in r.get("files", [])
+           for b in f.get("blocks", []) if b.get("status") in ("CORRUPT", "MISSING")]
+    path = r.get("path")
+    if not bad:
+        return [f"The filesystem under path '{path}' has no CORRUPT files"]
+    return [f"The list of corrupt files under path '{path}' are:", *bad,
+            f"The filesystem under path '{path}' has {len(bad)} CORRUPT files"]
+
+
 def cmd_fsck(cmd: Command):
     a = cmd.args
     hdfs_style = a.files or a.blocks or a.hdfs_locations
@@ -131,6 +144,9 @@ def cmd_fsck(cmd: Command):
         return 1
     if a.json:
         cmd.out(json.dumps(r, indent=2, sort_keys=True, default=str))
+    elif a.list_corrupt:
+        for line in corrupt_file_blocks(r):
+            cmd.out(line)
     elif hdfs_style:
         # as hdfs fsck: the per-file lines, then the totals without the default listing
         lines = format_fsck_files(r, blocks=a.blocks or a.hdfs_locations,
@@ -208,8 +224,11 @@ def register(sub, common) -> None:
     p = command_parser(sub, "fsck", common, "check the health of files' blocks; exit 1 when a block "
                 "is missing or corrupt")
     p.add_argument("path", metavar="PATH", nargs="?", default="/")
-    p.add_argument("--openforwrite", action="store_true",
+    p.add_argument("--openforwrite", "-openforwrite", dest="openforwrite", action="store_true",
                    help="also check files open for writing")
+    p.add_argument("-list-corruptfileblocks", "--list-corruptfileblocks", dest="list_corrupt",
+                   action="store_true", help="only the blocks without a good replica (corrupt "
+                   "or missing), one line each with its file")
     p.add_argument("--locations", action="store_true",
                    help="list every file and each block's replica locations")
     p.add_argument("-files", dest="files", action="store_true",

@@ -2,7 +2,7 @@
 cluster, with same-run baselines so a number means something on this machine.
 (``leasefs bench fuse``, plain POSIX I/O on any folders such as the mount, is in benchfuse.py;
 ``leasefs bench apps``, real programs — tar, git, sqlite3, rm -rf — on any folders, in
-benchapps.py.)
+benchapps.py; ``leasefs bench cli``, the command line's start-up, in benchcli.py.)
 
 Why: a bare "120 MB/s" says nothing on a 2-core VM shared with other work. Every data run
 therefore also measures, with the same bytes in the same run, the local disk (write + fsync
@@ -574,10 +574,10 @@ def _posix_meta(root: str, args, rec: _Recorder, status: StatusLine, label: str,
 
 def register(sub, common) -> None:
     p = sub.add_parser("bench", help="benchmarks: write, read, meta (cluster), fuse and apps "
-                                     "(any folder)",
+                                     "(any folder), cli (start-up)",
                        description="Benchmarks with same-run baselines (local disk, loopback "
                                    "TCP) and an optional MooseFS peer.")
-    bsub = p.add_subparsers(dest="kind", metavar="{write,read,meta,fuse,apps,spark,ha}")
+    bsub = p.add_subparsers(dest="kind", metavar="{write,read,meta,fuse,apps,spark,ha,cli}")
     bsub.required = True
 
     def shared(q):
@@ -617,3 +617,5 @@ def register(sub, common) -> None:
     register_spark(bsub, common)
     from .benchha import register as register_ha
     register_ha(bsub, common, shared)
+    from .benchcli import register as register_cli
+    register_cli(bsub, common)

@@ -77,12 +77,17 @@ def cmd_checksum(cmd: Command):
             is_local, path = split_file_url(raw)
             if is_local:
                 result = local_file_checksum(path)
+                block_size = os.stat(path).st_blksize if cmd.args.block_size else None
             else:
-                result = cmd.client.get_file_checksum(user_path(path))
+                path = user_path(path)
+                result = cmd.client.get_file_checksum(path)
+                block_size = (cmd.client.get_file_status(path).block_size
+                              if cmd.args.block_size else None)
         except (LeaseFSError, OSError) as exc:
             cmd.fail(raw, exc)
             continue
-        cmd.out(f"{raw}\t{result['algorithm']}\t{result['crc']}")
+        line = f"{raw}\t{result['algorithm']}\t{result['crc']}"
+        cmd.out(line if block_size is None else f"{line}\tBlockSize={block_size}")
 
 
 def register(sub, common) -> None:
@@ -94,7 +99,10 @@ def register(sub, common) -> None:
                             "Prints PATH<TAB>COMPOSITE-CRC32C<TAB>crc per file: the CRC32C of its\n"
                             "content, combined on the block servers from stored chunk CRCs (no\n"
                             "data moves). Equal content, equal checksum, whatever the block and\n"
-                            "chunk sizes; file:LOCAL paths are checksummed locally to compare.",
+                            "chunk sizes; file:LOCAL paths are checksummed locally to compare.\n"
+                            "-v adds <TAB>BlockSize=N, as hdfs dfs -checksum -v.",
                 usage="leasefs checksum [options] PATH...")
+    p.add_argument("-v", dest="block_size", action="store_true",
+                   help="also each file's block size")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_checksum)

@@ -19,9 +19,9 @@ import os
 import sys
 import traceback
 
-from fs.errors import LeaseFSError, ServerUnavailable, sole_exception
+from fs.errors import LeaseFSError, NothingListens, ServerUnavailable, sole_exception
 
-from .common import PROG, Command, error_line
+from .common import PROG, Command, configured_meta_address, error_line
 from .formatting import UsageError
 
 log = logging.getLogger(__name__)
@@ -55,38 +55,134 @@ def common_options() -> argparse.ArgumentParser:
     return common
 
 
-def build_parser() -> Parser:
-    from . import (admin, bench, cluster, cmddoc, concat, daemons, docgen, haadmin,
-                   leasetools, mountcmd, quotas, shell, shellalias, shellattr, shellcount, shellfind,
-                   shellread, shelltest, tokens)
+#: every command: the module whose ``register`` adds it, and its one-line help. ``--help`` is
+#: made from this table and a command's module is imported only when that command runs, so
+#: start-up does not pay for every command (tests/test_cli.py checks it against the modules).
+COMMANDS: dict[str, tuple[str, str]] = {
+    'meta': ('daemons', 'run the metadata server (foreground)'),
+    'storage': ('daemons', 'run one block server (foreground)'),
+    'tls': ('cluster', 'wire encryption: issue a certificate from the cluster CA'),
+    'cluster': ('cluster', 'the embedded local cluster: up, down, status'),
+    'ls': ('shell', 'list directories (-l long format, -R recursive)'),
+    'stat': ('shell', 'show every field of a file or directory status'),
+    'cat': ('shell', 'write files to stdout'),
+    'put': ('shell', 'copy local files or directories into the cluster'),
+    'get': ('shell', 'copy cluster files or directories to the local disk'),
+    'cp': ('shell', 'copy within the cluster, or to/from file: URLs'),
+    'mv': ('shell', 'rename or move into a directory'),
+    'rm': ('shell', 'delete files and directories'),
+    'expunge': ('shell', 'empty the trash: checkpoint it and delete checkpoints older than the '
+                         "cluster's trash_interval (hdfs dfs -expunge)"),
+    'mkdir': ('shell', 'create directories'),
+    'touch': ('shell', 'create empty files or set their times to now'),
+    'du': ('shell', 'space used by files and directories'),
+    'df': ('shell', 'cluster capacity and usage'),
+    'setrep': ('shell', 'change the replication of files (all files below a directory)'),
+    'chmod': ('shell', 'change permissions (octal or symbolic MODE)'),
+    'chown': ('shell', 'change owner and/or group (OWNER[:GROUP] or :GROUP)'),
+    'tail': ('shell', 'the last bytes of a file (default 1K)'),
+    'report': ('shell', 'cluster report: capacity, blocks, block servers'),
+    'safemode': ('shell', 'get, enter, leave or wait for safe mode'),
+    'checksum': ('checksum', 'content checksums (COMPOSITE-CRC32C) that do not depend on block '
+                             'size'),
+    'copyFromLocal': ('shellalias', 'copy local files into the cluster (= put)'),
+    'copyToLocal': ('shellalias', 'copy cluster files to the local disk (= get)'),
+    'moveFromLocal': ('shellalias', 'copy local files into the cluster, then delete the local '
+                                    'sources'),
+    'moveToLocal': ('shellalias', 'copy cluster files to the local disk, then delete them from '
+                                  'the cluster'),
+    'touchz': ('shellattr', 'create zero-length files'),
+    'chgrp': ('shellattr', 'change the group of files and directories'),
+    'rmdir': ('shellattr', 'delete empty directories'),
+    'test': ('shelltest', 'answer a question about a path with the exit status'),
+    'find': ('shellfind', 'find files and directories by name or type'),
+    'count': ('shellcount', 'count directories, files and bytes below paths'),
+    'head': ('shellread', 'the first kilobyte of a file'),
+    'text': ('shellread', 'write files to stdout, decompressing .gz/.bz2/.zst'),
+    'getmerge': ('shellread', 'concatenate cluster files into one local file'),
+    'recover-lease': ('leasetools', 'force lease recovery of a file left open (hdfs debug '
+                                    'recoverLease)'),
+    'leases': ('leasetools', 'files open for writing: holder, client machine, seconds since the '
+                             'last lease renewal, last block state'),
+    'truncate': ('leasetools', 'cut files to LENGTH bytes (hdfs dfs -truncate)'),
+    'append': ('leasetools', 'append local files or stdin to a cluster file (hdfs dfs '
+                             '-appendToFile; creates it when missing)'),
+    'fsck': ('admin', "check the health of files' blocks; exit 1 when a block is missing or "
+                      'corrupt'),
+    'decommission': ('admin', 'retire a block server: copy its replicas elsewhere, then mark it '
+                              'decommissioned (--status: progress)'),
+    'save-namespace': ('admin', 'take a checkpoint now (LevelDB made durable, journal rolled, '
+                                'old segments purged); needs safe mode and the superuser, as '
+                                'HDFS dfsadmin -saveNamespace'),
+    'haadmin': ('haadmin', "metadata HA: the servers' roles, a graceful failover (hdfs haadmin)"),
+    'dfsadmin': ('dfsadmin', 'HDFS dfsadmin: -report, -safemode, -saveNamespace, -refreshNodes, '
+                             '-printTopology, -listOpenFiles and the quota verbs, each running '
+                             'its leasefs command'),
+    'set-quota': ('quotas', "set a folder's name quota (dfsadmin -setQuota)"),
+    'clr-quota': ('quotas', "clear a folder's name quota (dfsadmin -clrQuota)"),
+    'set-space-quota': ('quotas', "set a folder's space quota, bytes × replication, suffix "
+                                  'k/m/g/t (dfsadmin -setSpaceQuota)'),
+    'clr-space-quota': ('quotas', "clear a folder's space quota (dfsadmin -clrSpaceQuota)"),
+    'concat': ('concat', 'append the blocks of SRC... to TARGET without copying and delete the '
+                         "sources (HDFS concat; same folder, full blocks but the last source's "
+                         'last, same block size)'),
+    'token': ('tokens', 'delegation tokens for clients on other machines (HDFS fetchdt): fetch, '
+                        'renew, cancel, print'),
+    'mount': ('mountcmd', 'mount the cluster with FUSE (daemonizes unless --foreground)'),
+    'umount': ('mountcmd', 'unmount a leasefs mount (fusermount3 -u)'),
+    'bench': ('bench', 'benchmarks: write, read, meta (cluster), fuse and apps (any folder), cli '
+                       '(start-up)'),
+    'settings': ('docgen', 'list every setting with its default'),
+    'commands': ('cmddoc', 'list every command with its one-line help'),
+}
+
+
+def _modules() -> list[str]:
+    """The command modules in the order their commands are listed."""
+    return list(dict.fromkeys(module for module, _ in COMMANDS.values()))
+
+
+def build_parser(only: str | None = None, *, light: bool = False) -> Parser:
+    """The parser of every command (each command's module imported); with ``only`` just
+    that command's module is imported, with ``light`` none: the other commands are then
+    entries of the command list that ``--help`` prints."""
+    import importlib
 
     common = common_options()
     parser = Parser(prog=PROG, parents=[common],
                     description="leasefs: a pure-Python distributed filesystem in the mould of "
-                                "HDFS. 'leasefs COMMAND --help' describes each command.")
+                                "HDFS. 'leasefs COMMAND --help' describes each command. HDFS's "
+                                "forms work too: 'leasefs dfs -ls /', 'leasefs fs -du -s -h /'.")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    daemons.register(sub, common)
-    cluster.register(sub, common)
-    shell.register(sub, common)
-    from . import checksum
-    checksum.register(sub, common)
-    shellalias.register(sub, common)
-    shellattr.register(sub, common)
-    shelltest.register(sub, common)
-    shellfind.register(sub, common)
-    shellcount.register(sub, common)
-    shellread.register(sub, common)
-    leasetools.register(sub, common)
-    admin.register(sub, common)
-    haadmin.register(sub, common)
-    quotas.register(sub, common)
-    concat.register(sub, common)
-    tokens.register(sub, common)
-    mountcmd.register(sub, common)
-    bench.register(sub, common)
-    docgen.register(sub, common)
-    cmddoc.register(sub, common)
+    modules = [COMMANDS[only][0]] if only else [] if light else _modules()
+    for module in modules:
+        importlib.import_module(f".{module}", __package__).register(sub, common)
+    for name, (_, text) in COMMANDS.items():
+        if name not in sub.choices:
+            # a line of the command list, no parser: main() builds a parser with this
+            # command's module whenever the command is named
+            sub.choices[name] = None
+            sub._choices_actions.append(sub._ChoicesPseudoAction(name, (), text))
     return parser
+
+
+class VersionAction(argparse.Action):
+    """``--version``: the installed package's version, looked up only when asked."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib import metadata
+
+        try:
+            version = metadata.version("leasefs")
+        except metadata.PackageNotFoundError:
+            version = "unknown (not installed)"
+        print(f"{PROG} {version}")
+        parser.exit()
 
 
 def _command_name(args) -> str:
@@ -123,7 +219,9 @@ def _report(name: str, exc: BaseException, cmd, debug: bool) -> int:
         return 141
     if isinstance(exc, (LeaseFSError, OSError)):
         line = error_line(name, getattr(exc, "item_path", None), exc)
-        if isinstance(exc, ServerUnavailable):
+        if isinstance(exc, NothingListens):
+            line += "; is the cluster running? see 'leasefs cluster status'"
+        elif isinstance(exc, ServerUnavailable):
             where = getattr(cmd, "meta_address", None) if cmd is not None else None
             line += (f" (metadata server {where}; is the cluster running? "
                      "see 'leasefs cluster status')" if where else "")
@@ -137,9 +235,21 @@ def _report(name: str, exc: BaseException, cmd, debug: bool) -> int:
 
 def main(argv=None) -> int:
     """Run one ``leasefs`` command; returns the exit status."""
-    parser = build_parser()
+    from .hdfsnames import check_authority, cluster_uris, command_index, translate
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        argv = translate(argv, COMMANDS)
+        argv, authority = cluster_uris(argv)
+        index = command_index(argv)
+        name = argv[index] if index is not None else None
+        if name is not None and name not in COMMANDS:
+            raise UsageError(f"unknown command '{name}' (see '{PROG} --help')")
+        parser = build_parser(only=name) if name in COMMANDS else build_parser(light=True)
         args, extras = parser.parse_known_args(argv)
+        if authority is not None:   # a leasefs://HOST:PORT/path argument names the server
+            args.meta = check_authority(authority, configured_meta_address(
+                getattr(args, "meta", None)))
     except UsageError as exc:
         print(f"{getattr(exc, 'prog', PROG)}: {exc}", file=sys.stderr)
         return 2

@@ -54,6 +54,16 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # --------------------------------------------------------------------------- layout, state
 
+def client_prefix(home: str) -> str:
+    """How a command typed next finds the cluster at ``home``: plain ``leasefs `` when it is
+    the home clients look in by themselves, else with ``LEASEFS_HOME`` set to it."""
+    import shlex
+
+    if os.path.abspath(default_home()) == os.path.abspath(home):
+        return f"{PROG} "
+    return f"LEASEFS_HOME={shlex.quote(home)} {PROG} "
+
+
 class Layout:
     """Where everything of one cluster home lives."""
 
@@ -464,7 +474,8 @@ def cmd_up(args) -> int:
     print(f"  metadata server pid {state['meta']['pid']}; {len(report['live_nodes'])} block "
           f"servers live (pids {pids}); default replication {settings['replication']}")
     print(f"  home {layout.home}  (logs in {layout.logs})")
-    print("  try: leasefs ls -l /   |   leasefs put FILE /   |   leasefs report")
+    run = client_prefix(layout.home)
+    print(f"  try: {run}ls -l /   |   {run}put FILE /   |   {run}report")
     mountpoint = args.mount or state.get("mount")
     if mountpoint:
         return ensure_mounted(layout, state, os.path.abspath(mountpoint), address)

@@ -45,7 +45,7 @@ from fs.config import Config
 from fs.errors import LeaseFSError
 
 from . import etcd as etcdmod
-from .cluster import (DEFAULT_HTTP_PORT, DEFAULT_META_PORT, DEFAULT_STORAGE,
+from .cluster import (client_prefix, DEFAULT_HTTP_PORT, DEFAULT_META_PORT, DEFAULT_STORAGE,
                       Layout, StartupFailed, cluster_tls, embedded_defaults,
                       ensure_mounted, is_ours, log_tail, probe_report, save_state, spawn,
                       start_block_servers, wait_address)
@@ -305,7 +305,8 @@ def cmd_up(args, layout: Layout, state: dict) -> int:
           f"{found[active][0].get('epoch')}; {len(report.get('live_nodes', []))} block "
           f"servers live; etcd {settings['ha_etcd_endpoints']}")
     print(f"  home {layout.home}  (logs in {layout.logs})")
-    print("  try: leasefs haadmin -getAllServiceState   |   leasefs haadmin -failover")
+    run = client_prefix(layout.home)
+    print(f"  try: {run}haadmin -getAllServiceState   |   {run}haadmin -failover")
     mountpoint = args.mount or state.get("mount")
     if mountpoint:
         return ensure_mounted(layout, state, os.path.abspath(mountpoint),

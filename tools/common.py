@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from fs.config import Config, cluster_client_settings, find_meta_address
+from fs.config import Config, cluster_client_settings, default_home, find_meta_address
 from fs.errors import InvalidArgument, LeaseFSError, ServerUnavailable
 from fs.paths import normalize_user_path
 
@@ -38,6 +38,17 @@ def load_config(args, *, client: bool = False) -> Config:
         return Config().replace(**{**found, **chosen})
     except InvalidArgument as exc:  # unknown setting, bad value, unreadable file
         raise UsageError(str(exc)) from None
+
+
+def configured_meta_address(explicit: str | None = None) -> str | None:
+    """What ``find_meta_address`` answers when something chose it (``--meta``,
+    ``LEASEFS_META``, an embedded cluster's state file, the config file); None when it would
+    fall back to the built-in default."""
+    if explicit or os.environ.get("LEASEFS_META") or \
+            os.path.exists(os.path.join(default_home(), "cluster.json")):
+        return find_meta_address(explicit)
+    address = Config.load().meta_address
+    return None if address == Config().meta_address else address
 
 
 def _said_already(cmd: str | None, path: str | None) -> list[str]:
@@ -113,10 +124,19 @@ class Command:
         return find_meta_address(getattr(self.args, "meta", None))
 
     @property
+    def retry_policy(self):
+        """How this command's RPCs retry: a cluster that is not running (nothing listens on
+        loopback) is said at once, and what is retried meanwhile is said on stderr, instead
+        of a silent wait of ``rpc_retry_seconds``."""
+        from fs.rpc import RetryPolicy
+        return RetryPolicy(refused_is_final=True, notice=self.warn)
+
+    @property
     def client(self):
         if self._client is None:
             from fs.client import Client  # lazy: the parsing-only paths never need it
-            self._client = Client(meta_address=self.meta_address, config=self.config)
+            self._client = Client(meta_address=self.meta_address, config=self.config,
+                                  retry_policy=self.retry_policy)
         return self._client
 
     def close(self) -> None:

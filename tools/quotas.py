@@ -1,7 +1,6 @@
-"""``leasefs dfsadmin -setQuota/-clrQuota/-setSpaceQuota/-clrSpaceQuota`` and the same as
-plain commands (``leasefs set-quota N PATH...``, ``clr-quota``, ``set-space-quota``,
-``clr-space-quota``): folder quotas, as HDFS ``hdfs dfsadmin``. Superuser only (the server
-checks).
+"""Folder quotas, as HDFS ``hdfs dfsadmin -setQuota/-clrQuota/-setSpaceQuota/-clrSpaceQuota``:
+``leasefs set-quota N PATH...``, ``clr-quota``, ``set-space-quota``, ``clr-space-quota`` (and
+the ``dfsadmin`` spelling, ``tools.dfsadmin``). Superuser only (the server checks).
 
 Why a module of its own: one small command family with its own argument forms (HDFS's
 single-dash options, a size with a binary suffix) next to ``admin.py``'s health commands.
@@ -65,31 +64,8 @@ def cmd_quota(cmd: Command) -> int:
     return _apply(cmd, "clrSpaceQuota", a.paths, ds_quota=-1)
 
 
-def cmd_dfsadmin(cmd: Command) -> int:
-    a = cmd.args
-    for action in ("setQuota", "setSpaceQuota"):
-        value = getattr(a, action)
-        if value is not None:
-            a.action, a.value = action, value
-            return cmd_quota(cmd)
-    a.action = "clrQuota" if a.clrQuota else "clrSpaceQuota"
-    return cmd_quota(cmd)
-
-
 def register(sub, common) -> None:
     from .shell import command_parser
-
-    p = command_parser(sub, "dfsadmin", common, "folder quotas, as HDFS dfsadmin: -setQuota N, "
-                "-clrQuota, -setSpaceQuota N[k|m|g|t], -clrSpaceQuota (superuser only)")
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("-setQuota", type=parse_count, metavar="N",
-                   help="at most N names (folders + files, the folder included) below PATH")
-    g.add_argument("-clrQuota", action="store_true", help="remove the name quota")
-    g.add_argument("-setSpaceQuota", type=parse_size, metavar="N",
-                   help="at most N bytes × replication below PATH (suffix k, m, g, t)")
-    g.add_argument("-clrSpaceQuota", action="store_true", help="remove the space quota")
-    p.add_argument("paths", metavar="PATH", nargs="+")
-    p.set_defaults(func=cmd_dfsadmin)
 
     for name, action, value_type, text in (
             ("set-quota", "setQuota", parse_count, "set a folder's name quota (dfsadmin "

@@ -23,8 +23,6 @@ from fs.errors import (DirectoryNotEmpty, FileExists, FileNotFound, InvalidArgum
                        IsDirectory, LeaseFSError, NotDirectory, PermissionDenied)
 
 from . import transfer
-from .admin import format_checkpoint
-from .checksum import verify_steps
 from .common import Command
 from .formatting import (STAT_FORMAT_HELP, UsageError, format_table, human_size,
                          ls_long_lines, parse_mode, parse_mode_change, parse_owner, parse_size,
@@ -34,6 +32,8 @@ from .progress import Progress, wanted
 log = logging.getLogger(__name__)
 
 ITEM_ERRORS = (LeaseFSError, OSError)
+PRESERVE_HELP = ("preserve times, owner, group and permission (changing the owner needs the "
+                 "superuser)")
 
 
 def user_path(text: str) -> str:
@@ -107,11 +107,14 @@ def sort_entries(entries, *, by_time=False, by_size=False, reverse=False, atime=
 
 def cmd_stat(cmd: Command):
     a = cmd.args
-    for index, raw in enumerate(a.paths):
+    targets, fmt = list(a.paths), a.format
+    if fmt is None and len(targets) > 1 and "%" in targets[0]:  # HDFS: stat FORMAT PATH...
+        fmt = targets.pop(0)
+    for index, raw in enumerate(targets):
         try:
             st = cmd.client.get_file_status(user_path(raw))
-            if a.format is not None:
-                cmd.out(stat_format(a.format, st))
+            if fmt is not None:
+                cmd.out(stat_format(fmt, st))
                 continue
             if index:
                 cmd.out()
@@ -211,8 +214,9 @@ def copy_items(cmd: Command, sources, dst_side, dst: str, dst_display: str):
         for side, display, steps in planned:
             try:
                 transfer.run_steps(steps, side, dst_side, overwrite=overwrite, progress=bar,
-                                   options=options)
+                                   options=options, preserve=bool(getattr(a, "preserve", False)))
                 if getattr(a, "verify", False):
+                    from .checksum import verify_steps
                     verify_steps(steps, side, dst_side)
             except ITEM_ERRORS as exc:
                 cmd.fail(_item_path(exc, display), exc)
@@ -510,9 +514,14 @@ def cmd_setrep(cmd: Command):
 
 # --------------------------------------------------------------------------- usage
 
+DU_HEADER = ("SIZE", "DISK_SPACE_CONSUMED_WITH_ALL_REPLICAS", "FULL_PATH_NAME")
+
+
 def cmd_du(cmd: Command):
     a = cmd.args
     size = human_size if a.human else str
+    if a.header:
+        cmd.out("  ".join(DU_HEADER))
     for raw in a.paths or ["/"]:
         try:
             path = user_path(raw)
@@ -530,11 +539,11 @@ def cmd_du(cmd: Command):
                     length = item.length
                     consumed = item.length * max(item.replication, 1)
                 rows.append((size(length), size(consumed), item_path))
-            if rows:
-                w0 = max(len(r[0]) for r in rows)
-                w1 = max(len(r[1]) for r in rows)
-                for r in rows:
-                    cmd.out(f"{r[0]:>{w0}}  {r[1]:>{w1}}  {r[2]}")
+            # columns as hdfs dfs -du: left-aligned, two spaces apart (under -v's header)
+            w0 = max([len(r[0]) for r in rows] + [len(DU_HEADER[0]) if a.header else 0])
+            w1 = max([len(r[1]) for r in rows] + [len(DU_HEADER[1]) if a.header else 0])
+            for r in rows:
+                cmd.out(f"{r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]}")
         except ITEM_ERRORS as exc:
             cmd.fail(raw, exc)
 
@@ -544,6 +553,13 @@ def _percent(part, whole) -> str:
 
 
 def cmd_df(cmd: Command):
+    for raw in cmd.args.paths:  # every PATH is on the one cluster: one line for all of them
+        try:
+            cmd.client.get_file_status(user_path(raw))
+        except ITEM_ERRORS as exc:
+            cmd.fail(raw, exc)
+    if cmd.args.paths and cmd.status:
+        return
     r = cmd.client.report()
     size = human_size if cmd.args.human else str
     for line in format_table(
@@ -555,6 +571,8 @@ def cmd_df(cmd: Command):
 
 def format_report(r: dict, meta_address: str) -> list[str]:
     """``hdfs dfsadmin -report`` style text of ``Client.report()``."""
+    from .admin import format_checkpoint   # admin's RPC stack is not for every start-up
+
     def sized(n):
         return f"{n} ({human_size(n)})" if n >= 1024 else str(n)
     sm = r.get("safemode") or {}
@@ -673,7 +691,12 @@ def register(sub, common) -> None:
     p.add_argument("paths", nargs="*", metavar="PATH")
     p.set_defaults(func=cmd_ls)
 
-    p = command_parser(sub, "stat", common, "show every field of a file or directory status")
+    p = command_parser(sub, "stat", common, "show every field of a file or directory status",
+                description="leasefs stat [--format FORMAT] PATH...  or, as hdfs dfs -stat, "
+                            "leasefs stat FORMAT PATH...\n(a first argument with a % code is "
+                            "the format)\n\nexamples:\n  leasefs stat /data/f\n"
+                            "  leasefs stat \"%n %b %r\" /data/f",
+                usage="leasefs stat [options] [FORMAT] PATH...")
     # argparse %-formats help texts, and this one is made of % codes
     p.add_argument("--format", "-c", default=None, help=STAT_FORMAT_HELP.replace("%", "%%"))
     p.add_argument("paths", nargs="+", metavar="PATH")
@@ -689,6 +712,7 @@ def register(sub, common) -> None:
                 description="leasefs put LOCAL... DST  ('-' as LOCAL reads stdin)\n" + copy_help,
                 usage="leasefs put [options] LOCAL... DST")
     p.add_argument("-f", dest="force", action="store_true", help="overwrite existing files")
+    p.add_argument("-p", dest="preserve", action="store_true", help=PRESERVE_HELP)
     p.add_argument("--progress", action="store_true", help="always show a progress bar")
     p.add_argument("--replication", type=int, default=None, help="replication of new files")
     p.add_argument("--block-size", default=None, help="block size of new files (e.g. 64M)")
@@ -699,6 +723,7 @@ def register(sub, common) -> None:
                 description="leasefs get SRC... LOCALDST  (LOCALDST defaults to .)\n" + copy_help,
                 usage="leasefs get [options] SRC... [LOCALDST]")
     p.add_argument("-f", dest="force", action="store_true", help="overwrite existing files")
+    p.add_argument("-p", dest="preserve", action="store_true", help=PRESERVE_HELP)
     p.add_argument("--progress", action="store_true", help="always show a progress bar")
     p.add_argument("args", nargs="+", metavar="PATH", help="SRC... [LOCALDST] (default .)")
     p.add_argument("--verify", "-checksum", dest="verify", action="store_true",
@@ -710,6 +735,7 @@ def register(sub, common) -> None:
                             "are written file:///abs/path or file:relative/path.\n" + copy_help,
                 usage="leasefs cp [options] SRC... DST")
     p.add_argument("-f", dest="force", action="store_true", help="overwrite existing files")
+    p.add_argument("-p", dest="preserve", action="store_true", help=PRESERVE_HELP)
     p.add_argument("--progress", action="store_true", help="always show a progress bar")
     p.add_argument("--replication", type=int, default=None, help="replication of new files")
     p.add_argument("--block-size", default=None, help="block size of new files (e.g. 64M)")
@@ -759,14 +785,22 @@ def register(sub, common) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_touch)
 
-    p = command_parser(sub, "du", common, "space used by files and directories")
+    p = command_parser(sub, "du", common, "space used by files and directories",
+                description="leasefs du [-s] [-h] [-v] [-x] PATH...\nColumns as hdfs dfs -du: "
+                            "SIZE DISK_SPACE_CONSUMED_WITH_ALL_REPLICAS FULL_PATH_NAME")
     p.add_argument("-s", dest="summary", action="store_true", help="one total per argument")
     p.add_argument("-h", dest="human", action="store_true", help="human-readable sizes")
+    p.add_argument("-v", dest="header", action="store_true", help="print a header line")
+    p.add_argument("-x", dest="no_snapshots", action="store_true",
+                   help="exclude snapshots (hdfs dfs -du -x): leasefs has none, so the same")
     p.add_argument("paths", nargs="*", metavar="PATH")
     p.set_defaults(func=cmd_du)
 
-    p = command_parser(sub, "df", common, "cluster capacity and usage")
+    p = command_parser(sub, "df", common, "cluster capacity and usage",
+                description="leasefs df [-h] [PATH...]: the cluster's capacity and usage (every "
+                            "PATH is on that one cluster;\na missing PATH is an error)")
     p.add_argument("-h", dest="human", action="store_true", help="human-readable sizes")
+    p.add_argument("paths", nargs="*", metavar="PATH")
     p.set_defaults(func=cmd_df)
 
     p = command_parser(sub, "setrep", common, "change the replication of files (all files below a "

@@ -19,7 +19,8 @@ from fs.errors import NotDirectory
 from . import transfer
 from .common import Command
 from .formatting import UsageError, split_file_url
-from .shell import ITEM_ERRORS, cluster_sources, cmd_get, cmd_put, copy_items, user_path
+from .shell import (ITEM_ERRORS, PRESERVE_HELP, cluster_sources, cmd_get, cmd_put, copy_items,
+                    user_path)
 
 
 
@@ -82,6 +83,7 @@ def cmd_move_to_local(cmd: Command):
 
 def _copy_options(p, *, to_cluster: bool) -> None:
     p.add_argument("-f", dest="force", action="store_true", help="overwrite existing files")
+    p.add_argument("-p", dest="preserve", action="store_true", help=PRESERVE_HELP)
     p.add_argument("--progress", action="store_true", help="always show a progress bar")
     if to_cluster:
         p.add_argument("--replication", type=int, default=None, help="replication of new files")

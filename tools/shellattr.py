@@ -1,16 +1,18 @@
-"""``touchz`` (create a zero-length file) and ``chgrp [-R]``, as their ``hdfs dfs``
-namesakes.
+"""``touchz`` (create a zero-length file), ``chgrp [-R]`` and ``rmdir`` (delete empty
+folders), as their ``hdfs dfs`` namesakes.
 
 Why not ``touch``/``chown``: ``touchz`` refuses a file that already has data (HDFS: "Not a
-zero-length file") instead of updating its times, and ``chgrp GROUP`` is ``chown :GROUP``
-under the name scripts use.
+zero-length file") instead of updating its times, ``chgrp GROUP`` is ``chown :GROUP``
+under the name scripts use, and ``rmdir`` deletes only an empty folder (at once, as HDFS: an
+empty folder has nothing for the trash to keep).
 
 Concurrency contract: synchronous, the CLI's main thread; one client per process.
 """
 
 from __future__ import annotations
 
-from fs.errors import FileExists, FileNotFound, IsDirectory, LeaseFSError
+from fs.errors import (DirectoryNotEmpty, FileExists, FileNotFound, InvalidArgument,
+                       IsDirectory, LeaseFSError, NotDirectory)
 
 from .common import Command
 from .formatting import parse_owner
@@ -49,6 +51,22 @@ def cmd_chgrp(cmd: Command):
             cmd.fail(raw, exc)
 
 
+def cmd_rmdir(cmd: Command):
+    for raw in cmd.args.paths:
+        try:
+            path = user_path(raw)
+            if path == "/":
+                raise InvalidArgument("cannot remove the root")
+            if cmd.client.get_file_status(path).type != "dir":
+                raise NotDirectory("is not a directory")
+            cmd.client.delete(path, recursive=False)
+        except DirectoryNotEmpty:
+            if not cmd.args.ignore_non_empty:
+                cmd.fail(raw, DirectoryNotEmpty("directory is not empty"))
+        except ITEM_ERRORS as exc:
+            cmd.fail(raw, exc)
+
+
 def register(sub, common) -> None:
     from .shell import command_parser
 
@@ -66,3 +84,13 @@ def register(sub, common) -> None:
     p.add_argument("group", metavar="GROUP")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=cmd_chgrp)
+
+    p = command_parser(sub, "rmdir", common, "delete empty directories",
+                description="leasefs rmdir [--ignore-fail-on-non-empty] DIR...: delete each "
+                            "DIR when it is empty (as hdfs dfs -rmdir;\nleasefs rm -r deletes "
+                            "a folder with everything in it).\n\nexample:\n"
+                            "  leasefs rmdir /jobs/run1/tmp")
+    p.add_argument("--ignore-fail-on-non-empty", dest="ignore_non_empty", action="store_true",
+                   help="a folder that is not empty is left alone without an error")
+    p.add_argument("paths", nargs="+", metavar="DIR")
+    p.set_defaults(func=cmd_rmdir)

@@ -38,6 +38,17 @@ class Entry:
     size: int = 0
 
 
+@dataclass(frozen=True)
+class Attributes:
+    """What ``-p`` carries from a source to its copy (HDFS: timestamps, ownership, mode)."""
+
+    mode: int            # permission bits, sticky bit included
+    owner: str
+    group: str
+    atime_ns: int
+    mtime_ns: int
+
+
 @dataclass
 class Step:
     kind: str  # "mkdir" | "file"
@@ -112,6 +123,39 @@ class LocalSide:
         except OSError:
             pass
 
+    def attributes(self, path: str) -> Attributes:
+        import grp
+        import pwd
+
+        st = os.stat(path)
+        try:
+            owner = pwd.getpwuid(st.st_uid).pw_name
+        except KeyError:
+            owner = str(st.st_uid)
+        try:
+            group = grp.getgrgid(st.st_gid).gr_name
+        except KeyError:
+            group = str(st.st_gid)
+        return Attributes(st.st_mode & 0o7777, owner, group, st.st_atime_ns, st.st_mtime_ns)
+
+    def apply(self, path: str, attrs: Attributes) -> None:
+        """Owner and group (by name; an unknown name is an error, as chown(1)), then the
+        mode, then the times, so that nothing after them moves the times again."""
+        import grp
+        import pwd
+
+        try:
+            uid = pwd.getpwnam(attrs.owner).pw_uid
+            gid = grp.getgrnam(attrs.group).gr_gid
+        except KeyError as exc:
+            raise item_error(InvalidArgument, path, f"cannot preserve the owner: no local "
+                                                    f"user or group {exc.args[0]}") from None
+        st = os.stat(path)
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            os.chown(path, uid if st.st_uid != uid else -1, gid)
+        os.chmod(path, attrs.mode)
+        os.utime(path, ns=(attrs.atime_ns, attrs.mtime_ns))
+
 
 class ClusterSide:
     """The leasefs namespace through the public ``Client``."""
@@ -170,6 +214,20 @@ class ClusterSide:
             self.client.delete(path)
         except Exception:
             log.debug("could not remove %s", path, exc_info=True)
+
+    def attributes(self, path: str) -> Attributes:
+        st = self.client.get_file_status(path)
+        return Attributes(st.mode & 0o7777, st.owner, st.group, st.atime_ns, st.mtime_ns)
+
+    def apply(self, path: str, attrs: Attributes) -> None:
+        """As ``LocalSide.apply``; the owner is only set when it differs (changing it needs
+        the superuser, keeping it does not)."""
+        st = self.client.get_file_status(path)
+        if (st.owner, st.group) != (attrs.owner, attrs.group):
+            self.client.set_owner(path, owner=attrs.owner if st.owner != attrs.owner else None,
+                                  group=attrs.group)
+        self.client.set_permission(path, attrs.mode)
+        self.client.set_times(path, mtime_ns=attrs.mtime_ns, atime_ns=attrs.atime_ns)
 
 
 def target_for(src_side, src: str, dst_side, dst: str, dst_entry: Entry | None) -> str:
@@ -276,7 +334,10 @@ def pump(reader, writer, *, progress=None, chunk: int = CHUNK) -> int:
 
 
 def run_steps(steps, src_side, dst_side, *, overwrite: bool, progress=None,
-              options: dict | None = None) -> int:
+              options: dict | None = None, preserve: bool = False) -> int:
+    """Carry out a ``plan``; ``preserve`` (``-p``): then give every copy its source's
+    times, owner and mode, a folder after everything in it (copying into a folder moves
+    its times)."""
     total = 0
     for step in steps:
         if step.kind == "mkdir":
@@ -284,4 +345,7 @@ def run_steps(steps, src_side, dst_side, *, overwrite: bool, progress=None,
         else:
             total += copy_file(src_side, step.src, dst_side, step.dst, overwrite=overwrite,
                                progress=progress, options=options)
+    if preserve:
+        for step in reversed(steps):
+            dst_side.apply(step.dst, src_side.attributes(step.src))
     return total
