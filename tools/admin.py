@@ -37,6 +37,7 @@ def _rpc(cmd: Command, method: str, args: dict):
         async with RpcClient(cmd.meta_address, "leasefs-admin", timeout=config.rpc_timeout,
                              retry_seconds=min(10.0, config.rpc_retry_seconds),
                              max_frame=config.max_frame, tls=tlsmod.client(config),
+                             silence=config.rpc_silence,
                              **authentication(config, cmd.meta_address)) as rpc:
             return await rpc.call(method, args)
     try:
