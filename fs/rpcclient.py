@@ -563,7 +563,8 @@ class RpcClient:
         self._told[index] = "is silent"
         why = (f"{texts[index]} said nothing for {waited:.1f} s; {texts[best]} says it is "
                f"active (epoch {found[best]})")
-        log.warning("metadata server %s: %d waiting calls move there", why, len(conn.waiters))
+        log.warning("metadata server %s: the calls waiting there (%d) move to it", why,
+                    len(conn.waiters))
         conn.fail_all(ServerUnavailable(why))
         self._nursery.start_soon(conn.channel.aclose)
 

@@ -61,6 +61,12 @@ class HACluster(ProcessCluster):
     def address(self, name: str) -> str:
         return f"127.0.0.1:{self.meta_ports[name]}"
 
+    def config(self):
+        """A client's settings for this cluster: its election timeout too, from which a
+        client derives how long a silent server may keep its calls (``rpc_silence``)."""
+        return super().config().replace(
+            ha_election_timeout=self.settings["ha_election_timeout"])
+
     def meta_dir(self, name: str = "meta0") -> Path:
         return self.base / name
 
