@@ -39,9 +39,12 @@ from .framing import DEFAULT_MAX_FRAME, FrameChannel, brief
 # and log readers that name "fs.rpc" still see the client's messages
 log = logging.getLogger("fs.rpc")
 
-#: how long a probe for the active waits for the list's answers, and the least time between
-#: two probes' starts, as a share of the client's ``silence``
+#: how long a probe for the active waits for the list's answers, as a share of the client's
+#: ``silence``
 PROBE_SHARE = 0.5
+#: the least time between two probes' starts, as a share of ``silence``: while a silent
+#: server's successor takes over, how late its clients may learn of it
+PROBE_PAUSE = 0.2
 
 
 def _local_sockets(setting: str | None, addresses) -> list[str | None]:
@@ -105,6 +108,9 @@ class _Connection:
         # the client's ``silence``
         self.heard = 0.0
         self.owed_since = 0.0
+        # ``heard`` when the server last left a probe for the active unanswered (None: it
+        # answered, or was not asked since it last sent something)
+        self.probe_unanswered: float | None = None
 
     def fail_all(self, exc: LeaseFSError) -> None:
         self.broken = exc
@@ -156,7 +162,8 @@ class RpcClient:
     answers nothing once it cannot vouch for its term, and the retry cache answers the
     re-sent call with its first outcome if the old active had logged it. Probes repeat
     while the server stays silent, at most one at a time, begun at least ``silence`` ×
-    ``PROBE_SHARE`` s apart.
+    ``PROBE_PAUSE`` s apart; once the silent server leaves one unanswered, they ask only
+    the others.
 
     ``user``/``groups`` are the identity the hello states (default: the calling process's
     user and group names); the metadata server checks permissions against them.
@@ -497,7 +504,7 @@ class RpcClient:
                 or conn.broken is not None):
             return math.inf
         return max(max(conn.owed_since, conn.heard) + self.silence,
-                   self._probe_began + self.silence * PROBE_SHARE)
+                   self._probe_began + self.silence * PROBE_PAUSE)
 
     async def _watchdog(self) -> None:
         """Times out calls: sleeps until the earliest deadline of any waiting call (a call
@@ -521,13 +528,19 @@ class RpcClient:
                 self._nursery.start_soon(self._probe, conn)
 
     async def _probe(self, conn: _Connection) -> None:
-        """Ask every server of the list for its HA role while ``conn``'s server is silent;
+        """Ask the servers of the list for their HA role while ``conn``'s server is silent;
         move the calls waiting on it to another server that says it is active in a term at
-        least as new as any seen (the class docstring). It waits for every answer (up to
-        its timeout): a live server's own answer shows a claim of an older term stale."""
+        least as new as any seen (the class docstring). The first probe of a silence asks
+        the silent server too and waits for it (up to the probe's timeout): a live server's
+        own answer shows a claim of an older term stale. Once it has left a probe
+        unanswered, the next ones ask only the others, so a successor is found as soon as
+        it says so."""
         from .haclient import call_each   # it builds on this module
         index, waited = conn.index, trio.current_time() - max(conn.owed_since, conn.heard)
         texts = [format_address(a) for a in self.addresses]
+        # the silent server left a probe unanswered and has sent nothing since
+        unanswered = conn.probe_unanswered == conn.heard
+        asked = [t for i, t in enumerate(texts) if not (unanswered and i == index)]
 
         def claims(answers: dict) -> dict[int, int]:
             """address index → epoch, of the servers that say they are active"""
@@ -540,7 +553,7 @@ class RpcClient:
             return found
         try:
             answers = await call_each(
-                texts, "ha_status", timeout=self.silence * PROBE_SHARE,
+                asked, "ha_status", timeout=self.silence * PROBE_SHARE,
                 name=f"{self.client_id}-probe", max_frame=self.max_frame, user=self.user,
                 groups=self.groups, local_socket=self._local_socket, token=self.token,
                 tls=self.tls, authenticate=self.authenticate)
@@ -553,8 +566,12 @@ class RpcClient:
         best = max(found, key=found.get, default=None)
         if (best is None or best == index or found[best] < self._epoch
                 or conn.broken is not None or self._current != index):
+            if unanswered:
+                return
             if answers[texts[index]][0] is not None:   # it answers: alive, only slow
                 conn.heard = trio.current_time()
+            else:
+                conn.probe_unanswered = conn.heard
             return
         self._epoch = found[best]
         self._current = best

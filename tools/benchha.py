@@ -52,6 +52,7 @@ from fs.errors import LeaseFSError
 from fs.haclient import call_each
 
 from .bench import baseline_dir, percentile
+from .cluster import process_state
 from .common import Command
 from .formatting import UsageError, format_table
 from .progress import StatusLine
@@ -133,6 +134,26 @@ class PrivateHACluster:
             time.sleep(0.05)
         raise UsageError(f"metadata server {name} is not {role} after {timeout:g} s; see "
                          f"{os.path.join(self.folder, name + '.log')}")
+
+    def settled(self, applied: int = 0, timeout: float = 60.0) -> str:
+        """The active server, once one says active and every other one standby having
+        applied ``applied`` (a server woken from a freeze says active until it notices
+        that its term is over)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            roles = {name: self.status_of(name) for name in self.names}
+            active = [n for n, answer in roles.items() if answer and answer["role"] == "active"]
+            if len(active) == 1 and all(
+                    answer and answer["role"] == "standby" and answer["applied_txid"] >= applied
+                    for n, answer in roles.items() if n != active[0]):
+                return active[0]
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise UsageError(f"metadata server {name} exited ({proc.returncode}); see "
+                                     f"{os.path.join(self.folder, name + '.log')}")
+            time.sleep(0.05)
+        raise UsageError(f"the metadata servers did not settle (one active, the others "
+                         f"standby) in {timeout:g} s; see the logs in {self.folder}")
 
     def active(self, timeout: float = 60.0) -> str:
         deadline = time.monotonic() + timeout
@@ -229,7 +250,8 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
     election_timeout = cluster.settings["ha_election_timeout"]
 
     async def through_since(started: float, limit: float = math.inf) -> bool:
-        """Until a create that succeeded ends after ``started``; False after ``limit``."""
+        """Until a create that succeeded ends after ``started`` (a moment when the old
+        active can no longer have answered it); False after ``limit``."""
         with trio.move_on_after(limit):
             while not (done and done[-1][1] > started):
                 await trio.sleep(0.002)
@@ -259,23 +281,26 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
                     while not (done and done[-1][0] > since):
                         await trio.sleep(0.002)
                 elif mode == "freeze":
-                    cluster.procs[active].send_signal(signal.SIGSTOP)
+                    proc = cluster.procs[active]
+                    proc.send_signal(signal.SIGSTOP)
                     try:
-                        if not await through_since(started, freeze_seconds):
+                        while process_state(proc.pid) not in ("T", "t"):
+                            await trio.sleep(0.001)
+                        stopped = time.monotonic()
+                        if not await through_since(stopped, freeze_seconds):
                             status(f"no create in {freeze_seconds:g} s of freeze: SIGCONT")
                     finally:
-                        cluster.procs[active].send_signal(signal.SIGCONT)
-                    await through_since(started)
+                        proc.send_signal(signal.SIGCONT)
+                    await through_since(stopped)
                 else:
-                    await trio.to_thread.run_sync(cluster.kill, active)
-                    await through_since(started)
+                    await trio.to_thread.run_sync(cluster.kill, active)   # waits for the exit
+                    await through_since(time.monotonic())
                 figures.append(done[-1][1] - started)
                 status(f"{FAILURES[mode]} round {k + 1}/{rounds}: first create after "
                        f"{figures[-1]:.2f} s")
                 if mode == "kill":
                     await trio.to_thread.run_sync(cluster.start, active)
-                await trio.to_thread.run_sync(
-                    lambda: cluster.wait(active, "standby", applied=before["applied_txid"]))
+                await trio.to_thread.run_sync(cluster.settled, before["applied_txid"])
             stop.set()
 
     done: list[tuple[float, float]] = []
