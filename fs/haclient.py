@@ -1,6 +1,7 @@
 """Asking metadata servers directly, one call each, whatever their HA role: what
-``haadmin``, observer discovery (``fs.observer``), the HA benchmark and the tests use to
-learn each server's role (``ha_status``) or to make one server resign (``ha_failover``).
+``haadmin``, observer discovery (``fs.observer``), ``RpcClient``'s probe for the active
+while its server is silent, the HA benchmark and the tests use to learn each server's role
+(``ha_status``) or to make one server resign (``ha_failover``).
 
 Why it exists: a normal client call goes to whichever server of the list serves it
 (``fs.rpcclient.RpcClient`` moves on at ``StandbyError``); these calls must reach THE

@@ -13,16 +13,11 @@ import pytest
 import trio
 
 from fs.client import AsyncClient
-from fs.rpcclient import PROBE_SHARE
-from hakit import HACluster
+from hakit import HACluster, freeze_failover_bound
 
 pytestmark = pytest.mark.slow
 
 WRITERS = 4
-#: seconds beyond the election timeout that a kill -9 of the active costs its clients at
-#: worst (``leasefs bench ha``, election timeout 3 s: 2.6-3.7 s here, 2.8-4.0 s measured
-#: before): the campaign's poll, the take-over, the client's next try
-KILL9_BEYOND_ELECTION = 1.0
 
 
 def test_writers_get_through_a_frozen_active_within_the_failover_time(tmp_path):
@@ -83,9 +78,7 @@ def test_writers_get_through_a_frozen_active_within_the_failover_time(tmp_path):
         trio.run(main)
         print(f"freeze: first write after {figures['first']:.2f} s, a client started "
               f"after it through in {figures['late']:.2f} s; {len(acked)} writes")
-        # as after a kill -9, and one probe for the active more (a frozen server's
-        # clients find its successor by asking)
-        bound = election + KILL9_BEYOND_ELECTION + config.rpc_silence * PROBE_SHARE
+        bound = freeze_failover_bound(election)
         assert figures["first"] <= bound, figures
         assert figures["late"] <= bound, figures
         assert not failures, failures[:5]
