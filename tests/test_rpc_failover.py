@@ -89,6 +89,12 @@ async def start(nursery, server: RoleServer) -> str:
     return server.address
 
 
+async def active_and_standby(nursery, epoch: int) -> tuple[RoleServer, RoleServer, str]:
+    """Servers "a" (active) and "b" (standby) in ``epoch``, and their address list."""
+    a, b = RoleServer("a", epoch=epoch), RoleServer("b", "standby", epoch=epoch)
+    return a, b, f"{await start(nursery, a)},{await start(nursery, b)}"
+
+
 async def start_closer(nursery) -> tuple[str, list]:
     """A listener that accepts and closes every connection at once: a dead server whose
     port still answers. Returns its address and the list of accepts."""
@@ -234,8 +240,7 @@ def test_calls_waiting_on_a_silent_server_move_to_the_one_that_says_it_is_active
 
     async def main():
         async with trio.open_nursery() as nursery:
-            a, b = RoleServer("a", epoch=1), RoleServer("b", "standby", epoch=1)
-            addresses = f"{await start(nursery, a)},{await start(nursery, b)}"
+            a, b, addresses = await active_and_standby(nursery, epoch=1)
             async with RpcClient(addresses, "c", retry_seconds=30, silence=silence) as rpc:
                 assert await rpc.call("bump") == "a"
                 a.frozen = True
@@ -278,8 +283,7 @@ def test_a_slow_live_active_is_not_left_while_no_other_claims_a_newer_term(caplo
 
     async def main():
         async with trio.open_nursery() as nursery:
-            a, b = RoleServer("a", epoch=3), RoleServer("b", "standby", epoch=3)
-            addresses = f"{await start(nursery, a)},{await start(nursery, b)}"
+            a, b, addresses = await active_and_standby(nursery, epoch=3)
             async with RpcClient(addresses, "c", retry_seconds=30, silence=silence) as rpc:
                 assert await rpc.call("slow", {"seconds": 6 * silence}) == "a"
                 probes = b.probed

@@ -127,13 +127,16 @@ class PrivateHACluster:
             answer = self.status_of(name)
             if answer and answer["role"] == role and answer["applied_txid"] >= applied:
                 return answer
-            proc = self.procs[name]
-            if proc.poll() is not None:
-                raise UsageError(f"metadata server {name} exited ({proc.returncode}); see "
-                                 f"{os.path.join(self.folder, name + '.log')}")
+            self._check_running(name)
             time.sleep(0.05)
         raise UsageError(f"metadata server {name} is not {role} after {timeout:g} s; see "
                          f"{os.path.join(self.folder, name + '.log')}")
+
+    def _check_running(self, name: str) -> None:
+        proc = self.procs[name]
+        if proc.poll() is not None:
+            raise UsageError(f"metadata server {name} exited ({proc.returncode}); see "
+                             f"{os.path.join(self.folder, name + '.log')}")
 
     def settled(self, applied: int = 0, timeout: float = 60.0) -> str:
         """The active server, once one says active and every other one standby having
@@ -147,10 +150,8 @@ class PrivateHACluster:
                     answer and answer["role"] == "standby" and answer["applied_txid"] >= applied
                     for n, answer in roles.items() if n != active[0]):
                 return active[0]
-            for name, proc in self.procs.items():
-                if proc.poll() is not None:
-                    raise UsageError(f"metadata server {name} exited ({proc.returncode}); see "
-                                     f"{os.path.join(self.folder, name + '.log')}")
+            for name in self.names:
+                self._check_running(name)
             time.sleep(0.05)
         raise UsageError(f"the metadata servers did not settle (one active, the others "
                          f"standby) in {timeout:g} s; see the logs in {self.folder}")
