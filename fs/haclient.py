@@ -23,17 +23,20 @@ from .rpcclient import _local_sockets
 
 async def call_each(addresses, method: str = "ha_status", args: dict | None = None, *,
                     timeout: float = 2.0, name: str = "leasefs-ha-probe",
-                    local_socket: str | None = DEFAULT_LOCAL_SOCKET,
+                    local_socket: str | list[str | None] | None = DEFAULT_LOCAL_SOCKET,
                     **rpc_args) -> dict[str, tuple[object, BaseException | None]]:
     """``method(**args)`` on every server of ``addresses`` (a list, or a comma-separated
     string) at once, without retries: ``"host:port"`` → ``(answer, None)``, or ``(None,
-    why)`` when it did not answer within ``timeout`` s or refused. ``local_socket``: the ``meta_socket`` setting, filled in per address as an
-    ``RpcClient`` of the whole list does; ``rpc_args``: more ``RpcClient`` arguments (TLS,
-    authentication, max frame)."""
+    why)`` when it did not answer within ``timeout`` s or refused. ``local_socket``: the
+    ``meta_socket`` setting, filled in per address as an ``RpcClient`` of the whole list
+    does, or a list of each address's socket name already filled in (None: TCP);
+    ``rpc_args``: more ``RpcClient`` arguments (TLS, authentication, max frame)."""
     if isinstance(addresses, str):
         addresses = parse_address_list(addresses)
     texts = [a if isinstance(a, str) else format_address(a) for a in addresses]
-    sockets = dict(zip(texts, _local_sockets(local_socket, [parse_address(a) for a in texts])))
+    if not isinstance(local_socket, list):
+        local_socket = _local_sockets(local_socket, [parse_address(a) for a in texts])
+    sockets = dict(zip(texts, local_socket))
     out: dict[str, tuple] = {}
 
     async def one(address: str) -> None:

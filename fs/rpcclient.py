@@ -184,7 +184,6 @@ class RpcClient:
         self._probing = False
         self._probe_began = -math.inf
         self._epoch = 0            # the newest term a probe found an active server in
-        self._local_socket = local_socket   # the setting, for the probes
         self._current = 0          # index into addresses: where calls go now (sticky)
         self._told: dict[int, str] = {}   # address index → the state last logged of it
         # each server's local socket (``local_socket_address``), tried before TCP: there the
@@ -540,7 +539,7 @@ class RpcClient:
         texts = [format_address(a) for a in self.addresses]
         # the silent server left a probe unanswered and has sent nothing since
         unanswered = conn.probe_unanswered == conn.heard
-        asked = [t for i, t in enumerate(texts) if not (unanswered and i == index)]
+        asked = [i for i in range(len(texts)) if not (unanswered and i == index)]
 
         def claims(answers: dict) -> dict[int, int]:
             """address index → epoch, of the servers that say they are active"""
@@ -553,10 +552,10 @@ class RpcClient:
             return found
         try:
             answers = await call_each(
-                asked, "ha_status", timeout=self.silence * PROBE_SHARE,
+                [texts[i] for i in asked], "ha_status", timeout=self.silence * PROBE_SHARE,
                 name=f"{self.client_id}-probe", max_frame=self.max_frame, user=self.user,
-                groups=self.groups, local_socket=self._local_socket, token=self.token,
-                tls=self.tls, authenticate=self.authenticate)
+                groups=self.groups, local_socket=[self._local_sockets[i] for i in asked],
+                token=self.token, tls=self.tls, authenticate=self.authenticate)
         finally:
             self._probing = False
             self._watchdog_scope.cancel()   # the watchdog looks again at what is silent
