@@ -219,7 +219,8 @@ def meta_connection(meta_address: str | None = None, *, config: Config | None = 
         sync_metadata=config.sync_metadata, tls=tlsmod.client(config),
         # observer reads: replies and calls carry state ids (read-your-writes)
         alignment=StateAlignment() if config.observer_reads else None,
-        retry_policy=retry_policy, **authentication(config, address))
+        retry_policy=retry_policy, silence=config.rpc_silence,
+        **authentication(config, address))
 
 
 def authentication(config: Config, address: str) -> dict:

@@ -353,6 +353,14 @@ class Config:
         return self.lease_renew_period or self.lease_soft_limit / 2
 
     @property
+    def rpc_silence(self) -> float:
+        """Seconds a metadata server of an HA list may leave a client's calls without any
+        reply before the client asks the list which server is active (``RpcClient``): the
+        active's keepalive interval, a third of the election timeout, so that a frozen
+        active's clients find its successor about when it takes over."""
+        return self.ha_election_timeout / 3
+
+    @property
     def storage_advertise_host(self) -> str:
         return self.advertise_host or self.bind_host
 

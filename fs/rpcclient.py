@@ -42,6 +42,13 @@ from .framing import DEFAULT_MAX_FRAME, FrameChannel, brief
 # and log readers that name "fs.rpc" still see the client's messages
 log = logging.getLogger("fs.rpc")
 
+#: how long a probe for the active waits for the list's answers, as a share of the client's
+#: ``silence``
+PROBE_SHARE = 0.5
+#: the least time between two probes' starts, as a share of ``silence``: while a silent
+#: server's successor takes over, how late its clients may learn of it
+PROBE_PAUSE = 0.2
+
 
 def _local_sockets(setting: str | None, addresses) -> list[str | None]:
     """The local socket of each of ``addresses`` (``local_socket_name``). A name that
@@ -121,6 +128,14 @@ class _Connection:
         self.address = address
         self.waiters: dict[int, _Waiter] = {}
         self.broken: LeaseFSError | None = None
+        # trio times of the last reply batch and of the moment calls began to wait on a
+        # connection that had none waiting: the server is silent when both are older than
+        # the client's ``silence``
+        self.heard = 0.0
+        self.owed_since = 0.0
+        # ``heard`` when the server last left a probe for the active unanswered (None: it
+        # answered, or was not asked since it last sent something)
+        self.probe_unanswered: float | None = None
 
     def fail_all(self, exc: LeaseFSError) -> None:
         self.broken = exc
@@ -162,6 +177,19 @@ class RpcClient:
     ``RpcTimeout`` is not retried (the call may be running). Calls still in flight on the
     connection left behind get their replies there; new calls go to the new address.
 
+    A server that is silent (``silence`` s without a reply while calls wait on it: frozen,
+    SIGSTOPped, a stuck disk) still holds its connection open, so nothing above fires until
+    it wakes. Then the client asks every server of the list for its role at once
+    (``ha_status``, HDFS RequestHedgingProxyProvider's probe) and moves its waiting calls,
+    same call ids, to another server only if that one says it is active in a term at least
+    as new as any it saw; a live server that is merely slow (a big listing) is never left
+    while no other claims the role. The call abandoned there is harmless: a deposed active
+    answers nothing once it cannot vouch for its term, and the retry cache answers the
+    re-sent call with its first outcome if the old active had logged it. Probes repeat
+    while the server stays silent, at most one at a time, begun at least ``silence`` ×
+    ``PROBE_PAUSE`` s apart; once the silent server leaves one unanswered, they ask only
+    the others.
+
     ``user``/``groups`` are the identity the hello states (default: the calling process's
     user and group names); the metadata server checks permissions against them.
     """
@@ -173,11 +201,17 @@ class RpcClient:
                  user: str | None = None, groups=None, sync_metadata: bool = True,
                  authenticate=None, local_socket: str | None = DEFAULT_LOCAL_SOCKET,
                  token=None, tls=None, alignment: "StateAlignment | None" = None,
-                 retry_policy: RetryPolicy | None = None):
+                 retry_policy: RetryPolicy | None = None, silence: float | None = None):
         self.addresses = parse_address_list(address)
         self.retry_policy = retry_policy or RetryPolicy()
         self._reached = False      # a connection was once made: a refusal now is a restart
         self._noticed: set[str] = set()   # causes ``retry_policy.notice`` was told of
+        # seconds a server that owes replies may say nothing before the list is probed for
+        # the active (class docstring); None, or a single address: never
+        self.silence = silence if silence and len(self.addresses) > 1 else None
+        self._probing = False
+        self._probe_began = -math.inf
+        self._epoch = 0            # the newest term a probe found an active server in
         self._current = 0          # index into addresses: where calls go now (sticky)
         self._told: dict[int, str] = {}   # address index → the state last logged of it
         # each server's local socket (``local_socket_address``), tried before TCP: there the
@@ -216,6 +250,8 @@ class RpcClient:
         self.retry_errors = retry_errors
         self._call_ids = itertools.count(1)
         self._conn: _Connection | None = None
+        # a new connection while it authenticates (not yet ``_conn``): watched for silence
+        self._connecting: _Connection | None = None
         # connections to addresses left behind whose calls are still in flight: closed once
         # they are answered
         self._leaving: set[_Connection] = set()
@@ -324,6 +360,7 @@ class RpcClient:
             if authenticate is None and self.token is not None and not local:
                 authenticate = functools.partial(self._token_authenticate, address=address)
             if authenticate is not None:
+                self._connecting = conn
                 try:
                     with trio.fail_after(self.timeout):
                         await authenticate(functools.partial(self._call_on, conn))
@@ -339,6 +376,8 @@ class RpcClient:
                     with trio.CancelScope(shield=True):
                         await conn.channel.aclose()
                     raise
+                finally:
+                    self._connecting = None
             self._conn = conn
             self._reached = True
             return conn
@@ -437,6 +476,7 @@ class RpcClient:
         """One call on ``conn`` itself (the authentication of a new connection)."""
         call_id = next(self._call_ids)
         waiter = _Waiter(math.inf)
+        self._owe(conn, trio.current_time(), bool(conn.waiters))
         conn.waiters[call_id] = waiter
         conn.channel.send_nowait([call_id, method, args])
         ok, value = await waiter.wait(lambda: conn.waiters.pop(call_id, None))
@@ -447,7 +487,9 @@ class RpcClient:
     async def _reader(self, conn: _Connection) -> None:
         try:
             while True:
-                for reply in await conn.channel.receive_batch():
+                batch = await conn.channel.receive_batch()
+                conn.heard = trio.current_time()
+                for reply in batch:
                     if not (isinstance(reply, list) and 3 <= len(reply) <= 4):
                         raise ProtocolError(f"malformed reply from server: {brief(reply)}")
                     call_id, ok, value = reply[:3]
@@ -479,11 +521,13 @@ class RpcClient:
         conn = self._conn
         if conn is None or conn.broken is not None:
             conn = await self._connect()
-        waiter = _Waiter(trio.current_time() + timeout)
+        now = trio.current_time()
+        waiter = _Waiter(now + timeout)
         # other calls waiting on this connection: this request most likely has company in
         # this scheduler round (the callers one batch of replies woke), so it waits for the
         # flusher and they leave in one write; a lone call is written at once
         defer = bool(conn.waiters)
+        self._owe(conn, now, defer)
         conn.waiters[call_id] = waiter
         acting = ACTING_FOR.get()
         if acting is not None and acting["user"] == self.user:
@@ -515,20 +559,104 @@ class RpcClient:
                              f"within {timeout:g} s")
         raise value if isinstance(value, LeaseFSError) else errors.from_wire(value)
 
+    def _owe(self, conn: _Connection, now: float, waiting: bool) -> None:
+        """A call is about to wait on ``conn`` (``waiting``: others already do): a
+        connection that had none waiting starts its silence clock now, and the watchdog
+        wakes when it runs out."""
+        if waiting or self.silence is None:
+            return
+        conn.owed_since = now
+        if now + self.silence < self._watchdog_scope.deadline:
+            self._watchdog_scope.deadline = now + self.silence
+
+    def _silent_at(self) -> float:
+        """When the current server's connection counts as silent (``silence`` s with calls
+        waiting and no reply), not before the last probe's time is up; inf: not watched."""
+        conn = self._conn if self._conn is not None else self._connecting
+        if (self.silence is None or self._probing or conn is None or not conn.waiters
+                or conn.broken is not None):
+            return math.inf
+        return max(max(conn.owed_since, conn.heard) + self.silence,
+                   self._probe_began + self.silence * PROBE_PAUSE)
+
     async def _watchdog(self) -> None:
         """Times out calls: sleeps until the earliest deadline of any waiting call (a call
-        with an earlier one moves the wake-up forward), then fails the expired ones."""
+        with an earlier one moves the wake-up forward), then fails the expired ones. Starts
+        a probe when the current server has been silent too long (``_silent_at``)."""
         while True:
             with trio.CancelScope() as scope:
                 self._watchdog_scope = scope
-                scope.deadline = min((w.deadline for conn in self._live()
-                                      for w in conn.waiters.values()), default=math.inf)
+                scope.deadline = min(min((w.deadline for conn in self._live()
+                                          for w in conn.waiters.values()), default=math.inf),
+                                     self._silent_at())
                 await trio.sleep_forever()
             now = trio.current_time()
             for conn in self._live():
                 expired = [call_id for call_id, w in conn.waiters.items() if w.deadline <= now]
                 for call_id in expired:
                     conn.waiters.pop(call_id).resolve(False, RpcTimeout("timed out"))
+            if self._silent_at() <= now:
+                conn = self._conn if self._conn is not None else self._connecting
+                self._probing, self._probe_began = True, now
+                self._nursery.start_soon(self._probe, conn)
+
+    async def _probe(self, conn: _Connection) -> None:
+        """Ask the servers of the list for their HA role while ``conn``'s server is silent;
+        move the calls waiting on it to another server that says it is active in a term at
+        least as new as any seen (the class docstring). The first probe of a silence asks
+        the silent server too and waits for it (up to the probe's timeout): a live server's
+        own answer shows a claim of an older term stale. Once it has left a probe
+        unanswered, the next ones ask only the others, so a successor is found as soon as
+        it says so."""
+        from .haclient import call_each   # it builds on this module
+        index, waited = conn.index, trio.current_time() - max(conn.owed_since, conn.heard)
+        texts = [format_address(a) for a in self.addresses]
+        # the silent server left a probe unanswered and has sent nothing since
+        unanswered = conn.probe_unanswered == conn.heard
+        asked = [i for i in range(len(texts)) if not (unanswered and i == index)]
+
+        def claims(answers: dict) -> dict[int, int]:
+            """address index → epoch, of the servers that say they are active"""
+            found = {}
+            for i, text in enumerate(texts):
+                status = answers.get(text, (None, None))[0]
+                if (isinstance(status, dict) and status.get("role") == "active"
+                        and type(status.get("epoch")) is int):
+                    found[i] = status["epoch"]
+            return found
+        try:
+            answers = await call_each(
+                [texts[i] for i in asked], "ha_status", timeout=self.silence * PROBE_SHARE,
+                name=f"{self.client_id}-probe", max_frame=self.max_frame, user=self.user,
+                groups=self.groups, local_socket=[self._local_sockets[i] for i in asked],
+                token=self.token, tls=self.tls, authenticate=self.authenticate)
+        finally:
+            self._probing = False
+            self._watchdog_scope.cancel()   # the watchdog looks again at what is silent
+        found = claims(answers)
+        if index in found:
+            self._epoch = max(self._epoch, found[index])
+        best = max(found, key=found.get, default=None)
+        if (best is None or best == index or found[best] < self._epoch
+                or conn.broken is not None or self._current != index):
+            if unanswered:
+                return
+            if answers[texts[index]][0] is not None:   # it answers: alive, only slow
+                conn.heard = trio.current_time()
+            else:
+                conn.probe_unanswered = conn.heard
+            return
+        self._epoch = found[best]
+        self._current = best
+        if self._conn is conn:
+            self._conn = None
+        self._told[index] = "is silent"
+        why = (f"{texts[index]} said nothing for {waited:.1f} s; {texts[best]} says it is "
+               f"active (epoch {found[best]})")
+        log.warning("metadata server %s: the calls waiting there (%d) move to it", why,
+                    len(conn.waiters))
+        conn.fail_all(ServerUnavailable(why))
+        self._nursery.start_soon(conn.channel.aclose)
 
     def _live(self) -> list[_Connection]:
         return [self._conn, *self._leaving] if self._conn is not None else list(self._leaving)

@@ -18,13 +18,26 @@ from pathlib import Path
 import trio
 
 from etcd_cluster import EtcdCluster
+from fs.config import Config
 from fs.errors import sole_exception
 from fs.haclient import call_each
-from fs.rpcclient import RpcClient
+from fs.rpcclient import PROBE_SHARE, RpcClient
 from harness import ProcessCluster, free_port, wait_cluster_ready, wait_stopped
 
 #: election timeout of the tests' metadata servers (the etcd lease TTL)
 ELECTION_TIMEOUT = 2.0
+#: seconds beyond the election timeout that a kill -9 of the active costs its clients at
+#: worst (``leasefs bench ha``, election timeout 3 s: 2.6-3.8 s here, 2.8-4.0 s measured
+#: before): the campaign's poll, the take-over, the client's next try
+KILL9_BEYOND_ELECTION = 1.0
+
+
+def freeze_failover_bound(election_timeout: float) -> float:
+    """Seconds from a freeze of the active to its clients' first call through its
+    successor, at worst: as after a kill -9, and one probe for the active more (a frozen
+    server's clients find its successor by asking, ``fs.rpcclient``)."""
+    silence = Config().replace(ha_election_timeout=election_timeout).rpc_silence
+    return election_timeout + KILL9_BEYOND_ELECTION + silence * PROBE_SHARE
 
 
 def call(address: str, method: str, **args):
@@ -60,6 +73,12 @@ class HACluster(ProcessCluster):
 
     def address(self, name: str) -> str:
         return f"127.0.0.1:{self.meta_ports[name]}"
+
+    def config(self):
+        """A client's settings for this cluster: its election timeout too, from which a
+        client derives how long a silent server may keep its calls (``rpc_silence``)."""
+        return super().config().replace(
+            ha_election_timeout=self.settings["ha_election_timeout"])
 
     def meta_dir(self, name: str = "meta0") -> Path:
         return self.base / name

@@ -27,6 +27,7 @@ import pytest
 import trio
 
 from etcd_cluster import ETCD
+from hakit import freeze_failover_bound
 from fs import tls as tlsmod
 from fs.errors import sole_exception
 from fs.rpc import RpcClient
@@ -358,6 +359,19 @@ def test_up_with_tls_fails_over_and_restarts_with_the_same_certificates(tmp_path
         assert not left, left
     finally:
         kill_recorded(home)
+
+
+def test_bench_ha_times_sigstop_rounds(tmp_path):
+    """``bench ha --freeze 2``: the active SIGSTOPped, the time to the first create through
+    the other server is within a kill -9's failover and one probe; the woken server
+    follows, so the second round freezes the new active."""
+    env = {**os.environ, "LEASEFS_HOME": str(tmp_path)}
+    run = leasefs("bench", "ha", "--rounds", "0", "--freeze", "2", "--graceful", "0",
+                  "--lag-seconds", "0", "--election-timeout", "2", "--json", "--quiet",
+                  "--home", tmp_path, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    figures = json.loads(run.stdout)["results"]["freeze"]
+    assert len(figures) == 2 and max(figures) <= freeze_failover_bound(2.0), figures
 
 
 def test_bench_meta_ha_alternates_rounds_and_reports_each(tmp_path):

@@ -38,9 +38,11 @@ class RoleServer(Dispatcher):
 
     retry_cached = frozenset({"bump"})
 
-    def __init__(self, name: str, role: str = "active"):
+    def __init__(self, name: str, role: str = "active", epoch: int = 1):
         super().__init__(RetryCache())
-        self.name, self.role = name, role
+        self.name, self.role, self.epoch = name, role, epoch
+        self.frozen = False         # SIGSTOPped: takes calls, answers none
+        self.probed = 0             # ha_status calls answered
         self.carried: collections.Counter = collections.Counter()  # (client, call) → runs
         self.connections = 0
         self.lose_next_reply = False
@@ -48,9 +50,19 @@ class RoleServer(Dispatcher):
         self.address: str | None = None
 
     async def dispatch(self, ctx, method, args):
-        if self.role == "standby":
+        if self.frozen:
+            await trio.sleep_forever()
+        if self.role == "standby" and method != "ha_status":
             raise errors.StandbyError(f"{self.name} is standby")
         return await super().dispatch(ctx, method, args)
+
+    async def rpc_ha_status(self, ctx):
+        self.probed += 1
+        return {"role": self.role, "epoch": self.epoch}
+
+    async def rpc_slow(self, ctx, seconds):
+        await trio.sleep(seconds)
+        return self.name
 
     async def rpc_bump(self, ctx):
         self.carried[(ctx.client_id, ctx.call_id)] += 1
@@ -75,6 +87,12 @@ async def start(nursery, server: RoleServer) -> str:
     bound = await nursery.start(serve_tcp, handler, "127.0.0.1", 0)
     server.address = format_address(bound)
     return server.address
+
+
+async def active_and_standby(nursery, epoch: int) -> tuple[RoleServer, RoleServer, str]:
+    """Servers "a" (active) and "b" (standby) in ``epoch``, and their address list."""
+    a, b = RoleServer("a", epoch=epoch), RoleServer("b", "standby", epoch=epoch)
+    return a, b, f"{await start(nursery, a)},{await start(nursery, b)}"
 
 
 async def start_closer(nursery) -> tuple[str, list]:
@@ -207,6 +225,75 @@ def test_calls_move_when_the_active_becomes_standby(caplog):
                 assert 0.3 < time.monotonic() - begun < 3
                 assert a.address in str(got.value) and b.address in str(got.value)
                 assert a.runs() == 2 and b.runs() == 20
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_calls_waiting_on_a_silent_server_move_to_the_one_that_says_it_is_active(caplog):
+    """The active freezes (it takes calls, answers none, its connection stays open) and
+    the standby takes over: the calls waiting on the frozen one, and a client that starts
+    after the freeze, are carried out by the new active within a few ``silence`` periods,
+    each once."""
+    caplog.set_level(logging.INFO, logger="fs.rpc")
+    silence = 0.3
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            a, b, addresses = await active_and_standby(nursery, epoch=1)
+            async with RpcClient(addresses, "c", retry_seconds=30, silence=silence) as rpc:
+                assert await rpc.call("bump") == "a"
+                a.frozen = True
+                frozen_at = time.monotonic()
+                results = []
+
+                async def one():
+                    results.append((await rpc.call("bump"), time.monotonic() - frozen_at))
+                async with trio.open_nursery() as calls:
+                    for _ in range(5):
+                        calls.start_soon(one)
+                    # nobody else claims the role yet: the calls wait, probes go on
+                    await trio.sleep(4 * silence)
+                    assert not results and b.probed >= 2, (results, b.probed)
+                    b.role, b.epoch = "active", 2
+                    took_over = time.monotonic() - frozen_at
+                assert [name for name, _ in results] == ["b"] * 5
+                assert max(t for _, t in results) - took_over < 2 * silence, results
+                assert a.runs() == 1 and b.runs() == 5
+                assert all(n == 1 for n in (a.carried + b.carried).values())
+                said = [m for m in (r.getMessage() for r in caplog.records)
+                        if "said nothing" in m]
+                assert len(said) == 1 and f"{b.address} says it is active (epoch 2)" in said[0]
+            # a client started while a is frozen, a first in its list
+            begun = time.monotonic()
+            async with RpcClient(addresses, "late", retry_seconds=30, silence=silence) as rpc:
+                assert await rpc.call("bump") == "b"
+            assert time.monotonic() - begun < 3 * silence
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_slow_live_active_is_not_left_while_no_other_claims_a_newer_term(caplog):
+    """A call the live active takes long over (a big listing) is not abandoned: the probe
+    finds the other server standby, or claiming the role in an older term than the one
+    the active itself reports (a deposed active that has not noticed yet)."""
+    caplog.set_level(logging.INFO, logger="fs.rpc")
+    silence = 0.2
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            a, b, addresses = await active_and_standby(nursery, epoch=3)
+            async with RpcClient(addresses, "c", retry_seconds=30, silence=silence) as rpc:
+                assert await rpc.call("slow", {"seconds": 6 * silence}) == "a"
+                probes = b.probed
+                assert probes >= 2, probes
+                # only a probe that reached the live active shows b's claim stale
+                b.role, b.epoch = "active", 2
+                assert await rpc.call("slow", {"seconds": 6 * silence}) == "a"
+                assert b.probed > probes and format_address(rpc.address) == a.address
+                assert b.runs() == 0
+            assert not [r for r in caplog.records if "said nothing" in r.getMessage()]
             nursery.cancel_scope.cancel()
 
     trio.run(main)

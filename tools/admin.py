@@ -37,7 +37,7 @@ def _rpc(cmd: Command, method: str, args: dict):
         async with RpcClient(cmd.meta_address, "leasefs-admin", timeout=config.rpc_timeout,
                              retry_seconds=min(10.0, config.rpc_retry_seconds),
                              max_frame=config.max_frame, tls=tlsmod.client(config),
-                             retry_policy=cmd.retry_policy,
+                             retry_policy=cmd.retry_policy, silence=config.rpc_silence,
                              **authentication(config, cmd.meta_address)) as rpc:
             return await rpc.call(method, args)
     try:

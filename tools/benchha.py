@@ -14,11 +14,16 @@ folder; no block servers: a create and close of an empty file is metadata only):
    active is killed with SIGKILL; the time from the kill to the end of the first create
    that succeeds after it is the round's figure; the killed server is started again and
    waited for as a caught-up standby before the next round.
-2. Graceful rounds (``--graceful``, default 10): the same with ``ha_failover`` (``haadmin
+2. Freeze rounds (``--freeze``, default 10): the same with SIGSTOP instead of the kill
+   (a long pause, a stuck disk: the frozen server keeps its connections open and answers
+   nothing); from the stop to the end of the first create that succeeds after it. The
+   frozen server gets SIGCONT once that create is through (or after ``--freeze-seconds``,
+   default 30, if none is) and is waited for as a caught-up standby.
+3. Graceful rounds (``--graceful``, default 10): the same with ``ha_failover`` (``haadmin
    -failover``) instead of the kill: from the call to the end of the first create begun
    after its answer (from then on the old active refuses every call, so that create is
    the new active's).
-3. Lag (``--lag-seconds``, default 10, at ``--rate`` mutations/s, default 500): one client
+4. Lag (``--lag-seconds``, default 10, at ``--rate`` mutations/s, default 500): one client
    makes folders at that pace on the active; the standby's lag samples (the time from the
    active's append to its own apply, per log entry) give p50/p99/max.
 
@@ -30,6 +35,7 @@ results on stdout.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -46,6 +52,7 @@ from fs.errors import LeaseFSError
 from fs.haclient import call_each
 
 from .bench import baseline_dir, percentile
+from .cluster import process_state
 from .common import Command
 from .formatting import UsageError, format_table
 from .progress import StatusLine
@@ -120,13 +127,34 @@ class PrivateHACluster:
             answer = self.status_of(name)
             if answer and answer["role"] == role and answer["applied_txid"] >= applied:
                 return answer
-            proc = self.procs[name]
-            if proc.poll() is not None:
-                raise UsageError(f"metadata server {name} exited ({proc.returncode}); see "
-                                 f"{os.path.join(self.folder, name + '.log')}")
+            self._check_running(name)
             time.sleep(0.05)
         raise UsageError(f"metadata server {name} is not {role} after {timeout:g} s; see "
                          f"{os.path.join(self.folder, name + '.log')}")
+
+    def _check_running(self, name: str) -> None:
+        proc = self.procs[name]
+        if proc.poll() is not None:
+            raise UsageError(f"metadata server {name} exited ({proc.returncode}); see "
+                             f"{os.path.join(self.folder, name + '.log')}")
+
+    def settled(self, applied: int = 0, timeout: float = 60.0) -> str:
+        """The active server, once one says active and every other one standby having
+        applied ``applied`` (a server woken from a freeze says active until it notices
+        that its term is over)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            roles = {name: self.status_of(name) for name in self.names}
+            active = [n for n, answer in roles.items() if answer and answer["role"] == "active"]
+            if len(active) == 1 and all(
+                    answer and answer["role"] == "standby" and answer["applied_txid"] >= applied
+                    for n, answer in roles.items() if n != active[0]):
+                return active[0]
+            for name in self.names:
+                self._check_running(name)
+            time.sleep(0.05)
+        raise UsageError(f"the metadata servers did not settle (one active, the others "
+                         f"standby) in {timeout:g} s; see the logs in {self.folder}")
 
     def active(self, timeout: float = 60.0) -> str:
         deadline = time.monotonic() + timeout
@@ -185,13 +213,15 @@ def private_ha_cluster(home: str, status, n_meta: int = 2, settings: dict | None
 
 
 # --------------------------------------------------------------------------- the phases
-async def _creator(address: str, interval: float, done: list, stop: trio.Event) -> None:
+async def _creator(address: str, interval: float, done: list, stop: trio.Event,
+                   election_timeout: float) -> None:
     """Create and close empty files one after another; ``done`` gets ``(start, end)``
     monotonic times of each that succeeded."""
     from fs.client import AsyncClient
     from fs.config import Config
 
-    config = Config.load(env={}, rpc_retry_seconds=60.0, rpc_timeout=30.0)
+    config = Config.load(env={}, rpc_retry_seconds=60.0, rpc_timeout=30.0,
+                         ha_election_timeout=election_timeout)
     async with AsyncClient(address, config=config, client_name="bench-ha") as client:
         base = f"/bench-ha-{os.getpid()}"
         await client.mkdirs(base)
@@ -208,23 +238,39 @@ async def _creator(address: str, interval: float, done: list, stop: trio.Event) 
             await trio.sleep(interval)
 
 
-def _failover_rounds(cluster: PrivateHACluster, rounds: int, graceful: bool, interval: float,
-                     status) -> list[float]:
-    """Seconds from the kill (or the failover call) to the first create after it."""
+#: the failures a round can inflict on the active, as the results and the table name them
+FAILURES = {"kill": "kill -9 of the active", "freeze": "SIGSTOP of the active",
+            "graceful": "haadmin -failover"}
+
+
+def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval: float,
+                     status, freeze_seconds: float = 30.0) -> list[float]:
+    """Seconds from the failure (``FAILURES``) to the first create after it."""
     figures: list[float] = []
+    graceful = mode == "graceful"
+    election_timeout = cluster.settings["ha_election_timeout"]
+
+    async def through_since(started: float, limit: float = math.inf) -> bool:
+        """Until a create that succeeded ends after ``started`` (a moment when the old
+        active can no longer have answered it); False after ``limit``."""
+        with trio.move_on_after(limit):
+            while not (done and done[-1][1] > started):
+                await trio.sleep(0.002)
+            return True
+        return False
 
     async def main():
-        done: list[float] = []
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_creator, cluster.addresses, interval, done, stop)
+            nursery.start_soon(_creator, cluster.addresses, interval, done, stop,
+                               election_timeout)
             while not done:
                 await trio.sleep(0.01)
             for k in range(rounds):
                 active = await trio.to_thread.run_sync(cluster.active)
                 before = await ha_status(cluster.address(active))
                 # at a random moment of the active's keepalive cycle (TTL/3)
-                await trio.sleep(random.uniform(0, cluster.settings["ha_election_timeout"] / 3))
+                await trio.sleep(random.uniform(0, election_timeout / 3))
                 started = time.monotonic()
                 if graceful:
                     from fs.rpc import RpcClient
@@ -235,19 +281,30 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, graceful: bool, int
                     since = time.monotonic()
                     while not (done and done[-1][0] > since):
                         await trio.sleep(0.002)
+                elif mode == "freeze":
+                    proc = cluster.procs[active]
+                    proc.send_signal(signal.SIGSTOP)
+                    try:
+                        while process_state(proc.pid) not in ("T", "t"):
+                            await trio.sleep(0.001)
+                        stopped = time.monotonic()
+                        if not await through_since(stopped, freeze_seconds):
+                            status(f"no create in {freeze_seconds:g} s of freeze: SIGCONT")
+                    finally:
+                        proc.send_signal(signal.SIGCONT)
+                    await through_since(stopped)
                 else:
-                    await trio.to_thread.run_sync(cluster.kill, active)
-                    while not (done and done[-1][1] > started):
-                        await trio.sleep(0.002)
+                    await trio.to_thread.run_sync(cluster.kill, active)   # waits for the exit
+                    await through_since(time.monotonic())
                 figures.append(done[-1][1] - started)
-                status(f"{'graceful' if graceful else 'kill -9'} round {k + 1}/{rounds}: "
-                       f"first create after {figures[-1]:.2f} s")
-                if not graceful:
+                status(f"{FAILURES[mode]} round {k + 1}/{rounds}: first create after "
+                       f"{figures[-1]:.2f} s")
+                if mode == "kill":
                     await trio.to_thread.run_sync(cluster.start, active)
-                await trio.to_thread.run_sync(
-                    lambda: cluster.wait(active, "standby", applied=before["applied_txid"]))
+                await trio.to_thread.run_sync(cluster.settled, before["applied_txid"])
             stop.set()
 
+    done: list[tuple[float, float]] = []
     trio.run(main)
     return figures
 
@@ -285,19 +342,21 @@ def _lag(cluster: PrivateHACluster, seconds: float, rate: float, status) -> dict
 
 def run_ha_bench(cmd: Command) -> int:
     a = cmd.args
-    if a.rounds < 0 or a.graceful < 0 or a.rate <= 0 or a.lag_seconds < 0:
-        raise UsageError("--rounds/--graceful/--lag-seconds must be >= 0, --rate > 0")
+    if (a.rounds < 0 or a.freeze < 0 or a.graceful < 0 or a.rate <= 0 or a.lag_seconds < 0
+            or a.freeze_seconds <= 0):
+        raise UsageError("--rounds/--freeze/--graceful/--lag-seconds must be >= 0, --rate "
+                         "and --freeze-seconds > 0")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     status = StatusLine(enabled=not a.quiet)
     home = baseline_dir(a.home)
     results: dict = {}
     settings = {"ha_election_timeout": a.election_timeout}
     with private_ha_cluster(home, status, settings=settings) as cluster:
-        if a.rounds:
-            results["kill"] = _failover_rounds(cluster, a.rounds, False, a.interval, status)
-        if a.graceful:
-            results["graceful"] = _failover_rounds(cluster, a.graceful, True, a.interval,
-                                                   status)
+        for mode, rounds in (("kill", a.rounds), ("freeze", a.freeze),
+                             ("graceful", a.graceful)):
+            if rounds:
+                results[mode] = _failover_rounds(cluster, rounds, mode, a.interval, status,
+                                                 a.freeze_seconds)
         if a.lag_seconds:
             results["lag"] = _lag(cluster, a.lag_seconds, a.rate, status)
     if a.json:
@@ -305,7 +364,7 @@ def run_ha_bench(cmd: Command) -> int:
                             "results": results}, indent=2))
         return 0
     rows = []
-    for kind, label in (("kill", "kill -9 of the active"), ("graceful", "haadmin -failover")):
+    for kind, label in FAILURES.items():
         figures = results.get(kind)
         if figures:
             rows.append([label, str(len(figures)), f"{percentile(figures, 50):.2f}",
@@ -325,12 +384,17 @@ def run_ha_bench(cmd: Command) -> int:
 
 def register(bsub, common, shared) -> None:
     q = bsub.add_parser("ha", parents=[common],
-                        help="metadata failover time (kill -9, haadmin -failover) and "
+                        help="metadata failover time (kill -9, SIGSTOP, haadmin -failover) and "
                              "standby lag on a private ha = etcd cluster",
                         description="Failover as a client sees it and the standby's lag, on "
                                     "a private cluster of 3 etcd members and 2 metadata "
                                     "servers.")
     q.add_argument("--rounds", type=int, default=30, help="kill -9 rounds (default 30)")
+    q.add_argument("--freeze", type=int, default=10,
+                   help="SIGSTOP rounds (default 10)")
+    q.add_argument("--freeze-seconds", type=float, default=30.0,
+                   help="longest freeze of a SIGSTOP round: SIGCONT after it even if no "
+                        "create got through (default 30)")
     q.add_argument("--graceful", type=int, default=10,
                    help="haadmin -failover rounds (default 10)")
     q.add_argument("--interval", type=float, default=0.01,
