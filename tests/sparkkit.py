@@ -99,3 +99,14 @@ def same(spark, cluster, client, tmp_path, fmt, folder, files, options=None, sch
         (got.schema.simpleString(), expected.schema.simpleString())
     assert rows(got) == rows(expected)
     return rows(got)
+
+
+def copy_out(client, folder, local_dir) -> list[str]:
+    """The data files (not ``_SUCCESS``, not hidden) of leasefs ``folder`` copied into a
+    local folder, for Spark's own source to read; returns their names."""
+    os.makedirs(local_dir, exist_ok=True)
+    names = [s.name for s in client.list_status(folder) if not s.name.startswith(("_", "."))]
+    for name in names:
+        with open(os.path.join(local_dir, name), "wb") as f:
+            f.write(client.read_file(f"{folder}/{name}"))
+    return names

@@ -20,8 +20,8 @@ pytestmark = pytest.mark.slow
 pyspark = pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
 
-from sparkkit import (ours, put, rows, run_client, run_cluster, run_spark, same,  # noqa: E402
-                      theirs, url)
+from sparkkit import (copy_out, ours, put, rows, run_client, run_cluster,  # noqa: E402
+                      run_spark, same, theirs, url)
 
 
 @pytest.fixture(scope="module")
@@ -43,16 +43,6 @@ def visible_names(names) -> list[str]:
     """File names with the job's uuid blanked: ``part-00000-*-c000.snappy.parquet``."""
     return sorted(re.sub(r"^(part-\d{5})-[0-9a-f-]{36}-", r"\1-*-", n) for n in names
                   if not n.startswith((".", "_")))
-
-
-def copy_out(client, folder, local_dir) -> list[str]:
-    os.makedirs(local_dir, exist_ok=True)
-    names = [s.name for s in client.list_status(folder)]
-    for name in names:
-        if not name.startswith(("_", ".")):
-            with open(os.path.join(local_dir, name), "wb") as f:
-                f.write(client.read_file(f"{folder}/{name}"))
-    return names
 
 
 # --------------------------------------------------------------------------- json
@@ -144,7 +134,7 @@ def test_empty_dataframe_writes_a_file_with_the_schema_as_spark(spark, cluster, 
         .mode("overwrite").save(url(cluster, folder))
     mine = str(tmp_path / "ours")
     names = copy_out(client, folder, mine)
-    assert "_SUCCESS" in names
+    assert client.exists(f"{folder}/_SUCCESS")
     assert visible_names(names) == visible_names(os.listdir(local))
     expected = theirs(spark, fmt, local, options)
     for back in (theirs(spark, fmt, mine, options), ours(spark, cluster, fmt, folder, options)):

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.slow
 pyspark = pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
 
-from sparkkit import (ours, rows, run_client, run_cluster, run_spark, same,  # noqa: E402
-                      theirs, url)
+from sparkkit import (copy_out, ours, rows, run_client, run_cluster,  # noqa: E402
+                      run_spark, same, theirs, url)
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +39,6 @@ def client(cluster):
 @pytest.fixture(scope="module")
 def spark(cluster):
     yield from run_spark("leasefs-text-tests")
-
-
-def copy_out(client, folder, local_dir):
-    os.makedirs(local_dir, exist_ok=True)
-    names = [s.name for s in client.list_status(folder) if not s.name.startswith(("_", "."))]
-    for name in names:
-        with open(os.path.join(local_dir, name), "wb") as f:
-            f.write(client.read_file(f"{folder}/{name}"))
-    return names
 
 
 def frame(spark):
