@@ -54,10 +54,20 @@ COLUMNAR = ("parquet", "orc")
 #: row groups / stripes read and skipped in this process ("read", "skipped" keys)
 READ_COUNTS: Counter = Counter()
 
-# Spark's ORC codec names -> pyarrow's (Spark 4 writes zstd by default)
-ORC_CODECS = {"none": "uncompressed", "uncompressed": "uncompressed", "snappy": "snappy",
-              "zlib": "zlib", "lz4": "lz4", "zstd": "zstd"}
-ORC_DEFAULT_CODEC = "zstd"
+# Spark's codec names of the ``compression`` option -> (pyarrow's name, the tag Spark puts
+# before the extension: ``part-...-c000.snappy.parquet``; none for uncompressed files)
+PARQUET_CODECS = {"none": ("none", ""), "uncompressed": ("none", ""),
+                  "snappy": ("snappy", "snappy"), "gzip": ("gzip", "gz"),
+                  "zstd": ("zstd", "zstd"), "lz4_raw": ("lz4", "lz4raw"),
+                  "brotli": ("brotli", "br")}
+PARQUET_DEFAULT_CODEC = "snappy"
+# codecs Spark writes that pyarrow cannot: refused, with why
+PARQUET_REFUSED = {"lz4": "Spark's lz4 is Hadoop's LZ4 framing, which pyarrow cannot write; "
+                          "use lz4_raw", "lzo": "pyarrow cannot write LZO"}
+ORC_CODECS = {"none": ("uncompressed", ""), "uncompressed": ("uncompressed", ""),
+              "snappy": ("snappy", "snappy"), "zlib": ("zlib", "zlib"), "lz4": ("lz4", "lz4"),
+              "zstd": ("zstd", "zstd")}
+ORC_DEFAULT_CODEC = "zstd"     # Spark 4's default
 #: rows per batch handed to Spark: measured on 2 cores (``leasefs bench spark``), 256Ki rows
 #: beat 64Ki (more per-batch overhead in the worker and the JVM) and 1Mi (Python and the JVM
 #: no longer overlap)
@@ -317,9 +327,8 @@ class ParquetFormatWriter:
     def write(self, batch: pa.RecordBatch) -> None:
         import pyarrow.parquet as pq
         if self._parquet is None:
-            self._parquet = pq.ParquetWriter(
-                self.out, batch.schema,
-                compression=option(self.options, "compression", "snappy"))
+            self._parquet = pq.ParquetWriter(self.out, batch.schema,
+                                             compression=codec("parquet", self.options)[0])
         self._pending.append(batch)
         self._pending_rows += batch.num_rows
         if self._pending_rows >= ROW_GROUP_ROWS:
@@ -339,13 +348,19 @@ class ParquetFormatWriter:
         self._pending, self._pending_rows = [], 0
 
 
-def orc_codec(options) -> str:
-    name = str(option(options, "compression", ORC_DEFAULT_CODEC)).strip().lower()
-    codec = ORC_CODECS.get(name)
-    if codec is None:
-        raise InvalidArgument(f"leasefs data source: ORC compression {name!r} not supported "
-                              f"(one of {', '.join(ORC_CODECS)})")
-    return codec
+def codec(fmt: str, options) -> tuple[str, str]:
+    """(pyarrow's codec, Spark's file-name tag) of the ``compression`` option of a parquet
+    or ORC write; a codec pyarrow cannot write is refused naming it."""
+    table, default = ((PARQUET_CODECS, PARQUET_DEFAULT_CODEC) if fmt == "parquet"
+                      else (ORC_CODECS, ORC_DEFAULT_CODEC))
+    name = str(option(options, "compression", default)).strip().lower()
+    found = table.get(name)
+    if found is None:
+        why = PARQUET_REFUSED.get(name) if fmt == "parquet" else None
+        raise InvalidArgument(f"leasefs data source: {fmt} compression {name!r} not supported"
+                              f"{' (' + why + ')' if why else ''} (one of "
+                              f"{', '.join(table)})")
+    return found
 
 
 def _orc_friendly(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -367,7 +382,7 @@ class OrcFormatWriter:
     """Writes Arrow batches as one ORC file to a file-like output stream."""
 
     def __init__(self, out, schema: pa.Schema | None, options):
-        self.out, self.codec = out, orc_codec(options)
+        self.out, self.codec = out, codec("orc", options)[0]
         self._orc = None
 
     def write(self, batch: pa.RecordBatch) -> None:

@@ -7,13 +7,13 @@ never see a task's partial output, and a rerun of a failed job must give exactly
 
 Layout under the target folder ``T``::
 
-    T/_temporary/<job>/<attempt>/part-<partition>-<job>.<ext>   a task attempt's file (leased
-                                                                 while written, then closed)
-    T/_temporary/<job>/<attempt>/k=v/.../part-...c000.<ext>      partitionBy: per folder
-    T/_temporary/<job>/_publish/k=v/...                          partitioned: assembled tree
-    T/_temporary/<job>/_trash/...                                overwrite: the old files
-    T/_SUCCESS                                                   written last by commit
-    T/_batches/<batch id>                                        streaming: batch committed
+    T/_temporary/<job>/<attempt>/part-<partition>-<job>-c000.<ext>  a task attempt's file
+                                                  (leased while written, then closed)
+    T/_temporary/<job>/<attempt>/k=v/.../part-...-c000.<ext>   partitionBy: per folder
+    T/_temporary/<job>/_publish/k=v/...                        partitioned: assembled tree
+    T/_temporary/<job>/_trash/...                              overwrite: the old files
+    T/_SUCCESS                                                 written last by commit
+    T/_batches/<batch id>                                      streaming: batch committed
 
 - Task (``write_task_file``): creates its file under its own attempt folder, so two attempts
   of one partition never share a name; the lease is held while writing; on an exception the
@@ -102,7 +102,7 @@ class JobPaths:
 
 
 def new_job_id() -> str:
-    return uuid.uuid4().hex
+    return str(uuid.uuid4())         # as Spark's: part-00000-<uuid>-c000.<ext>
 
 
 def _delete_quietly(client, path: str) -> bool:
@@ -126,10 +126,12 @@ def open_task_file(client, paths: JobPaths, attempt: str, name: str):
     return staged, client.create(staged, overwrite=True)
 
 
-def close_task_file(client, staged: str, stream, name: str, rows: int) -> StagedFile | None:
-    """Close a task file; one without rows is removed (no message names it)."""
+def close_task_file(client, staged: str, stream, name: str, rows: int, *,
+                    keep_empty: bool = False) -> StagedFile | None:
+    """Close a task file; one without rows is removed (no message names it) unless
+    ``keep_empty`` (the schema-only file of a write without rows)."""
     stream.close()
-    if not rows:
+    if not rows and not keep_empty:
         _delete_quietly(client, staged)
         return None
     return StagedFile(staged, name, rows)
@@ -152,16 +154,17 @@ def give_up_attempt(client, paths: JobPaths, attempt: str, streams=()) -> None:
 
 
 def write_task_file(client, paths: JobPaths, attempt: str, name: str,
-                    write_body) -> StagedFile | None:
+                    write_body, *, keep_empty: bool = False) -> StagedFile | None:
     """Create ``attempt``'s file ``name``, let ``write_body(stream)`` fill it (returns the row
-    count), close it. An exception gives the file up and removes the attempt folder."""
+    count), close it (``keep_empty``: even without rows). An exception gives the file up
+    and removes the attempt folder."""
     staged, stream = open_task_file(client, paths, attempt, name)
     try:
         rows = write_body(stream)
     except BaseException:
         give_up_attempt(client, paths, attempt, [stream])
         raise
-    done = close_task_file(client, staged, stream, name, rows)
+    done = close_task_file(client, staged, stream, name, rows, keep_empty=keep_empty)
     if done is None:
         _remove_if_empty(client, paths.attempt_dir(attempt))
     return done

@@ -24,8 +24,9 @@ options of ``textoptions.TextOptions`` (csv: ``header``, ``sep``, ``quote``, ``e
 ``comment``, ``nullValue``, ``emptyValue``, ``nanValue``..., ``mode``, ``lineSep``,
 ``dateFormat``, ``timestampFormat``...; json: ``mode``, ``primitivesAsString``,
 ``ignoreNullFields``...; text: ``lineSep``, ``wholetext``, ``includePath``), ``multiLine``
-(csv: false allows splitting files at block boundaries), ``compression`` / ``codec``
-(parquet, orc; text/csv/json: gzip, bzip2, deflate, zstd, lz4, snappy — ``compression.py``),
+(csv: true lets records span lines and keeps a file in one split; json: false only),
+``compression`` / ``codec`` (parquet, orc: ``columnar.codec``; text/csv/json: gzip,
+bzip2, deflate, zstd, lz4, snappy — ``compression.py``),
 ``staleStagingSeconds`` (write: age after which abandoned staging is removed),
 ``partitionBy`` (write: comma-separated columns → ``k=v`` folders named as Spark names them;
 Spark itself refuses ``.partitionBy`` for Python sources), ``partitionOverwriteMode``
@@ -33,6 +34,7 @@ Spark itself refuses ``.partitionBy`` for Python sources), ``partitionOverwriteM
 ``maxOpenFiles`` (partitioned write: open files per task, default 32),
 ``maxRecordsPerFile`` (write: a file is cut at that many rows, as Spark's),
 ``partitionColumnTypeInference`` (read: false → partition columns are strings),
+``basePath`` (read: partition discovery starts there, ``location.list_data_files``),
 ``maxFilesPerTrigger`` and ``lookbackSeconds`` (streaming source). Any other option Spark's
 own source honours for the format is refused before planning (``options.py``).
 
@@ -61,6 +63,8 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
+
+import pyarrow as pa
 
 from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader,
                                     DataSourceStreamArrowWriter, DataSourceStreamReader,
@@ -316,6 +320,7 @@ def _begin_job(writer, source: "LeaseFSDataSource", job_id: str, schema, *,
         source.location.path)
     writer.max_open_files = int(option(writer.options, "maxOpenFiles", DEFAULT_MAX_OPEN_FILES))
     writer.max_records = _max_records(writer.options, source.location.path)
+    writer.ext = formats.file_extension(writer.fmt, writer.options)   # refuses a bad codec
     # files numbered c000, c001...: several per task and folder
     writer.counted = bool(writer.partition_by) or writer.max_records > 0
     stale = float(option(writer.options, "staleStagingSeconds", protocol.DEFAULT_STALE_SECONDS))
@@ -364,20 +369,41 @@ class LeaseFSWriter(DataSourceArrowWriter):
         _begin_job(self, source, protocol.new_job_id(), schema)
         self.overwrite = overwrite
         self.dynamic = self.dynamic and bool(self.partition_by)
+        self.schema = schema
+
+    def _name(self, partition: int, counter: int = 0) -> str:
+        """Spark's file name: ``part-00000-<job uuid>-c000.snappy.parquet``."""
+        return f"part-{partition:05d}-{self.paths.job}-c{counter:03d}.{self.ext}"
 
     def write(self, iterator):
         client = client_for(self.meta)
-        ext = formats.file_extension(self.fmt, self.options)
-        job = self.paths.job
         if self.counted:
-            return _write_partitioned(client, self, iterator,
-                                      lambda p, c: f"part-{p:05d}-{job}.c{c:03d}.{ext}")
+            return _write_partitioned(client, self, iterator, self._name)
         return _write_batches(client, self.paths, self.fmt, self.options, iterator,
-                              lambda p: f"part-{p:05d}-{job}.{ext}")
+                              self._name)
 
     def commit(self, messages):
-        protocol.commit_job(client_for(self.meta), self.paths, messages, self.overwrite,
+        client = client_for(self.meta)
+        if not self.partition_by and not any(getattr(m, "files", None) for m in messages or []):
+            # no task wrote a row: as Spark, one file that holds the schema (parquet/orc
+            # footer, csv header), so the folder reads back with its columns
+            messages = list(messages or []) + [self._schema_only_file(client)]
+        protocol.commit_job(client, self.paths, messages, self.overwrite,
                             dynamic=self.dynamic)
+
+    def _schema_only_file(self, client) -> LeaseFSCommitMessage:
+        target = formats.arrow_schema(self.schema)
+
+        def body(stream):
+            writer = formats.FormatWriter(self.fmt, stream, target, self.options)
+            writer.write(pa.RecordBatch.from_pylist([], schema=target))
+            writer.close()
+            return 0
+
+        attempt = "attempt-driver-empty"
+        staged = protocol.write_task_file(client, self.paths, attempt, self._name(0), body,
+                                          keep_empty=True)
+        return LeaseFSCommitMessage(attempt, [staged])
 
     def abort(self, messages):
         protocol.abort_job(client_for(self.meta), self.paths)
@@ -399,6 +425,7 @@ class LeaseFSStreamReader(DataSourceStreamReader):
         self.fmt = source.fmt
         self.meta = source.location_meta
         self.path = source.location.path
+        self.base = source.base_path()
         self.schema = schema
         self.lookback_ns = int(float(option(self.options, "lookbackSeconds", 600)) * 1e9)
         self.max_files = int(option(self.options, "maxFilesPerTrigger", 0) or 0)
@@ -406,7 +433,7 @@ class LeaseFSStreamReader(DataSourceStreamReader):
     def _list(self):
         from fs.errors import FileNotFound
         try:
-            return list_data_files(client_for(self.meta), self.path,
+            return list_data_files(client_for(self.meta), self.path, base_path=self.base,
                                    filters=ListingOptions.of(self.options))
         except FileNotFound:
             return []
@@ -471,7 +498,7 @@ class LeaseFSStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator):
         client = client_for(self.meta)
-        ext = formats.file_extension(self.fmt, self.options)
+        ext = self.ext
         if self.counted:
             return _write_partitioned(
                 client, self, iterator,
@@ -480,7 +507,7 @@ class LeaseFSStreamWriter(DataSourceStreamArrowWriter):
                               lambda p: f"staged-{p:05d}-{time.time_ns()}.{ext}")
 
     def commit(self, messages, batchId):
-        ext = formats.file_extension(self.fmt, self.options)
+        ext = self.ext
         for m in messages or []:
             for f in getattr(m, "files", None) or []:
                 name = f"part-{int(batchId):010d}-{f.partition:05d}"
@@ -537,14 +564,24 @@ class LeaseFSDataSource(DataSource):
             client = client_for(self.location_meta)
             files = []
             for text in _paths_option(self.options):
-                loc = parse_location(text, option(self.options, "meta"))
-                if loc.meta != self.location_meta:
-                    raise InvalidArgument(f"leasefs data source: all paths must be on one "
-                                          f"cluster ({loc.meta} vs {self.location_meta})")
-                files.extend(list_data_files(client, loc.path,
+                loc = self._same_cluster(parse_location(text, option(self.options, "meta")))
+                files.extend(list_data_files(client, loc.path, base_path=self.base_path(),
                                              filters=ListingOptions.of(self.options)))
             self._files = files
         return self._files
+
+    def base_path(self) -> str | None:
+        """Option ``basePath``: where partition discovery starts (``location.py``)."""
+        base = option(self.options, "basePath")
+        if base is None:
+            return None
+        return self._same_cluster(parse_location(str(base), option(self.options, "meta"))).path
+
+    def _same_cluster(self, loc):
+        if loc.meta != self.location_meta:
+            raise InvalidArgument(f"leasefs data source: all paths must be on one "
+                                  f"cluster ({loc.meta} vs {self.location_meta})")
+        return loc
 
     def partition_types(self) -> dict:
         """Each partition column's ``partitioning.PartitionType``, inferred over all its

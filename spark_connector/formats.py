@@ -39,12 +39,16 @@ __all__ = ["FORMATS", "WRITE_FORMATS", "EXTENSIONS", "PUSHDOWN_FORMATS", "Split"
 
 def file_extension(fmt: str, options) -> str:
     """The extension of the files a write produces, as Spark names them: ``csv`` or, with
-    ``compression=gzip``, ``csv.gz`` (parquet's codec is inside the file: no suffix)."""
+    ``compression=gzip``, ``csv.gz``; parquet and ORC carry the codec before the extension
+    (``snappy.parquet``, ``zstd.orc``; uncompressed: ``parquet``). An unknown codec is
+    refused here, before any task runs."""
     ext = EXTENSIONS[fmt]
-    if fmt in ("text", "csv", "json"):
-        codec = write_codec(options)
-        if codec is not None:
-            ext += codec.extension
+    if fmt in columnar.COLUMNAR:
+        tag = columnar.codec(fmt, options)[1]
+        return f"{tag}.{ext}" if tag else ext
+    codec = write_codec(options)
+    if codec is not None:
+        ext += codec.extension
     return ext
 
 
@@ -77,7 +81,9 @@ def infer_schema(client, files, fmt: str, options):
                               f"give a schema with .schema(...)")
     if fmt in columnar.COLUMNAR:
         return columnar.infer_columnar_schema(client, files, fmt, options)
-    return textformats.infer_text_schema(client, files[0], fmt, options)
+    # an empty file says nothing about the columns (Spark's inference skips it too)
+    first = next((f for f in files if f.length), files[0])
+    return textformats.infer_text_schema(client, first, fmt, options)
 
 
 def plan_read_splits(client, files, fmt: str, options, filters=(), kinds=None) -> list[Split]:

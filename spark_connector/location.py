@@ -106,7 +106,7 @@ class DataFile:
 def partition_values(base: str, path: str) -> dict[str, str | None]:
     """``key=value`` folder names between ``base`` and the file ``path``, unescaped as
     Spark does (``partitioning.unescape_path_name``)."""
-    rel = posixpath.relpath(posixpath.dirname(path), base) if path.startswith(base) else ""
+    rel = posixpath.relpath(posixpath.dirname(path), base) if _under(path, base) else ""
     values: dict[str, str | None] = {}
     for part in rel.split("/"):
         if "=" in part and not part.startswith("="):
@@ -205,17 +205,34 @@ class ListingOptions:
         return True
 
 
-def list_data_files(client: Client, path: str, *,
-                    filters: ListingOptions | None = None) -> list[DataFile]:
+def _under(path: str, base: str) -> bool:
+    return path == base or path.startswith(base.rstrip("/") + "/")
+
+
+def list_data_files(client: Client, path: str, *, filters: ListingOptions | None = None,
+                    base_path: str | None = None) -> list[DataFile]:
     """Every data file under ``path`` (a file, a folder walked recursively, or a glob),
     sorted by path, with the partition values found between the base and each file;
-    ``filters`` drops files (and partition values) as Spark's listing options do."""
+    ``filters`` drops files (and partition values) as Spark's listing options do.
+    The base is ``base_path`` (Spark's ``basePath`` option: partition discovery starts
+    there, so ``basePath=/t`` with path ``/t/k=1`` keeps column ``k``; it must be ``path``
+    or a folder above it), else the folder given (before any wildcard), or a file's own
+    folder."""
+    if base_path is not None and GLOB_CHARS.search(base_path):
+        raise InvalidArgument(f"leasefs data source: basePath {base_path!r} must be a folder, "
+                              f"not a glob")
     if GLOB_CHARS.search(path):
         roots = _expand_glob(client, path)
         base = glob_base(path)
     else:
         roots = [client.get_file_status(path)]   # FileNotFound names the path
         base = path if roots[0].is_dir else posixpath.dirname(path)
+    if base_path is not None:
+        for root in roots:
+            if not _under(root.path, base_path):
+                raise InvalidArgument(f"leasefs data source: basePath {base_path} is not a "
+                                      f"folder above {root.path} (read from {path})")
+        base = base_path
     statuses: list[FileStatus] = []
     for root in roots:
         _walk(client, root, statuses)

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 COMMON = {"format", "path", "paths", "meta"}
 READ_COMMON = {"splitsize", "filterpushdown", "pathglobfilter", "recursivefilelookup",
                "modifiedbefore", "modifiedafter", "ignoremissingfiles", "ignorecorruptfiles",
-               "partitioncolumntypeinference"}
+               "partitioncolumntypeinference", "basepath"}
 STREAM = {"maxfilespertrigger", "lookbackseconds", "checkpointlocation"}
 _TEXT_READ = {"linesep", "mode", "columnnameofcorruptrecord", "dateformat", "timestampformat",
               "samplingratio"}
@@ -68,7 +68,7 @@ WRITE_COMMON = {"stalestagingseconds", "partitionby", "partitionoverwritemode",
 # direction is refused, not ignored. One Spark honours for another format only (``header``
 # for parquet) is ignored by Spark too, so it is accepted here: same result.
 _GENERIC_READ = {"pathglobfilter", "recursivefilelookup", "modifiedbefore", "modifiedafter",
-                 "ignorecorruptfiles", "ignoremissingfiles"}
+                 "ignorecorruptfiles", "ignoremissingfiles", "basepath"}
 _CSV_READ = {"sep", "delimiter", "encoding", "charset", "quote", "escape", "comment",
              "header", "inferschema", "preferdate", "enforceschema",
              "ignoreleadingwhitespace", "ignoretrailingwhitespace", "nullvalue", "nanvalue",
@@ -120,6 +120,7 @@ NEUTRAL = {
     "codec": {"none", "uncompressed"},
     "linesep": {"\n", "\\n"},
     "wholetext": {"false"},
+    "multiline": {"false"},      # json: one record per line is what this source reads
     # pyarrow reads dates and timestamps in the proleptic Gregorian calendar: CORRECTED
     "datetimerebasemode": {"corrected"},
     "int96rebasemode": {"corrected"},

@@ -6,9 +6,10 @@ owns every line that STARTS in ``(start, end]`` (and the line at 0 for the first
 split not at 0 skips to just after the first line break at or after ``start``, and reads past
 ``end`` to the line break that finishes its last line. So each line is read exactly once
 whatever the block boundaries. Compressed files, a custom ``lineSep`` and ``wholetext``
-mean one split per file. CSV files are split only with ``multiLine=false`` (the user
-promises no quoted line breaks); by default a csv file is one partition, since a split
-starting inside a quoted field cannot know it is inside one.
+mean one split per file. CSV files are split like text unless ``multiLine=true`` (Spark's
+default is false: every line is a record, a quoted line break does not join lines); with
+it a csv file is one partition, since a split starting inside a quoted field cannot know
+it is inside one.
 
 Concurrency contract: pure functions over a blocking ``fs.Client`` stream; no shared state.
 """
@@ -42,7 +43,7 @@ def plan_splits(files, fmt: str, options) -> list[Split]:
     """One split per file; text/json (and csv with ``multiLine=false``) files larger than
     their block size are cut at block boundaries (option ``splitSize`` overrides it)."""
     from .compression import codec_for_path
-    splittable = fmt in SPLITTABLE and (fmt != "csv" or not flag(options, "multiLine", True))
+    splittable = fmt in SPLITTABLE and (fmt != "csv" or not flag(options, "multiLine", False))
     # records end at Hadoop's default line breaks only; wholetext is a row per file
     splittable = splittable and option(options, "lineSep") in (None, "\n", "\\n") \
         and not flag(options, "wholetext", False)

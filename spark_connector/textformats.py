@@ -22,13 +22,14 @@ import pyarrow.compute as pc
 
 from fs.errors import InvalidArgument
 
-from .arrowcast import BATCH_ROWS, conform, spark_type
+from .arrowcast import BATCH_ROWS, cast_column, conform, spark_type
 from .compression import codec_for_path, decompressed_chunks, file_chunks
 from .optionvalues import flag, option
 from .splits import _find_newline, line_split_range, read_range
-from .textoptions import TextOptions
-from .textparse import (csv_rows_slow, infer_json, is_nested as _nested, json_rows_slow,
-                        malformed_error, to_type)
+from .textoptions import DatetimePattern, TextOptions
+from .textparse import (canonical_csv, csv_needs_records, csv_records, csv_rows_slow,
+                        infer_json, is_nested as _nested, json_rows_slow, malformed_error,
+                        to_type)
 
 SAMPLE_BYTES = 8 << 20        # bytes of the first file used for csv/json schema inference
 PIECE_BYTES = 4 << 20         # decompressed bytes parsed at a time
@@ -115,20 +116,27 @@ def _csv_text(data: bytes, opts: TextOptions) -> tuple[bytes, str | None]:
     return data, placeholder
 
 
-def _parse_options(opts: TextOptions, invalid=None):
+def _parse_options(opts: TextOptions, invalid=None, canonical: bool = False):
+    """pyarrow's reading of csv that ``csv_needs_records`` passed (escapes only of a quote
+    or an escape, inside quotes: read alike by both); ``canonical``: the RFC 4180 text of
+    ``canonical_csv``."""
     import pyarrow.csv as pcsv
-    escape = opts.escape if opts.escape and opts.escape != opts.quote else None
+    escape = opts.escape if opts.quote and opts.escape and opts.escape != opts.quote else None
+    if canonical:
+        return pcsv.ParseOptions(delimiter=opts.delimiter, quote_char='"', escape_char=False,
+                                 newlines_in_values=True, double_quote=True,
+                                 ignore_empty_lines=True, invalid_row_handler=invalid)
     return pcsv.ParseOptions(delimiter=opts.delimiter, quote_char=opts.quote or False,
                              escape_char=escape or False, newlines_in_values=True,
-                             double_quote=True, ignore_empty_lines=True,
+                             double_quote=escape is None, ignore_empty_lines=True,
                              invalid_row_handler=invalid)
 
 
-def read_csv_bytes(data: bytes, options, *, header: bool, column_types, names=None,
-                   infer: bool = True, skip_header: bool = True):
+def read_csv_bytes(data: bytes, opts: TextOptions, *, header: bool, column_types,
+                   names=None, infer: bool = True, skip_header: bool = True,
+                   canonical: bool = False):
     """pyarrow's csv reader with the source's options (schema inference)."""
     import pyarrow.csv as pcsv
-    opts = TextOptions.of(options, "csv", "read")
     read_options = pcsv.ReadOptions(
         column_names=names, autogenerate_column_names=not header and names is None,
         skip_rows=1 if header and names is not None and skip_header else 0,
@@ -140,7 +148,7 @@ def read_csv_bytes(data: bytes, options, *, header: bool, column_types, names=No
     elif not infer:
         convert_kw["column_types"] = {}
     table = pcsv.read_csv(io.BytesIO(data), read_options=read_options,
-                          parse_options=_parse_options(opts, lambda row: "skip"),
+                          parse_options=_parse_options(opts, lambda row: "skip", canonical),
                           convert_options=pcsv.ConvertOptions(**convert_kw))
     if names is None and not header:
         table = table.rename_columns([f"_c{i}" for i in range(table.num_columns)])
@@ -186,27 +194,86 @@ def infer_text_schema(client, first, fmt: str, options):
         lines = data.decode("utf-8", errors="replace").split(sep)
         return infer_json(_sampled(lines, opts), opts)
     data, _ = _csv_text(data, opts)
+    if not data.strip():
+        return StructType([])       # Spark: no record, no column (and no row to read)
+    text = data.decode("utf-8", errors="replace")
+    canonical = csv_needs_records(text, opts)
+    if canonical:
+        data = canonical_csv(csv_records(text, opts), opts.delimiter)
     infer = flag(options, "inferSchema", False)
     if opts.sampling_ratio < 1 and infer:
         head, rest = _header_line(data) if opts.header else (b"", data)
         data = head + b"".join(_sampled(rest.splitlines(keepends=True), opts))
-    table = read_csv_bytes(data, options, header=opts.header, column_types=None, infer=infer)
-    return StructType([StructField(name, _csv_inferred_type(table.column(name))
+    table = read_csv_bytes(data, opts, header=opts.header, column_types=None, infer=infer,
+                           canonical=canonical)
+    texts = None
+    if infer and any(_datetime_candidate(c.type, opts) for c in table.columns):
+        # the values unparsed, for Spark's date and timestamp inference
+        texts = read_csv_bytes(data, opts, header=opts.header, names=table.column_names,
+                               column_types={n: pa.string() for n in table.column_names},
+                               canonical=canonical).columns
+    texts = texts or [None] * table.num_columns
+    return StructType([StructField(name, _csv_inferred_type(table.column(name), texts[i], opts)
                                    if infer else StringType(), True)
-                       for name in table.column_names])
+                       for i, name in enumerate(table.column_names)])
 
 
-def _csv_inferred_type(column):
+def _csv_inferred_type(column, texts, opts: TextOptions):
     """Spark's csv inference for a parsed column: integers are ``int`` when every value
-    fits 32 bits (Spark tries int before long), else as pyarrow parsed them."""
+    fits 32 bits (Spark tries int before long); with ``dateFormat`` / ``timestampFormat``
+    given, text columns are tried with those patterns (``texts``: the column unparsed);
+    else as pyarrow parsed them."""
     from pyspark.sql.types import IntegerType
     if pa.types.is_int64(column.type):
-        import pyarrow.compute as pc
         bounds = pc.min_max(column)
         low, high = bounds["min"].as_py(), bounds["max"].as_py()
         if low is None or (-(1 << 31) <= low and high < (1 << 31)):
             return IntegerType()
-    return spark_type(column.type)
+    at = column.type
+    if texts is not None and _datetime_candidate(at, opts):
+        return _datetime_type(texts, opts) or spark_type(pa.string())
+    return spark_type(at)
+
+
+def _datetime_candidate(at: pa.DataType, opts: TextOptions) -> bool:
+    """Is a column pyarrow inferred as ``at`` to be tried as date / timestamp Spark's way?
+    Text (pyarrow knows fewer forms than Spark's lenient parser), and with a pattern
+    given, pyarrow's dates and timestamps too (the pattern decides)."""
+    return pa.types.is_string(at) or bool(opts.date or opts.timestamp) and (
+        pa.types.is_date(at) or pa.types.is_timestamp(at))
+
+
+_ISO_DATE = DatetimePattern.parse("yyyy-MM-dd", "dateFormat")
+
+
+def _datetime_type(texts, opts: TextOptions):
+    """Spark's inference of a text column as date or timestamp: a value is a date when
+    ``dateFormat`` (default ``yyyy-MM-dd``) reads it whole, else a timestamp when
+    ``timestampFormat`` does (without it: any ISO 8601 date-time, as Spark's default
+    parser); all dates → date, dates and timestamps → timestamp, else ``None``."""
+    from pyspark.sql.types import DateType, TimestampType
+    date = opts.date or _ISO_DATE
+    kinds = set()
+    for text in set(pc.drop_null(texts).to_pylist()) - {opts.null_value}:
+        if date.parse_value(text) is not None:
+            kinds.add("date")
+        elif _is_timestamp(text, opts):
+            kinds.add("timestamp")
+        else:
+            return None
+    if not kinds:
+        return None
+    return DateType() if kinds == {"date"} else TimestampType()
+
+
+def _is_timestamp(text: str, opts: TextOptions) -> bool:
+    if opts.timestamp is not None:
+        return opts.timestamp.parse_value(text) is not None
+    try:
+        cast_column(pa.array([text]), pa.timestamp("us", tz="UTC"))
+        return True
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+        return False
 
 
 # --------------------------------------------------------------------------- reading
@@ -285,6 +352,9 @@ def _read_text(chunks, split, target, partition, opts: TextOptions):
             yield from conform(table, target, partition, path)
 
 
+_NONBLANK_LINE = re.compile(rb"(?m)^[ \t\r]*[^ \t\r\n]")
+
+
 def _read_json(chunks, split, target, partition, opts: TextOptions):
     import pyarrow.json as pj
     corrupt = _corrupt_field(target, opts)
@@ -302,6 +372,9 @@ def _read_json(chunks, split, target, partition, opts: TextOptions):
             table = pj.read_json(io.BytesIO(piece), parse_options=pj.ParseOptions(
                 explicit_schema=explicit, unexpected_field_behavior="ignore"),
                 read_options=pj.ReadOptions(block_size=16 << 20))
+            if table.num_rows != len(_NONBLANK_LINE.findall(piece)):
+                # pyarrow read several values from one line; Spark reads only the first
+                raise pa.ArrowInvalid("not one json value per line")
             strings = {f.name: table.column(f.name) for f in fields}
             typed, bad = {}, None
             for f in fields:
@@ -329,74 +402,52 @@ def _read_json(chunks, split, target, partition, opts: TextOptions):
         yield from _finish(columns, bad, raws, target, partition, opts, split.path, corrupt)
 
 
-_BLANK = "[ \\t\\f\\v]+"    # what Univocity's whitespace trimming removes (not line breaks)
-
-
-def _trim_outside_quotes(data: bytes, opts: TextOptions) -> bytes:
-    """``data`` with the whitespace around each field removed where it is outside quotes,
-    as Spark's ``ignoreLeadingWhiteSpace`` / ``ignoreTrailingWhiteSpace`` read: a quoted
-    value keeps its spaces, and ``  "a"`` is the quoted value ``a``. One regex pass in
-    which a quoted string is consumed whole, so nothing inside it is touched."""
-    q, d = re.escape(opts.quote), re.escape(opts.delimiter)
-    if opts.escape and opts.escape != opts.quote:
-        e = re.escape(opts.escape)
-        inner = f"[^{q}{e}]|{e}.|{q}{q}"
-    else:
-        inner = f"[^{q}]|{q}{q}"
-    parts = [f"({q}(?:{inner})*{q})"]
-    if opts.trim_leading:
-        parts.append(f"(?:(?<={d})|^){_BLANK}")
-    if opts.trim_trailing:
-        parts.append(f"{_BLANK}(?={d}|\\r?$)")
-    pattern = re.compile("|".join(parts), re.M | re.S)
-    text = data.decode("utf-8", errors="replace")
-    return pattern.sub(lambda m: m.group(1) or "", text).encode("utf-8")
-
-
 def _csv_strings(data: bytes, names: list[str], opts: TextOptions, placeholder):
-    """String columns of csv ``data`` with ``names`` (fast: pyarrow), the per-row
-    wrong-field-count flags and a callable giving the raw records (slow path)."""
+    """String columns of csv ``data`` with ``names``, the per-row wrong-field-count flags
+    (or ``None``) and a callable giving the raw records. pyarrow parses (fast) unless its
+    reading could differ from Spark's (``csv_needs_records``; whitespace trimming next to
+    quotes) or a row has the wrong number of fields: then Spark's tokenizer does."""
     import pyarrow.csv as pcsv
     trim = opts.trim_leading or opts.trim_trailing
-    if trim and opts.quote and opts.quote.encode() in data:
-        data = _trim_outside_quotes(data, opts)   # quotes: trimming after parsing is wrong
-        trim = False
-    wrong_rows = []
+    text = data.decode("utf-8", errors="replace")
     raws_cache: list = []
 
     def slow():
-        text = data.decode("utf-8", errors="replace")
         cols, wrong, raws = csv_rows_slow(text, opts, len(names))
         if placeholder:
             raws = [r.replace(placeholder, "\n") for r in raws]
-        return {n: pa.array(c, pa.string()) for n, c in zip(names, cols)}, wrong, raws
+        raws_cache[:] = [raws]
+        return {n: pa.array(c, pa.string()) for n, c in zip(names, cols)}, wrong
 
     def raws_of():
         if not raws_cache:
-            raws_cache.append(slow()[2])
+            slow()
         return raws_cache[0]
 
-    table = pcsv.read_csv(
-        io.BytesIO(data), read_options=pcsv.ReadOptions(column_names=names,
-                                                        block_size=16 << 20),
-        parse_options=_parse_options(opts, lambda row: wrong_rows.append(row) or "skip"),
-        convert_options=pcsv.ConvertOptions(
-            column_types={n: pa.string() for n in names},
-            null_values=sorted({opts.null_value, ""}), strings_can_be_null=True,
-            quoted_strings_can_be_null=False))
+    wrong_rows = []
+    if csv_needs_records(text, opts) or (trim and opts.quote and opts.quote in text):
+        wrong_rows.append(None)
+    else:
+        table = pcsv.read_csv(
+            io.BytesIO(data), read_options=pcsv.ReadOptions(column_names=names,
+                                                            block_size=16 << 20),
+            parse_options=_parse_options(opts, lambda row: wrong_rows.append(row) or "skip"),
+            convert_options=pcsv.ConvertOptions(
+                column_types={n: pa.string() for n in names},
+                null_values=sorted({opts.null_value, ""}), strings_can_be_null=True,
+                quoted_strings_can_be_null=False))
     if wrong_rows:
-        strings, wrong, raws = slow()
-        wrong_mask = pa.array(wrong, pa.bool_())
-        raws_cache.append(raws)
+        strings, wrong = slow()
+        wrong_mask = pa.array(wrong, pa.bool_()) if any(wrong) else None
     else:
         strings = {n: table.column(n) for n in names}
         wrong_mask = None
+        if opts.trim_leading:
+            strings = {n: pc.utf8_ltrim_whitespace(c) for n, c in strings.items()}
+        if opts.trim_trailing:
+            strings = {n: pc.utf8_rtrim_whitespace(c) for n, c in strings.items()}
     if placeholder:
         strings = {n: pc.replace_substring(c, placeholder, "\n") for n, c in strings.items()}
-    if trim and opts.trim_leading:
-        strings = {n: pc.utf8_ltrim_whitespace(c) for n, c in strings.items()}
-    if trim and opts.trim_trailing:
-        strings = {n: pc.utf8_rtrim_whitespace(c) for n, c in strings.items()}
     return strings, wrong_mask, raws_of
 
 

@@ -189,7 +189,7 @@ class TextOptions:
     primitives_as_string: bool
     ignore_null_fields: bool
     sampling_ratio: float
-    multiline: bool                 # csv: quoted line breaks (this source's default)
+    multiline: bool                 # csv: records may span lines (Spark: false)
 
     @classmethod
     def of(cls, options, fmt: str, direction: str) -> "TextOptions":
@@ -231,7 +231,7 @@ class TextOptions:
             primitives_as_string=flag(options, "primitivesAsString", False),
             ignore_null_fields=flag(options, "ignoreNullFields", True),
             sampling_ratio=ratio,
-            multiline=flag(options, "multiLine", fmt == "csv"),
+            multiline=flag(options, "multiLine", False),
         )
 
     @property

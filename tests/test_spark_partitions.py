@@ -152,7 +152,7 @@ def test_partition_by_refuses_unknown_and_all_columns(spark, cluster, client):
 
 def test_many_partitions_spill_open_files_and_publish_in_one_step(spark, cluster, client):
     """A task sees 20 partition values in random order with at most 4 files open: it closes
-    and reopens (``.c001``...) files, every row lands once. Each job (a first write, then a
+    and reopens (``-c001``...) files, every row lands once. Each job (a first write, then a
     static overwrite) appears to a concurrent lister in one step: every single listing of
     the target shows no partition folder, all of the first job's or all of the second's
     (the folders move in whole, so their inode numbers tell the generations apart)."""
@@ -192,7 +192,7 @@ def test_many_partitions_spill_open_files_and_publish_in_one_step(spark, cluster
         lister.close()
     assert len(seen) > 5 and len(generations[1]) == len(generations[2]) == 21
     assert [s for s in seen if s not in generations] == []
-    assert any(".c001." in f for f in protocol_view(client, target))   # files were spilled
+    assert any("-c001." in f for f in protocol_view(client, target))   # files were spilled
     back = spark.read.format("leasefs").option("format", "json").schema("id long, p int") \
         .load(url(cluster, target))
     assert sorted(r.id for r in back.collect()) == list(range(10000, 14000))

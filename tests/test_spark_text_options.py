@@ -22,8 +22,8 @@ pytestmark = pytest.mark.slow
 pyspark = pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
 
-from sparkkit import run_client, run_cluster, run_spark, url  # noqa: E402
-
+from sparkkit import (copy_out, ours, rows, run_client, run_cluster,  # noqa: E402
+                      run_spark, same, theirs, url)
 
 
 @pytest.fixture(scope="module")
@@ -39,57 +39,6 @@ def client(cluster):
 @pytest.fixture(scope="module")
 def spark(cluster):
     yield from run_spark("leasefs-text-tests")
-
-
-def rows(df):
-    return sorted(repr(tuple(r)) for r in df.collect())     # repr: NaN equals NaN
-
-
-def put(client, local, folder: str, files: dict) -> str:
-    """The same files in a local folder and in leasefs ``folder``; returns the local one."""
-    local_dir = local / folder.strip("/").replace("/", "_")
-    for name, data in files.items():
-        path = local_dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        client.write_file(f"{folder}/{name}", data, overwrite=True)
-    return str(local_dir)
-
-
-def ours(spark, cluster, fmt, folder, options=None, schema=None):
-    reader = spark.read.format("leasefs").option("format", fmt)
-    if schema:
-        reader = reader.schema(schema)
-    for k, v in (options or {}).items():
-        reader = reader.option(k, v)
-    return reader.load(url(cluster, folder))
-
-
-def theirs(spark, fmt, local_dir, options=None, schema=None):
-    reader = spark.read.format(fmt)
-    if schema:
-        reader = reader.schema(schema)
-    for k, v in (options or {}).items():
-        reader = reader.option(k, v)
-    return reader.load(local_dir)
-
-
-def same(spark, cluster, client, tmp_path, fmt, folder, files, options=None, schema=None):
-    local = put(client, tmp_path, folder, files)
-    expected = theirs(spark, fmt, local, options, schema)
-    got = ours(spark, cluster, fmt, folder, options, schema)
-    assert got.schema.simpleString() == expected.schema.simpleString()
-    assert rows(got) == rows(expected)
-    return rows(got)
-
-
-def copy_out(client, folder, local_dir):
-    os.makedirs(local_dir, exist_ok=True)
-    names = [s.name for s in client.list_status(folder) if not s.name.startswith(("_", "."))]
-    for name in names:
-        with open(os.path.join(local_dir, name), "wb") as f:
-            f.write(client.read_file(f"{folder}/{name}"))
-    return names
 
 
 def frame(spark):
