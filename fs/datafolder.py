@@ -32,10 +32,11 @@ class OpenDataFolder(LeaseFSError):
     """A server's data folder other users may read or enter."""
 
 
-def private_umask() -> None:
+def private_umask() -> int:
     """Files and folders this process creates from now on are its user's alone (a server
-    process's first step)."""
-    os.umask(SERVER_UMASK)
+    process's first step). Returns the umask it replaced, for a caller that gives it back
+    (a one-off command run inside another program)."""
+    return os.umask(SERVER_UMASK)
 
 
 def make_private_folder(path: str) -> None:

@@ -142,3 +142,14 @@ def pytest_runtest_teardown(item, nextitem):
     if found:
         pytest.fail(_complaint(item, found, "while tearing down"), pytrace=False)
     return result
+
+
+@pytest.fixture(autouse=True)
+def _umask_kept():
+    """A test that changes the process's umask (a server command run in-process) would hand
+    it to every process later tests start: it fails here, where it happened."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    after = os.umask(before)
+    assert after == before, f"the test left the process umask at {after:04o} (was {before:04o})"

@@ -169,35 +169,15 @@ def store_applied_txid(data_dir: str) -> tuple[int | None, str]:
 
 
 def run_meta(args) -> int:
-    private_umask()   # LevelDB's files (an offline check's open writes too), the journal
     if args.check_journal:
-        from meta.journal_files import check_journal
-        directory = find_journal_dir(args.check_journal)
-        if not os.path.isdir(directory):  # a mistyped folder is not a corrupt journal
-            cause = "not a directory" if os.path.exists(directory) else \
-                "no such file or directory"
-            print(f"{PROG} meta --check-journal: {directory}: {cause}", file=sys.stderr)
-            return 1
+        # an offline check's store open writes LevelDB files too; the umask is given back,
+        # as the check may run inside another program (the tests call main())
+        umask = private_umask()
         try:
-            applied, store_note = store_applied_txid(data_folder_of(args.check_journal,
-                                                                    directory))
-        except NoSpace as exc:   # a start would refuse: so does the check
-            print(f"{PROG} meta --check-journal: {exc}", file=sys.stderr)
-            return 1
-        print(f"{store_note}" + (f": applied txid {applied}" if applied is not None else ""))
-        try:
-            lines = check_journal(directory, store_applied=applied)
-        except LeaseFSError as exc:
-            where = ""
-            if getattr(exc, "file", None) and str(exc.file) not in str(exc):
-                where = f" ({exc.file}" + (f" at offset {exc.offset}" if getattr(exc, "offset", None)
-                                           is not None else "") + ")"
-            print(f"{PROG} meta --check-journal: {directory}: CORRUPT: {exc}{where}",
-                  file=sys.stderr)
-            return 1
-        for line in lines:
-            print(line)
-        return 0
+            return check_journal_command(args)
+        finally:
+            os.umask(umask)
+    private_umask()   # LevelDB's files, the journal: for the server's whole life
     if not args.data:
         from .formatting import UsageError
         raise UsageError("meta needs --data DIR (or --check-journal DIR)")
@@ -216,6 +196,37 @@ def run_meta(args) -> int:
                               task_status=task_status)
 
     return _run(start, args, "metadata server")
+
+
+def check_journal_command(args) -> int:
+    """``leasefs meta --check-journal``: the same checks a start makes, without starting."""
+    from meta.journal_files import check_journal
+    directory = find_journal_dir(args.check_journal)
+    if not os.path.isdir(directory):  # a mistyped folder is not a corrupt journal
+        cause = "not a directory" if os.path.exists(directory) else \
+            "no such file or directory"
+        print(f"{PROG} meta --check-journal: {directory}: {cause}", file=sys.stderr)
+        return 1
+    try:
+        applied, store_note = store_applied_txid(data_folder_of(args.check_journal,
+                                                                directory))
+    except NoSpace as exc:   # a start would refuse: so does the check
+        print(f"{PROG} meta --check-journal: {exc}", file=sys.stderr)
+        return 1
+    print(f"{store_note}" + (f": applied txid {applied}" if applied is not None else ""))
+    try:
+        lines = check_journal(directory, store_applied=applied)
+    except LeaseFSError as exc:
+        where = ""
+        if getattr(exc, "file", None) and str(exc.file) not in str(exc):
+            where = f" ({exc.file}" + (f" at offset {exc.offset}" if getattr(exc, "offset", None)
+                                       is not None else "") + ")"
+        print(f"{PROG} meta --check-journal: {directory}: CORRUPT: {exc}{where}",
+              file=sys.stderr)
+        return 1
+    for line in lines:
+        print(line)
+    return 0
 
 
 def run_storage(args) -> int:
