@@ -132,7 +132,8 @@ def test_spark_write_job_rides_through_a_kill9_of_the_active(ha):
 
 class ReplyDropper:
     """A proxy on the local socket of a made-up port in front of one metadata server: a
-    mount given ``127.0.0.1:<port>`` tries that socket first. It forwards every frame;
+    mount given ``127.0.0.1:<port>`` tries that socket first (the proxy holds the TCP port
+    too, as a server does). It forwards every frame;
     once ``drop`` is set it swallows the server's replies to ``delete`` and ``rename``
     calls, as a failover that takes the active down after it carried them out loses them
     (other replies pass: the kernel looks a rename's destination up first). Once the
@@ -151,7 +152,19 @@ class ReplyDropper:
         self.listener.bind(local_socket_address(
             local_socket_name(DEFAULT_LOCAL_SOCKET, self.address)))
         self.listener.listen(16)
+        # clients trust a local socket only when its holder also holds the TCP port it is
+        # named after (fs.localserver): this one does, and closes what comes by TCP
+        self.tcp = socket.create_server(("127.0.0.1", self.port))
         threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=self._close_tcp, daemon=True).start()
+
+    def _close_tcp(self) -> None:
+        while True:
+            try:
+                client, _ = self.tcp.accept()
+            except OSError:   # closed
+                return
+            client.close()
 
     def _accept(self) -> None:
         while True:
@@ -203,6 +216,7 @@ class ReplyDropper:
 
     def close(self) -> None:
         self.listener.close()
+        self.tcp.close()
 
 
 async def _rpc(address: str, method: str, **args):

@@ -102,13 +102,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     'getmerge': ('shellread', 'concatenate cluster files into one local file'),
     'recover-lease': ('leasetools', 'force lease recovery of a file left open (hdfs debug '
                                     'recoverLease)'),
-    'leases': ('leasetools', 'files open for writing: holder, client machine, seconds since the '
-                             'last lease renewal, last block state'),
+    'leases': ('leasetools', '(superuser) files open for writing: holder, client machine, '
+                             'seconds since the last lease renewal, last block state'),
     'truncate': ('leasetools', 'cut files to LENGTH bytes (hdfs dfs -truncate)'),
     'append': ('leasetools', 'append local files or stdin to a cluster file (hdfs dfs '
                              '-appendToFile; creates it when missing)'),
-    'fsck': ('admin', "check the health of files' blocks; exit 1 when a block is missing or "
-                      'corrupt'),
+    'fsck': ('admin', "(superuser) check the health of files' blocks; exit 1 when a block "
+                      'is missing or corrupt'),
     'decommission': ('admin', 'retire a block server: copy its replicas elsewhere, then mark it '
                               'decommissioned (--status: progress)'),
     'save-namespace': ('admin', 'take a checkpoint now (LevelDB made durable, journal rolled, '
