@@ -221,8 +221,8 @@ def cmd_save_namespace(cmd: Command):
 def register(sub, common) -> None:
     from .shell import command_parser
 
-    p = command_parser(sub, "fsck", common, "(superuser) check the health of files' blocks; exit 1 when a block "
-                "is missing or corrupt")
+    p = command_parser(sub, "fsck", common, "(superuser) check the health of files' blocks; "
+                "exit 1 when a block is missing or corrupt")
     p.add_argument("path", metavar="PATH", nargs="?", default="/")
     p.add_argument("--openforwrite", "-openforwrite", dest="openforwrite", action="store_true",
                    help="also check files open for writing")

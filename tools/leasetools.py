@@ -196,8 +196,8 @@ def register(sub, common) -> None:
     p.add_argument("path", metavar="PATH")
     p.set_defaults(func=cmd_recover_lease)
 
-    p = command_parser(sub, "leases", common, "(superuser) files open for writing: holder, client machine, "
-                "seconds since the last lease renewal, last block state")
+    p = command_parser(sub, "leases", common, "(superuser) files open for writing: holder, "
+                "client machine, seconds since the last lease renewal, last block state")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("path", nargs="?", default=None, metavar="PATH", help="default /")
     p.set_defaults(func=cmd_leases)
