@@ -278,7 +278,7 @@ def test_orc_round_trips_both_ways_with_sparks_orc(spark, cluster, client, tmp_p
         .mode("overwrite").save(url(cluster, "/col/orc-zlib"))
     assert spark.read.format("leasefs").option("format", "orc") \
         .load(url(cluster, "/col/orc-zlib")).count() == 20_000
-    with pytest.raises(Exception, match="ORC compression 'lzo' not supported"):
+    with pytest.raises(Exception, match="orc compression 'lzo' not supported"):
         df.write.format("leasefs").option("format", "orc").option("compression", "lzo") \
             .mode("overwrite").save(url(cluster, "/col/orc-lzo"))
 

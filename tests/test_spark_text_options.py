@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 pyspark = pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
 
-from sparkkit import (copy_out, ours, rows, run_client, run_cluster,  # noqa: E402
+from sparkkit import (copy_out, ours, put, rows, run_client, run_cluster,  # noqa: E402
                       run_spark, same, theirs, url)
 
 
