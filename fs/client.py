@@ -41,8 +41,9 @@ from .renewer import LeaseRenewer
 from . import trash
 from .delegation import TokenFile
 from .observer import ObserverReads, find_observers
-from .rpc import (RetryPolicy, RpcClient, StateAlignment, check_identity, current_groups, current_user,
-                  format_address_list, normalize_address_list, parse_address_list)
+from .rpc import (RetryPolicy, RpcClient, StateAlignment, check_identity, current_groups,
+                  current_user, format_address_list, normalize_address_list,
+                  parse_address_list)
 
 log = logging.getLogger(__name__)
 

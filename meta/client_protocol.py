@@ -224,8 +224,8 @@ class ClientProtocol:
         caller holds the file's lock, has checked the writer and the previous block, and
         journals the plan."""
         targets = self.datanodes.choose_targets(
-            replication, excluded=excluded, writer_host=self.caller_host(ctx), block_size=block_size,
-            what=f"add_block {current}")
+            replication, excluded=excluded, writer_host=self.caller_host(ctx),
+            block_size=block_size, what=f"add_block {current}")
         block_id = self.ns.allocate_block_id()
         gs = self.ns.next_genstamp()
         _, wall = self.now()
