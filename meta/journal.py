@@ -73,9 +73,9 @@ durable mutation is never answered with an error:
 * Fail-stop (HDFS: the NameNode terminates when it cannot write a required journal): when
   the cut fails too (the records' fate is unknown), when ``apply`` raises (the records are
   durable but not applied), when a roll fails, or when the background fsync of written and
-  acknowledged records fails, the journal refuses everything, never answers the waiting
-  callers, and ``run`` raises ``JournalError`` so the server stops. A restart replays what
-  is durable.
+  acknowledged records fails, the journal answers nobody (neither the waiting callers nor
+  later ones: their clients retry on a server that took over, or after a restart), and
+  ``run`` raises ``JournalError`` so the server stops. A restart replays what is durable.
 """
 
 from __future__ import annotations
@@ -406,7 +406,7 @@ class Journal:
         the retry-cached call running needs of its answer (``meta.retry_answers``), written
         next to the call's key; outside such a call nobody can retry, and it is dropped."""
         if self._failure is not None:
-            raise InternalError(f"journal refuses writes after an earlier failure: {self._failure}")
+            await self._stopped()
         if not self._opened or self._closing:
             raise InternalError(f"journal {self.directory} is not open for writing")
         if self.refusal is not None:
@@ -690,8 +690,7 @@ class Journal:
         target = self.last_txid
         while self.durable_txid < target:
             if self._failure is not None:
-                raise InternalError(f"journal refuses writes after an earlier failure: "
-                                    f"{self._failure}")
+                await self._stopped()
             self._sync_wanted = True
             self._sync_now.unpark_all()
             await self._durable_wakeup.park()
@@ -720,8 +719,14 @@ class Journal:
         os.ftruncate(self._fd, size)
         os.fsync(self._fd)
 
+    async def _stopped(self) -> None:
+        """A caller that comes after a fail-stop waits, unanswered, until the stopping server
+        cancels it. An error reply would be final for its client; with no reply the client
+        retries where it can (another server that took over, or this one started again)."""
+        await trio.sleep_forever()
+
     def _stop(self, message: str) -> None:
-        """Fail-stop: refuse everything, answer no waiting caller, make ``run`` raise."""
+        """Fail-stop: answer nobody (no waiting caller, no later one), make ``run`` raise."""
         log.critical("%s; the metadata server stops", message)
         self._failure = message
         self._wakeup.unpark_all()

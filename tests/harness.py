@@ -14,11 +14,9 @@ from __future__ import annotations
 import errno
 import keyword
 import os
-import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +32,7 @@ from fs import tls as tlsmod
 from fs.config import Config
 from fs.client import authentication
 from fs.rpc import RpcClient, format_address
+from tools.etcd import free_port as etcd_free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,28 +49,15 @@ TEST_SETTINGS = {
 
 
 def free_port() -> int:
-    """A free TCP port BELOW the kernel's ephemeral range.
+    """A free TCP port BELOW the kernel's ephemeral range, never one this process was
+    handed before (``tools.etcd.free_port``).
 
     Servers that tests restart must come back on the same port. A port handed out by
     ``bind(0)`` lies in the ephemeral range, where the clients that keep reconnecting to the
     dead server may get that very number as their source port (a TCP self-connect) and hold
     it, so the restart fails with EADDRINUSE. Below the range no outgoing socket ever gets it.
     """
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
-            low = int(fh.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    for _ in range(200):
-        port = random.randrange(10000, max(10001, low - 1))
-        with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port below the ephemeral range")
+    return etcd_free_port()
 
 
 async def wait_cluster_ready(meta_address: str, n_live: int, timeout: float = 30.0,

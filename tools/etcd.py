@@ -59,21 +59,33 @@ class EtcdError(Exception):
 
 def free_port(low: int = 10000) -> int:
     """A free TCP port on loopback BELOW the kernel's ephemeral range (see the module
-    docstring): probed by binding it, so another process may still take it before use."""
+    docstring): probed by binding it, so another process may still take it before use.
+
+    Probed, not held: a caller that picks several ports before it starts anything (etcd
+    members, HA metadata servers) could be handed one number twice, so this process never
+    hands a number out again until half the range has been."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
             high = int(fh.read().split()[0])
     except (OSError, ValueError, IndexError):
         high = 32768
+    if len(_handed_out) > (high - low) // 2:
+        _handed_out.clear()
     for _ in range(200):
         port = random.randrange(low, high)
+        if port in _handed_out:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _handed_out.add(port)
+        return port
     raise EtcdError(f"no free port found between {low} and {high}")
+
+
+_handed_out: set[int] = set()
 
 
 @dataclass
