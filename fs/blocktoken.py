@@ -33,7 +33,7 @@ import secrets
 from dataclasses import dataclass
 
 from .errors import InvalidToken
-from .framing import packb
+from .frames import packb
 from .nodeauth import KEY_BYTES, mac, same
 
 READ = "r"      # READ_BLOCK, BLOCK_LENGTH

@@ -38,6 +38,7 @@ from .config import Config, cluster_client_settings, find_meta_address
 from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, SafeMode,
                      ServerUnavailable, TryAgain, sole_exception)
 from .renewer import LeaseRenewer
+from .status import LIST_PAGE, FileStatus
 from . import trash
 from .delegation import TokenFile
 from .observer import ObserverReads, find_observers
@@ -66,55 +67,6 @@ __all__ = ["AsyncClient", "Client", "FileSettings", "FileStatus", "Changed", "Mo
 SERVER_DEFAULT_KEYS = ("block_size", "replication", "min_replication", "bytes_per_checksum",
                        "packet_size", "write_window_packets", "lease_soft_limit",
                        "lease_hard_limit", "max_blocks_per_file", "inline_max")
-LIST_PAGE = 1000
-
-
-@dataclass
-class FileStatus:
-    """What the metadata server knows about one path (PROTOCOL.md "status")."""
-
-    name: str
-    path: str
-    ino: int
-    type: str              # "file" | "dir" | "symlink"
-    mode: int              # permission bits only, e.g. 0o644
-    owner: str
-    group: str
-    mtime_ns: int
-    atime_ns: int
-    ctime_ns: int
-    length: int
-    replication: int
-    block_size: int
-    symlink: str | None
-    under_construction: bool
-    children: int
-    subdirs: int = 0       # directories: subdirectory count (link count 2 + subdirs)
-    # ``get_file_status(path, locations=True)`` of a readable file: what
-    # ``get_block_locations`` answers for the whole file (``open(path, located=...)``)
-    locations: dict | None = None
-    # a folder with a quota: ``{ns, ds, ns_used, ds_used}`` (-1 = none)
-    quota: dict | None = None
-
-    @property
-    def is_dir(self) -> bool:
-        return self.type == "dir"
-
-    @property
-    def is_file(self) -> bool:
-        return self.type == "file"
-
-    @property
-    def is_symlink(self) -> bool:
-        return self.type == "symlink"
-
-    @classmethod
-    def from_wire(cls, obj: dict) -> "FileStatus":
-        """Missing or null keys take their defaults, unknown keys are ignored (a newer or
-        older server); runs once per listed entry, so no per-call ``fields()``."""
-        get = obj.get
-        return cls(*[default if (value := get(name)) is None else value
-                     for name, default in _STATUS_DEFAULTS])
 
 
 @dataclass(frozen=True)
@@ -144,15 +96,6 @@ class FileSettings:
         if self.block_size is not None and self.block_size % bpc:
             raise InvalidArgument(f"{what}: block_size {self.block_size} is not a multiple of "
                                   f"bytes_per_checksum {bpc}")
-
-
-_STATUS_DEFAULTS = tuple(
-    (f.name, {"name": "", "path": "", "ino": 0, "type": "file", "mode": 0, "owner": "",
-              "group": "", "mtime_ns": 0, "atime_ns": 0, "ctime_ns": 0, "length": 0,
-              "replication": 0, "block_size": 0, "symlink": None,
-              "under_construction": False, "children": 0, "subdirs": 0,
-              "locations": None, "quota": None}[f.name])
-    for f in fields(FileStatus))
 
 
 def _status(answer) -> FileStatus | None:
@@ -899,7 +842,7 @@ def _mirror(name: str):
 
 
 for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "mkdir",
-              "get_file_status", "symlink", "unlink", "rmdir", "move",
+              "get_file_status", "list_page", "symlink", "unlink", "rmdir", "move",
               "exists", "list_status", "delete", "rename", "rename_many", "set_permission", "set_owner",
               "set_times", "set_replication", "create_symlink", "content_summary",
               "get_content_summary", "set_quota", "concat", "report",

@@ -19,7 +19,8 @@ import trio
 from . import errors
 from .errors import LeaseFSError, ServerUnavailable
 from .framing import FramedStream
-from .rpc import connect_tcp, parse_address
+from .rpc import parse_address
+from .tls import connect_tcp
 
 #: first wait of the add_block / complete backoff loops and of an input stream's location
 #: refreshes (doubles every retry)

@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass
 
 from .errors import AuthenticationFailed, InvalidArgument
-from .framing import packb
+from .frames import packb
 from .nodeauth import mac
 
 TOKEN_LABEL = b"leasefs delegation token v1\0"

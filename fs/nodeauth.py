@@ -38,7 +38,7 @@ import stat
 
 from .datafolder import make_private_folder
 from .errors import AuthenticationFailed, InvalidArgument
-from .framing import packb
+from .frames import packb
 
 KEY_BYTES = 32
 NONCE_BYTES = 32

@@ -26,8 +26,8 @@ client and server): ``fs.rpcclient`` (``RpcClient``, ``StateAlignment``) and
 ``fs.rpcserver`` (``Dispatcher``, ``serve_rpc``, ``serve_tcp``, ``serve_local``,
 ``rpc_refusal``). This module holds what both share: the protocol constants, addresses and
 address lists, identity checks and names, local socket names and peer credentials,
-``connect_tcp``, ``CallContext`` and ``ACTING_FOR``; and it re-exports the names of the
-two sides, so ``from fs.rpc import RpcClient, serve_rpc`` keeps working.
+``CallContext`` and ``ACTING_FOR``; and it gives the names of the two sides, loaded on first
+use, so ``from fs.rpc import RpcClient, serve_rpc`` works. It needs no trio.
 
 Concurrency contract: the shared pieces hold no state but memoized name lookups
 (``functools.lru_cache``, safe from any thread) and ``ACTING_FOR`` (a context variable:
@@ -47,12 +47,9 @@ import socket
 import struct
 from dataclasses import dataclass, field
 
-import trio
-
-from . import tls as tlsmod
 from .config import DEFAULT_LOCAL_SOCKET
 from .errors import InvalidArgument
-from .framing import brief
+from .frames import brief
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +70,16 @@ UNAUTHENTICATED = "\0unauthenticated"
 # the kernel's caller): set around the calls, the request carries it (``RpcClient.call``)
 ACTING_FOR: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
     "leasefs_acting_for", default=None)
+
+
+def hello(client_id: str, user: str, groups, *, sync_metadata: bool = True,
+          state_id: bool = False) -> dict:
+    """A client's first frame (the module docstring has its fields)."""
+    frame = {"hello": "leasefs", "version": PROTOCOL_VERSION, "client_id": client_id,
+             "user": user, "groups": list(groups), "sync_metadata": sync_metadata}
+    if state_id:
+        frame["state_id"] = True
+    return frame
 
 
 def _name_ok(value, limit: int) -> bool:
@@ -261,35 +268,6 @@ def normalize_address_list(text) -> str:
     return format_address_list(parse_address_list(text))
 
 
-async def connect_tcp(host: str, port: int, tls=None) -> trio.abc.Stream:
-    """A TCP stream to ``host:port``; with ``tls`` (an ``fs.tls.ClientTls``, None when the
-    setting is off) a ``trio.SSLStream`` over it whose handshake verified the server's
-    certificate for ``host`` (``TlsError`` if not; see ``fs.tls.connect``). A literal IP
-    address is connected directly: trio's ``open_tcp_stream`` (resolution, happy eyeballs in
-    a nursery of its own) costs about three times the CPU, and data connections are opened
-    per block."""
-    stream = await _connect_plain(host, port)
-    if tls is None:
-        return stream
-    return await tlsmod.connect(stream, tls, host, format_address((host, port)))
-
-
-async def _connect_plain(host: str, port: int) -> trio.SocketStream:
-    for family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            socket.inet_pton(family, host)
-        except OSError:
-            continue
-        sock = trio.socket.socket(family, socket.SOCK_STREAM)
-        try:
-            await sock.connect((host, port))
-        except BaseException:
-            sock.close()
-            raise
-        return trio.SocketStream(sock)
-    return await trio.open_tcp_stream(host, port)
-
-
 def format_address(addr) -> str:
     host, port = addr[0], addr[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -321,16 +299,18 @@ class CallContext:
 
 
 # --------------------------------------------------------------------------- the two sides
-# Imported last: fs.rpcclient and fs.rpcserver take the shared pieces above from here (and
-# import them at their own end, so either module may be imported first). The server side
-# only when one of its names is asked for: a client process (the CLI) never needs it.
-
-from .rpcclient import RetryPolicy, RpcClient, StateAlignment  # noqa: E402
+# Loaded on first use of one of their names: fs.rpcclient and fs.rpcserver take the shared
+# pieces above from here, and both need trio, which a process making one blocking call
+# (``fs.blockingrpc``) never imports; a client process never needs the server side.
+_CLIENT_SIDE = ("RetryPolicy", "RpcClient", "StateAlignment")
 
 
 def __getattr__(name: str):
-    """A name of the server side (``fs.rpcserver``: ``serve_rpc``, ``Dispatcher``, ...),
-    loaded on first use."""
+    """A name of the client side (``fs.rpcclient``) or the server side (``fs.rpcserver``:
+    ``serve_rpc``, ``Dispatcher``, ...)."""
+    if name in _CLIENT_SIDE:
+        from . import rpcclient
+        return getattr(rpcclient, name)
     if not name.startswith("__"):
         from . import rpcserver
         if hasattr(rpcserver, name):
@@ -342,7 +322,7 @@ __all__ = [
     # shared
     "ACTING_FOR", "ANONYMOUS_USER", "MAX_GROUPS", "MAX_GROUP_NAME", "MAX_HELLO_FRAME",
     "MAX_IDENTITY_BYTES", "MAX_USER_NAME", "PROTOCOL_VERSION", "UNAUTHENTICATED",
-    "CallContext", "PeerCredentials", "check_identity", "connect_tcp", "current_groups",
+    "CallContext", "PeerCredentials", "check_identity", "current_groups",
     "current_user", "format_address", "format_address_list", "group_name",
     "local_socket_address", "local_socket_name", "normalize_address_list", "os_groups",
     "parse_address", "parse_address_list", "user_name",

@@ -37,6 +37,9 @@ from . import tls as tlsmod
 from .config import DEFAULT_LOCAL_SOCKET
 from .errors import LeaseFSError, NothingListens, ProtocolError, RpcTimeout, ServerUnavailable
 from .framing import DEFAULT_MAX_FRAME, FrameChannel, brief
+from .rpc import (ACTING_FOR, check_identity, current_groups, current_user, format_address,
+                  format_address_list, hello, local_socket_address, local_socket_name,
+                  parse_address_list)
 
 # the logger keeps the name it had before the client moved out of fs.rpc: logging settings
 # and log readers that name "fs.rpc" still see the client's messages
@@ -348,12 +351,9 @@ class RpcClient:
             address = self.addresses[index]
             stream, local = await self._open_stream(address, self._local_sockets[index])
             channel = FrameChannel(stream, self._nursery, self.max_frame)
-            hello = {"hello": "leasefs", "version": PROTOCOL_VERSION,
-                     "client_id": self.client_id, "user": self.user,
-                     "groups": self.groups, "sync_metadata": self.sync_metadata}
-            if self.alignment is not None:
-                hello["state_id"] = True
-            channel.send_nowait(hello)
+            channel.send_nowait(hello(self.client_id, self.user, self.groups,
+                                      sync_metadata=self.sync_metadata,
+                                      state_id=self.alignment is not None))
             conn = _Connection(channel, index, address)
             self._nursery.start_soon(self._reader, conn)
             authenticate = self.authenticate
@@ -725,10 +725,3 @@ class RpcClient:
         kind = errors.StandbyError if every else ServerUnavailable
         return kind(f"no metadata server of {format_address_list(self.addresses)} served the "
                     f"call within {budget:g} s ({causes})")
-
-
-# the shared wire pieces, imported last: fs.rpc re-exports this module's names at its own
-# end, so whichever of the two is imported first finds what it needs already defined
-from .rpc import (ACTING_FOR, PROTOCOL_VERSION, check_identity,  # noqa: E402
-                  current_groups, current_user, format_address, format_address_list,
-                  local_socket_address, local_socket_name, parse_address_list)

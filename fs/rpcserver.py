@@ -43,6 +43,9 @@ from .framing import (DEFAULT_MAX_FRAME, UNBUDGETED_FRAME, FrameChannel, brief,
                       encode_frame)
 from .limits import Admission, ConnectionLimits, RefusalLog
 from .retry_cache import RetryCache
+from .rpc import (ANONYMOUS_USER, MAX_HELLO_FRAME, PROTOCOL_VERSION, UNAUTHENTICATED,
+                  CallContext, PeerCredentials, check_identity, format_address,
+                  local_socket_address, user_name)
 
 # the logger keeps the name it had before the server moved out of fs.rpc: logging settings
 # and log readers that name "fs.rpc" still see the server's messages
@@ -657,10 +660,3 @@ async def _refuse(stream: trio.SocketStream, frame, tls=None, peer: str = "?",
 #: calls are a few hundred bytes, and frames this small never reserve the server's shared
 #: request buffer (``fs.framing.UNBUDGETED_FRAME``)
 UNAUTHENTICATED_MAX_FRAME = UNBUDGETED_FRAME
-
-
-# the shared wire pieces, imported last: fs.rpc re-exports this module's names at its own
-# end, so whichever of the two is imported first finds what it needs already defined
-from .rpc import (ANONYMOUS_USER, MAX_HELLO_FRAME, PROTOCOL_VERSION,  # noqa: E402
-                  UNAUTHENTICATED, CallContext, PeerCredentials, check_identity,
-                  format_address, local_socket_address, user_name)

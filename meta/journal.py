@@ -94,7 +94,7 @@ import trio
 
 from fs.datafolder import FILE_MODE, make_private_folder
 from fs.datatransfer import crc32c
-from fs.framing import packb
+from fs.frames import packb
 from fs.errors import InternalError, InvalidArgument, LeaseFSError, NoSpace, StandbyError
 from fs.retry_cache import current_call
 

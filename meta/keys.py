@@ -74,7 +74,7 @@ import struct
 
 import msgpack
 
-from fs.framing import packb
+from fs.frames import packb
 
 ROOT_INO = 1
 LAYOUT_VERSION = 1

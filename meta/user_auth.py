@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from fs import delegation, nodeauth
 from fs.delegation import TokenId, TokenState
 from fs.errors import AuthenticationFailed, InvalidArgument, PermissionDenied
-from fs.framing import brief
+from fs.frames import brief
 from fs.rpc import UNAUTHENTICATED, os_groups, user_name
 
 from . import keys

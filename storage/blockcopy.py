@@ -31,7 +31,8 @@ from fs.datatransfer import (CHECKSUM_SIZE, FLAG_LAST, SUCCESS, TRANSFER_FINALIZ
                              crc32c, op_header, receive_ack, send_packet, verify_checksums)
 from fs.errors import LeaseFSError, ProtocolError, ServerUnavailable
 from fs.framing import FramedStream
-from fs.rpc import connect_tcp, parse_address
+from fs.rpc import parse_address
+from fs.tls import connect_tcp
 
 from .replica_states import ReplicaState
 from .replicas import ReplicaStore

@@ -44,7 +44,8 @@ from fs.datatransfer import (ACK_HEADER, CHECKSUM_SIZE, ERROR, ERROR_CHECKSUM, F
 from fs import tls as tlsmod
 from fs.errors import ChecksumError, LeaseFSError, ProtocolError, ServerBusy
 from fs.framing import FramedStream, encode_frame
-from fs.rpc import connect_tcp, parse_address
+from fs.rpc import parse_address
+from fs.tls import connect_tcp
 
 from .opheader import (CONNECT_TIMEOUT, HEADER_MAX_FRAME, block_ref, bytes_per_checksum,
                        write_targets)

@@ -51,7 +51,8 @@ from fs.datatransfer import op_header
 from fs.errors import (InvalidArgument, LeaseFSError, ProtocolError, ReplicaNotFound,
                        ServerUnavailable, from_wire)
 from fs.framing import FramedStream
-from fs.rpc import connect_tcp, parse_address
+from fs.rpc import parse_address
+from fs.tls import connect_tcp
 
 from .replica_records import Replica
 from .replica_states import ReplicaState

@@ -89,7 +89,8 @@ from fs.errors import (ChecksumError, InternalError, InvalidArgument, InvalidTok
                        ReplicaNotFound, ServerUnavailable)
 from fs.framing import FramedStream, encode_frame
 from fs.limits import ByteBudget
-from fs.rpc import check_version, connect_tcp, parse_address
+from fs.rpc import check_version, parse_address
+from fs.tls import connect_tcp
 
 from .blockchecksum import serve_block_checksum
 from .blockcopy import send_replica

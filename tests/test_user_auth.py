@@ -545,7 +545,7 @@ class Squatter:
 def test_a_squatter_on_the_local_socket_gets_nothing_and_is_named(tmp_path):
     """Another user (nobody) holds the abstract name ``@leasefs-meta-<port>`` of a running
     metadata server (whose own local socket is a file): root's clients with the default
-    ``meta_socket`` (the API, one with a token file, the CLI's put) refuse it at once with
+    ``meta_socket`` (the API, one with a token file, the CLI's ls and put) refuse it at once with
     an error naming the socket and who holds it, and send it nothing, not even a hello."""
     import tempfile
     from pathlib import Path
@@ -574,13 +574,14 @@ def test_a_squatter_on_the_local_socket_gets_nothing_and_is_named(tmp_path):
                     assert "uid 0 (root)" in message and "nothing was sent" in message
                 env = {**os.environ, "LEASEFS_META": cluster.meta_address}
                 env.pop("LEASEFS_META_SOCKET", None)     # the default one
-                put = await trio.to_thread.run_sync(functools.partial(
-                    subprocess.run, [sys.executable, "-m", "tools", "put",
-                                     str(tmp_path / "data"), "/data"],
-                    env=env, capture_output=True, timeout=60))
-                assert put.returncode != 0
-                err = put.stderr.decode()
-                assert name in err and "nobody" in err and "Traceback" not in err, err
+                # the CLI's reads (a blocking connection, fs.blockingrpc) and its put
+                for args in (["ls", "/"], ["put", str(tmp_path / "data"), "/data"]):
+                    run = await trio.to_thread.run_sync(functools.partial(
+                        subprocess.run, [sys.executable, "-m", "tools", *args],
+                        env=env, capture_output=True, timeout=60))
+                    assert run.returncode != 0
+                    err = run.stderr.decode()
+                    assert name in err and "nobody" in err and "Traceback" not in err, err
             finally:
                 received = await trio.to_thread.run_sync(squatter.stop)
             assert received and all(n == 0 for n in received), received

@@ -133,11 +133,18 @@ class Command:
 
     @property
     def client(self):
+        """The command's client: its namespace reads over a blocking connection to a
+        server of this machine where one answers, without trio (``fs.blockingrpc``), the
+        full ``fs.client.Client`` for the rest, made when first needed."""
         if self._client is None:
-            from fs.client import Client  # lazy: the parsing-only paths never need it
-            self._client = Client(meta_address=self.meta_address, config=self.config,
-                                  retry_policy=self.retry_policy)
+            from fs.blockingrpc import BlockingReads
+            self._client = BlockingReads(self.meta_address, self.config, self._full_client)
         return self._client
+
+    def _full_client(self):
+        from fs.client import Client  # lazy: a command that only reads may never need it
+        return Client(meta_address=self.meta_address, config=self.config,
+                      retry_policy=self.retry_policy)
 
     def close(self) -> None:
         client, self._client = self._client, None
