@@ -337,9 +337,11 @@ class ProcessCluster:
 
     def __init__(self, base_dir, n_storage: int = 3, settings: dict | None = None,
                  python: str = sys.executable, meta_http: bool = False,
-                 meta_http_port: int = 0):
+                 meta_http_port: int = 0, placement=None):
         """``meta_http``: the metadata server serves its web pages (on a free port);
-        ``meta_http_port``: on that port."""
+        ``meta_http_port``: on that port. ``placement``: where each server process runs
+        (``hostkit.Placement``: its ``command(name, argv)`` and the ``bind_host(name)`` it
+        gets as ``--host``); None: here, on the bind_host setting."""
         require_slow_marker("server processes (ProcessCluster)")
         self.base = Path(base_dir)
         self.n_storage = n_storage
@@ -348,6 +350,7 @@ class ProcessCluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self.ports: dict[str, int] = {}
         self.meta_address: str | None = None
+        self.placement = placement
         # 0: no web pages
         self.meta_http_port = meta_http_port or (free_port() if meta_http else 0)
         (self.base / "logs").mkdir(parents=True, exist_ok=True)
@@ -380,9 +383,13 @@ class ProcessCluster:
         addr_file.unlink(missing_ok=True)
         log = open(self.base / "logs" / f"{name}.log", "ab")
         port = str(self.ports.setdefault(name, free_port()))
+        argv = [self.python, "-m", "tools", *args, "--port", port, "--address-file",
+                str(addr_file), *self._set_args()]
+        if self.placement is not None:
+            argv = self.placement.command(name, [*argv, "--host",
+                                                 self.placement.bind_host(name)])
         proc = subprocess.Popen(
-            [self.python, "-m", "tools", *args, "--port", port, "--address-file", str(addr_file),
-             *self._set_args()],
+            argv,
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=self.env_base(), start_new_session=True)
         log.close()
