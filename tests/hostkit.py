@@ -25,7 +25,7 @@ import sys
 import time
 import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -64,14 +64,16 @@ def storage_host(i: int) -> str:
 @dataclass(frozen=True)
 class Placement:
     """Where ``ProcessCluster`` runs each server: ``meta`` on host ``meta``, ``storage<i>``
-    on host ``s<i>``, each bound to its host's address."""
+    on host ``s<i>``, each bound to its host's address unless ``binds`` names another
+    (e.g. ``{"storage3": "0.0.0.0"}``)."""
     hosts: HostSet
+    binds: dict = field(default_factory=dict)
 
     def host_of(self, process: str) -> str:
         return META if process == "meta" else storage_host(int(process[len("storage"):]))
 
     def bind_host(self, process: str) -> str:
-        return self.hosts.address(self.host_of(process))
+        return self.binds.get(process) or self.hosts.address(self.host_of(process))
 
     def command(self, process: str, argv: list[str]) -> list[str]:
         return self.hosts.command(self.host_of(process), argv)
@@ -141,19 +143,24 @@ def _fetch_token(hosts: HostSet, cluster: ProcessCluster, path: Path) -> None:
 
 @contextmanager
 def host_cluster(base, n_storage: int = 4, clients: int = 2, settings: dict | None = None,
-                 tag: str | None = None, subnet: str | None = None, wait: bool = True):
+                 tag: str | None = None, subnet: str | None = None, wait: bool = True,
+                 binds: dict | None = None, storage: bool = True):
     """Hosts ``meta``, ``s0``.. and ``c0``.. with the servers started (all block servers
-    live unless ``wait`` is False); everything stopped and removed on exit."""
+    live unless ``wait`` is False; none started when ``storage`` is False: the test starts
+    them with ``hc.cluster.start_storage(i)``; ``binds``: ``Placement.binds``); everything
+    stopped and removed on exit."""
     tag = tag or default_tag()
     names = [META, *map(storage_host, range(n_storage)), *(f"c{i}" for i in range(clients))]
     with HostSet(tag, names, subnet or default_subnet(tag)) as hosts:
-        cluster = ProcessCluster(base, n_storage, settings, placement=Placement(hosts))
+        cluster = ProcessCluster(base, n_storage, settings, placement=Placement(hosts, binds or {}))
         try:
-            cluster.start(wait=False)
+            cluster.start_meta()
+            for i in range(n_storage if storage else 0):
+                cluster.start_storage(i)
             token = Path(base) / "client.token"
             _fetch_token(hosts, cluster, token)
             hc = HostCluster(hosts, cluster, token)
-            if wait:
+            if wait and storage:
                 hc.wait_ready()
             yield hc
         finally:
