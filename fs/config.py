@@ -97,7 +97,9 @@ class Config:
     # --- metadata server
     safemode_threshold: float = _s(0.999, "fraction of complete blocks reported before leaving safe mode")
     safemode_extension: float = _s(30.0, "seconds safe mode lasts after the threshold is reached")
-    safemode_min_storage: int = _s(0, "live block servers required before leaving safe mode")
+    safemode_min_storage: int = _s(1, "live block servers required before leaving start-up safe "
+                                   "mode (0: none while the namespace has no blocks; one "
+                                   "once it has)")
     checkpoint_period: float = _s(3600.0, "seconds since the last checkpoint (persisted, so across "
                                   "restarts) that trigger one (LevelDB sync + segment roll + purge)")
     checkpoint_txns: int = _s(1_000_000, "transactions since the last checkpoint's txid (persisted) "

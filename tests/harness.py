@@ -45,6 +45,9 @@ TEST_SETTINGS = {
     "rpc_timeout": 30.0,
     "lease_monitor_period": 0.2,
     "min_block_size": 4096,
+    # many tests run a metadata server alone; clusters with block servers wait for theirs
+    # (``wait_ready``), so start-up safe mode need not
+    "safemode_min_storage": 0,
 }
 
 
