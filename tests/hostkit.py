@@ -25,6 +25,7 @@ import sys
 import time
 import zlib
 from contextlib import contextmanager
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +34,7 @@ import trio
 
 from fs.client import authentication
 from fs.rpc import RpcClient
-from harness import REPO, ProcessCluster, make_test_config, wait_cluster_ready
+from harness import REPO, ProcessCluster, make_test_config, mounted, wait_cluster_ready
 from tools.hosts import HostSet, unavailable_reason
 
 META = "meta"
@@ -109,6 +110,13 @@ class HostCluster:
     def popen(self, host: str, argv: list[str], **kwargs) -> subprocess.Popen:
         """A process on ``host`` with the client environment (stopped at teardown)."""
         return self.hosts.popen(host, argv, env=self.env(host), cwd=REPO, **kwargs)
+
+    def mount(self, host: str, name: str, *extra: str):
+        """``with hc.mount(host, name) as m``: a FUSE mount (``harness.Mount``) run on
+        ``host``, at ``m.mp`` here as well (only the network namespace differs); stopped
+        cleanly at the end (``harness.mounted``)."""
+        return contextmanager(mounted)(self.cluster, name, *extra, env=self.env(host),
+                                       launcher=partial(self.hosts.command, host))
 
     def report(self) -> dict:
         """The metadata server's ``report``, asked from the test process."""

@@ -74,7 +74,8 @@ def test_cluster_across_hosts_serves_every_host(tmp_path):
     """One metadata server, four block servers (one bound to 0.0.0.0) and two clients, each
     on its own host: a put at replication 3 from one client host reads back byte-identical
     on the other, and the report lists four live block servers, each at its own host's
-    address (the one bound to every address advertises its route's source address)."""
+    address (the one bound to every address advertises its route's source address); a
+    FUSE mount on a client host reads the file and writes one the other host reads."""
     require_hosts()
     started = time.monotonic()
     with host_cluster(tmp_path, n_storage=4, clients=2,
@@ -102,6 +103,13 @@ def test_cluster_across_hosts_serves_every_host(tmp_path):
         for lb in blocks:
             hosts = [loc["address"].rsplit(":", 1)[0] for loc in lb["locations"]]
             assert len(set(hosts)) == 3 and set(hosts) <= storage_hosts, lb
+
+        with hc.mount("c1", "c1") as mount:      # a FUSE mount on a client host
+            assert (mount.mp / "f").read_bytes() == data
+            (mount.mp / "g").write_text("written through the mount on c1\n" * 100)
+        got = hc.leasefs("c0", "cat", "/g")
+        assert got.returncode == 0, got.stderr
+        assert got.stdout == "written through the mount on c1\n" * 100
 
 
 @pytest.mark.slow
