@@ -245,7 +245,10 @@ def test_block_server_cut_from_metadata_server_mid_write(tmp_path):
         assert poll_until(lambda: node_in(hc, "live_nodes", victim_id), 30), \
             "the block server is not live again after the heal"
         _ready(healed, "block server live again after the heal")
-        assert all(n >= 3 for n in live_replicas(probe, "/f"))
+        # its replicas of the blocks written while it was cut off are excess now: deleted
+        assert poll_until(lambda: set(live_replicas(probe, "/f")) == {3}, 30), \
+            f"not back at exactly 3 replicas: {live_replicas(probe, '/f')}"
+        _ready(healed, "excess replicas deleted after the heal")
         got = hc.leasefs("c1", "get", "/f", tmp_path / "out.bin")
         assert got.returncode == 0, got.stderr
         assert (tmp_path / "out.bin").read_bytes() == pattern(acked)
@@ -260,7 +263,7 @@ def test_writer_cut_off_past_its_lease_limits(tmp_path):
     """A writer's host is cut from every other host (silently, both ways) with its file
     open, past the lease's hard limit: the metadata server recovers the lease and closes the
     file with exactly the bytes hflushed before the cut; after the heal the old writer's
-    next call fails (its lease is gone) and nothing it sends changes the file."""
+    next call fails with LeaseExpired and nothing it sends changes the file."""
     require_hosts()
     with host_cluster(tmp_path, n_storage=4, clients=2, settings=LEASES) as hc, \
             Client(hc.meta_address, config=hc.config()) as probe:
@@ -276,7 +279,7 @@ def test_writer_cut_off_past_its_lease_limits(tmp_path):
 
         hc.hosts.heal()
         answer = writer.ask("write 1000")
-        assert answer.startswith("error "), answer
+        assert answer.startswith("error LeaseExpired: "), answer
         print(f"old writer's next call after the heal: {answer[:200]}")
         assert writer.proc.wait(30) == 0
         assert probe.get_file_status("/g").length == acked
