@@ -9,8 +9,9 @@ host ``meta``, block server i on host ``s<i>``, clients on hosts ``c0``, ``c1``,
 Tests call ``require_hosts()`` first (it skips with the reason when namespaces cannot be
 built: not root, no ``ip netns``) and are marked ``slow`` like every ``ProcessCluster`` test.
 
-Names and subnet come from the checkout's folder name (``default_tag``), so two checkouts
-running their tests at once on one machine use distinct namespaces and subnets.
+Names come from the checkout's folder name (``default_tag``) and the subnet is one nothing
+routes yet (``tools.hosts.free_subnet``), so two checkouts running their tests at once on
+one machine use distinct namespaces and subnets.
 
 Clients away from the metadata host authenticate with a delegation token of the test's
 user, fetched once on the metadata host through its local socket (which exists only in that
@@ -23,7 +24,6 @@ import re
 import subprocess
 import sys
 import time
-import zlib
 from contextlib import contextmanager
 from functools import partial
 from dataclasses import dataclass, field
@@ -50,12 +50,6 @@ def require_hosts() -> None:
 def default_tag() -> str:
     """This checkout's tag (its folder's name, in the 7 characters a tag may hold)."""
     return (re.sub(r"[^a-z0-9]", "", REPO.name.lower()) or "lfs")[:7]
-
-
-def default_subnet(tag: str) -> str:
-    """A /24 of 10.77-10.78.x.0 picked by the tag, so checkouts don't share a subnet."""
-    n = zlib.crc32(tag.encode()) % 500
-    return f"10.{77 + n // 250}.{n % 250}.0/24"
 
 
 def storage_host(i: int) -> str:
@@ -159,7 +153,7 @@ def host_cluster(base, n_storage: int = 4, clients: int = 2, settings: dict | No
     stopped and removed on exit."""
     tag = tag or default_tag()
     names = [META, *map(storage_host, range(n_storage)), *(f"c{i}" for i in range(clients))]
-    with HostSet(tag, names, subnet or default_subnet(tag)) as hosts:
+    with HostSet(tag, names, subnet) as hosts:
         cluster = ProcessCluster(base, n_storage, settings, placement=Placement(hosts, binds or {}))
         try:
             cluster.start_meta()

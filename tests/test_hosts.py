@@ -13,7 +13,7 @@ import pytest
 
 from fs.client import Client
 from harness import poll_until
-from hostkit import host_cluster, require_hosts, storage_host
+from hostkit import default_tag, host_cluster, require_hosts, storage_host
 from tools.hosts import HostSet
 
 _LISTEN = """
@@ -39,12 +39,11 @@ def test_host_faults_cut_one_direction_and_heal(tmp_path):
     """Each fault stops exactly the traffic it names, silently (a timeout, as across a real
     partition), and heal restores all of it; a stale set of the same tag is removed."""
     require_hosts()
-    from hostkit import default_subnet, default_tag
     tag = default_tag()
     port = 9999
-    stale = HostSet(tag, ["x"], default_subnet(tag)).__enter__()   # as a killed run leaves it
+    stale = HostSet(tag, ["x"]).__enter__()   # as a killed run leaves it
     leftover = stale.popen("x", ["sleep", "600"])
-    with HostSet(tag, ["a", "b", "c"], default_subnet(tag)) as hosts:
+    with HostSet(tag, ["a", "b", "c"]) as hosts:
         assert leftover.wait(10) is not None      # the killed run's process is gone
         for name in "abc":
             proc = hosts.popen(name, [sys.executable, "-c", _LISTEN, str(port)],
