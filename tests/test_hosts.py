@@ -68,6 +68,21 @@ def _ready(started: float, what: str) -> None:
     print(f"{what}: {time.monotonic() - started:.1f} s")
 
 
+def until(check, timeout: float, what: str, since: float) -> None:
+    """Until ``check()`` holds (failing after ``timeout`` s); prints the time ``what`` took
+    since ``since``."""
+    assert poll_until(check, timeout), f"not {what} after {timeout} s"
+    _ready(since, f"{what} after")
+
+
+def read_on(hc, host: str, path: str, tmp_path) -> bytes:
+    """``path``'s bytes as ``leasefs get`` on ``host`` reads them."""
+    local = tmp_path / f"got-{host}-{path.strip('/').replace('/', '-')}"
+    got = hc.leasefs(host, "get", path, local)
+    assert got.returncode == 0, got.stderr
+    return local.read_bytes()
+
+
 @pytest.mark.slow
 def test_cluster_across_hosts_serves_every_host(tmp_path):
     """One metadata server, four block servers (one bound to 0.0.0.0) and two clients, each
@@ -85,9 +100,7 @@ def test_cluster_across_hosts_serves_every_host(tmp_path):
         put = hc.leasefs("c0", "put", "--replication", "3", "--block-size", "256K",
                          tmp_path / "in.bin", "/f")
         assert put.returncode == 0, put.stderr
-        got = hc.leasefs("c1", "get", "/f", tmp_path / "out.bin")
-        assert got.returncode == 0, got.stderr
-        assert (tmp_path / "out.bin").read_bytes() == data
+        assert read_on(hc, "c1", "/f", tmp_path) == data
 
         report = hc.leasefs("c1", "dfsadmin", "-report")
         assert report.returncode == 0, report.stderr
@@ -232,25 +245,19 @@ def test_block_server_cut_from_metadata_server_mid_write(tmp_path):
         _ready(cut, "write closed after the cut")
         assert probe.get_file_status("/f").length == acked
 
-        assert poll_until(lambda: node_in(hc, "dead_nodes", victim_id), 30), \
-            "the cut block server is not marked dead"
-        _ready(cut, "cut block server marked dead after")
-        assert poll_until(lambda: set(live_replicas(probe, "/f")) == {3}, 60), \
-            f"replication not restored: {live_replicas(probe, '/f')}"
-        _ready(cut, "replication 3 restored after")
+        until(lambda: node_in(hc, "dead_nodes", victim_id), 30, "cut block server marked dead",
+              cut)
+        until(lambda: set(live_replicas(probe, "/f")) == {3}, 60,
+              "replication 3 restored", cut)
 
         hc.hosts.heal()
         healed = time.monotonic()
-        assert poll_until(lambda: node_in(hc, "live_nodes", victim_id), 30), \
-            "the block server is not live again after the heal"
-        _ready(healed, "block server live again after the heal")
+        until(lambda: node_in(hc, "live_nodes", victim_id), 30,
+              "block server live again (since the heal)", healed)
         # its replicas of the blocks written while it was cut off are excess now: deleted
-        assert poll_until(lambda: set(live_replicas(probe, "/f")) == {3}, 30), \
-            f"not back at exactly 3 replicas: {live_replicas(probe, '/f')}"
-        _ready(healed, "excess replicas deleted after the heal")
-        got = hc.leasefs("c1", "get", "/f", tmp_path / "out.bin")
-        assert got.returncode == 0, got.stderr
-        assert (tmp_path / "out.bin").read_bytes() == pattern(acked)
+        until(lambda: set(live_replicas(probe, "/f")) == {3}, 30,
+              "excess replicas deleted (since the heal)", healed)
+        assert read_on(hc, "c1", "/f", tmp_path) == pattern(acked)
 
 
 LEASES = {"lease_soft_limit": 1.0, "lease_hard_limit": 3.0, "lease_monitor_period": 0.2,
@@ -271,9 +278,8 @@ def test_writer_cut_off_past_its_lease_limits(tmp_path):
         acked = writer.write(150_000)
         hc.hosts.isolate("c0")
         cut = time.monotonic()
-        assert poll_until(lambda: not probe.get_file_status("/g").under_construction, 60), \
-            "the cut-off writer's file is not recovered and closed"
-        _ready(cut, "lease recovered and file closed after the cut")
+        until(lambda: not probe.get_file_status("/g").under_construction, 60,
+              "lease recovered and file closed", cut)
         assert probe.get_file_status("/g").length == acked
 
         hc.hosts.heal()
@@ -282,6 +288,4 @@ def test_writer_cut_off_past_its_lease_limits(tmp_path):
         print(f"old writer's next call after the heal: {answer[:200]}")
         assert writer.proc.wait(30) == 0
         assert probe.get_file_status("/g").length == acked
-        got = hc.leasefs("c1", "get", "/g", tmp_path / "out.bin")
-        assert got.returncode == 0, got.stderr
-        assert (tmp_path / "out.bin").read_bytes() == pattern(acked)
+        assert read_on(hc, "c1", "/g", tmp_path) == pattern(acked)
