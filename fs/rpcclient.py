@@ -18,7 +18,6 @@ one reader task per connection resolves the waiters.
 from __future__ import annotations
 
 import functools
-import ipaddress
 import itertools
 import logging
 import math
@@ -38,8 +37,8 @@ from .config import DEFAULT_LOCAL_SOCKET
 from .errors import LeaseFSError, NothingListens, ProtocolError, RpcTimeout, ServerUnavailable
 from .framing import DEFAULT_MAX_FRAME, FrameChannel, brief
 from .rpc import (ACTING_FOR, check_identity, current_groups, current_user, format_address,
-                  format_address_list, hello, local_socket_address, local_socket_name,
-                  parse_address_list)
+                  format_address_list, hello, is_loopback_host, local_socket_address,
+                  local_socket_name, parse_address_list)
 
 # the logger keeps the name it had before the client moved out of fs.rpc: logging settings
 # and log readers that name "fs.rpc" still see the client's messages
@@ -81,12 +80,8 @@ class RetryPolicy:
 
 def _refused_on_loopback(exc: BaseException, host: str) -> bool:
     """Did every attempt of ``trio.open_tcp_stream`` to the loopback ``host`` get refused?"""
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
     attempts = getattr(exc.__cause__, "exceptions", None) or [exc]
-    return loopback and all(isinstance(e, ConnectionRefusedError) for e in attempts)
+    return is_loopback_host(host) and all(isinstance(e, ConnectionRefusedError) for e in attempts)
 
 
 class _Waiter:

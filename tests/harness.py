@@ -45,6 +45,9 @@ TEST_SETTINGS = {
     "rpc_timeout": 30.0,
     "lease_monitor_period": 0.2,
     "min_block_size": 4096,
+    # many tests run a metadata server alone; clusters with block servers wait for theirs
+    # (``wait_ready``), so start-up safe mode need not
+    "safemode_min_storage": 0,
 }
 
 
@@ -337,9 +340,11 @@ class ProcessCluster:
 
     def __init__(self, base_dir, n_storage: int = 3, settings: dict | None = None,
                  python: str = sys.executable, meta_http: bool = False,
-                 meta_http_port: int = 0):
+                 meta_http_port: int = 0, placement=None):
         """``meta_http``: the metadata server serves its web pages (on a free port);
-        ``meta_http_port``: on that port."""
+        ``meta_http_port``: on that port. ``placement``: where each server process runs
+        (``hostkit.Placement``: its ``command(name, argv)`` and the ``bind_host(name)`` it
+        gets as ``--host``); None: here, on the bind_host setting."""
         require_slow_marker("server processes (ProcessCluster)")
         self.base = Path(base_dir)
         self.n_storage = n_storage
@@ -348,6 +353,7 @@ class ProcessCluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self.ports: dict[str, int] = {}
         self.meta_address: str | None = None
+        self.placement = placement
         # 0: no web pages
         self.meta_http_port = meta_http_port or (free_port() if meta_http else 0)
         (self.base / "logs").mkdir(parents=True, exist_ok=True)
@@ -380,9 +386,13 @@ class ProcessCluster:
         addr_file.unlink(missing_ok=True)
         log = open(self.base / "logs" / f"{name}.log", "ab")
         port = str(self.ports.setdefault(name, free_port()))
+        argv = [self.python, "-m", "tools", *args, "--port", port, "--address-file",
+                str(addr_file), *self._set_args()]
+        if self.placement is not None:
+            argv = self.placement.command(name, [*argv, "--host",
+                                                 self.placement.bind_host(name)])
         proc = subprocess.Popen(
-            [self.python, "-m", "tools", *args, "--port", port, "--address-file", str(addr_file),
-             *self._set_args()],
+            argv,
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=self.env_base(), start_new_session=True)
         log.close()
@@ -557,10 +567,15 @@ def wait_mounted(mp: Path, proc: subprocess.Popen | None, log: Path, timeout: fl
 class Mount:
     """One ``leasefs mount --foreground`` process of ``cluster`` at a fresh mountpoint."""
 
-    def __init__(self, cluster: ProcessCluster, name: str, *extra: str):
+    def __init__(self, cluster: ProcessCluster, name: str, *extra: str, launcher=None,
+                 env: dict | None = None):
+        """``launcher(argv)``: the command line that runs ``argv`` where the mount is to
+        run (``hostkit``: on a client host), with ``env`` instead of the cluster's."""
         self.cluster = cluster
         self.name = name
         self.extra = list(extra)
+        self.launcher = launcher
+        self.env = env
         self.mp = Path(tempfile.mkdtemp(prefix=f"leasefs-{name}-"))
         os.chmod(self.mp, 0o755)
         self.log = cluster.base / "logs" / f"mount-{name}.log"
@@ -568,12 +583,13 @@ class Mount:
 
     def start(self) -> "Mount":
         with open(self.log, "ab") as out:
+            argv = [sys.executable, "-m", "tools", "mount", "--foreground", str(self.mp),
+                    "-o", "allow_other", "--cache-dir", str(self.cluster.base / "cache"),
+                    "--log-level", "INFO", *self.extra]
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tools", "mount", "--foreground", str(self.mp),
-                 "-o", "allow_other", "--cache-dir", str(self.cluster.base / "cache"),
-                 "--log-level", "INFO", *self.extra],
-                env=self.cluster.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL)
+                self.launcher(argv) if self.launcher else argv,
+                env=self.env or self.cluster.env, cwd=REPO, stdout=out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         wait_mounted(self.mp, self.proc, self.log)
         return self
 
@@ -642,10 +658,11 @@ def poll_until(check, timeout: float = 20.0):
         time.sleep(0.05)
 
 
-def mounted(cluster: ProcessCluster, name: str, *extra: str):
+def mounted(cluster: ProcessCluster, name: str, *extra: str, **how):
     """A started ``Mount`` for a fixture to ``yield from``: stopped cleanly (exit 0, no
-    traceback) after its tests, cleaned up whatever happened."""
-    m = Mount(cluster, name, *extra)
+    traceback) after its tests, cleaned up whatever happened (``how``: ``Mount``'s
+    ``launcher`` and ``env``)."""
+    m = Mount(cluster, name, *extra, **how)
     try:
         m.start()
         yield m

@@ -723,3 +723,21 @@ def test_apply_does_not_change_inodes_readers_hold():
     assert held == before
     assert ns.get_inode(ns.walk(["a"])[-1][0])["children"] == before["children"] + 1
     assert check_namespace(ns.kv) == []
+
+
+def test_loopback_address_is_refused_only_from_a_remote_peer():
+    """A block server may advertise loopback to a metadata server it reaches on loopback
+    (one machine; a dual-stack listener sees ::ffff:127.0.0.1) or on its local socket, but
+    not from another host's address; any address of its own is taken as it is."""
+    from types import SimpleNamespace
+    from meta.datanode_protocol import DatanodeProtocol
+
+    check = DatanodeProtocol._check_reachable
+    for peer in ("127.0.0.1:40000", "[::ffff:127.0.0.1]:40000", "[::1]:40000",
+                 "local:alice:123", "?"):
+        check(SimpleNamespace(peer=peer), "n1", "127.0.0.1", "127.0.0.1:9866")
+    check(SimpleNamespace(peer="10.0.0.5:40000"), "n1", "10.0.0.6", "10.0.0.6:9866")
+    for loopback in ("127.0.0.1", "localhost", "::1"):
+        with pytest.raises(errors.RegistrationRefused,
+                           match="connected from 10.0.0.5 .*loopback.*--host"):
+            check(SimpleNamespace(peer="10.0.0.5:40000"), "n1", loopback, f"{loopback}:9866")

@@ -1325,3 +1325,24 @@ def test_directory_scan_reports_lost_replicas_deleted_and_unknown_files_received
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_advertised_address_follows_the_bind_address():
+    """``advertise_host`` when set; else the bound address; bound to every address, the
+    source address of the route to the metadata server (here loopback, its own); a
+    metadata server nothing routes to is a clear error naming both fixes."""
+    from fs.errors import InvalidArgument
+    from storage.server import advertised_host
+
+    config = make_config()
+
+    async def main():
+        assert await advertised_host(config, "10.1.2.3", "127.0.0.1:8020") == "10.1.2.3"
+        assert await advertised_host(config.replace(advertise_host="node7"), "10.1.2.3",
+                                     "127.0.0.1:8020") == "node7"
+        for wildcard in ("0.0.0.0", ""):
+            assert await advertised_host(config, wildcard, "127.0.0.1:8020") == "127.0.0.1"
+        with pytest.raises(InvalidArgument, match="--host.*advertise_host"):
+            await advertised_host(config, "0.0.0.0", "no-such-host.invalid:8020")
+
+    trio.run(main)

@@ -263,7 +263,10 @@ def register(sub, common) -> None:
     p = sub.add_parser("storage", parents=[common], help="run one block server (foreground)",
                        description="Run a block server (DataNode role) until SIGTERM/SIGINT.")
     p.add_argument("--data", required=True, help="data folder (replicas)")
-    p.add_argument("--host", default=None, help="address to bind (default: bind_host setting)")
+    p.add_argument("--host", default=None,
+                   help="address to bind and advertise (default: bind_host setting; 0.0.0.0 "
+                        "advertises this host's address toward the metadata server; "
+                        "advertise_host overrides)")
     p.add_argument("--port", type=int, default=None, help="data port (default 9866; 0 = any free)")
     p.add_argument("--address-file", default=None,
                    help="write the bound HOST:PORT here once listening (atomic)")
