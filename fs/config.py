@@ -164,10 +164,10 @@ class Config:
                        "and read, write or copy a replica only for the metadata server's "
                        "block access token; simple: anyone who reaches the port is believed, "
                        "as HDFS simple authentication (tests, trusted networks)")
-    cluster_key_file: str = _s("", "the cluster key (32 random bytes, mode 0600): the metadata "
-                               "server creates <data>/cluster.key when missing and uses it by "
-                               "default; block servers need this set to a copy of it "
-                               "(leasefs cluster up does that)")
+    cluster_key_file: str = _s("", "the cluster key (32 random bytes as 64 hex digits, mode "
+                               "0600): the metadata server creates <data>/cluster.key when "
+                               "missing and uses it by default; block servers need this set to "
+                               "a copy of it (leasefs cluster up does that)")
     meta_socket: str = _s(DEFAULT_LOCAL_SOCKET, "the metadata server's local socket, where "
                           "the kernel tells it who each client is (SO_PEERCRED): @NAME is "
                           "Linux's abstract namespace, else a file path; {port} is its RPC "

@@ -81,6 +81,27 @@ def resolve(host: str) -> frozenset:
         return frozenset()
 
 
+def _own(address) -> bool:
+    """Is ``address`` one of this host's (in this network namespace)? Binding it tells."""
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.bind((str(address), 0))
+    except OSError:
+        return False
+    return True
+
+
+def here(wanted, port: int) -> bool:
+    """Does a server of this host listen on ``port`` at one of the addresses ``wanted``
+    (the IP addresses of the host it was named by), itself or bound to every address?"""
+    found = _listeners_now(port)
+    if any(listener.address in wanted for listener in found):
+        return True
+    return any(listener.address.is_unspecified for listener in found) and \
+        any(_own(address) for address in wanted)
+
+
 # port -> (monotonic expiry, the uids listening on it by address): many clients of one
 # process reconnecting at once (a server restart) read the kernel's table once
 _seen: dict[int, tuple[float, list[Listener]]] = {}
