@@ -227,6 +227,13 @@ class Config:
                                      "(sooner when its primary stops heartbeating)")
     # --- block servers
     heartbeat_interval: float = _s(3.0, "seconds between block server heartbeats")
+    clock_skew_warn: float = _s(5.0, "seconds a block server's wall clock may differ from the "
+                                "metadata server's (seen in its heartbeats) before a warning "
+                                "(log, report, web page, metrics); tokens and leases use "
+                                "wall time, so hosts need synchronized clocks (NTP)")
+    clock_skew_max: float = _s(30.0, "seconds of clock difference above which the metadata "
+                               "server refuses a block server's registration (HBase "
+                               "hbase.master.maxclockskew); 0 = never refuse")
     dead_node_interval: float = _s(630.0, "seconds of silence after which a block server is dead")
     block_report_interval: float = _s(21600.0, "seconds between full block reports")
     block_report_chunk: int = _s(50_000, "replicas per block_report call; a full report of more "
