@@ -413,9 +413,11 @@ def cluster_client_settings(explicit: str | None = None, env: dict | None = None
     return {"tls": "on", "tls_ca_file": state["tls_ca_file"]}
 
 
-def find_meta_address(explicit: str | None = None, env: dict | None = None) -> str:
+def find_meta_address(explicit: str | None = None, env: dict | None = None,
+                      config_file: str | None = None) -> str:
     """The metadata server to talk to: ``--meta`` flag > ``LEASEFS_META`` > the running
-    embedded cluster's state file (``<home>/cluster.json``) > config file > 127.0.0.1:8020.
+    embedded cluster's state file (``<home>/cluster.json``) > config file (``config_file``,
+    i.e. ``--config``, else ``LEASEFS_CONFIG``) > 127.0.0.1:8020.
     Any of them may be an HA list, ``"h1:p1,h2:p2"``: returned as given, checked where it is
     parsed (``fs.rpc.parse_address_list``, which names a bad entry)."""
     import json
@@ -432,4 +434,4 @@ def find_meta_address(explicit: str | None = None, env: dict | None = None) -> s
             return address
     except (OSError, ValueError):
         pass
-    return Config.load(env=env).meta_address
+    return Config.load(config_file, env=env).meta_address

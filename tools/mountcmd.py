@@ -21,10 +21,10 @@ import sys
 import time
 
 from fs.client import FileSettings
-from fs.config import Config, default_home, find_meta_address
+from fs.config import Config, default_home
 
 from .cluster import mounted_fuse, process_state
-from .common import PROG, load_config
+from .common import PROG, command_meta_address, load_config
 from .formatting import UsageError, parse_settings
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def cmd_mount(args) -> int:
     except UsageError as exc:
         print(f"{PROG} mount: {exc}", file=sys.stderr)
         return 2
-    meta = find_meta_address(getattr(args, "meta", None))
+    meta = command_meta_address(args)
     try:
         import pyfuse3  # noqa: F401
     except ImportError as exc:
