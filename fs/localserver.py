@@ -18,8 +18,10 @@ resolved with ``resolve`` in a worker thread.
 from __future__ import annotations
 
 import ipaddress
+import os
 import pwd
 import socket
+import stat
 import time
 from dataclasses import dataclass
 
@@ -121,6 +123,33 @@ def _listeners_now(port: int) -> list[Listener]:
     return found
 
 
+def private_path(path: str, uid: int) -> bool:
+    """Could only ``uid`` or root have made the socket file ``path``? It is ``uid``'s, its
+    folder is root's or ``uid``'s and nobody else may write there, and no folder above it
+    lets anyone else replace that folder (owned by root or ``uid``, and not writable by
+    others unless sticky). Then its holder is the metadata server even where the server's
+    TCP port cannot be seen: a client in another network namespace of this machine (a
+    container the socket's folder is shared into)."""
+    try:
+        if os.lstat(path).st_uid != uid:
+            return False
+        folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+        first = True
+        while True:
+            info = os.stat(folder)
+            if info.st_uid not in (0, uid):
+                return False
+            others_write = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+            if others_write and (first or not info.st_mode & stat.S_ISVTX):
+                return False
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                return True
+            folder, first = parent, False
+    except OSError:
+        return False
+
+
 def _who(uid: int) -> str:
     try:
         return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
@@ -158,6 +187,8 @@ def check(sock: socket.socket, name: str, address: tuple[str, int], wanted) -> N
     where = format_address(address)
     if held == {holder.uid}:
         return
+    if not held and not name.startswith("@") and private_path(name, holder.uid):
+        return   # the server of another network namespace (a container): see private_path
     if not held:
         raise ServerUnavailable(
             f"local socket {name}: held by {_who(holder.uid)} (pid {holder.pid}), but "

@@ -297,3 +297,54 @@ def test_ha_recipe_with_tls(usable, tmp_path):
             leasefs cat /client.toml"""))
         assert (REPO / "deploy" / "storage-ha.toml").read_text() in again, again
         assert (REPO / "deploy" / "client-ha.toml").read_text() in again, again
+
+
+def test_a_local_socket_at_a_path_reaches_another_network_namespace(usable, tmp_path):
+    """A container on the metadata server's machine (another network namespace, which
+    neither sees the abstract socket nor the server's TCP port) shares the folder of a
+    ``meta_socket`` path: the kernel names its users there too, token fetch included."""
+    run = tmp_path / "run"
+    run.mkdir(mode=0o755)
+    run.chmod(0o755)
+    socket_setting = f"meta_socket={run}/meta-{{port}}.sock"
+    made = []
+    server = None
+    try:
+        for ns in (f"{NS}-ca", f"{NS}-cb"):
+            sh("ip", "netns", "add", ns)
+            made.append(ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        for key in ("LEASEFS_META", "LEASEFS_CONFIG", "LEASEFS_TOKEN_FILE"):
+            env.pop(key, None)
+        address_file = tmp_path / "meta.addr"
+        with open(tmp_path / "meta.log", "ab") as log:
+            server = subprocess.Popen(
+                ["nsenter", f"--net=/var/run/netns/{NS}-ca", sys.executable, "-m", "tools",
+                 "meta", "--data", str(tmp_path / "meta"), "--host", "127.0.0.1", "--port",
+                 "8020", "--http-port", "0", "--address-file", str(address_file),
+                 "--set", socket_setting], env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        deadline = time.monotonic() + 30
+        while not address_file.exists():
+            assert server.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "meta.log").read_text()
+            time.sleep(0.05)
+        done = subprocess.run(
+            ["nsenter", f"--net=/var/run/netns/{NS}-cb", sys.executable, "-m", "tools",
+             "--meta", "127.0.0.1:8020", "--set", socket_setting, "token", "fetch",
+             str(tmp_path / "container.token")], cwd=REPO, env=env, capture_output=True,
+            text=True, timeout=60)
+        assert done.returncode == 0 and "Fetched" in done.stdout, done.stderr
+        # the abstract socket and TCP are not there: without the path, nobody
+        refused = subprocess.run(
+            ["nsenter", f"--net=/var/run/netns/{NS}-cb", sys.executable, "-m", "tools",
+             "--meta", "127.0.0.1:8020", "--set", "rpc_retry_seconds=1", "ls", "/"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+    finally:
+        if server is not None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(30)
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)

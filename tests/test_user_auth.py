@@ -631,3 +631,33 @@ def test_a_squatted_local_socket_name_stops_the_server_and_its_clients_loudly(tm
     finally:
         received = squatter.stop()
     assert received and all(n == 0 for n in received), received
+
+
+def test_a_socket_path_is_private_only_where_nobody_else_could_have_made_it(tmp_path):
+    """``fs.localserver.private_path``: a socket file of the uid, in a folder nobody else
+    may write (ancestors: not writable by others, or sticky like /tmp)."""
+    import socket as socketmod
+
+    from fs.localserver import private_path
+
+    def bound(folder, mode):
+        folder.mkdir()
+        folder.chmod(mode)
+        sock = socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_STREAM)
+        sock.bind(str(folder / "meta.sock"))
+        return sock
+
+    tmp_path.chmod(0o755)
+    kept = [bound(tmp_path / "private", 0o755), bound(tmp_path / "open", 0o777),
+            bound(tmp_path / "sticky", 0o1777)]
+    try:
+        assert private_path(str(tmp_path / "private" / "meta.sock"), os.getuid())
+        assert not private_path(str(tmp_path / "private" / "meta.sock"), os.getuid() + 1)
+        assert not private_path(str(tmp_path / "open" / "meta.sock"), os.getuid())
+        assert not private_path(str(tmp_path / "sticky" / "meta.sock"), os.getuid())
+        assert not private_path(str(tmp_path / "missing.sock"), os.getuid())
+        (tmp_path / "private").chmod(0o775)
+        assert not private_path(str(tmp_path / "private" / "meta.sock"), os.getuid())
+    finally:
+        for sock in kept:
+            sock.close()
