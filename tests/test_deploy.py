@@ -348,3 +348,19 @@ def test_a_local_socket_at_a_path_reaches_another_network_namespace(usable, tmp_
             server.wait(30)
         for ns in made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_the_systemd_units_verify(tmp_path):
+    """``systemd-analyze verify`` finds nothing to say about the units (their executable
+    put where this machine has one)."""
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("no systemd-analyze")
+    units = []
+    for unit in (REPO / "deploy" / "systemd").glob("*.service"):
+        copy = tmp_path / unit.name
+        copy.write_text(unit.read_text().replace("/opt/leasefs/bin/leasefs", sys.executable))
+        units.append(str(copy))
+    assert len(units) == 3
+    done = subprocess.run(["systemd-analyze", "verify", *units], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
