@@ -14,6 +14,7 @@ owns the one trio run; pyfuse3 runs its request tasks inside it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
@@ -126,12 +127,18 @@ def registered_pid(mountpoint: str) -> int | None:
     except OSError:
         return None
     for name in names:
+        path = os.path.join(folder, name)
         try:
-            with open(os.path.join(folder, name)) as fh:
+            with open(path) as fh:
                 pid_text, recorded_device, recorded = fh.read().strip().split(" ", 2)
             pid = int(pid_text)
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 cmdline = fh.read()
+        except FileNotFoundError:   # a mount process killed before it could unregister
+            if os.path.exists(path):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            continue
         except (OSError, ValueError):
             continue
         if recorded == mountpoint and recorded_device == device and b"mount" in cmdline:
