@@ -69,7 +69,9 @@ class BlockingRpc:
             wanted = localserver.addresses(address[0])
             if wanted is None:
                 wanted = localserver.resolve(address[0])
-            localserver.check(sock, name, address, wanted)
+            if not localserver.verify(sock, name, address, wanted):
+                sock.close()
+                return None
             sock.settimeout(config.rpc_timeout)
             user, groups = check_identity(current_user(), current_groups(), "client identity")
             return cls(sock, user=user, groups=groups, max_frame=config.max_frame)

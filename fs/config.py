@@ -168,10 +168,10 @@ class Config:
                        "and read, write or copy a replica only for the metadata server's "
                        "block access token; simple: anyone who reaches the port is believed, "
                        "as HDFS simple authentication (tests, trusted networks)")
-    cluster_key_file: str = _s("", "the cluster key (32 random bytes, mode 0600): the metadata "
-                               "server creates <data>/cluster.key when missing and uses it by "
-                               "default; block servers need this set to a copy of it "
-                               "(leasefs cluster up does that)")
+    cluster_key_file: str = _s("", "the cluster key (32 random bytes as 64 hex digits, mode "
+                               "0600): the metadata server creates <data>/cluster.key when "
+                               "missing and uses it by default; block servers need this set to "
+                               "a copy of it (leasefs cluster up does that)")
     meta_socket: str = _s(DEFAULT_LOCAL_SOCKET, "the metadata server's local socket, where "
                           "the kernel tells it who each client is (SO_PEERCRED): @NAME is "
                           "Linux's abstract namespace, else a file path; {port} is its RPC "
@@ -231,6 +231,13 @@ class Config:
                                      "(sooner when its primary stops heartbeating)")
     # --- block servers
     heartbeat_interval: float = _s(3.0, "seconds between block server heartbeats")
+    clock_skew_warn: float = _s(5.0, "seconds a block server's wall clock may differ from the "
+                                "metadata server's (seen in its heartbeats) before a warning "
+                                "(log, report, web page, metrics); tokens and leases use "
+                                "wall time, so hosts need synchronized clocks (NTP)")
+    clock_skew_max: float = _s(30.0, "seconds of clock difference above which the metadata "
+                               "server refuses a block server's registration (HBase "
+                               "hbase.master.maxclockskew); 0 = never refuse")
     dead_node_interval: float = _s(630.0, "seconds of silence after which a block server is dead")
     block_report_interval: float = _s(21600.0, "seconds between full block reports")
     block_report_chunk: int = _s(50_000, "replicas per block_report call; a full report of more "
@@ -406,9 +413,11 @@ def cluster_client_settings(explicit: str | None = None, env: dict | None = None
     return {"tls": "on", "tls_ca_file": state["tls_ca_file"]}
 
 
-def find_meta_address(explicit: str | None = None, env: dict | None = None) -> str:
+def find_meta_address(explicit: str | None = None, env: dict | None = None,
+                      config_file: str | None = None) -> str:
     """The metadata server to talk to: ``--meta`` flag > ``LEASEFS_META`` > the running
-    embedded cluster's state file (``<home>/cluster.json``) > config file > 127.0.0.1:8020.
+    embedded cluster's state file (``<home>/cluster.json``) > config file (``config_file``,
+    i.e. ``--config``, else ``LEASEFS_CONFIG``) > 127.0.0.1:8020.
     Any of them may be an HA list, ``"h1:p1,h2:p2"``: returned as given, checked where it is
     parsed (``fs.rpc.parse_address_list``, which names a bad entry)."""
     import json
@@ -425,4 +434,4 @@ def find_meta_address(explicit: str | None = None, env: dict | None = None) -> s
             return address
     except (OSError, ValueError):
         pass
-    return Config.load(env=env).meta_address
+    return Config.load(config_file, env=env).meta_address

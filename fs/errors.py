@@ -169,6 +169,13 @@ class AuthenticationRequired(AuthenticationFailed):
     """A call on a connection that has not authenticated yet (security = secure)."""
 
 
+class ClockSkew(LeaseFSError):
+    """A block server's wall clock differs from the metadata server's by more than
+    ``clock_skew_max``: its registration is refused until the hosts' clocks agree (tokens
+    and leases use wall time)."""
+    errno = _errno.EINVAL
+
+
 class TlsError(LeaseFSError):
     """TLS could not be set up with a peer (tls = on): its certificate is not trusted, one
     side speaks TLS and the other does not, a certificate or key file is missing or bad.

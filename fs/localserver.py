@@ -18,8 +18,10 @@ resolved with ``resolve`` in a worker thread.
 from __future__ import annotations
 
 import ipaddress
+import os
 import pwd
 import socket
+import stat
 import time
 from dataclasses import dataclass
 
@@ -81,6 +83,27 @@ def resolve(host: str) -> frozenset:
         return frozenset()
 
 
+def _own(address) -> bool:
+    """Is ``address`` one of this host's (in this network namespace)? Binding it tells."""
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.bind((str(address), 0))
+    except OSError:
+        return False
+    return True
+
+
+def here(wanted, port: int) -> bool:
+    """Does a server of this host listen on ``port`` at one of the addresses ``wanted``
+    (the IP addresses of the host it was named by), itself or bound to every address?"""
+    found = _listeners_now(port)
+    if any(listener.address in wanted for listener in found):
+        return True
+    return any(listener.address.is_unspecified for listener in found) and \
+        any(_own(address) for address in wanted)
+
+
 # port -> (monotonic expiry, the uids listening on it by address): many clients of one
 # process reconnecting at once (a server restart) read the kernel's table once
 _seen: dict[int, tuple[float, list[Listener]]] = {}
@@ -98,6 +121,33 @@ def _listeners_now(port: int) -> list[Listener]:
             _seen.clear()
         _seen[port] = (now + _KEEP_SECONDS, found)
     return found
+
+
+def private_path(path: str, uid: int) -> bool:
+    """Could only ``uid`` or root have made the socket file ``path``? It is ``uid``'s, its
+    folder is root's or ``uid``'s and nobody else may write there, and no folder above it
+    lets anyone else replace that folder (owned by root or ``uid``, and not writable by
+    others unless sticky). Then its holder is the metadata server even where the server's
+    TCP port cannot be seen: a client in another network namespace of this machine (a
+    container the socket's folder is shared into)."""
+    try:
+        if os.lstat(path).st_uid != uid:
+            return False
+        folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+        first = True
+        while True:
+            info = os.stat(folder)
+            if info.st_uid not in (0, uid):
+                return False
+            others_write = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+            if others_write and (first or not info.st_mode & stat.S_ISVTX):
+                return False
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                return True
+            folder, first = parent, False
+    except OSError:
+        return False
 
 
 def _who(uid: int) -> str:
@@ -122,6 +172,18 @@ def holder(name: str) -> str | None:
     return f"{_who(held.uid)}, pid {held.pid}"
 
 
+def verify(sock: socket.socket, name: str, address: tuple[str, int], wanted) -> bool:
+    """``check`` as a client makes it, which tries the default socket name for a server at
+    any address: False (use TCP, send nothing here) when ``name`` is that default and the
+    server at ``address`` is not on this host, so the socket is another server's."""
+    from .rpc import is_default_local_socket
+
+    if is_default_local_socket(name, address) and not here(wanted, address[1]):
+        return False
+    check(sock, name, address, wanted)
+    return True
+
+
 def check(sock: socket.socket, name: str, address: tuple[str, int], wanted) -> None:
     """Return if the process that holds the local socket ``name`` (connected as ``sock``)
     runs as the user whose socket listens on ``address``'s TCP port (``wanted``: the IP
@@ -137,6 +199,8 @@ def check(sock: socket.socket, name: str, address: tuple[str, int], wanted) -> N
     where = format_address(address)
     if held == {holder.uid}:
         return
+    if not held and not name.startswith("@") and private_path(name, holder.uid):
+        return   # the server of another network namespace (a container): see private_path
     if not held:
         raise ServerUnavailable(
             f"local socket {name}: held by {_who(holder.uid)} (pid {holder.pid}), but "

@@ -95,14 +95,18 @@ class LeaseRenewer:
     async def renew_once(self) -> bool:
         """One renewal attempt; aborts the open streams once the hard limit has passed."""
         now = trio.current_time()
+        limit = max(self.period, 0.1)
         try:
-            with trio.fail_after(max(self.period, 0.1)):
+            with trio.fail_after(limit):
                 await self._renew()
         except (LeaseFSError, trio.TooSlowError) as exc:
             self.failures += 1
             failing_for = now - (self.last_success if self.last_success is not None else now)
+            # an exception is always true: its text may still be empty (TooSlowError's is)
+            cause = f"no answer within {limit:g} s" if isinstance(exc, trio.TooSlowError) \
+                else str(exc) or type(exc).__name__
             log.warning("lease renewal for %s failed (%s); failing for %.1f s of %.1f s allowed",
-                        self.holder, exc or "timed out", failing_for, self.hard_limit)
+                        self.holder, cause, failing_for, self.hard_limit)
             if failing_for > self.hard_limit:
                 self._abort_all(failing_for)
             return False

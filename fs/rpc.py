@@ -187,18 +187,23 @@ def local_socket_address(name: str) -> str | bytes:
     return b"\0" + name[1:].encode() if name.startswith("@") else name
 
 
-def local_socket_name(template: str, address, *, server: bool = False) -> str | None:
+def local_socket_name(template: str, address) -> str | None:
     """The ``meta_socket`` setting for the metadata server at ``address``: ``{port}`` filled
-    in. A client uses the default one only for a server on a loopback address (another
-    machine's server has no socket here, and a same-named one would be another cluster's);
-    one set explicitly, whatever the address names (a server of this machine named by its
-    host name)."""
+    in; None when empty. A client tries the default one for any address, but uses it for a
+    server on another than a loopback address only when that address is this host's own
+    and its port is held here (``fs.localserver.here``): another machine's server has no
+    socket here, and a same-named one would be another cluster's."""
     if not template:
         return None
+    return template.replace("{port}", str(parse_address(address)[1]))
+
+
+def is_default_local_socket(name: str, address) -> bool:
+    """Is ``name`` the default ``meta_socket`` of the server at ``address``, and that
+    server not on a loopback address (then a client checks the address is this host's)?"""
     host, port = parse_address(address)
-    if not server and template == DEFAULT_LOCAL_SOCKET and not is_loopback_host(host):
-        return None
-    return template.replace("{port}", str(port))
+    return name == DEFAULT_LOCAL_SOCKET.replace("{port}", str(port)) and \
+        not is_loopback_host(host)
 
 
 def is_loopback_host(host: str) -> bool:
@@ -328,7 +333,8 @@ __all__ = [
     "MAX_IDENTITY_BYTES", "MAX_USER_NAME", "PROTOCOL_VERSION", "UNAUTHENTICATED",
     "CallContext", "PeerCredentials", "check_identity", "current_groups",
     "current_user", "format_address", "format_address_list", "group_name", "is_loopback_host",
-    "local_socket_address", "local_socket_name", "normalize_address_list", "os_groups",
+    "is_default_local_socket", "local_socket_address", "local_socket_name",
+    "normalize_address_list", "os_groups",
     "parse_address", "parse_address_list", "user_name",
     # client (fs.rpcclient)
     "RetryPolicy", "RpcClient", "StateAlignment",

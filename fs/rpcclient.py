@@ -37,8 +37,8 @@ from .config import DEFAULT_LOCAL_SOCKET
 from .errors import LeaseFSError, NothingListens, ProtocolError, RpcTimeout, ServerUnavailable
 from .framing import DEFAULT_MAX_FRAME, FrameChannel, brief
 from .rpc import (ACTING_FOR, check_identity, current_groups, current_user, format_address,
-                  format_address_list, hello, is_loopback_host, local_socket_address,
-                  local_socket_name, parse_address_list)
+                  format_address_list, hello, is_default_local_socket, is_loopback_host,
+                  local_socket_address, local_socket_name, parse_address_list)
 
 # the logger keeps the name it had before the client moved out of fs.rpc: logging settings
 # and log readers that name "fs.rpc" still see the client's messages
@@ -58,7 +58,10 @@ def _local_sockets(setting: str | None, addresses) -> list[str | None]:
     those go over TCP."""
     names = [local_socket_name(setting, a) if setting else None for a in addresses]
     if len(addresses) > 1:
-        shared = {n for n in names if n is not None and names.count(n) > 1}
+        # the default socket of a server on another host than loopback is used only where
+        # its address is this host's (``_open_local``): that tells them apart
+        shared = {n for a, n in zip(addresses, names) if n is not None and names.count(n) > 1
+                  and not is_default_local_socket(n, a)}
         if shared:
             log.debug("local socket %s is named for several servers of the list: TCP for "
                       "them", ", ".join(sorted(shared)))
@@ -214,7 +217,7 @@ class RpcClient:
         self._told: dict[int, str] = {}   # address index → the state last logged of it
         # each server's local socket (``local_socket_address``), tried before TCP: there the
         # kernel tells the server who we are; by default the default ``meta_socket`` of a
-        # server on a loopback address, None: TCP only. ``local_socket`` is the setting
+        # server on a loopback address or one of this host's, None: TCP only. ``local_socket`` is the setting
         # (``{port}`` filled per address) or a name already filled in
         self._local_sockets = _local_sockets(local_socket, self.addresses)
         # read-your-writes for observer reads (``StateAlignment``, shared with the client's
@@ -447,7 +450,9 @@ class RpcClient:
             wanted = localserver.addresses(address[0])
             if wanted is None:
                 wanted = await trio.to_thread.run_sync(localserver.resolve, address[0])
-            localserver.check(sock, name, address, wanted)
+            if not localserver.verify(sock, name, address, wanted):
+                sock.close()    # another host's server: this socket is someone else's
+                return None
         except BaseException:
             sock.close()
             raise
@@ -718,5 +723,6 @@ class RpcClient:
                            for i, exc in sorted(failed.items()))
         every = all(isinstance(exc, errors.StandbyError) for exc in failed.values())
         kind = errors.StandbyError if every else ServerUnavailable
+        when = f"within {budget:g} s" if budget > 0 else "asked once each, without retries"
         return kind(f"no metadata server of {format_address_list(self.addresses)} served the "
-                    f"call within {budget:g} s ({causes})")
+                    f"call {when} ({causes})")

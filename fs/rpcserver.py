@@ -114,9 +114,11 @@ class Dispatcher:
             handler, known, required, cached = self._method(method)
         if ctx.user is UNAUTHENTICATED and not self.admits_unauthenticated(ctx, method):
             raise errors.AuthenticationRequired(
-                f"{method}: this connection has not authenticated (security = secure): "
-                f"connect through the metadata server's local socket, or set token_file to "
-                f"a delegation token (leasefs token fetch)")
+                f"{method}: this connection has not authenticated (security = secure): over "
+                f"TCP the server knows no user without a delegation token; run `leasefs token "
+                f"fetch FILE` on the metadata server's host (its local socket, where the "
+                f"kernel names you), copy FILE here (mode 0600) and set token_file or "
+                f"LEASEFS_TOKEN_FILE to it")
         if not isinstance(args, dict):
             raise InvalidArgument(f"{method}: arguments must be a map of names to values")
         if not required <= args.keys() or not args.keys() <= known:

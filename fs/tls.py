@@ -138,12 +138,17 @@ def _now() -> datetime.datetime:
 def ensure_ca(meta_data_dir) -> str:
     """The cluster CA certificate's path, with the CA created (EC P-256, 10 years, key mode
     0600) when ``<meta data>/tls/ca.crt`` does not exist. Blocking."""
+    return ensure_ca_in(tls_dir(meta_data_dir))
+
+
+def ensure_ca_in(folder) -> str:
+    """``ensure_ca`` with the CA's files directly in ``folder`` (``leasefs tls ca``)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    cert_path, key_path = ca_paths(meta_data_dir)
+    cert_path, key_path = os.path.join(folder, CA_CERT), os.path.join(folder, CA_KEY)
     with _DirLock(os.path.dirname(cert_path)):
         if os.path.exists(cert_path) and os.path.exists(key_path):
             return cert_path

@@ -97,6 +97,8 @@ class AdminProtocol:
                     "blocks": self.blocks.node_block_count(node.node_id),
                     "admin": node.admin, "alive": node.alive, "xceivers": node.xceivers,
                     "http_port": node.http_port,
+                    # its wall clock minus ours; "clock_warning": past clock_skew_warn
+                    "clock_skew": round(node.clock_skew, 3), "clock_warning": node.clock_warned,
                     # one data folder per block server: a failed one stops the server,
                     # which then shows as dead, so a live node has none failed
                     "volumes": 1, "failed_volumes": 0}

@@ -32,10 +32,11 @@ call is its own task; big block reports are cut into bounded steps by ``BlockRep
 from __future__ import annotations
 
 import logging
+import math
 
 from fs import nodeauth, paths
 from fs.blocktoken import COPY as COPY_TOKEN
-from fs.errors import (AuthenticationFailed, InvalidArgument, PermissionDenied,
+from fs.errors import (AuthenticationFailed, ClockSkew, InvalidArgument, PermissionDenied,
                        RegistrationRefused, StaleGenerationStamp, StandbyError)
 from fs.rpc import LOCAL_PEER_PREFIX, format_address, is_loopback_host, parse_address
 
@@ -45,6 +46,10 @@ from .permissions import READ
 from .reports import parse_entries
 
 log = logging.getLogger(__name__)
+
+
+def _skew_text(skew: float) -> str:
+    return f"{abs(skew):.1f} s {'ahead of' if skew > 0 else 'behind'} the metadata server's"
 
 
 class DatanodeProtocol:
@@ -145,10 +150,38 @@ class DatanodeProtocol:
                 f"advertises {address}, a loopback address no other host reaches; start it "
                 f"with --host set to its host's address (or 0.0.0.0), or set advertise_host")
 
+    def _clock_skew(self, node_id, wall_time, what: str) -> float | None:
+        """The node's wall clock minus ours (``wall_time``: its clock when it sent the
+        call), or None when it did not say."""
+        if wall_time is None:
+            return None
+        if not isinstance(wall_time, (int, float)) or isinstance(wall_time, bool) \
+                or not math.isfinite(wall_time):
+            raise InvalidArgument(f"{what}: wall_time must be seconds since the epoch")
+        return wall_time - self.wall_ns() / 1e9
+
+    def _note_clock(self, node, skew: float | None) -> None:
+        """Keep the node's clock skew; log when it leaves ``clock_skew_warn`` and when it
+        is back (not at every heartbeat)."""
+        if skew is None:
+            return
+        node.clock_skew = skew
+        limit = self.config.clock_skew_warn
+        if abs(skew) > limit and not node.clock_warned:
+            node.clock_warned = True
+            log.warning("block server %s at %s: its clock is %s (more than clock_skew_warn = "
+                        "%g s): synchronize the hosts' clocks (NTP); tokens and leases use "
+                        "wall time", node.node_id, node.address, _skew_text(skew), limit)
+        elif abs(skew) <= limit and node.clock_warned:
+            node.clock_warned = False
+            log.info("block server %s: its clock is back within %g s of ours (%s)",
+                     node.node_id, limit, _skew_text(skew))
+
     async def rpc_register_storage(self, ctx, node_id, address, capacity=0, used=0, remaining=0,
-                                   http_port=None):
+                                   http_port=None, wall_time=None):
         """``http_port``: the port of the node's own web page (on its address's host), so
-        the metadata server's pages can link to it; None when it serves none."""
+        the metadata server's pages can link to it; None when it serves none.
+        ``wall_time``: the node's clock (a skew past ``clock_skew_max`` is refused)."""
         check_name(node_id, "register_storage: node_id")
         self._node_caller(ctx, "register_storage", node_id)
         if not isinstance(address, str):
@@ -160,10 +193,20 @@ class DatanodeProtocol:
         self._check_usage(capacity, used, remaining)
         if http_port is not None:
             check_int(http_port, "register_storage: http_port", low=1, high=65535)
+        skew = self._clock_skew(node_id, wall_time, "register_storage")
+        limit = self.config.clock_skew_max
+        if skew is not None and limit > 0 and abs(skew) > limit:
+            log.warning("block server %s at %s refused: its clock is %s (more than "
+                        "clock_skew_max = %g s)", node_id, address, _skew_text(skew), limit)
+            raise ClockSkew(f"register_storage: block server {node_id} at {address}: its "
+                            f"clock is {_skew_text(skew)} (more than clock_skew_max = "
+                            f"{limit:g} s); synchronize the hosts' clocks (NTP, chrony) and "
+                            f"it registers by itself")
         node, fresh, displaced = self.datanodes.register(node_id, format_address((host, port)),
                                                          capacity, used, remaining, http_port)
         for other in displaced:
             self.node_dead(other)
+        self._note_clock(node, skew)
         if self.reports.abandon(node_id):
             log.info("block server %s registered again: its unfinished block report is "
                      "abandoned", node_id)
@@ -177,14 +220,17 @@ class DatanodeProtocol:
         return answer
 
     async def rpc_heartbeat(self, ctx, node_id, capacity=0, used=0, remaining=0, xceivers=0,
-                            block_keys_version=None):
+                            block_keys_version=None, wall_time=None):
         check_name(node_id, "heartbeat: node_id")
         self._node_caller(ctx, "heartbeat", node_id)
         self._check_usage(capacity, used, remaining)
+        skew = self._clock_skew(node_id, wall_time, "heartbeat")
         node = self.datanodes.heartbeat(node_id, capacity, used, remaining,
                                         xceivers if isinstance(xceivers, int) else 0)
         if node is None:
             return {"reregister": True, "commands": []}
+        # a live node whose clock drifts is warned about, not dropped: its replicas stay
+        self._note_clock(node, skew)
         commands = []
         # not active: no commands at all (the block server would drop them anyway); the
         # queues keep them for when this server is active

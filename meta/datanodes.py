@@ -85,6 +85,10 @@ class NodeInfo:
     scheduled_bytes: int = 0
     admin: str = NORMAL
     http_port: int | None = None     # its own web page's port, when it serves one
+    # its wall clock minus ours at its last register or heartbeat (seconds; the call's
+    # transit makes it look up to that much behind)
+    clock_skew: float = 0.0
+    clock_warned: bool = False       # a skew warning is logged until it is back in bounds
     invalidate: dict[int, dict] = field(default_factory=dict)   # block id → block ref
     invalidate_txid: dict[int, int] = field(default_factory=dict)   # block id → decided at
     # handed out, not yet reported deleted; in order of the last send

@@ -150,6 +150,9 @@ class MetaMetrics:
         yield gauge("block_servers", "Block servers by liveness", labels=["state"],
                     rows=[(("live",), len(s.datanodes.live_nodes())),
                           (("dead",), len(s.datanodes.dead_nodes()))])
+        yield gauge("block_server_clock_skew_seconds", "Largest difference between a live "
+                    "block server's wall clock and this server's (seen in heartbeats)",
+                    max((abs(n.clock_skew) for n in s.datanodes.live_nodes()), default=0.0))
         yield gauge("safe_mode", "1 while the server is in safe mode",
                     1 if s.safemode.on else 0)
         yield gauge("journal_last_txid", "Last journal transaction id written",

@@ -154,7 +154,7 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
             # only TCP listened would fall back to it and be refused as unauthenticated
             serve_local_socket = partial(serve_local, handler, server="metadata server",
                                          limits=local_limits, refusal=rpc_refusal)
-            local = local_socket_name(config.meta_socket, (host, port), server=True) \
+            local = local_socket_name(config.meta_socket, (host, port)) \
                 if port else None
             if local:
                 await nursery.start(partial(serve_local_socket, name=local))
@@ -163,7 +163,7 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
                 refusal=rpc_refusal, tls=server_tls, unauthenticated=unauthenticated))
             bound[:] = [address, http_bound[1] if http_bound else 0]
             if not local:
-                local = local_socket_name(config.meta_socket, address, server=True)
+                local = local_socket_name(config.meta_socket, address)
                 if local:
                     await nursery.start(partial(serve_local_socket, name=local))
             if server.ha is not None:

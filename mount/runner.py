@@ -14,6 +14,7 @@ owns the one trio run; pyfuse3 runs its request tasks inside it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
@@ -72,38 +73,77 @@ def mount_options(extra: list[str] | None, fsname: str) -> set[str]:
     return options
 
 
-def registry_path(mountpoint: str) -> str:
-    """Where the mount serving ``mountpoint`` records its pid, so ``leasefs umount --force``
-    can ask exactly that process (and no other) to publish its open files and go."""
+def registry_path(mountpoint: str, pid: int | None = None) -> str:
+    """Where the mount process ``pid`` (default: this one) serving ``mountpoint`` records
+    itself, so ``leasefs umount --force`` can ask exactly that process (and no other) to
+    publish its open files and go. One file per process: mounts stacked on one folder each
+    keep theirs."""
     digest = hashlib.sha1(os.path.abspath(mountpoint).encode()).hexdigest()[:16]
-    return os.path.join(default_home(), "mounts", f"{digest}.pid")
+    return os.path.join(default_home(), "mounts", f"{digest}-{pid or os.getpid()}.pid")
 
 
-def _register(mountpoint: str) -> str | None:
+def _register(mountpoint: str, device: str | None) -> str | None:
     path = registry_path(mountpoint)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as fh:
-            fh.write(f"{os.getpid()} {mountpoint}\n")
+            fh.write(f"{os.getpid()} {device or '-'} {mountpoint}\n")
         return path
     except OSError as exc:
         log.info("mount registry %s not written: %s", path, exc)
         return None
 
 
-def registered_pid(mountpoint: str) -> int | None:
-    """The pid recorded for ``mountpoint`` if that process still runs a leasefs mount."""
+def mounted_device(mountpoint: str) -> str | None:
+    """The device (``major:minor``) of the topmost mount at ``mountpoint``, the one the path
+    resolves to now, from /proc/self/mountinfo (so no request reaches a mount's own, maybe
+    still starting, handlers); None if nothing is mounted there."""
+    # mountinfo escapes blanks and backslashes in paths as octal; a mount stacked on another
+    # is listed after it
+    escaped = "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in mountpoint)
+    found = None
     try:
-        with open(registry_path(mountpoint)) as fh:
-            pid_text, _, recorded = fh.read().strip().partition(" ")
-        pid = int(pid_text)
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            cmdline = fh.read()
-    except (OSError, ValueError):
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) > 4 and fields[4] == escaped:
+                    found = fields[2]
+    except OSError:
         return None
-    if recorded != os.path.abspath(mountpoint) or b"mount" not in cmdline:
+    return found
+
+
+def registered_pid(mountpoint: str) -> int | None:
+    """The pid of the leasefs mount process serving the topmost mount at ``mountpoint`` (of
+    mounts stacked there, the one the path resolves to), if it still runs."""
+    mountpoint = os.path.abspath(mountpoint)
+    device = mounted_device(mountpoint)
+    if device is None:
         return None
-    return pid
+    folder = os.path.dirname(registry_path(mountpoint))
+    prefix = os.path.basename(registry_path(mountpoint, 1))[:-len("1.pid")]
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(prefix)]
+    except OSError:
+        return None
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            with open(path) as fh:
+                pid_text, recorded_device, recorded = fh.read().strip().split(" ", 2)
+            pid = int(pid_text)
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except FileNotFoundError:   # a mount process killed before it could unregister
+            if os.path.exists(path):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            continue
+        except (OSError, ValueError):
+            continue
+        if recorded == mountpoint and recorded_device == device and b"mount" in cmdline:
+            return pid
+    return None
 
 
 def mount_client_name(mountpoint: str) -> str:
@@ -122,19 +162,10 @@ def mount_client_config(config: Config) -> Config:
 
 
 def _mount_bdi(mountpoint: str) -> str | None:
-    """``/sys/class/bdi/<major:minor>`` of the FUSE mount at ``mountpoint`` (from
-    /proc/self/mountinfo, so no request reaches our own, still starting, handlers)."""
-    try:
-        with open("/proc/self/mountinfo") as fh:
-            for line in fh:
-                fields = line.split()
-                if len(fields) > 4 and fields[4] == mountpoint:
-                    device = fields[2]
-                    path = f"/sys/class/bdi/{device}"
-                    return path if os.path.isdir(path) else None
-    except OSError:
-        return None
-    return None
+    """``/sys/class/bdi/<major:minor>`` of the topmost FUSE mount at ``mountpoint``."""
+    device = mounted_device(mountpoint)
+    path = f"/sys/class/bdi/{device}"
+    return path if device is not None and os.path.isdir(path) else None
 
 
 def set_readahead(mountpoint: str, nbytes: int) -> int | None:
@@ -172,7 +203,9 @@ async def _serve(mountpoint: str, meta_address: str, config: Config, options: se
                       root=root.path, root_ino=root.ino)
         pyfuse3.init(ops, mountpoint, options)
         mounted = True
-        registry = _register(mountpoint)
+        # pyfuse3.init has just mounted it: the topmost mount there is this one
+        device = mounted_device(mountpoint)
+        registry = _register(mountpoint, device)
         try:
             readahead = await trio.to_thread.run_sync(set_readahead, mountpoint,
                                                       config.mount_readahead)
@@ -199,7 +232,10 @@ async def _serve(mountpoint: str, meta_address: str, config: Config, options: se
             await ops.close_all()
         finally:
             if mounted:
-                pyfuse3.close(unmount=True)
+                # unmounting goes by path, which names the topmost mount: under another
+                # mount stacked on ours that would stop the other one; closing our FUSE
+                # connection ends ours
+                pyfuse3.close(unmount=device is None or mounted_device(mountpoint) == device)
             shutil.rmtree(own_cache, ignore_errors=True)
             if registry is not None:
                 try:
@@ -229,4 +265,5 @@ def run_mount(mountpoint: str, meta_address: str, config: Config, *, options=Non
 
 
 __all__ = ["run_mount", "mount_options", "default_cache_dir", "mount_client_config",
-           "set_readahead", "registry_path", "registered_pid", "mount_client_name"]
+           "set_readahead", "registry_path", "registered_pid", "mounted_device",
+           "mount_client_name"]

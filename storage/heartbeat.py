@@ -67,7 +67,9 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import secrets
+import time
 
 import trio
 
@@ -96,6 +98,16 @@ BLOCK_KEYS = "block_keys"
 #: seconds a "receiving" (RBW) report may wait for company: a small block's FINALIZED
 #: report usually follows within milliseconds and replaces it, one report instead of two
 RECEIVING_REPORT_DELAY = 0.05
+#: TEST-ONLY: ``LEASEFS_TEST_CLOCK_OFFSET=SECONDS`` in a block server's environment shifts
+#: the wall time it reports to the metadata server (a host whose clock is off), without
+#: touching the machine's clock
+CLOCK_OFFSET_ENV = "LEASEFS_TEST_CLOCK_OFFSET"
+
+
+def reported_wall_time() -> float:
+    """This host's wall clock as register and heartbeat calls carry it (seconds since the
+    epoch): the metadata server compares it with its own."""
+    return time.time() + float(os.environ.get(CLOCK_OFFSET_ENV) or 0)
 
 
 class HeartbeatService:
@@ -605,7 +617,7 @@ class MetaActor:
     async def _register(self) -> None:
         service = self.service
         args = {"node_id": self.store.node_id, "address": service.address,
-                **await self._usage()}
+                **await self._usage(), "wall_time": reported_wall_time()}
         if service.http_port:   # an older metadata server refuses arguments it does not know
             args["http_port"] = service.http_port
         result = await self._rpc.call("register_storage", args, retry_seconds=0)
@@ -642,7 +654,7 @@ class MetaActor:
         service = self.service
         reply = await self._rpc.call("heartbeat", {
             "node_id": self.store.node_id, **await self._usage(),
-            "xceivers": service.xceiver_count(),
+            "xceivers": service.xceiver_count(), "wall_time": reported_wall_time(),
             **({"block_keys_version": service.block_keys_version} if service._key else {})},
             retry_seconds=0)
         self.heartbeats_sent += 1

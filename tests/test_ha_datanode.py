@@ -307,10 +307,11 @@ class RoleMeta(Dispatcher):
         return self.ha.status().to_wire()
 
     async def rpc_register_storage(self, ctx, node_id, address, capacity, used, remaining,
-                                   http_port=0):
+                                   http_port=0, wall_time=None):
         return {"namespace_id": 7, "ha": self._status()}
 
-    async def rpc_heartbeat(self, ctx, node_id, capacity, used, remaining, xceivers=0):
+    async def rpc_heartbeat(self, ctx, node_id, capacity, used, remaining, xceivers=0,
+                            wall_time=None):
         return {"reregister": False, "commands": [], "ha": self._status()}
 
     async def rpc_block_report(self, ctx, node_id, blocks, report_id=None, chunk=0, last=True):

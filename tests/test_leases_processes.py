@@ -4,6 +4,7 @@ server killed with SIGKILL twice while files are open. The cluster runs as separ
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -273,3 +274,36 @@ def test_a_taken_over_writer_is_told_the_new_holder_while_recovery_runs(tmp_path
                 assert time.monotonic() < deadline, b.list_open_files()
                 time.sleep(0.1)
             assert b.read_file("/w") == expected_bytes(4000)
+
+
+@pytest.mark.slow
+def test_a_failed_lease_renewal_names_its_cause(cluster, caplog):
+    """A renewal that gets no answer (the metadata server stopped) and one that no server of
+    the list serves (killed, the other address dead) are logged with their cause: neither
+    "failed ()" nor "within 0 s"."""
+    from harness import free_port, poll_until
+
+    caplog.set_level(logging.WARNING, logger="fs.renewer")
+    config = make_test_config(lease_renew_period=0.3)
+
+    def warned(text: str) -> str:
+        def find():
+            return next((r.getMessage() for r in caplog.records
+                         if "lease renewal" in r.getMessage() and text in r.getMessage()), None)
+        return poll_until(find, timeout=20.0)
+
+    with Client(f"{cluster.meta_address},127.0.0.1:{free_port()}", config=config) as client:
+        out = client.create("/renewing", replication=1)
+        out.write(b"x")
+        pid = cluster.pid("meta")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            message = warned("no answer within 0.3 s")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert "()" not in message
+        cluster.kill_meta(signal.SIGKILL)
+        message = warned("asked once each")
+        assert "within 0 s" not in message and "cannot reach" in message, message
+        cluster.start_meta()
+        out.close()

@@ -153,7 +153,13 @@ def test_urls_and_options_carry_a_list():
 
 def test_each_address_has_its_own_local_socket():
     rpc = RpcClient("127.0.0.1:8020,127.0.0.1:8021,10.0.0.1:8022", "sockets")
-    assert rpc._local_sockets == ["@leasefs-meta-8020", "@leasefs-meta-8021", None]
+    # another address's default one is used only where that address is this host's
+    # (fs.localserver.here, checked at connect)
+    assert rpc._local_sockets == ["@leasefs-meta-8020", "@leasefs-meta-8021",
+                                  "@leasefs-meta-8022"]
+    # servers on two hosts with one port: each host's own socket tells them apart
+    assert RpcClient("10.0.0.1:8020,10.0.0.2:8020", "x")._local_sockets == \
+        ["@leasefs-meta-8020", "@leasefs-meta-8020"]
     # a name without {port} cannot tell the servers apart: TCP for all of them
     assert RpcClient("127.0.0.1:1,127.0.0.1:2", "x", local_socket="/run/m.sock")._local_sockets \
         == [None, None]

@@ -75,13 +75,14 @@ class FakeMeta(Dispatcher):
                 for b in args["deleted"]]
 
     async def rpc_register_storage(self, ctx, node_id, address, capacity, used, remaining,
-                                   http_port=0):
+                                   http_port=0, wall_time=None):
         self.calls.append(("register_storage", dict(node_id=node_id, address=address,
                                                     capacity=capacity, used=used,
                                                     remaining=remaining)))
         return {"namespace_id": 42}
 
-    async def rpc_heartbeat(self, ctx, node_id, capacity, used, remaining, xceivers=0):
+    async def rpc_heartbeat(self, ctx, node_id, capacity, used, remaining, xceivers=0,
+                            wall_time=None):
         self.calls.append(("heartbeat", dict(node_id=node_id, capacity=capacity, used=used,
                                              remaining=remaining, xceivers=xceivers)))
         commands = self.commands.pop(node_id, [])

@@ -407,19 +407,21 @@ def test_a_mount_acts_for_each_caller_only_as_a_proxy_user(tmp_path):
 
 
 def test_which_clients_try_the_local_socket():
-    """The default socket only for a server on a loopback address; one set explicitly for
-    any address; none when empty."""
+    """The default socket for any address (used for one not on loopback only where that
+    address is this host's: ``fs.localserver.here``); one set explicitly for any address;
+    none when empty."""
     from fs.config import DEFAULT_LOCAL_SOCKET
-    from fs.rpc import local_socket_name
+    from fs.rpc import is_default_local_socket, local_socket_name
 
     assert local_socket_name(DEFAULT_LOCAL_SOCKET, "127.0.0.1:8020") == "@leasefs-meta-8020"
     assert local_socket_name(DEFAULT_LOCAL_SOCKET, "localhost:9") == "@leasefs-meta-9"
     assert local_socket_name(DEFAULT_LOCAL_SOCKET, "[::1]:7") == "@leasefs-meta-7"
-    assert local_socket_name(DEFAULT_LOCAL_SOCKET, "10.1.2.3:8020") is None
-    assert local_socket_name(DEFAULT_LOCAL_SOCKET, "10.1.2.3:8020", server=True) == \
-        "@leasefs-meta-8020"
+    assert local_socket_name(DEFAULT_LOCAL_SOCKET, "10.1.2.3:8020") == "@leasefs-meta-8020"
+    assert is_default_local_socket("@leasefs-meta-8020", "10.1.2.3:8020")
+    assert not is_default_local_socket("@leasefs-meta-8020", "127.0.0.1:8020")
     assert local_socket_name("/run/lfs-{port}.sock", "meta.example:8020") == \
         "/run/lfs-8020.sock"
+    assert not is_default_local_socket("/run/lfs-8020.sock", "meta.example:8020")
     assert local_socket_name("", "127.0.0.1:8020") is None
 
 
@@ -630,3 +632,33 @@ def test_a_squatted_local_socket_name_stops_the_server_and_its_clients_loudly(tm
     finally:
         received = squatter.stop()
     assert received and all(n == 0 for n in received), received
+
+
+def test_a_socket_path_is_private_only_where_nobody_else_could_have_made_it(tmp_path):
+    """``fs.localserver.private_path``: a socket file of the uid, in a folder nobody else
+    may write (ancestors: not writable by others, or sticky like /tmp)."""
+    import socket as socketmod
+
+    from fs.localserver import private_path
+
+    def bound(folder, mode):
+        folder.mkdir()
+        folder.chmod(mode)
+        sock = socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_STREAM)
+        sock.bind(str(folder / "meta.sock"))
+        return sock
+
+    tmp_path.chmod(0o755)
+    kept = [bound(tmp_path / "private", 0o755), bound(tmp_path / "open", 0o777),
+            bound(tmp_path / "sticky", 0o1777)]
+    try:
+        assert private_path(str(tmp_path / "private" / "meta.sock"), os.getuid())
+        assert not private_path(str(tmp_path / "private" / "meta.sock"), os.getuid() + 1)
+        assert not private_path(str(tmp_path / "open" / "meta.sock"), os.getuid())
+        assert not private_path(str(tmp_path / "sticky" / "meta.sock"), os.getuid())
+        assert not private_path(str(tmp_path / "missing.sock"), os.getuid())
+        (tmp_path / "private").chmod(0o775)
+        assert not private_path(str(tmp_path / "private" / "meta.sock"), os.getuid())
+    finally:
+        for sock in kept:
+            sock.close()

@@ -717,13 +717,26 @@ def cmd_tls_issue(args) -> int:
     return 0
 
 
+def cmd_tls_ca(args) -> int:
+    """``leasefs tls ca``: the cluster CA in a folder of its own (hosts by hand, HA), made
+    when missing, so that every server's certificate can be issued before any starts."""
+    cert = tlsmod.ensure_ca_in(os.path.abspath(args.ca_dir))
+    print(f"CA {cert} (key {os.path.join(os.path.dirname(cert), tlsmod.CA_KEY)}, mode 0600); "
+          f"issue certificates with: leasefs tls issue --ca-dir {os.path.dirname(cert)}")
+    return 0
+
+
 def register(sub, common) -> None:
     t = sub.add_parser("tls", help="wire encryption: issue a certificate from the cluster CA",
                        description="Certificates for tls = on. 'leasefs cluster up' needs none "
                                    "of this; a server on another machine needs a certificate "
                                    "from the cluster CA, made here and copied there.")
-    tsub = t.add_subparsers(dest="action", metavar="{issue}")
+    tsub = t.add_subparsers(dest="action", metavar="{ca,issue}")
     tsub.required = True
+    ca = tsub.add_parser("ca", parents=[common],
+                         help="make the cluster CA in a folder (if it is not there yet)")
+    ca.add_argument("--ca-dir", required=True, help="folder for ca.crt and ca.key (0600)")
+    ca.set_defaults(func=cmd_tls_ca, raw=True)
     issue = tsub.add_parser("issue", parents=[common],
                             help="a server certificate (and key) from the cluster CA")
     issue.add_argument("--ca-dir", required=True,

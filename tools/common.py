@@ -40,6 +40,14 @@ def load_config(args, *, client: bool = False) -> Config:
         raise UsageError(str(exc)) from None
 
 
+def command_meta_address(args) -> str:
+    """The metadata server a command talks to: ``--meta`` or ``--set meta_address=``, then
+    as ``find_meta_address`` with the command's ``--config`` file."""
+    explicit = getattr(args, "meta", None) or \
+        parse_settings(getattr(args, "set", None)).get("meta_address")
+    return find_meta_address(explicit, config_file=getattr(args, "config", None))
+
+
 def configured_meta_address(explicit: str | None = None) -> str | None:
     """What ``find_meta_address`` answers when something chose it (``--meta``,
     ``LEASEFS_META``, an embedded cluster's state file, the config file); None when it would
@@ -121,7 +129,7 @@ class Command:
 
     @property
     def meta_address(self) -> str:
-        return find_meta_address(getattr(self.args, "meta", None))
+        return command_meta_address(self.args)
 
     @property
     def retry_policy(self):

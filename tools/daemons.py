@@ -232,8 +232,8 @@ def check_journal_command(args) -> int:
 def run_storage(args) -> int:
     setup_logging(getattr(args, "log_level", None))
     config = load_config(args)
-    from fs.config import find_meta_address
-    meta_address = find_meta_address(getattr(args, "meta", None))
+    from .common import command_meta_address
+    meta_address = command_meta_address(args)
     host = args.host or config.bind_host
     port = args.port if args.port is not None else config.storage_port
     private_umask()   # replica files: the server user's alone

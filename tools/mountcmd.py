@@ -21,10 +21,10 @@ import sys
 import time
 
 from fs.client import FileSettings
-from fs.config import Config, find_meta_address
+from fs.config import Config, default_home
 
 from .cluster import mounted_fuse, process_state
-from .common import PROG, load_config
+from .common import PROG, command_meta_address, load_config
 from .formatting import UsageError, parse_settings
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def cmd_mount(args) -> int:
     except UsageError as exc:
         print(f"{PROG} mount: {exc}", file=sys.stderr)
         return 2
-    meta = find_meta_address(getattr(args, "meta", None))
+    meta = command_meta_address(args)
     try:
         import pyfuse3  # noqa: F401
     except ImportError as exc:
@@ -87,13 +87,29 @@ def cmd_mount(args) -> int:
     return _daemonize(args, mountpoint, meta, config, kwargs, run_mount)
 
 
+def default_log_file(mountpoint: str) -> str:
+    """Where a daemonized mount logs unless told (``--log-file``): a file per mountpoint
+    beside the embedded cluster's logs, ``<home>/logs/mount-<path with dashes>.log``."""
+    name = os.path.abspath(mountpoint).strip("/").replace("/", "-") or "root"
+    return os.path.join(default_home(), "logs", f"mount-{name}.log")
+
+
 def _daemonize(args, mountpoint, meta, config, kwargs, run_mount) -> int:
+    log_file = os.path.abspath(args.log_file or default_log_file(mountpoint))
+    try:
+        os.makedirs(os.path.dirname(log_file), exist_ok=True)
+        log_target = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        print(f"{PROG} mount: {mountpoint}: log file {log_file}: "
+              f"{exc.strerror or exc} (--log-file elsewhere)", file=sys.stderr)
+        return 1
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid > 0:  # parent: wait for "ready" or the child's error
         os.close(write_end)
+        os.close(log_target)
         chunks = []
         while True:
             data = os.read(read_end, 4096)
@@ -103,6 +119,7 @@ def _daemonize(args, mountpoint, meta, config, kwargs, run_mount) -> int:
         os.close(read_end)
         message = b"".join(chunks).decode(errors="replace")
         if message.startswith("ok"):
+            print(f"mounted {meta} at {mountpoint} (log: {log_file})")
             return 0
         print(f"{PROG} mount: {mountpoint}: {message or 'mount process exited'}",
               file=sys.stderr)
@@ -111,8 +128,6 @@ def _daemonize(args, mountpoint, meta, config, kwargs, run_mount) -> int:
     os.close(read_end)
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)
-    log_target = os.open(args.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) \
-        if args.log_file else devnull
     os.dup2(devnull, 0)
     os.dup2(log_target, 1)
     os.dup2(log_target, 2)
@@ -231,7 +246,8 @@ def register(sub, common) -> None:
     p.add_argument("--attr-timeout", type=float, default=None,
                    help="seconds the kernel caches attributes (setting mount_attr_timeout, 1)")
     p.add_argument("--log-file", default=None, metavar="FILE",
-                   help="where the daemonized mount logs (default: nowhere)")
+                   help="where the daemonized mount logs (default: <home>/logs/"
+                        "mount-<mountpoint with dashes>.log; --foreground: stderr)")
     p.set_defaults(func=cmd_mount, raw=True)
 
     p = command_parser(sub, "umount", common, "unmount a leasefs mount (fusermount3 -u)")

@@ -608,6 +608,12 @@ def format_report(r: dict, meta_address: str) -> list[str]:
             lines.extend("  " + line for line in format_table(
                 ["node", "address", "capacity", "used", "remaining", "blocks", "heartbeat"],
                 rows, align="<<>>>>>"))
+            for n in nodes:
+                if n.get("clock_warning"):
+                    skew = float(n.get("clock_skew", 0))
+                    lines.append(f"  warning: {n.get('node_id', '?')}'s clock is "
+                                 f"{abs(skew):.1f} s {'ahead of' if skew > 0 else 'behind'} "
+                                 f"the metadata server's: synchronize the clocks (NTP)")
         lines.append("")
     return lines[:-1]
 

@@ -1,7 +1,8 @@
 """``leasefs token fetch|renew|cancel|print``: delegation tokens (HDFS ``hdfs fetchdt``) for
 clients the metadata server cannot identify by their kernel credentials, e.g. a job on
-another machine: fetch on a machine of the cluster, copy the file (it is a secret: mode
-0600), point ``token_file`` (or ``LEASEFS_TOKEN_FILE``) at it there.
+another machine: fetch on the metadata server's host (its local socket names the user), copy
+the file (it is a secret: mode 0600), point ``token_file`` (or ``LEASEFS_TOKEN_FILE``) at it
+there.
 
 Concurrency contract: runs on the main thread of a short-lived process.
 """
