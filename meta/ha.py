@@ -180,6 +180,7 @@ class HAController:
         # entries appended before this are catch-up, not lag
         self._following_since = wall_ns()
         self._applied = trio.lowlevel.ParkingLot()   # woken after every ingested entry
+        self._append_scope = trio.CancelScope()      # the append in flight (``_end``)
 
     # ------------------------------------------------------------------ state
     def _move(self, event: RoleEvent) -> None:
@@ -253,6 +254,7 @@ class HAController:
         await self._take_over(term)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_lease, term)
+            nursery.start_soon(self._fence_when_unsure, term)
             nursery.start_soon(self.server.run_active_services)
             await self._ended.wait()
             nursery.cancel_scope.cancel()
@@ -364,13 +366,30 @@ class HAController:
         self._end(f"metadata server {self.node_id} lost its term (epoch {term.epoch}): its "
                   f"etcd lease expired", RoleEvent.DEPOSED)
 
-    def _end(self, why: str, event: RoleEvent) -> None:
+    async def _fence_when_unsure(self, term: Term) -> None:
+        """Self-fencing: once this server can no longer vouch for its term
+        (``sure_of_term``: etcd may let its lease lapse soon, and then another server may
+        win), it ends the term itself, without waiting for an answer from etcd, which a
+        partitioned server never gets. The append in flight is abandoned (its callers
+        get ``StandbyError``; its outcome is unknown, as after any ``Unavailable``), the
+        server starts again as a standby and no longer keeps the lease alive."""
+        while not self._ended.is_set():
+            await trio.sleep_until(self.log.held_until(term) - LEASE_MARGIN * self.log.ttl)
+            if not self.sure_of_term():
+                self._end(f"metadata server {self.node_id} gave up its term (epoch "
+                          f"{term.epoch}): {self.unsure()}", RoleEvent.DEPOSED, abort=True)
+
+    def _end(self, why: str, event: RoleEvent, abort: bool = False) -> None:
+        """The term is over; ``abort``: abandon the append in flight rather than wait for
+        etcd's answer (which a cut-off server may never get)."""
         if self._ended.is_set():
             return
         self._end_reason = why
         self.server.journal.refusal = why
         self._move(event)
         self._ended.set()
+        if abort:
+            self._append_scope.cancel()
 
     async def _step_down(self) -> None:
         why = self._end_reason
@@ -420,7 +439,10 @@ class HAController:
             retried = False
             while True:
                 try:
-                    await self.log.append(term, first, payload, retried=retried)
+                    with trio.CancelScope() as self._append_scope:
+                        await self.log.append(term, first, payload, retried=retried)
+                    if self._append_scope.cancelled_caught:   # ``_end(abort=True)``
+                        raise StandbyError(self._end_reason)
                     break
                 except (Fenced, DuplicateTxid) as exc:
                     why = f"metadata server {self.node_id} was fenced: {exc}"

@@ -6,6 +6,12 @@ as standbys (the first to campaign becomes active), then the observers; every pr
 the whole list of metadata addresses (``meta_address``), so clients and block servers move
 between them on their own. The metadata servers share one cluster key file (block servers
 authenticate to each). Processes and etcd members are stopped by their own pids.
+
+``cuttable=True``: every metadata server reaches each etcd member through proxies of its
+own, and everyone else (clients, block servers, the other metadata servers) reaches it
+through one more (``tools.cutproxy``); ``cut(name)`` silences them all at once, a network
+partition of that server that kills nothing and resets no connection; ``heal(name)`` ends
+it. ``address(name)`` is then the proxied address; ``direct(name)`` the server's own port.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from fs.errors import sole_exception
 from fs.haclient import call_each
 from fs.rpcclient import PROBE_SHARE, RpcClient
 from harness import ProcessCluster, free_port, wait_cluster_ready, wait_stopped
+from tools.cutproxy import CutProxy
 
 #: election timeout of the tests' metadata servers (the etcd lease TTL)
 ELECTION_TIMEOUT = 2.0
@@ -59,7 +66,8 @@ def ha_status(address: str, timeout: float = 2.0) -> dict | None:
 
 class HACluster(ProcessCluster):
     def __init__(self, base_dir, n_meta: int = 2, observers: int = 0, n_storage: int = 3,
-                 settings: dict | None = None, election_timeout: float = ELECTION_TIMEOUT):
+                 settings: dict | None = None, election_timeout: float = ELECTION_TIMEOUT,
+                 cuttable: bool = False):
         base = Path(base_dir)
         self.etcd = EtcdCluster((base / "etcd"))
         self.names = [f"meta{i}" for i in range(n_meta + observers)]
@@ -69,10 +77,35 @@ class HACluster(ProcessCluster):
             "ha_election_timeout": election_timeout,
             "cluster_key_file": str(base / "cluster.key"), **(settings or {})})
         self.meta_ports = {name: free_port() for name in self.names}
-        self.meta_address = ",".join(f"127.0.0.1:{p}" for p in self.meta_ports.values())
+        # name -> the proxies that partition it (cuttable): its RPC port's first, then one
+        # per etcd member (made at start, once etcd's ports are known)
+        self.cuts: dict[str, list[CutProxy]] = (
+            {name: [CutProxy(self.direct(name), meta=True)] for name in self.names}
+            if cuttable else {})
+        self.meta_address = ",".join(self.address(name) for name in self.names)
+
+    def direct(self, name: str) -> str:
+        """The metadata server's own RPC address (past its proxy, when cuttable)."""
+        return f"127.0.0.1:{self.meta_ports[name]}"
 
     def address(self, name: str) -> str:
-        return f"127.0.0.1:{self.meta_ports[name]}"
+        """Where clients reach the metadata server ``name``."""
+        return self.cuts[name][0].address if self.cuts else self.direct(name)
+
+    def _set_args(self, name: str | None = None) -> list[str]:
+        if name not in self.cuts:
+            return super()._set_args(name)
+        endpoints = ",".join(f"http://{p.address}" for p in self.cuts[name][1:])
+        return [*super()._set_args(name), "--set", f"ha_etcd_endpoints={endpoints}"]
+
+    def cut(self, name: str) -> None:
+        """Partition ``name`` from etcd and from everyone else, silently."""
+        for proxy in self.cuts[name]:
+            proxy.cut()
+
+    def heal(self, name: str) -> None:
+        for proxy in self.cuts[name]:
+            proxy.heal()
 
     def config(self):
         """A client's settings for this cluster: its election timeout too, from which a
@@ -88,6 +121,8 @@ class HACluster(ProcessCluster):
         (self.base / "etcd").mkdir(parents=True, exist_ok=True)
         self.etcd.start()
         self.settings["ha_etcd_endpoints"] = ",".join(self.etcd.endpoints)
+        for proxies in self.cuts.values():
+            proxies += [CutProxy(e.removeprefix("http://")) for e in self.etcd.endpoints]
         for name in self.names:
             self.start_one(name)
             if name == self.names[0]:
@@ -120,6 +155,9 @@ class HACluster(ProcessCluster):
             super().stop()
         finally:
             self.etcd.stop()
+            for proxies in self.cuts.values():
+                for proxy in proxies:
+                    proxy.close()
 
     # -- roles
     def statuses(self) -> dict[str, dict | None]:

@@ -354,7 +354,8 @@ class ProcessCluster:
         LOG_WATCH.watch(self.base / "logs")
 
     # -- plumbing
-    def _set_args(self) -> list[str]:
+    def _set_args(self, name: str | None = None) -> list[str]:
+        """The settings as ``--set`` arguments for the process ``name``."""
         out = []
         for key, value in self.settings.items():
             out += ["--set", f"{key}={value}"]
@@ -382,7 +383,7 @@ class ProcessCluster:
         port = str(self.ports.setdefault(name, free_port()))
         proc = subprocess.Popen(
             [self.python, "-m", "tools", *args, "--port", port, "--address-file", str(addr_file),
-             *self._set_args()],
+             *self._set_args(name)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=self.env_base(), start_new_session=True)
         log.close()
