@@ -188,7 +188,8 @@ class RpcClient:
     re-sent call with its first outcome if the old active had logged it. Probes repeat
     while the server stays silent, at most one at a time, begun at least ``silence`` ×
     ``PROBE_PAUSE`` s apart; once the silent server leaves one unanswered, they ask only
-    the others.
+    the others. A connect to a server of such a list gives up after ``silence`` too (a cut
+    link drops the handshake without a word): the call goes on to the next server.
 
     ``user``/``groups`` are the identity the hello states (default: the calling process's
     user and group names); the metadata server checks permissions against them.
@@ -243,7 +244,10 @@ class RpcClient:
         self.client_id = f"{client_id}#{uuid.uuid4().hex[:16]}"
         self.timeout = timeout
         self.retry_seconds = retry_seconds
-        self.connect_timeout = connect_timeout
+        # a server of an HA list that takes longer to accept than it may stay silent is
+        # taken for gone: a cut link drops the handshake, and waiting out the whole connect
+        # timeout there would keep a new client from the active that long
+        self.connect_timeout = min(connect_timeout, self.silence or connect_timeout)
         self.max_frame = max_frame
         # server errors that mean "not now" (e.g. startup safe mode): retried like a lost
         # connection, within the same retry budget

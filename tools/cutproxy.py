@@ -8,10 +8,11 @@ to be cut from (an etcd member, a metadata server's RPC port) and ``cut()`` them
 once.
 
 While cut, the proxy forwards nothing either way and reads nothing more from its sockets
-(so the senders' buffers fill as over a dead link); it still accepts new connections, as
-the kernel's backlog would, but does not connect them upstream: a connect succeeds and
-then nothing answers. ``heal()`` lets the held bytes through, in order, like TCP
-retransmission after a link comes back, and connects the held connections.
+(so the senders' buffers fill as over a dead link), and a new connection is never
+answered: the proxy stops accepting and fills its listeners' queues (backlog 0 and a few
+connections of its own), so the kernel drops a new TCP handshake as a dead link would,
+and a connect hangs until the caller's own timeout. ``heal()`` lets the held bytes
+through, in order, like TCP retransmission after a link comes back, and accepts again.
 
 In front of a metadata server (``meta=True``) it also holds the local socket named after
 its own port and forwards it to the server's (``meta_socket``): a client on this machine
@@ -31,6 +32,12 @@ from fs.config import DEFAULT_LOCAL_SOCKET
 from fs.rpc import local_socket_address, local_socket_name
 
 
+#: the listeners' queue while forwarding
+BACKLOG = 64
+#: connections of its own a cut proxy queues at most to fill a listener's queue
+FILL = 4
+
+
 class CutProxy:
     """Forwards ``127.0.0.1:<port>`` to ``target`` (``"host:port"``) until ``cut()``."""
 
@@ -42,7 +49,8 @@ class CutProxy:
         self._closed = False
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", port))
+        self._fillers: list[socket.socket] = []
+        self._listener = socket.create_server(("127.0.0.1", port), backlog=BACKLOG)
         self.port = self._listener.getsockname()[1]
         self.address = f"127.0.0.1:{self.port}"
         listeners = [(self._listener, self.target)]
@@ -50,9 +58,10 @@ class CutProxy:
             local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             local.bind(local_socket_address(local_socket_name(DEFAULT_LOCAL_SOCKET,
                                                               self.address)))
-            local.listen(64)
+            local.listen(BACKLOG)
             listeners.append((local, local_socket_address(
                 local_socket_name(DEFAULT_LOCAL_SOCKET, target))))
+        self._listeners = listeners
         for listener, upstream in listeners:
             self._keep(listener)
             threading.Thread(target=self._accept, args=(listener, upstream), daemon=True,
@@ -63,10 +72,46 @@ class CutProxy:
         return not self._open.is_set()
 
     def cut(self) -> None:
-        self._open.clear()
+        with self._lock:
+            if not self._open.is_set():
+                return
+            self._open.clear()
+            for listener, _ in self._listeners:
+                listener.listen(0)
+            # queue connections of our own until the queues are full; an acceptor takes
+            # at most one of them before it waits for the heal: a second round once it has
+            self._fill()
+        timer = threading.Timer(0.05, self._fill_again)
+        timer.daemon = True
+        timer.start()
+
+    def _fill_again(self) -> None:
+        with self._lock:
+            if not self._open.is_set():
+                self._fill()
+
+    def _fill(self) -> None:
+        for listener, _ in self._listeners:
+            for _ in range(FILL):
+                filler = socket.socket(listener.family, socket.SOCK_STREAM)
+                filler.setblocking(False)
+                try:
+                    filler.connect(listener.getsockname())
+                except (BlockingIOError, InterruptedError):
+                    pass     # TCP: the handshake is under way or dropped: full
+                except OSError:
+                    filler.close()
+                    break
+                self._fillers.append(filler)
 
     def heal(self) -> None:
-        self._open.set()
+        with self._lock:
+            for listener, _ in self._listeners:
+                listener.listen(BACKLOG)
+            fillers, self._fillers = self._fillers, []
+            self._open.set()
+        for filler in fillers:   # the proxy sees them closed and forgets them
+            filler.close()
 
     def close(self) -> None:
         """Stop listening and close every connection (both sides see it closed)."""
@@ -74,6 +119,7 @@ class CutProxy:
         self._open.set()
         with self._lock:
             sockets, self._sockets = list(self._sockets), set()
+            sockets += self._fillers
         for sock in sockets:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -87,6 +133,7 @@ class CutProxy:
 
     def _accept(self, listener: socket.socket, target) -> None:
         while not self._closed:
+            self._open.wait()    # while cut, connections stay in the (full) queue
             try:
                 client, _ = listener.accept()
             except OSError:
@@ -115,10 +162,15 @@ class CutProxy:
         try:
             while True:
                 self._open.wait()
-                data = source.recv(1 << 16)
+                try:
+                    data = source.recv(1 << 16)
+                except OSError:
+                    data = b""
+                # received (or closed) just as the cut came: held until the heal, as a
+                # FIN or a reset over a dead link would be
+                self._open.wait()
                 if not data:
                     break
-                self._open.wait()   # received just as the cut came: held until the heal
                 sink.sendall(data)
         except OSError:
             pass
