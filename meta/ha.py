@@ -42,11 +42,14 @@ first lets it grow for a moment, ``APPEND_GATHER``):
    outcome unknown) is retried with the same bytes (``decide`` recognises our own earlier
    try); ``Fenced`` or ``DuplicateTxid`` end the term.
 
-End of a term (the leader key's lease expired or was lost, an append was fenced, or
-``resign`` for ``haadmin -failover``):
+End of a term (the leader key's lease expired or was lost, an append was fenced, the
+server can no longer vouch for its lease — self-fencing, on its own clock, so that a
+partitioned active steps down before a successor can win — or ``resign`` for ``haadmin
+-failover``):
 
-8. Refuse new records and wait until no batch is in flight (``Journal.quiesce``); the
-   waiting callers get ``StandbyError`` and move to the next server.
+8. Refuse new records and wait until no batch is in flight (``Journal.quiesce``; a
+   self-fencing server abandons its append rather than wait for etcd); the waiting
+   callers get ``StandbyError`` and move to the next server.
 9. ``resign``: delete the leader key (the standby's campaign wins within its poll); the
    resigning server does not campaign again until another server holds the key (at most
    an election timeout).

@@ -16,20 +16,23 @@ it. ``address(name)`` is then the proxied address; ``direct(name)`` the server's
 
 from __future__ import annotations
 
+import random
 import signal
 import time
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import trio
 
 from etcd_cluster import EtcdCluster
+from fs.client import AsyncClient
 from fs.config import Config
 from fs.errors import sole_exception
 from fs.haclient import call_each
 from fs.rpcclient import PROBE_SHARE, RpcClient
 from harness import ProcessCluster, free_port, wait_cluster_ready, wait_stopped
-from tools.cutproxy import CutProxy
+from tools.cutproxy import Partitions
 
 #: election timeout of the tests' metadata servers (the etcd lease TTL)
 ELECTION_TIMEOUT = 2.0
@@ -77,11 +80,8 @@ class HACluster(ProcessCluster):
             "ha_election_timeout": election_timeout,
             "cluster_key_file": str(base / "cluster.key"), **(settings or {})})
         self.meta_ports = {name: free_port() for name in self.names}
-        # name -> the proxies that partition it (cuttable): its RPC port's first, then one
-        # per etcd member (made at start, once etcd's ports are known)
-        self.cuts: dict[str, list[CutProxy]] = (
-            {name: [CutProxy(self.direct(name), meta=True)] for name in self.names}
-            if cuttable else {})
+        self.cuttable = cuttable
+        self.cuts: Partitions | None = None    # made at start, once etcd's ports are known
         self.meta_address = ",".join(self.address(name) for name in self.names)
 
     def direct(self, name: str) -> str:
@@ -90,22 +90,20 @@ class HACluster(ProcessCluster):
 
     def address(self, name: str) -> str:
         """Where clients reach the metadata server ``name``."""
-        return self.cuts[name][0].address if self.cuts else self.direct(name)
+        return self.cuts.address(name) if self.cuts else self.direct(name)
 
     def _set_args(self, name: str | None = None) -> list[str]:
-        if name not in self.cuts:
+        if self.cuts is None or name not in self.names:
             return super()._set_args(name)
-        endpoints = ",".join(f"http://{p.address}" for p in self.cuts[name][1:])
-        return [*super()._set_args(name), "--set", f"ha_etcd_endpoints={endpoints}"]
+        return [*super()._set_args(name), "--set",
+                f"ha_etcd_endpoints={self.cuts.etcd_endpoints(name)}"]
 
     def cut(self, name: str) -> None:
         """Partition ``name`` from etcd and from everyone else, silently."""
-        for proxy in self.cuts[name]:
-            proxy.cut()
+        self.cuts.cut(name)
 
     def heal(self, name: str) -> None:
-        for proxy in self.cuts[name]:
-            proxy.heal()
+        self.cuts.heal(name)
 
     def config(self):
         """A client's settings for this cluster: its election timeout too, from which a
@@ -121,8 +119,10 @@ class HACluster(ProcessCluster):
         (self.base / "etcd").mkdir(parents=True, exist_ok=True)
         self.etcd.start()
         self.settings["ha_etcd_endpoints"] = ",".join(self.etcd.endpoints)
-        for proxies in self.cuts.values():
-            proxies += [CutProxy(e.removeprefix("http://")) for e in self.etcd.endpoints]
+        if self.cuttable:
+            self.cuts = Partitions({name: self.direct(name) for name in self.names},
+                                   self.etcd.endpoints)
+            self.meta_address = ",".join(self.address(name) for name in self.names)
         for name in self.names:
             self.start_one(name)
             if name == self.names[0]:
@@ -155,9 +155,8 @@ class HACluster(ProcessCluster):
             super().stop()
         finally:
             self.etcd.stop()
-            for proxies in self.cuts.values():
-                for proxy in proxies:
-                    proxy.close()
+            if self.cuts is not None:
+                self.cuts.close()
 
     # -- roles
     def statuses(self) -> dict[str, dict | None]:
@@ -215,3 +214,74 @@ class HACluster(ProcessCluster):
 
     def resume(self, name: str) -> None:
         self.procs[name].send_signal(signal.SIGCONT)
+
+
+@dataclass
+class WritesThrough:
+    """What ``writes_through`` saw: ``acked`` path → (data, monotonic time acknowledged);
+    ``failures`` of the writers; ``failed_at``, the monotonic time of the failure;
+    ``first``/``late``: seconds from it to the first write acknowledged after it, and to
+    the first write of a client started after it."""
+    acked: dict[str, tuple[bytes, float]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    failed_at: float = 0.0
+    first: float = 0.0
+    late: float = 0.0
+
+    def lost(self, cluster: "HACluster") -> list[str]:
+        """The acknowledged paths that do not read back as written."""
+        with cluster.client() as client:
+            return [p for p, (data, _) in self.acked.items() if client.read_file(p) != data]
+
+
+def writes_through(cluster: "HACluster", fail, election: float, *, writers: int = 4,
+                   watch=None, hold: float = 0.0) -> WritesThrough:
+    """``writers`` clients write small files through ``cluster.meta_address``; once each
+    has a few acknowledged, at a random moment of the active's keepalive cycle, ``fail()``
+    runs (in a thread: SIGSTOP, a cut), then a new client writes one file. Returns once
+    both the writers and it got through and ``hold`` s (at least 0.5) have passed since the
+    failure; ``watch(seen, stop)``, if given, runs from the failure until then."""
+    config = cluster.config()
+    seen = WritesThrough()
+
+    async def writer(i: int, stop: trio.Event) -> None:
+        async with AsyncClient(cluster.meta_address, config=config,
+                               client_name=f"writer-{i}") as client:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                path, data = f"/load/w{i}/{n}", f"{i}:{n}:".encode() * 512
+                try:
+                    await client.write_file(path, data)
+                except Exception as exc:   # noqa: BLE001 - the test lists them
+                    seen.failures.append(f"{path}: {exc!r}")
+                    continue
+                seen.acked[path] = (data, time.monotonic())
+
+    async def main() -> None:
+        stop = trio.Event()
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for i in range(writers):
+                    nursery.start_soon(writer, i, stop)
+                while len(seen.acked) < 5 * writers:
+                    await trio.sleep(0.01)
+                await trio.sleep(random.uniform(0, election / 3))
+                await trio.to_thread.run_sync(fail)
+                at = seen.failed_at = time.monotonic()
+                if watch is not None:
+                    nursery.start_soon(watch, seen, stop)
+                async with AsyncClient(cluster.meta_address, config=config,
+                                       client_name="late") as late:
+                    await late.write_file("/late", b"after the failure")
+                seen.late = time.monotonic() - at
+                seen.acked["/late"] = (b"after the failure", time.monotonic())
+                while not any(t > at for _, t in seen.acked.values()):
+                    await trio.sleep(0.01)
+                seen.first = min(t for _, t in seen.acked.values() if t > at) - at
+                # the writers go on through the new active
+                await trio.sleep(max(0.5, hold - (time.monotonic() - at)))
+                stop.set()
+
+    trio.run(main)
+    return seen

@@ -72,7 +72,7 @@ class PrivateHACluster:
     def __init__(self, folder: str, members, n_meta: int, settings: dict, status,
                  engine_cpus: set[int] | None = None, cuttable: bool = False):
         from . import etcd
-        from .cutproxy import CutProxy
+        from .cutproxy import Partitions
 
         self.folder = folder
         self.members = members
@@ -84,11 +84,9 @@ class PrivateHACluster:
         self.engine_cpus = engine_cpus
         self.settings = {"ha": "etcd", "ha_etcd_endpoints": etcd.endpoints(members),
                          "ha_prefix": f"/leasefs/bench-{os.getpid()}", **settings}
-        # cuttable: name -> the proxies that partition it: the clients' way to it first,
-        # then its way to each etcd member
-        self.cuts = {name: [CutProxy(self.address(name), meta=True)]
-                     + [CutProxy(m.client_url.removeprefix("http://")) for m in members]
-                     for name in self.names} if cuttable else {}
+        # cuttable: the proxies that partition each server (clients reach it through them)
+        self.cuts = Partitions({name: self.address(name) for name in self.names},
+                               [m.client_url for m in members]) if cuttable else None
 
     def address(self, name: str) -> str:
         """The server's own address (the benchmark's probes go there)."""
@@ -97,21 +95,8 @@ class PrivateHACluster:
     @property
     def addresses(self) -> str:
         """The clients' list (through the proxies when cuttable)."""
-        return ",".join(self.cuts[n][0].address if self.cuts else self.address(n)
+        return ",".join(self.cuts.address(n) if self.cuts else self.address(n)
                         for n in self.names)
-
-    def cut(self, name: str) -> None:
-        for proxy in self.cuts[name]:
-            proxy.cut()
-
-    def heal(self, name: str) -> None:
-        for proxy in self.cuts[name]:
-            proxy.heal()
-
-    def close_proxies(self) -> None:
-        for proxies in self.cuts.values():
-            for proxy in proxies:
-                proxy.close()
 
     def start(self, name: str) -> None:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -121,8 +106,7 @@ class PrivateHACluster:
                "--set", f"ha_node_id={name}"]
         settings = dict(self.settings)
         if self.cuts:
-            settings["ha_etcd_endpoints"] = ",".join(f"http://{p.address}"
-                                                     for p in self.cuts[name][1:])
+            settings["ha_etcd_endpoints"] = self.cuts.etcd_endpoints(name)
         for key, value in settings.items():
             cmd += ["--set", f"{key}={value}"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -242,7 +226,8 @@ def private_ha_cluster(home: str, status, n_meta: int = 2, settings: dict | None
         if cluster is not None:
             for name in cluster.names:
                 cluster.kill(name, signal.SIGTERM)
-            cluster.close_proxies()
+            if cluster.cuts:
+                cluster.cuts.close()
         etcd.stop(members)
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -360,7 +345,7 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
                         proc.send_signal(signal.SIGCONT)
                     await through_since(stopped)
                 elif mode == "partition":
-                    cluster.cut(active)
+                    cluster.cuts.cut(active)
                     started = time.monotonic()
                     new = trio.Event()
                     nursery.start_soon(fresh_client, started, new)
@@ -369,7 +354,7 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
                         await new.wait()
                     if not new.is_set() or not done[-1][1] > started:
                         status(f"not through in {freeze_seconds:g} s of partition: healed")
-                    cluster.heal(active)
+                    cluster.cuts.heal(active)
                     await through_since(started)
                     await new.wait()
                 else:

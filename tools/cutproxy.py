@@ -180,3 +180,37 @@ class CutProxy:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+
+class Partitions:
+    """The proxies that can cut each metadata server of an HA cluster off: ``names``' ways
+    in (clients, block servers and other servers reach ``addresses[name]`` through the
+    first proxy, which holds the local socket too) and ways out to each etcd member
+    (``etcd_endpoints(name)`` is the server's ``ha_etcd_endpoints``)."""
+
+    def __init__(self, addresses: dict[str, str], etcd_endpoints: list[str]):
+        self.proxies = {name: [CutProxy(address, meta=True)]
+                        + [CutProxy(e.removeprefix("http://")) for e in etcd_endpoints]
+                        for name, address in addresses.items()}
+
+    def address(self, name: str) -> str:
+        """Where the others reach the server ``name``."""
+        return self.proxies[name][0].address
+
+    def etcd_endpoints(self, name: str) -> str:
+        """The server's ``ha_etcd_endpoints``, through its own proxies."""
+        return ",".join(f"http://{p.address}" for p in self.proxies[name][1:])
+
+    def cut(self, name: str) -> None:
+        """Partition ``name`` from etcd and from everyone else, silently."""
+        for proxy in self.proxies[name]:
+            proxy.cut()
+
+    def heal(self, name: str) -> None:
+        for proxy in self.proxies[name]:
+            proxy.heal()
+
+    def close(self) -> None:
+        for proxies in self.proxies.values():
+            for proxy in proxies:
+                proxy.close()
