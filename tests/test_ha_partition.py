@@ -34,7 +34,8 @@ def test_writers_get_through_a_partitioned_active_within_the_failover_time(tmp_p
         active, standby = cluster.active_and_standby()
         # the cut-off server first in every client's list: each starts there
         assert active == cluster.names[0], active
-        roles: list[tuple[float, str]] = []   # (seconds after the cut, its own role)
+        # (seconds from the cut to the question, the role it answered)
+        roles: list[tuple[float, str]] = []
 
         def partition() -> None:
             nonlocal cut
@@ -44,10 +45,11 @@ def test_writers_get_through_a_partitioned_active_within_the_failover_time(tmp_p
         async def watch_role(seen, stop) -> None:
             """The cut-off server's role as it says itself (asked past the proxies)."""
             while not stop.is_set():
+                asked = time.monotonic() - seen.failed_at
                 answer = await call_each([cluster.direct(active)], timeout=0.5)
                 status = answer[cluster.direct(active)][0]
                 if status is not None:
-                    roles.append((time.monotonic() - seen.failed_at, status["role"]))
+                    roles.append((asked, status["role"]))
                 await trio.sleep(0.05)
 
         seen = writes_through(cluster, partition, election, writers=WRITERS,
@@ -61,8 +63,11 @@ def test_writers_get_through_a_partitioned_active_within_the_failover_time(tmp_p
         assert seen.late <= bound, (seen.first, seen.late)
         assert not seen.failures, seen.failures[:5]
         # never two actives: the cut-off server drops the role before a successor can
-        # have won (its lease's TTL from the last keepalive it sent, less the margin)
-        assert demoted is not None and demoted < election, roles[-5:]
+        # have won (its lease's TTL from the last keepalive it sent, less the margin), so
+        # it says active to no question asked a whole election timeout after the cut
+        # (asked, not answered: the answer's way back may be slow on a busy machine)
+        assert demoted is not None, roles[-5:]
+        assert all(at < election for at, role in roles if role == "active"), roles
         assert all(role != "active" for at, role in roles if at >= demoted), roles
         assert cluster.statuses()[standby]["role"] == "active"
         cluster.heal(active)

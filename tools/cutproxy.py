@@ -62,30 +62,31 @@ class CutProxy:
             listeners.append((local, local_socket_address(
                 local_socket_name(DEFAULT_LOCAL_SOCKET, target))))
         self._listeners = listeners
-        for listener, upstream in listeners:
+        # each acceptor's: it waits for the heal and accepts nothing meanwhile
+        self._parked = [threading.Event() for _ in listeners]
+        for (listener, upstream), parked in zip(listeners, self._parked):
             self._keep(listener)
-            threading.Thread(target=self._accept, args=(listener, upstream), daemon=True,
-                             name=f"cutproxy-{self.port}").start()
+            threading.Thread(target=self._accept, args=(listener, upstream, parked),
+                             daemon=True, name=f"cutproxy-{self.port}").start()
 
     @property
     def is_cut(self) -> bool:
         return not self._open.is_set()
 
     def cut(self) -> None:
+        """Silence everything at once; returns once new connections can no longer get
+        through (the listeners' queues are full)."""
         with self._lock:
             if not self._open.is_set():
                 return
             self._open.clear()
             for listener, _ in self._listeners:
                 listener.listen(0)
-            # queue connections of our own until the queues are full; an acceptor takes
-            # at most one of them before it waits for the heal: a second round once it has
             self._fill()
-        timer = threading.Timer(0.05, self._fill_again)
-        timer.daemon = True
-        timer.start()
-
-    def _fill_again(self) -> None:
+        # an acceptor blocked in accept() takes one of those before it parks until the
+        # heal: once each has parked, fill again
+        for parked in self._parked:
+            parked.wait(1.0)
         with self._lock:
             if not self._open.is_set():
                 self._fill()
@@ -131,9 +132,13 @@ class CutProxy:
         with self._lock:
             self._sockets.update(socks)
 
-    def _accept(self, listener: socket.socket, target) -> None:
+    def _accept(self, listener: socket.socket, target, parked: threading.Event) -> None:
         while not self._closed:
-            self._open.wait()    # while cut, connections stay in the (full) queue
+            if not self._open.is_set():   # while cut, connections stay in the full queue
+                parked.set()
+                self._open.wait()
+                parked.clear()
+                continue
             try:
                 client, _ = listener.accept()
             except OSError:
