@@ -216,7 +216,11 @@ class HAController:
         successor can have been elected, so none of them reads state it no longer owns."""
         term = self.term
         return (term is not None and not self._ended.is_set()
-                and trio.current_time() < self.log.held_until(term) - LEASE_MARGIN * self.log.ttl)
+                and trio.current_time() < self._sure_until(term))
+
+    def _sure_until(self, term: Term) -> float:
+        """Until when (``trio.current_time()``) this server vouches for ``term``."""
+        return self.log.held_until(term) - LEASE_MARGIN * self.log.ttl
 
     def unsure(self) -> str:
         """What a client is told while ``sure_of_term`` is false."""
@@ -377,7 +381,7 @@ class HAController:
         get ``StandbyError``; its outcome is unknown, as after any ``Unavailable``), the
         server starts again as a standby and no longer keeps the lease alive."""
         while not self._ended.is_set():
-            await trio.sleep_until(self.log.held_until(term) - LEASE_MARGIN * self.log.ttl)
+            await trio.sleep_until(self._sure_until(term))
             if not self.sure_of_term():
                 self._end(f"metadata server {self.node_id} gave up its term (epoch "
                           f"{term.epoch}): {self.unsure()}", RoleEvent.DEPOSED, abort=True)
