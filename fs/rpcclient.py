@@ -189,7 +189,8 @@ class RpcClient:
     re-sent call with its first outcome if the old active had logged it. Probes repeat
     while the server stays silent, at most one at a time, begun at least ``silence`` ×
     ``PROBE_PAUSE`` s apart; once the silent server leaves one unanswered, they ask only
-    the others.
+    the others. A connect to a server of such a list gives up after ``silence`` too (a cut
+    link drops the handshake without a word): the call goes on to the next server.
 
     ``user``/``groups`` are the identity the hello states (default: the calling process's
     user and group names); the metadata server checks permissions against them.
@@ -245,6 +246,10 @@ class RpcClient:
         self.timeout = timeout
         self.retry_seconds = retry_seconds
         self.connect_timeout = connect_timeout
+        # a server of an HA list that takes longer to accept a connection than it may stay
+        # silent is taken for gone: a cut link drops the handshake, and waiting out the
+        # whole connect timeout there would keep a new client from the active that long
+        self._accept_timeout = min(connect_timeout, self.silence or connect_timeout)
         self.max_frame = max_frame
         # server errors that mean "not now" (e.g. startup safe mode): retried like a lost
         # connection, within the same retry budget
@@ -390,7 +395,7 @@ class RpcClient:
                 return stream, True
         host, port = address
         try:
-            with trio.fail_after(self.connect_timeout):
+            with trio.fail_after(self._accept_timeout):
                 stream = await trio.open_tcp_stream(host, port)
         except (OSError, trio.TooSlowError) as exc:
             if _refused_on_loopback(exc, host):
@@ -427,9 +432,9 @@ class RpcClient:
         its holder checked to be that server before anything is sent (``fs.localserver``);
         None when no server listens there (another machine's server, or one without a
         local socket: TCP then). A socket whose backlog is full is busy, not absent: it is
-        tried again until ``connect_timeout``."""
+        tried again until ``connect_timeout`` (``silence`` for a server of an HA list)."""
         target = local_socket_address(name)
-        deadline = trio.current_time() + self.connect_timeout
+        deadline = trio.current_time() + self._accept_timeout
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.setblocking(False)
@@ -441,7 +446,7 @@ class RpcClient:
                 if trio.current_time() >= deadline:
                     raise ServerUnavailable(
                         f"local socket {name}: its server accepted no connection within "
-                        f"{self.connect_timeout:g} s") from None
+                        f"{self._accept_timeout:g} s") from None
                 await trio.sleep(0.01)
             except OSError:
                 sock.close()

@@ -42,11 +42,14 @@ first lets it grow for a moment, ``APPEND_GATHER``):
    outcome unknown) is retried with the same bytes (``decide`` recognises our own earlier
    try); ``Fenced`` or ``DuplicateTxid`` end the term.
 
-End of a term (the leader key's lease expired or was lost, an append was fenced, or
-``resign`` for ``haadmin -failover``):
+End of a term (the leader key's lease expired or was lost, an append was fenced, the
+server can no longer vouch for its lease — self-fencing, on its own clock, so that a
+partitioned active steps down before a successor can win — or ``resign`` for ``haadmin
+-failover``):
 
-8. Refuse new records and wait until no batch is in flight (``Journal.quiesce``); the
-   waiting callers get ``StandbyError`` and move to the next server.
+8. Refuse new records and wait until no batch is in flight (``Journal.quiesce``; a
+   self-fencing server abandons its append rather than wait for etcd); the waiting
+   callers get ``StandbyError`` and move to the next server.
 9. ``resign``: delete the leader key (the standby's campaign wins within its poll); the
    resigning server does not campaign again until another server holds the key (at most
    an election timeout).
@@ -180,6 +183,7 @@ class HAController:
         # entries appended before this are catch-up, not lag
         self._following_since = wall_ns()
         self._applied = trio.lowlevel.ParkingLot()   # woken after every ingested entry
+        self._append_scope = trio.CancelScope()      # the append in flight (``_end``)
 
     # ------------------------------------------------------------------ state
     def _move(self, event: RoleEvent) -> None:
@@ -212,7 +216,11 @@ class HAController:
         successor can have been elected, so none of them reads state it no longer owns."""
         term = self.term
         return (term is not None and not self._ended.is_set()
-                and trio.current_time() < self.log.held_until(term) - LEASE_MARGIN * self.log.ttl)
+                and trio.current_time() < self._sure_until(term))
+
+    def _sure_until(self, term: Term) -> float:
+        """Until when (``trio.current_time()``) this server vouches for ``term``."""
+        return self.log.held_until(term) - LEASE_MARGIN * self.log.ttl
 
     def unsure(self) -> str:
         """What a client is told while ``sure_of_term`` is false."""
@@ -253,6 +261,7 @@ class HAController:
         await self._take_over(term)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_lease, term)
+            nursery.start_soon(self._fence_when_unsure, term)
             nursery.start_soon(self.server.run_active_services)
             await self._ended.wait()
             nursery.cancel_scope.cancel()
@@ -364,13 +373,30 @@ class HAController:
         self._end(f"metadata server {self.node_id} lost its term (epoch {term.epoch}): its "
                   f"etcd lease expired", RoleEvent.DEPOSED)
 
-    def _end(self, why: str, event: RoleEvent) -> None:
+    async def _fence_when_unsure(self, term: Term) -> None:
+        """Self-fencing: once this server can no longer vouch for its term
+        (``sure_of_term``: etcd may let its lease lapse soon, and then another server may
+        win), it ends the term itself, without waiting for an answer from etcd, which a
+        partitioned server never gets. The append in flight is abandoned (its callers
+        get ``StandbyError``; its outcome is unknown, as after any ``Unavailable``), the
+        server starts again as a standby and no longer keeps the lease alive."""
+        while not self._ended.is_set():
+            await trio.sleep_until(self._sure_until(term))
+            if not self.sure_of_term():
+                self._end(f"metadata server {self.node_id} gave up its term (epoch "
+                          f"{term.epoch}): {self.unsure()}", RoleEvent.DEPOSED, abort=True)
+
+    def _end(self, why: str, event: RoleEvent, abort: bool = False) -> None:
+        """The term is over; ``abort``: abandon the append in flight rather than wait for
+        etcd's answer (which a cut-off server may never get)."""
         if self._ended.is_set():
             return
         self._end_reason = why
         self.server.journal.refusal = why
         self._move(event)
         self._ended.set()
+        if abort:
+            self._append_scope.cancel()
 
     async def _step_down(self) -> None:
         why = self._end_reason
@@ -420,7 +446,10 @@ class HAController:
             retried = False
             while True:
                 try:
-                    await self.log.append(term, first, payload, retried=retried)
+                    with trio.CancelScope() as self._append_scope:
+                        await self.log.append(term, first, payload, retried=retried)
+                    if self._append_scope.cancelled_caught:   # ``_end(abort=True)``
+                        raise StandbyError(self._end_reason)
                     break
                 except (Fenced, DuplicateTxid) as exc:
                     why = f"metadata server {self.node_id} was fenced: {exc}"

@@ -266,6 +266,7 @@ class HALog:
         self._keepalives: dict[int, trio.CancelScope] = {}
         self._lost: dict[int, trio.Event] = {}
         self._held: dict[int, float] = {}      # lease id -> see held_until
+        self._unanswered: set[int] = set()     # leases whose last keepalive failed
 
     @classmethod
     @asynccontextmanager
@@ -436,22 +437,43 @@ class HALog:
                 scope.cancel()
 
     async def _keepalive(self, lease: int, scope: trio.CancelScope) -> None:
+        """A keepalive every ``ttl/3`` s, each sent on time whether or not the one before
+        has answered yet: one request stuck on a slow or cut-off member must not hold the
+        next one back, or the holder's sure time (``held_until``) would lapse while etcd
+        still answers."""
         with scope:
-            while True:
-                await trio.sleep(self.ttl / 3)
-                sent = trio.current_time()
-                try:
-                    answer, _ = await self._call("/v3/lease/keepalive", {"ID": str(lease)})
-                except Unavailable as exc:
-                    log.warning("halog: lease %x keepalive failed: %s", lease, exc)
-                    continue
-                ttl = int(answer.get("result", {}).get("TTL", 0))
-                if ttl <= 0:
-                    log.warning("halog: lease %x expired; its term is over", lease)
-                    self._lost[lease].set()
-                    return
-                # etcd restarted the lease's TTL after we sent this: it lives until then
-                self._held[lease] = sent + ttl
+            async with trio.open_nursery() as nursery:
+                while True:
+                    await trio.sleep(self.ttl / 3)
+                    nursery.start_soon(self._keep_alive_once, lease, scope)
+
+    async def _keep_alive_once(self, lease: int, scope: trio.CancelScope) -> None:
+        sent = trio.current_time()
+        # no use past the TTL: a later answer could only say the lease is gone
+        with trio.move_on_after(self.ttl) as timer:
+            try:
+                answer, _ = await self._call("/v3/lease/keepalive", {"ID": str(lease)})
+            except Unavailable as exc:
+                answer, why = None, str(exc)
+        if timer.cancelled_caught:
+            answer, why = None, f"no answer from etcd within {self.ttl:g} s"
+        if answer is None:
+            if lease not in self._unanswered:    # once per outage: one every ttl/3 else
+                self._unanswered.add(lease)
+                log.warning("halog: lease %x keepalive failed: %s", lease, why)
+            return
+        if lease in self._unanswered:
+            self._unanswered.discard(lease)
+            log.info("halog: lease %x keepalive answered again", lease)
+        ttl = int(answer.get("result", {}).get("TTL", 0))
+        if ttl <= 0:
+            log.warning("halog: lease %x expired; its term is over", lease)
+            self._lost[lease].set()
+            scope.cancel()
+            return
+        # etcd restarted the lease's TTL after we sent this: it lives until then
+        if lease in self._held:
+            self._held[lease] = max(self._held[lease], sent + ttl)
 
     def held_until(self, term: Term) -> float:
         """The ``trio.current_time()`` until which etcd surely keeps the term's lease: the

@@ -18,11 +18,11 @@ States (``ha = none``: a server is ACTIVE from start to stop, epoch 0):
   everything its predecessor got acknowledged.
 * ACTIVE: appends every journal batch to the log fenced by its epoch; the only role whose
   block-server commands are obeyed.
-* STOPPED: the server leaves this run: shut down, or its term ended (fenced, lease lost,
-  resigned). A deposed active never goes back to following in the same run: requests it
-  had planned may have left traces in memory, so it starts again from its store and the
-  log (``run_meta_server`` restarts it in place, on the same ports) and follows as a
-  standby.
+* STOPPED: the server leaves this run: shut down, or its term ended (fenced, lease lost or
+  no longer sure to be held, resigned). A deposed active never goes back to following in
+  the same run: requests it had planned may have left traces in memory, so it starts again
+  from its store and the log (``run_meta_server`` restarts it in place, on the same ports)
+  and follows as a standby.
 
 Concurrency contract: pure and immutable (no I/O, no shared mutable state).
 """

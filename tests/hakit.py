@@ -6,23 +6,33 @@ as standbys (the first to campaign becomes active), then the observers; every pr
 the whole list of metadata addresses (``meta_address``), so clients and block servers move
 between them on their own. The metadata servers share one cluster key file (block servers
 authenticate to each). Processes and etcd members are stopped by their own pids.
+
+``cuttable=True``: every metadata server reaches each etcd member through proxies of its
+own, and everyone else (clients, block servers, the other metadata servers) reaches it
+through one more (``tools.cutproxy``); ``cut(name)`` silences them all at once, a network
+partition of that server that kills nothing and resets no connection; ``heal(name)`` ends
+it. ``address(name)`` is then the proxied address; ``direct(name)`` the server's own port.
 """
 
 from __future__ import annotations
 
+import random
 import signal
 import time
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import trio
 
 from etcd_cluster import EtcdCluster
+from fs.client import AsyncClient
 from fs.config import Config
 from fs.errors import sole_exception
 from fs.haclient import call_each
 from fs.rpcclient import PROBE_SHARE, RpcClient
 from harness import ProcessCluster, free_port, wait_cluster_ready, wait_stopped
+from tools.cutproxy import Partitions
 
 #: election timeout of the tests' metadata servers (the etcd lease TTL)
 ELECTION_TIMEOUT = 2.0
@@ -59,7 +69,8 @@ def ha_status(address: str, timeout: float = 2.0) -> dict | None:
 
 class HACluster(ProcessCluster):
     def __init__(self, base_dir, n_meta: int = 2, observers: int = 0, n_storage: int = 3,
-                 settings: dict | None = None, election_timeout: float = ELECTION_TIMEOUT):
+                 settings: dict | None = None, election_timeout: float = ELECTION_TIMEOUT,
+                 cuttable: bool = False):
         base = Path(base_dir)
         self.etcd = EtcdCluster((base / "etcd"))
         self.names = [f"meta{i}" for i in range(n_meta + observers)]
@@ -69,10 +80,30 @@ class HACluster(ProcessCluster):
             "ha_election_timeout": election_timeout,
             "cluster_key_file": str(base / "cluster.key"), **(settings or {})})
         self.meta_ports = {name: free_port() for name in self.names}
-        self.meta_address = ",".join(f"127.0.0.1:{p}" for p in self.meta_ports.values())
+        self.cuttable = cuttable
+        self.cuts: Partitions | None = None    # made at start, once etcd's ports are known
+        self.meta_address = ",".join(self.address(name) for name in self.names)
+
+    def direct(self, name: str) -> str:
+        """The metadata server's own RPC address (past its proxy, when cuttable)."""
+        return f"127.0.0.1:{self.meta_ports[name]}"
 
     def address(self, name: str) -> str:
-        return f"127.0.0.1:{self.meta_ports[name]}"
+        """Where clients reach the metadata server ``name``."""
+        return self.cuts.address(name) if self.cuts else self.direct(name)
+
+    def _set_args(self, name: str | None = None) -> list[str]:
+        if self.cuts is None or name not in self.names:
+            return super()._set_args(name)
+        return [*super()._set_args(name), "--set",
+                f"ha_etcd_endpoints={self.cuts.etcd_endpoints(name)}"]
+
+    def cut(self, name: str) -> None:
+        """Partition ``name`` from etcd and from everyone else, silently."""
+        self.cuts.cut(name)
+
+    def heal(self, name: str) -> None:
+        self.cuts.heal(name)
 
     def config(self):
         """A client's settings for this cluster: its election timeout too, from which a
@@ -88,6 +119,10 @@ class HACluster(ProcessCluster):
         (self.base / "etcd").mkdir(parents=True, exist_ok=True)
         self.etcd.start()
         self.settings["ha_etcd_endpoints"] = ",".join(self.etcd.endpoints)
+        if self.cuttable:
+            self.cuts = Partitions({name: self.direct(name) for name in self.names},
+                                   self.etcd.endpoints)
+            self.meta_address = ",".join(self.address(name) for name in self.names)
         for name in self.names:
             self.start_one(name)
             if name == self.names[0]:
@@ -120,6 +155,8 @@ class HACluster(ProcessCluster):
             super().stop()
         finally:
             self.etcd.stop()
+            if self.cuts is not None:
+                self.cuts.close()
 
     # -- roles
     def statuses(self) -> dict[str, dict | None]:
@@ -177,3 +214,74 @@ class HACluster(ProcessCluster):
 
     def resume(self, name: str) -> None:
         self.procs[name].send_signal(signal.SIGCONT)
+
+
+@dataclass
+class WritesThrough:
+    """What ``writes_through`` saw: ``acked`` path → (data, monotonic time acknowledged);
+    ``failures`` of the writers; ``failed_at``, the monotonic time of the failure;
+    ``first``/``late``: seconds from it to the first write acknowledged after it, and to
+    the first write of a client started after it."""
+    acked: dict[str, tuple[bytes, float]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    failed_at: float = 0.0
+    first: float = 0.0
+    late: float = 0.0
+
+    def lost(self, cluster: "HACluster") -> list[str]:
+        """The acknowledged paths that do not read back as written."""
+        with cluster.client() as client:
+            return [p for p, (data, _) in self.acked.items() if client.read_file(p) != data]
+
+
+def writes_through(cluster: "HACluster", fail, election: float, *, writers: int = 4,
+                   watch=None, hold: float = 0.0) -> WritesThrough:
+    """``writers`` clients write small files through ``cluster.meta_address``; once each
+    has a few acknowledged, at a random moment of the active's keepalive cycle, ``fail()``
+    runs (in a thread: SIGSTOP, a cut), then a new client writes one file. Returns once
+    both the writers and it got through and ``hold`` s (at least 0.5) have passed since the
+    failure; ``watch(seen, stop)``, if given, runs from the failure until then."""
+    config = cluster.config()
+    seen = WritesThrough()
+
+    async def writer(i: int, stop: trio.Event) -> None:
+        async with AsyncClient(cluster.meta_address, config=config,
+                               client_name=f"writer-{i}") as client:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                path, data = f"/load/w{i}/{n}", f"{i}:{n}:".encode() * 512
+                try:
+                    await client.write_file(path, data)
+                except Exception as exc:   # noqa: BLE001 - the test lists them
+                    seen.failures.append(f"{path}: {exc!r}")
+                    continue
+                seen.acked[path] = (data, time.monotonic())
+
+    async def main() -> None:
+        stop = trio.Event()
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for i in range(writers):
+                    nursery.start_soon(writer, i, stop)
+                while len(seen.acked) < 5 * writers:
+                    await trio.sleep(0.01)
+                await trio.sleep(random.uniform(0, election / 3))
+                await trio.to_thread.run_sync(fail)
+                at = seen.failed_at = time.monotonic()
+                if watch is not None:
+                    nursery.start_soon(watch, seen, stop)
+                async with AsyncClient(cluster.meta_address, config=config,
+                                       client_name="late") as late:
+                    await late.write_file("/late", b"after the failure")
+                seen.late = time.monotonic() - at
+                seen.acked["/late"] = (b"after the failure", time.monotonic())
+                while not any(t > at for _, t in seen.acked.values()):
+                    await trio.sleep(0.01)
+                seen.first = min(t for _, t in seen.acked.values() if t > at) - at
+                # the writers go on through the new active
+                await trio.sleep(max(0.5, hold - (time.monotonic() - at)))
+                stop.set()
+
+    trio.run(main)
+    return seen

@@ -360,7 +360,8 @@ class ProcessCluster:
         LOG_WATCH.watch(self.base / "logs")
 
     # -- plumbing
-    def _set_args(self) -> list[str]:
+    def _set_args(self, name: str | None = None) -> list[str]:
+        """The settings as ``--set`` arguments for the process ``name``."""
         out = []
         for key, value in self.settings.items():
             out += ["--set", f"{key}={value}"]
@@ -387,7 +388,7 @@ class ProcessCluster:
         log = open(self.base / "logs" / f"{name}.log", "ab")
         port = str(self.ports.setdefault(name, free_port()))
         argv = [self.python, "-m", "tools", *args, "--port", port, "--address-file",
-                str(addr_file), *self._set_args()]
+                str(addr_file), *self._set_args(name)]
         if self.placement is not None:
             argv = self.placement.command(name, [*argv, "--host",
                                                  self.placement.bind_host(name)])

@@ -367,11 +367,28 @@ def test_bench_ha_times_sigstop_rounds(tmp_path):
     follows, so the second round freezes the new active."""
     env = {**os.environ, "LEASEFS_HOME": str(tmp_path)}
     run = leasefs("bench", "ha", "--rounds", "0", "--freeze", "2", "--graceful", "0",
-                  "--lag-seconds", "0", "--election-timeout", "2", "--json", "--quiet",
-                  "--home", tmp_path, env=env, timeout=300)
+                  "--partition", "0", "--lag-seconds", "0", "--election-timeout", "2",
+                  "--json", "--quiet", "--home", tmp_path, env=env, timeout=300)
     assert run.returncode == 0, run.stderr
     figures = json.loads(run.stdout)["results"]["freeze"]
     assert len(figures) == 2 and max(figures) <= freeze_failover_bound(2.0), figures
+
+
+def test_bench_ha_times_partition_rounds_next_to_kill_rounds(tmp_path):
+    """``bench ha --rounds 1 --partition 2``: the active cut off by proxies that go silent;
+    the running client and one started at the cut each get through within a kill -9's
+    failover and one probe, and the kill round times a new client too; after the heal the
+    cut-off server follows, so the second round cuts the new active."""
+    env = {**os.environ, "LEASEFS_HOME": str(tmp_path)}
+    run = leasefs("bench", "ha", "--rounds", "1", "--freeze", "0", "--graceful", "0",
+                  "--partition", "2", "--lag-seconds", "0", "--election-timeout", "2",
+                  "--json", "--quiet", "--home", tmp_path, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(run.stdout)["results"]
+    assert len(results["kill"]) == 1 and len(results["kill_new"]) == 1, results
+    for kind in ("partition", "partition_new"):
+        assert len(results[kind]) == 2, results
+        assert max(results[kind]) <= freeze_failover_bound(2.0), results
 
 
 def test_bench_meta_ha_alternates_rounds_and_reports_each(tmp_path):

@@ -19,11 +19,19 @@ folder; no block servers: a create and close of an empty file is metadata only):
    nothing); from the stop to the end of the first create that succeeds after it. The
    frozen server gets SIGCONT once that create is through (or after ``--freeze-seconds``,
    default 30, if none is) and is waited for as a caught-up standby.
-3. Graceful rounds (``--graceful``, default 10): the same with ``ha_failover`` (``haadmin
+3. Partition rounds (``--partition``, default 10): every server reaches each etcd member,
+   and every client reaches every server, through proxies that can go silent
+   (``tools.cutproxy``); the active's are cut at once (nothing killed, no connection
+   reset, a connect to it hangs): from the cut to the end of the first create of the
+   running client (a call in flight or about to be), and to the end of the first create
+   of a client started at the cut. The cut is healed once both are through (or after
+   ``--freeze-seconds``) and the old active waited for as a caught-up standby. Kill
+   rounds time a client started at the kill too, for comparison.
+4. Graceful rounds (``--graceful``, default 10): the same with ``ha_failover`` (``haadmin
    -failover``) instead of the kill: from the call to the end of the first create begun
    after its answer (from then on the old active refuses every call, so that create is
    the new active's).
-4. Lag (``--lag-seconds``, default 10, at ``--rate`` mutations/s, default 500): one client
+5. Lag (``--lag-seconds``, default 10, at ``--rate`` mutations/s, default 500): one client
    makes folders at that pace on the active; the standby's lag samples (the time from the
    active's append to its own apply, per log entry) give p50/p99/max.
 
@@ -62,8 +70,9 @@ class PrivateHACluster:
     """etcd members and metadata server processes of one private HA cluster."""
 
     def __init__(self, folder: str, members, n_meta: int, settings: dict, status,
-                 engine_cpus: set[int] | None = None):
+                 engine_cpus: set[int] | None = None, cuttable: bool = False):
         from . import etcd
+        from .cutproxy import Partitions
 
         self.folder = folder
         self.members = members
@@ -77,13 +86,19 @@ class PrivateHACluster:
         self.settings = {"ha": "etcd", "ha_etcd_endpoints": etcd.endpoints(members),
                          "ha_prefix": f"/leasefs/bench-{os.getpid()}",
                          "safemode_min_storage": 0, **settings}
+        # cuttable: the proxies that partition each server (clients reach it through them)
+        self.cuts = Partitions({name: self.address(name) for name in self.names},
+                               [m.client_url for m in members]) if cuttable else None
 
     def address(self, name: str) -> str:
+        """The server's own address (the benchmark's probes go there)."""
         return f"127.0.0.1:{self.ports[name]}"
 
     @property
     def addresses(self) -> str:
-        return ",".join(self.address(n) for n in self.names)
+        """The clients' list (through the proxies when cuttable)."""
+        return ",".join(self.cuts.address(n) if self.cuts else self.address(n)
+                        for n in self.names)
 
     def start(self, name: str) -> None:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,7 +106,10 @@ class PrivateHACluster:
                os.path.join(self.folder, name), "--host", "127.0.0.1",
                "--port", str(self.ports[name]), "--http-port", "0", "--log-level", "WARNING",
                "--set", f"ha_node_id={name}"]
-        for key, value in self.settings.items():
+        settings = dict(self.settings)
+        if self.cuts:
+            settings["ha_etcd_endpoints"] = self.cuts.etcd_endpoints(name)
+        for key, value in settings.items():
             cmd += ["--set", f"{key}={value}"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             p for p in (root, os.environ.get("PYTHONPATH")) if p))
@@ -179,7 +197,7 @@ async def ha_status(address: str, reset_lag: bool = False) -> dict | None:
 
 @contextmanager
 def private_ha_cluster(home: str, status, n_meta: int = 2, settings: dict | None = None,
-                       engine_cpus: set[int] | None = None):
+                       engine_cpus: set[int] | None = None, cuttable: bool = False):
     """3 etcd members and ``n_meta`` metadata servers in a fresh folder under ``home``;
     yields a ``PrivateHACluster`` with an active server (the first); everything stopped at
     exit. ``engine_cpus``: the CPUs etcd and the other servers run on (the machines of the
@@ -197,7 +215,7 @@ def private_ha_cluster(home: str, status, n_meta: int = 2, settings: dict | None
             procs[member.name] = etcd.spawn(member, members, token, cpus=engine_cpus)
         etcd.wait_healthy(members, procs)
         cluster = PrivateHACluster(folder, members, n_meta, settings or {}, status,
-                                   engine_cpus)
+                                   engine_cpus, cuttable)
         for name in cluster.names:
             status(f"starting metadata server {name} (ha = etcd)")
             cluster.start(name)
@@ -210,20 +228,38 @@ def private_ha_cluster(home: str, status, n_meta: int = 2, settings: dict | None
         if cluster is not None:
             for name in cluster.names:
                 cluster.kill(name, signal.SIGTERM)
+            if cluster.cuts:
+                cluster.cuts.close()
         etcd.stop(members)
         shutil.rmtree(folder, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- the phases
+def _client_config(election_timeout: float):
+    from fs.config import Config
+
+    return Config.load(env={}, rpc_retry_seconds=60.0, rpc_timeout=30.0,
+                       ha_election_timeout=election_timeout)
+
+
+async def _first_create(address: str, election_timeout: float) -> float:
+    """A new client's first create and close: the monotonic time it ended."""
+    from fs.client import AsyncClient
+
+    async with AsyncClient(address, config=_client_config(election_timeout),
+                           client_name="bench-ha-new") as client:
+        out = await client.create(f"/bench-ha-new-{os.getpid()}-{time.monotonic_ns()}")
+        await out.close()
+        return time.monotonic()
+
+
 async def _creator(address: str, interval: float, done: list, stop: trio.Event,
                    election_timeout: float) -> None:
     """Create and close empty files one after another; ``done`` gets ``(start, end)``
     monotonic times of each that succeeded."""
     from fs.client import AsyncClient
-    from fs.config import Config
 
-    config = Config.load(env={}, rpc_retry_seconds=60.0, rpc_timeout=30.0,
-                         ha_election_timeout=election_timeout)
+    config = _client_config(election_timeout)
     async with AsyncClient(address, config=config, client_name="bench-ha") as client:
         base = f"/bench-ha-{os.getpid()}"
         await client.mkdirs(base)
@@ -241,14 +277,20 @@ async def _creator(address: str, interval: float, done: list, stop: trio.Event,
 
 
 #: the failures a round can inflict on the active, as the results and the table name them
-FAILURES = {"kill": "kill -9 of the active", "freeze": "SIGSTOP of the active",
+FAILURES = {"kill": "kill -9 of the active", "kill_new": "kill -9: a client started then",
+            "freeze": "SIGSTOP of the active",
+            "partition": "partition of the active",
+            "partition_new": "partition: a client started then",
             "graceful": "haadmin -failover"}
 
 
 def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval: float,
-                     status, freeze_seconds: float = 30.0) -> list[float]:
-    """Seconds from the failure (``FAILURES``) to the first create after it."""
+                     status, freeze_seconds: float = 30.0) -> dict[str, list[float]]:
+    """Seconds from the failure (``FAILURES``) to the first create after it: ``{mode:
+    figures}``, and for kill and partition rounds ``{mode + "_new": figures}`` of a client
+    started at the failure."""
     figures: list[float] = []
+    fresh: list[float] = []
     graceful = mode == "graceful"
     election_timeout = cluster.settings["ha_election_timeout"]
 
@@ -260,6 +302,15 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
                 await trio.sleep(0.002)
             return True
         return False
+
+    async def fresh_client(started: float, new: trio.Event) -> None:
+        try:
+            fresh.append(await _first_create(cluster.addresses, election_timeout) - started)
+        except LeaseFSError as exc:
+            status(f"a client started at the failure got no create through: {exc}")
+            fresh.append(math.inf)
+        finally:
+            new.set()
 
     async def main():
         stop = trio.Event()
@@ -295,12 +346,37 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
                     finally:
                         proc.send_signal(signal.SIGCONT)
                     await through_since(stopped)
+                elif mode == "partition":
+                    cluster.cuts.cut(active)
+                    started = time.monotonic()
+                    new = trio.Event()
+                    nursery.start_soon(fresh_client, started, new)
+                    with trio.move_on_after(freeze_seconds):
+                        await through_since(started)
+                        await new.wait()
+                    if not new.is_set() or not done[-1][1] > started:
+                        status(f"not through in {freeze_seconds:g} s of partition: healed")
+                    cluster.cuts.heal(active)
+                    await through_since(started)
+                    await new.wait()
                 else:
+                    new = trio.Event()
                     await trio.to_thread.run_sync(cluster.kill, active)   # waits for the exit
-                    await through_since(time.monotonic())
-                figures.append(done[-1][1] - started)
+                    after = time.monotonic()
+                    nursery.start_soon(fresh_client, started, new)
+                    await through_since(after)
+                    await new.wait()
+                if mode in ("kill", "partition"):
+                    # the first create that ended after the failure (more ended while the
+                    # new client got through); after a kill, once the server was gone
+                    since = after if mode == "kill" else started
+                    figures.append(next(end for _, end in done if end > since) - started)
+                else:
+                    figures.append(done[-1][1] - started)
+                extra = f", a client started then {fresh[-1]:.2f} s" \
+                    if mode in ("kill", "partition") else ""
                 status(f"{FAILURES[mode]} round {k + 1}/{rounds}: first create after "
-                       f"{figures[-1]:.2f} s")
+                       f"{figures[-1]:.2f} s{extra}")
                 if mode == "kill":
                     await trio.to_thread.run_sync(cluster.start, active)
                 await trio.to_thread.run_sync(cluster.settled, before["applied_txid"])
@@ -308,7 +384,7 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
 
     done: list[tuple[float, float]] = []
     trio.run(main)
-    return figures
+    return {mode: figures, **({f"{mode}_new": fresh} if fresh else {})}
 
 
 def _lag(cluster: PrivateHACluster, seconds: float, rate: float, status) -> dict:
@@ -344,21 +420,22 @@ def _lag(cluster: PrivateHACluster, seconds: float, rate: float, status) -> dict
 
 def run_ha_bench(cmd: Command) -> int:
     a = cmd.args
-    if (a.rounds < 0 or a.freeze < 0 or a.graceful < 0 or a.rate <= 0 or a.lag_seconds < 0
-            or a.freeze_seconds <= 0):
-        raise UsageError("--rounds/--freeze/--graceful/--lag-seconds must be >= 0, --rate "
-                         "and --freeze-seconds > 0")
+    if (a.rounds < 0 or a.freeze < 0 or a.graceful < 0 or a.partition < 0 or a.rate <= 0
+            or a.lag_seconds < 0 or a.freeze_seconds <= 0):
+        raise UsageError("--rounds/--freeze/--partition/--graceful/--lag-seconds must be "
+                         ">= 0, --rate and --freeze-seconds > 0")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     status = StatusLine(enabled=not a.quiet)
     home = baseline_dir(a.home)
     results: dict = {}
     settings = {"ha_election_timeout": a.election_timeout}
-    with private_ha_cluster(home, status, settings=settings) as cluster:
+    with private_ha_cluster(home, status, settings=settings,
+                            cuttable=a.partition > 0) as cluster:
         for mode, rounds in (("kill", a.rounds), ("freeze", a.freeze),
-                             ("graceful", a.graceful)):
+                             ("partition", a.partition), ("graceful", a.graceful)):
             if rounds:
-                results[mode] = _failover_rounds(cluster, rounds, mode, a.interval, status,
-                                                 a.freeze_seconds)
+                results.update(_failover_rounds(cluster, rounds, mode, a.interval, status,
+                                                a.freeze_seconds))
         if a.lag_seconds:
             results["lag"] = _lag(cluster, a.lag_seconds, a.rate, status)
     if a.json:
@@ -386,7 +463,8 @@ def run_ha_bench(cmd: Command) -> int:
 
 def register(bsub, common, shared) -> None:
     q = bsub.add_parser("ha", parents=[common],
-                        help="metadata failover time (kill -9, SIGSTOP, haadmin -failover) and "
+                        help="metadata failover time (kill -9, SIGSTOP, partition, haadmin "
+                             "-failover) and "
                              "standby lag on a private ha = etcd cluster",
                         description="Failover as a client sees it and the standby's lag, on "
                                     "a private cluster of 3 etcd members and 2 metadata "
@@ -395,8 +473,11 @@ def register(bsub, common, shared) -> None:
     q.add_argument("--freeze", type=int, default=10,
                    help="SIGSTOP rounds (default 10)")
     q.add_argument("--freeze-seconds", type=float, default=30.0,
-                   help="longest freeze of a SIGSTOP round: SIGCONT after it even if no "
-                        "create got through (default 30)")
+                   help="longest freeze of a SIGSTOP round or cut of a partition round: "
+                        "ended after it even if no create got through (default 30)")
+    q.add_argument("--partition", type=int, default=10,
+                   help="rounds of a silent network partition of the active from etcd and "
+                        "its clients, through loopback proxies (default 10)")
     q.add_argument("--graceful", type=int, default=10,
                    help="haadmin -failover rounds (default 10)")
     q.add_argument("--interval", type=float, default=0.01,
