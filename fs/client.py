@@ -35,6 +35,7 @@ import trio
 from . import paths
 from . import tls as tlsmod
 from .config import Config, cluster_client_settings, find_meta_address
+from .dataconn import AvoidedNodes
 from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, SafeMode,
                      ServerUnavailable, TryAgain, sole_exception)
 from .renewer import LeaseRenewer
@@ -271,6 +272,8 @@ class AsyncClient:
         # tls = on: how data connections (and a connection of its own to the metadata
         # server) verify servers; None when off
         self.tls = tlsmod.client(self.config)
+        # block servers its reads could not reach lately, tried last by every input stream
+        self.avoided = AvoidedNodes(self.config.data_avoid_interval)
         self.server_defaults: dict = {}
         self.rpc: RpcClient | None = None
         self._stack: contextlib.AsyncExitStack | None = None

@@ -485,7 +485,7 @@ def test_setup_failure_downstream_names_the_first_bad_link(tmp_path):
             with pytest.raises(SetupFailed) as info:
                 await Pipeline.connect(path="/p", located=located, client_name="t",
                                        bytes_per_checksum=BPC, window=4, timeout=5.0,
-                                       max_frame=1 << 20)
+                                       connect_timeout=5.0, max_frame=1 << 20)
             assert info.value.node["node_id"] == "dead-one"
             assert dead in info.value.reason
 
