@@ -35,7 +35,6 @@ import trio
 from . import paths
 from . import tls as tlsmod
 from .config import Config, cluster_client_settings, find_meta_address
-from .dataconn import AvoidedNodes
 from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, SafeMode,
                      ServerUnavailable, TryAgain, sole_exception)
 from .renewer import LeaseRenewer
@@ -272,8 +271,6 @@ class AsyncClient:
         # tls = on: how data connections (and a connection of its own to the metadata
         # server) verify servers; None when off
         self.tls = tlsmod.client(self.config)
-        # block servers its reads could not reach lately, tried last by every input stream
-        self.avoided = AvoidedNodes(self.config.data_avoid_interval)
         self.server_defaults: dict = {}
         self.rpc: RpcClient | None = None
         self._stack: contextlib.AsyncExitStack | None = None
@@ -285,6 +282,13 @@ class AsyncClient:
         self.pipeline_recoveries = 0
         # ``fs.observer.ObserverReads`` with observer_reads on and an observer found
         self.observer_reads: ObserverReads | None = None
+
+    @functools.cached_property
+    def avoided(self):
+        """The block servers this client's reads could not reach lately, which every input
+        stream tries last (``fs.dataconn.AvoidedNodes``; imported with the data path)."""
+        from .dataconn import AvoidedNodes
+        return AvoidedNodes(self.config.data_avoid_interval)
 
     # ------------------------------------------------------------------ life cycle
     async def __aenter__(self) -> "AsyncClient":
