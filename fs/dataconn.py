@@ -1,16 +1,18 @@
-"""The client's end of a data-transfer connection to a block server: open one, close it
+"""The connecting end of a data-transfer connection to a block server (a client's, or a
+block server's to its downstream): open one within ``data_connect_timeout``, close it
 without raising, turn an error response into the exception of ``fs.errors`` it stands for,
 name a node and a failure's cause in messages, remember the block servers that could not
 be reached (``AvoidedNodes``).
 
 Why a module of its own: the write pipeline (``fs/pipeline.py``), the output stream
-(``fs/writer.py``) and the input stream (``fs/reader.py``) all open data connections the same
-way and count the same transport failures (``IO_ERRORS``) as a replica's or node's failure;
-this is the one copy they share.
+(``fs/writer.py``), the input stream (``fs/reader.py``) and the block servers' downstream,
+copy and recovery connections (``storage/``) all open data connections the same way and
+count the same transport failures (``IO_ERRORS``) as a replica's or node's failure; this is
+the one copy they share.
 
-Concurrency contract: stateless async helpers that run in the caller's task on the client's
-trio thread; ``close_quietly`` is shielded from cancellation, so a cancelled caller still
-closes its connection.
+Concurrency contract: stateless async helpers that run in the caller's task on its trio
+thread; ``close_quietly`` is shielded from cancellation, so a cancelled caller still closes
+its connection. ``AvoidedNodes`` belongs to one client and is used on its trio thread.
 """
 
 from __future__ import annotations

@@ -454,7 +454,8 @@ class AsyncInputStream:
         self._dead.setdefault(block.id, set()).add(node.get("node_id"))
         cause = failure_cause(exc)
         failures.append(f"{node.get('address')}: {cause}")
-        if node_unreachable(exc):
+        unreachable = node_unreachable(exc)
+        if unreachable:
             self._client.avoided.add(node.get("address"))
         if isinstance(exc, ChecksumError):
             log.warning("%s: %s; reporting the replica on %s as corrupt", self.path, exc,
@@ -469,5 +470,8 @@ class AsyncInputStream:
                 log.warning("%s: could not report bad block %s: %s", self.path, block.id,
                             report_exc)
         else:
-            log.info("%s: block %s from %s failed: %s; trying another replica", self.path,
-                     block.id, node_name(node), cause)
+            # an unreachable block server is the operator's business, a replica's refusal
+            # (moved, stale stamp) the metadata server's
+            log.log(logging.WARNING if unreachable else logging.INFO,
+                    "%s: block %s from %s failed: %s; trying another replica", self.path,
+                    block.id, node_name(node), cause)
