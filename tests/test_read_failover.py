@@ -160,7 +160,8 @@ def test_replica_silent_mid_read_is_left_at_the_same_offset(tmp_path, caplog):
     """The block server serving a read is stopped (SIGSTOP) after the first bytes: the read
     goes on from another replica after the read timeout, byte-identical, and the switch is
     logged with the replica, the block and "timed out after N s"."""
-    size = 8 * MiB
+    # well past what the kernel's socket buffers take in before the stop (~3 MiB seen)
+    size = 24 * MiB
     data = payload(size, seed=1)
     with ProcessCluster(tmp_path, n_storage=3, settings=cluster_settings()) as cluster:
         with client_for(cluster) as c:
