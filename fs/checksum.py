@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import logging
 
-import trio
 
 from .crccombine import CompositeCrc
-from .dataconn import IO_ERRORS, close_quietly, open_data_connection, response_error
+from .dataconn import (IO_ERRORS, close_quietly, failure_cause, open_data_connection,
+                       response_error, time_limit)
 from .datatransfer import BLOCK_CHECKSUM, crc32c, op_header
 from .errors import BlockMissing, InvalidToken, ProtocolError
 from .reader import AsyncInputStream, Block
@@ -48,10 +48,11 @@ def local_file_checksum(path: str, chunk: int = LOCAL_CHUNK) -> dict:
 
 async def _ask(client, block: Block, node: dict, length: int) -> int:
     config = client.config
-    framed = await open_data_connection(node["address"], config.data_timeout,
+    framed = await open_data_connection(node["address"], config.data_connect_timeout,
                                         config.max_frame, client.tls)
     try:
-        with trio.fail_after(config.data_timeout):
+        with time_limit(config.data_timeout, f"{BLOCK_CHECKSUM} of block {block.id} at "
+                                             f"{node['address']}"):
             await framed.send_frame(op_header(BLOCK_CHECKSUM, **block.op_fields(),
                                               length=length))
             resp = await framed.receive_frame()
@@ -75,8 +76,8 @@ async def _block_crc(client, path: str, block: Block) -> int:
             raise
         except IO_ERRORS as exc:
             log.info("%s: %s of block %s at %s failed: %s; trying another replica", path,
-                     BLOCK_CHECKSUM, block.id, node.get("address"), exc)
-            failures.append(f"{node.get('address')}: {exc or type(exc).__name__}")
+                     BLOCK_CHECKSUM, block.id, node.get("address"), failure_cause(exc))
+            failures.append(f"{node.get('address')}: {failure_cause(exc)}")
     raise BlockMissing(f"{path}: no replica of block {block.id} answered its checksum: "
                        + ("; ".join(failures[-6:]) or "the block has no locations"))
 

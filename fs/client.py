@@ -226,6 +226,13 @@ class AsyncClient:
         # ``fs.observer.ObserverReads`` with observer_reads on and an observer found
         self.observer_reads: ObserverReads | None = None
 
+    @functools.cached_property
+    def avoided(self):
+        """The block servers this client's reads could not reach lately, which every input
+        stream tries last (``fs.dataconn.AvoidedNodes``; imported with the data path)."""
+        from .dataconn import AvoidedNodes
+        return AvoidedNodes(self.config.data_avoid_interval)
+
     # ------------------------------------------------------------------ life cycle
     async def __aenter__(self) -> "AsyncClient":
         if self._stack is not None:

@@ -56,6 +56,13 @@ class Config:
     rpc_timeout: float = _s(60.0, "seconds a client waits for one RPC reply")
     rpc_retry_seconds: float = _s(30.0, "seconds a client keeps retrying a call over lost connections")
     data_timeout: float = _s(60.0, "seconds a data-transfer read or ack may stall before the peer is failed")
+    data_connect_timeout: float = _s(5.0, "seconds to open a data connection to a block server "
+                                     "(TCP connect and TLS handshake) before it counts as "
+                                     "unreachable: readers try the next replica, pipeline "
+                                     "setup names it the bad node")
+    data_avoid_interval: float = _s(60.0, "seconds a client tries a block server it could not "
+                                    "reach (connect or read timed out, connection refused or "
+                                    "broken) after every other replica of a block")
     frame_timeout: float = _s(60.0, "seconds an RPC request frame may take to arrive whole "
                               "after its first bytes; a slower peer is disconnected with an "
                               "error")

@@ -26,7 +26,8 @@ from collections import deque
 
 import trio
 
-from .dataconn import close_quietly, node_name, open_data_connection, response_error
+from .dataconn import (close_quietly, failure_cause, node_name, open_data_connection,
+                       response_error)
 from .datatransfer import (ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, PIPELINE_SETUP_APPEND,
                            PIPELINE_SETUP_CREATE, Packet, SUCCESS, TRANSFER_BLOCK, TRANSFER_RBW,
                            WRITE_BLOCK, WRITE_BLOCK_ONESHOT, encode_packet_header, op_header,
@@ -98,18 +99,19 @@ class Pipeline:
     @classmethod
     async def connect(cls, *, path: str, located: dict, client_name: str,
                       bytes_per_checksum: int, window: int, timeout: float,
-                      max_frame: int, min_bytes: int | None = None,
+                      connect_timeout: float, max_frame: int, min_bytes: int | None = None,
                       stage: str = PIPELINE_SETUP_APPEND, tls=None) -> "Pipeline":
         """WRITE_BLOCK to the first location; ``SetupFailed`` names the first bad node.
         With ``min_bytes`` the stage is PIPELINE_SETUP_APPEND (the nodes reopen their
         replicas of exactly that length under the block's new generation stamp) or
         PIPELINE_SETUP_STREAMING_RECOVERY (they cut their RBW replicas to that acknowledged
         length and take the new stamp). ``located["token"]``: the write token for the
-        block's stamp (security = secure), which every node checks."""
+        block's stamp (security = secure), which every node checks. ``connect_timeout``
+        bounds the connection to the first node, ``timeout`` its setup answer."""
         nodes = located["locations"]
         first = nodes[0]
         try:
-            framed = await open_data_connection(first["address"], timeout, max_frame, tls)
+            framed = await open_data_connection(first["address"], connect_timeout, max_frame, tls)
         except ServerUnavailable as exc:
             raise SetupFailed(first, str(exc)) from None
         header = _with_token(op_header(WRITE_BLOCK, block=located["block"],
@@ -127,7 +129,7 @@ class Pipeline:
         except (LeaseFSError, EOFError, trio.TooSlowError) as exc:
             await close_quietly(framed)
             raise SetupFailed(first, f"no setup response from {first['address']}: "
-                              f"{exc or 'timed out'}") from None
+                              f"{failure_cause(exc, timeout)}") from None
         if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
             await close_quietly(framed)
             bad_address = resp.get("first_bad_link") if isinstance(resp, dict) else ""
@@ -162,7 +164,8 @@ class Pipeline:
                     await send_packet(self.framed, packet.seqno, offset, data, sums, flags)
         except (LeaseFSError, trio.TooSlowError) as exc:
             self.fail(self.error or PipelineError(
-                f"{self.where}: cannot send to {node_name(self.nodes[0])}: {exc or 'timed out'}"),
+                f"{self.where}: cannot send to {node_name(self.nodes[0])}: "
+                f"{failure_cause(exc, self.timeout)}"),
                 bad_index=0)
             raise self.error from None
         if data:
@@ -270,7 +273,7 @@ class Pipeline:
 
 async def write_oneshot(*, path: str, located: dict, client_name: str,
                         bytes_per_checksum: int, data, sums: bytes, timeout: float,
-                        max_frame: int, tls=None) -> None:
+                        connect_timeout: float, max_frame: int, tls=None) -> None:
     """Write a whole block held in hand with WRITE_BLOCK_ONESHOT (docs/PROTOCOL.md §3) to
     every location at once, each without downstream targets: a block of one packet gains
     nothing from a chain (the client's bandwidth is no concern for it), while each hop of a
@@ -286,7 +289,8 @@ async def write_oneshot(*, path: str, located: dict, client_name: str,
     async def one(index: int, node: dict) -> None:
         try:
             await _oneshot_to(node, path, located["block"], located.get("token"), client_name,
-                              bytes_per_checksum, message, timeout, max_frame, tls)
+                              bytes_per_checksum, message, timeout, connect_timeout,
+                              max_frame, tls)
         except SetupFailed as exc:
             failures[index] = exc
 
@@ -299,11 +303,12 @@ async def write_oneshot(*, path: str, located: dict, client_name: str,
 
 async def _oneshot_to(node: dict, path: str, block: dict, token: dict | None,
                       client_name: str, bytes_per_checksum: int, message: bytes,
-                      timeout: float, max_frame: int, tls=None) -> None:
+                      timeout: float, connect_timeout: float, max_frame: int,
+                      tls=None) -> None:
     """One node's one-shot write (no downstream); ``SetupFailed`` naming it if it fails."""
     where = f"{path}: block {block['id']}"
     try:
-        framed = await open_data_connection(node["address"], timeout, max_frame, tls)
+        framed = await open_data_connection(node["address"], connect_timeout, max_frame, tls)
     except ServerUnavailable as exc:
         raise SetupFailed(node, str(exc)) from None
     header = _with_token(op_header(WRITE_BLOCK_ONESHOT, block=block, targets=[],
@@ -317,7 +322,7 @@ async def _oneshot_to(node: dict, path: str, block: dict, token: dict | None,
                 seqno, statuses = await receive_ack(framed)
     except (LeaseFSError, EOFError, trio.TooSlowError) as exc:
         raise SetupFailed(node, f"{where}: no answer to the one-shot write from "
-                          f"{node_name(node)}: {exc or 'timed out'}") from None
+                          f"{node_name(node)}: {failure_cause(exc, timeout)}") from None
     finally:
         await close_quietly(framed)
     if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
@@ -344,13 +349,13 @@ class _BadNode(Exception):
 
 
 async def transfer_rbw(source: dict, target: dict, block: dict, *, client_name: str,
-                       timeout: float, max_frame: int, tls=None,
+                       timeout: float, connect_timeout: float, max_frame: int, tls=None,
                        token: dict | None = None) -> None:
     """Ask ``source`` to copy ``block`` up to ``block['num_bytes']`` to ``target``
     (TRANSFER_BLOCK stage TRANSFER_RBW, docs/PROTOCOL.md §3) with the copy ``token`` of
     ``get_additional_datanode`` (security = secure: the source checks it and shows it to
     the target); returns once it is done."""
-    framed = await open_data_connection(source["address"], timeout, max_frame, tls)
+    framed = await open_data_connection(source["address"], connect_timeout, max_frame, tls)
     try:
         with trio.fail_after(timeout):
             await framed.send_frame(_with_token(op_header(

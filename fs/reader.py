@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import trio
 
-from .dataconn import (FIRST_BACKOFF, IO_ERRORS, close_quietly, node_name,
-                       open_data_connection, response_error)
+from .dataconn import (FIRST_BACKOFF, IO_ERRORS, close_quietly, failure_cause, node_name,
+                       node_unreachable, open_data_connection, response_error, time_limit)
 from .datatransfer import (BLOCK_LENGTH, FLAG_LAST, READ_BLOCK, block_dict, op_header,
                            receive_packet, verify_checksums)
 from .errors import (BlockMissing, ChecksumError, InvalidArgument, InvalidToken, LeaseFSError,
@@ -106,10 +106,13 @@ class BlockReader:
 
     @classmethod
     async def connect(cls, block: Block, node: dict, start: int, end: int, *,
-                      timeout: float, max_frame: int, tls=None) -> "BlockReader":
-        framed = await open_data_connection(node["address"], timeout, max_frame, tls)
+                      timeout: float, connect_timeout: float, max_frame: int,
+                      tls=None) -> "BlockReader":
+        """``connect_timeout`` bounds opening the connection, ``timeout`` the answer and
+        every packet after it (``ServerUnavailable`` saying which timed out)."""
+        framed = await open_data_connection(node["address"], connect_timeout, max_frame, tls)
         try:
-            with trio.fail_after(timeout):
+            with time_limit(timeout, "no answer to READ_BLOCK"):
                 await framed.send_frame(op_header(READ_BLOCK, **block.op_fields(),
                                                   offset=start, length=end - start, verify=True))
                 resp = await framed.receive_frame()
@@ -144,7 +147,7 @@ class BlockReader:
         while not self._pending:
             if self.cursor >= self.end:
                 return b""
-            with trio.fail_after(self.timeout):
+            with time_limit(self.timeout, f"no packet at block offset {self._next_packet_offset}"):
                 packet = await receive_packet(self.framed, self.bytes_per_checksum)
             if packet.flags & FLAG_LAST or not packet.data:
                 if packet.flags & FLAG_LAST:
@@ -349,9 +352,9 @@ class AsyncInputStream:
         for node in block.locations:
             framed = None
             try:
-                framed = await open_data_connection(node["address"], config.data_timeout,
+                framed = await open_data_connection(node["address"], config.data_connect_timeout,
                                                     config.max_frame, self._client.tls)
-                with trio.fail_after(config.data_timeout):
+                with time_limit(config.data_timeout, "no answer"):
                     await framed.send_frame(op_header(BLOCK_LENGTH, **block.op_fields()))
                     resp = await framed.receive_frame()
                 if isinstance(resp, dict) and resp.get("status") == "SUCCESS" \
@@ -361,7 +364,7 @@ class AsyncInputStream:
                          node["address"], response_error(resp, "refused"))
             except IO_ERRORS as exc:
                 log.info("%s: BLOCK_LENGTH of block %s at %s failed: %s", self.path, block.id,
-                         node["address"], exc)
+                         node["address"], failure_cause(exc))
             finally:
                 await close_quietly(framed)
         return None
@@ -375,11 +378,11 @@ class AsyncInputStream:
 
     # ------------------------------------------------------------------ reading
     def _pick_node(self, block: Block) -> dict | None:
+        """The replica to read next: not failed for this block by this stream, and not one
+        the client could not reach lately while another is left."""
         dead = self._dead.get(block.id, ())
-        for node in block.locations:
-            if node.get("node_id") not in dead:
-                return node
-        return None
+        return self._client.avoided.first(
+            [node for node in block.locations if node.get("node_id") not in dead])
 
     async def _read_at(self, pos: int, want: int, slot: _ReaderSlot, span_end: int | None) -> bytes:
         """Up to ``want`` bytes at file offset ``pos`` from the block holding it, with
@@ -417,10 +420,13 @@ class AsyncInputStream:
                     await self._locate()
                     continue
                 range_end = block.num_bytes if span_end is None else min(span_end, block.end) - block.offset
+                config = self._client.config
                 try:
                     slot.reader = await BlockReader.connect(
-                        block, node, off, range_end, timeout=self._client.config.data_timeout,
-                        max_frame=self._client.config.max_frame, tls=self._client.tls)
+                        block, node, off, range_end, timeout=config.data_timeout,
+                        connect_timeout=config.data_connect_timeout,
+                        max_frame=config.max_frame, tls=self._client.tls)
+                    self._client.avoided.discard(node.get("address"))
                 except InvalidToken as exc:
                     # expired (or made with a key the metadata server has since replaced):
                     # fresh locations bring fresh tokens; the replica is not to blame
@@ -446,7 +452,11 @@ class AsyncInputStream:
     async def _replica_failed(self, block: Block, node: dict, exc: BaseException,
                               failures: list[str]) -> None:
         self._dead.setdefault(block.id, set()).add(node.get("node_id"))
-        failures.append(f"{node.get('address')}: {exc or type(exc).__name__}")
+        cause = failure_cause(exc)
+        failures.append(f"{node.get('address')}: {cause}")
+        unreachable = node_unreachable(exc)
+        if unreachable:
+            self._client.avoided.add(node.get("address"))
         if isinstance(exc, ChecksumError):
             log.warning("%s: %s; reporting the replica on %s as corrupt", self.path, exc,
                         node_name(node))
@@ -460,5 +470,8 @@ class AsyncInputStream:
                 log.warning("%s: could not report bad block %s: %s", self.path, block.id,
                             report_exc)
         else:
-            log.info("%s: block %s from %s failed: %s; trying another replica", self.path,
-                     block.id, node_name(node), exc)
+            # an unreachable block server is the operator's business, a replica's refusal
+            # (moved, stale stamp) the metadata server's
+            log.log(logging.WARNING if unreachable else logging.INFO,
+                    "%s: block %s from %s failed: %s; trying another replica", self.path,
+                    block.id, node_name(node), cause)

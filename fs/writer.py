@@ -60,7 +60,7 @@ from dataclasses import dataclass
 
 import trio
 
-from .dataconn import FIRST_BACKOFF, IO_ERRORS, close_quietly, node_name
+from .dataconn import FIRST_BACKOFF, IO_ERRORS, close_quietly, failure_cause, node_name
 from .datatransfer import (FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA,
                            PIPELINE_SETUP_STREAMING_RECOVERY, Packet, block_dict,
                            chunk_checksums)
@@ -459,6 +459,7 @@ class AsyncOutputStream:
                 path=self.path, located={**located, "locations": nodes},
                 client_name=client.client_name, bytes_per_checksum=self.bytes_per_checksum,
                 window=self.window, timeout=client.config.data_timeout,
+                connect_timeout=client.config.data_connect_timeout,
                 max_frame=client.config.max_frame, min_bytes=min_bytes, tls=client.tls)
         except SetupFailed as exc:
             # HDFS setupPipelineForAppendOrRecovery: the failed node is dropped and every
@@ -496,6 +497,7 @@ class AsyncOutputStream:
                 try:
                     reader = await BlockReader.connect(block, node, start, min_bytes,
                                                        timeout=config.data_timeout,
+                                                       connect_timeout=config.data_connect_timeout,
                                                        max_frame=config.max_frame,
                                                        tls=self._client.tls)
                     if reader.bytes_per_checksum != bpc:
@@ -512,7 +514,7 @@ class AsyncOutputStream:
                         self.packet_size = _effective_packet_size(config.packet_size, bpc)
                     return b"".join(parts)
                 except IO_ERRORS as exc:
-                    failures.append(f"{node.get('address')}: {exc or type(exc).__name__}")
+                    failures.append(f"{node.get('address')}: {failure_cause(exc)}")
                     break
                 finally:
                     if reader is not None:
@@ -574,8 +576,9 @@ class AsyncOutputStream:
                 pipeline = await Pipeline.connect(
                     path=self.path, located=located, client_name=client.client_name,
                     bytes_per_checksum=self.bytes_per_checksum, window=self.window,
-                    timeout=client.config.data_timeout, max_frame=client.config.max_frame,
-                    tls=client.tls)
+                    timeout=client.config.data_timeout,
+                    connect_timeout=client.config.data_connect_timeout,
+                    max_frame=client.config.max_frame, tls=client.tls)
             except SetupFailed as exc:
                 await self._abandon_block(located, exc, excluded, failures)
                 continue
@@ -648,7 +651,8 @@ class AsyncOutputStream:
                 await write_oneshot(
                     path=self.path, located=located, client_name=client.client_name,
                     bytes_per_checksum=self.bytes_per_checksum, data=data, sums=sums,
-                    timeout=config.data_timeout, max_frame=config.max_frame, tls=client.tls)
+                    timeout=config.data_timeout, connect_timeout=config.data_connect_timeout,
+                    max_frame=config.max_frame, tls=client.tls)
             except SetupFailed as exc:
                 await self._abandon_block(located, exc, excluded, failures)
                 continue
@@ -842,7 +846,8 @@ class AsyncOutputStream:
                     path=self.path, located={"block": new_block, "locations": nodes,
                                              "token": located.get("token")},
                     client_name=client.client_name, bytes_per_checksum=self.bytes_per_checksum,
-                    window=self.window, timeout=config.data_timeout, max_frame=config.max_frame,
+                    window=self.window, timeout=config.data_timeout,
+                    connect_timeout=config.data_connect_timeout, max_frame=config.max_frame,
                     min_bytes=acked, stage=PIPELINE_SETUP_STREAMING_RECOVERY, tls=client.tls)
             except SetupFailed as exc:
                 cause = PipelineError(f"{where}: recovery setup failed: {exc.reason}")
@@ -884,10 +889,12 @@ class AsyncOutputStream:
         for source in nodes:
             try:
                 await transfer_rbw(source, target, copy, client_name=client.client_name,
-                                   timeout=config.data_timeout, max_frame=config.max_frame,
-                                   tls=client.tls, token=answer.get("token"))
+                                   timeout=config.data_timeout,
+                                   connect_timeout=config.data_connect_timeout,
+                                   max_frame=config.max_frame, tls=client.tls,
+                                   token=answer.get("token"))
             except IO_ERRORS as exc:
-                failures.append(f"from {node_name(source)}: {exc or type(exc).__name__}")
+                failures.append(f"from {node_name(source)}: {failure_cause(exc)}")
                 continue
             log.info("%s: block %s: copied %d bytes from %s to the replacement %s", self.path,
                      copy["id"], copy["num_bytes"], node_name(source), node_name(target))

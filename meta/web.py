@@ -36,6 +36,7 @@ from starlette.routing import Route
 
 from fs import tls as tlsmod
 from fs import webui
+from fs.dataconn import AvoidedNodes
 from fs.errors import InvalidArgument, IsDirectory, LeaseFSError
 from fs.metrics import exposition
 from fs.reader import AsyncInputStream
@@ -61,6 +62,7 @@ class _ViewerClient:
         self.config = server.config
         self.tls = tlsmod.client(server.config)
         self.rpc = self
+        self.avoided = AvoidedNodes(server.config.data_avoid_interval)
 
     async def call(self, method: str, args: dict, **_options):
         if method not in ("get_block_locations", "report_bad_blocks"):

@@ -29,10 +29,8 @@ from fs import tls as tlsmod
 from fs.config import Config
 from fs.datatransfer import (CHECKSUM_SIZE, FLAG_LAST, SUCCESS, TRANSFER_FINALIZED, WRITE_BLOCK,
                              crc32c, op_header, receive_ack, send_packet, verify_checksums)
+from fs.dataconn import open_data_connection
 from fs.errors import LeaseFSError, ProtocolError, ServerUnavailable
-from fs.framing import FramedStream
-from fs.rpc import parse_address
-from fs.tls import connect_tcp
 
 from .replica_states import ReplicaState
 from .replicas import ReplicaStore
@@ -74,15 +72,12 @@ async def send_replica(config: Config, store: ReplicaStore, reader, block_id: in
     inside a chunk whose stored checksum covers more bytes, that checksum is recomputed for
     the bytes sent. Returns ``length``."""
     bpc = reader.bytes_per_checksum
-    host, port = parse_address(targets[0])
     timeout = config.data_timeout
     try:
-        with trio.fail_after(min(10.0, timeout)):
-            stream = await connect_tcp(host, port, tlsmod.client(config))
-    except (OSError, LeaseFSError, trio.TooSlowError) as exc:   # LeaseFSError: TLS
-        raise ServerUnavailable(f"copy of blk_{block_id}: cannot connect to "
-                                f"{targets[0]}: {exc or 'timed out'}") from None
-    framed = FramedStream(stream, HEADER_MAX_FRAME)
+        framed = await open_data_connection(targets[0], config.data_connect_timeout,
+                                            HEADER_MAX_FRAME, tlsmod.client(config))
+    except LeaseFSError as exc:   # unreachable, or TLS refused
+        raise ServerUnavailable(f"copy of blk_{block_id}: {exc}") from None
     try:
         with trio.fail_after(timeout):
             header = op_header(WRITE_BLOCK, block={"id": block_id, "gs": gs},

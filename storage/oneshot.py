@@ -42,13 +42,11 @@ from fs.datatransfer import (ACK_HEADER, CHECKSUM_SIZE, ERROR, ERROR_CHECKSUM, F
                              MAX_PACKET_DATA, PACKET_HEADER, SUCCESS, WRITE_BLOCK_ONESHOT,
                              encode_ack, num_chunks, verify_checksums)
 from fs import tls as tlsmod
+from fs.dataconn import failure_cause, open_data_connection
 from fs.errors import ChecksumError, LeaseFSError, ProtocolError, ServerBusy
 from fs.framing import FramedStream, encode_frame
-from fs.rpc import parse_address
-from fs.tls import connect_tcp
 
-from .opheader import (CONNECT_TIMEOUT, HEADER_MAX_FRAME, block_ref, bytes_per_checksum,
-                       write_targets)
+from .opheader import HEADER_MAX_FRAME, block_ref, bytes_per_checksum, write_targets
 from .replica_states import ReplicaState
 
 log = logging.getLogger(__name__)
@@ -150,21 +148,18 @@ async def _forward(config, header: dict, targets: list[str], packet: bytes,
                    name: str) -> FramedStream | None:
     """Header (with ``targets[1:]``) and packet to ``targets[0]`` in one send; None when it
     cannot be reached (acked ERROR at its index)."""
-    host, port = parse_address(targets[0])
     try:
-        with trio.fail_after(min(CONNECT_TIMEOUT, config.data_timeout)):
-            stream = await connect_tcp(host, port, tlsmod.client(config))
-    except (OSError, LeaseFSError, trio.TooSlowError) as exc:   # LeaseFSError: TLS
-        log.warning("%s %s: cannot connect to the downstream %s: %s", OP, name, targets[0],
-                    str(exc) or "timed out")
+        downstream = await open_data_connection(targets[0], config.data_connect_timeout,
+                                                HEADER_MAX_FRAME, tlsmod.client(config))
+    except LeaseFSError as exc:   # unreachable, or TLS refused
+        log.warning("%s %s: downstream: %s", OP, name, exc)
         return None
-    downstream = FramedStream(stream, HEADER_MAX_FRAME)
     try:
         with trio.fail_after(config.data_timeout):
             await downstream.send_all(encode_frame({**header, "targets": targets[1:]}) + packet)
     except (LeaseFSError, trio.TooSlowError) as exc:
         log.warning("%s %s: forwarding to the downstream %s failed: %s", OP, name, targets[0],
-                    str(exc) or "timed out")
+                    failure_cause(exc, config.data_timeout))
         with trio.CancelScope(shield=True):
             await downstream.aclose()
         return None
@@ -191,5 +186,6 @@ async def _downstream_statuses(config, downstream: FramedStream | None, targets:
                                 f"expected packet {seqno}")
         return statuses
     except (EOFError, LeaseFSError, trio.TooSlowError) as exc:
-        log.warning("%s %s: the downstream failed: %s", OP, name, str(exc) or "timed out")
+        log.warning("%s %s: the downstream failed: %s", OP, name,
+                    failure_cause(exc, config.data_timeout * len(targets)))
         return [ERROR]

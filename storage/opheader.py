@@ -21,8 +21,6 @@ from .layout import check_bytes_per_checksum
 HEADER_MAX_FRAME = 1 << 20
 #: longest downstream list a WRITE_BLOCK header may carry
 MAX_TARGETS = 32
-#: seconds a connection to a downstream block server may take
-CONNECT_TIMEOUT = 10.0
 
 
 def field(header: dict, key: str, kind: type, op: str, default=...):

@@ -50,9 +50,7 @@ from fs.config import Config
 from fs.datatransfer import op_header
 from fs.errors import (InvalidArgument, LeaseFSError, ProtocolError, ReplicaNotFound,
                        ServerUnavailable, from_wire)
-from fs.framing import FramedStream
-from fs.rpc import parse_address
-from fs.tls import connect_tcp
+from fs.dataconn import failure_cause, open_data_connection
 
 from .replica_records import Replica
 from .replica_states import ReplicaState
@@ -135,14 +133,15 @@ def replica_wire(replica: Replica, state: ReplicaState | None = None) -> dict:
             "state": (state or replica.state).value}
 
 
-async def call_recovery_op(address: str, header: dict, timeout: float, tls=None) -> dict:
+async def call_recovery_op(address: str, header: dict, timeout: float, tls=None, *,
+                           connect_timeout: float | None = None) -> dict:
     """Send one recovery op to a block server and return its ``replica`` map; the remote
-    error is raised as its own ``LeaseFSError`` class. ``tls``: ``fs.tls.client(config)``."""
-    host, port = parse_address(address)
+    error is raised as its own ``LeaseFSError`` class. ``tls``: ``fs.tls.client(config)``.
+    ``connect_timeout`` (default ``timeout``) bounds the connection, ``timeout`` the op."""
+    framed = await open_data_connection(address, timeout if connect_timeout is None
+                                        else connect_timeout, _MAX_FRAME, tls)
     try:
         with trio.fail_after(timeout):
-            stream = await connect_tcp(host, port, tls)
-            framed = FramedStream(stream, _MAX_FRAME)
             try:
                 await framed.send_frame(header)
                 response = await framed.receive_frame()
@@ -153,7 +152,7 @@ async def call_recovery_op(address: str, header: dict, timeout: float, tls=None)
         raise ServerUnavailable(f"{header['op']} to {address}: no answer within "
                                 f"{timeout:g}s") from None
     except (OSError, EOFError) as exc:
-        raise ServerUnavailable(f"{header['op']} to {address}: {exc}") from None
+        raise ServerUnavailable(f"{header['op']} to {address}: {failure_cause(exc)}") from None
     if not isinstance(response, dict):
         raise ProtocolError(f"{header['op']} to {address}: malformed response "
                             f"{response!r:.100}")
@@ -260,7 +259,8 @@ class BlockRecoveryWorker:
                     wire = await call_recovery_op(target.address, self._signed(op_header(
                         INIT_REPLICA_RECOVERY, block={"id": block_id, "gs": gs},
                         recovery_id=recovery_id)), self.config.data_timeout,
-                        tlsmod.client(self.config))
+                        tlsmod.client(self.config),
+                        connect_timeout=self.config.data_connect_timeout)
                 infos.append(ReplicaRecoveryInfo(target.node_id, wire["num_bytes"], wire["gs"],
                                                  ReplicaState(wire["state"]), target.address))
             except (LeaseFSError, ValueError) as exc:
@@ -290,7 +290,8 @@ class BlockRecoveryWorker:
                     await call_recovery_op(info.address, self._signed(op_header(
                         UPDATE_REPLICA_UNDER_RECOVERY, block={"id": block_id, "gs": gs},
                         recovery_id=recovery_id, new_length=decision.length)),
-                        self.config.data_timeout, tlsmod.client(self.config))
+                        self.config.data_timeout, tlsmod.client(self.config),
+                        connect_timeout=self.config.data_connect_timeout)
                 done.append(info.node_id)
             except LeaseFSError as exc:
                 log.info("block recovery %d: UPDATE on %s failed, left out: %s", recovery_id,

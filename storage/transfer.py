@@ -84,19 +84,19 @@ from fs.datatransfer import (BLOCK_CHECKSUM, BLOCK_LENGTH, CHECKSUM_SIZE, DATA_T
                              WRITE_BLOCK_ONESHOT,
                              Packet, encode_packet_header, num_chunks, receive_ack, send_ack,
                              send_packet, verify_checksums)
+from fs.dataconn import failure_cause, open_data_connection
 from fs.errors import (ChecksumError, InternalError, InvalidArgument, InvalidToken,
                        LeaseFSError, NotSupported, PipelineError, ProtocolError,
                        ReplicaNotFound, ServerUnavailable)
 from fs.framing import FramedStream, encode_frame
 from fs.limits import ByteBudget
 from fs.rpc import check_version, parse_address
-from fs.tls import connect_tcp
 
 from .blockchecksum import serve_block_checksum
 from .blockcopy import send_replica
 from .layout import check_packet_range
 from .oneshot import write_oneshot
-from .opheader import (CONNECT_TIMEOUT, HEADER_MAX_FRAME, block_ref as _block,
+from .opheader import (HEADER_MAX_FRAME, block_ref as _block,
                        bytes_per_checksum as _bytes_per_checksum, error_response as _error_response,
                        field as _field, write_targets as _targets)
 from .recovery import INIT_REPLICA_RECOVERY, UPDATE_REPLICA_UNDER_RECOVERY, replica_wire
@@ -633,20 +633,19 @@ class DataTransferServer:
         """``(stream, None)`` or ``(None, (message, first_bad_link, error type or None))``.
         The header goes on as it came (the writer's token too: each node checks it)."""
         target = targets[0]
-        host, port = parse_address(target)
         try:
-            with trio.fail_after(min(CONNECT_TIMEOUT, self.config.data_timeout)):
-                stream = await connect_tcp(host, port, tlsmod.client(self.config))
-        except (OSError, LeaseFSError, trio.TooSlowError) as exc:   # LeaseFSError: TLS
-            return None, (f"cannot connect: {str(exc) or 'timed out'}", target, None)
-        framed = FramedStream(stream, HEADER_MAX_FRAME)
+            framed = await open_data_connection(target, self.config.data_connect_timeout,
+                                                HEADER_MAX_FRAME, tlsmod.client(self.config))
+        except LeaseFSError as exc:   # unreachable, or TLS refused
+            return None, (str(exc), target, None)
         try:
             await framed.send_frame({**header, "targets": targets[1:]})
             with trio.fail_after(self.config.data_timeout):
                 response = await framed.receive_frame()
         except (LeaseFSError, EOFError, trio.TooSlowError) as exc:
             await framed.aclose()
-            return None, (f"no setup response: {str(exc) or 'timed out'}", target, None)
+            return None, (f"no setup response from {target}: "
+                          f"{failure_cause(exc, self.config.data_timeout)}", target, None)
         if isinstance(response, dict) and response.get("status") == "SUCCESS":
             return framed, None
         await framed.aclose()
@@ -755,7 +754,7 @@ class _WritePipeline:
                         packet = await self._receive_packet()
                 except (EOFError, ServerUnavailable, trio.TooSlowError) as exc:
                     log.info("WRITE_BLOCK %s: writer %s went away: %s", replica.name, self.peer,
-                             str(exc) or "timed out")
+                             failure_cause(exc, self.config.data_timeout))
                     self._stop()
                     return
                 except _BadPacket as bad:
@@ -832,7 +831,7 @@ class _WritePipeline:
         except (ServerUnavailable, trio.TooSlowError) as exc:
             log.warning("WRITE_BLOCK %s: forwarding packet %d to the downstream failed: %s",
                         self.replica.name, packet.seqno,
-                        str(exc) or f"it read nothing for {self.config.data_timeout:g}s")
+                        failure_cause(exc, self.config.data_timeout))
             self.downstream_failed = True
 
     # -- responder
@@ -850,7 +849,8 @@ class _WritePipeline:
                 return statuses
             except (EOFError, LeaseFSError, trio.TooSlowError) as exc:
                 log.warning("WRITE_BLOCK %s: downstream ack for packet %d failed: %s",
-                            self.replica.name, seqno, str(exc) or "timed out")
+                            self.replica.name, seqno,
+                            failure_cause(exc, self.config.data_timeout))
                 self.downstream_failed = True
         return [ERROR]
 

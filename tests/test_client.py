@@ -8,6 +8,7 @@ partial chunks and full windows cheap.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import random
@@ -20,6 +21,7 @@ import trio.testing
 import fs.client as client_mod
 from fs import errors
 from fs.client import AsyncClient, Client, FileStatus
+from fs.dataconn import AvoidedNodes, failure_cause
 from fs.renewer import LeaseRenewer
 from fs.streams import Offset
 from fs.writer import _effective_packet_size
@@ -66,6 +68,32 @@ def test_packet_size_is_whole_chunks_and_bounded():
     assert _effective_packet_size(5000, 512) == 4608
     assert _effective_packet_size(100, 512) == 512
     assert _effective_packet_size(64 << 20, 4096) == 16 << 20
+
+
+def test_avoided_nodes_go_last_until_the_interval_passes_or_one_answers():
+    now = [100.0]
+    avoided = AvoidedNodes(60.0, clock=lambda: now[0])
+    a, b, c = ({"address": f"10.0.0.{i}:9866"} for i in (1, 2, 3))
+    assert avoided.first([a, b, c]) is a
+    avoided.add(a["address"])
+    assert avoided.first([a, b, c]) is b
+    avoided.add(b["address"])
+    assert avoided.first([a, b, c]) is c
+    # the last one left is tried, avoided or not
+    assert avoided.first([a, b]) is a and avoided.first([]) is None
+    avoided.discard(b["address"])       # it answered again
+    assert avoided.first([a, b]) is b
+    now[0] += 60.0                      # a's time is up
+    assert a["address"] not in avoided and avoided.first([a, b]) is a
+
+
+def test_failure_cause_is_never_empty():
+    assert failure_cause(trio.TooSlowError(), 5.0) == "timed out after 5 s"
+    assert failure_cause(TimeoutError()) == "timed out"
+    assert failure_cause(ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")) \
+        == "ECONNREFUSED (Connection refused)"
+    assert failure_cause(EOFError()) == "EOFError()"
+    assert failure_cause(errors.ServerUnavailable()) == "ServerUnavailable"
 
 
 def test_offset_works_with_and_without_await():
@@ -485,7 +513,7 @@ def test_setup_failure_downstream_names_the_first_bad_link(tmp_path):
             with pytest.raises(SetupFailed) as info:
                 await Pipeline.connect(path="/p", located=located, client_name="t",
                                        bytes_per_checksum=BPC, window=4, timeout=5.0,
-                                       max_frame=1 << 20)
+                                       connect_timeout=5.0, max_frame=1 << 20)
             assert info.value.node["node_id"] == "dead-one"
             assert dead in info.value.reason
 

@@ -218,7 +218,7 @@ def test_a_dead_appender_leaves_the_inline_content_or_what_it_flushed(tmp_path):
                 await write_oneshot(path="/short", located=located,
                                     client_name=dead.client_name, bytes_per_checksum=512,
                                     data=part, sums=chunk_checksums(part, 512), timeout=10,
-                                    max_frame=1 << 20)
+                                    connect_timeout=10, max_frame=1 << 20)
                 out.abort(PipelineError("writer died"))
 
                 out = await dead.append("/flushed")

@@ -241,7 +241,8 @@ def test_block_servers_serve_reads_only_with_a_valid_block_access_token(tmp_path
         wire = dict(located) if token == "keep" else {**located, "token": token}
         block = Block.from_wire(wire)
         reader = await BlockReader.connect(block, block.locations[0], 0, block.num_bytes,
-                                           timeout=10, max_frame=1 << 22)
+                                           timeout=10, connect_timeout=10,
+                                           max_frame=1 << 22)
         try:
             return await reader.read(block.num_bytes)
         finally:

@@ -50,7 +50,7 @@ def located(nodes, block_id: int, gs: int = 1) -> dict:
 async def oneshot(nodes, block_id: int, data: bytes, gs: int = 1, timeout: float = 10.0):
     await write_oneshot(path="/t", located=located(nodes, block_id, gs), client_name="t",
                         bytes_per_checksum=BPC, data=data, sums=chunk_checksums(data, BPC),
-                        timeout=timeout, max_frame=1 << 20)
+                        timeout=timeout, connect_timeout=timeout, max_frame=1 << 20)
 
 
 def message(block_id: int, data: bytes, *, targets=(), offset: int = 0, flags: int = FLAG_LAST,

@@ -24,6 +24,7 @@ import trio.testing
 
 from harness import free_port
 
+import fs.dataconn
 from fs.config import Config
 from fs.datatransfer import (ERROR, ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST,
                              FLAG_SYNC, PIPELINE_SETUP_CREATE, SUCCESS, block_dict,
@@ -34,7 +35,6 @@ from fs.framing import FramedStream, encode_frame
 from fs.rpc import Dispatcher, format_address, parse_address, serve_rpc, serve_tcp
 from storage.replicas import ReplicaStore, encode_meta_header, finalized_subdir
 from storage.server import BlockServer
-import storage.transfer
 from storage.transfer import DataTransferServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -1033,7 +1033,7 @@ def test_downstream_that_stops_reading_is_failed_after_data_timeout(tmp_path, mo
                 nursery.start_soon(stalled_downstream, theirs)
                 return ours
 
-            monkeypatch.setattr(storage.transfer, "connect_tcp", open_lockstep)
+            monkeypatch.setattr(fs.dataconn, "connect_tcp", open_lockstep)
             client_end, server_end = trio.testing.memory_stream_pair()
             nursery.start_soon(server.handle, server_end, "test-writer")
             client = FramedStream(client_end)

@@ -83,7 +83,7 @@ async def read_via(address: str, located: dict, client: AsyncClient) -> bytes:
     """A whole block read with READ_BLOCK from ``address`` (a proxy), as a reader does."""
     block = Block.from_wire(located)
     reader = await BlockReader.connect(block, {"address": address, "node_id": "proxy"}, 0,
-                                       block.num_bytes, timeout=10, max_frame=MiB,
+                                       block.num_bytes, timeout=10, connect_timeout=10, max_frame=MiB,
                                        tls=client.tls)
     parts = []
     try:
