@@ -54,6 +54,9 @@ class Config:
     rpc_timeout: float = _s(60.0, "seconds a client waits for one RPC reply")
     rpc_retry_seconds: float = _s(30.0, "seconds a client keeps retrying a call over lost connections")
     data_timeout: float = _s(60.0, "seconds a data-transfer read or ack may stall before the peer is failed")
+    data_stall_timeout: float = _s(0.0, "seconds an output stream's write, flush, sync or close "
+                                   "may go without a packet acknowledged before it fails "
+                                   "(0 = off; a mount uses mount_meta_timeout)")
     frame_timeout: float = _s(60.0, "seconds an RPC request frame may take to arrive whole "
                               "after its first bytes; a slower peer is disconnected with an "
                               "error")
@@ -272,7 +275,9 @@ class Config:
                                    "filesystem, namespace changes are durable at fsync(2) of "
                                    "a file or folder (or within one journal fsync, ~ms)")
     mount_meta_timeout: float = _s(15.0, "seconds a mount request waits for an unreachable "
-                                   "metadata server before failing with EIO (never a hung shell)")
+                                   "metadata server, and a write, flush or fsync for block "
+                                   "servers that acknowledge nothing, before failing with EIO "
+                                   "(never a hung shell)")
     mount_cache_dir: str = _s("", "folder for a mount's staging files of random writes "
                               "(default: $TMPDIR/leasefs-mount-cache)")
     mount_cache_limit: int = _s(8 << 30, "bytes of staging files one mount may hold; a random "

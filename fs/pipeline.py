@@ -68,8 +68,11 @@ class Pipeline:
     queue, and the responder that consumes acks. Sending happens in the caller's task."""
 
     def __init__(self, *, path: str, located: dict, framed: FramedStream, window: int,
-                 timeout: float, start: int = 0):
+                 timeout: float, start: int = 0, on_ack=None):
         self.path = path
+        # called at every acknowledged packet but heartbeats: the writer's measure of
+        # progress (``fs.writer``: its stall bound)
+        self.on_ack = on_ack
         self.block = dict(located["block"])
         self.nodes = list(located["locations"])
         self.framed = framed
@@ -99,7 +102,8 @@ class Pipeline:
     async def connect(cls, *, path: str, located: dict, client_name: str,
                       bytes_per_checksum: int, window: int, timeout: float,
                       max_frame: int, min_bytes: int | None = None,
-                      stage: str = PIPELINE_SETUP_APPEND, tls=None) -> "Pipeline":
+                      stage: str = PIPELINE_SETUP_APPEND, tls=None,
+                      on_ack=None) -> "Pipeline":
         """WRITE_BLOCK to the first location; ``SetupFailed`` names the first bad node.
         With ``min_bytes`` the stage is PIPELINE_SETUP_APPEND (the nodes reopen their
         replicas of exactly that length under the block's new generation stamp) or
@@ -127,7 +131,7 @@ class Pipeline:
         except (LeaseFSError, EOFError, trio.TooSlowError) as exc:
             await close_quietly(framed)
             raise SetupFailed(first, f"no setup response from {first['address']}: "
-                              f"{exc or 'timed out'}") from None
+                              f"{str(exc) or 'timed out'}") from None
         if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
             await close_quietly(framed)
             bad_address = resp.get("first_bad_link") if isinstance(resp, dict) else ""
@@ -135,7 +139,7 @@ class Pipeline:
             raise SetupFailed(bad, str(response_error(resp, f"pipeline setup at {first['address']}")),
                               token_refused=_refused_token(resp))
         return cls(path=path, located=located, framed=framed, window=window, timeout=timeout,
-                   start=min_bytes or 0)
+                   start=min_bytes or 0, on_ack=on_ack)
 
     # ------------------------------------------------------------------ sending
     def _raise_if_failed(self) -> None:
@@ -162,7 +166,8 @@ class Pipeline:
                     await send_packet(self.framed, packet.seqno, offset, data, sums, flags)
         except (LeaseFSError, trio.TooSlowError) as exc:
             self.fail(self.error or PipelineError(
-                f"{self.where}: cannot send to {node_name(self.nodes[0])}: {exc or 'timed out'}"),
+                f"{self.where}: cannot send to {node_name(self.nodes[0])}: "
+                f"{str(exc) or 'timed out'}"),
                 bad_index=0)
             raise self.error from None
         if data:
@@ -241,6 +246,8 @@ class Pipeline:
             self.acked_bytes = max(self.acked_bytes, packet.offset + len(packet.data))
         if packet.flags & FLAG_LAST:
             self._finished = True
+        if self.on_ack is not None and not packet.flags & FLAG_HEARTBEAT:
+            self.on_ack()
         self._notify()
 
     def fail(self, exc: LeaseFSError, bad_index: int | None = None) -> None:
@@ -317,7 +324,7 @@ async def _oneshot_to(node: dict, path: str, block: dict, token: dict | None,
                 seqno, statuses = await receive_ack(framed)
     except (LeaseFSError, EOFError, trio.TooSlowError) as exc:
         raise SetupFailed(node, f"{where}: no answer to the one-shot write from "
-                          f"{node_name(node)}: {exc or 'timed out'}") from None
+                          f"{node_name(node)}: {str(exc) or 'timed out'}") from None
     finally:
         await close_quietly(framed)
     if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
