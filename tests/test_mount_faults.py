@@ -90,6 +90,29 @@ def timed(fn, *args, limit: float):
     return out["result"], out["took"]
 
 
+class NewFile:
+    """A file created for writing through the mount, as a context whose end closes it
+    unless the test did (``close_within``)."""
+
+    def __init__(self, path):
+        self.fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+    def close_within(self, limit: float):
+        """``close(2)`` in a thread (``timed``): its result and the seconds it took."""
+        fd, self.fd = self.fd, None
+        return timed(os.close, fd, limit=limit)
+
+    def __enter__(self) -> "NewFile":
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:   # the test failed before its own close
+                pass
+
+
 def write_until_error(fd: int, chunk: bytes, total: int):
     """Write ``chunk`` until ``total`` bytes went or a write fails: (bytes written, the
     OSError or None, the longest single write in seconds)."""
@@ -130,31 +153,21 @@ def closed_holding(cluster, path: str, prefix: bytes) -> bytes:
 
 def test_write_and_close_to_silent_block_servers_fail_with_eio_within_the_bound(cluster,
                                                                                mount):
-    path = mount.mp / "all-silent.bin"
     synced = os.urandom(3 * MiB)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    closed = False
-    try:
-        os.write(fd, synced)
-        os.fsync(fd)
+    with NewFile(mount.mp / "all-silent.bin") as f:
+        os.write(f.fd, synced)
+        os.fsync(f.fd)
         with Silenced(cluster, [f"storage{i}" for i in range(cluster.n_storage)]):
-            (written, error, longest), _ = timed(write_until_error, fd, os.urandom(MiB),
+            (written, error, longest), _ = timed(write_until_error, f.fd, os.urandom(MiB),
                                                  256 * MiB, limit=MOUNT_BOUND * 8 + MARGIN)
             assert error is not None and error.errno == errno.EIO, (written, error)
             assert longest < MOUNT_BOUND + MARGIN, longest
             # the error sticks to the open file: fsync and close report it again
-            assert errno_of(os.fsync, fd) == errno.EIO
-            result, took = timed(os.close, fd, limit=MOUNT_BOUND + MARGIN)
-            closed = True
+            assert errno_of(os.fsync, f.fd) == errno.EIO
+            result, _ = f.close_within(MOUNT_BOUND + MARGIN)
             assert isinstance(result, OSError) and result.errno == errno.EIO, result
             # the mount goes on serving the namespace meanwhile
             assert "all-silent.bin" in os.listdir(mount.mp)
-    finally:
-        if not closed:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
     # once the block servers are back: other files are written, and the failed one holds
     # every byte its fsync acknowledged
     (mount.mp / "after-silence.txt").write_bytes(b"after")
@@ -163,22 +176,20 @@ def test_write_and_close_to_silent_block_servers_fail_with_eio_within_the_bound(
 
 
 def test_one_silent_block_server_is_replaced_and_the_write_goes_on(cluster, mount):
-    path = mount.mp / "one-silent.bin"
     first = os.urandom(MiB)
     rest = os.urandom(24 * MiB)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, first)
-        os.fsync(fd)
+    with NewFile(mount.mp / "one-silent.bin") as f:
+        os.write(f.fd, first)
+        os.fsync(f.fd)
         head = pipeline_of(cluster, "/one-silent.bin")[0]
         with Silenced(cluster, [head]):
             (written, error, longest), _ = timed(
-                write_until_error, fd, rest, len(rest), limit=MOUNT_BOUND * 4 + MARGIN)
+                write_until_error, f.fd, rest, len(rest), limit=MOUNT_BOUND * 4 + MARGIN)
             assert error is None and written == len(rest), error
             assert longest < MOUNT_BOUND + MARGIN, longest
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+            os.fsync(f.fd)
+        result, _ = f.close_within(MOUNT_BOUND + MARGIN)
+        assert result is None, result
     assert closed_holding(cluster, "/one-silent.bin", first) == first + rest
 
 
@@ -203,20 +214,13 @@ def test_a_read_from_silent_block_servers_fails_with_eio_within_the_bound(cluste
 
 def test_close_with_the_metadata_server_silent_fails_with_eio_within_the_bound(cluster,
                                                                               mount):
-    path = mount.mp / "meta-silent.bin"
     data = os.urandom(2 * MiB)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    closed = False
-    try:
-        os.write(fd, data)
+    with NewFile(mount.mp / "meta-silent.bin") as f:
+        os.write(f.fd, data)
         with Silenced(cluster, ["meta"]):
-            result, took = timed(os.close, fd, limit=MOUNT_BOUND * 4 + MARGIN)
-            closed = True
+            result, took = f.close_within(MOUNT_BOUND * 4 + MARGIN)
             assert isinstance(result, OSError) and result.errno == errno.EIO, result
             assert took < MOUNT_BOUND + MARGIN, took
-    finally:
-        if not closed:
-            os.close(fd)
     # every byte reached the block servers: the file is completed once the server is back
     assert closed_holding(cluster, "/meta-silent.bin", data) == data
 
@@ -224,39 +228,37 @@ def test_close_with_the_metadata_server_silent_fails_with_eio_within_the_bound(c
 # ------------------------------------------------------------------ lease lost
 
 def test_a_lost_lease_gives_eio_at_write_and_close_and_is_logged(cluster, mount):
-    path = mount.mp / "lease-lost.bin"
     synced = os.urandom(MiB)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, synced)
-        os.fsync(fd)
+    with NewFile(mount.mp / "lease-lost.bin") as f:
+        os.write(f.fd, synced)
+        os.fsync(f.fd)
         with cluster.client() as other:   # another client takes the file over
-            poll_until(lambda: other.recover_lease("/lease-lost.bin"), 30)
-        written, error, _ = write_until_error(fd, os.urandom(MiB), 64 * MiB)
+            assert poll_until(lambda: other.recover_lease("/lease-lost.bin"), 30)
+        written, error, _ = write_until_error(f.fd, os.urandom(MiB), 64 * MiB)
         assert error is not None and error.errno == errno.EIO, (written, error)
-        assert errno_of(os.write, fd, b"more") == errno.EIO
-    finally:
-        assert errno_of(os.close, fd) == errno.EIO
-    log = mount.log_text()
-    assert "/lease-lost.bin" in log and "lease" in log.lower(), log
+        assert errno_of(os.write, f.fd, b"more") == errno.EIO
+        result, _ = f.close_within(MARGIN)
+        assert isinstance(result, OSError) and result.errno == errno.EIO, result
+    said = [line for line in mount.log_text().splitlines()
+            if "/lease-lost.bin: write failed" in line and "lost the file's lease" in line]
+    assert said, mount.log_text()
     assert closed_holding(cluster, "/lease-lost.bin", synced)
 
 
 # ------------------------------------------------------------------ sticky errors
 
-def test_a_failed_write_is_reported_again_at_close(cluster, mount):
+def test_a_failed_write_is_reported_again_at_fsync_and_close(cluster, mount):
     with cluster.client() as client:
         client.mkdirs("/tiny")
         client.set_quota("/tiny", ds_quota=MiB)
     try:
-        fd = os.open(mount.mp / "tiny" / "f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            written, error, _ = write_until_error(fd, b"x" * MiB, 64 * MiB)
+        with NewFile(mount.mp / "tiny" / "f") as f:
+            written, error, _ = write_until_error(f.fd, b"x" * MiB, 64 * MiB)
             assert error is not None and error.errno == errno.EDQUOT, (written, error)
             # fsync reports it, and so does the close after it
-            assert errno_of(os.fsync, fd) == errno.EDQUOT
-        finally:
-            assert errno_of(os.close, fd) == errno.EDQUOT
+            assert errno_of(os.fsync, f.fd) == errno.EDQUOT
+            result, _ = f.close_within(MARGIN)
+            assert isinstance(result, OSError) and result.errno == errno.EDQUOT, result
     finally:
         with cluster.client() as client:
             client.set_quota("/tiny", ds_quota=-1)
