@@ -45,6 +45,12 @@ survivor), sets up PIPELINE_SETUP_STREAMING_RECOVERY, calls ``update_pipeline`` 
 the unacked packets; at most ``pipeline_recovery_retries`` rounds per block. ``_rebuild``
 does one recovery from a ``_Broken`` pipeline (a failed one, or an append setup that failed).
 
+Stall bound (``data_stall_timeout``, a mount's ``mount_meta_timeout``; 0 = none): each
+write, hflush, publish, hsync and close fails with ``StreamStalled`` once it went that long
+without a packet acknowledged by every node (``_progress_bound``), however many pipeline
+recoveries were still allowed; silent peers keep their connections open, so nothing else
+would end the wait before ``data_timeout`` per node and round.
+
 Concurrency contract: every async method runs on the client's trio thread. An output stream
 serialises its operations with one lock (writes from several tasks do not interleave inside
 a packet); its pipeline's responder runs as a task in the client's nursery and never raises
