@@ -178,24 +178,42 @@ class FileHandlers:
                 else None
             if data is not None:
                 return data
-            stall = self.client.config.data_stall_timeout
-            scope = trio.CancelScope()
-            if stall > 0:
-                scope.deadline = trio.current_time() + stall
-            try:
-                with scope:
-                    window = await self._fetch_window(handle, of, off, size, scope, stall)
-            except BaseException:
-                await self._drop_input(handle)   # cut anywhere in a block: open it again
-                raise
-            if scope.cancelled_caught:
-                await self._drop_input(handle)
-                exc = StreamStalled(f"{self._path(of.ino)}: read at offset {off} made no "
-                                    f"progress for {stall:g} s (no replica answered)")
-                log.warning("%s", exc)
-                raise exc
+            window = await self._read_window(handle, of, off, size)
             handle.window_offset, handle.window = off, window
             return window[:size]
+
+    async def _read_window(self, handle: Handle, of: OpenFile, off: int, size: int) -> bytes:
+        """The read window at ``off`` from the cluster, under the mount's bound on no
+        progress (``data_stall_timeout``): ``StreamStalled`` (EIO) when no replica answered
+        for that long. Read lock held."""
+        config = self.client.config
+        stall = config.data_stall_timeout
+        scope = trio.CancelScope()
+        budget = stall
+        if stall > 0:
+            now = trio.current_time()
+            if handle.stalled_at is not None and now - handle.stalled_at < stall:
+                # the kernel asks again at once for the page a failed readahead left
+                # (one read(2) of the caller): a replica's worth of waiting, not a
+                # whole bound again
+                budget = min(stall, config.data_timeout)
+            scope.deadline = now + budget
+        try:
+            with scope:
+                window = await self._fetch_window(handle, of, off, size, scope, stall)
+        except BaseException:
+            await self._drop_input(handle)   # cut anywhere in a block: open it again
+            raise
+        if scope.cancelled_caught:
+            await self._drop_input(handle)
+            handle.stalled_at = trio.current_time()
+            again = " (asked again right after a stalled read)" if budget < stall else ""
+            exc = StreamStalled(f"{self._path(of.ino)}: read at offset {off} made no "
+                                f"progress for {budget:g} s{again}: no replica answered")
+            log.warning("%s", exc)
+            raise exc
+        handle.stalled_at = None
+        return window
 
     async def _fetch_window(self, handle: Handle, of: OpenFile, off: int, size: int,
                             scope: trio.CancelScope, stall: float) -> bytes:

@@ -30,7 +30,7 @@ if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
 from harness import ProcessCluster, errno_of, mounted, poll_until, wait_stopped  # noqa: E402
 
 MiB = 1 << 20
-MOUNT_BOUND = 4.0
+MOUNT_BOUND = 6.0
 # what a loaded test machine may add to the bound (process wake-ups, the kernel's round
 # trip); a call that hangs for the old 60 s data timeout is far past it
 MARGIN = 6.0
