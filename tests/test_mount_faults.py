@@ -5,7 +5,8 @@ socket accepts, as a partitioned host would, but answers nothing. The mount's da
 (write, flush at close(2), fsync) obey the bound its metadata calls obey
 (``mount_meta_timeout``, ``MOUNT_BOUND`` here): a write, close or fsync that makes no
 progress for that long fails with EIO; one silent block server of a pipeline is replaced
-within it and the write goes on. A file whose lease the mount lost reports EIO (logged,
+within it and the write goes on, and a write that keeps progressing may outlast the bound.
+A file whose lease the mount lost reports EIO (logged,
 naming the file and why), and an error a write reported sticks to the open file until its
 close reports it again.
 
@@ -27,6 +28,7 @@ pyfuse3 = pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
 if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
     pytest.skip("/dev/fuse or fusermount3 is not available", allow_module_level=True)
 
+from fs.client import Client  # noqa: E402
 from harness import ProcessCluster, errno_of, mounted, poll_until, wait_stopped  # noqa: E402
 
 MiB = 1 << 20
@@ -191,6 +193,42 @@ def test_one_silent_block_server_is_replaced_and_the_write_goes_on(cluster, moun
         result, _ = f.close_within(MOUNT_BOUND + MARGIN)
         assert result is None, result
     assert closed_holding(cluster, "/one-silent.bin", first) == first + rest
+
+
+def test_a_write_that_keeps_progressing_outlasts_the_stall_bound(cluster):
+    """The bound is on no progress, not on total time: one write call of a stream with
+    the mount's rule (``data_stall_timeout``) to slow but live block servers (stopped and
+    resumed over and over, never as long as the bound) lasts longer than the bound and
+    goes on. (Through the mount each FUSE request is at most 1 MiB, so this is the
+    client's own call: a flush of a large staging file is one such call.)"""
+    stall = 2.0
+    chunk = os.urandom(8 * MiB)
+    data = chunk * 12
+    names = [f"storage{i}" for i in range(cluster.n_storage)]
+    config = cluster.config().replace(data_stall_timeout=stall, packet_size=262144,
+                                      write_window_packets=4)
+    stop = threading.Event()
+
+    def stutter():
+        while not stop.is_set():
+            with Silenced(cluster, names):
+                time.sleep(stall / 2)
+            time.sleep(0.2)
+
+    with Client(cluster.meta_address, config=config) as client:
+        out = client.create("/slow.bin")
+        thread = threading.Thread(target=stutter, daemon=True)
+        thread.start()
+        started = time.monotonic()
+        try:
+            out.write(data)
+            took = time.monotonic() - started
+        finally:
+            stop.set()
+            thread.join()
+        out.close()
+        assert took > 2 * stall, f"the write took {took:.1f} s: too fast to show anything"
+        assert client.read_file("/slow.bin") == data
 
 
 def test_a_read_from_silent_block_servers_fails_with_eio_within_the_bound(cluster, mount):
