@@ -2,13 +2,12 @@
 
 A silent peer is a SIGSTOPped process: it keeps its TCP connections open and its listening
 socket accepts, as a partitioned host would, but answers nothing. The mount's data calls
-(write, flush at close(2), fsync) obey the bound its metadata calls obey
-(``mount_meta_timeout``, ``MOUNT_BOUND`` here): a write, close or fsync that makes no
-progress for that long fails with EIO; one silent block server of a pipeline is replaced
-within it and the write goes on, and a write that keeps progressing may outlast the bound.
-A file whose lease the mount lost reports EIO (logged,
-naming the file and why), and an error a write reported sticks to the open file until its
-close reports it again.
+(write, flush at close(2), fsync, read) obey the bound its metadata calls obey
+(``mount_meta_timeout``, ``MOUNT_BOUND`` here): one that makes no progress for that long
+fails with EIO; one silent block server of a pipeline is replaced within it and the write
+goes on, and a write that keeps progressing may outlast the bound. A file whose lease the
+mount lost reports EIO (logged, naming the file and why), and an error a write reported
+sticks to the open file until its close reports it again.
 
 Skipped (with the reason) when pyfuse3, /dev/fuse or fusermount3 is missing.
 """
