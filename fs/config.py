@@ -55,8 +55,8 @@ class Config:
     rpc_retry_seconds: float = _s(30.0, "seconds a client keeps retrying a call over lost connections")
     data_timeout: float = _s(60.0, "seconds a data-transfer read or ack may stall before the peer is failed")
     data_stall_timeout: float = _s(0.0, "seconds an output stream's write, flush, sync or close "
-                                   "may go without a packet acknowledged before it fails "
-                                   "(0 = off; a mount uses mount_meta_timeout)")
+                                   "(and a mount's read) may go without progress before it "
+                                   "fails (0 = off; a mount uses mount_meta_timeout)")
     frame_timeout: float = _s(60.0, "seconds an RPC request frame may take to arrive whole "
                               "after its first bytes; a slower peer is disconnected with an "
                               "error")
