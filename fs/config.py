@@ -63,6 +63,9 @@ class Config:
     data_avoid_interval: float = _s(60.0, "seconds a client tries a block server it could not "
                                     "reach (connect or read timed out, connection refused or "
                                     "broken) after every other replica of a block")
+    data_stall_timeout: float = _s(0.0, "seconds an output stream's write, flush, sync or close "
+                                   "(and a mount's read) may go without progress before it "
+                                   "fails (0 = off; a mount uses mount_meta_timeout)")
     frame_timeout: float = _s(60.0, "seconds an RPC request frame may take to arrive whole "
                               "after its first bytes; a slower peer is disconnected with an "
                               "error")
@@ -290,7 +293,9 @@ class Config:
                                    "filesystem, namespace changes are durable at fsync(2) of "
                                    "a file or folder (or within one journal fsync, ~ms)")
     mount_meta_timeout: float = _s(15.0, "seconds a mount request waits for an unreachable "
-                                   "metadata server before failing with EIO (never a hung shell)")
+                                   "metadata server, and a write, flush or fsync for block "
+                                   "servers that acknowledge nothing, before failing with EIO "
+                                   "(never a hung shell)")
     mount_cache_dir: str = _s("", "folder for a mount's staging files of random writes "
                               "(default: $TMPDIR/leasefs-mount-cache)")
     mount_cache_limit: int = _s(8 << 30, "bytes of staging files one mount may hold; a random "

@@ -250,6 +250,12 @@ class ServerUnavailable(LeaseFSError):
     retriable = True
 
 
+class StreamStalled(ServerUnavailable):
+    """An output stream's operation made no progress for the client's
+    ``data_stall_timeout``: its block servers (or the metadata server it waited for) are
+    silent. The stream is failed; a mount answers EIO."""
+
+
 class NothingListens(ServerUnavailable):
     """A connection to a loopback address was refused: no server listens there. On this
     machine a refusal is an answer (the port is closed), not a lost packet."""

@@ -69,8 +69,11 @@ class Pipeline:
     queue, and the responder that consumes acks. Sending happens in the caller's task."""
 
     def __init__(self, *, path: str, located: dict, framed: FramedStream, window: int,
-                 timeout: float, start: int = 0):
+                 timeout: float, start: int = 0, on_ack=None):
         self.path = path
+        # called at every acknowledged packet but heartbeats: the writer's measure of
+        # progress (``fs.writer``: its stall bound)
+        self.on_ack = on_ack
         self.block = dict(located["block"])
         self.nodes = list(located["locations"])
         self.framed = framed
@@ -100,7 +103,8 @@ class Pipeline:
     async def connect(cls, *, path: str, located: dict, client_name: str,
                       bytes_per_checksum: int, window: int, timeout: float,
                       connect_timeout: float, max_frame: int, min_bytes: int | None = None,
-                      stage: str = PIPELINE_SETUP_APPEND, tls=None) -> "Pipeline":
+                      stage: str = PIPELINE_SETUP_APPEND, tls=None,
+                      on_ack=None) -> "Pipeline":
         """WRITE_BLOCK to the first location; ``SetupFailed`` names the first bad node.
         With ``min_bytes`` the stage is PIPELINE_SETUP_APPEND (the nodes reopen their
         replicas of exactly that length under the block's new generation stamp) or
@@ -137,7 +141,7 @@ class Pipeline:
             raise SetupFailed(bad, str(response_error(resp, f"pipeline setup at {first['address']}")),
                               token_refused=_refused_token(resp))
         return cls(path=path, located=located, framed=framed, window=window, timeout=timeout,
-                   start=min_bytes or 0)
+                   start=min_bytes or 0, on_ack=on_ack)
 
     # ------------------------------------------------------------------ sending
     def _raise_if_failed(self) -> None:
@@ -244,6 +248,8 @@ class Pipeline:
             self.acked_bytes = max(self.acked_bytes, packet.offset + len(packet.data))
         if packet.flags & FLAG_LAST:
             self._finished = True
+        if self.on_ack is not None and not packet.flags & FLAG_HEARTBEAT:
+            self.on_ack()
         self._notify()
 
     def fail(self, exc: LeaseFSError, bad_index: int | None = None) -> None:

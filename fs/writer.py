@@ -45,6 +45,12 @@ survivor), sets up PIPELINE_SETUP_STREAMING_RECOVERY, calls ``update_pipeline`` 
 the unacked packets; at most ``pipeline_recovery_retries`` rounds per block. ``_rebuild``
 does one recovery from a ``_Broken`` pipeline (a failed one, or an append setup that failed).
 
+Stall bound (``data_stall_timeout``, a mount's ``mount_meta_timeout``; 0 = none): each
+write, hflush, publish, hsync and close fails with ``StreamStalled`` once it went that long
+without a packet acknowledged by every node (``_progress_bound``), however many pipeline
+recoveries were still allowed; silent peers keep their connections open, so nothing else
+would end the wait before ``data_timeout`` per node and round.
+
 Concurrency contract: every async method runs on the client's trio thread. An output stream
 serialises its operations with one lock (writes from several tasks do not interleave inside
 a packet); its pipeline's responder runs as a task in the client's nursery and never raises
@@ -55,6 +61,7 @@ that operation.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -65,7 +72,8 @@ from .datatransfer import (FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA,
                            PIPELINE_SETUP_STREAMING_RECOVERY, Packet, block_dict,
                            chunk_checksums)
 from .errors import (FileNotFound, InvalidArgument, LeaseExpired, LeaseFSError,
-                     NotReplicatedYet, PipelineError, ProtocolError, ServerUnavailable)
+                     NotReplicatedYet, PipelineError, ProtocolError, ServerUnavailable,
+                     StreamStalled)
 from .pipeline import Pipeline, SetupFailed, transfer_rbw, write_oneshot
 from .reader import Block, BlockReader
 
@@ -153,6 +161,10 @@ class AsyncOutputStream:
         self._inline_to_settle = False
         self._inline_syncs = 0
         self._unpublished = False   # bytes written since the last ``publish``
+        # an operation's bound on no progress (``_progress_bound``) and its cancel scope
+        self._stall = max(0.0, float(config.data_stall_timeout))
+        self._stall_scope: trio.CancelScope | None = None
+        self._waiting_for: str | None = None   # the metadata call in flight, if any
 
     # ------------------------------------------------------------------ public
     @property
@@ -185,22 +197,26 @@ class AsyncOutputStream:
         async with self._lock:
             self._check_writable()
             try:
-                while view:
-                    block_used = self._buf_start + len(self._buf)
-                    n = min(len(view), self.block_size - block_used,
-                            self.packet_size - len(self._buf))
-                    self._buf += view[:n]
-                    view = view[n:]
-                    self._pos += n
-                    self._unpublished = True
-                    block_full = block_used + n >= self.block_size
-                    if block_full or len(self._buf) >= self.packet_size:
-                        await self._send_buffer()
-                    if block_full:
-                        await self._end_block()
+                with self._progress_bound("write"):
+                    await self._write_view(view)
             except BaseException as exc:
                 await self._fail_and_raise(exc)
         return total
+
+    async def _write_view(self, view: memoryview) -> None:
+        while view:
+            block_used = self._buf_start + len(self._buf)
+            n = min(len(view), self.block_size - block_used,
+                    self.packet_size - len(self._buf))
+            self._buf += view[:n]
+            view = view[n:]
+            self._pos += n
+            self._unpublished = True
+            block_full = block_used + n >= self.block_size
+            if block_full or len(self._buf) >= self.packet_size:
+                await self._send_buffer()
+            if block_full:
+                await self._end_block()
 
     async def hflush(self) -> None:
         """Send everything written (a partial chunk too) and wait until every block server
@@ -208,7 +224,8 @@ class AsyncOutputStream:
         async with self._lock:
             self._check_writable()
             try:
-                await self._hflush()
+                with self._progress_bound("hflush"):
+                    await self._hflush()
             except BaseException as exc:
                 await self._fail_and_raise(exc)
 
@@ -228,11 +245,12 @@ class AsyncOutputStream:
             if not self._unpublished:
                 return
             try:
-                if not await self._sync_inline(sync=False):
-                    await self._hflush()
-                    if self._pipeline is not None:
-                        await self._record_length(self._buf_start + len(self._buf),
-                                                  sync=False)
+                with self._progress_bound("flush"):
+                    if not await self._sync_inline(sync=False):
+                        await self._hflush()
+                        if self._pipeline is not None:
+                            await self._record_length(self._buf_start + len(self._buf),
+                                                      sync=False)
                 self._unpublished = False
             except BaseException as exc:
                 await self._fail_and_raise(exc)
@@ -267,7 +285,7 @@ class AsyncOutputStream:
         self._inline_to_settle = False
 
     async def _fsync_call(self, *, sync: bool = True, **args) -> None:
-        await self._client.rpc.call("fsync", {
+        await self._meta("fsync", {
             "path": self.path, "client_name": self._client.client_name, "ino": self.ino,
             **args, **({} if sync else {"sync": False})})
 
@@ -278,20 +296,25 @@ class AsyncOutputStream:
         async with self._lock:
             self._check_writable()
             try:
-                if not await self._sync_inline():
-                    length = None
-                    if await self._ensure_pipeline():
-                        self._hflushed = True
-                        await self._send_buffer(FLAG_SYNC)
-                        await self._wait_all_acked()
-                        length = self._buf_start + len(self._buf)
-                    elif self._previous is not None:
-                        length = self._previous["num_bytes"]
-                    if length is not None:
-                        await self._record_length(length)
+                with self._progress_bound("hsync"):
+                    await self._hsync()
                 self._unpublished = False   # what publish would do, done durably
             except BaseException as exc:
                 await self._fail_and_raise(exc)
+
+    async def _hsync(self) -> None:
+        if await self._sync_inline():
+            return
+        length = None
+        if await self._ensure_pipeline():
+            self._hflushed = True
+            await self._send_buffer(FLAG_SYNC)
+            await self._wait_all_acked()
+            length = self._buf_start + len(self._buf)
+        elif self._previous is not None:
+            length = self._previous["num_bytes"]
+        if length is not None:
+            await self._record_length(length)
 
     async def close(self, *, mtime_ns: int | None = None, atime_ns: int | None = None,
                     permission: int | None = None) -> None:
@@ -310,15 +333,16 @@ class AsyncOutputStream:
             try:
                 if self._error is not None:
                     raise self._error
-                self._inline = self._inline_content()
-                if self._inline is None:
-                    await self._end_block()
-                    if self._first_block is not None:   # closed empty: give the block back
-                        await self._abandon_first_block()
-                else:   # the complete takes the bytes; an unused first block goes with it
-                    self._buf, self._first_block = bytearray(), None
-                ended = True
-                await self._complete()
+                with self._progress_bound("close"):
+                    self._inline = self._inline_content()
+                    if self._inline is None:
+                        await self._end_block()
+                        if self._first_block is not None:   # closed empty: give it back
+                            await self._abandon_first_block()
+                    else:   # the complete takes the bytes; an unused first block goes too
+                        self._buf, self._first_block = bytearray(), None
+                    ended = True
+                    await self._complete()
             except BaseException as exc:
                 self._complete_pending = ended and isinstance(exc, ServerUnavailable)
                 await self._fail_and_raise(exc)
@@ -384,7 +408,7 @@ class AsyncOutputStream:
         left as it was."""
         async with self._lock:
             self._check_writable()
-            status = await self._client.rpc.call("rewrite", {
+            status = await self._meta("rewrite", {
                 "path": self.path, "client_name": self._client.client_name, "ino": self.ino})
             self._error = InvalidArgument(f"{self.path}: this stream was started over by "
                                           f"rewrite")
@@ -397,6 +421,49 @@ class AsyncOutputStream:
                                         bytes_per_checksum=self.bytes_per_checksum)
 
     # ------------------------------------------------------------------ internals
+    @contextlib.contextmanager
+    def _progress_bound(self, what: str):
+        """Run one operation (``what``) under the stream's stall bound
+        (``data_stall_timeout`` s, 0 = none): it fails with ``StreamStalled`` once that long
+        passed since it began or since the last packet every block server acknowledged,
+        whichever is later. A bound on no progress, not on total time: a large write to
+        slow but live block servers goes on, one to silent ones (a partition, a stopped
+        process: the connection stays open and nothing answers) ends; the metadata calls
+        it makes (add_block, update_block_for_pipeline, complete) count within it."""
+        if self._stall <= 0:
+            yield
+            return
+        scope = trio.CancelScope(deadline=trio.current_time() + self._stall)
+        self._stall_scope, self._waiting_for = scope, None
+        try:
+            with scope:
+                yield
+        finally:
+            self._stall_scope = None
+        if scope.cancelled_caught:
+            if self._waiting_for is not None:
+                cause = f"the metadata server did not answer {self._waiting_for}"
+            elif self._pipeline is not None:
+                cause = ("no acknowledgement from the pipeline "
+                         + ", ".join(node_name(n) for n in self._pipeline.nodes))
+            else:
+                cause = "no block server answered"
+            raise StreamStalled(f"{self.path}: {what} made no progress for {self._stall:g} s "
+                                f"({cause})")
+
+    async def _meta(self, method: str, args: dict, **kwargs):
+        """The stream's call of ``method`` on the metadata server (named in the error of
+        an operation that stalls while it waits)."""
+        self._waiting_for = method
+        answer = await self._client.rpc.call(method, args, **kwargs)
+        self._waiting_for = None
+        return answer
+
+    def _progressed(self) -> None:
+        """A packet acknowledged by every block server: the stall bound starts again."""
+        if self._stall_scope is not None:
+            self._stall_scope.deadline = trio.current_time() + self._stall
+
     def _check_writable(self) -> None:
         if self._error is not None:
             raise self._error
@@ -420,9 +487,12 @@ class AsyncOutputStream:
         """``FileNotFound`` if ``path`` no longer names this stream's inode, else None."""
         client = self._client
         try:
-            status = await client.rpc.call(
+            # a question asked after the failure: brief, so a silent server cannot
+            # stretch the failure past the bound the caller was promised
+            status = await self._meta(
                 "get_file_info", {"path": self.path},
-                retry_seconds=min(2.0, client.config.rpc_retry_seconds))
+                retry_seconds=min(2.0, client.config.rpc_retry_seconds),
+                timeout=min(2.0, client.config.rpc_timeout))
         except FileNotFound:
             status = None
         except LeaseFSError:
@@ -460,7 +530,8 @@ class AsyncOutputStream:
                 client_name=client.client_name, bytes_per_checksum=self.bytes_per_checksum,
                 window=self.window, timeout=client.config.data_timeout,
                 connect_timeout=client.config.data_connect_timeout,
-                max_frame=client.config.max_frame, min_bytes=min_bytes, tls=client.tls)
+                max_frame=client.config.max_frame, min_bytes=min_bytes, tls=client.tls,
+                on_ack=self._progressed)
         except SetupFailed as exc:
             # HDFS setupPipelineForAppendOrRecovery: the failed node is dropped and every
             # retry takes a new stamp (a node that reopened its replica under the append's
@@ -547,7 +618,7 @@ class AsyncOutputStream:
         delay = FIRST_BACKOFF
         for attempt in range(retries + 1):
             try:
-                return await self._client.rpc.call("add_block", {
+                return await self._meta("add_block", {
                     "path": self.path, "client_name": self._client.client_name,
                     "ino": self.ino, "previous": self._previous, "excluded": excluded})
             except NotReplicatedYet as exc:
@@ -578,7 +649,8 @@ class AsyncOutputStream:
                     bytes_per_checksum=self.bytes_per_checksum, window=self.window,
                     timeout=client.config.data_timeout,
                     connect_timeout=client.config.data_connect_timeout,
-                    max_frame=client.config.max_frame, tls=client.tls)
+                    max_frame=client.config.max_frame, tls=client.tls,
+                    on_ack=self._progressed)
             except SetupFailed as exc:
                 await self._abandon_block(located, exc, excluded, failures)
                 continue
@@ -601,7 +673,7 @@ class AsyncOutputStream:
         log.warning("%s: pipeline setup for block %s failed at %s: %s; abandoning "
                     "the block%s", self.path, located["block"]["id"], node_name(exc.node),
                     exc.reason, "" if exc.token_refused else " and excluding the node")
-        await client.rpc.call("abandon_block", {
+        await self._meta("abandon_block", {
             "path": self.path, "client_name": client.client_name, "ino": self.ino,
             "block": located["block"]})
         if exc.token_refused:
@@ -618,7 +690,7 @@ class AsyncOutputStream:
 
     async def _abandon_first_block(self) -> None:
         located, self._first_block = self._first_block, None
-        await self._client.rpc.call("abandon_block", {
+        await self._meta("abandon_block", {
             "path": self.path, "client_name": self._client.client_name, "ino": self.ino,
             "block": located["block"]})
 
@@ -656,6 +728,7 @@ class AsyncOutputStream:
             except SetupFailed as exc:
                 await self._abandon_block(located, exc, excluded, failures)
                 continue
+            self._progressed()
             block = located["block"]
             self._previous = block_dict(block["id"], block["gs"], len(data))
             self._buf, self._buf_start, self._buf_sent = bytearray(), 0, 0
@@ -819,7 +892,7 @@ class AsyncOutputStream:
                         "bytes acknowledged", where, self._block_recoveries, node_name(bad),
                         cause, len(nodes), acked)
             try:
-                located = await client.rpc.call("update_block_for_pipeline", {
+                located = await self._meta("update_block_for_pipeline", {
                     "block": block, "client_name": client.client_name})
             except (FileNotFound, LeaseExpired, ServerUnavailable):
                 raise
@@ -848,14 +921,15 @@ class AsyncOutputStream:
                     client_name=client.client_name, bytes_per_checksum=self.bytes_per_checksum,
                     window=self.window, timeout=config.data_timeout,
                     connect_timeout=config.data_connect_timeout, max_frame=config.max_frame,
-                    min_bytes=acked, stage=PIPELINE_SETUP_STREAMING_RECOVERY, tls=client.tls)
+                    min_bytes=acked, stage=PIPELINE_SETUP_STREAMING_RECOVERY, tls=client.tls,
+                    on_ack=self._progressed)
             except SetupFailed as exc:
                 cause = PipelineError(f"{where}: recovery setup failed: {exc.reason}")
                 bad_index = next((i for i, n in enumerate(nodes)
                                   if n.get("node_id") == exc.node.get("node_id")), 0)
                 continue
             try:
-                await client.rpc.call("update_pipeline", {
+                await self._meta("update_pipeline", {
                     "client_name": client.client_name, "old_block": block,
                     "new_block": new_block, "new_nodes": [n["node_id"] for n in nodes]})
             except BaseException:
@@ -876,7 +950,7 @@ class AsyncOutputStream:
         source's replica may carry); returns the pipeline with it appended."""
         client = self._client
         config = client.config
-        answer = await client.rpc.call("get_additional_datanode", {
+        answer = await self._meta("get_additional_datanode", {
             "path": self.path, "ino": self.ino, "block": copy,
             "existing": [n["node_id"] for n in nodes],
             "excluded": [n["node_id"] for n in self._failed_nodes if n.get("node_id")],
@@ -910,7 +984,7 @@ class AsyncOutputStream:
         delay = FIRST_BACKOFF
         waited = 0.0
         for attempt in range(retries + 1):
-            done = await client.rpc.call("complete", {
+            done = await self._meta("complete", {
                 "path": self.path, "client_name": client.client_name, "ino": self.ino,
                 "last": self._previous,
                 **({"data": self._inline} if self._inline is not None else {}),

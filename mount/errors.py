@@ -5,8 +5,10 @@ process sees, but ANY other exception escaping a handler ends ``pyfuse3.main`` a
 whole mount. Every handler of ``mount.operations`` is therefore wrapped by ``fuse_op``
 (which also makes its calls act for the request's caller, ``mount.callers``):
 ``ServerUnavailable`` (metadata server unreachable or silent past the mount's
-``mount_meta_timeout``) → ``EIO``, other ``LeaseFSError`` → its ``errno``, ``OSError`` (local staging files) → its errno, anything
-else (a bug) → logged with its traceback and reported as ``EIO``. Cancellation passes through.
+``mount_meta_timeout``, block servers silent as long: ``StreamStalled``) and
+``LeaseExpired`` (the mount lost a file's lease) → ``EIO``, other ``LeaseFSError`` → its
+``errno``, ``OSError`` (local staging files) → its errno, anything else (a bug) → logged
+with its traceback and reported as ``EIO``. Cancellation passes through.
 ``fuse_op`` also counts each request in the mount's metrics (``LeaseFS.metrics``, a
 ``mount.metrics.MountMetrics``): its operation, result (ok or the errno's name), latency,
 and the bytes of ``read``/``write`` answers.
@@ -25,7 +27,7 @@ import time
 import pyfuse3
 import trio
 
-from fs.errors import LeaseFSError, ServerUnavailable
+from fs.errors import LeaseExpired, LeaseFSError, ServerUnavailable
 from fs.rpc import ACTING_FOR
 
 from .callers import request_identity
@@ -37,7 +39,10 @@ def to_fuse_error(exc: BaseException) -> pyfuse3.FUSEError:
     """The ``FUSEError`` a caller of the mount sees for ``exc``."""
     if isinstance(exc, pyfuse3.FUSEError):
         return exc
-    if isinstance(exc, ServerUnavailable):   # incl. RPC timeouts: the cluster is away
+    if isinstance(exc, (ServerUnavailable, LeaseExpired)):
+        # the cluster is away (RPC timeouts, silent block servers), or the file's lease
+        # was lost: its content may lack what was written (EBADF would say the
+        # descriptor is wrong, which it is not)
         return pyfuse3.FUSEError(_errno.EIO)
     if isinstance(exc, LeaseFSError):
         return pyfuse3.FUSEError(exc.errno or _errno.EIO)

@@ -22,7 +22,8 @@ import pyfuse3
 import trio
 
 from fs.client import FileStatus
-from fs.errors import AlreadyBeingCreated, FileExists, LeaseFSError, ServerUnavailable
+from fs.errors import (AlreadyBeingCreated, FileExists, LeaseExpired, LeaseFSError,
+                       ServerUnavailable, StreamStalled)
 
 from .errors import fuse_error, fuse_op
 from .openfiles import FileEvent, FileMode, Handle, OpenFile
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 ROOT_INO = pyfuse3.ROOT_INODE
 READ_WINDOW = 4 << 20
+READ_PIECE = 1 << 20   # a window is fetched in pieces of this; each one is progress
 
 
 class FileHandlers:
@@ -172,77 +174,157 @@ class FileHandlers:
             if of.mode is FileMode.STAGING:
                 return await of.staging.pread(off, size)
         async with handle.read_lock:
-            if handle.input is None or handle.input_generation != of.generation:
-                if handle.input is not None:
-                    await handle.input.close()
-                located, handle.located = handle.located, None
-                handle.input = await self.client.open(
-                    self._path(of.ino),
-                    located=located[1] if located and located[0] == of.generation else None)
-                handle.input_generation = of.generation
-                handle.window = b""
-            data = handle.from_window(off, size)
+            data = handle.from_window(off, size) if handle.input_generation == of.generation \
+                else None
             if data is not None:
                 return data
-            if off + size > handle.input.length:
-                await handle.input.refresh()
-            handle.input.seek(off)   # sequential reads stay on one kept connection
-            window = await handle.input.read(max(size, READ_WINDOW))
+            window = await self._read_window(handle, of, off, size)
             handle.window_offset, handle.window = off, window
             return window[:size]
+
+    async def _read_window(self, handle: Handle, of: OpenFile, off: int, size: int) -> bytes:
+        """The read window at ``off`` from the cluster, under the mount's bound on no
+        progress (``data_stall_timeout``): ``StreamStalled`` (EIO) when no replica answered
+        for that long. Read lock held."""
+        config = self.client.config
+        stall = config.data_stall_timeout
+        scope = trio.CancelScope()
+        budget = stall
+        if stall > 0:
+            now = trio.current_time()
+            if handle.stalled_at is not None and now - handle.stalled_at < stall:
+                # the kernel asks again at once for the page a failed readahead left
+                # (one read(2) of the caller): a replica's worth of waiting, not a
+                # whole bound again
+                budget = min(stall, config.data_timeout)
+            scope.deadline = now + budget
+        try:
+            with scope:
+                window = await self._fetch_window(handle, of, off, size, scope, stall)
+        except BaseException:
+            await self._drop_input(handle)   # cut anywhere in a block: open it again
+            raise
+        if scope.cancelled_caught:
+            await self._drop_input(handle)
+            handle.stalled_at = trio.current_time()
+            again = " (asked again right after a stalled read)" if budget < stall else ""
+            exc = StreamStalled(f"{self._path(of.ino)}: read at offset {off} made no "
+                                f"progress for {budget:g} s{again}: no replica answered")
+            log.warning("%s", exc)
+            raise exc
+        handle.stalled_at = None
+        return window
+
+    async def _fetch_window(self, handle: Handle, of: OpenFile, off: int, size: int,
+                            scope: trio.CancelScope, stall: float) -> bytes:
+        """The read window at ``off`` (at least ``size`` bytes but at the end) from the
+        handle's input stream, opened first if needed. Fetched in pieces, each of which
+        moves ``scope``'s deadline on: the mount's data bound is one on no progress, so a
+        slow but live replica goes on serving (a silent one is left for another within
+        ``data_timeout`` by the input stream itself)."""
+        if handle.input is None or handle.input_generation != of.generation:
+            await self._drop_input(handle)
+            located, handle.located = handle.located, None
+            handle.input = await self.client.open(
+                self._path(of.ino),
+                located=located[1] if located and located[0] == of.generation else None)
+            handle.input_generation = of.generation
+        if off + size > handle.input.length:
+            await handle.input.refresh()
+        handle.input.seek(off)   # sequential reads stay on one kept connection
+        want = max(size, READ_WINDOW)
+        pieces: list[bytes] = []
+        got = 0
+        while got < want:
+            piece = await handle.input.read(min(READ_PIECE, want - got))
+            if not piece:
+                break
+            pieces.append(piece)
+            got += len(piece)
+            if stall > 0:
+                scope.deadline = trio.current_time() + stall
+        return b"".join(pieces)
+
+    @staticmethod
+    async def _drop_input(handle: Handle) -> None:
+        handle.window = b""
+        if handle.input is not None:
+            stream, handle.input = handle.input, None
+            await stream.close()
 
     @fuse_op
     async def write(self, fh, off, buf):
         handle = self._handle(fh)
         of = handle.of
         async with of.lock:
-            of.pending_times = None   # a write after utimens sets mtime to now again
-            if handle.flags & os.O_APPEND:
-                off = of.size   # the kernel's idea of the end may be a stale cached size
-            path = self._path(of.ino) if not of.unlinked else None
-            if of.mode is FileMode.CLEAN and off == of.size and path is not None:
-                await self._start_append(of, path)
-            if of.mode is FileMode.STREAM and off == of.stream.pos:
-                try:
-                    await of.stream.write(buf)
-                except LeaseFSError as exc:
-                    of.error = exc
-                    raise
-                of.stream_took(buf)
-                of.size = of.stream.pos
-                return len(buf)
-            await self._to_staging(of, path)
-            self._reserve(of, off + len(buf))
-            await of.staging.pwrite(off, buf)
-            of.dirty = True
-            of.size = max(of.size, off + len(buf))
+            try:
+                return await self._write_locked(handle, of, off, buf)
+            except LeaseFSError as exc:
+                self._write_failed(of, "write", exc)
+                raise
+
+    async def _write_locked(self, handle: Handle, of: OpenFile, off: int, buf) -> int:
+        of.pending_times = None   # a write after utimens sets mtime to now again
+        if handle.flags & os.O_APPEND:
+            off = of.size   # the kernel's idea of the end may be a stale cached size
+        path = self._path(of.ino) if not of.unlinked else None
+        if of.mode is FileMode.CLEAN and off == of.size and path is not None:
+            await self._start_append(of, path)
+        if of.mode is FileMode.STREAM and off == of.stream.pos:
+            await of.stream.write(buf)
+            of.stream_took(buf)
+            of.size = of.stream.pos
             return len(buf)
+        await self._to_staging(of, path)
+        self._reserve(of, off + len(buf))
+        await of.staging.pwrite(off, buf)
+        of.dirty = True
+        of.size = max(of.size, off + len(buf))
+        return len(buf)
+
+    def _write_failed(self, of: OpenFile, what: str, exc: LeaseFSError) -> None:
+        """A ``what`` (write, fsync) of ``of`` failed with ``exc``: logged once, naming the
+        file and the cause, and kept until the close reports it again (``flush``), as HDFS's
+        stream and NFS do: what the cluster holds may lack bytes the caller wrote."""
+        if of.error is not exc:
+            self._log_failure(of, what, exc, "; reported again at fsync and close")
+        of.error = exc
+
+    def _log_failure(self, of: OpenFile, what: str, exc: LeaseFSError, then: str = "") -> None:
+        path = self._current_path(of.ino, f"inode {of.ino}")
+        lost = (" (the mount lost the file's lease: another client recovered it, or "
+                "renewals failed past the hard limit)" if isinstance(exc, LeaseExpired) else "")
+        log.warning("%s: %s failed%s: %s%s", path, what, lost, exc, then)
 
     @fuse_op
     async def flush(self, fh):
         handle = self._handle(fh)
         of = handle.of
         async with of.lock:
-            self._raise_pending(of)
+            self._raise_pending(of, clear=True)
             if handle.writable:
                 # flush runs at every close(2) of a descriptor of this handle, including
                 # a dup's and the copies a fork inherited, and cannot tell the last one: it
                 # publishes what was written (new readers see it, close reports errors) and
                 # the stream - and the lease - live until the release, as fuse-dfs
-                await self._publish(of, finish=False)
+                try:
+                    await self._publish(of, finish=False)
+                except LeaseFSError as exc:
+                    self._log_failure(of, "close", exc)
+                    raise
 
     @fuse_op
     async def fsync(self, fh, datasync):
         handle = self._handle(fh)
         of = handle.of
         async with of.lock:
-            self._raise_pending(of)
+            self._raise_pending(of, clear=False)   # the close reports it again
             synced = False
             if of.mode is FileMode.STREAM:
                 try:
                     await of.stream.hsync()   # durable, with every namespace change before it
                 except LeaseFSError as exc:
-                    of.error = exc
+                    self._write_failed(of, "fsync", exc)
                     raise
                 synced = of.pending_mode is None and of.pending_times is None
                 await self._send_pending_attrs(of, keep=True)
@@ -329,9 +411,13 @@ class FileHandlers:
         except (OSError, RuntimeError) as exc:   # not known to the kernel (any more)
             log.debug("invalidate inode %d: %s", ino, exc)
 
-    def _raise_pending(self, of: OpenFile) -> None:
+    def _raise_pending(self, of: OpenFile, *, clear: bool) -> None:
+        """Raise the error a write or fsync of ``of`` met, if any (``clear``: the close
+        reports it, for the last time)."""
         if of.error is not None:
-            exc, of.error = of.error, None
+            exc = of.error
+            if clear:
+                of.error = None
             raise exc
 
     async def close_all(self) -> None:

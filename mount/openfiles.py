@@ -211,6 +211,7 @@ class Handle:
         self.window_offset = 0
         self.window = b""
         self.read_lock = trio.Lock()
+        self.stalled_at: float | None = None   # trio time the last read ended stalled
         # who opened it (``mount.callers``): the calls for this handle's reads, writes,
         # flushes and release act for that user
         self.identity = ACTING_FOR.get()

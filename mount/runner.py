@@ -154,10 +154,19 @@ def mount_client_name(mountpoint: str) -> str:
 def mount_client_config(config: Config) -> Config:
     """The mount's client settings: an unreachable or silent metadata server fails a request
     within ``mount_meta_timeout`` (EIO) instead of hanging the shell that made it, and
-    namespace changes are durable at fsync(2) (``mount_sync_metadata``)."""
+    namespace changes are durable at fsync(2) (``mount_sync_metadata``).
+
+    Data calls obey the same bound, as a bound on no progress (a large write to slow but
+    live block servers goes on): a write, flush or close fails once its stream went
+    ``mount_meta_timeout`` without a packet acknowledged (``data_stall_timeout``). One
+    silent block server is noticed within a third of it (``data_timeout``, not below a
+    second: a loaded but live server must not be dropped from every pipeline), so that the
+    pipeline recovery that drops it fits in the bound and the write goes on."""
     bound = max(1.0, config.mount_meta_timeout)
     return config.replace(rpc_retry_seconds=min(config.rpc_retry_seconds, bound),
                           rpc_timeout=min(config.rpc_timeout, bound),
+                          data_timeout=min(config.data_timeout, max(1.0, bound / 3)),
+                          data_stall_timeout=bound,
                           sync_metadata=config.mount_sync_metadata)
 
 
