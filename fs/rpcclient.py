@@ -402,7 +402,8 @@ class RpcClient:
                 raise NothingListens(f"cannot reach {format_address(address)}: nothing listens "
                                      f"there (connection refused)") from None
             raise ServerUnavailable(
-                f"cannot reach {format_address(address)}: {exc or 'connect timed out'}"
+                f"cannot reach {format_address(address)}: "
+                f"{str(exc) or f'no connection within {self._accept_timeout:g} s'}"
             ) from None
         if local_socket:
             # a server binds its local socket before its TCP port: one that started between

@@ -530,7 +530,7 @@ class Channel(Pool):
             async for piece in conn.watch(path, message):
                 yield piece
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise GatewayError(f"{endpoint}: {exc or type(exc).__name__}", sent=True) from None
+            raise GatewayError(f"{endpoint}: {str(exc) or type(exc).__name__}", sent=True) from None
         finally:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(conn.stream)

@@ -140,7 +140,7 @@ class Pool:
                 await trio.aclose_forcefully(conn.stream)
                 if isinstance(exc, GatewayError):
                     raise
-                raise GatewayError(f"{endpoint}: {exc or type(exc).__name__}", sent=True) from None
+                raise GatewayError(f"{endpoint}: {str(exc) or type(exc).__name__}", sent=True) from None
             except BaseException:
                 await trio.aclose_forcefully(conn.stream)
                 raise
