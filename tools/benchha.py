@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
+from functools import partial
 
 import trio
 
@@ -57,27 +58,49 @@ from .common import Command
 from .formatting import UsageError, format_table
 from .progress import StatusLine
 
+#: the RPC port of a metadata server on a host of its own (``PrivateHACluster(hosts=...)``)
+DEFAULT_META_PORT = 8020
+
+
+def signal_and_wait(proc: subprocess.Popen | None, sig=signal.SIGKILL) -> None:
+    """Send ``sig`` to a running ``proc`` and wait for its exit (SIGKILL after 30 s)."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
 
 class PrivateHACluster:
     """etcd members and metadata server processes of one private HA cluster."""
 
     def __init__(self, folder: str, members, n_meta: int, settings: dict, status,
-                 engine_cpus: set[int] | None = None):
+                 engine_cpus: set[int] | None = None, hosts=None):
+        """``hosts``: a ``tools.hosts.HostSet`` with a host of each server's name, which
+        the server then runs on (bound to that host's address, on the default port);
+        None: every server on loopback, on free ports."""
         from . import etcd
 
         self.folder = folder
         self.members = members
         self.status = status
+        self.hosts = hosts
         self.names = [f"meta{i}" for i in range(n_meta)]
-        self.ports = {name: etcd.free_port() for name in self.names}
+        self.ports = {name: DEFAULT_META_PORT if hosts else etcd.free_port()
+                      for name in self.names}
         self.procs: dict[str, subprocess.Popen] = {}
         # CPUs of the replication engine's side: etcd and every server but the first
         self.engine_cpus = engine_cpus
         self.settings = {"ha": "etcd", "ha_etcd_endpoints": etcd.endpoints(members),
                          "ha_prefix": f"/leasefs/bench-{os.getpid()}", **settings}
 
+    def host(self, name: str) -> str:
+        return self.hosts.address(name) if self.hosts else "127.0.0.1"
+
     def address(self, name: str) -> str:
-        return f"127.0.0.1:{self.ports[name]}"
+        return f"{self.host(name)}:{self.ports[name]}"
 
     @property
     def addresses(self) -> str:
@@ -86,7 +109,7 @@ class PrivateHACluster:
     def start(self, name: str) -> None:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         cmd = [sys.executable, "-m", "tools", "meta", "--data",
-               os.path.join(self.folder, name), "--host", "127.0.0.1",
+               os.path.join(self.folder, name), "--host", self.host(name),
                "--port", str(self.ports[name]), "--http-port", "0", "--log-level", "WARNING",
                "--set", f"ha_node_id={name}"]
         for key, value in self.settings.items():
@@ -94,8 +117,9 @@ class PrivateHACluster:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             p for p in (root, os.environ.get("PYTHONPATH")) if p))
         cpus = self.engine_cpus if name != self.names[0] else None
+        popen = partial(self.hosts.popen, name) if self.hosts else subprocess.Popen
         with open(os.path.join(self.folder, f"{name}.log"), "ab") as log:
-            self.procs[name] = subprocess.Popen(
+            self.procs[name] = popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 cwd=root, start_new_session=True,
                 preexec_fn=None if cpus is None else (lambda: os.sched_setaffinity(0, cpus)))
@@ -108,14 +132,7 @@ class PrivateHACluster:
                 "etcd": [m.pid for m in self.members if m.pid is not None]}
 
     def kill(self, name: str, sig=signal.SIGKILL) -> None:
-        proc = self.procs.get(name)
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(sig)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        signal_and_wait(self.procs.get(name), sig)
 
     def status_of(self, name: str) -> dict | None:
         return trio.run(ha_status, self.address(name))
