@@ -33,7 +33,9 @@ class Config:
                            "(clients move on at StandbyError or a lost connection)")
     meta_http_port: int = _s(9870, "metadata server status page port (0 = off)")
     bind_host: str = _s("127.0.0.1", "address servers bind to")
-    advertise_host: str = _s("", "address block servers advertise (default: bind_host)")
+    advertise_host: str = _s("", "address block servers advertise (default: the bound "
+                             "address; bound to 0.0.0.0 or ::, this host's address on its "
+                             "route to the metadata server)")
     storage_port: int = _s(9866, "block server data-transfer port (0 = any free port)")
     storage_http_port: int = _s(0, "block server web page and /metrics port (0 = any free "
                                 "port, reported to the metadata server; -1 = off; HDFS 9864)")
@@ -95,7 +97,9 @@ class Config:
     # --- metadata server
     safemode_threshold: float = _s(0.999, "fraction of complete blocks reported before leaving safe mode")
     safemode_extension: float = _s(30.0, "seconds safe mode lasts after the threshold is reached")
-    safemode_min_storage: int = _s(0, "live block servers required before leaving safe mode")
+    safemode_min_storage: int = _s(1, "live block servers required before leaving start-up safe "
+                                   "mode (0: none while the namespace has no blocks; one "
+                                   "once it has)")
     checkpoint_period: float = _s(3600.0, "seconds since the last checkpoint (persisted, so across "
                                   "restarts) that trigger one (LevelDB sync + segment roll + purge)")
     checkpoint_txns: int = _s(1_000_000, "transactions since the last checkpoint's txid (persisted) "
@@ -359,10 +363,6 @@ class Config:
         active's keepalive interval, a third of the election timeout, so that a frozen
         active's clients find its successor about when it takes over."""
         return self.ha_election_timeout / 3
-
-    @property
-    def storage_advertise_host(self) -> str:
-        return self.advertise_host or self.bind_host
 
 
 CHOICES = {"namespace_lock": ("fine", "global"), "ha": ("none", "etcd"),

@@ -176,6 +176,13 @@ class TlsError(LeaseFSError):
     errno = _errno.EPROTO
 
 
+class RegistrationRefused(LeaseFSError):
+    """The metadata server refused a block server's registration for a fault of the block
+    server's settings (an address its peers cannot reach): registering again meets the same
+    refusal, so the block server stops (HDFS DisallowedDatanodeException)."""
+    errno = _errno.EADDRNOTAVAIL
+
+
 class SafeMode(LeaseFSError):
     """The metadata server is in safe mode: reads only."""
     errno = _errno.EROFS

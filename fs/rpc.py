@@ -189,18 +189,22 @@ def local_socket_name(template: str, address, *, server: bool = False) -> str | 
     if not template:
         return None
     host, port = parse_address(address)
-    if not server and template == DEFAULT_LOCAL_SOCKET and not _loopback(host):
+    if not server and template == DEFAULT_LOCAL_SOCKET and not is_loopback_host(host):
         return None
     return template.replace("{port}", str(port))
 
 
-def _loopback(host: str) -> bool:
+def is_loopback_host(host: str) -> bool:
+    """``localhost`` or a loopback address (127.0.0.0/8, ::1); False for any other name."""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    # a dual-stack listener sees an IPv4 peer as ::ffff:a.b.c.d
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
 
 
 def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]:
@@ -343,7 +347,7 @@ __all__ = [
     "ACTING_FOR", "ANONYMOUS_USER", "MAX_GROUPS", "MAX_GROUP_NAME", "MAX_HELLO_FRAME",
     "MAX_IDENTITY_BYTES", "MAX_USER_NAME", "PROTOCOL_VERSION", "UNAUTHENTICATED",
     "CallContext", "PeerCredentials", "check_identity", "connect_tcp", "current_groups",
-    "current_user", "format_address", "format_address_list", "group_name",
+    "current_user", "format_address", "format_address_list", "group_name", "is_loopback_host",
     "local_socket_address", "local_socket_name", "normalize_address_list", "os_groups",
     "parse_address", "parse_address_list", "user_name",
     # client (fs.rpcclient)

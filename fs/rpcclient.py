@@ -18,7 +18,6 @@ one reader task per connection resolves the waiters.
 from __future__ import annotations
 
 import functools
-import ipaddress
 import itertools
 import logging
 import math
@@ -78,12 +77,8 @@ class RetryPolicy:
 
 def _refused_on_loopback(exc: BaseException, host: str) -> bool:
     """Did every attempt of ``trio.open_tcp_stream`` to the loopback ``host`` get refused?"""
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
     attempts = getattr(exc.__cause__, "exceptions", None) or [exc]
-    return loopback and all(isinstance(e, ConnectionRefusedError) for e in attempts)
+    return is_loopback_host(host) and all(isinstance(e, ConnectionRefusedError) for e in attempts)
 
 
 class _Waiter:
@@ -731,4 +726,5 @@ class RpcClient:
 # end, so whichever of the two is imported first finds what it needs already defined
 from .rpc import (ACTING_FOR, PROTOCOL_VERSION, check_identity,  # noqa: E402
                   current_groups, current_user, format_address, format_address_list,
-                  local_socket_address, local_socket_name, parse_address_list)
+                  is_loopback_host, local_socket_address, local_socket_name,
+                  parse_address_list)

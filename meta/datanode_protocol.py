@@ -36,8 +36,8 @@ import logging
 from fs import nodeauth, paths
 from fs.blocktoken import COPY as COPY_TOKEN
 from fs.errors import (AuthenticationFailed, InvalidArgument, PermissionDenied,
-                       StaleGenerationStamp, StandbyError)
-from fs.rpc import format_address, parse_address
+                       RegistrationRefused, StaleGenerationStamp, StandbyError)
+from fs.rpc import LOCAL_PEER_PREFIX, format_address, is_loopback_host, parse_address
 
 from . import blocks as bm
 from .namespace import check_bool, check_int, check_name
@@ -128,6 +128,23 @@ class DatanodeProtocol:
                                   f"(register_storage first)")
         return node
 
+    @staticmethod
+    def _check_reachable(ctx, node_id: str, host: str, address: str) -> None:
+        """Refuse a loopback address from a block server that connected from another host:
+        clients and other block servers would reach themselves, not it (and every such
+        node would look like the same one)."""
+        peer = getattr(ctx, "peer", None) or "?"
+        if peer == "?" or peer.startswith(LOCAL_PEER_PREFIX):
+            return
+        peer_host = parse_address(peer)[0]
+        if is_loopback_host(host) and not is_loopback_host(peer_host):
+            log.warning("block server %s from %s refused: it advertises %s, a loopback "
+                        "address", node_id, peer, address)
+            raise RegistrationRefused(
+                f"register_storage: block server {node_id} connected from {peer_host} but "
+                f"advertises {address}, a loopback address no other host reaches; start it "
+                f"with --host set to its host's address (or 0.0.0.0), or set advertise_host")
+
     async def rpc_register_storage(self, ctx, node_id, address, capacity=0, used=0, remaining=0,
                                    http_port=None):
         """``http_port``: the port of the node's own web page (on its address's host), so
@@ -139,6 +156,7 @@ class DatanodeProtocol:
         host, port = parse_address(address)
         if port == 0:
             raise InvalidArgument(f"register_storage: address {address!r} has no port")
+        self._check_reachable(ctx, node_id, host, address)
         self._check_usage(capacity, used, remaining)
         if http_port is not None:
             check_int(http_port, "register_storage: http_port", low=1, high=65535)

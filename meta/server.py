@@ -337,7 +337,8 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         if len(self.blocks) and self.safemode.min_storage < 1:
             # blocks (even only ones being written) are useless until a block server is back:
             # startup safe mode waits for one, so writers retry (SafeMode) instead of failing
-            # add_block with NoSpace in the seconds before the block servers re-register
+            # add_block with NoSpace in the seconds before the block servers re-register (the
+            # default waits for one in any case: an empty namespace is about to get blocks)
             self.safemode.min_storage = 1
         self.update_safemode()
         log.info("loaded %d files, %d directories, %d blocks, %d files under construction",

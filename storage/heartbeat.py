@@ -74,8 +74,8 @@ import trio
 from fs import blocktoken, nodeauth
 from fs import tls as tlsmod
 from fs.config import Config
-from fs.errors import (ChecksumError, InvalidArgument, LeaseFSError, ServerUnavailable,
-                       StandbyError)
+from fs.errors import (ChecksumError, InvalidArgument, LeaseFSError, RegistrationRefused,
+                       ServerUnavailable, StandbyError)
 from fs.rpc import RpcClient, format_address, parse_address_list
 from meta.harole import HAStatus, Role
 
@@ -258,7 +258,8 @@ class HeartbeatService:
         return min(30.0, max(1.0, 5 * self.config.heartbeat_interval))
 
     async def run(self, advertise_address: str) -> None:
-        """Run forever (until cancelled); never raises on metadata server trouble."""
+        """Run forever (until cancelled); never raises on metadata server trouble, only
+        ``RegistrationRefused`` (this block server's settings are wrong for the cluster)."""
         self.address = advertise_address
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -462,7 +463,8 @@ class MetaActor:
     # ------------------------------------------------------------------ main loop
 
     async def run(self) -> None:
-        """Run forever (until cancelled); never raises on metadata server trouble."""
+        """Run forever (until cancelled); never raises on metadata server trouble, only
+        ``RegistrationRefused`` (a fault of this block server's settings)."""
         service = self.service
         async with RpcClient(self.address, f"storage-{self.store.node_id}",
                              timeout=self.config.rpc_timeout, retry_seconds=0,
@@ -532,6 +534,10 @@ class MetaActor:
                 if trio.current_time() >= next_full_report:
                     await self._full_report()
                     next_full_report = trio.current_time() + self.config.block_report_interval
+            except RegistrationRefused:
+                # our settings are at fault and stay so while we run: stop with the cause
+                # (the operator sees a failed service) rather than retry in the background
+                raise
             except LeaseFSError as exc:
                 kind = ("unreachable" if isinstance(exc, ServerUnavailable)
                         else f"refusing ({type(exc).__name__})")

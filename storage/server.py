@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 from functools import partial
 
@@ -27,7 +28,8 @@ from fs.config import Config
 from fs.datafolder import private_umask
 from fs.limits import ConnectionLimits
 from fs.metrics import new_registry
-from fs.rpc import format_address, serve_tcp
+from fs.errors import InvalidArgument
+from fs.rpc import format_address, parse_address_list, serve_tcp
 from fs.web import serve_app
 
 from .dirscan import DirectoryScanner
@@ -85,8 +87,8 @@ class BlockServer:
                     serve_tcp, self.transfer.handle, host, port, name="block server",
                     limits=ConnectionLimits.from_config(self.config),
                     refusal=refusal_response, tls=server_tls))
-                self.advertised = format_address((self.config.storage_advertise_host,
-                                                  self.bound[1]))
+                self.advertised = format_address((await advertised_host(
+                    self.config, host, self.heartbeat.meta_address), self.bound[1]))
                 if self.config.storage_http_port >= 0:
                     self.http_bound = await nursery.start(partial(
                         serve_app, make_app(self), host, self.config.storage_http_port,
@@ -98,6 +100,40 @@ class BlockServer:
                 await self.heartbeat.run(self.advertised)
         finally:
             self.store.close()
+
+
+WILDCARDS = ("", "0.0.0.0", "::", "*")
+
+
+async def advertised_host(config: Config, bind_host: str, meta_address: str) -> str:
+    """The host a block server gives the metadata server as its address, which clients and
+    other block servers connect to: ``advertise_host`` when set; else the address it is
+    bound to; bound to every address (0.0.0.0, ::), this host's address on its route to
+    the (first) metadata server, the one the metadata server sees it connect from. A
+    loopback address is only right when the metadata server is on loopback too (the
+    metadata server refuses it from a remote peer)."""
+    if config.advertise_host:
+        return config.advertise_host
+    if bind_host not in WILDCARDS:
+        return bind_host
+    meta_host, meta_port = parse_address_list(meta_address)[0]
+    try:
+        return await trio.to_thread.run_sync(route_source, meta_host, meta_port)
+    except OSError as exc:
+        raise InvalidArgument(
+            f"block server bound to {bind_host or 'every address'}: cannot tell which of "
+            f"this host's addresses reaches metadata server {meta_host}:{meta_port} "
+            f"({exc.strerror or exc}); bind to that address (--host) or set "
+            f"advertise_host") from None
+
+
+def route_source(host: str, port: int) -> str:
+    """The local address this host sends from to ``host`` (its routing table's choice;
+    connecting a UDP socket sends nothing)."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.connect(sockaddr)
+        return sock.getsockname()[0]
 
 
 async def run_block_server(config: Config, data_dir: str, *, meta_address: str,

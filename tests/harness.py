@@ -45,6 +45,9 @@ TEST_SETTINGS = {
     "rpc_timeout": 30.0,
     "lease_monitor_period": 0.2,
     "min_block_size": 4096,
+    # many tests run a metadata server alone; clusters with block servers wait for theirs
+    # (``wait_ready``), so start-up safe mode need not
+    "safemode_min_storage": 0,
 }
 
 
@@ -564,10 +567,15 @@ def wait_mounted(mp: Path, proc: subprocess.Popen | None, log: Path, timeout: fl
 class Mount:
     """One ``leasefs mount --foreground`` process of ``cluster`` at a fresh mountpoint."""
 
-    def __init__(self, cluster: ProcessCluster, name: str, *extra: str):
+    def __init__(self, cluster: ProcessCluster, name: str, *extra: str, launcher=None,
+                 env: dict | None = None):
+        """``launcher(argv)``: the command line that runs ``argv`` where the mount is to
+        run (``hostkit``: on a client host), with ``env`` instead of the cluster's."""
         self.cluster = cluster
         self.name = name
         self.extra = list(extra)
+        self.launcher = launcher
+        self.env = env
         self.mp = Path(tempfile.mkdtemp(prefix=f"leasefs-{name}-"))
         os.chmod(self.mp, 0o755)
         self.log = cluster.base / "logs" / f"mount-{name}.log"
@@ -575,12 +583,13 @@ class Mount:
 
     def start(self) -> "Mount":
         with open(self.log, "ab") as out:
+            argv = [sys.executable, "-m", "tools", "mount", "--foreground", str(self.mp),
+                    "-o", "allow_other", "--cache-dir", str(self.cluster.base / "cache"),
+                    "--log-level", "INFO", *self.extra]
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tools", "mount", "--foreground", str(self.mp),
-                 "-o", "allow_other", "--cache-dir", str(self.cluster.base / "cache"),
-                 "--log-level", "INFO", *self.extra],
-                env=self.cluster.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL)
+                self.launcher(argv) if self.launcher else argv,
+                env=self.env or self.cluster.env, cwd=REPO, stdout=out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         wait_mounted(self.mp, self.proc, self.log)
         return self
 
@@ -649,10 +658,11 @@ def poll_until(check, timeout: float = 20.0):
         time.sleep(0.05)
 
 
-def mounted(cluster: ProcessCluster, name: str, *extra: str):
+def mounted(cluster: ProcessCluster, name: str, *extra: str, **how):
     """A started ``Mount`` for a fixture to ``yield from``: stopped cleanly (exit 0, no
-    traceback) after its tests, cleaned up whatever happened."""
-    m = Mount(cluster, name, *extra)
+    traceback) after its tests, cleaned up whatever happened (``how``: ``Mount``'s
+    ``launcher`` and ``env``)."""
+    m = Mount(cluster, name, *extra, **how)
     try:
         m.start()
         yield m

@@ -9,8 +9,9 @@ host ``meta``, block server i on host ``s<i>``, clients on hosts ``c0``, ``c1``,
 Tests call ``require_hosts()`` first (it skips with the reason when namespaces cannot be
 built: not root, no ``ip netns``) and are marked ``slow`` like every ``ProcessCluster`` test.
 
-Names and subnet come from the checkout's folder name (``default_tag``), so two checkouts
-running their tests at once on one machine use distinct namespaces and subnets.
+Names come from the checkout's folder name (``default_tag``) and the subnet is one nothing
+routes yet (``tools.hosts.free_subnet``), so two checkouts running their tests at once on
+one machine use distinct namespaces and subnets.
 
 Clients away from the metadata host authenticate with a delegation token of the test's
 user, fetched once on the metadata host through its local socket (which exists only in that
@@ -23,9 +24,9 @@ import re
 import subprocess
 import sys
 import time
-import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass
+from functools import partial
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ import trio
 
 from fs.client import authentication
 from fs.rpc import RpcClient
-from harness import REPO, ProcessCluster, make_test_config, wait_cluster_ready
+from harness import REPO, ProcessCluster, make_test_config, mounted, wait_cluster_ready
 from tools.hosts import HostSet, unavailable_reason
 
 META = "meta"
@@ -51,12 +52,6 @@ def default_tag() -> str:
     return (re.sub(r"[^a-z0-9]", "", REPO.name.lower()) or "lfs")[:7]
 
 
-def default_subnet(tag: str) -> str:
-    """A /24 of 10.77-10.78.x.0 picked by the tag, so checkouts don't share a subnet."""
-    n = zlib.crc32(tag.encode()) % 500
-    return f"10.{77 + n // 250}.{n % 250}.0/24"
-
-
 def storage_host(i: int) -> str:
     return f"s{i}"
 
@@ -64,14 +59,16 @@ def storage_host(i: int) -> str:
 @dataclass(frozen=True)
 class Placement:
     """Where ``ProcessCluster`` runs each server: ``meta`` on host ``meta``, ``storage<i>``
-    on host ``s<i>``, each bound to its host's address."""
+    on host ``s<i>``, each bound to its host's address unless ``binds`` names another
+    (e.g. ``{"storage3": "0.0.0.0"}``)."""
     hosts: HostSet
+    binds: dict = field(default_factory=dict)
 
     def host_of(self, process: str) -> str:
         return META if process == "meta" else storage_host(int(process[len("storage"):]))
 
     def bind_host(self, process: str) -> str:
-        return self.hosts.address(self.host_of(process))
+        return self.binds.get(process) or self.hosts.address(self.host_of(process))
 
     def command(self, process: str, argv: list[str]) -> list[str]:
         return self.hosts.command(self.host_of(process), argv)
@@ -108,6 +105,13 @@ class HostCluster:
         """A process on ``host`` with the client environment (stopped at teardown)."""
         return self.hosts.popen(host, argv, env=self.env(host), cwd=REPO, **kwargs)
 
+    def mount(self, host: str, name: str, *extra: str):
+        """``with hc.mount(host, name) as m``: a FUSE mount (``harness.Mount``) run on
+        ``host``, at ``m.mp`` here as well (only the network namespace differs); stopped
+        cleanly at the end (``harness.mounted``)."""
+        return contextmanager(mounted)(self.cluster, name, *extra, env=self.env(host),
+                                       launcher=partial(self.hosts.command, host))
+
     def report(self) -> dict:
         """The metadata server's ``report``, asked from the test process."""
         async def ask():
@@ -141,19 +145,24 @@ def _fetch_token(hosts: HostSet, cluster: ProcessCluster, path: Path) -> None:
 
 @contextmanager
 def host_cluster(base, n_storage: int = 4, clients: int = 2, settings: dict | None = None,
-                 tag: str | None = None, subnet: str | None = None, wait: bool = True):
+                 tag: str | None = None, subnet: str | None = None, wait: bool = True,
+                 binds: dict | None = None, storage: bool = True):
     """Hosts ``meta``, ``s0``.. and ``c0``.. with the servers started (all block servers
-    live unless ``wait`` is False); everything stopped and removed on exit."""
+    live unless ``wait`` is False; none started when ``storage`` is False: the test starts
+    them with ``hc.cluster.start_storage(i)``; ``binds``: ``Placement.binds``); everything
+    stopped and removed on exit."""
     tag = tag or default_tag()
     names = [META, *map(storage_host, range(n_storage)), *(f"c{i}" for i in range(clients))]
-    with HostSet(tag, names, subnet or default_subnet(tag)) as hosts:
-        cluster = ProcessCluster(base, n_storage, settings, placement=Placement(hosts))
+    with HostSet(tag, names, subnet) as hosts:
+        cluster = ProcessCluster(base, n_storage, settings, placement=Placement(hosts, binds or {}))
         try:
-            cluster.start(wait=False)
+            cluster.start_meta()
+            for i in range(n_storage if storage else 0):
+                cluster.start_storage(i)
             token = Path(base) / "client.token"
             _fetch_token(hosts, cluster, token)
             hc = HostCluster(hosts, cluster, token)
-            if wait:
+            if wait and storage:
                 hc.wait_ready()
             yield hc
         finally:

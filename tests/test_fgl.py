@@ -44,6 +44,7 @@ from meta.server import MetaServer
 KiB = 1024
 # fake block servers speak the block-server protocol without the cluster key
 BASE = dict(security="simple", heartbeat_interval=0.2, dead_node_interval=120.0, safemode_extension=0.0,
+            safemode_min_storage=0,
             block_size=64 * KiB, min_block_size=4 * KiB, replication=1,
             lease_soft_limit=3600.0, lease_hard_limit=7200.0)
 GATE_SECONDS = 60      # a held fsync gives up after this (a failing test never hangs)

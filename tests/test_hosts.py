@@ -4,13 +4,16 @@ taken down."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-from hostkit import require_hosts
+from fs.client import Client
+from harness import poll_until
+from hostkit import default_tag, host_cluster, require_hosts, storage_host
 from tools.hosts import HostSet
 
 _LISTEN = """
@@ -36,12 +39,11 @@ def test_host_faults_cut_one_direction_and_heal(tmp_path):
     """Each fault stops exactly the traffic it names, silently (a timeout, as across a real
     partition), and heal restores all of it; a stale set of the same tag is removed."""
     require_hosts()
-    from hostkit import default_subnet, default_tag
     tag = default_tag()
     port = 9999
-    stale = HostSet(tag, ["x"], default_subnet(tag)).__enter__()   # as a killed run leaves it
+    stale = HostSet(tag, ["x"]).__enter__()   # as a killed run leaves it
     leftover = stale.popen("x", ["sleep", "600"])
-    with HostSet(tag, ["a", "b", "c"], default_subnet(tag)) as hosts:
+    with HostSet(tag, ["a", "b", "c"]) as hosts:
         assert leftover.wait(10) is not None      # the killed run's process is gone
         for name in "abc":
             proc = hosts.popen(name, [sys.executable, "-c", _LISTEN, str(port)],
@@ -60,3 +62,226 @@ def test_host_faults_cut_one_direction_and_heal(tmp_path):
         netns = hosts["a"].netns
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert netns not in listed and stale["x"].netns not in listed
+
+
+def _ready(started: float, what: str) -> None:
+    print(f"{what}: {time.monotonic() - started:.1f} s")
+
+
+@pytest.mark.slow
+def test_cluster_across_hosts_serves_every_host(tmp_path):
+    """One metadata server, four block servers (one bound to 0.0.0.0) and two clients, each
+    on its own host: a put at replication 3 from one client host reads back byte-identical
+    on the other, and the report lists four live block servers, each at its own host's
+    address (the one bound to every address advertises its route's source address); a
+    FUSE mount on a client host reads the file and writes one the other host reads."""
+    require_hosts()
+    started = time.monotonic()
+    with host_cluster(tmp_path, n_storage=4, clients=2,
+                      binds={"storage3": "0.0.0.0"}) as hc:
+        _ready(started, "four block servers live on their hosts after")
+        data = os.urandom(700_000)
+        (tmp_path / "in.bin").write_bytes(data)
+        put = hc.leasefs("c0", "put", "--replication", "3", "--block-size", "256K",
+                         tmp_path / "in.bin", "/f")
+        assert put.returncode == 0, put.stderr
+        got = hc.leasefs("c1", "get", "/f", tmp_path / "out.bin")
+        assert got.returncode == 0, got.stderr
+        assert (tmp_path / "out.bin").read_bytes() == data
+
+        report = hc.leasefs("c1", "dfsadmin", "-report")
+        assert report.returncode == 0, report.stderr
+        assert "Live block servers (4):" in report.stdout, report.stdout
+        for i in range(4):
+            address = f"{hc.hosts.address(storage_host(i))}:{hc.cluster.ports[f'storage{i}']}"
+            assert address in report.stdout, report.stdout
+        with Client(hc.meta_address, config=hc.config()) as client:
+            blocks = client.get_block_locations("/f")["blocks"]
+        storage_hosts = {hc.hosts.address(storage_host(i)) for i in range(4)}
+        assert len(blocks) == 3
+        for lb in blocks:
+            hosts = [loc["address"].rsplit(":", 1)[0] for loc in lb["locations"]]
+            assert len(set(hosts)) == 3 and set(hosts) <= storage_hosts, lb
+
+        with hc.mount("c1", "c1") as mount:      # a FUSE mount on a client host
+            assert (mount.mp / "f").read_bytes() == data
+            (mount.mp / "g").write_text("written through the mount on c1\n" * 100)
+        got = hc.leasefs("c0", "cat", "/g")
+        assert got.returncode == 0, got.stderr
+        assert got.stdout == "written through the mount on c1\n" * 100
+
+
+@pytest.mark.slow
+@pytest.mark.allow_log_errors(r"block server failed: .*loopback",
+                              reason="the block server advertising loopback is refused")
+def test_loopback_address_from_another_host_is_refused(tmp_path):
+    """A block server on another host that advertises 127.0.0.1 is refused at registration
+    with an error naming the cause and the fix, and stops (exit 1) instead of looking
+    alive; the metadata server never lists it."""
+    require_hosts()
+    with host_cluster(tmp_path, n_storage=1, clients=0, storage=False,
+                      settings={"advertise_host": "127.0.0.1"}) as hc:
+        try:
+            hc.cluster.start_storage(0)
+        except RuntimeError:
+            pass   # it may stop before the harness has read its address
+        proc = hc.cluster.procs["storage0"]
+        assert proc.wait(30) == 1, hc.cluster.log_tail("storage0")
+        log = hc.cluster.log_tail("storage0")
+        assert "advertises 127.0.0.1:" in log and "a loopback address" in log, log
+        assert "--host" in log and "advertise_host" in log, log
+        assert hc.report()["live_nodes"] == []
+
+
+# A writer on a client host, driven line by line on stdin: "write N" writes and hflushes N
+# more bytes (pattern: byte i is i % 251) and answers "acked TOTAL"; "close" closes and
+# answers "closed". Any error is answered "error TYPE: MESSAGE" and the writer exits.
+WRITER = r"""
+import logging, sys
+from fs.client import Client
+from fs.config import Config
+path, block_size = sys.argv[1], int(sys.argv[2])
+total = 0
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+try:
+    client = Client(config=Config.load(min_block_size=4096))
+    out = client.create(path, replication=3, block_size=block_size)
+    print("open", flush=True)
+    for line in sys.stdin:
+        verb, *arg = line.split()
+        if verb == "write":
+            n = int(arg[0])
+            out.write(bytes((total + i) % 251 for i in range(n)))
+            out.flush()                    # hflush: acknowledged by the whole pipeline
+            total += n
+            print("acked", total, flush=True)
+        elif verb == "close":
+            out.close()
+            print("closed", flush=True)
+            break
+except Exception as exc:
+    print(f"error {type(exc).__name__}: {exc}", flush=True)
+"""
+
+
+def pattern(size: int) -> bytes:
+    return bytes(i % 251 for i in range(size))
+
+
+class Writer:
+    """``WRITER`` on a host of ``hc``."""
+
+    def __init__(self, hc, host: str, path: str, block_size: int):
+        # its log among the servers' (watched: an ERROR there fails the test)
+        with open(hc.cluster.base / "logs" / f"writer-{host}.log", "ab") as log:
+            self.proc = hc.popen(host, [sys.executable, "-c", WRITER, path, str(block_size)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=log, text=True)
+        assert self.answer() == "open"
+
+    def answer(self) -> str:
+        line = self.proc.stdout.readline().strip()
+        assert line, f"writer exited with {self.proc.wait(10)}"
+        return line
+
+    def ask(self, line: str) -> str:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.answer()
+
+    def write(self, n: int) -> int:
+        answer = self.ask(f"write {n}")
+        assert answer.startswith("acked "), answer
+        return int(answer.split()[1])
+
+
+def node_in(hc, kind: str, node_id: str) -> bool:
+    """Whether the report lists block server ``node_id`` among ``kind`` (live/dead_nodes)."""
+    return any(n["node_id"] == node_id for n in hc.report()[kind])
+
+
+def live_replicas(client, path: str) -> list[int]:
+    """The number of live replicas of each block of ``path``."""
+    return [len(lb["locations"]) for lb in client.get_block_locations(path)["blocks"]]
+
+
+@pytest.mark.slow
+def test_block_server_cut_from_metadata_server_mid_write(tmp_path):
+    """A block server of the write's pipeline is cut from the metadata server (both ways,
+    silently) while the write goes on: the write completes with every acknowledged byte, the
+    metadata server marks the node dead and copies its blocks elsewhere (replication 3 on
+    the three others), and after the heal the node is live again and the file still holds
+    exactly the written bytes, read on another client host."""
+    require_hosts()
+    block = 256 * 1024
+    with host_cluster(tmp_path, n_storage=4, clients=2) as hc, \
+            Client(hc.meta_address, config=hc.config()) as probe:
+        writer = Writer(hc, "c0", "/f", block)
+        acked = writer.write(100_000)
+        pipeline = probe.get_block_locations("/f")["blocks"][-1]["locations"]
+        victim = next(i for i in range(4)
+                      if any(loc["address"].startswith(hc.hosts.address(storage_host(i)) + ":")
+                             for loc in pipeline))
+        victim_id = next(n["node_id"] for n in hc.report()["live_nodes"]
+                         if n["address"].startswith(hc.hosts.address(storage_host(victim)) + ":"))
+        hc.hosts.cut_both(storage_host(victim), "meta")
+        cut = time.monotonic()
+        for _ in range(6):                  # on into new blocks while the node is cut off
+            acked = writer.write(100_000)
+        assert writer.ask("close") == "closed"
+        _ready(cut, "write closed after the cut")
+        assert probe.get_file_status("/f").length == acked
+
+        assert poll_until(lambda: node_in(hc, "dead_nodes", victim_id), 30), \
+            "the cut block server is not marked dead"
+        _ready(cut, "cut block server marked dead after")
+        assert poll_until(lambda: set(live_replicas(probe, "/f")) == {3}, 60), \
+            f"replication not restored: {live_replicas(probe, '/f')}"
+        _ready(cut, "replication 3 restored after")
+
+        hc.hosts.heal()
+        healed = time.monotonic()
+        assert poll_until(lambda: node_in(hc, "live_nodes", victim_id), 30), \
+            "the block server is not live again after the heal"
+        _ready(healed, "block server live again after the heal")
+        # its replicas of the blocks written while it was cut off are excess now: deleted
+        assert poll_until(lambda: set(live_replicas(probe, "/f")) == {3}, 30), \
+            f"not back at exactly 3 replicas: {live_replicas(probe, '/f')}"
+        _ready(healed, "excess replicas deleted after the heal")
+        got = hc.leasefs("c1", "get", "/f", tmp_path / "out.bin")
+        assert got.returncode == 0, got.stderr
+        assert (tmp_path / "out.bin").read_bytes() == pattern(acked)
+
+
+LEASES = {"lease_soft_limit": 1.0, "lease_hard_limit": 3.0, "lease_monitor_period": 0.2,
+          "block_recovery_retry": 3.0}
+
+
+@pytest.mark.slow
+def test_writer_cut_off_past_its_lease_limits(tmp_path):
+    """A writer's host is cut from every other host (silently, both ways) with its file
+    open, past the lease's hard limit: the metadata server recovers the lease and closes the
+    file with exactly the bytes hflushed before the cut; after the heal the old writer's
+    next call fails with LeaseExpired and nothing it sends changes the file."""
+    require_hosts()
+    with host_cluster(tmp_path, n_storage=4, clients=2, settings=LEASES) as hc, \
+            Client(hc.meta_address, config=hc.config()) as probe:
+        writer = Writer(hc, "c0", "/g", 256 * 1024)
+        acked = writer.write(150_000)
+        acked = writer.write(150_000)
+        hc.hosts.isolate("c0")
+        cut = time.monotonic()
+        assert poll_until(lambda: not probe.get_file_status("/g").under_construction, 60), \
+            "the cut-off writer's file is not recovered and closed"
+        _ready(cut, "lease recovered and file closed after the cut")
+        assert probe.get_file_status("/g").length == acked
+
+        hc.hosts.heal()
+        answer = writer.ask("write 1000")
+        assert answer.startswith("error LeaseExpired: "), answer
+        print(f"old writer's next call after the heal: {answer[:200]}")
+        assert writer.proc.wait(30) == 0
+        assert probe.get_file_status("/g").length == acked
+        got = hc.leasefs("c1", "get", "/g", tmp_path / "out.bin")
+        assert got.returncode == 0, got.stderr
+        assert (tmp_path / "out.bin").read_bytes() == pattern(acked)

@@ -24,6 +24,7 @@ from meta.serverrun import run_meta_server
 KiB = 1024
 # fake block servers speak the block-server protocol without the cluster key
 BASE = dict(security="simple", heartbeat_interval=0.2, dead_node_interval=2.0, safemode_extension=0.0,
+            safemode_min_storage=0,
             block_size=64 * KiB, replication=1, rpc_retry_seconds=2.0, rpc_timeout=10.0,
             lease_monitor_period=0.1, min_block_size=4 * KiB)
 

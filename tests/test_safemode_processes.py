@@ -115,3 +115,31 @@ def test_manual_safe_mode_never_leaves_by_itself(tmp_path):
         with cluster.client() as client:
             assert not client.safemode("get")["on"]
             client.mkdirs("/x")
+
+
+def test_fresh_cluster_started_by_hand_waits_for_a_block_server(tmp_path):
+    """A fresh cluster started by hand with the default settings: start-up safe mode lasts
+    until a block server is live, and says so, so a put issued before any block server has
+    registered waits for one and succeeds, instead of failing with "could only be placed
+    on 0 block server(s)"."""
+    cluster = ProcessCluster(tmp_path, n_storage=1, settings={"replication": 1})
+    del cluster.settings["safemode_min_storage"]   # the default, as an operator's start
+    try:
+        cluster.start_meta()
+        with _fast_client(cluster) as client:
+            status = client.safemode("get")
+            assert status["on"] and "0 live block servers, 1 needed" in status["reason"], status
+            with pytest.raises(errors.SafeMode, match="1 needed"):
+                client.mkdirs("/x")
+        data = os.urandom(300_000)
+        (tmp_path / "in.bin").write_bytes(data)
+        put = subprocess.Popen([sys.executable, "-m", "tools", "put", str(tmp_path / "in.bin"),
+                                "/f"], env=cluster.env, cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        cluster.start_storage(0)
+        _, err = put.communicate(timeout=90)
+        assert put.returncode == 0, err
+        with cluster.client() as client:
+            assert client.read_file("/f") == data
+    finally:
+        cluster.stop()

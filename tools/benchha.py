@@ -93,8 +93,10 @@ class PrivateHACluster:
         self.procs: dict[str, subprocess.Popen] = {}
         # CPUs of the replication engine's side: etcd and every server but the first
         self.engine_cpus = engine_cpus
+        # no block servers (metadata calls only): never held in start-up safe mode
         self.settings = {"ha": "etcd", "ha_etcd_endpoints": etcd.endpoints(members),
-                         "ha_prefix": f"/leasefs/bench-{os.getpid()}", **settings}
+                         "ha_prefix": f"/leasefs/bench-{os.getpid()}",
+                         "safemode_min_storage": 0, **settings}
 
     def host(self, name: str) -> str:
         return self.hosts.address(name) if self.hosts else "127.0.0.1"

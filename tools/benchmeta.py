@@ -161,7 +161,9 @@ def private_meta_server(home: str, lock: str, status: StatusLine):
     cmd = [sys.executable, "-m", "tools", "meta", "--data", os.path.join(folder, "data"),
            "--host", "127.0.0.1", "--port", "0", "--http-port", "0",
            "--address-file", address_file, "--log-level", "WARNING",
-           "--set", f"namespace_lock={lock}"]
+           "--set", f"namespace_lock={lock}",
+           # no block servers: metadata calls only, never held in start-up safe mode
+           "--set", "safemode_min_storage=0"]
     status(f"starting a private metadata server (namespace_lock={lock}) in {folder}")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(

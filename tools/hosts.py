@@ -22,9 +22,9 @@ own routes stay, as when a cable is pulled).
 Needs: root, iproute2 (``ip netns``, bridge and veth links) and util-linux ``nsenter``;
 ``unavailable_reason()`` says which is missing. No netem, iptables or nft is used.
 
-Concurrency contract: one ``HostSet`` per tag at a time, and sets used at the same time
-need distinct tags AND distinct subnets (the bridge's address adds a route for the subnet
-to the root namespace). Entering a set first removes whatever a killed run with the same
+Concurrency contract: one ``HostSet`` per tag at a time; sets used at the same time need
+distinct tags and distinct subnets (the bridge's address adds a route for the subnet to the
+root namespace): the default subnet, ``free_subnet(tag)``, is one nothing routes yet. Entering a set first removes whatever a killed run with the same
 tag left (namespaces, links, and the processes still inside those namespaces); leaving it
 (also on an exception or KeyboardInterrupt) stops the processes it started and removes
 everything it made. Methods are not thread-safe.
@@ -38,6 +38,7 @@ import re
 import shutil
 import signal
 import subprocess
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,17 +101,37 @@ def hosts_available() -> bool:
     return unavailable_reason() is None
 
 
+def free_subnet(tag: str) -> str:
+    """A /24 in 10.77.0.0-10.78.255.255 for ``tag``: the one its name picks (the same from
+    run to run), or the next one the root namespace does not route already (another tag's
+    set, a real network)."""
+    bridge = f"lfs-{tag}-br"
+    routed = []
+    for line in _ip("-o", "-4", "route", "show").stdout.splitlines():
+        words = line.split()
+        if words and words[0] != "default" and f"dev {bridge}" not in line:
+            routed.append(ipaddress.ip_network(words[0], strict=False))
+    first = zlib.crc32(tag.encode()) % 512
+    for n in range(first, first + 512):
+        candidate = ipaddress.ip_network(f"10.{77 + n % 512 // 256}.{n % 256}.0/24")
+        if not any(candidate.overlaps(net) for net in routed):
+            return str(candidate)
+    raise HostsError("no free /24 left in 10.77.0.0/15")
+
+
 class HostSet:
     """N hosts on a private bridge (see the module docstring); a context manager."""
 
-    def __init__(self, tag: str, names: list[str], subnet: str = "10.77.0.0/24"):
+    def __init__(self, tag: str, names: list[str], subnet: str | None = None):
+        """``subnet``: a private IPv4 network for the bridge and the hosts (default:
+        ``free_subnet(tag)``)."""
         if not _TAG.match(tag):
             raise ValueError(f"tag {tag!r}: 1 to 7 lowercase letters or digits "
                              "(interface names hold 15 characters)")
         bad = [n for n in names if not _NAME.match(n)]
         if bad or len(set(names)) != len(names):
             raise ValueError(f"host names must be distinct [a-z0-9_-] words: {names}")
-        net = ipaddress.ip_network(subnet)
+        net = ipaddress.ip_network(subnet or free_subnet(tag))
         if net.version != 4 or not net.is_private or net.num_addresses < len(names) + 3:
             raise ValueError(f"subnet {subnet}: a private IPv4 subnet with room for "
                              f"{len(names)} hosts and the bridge")
