@@ -112,7 +112,8 @@ def test_bench_partition_table_says_timeouts_as_lower_bounds():
 
 def test_bench_partition_refuses_bad_options():
     for args, said in ((["--rounds", "0"], "--rounds"), (["--read-size", "1G"], "--read-size"),
-                       (["--round-timeout", "0"], "--round-timeout")):
+                       (["--round-timeout", "0"], "--round-timeout"),
+                       (["--set", "nosuch=1"], "nosuch")):
         run = leasefs("bench", "partition", *args)
         assert run.returncode == 2 and said in run.stderr and "Traceback" not in run.stderr, \
             (args, run.stderr)

@@ -66,7 +66,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import etcd
 from .bench import baseline_dir, percentile
-from .common import Command
+from .common import Command, load_config
 from .formatting import UsageError, format_table, human_size, parse_settings, parse_size
 from .progress import StatusLine
 
@@ -86,6 +86,8 @@ ETCD_FIRST_PORT = 2379
 #: seconds an agent gives one file's check (and the writer its last close) at the end
 VERIFY_LIMIT = 60.0
 STORAGE_PORT = 9866
+#: the source tree this module runs from (the servers and agents run from it too)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def chunk(path: str, i: int, size: int = CHUNK) -> bytes:
@@ -444,9 +446,6 @@ class Agent:
         return event
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
 # --------------------------------------------------------------------------- deployment
 @dataclass
 class Round:
@@ -759,6 +758,7 @@ class Rounds:
         if len(nodes) < 3:
             raise UsageError(f"the writer's pipeline has {len(nodes)} nodes, not 3: {nodes}")
         victim = self.d.host_of(nodes[1])
+        # anywhere in the writer's write-hflush-sleep cycle
         time.sleep(random.uniform(0, 0.2))
         r = Round("pipeline", kind, victim)
         mark = agent.mark()
@@ -893,6 +893,7 @@ def run_partition_bench(cmd: Command) -> int:
     if not 0 < read_size <= 64 << 20:
         raise UsageError("--read-size: above 0 and at most 64M (one block)")
     a.read_size = read_size
+    load_config(a)   # a bad --set or --config is said now, before any host is built
     scenarios = list(dict.fromkeys(a.scenario or SCENARIOS))
     reason = hostsmod.unavailable_reason()
     if reason:
@@ -902,12 +903,11 @@ def run_partition_bench(cmd: Command) -> int:
     home = baseline_dir(a.home)
     folder = tempfile.mkdtemp(prefix=".bench-partition-", dir=home)
     tag = f"fb{os.getpid() % 100000}"
-    subnet = a.subnet or f"10.{200 + os.getpid() % 50}.{os.getpid() // 50 % 250}.0/24"
     rounds: list[Round] = []
     verified: dict = {}
     try:
-        with hostsmod.HostSet(tag, list(HOST_NAMES), subnet) as hosts:
-            status(f"{len(HOST_NAMES)} hosts on {subnet}: "
+        with hostsmod.HostSet(tag, list(HOST_NAMES), a.subnet) as hosts:
+            status(f"{len(HOST_NAMES)} hosts on {hosts.net}: "
                    + ", ".join(f"{n} {hosts.address(n)}" for n in HOST_NAMES))
             d = Deployment(hosts, folder, a, status)
             try:
@@ -964,8 +964,8 @@ def register(bsub, common) -> None:
     q.add_argument("--read-size", default="8M",
                    help="size of the file the replica scenario reads (default 8M)")
     q.add_argument("--subnet", default=None,
-                   help="private IPv4 subnet of the hosts (default: a /24 in 10.200-249.x "
-                        "picked from the process id)")
+                   help="private IPv4 subnet of the hosts (default: a /24 of 10.77.0.0/15 "
+                        "that nothing routes yet)")
     q.add_argument("--home", default=None,
                    help="folder for the servers' data (default: the cluster home)")
     q.add_argument("--keep", action="store_true", help="keep the servers' data and logs")
