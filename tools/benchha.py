@@ -45,7 +45,6 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from functools import partial
 
 import trio
 
@@ -57,9 +56,6 @@ from .cluster import process_state
 from .common import Command
 from .formatting import UsageError, format_table
 from .progress import StatusLine
-
-#: the RPC port of a metadata server on a host of its own (``PrivateHACluster(hosts=...)``)
-DEFAULT_META_PORT = 8020
 
 
 def signal_and_wait(proc: subprocess.Popen | None, sig=signal.SIGKILL) -> None:
@@ -77,19 +73,14 @@ class PrivateHACluster:
     """etcd members and metadata server processes of one private HA cluster."""
 
     def __init__(self, folder: str, members, n_meta: int, settings: dict, status,
-                 engine_cpus: set[int] | None = None, hosts=None):
-        """``hosts``: a ``tools.hosts.HostSet`` with a host of each server's name, which
-        the server then runs on (bound to that host's address, on the default port);
-        None: every server on loopback, on free ports."""
+                 engine_cpus: set[int] | None = None):
         from . import etcd
 
         self.folder = folder
         self.members = members
         self.status = status
-        self.hosts = hosts
         self.names = [f"meta{i}" for i in range(n_meta)]
-        self.ports = {name: DEFAULT_META_PORT if hosts else etcd.free_port()
-                      for name in self.names}
+        self.ports = {name: etcd.free_port() for name in self.names}
         self.procs: dict[str, subprocess.Popen] = {}
         # CPUs of the replication engine's side: etcd and every server but the first
         self.engine_cpus = engine_cpus
@@ -98,11 +89,8 @@ class PrivateHACluster:
                          "ha_prefix": f"/leasefs/bench-{os.getpid()}",
                          "safemode_min_storage": 0, **settings}
 
-    def host(self, name: str) -> str:
-        return self.hosts.address(name) if self.hosts else "127.0.0.1"
-
     def address(self, name: str) -> str:
-        return f"{self.host(name)}:{self.ports[name]}"
+        return f"127.0.0.1:{self.ports[name]}"
 
     @property
     def addresses(self) -> str:
@@ -111,7 +99,7 @@ class PrivateHACluster:
     def start(self, name: str) -> None:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         cmd = [sys.executable, "-m", "tools", "meta", "--data",
-               os.path.join(self.folder, name), "--host", self.host(name),
+               os.path.join(self.folder, name), "--host", self.address(name).rsplit(":", 1)[0],
                "--port", str(self.ports[name]), "--http-port", "0", "--log-level", "WARNING",
                "--set", f"ha_node_id={name}"]
         for key, value in self.settings.items():
@@ -119,10 +107,9 @@ class PrivateHACluster:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             p for p in (root, os.environ.get("PYTHONPATH")) if p))
         cpus = self.engine_cpus if name != self.names[0] else None
-        popen = partial(self.hosts.popen, name) if self.hosts else subprocess.Popen
         with open(os.path.join(self.folder, f"{name}.log"), "ab") as log:
-            self.procs[name] = popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            self.procs[name] = self.popen(
+                name, cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 cwd=root, start_new_session=True,
                 preexec_fn=None if cpus is None else (lambda: os.sched_setaffinity(0, cpus)))
 
@@ -132,6 +119,10 @@ class PrivateHACluster:
         return {"active": [self.procs[active].pid],
                 "standby": [p.pid for n, p in self.procs.items() if n != active],
                 "etcd": [m.pid for m in self.members if m.pid is not None]}
+
+    def popen(self, name: str, cmd: list[str], **kwargs) -> subprocess.Popen:
+        """Start server ``name``'s process (here; a subclass may place it elsewhere)."""
+        return subprocess.Popen(cmd, **kwargs)
 
     def kill(self, name: str, sig=signal.SIGKILL) -> None:
         signal_and_wait(self.procs.get(name), sig)

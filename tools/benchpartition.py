@@ -66,6 +66,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import etcd
 from .bench import baseline_dir, percentile
+from .benchha import PrivateHACluster, signal_and_wait
 from .common import Command, load_config
 from .formatting import UsageError, format_table, human_size, parse_settings, parse_size
 from .progress import StatusLine
@@ -85,7 +86,8 @@ CHUNK = 8 << 10
 ETCD_FIRST_PORT = 2379
 #: seconds an agent gives one file's check (and the writer its last close) at the end
 VERIFY_LIMIT = 60.0
-STORAGE_PORT = 9866
+META_PORT = 8020      # the servers' default ports: on hosts of their own, nothing else
+STORAGE_PORT = 9866   # holds them
 #: the source tree this module runs from (the servers and agents run from it too)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -374,7 +376,7 @@ class Agent:
         self.log_path = os.path.join(d.folder, f"agent-{role}.log")
         argv = [sys.executable, "-m", "tools.benchpartition", "--agent", role,
                 "--meta", d.meta_addresses, "--dir", d.dir, "--interval", str(d.interval),
-                "--settings", json.dumps(d.client_settings), *extra]
+                "--settings", json.dumps(d.settings), *extra]
         with open(self.log_path, "ab") as log:
             self.proc = d.hosts.popen("client", argv, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=log, env=d.env,
@@ -474,9 +476,8 @@ class Deployment:
         self.status = status
         self.interval = args.interval
         self.dir = f"/bench-partition-{os.getpid()}"
-        self.extra = parse_settings(getattr(args, "set", None))
-        self.settings = {"security": "simple", **self.extra}
-        self.client_settings = {"security": "simple", **self.extra}
+        # every server's and client's (clients on their own hosts hold no token)
+        self.settings = {"security": "simple", **parse_settings(getattr(args, "set", None))}
         self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
         self.env.pop("LEASEFS_META", None)
@@ -497,8 +498,6 @@ class Deployment:
 
     # -- start and stop
     def start(self) -> None:
-        from .benchha import DEFAULT_META_PORT, PrivateHACluster
-
         address = self.hosts.address("etcd")
         self.members = [HostMember(**m.to_dict(), host=address) for m in etcd.plan(
             os.path.join(self.folder, "etcd"), os.path.join(self.folder, "logs"),
@@ -507,19 +506,17 @@ class Deployment:
         token = etcd.new_token()
         procs = {m.name: self._spawn_etcd(m, token) for m in self.members}
         etcd.wait_healthy(self.members, procs)
-        names = ["meta0", "meta1"]
-        addresses = ",".join(f"{self.hosts.address(n)}:{DEFAULT_META_PORT}" for n in names)
-        settings = {"ha": "etcd", "ha_etcd_endpoints": etcd.endpoints(self.members),
-                    "meta_address": addresses,
-                    "cluster_key_file": os.path.join(self.folder, "cluster.key"),
-                    **self.settings}
-        self.cluster = PrivateHACluster(self.folder, self.members, 2, settings, self.status,
-                                        hosts=self.hosts)
-        assert self.cluster.addresses == addresses
-        for name in names:
+        self.cluster = HostedHACluster(
+            self.hosts, self.folder, self.members, 2,
+            {"cluster_key_file": os.path.join(self.folder, "cluster.key"), **self.settings},
+            self.status)
+        # where a standby behind the log finds an image: the other servers
+        self.cluster.settings["meta_address"] = self.cluster.addresses
+        for name in self.cluster.names:
             self.status(f"starting metadata server {name} on {self.cluster.address(name)}")
             self.cluster.start(name)
-            self.cluster.wait(name, "active" if name == names[0] else "standby", 90)
+            first = name == self.cluster.names[0]
+            self.cluster.wait(name, "active" if first else "standby", 90)
         for name in STORAGE:
             self.status(f"starting block server {name} on {self.storage_address(name)}")
             self.start_storage(name)
@@ -565,8 +562,6 @@ class Deployment:
                 env=self.env, cwd=ROOT, start_new_session=True)
 
     def kill(self, name: str, sig=signal.SIGKILL) -> None:
-        from .benchha import signal_and_wait
-
         if name in self.storage:
             signal_and_wait(self.storage[name], sig)
         else:
@@ -609,6 +604,22 @@ class Deployment:
             time.sleep(0.2)
         raise UsageError(f"block server {name} is not back after {timeout:g} s ({last}); "
                          f"see {os.path.join(self.folder, name + '.log')}")
+
+
+class HostedHACluster(PrivateHACluster):
+    """A private HA cluster with each metadata server on the host of its name, on the
+    default port (as a deployment has it)."""
+
+    def __init__(self, hosts, *args):
+        self.hosts = hosts
+        super().__init__(*args)
+        self.ports = dict.fromkeys(self.names, META_PORT)
+
+    def address(self, name: str) -> str:
+        return f"{self.hosts.address(name)}:{self.ports[name]}"
+
+    def popen(self, name: str, cmd: list[str], **kwargs) -> subprocess.Popen:
+        return self.hosts.popen(name, cmd, **kwargs)
 
 
 @dataclass
