@@ -179,20 +179,18 @@ async def _create_agent(args, config) -> None:
                     error = str(exc) or type(exc).__name__
                 else:
                     acked.append(path)
-                    _emit(ev="ok", client="fresh", began=began, end=time.monotonic())
+                    _emit(ev="ok", client="fresh", id=k, began=began, end=time.monotonic())
                     return
-            _emit(ev="failed", client="fresh", t=time.monotonic(), error=error)
+            _emit(ev="failed", client="fresh", id=k, t=time.monotonic(), error=error)
 
         send, receive = trio.open_memory_channel(16)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_commands, send)
             nursery.start_soon(steady)
             _emit(ev="ready")
-            k = 0
             async for cmd in receive:
                 if cmd["cmd"] == "fresh":
-                    k += 1
-                    nursery.start_soon(fresh, k, cmd["order"], cmd["limit"])
+                    nursery.start_soon(fresh, cmd["id"], cmd["order"], cmd["limit"])
                 elif cmd["cmd"] == "verify":
                     nursery.cancel_scope.cancel()
                     break
@@ -207,7 +205,8 @@ async def _create_agent(args, config) -> None:
 
 async def _write_agent(args, config) -> None:
     """Role ``write``: write and hflush a chunk every ``interval`` s; ``roll`` closes the
-    file and starts another (its pipeline is announced after the first hflush)."""
+    file and starts another, whose pipeline is announced once its bytes outgrew
+    ``inline_max`` (before, an hflush keeps them in the namespace)."""
     import trio
 
     from fs.client import AsyncClient
@@ -648,6 +647,7 @@ class Rounds:
         self.settle = args.settle_timeout
         self.status = status
         self.read_size = args.read_size
+        self.fresh_id = 0     # names each fresh client, so a late answer is not taken
 
     # -- faults
     def fault(self, kind: str, victim: str) -> tuple[float, float]:
@@ -724,13 +724,16 @@ class Rounds:
         mark = agent.mark()
         t0, r.applied_seconds = self.fault(kind, victim)
         deadline = self._deadline(t0)
-        agent.send(cmd="fresh", order=f"{c.address(victim)},{c.address(other)}",
+        self.fresh_id += 1
+        rid = self.fresh_id
+        agent.send(cmd="fresh", id=rid, order=f"{c.address(victim)},{c.address(other)}",
                    limit=self.timeout)
         steady = self._steady_ok(agent, t0, mark, deadline)
         if steady is not None:
             r.seconds = steady["end"] - t0
             r.in_flight = steady["began"] < t0
-        fresh = agent.wait(lambda e: e.get("client") == "fresh", mark, deadline + 5)
+        fresh = agent.wait(lambda e: e.get("client") == "fresh" and e["id"] == rid, mark,
+                           deadline + 5)
         if fresh is not None and fresh["ev"] == "ok":
             r.fresh_seconds = fresh["end"] - t0
         if kind == "partition":
