@@ -574,10 +574,12 @@ def _posix_meta(root: str, args, rec: _Recorder, status: StatusLine, label: str,
 
 def register(sub, common) -> None:
     p = sub.add_parser("bench", help="benchmarks: write, read, meta (cluster), fuse and apps "
-                                     "(any folder), cli (start-up)",
+                                     "(any folder), cli (start-up), ha and partition (private "
+                                     "clusters)",
                        description="Benchmarks with same-run baselines (local disk, loopback "
                                    "TCP) and an optional MooseFS peer.")
-    bsub = p.add_subparsers(dest="kind", metavar="{write,read,meta,fuse,apps,spark,ha,cli}")
+    bsub = p.add_subparsers(dest="kind",
+                            metavar="{write,read,meta,fuse,apps,spark,ha,partition,cli}")
     bsub.required = True
 
     def shared(q):
@@ -617,5 +619,7 @@ def register(sub, common) -> None:
     register_spark(bsub, common)
     from .benchha import register as register_ha
     register_ha(bsub, common, shared)
+    from .benchpartition import register as register_partition
+    register_partition(bsub, common)
     from .benchcli import register as register_cli
     register_cli(bsub, common)

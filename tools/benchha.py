@@ -66,6 +66,17 @@ from .formatting import UsageError, format_table
 from .progress import StatusLine
 
 
+def signal_and_wait(proc: subprocess.Popen | None, sig=signal.SIGKILL) -> None:
+    """Send ``sig`` to a running ``proc`` and wait for its exit (SIGKILL after 30 s)."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class PrivateHACluster:
     """etcd members and metadata server processes of one private HA cluster."""
 
@@ -103,7 +114,7 @@ class PrivateHACluster:
     def start(self, name: str) -> None:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         cmd = [sys.executable, "-m", "tools", "meta", "--data",
-               os.path.join(self.folder, name), "--host", "127.0.0.1",
+               os.path.join(self.folder, name), "--host", self.address(name).rsplit(":", 1)[0],
                "--port", str(self.ports[name]), "--http-port", "0", "--log-level", "WARNING",
                "--set", f"ha_node_id={name}"]
         settings = dict(self.settings)
@@ -115,8 +126,8 @@ class PrivateHACluster:
             p for p in (root, os.environ.get("PYTHONPATH")) if p))
         cpus = self.engine_cpus if name != self.names[0] else None
         with open(os.path.join(self.folder, f"{name}.log"), "ab") as log:
-            self.procs[name] = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            self.procs[name] = self.popen(
+                name, cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 cwd=root, start_new_session=True,
                 preexec_fn=None if cpus is None else (lambda: os.sched_setaffinity(0, cpus)))
 
@@ -127,15 +138,12 @@ class PrivateHACluster:
                 "standby": [p.pid for n, p in self.procs.items() if n != active],
                 "etcd": [m.pid for m in self.members if m.pid is not None]}
 
+    def popen(self, name: str, cmd: list[str], **kwargs) -> subprocess.Popen:
+        """Start server ``name``'s process (here; a subclass may place it elsewhere)."""
+        return subprocess.Popen(cmd, **kwargs)
+
     def kill(self, name: str, sig=signal.SIGKILL) -> None:
-        proc = self.procs.get(name)
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(sig)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        signal_and_wait(self.procs.get(name), sig)
 
     def status_of(self, name: str) -> dict | None:
         return trio.run(ha_status, self.address(name))

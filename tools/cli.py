@@ -131,7 +131,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     'mount': ('mountcmd', 'mount the cluster with FUSE (daemonizes unless --foreground)'),
     'umount': ('mountcmd', 'unmount a leasefs mount (fusermount3 -u)'),
     'bench': ('bench', 'benchmarks: write, read, meta (cluster), fuse and apps (any folder), cli '
-                       '(start-up)'),
+                       '(start-up), ha and partition (private clusters)'),
     'settings': ('docgen', 'list every setting with its default'),
     'commands': ('cmddoc', 'list every command with its one-line help'),
 }
