@@ -56,6 +56,10 @@ class Config:
     rpc_timeout: float = _s(60.0, "seconds a client waits for one RPC reply")
     rpc_retry_seconds: float = _s(30.0, "seconds a client keeps retrying a call over lost connections")
     data_timeout: float = _s(60.0, "seconds a data-transfer read or ack may stall before the peer is failed")
+    data_ack_timeout_step: float = _s(5.0, "seconds added to data_timeout per pipeline node "
+                                      "below the waiter when it waits for a packet's ack "
+                                      "(HDFS READ_TIMEOUT_EXTENSION): the node right above a "
+                                      "silent one times out first and names it")
     data_connect_timeout: float = _s(5.0, "seconds to open a data connection to a block server "
                                      "(TCP connect and TLS handshake) before it counts as "
                                      "unreachable: readers try the next replica, pipeline "

@@ -157,5 +157,14 @@ async def receive_ack(framed: FramedStream) -> tuple[int, list[int]]:
     return seqno, list(await framed.receive_exactly(n))
 
 
+def ack_timeout(data_timeout: float, step: float, below: int) -> float:
+    """How long a pipeline member waits for a packet's ack from the next node down, with
+    ``below`` nodes under it (HDFS socketTimeout + READ_TIMEOUT_EXTENSION × nodes). Each
+    node waits ``step`` less than the one above it, so a silent node is timed out first by
+    its own upstream, which acks ERROR at its index: the writer drops that node, not the
+    healthy first one whose connection merely went quiet."""
+    return data_timeout + max(0.0, step) * below
+
+
 def block_dict(block_id: int, gs: int, num_bytes: int = 0) -> dict:
     return {"id": block_id, "gs": gs, "num_bytes": num_bytes}

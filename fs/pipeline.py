@@ -30,8 +30,8 @@ from .dataconn import (close_quietly, failure_cause, node_name, open_data_connec
                        response_error)
 from .datatransfer import (ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, PIPELINE_SETUP_APPEND,
                            PIPELINE_SETUP_CREATE, Packet, SUCCESS, TRANSFER_BLOCK, TRANSFER_RBW,
-                           WRITE_BLOCK, WRITE_BLOCK_ONESHOT, encode_packet_header, op_header,
-                           receive_ack, send_packet)
+                           WRITE_BLOCK, WRITE_BLOCK_ONESHOT, ack_timeout, encode_packet_header,
+                           op_header, receive_ack, send_packet)
 from .errors import InvalidToken, LeaseFSError, PipelineError, ProtocolError, ServerUnavailable
 from .framing import FramedStream, encode_frame
 
@@ -69,7 +69,7 @@ class Pipeline:
     queue, and the responder that consumes acks. Sending happens in the caller's task."""
 
     def __init__(self, *, path: str, located: dict, framed: FramedStream, window: int,
-                 timeout: float, start: int = 0, on_ack=None):
+                 timeout: float, start: int = 0, on_ack=None, ack_step: float = 0.0):
         self.path = path
         # called at every acknowledged packet but heartbeats: the writer's measure of
         # progress (``fs.writer``: its stall bound)
@@ -79,6 +79,10 @@ class Pipeline:
         self.framed = framed
         self.window = window
         self.timeout = timeout
+        # sends and acks wait one ladder step per node longer than the first node waits
+        # on its downstream (``ack_timeout``): a silent node further down is named by the
+        # node above it in an ERROR ack before this side gives up on the first node
+        self.ack_timeout = ack_timeout(timeout, ack_step, len(self.nodes))
         self.error: LeaseFSError | None = None
         #: index in ``nodes`` of the node blamed for ``error`` (None: not a node's fault,
         #: e.g. the stream was aborted, so no pipeline recovery)
@@ -104,14 +108,15 @@ class Pipeline:
                       bytes_per_checksum: int, window: int, timeout: float,
                       connect_timeout: float, max_frame: int, min_bytes: int | None = None,
                       stage: str = PIPELINE_SETUP_APPEND, tls=None,
-                      on_ack=None) -> "Pipeline":
+                      on_ack=None, ack_step: float = 0.0) -> "Pipeline":
         """WRITE_BLOCK to the first location; ``SetupFailed`` names the first bad node.
         With ``min_bytes`` the stage is PIPELINE_SETUP_APPEND (the nodes reopen their
         replicas of exactly that length under the block's new generation stamp) or
         PIPELINE_SETUP_STREAMING_RECOVERY (they cut their RBW replicas to that acknowledged
         length and take the new stamp). ``located["token"]``: the write token for the
         block's stamp (security = secure), which every node checks. ``connect_timeout``
-        bounds the connection to the first node, ``timeout`` its setup answer."""
+        bounds the connection to the first node; its setup answer, packets and acks have
+        ``timeout`` plus ``ack_step`` per node (``ack_timeout``)."""
         nodes = located["locations"]
         first = nodes[0]
         try:
@@ -126,14 +131,15 @@ class Pipeline:
         if min_bytes is not None:
             header["stage"] = stage
             header["min_bytes"] = min_bytes
+        wait = ack_timeout(timeout, ack_step, len(nodes))
         try:
-            with trio.fail_after(timeout):
+            with trio.fail_after(wait):
                 await framed.send_frame(header)
                 resp = await framed.receive_frame()
         except (LeaseFSError, EOFError, trio.TooSlowError) as exc:
             await close_quietly(framed)
             raise SetupFailed(first, f"no setup response from {first['address']}: "
-                              f"{failure_cause(exc, timeout)}") from None
+                              f"{failure_cause(exc, wait)}") from None
         if not isinstance(resp, dict) or resp.get("status") != "SUCCESS":
             await close_quietly(framed)
             bad_address = resp.get("first_bad_link") if isinstance(resp, dict) else ""
@@ -141,7 +147,7 @@ class Pipeline:
             raise SetupFailed(bad, str(response_error(resp, f"pipeline setup at {first['address']}")),
                               token_refused=_refused_token(resp))
         return cls(path=path, located=located, framed=framed, window=window, timeout=timeout,
-                   start=min_bytes or 0, on_ack=on_ack)
+                   start=min_bytes or 0, on_ack=on_ack, ack_step=ack_step)
 
     # ------------------------------------------------------------------ sending
     def _raise_if_failed(self) -> None:
@@ -164,12 +170,12 @@ class Pipeline:
         self._wake.set()
         try:
             async with self._send_lock:
-                with trio.fail_after(self.timeout):
+                with trio.fail_after(self.ack_timeout):
                     await send_packet(self.framed, packet.seqno, offset, data, sums, flags)
         except (LeaseFSError, trio.TooSlowError) as exc:
             self.fail(self.error or PipelineError(
                 f"{self.where}: cannot send to {node_name(self.nodes[0])}: "
-                f"{failure_cause(exc, self.timeout)}"),
+                f"{failure_cause(exc, self.ack_timeout)}"),
                 bad_index=0)
             raise self.error from None
         if data:
@@ -198,12 +204,12 @@ class Pipeline:
                             await self.send(self.sent_end, b"", b"", FLAG_HEARTBEAT)
                         continue
                     try:
-                        with trio.fail_after(self.timeout):
+                        with trio.fail_after(self.ack_timeout):
                             seqno, statuses = await receive_ack(self.framed)
                     except trio.TooSlowError:
                         raise PipelineError(
                             f"{self.where}: no ack from {node_name(self.nodes[0])} for "
-                            f"{self.timeout:g} s") from None
+                            f"{self.ack_timeout:g} s") from None
                     except EOFError:
                         raise PipelineError(
                             f"{self.where}: {node_name(self.nodes[0])} closed the pipeline "

@@ -531,7 +531,7 @@ class AsyncOutputStream:
                 window=self.window, timeout=client.config.data_timeout,
                 connect_timeout=client.config.data_connect_timeout,
                 max_frame=client.config.max_frame, min_bytes=min_bytes, tls=client.tls,
-                on_ack=self._progressed)
+                on_ack=self._progressed, ack_step=client.config.data_ack_timeout_step)
         except SetupFailed as exc:
             # HDFS setupPipelineForAppendOrRecovery: the failed node is dropped and every
             # retry takes a new stamp (a node that reopened its replica under the append's
@@ -650,7 +650,7 @@ class AsyncOutputStream:
                     timeout=client.config.data_timeout,
                     connect_timeout=client.config.data_connect_timeout,
                     max_frame=client.config.max_frame, tls=client.tls,
-                    on_ack=self._progressed)
+                    on_ack=self._progressed, ack_step=client.config.data_ack_timeout_step)
             except SetupFailed as exc:
                 await self._abandon_block(located, exc, excluded, failures)
                 continue
@@ -922,7 +922,7 @@ class AsyncOutputStream:
                     window=self.window, timeout=config.data_timeout,
                     connect_timeout=config.data_connect_timeout, max_frame=config.max_frame,
                     min_bytes=acked, stage=PIPELINE_SETUP_STREAMING_RECOVERY, tls=client.tls,
-                    on_ack=self._progressed)
+                    on_ack=self._progressed, ack_step=config.data_ack_timeout_step)
             except SetupFailed as exc:
                 cause = PipelineError(f"{where}: recovery setup failed: {exc.reason}")
                 bad_index = next((i for i, n in enumerate(nodes)

@@ -161,11 +161,15 @@ def mount_client_config(config: Config) -> Config:
     ``mount_meta_timeout`` without a packet acknowledged (``data_stall_timeout``). One
     silent block server is noticed within a third of it (``data_timeout``, not below a
     second: a loaded but live server must not be dropped from every pipeline), so that the
-    pipeline recovery that drops it fits in the bound and the write goes on."""
+    pipeline recovery that drops it fits in the bound and the write goes on. The mount waits
+    for acks without the timeout ladder's steps (``data_ack_timeout_step`` 0): its third of
+    the bound is the whole wait, shorter than the block servers' own, so it is the first
+    to time out anyway and the bound is what keeps the call short."""
     bound = max(1.0, config.mount_meta_timeout)
     return config.replace(rpc_retry_seconds=min(config.rpc_retry_seconds, bound),
                           rpc_timeout=min(config.rpc_timeout, bound),
                           data_timeout=min(config.data_timeout, max(1.0, bound / 3)),
+                          data_ack_timeout_step=0.0,
                           data_stall_timeout=bound,
                           sync_metadata=config.mount_sync_metadata)
 

@@ -19,10 +19,12 @@ answers upstream. Then three tasks run per write:
   incremental block report, which the writer's ``complete`` waits for on the metadata
   server), and acks upstream ``[own status] + downstream statuses``.
 
-A checksum error stops this node with ERROR_CHECKSUM; a downstream that breaks, or stops
-reading for ``data_timeout`` while a packet is forwarded to it, is acked as ``SUCCESS`` for
-this node and ``ERROR`` at the downstream's index, then the pipeline closes (pipeline
-recovery is the client's job). The replica stays RBW with its visible length.
+A checksum error stops this node with ERROR_CHECKSUM; a downstream that breaks, stops
+reading while a packet is forwarded to it, or sends no ack, for ``data_timeout`` plus
+``data_ack_timeout_step`` per node below this one (``fs.datatransfer.ack_timeout``: one step
+less than the upstream waits for this node), is acked as ``SUCCESS`` for this node and
+``ERROR`` at the downstream's index, then the pipeline closes (pipeline recovery is the
+client's job, which so drops the silent node, not a healthy one above it). The replica stays RBW with its visible length.
 
 Pipeline recovery (docs/PROTOCOL.md §5): WRITE_BLOCK stage PIPELINE_SETUP_STREAMING_RECOVERY
 stops the old pipeline on the replica, cuts it to the acknowledged ``min_bytes`` under the
@@ -76,7 +78,7 @@ import trio
 from fs import blocktoken, nodeauth
 from fs import tls as tlsmod
 from fs.config import Config
-from fs.datatransfer import (BLOCK_CHECKSUM, BLOCK_LENGTH, CHECKSUM_SIZE, DATA_TRANSFER_VERSION, ERROR,
+from fs.datatransfer import (ack_timeout, BLOCK_CHECKSUM, BLOCK_LENGTH, CHECKSUM_SIZE, DATA_TRANSFER_VERSION, ERROR,
                              ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA, PACKET_HEADER,
                              PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE,
                              PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
@@ -617,7 +619,7 @@ class DataTransferServer:
             if stage != TRANSFER_RBW:
                 self.reporter.block_received(block_id, gs, min_bytes, ReplicaState.RBW.value)
             await conn.respond({"status": "SUCCESS", "message": "", "first_bad_link": ""})
-            pipeline = _WritePipeline(self, conn, downstream, replica,
+            pipeline = _WritePipeline(self, conn, downstream, replica, below=len(targets),
                                       transfer=stage == TRANSFER_RBW)
             await pipeline.run()
         finally:
@@ -638,14 +640,18 @@ class DataTransferServer:
                                                 HEADER_MAX_FRAME, tlsmod.client(self.config))
         except LeaseFSError as exc:   # unreachable, or TLS refused
             return None, (str(exc), target, None)
+        # one step longer than our downstream waits for its own: a silent node further down
+        # is named by the node right above it, before we give up on the whole chain
+        wait = ack_timeout(self.config.data_timeout, self.config.data_ack_timeout_step,
+                           len(targets))
         try:
             await framed.send_frame({**header, "targets": targets[1:]})
-            with trio.fail_after(self.config.data_timeout):
+            with trio.fail_after(wait):
                 response = await framed.receive_frame()
         except (LeaseFSError, EOFError, trio.TooSlowError) as exc:
             await framed.aclose()
             return None, (f"no setup response from {target}: "
-                          f"{failure_cause(exc, self.config.data_timeout)}", target, None)
+                          f"{failure_cause(exc, wait)}", target, None)
         if isinstance(response, dict) and response.get("status") == "SUCCESS":
             return framed, None
         await framed.aclose()
@@ -673,7 +679,8 @@ class _WritePipeline:
     """The receiver and responder of one WRITE_BLOCK after a successful setup."""
 
     def __init__(self, server: DataTransferServer, conn: _Conn,
-                 downstream: FramedStream | None, replica: Replica, transfer: bool = False):
+                 downstream: FramedStream | None, replica: Replica, below: int = 0,
+                 transfer: bool = False):
         self.server = server
         #: TRANSFER_RBW copy: LAST ends the copy, the replica stays RBW (not finalized)
         self.transfer = transfer
@@ -683,6 +690,13 @@ class _WritePipeline:
         self.peer = conn.peer
         self.downstream = downstream
         self.downstream_failed = False
+        # the timeout ladder (fs.datatransfer.ack_timeout): we wait for our downstream's
+        # acks and writes one step less than our upstream waits for ours, and for the
+        # upstream's packets as long as it waits for our acks (it sends nothing while an
+        # ack is outstanding), so when a node below goes silent we answer first, naming it
+        step = self.config.data_ack_timeout_step
+        self.downstream_timeout = ack_timeout(self.config.data_timeout, step, below)
+        self.upstream_timeout = ack_timeout(self.config.data_timeout, step, below + 1)
         self.replica = replica
         self.scope: trio.CancelScope | None = None
         self._held = 0      # bytes of the server's budget this pipeline's packets hold
@@ -750,11 +764,11 @@ class _WritePipeline:
         async with disk:
             while True:
                 try:
-                    with trio.fail_after(self.config.data_timeout):
+                    with trio.fail_after(self.upstream_timeout):
                         packet = await self._receive_packet()
                 except (EOFError, ServerUnavailable, trio.TooSlowError) as exc:
                     log.info("WRITE_BLOCK %s: writer %s went away: %s", replica.name, self.peer,
-                             failure_cause(exc, self.config.data_timeout))
+                             failure_cause(exc, self.upstream_timeout))
                     self._stop()
                     return
                 except _BadPacket as bad:
@@ -820,18 +834,18 @@ class _WritePipeline:
                 await acks.send(entry)
 
     async def _forward(self, packet: Packet) -> None:
-        """Send the packet on; a downstream that broke or read nothing for ``data_timeout``
-        is failed (the responder then acks ERROR at its index)."""
+        """Send the packet on; a downstream that broke or read nothing for
+        ``downstream_timeout`` is failed (the responder then acks ERROR at its index)."""
         if self.downstream is None or self.downstream_failed:
             return
         try:
-            with trio.fail_after(self.config.data_timeout):
+            with trio.fail_after(self.downstream_timeout):
                 await send_packet(self.downstream, packet.seqno, packet.offset, packet.data,
                                   packet.sums, packet.flags)
         except (ServerUnavailable, trio.TooSlowError) as exc:
             log.warning("WRITE_BLOCK %s: forwarding packet %d to the downstream failed: %s",
                         self.replica.name, packet.seqno,
-                        failure_cause(exc, self.config.data_timeout))
+                        failure_cause(exc, self.downstream_timeout))
             self.downstream_failed = True
 
     # -- responder
@@ -840,7 +854,7 @@ class _WritePipeline:
             return []
         if not self.downstream_failed:
             try:
-                with trio.fail_after(self.config.data_timeout):
+                with trio.fail_after(self.downstream_timeout):
                     ack_seqno, statuses = await receive_ack(self.downstream)
                 if ack_seqno != seqno:
                     raise ProtocolError(f"downstream acked seqno {ack_seqno}, expected {seqno}")
@@ -850,7 +864,7 @@ class _WritePipeline:
             except (EOFError, LeaseFSError, trio.TooSlowError) as exc:
                 log.warning("WRITE_BLOCK %s: downstream ack for packet %d failed: %s",
                             self.replica.name, seqno,
-                            failure_cause(exc, self.config.data_timeout))
+                            failure_cause(exc, self.downstream_timeout))
                 self.downstream_failed = True
         return [ERROR]
 

@@ -9,6 +9,7 @@ the last node of a live pipeline for the acceptance runs (64 MiB in 1 MiB blocks
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import time
@@ -18,7 +19,7 @@ import trio
 
 from fs import errors
 from fs.client import Client
-from harness import ProcessCluster, inprocess_cluster, make_test_config
+from harness import ProcessCluster, inprocess_cluster, make_test_config, wait_stopped
 from meta import blocks as bm
 from meta.blocks import BlockInfo, BlocksMap
 from storage.transfer import CORRUPT_PACKETS_ENV
@@ -530,3 +531,55 @@ def test_block_server_refuses_bad_recovery_and_transfer_requests(tmp_path):
                 assert await c.read_file("/x") == payload(3000) + payload(5000, seed=1)
 
     trio.run(main)
+
+
+SILENT_TIMEOUT = 3.0   # data_timeout of the silent-node test (servers and client)
+SILENT_STEP = 1.5      # data_ack_timeout_step: the ladder's rungs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_silent_middle_node_is_the_one_dropped_and_replaced(tmp_path):
+    """SIGSTOP the middle node of a live replication-3 pipeline (no RST, nothing answers):
+    the first node times out on it one ladder step before the client gives up on the first
+    node, and acks ERROR at its index, so the next hflush goes through within about one
+    data_timeout with the silent node dropped, not the healthy first one, and a spare
+    added; every acknowledged byte reads back once the node runs again and the file is
+    closed."""
+    timeouts = {"data_timeout": SILENT_TIMEOUT, "data_ack_timeout_step": SILENT_STEP}
+    with ProcessCluster(tmp_path, n_storage=4, settings=timeouts) as cluster:
+        config = make_test_config(packet_size=64 * KiB, **timeouts)
+        ports = {cluster.ports[f"storage{i}"]: i for i in range(4)}
+        data = payload(384 * KiB, seed=11)
+        with Client(cluster.meta_address, config=config) as c:
+            out = c.create("/silent", replication=3, block_size=1 * MiB)
+            out.write(data[:128 * KiB])
+            out.flush()
+            before = [n["address"] for n in out._stream._pipeline.nodes]
+            assert len(before) == 3
+            middle = before[1]
+            victim = cluster.pid(f"storage{ports[int(middle.rsplit(':', 1)[1])]}")
+            os.kill(victim, signal.SIGSTOP)
+            try:
+                wait_stopped(victim)
+                out.write(data[128 * KiB:256 * KiB])
+                started = time.monotonic()
+                out.flush()
+                took = time.monotonic() - started
+                after = [n["address"] for n in out._stream._pipeline.nodes]
+            finally:
+                os.kill(victim, signal.SIGCONT)
+            print(f"hflush past a silent middle node: {took:.2f} s; {before} -> {after}")
+            # the first node waits data_timeout + 2 steps on the silent one, the client
+            # one step more: the answer comes from the ladder, not the client's timeout
+            assert took < SILENT_TIMEOUT + 2 * SILENT_STEP + 5, took
+            assert middle not in after
+            assert after[:2] == [before[0], before[2]], (before, after)
+            assert len(after) == 3 and out._stream.replacements == 1
+            out.write(data[256 * KiB:])
+            out.close()
+            with c.open("/silent") as f:
+                assert f.read() == data
+            block = c.get_block_locations("/silent")["blocks"][0]
+            assert middle not in [loc["address"] for loc in block["locations"]]
+            assert len(block["locations"]) == 3
