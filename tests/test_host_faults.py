@@ -12,6 +12,7 @@ server meets a connect that times out.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import shutil
@@ -25,8 +26,8 @@ import pytest
 from fs.client import Client
 from fs.config import Config
 from harness import poll_until
-from hostkit import host_cluster, require_hosts, storage_host
-from test_hosts import _ready, node_in, read_on, until
+from hostkit import host_cluster, require_hosts
+from test_hosts import node_in, read_on, until
 
 MiB = 1 << 20
 MOUNT_BOUND = 6.0
@@ -36,9 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def _fuse_reason() -> str | None:
-    try:
-        import pyfuse3  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("pyfuse3") is None:
         return "pyfuse3 is not installed"
     if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
         return "/dev/fuse or fusermount3 is not available"
@@ -115,8 +114,6 @@ def _serves(mp, n: int) -> bool:
         return False
 
 
-@pytest.mark.allow_log_errors(r".*", reason="the mount's host is isolated: its calls fail "
-                                            "with EIO, logged")
 def test_mount_isolated_during_tar_extract(tmp_path):
     """A FUSE mount on host c0 extracts a tarball; midway c0 is isolated (silently, both
     ways): tar meets EIO within mount_meta_timeout + margin, the mount process stays alive
@@ -197,26 +194,21 @@ def test_mount_isolated_during_tar_extract(tmp_path):
         print(f"{len(finished)} finished members identical on c1; partial: {partial or 'none'}")
 
 
-def _host_of(hc, address: str) -> str:
-    ip = address.rsplit(":", 1)[0]
-    return next(name for name, h in hc.hosts.hosts.items() if h.address == ip)
-
-
 def _replica_hosts(client, path: str) -> list[set[str]]:
     return [{loc["address"].rsplit(":", 1)[0] for loc in lb["locations"]}
             for lb in client.get_block_locations(path)["blocks"]]
 
 
-@pytest.mark.allow_log_errors(r".*", reason="a block server cut from the metadata server "
-                                            "logs its failed heartbeats")
 def test_metadata_server_cannot_reach_a_block_server(tmp_path):
     """The metadata server's packets to block server s0 vanish, s0's still arrive: its
-    heartbeats get no answer (nor TCP acknowledgement) and its reconnects no handshake, so
-    the metadata server hears it no more and marks it dead after dead_node_interval: it is
-    not kept alive for placement by half-arrived heartbeats. Writes at replication 3 from a
+    heartbeats get no answer (nor TCP acknowledgement), so it waits for a reply (up to
+    rpc_timeout) and sends no other, and a reconnect would get no handshake: the metadata
+    server hears at most the one heartbeat in flight and marks it dead after
+    dead_node_interval; it is not kept alive for placement by half-arrived heartbeats. Writes at replication 3 from a
     client go on all along (client and s0 still reach each other); files written once s0
     is dead have no replica on it; after the heal s0 is live again and every file reads
-    back byte-identical on another client host."""
+    back byte-identical on another client host. (On the heal the stalled heartbeat gets
+    through on the same connection; the metadata server asks s0 to register again.)"""
     require_hosts()
     block = 256 * 1024
     with host_cluster(tmp_path, n_storage=4, clients=2) as hc, \
@@ -261,7 +253,6 @@ def test_metadata_server_cannot_reach_a_block_server(tmp_path):
             assert read_on(hc, "c1", f"/{name}", tmp_path) == expect, name
 
 
-@pytest.mark.allow_log_errors(r".*", reason="the client cannot connect to s1: logged")
 def test_client_cannot_reach_one_block_server(tmp_path):
     """Client host c0's packets to block server s1 vanish (the metadata server, the other
     block servers and the other client reach s1). A put at replication 3 from c0 succeeds:
