@@ -1013,11 +1013,13 @@ def test_reader_closing_a_read_early_is_only_a_debug_line(tmp_path, caplog):
 
 def test_downstream_that_stops_reading_is_failed_after_data_timeout(tmp_path, monkeypatch):
     """The downstream accepts the setup, then reads nothing: forwarding the first packet
-    times out and the writer gets ERROR at the downstream's index instead of hanging."""
+    times out (``data_timeout`` and one ``data_ack_timeout_step`` for the one node below)
+    and the writer gets ERROR at the downstream's index instead of hanging."""
     data = random.Random(15).randbytes(3 * 4096)
 
     async def main():
-        server = await open_transfer_server(tmp_path, data_timeout=0.3)
+        server = await open_transfer_server(tmp_path, data_timeout=0.3,
+                                            data_ack_timeout_step=0.2)
         async with trio.open_nursery() as nursery:
             headers_seen = []
 
