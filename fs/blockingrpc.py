@@ -33,7 +33,7 @@ from .errors import LeaseFSError, ProtocolError, SafeMode, ServerUnavailable, Tr
 from .frames import LENGTH, encode_frame, too_large, unpackb
 from .rpc import (check_identity, current_groups, current_user, hello, local_socket_address,
                   local_socket_name, parse_address_list)
-from .status import LIST_PAGE, FileStatus
+from .status import LIST_PAGE, FileStatus, iter_pages
 
 #: answers after which the full client's retries take over
 _HAND_OVER = (ServerUnavailable, TryAgain, SafeMode, ProtocolError, OSError, EOFError)
@@ -195,22 +195,20 @@ class BlockingReads:
             return False
         return True
 
+    def list_page(self, path: str, start_after: str = "",
+                  limit: int | None = None) -> tuple[list[FileStatus], bool]:
+        """One page of a directory's entries after ``start_after``, and whether more follow;
+        from the full client when the blocking connection cannot answer it."""
+        done, page = self._read("list_status", {"path": paths.validate(path),
+                                                "start_after": start_after,
+                                                "limit": limit or LIST_PAGE})
+        if not done:
+            return self.full.list_page(path, start_after, limit)
+        return [FileStatus.from_wire(e) for e in page["entries"]], bool(page.get("has_more"))
+
     def iter_status(self, path: str):
         """Entries of a directory sorted by name, page by page (a file yields itself)."""
-        start_after = ""
-        while True:
-            done, page = self._read("list_status", {"path": paths.validate(path),
-                                                    "start_after": start_after,
-                                                    "limit": LIST_PAGE})
-            if not done:    # the rest from the full client, after the last entry seen
-                entries, more = self.full.list_page(path, start_after)
-            else:
-                entries = [FileStatus.from_wire(e) for e in page["entries"]]
-                more = bool(page.get("has_more"))
-            yield from entries
-            if not more or not entries:
-                return
-            start_after = entries[-1].name
+        return iter_pages(self.list_page, path)
 
     def list_status(self, path: str) -> list[FileStatus]:
         return list(self.iter_status(path))

@@ -38,7 +38,7 @@ from .config import Config, cluster_client_settings, find_meta_address
 from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, SafeMode,
                      ServerUnavailable, TryAgain, sole_exception)
 from .renewer import LeaseRenewer
-from .status import LIST_PAGE, FileStatus
+from .status import LIST_PAGE, FileStatus, iter_pages
 from . import trash
 from .delegation import TokenFile
 from .observer import ObserverReads, find_observers
@@ -829,13 +829,7 @@ class Client:
 
     def iter_status(self, path: str):
         """Entries of a directory, fetched page by page as the iteration goes."""
-        start_after = ""
-        while True:
-            entries, more = self._call(self._async.list_page, path, start_after)
-            yield from entries
-            if not more or not entries:
-                return
-            start_after = entries[-1].name
+        return iter_pages(self.list_page, path)
 
 
 def _mirror(name: str):

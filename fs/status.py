@@ -68,3 +68,16 @@ _STATUS_DEFAULTS = tuple(
               "under_construction": False, "children": 0, "subdirs": 0,
               "locations": None, "quota": None}[f.name])
     for f in fields(FileStatus))
+
+
+def iter_pages(list_page, path: str):
+    """Entries of a directory sorted by name (a file yields itself), fetched as the
+    iteration goes by ``list_page(path, start_after) -> (entries, more)``: the one paging
+    loop of the blocking clients."""
+    start_after = ""
+    while True:
+        entries, more = list_page(path, start_after)
+        yield from entries
+        if not more or not entries:
+            return
+        start_after = entries[-1].name
