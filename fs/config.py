@@ -207,7 +207,7 @@ class Config:
     tls: str = _s("off", "on: RPC and data transfer run over TLS (1.2 at least, 1.3 preferred); "
                   "servers serve only TLS, clients verify the server's certificate against "
                   "tls_ca_file and the address they connect to; off: plaintext, as HDFS by "
-                  "default (measured cost in README \"Security\")")
+                  "default (measured cost in docs/OPERATIONS.md, \"Security\")")
     tls_ca_file: str = _s("", "CA certificate clients and block servers verify servers "
                           "with (default for the metadata server: <data>/tls/ca.crt, which it "
                           "creates; leasefs cluster up sets it for its block servers, and "

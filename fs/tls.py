@@ -6,7 +6,7 @@ wrapped in ``trio.SSLStream`` (TLS 1.2 at least, 1.3 when both ends have it) bef
 first frame; the client verifies the server's certificate against ``tls_ca_file`` and the
 host name or IP address it connected to. Servers do not ask clients for certificates: block
 servers prove themselves to the metadata server with the cluster key (``fs.nodeauth``), users
-are who they say (README "Security").
+are who they say (docs/OPERATIONS.md "Security").
 
 Zero set-up on one machine: the metadata server (or ``leasefs cluster up`` before it starts
 anything) creates a CA in ``<meta data>/tls/`` (``ca.crt``, ``ca.key`` mode 0600) and issues

@@ -731,4 +731,6 @@ def test_readme_starts_with_make_and_has_current_settings_table():
     assert any(line.startswith("make test") for line in head)
     assert replace_table(readme) == readme, \
         "settings table is stale: run 'leasefs settings --update-readme README.md'"
-    assert "## Measured figures" in readme
+    # the measured figures live in docs/, one link away from the README's first page
+    assert "(docs/FIGURES.md)" in readme
+    assert "## Measured figures" in (REPO / "docs" / "FIGURES.md").read_text()

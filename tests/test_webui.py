@@ -5,7 +5,7 @@ details, fsck) with no SEVERE console entry (so none the pages' Content-Security
 blocks), sees logs refused to the anonymous viewer (secure), a file opened for writing
 appear and a killed block server turn dead.
 
-``LEASEFS_SCREENSHOTS=DIR`` saves PNGs of the main pages there (the README's come from
+``LEASEFS_SCREENSHOTS=DIR`` saves PNGs of the main pages there (docs/OPERATIONS.md's come from
 this test on a small demo cluster).
 """
 
