@@ -2,7 +2,7 @@
 
 Precedence: built-in default < TOML file (``--config FILE`` or ``LEASEFS_CONFIG``) < environment
 variable ``LEASEFS_<NAME>`` (upper-case setting name) < explicit overrides (command-line flags,
-test fixtures). The README's settings table is generated from ``describe()``.
+test fixtures). The settings table of docs/SETTINGS.md is generated from ``describe()``.
 
 Times are seconds (float), sizes bytes (int). Tests shrink the times.
 """
@@ -48,7 +48,7 @@ class Config:
     replication: int = _s(3, "default replication of new files")
     min_replication: int = _s(1, "finalized replicas a block needs to be COMPLETE")
     max_replication: int = _s(32, "largest replication a file may ask for")
-    bytes_per_checksum: int = _s(4096, "bytes covered by one CRC32C (chosen by measurement, README)")
+    bytes_per_checksum: int = _s(4096, "bytes covered by one CRC32C (chosen by measurement, docs/FIGURES.md)")
     packet_size: int = _s(1 * MiB, "payload bytes per write-pipeline packet (chosen by measurement)")
     write_window_packets: int = _s(16, "unacknowledged packets a writer may have in flight")
     # --- RPC
@@ -398,7 +398,7 @@ ON_OFF = {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no"
 
 
 def describe() -> list[tuple[str, object, str]]:
-    """``(name, default, doc)`` for every setting, for the README and ``--help``."""
+    """``(name, default, doc)`` for every setting, for docs/SETTINGS.md and ``--help``."""
     return [(f.name, f.default, f.metadata.get("doc", "")) for f in fields(Config)]
 
 

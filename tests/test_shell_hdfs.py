@@ -1,6 +1,6 @@
 """The ``hdfs dfs`` parity commands of ``leasefs`` (test, find, count, head, text, getmerge,
 touchz, chgrp, symbolic chmod, the copy/move names, ls sorting, setrep -w, fsck -files, the
-generated README command list): pure rules first, then each command run as a real
+generated command list of docs/SHELL.md): pure rules first, then each command run as a real
 ``python -m tools`` subprocess against a real cluster of subprocesses.
 """
 
@@ -107,12 +107,12 @@ def test_test_flags_answer_from_status_and_mode_bits():
     assert not answer("w", f, "bob", ["staff"]) and not answer("r", f, "eve", ["other"])
 
 
-def test_readme_command_list_is_current():
+def test_docs_command_list_is_current():
     from tools.cmddoc import command_rows, replace_block
 
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "SHELL.md").read_text()
     assert replace_block(readme) == readme, \
-        "command list is stale: run 'leasefs commands --update-readme README.md'"
+        "command list is stale: run 'leasefs commands --update docs/SHELL.md'"
     names = [name for name, _ in command_rows()]
     for name in ("test", "find", "count", "getmerge", "touchz", "chgrp", "moveToLocal", "ls"):
         assert f"| `leasefs {name}` |" in readme

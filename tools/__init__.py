@@ -4,5 +4,5 @@
 the embedded local cluster launcher; ``shell`` the ``hdfs dfs``-style tools on top of the
 public ``fs.client.Client``, with ``transfer`` (copies), ``formatting`` (text in and out),
 ``progress`` (stderr progress) and ``common`` (settings, client, one-line errors); ``bench``
-the benchmarks; ``docgen`` the settings table of the README.
+the benchmarks; ``docgen`` the settings table of docs/SETTINGS.md.
 """
