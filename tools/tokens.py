@@ -61,9 +61,12 @@ def _vouched(cmd: Command, renewer) -> dict | None:
         return None
     # every socket listening on the data port is this host's (the kernel's table is this
     # network namespace's): the block server's user is the one that listens there
-    wanted = frozenset(listener.address for listener in localserver.listeners(address[1]))
-    sock = localserver.connect(name, address, wanted, server="block server",
-                               setting="storage_socket")
+    found = localserver.listeners(address[1])
+    if found:   # errors name the address it listens on
+        address = (str(found[0].address), address[1])
+    sock = localserver.connect(name, address,
+                               frozenset(listener.address for listener in found),
+                               server="block server", setting="storage_socket")
     if sock is None:
         return None
     rpc = BlockingRpc.over(sock, cmd.config, server=f"block server on port {address[1]}")
