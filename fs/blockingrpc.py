@@ -31,7 +31,7 @@ from . import errors, localserver, paths
 from .config import Config
 from .errors import LeaseFSError, ProtocolError, SafeMode, ServerUnavailable, TryAgain
 from .frames import LENGTH, encode_frame, too_large, unpackb
-from .rpc import (check_identity, current_groups, current_user, hello, local_socket_address,
+from .rpc import (check_identity, current_groups, current_user, hello,
                   local_socket_name, parse_address_list)
 from .status import LIST_PAGE, FileStatus, iter_pages
 
@@ -43,8 +43,10 @@ class BlockingRpc:
     """One connection to a metadata server's local socket; ``call`` sends a request and
     waits for its reply (errors as the exceptions of ``fs.errors``)."""
 
-    def __init__(self, sock: socket.socket, *, user: str, groups, max_frame: int):
+    def __init__(self, sock: socket.socket, *, user: str, groups, max_frame: int,
+                 server: str = "metadata server"):
         self._sock = sock
+        self._server = server      # who answers there, as errors name it
         self._max_frame = max_frame
         self._buf = bytearray()
         self._next_id = 0
@@ -62,24 +64,29 @@ class BlockingRpc:
         name = local_socket_name(config.meta_socket, address)
         if name is None:
             return None
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.setblocking(False)
-            sock.connect(local_socket_address(name))   # at once or not at all
-            wanted = localserver.addresses(address[0])
-            if wanted is None:
-                wanted = localserver.resolve(address[0])
-            if not localserver.verify(sock, name, address, wanted):
-                sock.close()
-                return None
+            sock = localserver.connect(name, address)
+        except ServerUnavailable:
+            # no server behind the socket's holder yet: the full client waits and retries
+            # as for any server still starting
+            return None
+        if sock is None:   # no server there, or its backlog is full: the full client's
+            return None
+        try:
+            return cls.over(sock, config)
+        except OSError:    # gone meanwhile: the full client's too
+            return None
+
+    @classmethod
+    def over(cls, sock: socket.socket, config: Config,
+             server: str = "metadata server") -> "BlockingRpc":
+        """The connection ``sock`` (a checked local socket: ``fs.localserver.connect``) to
+        ``server``, as the calling process's user, with ``rpc_timeout`` per reply."""
+        try:
             sock.settimeout(config.rpc_timeout)
             user, groups = check_identity(current_user(), current_groups(), "client identity")
-            return cls(sock, user=user, groups=groups, max_frame=config.max_frame)
-        except (OSError, ServerUnavailable):
-            # no server there, its backlog is full, or no server behind the socket's holder
-            # yet: the full client waits and retries as for any server still starting
-            sock.close()
-            return None
+            return cls(sock, user=user, groups=groups, max_frame=config.max_frame,
+                       server=server)
         except BaseException:
             sock.close()
             raise
@@ -118,9 +125,9 @@ class BlockingRpc:
         try:
             chunk = self._sock.recv(1 << 16)
         except socket.timeout:
-            raise ServerUnavailable("the metadata server did not answer in time") from None
+            raise ServerUnavailable(f"the {self._server} did not answer in time") from None
         if not chunk:
-            raise EOFError("the metadata server closed the connection")
+            raise EOFError(f"the {self._server} closed the connection")
         self._buf += chunk
 
     def close(self) -> None:

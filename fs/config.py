@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from .errors import InvalidArgument
 
 DEFAULT_LOCAL_SOCKET = "@leasefs-meta-{port}"   # the meta_socket setting's default
+DEFAULT_STORAGE_SOCKET = "@leasefs-storage-{port}"   # the storage_socket setting's default
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -192,6 +193,15 @@ class Config:
                           "port. Clients try it before TCP: the default one for a metadata "
                           "server on a loopback address, one set explicitly always; empty = "
                           "none")
+    storage_socket: str = _s(DEFAULT_STORAGE_SOCKET, "a block server's local socket "
+                             "(security = secure), where it vouches for its host's users "
+                             "(SO_PEERCRED) so that `leasefs token fetch` works there: "
+                             "@NAME or a file path as meta_socket; {port} is its data port "
+                             "(storage_port); empty = none")
+    storage_vouches_users: bool = _s(True, "metadata server: issue delegation tokens to the "
+                                     "users an authenticated block server vouches for (its "
+                                     "host's local users, named by the kernel); false: token "
+                                     "fetch only on the metadata server's host")
     token_file: str = _s("", "a delegation token file (leasefs token fetch) a client "
                          "authenticates with over TCP, e.g. from another machine (HDFS "
                          "HADOOP_TOKEN_FILE_LOCATION)")

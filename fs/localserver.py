@@ -1,5 +1,7 @@
 """Is the process behind a metadata server's local socket that server? The client's check,
-made before it sends anything on the socket.
+made before it sends anything on the socket. (A block server's local socket, where it
+vouches for its host's users, ``storage.vouch``, is checked the same way against its data
+port.)
 
 Why it exists: a local socket's name (Linux's abstract namespace, or a path in a folder others
 may write) can be taken by any local user before the metadata server binds it; a client that
@@ -172,7 +174,38 @@ def holder(name: str) -> str | None:
     return f"{_who(held.uid)}, pid {held.pid}"
 
 
-def verify(sock: socket.socket, name: str, address: tuple[str, int], wanted) -> bool:
+def connect(name: str, address: tuple[str, int], wanted=None, *,
+            server: str = "metadata server", setting: str = "meta_socket"
+            ) -> socket.socket | None:
+    """A blocking connection to the local socket ``name`` of the ``server`` at ``address``,
+    its holder checked (``verify``; ``wanted``: default the addresses of ``address``'s
+    host, looked up only once something answers) before anything is sent; None when
+    nothing answers there (no such server on this host, or its backlog is full) or it is
+    another host's server's. Raises as ``check`` does."""
+    from .rpc import local_socket_address
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.connect(local_socket_address(name))   # at once or not at all
+        if wanted is None:
+            wanted = addresses(address[0])
+            if wanted is None:
+                wanted = resolve(address[0])
+        if not verify(sock, name, address, wanted, server=server, setting=setting):
+            sock.close()
+            return None
+    except OSError:
+        sock.close()
+        return None
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def verify(sock: socket.socket, name: str, address: tuple[str, int], wanted, *,
+           server: str = "metadata server", setting: str = "meta_socket") -> bool:
     """``check`` as a client makes it, which tries the default socket name for a server at
     any address: False (use TCP, send nothing here) when ``name`` is that default and the
     server at ``address`` is not on this host, so the socket is another server's."""
@@ -180,16 +213,19 @@ def verify(sock: socket.socket, name: str, address: tuple[str, int], wanted) -> 
 
     if is_default_local_socket(name, address) and not here(wanted, address[1]):
         return False
-    check(sock, name, address, wanted)
+    check(sock, name, address, wanted, server=server, setting=setting)
     return True
 
 
-def check(sock: socket.socket, name: str, address: tuple[str, int], wanted) -> None:
+def check(sock: socket.socket, name: str, address: tuple[str, int], wanted, *,
+          server: str = "metadata server", setting: str = "meta_socket") -> None:
     """Return if the process that holds the local socket ``name`` (connected as ``sock``)
     runs as the user whose socket listens on ``address``'s TCP port (``wanted``: the IP
-    addresses of its host): the metadata server. ``AuthenticationFailed`` if another user's
-    does; ``ServerUnavailable`` if none listens there (yet). It reads a kernel table, no
-    disk: quick enough for the caller's thread, which must send its hello promptly."""
+    addresses of its host): the ``server`` (a metadata server, or a block server whose
+    data port that is; ``setting`` names the socket's setting). ``AuthenticationFailed`` if
+    another user's does; ``ServerUnavailable`` if none listens there (yet). It reads a
+    kernel table, no disk: quick enough for the caller's thread, which must send its hello
+    promptly."""
     from .rpc import PeerCredentials, format_address
 
     holder = PeerCredentials.of(sock)
@@ -204,10 +240,10 @@ def check(sock: socket.socket, name: str, address: tuple[str, int], wanted) -> N
     if not held:
         raise ServerUnavailable(
             f"local socket {name}: held by {_who(holder.uid)} (pid {holder.pid}), but "
-            f"nothing listens on {where}: not the metadata server there (still starting, or "
+            f"nothing listens on {where}: not the {server} there (still starting, or "
             f"another user took the socket's name); nothing was sent to it")
     raise AuthenticationFailed(
         f"local socket {name}: held by {_who(holder.uid)} (pid {holder.pid}), but the "
-        f"metadata server at {where} runs as {', '.join(_who(u) for u in sorted(held))}: "
+        f"{server} at {where} runs as {', '.join(_who(u) for u in sorted(held))}: "
         f"another user took the socket's name; nothing was sent to it (stop that process, "
-        f"or set meta_socket to a path in a folder only the server's user may write)")
+        f"or set {setting} to a path in a folder only the server's user may write)")

@@ -181,6 +181,14 @@ class PeerCredentials:
 _CRED = struct.Struct("3i")
 
 
+def local_groups(user: str, credentials: PeerCredentials) -> tuple[str, ...]:
+    """The groups of ``user`` on a local connection whose kernel credentials are
+    ``credentials``: the system's groups of that user; for the connection's own user
+    without an entry in the system, the connecting process's gid."""
+    return os_groups(user) or ((str(credentials.gid),)
+                               if user == user_name(credentials.uid) else ())
+
+
 def local_socket_address(name: str) -> str | bytes:
     """A ``meta_socket`` name as ``bind``/``connect`` take it: ``@name`` is Linux's abstract
     namespace (no file, nothing stale after a crash), anything else a filesystem path."""
@@ -333,7 +341,7 @@ __all__ = [
     "MAX_IDENTITY_BYTES", "MAX_USER_NAME", "PROTOCOL_VERSION", "UNAUTHENTICATED",
     "CallContext", "PeerCredentials", "check_identity", "current_groups",
     "current_user", "format_address", "format_address_list", "group_name", "is_loopback_host",
-    "is_default_local_socket", "local_socket_address", "local_socket_name",
+    "is_default_local_socket", "local_groups", "local_socket_address", "local_socket_name",
     "normalize_address_list", "os_groups",
     "parse_address", "parse_address_list", "user_name",
     # client (fs.rpcclient)

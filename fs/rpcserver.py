@@ -116,9 +116,9 @@ class Dispatcher:
             raise errors.AuthenticationRequired(
                 f"{method}: this connection has not authenticated (security = secure): over "
                 f"TCP the server knows no user without a delegation token; run `leasefs token "
-                f"fetch FILE` on the metadata server's host (its local socket, where the "
-                f"kernel names you), copy FILE here (mode 0600) and set token_file or "
-                f"LEASEFS_TOKEN_FILE to it")
+                f"fetch FILE` on the metadata server's host or a block server's host (their "
+                f"local sockets, where the kernel names you), copy FILE here (mode 0600) and "
+                f"set token_file or LEASEFS_TOKEN_FILE to it")
         if not isinstance(args, dict):
             raise InvalidArgument(f"{method}: arguments must be a map of names to values")
         if not required <= args.keys() or not args.keys() <= known:

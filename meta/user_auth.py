@@ -20,7 +20,11 @@ Why it exists: identity was whatever a client stated (HDFS simple authentication
    that the superuser's statement is taken as given (a mount run by it passes the groups
    the kernel's caller has; the superuser may do everything anyway).
 4. **Delegation tokens**: fetched by a user identified by step 1 (a token is not fetched with
-   a token, as in HDFS), renewed by its renewer, cancelled by its owner or renewer; issue,
+   a token, as in HDFS), or by a user of a block server's host whom that block server
+   vouches for (``vouched_delegation_token`` on its authenticated connection; the kernel
+   names the user on the block server's local socket, ``storage.vouch``; refused while
+   ``storage_vouches_users`` is false); renewed by its renewer, cancelled by its owner or
+   renewer; issue,
    renewal, cancellation and the removal of expired tokens are journal records
    (``DELEGATION_TOKEN``, ``RENEW_DELEGATION_TOKEN``, ``CANCEL_DELEGATION_TOKEN``).
 
@@ -41,7 +45,7 @@ from fs import delegation, nodeauth
 from fs.delegation import TokenId, TokenState
 from fs.errors import AuthenticationFailed, InvalidArgument, PermissionDenied
 from fs.frames import brief
-from fs.rpc import UNAUTHENTICATED, os_groups, user_name
+from fs.rpc import UNAUTHENTICATED, local_groups, os_groups, user_name
 
 from . import keys
 from .namespace import check_name
@@ -55,6 +59,8 @@ AUTHENTICATION_METHODS = frozenset({"node_challenge", "node_authenticate", "toke
 NODE_METHODS = frozenset({"register_storage", "heartbeat", "block_report",
                           "block_received_and_deleted", "commit_block_synchronization",
                           "report_bad_blocks",
+                          # a block server vouching for a user of its host (token fetch there)
+                          "vouched_delegation_token",
                           # a metadata server bootstrapping from this one's image
                           # (``meta.bootstrap``) proves the cluster key the same way
                           "image_read"})
@@ -107,7 +113,7 @@ class AuthProtocol:
                                        f"kernel says this connection is {real}'s; proxy "
                                        f"users: the superuser and proxy_users)")
         if real != self.superuser:
-            groups = os_groups(user) or ((str(credentials.gid),) if user == real else ())
+            groups = local_groups(user, credentials)
         session.update(user=user, groups=tuple(groups), real_user=real, auth="local")
 
     def act_as(self, session, acting):
@@ -210,6 +216,37 @@ class AuthProtocol:
         what = "get_delegation_token"
         master = self._token_master(what)
         owner = self._user_caller(ctx, what)
+        return await self._issue_token(what, master, owner, renewer, ctx.peer)
+
+    async def rpc_vouched_delegation_token(self, ctx, user, renewer=None):
+        """A new token for ``user``, whom the block server of this connection vouches for
+        (a user of its host, named there by the kernel: ``storage.vouch``). Only a
+        connection that proved the cluster key may ask, and only while
+        ``storage_vouches_users``: whoever holds the key could mint any token anyway."""
+        what = "vouched_delegation_token"
+        master = self._token_master(what)
+        node = ctx.session.get("node")
+        if node is None:
+            log.warning("%s from %s refused: not an authenticated block server", what,
+                        ctx.peer)
+            raise AuthenticationFailed(f"{what}: only an authenticated block server may "
+                                       f"vouch for a user (this connection did not prove "
+                                       f"it holds the cluster key)")
+        user = check_name(user, f"{what}: user")
+        if not self.config.storage_vouches_users:
+            log.warning("%s: block server %s vouched for %s: refused (storage_vouches_users "
+                        "= false)", what, node, user)
+            raise PermissionDenied(f"{what}: this metadata server does not issue tokens to "
+                                   f"users a block server vouches for (storage_vouches_users "
+                                   f"= false): fetch the token on the metadata server's "
+                                   f"host and copy it here")
+        log.info("block server %s (%s) vouches for %s", node, ctx.peer, user)
+        return await self._issue_token(what, master, user, renewer,
+                                       f"{user} vouched for by block server {node}")
+
+    async def _issue_token(self, what: str, master: bytes, owner: str, renewer,
+                           to: str) -> dict:
+        """Issue and journal a new token of ``owner``: ``{id, password, expiry}``."""
         renewer = owner if renewer is None else check_name(renewer, f"{what}: renewer")
         wall = self.wall_ns() / 1e9
         seq = self._next_token
@@ -219,7 +256,7 @@ class AuthProtocol:
         expiry = min(token.max_date, round(wall + self.config.delegation_token_renew_interval,
                                            3))
         await self.journal.log("DELEGATION_TOKEN", TokenState(token, expiry).to_wire())
-        log.info("issued %s (renewer %s) to %s", token.describe(), renewer, ctx.peer)
+        log.info("issued %s (renewer %s) to %s", token.describe(), renewer, to)
         return {"id": token.to_wire(), "password": delegation.password(master, token),
                 "expiry": expiry}
 

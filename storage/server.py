@@ -1,5 +1,7 @@
 """Entry point of a block server (HDFS DataNode role): one data folder, one data-transfer
-port, one conversation with each metadata server of ``meta_address`` (several with HA).
+port, one conversation with each metadata server of ``meta_address`` (several with HA),
+and (security = secure) a local socket where it vouches for its host's users
+(``storage.vouch``).
 
 Why it exists: it wires the replica store, the data-transfer server, the heartbeat service,
 the block scanner (``storage.scanner``) and the directory scanner (``storage.dirscan``)
@@ -39,6 +41,7 @@ from .scanner import BlockScanner
 from .opheader import refusal_response
 from .metrics import StorageMetrics
 from .transfer import DataTransferServer
+from .vouch import serve_vouch
 from .web import make_app
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,8 @@ class BlockServer:
         self.dirscan = DirectoryScanner(config, self.store, self.heartbeat)
         self.bound: tuple[str, int] | None = None
         self.advertised: str | None = None
+        # the local socket where it vouches for its host's users (storage.vouch), if any
+        self.vouch_socket: str | None = None
         self.metrics_registry = new_registry()      # /metrics (web.py)
         self.metrics = StorageMetrics(self)
         self.transfer.op_observer = self.metrics.observe_op
@@ -89,6 +94,10 @@ class BlockServer:
                     refusal=refusal_response, tls=server_tls))
                 self.advertised = format_address((await advertised_host(
                     self.config, host, self.heartbeat.meta_address), self.bound[1]))
+                if self.transfer.node_key is not None:
+                    # after the data port: a client checks the socket's holder against it
+                    self.vouch_socket = await nursery.start(partial(
+                        serve_vouch, self.config, self.heartbeat, self.bound[1]))
                 if self.config.storage_http_port >= 0:
                     self.http_bound = await nursery.start(partial(
                         serve_app, make_app(self), host, self.config.storage_http_port,

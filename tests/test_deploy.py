@@ -7,8 +7,8 @@ ExecStart of ``deploy/systemd/UNIT.service`` (``systemctl restart etcd``: etcd w
 does nothing (there is no ``leasefs`` user here). Everything else is the doc's text.
 
 Also here: a client on the metadata server's host that names the server by its address
-(not 127.0.0.1) is known by the kernel (the local socket), where one on a block server's
-host is told what to do."""
+(not 127.0.0.1) is known by the kernel (the local socket), so is one on a block server's
+host (its block server vouches for it), where one on a client host is told what to do."""
 
 from __future__ import annotations
 
@@ -264,16 +264,25 @@ def test_one_metadata_server_recipe(usable, tmp_path):
         fetched = hosts.run("meta", "leasefs --meta 10.0.0.10:8020 token fetch /tmp/t2 && "
                             "leasefs --meta 10.0.0.10:8020 ls /")
         assert "Fetched" in fetched and "client.toml" in fetched, fetched
-        # on a block server's host nobody is known over TCP without a token: the refusal
-        # says what to do
-        refused = subprocess.run(
-            ["nsenter", f"--net=/var/run/netns/{NS}-s1", sys.executable, "-m", "tools",
-             "--meta", "10.0.0.10:8020", "token", "fetch", str(tmp_path / "t3")],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
-            text=True, timeout=60)
+        # on a block server's host its block server vouches for the user (the doc's fetch
+        # on s1 named its settings; the defaults find it too), on a client host nobody is
+        # known without a token: the refusals say what to do
+        def on(host: str, *args: str) -> subprocess.CompletedProcess:
+            return subprocess.run(
+                ["nsenter", f"--net=/var/run/netns/{NS}-{host}", sys.executable, "-m",
+                 "tools", "--meta", "10.0.0.10:8020", *args], cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                timeout=60)
+
+        vouched = on("s1", "token", "fetch", str(tmp_path / "t3"))
+        assert vouched.returncode == 0 and "Fetched" in vouched.stdout, vouched.stderr
+        refused = on("c", "token", "fetch", str(tmp_path / "t4"))
         assert refused.returncode == 1, refused
-        assert "has not authenticated" in refused.stderr and \
-            "leasefs token fetch FILE` on the metadata server's host" in refused.stderr, \
+        assert "no block server either" in refused.stderr, refused.stderr
+        refused = on("c", "ls", "/")
+        assert refused.returncode == 1, refused
+        assert "has not authenticated" in refused.stderr and "leasefs token fetch FILE` on " \
+            "the metadata server's host or a block server's host" in refused.stderr, \
             refused.stderr
         assert "Traceback" not in refused.stderr
 
