@@ -126,6 +126,9 @@ class _Watcher:
         except OSError:
             self.watched.pop(sock, None)
             return
+        if len(info) < _TCP_INFO.size:   # not a kernel whose tcp_info we know: keepalive only
+            self.watched.pop(sock, None)
+            return
         if not silent(info, seconds):
             return
         self.watched.pop(sock, None)

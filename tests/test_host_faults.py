@@ -349,6 +349,9 @@ def test_silent_pipeline_middle_node_fails_over(tmp_path):
         out.close()
         assert nodes[1] not in _pipeline_nodes(client, "/f")
         assert client.open("/f").read() == bytes(written)
+        first_log = hc.cluster.log_tail(f"storage{_storage_host(hc, nodes[0])[1:]}", 400)
+        assert f"peer unreachable (no TCP acknowledgement for {liveness:g} s)" in first_log, \
+            first_log
         assert took <= liveness + 2 * MARGIN < data_timeout, \
             f"the writer waited {took:.1f} s for a pipeline without the silent node"
 
