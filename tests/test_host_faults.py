@@ -12,12 +12,14 @@ server meets a connect that times out.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import random
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -411,3 +413,51 @@ def test_stopped_pipeline_node_is_waited_for(tmp_path):
         assert client._async.pipeline_recoveries == 0
         assert set(_pipeline_nodes(client, "/g")) == set(nodes)
         assert client.open("/g").read() == head + body
+
+
+_SLOW_READER = r"""
+import hashlib, sys, time
+from fs.client import Client
+with Client() as client:
+    f = client.open(sys.argv[1])
+    head = f.read(1 << 20)
+    print(f._stream._seq.reader.node["address"], flush=True)   # the replica it streams from
+    sys.stdin.readline()
+    began = time.monotonic()
+    rest = f.read()
+    print(time.monotonic() - began, hashlib.sha256(head + rest).hexdigest(), flush=True)
+"""
+
+
+def test_reader_leaves_a_replica_whose_host_goes_silent(tmp_path):
+    """A reader on host c0 streams a one-block file from a replica; that replica's host is
+    isolated mid-read (silently). The reader's connection fails for want of TCP
+    acknowledgements after tcp_liveness_timeout, not data_timeout, and the read goes on
+    from another replica at the same offset: the whole file, byte-identical."""
+    require_hosts()
+    defaults = Config()
+    liveness, data_timeout = defaults.tcp_liveness_timeout, defaults.data_timeout
+    data = os.urandom(32 * MiB)
+    with host_cluster(tmp_path, n_storage=3, clients=1) as hc, \
+            Client(hc.meta_address, config=hc.config()) as client:
+        with client.create("/r", replication=3, block_size=64 * MiB) as out:
+            out.write(data)
+        reader = hc.popen("c0", [sys.executable, "-c", _SLOW_READER, "/r"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            replica = reader.stdout.readline().strip()
+            assert replica, "the reader printed no replica"
+            hc.hosts.isolate(_storage_host(hc, replica))
+            reader.stdin.write("go\n")
+            reader.stdin.flush()
+            took, digest = reader.stdout.readline().split()
+            assert reader.wait(60) == 0
+        finally:
+            if reader.poll() is None:
+                reader.kill()
+                reader.wait()
+        print(f"rest of the read after its replica's host was cut off: {float(took):.1f} s "
+              f"(tcp_liveness_timeout {liveness:g} s, data_timeout {data_timeout:g} s)")
+        assert digest == hashlib.sha256(data).hexdigest()
+        assert float(took) <= liveness + 2 * MARGIN < data_timeout, \
+            f"the reader waited {float(took):.1f} s on the silent replica"
