@@ -1,7 +1,8 @@
 """Network faults across hosts (``hostkit``): a FUSE mount's host isolated during ``tar -xf``,
-and asymmetric cuts (one direction only) between the metadata server, a block server and a
-client. Each test checks that no acknowledged (closed) byte is lost and prints the time until
-service resumed.
+asymmetric cuts (one direction only) between the metadata server, a block server and a
+client, and silent hosts met by TCP liveness (``fs.tcpliveness``: a pipeline's middle node and
+a reader's replica cut off, against a stopped middle node that must be waited for). Each test
+checks that no acknowledged (closed) byte is lost and prints the time until service resumed.
 
 A one-way cut breaks TCP both ways: what the cut side sends vanishes, the other side's
 segments arrive but their acknowledgements do not come back, and a new connection never
