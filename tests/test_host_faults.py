@@ -205,8 +205,8 @@ def _replica_hosts(client, path: str) -> list[set[str]]:
 
 def test_metadata_server_cannot_reach_a_block_server(tmp_path):
     """The metadata server's packets to block server s0 vanish, s0's still arrive: its
-    heartbeats get no answer (nor TCP acknowledgement), so it waits for a reply (up to
-    rpc_timeout) and sends no other, and a reconnect would get no handshake: the metadata
+    heartbeats get no answer (nor TCP acknowledgement), so its connection fails after
+    tcp_liveness_timeout and a reconnect gets no handshake: the metadata
     server hears at most the one heartbeat in flight and marks it dead after
     dead_node_interval; it is not kept alive for placement by half-arrived heartbeats. Writes at replication 3 from a
     client go on all along (client and s0 still reach each other); files written once s0
