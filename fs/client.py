@@ -32,7 +32,7 @@ from dataclasses import dataclass, fields
 
 import trio
 
-from . import paths
+from . import paths, tcpliveness
 from . import tls as tlsmod
 from .config import Config, cluster_client_settings, find_meta_address
 from .errors import (FileNotFound, InvalidArgument, LeaseFSError, NotDirectory, SafeMode,
@@ -194,6 +194,7 @@ class AsyncClient:
                 **(cluster_client_settings() if meta_address is None and rpc is None else {}),
                 **Config.chosen()})
         self.config = config
+        tcpliveness.configure(config.tcp_liveness_timeout)
         self.client_name = client_name or f"leasefs-client-{uuid.uuid4().hex}"
         if rpc is not None:
             if (user is not None and user != rpc.user) or \

@@ -61,6 +61,16 @@ class Config:
                                       "below the waiter when it waits for a packet's ack "
                                       "(HDFS READ_TIMEOUT_EXTENSION): the node right above a "
                                       "silent one times out first and names it")
+    tcp_liveness_timeout: float = _s(3.0, "seconds a peer's host may acknowledge nothing at "
+                                     "the TCP level (data or keepalive probes unanswered) "
+                                     "before a connection to it fails as 'peer unreachable', "
+                                     "on every TCP connection leasefs opens or accepts: a "
+                                     "partitioned or powered-off host fails over this soon, "
+                                     "while a slow or stopped process, whose kernel still "
+                                     "answers, is waited for up to data_timeout/rpc_timeout. "
+                                     "3 s is about four unanswered retransmissions; a whole "
+                                     "number of seconds for idle connections (keepalive); "
+                                     "0 = off (DESIGN.md 'TCP liveness')")
     data_connect_timeout: float = _s(5.0, "seconds to open a data connection to a block server "
                                      "(TCP connect and TLS handshake) before it counts as "
                                      "unreachable: readers try the next replica, pipeline "

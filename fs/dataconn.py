@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 import trio
 
-from . import errors
+from . import errors, tcpliveness
 from .errors import LeaseFSError, ServerUnavailable
 from .framing import FramedStream
 from .rpc import parse_address
@@ -43,9 +43,13 @@ def node_name(node: dict) -> str:
 
 def failure_cause(exc: BaseException, timeout: float | None = None) -> str:
     """What went wrong, for a message or log line; never empty (a timeout, whose exception
-    says nothing, says how long was waited; an OS error its errno name)."""
+    says nothing, says how long was waited; an OS error its errno name; a peer whose host
+    stopped acknowledging, "peer unreachable", ``fs.tcpliveness``)."""
     if isinstance(exc, trio.TooSlowError) or (isinstance(exc, TimeoutError) and not exc.errno):
         return f"timed out after {timeout:g} s" if timeout is not None else "timed out"
+    unreachable = tcpliveness.lost(None, exc)
+    if unreachable:
+        return unreachable
     if isinstance(exc, OSError) and exc.errno:
         name = _errno.errorcode.get(exc.errno, f"errno {exc.errno}")
         return f"{name} ({exc.strerror or exc})"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import trio
 
+from . import tcpliveness
 from .errors import FrameTooLarge, ProtocolError, ServerUnavailable
 # the codec; re-exported (noqa) for the streams' users, who speak it too
 from .frames import (DEFAULT_MAX_FRAME, LENGTH, MAX_CONTAINER_ITEMS, brief,  # noqa: F401
@@ -36,6 +37,20 @@ def receive_limit(stream) -> int:
     return _TLS_RECEIVE_CHUNK if isinstance(stream, trio.SSLStream) else 1 << 62
 
 
+def connection_lost(stream, exc: BaseException | None = None) -> ServerUnavailable:
+    """The error of a connection that broke; it says "peer unreachable" when the peer's
+    host stopped acknowledging at the TCP level (``fs.tcpliveness``)."""
+    return ServerUnavailable(f"connection lost: {tcpliveness.lost(stream, exc) or exc}")
+
+
+def closed(stream) -> Exception:
+    """What an end of stream is: ``EOFError`` (the peer closed it), or the
+    ``connection_lost`` of a connection shut for want of TCP acknowledgements."""
+    if tcpliveness.lost(stream):
+        return connection_lost(stream)
+    return EOFError("peer closed the connection")
+
+
 class FramedStream:
     """A stream with a receive buffer: whole frames, exact byte counts, raw sends."""
 
@@ -51,9 +66,9 @@ class FramedStream:
                 chunk = await self.stream.receive_some(
                     min(self._limit, max(_RECEIVE_CHUNK, need - len(self._buf))))
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                raise ServerUnavailable(f"connection lost: {exc}") from None
+                raise connection_lost(self.stream, exc) from None
             if not chunk:
-                raise EOFError("peer closed the connection")
+                raise closed(self.stream)
             self._buf += chunk
 
     async def receive_exactly(self, n: int) -> bytes:
@@ -67,9 +82,9 @@ class FramedStream:
                 try:
                     chunk = await self.stream.receive_some(min(self._limit, n - got))
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    raise ServerUnavailable(f"connection lost: {exc}") from None
+                    raise connection_lost(self.stream, exc) from None
                 if not chunk:
-                    raise EOFError("peer closed the connection")
+                    raise closed(self.stream)
                 parts.append(chunk)
                 got += len(chunk)
             return b"".join(parts)
@@ -98,7 +113,7 @@ class FramedStream:
         try:
             await self.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            raise ServerUnavailable(f"connection lost: {exc}") from None
+            raise connection_lost(self.stream, exc) from None
 
     async def aclose(self) -> None:
         await self.stream.aclose()
@@ -277,7 +292,7 @@ class FrameChannel:
                 except BlockingIOError:
                     pass
                 except OSError as exc:
-                    raise ServerUnavailable(f"connection lost: {exc}") from None
+                    raise connection_lost(self.stream, exc) from None
                 try:
                     await trio.lowlevel.wait_readable(sock)
                 except (trio.ClosedResourceError, OSError, ValueError) as exc:
@@ -291,7 +306,7 @@ class FrameChannel:
             if self._inbuf:
                 raise ProtocolError(f"connection closed inside a frame "
                                     f"({len(self._inbuf)} bytes of it received)")
-            raise EOFError("peer closed the connection")
+            raise closed(self.stream)
         self.stats.reads += 1
         self.last_received = trio.current_time()
         self._inbuf += chunk
@@ -300,7 +315,7 @@ class FrameChannel:
         try:
             return await self.stream.receive_some(min(n, receive_limit(self.stream)))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            raise ServerUnavailable(f"connection lost: {exc}") from None
+            raise connection_lost(self.stream, exc) from None
 
     # ------------------------------------------------------------------ sending
     def send_nowait(self, obj, *, defer: bool = False) -> None:

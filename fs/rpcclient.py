@@ -31,7 +31,7 @@ from typing import Callable
 import outcome
 import trio
 
-from . import delegation, errors, localserver, nodeauth
+from . import delegation, errors, localserver, nodeauth, tcpliveness
 from . import tls as tlsmod
 from .config import DEFAULT_LOCAL_SOCKET
 from .errors import LeaseFSError, NothingListens, ProtocolError, RpcTimeout, ServerUnavailable
@@ -397,6 +397,7 @@ class RpcClient:
         try:
             with trio.fail_after(self._accept_timeout):
                 stream = await trio.open_tcp_stream(host, port)
+            tcpliveness.watch(stream)
         except (OSError, trio.TooSlowError) as exc:
             if _refused_on_loopback(exc, host):
                 raise NothingListens(f"cannot reach {format_address(address)}: nothing listens "

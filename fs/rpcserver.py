@@ -35,7 +35,7 @@ import time
 
 import trio
 
-from . import errors, localserver
+from . import errors, localserver, tcpliveness
 from . import tls as tlsmod
 from .errors import (InternalError, InvalidArgument, LeaseFSError, ProtocolError,
                      ServerUnavailable, UnknownMethod)
@@ -506,6 +506,7 @@ async def serve_tcp(handler, host: str, port: int, *, task_status=trio.TASK_STAT
             errors.TlsError)) if refusal is not None else b""
 
     async def per_connection(stream):
+        tcpliveness.watch(stream)
         try:
             address = stream.socket.getpeername()[:2]
             peer, peer_host = format_address(address), address[0]

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import trio
 
+from . import tcpliveness
 from .datafolder import make_private_folder
 from .errors import InvalidArgument, ServerUnavailable, TlsError
 from .rpc import format_address
@@ -509,11 +510,13 @@ __all__ = ["ClientTls", "ServerTls", "accept", "block_server_settings", "block_s
 async def connect_tcp(host: str, port: int, tls=None) -> trio.abc.Stream:
     """A TCP stream to ``host:port``; with ``tls`` (an ``fs.tls.ClientTls``, None when the
     setting is off) a ``trio.SSLStream`` over it whose handshake verified the server's
-    certificate for ``host`` (``TlsError`` if not; see ``connect``). A literal IP
+    certificate for ``host`` (``TlsError`` if not; see ``connect``). Watched for TCP
+    liveness (``fs.tcpliveness``). A literal IP
     address is connected directly: trio's ``open_tcp_stream`` (resolution, happy eyeballs in
     a nursery of its own) costs about three times the CPU, and data connections are opened
     per block."""
     stream = await _connect_plain(host, port)
+    tcpliveness.watch(stream)
     if tls is None:
         return stream
     return await connect(stream, tls, host, format_address((host, port)))

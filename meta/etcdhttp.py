@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import trio
 
+from fs import tcpliveness
+
 MAX_HEADER = 64 << 10
 MAX_BODY = 64 << 20
 
@@ -110,6 +112,7 @@ async def open_stream(endpoint: str) -> tuple[trio.SocketStream, str]:
         stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
     except (OSError, ValueError) as exc:
         raise GatewayError(f"cannot connect to etcd at {endpoint}: {exc}", sent=False) from None
+    tcpliveness.watch(stream)
     return stream, hostport
 
 

@@ -20,7 +20,7 @@ from functools import partial
 
 import trio
 
-from fs import nodeauth
+from fs import nodeauth, tcpliveness
 from fs import tls as tlsmod
 from fs.blocktoken import KeyRing
 from fs.config import Config
@@ -97,6 +97,7 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
                                         server.wall_ns() / 1e9,
                                         shared=server.node_key if config.ha != "none" else None)
         server_tls = None
+        tcpliveness.configure(config.tcp_liveness_timeout)
         if config.tls == "on":
             # the CA and this server's certificate are made (key generation, file writes)
             # in a worker thread, not on the trio thread

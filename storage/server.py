@@ -24,7 +24,7 @@ from functools import partial
 
 import trio
 
-from fs import nodeauth, weblog
+from fs import nodeauth, tcpliveness, weblog
 from fs import tls as tlsmod
 from fs.config import Config
 from fs.datafolder import private_umask
@@ -80,6 +80,7 @@ class BlockServer:
     async def run(self, host: str = "127.0.0.1", port: int = 9866,
                   task_status=trio.TASK_STATUS_IGNORED) -> None:
         server_tls = None
+        tcpliveness.configure(self.config.tcp_liveness_timeout)
         if self.config.tls == "on":
             # certificate, key and CA are read in a worker thread; a missing or bad one stops
             # the start with one line naming it, not a server every peer fails to reach

@@ -1,7 +1,8 @@
 """Network faults across hosts (``hostkit``): a FUSE mount's host isolated during ``tar -xf``,
-and asymmetric cuts (one direction only) between the metadata server, a block server and a
-client. Each test checks that no acknowledged (closed) byte is lost and prints the time until
-service resumed.
+asymmetric cuts (one direction only) between the metadata server, a block server and a
+client, and silent hosts met by TCP liveness (``fs.tcpliveness``: a pipeline's middle node and
+a reader's replica cut off, against a stopped middle node that must be waited for). Each test
+checks that no acknowledged (closed) byte is lost and prints the time until service resumed.
 
 A one-way cut breaks TCP both ways: what the cut side sends vanishes, the other side's
 segments arrive but their acknowledgements do not come back, and a new connection never
@@ -12,11 +13,14 @@ server meets a connect that times out.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import random
 import shutil
+import signal
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -201,8 +205,8 @@ def _replica_hosts(client, path: str) -> list[set[str]]:
 
 def test_metadata_server_cannot_reach_a_block_server(tmp_path):
     """The metadata server's packets to block server s0 vanish, s0's still arrive: its
-    heartbeats get no answer (nor TCP acknowledgement), so it waits for a reply (up to
-    rpc_timeout) and sends no other, and a reconnect would get no handshake: the metadata
+    heartbeats get no answer (nor TCP acknowledgement), so its connection fails after
+    tcp_liveness_timeout and a reconnect gets no handshake: the metadata
     server hears at most the one heartbeat in flight and marks it dead after
     dead_node_interval; it is not kept alive for placement by half-arrived heartbeats. Writes at replication 3 from a
     client go on all along (client and s0 still reach each other); files written once s0
@@ -298,3 +302,163 @@ def test_client_cannot_reach_one_block_server(tmp_path):
         assert local.read_bytes() == everywhere
         assert took <= connect + MARGIN, f"read took {took:.1f} s:\n{got.stderr}"
         assert read_on(hc, "c1", "/f", tmp_path) == data
+
+
+def _pipeline_nodes(client, path: str) -> list[str]:
+    """Addresses of the last block's pipeline, first node first."""
+    return [n["address"] for n in client.get_block_locations(path)["blocks"][-1]["locations"]]
+
+
+def _storage_host(hc, address: str) -> str:
+    host = address.rsplit(":", 1)[0]
+    return next(name for name in hc.hosts.hosts if hc.hosts.address(name) == host)
+
+
+def test_silent_pipeline_middle_node_fails_over(tmp_path):
+    """The middle block server of a write pipeline is cut off silently (its host isolated:
+    no reset, no refusal, its kernel acknowledges nothing). The first node's connection to
+    it fails for want of TCP acknowledgements after tcp_liveness_timeout, not after
+    data_timeout: it blames the middle node in its ack, the writer recovers the pipeline
+    without it (the 4th block server replacing it) and the next hflush is acknowledged
+    within the liveness timeout plus margin; every acknowledged byte reads back."""
+    require_hosts()
+    defaults = Config()
+    liveness, data_timeout = defaults.tcp_liveness_timeout, defaults.data_timeout
+    with host_cluster(tmp_path, n_storage=4, clients=0) as hc, \
+            Client(hc.meta_address, config=hc.config()) as client:
+        assert hc.cluster.config().data_timeout == data_timeout    # not shortened by the test
+        out = client.create("/f", replication=3)
+        written = bytearray()
+
+        def step() -> None:
+            data = os.urandom(64 * 1024)
+            out.write(data)
+            out.hflush()
+            written.extend(data)
+
+        step()
+        step()          # past inline_max: the bytes are in a block's pipeline
+        nodes = _pipeline_nodes(client, "/f")
+        assert len(nodes) == 3, nodes
+        middle = _storage_host(hc, nodes[1])
+        hc.hosts.isolate(middle)
+        cut = time.monotonic()
+        step()
+        took = time.monotonic() - cut
+        print(f"hflush acknowledged {took:.1f} s after the middle node {middle} was cut off "
+              f"(tcp_liveness_timeout {liveness:g} s, data_timeout {data_timeout:g} s)")
+        for _ in range(3):
+            step()
+        out.close()
+        assert nodes[1] not in _pipeline_nodes(client, "/f")
+        assert client.open("/f").read() == bytes(written)
+        first_log = hc.cluster.log_tail(f"storage{_storage_host(hc, nodes[0])[1:]}", 400)
+        assert f"peer unreachable (no TCP acknowledgement for {liveness:g} s)" in first_log, \
+            first_log
+        assert took <= liveness + 2 * MARGIN < data_timeout, \
+            f"the writer waited {took:.1f} s for a pipeline without the silent node"
+
+
+def _window_closed(hc, host: str, peer: str) -> bool:
+    """Whether ``host``'s connection to ``peer`` (host:port) has bytes it may not send for
+    want of receive window, none in flight: the peer's kernel is answering, its process
+    not reading (``ss``: notsent without unacked)."""
+    done = hc.hosts.run(host, ["ss", "-tinH", "dst", peer], capture_output=True, text=True)
+    text = " ".join(done.stdout.split())
+    return "notsent:" in text and "unacked:" not in text
+
+
+def test_stopped_pipeline_node_is_waited_for(tmp_path):
+    """The middle block server's process is stopped (SIGSTOP: its kernel still acknowledges
+    and answers window probes) while a large write streams through it, until the first
+    node's connection to it has a closed receive window with data waiting; it stays stopped
+    three tcp_liveness_timeouts longer (less than data_timeout), then goes on. A slow
+    process is not a dead host: the pipeline keeps all three nodes (no recovery), the write
+    completes and reads back."""
+    require_hosts()
+    liveness = Config().tcp_liveness_timeout
+    with host_cluster(tmp_path, n_storage=3, clients=0) as hc, \
+            Client(hc.meta_address, config=hc.config(write_window_packets=64)) as client:
+        out = client.create("/g", replication=3)
+        head = os.urandom(128 * 1024)
+        out.write(head)
+        out.hflush()
+        nodes = _pipeline_nodes(client, "/g")
+        first, middle = _storage_host(hc, nodes[0]), _storage_host(hc, nodes[1])
+        pid = hc.cluster.pid(f"storage{middle[1:]}")
+        body = os.urandom(48 * MiB)
+        failure = []
+
+        def write() -> None:
+            try:
+                out.write(body)
+                out.hflush()
+            except Exception as exc:   # reported by the test thread
+                failure.append(exc)
+
+        os.kill(pid, signal.SIGSTOP)
+        writer = threading.Thread(target=write, daemon=True)
+        try:
+            writer.start()
+            assert poll_until(lambda: _window_closed(hc, first, nodes[1]), 60), \
+                f"{first}'s connection to the stopped {middle} never had its window closed"
+            closed = time.monotonic()
+            writer.join(3 * liveness)
+            assert writer.is_alive() and not failure, failure
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        print(f"{middle} stopped for {time.monotonic() - closed:.1f} s with its window closed")
+        writer.join(120)
+        assert not writer.is_alive() and not failure, failure
+        out.close()
+        assert client._async.pipeline_recoveries == 0
+        assert set(_pipeline_nodes(client, "/g")) == set(nodes)
+        assert client.open("/g").read() == head + body
+
+
+_SLOW_READER = r"""
+import hashlib, sys, time
+from fs.client import Client
+with Client() as client:
+    f = client.open(sys.argv[1])
+    head = f.read(1 << 20)
+    print(f._stream._seq.reader.node["address"], flush=True)   # the replica it streams from
+    sys.stdin.readline()
+    began = time.monotonic()
+    rest = f.read()
+    print(time.monotonic() - began, hashlib.sha256(head + rest).hexdigest(), flush=True)
+"""
+
+
+def test_reader_leaves_a_replica_whose_host_goes_silent(tmp_path):
+    """A reader on host c0 streams a one-block file from a replica; that replica's host is
+    isolated mid-read (silently). The reader's connection fails for want of TCP
+    acknowledgements after tcp_liveness_timeout, not data_timeout, and the read goes on
+    from another replica at the same offset: the whole file, byte-identical."""
+    require_hosts()
+    defaults = Config()
+    liveness, data_timeout = defaults.tcp_liveness_timeout, defaults.data_timeout
+    data = os.urandom(32 * MiB)
+    with host_cluster(tmp_path, n_storage=3, clients=1) as hc, \
+            Client(hc.meta_address, config=hc.config()) as client:
+        with client.create("/r", replication=3, block_size=64 * MiB) as out:
+            out.write(data)
+        reader = hc.popen("c0", [sys.executable, "-c", _SLOW_READER, "/r"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            replica = reader.stdout.readline().strip()
+            assert replica, "the reader printed no replica"
+            hc.hosts.isolate(_storage_host(hc, replica))
+            reader.stdin.write("go\n")
+            reader.stdin.flush()
+            took, digest = reader.stdout.readline().split()
+            assert reader.wait(60) == 0
+        finally:
+            if reader.poll() is None:
+                reader.kill()
+                reader.wait()
+        print(f"rest of the read after its replica's host was cut off: {float(took):.1f} s "
+              f"(tcp_liveness_timeout {liveness:g} s, data_timeout {data_timeout:g} s)")
+        assert digest == hashlib.sha256(data).hexdigest()
+        assert float(took) <= liveness + 2 * MARGIN < data_timeout, \
+            f"the reader waited {float(took):.1f} s on the silent replica"
