@@ -38,6 +38,7 @@ caller's task on its trio thread.
 from __future__ import annotations
 
 import datetime
+import errno
 import fcntl
 import ipaddress
 import logging
@@ -515,11 +516,26 @@ async def connect_tcp(host: str, port: int, tls=None) -> trio.abc.Stream:
     address is connected directly: trio's ``open_tcp_stream`` (resolution, happy eyeballs in
     a nursery of its own) costs about three times the CPU, and data connections are opened
     per block."""
-    stream = await _connect_plain(host, port)
+    stream = await _connect_within_liveness(host, port)
     tcpliveness.watch(stream)
     if tls is None:
         return stream
     return await connect(stream, tls, host, format_address((host, port)))
+
+
+async def _connect_within_liveness(host: str, port: int) -> trio.SocketStream:
+    """The TCP handshake is the peer's kernel's work: a live host answers a SYN at once
+    however busy its process is, and an unanswered SYN is retransmitted after 1 s and 3 s.
+    So the plain connect gets ``tcp_liveness_timeout``, as any unacknowledged segment does,
+    and a host that is cut off or down costs that, not the longer ``data_connect_timeout``
+    (which still bounds the TLS handshake, the process's work)."""
+    seconds = tcpliveness.timeout()
+    if seconds <= 0:
+        return await _connect_plain(host, port)
+    with trio.move_on_after(seconds):
+        return await _connect_plain(host, port)
+    raise TimeoutError(errno.ETIMEDOUT, f"peer unreachable (no answer to a TCP connect "
+                                        f"for {seconds:g} s)")
 
 
 async def _connect_plain(host: str, port: int) -> trio.SocketStream:

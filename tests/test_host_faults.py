@@ -30,7 +30,7 @@ import pytest
 from fs.client import Client
 from fs.config import Config
 from harness import poll_until
-from hostkit import host_cluster, require_hosts
+from hostkit import REPO, host_cluster, require_hosts
 from test_hosts import node_in, read_on, until
 
 MiB = 1 << 20
@@ -428,6 +428,56 @@ with Client() as client:
     rest = f.read()
     print(time.monotonic() - began, hashlib.sha256(head + rest).hexdigest(), flush=True)
 """
+
+
+_FIRST_REPLICA_READER = r"""
+import hashlib, sys, time
+from fs.client import Client
+with Client() as client:
+    f = client.open(sys.argv[1])
+    print(f._stream.blocks[0].locations[0]["address"], flush=True)   # the replica it tries first
+    sys.stdin.readline()
+    began = time.monotonic()
+    data = f.read()
+    print(time.monotonic() - began, hashlib.sha256(data).hexdigest(), flush=True)
+"""
+
+
+def test_reader_does_not_wait_out_the_connect_timeout_on_a_host_that_is_cut_off(tmp_path):
+    """The host of the replica a reader tries first is cut off before the reader connects.
+    A TCP connect is answered by the peer's kernel however busy its process is, so the
+    unanswered handshake costs tcp_liveness_timeout, not data_connect_timeout (set long
+    here, 10 s, so that the two cannot be confused), and the read goes on from the next
+    replica: the whole file, byte-identical."""
+    require_hosts()
+    liveness = Config().tcp_liveness_timeout
+    connect_timeout = 10.0
+    data = os.urandom(8 * MiB)
+    with host_cluster(tmp_path, n_storage=3, clients=1) as hc, \
+            Client(hc.meta_address, config=hc.config()) as client:
+        with client.create("/f", replication=3) as out:
+            out.write(data)
+        env = {**hc.env("c0"), "LEASEFS_DATA_CONNECT_TIMEOUT": str(connect_timeout)}
+        reader = hc.hosts.popen("c0", [sys.executable, "-c", _FIRST_REPLICA_READER, "/f"],
+                                env=env, cwd=REPO, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            first = reader.stdout.readline().strip()
+            assert first, "the reader printed no replica"
+            hc.hosts.isolate(_storage_host(hc, first))
+            reader.stdin.write("go\n")
+            reader.stdin.flush()
+            took, digest = reader.stdout.readline().split()
+            assert reader.wait(60) == 0
+        finally:
+            if reader.poll() is None:
+                reader.kill()
+                reader.wait()
+        print(f"read with its first replica's host cut off: {float(took):.1f} s "
+              f"(tcp_liveness_timeout {liveness:g} s, data_connect_timeout {connect_timeout:g} s)")
+        assert digest == hashlib.sha256(data).hexdigest()
+        assert float(took) < liveness + 4 < connect_timeout, \
+            f"the reader waited {float(took):.1f} s to connect to the cut-off replica"
 
 
 def test_reader_leaves_a_replica_whose_host_goes_silent(tmp_path):
