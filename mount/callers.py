@@ -31,6 +31,14 @@ def identity(uid: int, gid: int) -> dict:
     return {"user": user, "groups": groups}
 
 
+def new_owner(ctx) -> tuple[str | None, str | None]:
+    """Owner and group for a new inode: the calling process's uid/gid (as names when the
+    system knows them). ``None`` without a context (the server picks)."""
+    if ctx is None:
+        return None, None
+    return user_name(ctx.uid), group_name(ctx.gid)
+
+
 def request_identity(args, kwargs) -> dict | None:
     """The identity of a handler's request (``args[0]`` is the ``Operations``): from its
     ``ctx`` (a pyfuse3 ``RequestContext``, the last argument of the handlers that get one);

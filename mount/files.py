@@ -1,15 +1,19 @@
-"""The mount's file handlers (``FileHandlers``, a mixin of ``mount.operations.LeaseFS``):
-create, open, read, write, flush, fsync, release, and the completion of files whose close
-could not reach the metadata server.
+"""The mount's open-file requests (``Files``, a part of the mount that
+``mount.operations`` composes): create, open, read, write, flush, fsync, release, and the
+mount's housekeeping (completing files whose close could not reach the metadata server,
+closing every open file at unmount).
 
-Why a module of its own: ``mount.operations`` answers the namespace requests (names,
-attributes, folders); what an open file goes through from its open to its release is the
-other half of the FUSE protocol, kept apart so each module has one job. The per-file state
-and its mode table are in ``mount.openfiles``, how writes reach the cluster in
-``mount.writes``.
+Why a part of its own: ``mount.names`` answers the namespace requests (names, attributes,
+folders); what an open file goes through from its open to its release is the other half
+of the FUSE protocol. It is given the client (reads, creates), the mount's ``KernelView``
+(paths, attributes, the kernel's page cache), ``OpenFiles`` (the table it adds open files
+and handles to and drops them from) and ``Writer`` (what writes, flushes and releases do to
+the cluster).
 
-Concurrency contract: that of ``mount.operations``: handlers are tasks of the mount's one
-trio run; an ``OpenFile`` changes only under its ``lock``, taken before the first await.
+Concurrency contract: methods of the mount's one trio run, called by the FUSE handlers; an
+``OpenFile`` changes only under its ``lock``, taken before the first await (the
+asynchronous release of a closed file may run at any await); a handle's read window under
+its ``read_lock``.
 """
 
 from __future__ import annotations
@@ -23,107 +27,99 @@ import trio
 
 from fs.client import FileStatus
 from fs.errors import (AlreadyBeingCreated, FileExists, LeaseExpired, LeaseFSError,
-                       ServerUnavailable, StreamStalled)
+                       StreamStalled)
 
-from .errors import fuse_error, fuse_op
-from .openfiles import FileEvent, FileMode, Handle, OpenFile
+from fs.client import FileSettings
+
+from .callers import new_owner
+from .errors import fuse_error
+from .kernelview import KernelView
+from .openfiles import FileEvent, FileMode, Handle, OpenFile, OpenFiles
+from .writes import Writer
 
 log = logging.getLogger(__name__)
 
-ROOT_INO = pyfuse3.ROOT_INODE
 READ_WINDOW = 4 << 20
 READ_PIECE = 1 << 20   # a window is fetched in pieces of this; each one is progress
 
 
-class FileHandlers:
-    """The open-file half of ``LeaseFS`` (needs the state ``LeaseFS.__init__`` makes)."""
+class Files:
+    """The open-file half of the mount's requests."""
 
-    def _open_file(self, ino: int, size: int, permission: int, status: FileStatus) -> OpenFile:
-        of = self._open.get(ino)
-        if of is None:
-            of = self._open[ino] = OpenFile(
-                ino, size, permission, owner=status.owner, group=status.group,
-                replication=status.replication or None, block_size=status.block_size or None,
-                copies=self._copies)
-            of.ns_ino = status.ino   # the kernel's number may be an alias of a re-upload
-        return of
+    def __init__(self, client, view: KernelView, open_files: OpenFiles, writer: Writer, *,
+                 file_settings: FileSettings):
+        self._client = client
+        self._view = view
+        self._open_files = open_files
+        self._writer = writer
+        self._file_settings = file_settings   # what the mount's user chose for new files
 
-    def _add_handle(self, of: OpenFile, flags: int) -> Handle:
-        handle = Handle(self._new_fh(), of, flags)
-        of.handles += 1
-        if handle.writable:
-            of.writers += 1
-            of.opened_for_writing = True
-        self._handles[handle.fh] = handle
-        return handle
-
-    @fuse_op
     async def create(self, parent_inode, name, mode, flags, ctx):
-        path = self._child(parent_inode, name)
-        named = self._named
-        owner, group = self._identity(ctx)
-        chosen = self.file_settings
+        path = self._view.child(parent_inode, name)
+        named = self._view.named
+        owner, group = new_owner(ctx)
+        chosen = self._file_settings
         try:
-            stream = await self.client.create(path, overwrite=False,
-                                              permission=mode & 0o7777, create_parent=False,
-                                              owner=owner, group=group,
-                                              block_size=chosen.block_size,
-                                              replication=chosen.replication,
-                                              bytes_per_checksum=chosen.bytes_per_checksum,
-                                              want_parent=True,
+            stream = await self._client.create(path, overwrite=False,
+                                               permission=mode & 0o7777, create_parent=False,
+                                               owner=owner, group=group,
+                                               block_size=chosen.block_size,
+                                               replication=chosen.replication,
+                                               bytes_per_checksum=chosen.bytes_per_checksum,
+                                               want_parent=True,
                                               # a small file's close keeps it inline:
                                               # no block to give back then
-                                              first_block=not self.client.config.inline_max)
+                                               first_block=not self._client.config.inline_max)
         except FileExists:
-            self._note_made(parent_inode, name)   # another client's, but it is there
+            self._view.note_made(parent_inode, name)   # another client's, but it is there
             if flags & os.O_EXCL:
                 raise
             # the kernel trusted a cached miss, but another client created the name
             # meanwhile: without O_EXCL, open(O_CREAT) opens the existing file
-            status = await self.client.get_file_status(path)
+            status = await self._client.get_file_status(path)
             if status.is_dir:
                 raise fuse_error(errno.EISDIR) from None
-            ino = self._kernel_ino(status.ino)
-            self._remember(ino, path, status)
+            ino = self._view.kernel_ino(status.ino)
+            self._view.remember(ino, path, status)
             try:
                 info = await self._open_inode(ino, path, flags)
             except BaseException:
-                self.forget([(ino, 1)])
+                self._view.forget([(ino, 1)])
                 raise
-            return info, self._attrs(status)
-        self._note_made(parent_inode, name)
-        self._keep_fresh(named, stream.created_parent)
+            return info, self._view.attrs(status)
+        self._view.note_made(parent_inode, name)
+        self._view.keep_fresh(named, stream.created_parent)
         status = FileStatus.from_wire(stream.created_status)
-        of = self._open_file(status.ino, 0, mode & 0o7777, status)
+        of = self._open_files.open_file(status.ino, 0, mode & 0o7777, status)
         of.status = status
         of.stream, of.size = stream, 0
         of.move(FileEvent.CREATE)
-        attrs = self._attrs(status)
-        self._remember(attrs.st_ino, path)
-        handle = self._add_handle(of, flags)
+        attrs = self._view.attrs(status)
+        self._view.remember(attrs.st_ino, path)
+        handle = self._open_files.add_handle(of, flags)
         return pyfuse3.FileInfo(fh=handle.fh), attrs
 
-    @fuse_op
-    async def open(self, inode, flags, ctx):
-        return await self._open_inode(inode, self._path(inode), flags)
+    async def open(self, inode: int, flags: int) -> pyfuse3.FileInfo:
+        return await self._open_inode(inode, self._view.path(inode), flags)
 
     async def _open_inode(self, inode: int, path: str, flags: int) -> pyfuse3.FileInfo:
         reading = (flags & os.O_ACCMODE) == os.O_RDONLY and not flags & os.O_TRUNC
         # for reading: the block locations come with the status (one call before the
         # first read instead of two)
-        status = await self.client.get_file_status(path, locations=reading)
+        status = await self._client.get_file_status(path, locations=reading)
         if status.is_dir:
             raise fuse_error(errno.EISDIR)
-        of = self._open.get(inode)
+        of = self._open_files.get(inode)
         if of is None:
-            of = self._open_file(inode, status.length, status.mode & 0o7777, status)
+            of = self._open_files.open_file(inode, status.length, status.mode & 0o7777, status)
         keep_cache = False
         if reading:
-            keep_cache = self._unchanged_since_read(inode, of, status)
+            keep_cache = self._view.unchanged_since_read(
+                inode, status, of.mode is FileMode.CLEAN and not of.writers and not of.unlinked)
         else:
-            self._read_stamps.pop(inode, None)
+            self._view.drop_read_stamp(inode)
         of.status = status
-        handle = self._add_handle(of, flags)
+        handle = self._open_files.add_handle(of, flags)
         if status.locations is not None:
             handle.located = (of.generation, status.locations)
         try:
@@ -132,9 +128,9 @@ class FileHandlers:
                 # (EBUSY), not at its first write
                 async with of.lock:
                     if flags & os.O_TRUNC:
-                        await self._truncate_locked(of, path, 0)
+                        await self._writer.truncate_locked(of, path, 0)
                     if of.mode is FileMode.CLEAN and not of.unlinked:
-                        await self._start_append(of, path)
+                        await self._writer.start_append(of, path)
         except AlreadyBeingCreated as exc:
             log.warning("open %s for writing: %s", path, exc)
             await self._drop_handle(handle)
@@ -144,33 +140,12 @@ class FileHandlers:
             raise
         return pyfuse3.FileInfo(fh=handle.fh, keep_cache=keep_cache)
 
-    def _unchanged_since_read(self, ino: int, of: OpenFile, status: FileStatus) -> bool:
-        """Whether the kernel's cached pages of ``ino`` still hold its content: the file is
-        closed and has the mtime, ctime and length it had at the last open for reading
-        here (any write, truncate or append, here or by another client, changes them).
-        Records the stamp for the next open."""
-        if (status.under_construction or of.mode is not FileMode.CLEAN or of.writers
-                or of.unlinked):
-            self._read_stamps.pop(ino, None)
-            return False
-        stamp = (status.mtime_ns, status.ctime_ns, status.length)
-        same = self._read_stamps.get(ino) == stamp
-        self._read_stamps[ino] = stamp
-        return same
-
-    def _handle(self, fh: int) -> Handle:
-        handle = self._handles.get(fh)
-        if handle is None:
-            raise fuse_error(errno.EBADF)
-        return handle
-
-    @fuse_op
     async def read(self, fh, off, size):
-        handle = self._handle(fh)
+        handle = self._open_files.handle(fh)
         of = handle.of
         async with of.lock:
             if of.mode is FileMode.STREAM:
-                await self._to_staging(of, self._path(of.ino))
+                await self._writer.to_staging(of, self._view.path(of.ino))
             if of.mode is FileMode.STAGING:
                 return await of.staging.pread(off, size)
         async with handle.read_lock:
@@ -186,7 +161,7 @@ class FileHandlers:
         """The read window at ``off`` from the cluster, under the mount's bound on no
         progress (``data_stall_timeout``): ``StreamStalled`` (EIO) when no replica answered
         for that long. Read lock held."""
-        config = self.client.config
+        config = self._client.config
         stall = config.data_stall_timeout
         scope = trio.CancelScope()
         budget = stall
@@ -208,7 +183,7 @@ class FileHandlers:
             await self._drop_input(handle)
             handle.stalled_at = trio.current_time()
             again = " (asked again right after a stalled read)" if budget < stall else ""
-            exc = StreamStalled(f"{self._path(of.ino)}: read at offset {off} made no "
+            exc = StreamStalled(f"{self._view.path(of.ino)}: read at offset {off} made no "
                                 f"progress for {budget:g} s{again}: no replica answered")
             log.warning("%s", exc)
             raise exc
@@ -225,8 +200,8 @@ class FileHandlers:
         if handle.input is None or handle.input_generation != of.generation:
             await self._drop_input(handle)
             located, handle.located = handle.located, None
-            handle.input = await self.client.open(
-                self._path(of.ino),
+            handle.input = await self._client.open(
+                self._view.path(of.ino),
                 located=located[1] if located and located[0] == of.generation else None)
             handle.input_generation = of.generation
         if off + size > handle.input.length:
@@ -252,9 +227,8 @@ class FileHandlers:
             stream, handle.input = handle.input, None
             await stream.close()
 
-    @fuse_op
     async def write(self, fh, off, buf):
-        handle = self._handle(fh)
+        handle = self._open_files.handle(fh)
         of = handle.of
         async with of.lock:
             try:
@@ -267,16 +241,16 @@ class FileHandlers:
         of.pending_times = None   # a write after utimens sets mtime to now again
         if handle.flags & os.O_APPEND:
             off = of.size   # the kernel's idea of the end may be a stale cached size
-        path = self._path(of.ino) if not of.unlinked else None
+        path = self._view.path(of.ino) if not of.unlinked else None
         if of.mode is FileMode.CLEAN and off == of.size and path is not None:
-            await self._start_append(of, path)
+            await self._writer.start_append(of, path)
         if of.mode is FileMode.STREAM and off == of.stream.pos:
             await of.stream.write(buf)
             of.stream_took(buf)
             of.size = of.stream.pos
             return len(buf)
-        await self._to_staging(of, path)
-        self._reserve(of, off + len(buf))
+        await self._writer.to_staging(of, path)
+        self._writer.reserve(of, off + len(buf))
         await of.staging.pwrite(off, buf)
         of.dirty = True
         of.size = max(of.size, off + len(buf))
@@ -291,14 +265,13 @@ class FileHandlers:
         of.error = exc
 
     def _log_failure(self, of: OpenFile, what: str, exc: LeaseFSError, then: str = "") -> None:
-        path = self._current_path(of.ino, f"inode {of.ino}")
+        path = self._view.current_path(of.ino, f"inode {of.ino}")
         lost = (" (the mount lost the file's lease: another client recovered it, or "
                 "renewals failed past the hard limit)" if isinstance(exc, LeaseExpired) else "")
         log.warning("%s: %s failed%s: %s%s", path, what, lost, exc, then)
 
-    @fuse_op
     async def flush(self, fh):
-        handle = self._handle(fh)
+        handle = self._open_files.handle(fh)
         of = handle.of
         async with of.lock:
             self._raise_pending(of, clear=True)
@@ -308,14 +281,13 @@ class FileHandlers:
                 # publishes what was written (new readers see it, close reports errors) and
                 # the stream - and the lease - live until the release, as fuse-dfs
                 try:
-                    await self._publish(of, finish=False)
+                    await self._writer.publish(of, finish=False)
                 except LeaseFSError as exc:
                     self._log_failure(of, "close", exc)
                     raise
 
-    @fuse_op
     async def fsync(self, fh, datasync):
-        handle = self._handle(fh)
+        handle = self._open_files.handle(fh)
         of = handle.of
         async with of.lock:
             self._raise_pending(of, clear=False)   # the close reports it again
@@ -327,43 +299,39 @@ class FileHandlers:
                     self._write_failed(of, "fsync", exc)
                     raise
                 synced = of.pending_mode is None and of.pending_times is None
-                await self._send_pending_attrs(of, keep=True)
+                await self._writer.send_pending_attrs(of, keep=True)
             elif of.mode is FileMode.STAGING:
-                await self._publish(of, finish=False)
+                await self._writer.publish(of, finish=False)
             if not synced:
                 await self._sync_metadata()
 
-    @fuse_op
     async def fsyncdir(self, fh, datasync):
-        if fh not in self._dirs:
+        if self._open_files.dir(fh) is None:
             raise fuse_error(errno.EBADF)
         await self._sync_metadata()
 
     async def _sync_metadata(self) -> None:
         """fsync(2)'s promise for namespace changes (a create, rename, unlink, a close of a
         file kept inline) that were answered before the metadata server's fsync."""
-        if not self.client.config.sync_metadata:
-            await self.client.sync_metadata()
+        if not self._client.config.sync_metadata:
+            await self._client.sync_metadata()
 
-    @fuse_op
     async def release(self, fh):
-        handle = self._handles.get(fh)
+        handle = self._open_files.find_handle(fh)
         if handle is None:
             return
         await self._drop_handle(handle)
 
     async def _drop_handle(self, handle: Handle) -> None:
-        self._handles.pop(handle.fh, None)
+        self._open_files.drop_handle(handle)
         of = handle.of
         if handle.input is not None:
             await handle.input.close()
-        of.handles -= 1
-        if handle.writable:
-            of.writers -= 1
+        of.handle_gone(handle)
         if of.handles > 0 and (of.writers > 0 or not handle.writable):
             return
         async with of.lock:
-            if self._open.get(of.ino) is not of:
+            if not self._open_files.is_current(of):
                 return   # already finished
             if of.handles > 0:
                 # the last writer went while readers stay (tail -f, less): the file is
@@ -379,37 +347,25 @@ class FileHandlers:
                 # it stays registered (now clean) for that handle
                 if of.handles == 0:
                     try:   # still leased when the publish failed, or deleted while open
-                        await self._release_keeper(of, abandon=of.unlinked)
+                        await self._writer.release_keeper(of, abandon=of.unlinked)
                     except LeaseFSError as exc:
                         log.warning("release of inode %d: %s", of.ino, exc)
-                    await self._discard_staging(of)
-                if of.handles == 0 and self._open.get(of.ino) is of:
-                    of.drop_copy()   # a stream whose completion failed may still hold one
-                    del self._open[of.ino]
-                    node = self._nodes.get(of.ino)
-                    if node is not None and node.lookups <= 0 and of.ino != ROOT_INO:
-                        del self._nodes[of.ino]
+                    await self._writer.discard_staging(of)
+                if of.handles == 0 and self._open_files.is_current(of):
+                    self._open_files.remove(of)
+                    self._view.drop_if_forgotten(of.ino)
 
     async def _finish_writing(self, of: OpenFile) -> None:
         """Complete ``of`` (or upload its staging file), giving its lease back: its last
         writer is gone. Errors are logged (nobody waits for a release). Lock held."""
         try:
-            await self._publish(of, finish=True)
+            await self._writer.publish(of, finish=True)
         except LeaseFSError as exc:
             log.warning("release of inode %d: %s", of.ino, exc)
         finally:
             if of.opened_for_writing:   # a read-only open changed nothing
-                self._invalidate_attrs(of.ino)
-                self._touch_node(of.ino)
-
-    @staticmethod
-    def _invalidate_attrs(ino: int) -> None:
-        """Make the kernel ask getattr again: a released file's length now comes from the
-        cluster, and what the kernel cached while it was open may be behind."""
-        try:
-            pyfuse3.invalidate_inode(ino, attr_only=True)
-        except (OSError, RuntimeError) as exc:   # not known to the kernel (any more)
-            log.debug("invalidate inode %d: %s", ino, exc)
+                self._view.invalidate_attrs(of.ino)
+                self._view.touch_node(of.ino)
 
     def _raise_pending(self, of: OpenFile, *, clear: bool) -> None:
         """Raise the error a write or fsync of ``of`` met, if any (``clear``: the close
@@ -422,37 +378,20 @@ class FileHandlers:
 
     async def close_all(self) -> None:
         """Publish and forget every open file (the mount is going away)."""
-        for handle in list(self._handles.values()):
+        for handle in self._open_files.handles():
             try:
                 await self._drop_handle(handle)
             except Exception:  # keep closing the others
                 log.exception("closing inode %d at unmount failed", handle.of.ino)
-        await self.complete_unfinished()
-        for _ino, stream in self._unfinished:
-            log.error("%s: left under construction (metadata server unreachable); its data "
-                      "is on the block servers and lease recovery will close it", stream.path)
-
-    async def complete_unfinished(self) -> None:
-        """Retry ``complete`` for files whose close could not reach the metadata server."""
-        for item in list(self._unfinished):
-            ino, stream = item
-            try:
-                await stream.retry_complete()
-            except LeaseFSError as exc:
-                if isinstance(exc, ServerUnavailable) or exc.retriable:   # e.g. safe mode
-                    continue
-                log.warning("%s: completing after an outage failed: %s", stream.path, exc)
-            else:
-                log.info("%s: completed after the metadata server came back", stream.path)
-                self._invalidate_attrs(ino)
-            self._unfinished.remove(item)
+        await self._writer.complete_unfinished()
+        self._writer.log_unfinished()
 
     async def run_background(self) -> None:
         """The mount's housekeeping task (started by the runner next to ``pyfuse3.main``)."""
         while True:
             await trio.sleep(1.0)
-            if self._unfinished:
-                await self.complete_unfinished()
+            if self._writer.has_unfinished():
+                await self._writer.complete_unfinished()
 
 
-__all__ = ["FileHandlers", "READ_WINDOW"]
+__all__ = ["Files", "READ_WINDOW"]

@@ -1,17 +1,33 @@
-"""The kernel's view of a leasefs mount: which path each inode number the kernel holds
-stands for (``_nodes``, with pyfuse3's lookup counts), names checked and turned into
-paths, and the ``EntryAttributes`` the kernel caches, as ``KernelView``, a mixin of
-``mount.operations.LeaseFS``.
+"""The kernel's view of a leasefs mount (``KernelView``, a part of the mount that
+``mount.operations`` composes): which path each inode number the kernel holds stands for
+(with pyfuse3's lookup counts), names checked and turned into paths, the
+``EntryAttributes`` the kernel caches, and what the mount answers without asking the
+server because the kernel would have cached it as long.
 
-Why a module of its own: ``mount.operations`` translates FUSE requests; the inode table
-and the attributes it answers with are what every handler shares, kept apart so each module
-has one job. Directory statuses a change answered with are kept here for the kernel's next
-getattr (``_keep_fresh``/``_fresh_status``), for ``attr_timeout`` at most; directories
-this mount made are known empty but for what it made in them (``_note_new_dir``), for
-``negative_timeout`` at most.
+Why a part of its own: every handler shares the inode table and the attributes, and the
+caches that spare round trips all follow one rule (nothing is kept longer than the kernel
+would keep it); kept apart, the handlers (``mount.names``, ``mount.files``) and the write
+path (``mount.writes``) call it through its methods and never touch its tables. It is given
+the client (it fetches statuses and listings) and the mount's ``OpenFiles`` (read only: an
+open file's own size, mode and times overlay its attributes, and an open inode is not
+forgotten).
+
+Inodes: namespace inode ids are the FUSE inode numbers (root = 1). The table maps each
+inode the kernel knows to its current path and lookup count (pyfuse3 rules: +1 per lookup,
+create, mkdir, symlink and readdir entry; ``forget`` subtracts; a node with count 0 and no
+open file is dropped). A rename rewrites the paths of the moved subtree. When the mount
+replaces the content of a file it is writing with ``create(overwrite=True)`` (``O_TRUNC`` of
+its own stream) the namespace hands out a new id; ``alias`` maps it back to the number the
+kernel already holds.
+
+Directory statuses a change answered with are kept for the kernel's next getattr
+(``keep_fresh``/``fresh_status``), for ``attr_timeout`` at most; directories this mount made
+are known empty but for what it made in them (``note_new_dir``), for ``negative_timeout`` at
+most. The (mtime, ctime, length) of each closed file when it was last opened for reading
+here says whether the kernel's cached pages still hold its content (``unchanged_since_read``).
 
 Misses: a name a lookup here found missing is answered missing by the mount itself for
-``negative_timeout`` (``_note_miss``/``_cached_miss``), the bound the kernel's own cached
+``negative_timeout`` (``note_miss``/``cached_miss``), the bound the kernel's own cached
 miss has: the kernel looks a name up again before an ``O_EXCL`` create, a link and a rename
 whatever it cached (git does all three per object), and the call that follows is decided by
 the server anyway. A change of that name here forgets it.
@@ -28,17 +44,19 @@ misses are cached only for names looked up, as before). A name this mount change
 name handler but lookup, setattr, the release of a file opened for writing) is marked
 ``ASK`` in its folder's listing: the server answers for it from then on; a folder renamed
 here drops every listing (their paths move); and a listing whose fetch overlapped any
-change of ours is not kept (``_listing_gen``).
+change of ours is not kept (``listing_gen``).
 
-Concurrency contract: plain methods of the mount's one trio run; only ``_status_of``,
-``_statahead`` and ``_listed_status`` await (a listing is stored only if no change of ours
-ran meanwhile); the tables change only between awaits of the handlers that call them.
+Concurrency contract: methods of the mount's one trio run; only ``status_of``,
+``statahead`` and ``listed_status`` await (a listing is stored only if no change of ours
+ran meanwhile); every other method runs without an await, so the tables change only between
+the awaits of the handlers that call them.
 """
 
 from __future__ import annotations
 
 import errno
 import grp
+import logging
 import os
 import pwd
 import stat
@@ -51,8 +69,11 @@ from fs.errors import LeaseFSError
 from fs.paths import validate as validate_path
 
 from .errors import fuse_error
-from .openfiles import FileMode, Node
+from .openfiles import FileMode, Node, OpenFiles
 
+log = logging.getLogger(__name__)
+
+ROOT_INO = pyfuse3.ROOT_INODE
 FRESH_LIMIT = 4096
 STATAHEAD_AFTER = 4      # names of one folder found on the server one by one, then a listing
 STATAHEAD_MAX = 4096     # entries of a listing: a bigger folder is looked up name by name
@@ -78,14 +99,165 @@ class Listing:
 
 
 class KernelView:
-    """The inode table and attributes of ``LeaseFS`` (needs its ``client``, ``_nodes``,
-    ``_alias``, ``_open``, ``_fresh``, ``_new_dirs``, ``_listings``, ``_listing_gen``,
-    ``_asked``, ``_too_big``, ``_misses``, ``_named``, ``_uid_cache``,
-    ``_gid_cache``, ``_next_fh``, ``entry_timeout``, ``attr_timeout`` and
-    ``negative_timeout``)."""
+    """The inode table, attributes and name caches of one mount."""
+
+    def __init__(self, client, open_files: OpenFiles, *, root: str = "/",
+                 root_ino: int | None = None, entry_timeout: float = 1.0,
+                 attr_timeout: float = 1.0, negative_timeout: float = 1.0):
+        self._client = client
+        self._open_files = open_files
+        self.entry_timeout = entry_timeout
+        self.attr_timeout = attr_timeout
+        self.negative_timeout = negative_timeout
+        # the cluster folder shown at the FUSE root (a subfolder mount): its path is the
+        # root node's and ``root_ino``, its namespace inode, is aliased to the root
+        self._nodes: dict[int, Node] = {ROOT_INO: Node(ROOT_INO, root)}
+        self._nodes[ROOT_INO].lookups = 1
+        self._alias: dict[int, int] = {}
+        if root_ino is not None and root_ino != ROOT_INO:
+            self._alias[root_ino] = ROOT_INO
+        # (mtime, ctime, length) of each closed file when it was last opened for reading
+        # here: an open that finds the same stamp keeps the kernel's cached pages
+        self._read_stamps: dict[int, tuple[int, int, int]] = {}
+        # parent directories' statuses a change answered with, kept for the getattr the
+        # kernel sends next: it drops a directory's attributes after every change in it and
+        # (default_permissions) asks again at the next path walk. Directories only (no
+        # write path changes them); served once, within attr_timeout of the answer (the
+        # kernel would have cached them that long); dropped by any handler addressing a
+        # name in the directory or changing it (child, drop_fresh), and not kept at all when
+        # another such handler started while the change was in flight (``named`` counts
+        # them: its answer may predate that handler's change).
+        self._fresh: dict[int, tuple[float, FileStatus]] = {}
+        self._named = 0
+        # directories this mount made: (known until, names made in them here since)
+        self._new_dirs: dict[int, tuple[float, set[bytes]]] = {}
+        # folder listings answering lookups (statahead): by folder path; their generation
+        # (a change here bumps it); lookups that asked the server, per folder (since,
+        # count); folders too big to list (until)
+        self._listings: dict[str, Listing] = {}
+        self._listing_gen = 0
+        self._asked: dict[str, tuple[float, int]] = {}
+        self._too_big: dict[str, float] = {}
+        # names a lookup here found missing: (folder path, name) -> until (trio time)
+        self._misses: dict[tuple[str, bytes], float] = {}
+        self._uid_cache: dict[str, int] = {}
+        self._gid_cache: dict[str, int] = {}
+
+    @property
+    def named(self) -> int:
+        """How many handlers addressed a name so far (``keep_fresh`` compares it)."""
+        return self._named
+
+    @property
+    def listing_gen(self) -> int:
+        """The generation of changes here: a fetch that saw it change may predate one."""
+        return self._listing_gen
+
+    # ================================================================== the inode table
+    def known_path(self, ino: int) -> str | None:
+        """The path the kernel's ``ino`` has as far as this mount knows (None: not known,
+        or gone)."""
+        node = self._nodes.get(ino)
+        return None if node is None else node.path
+
+    def current_path(self, ino: int, fallback: str) -> str:
+        """The path of the file the kernel knows as ``ino``, as far as this mount knows (a
+        rename here moves it), else ``fallback``."""
+        node = self._nodes.get(ino)
+        return node.path if node is not None and node.path else fallback
+
+    def symlink_target(self, ino: int) -> str | None:
+        """A symlink's target, once a status of it was seen (it never changes)."""
+        node = self._nodes.get(ino)
+        return None if node is None else node.target
+
+    def count_lookup(self, ino: int) -> None:
+        """One more lookup of an inode the kernel holds (``.``)."""
+        self._nodes[ino].lookups += 1
+
+    def alias(self, ns_ino: int, ino: int) -> None:
+        """The namespace's new inode ``ns_ino`` is the kernel's ``ino`` (a re-created file)."""
+        self._alias[ns_ino] = ino
+
+    def forget(self, inode_list) -> None:
+        """pyfuse3's ``forget``: subtract lookups; drop what the kernel holds no more."""
+        for ino, nlookup in inode_list:
+            node = self._nodes.get(ino)
+            if node is None or ino == ROOT_INO:
+                continue
+            node.lookups -= nlookup
+            if node.lookups <= 0 and self._open_files.get(ino) is None:
+                del self._nodes[ino]
+                self._read_stamps.pop(ino, None)
+                for ns, k in list(self._alias.items()):
+                    if k == ino:
+                        del self._alias[ns]
+
+    def drop_if_forgotten(self, ino: int) -> None:
+        """The last open file of ``ino`` went: drop its node if the kernel forgot it."""
+        node = self._nodes.get(ino)
+        if node is not None and node.lookups <= 0 and ino != ROOT_INO:
+            del self._nodes[ino]
+
+    def forget_path(self, ino: int) -> None:
+        """``ino`` has no name any more (removed, or replaced by a rename)."""
+        node = self._nodes.get(ino)
+        if node is not None:
+            node.path = None
+
+    def moved(self, ino: int, src: str, dst: str, is_dir: bool) -> None:
+        """A rename here moved ``ino`` from ``src`` to ``dst``; the paths of what the
+        kernel knows below a folder move too."""
+        node = self._nodes.get(ino)
+        if node is not None:
+            node.path = dst
+        if is_dir:
+            self.drop_listings()
+            prefix = src + "/"
+            for node in self._nodes.values():
+                if node.path is not None and node.path.startswith(prefix):
+                    node.path = dst + node.path[len(src):]
+
+    @staticmethod
+    def invalidate_attrs(ino: int) -> None:
+        """Make the kernel ask getattr again: a released file's length now comes from the
+        cluster, and what the kernel cached while it was open may be behind."""
+        try:
+            pyfuse3.invalidate_inode(ino, attr_only=True)
+        except (OSError, RuntimeError) as exc:   # not known to the kernel (any more)
+            log.debug("invalidate inode %d: %s", ino, exc)
+
+    # ================================================================== kernel page cache
+    def unchanged_since_read(self, ino: int, status: FileStatus, clean: bool) -> bool:
+        """Whether the kernel's cached pages of ``ino`` still hold its content: the file is
+        closed (``clean``: not written here either) and has the mtime, ctime and length it
+        had at the last open for reading here (any write, truncate or append, here or by
+        another client, changes them). Records the stamp for the next open."""
+        if status.under_construction or not clean:
+            self._read_stamps.pop(ino, None)
+            return False
+        stamp = (status.mtime_ns, status.ctime_ns, status.length)
+        same = self._read_stamps.get(ino) == stamp
+        self._read_stamps[ino] = stamp
+        return same
+
+    def drop_read_stamp(self, ino: int) -> None:
+        """``ino`` is opened for writing or truncated: its cached pages are not kept."""
+        self._read_stamps.pop(ino, None)
+
+    # ================================================================== misses
+    def negative_entry(self, timeout: float | None = None) -> pyfuse3.EntryAttributes:
+        """A miss the kernel caches for ``negative_timeout`` (inode 0), or ``timeout`` when
+        shorter. A name this mount creates meanwhile is no problem: the kernel turns its
+        own negative entry into the new one at create, mkdir, symlink and rename."""
+        attr = pyfuse3.EntryAttributes()
+        attr.st_ino = 0
+        attr.entry_timeout = (self.negative_timeout if timeout is None
+                              else min(timeout, self.negative_timeout))
+        return attr
 
     # ================================================================== new directories
-    def _note_new_dir(self, ino: int) -> None:
+    def note_new_dir(self, ino: int) -> None:
         """A directory this mount just made is empty as of now: for ``negative_timeout`` (the
         bound a cached miss has) a name not made in it through this mount since is missing,
         without asking the server (tar, cp -r and git fill new folders name by name)."""
@@ -98,18 +270,18 @@ class KernelView:
                 self._new_dirs.clear()
         self._new_dirs[ino] = (now + self.negative_timeout, set())
 
-    def _note_made(self, parent_ino: int, name: bytes) -> None:
+    def note_made(self, parent_ino: int, name: bytes) -> None:
         """``name`` was made in ``parent_ino`` through this mount."""
         entry = self._new_dirs.get(parent_ino)
         if entry is not None:
             entry[1].add(name)
 
-    def _drop_new_dirs(self, *inos: int) -> None:
+    def drop_new_dirs(self, *inos: int) -> None:
         """Names went or moved in these directories: ask the server again."""
         for ino in inos:
             self._new_dirs.pop(ino, None)
 
-    def _known_missing(self, parent_ino: int, name: bytes) -> float | None:
+    def known_missing(self, parent_ino: int, name: bytes) -> float | None:
         """Seconds for which ``name`` is known to be missing in ``parent_ino`` (None: not
         known, ask the server)."""
         entry = self._new_dirs.get(parent_ino)
@@ -126,7 +298,7 @@ class KernelView:
     def _listing_life(self) -> float:
         return min(self.entry_timeout, self.negative_timeout, LISTING_LIFE_MAX)
 
-    def _listed(self, folder: str, name: bytes):
+    def listed(self, folder: str, name: bytes):
         """From a live listing of the folder at path ``folder``: ``(seconds left, status)``
         of a name it holds, ``ASK`` for a name it does not hold or that changed here since;
         None without a live listing."""
@@ -140,24 +312,24 @@ class KernelView:
         status = listing.entries.get(name)
         return ASK if status is None else (left, status)
 
-    async def _listed_status(self, ino: int) -> tuple[float, FileStatus] | None:
+    async def listed_status(self, ino: int) -> tuple[float, FileStatus] | None:
         """A getattr's answer ``(seconds left, status)`` from its folder's listing (the
         kernel keeps a name it looked up but asks for its attributes again, e.g. after the
         release of a written file), or None: ask the server."""
         where = self._where(ino)
         if where is None:
             return None
-        listed = self._listed(*where)
-        if listed is None and await self._statahead(where[0]):
-            listed = self._listed(*where)
-        if listed is None or listed is ASK or self._kernel_ino(listed[1].ino) != ino:
+        listed = self.listed(*where)
+        if listed is None and await self.statahead(where[0]):
+            listed = self.listed(*where)
+        if listed is None or listed is ASK or self.kernel_ino(listed[1].ino) != ino:
             return None
         return listed
 
-    def _listed_attrs(self, left: float, status: FileStatus) -> pyfuse3.EntryAttributes:
+    def listed_attrs(self, left: float, status: FileStatus) -> pyfuse3.EntryAttributes:
         """The attributes of a listing's entry, which the kernel may keep no longer than the
         listing lives (``left`` seconds): its age counts."""
-        attrs = self._attrs(status)
+        attrs = self.attrs(status)
         attrs.entry_timeout = min(attrs.entry_timeout, left)
         attrs.attr_timeout = min(attrs.attr_timeout, left)
         return attrs
@@ -170,7 +342,7 @@ class KernelView:
         folder, _, name = node.path.rpartition("/")
         return folder or "/", os.fsencode(name)
 
-    def _note_miss(self, folder: str, name: bytes) -> None:
+    def note_miss(self, folder: str, name: bytes) -> None:
         if len(self._misses) >= FRESH_LIMIT:
             now = trio.current_time()
             self._misses = {k: v for k, v in self._misses.items() if v > now}
@@ -178,7 +350,7 @@ class KernelView:
                 self._misses.clear()
         self._misses[(folder, name)] = trio.current_time() + self.negative_timeout
 
-    def _cached_miss(self, folder: str, name: bytes) -> float | None:
+    def cached_miss(self, folder: str, name: bytes) -> float | None:
         """Seconds for which a lookup here found ``name`` missing in ``folder`` (None: ask)."""
         until = self._misses.get((folder, name))
         if until is None:
@@ -201,7 +373,7 @@ class KernelView:
         if listing is not None:
             listing.entries[name] = ASK
 
-    def _touch_node(self, ino: int) -> None:
+    def touch_node(self, ino: int) -> None:
         """``_touch_listing`` for an inode's current name (the root and unlinked files are
         in no listing)."""
         where = self._where(ino)
@@ -209,7 +381,7 @@ class KernelView:
         if where is not None:
             self._touch_listing(*where)
 
-    def _drop_listings(self) -> None:
+    def drop_listings(self) -> None:
         """Paths moved here (a folder renamed): no listing or miss can be trusted."""
         self._listing_gen += 1
         if self._listings:
@@ -217,7 +389,7 @@ class KernelView:
         if self._misses:
             self._misses.clear()
 
-    async def _statahead(self, path: str) -> bool:
+    async def statahead(self, path: str) -> bool:
         """Count a name found on the server in the folder at ``path`` (a lookup's, or a
         getattr's about to ask); at the ``STATAHEAD_AFTER``-th within a listing's life fetch
         the folder's listing for the next ones. True when a listing of it is live now."""
@@ -241,7 +413,7 @@ class KernelView:
         start_after = ""
         try:
             while True:
-                page, more = await self.client.list_page(path, start_after)
+                page, more = await self._client.list_page(path, start_after)
                 for entry in page:
                     if entry.path == path:   # a file lists itself: let the lookup say so
                         return False
@@ -264,13 +436,13 @@ class KernelView:
         return True
 
     # ================================================================== helpers: paths
-    def _path(self, ino: int) -> str:
+    def path(self, ino: int) -> str:
         node = self._nodes.get(ino)
         if node is None or node.path is None:
             raise fuse_error(errno.ESTALE if node is None else errno.ENOENT)
         return node.path
 
-    def _child(self, parent_ino: int, name: bytes, *, changing: bool = True) -> str:
+    def child(self, parent_ino: int, name: bytes, *, changing: bool = True) -> str:
         """The path of ``name`` in ``parent_ino`` for a handler that may change the folder
         (``changing``: every name handler but lookup)."""
         self._fresh.pop(parent_ino, None)   # the handler may change the directory
@@ -278,20 +450,20 @@ class KernelView:
         text = os.fsdecode(name)
         if "/" in text or text in ("", ".", ".."):
             raise fuse_error(errno.EINVAL)
-        parent = self._path(parent_ino)
+        parent = self.path(parent_ino)
         if changing:   # the name, and the folder's own status (times, link count)
             self._touch_listing(parent, name)
-            self._touch_node(parent_ino)
+            self.touch_node(parent_ino)
         path = "/" + text if parent == "/" else f"{parent}/{text}"
         try:
             return validate_path(path)
         except LeaseFSError as exc:
             raise fuse_error(exc.errno) from None
 
-    def _kernel_ino(self, ns_ino: int) -> int:
+    def kernel_ino(self, ns_ino: int) -> int:
         return self._alias.get(ns_ino, ns_ino)
 
-    def _remember(self, ino: int, path: str, status: FileStatus | None = None) -> Node:
+    def remember(self, ino: int, path: str, status: FileStatus | None = None) -> Node:
         """Register ``ino`` at ``path`` and count one lookup; a symlink's target is kept
         for readlink (an inode's target never changes: a new link is a new inode)."""
         node = self._nodes.get(ino)
@@ -303,11 +475,6 @@ class KernelView:
         if status is not None and status.is_symlink:
             node.target = status.symlink
         return node
-
-    def _new_fh(self) -> int:
-        fh = self._next_fh
-        self._next_fh += 1
-        return fh
 
     # ================================================================== helpers: attributes
     def _uid(self, owner: str) -> int:
@@ -326,16 +493,16 @@ class KernelView:
                 self._gid_cache[group] = int(group) if group.isdigit() else os.getgid()
         return self._gid_cache[group]
 
-    def _attrs(self, status) -> pyfuse3.EntryAttributes:
+    def attrs(self, status) -> pyfuse3.EntryAttributes:
         attr = pyfuse3.EntryAttributes()
-        ino = self._kernel_ino(status.ino)
+        ino = self.kernel_ino(status.ino)
         attr.st_ino = ino
         attr.generation = 0
         attr.entry_timeout = self.entry_timeout
         attr.attr_timeout = self.attr_timeout
         kind = {"dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}.get(status.type, stat.S_IFREG)
         attr.st_mode = kind | (status.mode & 0o7777)
-        of = self._open.get(ino)
+        of = self._open_files.get(ino)
         if of is not None and of.pending_mode is not None and of.mode is not FileMode.CLEAN:
             attr.st_mode = kind | of.pending_mode   # set here, reaches the server at close
         if status.is_dir:
@@ -364,13 +531,13 @@ class KernelView:
         attr.st_ctime_ns = status.ctime_ns
         return attr
 
-    async def _status_of(self, ino: int):
-        return await self.client.get_file_status(self._path(ino))
+    async def status_of(self, ino: int):
+        return await self._client.get_file_status(self.path(ino))
 
-    def _keep_fresh(self, named: int, *statuses: FileStatus | None) -> None:
+    def keep_fresh(self, named: int, *statuses: FileStatus | None) -> None:
         """Remember the directory statuses a change answered with for the kernel's next
         getattr, unless another handler addressed a name since this one (``named``: the
-        count after its own ``_child``)."""
+        count after its own ``child``)."""
         if named != self._named:
             return
         if len(self._fresh) > FRESH_LIMIT:
@@ -378,13 +545,18 @@ class KernelView:
         now = trio.current_time()
         for status in statuses:
             if status is not None:
-                self._fresh[self._kernel_ino(status.ino)] = (now, status)
+                self._fresh[self.kernel_ino(status.ino)] = (now, status)
 
-    def _fresh_status(self, ino: int) -> FileStatus | None:
+    def drop_fresh(self, ino: int) -> None:
+        """A handler is changing ``ino``: a status kept for it no longer holds."""
+        self._fresh.pop(ino, None)
+
+    def fresh_status(self, ino: int) -> FileStatus | None:
         entry = self._fresh.pop(ino, None)
         if entry is not None and trio.current_time() - entry[0] < self.attr_timeout:
             return entry[1]
         return None
 
 
-__all__ = ["ASK", "KernelView", "FRESH_LIMIT", "Listing", "STATAHEAD_AFTER", "STATAHEAD_MAX"]
+__all__ = ["ASK", "KernelView", "FRESH_LIMIT", "Listing", "ROOT_INO", "STATAHEAD_AFTER",
+           "STATAHEAD_MAX"]

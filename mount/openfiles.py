@@ -17,20 +17,30 @@ Modes of an open file, named after what holds its content:
   when flushed; ``keeper``, an idle output stream, holds the lease meanwhile when the file
   came from ``STREAM`` (so another client's open for writing still gets EBUSY).
 
-Concurrency contract: plain objects of the mount's one trio run; an ``OpenFile`` changes
-only under its ``lock`` (taken by every handler before its first await), a ``Handle``'s read
-window under its ``read_lock``.
+``OpenFiles`` is the mount's table of them: the open files by inode, the file and folder
+handles by number, and the budget their stream copies share. It is a part of the mount
+(``mount.operations``) that the other parts are given: ``mount.kernelview`` reads it (an open
+file's own size, mode and times overlay the attributes; an open inode is not forgotten),
+``mount.files`` adds and drops entries, ``mount.writes`` and ``mount.names`` look files up.
+
+Concurrency contract: plain objects of the mount's one trio run; ``OpenFiles`` never awaits,
+so each of its calls is atomic for the tasks of that run. An ``OpenFile`` changes only under
+its ``lock`` (taken by every handler before its first await), a ``Handle``'s read window
+under its ``read_lock``.
 """
 
 from __future__ import annotations
 
 import collections
 import enum
+import errno
 import math
 import os
 
+import pyfuse3
 import trio
 
+from fs.client import FileStatus
 from fs.rpc import ACTING_FOR
 from fs.errors import InternalError, LeaseFSError
 
@@ -185,6 +195,12 @@ class OpenFile:
             self._copies.used -= len(self.shadow)
             self.shadow = None
 
+    def handle_gone(self, handle: "Handle") -> None:
+        """``handle`` of this file is released: no longer counted among its handles."""
+        self.handles -= 1
+        if handle.writable:
+            self.writers -= 1
+
     def shadow_content(self) -> bytes | None:
         """The whole content from the copy, when it holds every byte the stream took."""
         if (self.mode is FileMode.STREAM and self.shadow is not None
@@ -243,5 +259,99 @@ class DirHandle:
         self.complete = False
 
 
-__all__ = ["FileMode", "FileEvent", "TRANSITIONS", "SHADOW_MAX", "SHADOW_TOTAL", "CopyBudget", "next_state", "Node", "OpenFile", "Handle",
-           "DirHandle"]
+class OpenFiles:
+    """The open files of one mount by inode, its file and folder handles by number (one
+    sequence of numbers for both), and the budget of the open files' stream copies."""
+
+    def __init__(self):
+        self._open: dict[int, OpenFile] = {}
+        self._copies = CopyBudget()   # what the open files' stream copies hold together
+        self._handles: dict[int, Handle] = {}
+        self._dirs: dict[int, DirHandle] = {}
+        self._next_fh = 1
+
+    # ------------------------------------------------------------------ open files
+    def get(self, ino: int) -> OpenFile | None:
+        """The open file the kernel knows as ``ino``, if any handle has it open."""
+        return self._open.get(ino)
+
+    def files(self):
+        """The open files (a live view: no await while walking it)."""
+        return self._open.values()
+
+    def open_file(self, ino: int, size: int, permission: int, status: FileStatus) -> OpenFile:
+        """The open file of ``ino``, registered now (``size``, ``permission`` and what
+        ``status`` says) unless it is open already."""
+        of = self._open.get(ino)
+        if of is None:
+            of = self._open[ino] = OpenFile(
+                ino, size, permission, owner=status.owner, group=status.group,
+                replication=status.replication or None, block_size=status.block_size or None,
+                copies=self._copies)
+            of.ns_ino = status.ino   # the kernel's number may be an alias of a re-upload
+        return of
+
+    def is_current(self, of: OpenFile) -> bool:
+        """Whether ``of`` is still the registered open file of its inode (not finished)."""
+        return self._open.get(of.ino) is of
+
+    def remove(self, of: OpenFile) -> None:
+        """Forget ``of``, its last handle gone and its file published."""
+        of.drop_copy()   # a stream whose completion failed may still hold one
+        del self._open[of.ino]
+
+    # ------------------------------------------------------------------ handles
+    def _new_fh(self) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        return fh
+
+    def add_handle(self, of: OpenFile, flags: int) -> Handle:
+        """A new handle of ``of`` opened with ``flags``."""
+        handle = Handle(self._new_fh(), of, flags)
+        of.handles += 1
+        if handle.writable:
+            of.writers += 1
+            of.opened_for_writing = True
+        self._handles[handle.fh] = handle
+        return handle
+
+    def handle(self, fh: int) -> Handle:
+        """The file handle ``fh`` (``EBADF`` if there is none)."""
+        handle = self._handles.get(fh)
+        if handle is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        return handle
+
+    def find_handle(self, fh: int) -> Handle | None:
+        return self._handles.get(fh)
+
+    def handles(self) -> list[Handle]:
+        """The file handles open now (a snapshot)."""
+        return list(self._handles.values())
+
+    def drop_handle(self, handle: Handle) -> None:
+        """``handle`` is being released: its number names nothing from now on (its file
+        still counts it until the release is through, ``OpenFile.handle_gone``)."""
+        self._handles.pop(handle.fh, None)
+
+    def add_dir(self, ino: int) -> int:
+        """A new folder handle of ``ino``: its number."""
+        fh = self._new_fh()
+        self._dirs[fh] = DirHandle(ino)
+        return fh
+
+    def dir(self, fh: int) -> DirHandle | None:
+        return self._dirs.get(fh)
+
+    def drop_dir(self, fh: int) -> None:
+        self._dirs.pop(fh, None)
+
+    def identity(self, fh: int) -> dict | None:
+        """Who opened file or folder handle ``fh`` (``mount.callers``)."""
+        handle = self._handles.get(fh) or self._dirs.get(fh)
+        return None if handle is None else handle.identity
+
+
+__all__ = ["FileMode", "FileEvent", "TRANSITIONS", "SHADOW_MAX", "SHADOW_TOTAL", "CopyBudget",
+           "next_state", "Node", "OpenFile", "Handle", "DirHandle", "OpenFiles"]

@@ -1,17 +1,20 @@
-"""How the mount's writes reach the cluster: publishing an open file (hflush, complete,
-upload of a staging file), the local staging files (``mount.staging``), and truncates (shrink by the
-``truncate`` RPC, grow by appending zeros), as ``WriteMachinery``, a mixin of
-``mount.operations.LeaseFS``.
+"""How the mount's writes reach the cluster (``Writer``, a part of the mount that
+``mount.operations`` composes): publishing an open file (hflush, complete, upload of a
+staging file), the local staging files (``mount.staging``), truncates (shrink by the
+``truncate`` RPC, grow by appending zeros), and the completion of files whose close could
+not reach the metadata server.
 
-Why a module of its own: ``mount.operations`` translates FUSE requests into these moves;
-this is what the moves do to an ``OpenFile`` (``mount.openfiles``) and to the cluster, kept
-apart so each module has one job.
+Why a part of its own: the handlers (``mount.files``, ``mount.names``) decide which move an
+open file makes; this is what the moves do to an ``OpenFile`` (``mount.openfiles``) and to
+the cluster. It is given the client, the mount's ``KernelView`` (paths of inodes, the alias
+a re-created file gets, attribute invalidation) and ``OpenFiles`` (what is staged, under the
+cache limit), and owns the staging settings (folder, limit, worker threads).
 
 Concurrency contract: methods of the mount's one trio run. Every method taking an
 ``OpenFile`` expects the caller to hold that file's ``lock`` (the FUSE handlers take it
-before their first await). Staging-file I/O follows ``mount.staging``'s contract: calls
-of a few pages on the trio thread (page-cache copies), everything else in worker threads
-limited by the mount's ``CapacityLimiter``.
+before their first await), but ``detach``, which takes it. Staging-file I/O follows
+``mount.staging``'s contract: calls of a few pages on the trio thread (page-cache copies),
+everything else in worker threads limited by the part's one ``CapacityLimiter``.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ import logging
 
 import trio
 
-from fs.errors import FileNotFound, FileTooLarge, LeaseExpired, LeaseFSError
+from fs.client import FileSettings
+from fs.errors import (FileNotFound, FileTooLarge, LeaseExpired, LeaseFSError,
+                       ServerUnavailable)
 
 from .errors import fuse_error
-from .openfiles import FileEvent, FileMode, OpenFile
+from .kernelview import KernelView
+from .openfiles import FileEvent, FileMode, OpenFile, OpenFiles
 from .staging import StagingFile
 
 log = logging.getLogger(__name__)
@@ -40,20 +46,55 @@ def still_ours(exc: LeaseFSError) -> bool:
     return not isinstance(exc, (FileNotFound, LeaseExpired))
 
 
-class WriteMachinery:
-    """The write side of ``LeaseFS`` (needs its ``client``, ``_open``, ``_nodes``,
-    ``_alias``, ``_unfinished``, ``cache_dir``, ``cache_limit``, ``file_settings``,
-    ``_io_limiter`` and ``_path``)."""
+class Writer:
+    """The write side of one mount."""
 
-    async def _start_append(self, of: OpenFile, path: str) -> None:
+    def __init__(self, client, view: KernelView, open_files: OpenFiles, *, cache_dir: str,
+                 cache_limit: int, file_settings: FileSettings, io_threads: int = 4):
+        self._client = client
+        self._view = view
+        self._open_files = open_files
+        self._cache_dir = cache_dir
+        self._cache_limit = cache_limit
+        self._file_settings = file_settings   # what the mount's user chose for new files
+        self._io_limiter = trio.CapacityLimiter(io_threads)
+        # files whose last close reached every block server but not the metadata server
+        # (unreachable for longer than the mount's timeout): completed in the background
+        self._unfinished: list[tuple[int, object]] = []
+
+    def has_unfinished(self) -> bool:
+        return bool(self._unfinished)
+
+    async def complete_unfinished(self) -> None:
+        """Retry ``complete`` for files whose close could not reach the metadata server."""
+        for item in list(self._unfinished):
+            ino, stream = item
+            try:
+                await stream.retry_complete()
+            except LeaseFSError as exc:
+                if isinstance(exc, ServerUnavailable) or exc.retriable:   # e.g. safe mode
+                    continue
+                log.warning("%s: completing after an outage failed: %s", stream.path, exc)
+            else:
+                log.info("%s: completed after the metadata server came back", stream.path)
+                self._view.invalidate_attrs(ino)
+            self._unfinished.remove(item)
+
+    def log_unfinished(self) -> None:
+        """At unmount: say which files stay under construction (their data is safe)."""
+        for _ino, stream in self._unfinished:
+            log.error("%s: left under construction (metadata server unreachable); its data "
+                      "is on the block servers and lease recovery will close it", stream.path)
+
+    async def start_append(self, of: OpenFile, path: str) -> None:
         """Take the lease and continue the file at its end (the fast path's stream)."""
-        of.stream = await self.client.append(path)
+        of.stream = await self._client.append(path)
         of.ns_ino = of.stream.ino
         of.move(FileEvent.APPEND)
         of.size = of.stream.pos
         of.generation += 1
 
-    async def _publish(self, of: OpenFile, *, finish: bool) -> None:
+    async def publish(self, of: OpenFile, *, finish: bool) -> None:
         """Make the cluster copy match what was written. ``finish``: also close the stream
         (completing the file, releasing the lease) and go back to ``clean``."""
         changed = (of.mode is FileMode.STREAM and finish
@@ -62,25 +103,25 @@ class WriteMachinery:
             await self._publish_content(of, finish=finish)
         finally:
             if changed:
-                await self._send_pending_attrs(of, keep=not finish)
+                await self.send_pending_attrs(of, keep=not finish)
 
-    async def _send_pending_attrs(self, of: OpenFile, *, keep: bool) -> None:
+    async def send_pending_attrs(self, of: OpenFile, *, keep: bool) -> None:
         """Set the mode and times chmod and utimens gave ``of`` while it was written
         (``keep``: times again after the completion still to come)."""
         if of.unlinked:
             return
         # by inode or current name: after a close (rsync: close, set times, rename) the
         # name may change while this runs
-        path = self._current_path(of.ino, "/")
+        path = self._view.current_path(of.ino, "/")
         if of.pending_mode is not None:
             mode, of.pending_mode = of.pending_mode, None
-            await self.client.set_permission(path, mode)
+            await self._client.set_permission(path, mode)
         if of.pending_times is not None:
             mtime_ns, atime_ns = of.pending_times
             if not keep:
                 of.pending_times = None
-            await self.client.set_times(path, mtime_ns=mtime_ns, atime_ns=atime_ns,
-                                        ino=of.ns_ino)
+            await self._client.set_times(path, mtime_ns=mtime_ns, atime_ns=atime_ns,
+                                         ino=of.ns_ino)
 
     async def _publish_content(self, of: OpenFile, *, finish: bool) -> None:
         if of.mode is FileMode.STREAM:
@@ -102,8 +143,8 @@ class WriteMachinery:
             if of.dirty and not of.unlinked:
                 await self._upload(of, finish=finish)
             if finish and not of.unlinked:
-                await self._release_keeper(of)
-                await self._discard_staging(of)
+                await self.release_keeper(of)
+                await self.discard_staging(of)
 
     async def _complete(self, ino: int, stream, of: OpenFile | None = None) -> None:
         """Close ``stream`` (complete the file, release the lease); a close that reached
@@ -126,10 +167,10 @@ class WriteMachinery:
                             stream.path)
                 self._unfinished.append((ino, stream))
             elif still_ours(exc):   # refused or broken for good: not left open under our lease
-                await self.client.give_back(self._current_path(ino, stream.path), "close")
+                await self._client.give_back(self._view.current_path(ino, stream.path), "close")
             raise
 
-    async def _release_keeper(self, of: OpenFile, *, abandon: bool = False) -> None:
+    async def release_keeper(self, of: OpenFile, *, abandon: bool = False) -> None:
         """End the lease a staged file holds: complete the file, or (``abandon``: the file
         was deleted under it) just drop the stream."""
         keeper, of.keeper = of.keeper, None
@@ -148,7 +189,7 @@ class WriteMachinery:
         and append, both under the lease rules — a file another client is writing is
         refused (EBUSY), never replaced under its writer. Unless ``finish``, the new stream
         is hsynced and kept as the lease keeper."""
-        path = self._path(of.ino)
+        path = self._view.path(of.ino)
         keeper, of.keeper = of.keeper, None
         if keeper is not None:
             try:
@@ -158,7 +199,7 @@ class WriteMachinery:
                 raise
         else:
             await self._cut(path, 0)
-            stream = await self.client.append(path)
+            stream = await self._client.append(path)
         of.ns_ino = stream.ino
         try:
             offset = 0
@@ -185,49 +226,43 @@ class WriteMachinery:
         stream.abort(exc if isinstance(exc, LeaseFSError)
                      else LeaseFSError(f"{path}: {what} interrupted"))
         if isinstance(exc, LeaseFSError) and still_ours(exc):
-            await self.client.give_back(path, what)
-
-    def _current_path(self, ino: int, fallback: str) -> str:
-        """The path of the file the kernel knows as ``ino``, as far as this mount knows (a
-        rename here moves it), else ``fallback``."""
-        node = self._nodes.get(ino)
-        return node.path if node is not None and node.path else fallback
+            await self._client.give_back(path, what)
 
     async def _recreate(self, path: str, of: OpenFile):
         """Replace ``path``'s content: a new inode under the same name with the same mode,
         owner, group, replication and block size, known to the kernel by the old inode
         number."""
-        stream = await self.client.create(path, overwrite=True, permission=of.permission,
-                                          replication=of.replication, owner=of.owner,
-                                          group=of.group, block_size=of.block_size,
-                                          bytes_per_checksum=self._chunk_for(of.block_size))
-        self._alias[stream.ino] = of.ino
+        stream = await self._client.create(path, overwrite=True, permission=of.permission,
+                                           replication=of.replication, owner=of.owner,
+                                           group=of.group, block_size=of.block_size,
+                                           bytes_per_checksum=self._chunk_for(of.block_size))
+        self._view.alias(stream.ino, of.ino)
         of.ns_ino = stream.ino
         return stream
 
     def _chunk_for(self, block_size: int | None) -> int | None:
         """The chosen checksum chunk, when it fits ``block_size`` (else the cluster's)."""
-        bpc = self.file_settings.bytes_per_checksum
+        bpc = self._file_settings.bytes_per_checksum
         return bpc if bpc and not (block_size or 0) % bpc else None
 
     def _staged_bytes(self) -> int:
-        return sum(f.size for f in self._open.values()
+        return sum(f.size for f in self._open_files.files()
                    if f.mode is FileMode.STAGING and f.staging is not None)
 
-    def _reserve(self, of: OpenFile, new_size: int) -> None:
+    def reserve(self, of: OpenFile, new_size: int) -> None:
         """ENOSPC when growing ``of``'s staging file to ``new_size`` would pass the cache
         limit (the mount's local staging space, not the cluster's)."""
         current = of.size if (of.mode is FileMode.STAGING and of.staging is not None) else 0
-        if new_size > current and self._staged_bytes() - current + new_size > self.cache_limit:
+        if new_size > current and self._staged_bytes() - current + new_size > self._cache_limit:
             log.warning("staging cache %s full (limit %d bytes): write to inode %d refused",
-                        self.cache_dir, self.cache_limit, of.ino)
+                        self._cache_dir, self._cache_limit, of.ino)
             raise fuse_error(errno.ENOSPC)
 
-    async def _to_staging(self, of: OpenFile, path: str | None) -> None:
+    async def to_staging(self, of: OpenFile, path: str | None) -> None:
         """Move ``of`` to a local staging file holding its whole current content."""
         if of.mode is FileMode.STAGING:
             return
-        self._reserve(of, of.size)
+        self.reserve(of, of.size)
         # a stream none of whose bytes left this mount yet (a small file written and
         # fsynced inline, then rewritten in place), or one whose every byte the mount kept
         # (a journal written, hsynced, then its header rewritten): the staging copy comes
@@ -243,14 +278,14 @@ class WriteMachinery:
             except LeaseFSError as exc:
                 of.error = exc
                 raise
-        staging = await StagingFile.create(self.cache_dir, of.ino, self._io_limiter)
+        staging = await StagingFile.create(self._cache_dir, of.ino, self._io_limiter)
         of.staging = staging
         size = 0
         if unsent is not None:
             await staging.pwrite(0, unsent)
             size = len(unsent)
         elif path is not None:
-            async with await self.client.open(path) as src:
+            async with await self._client.open(path) as src:
                 while True:
                     chunk = await src.read(COPY_CHUNK)
                     if not chunk:
@@ -263,38 +298,38 @@ class WriteMachinery:
         of.move(FileEvent.STAGE)
         of.dirty = False
 
-    async def _discard_staging(self, of: OpenFile) -> None:
+    async def discard_staging(self, of: OpenFile) -> None:
         if of.staging is not None:
             staging, of.staging = of.staging, None
             await staging.remove()
             if of.mode is FileMode.STAGING:
                 of.move(FileEvent.DISCARD)
 
-    async def _truncate_open(self, of: OpenFile, path: str, size: int, *,
-                             by_handle: bool) -> None:
+    async def truncate_open(self, of: OpenFile, path: str, size: int, *,
+                            by_handle: bool) -> None:
         """``ftruncate`` on a file this mount is writing goes into that file's pending
         state (published with it); ``truncate(2)`` by path takes effect at once. Lock held."""
-        await self._truncate_locked(of, path, size)
+        await self.truncate_locked(of, path, size)
         if not (by_handle and of.writers > 0):
-            await self._publish(of, finish=of.writers == 0)
+            await self.publish(of, finish=of.writers == 0)
 
-    async def _detach(self, ino: int, path: str) -> None:
+    async def detach(self, ino: int, path: str) -> None:
         """The file ``path`` open here as ``ino`` is about to go (unlink, or a rename over
         it): keep it readable and writable until its last release from a local staging
         copy, with no lease (its file goes)."""
-        of = self._open.get(ino)
+        of = self._open_files.get(ino)
         if of is None:
             return
         async with of.lock:
-            if self._open.get(ino) is of:
-                await self._to_staging(of, path)
-                await self._release_keeper(of)
+            if self._open_files.is_current(of):
+                await self.to_staging(of, path)
+                await self.release_keeper(of)
                 of.unlinked = True
                 of.dirty = False
 
-    async def _truncate_closed(self, ino: int, path: str, size: int) -> None:
+    async def truncate_closed(self, ino: int, path: str, size: int) -> None:
         """``truncate(2)`` of a file not open here: takes effect in the cluster at once."""
-        status = await self.client.get_file_status(path)
+        status = await self._client.get_file_status(path)
         if status.is_dir:
             raise fuse_error(errno.EISDIR)
         if size == status.length and not status.under_construction:
@@ -308,7 +343,7 @@ class WriteMachinery:
                           status.group, status.replication or None, status.block_size or None)
             try:
                 await self._grow(of, path, size)   # a CLEAN file known to be shorter
-                await self._publish(of, finish=True)
+                await self.publish(of, finish=True)
             except BaseException as exc:
                 if of.stream is not None:
                     await self._abandon(of.stream, path, exc, "truncate")
@@ -317,14 +352,14 @@ class WriteMachinery:
     async def _cut(self, path: str, size: int) -> None:
         """Shorten the closed file ``path`` in the cluster (HDFS truncate): it takes the
         lease, so a file another client writes is refused (EBUSY) and keeps its bytes."""
-        if not await self.client.truncate(path, size):
+        if not await self._client.truncate(path, size):
             deadline = trio.current_time() + TRUNCATE_WAIT
-            while not await self.client.is_file_closed(path):
+            while not await self._client.is_file_closed(path):
                 if trio.current_time() > deadline:
                     raise fuse_error(errno.EAGAIN)
                 await trio.sleep(0.05)
 
-    async def _truncate_locked(self, of: OpenFile, path: str, size: int) -> None:
+    async def truncate_locked(self, of: OpenFile, path: str, size: int) -> None:
         if of.mode is FileMode.STREAM and size == of.stream.pos:
             return
         if size == 0 and of.mode is FileMode.STREAM:
@@ -341,7 +376,7 @@ class WriteMachinery:
             return
         if of.mode is FileMode.CLEAN and not of.unlinked:
             if size:   # another client may have changed it since it was opened here
-                of.size = (await self.client.get_file_status(path)).length
+                of.size = (await self._client.get_file_status(path)).length
             if size == 0 or size < of.size:
                 await self._cut(path, size)
                 of.size = size
@@ -354,8 +389,8 @@ class WriteMachinery:
             return
         if of.mode is FileMode.CLEAN and size == of.size:
             return
-        await self._to_staging(of, path if not of.unlinked else None)
-        self._reserve(of, size)
+        await self.to_staging(of, path if not of.unlinked else None)
+        self.reserve(of, size)
         await of.staging.truncate(size)
         of.size = size
         of.dirty = True
@@ -364,13 +399,13 @@ class WriteMachinery:
         """Extend ``of`` to ``size`` with zeros written through the pipeline under its lease
         (the stream stays open, published with the file): nothing is staged locally, so a
         file may grow past the staging cache. ``EFBIG`` past the largest file size."""
-        block_size = of.block_size or self.client.config.block_size
-        largest = block_size * self.client.config.max_blocks_per_file
+        block_size = of.block_size or self._client.config.block_size
+        largest = block_size * self._client.config.max_blocks_per_file
         if size > largest:
             raise FileTooLarge(f"{path}: {size} bytes is more than the largest file size "
                                f"{largest} (max_blocks_per_file x block size {block_size})")
         if of.mode is FileMode.CLEAN:
-            await self._start_append(of, path)
+            await self.start_append(of, path)
         zeros = memoryview(bytes(min(COPY_CHUNK, max(0, size - of.stream.pos))))
         try:
             while of.stream.pos < size:
@@ -384,4 +419,4 @@ class WriteMachinery:
             of.size = of.stream.pos
 
 
-__all__ = ["WriteMachinery", "COPY_CHUNK"]
+__all__ = ["Writer", "COPY_CHUNK", "still_ours"]

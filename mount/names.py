@@ -1,0 +1,365 @@
+"""The mount's namespace requests (``Names``, a part of the mount that
+``mount.operations`` composes): lookup, getattr, setattr, folders (opendir, readdir),
+mkdir, rmdir, unlink, rename, symlink, readlink, statfs, access.
+
+Why a part of its own: each request is one client call (the server decides POSIX errors
+and answers the statuses the kernel needs) plus what the answer changes in the kernel's
+view; the inode table and the caches are ``mount.kernelview``'s, what a change does to a
+file open here (an unlink or a rename over it stages it first, a truncate goes through its
+pending state) is ``mount.writes``'. It is given the client, the mount's ``KernelView``,
+``OpenFiles`` (which files are open here, and folder handles) and ``Writer``, and the
+cluster folder the mount shows at its top (``root``: ``statfs`` reports its quotas).
+
+Concurrency contract: methods of the mount's one trio run, called by the FUSE handlers. A
+handler changing an open file takes that file's ``trio.Lock`` before its first await (the
+asynchronous release of a closed file may run at any await); everything else it changes is
+``KernelView``'s, between awaits.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+import pyfuse3
+import trio
+
+from fs.errors import FileNotFound
+from fs.rpc import group_name, user_name
+
+from .callers import new_owner
+from .errors import fuse_error
+from .kernelview import ASK, KernelView
+from .openfiles import FileMode, OpenFile, OpenFiles
+from .writes import Writer
+
+log = logging.getLogger(__name__)
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+READDIR_PAGE = 1000
+
+
+class Names:
+    """The namespace half of the mount's requests."""
+
+    def __init__(self, client, view: KernelView, open_files: OpenFiles, writer: Writer, *,
+                 root: str = "/"):
+        self._client = client
+        self._view = view
+        self._open_files = open_files
+        self._writer = writer
+        self._root = root
+        self._statfs: tuple[float, tuple] | None = None   # (when, what statfs answered from)
+
+    async def lookup(self, parent_inode, name):
+        if name == b".":
+            status = await self._view.status_of(parent_inode)
+        elif name == b"..":
+            path = self._view.path(parent_inode)
+            parent = os.path.dirname(path) or "/"
+            status = await self._client.get_file_status(parent)
+            attrs = self._view.attrs(status)
+            self._view.remember(attrs.st_ino, parent)
+            return attrs
+        else:
+            path = self._view.child(parent_inode, name, changing=False)
+            left = self._view.known_missing(parent_inode, name)
+            if left is not None:
+                return self._view.negative_entry(left)
+            folder = self._view.path(parent_inode)
+            left = self._view.cached_miss(folder, name)
+            if left is not None:
+                # the kernel looks a name up again before O_EXCL, link and rename whatever
+                # it cached; the call that follows is decided by the server all the same
+                return self._view.negative_entry(left)
+            listed = self._view.listed(folder, name)
+            if listed is not None and listed is not ASK:
+                attrs = self._view.listed_attrs(*listed)
+                self._view.remember(attrs.st_ino, path, listed[1])
+                return attrs
+            generation = self._view.listing_gen
+            try:
+                status = await self._client.get_file_status(path)
+            except FileNotFound:
+                if self._view.negative_timeout <= 0:
+                    raise
+                if generation == self._view.listing_gen:   # no change of ours since the ask
+                    self._view.note_miss(folder, name)
+                return self._view.negative_entry()
+            attrs = self._view.attrs(status)
+            self._view.remember(attrs.st_ino, path, status)
+            if listed is None:
+                await self._view.statahead(folder)   # names found one by one: list the folder
+            return attrs
+        attrs = self._view.attrs(status)
+        attrs.st_ino = parent_inode
+        self._view.count_lookup(parent_inode)
+        return attrs
+
+    async def getattr(self, inode):
+        of = self._open_files.get(inode)
+        if of is not None and of.status is not None and (
+                of.unlinked or self._view.known_path(inode) is None):
+            return self._view.attrs(of.status)   # unlinked but open: still has attributes
+        if (of is not None and of.status is not None and of.mode is FileMode.STREAM
+                and trio.current_time() - of.status_at < self._view.attr_timeout):
+            # written here under our lease: size and times are ours (``attrs`` overlays
+            # them); no call for the kernel's getattr before a chown or after a write
+            return self._view.attrs(of.status)
+        status = self._view.fresh_status(inode)
+        if status is None and of is None:   # an open file's status is the server's own
+            listed = await self._view.listed_status(inode)
+            if listed is not None:
+                return self._view.listed_attrs(*listed)
+        if status is None:
+            status = await self._view.status_of(inode)
+        if of is not None:
+            of.status = status
+        return self._view.attrs(status)
+
+    async def setattr(self, inode, attr, fields, fh):
+        of = self._open_files.get(inode)
+        self._view.drop_fresh(inode)
+        self._view.touch_node(inode)
+        if of is None:
+            status = await self._set_attrs(inode, None, attr, fields, fh)
+        else:
+            # an open file's state (and its asynchronous release) changes only under its
+            # lock: taken before the first await, so a release that completes the file
+            # either ran before (then the times below land last) or sees pending_times
+            async with of.lock:
+                status = await self._set_attrs(inode, of if self._open_files.get(inode) is of
+                                               else None, attr, fields, fh)
+                if status is None and of.status is not None and not fields.update_size:
+                    status = of.status   # nothing asked the server (kept times, no-op chown)
+        if status is None:
+            status = await self._view.status_of(inode)
+        if of is not None:
+            of.status = status
+        return self._view.attrs(status)
+
+    async def _set_attrs(self, inode: int, of: OpenFile | None, attr, fields, fh):
+        """``setattr``'s changes; ``of`` (lock held) when the file is open here. Each call
+        answers the status after it, so the usual one-field setattr (chmod, chown, utimens)
+        is one round trip; the status after the last change, or None after a truncate."""
+        path = self._view.path(inode)
+        status = None
+        # what a completion or upload still to come can carry waits for it (answered from
+        # here meanwhile): tar sets mode and times of every file before its close
+        later = of is not None and (of.mode is FileMode.STREAM
+                                    or of.mode is FileMode.STAGING and of.dirty)
+        if fields.update_mode:
+            if of is not None:
+                of.permission = attr.st_mode & 0o7777
+            if later:
+                of.pending_mode = attr.st_mode & 0o7777
+            else:
+                status = await self._client.set_permission(path, attr.st_mode & 0o7777,
+                                                           want_status=True)
+        if fields.update_uid or fields.update_gid:
+            owner = user_name(attr.st_uid) if fields.update_uid else None
+            group = group_name(attr.st_gid) if fields.update_gid else None
+            # tar and cp -p chown what they just created to who created it: the kernel has
+            # checked the caller may (default_permissions), and nothing would change
+            if of is None or (owner or of.owner) != of.owner or (group or of.group) != of.group:
+                status = await self._client.set_owner(path, owner, group, want_status=True)
+                if of is not None:
+                    of.owner, of.group = status.owner, status.group
+        if fields.update_size:
+            self._view.drop_read_stamp(inode)
+            status = None
+            if of is not None:
+                await self._writer.truncate_open(of, path, attr.st_size, by_handle=fh is not None)
+            else:
+                await self._writer.truncate_closed(inode, path, attr.st_size)
+        if fields.update_atime or fields.update_mtime:
+            times = (attr.st_mtime_ns if fields.update_mtime else None,
+                     attr.st_atime_ns if fields.update_atime else None)
+            if later:   # the completion would replace them anyway
+                of.pending_times = times
+                return status
+            status = await self._client.set_times(self._view.path(inode), mtime_ns=times[0],
+                                                  atime_ns=times[1], want_status=True)
+        return status
+
+    async def opendir(self, inode):
+        # no call: the kernel opens only what it knows as a directory, and a directory
+        # another client removed meanwhile fails at readdir (ENOENT)
+        self._view.path(inode)
+        return self._open_files.add_dir(inode)
+
+    async def readdir(self, fh, start_id, token):
+        handle = self._open_files.dir(fh)
+        if handle is None:
+            raise fuse_error(errno.EBADF)
+        path = self._view.path(handle.ino)
+        if start_id > len(handle.names):
+            return
+        if start_id < len(handle.names) or (start_id == 0 and handle.complete):
+            handle.rewind(start_id)
+        while True:
+            # what the last page brought beyond the kernel's full buffer goes first: a folder
+            # costs one call per page, and none for the kernel's last, empty readdir
+            while handle.fetched:
+                entry = handle.fetched[0]
+                attrs = self._view.attrs(entry)
+                if not pyfuse3.readdir_reply(token, os.fsencode(entry.name), attrs,
+                                             len(handle.names) + 1):
+                    return
+                handle.fetched.popleft()
+                handle.names.append(entry.name)
+                child = "/" + entry.name if path == "/" else f"{path}/{entry.name}"
+                self._view.remember(attrs.st_ino, child, entry)
+            if handle.complete:
+                return
+            start_after = handle.names[-1] if handle.names else ""
+            entries, more = await self._client.list_page(path, start_after, READDIR_PAGE)
+            for entry in entries:
+                if entry.path == path:   # a file lists itself: no longer a directory
+                    raise fuse_error(errno.ENOTDIR)
+            handle.fetched.extend(entries)
+            handle.complete = not more or not entries
+
+    async def releasedir(self, fh):
+        self._open_files.drop_dir(fh)
+
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        path = self._view.child(parent_inode, name)
+        named = self._view.named
+        owner, group = new_owner(ctx)
+        # one call: EEXIST, ENOENT (parent gone) and ENOTDIR come from the server
+        made = await self._client.mkdir(path, permission=mode & 0o7777, owner=owner,
+                                        group=group)
+        self._view.keep_fresh(named, made.parent)
+        attrs = self._view.attrs(made.status)
+        self._view.remember(attrs.st_ino, path)
+        self._view.note_made(parent_inode, name)
+        self._view.note_new_dir(attrs.st_ino)
+        return attrs
+
+    async def rmdir(self, parent_inode, name):
+        path = self._view.child(parent_inode, name)
+        named = self._view.named
+        gone = await self._client.rmdir(path)   # ENOTDIR, ENOTEMPTY from the server
+        self._view.drop_new_dirs(parent_inode)
+        self._view.keep_fresh(named, gone.parent)
+        self._view.forget_path(self._view.kernel_ino(gone.status.ino))
+
+    async def unlink(self, parent_inode, name):
+        path = self._view.child(parent_inode, name)
+        named = self._view.named
+        if self._open_at(path):
+            # a file open here: staged before it goes, so its handles keep their content
+            status = await self._client.get_file_status(path)
+            if status.is_dir:
+                raise fuse_error(errno.EISDIR)
+            await self._writer.detach(self._view.kernel_ino(status.ino), path)
+        gone = await self._client.unlink(path)   # EISDIR from the server
+        self._view.drop_new_dirs(parent_inode)
+        self._view.keep_fresh(named, gone.parent)
+        ino = self._view.kernel_ino(gone.status.ino)
+        self._check_gone(ino, path)
+        self._view.forget_path(ino)
+
+    def _open_at(self, path: str) -> bool:
+        """Whether a file open here (and not yet detached) has ``path`` as far as this mount
+        knows: its node's path (another client's rename moves it unseen)."""
+        for of in self._open_files.files():
+            if self._view.known_path(of.ino) == path and not of.unlinked:
+                return True
+        return False
+
+    def _check_gone(self, ino: int, path: str) -> None:
+        """After an unlink or a rename over ``path`` removed inode ``ino``: an open file here
+        that was not detached first (another client had moved it to ``path``) lost its
+        content; its handles get errors from now on, which the log says."""
+        of = self._open_files.get(ino)
+        if of is not None and not of.unlinked:
+            log.warning("%s (inode %d) was removed while open here under another name; "
+                        "its open handles lose their content", path, ino)
+            of.unlinked = True
+
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags):
+        if flags & RENAME_EXCHANGE:
+            raise fuse_error(errno.EINVAL)
+        src = self._view.child(parent_inode_old, name_old)
+        dst = self._view.child(parent_inode_new, name_new)
+        named = self._view.named
+        overwrite = not (flags & RENAME_NOREPLACE)
+        if overwrite and self._open_at(dst):
+            # replacing a file open here: staged before it goes, as at unlink
+            dst_status = await self._client.get_file_status(dst)
+            if not dst_status.is_dir:
+                await self._writer.detach(self._view.kernel_ino(dst_status.ino), dst)
+        # one call: EEXIST (NOREPLACE), EISDIR/ENOTDIR/ENOTEMPTY come from the server
+        moved = await self._client.move(src, dst, overwrite=overwrite)
+        self._view.drop_new_dirs(parent_inode_old, parent_inode_new)
+        self._view.keep_fresh(named, moved.src_parent, moved.parent)
+        if moved.replaced is not None:
+            replaced = self._view.kernel_ino(moved.replaced.ino)
+            if not moved.replaced.is_dir:
+                self._check_gone(replaced, dst)
+            self._view.forget_path(replaced)
+        self._view.moved(self._view.kernel_ino(moved.status.ino), src, dst,
+                         moved.status.is_dir)
+
+    async def symlink(self, parent_inode, name, target, ctx):
+        path = self._view.child(parent_inode, name)
+        named = self._view.named
+        owner, group = new_owner(ctx)
+        made = await self._client.symlink(os.fsdecode(target), path, owner=owner, group=group)
+        self._view.note_made(parent_inode, name)
+        self._view.keep_fresh(named, made.parent)
+        attrs = self._view.attrs(made.status)
+        self._view.remember(attrs.st_ino, path, made.status)
+        return attrs
+
+    async def readlink(self, inode):
+        target = self._view.symlink_target(inode)
+        if target is not None:
+            return os.fsencode(target)   # no call: the kernel does not cache it
+        status = await self._view.status_of(inode)
+        if not status.is_symlink:
+            raise fuse_error(errno.EINVAL)
+        return os.fsencode(status.symlink or "")
+
+    async def statfs(self):
+        # rm -rf and find ask for every directory they open: one answer serves for as long
+        # as the kernel keeps attributes
+        now = trio.current_time()
+        if self._statfs is None or now - self._statfs[0] > self._view.attr_timeout:
+            # the root's own quota only: a quota above it limits it too, but df shows
+            # the folder mounted (one status call; a walk per df would be too dear)
+            quota = (await self._client.get_file_status(self._root)).quota
+            self._statfs = (now, (await self._client.report(), quota))
+        report, quota = self._statfs[1]
+        bsize = 1 << 16
+        out = pyfuse3.StatvfsData()
+        out.f_bsize = bsize
+        out.f_frsize = bsize
+        out.f_blocks = int(report.get("capacity") or 0) // bsize
+        out.f_bfree = int(report.get("remaining") or 0) // bsize
+        files = int(report.get("files") or 0) + int(report.get("directories") or 0)
+        out.f_files = files + 1_000_000
+        out.f_ffree = 1_000_000
+        # the mounted folder's quotas are what it may hold (as MooseFS shows them for a
+        # subfolder mount): space in bytes x replication, names for files + folders
+        if quota and quota.get("ds", -1) >= 0:
+            out.f_blocks = quota["ds"] // bsize
+            out.f_bfree = min(out.f_bfree, max(0, quota["ds"] - quota["ds_used"]) // bsize)
+        if quota and quota.get("ns", -1) >= 0:
+            out.f_files = quota["ns"]
+            out.f_ffree = max(0, quota["ns"] - quota["ns_used"])
+        out.f_bavail = out.f_bfree
+        out.f_favail = out.f_ffree
+        out.f_namemax = 255
+        return out
+
+    async def access(self, inode):
+        await self._view.status_of(inode)
+        return True
+
+
+__all__ = ["Names", "READDIR_PAGE"]
