@@ -294,7 +294,8 @@ class HeartbeatService:
                     (blocktoken.unwrap(self._key, w) for w in wire["keys"])}
             version = wire["version"]
         except (KeyError, TypeError, ValueError, LeaseFSError) as exc:
-            log.warning("malformed block keys from %s ignored: %s", source, exc)
+            # tampered, another cluster's, or malformed: keep the keys held, serve on
+            log.warning("block keys from %s refused (keeping the ones held): %s", source, exc)
             return
         self.on_block_keys(keys)
         self.block_keys_version = version
