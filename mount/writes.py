@@ -21,6 +21,7 @@ import logging
 
 import trio
 
+from fs.backoff import Backoff
 from fs.errors import FileNotFound, FileTooLarge, LeaseExpired, LeaseFSError
 
 from .errors import fuse_error
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 COPY_CHUNK = 4 << 20
 TRUNCATE_WAIT = 60.0
+#: the wait between two asks whether a file being recovered is closed yet (25 to 50 ms)
+CLOSED_POLL = Backoff(first=0.05, factor=1, cap=0.05, jitter=0.5)
 
 
 def still_ours(exc: LeaseFSError) -> bool:
@@ -322,7 +325,7 @@ class WriteMachinery:
             while not await self.client.is_file_closed(path):
                 if trio.current_time() > deadline:
                     raise fuse_error(errno.EAGAIN)
-                await trio.sleep(0.05)
+                await CLOSED_POLL.sleep(0)
 
     async def _truncate_locked(self, of: OpenFile, path: str, size: int) -> None:
         if of.mode is FileMode.STREAM and size == of.stream.pos:
