@@ -21,7 +21,7 @@ a key is forgotten once every token it made has expired. With metadata HA the ke
 derived from the cluster key instead (``KeyRing(shared=...)``), so every metadata server
 holds the same ring and a new active's tokens are good at once. Block servers get the keys with
 their registration and heartbeat replies, over their authenticated connection, each secret
-wrapped with the cluster key (``wrap``), never in the clear.
+wrapped with the cluster key (``wrap``: AES key wrap, RFC 3394), never in the clear.
 
 Concurrency contract: pure; ``now`` (wall seconds) is passed in. A ``KeyRing`` belongs to the
 metadata server's trio thread.
@@ -32,6 +32,10 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap, aes_key_wrap
+
 from .errors import InvalidToken
 from .frames import packb
 from .nodeauth import KEY_BYTES, mac, same
@@ -41,7 +45,9 @@ WRITE = "w"     # WRITE_BLOCK stages CREATE, APPEND, STREAMING_RECOVERY; WRITE_B
 COPY = "c"      # TRANSFER_BLOCK; WRITE_BLOCK stages TRANSFER_RBW, TRANSFER_FINALIZED
 _NAMES = {READ: "read", WRITE: "write", COPY: "copy"}
 TOKEN_LABEL = b"leasefs block token v1\0"
-WRAP_LABEL = b"leasefs block key wrap v1\0"
+WRAP_LABEL = b"leasefs block key wrap v1\0"      # form 1 (XOR pad): read, no longer sent
+WRAP2_LABEL = b"leasefs block key wrap v2\0"
+WRAP_VERSION = 2
 SHARED_LABEL = b"leasefs shared block key v1\0"
 
 
@@ -94,23 +100,45 @@ def check(keys: dict[int, bytes], token, block_id: int, gs: int, mode: str, now:
 
 
 def wrap(cluster_key: bytes, key: BlockKey) -> dict:
-    """A block key as it travels to block servers: the secret XORed with a pad derived from
-    the cluster key and the key's id and expiry (each pad is used once)."""
-    pad = _pad(cluster_key, key.key_id, key.expires)
-    return {"id": key.key_id, "expires": key.expires,
-            "secret": bytes(a ^ b for a, b in zip(key.secret, pad))}
+    """A block key as it travels to block servers (form 2): the secret under AES key wrap
+    (RFC 3394) with a key-encryption key derived from the cluster key, the key's id and its
+    expiry (HKDF), so a changed id, expiry or wrapped secret does not unwrap."""
+    return {"v": WRAP_VERSION, "id": key.key_id, "expires": key.expires,
+            "wrapped": aes_key_wrap(_kek(cluster_key, key.key_id, key.expires), key.secret)}
 
 
 def unwrap(cluster_key: bytes, wire: dict) -> BlockKey:
-    pad = _pad(cluster_key, wire["id"], wire["expires"])
-    secret = bytes(wire["secret"])
-    if len(secret) != KEY_BYTES:
-        raise InvalidToken("block key of the wrong size")
-    return BlockKey(wire["id"], bytes(a ^ b for a, b in zip(secret, pad)), wire["expires"])
+    """The block key a metadata server sent; ``InvalidToken`` saying why for one that is
+    malformed, tampered with or wrapped with another cluster key. Reads form 2 and the form
+    before it (no ``v``: the secret XORed with an HMAC pad), which metadata servers of an
+    earlier release still send during a rolling restart."""
+    if not isinstance(wire, dict):
+        raise InvalidToken("malformed block key")
+    version = wire.get("v", 1)
+    if version == 1:
+        pad = mac(cluster_key, WRAP_LABEL, packb([wire["id"], wire["expires"]]))
+        secret = bytes(wire["secret"])
+        if len(secret) != KEY_BYTES:
+            raise InvalidToken("block key of the wrong size")
+        return BlockKey(wire["id"], bytes(a ^ b for a, b in zip(secret, pad)), wire["expires"])
+    if version != WRAP_VERSION:
+        raise InvalidToken(f"block key {wire.get('id')!r:.20} in wrap form {version!r:.10}, "
+                           f"which this block server does not read (it reads 1 and 2)")
+    wrapped = wire["wrapped"]
+    if not isinstance(wrapped, (bytes, bytearray)) or len(wrapped) != KEY_BYTES + 8:
+        raise InvalidToken(f"block key {wire['id']!r:.20}: wrapped secret of the wrong size")
+    try:
+        secret = aes_key_unwrap(_kek(cluster_key, wire["id"], wire["expires"]), bytes(wrapped))
+    except InvalidUnwrap:
+        raise InvalidToken(f"block key {wire['id']!r:.20} does not unwrap with this cluster "
+                           f"key (changed on the way, or another cluster's key)") from None
+    return BlockKey(wire["id"], secret, wire["expires"])
 
 
-def _pad(cluster_key: bytes, key_id: int, expires: float) -> bytes:
-    return mac(cluster_key, WRAP_LABEL, packb([key_id, expires]))
+def _kek(cluster_key: bytes, key_id, expires) -> bytes:
+    """The key-encryption key of one block key: bound to its id and expiry."""
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                info=WRAP2_LABEL + packb([key_id, expires])).derive(cluster_key)
 
 
 class KeyRing:

@@ -18,20 +18,24 @@ its connection. ``AvoidedNodes`` belongs to one client and is used on its trio t
 from __future__ import annotations
 
 import errno as _errno
+import math
 import time
 from contextlib import contextmanager
 
 import trio
 
 from . import errors, tcpliveness
+from .backoff import Backoff
 from .errors import LeaseFSError, ServerUnavailable
 from .framing import FramedStream
 from .rpc import parse_address
 from .tls import connect_tcp
 
-#: first wait of the add_block / complete backoff loops and of an input stream's location
-#: refreshes (doubles every retry)
-FIRST_BACKOFF = 0.05
+#: the waits of the add_block / complete retry loops and of an input stream's location
+#: refreshes: 0.05 s doubling every retry, with no cap (their bound is a count of attempts),
+#: of which a random half (equal jitter: the loops keep at least half of their patience,
+#: and writers that hit the same busy block servers do not retry in step)
+DATA_BACKOFF = Backoff(first=0.05, factor=2, cap=math.inf, jitter=0.5)
 # transport-level failures of a data connection
 IO_ERRORS = (LeaseFSError, EOFError, OSError, trio.TooSlowError, trio.BrokenResourceError,
              trio.ClosedResourceError)

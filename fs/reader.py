@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import trio
 
-from .dataconn import (FIRST_BACKOFF, IO_ERRORS, close_quietly, failure_cause, node_name,
+from .dataconn import (DATA_BACKOFF, IO_ERRORS, close_quietly, failure_cause, node_name,
                        node_unreachable, open_data_connection, response_error, time_limit)
 from .datatransfer import (BLOCK_LENGTH, FLAG_LAST, READ_BLOCK, block_dict, op_header,
                            receive_packet, verify_checksums)
@@ -415,7 +415,7 @@ class AsyncInputStream:
                             f"{pos} from any replica: "
                             + ("; ".join(failures[-6:]) or "the block has no locations"))
                     refreshes += 1
-                    await trio.sleep(FIRST_BACKOFF * 2 ** refreshes)
+                    await DATA_BACKOFF.sleep(refreshes)
                     self._dead.pop(block.id, None)
                     await self._locate()
                     continue

@@ -21,6 +21,7 @@ import functools
 import itertools
 import logging
 import math
+import random
 import secrets
 import socket
 import time
@@ -33,6 +34,7 @@ import trio
 
 from . import delegation, errors, localserver, nodeauth, tcpliveness
 from . import tls as tlsmod
+from .backoff import Backoff
 from .config import DEFAULT_LOCAL_SOCKET
 from .errors import LeaseFSError, NothingListens, ProtocolError, RpcTimeout, ServerUnavailable
 from .framing import DEFAULT_MAX_FRAME, FrameChannel, brief
@@ -67,6 +69,16 @@ def _local_sockets(setting: str | None, addresses) -> list[str | None]:
                       "them", ", ".join(sorted(shared)))
         names = [None if n in shared else n for n in names]
     return names
+
+
+#: the wait after a full cycle of the server list in which none served: jittered, so that
+#: after a failover the clients of the old active do not all try the new one at the same
+#: instant; equal jitter (at least half of each ceiling), so that a call within a short
+#: budget never spins and a server taking over gets no more tries than about 4/3 of what
+#: the plain doubling gave it
+RETRY_BACKOFF = Backoff(first=0.05, factor=2, cap=1.0, jitter=0.5)
+#: the wait before connecting again to a local socket whose backlog is full
+ACCEPT_BACKOFF = Backoff(first=0.01, factor=1, cap=0.01, jitter=0.5)
 
 
 @dataclass(frozen=True)
@@ -172,8 +184,10 @@ class RpcClient:
     Failover (HDFS ConfiguredFailoverProxyProvider): one address is current (``address``);
     when a call cannot reach it (``ServerUnavailable``) or it answers ``StandbyError`` (it
     did not carry the call out), the client makes the next address of the list current and
-    sends the call there, same call id; a full cycle where no address served waits the
-    backoff (0.05 s doubling to 1 s) before the next, all within ``retry_seconds``. A
+    sends the call there, same call id; a full cycle where no address served waits a
+    jittered backoff (``RETRY_BACKOFF``: 0.025 to 0.05 s, doubling to 0.5 to 1 s) before
+    the next, until ``retry_seconds`` are spent (the last wait is cut to what is left, and
+    one more full cycle follows it). A
     working address stays current until it fails: calls never probe the others.
     ``RpcTimeout`` is not retried (the call may be running). Calls still in flight on the
     connection left behind get their replies there; new calls go to the new address.
@@ -203,8 +217,10 @@ class RpcClient:
                  user: str | None = None, groups=None, sync_metadata: bool = True,
                  authenticate=None, local_socket: str | None = DEFAULT_LOCAL_SOCKET,
                  token=None, tls=None, alignment: "StateAlignment | None" = None,
-                 retry_policy: RetryPolicy | None = None, silence: float | None = None):
+                 retry_policy: RetryPolicy | None = None, silence: float | None = None,
+                 rng: random.Random | None = None):
         self.addresses = parse_address_list(address)
+        self._rng = rng            # the backoff's random source (tests seed it); None: shared
         self.retry_policy = retry_policy or RetryPolicy()
         self._reached = False      # a connection was once made: a refusal now is a restart
         self._noticed: set[str] = set()   # causes ``retry_policy.notice`` was told of
@@ -449,7 +465,7 @@ class RpcClient:
                     raise ServerUnavailable(
                         f"local socket {name}: its server accepted no connection within "
                         f"{self._accept_timeout:g} s") from None
-                await trio.sleep(0.01)
+                await ACCEPT_BACKOFF.sleep(0)
             except OSError:
                 sock.close()
                 return None
@@ -676,7 +692,8 @@ class RpcClient:
         timeout = self.timeout if timeout is None else timeout
         budget = self.retry_seconds if retry_seconds is None else retry_seconds
         deadline = time.monotonic() + budget
-        delay = 0.05
+        attempt = 0      # cycles that failed so far
+        last_cycle = False   # the wait before it was cut to the deadline: no wait after it
         several = len(self.addresses) > 1
         failed: dict[int, LeaseFSError] = {}   # this cycle: address index → why it did not serve
         while True:
@@ -692,7 +709,8 @@ class RpcClient:
                 if several and isinstance(exc, (ServerUnavailable, errors.StandbyError)):
                     failed[index] = exc
                     self._move_from(index, exc)
-                    if len(failed) < len(self.addresses) and time.monotonic() < deadline:
+                    if len(failed) < len(self.addresses) and (
+                            last_cycle or time.monotonic() < deadline):
                         continue              # the next server at once
                 if self.retry_policy.refused_is_final and not self._reached and \
                         isinstance(exc, NothingListens) and \
@@ -702,15 +720,19 @@ class RpcClient:
                                              f"{format_address_list(self.addresses)}: nothing "
                                              f"listens there (connection refused)") from None
                     raise
-                if time.monotonic() + delay > deadline:
+                left = deadline - time.monotonic()
+                if left <= 0 or last_cycle:
                     if several and failed:
                         raise self._none_served(failed, budget) from None
                     raise
+                delay = RETRY_BACKOFF.delay(attempt, self._rng)
+                if delay >= left:    # one more full cycle, at the deadline
+                    delay, last_cycle = left, True
                 log.debug("%s: %s; retrying in %.2fs", method, exc, delay)
                 self._notice(exc, index, deadline)
                 failed.clear()
                 await trio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                attempt += 1
 
     def _notice(self, exc: LeaseFSError, index: int, deadline: float) -> None:
         """Tell ``retry_policy.notice`` what is retried, the first time for each cause."""

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 
 import trio
 
-from .dataconn import FIRST_BACKOFF, IO_ERRORS, close_quietly, failure_cause, node_name
+from .dataconn import DATA_BACKOFF, IO_ERRORS, close_quietly, failure_cause, node_name
 from .datatransfer import (FLAG_LAST, FLAG_SYNC, MAX_PACKET_DATA,
                            PIPELINE_SETUP_STREAMING_RECOVERY, Packet, block_dict,
                            chunk_checksums)
@@ -615,7 +615,6 @@ class AsyncOutputStream:
             located, self._first_block = self._first_block, None
             return located
         retries = max(1, self._client.config.complete_retries)
-        delay = FIRST_BACKOFF
         for attempt in range(retries + 1):
             try:
                 return await self._meta("add_block", {
@@ -626,9 +625,9 @@ class AsyncOutputStream:
                     raise NotReplicatedYet(
                         f"{self.path}: cannot add a block: the previous block is still not "
                         f"replicated after {retries} retries ({exc})") from None
+                delay = DATA_BACKOFF.delay(attempt)
                 log.debug("%s: add_block: %s; retrying in %.2f s", self.path, exc, delay)
                 await trio.sleep(delay)
-                delay *= 2
         raise AssertionError("unreachable")
 
     async def _start_block(self) -> None:
@@ -981,7 +980,6 @@ class AsyncOutputStream:
     async def _complete(self) -> None:
         client = self._client
         retries = max(0, client.config.complete_retries)
-        delay = FIRST_BACKOFF
         waited = 0.0
         for attempt in range(retries + 1):
             done = await self._meta("complete", {
@@ -992,9 +990,7 @@ class AsyncOutputStream:
             if done:
                 return
             if attempt < retries:
-                await trio.sleep(delay)
-                waited += delay
-                delay *= 2
+                waited += await DATA_BACKOFF.sleep(attempt)
         block = self._previous["id"] if self._previous else None
         raise NotReplicatedYet(
             f"{self.path}: could not close the file: the metadata server still reports "

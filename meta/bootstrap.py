@@ -60,6 +60,7 @@ import trio
 
 from fs import nodeauth
 from fs import tls as tlsmod
+from fs.backoff import Backoff
 from fs.datafolder import FILE_MODE
 from fs.errors import InvalidArgument, LeaseFSError, TryAgain, sole_exception
 from fs.rpc import format_address, parse_address_list
@@ -76,8 +77,8 @@ CHUNK_BYTES = 1 << 20
 IDLE = 60.0
 #: open images a server keeps at once (each pins a LevelDB snapshot)
 MAX_IMAGES = 4
-#: seconds between two rounds of asking every source
-RETRY = 2.0
+#: the wait between two rounds of asking every source (1 to 2 s)
+RETRY = Backoff(first=2.0, factor=1, cap=2.0, jitter=0.5)
 #: seconds a source may take to answer one call
 CALL_TIMEOUT = 30.0
 STAGING = "db.image"
@@ -297,6 +298,7 @@ async def recover(config, data_dir: str, gap: Gap, *, leader: str | None,
                         gap.applied, aside)
             return done
         known = addresses or "(none known: set meta_address to the namespace's servers)"
+        delay = RETRY.delay(0)
         log.warning("bootstrap: no metadata server of %s gave an image at txid %d or "
-                    "later; trying again in %.0f s", known, gap.needed, RETRY)
-        await trio.sleep(RETRY)
+                    "later; trying again in %.1f s", known, gap.needed, delay)
+        await trio.sleep(delay)

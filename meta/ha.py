@@ -82,6 +82,7 @@ from collections import deque
 
 import trio
 
+from fs.backoff import Backoff
 from fs.errors import StandbyError
 
 from .harole import HAStatus, Role, RoleEvent, next_role
@@ -98,8 +99,11 @@ MAGIC = b"LFSB"
 MAX_RECORD = MAX_PAYLOAD - ENVELOPE.size - RECORD_HEADER.size
 #: lag samples kept for the status and /metrics (the newest)
 LAG_SAMPLES = 4096
-#: seconds between two tries of an append whose outcome etcd left unknown
-APPEND_RETRY = 0.2
+#: the wait between two tries of an append whose outcome etcd left unknown (0.1 to 0.2 s)
+APPEND_RETRY = Backoff(first=0.2, factor=1, cap=0.2, jitter=0.5)
+#: the wait between two tries of an etcd call while etcd has no quorum (0.25 to 0.5 s: the
+#: servers that lost etcd together do not all come back to it at the same instant)
+ETCD_RETRY = Backoff(first=0.5, factor=1, cap=0.5, jitter=0.5)
 #: seconds a server that gave its term away waits for another to take it before it may
 #: campaign again itself (a campaigning standby wins within its 0.1 s poll)
 CEDE_GRACE = 0.5
@@ -280,7 +284,7 @@ class HAController:
                     down_since = trio.current_time()
                     log.warning("metadata server %s: %s: %s; trying again until etcd answers",
                                 self.node_id, what, exc)
-                await trio.sleep(0.5)
+                await ETCD_RETRY.sleep(0)
                 continue
             if down_since is not None:
                 log.info("metadata server %s: %s: etcd answers again after %.1f s",
@@ -461,4 +465,4 @@ class HAController:
                     log.warning("appending txid %d to the replicated log: %s; trying again",
                                 first, exc)
                     retried = True
-                    await trio.sleep(APPEND_RETRY)
+                    await APPEND_RETRY.sleep(0)

@@ -113,6 +113,8 @@ from typing import AsyncIterator
 
 import trio
 
+from fs.backoff import Backoff
+
 from . import etcdgrpc
 from .etcdhttp import Gateway, GatewayError
 
@@ -124,6 +126,11 @@ MAX_PAYLOAD = MAX_REQUEST_BYTES - 4096
 TXID_DIGITS = 20
 #: seconds between asks for etcd's raft leader (see "Which member")
 LEADER_PROBE = 5.0
+#: the wait before a call goes to the next member after a transport error (25 to 50 ms)
+NEXT_MEMBER_RETRY = Backoff(first=0.05, factor=1, cap=0.05, jitter=0.5)
+#: the wait before a call that etcd answered with a transient error ("no leader") is tried
+#: again, and before a broken watch is opened again (50 to 100 ms)
+TRANSIENT_RETRY = Backoff(first=0.1, factor=1, cap=0.1, jitter=0.5)
 
 
 class HALogError(Exception):
@@ -376,7 +383,7 @@ class HALog:
                     last = exc
                     retried = retried or exc.sent   # the request may have reached etcd
                     self._current = (self._current + 1) % len(self.endpoints)
-                    await trio.sleep(0.05)
+                    await NEXT_MEMBER_RETRY.sleep(0)
                     continue
                 if isinstance(data, HALogError):
                     last = data
@@ -385,7 +392,7 @@ class HALog:
                     # "request timed out", "no leader" while a member has no quorum: the
                     # request may still commit later, so a retry may meet its own entry
                     retried = True
-                    await trio.sleep(0.1)
+                    await TRANSIENT_RETRY.sleep(0)
                     continue
                 return data, retried
         raise Unavailable(f"etcd gave no answer to {what} within {self.op_timeout} s "
@@ -594,7 +601,7 @@ class HALog:
             except (GatewayError, ValueError, KeyError) as exc:
                 log.info("halog: watch broke (%r); reading again from txid %d", exc, from_txid)
                 self._current = (self._current + 1) % len(self.endpoints)
-                await trio.sleep(0.1)
+                await TRANSIENT_RETRY.sleep(0)
 
     async def _watch(self, start_revision: int) -> AsyncIterator[Entry]:
         """The log's new entries from ``start_revision`` as etcd commits them: a native

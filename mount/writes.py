@@ -24,6 +24,7 @@ import logging
 
 import trio
 
+from fs.backoff import Backoff
 from fs.client import FileSettings
 from fs.errors import (FileNotFound, FileTooLarge, LeaseExpired, LeaseFSError,
                        ServerUnavailable)
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 
 COPY_CHUNK = 4 << 20
 TRUNCATE_WAIT = 60.0
+#: the wait between two asks whether a file being recovered is closed yet (25 to 50 ms)
+CLOSED_POLL = Backoff(first=0.05, factor=1, cap=0.05, jitter=0.5)
 
 
 def still_ours(exc: LeaseFSError) -> bool:
@@ -357,7 +360,7 @@ class Writer:
             while not await self._client.is_file_closed(path):
                 if trio.current_time() > deadline:
                     raise fuse_error(errno.EAGAIN)
-                await trio.sleep(0.05)
+                await CLOSED_POLL.sleep(0)
 
     async def truncate_locked(self, of: OpenFile, path: str, size: int) -> None:
         if of.mode is FileMode.STREAM and size == of.stream.pos:

@@ -36,7 +36,9 @@ reported deleted); other command types are logged once and ignored. ``report_bad
 sends the block scanner's findings; ``replica_lost`` drops a replica whose files a read, copy
 or scan found gone or cut and reports it deleted at once. A full report also goes out every
 ``block_report_interval``. While the metadata server cannot be reached the loop retries with
-doubling backoff, logging once per change of state, never per attempt; after an outage it
+doubling backoff and full jitter (``HeartbeatService.backoff``: block servers that lost the
+same server come back to it spread out, not in step), logging once per change of state,
+never per attempt; after an outage it
 registers again (cheap, and a restarted metadata server needs the full report to leave safe
 mode).
 
@@ -75,6 +77,7 @@ import trio
 
 from fs import blocktoken, nodeauth
 from fs import tls as tlsmod
+from fs.backoff import Backoff
 from fs.config import Config
 from fs.errors import (ChecksumError, InvalidArgument, LeaseFSError, RegistrationRefused,
                        ServerUnavailable, StandbyError)
@@ -197,7 +200,7 @@ class HeartbeatService:
                 and actor.ha.epoch >= self.active_epoch]
 
     def _active_wait(self) -> float:
-        return min(self.config.rpc_timeout, self._max_backoff())
+        return min(self.config.rpc_timeout, self.backoff.cap)
 
     async def call_active(self, method: str, args: dict):
         """Call ``method`` on the active metadata server: an actor whose last reply was
@@ -221,7 +224,9 @@ class HeartbeatService:
                 raise ServerUnavailable(
                     f"{method}: no active metadata server of {self.meta_address} took it "
                     f"(last cause: {last or 'none registered and known active yet'})")
-            await trio.sleep(min(deadline - now, self._initial_backoff()))
+            # the next heartbeat replies tell which server is active: look again soon (the
+            # first wait each time, the deadline is short), spread like every retry
+            await self.backoff.sleep(0, most=deadline - now)
 
     # ------------------------------------------------------------------ incremental reports
 
@@ -263,11 +268,14 @@ class HeartbeatService:
 
     # ------------------------------------------------------------------ main loop
 
-    def _initial_backoff(self) -> float:
-        return min(0.05, self.config.heartbeat_interval)
-
-    def _max_backoff(self) -> float:
-        return min(30.0, max(1.0, 5 * self.config.heartbeat_interval))
+    @property
+    def backoff(self) -> Backoff:
+        """The waits of the retry loops to a metadata server: from a heartbeat interval or
+        0.05 s (the shorter), doubling up to five heartbeat intervals (1 s to 30 s), full
+        jitter."""
+        interval = self.config.heartbeat_interval
+        return Backoff(first=min(0.05, interval), factor=2,
+                       cap=min(30.0, max(1.0, 5 * interval)), jitter=1.0)
 
     async def run(self, advertise_address: str) -> None:
         """Run forever (until cancelled); never raises on metadata server trouble, only
@@ -294,7 +302,8 @@ class HeartbeatService:
                     (blocktoken.unwrap(self._key, w) for w in wire["keys"])}
             version = wire["version"]
         except (KeyError, TypeError, ValueError, LeaseFSError) as exc:
-            log.warning("malformed block keys from %s ignored: %s", source, exc)
+            # tampered, another cluster's, or malformed: keep the keys held, serve on
+            log.warning("block keys from %s refused (keeping the ones held): %s", source, exc)
             return
         self.on_block_keys(keys)
         self.block_keys_version = version
@@ -436,7 +445,7 @@ class MetaActor:
         self._wakeup.set()
 
     async def _incremental_report_loop(self) -> None:
-        delay = self.service._initial_backoff()
+        failures = 0
         while True:
             await self._wakeup.wait()
             while not self.registered:
@@ -465,12 +474,13 @@ class MetaActor:
                             self._pending_deleted.setdefault(block_id, None)
                     self._wakeup.set()
             if failure is not None:
+                delay = self.service.backoff.delay(failures)
                 log.debug("incremental block report to %s failed (%s); retrying in %.2fs",
                           self.address, failure, delay)
                 await trio.sleep(delay)
-                delay = min(delay * 2, self.service._max_backoff())
+                failures += 1
                 continue
-            delay = self.service._initial_backoff()
+            failures = 0
 
     # ------------------------------------------------------------------ main loop
 
@@ -515,7 +525,7 @@ class MetaActor:
 
     async def _heartbeat_loop(self) -> None:
         service = self.service
-        delay = service._initial_backoff()
+        failures = 0
         next_full_report = 0.0
         while True:
             try:
@@ -526,7 +536,7 @@ class MetaActor:
                 if self._outage is not None:
                     log.info("metadata server %s answers again", self.address)
                     self._outage = None
-                delay = service._initial_backoff()
+                failures = 0
                 if not isinstance(reply, dict):
                     log.warning("malformed heartbeat reply from %s ignored: %r",
                                 self.address, reply)
@@ -555,12 +565,12 @@ class MetaActor:
                         else f"refusing ({type(exc).__name__})")
                 if self._outage != kind:
                     log.warning("metadata server %s %s: %s; retrying with backoff up to %.1fs",
-                                self.address, kind, exc, service._max_backoff())
+                                self.address, kind, exc, service.backoff.cap)
                     self._outage = kind
                 if self.registered:
                     self._unregister()   # register afresh once it answers again
-                await trio.sleep(delay)
-                delay = min(delay * 2, service._max_backoff())
+                await service.backoff.sleep(failures)
+                failures += 1
                 continue
             await trio.sleep(self.config.heartbeat_interval)
 

@@ -369,3 +369,84 @@ def test_shared_key_rings_agree_without_talking_and_roll_together():
     other = KeyRing(600.0, 300.0, now, shared=os.urandom(32))
     with pytest.raises(InvalidToken):
         check({k.key_id: k.secret for k in other.keys()}, token, 7, 1001, "r", now + 1, "test")
+
+
+def test_block_keys_travel_wrapped_and_a_v1_wire_form_still_unwraps():
+    """Form 2 (AES key wrap under a key derived from the cluster key) carries no secret in
+    the clear and unwraps to the same key; a form-1 wire dict (the XOR pad a metadata server
+    of the earlier release sends during a rolling restart) still unwraps."""
+    import hashlib
+    import hmac
+
+    from fs.blocktoken import WRAP_LABEL, BlockKey, unwrap, wrap
+    from fs.frames import packb
+
+    cluster_key = os.urandom(32)
+    key = BlockKey(4242, os.urandom(32), 1_800_000_900.5)
+    wire = wrap(cluster_key, key)
+    assert wire["v"] == 2 and "secret" not in wire and key.secret not in wire["wrapped"]
+    assert unwrap(cluster_key, wire) == key
+    pad = hmac.new(cluster_key, WRAP_LABEL + packb([key.key_id, key.expires]),
+                   hashlib.sha256).digest()
+    v1 = {"id": key.key_id, "expires": key.expires,
+          "secret": bytes(a ^ b for a, b in zip(key.secret, pad))}
+    assert unwrap(cluster_key, v1) == key
+
+
+@pytest.mark.parametrize("change", ["wrapped", "id", "expires", "cluster key", "short",
+                                    "version"])
+def test_a_tampered_wrapped_block_key_is_refused(change):
+    """A wrapped block key changed on the way (a bit of the wrapped secret, its id or its
+    expiry), wrapped with another cluster's key, cut short or in an unknown form does not
+    unwrap: ``InvalidToken`` saying why, never a key an attacker chose."""
+    from fs.blocktoken import BlockKey, unwrap, wrap
+    from fs.errors import InvalidToken
+
+    cluster_key = os.urandom(32)
+    wire = wrap(cluster_key, BlockKey(7, os.urandom(32), 1_800_000_000.0))
+    if change == "wrapped":
+        flipped = bytearray(wire["wrapped"])
+        flipped[13] ^= 0x01
+        wire["wrapped"] = bytes(flipped)
+    elif change == "id":
+        wire["id"] = 8
+    elif change == "expires":
+        wire["expires"] += 3600
+    elif change == "cluster key":
+        cluster_key = os.urandom(32)
+    elif change == "short":
+        wire["wrapped"] = wire["wrapped"][:-8]
+    else:
+        wire["v"] = 3
+    match = {"short": "wrong size", "version": "wrap form 3"}.get(change, "does not unwrap")
+    with pytest.raises(InvalidToken, match=match):
+        unwrap(cluster_key, wire)
+
+
+def test_a_block_server_refuses_tampered_block_keys_and_keeps_the_ones_it_holds(caplog):
+    """A block server handed block keys of which one does not unwrap logs the refusal and
+    keeps the keys (and version) it holds; the same keys untampered are taken."""
+    import logging
+
+    from harness import make_test_config
+
+    from fs.blocktoken import KeyRing, wrap
+    from storage.heartbeat import HeartbeatService
+
+    cluster_key = os.urandom(32)
+    service = HeartbeatService(make_test_config(), None, "127.0.0.1:1", key=cluster_key)
+    taken = []
+    service.on_block_keys = taken.append
+    ring = KeyRing(600.0, 300.0, 1_800_000_000.0)
+    good = {"version": ring.version, "keys": [wrap(cluster_key, k) for k in ring.keys()]}
+    bad = {"version": ring.version + 1, "keys": [dict(w) for w in good["keys"]]}
+    bad["keys"][-1]["wrapped"] = bytes(reversed(bad["keys"][-1]["wrapped"]))
+    caplog.set_level(logging.WARNING, logger="storage.heartbeat")
+    service.take_block_keys(good, "meta:1")
+    service.take_block_keys(bad, "meta:1")
+    assert taken == [{k.key_id: k.secret for k in ring.keys()}]
+    assert service.block_keys_version == ring.version
+    assert [r.getMessage() for r in caplog.records if "refused" in r.getMessage()] == [
+        f"block keys from meta:1 refused (keeping the ones held): block key "
+        f"{ring.next.key_id} does not unwrap with this cluster key (changed on the way, or "
+        f"another cluster's key)"]
