@@ -277,6 +277,9 @@ def test_a_taken_over_writer_is_told_the_new_holder_while_recovery_runs(tmp_path
 
 
 @pytest.mark.slow
+# the file stays open across the metadata server's restart, and the 3 s hard limit of the
+# other tests is shorter than a restart plus the first renewal can take on a loaded machine
+@pytest.mark.parametrize("cluster", [{"lease_hard_limit": 60.0}], indirect=True)
 def test_a_failed_lease_renewal_names_its_cause(cluster, caplog):
     """A renewal that gets no answer (the metadata server stopped) and one that no server of
     the list serves (killed, the other address dead) are logged with their cause: neither
