@@ -619,7 +619,7 @@ def format_report(r: dict, meta_address: str) -> list[str]:
 
 
 def format_ha(ha: dict | None) -> str:
-    """The answering server's HA role (``report``'s ``ha``, a ``meta.harole.HAStatus``)."""
+    """The answering server's HA role (``report``'s ``ha``, a ``fs.hastatus.HAStatus``)."""
     if not ha or ha.get("mode", "none") == "none":
         return "none (one metadata server)"
     return (f"{ha.get('role')} (node {ha.get('node_id') or '?'}, epoch {ha.get('epoch', 0)}, "
