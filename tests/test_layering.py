@@ -1,7 +1,7 @@
 """The shape of the code: no import circles between modules, and the layers of
 docs/DESIGN.md ("Layers"): ``fs`` (client and wire vocabulary) is the ground floor, the
 metadata server (``meta``) and the block server (``storage``) stand on it and never import
-each other; only the command line (``tools``, which launches both) imports them.
+each other; only the command line's launcher (``tools/cluster/``) imports them.
 
 The graph is read from the source (``ast``), not from what an import happens to load: every
 ``import``/``from ... import`` statement of a module counts, at the top of the file or inside
@@ -28,11 +28,6 @@ KNOWN_CIRCLES = frozenset({
     frozenset({"meta.ops", "meta.ops_blocks", "meta.ops_namespace", "meta.ops_tokens"}),
     # a compressed split reads its range through splits, which picks the codec
     frozenset({"spark_connector.compression", "spark_connector.splits"}),
-    # the command line's
-    frozenset({"tools.admin", "tools.checksum", "tools.shell"}),
-    frozenset({"tools.cluster", "tools.clusterha"}),
-    frozenset({"tools.bench", "tools.benchapps", "tools.benchcalls", "tools.benchfuse",
-               "tools.benchha", "tools.benchmeta", "tools.benchpartition"}),
 })
 
 #: package -> the project's packages its modules must not import (the longest package that
@@ -44,6 +39,9 @@ FORBIDDEN = {
     "mount": {"meta", "storage", "tools", "spark_connector", "fsspec_leasefs"},
     "spark_connector": {"meta", "storage", "mount", "tools"},
     "fsspec_leasefs": {"meta", "storage", "mount", "tools"},
+    # the command line talks to the servers over the wire; only the launcher runs them
+    "tools": {"meta", "storage", "mount"},
+    "tools.cluster": set(),
 }
 
 
