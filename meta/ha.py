@@ -84,9 +84,10 @@ import trio
 
 from fs.backoff import Backoff
 from fs.errors import StandbyError
+from fs.hastatus import HAStatus, Role
 
-from .harole import HAStatus, Role, RoleEvent, next_role
 from .bootstrap import BehindLog, behind
+from .harole import RoleEvent, next_role
 from .halog import (MAX_PAYLOAD, DuplicateTxid, Fenced, HALog, Term, Unavailable)
 from .journal_files import RECORD_HEADER, decode_batch
 

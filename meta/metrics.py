@@ -27,9 +27,8 @@ from __future__ import annotations
 
 from prometheus_client.core import GaugeMetricFamily
 
+from fs.hastatus import Role
 from fs.metrics import BATCH_BUCKETS, Counters, Histograms, register
-
-from .harole import Role
 
 PREFIX = "leasefs_meta_"
 HA_PREFIX = "leasefs_ha_"

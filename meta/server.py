@@ -74,6 +74,7 @@ from fs import blocktoken, paths, weblog
 from fs.blocktoken import READ as READ_TOKEN, KeyRing
 from fs.config import Config
 from fs.errors import InvalidArgument, StandbyError, TryAgain
+from fs.hastatus import HAStatus, Role
 from fs.metrics import new_registry
 from fs.retry_cache import CallKey
 from fs.rpc import LOCAL_PEER_PREFIX, Dispatcher, RetryCache, current_user
@@ -97,7 +98,7 @@ from .ops import LAZY_OPS, RPC_CALL, RPC_KEPT, decode
 from .replication import ReplicationQueues
 from .reports import REPORT_STEP, BlockReports
 from .permissions import WRITE, Caller, PermissionChecker, clears_only_setid
-from .harole import SERVING, HAStatus, Role
+from .harole import SERVING
 from .safemode import SafeModeState
 from .startup import Phase, StartupProgress
 from .timeslice import TimeSlice
@@ -347,7 +348,7 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
 
     # ================================================================== HA role
     def ha_status(self) -> HAStatus:
-        """This server's role, epoch, applied txid and lag (``meta.harole``)."""
+        """This server's role, epoch, applied txid and lag (``fs.hastatus``)."""
         if self.ha is None:
             return HAStatus(applied_txid=self.ns.applied_txid)
         return self.ha.status()
@@ -402,7 +403,7 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         self.update_safemode()
 
     async def rpc_ha_status(self, ctx, reset_lag=False):
-        """This server's role, epoch, applied txid and lag (``meta.harole.HAStatus``), with
+        """This server's role, epoch, applied txid and lag (``fs.hastatus.HAStatus``), with
         ``lag_stats`` (count, p50, p99, max seconds of the recent lag samples of a
         follower); ``reset_lag``: start a new sample window (a benchmark's measurement)."""
         answer = self.ha_status().to_wire()

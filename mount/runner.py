@@ -1,6 +1,6 @@
 """Run a leasefs mount: connect the client, ``pyfuse3.init``, ``pyfuse3.main``, clean up.
 
-Why a module of its own: the CLI (``tools/mountcmd.py``) only parses options and
+Why a module of its own: the CLI (``tools/cluster/mountcmd.py``) only parses options and
 daemonizes; everything that must happen in order around the FUSE loop lives here — the
 client is connected before the mount appears (so a wrong ``--meta`` fails at once), the
 mount reports readiness through ``on_ready`` only after ``pyfuse3.init`` succeeded, and on

@@ -10,7 +10,7 @@ Several metadata servers (HA: ``meta_address`` lists every one, comma-separated)
 ``MetaActor`` per server does all of the below with that server alone: it registers, sends
 full reports, heartbeats and every incremental report to it, whatever its role, so a
 standby's blocks map is warm when it takes over. Commands are another matter: every register
-and heartbeat reply carries the server's ``"ha"`` status (``meta.harole.HAStatus``; absent =
+and heartbeat reply carries the server's ``"ha"`` status (``fs.hastatus.HAStatus``; absent =
 active in epoch 0, ``ha = none``); ``HeartbeatService.active_epoch`` is the newest epoch seen
 from a server claiming the active role, and the commands and block keys of a reply are
 obeyed only when it says active with an epoch >= that. Others are dropped, counted
@@ -81,8 +81,8 @@ from fs.backoff import Backoff
 from fs.config import Config
 from fs.errors import (ChecksumError, InvalidArgument, LeaseFSError, RegistrationRefused,
                        ServerUnavailable, StandbyError)
+from fs.hastatus import HAStatus, Role
 from fs.rpc import RpcClient, format_address, parse_address_list
-from meta.harole import HAStatus, Role
 
 from .blockcopy import copy_replica
 from .recovery import BlockRecoveryWorker

@@ -4,7 +4,7 @@ Each member listens on free ports from ``harness.free_port`` (10000 up to the ke
 ephemeral range, so never 2379/2380: Debian's package enables a system ``etcd.service`` on
 those, and we keep clear of it rather than stop it), keeps its data under the test's
 ``tmp_path`` and is stopped by its own pid. The command line and the health check are the
-product's (``tools/etcd.py``, which ``leasefs cluster up --ha`` uses): short
+product's (``tools/cluster/etcd.py``, which ``leasefs cluster up --ha`` uses): short
 heartbeat/election settings (50/500 ms) make a lost leader re-elected in about a second.
 """
 
@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from harness import free_port, wait_stopped
-from tools import etcd as etcdmod
+from tools.cluster import etcd as etcdmod
 
 ETCD = etcdmod.ETCD
 

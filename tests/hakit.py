@@ -9,7 +9,7 @@ authenticate to each). Processes and etcd members are stopped by their own pids.
 
 ``cuttable=True``: every metadata server reaches each etcd member through proxies of its
 own, and everyone else (clients, block servers, the other metadata servers) reaches it
-through one more (``tools.cutproxy``); ``cut(name)`` silences them all at once, a network
+through one more (``tools.testbed.cutproxy``); ``cut(name)`` silences them all at once, a network
 partition of that server that kills nothing and resets no connection; ``heal(name)`` ends
 it. ``address(name)`` is then the proxied address; ``direct(name)`` the server's own port.
 """
@@ -32,7 +32,7 @@ from fs.errors import sole_exception
 from fs.haclient import call_each
 from fs.rpcclient import PROBE_SHARE, RpcClient
 from harness import ProcessCluster, free_port, wait_cluster_ready, wait_stopped
-from tools.cutproxy import Partitions
+from tools.testbed.cutproxy import Partitions
 
 #: election timeout of the tests' metadata servers (the etcd lease TTL)
 ELECTION_TIMEOUT = 2.0

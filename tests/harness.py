@@ -32,7 +32,7 @@ from fs import tls as tlsmod
 from fs.config import Config
 from fs.client import authentication
 from fs.rpc import RpcClient, format_address
-from tools.etcd import free_port as etcd_free_port
+from tools.cluster.etcd import free_port as etcd_free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ TEST_SETTINGS = {
 
 def free_port() -> int:
     """A free TCP port BELOW the kernel's ephemeral range, never one this process was
-    handed before (``tools.etcd.free_port``).
+    handed before (``tools.cluster.etcd.free_port``).
 
     Servers that tests restart must come back on the same port. A port handed out by
     ``bind(0)`` lies in the ephemeral range, where the clients that keep reconnecting to the

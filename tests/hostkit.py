@@ -1,16 +1,16 @@
-"""A ``ProcessCluster`` spread over hosts (``tools.hosts.HostSet``): the metadata server on
+"""A ``ProcessCluster`` spread over hosts (``tools.testbed.hosts.HostSet``): the metadata server on
 host ``meta``, block server i on host ``s<i>``, clients on hosts ``c0``, ``c1``, ...
 
     with host_cluster(tmp_path, n_storage=4, clients=2) as hc:
         hc.leasefs("c0", "put", local, "/f")        # the CLI, run on host c0
-        hc.hosts.cut_both("s1", "meta")             # faults: tools.hosts
+        hc.hosts.cut_both("s1", "meta")             # faults: tools.testbed.hosts
         hc.cluster.kill_storage(2)                  # the ProcessCluster underneath
 
 Tests call ``require_hosts()`` first (it skips with the reason when namespaces cannot be
 built: not root, no ``ip netns``) and are marked ``slow`` like every ``ProcessCluster`` test.
 
 Names come from the checkout's folder name (``default_tag``) and the subnet is one nothing
-routes yet (``tools.hosts.free_subnet``), so two checkouts running their tests at once on
+routes yet (``tools.testbed.hosts.free_subnet``), so two checkouts running their tests at once on
 one machine use distinct namespaces and subnets.
 
 Clients away from the metadata host authenticate with a delegation token of the test's
@@ -35,7 +35,7 @@ import trio
 from fs.client import authentication
 from fs.rpc import RpcClient
 from harness import REPO, ProcessCluster, make_test_config, mounted, wait_cluster_ready
-from tools.hosts import HostSet, unavailable_reason
+from tools.testbed.hosts import HostSet, unavailable_reason
 
 META = "meta"
 

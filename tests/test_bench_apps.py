@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from harness import Mount, ProcessCluster
-from tools import benchapps as A
-from tools import benchcalls as C
-from tools import benchfuse as B
-from tools import sourcetree as S
-from tools.bench import BenchFailed
+from tools.bench import apps as A
+from tools.bench import calls as C
+from tools.bench import fuse as B
+from tools.bench import sourcetree as S
+from tools.bench.base import BenchFailed
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--entries", "60", "--rows", "200", "--transactions", "4"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import benchfuse as B
+from tools.bench import fuse as B
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--size", "4M", "--files", "30", "--tree-files", "60", "--calls", "20"]

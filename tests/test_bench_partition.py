@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from hostkit import require_hosts
-from tools.benchpartition import FAULTS, MEASURES, SCENARIOS, STORAGE, table_lines
+from tools.bench.partition import FAULTS, MEASURES, SCENARIOS, STORAGE, table_lines
 
 ROUND_TIMEOUT = 12.0
 
@@ -84,7 +84,7 @@ def test_bench_partition_table_says_timeouts_as_lower_bounds():
                 "still_active": extra.get("still"), "stepped_down_seconds": None,
                 "in_flight": seconds is not None and seconds > 30,
                 "recovered_seconds": 1.0, "errors": [], "notes": []}
-    from tools.benchpartition import Round, summary
+    from tools.bench.partition import Round, summary
 
     rounds = [rnd("active", "partition", None, fresh=5.0, still=True),
               rnd("active", "kill", 3.0, fresh=3.5),

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from harness import LOG_WATCH
-from tools.cluster import is_ours, mounted_fuse, process_state
+from tools.cluster.processes import is_ours, mounted_fuse, process_state
 
 FAST = ["--set", "heartbeat_interval=0.1", "--set", "dead_node_interval=3",
         "--set", "safemode_extension=0", "--set", "lease_monitor_period=0.2"]

@@ -38,7 +38,7 @@ from harness import free_port, inprocess_cluster, make_test_config
 from fs.client import AsyncClient
 from fs.errors import ServerUnavailable, StandbyError
 from fs.rpc import CallContext, Dispatcher, RpcClient, format_address, serve_rpc, serve_tcp
-from meta.harole import HAStatus, Role
+from fs.hastatus import HAStatus, Role
 from meta.kv import PlyvelStore
 from meta.server import MetaServer
 from storage.server import BlockServer

@@ -31,8 +31,8 @@ from hakit import freeze_failover_bound
 from fs import tls as tlsmod
 from fs.errors import sole_exception
 from fs.rpc import RpcClient
-from tools import etcd as etcdmod
-from tools.cluster import is_ours, process_state
+from tools.cluster import etcd as etcdmod
+from tools.cluster.processes import is_ours, process_state
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not os.access(ETCD, os.X_OK),

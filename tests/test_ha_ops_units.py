@@ -1,5 +1,5 @@
 """The operator side of metadata HA without processes: the etcd command line
-(``tools/etcd.py``), ``haadmin``'s flags and table, ``report``'s HA line, and the follower
+(``tools/cluster/etcd.py``), ``haadmin``'s flags and table, ``report``'s HA line, and the follower
 lag histogram fed from the HA controller's samples (``meta/metrics.py``)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 
 from fs.metrics import Histograms
 from meta.metrics import LAG_BUCKETS, MetaMetrics
-from tools import etcd as etcdmod
+from tools.cluster import etcd as etcdmod
 from tools.cli import build_parser, main
-from tools.haadmin import active_of, split_addresses, status_rows
-from tools.shell import format_ha
+from tools.admin.haadmin import active_of, split_addresses, status_rows
+from tools.shell.core import format_ha
 
 
 def test_etcd_plan_and_command_line(tmp_path):

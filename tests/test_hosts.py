@@ -1,4 +1,4 @@
-"""leasefs across hosts: network namespaces on a private bridge (``tools.hosts``), servers
+"""leasefs across hosts: network namespaces on a private bridge (``tools.testbed.hosts``), servers
 and clients each on its own host (``hostkit``), faults by routes into nothing and links
 taken down."""
 
@@ -14,7 +14,7 @@ import pytest
 from fs.client import Client
 from harness import poll_until
 from hostkit import default_tag, host_cluster, require_hosts, storage_host
-from tools.hosts import HostSet
+from tools.testbed.hosts import HostSet
 
 _LISTEN = """
 import socket, sys

@@ -62,7 +62,7 @@ def test_parse_mode_for_mkdir_starts_from_a_rwx():
 
 
 def test_count_columns_are_hdfs_ones():
-    from tools.shellcount import count_line, header
+    from tools.shell.count import count_line, header
 
     summary = {"directory_count": 3, "file_count": 2, "length": 3000, "space_consumed": 9000}
     assert header(False) == "   DIR_COUNT   FILE_COUNT       CONTENT_SIZE PATHNAME"
@@ -82,7 +82,7 @@ def test_count_columns_are_hdfs_ones():
 
 def test_ls_sort_orders():
     from test_cli import _status
-    from tools.shell import sort_entries
+    from tools.shell.core import sort_entries
 
     a = ("/a", _status(name="a", length=5, mtime_ns=3, atime_ns=9))
     b = ("/b", _status(name="b", length=50, mtime_ns=1, atime_ns=7))
@@ -98,7 +98,7 @@ def test_ls_sort_orders():
 
 def test_test_flags_answer_from_status_and_mode_bits():
     from test_cli import _status
-    from tools.shelltest import answer
+    from tools.shell.testpath import answer
 
     f = _status(owner="alice", group="staff", mode=0o640, length=0)
     assert answer("e", f) and answer("f", f) and not answer("d", f)
@@ -338,7 +338,7 @@ def test_getmerge_sources_are_files_in_name_order_whatever_the_listing_order():
     from types import SimpleNamespace
 
     from test_cli import _status
-    from tools.shellread import merge_sources
+    from tools.shell.read import merge_sources
 
     listing = [_status(name="b"), _status(name="sub", type="dir"), _status(name="a")]
     client = SimpleNamespace(get_file_status=lambda p: _status(type="dir" if p == "/d" else "file"),
@@ -423,7 +423,7 @@ def test_single_dash_options_as_hdfs_spells_them(cluster, env, tmp_path):
 
 
 def test_corrupt_file_blocks_lines():
-    from tools.admin import corrupt_file_blocks
+    from tools.admin.maintenance import corrupt_file_blocks
 
     answer = {"path": "/x", "files": [
         {"path": "/x/a", "blocks": [{"id": 7, "gs": 1001, "status": "HEALTHY"},

@@ -31,7 +31,7 @@ from fs.framing import LENGTH, encode_frame, unpackb
 from fs.reader import Block, BlockReader
 from fs.rpc import RpcClient
 from harness import LOG_WATCH, ProcessCluster, inprocess_cluster
-from tools.cluster import is_ours
+from tools.cluster.processes import is_ours
 
 KiB = 1 << 10
 MiB = 1 << 20

@@ -59,78 +59,78 @@ def common_options() -> argparse.ArgumentParser:
 #: made from this table and a command's module is imported only when that command runs, so
 #: start-up does not pay for every command (tests/test_cli.py checks it against the modules).
 COMMANDS: dict[str, tuple[str, str]] = {
-    'meta': ('daemons', 'run the metadata server (foreground)'),
-    'storage': ('daemons', 'run one block server (foreground)'),
-    'tls': ('cluster', 'wire encryption: issue a certificate from the cluster CA'),
-    'cluster': ('cluster', 'the embedded local cluster: up, down, status'),
-    'ls': ('shell', 'list directories (-l long format, -R recursive)'),
-    'stat': ('shell', 'show every field of a file or directory status'),
-    'cat': ('shell', 'write files to stdout'),
-    'put': ('shell', 'copy local files or directories into the cluster'),
-    'get': ('shell', 'copy cluster files or directories to the local disk'),
-    'cp': ('shell', 'copy within the cluster, or to/from file: URLs'),
-    'mv': ('shell', 'rename or move into a directory'),
-    'rm': ('shell', 'delete files and directories'),
-    'expunge': ('shell', 'empty the trash: checkpoint it and delete checkpoints older than the '
+    'meta': ('cluster.daemons', 'run the metadata server (foreground)'),
+    'storage': ('cluster.daemons', 'run one block server (foreground)'),
+    'tls': ('cluster.embedded', 'wire encryption: issue a certificate from the cluster CA'),
+    'cluster': ('cluster.embedded', 'the embedded local cluster: up, down, status'),
+    'ls': ('shell.core', 'list directories (-l long format, -R recursive)'),
+    'stat': ('shell.core', 'show every field of a file or directory status'),
+    'cat': ('shell.core', 'write files to stdout'),
+    'put': ('shell.core', 'copy local files or directories into the cluster'),
+    'get': ('shell.core', 'copy cluster files or directories to the local disk'),
+    'cp': ('shell.core', 'copy within the cluster, or to/from file: URLs'),
+    'mv': ('shell.core', 'rename or move into a directory'),
+    'rm': ('shell.core', 'delete files and directories'),
+    'expunge': ('shell.core', 'empty the trash: checkpoint it and delete checkpoints older than the '
                          "cluster's trash_interval (hdfs dfs -expunge)"),
-    'mkdir': ('shell', 'create directories'),
-    'touch': ('shell', 'create empty files or set their times to now'),
-    'du': ('shell', 'space used by files and directories'),
-    'df': ('shell', 'cluster capacity and usage'),
-    'setrep': ('shell', 'change the replication of files (all files below a directory)'),
-    'chmod': ('shell', 'change permissions (octal or symbolic MODE)'),
-    'chown': ('shell', 'change owner and/or group (OWNER[:GROUP] or :GROUP)'),
-    'tail': ('shell', 'the last bytes of a file (default 1K)'),
-    'report': ('shell', 'cluster report: capacity, blocks, block servers'),
-    'safemode': ('shell', 'get, enter, leave or wait for safe mode'),
-    'checksum': ('checksum', 'content checksums (COMPOSITE-CRC32C) that do not depend on block '
+    'mkdir': ('shell.core', 'create directories'),
+    'touch': ('shell.core', 'create empty files or set their times to now'),
+    'du': ('shell.core', 'space used by files and directories'),
+    'df': ('shell.core', 'cluster capacity and usage'),
+    'setrep': ('shell.core', 'change the replication of files (all files below a directory)'),
+    'chmod': ('shell.core', 'change permissions (octal or symbolic MODE)'),
+    'chown': ('shell.core', 'change owner and/or group (OWNER[:GROUP] or :GROUP)'),
+    'tail': ('shell.core', 'the last bytes of a file (default 1K)'),
+    'report': ('shell.core', 'cluster report: capacity, blocks, block servers'),
+    'safemode': ('shell.core', 'get, enter, leave or wait for safe mode'),
+    'checksum': ('shell.checksum', 'content checksums (COMPOSITE-CRC32C) that do not depend on block '
                              'size'),
-    'copyFromLocal': ('shellalias', 'copy local files into the cluster (= put)'),
-    'copyToLocal': ('shellalias', 'copy cluster files to the local disk (= get)'),
-    'moveFromLocal': ('shellalias', 'copy local files into the cluster, then delete the local '
+    'copyFromLocal': ('shell.alias', 'copy local files into the cluster (= put)'),
+    'copyToLocal': ('shell.alias', 'copy cluster files to the local disk (= get)'),
+    'moveFromLocal': ('shell.alias', 'copy local files into the cluster, then delete the local '
                                     'sources'),
-    'moveToLocal': ('shellalias', 'copy cluster files to the local disk, then delete them from '
+    'moveToLocal': ('shell.alias', 'copy cluster files to the local disk, then delete them from '
                                   'the cluster'),
-    'touchz': ('shellattr', 'create zero-length files'),
-    'chgrp': ('shellattr', 'change the group of files and directories'),
-    'rmdir': ('shellattr', 'delete empty directories'),
-    'test': ('shelltest', 'answer a question about a path with the exit status'),
-    'find': ('shellfind', 'find files and directories by name or type'),
-    'count': ('shellcount', 'count directories, files and bytes below paths'),
-    'head': ('shellread', 'the first kilobyte of a file'),
-    'text': ('shellread', 'write files to stdout, decompressing .gz/.bz2/.zst'),
-    'getmerge': ('shellread', 'concatenate cluster files into one local file'),
-    'recover-lease': ('leasetools', 'force lease recovery of a file left open (hdfs debug '
+    'touchz': ('shell.attr', 'create zero-length files'),
+    'chgrp': ('shell.attr', 'change the group of files and directories'),
+    'rmdir': ('shell.attr', 'delete empty directories'),
+    'test': ('shell.testpath', 'answer a question about a path with the exit status'),
+    'find': ('shell.find', 'find files and directories by name or type'),
+    'count': ('shell.count', 'count directories, files and bytes below paths'),
+    'head': ('shell.read', 'the first kilobyte of a file'),
+    'text': ('shell.read', 'write files to stdout, decompressing .gz/.bz2/.zst'),
+    'getmerge': ('shell.read', 'concatenate cluster files into one local file'),
+    'recover-lease': ('shell.leases', 'force lease recovery of a file left open (hdfs debug '
                                     'recoverLease)'),
-    'leases': ('leasetools', '(superuser) files open for writing: holder, client machine, '
+    'leases': ('shell.leases', '(superuser) files open for writing: holder, client machine, '
                              'seconds since the last lease renewal, last block state'),
-    'truncate': ('leasetools', 'cut files to LENGTH bytes (hdfs dfs -truncate)'),
-    'append': ('leasetools', 'append local files or stdin to a cluster file (hdfs dfs '
+    'truncate': ('shell.leases', 'cut files to LENGTH bytes (hdfs dfs -truncate)'),
+    'append': ('shell.leases', 'append local files or stdin to a cluster file (hdfs dfs '
                              '-appendToFile; creates it when missing)'),
-    'fsck': ('admin', "(superuser) check the health of files' blocks; exit 1 when a block "
+    'fsck': ('admin.maintenance', "(superuser) check the health of files' blocks; exit 1 when a block "
                       'is missing or corrupt'),
-    'decommission': ('admin', 'retire a block server: copy its replicas elsewhere, then mark it '
+    'decommission': ('admin.maintenance', 'retire a block server: copy its replicas elsewhere, then mark it '
                               'decommissioned (--status: progress)'),
-    'save-namespace': ('admin', 'take a checkpoint now (LevelDB made durable, journal rolled, '
+    'save-namespace': ('admin.maintenance', 'take a checkpoint now (LevelDB made durable, journal rolled, '
                                 'old segments purged); needs safe mode and the superuser, as '
                                 'HDFS dfsadmin -saveNamespace'),
-    'haadmin': ('haadmin', "metadata HA: the servers' roles, a graceful failover (hdfs haadmin)"),
-    'dfsadmin': ('dfsadmin', 'HDFS dfsadmin: -report, -safemode, -saveNamespace, -refreshNodes, '
+    'haadmin': ('admin.haadmin', "metadata HA: the servers' roles, a graceful failover (hdfs haadmin)"),
+    'dfsadmin': ('admin.dfsadmin', 'HDFS dfsadmin: -report, -safemode, -saveNamespace, -refreshNodes, '
                              '-printTopology, -listOpenFiles and the quota verbs, each running '
                              'its leasefs command'),
-    'set-quota': ('quotas', "set a folder's name quota (dfsadmin -setQuota)"),
-    'clr-quota': ('quotas', "clear a folder's name quota (dfsadmin -clrQuota)"),
-    'set-space-quota': ('quotas', "set a folder's space quota, bytes × replication, suffix "
+    'set-quota': ('admin.quotas', "set a folder's name quota (dfsadmin -setQuota)"),
+    'clr-quota': ('admin.quotas', "clear a folder's name quota (dfsadmin -clrQuota)"),
+    'set-space-quota': ('admin.quotas', "set a folder's space quota, bytes × replication, suffix "
                                   'k/m/g/t (dfsadmin -setSpaceQuota)'),
-    'clr-space-quota': ('quotas', "clear a folder's space quota (dfsadmin -clrSpaceQuota)"),
-    'concat': ('concat', 'append the blocks of SRC... to TARGET without copying and delete the '
+    'clr-space-quota': ('admin.quotas', "clear a folder's space quota (dfsadmin -clrSpaceQuota)"),
+    'concat': ('shell.concat', 'append the blocks of SRC... to TARGET without copying and delete the '
                          "sources (HDFS concat; same folder, full blocks but the last source's "
                          'last, same block size)'),
-    'token': ('tokens', 'delegation tokens for clients on other machines (HDFS fetchdt): fetch, '
+    'token': ('admin.tokens', 'delegation tokens for clients on other machines (HDFS fetchdt): fetch, '
                         'renew, cancel, print'),
-    'mount': ('mountcmd', 'mount the cluster with FUSE (daemonizes unless --foreground)'),
-    'umount': ('mountcmd', 'unmount a leasefs mount (fusermount3 -u)'),
-    'bench': ('bench', 'benchmarks: write, read, meta (cluster), fuse and apps (any folder), cli '
+    'mount': ('cluster.mountcmd', 'mount the cluster with FUSE (daemonizes unless --foreground)'),
+    'umount': ('cluster.mountcmd', 'unmount a leasefs mount (fusermount3 -u)'),
+    'bench': ('bench.command', 'benchmarks: write, read, meta (cluster), fuse and apps (any folder), cli '
                        '(start-up), ha and partition (private clusters)'),
     'settings': ('docgen', 'list every setting with its default'),
     'commands': ('cmddoc', 'list every command with its one-line help'),

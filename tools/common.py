@@ -11,6 +11,7 @@ Concurrency contract: a ``Command`` belongs to the main thread of one CLI proces
 
 from __future__ import annotations
 
+import argparse
 import errno as _errno
 import logging
 import os
@@ -25,6 +26,9 @@ from .formatting import UsageError, parse_settings
 log = logging.getLogger(__name__)
 
 PROG = "leasefs"
+#: the source tree this package runs from: servers, agents and mounts the tools start as
+#: ``python -m tools`` processes run from it too
+SOURCE_TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_config(args, *, client: bool = False) -> Config:
@@ -196,4 +200,16 @@ def is_missing(exc: BaseException) -> bool:
     return getattr(exc, "errno", None) == _errno.ENOENT
 
 
-__all__ = ["Command", "UsageError", "load_config", "error_line", "cause_of", "is_missing", "PROG"]
+def command_parser(sub, name, common, help_text, *, description=None, usage=None):
+    """The parser of one command, as every command module adds its own: the common options,
+    ``--help`` only in long form (``-h`` is a command option, e.g. human sizes), and the
+    description as written."""
+    p = sub.add_parser(name, parents=[common], help=help_text, add_help=False, usage=usage,
+                       description=description or help_text,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--help", action="help", help="show this help and exit")
+    return p
+
+
+__all__ = ["Command", "UsageError", "load_config", "error_line", "cause_of", "is_missing", "PROG",
+           "command_parser"]

@@ -206,6 +206,19 @@ def format_time(ns: int | None, *, seconds: bool = False) -> str:
                          time.localtime(ns / 1e9))
 
 
+def format_checkpoint(c: dict | None) -> str:
+    """One line for a ``{txid, time_ns, txns_since, journal_bytes_since}`` checkpoint entry
+    (``report`` too): what the journal holds since is what the next start may verify."""
+    if not c:
+        return "never"
+    size = human_size(c.get("journal_bytes_since", 0))
+    since = (f"{c.get('txns_since', 0)} transactions, {size}{'B' if size[-1].isalpha() else ' B'}"
+             f" of journal since")
+    if not c.get("time_ns"):
+        return f"never ({since})"
+    return f"txid {c['txid']} at {format_time(c['time_ns'], seconds=True)} ({since})"
+
+
 # --------------------------------------------------------------------------- ls -l, tables
 
 def ls_long_lines(statuses, *, human: bool = False, atime: bool = False,
