@@ -23,8 +23,8 @@ import pytest
 import trio
 
 from etcd_cluster import ETCD, EtcdCluster
-from meta import etcdgrpc
-from meta.etcdhttp import GatewayError
+from meta.ha import etcdgrpc
+from meta.ha.etcdhttp import GatewayError
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from etcd_cluster import ETCD, EtcdCluster
-from meta.halog import (MAX_PAYLOAD, CampaignTimeout, DuplicateTxid, Fenced, HALog,
+from meta.ha.log import (MAX_PAYLOAD, CampaignTimeout, DuplicateTxid, Fenced, HALog,
                         PayloadTooLarge, Term, Unavailable, decide)
 
 pytestmark = pytest.mark.slow

@@ -12,12 +12,12 @@ from fs.delegation import TokenId, TokenState
 from fs.errors import InternalError
 from fs.framing import packb
 from fs.retry_cache import CallKey
-from meta.invariants import check_namespace, check_record
-from meta.journal_files import Record
-from meta.kv import MemoryStore
-from meta.namespace import Defaults, Namespace
-from meta.ops import ABSENT, OPS, LAZY_OPS, RPC_CALL, RPC_KEPT, MalformedRecord, decode
-from meta.ops_blocks import Close
+from meta.namespace.invariants import check_namespace, check_record
+from meta.journal.files import Record
+from meta.journal.kv import MemoryStore
+from meta.namespace.namespace import Defaults, Namespace
+from meta.journal.ops import ABSENT, OPS, LAZY_OPS, RPC_CALL, RPC_KEPT, MalformedRecord, decode
+from meta.journal.ops_blocks import Close
 
 
 class Driver:
