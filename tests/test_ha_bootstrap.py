@@ -1,5 +1,5 @@
 """A follower behind the replicated log (the entries it needs were purged after a checkpoint)
-bootstraps itself from the active's image (``meta/bootstrap.py``), with a real etcd and
+bootstraps itself from the active's image (``meta/ha/bootstrap.py``), with a real etcd and
 real metadata server processes: it keeps its old store and journal aside, catches up, holds
 the active's namespace, and serves all of it after a failover."""
 

@@ -1,4 +1,4 @@
-"""meta/halog.py against a REAL 3-member etcd cluster on loopback (tests/etcd_cluster.py):
+"""meta/ha/log.py against a REAL 3-member etcd cluster on loopback (tests/etcd_cluster.py):
 election, epochs, fencing (a newer term, an expired lease of a SIGSTOPped holder), ordered
 reads and tail, duplicate txids, request size, and members killed with SIGKILL (one: the
 log goes on and loses nothing acknowledged; two: appends fail within a bounded time).

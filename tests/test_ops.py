@@ -1,4 +1,4 @@
-"""The journal op registry (``meta.ops``): every op's wire form is exactly what the planners
+"""The journal op registry (``meta.journal.ops``): every op's wire form is exactly what the planners
 journal, so records already on disk replay unchanged and records re-encoded from their typed
 op (as a standby fed the edit log will) are byte-identical; unknown and malformed records are
 refused naming their txid. Pure, in memory, fast."""

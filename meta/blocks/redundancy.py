@@ -37,7 +37,7 @@ class Redundancy:
     """Decisions of the replication monitor over the blocks map."""
 
     # ================================================================== repair
-    # The replication monitor (``meta/replication.py`` holds its state): every changed block
+    # The replication monitor (``meta/blocks/replication.py`` holds its state): every changed block
     # (``BlocksMap.dirty``) is checked — corrupt replicas invalidated once a good copy can
     # replace them, surplus replicas invalidated, too few replicas queued by priority — then
     # queued blocks get TRANSFER commands for a live source (bounded streams per node), which

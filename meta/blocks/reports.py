@@ -3,7 +3,7 @@ to the blocks map and the block servers' invalidate sets (HDFS ``BlockManager.pr
 and ``processIncrementalBlockReport``).
 
 Why it exists: what a block server holds is only known from its reports; this is the one
-place that turns them into replica locations. The RPC handlers of ``meta/datanode_protocol.py``
+place that turns them into replica locations. The RPC handlers of ``meta/protocols/datanode.py``
 only check the caller and the arguments, then call ``BlockReports``.
 
 Full reports: a block server sends its replicas in chunks of ``block_report_chunk`` entries

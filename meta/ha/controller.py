@@ -2,9 +2,9 @@
 
 Why it exists: one metadata server is a single point of failure. With ``ha = etcd`` every
 metadata server of a namespace runs this controller over the replicated edit log
-(``meta/halog.py``): one is ACTIVE and appends every journal batch to the log, fenced by its
+(``meta/ha/log.py``): one is ACTIVE and appends every journal batch to the log, fenced by its
 epoch; the STANDBYs and OBSERVERs follow the log and apply every entry through the same
-journal apply as the active (``Journal.ingest`` → ``MetaServer._apply`` → ``meta.ops``), so
+journal apply as the active (``Journal.ingest`` → ``MetaServer._apply`` → ``meta.journal.ops``), so
 their namespace, blocks map and leases are the active's. Roles and their moves are the
 table in ``meta/harole.py``; this module does the I/O.
 
@@ -62,7 +62,7 @@ A follower behind the log (the entries after its applied txid were purged):
 
 11. Reading or following the log, the next entry starts after ``last_txid + 1``: raise
     ``BehindLog`` out of the server; ``run_meta_server`` closes the store and journal,
-    installs another server's image (``meta/bootstrap.py``) and starts the server again,
+    installs another server's image (``meta/ha/bootstrap.py``) and starts the server again,
     which then follows the log from the image's txid + 1.
 
 Concurrency contract: every method runs on the server's trio thread. ``_replicate`` is
@@ -426,7 +426,7 @@ class HAController:
     async def after_checkpoint(self, txid: int) -> None:
         """The active checkpointed at ``txid``: entries more than ``ha_log_retain`` txids
         older leave the log (a follower that is further behind than that installs another
-        server's image at its next read, ``meta/bootstrap.py``: its own journal cannot
+        server's image at its next read, ``meta/ha/bootstrap.py``: its own journal cannot
         bridge the gap)."""
         term = self.term
         below = txid - self.server.config.ha_log_retain

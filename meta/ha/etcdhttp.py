@@ -5,7 +5,7 @@ their only thread. Measured with ``leasefs bench meta --ha``, httpx's request ma
 (client, auth and redirect handling, connection pool, httpcore's h11 state machine) took
 about 0.5 ms of CPU per call; this client writes the request in one ``send_all`` and reads
 a ``Content-Length`` response, which is all etcd's gateway answers unary calls with. The
-append and the watch go through etcd's native gRPC instead (``meta/etcdgrpc.py``).
+append and the watch go through etcd's native gRPC instead (``meta/ha/etcdgrpc.py``).
 
 Keep-alive connections, idle ones kept per endpoint; one request at a time per connection.
 Failures raise ``GatewayError`` with ``sent`` telling whether the request may have reached
@@ -118,7 +118,7 @@ async def open_stream(endpoint: str) -> tuple[trio.SocketStream, str]:
 
 class Pool:
     """Kept-alive connections per endpoint, one request at a time on each; the HTTP/1.1
-    gateway client below and the HTTP/2 gRPC one (``meta/etcdgrpc.py``) share it. A
+    gateway client below and the HTTP/2 gRPC one (``meta/ha/etcdgrpc.py``) share it. A
     connection is anything with ``stream`` and ``reusable``; ``connect(endpoint)`` makes
     one."""
 

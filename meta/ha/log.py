@@ -1,13 +1,13 @@
 """The replicated edit log on etcd: leader election, fenced appends, ordered reads.
 
 The engine under metadata high availability (active + standby + observer metadata
-servers; ``meta/ha.py`` drives it). etcd (3.4, Debian ``etcd-server``) is the engine.
+servers; ``meta/ha/controller.py`` drives it). etcd (3.4, Debian ``etcd-server``) is the engine.
 The append, once per journal batch, is a native gRPC ``KV.Txn`` and the followers' watch a
-native gRPC ``Watch`` stream (``meta/etcdgrpc.py``: a third less of etcd's CPU and of the
+native gRPC ``Watch`` stream (``meta/ha/etcdgrpc.py``: a third less of etcd's CPU and of the
 append's latency than through the JSON gateway, and a watch etcd ends when its member
 loses the raft leader); the other calls (election, reads, leases) go through etcd's JSON
 gateway (``/v3/kv/txn``, ``/v3/kv/range``, ``/v3/lease/*``; keys and values base64) with
-the lean client of ``meta/etcdhttp.py``. All on trio. See docs/DESIGN.md, "Metadata HA
+the lean client of ``meta/ha/etcdhttp.py``. All on trio. See docs/DESIGN.md, "Metadata HA
 engine".
 
 Keys under ``prefix`` (e.g. ``/leasefs/ns1``)::
@@ -258,8 +258,8 @@ class HALog:
     def __init__(self, nursery: trio.Nursery, endpoints: list[str],
                  prefix: str, ttl: float, op_timeout: float, poll: float, page: int,
                  attempt_timeout: float):
-        # the append and the watch through native gRPC (``meta.etcdgrpc``), the other
-        # unary calls through the lean gateway client (``meta.etcdhttp``)
+        # the append and the watch through native gRPC (``meta.ha.etcdgrpc``), the other
+        # unary calls through the lean gateway client (``meta.ha.etcdhttp``)
         self._nursery = nursery
         self._gateway = Gateway()
         self._grpc = etcdgrpc.Channel()
@@ -354,7 +354,7 @@ class HALog:
 
     async def _txn(self, request: bytes) -> tuple[dict, bool]:
         """A txn (``etcdgrpc.txn_request``) over etcd's native gRPC API, as ``_call``: the
-        append's way (module ``meta/etcdgrpc.py`` says why). The answer has the gateway's
+        append's way (module ``meta/ha/etcdgrpc.py`` says why). The answer has the gateway's
         shape."""
         async def attempt(endpoint: str) -> tuple[dict | HALogError, bool]:
             code, message, answer = await self._grpc.call(endpoint, etcdgrpc.TXN, request,

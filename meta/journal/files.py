@@ -37,7 +37,7 @@ and ``read_tail`` for the retry cache, decode only the records they need of a se
 WARNING, not as a failed check, since a start would go on.
 
 Concurrency contract: plain functions on files, no shared state; the live journal
-(``meta/journal.py``) calls them at startup and from its own worker thread.
+(``meta/journal/journal.py``) calls them at startup and from its own worker thread.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ mutation is acknowledged only once its journal record is on disk; at restart the
 replays every record after the txid it had applied, so no acknowledged mutation is lost.
 
 The file format, the scan that verifies and recovers a folder, and the offline check
-(``check_journal``) live in ``meta/journal_files.py``.
+(``check_journal``) live in ``meta/journal/files.py``.
 
 Group commit. ``log()`` encodes the record, takes the next txid, appends it to the pending
 batch and waits. One syncer task (``run``) loops: take the whole pending batch, write it and
@@ -18,12 +18,12 @@ Replicated (ha = etcd), where a batch's cost is mostly per append, the syncer le
 batch smaller than the previous one grow for a moment first (``_gather``).
 
 Retry-cached calls. A ``log``/``log_many`` made inside one (``fs.retry_cache.current_call``)
-adds ``"rpc": [client_id, call_id, method]`` (``meta.ops.RPC_CALL``) to the args of its
+adds ``"rpc": [client_id, call_id, method]`` (``meta.journal.ops.RPC_CALL``) to the args of its
 last record: whoever applies the record later (a standby from the replicated log, this
 server replaying after a restart) notes the call in its retry cache, as an HDFS standby
 does with the rpcClientId/rpcCallId of the edits it tails. A call whose answer holds
 something the namespace will not keep passes it as ``kept``, added next to it as
-``"rpc_kept"`` (``meta.ops.RPC_KEPT``) for a retry's answer.
+``"rpc_kept"`` (``meta.journal.ops.RPC_KEPT``) for a retry's answer.
 
 Written or durable acknowledgement. ``log(..., durable=False)`` (the namespace changes of a
 client that asked for local-filesystem semantics, see ``sync_metadata`` in DESIGN.md) returns
@@ -225,7 +225,7 @@ class Journal:
         self._pending = _Batch()
         self._sync_lock = trio.Lock()
         self._wakeup = trio.lowlevel.ParkingLot()
-        # Replication (ha = etcd, set by ``meta.ha``): ``replicator(records, chunks)`` puts a
+        # Replication (ha = etcd, set by ``meta.ha.controller``): ``replicator(records, chunks)`` puts a
         # batch into the replicated log before it is written here; it raises
         # ``StandbyError`` when the term is over (nothing of the batch is in the log).
         # ``refusal``: why ``log`` refuses now (a follower, a server leaving its term).
@@ -403,7 +403,7 @@ class Journal:
         """Append ``(op, args)`` records to the same batch, in order, and wait until all are
         durable (``durable=False``: written) and applied; their txids. A record that cannot be
         encoded refuses them all before any is queued. ``kept`` (not None): what a retry of
-        the retry-cached call running needs of its answer (``meta.retry_answers``), written
+        the retry-cached call running needs of its answer (``meta.journal.retry_answers``), written
         next to the call's key; outside such a call nobody can retry, and it is dropped."""
         if self._failure is not None:
             await self._stopped()

@@ -11,7 +11,7 @@ mutations durable, LevelDB is caught up from it at restart.
 
 ``PlyvelStore.snapshot`` is a read-only view frozen at the moment it is taken, read in
 bounded pieces: the image a follower behind the replicated log bootstraps from
-(``meta.bootstrap``).
+(``meta.ha.bootstrap``).
 
 Concurrency contract: not thread-safe by itself; the metadata server only touches it from the
 trio thread (LevelDB calls on small keys are microseconds), except ``sync`` during a
@@ -125,7 +125,7 @@ class PlyvelStore(KVStore):
 
 
 class StoreSnapshot:
-    """A LevelDB snapshot read a bounded piece at a time (``meta.bootstrap``)."""
+    """A LevelDB snapshot read a bounded piece at a time (``meta.ha.bootstrap``)."""
 
     def __init__(self, snap):
         self._snap = snap

@@ -11,7 +11,7 @@ waits for the answer, so nothing of its own happened in between).
 
 Each function takes the server, the call's context, ``rerun`` (``await rerun()`` runs the
 call again, under the same retry cache key), ``kept`` (what the call's record kept of its
-answer, ``meta.ops.RPC_KEPT``; None when nothing) and the call's arguments by the handler's
+answer, ``meta.journal.ops.RPC_KEPT``; None when nothing) and the call's arguments by the handler's
 own names and defaults. Per method, one of:
 
 * rebuilt: the answer from the state the call left (mkdirs, create, create_symlink,

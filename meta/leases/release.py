@@ -3,7 +3,7 @@
 gone when its last blocks allow it, else starting block recovery of its last block, retrying
 stalled recoveries, releasing leases past their hard limit, and ``recover_lease``.
 
-Why it exists: one role per module. The decisions are pure (``meta/leases.py``:
+Why it exists: one role per module. The decisions are pure (``meta/leases/leases.py``:
 ``release_decision``, ``choose_primary``, ``recovery_due``); this is the part that acts on
 them with locks, journal records and RECOVER commands for block servers.
 

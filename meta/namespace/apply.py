@@ -3,11 +3,11 @@ syncer after the fsync) and at replay.
 
 Why it exists: applying is apart from planning so that replay needs nothing but the
 records: every decision is in the record, the ops only execute it. What each op changes is
-its ``apply`` in ``meta.ops`` (reached through ``decode``, the registry); this module runs a
+its ``apply`` in ``meta.journal.ops`` (reached through ``decode``, the registry); this module runs a
 batch of them against one overlay and writes the result. ``RecordApplier`` is a mixin of
-``meta.namespace.Namespace``. ``Txn`` (a batch's overlay: reads see the batch's earlier
-writes, ``meta.ops_store``) and ``inside`` are re-exported for the namespace and the replay
-checker (``meta.invariants``).
+``meta.namespace.namespace.Namespace``. ``Txn`` (a batch's overlay: reads see the batch's earlier
+writes, ``meta.journal.ops_store``) and ``inside`` are re-exported for the namespace and the replay
+checker (``meta.namespace.invariants``).
 
 Purity / concurrency contract: deterministic from the records and the state before them;
 ALL records of a batch go to the store in ONE ``kv.write`` with the applied txid, then the
@@ -33,7 +33,7 @@ class RecordApplier:
 
     def apply(self, records, ops=None) -> list[dict]:
         """Apply a batch of journal records in one store write; returns effects per record.
-        ``ops``: the records already decoded (``meta.ops.decode``), when the caller has them."""
+        ``ops``: the records already decoded (``meta.journal.ops.decode``), when the caller has them."""
         if ops is None:
             ops = [decode(record) for record in records]
         txn = Txn(self.kv, self.cache)

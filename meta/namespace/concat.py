@@ -10,8 +10,8 @@ size; every block is full except the last source's last (a read finds a byte's b
 the difference, as HDFS); the names quota gains the sources' count.
 
 Why it exists: one more planner, apart from ``namespace_plan`` (which is near its size
-limit). ``ConcatPlanner`` is a mixin of ``meta.namespace.Namespace``; the applier is
-``meta.ops_namespace.Concat``. Concurrency contract: that of the planners: reads only,
+limit). ``ConcatPlanner`` is a mixin of ``meta.namespace.namespace.Namespace``; the applier is
+``meta.journal.ops_namespace.Concat``. Concurrency contract: that of the planners: reads only,
 under the caller's write locks on the target and the sources; trio thread, no awaits.
 """
 

@@ -276,7 +276,7 @@ def check_namespace(kv, leases=None) -> list[str]:
 
 # ------------------------------------------------------------------------------ records
 class RecordCheck(Txn):
-    """The replay checker's view of one record (``meta.ops.CheckView``): the store as
+    """The replay checker's view of one record (``meta.journal.ops.CheckView``): the store as
     decoded values, with an in-memory overlay for the earlier moves of a RENAMES record (the
     namespace's batch view; ``commit`` is never called, so the store itself is never
     written), the problems found, and the checks several ops share."""
@@ -413,7 +413,7 @@ def check_record(kv, record) -> list[str]:
     before applying it shows exactly which record was planned on a state it did not run on.
 
     Checked here: FORMAT on an unformatted store and every other op on a formatted one, a
-    record whose args do not fit its op; the rest is each op's ``check`` (``meta.ops``):
+    record whose args do not fit its op; the rest is each op's ``check`` (``meta.journal.ops``):
     MKDIR, ADD, SYMLINK: each new directory's parent is a directory, its name is free and
     its inode id unused, the new entry's name is free (ADD ``overwrite``: it names the
     current file); RENAME and each move of RENAMES in order: the source entry points to

@@ -45,7 +45,7 @@ of one mixin per role, each in its own module:
 * ``namespace_quota`` (``QuotaPlanner``): folder quotas: checks, usage, ``plan_set_quota``;
 * ``namespace_concat`` (``ConcatPlanner``): ``plan_concat`` (HDFS concat);
 * ``namespace_apply`` (``RecordApplier``): ``apply``, a batch of records in one store write;
-  what each op does is its class in ``meta.ops`` (the registry of journal ops).
+  what each op does is its class in ``meta.journal.ops`` (the registry of journal ops).
 
 Concurrency contract: trio thread only; no awaits, no I/O except the store's small sync
 calls. Allocation counters (next inode id, next block id, generation stamp) advance in memory

@@ -22,7 +22,7 @@ record that changes a file's space (writer calls, lease recovery, pipeline updat
 that file's path, which a delete, rename or quota setting of a folder above it holds in
 write mode.
 
-``QuotaPlanner`` is a mixin of ``meta.namespace.Namespace``. Concurrency contract: that of
+``QuotaPlanner`` is a mixin of ``meta.namespace.namespace.Namespace``. Concurrency contract: that of
 the planners and appliers: trio thread only, no awaits; planners only read.
 """
 

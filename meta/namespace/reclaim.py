@@ -25,7 +25,7 @@ restart) the first record of a directory skips its tombstones once.
 
 Why it exists: the detach/reclaim protocol (its cursors, its bound on every record's cost)
 is one job, apart from the planners that ask ``needs_detach`` and the applier that
-executes RECLAIM. ``ReclaimPlanner`` is a mixin of ``meta.namespace.Namespace``; it owns
+executes RECLAIM. ``ReclaimPlanner`` is a mixin of ``meta.namespace.namespace.Namespace``; it owns
 the orphan set and the cursors (``init_reclaim_state``, ``load_orphans``), which ``apply``
 advances through ``note_orphan`` and ``note_reclaimed`` after its store write.
 

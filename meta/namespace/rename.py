@@ -4,7 +4,7 @@ in one RENAMES record, visible at once: a job commit).
 Why it exists: a rename reads two paths and, for ``rename_many``, the interplay of many
 moves planned against one state (a move may free the destination of a later one); that
 validation is a job of its own. ``RenamePlanner`` is a mixin of
-``meta.namespace.Namespace``: it reads through ``NamespaceView``, checks the destination's
+``meta.namespace.namespace.Namespace``: it reads through ``NamespaceView``, checks the destination's
 parent with ``NamespacePlanner.check_parent_dir`` and asks ``ReclaimPlanner.needs_detach``
 about an overwritten subtree.
 

@@ -3,7 +3,7 @@ walking and resolution, file status and listing, subtree and block-list reads.
 
 Why it exists: the planners (``namespace_plan``, ``namespace_rename``,
 ``namespace_reclaim``) and the RPC handlers all decide from the same view of the store;
-``NamespaceView`` is that view, a mixin of ``meta.namespace.Namespace`` (it reads
+``NamespaceView`` is that view, a mixin of ``meta.namespace.namespace.Namespace`` (it reads
 ``self.kv``, ``self.cache`` and ``self.counters``, which the namespace owns and ``apply``
 updates).
 

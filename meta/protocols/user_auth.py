@@ -62,7 +62,7 @@ NODE_METHODS = frozenset({"register_storage", "heartbeat", "block_report",
                           # a block server vouching for a user of its host (token fetch there)
                           "vouched_delegation_token",
                           # a metadata server bootstrapping from this one's image
-                          # (``meta.bootstrap``) proves the cluster key the same way
+                          # (``meta.ha.bootstrap``) proves the cluster key the same way
                           "image_read"})
 ANY = "*"
 
