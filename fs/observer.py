@@ -9,7 +9,7 @@ log without the active spending a cycle on them.
 Consistency: read-your-writes. Both of the client's connections share one
 ``fs.rpc.StateAlignment``: every reply carries the server's applied journal txid, every call
 carries the newest one the client has seen, and an observer serves a read only once it has
-applied that much (``meta.ha.HAController.wait_applied``). A client that must also see other
+applied that much (``meta.ha.controller.HAController.wait_applied``). A client that must also see other
 clients' writes calls ``msync`` first (the active's txid). An observer that is behind for
 longer than ``ha_observer_wait``, down, or no longer an observer answers ``StandbyError`` or
 cannot be reached: the read goes to the active, and the failures are counted.

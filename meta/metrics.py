@@ -1,5 +1,5 @@
 """The metadata server's Prometheus metrics (``leasefs_meta_*``), served at ``/metrics``
-by ``meta/web.py`` from ``MetaServer.metrics_registry``.
+by ``meta/web/app.py`` from ``MetaServer.metrics_registry``.
 
 Why it exists: what operators watch on an HDFS NameNode (RPC rates and latencies per
 method, queue time, edit log sync time and batch size, the block and lease counts that

@@ -79,37 +79,37 @@ from fs.metrics import new_registry
 from fs.retry_cache import CallKey
 from fs.rpc import LOCAL_PEER_PREFIX, Dispatcher, RetryCache, current_user
 
-from . import blocks as bm
-from . import retry_answers
-from .blocks import BlockInfo, BlocksMap
+from .blocks import blocks as bm
+from .journal import retry_answers
+from .blocks.blocks import BlockInfo, BlocksMap
 from .metrics import MetaMetrics
-from .datanodes import DatanodeManager
+from .blocks.datanodes import DatanodeManager
 from .gcpolicy import GcGovernor
-from . import checkpoint as checkpoints
-from .bootstrap import CHUNK_BYTES, ImageSource
-from .checkpoint import CheckpointInfo
-from .journal import Journal
-from .kv import KVStore, PlyvelStore
-from .leases import STALE_HEARTBEATS, LeaseManager
-from .locks import (LOCK_ANCESTOR, LOCK_READ, FileLock, Mutation, PathLockPool, RWLock,
+from .journal import checkpoint as checkpoints
+from .ha.bootstrap import CHUNK_BYTES, ImageSource
+from .journal.checkpoint import CheckpointInfo
+from .journal.journal import Journal
+from .journal.kv import KVStore, PlyvelStore
+from .leases.leases import STALE_HEARTBEATS, LeaseManager
+from .namespace.locks import (LOCK_ANCESTOR, LOCK_READ, FileLock, Mutation, PathLockPool, RWLock,
                     lock_set, merge)
-from .namespace import DIR, Defaults, Namespace, check_int, check_name
-from .ops import LAZY_OPS, RPC_CALL, RPC_KEPT, decode
-from .replication import ReplicationQueues
-from .reports import REPORT_STEP, BlockReports
-from .permissions import WRITE, Caller, PermissionChecker, clears_only_setid
+from .namespace.namespace import DIR, Defaults, Namespace, check_int, check_name
+from .journal.ops import LAZY_OPS, RPC_CALL, RPC_KEPT, decode
+from .blocks.replication import ReplicationQueues
+from .blocks.reports import REPORT_STEP, BlockReports
+from .namespace.permissions import WRITE, Caller, PermissionChecker, clears_only_setid
 from .harole import SERVING
-from .safemode import SafeModeState
+from .blocks.safemode import SafeModeState
 from .startup import Phase, StartupProgress
 from .timeslice import TimeSlice
-from .admin_protocol import AdminProtocol
-from .client_protocol import ClientProtocol
-from .namespace_protocol import NamespaceProtocol
-from .datanode_protocol import DatanodeProtocol
-from .redundancy import Redundancy
-from .lease_release import LeaseRelease, Recovery
+from .protocols.admin import AdminProtocol
+from .protocols.client import ClientProtocol
+from .protocols.namespace import NamespaceProtocol
+from .protocols.datanode import DatanodeProtocol
+from .blocks.redundancy import Redundancy
+from .leases.release import LeaseRelease, Recovery
 from .monitors import Monitors
-from .user_auth import AuthProtocol, ProxyRules
+from .protocols.user_auth import AuthProtocol, ProxyRules
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from fs.rpc import (format_address, local_socket_name, rpc_refusal, serve_local,
                     serve_tcp)
 
 from . import start_space
-from .bootstrap import BehindLog, Gap
-from .bootstrap import recover as bootstrap_recover
+from .ha.bootstrap import BehindLog, Gap
+from .ha.bootstrap import recover as bootstrap_recover
 from .server import MetaServer
 from .startup import Phase
 
@@ -106,8 +106,8 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
         async with AsyncExitStack() as stack:
             halog = None
             if config.ha == "etcd":
-                from .ha import HAController
-                from .halog import HALog
+                from .ha.controller import HAController
+                from .ha.log import HALog
                 endpoints = [e.strip() for e in config.ha_etcd_endpoints.split(",") if e.strip()]
                 halog = await stack.enter_async_context(HALog.open(
                     endpoints, config.ha_prefix, ttl=config.ha_election_timeout))
@@ -119,8 +119,8 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
             if http_port:
                 # up first: the pages show the start-up progress while the journal replays
                 from fs.web import serve_app
-                from .web import make_app
-                from .webstartup import StartupGate
+                from .web.app import make_app
+                from .web.startup import StartupGate
                 http_bound = await nursery.start(partial(
                     serve_app, StartupGate(make_app(server), server), host, http_port,
                     name="metadata server web pages"))
@@ -173,7 +173,7 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
 
                 async def run_ha(task_status=trio.TASK_STATUS_IGNORED):
                     nonlocal again
-                    from .ha import Deposed
+                    from .ha.controller import Deposed
                     task_status = _StartedOnce(task_status)
                     try:
                         await server.ha.run(task_status=task_status)

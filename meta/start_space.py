@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from fs.errors import NoSpace
 
-from .kv import PlyvelStore
+from .journal.kv import PlyvelStore
 
 STORE_HEADROOM = 256 << 10    # the replayed batch, LevelDB's manifest and new log
 JOURNAL_HEADROOM = 64 << 10   # the new in-progress segment's first records

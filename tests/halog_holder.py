@@ -10,7 +10,7 @@ import sys
 
 import trio
 
-from meta.halog import Fenced, HALog
+from meta.ha.log import Fenced, HALog
 
 
 async def main(prefix: str, node: str, ttl: float, endpoints: list[str]) -> None:

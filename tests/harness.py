@@ -531,8 +531,8 @@ def store_problems(cluster: ProcessCluster) -> list[str]:
 
 def namespace_problems(meta_dir) -> list[str]:
     """``check_namespace`` of the LevelDB store in a stopped metadata server's folder."""
-    from meta.invariants import check_namespace
-    from meta.kv import PlyvelStore
+    from meta.namespace.invariants import check_namespace
+    from meta.journal.kv import PlyvelStore
 
     store = PlyvelStore(str(Path(meta_dir) / "db"), create=False)
     try:

@@ -1,4 +1,4 @@
-"""meta/etcdgrpc.py: the append's txn over etcd's native gRPC API.
+"""meta/ha/etcdgrpc.py: the append's txn over etcd's native gRPC API.
 
 Against a REAL 3-member etcd (tests/etcd_cluster.py): answers read the same as the JSON
 gateway's, a message larger than etcd's flow-control windows goes through, an error status
@@ -23,8 +23,8 @@ import pytest
 import trio
 
 from etcd_cluster import ETCD, EtcdCluster
-from meta import etcdgrpc
-from meta.etcdhttp import GatewayError
+from meta.ha import etcdgrpc
+from meta.ha.etcdhttp import GatewayError
 
 pytestmark = pytest.mark.slow
 

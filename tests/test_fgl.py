@@ -34,11 +34,11 @@ import trio.testing
 from fs import errors
 from fs.config import Config
 from fs.rpc import CallContext
-from meta.invariants import check_namespace, check_record
-from meta.journal import Journal
-from meta.journal_files import Record
-from meta.kv import MemoryStore, PlyvelStore
-from meta.namespace import Namespace
+from meta.namespace.invariants import check_namespace, check_record
+from meta.journal.journal import Journal
+from meta.journal.files import Record
+from meta.journal.kv import MemoryStore, PlyvelStore
+from meta.namespace.namespace import Namespace
 from meta.server import MetaServer
 
 KiB = 1024

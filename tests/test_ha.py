@@ -250,7 +250,7 @@ def test_a_deposed_active_that_comes_back_commands_no_block_server(tmp_path):
 
 
 def test_checkpoint_purges_the_log_and_a_standby_still_catches_up(tmp_path):
-    from meta.halog import HALog
+    from meta.ha.log import HALog
 
     cluster = HACluster(tmp_path, n_meta=2, n_storage=0, settings={"ha_log_retain": 5})
     try:

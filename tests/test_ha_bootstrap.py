@@ -1,5 +1,5 @@
 """A follower behind the replicated log (the entries it needs were purged after a checkpoint)
-bootstraps itself from the active's image (``meta/bootstrap.py``), with a real etcd and
+bootstraps itself from the active's image (``meta/ha/bootstrap.py``), with a real etcd and
 real metadata server processes: it keeps its old store and journal aside, catches up, holds
 the active's namespace, and serves all of it after a failover."""
 
@@ -13,11 +13,11 @@ import trio
 from fs.errors import InvalidArgument, TryAgain
 from fs.rpc import RpcClient
 from hakit import HACluster, call
-from meta import keys
-from meta.bootstrap import STAGING, Gap, ImageSource, behind, install, sources
-from meta.journal import Journal
-from meta.journal_files import inprogress_name
-from meta.kv import PlyvelStore
+from meta.journal import keys
+from meta.ha.bootstrap import STAGING, Gap, ImageSource, behind, install, sources
+from meta.journal.journal import Journal
+from meta.journal.files import inprogress_name
+from meta.journal.kv import PlyvelStore
 
 
 
@@ -48,7 +48,7 @@ def namespace(address: str) -> dict[str, tuple]:
 
 
 def first_log_txid(cluster) -> int:
-    from meta.halog import HALog
+    from meta.ha.log import HALog
 
     async def first():
         async with HALog.open(cluster.etcd.endpoints, cluster.settings["ha_prefix"]) as log:

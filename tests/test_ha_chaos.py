@@ -84,12 +84,12 @@ def _store_items(kv) -> dict[bytes, bytes]:
 
 def _replay_log(cluster: HACluster, folder) -> tuple[dict, list[str], int]:
     """A fresh store fed every record of the replicated log, serially."""
-    from meta.ha import unpack_entry
-    from meta.halog import HALog
-    from meta.invariants import check_record
-    from meta.journal_files import decode_batch
-    from meta.kv import PlyvelStore
-    from meta.namespace import Namespace
+    from meta.ha.controller import unpack_entry
+    from meta.ha.log import HALog
+    from meta.namespace.invariants import check_record
+    from meta.journal.files import decode_batch
+    from meta.journal.kv import PlyvelStore
+    from meta.namespace.namespace import Namespace
 
     async def entries():
         async with HALog.open(cluster.etcd.endpoints, cluster.settings["ha_prefix"]) as log:
@@ -113,7 +113,7 @@ def _replay_log(cluster: HACluster, folder) -> tuple[dict, list[str], int]:
 
 
 def test_ha_chaos(tmp_path):
-    from meta.kv import PlyvelStore
+    from meta.journal.kv import PlyvelStore
 
     cluster = HACluster(tmp_path, n_meta=2, observers=1, n_storage=3,
                         settings={"replication": 3, "block_size": 256 * KiB})

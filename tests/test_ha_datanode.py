@@ -39,7 +39,7 @@ from fs.client import AsyncClient
 from fs.errors import ServerUnavailable, StandbyError
 from fs.rpc import CallContext, Dispatcher, RpcClient, format_address, serve_rpc, serve_tcp
 from fs.hastatus import HAStatus, Role
-from meta.kv import PlyvelStore
+from meta.journal.kv import PlyvelStore
 from meta.server import MetaServer
 from storage.server import BlockServer
 
@@ -384,9 +384,9 @@ def test_a_report_begun_before_the_takeover_does_not_count():
     """``DatanodeManager.start_epoch`` with the real ``BlockReports``: deletions handed out
     in the earlier term are queued again, and only a full report whose first chunk came
     after the takeover lets them go out."""
-    from meta.blocks import BlocksMap
-    from meta.datanodes import DatanodeManager
-    from meta.reports import BlockReports
+    from meta.blocks.blocks import BlocksMap
+    from meta.blocks.datanodes import DatanodeManager
+    from meta.blocks.reports import BlockReports
 
     async def main():
         datanodes = DatanodeManager(dead_interval=60, invalidate_limit=100)
@@ -452,9 +452,9 @@ def test_a_block_server_process_registers_with_every_server_of_its_list(tmp_path
 def test_a_follower_keeps_replicas_the_log_has_not_explained_yet():
     """A standby hears of a replica before the log entry of its block: it must wait for the
     log, not take it for a replica of no file (which would be deleted after a takeover)."""
-    from meta.blocks import UNDER_CONSTRUCTION, BlockInfo, BlocksMap
-    from meta.datanodes import DatanodeManager
-    from meta.reports import BlockReports
+    from meta.blocks.blocks import UNDER_CONSTRUCTION, BlockInfo, BlocksMap
+    from meta.blocks.datanodes import DatanodeManager
+    from meta.blocks.reports import BlockReports
 
     async def main():
         following = [True]

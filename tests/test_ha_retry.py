@@ -25,11 +25,11 @@ from fs.errors import AnswerLost, TryAgain, sole_exception
 from fs.framing import packb
 from fs.retry_cache import CallKey, RetryCache, current_call
 from fs.rpc import RpcClient
-from meta.journal import Journal
-from meta.journal_files import Record
-from meta.ops import RPC_CALL, RPC_KEPT, decode
-from meta import retry_answers
-from meta.retry_answers import ANSWERS
+from meta.journal.journal import Journal
+from meta.journal.files import Record
+from meta.journal.ops import RPC_CALL, RPC_KEPT, decode
+from meta.journal import retry_answers
+from meta.journal.retry_answers import ANSWERS
 from meta.server import MetaServer
 
 from test_meta_server import KiB, FakeNode, meta_server

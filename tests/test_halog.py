@@ -1,4 +1,4 @@
-"""meta/halog.py against a REAL 3-member etcd cluster on loopback (tests/etcd_cluster.py):
+"""meta/ha/log.py against a REAL 3-member etcd cluster on loopback (tests/etcd_cluster.py):
 election, epochs, fencing (a newer term, an expired lease of a SIGSTOPped holder), ordered
 reads and tail, duplicate txids, request size, and members killed with SIGKILL (one: the
 log goes on and loses nothing acknowledged; two: appends fail within a bounded time).
@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from etcd_cluster import ETCD, EtcdCluster
-from meta.halog import (MAX_PAYLOAD, CampaignTimeout, DuplicateTxid, Fenced, HALog,
+from meta.ha.log import (MAX_PAYLOAD, CampaignTimeout, DuplicateTxid, Fenced, HALog,
                         PayloadTooLarge, Term, Unavailable, decide)
 
 pytestmark = pytest.mark.slow

@@ -19,9 +19,9 @@ from test_oneshot import count_oneshots
 from fs.errors import LeaseExpired, LeaseFSError, PipelineError
 from fs.datatransfer import chunk_checksums
 from fs.pipeline import write_oneshot
-from meta import keys
-from meta.invariants import check_namespace
-from meta.kv import PlyvelStore
+from meta.journal import keys
+from meta.namespace.invariants import check_namespace
+from meta.journal.kv import PlyvelStore
 
 KiB = 1 << 10
 INLINE = dict(inline_max=8 * KiB, block_size=64 * KiB, packet_size=16 * KiB,

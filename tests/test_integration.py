@@ -228,8 +228,8 @@ def test_meta_kill9_under_concurrent_mutations_loses_nothing_acknowledged(tmp_pa
     finally:
         cluster.stop()
 
-    from meta.invariants import check_namespace
-    from meta.kv import PlyvelStore
+    from meta.namespace.invariants import check_namespace
+    from meta.journal.kv import PlyvelStore
 
     store = PlyvelStore(str(cluster.meta_dir() / "db"), create=False)
     try:

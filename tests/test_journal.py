@@ -12,8 +12,8 @@ import trio
 import trio.testing
 
 from fs.errors import InternalError, InvalidArgument, NoSpace
-from meta.journal import Journal
-from meta.journal_files import (RECORD_HEADER, JournalError, Record, check_journal, encode_record,
+from meta.journal.journal import Journal
+from meta.journal.files import (RECORD_HEADER, JournalError, Record, check_journal, encode_record,
                                 finalized_name, inprogress_name)
 
 
@@ -879,7 +879,7 @@ def test_recent_decodes_only_the_records_asked_for(tmp_path, monkeypatch):
     data[RECORD_HEADER.size + 5] ^= 0xFF     # inside the body of txid 2001's record
     middle.write_bytes(bytes(data))
 
-    import meta.journal_files as journal_files
+    import meta.journal.files as journal_files
     decoded = []
     real_decode = journal_files._decode_body
 
@@ -915,7 +915,7 @@ def test_start_steps_over_the_applied_records_of_the_inprogress_segment(tmp_path
     data[fifth + 12] ^= 0xFF                     # inside txid 5's body
     inprog.write_bytes(bytes(data))
 
-    import meta.journal_files as journal_files
+    import meta.journal.files as journal_files
     decoded = []
     real_decode = journal_files._decode_body
     monkeypatch.setattr(journal_files, "_decode_body",

@@ -16,9 +16,9 @@ import trio
 from fs import errors
 from fs.client import AsyncClient
 from harness import ProcessCluster, leasefs, make_test_config, poll_until, store_problems
-from meta import keys
-from meta.journal_files import RECORD_HEADER
-from meta.kv import PlyvelStore
+from meta.journal import keys
+from meta.journal.files import RECORD_HEADER
+from meta.journal.kv import PlyvelStore
 from tools.formatting import human_size
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

@@ -25,7 +25,8 @@ KNOWN_CIRCLES = frozenset({
     frozenset({"fs.haclient", "fs.localserver", "fs.rpc", "fs.rpcclient", "fs.rpcserver",
                "fs.tls"}),
     # the op registry imports the modules whose ops register themselves with it
-    frozenset({"meta.ops", "meta.ops_blocks", "meta.ops_namespace", "meta.ops_tokens"}),
+    frozenset({"meta.journal.ops", "meta.journal.ops_blocks", "meta.journal.ops_namespace",
+               "meta.journal.ops_tokens"}),
     # a compressed split reads its range through splits, which picks the codec
     frozenset({"spark_connector.compression", "spark_connector.splits"}),
 })

@@ -299,7 +299,7 @@ def test_complete_waits_on_the_server_for_the_first_replica_report(tmp_path, mon
     server (delayed 0.3 s here): the writer's one ``complete`` call waits for the first
     report on the server and succeeds, no client-side retry; a report that does not come
     within the server's wait gets False (and the client's backoff)."""
-    from meta.client_protocol import COMPLETE_REPORT_WAIT
+    from meta.protocols.client import COMPLETE_REPORT_WAIT
     from storage.heartbeat import HeartbeatService
 
     block_received = HeartbeatService.block_received

@@ -8,8 +8,8 @@ import pytest
 import trio
 
 from fs import errors
-from meta import leases as lm
-from meta.leases import INTERNAL_HOLDER, LeaseManager
+from meta.leases import leases as lm
+from meta.leases.leases import INTERNAL_HOLDER, LeaseManager
 from test_meta_server import FakeNode, KiB, meta_server
 
 
@@ -376,8 +376,8 @@ def test_rename_open_file_and_two_restarts_keep_one_lease(tmp_path):
 
 
 def test_namespace_invariants_after_recovery_truncate_append(tmp_path):
-    from meta.invariants import check_namespace
-    from meta.kv import PlyvelStore
+    from meta.namespace.invariants import check_namespace
+    from meta.journal.kv import PlyvelStore
     from test_meta_server import write_file
 
     async def body(meta, rpc, stack):

@@ -17,8 +17,8 @@ from harness import free_port
 from fs import errors
 from fs.config import Config
 from fs.rpc import RpcClient, format_address
-from meta.invariants import check_namespace
-from meta.kv import PlyvelStore
+from meta.namespace.invariants import check_namespace
+from meta.journal.kv import PlyvelStore
 from meta.serverrun import run_meta_server
 
 KiB = 1024

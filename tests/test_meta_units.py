@@ -9,17 +9,17 @@ import trio
 import trio.testing
 
 from fs import errors
-from meta import blocks as bm
-from meta import keys
-from meta.blocks import BlockInfo, BlocksMap, classify_replica, transition
-from meta.datanodes import DatanodeManager
-from meta.invariants import check_namespace
-from meta.kv import MemoryStore
-from meta.leases import LeaseManager
-from meta.locks import (LOCK_ANCESTOR, LOCK_PARENT, LOCK_READ, LOCK_WRITE, PathLockPool, RWLock,
+from meta.blocks import blocks as bm
+from meta.journal import keys
+from meta.blocks.blocks import BlockInfo, BlocksMap, classify_replica, transition
+from meta.blocks.datanodes import DatanodeManager
+from meta.namespace.invariants import check_namespace
+from meta.journal.kv import MemoryStore
+from meta.leases.leases import LeaseManager
+from meta.namespace.locks import (LOCK_ANCESTOR, LOCK_PARENT, LOCK_READ, LOCK_WRITE, PathLockPool, RWLock,
                         lock_set, merge)
-from meta.reports import BlockReports, parse_entries
-from meta.safemode import SafeModeState
+from meta.blocks.reports import BlockReports, parse_entries
+from meta.blocks.safemode import SafeModeState
 
 
 # --------------------------------------------------------------------------- keys
@@ -524,8 +524,8 @@ def test_safe_mode_threshold_extension_and_manual():
 
 
 def test_check_namespace_finds_broken_stores():
-    from meta.journal_files import Record
-    from meta.namespace import Namespace
+    from meta.journal.files import Record
+    from meta.namespace.namespace import Namespace
 
     store = MemoryStore()
     ns = Namespace(store)
@@ -561,8 +561,8 @@ def test_check_namespace_finds_broken_stores():
 
 
 def test_check_namespace_accepts_orphan_subtrees_and_flags_linked_orphan_roots():
-    from meta.journal_files import Record
-    from meta.namespace import Defaults, Namespace
+    from meta.journal.files import Record
+    from meta.namespace.namespace import Defaults, Namespace
 
     store = MemoryStore()
     ns = Namespace(store, Defaults(delete_chunk=2, min_block_size=4096, block_size=4096))
@@ -685,8 +685,8 @@ def test_gc_governor_freezes_survivors_and_collects_frozen_cycles_at_its_interva
 def test_walks_and_paths_remembered_between_applies_follow_every_apply():
     """walk/path_of/linked_inode answers are kept until the next applied batch: a create,
     a rename and a delete applied after a remembered answer are seen at once."""
-    from meta.journal_files import Record
-    from meta.namespace import Namespace
+    from meta.journal.files import Record
+    from meta.namespace.namespace import Namespace
 
     ns = Namespace(MemoryStore())
     txid = iter(range(1, 100))
@@ -711,8 +711,8 @@ def test_walks_and_paths_remembered_between_applies_follow_every_apply():
 def test_apply_does_not_change_inodes_readers_hold():
     """apply reads inodes from the decoded cache: it must change its own copy, never the
     shared cached dict a reader (a walk, a status) already holds."""
-    from meta.journal_files import Record
-    from meta.namespace import Namespace
+    from meta.journal.files import Record
+    from meta.namespace.namespace import Namespace
 
     ns = Namespace(MemoryStore())
     ns.apply([Record(1, *ns.plan_format(1, 10))])
@@ -730,7 +730,7 @@ def test_loopback_address_is_refused_only_from_a_remote_peer():
     (one machine; a dual-stack listener sees ::ffff:127.0.0.1) or on its local socket, but
     not from another host's address; any address of its own is taken as it is."""
     from types import SimpleNamespace
-    from meta.datanode_protocol import DatanodeProtocol
+    from meta.protocols.datanode import DatanodeProtocol
 
     check = DatanodeProtocol._check_reachable
     for peer in ("127.0.0.1:40000", "[::ffff:127.0.0.1]:40000", "[::1]:40000",

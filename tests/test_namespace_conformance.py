@@ -11,10 +11,10 @@ import pytest
 import trio
 
 from fs import errors
-from meta.invariants import check_namespace
-from meta.journal import Journal
-from meta.kv import MemoryStore, PlyvelStore
-from meta.namespace import Defaults, Namespace
+from meta.namespace.invariants import check_namespace
+from meta.journal.journal import Journal
+from meta.journal.kv import MemoryStore, PlyvelStore
+from meta.namespace.namespace import Defaults, Namespace
 
 BPC = 512
 STORES = ["memory", "leveldb"]
@@ -347,7 +347,7 @@ class CountingStore:
 def _long_file(store, sizes, block_size=8 * BPC, **limits):
     """A namespace holding /long with blocks of ``sizes`` (the last under construction),
     built by applying journal records directly (no fsync per block)."""
-    from meta.journal_files import Record
+    from meta.journal.files import Record
 
     ns = Namespace(store, Defaults(block_size=block_size, replication=1,
                                    bytes_per_checksum=BPC, min_block_size=BPC, **limits))
@@ -573,7 +573,7 @@ async def _delete_big_tree(h, state):
 
 
 def _without_txid(snapshot: dict) -> dict:
-    from meta import keys
+    from meta.journal import keys
     return {k: v for k, v in snapshot.items() if k != keys.meta_key(keys.APPLIED_TXID)}
 
 
@@ -587,7 +587,7 @@ def test_big_delete_detaches_at_once_and_is_reclaimed_in_bounded_records(kind, t
     run_ns(kind, tmp_path / "big", lambda h: _delete_big_tree(h, big), delete_chunk=CHUNK)
     assert not small["detached"] and small["plans"] == []
     assert big["detached"] and "removed_blocks" not in big["delete_effect"]
-    from meta import keys
+    from meta.journal import keys
     assert [k for k in big["after_delete"] if k[:1] == keys.ORPHAN] == [
         keys.orphan_key(big["delete_effect"]["orphan"])]
     assert len(big["plans"]) == 7   # 49 inodes + blocks, 7 per record

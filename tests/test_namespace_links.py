@@ -6,11 +6,11 @@ removes or moves a directory entry, so a replay of the journal rebuilds the same
 
 from __future__ import annotations
 
-from meta import keys
-from meta.invariants import check_namespace
-from meta.journal_files import Record
-from meta.kv import PlyvelStore
-from meta.namespace import Namespace
+from meta.journal import keys
+from meta.namespace.invariants import check_namespace
+from meta.journal.files import Record
+from meta.journal.kv import PlyvelStore
+from meta.namespace.namespace import Namespace
 
 
 def _subdirs(ns: Namespace) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""The journal op registry (``meta.ops``): every op's wire form is exactly what the planners
+"""The journal op registry (``meta.journal.ops``): every op's wire form is exactly what the planners
 journal, so records already on disk replay unchanged and records re-encoded from their typed
 op (as a standby fed the edit log will) are byte-identical; unknown and malformed records are
 refused naming their txid. Pure, in memory, fast."""
@@ -12,12 +12,12 @@ from fs.delegation import TokenId, TokenState
 from fs.errors import InternalError
 from fs.framing import packb
 from fs.retry_cache import CallKey
-from meta.invariants import check_namespace, check_record
-from meta.journal_files import Record
-from meta.kv import MemoryStore
-from meta.namespace import Defaults, Namespace
-from meta.ops import ABSENT, OPS, LAZY_OPS, RPC_CALL, RPC_KEPT, MalformedRecord, decode
-from meta.ops_blocks import Close
+from meta.namespace.invariants import check_namespace, check_record
+from meta.journal.files import Record
+from meta.journal.kv import MemoryStore
+from meta.namespace.namespace import Defaults, Namespace
+from meta.journal.ops import ABSENT, OPS, LAZY_OPS, RPC_CALL, RPC_KEPT, MalformedRecord, decode
+from meta.journal.ops_blocks import Close
 
 
 class Driver:

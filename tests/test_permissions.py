@@ -6,7 +6,7 @@ subtree as the superuser, runs the operation as a caller who must be refused (EA
 message naming user, access and path, and nothing changed: same listing, same journal txid)
 and then as a caller who must be let through. Further tests: superuser by supergroup and by
 configured name, permissions disabled, owners of new inodes, the hello's identity (missing,
-invalid), and pure unit tests of ``meta.permissions``.
+invalid), and pure unit tests of ``meta.namespace.permissions``.
 
 The tests run as root, the metadata server's process user, so the default client is the
 superuser, as in every other test file.

@@ -20,8 +20,8 @@ import trio
 from fs import errors
 from fs.client import Client
 from harness import ProcessCluster, inprocess_cluster, make_test_config, wait_stopped
-from meta import blocks as bm
-from meta.blocks import BlockInfo, BlocksMap
+from meta.blocks import blocks as bm
+from meta.blocks.blocks import BlockInfo, BlocksMap
 from storage.transfer import CORRUPT_PACKETS_ENV
 import storage.transfer as transfer_mod
 

@@ -16,7 +16,7 @@ import time
 import trio
 
 from fs.rpc import CallContext
-from meta.invariants import check_namespace
+from meta.namespace.invariants import check_namespace
 from test_meta_server import inprocess_meta
 
 N_FILES = 20_000

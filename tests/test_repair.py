@@ -509,7 +509,7 @@ def test_decommission_under_reads(tmp_path):
 # --------------------------------------------------------------------------- pure state
 
 def test_replication_queues_priorities_pending_and_excess():
-    from meta import replication as rq
+    from meta.blocks import replication as rq
 
     assert rq.priority(3, 0, 3) is None
     assert rq.priority(1, 0, 3) == rq.HIGHEST

@@ -20,7 +20,7 @@ import trio
 
 from fs.client import AsyncClient
 from harness import Mount, ProcessCluster, make_test_config, poll_until, store_problems
-from meta.journal import Journal
+from meta.journal.journal import Journal
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -14,10 +14,10 @@ import trio
 from fs.rpc import CallContext
 from fs.web import serve_app
 from harness import inprocess_cluster, make_test_config
-from meta.kv import PlyvelStore
+from meta.journal.kv import PlyvelStore
 from meta.server import MetaServer
-from meta.web import make_app
-from meta.webstartup import StartupGate
+from meta.web.app import make_app
+from meta.web.startup import StartupGate
 
 DIRS = 1500
 

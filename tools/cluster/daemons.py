@@ -150,7 +150,7 @@ def store_applied_txid(data_dir: str) -> tuple[int | None, str]:
     would refuse for want of room (the store is opened as a start opens it)."""
     import plyvel
 
-    from meta import keys
+    from meta.journal import keys
     from meta.start_space import open_store
 
     db = os.path.join(data_dir, "db")
@@ -200,7 +200,7 @@ def run_meta(args) -> int:
 
 def check_journal_command(args) -> int:
     """``leasefs meta --check-journal``: the same checks a start makes, without starting."""
-    from meta.journal_files import check_journal
+    from meta.journal.files import check_journal
     directory = find_journal_dir(args.check_journal)
     if not os.path.isdir(directory):  # a mistyped folder is not a corrupt journal
         cause = "not a directory" if os.path.exists(directory) else \

@@ -1,0 +1,482 @@
+"""File-content ops of the journal: ADD_BLOCK, UPDATE_BLOCKS, FSYNC, ABANDON_BLOCK, CLOSE,
+INLINE, SET_REPLICATION, REASSIGN_LEASE, COMMIT_BLOCK_SYNC, TRUNCATE, APPEND, SET_GENSTAMP.
+
+Why it exists: the ops of the write path, lease recovery and block recovery, each with its
+wire form, store apply, memory apply (blocks map, leases) and replay check in one place
+(see ``meta.ops``). Every op here but SET_GENSTAMP and REASSIGN_LEASE changes the space of
+its file ``ino`` (``charges_file_space``: ``Namespace.apply`` charges the difference to
+the quota folders above it). Reach them through ``meta.ops.OPS`` / ``decode``.
+
+Concurrency contract: immutable values; ``apply``/``apply_memory`` run on the trio thread
+inside one batch's apply, no awaits; ``check`` only reads its view.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..blocks import blocks as bm
+from . import keys
+from . import ops_store as st
+from ..blocks.blocks import COMMITTED, COMPLETE, UNDER_CONSTRUCTION, BlockInfo
+from .ops import ABSENT, Op, given, register
+
+log = logging.getLogger(__name__)
+
+
+class _WriterOp(Op):
+    """An op of the file's writer, by inode id: the writer checks ran on a linked file
+    under construction (``Namespace.writer_file``); at replay it must still be one."""
+    charges_file_space = True
+
+    def check(self, view):
+        inode = view.open_file(self.ino, linked=True)
+        if inode is not None:
+            self.check_blocks(view, inode.get("nblocks", 0))
+
+    def check_blocks(self, view, nblocks: int) -> None:
+        pass
+
+    def check_last(self, view, nblocks: int, index, block_id) -> None:
+        """Block ``block_id`` at ``index`` is the file's last."""
+        block = view.get(keys.block_key(self.ino, index)) if isinstance(index, int) else None
+        if index != nblocks - 1 or block is None or block.get("id") != block_id:
+            view.problem(f"block {block_id} (#{index}) is not the last of {nblocks} blocks")
+
+
+@register
+class AddBlock(_WriterOp):
+    """A new block at ``index`` (``block``: id, gs) on ``targets``; ``previous`` (index, id,
+    num_bytes) is committed and the block before it completed."""
+    NAME = "ADD_BLOCK"
+    ino: int
+    index: int
+    block: dict
+    previous: dict | None = ABSENT
+    targets: list = ABSENT
+    time: int = ABSENT
+
+    def apply(self, txn, counters):
+        ino = self.ino
+        inode = st.file_inode(txn, ino)
+        if inode is None:
+            return {}
+        effects = {"ino": ino, "block": self.block, "index": self.index,
+                   "targets": given(self.targets, []),
+                   "replication": inode.get("replication", 1)}
+        prev = given(self.previous)
+        if prev is not None:
+            old = txn.get(keys.block_key(ino, prev["index"]))
+            if old is not None:
+                state = old["state"] if old["state"] != UNDER_CONSTRUCTION else COMMITTED
+                st.set_block(txn, counters, ino, inode, prev["index"],
+                             {**old, "num_bytes": prev["num_bytes"], "state": state})
+                effects["committed"] = {"id": prev["id"], "num_bytes": prev["num_bytes"]}
+            # the server only adds a block when every block before ``previous`` is COMPLETE
+            if prev["index"] >= 1:
+                before = txn.get(keys.block_key(ino, prev["index"] - 1))
+                if before is not None and before["state"] != COMPLETE:
+                    st.set_block(txn, counters, ino, inode, prev["index"] - 1,
+                                 {**before, "state": COMPLETE})
+        st.set_block(txn, counters, ino, inode, self.index,
+                     {"id": self.block["id"], "gs": self.block["gs"], "num_bytes": 0,
+                      "state": UNDER_CONSTRUCTION})
+        txn.put(keys.inode_key(ino), inode)
+        return effects
+
+    def apply_memory(self, state, effect, now):
+        committed = effect.get("committed")
+        if committed is not None:
+            state.commit_in_memory(committed["id"], committed["num_bytes"])
+        block = self.block
+        state.blocks.add(BlockInfo(block["id"], self.ino, self.index, block["gs"], 0,
+                                   bm.UNDER_CONSTRUCTION, effect.get("replication", 1),
+                                   expected=list(given(self.targets, []))))
+
+    def check_blocks(self, view, nblocks):
+        if self.index != nblocks:
+            view.problem(f"adds block #{self.index} to a file of {nblocks} blocks")
+        prev = given(self.previous)
+        if prev is not None and prev.get("index") != nblocks - 1:
+            view.problem(f"previous block #{prev.get('index')} is not the last of {nblocks}")
+
+
+@register
+class UpdateBlocks(_WriterOp):
+    """New stamps, lengths or states of some of the file's blocks (``blocks``: index, id,
+    gs, num_bytes, state): a commit, a pipeline update."""
+    NAME = "UPDATE_BLOCKS"
+    ino: int
+    blocks: list
+
+    def apply(self, txn, counters):
+        ino = self.ino
+        inode = st.file_inode(txn, ino)
+        if inode is None:
+            return {}
+        for block in self.blocks:
+            st.set_block(txn, counters, ino, inode, block["index"], block)
+        txn.put(keys.inode_key(ino), inode)
+        return {"ino": ino, "blocks": self.blocks}
+
+    def apply_memory(self, state, effect, now):
+        for block in self.blocks:
+            if block["state"] == bm.COMMITTED:
+                state.commit_in_memory(block["id"], block["num_bytes"])
+            elif state.blocks.get(block["id"]) is not None:
+                state.blocks.restore(block["id"], gs=block["gs"],
+                                     num_bytes=block["num_bytes"], state=block["state"])
+
+    def check_blocks(self, view, nblocks):
+        for block in self.blocks:
+            stored = view.get(keys.block_key(self.ino, block.get("index", -1)))
+            if stored is None or stored.get("id") != block.get("id"):
+                view.problem(f"block {block.get('id')} (#{block.get('index')}) is not the "
+                             f"file's")
+
+
+@register
+class Fsync(_WriterOp):
+    """The last block's length as the writer's hflush/hsync saw it. Lazy for a flush
+    (``fsync(sync=false)``): an hsync waits for its fsync all the same."""
+    NAME = "FSYNC"
+    lazy = True
+    ino: int
+    index: int
+    id: int
+    num_bytes: int
+
+    def apply(self, txn, counters):
+        ino = self.ino
+        inode = st.file_inode(txn, ino)
+        old = txn.get(keys.block_key(ino, self.index)) if inode is not None else None
+        if old is None:
+            return {}
+        st.set_block(txn, counters, ino, inode, self.index,
+                     {**old, "num_bytes": self.num_bytes})
+        txn.put(keys.inode_key(ino), inode)
+        return {"ino": ino, "id": old["id"], "num_bytes": self.num_bytes}
+
+    def apply_memory(self, state, effect, now):
+        if state.blocks.get(self.id) is not None:
+            state.blocks.set_length(self.id, self.num_bytes)
+
+    def check_blocks(self, view, nblocks):
+        self.check_last(view, nblocks, self.index, self.id)
+
+
+@register
+class AbandonBlock(_WriterOp):
+    NAME = "ABANDON_BLOCK"
+    ino: int
+    index: int
+    id: int
+
+    def apply(self, txn, counters):
+        ino = self.ino
+        inode = st.file_inode(txn, ino)
+        key = keys.block_key(ino, self.index)
+        old = txn.get(key) if inode is not None else None
+        if old is None:
+            return {}
+        txn.delete(key)
+        if "inline" not in inode:
+            inode["length"] = inode.get("length", 0) - old["num_bytes"]
+        inode["nblocks"] = self.index
+        txn.put(keys.inode_key(ino), inode)
+        return {"ino": ino, "removed_blocks": [old["id"]]}
+
+    def check_blocks(self, view, nblocks):
+        self.check_last(view, nblocks, self.index, self.id)
+
+
+@register
+class Close(_WriterOp):
+    """Complete the file: ``last`` (index, id, num_bytes) is its final last block; the
+    writer's ``mtime``/``atime``/``mode`` (when it set them) and inline ``data`` (the whole
+    content, its unused blocks go) are present only when given."""
+    NAME = "CLOSE"
+    lazy = True
+    ino: int
+    last: dict | None = ABSENT
+    time: int
+    mtime: int | None = ABSENT
+    atime: int | None = ABSENT
+    mode: int | None = ABSENT
+    data: bytes | None = ABSENT
+
+    def apply(self, txn, counters):
+        ino = self.ino
+        inode = st.file_inode(txn, ino)
+        if inode is None:
+            return {}
+        last = given(self.last)
+        effects: dict = {"ino": ino, "closed": True}
+        if given(self.data) is not None:
+            effects["removed_blocks"] = st.store_inline(txn, ino, inode, self.data)
+        # only the last two blocks may be incomplete (ADD_BLOCK completes the one before
+        # ``previous``), so a close costs the same for 2 blocks and for 50 000
+        nblocks = inode.get("nblocks", 0)
+        tail = [(index, txn.get(keys.block_key(ino, index)))
+                for index in range(max(0, nblocks - 2), nblocks)]
+        for index, block in tail:
+            if block is None:
+                log.error("apply CLOSE: block #%d of inode %d is missing", index, ino)
+                continue
+            if last is not None and index == last["index"]:
+                block = {**block, "num_bytes": last["num_bytes"]}
+            if block["state"] != COMPLETE or (last is not None and index == last["index"]):
+                st.set_block(txn, counters, ino, inode, index, {**block, "state": COMPLETE})
+        inode["uc"] = None
+        inode["mtime"] = inode["ctime"] = self.time
+        if given(self.mtime) is not None:   # the writer's utimens while it wrote
+            inode["mtime"] = self.mtime
+        if given(self.atime) is not None:
+            inode["atime"] = self.atime
+        if given(self.mode) is not None:    # and its chmod
+            inode["mode"] = self.mode
+        txn.put(keys.inode_key(ino), inode)
+        txn.delete(keys.uc_key(ino))
+        return effects
+
+    def apply_memory(self, state, effect, now):
+        last = given(self.last)
+        if last is not None and (info := state.blocks.get(last["id"])) is not None:
+            state.blocks.restore(last["id"], gs=info.gs, num_bytes=last["num_bytes"],
+                                 state=bm.COMPLETE)
+        state.lease_ended(self.ino)
+
+    def check_blocks(self, view, nblocks):
+        last = given(self.last)
+        if last:
+            self.check_last(view, nblocks, last["index"], last["id"])
+
+
+@register
+class Inline(_WriterOp):
+    """The content of a still open file, kept in the namespace (``fsync(data=...)``). Lazy
+    for a flush (``fsync(sync=false)``), as a CLOSE with data is."""
+    NAME = "INLINE"
+    lazy = True
+    ino: int
+    data: bytes
+
+    def apply(self, txn, counters):
+        ino = self.ino
+        inode = st.file_inode(txn, ino)
+        if inode is None:
+            return {}
+        removed = st.store_inline(txn, ino, inode, self.data)
+        txn.put(keys.inode_key(ino), inode)
+        return {"ino": ino, "removed_blocks": removed}
+
+
+class _FileOp(Op):
+    """Replay check: the inode is a file."""
+    charges_file_space = True
+
+    def check(self, view):
+        inode = view.inode(self.ino)
+        if inode is None or inode.get("type") != "file":
+            view.problem(f"inode {self.ino} is not a file")
+
+
+@register
+class SetReplication(_FileOp):
+    NAME = "SET_REPLICATION"
+    ino: int
+    replication: int
+    time: int
+
+    def apply(self, txn, counters):
+        st.update_inode(txn, self.ino, replication=self.replication, ctime=self.time)
+        ids = [block["id"] for _, block in txn.scan(keys.block_prefix(self.ino))]
+        return {"ino": self.ino, "replication": self.replication, "block_ids": ids}
+
+    def apply_memory(self, state, effect, now):
+        for block_id in effect.get("block_ids", []):
+            state.blocks.set_replication(block_id, self.replication)
+
+
+@register
+class Truncate(_FileOp):
+    """Blocks from ``keep`` on go; ``last`` (index, id, gs, num_bytes, old_num_bytes): the
+    block the new end falls in, kept for block recovery to cut, the file under construction
+    for ``holder`` meanwhile. Also a rewrite (to 0, no ``last``: the lease stays)."""
+    NAME = "TRUNCATE"
+    ino: int
+    new_length: int
+    keep: int
+    last: dict | None = ABSENT
+    holder: str | None
+    client_machine: str = ABSENT
+    time: int
+
+    def apply(self, txn, counters):
+        ino = self.ino
+        inode = st.file_inode(txn, ino)
+        if inode is None:
+            return {}
+        removed = []
+        for key, block in txn.scan(keys.block_prefix(ino)):
+            if keys.parse_block_key(key)[1] >= self.keep:
+                removed.append(block["id"])
+                txn.delete(key)
+        last = given(self.last)
+        if last is not None:
+            old = txn.get(keys.block_key(ino, last["index"]))
+            if old is not None:
+                # the target length lives in the block's own key, so a recovery started
+                # again after a restart (or a retry) still cuts the replicas to it (HDFS
+                # journals the truncate block for the same reason)
+                txn.put(keys.block_key(ino, last["index"]),
+                        {**old, "num_bytes": last["num_bytes"], "state": UNDER_CONSTRUCTION,
+                         "truncate_to": last["num_bytes"]})
+            st.set_uc(txn, ino, inode, self.holder, given(self.client_machine, ""))
+        if "inline" in inode:
+            if self.new_length:
+                data = txn.get(keys.inline_key(ino)) or b""
+                txn.put(keys.inline_key(ino), bytes(data[:self.new_length]))
+                inode["inline"] = self.new_length
+            else:
+                st.drop_inline(txn, ino, inode)
+        inode["length"] = self.new_length
+        inode["nblocks"] = self.keep
+        inode["mtime"] = inode["ctime"] = self.time
+        txn.put(keys.inode_key(ino), inode)
+        return {"ino": ino, "removed_blocks": removed}
+
+    def apply_memory(self, state, effect, now):
+        last = given(self.last)
+        if last is not None:
+            info = state.blocks.get(last["id"])
+            if info is not None:
+                state.blocks.restore(last["id"], gs=info.gs, num_bytes=last["num_bytes"],
+                                     state=bm.UNDER_CONSTRUCTION)
+            state.leases.add(self.holder, self.ino, now)
+
+
+@register
+class Append(_FileOp):
+    """Reopen a closed file for ``holder``; ``last`` (index, id, gs, old_gs, num_bytes): a
+    partial last block reopened under the new stamp ``gs``."""
+    NAME = "APPEND"
+    ino: int
+    holder: str
+    client_machine: str = ABSENT
+    last: dict | None = ABSENT
+    time: int
+
+    def apply(self, txn, counters):
+        ino = self.ino
+        inode = st.file_inode(txn, ino)
+        if inode is None:
+            return {}
+        last = given(self.last)
+        if last is not None:
+            old = txn.get(keys.block_key(ino, last["index"]))
+            if old is not None:
+                st.set_block(txn, counters, ino, inode, last["index"],
+                             {**old, "gs": last["gs"], "state": UNDER_CONSTRUCTION})
+        st.set_uc(txn, ino, inode, self.holder, given(self.client_machine, ""))
+        txn.put(keys.inode_key(ino), inode)
+        return {"ino": ino}
+
+    def apply_memory(self, state, effect, now):
+        last = given(self.last)
+        if last is not None and (info := state.blocks.get(last["id"])) is not None:
+            state.blocks.reopen(last["id"], last["gs"], sorted(info.good_nodes()))
+        state.leases.add(self.holder, self.ino, now)
+
+
+class _RecoveryOp(Op):
+    """Lease recovery: at replay, an existing file under construction."""
+
+    def check(self, view):
+        view.open_file(self.ino, linked=False)
+
+
+@register
+class ReassignLease(_RecoveryOp):
+    """Lease recovery hands an open file to ``holder`` (HDFS REASSIGN_LEASE)."""
+    NAME = "REASSIGN_LEASE"
+    ino: int
+    holder: str
+
+    def apply(self, txn, counters):
+        ino = self.ino
+        inode = st.file_inode(txn, ino)
+        if inode is None or not inode.get("uc"):
+            return {}
+        st.set_uc(txn, ino, inode, self.holder, inode["uc"].get("client_machine", ""))
+        txn.put(keys.inode_key(ino), inode)
+        return {"ino": ino, "holder": self.holder}
+
+    def apply_memory(self, state, effect, now):
+        if effect.get("holder") is not None:
+            state.leases.reassign(self.ino, self.holder, now)
+
+
+@register
+class CommitBlockSync(_RecoveryOp):
+    """Block recovery done: the last block gets the recovery stamp ``gs`` and the agreed
+    length, or goes (``delete``); ``close`` closes the file; ``targets``: the block servers
+    that finalized it (added by the server after planning)."""
+    NAME = "COMMIT_BLOCK_SYNC"
+    charges_file_space = True
+    ino: int
+    index: int
+    id: int
+    gs: int
+    num_bytes: int
+    delete: bool
+    close: bool
+    time: int
+    targets: list = ABSENT
+
+    def apply(self, txn, counters):
+        ino = self.ino
+        inode = st.file_inode(txn, ino)
+        key = keys.block_key(ino, self.index)
+        old = txn.get(key) if inode is not None else None
+        if old is None or old["id"] != self.id:
+            return {}
+        effects: dict = {"ino": ino, "id": self.id}
+        # a reopened inline file whose first block holds less than the inline bytes: the
+        # writer died before sending them all, so nothing after them was acknowledged
+        # either; the block goes and the inline data stays the content
+        if self.delete or ("inline" in inode and self.num_bytes < inode["inline"]):
+            txn.delete(key)
+            if "inline" not in inode:
+                inode["length"] = inode.get("length", 0) - old["num_bytes"]
+            inode["nblocks"] = self.index
+            effects["removed_blocks"] = [self.id]
+        else:
+            synced = {**old, "gs": self.gs, "num_bytes": self.num_bytes,
+                      "state": COMPLETE if self.close else COMMITTED}
+            synced.pop("truncate_to", None)      # a pending truncate is done with this commit
+            st.set_block(txn, counters, ino, inode, self.index, synced)
+        txn.put(keys.inode_key(ino), inode)
+        if self.close:
+            effects.update(Close(ino=ino, last=None, time=self.time).apply(txn, counters))
+        return effects
+
+    def apply_memory(self, state, effect, now):
+        state.forget_recovery(self.id)
+        if not self.delete and state.blocks.get(self.id) is not None and effect:
+            state.blocks.recovered(self.id, gs=self.gs, num_bytes=self.num_bytes,
+                                   state=bm.COMPLETE if self.close else bm.COMMITTED,
+                                   finalized_on=[n for n in given(self.targets, [])
+                                                 if isinstance(n, str)])
+        if self.close and effect:
+            state.lease_ended(self.ino)
+
+
+@register
+class SetGenstamp(Op):
+    """A generation stamp handed out without a block change (a block recovery's id)."""
+    NAME = "SET_GENSTAMP"
+    gs: int
+
+    def apply(self, txn, counters):
+        st.bump(counters, keys.GENSTAMP, self.gs)

@@ -1,0 +1,450 @@
+"""Namespace ops of the journal: FORMAT, MKDIR, ADD, SYMLINK, DELETE, RECLAIM, RENAME,
+RENAMES, SET_PERMISSIONS, SET_OWNER, TIMES, CONCAT, SET_QUOTA.
+
+Why it exists: the tree-shaping ops (entries, inodes, quota folders) with their wire form,
+store apply, memory apply and replay check in one place each (see ``meta.ops``; the
+planners that build them are ``meta.namespace_plan`` and its siblings). Reach them through
+``meta.ops.OPS`` / ``decode``.
+
+Concurrency contract: immutable values; ``apply``/``apply_memory`` run on the trio thread
+inside one batch's apply, no awaits; ``check`` only reads its view.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fs.errors import InternalError
+
+from . import keys
+from . import ops_store as st
+from ..namespace.args import DIR, FILE, SYMLINK
+from ..namespace.quota import file_charge
+from .ops import ABSENT, Op, given, register
+
+log = logging.getLogger(__name__)
+
+
+@register
+class Format(Op):
+    """A new namespace: the root directory and the counters (the first record of all)."""
+    NAME = "FORMAT"
+    needs_format = False
+    namespace_id: int
+    time: int
+    mode: int
+    owner: str
+    group: str
+
+    def apply(self, txn, counters):
+        if keys.NAMESPACE_ID in counters:
+            raise InternalError("FORMAT of an already formatted namespace")
+        t = self.time
+        root = {"type": DIR, "mode": self.mode, "owner": self.owner, "group": self.group,
+                "mtime": t, "atime": t, "ctime": t, "parent": 0, "name": "", "children": 0,
+                "subdirs": 0}
+        txn.put(keys.inode_key(keys.ROOT_INO), root)
+        counters.update({keys.NAMESPACE_ID: self.namespace_id,
+                         keys.LAYOUT: keys.LAYOUT_VERSION,
+                         keys.NEXT_INO: keys.ROOT_INO + 1, keys.NEXT_BLOCK_ID: 1,
+                         keys.GENSTAMP: 1000, keys.FILES: 0, keys.DIRS: 1})
+
+    def check(self, view):
+        if view.formatted:
+            view.problem("the namespace is already formatted")
+
+
+@register
+class Mkdir(Op):
+    """New directories (``dirs``: dicts parent, name, ino, mode, owner, group; parents first)."""
+    NAME = "MKDIR"
+    lazy = True
+    dirs: list
+    time: int
+
+    def apply(self, txn, counters):
+        st.mkdirs(txn, counters, self.dirs, self.time)
+
+    def check(self, view):
+        view.new_dirs(self.dirs)
+
+
+@register
+class Add(Op):
+    """Create a file under construction for ``holder`` (missing parents in ``dirs``;
+    ``overwrite``: the file it replaces, removed or, with ``detach``, detached)."""
+    NAME = "ADD"
+    lazy = True
+    dirs: list
+    parent: int
+    name: str
+    ino: int
+    mode: int
+    owner: str
+    group: str
+    time: int
+    replication: int
+    block_size: int
+    holder: str
+    client_machine: str = ABSENT
+    overwrite: int | None
+    detach: bool = ABSENT
+    usage: list | None = ABSENT
+
+    def apply(self, txn, counters):
+        effects: dict = {"ino": self.ino, "holder": self.holder}
+        t = self.time
+        st.mkdirs(txn, counters, self.dirs, t)
+        if self.overwrite is not None:
+            st.unlink(txn, counters, self.parent, self.name, self.overwrite, t, effects,
+                      detach=given(self.detach, False), usage=given(self.usage))
+        inode = {"type": FILE, "mode": self.mode, "owner": self.owner, "group": self.group,
+                 "mtime": t, "atime": t, "ctime": t, "parent": self.parent, "name": self.name,
+                 "replication": self.replication, "block_size": self.block_size,
+                 "length": 0, "nblocks": 0,
+                 "uc": {"holder": self.holder,
+                        "client_machine": given(self.client_machine, "")}}
+        st.link(txn, counters, self.parent, self.name, self.ino, inode, t)
+        txn.put(keys.uc_key(self.ino), self.holder)
+        return effects
+
+    def apply_memory(self, state, effect, now):
+        state.leases.add(self.holder, self.ino, now)
+
+    def check(self, view):
+        made = view.new_dirs(self.dirs)
+        view.new_entry(self.parent, self.name, self.ino, made, self.overwrite)
+
+
+@register
+class Symlink(Op):
+    NAME = "SYMLINK"
+    lazy = True
+    dirs: list
+    parent: int
+    name: str
+    ino: int
+    target: str
+    mode: int
+    owner: str
+    group: str
+    time: int
+
+    def apply(self, txn, counters):
+        t = self.time
+        st.mkdirs(txn, counters, self.dirs, t)
+        inode = {"type": SYMLINK, "mode": self.mode, "owner": self.owner, "group": self.group,
+                 "mtime": t, "atime": t, "ctime": t, "parent": self.parent, "name": self.name,
+                 "target": self.target}
+        st.link(txn, counters, self.parent, self.name, self.ino, inode, t)
+
+    def check(self, view):
+        made = view.new_dirs(self.dirs)
+        view.new_entry(self.parent, self.name, self.ino, made)
+
+
+@register
+class Delete(Op):
+    """Remove an entry and its subtree, or (``detach``) leave the subtree to the reclaimer."""
+    NAME = "DELETE"
+    lazy = True
+    parent: int
+    name: str
+    ino: int
+    time: int
+    detach: bool = ABSENT
+    usage: list | None = ABSENT
+
+    def apply(self, txn, counters):
+        effects: dict = {}
+        st.unlink(txn, counters, self.parent, self.name, self.ino, self.time, effects,
+                  detach=given(self.detach, False), usage=given(self.usage))
+        return effects
+
+    def check(self, view):
+        current = view.entry(self.parent, self.name)
+        if current != self.ino or view.inode(self.ino) is None:
+            view.problem(f"entry {self.name!r} in inode {self.parent} is {current}, the "
+                         f"planner deleted inode {self.ino}")
+        elif self.ino == keys.ROOT_INO:
+            view.problem("deletes the root")
+
+
+@register
+class Reclaim(Op):
+    """Remove exactly the listed keys of an orphan subtree (see ``plan_reclaim``):
+    ``blocks`` [ino, index, id], ``inodes`` [ino, kind], ``entries`` [parent, name]."""
+    NAME = "RECLAIM"
+    root: int
+    blocks: list
+    inodes: list
+    entries: list
+    uc: list
+    done: bool
+
+    def apply(self, txn, counters):
+        removed_blocks = [block_id for _, _, block_id in self.blocks]
+        for ino, index, _ in self.blocks:
+            txn.delete(keys.block_key(ino, index))
+        removed_inos = {ino for ino, _ in self.inodes}
+        left: dict[int, int] = {}
+        for parent, name in self.entries:
+            txn.delete(keys.dentry_key(parent, name))
+            left[parent] = left.get(parent, 0) + 1
+        for parent, count in left.items():
+            # what is left of a directory being reclaimed stays counted: the next record
+            # scans exactly that many entries (never past its range, into tombstones)
+            inode = txn.get(keys.inode_key(parent)) if parent not in removed_inos else None
+            if inode is not None and inode.get("type") == DIR:
+                inode["children"] = max(0, inode.get("children", 0) - count)
+                txn.put(keys.inode_key(parent), inode)
+        for ino in self.uc:
+            txn.delete(keys.uc_key(ino))
+        for ino, kind in self.inodes:
+            txn.delete(keys.inode_key(ino))
+            if kind == DIR:
+                st.add_counter(counters, keys.DIRS, -1)
+            elif kind == FILE:
+                txn.delete(keys.inline_key(ino))   # a no-op for a file with blocks
+                st.add_counter(counters, keys.FILES, -1)
+        if self.done:
+            txn.delete(keys.orphan_key(self.root))
+        return {"removed_blocks": removed_blocks, "removed_uc": list(self.uc),
+                "removed_inos": [ino for ino, _ in self.inodes], "reclaimed": self.root,
+                "done": self.done, "entries": self.entries,
+                "block_indexes": [(ino, index) for ino, index, _ in self.blocks]}
+
+    def check(self, view):
+        if not isinstance(self.root, int) or view.get(keys.orphan_key(self.root)) is None:
+            view.problem(f"inode {self.root} is not a detached subtree root")
+
+
+@register
+class Rename(Op):
+    """Move an entry (rename2; ``overwrite``: the inode the destination named, removed or
+    detached). ``usage``/``overwritten_usage``: [names, space] when quota folders are near."""
+    NAME = "RENAME"
+    lazy = True
+    src_parent: int
+    src_name: str
+    dst_parent: int
+    dst_name: str
+    ino: int
+    overwrite: int | None
+    detach: bool = ABSENT
+    time: int
+    usage: list | None = ABSENT
+    overwritten_usage: list | None = ABSENT
+
+    def apply(self, txn, counters):
+        effects: dict = {}
+        t = self.time
+        ino = self.ino
+        if self.overwrite is not None:
+            st.unlink(txn, counters, self.dst_parent, self.dst_name, self.overwrite, t,
+                      effects, detach=given(self.detach, False),
+                      usage=given(self.overwritten_usage))
+        moved = given(self.usage)
+        if moved:
+            st.charge_usage(txn, counters, self.src_parent, -moved[0], -moved[1])
+        inode = txn.get(keys.inode_key(ino))
+        txn.delete(keys.dentry_key(self.src_parent, self.src_name))
+        st.touch_dir(txn, self.src_parent, t, -1, inode)
+        txn.put(keys.dentry_key(self.dst_parent, self.dst_name), ino)
+        st.touch_dir(txn, self.dst_parent, t, +1, inode)
+        if inode is not None:
+            inode["parent"], inode["name"], inode["ctime"] = self.dst_parent, self.dst_name, t
+            txn.put(keys.inode_key(ino), inode)
+        if moved:
+            st.charge_usage(txn, counters, self.dst_parent, moved[0], moved[1])
+        return effects
+
+    def check(self, view):
+        view.rename(self)
+
+
+@register
+class Renames(Op):
+    """Several renames visible at once (a job commit), applied and checked in order."""
+    NAME = "RENAMES"
+    lazy = True
+    renames: tuple      # of Rename
+    time: int
+
+    @classmethod
+    def from_args(cls, args):
+        if "renames" in args:
+            args = {**args, "renames": tuple(Rename.from_args(one) for one in args["renames"])}
+        return super().from_args(args)
+
+    def to_args(self):
+        args = super().to_args()
+        args["renames"] = [one.to_args() for one in self.renames]
+        return args
+
+    def apply(self, txn, counters):
+        effects: dict = {}
+        for one in self.renames:
+            for key, value in one.apply(txn, counters).items():
+                if isinstance(value, list):
+                    effects.setdefault(key, []).extend(value)
+                else:
+                    effects[key] = value
+        return effects
+
+    def check(self, view):
+        for one in self.renames:
+            view.rename(one)
+
+
+class _InodeOp(Op):
+    """Replay check of the set* ops: the inode exists."""
+
+    def check(self, view):
+        if view.inode(self.ino) is None:
+            view.problem(f"inode {self.ino} does not exist")
+
+
+@register
+class SetPermissions(_InodeOp):
+    NAME = "SET_PERMISSIONS"
+    lazy = True
+    ino: int
+    mode: int
+    time: int
+
+    def apply(self, txn, counters):
+        st.update_inode(txn, self.ino, mode=self.mode, ctime=self.time)
+
+
+@register
+class SetOwner(_InodeOp):
+    NAME = "SET_OWNER"
+    lazy = True
+    ino: int
+    owner: str | None = ABSENT
+    group: str | None = ABSENT
+    time: int
+
+    def apply(self, txn, counters):
+        changes = {"ctime": self.time}
+        if given(self.owner) is not None:
+            changes["owner"] = self.owner
+        if given(self.group) is not None:
+            changes["group"] = self.group
+        st.update_inode(txn, self.ino, **changes)
+
+
+@register
+class Times(_InodeOp):
+    NAME = "TIMES"
+    lazy = True
+    ino: int
+    mtime: int | None = ABSENT
+    atime: int | None = ABSENT
+    time: int
+
+    def apply(self, txn, counters):
+        changes = {"ctime": self.time}
+        if given(self.mtime) is not None:
+            changes["mtime"] = self.mtime
+        if given(self.atime) is not None:
+            changes["atime"] = self.atime
+        st.update_inode(txn, self.ino, **changes)
+
+
+@register
+class Concat(Op):
+    """The sources' blocks become the target's next ones, in order; the sources go
+    (``srcs``: dicts ino, name, all in folder ``parent``)."""
+    NAME = "CONCAT"
+    target: int
+    parent: int
+    srcs: list
+    time: int
+
+    def apply(self, txn, counters):
+        t_ino, t = self.target, self.time
+        target = st.file_inode(txn, t_ino)
+        if target is None:
+            return {}
+        rep = target.get("replication", 1)
+        before = file_charge(txn.get, t_ino, target)
+        index = target.get("nblocks", 0)
+        moved = []
+        removed_inos = []
+        for src in self.srcs:
+            s_ino = src["ino"]
+            inode = st.file_inode(txn, s_ino)
+            if inode is None:
+                continue
+            before += file_charge(txn.get, s_ino, inode)
+            for key, block in txn.scan(keys.block_prefix(s_ino)):
+                txn.delete(key)
+                txn.put(keys.block_key(t_ino, index), block)
+                moved.append((block["id"], index))
+                index += 1
+            target["length"] = target.get("length", 0) + inode.get("length", 0)
+            txn.delete(keys.inode_key(s_ino))
+            txn.delete(keys.dentry_key(self.parent, src["name"]))
+            st.touch_dir(txn, self.parent, t, -1, inode)
+            st.add_counter(counters, keys.FILES, -1)
+            removed_inos.append(s_ino)
+        target["nblocks"] = index
+        target["mtime"] = target["ctime"] = t
+        txn.put(keys.inode_key(t_ino), target)
+        st.charge_usage(txn, counters, self.parent, -len(removed_inos),
+                        file_charge(txn.get, t_ino, target) - before)
+        return {"ino": t_ino, "moved": moved, "replication": rep, "removed_inos": removed_inos}
+
+    def apply_memory(self, state, effect, now):
+        for block_id, index in effect.get("moved", ()):
+            info = state.blocks.get(block_id)
+            if info is not None:   # a block keeps its id, so replicas stay where they are
+                info.ino, info.index = self.target, index
+                state.blocks.set_replication(block_id, effect["replication"])
+
+    def check(self, view):
+        for ino in [self.target] + [src.get("ino") for src in self.srcs]:
+            inode = view.inode(ino)
+            if inode is None or inode.get("type") != "file" or inode.get("uc") \
+                    or inode.get("parent") != self.parent:
+                view.problem(f"concat: inode {ino} is not a closed file of folder "
+                             f"{self.parent}")
+
+
+@register
+class SetQuota(Op):
+    """A folder's quotas (``ns``/``ds``, -1: none); ``usage``: [names, space] of its
+    subtree, counted by the planner, for a folder that had no quota."""
+    NAME = "SET_QUOTA"
+    ino: int
+    ns: int
+    ds: int
+    usage: list | None
+    time: int
+
+    def apply(self, txn, counters):
+        inode = txn.get(keys.inode_key(self.ino))
+        if inode is None or inode.get("type") != DIR:
+            log.error("apply SET_QUOTA: directory inode %d is missing", self.ino)
+            return {}
+        old = inode.pop("quota", None)
+        if self.ns >= 0 or self.ds >= 0:
+            # a folder that had a quota kept its usage exact; a new one starts from the
+            # planner's count of its subtree
+            names, space = (old["ns_used"], old["ds_used"]) if old else self.usage
+            inode["quota"] = {"ns": self.ns, "ds": self.ds, "ns_used": names,
+                              "ds_used": space}
+        inode["ctime"] = self.time
+        txn.put(keys.inode_key(self.ino), inode)
+        st.add_counter(counters, keys.QUOTA_DIRS, ("quota" in inode) - (old is not None))
+        return {"ino": self.ino}
+
+    def check(self, view):
+        inode = view.inode(self.ino)
+        if inode is None or inode.get("type") != "dir" or not view.linked(self.ino):
+            view.problem(f"inode {self.ino} is not a linked directory")
+        elif inode.get("quota") is None and (self.ns >= 0 or self.ds >= 0) \
+                and self.usage is None:
+            view.problem(f"a new quota of inode {self.ino} without its usage")

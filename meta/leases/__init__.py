@@ -1,0 +1,3 @@
+"""Leases: the single-writer lease manager and the release/recovery of an expired lease's
+files.
+"""

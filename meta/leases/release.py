@@ -1,0 +1,210 @@
+"""Lease release and block recovery on the metadata server (HDFS ``FSNamesystem
+.internalReleaseLease`` and the LeaseManager monitor's work): closing a file whose writer is
+gone when its last blocks allow it, else starting block recovery of its last block, retrying
+stalled recoveries, releasing leases past their hard limit, and ``recover_lease``.
+
+Why it exists: one role per module. The decisions are pure (``meta/leases/leases.py``:
+``release_decision``, ``choose_primary``, ``recovery_due``); this is the part that acts on
+them with locks, journal records and RECOVER commands for block servers.
+
+``LeaseRelease`` is a mixin: ``MetaServer`` (``server.py``) composes it and owns all the
+state (``recoveries``, ``recover_commands``, ``leases``, ``blocks``, ``ns``, ``journal``).
+Concurrency contract: that of ``MetaServer``: its one trio thread; a release runs under the
+file's path locks.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from fs import paths
+from fs.errors import AlreadyBeingCreated, InternalError, LeaseFSError
+
+from ..blocks import blocks as bm
+from . import leases as lm
+from .leases import INTERNAL_HOLDER
+from ..namespace.locks import LOCK_WRITE, lock_set
+
+log = logging.getLogger(__name__)
+
+# files one lease monitor pass may release (HDFS bounds the work of one checkLeases pass)
+LEASE_MONITOR_MAX_FILES = 1000
+
+
+@dataclass
+class Recovery:
+    """One running block recovery (the last block of an open file)."""
+    ino: int
+    block_id: int
+    recovery_id: int
+    new_length: int | None      # truncate: the length the block must get
+    attempt: int                # rotates the primary on retries
+    started: float              # clock() when this recovery id was handed out
+    primary: str | None
+
+
+class LeaseRelease:
+    """Lease release, block recovery starts and retries, ``recover_lease``."""
+
+    def _replica_count(self, block: dict) -> int:
+        info = self.blocks.get(block["id"])
+        if info is None:
+            return 0
+        if info.state in (bm.COMMITTED, bm.COMPLETE):
+            return info.good_count
+        # being written: the pipeline's nodes count before they report (HDFS counts the
+        # expected locations), or hflushed bytes whose reports are still on the way would
+        # be dropped with the "empty" last block
+        return len(info.location_nodes())
+
+    def block_state(self, block: dict) -> str:
+        info = self.blocks.get(block["id"])
+        return info.state if info is not None else block["state"]
+
+    async def _internal_release_lease(self, path: str, ino: int, inode: dict,
+                                      new_holder: str | None = None) -> bool:
+        """HDFS ``internalReleaseLease`` (caller holds the file's path locks): close the
+        file when its last blocks allow it (True), else start block recovery and reassign
+        the lease to ``new_holder`` (False; the file closes when recovery commits)."""
+        _, wall = self.now()
+        blocks = self.ns.tail_blocks(ino, inode)
+        decision = lm.release_decision(
+            [(self.block_state(b), b["num_bytes"], self._replica_count(b)) for b in blocks],
+            self.config.min_replication)
+        if decision == lm.CLOSE:
+            await self.log_plan(self.ns.plan_close(ino, None, None, wall))
+            log.info("lease of %s released: file closed", path)
+            return True
+        if decision == lm.DROP_LAST_AND_CLOSE:
+            await self.log_plan(self.ns.plan_abandon(path, ino, blocks, blocks[-1]))
+            await self.log_plan(self.ns.plan_close(ino, None, None, wall))
+            log.info("lease of %s released: dropped an empty last block, file closed", path)
+            return True
+        if decision == lm.WAIT:
+            raise AlreadyBeingCreated(f"{path}: cannot release the lease: committed blocks "
+                                      f"are waiting to be minimally replicated")
+        last = blocks[-1]
+        if last["id"] not in self.recoveries:
+            await self.start_block_recovery(path, ino, last)
+        holder = inode["uc"]["holder"]
+        if new_holder is not None and new_holder != holder:
+            await self.log_plan(self.ns.plan_reassign_lease(ino, new_holder))
+            log.info("lease of %s reassigned from %s to %s", path, holder, new_holder)
+        return False
+
+    async def start_block_recovery(self, path: str, ino: int, block: dict,
+                                   new_length: int | None = None) -> Recovery:
+        """New recovery id (the next generation stamp, journaled), block → UNDER_RECOVERY,
+        a RECOVER_BLOCK command for the primary's next heartbeat. Caller holds the path
+        locks. Without a live replica holder the recovery waits for its retry."""
+        previous = self.recoveries.get(block["id"])
+        op, args = self.ns.plan_set_genstamp()
+        await self.journal.log(op, args)
+        recovery_id = args["gs"]
+        info = self.blocks.get(block["id"])
+        if info is None:
+            raise InternalError(f"{path}: block {block['id']} is not in the blocks map")
+        if info.state != bm.UNDER_RECOVERY:
+            self.blocks.start_recovery(block["id"])
+        if new_length is None and previous is not None:
+            new_length = previous.new_length
+        if new_length is None:
+            new_length = block.get("truncate_to")   # a mid-block truncate not yet committed
+        attempt = previous.attempt + 1 if previous is not None else 0
+        holders = list(info.location_nodes())
+        holders += [n for n, r in info.replicas.items() if not r.corrupt and n not in holders]
+        live = [(n, node.last_heartbeat) for n in holders
+                if (node := self.datanodes.live(n)) is not None]
+        primary = lm.choose_primary(live, attempt, now=self.clock(),
+                                    stale_after=self._stale_after())
+        self.forget_recovery(block["id"])
+        rec = Recovery(ino, block["id"], recovery_id, new_length, attempt, self.clock(), primary)
+        self.recoveries[block["id"]] = rec
+        if primary is not None:
+            self.recover_commands.setdefault(primary, {})[block["id"]] = {
+                "type": "RECOVER_BLOCK",
+                "block": {"id": info.id, "gs": info.recovery_gs(), "num_bytes": info.num_bytes},
+                "recovery_id": recovery_id, "new_length": new_length,
+                "targets": [loc for loc in map(self.location, [n for n, _ in live])
+                            if loc is not None]}
+        log.info("block recovery of %s block %d: recovery id %d, primary %s (attempt %d)",
+                 path, block["id"], recovery_id, primary or "none alive", attempt)
+        return rec
+
+    def _stale_after(self) -> float:
+        return self.datanodes.stale_interval
+
+    async def retry_stalled_recoveries(self) -> int:
+        """Recoveries without a commit after ``block_recovery_retry``, or whose primary
+        stopped heartbeating, get a new id (and the next primary)."""
+        retried = 0
+        now = self.clock()
+        for rec in list(self.recoveries.values()):
+            primary = self.datanodes.find(rec.primary) if rec.primary is not None else None
+            if not lm.recovery_due(started=rec.started, now=now,
+                                   retry_after=self.config.block_recovery_retry,
+                                   primary_heartbeat=primary.last_heartbeat if primary else None,
+                                   stale_after=self._stale_after()):
+                continue
+            path = self.ns.path_of(rec.ino)
+            if path is None:
+                self.forget_recovery(rec.block_id)
+                continue
+            async with self.mutation(f"retry block recovery of {path}",
+                                     lock_set(paths.split(path), LOCK_WRITE),
+                                     check_safemode=False):
+                if self.recoveries.get(rec.block_id) is not rec:
+                    continue
+                inode = self.ns.get_inode(rec.ino)
+                tail = self.ns.tail_blocks(rec.ino, inode, 1) if inode and inode.get("uc") else []
+                if not tail or tail[-1]["id"] != rec.block_id:
+                    self.forget_recovery(rec.block_id)
+                    continue
+                await self.start_block_recovery(path, rec.ino, tail[-1])
+                retried += 1
+        return retried
+
+    async def release_expired_leases(self) -> int:
+        """The lease monitor's pass: hard-expired leases, oldest first and at most
+        ``LEASE_MONITOR_MAX_FILES`` files, go to the internal holder ``leasefs-meta``
+        (closed at once, or through block recovery). Returns the files closed."""
+        released = 0
+        now = self.clock()
+        for holder, ino in self.leases.hard_expired_files(now, LEASE_MONITOR_MAX_FILES):
+            path = self.ns.path_of(ino)
+            if path is None:
+                self.leases.remove_file(ino)
+                continue
+            try:
+                async with self.mutation(f"release lease of {path}",
+                                         lock_set(paths.split(path), LOCK_WRITE),
+                                         check_safemode=False):
+                    inode = self.ns.get_inode(ino)
+                    if inode is None or not inode.get("uc") or self.ns.path_of(ino) != path:
+                        continue
+                    if await self._internal_release_lease(path, ino, inode, INTERNAL_HOLDER):
+                        released += 1
+            except LeaseFSError as exc:
+                if ino not in self._release_logged:
+                    self._release_logged.add(ino)
+                    log.warning("lease of %s (holder %s) expired: %s", path, holder, exc)
+        return released
+
+    def _last_under_recovery(self, ino: int, inode: dict) -> bool:
+        tail = self.ns.tail_blocks(ino, inode, 1)
+        return bool(tail) and self.block_state(tail[-1]) == bm.UNDER_RECOVERY
+
+    async def recover_lease_internal(self, op: str, path: str, ino: int, inode: dict,
+                                     caller: str, now: float, *, force: bool = False) -> bool:
+        """HDFS ``recoverLeaseInternal`` on an open file (caller holds its locks): True
+        when the file is closed now, False while block recovery runs."""
+        self.leases.recover_lease_internal(op, path, inode["uc"]["holder"], caller, now,
+                                           force=force,
+                                           last_under_recovery=self._last_under_recovery(ino, inode))
+        tail = self.ns.tail_blocks(ino, inode, 1)
+        if tail and tail[-1]["id"] in self.recoveries:
+            if inode["uc"]["holder"] != caller and force:
+                await self.log_plan(self.ns.plan_reassign_lease(ino, caller))
+            return False
+        return await self._internal_release_lease(path, ino, inode, caller)

@@ -1,0 +1,546 @@
+"""The planners of every op but rename and reclaim: ``plan_<op>`` validates against the
+current state (raising a ``LeaseFSError`` that names the path; nothing changes on error),
+decides everything (new inode/block ids, generation stamps, times) and returns the one
+journal record ``(op, args)`` — or None when there is nothing to do. Also the writer
+(lease holder) checks that classify a client's block reports.
+
+Why it exists: deciding is apart from applying (``meta.ops``), so replay needs only
+the records, and apart from the RPC shell, so the conformance suite drives it directly.
+``NamespacePlanner`` is a mixin of ``meta.namespace.Namespace``; it reads through
+``NamespaceView`` and asks ``ReclaimPlanner.needs_detach`` whether a removed subtree must
+be detached.
+
+Purity / concurrency contract: never writes the store; the only state a plan changes is
+the in-memory allocation counters (ids and stamps), so an abandoned plan only leaves a
+gap. Called under the caller's path locks, on the trio thread, no awaits.
+"""
+
+from __future__ import annotations
+
+from fs import paths
+from fs.errors import (FileExists, FileNotFound, InternalError, InvalidArgument, IsDirectory,
+                       DirectoryNotEmpty, NotDirectory, StaleGenerationStamp)
+
+from ..journal import keys
+from ..blocks.blocks import COMMITTED, UNDER_CONSTRUCTION
+from ..leases.leases import LeaseManager
+from .args import (DIR, FILE, MAX_TARGET_BYTES, check_block_ref, check_bool,
+                             check_int, check_mode, check_name, is_int)
+from .quota import file_charge
+
+#: the set-group-id bit: on a folder, new entries take its group and new folders the bit
+SETGID = 0o2000
+
+
+class NamespacePlanner:
+    """``plan_<op>`` of the create/mkdir/delete/attribute/writer/lease ops (a mixin of
+    ``Namespace``)."""
+
+    # ------------------------------------------------------------------ plan helpers
+    def _owner_group(self, owner, group, parent_inode: dict) -> tuple[str, str]:
+        """Owner and group of an entry made in ``parent_inode``: the group asked for, else
+        the parent's (HDFS); in a setgid folder always the folder's (POSIX/BSD: the mount
+        asks for the creator's group, as a kernel would give it outside such a folder)."""
+        owner = check_name(owner, "owner", optional=True) or self.defaults.owner
+        group = check_name(group, "group", optional=True)
+        if group is None or parent_inode.get("mode", 0) & SETGID:
+            group = parent_inode.get("group", self.defaults.group)
+        return owner, group
+
+    def _missing_dirs(self, parts, found, upto: int, mode: int, owner: str,
+                      group: str) -> list[dict]:
+        """New directories for ``parts[len(found)-1 : upto]`` (ids allocated now); under a
+        setgid folder each keeps the bit (POSIX), so its own entries get the group too."""
+        dirs = []
+        parent = found[-1][0]
+        mode |= found[-1][1].get("mode", 0) & SETGID
+        for name in parts[len(found) - 1:upto]:
+            ino = self.allocate_ino()
+            dirs.append({"parent": parent, "name": name, "ino": ino, "mode": mode,
+                         "owner": owner, "group": group})
+            parent = ino
+        return dirs
+
+    def check_parent_dir(self, path: str, found) -> None:
+        ino, inode = found[-1]
+        if inode["type"] != DIR:
+            raise NotDirectory(f"{path}: parent is not a directory")
+
+    # ------------------------------------------------------------------ planners
+    def plan_format(self, namespace_id: int, now_ns: int) -> tuple[str, dict]:
+        if self.formatted:
+            raise InternalError("the namespace is already formatted")
+        return "FORMAT", {"namespace_id": namespace_id, "time": now_ns, "mode": 0o755,
+                          "owner": self.defaults.owner, "group": self.defaults.group}
+
+    def plan_mkdirs(self, path, permission=0o755, owner=None, group=None, *,
+                    create_parent: bool = True, exclusive: bool = False,
+                    now_ns: int) -> tuple[str, dict] | None:
+        """``create_parent=False``: a missing parent is ``FileNotFound``; ``exclusive``: an
+        existing path is ``FileExists`` even when it is a directory (mkdir(2))."""
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        permission = check_mode(permission, f"mkdirs {canonical}: permission")
+        found = self.walk(parts, canonical)
+        if len(found) == len(parts) + 1:
+            if found[-1][1]["type"] == DIR and not exclusive:
+                return None
+            raise FileExists(f"mkdirs {canonical}: exists"
+                             + ("" if found[-1][1]["type"] == DIR else " and is not a directory"))
+        if len(found) < len(parts) and not create_parent:
+            raise FileNotFound(f"mkdir {canonical}: parent {paths.join_parts(parts[:-1])} "
+                               f"does not exist")
+        self.check_parent_dir(canonical, found)
+        owner, group = self._owner_group(owner, group, found[-1][1])
+        dirs = self._missing_dirs(parts, found, len(parts), permission, owner, group)
+        for d in dirs[:-1]:
+            d["mode"] |= 0o300   # parents stay writable and searchable by the owner
+        self.check_quota(found[-1][0], len(dirs), 0)
+        return "MKDIR", {"dirs": dirs, "time": now_ns}
+
+    def plan_create(self, path, *, holder, client_machine: str = "", overwrite=False,
+                    create_parent=True, replication=None, block_size=None, permission=0o644,
+                    owner=None, group=None, now_ns: int) -> tuple[str, dict]:
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        holder = check_name(holder, f"create {canonical}: client_name")
+        check_bool(overwrite, f"create {canonical}: overwrite")
+        check_bool(create_parent, f"create {canonical}: create_parent")
+        permission = check_mode(permission, f"create {canonical}: permission")
+        replication = self.check_replication(canonical, replication)
+        block_size = self.check_block_size(canonical, block_size)
+        if not parts:
+            raise IsDirectory("cannot create /: it is a directory")
+        found = self.walk(parts, canonical)
+        overwrite_ino = None
+        detach = False
+        dirs: list[dict] = []
+        if len(found) == len(parts) + 1:
+            ino, inode = found[-1]
+            if inode["type"] == DIR:
+                raise IsDirectory(f"cannot create {canonical}: it is a directory")
+            if not overwrite:
+                uc = inode.get("uc")
+                if uc:
+                    LeaseManager.check_create_conflict(canonical, uc["holder"], holder)
+                raise FileExists(f"cannot create {canonical}: file exists")
+            overwrite_ino = ino
+            detach = self.needs_detach(ino, inode)
+            parent_ino, parent_inode = found[-2]
+        else:
+            if len(found) < len(parts):
+                if not create_parent:
+                    raise FileNotFound(f"cannot create {canonical}: parent "
+                                       f"{paths.join_parts(parts[:-1])} does not exist")
+            self.check_parent_dir(canonical, found)
+            parent_ino, parent_inode = found[-1]
+        owner, group = self._owner_group(owner, group, parent_inode)
+        self.check_quota(parent_ino, 1 + max(0, len(parts) - len(found))
+                         - (overwrite_ino is not None), 0)
+        usage = None if overwrite_ino is None else \
+            self.detached_usage(parent_ino, overwrite_ino, found[-1][1], detach)
+        if len(found) < len(parts):
+            dirs = self._missing_dirs(parts, found, len(parts) - 1, 0o755, owner, group)
+            parent_ino = dirs[-1]["ino"]
+        return "ADD", {
+            "dirs": dirs, "parent": parent_ino, "name": parts[-1], "ino": self.allocate_ino(),
+            "mode": permission, "owner": owner, "group": group, "time": now_ns,
+            "replication": replication, "block_size": block_size, "holder": holder,
+            "client_machine": str(client_machine)[:256], "overwrite": overwrite_ino,
+            "detach": detach, "usage": usage,
+        }
+
+    def check_replication(self, path: str, replication) -> int:
+        if replication is None:
+            return self.defaults.replication
+        return check_int(replication, f"{path}: replication", low=1,
+                         high=self.defaults.max_replication)
+
+    def check_block_size(self, path: str, block_size) -> int:
+        if block_size is None:
+            block_size = self.defaults.block_size
+        check_int(block_size, f"{path}: block_size", low=self.defaults.bytes_per_checksum)
+        if block_size < self.defaults.min_block_size:
+            raise InvalidArgument(f"{path}: block_size {block_size} is below the limit "
+                                  f"min_block_size {self.defaults.min_block_size}")
+        if block_size % self.defaults.bytes_per_checksum:
+            raise InvalidArgument(f"{path}: block_size {block_size} is not a multiple of "
+                                  f"bytes_per_checksum {self.defaults.bytes_per_checksum}")
+        return block_size
+
+    def plan_symlink(self, target, path, *, create_parent=False, owner=None, group=None,
+                     now_ns: int) -> tuple[str, dict]:
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        check_bool(create_parent, f"symlink {canonical}: create_parent")
+        if not isinstance(target, str) or not target or "\0" in target:
+            raise InvalidArgument(f"symlink {canonical}: target must be a non-empty string "
+                                  f"without NUL, got {target!r:.80}")
+        if len(keys.encode_name(target)) > MAX_TARGET_BYTES:
+            raise InvalidArgument(f"symlink {canonical}: target longer than "
+                                  f"{MAX_TARGET_BYTES} bytes")
+        if not parts:
+            raise FileExists("cannot create a symlink at /: it exists")
+        found = self.walk(parts, canonical)
+        if len(found) == len(parts) + 1:
+            raise FileExists(f"cannot create symlink {canonical}: it exists")
+        if len(found) < len(parts) and not create_parent:
+            raise FileNotFound(f"cannot create symlink {canonical}: parent "
+                               f"{paths.join_parts(parts[:-1])} does not exist")
+        self.check_parent_dir(canonical, found)
+        owner, group = self._owner_group(owner, group, found[-1][1])
+        dirs = self._missing_dirs(parts, found, len(parts) - 1, 0o755, owner, group)
+        self.check_quota(found[-1][0], len(dirs) + 1, 0)
+        parent_ino = dirs[-1]["ino"] if dirs else found[-1][0]
+        return "SYMLINK", {"dirs": dirs, "parent": parent_ino, "name": parts[-1],
+                           "ino": self.allocate_ino(), "target": target, "mode": 0o777,
+                           "owner": owner, "group": group, "time": now_ns}
+
+    def plan_delete(self, path, recursive=False, *, now_ns: int) -> tuple[str, dict]:
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        check_bool(recursive, f"delete {canonical}: recursive")
+        if not parts:
+            raise InvalidArgument("cannot delete the root directory /")
+        _, ino, inode, found = self.resolve(canonical)
+        if inode["type"] == DIR and inode.get("children", 0) and not recursive:
+            raise DirectoryNotEmpty(f"cannot delete {canonical}: directory is not empty "
+                                    f"({inode['children']} entries); use recursive")
+        detach = self.needs_detach(ino, inode)
+        return "DELETE", {"parent": found[-2][0], "name": parts[-1], "ino": ino,
+                          "time": now_ns, "detach": detach,
+                          "usage": self.detached_usage(found[-2][0], ino, inode, detach)}
+
+    def plan_set_permission(self, path, permission, *, now_ns: int) -> tuple[str, dict]:
+        parts, ino, inode, _ = self.resolve(path)
+        canonical = paths.join_parts(parts)
+        permission = check_mode(permission, f"chmod {canonical}: permission")
+        return "SET_PERMISSIONS", {"ino": ino, "mode": permission, "time": now_ns}
+
+    def plan_set_owner(self, path, owner=None, group=None, *, now_ns: int) -> tuple[str, dict] | None:
+        parts, ino, inode, _ = self.resolve(path)
+        canonical = paths.join_parts(parts)
+        owner = check_name(owner, f"chown {canonical}: owner", optional=True)
+        group = check_name(group, f"chown {canonical}: group", optional=True)
+        if owner is None and group is None:
+            return None
+        return "SET_OWNER", {"ino": ino, "owner": owner, "group": group, "time": now_ns}
+
+    def plan_set_times(self, path, mtime_ns=None, atime_ns=None, *,
+                       now_ns: int) -> tuple[str, dict] | None:
+        parts, ino, inode, _ = self.resolve(path)
+        canonical = paths.join_parts(parts)
+        if mtime_ns is not None:
+            check_int(mtime_ns, f"set_times {canonical}: mtime_ns")
+        if atime_ns is not None:
+            check_int(atime_ns, f"set_times {canonical}: atime_ns")
+        if mtime_ns is None and atime_ns is None:
+            return None
+        return "TIMES", {"ino": ino, "mtime": mtime_ns, "atime": atime_ns, "time": now_ns}
+
+    def plan_set_replication(self, path, replication, *, now_ns: int) -> tuple[str, dict] | None:
+        parts, ino, inode, _ = self.resolve(path)
+        canonical = paths.join_parts(parts)
+        if inode["type"] != FILE:
+            raise IsDirectory(f"setrep {canonical}: not a file") if inode["type"] == DIR \
+                else InvalidArgument(f"setrep {canonical}: not a file")
+        replication = check_int(replication, f"setrep {canonical}: replication", low=1,
+                                high=self.defaults.max_replication)
+        if replication == inode.get("replication"):
+            return None
+        old = inode.get("replication", 1)
+        self.check_quota(inode["parent"], 0,
+                         file_charge(self.read, ino, inode) // old * (replication - old))
+        return "SET_REPLICATION", {"ino": ino, "replication": replication, "time": now_ns}
+
+    # -------------------------------------------------------- writer (lease holder) ops
+    def writer_file(self, path, ino, holder) -> tuple[str, int, dict]:
+        """The open file a writer addresses (by inode id when given, else path), after the
+        HDFS writer checks. Returns ``(canonical path, ino, inode)``."""
+        canonical = paths.validate(path)
+        holder = check_name(holder, f"{canonical}: client_name")
+        if ino is not None and ino != 0:
+            check_int(ino, f"{canonical}: ino", low=1)
+            inode = self.linked_inode(ino)
+        else:
+            try:
+                _, ino, inode, _ = self.resolve(canonical)
+            except FileNotFound:
+                inode = None
+        exists = inode is not None and inode["type"] == FILE
+        uc = inode.get("uc") if exists else None
+        LeaseManager.check_writer(canonical, exists, uc["holder"] if uc else None, holder)
+        return canonical, ino, inode
+
+    def check_previous(self, path: str, blocks: list[dict], previous) -> tuple[str, dict | None]:
+        """Classify add_block's ``previous`` against the file's blocks:
+
+        * ``("retry", last)``   the last call's reply was lost: hand out the same last block
+        * ``("first", None)``   the first block of an empty file
+        * ``("commit", last)``  ``previous`` is the last block, to be committed now
+        * ``("committed", last)`` already committed with that length (a retried add_block)
+        """
+        last = blocks[-1] if blocks else None
+        if previous is not None:
+            check_block_ref(previous, f"add_block {path}: previous")
+        nblocks = last["index"] + 1 if last is not None else 0
+        if last is not None and last["state"] == UNDER_CONSTRUCTION:
+            penultimate = blocks[-2] if len(blocks) >= 2 else None
+            if (previous is None and nblocks == 1) or (
+                    previous is not None and penultimate is not None
+                    and previous["id"] == penultimate["id"]):
+                return "retry", last
+        if previous is None:
+            if blocks:
+                raise InvalidArgument(f"add_block {path}: previous is missing but the file "
+                                      f"already has {nblocks} block(s)")
+            return "first", None
+        if last is None or previous["id"] != last["id"]:
+            raise InvalidArgument(f"add_block {path}: previous block {previous['id']} is not "
+                                  f"the file's last block "
+                                  f"({last['id'] if last else 'the file has none'})")
+        return self._commit_kind(path, last, previous), last
+
+    def _commit_kind(self, path: str, last: dict, reported: dict) -> str:
+        if reported.get("gs") is not None and reported["gs"] != last["gs"]:
+            raise StaleGenerationStamp(f"{path}: block {last['id']} has generation stamp "
+                                       f"{last['gs']}, the client reported {reported['gs']}")
+        if last["state"] == UNDER_CONSTRUCTION:
+            return "commit"
+        if last["num_bytes"] != reported["num_bytes"]:
+            raise InvalidArgument(f"{path}: block {last['id']} was committed with "
+                                  f"{last['num_bytes']} bytes, now reported as "
+                                  f"{reported['num_bytes']}")
+        return "committed"
+
+    def check_block_length(self, path: str, inode: dict, num_bytes: int) -> None:
+        if num_bytes > inode["block_size"]:
+            raise InvalidArgument(f"{path}: block length {num_bytes} exceeds the file's block "
+                                  f"size {inode['block_size']}")
+
+    def check_writer_length(self, path: str, inode: dict, num_bytes: int) -> None:
+        """A length the writer reports for its block: within the block size, and for a
+        reopened inline file's first block at least the inline bytes, which it sends first."""
+        self.check_block_length(path, inode, num_bytes)
+        if num_bytes < inode.get("inline", 0):
+            raise InvalidArgument(f"{path}: block length {num_bytes} is short of the file's "
+                                  f"{inode['inline']} inline bytes, which its first block "
+                                  f"must hold")
+
+    def check_block_count(self, path: str, inode: dict) -> None:
+        """HDFS ``dfs.namenode.fs-limits.max-blocks-per-file``: refuse one block more."""
+        limit = self.defaults.max_blocks_per_file
+        if inode.get("nblocks", 0) >= limit:
+            raise InvalidArgument(f"add_block {path}: the file already has "
+                                  f"{inode.get('nblocks', 0)} blocks, the limit "
+                                  f"max_blocks_per_file is {limit}")
+
+    def plan_add_block(self, ino: int, blocks: list[dict], block_id: int, gs: int,
+                       commit: dict | None, targets: list[str], now_ns: int) -> tuple[str, dict]:
+        """``blocks``: the file's blocks or at least its last one (``tail_blocks``).
+        ``previous`` names the last block even when it was committed by an earlier call,
+        so the apply marks the block before it COMPLETE (only the last two blocks may be
+        incomplete: writer checks read just those)."""
+        inode = self.get_inode(ino)
+        if inode is not None:   # (None: the first block of a file created in this batch)
+            # HDFS reserves a whole block for the block being written
+            self.check_quota(inode["parent"], 0,
+                             inode.get("block_size", 0) * inode.get("replication", 1))
+        previous = None
+        if blocks:
+            last = blocks[-1]
+            previous = {"index": last["index"], "id": last["id"],
+                        "num_bytes": commit["num_bytes"] if commit else last["num_bytes"]}
+        index = blocks[-1]["index"] + 1 if blocks else 0
+        return "ADD_BLOCK", {"ino": ino, "index": index, "block": {"id": block_id, "gs": gs},
+                             "previous": previous, "targets": list(targets), "time": now_ns}
+
+    def plan_commit(self, ino: int, block: dict, num_bytes: int) -> tuple[str, dict]:
+        return "UPDATE_BLOCKS", {"ino": ino, "blocks": [{
+            "index": block["index"], "id": block["id"], "gs": block["gs"],
+            "num_bytes": num_bytes, "state": COMMITTED}]}
+
+    def check_last(self, path: str, blocks: list[dict], last) -> tuple[str, dict | None]:
+        """complete's ``last`` against the file: ``("none"|"commit"|"committed", block)``."""
+        if last is None:
+            if blocks:
+                raise InvalidArgument(f"complete {path}: last block is missing but the file "
+                                      f"has {blocks[-1]['index'] + 1} block(s)")
+            return "none", None
+        check_block_ref(last, f"complete {path}: last")
+        if not blocks or blocks[-1]["id"] != last["id"]:
+            raise InvalidArgument(f"complete {path}: block {last['id']} is not the file's "
+                                  f"last block ({blocks[-1]['id'] if blocks else 'none'})")
+        return self._commit_kind(path, blocks[-1], last), blocks[-1]
+
+    def closed_with(self, path, ino, last, data=None) -> bool:
+        """A complete() retried after the file was already closed with this last block: the
+        same id, length and generation stamp (HDFS-3031). A block recovery after another
+        client took the file over gives the last block a new stamp, so a late complete of
+        the old writer does not match and gets the lease error instead. With inline
+        ``data``: the file holds exactly those bytes inline (a recovery that closed it
+        without them does not match)."""
+        canonical = paths.validate(path)
+        if ino:
+            inode = self.linked_inode(ino) if is_int(ino) else None
+        else:
+            try:
+                _, ino, inode, _ = self.resolve(canonical)
+            except FileNotFound:
+                return False
+        if inode is None or inode["type"] != FILE or inode.get("uc"):
+            return False
+        if data is not None:
+            return inode.get("inline") == len(data) and self.inline_data(ino, inode) == data
+        blocks = self.tail_blocks(ino, inode, 1)
+        if last is None:
+            return not blocks
+        return (isinstance(last, dict) and bool(blocks) and blocks[-1]["id"] == last.get("id")
+                and blocks[-1]["num_bytes"] == last.get("num_bytes")
+                and blocks[-1]["gs"] == last.get("gs"))
+
+    def plan_close(self, ino: int, block: dict | None, num_bytes: int | None,
+                   now_ns: int, attrs: dict | None = None,
+                   data: bytes | None = None) -> tuple[str, dict]:
+        """``attrs``: ``{"mtime": ns, "atime": ns, "mode": bits}`` (any may be None) the writer
+        set while it wrote, taken instead of the completion's own time and the file's mode
+        (checked by ``close_attrs``). ``data``: the file's whole content, kept inline
+        (checked by ``check_inline``; the file's unused blocks go with the same record)."""
+        last = None
+        if block is not None:
+            last = {"index": block["index"], "id": block["id"], "num_bytes": num_bytes}
+        extra = {} if data is None else {"data": bytes(data)}
+        return "CLOSE", {"ino": ino, "last": last, "time": now_ns, **(attrs or {}), **extra}
+
+    def check_inline(self, path: str, ino: int, inode: dict, data,
+                     op: str = "complete") -> None:
+        """``complete(data=...)``/``fsync(data=...)``: the bytes fit ``inline_max`` and the
+        file's block size, and no byte of the file is in a block: it has none, or only the
+        block ``create`` allocated with it, still empty (it goes with the record)."""
+        if not isinstance(data, (bytes, bytearray)):
+            raise InvalidArgument(f"{op} {path}: data must be bytes, got "
+                                  f"{type(data).__name__}")
+        limit = min(self.defaults.inline_max, inode["block_size"])
+        if not 0 < len(data) <= limit:
+            raise InvalidArgument(f"{op} {path}: {len(data)} bytes of inline data; this "
+                                  f"server keeps 1 to {limit} bytes inline (inline_max)")
+        # a file created while its first block was refused holds no space yet
+        self.check_quota(inode["parent"], 0, len(data) * inode.get("replication", 1)
+                         - file_charge(self.read, ino, inode))
+        blocks = self.tail_blocks(ino, inode)
+        if len(blocks) > 1 or any(b["index"] != 0 or b["num_bytes"] or
+                                  b["state"] != UNDER_CONSTRUCTION for b in blocks):
+            raise InvalidArgument(f"{op} {path}: inline data for a file whose bytes are "
+                                  f"in blocks already; {op} its last block instead")
+
+    @staticmethod
+    def plan_inline(ino: int, data: bytes) -> tuple[str, dict]:
+        """A writer's flush of a file wholly in its buffer: ``data`` becomes the content of
+        the still open file, durable and visible to readers (``fsync(data=...)``)."""
+        return "INLINE", {"ino": ino, "data": bytes(data)}
+
+    @staticmethod
+    def close_attrs(path: str, mtime_ns, atime_ns, permission) -> dict | None:
+        """The times and mode a ``complete`` asks for, validated, as CLOSE record fields."""
+        if mtime_ns is None and atime_ns is None and permission is None:
+            return None
+        for name, value in (("mtime_ns", mtime_ns), ("atime_ns", atime_ns)):
+            if value is not None:
+                check_int(value, f"complete {path}: {name}")
+        mode = None if permission is None else check_mode(permission,
+                                                          f"complete {path}: permission")
+        return {"mtime": mtime_ns, "atime": atime_ns, "mode": mode}
+
+    def plan_abandon(self, path: str, ino: int, blocks: list[dict], block) -> tuple[str, dict] | None:
+        check_block_ref(block, f"abandon_block {path}: block")
+        match = [b for b in blocks if b["id"] == block["id"]]
+        if not match:
+            return None   # already abandoned (a retry)
+        if match[0] is not blocks[-1] or match[0]["state"] != UNDER_CONSTRUCTION:
+            raise InvalidArgument(f"abandon_block {path}: block {block['id']} is not the "
+                                  f"file's last block under construction")
+        return "ABANDON_BLOCK", {"ino": ino, "index": match[0]["index"], "id": block["id"]}
+
+    def plan_fsync(self, path: str, ino: int, blocks: list[dict],
+                   last_block_length) -> tuple[str, dict] | None:
+        check_int(last_block_length, f"fsync {path}: last_block_length", low=0)
+        if not blocks or blocks[-1]["state"] != UNDER_CONSTRUCTION:
+            return None
+        last = blocks[-1]
+        if last_block_length <= last["num_bytes"]:
+            return None
+        return "FSYNC", {"ino": ino, "index": last["index"], "id": last["id"],
+                         "num_bytes": last_block_length}
+
+    def plan_set_genstamp(self) -> tuple[str, dict]:
+        return "SET_GENSTAMP", {"gs": self.next_genstamp()}
+
+    # ------------------------------------------------------------------ leases
+    def plan_reassign_lease(self, ino: int, holder: str) -> tuple[str, dict]:
+        """Lease recovery hands an open file to ``holder`` (HDFS REASSIGN_LEASE)."""
+        return "REASSIGN_LEASE", {"ino": ino, "holder": holder}
+
+    def plan_commit_block_sync(self, ino: int, block: dict, gs: int, num_bytes: int, *,
+                               delete: bool, close: bool, now_ns: int) -> tuple[str, dict]:
+        """Block recovery finished: the last block gets the recovery id and the agreed
+        length (or goes, when every replica was empty); ``close`` closes the file."""
+        return "COMMIT_BLOCK_SYNC", {"ino": ino, "index": block["index"], "id": block["id"],
+                                     "gs": gs, "num_bytes": num_bytes, "delete": delete,
+                                     "close": close, "time": now_ns}
+
+    def plan_truncate(self, path: str, ino: int, inode: dict, new_length, *, holder: str,
+                      client_machine: str = "", now_ns: int) -> tuple[str, dict] | None:
+        """Truncate a closed file. Blocks wholly past ``new_length`` go; when the new end
+        falls inside a block, that block is kept (for block recovery to cut) and the file
+        becomes under construction for ``holder``: ``last`` says which block and its new
+        length. None when the length does not change."""
+        check_int(new_length, f"truncate {path}: new_length", low=0)
+        length = inode.get("length", 0)
+        if new_length > length:
+            raise InvalidArgument(f"truncate {path}: new length {new_length} is beyond the "
+                                  f"end of the file ({length} bytes); truncate cannot grow")
+        if new_length == length:
+            return None
+        keep = 0
+        pos = 0
+        last = None
+        for block in self.blocks_of(ino):
+            if pos >= new_length:
+                break
+            keep = block["index"] + 1
+            end = pos + block["num_bytes"]
+            if end > new_length:
+                last = {"index": block["index"], "id": block["id"], "gs": block["gs"],
+                        "num_bytes": new_length - pos, "old_num_bytes": block["num_bytes"]}
+            pos = end
+        if last is not None:   # the cut block is written again: it counts whole meanwhile
+            self.check_quota(inode["parent"], 0, (new_length - last["num_bytes"]
+                                                  + inode["block_size"])
+                             * inode.get("replication", 1)
+                             - file_charge(self.read, ino, inode))
+        return "TRUNCATE", {"ino": ino, "new_length": new_length, "keep": keep, "last": last,
+                            "holder": holder if last else None,
+                            "client_machine": str(client_machine)[:256], "time": now_ns}
+
+    def plan_rewrite(self, ino: int, inode: dict, *, now_ns: int) -> tuple[str, dict]:
+        """Start a file its holder is writing over, empty: every block (and inline content)
+        goes, the file stays under construction for the same holder. A TRUNCATE record to
+        0 without a ``last`` block, which leaves the lease alone."""
+        return "TRUNCATE", {"ino": ino, "new_length": 0, "keep": 0, "last": None,
+                            "holder": None, "client_machine": "", "time": now_ns}
+
+    def plan_append(self, ino: int, inode: dict, *, holder: str, client_machine: str = "",
+                    new_gs: int | None, now_ns: int) -> tuple[str, dict]:
+        """Reopen a closed file for ``holder``; a partial last block is reopened under the
+        new generation stamp ``new_gs`` (None: the client starts a new block)."""
+        last = None
+        tail = self.tail_blocks(ino, inode, 1)
+        if tail and new_gs is not None and tail[-1]["num_bytes"] < inode["block_size"]:
+            b = tail[-1]
+            last = {"index": b["index"], "id": b["id"], "gs": new_gs, "old_gs": b["gs"],
+                    "num_bytes": b["num_bytes"]}
+            # the reopened block counts at its full size while it is written again
+            self.check_quota(inode["parent"], 0, (inode["block_size"] - b["num_bytes"])
+                             * inode.get("replication", 1))
+        return "APPEND", {"ino": ino, "holder": holder, "client_machine": str(client_machine)[:256],
+                          "last": last, "time": now_ns}

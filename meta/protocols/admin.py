@@ -1,0 +1,291 @@
+"""The metadata server's administrative calls (HDFS ``dfsadmin``/``fsck``, the calls HDFS keeps
+apart from ClientProtocol's namespace and write path): report, safemode, decommission, fsck,
+save_namespace, content_summary and set_quota (PROTOCOL.md §2).
+
+Why it exists: one role per module. These calls read the whole server's state (cluster
+report, fsck over a subtree) or change its mode (safe mode, decommissioning, a checkpoint);
+the ones that change something are for the superuser only.
+
+``AdminProtocol`` is a mixin: ``MetaServer`` (``server.py``) composes it and owns all the
+state. The handlers rely on the core for: ``reading`` (a read that awaits between store
+reads), ``caller_of``/``checked_caller``/``inode_chain`` (permissions), ``location``,
+``checkpoint`` and the global lock, and on the redundancy work (``redundancy.py``) for
+``replica_groups`` and ``blocks_to_copy``; and on the core's ``ns``, ``blocks``,
+``datanodes``, ``leases``, ``replication``, ``safemode``, ``journal`` and ``config``.
+
+Concurrency contract: that of ``MetaServer``: everything runs on its one trio thread; fsck
+and content_summary walk a subtree with a checkpoint every few hundred inodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from fs import paths
+from fs.errors import InvalidArgument
+
+from ..blocks import blocks as bm
+from ..blocks.blocks import BlockInfo
+from ..blocks import datanodes as dm
+from ..namespace.locks import LOCK_WRITE, lock_set
+from ..namespace.namespace import DIR, SYMLINK, ContentSummary, check_bool, check_int
+from ..namespace.quota import NO_QUOTA, file_charge
+from ..namespace.permissions import READ_EXECUTE
+from ..timeslice import TimeSlice
+
+log = logging.getLogger(__name__)
+
+# fsck: the totals counter of each block status, and statuses from best to worst
+FSCK_TOTAL_OF = {"HEALTHY": "healthy_blocks", "UNDER_REPLICATED": "under_replicated_blocks",
+                 "CORRUPT": "corrupt_blocks", "MISSING": "missing_blocks",
+                 "UNDER_CONSTRUCTION": "under_construction_blocks"}
+FSCK_RANK = ("HEALTHY", "UNDER_CONSTRUCTION", "UNDER_REPLICATED", "MISSING", "CORRUPT")
+
+
+class AdminProtocol:
+    """Handlers of the administrative calls, as ``rpc_<method>(ctx, **args)``."""
+
+    async def rpc_content_summary(self, ctx, path):
+        parts = paths.split(path)
+        async with self.reading(parts):
+            caller = self.checked_caller(ctx)
+            if caller is not None:
+                self.permissions.check_path(caller, parts, self.inode_chain(parts))
+            _, ino, inode, _ = self.ns.resolve(path)
+            summary = ContentSummary()
+            walk = TimeSlice()   # a big tree must not stall every other client
+            for node_ino, node in self.ns.iter_subtree(ino, inode):
+                if caller is not None:   # HDFS subAccess=READ_EXECUTE on every directory
+                    self.permissions.check_sub_access(
+                        caller, node, READ_EXECUTE,
+                        lambda: self.ns.path_of(node_ino) or f"<inode {node_ino}>")
+                summary.add(node, file_charge(self.ns.read, node_ino, node))
+                await walk.tick()
+            answer = summary.as_dict()
+            # HDFS's count -q columns: a quota folder answers its quotas and stored usage
+            quota = inode.get("quota")
+            if quota is None:
+                answer.update(ns_quota=NO_QUOTA, ds_quota=NO_QUOTA,
+                              ns_used=answer["file_count"] + answer["directory_count"],
+                              ds_used=answer["space_consumed"])
+            else:
+                answer.update(ns_quota=quota["ns"], ds_quota=quota["ds"],
+                              ns_used=quota["ns_used"], ds_used=quota["ds_used"])
+            return answer
+
+    async def rpc_set_quota(self, ctx, path, ns_quota=None, ds_quota=None):
+        """HDFS setQuota: a folder's name and/or space quota (-1 clears one, None leaves
+        it); superuser only."""
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        self.permissions.check_superuser(self.caller_of(ctx), f"set quota of {canonical}")
+        async with self.mutation(f"set quota of {canonical}", lock_set(parts, LOCK_WRITE)):
+            # the usage count of a new quota folder walks its subtree in the planner: the
+            # write lock keeps the subtree still until the record is applied
+            await self.log_plan(self.ns.plan_set_quota(canonical, ns_quota, ds_quota,
+                                                       now_ns=self.wall_ns()))
+            return True
+
+    async def rpc_report(self, ctx):
+        now = self.clock()
+
+        def node_dict(node):
+            return {"node_id": node.node_id, "address": node.address,
+                    "capacity": node.capacity, "used": node.used, "remaining": node.remaining,
+                    "last_heartbeat_age": round(now - node.last_heartbeat, 3),
+                    "blocks": self.blocks.node_block_count(node.node_id),
+                    "admin": node.admin, "alive": node.alive, "xceivers": node.xceivers,
+                    "http_port": node.http_port,
+                    # its wall clock minus ours; "clock_warning": past clock_skew_warn
+                    "clock_skew": round(node.clock_skew, 3), "clock_warning": node.clock_warned,
+                    # one data folder per block server: a failed one stops the server,
+                    # which then shows as dead, so a live node has none failed
+                    "volumes": 1, "failed_volumes": 0}
+        live = sorted(self.datanodes.live_nodes(), key=lambda n: n.address)
+        dead = sorted(self.datanodes.dead_nodes(), key=lambda n: n.address)
+        return {"capacity": sum(n.capacity for n in live), "used": sum(n.used for n in live),
+                "remaining": sum(n.remaining for n in live),
+                "live_nodes": [node_dict(n) for n in live],
+                "dead_nodes": [node_dict(n) for n in dead],
+                "blocks": len(self.blocks), "files": self.ns.file_count(),
+                "directories": self.ns.dir_count(), "open_files": self.leases.open_files(),
+                **self.blocks.counts(),
+                "pending_deletion": self.datanodes.pending_deletion(),
+                "replication": self.replication.stats(),
+                "decommissioning": sum(1 for n in self.datanodes.nodes.values()
+                                       if n.admin == dm.DECOMMISSION_IN_PROGRESS),
+                "decommissioned": sum(1 for n in self.datanodes.nodes.values()
+                                      if n.admin == dm.DECOMMISSIONED),
+                "safemode": self.safemode.status(),
+                "ha": self.ha_status().to_wire(),
+                "namespace_id": self.ns.namespace_id,
+                "namespace_lock": self.config.namespace_lock,
+                "journal": {"last_txid": self.journal.last_txid,
+                            "durable_txid": self.journal.durable_txid,
+                            "fsyncs": self.journal.stats.fsyncs,
+                            "records": self.journal.stats.records},
+                "checkpoint": self.checkpoint_status(),
+                # how the last start went: its phases' durations, the records replayed
+                "startup": self.startup.as_dict(self.wall_ns() / 1e9),
+                "namespace_cache": {"entries": len(self.ns.cache.data),
+                                    "hits": self.ns.cache.hits,
+                                    "misses": self.ns.cache.misses},
+                "gc": self.gc_governor.stats(),
+                # CPU seconds of the whole server process (all threads): benchmarks divide
+                # its growth by the calls they made (less swayed by other load than a rate)
+                "cpu_seconds": time.process_time()}
+
+    async def rpc_safemode(self, ctx, action="get"):
+        if action not in ("get", "enter", "leave"):
+            raise InvalidArgument(f"safemode: action must be get, enter or leave, got {action!r:.40}")
+        if action != "get":
+            self.permissions.check_superuser(self.caller_of(ctx), f"safemode {action}")
+            await self.global_lock.acquire(True)   # no mutation is half way through
+            try:
+                if action == "enter":
+                    self.safemode.enter()
+                else:
+                    self.safemode.leave()
+            finally:
+                self.global_lock.release(True)
+        return self.safemode.status()
+
+    # ------------------------------------------------------------------ decommission
+    def _node_admin_dict(self, node) -> dict:
+        return {"node_id": node.node_id, "address": node.address, "admin": node.admin,
+                "alive": node.alive, "blocks": self.blocks.node_block_count(node.node_id),
+                "blocks_to_copy": (self.blocks_to_copy(node.node_id)
+                                   if node.admin == dm.DECOMMISSION_IN_PROGRESS else 0)}
+
+    async def rpc_decommission(self, ctx, node=None, action="start"):
+        if action not in ("start", "stop", "status"):
+            raise InvalidArgument(f"decommission: action must be start, stop or status, "
+                                  f"got {action!r:.40}")
+        if node is None:
+            if action != "status":
+                raise InvalidArgument("decommission: which block server (HOST:PORT or node id)?")
+            return [self._node_admin_dict(n) for n in sorted(
+                self.datanodes.nodes.values(), key=lambda n: n.address) if n.retiring]
+        if not isinstance(node, str):
+            raise InvalidArgument("decommission: node must be 'HOST:PORT' or a node id")
+        info = self.datanodes.find(node)
+        if info is None:
+            raise InvalidArgument(f"decommission: {node:.100}: no such block server")
+        if action != "status":
+            self.permissions.check_superuser(self.caller_of(ctx), f"decommission {action}")
+            if action == "start" and info.admin == dm.NORMAL:
+                info.admin = dm.DECOMMISSION_IN_PROGRESS
+                log.info("decommissioning block server %s (%s): %d replicas to protect",
+                         info.node_id, info.address, self.blocks.node_block_count(info.node_id))
+            elif action == "stop" and info.admin != dm.NORMAL:
+                info.admin = dm.NORMAL
+                log.info("block server %s (%s) is back in service", info.node_id, info.address)
+            self.blocks.mark_dirty(self.blocks.by_node.get(info.node_id, ()))
+        return self._node_admin_dict(info)
+
+    # ------------------------------------------------------------------ fsck
+    def _fsck_block(self, block: dict, info: BlockInfo | None, locations: bool) -> dict:
+        out = {"id": block["id"], "gs": info.gs if info else block["gs"],
+               "num_bytes": block["num_bytes"],
+               "state": info.state if info else block["state"]}
+        if info is None:
+            out.update(status="MISSING", live=0, expected=0, corrupt_replicas=[])
+            return out
+        normal, retiring, _ = self.replica_groups(info)
+        corrupt = [{"node_id": n, "address": (self.datanodes.nodes[n].address
+                                              if n in self.datanodes.nodes else "?"),
+                    "reason": info.replicas[n].reason or "reported bad by a reader or scanner"}
+                   for n in info.corrupt_nodes()]
+        good = len(normal) + len(retiring)
+        if info.state != bm.COMPLETE:
+            status = "UNDER_CONSTRUCTION"
+        elif good == 0:
+            status = "CORRUPT" if corrupt else "MISSING"
+        elif len(normal) < info.replication:
+            status = "UNDER_REPLICATED"
+        else:
+            status = "HEALTHY"
+        out.update(status=status, live=len(normal), decommissioning=len(retiring),
+                   expected=info.replication, corrupt_replicas=corrupt)
+        if locations:
+            out["locations"] = [loc for loc in map(self.location, normal + retiring)
+                                if loc is not None]
+        return out
+
+    async def rpc_fsck(self, ctx, path="/", openforwrite=False, locations=False, limit=10000):
+        """HDFS ``fsck``: the superuser's (it names every file of the subtree, whatever
+        its folders' modes; the web page's fsck checks the viewer's access instead)."""
+        self.permissions.check_superuser(self.caller_of(ctx), f"fsck {str(path)[:200]}")
+        return await self.fsck_report(ctx, path, openforwrite, locations, limit)
+
+    async def fsck_report(self, ctx, path="/", openforwrite=False, locations=False,
+                          limit=10000) -> dict:
+        """The fsck answer for ``path`` (the caller's access is the caller's to check)."""
+        check_bool(openforwrite, "fsck: openforwrite")
+        check_bool(locations, "fsck: locations")
+        limit = check_int(limit, "fsck: limit", low=0)
+        parts = paths.split(path)
+        totals = {"files": 0, "directories": 0, "symlinks": 0, "total_size": 0, "blocks": 0,
+                  "healthy_blocks": 0, "under_replicated_blocks": 0, "corrupt_blocks": 0,
+                  "corrupt_replicas": 0, "missing_blocks": 0, "missing_size": 0,
+                  "open_files": 0, "under_construction_blocks": 0}
+        files: list[dict] = []
+        truncated = False
+        async with self.reading(parts):
+            caller = self.checked_caller(ctx)
+            if caller is not None:
+                self.permissions.check_path(caller, parts, self.inode_chain(parts))
+            canonical = paths.join_parts(parts)
+            _, ino, inode, _ = self.ns.resolve(path)
+            walk = TimeSlice()   # a big tree must not stall every other client
+            for node_ino, node in self.ns.iter_subtree(ino, inode):
+                await walk.tick()
+                kind = node["type"]
+                if kind == DIR:
+                    totals["directories"] += 1
+                    continue
+                if kind == SYMLINK:
+                    totals["symlinks"] += 1
+                    continue
+                totals["files"] += 1
+                is_open = bool(node.get("uc"))
+                totals["open_files"] += int(is_open)
+                totals["total_size"] += node.get("length", 0)
+                if is_open and not openforwrite:
+                    continue
+                blocks = []
+                worst = "HEALTHY"
+                for block in self.ns.blocks_of(node_ino):
+                    entry = self._fsck_block(block, self.blocks.get(block["id"]), locations)
+                    blocks.append(entry)
+                    totals["blocks"] += 1
+                    totals["corrupt_replicas"] += len(entry["corrupt_replicas"])
+                    status = entry["status"]
+                    totals[FSCK_TOTAL_OF[status]] += 1
+                    if status == "MISSING":
+                        totals["missing_size"] += entry["num_bytes"]
+                    if FSCK_RANK.index(status) > FSCK_RANK.index(worst):
+                        worst = status
+                if worst == "UNDER_CONSTRUCTION":
+                    worst = "HEALTHY"
+                has_bad_replica = any(b["corrupt_replicas"] for b in blocks)
+                if worst != "HEALTHY" or has_bad_replica or is_open or locations:
+                    if len(files) >= limit:
+                        truncated = True
+                        continue
+                    files.append({"path": self.ns.path_of(node_ino) or f"<inode {node_ino}>",
+                                  "length": node.get("length", 0),
+                                  "replication": node.get("replication", 0),
+                                  "status": worst, "open": is_open, "blocks": blocks})
+        healthy = totals["corrupt_blocks"] == 0 and totals["missing_blocks"] == 0
+        return {"path": canonical, "status": "HEALTHY" if healthy else "CORRUPT",
+                "totals": totals, "files": files, "truncated": truncated}
+
+    async def rpc_save_namespace(self, ctx):
+        """HDFS ``dfsadmin -saveNamespace``: a checkpoint now; superuser, safe mode only."""
+        self.permissions.check_superuser(self.caller_of(ctx), "save namespace")
+        if not self.safemode.on:
+            raise InvalidArgument("save namespace: safe mode must be ON to save the "
+                                  "namespace (leasefs safemode enter), as HDFS requires")
+        return await self.checkpoint()

@@ -1,0 +1,674 @@
+"""The metadata server's client protocol (HDFS ``ClientProtocol``), its creating and writing
+part — mkdirs, create, create_symlink, add_block, abandon_block, complete, fsync, rewrite,
+the pipeline-recovery calls (update_block_for_pipeline, update_pipeline,
+get_additional_datanode), recover_lease, append, truncate, list_open_files, renew_lease,
+get_block_locations and sync_metadata (PROTOCOL.md §2). The calls that read or change the
+namespace of existing paths (get_file_info, list_status, rename, concat, delete, the set_*
+calls) are in ``namespace_protocol.py``.
+
+Durability: a handler journals with ``durable=ctx.sync_metadata`` where its record only
+changes the namespace (``MetaServer.LAZY_OPS``); a connection whose hello turned
+``sync_metadata`` off is then answered once the record is written and applied, before its
+fsync. Records that hand out block ids or generation stamps, or that an hsync asks for,
+always wait for the fsync.
+
+Why it exists: one role per module. HDFS keeps the calls of clients apart from those of
+DataNodes (``datanode_protocol.py``) and of administrators (``admin_protocol.py``); the
+handlers here only check arguments and permissions, take locks and ask the namespace to plan.
+
+``ClientProtocol`` is a mixin: ``MetaServer`` (``server.py``) composes it and owns all the
+state. The handlers rely on the core's API for them: the lock helpers (``mutation``,
+``file_lock``, ``with_ancestor_locks``), ``log_plan`` (journal a plan and wait until it is
+applied), the permission helpers (``check_access``, ``checked_caller``, ``inode_chain``,
+``check_subtree``, ``new_owner``), the located-block helpers (``located``, ``location``,
+``is_complete``, ``block_state``), lease recovery (``recover_lease_internal``,
+``start_block_recovery``) and the core's ``ns``, ``blocks``, ``leases``, ``datanodes``,
+``journal``, ``permissions`` and ``config``. Which calls go through the retry cache or run
+inline is declared on ``MetaServer``.
+
+Concurrency contract: that of ``MetaServer``: everything runs on its one trio thread, each
+call is its own task, and a mutation changes state only under its locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import trio
+
+from fs import paths
+from fs.blocktoken import COPY as COPY_TOKEN, WRITE as WRITE_TOKEN
+from fs.errors import (InvalidArgument, IsDirectory, LeaseFSError, NotReplicatedYet,
+                       RecoveryInProgress, StaleGenerationStamp)
+
+from ..blocks import blocks as bm
+from ..blocks.blocks import BlockInfo
+from ..namespace.locks import LOCK_WRITE, lock_set
+from ..namespace.namespace import DIR, FILE, SYMLINK, check_bool, check_int, check_name
+from ..namespace.permissions import READ, WRITE
+
+#: seconds ``complete`` waits for the report of the last block's first replica before it
+#: answers False (the client then retries with backoff)
+COMPLETE_REPORT_WAIT = 0.5
+
+log = logging.getLogger(__name__)
+
+
+class ClientProtocol:
+    """Handlers of HDFS ClientProtocol calls, as ``rpc_<method>(ctx, **args)``."""
+
+    # ================================================================== client RPCs
+    async def rpc_get_server_defaults(self, ctx):
+        c = self.config
+        return {"block_size": c.block_size, "replication": c.replication,
+                "min_replication": c.min_replication, "bytes_per_checksum": c.bytes_per_checksum,
+                "packet_size": c.packet_size, "write_window_packets": c.write_window_packets,
+                "lease_soft_limit": c.lease_soft_limit, "lease_hard_limit": c.lease_hard_limit,
+                "max_blocks_per_file": c.max_blocks_per_file, "inline_max": c.inline_max,
+                "replace_datanode_best_effort": c.replace_datanode_best_effort,
+                "trash_interval": c.trash_interval,
+                "namespace_id": self.ns.namespace_id}
+
+    async def rpc_mkdirs(self, ctx, path, permission=0o755, owner=None, group=None,
+                         create_parent=True, exclusive=False, want_status=False):
+        """``create_parent=False``/``exclusive=True`` give POSIX mkdir(2) (a missing parent
+        is ``FileNotFound``, an existing path ``FileExists``); ``want_status``: answer
+        ``{status, parent}`` (``changed``) instead of ``true`` (a mount's mkdir in one round
+        trip)."""
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        check_bool(create_parent, f"mkdirs {canonical}: create_parent")
+        check_bool(exclusive, f"mkdirs {canonical}: exclusive")
+        check_bool(want_status, f"mkdirs {canonical}: want_status")
+
+        async def body():
+            caller = self.checked_caller(ctx)
+            if caller is not None:   # an existing directory needs only traverse (HDFS)
+                chain = self.inode_chain(parts)
+                self.permissions.check_path(caller, parts, chain,
+                                            ancestor=WRITE if len(chain) <= len(parts) else 0)
+            new_owner, new_group = self.new_owner(ctx, f"mkdirs {canonical}", canonical,
+                                                  owner, group)
+            _, wall = self.now()
+            await self.log_plan(self.ns.plan_mkdirs(canonical, permission, new_owner, new_group,
+                                                    create_parent=create_parent,
+                                                    exclusive=exclusive, now_ns=wall),
+                                durable=ctx.sync_metadata)
+            return self._changed(canonical) if want_status else True
+        return await self.with_ancestor_locks(f"mkdirs {canonical}", parts, body,
+                                              keep_parent_write=False)
+
+    async def rpc_create(self, ctx, path, client_name, overwrite=False, create_parent=True,
+                         replication=None, block_size=None, permission=0o644, owner=None,
+                         group=None, want_status=False, first_block=False):
+        """``want_status``: answer ``{status, parent}`` (the parent directory's status
+        after the create) instead of the status alone. ``first_block``: also allocate the
+        file's first block, as ``add_block`` would, and answer ``{status, parent?,
+        first_block}`` (a writer that will write saves a round trip; one that closes the
+        file empty abandons it)."""
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        check_name(client_name, f"create {canonical}: client_name")
+        check_bool(want_status, f"create {canonical}: want_status")
+        check_bool(first_block, f"create {canonical}: first_block")
+
+        async def body():
+            caller = self.checked_caller(ctx)
+            if caller is not None:   # overwriting a file also needs WRITE on it (HDFS)
+                chain = self.inode_chain(parts)
+                replaces = (overwrite is True and len(chain) == len(parts) + 1
+                            and chain[-1]["type"] == FILE)
+                self.permissions.check_path(caller, parts, chain, ancestor=WRITE,
+                                            access=WRITE if replaces else 0)
+            new_owner, new_group = self.new_owner(ctx, f"create {canonical}", canonical,
+                                                  owner, group)
+            now, wall = self.now()
+            found = self.ns.walk(parts, canonical) if parts else []
+            if parts and len(found) == len(parts) + 1 and overwrite is False:
+                ino, inode = found[-1]
+                uc = inode.get("uc") if inode["type"] == FILE else None
+                if uc and not await self.recover_lease_internal("create", canonical, ino,
+                                                                inode, client_name, now):
+                    raise RecoveryInProgress(f"failed to create {canonical} for {client_name}: "
+                                             f"lease recovery is in progress; try again later")
+            plan = self.ns.plan_create(
+                canonical, holder=client_name, client_machine=ctx.peer, overwrite=overwrite,
+                create_parent=create_parent, replication=replication, block_size=block_size,
+                permission=permission, owner=new_owner, group=new_group, now_ns=wall)
+            ino = plan[1]["ino"]
+            block = None
+            if first_block:
+                # no node to place it on: the file is created without it, and the writer's
+                # own add_block meets the cause when a packet is due
+                try:
+                    block = self._plan_block(ctx, canonical, ino, plan[1]["replication"],
+                                             plan[1]["block_size"], [], None, ())
+                except LeaseFSError as exc:
+                    log.info("create %s: no first block: %s", canonical, exc)
+            # the first block's record goes in the create's batch: one fsync for both
+            await self.log_plans([plan, block and block[0]], durable=ctx.sync_metadata)
+            status = self.ns.status(canonical, ino, self.ns.get_inode(ino))
+            answer = self._changed(canonical, status) if want_status else status
+            if not first_block:
+                return answer
+            located = block and self._located_new(ctx, block[1], 0)
+            return {**(answer if want_status else {"status": status}), "first_block": located}
+        return await self.with_ancestor_locks(f"create {canonical}", parts, body)
+
+    async def rpc_create_symlink(self, ctx, target, path, create_parent=False, owner=None,
+                                 group=None, want_status=False):
+        """``want_status``: answer ``{status, parent}`` instead of the status alone."""
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        check_bool(want_status, f"symlink {canonical}: want_status")
+
+        async def body():
+            self.check_access(ctx, parts, ancestor=WRITE)
+            new_owner, new_group = self.new_owner(ctx, f"symlink {canonical}", canonical,
+                                                  owner, group)
+            _, wall = self.now()
+            plan = self.ns.plan_symlink(target, canonical, create_parent=create_parent,
+                                        owner=new_owner, group=new_group, now_ns=wall)
+            await self.log_plan(plan, durable=ctx.sync_metadata)
+            ino = plan[1]["ino"]
+            status = self.ns.status(canonical, ino, self.ns.get_inode(ino))
+            return self._changed(canonical, status) if want_status else status
+        return await self.with_ancestor_locks(f"symlink {canonical}", parts, body)
+
+    def _changed(self, canonical: str, status: dict | None = None) -> dict:
+        """The ``want_status`` answer of a namespace change at ``canonical``: the inode's
+        status (``status`` when it is gone) and its parent directory's after the change,
+        whose attributes a kernel drops after any change in it and asks for again."""
+        return {"status": self.ns.get_file_info(canonical) if status is None else status,
+                "parent": self.ns.get_file_info(paths.parent(canonical))}
+
+    async def rpc_add_block(self, ctx, path, client_name, ino=None, previous=None, excluded=()):
+        canonical = paths.validate(path)
+        ino = self.check_ino(ino, canonical)
+        if not isinstance(excluded, (list, tuple)) or not all(isinstance(x, str) for x in excluded):
+            raise InvalidArgument(f"add_block {canonical}: excluded must be a list of node ids "
+                                  f"or addresses")
+        async with self.file_lock(f"add a block to {canonical}", canonical, ino) as current:
+            _, ino, inode = self.ns.writer_file(current, ino, client_name)
+            blocks = self.ns.tail_blocks(ino, inode)
+            kind, last = self.ns.check_previous(current, blocks, previous)
+            # every block before the last is final: the last one starts at length - its size
+            last_offset = inode.get("length", 0) - (last["num_bytes"] if last else 0)
+            if kind == "retry":
+                return self.located(last, self.blocks.get(last["id"]), last_offset,
+                                    self.token_user(ctx), WRITE_TOKEN)
+            commit = None
+            if kind == "commit":
+                self.ns.check_writer_length(current, inode, previous["num_bytes"])
+                commit = {"num_bytes": previous["num_bytes"]}
+            waiting = [b for b in blocks[:-1] if not self.is_complete(b)]
+            if waiting:
+                if commit is not None:
+                    await self.log_plan(self.ns.plan_commit(ino, last, commit["num_bytes"]))
+                b = waiting[0]
+                raise NotReplicatedYet(f"{current}: block {b['id']} (#{b['index']}) is not yet "
+                                       f"minimally replicated; try again")
+            self.ns.check_block_count(current, inode)
+            offset = 0
+            if last is not None:
+                offset = last_offset + (commit["num_bytes"] if commit else last["num_bytes"])
+            plan, block = self._plan_block(ctx, current, ino, inode.get("replication", 1),
+                                           inode["block_size"], blocks, commit, excluded)
+            await self.log_plan(plan)
+            return self._located_new(ctx, block, offset)
+
+    def _plan_block(self, ctx, current: str, ino: int, replication: int, block_size: int,
+                    blocks: list, commit: dict | None, excluded) -> tuple[tuple, dict]:
+        """The file's next block on chosen nodes: its ADD_BLOCK plan and the block. The
+        caller holds the file's lock, has checked the writer and the previous block, and
+        journals the plan."""
+        targets = self.datanodes.choose_targets(
+            replication, excluded=excluded, writer_host=self.caller_host(ctx),
+            block_size=block_size, what=f"add_block {current}")
+        block_id = self.ns.allocate_block_id()
+        gs = self.ns.next_genstamp()
+        _, wall = self.now()
+        plan = self.ns.plan_add_block(ino, blocks, block_id, gs, commit,
+                                      [t.node_id for t in targets], wall)
+        return plan, {"id": block_id, "gs": gs, "num_bytes": 0, "state": bm.UNDER_CONSTRUCTION}
+
+    def _located_new(self, ctx, block: dict, offset: int) -> dict:
+        """A block just journaled by ``_plan_block``, located for its writer, with the
+        write token its block servers check (security = secure)."""
+        return self.located(block, self.blocks.get(block["id"]), offset, self.token_user(ctx),
+                            WRITE_TOKEN)
+
+    async def rpc_abandon_block(self, ctx, path, client_name, ino=None, block=None):
+        canonical = paths.validate(path)
+        ino = self.check_ino(ino, canonical)
+        async with self.file_lock(f"abandon a block of {canonical}", canonical, ino) as current:
+            _, ino, _ = self.ns.writer_file(current, ino, client_name)
+            blocks = self.ns.blocks_of(ino)
+            await self.log_plan(self.ns.plan_abandon(current, ino, blocks, block))
+            return True
+
+    async def rpc_complete(self, ctx, path, client_name, ino=None, last=None, mtime_ns=None,
+                           atime_ns=None, permission=None, data=None):
+        """Close the file once its last block has ``min_replication`` reported replicas.
+        The writer's block servers report their replicas while its ``complete`` is on the
+        way: one not reported yet is waited for here (``COMPLETE_REPORT_WAIT``), so the
+        usual complete succeeds at the first call; after that False and the client backs
+        off and retries (HDFS). ``mtime_ns``/``atime_ns``/``permission``: times and mode the
+        writer set while it wrote (utimens, chmod through the mount), recorded by the close
+        (times instead of its own), so they need no call after it; the lease holder may set
+        the times, the mode takes what chmod takes (``check_set_mode``). ``data``: the
+        file's whole content, kept inline (``inline_max``) instead of in a block: the
+        writer sent nothing to block servers, and the close needs no replica."""
+        canonical = paths.validate(path)
+        ino = self.check_ino(ino, canonical)
+        attrs = self.ns.close_attrs(canonical, mtime_ns, atime_ns, permission)
+        deadline = trio.current_time() + COMPLETE_REPORT_WAIT
+        while True:
+            result = await self._complete_once(ctx, canonical, client_name, ino, last, attrs,
+                                               data)
+            if not isinstance(result, trio.Event):
+                return result
+            with trio.move_on_at(deadline):
+                await result.wait()
+            if trio.current_time() >= deadline:
+                return False
+
+    async def _complete_once(self, ctx, canonical, client_name, ino, last, attrs,
+                             data=None) -> bool | trio.Event:
+        """One try of ``complete``: True/False, or the event of the last block's next
+        replica report to wait for (taken under the lock before any await: no report is
+        missed). With inline ``data`` the close needs no replica: True or an error."""
+        async with self.file_lock(f"complete {canonical}", canonical, ino) as current:
+            inline = isinstance(data, (bytes, bytearray))
+            if (data is None or inline) and self.ns.closed_with(
+                    current, ino, last, bytes(data) if inline else None):
+                return True
+            _, ino, inode = self.ns.writer_file(current, ino, client_name)
+            if attrs and attrs["mode"] is not None:
+                self.check_set_mode(ctx, paths.split(current), attrs["mode"])
+            if data is not None:   # the whole content, kept in the namespace
+                self.ns.check_inline(current, ino, inode, data)
+                _, wall = self.now()
+                await self.log_plan(self.ns.plan_close(ino, None, None, wall, attrs, data=data),
+                                    durable=ctx.sync_metadata)
+                return True
+            blocks = self.ns.tail_blocks(ino, inode)
+            kind, block = self.ns.check_last(current, blocks, last)
+            _, wall = self.now()
+            if kind == "none":
+                await self.log_plan(self.ns.plan_close(ino, None, None, wall, attrs),
+                                    durable=ctx.sync_metadata)
+                return True
+            earlier_ok = all(self.is_complete(b) for b in blocks[:-1])
+            num_bytes = last["num_bytes"]
+            if kind == "commit":
+                self.ns.check_writer_length(current, inode, num_bytes)
+                last_ok = self.blocks.would_complete(block["id"], num_bytes)
+            else:
+                last_ok = self.is_complete(block)
+            if earlier_ok and last_ok:
+                await self.log_plan(self.ns.plan_close(ino, block, num_bytes, wall, attrs),
+                                    durable=ctx.sync_metadata)
+                return True
+            if not earlier_ok:
+                if kind == "commit":
+                    await self.log_plan(self.ns.plan_commit(ino, block, num_bytes))
+                return False
+            # taken before the commit record's fsync: the replicas reported during it
+            # (every node answered the writer already) must not be missed
+            waiter = self.reports.waiter(block["id"])
+            if kind == "commit":
+                await self.log_plan(self.ns.plan_commit(ino, block, num_bytes))
+            return waiter
+
+    async def rpc_fsync(self, ctx, path, client_name, ino=None, last_block_length=0, data=None,
+                        sync=True):
+        """Record the last block's length (hsync). ``data``: the file's whole content from
+        a writer that sent nothing to block servers, kept inline while the file stays open
+        (an hflush/hsync of a small file: one journaled call, no pipeline). ``sync=False``:
+        a flush (readers see it; new opens see the length), not an hsync: durable as the
+        connection's other namespace changes are (``sync_metadata``)."""
+        canonical = paths.validate(path)
+        ino = self.check_ino(ino, canonical)
+        check_bool(sync, f"fsync {canonical}: sync")
+        durable = sync or ctx.sync_metadata
+        async with self.file_lock(f"fsync {canonical}", canonical, ino) as current:
+            _, ino, inode = self.ns.writer_file(current, ino, client_name)
+            if data is not None:
+                self.ns.check_inline(current, ino, inode, data, "fsync")
+                await self.log_plan(self.ns.plan_inline(ino, data), durable=durable)
+                return True
+            blocks = self.ns.tail_blocks(ino, inode, 1)
+            plan = self.ns.plan_fsync(current, ino, blocks, last_block_length)
+            if plan is not None:
+                self.ns.check_writer_length(current, inode, last_block_length)
+                await self.log_plan(plan, durable=durable)
+            elif durable:   # nothing new to record: what was answered before is durable too
+                await self.journal.sync()
+            return True
+
+    async def rpc_rewrite(self, ctx, path, client_name, ino=None):
+        """Start the file the caller is writing over, empty, under its lease: its blocks go
+        (invalidated once durable), the file stays open for the caller. The writer replaces
+        the whole content (the mount's upload of a staging file) with one journaled call
+        instead of complete, truncate and append, and nobody can take the file in between.
+        Answers the file's status."""
+        canonical = paths.validate(path)
+        ino = self.check_ino(ino, canonical)
+        async with self.file_lock(f"rewrite {canonical}", canonical, ino) as current:
+            current, ino, inode = self.ns.writer_file(current, ino, client_name)
+            _, wall = self.now()
+            await self.log_plan(self.ns.plan_rewrite(ino, inode, now_ns=wall))
+            return self.ns.status(current, ino, self.ns.get_inode(ino))
+
+    async def rpc_sync_metadata(self, ctx):
+        """Wait until every namespace change answered so far is durable (the changes of a
+        client without ``sync_metadata``: a mount's fsync(2) of a folder, ``sync``); returns
+        the durable txid."""
+        return await self.journal.sync()
+
+    # ------------------------------------------------------------------ pipeline recovery
+    def _pipeline_block(self, what: str, block) -> tuple[int, BlockInfo, str]:
+        """``(block id, its BlockInfo, its file's path)`` for a pipeline-recovery call."""
+        if not isinstance(block, dict):
+            raise InvalidArgument(f"{what}: block must be {{id, gs, num_bytes}}, got "
+                                  f"{block!r:.80}")
+        block_id = check_int(block.get("id"), f"{what}: block.id", low=0)
+        info = self.blocks.get(block_id)
+        path = self.ns.path_of(info.ino) if info is not None else None
+        if info is None or path is None:
+            raise StaleGenerationStamp(f"{what}: block {block_id} belongs to no file (deleted "
+                                       f"or abandoned)")
+        return block_id, info, path
+
+    def _writer_last_block(self, what: str, current: str, ino: int, block_id: int,
+                           client_name: str) -> dict:
+        """The file's last block after the writer checks: the caller holds the lease (checked
+        first, as HDFS checkUCBlock: a writer whose file was taken over learns that, not the
+        block state the takeover left), the block is the last one and still under
+        construction."""
+        _, ino, inode = self.ns.writer_file(current, ino, client_name)
+        tail = self.ns.tail_blocks(ino, inode, 1)
+        if not tail or tail[-1]["id"] != block_id:
+            raise StaleGenerationStamp(f"{what}: block {block_id} is not the last block of "
+                                       f"{current}")
+        last = tail[-1]
+        info = self.blocks.get(block_id)
+        if last["state"] != bm.UNDER_CONSTRUCTION or info is None \
+                or info.state != bm.UNDER_CONSTRUCTION:
+            raise StaleGenerationStamp(f"{what}: block {block_id} of {current} is "
+                                       f"{info.state if info else last['state']}, not under "
+                                       f"construction")
+        return last
+
+    async def rpc_update_block_for_pipeline(self, ctx, block, client_name):
+        """A fresh generation stamp for the pipeline recovery of a block being written
+        (HDFS updateBlockForPipeline): only the lease holder, only the file's last block
+        under construction. The stamp is journaled; the block keeps its old one until
+        ``update_pipeline``."""
+        what = "update_block_for_pipeline"
+        check_name(client_name, f"{what}: client_name")
+        block_id, info, path = self._pipeline_block(what, block)
+        async with self.file_lock(f"{what} {path}", path, info.ino) as current:
+            last = self._writer_last_block(what, current, info.ino, block_id, client_name)
+            op, args = self.ns.plan_set_genstamp()
+            await self.journal.log(op, args)
+            log.info("%s: new generation stamp %d for block %d of %s", what, args["gs"],
+                     block_id, current)
+            answer = {"block": {"id": block_id, "gs": args["gs"],
+                                "num_bytes": last["num_bytes"]},
+                      "locations": [loc for loc in map(self.location, info.location_nodes())
+                                    if loc is not None]}
+            # the recovered pipeline is set up under the new stamp: a write token for it
+            # (also how a writer whose token expired gets a fresh one)
+            token = self.block_token(block_id, args["gs"], self.token_user(ctx), WRITE_TOKEN)
+            if token is not None:
+                answer["token"] = token
+            return answer
+
+    async def rpc_update_pipeline(self, ctx, client_name, old_block, new_block, new_nodes):
+        """Commit a pipeline recovery (HDFS updatePipeline): the block takes the new stamp
+        (larger than its current one) and the acknowledged length (never shorter), and the
+        new pipeline's nodes become its expected locations. Journaled."""
+        what = "update_pipeline"
+        check_name(client_name, f"{what}: client_name")
+        block_id, info, path = self._pipeline_block(what, old_block)
+        if not isinstance(new_block, dict) or new_block.get("id") != block_id:
+            raise InvalidArgument(f"{what}: new_block must be block {block_id} with its new "
+                                  f"stamp, got {new_block!r:.80}")
+        old_gs = check_int(old_block.get("gs"), f"{what}: old_block.gs", low=0)
+        new_gs = check_int(new_block.get("gs"), f"{what}: new_block.gs", low=0)
+        new_length = check_int(new_block.get("num_bytes"), f"{what}: new_block.num_bytes", low=0)
+        if not isinstance(new_nodes, (list, tuple)) or not new_nodes:
+            raise InvalidArgument(f"{what}: new_nodes must be a non-empty list of node ids")
+        node_ids = [n.get("node_id") if isinstance(n, dict) else n for n in new_nodes]
+        if not all(isinstance(n, str) and n for n in node_ids) \
+                or len(set(node_ids)) != len(node_ids):
+            raise InvalidArgument(f"{what}: new_nodes must be distinct node ids, got "
+                                  f"{new_nodes!r:.200}")
+        async with self.file_lock(f"{what} {path}", path, info.ino) as current:
+            last = self._writer_last_block(what, current, info.ino, block_id, client_name)
+            where = f"{what} of block {block_id} of {current}"
+            if last["gs"] == new_gs and old_gs < new_gs and new_length >= last["num_bytes"]:
+                # a retry whose first reply was lost: already done
+                self.blocks.update_pipeline(block_id, new_gs, new_length, node_ids)
+                return True
+            if old_gs != last["gs"]:
+                raise StaleGenerationStamp(f"{where}: the old stamp {old_gs} is not the "
+                                           f"block's current stamp {last['gs']}")
+            if new_gs <= last["gs"]:
+                raise StaleGenerationStamp(f"{where}: the new stamp {new_gs} is not larger "
+                                           f"than the current {last['gs']}")
+            if new_gs > self.ns.genstamp:
+                raise StaleGenerationStamp(f"{where}: stamp {new_gs} was never issued")
+            if new_length < last["num_bytes"]:
+                raise InvalidArgument(f"{where}: the length may not shrink from "
+                                      f"{last['num_bytes']} to {new_length}")
+            inode = self.ns.get_inode(info.ino)
+            self.ns.check_block_length(current, inode, new_length)
+            await self.journal.log("UPDATE_BLOCKS", {"ino": info.ino, "blocks": [{
+                "index": last["index"], "id": block_id, "gs": new_gs, "num_bytes": new_length,
+                "state": bm.UNDER_CONSTRUCTION}]})
+            self.blocks.update_pipeline(block_id, new_gs, new_length, node_ids)
+            log.info("%s: stamp %d -> %d, length %d, pipeline %s", where, old_gs, new_gs,
+                     new_length, node_ids)
+            return True
+
+    async def rpc_get_additional_datanode(self, ctx, path, ino=None, block=None, existing=(),
+                                          excluded=(), num=1, client_name=None):
+        """Replacement block servers for a pipeline being recovered (HDFS
+        getAdditionalDatanode): ``num`` live nodes that are neither in ``existing`` nor in
+        ``excluded`` (node ids or addresses). Returns ``{block, locations}``."""
+        canonical = paths.validate(path)
+        ino = self.check_ino(ino, canonical)
+        what = f"get_additional_datanode {canonical}"
+        num = check_int(num, f"{what}: num", low=1, high=self.config.max_replication)
+        for name, value in (("existing", existing), ("excluded", excluded)):
+            if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) for x in value):
+                raise InvalidArgument(f"{what}: {name} must be a list of node ids or addresses")
+        if client_name is not None:
+            _, ino, inode = self.ns.writer_file(canonical, ino, client_name)
+        else:
+            _, ino, inode, _ = self.ns.resolve(canonical)
+        if inode is None or inode.get("type") != FILE:
+            raise InvalidArgument(f"{what}: not a file")
+        # only the lease holder may have its block copied to the replacement
+        token = None if client_name is None else self._copy_token(ctx, what, canonical, ino,
+                                                                  inode, block)
+        targets = self.datanodes.choose_targets(
+            num, excluded=list(existing) + list(excluded), writer_host=self.caller_host(ctx),
+            block_size=inode.get("block_size", 0), what=what)
+        answer = {"block": block, "locations": [{"node_id": t.node_id, "address": t.address}
+                                                for t in targets]}
+        if token is not None:
+            answer["token"] = token
+        return answer
+
+    def _copy_token(self, ctx, what: str, canonical: str, ino: int, inode: dict,
+                    block) -> dict | None:
+        """The copy token (security = secure) with which the writer has a pipeline node copy
+        ``block`` to a replacement (TRANSFER_BLOCK): only for the file's last block under
+        construction, at a stamp it has had (the copy's source may still carry the stamp
+        from before ``append`` or an unfinished recovery)."""
+        if self.block_keys is None:
+            return None
+        if not isinstance(block, dict):
+            raise InvalidArgument(f"{what}: block must be {{id, gs, num_bytes}}, got "
+                                  f"{block!r:.80}")
+        block_id = check_int(block.get("id"), f"{what}: block.id", low=0)
+        gs = check_int(block.get("gs"), f"{what}: block.gs", low=0)
+        tail = self.ns.tail_blocks(ino, inode, 1)
+        if not tail or tail[-1]["id"] != block_id \
+                or tail[-1]["state"] != bm.UNDER_CONSTRUCTION:
+            raise StaleGenerationStamp(f"{what}: block {block_id} is not the last block under "
+                                       f"construction of {canonical}")
+        if gs > tail[-1]["gs"]:
+            raise StaleGenerationStamp(f"{what}: block {block_id} of {canonical} has stamp "
+                                       f"{tail[-1]['gs']}, not {gs}")
+        return self.block_token(block_id, gs, self.token_user(ctx), COPY_TOKEN)
+
+    async def rpc_recover_lease(self, ctx, path, client_name):
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        check_name(client_name, f"recover_lease {canonical}: client_name")
+        async with self.mutation(f"recover lease of {canonical}", lock_set(parts, LOCK_WRITE)):
+            self.check_access(ctx, parts, access=WRITE)
+            _, ino, inode, _ = self.ns.resolve(canonical)
+            if inode["type"] != FILE:
+                raise IsDirectory(f"recover_lease {canonical}: not a file") \
+                    if inode["type"] == DIR else InvalidArgument(
+                        f"recover_lease {canonical}: not a file")
+            if not inode.get("uc"):
+                return True
+            return await self.recover_lease_internal("recover the lease of", canonical, ino,
+                                                     inode, client_name, self.clock(),
+                                                     force=True)
+
+    async def _reopen_checks(self, op: str, canonical: str, client_name: str) -> tuple[int, dict]:
+        """append/truncate: the path must be a file; an open one goes through
+        recoverLeaseInternal first (closed at once → go on, else RecoveryInProgress)."""
+        _, ino, inode, _ = self.ns.resolve(canonical)
+        if inode["type"] == DIR:
+            raise IsDirectory(f"cannot {op} {canonical}: it is a directory")
+        if inode["type"] != FILE:
+            raise InvalidArgument(f"cannot {op} {canonical}: not a file")
+        if inode.get("uc"):
+            if not await self.recover_lease_internal(op, canonical, ino, inode, client_name,
+                                                     self.clock()):
+                raise RecoveryInProgress(f"failed to {op} {canonical} for {client_name}: lease "
+                                         f"recovery is in progress; try again later")
+            inode = self.ns.get_inode(ino)
+        return ino, inode
+
+    async def rpc_truncate(self, ctx, path, new_length, client_name):
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        check_name(client_name, f"truncate {canonical}: client_name")
+        check_int(new_length, f"truncate {canonical}: new_length", low=0)
+        async with self.mutation(f"truncate {canonical}", lock_set(parts, LOCK_WRITE)):
+            self.check_access(ctx, parts, access=WRITE)
+            ino, inode = await self._reopen_checks("truncate", canonical, client_name)
+            _, wall = self.now()
+            plan = self.ns.plan_truncate(canonical, ino, inode, new_length, holder=client_name,
+                                         client_machine=ctx.peer or "", now_ns=wall)
+            if plan is None:
+                return True
+            await self.log_plan(plan)
+            last = plan[1]["last"]
+            if last is None:
+                return True
+            await self.start_block_recovery(canonical, ino, last,
+                                            new_length=last["num_bytes"])
+            return False
+
+    async def rpc_append(self, ctx, path, client_name):
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        check_name(client_name, f"append {canonical}: client_name")
+        async with self.mutation(f"append to {canonical}", lock_set(parts, LOCK_WRITE)):
+            self.check_access(ctx, parts, access=WRITE)
+            ino, inode = await self._reopen_checks("append", canonical, client_name)
+            tail = self.ns.tail_blocks(ino, inode, 1)
+            partial = bool(tail) and tail[-1]["num_bytes"] < inode["block_size"]
+            new_gs = self.ns.next_genstamp() if partial else None
+            _, wall = self.now()
+            plan = self.ns.plan_append(ino, inode, holder=client_name,
+                                       client_machine=ctx.peer or "", new_gs=new_gs, now_ns=wall)
+            await self.log_plan(plan)
+            inode = self.ns.get_inode(ino)
+            last_block = None
+            last = plan[1]["last"]
+            if last is not None:
+                block = {**self.ns.tail_blocks(ino, inode, 1)[-1]}
+                offset = inode.get("length", 0) - block["num_bytes"]
+                # written on under the new stamp: a write token for it
+                last_block = self.located(block, self.blocks.get(block["id"]), offset,
+                                          self.token_user(ctx), WRITE_TOKEN)
+            answer = {"status": self.ns.status(canonical, ino, inode), "last_block": last_block}
+            data = self.ns.inline_data(ino, inode)
+            if data is not None:   # the writer starts with these bytes (sent first)
+                answer["inline"] = data
+            return answer
+
+    async def rpc_list_open_files(self, ctx, path="/"):
+        """HDFS ``dfsadmin -listOpenFiles``: the superuser's (it names files and their
+        writers in folders others may not list; the web page hides those instead)."""
+        canonical = paths.validate(path)
+        self.permissions.check_superuser(self.caller_of(ctx), f"list open files {canonical}")
+        now = self.clock()
+        out = []
+        for ino, holder in list(self.leases.lease_by_ino.items()):
+            file_path = self.ns.path_of(ino)
+            if file_path is None or not (canonical == "/" or file_path == canonical
+                                         or file_path.startswith(canonical + "/")):
+                continue
+            inode = self.ns.get_inode(ino)
+            if inode is None or not inode.get("uc"):
+                continue
+            lease = self.leases.lease_of(holder)
+            tail = self.ns.tail_blocks(ino, inode, 1)
+            out.append({"path": file_path, "ino": ino, "holder": holder,
+                        "client_machine": inode["uc"].get("client_machine", ""),
+                        "last_renewal_age": round(now - lease.last_update, 3) if lease else None,
+                        "last_block_state": self.block_state(tail[-1]) if tail else None})
+        out.sort(key=lambda e: e["path"])
+        return out
+
+    async def rpc_renew_lease(self, ctx, client_name):
+        check_name(client_name, "renew_lease: client_name")
+        self.leases.renew(client_name, self.clock())
+        return True
+
+    async def rpc_get_block_locations(self, ctx, path, offset=0, length=None):
+        self.check_access(ctx, paths.split(path), access=READ)
+        parts, ino, inode, _ = self.ns.resolve(path)
+        canonical = paths.join_parts(parts)
+        if inode["type"] == DIR:
+            raise IsDirectory(f"{canonical}: is a directory")
+        if inode["type"] == SYMLINK:
+            raise InvalidArgument(f"{canonical}: is a symlink (to {inode['target']})")
+        check_int(offset, f"{canonical}: offset", low=0)
+        if length is not None:
+            check_int(length, f"{canonical}: length", low=0)
+        return self._file_locations(ino, inode, offset,
+                                    math.inf if length is None else offset + length,
+                                    self.token_user(ctx), self.caller_host(ctx))
+
+    def _file_locations(self, ino: int, inode: dict, offset: int, end, user: str,
+                        reader_host: str | None) -> dict:
+        """``get_block_locations``' answer for the blocks of a file overlapping
+        ``[offset, end)``, each with a read token for ``user`` (security = secure) and its
+        replicas in the order for a reader on ``reader_host``."""
+        under_construction = bool(inode.get("uc"))
+        data = self.ns.inline_data(ino, inode)
+        if data is not None:   # the whole content, whatever the range asked
+            return {"length": len(data), "under_construction": under_construction,
+                    "blocks": [], "last_block_complete": True, "inline": data}
+        located = [self.located(block, self.blocks.get(block["id"]), pos, user,
+                                reader_host=reader_host)
+                   for block, pos in self.ns.blocks_in_range(ino, inode, offset, end)]
+        last = self.ns.tail_blocks(ino, inode, 1)
+        return {"length": inode.get("length", 0), "under_construction": under_construction,
+                "blocks": located,
+                "last_block_complete": not last or self.is_complete(last[-1])}

@@ -1,0 +1,223 @@
+"""The metadata server's client protocol (HDFS ``ClientProtocol``), its namespace part: the
+calls that read or change existing paths — get_file_info, list_status, rename, rename_many,
+concat, delete and the set_* calls (PROTOCOL.md §2). Creating and writing files is in
+``client_protocol.py``.
+
+Why it exists: one role per module; ``client_protocol.py`` had grown past what one module
+should hold, and the write path (leases, blocks, pipelines) and the namespace calls change
+for different reasons.
+
+``NamespaceProtocol`` is a mixin: ``MetaServer`` (``server.py``) composes it and owns all the
+state; it relies on the same core API as ``ClientProtocol`` (the lock helpers, ``log_plan``,
+the permission helpers, ``ns``, ``blocks``, ``journal``, ``permissions``, ``config``).
+
+Concurrency contract: that of ``MetaServer``: everything runs on its one trio thread, each
+call is its own task, and a mutation changes state only under its locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from fs import paths
+from fs.errors import FileNotFound, InvalidArgument, IsDirectory, NotDirectory, PermissionDenied
+
+from ..namespace.locks import LOCK_PARENT, LOCK_WRITE, lock_set, merge
+from ..namespace.namespace import DIR, FILE, check_bool, check_name
+from ..namespace.permissions import ALL, READ, READ_EXECUTE, WRITE
+from ..journal.retry_answers import keep_removed
+
+log = logging.getLogger(__name__)
+
+
+class NamespaceProtocol:
+    """Handlers of the namespace calls of HDFS ClientProtocol, as ``rpc_<method>(ctx, **args)``."""
+
+    async def rpc_get_file_info(self, ctx, path, locations=False):
+        """``locations``: a file's status also carries ``locations``, what
+        ``get_block_locations`` of the whole file answers, when the caller may read it (an
+        open for reading then needs no second call before its first read)."""
+        parts = paths.split(path)
+        self.check_access(ctx, parts)
+        check_bool(locations, f"get_file_info {path}: locations")
+        found_parts, ino, inode, _ = self.ns.resolve(path)
+        status = self.ns.status(paths.join_parts(found_parts), ino, inode)
+        if locations and inode["type"] == FILE:
+            try:
+                self.check_access(ctx, parts, access=READ)
+            except PermissionDenied:
+                return status   # the read itself will be refused, with its own error
+            status["locations"] = self._file_locations(ino, inode, 0, math.inf,
+                                                       self.token_user(ctx),
+                                                       self.caller_host(ctx))
+        return status
+
+    async def rpc_list_status(self, ctx, path, start_after="", limit=1000):
+        caller = self.checked_caller(ctx)
+        if caller is not None:   # a directory: READ_EXECUTE on it; a file: traverse (HDFS)
+            parts = paths.split(path)
+            chain = self.inode_chain(parts)
+            is_dir = len(chain) == len(parts) + 1 and chain[-1]["type"] == DIR
+            self.permissions.check_path(caller, parts, chain,
+                                        access=READ_EXECUTE if is_dir else 0)
+        return self.ns.list_status(path, start_after, limit)
+
+    def _check_rename(self, ctx, src_parts, dst_parts) -> None:
+        caller = self.checked_caller(ctx)
+        if caller is None:
+            return
+        # replacing the destination counts as deleting it
+        self.permissions.check_path(caller, src_parts, self.inode_chain(src_parts), parent=WRITE)
+        dst_chain = self.inode_chain(dst_parts)
+        self.permissions.check_path(caller, dst_parts, dst_chain, ancestor=WRITE,
+                                    parent=WRITE if len(dst_chain) == len(dst_parts) + 1 else 0)
+
+    async def rpc_rename(self, ctx, src, dst, overwrite=False, want_status=False):
+        """``want_status``: answer ``{status, parent, src_parent, replaced}`` instead of
+        ``true``: the moved inode's status at ``dst``, both parents' after the move and
+        the status the replaced destination had (null when nothing was replaced), so a
+        mount fixes its inode table without asking again."""
+        src_parts, dst_parts = paths.split(src), paths.split(dst)
+        s, d = paths.join_parts(src_parts), paths.join_parts(dst_parts)
+        check_bool(want_status, f"rename {s} to {d}: want_status")
+        wanted = merge(lock_set(src_parts, LOCK_PARENT), lock_set(dst_parts, LOCK_PARENT))
+        async with self.mutation(f"rename {s} to {d}", wanted):
+            self._check_rename(ctx, src_parts, dst_parts)
+            _, wall = self.now()
+            plan = self.ns.plan_rename(s, d, overwrite, now_ns=wall)
+            replaced = None
+            if want_status and plan is not None and plan[1]["overwrite"] is not None:
+                replaced = self.ns.get_file_info(d)
+            # the status it replaced is gone once the record is applied: a retry finds it
+            # in the record (without overwrite nothing can have been replaced)
+            kept = keep_removed(replaced) if want_status and overwrite else None
+            await self.log_plan(plan, durable=ctx.sync_metadata, kept=kept)
+            if not want_status:
+                return True
+            return {**self._changed(d), "replaced": replaced,
+                    "src_parent": self.ns.get_file_info(paths.parent(s))}
+
+    async def rpc_rename_many(self, ctx, moves, overwrite=False):
+        """Several renames in one journal record: readers see all of them or none."""
+        triples = self.ns.check_moves(moves, overwrite)
+        wanted = merge(*(lock_set(parts, LOCK_PARENT) for s, d, _ in triples
+                         for parts in (s, d)))
+        first = paths.join_parts(triples[0][0])
+        async with self.mutation(f"rename_many ({len(triples)} moves, first {first})", wanted):
+            for src_parts, dst_parts, _ in triples:
+                self._check_rename(ctx, src_parts, dst_parts)
+            _, wall = self.now()
+            await self.log_plan(self.ns.plan_rename_many(moves, overwrite, now_ns=wall),
+                                durable=ctx.sync_metadata)
+            return True
+
+    async def rpc_concat(self, ctx, target, srcs):
+        """HDFS concat: the sources' blocks move to the end of ``target``; they go."""
+        if not isinstance(srcs, (list, tuple)) or not srcs:
+            raise InvalidArgument(f"concat {target}: srcs must be a non-empty list of paths")
+        t_parts = paths.split(target)
+        s_parts = [paths.split(src) for src in srcs[:1001]]
+        wanted = merge(lock_set(t_parts, LOCK_WRITE),
+                       *(lock_set(parts, LOCK_PARENT) for parts in s_parts))
+        async with self.mutation(f"concat {paths.join_parts(t_parts)}", wanted):
+            caller = self.checked_caller(ctx)
+            if caller is not None:   # HDFS: WRITE on the target, and deleting each source
+                self.permissions.check_path(caller, t_parts, self.inode_chain(t_parts),
+                                            access=WRITE)
+                for parts in s_parts:
+                    self.permissions.check_path(caller, parts, self.inode_chain(parts),
+                                                parent=WRITE)
+            _, wall = self.now()
+            await self.log_plan(self.ns.plan_concat(target, list(srcs), now_ns=wall),
+                                durable=ctx.sync_metadata)
+            return True
+
+    async def rpc_delete(self, ctx, path, recursive=False, expect=None, want_status=False):
+        """``expect``: ``"dir"`` (rmdir(2): anything else is ``NotDirectory``) or
+        ``"nondir"`` (unlink(2): a directory is ``IsDirectory``). ``want_status``: answer
+        ``{status, parent}`` (the deleted inode's status as it was) instead of ``true``."""
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        if expect not in (None, "dir", "nondir"):
+            raise InvalidArgument(f"delete {canonical}: expect must be null, \"dir\" or "
+                                  f"\"nondir\", got {expect!r:.40}")
+        check_bool(want_status, f"delete {canonical}: want_status")
+        async with self.mutation(f"delete {canonical}", lock_set(parts, LOCK_PARENT)):
+            caller = self.checked_caller(ctx)
+            if caller is not None:
+                self.permissions.check_path(caller, parts, self.inode_chain(parts), parent=WRITE)
+                if recursive is True:   # HDFS subAccess=ALL, empty directories ignored
+                    await self.check_subtree(caller, parts, ALL, ignore_empty_dir=True)
+            _, wall = self.now()
+            gone = None
+            if expect is not None or want_status:
+                gone = self.ns.get_file_info(canonical)
+                if expect == "dir" and gone["type"] != DIR:
+                    raise NotDirectory(f"rmdir {canonical}: not a directory")
+                if expect == "nondir" and gone["type"] == DIR:
+                    raise IsDirectory(f"unlink {canonical}: is a directory")
+            # the status the inode had is gone with it: a retry finds it in the record
+            await self.log_plan(self.ns.plan_delete(canonical, recursive, now_ns=wall),
+                                durable=ctx.sync_metadata,
+                                kept=keep_removed(gone) if want_status else None)
+            return self._changed(canonical, gone) if want_status else True
+
+    async def _set_op(self, what: str, path, planner, check=None, want_status=False,
+                      durable=True):
+        """``want_status``: answer the inode's status after the change instead of ``true``
+        (a mount's setattr in one round trip)."""
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        check_bool(want_status, f"{what} {canonical}: want_status")
+        async with self.mutation(f"{what} {canonical}", lock_set(parts, LOCK_WRITE)):
+            if check is not None:
+                check(parts, canonical)
+            await self.log_plan(planner(canonical, self.wall_ns()), durable=durable)
+            return self.ns.get_file_info(canonical) if want_status else True
+
+    async def rpc_set_permission(self, ctx, path, permission, want_status=False):
+        return await self._set_op("chmod", path, lambda p, t: self.ns.plan_set_permission(
+            p, permission, now_ns=t), lambda parts, _: self.check_set_mode(ctx, parts, permission),
+            want_status, ctx.sync_metadata)
+
+    async def rpc_set_owner(self, ctx, path, owner=None, group=None, want_status=False):
+        def check(parts, canonical):
+            caller = self.checked_caller(ctx)
+            if caller is None:
+                return
+            chain = self.inode_chain(parts)
+            self.permissions.check_path(caller, parts, chain, owner=True)
+            if len(chain) == len(parts) + 1:   # a missing path: the planner says so
+                self.permissions.check_set_owner(
+                    caller, canonical,
+                    check_name(owner, f"chown {canonical}: owner", optional=True),
+                    check_name(group, f"chown {canonical}: group", optional=True))
+        return await self._set_op("chown", path, lambda p, t: self.ns.plan_set_owner(
+            p, owner, group, now_ns=t), check, want_status, ctx.sync_metadata)
+
+    async def rpc_set_times(self, ctx, path, mtime_ns=None, atime_ns=None, ino=None,
+                            want_status=False):
+        """``ino``: the file is addressed by inode id (``path`` only names it in errors),
+        so a writer re-applying times after its close is not thrown off by a rename."""
+        def planner(p, t):
+            return self.ns.plan_set_times(p, mtime_ns, atime_ns, now_ns=t)
+
+        canonical = paths.validate(path)
+        ino = self.check_ino(ino, canonical)
+        if ino is None:
+            return await self._set_op("set times of", path, planner,
+                                      lambda parts, _: self.check_access(ctx, parts,
+                                                                         owner_or=WRITE),
+                                      want_status)
+        async with self.file_lock(f"set times of {canonical}", canonical, ino) as current:
+            if self.ns.path_of(ino) != current:
+                raise FileNotFound(f"{canonical}: inode {ino} no longer exists")
+            self.check_access(ctx, paths.split(current), owner_or=WRITE)
+            check_bool(want_status, f"set times of {canonical}: want_status")
+            await self.log_plan(planner(current, self.wall_ns()), durable=ctx.sync_metadata)
+            return self.ns.get_file_info(current) if want_status else True
+
+    async def rpc_set_replication(self, ctx, path, replication):
+        return await self._set_op("setrep", path, lambda p, t: self.ns.plan_set_replication(
+            p, replication, now_ns=t), lambda parts, _: self.check_access(ctx, parts, access=WRITE))
