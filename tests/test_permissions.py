@@ -25,7 +25,7 @@ from fs import errors
 from fs.framing import FramedStream
 from fs.rpc import RpcClient, parse_address
 from harness import inprocess_cluster
-from meta import permissions as P
+from meta.namespace import permissions as P
 
 pytestmark = pytest.mark.timeout(120)
 
