@@ -493,7 +493,7 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         if info.state == bm.UNDER_CONSTRUCTION:
             self.blocks.commit(block_id, num_bytes)
         else:
-            self.blocks.restore(block_id, gs=info.gs, num_bytes=num_bytes, state=info.state)
+            self.blocks.set_length(block_id, num_bytes)
 
     def lease_ended(self, ino: int) -> None:
         """File ``ino`` is no longer under construction (closed, or its lease went)."""

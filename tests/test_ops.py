@@ -5,6 +5,8 @@ refused naming their txid. Pure, in memory, fast."""
 
 from __future__ import annotations
 
+import pathlib
+
 import msgpack
 import pytest
 
@@ -122,6 +124,18 @@ def test_every_op_round_trips_to_the_bytes_the_planner_journals():
         assert type(op) is OPS[record.op] and op.NAME == record.op
         assert packb([record.txid, record.op, op.to_args()]) == body, record.op
         assert type(op).from_args(op.to_args()) == op
+
+
+def test_every_op_is_journaled_as_the_recorded_bytes():
+    """The planners' records are the bytes recorded before they built typed ops (so the
+    journal and checkpoint formats are unchanged)."""
+    golden = pathlib.Path(__file__).parent / "golden" / "every_op_records.txt"
+    expected = [line.split() for line in golden.read_text().splitlines()
+                if not line.startswith("#")]
+    got = [[str(record.txid), record.op, body.hex()] for record, body in every_op().wire]
+    assert [e[:2] for e in expected] == [g[:2] for g in got]
+    for want, have in zip(expected, got):
+        assert have == want, want[:2]
 
 
 def test_every_op_keeps_the_retry_cache_key_byte_for_byte():
