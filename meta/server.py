@@ -93,7 +93,7 @@ from .leases import STALE_HEARTBEATS, LeaseManager
 from .locks import (LOCK_ANCESTOR, LOCK_READ, FileLock, Mutation, PathLockPool, RWLock,
                     lock_set, merge)
 from .namespace import DIR, Defaults, Namespace, check_int, check_name
-from .ops import LAZY_OPS, RPC_CALL, RPC_KEPT, decode
+from .ops import LAZY_OPS, RPC_CALL, RPC_KEPT, decode, op_name
 from .replication import ReplicationQueues
 from .reports import REPORT_STEP, BlockReports
 from .permissions import WRITE, Caller, PermissionChecker, clears_only_setid
@@ -319,7 +319,7 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         """A new namespace gets its FORMAT record (a random namespace id) as its first."""
         if not self.ns.formatted:
             namespace_id = secrets.randbelow(1 << 31) + 1
-            await self.journal.log(*self.ns.plan_format(namespace_id, self.wall_ns()))
+            await self.journal.log(self.ns.plan_format(namespace_id, self.wall_ns()))
             log.info("formatted a new namespace, id %d", namespace_id)
 
     def _new_reports(self) -> BlockReports:
@@ -523,15 +523,14 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         answer (``Journal.log_many``)."""
         if plan is None:
             return None
-        op, args = plan
-        return await self.journal.log(op, args, durable=durable or op not in LAZY_OPS,
+        return await self.journal.log(plan, durable=durable or op_name(plan) not in LAZY_OPS,
                                       kept=kept)
 
     async def log_plans(self, plans, *, durable: bool = True) -> None:
         """Journal several plans in one batch (one fsync), applied in order."""
         plans = [plan for plan in plans if plan is not None]
         await self.journal.log_many(plans, durable=durable or any(
-            op not in LAZY_OPS for op, _ in plans))
+            op_name(plan) not in LAZY_OPS for plan in plans))
 
     def mutation(self, what: str, wanted: dict, *, check_safemode: bool = True):
         """``async with``: hold what a mutation needs from validation to its applied journal

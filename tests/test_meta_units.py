@@ -18,6 +18,7 @@ from meta.kv import MemoryStore
 from meta.leases import LeaseManager
 from meta.locks import (LOCK_ANCESTOR, LOCK_PARENT, LOCK_READ, LOCK_WRITE, PathLockPool, RWLock,
                         lock_set, merge)
+from meta.ops import to_wire
 from meta.reports import BlockReports, parse_entries
 from meta.safemode import SafeModeState
 
@@ -574,10 +575,10 @@ def test_check_namespace_finds_broken_stores():
 
     store = MemoryStore()
     ns = Namespace(store)
-    records = [("FORMAT", ns.plan_format(1, 10)[1])]
+    records = [ns.plan_format(1, 10).to_wire()]
     ns.apply([Record(1, *records[0])])
-    ns.apply([Record(2, *ns.plan_mkdirs("/a/b", now_ns=20))])
-    ns.apply([Record(3, *ns.plan_create("/a/f", holder="w", now_ns=30))])
+    ns.apply([Record(2, *to_wire(ns.plan_mkdirs("/a/b", now_ns=20)))])
+    ns.apply([Record(3, *to_wire(ns.plan_create("/a/f", holder="w", now_ns=30)))])
     assert check_namespace(store) == []
     leases = LeaseManager()
     assert check_namespace(store, leases) != []                # the open file has no lease
@@ -616,7 +617,7 @@ def test_check_namespace_accepts_orphan_subtrees_and_flags_linked_orphan_roots()
     def apply(plan):
         nonlocal txid
         txid += 1
-        ns.apply([Record(txid, *plan)])
+        ns.apply([Record(txid, *to_wire(plan))])
 
     apply(ns.plan_format(1, 10))
     apply(ns.plan_mkdirs("/t/d", now_ns=20))
@@ -737,18 +738,18 @@ def test_walks_and_paths_remembered_between_applies_follow_every_apply():
 
     ns = Namespace(MemoryStore())
     txid = iter(range(1, 100))
-    ns.apply([Record(next(txid), *ns.plan_format(1, 10))])
-    ns.apply([Record(next(txid), *ns.plan_mkdirs("/a", now_ns=20))])
+    ns.apply([Record(next(txid), *to_wire(ns.plan_format(1, 10)))])
+    ns.apply([Record(next(txid), *to_wire(ns.plan_mkdirs("/a", now_ns=20)))])
     assert len(ns.walk(["a", "f"])) == 2                       # /a exists, f does not
-    ns.apply([Record(next(txid), *ns.plan_create("/a/f", holder="w", now_ns=30))])
+    ns.apply([Record(next(txid), *to_wire(ns.plan_create("/a/f", holder="w", now_ns=30)))])
     found = ns.walk(["a", "f"])
     assert len(found) == 3
     ino = found[-1][0]
     assert ns.path_of(ino) == "/a/f" and ns.linked_inode(ino) is not None
-    ns.apply([Record(next(txid), *ns.plan_rename("/a/f", "/a/g", now_ns=40))])
+    ns.apply([Record(next(txid), *to_wire(ns.plan_rename("/a/f", "/a/g", now_ns=40)))])
     assert len(ns.walk(["a", "f"])) == 2
     assert ns.path_of(ino) == "/a/g"
-    ns.apply([Record(next(txid), *ns.plan_delete("/a/g", recursive=False, now_ns=50))])
+    ns.apply([Record(next(txid), *to_wire(ns.plan_delete("/a/g", recursive=False, now_ns=50)))])
     assert ns.path_of(ino) is None and ns.linked_inode(ino) is None
     found = ns.walk(["a", "g"])
     found.append("caller's own list")                          # a copy: the memo is intact
@@ -762,11 +763,11 @@ def test_apply_does_not_change_inodes_readers_hold():
     from meta.namespace import Namespace
 
     ns = Namespace(MemoryStore())
-    ns.apply([Record(1, *ns.plan_format(1, 10))])
-    ns.apply([Record(2, *ns.plan_mkdirs("/a", now_ns=20))])
+    ns.apply([Record(1, *to_wire(ns.plan_format(1, 10)))])
+    ns.apply([Record(2, *to_wire(ns.plan_mkdirs("/a", now_ns=20)))])
     held = ns.walk(["a"])[-1][1]
     before = dict(held)
-    ns.apply([Record(3, *ns.plan_create("/a/f", holder="w", now_ns=30))])
+    ns.apply([Record(3, *to_wire(ns.plan_create("/a/f", holder="w", now_ns=30)))])
     assert held == before
     assert ns.get_inode(ns.walk(["a"])[-1][0])["children"] == before["children"] + 1
     assert check_namespace(ns.kv) == []
