@@ -68,9 +68,9 @@ class BlockState(enum.StrEnum):
     store, so a member equals (and packs as) that string."""
 
     UNDER_CONSTRUCTION = "UNDER_CONSTRUCTION"
-    UNDER_RECOVERY = "UNDER_RECOVERY"
     COMMITTED = "COMMITTED"
     COMPLETE = "COMPLETE"
+    UNDER_RECOVERY = "UNDER_RECOVERY"
 
 
 class BlockEvent(enum.StrEnum):
