@@ -88,10 +88,10 @@ class Monitors:
             plan = self.ns.plan_reclaim(stop=lambda: time.perf_counter() >= until)
             if plan is None:
                 return False
-            await self.journal.log(*plan)
+            await self.journal.log(plan)
             self.reclaim_records += 1
-            if plan[1]["done"]:
-                log.info("reclaimed the detached subtree of inode %d", plan[1]["root"])
+            if plan.done:
+                log.info("reclaimed the detached subtree of inode %d", plan.root)
             return True
         finally:
             self.global_lock.release(False)

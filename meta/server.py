@@ -94,7 +94,7 @@ from .leases.leases import STALE_HEARTBEATS, LeaseManager
 from .namespace.locks import (LOCK_ANCESTOR, LOCK_READ, FileLock, Mutation, PathLockPool, RWLock,
                     lock_set, merge)
 from .namespace.namespace import DIR, Defaults, Namespace, check_int, check_name
-from .journal.ops import LAZY_OPS, RPC_CALL, RPC_KEPT, decode
+from .journal.ops import LAZY_OPS, RPC_CALL, RPC_KEPT, decode, op_name
 from .blocks.replication import ReplicationQueues
 from .blocks.reports import REPORT_STEP, BlockReports
 from .namespace.permissions import WRITE, Caller, PermissionChecker, clears_only_setid
@@ -320,7 +320,7 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         """A new namespace gets its FORMAT record (a random namespace id) as its first."""
         if not self.ns.formatted:
             namespace_id = secrets.randbelow(1 << 31) + 1
-            await self.journal.log(*self.ns.plan_format(namespace_id, self.wall_ns()))
+            await self.journal.log(self.ns.plan_format(namespace_id, self.wall_ns()))
             log.info("formatted a new namespace, id %d", namespace_id)
 
     def _new_reports(self) -> BlockReports:
@@ -494,7 +494,7 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         if info.state == bm.UNDER_CONSTRUCTION:
             self.blocks.commit(block_id, num_bytes)
         else:
-            self.blocks.restore(block_id, gs=info.gs, num_bytes=num_bytes, state=info.state)
+            self.blocks.set_length(block_id, num_bytes)
 
     def lease_ended(self, ino: int) -> None:
         """File ``ino`` is no longer under construction (closed, or its lease went)."""
@@ -524,15 +524,14 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         answer (``Journal.log_many``)."""
         if plan is None:
             return None
-        op, args = plan
-        return await self.journal.log(op, args, durable=durable or op not in LAZY_OPS,
+        return await self.journal.log(plan, durable=durable or op_name(plan) not in LAZY_OPS,
                                       kept=kept)
 
     async def log_plans(self, plans, *, durable: bool = True) -> None:
         """Journal several plans in one batch (one fsync), applied in order."""
         plans = [plan for plan in plans if plan is not None]
         await self.journal.log_many(plans, durable=durable or any(
-            op not in LAZY_OPS for op, _ in plans))
+            op_name(plan) not in LAZY_OPS for plan in plans))
 
     def mutation(self, what: str, wanted: dict, *, check_safemode: bool = True):
         """``async with``: hold what a mutation needs from validation to its applied journal

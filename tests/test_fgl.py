@@ -39,6 +39,7 @@ from meta.journal.journal import Journal
 from meta.journal.files import Record
 from meta.journal.kv import MemoryStore, PlyvelStore
 from meta.namespace.namespace import Namespace
+from meta.journal.ops import to_wire
 from meta.server import MetaServer
 
 KiB = 1024
@@ -74,7 +75,7 @@ class Probe:
             write(data)
 
         async def logged(records: list, **kwargs) -> list:   # log() comes here too
-            self._logging = records[0]
+            self._logging = to_wire(records[0])
             return await log_many(records, **kwargs)
 
         journal._write_and_fsync = gated
@@ -429,7 +430,7 @@ def formatted_namespace() -> tuple[Namespace, list]:
     records = []
 
     def apply(op_args):
-        record = Record(len(records) + 1, *op_args)
+        record = Record(len(records) + 1, *to_wire(op_args))
         assert check_record(ns.kv, record) == []
         records.append(record)
         ns.apply([record])
@@ -448,7 +449,7 @@ def test_check_record_finds_records_planned_on_another_state():
     d = ns.lookup(1, "d")
     e = ns.lookup(d, "e")
     f = ns.lookup(1, "f")
-    add = ns.plan_create("/g", holder="w", now_ns=4)[1]
+    add = ns.plan_create("/g", holder="w", now_ns=4).to_args()
     bad = {
         "ADD": {**add, "name": "f"},
         "RENAME": {"src_parent": 1, "src_name": "d", "dst_parent": e, "dst_name": "x",
@@ -460,8 +461,8 @@ def test_check_record_finds_records_planned_on_another_state():
     for op, args in bad.items():
         assert check_record(ns.kv, Record(10, op, args)), op
     assert check_record(ns.kv, Record(10, "ADD", add)) == []
-    ns.apply([Record(4, "CLOSE", ns.plan_close(f, None, None, 4)[1])])
-    assert check_record(ns.kv, Record(5, "CLOSE", ns.plan_close(f, None, None, 5)[1]))
+    ns.apply([Record(4, "CLOSE", ns.plan_close(f, None, None, 4).to_args())])
+    assert check_record(ns.kv, Record(5, "CLOSE", ns.plan_close(f, None, None, 5).to_args()))
     # the moves of one RENAMES record are checked in order: the second sees the first
     two = {"renames": [
         {"src_parent": d, "src_name": "e", "dst_parent": 1, "dst_name": "e2", "ino": e,
@@ -479,7 +480,7 @@ def test_rename_many_refuses_a_path_below_another_moves_destination():
     removes (found by the randomized run's serial replay): refused, nothing changes."""
     ns, _ = formatted_namespace()
     for path in ("/src", "/dst", "/other"):
-        ns.apply([Record(ns.applied_txid + 1, *ns.plan_mkdirs(path, now_ns=8))])
+        ns.apply([Record(ns.applied_txid + 1, *to_wire(ns.plan_mkdirs(path, now_ns=8)))])
     before = dict(ns.kv.scan(b""))
     with pytest.raises(errors.InvalidArgument, match="/dst is a destination"):
         ns.plan_rename_many([["/src", "/dst", True], ["/other", "/dst/x"]], now_ns=9)

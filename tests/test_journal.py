@@ -15,6 +15,8 @@ from fs.errors import InternalError, InvalidArgument, NoSpace
 from meta.journal.journal import Journal
 from meta.journal.files import (RECORD_HEADER, JournalError, Record, check_journal, encode_record,
                                 finalized_name, inprogress_name)
+from meta.journal.ops_blocks import Close
+from meta.journal.ops_namespace import Mkdir
 
 
 class Applied:
@@ -216,6 +218,18 @@ def test_log_many_writes_its_records_in_one_batch_or_refuses_them_all(tmp_path):
     trio.run(main)
     assert [(r.txid, r.op) for r in reopen(tmp_path).replay(0)] == [
         (1, "MKDIR"), (2, "ADD"), (3, "ADD_BLOCK"), (4, "MKDIR")]
+
+
+def test_a_typed_op_is_journaled_as_its_wire_pair(tmp_path):
+    """``log``/``log_many`` take typed ops: the segment holds the same bytes as when the
+    op's ``(name, args)`` pair is logged, and replay gives that pair back."""
+    ops = [Mkdir(dirs=[{"parent": 1, "name": "a", "ino": 2}], time=5),
+           Close(ino=2, last=None, time=6, mode=0o600)]
+    as_pairs = [op.to_wire() for op in ops]
+    session(tmp_path / "pairs", as_pairs)
+    session(tmp_path / "ops", [(op, None) for op in ops])
+    assert file_listing(tmp_path / "ops") == file_listing(tmp_path / "pairs")
+    assert [(r.op, r.args) for r in reopen(tmp_path / "ops").replay(0)] == as_pairs
 
 
 def test_log_returns_only_after_apply(tmp_path):

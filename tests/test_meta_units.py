@@ -11,13 +11,14 @@ import trio.testing
 from fs import errors
 from meta.blocks import blocks as bm
 from meta.journal import keys
-from meta.blocks.blocks import BlockInfo, BlocksMap, classify_replica, transition
+from meta.blocks.blocks import BlockInfo, BlocksMap, classify_replica, next_state
 from meta.blocks.datanodes import DatanodeManager
 from meta.namespace.invariants import check_namespace
 from meta.journal.kv import MemoryStore
 from meta.leases.leases import LeaseManager
 from meta.namespace.locks import (LOCK_ANCESTOR, LOCK_PARENT, LOCK_READ, LOCK_WRITE, PathLockPool, RWLock,
                         lock_set, merge)
+from meta.journal.ops import to_wire
 from meta.blocks.reports import BlockReports, parse_entries
 from meta.blocks.safemode import SafeModeState
 
@@ -195,14 +196,59 @@ def test_lease_rule_checks_use_hdfs_errors():
 
 
 def test_block_transition_table():
-    assert transition(bm.UNDER_CONSTRUCTION, bm.COMMIT) == bm.COMMITTED
-    assert transition(bm.COMMITTED, bm.MIN_REPLICATED) == bm.COMPLETE
-    assert transition(bm.UNDER_CONSTRUCTION, bm.START_RECOVERY) == bm.UNDER_RECOVERY
-    assert transition(bm.UNDER_RECOVERY, bm.RECOVERED) == bm.COMMITTED
+    assert next_state(bm.UNDER_CONSTRUCTION, bm.COMMIT) == bm.COMMITTED
+    assert next_state(bm.COMMITTED, bm.MIN_REPLICATED) == bm.COMPLETE
+    assert next_state(bm.UNDER_CONSTRUCTION, bm.START_RECOVERY) == bm.UNDER_RECOVERY
+    assert next_state(bm.UNDER_RECOVERY, bm.RECOVERED) == bm.COMMITTED
     with pytest.raises(errors.InvalidArgument, match="cannot commit a block that is UNDER_RECOVERY"):
-        transition(bm.UNDER_RECOVERY, bm.COMMIT)
+        next_state(bm.UNDER_RECOVERY, bm.COMMIT)
     with pytest.raises(errors.InvalidArgument):
-        transition(bm.UNDER_CONSTRUCTION, bm.MIN_REPLICATED)
+        next_state(bm.UNDER_CONSTRUCTION, bm.MIN_REPLICATED)
+
+
+def test_block_state_is_the_stored_string():
+    """The enum is the journal's and the store's word: members pack as the same bytes."""
+    for state in bm.BlockState:
+        assert keys.pack({"state": state}) == keys.pack({"state": state.value})
+        assert f"{state}" == state.value
+    assert BlockInfo(1, 1, 0, 1, 0, "COMPLETE", 1).state is bm.COMPLETE
+    with pytest.raises(errors.InvalidArgument, match="block 9: unknown block state 'DONE'"):
+        BlockInfo(9, 1, 0, 1, 0, "DONE", 1)
+
+
+def test_journaled_block_changes_go_through_the_table():
+    """close, truncate, recovery's end and a pipeline update move a block only along the
+    table: an illegal move raises and leaves the block as it was."""
+    m = BlocksMap(min_replication=1)
+    m.add(BlockInfo(1, ino=10, index=0, gs=5, num_bytes=0, state=bm.UNDER_CONSTRUCTION,
+                    replication=1))
+    m.pipeline_updated(1, 6, 10)
+    assert (m.get(1).state, m.get(1).gs, m.get(1).num_bytes) == (bm.UNDER_CONSTRUCTION, 6, 10)
+    m.close(1, 12)
+    assert (m.get(1).state, m.get(1).num_bytes) == (bm.COMPLETE, 12)
+    with pytest.raises(errors.InvalidArgument, match="block 1: cannot update pipeline a block "
+                                                     "that is COMPLETE"):
+        m.pipeline_updated(1, 7, 20)
+    with pytest.raises(errors.InvalidArgument, match="block 1: cannot recovered"):
+        m.recovered(1, gs=8, num_bytes=4, close=False, finalized_on=[])
+    assert (m.get(1).state, m.get(1).gs, m.get(1).num_bytes) == (bm.COMPLETE, 6, 12)
+    m.truncate(1, 4)
+    assert (m.get(1).state, m.get(1).num_bytes) == (bm.UNDER_CONSTRUCTION, 4)
+    with pytest.raises(errors.InvalidArgument, match="cannot truncate a block that is "
+                                                     "UNDER_CONSTRUCTION"):
+        m.truncate(1, 2)
+    m.start_recovery(1)
+    m.recovered(1, gs=8, num_bytes=4, close=True, finalized_on=["n1"])
+    assert (m.get(1).state, m.get(1).gs) == (bm.COMPLETE, 8)   # FINALIZED on n1: complete
+    m.add(BlockInfo(2, ino=11, index=0, gs=5, num_bytes=0, state=bm.UNDER_CONSTRUCTION,
+                    replication=1))
+    m.start_recovery(2)
+    m.recovered(2, gs=9, num_bytes=3, close=False, finalized_on=[])
+    assert m.get(2).state == bm.COMMITTED
+    m.start_recovery(2)
+    with pytest.raises(errors.InvalidArgument, match="cannot close a block that is "
+                                                     "UNDER_RECOVERY"):
+        m.close(2, 3)
 
 
 def test_replica_classification():
@@ -487,9 +533,9 @@ def test_replicas_of_a_block_being_written_are_locations_without_a_pipeline():
     bmap.add_replica("y", 8, 101, 10, bm.RBW)
     assert bmap.get(8).location_nodes() == ["x", "y", "z"]
     # under recovery too; once committed only good FINALIZED replicas count
-    bmap.get(8).state = bm.UNDER_RECOVERY
+    bmap.start_recovery(8)
     assert bmap.get(8).location_nodes() == ["x", "y", "z"]
-    bmap.restore(7, gs=100, num_bytes=4096, state=bm.COMMITTED)
+    bmap.commit(7, 4096)
     assert info.state == bm.COMPLETE and info.location_nodes() == ["e"]
 
 
@@ -529,10 +575,10 @@ def test_check_namespace_finds_broken_stores():
 
     store = MemoryStore()
     ns = Namespace(store)
-    records = [("FORMAT", ns.plan_format(1, 10)[1])]
+    records = [ns.plan_format(1, 10).to_wire()]
     ns.apply([Record(1, *records[0])])
-    ns.apply([Record(2, *ns.plan_mkdirs("/a/b", now_ns=20))])
-    ns.apply([Record(3, *ns.plan_create("/a/f", holder="w", now_ns=30))])
+    ns.apply([Record(2, *to_wire(ns.plan_mkdirs("/a/b", now_ns=20)))])
+    ns.apply([Record(3, *to_wire(ns.plan_create("/a/f", holder="w", now_ns=30)))])
     assert check_namespace(store) == []
     leases = LeaseManager()
     assert check_namespace(store, leases) != []                # the open file has no lease
@@ -571,7 +617,7 @@ def test_check_namespace_accepts_orphan_subtrees_and_flags_linked_orphan_roots()
     def apply(plan):
         nonlocal txid
         txid += 1
-        ns.apply([Record(txid, *plan)])
+        ns.apply([Record(txid, *to_wire(plan))])
 
     apply(ns.plan_format(1, 10))
     apply(ns.plan_mkdirs("/t/d", now_ns=20))
@@ -627,7 +673,9 @@ def test_blocks_map_running_counters_match_a_full_recount():
             if m.get(block_id).state == bm.UNDER_CONSTRUCTION:
                 m.commit(block_id, 10)
             else:
-                m.restore(block_id, gs=rng.choice([5, 6]), num_bytes=10, state=bm.COMPLETE)
+                m.start_recovery(block_id)   # a new stamp: only through a recovery
+                m.recovered(block_id, gs=rng.choice([5, 6]), num_bytes=10, close=True,
+                            finalized_on=[])
         elif op == 8:
             m.remove(rng.choice(ids))
         elif step % 50 == 0:
@@ -690,18 +738,18 @@ def test_walks_and_paths_remembered_between_applies_follow_every_apply():
 
     ns = Namespace(MemoryStore())
     txid = iter(range(1, 100))
-    ns.apply([Record(next(txid), *ns.plan_format(1, 10))])
-    ns.apply([Record(next(txid), *ns.plan_mkdirs("/a", now_ns=20))])
+    ns.apply([Record(next(txid), *to_wire(ns.plan_format(1, 10)))])
+    ns.apply([Record(next(txid), *to_wire(ns.plan_mkdirs("/a", now_ns=20)))])
     assert len(ns.walk(["a", "f"])) == 2                       # /a exists, f does not
-    ns.apply([Record(next(txid), *ns.plan_create("/a/f", holder="w", now_ns=30))])
+    ns.apply([Record(next(txid), *to_wire(ns.plan_create("/a/f", holder="w", now_ns=30)))])
     found = ns.walk(["a", "f"])
     assert len(found) == 3
     ino = found[-1][0]
     assert ns.path_of(ino) == "/a/f" and ns.linked_inode(ino) is not None
-    ns.apply([Record(next(txid), *ns.plan_rename("/a/f", "/a/g", now_ns=40))])
+    ns.apply([Record(next(txid), *to_wire(ns.plan_rename("/a/f", "/a/g", now_ns=40)))])
     assert len(ns.walk(["a", "f"])) == 2
     assert ns.path_of(ino) == "/a/g"
-    ns.apply([Record(next(txid), *ns.plan_delete("/a/g", recursive=False, now_ns=50))])
+    ns.apply([Record(next(txid), *to_wire(ns.plan_delete("/a/g", recursive=False, now_ns=50)))])
     assert ns.path_of(ino) is None and ns.linked_inode(ino) is None
     found = ns.walk(["a", "g"])
     found.append("caller's own list")                          # a copy: the memo is intact
@@ -715,11 +763,11 @@ def test_apply_does_not_change_inodes_readers_hold():
     from meta.namespace.namespace import Namespace
 
     ns = Namespace(MemoryStore())
-    ns.apply([Record(1, *ns.plan_format(1, 10))])
-    ns.apply([Record(2, *ns.plan_mkdirs("/a", now_ns=20))])
+    ns.apply([Record(1, *to_wire(ns.plan_format(1, 10)))])
+    ns.apply([Record(2, *to_wire(ns.plan_mkdirs("/a", now_ns=20)))])
     held = ns.walk(["a"])[-1][1]
     before = dict(held)
-    ns.apply([Record(3, *ns.plan_create("/a/f", holder="w", now_ns=30))])
+    ns.apply([Record(3, *to_wire(ns.plan_create("/a/f", holder="w", now_ns=30)))])
     assert held == before
     assert ns.get_inode(ns.walk(["a"])[-1][0])["children"] == before["children"] + 1
     assert check_namespace(ns.kv) == []

@@ -15,6 +15,7 @@ from meta.namespace.invariants import check_namespace
 from meta.journal.journal import Journal
 from meta.journal.kv import MemoryStore, PlyvelStore
 from meta.namespace.namespace import Defaults, Namespace
+from meta.journal.ops import to_wire
 
 BPC = 512
 STORES = ["memory", "leveldb"]
@@ -50,7 +51,7 @@ class Harness:
     async def do(self, plan):
         if plan is None:
             return None
-        return await self.journal.log(*plan)
+        return await self.journal.log(plan)
 
     # shorthands for the common plans
     async def mkdirs(self, path, **kw):
@@ -105,7 +106,7 @@ def run_ns(kind, tmp_path, body, *, store=None, journal_dir=None, format_=True,
         async with trio.open_nursery() as nursery:
             await nursery.start(h.journal.run)
             if format_ and not h.ns.formatted:
-                await h.journal.log(*h.ns.plan_format(4242, 1_000_000))
+                await h.journal.log(h.ns.plan_format(4242, 1_000_000))
             await body(h)
             nursery.cancel_scope.cancel()
         await h.journal.aclose()
@@ -356,7 +357,7 @@ def _long_file(store, sizes, block_size=8 * BPC, **limits):
     def apply(*plans):
         nonlocal txid
         records = []
-        for op, args in plans:
+        for op, args in map(to_wire, plans):
             txid += 1
             records.append(Record(txid, op, args))
         ns.apply(records)
@@ -368,10 +369,10 @@ def _long_file(store, sizes, block_size=8 * BPC, **limits):
     plans = []
     for size in sizes:   # the planners see the tail the previous record left behind
         commit = {"num_bytes": tail[-1]["num_bytes"]} if tail else None
-        op, args = ns.plan_add_block(ino, tail, ns.allocate_block_id(), ns.next_genstamp(),
-                                     commit, ["n1"], 3)
-        plans.append((op, args))
-        tail = [{"index": args["index"], "id": args["block"]["id"], "gs": args["block"]["gs"],
+        plan = ns.plan_add_block(ino, tail, ns.allocate_block_id(), ns.next_genstamp(),
+                                 commit, ["n1"], 3)
+        plans.append(plan)
+        tail = [{"index": plan.index, "id": plan.block["id"], "gs": plan.block["gs"],
                  "num_bytes": size, "state": "UNDER_CONSTRUCTION"}]
         if len(plans) == 500:
             apply(*plans)
@@ -406,10 +407,10 @@ def test_writer_calls_read_only_the_last_blocks_of_a_long_file(kind, tmp_path):
         assert [b["index"] for b in tail] == [2998, 2999] and store.block_reads == 2
         previous = {"id": tail[-1]["id"], "gs": tail[-1]["gs"], "num_bytes": full}
         assert ns.check_previous("/long", tail, previous)[0] == "commit"
-        op, args = ns.plan_add_block(ino, tail, 10**6, ns.next_genstamp(),
-                                     {"num_bytes": full}, ["n1"], 4)
-        assert args["index"] == 3000 and args["previous"]["index"] == 2999
-        assert ns.plan_fsync("/long", ino, tail[-1:], 800)[1]["index"] == 2999
+        plan = ns.plan_add_block(ino, tail, 10**6, ns.next_genstamp(),
+                                 {"num_bytes": full}, ["n1"], 4)
+        assert plan.index == 3000 and plan.previous["index"] == 2999
+        assert ns.plan_fsync("/long", ino, tail[-1:], 800).index == 2999
         for offset, length in ((0, 1), (1234 * full + 5, 2 * full), (2999 * full - 1, 10),
                                (2999 * full + 699, 1), (5 * full, 0), (10**9, 5)):
             store.block_reads = 0
@@ -457,8 +458,8 @@ def test_min_block_size_and_max_blocks_per_file_limits(kind, tmp_path):
         ns.defaults.min_block_size = 4 * BPC
         with pytest.raises(errors.InvalidArgument, match=r"/small.*min_block_size 2048"):
             ns.plan_create("/small", holder="w", block_size=2 * BPC, now_ns=5)
-        assert ns.plan_create("/ok", holder="w", block_size=4 * BPC, now_ns=5)[1][
-            "block_size"] == 4 * BPC
+        assert ns.plan_create("/ok", holder="w", block_size=4 * BPC,
+                              now_ns=5).block_size == 4 * BPC
         ns.defaults.block_size = 2 * BPC   # a default below the limit is refused too
         with pytest.raises(errors.InvalidArgument, match="min_block_size"):
             ns.plan_create("/default", holder="w", now_ns=5)
@@ -528,7 +529,7 @@ async def _reclaim_all(h, check_each=True) -> list[dict]:
     """Drive the reclaimer by hand: one RECLAIM record at a time, invariants after each."""
     plans = []
     while (plan := h.ns.plan_reclaim()) is not None:
-        assert len(plan[1]["blocks"]) + len(plan[1]["inodes"]) <= h.ns.defaults.delete_chunk
+        assert len(plan.blocks) + len(plan.inodes) <= h.ns.defaults.delete_chunk
         await h.do(plan)
         plans.append(plan)
         if check_each:
@@ -591,7 +592,7 @@ def test_big_delete_detaches_at_once_and_is_reclaimed_in_bounded_records(kind, t
     assert [k for k in big["after_delete"] if k[:1] == keys.ORPHAN] == [
         keys.orphan_key(big["delete_effect"]["orphan"])]
     assert len(big["plans"]) == 7   # 49 inodes + blocks, 7 per record
-    assert [p[1]["done"] for p in big["plans"]] == [False] * (len(big["plans"]) - 1) + [True]
+    assert [p.done for p in big["plans"]] == [False] * (len(big["plans"]) - 1) + [True]
     assert _without_txid(big["final"]) == _without_txid(small["final"])
 
 
@@ -607,7 +608,7 @@ def test_small_subtree_keeps_the_single_record_delete(kind, tmp_path):
         await h.do(h.ns.plan_delete("/f", False, now_ns=h.now()))
         assert "removed_blocks" not in h.effects[-1] and h.ns.has_orphans()
         plans = await _reclaim_all(h)
-        assert len(plans) == 2 and sorted(b[2] for p in plans for b in p[1]["blocks"]) == \
+        assert len(plans) == 2 and sorted(b[2] for p in plans for b in p.blocks) == \
             sorted(ids)
         assert h.ns.file_count() == 0
 
@@ -630,7 +631,7 @@ def test_overwriting_a_big_file_detaches_it(kind, tmp_path):
         assert len(h.ns.orphan_roots()) == 2
         assert_consistent(h)
         plans = await _reclaim_all(h)
-        assert sorted(b[2] for p in plans for b in p[1]["blocks"]) == sorted(old + old2)
+        assert sorted(b[2] for p in plans for b in p.blocks) == sorted(old + old2)
         assert h.ns.file_count() == 2
 
     run_ns(kind, tmp_path, body, delete_chunk=CHUNK)

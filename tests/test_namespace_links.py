@@ -11,6 +11,7 @@ from meta.namespace.invariants import check_namespace
 from meta.journal.files import Record
 from meta.journal.kv import PlyvelStore
 from meta.namespace.namespace import Namespace
+from meta.journal.ops import to_wire
 
 
 def _subdirs(ns: Namespace) -> dict[str, int]:
@@ -30,7 +31,7 @@ def test_subdirectory_counts_follow_mkdir_rmdir_rename_delete_and_replay(tmp_pat
     t = iter(range(10, 10_000))
 
     def apply(plan):
-        record = Record(len(records) + 1, *plan)
+        record = Record(len(records) + 1, *to_wire(plan))
         records.append(record)
         ns.apply([record])
 

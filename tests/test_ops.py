@@ -5,6 +5,8 @@ refused naming their txid. Pure, in memory, fast."""
 
 from __future__ import annotations
 
+import pathlib
+
 import msgpack
 import pytest
 
@@ -16,8 +18,10 @@ from meta.namespace.invariants import check_namespace, check_record
 from meta.journal.files import Record
 from meta.journal.kv import MemoryStore
 from meta.namespace.namespace import Defaults, Namespace
-from meta.journal.ops import ABSENT, OPS, LAZY_OPS, RPC_CALL, RPC_KEPT, MalformedRecord, decode
+from meta.journal.ops import (ABSENT, OPS, LAZY_OPS, RPC_CALL, RPC_KEPT, MalformedRecord, decode,
+                              to_wire)
 from meta.journal.ops_blocks import Close
+from meta.journal.ops_namespace import Mkdir
 
 
 class Driver:
@@ -32,7 +36,7 @@ class Driver:
 
     def log(self, plan) -> Record:
         assert plan is not None
-        op, args = plan
+        op, args = to_wire(plan)
         txid = len(self.wire) + 1
         body = packb([txid, op, args])
         record = Record(txid, op, msgpack.unpackb(body, raw=False, strict_map_key=False)[2])
@@ -77,10 +81,8 @@ def every_op() -> Driver:
     inode = ns.get_inode(f)
     d.log(ns.plan_truncate("/a/f", f, inode, 4100, holder="w2", now_ns=d.tick()))
     block = ns.blocks_of(f)[-1]
-    sync = ns.plan_commit_block_sync(f, block, ns.next_genstamp(), 4, delete=False,
-                                     close=True, now_ns=d.tick())
-    sync[1]["targets"] = ["n1"]
-    d.log(sync)
+    d.log(ns.plan_commit_block_sync(f, block, ns.next_genstamp(), 4, delete=False,
+                                    close=True, now_ns=d.tick(), targets=["n1"]))
     d.log(ns.plan_append(f, ns.get_inode(f), holder="w3", new_gs=ns.next_genstamp(),
                          now_ns=d.tick()))
     d.log(ns.plan_set_genstamp())
@@ -122,6 +124,27 @@ def test_every_op_round_trips_to_the_bytes_the_planner_journals():
         assert type(op) is OPS[record.op] and op.NAME == record.op
         assert packb([record.txid, record.op, op.to_args()]) == body, record.op
         assert type(op).from_args(op.to_args()) == op
+
+
+def test_every_op_is_journaled_as_the_recorded_bytes():
+    """The planners' records are the bytes recorded before they built typed ops (so the
+    journal and checkpoint formats are unchanged)."""
+    golden = pathlib.Path(__file__).parent / "golden" / "every_op_records.txt"
+    expected = [line.split() for line in golden.read_text().splitlines()
+                if not line.startswith("#")]
+    got = [[str(record.txid), record.op, body.hex()] for record, body in every_op().wire]
+    assert [e[:2] for e in expected] == [g[:2] for g in got]
+    for want, have in zip(expected, got):
+        assert have == want, want[:2]
+
+
+def test_an_op_with_a_missing_or_misspelled_field_is_refused_when_built():
+    """Planners build ops: a wrong field fails at the constructor, before the journal."""
+    with pytest.raises(TypeError, match="'time'"):
+        Mkdir(dirs=[])
+    with pytest.raises(TypeError, match="'mtim'"):
+        Close(ino=2, last=None, time=1, mtim=3)
+    assert Close(ino=2, time=1).to_wire() == ("CLOSE", {"ino": 2, "time": 1})
 
 
 def test_every_op_keeps_the_retry_cache_key_byte_for_byte():
@@ -172,7 +195,7 @@ def test_unknown_and_malformed_records_name_their_txid():
     ns = Namespace(MemoryStore())
     with pytest.raises(InternalError, match=r"txid 3: unknown op 'NOPE'"):
         ns.apply([Record(3, "NOPE", {})])
-    ns.apply([Record(1, *ns.plan_format(1, 1))])
+    ns.apply([Record(1, *ns.plan_format(1, 1).to_wire())])
     assert check_record(ns.kv, Record(9, "MKDIR", {"dirs": []})) == [
         "txid 9 MKDIR: malformed record: MKDIR record without 'time'"]
     assert check_record(ns.kv, Record(9, "NOPE", {})) == []   # unknown ops are not checked

@@ -44,14 +44,14 @@ async def _create(server, layout: str) -> None:
     ns, journal = server.ns, server.journal
     folders = [f"/big/d{i}" for i in range(100)] if layout == "spread" else ["/big"]
     for folder in folders:
-        await journal.log(*ns.plan_mkdirs(folder, now_ns=1))
+        await journal.log(ns.plan_mkdirs(folder, now_ns=1))
 
     async def make(first: int, last: int) -> None:
         for i in range(first, last):
             path = f"{folders[i % len(folders)]}/f{i:06d}"
-            await journal.log(*ns.plan_create(path, holder="w", now_ns=2))
+            await journal.log(ns.plan_create(path, holder="w", now_ns=2))
             ino = ns.get_file_info(path)["ino"]
-            await journal.log(*ns.plan_close(ino, None, None, 3))
+            await journal.log(ns.plan_close(ino, None, None, 3))
 
     async with trio.open_nursery() as nursery:     # concurrent: the journal groups fsyncs
         for k in range(100):

@@ -11,7 +11,13 @@ Block states (HDFS ``BlockUCState``), one transition table, pure:
     UNDER_CONSTRUCTION --commit--> COMMITTED --min_replicated--> COMPLETE
     UNDER_CONSTRUCTION --start_recovery--> UNDER_RECOVERY --recovered--> COMMITTED
     COMPLETE --reopen--> UNDER_CONSTRUCTION                            (append)
-    COMPLETE --start_recovery--> UNDER_RECOVERY                        (mid-block truncate)
+    COMPLETE --truncate--> UNDER_CONSTRUCTION --start_recovery--> ...  (mid-block truncate)
+    UNDER_CONSTRUCTION/COMMITTED --close--> COMPLETE                   (the file is closed)
+    UNDER_CONSTRUCTION --update_pipeline--> UNDER_CONSTRUCTION         (pipeline recovery)
+
+Every change of a state goes through ``next_state`` (an illegal move raises); the one place
+a state is set directly is a ``BlockInfo`` being made (a new block, or one loaded from the
+store), which checks that the stored string names a ``BlockState``.
 
 A block reopened by append carries ``min_gs`` (its stamp before the reopen) until its
 replicas report the new stamp: replicas with a stamp in [min_gs, gs) are the ones the
@@ -48,6 +54,7 @@ puts them into the datanode manager's invalidate sets.
 from __future__ import annotations
 
 import collections
+import enum
 import logging
 from operator import attrgetter
 from dataclasses import dataclass, field
@@ -56,21 +63,46 @@ from fs.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 
-UNDER_CONSTRUCTION = "UNDER_CONSTRUCTION"
-COMMITTED = "COMMITTED"
-COMPLETE = "COMPLETE"
-UNDER_RECOVERY = "UNDER_RECOVERY"
-BLOCK_STATES = (UNDER_CONSTRUCTION, COMMITTED, COMPLETE, UNDER_RECOVERY)
-STATES = (UNDER_CONSTRUCTION, COMMITTED, COMPLETE, UNDER_RECOVERY)
+class BlockState(enum.StrEnum):
+    """HDFS ``BlockUCState`` names; the value is the string the journal and the ``B`` keys
+    store, so a member equals (and packs as) that string."""
 
-# events
-COMMIT = "commit"                  # the client reported the block's final length
-MIN_REPLICATED = "min_replicated"  # min_replication good finalized replicas are reported
-START_RECOVERY = "start_recovery"  # lease recovery picked this block to recover
-RECOVERED = "recovered"            # commit_block_synchronization closed the recovery
-REOPEN = "reopen"                  # append reopens the last block
+    UNDER_CONSTRUCTION = "UNDER_CONSTRUCTION"
+    COMMITTED = "COMMITTED"
+    COMPLETE = "COMPLETE"
+    UNDER_RECOVERY = "UNDER_RECOVERY"
 
-TRANSITIONS: dict[tuple[str, str], str] = {
+
+class BlockEvent(enum.StrEnum):
+    """What moves a block."""
+
+    COMMIT = "commit"                  # the client reported the block's final length
+    MIN_REPLICATED = "min_replicated"  # min_replication good finalized replicas are reported
+    START_RECOVERY = "start_recovery"  # lease recovery picked this block to recover
+    RECOVERED = "recovered"            # commit_block_synchronization closed the recovery
+    REOPEN = "reopen"                  # append reopens the last block
+    UPDATE_PIPELINE = "update_pipeline"  # pipeline recovery: new stamp, same writer
+    CLOSE = "close"                    # the file is closed: its last block is complete
+    TRUNCATE = "truncate"              # truncate inside the last block reopens it
+
+
+UNDER_CONSTRUCTION = BlockState.UNDER_CONSTRUCTION
+COMMITTED = BlockState.COMMITTED
+COMPLETE = BlockState.COMPLETE
+UNDER_RECOVERY = BlockState.UNDER_RECOVERY
+BLOCK_STATES = tuple(BlockState)
+
+COMMIT = BlockEvent.COMMIT
+MIN_REPLICATED = BlockEvent.MIN_REPLICATED
+START_RECOVERY = BlockEvent.START_RECOVERY
+RECOVERED = BlockEvent.RECOVERED
+REOPEN = BlockEvent.REOPEN
+UPDATE_PIPELINE = BlockEvent.UPDATE_PIPELINE
+CLOSE = BlockEvent.CLOSE
+TRUNCATE = BlockEvent.TRUNCATE
+
+#: (state, event) -> state; pairs that are missing are refused by ``next_state``.
+TRANSITIONS: dict[tuple[BlockState, BlockEvent], BlockState] = {
     (UNDER_CONSTRUCTION, COMMIT): COMMITTED,
     (COMMITTED, COMMIT): COMMITTED,            # a retried commit with the same length
     (COMPLETE, COMMIT): COMPLETE,              # retried after the replicas arrived
@@ -81,7 +113,18 @@ TRANSITIONS: dict[tuple[str, str], str] = {
     (COMPLETE, START_RECOVERY): UNDER_RECOVERY,         # truncate inside the last block
     (COMMITTED, START_RECOVERY): UNDER_RECOVERY,        # a committed last block of a lost writer
     (UNDER_RECOVERY, RECOVERED): COMMITTED,
+    # START_RECOVERY is not journaled: a standby (or a restarted server replaying) sees the
+    # recovery's end on the block as it was before the recovery began
+    (UNDER_CONSTRUCTION, RECOVERED): COMMITTED,
+    (COMMITTED, RECOVERED): COMMITTED,
     (COMPLETE, REOPEN): UNDER_CONSTRUCTION,
+    (UNDER_CONSTRUCTION, UPDATE_PIPELINE): UNDER_CONSTRUCTION,
+    # CLOSE forces the last block COMPLETE (the journal's record of a closed file); a block
+    # the replicas completed first stays so
+    (UNDER_CONSTRUCTION, CLOSE): COMPLETE,
+    (COMMITTED, CLOSE): COMPLETE,
+    (COMPLETE, CLOSE): COMPLETE,
+    (COMPLETE, TRUNCATE): UNDER_CONSTRUCTION,
 }
 
 # replica states as block servers report them
@@ -97,7 +140,7 @@ CORRUPT = "corrupt"
 PENDING = "pending"
 
 
-def transition(state: str, event: str, *, what: str = "block") -> str:
+def next_state(state: BlockState, event: BlockEvent, *, what: str = "block") -> BlockState:
     """Next state of a block, or ``InvalidArgument`` naming the refused transition."""
     nxt = TRANSITIONS.get((state, event))
     if nxt is None:
@@ -154,11 +197,20 @@ class BlockInfo:
     index: int
     gs: int
     num_bytes: int
-    state: str
+    state: BlockState
     replication: int
     replicas: dict[str, Replica] = field(default_factory=dict)
     expected: list[str] = field(default_factory=list)   # pipeline node ids of a UC block
     min_gs: int = 0   # append: the stamp before the reopen (see ``classify_replica``)
+
+    def __post_init__(self):
+        # the one place a state is set without a transition: a new block or one loaded
+        # from the store (``B`` key), so the stored string must name a state
+        try:
+            self.state = BlockState(self.state)
+        except ValueError:
+            raise InvalidArgument(f"block {self.id}: unknown block state {self.state!r}") \
+                from None
 
     def ref(self) -> dict:
         return {"id": self.id, "gs": self.gs, "num_bytes": self.num_bytes}
@@ -243,7 +295,7 @@ class BlocksMap:
                 info.state, info.gs, info.num_bytes, replica.gs, replica.num_bytes, replica.state,
                 info.min_gs if info.state in (UNDER_CONSTRUCTION, UNDER_RECOVERY) else 0)
         if info.state == COMMITTED and info.good_count >= self.min_replication:
-            info.state = transition(info.state, MIN_REPLICATED)
+            info.state = next_state(info.state, MIN_REPLICATED)
         if info.state in (UNDER_CONSTRUCTION, UNDER_RECOVERY):
             for node_id, replica in info.replicas.items():
                 if (replica.gs == info.gs and replica.state in WRITTEN_STATES
@@ -286,27 +338,35 @@ class BlocksMap:
         info = self.blocks[block_id]
 
         def mutate():
-            info.state = transition(info.state, COMMIT, what=what)
+            info.state = next_state(info.state, COMMIT, what=what)
             info.num_bytes = num_bytes
         self._change(info, mutate)
         return info.state
 
-    def restore(self, block_id: int, *, gs: int, num_bytes: int, state: str) -> None:
-        """Set a block to a journaled state (UPDATE_BLOCKS, CLOSE); never moves backwards
-        from an in-memory COMPLETE the journal did not know about."""
+    def close(self, block_id: int, num_bytes: int) -> None:
+        """The file is closed (CLOSE): its last block is COMPLETE with ``num_bytes``."""
         info = self.blocks[block_id]
 
         def mutate():
-            if not (info.state == COMPLETE and state == COMMITTED):
-                info.state = state
-            info.gs, info.num_bytes = gs, num_bytes
+            info.state = next_state(info.state, CLOSE, what=f"block {block_id}")
+            info.num_bytes = num_bytes
+        self._change(info, mutate)
+
+    def truncate(self, block_id: int, num_bytes: int) -> None:
+        """A truncate inside the (COMPLETE) last block reopens it at ``num_bytes``; block
+        recovery then cuts the replicas."""
+        info = self.blocks[block_id]
+
+        def mutate():
+            info.state = next_state(info.state, TRUNCATE, what=f"block {block_id}")
+            info.num_bytes = num_bytes
         self._change(info, mutate)
 
     def start_recovery(self, block_id: int) -> None:
         """Block recovery (lease recovery or truncate) takes the block: UNDER_RECOVERY."""
         info = self.blocks[block_id]
         self._change(info, lambda: setattr(info, "state",
-                                           transition(info.state, START_RECOVERY,
+                                           next_state(info.state, START_RECOVERY,
                                                       what=f"block {block_id}")))
 
     def reopen(self, block_id: int, new_gs: int, holders: list[str]) -> None:
@@ -315,18 +375,23 @@ class BlocksMap:
         info = self.blocks[block_id]
 
         def mutate():
-            info.state = transition(info.state, REOPEN, what=f"block {block_id}")
+            info.state = next_state(info.state, REOPEN, what=f"block {block_id}")
             info.min_gs, info.gs = info.gs, new_gs
             info.expected = list(holders)
         self._change(info, mutate)
 
-    def recovered(self, block_id: int, *, gs: int, num_bytes: int, state: str,
+    def recovered(self, block_id: int, *, gs: int, num_bytes: int, close: bool,
                   finalized_on: list[str]) -> None:
         """commit_block_synchronization: the recovery id becomes the stamp, the agreed
-        length the length; ``finalized_on`` hold it FINALIZED (their reports follow)."""
+        length the length (COMMITTED, or COMPLETE when it also closes the file);
+        ``finalized_on`` hold it FINALIZED (their reports follow)."""
         info = self.blocks[block_id]
+        what = f"block {block_id}"
 
         def mutate():
+            state = next_state(info.state, RECOVERED, what=what)
+            if close:
+                state = next_state(state, CLOSE, what=what)
             info.state, info.gs, info.num_bytes, info.min_gs = state, gs, num_bytes, 0
             for node_id in finalized_on:
                 info.replicas[node_id] = Replica(gs, num_bytes, FINALIZED)
@@ -341,11 +406,10 @@ class BlocksMap:
         take the new stamp (they were recovered to it before the call); every other replica
         keeps its older stamp and so turns stale (corrupt, never a location)."""
         info = self.blocks[block_id]
-        if info.state != UNDER_CONSTRUCTION:
-            raise InvalidArgument(f"block {block_id}: cannot update the pipeline of a block "
-                                  f"that is {info.state}")
+        state = next_state(info.state, UPDATE_PIPELINE, what=f"block {block_id}")
 
         def mutate():
+            info.state = state
             info.gs, info.num_bytes, info.min_gs = gs, max(info.num_bytes, num_bytes), 0
             info.expected = list(nodes)
             for node_id in nodes:
@@ -430,6 +494,16 @@ class BlocksMap:
         self.dirty.update(block_ids)
 
     # ------------------------------------------------------------------ queries
+    def pipeline_updated(self, block_id: int, gs: int, num_bytes: int) -> None:
+        """A journaled pipeline update (UPDATE_BLOCKS of a block being written) on a server
+        that did not run it: the new stamp and length, the expected nodes unknown here."""
+        info = self.blocks[block_id]
+
+        def mutate():
+            info.state = next_state(info.state, UPDATE_PIPELINE, what=f"block {block_id}")
+            info.gs, info.num_bytes = gs, num_bytes
+        self._change(info, mutate)
+
     def would_complete(self, block_id: int, num_bytes: int) -> bool:
         """Would committing with ``num_bytes`` make the block COMPLETE right away?"""
         info = self.blocks.get(block_id)

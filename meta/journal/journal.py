@@ -102,7 +102,7 @@ from .files import (RECORD_HEADER, JournalError, JournalStats, Record, Scan, Seg
                             finalized_name, fsync_dir, inprogress_name, read_tail,
                             span_of, verify_directory, write_lost_marker)
 from .start import StartPlan, decide
-from .ops import RPC_CALL, RPC_KEPT
+from .ops import RPC_CALL, RPC_KEPT, Op, to_wire
 
 log = logging.getLogger(__name__)
 
@@ -393,14 +393,17 @@ class Journal:
                 return
 
     # ------------------------------------------------------------------ appending
-    async def log(self, op: str, args: dict, *, durable: bool = True, kept=None) -> int:
-        """Append one record, wait until it is durable (or, with ``durable=False``, written)
-        AND applied; return its txid."""
-        return (await self.log_many([(op, args)], durable=durable, kept=kept))[0]
+    async def log(self, op: Op | str, args: dict | None = None, *, durable: bool = True,
+                  kept=None) -> int:
+        """Append one record (a typed op, or an op name and its args), wait until it is
+        durable (or, with ``durable=False``, written) AND applied; return its txid."""
+        record = op if args is None else (op, args)
+        return (await self.log_many([record], durable=durable, kept=kept))[0]
 
-    async def log_many(self, records: list[tuple[str, dict]], *,
+    async def log_many(self, records: list[Op | tuple[str, dict]], *,
                        durable: bool = True, kept=None) -> list[int]:
-        """Append ``(op, args)`` records to the same batch, in order, and wait until all are
+        """Append records (typed ops, whose ``to_wire`` makes the record, or ``(op, args)``
+        pairs) to the same batch, in order, and wait until all are
         durable (``durable=False``: written) and applied; their txids. A record that cannot be
         encoded refuses them all before any is queued. ``kept`` (not None): what a retry of
         the retry-cached call running needs of its answer (``meta.journal.retry_answers``), written
@@ -416,7 +419,7 @@ class Journal:
         # server that applies it (a standby, a restart) knows the call was carried out
         call = current_call()
         tagged = self._next_txid + len(records) - 1 if call is not None else None
-        for txid, (op, args) in enumerate(records, start=self._next_txid):
+        for txid, (op, args) in enumerate(map(to_wire, records), start=self._next_txid):
             if not isinstance(op, str) or not isinstance(args, dict):
                 raise InvalidArgument(f"journal record needs op: str and args: dict, got "
                                       f"{type(op).__name__} and {type(args).__name__}")

@@ -6,9 +6,11 @@ servers replaying the edit log must run exactly the code the active runs, so eac
 one frozen dataclass (``meta.ops_namespace``, ``meta.ops_blocks``, ``meta.ops_tokens``)
 with, in one place:
 
-* its typed fields and wire form: ``from_args(dict)`` / ``to_args()``; ``to_args`` gives
-  back exactly the dict the planner journaled (same keys, same order, optional keys left
-  out when they were), so journals and checkpoints on disk replay unchanged;
+* its typed fields and wire form: planners build the op (its constructor refuses a missing
+  or unknown field before anything is written) and the journal takes it; ``to_wire()`` /
+  ``to_args()`` give the record's dict (fields in declaration order, optional keys left out
+  when ABSENT), byte for byte what the planners journaled as plain dicts before, so
+  journals and checkpoints on disk replay unchanged; ``from_args(dict)`` reads it back;
 * ``apply(txn, counters) -> effect``: its store changes (``meta.ops_store``; used by
   ``Namespace.apply``, live and at replay);
 * ``apply_memory(state, effect, now)``: the in-memory structures of the server
@@ -144,6 +146,10 @@ class Op:
             values["extra"] = tuple((k, v) for k, v in args.items() if k not in cls._names)
         return cls(**values)
 
+    def to_wire(self) -> tuple[str, dict]:
+        """The record as the journal writes it: ``(op name, args)``."""
+        return self.NAME, self.to_args()
+
     def to_args(self) -> dict:
         args = {}
         for name in self._names:
@@ -201,6 +207,16 @@ def register(cls):
         raise InternalError(f"journal op {cls.NAME} registered twice")
     OPS[cls.NAME] = cls
     return cls
+
+
+def to_wire(record: Op | tuple[str, dict]) -> tuple[str, dict]:
+    """``(op name, args)`` of a typed op, or of a ``(name, args)`` pair as it stands (the
+    journal's own tests write pairs of no registered op)."""
+    return record.to_wire() if isinstance(record, Op) else record
+
+
+def op_name(record: Op | tuple[str, dict]) -> str:
+    return record.NAME if isinstance(record, Op) else record[0]
 
 
 def decode(record) -> Op:

@@ -124,8 +124,8 @@ class UpdateBlocks(_WriterOp):
             if block["state"] == bm.COMMITTED:
                 state.commit_in_memory(block["id"], block["num_bytes"])
             elif state.blocks.get(block["id"]) is not None:
-                state.blocks.restore(block["id"], gs=block["gs"],
-                                     num_bytes=block["num_bytes"], state=block["state"])
+                # the only other state planned here: a pipeline update of the last block
+                state.blocks.pipeline_updated(block["id"], block["gs"], block["num_bytes"])
 
     def check_blocks(self, view, nblocks):
         for block in self.blocks:
@@ -241,9 +241,8 @@ class Close(_WriterOp):
 
     def apply_memory(self, state, effect, now):
         last = given(self.last)
-        if last is not None and (info := state.blocks.get(last["id"])) is not None:
-            state.blocks.restore(last["id"], gs=info.gs, num_bytes=last["num_bytes"],
-                                 state=bm.COMPLETE)
+        if last is not None and state.blocks.get(last["id"]) is not None:
+            state.blocks.close(last["id"], last["num_bytes"])
         state.lease_ended(self.ino)
 
     def check_blocks(self, view, nblocks):
@@ -349,10 +348,8 @@ class Truncate(_FileOp):
     def apply_memory(self, state, effect, now):
         last = given(self.last)
         if last is not None:
-            info = state.blocks.get(last["id"])
-            if info is not None:
-                state.blocks.restore(last["id"], gs=info.gs, num_bytes=last["num_bytes"],
-                                     state=bm.UNDER_CONSTRUCTION)
+            if state.blocks.get(last["id"]) is not None:
+                state.blocks.truncate(last["id"], last["num_bytes"])
             state.leases.add(self.holder, self.ino, now)
 
 
@@ -465,7 +462,7 @@ class CommitBlockSync(_RecoveryOp):
         state.forget_recovery(self.id)
         if not self.delete and state.blocks.get(self.id) is not None and effect:
             state.blocks.recovered(self.id, gs=self.gs, num_bytes=self.num_bytes,
-                                   state=bm.COMPLETE if self.close else bm.COMMITTED,
+                                   close=self.close,
                                    finalized_on=[n for n in given(self.targets, [])
                                                  if isinstance(n, str)])
         if self.close and effect:

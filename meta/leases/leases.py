@@ -36,6 +36,8 @@ from sortedcontainers import SortedKeyList
 
 from fs.errors import AlreadyBeingCreated, FileNotFound, LeaseExpired, RecoveryInProgress
 
+from ..blocks.blocks import BlockState
+
 #: the holder the server uses when it takes over a lease itself (hard-limit recovery)
 INTERNAL_HOLDER = "leasefs-meta"
 #: a block server silent for this many heartbeat intervals is stale (HDFS: a 30 s stale
@@ -239,13 +241,13 @@ def release_decision(blocks: list[tuple[str, int, int]], min_replication: int) -
         return CLOSE
     *earlier, (state, num_bytes, replicas) = blocks
     for e_state, _, e_replicas in earlier:
-        if e_state != "COMPLETE" and e_replicas < min_replication:
+        if e_state != BlockState.COMPLETE and e_replicas < min_replication:
             return WAIT
-    if state == "COMPLETE":
+    if state == BlockState.COMPLETE:
         return CLOSE
-    if state == "COMMITTED":
+    if state == BlockState.COMMITTED:
         return CLOSE if replicas >= min_replication else WAIT
-    if state == "UNDER_CONSTRUCTION" and num_bytes == 0 and replicas == 0:
+    if state == BlockState.UNDER_CONSTRUCTION and num_bytes == 0 and replicas == 0:
         return DROP_LAST_AND_CLOSE
     return RECOVER
 

@@ -99,9 +99,9 @@ class LeaseRelease:
         a RECOVER_BLOCK command for the primary's next heartbeat. Caller holds the path
         locks. Without a live replica holder the recovery waits for its retry."""
         previous = self.recoveries.get(block["id"])
-        op, args = self.ns.plan_set_genstamp()
-        await self.journal.log(op, args)
-        recovery_id = args["gs"]
+        stamp = self.ns.plan_set_genstamp()
+        await self.journal.log(stamp)
+        recovery_id = stamp.gs
         info = self.blocks.get(block["id"])
         if info is None:
             raise InternalError(f"{path}: block {block['id']} is not in the blocks map")

@@ -22,6 +22,7 @@ from fs.errors import InvalidArgument
 
 from .args import FILE
 from .quota import file_charge
+from ..journal.ops_namespace import Concat
 
 MAX_CONCAT_SOURCES = 1000
 
@@ -45,7 +46,7 @@ class ConcatPlanner:
             raise InvalidArgument(f"{what}: the last block in {path} is not full; last block "
                                   f"size = {last['num_bytes']}, preferred block size = {bs}")
 
-    def plan_concat(self, target, srcs, *, now_ns: int) -> tuple[str, dict]:
+    def plan_concat(self, target, srcs, *, now_ns: int) -> Concat:
         t_parts = paths.split(target)
         t_path = paths.join_parts(t_parts)
         what = f"concat {t_path}"
@@ -86,4 +87,4 @@ class ConcatPlanner:
                                                                  s_inode)
             sources.append({"ino": s_ino, "name": s_parts[-1]})
         self.check_quota(parent, 0, extra_space)
-        return "CONCAT", {"target": t_ino, "parent": parent, "srcs": sources, "time": now_ns}
+        return Concat(target=t_ino, parent=parent, srcs=sources, time=now_ns)

@@ -36,6 +36,7 @@ folder, or a test's own store).
 from __future__ import annotations
 
 from ..journal import keys
+from ..blocks.blocks import BlockState
 from .quota import file_charge
 from ..journal.ops import OPS, MalformedRecord
 from ..journal.ops_store import Txn, inside   # the batch view apply uses: reads see earlier writes
@@ -182,9 +183,9 @@ def check_namespace(kv, leases=None) -> list[str]:
             if block["id"] in seen_ids:
                 problem(f"block id {block['id']} used by inodes {seen_ids[block['id']]} and {ino}")
             seen_ids[block["id"]] = ino
-            if not inode.get("uc") and block.get("state") != "COMPLETE":
+            if not inode.get("uc") and block.get("state") != BlockState.COMPLETE:
                 problem(f"closed file inode {ino}: block {block['id']} is {block.get('state')}")
-            elif index < n - 2 and block.get("state") != "COMPLETE":
+            elif index < n - 2 and block.get("state") != BlockState.COMPLETE:
                 problem(f"open file inode {ino}: block {block['id']} (#{index} of {n}) is "
                         f"{block.get('state')}; only the last two may be incomplete")
         if "inline" in inode:

@@ -27,6 +27,12 @@ from ..leases.leases import LeaseManager
 from .args import (DIR, FILE, MAX_TARGET_BYTES, check_block_ref, check_bool,
                              check_int, check_mode, check_name, is_int)
 from .quota import file_charge
+from ..journal.ops import ABSENT
+from ..journal.ops_blocks import (AbandonBlock, AddBlock, Append, Close, CommitBlockSync, Fsync,
+                                  Inline, ReassignLease, SetGenstamp, SetReplication, Truncate,
+                                  UpdateBlocks)
+from ..journal.ops_namespace import (Add, Delete, Format, Mkdir, SetOwner, SetPermissions,
+                                     Symlink, Times)
 
 #: the set-group-id bit: on a folder, new entries take its group and new folders the bit
 SETGID = 0o2000
@@ -67,15 +73,15 @@ class NamespacePlanner:
             raise NotDirectory(f"{path}: parent is not a directory")
 
     # ------------------------------------------------------------------ planners
-    def plan_format(self, namespace_id: int, now_ns: int) -> tuple[str, dict]:
+    def plan_format(self, namespace_id: int, now_ns: int) -> Format:
         if self.formatted:
             raise InternalError("the namespace is already formatted")
-        return "FORMAT", {"namespace_id": namespace_id, "time": now_ns, "mode": 0o755,
-                          "owner": self.defaults.owner, "group": self.defaults.group}
+        return Format(namespace_id=namespace_id, time=now_ns, mode=0o755,
+                      owner=self.defaults.owner, group=self.defaults.group)
 
     def plan_mkdirs(self, path, permission=0o755, owner=None, group=None, *,
                     create_parent: bool = True, exclusive: bool = False,
-                    now_ns: int) -> tuple[str, dict] | None:
+                    now_ns: int) -> Mkdir | None:
         """``create_parent=False``: a missing parent is ``FileNotFound``; ``exclusive``: an
         existing path is ``FileExists`` even when it is a directory (mkdir(2))."""
         parts = paths.split(path)
@@ -96,11 +102,11 @@ class NamespacePlanner:
         for d in dirs[:-1]:
             d["mode"] |= 0o300   # parents stay writable and searchable by the owner
         self.check_quota(found[-1][0], len(dirs), 0)
-        return "MKDIR", {"dirs": dirs, "time": now_ns}
+        return Mkdir(dirs=dirs, time=now_ns)
 
     def plan_create(self, path, *, holder, client_machine: str = "", overwrite=False,
                     create_parent=True, replication=None, block_size=None, permission=0o644,
-                    owner=None, group=None, now_ns: int) -> tuple[str, dict]:
+                    owner=None, group=None, now_ns: int) -> Add:
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         holder = check_name(holder, f"create {canonical}: client_name")
@@ -142,13 +148,13 @@ class NamespacePlanner:
         if len(found) < len(parts):
             dirs = self._missing_dirs(parts, found, len(parts) - 1, 0o755, owner, group)
             parent_ino = dirs[-1]["ino"]
-        return "ADD", {
-            "dirs": dirs, "parent": parent_ino, "name": parts[-1], "ino": self.allocate_ino(),
-            "mode": permission, "owner": owner, "group": group, "time": now_ns,
-            "replication": replication, "block_size": block_size, "holder": holder,
-            "client_machine": str(client_machine)[:256], "overwrite": overwrite_ino,
-            "detach": detach, "usage": usage,
-        }
+        return Add(
+            dirs=dirs, parent=parent_ino, name=parts[-1], ino=self.allocate_ino(),
+            mode=permission, owner=owner, group=group, time=now_ns,
+            replication=replication, block_size=block_size, holder=holder,
+            client_machine=str(client_machine)[:256], overwrite=overwrite_ino,
+            detach=detach, usage=usage,
+        )
 
     def check_replication(self, path: str, replication) -> int:
         if replication is None:
@@ -169,7 +175,7 @@ class NamespacePlanner:
         return block_size
 
     def plan_symlink(self, target, path, *, create_parent=False, owner=None, group=None,
-                     now_ns: int) -> tuple[str, dict]:
+                     now_ns: int) -> Symlink:
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_bool(create_parent, f"symlink {canonical}: create_parent")
@@ -192,11 +198,10 @@ class NamespacePlanner:
         dirs = self._missing_dirs(parts, found, len(parts) - 1, 0o755, owner, group)
         self.check_quota(found[-1][0], len(dirs) + 1, 0)
         parent_ino = dirs[-1]["ino"] if dirs else found[-1][0]
-        return "SYMLINK", {"dirs": dirs, "parent": parent_ino, "name": parts[-1],
-                           "ino": self.allocate_ino(), "target": target, "mode": 0o777,
-                           "owner": owner, "group": group, "time": now_ns}
+        return Symlink(dirs=dirs, parent=parent_ino, name=parts[-1], ino=self.allocate_ino(),
+                       target=target, mode=0o777, owner=owner, group=group, time=now_ns)
 
-    def plan_delete(self, path, recursive=False, *, now_ns: int) -> tuple[str, dict]:
+    def plan_delete(self, path, recursive=False, *, now_ns: int) -> Delete:
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_bool(recursive, f"delete {canonical}: recursive")
@@ -207,27 +212,26 @@ class NamespacePlanner:
             raise DirectoryNotEmpty(f"cannot delete {canonical}: directory is not empty "
                                     f"({inode['children']} entries); use recursive")
         detach = self.needs_detach(ino, inode)
-        return "DELETE", {"parent": found[-2][0], "name": parts[-1], "ino": ino,
-                          "time": now_ns, "detach": detach,
-                          "usage": self.detached_usage(found[-2][0], ino, inode, detach)}
+        return Delete(parent=found[-2][0], name=parts[-1], ino=ino, time=now_ns, detach=detach,
+                      usage=self.detached_usage(found[-2][0], ino, inode, detach))
 
-    def plan_set_permission(self, path, permission, *, now_ns: int) -> tuple[str, dict]:
+    def plan_set_permission(self, path, permission, *, now_ns: int) -> SetPermissions:
         parts, ino, inode, _ = self.resolve(path)
         canonical = paths.join_parts(parts)
         permission = check_mode(permission, f"chmod {canonical}: permission")
-        return "SET_PERMISSIONS", {"ino": ino, "mode": permission, "time": now_ns}
+        return SetPermissions(ino=ino, mode=permission, time=now_ns)
 
-    def plan_set_owner(self, path, owner=None, group=None, *, now_ns: int) -> tuple[str, dict] | None:
+    def plan_set_owner(self, path, owner=None, group=None, *, now_ns: int) -> SetOwner | None:
         parts, ino, inode, _ = self.resolve(path)
         canonical = paths.join_parts(parts)
         owner = check_name(owner, f"chown {canonical}: owner", optional=True)
         group = check_name(group, f"chown {canonical}: group", optional=True)
         if owner is None and group is None:
             return None
-        return "SET_OWNER", {"ino": ino, "owner": owner, "group": group, "time": now_ns}
+        return SetOwner(ino=ino, owner=owner, group=group, time=now_ns)
 
     def plan_set_times(self, path, mtime_ns=None, atime_ns=None, *,
-                       now_ns: int) -> tuple[str, dict] | None:
+                       now_ns: int) -> Times | None:
         parts, ino, inode, _ = self.resolve(path)
         canonical = paths.join_parts(parts)
         if mtime_ns is not None:
@@ -236,9 +240,9 @@ class NamespacePlanner:
             check_int(atime_ns, f"set_times {canonical}: atime_ns")
         if mtime_ns is None and atime_ns is None:
             return None
-        return "TIMES", {"ino": ino, "mtime": mtime_ns, "atime": atime_ns, "time": now_ns}
+        return Times(ino=ino, mtime=mtime_ns, atime=atime_ns, time=now_ns)
 
-    def plan_set_replication(self, path, replication, *, now_ns: int) -> tuple[str, dict] | None:
+    def plan_set_replication(self, path, replication, *, now_ns: int) -> SetReplication | None:
         parts, ino, inode, _ = self.resolve(path)
         canonical = paths.join_parts(parts)
         if inode["type"] != FILE:
@@ -251,7 +255,7 @@ class NamespacePlanner:
         old = inode.get("replication", 1)
         self.check_quota(inode["parent"], 0,
                          file_charge(self.read, ino, inode) // old * (replication - old))
-        return "SET_REPLICATION", {"ino": ino, "replication": replication, "time": now_ns}
+        return SetReplication(ino=ino, replication=replication, time=now_ns)
 
     # -------------------------------------------------------- writer (lease holder) ops
     def writer_file(self, path, ino, holder) -> tuple[str, int, dict]:
@@ -336,7 +340,7 @@ class NamespacePlanner:
                                   f"max_blocks_per_file is {limit}")
 
     def plan_add_block(self, ino: int, blocks: list[dict], block_id: int, gs: int,
-                       commit: dict | None, targets: list[str], now_ns: int) -> tuple[str, dict]:
+                       commit: dict | None, targets: list[str], now_ns: int) -> AddBlock:
         """``blocks``: the file's blocks or at least its last one (``tail_blocks``).
         ``previous`` names the last block even when it was committed by an earlier call,
         so the apply marks the block before it COMPLETE (only the last two blocks may be
@@ -352,13 +356,13 @@ class NamespacePlanner:
             previous = {"index": last["index"], "id": last["id"],
                         "num_bytes": commit["num_bytes"] if commit else last["num_bytes"]}
         index = blocks[-1]["index"] + 1 if blocks else 0
-        return "ADD_BLOCK", {"ino": ino, "index": index, "block": {"id": block_id, "gs": gs},
-                             "previous": previous, "targets": list(targets), "time": now_ns}
+        return AddBlock(ino=ino, index=index, block={"id": block_id, "gs": gs},
+                        previous=previous, targets=list(targets), time=now_ns)
 
-    def plan_commit(self, ino: int, block: dict, num_bytes: int) -> tuple[str, dict]:
-        return "UPDATE_BLOCKS", {"ino": ino, "blocks": [{
+    def plan_commit(self, ino: int, block: dict, num_bytes: int) -> UpdateBlocks:
+        return UpdateBlocks(ino=ino, blocks=[{
             "index": block["index"], "id": block["id"], "gs": block["gs"],
-            "num_bytes": num_bytes, "state": COMMITTED}]}
+            "num_bytes": num_bytes, "state": COMMITTED}])
 
     def check_last(self, path: str, blocks: list[dict], last) -> tuple[str, dict | None]:
         """complete's ``last`` against the file: ``("none"|"commit"|"committed", block)``."""
@@ -401,7 +405,7 @@ class NamespacePlanner:
 
     def plan_close(self, ino: int, block: dict | None, num_bytes: int | None,
                    now_ns: int, attrs: dict | None = None,
-                   data: bytes | None = None) -> tuple[str, dict]:
+                   data: bytes | None = None) -> Close:
         """``attrs``: ``{"mtime": ns, "atime": ns, "mode": bits}`` (any may be None) the writer
         set while it wrote, taken instead of the completion's own time and the file's mode
         (checked by ``close_attrs``). ``data``: the file's whole content, kept inline
@@ -410,7 +414,7 @@ class NamespacePlanner:
         if block is not None:
             last = {"index": block["index"], "id": block["id"], "num_bytes": num_bytes}
         extra = {} if data is None else {"data": bytes(data)}
-        return "CLOSE", {"ino": ino, "last": last, "time": now_ns, **(attrs or {}), **extra}
+        return Close(ino=ino, last=last, time=now_ns, **(attrs or {}), **extra)
 
     def check_inline(self, path: str, ino: int, inode: dict, data,
                      op: str = "complete") -> None:
@@ -434,10 +438,10 @@ class NamespacePlanner:
                                   f"in blocks already; {op} its last block instead")
 
     @staticmethod
-    def plan_inline(ino: int, data: bytes) -> tuple[str, dict]:
+    def plan_inline(ino: int, data: bytes) -> Inline:
         """A writer's flush of a file wholly in its buffer: ``data`` becomes the content of
         the still open file, durable and visible to readers (``fsync(data=...)``)."""
-        return "INLINE", {"ino": ino, "data": bytes(data)}
+        return Inline(ino=ino, data=bytes(data))
 
     @staticmethod
     def close_attrs(path: str, mtime_ns, atime_ns, permission) -> dict | None:
@@ -451,7 +455,7 @@ class NamespacePlanner:
                                                           f"complete {path}: permission")
         return {"mtime": mtime_ns, "atime": atime_ns, "mode": mode}
 
-    def plan_abandon(self, path: str, ino: int, blocks: list[dict], block) -> tuple[str, dict] | None:
+    def plan_abandon(self, path: str, ino: int, blocks: list[dict], block) -> AbandonBlock | None:
         check_block_ref(block, f"abandon_block {path}: block")
         match = [b for b in blocks if b["id"] == block["id"]]
         if not match:
@@ -459,37 +463,38 @@ class NamespacePlanner:
         if match[0] is not blocks[-1] or match[0]["state"] != UNDER_CONSTRUCTION:
             raise InvalidArgument(f"abandon_block {path}: block {block['id']} is not the "
                                   f"file's last block under construction")
-        return "ABANDON_BLOCK", {"ino": ino, "index": match[0]["index"], "id": block["id"]}
+        return AbandonBlock(ino=ino, index=match[0]["index"], id=block["id"])
 
     def plan_fsync(self, path: str, ino: int, blocks: list[dict],
-                   last_block_length) -> tuple[str, dict] | None:
+                   last_block_length) -> Fsync | None:
         check_int(last_block_length, f"fsync {path}: last_block_length", low=0)
         if not blocks or blocks[-1]["state"] != UNDER_CONSTRUCTION:
             return None
         last = blocks[-1]
         if last_block_length <= last["num_bytes"]:
             return None
-        return "FSYNC", {"ino": ino, "index": last["index"], "id": last["id"],
-                         "num_bytes": last_block_length}
+        return Fsync(ino=ino, index=last["index"], id=last["id"], num_bytes=last_block_length)
 
-    def plan_set_genstamp(self) -> tuple[str, dict]:
-        return "SET_GENSTAMP", {"gs": self.next_genstamp()}
+    def plan_set_genstamp(self) -> SetGenstamp:
+        return SetGenstamp(gs=self.next_genstamp())
 
     # ------------------------------------------------------------------ leases
-    def plan_reassign_lease(self, ino: int, holder: str) -> tuple[str, dict]:
+    def plan_reassign_lease(self, ino: int, holder: str) -> ReassignLease:
         """Lease recovery hands an open file to ``holder`` (HDFS REASSIGN_LEASE)."""
-        return "REASSIGN_LEASE", {"ino": ino, "holder": holder}
+        return ReassignLease(ino=ino, holder=holder)
 
     def plan_commit_block_sync(self, ino: int, block: dict, gs: int, num_bytes: int, *,
-                               delete: bool, close: bool, now_ns: int) -> tuple[str, dict]:
+                               delete: bool, close: bool, now_ns: int,
+                               targets: list[str] = ABSENT) -> CommitBlockSync:
         """Block recovery finished: the last block gets the recovery id and the agreed
-        length (or goes, when every replica was empty); ``close`` closes the file."""
-        return "COMMIT_BLOCK_SYNC", {"ino": ino, "index": block["index"], "id": block["id"],
-                                     "gs": gs, "num_bytes": num_bytes, "delete": delete,
-                                     "close": close, "time": now_ns}
+        length (or goes, when every replica was empty); ``close`` closes the file;
+        ``targets``: the block servers that finalized it."""
+        return CommitBlockSync(ino=ino, index=block["index"], id=block["id"], gs=gs,
+                               num_bytes=num_bytes, delete=delete, close=close, time=now_ns,
+                               targets=targets)
 
     def plan_truncate(self, path: str, ino: int, inode: dict, new_length, *, holder: str,
-                      client_machine: str = "", now_ns: int) -> tuple[str, dict] | None:
+                      client_machine: str = "", now_ns: int) -> Truncate | None:
         """Truncate a closed file. Blocks wholly past ``new_length`` go; when the new end
         falls inside a block, that block is kept (for block recovery to cut) and the file
         becomes under construction for ``holder``: ``last`` says which block and its new
@@ -518,19 +523,19 @@ class NamespacePlanner:
                                                   + inode["block_size"])
                              * inode.get("replication", 1)
                              - file_charge(self.read, ino, inode))
-        return "TRUNCATE", {"ino": ino, "new_length": new_length, "keep": keep, "last": last,
-                            "holder": holder if last else None,
-                            "client_machine": str(client_machine)[:256], "time": now_ns}
+        return Truncate(ino=ino, new_length=new_length, keep=keep, last=last,
+                        holder=holder if last else None,
+                        client_machine=str(client_machine)[:256], time=now_ns)
 
-    def plan_rewrite(self, ino: int, inode: dict, *, now_ns: int) -> tuple[str, dict]:
+    def plan_rewrite(self, ino: int, inode: dict, *, now_ns: int) -> Truncate:
         """Start a file its holder is writing over, empty: every block (and inline content)
         goes, the file stays under construction for the same holder. A TRUNCATE record to
         0 without a ``last`` block, which leaves the lease alone."""
-        return "TRUNCATE", {"ino": ino, "new_length": 0, "keep": 0, "last": None,
-                            "holder": None, "client_machine": "", "time": now_ns}
+        return Truncate(ino=ino, new_length=0, keep=0, last=None, holder=None,
+                        client_machine="", time=now_ns)
 
     def plan_append(self, ino: int, inode: dict, *, holder: str, client_machine: str = "",
-                    new_gs: int | None, now_ns: int) -> tuple[str, dict]:
+                    new_gs: int | None, now_ns: int) -> Append:
         """Reopen a closed file for ``holder``; a partial last block is reopened under the
         new generation stamp ``new_gs`` (None: the client starts a new block)."""
         last = None
@@ -542,5 +547,5 @@ class NamespacePlanner:
             # the reopened block counts at its full size while it is written again
             self.check_quota(inode["parent"], 0, (inode["block_size"] - b["num_bytes"])
                              * inode.get("replication", 1))
-        return "APPEND", {"ino": ino, "holder": holder, "client_machine": str(client_machine)[:256],
-                          "last": last, "time": now_ns}
+        return Append(ino=ino, holder=holder, client_machine=str(client_machine)[:256],
+                      last=last, time=now_ns)

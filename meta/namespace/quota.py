@@ -170,9 +170,10 @@ class QuotaPlanner:
         return list(self.subtree_usage(ino, inode))
 
     def plan_set_quota(self, path, ns_quota=None, ds_quota=None, *,
-                       now_ns: int) -> tuple[str, dict] | None:
+                       now_ns: int):
         """Set (or with -1 clear) a folder's name and/or space quota; None leaves one as it
-        is (HDFS setQuota(path, nsQuota, dsQuota) with QUOTA_DONT_SET)."""
+        is (HDFS setQuota(path, nsQuota, dsQuota) with QUOTA_DONT_SET). A ``SetQuota`` op,
+        or None when nothing changes."""
         parts, ino, inode, _ = self.resolve(path)
         canonical = paths.join_parts(parts)
         if inode["type"] != DIR:
@@ -188,4 +189,6 @@ class QuotaPlanner:
         usage = None
         if inode.get("quota") is None and (ns != NO_QUOTA or ds != NO_QUOTA):
             usage = list(self.subtree_usage(ino, inode))
-        return "SET_QUOTA", {"ino": ino, "ns": ns, "ds": ds, "usage": usage, "time": now_ns}
+        # imported here: the op's module uses ``file_charge`` from this one
+        from ..journal.ops_namespace import SetQuota
+        return SetQuota(ino=ino, ns=ns, ds=ds, usage=usage, time=now_ns)

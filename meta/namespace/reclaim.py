@@ -42,6 +42,7 @@ from sortedcontainers import SortedSet
 
 from ..journal import keys
 from .args import DIR, FILE
+from ..journal.ops_namespace import Reclaim
 
 
 class ReclaimPlanner:
@@ -136,7 +137,7 @@ class ReclaimPlanner:
             yield keys.parse_dentry_key(key)[1], keys.unpack(raw)
 
     def plan_reclaim(self, budget: int | None = None, *,
-                     stop=None) -> tuple[str, dict] | None:
+                     stop=None) -> Reclaim | None:
         """The next RECLAIM record: at most ``budget`` (default ``delete_chunk``) keys of the
         first orphan subtree, in post-order, so what is left stays a tree hanging from the
         ``O`` key; ``done`` when the root is among them. None when nothing is detached.
@@ -168,8 +169,8 @@ class ReclaimPlanner:
                     entries.append([parent, name])
                 if is_uc and self.kv.get(keys.uc_key(ino)) is not None:
                     uc.append(ino)
-        return "RECLAIM", {"root": root, "blocks": blocks, "inodes": inodes,
-                           "entries": entries, "uc": uc, "done": done}
+        return Reclaim(root=root, blocks=blocks, inodes=inodes, entries=entries, uc=uc,
+                       done=done)
 
     def note_reclaimed(self, effect: dict) -> None:
         """Move the reclaim cursors past what a RECLAIM record removed."""

@@ -20,21 +20,21 @@ from fs.errors import DirectoryNotEmpty, FileExists, FileNotFound, InvalidArgume
     IsDirectory, NotDirectory
 
 from .args import DIR, MAX_RENAMES, check_bool
+from ..journal.ops_namespace import Rename, Renames
 
 
 class RenamePlanner:
     """``plan_rename`` and ``plan_rename_many`` (a mixin of ``Namespace``)."""
 
-    def plan_rename(self, src, dst, overwrite=False, *, now_ns: int) -> tuple[str, dict] | None:
+    def plan_rename(self, src, dst, overwrite=False, *, now_ns: int) -> Rename | None:
         src_parts, dst_parts = paths.split(src), paths.split(dst)
         check_bool(overwrite, f"rename {paths.join_parts(src_parts)} to "
                               f"{paths.join_parts(dst_parts)}: overwrite")
-        args = self._plan_one_rename(src_parts, dst_parts, overwrite, now_ns)
-        return None if args is None else ("RENAME", args)
+        return self._plan_one_rename(src_parts, dst_parts, overwrite, now_ns)
 
     def _plan_one_rename(self, src_parts, dst_parts, overwrite: bool, now_ns: int,
-                         vacated=frozenset()) -> dict | None:
-        """RENAME args for one move; ``vacated`` holds paths an earlier move of the same
+                         vacated=frozenset()) -> Rename | None:
+        """The RENAME of one move; ``vacated`` holds paths an earlier move of the same
         RENAMES record takes away (a destination there is free by then)."""
         s, d = paths.join_parts(src_parts), paths.join_parts(dst_parts)
         what = f"rename {s} to {d}"
@@ -77,10 +77,9 @@ class RenamePlanner:
             self.check_quota(dst_parent, usage[0], usage[1], exclude=shared)
         overwritten = None if overwrite_ino is None else \
             self.detached_usage(dst_parent, overwrite_ino, dst_found[-1][1], detach)
-        return {"src_parent": src_parent, "src_name": src_parts[-1],
-                "dst_parent": dst_parent, "dst_name": dst_parts[-1], "ino": ino,
-                "overwrite": overwrite_ino, "detach": detach, "time": now_ns,
-                "usage": usage, "overwritten_usage": overwritten}
+        return Rename(src_parent=src_parent, src_name=src_parts[-1], dst_parent=dst_parent,
+                      dst_name=dst_parts[-1], ino=ino, overwrite=overwrite_ino, detach=detach,
+                      time=now_ns, usage=usage, overwritten_usage=overwritten)
 
     @staticmethod
     def check_moves(moves, overwrite=False) -> list[tuple[list[str], list[str], bool]]:
@@ -103,7 +102,7 @@ class RenamePlanner:
             out.append((paths.split(move[0]), paths.split(move[1]), own))
         return out
 
-    def plan_rename_many(self, moves, overwrite=False, *, now_ns: int) -> tuple[str, dict] | None:
+    def plan_rename_many(self, moves, overwrite=False, *, now_ns: int) -> Renames | None:
         """One RENAMES record applying every move in order, so the set becomes visible at
         once (a job commit). Moves may free a destination for a later move (old output into
         a trash folder, new output in its place); what would make planning against the
@@ -139,15 +138,15 @@ class RenamePlanner:
                 if d in source_set and d not in vacated:
                     raise InvalidArgument(f"rename_many: {d} is a destination before it is "
                                           f"moved")
-                args = self._plan_one_rename(src_parts, dst_parts, own, now_ns,
-                                             frozenset(vacated))
+                one = self._plan_one_rename(src_parts, dst_parts, own, now_ns,
+                                            frozenset(vacated))
                 vacated.add(s)
-                if args is not None:
-                    planned.append(args)
-                    if args["usage"]:
-                        self.pend_usage(args["src_parent"], args["dst_parent"], args["usage"])
+                if one is not None:
+                    planned.append(one)
+                    if one.usage:
+                        self.pend_usage(one.src_parent, one.dst_parent, one.usage)
         finally:
             self.pending_usage = None
         if not planned:
             return None
-        return "RENAMES", {"renames": planned, "time": now_ns}
+        return Renames(renames=tuple(planned), time=now_ns)

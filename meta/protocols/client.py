@@ -46,6 +46,7 @@ from ..blocks import blocks as bm
 from ..blocks.blocks import BlockInfo
 from ..namespace.locks import LOCK_WRITE, lock_set
 from ..namespace.namespace import DIR, FILE, SYMLINK, check_bool, check_int, check_name
+from ..journal.ops_blocks import AddBlock, UpdateBlocks
 from ..namespace.permissions import READ, WRITE
 
 #: seconds ``complete`` waits for the report of the last block's first replica before it
@@ -136,14 +137,14 @@ class ClientProtocol:
                 canonical, holder=client_name, client_machine=ctx.peer, overwrite=overwrite,
                 create_parent=create_parent, replication=replication, block_size=block_size,
                 permission=permission, owner=new_owner, group=new_group, now_ns=wall)
-            ino = plan[1]["ino"]
+            ino = plan.ino
             block = None
             if first_block:
                 # no node to place it on: the file is created without it, and the writer's
                 # own add_block meets the cause when a packet is due
                 try:
-                    block = self._plan_block(ctx, canonical, ino, plan[1]["replication"],
-                                             plan[1]["block_size"], [], None, ())
+                    block = self._plan_block(ctx, canonical, ino, plan.replication,
+                                             plan.block_size, [], None, ())
                 except LeaseFSError as exc:
                     log.info("create %s: no first block: %s", canonical, exc)
             # the first block's record goes in the create's batch: one fsync for both
@@ -171,7 +172,7 @@ class ClientProtocol:
             plan = self.ns.plan_symlink(target, canonical, create_parent=create_parent,
                                         owner=new_owner, group=new_group, now_ns=wall)
             await self.log_plan(plan, durable=ctx.sync_metadata)
-            ino = plan[1]["ino"]
+            ino = plan.ino
             status = self.ns.status(canonical, ino, self.ns.get_inode(ino))
             return self._changed(canonical, status) if want_status else status
         return await self.with_ancestor_locks(f"symlink {canonical}", parts, body)
@@ -219,7 +220,7 @@ class ClientProtocol:
             return self._located_new(ctx, block, offset)
 
     def _plan_block(self, ctx, current: str, ino: int, replication: int, block_size: int,
-                    blocks: list, commit: dict | None, excluded) -> tuple[tuple, dict]:
+                    blocks: list, commit: dict | None, excluded) -> tuple[AddBlock, dict]:
         """The file's next block on chosen nodes: its ADD_BLOCK plan and the block. The
         caller holds the file's lock, has checked the writer and the previous block, and
         journals the plan."""
@@ -412,17 +413,17 @@ class ClientProtocol:
         block_id, info, path = self._pipeline_block(what, block)
         async with self.file_lock(f"{what} {path}", path, info.ino) as current:
             last = self._writer_last_block(what, current, info.ino, block_id, client_name)
-            op, args = self.ns.plan_set_genstamp()
-            await self.journal.log(op, args)
-            log.info("%s: new generation stamp %d for block %d of %s", what, args["gs"],
+            stamp = self.ns.plan_set_genstamp()
+            await self.journal.log(stamp)
+            log.info("%s: new generation stamp %d for block %d of %s", what, stamp.gs,
                      block_id, current)
-            answer = {"block": {"id": block_id, "gs": args["gs"],
+            answer = {"block": {"id": block_id, "gs": stamp.gs,
                                 "num_bytes": last["num_bytes"]},
                       "locations": [loc for loc in map(self.location, info.location_nodes())
                                     if loc is not None]}
             # the recovered pipeline is set up under the new stamp: a write token for it
             # (also how a writer whose token expired gets a fresh one)
-            token = self.block_token(block_id, args["gs"], self.token_user(ctx), WRITE_TOKEN)
+            token = self.block_token(block_id, stamp.gs, self.token_user(ctx), WRITE_TOKEN)
             if token is not None:
                 answer["token"] = token
             return answer
@@ -467,9 +468,9 @@ class ClientProtocol:
                                       f"{last['num_bytes']} to {new_length}")
             inode = self.ns.get_inode(info.ino)
             self.ns.check_block_length(current, inode, new_length)
-            await self.journal.log("UPDATE_BLOCKS", {"ino": info.ino, "blocks": [{
+            await self.journal.log(UpdateBlocks(ino=info.ino, blocks=[{
                 "index": last["index"], "id": block_id, "gs": new_gs, "num_bytes": new_length,
-                "state": bm.UNDER_CONSTRUCTION}]})
+                "state": bm.UNDER_CONSTRUCTION}]))
             self.blocks.update_pipeline(block_id, new_gs, new_length, node_ids)
             log.info("%s: stamp %d -> %d, length %d, pipeline %s", where, old_gs, new_gs,
                      new_length, node_ids)
@@ -575,7 +576,7 @@ class ClientProtocol:
             if plan is None:
                 return True
             await self.log_plan(plan)
-            last = plan[1]["last"]
+            last = plan.last
             if last is None:
                 return True
             await self.start_block_recovery(canonical, ino, last,
@@ -598,7 +599,7 @@ class ClientProtocol:
             await self.log_plan(plan)
             inode = self.ns.get_inode(ino)
             last_block = None
-            last = plan[1]["last"]
+            last = plan.last
             if last is not None:
                 block = {**self.ns.tail_blocks(ino, inode, 1)[-1]}
                 offset = inode.get("length", 0) - block["num_bytes"]

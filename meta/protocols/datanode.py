@@ -301,11 +301,9 @@ class DatanodeProtocol:
             if not delete_block:
                 self.ns.check_block_length(current, inode, new_length)
             _, wall = self.now()
-            op, args = self.ns.plan_commit_block_sync(
+            await self.journal.log(self.ns.plan_commit_block_sync(
                 rec.ino, tail[-1], recovery_id, 0 if delete_block else new_length,
-                delete=delete_block, close=close_file, now_ns=wall)
-            args["targets"] = list(new_targets)
-            await self.journal.log(op, args)
+                delete=delete_block, close=close_file, now_ns=wall, targets=list(new_targets)))
             log.info("block recovery of %s block %d committed: gs %d, length %d%s%s", current,
                      block_id, recovery_id, new_length, ", block dropped" if delete_block else "",
                      ", file closed" if close_file else "")

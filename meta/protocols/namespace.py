@@ -87,7 +87,7 @@ class NamespaceProtocol:
             _, wall = self.now()
             plan = self.ns.plan_rename(s, d, overwrite, now_ns=wall)
             replaced = None
-            if want_status and plan is not None and plan[1]["overwrite"] is not None:
+            if want_status and plan is not None and plan.overwrite is not None:
                 replaced = self.ns.get_file_info(d)
             # the status it replaced is gone once the record is applied: a retry finds it
             # in the record (without overwrite nothing can have been replaced)

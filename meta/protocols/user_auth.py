@@ -49,6 +49,7 @@ from fs.rpc import UNAUTHENTICATED, local_groups, os_groups, user_name
 
 from ..journal import keys
 from ..namespace.namespace import check_name
+from ..journal.ops_tokens import CancelDelegationToken, DelegationToken, RenewDelegationToken
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +256,7 @@ class AuthProtocol:
                         round(wall + self.config.delegation_token_max_lifetime, 3))
         expiry = min(token.max_date, round(wall + self.config.delegation_token_renew_interval,
                                            3))
-        await self.journal.log("DELEGATION_TOKEN", TokenState(token, expiry).to_wire())
+        await self.journal.log(DelegationToken(**TokenState(token, expiry).to_wire()))
         log.info("issued %s (renewer %s) to %s", token.describe(), renewer, to)
         return {"id": token.to_wire(), "password": delegation.password(master, token),
                 "expiry": expiry}
@@ -271,8 +272,7 @@ class AuthProtocol:
         wall = self.wall_ns() / 1e9
         expiry = min(state.token.max_date,
                      round(wall + self.config.delegation_token_renew_interval, 3))
-        await self.journal.log("RENEW_DELEGATION_TOKEN", {"seq": state.token.seq,
-                                                          "expiry": expiry})
+        await self.journal.log(RenewDelegationToken(seq=state.token.seq, expiry=expiry))
         return expiry
 
     async def rpc_cancel_delegation_token(self, ctx, token):
@@ -283,7 +283,7 @@ class AuthProtocol:
         if caller not in (state.token.owner, state.token.renewer, self.superuser):
             raise PermissionDenied(f"{what}: {caller} may not cancel {state.token.describe()} "
                                    f"(its owner, its renewer or the superuser may)")
-        await self.journal.log("CANCEL_DELEGATION_TOKEN", {"seq": state.token.seq})
+        await self.journal.log(CancelDelegationToken(seq=state.token.seq))
         log.info("%s cancelled %s", caller, state.token.describe())
         return True
 
@@ -292,8 +292,7 @@ class AuthProtocol:
         wall = self.wall_ns() / 1e9
         gone = [seq for seq, state in self.tokens.items() if state.expiry < wall]
         if gone:
-            await self.journal.log_many([("CANCEL_DELEGATION_TOKEN", {"seq": seq})
-                                         for seq in gone])
+            await self.journal.log_many([CancelDelegationToken(seq=seq) for seq in gone])
         return len(gone)
 
 
