@@ -19,7 +19,7 @@ from fs.errors import InternalError
 from . import keys
 from . import ops_store as st
 from ..namespace.args import DIR, FILE, SYMLINK
-from ..namespace.quota import file_charge
+from ..namespace.charge import file_charge
 from .ops import ABSENT, Op, given, register
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import logging
 
 from . import keys
 from ..namespace.args import DIR, FILE
-from ..namespace.quota import file_charge
+from ..namespace.charge import file_charge
 from ..namespace.view import ABSENT
 
 log = logging.getLogger(__name__)

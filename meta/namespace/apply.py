@@ -21,7 +21,7 @@ from __future__ import annotations
 from fs.errors import InternalError
 
 from ..journal import keys
-from .quota import file_charge
+from .charge import file_charge
 from ..journal.ops import decode
 from ..journal.ops_store import Txn, charge_usage, inside
 

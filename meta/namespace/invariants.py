@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from ..journal import keys
 from ..blocks.blocks import BlockState
-from .quota import file_charge
+from .charge import file_charge
 from ..journal.ops import OPS, MalformedRecord
 from ..journal.ops_store import Txn, inside   # the batch view apply uses: reads see earlier writes
 

@@ -32,8 +32,9 @@ from fs import paths
 from fs.errors import DSQuotaExceeded, InvalidArgument, NSQuotaExceeded
 
 from ..journal import keys
-from ..blocks.blocks import COMPLETE
+from ..journal.ops_namespace import SetQuota
 from .args import DIR, FILE, is_int
+from .charge import file_charge
 
 NO_QUOTA = -1
 MAX_QUOTA = (1 << 63) - 1
@@ -49,20 +50,6 @@ def byte_desc(n: int) -> str:
     if n % unit == 0:
         return f"{n // unit} {_PREFIXES[step]}B"
     return f"{n / unit:.2f} {_PREFIXES[step]}B"
-
-
-def file_charge(get, ino: int, inode: dict | None) -> int:
-    """The space file ``ino`` holds against a space quota; ``get(key)`` reads a decoded key
-    (a batch's ``Txn.get`` or the view's cached read)."""
-    if inode is None or inode.get("type") != FILE:
-        return 0
-    length = inode.get("length", 0)
-    nblocks = inode.get("nblocks", 0)
-    if nblocks:
-        last = get(keys.block_key(ino, nblocks - 1))
-        if last is not None and last["state"] != COMPLETE:
-            length += inode.get("block_size", 0) - last["num_bytes"]
-    return length * inode.get("replication", 1)
 
 
 def check_quota_value(value, what: str) -> int:
@@ -189,6 +176,4 @@ class QuotaPlanner:
         usage = None
         if inode.get("quota") is None and (ns != NO_QUOTA or ds != NO_QUOTA):
             usage = list(self.subtree_usage(ino, inode))
-        # imported here: the op's module uses ``file_charge`` from this one
-        from ..journal.ops_namespace import SetQuota
         return SetQuota(ino=ino, ns=ns, ds=ds, usage=usage, time=now_ns)

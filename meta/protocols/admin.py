@@ -30,7 +30,8 @@ from ..blocks.blocks import BlockInfo
 from ..blocks import datanodes as dm
 from ..namespace.locks import LOCK_WRITE, lock_set
 from ..namespace.namespace import DIR, SYMLINK, ContentSummary, check_bool, check_int
-from ..namespace.quota import NO_QUOTA, file_charge
+from ..namespace.charge import file_charge
+from ..namespace.quota import NO_QUOTA
 from ..namespace.permissions import READ_EXECUTE
 from ..timeslice import TimeSlice
 

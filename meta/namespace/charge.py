@@ -1,0 +1,28 @@
+"""The space a file holds against a space quota, read from the store's keys.
+
+Why a module of its own: the journal's ops charge and release this space when they apply,
+and the quota planners check it before a record is made; both sides use this one rule, and
+neither has to import the other for it.
+
+Concurrency contract: a pure function of what ``get`` reads.
+"""
+
+from __future__ import annotations
+
+from ..blocks.blocks import COMPLETE
+from ..journal import keys
+from .args import FILE
+
+
+def file_charge(get, ino: int, inode: dict | None) -> int:
+    """The space file ``ino`` holds against a space quota; ``get(key)`` reads a decoded key
+    (a batch's ``Txn.get`` or the view's cached read)."""
+    if inode is None or inode.get("type") != FILE:
+        return 0
+    length = inode.get("length", 0)
+    nblocks = inode.get("nblocks", 0)
+    if nblocks:
+        last = get(keys.block_key(ino, nblocks - 1))
+        if last is not None and last["state"] != COMPLETE:
+            length += inode.get("block_size", 0) - last["num_bytes"]
+    return length * inode.get("replication", 1)
