@@ -70,7 +70,7 @@ class Config:
                                      "answers, is waited for up to data_timeout/rpc_timeout. "
                                      "3 s is about four unanswered retransmissions; a whole "
                                      "number of seconds for idle connections (keepalive); "
-                                     "0 = off (DESIGN.md 'TCP liveness')")
+                                     "0 = off (docs/design/datapath.md 'TCP liveness')")
     data_connect_timeout: float = _s(5.0, "seconds to open a data connection to a block server "
                                      "(TCP connect and TLS handshake) before it counts as "
                                      "unreachable: readers try the next replica, pipeline "
@@ -139,7 +139,7 @@ class Config:
                                    "moment share one fsync; a machine crash can lose this much")
     ha: str = _s("none", "metadata high availability: none (one metadata server) or etcd "
                  "(active + standby + observers; the edit log replicated on etcd, election "
-                 "and fencing by etcd's leader key: docs/DESIGN.md)")
+                 "and fencing by etcd's leader key: docs/design/ha.md)")
     ha_etcd_endpoints: str = _s("http://127.0.0.1:2379", "ha = etcd: comma-separated client "
                                 "URLs of the etcd members")
     ha_prefix: str = _s("/leasefs/default", "ha = etcd: the key prefix of this namespace's "

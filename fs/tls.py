@@ -13,7 +13,7 @@ anything) creates a CA in ``<meta data>/tls/`` (``ca.crt``, ``ca.key`` mode 0600
 its own certificate from it for 127.0.0.1, ::1, localhost, the machine's host name and the
 bind/advertised host. Block servers get theirs from ``cluster up`` (or
 ``leasefs tls issue``): the CA key stays with the metadata server's files and is never read
-by a long-running block server (DESIGN.md "Wire encryption"). ``cluster up --ha`` keeps one
+by a long-running block server (docs/design/security.md "Wire encryption"). ``cluster up --ha`` keeps one
 CA in ``<home>/tls/`` and issues every metadata server's certificate too
 (``server_settings``), so that one CA file verifies them all.
 

@@ -37,7 +37,7 @@ stamp, ``get_additional_datanode`` a copy token for the replacement's TRANSFER_B
 setup refused for its token (``create``'s first block, used long after) abandons the block
 without blaming the node and takes a new one, with a fresh token.
 
-Pipeline recovery (``_recover_pipeline``, docs/DESIGN.md "Pipeline recovery"): a pipeline
+Pipeline recovery (``_recover_pipeline``, docs/design/datapath.md "Pipeline recovery"): a pipeline
 that fails through one of its nodes records which (``bad_index``); the writer's next send or
 wait drops that node, gets a new stamp (``update_block_for_pipeline``), adds a replacement
 when the replace-datanode policy says so (``get_additional_datanode`` + TRANSFER_RBW from a

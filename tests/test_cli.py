@@ -724,6 +724,15 @@ def test_check_journal_reports_ok_and_corruption(cluster, env, tmp_path):
     assert "offset" in line
 
 
+def test_design_index_links_every_design_page():
+    """docs/DESIGN.md is the index of docs/design/: every page it links exists and every
+    page there is linked (a page nobody can reach from the index is lost)."""
+    index = (REPO / "docs" / "DESIGN.md").read_text()
+    linked = set(re.findall(r"\(design/([a-z]+\.md)\)", index))
+    present = {p.name for p in (REPO / "docs" / "design").glob("*.md")}
+    assert linked == present, (linked, present)
+
+
 def test_readme_starts_with_make_and_has_current_settings_table():
     from tools.docgen import replace_table
 

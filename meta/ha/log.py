@@ -7,7 +7,7 @@ native gRPC ``Watch`` stream (``meta/ha/etcdgrpc.py``: a third less of etcd's CP
 append's latency than through the JSON gateway, and a watch etcd ends when its member
 loses the raft leader); the other calls (election, reads, leases) go through etcd's JSON
 gateway (``/v3/kv/txn``, ``/v3/kv/range``, ``/v3/lease/*``; keys and values base64) with
-the lean client of ``meta/ha/etcdhttp.py``. All on trio. See docs/DESIGN.md, "Metadata HA
+the lean client of ``meta/ha/etcdhttp.py``. All on trio. See docs/design/ha.md, "Metadata HA
 engine".
 
 Keys under ``prefix`` (e.g. ``/leasefs/ns1``)::

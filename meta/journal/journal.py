@@ -26,7 +26,7 @@ something the namespace will not keep passes it as ``kept``, added next to it as
 ``"rpc_kept"`` (``meta.journal.ops.RPC_KEPT``) for a retry's answer.
 
 Written or durable acknowledgement. ``log(..., durable=False)`` (the namespace changes of a
-client that asked for local-filesystem semantics, see ``sync_metadata`` in DESIGN.md) returns
+client that asked for local-filesystem semantics, see ``sync_metadata`` in docs/design/metadata.md) returns
 once its record is written to the segment (the page cache: a crash of this process loses
 nothing) and applied; the fsync follows in the background (``_background_sync``) within
 ``sync_delay`` (5 ms: writes of that moment share one fsync), so a machine crash loses at
