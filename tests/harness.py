@@ -14,9 +14,11 @@ from __future__ import annotations
 import errno
 import keyword
 import os
+import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,7 +34,6 @@ from fs import tls as tlsmod
 from fs.config import Config
 from fs.client import authentication
 from fs.rpc import RpcClient, format_address
-from tools.etcd import free_port as etcd_free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,14 +54,50 @@ TEST_SETTINGS = {
 
 def free_port() -> int:
     """A free TCP port BELOW the kernel's ephemeral range, never one this process was
-    handed before (``tools.etcd.free_port``).
+    handed before, and under pytest-xdist only from this worker's own slice of that range.
 
     Servers that tests restart must come back on the same port. A port handed out by
     ``bind(0)`` lies in the ephemeral range, where the clients that keep reconnecting to the
     dead server may get that very number as their source port (a TCP self-connect) and hold
     it, so the restart fails with EADDRINUSE. Below the range no outgoing socket ever gets it.
+    The port is only probed, not held, until its server binds it: the per-worker slices keep
+    parallel workers (``make test-fast``) from being handed the same number between probe
+    and bind.
     """
-    return etcd_free_port()
+    ports = _port_slice()
+    if len(_handed_out) > len(ports) // 2:
+        _handed_out.clear()
+    for _ in range(200):
+        port = random.choice(ports)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port found in {ports}")
+
+
+_handed_out: set[int] = set()
+
+
+def _port_slice(low: int = 10000) -> range:
+    """10000 up to the ephemeral range; under xdist, worker ``gwN``'s Nth of it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            high = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32768
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw"):
+        count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        width = (high - low) // max(count, 1)
+        low += int(worker[2:]) * width
+        high = low + width
+    return range(low, high)
 
 
 async def wait_cluster_ready(meta_address: str, n_live: int, timeout: float = 30.0,
