@@ -53,35 +53,43 @@ TEST_SETTINGS = {
 
 
 def free_port() -> int:
-    """A free TCP port BELOW the kernel's ephemeral range, never one this process was
-    handed before, and under pytest-xdist only from this worker's own slice of that range.
+    """A free TCP port BELOW the kernel's ephemeral range, held for this process until the
+    test ends (``release_ports``); under pytest-xdist from this worker's own slice.
 
     Servers that tests restart must come back on the same port. A port handed out by
     ``bind(0)`` lies in the ephemeral range, where the clients that keep reconnecting to the
     dead server may get that very number as their source port (a TCP self-connect) and hold
     it, so the restart fails with EADDRINUSE. Below the range no outgoing socket ever gets it.
-    The port is only probed, not held, until its server binds it: the per-worker slices keep
-    parallel workers (``make test-fast``) from being handed the same number between probe
-    and bind.
+    The port is held by a socket bound to it exclusively, then marked SO_REUSEADDR: servers
+    (which all set SO_REUSEADDR) can bind and listen beside it, while every other process's
+    probe (this one, ``tools.etcd.free_port``: a bind without SO_REUSEADDR) finds it taken,
+    so parallel workers and other test runs on the machine never get the same number.
     """
     ports = _port_slice()
-    if len(_handed_out) > len(ports) // 2:
-        _handed_out.clear()
     for _ in range(200):
         port = random.choice(ports)
-        if port in _handed_out:
+        if port in _held:
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+            continue
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        _held[port] = sock
         return port
     raise RuntimeError(f"no free port found in {ports}")
 
 
-_handed_out: set[int] = set()
+def release_ports() -> None:
+    """Let go of the ports ``free_port`` handed out (after each test: tests/conftest.py)."""
+    for sock in _held.values():
+        sock.close()
+    _held.clear()
+
+
+_held: dict[int, socket.socket] = {}
 
 
 def _port_slice(low: int = 10000) -> range:
