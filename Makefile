@@ -21,7 +21,7 @@ VENV        ?= .venv
 EXTRAS      ?= test,fuse,spark
 PYTEST_ARGS ?=
 # the fast lane waits more than it computes (sleeps, timeouts, subprocesses): measured on
-# 2 cores, 8 workers finished it fastest of 4, 6 and 8 (docs/TESTING.md)
+# 2 cores, 8 workers finished it faster than 4 or 6 (docs/TESTING.md)
 FAST_WORKERS ?= 8
 UP_ARGS     ?=
 MNT         ?= $(CURDIR)/mnt
