@@ -62,7 +62,7 @@ def free_port() -> int:
     it, so the restart fails with EADDRINUSE. Below the range no outgoing socket ever gets it.
     The port is held by a socket bound to it exclusively, then marked SO_REUSEADDR: servers
     (which all set SO_REUSEADDR) can bind and listen beside it, while every other process's
-    probe (this one, ``tools.etcd.free_port``: a bind without SO_REUSEADDR) finds it taken,
+    probe (this one, the etcd tooling's ``free_port``: a bind without SO_REUSEADDR) finds it taken,
     so parallel workers and other test runs on the machine never get the same number.
     """
     ports = _port_slice()
