@@ -138,6 +138,7 @@ def pytest_runtest_teardown(item, nextitem):
         result = yield
     finally:
         harness.RUNNING_TEST = None
+        harness.release_ports()
     found = _unexpected(item)
     if found:
         pytest.fail(_complaint(item, found, "while tearing down"), pytrace=False)

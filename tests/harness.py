@@ -14,9 +14,11 @@ from __future__ import annotations
 import errno
 import keyword
 import os
+import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,7 +34,6 @@ from fs import tls as tlsmod
 from fs.config import Config
 from fs.client import authentication
 from fs.rpc import RpcClient, format_address
-from tools.cluster.etcd import free_port as etcd_free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,15 +53,59 @@ TEST_SETTINGS = {
 
 
 def free_port() -> int:
-    """A free TCP port BELOW the kernel's ephemeral range, never one this process was
-    handed before (``tools.cluster.etcd.free_port``).
+    """A free TCP port BELOW the kernel's ephemeral range, held for this process until the
+    test ends (``release_ports``); under pytest-xdist from this worker's own slice.
 
     Servers that tests restart must come back on the same port. A port handed out by
     ``bind(0)`` lies in the ephemeral range, where the clients that keep reconnecting to the
     dead server may get that very number as their source port (a TCP self-connect) and hold
     it, so the restart fails with EADDRINUSE. Below the range no outgoing socket ever gets it.
+    The port is held by a socket bound to it exclusively, then marked SO_REUSEADDR: servers
+    (which all set SO_REUSEADDR) can bind and listen beside it, while every other process's
+    probe (this one, the etcd tooling's ``free_port``: a bind without SO_REUSEADDR) finds it taken,
+    so parallel workers and other test runs on the machine never get the same number.
     """
-    return etcd_free_port()
+    ports = _port_slice()
+    for _ in range(200):
+        port = random.choice(ports)
+        if port in _held:
+            continue
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+            continue
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        _held[port] = sock
+        return port
+    raise RuntimeError(f"no free port found in {ports}")
+
+
+def release_ports() -> None:
+    """Let go of the ports ``free_port`` handed out (after each test: tests/conftest.py)."""
+    for sock in _held.values():
+        sock.close()
+    _held.clear()
+
+
+_held: dict[int, socket.socket] = {}
+
+
+def _port_slice(low: int = 10000) -> range:
+    """10000 up to the ephemeral range; under xdist, worker ``gwN``'s Nth of it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            high = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32768
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw"):
+        count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        width = (high - low) // max(count, 1)
+        low += int(worker[2:]) * width
+        high = low + width
+    return range(low, high)
 
 
 async def wait_cluster_ready(meta_address: str, n_live: int, timeout: float = 30.0,

@@ -157,6 +157,10 @@ def test_block_servers_report_to_every_server_and_obey_only_the_newest_active(tm
                                        (replicas_on(m, i) for i in ids.values())),
                            "both blocks maps to list 3 replicas of every block")
             await wait_for(lambda: not a.safemode.on and not b.safemode.on, "safe mode off")
+            # a server lists a node's replicas before the node has read its answers
+            await wait_for(lambda: all(x.registered for n in nodes for x in n.heartbeat.actors)
+                           and all(n.heartbeat.full_reports_sent >= 2 for n in nodes),
+                           "every block server's registration and report to both to finish")
             for node in nodes:
                 assert [x.registered for x in node.heartbeat.actors] == [True, True]
                 assert node.heartbeat.active_epoch == 2

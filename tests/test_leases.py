@@ -409,8 +409,13 @@ def test_5_rename_of_open_file_and_parent_keeps_one_lease(tmp_path):
 
 
 def test_6_writers_survive_two_metadata_server_restarts(tmp_path):
+    # the restarted server starts its leases' clocks when it loads them, before it listens:
+    # on a busy machine that gap passed LIMITS' 1 s soft limit, and b's create then began a
+    # recovery of a live writer's file; nothing here waits for a lease to expire
+    limits = {**LIMITS, "lease_soft_limit": 10.0, "lease_hard_limit": 30.0}
+
     async def main():
-        async with inprocess_cluster(tmp_path, **LIMITS) as cluster:
+        async with inprocess_cluster(tmp_path, **limits) as cluster:
             async with cluster.client() as a, cluster.client() as b:
                 one, two = payload(2 * BLOCK + 10, seed=61), payload(BLOCK + 4000, seed=62)
                 s1, s2 = await a.create("/r/one"), await a.create("/r/two")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import time
 
+import pytest
 import trio
 
 from fs.rpc import CallContext
@@ -21,6 +22,10 @@ from test_meta_server import inprocess_meta
 
 N_FILES = 20_000
 CTX = CallContext(client_id="t", peer="127.0.0.1:1", call_id=None)
+
+# a cost measurement over 40 000 files: the longest CPU-bound test, and its bound on how late
+# calls are answered is wall time, which a lane of parallel workers would be measuring too
+pytestmark = pytest.mark.slow
 
 
 class StepTimes(trio.abc.Instrument):
