@@ -316,6 +316,15 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         self.rebuild_memory()
         self.startup.move(Phase.RUNNING, self.wall_ns() / 1e9)
 
+    def began_serving(self) -> None:
+        """The server listens now: every lease counts from here. Loading a large namespace
+        (or a slow machine) may take longer than the soft limit between the leases' rebuild
+        and the first call a holder can make; its file must not be recoverable by another
+        client for a wait that was the server's."""
+        renewed = self.leases.renew_all(self.clock())
+        if renewed:
+            log.info("serving: %d lease(s) renewed from now", renewed)
+
     async def format_if_new(self) -> None:
         """A new namespace gets its FORMAT record (a random namespace id) as its first."""
         if not self.ns.formatted:

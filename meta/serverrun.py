@@ -163,6 +163,8 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
                 serve_tcp, handler, host, port, name="metadata server", limits=limits,
                 refusal=rpc_refusal, tls=server_tls, unauthenticated=unauthenticated))
             bound[:] = [address, http_bound[1] if http_bound else 0]
+            if server.ha is None:   # an HA server renews them when it becomes active
+                server.began_serving()
             if not local:
                 local = local_socket_name(config.meta_socket, address)
                 if local:

@@ -171,6 +171,11 @@ def test_lease_manager_add_renew_remove_and_expiry():
     lm.rebuild({1: "x", 2: "x", 3: "y"}, now=300)
     assert lm.open_files() == 3 and lm.lease_of("x").files == {1, 2}
     assert lm.expired_soft(now=305) == []
+    # a server that was slow to start serving renews them all from then
+    assert [lease.holder for lease in lm.expired_soft(now=320)] == ["x", "y"]
+    assert lm.renew_all(now=320) == 2
+    assert lm.expired_soft(now=325) == [] and lm.lease_of("y").last_update == 320
+    assert lm.open_files() == 3 and lm.holder_of(3) == "y"
 
 
 def test_lease_rule_checks_use_hdfs_errors():

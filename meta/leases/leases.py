@@ -89,6 +89,16 @@ class LeaseManager:
         self.sorted_leases.add(lease)
         return True
 
+    def renew_all(self, now: float) -> int:
+        """Renew every lease from ``now`` (a server that begins to serve: its holders had
+        no server to renew with while it was down or starting); how many there are."""
+        leases = list(self.sorted_leases)
+        self.sorted_leases.clear()
+        for lease in leases:
+            lease.last_update = now
+            self.sorted_leases.add(lease)
+        return len(leases)
+
     def remove_file(self, ino: int) -> str | None:
         """The file was closed, deleted or overwritten; a lease with no files is dropped."""
         holder = self.lease_by_ino.pop(ino, None)
