@@ -321,8 +321,11 @@ async def _read_agent(args, config) -> None:
             async for cmd in receive:
                 if cmd["cmd"] == "open":
                     stream = await client.open(path)
-                    _emit(ev="opened", locations=[n["address"]
-                                                  for n in stream.blocks[0].locations])
+                    # the replica it tries first: not one it could not reach in an
+                    # earlier round (the client avoids those for data_avoid_interval)
+                    first = client.avoided.first(stream.blocks[0].locations)
+                    _emit(ev="opened", first=first["address"],
+                          locations=[n["address"] for n in stream.blocks[0].locations])
                 elif cmd["cmd"] == "read":
                     began = time.monotonic()
                     error = f"not read in {cmd['limit']:g} s"
@@ -794,7 +797,7 @@ class Rounds:
         if opened is None:
             raise UsageError(f"the reader did not open its file in {self.settle:g} s; see "
                              f"{agent.log_path}")
-        victim = self.d.host_of(opened["locations"][0])
+        victim = self.d.host_of(opened["first"])
         r = Round("replica", kind, victim)
         mark = agent.mark()
         t0, r.applied_seconds = self.fault(kind, victim)
