@@ -205,6 +205,9 @@ def test_block_transition_table():
     assert next_state(bm.COMMITTED, bm.MIN_REPLICATED) == bm.COMPLETE
     assert next_state(bm.UNDER_CONSTRUCTION, bm.START_RECOVERY) == bm.UNDER_RECOVERY
     assert next_state(bm.UNDER_RECOVERY, bm.RECOVERED) == bm.COMMITTED
+    with pytest.raises(errors.InvalidArgument,
+                       match="cannot end the recovery of a block that is COMPLETE"):
+        next_state(bm.COMPLETE, bm.RECOVERED)
     with pytest.raises(errors.InvalidArgument, match="cannot commit a block that is UNDER_RECOVERY"):
         next_state(bm.UNDER_RECOVERY, bm.COMMIT)
     with pytest.raises(errors.InvalidArgument):
@@ -231,10 +234,10 @@ def test_journaled_block_changes_go_through_the_table():
     assert (m.get(1).state, m.get(1).gs, m.get(1).num_bytes) == (bm.UNDER_CONSTRUCTION, 6, 10)
     m.close(1, 12)
     assert (m.get(1).state, m.get(1).num_bytes) == (bm.COMPLETE, 12)
-    with pytest.raises(errors.InvalidArgument, match="block 1: cannot update pipeline a block "
+    with pytest.raises(errors.InvalidArgument, match="block 1: cannot update the pipeline of a block "
                                                      "that is COMPLETE"):
         m.pipeline_updated(1, 7, 20)
-    with pytest.raises(errors.InvalidArgument, match="block 1: cannot recovered"):
+    with pytest.raises(errors.InvalidArgument, match="block 1: cannot end the recovery of a block"):
         m.recovered(1, gs=8, num_bytes=4, close=False, finalized_on=[])
     assert (m.get(1).state, m.get(1).gs, m.get(1).num_bytes) == (bm.COMPLETE, 6, 12)
     m.truncate(1, 4)

@@ -140,11 +140,19 @@ CORRUPT = "corrupt"
 PENDING = "pending"
 
 
+#: how a refusal names the events whose names are not verbs
+_VERBS = {BlockEvent.MIN_REPLICATED: "complete (min replicated)",
+          BlockEvent.START_RECOVERY: "start the recovery of",
+          BlockEvent.RECOVERED: "end the recovery of",
+          BlockEvent.UPDATE_PIPELINE: "update the pipeline of"}
+
+
 def next_state(state: BlockState, event: BlockEvent, *, what: str = "block") -> BlockState:
     """Next state of a block, or ``InvalidArgument`` naming the refused transition."""
     nxt = TRANSITIONS.get((state, event))
     if nxt is None:
-        raise InvalidArgument(f"{what}: cannot {event.replace('_', ' ')} a block that is {state}")
+        raise InvalidArgument(f"{what}: cannot {_VERBS.get(event, event.replace('_', ' '))} "
+                              f"a block that is {state}")
     return nxt
 
 
