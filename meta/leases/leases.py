@@ -92,12 +92,10 @@ class LeaseManager:
     def renew_all(self, now: float) -> int:
         """Renew every lease from ``now`` (a server that begins to serve: its holders had
         no server to renew with while it was down or starting); how many there are."""
-        leases = list(self.sorted_leases)
-        self.sorted_leases.clear()
-        for lease in leases:
-            lease.last_update = now
-            self.sorted_leases.add(lease)
-        return len(leases)
+        holders = list(self.leases)
+        for holder in holders:
+            self.renew(holder, now)
+        return len(holders)
 
     def remove_file(self, ino: int) -> str | None:
         """The file was closed, deleted or overwritten; a lease with no files is dropped."""
