@@ -416,6 +416,29 @@ def test_stopped_pipeline_node_is_waited_for(tmp_path):
         assert client.open("/g").read() == head + body
 
 
+def _read_past_a_cut(hc, script: str, path: str, **env) -> tuple[float, str]:
+    """Run ``script`` on host c0 (``env``: settings on top of the client environment): it
+    prints the replica that matters, waits for a line, reads ``path`` and prints the
+    seconds its read took and the bytes' sha256. That replica's host is isolated before
+    the line is sent."""
+    reader = hc.hosts.popen("c0", [sys.executable, "-c", script, path],
+                            env={**hc.env("c0"), **env}, cwd=REPO, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        replica = reader.stdout.readline().strip()
+        assert replica, "the reader printed no replica"
+        hc.hosts.isolate(_storage_host(hc, replica))
+        reader.stdin.write("go\n")
+        reader.stdin.flush()
+        took, digest = reader.stdout.readline().split()
+        assert reader.wait(60) == 0
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+    return float(took), digest
+
+
 _SLOW_READER = r"""
 import hashlib, sys, time
 from fs.client import Client
@@ -457,27 +480,13 @@ def test_reader_does_not_wait_out_the_connect_timeout_on_a_host_that_is_cut_off(
             Client(hc.meta_address, config=hc.config()) as client:
         with client.create("/f", replication=3) as out:
             out.write(data)
-        env = {**hc.env("c0"), "LEASEFS_DATA_CONNECT_TIMEOUT": str(connect_timeout)}
-        reader = hc.hosts.popen("c0", [sys.executable, "-c", _FIRST_REPLICA_READER, "/f"],
-                                env=env, cwd=REPO, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
-        try:
-            first = reader.stdout.readline().strip()
-            assert first, "the reader printed no replica"
-            hc.hosts.isolate(_storage_host(hc, first))
-            reader.stdin.write("go\n")
-            reader.stdin.flush()
-            took, digest = reader.stdout.readline().split()
-            assert reader.wait(60) == 0
-        finally:
-            if reader.poll() is None:
-                reader.kill()
-                reader.wait()
-        print(f"read with its first replica's host cut off: {float(took):.1f} s "
+        took, digest = _read_past_a_cut(hc, _FIRST_REPLICA_READER, "/f",
+                                        LEASEFS_DATA_CONNECT_TIMEOUT=str(connect_timeout))
+        print(f"read with its first replica's host cut off: {took:.1f} s "
               f"(tcp_liveness_timeout {liveness:g} s, data_connect_timeout {connect_timeout:g} s)")
         assert digest == hashlib.sha256(data).hexdigest()
-        assert float(took) < liveness + 4 < connect_timeout, \
-            f"the reader waited {float(took):.1f} s to connect to the cut-off replica"
+        assert took < liveness + 4 < connect_timeout, \
+            f"the reader waited {took:.1f} s to connect to the cut-off replica"
 
 
 def test_reader_leaves_a_replica_whose_host_goes_silent(tmp_path):
@@ -493,22 +502,9 @@ def test_reader_leaves_a_replica_whose_host_goes_silent(tmp_path):
             Client(hc.meta_address, config=hc.config()) as client:
         with client.create("/r", replication=3, block_size=64 * MiB) as out:
             out.write(data)
-        reader = hc.popen("c0", [sys.executable, "-c", _SLOW_READER, "/r"],
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        try:
-            replica = reader.stdout.readline().strip()
-            assert replica, "the reader printed no replica"
-            hc.hosts.isolate(_storage_host(hc, replica))
-            reader.stdin.write("go\n")
-            reader.stdin.flush()
-            took, digest = reader.stdout.readline().split()
-            assert reader.wait(60) == 0
-        finally:
-            if reader.poll() is None:
-                reader.kill()
-                reader.wait()
-        print(f"rest of the read after its replica's host was cut off: {float(took):.1f} s "
+        took, digest = _read_past_a_cut(hc, _SLOW_READER, "/r")
+        print(f"rest of the read after its replica's host was cut off: {took:.1f} s "
               f"(tcp_liveness_timeout {liveness:g} s, data_timeout {data_timeout:g} s)")
         assert digest == hashlib.sha256(data).hexdigest()
-        assert float(took) <= liveness + 2 * MARGIN < data_timeout, \
-            f"the reader waited {float(took):.1f} s on the silent replica"
+        assert took <= liveness + 2 * MARGIN < data_timeout, \
+            f"the reader waited {took:.1f} s on the silent replica"
