@@ -34,8 +34,8 @@ write through was already in flight at that moment is reported too:
    to replace it). The writer writes 8 KiB and hflushes every ``--interval`` s into a file
    it starts anew before each round; figure: from the fault to the end of the first
    acknowledged hflush that ends after it.
-3. ``replica``: the first replica holder of a file (``--read-size``, one block) as a reader
-   that opened the file before the fault sees it (the locations are those it tries first).
+3. ``replica``: the replica holder a reader that opened the file (``--read-size``, one block)
+   before the fault will try first (not one it could not reach in an earlier round).
    Figure: from the fault to the end of the whole read, its bytes checked.
 
 A round that does not get its write or read through in ``--round-timeout`` s is said to
@@ -324,8 +324,7 @@ async def _read_agent(args, config) -> None:
                     # the replica it tries first: not one it could not reach in an
                     # earlier round (the client avoids those for data_avoid_interval)
                     first = client.avoided.first(stream.blocks[0].locations)
-                    _emit(ev="opened", first=first["address"],
-                          locations=[n["address"] for n in stream.blocks[0].locations])
+                    _emit(ev="opened", first=first["address"])
                 elif cmd["cmd"] == "read":
                     began = time.monotonic()
                     error = f"not read in {cmd['limit']:g} s"
