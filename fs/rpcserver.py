@@ -81,8 +81,14 @@ class Dispatcher:
         the metadata server's applied journal txid; 0 for servers without one."""
         return 0
 
+    def handlers(self) -> tuple:
+        """The objects whose ``rpc_<method>`` methods this dispatcher serves, the first that
+        has a method wins: the dispatcher itself, unless a server composed of front ends
+        names them."""
+        return (self,)
+
     def methods(self) -> list[str]:
-        return sorted(n[4:] for n in dir(self) if n.startswith("rpc_"))
+        return sorted({n[4:] for h in self.handlers() for n in dir(h) if n.startswith("rpc_")})
 
     # Who a connection is. This base believes what the peer states (HDFS simple
     # authentication); a server with authentication overrides the three hooks.
@@ -149,7 +155,8 @@ class Dispatcher:
         getFileInfo); ``UnknownMethod`` for a name that is none."""
         if not isinstance(method, str) or not method.isidentifier():
             raise UnknownMethod(f"method name must be a string identifier, got {brief(method, 80)}")
-        handler = getattr(self, "rpc_" + method, None)
+        name = "rpc_" + method
+        handler = next((getattr(h, name) for h in self.handlers() if hasattr(h, name)), None)
         if handler is None:
             raise UnknownMethod(f"unknown method {method!r}")
         params = list(inspect.signature(handler).parameters.values())[1:]   # ctx

@@ -39,7 +39,7 @@ class Monitors:
     async def checkpoint(self) -> dict:
         """Roll the journal, make LevelDB durable with the checkpoint recorded in it, purge
         old segments (global write lock; see checkpoint.py)."""
-        await self.global_lock.acquire(True)
+        await self.locking.global_lock.acquire(True)
         try:
             await self.journal.roll()
             info = CheckpointInfo(self.ns.applied_txid, self.wall_ns())
@@ -50,9 +50,9 @@ class Monitors:
             self.checkpoints += 1
             log.info("checkpoint at txid %d; purged %d journal segments", info.txid, len(removed))
         finally:
-            self.global_lock.release(True)
-        if self.ha is not None:
-            await self.ha.after_checkpoint(info.txid)
+            self.locking.global_lock.release(True)
+        if self.role_view.controller is not None:
+            await self.role_view.controller.after_checkpoint(info.txid)
         return {**self.checkpoint_status(), "purged": removed}
 
     def checkpoint_status(self) -> dict:
@@ -82,7 +82,7 @@ class Monitors:
     async def reclaim_once(self) -> bool:
         """Journal one RECLAIM record (at most ``delete_chunk`` keys of a detached subtree)
         under the global read lock; False when nothing is left to reclaim."""
-        await self.global_lock.acquire(False)
+        await self.locking.global_lock.acquire(False)
         try:
             until = time.perf_counter() + RECLAIM_SLICE
             plan = self.ns.plan_reclaim(stop=lambda: time.perf_counter() >= until)
@@ -94,7 +94,7 @@ class Monitors:
                 log.info("reclaimed the detached subtree of inode %d", plan.root)
             return True
         finally:
-            self.global_lock.release(False)
+            self.locking.global_lock.release(False)
 
     async def _reclaim_monitor(self) -> None:
         """Removes detached subtrees record by record; waits while in safe mode (a server
@@ -122,7 +122,7 @@ class Monitors:
             if self.safemode.on:
                 continue
             try:
-                await self.remove_expired_tokens()
+                await self.security.remove_expired_tokens()
             except LeaseFSError as exc:
                 log.warning("removing expired delegation tokens: %s", exc)
 
@@ -167,8 +167,8 @@ class Monitors:
             await trio.sleep(max(0.05, self.config.lease_monitor_period))
             if not self.safemode.on:
                 try:
-                    await self.release_expired_leases()
-                    await self.retry_stalled_recoveries()
+                    await self.recovery.release_expired_leases()
+                    await self.recovery.retry_stalled_recoveries()
                 except LeaseFSError as exc:
                     log.warning("lease monitor: %s", exc)
 
@@ -192,7 +192,7 @@ class Monitors:
         while True:
             await trio.sleep(period)
             try:
-                await self.replication_pass()
+                await self.redundancy.replication_pass()
             except LeaseFSError as exc:
                 log.warning("replication monitor: %s", exc)
 

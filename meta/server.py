@@ -65,23 +65,24 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from contextlib import asynccontextmanager
-from functools import partial
 
 import trio
 
-from fs import blocktoken, paths, weblog
-from fs.blocktoken import READ as READ_TOKEN, KeyRing
+from fs import blocktoken, weblog
+from fs.blocktoken import KeyRing
 from fs.config import Config
-from fs.errors import InvalidArgument, StandbyError, TryAgain
+from fs.errors import InvalidArgument, StandbyError
 from fs.hastatus import HAStatus, Role
 from fs.metrics import new_registry
 from fs.retry_cache import CallKey
-from fs.rpc import LOCAL_PEER_PREFIX, Dispatcher, RetryCache, current_user
+from fs.rpc import Dispatcher, RetryCache, current_user
 
 from .blocks import blocks as bm
 from .journal import retry_answers
 from .blocks.blocks import BlockInfo, BlocksMap
+from .blocks.locate import Locator
+from .journal.edits import Edits
+from .namespace.access import Access
 from .metrics import MetaMetrics
 from .blocks.datanodes import DatanodeManager
 from .gcpolicy import GcGovernor
@@ -91,14 +92,13 @@ from .journal.checkpoint import CheckpointInfo
 from .journal.journal import Journal
 from .journal.kv import KVStore, PlyvelStore
 from .leases.leases import STALE_HEARTBEATS, LeaseManager
-from .namespace.locks import (LOCK_ANCESTOR, LOCK_READ, FileLock, Mutation, PathLockPool, RWLock,
-                    lock_set, merge)
-from .namespace.namespace import DIR, Defaults, Namespace, check_int, check_name
-from .journal.ops import LAZY_OPS, RPC_CALL, RPC_KEPT, decode, op_name
+from .namespace.locks import NamespaceLocking
+from .namespace.namespace import Defaults, Namespace, check_int
+from .journal.ops import RPC_CALL, RPC_KEPT, decode
 from .blocks.replication import ReplicationQueues
 from .blocks.reports import REPORT_STEP, BlockReports
-from .namespace.permissions import WRITE, Caller, PermissionChecker, clears_only_setid
-from .harole import SERVING
+from .namespace.permissions import PermissionChecker
+from .ha.role import RoleView
 from .blocks.safemode import SafeModeState
 from .startup import Phase, StartupProgress
 from .timeslice import TimeSlice
@@ -114,7 +114,6 @@ from .protocols.user_auth import AuthProtocol, ProxyRules
 log = logging.getLogger(__name__)
 
 REPLAY_CHUNK = 512
-LOCK_RETRIES = 8
 # calls a metadata server takes whatever its HA role: block servers report to every metadata
 # server, connections authenticate first, and the HA calls themselves
 ANY_ROLE_METHODS = frozenset({
@@ -125,8 +124,6 @@ ANY_ROLE_METHODS = frozenset({
 OBSERVER_METHODS = frozenset({
     "get_server_defaults", "get_file_info", "exists", "list_status", "get_block_locations",
     "content_summary"})
-#: the host of a caller on the local socket: this machine, as block servers on it name it
-LOOPBACK_HOST = "127.0.0.1"
 # a handed-out INVALIDATE not reported done after this many heartbeat intervals is resent
 # (its heartbeat reply may have been lost)
 INVALIDATE_RESEND_HEARTBEATS = 10
@@ -179,6 +176,7 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         defaults = Defaults.from_config(config)
         defaults.owner, defaults.group = self.superuser, config.supergroup
         self.ns = Namespace(kv, defaults, cache_entries=config.namespace_cache_entries)
+        self.role_view = RoleView(lambda: self.ns.applied_txid)
         # run by run_meta_server; process-wide, so of several servers in one process (tests)
         # only the first governs
         self.gc_governor = GcGovernor(config.gc_full_collect_interval)
@@ -191,12 +189,19 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
             stale_interval=STALE_HEARTBEATS * config.heartbeat_interval)
         self.safemode = SafeModeState(config.safemode_threshold, config.safemode_extension,
                                       config.safemode_min_storage)
-        self.global_namespace_lock = config.namespace_lock == "global"
-        self.locks = PathLockPool()
-        self.global_lock = RWLock()
         self.journal = Journal(journal_dir, self._apply,
                                keep_segments=config.journal_keep_segments,
                                sync_delay=config.journal_sync_delay)
+        # the services every front end calls; those not yet split out of the role
+        # classes are this object itself
+        self.recovery = self.redundancy = self.monitors = self.security = self
+        # the services every front end calls
+        self.edits = Edits(self.journal)
+        self.access = Access(self.ns, self.permissions, self.superuser)
+        self.locking = NamespaceLocking(
+            existing_depth=self.ns.existing_depth, path_of=self.ns.path_of,
+            safemode_check=self.safemode.check, exclusive=config.namespace_lock == "global")
+        self.locator = Locator(self.ns, self.blocks, self.datanodes, self.security.block_token)
         self._recovering = False
         self.last_checkpoint = CheckpointInfo()   # read from the store by recover()
         self._started_ns = wall_ns()
@@ -204,7 +209,8 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         self.recent_log = weblog.install()   # the web pages' recent log lines
         self._release_logged: set[int] = set()
         self.checkpoints = 0
-        self.reports = self._new_reports()
+        self.reports = BlockReports(self.blocks, self.datanodes, self.update_safemode,
+                                    step=REPORT_STEP, following=lambda: not self.is_active)
         self._reclaim_wakeup = trio.Event()
         self.reclaim_records = 0
         self.recoveries: dict[int, Recovery] = {}            # block id → running recovery
@@ -213,12 +219,12 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
             pending_timeout=config.replication_pending_timeout,
             max_streams=config.replication_max_streams)
         self.transfer_commands: dict[str, list[dict]] = {}   # node → TRANSFER commands
+        # the front ends: the objects whose ``rpc_<method>`` methods serve the calls
+        self.front_ends: tuple = (self,)
         # /metrics: per call (serve_rpc's hook), per journal sync, the rest at scrape time
         self.metrics = MetaMetrics(self)
         self.call_observer = self.metrics.observe_call
         self.journal.sync_observer = self.metrics.observe_sync
-        # ``meta.ha.HAController`` with ha = etcd (set by run_meta_server), None: always active
-        self.ha = None
         # images of the store other servers bootstrap from (``meta.bootstrap``)
         self.images = ImageSource(clock)
 
@@ -332,18 +338,14 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
             await self.journal.log(self.ns.plan_format(namespace_id, self.wall_ns()))
             log.info("formatted a new namespace, id %d", namespace_id)
 
-    def _new_reports(self) -> BlockReports:
-        return BlockReports(self.blocks, self.datanodes, self.update_safemode, step=REPORT_STEP,
-                            following=lambda: not self.is_active)
-
     def rebuild_memory(self) -> None:
-        self.blocks = BlocksMap(self.config.min_replication)
-        self.reports = self._new_reports()
+        self.blocks.clear()
+        self.reports.clear()
         for ino, index, block, replication in self.ns.all_blocks():
             self.blocks.add(BlockInfo(block["id"], ino, index, block["gs"], block["num_bytes"],
                                       block["state"], replication))
         self.leases.rebuild(self.ns.under_construction(), self.clock())
-        self.load_tokens()
+        self.security.load_tokens()
         if len(self.blocks) and self.safemode.min_storage < 1:
             # blocks (even only ones being written) are useless until a block server is back:
             # startup safe mode waits for one, so writers retry (SafeMode) instead of failing
@@ -356,24 +358,25 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
                  self.leases.open_files())
 
     # ================================================================== HA role
-    def ha_status(self) -> HAStatus:
-        """This server's role, epoch, applied txid and lag (``fs.hastatus``)."""
-        if self.ha is None:
-            return HAStatus(applied_txid=self.ns.applied_txid)
-        return self.ha.status()
-
     @property
-    def role(self) -> Role:
-        return Role.ACTIVE if self.ha is None else self.ha.role
+    def ha(self):
+        """The HA controller (``meta.ha.HAController``) with ha = etcd, None: always
+        active; installed by ``run_meta_server``."""
+        return self.role_view.controller
+
+    @ha.setter
+    def ha(self, controller) -> None:
+        self.role_view.controller = controller
+
+    def ha_status(self) -> HAStatus:
+        return self.role_view.status()
 
     @property
     def is_active(self) -> bool:
-        """Only the active server mutates, hands out block-server commands, runs monitors."""
-        return self.ha is None or self.ha.role is Role.ACTIVE
+        return self.role_view.is_active
 
-    @property
-    def serving(self) -> bool:
-        return self.role in SERVING
+    def handlers(self) -> tuple:
+        return self.front_ends
 
     async def dispatch(self, ctx, method, args):
         """A server that is not active refuses every call but the ``ANY_ROLE_METHODS``
@@ -424,7 +427,7 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
 
     async def rpc_ha_failover(self, ctx):
         """``haadmin -failover``: the active gives its term away (superuser only)."""
-        self.permissions.check_superuser(self.caller_of(ctx), "haadmin -failover")
+        self.permissions.check_superuser(self.access.caller_of(ctx), "haadmin -failover")
         if self.ha is None:
             raise StandbyError("ha = none: there is no other metadata server to fail over to")
         return await self.ha.resign()
@@ -436,7 +439,7 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         Only for the cluster's servers (a connection that proved the cluster key) or the
         superuser: the image is everything, permissions included."""
         if ctx.session.get("node") is None:
-            self.permissions.check_superuser(self.caller_of(ctx), "image_read")
+            self.permissions.check_superuser(self.access.caller_of(ctx), "image_read")
         check_int(min_txid, "image_read: min_txid", low=0)
         if session is not None and not isinstance(session, str):
             raise InvalidArgument("image_read: session must be a string")
@@ -518,187 +521,15 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         for ino in effect.get("removed_uc", ()):
             self.lease_ended(ino)
         for block_id in effect.get("removed_blocks", ()):
-            self.forget_recovery(block_id)
+            self.recovery.forget_recovery(block_id)
 
     def forget_recovery(self, block_id: int) -> None:
         rec = self.recoveries.pop(block_id, None)
         if rec is not None and rec.primary is not None:
             self.recover_commands.get(rec.primary, {}).pop(block_id, None)
 
-    # ================================================================== helpers
-    async def log_plan(self, plan, *, durable: bool = True, kept=None) -> int | None:
-        """Journal a plan and wait until it is applied and durable; ``durable=False`` (a
-        client without ``sync_metadata``): applied and written, when its op is in
-        ``LAZY_OPS``. ``kept``: what a retry of the running retry-cached call needs of its
-        answer (``Journal.log_many``)."""
-        if plan is None:
-            return None
-        return await self.journal.log(plan, durable=durable or op_name(plan) not in LAZY_OPS,
-                                      kept=kept)
-
-    async def log_plans(self, plans, *, durable: bool = True) -> None:
-        """Journal several plans in one batch (one fsync), applied in order."""
-        plans = [plan for plan in plans if plan is not None]
-        await self.journal.log_many(plans, durable=durable or any(
-            op_name(plan) not in LAZY_OPS for plan in plans))
-
-    def mutation(self, what: str, wanted: dict, *, check_safemode: bool = True):
-        """``async with``: hold what a mutation needs from validation to its applied journal
-        record: the global lock in read mode + its path locks (``namespace_lock=fine``), or
-        the global lock in write mode alone (``namespace_lock=global``, the comparison
-        baseline)."""
-        return Mutation(self.global_lock, self.locks, self.global_namespace_lock, wanted,
-                        partial(self.safemode.check, what) if check_safemode else None)
-
-    @asynccontextmanager
-    async def reading(self, parts):
-        """For reads that await between store reads (content summary, fsck): LOCK_READ on
-        the path, or the global lock in read mode under ``namespace_lock=global``."""
-        if self.global_namespace_lock:
-            await self.global_lock.acquire(False)
-            try:
-                yield
-            finally:
-                self.global_lock.release(False)
-        else:
-            async with self.locks.hold(lock_set(parts, LOCK_READ)):
-                yield
-
-    async def with_ancestor_locks(self, what: str, parts, body, *, keep_parent_write=True,
-                                  extra: dict | None = None):
-        """Run ``body()`` under LOCK_ANCESTOR for ``parts`` (LOCK_PARENT when the parent
-        exists), re-checking after the wait that no locked-out ancestor vanished."""
-        canonical = paths.join_parts(parts)
-        for _ in range(LOCK_RETRIES):
-            depth = self.ns.existing_depth(canonical)
-            if keep_parent_write:
-                depth = min(depth, max(0, len(parts) - 1))
-            wanted = lock_set(parts, LOCK_ANCESTOR, depth)
-            if extra:
-                wanted = merge(wanted, extra)
-            async with self.mutation(what, wanted):
-                if self.ns.existing_depth(canonical) < depth:
-                    continue   # an ancestor was removed while we waited: lock again
-                return await body()
-        raise TryAgain(f"{what}: the namespace kept changing under the request; try again")
-
-    def file_lock(self, what: str, path: str, ino):
-        """``async with ... as current``: LOCK_WRITE on a file addressed by inode id (its
-        current path) or by path."""
-        return FileLock(partial(self.mutation, what), self.ns.path_of, path, ino,
-                        LOCK_RETRIES, lambda: TryAgain(f"{what}: the file kept moving under "
-                                                       f"the request; try again"))
-
-    # ------------------------------------------------------------------ permissions
-    def caller_of(self, ctx) -> Caller:
-        """The caller's identity; an in-process caller (``ctx.user`` None) acts as the
-        server's own user."""
-        user = getattr(ctx, "user", None)
-        if user is None:
-            return self.permissions.caller(self.superuser)
-        return self.permissions.caller(user, getattr(ctx, "groups", ()))
-
-    def checked_caller(self, ctx) -> Caller | None:
-        """The caller when permission checks apply to it; None (no walk needed) for the
-        superuser or with permissions disabled."""
-        caller = self.caller_of(ctx)
-        return caller if self.permissions.applies_to(caller) else None
-
-    def inode_chain(self, parts) -> list[dict]:
-        """Inodes of the root and the existing leading components of ``parts``."""
-        return [inode for _, inode in self.ns.walk(parts, strict=False)]
-
-    def check_access(self, ctx, parts, **needs) -> None:
-        """``PermissionChecker.check_path`` for the caller of ``ctx`` on ``parts``."""
-        caller = self.checked_caller(ctx)
-        if caller is not None:
-            self.permissions.check_path(caller, parts, self.inode_chain(parts), **needs)
-
-    def check_set_mode(self, ctx, parts, mode) -> None:
-        """chmod's check: the owner (or the superuser); or, for a change that only clears a
-        regular file's setuid/setgid bits, a user who may write it (what POSIX does at a
-        non-owner's write: the FUSE kernel sends it as a mode change by the writer)."""
-        caller = self.checked_caller(ctx)
-        if caller is None:
-            return
-        chain = self.inode_chain(parts)
-        if len(chain) == len(parts) + 1 and clears_only_setid(chain[-1], mode):
-            self.permissions.check_path(caller, parts, chain, access=WRITE)
-        else:
-            self.permissions.check_path(caller, parts, chain, owner=True)
-
-    async def check_subtree(self, caller: Caller, parts, access: int, *,
-                            ignore_empty_dir: bool = False) -> None:
-        """HDFS subAccess: ``access`` on every directory of the subtree at ``parts`` (yields
-        by ``TimeSlice``; the caller's path locks keep it still)."""
-        found = self.ns.walk(parts, strict=False)
-        if len(found) != len(parts) + 1 or found[-1][1]["type"] != DIR:
-            return
-        walk = TimeSlice()
-        for ino, node in self.ns.iter_subtree(*found[-1]):
-            self.permissions.check_sub_access(
-                caller, node, access, lambda: self.ns.path_of(ino) or f"<inode {ino}>",
-                ignore_empty_dir=ignore_empty_dir)
-            await walk.tick()
-
-    def new_owner(self, ctx, what: str, canonical: str, owner, group) -> tuple[str, str | None]:
-        """Owner and group of a new inode (``PermissionChecker.new_owner``)."""
-        owner = check_name(owner, f"{what}: owner", optional=True)
-        group = check_name(group, f"{what}: group", optional=True)
-        return self.permissions.new_owner(self.caller_of(ctx), canonical, owner, group)
-
-    @staticmethod
-    def check_ino(ino, path: str):
-        if ino is None or ino == 0:
-            return None
-        return check_int(ino, f"{path}: ino", low=1)
-
     def now(self) -> tuple[float, int]:
         return self.clock(), self.wall_ns()
-
-    def location(self, node_id: str) -> dict | None:
-        node = self.datanodes.live(node_id)
-        return None if node is None else {"node_id": node.node_id, "address": node.address}
-
-    @staticmethod
-    def caller_host(ctx) -> str | None:
-        """The host a caller runs on, for locality: its TCP peer's address; a caller on the
-        local socket runs on this machine, which block servers on loopback share."""
-        peer = getattr(ctx, "peer", None)
-        if not peer or peer == "?":
-            return None
-        if peer.startswith(LOCAL_PEER_PREFIX):
-            return LOOPBACK_HOST
-        return peer.rsplit(":", 1)[0].strip("[]")
-
-    def located(self, block: dict, info: BlockInfo | None, offset: int,
-                user: str | None = None, mode: str = READ_TOKEN,
-                reader_host: str | None = None) -> dict:
-        """A located block for clients (pipeline nodes while being written); with a
-        ``user`` and block keys, the block access token (``mode``: read, or write for the
-        block's writer) its caller shows block servers. A finished block's replicas come in
-        ``DatanodeManager.sort_for_reader``'s order for a reader on ``reader_host``: a new
-        order at every call, so that reads spread over every replica."""
-        state = info.state if info is not None else block["state"]
-        corrupt = False
-        if info is None:
-            nodes = []
-        elif state in (bm.UNDER_CONSTRUCTION, bm.UNDER_RECOVERY):
-            nodes = info.location_nodes()
-        else:
-            nodes = info.good_nodes()
-            if not nodes:
-                nodes = info.corrupt_nodes()
-                corrupt = bool(nodes)
-            nodes = self.datanodes.sort_for_reader(nodes, reader_host)
-        locations = [loc for loc in map(self.location, nodes) if loc is not None]
-        gs = info.gs if info else block["gs"]
-        out = {"block": {"id": block["id"], "gs": gs, "num_bytes": block["num_bytes"]},
-               "offset": offset, "locations": locations, "state": state, "corrupt": corrupt}
-        token = None if user is None else self.block_token(block["id"], gs, user, mode)
-        if token is not None:
-            out["token"] = token
-        return out
 
     def block_token(self, block_id: int, gs: int, user: str, mode: str) -> dict | None:
         """A block access token for ``mode`` on block ``block_id`` at stamp ``gs``
@@ -706,10 +537,6 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         if self.block_keys is None:
             return None
         return self.block_keys.token(block_id, gs, user, mode, self.wall_ns() / 1e9)
-
-    def token_user(self, ctx) -> str:
-        """Whom a block access token is made out to (the server's user in-process)."""
-        return getattr(ctx, "user", None) or self.superuser
 
     def block_keys_for(self, version) -> dict | None:
         """The block keys a block server should hold (rolled first if due), wrapped with the
@@ -722,10 +549,6 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
             return None
         return {"version": ring.version,
                 "keys": [blocktoken.wrap(self.node_key, k) for k in ring.keys()]}
-
-    def is_complete(self, block: dict) -> bool:
-        info = self.blocks.get(block["id"])
-        return info is not None and info.state == bm.COMPLETE
 
     def update_safemode(self) -> None:
         self.safemode.update(self.clock(), self.blocks.safe, self.blocks.total_countable,

@@ -136,9 +136,9 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
                 server.startup.move(Phase.LOADING_MEMORY, server.wall_ns() / 1e9)
                 if server.ns.formatted:
                     server.rebuild_memory()
-            nursery.start_soon(server.run_monitors)
+            nursery.start_soon(server.monitors.run_monitors)
             if server.ha is None:
-                nursery.start_soon(server.run_active_services)
+                nursery.start_soon(server.monitors.run_active_services)
             nursery.start_soon(server.gc_governor.run)
             budget = ByteBudget(max(config.rpc_buffer_limit, config.max_frame + 4))
             handler = partial(_serve_connection, server, budget)

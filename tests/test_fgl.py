@@ -326,7 +326,7 @@ async def client(server: MetaServer, index: int, rng: random.Random, stats: Coun
 async def lease_monitor(server: MetaServer) -> None:
     """The lease monitor's pass, over and over (the real one waits between passes)."""
     while True:
-        await server.release_expired_leases()
+        await server.recovery.release_expired_leases()
         await trio.sleep(0.01)
 
 
@@ -373,7 +373,7 @@ def test_random_concurrent_clients_replay_serially(tmp_path, mode):
                     # a record a cancelled monitor left queued is applied before this one,
                     # so the drain below plans against a state that has it
                     await server.rpc_mkdirs(ctx("drain"), "/drained")
-                    while await server.reclaim_once():
+                    while await server.monitors.reclaim_once():
                         pass
                 nursery.cancel_scope.cancel()
             live_problems = check_namespace(kv, server.leases)

@@ -75,7 +75,7 @@ async def meta_server(folder: Path, config, ha: SetRole):
         async with trio.open_nursery() as nursery:
             await nursery.start(server.journal.run)
             await server.start()
-            nursery.start_soon(server.run_monitors)
+            nursery.start_soon(server.monitors.run_monitors)
             bound = await nursery.start(partial(
                 serve_tcp, lambda stream, peer: serve_rpc(stream, server, peer=peer),
                 "127.0.0.1", free_port(), name=f"metadata server {ha.node_id}"))

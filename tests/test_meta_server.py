@@ -1008,7 +1008,7 @@ def test_reclaimer_pauses_in_safe_mode_and_finishes_after_a_restart(tmp_path):
                 nursery.start_soon(server._reclaim_monitor)
                 await trio.sleep(0.5)     # several monitor periods: nothing reclaimed
                 assert server.reclaim_records == 0 and server.ns.file_count() == 21
-                assert await server.reclaim_once() and await server.reclaim_once()
+                assert await server.monitors.reclaim_once() and await server.monitors.reclaim_once()
                 assert server.ns.has_orphans()
                 nursery.cancel_scope.cancel()
         finally:

@@ -88,7 +88,7 @@ async def _delete_and_reclaim(folder, layout: str) -> dict:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(probe)
                 with trio.fail_after(300):
-                    while await server.reclaim_once():
+                    while await server.monitors.reclaim_once():
                         await trio.sleep(0)
                 reclaimed.set()
         finally:

@@ -42,7 +42,7 @@ async def _build(folder) -> None:
         async with trio.open_nursery() as nursery:   # concurrent: the journal groups fsyncs
             for k in range(100):
                 nursery.start_soon(make, k * N_FILES // 100, (k + 1) * N_FILES // 100)
-        await server.checkpoint()
+        await server.monitors.checkpoint()
 
 
 async def _summary_while_probing(address: str, config, call) -> tuple[float, list[float], object]:

@@ -258,6 +258,11 @@ class BlocksMap:
 
     def __init__(self, min_replication: int = 1):
         self.min_replication = max(1, min_replication)
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every block (a rebuild from the store follows): in place, since the
+        services that read the map hold this object."""
         self.blocks: dict[int, BlockInfo] = {}
         self.by_node: dict[str, set[int]] = {}
         # safe mode: blocks that count (COMMITTED/COMPLETE) and those minimally reported

@@ -109,11 +109,16 @@ class BlockReports:
                  following: Callable[[], bool] = lambda: False):
         self.blocks = blocks
         self.following = following
-        # (node id, block id) → entry: replicas a follower waits for the log to explain
-        self.pending: dict[tuple[str, int], Entry] = {}
         self.datanodes = datanodes
         self.on_change = on_change
         self.step = max(1, step)
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every report in progress and every replica waiting for the log (the
+        blocks map is rebuilt from the store): in place, as ``BlocksMap.clear``."""
+        # (node id, block id) → entry: replicas a follower waits for the log to explain
+        self.pending: dict[tuple[str, int], Entry] = {}
         self._reports: dict[str, FullReport] = {}      # node id → unfinished full report
         self._locks: dict[str, trio.Lock] = {}         # node id → one chunk at a time
         # block id → set at the next incremental report of one of its replicas (a

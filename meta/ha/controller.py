@@ -267,7 +267,7 @@ class HAController:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_lease, term)
             nursery.start_soon(self._fence_when_unsure, term)
-            nursery.start_soon(self.server.run_active_services)
+            nursery.start_soon(self.server.monitors.run_active_services)
             await self._ended.wait()
             nursery.cancel_scope.cancel()
         await self._step_down()

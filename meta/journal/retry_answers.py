@@ -153,8 +153,8 @@ async def create(server, ctx, rerun, kept, path, client_name, overwrite=False,
     if not first_block:
         return answer
     blocks = server.ns.blocks_of(ino)
-    located = blocks and server.located(blocks[0], server.blocks.get(blocks[0]["id"]), 0,
-                                        server.token_user(ctx), WRITE_TOKEN)
+    located = blocks and server.locator.located(blocks[0], server.blocks.get(blocks[0]["id"]), 0,
+                                        server.access.token_user(ctx), WRITE_TOKEN)
     return {**(answer if want_status else {"status": status}), "first_block": located or None}
 
 
@@ -245,8 +245,8 @@ async def append(server, ctx, rerun, kept, path, client_name):
     if tail and tail[-1]["num_bytes"] < inode["block_size"]:
         block = {**tail[-1]}
         offset = inode.get("length", 0) - block["num_bytes"]
-        last_block = server.located(block, server.blocks.get(block["id"]), offset,
-                                    server.token_user(ctx), WRITE_TOKEN)
+        last_block = server.locator.located(block, server.blocks.get(block["id"]), offset,
+                                    server.access.token_user(ctx), WRITE_TOKEN)
     answer = {"status": server.ns.status(canonical, ino, inode), "last_block": last_block}
     data = server.ns.inline_data(ino, inode)
     if data is not None:
@@ -268,7 +268,7 @@ async def truncate(server, ctx, rerun, kept, path, new_length, client_name):
             return True
         if _held_by(inode, client_name):
             tail = server.ns.tail_blocks(ino, inode, 1)
-            if tail and server.block_state(tail[-1]) == bm.UNDER_RECOVERY:
+            if tail and server.recovery.block_state(tail[-1]) == bm.UNDER_RECOVERY:
                 return False
     raise _lost("truncate", canonical, f"{canonical} is not as the truncate left it")
 

@@ -73,12 +73,12 @@ class LeaseRelease:
             [(self.block_state(b), b["num_bytes"], self._replica_count(b)) for b in blocks],
             self.config.min_replication)
         if decision == lm.CLOSE:
-            await self.log_plan(self.ns.plan_close(ino, None, None, wall))
+            await self.edits.log_plan(self.ns.plan_close(ino, None, None, wall))
             log.info("lease of %s released: file closed", path)
             return True
         if decision == lm.DROP_LAST_AND_CLOSE:
-            await self.log_plan(self.ns.plan_abandon(path, ino, blocks, blocks[-1]))
-            await self.log_plan(self.ns.plan_close(ino, None, None, wall))
+            await self.edits.log_plan(self.ns.plan_abandon(path, ino, blocks, blocks[-1]))
+            await self.edits.log_plan(self.ns.plan_close(ino, None, None, wall))
             log.info("lease of %s released: dropped an empty last block, file closed", path)
             return True
         if decision == lm.WAIT:
@@ -89,7 +89,7 @@ class LeaseRelease:
             await self.start_block_recovery(path, ino, last)
         holder = inode["uc"]["holder"]
         if new_holder is not None and new_holder != holder:
-            await self.log_plan(self.ns.plan_reassign_lease(ino, new_holder))
+            await self.edits.log_plan(self.ns.plan_reassign_lease(ino, new_holder))
             log.info("lease of %s reassigned from %s to %s", path, holder, new_holder)
         return False
 
@@ -126,7 +126,7 @@ class LeaseRelease:
                 "type": "RECOVER_BLOCK",
                 "block": {"id": info.id, "gs": info.recovery_gs(), "num_bytes": info.num_bytes},
                 "recovery_id": recovery_id, "new_length": new_length,
-                "targets": [loc for loc in map(self.location, [n for n, _ in live])
+                "targets": [loc for loc in map(self.locator.location, [n for n, _ in live])
                             if loc is not None]}
         log.info("block recovery of %s block %d: recovery id %d, primary %s (attempt %d)",
                  path, block["id"], recovery_id, primary or "none alive", attempt)
@@ -151,7 +151,7 @@ class LeaseRelease:
             if path is None:
                 self.forget_recovery(rec.block_id)
                 continue
-            async with self.mutation(f"retry block recovery of {path}",
+            async with self.locking.mutation(f"retry block recovery of {path}",
                                      lock_set(paths.split(path), LOCK_WRITE),
                                      check_safemode=False):
                 if self.recoveries.get(rec.block_id) is not rec:
@@ -177,7 +177,7 @@ class LeaseRelease:
                 self.leases.remove_file(ino)
                 continue
             try:
-                async with self.mutation(f"release lease of {path}",
+                async with self.locking.mutation(f"release lease of {path}",
                                          lock_set(paths.split(path), LOCK_WRITE),
                                          check_safemode=False):
                     inode = self.ns.get_inode(ino)
@@ -205,6 +205,6 @@ class LeaseRelease:
         tail = self.ns.tail_blocks(ino, inode, 1)
         if tail and tail[-1]["id"] in self.recoveries:
             if inode["uc"]["holder"] != caller and force:
-                await self.log_plan(self.ns.plan_reassign_lease(ino, caller))
+                await self.edits.log_plan(self.ns.plan_reassign_lease(ino, caller))
             return False
         return await self._internal_release_lease(path, ino, inode, caller)

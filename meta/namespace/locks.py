@@ -77,8 +77,13 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from contextlib import asynccontextmanager
+from functools import partial
+
 import trio
 
+from fs import paths
+from fs.errors import TryAgain
 from fs.paths import split as _split
 
 log = logging.getLogger(__name__)
@@ -343,3 +348,70 @@ class FileLock:
     async def __aexit__(self, *exc_info) -> None:
         held, self._held = self._held, None
         await held.__aexit__(*exc_info)
+
+
+#: times an operation locks again after what it locked moved or vanished during its wait
+LOCK_RETRIES = 8
+
+
+class NamespaceLocking:
+    """What every namespace call holds, as one service: the global lock, the path locks and
+    the safe-mode check of a mutation (``mutation``), the locks of a read that awaits
+    (``reading``), of a create with missing ancestors (``with_ancestor_locks``) and of a
+    file addressed by inode id (``file_lock``). ``existing_depth``/``path_of`` come from the
+    namespace; ``safemode_check(what)`` raises ``SafeModeError`` while changes are refused.
+    ``exclusive`` is ``namespace_lock=global``, the comparison baseline: every mutation
+    takes the global lock in write mode and no path lock."""
+
+    def __init__(self, *, existing_depth, path_of, safemode_check, exclusive: bool):
+        self.global_lock = RWLock()
+        self.paths = PathLockPool()
+        self.exclusive = exclusive
+        self._existing_depth = existing_depth
+        self._path_of = path_of
+        self._safemode_check = safemode_check
+
+    def mutation(self, what: str, wanted: dict, *, check_safemode: bool = True) -> Mutation:
+        """``async with``: hold what a mutation needs from validation to its applied journal
+        record."""
+        return Mutation(self.global_lock, self.paths, self.exclusive, wanted,
+                        partial(self._safemode_check, what) if check_safemode else None)
+
+    @asynccontextmanager
+    async def reading(self, parts):
+        """For reads that await between store reads (content summary, fsck): LOCK_READ on
+        the path, or the global lock in read mode under ``namespace_lock=global``."""
+        if self.exclusive:
+            await self.global_lock.acquire(False)
+            try:
+                yield
+            finally:
+                self.global_lock.release(False)
+        else:
+            async with self.paths.hold(lock_set(parts, LOCK_READ)):
+                yield
+
+    async def with_ancestor_locks(self, what: str, parts, body, *, keep_parent_write=True,
+                                  extra: dict | None = None):
+        """Run ``body()`` under LOCK_ANCESTOR for ``parts`` (LOCK_PARENT when the parent
+        exists), re-checking after the wait that no locked-out ancestor vanished."""
+        canonical = paths.join_parts(parts)
+        for _ in range(LOCK_RETRIES):
+            depth = self._existing_depth(canonical)
+            if keep_parent_write:
+                depth = min(depth, max(0, len(parts) - 1))
+            wanted = lock_set(parts, LOCK_ANCESTOR, depth)
+            if extra:
+                wanted = merge(wanted, extra)
+            async with self.mutation(what, wanted):
+                if self._existing_depth(canonical) < depth:
+                    continue   # an ancestor was removed while we waited: lock again
+                return await body()
+        raise TryAgain(f"{what}: the namespace kept changing under the request; try again")
+
+    def file_lock(self, what: str, path: str, ino) -> FileLock:
+        """``async with ... as current``: LOCK_WRITE on a file addressed by inode id (its
+        current path) or by path."""
+        return FileLock(partial(self.mutation, what), self._path_of, path, ino,
+                        LOCK_RETRIES, lambda: TryAgain(f"{what}: the file kept moving under "
+                                                       f"the request; try again"))

@@ -303,6 +303,13 @@ class NamespaceView:
         parts, ino, inode, _ = self.resolve(path)
         return self.status(paths.join_parts(parts), ino, inode)
 
+    def changed(self, canonical: str, status: dict | None = None) -> dict:
+        """The ``want_status`` answer of a namespace change at ``canonical``: the inode's
+        status (``status`` when it is gone) and its parent directory's after the change,
+        whose attributes a kernel drops after any change in it and asks for again."""
+        return {"status": self.get_file_info(canonical) if status is None else status,
+                "parent": self.get_file_info(paths.parent(canonical))}
+
     def list_status(self, path, start_after: str = "", limit: int = 1000) -> dict:
         parts, ino, inode, _ = self.resolve(path)
         canonical = paths.join_parts(parts)

@@ -49,10 +49,10 @@ class AdminProtocol:
 
     async def rpc_content_summary(self, ctx, path):
         parts = paths.split(path)
-        async with self.reading(parts):
-            caller = self.checked_caller(ctx)
+        async with self.locking.reading(parts):
+            caller = self.access.checked_caller(ctx)
             if caller is not None:
-                self.permissions.check_path(caller, parts, self.inode_chain(parts))
+                self.permissions.check_path(caller, parts, self.access.inode_chain(parts))
             _, ino, inode, _ = self.ns.resolve(path)
             summary = ContentSummary()
             walk = TimeSlice()   # a big tree must not stall every other client
@@ -80,11 +80,11 @@ class AdminProtocol:
         it); superuser only."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
-        self.permissions.check_superuser(self.caller_of(ctx), f"set quota of {canonical}")
-        async with self.mutation(f"set quota of {canonical}", lock_set(parts, LOCK_WRITE)):
+        self.permissions.check_superuser(self.access.caller_of(ctx), f"set quota of {canonical}")
+        async with self.locking.mutation(f"set quota of {canonical}", lock_set(parts, LOCK_WRITE)):
             # the usage count of a new quota folder walks its subtree in the planner: the
             # write lock keeps the subtree still until the record is applied
-            await self.log_plan(self.ns.plan_set_quota(canonical, ns_quota, ds_quota,
+            await self.edits.log_plan(self.ns.plan_set_quota(canonical, ns_quota, ds_quota,
                                                        now_ns=self.wall_ns()))
             return True
 
@@ -119,14 +119,14 @@ class AdminProtocol:
                 "decommissioned": sum(1 for n in self.datanodes.nodes.values()
                                       if n.admin == dm.DECOMMISSIONED),
                 "safemode": self.safemode.status(),
-                "ha": self.ha_status().to_wire(),
+                "ha": self.role_view.status().to_wire(),
                 "namespace_id": self.ns.namespace_id,
                 "namespace_lock": self.config.namespace_lock,
                 "journal": {"last_txid": self.journal.last_txid,
                             "durable_txid": self.journal.durable_txid,
                             "fsyncs": self.journal.stats.fsyncs,
                             "records": self.journal.stats.records},
-                "checkpoint": self.checkpoint_status(),
+                "checkpoint": self.monitors.checkpoint_status(),
                 # how the last start went: its phases' durations, the records replayed
                 "startup": self.startup.as_dict(self.wall_ns() / 1e9),
                 "namespace_cache": {"entries": len(self.ns.cache.data),
@@ -141,22 +141,22 @@ class AdminProtocol:
         if action not in ("get", "enter", "leave"):
             raise InvalidArgument(f"safemode: action must be get, enter or leave, got {action!r:.40}")
         if action != "get":
-            self.permissions.check_superuser(self.caller_of(ctx), f"safemode {action}")
-            await self.global_lock.acquire(True)   # no mutation is half way through
+            self.permissions.check_superuser(self.access.caller_of(ctx), f"safemode {action}")
+            await self.locking.global_lock.acquire(True)   # no mutation is half way through
             try:
                 if action == "enter":
                     self.safemode.enter()
                 else:
                     self.safemode.leave()
             finally:
-                self.global_lock.release(True)
+                self.locking.global_lock.release(True)
         return self.safemode.status()
 
     # ------------------------------------------------------------------ decommission
     def _node_admin_dict(self, node) -> dict:
         return {"node_id": node.node_id, "address": node.address, "admin": node.admin,
                 "alive": node.alive, "blocks": self.blocks.node_block_count(node.node_id),
-                "blocks_to_copy": (self.blocks_to_copy(node.node_id)
+                "blocks_to_copy": (self.redundancy.blocks_to_copy(node.node_id)
                                    if node.admin == dm.DECOMMISSION_IN_PROGRESS else 0)}
 
     async def rpc_decommission(self, ctx, node=None, action="start"):
@@ -174,7 +174,7 @@ class AdminProtocol:
         if info is None:
             raise InvalidArgument(f"decommission: {node:.100}: no such block server")
         if action != "status":
-            self.permissions.check_superuser(self.caller_of(ctx), f"decommission {action}")
+            self.permissions.check_superuser(self.access.caller_of(ctx), f"decommission {action}")
             if action == "start" and info.admin == dm.NORMAL:
                 info.admin = dm.DECOMMISSION_IN_PROGRESS
                 log.info("decommissioning block server %s (%s): %d replicas to protect",
@@ -193,7 +193,7 @@ class AdminProtocol:
         if info is None:
             out.update(status="MISSING", live=0, expected=0, corrupt_replicas=[])
             return out
-        normal, retiring, _ = self.replica_groups(info)
+        normal, retiring, _ = self.redundancy.replica_groups(info)
         corrupt = [{"node_id": n, "address": (self.datanodes.nodes[n].address
                                               if n in self.datanodes.nodes else "?"),
                     "reason": info.replicas[n].reason or "reported bad by a reader or scanner"}
@@ -210,14 +210,14 @@ class AdminProtocol:
         out.update(status=status, live=len(normal), decommissioning=len(retiring),
                    expected=info.replication, corrupt_replicas=corrupt)
         if locations:
-            out["locations"] = [loc for loc in map(self.location, normal + retiring)
+            out["locations"] = [loc for loc in map(self.locator.location, normal + retiring)
                                 if loc is not None]
         return out
 
     async def rpc_fsck(self, ctx, path="/", openforwrite=False, locations=False, limit=10000):
         """HDFS ``fsck``: the superuser's (it names every file of the subtree, whatever
         its folders' modes; the web page's fsck checks the viewer's access instead)."""
-        self.permissions.check_superuser(self.caller_of(ctx), f"fsck {str(path)[:200]}")
+        self.permissions.check_superuser(self.access.caller_of(ctx), f"fsck {str(path)[:200]}")
         return await self.fsck_report(ctx, path, openforwrite, locations, limit)
 
     async def fsck_report(self, ctx, path="/", openforwrite=False, locations=False,
@@ -233,10 +233,10 @@ class AdminProtocol:
                   "open_files": 0, "under_construction_blocks": 0}
         files: list[dict] = []
         truncated = False
-        async with self.reading(parts):
-            caller = self.checked_caller(ctx)
+        async with self.locking.reading(parts):
+            caller = self.access.checked_caller(ctx)
             if caller is not None:
-                self.permissions.check_path(caller, parts, self.inode_chain(parts))
+                self.permissions.check_path(caller, parts, self.access.inode_chain(parts))
             canonical = paths.join_parts(parts)
             _, ino, inode, _ = self.ns.resolve(path)
             walk = TimeSlice()   # a big tree must not stall every other client
@@ -285,8 +285,8 @@ class AdminProtocol:
 
     async def rpc_save_namespace(self, ctx):
         """HDFS ``dfsadmin -saveNamespace``: a checkpoint now; superuser, safe mode only."""
-        self.permissions.check_superuser(self.caller_of(ctx), "save namespace")
+        self.permissions.check_superuser(self.access.caller_of(ctx), "save namespace")
         if not self.safemode.on:
             raise InvalidArgument("save namespace: safe mode must be ON to save the "
                                   "namespace (leasefs safemode enter), as HDFS requires")
-        return await self.checkpoint()
+        return await self.monitors.checkpoint()

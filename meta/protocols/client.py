@@ -43,6 +43,8 @@ from fs.errors import (InvalidArgument, IsDirectory, LeaseFSError, NotReplicated
                        RecoveryInProgress, StaleGenerationStamp)
 
 from ..blocks import blocks as bm
+from ..blocks.locate import caller_host
+from ..namespace.access import check_ino
 from ..blocks.blocks import BlockInfo
 from ..namespace.locks import LOCK_WRITE, lock_set
 from ..namespace.namespace import DIR, FILE, SYMLINK, check_bool, check_int, check_name
@@ -84,20 +86,20 @@ class ClientProtocol:
         check_bool(want_status, f"mkdirs {canonical}: want_status")
 
         async def body():
-            caller = self.checked_caller(ctx)
+            caller = self.access.checked_caller(ctx)
             if caller is not None:   # an existing directory needs only traverse (HDFS)
-                chain = self.inode_chain(parts)
+                chain = self.access.inode_chain(parts)
                 self.permissions.check_path(caller, parts, chain,
                                             ancestor=WRITE if len(chain) <= len(parts) else 0)
-            new_owner, new_group = self.new_owner(ctx, f"mkdirs {canonical}", canonical,
+            new_owner, new_group = self.access.new_owner(ctx, f"mkdirs {canonical}", canonical,
                                                   owner, group)
             _, wall = self.now()
-            await self.log_plan(self.ns.plan_mkdirs(canonical, permission, new_owner, new_group,
+            await self.edits.log_plan(self.ns.plan_mkdirs(canonical, permission, new_owner, new_group,
                                                     create_parent=create_parent,
                                                     exclusive=exclusive, now_ns=wall),
                                 durable=ctx.sync_metadata)
-            return self._changed(canonical) if want_status else True
-        return await self.with_ancestor_locks(f"mkdirs {canonical}", parts, body,
+            return self.ns.changed(canonical) if want_status else True
+        return await self.locking.with_ancestor_locks(f"mkdirs {canonical}", parts, body,
                                               keep_parent_write=False)
 
     async def rpc_create(self, ctx, path, client_name, overwrite=False, create_parent=True,
@@ -115,21 +117,21 @@ class ClientProtocol:
         check_bool(first_block, f"create {canonical}: first_block")
 
         async def body():
-            caller = self.checked_caller(ctx)
+            caller = self.access.checked_caller(ctx)
             if caller is not None:   # overwriting a file also needs WRITE on it (HDFS)
-                chain = self.inode_chain(parts)
+                chain = self.access.inode_chain(parts)
                 replaces = (overwrite is True and len(chain) == len(parts) + 1
                             and chain[-1]["type"] == FILE)
                 self.permissions.check_path(caller, parts, chain, ancestor=WRITE,
                                             access=WRITE if replaces else 0)
-            new_owner, new_group = self.new_owner(ctx, f"create {canonical}", canonical,
+            new_owner, new_group = self.access.new_owner(ctx, f"create {canonical}", canonical,
                                                   owner, group)
             now, wall = self.now()
             found = self.ns.walk(parts, canonical) if parts else []
             if parts and len(found) == len(parts) + 1 and overwrite is False:
                 ino, inode = found[-1]
                 uc = inode.get("uc") if inode["type"] == FILE else None
-                if uc and not await self.recover_lease_internal("create", canonical, ino,
+                if uc and not await self.recovery.recover_lease_internal("create", canonical, ino,
                                                                 inode, client_name, now):
                     raise RecoveryInProgress(f"failed to create {canonical} for {client_name}: "
                                              f"lease recovery is in progress; try again later")
@@ -148,14 +150,14 @@ class ClientProtocol:
                 except LeaseFSError as exc:
                     log.info("create %s: no first block: %s", canonical, exc)
             # the first block's record goes in the create's batch: one fsync for both
-            await self.log_plans([plan, block and block[0]], durable=ctx.sync_metadata)
+            await self.edits.log_plans([plan, block and block[0]], durable=ctx.sync_metadata)
             status = self.ns.status(canonical, ino, self.ns.get_inode(ino))
-            answer = self._changed(canonical, status) if want_status else status
+            answer = self.ns.changed(canonical, status) if want_status else status
             if not first_block:
                 return answer
             located = block and self._located_new(ctx, block[1], 0)
             return {**(answer if want_status else {"status": status}), "first_block": located}
-        return await self.with_ancestor_locks(f"create {canonical}", parts, body)
+        return await self.locking.with_ancestor_locks(f"create {canonical}", parts, body)
 
     async def rpc_create_symlink(self, ctx, target, path, create_parent=False, owner=None,
                                  group=None, want_status=False):
@@ -165,48 +167,41 @@ class ClientProtocol:
         check_bool(want_status, f"symlink {canonical}: want_status")
 
         async def body():
-            self.check_access(ctx, parts, ancestor=WRITE)
-            new_owner, new_group = self.new_owner(ctx, f"symlink {canonical}", canonical,
+            self.access.check_access(ctx, parts, ancestor=WRITE)
+            new_owner, new_group = self.access.new_owner(ctx, f"symlink {canonical}", canonical,
                                                   owner, group)
             _, wall = self.now()
             plan = self.ns.plan_symlink(target, canonical, create_parent=create_parent,
                                         owner=new_owner, group=new_group, now_ns=wall)
-            await self.log_plan(plan, durable=ctx.sync_metadata)
+            await self.edits.log_plan(plan, durable=ctx.sync_metadata)
             ino = plan.ino
             status = self.ns.status(canonical, ino, self.ns.get_inode(ino))
-            return self._changed(canonical, status) if want_status else status
-        return await self.with_ancestor_locks(f"symlink {canonical}", parts, body)
-
-    def _changed(self, canonical: str, status: dict | None = None) -> dict:
-        """The ``want_status`` answer of a namespace change at ``canonical``: the inode's
-        status (``status`` when it is gone) and its parent directory's after the change,
-        whose attributes a kernel drops after any change in it and asks for again."""
-        return {"status": self.ns.get_file_info(canonical) if status is None else status,
-                "parent": self.ns.get_file_info(paths.parent(canonical))}
+            return self.ns.changed(canonical, status) if want_status else status
+        return await self.locking.with_ancestor_locks(f"symlink {canonical}", parts, body)
 
     async def rpc_add_block(self, ctx, path, client_name, ino=None, previous=None, excluded=()):
         canonical = paths.validate(path)
-        ino = self.check_ino(ino, canonical)
+        ino = check_ino(ino, canonical)
         if not isinstance(excluded, (list, tuple)) or not all(isinstance(x, str) for x in excluded):
             raise InvalidArgument(f"add_block {canonical}: excluded must be a list of node ids "
                                   f"or addresses")
-        async with self.file_lock(f"add a block to {canonical}", canonical, ino) as current:
+        async with self.locking.file_lock(f"add a block to {canonical}", canonical, ino) as current:
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
             blocks = self.ns.tail_blocks(ino, inode)
             kind, last = self.ns.check_previous(current, blocks, previous)
             # every block before the last is final: the last one starts at length - its size
             last_offset = inode.get("length", 0) - (last["num_bytes"] if last else 0)
             if kind == "retry":
-                return self.located(last, self.blocks.get(last["id"]), last_offset,
-                                    self.token_user(ctx), WRITE_TOKEN)
+                return self.locator.located(last, self.blocks.get(last["id"]), last_offset,
+                                    self.access.token_user(ctx), WRITE_TOKEN)
             commit = None
             if kind == "commit":
                 self.ns.check_writer_length(current, inode, previous["num_bytes"])
                 commit = {"num_bytes": previous["num_bytes"]}
-            waiting = [b for b in blocks[:-1] if not self.is_complete(b)]
+            waiting = [b for b in blocks[:-1] if not self.locator.is_complete(b)]
             if waiting:
                 if commit is not None:
-                    await self.log_plan(self.ns.plan_commit(ino, last, commit["num_bytes"]))
+                    await self.edits.log_plan(self.ns.plan_commit(ino, last, commit["num_bytes"]))
                 b = waiting[0]
                 raise NotReplicatedYet(f"{current}: block {b['id']} (#{b['index']}) is not yet "
                                        f"minimally replicated; try again")
@@ -216,7 +211,7 @@ class ClientProtocol:
                 offset = last_offset + (commit["num_bytes"] if commit else last["num_bytes"])
             plan, block = self._plan_block(ctx, current, ino, inode.get("replication", 1),
                                            inode["block_size"], blocks, commit, excluded)
-            await self.log_plan(plan)
+            await self.edits.log_plan(plan)
             return self._located_new(ctx, block, offset)
 
     def _plan_block(self, ctx, current: str, ino: int, replication: int, block_size: int,
@@ -225,7 +220,7 @@ class ClientProtocol:
         caller holds the file's lock, has checked the writer and the previous block, and
         journals the plan."""
         targets = self.datanodes.choose_targets(
-            replication, excluded=excluded, writer_host=self.caller_host(ctx),
+            replication, excluded=excluded, writer_host=caller_host(ctx),
             block_size=block_size, what=f"add_block {current}")
         block_id = self.ns.allocate_block_id()
         gs = self.ns.next_genstamp()
@@ -237,16 +232,16 @@ class ClientProtocol:
     def _located_new(self, ctx, block: dict, offset: int) -> dict:
         """A block just journaled by ``_plan_block``, located for its writer, with the
         write token its block servers check (security = secure)."""
-        return self.located(block, self.blocks.get(block["id"]), offset, self.token_user(ctx),
+        return self.locator.located(block, self.blocks.get(block["id"]), offset, self.access.token_user(ctx),
                             WRITE_TOKEN)
 
     async def rpc_abandon_block(self, ctx, path, client_name, ino=None, block=None):
         canonical = paths.validate(path)
-        ino = self.check_ino(ino, canonical)
-        async with self.file_lock(f"abandon a block of {canonical}", canonical, ino) as current:
+        ino = check_ino(ino, canonical)
+        async with self.locking.file_lock(f"abandon a block of {canonical}", canonical, ino) as current:
             _, ino, _ = self.ns.writer_file(current, ino, client_name)
             blocks = self.ns.blocks_of(ino)
-            await self.log_plan(self.ns.plan_abandon(current, ino, blocks, block))
+            await self.edits.log_plan(self.ns.plan_abandon(current, ino, blocks, block))
             return True
 
     async def rpc_complete(self, ctx, path, client_name, ino=None, last=None, mtime_ns=None,
@@ -262,7 +257,7 @@ class ClientProtocol:
         file's whole content, kept inline (``inline_max``) instead of in a block: the
         writer sent nothing to block servers, and the close needs no replica."""
         canonical = paths.validate(path)
-        ino = self.check_ino(ino, canonical)
+        ino = check_ino(ino, canonical)
         attrs = self.ns.close_attrs(canonical, mtime_ns, atime_ns, permission)
         deadline = trio.current_time() + COMPLETE_REPORT_WAIT
         while True:
@@ -280,47 +275,47 @@ class ClientProtocol:
         """One try of ``complete``: True/False, or the event of the last block's next
         replica report to wait for (taken under the lock before any await: no report is
         missed). With inline ``data`` the close needs no replica: True or an error."""
-        async with self.file_lock(f"complete {canonical}", canonical, ino) as current:
+        async with self.locking.file_lock(f"complete {canonical}", canonical, ino) as current:
             inline = isinstance(data, (bytes, bytearray))
             if (data is None or inline) and self.ns.closed_with(
                     current, ino, last, bytes(data) if inline else None):
                 return True
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
             if attrs and attrs["mode"] is not None:
-                self.check_set_mode(ctx, paths.split(current), attrs["mode"])
+                self.access.check_set_mode(ctx, paths.split(current), attrs["mode"])
             if data is not None:   # the whole content, kept in the namespace
                 self.ns.check_inline(current, ino, inode, data)
                 _, wall = self.now()
-                await self.log_plan(self.ns.plan_close(ino, None, None, wall, attrs, data=data),
+                await self.edits.log_plan(self.ns.plan_close(ino, None, None, wall, attrs, data=data),
                                     durable=ctx.sync_metadata)
                 return True
             blocks = self.ns.tail_blocks(ino, inode)
             kind, block = self.ns.check_last(current, blocks, last)
             _, wall = self.now()
             if kind == "none":
-                await self.log_plan(self.ns.plan_close(ino, None, None, wall, attrs),
+                await self.edits.log_plan(self.ns.plan_close(ino, None, None, wall, attrs),
                                     durable=ctx.sync_metadata)
                 return True
-            earlier_ok = all(self.is_complete(b) for b in blocks[:-1])
+            earlier_ok = all(self.locator.is_complete(b) for b in blocks[:-1])
             num_bytes = last["num_bytes"]
             if kind == "commit":
                 self.ns.check_writer_length(current, inode, num_bytes)
                 last_ok = self.blocks.would_complete(block["id"], num_bytes)
             else:
-                last_ok = self.is_complete(block)
+                last_ok = self.locator.is_complete(block)
             if earlier_ok and last_ok:
-                await self.log_plan(self.ns.plan_close(ino, block, num_bytes, wall, attrs),
+                await self.edits.log_plan(self.ns.plan_close(ino, block, num_bytes, wall, attrs),
                                     durable=ctx.sync_metadata)
                 return True
             if not earlier_ok:
                 if kind == "commit":
-                    await self.log_plan(self.ns.plan_commit(ino, block, num_bytes))
+                    await self.edits.log_plan(self.ns.plan_commit(ino, block, num_bytes))
                 return False
             # taken before the commit record's fsync: the replicas reported during it
             # (every node answered the writer already) must not be missed
             waiter = self.reports.waiter(block["id"])
             if kind == "commit":
-                await self.log_plan(self.ns.plan_commit(ino, block, num_bytes))
+                await self.edits.log_plan(self.ns.plan_commit(ino, block, num_bytes))
             return waiter
 
     async def rpc_fsync(self, ctx, path, client_name, ino=None, last_block_length=0, data=None,
@@ -331,20 +326,20 @@ class ClientProtocol:
         a flush (readers see it; new opens see the length), not an hsync: durable as the
         connection's other namespace changes are (``sync_metadata``)."""
         canonical = paths.validate(path)
-        ino = self.check_ino(ino, canonical)
+        ino = check_ino(ino, canonical)
         check_bool(sync, f"fsync {canonical}: sync")
         durable = sync or ctx.sync_metadata
-        async with self.file_lock(f"fsync {canonical}", canonical, ino) as current:
+        async with self.locking.file_lock(f"fsync {canonical}", canonical, ino) as current:
             _, ino, inode = self.ns.writer_file(current, ino, client_name)
             if data is not None:
                 self.ns.check_inline(current, ino, inode, data, "fsync")
-                await self.log_plan(self.ns.plan_inline(ino, data), durable=durable)
+                await self.edits.log_plan(self.ns.plan_inline(ino, data), durable=durable)
                 return True
             blocks = self.ns.tail_blocks(ino, inode, 1)
             plan = self.ns.plan_fsync(current, ino, blocks, last_block_length)
             if plan is not None:
                 self.ns.check_writer_length(current, inode, last_block_length)
-                await self.log_plan(plan, durable=durable)
+                await self.edits.log_plan(plan, durable=durable)
             elif durable:   # nothing new to record: what was answered before is durable too
                 await self.journal.sync()
             return True
@@ -356,11 +351,11 @@ class ClientProtocol:
         instead of complete, truncate and append, and nobody can take the file in between.
         Answers the file's status."""
         canonical = paths.validate(path)
-        ino = self.check_ino(ino, canonical)
-        async with self.file_lock(f"rewrite {canonical}", canonical, ino) as current:
+        ino = check_ino(ino, canonical)
+        async with self.locking.file_lock(f"rewrite {canonical}", canonical, ino) as current:
             current, ino, inode = self.ns.writer_file(current, ino, client_name)
             _, wall = self.now()
-            await self.log_plan(self.ns.plan_rewrite(ino, inode, now_ns=wall))
+            await self.edits.log_plan(self.ns.plan_rewrite(ino, inode, now_ns=wall))
             return self.ns.status(current, ino, self.ns.get_inode(ino))
 
     async def rpc_sync_metadata(self, ctx):
@@ -411,7 +406,7 @@ class ClientProtocol:
         what = "update_block_for_pipeline"
         check_name(client_name, f"{what}: client_name")
         block_id, info, path = self._pipeline_block(what, block)
-        async with self.file_lock(f"{what} {path}", path, info.ino) as current:
+        async with self.locking.file_lock(f"{what} {path}", path, info.ino) as current:
             last = self._writer_last_block(what, current, info.ino, block_id, client_name)
             stamp = self.ns.plan_set_genstamp()
             await self.journal.log(stamp)
@@ -419,11 +414,11 @@ class ClientProtocol:
                      block_id, current)
             answer = {"block": {"id": block_id, "gs": stamp.gs,
                                 "num_bytes": last["num_bytes"]},
-                      "locations": [loc for loc in map(self.location, info.location_nodes())
+                      "locations": [loc for loc in map(self.locator.location, info.location_nodes())
                                     if loc is not None]}
             # the recovered pipeline is set up under the new stamp: a write token for it
             # (also how a writer whose token expired gets a fresh one)
-            token = self.block_token(block_id, stamp.gs, self.token_user(ctx), WRITE_TOKEN)
+            token = self.security.block_token(block_id, stamp.gs, self.access.token_user(ctx), WRITE_TOKEN)
             if token is not None:
                 answer["token"] = token
             return answer
@@ -448,7 +443,7 @@ class ClientProtocol:
                 or len(set(node_ids)) != len(node_ids):
             raise InvalidArgument(f"{what}: new_nodes must be distinct node ids, got "
                                   f"{new_nodes!r:.200}")
-        async with self.file_lock(f"{what} {path}", path, info.ino) as current:
+        async with self.locking.file_lock(f"{what} {path}", path, info.ino) as current:
             last = self._writer_last_block(what, current, info.ino, block_id, client_name)
             where = f"{what} of block {block_id} of {current}"
             if last["gs"] == new_gs and old_gs < new_gs and new_length >= last["num_bytes"]:
@@ -482,7 +477,7 @@ class ClientProtocol:
         getAdditionalDatanode): ``num`` live nodes that are neither in ``existing`` nor in
         ``excluded`` (node ids or addresses). Returns ``{block, locations}``."""
         canonical = paths.validate(path)
-        ino = self.check_ino(ino, canonical)
+        ino = check_ino(ino, canonical)
         what = f"get_additional_datanode {canonical}"
         num = check_int(num, f"{what}: num", low=1, high=self.config.max_replication)
         for name, value in (("existing", existing), ("excluded", excluded)):
@@ -498,7 +493,7 @@ class ClientProtocol:
         token = None if client_name is None else self._copy_token(ctx, what, canonical, ino,
                                                                   inode, block)
         targets = self.datanodes.choose_targets(
-            num, excluded=list(existing) + list(excluded), writer_host=self.caller_host(ctx),
+            num, excluded=list(existing) + list(excluded), writer_host=caller_host(ctx),
             block_size=inode.get("block_size", 0), what=what)
         answer = {"block": block, "locations": [{"node_id": t.node_id, "address": t.address}
                                                 for t in targets]}
@@ -512,7 +507,7 @@ class ClientProtocol:
         ``block`` to a replacement (TRANSFER_BLOCK): only for the file's last block under
         construction, at a stamp it has had (the copy's source may still carry the stamp
         from before ``append`` or an unfinished recovery)."""
-        if self.block_keys is None:
+        if self.security.block_keys is None:
             return None
         if not isinstance(block, dict):
             raise InvalidArgument(f"{what}: block must be {{id, gs, num_bytes}}, got "
@@ -527,14 +522,14 @@ class ClientProtocol:
         if gs > tail[-1]["gs"]:
             raise StaleGenerationStamp(f"{what}: block {block_id} of {canonical} has stamp "
                                        f"{tail[-1]['gs']}, not {gs}")
-        return self.block_token(block_id, gs, self.token_user(ctx), COPY_TOKEN)
+        return self.security.block_token(block_id, gs, self.access.token_user(ctx), COPY_TOKEN)
 
     async def rpc_recover_lease(self, ctx, path, client_name):
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_name(client_name, f"recover_lease {canonical}: client_name")
-        async with self.mutation(f"recover lease of {canonical}", lock_set(parts, LOCK_WRITE)):
-            self.check_access(ctx, parts, access=WRITE)
+        async with self.locking.mutation(f"recover lease of {canonical}", lock_set(parts, LOCK_WRITE)):
+            self.access.check_access(ctx, parts, access=WRITE)
             _, ino, inode, _ = self.ns.resolve(canonical)
             if inode["type"] != FILE:
                 raise IsDirectory(f"recover_lease {canonical}: not a file") \
@@ -542,7 +537,7 @@ class ClientProtocol:
                         f"recover_lease {canonical}: not a file")
             if not inode.get("uc"):
                 return True
-            return await self.recover_lease_internal("recover the lease of", canonical, ino,
+            return await self.recovery.recover_lease_internal("recover the lease of", canonical, ino,
                                                      inode, client_name, self.clock(),
                                                      force=True)
 
@@ -555,7 +550,7 @@ class ClientProtocol:
         if inode["type"] != FILE:
             raise InvalidArgument(f"cannot {op} {canonical}: not a file")
         if inode.get("uc"):
-            if not await self.recover_lease_internal(op, canonical, ino, inode, client_name,
+            if not await self.recovery.recover_lease_internal(op, canonical, ino, inode, client_name,
                                                      self.clock()):
                 raise RecoveryInProgress(f"failed to {op} {canonical} for {client_name}: lease "
                                          f"recovery is in progress; try again later")
@@ -567,19 +562,19 @@ class ClientProtocol:
         canonical = paths.join_parts(parts)
         check_name(client_name, f"truncate {canonical}: client_name")
         check_int(new_length, f"truncate {canonical}: new_length", low=0)
-        async with self.mutation(f"truncate {canonical}", lock_set(parts, LOCK_WRITE)):
-            self.check_access(ctx, parts, access=WRITE)
+        async with self.locking.mutation(f"truncate {canonical}", lock_set(parts, LOCK_WRITE)):
+            self.access.check_access(ctx, parts, access=WRITE)
             ino, inode = await self._reopen_checks("truncate", canonical, client_name)
             _, wall = self.now()
             plan = self.ns.plan_truncate(canonical, ino, inode, new_length, holder=client_name,
                                          client_machine=ctx.peer or "", now_ns=wall)
             if plan is None:
                 return True
-            await self.log_plan(plan)
+            await self.edits.log_plan(plan)
             last = plan.last
             if last is None:
                 return True
-            await self.start_block_recovery(canonical, ino, last,
+            await self.recovery.start_block_recovery(canonical, ino, last,
                                             new_length=last["num_bytes"])
             return False
 
@@ -587,8 +582,8 @@ class ClientProtocol:
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_name(client_name, f"append {canonical}: client_name")
-        async with self.mutation(f"append to {canonical}", lock_set(parts, LOCK_WRITE)):
-            self.check_access(ctx, parts, access=WRITE)
+        async with self.locking.mutation(f"append to {canonical}", lock_set(parts, LOCK_WRITE)):
+            self.access.check_access(ctx, parts, access=WRITE)
             ino, inode = await self._reopen_checks("append", canonical, client_name)
             tail = self.ns.tail_blocks(ino, inode, 1)
             partial = bool(tail) and tail[-1]["num_bytes"] < inode["block_size"]
@@ -596,7 +591,7 @@ class ClientProtocol:
             _, wall = self.now()
             plan = self.ns.plan_append(ino, inode, holder=client_name,
                                        client_machine=ctx.peer or "", new_gs=new_gs, now_ns=wall)
-            await self.log_plan(plan)
+            await self.edits.log_plan(plan)
             inode = self.ns.get_inode(ino)
             last_block = None
             last = plan.last
@@ -604,8 +599,8 @@ class ClientProtocol:
                 block = {**self.ns.tail_blocks(ino, inode, 1)[-1]}
                 offset = inode.get("length", 0) - block["num_bytes"]
                 # written on under the new stamp: a write token for it
-                last_block = self.located(block, self.blocks.get(block["id"]), offset,
-                                          self.token_user(ctx), WRITE_TOKEN)
+                last_block = self.locator.located(block, self.blocks.get(block["id"]), offset,
+                                          self.access.token_user(ctx), WRITE_TOKEN)
             answer = {"status": self.ns.status(canonical, ino, inode), "last_block": last_block}
             data = self.ns.inline_data(ino, inode)
             if data is not None:   # the writer starts with these bytes (sent first)
@@ -616,7 +611,7 @@ class ClientProtocol:
         """HDFS ``dfsadmin -listOpenFiles``: the superuser's (it names files and their
         writers in folders others may not list; the web page hides those instead)."""
         canonical = paths.validate(path)
-        self.permissions.check_superuser(self.caller_of(ctx), f"list open files {canonical}")
+        self.permissions.check_superuser(self.access.caller_of(ctx), f"list open files {canonical}")
         now = self.clock()
         out = []
         for ino, holder in list(self.leases.lease_by_ino.items()):
@@ -632,7 +627,7 @@ class ClientProtocol:
             out.append({"path": file_path, "ino": ino, "holder": holder,
                         "client_machine": inode["uc"].get("client_machine", ""),
                         "last_renewal_age": round(now - lease.last_update, 3) if lease else None,
-                        "last_block_state": self.block_state(tail[-1]) if tail else None})
+                        "last_block_state": self.recovery.block_state(tail[-1]) if tail else None})
         out.sort(key=lambda e: e["path"])
         return out
 
@@ -642,7 +637,7 @@ class ClientProtocol:
         return True
 
     async def rpc_get_block_locations(self, ctx, path, offset=0, length=None):
-        self.check_access(ctx, paths.split(path), access=READ)
+        self.access.check_access(ctx, paths.split(path), access=READ)
         parts, ino, inode, _ = self.ns.resolve(path)
         canonical = paths.join_parts(parts)
         if inode["type"] == DIR:
@@ -652,24 +647,6 @@ class ClientProtocol:
         check_int(offset, f"{canonical}: offset", low=0)
         if length is not None:
             check_int(length, f"{canonical}: length", low=0)
-        return self._file_locations(ino, inode, offset,
+        return self.locator.file_locations(ino, inode, offset,
                                     math.inf if length is None else offset + length,
-                                    self.token_user(ctx), self.caller_host(ctx))
-
-    def _file_locations(self, ino: int, inode: dict, offset: int, end, user: str,
-                        reader_host: str | None) -> dict:
-        """``get_block_locations``' answer for the blocks of a file overlapping
-        ``[offset, end)``, each with a read token for ``user`` (security = secure) and its
-        replicas in the order for a reader on ``reader_host``."""
-        under_construction = bool(inode.get("uc"))
-        data = self.ns.inline_data(ino, inode)
-        if data is not None:   # the whole content, whatever the range asked
-            return {"length": len(data), "under_construction": under_construction,
-                    "blocks": [], "last_block_complete": True, "inline": data}
-        located = [self.located(block, self.blocks.get(block["id"]), pos, user,
-                                reader_host=reader_host)
-                   for block, pos in self.ns.blocks_in_range(ino, inode, offset, end)]
-        last = self.ns.tail_blocks(ino, inode, 1)
-        return {"length": inode.get("length", 0), "under_construction": under_construction,
-                "blocks": located,
-                "last_block_complete": not last or self.is_complete(last[-1])}
+                                    self.access.token_user(ctx), caller_host(ctx))

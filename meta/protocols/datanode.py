@@ -73,7 +73,7 @@ class DatanodeProtocol:
         match the connection belongs to ``node_id`` and the answer proves the key back."""
         check_name(node_id, "node_authenticate: node_id")
         challenge = ctx.session.pop("challenge", None)
-        key = self.node_key
+        key = self.security.node_key
         if key is None:
             raise AuthenticationFailed("node_authenticate: this metadata server runs with "
                                        "security = simple (no cluster key)")
@@ -93,7 +93,7 @@ class DatanodeProtocol:
 
     def _secured(self, ctx) -> bool:
         """Whether this call is checked (security = secure, a caller from the wire)."""
-        return self.node_key is not None and getattr(ctx, "user", None) is not None
+        return self.security.node_key is not None and getattr(ctx, "user", None) is not None
 
     def _node_caller(self, ctx, what: str, node_id=None) -> str | None:
         """The block server this connection authenticated as (None without security);
@@ -118,8 +118,8 @@ class DatanodeProtocol:
 
     def _require_active(self, what: str) -> None:
         """``StandbyError`` unless this server is the active one."""
-        if not self.is_active:
-            status = self.ha_status()
+        if not self.role_view.is_active:
+            status = self.role_view.status()
             raise StandbyError(f"{what}: metadata server {status.node_id or '(no id)'} is "
                                f"{status.role.value} (epoch {status.epoch}), not active; "
                                f"send it to the active metadata server")
@@ -213,8 +213,8 @@ class DatanodeProtocol:
         log.info("block server %s registered at %s%s", node_id, node.address,
                  "" if fresh else " (again)")
         self.update_safemode()
-        answer = {"namespace_id": self.ns.namespace_id, "ha": self.ha_status().to_wire()}
-        keys = self.block_keys_for(None) if self.is_active else None
+        answer = {"namespace_id": self.ns.namespace_id, "ha": self.role_view.status().to_wire()}
+        keys = self.security.block_keys_for(None) if self.role_view.is_active else None
         if keys is not None:   # the block keys its readers' tokens are checked with
             answer["block_keys"] = keys
         return answer
@@ -234,7 +234,7 @@ class DatanodeProtocol:
         commands = []
         # not active: no commands at all (the block server would drop them anyway); the
         # queues keep them for when this server is active
-        active = self.is_active
+        active = self.role_view.is_active
         if active and not self.safemode.on:   # no deletions before the namespace is whole
             # only deletions decided on a durable namespace (see datanodes.py), and none
             # before the node's first full report after a takeover
@@ -244,14 +244,14 @@ class DatanodeProtocol:
             for command in self.transfer_commands.pop(node_id, []):
                 # the copy token the node shows its targets (made now: fresh when it leaves)
                 block = command["block"]
-                token = self.block_token(block["id"], block["gs"], node_id, COPY_TOKEN)
+                token = self.security.block_token(block["id"], block["gs"], node_id, COPY_TOKEN)
                 commands.append(command if token is None else {**command, "token": token})
         if active:
             commands.extend(self.recover_commands.pop(node_id, {}).values())
-        answer = {"reregister": False, "commands": commands, "ha": self.ha_status().to_wire()}
+        answer = {"reregister": False, "commands": commands, "ha": self.role_view.status().to_wire()}
         if self.datanodes.full_report_wanted(node_id):   # the first heartbeat after takeover
             answer["full_report"] = True
-        keys = self.block_keys_for(block_keys_version) if active else None
+        keys = self.security.block_keys_for(block_keys_version) if active else None
         if keys is not None:   # rolled (or never sent): the node gets them all again
             answer["block_keys"] = keys
         return answer
@@ -288,15 +288,15 @@ class DatanodeProtocol:
                                        f"{rec.recovery_id}")
         path = self.ns.path_of(rec.ino)
         if path is None:
-            self.forget_recovery(block_id)
+            self.recovery.forget_recovery(block_id)
             raise StaleGenerationStamp(f"{what}: the file was deleted")
-        async with self.file_lock(what, path, rec.ino) as current:
+        async with self.locking.file_lock(what, path, rec.ino) as current:
             if self.recoveries.get(block_id) is not rec:
                 raise StaleGenerationStamp(f"{what}: recovery id {recovery_id} was superseded")
             inode = self.ns.get_inode(rec.ino)
             tail = self.ns.tail_blocks(rec.ino, inode, 1) if inode else []
             if not tail or tail[-1]["id"] != block_id:
-                self.forget_recovery(block_id)
+                self.recovery.forget_recovery(block_id)
                 raise StaleGenerationStamp(f"{what}: it is no longer the last block of {current}")
             if not delete_block:
                 self.ns.check_block_length(current, inode, new_length)
@@ -354,4 +354,4 @@ class DatanodeProtocol:
         if path is None:
             raise PermissionDenied(f"report_bad_blocks: block {block_id} belongs to no file "
                                    f"this caller may read")
-        self.check_access(ctx, paths.split(path), access=READ)
+        self.access.check_access(ctx, paths.split(path), access=READ)

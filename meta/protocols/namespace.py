@@ -23,6 +23,8 @@ import math
 from fs import paths
 from fs.errors import FileNotFound, InvalidArgument, IsDirectory, NotDirectory, PermissionDenied
 
+from ..blocks.locate import caller_host
+from ..namespace.access import check_ino
 from ..namespace.locks import LOCK_PARENT, LOCK_WRITE, lock_set, merge
 from ..namespace.namespace import DIR, FILE, check_bool, check_name
 from ..namespace.permissions import ALL, READ, READ_EXECUTE, WRITE
@@ -39,37 +41,37 @@ class NamespaceProtocol:
         ``get_block_locations`` of the whole file answers, when the caller may read it (an
         open for reading then needs no second call before its first read)."""
         parts = paths.split(path)
-        self.check_access(ctx, parts)
+        self.access.check_access(ctx, parts)
         check_bool(locations, f"get_file_info {path}: locations")
         found_parts, ino, inode, _ = self.ns.resolve(path)
         status = self.ns.status(paths.join_parts(found_parts), ino, inode)
         if locations and inode["type"] == FILE:
             try:
-                self.check_access(ctx, parts, access=READ)
+                self.access.check_access(ctx, parts, access=READ)
             except PermissionDenied:
                 return status   # the read itself will be refused, with its own error
-            status["locations"] = self._file_locations(ino, inode, 0, math.inf,
-                                                       self.token_user(ctx),
-                                                       self.caller_host(ctx))
+            status["locations"] = self.locator.file_locations(ino, inode, 0, math.inf,
+                                                       self.access.token_user(ctx),
+                                                       caller_host(ctx))
         return status
 
     async def rpc_list_status(self, ctx, path, start_after="", limit=1000):
-        caller = self.checked_caller(ctx)
+        caller = self.access.checked_caller(ctx)
         if caller is not None:   # a directory: READ_EXECUTE on it; a file: traverse (HDFS)
             parts = paths.split(path)
-            chain = self.inode_chain(parts)
+            chain = self.access.inode_chain(parts)
             is_dir = len(chain) == len(parts) + 1 and chain[-1]["type"] == DIR
             self.permissions.check_path(caller, parts, chain,
                                         access=READ_EXECUTE if is_dir else 0)
         return self.ns.list_status(path, start_after, limit)
 
     def _check_rename(self, ctx, src_parts, dst_parts) -> None:
-        caller = self.checked_caller(ctx)
+        caller = self.access.checked_caller(ctx)
         if caller is None:
             return
         # replacing the destination counts as deleting it
-        self.permissions.check_path(caller, src_parts, self.inode_chain(src_parts), parent=WRITE)
-        dst_chain = self.inode_chain(dst_parts)
+        self.permissions.check_path(caller, src_parts, self.access.inode_chain(src_parts), parent=WRITE)
+        dst_chain = self.access.inode_chain(dst_parts)
         self.permissions.check_path(caller, dst_parts, dst_chain, ancestor=WRITE,
                                     parent=WRITE if len(dst_chain) == len(dst_parts) + 1 else 0)
 
@@ -82,7 +84,7 @@ class NamespaceProtocol:
         s, d = paths.join_parts(src_parts), paths.join_parts(dst_parts)
         check_bool(want_status, f"rename {s} to {d}: want_status")
         wanted = merge(lock_set(src_parts, LOCK_PARENT), lock_set(dst_parts, LOCK_PARENT))
-        async with self.mutation(f"rename {s} to {d}", wanted):
+        async with self.locking.mutation(f"rename {s} to {d}", wanted):
             self._check_rename(ctx, src_parts, dst_parts)
             _, wall = self.now()
             plan = self.ns.plan_rename(s, d, overwrite, now_ns=wall)
@@ -92,10 +94,10 @@ class NamespaceProtocol:
             # the status it replaced is gone once the record is applied: a retry finds it
             # in the record (without overwrite nothing can have been replaced)
             kept = keep_removed(replaced) if want_status and overwrite else None
-            await self.log_plan(plan, durable=ctx.sync_metadata, kept=kept)
+            await self.edits.log_plan(plan, durable=ctx.sync_metadata, kept=kept)
             if not want_status:
                 return True
-            return {**self._changed(d), "replaced": replaced,
+            return {**self.ns.changed(d), "replaced": replaced,
                     "src_parent": self.ns.get_file_info(paths.parent(s))}
 
     async def rpc_rename_many(self, ctx, moves, overwrite=False):
@@ -104,11 +106,11 @@ class NamespaceProtocol:
         wanted = merge(*(lock_set(parts, LOCK_PARENT) for s, d, _ in triples
                          for parts in (s, d)))
         first = paths.join_parts(triples[0][0])
-        async with self.mutation(f"rename_many ({len(triples)} moves, first {first})", wanted):
+        async with self.locking.mutation(f"rename_many ({len(triples)} moves, first {first})", wanted):
             for src_parts, dst_parts, _ in triples:
                 self._check_rename(ctx, src_parts, dst_parts)
             _, wall = self.now()
-            await self.log_plan(self.ns.plan_rename_many(moves, overwrite, now_ns=wall),
+            await self.edits.log_plan(self.ns.plan_rename_many(moves, overwrite, now_ns=wall),
                                 durable=ctx.sync_metadata)
             return True
 
@@ -120,16 +122,16 @@ class NamespaceProtocol:
         s_parts = [paths.split(src) for src in srcs[:1001]]
         wanted = merge(lock_set(t_parts, LOCK_WRITE),
                        *(lock_set(parts, LOCK_PARENT) for parts in s_parts))
-        async with self.mutation(f"concat {paths.join_parts(t_parts)}", wanted):
-            caller = self.checked_caller(ctx)
+        async with self.locking.mutation(f"concat {paths.join_parts(t_parts)}", wanted):
+            caller = self.access.checked_caller(ctx)
             if caller is not None:   # HDFS: WRITE on the target, and deleting each source
-                self.permissions.check_path(caller, t_parts, self.inode_chain(t_parts),
+                self.permissions.check_path(caller, t_parts, self.access.inode_chain(t_parts),
                                             access=WRITE)
                 for parts in s_parts:
-                    self.permissions.check_path(caller, parts, self.inode_chain(parts),
+                    self.permissions.check_path(caller, parts, self.access.inode_chain(parts),
                                                 parent=WRITE)
             _, wall = self.now()
-            await self.log_plan(self.ns.plan_concat(target, list(srcs), now_ns=wall),
+            await self.edits.log_plan(self.ns.plan_concat(target, list(srcs), now_ns=wall),
                                 durable=ctx.sync_metadata)
             return True
 
@@ -143,12 +145,12 @@ class NamespaceProtocol:
             raise InvalidArgument(f"delete {canonical}: expect must be null, \"dir\" or "
                                   f"\"nondir\", got {expect!r:.40}")
         check_bool(want_status, f"delete {canonical}: want_status")
-        async with self.mutation(f"delete {canonical}", lock_set(parts, LOCK_PARENT)):
-            caller = self.checked_caller(ctx)
+        async with self.locking.mutation(f"delete {canonical}", lock_set(parts, LOCK_PARENT)):
+            caller = self.access.checked_caller(ctx)
             if caller is not None:
-                self.permissions.check_path(caller, parts, self.inode_chain(parts), parent=WRITE)
+                self.permissions.check_path(caller, parts, self.access.inode_chain(parts), parent=WRITE)
                 if recursive is True:   # HDFS subAccess=ALL, empty directories ignored
-                    await self.check_subtree(caller, parts, ALL, ignore_empty_dir=True)
+                    await self.access.check_subtree(caller, parts, ALL, ignore_empty_dir=True)
             _, wall = self.now()
             gone = None
             if expect is not None or want_status:
@@ -158,10 +160,10 @@ class NamespaceProtocol:
                 if expect == "nondir" and gone["type"] == DIR:
                     raise IsDirectory(f"unlink {canonical}: is a directory")
             # the status the inode had is gone with it: a retry finds it in the record
-            await self.log_plan(self.ns.plan_delete(canonical, recursive, now_ns=wall),
+            await self.edits.log_plan(self.ns.plan_delete(canonical, recursive, now_ns=wall),
                                 durable=ctx.sync_metadata,
                                 kept=keep_removed(gone) if want_status else None)
-            return self._changed(canonical, gone) if want_status else True
+            return self.ns.changed(canonical, gone) if want_status else True
 
     async def _set_op(self, what: str, path, planner, check=None, want_status=False,
                       durable=True):
@@ -170,23 +172,23 @@ class NamespaceProtocol:
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_bool(want_status, f"{what} {canonical}: want_status")
-        async with self.mutation(f"{what} {canonical}", lock_set(parts, LOCK_WRITE)):
+        async with self.locking.mutation(f"{what} {canonical}", lock_set(parts, LOCK_WRITE)):
             if check is not None:
                 check(parts, canonical)
-            await self.log_plan(planner(canonical, self.wall_ns()), durable=durable)
+            await self.edits.log_plan(planner(canonical, self.wall_ns()), durable=durable)
             return self.ns.get_file_info(canonical) if want_status else True
 
     async def rpc_set_permission(self, ctx, path, permission, want_status=False):
         return await self._set_op("chmod", path, lambda p, t: self.ns.plan_set_permission(
-            p, permission, now_ns=t), lambda parts, _: self.check_set_mode(ctx, parts, permission),
+            p, permission, now_ns=t), lambda parts, _: self.access.check_set_mode(ctx, parts, permission),
             want_status, ctx.sync_metadata)
 
     async def rpc_set_owner(self, ctx, path, owner=None, group=None, want_status=False):
         def check(parts, canonical):
-            caller = self.checked_caller(ctx)
+            caller = self.access.checked_caller(ctx)
             if caller is None:
                 return
-            chain = self.inode_chain(parts)
+            chain = self.access.inode_chain(parts)
             self.permissions.check_path(caller, parts, chain, owner=True)
             if len(chain) == len(parts) + 1:   # a missing path: the planner says so
                 self.permissions.check_set_owner(
@@ -204,20 +206,20 @@ class NamespaceProtocol:
             return self.ns.plan_set_times(p, mtime_ns, atime_ns, now_ns=t)
 
         canonical = paths.validate(path)
-        ino = self.check_ino(ino, canonical)
+        ino = check_ino(ino, canonical)
         if ino is None:
             return await self._set_op("set times of", path, planner,
-                                      lambda parts, _: self.check_access(ctx, parts,
+                                      lambda parts, _: self.access.check_access(ctx, parts,
                                                                          owner_or=WRITE),
                                       want_status)
-        async with self.file_lock(f"set times of {canonical}", canonical, ino) as current:
+        async with self.locking.file_lock(f"set times of {canonical}", canonical, ino) as current:
             if self.ns.path_of(ino) != current:
                 raise FileNotFound(f"{canonical}: inode {ino} no longer exists")
-            self.check_access(ctx, paths.split(current), owner_or=WRITE)
+            self.access.check_access(ctx, paths.split(current), owner_or=WRITE)
             check_bool(want_status, f"set times of {canonical}: want_status")
-            await self.log_plan(planner(current, self.wall_ns()), durable=ctx.sync_metadata)
+            await self.edits.log_plan(planner(current, self.wall_ns()), durable=ctx.sync_metadata)
             return self.ns.get_file_info(current) if want_status else True
 
     async def rpc_set_replication(self, ctx, path, replication):
         return await self._set_op("setrep", path, lambda p, t: self.ns.plan_set_replication(
-            p, replication, now_ns=t), lambda parts, _: self.check_access(ctx, parts, access=WRITE))
+            p, replication, now_ns=t), lambda parts, _: self.access.check_access(ctx, parts, access=WRITE))

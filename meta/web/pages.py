@@ -113,7 +113,7 @@ def open_files(server, ctx) -> dict:
     viewer may list (a name it could not see otherwise stays hidden)."""
     now = server.clock()
     leases = server.leases
-    caller = server.checked_caller(ctx)
+    caller = server.access.checked_caller(ctx)
     files, hidden = [], 0
     for holder, lease in sorted(leases.leases.items()):
         age = now - lease.last_update
@@ -141,7 +141,7 @@ def open_files(server, ctx) -> dict:
 def _may_list_parent(server, caller, path: str) -> bool:
     parts = paths.split(path)[:-1]
     try:
-        server.permissions.check_path(caller, parts, server.inode_chain(parts),
+        server.permissions.check_path(caller, parts, server.access.inode_chain(parts),
                                       access=READ_EXECUTE)
     except PermissionDenied:
         return False
@@ -202,11 +202,11 @@ async def fsck(server, ctx, path: str) -> dict:
     every folder of it (HDFS subAccess), as for content_summary."""
     if not isinstance(path, str) or not path.startswith("/"):
         raise InvalidArgument(f"path must be absolute, got {str(path)[:100]!r}")
-    caller = server.checked_caller(ctx)
+    caller = server.access.checked_caller(ctx)
     parts = paths.split(path)
     if caller is not None:
-        server.permissions.check_path(caller, parts, server.inode_chain(parts))
-        await server.check_subtree(caller, parts, READ_EXECUTE)
+        server.permissions.check_path(caller, parts, server.access.inode_chain(parts))
+        await server.access.check_subtree(caller, parts, READ_EXECUTE)
     answer = await server.fsck_report(ctx, path=path, openforwrite=True,
                                       limit=FSCK_FILE_LIMIT)
     return {"schema_version": SCHEMA_VERSION, "viewer": ctx.user, **answer}
@@ -216,7 +216,7 @@ def logs(server, ctx, min_level: str = "INFO") -> dict:
     """Recent log lines; under ``secure`` the superuser's (HDFS: admin only), since they
     name files and users of the whole namespace: the unauthenticated viewer is refused."""
     if server.config.security == "secure":
-        server.permissions.check_superuser(server.caller_of(ctx), "recent log lines")
+        server.permissions.check_superuser(server.access.caller_of(ctx), "recent log lines")
     level = logging.getLevelName(str(min_level).upper())
     if not isinstance(level, int):
         raise InvalidArgument(f"level must be DEBUG, INFO, WARNING or ERROR, "
