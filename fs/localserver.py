@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 
 from .errors import AuthenticationFailed, ServerUnavailable
+from .rpcbase import (PeerCredentials, format_address, is_default_local_socket,
+                      local_socket_address)
 
 _TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 _LISTEN = "0A"
@@ -162,7 +164,6 @@ def _who(uid: int) -> str:
 def holder(name: str) -> str | None:
     """Who holds the local socket ``name`` (for a server that could not bind it): "uid N
     (user), pid P", or None if nobody answers there."""
-    from .rpc import PeerCredentials, local_socket_address
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.setblocking(False)     # a Unix socket connects at once or not at all
@@ -182,7 +183,6 @@ def connect(name: str, address: tuple[str, int], wanted=None, *,
     host, looked up only once something answers) before anything is sent; None when
     nothing answers there (no such server on this host, or its backlog is full) or it is
     another host's server's. Raises as ``check`` does."""
-    from .rpc import local_socket_address
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -209,7 +209,6 @@ def verify(sock: socket.socket, name: str, address: tuple[str, int], wanted, *,
     """``check`` as a client makes it, which tries the default socket name for a server at
     any address: False (use TCP, send nothing here) when ``name`` is that default and the
     server at ``address`` is not on this host, so the socket is another server's."""
-    from .rpc import is_default_local_socket
 
     if is_default_local_socket(name, address) and not here(wanted, address[1]):
         return False
@@ -226,7 +225,6 @@ def check(sock: socket.socket, name: str, address: tuple[str, int], wanted, *,
     another user's does; ``ServerUnavailable`` if none listens there (yet). It reads a
     kernel table, no disk: quick enough for the caller's thread, which must send its hello
     promptly."""
-    from .rpc import PeerCredentials, format_address
 
     holder = PeerCredentials.of(sock)
     port = address[1]

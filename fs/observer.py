@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 
 from .errors import ServerUnavailable, StandbyError
-from .haclient import call_each
+from .rpcclient import call_each
 from .rpc import RpcClient
 
 log = logging.getLogger(__name__)

@@ -36,11 +36,13 @@ from . import delegation, errors, localserver, nodeauth, tcpliveness
 from . import tls as tlsmod
 from .backoff import Backoff
 from .config import DEFAULT_LOCAL_SOCKET
-from .errors import LeaseFSError, NothingListens, ProtocolError, RpcTimeout, ServerUnavailable
+from .errors import (LeaseFSError, NothingListens, ProtocolError, RpcTimeout, ServerUnavailable,
+                     sole_exception)
 from .framing import DEFAULT_MAX_FRAME, FrameChannel, brief
-from .rpc import (ACTING_FOR, check_identity, current_groups, current_user, format_address,
-                  format_address_list, hello, is_default_local_socket, is_loopback_host,
-                  local_socket_address, local_socket_name, parse_address_list)
+from .rpcbase import (ACTING_FOR, check_identity, current_groups, current_user, format_address,
+                      format_address_list, hello, is_default_local_socket, is_loopback_host,
+                      local_socket_address, local_socket_name, parse_address,
+                      parse_address_list)
 
 # the logger keeps the name it had before the client moved out of fs.rpc: logging settings
 # and log readers that name "fs.rpc" still see the client's messages
@@ -631,7 +633,6 @@ class RpcClient:
         own answer shows a claim of an older term stale. Once it has left a probe
         unanswered, the next ones ask only the others, so a successor is found as soon as
         it says so."""
-        from .haclient import call_each   # it builds on this module
         index, waited = conn.index, trio.current_time() - max(conn.owed_since, conn.heard)
         texts = [format_address(a) for a in self.addresses]
         # the silent server left a probe unanswered and has sent nothing since
@@ -755,3 +756,46 @@ class RpcClient:
         when = f"within {budget:g} s" if budget > 0 else "asked once each, without retries"
         return kind(f"no metadata server of {format_address_list(self.addresses)} served the "
                     f"call {when} ({causes})")
+
+
+# --------------------------------------------------------------------------- each server
+# What ``haadmin``, observer discovery (``fs.observer``), ``RpcClient``'s probe for the
+# active while its server is silent, the HA benchmark and the tests use to learn each
+# server's role (``ha_status``) or to make one server resign (``ha_failover``): these calls
+# must reach THE server named, answer or not, within a bound, where a normal call goes to
+# whichever server of the list serves it. Its calls run at once, each on its own connection.
+async def call_each(addresses, method: str = "ha_status", args: dict | None = None, *,
+                    timeout: float = 2.0, name: str = "leasefs-ha-probe",
+                    local_socket: str | list[str | None] | None = DEFAULT_LOCAL_SOCKET,
+                    **rpc_args) -> dict[str, tuple[object, BaseException | None]]:
+    """``method(**args)`` on every server of ``addresses`` (a list, or a comma-separated
+    string) at once, without retries: ``"host:port"`` → ``(answer, None)``, or ``(None,
+    why)`` when it did not answer within ``timeout`` s or refused. ``local_socket``: the
+    ``meta_socket`` setting, filled in per address as an ``RpcClient`` of the whole list
+    does, or a list of each address's socket name already filled in (None: TCP);
+    ``rpc_args``: more ``RpcClient`` arguments (TLS, authentication, max frame)."""
+    if isinstance(addresses, str):
+        addresses = parse_address_list(addresses)
+    texts = [a if isinstance(a, str) else format_address(a) for a in addresses]
+    if not isinstance(local_socket, list):
+        local_socket = _local_sockets(local_socket, [parse_address(a) for a in texts])
+    sockets = dict(zip(texts, local_socket))
+    out: dict[str, tuple] = {}
+
+    async def one(address: str) -> None:
+        try:
+            async with RpcClient(address, name, timeout=timeout, retry_seconds=0,
+                                 connect_timeout=timeout, local_socket=sockets[address],
+                                 **rpc_args) as rpc:
+                with trio.fail_after(timeout):
+                    out[address] = (await rpc.call(method, args or {}, retry_seconds=0), None)
+        except BaseException as raised:   # trio wraps errors crossing the client's nursery
+            exc = sole_exception(raised)
+            if not isinstance(exc, (LeaseFSError, OSError, trio.TooSlowError)):
+                raise
+            out[address] = (None, exc)
+
+    async with trio.open_nursery() as nursery:
+        for address in texts:
+            nursery.start_soon(one, address)
+    return {address: out[address] for address in texts}   # in the order given

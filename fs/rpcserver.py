@@ -43,9 +43,9 @@ from .framing import (DEFAULT_MAX_FRAME, UNBUDGETED_FRAME, FrameChannel, brief,
                       encode_frame)
 from .limits import Admission, ConnectionLimits, RefusalLog
 from .retry_cache import RetryCache
-from .rpc import (ANONYMOUS_USER, MAX_HELLO_FRAME, PROTOCOL_VERSION, UNAUTHENTICATED,
-                  CallContext, PeerCredentials, check_identity, format_address,
-                  local_socket_address, user_name)
+from .rpcbase import (ANONYMOUS_USER, MAX_HELLO_FRAME, PROTOCOL_VERSION, UNAUTHENTICATED,
+                      CallContext, PeerCredentials, check_identity, format_address,
+                      local_socket_address, user_name)
 
 # the logger keeps the name it had before the server moved out of fs.rpc: logging settings
 # and log readers that name "fs.rpc" still see the server's messages

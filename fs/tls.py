@@ -53,7 +53,7 @@ import trio
 from . import tcpliveness
 from .datafolder import make_private_folder
 from .errors import InvalidArgument, ServerUnavailable, TlsError
-from .rpc import format_address
+from .rpcbase import format_address
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from fs.errors import InvalidArgument
 
-from .splits import read_range
+from .ranges import read_range
 
 CHUNK = 1 << 20              # compressed bytes read per step
 HADOOP_BLOCK = 128 << 10     # uncompressed bytes per lz4/snappy block we write (Hadoop's

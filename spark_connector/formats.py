@@ -22,7 +22,8 @@ from . import columnar, textformats, textwrite
 from .arrowcast import arrow_schema, conform
 from .compression import write_codec
 from .optionvalues import flag, option
-from .splits import Split, plan_splits, read_range
+from .ranges import read_range
+from .splits import Split, plan_splits
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .compression import codec_for_path
 from .optionvalues import flag, option
+from .ranges import READ_CHUNK, read_range
 
 SPLITTABLE = ("text", "json", "csv")
-READ_CHUNK = 4 << 20          # bytes per pread while reading a split
 SPLIT_SLOP = 1.1              # Hadoop FileInputFormat: the last split may be 10% larger
 
 
@@ -42,7 +43,6 @@ class Split:
 def plan_splits(files, fmt: str, options) -> list[Split]:
     """One split per file; text/json (and csv with ``multiLine=false``) files larger than
     their block size are cut at block boundaries (option ``splitSize`` overrides it)."""
-    from .compression import codec_for_path
     splittable = fmt in SPLITTABLE and (fmt != "csv" or not flag(options, "multiLine", False))
     # records end at Hadoop's default line breaks only; wholetext is a row per file
     splittable = splittable and option(options, "lineSep") in (None, "\n", "\\n") \
@@ -85,17 +85,6 @@ def line_split_range(stream, start: int, end: int, length: int) -> tuple[int, in
         return begin, begin
     stop = _find_newline(stream, max(end, begin), length)
     return begin, min(length, stop + 1)
-
-
-def read_range(stream, begin: int, stop: int, chunk_size: int = READ_CHUNK):
-    """The bytes ``[begin, stop)`` in chunks of ``chunk_size``."""
-    pos = begin
-    while pos < stop:
-        chunk = stream.pread(pos, min(chunk_size, stop - pos))
-        if not chunk:
-            break
-        yield chunk
-        pos += len(chunk)
 
 
 def split_bytes(stream, split: Split) -> bytes:

@@ -25,7 +25,8 @@ from fs.errors import InvalidArgument
 from .arrowcast import BATCH_ROWS, cast_column, conform, spark_type
 from .compression import codec_for_path, decompressed_chunks, file_chunks
 from .optionvalues import flag, option
-from .splits import _find_newline, line_split_range, read_range
+from .ranges import read_range
+from .splits import _find_newline, line_split_range
 from .textoptions import DatetimePattern, TextOptions
 from .textparse import (canonical_csv, csv_needs_records, csv_records, csv_rows_slow,
                         infer_json, is_nested as _nested, json_rows_slow, malformed_error,

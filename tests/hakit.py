@@ -29,7 +29,7 @@ from etcd_cluster import EtcdCluster
 from fs.client import AsyncClient
 from fs.config import Config
 from fs.errors import sole_exception
-from fs.haclient import call_each
+from fs.rpcclient import call_each
 from fs.rpcclient import PROBE_SHARE, RpcClient
 from harness import ProcessCluster, free_port, wait_cluster_ready, wait_stopped
 from tools.testbed.cutproxy import Partitions

@@ -16,7 +16,7 @@ import time
 import pytest
 import trio
 
-from fs.haclient import call_each
+from fs.rpcclient import call_each
 from hakit import HACluster, freeze_failover_bound, writes_through
 
 pytestmark = pytest.mark.slow

@@ -18,19 +18,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: circles that exist today, each to be cut and then removed from here (the test fails when
-#: one is gone, so the list cannot go stale): a circle found must lie inside one of these.
-KNOWN_CIRCLES = frozenset({
-    # the RPC core and its client/server halves import each other (bottom-of-file imports)
-    frozenset({"fs.haclient", "fs.localserver", "fs.rpc", "fs.rpcclient", "fs.rpcserver",
-               "fs.tls"}),
-    # the op registry imports the modules whose ops register themselves with it
-    frozenset({"meta.journal.ops", "meta.journal.ops_blocks", "meta.journal.ops_namespace",
-               "meta.journal.ops_tokens"}),
-    # a compressed split reads its range through splits, which picks the codec
-    frozenset({"spark_connector.compression", "spark_connector.splits"}),
-})
-
 #: package -> the project's packages its modules must not import (the longest package that
 #: holds a module decides)
 FORBIDDEN = {
@@ -177,12 +164,8 @@ def test_the_checker_sees_imports_of_every_form(tmp_path):
 def test_no_import_circles():
     graph = import_graph(modules())
     found = circles(graph)
-    new = [c for c in found if not any(set(c) <= known for known in KNOWN_CIRCLES)]
-    gone = [sorted(known) for known in KNOWN_CIRCLES
-            if not any(set(c) <= known for c in found)]
-    assert not new, "import circles:\n" + "\n".join(
-        describe(graph, one_cycle(graph, c)) for c in new)
-    assert not gone, f"no longer circles, remove them from KNOWN_CIRCLES: {gone}"
+    assert not found, "import circles:\n" + "\n".join(
+        describe(graph, one_cycle(graph, c)) for c in found)
 
 
 def test_layers():

@@ -102,7 +102,7 @@ from .files import (RECORD_HEADER, JournalError, JournalStats, Record, Scan, Seg
                             finalized_name, fsync_dir, inprogress_name, read_tail,
                             span_of, verify_directory, write_lost_marker)
 from .start import StartPlan, decide
-from .ops import RPC_CALL, RPC_KEPT, Op, to_wire
+from .opbase import RPC_CALL, RPC_KEPT, Op, to_wire
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ checkpoint, which it runs in a worker thread while no writes happen.
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterable, Iterator
 
 from sortedcontainers import SortedDict

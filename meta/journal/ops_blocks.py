@@ -5,7 +5,7 @@ Why it exists: the ops of the write path, lease recovery and block recovery, eac
 wire form, store apply, memory apply (blocks map, leases) and replay check in one place
 (see ``meta.ops``). Every op here but SET_GENSTAMP and REASSIGN_LEASE changes the space of
 its file ``ino`` (``charges_file_space``: ``Namespace.apply`` charges the difference to
-the quota folders above it). Reach them through ``meta.ops.OPS`` / ``decode``.
+the quota folders above it). Reach them through ``meta.journal.ops.OPS`` / ``decode``.
 
 Concurrency contract: immutable values; ``apply``/``apply_memory`` run on the trio thread
 inside one batch's apply, no awaits; ``check`` only reads its view.
@@ -19,7 +19,7 @@ from ..blocks import blocks as bm
 from . import keys
 from . import ops_store as st
 from ..blocks.blocks import COMMITTED, COMPLETE, UNDER_CONSTRUCTION, BlockInfo
-from .ops import ABSENT, Op, given, register
+from .opbase import ABSENT, Op, given, register
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ RENAMES, SET_PERMISSIONS, SET_OWNER, TIMES, CONCAT, SET_QUOTA.
 Why it exists: the tree-shaping ops (entries, inodes, quota folders) with their wire form,
 store apply, memory apply and replay check in one place each (see ``meta.ops``; the
 planners that build them are ``meta.namespace_plan`` and its siblings). Reach them through
-``meta.ops.OPS`` / ``decode``.
+``meta.journal.ops.OPS`` / ``decode``.
 
 Concurrency contract: immutable values; ``apply``/``apply_memory`` run on the trio thread
 inside one batch's apply, no awaits; ``check`` only reads its view.
@@ -20,7 +20,7 @@ from . import keys
 from . import ops_store as st
 from ..namespace.args import DIR, FILE, SYMLINK
 from ..namespace.charge import file_charge
-from .ops import ABSENT, Op, given, register
+from .opbase import ABSENT, Op, given, register
 
 log = logging.getLogger(__name__)
 

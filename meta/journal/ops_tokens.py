@@ -3,7 +3,7 @@ CANCEL_DELEGATION_TOKEN.
 
 Why it exists: the namespace keeps what each live token may still do, so renewals and
 cancellations survive restarts as HDFS's edit log keeps them (``meta.user_auth`` plans
-them; the server's token table follows the effects). Reach them through ``meta.ops.OPS``
+them; the server's token table follows the effects). Reach them through ``meta.journal.ops.OPS``
 / ``decode``.
 
 Concurrency contract: immutable values; ``apply``/``apply_memory`` run on the trio thread
@@ -13,7 +13,7 @@ inside one batch's apply, no awaits.
 from __future__ import annotations
 
 from . import keys
-from .ops import Op, register
+from .opbase import Op, register
 
 
 @register

@@ -30,7 +30,7 @@ from fs import tls as tlsmod
 from fs.client import authentication
 from fs.config import Config, default_home
 from fs.errors import LeaseFSError
-from fs.haclient import call_each
+from fs.rpcclient import call_each
 
 from ..common import Command
 from ..formatting import UsageError, format_table

@@ -57,7 +57,7 @@ from contextlib import contextmanager
 import trio
 
 from fs.errors import LeaseFSError
-from fs.haclient import call_each
+from fs.rpcclient import call_each
 
 from ..cluster.processes import process_state
 from ..common import Command, SOURCE_TREE

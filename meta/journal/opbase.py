@@ -1,0 +1,219 @@
+"""Journal ops: the one place that says what each op of the edit log means.
+
+Why it exists: an op's meaning used to be spread over three string switches (the store
+appliers, the server's memory updates, the replay checker); standby and observer metadata
+servers replaying the edit log must run exactly the code the active runs, so each op is now
+one frozen dataclass (``meta.ops_namespace``, ``meta.ops_blocks``, ``meta.ops_tokens``)
+with, in one place:
+
+* its typed fields and wire form: planners build the op (its constructor refuses a missing
+  or unknown field before anything is written) and the journal takes it; ``to_wire()`` /
+  ``to_args()`` give the record's dict (fields in declaration order, optional keys left out
+  when ABSENT), byte for byte what the planners journaled as plain dicts before, so
+  journals and checkpoints on disk replay unchanged; ``from_args(dict)`` reads it back;
+* ``apply(txn, counters) -> effect``: its store changes (``meta.ops_store``; used by
+  ``Namespace.apply``, live and at replay);
+* ``apply_memory(state, effect, now)``: the in-memory structures of the server
+  (``MemoryState``: the blocks map, leases, tokens) after the store write;
+* ``check(view)``: the planner's preconditions re-checked at serial replay
+  (``meta.invariants.check_record``);
+* ``rpc_call()``: the retry-cached call the record was written for (``RPC_CALL``), which
+  every server applying it notes in its retry cache, with ``rpc_kept()`` (``RPC_KEPT``):
+  what the record kept of that call's answer for a retry.
+
+This module holds the base class, the wire helpers and the registry table the family
+modules register their classes in (``@register``); ``meta.journal.ops`` loads every family
+and is the way in (``OPS``, ``decode(record)``, ``LAZY_OPS``).
+
+Concurrency contract: ops are immutable values; ``apply`` and ``apply_memory`` run on the
+trio thread, synchronously (no awaits), inside the journal's apply of one batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from fs.errors import InternalError
+from fs.retry_cache import CallKey
+
+if TYPE_CHECKING:
+    from ..blocks.blocks import BlocksMap
+    from ..leases.leases import LeaseManager
+
+
+# the key the journal adds to the last record a retry-cached call logs:
+# ``[client_id, call_id, method]`` (``fs.retry_cache.CallKey``); no op has a field of that
+# name, so it travels in ``Op.extra`` and re-encodes byte for byte
+RPC_CALL = "rpc"
+# the key the journal adds next to it (travelling in ``extra`` the same way) when the call's
+# answer holds something the namespace will not (the status of an inode it removed): what
+# a retry needs to answer as the first call did. Its value is ``meta.retry_answers``' to
+# make and read; only calls that have such a part carry it, other records stay as they were
+RPC_KEPT = "rpc_kept"
+_RPC_KEYS = (RPC_CALL, RPC_KEPT)
+
+
+class _Absent:
+    """A key that is not in the record (optional keys; older records)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+ABSENT: Any = _Absent()
+
+
+def given(value, default=None):
+    """``value``, or ``default`` when its key was not in the record (``dict.get``)."""
+    return default if value is ABSENT else value
+
+
+class MalformedRecord(InternalError):
+    """A record whose args do not fit its op (a missing key)."""
+
+
+class MemoryState(Protocol):
+    """What ``Op.apply_memory`` may use of the metadata server (``MetaServer``)."""
+
+    blocks: BlocksMap
+    leases: LeaseManager
+
+    def commit_in_memory(self, block_id: int, num_bytes: int) -> None: ...
+
+    def forget_recovery(self, block_id: int) -> None: ...
+
+    def lease_ended(self, ino: int) -> None: ...
+
+    def apply_token_effect(self, op: str, effect: dict) -> None: ...
+
+
+class CheckView(Protocol):
+    """What ``Op.check`` may use of the replay checker (``invariants.RecordCheck``)."""
+
+    formatted: bool
+
+    def problem(self, text: str) -> None: ...
+
+    def get(self, key: bytes): ...
+
+    def inode(self, ino): ...
+
+    def entry(self, parent, name): ...
+
+    def linked(self, ino: int) -> bool: ...
+
+    def new_dirs(self, dirs) -> set: ...
+
+    def new_entry(self, parent, name, ino, made, overwrite=None) -> None: ...
+
+    def rename(self, one) -> None: ...
+
+    def open_file(self, ino, *, linked: bool) -> dict | None: ...
+
+
+@dataclass(frozen=True)
+class Op:
+    """One journal op. Fields are the record's args in wire order (subclasses are made
+    dataclasses by ``register``); a field defaulting to ``ABSENT`` is optional (left out
+    of ``to_args`` when it was not in the record). Keys this code does not know are kept
+    in ``extra`` (put back after the others) and otherwise ignored."""
+
+    NAME: ClassVar[str] = ""
+    needs_format: ClassVar[bool] = True       # refused before FORMAT
+    charges_file_space: ClassVar[bool] = False   # changes the space of file ``ino`` (quotas)
+    lazy: ClassVar[bool] = False              # namespace only: may be answered before fsync
+
+    # ------------------------------------------------------------------ wire form
+    _names: ClassVar[tuple[str, ...]] = ()       # wire keys in order (set by ``register``)
+    _required: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def from_args(cls, args: dict) -> Op:
+        values = {}
+        for name in cls._names:
+            if name in args:
+                values[name] = args[name]
+            elif name in cls._required:
+                raise MalformedRecord(f"{cls.NAME} record without {name!r}")
+        if len(values) != len(args):
+            values["extra"] = tuple((k, v) for k, v in args.items() if k not in cls._names)
+        return cls(**values)
+
+    def to_wire(self) -> tuple[str, dict]:
+        """The record as the journal writes it: ``(op name, args)``."""
+        return self.NAME, self.to_args()
+
+    def to_args(self) -> dict:
+        args = {}
+        for name in self._names:
+            value = getattr(self, name)
+            if value is not ABSENT:
+                args[name] = value
+        args.update(self.extra)
+        return args
+
+    def rpc_call(self) -> CallKey | None:
+        """The retry-cached call this record was written for (its ``RPC_CALL`` key, kept
+        in ``extra``), or None: records of monitors and uncached calls carry none."""
+        for name, value in self.extra:
+            if name == RPC_CALL:
+                return CallKey.from_wire(value)
+        return None
+
+    def rpc_kept(self):
+        """What the record kept of its call's answer for a retry (``RPC_KEPT``), or None:
+        most calls need nothing, and records written before it existed have none."""
+        for name, value in self.extra:
+            if name == RPC_KEPT:
+                return value
+        return None
+
+    # ------------------------------------------------------------------ meaning
+    def apply(self, txn, counters: dict) -> dict | None:
+        """The store changes (``txn``: the batch view, ``counters``: the batch's)."""
+        raise NotImplementedError
+
+    def apply_memory(self, state: MemoryState, effect: dict, now: float) -> None:
+        """The server's memory after the store write (default: nothing of its own)."""
+
+    def check(self, view: CheckView) -> None:
+        """The planner's preconditions at serial replay (default: none)."""
+
+
+OPS: dict[str, type[Op]] = {}   # op name -> class: the only way to an op
+
+
+def register(cls):
+    """Class decorator: make ``cls`` a frozen dataclass op named ``cls.NAME``, registered.
+    Fields are keyword-only, so optional and required ones may alternate as the wire order
+    wants; ``extra`` is added after the op's own fields."""
+    cls.__annotations__ = {**cls.__dict__.get("__annotations__", {}), "extra": "tuple"}
+    cls.extra = ()
+    cls = dataclass(frozen=True, kw_only=True)(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.name != "extra"]
+    cls._names = tuple(f.name for f in fields)
+    for name in _RPC_KEYS:
+        if name in cls._names:
+            raise InternalError(f"journal op {cls.NAME}: {name!r} is the retry cache's key")
+    cls._required = frozenset(f.name for f in fields if f.default is not ABSENT)
+    if cls.NAME in OPS:
+        raise InternalError(f"journal op {cls.NAME} registered twice")
+    OPS[cls.NAME] = cls
+    return cls
+
+
+def to_wire(record: Op | tuple[str, dict]) -> tuple[str, dict]:
+    """``(op name, args)`` of a typed op, or of a ``(name, args)`` pair as it stands (the
+    journal's own tests write pairs of no registered op)."""
+    return record.to_wire() if isinstance(record, Op) else record
+
+
+def op_name(record: Op | tuple[str, dict]) -> str:
+    return record.NAME if isinstance(record, Op) else record[0]
