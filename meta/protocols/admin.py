@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from fs import paths
 from fs.errors import InvalidArgument
@@ -42,6 +44,25 @@ from ..namespace.quota import NO_QUOTA
 from ..namespace.permissions import READ_EXECUTE
 from ..timeslice import TimeSlice
 
+if TYPE_CHECKING:
+    from ..blocks.blocks import BlocksMap
+    from ..blocks.datanodes import DatanodeManager
+    from ..blocks.locate import Locator
+    from ..blocks.redundancy import Redundancy
+    from ..blocks.replication import ReplicationQueues
+    from ..blocks.safemode import SafeModeState
+    from ..gcpolicy import GcGovernor
+    from ..ha.role import RoleView
+    from ..journal.edits import Edits
+    from ..journal.journal import Journal
+    from ..leases.leases import LeaseManager
+    from ..monitors import Monitors
+    from ..namespace.access import Access
+    from ..namespace.locks import NamespaceLocking
+    from ..namespace.namespace import Namespace
+    from ..namespace.permissions import PermissionChecker
+    from ..startup import StartupProgress
+
 log = logging.getLogger(__name__)
 
 # fsck: the totals counter of each block status, and statuses from best to worst
@@ -54,9 +75,13 @@ FSCK_RANK = ("HEALTHY", "UNDER_CONSTRUCTION", "UNDER_REPLICATED", "MISSING", "CO
 class AdminProtocol:
     """Handlers of the administrative calls, as ``rpc_<method>(ctx, **args)``."""
 
-    def __init__(self, *, ns, access, permissions, locking, edits, locator, blocks, datanodes,
-                 leases, replication, safemode, redundancy, monitors, journal, role_view,
-                 startup, gc_governor, namespace_lock: str, clock, wall_ns):
+    def __init__(self, *, ns: Namespace, access: Access, permissions: PermissionChecker,
+                 locking: NamespaceLocking, edits: Edits, locator: Locator, blocks: BlocksMap,
+                 datanodes: DatanodeManager, leases: LeaseManager,
+                 replication: ReplicationQueues, safemode: SafeModeState,
+                 redundancy: Redundancy, monitors: Monitors, journal: Journal,
+                 role_view: RoleView, startup: StartupProgress, gc_governor: GcGovernor,
+                 namespace_lock: str, clock: Callable[[], float], wall_ns: Callable[[], int]):
         self.ns = ns
         self.access = access
         self.permissions = permissions

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from fs import paths
 from fs.errors import FileNotFound, InvalidArgument, IsDirectory, NotDirectory, PermissionDenied
@@ -35,13 +37,23 @@ from ..namespace.namespace import DIR, FILE, check_bool, check_name
 from ..namespace.permissions import ALL, READ, READ_EXECUTE, WRITE
 from ..journal.retry_answers import keep_removed
 
+if TYPE_CHECKING:
+    from ..blocks.locate import Locator
+    from ..journal.edits import Edits
+    from ..namespace.access import Access
+    from ..namespace.locks import NamespaceLocking
+    from ..namespace.namespace import Namespace
+    from ..namespace.permissions import PermissionChecker
+
 log = logging.getLogger(__name__)
 
 
 class NamespaceProtocol:
     """Handlers of the namespace calls of HDFS ClientProtocol, as ``rpc_<method>(ctx, **args)``."""
 
-    def __init__(self, *, ns, access, permissions, locking, edits, locator, wall_ns):
+    def __init__(self, *, ns: Namespace, access: Access, permissions: PermissionChecker,
+                 locking: NamespaceLocking, edits: Edits, locator: Locator,
+                 wall_ns: Callable[[], int]):
         self.ns = ns
         self.access = access
         self.permissions = permissions
