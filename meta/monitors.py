@@ -135,7 +135,7 @@ class Monitors:
             return
         period = (self.config.trash_checkpoint_interval or self.config.trash_interval) * 60
         period = max(1.0, min(period, interval))
-        calls = _ServerCalls(self)
+        calls = _ServerCalls(self.namespace_protocol)
         while True:
             await trio.sleep(period)
             if self.safemode.on:
@@ -198,16 +198,16 @@ class Monitors:
 
 
 class _ServerCalls:
-    """The namespace calls the trash emptier makes: the server's own handlers, as the
-    superuser (an in-process caller)."""
+    """The namespace calls the trash emptier makes: the namespace front end's handlers
+    (``NamespaceProtocol``), as the superuser (an in-process caller)."""
 
-    def __init__(self, server):
-        self.server = server
+    def __init__(self, namespace):
+        self.namespace = namespace
         self.ctx = CallContext(client_id="trash-emptier", peer="metadata server")
 
     async def exists(self, path: str) -> bool:
         try:
-            await self.server.rpc_get_file_info(self.ctx, path=path)
+            await self.namespace.rpc_get_file_info(self.ctx, path=path)
         except (FileNotFound, NotDirectory):
             return False
         return True
@@ -215,14 +215,14 @@ class _ServerCalls:
     async def list(self, path: str) -> list[str]:
         names, after = [], ""
         while True:
-            page = await self.server.rpc_list_status(self.ctx, path=path, start_after=after)
+            page = await self.namespace.rpc_list_status(self.ctx, path=path, start_after=after)
             names += [entry["name"] for entry in page["entries"]]
             if not page["entries"] or not page["has_more"]:
                 return names
             after = names[-1]
 
     async def rename(self, src: str, dst: str) -> None:
-        await self.server.rpc_rename(self.ctx, src=src, dst=dst)
+        await self.namespace.rpc_rename(self.ctx, src=src, dst=dst)
 
     async def delete(self, path: str) -> None:
-        await self.server.rpc_delete(self.ctx, path=path, recursive=True)
+        await self.namespace.rpc_delete(self.ctx, path=path, recursive=True)

@@ -137,7 +137,7 @@ LOOK_BACK_BATCH = 256
 # flush (``fsync(sync=false)``), an hsync waits for its fsync
 
 
-class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProtocol,
+class MetaServer(ClientProtocol, DatanodeProtocol,
                  AuthProtocol, LeaseRelease, Redundancy, Monitors, Dispatcher):
     """Every RPC of PROTOCOL.md §2 as ``rpc_<method>(ctx, **args)``: the handlers come from
     the role mixins, which calls go through the retry cache or run inline is declared here."""
@@ -219,8 +219,19 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
             pending_timeout=config.replication_pending_timeout,
             max_streams=config.replication_max_streams)
         self.transfer_commands: dict[str, list[dict]] = {}   # node → TRANSFER commands
+        self.namespace_protocol = NamespaceProtocol(
+            ns=self.ns, access=self.access, permissions=self.permissions, locking=self.locking,
+            edits=self.edits, locator=self.locator, wall_ns=wall_ns)
+        self.admin_protocol = AdminProtocol(
+            ns=self.ns, access=self.access, permissions=self.permissions, locking=self.locking,
+            edits=self.edits, locator=self.locator, blocks=self.blocks,
+            datanodes=self.datanodes, leases=self.leases, replication=self.replication,
+            safemode=self.safemode, redundancy=self.redundancy, monitors=self.monitors,
+            journal=self.journal, role_view=self.role_view, startup=self.startup,
+            gc_governor=self.gc_governor, namespace_lock=config.namespace_lock, clock=clock,
+            wall_ns=wall_ns)
         # the front ends: the objects whose ``rpc_<method>`` methods serve the calls
-        self.front_ends: tuple = (self,)
+        self.front_ends: tuple = (self.namespace_protocol, self.admin_protocol, self)
         # /metrics: per call (serve_rpc's hook), per journal sync, the rest at scrape time
         self.metrics = MetaMetrics(self)
         self.call_observer = self.metrics.observe_call

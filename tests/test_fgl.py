@@ -178,7 +178,8 @@ def test_creates_in_different_folders_overlap_an_fsync_only_with_fine_locks(tmp_
                 overlapped = probe.index("queued", second) < probe.index("fsync_end", first)
                 assert overlapped == (mode == "fine"), probe.events[mark:]
                 for path in ("/a/x", "/b/y"):
-                    assert (await server.rpc_get_file_info(ctx("r"), path))["under_construction"]
+                    status = await server.namespace_protocol.rpc_get_file_info(ctx("r"), path)
+                    assert status["under_construction"]
 
     trio.run(main)
 
@@ -199,7 +200,8 @@ def test_same_folder_mutations_never_overlap_but_other_folders_do(tmp_path):
                 probe.gate.clear()
                 async with trio.open_nursery() as clients:
                     held = await probe.create_held_in_fsync(clients, server, "/s/x", "c1")
-                    clients.start_soon(server.rpc_rename, ctx("c2"), "/s/y", "/s/z")
+                    clients.start_soon(server.namespace_protocol.rpc_rename, ctx("c2"),
+                                       "/s/y", "/s/z")
                     clients.start_soon(server.rpc_create, ctx("c3"), "/s/w", "c3")
                     clients.start_soon(server.rpc_create, ctx("c4"), "/c/v", "c4")
                     await trio.testing.wait_all_tasks_blocked()
@@ -212,8 +214,8 @@ def test_same_folder_mutations_never_overlap_but_other_folders_do(tmp_path):
                 for earlier, later in zip(same, same[1:]):
                     assert probe.index("fsync_end", earlier) < probe.index("queued", later), \
                         probe.events[mark:]
-                names = {e["name"] for e in (await server.rpc_list_status(ctx("r"), "/s"))[
-                    "entries"]}
+                listing = await server.namespace_protocol.rpc_list_status(ctx("r"), "/s")
+                names = {e["name"] for e in listing["entries"]}
                 assert names == {"x", "w", "z"}
 
     trio.run(main)
@@ -255,7 +257,7 @@ async def existing(server: MetaServer, c, rng: random.Random, own: str) -> str:
     """A path that existed a moment ago (what a client listed), else a random one."""
     folder = random_dir(rng, own)
     try:
-        entries = (await server.rpc_list_status(c, folder))["entries"]
+        entries = (await server.namespace_protocol.rpc_list_status(c, folder))["entries"]
     except EXPECTED:
         entries = []
     if entries and entries[0]["path"] != folder:
@@ -299,22 +301,23 @@ async def client(server: MetaServer, index: int, rng: random.Random, stats: Coun
                 src = rng.choice(TREES) if rng.random() < 0.05 else \
                     await existing(server, c, rng, own)
                 dst = random_dir(rng, own) + "/" + rng.choice(DIRS + FILES)
-                await server.rpc_rename(c, src, dst, overwrite=rng.random() < 0.3)
+                await server.namespace_protocol.rpc_rename(c, src, dst,
+                                                           overwrite=rng.random() < 0.3)
             elif kind == "rename_many":
                 # no overwrite here: see test_rename_many_into_a_directory_it_overwrites
                 moves = [[await existing(server, c, rng, own),
                           random_dir(rng, own) + "/" + rng.choice(DIRS + FILES)]
                          for _ in range(2)]
-                await server.rpc_rename_many(c, moves)
+                await server.namespace_protocol.rpc_rename_many(c, moves)
             elif kind == "recover":
                 await server.rpc_recover_lease(c, await existing(server, c, rng, own), name)
             elif kind == "append":
                 await server.rpc_append(c, await existing(server, c, rng, own), name)
             elif kind == "delete":
-                await server.rpc_delete(c, await existing(server, c, rng, own),
-                                        recursive=rng.random() < 0.6)
+                await server.namespace_protocol.rpc_delete(c, await existing(server, c, rng, own),
+                                                           recursive=rng.random() < 0.6)
             else:
-                listing = await server.rpc_list_status(c, random_dir(rng, own))
+                listing = await server.namespace_protocol.rpc_list_status(c, random_dir(rng, own))
                 names = [e["name"] for e in listing["entries"]]
                 if names != sorted(set(names)):
                     anomalies.append(f"listing {listing['entries'][0]['path']}...: {names}")
@@ -521,6 +524,7 @@ def test_reports_during_the_commit_fsync_of_a_complete_end_its_wait(tmp_path):
                         ctx("dn"), "n1", received=[[block["id"], block["gs"], 10, "FINALIZED"]])
                     probe.gate.set()
                 assert answers == [True]
-                assert not (await server.rpc_get_file_info(ctx("r"), "/f"))["under_construction"]
+                status = await server.namespace_protocol.rpc_get_file_info(ctx("r"), "/f")
+                assert not status["under_construction"]
 
     trio.run(main)

@@ -168,7 +168,7 @@ def test_block_servers_report_to_every_server_and_obey_only_the_newest_active(tm
             assert len(a.datanodes.live_nodes()) == len(b.datanodes.live_nodes()) == 3
 
             # 2. a standby queues the deletion but hands out nothing
-            await b.rpc_delete(CTX, "/f1")
+            await b.namespace_protocol.rpc_delete(CTX, "/f1")
             await wait_for(lambda: b.datanodes.invalidate_queued() == 3,
                            "the standby to queue 3 deletions of /f1's block")
             await trio.sleep(10 * config.heartbeat_interval)
@@ -186,9 +186,9 @@ def test_block_servers_report_to_every_server_and_obey_only_the_newest_active(tm
 
             # 4. an active of an older epoch is not obeyed either; the newest active is
             ha_b.epoch, ha_b.claims = 1, None
-            await b.rpc_delete(CTX, "/f2")
+            await b.namespace_protocol.rpc_delete(CTX, "/f2")
             before = [dropped_from(n, addr_b) for n in nodes]
-            await a.rpc_delete(CTX, "/f3")
+            await a.namespace_protocol.rpc_delete(CTX, "/f3")
             await wait_for(lambda: not any(held(nodes, ids["/f3"])),
                            "the active's INVALIDATE of /f3's replicas to be carried out")
             await wait_for(lambda: b.datanodes.invalidate_queued() == 0
@@ -221,7 +221,7 @@ def test_block_servers_report_to_every_server_and_obey_only_the_newest_active(tm
             assert not any(b.datanodes.invalidation_postponed(n.store.node_id) for n in nodes)
             assert all(n.heartbeat.active_epoch == 3 for n in nodes)
             before = [dropped_from(n, addr_a) for n in nodes]
-            await a.rpc_delete(CTX, "/f4")
+            await a.namespace_protocol.rpc_delete(CTX, "/f4")
             await wait_for(lambda: all(dropped_from(n, addr_a) > c
                                        for n, c in zip(nodes, before)),
                            "the INVALIDATE of the deposed epoch-2 active to be dropped")

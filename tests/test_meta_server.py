@@ -1002,9 +1002,9 @@ def test_reclaimer_pauses_in_safe_mode_and_finishes_after_a_restart(tmp_path):
                     assert await server.rpc_complete(ctx, f"/t/d{i % 4}/f{i}", "w",
                                                      ino=st["ino"])
                 await server.rpc_create(ctx, "/keep", "w")
-                await server.rpc_delete(ctx, "/t", recursive=True)
+                await server.namespace_protocol.rpc_delete(ctx, "/t", recursive=True)
                 assert server.ns.has_orphans() and server.ns.file_count() == 21
-                await server.rpc_safemode(ctx, "enter")
+                await server.admin_protocol.rpc_safemode(ctx, "enter")
                 nursery.start_soon(server._reclaim_monitor)
                 await trio.sleep(0.5)     # several monitor periods: nothing reclaimed
                 assert server.reclaim_records == 0 and server.ns.file_count() == 21

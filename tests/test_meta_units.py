@@ -391,6 +391,30 @@ def test_datanodes_register_heartbeat_dead_and_reregister():
     assert [n.node_id for n in displaced] == ["b"] and dm.live("b") is None
 
 
+def test_decommission_start_and_stop_change_only_what_they_name():
+    """dfsadmin's decommission: start moves only an in-service node, stop only one that is
+    not; every block with a replica on the node is checked again (``mark_node_dirty``)."""
+    dm = DatanodeManager(dead_interval=10, invalidate_limit=2, clock=FakeClock())
+    node, _, _ = dm.register("a", "h1:1", 100, 10, 90)
+    assert dm.start_decommission(node) and node.admin == "DECOMMISSION_IN_PROGRESS"
+    assert not dm.start_decommission(node) and node.admin == "DECOMMISSION_IN_PROGRESS"
+    node.admin = "DECOMMISSIONED"          # the replication monitor's end of decommission
+    assert not dm.start_decommission(node) and node.admin == "DECOMMISSIONED"
+    assert dm.stop_decommission(node) and node.admin == "NORMAL"
+    assert not dm.stop_decommission(node) and node.admin == "NORMAL"
+    blocks = BlocksMap()
+    for block_id in (1, 2, 3):
+        blocks.add(BlockInfo(block_id, 10, block_id - 1, 1, 5, bm.COMPLETE, 2))
+    blocks.add_replica("a", 1, 1, 5, "FINALIZED")
+    blocks.add_replica("a", 3, 1, 5, "FINALIZED")
+    blocks.add_replica("b", 2, 1, 5, "FINALIZED")
+    blocks.take_dirty(100)
+    blocks.mark_node_dirty("a")
+    assert sorted(blocks.take_dirty(100)) == [1, 3]
+    blocks.mark_node_dirty("nobody")
+    assert blocks.take_dirty(100) == []
+
+
 def test_reader_order_puts_the_local_node_first_shuffles_equals_and_retiring_stale_last():
     """HDFS ``sortLocatedBlock``: in service and fresh first, the reader's host first among
     those, equals in a new random order at each call; decommissioning, decommissioned and

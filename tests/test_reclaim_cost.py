@@ -67,7 +67,7 @@ async def _delete_and_reclaim(folder, layout: str) -> dict:
     async with inprocess_meta(folder) as server:
         await _create(server, layout)
         assert server.ns.file_count() == N_FILES
-        assert await server.rpc_delete(CTX, "/big", recursive=True)
+        assert await server.namespace_protocol.rpc_delete(CTX, "/big", recursive=True)
         steps = StepTimes()
         lateness: list[float] = []
         reclaimed = trio.Event()
@@ -76,7 +76,8 @@ async def _delete_and_reclaim(folder, layout: str) -> dict:
             while not reclaimed.is_set():
                 due = trio.current_time() + 0.005
                 await trio.sleep_until(due)
-                assert (await server.rpc_get_file_info(CTX, "/"))["type"] == "dir"
+                root = await server.namespace_protocol.rpc_get_file_info(CTX, "/")
+                assert root["type"] == "dir"
                 lateness.append(trio.current_time() - due)
 
         # collector pauses are the gc policy's business (meta/gcpolicy.py), not the reclaimer's

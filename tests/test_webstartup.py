@@ -81,7 +81,8 @@ def test_the_pages_show_the_journal_replay_until_the_server_runs(tmp_path):
                 status, body = await get("/report")
                 report = json.loads(body)
                 assert status == 200 and report["directories"] == DIRS + DIRS // 100 + 1
-                info = await server.rpc_get_file_info(CallContext("t", "t"), path="/d3/e399")
+                info = await server.namespace_protocol.rpc_get_file_info(CallContext("t", "t"),
+                                                                         path="/d3/e399")
                 assert info["type"] == "dir"
                 nursery.cancel_scope.cancel()
         finally:

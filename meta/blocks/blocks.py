@@ -506,6 +506,11 @@ class BlocksMap:
     def mark_dirty(self, block_ids) -> None:
         self.dirty.update(block_ids)
 
+    def mark_node_dirty(self, node_id: str) -> None:
+        """Every block with a replica on ``node_id`` is checked again (its admin state
+        changed what its replicas count for)."""
+        self.dirty.update(self.by_node.get(node_id, ()))
+
     # ------------------------------------------------------------------ queries
     def pipeline_updated(self, block_id: int, gs: int, num_bytes: int) -> None:
         """A journaled pipeline update (UPDATE_BLOCKS of a block being written) on a server

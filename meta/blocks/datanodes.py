@@ -210,6 +210,21 @@ class DatanodeManager:
         node = self.nodes.get(node_id)
         return node is not None and node.retiring
 
+    def start_decommission(self, node: NodeInfo) -> bool:
+        """dfsadmin: an in-service ``node`` starts decommissioning; False when it was not
+        NORMAL (already decommissioning or decommissioned: nothing changes)."""
+        if node.admin != NORMAL:
+            return False
+        node.admin = DECOMMISSION_IN_PROGRESS
+        return True
+
+    def stop_decommission(self, node: NodeInfo) -> bool:
+        """dfsadmin: ``node`` is back in service; False when it already was."""
+        if node.admin == NORMAL:
+            return False
+        node.admin = NORMAL
+        return True
+
     def sort_for_reader(self, node_ids, reader_host: str | None) -> list[str]:
         """``node_ids`` (holders of a finished block) in the order a reader should try
         them: in service before decommissioning before decommissioned, fresh before stale,

@@ -6,21 +6,30 @@ Why it exists: one role per module. These calls read the whole server's state (c
 report, fsck over a subtree) or change its mode (safe mode, decommissioning, a checkpoint);
 the ones that change something are for the superuser only.
 
-``AdminProtocol`` is a mixin: ``MetaServer`` (``server.py``) composes it and owns all the
-state. The handlers rely on the core for: ``reading`` (a read that awaits between store
-reads), ``caller_of``/``checked_caller``/``inode_chain`` (permissions), ``location``,
-``checkpoint`` and the global lock, and on the redundancy work (``redundancy.py``) for
-``replica_groups`` and ``blocks_to_copy``; and on the core's ``ns``, ``blocks``,
-``datanodes``, ``leases``, ``replication``, ``safemode``, ``journal`` and ``config``.
+``AdminProtocol`` is a front end: a translator from each RPC to the services that do the
+work; it keeps no state of its own. Its constructor takes exactly what it calls or reports
+on: the namespace (``ns``), ``access``/``permissions`` (the caller, the superuser checks),
+``locking`` (reads that await between store reads, the set_quota mutation, the global lock
+a safe-mode change takes), ``edits`` (set_quota's record), ``locator`` (fsck's locations),
+the block and block-server state (``blocks``, ``datanodes``, ``leases``, ``replication``,
+``safemode``), ``redundancy`` (replica groups, what a decommissioning node still has to
+copy), ``monitors`` (checkpoints), the report's sources (``journal``, ``role_view``,
+``startup``, ``gc_governor``, ``namespace_lock``: the configured lock mode) and the clocks
+(``clock`` monotonic seconds, ``wall_ns``). ``fsck_report`` is public: the web UI's fsck
+page answers the same report with the viewer's access checked instead of the superuser's.
 
-Concurrency contract: that of ``MetaServer``: everything runs on its one trio thread; fsck
-and content_summary walk a subtree with a checkpoint every few hundred inodes.
+Concurrency contract: every handler runs on the metadata server's one trio thread, each call
+its own task; fsck and content_summary walk a subtree under ``locking.reading`` with a
+checkpoint every few hundred inodes (``TimeSlice``); a safe-mode change holds the global lock
+exclusively, so no mutation is half way through; ``report`` never awaits (served inline).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from fs import paths
 from fs.errors import InvalidArgument
@@ -35,6 +44,25 @@ from ..namespace.quota import NO_QUOTA
 from ..namespace.permissions import READ_EXECUTE
 from ..timeslice import TimeSlice
 
+if TYPE_CHECKING:
+    from ..blocks.blocks import BlocksMap
+    from ..blocks.datanodes import DatanodeManager
+    from ..blocks.locate import Locator
+    from ..blocks.redundancy import Redundancy
+    from ..blocks.replication import ReplicationQueues
+    from ..blocks.safemode import SafeModeState
+    from ..gcpolicy import GcGovernor
+    from ..ha.role import RoleView
+    from ..journal.edits import Edits
+    from ..journal.journal import Journal
+    from ..leases.leases import LeaseManager
+    from ..monitors import Monitors
+    from ..namespace.access import Access
+    from ..namespace.locks import NamespaceLocking
+    from ..namespace.namespace import Namespace
+    from ..namespace.permissions import PermissionChecker
+    from ..startup import StartupProgress
+
 log = logging.getLogger(__name__)
 
 # fsck: the totals counter of each block status, and statuses from best to worst
@@ -46,6 +74,34 @@ FSCK_RANK = ("HEALTHY", "UNDER_CONSTRUCTION", "UNDER_REPLICATED", "MISSING", "CO
 
 class AdminProtocol:
     """Handlers of the administrative calls, as ``rpc_<method>(ctx, **args)``."""
+
+    def __init__(self, *, ns: Namespace, access: Access, permissions: PermissionChecker,
+                 locking: NamespaceLocking, edits: Edits, locator: Locator, blocks: BlocksMap,
+                 datanodes: DatanodeManager, leases: LeaseManager,
+                 replication: ReplicationQueues, safemode: SafeModeState,
+                 redundancy: Redundancy, monitors: Monitors, journal: Journal,
+                 role_view: RoleView, startup: StartupProgress, gc_governor: GcGovernor,
+                 namespace_lock: str, clock: Callable[[], float], wall_ns: Callable[[], int]):
+        self.ns = ns
+        self.access = access
+        self.permissions = permissions
+        self.locking = locking
+        self.edits = edits
+        self.locator = locator
+        self.blocks = blocks
+        self.datanodes = datanodes
+        self.leases = leases
+        self.replication = replication
+        self.safemode = safemode
+        self.redundancy = redundancy
+        self.monitors = monitors
+        self.journal = journal
+        self.role_view = role_view
+        self.startup = startup
+        self.gc_governor = gc_governor
+        self.namespace_lock = namespace_lock
+        self.clock = clock
+        self.wall_ns = wall_ns
 
     async def rpc_content_summary(self, ctx, path):
         parts = paths.split(path)
@@ -121,7 +177,7 @@ class AdminProtocol:
                 "safemode": self.safemode.status(),
                 "ha": self.role_view.status().to_wire(),
                 "namespace_id": self.ns.namespace_id,
-                "namespace_lock": self.config.namespace_lock,
+                "namespace_lock": self.namespace_lock,
                 "journal": {"last_txid": self.journal.last_txid,
                             "durable_txid": self.journal.durable_txid,
                             "fsyncs": self.journal.stats.fsyncs,
@@ -175,14 +231,12 @@ class AdminProtocol:
             raise InvalidArgument(f"decommission: {node:.100}: no such block server")
         if action != "status":
             self.permissions.check_superuser(self.access.caller_of(ctx), f"decommission {action}")
-            if action == "start" and info.admin == dm.NORMAL:
-                info.admin = dm.DECOMMISSION_IN_PROGRESS
+            if action == "start" and self.datanodes.start_decommission(info):
                 log.info("decommissioning block server %s (%s): %d replicas to protect",
                          info.node_id, info.address, self.blocks.node_block_count(info.node_id))
-            elif action == "stop" and info.admin != dm.NORMAL:
-                info.admin = dm.NORMAL
+            elif action == "stop" and self.datanodes.stop_decommission(info):
                 log.info("block server %s (%s) is back in service", info.node_id, info.address)
-            self.blocks.mark_dirty(self.blocks.by_node.get(info.node_id, ()))
+            self.blocks.mark_node_dirty(info.node_id)
         return self._node_admin_dict(info)
 
     # ------------------------------------------------------------------ fsck

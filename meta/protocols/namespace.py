@@ -1,24 +1,31 @@
 """The metadata server's client protocol (HDFS ``ClientProtocol``), its namespace part: the
 calls that read or change existing paths — get_file_info, list_status, rename, rename_many,
 concat, delete and the set_* calls (PROTOCOL.md §2). Creating and writing files is in
-``client_protocol.py``.
+``client.py``.
 
-Why it exists: one role per module; ``client_protocol.py`` had grown past what one module
-should hold, and the write path (leases, blocks, pipelines) and the namespace calls change
-for different reasons.
+Why it exists: one role per module; the write path (leases, blocks, pipelines) and the
+namespace calls change for different reasons.
 
-``NamespaceProtocol`` is a mixin: ``MetaServer`` (``server.py``) composes it and owns all the
-state; it relies on the same core API as ``ClientProtocol`` (the lock helpers, ``log_plan``,
-the permission helpers, ``ns``, ``blocks``, ``journal``, ``permissions``, ``config``).
+``NamespaceProtocol`` is a front end: a translator from each RPC to the services that do the
+work. Its constructor takes exactly what it calls: the namespace (``ns``: resolve, plan,
+status), ``access`` (who the caller is, permission checks), ``permissions`` (the checker the
+handlers ask directly with an inode chain), ``locking`` (the mutation and file locks),
+``edits`` (journaling a plan), ``locator`` (block locations in a file's status) and
+``wall_ns`` (the wall clock the plans stamp times with). It keeps no state of its own.
 
-Concurrency contract: that of ``MetaServer``: everything runs on its one trio thread, each
-call is its own task, and a mutation changes state only under its locks.
+Concurrency contract: every handler runs on the metadata server's one trio thread, each
+call its own task; a mutation changes nothing before it holds its locks
+(``locking.mutation``) and changes the namespace only through a journaled plan
+(``edits.log_plan``); ``get_file_info`` and ``list_status`` never await (the server serves
+them inline).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from fs import paths
 from fs.errors import FileNotFound, InvalidArgument, IsDirectory, NotDirectory, PermissionDenied
@@ -30,11 +37,30 @@ from ..namespace.namespace import DIR, FILE, check_bool, check_name
 from ..namespace.permissions import ALL, READ, READ_EXECUTE, WRITE
 from ..journal.retry_answers import keep_removed
 
+if TYPE_CHECKING:
+    from ..blocks.locate import Locator
+    from ..journal.edits import Edits
+    from ..namespace.access import Access
+    from ..namespace.locks import NamespaceLocking
+    from ..namespace.namespace import Namespace
+    from ..namespace.permissions import PermissionChecker
+
 log = logging.getLogger(__name__)
 
 
 class NamespaceProtocol:
     """Handlers of the namespace calls of HDFS ClientProtocol, as ``rpc_<method>(ctx, **args)``."""
+
+    def __init__(self, *, ns: Namespace, access: Access, permissions: PermissionChecker,
+                 locking: NamespaceLocking, edits: Edits, locator: Locator,
+                 wall_ns: Callable[[], int]):
+        self.ns = ns
+        self.access = access
+        self.permissions = permissions
+        self.locking = locking
+        self.edits = edits
+        self.locator = locator
+        self.wall_ns = wall_ns
 
     async def rpc_get_file_info(self, ctx, path, locations=False):
         """``locations``: a file's status also carries ``locations``, what
@@ -86,7 +112,7 @@ class NamespaceProtocol:
         wanted = merge(lock_set(src_parts, LOCK_PARENT), lock_set(dst_parts, LOCK_PARENT))
         async with self.locking.mutation(f"rename {s} to {d}", wanted):
             self._check_rename(ctx, src_parts, dst_parts)
-            _, wall = self.now()
+            wall = self.wall_ns()
             plan = self.ns.plan_rename(s, d, overwrite, now_ns=wall)
             replaced = None
             if want_status and plan is not None and plan.overwrite is not None:
@@ -109,7 +135,7 @@ class NamespaceProtocol:
         async with self.locking.mutation(f"rename_many ({len(triples)} moves, first {first})", wanted):
             for src_parts, dst_parts, _ in triples:
                 self._check_rename(ctx, src_parts, dst_parts)
-            _, wall = self.now()
+            wall = self.wall_ns()
             await self.edits.log_plan(self.ns.plan_rename_many(moves, overwrite, now_ns=wall),
                                 durable=ctx.sync_metadata)
             return True
@@ -130,7 +156,7 @@ class NamespaceProtocol:
                 for parts in s_parts:
                     self.permissions.check_path(caller, parts, self.access.inode_chain(parts),
                                                 parent=WRITE)
-            _, wall = self.now()
+            wall = self.wall_ns()
             await self.edits.log_plan(self.ns.plan_concat(target, list(srcs), now_ns=wall),
                                 durable=ctx.sync_metadata)
             return True
@@ -151,7 +177,7 @@ class NamespaceProtocol:
                 self.permissions.check_path(caller, parts, self.access.inode_chain(parts), parent=WRITE)
                 if recursive is True:   # HDFS subAccess=ALL, empty directories ignored
                     await self.access.check_subtree(caller, parts, ALL, ignore_empty_dir=True)
-            _, wall = self.now()
+            wall = self.wall_ns()
             gone = None
             if expect is not None or want_status:
                 gone = self.ns.get_file_info(canonical)

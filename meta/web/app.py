@@ -137,7 +137,7 @@ def make_app(server) -> Starlette:
         return webpages.logs(server, ctx, webui.query(request, "level", "INFO"))
 
     async def report_data(request, ctx):
-        return {"schema_version": SCHEMA_VERSION, **await server.rpc_report(ctx)}
+        return {"schema_version": SCHEMA_VERSION, **await server.admin_protocol.rpc_report(ctx)}
 
     async def metrics(request):
         body, content_type = exposition(server.metrics_registry)
@@ -149,7 +149,7 @@ def make_app(server) -> Starlette:
             path = webui.query(request, "path")
             if not path:
                 raise InvalidArgument("download: which file? (?path=/a/file)")
-            status = await server.rpc_get_file_info(ctx, path=path)
+            status = await server.namespace_protocol.rpc_get_file_info(ctx, path=path)
             if status["type"] != FILE:
                 raise IsDirectory(f"{status['path']}: not a file")
             stream = await AsyncInputStream.open(_ViewerClient(server, ctx), status["path"])

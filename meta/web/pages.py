@@ -51,7 +51,7 @@ def viewer(server, request_peer: str, user_name: str | None) -> CallContext:
 
 
 async def overview(server, ctx) -> dict:
-    report = await server.rpc_report(ctx)
+    report = await server.admin_protocol.rpc_report(ctx)
     now_ns = server.wall_ns()
     startup = server.startup.as_dict(now_ns / 1e9)
     started_ns = int(startup["started"] * 1e9)
@@ -88,7 +88,7 @@ def _blocks_reported(server) -> dict:
 
 
 async def datanodes(server, ctx) -> dict:
-    report = await server.rpc_report(ctx)
+    report = await server.admin_protocol.rpc_report(ctx)
 
     def node(entry, state):
         host = entry["address"].rsplit(":", 1)[0]
@@ -152,14 +152,15 @@ async def explorer(server, ctx, path: str) -> dict:
     """A folder's listing, or a file's details with its blocks and their replicas."""
     if not isinstance(path, str) or not path.startswith("/"):
         raise InvalidArgument(f"path must be absolute, got {str(path)[:100]!r}")
-    status = await server.rpc_get_file_info(ctx, path=path)
+    status = await server.namespace_protocol.rpc_get_file_info(ctx, path=path)
     if status is None:
         raise FileNotFound(f"{path[:200]}: no such file or folder")
     canonical = status["path"]
     out = {"schema_version": SCHEMA_VERSION, "viewer": ctx.user, "path": canonical,
            "crumbs": _crumbs(canonical), "status": _entry(status)}
     if status["type"] == DIR:
-        listing = await server.rpc_list_status(ctx, path=canonical, limit=LISTING_LIMIT)
+        listing = await server.namespace_protocol.rpc_list_status(ctx, path=canonical,
+                                                                  limit=LISTING_LIMIT)
         out["kind"] = "folder"
         out["entries"] = [_entry(e) for e in listing["entries"]]
         out["has_more"] = listing["has_more"]
@@ -207,8 +208,8 @@ async def fsck(server, ctx, path: str) -> dict:
     if caller is not None:
         server.permissions.check_path(caller, parts, server.access.inode_chain(parts))
         await server.access.check_subtree(caller, parts, READ_EXECUTE)
-    answer = await server.fsck_report(ctx, path=path, openforwrite=True,
-                                      limit=FSCK_FILE_LIMIT)
+    answer = await server.admin_protocol.fsck_report(ctx, path=path, openforwrite=True,
+                                                     limit=FSCK_FILE_LIMIT)
     return {"schema_version": SCHEMA_VERSION, "viewer": ctx.user, **answer}
 
 
