@@ -113,7 +113,7 @@ class Probe:
         """Start ``create path`` in ``nursery`` and wait until its record is queued and its
         fsync has started (held there while the gate is closed); returns its txid."""
         name = path.rsplit("/", 1)[1]
-        nursery.start_soon(server.rpc_create, ctx(client), path, client)
+        nursery.start_soon(server.client_protocol.rpc_create, ctx(client), path, client)
         txid = await self.wait_for(lambda: self.queued("ADD", name))
         await self.wait_for(lambda: self.index("fsync_start", txid))
         return txid
@@ -157,13 +157,13 @@ def test_creates_in_different_folders_overlap_an_fsync_only_with_fine_locks(tmp_
     async def main():
         async with running_server(tmp_path, namespace_lock=mode) as (server, probe):
             with trio.fail_after(30):
-                await server.rpc_mkdirs(ctx("setup"), "/a")
-                await server.rpc_mkdirs(ctx("setup"), "/b")
+                await server.client_protocol.rpc_mkdirs(ctx("setup"), "/a")
+                await server.client_protocol.rpc_mkdirs(ctx("setup"), "/b")
                 mark = len(probe.events)
                 probe.gate.clear()
                 async with trio.open_nursery() as clients:
                     first = await probe.create_held_in_fsync(clients, server, "/a/x", "c1")
-                    clients.start_soon(server.rpc_create, ctx("c2"), "/b/y", "c2")
+                    clients.start_soon(server.client_protocol.rpc_create, ctx("c2"), "/b/y", "c2")
                     await trio.testing.wait_all_tasks_blocked()
                     assert probe.index("fsync_end", first) is None
                     second = probe.queued("ADD", "y")
@@ -193,17 +193,18 @@ def test_same_folder_mutations_never_overlap_but_other_folders_do(tmp_path):
     async def main():
         async with running_server(tmp_path) as (server, probe):
             with trio.fail_after(30):
-                st = await server.rpc_create(ctx("setup"), "/s/y", "setup")
-                assert await server.rpc_complete(ctx("setup"), "/s/y", "setup", ino=st["ino"])
-                await server.rpc_mkdirs(ctx("setup"), "/c")
+                st = await server.client_protocol.rpc_create(ctx("setup"), "/s/y", "setup")
+                assert await server.client_protocol.rpc_complete(ctx("setup"), "/s/y", "setup",
+                                                                 ino=st["ino"])
+                await server.client_protocol.rpc_mkdirs(ctx("setup"), "/c")
                 mark = len(probe.events)
                 probe.gate.clear()
                 async with trio.open_nursery() as clients:
                     held = await probe.create_held_in_fsync(clients, server, "/s/x", "c1")
                     clients.start_soon(server.namespace_protocol.rpc_rename, ctx("c2"),
                                        "/s/y", "/s/z")
-                    clients.start_soon(server.rpc_create, ctx("c3"), "/s/w", "c3")
-                    clients.start_soon(server.rpc_create, ctx("c4"), "/c/v", "c4")
+                    clients.start_soon(server.client_protocol.rpc_create, ctx("c3"), "/s/w", "c3")
+                    clients.start_soon(server.client_protocol.rpc_create, ctx("c4"), "/c/v", "c4")
                     await trio.testing.wait_all_tasks_blocked()
                     assert probe.index("fsync_end", held) is None
                     assert probe.queued("RENAME", "y") is None, probe.events[mark:]
@@ -279,22 +280,25 @@ async def client(server: MetaServer, index: int, rng: random.Random, stats: Coun
         try:
             if kind == "create":
                 path = random_dir(rng, own) + "/" + rng.choice(FILES * 4 + DIRS)
-                st = await server.rpc_create(c, path, name, overwrite=rng.random() < 0.15)
+                st = await server.client_protocol.rpc_create(c, path, name,
+                                                             overwrite=rng.random() < 0.15)
                 if rng.random() < 0.7:     # the rest stay open: leases to check
-                    await server.rpc_complete(c, path, name, ino=st["ino"])
+                    await server.client_protocol.rpc_complete(c, path, name, ino=st["ino"])
             elif kind == "write":
                 # writer calls address the file by inode id while its folders move around
                 path = random_dir(rng, own) + "/" + rng.choice(FILES)
-                st = await server.rpc_create(c, path, name, overwrite=True)
-                lb = await server.rpc_add_block(c, path, name, ino=st["ino"])
+                st = await server.client_protocol.rpc_create(c, path, name, overwrite=True)
+                lb = await server.client_protocol.rpc_add_block(c, path, name, ino=st["ino"])
                 block = {**lb["block"], "num_bytes": 100}
-                await server.rpc_fsync(c, path, name, ino=st["ino"], last_block_length=50)
+                await server.client_protocol.rpc_fsync(c, path, name, ino=st["ino"],
+                                                       last_block_length=50)
                 if rng.random() < 0.6:     # else complete only commits: the file stays open
                     await server.rpc_block_received_and_deleted(
                         c, NODE, received=[[block["id"], block["gs"], 100, "FINALIZED"]])
-                await server.rpc_complete(c, path, name, ino=st["ino"], last=block)
+                await server.client_protocol.rpc_complete(c, path, name, ino=st["ino"], last=block)
             elif kind == "mkdirs":
-                await server.rpc_mkdirs(c, random_dir(rng, own) + "/" + rng.choice(DIRS))
+                await server.client_protocol.rpc_mkdirs(
+                    c, random_dir(rng, own) + "/" + rng.choice(DIRS))
             elif kind == "rename":
                 # a whole shared tree now and then, else something a listing showed; into
                 # a random folder (its own subtree, another tree, a client folder)
@@ -310,12 +314,14 @@ async def client(server: MetaServer, index: int, rng: random.Random, stats: Coun
                          for _ in range(2)]
                 await server.namespace_protocol.rpc_rename_many(c, moves)
             elif kind == "recover":
-                await server.rpc_recover_lease(c, await existing(server, c, rng, own), name)
+                await server.client_protocol.rpc_recover_lease(
+                    c, await existing(server, c, rng, own), name)
             elif kind == "append":
-                await server.rpc_append(c, await existing(server, c, rng, own), name)
+                await server.client_protocol.rpc_append(
+                    c, await existing(server, c, rng, own), name)
             elif kind == "delete":
                 await server.namespace_protocol.rpc_delete(c, await existing(server, c, rng, own),
-                                                           recursive=rng.random() < 0.6)
+                                        recursive=rng.random() < 0.6)
             else:
                 listing = await server.namespace_protocol.rpc_list_status(c, random_dir(rng, own))
                 names = [e["name"] for e in listing["entries"]]
@@ -375,7 +381,7 @@ def test_random_concurrent_clients_replay_serially(tmp_path, mode):
                         clients.cancel_scope.cancel()
                     # a record a cancelled monitor left queued is applied before this one,
                     # so the drain below plans against a state that has it
-                    await server.rpc_mkdirs(ctx("drain"), "/drained")
+                    await server.client_protocol.rpc_mkdirs(ctx("drain"), "/drained")
                     while await server.monitors.reclaim_once():
                         pass
                 nursery.cancel_scope.cancel()
@@ -504,13 +510,14 @@ def test_reports_during_the_commit_fsync_of_a_complete_end_its_wait(tmp_path):
             with trio.fail_after(30):
                 await server.rpc_register_storage(ctx("dn"), "n1", "127.0.0.1:9001",
                                                   capacity=1 << 40, remaining=1 << 40)
-                st = await server.rpc_create(ctx("w"), "/f", "w")
-                located = await server.rpc_add_block(ctx("w"), "/f", "w", ino=st["ino"])
+                st = await server.client_protocol.rpc_create(ctx("w"), "/f", "w")
+                located = await server.client_protocol.rpc_add_block(ctx("w"), "/f", "w",
+                                                                     ino=st["ino"])
                 block = located["block"]
                 answers = []
 
                 async def complete():
-                    answers.append(await server.rpc_complete(
+                    answers.append(await server.client_protocol.rpc_complete(
                         ctx("w"), "/f", "w", ino=st["ino"], last={**block, "num_bytes": 10}))
 
                 probe.gate.clear()

@@ -880,17 +880,17 @@ def test_writer_calls_cost_the_same_at_block_5_and_block_60(tmp_path):
             counting = server.ns.kv = CountingStore(kv)
             await server.rpc_register_storage(ctx, "node-a", "127.0.0.1:9001", 1 << 40, 0,
                                               1 << 40)
-            st = await server.rpc_create(ctx, "/long", "w")
+            st = await server.client_protocol.rpc_create(ctx, "/long", "w")
             previous = None
             for i in range(60):
                 counting.block_reads = 0
-                lb = await server.rpc_add_block(ctx, "/long", "w", ino=st["ino"],
-                                                previous=previous)
+                lb = await server.client_protocol.rpc_add_block(ctx, "/long", "w", ino=st["ino"],
+                                                                previous=previous)
                 assert lb["offset"] == i * full
-                await server.rpc_fsync(ctx, "/long", "w", ino=st["ino"],
-                                       last_block_length=100)
-                ranged = await server.rpc_get_block_locations(ctx, "/long", offset=i * full,
-                                                              length=10)
+                await server.client_protocol.rpc_fsync(ctx, "/long", "w", ino=st["ino"],
+                                                       last_block_length=100)
+                ranged = await server.client_protocol.rpc_get_block_locations(
+                    ctx, "/long", offset=i * full, length=10)
                 assert [b["block"]["id"] for b in ranged["blocks"]] == [lb["block"]["id"]]
                 costs.append(counting.block_reads)
                 await server.rpc_block_received_and_deleted(
@@ -898,9 +898,10 @@ def test_writer_calls_cost_the_same_at_block_5_and_block_60(tmp_path):
                                               "FINALIZED"]])
                 previous = {**lb["block"], "num_bytes": full}
             counting.block_reads = 0
-            assert await server.rpc_complete(ctx, "/long", "w", ino=st["ino"], last=previous)
+            assert await server.client_protocol.rpc_complete(ctx, "/long", "w", ino=st["ino"],
+                                                             last=previous)
             assert counting.block_reads <= 8
-            located = await server.rpc_get_block_locations(ctx, "/long")
+            located = await server.client_protocol.rpc_get_block_locations(ctx, "/long")
             assert [b["offset"] for b in located["blocks"]] == [i * full for i in range(60)]
             nursery.cancel_scope.cancel()
         await server.journal.aclose()
@@ -998,10 +999,10 @@ def test_reclaimer_pauses_in_safe_mode_and_finishes_after_a_restart(tmp_path):
                 await nursery.start(server.journal.run)
                 await server.start()
                 for i in range(20):
-                    st = await server.rpc_create(ctx, f"/t/d{i % 4}/f{i}", "w")
-                    assert await server.rpc_complete(ctx, f"/t/d{i % 4}/f{i}", "w",
-                                                     ino=st["ino"])
-                await server.rpc_create(ctx, "/keep", "w")
+                    st = await server.client_protocol.rpc_create(ctx, f"/t/d{i % 4}/f{i}", "w")
+                    assert await server.client_protocol.rpc_complete(ctx, f"/t/d{i % 4}/f{i}", "w",
+                                                                     ino=st["ino"])
+                await server.client_protocol.rpc_create(ctx, "/keep", "w")
                 await server.namespace_protocol.rpc_delete(ctx, "/t", recursive=True)
                 assert server.ns.has_orphans() and server.ns.file_count() == 21
                 await server.admin_protocol.rpc_safemode(ctx, "enter")
@@ -1063,16 +1064,18 @@ async def _files_with_complete_blocks(server, ctx, n_files) -> list[list]:
     entries = []
     for i in range(n_files):
         path = f"/f{i}"
-        st = await server.rpc_create(ctx, path, "w")
+        st = await server.client_protocol.rpc_create(ctx, path, "w")
         previous = None
         for size in (100, 50):
-            lb = await server.rpc_add_block(ctx, path, "w", ino=st["ino"], previous=previous)
+            lb = await server.client_protocol.rpc_add_block(ctx, path, "w", ino=st["ino"],
+                                                            previous=previous)
             block = lb["block"]
             await server.rpc_block_received_and_deleted(
                 ctx, "node-a", received=[[block["id"], block["gs"], size, "FINALIZED"]])
             previous = {**block, "num_bytes": size}
             entries.append([block["id"], block["gs"], size, "FINALIZED"])
-        assert await server.rpc_complete(ctx, path, "w", ino=st["ino"], last=previous)
+        assert await server.client_protocol.rpc_complete(ctx, path, "w", ino=st["ino"],
+                                                         last=previous)
     return entries
 
 

@@ -4,7 +4,22 @@ the pipeline-recovery calls (update_block_for_pipeline, update_pipeline,
 get_additional_datanode), recover_lease, append, truncate, list_open_files, renew_lease,
 get_block_locations and sync_metadata (PROTOCOL.md §2). The calls that read or change the
 namespace of existing paths (get_file_info, list_status, rename, concat, delete, the set_*
-calls) are in ``namespace_protocol.py``.
+calls) are in ``namespace.py``.
+
+What it is: a front end, a translator from the leasefs client RPC to the metadata server's
+services. A handler checks the arguments, takes the locks (``locking``), checks the caller
+(``access``, ``permissions``), asks the namespace to plan (``ns.plan_*``), journals the plan
+(``edits``, ``journal``) and answers with located blocks (``locator``); it changes no state
+of its own and holds none. Which calls go through the retry cache or run inline is declared
+on ``MetaServer`` (its dispatcher reads them by method name).
+
+Constructor: keyword arguments naming exactly what the handlers call — the services
+(``ns``, ``edits``, ``access``, ``locking``, ``locator``, ``recovery`` for lease and block
+recovery, ``security`` for block tokens: ``BlockTokens`` says what of it is used), the
+state objects they read or change through their public methods (``blocks``, ``reports``,
+``leases``, ``datanodes``, ``journal``, ``permissions``), the ``config`` and the two clocks
+(``clock``: monotonic seconds, lease times; ``wall_ns``: the times recorded in the
+namespace). Nothing else of the server is reachable from here.
 
 Durability: a handler journals with ``durable=ctx.sync_metadata`` where its record only
 changes the namespace (``MetaServer.LAZY_OPS``); a connection whose hello turned
@@ -13,27 +28,20 @@ fsync. Records that hand out block ids or generation stamps, or that an hsync as
 always wait for the fsync.
 
 Why it exists: one role per module. HDFS keeps the calls of clients apart from those of
-DataNodes (``datanode_protocol.py``) and of administrators (``admin_protocol.py``); the
-handlers here only check arguments and permissions, take locks and ask the namespace to plan.
+DataNodes (``datanode.py``) and of administrators (``admin.py``).
 
-``ClientProtocol`` is a mixin: ``MetaServer`` (``server.py``) composes it and owns all the
-state. The handlers rely on the core's API for them: the lock helpers (``mutation``,
-``file_lock``, ``with_ancestor_locks``), ``log_plan`` (journal a plan and wait until it is
-applied), the permission helpers (``check_access``, ``checked_caller``, ``inode_chain``,
-``check_subtree``, ``new_owner``), the located-block helpers (``located``, ``location``,
-``is_complete``, ``block_state``), lease recovery (``recover_lease_internal``,
-``start_block_recovery``) and the core's ``ns``, ``blocks``, ``leases``, ``datanodes``,
-``journal``, ``permissions`` and ``config``. Which calls go through the retry cache or run
-inline is declared on ``MetaServer``.
-
-Concurrency contract: that of ``MetaServer``: everything runs on its one trio thread, each
-call is its own task, and a mutation changes state only under its locks.
+Concurrency contract: every handler runs on the metadata server's one trio thread, each call
+its own task; a mutation changes state only under its locks (``locking``) and through the
+journal's apply, so two handlers interleave only at their awaits. The object itself has no
+mutable state.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -51,6 +59,23 @@ from ..namespace.namespace import DIR, FILE, SYMLINK, check_bool, check_int, che
 from ..journal.ops_blocks import AddBlock, UpdateBlocks
 from ..namespace.permissions import READ, WRITE
 
+if TYPE_CHECKING:
+    from fs.blocktoken import KeyRing
+    from fs.config import Config
+
+    from ..blocks.blocks import BlocksMap
+    from ..blocks.datanodes import DatanodeManager
+    from ..blocks.locate import Locator
+    from ..blocks.reports import BlockReports
+    from ..journal.edits import Edits
+    from ..journal.journal import Journal
+    from ..leases.leases import LeaseManager
+    from ..leases.release import LeaseRecovery
+    from ..namespace.access import Access
+    from ..namespace.locks import NamespaceLocking
+    from ..namespace.namespace import Namespace
+    from ..namespace.permissions import PermissionChecker
+
 #: seconds ``complete`` waits for the report of the last block's first replica before it
 #: answers False (the client then retries with backoff)
 COMPLETE_REPORT_WAIT = 0.5
@@ -58,8 +83,44 @@ COMPLETE_REPORT_WAIT = 0.5
 log = logging.getLogger(__name__)
 
 
+class BlockTokens(Protocol):
+    """What the handlers ask of the security service: the block keys (None under
+    security = simple) and a block access token for a block at a stamp."""
+
+    block_keys: KeyRing | None
+
+    def block_token(self, block_id: int, gs: int, user: str, mode: str) -> dict | None: ...
+
+
 class ClientProtocol:
     """Handlers of HDFS ClientProtocol calls, as ``rpc_<method>(ctx, **args)``."""
+
+    def __init__(self, *, ns: Namespace, edits: Edits, access: Access,
+                 locking: NamespaceLocking, locator: Locator, recovery: LeaseRecovery,
+                 security: BlockTokens, blocks: BlocksMap, reports: BlockReports,
+                 leases: LeaseManager, datanodes: DatanodeManager, journal: Journal,
+                 permissions: PermissionChecker, config: Config, clock: Callable[[], float],
+                 wall_ns: Callable[[], int]):
+        self.ns = ns
+        self.edits = edits
+        self.access = access
+        self.locking = locking
+        self.locator = locator
+        self.recovery = recovery
+        self.security = security
+        self.blocks = blocks
+        self.reports = reports
+        self.leases = leases
+        self.datanodes = datanodes
+        self.journal = journal
+        self.permissions = permissions
+        self.config = config
+        self.clock = clock
+        self.wall_ns = wall_ns
+
+    def _now(self) -> tuple[float, int]:
+        """(monotonic seconds, wall-clock ns) of this moment."""
+        return self.clock(), self.wall_ns()
 
     # ================================================================== client RPCs
     async def rpc_get_server_defaults(self, ctx):
@@ -92,15 +153,15 @@ class ClientProtocol:
                 self.permissions.check_path(caller, parts, chain,
                                             ancestor=WRITE if len(chain) <= len(parts) else 0)
             new_owner, new_group = self.access.new_owner(ctx, f"mkdirs {canonical}", canonical,
-                                                  owner, group)
-            _, wall = self.now()
-            await self.edits.log_plan(self.ns.plan_mkdirs(canonical, permission, new_owner, new_group,
-                                                    create_parent=create_parent,
-                                                    exclusive=exclusive, now_ns=wall),
-                                durable=ctx.sync_metadata)
+                                                         owner, group)
+            _, wall = self._now()
+            plan = self.ns.plan_mkdirs(canonical, permission, new_owner, new_group,
+                                       create_parent=create_parent, exclusive=exclusive,
+                                       now_ns=wall)
+            await self.edits.log_plan(plan, durable=ctx.sync_metadata)
             return self.ns.changed(canonical) if want_status else True
         return await self.locking.with_ancestor_locks(f"mkdirs {canonical}", parts, body,
-                                              keep_parent_write=False)
+                                                      keep_parent_write=False)
 
     async def rpc_create(self, ctx, path, client_name, overwrite=False, create_parent=True,
                          replication=None, block_size=None, permission=0o644, owner=None,
@@ -125,14 +186,14 @@ class ClientProtocol:
                 self.permissions.check_path(caller, parts, chain, ancestor=WRITE,
                                             access=WRITE if replaces else 0)
             new_owner, new_group = self.access.new_owner(ctx, f"create {canonical}", canonical,
-                                                  owner, group)
-            now, wall = self.now()
+                                                         owner, group)
+            now, wall = self._now()
             found = self.ns.walk(parts, canonical) if parts else []
             if parts and len(found) == len(parts) + 1 and overwrite is False:
                 ino, inode = found[-1]
                 uc = inode.get("uc") if inode["type"] == FILE else None
                 if uc and not await self.recovery.recover_lease_internal("create", canonical, ino,
-                                                                inode, client_name, now):
+                                                                         inode, client_name, now):
                     raise RecoveryInProgress(f"failed to create {canonical} for {client_name}: "
                                              f"lease recovery is in progress; try again later")
             plan = self.ns.plan_create(
@@ -169,8 +230,8 @@ class ClientProtocol:
         async def body():
             self.access.check_access(ctx, parts, ancestor=WRITE)
             new_owner, new_group = self.access.new_owner(ctx, f"symlink {canonical}", canonical,
-                                                  owner, group)
-            _, wall = self.now()
+                                                         owner, group)
+            _, wall = self._now()
             plan = self.ns.plan_symlink(target, canonical, create_parent=create_parent,
                                         owner=new_owner, group=new_group, now_ns=wall)
             await self.edits.log_plan(plan, durable=ctx.sync_metadata)
@@ -193,7 +254,7 @@ class ClientProtocol:
             last_offset = inode.get("length", 0) - (last["num_bytes"] if last else 0)
             if kind == "retry":
                 return self.locator.located(last, self.blocks.get(last["id"]), last_offset,
-                                    self.access.token_user(ctx), WRITE_TOKEN)
+                                            self.access.token_user(ctx), WRITE_TOKEN)
             commit = None
             if kind == "commit":
                 self.ns.check_writer_length(current, inode, previous["num_bytes"])
@@ -224,7 +285,7 @@ class ClientProtocol:
             block_size=block_size, what=f"add_block {current}")
         block_id = self.ns.allocate_block_id()
         gs = self.ns.next_genstamp()
-        _, wall = self.now()
+        _, wall = self._now()
         plan = self.ns.plan_add_block(ino, blocks, block_id, gs, commit,
                                       [t.node_id for t in targets], wall)
         return plan, {"id": block_id, "gs": gs, "num_bytes": 0, "state": bm.UNDER_CONSTRUCTION}
@@ -232,13 +293,14 @@ class ClientProtocol:
     def _located_new(self, ctx, block: dict, offset: int) -> dict:
         """A block just journaled by ``_plan_block``, located for its writer, with the
         write token its block servers check (security = secure)."""
-        return self.locator.located(block, self.blocks.get(block["id"]), offset, self.access.token_user(ctx),
-                            WRITE_TOKEN)
+        return self.locator.located(block, self.blocks.get(block["id"]), offset,
+                                    self.access.token_user(ctx), WRITE_TOKEN)
 
     async def rpc_abandon_block(self, ctx, path, client_name, ino=None, block=None):
         canonical = paths.validate(path)
         ino = check_ino(ino, canonical)
-        async with self.locking.file_lock(f"abandon a block of {canonical}", canonical, ino) as current:
+        async with self.locking.file_lock(f"abandon a block of {canonical}", canonical,
+                                          ino) as current:
             _, ino, _ = self.ns.writer_file(current, ino, client_name)
             blocks = self.ns.blocks_of(ino)
             await self.edits.log_plan(self.ns.plan_abandon(current, ino, blocks, block))
@@ -285,16 +347,17 @@ class ClientProtocol:
                 self.access.check_set_mode(ctx, paths.split(current), attrs["mode"])
             if data is not None:   # the whole content, kept in the namespace
                 self.ns.check_inline(current, ino, inode, data)
-                _, wall = self.now()
-                await self.edits.log_plan(self.ns.plan_close(ino, None, None, wall, attrs, data=data),
-                                    durable=ctx.sync_metadata)
+                _, wall = self._now()
+                await self.edits.log_plan(
+                    self.ns.plan_close(ino, None, None, wall, attrs, data=data),
+                    durable=ctx.sync_metadata)
                 return True
             blocks = self.ns.tail_blocks(ino, inode)
             kind, block = self.ns.check_last(current, blocks, last)
-            _, wall = self.now()
+            _, wall = self._now()
             if kind == "none":
                 await self.edits.log_plan(self.ns.plan_close(ino, None, None, wall, attrs),
-                                    durable=ctx.sync_metadata)
+                                          durable=ctx.sync_metadata)
                 return True
             earlier_ok = all(self.locator.is_complete(b) for b in blocks[:-1])
             num_bytes = last["num_bytes"]
@@ -305,7 +368,7 @@ class ClientProtocol:
                 last_ok = self.locator.is_complete(block)
             if earlier_ok and last_ok:
                 await self.edits.log_plan(self.ns.plan_close(ino, block, num_bytes, wall, attrs),
-                                    durable=ctx.sync_metadata)
+                                          durable=ctx.sync_metadata)
                 return True
             if not earlier_ok:
                 if kind == "commit":
@@ -354,7 +417,7 @@ class ClientProtocol:
         ino = check_ino(ino, canonical)
         async with self.locking.file_lock(f"rewrite {canonical}", canonical, ino) as current:
             current, ino, inode = self.ns.writer_file(current, ino, client_name)
-            _, wall = self.now()
+            _, wall = self._now()
             await self.edits.log_plan(self.ns.plan_rewrite(ino, inode, now_ns=wall))
             return self.ns.status(current, ino, self.ns.get_inode(ino))
 
@@ -418,7 +481,8 @@ class ClientProtocol:
                                     if loc is not None]}
             # the recovered pipeline is set up under the new stamp: a write token for it
             # (also how a writer whose token expired gets a fresh one)
-            token = self.security.block_token(block_id, stamp.gs, self.access.token_user(ctx), WRITE_TOKEN)
+            token = self.security.block_token(block_id, stamp.gs, self.access.token_user(ctx),
+                                              WRITE_TOKEN)
             if token is not None:
                 answer["token"] = token
             return answer
@@ -528,7 +592,8 @@ class ClientProtocol:
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_name(client_name, f"recover_lease {canonical}: client_name")
-        async with self.locking.mutation(f"recover lease of {canonical}", lock_set(parts, LOCK_WRITE)):
+        async with self.locking.mutation(f"recover lease of {canonical}",
+                                         lock_set(parts, LOCK_WRITE)):
             self.access.check_access(ctx, parts, access=WRITE)
             _, ino, inode, _ = self.ns.resolve(canonical)
             if inode["type"] != FILE:
@@ -537,9 +602,9 @@ class ClientProtocol:
                         f"recover_lease {canonical}: not a file")
             if not inode.get("uc"):
                 return True
-            return await self.recovery.recover_lease_internal("recover the lease of", canonical, ino,
-                                                     inode, client_name, self.clock(),
-                                                     force=True)
+            return await self.recovery.recover_lease_internal(
+                "recover the lease of", canonical, ino, inode, client_name, self.clock(),
+                force=True)
 
     async def _reopen_checks(self, op: str, canonical: str, client_name: str) -> tuple[int, dict]:
         """append/truncate: the path must be a file; an open one goes through
@@ -550,8 +615,8 @@ class ClientProtocol:
         if inode["type"] != FILE:
             raise InvalidArgument(f"cannot {op} {canonical}: not a file")
         if inode.get("uc"):
-            if not await self.recovery.recover_lease_internal(op, canonical, ino, inode, client_name,
-                                                     self.clock()):
+            if not await self.recovery.recover_lease_internal(op, canonical, ino, inode,
+                                                              client_name, self.clock()):
                 raise RecoveryInProgress(f"failed to {op} {canonical} for {client_name}: lease "
                                          f"recovery is in progress; try again later")
             inode = self.ns.get_inode(ino)
@@ -565,7 +630,7 @@ class ClientProtocol:
         async with self.locking.mutation(f"truncate {canonical}", lock_set(parts, LOCK_WRITE)):
             self.access.check_access(ctx, parts, access=WRITE)
             ino, inode = await self._reopen_checks("truncate", canonical, client_name)
-            _, wall = self.now()
+            _, wall = self._now()
             plan = self.ns.plan_truncate(canonical, ino, inode, new_length, holder=client_name,
                                          client_machine=ctx.peer or "", now_ns=wall)
             if plan is None:
@@ -575,7 +640,7 @@ class ClientProtocol:
             if last is None:
                 return True
             await self.recovery.start_block_recovery(canonical, ino, last,
-                                            new_length=last["num_bytes"])
+                                                     new_length=last["num_bytes"])
             return False
 
     async def rpc_append(self, ctx, path, client_name):
@@ -588,7 +653,7 @@ class ClientProtocol:
             tail = self.ns.tail_blocks(ino, inode, 1)
             partial = bool(tail) and tail[-1]["num_bytes"] < inode["block_size"]
             new_gs = self.ns.next_genstamp() if partial else None
-            _, wall = self.now()
+            _, wall = self._now()
             plan = self.ns.plan_append(ino, inode, holder=client_name,
                                        client_machine=ctx.peer or "", new_gs=new_gs, now_ns=wall)
             await self.edits.log_plan(plan)
@@ -600,7 +665,7 @@ class ClientProtocol:
                 offset = inode.get("length", 0) - block["num_bytes"]
                 # written on under the new stamp: a write token for it
                 last_block = self.locator.located(block, self.blocks.get(block["id"]), offset,
-                                          self.access.token_user(ctx), WRITE_TOKEN)
+                                                  self.access.token_user(ctx), WRITE_TOKEN)
             answer = {"status": self.ns.status(canonical, ino, inode), "last_block": last_block}
             data = self.ns.inline_data(ino, inode)
             if data is not None:   # the writer starts with these bytes (sent first)
@@ -648,5 +713,5 @@ class ClientProtocol:
         if length is not None:
             check_int(length, f"{canonical}: length", low=0)
         return self.locator.file_locations(ino, inode, offset,
-                                    math.inf if length is None else offset + length,
-                                    self.access.token_user(ctx), caller_host(ctx))
+                                           math.inf if length is None else offset + length,
+                                           self.access.token_user(ctx), caller_host(ctx))

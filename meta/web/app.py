@@ -65,9 +65,13 @@ class _ViewerClient:
         self.avoided = AvoidedNodes(server.config.data_avoid_interval)
 
     async def call(self, method: str, args: dict, **_options):
-        if method not in ("get_block_locations", "report_bad_blocks"):
+        front_end = {
+            "get_block_locations": self._server.client_protocol,
+            "report_bad_blocks": self._server,
+        }.get(method)
+        if front_end is None:
             raise InvalidArgument(f"download: {method} is not a read")
-        return await getattr(self._server, f"rpc_{method}")(self._ctx, **args)
+        return await getattr(front_end, f"rpc_{method}")(self._ctx, **args)
 
 
 def make_app(server) -> Starlette:

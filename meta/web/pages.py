@@ -167,7 +167,7 @@ async def explorer(server, ctx, path: str) -> dict:
         return out
     out["kind"] = "file" if status["type"] == FILE else "symlink"
     if status["type"] == FILE:
-        located = await server.rpc_get_block_locations(ctx, path=canonical)
+        located = await server.client_protocol.rpc_get_block_locations(ctx, path=canonical)
         out["inline"] = located.get("inline") is not None
         out["under_construction"] = located["under_construction"]
         out["blocks"] = [{"id": lb["block"]["id"], "gs": lb["block"]["gs"],
