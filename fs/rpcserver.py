@@ -87,6 +87,11 @@ class Dispatcher:
         names them."""
         return (self,)
 
+    def handler(self, method: str):
+        """The bound ``rpc_<method>`` that serves ``method`` (``UnknownMethod`` if none), for
+        a caller inside the server: it skips ``dispatch`` and its identity checks."""
+        return (self._signatures.get(method) or self._method(method))[0]
+
     def methods(self) -> list[str]:
         return sorted({n[4:] for h in self.handlers() for n in dir(h) if n.startswith("rpc_")})
 

@@ -160,7 +160,7 @@ class MetaMetrics:
                     s.journal.durable_txid)
         yield gauge("files", "Files in the namespace", s.ns.file_count())
         yield gauge("directories", "Directories in the namespace", s.ns.dir_count())
-        yield gauge("delegation_tokens", "Live delegation tokens", len(s.tokens))
+        yield gauge("delegation_tokens", "Live delegation tokens", len(s.security.tokens))
 
 
 __all__ = ["MetaMetrics", "PREFIX", "HA_PREFIX"]

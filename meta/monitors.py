@@ -5,12 +5,19 @@ Why it exists: one role per module. These loops run beside the protocols (client
 server, admin) and act on the same state; HDFS keeps them apart too (its Monitor threads:
 HeartbeatManager, LeaseManager.Monitor, RedundancyMonitor, ExpiredTokenRemover).
 
-``Monitors`` is a mixin: ``MetaServer`` (``server.py``) composes it and owns all the state;
-each loop calls the core (``release_expired_leases``, ``replication_pass``,
-``remove_expired_tokens``, ...).
+``Monitors`` is constructed with what the loops act on: the journal, the store and the
+namespace (checkpoints, reclaiming), the namespace locks (a checkpoint holds the global write
+lock, a reclaim record the global read lock), safe mode, the block servers, the HA role
+view, the lease recovery, redundancy and security services whose passes it drives, the
+config (periods and checkpoint thresholds), the wall clock and the server's start time,
+and three callables of the server: ``node_dead`` (a block server's replicas leave),
+``update_safemode`` and ``handler`` (the ``rpc_<method>`` the trash emptier calls, the
+server's own handlers as the superuser). It owns the last checkpoint, the counts of
+checkpoints and reclaim records, and the reclaimer's wakeup (``wake_reclaimer``, called
+when an applied record detached a subtree).
 
-Concurrency contract: that of ``MetaServer``: every loop is a task on its one trio thread;
-a checkpoint holds the global write lock, a reclaim record the global read lock.
+Concurrency contract: every loop is a task on the metadata server's one trio thread; a
+checkpoint holds the global write lock, a reclaim record the global read lock.
 """
 
 from __future__ import annotations
@@ -36,6 +43,41 @@ RECLAIM_SLICE = 0.001
 
 
 class Monitors:
+    """The background loops (``run_monitors``, ``run_active_services``), checkpoints and
+    reclaiming."""
+
+    def __init__(self, *, journal, kv, ns, locking, safemode, datanodes, role_view, recovery,
+                 redundancy, security, config, wall_ns, started_ns: int, node_dead,
+                 update_safemode, handler):
+        self.journal = journal
+        self.kv = kv
+        self.ns = ns
+        self.locking = locking
+        self.safemode = safemode
+        self.datanodes = datanodes
+        self.role_view = role_view
+        self.recovery = recovery
+        self.redundancy = redundancy
+        self.security = security
+        self.config = config
+        self.wall_ns = wall_ns
+        self._started_ns = started_ns
+        self._node_dead = node_dead
+        self._update_safemode = update_safemode
+        self._handler = handler
+        self.last_checkpoint = CheckpointInfo()   # read from the store by load_last_checkpoint
+        self.checkpoints = 0                      # taken by this server since it started
+        self.reclaim_records = 0                  # RECLAIM records journaled since it started
+        self._reclaim_wakeup = trio.Event()
+
+    def load_last_checkpoint(self) -> None:
+        """Read the last checkpoint recorded in the store (at start, before the replay)."""
+        self.last_checkpoint = checkpoints.load(self.kv)
+
+    def wake_reclaimer(self) -> None:
+        """An applied record detached a subtree: the reclaimer starts on it now."""
+        self._reclaim_wakeup.set()
+
     async def checkpoint(self) -> dict:
         """Roll the journal, make LevelDB durable with the checkpoint recorded in it, purge
         old segments (global write lock; see checkpoint.py)."""
@@ -135,7 +177,7 @@ class Monitors:
             return
         period = (self.config.trash_checkpoint_interval or self.config.trash_interval) * 60
         period = max(1.0, min(period, interval))
-        calls = _ServerCalls(self.namespace_protocol)
+        calls = _ServerCalls(self._handler)
         while True:
             await trio.sleep(period)
             if self.safemode.on:
@@ -153,13 +195,13 @@ class Monitors:
         while True:
             await trio.sleep(period)
             for node in self.datanodes.check_dead():
-                self.node_dead(node)
+                self._node_dead(node)
 
     async def _safemode_monitor(self) -> None:
         period = max(0.05, min(0.5, self.config.heartbeat_interval))
         while True:
             if self.safemode.on:
-                self.update_safemode()
+                self._update_safemode()
             await trio.sleep(period)
 
     async def _lease_monitor(self) -> None:
@@ -198,16 +240,16 @@ class Monitors:
 
 
 class _ServerCalls:
-    """The namespace calls the trash emptier makes: the namespace front end's handlers
-    (``NamespaceProtocol``), as the superuser (an in-process caller)."""
+    """The namespace calls the trash emptier makes: the server's own handlers (``handler``:
+    method name → bound ``rpc_<method>``), as the superuser (an in-process caller)."""
 
-    def __init__(self, namespace):
-        self.namespace = namespace
+    def __init__(self, handler):
+        self.handler = handler
         self.ctx = CallContext(client_id="trash-emptier", peer="metadata server")
 
     async def exists(self, path: str) -> bool:
         try:
-            await self.namespace.rpc_get_file_info(self.ctx, path=path)
+            await self.handler("get_file_info")(self.ctx, path=path)
         except (FileNotFound, NotDirectory):
             return False
         return True
@@ -215,14 +257,14 @@ class _ServerCalls:
     async def list(self, path: str) -> list[str]:
         names, after = [], ""
         while True:
-            page = await self.namespace.rpc_list_status(self.ctx, path=path, start_after=after)
+            page = await self.handler("list_status")(self.ctx, path=path, start_after=after)
             names += [entry["name"] for entry in page["entries"]]
             if not page["entries"] or not page["has_more"]:
                 return names
             after = names[-1]
 
     async def rename(self, src: str, dst: str) -> None:
-        await self.namespace.rpc_rename(self.ctx, src=src, dst=dst)
+        await self.handler("rename")(self.ctx, src=src, dst=dst)
 
     async def delete(self, path: str) -> None:
-        await self.namespace.rpc_delete(self.ctx, path=path, recursive=True)
+        await self.handler("delete")(self.ctx, path=path, recursive=True)

@@ -1,6 +1,9 @@
 """The metadata server (the HDFS NameNode role): its core — state, startup/recovery, the
-journal's apply, the lock and permission helpers, lease release and block recovery,
-monitors, checkpoints. How a process runs it (sockets, restarts) is ``serverrun.py``.
+journal's apply, the lock and permission helpers, lease release and block recovery. It owns
+the services, among them ``monitors`` (``monitors.py``: the background loops, checkpoints,
+the reclaimer) and ``security`` (``security.py``: keys, proxy rules, delegation tokens), and
+delegates the ``Dispatcher``'s session hooks to ``auth_protocol``
+(``protocols/user_auth.py``). How a process runs it (sockets, restarts) is ``serverrun.py``.
 
 Why it exists: it is the shell around the pure parts. ``namespace.py`` validates and applies
 journal records (what each op does, in the store and here in memory, is its class in
@@ -68,8 +71,7 @@ import time
 
 import trio
 
-from fs import blocktoken, weblog
-from fs.blocktoken import KeyRing
+from fs import weblog
 from fs.config import Config
 from fs.errors import InvalidArgument, StandbyError
 from fs.hastatus import HAStatus, Role
@@ -86,9 +88,7 @@ from .namespace.access import Access
 from .metrics import MetaMetrics
 from .blocks.datanodes import DatanodeManager
 from .gcpolicy import GcGovernor
-from .journal import checkpoint as checkpoints
 from .ha.bootstrap import CHUNK_BYTES, ImageSource
-from .journal.checkpoint import CheckpointInfo
 from .journal.journal import Journal
 from .journal.kv import KVStore, PlyvelStore
 from .leases.leases import STALE_HEARTBEATS, LeaseManager
@@ -109,7 +109,8 @@ from .protocols.datanode import DatanodeProtocol
 from .blocks.redundancy import Redundancy
 from .leases.release import LeaseRelease, Recovery
 from .monitors import Monitors
-from .protocols.user_auth import AuthProtocol, ProxyRules
+from .protocols.user_auth import AuthProtocol
+from .security import Security
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +138,7 @@ LOOK_BACK_BATCH = 256
 # flush (``fsync(sync=false)``), an hsync waits for its fsync
 
 
-class MetaServer(DatanodeProtocol,
-                 AuthProtocol, LeaseRelease, Redundancy, Monitors, Dispatcher):
+class MetaServer(DatanodeProtocol, LeaseRelease, Redundancy, Dispatcher):
     """Every RPC of PROTOCOL.md §2 as ``rpc_<method>(ctx, **args)``: the handlers come from
     the role mixins, which calls go through the retry cache or run inline is declared here."""
 
@@ -161,15 +161,7 @@ class MetaServer(DatanodeProtocol,
         # HDFS: the superuser is the user running the NameNode unless configured; it owns
         # the root directory of a new namespace, whose group is the supergroup
         self.superuser = config.superuser or current_user()
-        # the cluster key block servers prove they hold (security = secure; set by
-        # run_meta_server), None: simple, every peer is believed
-        self.node_key: bytes | None = None
-        # block keys tokens are made with (security = secure; set by run_meta_server)
-        self.block_keys: KeyRing | None = None
-        self.proxy_rules = ProxyRules.parse(config.proxy_users, self.superuser)
         self.metrics_registry = new_registry()      # /metrics (web.py)
-        self.tokens: dict = {}        # delegation tokens: seq → TokenState (user_auth.py)
-        self._next_token = 1
         self.permissions = PermissionChecker(superuser=self.superuser,
                                              supergroup=config.supergroup,
                                              enabled=config.permissions_enabled)
@@ -192,9 +184,12 @@ class MetaServer(DatanodeProtocol,
         self.journal = Journal(journal_dir, self._apply,
                                keep_segments=config.journal_keep_segments,
                                sync_delay=config.journal_sync_delay)
+        # the keys, proxy rules and delegation tokens (run_meta_server installs the keys)
+        self.security = Security(ns=self.ns, journal=self.journal, config=config,
+                                 superuser=self.superuser, wall_ns=wall_ns)
         # the services every front end calls; those not yet split out of the role
         # classes are this object itself
-        self.recovery = self.redundancy = self.monitors = self.security = self
+        self.recovery = self.redundancy = self
         # the services every front end calls
         self.edits = Edits(self.journal)
         self.access = Access(self.ns, self.permissions, self.superuser)
@@ -203,22 +198,28 @@ class MetaServer(DatanodeProtocol,
             safemode_check=self.safemode.check, exclusive=config.namespace_lock == "global")
         self.locator = Locator(self.ns, self.blocks, self.datanodes, self.security.block_token)
         self._recovering = False
-        self.last_checkpoint = CheckpointInfo()   # read from the store by recover()
         self._started_ns = wall_ns()
         self.startup = StartupProgress(self._started_ns / 1e9)
         self.recent_log = weblog.install()   # the web pages' recent log lines
         self._release_logged: set[int] = set()
-        self.checkpoints = 0
         self.reports = BlockReports(self.blocks, self.datanodes, self.update_safemode,
                                     step=REPORT_STEP, following=lambda: not self.is_active)
-        self._reclaim_wakeup = trio.Event()
-        self.reclaim_records = 0
         self.recoveries: dict[int, Recovery] = {}            # block id → running recovery
         self.recover_commands: dict[str, dict[int, dict]] = {}   # node → block id → command
         self.replication = ReplicationQueues(
             pending_timeout=config.replication_pending_timeout,
             max_streams=config.replication_max_streams)
         self.transfer_commands: dict[str, list[dict]] = {}   # node → TRANSFER commands
+        # the background loops, checkpoints and the reclaimer
+        self.monitors = Monitors(
+            journal=self.journal, kv=kv, ns=self.ns, locking=self.locking,
+            safemode=self.safemode, datanodes=self.datanodes, role_view=self.role_view,
+            recovery=self.recovery, redundancy=self.redundancy, security=self.security,
+            config=config, wall_ns=wall_ns, started_ns=self._started_ns,
+            node_dead=self.node_dead, update_safemode=self.update_safemode,
+            handler=self.handler)
+        self.auth_protocol = AuthProtocol(security=self.security, superuser=self.superuser,
+                                          vouches_users=config.storage_vouches_users)
         self.client_protocol = ClientProtocol(
             ns=self.ns, edits=self.edits, access=self.access, locking=self.locking,
             locator=self.locator, recovery=self.recovery, security=self.security,
@@ -238,7 +239,7 @@ class MetaServer(DatanodeProtocol,
             wall_ns=wall_ns)
         # the front ends: the objects whose ``rpc_<method>`` methods serve the calls
         self.front_ends: tuple = (self.client_protocol, self.namespace_protocol,
-                                  self.admin_protocol, self)
+                                  self.admin_protocol, self.auth_protocol, self)
         # /metrics: per call (serve_rpc's hook), per journal sync, the rest at scrape time
         self.metrics = MetaMetrics(self)
         self.call_observer = self.metrics.observe_call
@@ -265,7 +266,7 @@ class MetaServer(DatanodeProtocol,
         applied = self.ns.applied_txid
         self.kv.sync()
         self.journal.open(store_applied=applied)
-        self.last_checkpoint = checkpoints.load(self.kv)
+        self.monitors.load_last_checkpoint()
         self.retry_cache.hold()
         self.startup.replaying(applied, self.journal.last_txid, self.wall_ns() / 1e9)
         chunk = []
@@ -396,6 +397,19 @@ class MetaServer(DatanodeProtocol,
     def handlers(self) -> tuple:
         return self.front_ends
 
+    # who a connection is: the user authentication front end decides
+    def open_session(self, session, user, groups, credentials, peer) -> None:
+        self.auth_protocol.open_session(session, user, groups, credentials, peer)
+
+    def act_as(self, session, acting):
+        return self.auth_protocol.act_as(session, *super().act_as(session, acting))
+
+    def authenticated(self, session) -> bool:
+        return self.auth_protocol.authenticated(session)
+
+    def admits_unauthenticated(self, ctx, method) -> bool:
+        return self.auth_protocol.admits_unauthenticated(ctx, method)
+
     async def dispatch(self, ctx, method, args):
         """A server that is not active refuses every call but the ``ANY_ROLE_METHODS``
         with ``StandbyError`` before anything is looked at: the client moves on. An
@@ -494,7 +508,7 @@ class MetaServer(DatanodeProtocol,
             try:
                 self._forget(effect)
                 if effect.get("orphan") is not None:
-                    self._reclaim_wakeup.set()
+                    self.monitors.wake_reclaimer()
                 op.apply_memory(self, effect, self.clock())
             except Exception:   # memory is rebuilt at restart; never fail a durable batch
                 log.exception("updating memory state for txid %d (%s) failed",
@@ -526,6 +540,9 @@ class MetaServer(DatanodeProtocol,
         else:
             self.blocks.set_length(block_id, num_bytes)
 
+    def apply_token_effect(self, op: str, effect: dict) -> None:
+        self.security.apply_token_effect(op, effect)
+
     def lease_ended(self, ino: int) -> None:
         """File ``ino`` is no longer under construction (closed, or its lease went)."""
         self.leases.remove_file(ino)
@@ -548,25 +565,6 @@ class MetaServer(DatanodeProtocol,
 
     def now(self) -> tuple[float, int]:
         return self.clock(), self.wall_ns()
-
-    def block_token(self, block_id: int, gs: int, user: str, mode: str) -> dict | None:
-        """A block access token for ``mode`` on block ``block_id`` at stamp ``gs``
-        (``fs.blocktoken``), or None in security = simple."""
-        if self.block_keys is None:
-            return None
-        return self.block_keys.token(block_id, gs, user, mode, self.wall_ns() / 1e9)
-
-    def block_keys_for(self, version) -> dict | None:
-        """The block keys a block server should hold (rolled first if due), wrapped with the
-        cluster key, or None when it already holds version ``version``."""
-        ring = self.block_keys
-        if ring is None:
-            return None
-        ring.roll_if_due(self.wall_ns() / 1e9)
-        if version == ring.version:
-            return None
-        return {"version": ring.version,
-                "keys": [blocktoken.wrap(self.node_key, k) for k in ring.keys()]}
 
     def update_safemode(self) -> None:
         self.safemode.update(self.clock(), self.blocks.safe, self.blocks.total_countable,

@@ -90,12 +90,12 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
     try:
         server = MetaServer(config, kv, os.path.join(data_dir, "journal"))
         if config.security == "secure":
-            server.node_key = nodeauth.ensure_key(
-                nodeauth.key_path(config.cluster_key_file, data_dir))
+            key = nodeauth.ensure_key(nodeauth.key_path(config.cluster_key_file, data_dir))
+            server.security.node_key = key
             # with HA every metadata server derives the same keys from the cluster key
-            server.block_keys = KeyRing(config.block_key_interval, config.block_token_lifetime,
-                                        server.wall_ns() / 1e9,
-                                        shared=server.node_key if config.ha != "none" else None)
+            server.security.block_keys = KeyRing(
+                config.block_key_interval, config.block_token_lifetime, server.wall_ns() / 1e9,
+                shared=key if config.ha != "none" else None)
         server_tls = None
         tcpliveness.configure(config.tcp_liveness_timeout)
         if config.tls == "on":
@@ -149,7 +149,7 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
             local_limits = ConnectionLimits.from_config(config)
             unauthenticated = ConnectionLimits(config.max_unauthenticated_connections,
                                                config.max_connections_per_peer) \
-                if server.node_key is not None else None
+                if server.security.secure else None
             # local clients need no TLS: nothing of theirs leaves the machine. On a known
             # port (a restart) the local socket listens first: a client reconnecting while
             # only TCP listened would fall back to it and be refused as unauthenticated

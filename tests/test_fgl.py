@@ -371,7 +371,7 @@ def test_random_concurrent_clients_replay_serially(tmp_path, mode):
                                                   0, 1 << 40)
                 with trio.fail_after(90):
                     async with trio.open_nursery() as clients:
-                        clients.start_soon(server._reclaim_monitor)
+                        clients.start_soon(server.monitors._reclaim_monitor)
                         clients.start_soon(lease_monitor, server)
                         async with trio.open_nursery() as users:
                             for i in range(CLIENTS):

@@ -100,7 +100,7 @@ async def _delete_and_reclaim(folder, layout: str) -> dict:
         assert server.ns.file_count() == 0 and server.ns.dir_count() == 1
         assert check_namespace(server.kv) == []
         holds, late = sorted(steps.steps), sorted(lateness)
-        return {"total": total, "cpu": cpu, "records": server.reclaim_records,
+        return {"total": total, "cpu": cpu, "records": server.monitors.reclaim_records,
                 "max_hold": holds[-1],
                 "p99_hold": holds[int(len(holds) * 0.99)], "max_late": late[-1]}
 

@@ -17,7 +17,7 @@ durable write (``record``), and ``due`` counts from them, not from the process s
    a checkpoint;
 4. ``now - last.time >= period`` (never checkpointed: since this process started): due.
 
-The checkpoint itself (``MetaServer.checkpoint``, under the global write lock): roll the
+The checkpoint itself (``Monitors.checkpoint``, under the global write lock): roll the
 journal, one synced store write of the new ``CheckpointInfo`` (which makes every earlier
 store write durable too), then purge every finalized segment up to its txid (but the newest
 ``journal_keep_segments``, default 0): the journal then holds only what follows the
