@@ -16,6 +16,7 @@ import base64
 import json
 import os
 import shutil
+import socket
 import signal
 import struct
 import urllib.request
@@ -27,6 +28,7 @@ import pytest
 import trio
 
 from etcd_cluster import ETCD, EtcdCluster
+from fs import tcpliveness
 from meta.ha import etcdgrpc
 from meta.ha.etcdgrpc import TransportError
 from meta.ha.etcdpb import rpc_pb2 as pb
@@ -396,3 +398,40 @@ def test_a_trailers_only_error_and_garbage_headers():
         await trio.sleep(10)
     with pytest.raises(TransportError, match="without a grpc-status"):
         hostile(no_status)
+
+
+def test_every_etcd_connection_is_under_tcp_liveness(etcd, monkeypatch):
+    """The calls' kept-alive connections and a watch's own connection all get the kernel
+    keepalive of ``tcp_liveness_timeout`` (``fs.tcpliveness``): a silent etcd host is
+    noticed on every path to it."""
+    opened = []
+    real_open = trio.open_tcp_stream
+
+    async def recording_open(*args, **kwargs):
+        stream = await real_open(*args, **kwargs)
+        opened.append(stream)
+        return stream
+    monkeypatch.setattr(trio, "open_tcp_stream", recording_open)
+    idle, interval, count = tcpliveness.keepalive_plan(tcpliveness.timeout())
+
+    async def main():
+        channel = etcdgrpc.Channel()
+        seen = []
+        try:
+            await channel.call(etcd.endpoints[0], etcdgrpc.LEASE_GRANT,
+                               pb.LeaseGrantRequest(TTL=5), 5)
+            async for message in channel.watch(etcd.endpoints[1], etcdgrpc.WATCH,
+                                               watch_request(b"/live/", b"/live0", 0), 5):
+                assert message.created
+                for stream in opened:
+                    sock = stream.socket
+                    seen.append((sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) != 0,
+                                 sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                                 sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                                 sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)))
+                break
+        finally:
+            await channel.aclose()
+        return seen
+
+    assert trio.run(main) == [(True, idle, interval, count)] * 2
