@@ -21,7 +21,8 @@ from etcd_cluster import ETCD, EtcdCluster
 from meta.ha import etcdgrpc
 from meta.ha.etcdpb import kv_pb2, rpc_pb2 as pb
 from meta.ha.log import (MAX_PAYLOAD, CampaignTimeout, DuplicateTxid, Fenced, HALog,
-                        PayloadTooLarge, Term, Unavailable, decide)
+                        PayloadTooLarge, Term, Unavailable, append_request, compare_create,
+                        decide, op_put, op_range)
 
 pytestmark = pytest.mark.slow
 NO_ETCD = (f"{ETCD} is not installed (Debian package etcd-server; make test installs it)")
@@ -69,6 +70,17 @@ def test_decide_is_pure_and_names_both_epochs():
     # a retried request that meets its own first try (same bytes, this term) is appended
     assert decide(term, 1, b"x", dup, retried=True).revision == 8
     assert isinstance(decide(term, 1, b"y", dup, retried=True), DuplicateTxid)
+
+
+def test_the_append_request_is_the_fenced_put_if_absent():
+    """The append's txn, filled in place for speed, is the same message as the one built
+    from its parts: compare the term's epoch and the entry's absence, put, else read both."""
+    made = append_request(b"/p/leader", 7, b"/p/log/1", b"payload")
+    assert made == pb.TxnRequest(
+        compare=[compare_create(b"/p/leader", 7), compare_create(b"/p/log/1", 0)],
+        success=[op_put(b"/p/log/1", b"payload")],
+        failure=[op_range(b"/p/leader"), op_range(b"/p/log/1")])
+    assert [c.WhichOneof("target_union") for c in made.compare] == ["create_revision"] * 2
 
 
 def test_one_leader_and_epochs_increase(etcd):

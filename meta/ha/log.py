@@ -220,6 +220,21 @@ def op_delete(key: bytes, range_end: bytes = b"") -> pb.RequestOp:
                                                                    range_end=range_end))
 
 
+def append_request(leader: bytes, epoch: int, entry: bytes, payload: bytes) -> pb.TxnRequest:
+    """The append's txn: if the leader key has ``epoch`` and ``entry`` does not exist, put
+    it; else read both. Filled in place rather than built from ``compare_create`` and
+    ``op_*`` (which copies each part into the txn): it is sent once per journal batch."""
+    txn = pb.TxnRequest()
+    for key, revision in ((leader, epoch), (entry, 0)):
+        compare = txn.compare.add()
+        compare.target, compare.key, compare.create_revision = pb.Compare.CREATE, key, revision
+    put = txn.success.add().request_put
+    put.key, put.value = entry, payload
+    txn.failure.add().request_range.key = leader
+    txn.failure.add().request_range.key = entry
+    return txn
+
+
 def first_kv(result: pb.TxnResponse, index: int):
     """The first key-value of the ``index``-th response (a range) of a txn, or None."""
     if index >= len(result.responses):
@@ -523,11 +538,8 @@ class HALog:
         the same entry again after an ``Unavailable`` (its first try may have committed)."""
         if len(payload) > MAX_PAYLOAD:
             raise PayloadTooLarge(len(payload))
-        leader, entry = self.leader_key, self.log_key(first_txid)
-        result, again = await self._call(etcdgrpc.TXN, pb.TxnRequest(
-            compare=[compare_create(leader, term.epoch), compare_create(entry, 0)],
-            success=[op_put(entry, payload)],
-            failure=[op_range(leader), op_range(entry)]))
+        result, again = await self._call(etcdgrpc.TXN, append_request(
+            self.leader_key, term.epoch, self.log_key(first_txid), payload))
         outcome = decide(term, first_txid, payload, result, retried or again)
         if isinstance(outcome, Exception):
             raise outcome
