@@ -8,6 +8,7 @@
 #   make test-fast  the fast lane: every test not marked slow, in parallel (FAST_WORKERS=8)
 #   make down    unmount and stop the embedded cluster (data is kept)
 #   make clean   stop it and delete its home folder
+#   make proto   regenerate etcd's messages (meta/ha/etcdpb/*_pb2.py) after editing a .proto
 #
 # Idempotent: apt runs only when a package is missing, pip only when pyproject.toml changed.
 # Works as root on a fresh Debian 12 with only python3 and git (uses sudo otherwise).
@@ -37,10 +38,10 @@ STAMP       := $(VENV)/.leasefs-installed
 LEASEFS     := $(VENV)/bin/leasefs
 export DEBIAN_FRONTEND := noninteractive
 
-.PHONY: help install system-packages test-packages up test test-fast down clean
+.PHONY: help install system-packages test-packages up test test-fast down clean proto
 
 help:
-	@sed -n '1,13p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,14p' Makefile | sed 's/^# \{0,1\}//'
 
 install: $(STAMP)
 
@@ -102,6 +103,11 @@ test-fast: install test-packages
 	  $(PYTEST_ARGS) || rc=$$?; \
 	if [[ $$rc == 5 ]]; then echo "make test-fast: pytest collected no tests (exit 5)" >&2; fi; \
 	exit $$rc
+
+# etcd's messages: the Python beside the .proto files is protoc's output (grpcio-tools, the
+# test extra); commit both (tests/test_etcdgrpc.py checks that they match)
+proto: install
+	$(VENV)/bin/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. meta/ha/etcdpb/*.proto
 
 down:
 	@if [[ -x $(LEASEFS) ]]; then $(LEASEFS) cluster down; \

@@ -1,11 +1,13 @@
-"""meta/ha/etcdgrpc.py: the append's txn over etcd's native gRPC API.
+"""meta/ha/etcdgrpc.py: etcd's native gRPC API with the messages of meta/ha/etcdpb.
 
 Against a REAL 3-member etcd (tests/etcd_cluster.py): answers read the same as the JSON
-gateway's, a message larger than etcd's flow-control windows goes through, an error status
-comes back as an answer. Against hostile servers on loopback: a closed connection, a frame
-over the size we allowed, a GOAWAY that did not take the request, an answer that never
-comes, a malformed message: each a ``GatewayError`` saying whether etcd may have seen the
-request, never a hang or a crash.
+gateway's (an independent view of etcd), a message larger than etcd's flow-control windows
+goes through, an error status comes back as an answer, a lease keepalive is one exchange
+on its stream. Against hostile servers on loopback: a closed connection, a frame over the
+size we allowed, a GOAWAY that did not take the request, an answer that never comes, a
+malformed message: each a ``TransportError`` saying whether etcd may have seen the
+request, never a hang or a crash. The committed generated code is what protoc makes of
+the committed schema.
 """
 
 from __future__ import annotations
@@ -13,18 +15,24 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
+import socket
 import signal
 import struct
 import urllib.request
 import uuid
+from pathlib import Path
 
 import hpack
 import pytest
 import trio
 
 from etcd_cluster import ETCD, EtcdCluster
+from fs import tcpliveness
 from meta.ha import etcdgrpc
-from meta.ha.etcdhttp import GatewayError
+from meta.ha.etcdgrpc import TransportError
+from meta.ha.etcdpb import rpc_pb2 as pb
+from meta.ha.log import compare_create, op_put, op_range
 
 pytestmark = pytest.mark.slow
 
@@ -48,12 +56,22 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-async def call(endpoint: str, message: bytes, timeout: float = 5.0):
+async def call(endpoint: str, message, timeout: float = 5.0, method=etcdgrpc.TXN):
     channel = etcdgrpc.Channel()
     try:
-        return await channel.call(endpoint, etcdgrpc.TXN, message, timeout)
+        return await channel.call(endpoint, method, message, timeout)
     finally:
         await channel.aclose()
+
+
+def txn(compare=(), success=(), failure=()) -> pb.TxnRequest:
+    return pb.TxnRequest(compare=compare, success=success, failure=failure)
+
+
+def watch_request(key: bytes, range_end: bytes, start_revision: int) -> pb.WatchRequest:
+    return pb.WatchRequest(create_request=pb.WatchCreateRequest(
+        key=key, range_end=range_end, start_revision=start_revision,
+        filters=[pb.WatchCreateRequest.NODELETE]))
 
 
 def test_a_txn_answers_as_the_gateway_reads(etcd):
@@ -62,29 +80,28 @@ def test_a_txn_answers_as_the_gateway_reads(etcd):
     value = bytes(range(256)) * 3
 
     async def main():
-        put = etcdgrpc.txn_request([etcdgrpc.compare_create(key, 0)],
-                                   [etcdgrpc.op_put(key, value)], [])
-        code, _, answer = await call(endpoint, put)
+        put = txn([compare_create(key, 0)], [op_put(key, value)])
+        code, _, first = await call(endpoint, put)
         assert code == 0
-        first = etcdgrpc.txn_result(answer)
-        assert first["succeeded"] is True
+        assert first.succeeded is True
         # the same compare again fails, and the failure branch reads both keys
-        again = etcdgrpc.txn_request([etcdgrpc.compare_create(key, 0)],
-                                     [etcdgrpc.op_put(key, b"never")],
-                                     [etcdgrpc.op_range(key), etcdgrpc.op_range(other)])
-        code, _, answer = await call(endpoint, again)
+        again = txn([compare_create(key, 0)], [op_put(key, b"never")],
+                    [op_range(key), op_range(other)])
+        code, _, second = await call(endpoint, again)
         assert code == 0
-        return first, etcdgrpc.txn_result(answer)
+        return first, second
 
     first, second = trio.run(main)
     read = gateway(endpoint, "/v3/kv/range", {"key": b64(key)})
-    assert first["header"]["revision"] == read["kvs"][0]["create_revision"]
-    assert not second.get("succeeded")
-    kv = second["responses"][0]["response_range"]["kvs"][0]
-    for field in ("key", "value", "create_revision", "mod_revision", "version"):
-        assert kv[field] == read["kvs"][0][field], field
-    assert base64.b64decode(kv["value"]) == value
-    assert second["responses"][1]["response_range"]["kvs"] == []
+    assert str(first.header.revision) == read["kvs"][0]["create_revision"]
+    assert not second.succeeded
+    kv = second.responses[0].response_range.kvs[0]
+    assert b64(kv.key) == read["kvs"][0]["key"]
+    assert b64(kv.value) == read["kvs"][0]["value"]
+    for field in ("create_revision", "mod_revision", "version"):
+        assert str(getattr(kv, field)) == read["kvs"][0][field], field
+    assert kv.value == value
+    assert list(second.responses[1].response_range.kvs) == []
 
 
 def test_a_message_larger_than_the_windows_goes_through(etcd):
@@ -93,18 +110,49 @@ def test_a_message_larger_than_the_windows_goes_through(etcd):
     endpoint = etcd.endpoints[1]
     key = f"/t/{uuid.uuid4().hex}".encode()
     value = os.urandom(1 << 20)
-    code, _, answer = trio.run(call, endpoint, etcdgrpc.txn_request(
-        [], [etcdgrpc.op_put(key, value)], []))
-    assert code == 0 and etcdgrpc.txn_result(answer)
+    code, _, answer = trio.run(call, endpoint, txn(success=[op_put(key, value)]))
+    assert code == 0 and answer.succeeded
     read = gateway(endpoint, "/v3/kv/range", {"key": b64(key)})
     assert base64.b64decode(read["kvs"][0]["value"]) == value
 
 
 def test_an_error_status_is_an_answer_naming_it(etcd):
     key = f"/t/{uuid.uuid4().hex}".encode()
-    code, message, answer = trio.run(call, etcd.endpoints[2], etcdgrpc.txn_request(
-        [], [etcdgrpc.op_put(key, b"a"), etcdgrpc.op_put(key, b"b")], []))
-    assert code == 3 and "duplicate key" in message and answer == b"", (code, message)
+    code, message, answer = trio.run(call, etcd.endpoints[2], txn(
+        success=[op_put(key, b"a"), op_put(key, b"b")]))
+    assert code == 3 and "duplicate key" in message and answer is None, (code, message)
+
+
+def test_a_lease_keepalive_is_one_exchange_on_its_stream(etcd):
+    """LeaseKeepAlive is a bidirectional stream in etcd's API: one request with our side
+    closed gets one answer and the stream's end, and the connection serves the next call;
+    a lease that is gone answers TTL 0."""
+    endpoint = etcd.endpoints[0]
+
+    async def main():
+        channel = etcdgrpc.Channel()
+        try:
+            _, _, grant = await channel.call(endpoint, etcdgrpc.LEASE_GRANT,
+                                             pb.LeaseGrantRequest(TTL=30), 5)
+            answers = []
+            for _ in range(3):
+                code, _, kept = await channel.call(endpoint, etcdgrpc.LEASE_KEEPALIVE,
+                                                   pb.LeaseKeepAliveRequest(ID=grant.ID), 5)
+                answers.append((code, kept.ID, kept.TTL))
+            idle = channel.idle(endpoint)
+            await channel.call(endpoint, etcdgrpc.LEASE_REVOKE,
+                               pb.LeaseRevokeRequest(ID=grant.ID), 5)
+            _, _, gone = await channel.call(endpoint, etcdgrpc.LEASE_KEEPALIVE,
+                                            pb.LeaseKeepAliveRequest(ID=grant.ID), 5)
+            return grant, answers, idle, gone
+        finally:
+            await channel.aclose()
+
+    grant, answers, idle, gone = trio.run(main)
+    assert grant.ID != 0 and grant.TTL == 30
+    assert answers == [(0, grant.ID, 30)] * 3
+    assert idle == 1
+    assert gone.TTL == 0
 
 
 def test_many_calls_share_one_connection(etcd):
@@ -115,8 +163,8 @@ def test_many_calls_share_one_connection(etcd):
         channel = etcdgrpc.Channel()
         try:
             for i in range(300):
-                code, _, _ = await channel.call(endpoint, etcdgrpc.TXN, etcdgrpc.txn_request(
-                    [], [etcdgrpc.op_put(prefix + str(i).encode(), b"%d" % i)], []), 5)
+                code, _, _ = await channel.call(endpoint, etcdgrpc.TXN, txn(
+                    success=[op_put(prefix + str(i).encode(), b"%d" % i)]), 5)
                 assert code == 0
             return channel.idle(endpoint)
         finally:
@@ -142,13 +190,13 @@ def test_a_watch_sees_puts_only_and_ends_when_its_member_loses_the_leader(tmp_pa
         channel = etcdgrpc.Channel()
 
         async def follow():
-            request = etcdgrpc.watch_request(prefix, b"/w0", 1)
+            request = watch_request(prefix, b"/w0", 1)
             try:
                 async for message in channel.watch(cluster.endpoints[lone], etcdgrpc.WATCH,
                                                    request, 5):
-                    for event in etcdgrpc.watch_result(message)["events"]:
-                        seen.append((event["type"], event["kv"]["key"]))
-            except GatewayError as exc:
+                    for event in message.events:
+                        seen.append((event.EventType.Name(event.type), event.kv.key))
+            except TransportError as exc:
                 ended.append((trio.current_time(), str(exc)))
 
         async with trio.open_nursery() as nursery:
@@ -200,11 +248,11 @@ def test_a_long_watch_gives_etcd_its_window_back(etcd, monkeypatch):
                                                       {"key": b64(prefix + b"%02d" % i),
                                                        "value": b64(value)})
                 nursery.start_soon(put_all)
-                request = etcdgrpc.watch_request(prefix, prefix[:-1] + b"0", 1)
+                request = watch_request(prefix, prefix[:-1] + b"0", 1)
                 async for message in channel.watch(etcd.endpoints[1], etcdgrpc.WATCH,
                                                    request, 5):
-                    for event in etcdgrpc.watch_result(message)["events"]:
-                        assert event["kv"]["value"] == value
+                    for event in message.events:
+                        assert event.kv.value == value
                         got += 1
                     if got == 64:
                         break
@@ -214,13 +262,44 @@ def test_a_long_watch_gives_etcd_its_window_back(etcd, monkeypatch):
     assert trio.run(main) == 64
 
 
-def test_malformed_messages_raise_value_error():
-    good = etcdgrpc.txn_request([etcdgrpc.compare_create(b"k", 5)], [], [])
-    with pytest.raises(ValueError):
-        etcdgrpc.txn_result(good[:-1])
-    with pytest.raises(ValueError):
-        etcdgrpc.txn_result(b"\xff" * 11)
-    assert etcdgrpc.txn_result(b"") == {"responses": []}
+def test_the_generated_code_is_what_protoc_makes_of_the_schema(tmp_path):
+    """meta/ha/etcdpb/*_pb2.py(i) as committed are protoc's output for the committed
+    .proto files (``make proto``): nobody edited them by hand or forgot to regenerate."""
+    protoc = pytest.importorskip("grpc_tools.protoc",
+                                 reason="grpcio-tools (the test extra) ships protoc")
+    root = Path(__file__).resolve().parent.parent
+    here = root / "meta" / "ha" / "etcdpb"
+    protos = sorted(p.relative_to(root).as_posix() for p in here.glob("*.proto"))
+    assert protos, here
+    # protoc names its output by the .proto's path under the include root: copy the
+    # schema to the same place under tmp_path and generate beside it
+    (tmp_path / "in" / "meta" / "ha" / "etcdpb").mkdir(parents=True)
+    for proto in protos:
+        shutil.copy(root / proto, tmp_path / "in" / proto)
+    (tmp_path / "out").mkdir()
+    assert protoc.main(["protoc", f"-I{tmp_path / 'in'}", f"--python_out={tmp_path / 'out'}",
+                        f"--pyi_out={tmp_path / 'out'}", *protos]) == 0
+    made = sorted(p.relative_to(tmp_path / "out") for p in (tmp_path / "out").rglob("*_pb2.py*"))
+    committed = sorted(p.relative_to(root) for p in here.glob("*_pb2.py*"))
+    assert made == committed and len(made) == 2 * len(protos), (made, committed)
+    for path in made:
+        assert (tmp_path / "out" / path).read_text() == (root / path).read_text(), path
+
+
+def test_a_malformed_answer_is_a_transport_error():
+    """The bytes of a message that do not parse as the method's answer: an error that says
+    etcd saw the request, not a crash and not a wrong answer."""
+    async def malformed(stream):
+        headers = hpack.Encoder()
+        body = b"\xff" * 11
+        await stream.send_all(
+            frame(1, 0x4, 1, headers.encode([(":status", "200")]))
+            + frame(0, 0, 1, b"\x00" + struct.pack(">I", len(body)) + body)
+            + frame(1, 0x5, 1, headers.encode([("grpc-status", "0")])))
+        await trio.sleep(10)
+    with pytest.raises(TransportError, match="malformed answer") as err:
+        hostile(malformed)
+    assert err.value.sent
 
 
 # ---- hostile servers -------------------------------------------------------------------------
@@ -253,12 +332,11 @@ def hostile(behaviour, timeout: float = 2.0):
             port = await nursery.start(serve_once, behaviour)
             try:
                 with trio.fail_after(timeout + 5):
-                    outcome.append(await call(f"http://127.0.0.1:{port}", b"\x0a\x00",
-                                              timeout))
-            except GatewayError as exc:
+                    outcome.append(await call(f"http://127.0.0.1:{port}", txn(), timeout))
+            except TransportError as exc:
                 outcome.append(exc)
             nursery.cancel_scope.cancel()
-        if isinstance(outcome[0], GatewayError):
+        if isinstance(outcome[0], TransportError):
             raise outcome[0]
         return outcome[0]
     return trio.run(main)
@@ -267,7 +345,7 @@ def hostile(behaviour, timeout: float = 2.0):
 def test_a_closed_connection_may_have_been_seen():
     async def close(stream):
         await stream.aclose()
-    with pytest.raises(GatewayError) as err:
+    with pytest.raises(TransportError) as err:
         hostile(close)
     assert err.value.sent
 
@@ -276,7 +354,7 @@ def test_an_oversized_frame_is_refused():
     async def big(stream):
         await stream.send_all(struct.pack(">I", 1 << 20)[1:] + bytes((0, 0)) + b"\0\0\0\1")
         await trio.sleep(10)
-    with pytest.raises(GatewayError, match="frame"):
+    with pytest.raises(TransportError, match="frame"):
         hostile(big)
 
 
@@ -284,7 +362,7 @@ def test_a_goaway_below_our_stream_was_not_seen():
     async def goaway(stream):
         await stream.send_all(frame(7, 0, 0, struct.pack(">II", 0, 0)))
         await trio.sleep(10)
-    with pytest.raises(GatewayError) as err:
+    with pytest.raises(TransportError) as err:
         hostile(goaway)
     assert not err.value.sent
 
@@ -292,7 +370,7 @@ def test_a_goaway_below_our_stream_was_not_seen():
 def test_silence_ends_at_the_timeout():
     async def silent(stream):
         await trio.sleep(30)
-    with pytest.raises(GatewayError, match="no answer within"):
+    with pytest.raises(TransportError, match="no answer within"):
         hostile(silent, timeout=0.5)
 
 
@@ -307,16 +385,53 @@ def test_a_trailers_only_error_and_garbage_headers():
                               + frame(6, 0, 0, b"12345678")
                               + frame(1, 0x5, 1, block))
         await trio.sleep(10)
-    assert hostile(unavailable) == (14, "etcdserver: no leader", b"")
+    assert hostile(unavailable) == (14, "etcdserver: no leader", None)
 
     async def garbage(stream):
         await stream.send_all(frame(1, 0x5, 1, b"\xff\xff\xff\xff"))
         await trio.sleep(10)
-    with pytest.raises(GatewayError, match="bad headers"):
+    with pytest.raises(TransportError, match="bad headers"):
         hostile(garbage)
 
     async def no_status(stream):
         await stream.send_all(frame(1, 0x5, 1, hpack.Encoder().encode([(":status", "200")])))
         await trio.sleep(10)
-    with pytest.raises(GatewayError, match="without a grpc-status"):
+    with pytest.raises(TransportError, match="without a grpc-status"):
         hostile(no_status)
+
+
+def test_every_etcd_connection_is_under_tcp_liveness(etcd, monkeypatch):
+    """The calls' kept-alive connections and a watch's own connection all get the kernel
+    keepalive of ``tcp_liveness_timeout`` (``fs.tcpliveness``): a silent etcd host is
+    noticed on every path to it."""
+    opened = []
+    real_open = trio.open_tcp_stream
+
+    async def recording_open(*args, **kwargs):
+        stream = await real_open(*args, **kwargs)
+        opened.append(stream)
+        return stream
+    monkeypatch.setattr(trio, "open_tcp_stream", recording_open)
+    idle, interval, count = tcpliveness.keepalive_plan(tcpliveness.timeout())
+
+    async def main():
+        channel = etcdgrpc.Channel()
+        seen = []
+        try:
+            await channel.call(etcd.endpoints[0], etcdgrpc.LEASE_GRANT,
+                               pb.LeaseGrantRequest(TTL=5), 5)
+            async for message in channel.watch(etcd.endpoints[1], etcdgrpc.WATCH,
+                                               watch_request(b"/live/", b"/live0", 0), 5):
+                assert message.created
+                for stream in opened:
+                    sock = stream.socket
+                    seen.append((sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) != 0,
+                                 sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                                 sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                                 sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)))
+                break
+        finally:
+            await channel.aclose()
+        return seen
+
+    assert trio.run(main) == [(True, idle, interval, count)] * 2

@@ -18,8 +18,11 @@ import pytest
 import trio
 
 from etcd_cluster import ETCD, EtcdCluster
+from meta.ha import etcdgrpc
+from meta.ha.etcdpb import kv_pb2, rpc_pb2 as pb
 from meta.ha.log import (MAX_PAYLOAD, CampaignTimeout, DuplicateTxid, Fenced, HALog,
-                        PayloadTooLarge, Term, Unavailable, decide)
+                        PayloadTooLarge, Term, Unavailable, append_request, compare_create,
+                        decide, op_put, op_range)
 
 pytestmark = pytest.mark.slow
 NO_ETCD = (f"{ETCD} is not installed (Debian package etcd-server; make test installs it)")
@@ -52,22 +55,32 @@ def prefix() -> str:
 
 def test_decide_is_pure_and_names_both_epochs():
     term = Term(7, "a", 1)
-    assert decide(term, 1, b"x", {"succeeded": True, "header": {"revision": "9"}}).revision == 9
-    other = {"responses": [
-        {"response_range": {"kvs": [{"create_revision": "8", "value": "Yg=="}]}},
-        {"response_range": {}}]}
+    def ranges(*kvs):
+        return pb.TxnResponse(responses=[pb.ResponseOp(response_range=pb.RangeResponse(
+            kvs=[kv_pb2.KeyValue(**kv)] if kv else [])) for kv in kvs])
+    assert decide(term, 1, b"x", pb.TxnResponse(
+        succeeded=True, header=pb.ResponseHeader(revision=9))).revision == 9
+    other = ranges({"create_revision": 8, "value": b"b"}, None)
     fenced = decide(term, 1, b"x", other)
     assert isinstance(fenced, Fenced) and "7" in str(fenced) and "8" in str(fenced), fenced
-    gone = decide(term, 1, b"x", {"responses": [{"response_range": {}},
-                                                 {"response_range": {}}]})
+    gone = decide(term, 1, b"x", ranges(None, None))
     assert isinstance(gone, Fenced) and gone.current_epoch is None
-    dup = {"responses": [
-        {"response_range": {"kvs": [{"create_revision": "7", "value": "YQ=="}]}},
-        {"response_range": {"kvs": [{"create_revision": "8", "value": "eA=="}]}}]}
+    dup = ranges({"create_revision": 7, "value": b"a"}, {"create_revision": 8, "value": b"x"})
     assert isinstance(decide(term, 1, b"x", dup), DuplicateTxid)
     # a retried request that meets its own first try (same bytes, this term) is appended
     assert decide(term, 1, b"x", dup, retried=True).revision == 8
     assert isinstance(decide(term, 1, b"y", dup, retried=True), DuplicateTxid)
+
+
+def test_the_append_request_is_the_fenced_put_if_absent():
+    """The append's txn, filled in place for speed, is the same message as the one built
+    from its parts: compare the term's epoch and the entry's absence, put, else read both."""
+    made = append_request(b"/p/leader", 7, b"/p/log/1", b"payload")
+    assert made == pb.TxnRequest(
+        compare=[compare_create(b"/p/leader", 7), compare_create(b"/p/log/1", 0)],
+        success=[op_put(b"/p/log/1", b"payload")],
+        failure=[op_range(b"/p/leader"), op_range(b"/p/log/1")])
+    assert [c.WhichOneof("target_union") for c in made.compare] == ["create_revision"] * 2
 
 
 def test_one_leader_and_epochs_increase(etcd):
@@ -104,11 +117,12 @@ def test_a_campaign_that_does_not_win_revokes_its_lease(etcd):
             term = await halog.campaign("holder")
             with pytest.raises(CampaignTimeout) as info:
                 await halog.campaign("loser", timeout=0.5)
-            ttl, _ = await halog._call("/v3/lease/timetolive",
-                                       {"ID": str(info.value.lease_id)})
-            assert int(ttl["TTL"]) == -1, ttl        # gone, not left to run 30 s
-            ttl, _ = await halog._call("/v3/lease/timetolive", {"ID": str(term.lease_id)})
-            assert int(ttl["TTL"]) > 0, ttl
+            ttl, _ = await halog._call(etcdgrpc.LEASE_TIME_TO_LIVE,
+                                       pb.LeaseTimeToLiveRequest(ID=info.value.lease_id))
+            assert ttl.TTL == -1, ttl        # gone, not left to run 30 s
+            ttl, _ = await halog._call(etcdgrpc.LEASE_TIME_TO_LIVE,
+                                       pb.LeaseTimeToLiveRequest(ID=term.lease_id))
+            assert ttl.TTL > 0, ttl
             assert await halog.leader() == (term.epoch, "holder")
     trio.run(main)
 
@@ -143,7 +157,7 @@ def test_expired_lease_is_noticed_and_fenced(etcd):
             assert not halog.lost(term).is_set()
             await halog.append(term, 1, b"alive")
             # what etcd does when the lease runs out: the leader key goes with it
-            await other._call("/v3/lease/revoke", {"ID": str(term.lease_id)})
+            await other._call(etcdgrpc.LEASE_REVOKE, pb.LeaseRevokeRequest(ID=term.lease_id))
             with trio.fail_after(3):
                 await halog.lost(term).wait()
             with pytest.raises(Fenced, match="there is no leader key") as info:

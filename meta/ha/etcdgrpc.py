@@ -1,20 +1,25 @@
-"""etcd's native gRPC API for the call on the hot path: the ``KV.Txn`` of an append.
+"""etcd's native gRPC API: every call leasefs makes to etcd, on one client.
 
-Why it exists: the active metadata server sends one etcd txn per journal batch and waits
-for it before it answers the batch's clients, so the append's latency is on every
-mutation's path and its CPU is paid once per batch by etcd. Through the JSON gateway
-(``meta/ha/etcdhttp.py``) etcd decodes the JSON, calls itself over a second, loopback gRPC
-connection and encodes the answer back. Measured on 3 members on loopback with 3 KB
-entries, the native call cut the append from 1.13 to 0.82 ms (p50) and etcd's CPU per
-append by a third (1350 to 910 µs over the members), for about 50 µs more CPU in the
-caller. grpcio was tried for the same and cost the caller far more than it saved; ``h2``
-(a complete HTTP/2 state machine) cost 210 µs per call. Everything else (election, reads,
-the watch, leases) stays on the gateway: it is not per batch.
+Who calls it: the replicated edit log (``meta/ha/log.py``): the append's ``KV.Txn`` once
+per journal batch, and the election, reads, leases, the followers' watch and the raft
+leader probe. The messages are etcd's own, generated from the schema beside this module
+(``meta/ha/etcdpb/*.proto``, the subset of etcd's ``etcdserverpb`` and ``mvccpb`` leasefs
+uses; ``make proto`` regenerates the Python from it); this module only moves them.
 
-What it is: a client for unary gRPC calls over cleartext HTTP/2 with prior knowledge
-(RFC 9113; etcd serves gRPC and the gateway on the same client port), one call at a time
-per connection, idle connections kept per endpoint (``etcdhttp.Pool``, as for the gateway).
-Only what a unary call needs:
+Why native gRPC and not etcd's JSON gateway: the active server waits for the append's txn
+before it answers the batch's clients, so the append's latency is on every mutation's path
+and its CPU is paid once per batch by etcd. Through the gateway etcd decodes the JSON,
+calls itself over a second, loopback gRPC connection and encodes the answer back.
+Measured on 3 members on loopback with 3 KB entries, the native call cut the append from
+1.13 to 0.82 ms (p50) and etcd's CPU per append by a third (1350 to 910 µs over the
+members). The other calls ride the same client so that there is one path to etcd, one set
+of failure rules and one message vocabulary.
+
+Why not grpcio: it cost the caller far more CPU than it saved, and ``h2`` (a complete
+HTTP/2 state machine) cost 210 µs per call. What this is instead: gRPC over cleartext
+HTTP/2 with prior knowledge (RFC 9113; etcd serves gRPC and the gateway on the same client
+port), one call at a time per connection, idle connections kept per endpoint. Only what
+etcd's calls need:
 
 * we send the connection preface and SETTINGS (no push, header table 0, the largest
   stream window) and a connection WINDOW_UPDATE to the largest window, so etcd never
@@ -27,14 +32,17 @@ Only what a unary call needs:
   SETTINGS and PING are acknowledged, WINDOW_UPDATE counted, GOAWAY and RST_STREAM end
   the call.
 
-Protobuf: the few messages of ``etcdserverpb`` the append uses are written and read by
-hand (``txn_request``, ``txn_result``); the result has the JSON gateway's shape (values
-base64, numbers as strings), so ``halog.decide`` reads both alike.
+Calls: ``call`` sends one request and reads one answer: a unary method, or a streaming one
+used for a single exchange (``LEASE_KEEPALIVE``: etcd answers each keepalive on the stream
+and ends it when our side closes). ``watch`` keeps a server stream open on a connection of
+its own and yields each message. Every connection is made by ``open_stream``, which puts
+it under ``fs.tcpliveness`` (``tcp_liveness_timeout``).
 
-Failures raise ``etcdhttp.GatewayError`` with ``sent``: False only when etcd surely never
-saw the request (no connection; a GOAWAY that names an older stream), so the log's retry
-rules are those of the gateway. A non-zero ``grpc-status`` is an answer, not a failure:
-``call`` returns it.
+Failures raise ``TransportError`` with ``sent``: False only when etcd surely never saw the
+request (no connection; a GOAWAY that names an older stream), so the log knows when a retry
+may meet its own first try. A non-zero ``grpc-status`` is an answer, not a failure:
+``call`` returns it. An answer that does not parse as the method's message is a
+``TransportError`` (sent).
 
 Concurrency contract: one ``Channel`` per trio task tree; ``call`` may run from several
 tasks at once (each takes its own connection).
@@ -42,21 +50,50 @@ tasks at once (each takes its own connection).
 
 from __future__ import annotations
 
-import base64
 import struct
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 import hpack
 import trio
+from google.protobuf.message import DecodeError, Message
 
-from .etcdhttp import GatewayError, Pool, open_stream
+from fs import tcpliveness
 
-TXN = "/etcdserverpb.KV/Txn"
+from .etcdpb import rpc_pb2
+
+
+class TransportError(Exception):
+    """No answer from etcd; ``sent``: whether the request may have reached it."""
+
+    def __init__(self, message: str, *, sent: bool):
+        super().__init__(message)
+        self.sent = sent
+
+
+@dataclass(frozen=True)
+class Method:
+    """A gRPC method of etcd: its path and the message it answers with."""
+    path: str
+    answer: type[Message]
+
+
+RANGE = Method("/etcdserverpb.KV/Range", rpc_pb2.RangeResponse)
+TXN = Method("/etcdserverpb.KV/Txn", rpc_pb2.TxnResponse)
+WATCH = Method("/etcdserverpb.Watch/Watch", rpc_pb2.WatchResponse)
+LEASE_GRANT = Method("/etcdserverpb.Lease/LeaseGrant", rpc_pb2.LeaseGrantResponse)
+LEASE_REVOKE = Method("/etcdserverpb.Lease/LeaseRevoke", rpc_pb2.LeaseRevokeResponse)
+#: a bidirectional stream in etcd's API; ``call`` makes it one keepalive and its answer
+LEASE_KEEPALIVE = Method("/etcdserverpb.Lease/LeaseKeepAlive", rpc_pb2.LeaseKeepAliveResponse)
+LEASE_TIME_TO_LIVE = Method("/etcdserverpb.Lease/LeaseTimeToLive",
+                            rpc_pb2.LeaseTimeToLiveResponse)
+STATUS = Method("/etcdserverpb.Maintenance/Status", rpc_pb2.StatusResponse)
+MEMBER_LIST = Method("/etcdserverpb.Cluster/MemberList", rpc_pb2.MemberListResponse)
+
 MAX_MESSAGE = 64 << 20
 MAX_HEADER_BLOCK = 64 << 10
 #: DATA bytes a stream takes in before it gives etcd that much window back
 REPLENISH = 16 << 20
-WATCH = "/etcdserverpb.Watch/Watch"
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, \
@@ -67,175 +104,6 @@ MAX_WINDOW = 2 ** 31 - 1
 DEFAULT_WINDOW = 65535
 DEFAULT_FRAME = 16384
 MAX_STREAM_ID = 2 ** 31 - 1
-
-
-# ---- protobuf, the few fields used -------------------------------------------------------
-
-def _varint(n: int) -> bytes:
-    n &= (1 << 64) - 1          # int64: negative numbers are 10-byte two's complement
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _bytes_field(number: int, data: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(data)) + data
-
-
-def _int_field(number: int, value: int) -> bytes:
-    return _varint(number << 3) + _varint(value)
-
-
-def compare_create(key: bytes, revision: int) -> bytes:
-    """Compare: ``create_revision(key) == revision`` (target CREATE, result EQUAL; the
-    oneof is written even for 0, which is what "the key does not exist" compares)."""
-    return _int_field(1, 0) + _int_field(2, 1) + _bytes_field(3, key) + _int_field(5, revision)
-
-
-def op_put(key: bytes, value: bytes) -> bytes:
-    """RequestOp holding PutRequest{key, value}."""
-    return _bytes_field(2, _bytes_field(1, key) + _bytes_field(2, value))
-
-
-def op_range(key: bytes) -> bytes:
-    """RequestOp holding RangeRequest{key}: the one key."""
-    return _bytes_field(1, _bytes_field(1, key))
-
-
-def txn_request(compare: list[bytes], success: list[bytes], failure: list[bytes]) -> bytes:
-    return (b"".join(_bytes_field(1, c) for c in compare)
-            + b"".join(_bytes_field(2, op) for op in success)
-            + b"".join(_bytes_field(3, op) for op in failure))
-
-
-def watch_request(key: bytes, range_end: bytes, start_revision: int) -> bytes:
-    """WatchRequest{create_request: keys [key, range_end) from ``start_revision``, puts
-    only (filter NODELETE)}."""
-    create = (_bytes_field(1, key) + _bytes_field(2, range_end)
-              + _int_field(3, start_revision) + _int_field(5, 1))
-    return _bytes_field(1, create)
-
-
-def watch_result(buf: bytes) -> dict:
-    """A WatchResponse: created, canceled, compact_revision, cancel_reason, and events
-    as ``{"type": "PUT" | "DELETE", "kv": {"key": bytes, "value": bytes,
-    "create_revision": int, "mod_revision": int}}`` (raw: a follower takes every entry
-    through here). ``ValueError`` on a malformed message."""
-    result: dict = {"events": []}
-    for n, v in _fields(buf):
-        if n == 3 and isinstance(v, int):
-            result["created"] = bool(v)
-        elif n == 4 and isinstance(v, int):
-            result["canceled"] = bool(v)
-        elif n == 5 and isinstance(v, int):
-            result["compact_revision"] = _signed(v)
-        elif n == 6 and isinstance(v, bytes):
-            result["cancel_reason"] = v.decode(errors="replace")
-        elif n == 11 and isinstance(v, bytes):
-            event: dict = {"type": "PUT"}
-            for m, w in _fields(v):
-                if m == 1 and isinstance(w, int):
-                    event["type"] = "DELETE" if w == 1 else "PUT"
-                elif m == 2 and isinstance(w, bytes):
-                    event["kv"] = _raw_kv(w)
-            result["events"].append(event)
-    return result
-
-
-def _fields(buf: bytes) -> list[tuple[int, int | bytes]]:
-    """(field number, value) of one message: varints as int, length-delimited as bytes;
-    fixed-width fields skipped. ``ValueError`` on a malformed message."""
-    out: list[tuple[int, int | bytes]] = []
-    i, end = 0, len(buf)
-
-    def varint() -> int:
-        nonlocal i
-        value = shift = 0
-        while True:
-            if i >= end or shift > 63:
-                raise ValueError("truncated varint")
-            byte = buf[i]
-            i += 1
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return value
-            shift += 7
-
-    while i < end:
-        key = varint()
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            out.append((number, varint()))
-        elif wire == 2:
-            length = varint()
-            if i + length > end:
-                raise ValueError("truncated field")
-            out.append((number, buf[i:i + length]))
-            i += length
-        elif wire in (1, 5):
-            i += 8 if wire == 1 else 4
-        else:
-            raise ValueError(f"wire type {wire}")
-    if i != end:
-        raise ValueError("truncated field")
-    return out
-
-
-def _signed(n: int) -> int:
-    return n - (1 << 64) if n >= 1 << 63 else n
-
-
-def _header(buf: bytes) -> dict:
-    return {"revision": str(_signed(v)) for n, v in _fields(buf) if n == 3 and isinstance(v, int)}
-
-
-_KV_BYTES = {1: "key", 5: "value"}
-_KV_INTS = {2: "create_revision", 3: "mod_revision", 4: "version", 6: "lease"}
-
-
-def _raw_kv(buf: bytes) -> dict:
-    """An mvccpb.KeyValue: key and value as bytes, revisions, version and lease as ints
-    (every field present, empty or 0 when the message left it out)."""
-    kv: dict = {name: b"" for name in _KV_BYTES.values()}
-    kv.update((name, 0) for name in _KV_INTS.values())
-    for n, v in _fields(buf):
-        if n in _KV_BYTES and isinstance(v, bytes):
-            kv[_KV_BYTES[n]] = v
-        elif n in _KV_INTS and isinstance(v, int):
-            kv[_KV_INTS[n]] = _signed(v)
-    return kv
-
-
-def _kv(buf: bytes) -> dict:
-    """A KeyValue in the gateway's JSON shape: bytes base64, numbers as strings, empty and
-    zero fields left out (as proto3 JSON leaves them)."""
-    return {name: base64.b64encode(v).decode() if isinstance(v, bytes) else str(v)
-            for name, v in _raw_kv(buf).items() if v}
-
-
-def txn_result(buf: bytes) -> dict:
-    """A TxnResponse in the JSON gateway's shape (ranges' kvs; other responses empty).
-    ``ValueError`` on a malformed message."""
-    result: dict = {"responses": []}
-    for n, v in _fields(buf):
-        if n == 1 and isinstance(v, bytes):
-            result["header"] = _header(v)
-        elif n == 2 and isinstance(v, int):
-            result["succeeded"] = bool(v)
-        elif n == 3 and isinstance(v, bytes):
-            response: dict = {}
-            for kind, body in _fields(v):
-                if kind == 1 and isinstance(body, bytes):
-                    response["response_range"] = {"kvs": [
-                        _kv(kv) for m, kv in _fields(body) if m == 2 and isinstance(kv, bytes)]}
-                elif isinstance(body, bytes):
-                    response[{2: "response_put", 3: "response_delete_range"}.get(
-                        kind, "response_txn")] = {}
-            result["responses"].append(response)
-    return result
 
 
 # ---- HTTP/2 --------------------------------------------------------------------------------
@@ -290,7 +158,7 @@ class _Connection:
         kind, flags = self.buffer[3], self.buffer[4]
         stream = int.from_bytes(self.buffer[5:9], "big") & 0x7FFFFFFF
         if length > DEFAULT_FRAME:      # we never allowed larger frames
-            raise GatewayError(f"etcd sent a {length}-byte HTTP/2 frame", sent=True)
+            raise TransportError(f"etcd sent a {length}-byte HTTP/2 frame", sent=True)
         while len(self.buffer) < 9 + length:
             await self._fill()
         payload = bytes(self.buffer[9:9 + length])
@@ -300,7 +168,7 @@ class _Connection:
     async def _fill(self) -> None:
         data = await self.stream.receive_some(65536)
         if not data:
-            raise GatewayError("etcd closed the connection", sent=True)
+            raise TransportError("etcd closed the connection", sent=True)
         self.buffer += data
 
     async def _control(self, kind: int, flags: int, stream: int, payload: bytes) -> None:
@@ -323,7 +191,7 @@ class _Connection:
             self.reusable = False
             self.last_stream = struct.unpack(">I", payload[:4])[0] & 0x7FFFFFFF
         elif kind == PUSH_PROMISE:
-            raise GatewayError("etcd sent a PUSH_PROMISE we refused", sent=True)
+            raise TransportError("etcd sent a PUSH_PROMISE we refused", sent=True)
 
     async def call(self, path: str, message: bytes) -> tuple[int, str, bytes]:
         stream, early = await self._send(path, message, end=True)
@@ -334,7 +202,7 @@ class _Connection:
                 data += value
                 self.received += len(value)
                 if len(data) > MAX_MESSAGE + 5:
-                    raise GatewayError("etcd's answer is too large", sent=True)
+                    raise TransportError("etcd's answer is too large", sent=True)
             else:
                 status.take(value)
         if self.received > MAX_WINDOW // 2:
@@ -343,15 +211,15 @@ class _Connection:
         if status.code != 0:
             return status.code, status.message, b""
         if len(data) < 5 or data[0] != 0:
-            raise GatewayError("etcd's gRPC answer is malformed", sent=True)
+            raise TransportError("etcd's gRPC answer is malformed", sent=True)
         length = struct.unpack(">I", data[1:5])[0]
         if length != len(data) - 5:
-            raise GatewayError("etcd's gRPC answer has a wrong length", sent=True)
+            raise TransportError("etcd's gRPC answer has a wrong length", sent=True)
         return 0, "", bytes(data[5:])
 
     async def watch(self, path: str, message: bytes) -> AsyncIterator[bytes]:
         """The messages of a server stream opened with ``message``, until it ends
-        (``GatewayError`` with its status). The stream asks etcd to end it when the member
+        (``TransportError`` with its status). The stream asks etcd to end it when the member
         loses its raft leader (gRPC metadata ``hasleader``, etcd's require-leader)."""
         self.reusable = False                  # the connection is this stream's alone
         stream, early = await self._send(path, message, end=False, require_leader=True)
@@ -373,7 +241,7 @@ class _Connection:
             while len(data) >= 5:
                 length = struct.unpack(">I", data[1:5])[0]
                 if data[0] != 0 or length > MAX_MESSAGE:
-                    raise GatewayError("etcd sent a malformed or oversized stream message",
+                    raise TransportError("etcd sent a malformed or oversized stream message",
                                        sent=True)
                 if len(data) < 5 + length:
                     break
@@ -381,7 +249,7 @@ class _Connection:
                 del data[:5 + length]
                 yield piece
         status.check()
-        raise GatewayError(f"etcd ended the stream (grpc-status {status.code} "
+        raise TransportError(f"etcd ended the stream (grpc-status {status.code} "
                            f"{status.message})", sent=True)
 
     async def _send(self, path: str, message: bytes, *, end: bool,
@@ -444,12 +312,12 @@ class _Connection:
             if sid != stream:
                 await self._control(kind, flags, sid, payload)
                 if self.last_stream is not None and self.last_stream < stream:
-                    raise GatewayError("etcd is going away and did not take the request",
+                    raise TransportError("etcd is going away and did not take the request",
                                        sent=False)
                 continue
             if kind in (DATA, HEADERS) and flags & PADDED:
                 if not payload or payload[0] >= len(payload):
-                    raise GatewayError("etcd sent a malformed padded frame", sent=True)
+                    raise TransportError("etcd sent a malformed padded frame", sent=True)
                 payload = payload[1:len(payload) - payload[0]]
             if kind == DATA:
                 yield DATA, payload
@@ -462,19 +330,19 @@ class _Connection:
                         payload = payload[5:]
                 block += payload
                 if len(block) > MAX_HEADER_BLOCK:
-                    raise GatewayError("etcd sent an oversized header block", sent=True)
+                    raise TransportError("etcd sent an oversized header block", sent=True)
                 if not flags & END_HEADERS:
                     continue
                 try:
                     headers = self.decoder.decode(bytes(block))
                 except (hpack.HPACKError, ValueError) as exc:
-                    raise GatewayError(f"etcd sent bad headers: {exc}", sent=True) from None
+                    raise TransportError(f"etcd sent bad headers: {exc}", sent=True) from None
                 block.clear()
                 yield HEADERS, headers
                 if ending:
                     return
             elif kind == RST_STREAM:
-                raise GatewayError("etcd reset the stream", sent=True)
+                raise TransportError("etcd reset the stream", sent=True)
 
 
 class Status:
@@ -495,42 +363,114 @@ class Status:
                 self.message = value
 
     def check(self) -> None:
-        """``GatewayError`` unless the stream had HTTP 200 and a grpc-status."""
+        """``TransportError`` unless the stream had HTTP 200 and a grpc-status."""
         if self.http != "200":
-            raise GatewayError(f"etcd answered HTTP status {self.http} to a gRPC call",
+            raise TransportError(f"etcd answered HTTP status {self.http} to a gRPC call",
                                sent=True)
         if self.code is None:
-            raise GatewayError("etcd's answer ended without a grpc-status", sent=True)
+            raise TransportError("etcd's answer ended without a grpc-status", sent=True)
 
 
-class Channel(Pool):
-    """Unary gRPC calls to ``http://host:port`` etcd endpoints over kept-alive connections."""
+async def open_stream(endpoint: str) -> tuple[trio.SocketStream, str]:
+    """A TCP connection to an ``http://host:port`` endpoint, watched by ``fs.tcpliveness``,
+    and its ``host:port``; ``TransportError`` (not sent) when it cannot be made."""
+    if not endpoint.startswith("http://"):
+        raise TransportError(f"etcd endpoint {endpoint!r} is not http://host:port", sent=False)
+    hostport = endpoint[len("http://"):].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    try:
+        stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+    except (OSError, ValueError) as exc:
+        raise TransportError(f"cannot connect to etcd at {endpoint}: {exc}",
+                             sent=False) from None
+    tcpliveness.watch(stream)
+    return stream, hostport
+
+
+def _parse(method: Method, endpoint: str, data: bytes) -> Message:
+    try:
+        return method.answer.FromString(data)
+    except DecodeError as exc:
+        raise TransportError(f"{endpoint}{method.path}: malformed answer ({exc})",
+                             sent=True) from None
+
+
+class Channel:
+    """gRPC calls to ``http://host:port`` etcd endpoints over kept-alive connections."""
 
     def __init__(self):
-        super().__init__(self._open)
+        self._idle: dict[str, list[_Connection]] = {}
+        self._closed = False
 
-    async def call(self, endpoint: str, path: str, message: bytes,
-                   timeout: float) -> tuple[int, str, bytes]:
-        """(grpc-status, grpc-message, answer message) of one call; ``GatewayError`` on a
-        transport failure or after ``timeout`` s."""
-        return await self.run(endpoint, path, timeout, lambda conn: conn.call(path, message))
+    async def call(self, endpoint: str, method: Method, request: Message,
+                   timeout: float) -> tuple[int, str, Message | None]:
+        """(grpc-status, grpc-message, answer) of one call, the answer None unless the
+        status is 0; ``TransportError`` on a transport failure, a malformed answer or
+        after ``timeout`` s."""
+        message = request.SerializeToString()
+        code, text, data = await self._run(
+            endpoint, method.path, timeout, lambda conn: conn.call(method.path, message))
+        return code, text, _parse(method, endpoint, data) if code == 0 else None
 
-    async def watch(self, endpoint: str, path: str, message: bytes,
-                    connect_timeout: float) -> AsyncIterator[bytes]:
+    async def _run(self, endpoint: str, what: str, timeout: float, request):
+        """``await request(conn)`` on an idle or new connection to ``endpoint``;
+        ``TransportError`` on a transport failure or after ``timeout`` s. A connection
+        that failed, timed out or is not ``reusable`` is closed."""
+        idle = self._idle.setdefault(endpoint, [])
+        conn = idle.pop() if idle else None
+        with trio.move_on_after(timeout):
+            if conn is None:
+                conn = await self._open(endpoint)
+            try:
+                answer = await request(conn)
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
+                    TransportError) as exc:
+                await trio.aclose_forcefully(conn.stream)
+                if isinstance(exc, TransportError):
+                    raise
+                raise TransportError(f"{endpoint}: {str(exc) or type(exc).__name__}",
+                                     sent=True) from None
+            except BaseException:
+                await trio.aclose_forcefully(conn.stream)
+                raise
+            if conn.reusable and not self._closed:
+                idle.append(conn)
+            else:
+                await trio.aclose_forcefully(conn.stream)
+            return answer
+        if conn is not None:
+            await trio.aclose_forcefully(conn.stream)
+        raise TransportError(f"{endpoint}{what}: no answer within {timeout:g} s",
+                             sent=conn is not None)
+
+    def idle(self, endpoint: str) -> int:
+        """How many kept-alive connections to ``endpoint`` wait for a request."""
+        return len(self._idle.get(endpoint, ()))
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for conns in self._idle.values():
+            for conn in conns:
+                await trio.aclose_forcefully(conn.stream)
+        self._idle.clear()
+
+    async def watch(self, endpoint: str, method: Method, request: Message,
+                    connect_timeout: float) -> AsyncIterator[Message]:
         """The messages of a server stream on a connection of its own (``_Connection.watch``);
-        ``GatewayError`` when it cannot be opened within ``connect_timeout`` s, breaks or
-        ends."""
+        ``TransportError`` when it cannot be opened within ``connect_timeout`` s, breaks,
+        ends or sends a malformed message."""
         conn = None
         with trio.move_on_after(connect_timeout):
             conn = await self._open(endpoint)
         if conn is None:
-            raise GatewayError(f"{endpoint}{path}: no connection within {connect_timeout:g} s",
-                               sent=False)
+            raise TransportError(f"{endpoint}{method.path}: no connection within "
+                                 f"{connect_timeout:g} s", sent=False)
         try:
-            async for piece in conn.watch(path, message):
-                yield piece
+            async for piece in conn.watch(method.path, request.SerializeToString()):
+                yield _parse(method, endpoint, piece)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise GatewayError(f"{endpoint}: {str(exc) or type(exc).__name__}", sent=True) from None
+            raise TransportError(f"{endpoint}: {str(exc) or type(exc).__name__}",
+                                 sent=True) from None
         finally:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(conn.stream)
@@ -543,6 +483,6 @@ class Channel(Pool):
             await conn.start()
         except (OSError, trio.BrokenResourceError) as exc:
             await trio.aclose_forcefully(stream)
-            raise GatewayError(f"cannot start HTTP/2 with etcd at {endpoint}: {exc}",
-                               sent=False) from None
+            raise TransportError(f"cannot start HTTP/2 with etcd at {endpoint}: {exc}",
+                                 sent=False) from None
         return conn

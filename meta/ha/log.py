@@ -2,13 +2,12 @@
 
 The engine under metadata high availability (active + standby + observer metadata
 servers; ``meta/ha/controller.py`` drives it). etcd (3.4, Debian ``etcd-server``) is the engine.
-The append, once per journal batch, is a native gRPC ``KV.Txn`` and the followers' watch a
-native gRPC ``Watch`` stream (``meta/ha/etcdgrpc.py``: a third less of etcd's CPU and of the
-append's latency than through the JSON gateway, and a watch etcd ends when its member
-loses the raft leader); the other calls (election, reads, leases) go through etcd's JSON
-gateway (``/v3/kv/txn``, ``/v3/kv/range``, ``/v3/lease/*``; keys and values base64) with
-the lean client of ``meta/ha/etcdhttp.py``. All on trio. See docs/design/ha.md, "Metadata HA
-engine".
+Every call is one of etcd's native gRPC methods on one ``etcdgrpc.Channel``
+(``meta/ha/etcdgrpc.py``), with etcd's messages generated from ``meta/ha/etcdpb/rpc.proto``:
+the append's ``KV.Txn`` once per journal batch, the election's txns and ranges, the lease's
+grant, keepalive and revoke, the reads' ranges and the followers' ``Watch`` stream (which
+etcd ends when its member loses the raft leader). All on trio. See docs/design/ha.md,
+"Metadata HA engine".
 
 Keys under ``prefix`` (e.g. ``/leasefs/ns1``)::
 
@@ -93,7 +92,7 @@ Writes are best sent to etcd's raft leader: a follower forwards each proposal to
 and answers only after applying the entry itself, one more hop of CPU and latency (a quiet
 append measured 1.47/1.37 ms through a follower, 1.26/1.19 ms at the leader). So
 at open and every ``LEADER_PROBE`` s a background task asks the member in use who leads
-(``/v3/maintenance/status``), looks its client URLs up (``/v3/cluster/member/list``) and
+(``Maintenance.Status``), looks its client URLs up (``Cluster.MemberList``) and
 moves to it when it is one of ``endpoints``. Only a hint: a probe that fails changes nothing,
 and any member serves every call correctly.
 
@@ -103,8 +102,6 @@ and any member serves every call correctly.
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import math
 from contextlib import asynccontextmanager
@@ -116,7 +113,8 @@ import trio
 from fs.backoff import Backoff
 
 from . import etcdgrpc
-from .etcdhttp import Gateway, GatewayError
+from .etcdgrpc import TransportError
+from .etcdpb import rpc_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -192,16 +190,6 @@ class Entry:
 
 # ---- pure helpers ----------------------------------------------------------------------
 
-def b64(data: bytes | str) -> str:
-    if isinstance(data, str):
-        data = data.encode()
-    return base64.b64encode(data).decode("ascii")
-
-
-def unb64(text: str | None) -> bytes:
-    return base64.b64decode(text) if text else b""
-
-
 def prefix_end(key: bytes) -> bytes:
     """The smallest key after every key that starts with ``key`` (etcd's range_end)."""
     return key[:-1] + bytes([key[-1] + 1])
@@ -212,41 +200,77 @@ class Appended:
     revision: int
 
 
-def decide(term: Term, txid: int, payload: bytes, result: dict, retried: bool = False):
+def compare_create(key: bytes, revision: int) -> pb.Compare:
+    """``create_revision(key) == revision`` (0: the key does not exist)."""
+    return pb.Compare(target=pb.Compare.CREATE, result=pb.Compare.EQUAL, key=key,
+                      create_revision=revision)
+
+
+def op_put(key: bytes, value: bytes, lease: int = 0) -> pb.RequestOp:
+    return pb.RequestOp(request_put=pb.PutRequest(key=key, value=value, lease=lease))
+
+
+def op_range(key: bytes) -> pb.RequestOp:
+    """A read of the one key."""
+    return pb.RequestOp(request_range=pb.RangeRequest(key=key))
+
+
+def op_delete(key: bytes, range_end: bytes = b"") -> pb.RequestOp:
+    return pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key,
+                                                                   range_end=range_end))
+
+
+def append_request(leader: bytes, epoch: int, entry: bytes, payload: bytes) -> pb.TxnRequest:
+    """The append's txn: if the leader key has ``epoch`` and ``entry`` does not exist, put
+    it; else read both. Filled in place rather than built from ``compare_create`` and
+    ``op_*`` (which copies each part into the txn): it is sent once per journal batch."""
+    txn = pb.TxnRequest()
+    for key, revision in ((leader, epoch), (entry, 0)):
+        compare = txn.compare.add()
+        compare.target, compare.key, compare.create_revision = pb.Compare.CREATE, key, revision
+    put = txn.success.add().request_put
+    put.key, put.value = entry, payload
+    txn.failure.add().request_range.key = leader
+    txn.failure.add().request_range.key = entry
+    return txn
+
+
+def first_kv(result: pb.TxnResponse, index: int):
+    """The first key-value of the ``index``-th response (a range) of a txn, or None."""
+    if index >= len(result.responses):
+        return None
+    kvs = result.responses[index].response_range.kvs
+    return kvs[0] if kvs else None
+
+
+def decide(term: Term, txid: int, payload: bytes, result: pb.TxnResponse,
+           retried: bool = False):
     """What an append's txn answer means: ``Appended`` or the error to raise (pure).
 
-    ``result`` is the txn answer in the gateway's JSON shape (``etcdgrpc.txn_result``
-    gives that shape too); on failure its two responses are the
-    ranges of the leader key and of the log key, in that order. ``retried``: this was a
-    second try after a broken connection, so an entry with our exact bytes may be our own
-    first try."""
-    if result.get("succeeded"):
-        return Appended(int(result["header"]["revision"]))
-    responses = result.get("responses", [])
-    leader = (responses[0].get("response_range", {}).get("kvs") or [None])[0] \
-        if responses else None
-    entry = (responses[1].get("response_range", {}).get("kvs") or [None])[0] \
-        if len(responses) > 1 else None
-    current = int(leader["create_revision"]) if leader else None
+    On failure the txn's two responses are the ranges of the leader key and of the log
+    key, in that order. ``retried``: this was a second try after a broken connection, so an
+    entry with our exact bytes may be our own first try."""
+    if result.succeeded:
+        return Appended(result.header.revision)
+    leader, entry = first_kv(result, 0), first_kv(result, 1)
+    current = leader.create_revision if leader is not None else None
     if current != term.epoch:
-        return Fenced(term.epoch, current, unb64(leader.get("value")).decode()
-                      if leader else None)
+        return Fenced(term.epoch, current, leader.value.decode() if leader is not None
+                      else None)
     assert entry is not None, result
-    if retried and unb64(entry.get("value")) == payload \
-            and int(entry["create_revision"]) > term.epoch:
-        return Appended(int(entry["create_revision"]))
-    return DuplicateTxid(txid, int(entry["create_revision"]))
+    if retried and entry.value == payload and entry.create_revision > term.epoch:
+        return Appended(entry.create_revision)
+    return DuplicateTxid(txid, entry.create_revision)
 
 
-#: gRPC status codes as the gateway's HTTP status for them (``_transient``):
-#: UNAVAILABLE, DEADLINE_EXCEEDED
-GRPC_TRANSIENT = {14: 503, 4: 504}
+#: gRPC status codes worth a retry: UNAVAILABLE, DEADLINE_EXCEEDED
+GRPC_TRANSIENT = (14, 4)
 
 
-def _transient(status: int, data: dict) -> bool:
+def _transient(code: int, message: str) -> bool:
     """An etcd error answer worth retrying (no leader, timeout, member unavailable)."""
-    text = str(data.get("error") or data.get("message") or "").lower()
-    return status in (503, 504) or any(
+    text = message.lower()
+    return code in GRPC_TRANSIENT or any(
         word in text for word in ("timed out", "leader", "unavailable", "stopped"))
 
 
@@ -258,10 +282,7 @@ class HALog:
     def __init__(self, nursery: trio.Nursery, endpoints: list[str],
                  prefix: str, ttl: float, op_timeout: float, poll: float, page: int,
                  attempt_timeout: float):
-        # the append and the watch through native gRPC (``meta.ha.etcdgrpc``), the other
-        # unary calls through the lean gateway client (``meta.ha.etcdhttp``)
         self._nursery = nursery
-        self._gateway = Gateway()
         self._grpc = etcdgrpc.Channel()
         self.endpoints, self.ttl, self.op_timeout = list(endpoints), ttl, op_timeout
         self.attempt_timeout = attempt_timeout
@@ -282,7 +303,7 @@ class HALog:
                    attempt_timeout: float = 1.5):
         """``ttl``: the election timeout (lease TTL, whole seconds in etcd, at least 1);
         ``op_timeout``: bound on one call, retries on other members included;
-        ``attempt_timeout``: bound on one HTTP request, after which it is retried on the
+        ``attempt_timeout``: bound on one request, after which it is retried on the
         next member (etcd itself gives up on a proposal lost with a dead raft leader only
         after 5 s + 2 election timeouts; a retried append is safe, see ``decide``)."""
         async with trio.open_nursery() as nursery:
@@ -294,7 +315,6 @@ class HALog:
             finally:
                 nursery.cancel_scope.cancel()
                 with trio.CancelScope(shield=True):
-                    await halog._gateway.aclose()
                     await halog._grpc.aclose()
 
     async def _follow_raft_leader(self) -> None:
@@ -306,20 +326,19 @@ class HALog:
         """Point the calls at etcd's raft leader when it is one of ``endpoints`` (module
         docstring, "Which member"); True if they now go there. One try per request, no
         retries: the hint can wait for the next probe."""
-        async def ask(path: str) -> dict:
-            status, content = await self._gateway.post(
-                self.endpoints[self._current], path, b"{}", self.attempt_timeout)
-            if status != 200:
-                raise HALogError(f"{path}: HTTP {status}")
-            return json.loads(content)
+        async def ask(method: etcdgrpc.Method, request):
+            code, message, answer = await self._grpc.call(
+                self.endpoints[self._current], method, request, self.attempt_timeout)
+            if answer is None:
+                raise HALogError(f"{method.path}: gRPC status {code} {message}")
+            return answer
         try:
-            leader = str((await ask("/v3/maintenance/status")).get("leader", ""))
-            members = (await ask("/v3/cluster/member/list")).get("members") or []
-        except (GatewayError, HALogError, ValueError) as exc:
+            leader = (await ask(etcdgrpc.STATUS, pb.StatusRequest())).leader
+            members = (await ask(etcdgrpc.MEMBER_LIST, pb.MemberListRequest())).members
+        except (TransportError, HALogError) as exc:
             log.debug("halog: could not ask for etcd's raft leader: %r", exc)
             return False
-        urls = next((m.get("clientURLs") or [] for m in members
-                     if str(m.get("ID")) == leader), [])
+        urls = next((m.clientURLs for m in members if m.ID == leader), [])
         ours = [e.rstrip("/") for e in self.endpoints]
         for url in urls:
             if url.rstrip("/") in ours:
@@ -335,41 +354,19 @@ class HALog:
     def log_key(self, txid: int) -> bytes:
         return self.log_prefix + str(txid).zfill(TXID_DIGITS).encode()
 
-    async def _call(self, path: str, body: dict) -> tuple[dict, bool]:
-        """POST to the gateway; on a connection error try the next member, all within
-        ``op_timeout``. Returns (answer, whether an earlier try may have reached etcd)."""
-        request = json.dumps(body).encode()
-
-        async def attempt(endpoint: str) -> tuple[dict | HALogError, bool]:
-            status, content = await self._gateway.post(endpoint, path, request,
-                                                       self.attempt_timeout)
-            try:
-                data = json.loads(content) if content else {}
-            except ValueError:
-                data = {"error": content[:200].decode(errors="replace")}
-            if status != 200:
-                return HALogError(f"{path}: HTTP {status} {data}"), _transient(status, data)
-            return data, False
-        return await self._retrying(path, attempt)
-
-    async def _txn(self, request: bytes) -> tuple[dict, bool]:
-        """A txn (``etcdgrpc.txn_request``) over etcd's native gRPC API, as ``_call``: the
-        append's way (module ``meta/ha/etcdgrpc.py`` says why). The answer has the gateway's
-        shape."""
-        async def attempt(endpoint: str) -> tuple[dict | HALogError, bool]:
-            code, message, answer = await self._grpc.call(endpoint, etcdgrpc.TXN, request,
+    async def _call(self, method: etcdgrpc.Method, request) -> tuple:
+        """One call (``method`` with the ``request`` message), tried again as ``_retrying``
+        says. Returns (answer, whether an earlier try may have reached etcd)."""
+        async def attempt(endpoint: str):
+            code, message, answer = await self._grpc.call(endpoint, method, request,
                                                           self.attempt_timeout)
-            if code != 0:
-                return (HALogError(f"txn: gRPC status {code} {message}"),
-                        _transient(GRPC_TRANSIENT.get(code, 0), {"error": message}))
-            try:
-                return etcdgrpc.txn_result(answer), False
-            except ValueError as exc:
-                raise GatewayError(f"{endpoint}: malformed txn answer ({exc})",
-                                   sent=True) from None
-        return await self._retrying("txn", attempt)
+            if answer is None:
+                return (HALogError(f"{method.path}: gRPC status {code} {message}"),
+                        _transient(code, message))
+            return answer, False
+        return await self._retrying(method.path, attempt)
 
-    async def _retrying(self, what: str, attempt) -> tuple[dict, bool]:
+    async def _retrying(self, what: str, attempt) -> tuple:
         """Run ``attempt(endpoint)`` until it answers, within ``op_timeout``: after a
         transport error on the next member, after a transient etcd error again. Returns
         (answer, whether an earlier try may have reached etcd)."""
@@ -379,7 +376,7 @@ class HALog:
             while True:
                 try:
                     data, transient = await attempt(self.endpoints[self._current])
-                except GatewayError as exc:
+                except TransportError as exc:
                     last = exc
                     retried = retried or exc.sent   # the request may have reached etcd
                     self._current = (self._current + 1) % len(self.endpoints)
@@ -403,30 +400,28 @@ class HALog:
     async def campaign(self, node_id: str, timeout: float = math.inf) -> Term:
         """Block until this node holds the leader key (or ``timeout`` → CampaignTimeout)."""
         sent = trio.current_time()
-        grant, _ = await self._call("/v3/lease/grant", {"TTL": max(1, round(self.ttl))})
-        lease = int(grant["ID"])
-        self._held[lease] = sent + int(grant.get("TTL", 0))
+        grant, _ = await self._call(etcdgrpc.LEASE_GRANT,
+                                    pb.LeaseGrantRequest(TTL=max(1, round(self.ttl))))
+        lease = grant.ID
+        self._held[lease] = sent + grant.TTL
         scope = trio.CancelScope()
         self._keepalives[lease] = scope
         self._lost[lease] = trio.Event()
         self._nursery.start_soon(self._keepalive, lease, scope)
-        key = b64(self.leader_key)
+        key = self.leader_key
+        campaign = pb.TxnRequest(compare=[compare_create(key, 0)],
+                                 success=[op_put(key, node_id.encode(), lease)],
+                                 failure=[op_range(key)])
         won = False
         try:
             with trio.move_on_after(timeout):
                 while True:
-                    result, _ = await self._call("/v3/kv/txn", {
-                        "compare": [{"target": "CREATE", "key": key, "create_revision": "0",
-                                     "result": "EQUAL"}],
-                        "success": [{"request_put": {"key": key, "value": b64(node_id),
-                                                     "lease": str(lease)}}],
-                        "failure": [{"request_range": {"key": key}}]})
-                    holder = (result.get("responses") or [{}])[0].get(
-                        "response_range", {}).get("kvs") or [{}]
-                    if result.get("succeeded") or int(holder[0].get("lease", 0)) == lease:
+                    result, _ = await self._call(etcdgrpc.TXN, campaign)
+                    holder = None if result.succeeded else first_kv(result, 0)
+                    if result.succeeded or (holder is not None and holder.lease == lease):
                         # won now, or an earlier try of this very txn won (retried request)
-                        epoch = int(result["header"]["revision"]) if result.get("succeeded") \
-                            else int(holder[0]["create_revision"])
+                        epoch = result.header.revision if holder is None \
+                            else holder.create_revision
                         won = True
                         log.info("halog %s: %s leads with epoch %d", self.prefix.decode(),
                                  node_id, epoch)
@@ -459,7 +454,8 @@ class HALog:
         # no use past the TTL: a later answer could only say the lease is gone
         with trio.move_on_after(self.ttl) as timer:
             try:
-                answer, _ = await self._call("/v3/lease/keepalive", {"ID": str(lease)})
+                answer, _ = await self._call(etcdgrpc.LEASE_KEEPALIVE,
+                                             pb.LeaseKeepAliveRequest(ID=lease))
             except Unavailable as exc:
                 answer, why = None, str(exc)
         if timer.cancelled_caught:
@@ -472,7 +468,7 @@ class HALog:
         if lease in self._unanswered:
             self._unanswered.discard(lease)
             log.info("halog: lease %x keepalive answered again", lease)
-        ttl = int(answer.get("result", {}).get("TTL", 0))
+        ttl = answer.TTL
         if ttl <= 0:
             log.warning("halog: lease %x expired; its term is over", lease)
             self._lost[lease].set()
@@ -503,23 +499,20 @@ class HALog:
         self._lost.setdefault(lease, trio.Event()).set()
         self._held.pop(lease, None)
         try:
-            await self._call("/v3/lease/revoke", {"ID": str(lease)})
+            await self._call(etcdgrpc.LEASE_REVOKE, pb.LeaseRevokeRequest(ID=lease))
         except Unavailable:
             log.warning("halog: could not revoke lease %x; it expires in %s s", lease, self.ttl)
 
     async def leader(self) -> tuple[int, str] | None:
         """(epoch, node id) of the current leader key, or None."""
-        answer, _ = await self._call("/v3/kv/range", {"key": b64(self.leader_key)})
-        kvs = answer.get("kvs") or []
-        return (int(kvs[0]["create_revision"]), unb64(kvs[0].get("value")).decode()) \
-            if kvs else None
+        answer, _ = await self._call(etcdgrpc.RANGE, pb.RangeRequest(key=self.leader_key))
+        kvs = answer.kvs
+        return (kvs[0].create_revision, kvs[0].value.decode()) if kvs else None
 
     async def resign(self, term: Term) -> None:
-        key = b64(self.leader_key)
-        await self._call("/v3/kv/txn", {
-            "compare": [{"target": "CREATE", "key": key, "create_revision": str(term.epoch),
-                         "result": "EQUAL"}],
-            "success": [{"request_delete_range": {"key": key}}]})
+        await self._call(etcdgrpc.TXN, pb.TxnRequest(
+            compare=[compare_create(self.leader_key, term.epoch)],
+            success=[op_delete(self.leader_key)]))
         await self._revoke(term.lease_id)
 
     # -- the log --
@@ -530,16 +523,12 @@ class HALog:
         their space."""
         if below_txid <= 1:
             return 0
-        leader = b64(self.leader_key)
-        result, _ = await self._call("/v3/kv/txn", {
-            "compare": [{"target": "CREATE", "key": leader, "create_revision": str(term.epoch),
-                         "result": "EQUAL"}],
-            "success": [{"request_delete_range": {
-                "key": b64(self.log_prefix), "range_end": b64(self.log_key(below_txid))}}]})
-        if not result.get("succeeded"):
+        result, _ = await self._call(etcdgrpc.TXN, pb.TxnRequest(
+            compare=[compare_create(self.leader_key, term.epoch)],
+            success=[op_delete(self.log_prefix, self.log_key(below_txid))]))
+        if not result.succeeded:
             raise Fenced(term.epoch, None, None)
-        responses = result.get("responses") or [{}]
-        return int(responses[0].get("response_delete_range", {}).get("deleted", 0))
+        return result.responses[0].response_delete_range.deleted if result.responses else 0
 
     async def append(self, term: Term, first_txid: int, payload: bytes, *,
                      retried: bool = False) -> int:
@@ -549,26 +538,23 @@ class HALog:
         the same entry again after an ``Unavailable`` (its first try may have committed)."""
         if len(payload) > MAX_PAYLOAD:
             raise PayloadTooLarge(len(payload))
-        leader, entry = self.leader_key, self.log_key(first_txid)
-        result, again = await self._txn(etcdgrpc.txn_request(
-            [etcdgrpc.compare_create(leader, term.epoch), etcdgrpc.compare_create(entry, 0)],
-            [etcdgrpc.op_put(entry, payload)],
-            [etcdgrpc.op_range(leader), etcdgrpc.op_range(entry)]))
+        result, again = await self._call(etcdgrpc.TXN, append_request(
+            self.leader_key, term.epoch, self.log_key(first_txid), payload))
         outcome = decide(term, first_txid, payload, result, retried or again)
         if isinstance(outcome, Exception):
             raise outcome
         return outcome.revision
 
-    def _entry(self, kv: dict) -> Entry:
-        txid = int(unb64(kv["key"])[len(self.log_prefix):])
-        return Entry(txid, unb64(kv.get("value")), int(kv["mod_revision"]))
+    def _entry(self, kv) -> Entry:
+        """An entry from its ``mvccpb.KeyValue``."""
+        return Entry(int(kv.key[len(self.log_prefix):]), kv.value, kv.mod_revision)
 
     async def _read_page(self, from_txid: int) -> tuple[list[Entry], int, bool]:
-        answer, _ = await self._call("/v3/kv/range", {
-            "key": b64(self.log_key(from_txid)), "range_end": b64(prefix_end(self.log_prefix)),
-            "limit": str(self.page), "sort_order": "ASCEND", "sort_target": "KEY"})
-        entries = [self._entry(kv) for kv in answer.get("kvs") or []]
-        return entries, int(answer["header"]["revision"]), bool(answer.get("more"))
+        answer, _ = await self._call(etcdgrpc.RANGE, pb.RangeRequest(
+            key=self.log_key(from_txid), range_end=prefix_end(self.log_prefix),
+            limit=self.page, sort_order=pb.RangeRequest.ASCEND,
+            sort_target=pb.RangeRequest.KEY))
+        return [self._entry(kv) for kv in answer.kvs], answer.header.revision, answer.more
 
     async def read(self, from_txid: int = 0) -> list[Entry]:
         """Every entry with txid >= from_txid, in txid order (one consistent snapshot
@@ -598,7 +584,7 @@ class HALog:
                     if e.txid >= from_txid:
                         yield e
                         from_txid = e.txid + 1
-            except (GatewayError, ValueError, KeyError) as exc:
+            except (TransportError, ValueError) as exc:
                 log.info("halog: watch broke (%r); reading again from txid %d", exc, from_txid)
                 self._current = (self._current + 1) % len(self.endpoints)
                 await TRANSIENT_RETRY.sleep(0)
@@ -606,15 +592,15 @@ class HALog:
     async def _watch(self, start_revision: int) -> AsyncIterator[Entry]:
         """The log's new entries from ``start_revision`` as etcd commits them: a native
         gRPC watch stream that etcd ends when its member loses the raft leader."""
-        request = etcdgrpc.watch_request(self.log_prefix, prefix_end(self.log_prefix),
-                                         start_revision)
-        async for message in self._grpc.watch(self.endpoints[self._current], etcdgrpc.WATCH,
-                                              request, self.op_timeout):
-            result = etcdgrpc.watch_result(message)
-            if result.get("canceled") or result.get("compact_revision"):
-                raise ValueError(f"watch ended by etcd: {result}")
-            for event in result["events"]:
-                kv = event.get("kv")
-                if event["type"] == "PUT" and kv is not None:
-                    yield Entry(int(kv["key"][len(self.log_prefix):]), kv["value"],
-                                kv["mod_revision"])
+        request = pb.WatchRequest(create_request=pb.WatchCreateRequest(
+            key=self.log_prefix, range_end=prefix_end(self.log_prefix),
+            start_revision=start_revision, filters=[pb.WatchCreateRequest.NODELETE]))
+        async for result in self._grpc.watch(self.endpoints[self._current], etcdgrpc.WATCH,
+                                             request, self.op_timeout):
+            if result.canceled or result.compact_revision:
+                raise ValueError(f"watch ended by etcd: canceled {result.canceled}, "
+                                 f"compact revision {result.compact_revision}, "
+                                 f"{result.cancel_reason!r}")
+            for event in result.events:
+                if event.type == event.PUT and event.HasField("kv"):
+                    yield self._entry(event.kv)
