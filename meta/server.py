@@ -1,6 +1,8 @@
 """The metadata server (the HDFS NameNode role): its core — state, startup/recovery, the
-journal's apply, the lock and permission helpers, lease release and block recovery,
-monitors, checkpoints. How a process runs it (sockets, restarts) is ``serverrun.py``.
+journal's apply, the lock and permission helpers, monitors, checkpoints; it builds the
+services (lease release and block recovery: ``leases/release.py``; the replication monitor's
+decisions: ``blocks/redundancy.py``). How a process runs it (sockets, restarts) is
+``serverrun.py``.
 
 Why it exists: it is the shell around the pure parts. ``namespace.py`` validates and applies
 journal records (what each op does, in the store and here in memory, is its class in
@@ -10,10 +12,9 @@ wire (every method of docs/PROTOCOL.md §2). The RPC handlers live by role, as H
 them, in mixins ``MetaServer`` composes: ``client_protocol.py`` (ClientProtocol: namespace
 and write path), ``datanode_protocol.py`` (DatanodeProtocol: block servers),
 ``admin_protocol.py`` (report, safe mode, decommission, fsck, save_namespace, content
-summary); ``redundancy.py`` holds the replication monitor's decisions. Their methods run on
-this one object; the helpers without a leading underscore here (``mutation``, ``file_lock``,
-``with_ancestor_locks``, ``reading``, ``log_plan``, ``check_access``, ``located``, ...) are the
-core's API for them.
+summary). Their methods run on this one object; the helpers without a leading underscore
+here (``mutation``, ``file_lock``, ``with_ancestor_locks``, ``reading``, ``log_plan``,
+``check_access``, ``located``, ...) are the core's API for them.
 
 Mutation order (every mutating RPC): safe-mode check → global lock (read) → path locks →
 validate and decide in memory (``ns.plan_*``; a ``LeaseFSError`` leaves everything
@@ -95,7 +96,6 @@ from .leases.leases import STALE_HEARTBEATS, LeaseManager
 from .namespace.locks import NamespaceLocking
 from .namespace.namespace import Defaults, Namespace, check_int
 from .journal.ops import RPC_CALL, RPC_KEPT, decode
-from .blocks.replication import ReplicationQueues
 from .blocks.reports import REPORT_STEP, BlockReports
 from .namespace.permissions import PermissionChecker
 from .ha.role import RoleView
@@ -107,7 +107,7 @@ from .protocols.client import ClientProtocol
 from .protocols.namespace import NamespaceProtocol
 from .protocols.datanode import DatanodeProtocol
 from .blocks.redundancy import Redundancy
-from .leases.release import LeaseRelease, Recovery
+from .leases.release import LeaseRecovery
 from .monitors import Monitors
 from .protocols.user_auth import AuthProtocol, ProxyRules
 
@@ -138,7 +138,7 @@ LOOK_BACK_BATCH = 256
 
 
 class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProtocol,
-                 AuthProtocol, LeaseRelease, Redundancy, Monitors, Dispatcher):
+                 AuthProtocol, Monitors, Dispatcher):
     """Every RPC of PROTOCOL.md §2 as ``rpc_<method>(ctx, **args)``: the handlers come from
     the role mixins, which calls go through the retry cache or run inline is declared here."""
 
@@ -194,7 +194,7 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
                                sync_delay=config.journal_sync_delay)
         # the services every front end calls; those not yet split out of the role
         # classes are this object itself
-        self.recovery = self.redundancy = self.monitors = self.security = self
+        self.monitors = self.security = self
         # the services every front end calls
         self.edits = Edits(self.journal)
         self.access = Access(self.ns, self.permissions, self.superuser)
@@ -207,18 +207,20 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
         self._started_ns = wall_ns()
         self.startup = StartupProgress(self._started_ns / 1e9)
         self.recent_log = weblog.install()   # the web pages' recent log lines
-        self._release_logged: set[int] = set()
         self.checkpoints = 0
         self.reports = BlockReports(self.blocks, self.datanodes, self.update_safemode,
                                     step=REPORT_STEP, following=lambda: not self.is_active)
         self._reclaim_wakeup = trio.Event()
         self.reclaim_records = 0
-        self.recoveries: dict[int, Recovery] = {}            # block id → running recovery
-        self.recover_commands: dict[str, dict[int, dict]] = {}   # node → block id → command
-        self.replication = ReplicationQueues(
+        self.recovery = LeaseRecovery(
+            ns=self.ns, edits=self.edits, locking=self.locking, blocks=self.blocks,
+            leases=self.leases, datanodes=self.datanodes, locator=self.locator,
+            min_replication=config.min_replication, retry_after=config.block_recovery_retry,
+            clock=clock, wall_ns=wall_ns)
+        self.redundancy = Redundancy(
+            blocks=self.blocks, datanodes=self.datanodes, safemode=self.safemode,
             pending_timeout=config.replication_pending_timeout,
-            max_streams=config.replication_max_streams)
-        self.transfer_commands: dict[str, list[dict]] = {}   # node → TRANSFER commands
+            max_streams=config.replication_max_streams, clock=clock)
         # the front ends: the objects whose ``rpc_<method>`` methods serve the calls
         self.front_ends: tuple = (self,)
         # /metrics: per call (serve_rpc's hook), per journal sync, the rest at scrape time
@@ -509,9 +511,7 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
             self.blocks.set_length(block_id, num_bytes)
 
     def lease_ended(self, ino: int) -> None:
-        """File ``ino`` is no longer under construction (closed, or its lease went)."""
-        self.leases.remove_file(ino)
-        self._release_logged.discard(ino)
+        self.recovery.lease_ended(ino)
 
     def _forget(self, effect: dict) -> None:
         """Blocks that left the namespace go to invalidate sets; their leases end."""
@@ -524,9 +524,7 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
             self.recovery.forget_recovery(block_id)
 
     def forget_recovery(self, block_id: int) -> None:
-        rec = self.recoveries.pop(block_id, None)
-        if rec is not None and rec.primary is not None:
-            self.recover_commands.get(rec.primary, {}).pop(block_id, None)
+        self.recovery.forget_recovery(block_id)
 
     def now(self) -> tuple[float, int]:
         return self.clock(), self.wall_ns()
@@ -557,7 +555,6 @@ class MetaServer(ClientProtocol, NamespaceProtocol, DatanodeProtocol, AdminProto
     def node_dead(self, node) -> None:
         self.reports.abandon(node.node_id)   # an unfinished full report is void
         affected = self.blocks.remove_node(node.node_id)
-        self.transfer_commands.pop(node.node_id, None)
-        self.blocks.mark_dirty(self.replication.forget_node(node.node_id))
+        self.redundancy.forget_node(node.node_id)
         log.info("block server %s removed: %d replicas left the blocks map",
                  node.node_id, len(affected))

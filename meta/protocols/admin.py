@@ -113,7 +113,7 @@ class AdminProtocol:
                 "directories": self.ns.dir_count(), "open_files": self.leases.open_files(),
                 **self.blocks.counts(),
                 "pending_deletion": self.datanodes.pending_deletion(),
-                "replication": self.replication.stats(),
+                "replication": self.redundancy.replication_stats(),
                 "decommissioning": sum(1 for n in self.datanodes.nodes.values()
                                        if n.admin == dm.DECOMMISSION_IN_PROGRESS),
                 "decommissioned": sum(1 for n in self.datanodes.nodes.values()
