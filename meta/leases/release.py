@@ -49,9 +49,9 @@ log = logging.getLogger(__name__)
 LEASE_MONITOR_MAX_FILES = 1000
 
 
-@dataclass
+@dataclass(frozen=True)
 class Recovery:
-    """One running block recovery (the last block of an open file)."""
+    """One running block recovery (the last block of an open file); a retry replaces it."""
     ino: int
     block_id: int
     recovery_id: int
