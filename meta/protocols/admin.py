@@ -10,8 +10,8 @@ the ones that change something are for the superuser only.
 state. The handlers rely on the core for: ``reading`` (a read that awaits between store
 reads), ``caller_of``/``checked_caller``/``inode_chain`` (permissions), ``location``,
 ``checkpoint`` and the global lock, and on the redundancy work (``redundancy.py``) for
-``replica_groups`` and ``blocks_to_copy``; and on the core's ``ns``, ``blocks``,
-``datanodes``, ``leases``, ``replication``, ``safemode``, ``journal`` and ``config``.
+``replica_groups``, ``blocks_to_copy`` and ``replication_stats``; and on the core's ``ns``,
+``blocks``, ``datanodes``, ``leases``, ``safemode``, ``journal`` and ``config``.
 
 Concurrency contract: that of ``MetaServer``: everything runs on its one trio thread; fsck
 and content_summary walk a subtree with a checkpoint every few hundred inodes.
