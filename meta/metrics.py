@@ -141,7 +141,7 @@ class MetaMetrics:
                     "reported deleted", s.datanodes.pending_deletion())
         yield gauge("invalidate_queue_length", "Replica deletions decided and not yet sent "
                     "to their block servers", s.datanodes.invalidate_queued())
-        replication = s.replication.stats()
+        replication = s.redundancy.replication_stats()
         yield gauge("replication_queue_length", "Blocks waiting for re-replication",
                     replication["queued"])
         yield gauge("replication_pending", "Re-replications scheduled and not yet "

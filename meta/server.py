@@ -1,9 +1,7 @@
 """The metadata server (the HDFS NameNode role): its core — state, startup/recovery, the
-journal's apply, the lock and permission helpers, lease release and block recovery. It owns
-the services, among them ``monitors`` (``monitors.py``: the background loops, checkpoints,
-the reclaimer) and ``security`` (``security.py``: keys, proxy rules, delegation tokens), and
-delegates the ``Dispatcher``'s session hooks to ``auth_protocol``
-(``protocols/user_auth.py``). How a process runs it (sockets, restarts) is ``serverrun.py``.
+journal's apply and the memory state the journal's ops update. It builds the services and
+the protocol front ends and owns them; how a process runs it (sockets, restarts) is
+``serverrun.py``.
 
 Why it exists: it is the shell around the pure parts. ``namespace.py`` validates and applies
 journal records (what each op does, in the store and here in memory, is its class in
@@ -13,10 +11,9 @@ wire (every method of docs/PROTOCOL.md §2). The RPC handlers live by role, as H
 them, in mixins ``MetaServer`` composes: ``client_protocol.py`` (ClientProtocol: namespace
 and write path), ``datanode_protocol.py`` (DatanodeProtocol: block servers),
 ``admin_protocol.py`` (report, safe mode, decommission, fsck, save_namespace, content
-summary); ``redundancy.py`` holds the replication monitor's decisions. Their methods run on
-this one object; the helpers without a leading underscore here (``mutation``, ``file_lock``,
-``with_ancestor_locks``, ``reading``, ``log_plan``, ``check_access``, ``located``, ...) are the
-core's API for them.
+summary). Their methods run on this one object; the helpers without a leading underscore
+here (``mutation``, ``file_lock``, ``with_ancestor_locks``, ``reading``, ``log_plan``,
+``check_access``, ``located``, ...) are the core's API for them.
 
 Mutation order (every mutating RPC): safe-mode check → global lock (read) → path locks →
 validate and decide in memory (``ns.plan_*``; a ``LeaseFSError`` leaves everything
@@ -95,7 +92,6 @@ from .leases.leases import STALE_HEARTBEATS, LeaseManager
 from .namespace.locks import NamespaceLocking
 from .namespace.namespace import Defaults, Namespace, check_int
 from .journal.ops import RPC_CALL, RPC_KEPT, decode
-from .blocks.replication import ReplicationQueues
 from .blocks.reports import REPORT_STEP, BlockReports
 from .namespace.permissions import PermissionChecker
 from .ha.role import RoleView
@@ -107,7 +103,7 @@ from .protocols.client import ClientProtocol
 from .protocols.namespace import NamespaceProtocol
 from .protocols.datanode import DatanodeProtocol
 from .blocks.redundancy import Redundancy
-from .leases.release import LeaseRelease, Recovery
+from .leases.release import LeaseRecovery
 from .monitors import Monitors
 from .protocols.user_auth import AuthProtocol
 from .security import Security
@@ -138,7 +134,7 @@ LOOK_BACK_BATCH = 256
 # flush (``fsync(sync=false)``), an hsync waits for its fsync
 
 
-class MetaServer(DatanodeProtocol, LeaseRelease, Redundancy, Dispatcher):
+class MetaServer(DatanodeProtocol, Dispatcher):
     """Every RPC of PROTOCOL.md §2 as ``rpc_<method>(ctx, **args)``: the handlers come from
     the role mixins, which calls go through the retry cache or run inline is declared here."""
 
@@ -187,9 +183,6 @@ class MetaServer(DatanodeProtocol, LeaseRelease, Redundancy, Dispatcher):
         # the keys, proxy rules and delegation tokens (run_meta_server installs the keys)
         self.security = Security(ns=self.ns, journal=self.journal, config=config,
                                  superuser=self.superuser, wall_ns=wall_ns)
-        # the services every front end calls; those not yet split out of the role
-        # classes are this object itself
-        self.recovery = self.redundancy = self
         # the services every front end calls
         self.edits = Edits(self.journal)
         self.access = Access(self.ns, self.permissions, self.superuser)
@@ -201,15 +194,17 @@ class MetaServer(DatanodeProtocol, LeaseRelease, Redundancy, Dispatcher):
         self._started_ns = wall_ns()
         self.startup = StartupProgress(self._started_ns / 1e9)
         self.recent_log = weblog.install()   # the web pages' recent log lines
-        self._release_logged: set[int] = set()
         self.reports = BlockReports(self.blocks, self.datanodes, self.update_safemode,
                                     step=REPORT_STEP, following=lambda: not self.is_active)
-        self.recoveries: dict[int, Recovery] = {}            # block id → running recovery
-        self.recover_commands: dict[str, dict[int, dict]] = {}   # node → block id → command
-        self.replication = ReplicationQueues(
+        self.recovery = LeaseRecovery(
+            ns=self.ns, edits=self.edits, locking=self.locking, blocks=self.blocks,
+            leases=self.leases, datanodes=self.datanodes, locator=self.locator,
+            min_replication=config.min_replication, retry_after=config.block_recovery_retry,
+            clock=clock, wall_ns=wall_ns)
+        self.redundancy = Redundancy(
+            blocks=self.blocks, datanodes=self.datanodes, safemode=self.safemode,
             pending_timeout=config.replication_pending_timeout,
-            max_streams=config.replication_max_streams)
-        self.transfer_commands: dict[str, list[dict]] = {}   # node → TRANSFER commands
+            max_streams=config.replication_max_streams, clock=clock)
         # the background loops, checkpoints and the reclaimer
         self.monitors = Monitors(
             journal=self.journal, kv=kv, ns=self.ns, locking=self.locking,
@@ -232,8 +227,8 @@ class MetaServer(DatanodeProtocol, LeaseRelease, Redundancy, Dispatcher):
         self.admin_protocol = AdminProtocol(
             ns=self.ns, access=self.access, permissions=self.permissions, locking=self.locking,
             edits=self.edits, locator=self.locator, blocks=self.blocks,
-            datanodes=self.datanodes, leases=self.leases, replication=self.replication,
-            safemode=self.safemode, redundancy=self.redundancy, monitors=self.monitors,
+            datanodes=self.datanodes, leases=self.leases, safemode=self.safemode,
+            redundancy=self.redundancy, monitors=self.monitors,
             journal=self.journal, role_view=self.role_view, startup=self.startup,
             gc_governor=self.gc_governor, namespace_lock=config.namespace_lock, clock=clock,
             wall_ns=wall_ns)
@@ -544,9 +539,7 @@ class MetaServer(DatanodeProtocol, LeaseRelease, Redundancy, Dispatcher):
         self.security.apply_token_effect(op, effect)
 
     def lease_ended(self, ino: int) -> None:
-        """File ``ino`` is no longer under construction (closed, or its lease went)."""
-        self.leases.remove_file(ino)
-        self._release_logged.discard(ino)
+        self.recovery.lease_ended(ino)
 
     def _forget(self, effect: dict) -> None:
         """Blocks that left the namespace go to invalidate sets; their leases end."""
@@ -559,9 +552,7 @@ class MetaServer(DatanodeProtocol, LeaseRelease, Redundancy, Dispatcher):
             self.recovery.forget_recovery(block_id)
 
     def forget_recovery(self, block_id: int) -> None:
-        rec = self.recoveries.pop(block_id, None)
-        if rec is not None and rec.primary is not None:
-            self.recover_commands.get(rec.primary, {}).pop(block_id, None)
+        self.recovery.forget_recovery(block_id)
 
     def now(self) -> tuple[float, int]:
         return self.clock(), self.wall_ns()
@@ -573,7 +564,6 @@ class MetaServer(DatanodeProtocol, LeaseRelease, Redundancy, Dispatcher):
     def node_dead(self, node) -> None:
         self.reports.abandon(node.node_id)   # an unfinished full report is void
         affected = self.blocks.remove_node(node.node_id)
-        self.transfer_commands.pop(node.node_id, None)
-        self.blocks.mark_dirty(self.replication.forget_node(node.node_id))
+        self.redundancy.forget_node(node.node_id)
         log.info("block server %s removed: %d replicas left the blocks map",
                  node.node_id, len(affected))

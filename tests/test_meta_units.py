@@ -20,6 +20,7 @@ from meta.namespace.locks import (LOCK_ANCESTOR, LOCK_PARENT, LOCK_READ, LOCK_WR
                         lock_set, merge)
 from meta.journal.ops import to_wire
 from meta.blocks.reports import BlockReports, parse_entries
+from meta.blocks.redundancy import Redundancy
 from meta.blocks.safemode import SafeModeState
 
 
@@ -349,6 +350,37 @@ def test_block_reports_incremental_and_abandoned_chunked_report():
         with pytest.raises(errors.InvalidArgument, match="not registered"):
             await reports.full_report("n1", [])
     trio.run(chunked)
+
+
+def test_redundancy_hands_a_transfer_once_and_a_dead_source_drops_it():
+    """``Redundancy`` on its own (blocks map, block servers, safe mode, clock): a block one
+    replica short gets one TRANSFER from its holder, handed to one heartbeat only; the
+    source's death drops its untaken command and its pending copy, and the block is checked
+    again."""
+    now = 0.0
+    blocks = BlocksMap(min_replication=1)
+    nodes = DatanodeManager(dead_interval=10, invalidate_limit=10, clock=lambda: now)
+    for name in ("n1", "n2"):
+        nodes.register(name, f"{name}:1", 1 << 30, 0, 1 << 30)
+    safemode = SafeModeState(extension=0)
+    safemode.update(now, 0, 0, 2)
+    redundancy = Redundancy(blocks=blocks, datanodes=nodes, safemode=safemode,
+                            pending_timeout=60.0, max_streams=2, clock=lambda: now)
+    blocks.add(BlockInfo(1, ino=10, index=0, gs=5, num_bytes=8, state=bm.COMPLETE,
+                         replication=2))
+    blocks.add_replica("n1", 1, 5, 8, "FINALIZED")
+    trio.run(redundancy.replication_pass)
+    assert redundancy.replication_stats()["pending"] == 1
+    redundancy.forget_node("n1")
+    assert redundancy.take_transfer_commands("n1") == []
+    assert redundancy.replication_stats()["pending"] == 0 and blocks.dirty == {1}
+    trio.run(redundancy.replication_pass)
+    [command] = redundancy.take_transfer_commands("n1")
+    assert (command["type"], command["block"]["id"], command["targets"]) == \
+        ("TRANSFER", 1, ["n2:1"])
+    assert redundancy.take_transfer_commands("n1") == []
+    trio.run(redundancy.replication_pass)   # the copy is pending: not scheduled twice
+    assert redundancy.take_transfer_commands("n1") == []
 
 
 def test_committed_block_completes_when_replicas_arrive():

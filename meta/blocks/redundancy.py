@@ -4,37 +4,68 @@ priority), TRANSFER commands for the most urgent queued blocks, pending copies t
 and the end of a decommission.
 
 Why it exists: one role per module. This is the decision side of the replication monitor;
-``replication.py`` holds its queues (pure), ``MetaServer`` (``server.py``) runs the monitor
-loop that calls ``replication_pass``, and fsck and decommission (``admin_protocol.py``) read
+``replication.py`` holds its queues (pure), the monitors (``monitors.py``) run the loop that
+calls ``replication_pass``, and fsck and decommission (``protocols/admin.py``) read
 ``replica_groups`` and ``blocks_to_copy``.
 
-``Redundancy`` is a mixin: ``MetaServer`` composes it and owns all the state. It relies on the
-core's ``blocks``, ``datanodes``, ``replication``, ``safemode``, ``clock`` and
-``transfer_commands`` (the TRANSFER commands waiting for a node's next heartbeat).
+``Redundancy`` is the service ``MetaServer`` builds as ``redundancy``. It owns the replication
+queues (``ReplicationQueues``) and the TRANSFER commands waiting for a node's next heartbeat
+(``take_transfer_commands``). Its constructor takes the blocks map, the block servers
+(``datanodes``: liveness, placement, invalidate sets), the safe-mode state (no work in safe
+mode), the queues' settings (``pending_timeout``, ``max_streams``) and the ``clock``. A dead
+node's queued work goes with ``forget_node``.
 
-Concurrency contract: that of ``MetaServer``: runs on its one trio thread; a pass checks the
-changed blocks in steps of ``REPORT_STEP`` with a checkpoint between two steps.
+Concurrency contract: the server's one trio thread; its state changes only synchronously
+between awaits; a pass checks the changed blocks in steps of ``REPORT_STEP`` with a
+checkpoint between two steps.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import trio
 
 from fs.errors import LeaseFSError
 
 from . import blocks as bm
-from .blocks import BlockInfo
+from .blocks import BlockInfo, BlocksMap
 from . import datanodes as dm
 from . import replication as rq
 from .reports import REPORT_STEP
+from .safemode import SafeModeState
 
 log = logging.getLogger(__name__)
 
 
 class Redundancy:
     """Decisions of the replication monitor over the blocks map."""
+
+    def __init__(self, *, blocks: BlocksMap, datanodes: dm.DatanodeManager,
+                 safemode: SafeModeState, pending_timeout: float, max_streams: int,
+                 clock: Callable[[], float]):
+        self.blocks = blocks
+        self.datanodes = datanodes
+        self.safemode = safemode
+        self.clock = clock
+        self.replication = rq.ReplicationQueues(pending_timeout=pending_timeout,
+                                                max_streams=max_streams)
+        self._transfer_commands: dict[str, list[dict]] = {}   # node → TRANSFER commands
+
+    def take_transfer_commands(self, node_id: str) -> list[dict]:
+        """The TRANSFER commands for ``node_id``'s heartbeat reply (handed out once)."""
+        return self._transfer_commands.pop(node_id, [])
+
+    def replication_stats(self) -> dict:
+        """The replication queues' counts (``ReplicationQueues.stats``)."""
+        return self.replication.stats()
+
+    def forget_node(self, node_id: str) -> None:
+        """Block server ``node_id`` is dead: its TRANSFER commands go, and the copies it
+        was part of are decided again."""
+        self._transfer_commands.pop(node_id, None)
+        self.blocks.mark_dirty(self.replication.forget_node(node_id))
 
     # ================================================================== repair
     # The replication monitor (``meta/blocks/replication.py`` holds its state): every changed block
@@ -125,7 +156,7 @@ class Redundancy:
             except LeaseFSError:
                 continue   # no room now; the next pass tries again
             source = sources[0]
-            self.transfer_commands.setdefault(source, []).append(
+            self._transfer_commands.setdefault(source, []).append(
                 {"type": "TRANSFER", "block": info.ref(),
                  "targets": [t.address for t in targets]})
             self.replication.add_pending(block_id, source, [t.node_id for t in targets], now)

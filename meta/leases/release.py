@@ -7,10 +7,20 @@ Why it exists: one role per module. The decisions are pure (``meta/leases/leases
 ``release_decision``, ``choose_primary``, ``recovery_due``); this is the part that acts on
 them with locks, journal records and RECOVER commands for block servers.
 
-``LeaseRelease`` is a mixin: ``MetaServer`` (``server.py``) composes it and owns all the
-state (``recoveries``, ``recover_commands``, ``leases``, ``blocks``, ``ns``, ``journal``).
-Concurrency contract: that of ``MetaServer``: its one trio thread; a release runs under the
-file's path locks.
+``LeaseRecovery`` is the service ``MetaServer`` builds as ``recovery``. It owns the running
+recoveries (block id → ``Recovery``), the RECOVER_BLOCK commands waiting for a primary's next
+heartbeat, and the files whose failed release was already logged. Its constructor takes what
+it acts on: the namespace (``ns``), ``edits`` (journaling), the path ``locking``, the blocks
+map, the leases, the block servers (``datanodes``; liveness picks the primary), the
+``locator`` (the targets of a RECOVER command), ``min_replication`` and ``retry_after``
+(``block_recovery_retry``) from the config, and the ``clock``/``wall_ns`` callables (tests
+inject them). The block-server protocol reads and takes its state through ``running`` and
+``take_recover_commands``; the journal's memory apply ends it through ``forget_recovery`` and
+``lease_ended``.
+
+Concurrency contract: the server's one trio thread; its state changes only synchronously
+between awaits, and a release or a recovery start runs under the file's path locks (taken by
+the caller, or here by the lease monitor's passes).
 """
 
 from __future__ import annotations
@@ -18,13 +28,20 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from typing import Callable
+
 from fs import paths
 from fs.errors import AlreadyBeingCreated, InternalError, LeaseFSError
 
 from ..blocks import blocks as bm
+from ..blocks.blocks import BlocksMap
+from ..blocks.datanodes import DatanodeManager
+from ..blocks.locate import Locator
+from ..journal.edits import Edits
 from . import leases as lm
-from .leases import INTERNAL_HOLDER
-from ..namespace.locks import LOCK_WRITE, lock_set
+from .leases import INTERNAL_HOLDER, LeaseManager
+from ..namespace.locks import LOCK_WRITE, NamespaceLocking, lock_set
+from ..namespace.namespace import Namespace
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +49,9 @@ log = logging.getLogger(__name__)
 LEASE_MONITOR_MAX_FILES = 1000
 
 
-@dataclass
+@dataclass(frozen=True)
 class Recovery:
-    """One running block recovery (the last block of an open file)."""
+    """One running block recovery (the last block of an open file); a retry replaces it."""
     ino: int
     block_id: int
     recovery_id: int
@@ -44,8 +61,46 @@ class Recovery:
     primary: str | None
 
 
-class LeaseRelease:
+class LeaseRecovery:
     """Lease release, block recovery starts and retries, ``recover_lease``."""
+
+    def __init__(self, *, ns: Namespace, edits: Edits, locking: NamespaceLocking,
+                 blocks: BlocksMap, leases: LeaseManager, datanodes: DatanodeManager,
+                 locator: Locator, min_replication: int, retry_after: float,
+                 clock: Callable[[], float], wall_ns: Callable[[], int]):
+        self.ns = ns
+        self.edits = edits
+        self.locking = locking
+        self.blocks = blocks
+        self.leases = leases
+        self.datanodes = datanodes
+        self.locator = locator
+        self.min_replication = min_replication
+        self.retry_after = retry_after
+        self.clock = clock
+        self.wall_ns = wall_ns
+        self._recoveries: dict[int, Recovery] = {}            # block id → running recovery
+        self._recover_commands: dict[str, dict[int, dict]] = {}   # node → block id → command
+        self._release_logged: set[int] = set()   # files whose failed release was logged
+
+    def running(self, block_id: int) -> Recovery | None:
+        """The running recovery of block ``block_id``, if any."""
+        return self._recoveries.get(block_id)
+
+    def take_recover_commands(self, node_id: str) -> list[dict]:
+        """The RECOVER_BLOCK commands for ``node_id``'s heartbeat reply (handed out once)."""
+        return list(self._recover_commands.pop(node_id, {}).values())
+
+    def forget_recovery(self, block_id: int) -> None:
+        """Block ``block_id``'s recovery ended (committed, superseded, or the block left)."""
+        rec = self._recoveries.pop(block_id, None)
+        if rec is not None and rec.primary is not None:
+            self._recover_commands.get(rec.primary, {}).pop(block_id, None)
+
+    def lease_ended(self, ino: int) -> None:
+        """File ``ino`` is no longer under construction (closed, or its lease went)."""
+        self.leases.remove_file(ino)
+        self._release_logged.discard(ino)
 
     def _replica_count(self, block: dict) -> int:
         info = self.blocks.get(block["id"])
@@ -67,11 +122,11 @@ class LeaseRelease:
         """HDFS ``internalReleaseLease`` (caller holds the file's path locks): close the
         file when its last blocks allow it (True), else start block recovery and reassign
         the lease to ``new_holder`` (False; the file closes when recovery commits)."""
-        _, wall = self.now()
+        wall = self.wall_ns()
         blocks = self.ns.tail_blocks(ino, inode)
         decision = lm.release_decision(
             [(self.block_state(b), b["num_bytes"], self._replica_count(b)) for b in blocks],
-            self.config.min_replication)
+            self.min_replication)
         if decision == lm.CLOSE:
             await self.edits.log_plan(self.ns.plan_close(ino, None, None, wall))
             log.info("lease of %s released: file closed", path)
@@ -85,7 +140,7 @@ class LeaseRelease:
             raise AlreadyBeingCreated(f"{path}: cannot release the lease: committed blocks "
                                       f"are waiting to be minimally replicated")
         last = blocks[-1]
-        if last["id"] not in self.recoveries:
+        if last["id"] not in self._recoveries:
             await self.start_block_recovery(path, ino, last)
         holder = inode["uc"]["holder"]
         if new_holder is not None and new_holder != holder:
@@ -98,9 +153,9 @@ class LeaseRelease:
         """New recovery id (the next generation stamp, journaled), block → UNDER_RECOVERY,
         a RECOVER_BLOCK command for the primary's next heartbeat. Caller holds the path
         locks. Without a live replica holder the recovery waits for its retry."""
-        previous = self.recoveries.get(block["id"])
+        previous = self._recoveries.get(block["id"])
         stamp = self.ns.plan_set_genstamp()
-        await self.journal.log(stamp)
+        await self.edits.log_plan(stamp)
         recovery_id = stamp.gs
         info = self.blocks.get(block["id"])
         if info is None:
@@ -120,9 +175,9 @@ class LeaseRelease:
                                     stale_after=self._stale_after())
         self.forget_recovery(block["id"])
         rec = Recovery(ino, block["id"], recovery_id, new_length, attempt, self.clock(), primary)
-        self.recoveries[block["id"]] = rec
+        self._recoveries[block["id"]] = rec
         if primary is not None:
-            self.recover_commands.setdefault(primary, {})[block["id"]] = {
+            self._recover_commands.setdefault(primary, {})[block["id"]] = {
                 "type": "RECOVER_BLOCK",
                 "block": {"id": info.id, "gs": info.recovery_gs(), "num_bytes": info.num_bytes},
                 "recovery_id": recovery_id, "new_length": new_length,
@@ -140,10 +195,10 @@ class LeaseRelease:
         stopped heartbeating, get a new id (and the next primary)."""
         retried = 0
         now = self.clock()
-        for rec in list(self.recoveries.values()):
+        for rec in list(self._recoveries.values()):
             primary = self.datanodes.find(rec.primary) if rec.primary is not None else None
             if not lm.recovery_due(started=rec.started, now=now,
-                                   retry_after=self.config.block_recovery_retry,
+                                   retry_after=self.retry_after,
                                    primary_heartbeat=primary.last_heartbeat if primary else None,
                                    stale_after=self._stale_after()):
                 continue
@@ -154,7 +209,7 @@ class LeaseRelease:
             async with self.locking.mutation(f"retry block recovery of {path}",
                                      lock_set(paths.split(path), LOCK_WRITE),
                                      check_safemode=False):
-                if self.recoveries.get(rec.block_id) is not rec:
+                if self._recoveries.get(rec.block_id) is not rec:
                     continue
                 inode = self.ns.get_inode(rec.ino)
                 tail = self.ns.tail_blocks(rec.ino, inode, 1) if inode and inode.get("uc") else []
@@ -203,7 +258,7 @@ class LeaseRelease:
                                            force=force,
                                            last_under_recovery=self._last_under_recovery(ino, inode))
         tail = self.ns.tail_blocks(ino, inode, 1)
-        if tail and tail[-1]["id"] in self.recoveries:
+        if tail and tail[-1]["id"] in self._recoveries:
             if inode["uc"]["holder"] != caller and force:
                 await self.edits.log_plan(self.ns.plan_reassign_lease(ino, caller))
             return False

@@ -11,9 +11,9 @@ work; it keeps no state of its own. Its constructor takes exactly what it calls 
 on: the namespace (``ns``), ``access``/``permissions`` (the caller, the superuser checks),
 ``locking`` (reads that await between store reads, the set_quota mutation, the global lock
 a safe-mode change takes), ``edits`` (set_quota's record), ``locator`` (fsck's locations),
-the block and block-server state (``blocks``, ``datanodes``, ``leases``, ``replication``,
-``safemode``), ``redundancy`` (replica groups, what a decommissioning node still has to
-copy), ``monitors`` (checkpoints), the report's sources (``journal``, ``role_view``,
+the block and block-server state (``blocks``, ``datanodes``, ``leases``, ``safemode``),
+``redundancy`` (replica groups, what a decommissioning node still has to copy, the
+replication queues' counts), ``monitors`` (checkpoints), the report's sources (``journal``, ``role_view``,
 ``startup``, ``gc_governor``, ``namespace_lock``: the configured lock mode) and the clocks
 (``clock`` monotonic seconds, ``wall_ns``). ``fsck_report`` is public: the web UI's fsck
 page answers the same report with the viewer's access checked instead of the superuser's.
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from ..blocks.datanodes import DatanodeManager
     from ..blocks.locate import Locator
     from ..blocks.redundancy import Redundancy
-    from ..blocks.replication import ReplicationQueues
     from ..blocks.safemode import SafeModeState
     from ..gcpolicy import GcGovernor
     from ..ha.role import RoleView
@@ -77,8 +76,7 @@ class AdminProtocol:
 
     def __init__(self, *, ns: Namespace, access: Access, permissions: PermissionChecker,
                  locking: NamespaceLocking, edits: Edits, locator: Locator, blocks: BlocksMap,
-                 datanodes: DatanodeManager, leases: LeaseManager,
-                 replication: ReplicationQueues, safemode: SafeModeState,
+                 datanodes: DatanodeManager, leases: LeaseManager, safemode: SafeModeState,
                  redundancy: Redundancy, monitors: Monitors, journal: Journal,
                  role_view: RoleView, startup: StartupProgress, gc_governor: GcGovernor,
                  namespace_lock: str, clock: Callable[[], float], wall_ns: Callable[[], int]):
@@ -91,7 +89,6 @@ class AdminProtocol:
         self.blocks = blocks
         self.datanodes = datanodes
         self.leases = leases
-        self.replication = replication
         self.safemode = safemode
         self.redundancy = redundancy
         self.monitors = monitors
@@ -169,7 +166,7 @@ class AdminProtocol:
                 "directories": self.ns.dir_count(), "open_files": self.leases.open_files(),
                 **self.blocks.counts(),
                 "pending_deletion": self.datanodes.pending_deletion(),
-                "replication": self.replication.stats(),
+                "replication": self.redundancy.replication_stats(),
                 "decommissioning": sum(1 for n in self.datanodes.nodes.values()
                                        if n.admin == dm.DECOMMISSION_IN_PROGRESS),
                 "decommissioned": sum(1 for n in self.datanodes.nodes.values()

@@ -11,9 +11,9 @@ it is a replica-state report (HDFS has it in both protocols; readers and block s
 ``DatanodeProtocol`` is a mixin: ``MetaServer`` (``server.py``) composes it and owns all the
 state. The handlers rely on the core for: ``node_dead`` (a re-registration displaces a
 node), ``update_safemode``, the commands waiting for a node's next heartbeat
-(``transfer_commands``, ``recover_commands``), the running block recoveries
-(``recoveries``, ``forget_recovery``), ``file_lock`` and ``now``, and the core's ``ns``,
-``blocks``, ``datanodes``, ``reports``, ``safemode`` and ``journal``.
+(``redundancy.take_transfer_commands``, ``recovery.take_recover_commands``), the running
+block recoveries (``recovery.running``, ``forget_recovery``), ``file_lock`` and ``now``, and
+the core's ``ns``, ``blocks``, ``datanodes``, ``reports``, ``safemode`` and ``journal``.
 
 HA: register and heartbeat replies carry ``"ha"`` (``HAStatus.to_wire``: role, epoch, ...) so
 a block server obeys only the newest active server. A server that is not active
@@ -241,13 +241,13 @@ class DatanodeProtocol:
             refs = self.datanodes.take_invalidate(node_id, self.journal.durable_txid)
             if refs:
                 commands.append({"type": "INVALIDATE", "blocks": refs})
-            for command in self.transfer_commands.pop(node_id, []):
+            for command in self.redundancy.take_transfer_commands(node_id):
                 # the copy token the node shows its targets (made now: fresh when it leaves)
                 block = command["block"]
                 token = self.security.block_token(block["id"], block["gs"], node_id, COPY_TOKEN)
                 commands.append(command if token is None else {**command, "token": token})
         if active:
-            commands.extend(self.recover_commands.pop(node_id, {}).values())
+            commands.extend(self.recovery.take_recover_commands(node_id))
         answer = {"reregister": False, "commands": commands, "ha": self.role_view.status().to_wire()}
         if self.datanodes.full_report_wanted(node_id):   # the first heartbeat after takeover
             answer["full_report"] = True
@@ -275,7 +275,7 @@ class DatanodeProtocol:
             raise InvalidArgument("commit_block_synchronization: new_targets must be a list "
                                   "of node ids")
         what = f"commit_block_synchronization of block {block_id}"
-        rec = self.recoveries.get(block_id)
+        rec = self.recovery.running(block_id)
         if rec is None:
             info = self.blocks.get(block_id)
             if info is not None and info.gs == recovery_id and info.state in (bm.COMMITTED,
@@ -291,7 +291,7 @@ class DatanodeProtocol:
             self.recovery.forget_recovery(block_id)
             raise StaleGenerationStamp(f"{what}: the file was deleted")
         async with self.locking.file_lock(what, path, rec.ino) as current:
-            if self.recoveries.get(block_id) is not rec:
+            if self.recovery.running(block_id) is not rec:
                 raise StaleGenerationStamp(f"{what}: recovery id {recovery_id} was superseded")
             inode = self.ns.get_inode(rec.ino)
             tail = self.ns.tail_blocks(rec.ino, inode, 1) if inode else []
