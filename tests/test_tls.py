@@ -10,7 +10,6 @@ recovery, a replacement node and re-replication, and the zero-set-up path.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import secrets
@@ -35,14 +34,6 @@ from tools.cluster.processes import is_ours
 
 KiB = 1 << 10
 MiB = 1 << 20
-
-
-def trio_test(fn):
-    """Run an async test body in ``trio.run`` (the suite has no async plugin)."""
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        return trio.run(functools.partial(fn, *args, **kwargs))
-    return run
 
 
 class RecordingProxy:
@@ -95,7 +86,6 @@ async def read_via(address: str, located: dict, client: AsyncClient) -> bytes:
 
 
 @pytest.mark.parametrize("tls", ["on", "off"])
-@trio_test
 async def test_no_plaintext_on_the_wire_with_tls(tmp_path, tls):
     """With tls on, a marker written and read through RPC (a small file's bytes travel in
     its complete and get_block_locations) and through READ_BLOCK never shows on the wire;
@@ -145,7 +135,6 @@ async def _plain_exchange(address: str, frame) -> object:
     return unpackb(bytes(data[4:4 + length]))
 
 
-@trio_test
 async def test_plaintext_and_wrong_ca_clients_get_clear_errors_and_servers_go_on(tmp_path):
     async with inprocess_cluster(tmp_path, 1, tls="on", replication=1) as cluster:
         async with cluster.client() as good:
@@ -196,7 +185,6 @@ async def test_plaintext_and_wrong_ca_clients_get_clear_errors_and_servers_go_on
             assert (await good.rpc.call("report", {}))["live_nodes"]
 
 
-@trio_test
 async def test_tls_client_at_a_plaintext_server_gets_a_clear_error(tmp_path):
     ca = tlsmod.ensure_ca(tmp_path / "ca")
     async with inprocess_cluster(tmp_path / "plain", 1) as cluster:
@@ -217,7 +205,6 @@ async def test_tls_client_at_a_plaintext_server_gets_a_clear_error(tmp_path):
                 assert await inp.read() == b"y" * 100_000
 
 
-@trio_test
 async def test_raw_rpc_client_sees_tls_error_not_retries(tmp_path):
     async with inprocess_cluster(tmp_path, 1, tls="on") as cluster:
         started = trio.current_time()
