@@ -132,24 +132,21 @@ def test_append_replay_round_trip_across_restarts(tmp_path):
         (1, 5, False), (6, 8, False), (9, 8, True)]
 
 
-def test_args_are_normalised_like_replay_and_bad_args_refused(tmp_path):
+async def test_args_are_normalised_like_replay_and_bad_args_refused(tmp_path):
     applied = Applied()
     journal = Journal(str(tmp_path), applied, max_record=200)
     journal.open()
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            await journal.log("RENAME", {"src": "/a", "pair": (1, 2), 7: "int key"})
-            with pytest.raises(InvalidArgument, match="cannot be encoded"):
-                await journal.log("MKDIR", {"path": object()})
-            with pytest.raises(InvalidArgument, match="over the 200-byte limit"):
-                await journal.log("MKDIR", {"path": "/x" * 200})
-            assert await journal.log("MKDIR", {"path": "/b"}) == 2   # refused ones used no txid
-            await journal.aclose()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await journal.log("RENAME", {"src": "/a", "pair": (1, 2), 7: "int key"})
+        with pytest.raises(InvalidArgument, match="cannot be encoded"):
+            await journal.log("MKDIR", {"path": object()})
+        with pytest.raises(InvalidArgument, match="over the 200-byte limit"):
+            await journal.log("MKDIR", {"path": "/x" * 200})
+        assert await journal.log("MKDIR", {"path": "/b"}) == 2   # refused ones used no txid
+        await journal.aclose()
+        nursery.cancel_scope.cancel()
     assert applied.records[0].args == {"src": "/a", "pair": [1, 2], 7: "int key"}
     assert list(reopen(tmp_path).replay(0)) == applied.records
 
@@ -163,7 +160,7 @@ def test_empty_directory_and_replay_bounds(tmp_path):
 
 
 # ------------------------------------------------------------------------------ group commit
-def test_group_commit_batches_concurrent_logs(tmp_path):
+async def test_group_commit_batches_concurrent_logs(tmp_path):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
     journal.open()
@@ -172,16 +169,13 @@ def test_group_commit_batches_concurrent_logs(tmp_path):
     async def one(i):
         results[i] = await journal.log("MKDIR", {"path": f"/p{i}"})
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            async with trio.open_nursery() as writers:
-                for i in range(50):
-                    writers.start_soon(one, i)
-            await journal.aclose()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        async with trio.open_nursery() as writers:
+            for i in range(50):
+                writers.start_soon(one, i)
+        await journal.aclose()
+        nursery.cancel_scope.cancel()
     assert sorted(results.values()) == list(range(1, 51))
     assert journal.stats.records == 50
     assert journal.stats.fsyncs < 10, journal.stats
@@ -193,29 +187,26 @@ def test_group_commit_batches_concurrent_logs(tmp_path):
     assert journal.stats.bytes == os.path.getsize(tmp_path / inprogress_name(1))
 
 
-def test_log_many_writes_its_records_in_one_batch_or_refuses_them_all(tmp_path):
+async def test_log_many_writes_its_records_in_one_batch_or_refuses_them_all(tmp_path):
     """``log_many``: consecutive txids, one fsync, one apply call with all of them; a record
     that cannot be encoded refuses the whole list before any txid is used."""
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
     journal.open()
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            assert await journal.log("MKDIR", {"path": "/a"}) == 1
-            fsyncs = journal.stats.fsyncs
-            assert await journal.log_many([("ADD", {"path": "/a/f"}),
-                                           ("ADD_BLOCK", {"path": "/a/f"})]) == [2, 3]
-            assert journal.stats.fsyncs == fsyncs + 1
-            assert [r.txid for r in applied.batches[-1]] == [2, 3]
-            with pytest.raises(InvalidArgument, match="cannot be encoded"):
-                await journal.log_many([("ADD", {"path": "/a/g"}), ("X", {"bad": object()})])
-            assert await journal.log("MKDIR", {"path": "/b"}) == 4
-            await journal.aclose()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        assert await journal.log("MKDIR", {"path": "/a"}) == 1
+        fsyncs = journal.stats.fsyncs
+        assert await journal.log_many([("ADD", {"path": "/a/f"}),
+                                       ("ADD_BLOCK", {"path": "/a/f"})]) == [2, 3]
+        assert journal.stats.fsyncs == fsyncs + 1
+        assert [r.txid for r in applied.batches[-1]] == [2, 3]
+        with pytest.raises(InvalidArgument, match="cannot be encoded"):
+            await journal.log_many([("ADD", {"path": "/a/g"}), ("X", {"bad": object()})])
+        assert await journal.log("MKDIR", {"path": "/b"}) == 4
+        await journal.aclose()
+        nursery.cancel_scope.cancel()
     assert [(r.txid, r.op) for r in reopen(tmp_path).replay(0)] == [
         (1, "MKDIR"), (2, "ADD"), (3, "ADD_BLOCK"), (4, "MKDIR")]
 
@@ -232,25 +223,22 @@ def test_a_typed_op_is_journaled_as_its_wire_pair(tmp_path):
     assert [(r.op, r.args) for r in reopen(tmp_path / "ops").replay(0)] == as_pairs
 
 
-def test_log_returns_only_after_apply(tmp_path):
+async def test_log_returns_only_after_apply(tmp_path):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
     journal.open()
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            for i in range(3):
-                txid = await journal.log("MKDIR", {"path": f"/{i}"})
-                assert applied.records[-1].txid == txid
-                assert journal.last_txid == txid
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for i in range(3):
+            txid = await journal.log("MKDIR", {"path": f"/{i}"})
+            assert applied.records[-1].txid == txid
+            assert journal.last_txid == txid
+        nursery.cancel_scope.cancel()
+    await journal.aclose()
 
 
-def test_cancelled_caller_record_still_written_and_applied(tmp_path):
+async def test_cancelled_caller_record_still_written_and_applied(tmp_path):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
     journal.open()
@@ -262,21 +250,18 @@ def test_cancelled_caller_record_still_written_and_applied(tmp_path):
             await journal.log("MKDIR", {"path": "/cancelled"})
         outcome["cancelled"] = scope.cancelled_caught
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await cancelled_writer()          # queued, caller gone before the syncer runs
-            nursery.start_soon(journal.run)
-            assert await journal.log("MKDIR", {"path": "/after"}) == 2
-            await journal.aclose()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await cancelled_writer()          # queued, caller gone before the syncer runs
+        nursery.start_soon(journal.run)
+        assert await journal.log("MKDIR", {"path": "/after"}) == 2
+        await journal.aclose()
+        nursery.cancel_scope.cancel()
     assert outcome["cancelled"] is True
     assert [r.args["path"] for r in applied.records] == ["/cancelled", "/after"]
     assert [r.args["path"] for r in reopen(tmp_path).replay(0)] == ["/cancelled", "/after"]
 
 
-def test_aclose_flushes_queued_records_without_syncer(tmp_path):
+async def test_aclose_flushes_queued_records_without_syncer(tmp_path):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
     journal.open()
@@ -285,18 +270,15 @@ def test_aclose_flushes_queued_records_without_syncer(tmp_path):
     async def waiter(i):
         txids.append(await journal.log("MKDIR", {"i": i}))
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            for i in range(3):
-                nursery.start_soon(waiter, i)
-            await trio.testing.wait_all_tasks_blocked()
-            assert applied.records == []     # no syncer running: nothing durable yet
-            await journal.aclose()
-        assert sorted(txids) == [1, 2, 3]
-        with pytest.raises(InternalError, match="not open"):
-            await journal.log("MKDIR", {})
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(waiter, i)
+        await trio.testing.wait_all_tasks_blocked()
+        assert applied.records == []     # no syncer running: nothing durable yet
+        await journal.aclose()
+    assert sorted(txids) == [1, 2, 3]
+    with pytest.raises(InternalError, match="not open"):
+        await journal.log("MKDIR", {})
     assert journal.stats.fsyncs == 1
     assert reopen(tmp_path).last_txid == 3
 
@@ -486,7 +468,7 @@ def test_txid_out_of_sequence_inside_segment_is_hard_error(tmp_path):
 
 
 # ------------------------------------------------------------------------------ roll + purge
-def test_roll_and_purge_keep_newest_segments(tmp_path):
+async def test_roll_and_purge_keep_newest_segments(tmp_path):
     journal = Journal(str(tmp_path), Applied(), keep_segments=2)
     journal.open()
 
@@ -504,7 +486,7 @@ def test_roll_and_purge_keep_newest_segments(tmp_path):
         await journal.aclose()
         return ranges
 
-    ranges = trio.run(main)
+    ranges = await main()
     assert ranges == [(1, 3), (4, 6), (7, 9), (10, 12), (13, 15)]
     assert [s.name for s in journal.segments()][:5] == [finalized_name(a, b) for a, b in ranges]
 
@@ -675,7 +657,7 @@ def test_apply_error_stops_without_answering_and_the_records_replay(tmp_path, ca
 
 # ------------------------------------------------------------------ written, then durable
 
-def test_a_written_log_returns_before_its_fsync_and_sync_makes_it_durable(tmp_path):
+async def test_a_written_log_returns_before_its_fsync_and_sync_makes_it_durable(tmp_path):
     """``durable=False``: answered once written and applied; the fsync waits for
     ``sync_delay`` (here a minute) unless ``sync()`` asks for it, which it then does at once."""
     applied = Applied()
@@ -683,93 +665,81 @@ def test_a_written_log_returns_before_its_fsync_and_sync_makes_it_durable(tmp_pa
     journal.open()
     seen = {}
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            fsyncs = journal.stats.fsyncs
-            txids = [await journal.log(op, args, durable=False) for op, args in mkdir_ops(0, 3)]
-            seen["txids"] = txids
-            seen["applied"] = [r.txid for r in applied.records]
-            seen["durable"] = journal.durable_txid
-            seen["fsyncs"] = journal.stats.fsyncs - fsyncs
-            # written to the segment: a new process (a restart after kill -9) reads them
-            seen["on_disk"] = [r.txid for r in reopen_copy(tmp_path).replay(0)]
-            with trio.fail_after(10):      # not the minute of sync_delay
-                seen["synced"] = await journal.sync()
-            seen["durable_after"] = journal.durable_txid
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        fsyncs = journal.stats.fsyncs
+        txids = [await journal.log(op, args, durable=False) for op, args in mkdir_ops(0, 3)]
+        seen["txids"] = txids
+        seen["applied"] = [r.txid for r in applied.records]
+        seen["durable"] = journal.durable_txid
+        seen["fsyncs"] = journal.stats.fsyncs - fsyncs
+        # written to the segment: a new process (a restart after kill -9) reads them
+        seen["on_disk"] = [r.txid for r in reopen_copy(tmp_path).replay(0)]
+        with trio.fail_after(10):      # not the minute of sync_delay
+            seen["synced"] = await journal.sync()
+        seen["durable_after"] = journal.durable_txid
+        nursery.cancel_scope.cancel()
+    await journal.aclose()
     assert seen["txids"] == [1, 2, 3] and seen["applied"] == [1, 2, 3]
     assert seen["durable"] == 0 and seen["fsyncs"] == 0
     assert seen["on_disk"] == [1, 2, 3]
     assert seen["synced"] == 3 and seen["durable_after"] == 3
 
 
-def test_the_background_fsync_follows_within_the_delay(tmp_path):
+async def test_the_background_fsync_follows_within_the_delay(tmp_path):
     durable_seen = []
     journal = Journal(str(tmp_path), Applied(), sync_delay=0.01)
     journal.open()
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            for op, args in mkdir_ops(0, 5):
-                await journal.log(op, args, durable=False)
-            with trio.fail_after(10):   # no sync() and no close: the background fsync
-                while journal.durable_txid < 5:
-                    durable_seen.append(journal.durable_txid)
-                    await trio.sleep(0.005)
-            durable_seen.append(journal.durable_txid)
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for op, args in mkdir_ops(0, 5):
+            await journal.log(op, args, durable=False)
+        with trio.fail_after(10):   # no sync() and no close: the background fsync
+            while journal.durable_txid < 5:
+                durable_seen.append(journal.durable_txid)
+                await trio.sleep(0.005)
+        durable_seen.append(journal.durable_txid)
+        nursery.cancel_scope.cancel()
+    await journal.aclose()
     assert durable_seen and durable_seen[-1] == 5 and durable_seen == sorted(durable_seen)
     # the five calls came one after the other within the delay: far fewer fsyncs than records
     assert journal.stats.fsyncs < 5, journal.stats
 
 
-def test_a_durable_log_makes_the_written_ones_before_it_durable(tmp_path):
+async def test_a_durable_log_makes_the_written_ones_before_it_durable(tmp_path):
     journal = Journal(str(tmp_path), Applied(), sync_delay=60.0)
     journal.open()
     seen = {}
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            for op, args in mkdir_ops(0, 3):
-                await journal.log(op, args, durable=False)
-            seen["before"] = journal.durable_txid
-            seen["txid"] = await journal.log("MKDIR", {"path": "/sync"})
-            seen["after"] = journal.durable_txid
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for op, args in mkdir_ops(0, 3):
+            await journal.log(op, args, durable=False)
+        seen["before"] = journal.durable_txid
+        seen["txid"] = await journal.log("MKDIR", {"path": "/sync"})
+        seen["after"] = journal.durable_txid
+        nursery.cancel_scope.cancel()
+    await journal.aclose()
     assert seen == {"before": 0, "txid": 4, "after": 4}
 
 
-def test_roll_and_close_make_written_records_durable(tmp_path):
+async def test_roll_and_close_make_written_records_durable(tmp_path):
     journal = Journal(str(tmp_path), Applied(), sync_delay=60.0, keep_segments=5)
     journal.open()
     seen = {}
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            for op, args in mkdir_ops(0, 2):
-                await journal.log(op, args, durable=False)
-            seen["rolled"] = await journal.roll()
-            seen["after_roll"] = journal.durable_txid
-            await journal.log("MKDIR", {"path": "/late"}, durable=False)
-            seen["before_close"] = journal.durable_txid
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
-        seen["after_close"] = journal.durable_txid
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for op, args in mkdir_ops(0, 2):
+            await journal.log(op, args, durable=False)
+        seen["rolled"] = await journal.roll()
+        seen["after_roll"] = journal.durable_txid
+        await journal.log("MKDIR", {"path": "/late"}, durable=False)
+        seen["before_close"] = journal.durable_txid
+        nursery.cancel_scope.cancel()
+    await journal.aclose()
+    seen["after_close"] = journal.durable_txid
     assert seen == {"rolled": (1, 2), "after_roll": 2, "before_close": 2, "after_close": 3}
     assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2, 3]
 
@@ -814,7 +784,8 @@ def test_a_failed_background_fsync_stops_the_journal(tmp_path, monkeypatch, capl
     assert_unanswered(journal.sync)
 
 
-def test_replicated_batches_grow_under_load_and_a_lone_caller_never_waits(tmp_path):
+async def test_replicated_batches_grow_under_load_and_a_lone_caller_never_waits(
+        tmp_path, autojump_clock):
     """With a replicator (ha = etcd) the syncer lets a batch smaller than the previous one
     grow, up to ``GATHER_SHARE`` of it or ``gather`` times the previous append's duration,
     whichever comes first; after a one-record batch it sends at once. Virtual time: the
@@ -837,29 +808,26 @@ def test_replicated_batches_grow_under_load_and_a_lone_caller_never_waits(tmp_pa
         await journal.log("MKDIR", {"path": f"/{name}"})
         returned[name] = trio.current_time() - start
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            await journal.log_many([("MKDIR", {"path": f"/a{i}"}) for i in range(8)])
-            # 6 callers 1 ms apart after a batch of 8: one batch once 6 (3/4 of 8) wait
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await journal.log_many([("MKDIR", {"path": f"/a{i}"}) for i in range(8)])
+        # 6 callers 1 ms apart after a batch of 8: one batch once 6 (3/4 of 8) wait
+        start = trio.current_time()
+        async with trio.open_nursery() as callers:
+            for i in range(6):
+                callers.start_soon(caller, f"b{i}", 0.001 * (i + 1), start)
+        # 3 callers after a batch of 6 (4 wanted): sent when 5 ms (half of 10) are up
+        start = trio.current_time()
+        async with trio.open_nursery() as callers:
+            for i in range(3):
+                callers.start_soon(caller, f"c{i}", 0.001 * (i + 1), start)
+        # one caller at a time: the first waits out the 5 ms (after a batch of 3 it
+        # wants 2), then every call costs the append alone
+        for i in range(4):
             start = trio.current_time()
-            async with trio.open_nursery() as callers:
-                for i in range(6):
-                    callers.start_soon(caller, f"b{i}", 0.001 * (i + 1), start)
-            # 3 callers after a batch of 6 (4 wanted): sent when 5 ms (half of 10) are up
-            start = trio.current_time()
-            async with trio.open_nursery() as callers:
-                for i in range(3):
-                    callers.start_soon(caller, f"c{i}", 0.001 * (i + 1), start)
-            # one caller at a time: the first waits out the 5 ms (after a batch of 3 it
-            # wants 2), then every call costs the append alone
-            for i in range(4):
-                start = trio.current_time()
-                await caller(f"d{i}", 0.0, start)
-            await journal.aclose()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+            await caller(f"d{i}", 0.0, start)
+        await journal.aclose()
+        nursery.cancel_scope.cancel()
     assert [n for _, n in appends] == [8, 6, 3, 1, 1, 1, 1], appends
     assert all(returned[f"b{i}"] == pytest.approx(0.016) for i in range(6)), returned
     assert all(returned[f"c{i}"] == pytest.approx(0.016) for i in range(3)), returned
@@ -869,7 +837,7 @@ def test_replicated_batches_grow_under_load_and_a_lone_caller_never_waits(tmp_pa
 
 
 # ------------------------------------------------------------------------------ recent records
-def test_recent_decodes_only_the_records_asked_for(tmp_path, monkeypatch):
+async def test_recent_decodes_only_the_records_asked_for(tmp_path, monkeypatch):
     """The retry cache's look back at start: of 3 segments (2000 + 3000 records + the
     recovered in-progress tail of 500) ``recent`` decodes only the newest ``limit`` records,
     stepping over the older ones by their headers (a flipped byte in a skipped record's body
@@ -877,17 +845,14 @@ def test_recent_decodes_only_the_records_asked_for(tmp_path, monkeypatch):
     journal = Journal(str(tmp_path), Applied(), keep_segments=0)
     journal.open()
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            for count in (2000, 3000, 500):
-                for start in range(0, count, 500):
-                    await journal.log_many(mkdir_ops(start, 500))
-                if count != 500:
-                    await journal.roll()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)     # not closed: the in-progress segment is recovered as after kill -9
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for count in (2000, 3000, 500):
+            for start in range(0, count, 500):
+                await journal.log_many(mkdir_ops(start, 500))
+            if count != 500:
+                await journal.roll()
+        nursery.cancel_scope.cancel()
     middle = tmp_path / finalized_name(2001, 5000)
     data = bytearray(middle.read_bytes())
     data[RECORD_HEADER.size + 5] ^= 0xFF     # inside the body of txid 2001's record
