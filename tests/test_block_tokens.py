@@ -77,7 +77,8 @@ async def copy_token(client, path: str, block_id: int, gs: int) -> dict:
 
 
 @pytest.mark.parametrize("op", WRITES + COPIES)
-async def test_a_write_or_copy_without_the_right_token_is_refused_and_changes_nothing(tmp_path, op):
+@pytest.mark.cluster(n_storage=3, **SETTINGS)
+async def test_a_write_or_copy_without_the_right_token_is_refused_and_changes_nothing(cluster, op):
     """Block ``f`` of file /f is FINALIZED on two block servers (stamp ``old``); a writer
     appended to /f (the metadata server gave the block stamp ``new`` and a write token for
     it, the block servers were not touched). Writes name ``new`` (each would replace, reopen
@@ -85,122 +86,121 @@ async def test_a_write_or_copy_without_the_right_token_is_refused_and_changes_no
     third server, or have a holder send one there). Every wrong token is refused with an
     answer naming the op, the block and why; no replica file changes; the right token is
     served (so the op was one that would have changed them)."""
-    async with inprocess_cluster(tmp_path, n_storage=3, **SETTINGS) as cluster:
-        async with cluster.client() as owner, cluster.client() as writer:
-            await owner.write_file("/f", DATA, replication=2)
-            located = (await owner.get_block_locations("/f"))["blocks"][0]
-            fid, old = located["block"]["id"], located["block"]["gs"]
-            holders = [loc["address"] for loc in located["locations"]]
-            spare = next(a for a in map(cluster.storage_address, range(3))
-                         if a not in holders)
-            read_old = located["token"]
-            # real tokens of another block: its first block's write token, a copy token
-            other = (await writer.rpc.call("create", {
-                "path": "/other", "client_name": writer.client_name,
-                "first_block": True}))["first_block"]
-            write_other = other["token"]
-            copy_other = await copy_token(writer, "/other", other["block"]["id"],
-                                          other["block"]["gs"])
-            # the writer reopens /f: a write token for the new stamp, a read token of it
-            last = (await writer.rpc.call("append", {
-                "path": "/f", "client_name": writer.client_name}))["last_block"]
-            new, write_new = last["block"]["gs"], last["token"]
-            read_new = (await owner.get_block_locations("/f"))["blocks"][0]["token"]
-            # a write token of the same block for yet another stamp (a recovery's)
-            write_later = (await writer.rpc.call("update_block_for_pipeline", {
-                "block": last["block"], "client_name": writer.client_name}))["token"]
-            copy_old = await copy_token(writer, "/f", fid, old)
-            copy_new = await copy_token(writer, "/f", fid, new)
-            assert {t["mode"] for t in (write_new, write_later, write_other)} == {"w"}
-            assert {t["mode"] for t in (copy_old, copy_new, copy_other)} == {"c"}
-            assert read_old["mode"] == read_new["mode"] == "r"
+    async with cluster.client() as owner, cluster.client() as writer:
+        await owner.write_file("/f", DATA, replication=2)
+        located = (await owner.get_block_locations("/f"))["blocks"][0]
+        fid, old = located["block"]["id"], located["block"]["gs"]
+        holders = [loc["address"] for loc in located["locations"]]
+        spare = next(a for a in map(cluster.storage_address, range(3))
+                     if a not in holders)
+        read_old = located["token"]
+        # real tokens of another block: its first block's write token, a copy token
+        other = (await writer.rpc.call("create", {
+            "path": "/other", "client_name": writer.client_name,
+            "first_block": True}))["first_block"]
+        write_other = other["token"]
+        copy_other = await copy_token(writer, "/other", other["block"]["id"],
+                                      other["block"]["gs"])
+        # the writer reopens /f: a write token for the new stamp, a read token of it
+        last = (await writer.rpc.call("append", {
+            "path": "/f", "client_name": writer.client_name}))["last_block"]
+        new, write_new = last["block"]["gs"], last["token"]
+        read_new = (await owner.get_block_locations("/f"))["blocks"][0]["token"]
+        # a write token of the same block for yet another stamp (a recovery's)
+        write_later = (await writer.rpc.call("update_block_for_pipeline", {
+            "block": last["block"], "client_name": writer.client_name}))["token"]
+        copy_old = await copy_token(writer, "/f", fid, old)
+        copy_new = await copy_token(writer, "/f", fid, new)
+        assert {t["mode"] for t in (write_new, write_later, write_other)} == {"w"}
+        assert {t["mode"] for t in (copy_old, copy_new, copy_other)} == {"c"}
+        assert read_old["mode"] == read_new["mode"] == "r"
 
-            def request(stamp: int) -> tuple[str, dict, bytes, str]:
-                """(address, header, what follows it, op name in the answer)"""
-                ref = {"id": fid, "gs": stamp}
-                common = dict(block=ref, targets=[], client="attacker",
-                              bytes_per_checksum=BPC)
-                if op in ("create", "append", "recovery"):
-                    stage = {"create": PIPELINE_SETUP_CREATE,
-                             "append": PIPELINE_SETUP_APPEND,
-                             "recovery": PIPELINE_SETUP_STREAMING_RECOVERY}[op]
-                    header = op_header(WRITE_BLOCK, stage=stage, **common)
-                    if op != "create":
-                        header["min_bytes"] = len(DATA)
-                    return holders[0], header, b"", f"{WRITE_BLOCK} {stage}"
-                if op == "oneshot":
-                    evil = b"evil" * 100
-                    packet = (encode_packet_header(0, 0, len(evil), FLAG_LAST)
-                              + chunk_checksums(evil, BPC) + evil)
-                    return (holders[0], op_header(WRITE_BLOCK_ONESHOT, **common), packet,
-                            WRITE_BLOCK_ONESHOT)
-                if op == "transfer_block":
-                    return holders[0], op_header(
-                        TRANSFER_BLOCK, block={**ref, "num_bytes": len(DATA)},
-                        targets=[spare], stage=TRANSFER_RBW, client="attacker"), b"", \
-                        TRANSFER_BLOCK
-                stage = TRANSFER_RBW if op == "transfer_rbw" else TRANSFER_FINALIZED
-                return (spare, op_header(WRITE_BLOCK, stage=stage, **common), b"",
-                        f"{WRITE_BLOCK} {stage}")
+        def request(stamp: int) -> tuple[str, dict, bytes, str]:
+            """(address, header, what follows it, op name in the answer)"""
+            ref = {"id": fid, "gs": stamp}
+            common = dict(block=ref, targets=[], client="attacker",
+                          bytes_per_checksum=BPC)
+            if op in ("create", "append", "recovery"):
+                stage = {"create": PIPELINE_SETUP_CREATE,
+                         "append": PIPELINE_SETUP_APPEND,
+                         "recovery": PIPELINE_SETUP_STREAMING_RECOVERY}[op]
+                header = op_header(WRITE_BLOCK, stage=stage, **common)
+                if op != "create":
+                    header["min_bytes"] = len(DATA)
+                return holders[0], header, b"", f"{WRITE_BLOCK} {stage}"
+            if op == "oneshot":
+                evil = b"evil" * 100
+                packet = (encode_packet_header(0, 0, len(evil), FLAG_LAST)
+                          + chunk_checksums(evil, BPC) + evil)
+                return (holders[0], op_header(WRITE_BLOCK_ONESHOT, **common), packet,
+                        WRITE_BLOCK_ONESHOT)
+            if op == "transfer_block":
+                return holders[0], op_header(
+                    TRANSFER_BLOCK, block={**ref, "num_bytes": len(DATA)},
+                    targets=[spare], stage=TRANSFER_RBW, client="attacker"), b"", \
+                    TRANSFER_BLOCK
+            stage = TRANSFER_RBW if op == "transfer_rbw" else TRANSFER_FINALIZED
+            return (spare, op_header(WRITE_BLOCK, stage=stage, **common), b"",
+                    f"{WRITE_BLOCK} {stage}")
 
-            if op in WRITES:
-                stamp, mode, good = new, "w", write_new
-                wrong = {"is for block": write_other, f"is for block {fid} stamp":
-                         write_later, "is a read token": read_new,
-                         "is a copy token": copy_new}
-            else:
-                stamp, mode, good = old, "c", copy_old
-                wrong = {"is for block": copy_other, f"is for block {fid} stamp":
-                         copy_new, "is a read token": read_old}
-            attacks = [
-                ("no block access token", None),
-                ("signature does not match", {**good, "mac": os.urandom(32)}),
-                # another block's real token, relabelled as this block's
-                ("signature does not match", {**wrong["is for block"], "id": fid,
-                                              "gs": stamp}),
-                # a read token turned into this use, a longer life
-                ("signature does not match", {**read_old, "gs": stamp, "mode": mode,
-                                              "expiry": time.time() + 3600}),
-                ("which this block server does not have", {**good, "key": 12345}),
-                *wrong.items(),
-            ]
-            before = replica_files(cluster)
-            spare_dir = str(cluster.storage_dirs[
-                [cluster.storage_address(i) for i in range(3)].index(spare)])
-            assert before and not any(p.startswith(spare_dir) for p in before)
+        if op in WRITES:
+            stamp, mode, good = new, "w", write_new
+            wrong = {"is for block": write_other, f"is for block {fid} stamp":
+                     write_later, "is a read token": read_new,
+                     "is a copy token": copy_new}
+        else:
+            stamp, mode, good = old, "c", copy_old
+            wrong = {"is for block": copy_other, f"is for block {fid} stamp":
+                     copy_new, "is a read token": read_old}
+        attacks = [
+            ("no block access token", None),
+            ("signature does not match", {**good, "mac": os.urandom(32)}),
+            # another block's real token, relabelled as this block's
+            ("signature does not match", {**wrong["is for block"], "id": fid,
+                                          "gs": stamp}),
+            # a read token turned into this use, a longer life
+            ("signature does not match", {**read_old, "gs": stamp, "mode": mode,
+                                          "expiry": time.time() + 3600}),
+            ("which this block server does not have", {**good, "key": 12345}),
+            *wrong.items(),
+        ]
+        before = replica_files(cluster)
+        spare_dir = str(cluster.storage_dirs[
+            [cluster.storage_address(i) for i in range(3)].index(spare)])
+        assert before and not any(p.startswith(spare_dir) for p in before)
 
-            async def refused(why: str, token) -> None:
-                address, header, packet, name = request(stamp)
-                if token is not None:
-                    header["token"] = token
-                response = await ask(address, header, packet)
-                assert response["status"] == "ERROR", (why, response)
-                assert response["error"]["type"] == "InvalidToken", (why, response)
-                message = response["error"]["message"]
-                assert message.startswith(f"{name} of block {fid} stamp {stamp}: "), \
-                    (why, message)
-                assert why in message, (why, message)
+        async def refused(why: str, token) -> None:
+            address, header, packet, name = request(stamp)
+            if token is not None:
+                header["token"] = token
+            response = await ask(address, header, packet)
+            assert response["status"] == "ERROR", (why, response)
+            assert response["error"]["type"] == "InvalidToken", (why, response)
+            message = response["error"]["message"]
+            assert message.startswith(f"{name} of block {fid} stamp {stamp}: "), \
+                (why, message)
+            assert why in message, (why, message)
 
-            for why, token in attacks:
-                await refused(why, token)
-            # the right token, once it expired
-            await trio.sleep(max(0.0, good["expiry"] - time.time()) + 0.3)
-            await refused("block access token expired", good)
-            assert replica_files(cluster) == before
+        for why, token in attacks:
+            await refused(why, token)
+        # the right token, once it expired
+        await trio.sleep(max(0.0, good["expiry"] - time.time()) + 0.3)
+        await refused("block access token expired", good)
+        assert replica_files(cluster) == before
 
-            # the same op with a fresh right token is served, and changes the replicas
-            if op in WRITES:
-                fresh = await writer.rpc.call("update_block_for_pipeline", {
-                    "block": last["block"], "client_name": writer.client_name})
-                stamp, good = fresh["block"]["gs"], fresh["token"]
-            else:
-                good = await copy_token(writer, "/f", fid, old)
-            address, header, packet, _ = request(stamp)
-            response = await ask(address, {**header, "token": good}, packet)
-            assert response["status"] == "SUCCESS", response
-            with trio.fail_after(10):
-                while replica_files(cluster) == before:
-                    await trio.sleep(0.05)
+        # the same op with a fresh right token is served, and changes the replicas
+        if op in WRITES:
+            fresh = await writer.rpc.call("update_block_for_pipeline", {
+                "block": last["block"], "client_name": writer.client_name})
+            stamp, good = fresh["block"]["gs"], fresh["token"]
+        else:
+            good = await copy_token(writer, "/f", fid, old)
+        address, header, packet, _ = request(stamp)
+        response = await ask(address, {**header, "token": good}, packet)
+        assert response["status"] == "SUCCESS", response
+        with trio.fail_after(10):
+            while replica_files(cluster) == before:
+                await trio.sleep(0.05)
 
 
 async def test_a_refused_recovery_or_copy_does_not_stop_a_running_writer(tmp_path):

@@ -282,101 +282,101 @@ async def test_seek_pread_and_small_sequential_reads(tmp_path):
                     s.seek(-1)
 
 
-async def test_hflush_makes_data_visible_to_a_second_client_while_open(tmp_path):
-    async with inprocess_cluster(tmp_path, **SMALL) as cluster:
-        async with cluster.client() as writer, cluster.client() as reader:
-            data = payload(BLOCK + 3000, seed=4)
-            out = await writer.create("/open/file")
-            await out.write(data[:1000])         # a partial chunk
-            await out.hflush()
-            async with await reader.open("/open/file") as s:
-                assert s.length == 1000
-                assert await s.read() == data[:1000]
-            st = await reader.get_file_status("/open/file")
-            assert st.under_construction
-            await out.write(data[1000:4100])     # rewrites the partial chunk, then more
-            await out.hflush()
-            await out.hflush()                   # nothing new: harmless
-            assert await reader.read_file("/open/file") == data[:4100]
-            await out.write(data[4100:])         # into the second block
-            await out.hflush()
-            async with await reader.open("/open/file") as s:
-                assert s.length == len(data)
-                assert await s.pread(BLOCK - 10, 20) == data[BLOCK - 10:BLOCK + 10]
-                assert await s.read() == data
-            await out.close()
-            st = await reader.get_file_status("/open/file")
-            assert not st.under_construction and st.length == len(data)
-            assert await reader.read_file("/open/file") == data
+@pytest.mark.cluster(**SMALL)
+async def test_hflush_makes_data_visible_to_a_second_client_while_open(cluster):
+    async with cluster.client() as writer, cluster.client() as reader:
+        data = payload(BLOCK + 3000, seed=4)
+        out = await writer.create("/open/file")
+        await out.write(data[:1000])         # a partial chunk
+        await out.hflush()
+        async with await reader.open("/open/file") as s:
+            assert s.length == 1000
+            assert await s.read() == data[:1000]
+        st = await reader.get_file_status("/open/file")
+        assert st.under_construction
+        await out.write(data[1000:4100])     # rewrites the partial chunk, then more
+        await out.hflush()
+        await out.hflush()                   # nothing new: harmless
+        assert await reader.read_file("/open/file") == data[:4100]
+        await out.write(data[4100:])         # into the second block
+        await out.hflush()
+        async with await reader.open("/open/file") as s:
+            assert s.length == len(data)
+            assert await s.pread(BLOCK - 10, 20) == data[BLOCK - 10:BLOCK + 10]
+            assert await s.read() == data
+        await out.close()
+        st = await reader.get_file_status("/open/file")
+        assert not st.under_construction and st.length == len(data)
+        assert await reader.read_file("/open/file") == data
 
 
-async def test_hsync_persists_on_every_replica_and_is_readable(tmp_path):
-    async with inprocess_cluster(tmp_path, **SMALL) as cluster:
-        async with cluster.client() as c, cluster.client() as other:
-            data = payload(5000, seed=5)
-            out = await c.create("/synced")
-            await out.write(data)
-            await out.hsync()
-            locs = await other.get_block_locations("/synced")
-            block = locs["blocks"][0]
-            assert locs["under_construction"]
-            for node in block["locations"]:
-                i = storage_index(cluster, node["address"])
-                [path] = replica_paths(cluster, i, block["block"]["id"])
-                assert path.read_bytes() == data
-            assert await other.read_file("/synced") == data
-            await out.hsync()  # again with nothing new (resends the partial chunk)
-            await out.write(b"tail")
-            await out.close()
-            assert await other.read_file("/synced") == data + b"tail"
+@pytest.mark.cluster(**SMALL)
+async def test_hsync_persists_on_every_replica_and_is_readable(cluster):
+    async with cluster.client() as c, cluster.client() as other:
+        data = payload(5000, seed=5)
+        out = await c.create("/synced")
+        await out.write(data)
+        await out.hsync()
+        locs = await other.get_block_locations("/synced")
+        block = locs["blocks"][0]
+        assert locs["under_construction"]
+        for node in block["locations"]:
+            i = storage_index(cluster, node["address"])
+            [path] = replica_paths(cluster, i, block["block"]["id"])
+            assert path.read_bytes() == data
+        assert await other.read_file("/synced") == data
+        await out.hsync()  # again with nothing new (resends the partial chunk)
+        await out.write(b"tail")
+        await out.close()
+        assert await other.read_file("/synced") == data + b"tail"
 
 
-async def test_create_conflicts_and_overwrite(tmp_path):
-    async with inprocess_cluster(tmp_path, **SMALL) as cluster:
-        async with cluster.client() as c, cluster.client() as other:
-            await c.write_file("/x", b"first")
-            with pytest.raises(errors.FileExists) as info:
-                await c.create("/x")
-            assert "/x" in str(info.value)
-            assert await c.read_file("/x") == b"first"
-            await c.write_file("/x", b"second!", overwrite=True)
-            assert await c.read_file("/x") == b"second!"
-            out = await c.create("/busy")
-            with pytest.raises(errors.AlreadyBeingCreated):
-                await other.create("/busy")
-            await out.close()
-            with pytest.raises(errors.FileNotFound):
-                await c.create("/no/parent", create_parent=False)
-            with pytest.raises(errors.InvalidPath):
-                await c.create("relative")
-            with pytest.raises(errors.IsDirectory):
-                await c.open("/")
-            with pytest.raises(errors.FileNotFound) as info:
-                await c.open("/missing")
-            assert "/missing" in str(info.value)
-            out = await c.create("/closed-twice")
-            await out.close()
-            await out.close()
-            with pytest.raises(errors.InvalidArgument):
-                await out.write(b"late")
+@pytest.mark.cluster(**SMALL)
+async def test_create_conflicts_and_overwrite(cluster):
+    async with cluster.client() as c, cluster.client() as other:
+        await c.write_file("/x", b"first")
+        with pytest.raises(errors.FileExists) as info:
+            await c.create("/x")
+        assert "/x" in str(info.value)
+        assert await c.read_file("/x") == b"first"
+        await c.write_file("/x", b"second!", overwrite=True)
+        assert await c.read_file("/x") == b"second!"
+        out = await c.create("/busy")
+        with pytest.raises(errors.AlreadyBeingCreated):
+            await other.create("/busy")
+        await out.close()
+        with pytest.raises(errors.FileNotFound):
+            await c.create("/no/parent", create_parent=False)
+        with pytest.raises(errors.InvalidPath):
+            await c.create("relative")
+        with pytest.raises(errors.IsDirectory):
+            await c.open("/")
+        with pytest.raises(errors.FileNotFound) as info:
+            await c.open("/missing")
+        assert "/missing" in str(info.value)
+        out = await c.create("/closed-twice")
+        await out.close()
+        await out.close()
+        with pytest.raises(errors.InvalidArgument):
+            await out.write(b"late")
 
 
-async def test_concurrent_writers_on_different_files(tmp_path):
-    async with inprocess_cluster(tmp_path, **SMALL) as cluster:
-        async with cluster.client() as c, cluster.client() as c2:
-            files = {f"/conc/{i}": payload(BLOCK * 2 + i * 1111, seed=10 + i) for i in range(6)}
+@pytest.mark.cluster(**SMALL)
+async def test_concurrent_writers_on_different_files(cluster):
+    async with cluster.client() as c, cluster.client() as c2:
+        files = {f"/conc/{i}": payload(BLOCK * 2 + i * 1111, seed=10 + i) for i in range(6)}
 
-            async def write(client, path, data):
-                async with await client.create(path) as out:
-                    await write_in_pieces(out, data, random.Random(path), 9000)
+        async def write(client, path, data):
+            async with await client.create(path) as out:
+                await write_in_pieces(out, data, random.Random(path), 9000)
 
-            async with trio.open_nursery() as nursery:
-                for i, (path, data) in enumerate(files.items()):
-                    nursery.start_soon(write, (c, c2)[i % 2], path, data)
-            for path, data in files.items():
-                assert await c.read_file(path) == data
-            assert [s.name for s in await c.list_status("/conc")] == [str(i) for i in range(6)]
-            assert c.open_output_streams == [] and c2.open_output_streams == []
+        async with trio.open_nursery() as nursery:
+            for i, (path, data) in enumerate(files.items()):
+                nursery.start_soon(write, (c, c2)[i % 2], path, data)
+        for path, data in files.items():
+            assert await c.read_file(path) == data
+        assert [s.name for s in await c.list_status("/conc")] == [str(i) for i in range(6)]
+        assert c.open_output_streams == [] and c2.open_output_streams == []
 
 
 async def test_corrupt_replica_is_skipped_and_reported(tmp_path):
@@ -434,19 +434,19 @@ async def test_reader_fails_over_from_a_stopped_node_and_reports_missing_blocks(
             assert str(lost["offset"]) in text
 
 
-async def test_pipeline_setup_excludes_a_dead_node(tmp_path):
+@pytest.mark.cluster(**SMALL, dead_node_interval=60.0)
+async def test_pipeline_setup_excludes_a_dead_node(cluster):
     """A block server that stopped but is not yet declared dead is handed out by add_block:
     the client abandons the block, excludes the node and writes to the others."""
-    async with inprocess_cluster(tmp_path, **SMALL, dead_node_interval=60.0) as cluster:
-        async with cluster.client() as c:
-            await cluster.stop_storage(1)
-            gone = cluster.storage_address(1)
-            data = payload(BLOCK + 100, seed=8)
-            await c.write_file("/survivor", data, replication=3)
-            assert await c.read_file("/survivor") == data
-            for block in (await c.get_block_locations("/survivor"))["blocks"]:
-                addresses = [n["address"] for n in block["locations"]]
-                assert gone not in addresses and len(addresses) == 2
+    async with cluster.client() as c:
+        await cluster.stop_storage(1)
+        gone = cluster.storage_address(1)
+        data = payload(BLOCK + 100, seed=8)
+        await c.write_file("/survivor", data, replication=3)
+        assert await c.read_file("/survivor") == data
+        for block in (await c.get_block_locations("/survivor"))["blocks"]:
+            addresses = [n["address"] for n in block["locations"]]
+            assert gone not in addresses and len(addresses) == 2
 
 
 async def test_setup_failure_downstream_names_the_first_bad_link(tmp_path):
@@ -475,63 +475,63 @@ async def test_setup_failure_downstream_names_the_first_bad_link(tmp_path):
         assert dead in info.value.reason
 
 
-async def test_unrecoverable_node_failure_fails_the_stream_naming_the_node(tmp_path):
+@pytest.mark.cluster(**SMALL)
+async def test_unrecoverable_node_failure_fails_the_stream_naming_the_node(cluster):
     """Replication 3 on 3 block servers, block hflushed: HDFS's DEFAULT
     replace-datanode-on-failure policy wants a replacement for the failed node and there is
     no spare (best effort off), so pipeline recovery gives up and the stream fails, naming
     the node and the file; it stays failed."""
-    async with inprocess_cluster(tmp_path, **SMALL) as cluster:
+    async with cluster.client() as c:
+        out = await c.create("/broken")
+        await out.write(payload(3000))
+        await out.hflush()
+        block = (await c.get_block_locations("/broken"))["blocks"][0]
+        victim = block["locations"][-1]["address"]
+        await cluster.stop_storage(storage_index(cluster, victim))
+        with pytest.raises(errors.PipelineError) as info:
+            with trio.fail_after(30):
+                for _ in range(100):
+                    await out.write(payload(PACKET, seed=9))
+                    await out.hflush()
+        assert victim in str(info.value) and "/broken" in str(info.value)
+        with pytest.raises(errors.PipelineError):   # the stream stays failed
+            await out.write(b"x")
+        with pytest.raises(errors.PipelineError):
+            await out.close()
+        await out.close()                           # then closing is a no-op
+        assert c.open_output_streams == []
+
+
+@pytest.mark.cluster(**SMALL, lease_renew_period=0.05)
+async def test_closing_the_client_completes_open_files_and_renews_leases(cluster):
+    async with cluster.client() as c:
+        out = await c.create("/left-open")
+        await out.write(b"abc" * 1000)
+        await trio.sleep(0.3)
+        assert c._renewer.renewals >= 2
+        assert c.open_output_streams == [out]
+    async with cluster.client() as other:
+        st = await other.get_file_status("/left-open")
+        assert not st.under_construction and st.length == 3000
+        assert await other.read_file("/left-open") == b"abc" * 1000
+        # an exception inside the stream's block abandons the file (no complete)
+        with pytest.raises(ZeroDivisionError):
+            async with await other.create("/abandoned") as s:
+                await s.write(b"partial")
+                1 / 0
+        assert (await other.get_file_status("/abandoned")).under_construction
+        assert other.open_output_streams == []
+
+
+@pytest.mark.cluster(**SMALL)
+async def test_client_exceptions_are_not_wrapped_in_groups(cluster):
+    with pytest.raises(errors.FileNotFound):
         async with cluster.client() as c:
-            out = await c.create("/broken")
-            await out.write(payload(3000))
-            await out.hflush()
-            block = (await c.get_block_locations("/broken"))["blocks"][0]
-            victim = block["locations"][-1]["address"]
-            await cluster.stop_storage(storage_index(cluster, victim))
-            with pytest.raises(errors.PipelineError) as info:
-                with trio.fail_after(30):
-                    for _ in range(100):
-                        await out.write(payload(PACKET, seed=9))
-                        await out.hflush()
-            assert victim in str(info.value) and "/broken" in str(info.value)
-            with pytest.raises(errors.PipelineError):   # the stream stays failed
-                await out.write(b"x")
-            with pytest.raises(errors.PipelineError):
-                await out.close()
-            await out.close()                           # then closing is a no-op
-            assert c.open_output_streams == []
-
-
-async def test_closing_the_client_completes_open_files_and_renews_leases(tmp_path):
-    async with inprocess_cluster(tmp_path, **SMALL, lease_renew_period=0.05) as cluster:
-        async with cluster.client() as c:
-            out = await c.create("/left-open")
-            await out.write(b"abc" * 1000)
-            await trio.sleep(0.3)
-            assert c._renewer.renewals >= 2
-            assert c.open_output_streams == [out]
-        async with cluster.client() as other:
-            st = await other.get_file_status("/left-open")
-            assert not st.under_construction and st.length == 3000
-            assert await other.read_file("/left-open") == b"abc" * 1000
-            # an exception inside the stream's block abandons the file (no complete)
-            with pytest.raises(ZeroDivisionError):
-                async with await other.create("/abandoned") as s:
-                    await s.write(b"partial")
-                    1 / 0
-            assert (await other.get_file_status("/abandoned")).under_construction
-            assert other.open_output_streams == []
-
-
-async def test_client_exceptions_are_not_wrapped_in_groups(tmp_path):
-    async with inprocess_cluster(tmp_path, **SMALL) as cluster:
-        with pytest.raises(errors.FileNotFound):
-            async with cluster.client() as c:
-                await c.get_file_status("/nope")
-        with pytest.raises(errors.ServerUnavailable):
-            async with AsyncClient("127.0.0.1:1", config=cluster.config.replace(
-                    rpc_retry_seconds=0.2)):
-                pass
+            await c.get_file_status("/nope")
+    with pytest.raises(errors.ServerUnavailable):
+        async with AsyncClient("127.0.0.1:1", config=cluster.config.replace(
+                rpc_retry_seconds=0.2)):
+            pass
 
 
 async def test_namespace_calls(tmp_path, monkeypatch):
@@ -663,49 +663,49 @@ def test_sync_client_reports_an_unreachable_server():
         Client("127.0.0.1:1", config=config)
 
 
-async def test_clients_sharing_one_connection_stay_separate_lease_holders(tmp_path):
+@pytest.mark.cluster(**SMALL)
+async def test_clients_sharing_one_connection_stay_separate_lease_holders(cluster):
     """``AsyncClient(rpc=meta_connection(...))``: Hadoop IPC's one connection per server and
     user. Each client is still its own lease holder; the connection batches their calls and
     outlives a client that closes."""
-    async with inprocess_cluster(tmp_path, **SMALL) as cluster:
-        async with client_mod.meta_connection(cluster.meta_address,
-                                              config=cluster.config) as rpc:
-            with pytest.raises(errors.InvalidArgument, match="shared connection"):
-                AsyncClient(config=cluster.config, rpc=rpc, user="somebody-else")
-            async with cluster.client(rpc=rpc) as one, cluster.client(rpc=rpc) as two:
-                assert one.client_name != two.client_name
-                out = await one.create("/shared/a")
-                await out.write(b"first")
-                with pytest.raises(errors.AlreadyBeingCreated):
-                    await two.append("/shared/a")      # the other holder's lease
-                await out.close()
-                async with await two.append("/shared/a") as more:
-                    await more.write(b"+second")
+    async with client_mod.meta_connection(cluster.meta_address,
+                                          config=cluster.config) as rpc:
+        with pytest.raises(errors.InvalidArgument, match="shared connection"):
+            AsyncClient(config=cluster.config, rpc=rpc, user="somebody-else")
+        async with cluster.client(rpc=rpc) as one, cluster.client(rpc=rpc) as two:
+            assert one.client_name != two.client_name
+            out = await one.create("/shared/a")
+            await out.write(b"first")
+            with pytest.raises(errors.AlreadyBeingCreated):
+                await two.append("/shared/a")      # the other holder's lease
+            await out.close()
+            async with await two.append("/shared/a") as more:
+                await more.write(b"+second")
 
-                files = {f"/shared/{i}": payload(3000 + i * 977, seed=i) for i in range(8)}
+            files = {f"/shared/{i}": payload(3000 + i * 977, seed=i) for i in range(8)}
 
-                async def write(client, path, data):
-                    async with await client.create(path) as s:
-                        await s.write(data)
+            async def write(client, path, data):
+                async with await client.create(path) as s:
+                    await s.write(data)
 
-                async with trio.open_nursery() as nursery:
-                    for i, (path, data) in enumerate(files.items()):
-                        nursery.start_soon(write, (one, two)[i % 2], path, data)
+            async with trio.open_nursery() as nursery:
+                for i, (path, data) in enumerate(files.items()):
+                    nursery.start_soon(write, (one, two)[i % 2], path, data)
 
-                async def stat_many(client):
-                    for path in files:
-                        assert (await client.get_file_status(path)).length == len(files[path])
-                async with trio.open_nursery() as nursery:
-                    for _ in range(16):
-                        nursery.start_soon(stat_many, (one, two)[_ % 2])
-                stats = rpc._conn.channel.stats
-                # 16 callers at once on one connection: requests and replies travel in
-                # batches, not one write or read per frame
-                assert stats.frames_out > 1.5 * stats.writes, stats
-                assert stats.frames_in > 1.5 * stats.reads, stats
-                await one.aclose()
-            assert await rpc.call("get_file_info", {"path": "/shared/a"}) is not None
-            async with cluster.client(rpc=rpc) as three:   # the connection lives on
-                assert await three.read_file("/shared/a") == b"first+second"
-                for path, data in files.items():
-                    assert await three.read_file(path) == data
+            async def stat_many(client):
+                for path in files:
+                    assert (await client.get_file_status(path)).length == len(files[path])
+            async with trio.open_nursery() as nursery:
+                for _ in range(16):
+                    nursery.start_soon(stat_many, (one, two)[_ % 2])
+            stats = rpc._conn.channel.stats
+            # 16 callers at once on one connection: requests and replies travel in
+            # batches, not one write or read per frame
+            assert stats.frames_out > 1.5 * stats.writes, stats
+            assert stats.frames_in > 1.5 * stats.reads, stats
+            await one.aclose()
+        assert await rpc.call("get_file_info", {"path": "/shared/a"}) is not None
+        async with cluster.client(rpc=rpc) as three:   # the connection lives on
+            assert await three.read_file("/shared/a") == b"first+second"
+            for path, data in files.items():
+                assert await three.read_file(path) == data

@@ -294,8 +294,6 @@ def test_readdir_pages_past_one_listing_page(mounted, cluster):
 @pytest.mark.allow_log_errors(r"buggy failed unexpectedly \| Traceback: KeyError: 'a bug'",
                               reason="the test's handler has a bug on purpose")
 async def test_error_mapping_is_one_place_and_bugs_become_eio():
-    import trio
-
     from fs.errors import DirectoryNotEmpty, FileNotFound, SafeMode
     from mount.errors import fuse_op, to_fuse_error
 

@@ -42,95 +42,95 @@ async def live_nodes(client) -> list[str]:
     return sorted(n["node_id"] for n in report["live_nodes"])
 
 
-async def test_only_block_servers_with_the_cluster_key_are_taken(tmp_path):
-    async with inprocess_cluster(tmp_path, n_storage=1) as cluster:
-        key = nodeauth.load_key(str(cluster.meta_dir / "cluster.key"))
-        assert os.stat(cluster.meta_dir / "cluster.key").st_mode & 0o077 == 0
-        async with cluster.client() as c:
-            before = await live_nodes(c)
-            assert len(before) == 1                  # the real one authenticated
-            await c.write_file("/f", b"x" * 100_000)
-            assert await c.read_file("/f") == b"x" * 100_000
+@pytest.mark.cluster(n_storage=1)
+async def test_only_block_servers_with_the_cluster_key_are_taken(cluster):
+    key = nodeauth.load_key(str(cluster.meta_dir / "cluster.key"))
+    assert os.stat(cluster.meta_dir / "cluster.key").st_mode & 0o077 == 0
+    async with cluster.client() as c:
+        before = await live_nodes(c)
+        assert len(before) == 1                  # the real one authenticated
+        await c.write_file("/f", b"x" * 100_000)
+        assert await c.read_file("/f") == b"x" * 100_000
 
-            # a plain client: every block-server call refused, nothing changes
-            async with RpcClient(cluster.meta_address, "attacker") as rpc:
-                for method, args in NODE_CALLS:
-                    with pytest.raises(AuthenticationFailed, match="authenticated block"):
-                        await rpc.call(method, args)
-            assert await live_nodes(c) == before
+        # a plain client: every block-server call refused, nothing changes
+        async with RpcClient(cluster.meta_address, "attacker") as rpc:
+            for method, args in NODE_CALLS:
+                with pytest.raises(AuthenticationFailed, match="authenticated block"):
+                    await rpc.call(method, args)
+        assert await live_nodes(c) == before
 
-            # a wrong key, a replayed proof, a challenge answered twice, another node
-            wrong = os.urandom(nodeauth.KEY_BYTES)
-            async with RpcClient(cluster.meta_address, "attacker") as rpc:
-                nonce = await rpc.call("node_challenge")
-                mine = os.urandom(nodeauth.NONCE_BYTES)
-                with pytest.raises(AuthenticationFailed, match="refused"):
-                    await rpc.call("node_authenticate", {
-                        "node_id": "evil", "client_nonce": mine,
-                        "proof": nodeauth.node_proof(wrong, nonce, mine, "evil")})
-                with pytest.raises(AuthenticationFailed):
-                    await rpc.call(*NODE_CALLS[0])
-                # what a real node sent on another connection, with that challenge
-                recorded = nodeauth.node_proof(key, nonce, mine, "evil")
-            async with RpcClient(cluster.meta_address, "attacker") as rpc:
-                await rpc.call("node_challenge")    # a new challenge, not the recorded one
-                with pytest.raises(AuthenticationFailed, match="refused"):
-                    await rpc.call("node_authenticate", {
-                        "node_id": "evil", "client_nonce": mine, "proof": recorded})
-                with pytest.raises(AuthenticationFailed, match="refused"):
-                    await rpc.call("node_authenticate", {
-                        "node_id": "evil", "client_nonce": mine, "proof": recorded})
-            async with RpcClient(cluster.meta_address, "node-a") as rpc:
-                nonce = await rpc.call("node_challenge")
-                answer = await rpc.call("node_authenticate", {
+        # a wrong key, a replayed proof, a challenge answered twice, another node
+        wrong = os.urandom(nodeauth.KEY_BYTES)
+        async with RpcClient(cluster.meta_address, "attacker") as rpc:
+            nonce = await rpc.call("node_challenge")
+            mine = os.urandom(nodeauth.NONCE_BYTES)
+            with pytest.raises(AuthenticationFailed, match="refused"):
+                await rpc.call("node_authenticate", {
+                    "node_id": "evil", "client_nonce": mine,
+                    "proof": nodeauth.node_proof(wrong, nonce, mine, "evil")})
+            with pytest.raises(AuthenticationFailed):
+                await rpc.call(*NODE_CALLS[0])
+            # what a real node sent on another connection, with that challenge
+            recorded = nodeauth.node_proof(key, nonce, mine, "evil")
+        async with RpcClient(cluster.meta_address, "attacker") as rpc:
+            await rpc.call("node_challenge")    # a new challenge, not the recorded one
+            with pytest.raises(AuthenticationFailed, match="refused"):
+                await rpc.call("node_authenticate", {
+                    "node_id": "evil", "client_nonce": mine, "proof": recorded})
+            with pytest.raises(AuthenticationFailed, match="refused"):
+                await rpc.call("node_authenticate", {
+                    "node_id": "evil", "client_nonce": mine, "proof": recorded})
+        async with RpcClient(cluster.meta_address, "node-a") as rpc:
+            nonce = await rpc.call("node_challenge")
+            answer = await rpc.call("node_authenticate", {
+                "node_id": "node-a", "client_nonce": mine,
+                "proof": nodeauth.node_proof(key, nonce, mine, "node-a")})
+            assert nodeauth.same(answer, nodeauth.meta_proof(key, nonce, mine,
+                                                             "node-a"))
+            with pytest.raises(AuthenticationFailed, match="not node-b"):
+                await rpc.call("heartbeat", {"node_id": "node-b"})
+            with pytest.raises(AuthenticationFailed, match="refused"):
+                await rpc.call("node_authenticate", {   # its challenge is used up
                     "node_id": "node-a", "client_nonce": mine,
                     "proof": nodeauth.node_proof(key, nonce, mine, "node-a")})
-                assert nodeauth.same(answer, nodeauth.meta_proof(key, nonce, mine,
-                                                                 "node-a"))
-                with pytest.raises(AuthenticationFailed, match="not node-b"):
-                    await rpc.call("heartbeat", {"node_id": "node-b"})
-                with pytest.raises(AuthenticationFailed, match="refused"):
-                    await rpc.call("node_authenticate", {   # its challenge is used up
-                        "node_id": "node-a", "client_nonce": mine,
-                        "proof": nodeauth.node_proof(key, nonce, mine, "node-a")})
-            assert await live_nodes(c) == before
+        assert await live_nodes(c) == before
 
 
-async def test_a_block_server_with_another_key_is_never_registered(tmp_path):
-    async with inprocess_cluster(tmp_path, n_storage=1) as cluster:
-        other = tmp_path / "other.key"
-        nodeauth.ensure_key(str(other))
-        config = cluster.config.replace(cluster_key_file=str(other))
-        async with trio.open_nursery() as nursery:
-            await nursery.start(lambda task_status: run_block_server(
-                config, str(tmp_path / "impostor"), meta_address=cluster.meta_address,
-                host="127.0.0.1", port=0, task_status=task_status))
-            await trio.sleep(1.0)                # a few tries with backoff
-            async with cluster.client() as c:
-                assert len(await live_nodes(c)) == 1
-            nursery.cancel_scope.cancel()
+@pytest.mark.cluster(n_storage=1)
+async def test_a_block_server_with_another_key_is_never_registered(tmp_path, cluster):
+    other = tmp_path / "other.key"
+    nodeauth.ensure_key(str(other))
+    config = cluster.config.replace(cluster_key_file=str(other))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: run_block_server(
+            config, str(tmp_path / "impostor"), meta_address=cluster.meta_address,
+            host="127.0.0.1", port=0, task_status=task_status))
+        await trio.sleep(1.0)                # a few tries with backoff
+        async with cluster.client() as c:
+            assert len(await live_nodes(c)) == 1
+        nursery.cancel_scope.cancel()
 
 
-async def test_a_reader_reports_bad_replicas_only_of_files_it_may_read(tmp_path):
-    async with inprocess_cluster(tmp_path, n_storage=2, replication=2) as cluster:
-        async with cluster.client() as owner:
-            await owner.write_file("/open.bin", b"o" * 100_000)
-            await owner.write_file("/secret.bin", b"s" * 100_000)
-            await owner.set_permission("/secret.bin", 0o600)
-            located = {p: (await owner.get_block_locations(p))["blocks"][0]
-                       for p in ("/open.bin", "/secret.bin")}
-        async with cluster.client(user="mallory", groups=["mallory"]) as other:
-            secret = located["/secret.bin"]
-            with pytest.raises(PermissionDenied):
-                await other.rpc.call("report_bad_blocks", {"blocks": [{
-                    "block": secret["block"],
-                    "node_id": secret["locations"][0]["node_id"]}]})
-            opened = located["/open.bin"]
-            assert await other.rpc.call("report_bad_blocks", {"blocks": [{
-                "block": opened["block"], "node_id": opened["locations"][0]["node_id"]}]})
-        async with cluster.client() as owner:   # fsck is the superuser's
-            fsck = await owner.rpc.call("fsck", {"path": "/secret.bin"})
-            assert fsck["totals"]["corrupt_replicas"] == 0
+@pytest.mark.cluster(n_storage=2, replication=2)
+async def test_a_reader_reports_bad_replicas_only_of_files_it_may_read(cluster):
+    async with cluster.client() as owner:
+        await owner.write_file("/open.bin", b"o" * 100_000)
+        await owner.write_file("/secret.bin", b"s" * 100_000)
+        await owner.set_permission("/secret.bin", 0o600)
+        located = {p: (await owner.get_block_locations(p))["blocks"][0]
+                   for p in ("/open.bin", "/secret.bin")}
+    async with cluster.client(user="mallory", groups=["mallory"]) as other:
+        secret = located["/secret.bin"]
+        with pytest.raises(PermissionDenied):
+            await other.rpc.call("report_bad_blocks", {"blocks": [{
+                "block": secret["block"],
+                "node_id": secret["locations"][0]["node_id"]}]})
+        opened = located["/open.bin"]
+        assert await other.rpc.call("report_bad_blocks", {"blocks": [{
+            "block": opened["block"], "node_id": opened["locations"][0]["node_id"]}]})
+    async with cluster.client() as owner:   # fsck is the superuser's
+        fsck = await owner.rpc.call("fsck", {"path": "/secret.bin"})
+        assert fsck["totals"]["corrupt_replicas"] == 0
 
 
 async def test_a_block_server_does_not_obey_a_server_that_cannot_prove_the_key(tmp_path):

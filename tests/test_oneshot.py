@@ -383,20 +383,20 @@ async def test_a_create_that_allocates_the_first_block_saves_the_add_block_call(
             assert await c.read_file("/big") == big
 
 
-async def test_a_writer_that_dies_holding_an_unwritten_first_block_loses_nothing(tmp_path):
+@pytest.mark.cluster(n_storage=3, **SMALL)
+async def test_a_writer_that_dies_holding_an_unwritten_first_block_loses_nothing(cluster):
     """A writer created a file with its first block and went away before writing: another
     client's ``recover_lease`` closes the file empty (every holder answers that it has no
     replica), and the file can be written again."""
-    async with inprocess_cluster(tmp_path, n_storage=3, **SMALL) as cluster:
-        async with cluster.client() as a, cluster.client() as b:
-            out = await a.create("/orphan", first_block=True)
-            out.abort(LeaseFSError("the writer went away"))   # no complete
-            assert (await b.get_file_status("/orphan")).under_construction
-            await recover_until_closed(b, "/orphan", timeout=30)
-            status = await b.get_file_status("/orphan")
-            assert status.length == 0 and not status.under_construction
-            assert (await b.get_block_locations("/orphan"))["blocks"] == []
-            again = await b.create("/orphan", overwrite=True, first_block=True)
-            await again.write(b"x" * 100)
-            await again.close()
-            assert await b.read_file("/orphan") == b"x" * 100
+    async with cluster.client() as a, cluster.client() as b:
+        out = await a.create("/orphan", first_block=True)
+        out.abort(LeaseFSError("the writer went away"))   # no complete
+        assert (await b.get_file_status("/orphan")).under_construction
+        await recover_until_closed(b, "/orphan", timeout=30)
+        status = await b.get_file_status("/orphan")
+        assert status.length == 0 and not status.under_construction
+        assert (await b.get_block_locations("/orphan"))["blocks"] == []
+        again = await b.create("/orphan", overwrite=True, first_block=True)
+        await again.write(b"x" * 100)
+        await again.close()
+        assert await b.read_file("/orphan") == b"x" * 100

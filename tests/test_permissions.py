@@ -258,68 +258,68 @@ CASES = [
 ]
 
 
-async def test_every_operation_allowed_and_denied(tmp_path):
+@pytest.mark.cluster(n_storage=1, **FAST)
+async def test_every_operation_allowed_and_denied(cluster):
     """The table: each operation refused with EACCES and an HDFS-shaped message, leaving the
     namespace and the journal untouched, then allowed for the right caller."""
-    async with inprocess_cluster(tmp_path, n_storage=1, **FAST) as cluster:
-        async with cluster.client() as root:
-            for i, case in enumerate(CASES):
-                base = f"/c{i}"
-                await build(root, base, case.tree)
-                user, groups = case.denied
-                async with cluster.client(user=user,
-                                          groups=case.denied_groups or groups) as denied:
-                    before = await snapshot(root)
-                    with pytest.raises(errors.PermissionDenied) as info:
-                        await (case.denied_op or case.op)(denied, base)
-                    assert await snapshot(root) == before, case.name
-                message = str(info.value)
-                assert info.value.errno == errno.EACCES, case.name
-                # HDFS: "user=alice, access=..." or "Access denied for user alice."
-                assert re.search(rf"user[= ]{user}\b", message), (case.name, message)
-                for part in case.expect:
-                    assert part.format(b=base) in message, (case.name, part, message)
-                user, groups = case.allowed
-                async with cluster.client(user=user, groups=groups) as allowed:
-                    await case.op(allowed, base)
-                if case.after is not None:
-                    await case.after(root, base)
+    async with cluster.client() as root:
+        for i, case in enumerate(CASES):
+            base = f"/c{i}"
+            await build(root, base, case.tree)
+            user, groups = case.denied
+            async with cluster.client(user=user,
+                                      groups=case.denied_groups or groups) as denied:
+                before = await snapshot(root)
+                with pytest.raises(errors.PermissionDenied) as info:
+                    await (case.denied_op or case.op)(denied, base)
+                assert await snapshot(root) == before, case.name
+            message = str(info.value)
+            assert info.value.errno == errno.EACCES, case.name
+            # HDFS: "user=alice, access=..." or "Access denied for user alice."
+            assert re.search(rf"user[= ]{user}\b", message), (case.name, message)
+            for part in case.expect:
+                assert part.format(b=base) in message, (case.name, part, message)
+            user, groups = case.allowed
+            async with cluster.client(user=user, groups=groups) as allowed:
+                await case.op(allowed, base)
+            if case.after is not None:
+                await case.after(root, base)
 
 
-async def test_superuser_by_group_and_disabled_checks_and_new_owners(tmp_path):
+@pytest.mark.cluster(n_storage=1, **FAST)
+async def test_superuser_by_group_and_disabled_checks_and_new_owners(cluster):
     """A member of the supergroup passes every check; new inodes belong to the caller with the
     parent's group; ``mkdirs -p`` parents too."""
-    async with inprocess_cluster(tmp_path, n_storage=1, **FAST) as cluster:
-        async with cluster.client() as root, \
-                cluster.client(user=ADMIN[0], groups=ADMIN[1]) as admin, \
-                cluster.client(user=EVE[0], groups=EVE[1]) as eve, \
-                cluster.client(user=ALICE[0], groups=ALICE[1]) as alice:
-            await build(root, "/home", [("alice", "d", 0o700, "alice", "staff"),
-                                        ("alice/f", "f", 0o600, "alice", "staff")])
-            # root dir of a new namespace: the server's user and the supergroup
-            st = await root.get_file_status("/")
-            assert (st.owner, st.group, st.mode) == ("root", "supergroup", 0o755)
-            # eve is refused everywhere in alice's home; the supergroup member is not
-            with pytest.raises(errors.PermissionDenied):
-                await eve.read_file("/home/alice/f")
-            assert await admin.read_file("/home/alice/f") == b"data"
-            await admin.set_owner("/home/alice/f", "eve", "eve")
-            await admin.delete("/home/alice", recursive=True)
-            # owners of new inodes: the caller, the parent's group (not the caller's)
-            await root.mkdirs("/home/alice")
-            await root.set_owner("/home/alice", "alice", "staff")
-            await alice.mkdirs("/home/alice/a/b/c", permission=0o750)
-            await _create(alice, "/home/alice/a/b/c/f")
-            for path, mode in (("/home/alice/a", 0o750 | 0o300), ("/home/alice/a/b/c", 0o750),
-                               ("/home/alice/a/b/c/f", 0o644)):
-                st = await root.get_file_status(path)
-                assert (st.owner, st.group, st.mode) == ("alice", "staff", mode), path
-            # a group the caller belongs to may be named explicitly
-            await _create(alice, "/home/alice/g", group="alice")
-            await _owner_is(root, "/home/alice/g", "alice", "alice")
-            # the superuser may create for others (what the FUSE mount does)
-            await root.mkdirs("/home/bob", owner="bob", group="bob")
-            await _owner_is(root, "/home/bob", "bob", "bob")
+    async with cluster.client() as root, \
+            cluster.client(user=ADMIN[0], groups=ADMIN[1]) as admin, \
+            cluster.client(user=EVE[0], groups=EVE[1]) as eve, \
+            cluster.client(user=ALICE[0], groups=ALICE[1]) as alice:
+        await build(root, "/home", [("alice", "d", 0o700, "alice", "staff"),
+                                    ("alice/f", "f", 0o600, "alice", "staff")])
+        # root dir of a new namespace: the server's user and the supergroup
+        st = await root.get_file_status("/")
+        assert (st.owner, st.group, st.mode) == ("root", "supergroup", 0o755)
+        # eve is refused everywhere in alice's home; the supergroup member is not
+        with pytest.raises(errors.PermissionDenied):
+            await eve.read_file("/home/alice/f")
+        assert await admin.read_file("/home/alice/f") == b"data"
+        await admin.set_owner("/home/alice/f", "eve", "eve")
+        await admin.delete("/home/alice", recursive=True)
+        # owners of new inodes: the caller, the parent's group (not the caller's)
+        await root.mkdirs("/home/alice")
+        await root.set_owner("/home/alice", "alice", "staff")
+        await alice.mkdirs("/home/alice/a/b/c", permission=0o750)
+        await _create(alice, "/home/alice/a/b/c/f")
+        for path, mode in (("/home/alice/a", 0o750 | 0o300), ("/home/alice/a/b/c", 0o750),
+                           ("/home/alice/a/b/c/f", 0o644)):
+            st = await root.get_file_status(path)
+            assert (st.owner, st.group, st.mode) == ("alice", "staff", mode), path
+        # a group the caller belongs to may be named explicitly
+        await _create(alice, "/home/alice/g", group="alice")
+        await _owner_is(root, "/home/alice/g", "alice", "alice")
+        # the superuser may create for others (what the FUSE mount does)
+        await root.mkdirs("/home/bob", owner="bob", group="bob")
+        await _owner_is(root, "/home/bob", "bob", "bob")
 
 
 async def test_permissions_disabled_and_superuser_by_name(tmp_path):

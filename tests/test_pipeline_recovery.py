@@ -284,77 +284,77 @@ async def test_checksum_corruption_on_every_packet_fails_after_the_retries(tmp_p
                 await out.close()
 
 
-async def test_update_pipeline_and_update_block_for_pipeline_refusals(tmp_path):
-    async with inprocess_cluster(tmp_path, n_storage=3, **SMALL) as cluster:
-        async with cluster.client() as c, cluster.client() as other:
-            out = await c.create("/r", replication=2)
-            await out.write(payload(1000))
-            await out.hflush()
-            located = (await c.get_block_locations("/r"))["blocks"][0]
-            block = located["block"]
-            nodes = [loc["node_id"] for loc in located["locations"]]
-            call = c.rpc.call
-            # not the lease holder
-            with pytest.raises(errors.LeaseExpired):
-                await other.rpc.call("update_block_for_pipeline",
-                                     {"block": block, "client_name": other.client_name})
-            fresh = await call("update_block_for_pipeline",
-                               {"block": block, "client_name": c.client_name})
-            new_gs = fresh["block"]["gs"]
-            assert new_gs > block["gs"]
-            new_block = {"id": block["id"], "gs": new_gs, "num_bytes": 1000}
-            with pytest.raises(errors.LeaseExpired):
-                await other.rpc.call("update_pipeline", {
-                    "client_name": other.client_name, "old_block": block,
-                    "new_block": new_block, "new_nodes": nodes})
-            # a stamp that is not larger
-            with pytest.raises(errors.StaleGenerationStamp):
-                await call("update_pipeline", {
-                    "client_name": c.client_name, "old_block": block,
-                    "new_block": {**new_block, "gs": block["gs"]}, "new_nodes": nodes})
-            # a stamp never issued
-            with pytest.raises(errors.StaleGenerationStamp):
-                await call("update_pipeline", {
-                    "client_name": c.client_name, "old_block": block,
-                    "new_block": {**new_block, "gs": new_gs + 1000}, "new_nodes": nodes})
-            # nothing changed so far
-            blocks = (await c.get_block_locations("/r"))["blocks"]
-            assert blocks[0]["block"]["gs"] == block["gs"]
-            await out.close()
-            # the block of a closed file: the writer holds no lease any more, and that
-            # is what it is told (not the block's state)
-            with pytest.raises(errors.LeaseExpired, match="No lease on /r"):
-                await call("update_block_for_pipeline",
+@pytest.mark.cluster(n_storage=3, **SMALL)
+async def test_update_pipeline_and_update_block_for_pipeline_refusals(cluster):
+    async with cluster.client() as c, cluster.client() as other:
+        out = await c.create("/r", replication=2)
+        await out.write(payload(1000))
+        await out.hflush()
+        located = (await c.get_block_locations("/r"))["blocks"][0]
+        block = located["block"]
+        nodes = [loc["node_id"] for loc in located["locations"]]
+        call = c.rpc.call
+        # not the lease holder
+        with pytest.raises(errors.LeaseExpired):
+            await other.rpc.call("update_block_for_pipeline",
+                                 {"block": block, "client_name": other.client_name})
+        fresh = await call("update_block_for_pipeline",
                            {"block": block, "client_name": c.client_name})
-            with pytest.raises(errors.LeaseExpired, match="No lease on /r"):
-                await call("update_pipeline", {
-                    "client_name": c.client_name, "old_block": block,
-                    "new_block": new_block, "new_nodes": nodes})
-            # an unknown block
-            with pytest.raises(errors.StaleGenerationStamp):
-                await call("update_block_for_pipeline",
-                           {"block": {"id": 10 ** 9, "gs": 1}, "client_name": c.client_name})
-            assert await c.read_file("/r") == payload(1000)
+        new_gs = fresh["block"]["gs"]
+        assert new_gs > block["gs"]
+        new_block = {"id": block["id"], "gs": new_gs, "num_bytes": 1000}
+        with pytest.raises(errors.LeaseExpired):
+            await other.rpc.call("update_pipeline", {
+                "client_name": other.client_name, "old_block": block,
+                "new_block": new_block, "new_nodes": nodes})
+        # a stamp that is not larger
+        with pytest.raises(errors.StaleGenerationStamp):
+            await call("update_pipeline", {
+                "client_name": c.client_name, "old_block": block,
+                "new_block": {**new_block, "gs": block["gs"]}, "new_nodes": nodes})
+        # a stamp never issued
+        with pytest.raises(errors.StaleGenerationStamp):
+            await call("update_pipeline", {
+                "client_name": c.client_name, "old_block": block,
+                "new_block": {**new_block, "gs": new_gs + 1000}, "new_nodes": nodes})
+        # nothing changed so far
+        blocks = (await c.get_block_locations("/r"))["blocks"]
+        assert blocks[0]["block"]["gs"] == block["gs"]
+        await out.close()
+        # the block of a closed file: the writer holds no lease any more, and that
+        # is what it is told (not the block's state)
+        with pytest.raises(errors.LeaseExpired, match="No lease on /r"):
+            await call("update_block_for_pipeline",
+                       {"block": block, "client_name": c.client_name})
+        with pytest.raises(errors.LeaseExpired, match="No lease on /r"):
+            await call("update_pipeline", {
+                "client_name": c.client_name, "old_block": block,
+                "new_block": new_block, "new_nodes": nodes})
+        # an unknown block
+        with pytest.raises(errors.StaleGenerationStamp):
+            await call("update_block_for_pipeline",
+                       {"block": {"id": 10 ** 9, "gs": 1}, "client_name": c.client_name})
+        assert await c.read_file("/r") == payload(1000)
 
 
-async def test_update_pipeline_may_not_shrink_the_length(tmp_path):
-    async with inprocess_cluster(tmp_path, n_storage=3, **SMALL) as cluster:
-        async with cluster.client() as c:
-            out = await c.create("/s", replication=2)
-            await out.write(payload(5000))
-            await out.hsync()          # records 5000 bytes on the metadata server
-            located = (await c.get_block_locations("/s"))["blocks"][0]
-            block = {**located["block"], "num_bytes": 5000}
-            fresh = await c.rpc.call("update_block_for_pipeline",
-                                     {"block": block, "client_name": c.client_name})
-            with pytest.raises(errors.InvalidArgument, match="shrink"):
-                await c.rpc.call("update_pipeline", {
-                    "client_name": c.client_name, "old_block": block,
-                    "new_block": {"id": block["id"], "gs": fresh["block"]["gs"],
-                                  "num_bytes": 4000},
-                    "new_nodes": [loc["node_id"] for loc in located["locations"]]})
-            await out.close()
-            assert await c.read_file("/s") == payload(5000)
+@pytest.mark.cluster(n_storage=3, **SMALL)
+async def test_update_pipeline_may_not_shrink_the_length(cluster):
+    async with cluster.client() as c:
+        out = await c.create("/s", replication=2)
+        await out.write(payload(5000))
+        await out.hsync()          # records 5000 bytes on the metadata server
+        located = (await c.get_block_locations("/s"))["blocks"][0]
+        block = {**located["block"], "num_bytes": 5000}
+        fresh = await c.rpc.call("update_block_for_pipeline",
+                                 {"block": block, "client_name": c.client_name})
+        with pytest.raises(errors.InvalidArgument, match="shrink"):
+            await c.rpc.call("update_pipeline", {
+                "client_name": c.client_name, "old_block": block,
+                "new_block": {"id": block["id"], "gs": fresh["block"]["gs"],
+                              "num_bytes": 4000},
+                "new_nodes": [loc["node_id"] for loc in located["locations"]]})
+        await out.close()
+        assert await c.read_file("/s") == payload(5000)
 
 
 # --------------------------------------------------------------------------- real processes

@@ -27,7 +27,7 @@ from fs.client import AsyncClient, authentication
 from fs.retry_cache import RetryCache
 from fs.rpc import (Dispatcher, RpcClient, format_address, normalize_address_list,
                     parse_address_list, serve_rpc, serve_tcp)
-from harness import free_port, inprocess_cluster
+from harness import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -336,40 +336,40 @@ def test_read_your_writes_txid_only_grows():
 # --------------------------------------------------------------------------- real server
 
 
-async def test_the_real_metadata_server_behind_a_dead_address(tmp_path):
-    async with inprocess_cluster(tmp_path, n_storage=1, replication=1) as cluster:
-        listed = f"{nothing_at()},{cluster.meta_address}"
-        async with AsyncClient(listed, config=cluster.config) as client:
-            assert client.meta_address == listed
-            assert format_address(client.rpc.address) == cluster.meta_address
-            await client.mkdirs("/ha")
-            await client.write_file("/ha/file", b"failover")
-            stream = await client.create("/ha/streamed")
-            await stream.write(b"x" * 10000)
-            await stream.close()
-            assert await client.read_file("/ha/file") == b"failover"
-            assert await client.read_file("/ha/streamed") == b"x" * 10000
-        # fsspec, through the URL and through LEASEFS_META
-        import fsspec
+@pytest.mark.cluster(n_storage=1, replication=1)
+async def test_the_real_metadata_server_behind_a_dead_address(tmp_path, cluster):
+    listed = f"{nothing_at()},{cluster.meta_address}"
+    async with AsyncClient(listed, config=cluster.config) as client:
+        assert client.meta_address == listed
+        assert format_address(client.rpc.address) == cluster.meta_address
+        await client.mkdirs("/ha")
+        await client.write_file("/ha/file", b"failover")
+        stream = await client.create("/ha/streamed")
+        await stream.write(b"x" * 10000)
+        await stream.close()
+        assert await client.read_file("/ha/file") == b"failover"
+        assert await client.read_file("/ha/streamed") == b"x" * 10000
+    # fsspec, through the URL and through LEASEFS_META
+    import fsspec
 
-        def through_fsspec():
-            lfs, path = fsspec.core.url_to_fs(f"leasefs://{listed}/ha/file")
-            try:
-                with lfs.open(path, "rb") as fh:
-                    return fh.read()
-            finally:
-                lfs.close()
-        assert await trio.to_thread.run_sync(through_fsspec) == b"failover"
-        env = {**os.environ, "LEASEFS_META": listed,
-               "LEASEFS_HOME": str(tmp_path / "home")}
-        proc = await trio.to_thread.run_sync(lambda: subprocess.run(
-            [sys.executable, "-m", "tools", "ls", "/ha"], env=env,
-            capture_output=True, timeout=60))
-        assert proc.returncode == 0, proc.stderr.decode(errors="replace")
-        assert proc.stdout.decode().split() == ["file", "streamed"]
-        bad = {**env, "LEASEFS_META": f"{cluster.meta_address},nonsense"}
-        proc = await trio.to_thread.run_sync(lambda: subprocess.run(
-            [sys.executable, "-m", "tools", "ls", "/ha"], env=bad,
-            capture_output=True, timeout=60))
-        err = proc.stderr.decode(errors="replace")
-        assert proc.returncode != 0 and "'nonsense'" in err and "Traceback" not in err, err
+    def through_fsspec():
+        lfs, path = fsspec.core.url_to_fs(f"leasefs://{listed}/ha/file")
+        try:
+            with lfs.open(path, "rb") as fh:
+                return fh.read()
+        finally:
+            lfs.close()
+    assert await trio.to_thread.run_sync(through_fsspec) == b"failover"
+    env = {**os.environ, "LEASEFS_META": listed,
+           "LEASEFS_HOME": str(tmp_path / "home")}
+    proc = await trio.to_thread.run_sync(lambda: subprocess.run(
+        [sys.executable, "-m", "tools", "ls", "/ha"], env=env,
+        capture_output=True, timeout=60))
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    assert proc.stdout.decode().split() == ["file", "streamed"]
+    bad = {**env, "LEASEFS_META": f"{cluster.meta_address},nonsense"}
+    proc = await trio.to_thread.run_sync(lambda: subprocess.run(
+        [sys.executable, "-m", "tools", "ls", "/ha"], env=bad,
+        capture_output=True, timeout=60))
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode != 0 and "'nonsense'" in err and "Traceback" not in err, err

@@ -129,14 +129,14 @@ async def test_trash_off_deletes_and_the_emptier_removes_expired_checkpoints(tmp
 
 
 @pytest.mark.parametrize("path", ["/", "/user"])
-async def test_the_root_and_folders_holding_a_trash_are_refused(tmp_path, path):
-    async with inprocess_cluster(tmp_path, n_storage=0) as cluster:
-        async with cluster.client() as c:
-            await c.mkdirs("/user")
-            from fs.errors import InvalidArgument
-            with pytest.raises(InvalidArgument):
-                await c.move_to_trash(path)
-            assert await c.exists("/user")
+@pytest.mark.cluster(n_storage=0)
+async def test_the_root_and_folders_holding_a_trash_are_refused(cluster, path):
+    async with cluster.client() as c:
+        await c.mkdirs("/user")
+        from fs.errors import InvalidArgument
+        with pytest.raises(InvalidArgument):
+            await c.move_to_trash(path)
+        assert await c.exists("/user")
 
 
 @pytest.mark.slow
