@@ -49,11 +49,11 @@ async def log_all(journal: Journal, ops: list[tuple[str, dict]]) -> list[int]:
     return txids
 
 
-def session(directory, ops, **kwargs) -> tuple[Journal, Applied, list[int]]:
+async def session(directory, ops, **kwargs) -> tuple[Journal, Applied, list[int]]:
     applied = Applied()
     journal = Journal(str(directory), applied, **kwargs)
     journal.open()
-    txids = trio.run(log_all, journal, ops)
+    txids = await log_all(journal, ops)
     return journal, applied, txids
 
 
@@ -71,10 +71,10 @@ def reopen_copy(directory) -> Journal:
     return reopen(copy)
 
 
-def restart(directory) -> None:
+async def restart(directory) -> None:
     """Open and close once: finalizes the in-progress segment, leaves an empty new one."""
     journal = reopen(directory)
-    trio.run(journal.aclose)
+    await journal.aclose()
 
 
 def mkdir_ops(start: int, count: int) -> list[tuple[str, dict]]:
@@ -82,21 +82,18 @@ def mkdir_ops(start: int, count: int) -> list[tuple[str, dict]]:
             for i in range(start, start + count)]
 
 
-def rolled_journal(directory, count: int) -> Journal:
+async def rolled_journal(directory, count: int) -> Journal:
     """A closed journal (keep_segments=0) whose ``count`` records are in one rolled segment."""
     journal = Journal(str(directory), Applied(), keep_segments=0)
     journal.open()
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            for op, args in mkdir_ops(0, count):
-                await journal.log(op, args)
-            await journal.roll()
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for op, args in mkdir_ops(0, count):
+            await journal.log(op, args)
+        await journal.roll()
+        nursery.cancel_scope.cancel()
+    await journal.aclose()
     return journal
 
 
@@ -108,8 +105,8 @@ def only_segment(directory) -> str:
 
 
 # ------------------------------------------------------------------------------ round trip
-def test_append_replay_round_trip_across_restarts(tmp_path):
-    _, applied, txids = session(tmp_path, mkdir_ops(0, 5))
+async def test_append_replay_round_trip_across_restarts(tmp_path):
+    _, applied, txids = await session(tmp_path, mkdir_ops(0, 5))
     assert txids == [1, 2, 3, 4, 5]
     assert [r.txid for r in applied.records] == [1, 2, 3, 4, 5]
     assert applied.records[2] == Record(3, "MKDIR", {"path": "/d2", "perm": 0o755, "blob": b"\x02"})
@@ -123,7 +120,7 @@ def test_append_replay_round_trip_across_restarts(tmp_path):
     # the recovered in-progress segment was finalized; a new empty one waits at txid 6
     assert sorted(os.listdir(tmp_path)) == [finalized_name(1, 5), inprogress_name(6)]
 
-    txids2 = trio.run(log_all, journal, mkdir_ops(5, 3))
+    txids2 = await log_all(journal, mkdir_ops(5, 3))
     assert txids2 == [6, 7, 8]
     journal = reopen(tmp_path)
     assert journal.last_txid == 8
@@ -211,14 +208,14 @@ async def test_log_many_writes_its_records_in_one_batch_or_refuses_them_all(tmp_
         (1, "MKDIR"), (2, "ADD"), (3, "ADD_BLOCK"), (4, "MKDIR")]
 
 
-def test_a_typed_op_is_journaled_as_its_wire_pair(tmp_path):
+async def test_a_typed_op_is_journaled_as_its_wire_pair(tmp_path):
     """``log``/``log_many`` take typed ops: the segment holds the same bytes as when the
     op's ``(name, args)`` pair is logged, and replay gives that pair back."""
     ops = [Mkdir(dirs=[{"parent": 1, "name": "a", "ino": 2}], time=5),
            Close(ino=2, last=None, time=6, mode=0o600)]
     as_pairs = [op.to_wire() for op in ops]
-    session(tmp_path / "pairs", as_pairs)
-    session(tmp_path / "ops", [(op, None) for op in ops])
+    await session(tmp_path / "pairs", as_pairs)
+    await session(tmp_path / "ops", [(op, None) for op in ops])
     assert file_listing(tmp_path / "ops") == file_listing(tmp_path / "pairs")
     assert [(r.op, r.args) for r in reopen(tmp_path / "ops").replay(0)] == as_pairs
 
@@ -284,8 +281,8 @@ async def test_aclose_flushes_queued_records_without_syncer(tmp_path):
 
 
 # ------------------------------------------------------------------------------ torn tails
-def test_torn_tail_truncated_mid_record_is_cut(tmp_path, caplog):
-    session(tmp_path, mkdir_ops(0, 4))               # crash-like: inprogress_1 holds 1..4
+async def test_torn_tail_truncated_mid_record_is_cut(tmp_path, caplog):
+    await session(tmp_path, mkdir_ops(0, 4))               # crash-like: inprogress_1 holds 1..4
     inprog = tmp_path / inprogress_name(1)
     inprog.write_bytes(inprog.read_bytes()[:-5])     # record 4 loses its last 5 bytes
     cut = len(encode_record(4, *mkdir_ops(3, 1)[0])) - 5
@@ -296,14 +293,14 @@ def test_torn_tail_truncated_mid_record_is_cut(tmp_path, caplog):
                for m in caplog.messages), caplog.messages
     assert sorted(os.listdir(tmp_path)) == [finalized_name(1, 3), inprogress_name(4)]
 
-    txids = trio.run(log_all, journal, mkdir_ops(100, 2))
+    txids = await log_all(journal, mkdir_ops(100, 2))
     assert txids == [4, 5]
     assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("garbage", [b"\x00" * 4096, b"\x00\x00\x00\x10garbage!", b"\xff" * 3,
                                      b"\x00\x00\x00\x05\x00\x00\x00\x00abcde"])
-def test_torn_tail_garbage_or_zero_fill_at_end_is_cut(tmp_path, caplog, garbage):
+async def test_torn_tail_garbage_or_zero_fill_at_end_is_cut(tmp_path, caplog, garbage):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
     journal.open()
@@ -315,7 +312,7 @@ def test_torn_tail_garbage_or_zero_fill_at_end_is_cut(tmp_path, caplog, garbage)
                 await journal.log(op, args)
             nursery.cancel_scope.cancel()
 
-    trio.run(crash_after_three)
+    await crash_after_three()
     os.close(journal._fd)  # the crashed process's descriptor
     inprog = tmp_path / inprogress_name(1)
     good_size = inprog.stat().st_size
@@ -326,30 +323,30 @@ def test_torn_tail_garbage_or_zero_fill_at_end_is_cut(tmp_path, caplog, garbage)
     assert journal.last_txid == 3
     assert any(f"offset {good_size}: {len(garbage)} bytes" in m for m in caplog.messages), caplog.messages
     assert (tmp_path / finalized_name(1, 3)).stat().st_size == good_size
-    assert trio.run(log_all, journal, mkdir_ops(3, 1)) == [4]
+    assert await log_all(journal, mkdir_ops(3, 1)) == [4]
     assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2, 3, 4]
 
 
-def test_torn_first_record_leaves_empty_segment_and_keeps_txid(tmp_path):
-    session(tmp_path, mkdir_ops(0, 2))
-    restart(tmp_path)                               # edits_1-2 + inprogress_3 (empty)
+async def test_torn_first_record_leaves_empty_segment_and_keeps_txid(tmp_path):
+    await session(tmp_path, mkdir_ops(0, 2))
+    await restart(tmp_path)                               # edits_1-2 + inprogress_3 (empty)
     inprog = tmp_path / inprogress_name(3)
     inprog.write_bytes(encode_record(3, "MKDIR", {"path": "/torn"})[:9])
     journal = reopen(tmp_path)
     assert journal.last_txid == 2
     assert sorted(os.listdir(tmp_path)) == [finalized_name(1, 2), inprogress_name(3)]
-    assert trio.run(log_all, journal, mkdir_ops(2, 1)) == [3]
+    assert await log_all(journal, mkdir_ops(2, 1)) == [3]
 
 
 @pytest.mark.parametrize("empty_segment", [False, True])
-def test_store_ahead_of_a_lost_tail_is_bridged_and_the_check_agrees(tmp_path, caplog,
+async def test_store_ahead_of_a_lost_tail_is_bridged_and_the_check_agrees(tmp_path, caplog,
                                                                      empty_segment):
-    session(tmp_path, mkdir_ops(0, 5))               # inprogress_1 holds 1..5
+    await session(tmp_path, mkdir_ops(0, 5))               # inprogress_1 holds 1..5
     if empty_segment:
-        restart(tmp_path)                            # edits_1-5 + inprogress_6 (empty)
+        await restart(tmp_path)                            # edits_1-5 + inprogress_6 (empty)
         for name in os.listdir(tmp_path):
             os.unlink(tmp_path / name)
-        session(tmp_path, [])                        # a folder that only keeps the counter
+        await session(tmp_path, [])                        # a folder that only keeps the counter
         assert check_journal(str(tmp_path))[-1] == "OK: no records (last txid 0)"
         applied, lost = 5, "1..5"
     else:
@@ -366,7 +363,7 @@ def test_store_ahead_of_a_lost_tail_is_bridged_and_the_check_agrees(tmp_path, ca
         journal = reopen(tmp_path, store_applied=applied)
     assert any(f"txids {lost} are not in the journal" in m for m in caplog.messages)
     assert journal.last_txid == applied and list(journal.replay(applied)) == []
-    assert trio.run(log_all, journal, mkdir_ops(50, 2)) == [applied + 1, applied + 2]
+    assert await log_all(journal, mkdir_ops(50, 2)) == [applied + 1, applied + 2]
     # the chain is whole again: a plain restart, replay after the store, the check
     journal = reopen(tmp_path, store_applied=applied + 2)
     assert [r.txid for r in journal.replay(applied)] == [applied + 1, applied + 2]
@@ -376,8 +373,8 @@ def test_store_ahead_of_a_lost_tail_is_bridged_and_the_check_agrees(tmp_path, ca
     assert f"txids {lost}: lost from the journal" in text and "nothing to replay" in text
 
 
-def test_store_needing_purged_records_is_refused_by_start_and_check_alike(tmp_path):
-    journal = rolled_journal(tmp_path, 4)
+async def test_store_needing_purged_records_is_refused_by_start_and_check_alike(tmp_path):
+    journal = await rolled_journal(tmp_path, 4)
     journal.purge(4)
     before = file_listing(tmp_path)
     with pytest.raises(JournalError, match="applied txid 2; txids 3..4 are needed"):
@@ -387,10 +384,10 @@ def test_store_needing_purged_records_is_refused_by_start_and_check_alike(tmp_pa
     assert file_listing(tmp_path) == before
 
 
-def test_start_skips_segments_the_store_applied_and_the_check_warns_about_them(tmp_path):
-    session(tmp_path, mkdir_ops(0, 3))               # edits_1-3
-    session(tmp_path, mkdir_ops(3, 2))
-    restart(tmp_path)                                # edits_4-5, inprogress_6 empty
+async def test_start_skips_segments_the_store_applied_and_the_check_warns_about_them(tmp_path):
+    await session(tmp_path, mkdir_ops(0, 3))               # edits_1-3
+    await session(tmp_path, mkdir_ops(3, 2))
+    await restart(tmp_path)                                # edits_4-5, inprogress_6 empty
     (tmp_path / finalized_name(1, 3)).write_bytes(b"\x00" * 8)
     with pytest.raises(JournalError, match=finalized_name(1, 3)):
         check_journal(str(tmp_path), store_applied=2)   # a start would replay txid 3
@@ -402,12 +399,12 @@ def test_start_skips_segments_the_store_applied_and_the_check_warns_about_them(t
     assert file_listing(tmp_path) == before
     journal = reopen(tmp_path, store_applied=3)      # the start agrees: it does not read it
     assert [r.txid for r in journal.replay(3)] == [4, 5]
-    trio.run(journal.aclose)
+    await journal.aclose()
 
 
 # ------------------------------------------------------------------------------ corruption
-def test_bad_record_in_middle_of_inprogress_is_hard_error(tmp_path):
-    session(tmp_path, mkdir_ops(0, 6))               # inprogress_1 holds 1..6
+async def test_bad_record_in_middle_of_inprogress_is_hard_error(tmp_path):
+    await session(tmp_path, mkdir_ops(0, 6))               # inprogress_1 holds 1..6
     inprog = tmp_path / inprogress_name(1)
     data = bytearray(inprog.read_bytes())
     first_len = len(encode_record(1, "MKDIR", {"path": "/d0", "perm": 0o755, "blob": b"\x00"}))
@@ -422,9 +419,9 @@ def test_bad_record_in_middle_of_inprogress_is_hard_error(tmp_path):
     assert file_listing(tmp_path) == before         # nothing cut, nothing renamed
 
 
-def test_flipped_byte_in_finalized_segment_is_hard_error(tmp_path):
-    session(tmp_path, mkdir_ops(0, 3))
-    session(tmp_path, mkdir_ops(3, 3))               # edits_1-3, edits_4-6
+async def test_flipped_byte_in_finalized_segment_is_hard_error(tmp_path):
+    await session(tmp_path, mkdir_ops(0, 3))
+    await session(tmp_path, mkdir_ops(3, 3))               # edits_1-3, edits_4-6
     seg = tmp_path / finalized_name(1, 3)
     data = bytearray(seg.read_bytes())
     data[10] ^= 0x01                                 # body of the very first record
@@ -435,20 +432,20 @@ def test_flipped_byte_in_finalized_segment_is_hard_error(tmp_path):
         check_journal(str(tmp_path))
 
 
-def test_truncated_finalized_segment_is_hard_error(tmp_path):
-    session(tmp_path, mkdir_ops(0, 3))
-    session(tmp_path, mkdir_ops(3, 1))
+async def test_truncated_finalized_segment_is_hard_error(tmp_path):
+    await session(tmp_path, mkdir_ops(0, 3))
+    await session(tmp_path, mkdir_ops(3, 1))
     seg = tmp_path / finalized_name(1, 3)
     seg.write_bytes(seg.read_bytes()[:-2])
     with pytest.raises(JournalError, match=rf"{finalized_name(1, 3)}: bad record at offset \d+: short"):
         reopen(tmp_path)
 
 
-def test_txid_gap_between_segments_is_hard_error(tmp_path):
-    session(tmp_path, mkdir_ops(0, 2))               # edits_1-2
-    session(tmp_path, mkdir_ops(2, 2))               # edits_3-4
-    session(tmp_path, mkdir_ops(4, 2))
-    restart(tmp_path)                                # edits_5-6
+async def test_txid_gap_between_segments_is_hard_error(tmp_path):
+    await session(tmp_path, mkdir_ops(0, 2))               # edits_1-2
+    await session(tmp_path, mkdir_ops(2, 2))               # edits_3-4
+    await session(tmp_path, mkdir_ops(4, 2))
+    await restart(tmp_path)                                # edits_5-6
     (tmp_path / finalized_name(3, 4)).unlink()
     before = file_listing(tmp_path)
     with pytest.raises(JournalError) as info:
@@ -504,20 +501,20 @@ async def test_roll_and_purge_keep_newest_segments(tmp_path):
         journal.replay(5)
 
 
-def test_purge_everything_keeps_txid_counter(tmp_path):
-    journal = rolled_journal(tmp_path, 4)
+async def test_purge_everything_keeps_txid_counter(tmp_path):
+    journal = await rolled_journal(tmp_path, 4)
     assert journal.purge(4) == [finalized_name(1, 4)]
     journal = reopen(tmp_path, keep_segments=0)
     assert journal.last_txid == 4
     assert list(journal.replay(4)) == []
-    assert trio.run(log_all, journal, mkdir_ops(4, 1)) == [5]
+    assert await log_all(journal, mkdir_ops(4, 1)) == [5]
 
 
 # ------------------------------------------------------------------------------ offline check
-def test_check_journal_reports_and_never_modifies(tmp_path):
-    session(tmp_path, mkdir_ops(0, 3))               # edits_1-3
-    session(tmp_path, mkdir_ops(3, 2))
-    restart(tmp_path)                                # edits_4-5, inprogress_6 empty
+async def test_check_journal_reports_and_never_modifies(tmp_path):
+    await session(tmp_path, mkdir_ops(0, 3))               # edits_1-3
+    await session(tmp_path, mkdir_ops(3, 2))
+    await restart(tmp_path)                                # edits_4-5, inprogress_6 empty
     inprog = tmp_path / inprogress_name(6)
     inprog.write_bytes(encode_record(6, "MKDIR", {"p": 1}) + b"\x00\x00\x00\x40half")
     before = file_listing(tmp_path)
@@ -542,7 +539,7 @@ def test_check_journal_reports_and_never_modifies(tmp_path):
 
 # ------------------------------------------------------------------------------ I/O errors
 @pytest.mark.allow_log_errors(r"journal write failed", reason="the test fills the disk")
-def test_failed_write_is_cut_back_so_failed_callers_are_not_durable(tmp_path, monkeypatch,
+async def test_failed_write_is_cut_back_so_failed_callers_are_not_durable(tmp_path, monkeypatch,
                                                                      caplog):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
@@ -579,7 +576,7 @@ def test_failed_write_is_cut_back_so_failed_callers_are_not_durable(tmp_path, mo
         await journal.aclose()
 
     with caplog.at_level(logging.ERROR, logger="meta.journal"):
-        trio.run(main)
+        await main()
     monkeypatch.setattr(os, "write", real_write)
     assert len(errors) == 5 and all(e.errno == 28 for e in errors)
     assert all("journal write failed" in str(e) and "did not happen" in str(e) for e in errors)
@@ -590,7 +587,7 @@ def test_failed_write_is_cut_back_so_failed_callers_are_not_durable(tmp_path, mo
 
 @pytest.mark.allow_log_errors(r"journal write failed", r"the metadata server stops",
                               reason="the test breaks fsync")
-def test_write_whose_cut_back_fails_stops_without_answering(tmp_path, monkeypatch, caplog):
+async def test_write_whose_cut_back_fails_stops_without_answering(tmp_path, monkeypatch, caplog):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
     journal.open()
@@ -616,19 +613,19 @@ def test_write_whose_cut_back_fails_stops_without_answering(tmp_path, monkeypatc
 
     with caplog.at_level(logging.ERROR, logger="meta.journal"):
         with pytest.raises(BaseExceptionGroup) as group:
-            trio.run(main)
+            await main()
     monkeypatch.undo()
     assert group.group_contains(JournalError, match="whether those records are durable is unknown")
     assert answered == []                                 # fate unknown: nobody was answered
     assert [r.txid for r in applied.records] == [1]       # nothing undurable was applied
-    assert_unanswered(journal.log, "MKDIR", {"path": "/later"})
+    await assert_unanswered(journal.log, "MKDIR", {"path": "/later"})
     assert any("the metadata server stops" in m for m in caplog.messages)
-    trio.run(journal.aclose)
+    await journal.aclose()
 
 
 @pytest.mark.allow_log_errors(r"applying txids", r"the metadata server stops",
                               reason="the test's apply raises")
-def test_apply_error_stops_without_answering_and_the_records_replay(tmp_path, caplog):
+async def test_apply_error_stops_without_answering_and_the_records_replay(tmp_path, caplog):
     seen = []
     answered = []
 
@@ -648,8 +645,8 @@ def test_apply_error_stops_without_answering_and_the_records_replay(tmp_path, ca
 
     with caplog.at_level(logging.ERROR, logger="meta.journal"):
         with pytest.raises(BaseExceptionGroup) as group:
-            trio.run(main)
-    trio.run(journal.aclose)
+            await main()
+    await journal.aclose()
     assert group.group_contains(JournalError, match="applying txids 2..2 failed.*namespace bug")
     assert seen == [1, 2] and answered == []
     assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2]   # durable: replays
@@ -744,19 +741,17 @@ async def test_roll_and_close_make_written_records_durable(tmp_path):
     assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2, 3]
 
 
-def assert_unanswered(call, *args) -> None:
+async def assert_unanswered(call, *args) -> None:
     """After a fail-stop a call is never answered (neither success nor an error reply that
     would be final for its client): it waits until the stopping server cancels it."""
-    async def go():
-        with trio.move_on_after(0.3) as scope:
-            await call(*args)
-        return scope.cancelled_caught
-    assert trio.run(go), f"{call.__name__} returned after the journal stopped"
+    with trio.move_on_after(0.3) as scope:
+        await call(*args)
+    assert scope.cancelled_caught, f"{call.__name__} returned after the journal stopped"
 
 
 @pytest.mark.allow_log_errors(r"journal fsync of .* failed", r"the metadata server stops",
                               reason="the test breaks fsync")
-def test_a_failed_background_fsync_stops_the_journal(tmp_path, monkeypatch, caplog):
+async def test_a_failed_background_fsync_stops_the_journal(tmp_path, monkeypatch, caplog):
     """Written records were answered: when their fsync fails the server must stop (HDFS
     terminates when it cannot sync a required journal), and nothing is answered after."""
     journal = Journal(str(tmp_path), Applied(), sync_delay=0.0)
@@ -776,12 +771,12 @@ def test_a_failed_background_fsync_stops_the_journal(tmp_path, monkeypatch, capl
 
     with caplog.at_level(logging.ERROR, logger="meta.journal"):
         with pytest.raises(BaseExceptionGroup) as group:
-            trio.run(main)
+            await main()
     monkeypatch.undo()
     assert group.group_contains(JournalError, match="txids up to 1 were acknowledged")
     assert answered == [1]
-    assert_unanswered(journal.log, "MKDIR", {"path": "/later"})
-    assert_unanswered(journal.sync)
+    await assert_unanswered(journal.log, "MKDIR", {"path": "/later"})
+    await assert_unanswered(journal.sync)
 
 
 async def test_replicated_batches_grow_under_load_and_a_lone_caller_never_waits(
@@ -880,13 +875,14 @@ async def test_recent_decodes_only_the_records_asked_for(tmp_path, monkeypatch):
     assert [r.txid for r in journal.recent(0, 5500)] == list(range(5001, 5501))
 
 
-def test_start_steps_over_the_applied_records_of_the_inprogress_segment(tmp_path, monkeypatch):
+async def test_start_steps_over_the_applied_records_of_the_inprogress_segment(tmp_path,
+                                                                            monkeypatch):
     """After a crash the in-progress segment holds 1..200 and the store applied 150: the
     start decodes only what it replays (a flipped byte in an applied record's body is not
     even seen; the offline check still reports it), and a damaged header among the applied
     records (the step-over would land wrong) makes it verify everything: corruption, and
     nothing cut."""
-    session(tmp_path, mkdir_ops(0, 200))
+    await session(tmp_path, mkdir_ops(0, 200))
     inprog = tmp_path / inprogress_name(1)
     clean = inprog.read_bytes()
     fifth = sum(len(encode_record(i + 1, *op)) for i, op in enumerate(mkdir_ops(0, 4)))
@@ -906,11 +902,11 @@ def test_start_steps_over_the_applied_records_of_the_inprogress_segment(tmp_path
     assert journal.last_txid == 200
     assert [r.txid for r in journal.replay(150)] == list(range(151, 201))
     assert len(decoded) <= 2 * 50 + 1            # the verify, then the replay, of 151..200
-    trio.run(journal.aclose)
+    await journal.aclose()
 
     shutil.rmtree(tmp_path)
     tmp_path.mkdir()
-    session(tmp_path, mkdir_ops(0, 200))
+    await session(tmp_path, mkdir_ops(0, 200))
     data = bytearray(inprog.read_bytes())
     data[fifth:fifth + 4] = (1 << 20).to_bytes(4, "big")   # txid 5's length, far too long
     inprog.write_bytes(bytes(data))
