@@ -261,7 +261,7 @@ def test_replica_classification():
     assert classify_replica(bm.UNDER_CONSTRUCTION, 5, 0, 5, 10, bm.FINALIZED)[0] == bm.GOOD
 
 
-def test_blocks_map_commit_complete_reports_and_safe_counters():
+async def test_blocks_map_commit_complete_reports_and_safe_counters():
     m = BlocksMap(min_replication=2)
     nodes = DatanodeManager(dead_interval=10, invalidate_limit=10, clock=lambda: 0.0)
     nodes.register("n1", "h1:1", 100, 0, 100)
@@ -274,7 +274,7 @@ def test_blocks_map_commit_complete_reports_and_safe_counters():
     # a full report (the path the metadata server runs): one good, one stale, one of no file
     entries = parse_entries([[1, 100, 64, "FINALIZED"], [2, 99, 5, "RBW"],
                              [77, 1, 1, "FINALIZED"]], "report")
-    report = trio.run(reports.full_report, "n1", entries)
+    report = await reports.full_report("n1", entries)
     assert (report.doomed, report.corrupt, report.removed) == (1, 1, 0)
     assert report.seen == {1: 100, 2: 99, 77: 1} and safe_updates   # counted step by step
     assert nodes.take_invalidate("n1") == [{"id": 77, "gs": 1, "num_bytes": 1}]
@@ -288,7 +288,7 @@ def test_blocks_map_commit_complete_reports_and_safe_counters():
     assert m.commit(2, 30) == bm.COMPLETE
     assert m.total_countable == 2 and m.safe == 2
     # a second full report from n1 without block 1: its replica goes
-    assert trio.run(reports.full_report, "n1", []).removed == 2
+    assert (await reports.full_report("n1", [])).removed == 2
     assert "n1" not in m.get(1).replicas and m.node_block_count("n1") == 0
     # a reader's checksum error hides the replica; with enough good copies it may be deleted
     m.add_replica("n1", 1, 100, 64, "FINALIZED")

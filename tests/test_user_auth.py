@@ -409,7 +409,7 @@ def test_which_clients_try_the_local_socket():
     assert local_socket_name("", "127.0.0.1:8020") is None
 
 
-def test_a_local_socket_at_a_file_path(tmp_path):
+async def test_a_local_socket_at_a_file_path(tmp_path):
     """``meta_socket`` as a file path: made connectable by every local user (the kernel
     says who each is), used by clients that set it, removed when the server stops."""
     import shutil
@@ -446,7 +446,7 @@ def test_a_local_socket_at_a_file_path(tmp_path):
         assert not path.exists()
 
     try:
-        trio.run(main)
+        await main()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -525,7 +525,7 @@ class Squatter:
         return [int(line.split()[1]) for line in self.output.decode().splitlines()]
 
 
-def test_a_squatter_on_the_local_socket_gets_nothing_and_is_named(tmp_path):
+async def test_a_squatter_on_the_local_socket_gets_nothing_and_is_named(tmp_path):
     """Another user (nobody) holds the abstract name ``@leasefs-meta-<port>`` of a running
     metadata server (whose own local socket is a file): root's clients with the default
     ``meta_socket`` (the API, one with a token file, the CLI's ls and put) refuse it at once with
@@ -573,12 +573,12 @@ def test_a_squatter_on_the_local_socket_gets_nothing_and_is_named(tmp_path):
                     await client.get_file_status("/data")
 
     try:
-        trio.run(main)
+        await main()
     finally:
         folder.rmdir()
 
 
-def test_a_squatted_local_socket_name_stops_the_server_and_its_clients_loudly(tmp_path):
+async def test_a_squatted_local_socket_name_stops_the_server_and_its_clients_loudly(tmp_path):
     """While nobody's process holds the name, the metadata server refuses to start and says
     who holds it; a client finds no server at the address behind the socket and says so
     (retried, as for a server still starting), sending it nothing."""
@@ -609,7 +609,7 @@ def test_a_squatted_local_socket_name_stops_the_server_and_its_clients_loudly(tm
             message = str(raised.value)
             assert name in message and "nothing listens on 127.0.0.1:" in message, message
 
-        trio.run(main)
+        await main()
     finally:
         received = squatter.stop()
     assert received and all(n == 0 for n in received), received
