@@ -56,7 +56,7 @@ async def call(endpoint: str, message: bytes, timeout: float = 5.0):
         await channel.aclose()
 
 
-def test_a_txn_answers_as_the_gateway_reads(etcd):
+async def test_a_txn_answers_as_the_gateway_reads(etcd):
     endpoint = etcd.endpoints[0]
     key, other = f"/t/{uuid.uuid4().hex}".encode(), f"/t/{uuid.uuid4().hex}".encode()
     value = bytes(range(256)) * 3
@@ -76,7 +76,7 @@ def test_a_txn_answers_as_the_gateway_reads(etcd):
         assert code == 0
         return first, etcdgrpc.txn_result(answer)
 
-    first, second = trio.run(main)
+    first, second = await main()
     read = gateway(endpoint, "/v3/kv/range", {"key": b64(key)})
     assert first["header"]["revision"] == read["kvs"][0]["create_revision"]
     assert not second.get("succeeded")
@@ -87,27 +87,27 @@ def test_a_txn_answers_as_the_gateway_reads(etcd):
     assert second["responses"][1]["response_range"]["kvs"] == []
 
 
-def test_a_message_larger_than_the_windows_goes_through(etcd):
+async def test_a_message_larger_than_the_windows_goes_through(etcd):
     """1 MiB: more than etcd's 64 KiB initial stream and connection windows and its 16 KiB
     frames, so the call waits for its WINDOW_UPDATEs."""
     endpoint = etcd.endpoints[1]
     key = f"/t/{uuid.uuid4().hex}".encode()
     value = os.urandom(1 << 20)
-    code, _, answer = trio.run(call, endpoint, etcdgrpc.txn_request(
+    code, _, answer = await call(endpoint, etcdgrpc.txn_request(
         [], [etcdgrpc.op_put(key, value)], []))
     assert code == 0 and etcdgrpc.txn_result(answer)
     read = gateway(endpoint, "/v3/kv/range", {"key": b64(key)})
     assert base64.b64decode(read["kvs"][0]["value"]) == value
 
 
-def test_an_error_status_is_an_answer_naming_it(etcd):
+async def test_an_error_status_is_an_answer_naming_it(etcd):
     key = f"/t/{uuid.uuid4().hex}".encode()
-    code, message, answer = trio.run(call, etcd.endpoints[2], etcdgrpc.txn_request(
+    code, message, answer = await call(etcd.endpoints[2], etcdgrpc.txn_request(
         [], [etcdgrpc.op_put(key, b"a"), etcdgrpc.op_put(key, b"b")], []))
     assert code == 3 and "duplicate key" in message and answer == b"", (code, message)
 
 
-def test_many_calls_share_one_connection(etcd):
+async def test_many_calls_share_one_connection(etcd):
     endpoint = etcd.endpoints[0]
     prefix = f"/t/{uuid.uuid4().hex}/".encode()
 
@@ -122,13 +122,13 @@ def test_many_calls_share_one_connection(etcd):
         finally:
             await channel.aclose()
 
-    assert trio.run(main) == 1
+    assert await main() == 1
     read = gateway(endpoint, "/v3/kv/range", {"key": b64(prefix), "count_only": True,
                                               "range_end": b64(prefix[:-1] + b"0")})
     assert read["count"] == "300"
 
 
-def test_a_watch_sees_puts_only_and_ends_when_its_member_loses_the_leader(tmp_path):
+async def test_a_watch_sees_puts_only_and_ends_when_its_member_loses_the_leader(tmp_path):
     """The stream asks for etcd's require-leader: when 2 of 3 members stop, the third ends
     the watch instead of leaving it open and silent."""
     if not os.path.exists(ETCD):
@@ -172,7 +172,7 @@ def test_a_watch_sees_puts_only_and_ends_when_its_member_loses_the_leader(tmp_pa
         return seen, ended[0][0] - stopped, ended[0][1]
 
     try:
-        seen, after, why = trio.run(main)
+        seen, after, why = await main()
     finally:
         cluster.resume()
         cluster.stop()
@@ -181,7 +181,7 @@ def test_a_watch_sees_puts_only_and_ends_when_its_member_loses_the_leader(tmp_pa
     assert after < 15
 
 
-def test_a_long_watch_gives_etcd_its_window_back(etcd, monkeypatch):
+async def test_a_long_watch_gives_etcd_its_window_back(etcd, monkeypatch):
     """With a 256 KiB window instead of the largest, 4 MiB of watched puts arrive only if
     the stream hands the window back as it takes data in."""
     monkeypatch.setattr(etcdgrpc, "MAX_WINDOW", 256 << 10)
@@ -211,7 +211,7 @@ def test_a_long_watch_gives_etcd_its_window_back(etcd, monkeypatch):
         await channel.aclose()
         return got
 
-    assert trio.run(main) == 64
+    assert await main() == 64
 
 
 def test_malformed_messages_raise_value_error():

@@ -70,192 +70,176 @@ def test_decide_is_pure_and_names_both_epochs():
     assert isinstance(decide(term, 1, b"y", dup, retried=True), DuplicateTxid)
 
 
-def test_one_leader_and_epochs_increase(etcd):
-    async def main():
-        async with HALog.open(etcd.endpoints, prefix(), ttl=2) as halog:
-            outcomes: dict[str, object] = {}
+async def test_one_leader_and_epochs_increase(etcd):
+    async with HALog.open(etcd.endpoints, prefix(), ttl=2) as halog:
+        outcomes: dict[str, object] = {}
 
-            async def run(node):
-                try:
-                    outcomes[node] = await halog.campaign(node, timeout=1.5)
-                except CampaignTimeout as exc:
-                    outcomes[node] = exc
+        async def run(node):
+            try:
+                outcomes[node] = await halog.campaign(node, timeout=1.5)
+            except CampaignTimeout as exc:
+                outcomes[node] = exc
 
-            async with trio.open_nursery() as n:
-                for node in ("a", "b", "c"):
-                    n.start_soon(run, node)
-            winners = [t for t in outcomes.values() if isinstance(t, Term)]
-            assert len(winners) == 1, outcomes
-            first = winners[0]
-            assert await halog.leader() == (first.epoch, first.node_id)
-            term, epochs = first, [first.epoch]
-            for node in ("d", "e", "f"):
-                await halog.resign(term)
-                assert await halog.leader() is None
-                term = await halog.campaign(node, timeout=5)
-                epochs.append(term.epoch)
-            assert epochs == sorted(set(epochs)), epochs
-    trio.run(main)
+        async with trio.open_nursery() as n:
+            for node in ("a", "b", "c"):
+                n.start_soon(run, node)
+        winners = [t for t in outcomes.values() if isinstance(t, Term)]
+        assert len(winners) == 1, outcomes
+        first = winners[0]
+        assert await halog.leader() == (first.epoch, first.node_id)
+        term, epochs = first, [first.epoch]
+        for node in ("d", "e", "f"):
+            await halog.resign(term)
+            assert await halog.leader() is None
+            term = await halog.campaign(node, timeout=5)
+            epochs.append(term.epoch)
+        assert epochs == sorted(set(epochs)), epochs
 
 
-def test_a_campaign_that_does_not_win_revokes_its_lease(etcd):
-    async def main():
-        async with HALog.open(etcd.endpoints, prefix(), ttl=30) as halog:
-            term = await halog.campaign("holder")
-            with pytest.raises(CampaignTimeout) as info:
-                await halog.campaign("loser", timeout=0.5)
-            ttl, _ = await halog._call("/v3/lease/timetolive",
-                                       {"ID": str(info.value.lease_id)})
-            assert int(ttl["TTL"]) == -1, ttl        # gone, not left to run 30 s
-            ttl, _ = await halog._call("/v3/lease/timetolive", {"ID": str(term.lease_id)})
-            assert int(ttl["TTL"]) > 0, ttl
-            assert await halog.leader() == (term.epoch, "holder")
-    trio.run(main)
+async def test_a_campaign_that_does_not_win_revokes_its_lease(etcd):
+    async with HALog.open(etcd.endpoints, prefix(), ttl=30) as halog:
+        term = await halog.campaign("holder")
+        with pytest.raises(CampaignTimeout) as info:
+            await halog.campaign("loser", timeout=0.5)
+        ttl, _ = await halog._call("/v3/lease/timetolive",
+                                   {"ID": str(info.value.lease_id)})
+        assert int(ttl["TTL"]) == -1, ttl        # gone, not left to run 30 s
+        ttl, _ = await halog._call("/v3/lease/timetolive", {"ID": str(term.lease_id)})
+        assert int(ttl["TTL"]) > 0, ttl
+        assert await halog.leader() == (term.epoch, "holder")
 
 
-def test_stale_term_is_fenced_and_not_in_the_log(etcd):
-    async def main():
-        async with HALog.open(etcd.endpoints, prefix(), ttl=2) as halog:
-            old = await halog.campaign("old")
-            await halog.append(old, 1, b"one")
-            await halog.resign(old)
-            new = await halog.campaign("new")
-            assert new.epoch > old.epoch
-            with pytest.raises(Fenced) as info:
-                await halog.append(old, 2, b"stale")
-            assert info.value.epoch == old.epoch and info.value.current_epoch == new.epoch
-            assert f"epoch is {old.epoch}" in str(info.value)
-            assert f"epoch {new.epoch}" in str(info.value)
-            await halog.append(new, 2, b"two")
-            assert [(e.txid, e.payload) for e in await halog.read()] == [(1, b"one"),
-                                                                         (2, b"two")]
-    trio.run(main)
+async def test_stale_term_is_fenced_and_not_in_the_log(etcd):
+    async with HALog.open(etcd.endpoints, prefix(), ttl=2) as halog:
+        old = await halog.campaign("old")
+        await halog.append(old, 1, b"one")
+        await halog.resign(old)
+        new = await halog.campaign("new")
+        assert new.epoch > old.epoch
+        with pytest.raises(Fenced) as info:
+            await halog.append(old, 2, b"stale")
+        assert info.value.epoch == old.epoch and info.value.current_epoch == new.epoch
+        assert f"epoch is {old.epoch}" in str(info.value)
+        assert f"epoch {new.epoch}" in str(info.value)
+        await halog.append(new, 2, b"two")
+        assert [(e.txid, e.payload) for e in await halog.read()] == [(1, b"one"),
+                                                                     (2, b"two")]
 
 
-def test_expired_lease_is_noticed_and_fenced(etcd):
+async def test_expired_lease_is_noticed_and_fenced(etcd):
     p = prefix()
 
-    async def main():
-        async with HALog.open(etcd.endpoints, p, ttl=1) as halog, \
-                HALog.open(etcd.endpoints, p) as other:
-            term = await halog.campaign("w")
-            await trio.sleep(1.5)                   # kept alive past its TTL
-            assert not halog.lost(term).is_set()
-            await halog.append(term, 1, b"alive")
-            # what etcd does when the lease runs out: the leader key goes with it
-            await other._call("/v3/lease/revoke", {"ID": str(term.lease_id)})
-            with trio.fail_after(3):
-                await halog.lost(term).wait()
-            with pytest.raises(Fenced, match="there is no leader key") as info:
-                await halog.append(term, 2, b"late")
-            assert info.value.current_epoch is None
-            assert [e.txid for e in await other.read()] == [1]
-    trio.run(main)
+    async with HALog.open(etcd.endpoints, p, ttl=1) as halog, \
+            HALog.open(etcd.endpoints, p) as other:
+        term = await halog.campaign("w")
+        await trio.sleep(1.5)                   # kept alive past its TTL
+        assert not halog.lost(term).is_set()
+        await halog.append(term, 1, b"alive")
+        # what etcd does when the lease runs out: the leader key goes with it
+        await other._call("/v3/lease/revoke", {"ID": str(term.lease_id)})
+        with trio.fail_after(3):
+            await halog.lost(term).wait()
+        with pytest.raises(Fenced, match="there is no leader key") as info:
+            await halog.append(term, 2, b"late")
+        assert info.value.current_epoch is None
+        assert [e.txid for e in await other.read()] == [1]
 
 
-def test_appends_read_back_in_txid_order(etcd):
-    async def main():
-        async with HALog.open(etcd.endpoints, prefix(), page=7) as halog:
-            term = await halog.campaign("w")
-            # txids are compared as numbers, not strings (9 < 10 < 100)
-            txids = [1, 2, 9, 10, 11, 99, 100, 101] + list(range(200, 230))
-            for t in txids:
-                await halog.append(term, t, f"batch {t}".encode())
-            got = await halog.read()
-            assert [e.txid for e in got] == txids
-            assert [e.payload for e in got] == [f"batch {t}".encode() for t in txids]
-            assert [e.txid for e in await halog.read(100)] == [t for t in txids if t >= 100]
-            assert await halog.read(10_000) == []
-    trio.run(main)
+async def test_appends_read_back_in_txid_order(etcd):
+    async with HALog.open(etcd.endpoints, prefix(), page=7) as halog:
+        term = await halog.campaign("w")
+        # txids are compared as numbers, not strings (9 < 10 < 100)
+        txids = [1, 2, 9, 10, 11, 99, 100, 101] + list(range(200, 230))
+        for t in txids:
+            await halog.append(term, t, f"batch {t}".encode())
+        got = await halog.read()
+        assert [e.txid for e in got] == txids
+        assert [e.payload for e in got] == [f"batch {t}".encode() for t in txids]
+        assert [e.txid for e in await halog.read(100)] == [t for t in txids if t >= 100]
+        assert await halog.read(10_000) == []
 
 
-def test_duplicate_txid_and_oversize_payload_are_refused(etcd):
-    async def main():
-        async with HALog.open(etcd.endpoints, prefix()) as halog:
-            term = await halog.campaign("w")
-            await halog.append(term, 5, b"first")
-            with pytest.raises(DuplicateTxid, match="txid 5 is already in the log"):
-                await halog.append(term, 5, b"second")
-            with pytest.raises(PayloadTooLarge, match="split the batch"):
-                await halog.append(term, 6, b"x" * (MAX_PAYLOAD + 1))
-            await halog.append(term, 6, b"y" * MAX_PAYLOAD)  # the largest that fits
-            got = await halog.read()
-            assert [(e.txid, len(e.payload)) for e in got] == [(5, 5), (6, MAX_PAYLOAD)]
-            assert got[0].payload == b"first"
-    trio.run(main)
+async def test_duplicate_txid_and_oversize_payload_are_refused(etcd):
+    async with HALog.open(etcd.endpoints, prefix()) as halog:
+        term = await halog.campaign("w")
+        await halog.append(term, 5, b"first")
+        with pytest.raises(DuplicateTxid, match="txid 5 is already in the log"):
+            await halog.append(term, 5, b"second")
+        with pytest.raises(PayloadTooLarge, match="split the batch"):
+            await halog.append(term, 6, b"x" * (MAX_PAYLOAD + 1))
+        await halog.append(term, 6, b"y" * MAX_PAYLOAD)  # the largest that fits
+        got = await halog.read()
+        assert [(e.txid, len(e.payload)) for e in got] == [(5, 5), (6, MAX_PAYLOAD)]
+        assert got[0].payload == b"first"
 
 
-def test_tail_follows_new_entries(etcd):
-    async def main():
-        async with HALog.open(etcd.endpoints, prefix()) as halog:
-            term = await halog.campaign("w")
-            for t in (1, 2):
-                await halog.append(term, t, b"old")
-            seen: list[int] = []
-            done = trio.Event()
+async def test_tail_follows_new_entries(etcd):
+    async with HALog.open(etcd.endpoints, prefix()) as halog:
+        term = await halog.campaign("w")
+        for t in (1, 2):
+            await halog.append(term, t, b"old")
+        seen: list[int] = []
+        done = trio.Event()
 
-            async def follow():
-                async for e in halog.tail(2):
-                    seen.append(e.txid)
-                    if e.txid == 6:
-                        done.set()
-                        return
+        async def follow():
+            async for e in halog.tail(2):
+                seen.append(e.txid)
+                if e.txid == 6:
+                    done.set()
+                    return
 
-            async with trio.open_nursery() as n:
-                n.start_soon(follow)
-                await trio.sleep(0.3)   # the watch is open before these appends
-                for t in (3, 4, 5, 6):
-                    await halog.append(term, t, b"new")
-                with trio.fail_after(5):
-                    await done.wait()
-            assert seen == [2, 3, 4, 5, 6]
-    trio.run(main)
+        async with trio.open_nursery() as n:
+            n.start_soon(follow)
+            await trio.sleep(0.3)   # the watch is open before these appends
+            for t in (3, 4, 5, 6):
+                await halog.append(term, t, b"new")
+            with trio.fail_after(5):
+                await done.wait()
+        assert seen == [2, 3, 4, 5, 6]
 
 
 @pytest.mark.parametrize("victim", ["raft-leader", "follower"])
-def test_one_member_killed_appends_go_on_and_nothing_is_lost(fresh_etcd, victim):
+async def test_one_member_killed_appends_go_on_and_nothing_is_lost(fresh_etcd, victim):
     cluster = fresh_etcd
     leader = cluster.raft_leader()
     kill = leader if victim == "raft-leader" else (leader + 1) % 3
 
     p = prefix()
 
-    async def main():
-        # the client starts on the member that will die (the raft leader's, where it also
-        # goes by itself: then it must fail over)
-        endpoints = cluster.endpoints[kill:] + cluster.endpoints[:kill]
-        acked, tailed = [], []
-        async with HALog.open(endpoints, p, op_timeout=10) as halog, \
-                HALog.open(endpoints, p, op_timeout=10) as follower:
+    # the client starts on the member that will die (the raft leader's, where it also
+    # goes by itself: then it must fail over)
+    endpoints = cluster.endpoints[kill:] + cluster.endpoints[:kill]
+    acked, tailed = [], []
+    async with HALog.open(endpoints, p, op_timeout=10) as halog, \
+            HALog.open(endpoints, p, op_timeout=10) as follower:
 
-            async def follow():          # its watch starts on the member that dies
-                async for e in follower.tail(0):
-                    tailed.append(e.txid)
-                    if e.txid == 40:
-                        return
+        async def follow():          # its watch starts on the member that dies
+            async for e in follower.tail(0):
+                tailed.append(e.txid)
+                if e.txid == 40:
+                    return
 
-            term = await halog.campaign("w")
-            with trio.fail_after(30):
-                async with trio.open_nursery() as n:
-                    n.start_soon(follow)
-                    for t in range(1, 21):
-                        await halog.append(term, t, b"%d" % t)
-                        acked.append(t)
-                    await trio.sleep(0.2)
-                    cluster.kill9(kill)
-                    for t in range(21, 41):
-                        await halog.append(term, t, b"%d" % t)
-                        acked.append(t)
-            assert tailed == acked
-        survivors = [e for i, e in enumerate(cluster.endpoints) if i != kill]
-        async with HALog.open(survivors, p, op_timeout=10) as reader:
-            got = await reader.read()
-        assert [e.txid for e in got] == acked
-        assert [e.payload for e in got] == [b"%d" % t for t in acked]
-    trio.run(main)
+        term = await halog.campaign("w")
+        with trio.fail_after(30):
+            async with trio.open_nursery() as n:
+                n.start_soon(follow)
+                for t in range(1, 21):
+                    await halog.append(term, t, b"%d" % t)
+                    acked.append(t)
+                await trio.sleep(0.2)
+                cluster.kill9(kill)
+                for t in range(21, 41):
+                    await halog.append(term, t, b"%d" % t)
+                    acked.append(t)
+        assert tailed == acked
+    survivors = [e for i, e in enumerate(cluster.endpoints) if i != kill]
+    async with HALog.open(survivors, p, op_timeout=10) as reader:
+        got = await reader.read()
+    assert [e.txid for e in got] == acked
+    assert [e.payload for e in got] == [b"%d" % t for t in acked]
 
 
-def test_calls_go_to_the_raft_leader_and_follow_it_when_it_changes(fresh_etcd):
+async def test_calls_go_to_the_raft_leader_and_follow_it_when_it_changes(fresh_etcd):
     """A follower forwards each proposal to the raft leader: the log sends its calls to the
     leader's member, found at open, and again after the leader was killed."""
     cluster = fresh_etcd
@@ -264,44 +248,40 @@ def test_calls_go_to_the_raft_leader_and_follow_it_when_it_changes(fresh_etcd):
     endpoints = cluster.endpoints[follower:] + cluster.endpoints[:follower]
     p = prefix()
 
-    async def main():
-        async with HALog.open(endpoints, p, op_timeout=10) as halog:
-            with trio.fail_after(10):
-                while halog.endpoint != cluster.endpoints[first]:
-                    await trio.sleep(0.05)
-            term = await halog.campaign("w")
-            await halog.append(term, 1, b"one")
-            cluster.kill9(first)
-            await halog.append(term, 2, b"two")        # fails over to a live member
-            with trio.fail_after(15):
-                while True:
-                    try:
-                        second = cluster.raft_leader()
-                    except RuntimeError:
-                        second = None
-                    if second is not None and await halog.prefer_raft_leader():
-                        break
-                    await trio.sleep(0.1)
-            assert second != first and halog.endpoint == cluster.endpoints[second]
-            await halog.append(term, 3, b"three")
-            assert [e.payload for e in await halog.read()] == [b"one", b"two", b"three"]
-    trio.run(main)
+    async with HALog.open(endpoints, p, op_timeout=10) as halog:
+        with trio.fail_after(10):
+            while halog.endpoint != cluster.endpoints[first]:
+                await trio.sleep(0.05)
+        term = await halog.campaign("w")
+        await halog.append(term, 1, b"one")
+        cluster.kill9(first)
+        await halog.append(term, 2, b"two")        # fails over to a live member
+        with trio.fail_after(15):
+            while True:
+                try:
+                    second = cluster.raft_leader()
+                except RuntimeError:
+                    second = None
+                if second is not None and await halog.prefer_raft_leader():
+                    break
+                await trio.sleep(0.1)
+        assert second != first and halog.endpoint == cluster.endpoints[second]
+        await halog.append(term, 3, b"three")
+        assert [e.payload for e in await halog.read()] == [b"one", b"two", b"three"]
 
 
-def test_two_members_killed_append_fails_in_bounded_time(fresh_etcd):
+async def test_two_members_killed_append_fails_in_bounded_time(fresh_etcd):
     cluster = fresh_etcd
 
-    async def main():
-        async with HALog.open(cluster.endpoints, prefix(), op_timeout=4) as halog:
-            term = await halog.campaign("w")
-            await halog.append(term, 1, b"before")
-            cluster.kill9(1)
-            cluster.kill9(2)
-            start = time.monotonic()
-            with pytest.raises(Unavailable, match="no quorum"):
-                await halog.append(term, 2, b"after")
-            assert time.monotonic() - start < 4 + 2
-    trio.run(main)
+    async with HALog.open(cluster.endpoints, prefix(), op_timeout=4) as halog:
+        term = await halog.campaign("w")
+        await halog.append(term, 1, b"before")
+        cluster.kill9(1)
+        cluster.kill9(2)
+        start = time.monotonic()
+        with pytest.raises(Unavailable, match="no quorum"):
+            await halog.append(term, 2, b"after")
+        assert time.monotonic() - start < 4 + 2
 
 
 def test_sigstopped_holder_lease_expires_and_its_append_is_fenced(etcd):
@@ -346,18 +326,16 @@ def test_sigstopped_holder_lease_expires_and_its_append_is_fenced(etcd):
             holder.wait(10)
 
 
-def test_purge_deletes_only_older_entries_and_is_fenced(etcd):
-    async def main():
-        async with HALog.open(etcd.endpoints, prefix(), ttl=2) as halog:
-            term = await halog.campaign("a")
-            for txid in (1, 3, 6, 9):
-                await halog.append(term, txid, b"batch %d" % txid)
-            assert await halog.purge(term, 6) == 2
-            assert [e.txid for e in await halog.read()] == [6, 9]
-            await halog.resign(term)
-            other = await halog.campaign("b")
-            with pytest.raises(Fenced):
-                await halog.purge(term, 10)
-            assert [e.txid for e in await halog.read()] == [6, 9]
-            assert await halog.purge(other, 1) == 0
-    trio.run(main)
+async def test_purge_deletes_only_older_entries_and_is_fenced(etcd):
+    async with HALog.open(etcd.endpoints, prefix(), ttl=2) as halog:
+        term = await halog.campaign("a")
+        for txid in (1, 3, 6, 9):
+            await halog.append(term, txid, b"batch %d" % txid)
+        assert await halog.purge(term, 6) == 2
+        assert [e.txid for e in await halog.read()] == [6, 9]
+        await halog.resign(term)
+        other = await halog.campaign("b")
+        with pytest.raises(Fenced):
+            await halog.purge(term, 10)
+        assert [e.txid for e in await halog.read()] == [6, 9]
+        assert await halog.purge(other, 1) == 0
