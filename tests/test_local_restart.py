@@ -17,7 +17,7 @@ CLIENTS = 250
 
 @pytest.mark.slow
 @pytest.mark.cluster(n_storage=0, settings={"max_connections_per_peer": 2 * CLIENTS})
-def test_local_clients_ride_through_restarts_under_load(process_cluster):
+async def test_local_clients_ride_through_restarts_under_load(process_cluster):
     # each client has its own connection: room for all of them (one uid) and their reconnects
     async def main():
         failures: list[str] = []
@@ -52,5 +52,5 @@ def test_local_clients_ride_through_restarts_under_load(process_cluster):
             nursery.cancel_scope.cancel()
         return failures
 
-    failures = trio.run(main)
+    failures = await main()
     assert failures == [], f"{len(failures)} calls failed, the first: {failures[0]}"
