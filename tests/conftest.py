@@ -17,11 +17,11 @@ those written during teardown (a cluster stopping) fail its teardown.
 A test that starts real server processes (``harness.ProcessCluster``) must be marked
 ``slow``; the harness refuses to start them otherwise.
 
-Async tests: ``async def test_...`` runs under trio (anyio's pytest plugin, ``anyio_mode =
-"auto"`` in pyproject.toml, the backend fixed to trio here), one ``trio.run`` per test. A test
-that takes the ``autojump_clock`` fixture runs on trio's ``MockClock(autojump_threshold=0)``:
-sleeps and timeouts pass in virtual time as soon as every task waits; ``mock_clock`` is a
-MockClock that moves only when the test jumps it.
+Async tests: ``async def test_...`` runs in its own ``trio.run`` with its async fixtures
+(pytest-trio, ``trio_mode = true`` in pyproject.toml). A test that takes pytest-trio's
+``autojump_clock`` fixture runs on trio's ``MockClock(autojump_threshold=0)``: sleeps and
+timeouts pass in virtual time as soon as every task waits; ``mock_clock`` is a MockClock that
+moves only when the test jumps it.
 
 Clusters: the ``cluster`` fixture is an in-process cluster (``harness.inprocess_cluster``: a
 metadata server and block servers in the test's own trio run, ready), for async tests; the
@@ -41,8 +41,6 @@ import sys
 import traceback
 
 import pytest
-import trio
-import trio.testing
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -162,27 +160,6 @@ def pytest_runtest_teardown(item, nextitem):
     if found:
         pytest.fail(_complaint(item, found, "while tearing down"), pytrace=False)
     return result
-
-
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    """trio's virtual clock for this test's run: time jumps ahead whenever every task waits."""
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
-@pytest.fixture
-def mock_clock() -> trio.testing.MockClock:
-    """trio's virtual clock for this test's run: time moves only by ``mock_clock.jump(s)``."""
-    return trio.testing.MockClock()
-
-
-@pytest.fixture
-def anyio_backend(request):
-    """Every async test and async fixture runs on trio; with the clock the test asked for."""
-    for clock in ("autojump_clock", "mock_clock"):
-        if clock in request.fixturenames:
-            return "trio", {"clock": request.getfixturevalue(clock)}
-    return "trio"
 
 
 def _cluster_arguments(request) -> dict:
