@@ -16,6 +16,20 @@ those written during teardown (a cluster stopping) fail its teardown.
 
 A test that starts real server processes (``harness.ProcessCluster``) must be marked
 ``slow``; the harness refuses to start them otherwise.
+
+Async tests: ``async def test_...`` runs in its own ``trio.run`` with its async fixtures
+(pytest-trio, ``trio_mode = true`` in pyproject.toml). A test that takes pytest-trio's
+``autojump_clock`` fixture runs on trio's ``MockClock(autojump_threshold=0)``: sleeps and
+timeouts pass in virtual time as soon as every task waits; ``mock_clock`` is a MockClock that
+moves only when the test jumps it.
+
+Clusters: the ``cluster`` fixture is an in-process cluster (``harness.inprocess_cluster``: a
+metadata server and block servers in the test's own trio run, ready), for async tests; the
+``process_cluster`` fixture a started ``harness.ProcessCluster`` (a ``slow`` test's), stopped
+after the test. ``@pytest.mark.cluster(**arguments)`` on the test, its class or its module
+(``pytestmark``) passes the arguments of those constructors, the nearest mark winning per key:
+``@pytest.mark.cluster(n_storage=1, replication=1)`` (settings as keywords) for ``cluster``,
+``@pytest.mark.cluster(n_storage=0, settings={...})`` for ``process_cluster``.
 """
 
 from __future__ import annotations
@@ -32,7 +46,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from fs.errors import sole_exception  # noqa: E402
 import harness  # noqa: E402
-from harness import LOG_WATCH  # noqa: E402
+from harness import LOG_WATCH, ProcessCluster, inprocess_cluster  # noqa: E402
 
 logging.basicConfig(level=logging.INFO,
                     format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -69,6 +83,9 @@ _RECORDS = _ErrorRecords()
 
 
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "cluster(**arguments): the arguments of the cluster or process_cluster "
+        "fixture's cluster (harness.inprocess_cluster, harness.ProcessCluster)")
     config.addinivalue_line(
         "markers", "allow_log_errors(*patterns, reason): logged errors (ERROR records, server "
         "log ERROR lines, tracebacks) matching one of the regular expressions are expected")
@@ -143,6 +160,31 @@ def pytest_runtest_teardown(item, nextitem):
     if found:
         pytest.fail(_complaint(item, found, "while tearing down"), pytrace=False)
     return result
+
+
+def _cluster_arguments(request) -> dict:
+    """The keywords of every ``cluster`` mark on the test, its class and module; the nearest
+    wins."""
+    arguments: dict = {}
+    for marker in reversed(list(request.node.iter_markers("cluster"))):
+        if marker.args:
+            raise pytest.UsageError(f"{request.node.nodeid}: cluster(...) takes keywords only")
+        arguments.update(marker.kwargs)
+    return arguments
+
+
+@pytest.fixture
+async def cluster(tmp_path, request):
+    """An in-process cluster in ``tmp_path``, ready (every block server registered)."""
+    async with inprocess_cluster(tmp_path, **_cluster_arguments(request)) as running:
+        yield running
+
+
+@pytest.fixture
+def process_cluster(tmp_path, request):
+    """A ``ProcessCluster`` in ``tmp_path``, started and ready; stopped after the test."""
+    with ProcessCluster(tmp_path, **_cluster_arguments(request)) as running:
+        yield running
 
 
 @pytest.fixture(autouse=True)

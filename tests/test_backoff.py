@@ -74,20 +74,17 @@ def test_a_policy_out_of_bounds_is_refused(bad):
         Backoff(**{"first": 0.05, "cap": 1.0, **bad})
 
 
-def test_sleep_waits_the_drawn_delay_bounded_by_most():
+async def test_sleep_waits_the_drawn_delay_bounded_by_most(autojump_clock):
     policy = Backoff(first=0.4, factor=2, cap=10.0)
 
-    async def main():
-        start = trio.current_time()
-        slept = await policy.sleep(2, random.Random(5))
-        assert slept == policy.delay(2, random.Random(5))
-        assert trio.current_time() - start == pytest.approx(slept)
-        assert await policy.sleep(5, random.Random(5), most=0.25) <= 0.25
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    start = trio.current_time()
+    slept = await policy.sleep(2, random.Random(5))
+    assert slept == policy.delay(2, random.Random(5))
+    assert trio.current_time() - start == pytest.approx(slept)
+    assert await policy.sleep(5, random.Random(5), most=0.25) <= 0.25
 
 
-def test_clients_that_lost_their_server_retry_spread_out_not_in_step():
+async def test_clients_that_lost_their_server_retry_spread_out_not_in_step():
     """Sixteen real RPC clients whose calls all fail at once (a server that hangs up on
     every connection, on loopback) come back on their own schedules: the time from each
     one's first try to its seventh is what its own backoff drew (each client's random
@@ -122,17 +119,14 @@ def test_clients_that_lost_their_server_retry_spread_out_not_in_step():
             with pytest.raises(ServerUnavailable):
                 await rpc.call("ping")
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(
-                functools.partial(trio.serve_tcp, hang_up, 0, host="127.0.0.1"))
-            port = listeners[0].socket.getsockname()[1]
-            async with trio.open_nursery() as clients:
-                for i in range(16):
-                    clients.start_soon(client, port, i)
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, hang_up, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as clients:
+            for i in range(16):
+                clients.start_soon(client, port, i)
+        nursery.cancel_scope.cancel()
     assert sorted(tries) == sorted(drawn)
     waited = {name: times[6] - times[0] for name, times in tries.items()}
     # each waited what it drew, plus six tries' worth of connecting

@@ -77,7 +77,8 @@ async def copy_token(client, path: str, block_id: int, gs: int) -> dict:
 
 
 @pytest.mark.parametrize("op", WRITES + COPIES)
-def test_a_write_or_copy_without_the_right_token_is_refused_and_changes_nothing(tmp_path, op):
+@pytest.mark.cluster(n_storage=3, **SETTINGS)
+async def test_a_write_or_copy_without_the_right_token_is_refused_and_changes_nothing(cluster, op):
     """Block ``f`` of file /f is FINALIZED on two block servers (stamp ``old``); a writer
     appended to /f (the metadata server gave the block stamp ``new`` and a write token for
     it, the block servers were not touched). Writes name ``new`` (each would replace, reopen
@@ -85,204 +86,194 @@ def test_a_write_or_copy_without_the_right_token_is_refused_and_changes_nothing(
     third server, or have a holder send one there). Every wrong token is refused with an
     answer naming the op, the block and why; no replica file changes; the right token is
     served (so the op was one that would have changed them)."""
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=3, **SETTINGS) as cluster:
-            async with cluster.client() as owner, cluster.client() as writer:
-                await owner.write_file("/f", DATA, replication=2)
-                located = (await owner.get_block_locations("/f"))["blocks"][0]
-                fid, old = located["block"]["id"], located["block"]["gs"]
-                holders = [loc["address"] for loc in located["locations"]]
-                spare = next(a for a in map(cluster.storage_address, range(3))
-                             if a not in holders)
-                read_old = located["token"]
-                # real tokens of another block: its first block's write token, a copy token
-                other = (await writer.rpc.call("create", {
-                    "path": "/other", "client_name": writer.client_name,
-                    "first_block": True}))["first_block"]
-                write_other = other["token"]
-                copy_other = await copy_token(writer, "/other", other["block"]["id"],
-                                              other["block"]["gs"])
-                # the writer reopens /f: a write token for the new stamp, a read token of it
-                last = (await writer.rpc.call("append", {
-                    "path": "/f", "client_name": writer.client_name}))["last_block"]
-                new, write_new = last["block"]["gs"], last["token"]
-                read_new = (await owner.get_block_locations("/f"))["blocks"][0]["token"]
-                # a write token of the same block for yet another stamp (a recovery's)
-                write_later = (await writer.rpc.call("update_block_for_pipeline", {
-                    "block": last["block"], "client_name": writer.client_name}))["token"]
-                copy_old = await copy_token(writer, "/f", fid, old)
-                copy_new = await copy_token(writer, "/f", fid, new)
-                assert {t["mode"] for t in (write_new, write_later, write_other)} == {"w"}
-                assert {t["mode"] for t in (copy_old, copy_new, copy_other)} == {"c"}
-                assert read_old["mode"] == read_new["mode"] == "r"
+    async with cluster.client() as owner, cluster.client() as writer:
+        await owner.write_file("/f", DATA, replication=2)
+        located = (await owner.get_block_locations("/f"))["blocks"][0]
+        fid, old = located["block"]["id"], located["block"]["gs"]
+        holders = [loc["address"] for loc in located["locations"]]
+        spare = next(a for a in map(cluster.storage_address, range(3))
+                     if a not in holders)
+        read_old = located["token"]
+        # real tokens of another block: its first block's write token, a copy token
+        other = (await writer.rpc.call("create", {
+            "path": "/other", "client_name": writer.client_name,
+            "first_block": True}))["first_block"]
+        write_other = other["token"]
+        copy_other = await copy_token(writer, "/other", other["block"]["id"],
+                                      other["block"]["gs"])
+        # the writer reopens /f: a write token for the new stamp, a read token of it
+        last = (await writer.rpc.call("append", {
+            "path": "/f", "client_name": writer.client_name}))["last_block"]
+        new, write_new = last["block"]["gs"], last["token"]
+        read_new = (await owner.get_block_locations("/f"))["blocks"][0]["token"]
+        # a write token of the same block for yet another stamp (a recovery's)
+        write_later = (await writer.rpc.call("update_block_for_pipeline", {
+            "block": last["block"], "client_name": writer.client_name}))["token"]
+        copy_old = await copy_token(writer, "/f", fid, old)
+        copy_new = await copy_token(writer, "/f", fid, new)
+        assert {t["mode"] for t in (write_new, write_later, write_other)} == {"w"}
+        assert {t["mode"] for t in (copy_old, copy_new, copy_other)} == {"c"}
+        assert read_old["mode"] == read_new["mode"] == "r"
 
-                def request(stamp: int) -> tuple[str, dict, bytes, str]:
-                    """(address, header, what follows it, op name in the answer)"""
-                    ref = {"id": fid, "gs": stamp}
-                    common = dict(block=ref, targets=[], client="attacker",
-                                  bytes_per_checksum=BPC)
-                    if op in ("create", "append", "recovery"):
-                        stage = {"create": PIPELINE_SETUP_CREATE,
-                                 "append": PIPELINE_SETUP_APPEND,
-                                 "recovery": PIPELINE_SETUP_STREAMING_RECOVERY}[op]
-                        header = op_header(WRITE_BLOCK, stage=stage, **common)
-                        if op != "create":
-                            header["min_bytes"] = len(DATA)
-                        return holders[0], header, b"", f"{WRITE_BLOCK} {stage}"
-                    if op == "oneshot":
-                        evil = b"evil" * 100
-                        packet = (encode_packet_header(0, 0, len(evil), FLAG_LAST)
-                                  + chunk_checksums(evil, BPC) + evil)
-                        return (holders[0], op_header(WRITE_BLOCK_ONESHOT, **common), packet,
-                                WRITE_BLOCK_ONESHOT)
-                    if op == "transfer_block":
-                        return holders[0], op_header(
-                            TRANSFER_BLOCK, block={**ref, "num_bytes": len(DATA)},
-                            targets=[spare], stage=TRANSFER_RBW, client="attacker"), b"", \
-                            TRANSFER_BLOCK
-                    stage = TRANSFER_RBW if op == "transfer_rbw" else TRANSFER_FINALIZED
-                    return (spare, op_header(WRITE_BLOCK, stage=stage, **common), b"",
-                            f"{WRITE_BLOCK} {stage}")
+        def request(stamp: int) -> tuple[str, dict, bytes, str]:
+            """(address, header, what follows it, op name in the answer)"""
+            ref = {"id": fid, "gs": stamp}
+            common = dict(block=ref, targets=[], client="attacker",
+                          bytes_per_checksum=BPC)
+            if op in ("create", "append", "recovery"):
+                stage = {"create": PIPELINE_SETUP_CREATE,
+                         "append": PIPELINE_SETUP_APPEND,
+                         "recovery": PIPELINE_SETUP_STREAMING_RECOVERY}[op]
+                header = op_header(WRITE_BLOCK, stage=stage, **common)
+                if op != "create":
+                    header["min_bytes"] = len(DATA)
+                return holders[0], header, b"", f"{WRITE_BLOCK} {stage}"
+            if op == "oneshot":
+                evil = b"evil" * 100
+                packet = (encode_packet_header(0, 0, len(evil), FLAG_LAST)
+                          + chunk_checksums(evil, BPC) + evil)
+                return (holders[0], op_header(WRITE_BLOCK_ONESHOT, **common), packet,
+                        WRITE_BLOCK_ONESHOT)
+            if op == "transfer_block":
+                return holders[0], op_header(
+                    TRANSFER_BLOCK, block={**ref, "num_bytes": len(DATA)},
+                    targets=[spare], stage=TRANSFER_RBW, client="attacker"), b"", \
+                    TRANSFER_BLOCK
+            stage = TRANSFER_RBW if op == "transfer_rbw" else TRANSFER_FINALIZED
+            return (spare, op_header(WRITE_BLOCK, stage=stage, **common), b"",
+                    f"{WRITE_BLOCK} {stage}")
 
-                if op in WRITES:
-                    stamp, mode, good = new, "w", write_new
-                    wrong = {"is for block": write_other, f"is for block {fid} stamp":
-                             write_later, "is a read token": read_new,
-                             "is a copy token": copy_new}
-                else:
-                    stamp, mode, good = old, "c", copy_old
-                    wrong = {"is for block": copy_other, f"is for block {fid} stamp":
-                             copy_new, "is a read token": read_old}
-                attacks = [
-                    ("no block access token", None),
-                    ("signature does not match", {**good, "mac": os.urandom(32)}),
-                    # another block's real token, relabelled as this block's
-                    ("signature does not match", {**wrong["is for block"], "id": fid,
-                                                  "gs": stamp}),
-                    # a read token turned into this use, a longer life
-                    ("signature does not match", {**read_old, "gs": stamp, "mode": mode,
-                                                  "expiry": time.time() + 3600}),
-                    ("which this block server does not have", {**good, "key": 12345}),
-                    *wrong.items(),
-                ]
-                before = replica_files(cluster)
-                spare_dir = str(cluster.storage_dirs[
-                    [cluster.storage_address(i) for i in range(3)].index(spare)])
-                assert before and not any(p.startswith(spare_dir) for p in before)
+        if op in WRITES:
+            stamp, mode, good = new, "w", write_new
+            wrong = {"is for block": write_other, f"is for block {fid} stamp":
+                     write_later, "is a read token": read_new,
+                     "is a copy token": copy_new}
+        else:
+            stamp, mode, good = old, "c", copy_old
+            wrong = {"is for block": copy_other, f"is for block {fid} stamp":
+                     copy_new, "is a read token": read_old}
+        attacks = [
+            ("no block access token", None),
+            ("signature does not match", {**good, "mac": os.urandom(32)}),
+            # another block's real token, relabelled as this block's
+            ("signature does not match", {**wrong["is for block"], "id": fid,
+                                          "gs": stamp}),
+            # a read token turned into this use, a longer life
+            ("signature does not match", {**read_old, "gs": stamp, "mode": mode,
+                                          "expiry": time.time() + 3600}),
+            ("which this block server does not have", {**good, "key": 12345}),
+            *wrong.items(),
+        ]
+        before = replica_files(cluster)
+        spare_dir = str(cluster.storage_dirs[
+            [cluster.storage_address(i) for i in range(3)].index(spare)])
+        assert before and not any(p.startswith(spare_dir) for p in before)
 
-                async def refused(why: str, token) -> None:
-                    address, header, packet, name = request(stamp)
-                    if token is not None:
-                        header["token"] = token
-                    response = await ask(address, header, packet)
-                    assert response["status"] == "ERROR", (why, response)
-                    assert response["error"]["type"] == "InvalidToken", (why, response)
-                    message = response["error"]["message"]
-                    assert message.startswith(f"{name} of block {fid} stamp {stamp}: "), \
-                        (why, message)
-                    assert why in message, (why, message)
+        async def refused(why: str, token) -> None:
+            address, header, packet, name = request(stamp)
+            if token is not None:
+                header["token"] = token
+            response = await ask(address, header, packet)
+            assert response["status"] == "ERROR", (why, response)
+            assert response["error"]["type"] == "InvalidToken", (why, response)
+            message = response["error"]["message"]
+            assert message.startswith(f"{name} of block {fid} stamp {stamp}: "), \
+                (why, message)
+            assert why in message, (why, message)
 
-                for why, token in attacks:
-                    await refused(why, token)
-                # the right token, once it expired
-                await trio.sleep(max(0.0, good["expiry"] - time.time()) + 0.3)
-                await refused("block access token expired", good)
-                assert replica_files(cluster) == before
+        for why, token in attacks:
+            await refused(why, token)
+        # the right token, once it expired
+        await trio.sleep(max(0.0, good["expiry"] - time.time()) + 0.3)
+        await refused("block access token expired", good)
+        assert replica_files(cluster) == before
 
-                # the same op with a fresh right token is served, and changes the replicas
-                if op in WRITES:
-                    fresh = await writer.rpc.call("update_block_for_pipeline", {
-                        "block": last["block"], "client_name": writer.client_name})
-                    stamp, good = fresh["block"]["gs"], fresh["token"]
-                else:
-                    good = await copy_token(writer, "/f", fid, old)
-                address, header, packet, _ = request(stamp)
-                response = await ask(address, {**header, "token": good}, packet)
-                assert response["status"] == "SUCCESS", response
-                with trio.fail_after(10):
-                    while replica_files(cluster) == before:
-                        await trio.sleep(0.05)
-
-    trio.run(main)
+        # the same op with a fresh right token is served, and changes the replicas
+        if op in WRITES:
+            fresh = await writer.rpc.call("update_block_for_pipeline", {
+                "block": last["block"], "client_name": writer.client_name})
+            stamp, good = fresh["block"]["gs"], fresh["token"]
+        else:
+            good = await copy_token(writer, "/f", fid, old)
+        address, header, packet, _ = request(stamp)
+        response = await ask(address, {**header, "token": good}, packet)
+        assert response["status"] == "SUCCESS", response
+        with trio.fail_after(10):
+            while replica_files(cluster) == before:
+                await trio.sleep(0.05)
 
 
-def test_a_refused_recovery_or_copy_does_not_stop_a_running_writer(tmp_path):
+async def test_a_refused_recovery_or_copy_does_not_stop_a_running_writer(tmp_path):
     """A STREAMING_RECOVERY or a TRANSFER_BLOCK without a token, sent to the nodes of a
     pipeline being written, would stop its writer there (recovery stops the old pipeline,
     a copy stops it before reading): refused first, the writer never notices."""
     first, more = payload(3000, 1), payload(5000, 2)
 
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=3, **SETTINGS) as cluster:
-            async with cluster.client() as c:
-                out = await c.create("/open", replication=2)
-                await out.write(first)
-                await out.hflush()
-                located = (await c.get_block_locations("/open"))["blocks"][0]
-                ref = {"id": located["block"]["id"], "gs": located["block"]["gs"]}
-                nodes = [loc["address"] for loc in located["locations"]]
-                spare = next(a for a in map(cluster.storage_address, range(3))
-                             if a not in nodes)
-                for address in nodes:
-                    recovery = op_header(WRITE_BLOCK, block={**ref, "gs": ref["gs"] + 1},
-                                         targets=[], stage=PIPELINE_SETUP_STREAMING_RECOVERY,
-                                         client="attacker", bytes_per_checksum=BPC,
-                                         min_bytes=0)
-                    copy = op_header(TRANSFER_BLOCK, block={**ref, "num_bytes": len(first)},
-                                     targets=[spare], stage=TRANSFER_RBW, client="attacker")
-                    for header in (recovery, copy):
-                        response = await ask(address, header)
-                        assert response["error"]["type"] == "InvalidToken", response
-                        assert "no block access token" in response["message"]
-                await out.write(more)
-                await out.close()
-                assert out.recoveries == 0
-                assert await c.read_file("/open") == first + more
-
-    trio.run(main)
+    async with inprocess_cluster(tmp_path, n_storage=3, **SETTINGS) as cluster:
+        async with cluster.client() as c:
+            out = await c.create("/open", replication=2)
+            await out.write(first)
+            await out.hflush()
+            located = (await c.get_block_locations("/open"))["blocks"][0]
+            ref = {"id": located["block"]["id"], "gs": located["block"]["gs"]}
+            nodes = [loc["address"] for loc in located["locations"]]
+            spare = next(a for a in map(cluster.storage_address, range(3))
+                         if a not in nodes)
+            for address in nodes:
+                recovery = op_header(WRITE_BLOCK, block={**ref, "gs": ref["gs"] + 1},
+                                     targets=[], stage=PIPELINE_SETUP_STREAMING_RECOVERY,
+                                     client="attacker", bytes_per_checksum=BPC,
+                                     min_bytes=0)
+                copy = op_header(TRANSFER_BLOCK, block={**ref, "num_bytes": len(first)},
+                                 targets=[spare], stage=TRANSFER_RBW, client="attacker")
+                for header in (recovery, copy):
+                    response = await ask(address, header)
+                    assert response["error"]["type"] == "InvalidToken", response
+                    assert "no block access token" in response["message"]
+            await out.write(more)
+            await out.close()
+            assert out.recoveries == 0
+            assert await c.read_file("/open") == first + more
 
 
-def test_write_and_copy_tokens_go_only_to_the_writer_of_the_block(tmp_path):
+async def test_write_and_copy_tokens_go_only_to_the_writer_of_the_block(tmp_path):
     """Only the lease holder gets a block's write token for a new stamp or its copy token,
     a copy token only for the last block under construction at a stamp it has had, and
     no caller naming no lease gets one."""
     from fs.errors import LeaseExpired, StaleGenerationStamp
 
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=3, **SETTINGS) as cluster:
-            async with cluster.client() as c, cluster.client() as other:
-                await c.write_file("/closed", DATA, replication=2)
-                closed = (await c.get_block_locations("/closed"))["blocks"][0]["block"]
-                out = await c.create("/open", replication=2)
-                await out.write(DATA)
-                await out.hflush()
-                block = (await c.get_block_locations("/open"))["blocks"][0]["block"]
-                ref = {"id": block["id"], "gs": block["gs"], "num_bytes": 0}
-                with pytest.raises(LeaseExpired):
-                    await other.rpc.call("update_block_for_pipeline", {
-                        "block": ref, "client_name": other.client_name})
-                with pytest.raises(LeaseExpired):
-                    await other.rpc.call("get_additional_datanode", {
-                        "path": "/open", "block": ref, "client_name": other.client_name})
-                anonymous = await other.rpc.call("get_additional_datanode", {
-                    "path": "/open", "block": ref})
-                assert "token" not in anonymous and anonymous["locations"]
-                with pytest.raises(StaleGenerationStamp, match="has stamp"):
-                    await copy_token(c, "/open", block["id"], block["gs"] + 1)
-                with pytest.raises(StaleGenerationStamp, match="not the last block"):
-                    await copy_token(c, "/open", closed["id"], closed["gs"])
-                token = await copy_token(c, "/open", block["id"], block["gs"])
-                assert (token["id"], token["gs"], token["mode"]) == (block["id"], block["gs"],
-                                                                     "c")
-                await out.close()
-                with pytest.raises(LeaseExpired):
-                    await copy_token(c, "/open", block["id"], block["gs"])
-
-    trio.run(main)
+    async with inprocess_cluster(tmp_path, n_storage=3, **SETTINGS) as cluster:
+        async with cluster.client() as c, cluster.client() as other:
+            await c.write_file("/closed", DATA, replication=2)
+            closed = (await c.get_block_locations("/closed"))["blocks"][0]["block"]
+            out = await c.create("/open", replication=2)
+            await out.write(DATA)
+            await out.hflush()
+            block = (await c.get_block_locations("/open"))["blocks"][0]["block"]
+            ref = {"id": block["id"], "gs": block["gs"], "num_bytes": 0}
+            with pytest.raises(LeaseExpired):
+                await other.rpc.call("update_block_for_pipeline", {
+                    "block": ref, "client_name": other.client_name})
+            with pytest.raises(LeaseExpired):
+                await other.rpc.call("get_additional_datanode", {
+                    "path": "/open", "block": ref, "client_name": other.client_name})
+            anonymous = await other.rpc.call("get_additional_datanode", {
+                "path": "/open", "block": ref})
+            assert "token" not in anonymous and anonymous["locations"]
+            with pytest.raises(StaleGenerationStamp, match="has stamp"):
+                await copy_token(c, "/open", block["id"], block["gs"] + 1)
+            with pytest.raises(StaleGenerationStamp, match="not the last block"):
+                await copy_token(c, "/open", closed["id"], closed["gs"])
+            token = await copy_token(c, "/open", block["id"], block["gs"])
+            assert (token["id"], token["gs"], token["mode"]) == (block["id"], block["gs"],
+                                                                 "c")
+            await out.close()
+            with pytest.raises(LeaseExpired):
+                await copy_token(c, "/open", block["id"], block["gs"])
 
 
 @pytest.mark.parametrize("security", ["secure", "simple"])
-def test_writes_appends_recoveries_and_re_replication_lose_nothing(tmp_path, security):
+async def test_writes_appends_recoveries_and_re_replication_lose_nothing(tmp_path, security):
     """Four block servers, replication 3. Written, appended to; a file whose first block
     came with its create and was written after that block's token expired; a pipeline that
     outlived its token, then lost a node it shares with the first file (recovery with a
@@ -294,58 +285,55 @@ def test_writes_appends_recoveries_and_re_replication_lose_nothing(tmp_path, sec
     late = {"/late-small": payload(4_000, 5), "/late-big": payload(300_000, 8)}
     b1, b2 = payload(60_000, 6), payload(90_000, 7)
 
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=4, security=security, replication=3,
-                                     **SETTINGS) as cluster:
-            addresses = [cluster.storage_address(i) for i in range(4)]
-            async with cluster.client() as c:
-                await c.write_file("/a", a)
-                out = await c.append("/a")
-                await out.write(a_more)
+    async with inprocess_cluster(tmp_path, n_storage=4, security=security, replication=3,
+                                 **SETTINGS) as cluster:
+        addresses = [cluster.storage_address(i) for i in range(4)]
+        async with cluster.client() as c:
+            await c.write_file("/a", a)
+            out = await c.append("/a")
+            await out.write(a_more)
+            await out.close()
+            located = (await c.get_block_locations("/a"))["blocks"][0]
+            assert ("token" in located) == (security == "secure")
+            holders_a = {loc["address"] for loc in located["locations"]}
+
+            # one block in one message (WRITE_BLOCK_ONESHOT), one through a pipeline
+            outs = {path: await c.create(path, first_block=True) for path in late}
+            await trio.sleep(LIFETIME + 0.5)       # the first blocks' tokens expired
+            for path, out in outs.items():
+                await out.write(late[path])
                 await out.close()
-                located = (await c.get_block_locations("/a"))["blocks"][0]
-                assert ("token" in located) == (security == "secure")
-                holders_a = {loc["address"] for loc in located["locations"]}
+                assert not out._failed_nodes       # no node was blamed for it
 
-                # one block in one message (WRITE_BLOCK_ONESHOT), one through a pipeline
-                outs = {path: await c.create(path, first_block=True) for path in late}
-                await trio.sleep(LIFETIME + 0.5)       # the first blocks' tokens expired
-                for path, out in outs.items():
-                    await out.write(late[path])
-                    await out.close()
-                    assert not out._failed_nodes       # no node was blamed for it
+            out = await c.create("/b")
+            await out.write(b1)
+            await out.hflush()
+            await trio.sleep(LIFETIME + 0.5)       # the pipeline's token expired
+            pipeline = [n["address"] for n in out._pipeline.nodes]
+            victim = next(x for x in pipeline if x in holders_a)
+            await cluster.stop_storage(addresses.index(victim))
+            await out.write(b2)
+            await out.close()
+            assert out.recoveries >= 1 and out.replacements == 1
 
-                out = await c.create("/b")
-                await out.write(b1)
-                await out.hflush()
-                await trio.sleep(LIFETIME + 0.5)       # the pipeline's token expired
-                pipeline = [n["address"] for n in out._pipeline.nodes]
-                victim = next(x for x in pipeline if x in holders_a)
-                await cluster.stop_storage(addresses.index(victim))
-                await out.write(b2)
-                await out.close()
-                assert out.recoveries >= 1 and out.replacements == 1
+            assert await c.read_file("/a") == a + a_more
+            for path, data in late.items():
+                assert await c.read_file(path) == data
+            assert await c.read_file("/b") == b1 + b2
 
-                assert await c.read_file("/a") == a + a_more
-                for path, data in late.items():
-                    assert await c.read_file(path) == data
-                assert await c.read_file("/b") == b1 + b2
-
-                # the dead node's replica of /a is copied to the one server that lacks it
-                spare = next(x for x in addresses if x not in holders_a)
-                with trio.fail_after(60):
-                    while True:
-                        now = (await c.get_block_locations("/a"))["blocks"][0]
-                        where = {loc["address"] for loc in now["locations"]}
-                        if spare in where and victim not in where:
-                            break
-                        await trio.sleep(0.2)
-                folder = cluster.storage_dirs[addresses.index(spare)] / "finalized"
-                copies = [p for p in folder.rglob(f"blk_{now['block']['id']}") if p.is_file()]
-                assert [p.read_bytes() for p in copies] == [a + a_more]
-                assert await c.read_file("/a") == a + a_more
-
-    trio.run(main)
+            # the dead node's replica of /a is copied to the one server that lacks it
+            spare = next(x for x in addresses if x not in holders_a)
+            with trio.fail_after(60):
+                while True:
+                    now = (await c.get_block_locations("/a"))["blocks"][0]
+                    where = {loc["address"] for loc in now["locations"]}
+                    if spare in where and victim not in where:
+                        break
+                    await trio.sleep(0.2)
+            folder = cluster.storage_dirs[addresses.index(spare)] / "finalized"
+            copies = [p for p in folder.rglob(f"blk_{now['block']['id']}") if p.is_file()]
+            assert [p.read_bytes() for p in copies] == [a + a_more]
+            assert await c.read_file("/a") == a + a_more
 
 
 def test_shared_key_rings_agree_without_talking_and_roll_together():

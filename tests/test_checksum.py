@@ -135,176 +135,158 @@ async def leasefs(cluster, *args, env=None, cwd=None):
         env={**os.environ, "PYTHONPATH": REPO, **(env or {})})
 
 
-def test_equal_content_equal_checksum_whatever_the_layout(tmp_path):
+async def test_equal_content_equal_checksum_whatever_the_layout(tmp_path):
     local = tmp_path / "local.bin"
     local.write_bytes(DATA)
     want = f"{crc32c.crc32c(DATA):08x}"
 
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=3, **SETTINGS) as cluster:
-            async with cluster.client() as client:
-                names = await write_layouts(client, DATA)
-                blocks = (await client.get_block_locations(names[0]))["blocks"]
-                assert len(blocks) == 6   # several blocks, so their combine is tested too
-                small = DATA[:700]
-                await client.write_file("/small", small)
-                assert (await client.get_block_locations("/small")).get("inline") is not None
-                await client.write_file("/empty", b"")
-                changed = bytearray(DATA)
-                changed[9000] ^= 1
-                await client.write_file("/changed", bytes(changed), block_size=4096)
-                got = {n: await client.get_file_checksum(n) for n in names}
-                assert {r["crc"] for r in got.values()} == {want}, got
-                assert all(r == {"algorithm": "COMPOSITE-CRC32C", "crc": want,
-                                 "length": len(DATA)} for r in got.values())
-                assert (await client.get_file_checksum("/small"))["crc"] == \
-                    f"{crc32c.crc32c(small):08x}"
-                assert (await client.get_file_checksum("/empty")) == \
-                    {"algorithm": "COMPOSITE-CRC32C", "crc": "00000000", "length": 0}
-                assert (await client.get_file_checksum("/changed"))["crc"] != want
-            assert local_file_checksum(str(local))["crc"] == want
-            done = await leasefs(cluster, "checksum", names[0], names[1], "file:local.bin",
-                                 "/changed", cwd=tmp_path)
-            assert done.returncode == 0, done.stderr
-            lines = done.stdout.decode().splitlines()
-            assert lines[:3] == [f"{names[0]}\tCOMPOSITE-CRC32C\t{want}",
-                                 f"{names[1]}\tCOMPOSITE-CRC32C\t{want}",
-                                 f"file:local.bin\tCOMPOSITE-CRC32C\t{want}"]
-            assert lines[3].split("\t")[2] != want
-            missing = await leasefs(cluster, "checksum", "/nope")
-            assert missing.returncode == 1
-            assert missing.stderr.decode().startswith("leasefs checksum: /nope: ")
-
-    trio.run(main)
+    async with inprocess_cluster(tmp_path, n_storage=3, **SETTINGS) as cluster:
+        async with cluster.client() as client:
+            names = await write_layouts(client, DATA)
+            blocks = (await client.get_block_locations(names[0]))["blocks"]
+            assert len(blocks) == 6   # several blocks, so their combine is tested too
+            small = DATA[:700]
+            await client.write_file("/small", small)
+            assert (await client.get_block_locations("/small")).get("inline") is not None
+            await client.write_file("/empty", b"")
+            changed = bytearray(DATA)
+            changed[9000] ^= 1
+            await client.write_file("/changed", bytes(changed), block_size=4096)
+            got = {n: await client.get_file_checksum(n) for n in names}
+            assert {r["crc"] for r in got.values()} == {want}, got
+            assert all(r == {"algorithm": "COMPOSITE-CRC32C", "crc": want,
+                             "length": len(DATA)} for r in got.values())
+            assert (await client.get_file_checksum("/small"))["crc"] == \
+                f"{crc32c.crc32c(small):08x}"
+            assert (await client.get_file_checksum("/empty")) == \
+                {"algorithm": "COMPOSITE-CRC32C", "crc": "00000000", "length": 0}
+            assert (await client.get_file_checksum("/changed"))["crc"] != want
+        assert local_file_checksum(str(local))["crc"] == want
+        done = await leasefs(cluster, "checksum", names[0], names[1], "file:local.bin",
+                             "/changed", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.decode().splitlines()
+        assert lines[:3] == [f"{names[0]}\tCOMPOSITE-CRC32C\t{want}",
+                             f"{names[1]}\tCOMPOSITE-CRC32C\t{want}",
+                             f"file:local.bin\tCOMPOSITE-CRC32C\t{want}"]
+        assert lines[3].split("\t")[2] != want
+        missing = await leasefs(cluster, "checksum", "/nope")
+        assert missing.returncode == 1
+        assert missing.stderr.decode().startswith("leasefs checksum: /nope: ")
 
 
-def test_block_checksum_needs_the_read_token_of_its_block(tmp_path):
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=1, **SETTINGS) as cluster:
-            async with cluster.client() as client:
-                await client.write_file("/a", DATA[:3000], block_size=4096)
-                await client.write_file("/b", DATA[:3000], block_size=4096)
-                (la,) = (await client.get_block_locations("/a"))["blocks"]
-                (lb,) = (await client.get_block_locations("/b"))["blocks"]
-            address = la["locations"][0]["address"]
-            block = {"id": la["block"]["id"], "gs": la["block"]["gs"]}
-            forged = dict(la["token"], mode="w")
-            for token in (None, lb["token"], forged):
-                extra = {} if token is None else {"token": token}
-                resp = await ask(address, op_header(BLOCK_CHECKSUM, block=block, length=3000,
-                                                    **extra))
-                assert resp["status"] == "ERROR", (token, resp)
-                assert "InvalidToken" in resp["message"] and BLOCK_CHECKSUM in resp["message"]
-            resp = await ask(address, op_header(BLOCK_CHECKSUM, block=block, length=3000,
-                                                token=la["token"]))
-            assert resp["status"] == "SUCCESS", resp
-            assert resp["crc"] == crc32c.crc32c(DATA[:3000])
-            assert resp["bytes_per_checksum"] == 512 and resp["length"] == 3000
-
-    trio.run(main)
+@pytest.mark.cluster(n_storage=1, **SETTINGS)
+async def test_block_checksum_needs_the_read_token_of_its_block(cluster):
+    async with cluster.client() as client:
+        await client.write_file("/a", DATA[:3000], block_size=4096)
+        await client.write_file("/b", DATA[:3000], block_size=4096)
+        (la,) = (await client.get_block_locations("/a"))["blocks"]
+        (lb,) = (await client.get_block_locations("/b"))["blocks"]
+    address = la["locations"][0]["address"]
+    block = {"id": la["block"]["id"], "gs": la["block"]["gs"]}
+    forged = dict(la["token"], mode="w")
+    for token in (None, lb["token"], forged):
+        extra = {} if token is None else {"token": token}
+        resp = await ask(address, op_header(BLOCK_CHECKSUM, block=block, length=3000,
+                                            **extra))
+        assert resp["status"] == "ERROR", (token, resp)
+        assert "InvalidToken" in resp["message"] and BLOCK_CHECKSUM in resp["message"]
+    resp = await ask(address, op_header(BLOCK_CHECKSUM, block=block, length=3000,
+                                        token=la["token"]))
+    assert resp["status"] == "SUCCESS", resp
+    assert resp["crc"] == crc32c.crc32c(DATA[:3000])
+    assert resp["bytes_per_checksum"] == 512 and resp["length"] == 3000
 
 
-def test_block_servers_answer_from_the_meta_file_without_reading_data(tmp_path):
+@pytest.mark.cluster(n_storage=2, **SETTINGS)
+async def test_block_servers_answer_from_the_meta_file_without_reading_data(cluster):
     """Every data file zeroed on disk (same size): the checksum still comes out right, from
     the stored CRCs. A length that ends inside a chunk needs that chunk's data: it is read
     and checked against its stored CRC (so the zeros are seen there)."""
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=2, **SETTINGS) as cluster:
-            async with cluster.client() as client:
-                await client.write_file("/f", DATA, block_size=8192, bytes_per_checksum=1024,
-                                        replication=2)
-                located = (await client.get_block_locations("/f"))["blocks"]
-                first = located[0]
-                address = first["locations"][0]["address"]
-                block = {"id": first["block"]["id"], "gs": first["block"]["gs"]}
-                mid = await ask(address, op_header(BLOCK_CHECKSUM, block=block, length=1500,
-                                                   token=first["token"]))
-                assert mid["crc"] == crc32c.crc32c(DATA[:1500]), mid
-                for lb in located:
-                    for loc in lb["locations"]:
-                        path = replica_file(cluster, loc["address"], lb["block"]["id"], False)
-                        path.write_bytes(bytes(path.stat().st_size))
-                # the server sees the zeros where it must read data
-                mid = await ask(address, op_header(BLOCK_CHECKSUM, block=block, length=1500,
-                                                   token=first["token"]))
-                assert mid["status"] == "ERROR" and "ChecksumError" in mid["message"], mid
+    async with cluster.client() as client:
+        await client.write_file("/f", DATA, block_size=8192, bytes_per_checksum=1024,
+                                replication=2)
+        located = (await client.get_block_locations("/f"))["blocks"]
+        first = located[0]
+        address = first["locations"][0]["address"]
+        block = {"id": first["block"]["id"], "gs": first["block"]["gs"]}
+        mid = await ask(address, op_header(BLOCK_CHECKSUM, block=block, length=1500,
+                                           token=first["token"]))
+        assert mid["crc"] == crc32c.crc32c(DATA[:1500]), mid
+        for lb in located:
+            for loc in lb["locations"]:
+                path = replica_file(cluster, loc["address"], lb["block"]["id"], False)
+                path.write_bytes(bytes(path.stat().st_size))
+        # the server sees the zeros where it must read data
+        mid = await ask(address, op_header(BLOCK_CHECKSUM, block=block, length=1500,
+                                           token=first["token"]))
+        assert mid["status"] == "ERROR" and "ChecksumError" in mid["message"], mid
+        got = await client.get_file_checksum("/f")
+        assert got["crc"] == f"{crc32c.crc32c(DATA):08x}"
+
+
+@pytest.mark.cluster(n_storage=2, **SETTINGS)
+async def test_a_damaged_meta_file_fails_over_then_is_named(cluster):
+    async with cluster.client() as client:
+        await client.write_file("/f", DATA, block_size=8192, replication=2)
+        located = (await client.get_block_locations("/f"))["blocks"]
+        lb = located[1]
+        metas = [replica_file(cluster, loc["address"], lb["block"]["id"], True)
+                 for loc in lb["locations"]]
+        assert len(metas) == 2
+        for meta in metas:   # the first replica asked is damaged, then both
+            raw = bytearray(meta.read_bytes())
+            raw[0] ^= 0xFF   # the meta header's version
+            meta.write_bytes(bytes(raw))
+            if meta is metas[0]:
                 got = await client.get_file_checksum("/f")
                 assert got["crc"] == f"{crc32c.crc32c(DATA):08x}"
-
-    trio.run(main)
-
-
-def test_a_damaged_meta_file_fails_over_then_is_named(tmp_path):
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=2, **SETTINGS) as cluster:
-            async with cluster.client() as client:
-                await client.write_file("/f", DATA, block_size=8192, replication=2)
-                located = (await client.get_block_locations("/f"))["blocks"]
-                lb = located[1]
-                metas = [replica_file(cluster, loc["address"], lb["block"]["id"], True)
-                         for loc in lb["locations"]]
-                assert len(metas) == 2
-                for meta in metas:   # the first replica asked is damaged, then both
-                    raw = bytearray(meta.read_bytes())
-                    raw[0] ^= 0xFF   # the meta header's version
-                    meta.write_bytes(bytes(raw))
-                    if meta is metas[0]:
-                        got = await client.get_file_checksum("/f")
-                        assert got["crc"] == f"{crc32c.crc32c(DATA):08x}"
-                with pytest.raises(BlockMissing, match=f"block {lb['block']['id']}.*meta file "
-                                                       "is damaged"):
-                    await client.get_file_checksum("/f")
-
-    trio.run(main)
+        with pytest.raises(BlockMissing, match=f"block {lb['block']['id']}.*meta file "
+                                               "is damaged"):
+            await client.get_file_checksum("/f")
 
 
-def test_get_and_cp_verify_catch_a_copy_that_does_not_match(tmp_path):
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=2, **SETTINGS) as cluster:
-            async with cluster.client() as client:
-                await client.write_file("/f", DATA, block_size=4096, bytes_per_checksum=512)
-            good = await leasefs(cluster, "get", "--verify", "/f", "good.bin", cwd=tmp_path)
-            assert good.returncode == 0, good.stderr
-            assert (tmp_path / "good.bin").read_bytes() == DATA
-            good = await leasefs(cluster, "cp", "-checksum", "--block-size", "8192", "/f",
-                                 "/g", cwd=tmp_path)
-            assert good.returncode == 0, good.stderr
-            hook = {"LEASEFS_TEST_CORRUPT_COPY": "1"}
-            bad = await leasefs(cluster, "get", "--verify", "/f", "bad.bin", cwd=tmp_path,
-                                env=hook)
-            assert bad.returncode == 1
-            err = bad.stderr.decode()
-            assert "leasefs get: bad.bin: checksum mismatch after copying /f" in err, err
-            bad = await leasefs(cluster, "cp", "--verify", "file:good.bin", "/h",
-                                cwd=tmp_path, env=hook)
-            assert bad.returncode == 1
-            assert "leasefs cp: /h: checksum mismatch after copying good.bin" in \
-                bad.stderr.decode(), bad.stderr
-            # without --verify the hook is not even consulted: the copy is taken as it is
-            plain = await leasefs(cluster, "get", "/f", "plain.bin", cwd=tmp_path, env=hook)
-            assert plain.returncode == 0, plain.stderr
-
-    trio.run(main)
+@pytest.mark.cluster(n_storage=2, **SETTINGS)
+async def test_get_and_cp_verify_catch_a_copy_that_does_not_match(tmp_path, cluster):
+    async with cluster.client() as client:
+        await client.write_file("/f", DATA, block_size=4096, bytes_per_checksum=512)
+    good = await leasefs(cluster, "get", "--verify", "/f", "good.bin", cwd=tmp_path)
+    assert good.returncode == 0, good.stderr
+    assert (tmp_path / "good.bin").read_bytes() == DATA
+    good = await leasefs(cluster, "cp", "-checksum", "--block-size", "8192", "/f",
+                         "/g", cwd=tmp_path)
+    assert good.returncode == 0, good.stderr
+    hook = {"LEASEFS_TEST_CORRUPT_COPY": "1"}
+    bad = await leasefs(cluster, "get", "--verify", "/f", "bad.bin", cwd=tmp_path,
+                        env=hook)
+    assert bad.returncode == 1
+    err = bad.stderr.decode()
+    assert "leasefs get: bad.bin: checksum mismatch after copying /f" in err, err
+    bad = await leasefs(cluster, "cp", "--verify", "file:good.bin", "/h",
+                        cwd=tmp_path, env=hook)
+    assert bad.returncode == 1
+    assert "leasefs cp: /h: checksum mismatch after copying good.bin" in \
+        bad.stderr.decode(), bad.stderr
+    # without --verify the hook is not even consulted: the copy is taken as it is
+    plain = await leasefs(cluster, "get", "/f", "plain.bin", cwd=tmp_path, env=hook)
+    assert plain.returncode == 0, plain.stderr
 
 
-def test_a_file_being_written_is_checksummed_up_to_its_visible_length(tmp_path):
+@pytest.mark.cluster(n_storage=2, **SETTINGS)
+async def test_a_file_being_written_is_checksummed_up_to_its_visible_length(cluster):
     """An RBW last block: the block server combines its stored CRCs with the in-memory CRC
     of the visible partial chunk (the on-disk one may already cover more)."""
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=2, **SETTINGS) as cluster:
-            async with cluster.client() as writer, cluster.client() as reader:
-                stream = await writer.create("/open", block_size=8192, replication=2)
-                await stream.write(DATA[:10_000])
-                await stream.hflush()
-                got = await reader.get_file_checksum("/open")
-                assert got == {"algorithm": "COMPOSITE-CRC32C", "length": 10_000,
-                               "crc": f"{crc32c.crc32c(DATA[:10_000]):08x}"}
-                await stream.write(DATA[10_000:10_700])
-                await stream.hflush()
-                got = await reader.get_file_checksum("/open")
-                assert got["crc"] == f"{crc32c.crc32c(DATA[:10_700]):08x}", got
-                await stream.close()
-                got = await reader.get_file_checksum("/open")
-                assert got["crc"] == f"{crc32c.crc32c(DATA[:10_700]):08x}"
-
-    trio.run(main)
+    async with cluster.client() as writer, cluster.client() as reader:
+        stream = await writer.create("/open", block_size=8192, replication=2)
+        await stream.write(DATA[:10_000])
+        await stream.hflush()
+        got = await reader.get_file_checksum("/open")
+        assert got == {"algorithm": "COMPOSITE-CRC32C", "length": 10_000,
+                       "crc": f"{crc32c.crc32c(DATA[:10_000]):08x}"}
+        await stream.write(DATA[10_000:10_700])
+        await stream.hflush()
+        got = await reader.get_file_checksum("/open")
+        assert got["crc"] == f"{crc32c.crc32c(DATA[:10_700]):08x}", got
+        await stream.close()
+        got = await reader.get_file_checksum("/open")
+        assert got["crc"] == f"{crc32c.crc32c(DATA[:10_700]):08x}"

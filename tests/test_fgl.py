@@ -150,7 +150,7 @@ async def running_server(folder, **overrides):
 
 
 @pytest.mark.parametrize("mode", ["fine", "global"])
-def test_creates_in_different_folders_overlap_an_fsync_only_with_fine_locks(tmp_path, mode):
+async def test_creates_in_different_folders_overlap_an_fsync_only_with_fine_locks(tmp_path, mode):
     """create /a/x is held in its fsync; create /b/y is queued meanwhile (fine) or waits
     for the first to finish (global). Either way both complete, in two batches."""
 
@@ -181,10 +181,10 @@ def test_creates_in_different_folders_overlap_an_fsync_only_with_fine_locks(tmp_
                     status = await server.namespace_protocol.rpc_get_file_info(ctx("r"), path)
                     assert status["under_construction"]
 
-    trio.run(main)
+    await main()
 
 
-def test_same_folder_mutations_never_overlap_but_other_folders_do(tmp_path):
+async def test_same_folder_mutations_never_overlap_but_other_folders_do(tmp_path):
     """create /s/x is held in its fsync: a rename /s/y -> /s/z and a create /s/w in the same
     folder are NOT queued at a quiescent point, while a create in /c is (the syncer is not
     what holds them back). After the gate opens all complete, the same-folder records one
@@ -219,7 +219,7 @@ def test_same_folder_mutations_never_overlap_but_other_folders_do(tmp_path):
                 names = {e["name"] for e in listing["entries"]}
                 assert names == {"x", "w", "z"}
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- random run
@@ -344,7 +344,7 @@ def store_items(kv) -> dict[bytes, bytes]:
 
 
 @pytest.mark.parametrize("mode", ["fine", "global"])
-def test_random_concurrent_clients_replay_serially(tmp_path, mode):
+async def test_random_concurrent_clients_replay_serially(tmp_path, mode):
     """24 clients × 200 random operations over shared trees (creates, writes by inode id,
     mkdirs, renames of files and directories across trees, rename_many, deletes, lease
     recovery, appends, listings) while the reclaimer (small delete_chunk: big deletes
@@ -427,7 +427,7 @@ def test_random_concurrent_clients_replay_serially(tmp_path, mode):
             await journal.aclose()
             replay.close()
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- check_record
@@ -498,7 +498,7 @@ def test_rename_many_refuses_a_path_below_another_moves_destination():
 # --------------------------------------------------------------------------- complete
 
 
-def test_reports_during_the_commit_fsync_of_a_complete_end_its_wait(tmp_path):
+async def test_reports_during_the_commit_fsync_of_a_complete_end_its_wait(tmp_path):
     """complete of a last block no replica was reported for yet logs the block's commit
     (UPDATE_BLOCKS) and waits for a report. The writer's block servers report while that
     record's fsync runs (they answered the writer already, often no report comes after):
@@ -534,4 +534,4 @@ def test_reports_during_the_commit_fsync_of_a_complete_end_its_wait(tmp_path):
                 status = await server.namespace_protocol.rpc_get_file_info(ctx("r"), "/f")
                 assert not status["under_construction"]
 
-    trio.run(main)
+    await main()

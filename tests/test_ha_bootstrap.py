@@ -174,7 +174,7 @@ def test_an_image_is_one_snapshot_read_in_bounded_pages(tmp_path):
         kv.close()
 
 
-def test_install_keeps_the_old_state_and_the_journal_continues_after_the_image(tmp_path):
+async def test_install_keeps_the_old_state_and_the_journal_continues_after_the_image(tmp_path):
     data = tmp_path / "data"
     old = _store(data / "db", 3, 2)
     old.close()
@@ -194,7 +194,7 @@ def test_install_keeps_the_old_state_and_the_journal_continues_after_the_image(t
         assert journal.last_txid == 41 and list(journal.replay(41)) == []
         assert [p.name for p in (data / "journal").iterdir()] == [inprogress_name(42)], \
             list((data / "journal").iterdir())
-        trio.run(journal.aclose)
+        await journal.aclose()
     finally:
         kv.close()
 

@@ -137,7 +137,7 @@ async def heartbeat(rpc: RpcClient, node_id: str) -> dict:
                                         "remaining": 1 << 40})
 
 
-def test_block_servers_report_to_every_server_and_obey_only_the_newest_active(tmp_path):
+async def test_block_servers_report_to_every_server_and_obey_only_the_newest_active(tmp_path):
     config = make_test_config(**SETTINGS)
 
     async def main():
@@ -229,10 +229,10 @@ def test_block_servers_report_to_every_server_and_obey_only_the_newest_active(tm
             assert all(held(nodes, ids["/f4"]))
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_no_invalidate_after_takeover_before_a_fresh_full_report(tmp_path):
+async def test_no_invalidate_after_takeover_before_a_fresh_full_report(tmp_path):
     """The server side, driven over RPC by a stand-in block server: a replica of no file
     is kept waiting by a standby (its log may not have caught up) and never deleted; a new
     active deletes it only after the node's full report that came after
@@ -293,7 +293,7 @@ def test_no_invalidate_after_takeover_before_a_fresh_full_report(tmp_path):
                                                   "blocks": [{"id": block_id, "gs": 1,
                                                               "num_bytes": 10}]}], reply
 
-    trio.run(main)
+    await main()
 
 
 class RoleMeta(Dispatcher):
@@ -339,7 +339,7 @@ async def start_role_meta(nursery, role: Role, epoch: int, node_id: str):
     return meta, format_address(bound)
 
 
-def test_calls_that_are_not_reports_go_to_the_active_server(tmp_path):
+async def test_calls_that_are_not_reports_go_to_the_active_server(tmp_path):
     config = make_test_config(**{**SETTINGS, "heartbeat_interval": 0.05,
                                  "storage_http_port": 0})
     bad = [({"id": 5, "gs": 1, "num_bytes": 3}, "checksum mismatch")]
@@ -381,10 +381,10 @@ def test_calls_that_are_not_reports_go_to_the_active_server(tmp_path):
                 await node.heartbeat.report_bad_replicas(bad)
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_a_report_begun_before_the_takeover_does_not_count():
+async def test_a_report_begun_before_the_takeover_does_not_count():
     """``DatanodeManager.start_epoch`` with the real ``BlockReports``: deletions handed out
     in the earlier term are queued again, and only a full report whose first chunk came
     after the takeover lets them go out."""
@@ -412,10 +412,10 @@ def test_a_report_begun_before_the_takeover_does_not_count():
         assert not datanodes.invalidation_postponed("n1")
         assert sorted(r["id"] for r in datanodes.take_invalidate("n1")) == [7, 8]
 
-    trio.run(main)
+    await main()
 
 
-def test_a_block_server_process_registers_with_every_server_of_its_list(tmp_path):
+async def test_a_block_server_process_registers_with_every_server_of_its_list(tmp_path):
     """The real command line (``python -m storage.server --meta A,B``) in its own process:
     it registers and reports to both servers, and obeys only the active one's epoch."""
     config = make_test_config(**SETTINGS)
@@ -450,10 +450,10 @@ def test_a_block_server_process_registers_with_every_server_of_its_list(tmp_path
                 proc.terminate()   # only the process this test started
                 await trio.to_thread.run_sync(proc.wait, 30)
 
-    trio.run(main)
+    await main()
 
 
-def test_a_follower_keeps_replicas_the_log_has_not_explained_yet():
+async def test_a_follower_keeps_replicas_the_log_has_not_explained_yet():
     """A standby hears of a replica before the log entry of its block: it must wait for the
     log, not take it for a replica of no file (which would be deleted after a takeover)."""
     from meta.blocks.blocks import UNDER_CONSTRUCTION, BlockInfo, BlocksMap
@@ -483,4 +483,4 @@ def test_a_follower_keeps_replicas_the_log_has_not_explained_yet():
         reports.incremental("n1", [(23, 1003, 10, "FINALIZED")], [])
         assert datanodes.invalidate_queued() == 1
 
-    trio.run(main)
+    await main()

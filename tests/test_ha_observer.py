@@ -34,7 +34,7 @@ def _config(**extra) -> Config:
     return Config.load(env={}, observer_reads=True, rpc_retry_seconds=30.0, **extra)
 
 
-def test_write_then_read_pairs_on_the_observer_never_miss_a_write(ha):
+async def test_write_then_read_pairs_on_the_observer_never_miss_a_write(ha):
     """``PAIRS`` pairs of (mkdirs on the active, stat of the same folder) from ``TASKS``
     concurrent tasks of one client: every stat finds its folder, and the observer served
     the stats."""
@@ -61,7 +61,7 @@ def test_write_then_read_pairs_on_the_observer_never_miss_a_write(ha):
                     nursery.start_soon(task, k)
             return client.observer_reads.served, client.observer_reads.fallbacks
 
-    served, fallbacks = trio.run(main)
+    served, fallbacks = await main()
     print(f"OBSERVER pairs={PAIRS} violations={len(violations)} served={served} "
           f"fallbacks={fallbacks}")
     assert violations == [], violations[:10]
@@ -69,7 +69,7 @@ def test_write_then_read_pairs_on_the_observer_never_miss_a_write(ha):
     assert served >= PAIRS * 0.9, (served, fallbacks)
 
 
-def test_msync_makes_another_clients_writes_visible(ha):
+async def test_msync_makes_another_clients_writes_visible(ha):
     async def main():
         async with AsyncClient(ha.meta_address, config=Config.load(env={})) as writer, \
                 AsyncClient(ha.meta_address, config=_config()) as reader:
@@ -81,7 +81,7 @@ def test_msync_makes_another_clients_writes_visible(ha):
                 assert (await reader.get_file_status(path)).is_dir, path
             return reader.observer_reads.served
 
-    assert trio.run(main) >= 270
+    assert await main() >= 270
 
 
 def test_reads_go_to_the_active_when_the_observer_is_down(ha):

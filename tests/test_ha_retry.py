@@ -38,7 +38,7 @@ CLIENT = "retrying-client#0123456789abcdef"
 
 
 # ----------------------------------------------------------------------- the cache itself
-def test_a_noted_call_is_answered_by_its_rebuild_once():
+async def test_a_noted_call_is_answered_by_its_rebuild_once():
     async def main():
         now = [0.0]
         cache = RetryCache(expiry=10, clock=lambda: now[0])
@@ -61,10 +61,10 @@ def test_a_noted_call_is_answered_by_its_rebuild_once():
         assert ran == ["rebuild"]
         assert current_call() is None
 
-    trio.run(main)
+    await main()
 
 
-def test_noting_a_restarts_look_back_at_once_keeps_the_newest_and_known_calls():
+async def test_noting_a_restarts_look_back_at_once_keeps_the_newest_and_known_calls():
     """``note_all`` (the look back at start): past ``max_entries`` the oldest notes go, a
     key already in the cache stays as it was, expired entries are dropped."""
     async def main():
@@ -84,7 +84,7 @@ def test_noting_a_restarts_look_back_at_once_keeps_the_newest_and_known_calls():
         assert list(cache._entries) == [own, keys[0]]
         assert await cache.run(own, _answer("again")) == "own"   # not replaced by a note
 
-    trio.run(main)
+    await main()
 
 
 def _answer(value):
@@ -93,7 +93,7 @@ def _answer(value):
     return thunk
 
 
-def test_a_failed_rebuild_keeps_the_note_and_a_note_never_hides_an_answer():
+async def test_a_failed_rebuild_keeps_the_note_and_a_note_never_hides_an_answer():
     async def main():
         now = [0.0]
         cache = RetryCache(expiry=10, clock=lambda: now[0])
@@ -121,10 +121,10 @@ def test_a_failed_rebuild_keeps_the_note_and_a_note_never_hides_an_answer():
         cache.note(key)   # the server's own answered call: the note changes nothing
         assert await cache.run(key, failing, failing) == "ran"
 
-    trio.run(main)
+    await main()
 
 
-def test_a_note_while_the_call_runs_changes_nothing():
+async def test_a_note_while_the_call_runs_changes_nothing():
     async def main():
         cache = RetryCache()
         key = ("c", 3, "mkdirs")
@@ -136,7 +136,7 @@ def test_a_note_while_the_call_runs_changes_nothing():
         assert await cache.run(key, thunk) is True
         assert await cache.run(key, thunk) is True
 
-    trio.run(main)
+    await main()
 
 
 def test_every_cached_method_has_an_answer_rebuild():
@@ -144,7 +144,7 @@ def test_every_cached_method_has_an_answer_rebuild():
 
 
 # ----------------------------------------------------------------------- journal tagging
-def test_the_last_record_of_a_cached_calls_log_names_the_call(tmp_path):
+async def test_the_last_record_of_a_cached_calls_log_names_the_call(tmp_path):
     async def main():
         applied: list[Record] = []
         journal = Journal(str(tmp_path / "j"), applied.extend)
@@ -185,7 +185,7 @@ def test_the_last_record_of_a_cached_calls_log_names_the_call(tmp_path):
             r.args for r in applied]
         assert list(reopened.recent(time.time() + 60, 100)) == []   # older than the window
 
-    trio.run(main)
+    await main()
 
 
 # ----------------------------------------------------------------------- calls, in process
@@ -257,7 +257,7 @@ async def setup_namespace(address: str) -> None:
         await plain(address, "complete", path=path, client_name="w0", data=b"abcdef")
 
 
-def test_every_cached_call_retried_after_a_restart_gets_its_first_answer(tmp_path):
+async def test_every_cached_call_retried_after_a_restart_gets_its_first_answer(tmp_path):
     async def main():
         async with meta_server(tmp_path) as meta:
             await setup_namespace(meta.address)
@@ -323,10 +323,10 @@ def test_every_cached_call_retried_after_a_restart_gets_its_first_answer(tmp_pat
                 assert kept[call_id] == []
         assert max(len(packb(value)) for value in kept.values()) < 100
 
-    trio.run(main)
+    await main()
 
 
-def test_a_record_that_kept_nothing_answers_a_status_retry_answer_lost():
+async def test_a_record_that_kept_nothing_answers_a_status_retry_answer_lost():
     """Records journaled before ``RPC_KEPT`` existed: a delete or rename answering
     ``want_status`` cannot answer the status of what it removed (nor can anything that is
     not a ``keep_removed`` value)."""
@@ -341,7 +341,7 @@ def test_a_record_that_kept_nothing_answers_a_status_retry_answer_lost():
                 await retry_answers.rename(None, None, None, kept, "/a", "/b", overwrite=True,
                                            want_status=True)
 
-    trio.run(main)
+    await main()
 
 
 def _block_part(located: dict | None):
@@ -352,7 +352,7 @@ def _block_part(located: dict | None):
     return located["block"], located["offset"]
 
 
-def test_the_write_path_calls_retried_after_a_restart_get_their_blocks_back(tmp_path):
+async def test_the_write_path_calls_retried_after_a_restart_get_their_blocks_back(tmp_path):
     """create with its first block, add_block, complete and append, each retried right
     after a restart, answer the same blocks (id, stamp, offset): none is allocated twice."""
     async def main():
@@ -408,7 +408,7 @@ def test_the_write_path_calls_retried_after_a_restart_get_their_blocks_back(tmp_
                 assert [b["block"]["id"] for b in located["blocks"]] == [
                     first["block"]["id"], second["block"]["id"]]
 
-    trio.run(main)
+    await main()
 
 
 # ----------------------------------------------------------------------- real processes

@@ -83,67 +83,61 @@ def test_the_append_request_is_the_fenced_put_if_absent():
     assert [c.WhichOneof("target_union") for c in made.compare] == ["create_revision"] * 2
 
 
-def test_one_leader_and_epochs_increase(etcd):
-    async def main():
-        async with HALog.open(etcd.endpoints, prefix(), ttl=2) as halog:
-            outcomes: dict[str, object] = {}
+async def test_one_leader_and_epochs_increase(etcd):
+    async with HALog.open(etcd.endpoints, prefix(), ttl=2) as halog:
+        outcomes: dict[str, object] = {}
 
-            async def run(node):
-                try:
-                    outcomes[node] = await halog.campaign(node, timeout=1.5)
-                except CampaignTimeout as exc:
-                    outcomes[node] = exc
+        async def run(node):
+            try:
+                outcomes[node] = await halog.campaign(node, timeout=1.5)
+            except CampaignTimeout as exc:
+                outcomes[node] = exc
 
-            async with trio.open_nursery() as n:
-                for node in ("a", "b", "c"):
-                    n.start_soon(run, node)
-            winners = [t for t in outcomes.values() if isinstance(t, Term)]
-            assert len(winners) == 1, outcomes
-            first = winners[0]
-            assert await halog.leader() == (first.epoch, first.node_id)
-            term, epochs = first, [first.epoch]
-            for node in ("d", "e", "f"):
-                await halog.resign(term)
-                assert await halog.leader() is None
-                term = await halog.campaign(node, timeout=5)
-                epochs.append(term.epoch)
-            assert epochs == sorted(set(epochs)), epochs
-    trio.run(main)
+        async with trio.open_nursery() as n:
+            for node in ("a", "b", "c"):
+                n.start_soon(run, node)
+        winners = [t for t in outcomes.values() if isinstance(t, Term)]
+        assert len(winners) == 1, outcomes
+        first = winners[0]
+        assert await halog.leader() == (first.epoch, first.node_id)
+        term, epochs = first, [first.epoch]
+        for node in ("d", "e", "f"):
+            await halog.resign(term)
+            assert await halog.leader() is None
+            term = await halog.campaign(node, timeout=5)
+            epochs.append(term.epoch)
+        assert epochs == sorted(set(epochs)), epochs
 
 
-def test_a_campaign_that_does_not_win_revokes_its_lease(etcd):
-    async def main():
-        async with HALog.open(etcd.endpoints, prefix(), ttl=30) as halog:
-            term = await halog.campaign("holder")
-            with pytest.raises(CampaignTimeout) as info:
-                await halog.campaign("loser", timeout=0.5)
-            ttl, _ = await halog._call(etcdgrpc.LEASE_TIME_TO_LIVE,
-                                       pb.LeaseTimeToLiveRequest(ID=info.value.lease_id))
-            assert ttl.TTL == -1, ttl        # gone, not left to run 30 s
-            ttl, _ = await halog._call(etcdgrpc.LEASE_TIME_TO_LIVE,
-                                       pb.LeaseTimeToLiveRequest(ID=term.lease_id))
-            assert ttl.TTL > 0, ttl
-            assert await halog.leader() == (term.epoch, "holder")
-    trio.run(main)
+async def test_a_campaign_that_does_not_win_revokes_its_lease(etcd):
+    async with HALog.open(etcd.endpoints, prefix(), ttl=30) as halog:
+        term = await halog.campaign("holder")
+        with pytest.raises(CampaignTimeout) as info:
+            await halog.campaign("loser", timeout=0.5)
+        ttl, _ = await halog._call(etcdgrpc.LEASE_TIME_TO_LIVE,
+                                   pb.LeaseTimeToLiveRequest(ID=info.value.lease_id))
+        assert ttl.TTL == -1, ttl        # gone, not left to run 30 s
+        ttl, _ = await halog._call(etcdgrpc.LEASE_TIME_TO_LIVE,
+                                   pb.LeaseTimeToLiveRequest(ID=term.lease_id))
+        assert ttl.TTL > 0, ttl
+        assert await halog.leader() == (term.epoch, "holder")
 
 
-def test_stale_term_is_fenced_and_not_in_the_log(etcd):
-    async def main():
-        async with HALog.open(etcd.endpoints, prefix(), ttl=2) as halog:
-            old = await halog.campaign("old")
-            await halog.append(old, 1, b"one")
-            await halog.resign(old)
-            new = await halog.campaign("new")
-            assert new.epoch > old.epoch
-            with pytest.raises(Fenced) as info:
-                await halog.append(old, 2, b"stale")
-            assert info.value.epoch == old.epoch and info.value.current_epoch == new.epoch
-            assert f"epoch is {old.epoch}" in str(info.value)
-            assert f"epoch {new.epoch}" in str(info.value)
-            await halog.append(new, 2, b"two")
-            assert [(e.txid, e.payload) for e in await halog.read()] == [(1, b"one"),
-                                                                         (2, b"two")]
-    trio.run(main)
+async def test_stale_term_is_fenced_and_not_in_the_log(etcd):
+    async with HALog.open(etcd.endpoints, prefix(), ttl=2) as halog:
+        old = await halog.campaign("old")
+        await halog.append(old, 1, b"one")
+        await halog.resign(old)
+        new = await halog.campaign("new")
+        assert new.epoch > old.epoch
+        with pytest.raises(Fenced) as info:
+            await halog.append(old, 2, b"stale")
+        assert info.value.epoch == old.epoch and info.value.current_epoch == new.epoch
+        assert f"epoch is {old.epoch}" in str(info.value)
+        assert f"epoch {new.epoch}" in str(info.value)
+        await halog.append(new, 2, b"two")
+        assert [(e.txid, e.payload) for e in await halog.read()] == [(1, b"one"),
+                                                                     (2, b"two")]
 
 
 def test_expired_lease_is_noticed_and_fenced(etcd):
@@ -167,63 +161,57 @@ def test_expired_lease_is_noticed_and_fenced(etcd):
     trio.run(main)
 
 
-def test_appends_read_back_in_txid_order(etcd):
-    async def main():
-        async with HALog.open(etcd.endpoints, prefix(), page=7) as halog:
-            term = await halog.campaign("w")
-            # txids are compared as numbers, not strings (9 < 10 < 100)
-            txids = [1, 2, 9, 10, 11, 99, 100, 101] + list(range(200, 230))
-            for t in txids:
-                await halog.append(term, t, f"batch {t}".encode())
-            got = await halog.read()
-            assert [e.txid for e in got] == txids
-            assert [e.payload for e in got] == [f"batch {t}".encode() for t in txids]
-            assert [e.txid for e in await halog.read(100)] == [t for t in txids if t >= 100]
-            assert await halog.read(10_000) == []
-    trio.run(main)
+async def test_appends_read_back_in_txid_order(etcd):
+    async with HALog.open(etcd.endpoints, prefix(), page=7) as halog:
+        term = await halog.campaign("w")
+        # txids are compared as numbers, not strings (9 < 10 < 100)
+        txids = [1, 2, 9, 10, 11, 99, 100, 101] + list(range(200, 230))
+        for t in txids:
+            await halog.append(term, t, f"batch {t}".encode())
+        got = await halog.read()
+        assert [e.txid for e in got] == txids
+        assert [e.payload for e in got] == [f"batch {t}".encode() for t in txids]
+        assert [e.txid for e in await halog.read(100)] == [t for t in txids if t >= 100]
+        assert await halog.read(10_000) == []
 
 
-def test_duplicate_txid_and_oversize_payload_are_refused(etcd):
-    async def main():
-        async with HALog.open(etcd.endpoints, prefix()) as halog:
-            term = await halog.campaign("w")
-            await halog.append(term, 5, b"first")
-            with pytest.raises(DuplicateTxid, match="txid 5 is already in the log"):
-                await halog.append(term, 5, b"second")
-            with pytest.raises(PayloadTooLarge, match="split the batch"):
-                await halog.append(term, 6, b"x" * (MAX_PAYLOAD + 1))
-            await halog.append(term, 6, b"y" * MAX_PAYLOAD)  # the largest that fits
-            got = await halog.read()
-            assert [(e.txid, len(e.payload)) for e in got] == [(5, 5), (6, MAX_PAYLOAD)]
-            assert got[0].payload == b"first"
-    trio.run(main)
+async def test_duplicate_txid_and_oversize_payload_are_refused(etcd):
+    async with HALog.open(etcd.endpoints, prefix()) as halog:
+        term = await halog.campaign("w")
+        await halog.append(term, 5, b"first")
+        with pytest.raises(DuplicateTxid, match="txid 5 is already in the log"):
+            await halog.append(term, 5, b"second")
+        with pytest.raises(PayloadTooLarge, match="split the batch"):
+            await halog.append(term, 6, b"x" * (MAX_PAYLOAD + 1))
+        await halog.append(term, 6, b"y" * MAX_PAYLOAD)  # the largest that fits
+        got = await halog.read()
+        assert [(e.txid, len(e.payload)) for e in got] == [(5, 5), (6, MAX_PAYLOAD)]
+        assert got[0].payload == b"first"
 
 
-def test_tail_follows_new_entries(etcd):
-    async def main():
-        async with HALog.open(etcd.endpoints, prefix()) as halog:
-            term = await halog.campaign("w")
-            for t in (1, 2):
-                await halog.append(term, t, b"old")
-            seen: list[int] = []
-            done = trio.Event()
+async def test_tail_follows_new_entries(etcd):
+    async with HALog.open(etcd.endpoints, prefix()) as halog:
+        term = await halog.campaign("w")
+        for t in (1, 2):
+            await halog.append(term, t, b"old")
+        seen: list[int] = []
+        done = trio.Event()
 
-            async def follow():
-                async for e in halog.tail(2):
-                    seen.append(e.txid)
-                    if e.txid == 6:
-                        done.set()
-                        return
+        async def follow():
+            async for e in halog.tail(2):
+                seen.append(e.txid)
+                if e.txid == 6:
+                    done.set()
+                    return
 
-            async with trio.open_nursery() as n:
-                n.start_soon(follow)
-                await trio.sleep(0.3)   # the watch is open before these appends
-                for t in (3, 4, 5, 6):
-                    await halog.append(term, t, b"new")
-                with trio.fail_after(5):
-                    await done.wait()
-            assert seen == [2, 3, 4, 5, 6]
-    trio.run(main)
+        async with trio.open_nursery() as n:
+            n.start_soon(follow)
+            await trio.sleep(0.3)   # the watch is open before these appends
+            for t in (3, 4, 5, 6):
+                await halog.append(term, t, b"new")
+            with trio.fail_after(5):
+                await done.wait()
+        assert seen == [2, 3, 4, 5, 6]
 
 
 @pytest.mark.parametrize("victim", ["raft-leader", "follower"])
@@ -360,18 +348,16 @@ def test_sigstopped_holder_lease_expires_and_its_append_is_fenced(etcd):
             holder.wait(10)
 
 
-def test_purge_deletes_only_older_entries_and_is_fenced(etcd):
-    async def main():
-        async with HALog.open(etcd.endpoints, prefix(), ttl=2) as halog:
-            term = await halog.campaign("a")
-            for txid in (1, 3, 6, 9):
-                await halog.append(term, txid, b"batch %d" % txid)
-            assert await halog.purge(term, 6) == 2
-            assert [e.txid for e in await halog.read()] == [6, 9]
-            await halog.resign(term)
-            other = await halog.campaign("b")
-            with pytest.raises(Fenced):
-                await halog.purge(term, 10)
-            assert [e.txid for e in await halog.read()] == [6, 9]
-            assert await halog.purge(other, 1) == 0
-    trio.run(main)
+async def test_purge_deletes_only_older_entries_and_is_fenced(etcd):
+    async with HALog.open(etcd.endpoints, prefix(), ttl=2) as halog:
+        term = await halog.campaign("a")
+        for txid in (1, 3, 6, 9):
+            await halog.append(term, txid, b"batch %d" % txid)
+        assert await halog.purge(term, 6) == 2
+        assert [e.txid for e in await halog.read()] == [6, 9]
+        await halog.resign(term)
+        other = await halog.campaign("b")
+        with pytest.raises(Fenced):
+            await halog.purge(term, 10)
+        assert [e.txid for e in await halog.read()] == [6, 9]
+        assert await halog.purge(other, 1) == 0

@@ -86,37 +86,34 @@ async def start_block_server(nursery, tmp_path, config, meta_address: str) -> Bl
 # --------------------------------------------------------------------------- frame timeout
 
 
-def test_a_stalled_partial_frame_is_cut_off_after_the_frame_timeout(tmp_path, caplog):
+async def test_a_stalled_partial_frame_is_cut_off_after_the_frame_timeout(tmp_path, caplog):
     """A peer that starts a request frame and stops sending gets an error naming the cause
     and is disconnected once ``frame_timeout`` passed (a WARNING with its address), while a
     well-behaved client is served meanwhile."""
     config = make_test_config(frame_timeout=0.5, idle_timeout=60.0)
     caplog.set_level(logging.WARNING, logger="fs.rpc")
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            address = await start_meta(nursery, tmp_path, config)
-            stream = await connect_from(address)
-            await stream.send_all(hello() + struct.pack(">I", 5000) + b"\x90" * 100)
-            started = trio.current_time()
-            async with RpcClient(address, "good", retry_seconds=0) as rpc:
-                assert (await rpc.call("get_file_info", {"path": "/"}))["type"] == "dir"
-                data = await read_until_closed(stream, 10)
-                took = trio.current_time() - started
-                assert (await rpc.call("get_file_info", {"path": "/"}))["type"] == "dir"
-            assert took >= 0.4, took
-            [(call_id, ok, error)] = frames(data)
-            assert call_id is None and not ok and error["type"] == "ProtocolError"
-            assert "incomplete" in error["message"] and "0.5 s" in error["message"]
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        address = await start_meta(nursery, tmp_path, config)
+        stream = await connect_from(address)
+        await stream.send_all(hello() + struct.pack(">I", 5000) + b"\x90" * 100)
+        started = trio.current_time()
+        async with RpcClient(address, "good", retry_seconds=0) as rpc:
+            assert (await rpc.call("get_file_info", {"path": "/"}))["type"] == "dir"
+            data = await read_until_closed(stream, 10)
+            took = trio.current_time() - started
+            assert (await rpc.call("get_file_info", {"path": "/"}))["type"] == "dir"
+        assert took >= 0.4, took
+        [(call_id, ok, error)] = frames(data)
+        assert call_id is None and not ok and error["type"] == "ProtocolError"
+        assert "incomplete" in error["message"] and "0.5 s" in error["message"]
+        nursery.cancel_scope.cancel()
     warnings = [r for r in caplog.records
                 if "incomplete" in r.getMessage() and r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "127.0.0.1:" in warnings[0].getMessage()
 
 
-def test_a_large_frame_waiting_for_the_request_buffer_is_read_once_a_stalled_one_is_cut(
+async def test_a_large_frame_waiting_for_the_request_buffer_is_read_once_a_stalled_one_is_cut(
         tmp_path):
     """The request buffer holds one large frame (rpc_buffer_limit = max_frame): a peer that
     stalls inside one makes the next large request wait, unread, until ``frame_timeout``
@@ -126,94 +123,82 @@ def test_a_large_frame_waiting_for_the_request_buffer_is_read_once_a_stalled_one
     config = make_test_config(max_frame=1 * MiB, rpc_buffer_limit=1 * MiB, frame_timeout=1.0,
                               idle_timeout=60.0, security="simple")
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            address = await start_meta(nursery, tmp_path, config)
-            staller = await connect_from(address, "127.0.0.2")
-            await staller.send_all(hello() + struct.pack(">I", 900_000) + b"\x00" * 1000)
-            async with RpcClient(address, "big", retry_seconds=0, timeout=20) as rpc:
-                await rpc.call("get_file_info", {"path": "/"})   # the staller holds its share
-                started = trio.current_time()
-                with pytest.raises(errors.NameTooLong, match=f"longer than {paths.MAX_PATH_CHARS} "):
-                    await rpc.call("mkdirs", {"path": "/" + "x" * 600_000})
-                waited = trio.current_time() - started
-                [(_, _, error)] = frames(await read_until_closed(staller, 10))
-                assert "incomplete" in error["message"]
-            assert waited >= 0.5, waited
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        address = await start_meta(nursery, tmp_path, config)
+        staller = await connect_from(address, "127.0.0.2")
+        await staller.send_all(hello() + struct.pack(">I", 900_000) + b"\x00" * 1000)
+        async with RpcClient(address, "big", retry_seconds=0, timeout=20) as rpc:
+            await rpc.call("get_file_info", {"path": "/"})   # the staller holds its share
+            started = trio.current_time()
+            with pytest.raises(errors.NameTooLong, match=f"longer than {paths.MAX_PATH_CHARS} "):
+                await rpc.call("mkdirs", {"path": "/" + "x" * 600_000})
+            waited = trio.current_time() - started
+            [(_, _, error)] = frames(await read_until_closed(staller, 10))
+            assert "incomplete" in error["message"]
+        assert waited >= 0.5, waited
+        nursery.cancel_scope.cancel()
 
 
 # --------------------------------------------------------------------------- idle timeout
 
 
-def test_an_idle_rpc_connection_is_closed_and_the_client_reconnects_by_itself(tmp_path):
+async def test_an_idle_rpc_connection_is_closed_and_the_client_reconnects_by_itself(tmp_path):
     """A connection nothing happens on is closed after ``idle_timeout`` (a raw peer sees
     EOF); an ``RpcClient`` that sat idle that long makes its next call on a new connection
     without any retry budget."""
     config = make_test_config(idle_timeout=0.5, frame_timeout=60.0)
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            address = await start_meta(nursery, tmp_path, config)
-            stream = await connect_from(address)
-            await stream.send_all(hello())
-            started = trio.current_time()
-            assert await read_until_closed(stream, 10) == b""
-            assert trio.current_time() - started >= 0.4
-            async with RpcClient(address, "idle-then-busy", retry_seconds=0) as rpc:
-                assert (await rpc.call("get_file_info", {"path": "/"}))["type"] == "dir"
-                assert rpc.connected
-                with trio.fail_after(10):
-                    while rpc.connected:           # the server closes it
-                        await trio.sleep(0.05)
-                assert (await rpc.call("get_file_info", {"path": "/"}))["type"] == "dir"
-                assert rpc.connected
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        address = await start_meta(nursery, tmp_path, config)
+        stream = await connect_from(address)
+        await stream.send_all(hello())
+        started = trio.current_time()
+        assert await read_until_closed(stream, 10) == b""
+        assert trio.current_time() - started >= 0.4
+        async with RpcClient(address, "idle-then-busy", retry_seconds=0) as rpc:
+            assert (await rpc.call("get_file_info", {"path": "/"}))["type"] == "dir"
+            assert rpc.connected
+            with trio.fail_after(10):
+                while rpc.connected:           # the server closes it
+                    await trio.sleep(0.05)
+            assert (await rpc.call("get_file_info", {"path": "/"}))["type"] == "dir"
+            assert rpc.connected
+        nursery.cancel_scope.cancel()
 
 
-def test_an_rpc_connection_in_steady_use_is_never_idle(tmp_path):
+async def test_an_rpc_connection_in_steady_use_is_never_idle(tmp_path):
     """Calls closer together than ``idle_timeout`` keep using the same connection for
     several idle periods."""
     config = make_test_config(idle_timeout=0.3, frame_timeout=60.0)
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            address = await start_meta(nursery, tmp_path, config)
-            async with RpcClient(address, "steady", retry_seconds=0) as rpc:
-                with trio.fail_after(20):
-                    end = trio.current_time() + 1.5
-                    while trio.current_time() < end:
-                        await rpc.call("mkdirs", {"path": "/steady"})
-                        assert rpc.connected
-                        await trio.sleep(0.1)
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        address = await start_meta(nursery, tmp_path, config)
+        async with RpcClient(address, "steady", retry_seconds=0) as rpc:
+            with trio.fail_after(20):
+                end = trio.current_time() + 1.5
+                while trio.current_time() < end:
+                    await rpc.call("mkdirs", {"path": "/steady"})
+                    assert rpc.connected
+                    await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
 
 
-def test_an_idle_block_server_connection_is_closed_after_the_idle_timeout(tmp_path):
+async def test_an_idle_block_server_connection_is_closed_after_the_idle_timeout(tmp_path):
     """A data-transfer connection that sends no op header is answered with an error and
     closed after ``idle_timeout`` (not ``data_timeout``, which is for stalls inside an op)."""
     config = make_test_config(idle_timeout=0.5, data_timeout=60.0)
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            meta = await start_meta(nursery, tmp_path, config)
-            block_server = await start_block_server(nursery, tmp_path, config, meta)
-            address = block_server.advertised
-            stream = await connect_from(address)
-            started = trio.current_time()
-            data = await read_until_closed(stream, 10)
-            assert trio.current_time() - started >= 0.4
-            [response] = frames(data)
-            assert response["status"] == "ERROR" and "no op header" in response["message"]
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        meta = await start_meta(nursery, tmp_path, config)
+        block_server = await start_block_server(nursery, tmp_path, config, meta)
+        address = block_server.advertised
+        stream = await connect_from(address)
+        started = trio.current_time()
+        data = await read_until_closed(stream, 10)
+        assert trio.current_time() - started >= 0.4
+        [response] = frames(data)
+        assert response["status"] == "ERROR" and "no op header" in response["message"]
+        nursery.cancel_scope.cancel()
 
 
 # --------------------------------------------------------------------------- connection limits
@@ -237,7 +222,7 @@ async def served(stream: trio.SocketStream) -> bool:
             data += chunk
 
 
-def test_connections_beyond_the_limits_are_refused_while_a_good_client_is_served(tmp_path,
+async def test_connections_beyond_the_limits_are_refused_while_a_good_client_is_served(tmp_path,
                                                                                   caplog):
     """max_connections_per_peer=3, max_connections=6: a fourth connection from one peer is
     refused with ServerBusy (one WARNING naming the peer however often it retries), another
@@ -248,48 +233,45 @@ def test_connections_beyond_the_limits_are_refused_while_a_good_client_is_served
                               idle_timeout=60.0, security="simple")
     caplog.set_level(logging.WARNING, logger="fs.rpc")
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            address = await start_meta(nursery, tmp_path, config)
-            async with RpcClient(address, "good", retry_seconds=0) as rpc:
-                await rpc.call("get_file_info", {"path": "/"})   # local: counted apart
-                held = []
-                for _ in range(3):                                      # 1..3 from .2
-                    held.append(await connect_from(address, "127.0.0.2"))
-                    assert await served(held[-1])
-                for _ in range(3):                                      # refused
-                    extra = await connect_from(address, "127.0.0.2")
-                    [(call_id, ok, error)] = frames(await read_until_closed(extra, 10))
-                    assert error["type"] == "ServerBusy" and "127.0.0.2" in error["message"]
-                for _ in range(3):                                      # 4..6 from .3
-                    held.append(await connect_from(address, "127.0.0.3"))
-                    assert await served(held[-1])
-                await rpc.call("get_file_info", {"path": "/"})    # all six are being served
-                extra = await connect_from(address, "127.0.0.4")        # 7: over the total
-                [(_, _, error)] = frames(await read_until_closed(extra, 10))
-                assert error["type"] == "ServerBusy" and "limit 6" in error["message"]
-                assert (await rpc.call("get_file_info", {"path": "/"}))["type"] == "dir"
-                # a held connection that closes makes room again
-                await held.pop().aclose()
-                with trio.fail_after(10):
-                    while not await served(again := await connect_from(address, "127.0.0.3")):
-                        await trio.sleep(0.05)     # refused: the close is not seen yet
-                held.append(again)                 # it takes the freed place: full again
-                # a client of a full server gets the cause, not a bare disconnect
-                async with RpcClient(address, "late", retry_seconds=0,
-                                     local_socket=None) as late:
-                    with pytest.raises(errors.ServerUnavailable, match="connection refused"):
-                        await late.call("get_file_info", {"path": "/"})
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        address = await start_meta(nursery, tmp_path, config)
+        async with RpcClient(address, "good", retry_seconds=0) as rpc:
+            await rpc.call("get_file_info", {"path": "/"})   # local: counted apart
+            held = []
+            for _ in range(3):                                      # 1..3 from .2
+                held.append(await connect_from(address, "127.0.0.2"))
+                assert await served(held[-1])
+            for _ in range(3):                                      # refused
+                extra = await connect_from(address, "127.0.0.2")
+                [(call_id, ok, error)] = frames(await read_until_closed(extra, 10))
+                assert error["type"] == "ServerBusy" and "127.0.0.2" in error["message"]
+            for _ in range(3):                                      # 4..6 from .3
+                held.append(await connect_from(address, "127.0.0.3"))
+                assert await served(held[-1])
+            await rpc.call("get_file_info", {"path": "/"})    # all six are being served
+            extra = await connect_from(address, "127.0.0.4")        # 7: over the total
+            [(_, _, error)] = frames(await read_until_closed(extra, 10))
+            assert error["type"] == "ServerBusy" and "limit 6" in error["message"]
+            assert (await rpc.call("get_file_info", {"path": "/"}))["type"] == "dir"
+            # a held connection that closes makes room again
+            await held.pop().aclose()
+            with trio.fail_after(10):
+                while not await served(again := await connect_from(address, "127.0.0.3")):
+                    await trio.sleep(0.05)     # refused: the close is not seen yet
+            held.append(again)                 # it takes the freed place: full again
+            # a client of a full server gets the cause, not a bare disconnect
+            async with RpcClient(address, "late", retry_seconds=0,
+                                 local_socket=None) as late:
+                with pytest.raises(errors.ServerUnavailable, match="connection refused"):
+                    await late.call("get_file_info", {"path": "/"})
+        nursery.cancel_scope.cancel()
     refused = [r for r in caplog.records if "refusing" in r.getMessage()]
     assert all(r.levelno == logging.WARNING for r in refused)
     from_two = [r for r in refused if "127.0.0.2" in r.getMessage()]
     assert len(from_two) == 1, [r.getMessage() for r in refused]
 
 
-def test_peers_that_never_authenticate_do_not_lock_local_users_out(tmp_path):
+async def test_peers_that_never_authenticate_do_not_lock_local_users_out(tmp_path):
     """Under security = secure, TCP peers that never authenticate fill only their own count
     (max_unauthenticated_connections): 40 of them from five addresses, more than
     max_connections, and a local user's listing of / is still answered at once, as is a
@@ -298,136 +280,124 @@ def test_peers_that_never_authenticate_do_not_lock_local_users_out(tmp_path):
                               max_unauthenticated_connections=20, idle_timeout=60.0,
                               rpc_retry_seconds=3.0)
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            address = await start_meta(nursery, tmp_path, config)
-            held, refused = [], []
-            for i in range(40):
-                stream = await connect_from(address, f"127.0.0.{2 + i % 5}")
-                await stream.send_all(hello(client_id=f"flood{i}"))
-                held.append(stream)
-            for stream in held:                  # which of them the server kept
-                with trio.move_on_after(0.2):
-                    got = frames(await read_until_closed(stream, 10))
-                    refused.append(got)
-            assert len(refused) == 20, len(refused)
-            for got in refused:
-                [(_, _, error)] = got
-                assert error["type"] == "ServerBusy" and "unauthenticated" in error["message"]
-            for _ in range(2):
-                started = trio.current_time()
-                async with RpcClient(address, "local", retry_seconds=3.0) as rpc:
-                    assert rpc.local_socket is not None
-                    listing = await rpc.call("list_status", {"path": "/"})
-                assert trio.current_time() - started < 2.0
-                assert listing is not None
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        address = await start_meta(nursery, tmp_path, config)
+        held, refused = [], []
+        for i in range(40):
+            stream = await connect_from(address, f"127.0.0.{2 + i % 5}")
+            await stream.send_all(hello(client_id=f"flood{i}"))
+            held.append(stream)
+        for stream in held:                  # which of them the server kept
+            with trio.move_on_after(0.2):
+                got = frames(await read_until_closed(stream, 10))
+                refused.append(got)
+        assert len(refused) == 20, len(refused)
+        for got in refused:
+            [(_, _, error)] = got
+            assert error["type"] == "ServerBusy" and "unauthenticated" in error["message"]
+        for _ in range(2):
+            started = trio.current_time()
+            async with RpcClient(address, "local", retry_seconds=3.0) as rpc:
+                assert rpc.local_socket is not None
+                listing = await rpc.call("list_status", {"path": "/"})
+            assert trio.current_time() - started < 2.0
+            assert listing is not None
+        nursery.cancel_scope.cancel()
 
 
-def test_a_connection_that_only_asks_for_challenges_is_closed_at_the_auth_deadline(
+async def test_a_connection_that_only_asks_for_challenges_is_closed_at_the_auth_deadline(
         tmp_path, caplog):
     """A TCP peer that keeps calling ``token_challenge`` (never idle) but never
     authenticates is closed ``auth_timeout`` after it connected, told why."""
     config = make_test_config(auth_timeout=1.5, idle_timeout=0.5, frame_timeout=60.0)
     caplog.set_level(logging.WARNING, logger="fs.rpc")
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            address = await start_meta(nursery, tmp_path, config)
-            stream = await connect_from(address)
-            started = trio.current_time()
-            await stream.send_all(hello())
-            data = bytearray()
-            closed = False
-            with trio.fail_after(10):
-                for call_id in range(1, 100):
-                    try:
-                        await stream.send_all(encode_frame([call_id, "token_challenge", {}]))
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        break
-                    try:
-                        chunk = await stream.receive_some(65536)
-                    except trio.BrokenResourceError:
-                        chunk = b""
-                    if not chunk:
-                        closed = True
-                        break
-                    data += chunk
-                    await trio.sleep(0.2)   # busier than idle_timeout allows for
-            took = trio.current_time() - started
-            if not closed:
-                data += await read_until_closed(stream, 10)
-            got = frames(bytes(data))
-            assert [ok for call_id, ok, _ in got if call_id is not None][:3] == [True] * 3
-            errors_sent = [error for call_id, _, error in got if call_id is None]
-            # its last error frame may be lost to a reset (a request it sent meanwhile
-            # was still unread): the server's log says why in any case
-            assert all("did not authenticate within 1.5 s" in e["message"]
-                       for e in errors_sent), errors_sent
-            assert 1.3 <= took < 5, took
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        address = await start_meta(nursery, tmp_path, config)
+        stream = await connect_from(address)
+        started = trio.current_time()
+        await stream.send_all(hello())
+        data = bytearray()
+        closed = False
+        with trio.fail_after(10):
+            for call_id in range(1, 100):
+                try:
+                    await stream.send_all(encode_frame([call_id, "token_challenge", {}]))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    break
+                try:
+                    chunk = await stream.receive_some(65536)
+                except trio.BrokenResourceError:
+                    chunk = b""
+                if not chunk:
+                    closed = True
+                    break
+                data += chunk
+                await trio.sleep(0.2)   # busier than idle_timeout allows for
+        took = trio.current_time() - started
+        if not closed:
+            data += await read_until_closed(stream, 10)
+        got = frames(bytes(data))
+        assert [ok for call_id, ok, _ in got if call_id is not None][:3] == [True] * 3
+        errors_sent = [error for call_id, _, error in got if call_id is None]
+        # its last error frame may be lost to a reset (a request it sent meanwhile
+        # was still unread): the server's log says why in any case
+        assert all("did not authenticate within 1.5 s" in e["message"]
+                   for e in errors_sent), errors_sent
+        assert 1.3 <= took < 5, took
+        nursery.cancel_scope.cancel()
     assert any("did not authenticate within 1.5 s" in r.getMessage() for r in caplog.records)
 
 
-def test_authenticated_tcp_connections_outlive_the_auth_deadline(tmp_path, caplog):
+async def test_authenticated_tcp_connections_outlive_the_auth_deadline(tmp_path, caplog):
     """A block server (the cluster key) and a client with a delegation token authenticate
     over TCP: their connections stay past ``auth_timeout`` and may send large frames."""
     caplog.set_level(logging.WARNING, logger="fs.rpc")
 
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=1, auth_timeout=1.0,
-                                     idle_timeout=60.0) as cluster:
-            config = await cluster.remote_config()
-            async with AsyncClient(cluster.meta_address, config=config) as remote:
-                await remote.list_status("/")
-                assert remote.rpc.local_socket is None and remote.rpc.connected
-                conn = remote.rpc._conn
-                await trio.sleep(2.0)
-                with pytest.raises(errors.NameTooLong):     # a 600 kB frame
-                    await remote.mkdirs("/" + "x" * 600_000)
-                assert remote.rpc._conn is conn              # the same connection
-            assert (await cluster.wait_ready(1))             # the block server is live
-
-    trio.run(main)
+    async with inprocess_cluster(tmp_path, n_storage=1, auth_timeout=1.0,
+                                 idle_timeout=60.0) as cluster:
+        config = await cluster.remote_config()
+        async with AsyncClient(cluster.meta_address, config=config) as remote:
+            await remote.list_status("/")
+            assert remote.rpc.local_socket is None and remote.rpc.connected
+            conn = remote.rpc._conn
+            await trio.sleep(2.0)
+            with pytest.raises(errors.NameTooLong):     # a 600 kB frame
+                await remote.mkdirs("/" + "x" * 600_000)
+            assert remote.rpc._conn is conn              # the same connection
+        assert (await cluster.wait_ready(1))             # the block server is live
     cut = [r.getMessage() for r in caplog.records if "did not authenticate" in r.getMessage()]
     assert cut == []
 
 
-def test_block_server_refuses_connections_beyond_the_per_peer_limit(tmp_path, caplog):
+async def test_block_server_refuses_connections_beyond_the_per_peer_limit(tmp_path, caplog):
     """The block server answers a connection over ``max_connections_per_peer`` with an
     error response naming the limit; other peers are still served."""
     config = make_test_config(max_connections_per_peer=2, idle_timeout=60.0)
     caplog.set_level(logging.WARNING, logger="fs.rpc")
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            meta = await start_meta(nursery, tmp_path, config)
-            block_server = await start_block_server(nursery, tmp_path, config, meta)
-            address = block_server.advertised
-            held = [await connect_from(address, "127.0.0.2") for _ in range(2)]
-            with trio.fail_after(10):           # both admitted (waiting for their op)
-                while block_server.transfer.active_ops < 2:
-                    await trio.sleep(0.01)
-            extra = await connect_from(address, "127.0.0.2")
-            [response] = frames(await read_until_closed(extra, 10))
-            assert response["status"] == "ERROR" and "ServerBusy" in response["message"]
-            assert "limit 2" in response["message"]
-            # another peer: served (its op fails for its missing block access token, not
-            # for the limit)
-            other = await connect_from(address, "127.0.0.3")
-            await other.send_all(encode_frame({"op": "BLOCK_LENGTH",
-                                               "block": {"id": 1, "gs": 1}}))
-            [response] = frames(await read_until_closed(other, 10))
-            assert "InvalidToken" in response["message"]
-            for stream in held:
-                await stream.aclose()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        meta = await start_meta(nursery, tmp_path, config)
+        block_server = await start_block_server(nursery, tmp_path, config, meta)
+        address = block_server.advertised
+        held = [await connect_from(address, "127.0.0.2") for _ in range(2)]
+        with trio.fail_after(10):           # both admitted (waiting for their op)
+            while block_server.transfer.active_ops < 2:
+                await trio.sleep(0.01)
+        extra = await connect_from(address, "127.0.0.2")
+        [response] = frames(await read_until_closed(extra, 10))
+        assert response["status"] == "ERROR" and "ServerBusy" in response["message"]
+        assert "limit 2" in response["message"]
+        # another peer: served (its op fails for its missing block access token, not
+        # for the limit)
+        other = await connect_from(address, "127.0.0.3")
+        await other.send_all(encode_frame({"op": "BLOCK_LENGTH",
+                                           "block": {"id": 1, "gs": 1}}))
+        [response] = frames(await read_until_closed(other, 10))
+        assert "InvalidToken" in response["message"]
+        for stream in held:
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
     assert [r.levelno for r in caplog.records if "refusing" in r.getMessage()] == \
         [logging.WARNING]
 
@@ -568,61 +538,56 @@ def test_unauthenticated_peers_may_not_send_large_frames(tmp_path):
 
 
 @pytest.mark.parametrize("version", [999, -1, "1", True, None])
-def test_metadata_server_refuses_a_hello_of_an_unknown_protocol_version(tmp_path, caplog,
-                                                                        version):
+async def test_metadata_server_refuses_a_hello_of_an_unknown_protocol_version(tmp_path, caplog,
+                                                                              version):
     """The hello must say version 1 (the integer): anything else gets a ProtocolError naming
     the version and the one the server speaks, the connection is closed and the refusal
     logged once with the peer; a proper client is served next to it."""
     config = make_test_config()
     caplog.set_level(logging.WARNING, logger="fs.rpc")
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            address = await start_meta(nursery, tmp_path, config)
-            stream = await connect_from(address, "127.0.0.2")
-            await stream.send_all(hello(version) + encode_frame([1, "get_file_info",
-                                                                 {"path": "/"}]))
-            [(call_id, ok, error)] = frames(await read_until_closed(stream, 10))
-            assert call_id is None and not ok and error["type"] == "ProtocolError"
-            assert "unsupported protocol version" in error["message"]
-            assert "speaks version 1" in error["message"]
-            async with RpcClient(address, "good", retry_seconds=0) as rpc:
-                assert (await rpc.call("get_file_info", {"path": "/"}))["type"] == "dir"
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        address = await start_meta(nursery, tmp_path, config)
+        stream = await connect_from(address, "127.0.0.2")
+        await stream.send_all(hello(version) + encode_frame([1, "get_file_info",
+                                                             {"path": "/"}]))
+        [(call_id, ok, error)] = frames(await read_until_closed(stream, 10))
+        assert call_id is None and not ok and error["type"] == "ProtocolError"
+        assert "unsupported protocol version" in error["message"]
+        assert "speaks version 1" in error["message"]
+        async with RpcClient(address, "good", retry_seconds=0) as rpc:
+            assert (await rpc.call("get_file_info", {"path": "/"}))["type"] == "dir"
+        nursery.cancel_scope.cancel()
     logged = [r for r in caplog.records if "unsupported protocol version" in r.getMessage()]
     assert len(logged) == 1 and "127.0.0.2:" in logged[0].getMessage()
 
 
 @pytest.mark.parametrize("value", [1, "false", None, [True]])
-def test_metadata_server_refuses_a_hello_whose_sync_metadata_is_not_a_boolean(tmp_path, value):
+async def test_metadata_server_refuses_a_hello_whose_sync_metadata_is_not_a_boolean(
+        tmp_path, value):
     """``sync_metadata`` must be true or false (absent = true): anything else is a
     ProtocolError naming it, and the connection is closed before any call runs."""
     config = make_test_config()
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            address = await start_meta(nursery, tmp_path, config)
-            stream = await connect_from(address, "127.0.0.2")
-            frame = {"hello": "leasefs", "version": 1, "client_id": "x", "user": "alice",
-                     "groups": [], "sync_metadata": value}
-            await stream.send_all(encode_frame(frame) + encode_frame(
-                [1, "mkdirs", {"path": "/made"}]))
-            [(call_id, ok, error)] = frames(await read_until_closed(stream, 10))
-            assert call_id is None and not ok and error["type"] == "ProtocolError"
-            assert "sync_metadata must be true or false" in error["message"]
-            async with RpcClient(address, "good", retry_seconds=0) as rpc:
-                with pytest.raises(errors.FileNotFound):   # the call after the hello never ran
-                    await rpc.call("get_file_info", {"path": "/made"})
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        address = await start_meta(nursery, tmp_path, config)
+        stream = await connect_from(address, "127.0.0.2")
+        frame = {"hello": "leasefs", "version": 1, "client_id": "x", "user": "alice",
+                 "groups": [], "sync_metadata": value}
+        await stream.send_all(encode_frame(frame) + encode_frame(
+            [1, "mkdirs", {"path": "/made"}]))
+        [(call_id, ok, error)] = frames(await read_until_closed(stream, 10))
+        assert call_id is None and not ok and error["type"] == "ProtocolError"
+        assert "sync_metadata must be true or false" in error["message"]
+        async with RpcClient(address, "good", retry_seconds=0) as rpc:
+            with pytest.raises(errors.FileNotFound):   # the call after the hello never ran
+                await rpc.call("get_file_info", {"path": "/made"})
+        nursery.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize("version", [999, -1, "1"])
-def test_block_server_refuses_an_op_header_of_an_unknown_protocol_version(tmp_path, caplog,
-                                                                          version):
+async def test_block_server_refuses_an_op_header_of_an_unknown_protocol_version(tmp_path, caplog,
+                                                                                version):
     """An op header with a ``version`` other than 1 gets an ERROR response naming it and
     the connection is closed (logged once); version 1, or none (older clients), is served."""
     config = make_test_config()
@@ -635,19 +600,16 @@ def test_block_server_refuses_an_op_header_of_an_unknown_protocol_version(tmp_pa
         [response] = frames(await read_until_closed(stream, 10))
         return response
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            meta = await start_meta(nursery, tmp_path, config)
-            block_server = await start_block_server(nursery, tmp_path, config, meta)
-            address = block_server.advertised
-            refused = await ask(address, version=version)
-            assert refused["status"] == "ERROR" and refused["error"]["type"] == "ProtocolError"
-            assert "unsupported protocol version" in refused["message"]
-            for extra in ({"version": 1}, {}):   # served: refused only for want of a token
-                assert (await ask(address, **extra))["error"]["type"] == "InvalidToken"
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        meta = await start_meta(nursery, tmp_path, config)
+        block_server = await start_block_server(nursery, tmp_path, config, meta)
+        address = block_server.advertised
+        refused = await ask(address, version=version)
+        assert refused["status"] == "ERROR" and refused["error"]["type"] == "ProtocolError"
+        assert "unsupported protocol version" in refused["message"]
+        for extra in ({"version": 1}, {}):   # served: refused only for want of a token
+            assert (await ask(address, **extra))["error"]["type"] == "InvalidToken"
+        nursery.cancel_scope.cancel()
     logged = [r for r in caplog.records if "unsupported protocol version" in r.getMessage()]
     assert len(logged) == 1 and "127.0.0.2:" in logged[0].getMessage()
 

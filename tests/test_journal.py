@@ -49,11 +49,11 @@ async def log_all(journal: Journal, ops: list[tuple[str, dict]]) -> list[int]:
     return txids
 
 
-def session(directory, ops, **kwargs) -> tuple[Journal, Applied, list[int]]:
+async def session(directory, ops, **kwargs) -> tuple[Journal, Applied, list[int]]:
     applied = Applied()
     journal = Journal(str(directory), applied, **kwargs)
     journal.open()
-    txids = trio.run(log_all, journal, ops)
+    txids = await log_all(journal, ops)
     return journal, applied, txids
 
 
@@ -71,10 +71,10 @@ def reopen_copy(directory) -> Journal:
     return reopen(copy)
 
 
-def restart(directory) -> None:
+async def restart(directory) -> None:
     """Open and close once: finalizes the in-progress segment, leaves an empty new one."""
     journal = reopen(directory)
-    trio.run(journal.aclose)
+    await journal.aclose()
 
 
 def mkdir_ops(start: int, count: int) -> list[tuple[str, dict]]:
@@ -82,21 +82,18 @@ def mkdir_ops(start: int, count: int) -> list[tuple[str, dict]]:
             for i in range(start, start + count)]
 
 
-def rolled_journal(directory, count: int) -> Journal:
+async def rolled_journal(directory, count: int) -> Journal:
     """A closed journal (keep_segments=0) whose ``count`` records are in one rolled segment."""
     journal = Journal(str(directory), Applied(), keep_segments=0)
     journal.open()
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            for op, args in mkdir_ops(0, count):
-                await journal.log(op, args)
-            await journal.roll()
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for op, args in mkdir_ops(0, count):
+            await journal.log(op, args)
+        await journal.roll()
+        nursery.cancel_scope.cancel()
+    await journal.aclose()
     return journal
 
 
@@ -108,8 +105,8 @@ def only_segment(directory) -> str:
 
 
 # ------------------------------------------------------------------------------ round trip
-def test_append_replay_round_trip_across_restarts(tmp_path):
-    _, applied, txids = session(tmp_path, mkdir_ops(0, 5))
+async def test_append_replay_round_trip_across_restarts(tmp_path):
+    _, applied, txids = await session(tmp_path, mkdir_ops(0, 5))
     assert txids == [1, 2, 3, 4, 5]
     assert [r.txid for r in applied.records] == [1, 2, 3, 4, 5]
     assert applied.records[2] == Record(3, "MKDIR", {"path": "/d2", "perm": 0o755, "blob": b"\x02"})
@@ -123,7 +120,7 @@ def test_append_replay_round_trip_across_restarts(tmp_path):
     # the recovered in-progress segment was finalized; a new empty one waits at txid 6
     assert sorted(os.listdir(tmp_path)) == [finalized_name(1, 5), inprogress_name(6)]
 
-    txids2 = trio.run(log_all, journal, mkdir_ops(5, 3))
+    txids2 = await log_all(journal, mkdir_ops(5, 3))
     assert txids2 == [6, 7, 8]
     journal = reopen(tmp_path)
     assert journal.last_txid == 8
@@ -132,24 +129,21 @@ def test_append_replay_round_trip_across_restarts(tmp_path):
         (1, 5, False), (6, 8, False), (9, 8, True)]
 
 
-def test_args_are_normalised_like_replay_and_bad_args_refused(tmp_path):
+async def test_args_are_normalised_like_replay_and_bad_args_refused(tmp_path):
     applied = Applied()
     journal = Journal(str(tmp_path), applied, max_record=200)
     journal.open()
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            await journal.log("RENAME", {"src": "/a", "pair": (1, 2), 7: "int key"})
-            with pytest.raises(InvalidArgument, match="cannot be encoded"):
-                await journal.log("MKDIR", {"path": object()})
-            with pytest.raises(InvalidArgument, match="over the 200-byte limit"):
-                await journal.log("MKDIR", {"path": "/x" * 200})
-            assert await journal.log("MKDIR", {"path": "/b"}) == 2   # refused ones used no txid
-            await journal.aclose()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await journal.log("RENAME", {"src": "/a", "pair": (1, 2), 7: "int key"})
+        with pytest.raises(InvalidArgument, match="cannot be encoded"):
+            await journal.log("MKDIR", {"path": object()})
+        with pytest.raises(InvalidArgument, match="over the 200-byte limit"):
+            await journal.log("MKDIR", {"path": "/x" * 200})
+        assert await journal.log("MKDIR", {"path": "/b"}) == 2   # refused ones used no txid
+        await journal.aclose()
+        nursery.cancel_scope.cancel()
     assert applied.records[0].args == {"src": "/a", "pair": [1, 2], 7: "int key"}
     assert list(reopen(tmp_path).replay(0)) == applied.records
 
@@ -163,7 +157,7 @@ def test_empty_directory_and_replay_bounds(tmp_path):
 
 
 # ------------------------------------------------------------------------------ group commit
-def test_group_commit_batches_concurrent_logs(tmp_path):
+async def test_group_commit_batches_concurrent_logs(tmp_path):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
     journal.open()
@@ -172,16 +166,13 @@ def test_group_commit_batches_concurrent_logs(tmp_path):
     async def one(i):
         results[i] = await journal.log("MKDIR", {"path": f"/p{i}"})
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            async with trio.open_nursery() as writers:
-                for i in range(50):
-                    writers.start_soon(one, i)
-            await journal.aclose()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        async with trio.open_nursery() as writers:
+            for i in range(50):
+                writers.start_soon(one, i)
+        await journal.aclose()
+        nursery.cancel_scope.cancel()
     assert sorted(results.values()) == list(range(1, 51))
     assert journal.stats.records == 50
     assert journal.stats.fsyncs < 10, journal.stats
@@ -193,64 +184,58 @@ def test_group_commit_batches_concurrent_logs(tmp_path):
     assert journal.stats.bytes == os.path.getsize(tmp_path / inprogress_name(1))
 
 
-def test_log_many_writes_its_records_in_one_batch_or_refuses_them_all(tmp_path):
+async def test_log_many_writes_its_records_in_one_batch_or_refuses_them_all(tmp_path):
     """``log_many``: consecutive txids, one fsync, one apply call with all of them; a record
     that cannot be encoded refuses the whole list before any txid is used."""
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
     journal.open()
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            assert await journal.log("MKDIR", {"path": "/a"}) == 1
-            fsyncs = journal.stats.fsyncs
-            assert await journal.log_many([("ADD", {"path": "/a/f"}),
-                                           ("ADD_BLOCK", {"path": "/a/f"})]) == [2, 3]
-            assert journal.stats.fsyncs == fsyncs + 1
-            assert [r.txid for r in applied.batches[-1]] == [2, 3]
-            with pytest.raises(InvalidArgument, match="cannot be encoded"):
-                await journal.log_many([("ADD", {"path": "/a/g"}), ("X", {"bad": object()})])
-            assert await journal.log("MKDIR", {"path": "/b"}) == 4
-            await journal.aclose()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        assert await journal.log("MKDIR", {"path": "/a"}) == 1
+        fsyncs = journal.stats.fsyncs
+        assert await journal.log_many([("ADD", {"path": "/a/f"}),
+                                       ("ADD_BLOCK", {"path": "/a/f"})]) == [2, 3]
+        assert journal.stats.fsyncs == fsyncs + 1
+        assert [r.txid for r in applied.batches[-1]] == [2, 3]
+        with pytest.raises(InvalidArgument, match="cannot be encoded"):
+            await journal.log_many([("ADD", {"path": "/a/g"}), ("X", {"bad": object()})])
+        assert await journal.log("MKDIR", {"path": "/b"}) == 4
+        await journal.aclose()
+        nursery.cancel_scope.cancel()
     assert [(r.txid, r.op) for r in reopen(tmp_path).replay(0)] == [
         (1, "MKDIR"), (2, "ADD"), (3, "ADD_BLOCK"), (4, "MKDIR")]
 
 
-def test_a_typed_op_is_journaled_as_its_wire_pair(tmp_path):
+async def test_a_typed_op_is_journaled_as_its_wire_pair(tmp_path):
     """``log``/``log_many`` take typed ops: the segment holds the same bytes as when the
     op's ``(name, args)`` pair is logged, and replay gives that pair back."""
     ops = [Mkdir(dirs=[{"parent": 1, "name": "a", "ino": 2}], time=5),
            Close(ino=2, last=None, time=6, mode=0o600)]
     as_pairs = [op.to_wire() for op in ops]
-    session(tmp_path / "pairs", as_pairs)
-    session(tmp_path / "ops", [(op, None) for op in ops])
+    await session(tmp_path / "pairs", as_pairs)
+    await session(tmp_path / "ops", [(op, None) for op in ops])
     assert file_listing(tmp_path / "ops") == file_listing(tmp_path / "pairs")
     assert [(r.op, r.args) for r in reopen(tmp_path / "ops").replay(0)] == as_pairs
 
 
-def test_log_returns_only_after_apply(tmp_path):
+async def test_log_returns_only_after_apply(tmp_path):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
     journal.open()
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            for i in range(3):
-                txid = await journal.log("MKDIR", {"path": f"/{i}"})
-                assert applied.records[-1].txid == txid
-                assert journal.last_txid == txid
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for i in range(3):
+            txid = await journal.log("MKDIR", {"path": f"/{i}"})
+            assert applied.records[-1].txid == txid
+            assert journal.last_txid == txid
+        nursery.cancel_scope.cancel()
+    await journal.aclose()
 
 
-def test_cancelled_caller_record_still_written_and_applied(tmp_path):
+async def test_cancelled_caller_record_still_written_and_applied(tmp_path):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
     journal.open()
@@ -262,21 +247,18 @@ def test_cancelled_caller_record_still_written_and_applied(tmp_path):
             await journal.log("MKDIR", {"path": "/cancelled"})
         outcome["cancelled"] = scope.cancelled_caught
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await cancelled_writer()          # queued, caller gone before the syncer runs
-            nursery.start_soon(journal.run)
-            assert await journal.log("MKDIR", {"path": "/after"}) == 2
-            await journal.aclose()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await cancelled_writer()          # queued, caller gone before the syncer runs
+        nursery.start_soon(journal.run)
+        assert await journal.log("MKDIR", {"path": "/after"}) == 2
+        await journal.aclose()
+        nursery.cancel_scope.cancel()
     assert outcome["cancelled"] is True
     assert [r.args["path"] for r in applied.records] == ["/cancelled", "/after"]
     assert [r.args["path"] for r in reopen(tmp_path).replay(0)] == ["/cancelled", "/after"]
 
 
-def test_aclose_flushes_queued_records_without_syncer(tmp_path):
+async def test_aclose_flushes_queued_records_without_syncer(tmp_path):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
     journal.open()
@@ -285,25 +267,22 @@ def test_aclose_flushes_queued_records_without_syncer(tmp_path):
     async def waiter(i):
         txids.append(await journal.log("MKDIR", {"i": i}))
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            for i in range(3):
-                nursery.start_soon(waiter, i)
-            await trio.testing.wait_all_tasks_blocked()
-            assert applied.records == []     # no syncer running: nothing durable yet
-            await journal.aclose()
-        assert sorted(txids) == [1, 2, 3]
-        with pytest.raises(InternalError, match="not open"):
-            await journal.log("MKDIR", {})
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(waiter, i)
+        await trio.testing.wait_all_tasks_blocked()
+        assert applied.records == []     # no syncer running: nothing durable yet
+        await journal.aclose()
+    assert sorted(txids) == [1, 2, 3]
+    with pytest.raises(InternalError, match="not open"):
+        await journal.log("MKDIR", {})
     assert journal.stats.fsyncs == 1
     assert reopen(tmp_path).last_txid == 3
 
 
 # ------------------------------------------------------------------------------ torn tails
-def test_torn_tail_truncated_mid_record_is_cut(tmp_path, caplog):
-    session(tmp_path, mkdir_ops(0, 4))               # crash-like: inprogress_1 holds 1..4
+async def test_torn_tail_truncated_mid_record_is_cut(tmp_path, caplog):
+    await session(tmp_path, mkdir_ops(0, 4))               # crash-like: inprogress_1 holds 1..4
     inprog = tmp_path / inprogress_name(1)
     inprog.write_bytes(inprog.read_bytes()[:-5])     # record 4 loses its last 5 bytes
     cut = len(encode_record(4, *mkdir_ops(3, 1)[0])) - 5
@@ -314,14 +293,14 @@ def test_torn_tail_truncated_mid_record_is_cut(tmp_path, caplog):
                for m in caplog.messages), caplog.messages
     assert sorted(os.listdir(tmp_path)) == [finalized_name(1, 3), inprogress_name(4)]
 
-    txids = trio.run(log_all, journal, mkdir_ops(100, 2))
+    txids = await log_all(journal, mkdir_ops(100, 2))
     assert txids == [4, 5]
     assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("garbage", [b"\x00" * 4096, b"\x00\x00\x00\x10garbage!", b"\xff" * 3,
                                      b"\x00\x00\x00\x05\x00\x00\x00\x00abcde"])
-def test_torn_tail_garbage_or_zero_fill_at_end_is_cut(tmp_path, caplog, garbage):
+async def test_torn_tail_garbage_or_zero_fill_at_end_is_cut(tmp_path, caplog, garbage):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
     journal.open()
@@ -333,7 +312,7 @@ def test_torn_tail_garbage_or_zero_fill_at_end_is_cut(tmp_path, caplog, garbage)
                 await journal.log(op, args)
             nursery.cancel_scope.cancel()
 
-    trio.run(crash_after_three)
+    await crash_after_three()
     os.close(journal._fd)  # the crashed process's descriptor
     inprog = tmp_path / inprogress_name(1)
     good_size = inprog.stat().st_size
@@ -344,30 +323,30 @@ def test_torn_tail_garbage_or_zero_fill_at_end_is_cut(tmp_path, caplog, garbage)
     assert journal.last_txid == 3
     assert any(f"offset {good_size}: {len(garbage)} bytes" in m for m in caplog.messages), caplog.messages
     assert (tmp_path / finalized_name(1, 3)).stat().st_size == good_size
-    assert trio.run(log_all, journal, mkdir_ops(3, 1)) == [4]
+    assert await log_all(journal, mkdir_ops(3, 1)) == [4]
     assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2, 3, 4]
 
 
-def test_torn_first_record_leaves_empty_segment_and_keeps_txid(tmp_path):
-    session(tmp_path, mkdir_ops(0, 2))
-    restart(tmp_path)                               # edits_1-2 + inprogress_3 (empty)
+async def test_torn_first_record_leaves_empty_segment_and_keeps_txid(tmp_path):
+    await session(tmp_path, mkdir_ops(0, 2))
+    await restart(tmp_path)                               # edits_1-2 + inprogress_3 (empty)
     inprog = tmp_path / inprogress_name(3)
     inprog.write_bytes(encode_record(3, "MKDIR", {"path": "/torn"})[:9])
     journal = reopen(tmp_path)
     assert journal.last_txid == 2
     assert sorted(os.listdir(tmp_path)) == [finalized_name(1, 2), inprogress_name(3)]
-    assert trio.run(log_all, journal, mkdir_ops(2, 1)) == [3]
+    assert await log_all(journal, mkdir_ops(2, 1)) == [3]
 
 
 @pytest.mark.parametrize("empty_segment", [False, True])
-def test_store_ahead_of_a_lost_tail_is_bridged_and_the_check_agrees(tmp_path, caplog,
+async def test_store_ahead_of_a_lost_tail_is_bridged_and_the_check_agrees(tmp_path, caplog,
                                                                      empty_segment):
-    session(tmp_path, mkdir_ops(0, 5))               # inprogress_1 holds 1..5
+    await session(tmp_path, mkdir_ops(0, 5))               # inprogress_1 holds 1..5
     if empty_segment:
-        restart(tmp_path)                            # edits_1-5 + inprogress_6 (empty)
+        await restart(tmp_path)                            # edits_1-5 + inprogress_6 (empty)
         for name in os.listdir(tmp_path):
             os.unlink(tmp_path / name)
-        session(tmp_path, [])                        # a folder that only keeps the counter
+        await session(tmp_path, [])                        # a folder that only keeps the counter
         assert check_journal(str(tmp_path))[-1] == "OK: no records (last txid 0)"
         applied, lost = 5, "1..5"
     else:
@@ -384,7 +363,7 @@ def test_store_ahead_of_a_lost_tail_is_bridged_and_the_check_agrees(tmp_path, ca
         journal = reopen(tmp_path, store_applied=applied)
     assert any(f"txids {lost} are not in the journal" in m for m in caplog.messages)
     assert journal.last_txid == applied and list(journal.replay(applied)) == []
-    assert trio.run(log_all, journal, mkdir_ops(50, 2)) == [applied + 1, applied + 2]
+    assert await log_all(journal, mkdir_ops(50, 2)) == [applied + 1, applied + 2]
     # the chain is whole again: a plain restart, replay after the store, the check
     journal = reopen(tmp_path, store_applied=applied + 2)
     assert [r.txid for r in journal.replay(applied)] == [applied + 1, applied + 2]
@@ -394,8 +373,8 @@ def test_store_ahead_of_a_lost_tail_is_bridged_and_the_check_agrees(tmp_path, ca
     assert f"txids {lost}: lost from the journal" in text and "nothing to replay" in text
 
 
-def test_store_needing_purged_records_is_refused_by_start_and_check_alike(tmp_path):
-    journal = rolled_journal(tmp_path, 4)
+async def test_store_needing_purged_records_is_refused_by_start_and_check_alike(tmp_path):
+    journal = await rolled_journal(tmp_path, 4)
     journal.purge(4)
     before = file_listing(tmp_path)
     with pytest.raises(JournalError, match="applied txid 2; txids 3..4 are needed"):
@@ -405,10 +384,10 @@ def test_store_needing_purged_records_is_refused_by_start_and_check_alike(tmp_pa
     assert file_listing(tmp_path) == before
 
 
-def test_start_skips_segments_the_store_applied_and_the_check_warns_about_them(tmp_path):
-    session(tmp_path, mkdir_ops(0, 3))               # edits_1-3
-    session(tmp_path, mkdir_ops(3, 2))
-    restart(tmp_path)                                # edits_4-5, inprogress_6 empty
+async def test_start_skips_segments_the_store_applied_and_the_check_warns_about_them(tmp_path):
+    await session(tmp_path, mkdir_ops(0, 3))               # edits_1-3
+    await session(tmp_path, mkdir_ops(3, 2))
+    await restart(tmp_path)                                # edits_4-5, inprogress_6 empty
     (tmp_path / finalized_name(1, 3)).write_bytes(b"\x00" * 8)
     with pytest.raises(JournalError, match=finalized_name(1, 3)):
         check_journal(str(tmp_path), store_applied=2)   # a start would replay txid 3
@@ -420,12 +399,12 @@ def test_start_skips_segments_the_store_applied_and_the_check_warns_about_them(t
     assert file_listing(tmp_path) == before
     journal = reopen(tmp_path, store_applied=3)      # the start agrees: it does not read it
     assert [r.txid for r in journal.replay(3)] == [4, 5]
-    trio.run(journal.aclose)
+    await journal.aclose()
 
 
 # ------------------------------------------------------------------------------ corruption
-def test_bad_record_in_middle_of_inprogress_is_hard_error(tmp_path):
-    session(tmp_path, mkdir_ops(0, 6))               # inprogress_1 holds 1..6
+async def test_bad_record_in_middle_of_inprogress_is_hard_error(tmp_path):
+    await session(tmp_path, mkdir_ops(0, 6))               # inprogress_1 holds 1..6
     inprog = tmp_path / inprogress_name(1)
     data = bytearray(inprog.read_bytes())
     first_len = len(encode_record(1, "MKDIR", {"path": "/d0", "perm": 0o755, "blob": b"\x00"}))
@@ -440,9 +419,9 @@ def test_bad_record_in_middle_of_inprogress_is_hard_error(tmp_path):
     assert file_listing(tmp_path) == before         # nothing cut, nothing renamed
 
 
-def test_flipped_byte_in_finalized_segment_is_hard_error(tmp_path):
-    session(tmp_path, mkdir_ops(0, 3))
-    session(tmp_path, mkdir_ops(3, 3))               # edits_1-3, edits_4-6
+async def test_flipped_byte_in_finalized_segment_is_hard_error(tmp_path):
+    await session(tmp_path, mkdir_ops(0, 3))
+    await session(tmp_path, mkdir_ops(3, 3))               # edits_1-3, edits_4-6
     seg = tmp_path / finalized_name(1, 3)
     data = bytearray(seg.read_bytes())
     data[10] ^= 0x01                                 # body of the very first record
@@ -453,20 +432,20 @@ def test_flipped_byte_in_finalized_segment_is_hard_error(tmp_path):
         check_journal(str(tmp_path))
 
 
-def test_truncated_finalized_segment_is_hard_error(tmp_path):
-    session(tmp_path, mkdir_ops(0, 3))
-    session(tmp_path, mkdir_ops(3, 1))
+async def test_truncated_finalized_segment_is_hard_error(tmp_path):
+    await session(tmp_path, mkdir_ops(0, 3))
+    await session(tmp_path, mkdir_ops(3, 1))
     seg = tmp_path / finalized_name(1, 3)
     seg.write_bytes(seg.read_bytes()[:-2])
     with pytest.raises(JournalError, match=rf"{finalized_name(1, 3)}: bad record at offset \d+: short"):
         reopen(tmp_path)
 
 
-def test_txid_gap_between_segments_is_hard_error(tmp_path):
-    session(tmp_path, mkdir_ops(0, 2))               # edits_1-2
-    session(tmp_path, mkdir_ops(2, 2))               # edits_3-4
-    session(tmp_path, mkdir_ops(4, 2))
-    restart(tmp_path)                                # edits_5-6
+async def test_txid_gap_between_segments_is_hard_error(tmp_path):
+    await session(tmp_path, mkdir_ops(0, 2))               # edits_1-2
+    await session(tmp_path, mkdir_ops(2, 2))               # edits_3-4
+    await session(tmp_path, mkdir_ops(4, 2))
+    await restart(tmp_path)                                # edits_5-6
     (tmp_path / finalized_name(3, 4)).unlink()
     before = file_listing(tmp_path)
     with pytest.raises(JournalError) as info:
@@ -486,7 +465,7 @@ def test_txid_out_of_sequence_inside_segment_is_hard_error(tmp_path):
 
 
 # ------------------------------------------------------------------------------ roll + purge
-def test_roll_and_purge_keep_newest_segments(tmp_path):
+async def test_roll_and_purge_keep_newest_segments(tmp_path):
     journal = Journal(str(tmp_path), Applied(), keep_segments=2)
     journal.open()
 
@@ -504,7 +483,7 @@ def test_roll_and_purge_keep_newest_segments(tmp_path):
         await journal.aclose()
         return ranges
 
-    ranges = trio.run(main)
+    ranges = await main()
     assert ranges == [(1, 3), (4, 6), (7, 9), (10, 12), (13, 15)]
     assert [s.name for s in journal.segments()][:5] == [finalized_name(a, b) for a, b in ranges]
 
@@ -522,20 +501,20 @@ def test_roll_and_purge_keep_newest_segments(tmp_path):
         journal.replay(5)
 
 
-def test_purge_everything_keeps_txid_counter(tmp_path):
-    journal = rolled_journal(tmp_path, 4)
+async def test_purge_everything_keeps_txid_counter(tmp_path):
+    journal = await rolled_journal(tmp_path, 4)
     assert journal.purge(4) == [finalized_name(1, 4)]
     journal = reopen(tmp_path, keep_segments=0)
     assert journal.last_txid == 4
     assert list(journal.replay(4)) == []
-    assert trio.run(log_all, journal, mkdir_ops(4, 1)) == [5]
+    assert await log_all(journal, mkdir_ops(4, 1)) == [5]
 
 
 # ------------------------------------------------------------------------------ offline check
-def test_check_journal_reports_and_never_modifies(tmp_path):
-    session(tmp_path, mkdir_ops(0, 3))               # edits_1-3
-    session(tmp_path, mkdir_ops(3, 2))
-    restart(tmp_path)                                # edits_4-5, inprogress_6 empty
+async def test_check_journal_reports_and_never_modifies(tmp_path):
+    await session(tmp_path, mkdir_ops(0, 3))               # edits_1-3
+    await session(tmp_path, mkdir_ops(3, 2))
+    await restart(tmp_path)                                # edits_4-5, inprogress_6 empty
     inprog = tmp_path / inprogress_name(6)
     inprog.write_bytes(encode_record(6, "MKDIR", {"p": 1}) + b"\x00\x00\x00\x40half")
     before = file_listing(tmp_path)
@@ -560,7 +539,7 @@ def test_check_journal_reports_and_never_modifies(tmp_path):
 
 # ------------------------------------------------------------------------------ I/O errors
 @pytest.mark.allow_log_errors(r"journal write failed", reason="the test fills the disk")
-def test_failed_write_is_cut_back_so_failed_callers_are_not_durable(tmp_path, monkeypatch,
+async def test_failed_write_is_cut_back_so_failed_callers_are_not_durable(tmp_path, monkeypatch,
                                                                      caplog):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
@@ -597,7 +576,7 @@ def test_failed_write_is_cut_back_so_failed_callers_are_not_durable(tmp_path, mo
         await journal.aclose()
 
     with caplog.at_level(logging.ERROR, logger="meta.journal"):
-        trio.run(main)
+        await main()
     monkeypatch.setattr(os, "write", real_write)
     assert len(errors) == 5 and all(e.errno == 28 for e in errors)
     assert all("journal write failed" in str(e) and "did not happen" in str(e) for e in errors)
@@ -608,7 +587,7 @@ def test_failed_write_is_cut_back_so_failed_callers_are_not_durable(tmp_path, mo
 
 @pytest.mark.allow_log_errors(r"journal write failed", r"the metadata server stops",
                               reason="the test breaks fsync")
-def test_write_whose_cut_back_fails_stops_without_answering(tmp_path, monkeypatch, caplog):
+async def test_write_whose_cut_back_fails_stops_without_answering(tmp_path, monkeypatch, caplog):
     applied = Applied()
     journal = Journal(str(tmp_path), applied)
     journal.open()
@@ -634,19 +613,19 @@ def test_write_whose_cut_back_fails_stops_without_answering(tmp_path, monkeypatc
 
     with caplog.at_level(logging.ERROR, logger="meta.journal"):
         with pytest.raises(BaseExceptionGroup) as group:
-            trio.run(main)
+            await main()
     monkeypatch.undo()
     assert group.group_contains(JournalError, match="whether those records are durable is unknown")
     assert answered == []                                 # fate unknown: nobody was answered
     assert [r.txid for r in applied.records] == [1]       # nothing undurable was applied
-    assert_unanswered(journal.log, "MKDIR", {"path": "/later"})
+    await assert_unanswered(journal.log, "MKDIR", {"path": "/later"})
     assert any("the metadata server stops" in m for m in caplog.messages)
-    trio.run(journal.aclose)
+    await journal.aclose()
 
 
 @pytest.mark.allow_log_errors(r"applying txids", r"the metadata server stops",
                               reason="the test's apply raises")
-def test_apply_error_stops_without_answering_and_the_records_replay(tmp_path, caplog):
+async def test_apply_error_stops_without_answering_and_the_records_replay(tmp_path, caplog):
     seen = []
     answered = []
 
@@ -666,8 +645,8 @@ def test_apply_error_stops_without_answering_and_the_records_replay(tmp_path, ca
 
     with caplog.at_level(logging.ERROR, logger="meta.journal"):
         with pytest.raises(BaseExceptionGroup) as group:
-            trio.run(main)
-    trio.run(journal.aclose)
+            await main()
+    await journal.aclose()
     assert group.group_contains(JournalError, match="applying txids 2..2 failed.*namespace bug")
     assert seen == [1, 2] and answered == []
     assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2]   # durable: replays
@@ -675,7 +654,7 @@ def test_apply_error_stops_without_answering_and_the_records_replay(tmp_path, ca
 
 # ------------------------------------------------------------------ written, then durable
 
-def test_a_written_log_returns_before_its_fsync_and_sync_makes_it_durable(tmp_path):
+async def test_a_written_log_returns_before_its_fsync_and_sync_makes_it_durable(tmp_path):
     """``durable=False``: answered once written and applied; the fsync waits for
     ``sync_delay`` (here a minute) unless ``sync()`` asks for it, which it then does at once."""
     applied = Applied()
@@ -683,110 +662,96 @@ def test_a_written_log_returns_before_its_fsync_and_sync_makes_it_durable(tmp_pa
     journal.open()
     seen = {}
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            fsyncs = journal.stats.fsyncs
-            txids = [await journal.log(op, args, durable=False) for op, args in mkdir_ops(0, 3)]
-            seen["txids"] = txids
-            seen["applied"] = [r.txid for r in applied.records]
-            seen["durable"] = journal.durable_txid
-            seen["fsyncs"] = journal.stats.fsyncs - fsyncs
-            # written to the segment: a new process (a restart after kill -9) reads them
-            seen["on_disk"] = [r.txid for r in reopen_copy(tmp_path).replay(0)]
-            with trio.fail_after(10):      # not the minute of sync_delay
-                seen["synced"] = await journal.sync()
-            seen["durable_after"] = journal.durable_txid
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        fsyncs = journal.stats.fsyncs
+        txids = [await journal.log(op, args, durable=False) for op, args in mkdir_ops(0, 3)]
+        seen["txids"] = txids
+        seen["applied"] = [r.txid for r in applied.records]
+        seen["durable"] = journal.durable_txid
+        seen["fsyncs"] = journal.stats.fsyncs - fsyncs
+        # written to the segment: a new process (a restart after kill -9) reads them
+        seen["on_disk"] = [r.txid for r in reopen_copy(tmp_path).replay(0)]
+        with trio.fail_after(10):      # not the minute of sync_delay
+            seen["synced"] = await journal.sync()
+        seen["durable_after"] = journal.durable_txid
+        nursery.cancel_scope.cancel()
+    await journal.aclose()
     assert seen["txids"] == [1, 2, 3] and seen["applied"] == [1, 2, 3]
     assert seen["durable"] == 0 and seen["fsyncs"] == 0
     assert seen["on_disk"] == [1, 2, 3]
     assert seen["synced"] == 3 and seen["durable_after"] == 3
 
 
-def test_the_background_fsync_follows_within_the_delay(tmp_path):
+async def test_the_background_fsync_follows_within_the_delay(tmp_path):
     durable_seen = []
     journal = Journal(str(tmp_path), Applied(), sync_delay=0.01)
     journal.open()
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            for op, args in mkdir_ops(0, 5):
-                await journal.log(op, args, durable=False)
-            with trio.fail_after(10):   # no sync() and no close: the background fsync
-                while journal.durable_txid < 5:
-                    durable_seen.append(journal.durable_txid)
-                    await trio.sleep(0.005)
-            durable_seen.append(journal.durable_txid)
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for op, args in mkdir_ops(0, 5):
+            await journal.log(op, args, durable=False)
+        with trio.fail_after(10):   # no sync() and no close: the background fsync
+            while journal.durable_txid < 5:
+                durable_seen.append(journal.durable_txid)
+                await trio.sleep(0.005)
+        durable_seen.append(journal.durable_txid)
+        nursery.cancel_scope.cancel()
+    await journal.aclose()
     assert durable_seen and durable_seen[-1] == 5 and durable_seen == sorted(durable_seen)
     # the five calls came one after the other within the delay: far fewer fsyncs than records
     assert journal.stats.fsyncs < 5, journal.stats
 
 
-def test_a_durable_log_makes_the_written_ones_before_it_durable(tmp_path):
+async def test_a_durable_log_makes_the_written_ones_before_it_durable(tmp_path):
     journal = Journal(str(tmp_path), Applied(), sync_delay=60.0)
     journal.open()
     seen = {}
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            for op, args in mkdir_ops(0, 3):
-                await journal.log(op, args, durable=False)
-            seen["before"] = journal.durable_txid
-            seen["txid"] = await journal.log("MKDIR", {"path": "/sync"})
-            seen["after"] = journal.durable_txid
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for op, args in mkdir_ops(0, 3):
+            await journal.log(op, args, durable=False)
+        seen["before"] = journal.durable_txid
+        seen["txid"] = await journal.log("MKDIR", {"path": "/sync"})
+        seen["after"] = journal.durable_txid
+        nursery.cancel_scope.cancel()
+    await journal.aclose()
     assert seen == {"before": 0, "txid": 4, "after": 4}
 
 
-def test_roll_and_close_make_written_records_durable(tmp_path):
+async def test_roll_and_close_make_written_records_durable(tmp_path):
     journal = Journal(str(tmp_path), Applied(), sync_delay=60.0, keep_segments=5)
     journal.open()
     seen = {}
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            for op, args in mkdir_ops(0, 2):
-                await journal.log(op, args, durable=False)
-            seen["rolled"] = await journal.roll()
-            seen["after_roll"] = journal.durable_txid
-            await journal.log("MKDIR", {"path": "/late"}, durable=False)
-            seen["before_close"] = journal.durable_txid
-            nursery.cancel_scope.cancel()
-        await journal.aclose()
-        seen["after_close"] = journal.durable_txid
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for op, args in mkdir_ops(0, 2):
+            await journal.log(op, args, durable=False)
+        seen["rolled"] = await journal.roll()
+        seen["after_roll"] = journal.durable_txid
+        await journal.log("MKDIR", {"path": "/late"}, durable=False)
+        seen["before_close"] = journal.durable_txid
+        nursery.cancel_scope.cancel()
+    await journal.aclose()
+    seen["after_close"] = journal.durable_txid
     assert seen == {"rolled": (1, 2), "after_roll": 2, "before_close": 2, "after_close": 3}
     assert [r.txid for r in reopen(tmp_path).replay(0)] == [1, 2, 3]
 
 
-def assert_unanswered(call, *args) -> None:
+async def assert_unanswered(call, *args) -> None:
     """After a fail-stop a call is never answered (neither success nor an error reply that
     would be final for its client): it waits until the stopping server cancels it."""
-    async def go():
-        with trio.move_on_after(0.3) as scope:
-            await call(*args)
-        return scope.cancelled_caught
-    assert trio.run(go), f"{call.__name__} returned after the journal stopped"
+    with trio.move_on_after(0.3) as scope:
+        await call(*args)
+    assert scope.cancelled_caught, f"{call.__name__} returned after the journal stopped"
 
 
 @pytest.mark.allow_log_errors(r"journal fsync of .* failed", r"the metadata server stops",
                               reason="the test breaks fsync")
-def test_a_failed_background_fsync_stops_the_journal(tmp_path, monkeypatch, caplog):
+async def test_a_failed_background_fsync_stops_the_journal(tmp_path, monkeypatch, caplog):
     """Written records were answered: when their fsync fails the server must stop (HDFS
     terminates when it cannot sync a required journal), and nothing is answered after."""
     journal = Journal(str(tmp_path), Applied(), sync_delay=0.0)
@@ -806,15 +771,16 @@ def test_a_failed_background_fsync_stops_the_journal(tmp_path, monkeypatch, capl
 
     with caplog.at_level(logging.ERROR, logger="meta.journal"):
         with pytest.raises(BaseExceptionGroup) as group:
-            trio.run(main)
+            await main()
     monkeypatch.undo()
     assert group.group_contains(JournalError, match="txids up to 1 were acknowledged")
     assert answered == [1]
-    assert_unanswered(journal.log, "MKDIR", {"path": "/later"})
-    assert_unanswered(journal.sync)
+    await assert_unanswered(journal.log, "MKDIR", {"path": "/later"})
+    await assert_unanswered(journal.sync)
 
 
-def test_replicated_batches_grow_under_load_and_a_lone_caller_never_waits(tmp_path):
+async def test_replicated_batches_grow_under_load_and_a_lone_caller_never_waits(
+        tmp_path, autojump_clock):
     """With a replicator (ha = etcd) the syncer lets a batch smaller than the previous one
     grow, up to ``GATHER_SHARE`` of it or ``gather`` times the previous append's duration,
     whichever comes first; after a one-record batch it sends at once. Virtual time: the
@@ -837,29 +803,26 @@ def test_replicated_batches_grow_under_load_and_a_lone_caller_never_waits(tmp_pa
         await journal.log("MKDIR", {"path": f"/{name}"})
         returned[name] = trio.current_time() - start
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            await journal.log_many([("MKDIR", {"path": f"/a{i}"}) for i in range(8)])
-            # 6 callers 1 ms apart after a batch of 8: one batch once 6 (3/4 of 8) wait
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await journal.log_many([("MKDIR", {"path": f"/a{i}"}) for i in range(8)])
+        # 6 callers 1 ms apart after a batch of 8: one batch once 6 (3/4 of 8) wait
+        start = trio.current_time()
+        async with trio.open_nursery() as callers:
+            for i in range(6):
+                callers.start_soon(caller, f"b{i}", 0.001 * (i + 1), start)
+        # 3 callers after a batch of 6 (4 wanted): sent when 5 ms (half of 10) are up
+        start = trio.current_time()
+        async with trio.open_nursery() as callers:
+            for i in range(3):
+                callers.start_soon(caller, f"c{i}", 0.001 * (i + 1), start)
+        # one caller at a time: the first waits out the 5 ms (after a batch of 3 it
+        # wants 2), then every call costs the append alone
+        for i in range(4):
             start = trio.current_time()
-            async with trio.open_nursery() as callers:
-                for i in range(6):
-                    callers.start_soon(caller, f"b{i}", 0.001 * (i + 1), start)
-            # 3 callers after a batch of 6 (4 wanted): sent when 5 ms (half of 10) are up
-            start = trio.current_time()
-            async with trio.open_nursery() as callers:
-                for i in range(3):
-                    callers.start_soon(caller, f"c{i}", 0.001 * (i + 1), start)
-            # one caller at a time: the first waits out the 5 ms (after a batch of 3 it
-            # wants 2), then every call costs the append alone
-            for i in range(4):
-                start = trio.current_time()
-                await caller(f"d{i}", 0.0, start)
-            await journal.aclose()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+            await caller(f"d{i}", 0.0, start)
+        await journal.aclose()
+        nursery.cancel_scope.cancel()
     assert [n for _, n in appends] == [8, 6, 3, 1, 1, 1, 1], appends
     assert all(returned[f"b{i}"] == pytest.approx(0.016) for i in range(6)), returned
     assert all(returned[f"c{i}"] == pytest.approx(0.016) for i in range(3)), returned
@@ -869,7 +832,7 @@ def test_replicated_batches_grow_under_load_and_a_lone_caller_never_waits(tmp_pa
 
 
 # ------------------------------------------------------------------------------ recent records
-def test_recent_decodes_only_the_records_asked_for(tmp_path, monkeypatch):
+async def test_recent_decodes_only_the_records_asked_for(tmp_path, monkeypatch):
     """The retry cache's look back at start: of 3 segments (2000 + 3000 records + the
     recovered in-progress tail of 500) ``recent`` decodes only the newest ``limit`` records,
     stepping over the older ones by their headers (a flipped byte in a skipped record's body
@@ -877,17 +840,14 @@ def test_recent_decodes_only_the_records_asked_for(tmp_path, monkeypatch):
     journal = Journal(str(tmp_path), Applied(), keep_segments=0)
     journal.open()
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-            for count in (2000, 3000, 500):
-                for start in range(0, count, 500):
-                    await journal.log_many(mkdir_ops(start, 500))
-                if count != 500:
-                    await journal.roll()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)     # not closed: the in-progress segment is recovered as after kill -9
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for count in (2000, 3000, 500):
+            for start in range(0, count, 500):
+                await journal.log_many(mkdir_ops(start, 500))
+            if count != 500:
+                await journal.roll()
+        nursery.cancel_scope.cancel()
     middle = tmp_path / finalized_name(2001, 5000)
     data = bytearray(middle.read_bytes())
     data[RECORD_HEADER.size + 5] ^= 0xFF     # inside the body of txid 2001's record
@@ -915,13 +875,14 @@ def test_recent_decodes_only_the_records_asked_for(tmp_path, monkeypatch):
     assert [r.txid for r in journal.recent(0, 5500)] == list(range(5001, 5501))
 
 
-def test_start_steps_over_the_applied_records_of_the_inprogress_segment(tmp_path, monkeypatch):
+async def test_start_steps_over_the_applied_records_of_the_inprogress_segment(tmp_path,
+                                                                            monkeypatch):
     """After a crash the in-progress segment holds 1..200 and the store applied 150: the
     start decodes only what it replays (a flipped byte in an applied record's body is not
     even seen; the offline check still reports it), and a damaged header among the applied
     records (the step-over would land wrong) makes it verify everything: corruption, and
     nothing cut."""
-    session(tmp_path, mkdir_ops(0, 200))
+    await session(tmp_path, mkdir_ops(0, 200))
     inprog = tmp_path / inprogress_name(1)
     clean = inprog.read_bytes()
     fifth = sum(len(encode_record(i + 1, *op)) for i, op in enumerate(mkdir_ops(0, 4)))
@@ -941,11 +902,11 @@ def test_start_steps_over_the_applied_records_of_the_inprogress_segment(tmp_path
     assert journal.last_txid == 200
     assert [r.txid for r in journal.replay(150)] == list(range(151, 201))
     assert len(decoded) <= 2 * 50 + 1            # the verify, then the replay, of 151..200
-    trio.run(journal.aclose)
+    await journal.aclose()
 
     shutil.rmtree(tmp_path)
     tmp_path.mkdir()
-    session(tmp_path, mkdir_ops(0, 200))
+    await session(tmp_path, mkdir_ops(0, 200))
     data = bytearray(inprog.read_bytes())
     data[fifth:fifth + 4] = (1 << 20).to_bytes(4, "big")   # txid 5's length, far too long
     inprog.write_bytes(bytes(data))

@@ -300,148 +300,130 @@ def wait_checkpoint(cluster: ProcessCluster, after_txid: int, timeout: float = 3
     return trio.run(run)
 
 
-def test_checkpoint_trigger_counts_transactions_across_restarts(tmp_path):
-    cluster = ProcessCluster(tmp_path, n_storage=0,
-                             settings={"checkpoint_txns": 100, "checkpoint_period": 3600})
-    cluster.start()
-    try:
-        make_dirs(cluster, "a", 60)                  # FORMAT + 60: under the 100
-        restart_meta(cluster)
-        now = report(cluster)
-        assert now["checkpoint"] == {"txid": 0, "time_ns": 0,
-                                     "txns_since": now["journal"]["last_txid"],
-                                     "journal_bytes_since": journal_bytes(cluster)}
-        make_dirs(cluster, "b", 60)                  # 121 since the start of time: due
-        first = wait_checkpoint(cluster, 0)
-        assert first["txid"] >= 100 and first["time_ns"] > 0
+@pytest.mark.cluster(n_storage=0, settings={"checkpoint_txns": 100, "checkpoint_period": 3600})
+def test_checkpoint_trigger_counts_transactions_across_restarts(process_cluster):
+    make_dirs(process_cluster, "a", 60)                  # FORMAT + 60: under the 100
+    restart_meta(process_cluster)
+    now = report(process_cluster)
+    assert now["checkpoint"] == {"txid": 0, "time_ns": 0,
+                                 "txns_since": now["journal"]["last_txid"],
+                                 "journal_bytes_since": journal_bytes(process_cluster)}
+    make_dirs(process_cluster, "b", 60)                  # 121 since the start of time: due
+    first = wait_checkpoint(process_cluster, 0)
+    assert first["txid"] >= 100 and first["time_ns"] > 0
 
-        restart_meta(cluster)                        # the checkpoint is remembered
-        remembered = report(cluster)["checkpoint"]
-        assert (remembered["txid"], remembered["time_ns"]) == (first["txid"], first["time_ns"])
-        make_dirs(cluster, "c", 50)
-        restart_meta(cluster)
-        make_dirs(cluster, "d", 55)                  # 105 since the first checkpoint
-        second = wait_checkpoint(cluster, first["txid"])
-        assert second["txid"] - first["txid"] >= 100
-    finally:
-        cluster.stop()
+    restart_meta(process_cluster)                        # the checkpoint is remembered
+    remembered = report(process_cluster)["checkpoint"]
+    assert (remembered["txid"], remembered["time_ns"]) == (first["txid"], first["time_ns"])
+    make_dirs(process_cluster, "c", 50)
+    restart_meta(process_cluster)
+    make_dirs(process_cluster, "d", 55)                  # 105 since the first checkpoint
+    second = wait_checkpoint(process_cluster, first["txid"])
+    assert second["txid"] - first["txid"] >= 100
 
 
-def test_save_namespace_needs_safe_mode_purges_old_segments_and_shows_in_report(tmp_path):
-    cluster = ProcessCluster(tmp_path, n_storage=0, settings={"journal_keep_segments": 1})
-    cluster.start()
-    try:
-        make_dirs(cluster, "a", 20)
-        refused = leasefs(cluster, "save-namespace")
-        assert refused.returncode == 1
-        assert refused.stderr.strip().splitlines() == [
-            "leasefs save-namespace: save namespace: safe mode must be ON to save the "
-            "namespace (leasefs safemode enter), as HDFS requires"]
-        assert "Last checkpoint: never" in leasefs(cluster, "report").stdout
+@pytest.mark.cluster(n_storage=0, settings={"journal_keep_segments": 1})
+def test_save_namespace_needs_safe_mode_purges_old_segments_and_shows_in_report(process_cluster):
+    make_dirs(process_cluster, "a", 20)
+    refused = leasefs(process_cluster, "save-namespace")
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines() == [
+        "leasefs save-namespace: save namespace: safe mode must be ON to save the "
+        "namespace (leasefs safemode enter), as HDFS requires"]
+    assert "Last checkpoint: never" in leasefs(process_cluster, "report").stdout
 
-        for prefix in ("b", "c", "d"):
-            make_dirs(cluster, prefix, 10)
-            assert leasefs(cluster, "safemode", "enter").returncode == 0
-            saved = leasefs(cluster, "save-namespace")
-            assert saved.returncode == 0, saved.stderr
-            assert leasefs(cluster, "safemode", "leave").returncode == 0
-        txid = report(cluster)["journal"]["last_txid"]
-        assert f"Save namespace successful: checkpoint txid {txid} at " in saved.stdout
-        assert "purged 1 journal segment(s)" in saved.stdout
-        assert f"Last checkpoint: txid {txid} at " in leasefs(cluster, "report").stdout
+    for prefix in ("b", "c", "d"):
+        make_dirs(process_cluster, prefix, 10)
+        assert leasefs(process_cluster, "safemode", "enter").returncode == 0
+        saved = leasefs(process_cluster, "save-namespace")
+        assert saved.returncode == 0, saved.stderr
+        assert leasefs(process_cluster, "safemode", "leave").returncode == 0
+    txid = report(process_cluster)["journal"]["last_txid"]
+    assert f"Save namespace successful: checkpoint txid {txid} at " in saved.stdout
+    assert "purged 1 journal segment(s)" in saved.stdout
+    assert f"Last checkpoint: txid {txid} at " in leasefs(process_cluster, "report").stdout
 
-        # only the newest finalized segment is left; a start opens and replays just that
-        segments = sorted(os.listdir(journal_dir(cluster)))
-        first_kept = int(segments[0].split("_")[1].split("-")[0])
-        assert len(segments) == 2 and segments[1].startswith("edits_inprogress_"), segments
-        assert first_kept > 1
-        make_dirs(cluster, "e", 5)
-        cluster.kill_meta()                          # kill -9: the tail is in the journal only
-        cluster.start_meta()
-        cluster.wait_ready(0)
-        log_text = cluster.log_tail("meta", 400)
-        # the kept segment and the recovered in-progress one: nothing older is read
-        assert f"opened: 2 finalized segments, last txid {txid + 5}" in log_text, log_text
-        assert trio.run(all_exist, cluster.meta_address, ["/e/d4", "/a/d0"]) == []
-        check = leasefs(cluster, "meta", "--check-journal", str(journal_dir(cluster)))
-        assert check.returncode == 0 and f"txids {first_kept}.." in check.stdout, check.stdout
-    finally:
-        cluster.stop()
+    # only the newest finalized segment is left; a start opens and replays just that
+    segments = sorted(os.listdir(journal_dir(process_cluster)))
+    first_kept = int(segments[0].split("_")[1].split("-")[0])
+    assert len(segments) == 2 and segments[1].startswith("edits_inprogress_"), segments
+    assert first_kept > 1
+    make_dirs(process_cluster, "e", 5)
+    process_cluster.kill_meta()                          # kill -9: the tail is in the journal only
+    process_cluster.start_meta()
+    process_cluster.wait_ready(0)
+    log_text = process_cluster.log_tail("meta", 400)
+    # the kept segment and the recovered in-progress one: nothing older is read
+    assert f"opened: 2 finalized segments, last txid {txid + 5}" in log_text, log_text
+    assert trio.run(all_exist, process_cluster.meta_address, ["/e/d4", "/a/d0"]) == []
+    check = leasefs(process_cluster, "meta", "--check-journal", str(journal_dir(process_cluster)))
+    assert check.returncode == 0 and f"txids {first_kept}.." in check.stdout, check.stdout
 
 
-def test_one_save_namespace_leaves_only_what_follows_it_and_report_shows_the_size(tmp_path):
+@pytest.mark.cluster(n_storage=0)
+def test_one_save_namespace_leaves_only_what_follows_it_and_report_shows_the_size(process_cluster):
     """Default settings: after writes (and a kill -9 restart that finalized a segment), one
     save-namespace leaves the journal folder holding only the new, empty in-progress segment;
     the report then counts the journal written since, as on disk."""
-    cluster = ProcessCluster(tmp_path, n_storage=0)
-    cluster.start()
-    try:
-        make_dirs(cluster, "a", 30)
-        cluster.kill_meta()
-        cluster.start_meta()
-        cluster.wait_ready(0)
-        make_dirs(cluster, "b", 30)
-        assert len(os.listdir(journal_dir(cluster))) == 2      # finalized + in progress
-        assert leasefs(cluster, "safemode", "enter").returncode == 0
-        saved = leasefs(cluster, "save-namespace")
-        assert saved.returncode == 0, saved.stderr
-        assert "purged 2 journal segment(s)" in saved.stdout, saved.stdout
-        assert leasefs(cluster, "safemode", "leave").returncode == 0
-        txid = report(cluster)["journal"]["last_txid"]
-        assert os.listdir(journal_dir(cluster)) == [f"edits_inprogress_{txid + 1:019d}"]
-        assert journal_bytes(cluster) == 0
-        assert report(cluster)["checkpoint"]["journal_bytes_since"] == 0
+    make_dirs(process_cluster, "a", 30)
+    process_cluster.kill_meta()
+    process_cluster.start_meta()
+    process_cluster.wait_ready(0)
+    make_dirs(process_cluster, "b", 30)
+    assert len(os.listdir(journal_dir(process_cluster))) == 2      # finalized + in progress
+    assert leasefs(process_cluster, "safemode", "enter").returncode == 0
+    saved = leasefs(process_cluster, "save-namespace")
+    assert saved.returncode == 0, saved.stderr
+    assert "purged 2 journal segment(s)" in saved.stdout, saved.stdout
+    assert leasefs(process_cluster, "safemode", "leave").returncode == 0
+    txid = report(process_cluster)["journal"]["last_txid"]
+    assert os.listdir(journal_dir(process_cluster)) == [f"edits_inprogress_{txid + 1:019d}"]
+    assert journal_bytes(process_cluster) == 0
+    assert report(process_cluster)["checkpoint"]["journal_bytes_since"] == 0
 
-        make_dirs(cluster, "c", 10)
-        on_disk = journal_bytes(cluster)
-        assert on_disk > 0
-        assert report(cluster)["checkpoint"]["journal_bytes_since"] == on_disk
-        text = leasefs(cluster, "report").stdout
-        size = human_size(on_disk)
-        size += "B" if size[-1].isalpha() else " B"
-        assert re.search(rf"Last checkpoint: txid {txid} at .* \(10 transactions, {size} "
-                         rf"of journal since\)", text), text
-    finally:
-        cluster.stop()
+    make_dirs(process_cluster, "c", 10)
+    on_disk = journal_bytes(process_cluster)
+    assert on_disk > 0
+    assert report(process_cluster)["checkpoint"]["journal_bytes_since"] == on_disk
+    text = leasefs(process_cluster, "report").stdout
+    size = human_size(on_disk)
+    size += "B" if size[-1].isalpha() else " B"
+    assert re.search(rf"Last checkpoint: txid {txid} at .* \(10 transactions, {size} "
+                     rf"of journal since\)", text), text
 
 
-def test_journal_bytes_since_the_last_checkpoint_trigger_one(tmp_path):
+@pytest.mark.cluster(n_storage=0, settings={"checkpoint_journal_bytes": 8192,
+                                            "checkpoint_txns": 1_000_000,
+                                            "checkpoint_period": 3600})
+def test_journal_bytes_since_the_last_checkpoint_trigger_one(process_cluster):
     """With a low journal-size threshold (and the transaction and time thresholds far off),
     writes alone trigger checkpoints, each leaving only what follows it."""
-    cluster = ProcessCluster(tmp_path, n_storage=0,
-                             settings={"checkpoint_journal_bytes": 8192,
-                                       "checkpoint_txns": 1_000_000,
-                                       "checkpoint_period": 3600})
-    cluster.start()
-    try:
-        make_dirs(cluster, "a", 20)
-        assert report(cluster)["checkpoint"]["time_ns"] == 0   # under 8 KiB so far
-        make_dirs(cluster, "b", 150)                             # ~100 bytes a record
-        first = wait_checkpoint(cluster, 0)
-        assert first["txid"] > 20
-        make_dirs(cluster, "c", 150)
-        assert wait_checkpoint(cluster, first["txid"])["txid"] > first["txid"]
+    make_dirs(process_cluster, "a", 20)
+    assert report(process_cluster)["checkpoint"]["time_ns"] == 0   # under 8 KiB so far
+    make_dirs(process_cluster, "b", 150)                             # ~100 bytes a record
+    first = wait_checkpoint(process_cluster, 0)
+    assert first["txid"] > 20
+    make_dirs(process_cluster, "c", 150)
+    assert wait_checkpoint(process_cluster, first["txid"])["txid"] > first["txid"]
 
-        # the checkpoint monitor looks once a second: a further checkpoint may start after
-        # any report (the writes of "c" can leave more than 8 KiB after the second one), so
-        # wait for the state where the bytes since the last checkpoint are under the
-        # threshold, and check it: only the in-progress segment after it is left
-        def settled():
-            last = report(cluster)["checkpoint"]
-            names = os.listdir(journal_dir(cluster))
-            if last["journal_bytes_since"] < 8192 \
-                    and names == [f"edits_inprogress_{last['txid'] + 1:019d}"] \
-                    and journal_bytes(cluster) == last["journal_bytes_since"]:
-                return last
-            return None
+    # the checkpoint monitor looks once a second: a further checkpoint may start after
+    # any report (the writes of "c" can leave more than 8 KiB after the second one), so
+    # wait for the state where the bytes since the last checkpoint are under the
+    # threshold, and check it: only the in-progress segment after it is left
+    def settled():
+        last = report(process_cluster)["checkpoint"]
+        names = os.listdir(journal_dir(process_cluster))
+        if last["journal_bytes_since"] < 8192 \
+                and names == [f"edits_inprogress_{last['txid'] + 1:019d}"] \
+                and journal_bytes(process_cluster) == last["journal_bytes_since"]:
+            return last
+        return None
 
-        last = poll_until(settled, timeout=30.0)
-        assert last, (report(cluster)["checkpoint"], os.listdir(journal_dir(cluster)),
-                      journal_bytes(cluster))
-        assert last["txid"] > first["txid"]
-        assert trio.run(all_exist, cluster.meta_address, ["/a/d0", "/c/d149"]) == []
-    finally:
-        cluster.stop()
+    last = poll_until(settled, timeout=30.0)
+    assert last, (report(process_cluster)["checkpoint"], os.listdir(journal_dir(process_cluster)),
+                  journal_bytes(process_cluster))
+    assert last["txid"] > first["txid"]
+    assert trio.run(all_exist, process_cluster.meta_address, ["/a/d0", "/c/d149"]) == []
 
 
 def create_as_w(cluster: ProcessCluster, i: int):
@@ -452,35 +434,31 @@ def create_as_w(cluster: ProcessCluster, i: int):
                                                  "create_parent": True, "want_status": True}, i)
 
 
-def test_a_start_after_kill9_reads_back_only_what_the_retry_cache_keeps(tmp_path):
+@pytest.mark.cluster(n_storage=0, settings={"retry_cache_entries": 40})
+def test_a_start_after_kill9_reads_back_only_what_the_retry_cache_keeps(process_cluster):
     """The retry cache keeps 40 calls: after 200 retry-cached creates and kill -9, the start
     reads back the journal's newest 40 records (not 200), and a create among them retried
     with its identity gets its first answer; one older than the look back is run again
     (and fails: the cache no longer knows it)."""
-    cluster = ProcessCluster(tmp_path, n_storage=0, settings={"retry_cache_entries": 40})
-    cluster.start()
-    try:
-        async def creates():
-            return [await create_as_w(cluster, i) for i in range(1, 201)]
+    async def creates():
+        return [await create_as_w(process_cluster, i) for i in range(1, 201)]
 
-        first = trio.run(creates)
-        cluster.kill_meta()
-        cluster.start_meta()
-        cluster.wait_ready(0)
-        noted = "retry cache: 40 calls noted from the journal's 40 most recent records"
-        # the look back runs in the background: the retries below wait for it anyway
-        assert poll_until(lambda: noted in cluster.log_tail("meta", 200)), \
-            cluster.log_tail("meta", 200)
+    first = trio.run(creates)
+    process_cluster.kill_meta()
+    process_cluster.start_meta()
+    process_cluster.wait_ready(0)
+    noted = "retry cache: 40 calls noted from the journal's 40 most recent records"
+    # the look back runs in the background: the retries below wait for it anyway
+    assert poll_until(lambda: noted in process_cluster.log_tail("meta", 200)), \
+        process_cluster.log_tail("meta", 200)
 
-        async def retries():
-            newest = await create_as_w(cluster, 200)
-            with pytest.raises(errors.AlreadyBeingCreated):   # run again: the file is open
-                await create_as_w(cluster, 1)
-            return newest
+    async def retries():
+        newest = await create_as_w(process_cluster, 200)
+        with pytest.raises(errors.AlreadyBeingCreated):   # run again: the file is open
+            await create_as_w(process_cluster, 1)
+        return newest
 
-        assert trio.run(retries) == first[-1]
-    finally:
-        cluster.stop()
+    assert trio.run(retries) == first[-1]
 
 
 def test_after_kill9_reads_are_answered_during_the_look_back_and_retries_wait_for_it(tmp_path):

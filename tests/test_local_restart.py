@@ -10,49 +10,47 @@ import pytest
 import trio
 
 from fs.rpc import RpcClient
-from harness import ProcessCluster
 
 RESTARTS = 3
 CLIENTS = 250
 
 
 @pytest.mark.slow
-def test_local_clients_ride_through_restarts_under_load(tmp_path):
+@pytest.mark.cluster(n_storage=0, settings={"max_connections_per_peer": 2 * CLIENTS})
+async def test_local_clients_ride_through_restarts_under_load(process_cluster):
     # each client has its own connection: room for all of them (one uid) and their reconnects
-    with ProcessCluster(tmp_path, n_storage=0,
-                        settings={"max_connections_per_peer": 2 * CLIENTS}) as cluster:
-        async def main():
-            failures: list[str] = []
-            served = [0] * CLIENTS       # calls answered, per client
+    async def main():
+        failures: list[str] = []
+        served = [0] * CLIENTS       # calls answered, per client
 
-            async def load(n: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
-                async with RpcClient(cluster.meta_address, f"load{n}",
-                                     retry_seconds=20.0) as rpc:
-                    assert rpc.local_socket is not None   # the local socket, no token
-                    task_status.started()
-                    while True:
-                        try:
-                            await rpc.call("get_file_info", {"path": "/"})
-                            served[n] += 1
-                        except Exception as exc:   # noqa: BLE001 - every failure counts
-                            failures.append(f"{type(exc).__name__}: {exc}")
+        async def load(n: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
+            async with RpcClient(process_cluster.meta_address, f"load{n}",
+                                 retry_seconds=20.0) as rpc:
+                assert rpc.local_socket is not None   # the local socket, no token
+                task_status.started()
+                while True:
+                    try:
+                        await rpc.call("get_file_info", {"path": "/"})
+                        served[n] += 1
+                    except Exception as exc:   # noqa: BLE001 - every failure counts
+                        failures.append(f"{type(exc).__name__}: {exc}")
 
-            async def all_served_again() -> None:
-                before = list(served)
-                with trio.fail_after(20):
-                    while not failures and any(now == then for now, then in zip(served, before)):
-                        await trio.sleep(0.05)
+        async def all_served_again() -> None:
+            before = list(served)
+            with trio.fail_after(20):
+                while not failures and any(now == then for now, then in zip(served, before)):
+                    await trio.sleep(0.05)
 
-            async with trio.open_nursery() as nursery:
-                for n in range(CLIENTS):
-                    await nursery.start(load, n)
+        async with trio.open_nursery() as nursery:
+            for n in range(CLIENTS):
+                await nursery.start(load, n)
+            await all_served_again()
+            for _ in range(RESTARTS):
+                await trio.to_thread.run_sync(process_cluster.kill_meta)
+                await trio.to_thread.run_sync(process_cluster.start_meta)
                 await all_served_again()
-                for _ in range(RESTARTS):
-                    await trio.to_thread.run_sync(cluster.kill_meta)
-                    await trio.to_thread.run_sync(cluster.start_meta)
-                    await all_served_again()
-                nursery.cancel_scope.cancel()
-            return failures
+            nursery.cancel_scope.cancel()
+        return failures
 
-        failures = trio.run(main)
-        assert failures == [], f"{len(failures)} calls failed, the first: {failures[0]}"
+    failures = await main()
+    assert failures == [], f"{len(failures)} calls failed, the first: {failures[0]}"

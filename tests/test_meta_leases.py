@@ -133,18 +133,16 @@ async def commit_sync(node, cmd, length, *, delete=False, targets=None):
         "new_targets": targets if targets is not None else [t["node_id"] for t in cmd["targets"]]})
 
 
-def run(tmp_path, body, **overrides):
-    async def main():
-        from contextlib import AsyncExitStack
-        async with meta_server(tmp_path, **{**BASE, **overrides}) as meta:
-            async with AsyncExitStack() as stack:
-                rpc = await stack.enter_async_context(meta.client())
-                await body(meta, rpc, stack)
-    trio.run(main)
+async def run(tmp_path, body, **overrides):
+    from contextlib import AsyncExitStack
+    async with meta_server(tmp_path, **{**BASE, **overrides}) as meta:
+        async with AsyncExitStack() as stack:
+            rpc = await stack.enter_async_context(meta.client())
+            await body(meta, rpc, stack)
 
 
 # --------------------------------------------------------------------------- RPC tests
-def test_recover_lease_forced_block_recovery_and_commit(tmp_path):
+async def test_recover_lease_forced_block_recovery_and_commit(tmp_path):
     async def body(meta, rpc, stack):
         nodes = await nodes_for(meta, stack)
         st, lb = await open_file_with_data(rpc, nodes, "/f", "A", 3000)
@@ -183,10 +181,10 @@ def test_recover_lease_forced_block_recovery_and_commit(tmp_path):
                                          "previous": {**lb["block"], "num_bytes": 3000}})
         with pytest.raises(errors.FileExists):
             await rpc.call("create", {"path": "/f", "client_name": "C"})
-    run(tmp_path, body)
+    await run(tmp_path, body)
 
 
-def test_writer_checks_after_reassignment_name_the_owner(tmp_path):
+async def test_writer_checks_after_reassignment_name_the_owner(tmp_path):
     async def body(meta, rpc, stack):
         nodes = await nodes_for(meta, stack)
         st, lb = await open_file_with_data(rpc, nodes, "/g", "A", 100)
@@ -197,10 +195,10 @@ def test_writer_checks_after_reassignment_name_the_owner(tmp_path):
         with pytest.raises(errors.LeaseExpired, match="not the lease owner"):
             await rpc.call("complete", {"path": "/g", "client_name": "A", "ino": st["ino"],
                                         "last": {**lb["block"], "num_bytes": 100}})
-    run(tmp_path, body)
+    await run(tmp_path, body)
 
 
-def test_soft_expiry_create_recovers_then_file_exists(tmp_path):
+async def test_soft_expiry_create_recovers_then_file_exists(tmp_path):
     async def body(meta, rpc, stack):
         nodes = await nodes_for(meta, stack)
         await open_file_with_data(rpc, nodes, "/s", "A", 700)
@@ -216,10 +214,10 @@ def test_soft_expiry_create_recovers_then_file_exists(tmp_path):
         with pytest.raises(errors.FileExists):
             await rpc.call("create", {"path": "/s", "client_name": "B"})
         assert (await rpc.call("get_file_info", {"path": "/s"}))["length"] == 700
-    run(tmp_path, body)
+    await run(tmp_path, body)
 
 
-def test_hard_expiry_goes_to_internal_holder_and_survives_restart(tmp_path):
+async def test_hard_expiry_goes_to_internal_holder_and_survives_restart(tmp_path):
     async def body(meta, rpc, stack):
         nodes = await nodes_for(meta, stack)
         await open_file_with_data(rpc, nodes, "/h", "A", 512)
@@ -234,10 +232,10 @@ def test_hard_expiry_goes_to_internal_holder_and_survives_restart(tmp_path):
         async with meta.client() as rpc2:
             opened = await rpc2.call("list_open_files", {})
             assert [(e["path"], e["holder"]) for e in opened] == [("/h", INTERNAL_HOLDER)]
-    run(tmp_path, body, lease_hard_limit=0.8, lease_soft_limit=0.3)
+    await run(tmp_path, body, lease_hard_limit=0.8, lease_soft_limit=0.3)
 
 
-def test_stalled_recovery_retried_with_new_id_and_next_primary(tmp_path):
+async def test_stalled_recovery_retried_with_new_id_and_next_primary(tmp_path):
     async def body(meta, rpc, stack):
         nodes = await nodes_for(meta, stack)
         await open_file_with_data(rpc, nodes, "/r", "A", 64)
@@ -250,10 +248,10 @@ def test_stalled_recovery_retried_with_new_id_and_next_primary(tmp_path):
             await commit_sync(first_node, first, 64)
         assert await commit_sync(second_node, second, 64)
         assert await rpc.call("recover_lease", {"path": "/r", "client_name": "B"}) is True
-    run(tmp_path, body, block_recovery_retry=0.4)
+    await run(tmp_path, body, block_recovery_retry=0.4)
 
 
-def test_all_replicas_empty_drops_the_block_and_closes(tmp_path):
+async def test_all_replicas_empty_drops_the_block_and_closes(tmp_path):
     async def body(meta, rpc, stack):
         nodes = await nodes_for(meta, stack)
         await open_file_with_data(rpc, nodes, "/e", "A", 0)
@@ -263,10 +261,10 @@ def test_all_replicas_empty_drops_the_block_and_closes(tmp_path):
         info = await rpc.call("get_file_info", {"path": "/e"})
         assert not info["under_construction"] and info["length"] == 0
         assert (await rpc.call("get_block_locations", {"path": "/e"}))["blocks"] == []
-    run(tmp_path, body)
+    await run(tmp_path, body)
 
 
-def test_truncate_boundary_mid_block_and_errors(tmp_path):
+async def test_truncate_boundary_mid_block_and_errors(tmp_path):
     async def body(meta, rpc, stack):
         from test_meta_server import write_file
         nodes = await nodes_for(meta, stack)
@@ -303,10 +301,10 @@ def test_truncate_boundary_mid_block_and_errors(tmp_path):
         await commit_sync(primary, cmd, 100)
         info = await rpc.call("get_file_info", {"path": "/t"})
         assert info["length"] == bs + 100 and not info["under_construction"]
-    run(tmp_path, body)
+    await run(tmp_path, body)
 
 
-def test_append_reopens_partial_block_with_new_gs(tmp_path):
+async def test_append_reopens_partial_block_with_new_gs(tmp_path):
     async def body(meta, rpc, stack):
         from test_meta_server import write_file
         nodes = await nodes_for(meta, stack)
@@ -329,10 +327,10 @@ def test_append_reopens_partial_block_with_new_gs(tmp_path):
         assert (await rpc.call("get_file_info", {"path": "/a"}))["length"] == 6000
         with pytest.raises(errors.IsDirectory):
             await rpc.call("append", {"path": "/", "client_name": "P"})
-    run(tmp_path, body)
+    await run(tmp_path, body)
 
 
-def test_recovery_commit_survives_restart(tmp_path):
+async def test_recovery_commit_survives_restart(tmp_path):
     async def body(meta, rpc, stack):
         nodes = await nodes_for(meta, stack)
         await open_file_with_data(rpc, nodes, "/p", "A", 900)
@@ -345,10 +343,10 @@ def test_recovery_commit_survives_restart(tmp_path):
             assert info["length"] == 900 and not info["under_construction"]
             loc = await rpc2.call("get_block_locations", {"path": "/p"})
             assert loc["blocks"][0]["block"]["gs"] == cmd["recovery_id"]
-    run(tmp_path, body)
+    await run(tmp_path, body)
 
 
-def test_rename_open_file_and_two_restarts_keep_one_lease(tmp_path):
+async def test_rename_open_file_and_two_restarts_keep_one_lease(tmp_path):
     async def body(meta, rpc, stack):
         nodes = await nodes_for(meta, stack)
         await rpc.call("mkdirs", {"path": "/d"})
@@ -372,10 +370,10 @@ def test_rename_open_file_and_two_restarts_keep_one_lease(tmp_path):
                                            "last": prev})
         assert await rpc.call("list_open_files", {}) == []
         assert (await rpc.call("get_file_info", {"path": "/e/g"}))["length"] == 1000
-    run(tmp_path, body, lease_soft_limit=5.0, lease_hard_limit=20.0)
+    await run(tmp_path, body, lease_soft_limit=5.0, lease_hard_limit=20.0)
 
 
-def test_namespace_invariants_after_recovery_truncate_append(tmp_path):
+async def test_namespace_invariants_after_recovery_truncate_append(tmp_path):
     from meta.namespace.invariants import check_namespace
     from meta.journal.kv import PlyvelStore
     from test_meta_server import write_file
@@ -399,10 +397,10 @@ def test_namespace_invariants_after_recovery_truncate_append(tmp_path):
         finally:
             store.close()
         await meta.start()
-    run(tmp_path, body)
+    await run(tmp_path, body)
 
 
-def test_mid_block_truncate_survives_a_restart_before_its_recovery_commits(tmp_path):
+async def test_mid_block_truncate_survives_a_restart_before_its_recovery_commits(tmp_path):
     """The truncate target is journaled with the block: a recovery started again after a
     metadata-server restart still cuts the replicas to it (not to the replicas' old length)."""
     async def body(meta, rpc, stack):
@@ -427,4 +425,4 @@ def test_mid_block_truncate_survives_a_restart_before_its_recovery_commits(tmp_p
         # a later append + recovery of the same block must not cut it back to 1000
         reply = await rpc.call("append", {"path": "/t", "client_name": "P"})
         assert reply["last_block"]["block"]["num_bytes"] == 1000
-    run(tmp_path, body)
+    await run(tmp_path, body)

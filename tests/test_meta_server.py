@@ -145,7 +145,7 @@ async def tree(rpc, path="/") -> dict:
 # --------------------------------------------------------------------------- life cycle
 
 
-def test_file_life_cycle_create_add_block_complete(tmp_path):
+async def test_file_life_cycle_create_add_block_complete(tmp_path):
     async def main():
         async with meta_server(tmp_path, replication=2) as meta:
             async with meta.client() as rpc, meta.client("storage-a") as ra, \
@@ -222,10 +222,10 @@ def test_file_life_cycle_create_add_block_complete(tmp_path):
                 with pytest.raises(errors.IsDirectory):
                     await rpc.call("get_block_locations", {"path": "/data"})
 
-    trio.run(main)
+    await main()
 
 
-def test_lease_rules_between_two_writers(tmp_path):
+async def test_lease_rules_between_two_writers(tmp_path):
     async def main():
         async with meta_server(tmp_path) as meta:
             async with meta.client() as rpc, meta.client("storage-a") as ra:
@@ -248,10 +248,10 @@ def test_lease_rules_between_two_writers(tmp_path):
                 report = await rpc.call("report")
                 assert report["open_files"] == 1
 
-    trio.run(main)
+    await main()
 
 
-def test_soft_and_hard_lease_expiry_release_files(tmp_path):
+async def test_soft_and_hard_lease_expiry_release_files(tmp_path):
     async def main():
         async with meta_server(tmp_path, lease_soft_limit=0.3, lease_hard_limit=0.8) as meta:
             async with meta.client() as rpc, meta.client("storage-a") as ra:
@@ -290,13 +290,13 @@ def test_soft_and_hard_lease_expiry_release_files(tmp_path):
                 assert located["blocks"] == []
                 assert (await rpc.call("report"))["open_files"] == 0
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- bad input
 
 
-def test_bad_requests_get_errors_and_server_keeps_serving(tmp_path):
+async def test_bad_requests_get_errors_and_server_keeps_serving(tmp_path):
     async def main():
         async with meta_server(tmp_path) as meta:
             async with meta.client() as rpc:
@@ -352,10 +352,10 @@ def test_bad_requests_get_errors_and_server_keeps_serving(tmp_path):
                 assert report["live_nodes"] == [] and report["files"] == 1
                 assert (await rpc.call("get_file_info", {"path": "/keep"}))["children"] == 2
 
-    trio.run(main)
+    await main()
 
 
-def test_oversized_and_garbage_frames_do_not_hurt_the_server(tmp_path):
+async def test_oversized_and_garbage_frames_do_not_hurt_the_server(tmp_path):
     async def main():
         async with meta_server(tmp_path) as meta:
             host, port = meta.address.rsplit(":", 1)
@@ -371,13 +371,13 @@ def test_oversized_and_garbage_frames_do_not_hurt_the_server(tmp_path):
             async with meta.client() as rpc:
                 assert await rpc.call("mkdirs", {"path": "/still/alive"}) is True
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- retry cache
 
 
-def test_retried_mutations_with_the_same_call_id_apply_once(tmp_path):
+async def test_retried_mutations_with_the_same_call_id_apply_once(tmp_path):
     async def main():
         async with meta_server(tmp_path) as meta:
             async with meta.client("retrying-client") as rpc:
@@ -401,13 +401,13 @@ def test_retried_mutations_with_the_same_call_id_apply_once(tmp_path):
                 with pytest.raises(errors.FileNotFound):
                     await other.call_once("rename", {"src": "/r", "dst": "/r2"}, 6000, 10)
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- safe mode
 
 
-def test_safe_mode_at_restart_and_manual(tmp_path):
+async def test_safe_mode_at_restart_and_manual(tmp_path):
     async def main():
         async with meta_server(tmp_path) as meta:
             async with meta.client("storage-a") as ra:
@@ -446,10 +446,10 @@ def test_safe_mode_at_restart_and_manual(tmp_path):
                     assert (await rpc.call("safemode", {"action": "leave"}))["on"] is False
                     await rpc.call("create", {"path": "/y", "client_name": "w"})
 
-    trio.run(main)
+    await main()
 
 
-def test_safe_mode_extension_waits_after_threshold(tmp_path):
+async def test_safe_mode_extension_waits_after_threshold(tmp_path):
     async def main():
         async with meta_server(tmp_path, safemode_extension=0.6) as meta:
             async with meta.client("storage-a") as ra, meta.client() as rpc:
@@ -464,13 +464,13 @@ def test_safe_mode_extension_waits_after_threshold(tmp_path):
                 await trio.sleep(1.0)
                 assert (await rpc.call("safemode"))["on"] is False
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- deletion
 
 
-def test_delete_sends_invalidations_at_most_limit_per_heartbeat(tmp_path):
+async def test_delete_sends_invalidations_at_most_limit_per_heartbeat(tmp_path):
     async def main():
         async with meta_server(tmp_path, invalidate_limit=3, replication=2) as meta:
             async with meta.client("storage-a") as ra, meta.client("storage-b") as rb, \
@@ -514,10 +514,10 @@ def test_delete_sends_invalidations_at_most_limit_per_heartbeat(tmp_path):
                 assert reply["commands"] == [{"type": "INVALIDATE", "blocks": [
                     {"id": 999_999, "gs": 1, "num_bytes": 5}]}]
 
-    trio.run(main)
+    await main()
 
 
-def test_dead_block_server_is_detected_and_must_reregister(tmp_path):
+async def test_dead_block_server_is_detected_and_must_reregister(tmp_path):
     async def main():
         async with meta_server(tmp_path, dead_node_interval=0.6) as meta:
             async with meta.client("storage-a") as ra, meta.client("storage-b") as rb, \
@@ -552,10 +552,10 @@ def test_dead_block_server_is_detected_and_must_reregister(tmp_path):
                                                  "ino": st["ino"],
                                                  "excluded": ["node-a", "node-b"]})
 
-    trio.run(main)
+    await main()
 
 
-def test_report_bad_blocks_hides_the_corrupt_replica(tmp_path):
+async def test_report_bad_blocks_hides_the_corrupt_replica(tmp_path):
     async def main():
         async with meta_server(tmp_path, replication=2) as meta:
             async with meta.client("storage-a") as ra, meta.client("storage-b") as rb, \
@@ -576,13 +576,13 @@ def test_report_bad_blocks_hides_the_corrupt_replica(tmp_path):
                 assert located["blocks"][0]["corrupt"] is True
                 assert len(located["blocks"][0]["locations"]) == 2
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- restart
 
 
-def test_restart_keeps_namespace_leases_and_blocks(tmp_path):
+async def test_restart_keeps_namespace_leases_and_blocks(tmp_path):
     async def main():
         async with meta_server(tmp_path, checkpoint_period=0.3, journal_keep_segments=1) as meta:
             async with meta.client("storage-a") as ra, meta.client() as rpc:
@@ -629,10 +629,10 @@ def test_restart_keeps_namespace_leases_and_blocks(tmp_path):
                 assert all(lb["locations"] for lb in located["blocks"])
         assert_store_consistent(tmp_path)
 
-    trio.run(main)
+    await main()
 
 
-def test_complete_records_the_writers_times_and_a_restart_keeps_them(tmp_path):
+async def test_complete_records_the_writers_times_and_a_restart_keeps_them(tmp_path):
     """A writer that set times and mode while it wrote (utimens, chmod through the mount)
     hands them to ``complete``: the close records them (the times instead of its own) in
     the same journal record, so the replay has them too; bad values are refused and the
@@ -669,10 +669,10 @@ def test_complete_records_the_writers_times_and_a_restart_keeps_them(tmp_path):
                 assert await rpc.call("get_file_info", {"path": "/t"}) == want
         assert_store_consistent(tmp_path)
 
-    trio.run(main)
+    await main()
 
 
-def test_concurrent_mutations_share_fsyncs_and_stay_consistent(tmp_path):
+async def test_concurrent_mutations_share_fsyncs_and_stay_consistent(tmp_path):
     async def main():
         async with meta_server(tmp_path) as meta:
             async with meta.client() as rpc:
@@ -698,10 +698,10 @@ def test_concurrent_mutations_share_fsyncs_and_stay_consistent(tmp_path):
                     assert info["type"] == "dir"
         assert_store_consistent(tmp_path)
 
-    trio.run(main)
+    await main()
 
 
-def test_status_page_serves_the_report(tmp_path):
+async def test_status_page_serves_the_report(tmp_path):
     async def main():
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -724,10 +724,10 @@ def test_status_page_serves_the_report(tmp_path):
                 and "live_nodes" in report
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_racing_mutations_on_the_same_names_serialise_correctly(tmp_path):
+async def test_racing_mutations_on_the_same_names_serialise_correctly(tmp_path):
     async def main():
         async with meta_server(tmp_path) as meta:
             async with meta.client() as rpc:
@@ -777,13 +777,13 @@ def test_racing_mutations_on_the_same_names_serialise_correctly(tmp_path):
                 assert (await rpc.call("report"))["open_files"] == 1   # only /same
         assert_store_consistent(tmp_path)
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- review fixes
 
 
-def test_lost_heartbeat_reply_invalidations_are_sent_again(tmp_path):
+async def test_lost_heartbeat_reply_invalidations_are_sent_again(tmp_path):
     """Finding 15: INVALIDATE refs whose heartbeat reply was lost go out again after
     10 heartbeat intervals, until the block server reports the replicas deleted."""
     async def main():
@@ -810,10 +810,10 @@ def test_lost_heartbeat_reply_invalidations_are_sent_again(tmp_path):
                 await trio.sleep(0.05 * 10 + 0.1)
                 assert (await a.heartbeat())["commands"] == []
 
-    trio.run(main)
+    await main()
 
 
-def test_block_limits_are_enforced_by_create_and_add_block(tmp_path):
+async def test_block_limits_are_enforced_by_create_and_add_block(tmp_path):
     async def main():
         async with meta_server(tmp_path, max_blocks_per_file=2, min_block_size=32 * KiB) as meta:
             async with meta.client("storage-a") as ra, meta.client() as rpc:
@@ -841,10 +841,10 @@ def test_block_limits_are_enforced_by_create_and_add_block(tmp_path):
                 info = await rpc.call("get_file_info", {"path": "/two"})
                 assert info["length"] == 128 * KiB and not info["under_construction"]
 
-    trio.run(main)
+    await main()
 
 
-def test_writer_calls_cost_the_same_at_block_5_and_block_60(tmp_path):
+async def test_writer_calls_cost_the_same_at_block_5_and_block_60(tmp_path):
     """Finding 8: add_block, fsync, complete and a ranged get_block_locations read a bounded
     number of block keys however many blocks the file has (they used to scan them all)."""
     from meta.server import MetaServer
@@ -908,13 +908,13 @@ def test_writer_calls_cost_the_same_at_block_5_and_block_60(tmp_path):
         kv.close()
         assert costs[5] == costs[-1] and max(costs) <= 16, costs
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- big deletes
 
 
-def test_big_delete_returns_at_once_and_is_reclaimed_while_other_calls_are_served(tmp_path):
+async def test_big_delete_returns_at_once_and_is_reclaimed_while_other_calls_are_served(tmp_path):
     """2000 open files with a replica each, delete_chunk 50: the path is gone when delete
     returns (leases too); RECLAIM records remove the rest in the background while other
     calls are answered between them (a report sees a half-reclaimed count), and every
@@ -981,10 +981,10 @@ def test_big_delete_returns_at_once_and_is_reclaimed_while_other_calls_are_serve
                             invalidated += [b["id"] for b in command["blocks"]]
                 assert sorted(invalidated) == sorted(r[0] for r in replicas)
 
-    trio.run(main)
+    await main()
 
 
-def test_reclaimer_pauses_in_safe_mode_and_finishes_after_a_restart(tmp_path):
+async def test_reclaimer_pauses_in_safe_mode_and_finishes_after_a_restart(tmp_path):
     from fs.rpc import CallContext
     from meta.server import MetaServer
 
@@ -1032,7 +1032,7 @@ def test_reclaimer_pauses_in_safe_mode_and_finishes_after_a_restart(tmp_path):
         finally:
             reopened.close()
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- chunked reports
@@ -1091,7 +1091,7 @@ def _blocks_state(server) -> tuple:
              for n in server.datanodes.nodes.values()})
 
 
-def test_chunked_block_report_equals_one_call_and_removes_only_at_last(tmp_path, monkeypatch):
+async def test_chunked_block_report_equals_one_call_and_removes_only_at_last(tmp_path, monkeypatch):
     from fs.rpc import CallContext
     import meta.server as meta_server_module
 
@@ -1166,10 +1166,10 @@ def test_chunked_block_report_equals_one_call_and_removes_only_at_last(tmp_path,
         assert counters[2]["corrupt"] == 2
         assert invalidate["node-b"][0] == sorted([entries[1][0], entries[2][0], 999_999])
 
-    trio.run(main)
+    await main()
 
 
-def test_safe_mode_counts_report_chunks_as_they_arrive(tmp_path):
+async def test_safe_mode_counts_report_chunks_as_they_arrive(tmp_path):
     from fs.rpc import CallContext
 
     ctx = CallContext(client_id="storage-a", peer="127.0.0.1:5000", call_id=None)
@@ -1188,13 +1188,13 @@ def test_safe_mode_counts_report_chunks_as_they_arrive(tmp_path):
                                           last=False)
             assert "reported blocks 6 reached the threshold" in server.safemode.reason
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- rename_many
 
 
-def test_rename_many_publishes_a_set_at_once_and_refuses_ambiguous_sets(tmp_path):
+async def test_rename_many_publishes_a_set_at_once_and_refuses_ambiguous_sets(tmp_path):
     """A job commit: old outputs into a trash folder and new ones in their place, as one
     journal record. A lister polling meanwhile only ever sees the old set or the new set
     (per-file renames would show mixes); bad requests change nothing."""
@@ -1291,4 +1291,4 @@ def test_rename_many_publishes_a_set_at_once_and_refuses_ambiguous_sets(tmp_path
                 assert await tree(rpc) == final
         assert_store_consistent(tmp_path)
 
-    trio.run(main)
+    await main()

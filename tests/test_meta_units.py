@@ -60,93 +60,84 @@ def test_lock_sets_follow_the_fgl_modes():
         lock_set(parts, LOCK_ANCESTOR)
 
 
-def test_rwlock_readers_share_writer_excludes_and_is_fair():
-    async def main():
-        lock = RWLock()
-        order = []
+async def test_rwlock_readers_share_writer_excludes_and_is_fair(autojump_clock):
+    lock = RWLock()
+    order = []
 
-        async def reader(name, hold):
-            await lock.acquire(False)
-            order.append(f"+{name}")
-            await trio.sleep(hold)
-            order.append(f"-{name}")
-            lock.release(False)
-
-        async def writer(name, hold):
-            await lock.acquire(True)
-            order.append(f"+{name}")
-            await trio.sleep(hold)
-            order.append(f"-{name}")
-            lock.release(True)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(reader, "r1", 1)
-            await trio.sleep(0.1)
-            nursery.start_soon(reader, "r2", 1)       # shares with r1
-            await trio.sleep(0.1)
-            nursery.start_soon(writer, "w", 1)        # waits for both readers
-            await trio.sleep(0.1)
-            nursery.start_soon(reader, "r3", 1)       # queued behind the writer (fair)
-        assert order[:2] == ["+r1", "+r2"]
-        assert order.index("+w") > order.index("-r2")
-        assert order.index("+r3") > order.index("-w")
-        assert lock.idle
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-
-
-def test_rwlock_cancelled_waiter_leaves_the_queue():
-    async def main():
-        lock = RWLock()
+    async def reader(name, hold):
         await lock.acquire(False)
-        with trio.move_on_after(1):
-            await lock.acquire(True)     # waits forever; cancelled
-        # the cancelled writer must not block a later reader
-        with trio.fail_after(1):
-            await lock.acquire(False)
+        order.append(f"+{name}")
+        await trio.sleep(hold)
+        order.append(f"-{name}")
         lock.release(False)
-        lock.release(False)
-        assert lock.idle
 
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    async def writer(name, hold):
+        await lock.acquire(True)
+        order.append(f"+{name}")
+        await trio.sleep(hold)
+        order.append(f"-{name}")
+        lock.release(True)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader, "r1", 1)
+        await trio.sleep(0.1)
+        nursery.start_soon(reader, "r2", 1)       # shares with r1
+        await trio.sleep(0.1)
+        nursery.start_soon(writer, "w", 1)        # waits for both readers
+        await trio.sleep(0.1)
+        nursery.start_soon(reader, "r3", 1)       # queued behind the writer (fair)
+    assert order[:2] == ["+r1", "+r2"]
+    assert order.index("+w") > order.index("-r2")
+    assert order.index("+r3") > order.index("-w")
+    assert lock.idle
 
 
-def test_path_lock_pool_serialises_conflicts_runs_disjoint_and_drops_locks():
-    async def main():
-        pool = PathLockPool()
-        log = []
+async def test_rwlock_cancelled_waiter_leaves_the_queue(autojump_clock):
+    lock = RWLock()
+    await lock.acquire(False)
+    with trio.move_on_after(1):
+        await lock.acquire(True)     # waits forever; cancelled
+    # the cancelled writer must not block a later reader
+    with trio.fail_after(1):
+        await lock.acquire(False)
+    lock.release(False)
+    lock.release(False)
+    assert lock.idle
 
-        async def op(name, parts, mode, hold):
-            async with pool.hold(lock_set(parts, mode)):
-                log.append(("start", name, trio.current_time()))
-                await trio.sleep(hold)
-                log.append(("end", name, trio.current_time()))
 
+async def test_path_lock_pool_serialises_conflicts_runs_disjoint_and_drops_locks(autojump_clock):
+    pool = PathLockPool()
+    log = []
+
+    async def op(name, parts, mode, hold):
+        async with pool.hold(lock_set(parts, mode)):
+            log.append(("start", name, trio.current_time()))
+            await trio.sleep(hold)
+            log.append(("end", name, trio.current_time()))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(op, "create /a/x", ["a", "x"], LOCK_PARENT, 1)
+        nursery.start_soon(op, "create /b/y", ["b", "y"], LOCK_PARENT, 1)   # disjoint
+        await trio.sleep(0.1)
+        nursery.start_soon(op, "chmod /a/z", ["a", "z"], LOCK_WRITE, 1)     # needs read /a
+        nursery.start_soon(op, "stat /b/y", ["b", "y"], LOCK_READ, 1)       # conflicts
+    starts = {name: t for kind, name, t in log if kind == "start"}
+    assert starts["create /a/x"] == starts["create /b/y"] == 0
+    assert starts["chmod /a/z"] == 1 and starts["stat /b/y"] == 1
+    assert len(pool) == 0
+
+    # rename-style multi-path sets in opposite argument order never deadlock
+    async def rename(src, dst):
+        wanted = merge(lock_set(src, LOCK_PARENT), lock_set(dst, LOCK_PARENT))
+        async with pool.hold(wanted):
+            await trio.sleep(0.5)
+
+    with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(op, "create /a/x", ["a", "x"], LOCK_PARENT, 1)
-            nursery.start_soon(op, "create /b/y", ["b", "y"], LOCK_PARENT, 1)   # disjoint
-            await trio.sleep(0.1)
-            nursery.start_soon(op, "chmod /a/z", ["a", "z"], LOCK_WRITE, 1)     # needs read /a
-            nursery.start_soon(op, "stat /b/y", ["b", "y"], LOCK_READ, 1)       # conflicts
-        starts = {name: t for kind, name, t in log if kind == "start"}
-        assert starts["create /a/x"] == starts["create /b/y"] == 0
-        assert starts["chmod /a/z"] == 1 and starts["stat /b/y"] == 1
-        assert len(pool) == 0
-
-        # rename-style multi-path sets in opposite argument order never deadlock
-        async def rename(src, dst):
-            wanted = merge(lock_set(src, LOCK_PARENT), lock_set(dst, LOCK_PARENT))
-            async with pool.hold(wanted):
-                await trio.sleep(0.5)
-
-        with trio.fail_after(10):
-            async with trio.open_nursery() as nursery:
-                for _ in range(5):
-                    nursery.start_soon(rename, ["p", "q"], ["r", "s"])
-                    nursery.start_soon(rename, ["r", "s"], ["p", "q"])
-        assert len(pool) == 0
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+            for _ in range(5):
+                nursery.start_soon(rename, ["p", "q"], ["r", "s"])
+                nursery.start_soon(rename, ["r", "s"], ["p", "q"])
+    assert len(pool) == 0
 
 
 # --------------------------------------------------------------------------- leases
@@ -271,7 +262,7 @@ def test_replica_classification():
     assert classify_replica(bm.UNDER_CONSTRUCTION, 5, 0, 5, 10, bm.FINALIZED)[0] == bm.GOOD
 
 
-def test_blocks_map_commit_complete_reports_and_safe_counters():
+async def test_blocks_map_commit_complete_reports_and_safe_counters():
     m = BlocksMap(min_replication=2)
     nodes = DatanodeManager(dead_interval=10, invalidate_limit=10, clock=lambda: 0.0)
     nodes.register("n1", "h1:1", 100, 0, 100)
@@ -284,7 +275,7 @@ def test_blocks_map_commit_complete_reports_and_safe_counters():
     # a full report (the path the metadata server runs): one good, one stale, one of no file
     entries = parse_entries([[1, 100, 64, "FINALIZED"], [2, 99, 5, "RBW"],
                              [77, 1, 1, "FINALIZED"]], "report")
-    report = trio.run(reports.full_report, "n1", entries)
+    report = await reports.full_report("n1", entries)
     assert (report.doomed, report.corrupt, report.removed) == (1, 1, 0)
     assert report.seen == {1: 100, 2: 99, 77: 1} and safe_updates   # counted step by step
     assert nodes.take_invalidate("n1") == [{"id": 77, "gs": 1, "num_bytes": 1}]
@@ -298,7 +289,7 @@ def test_blocks_map_commit_complete_reports_and_safe_counters():
     assert m.commit(2, 30) == bm.COMPLETE
     assert m.total_countable == 2 and m.safe == 2
     # a second full report from n1 without block 1: its replica goes
-    assert trio.run(reports.full_report, "n1", []).removed == 2
+    assert (await reports.full_report("n1", [])).removed == 2
     assert "n1" not in m.get(1).replicas and m.node_block_count("n1") == 0
     # a reader's checksum error hides the replica; with enough good copies it may be deleted
     m.add_replica("n1", 1, 100, 64, "FINALIZED")
@@ -316,7 +307,7 @@ def test_blocks_map_commit_complete_reports_and_safe_counters():
         m.add(BlockInfo(1, 10, 0, 1, 1, bm.COMPLETE, 1))
 
 
-def test_block_reports_incremental_and_abandoned_chunked_report():
+async def test_block_reports_incremental_and_abandoned_chunked_report():
     m = BlocksMap(min_replication=1)
     nodes = DatanodeManager(dead_interval=10, invalidate_limit=10, clock=lambda: 0.0)
     nodes.register("n1", "h1:1", 100, 0, 100)
@@ -331,25 +322,23 @@ def test_block_reports_incremental_and_abandoned_chunked_report():
     reports.incremental("n1", [], [2])
     assert m.get(2).good_nodes() == [] and m.node_block_count("n1") == 1
 
-    async def chunked():
-        # chunk 0 of a report that lists nothing, then the node registers again: the
-        # unfinished report is abandoned and removes nothing, its next chunk is refused
-        await reports.full_report("n1", [], report_id="r1", chunk=0, last=False)
-        assert reports.abandon("n1") and not reports.abandon("n1")
-        with pytest.raises(errors.InvalidArgument, match="unknown"):
-            await reports.full_report("n1", [], report_id="r1", chunk=1, last=True)
-        assert m.get(1).good_nodes() == ["n1"]
-        # out of order: refused and abandoned
-        await reports.full_report("n1", [(1, 5, 8, "FINALIZED")], report_id="r2", chunk=0,
-                                  last=False)
-        with pytest.raises(errors.InvalidArgument, match="expected chunk 1"):
-            await reports.full_report("n1", [], report_id="r2", chunk=2, last=True)
-        done = await reports.full_report("n1", [], report_id="r3", chunk=0, last=True)
-        assert done.removed == 1 and m.get(1).good_nodes() == []
-        nodes.nodes["n1"].alive = False
-        with pytest.raises(errors.InvalidArgument, match="not registered"):
-            await reports.full_report("n1", [])
-    trio.run(chunked)
+    # chunk 0 of a report that lists nothing, then the node registers again: the
+    # unfinished report is abandoned and removes nothing, its next chunk is refused
+    await reports.full_report("n1", [], report_id="r1", chunk=0, last=False)
+    assert reports.abandon("n1") and not reports.abandon("n1")
+    with pytest.raises(errors.InvalidArgument, match="unknown"):
+        await reports.full_report("n1", [], report_id="r1", chunk=1, last=True)
+    assert m.get(1).good_nodes() == ["n1"]
+    # out of order: refused and abandoned
+    await reports.full_report("n1", [(1, 5, 8, "FINALIZED")], report_id="r2", chunk=0,
+                              last=False)
+    with pytest.raises(errors.InvalidArgument, match="expected chunk 1"):
+        await reports.full_report("n1", [], report_id="r2", chunk=2, last=True)
+    done = await reports.full_report("n1", [], report_id="r3", chunk=0, last=True)
+    assert done.removed == 1 and m.get(1).good_nodes() == []
+    nodes.nodes["n1"].alive = False
+    with pytest.raises(errors.InvalidArgument, match="not registered"):
+        await reports.full_report("n1", [])
 
 
 def test_redundancy_hands_a_transfer_once_and_a_dead_source_drops_it():
@@ -752,43 +741,40 @@ class _Node:
     other = None
 
 
-def test_gc_governor_freezes_survivors_and_collects_frozen_cycles_at_its_interval():
+async def test_gc_governor_freezes_survivors_and_collects_frozen_cycles_at_its_interval():
     import gc
     import weakref
 
     from meta.gcpolicy import GcGovernor
 
-    async def main():
-        governor = GcGovernor(0.5)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(governor.run)
-            with trio.fail_after(10):
-                while gc.get_freeze_count() == 0:       # installed: startup freeze
-                    await trio.sleep(0.01)
-            long_lived = [{"ino": i, "blocks": [i]} for i in range(50_000)]
-            a, b = _Node(), _Node()
-            a.other, b.other = b, a
-            dead_cycle = weakref.ref(a)
-            gc.collect()          # a full collection: its survivors are frozen
-            assert gc.get_freeze_count() >= 2 * len(long_lived)
-            assert governor.stats()["full_collections"] >= 1
-            del a, b
-            gc.collect()          # frozen: the next full pass does not even look at them
-            assert dead_cycle() is not None
-            # ... until the governor's periodic full collection, which frees the cycle
-            with trio.fail_after(10):
-                while dead_cycle() is not None:
-                    await trio.sleep(0.05)
-            assert len(long_lived) == 50_000
-            # one governor per process: a second one governs nothing
-            second = GcGovernor(0.5)
-            nursery.start_soon(second.run)
-            await trio.sleep(0.05)
-            assert gc.callbacks.count(second._on_gc) == 0
-            nursery.cancel_scope.cancel()
-        assert gc.get_freeze_count() == 0 and governor._on_gc not in gc.callbacks
-
-    trio.run(main)
+    governor = GcGovernor(0.5)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(governor.run)
+        with trio.fail_after(10):
+            while gc.get_freeze_count() == 0:       # installed: startup freeze
+                await trio.sleep(0.01)
+        long_lived = [{"ino": i, "blocks": [i]} for i in range(50_000)]
+        a, b = _Node(), _Node()
+        a.other, b.other = b, a
+        dead_cycle = weakref.ref(a)
+        gc.collect()          # a full collection: its survivors are frozen
+        assert gc.get_freeze_count() >= 2 * len(long_lived)
+        assert governor.stats()["full_collections"] >= 1
+        del a, b
+        gc.collect()          # frozen: the next full pass does not even look at them
+        assert dead_cycle() is not None
+        # ... until the governor's periodic full collection, which frees the cycle
+        with trio.fail_after(10):
+            while dead_cycle() is not None:
+                await trio.sleep(0.05)
+        assert len(long_lived) == 50_000
+        # one governor per process: a second one governs nothing
+        second = GcGovernor(0.5)
+        nursery.start_soon(second.run)
+        await trio.sleep(0.05)
+        assert gc.callbacks.count(second._on_gc) == 0
+        nursery.cancel_scope.cancel()
+    assert gc.get_freeze_count() == 0 and governor._on_gc not in gc.callbacks
 
 
 # --------------------------------------------------------------------------- read view

@@ -77,7 +77,7 @@ async def http_get(port: int, path: str = "/metrics") -> str:
     return body.decode()
 
 
-def test_server_metrics_pages(tmp_path):
+async def test_server_metrics_pages(tmp_path):
     """Both servers' /metrics parse and count what a client did: RPC calls by method and
     outcome (an unknown method name is one series), journal syncs, blocks by state, bytes
     and ops on the block server, replicas by state."""
@@ -113,7 +113,7 @@ def test_server_metrics_pages(tmp_path):
             nursery.cancel_scope.cancel()
         return meta_page, storage_page
 
-    meta_page, storage_page = trio.run(main)
+    meta_page, storage_page = await main()
     m = "leasefs_meta_"
     assert value(meta_page, m + "rpc_calls_total", method="create", outcome="ok") >= 1
     assert value(meta_page, m + "rpc_calls_total", method="unknown",

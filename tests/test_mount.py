@@ -293,9 +293,7 @@ def test_readdir_pages_past_one_listing_page(mounted, cluster):
 
 @pytest.mark.allow_log_errors(r"buggy failed unexpectedly \| Traceback: KeyError: 'a bug'",
                               reason="the test's handler has a bug on purpose")
-def test_error_mapping_is_one_place_and_bugs_become_eio():
-    import trio
-
+async def test_error_mapping_is_one_place_and_bugs_become_eio():
     from fs.errors import DirectoryNotEmpty, FileNotFound, SafeMode
     from mount.errors import fuse_op, to_fuse_error
 
@@ -313,15 +311,12 @@ def test_error_mapping_is_one_place_and_bugs_become_eio():
     async def missing():
         raise FileNotFound("/gone: no such file")
 
-    async def main():
-        with pytest.raises(pyfuse3.FUSEError) as info:
-            await buggy()
-        assert info.value.errno == errno.EIO
-        with pytest.raises(pyfuse3.FUSEError) as info:
-            await missing()
-        assert info.value.errno == errno.ENOENT
-
-    trio.run(main)
+    with pytest.raises(pyfuse3.FUSEError) as info:
+        await buggy()
+    assert info.value.errno == errno.EIO
+    with pytest.raises(pyfuse3.FUSEError) as info:
+        await missing()
+    assert info.value.errno == errno.ENOENT
 
 
 @pytest.mark.slow

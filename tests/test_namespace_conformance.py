@@ -92,26 +92,23 @@ class Harness:
         return ids
 
 
-def run_ns(kind, tmp_path, body, *, store=None, journal_dir=None, format_=True,
-           delete_chunk=2000):
+async def run_ns(kind, tmp_path, body, *, store=None, journal_dir=None, format_=True,
+                 delete_chunk=2000):
     """Open a store + journal (replaying what the store lacks), run ``body(h)``."""
     store = store if store is not None else make_store(kind, tmp_path / "db")
     h = Harness(store, journal_dir or tmp_path / "journal", delete_chunk=delete_chunk)
 
-    async def main():
-        h.journal.open()
-        records = list(h.journal.replay(h.ns.applied_txid))
-        if records:
-            h.ns.apply(records)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(h.journal.run)
-            if format_ and not h.ns.formatted:
-                await h.journal.log(h.ns.plan_format(4242, 1_000_000))
-            await body(h)
-            nursery.cancel_scope.cancel()
-        await h.journal.aclose()
-
-    trio.run(main)
+    h.journal.open()
+    records = list(h.journal.replay(h.ns.applied_txid))
+    if records:
+        h.ns.apply(records)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(h.journal.run)
+        if format_ and not h.ns.formatted:
+            await h.journal.log(h.ns.plan_format(4242, 1_000_000))
+        await body(h)
+        nursery.cancel_scope.cancel()
+    await h.journal.aclose()
     return h
 
 
@@ -127,7 +124,7 @@ def kind(request):
 # --------------------------------------------------------------------------- mkdirs / create
 
 
-def test_mkdirs_creates_every_missing_parent_and_counts_entries(kind, tmp_path):
+async def test_mkdirs_creates_every_missing_parent_and_counts_entries(kind, tmp_path):
     async def body(h):
         root_mtime = h.ns.get_file_info("/")["mtime_ns"]
         await h.mkdirs("/a/b/c", permission=0o750)
@@ -148,10 +145,10 @@ def test_mkdirs_creates_every_missing_parent_and_counts_entries(kind, tmp_path):
         assert h.ns.dir_count() == 4 and h.ns.file_count() == 1
         assert_consistent(h)
 
-    run_ns(kind, tmp_path, body)
+    await run_ns(kind, tmp_path, body)
 
 
-def test_create_rules_and_lease_conflicts(kind, tmp_path):
+async def test_create_rules_and_lease_conflicts(kind, tmp_path):
     async def body(h):
         st = await h.create("/d/new.txt", holder="w1", replication=2, permission=0o600)
         assert st["type"] == "file" and st["under_construction"] and st["replication"] == 2
@@ -196,7 +193,7 @@ def test_create_rules_and_lease_conflicts(kind, tmp_path):
         assert h.ns.get_file_info("/d")["children"] == 2
         assert_consistent(h)
 
-    run_ns(kind, tmp_path, body)
+    await run_ns(kind, tmp_path, body)
 
 
 BAD_PATHS = [("", errors.InvalidPath), ("relative", errors.InvalidPath),
@@ -207,7 +204,7 @@ BAD_PATHS = [("", errors.InvalidPath), ("relative", errors.InvalidPath),
 
 
 @pytest.mark.parametrize("bad,error", BAD_PATHS)
-def test_bad_paths_are_refused_and_change_nothing(kind, tmp_path, bad, error):
+async def test_bad_paths_are_refused_and_change_nothing(kind, tmp_path, bad, error):
     async def body(h):
         await h.write_file("/keep/file", [10])
         before = dump(h.store)
@@ -229,13 +226,13 @@ def test_bad_paths_are_refused_and_change_nothing(kind, tmp_path, bad, error):
                 planner()
         assert dump(h.store) == before
 
-    run_ns(kind, tmp_path, body)
+    await run_ns(kind, tmp_path, body)
 
 
 # --------------------------------------------------------------------------- blocks
 
 
-def test_block_lifecycle_commit_fsync_abandon_close(kind, tmp_path):
+async def test_block_lifecycle_commit_fsync_abandon_close(kind, tmp_path):
     async def body(h):
         st = await h.create("/f", holder="w1")
         ino = st["ino"]
@@ -288,10 +285,10 @@ def test_block_lifecycle_commit_fsync_abandon_close(kind, tmp_path):
             h.ns.writer_file("/f", ino, "w1")
         assert_consistent(h)
 
-    run_ns(kind, tmp_path, body)
+    await run_ns(kind, tmp_path, body)
 
 
-def test_add_block_marks_blocks_before_previous_complete(kind, tmp_path):
+async def test_add_block_marks_blocks_before_previous_complete(kind, tmp_path):
     async def body(h):
         await h.create("/big")
         prev = None
@@ -302,10 +299,10 @@ def test_add_block_marks_blocks_before_previous_complete(kind, tmp_path):
         assert states == ["COMPLETE", "COMPLETE", "COMMITTED", "UNDER_CONSTRUCTION"]
         assert_consistent(h)
 
-    run_ns(kind, tmp_path, body)
+    await run_ns(kind, tmp_path, body)
 
 
-def test_add_block_after_a_separate_commit_still_completes_the_block_before(kind, tmp_path):
+async def test_add_block_after_a_separate_commit_still_completes_the_block_before(kind, tmp_path):
     """add_block whose previous was committed by an earlier call (the NotReplicatedYet
     path) still names it, so only the last two blocks are ever incomplete in the store."""
     async def body(h):
@@ -320,7 +317,7 @@ def test_add_block_after_a_separate_commit_still_completes_the_block_before(kind
         assert states == ["COMPLETE", "COMMITTED", "UNDER_CONSTRUCTION"]
         assert_consistent(h)
 
-    run_ns(kind, tmp_path, body)
+    await run_ns(kind, tmp_path, body)
 
 
 class CountingStore:
@@ -470,7 +467,7 @@ def test_min_block_size_and_max_blocks_per_file_limits(kind, tmp_path):
 # --------------------------------------------------------------------------- delete
 
 
-def test_recursive_delete_removes_subtree_in_one_record(kind, tmp_path):
+async def test_recursive_delete_removes_subtree_in_one_record(kind, tmp_path):
     async def body(h):
         ids = []
         for i in range(5):
@@ -503,7 +500,7 @@ def test_recursive_delete_removes_subtree_in_one_record(kind, tmp_path):
         assert h.ns.list_status("/")["entries"] == []
         assert_consistent(h)
 
-    run_ns(kind, tmp_path, body)
+    await run_ns(kind, tmp_path, body)
 
 
 CHUNK = 7   # a tiny delete_chunk: the trees below need several RECLAIM records
@@ -578,14 +575,14 @@ def _without_txid(snapshot: dict) -> dict:
     return {k: v for k, v in snapshot.items() if k != keys.meta_key(keys.APPLIED_TXID)}
 
 
-def test_big_delete_detaches_at_once_and_is_reclaimed_in_bounded_records(kind, tmp_path):
+async def test_big_delete_detaches_at_once_and_is_reclaimed_in_bounded_records(kind, tmp_path):
     """A tree bigger than delete_chunk: one DELETE record detaches it (gone at once, the
     open file's lease ends), RECLAIM records of at most delete_chunk keys remove it with
     the invariants holding after each, and the store ends exactly as after the
     single-record delete of the same tree."""
     small, big = {}, {}
-    run_ns(kind, tmp_path / "small", lambda h: _delete_big_tree(h, small))
-    run_ns(kind, tmp_path / "big", lambda h: _delete_big_tree(h, big), delete_chunk=CHUNK)
+    await run_ns(kind, tmp_path / "small", lambda h: _delete_big_tree(h, small))
+    await run_ns(kind, tmp_path / "big", lambda h: _delete_big_tree(h, big), delete_chunk=CHUNK)
     assert not small["detached"] and small["plans"] == []
     assert big["detached"] and "removed_blocks" not in big["delete_effect"]
     from meta.journal import keys
@@ -596,7 +593,7 @@ def test_big_delete_detaches_at_once_and_is_reclaimed_in_bounded_records(kind, t
     assert _without_txid(big["final"]) == _without_txid(small["final"])
 
 
-def test_small_subtree_keeps_the_single_record_delete(kind, tmp_path):
+async def test_small_subtree_keeps_the_single_record_delete(kind, tmp_path):
     async def body(h):
         ids = await h.write_file("/s/a", [1, 2])           # dir + file + 2 blocks = 4
         ids += await h.write_file("/s/b", [3])             # + file + block = 6 (limit 7)
@@ -612,10 +609,10 @@ def test_small_subtree_keeps_the_single_record_delete(kind, tmp_path):
             sorted(ids)
         assert h.ns.file_count() == 0
 
-    run_ns(kind, tmp_path, body, delete_chunk=CHUNK)
+    await run_ns(kind, tmp_path, body, delete_chunk=CHUNK)
 
 
-def test_overwriting_a_big_file_detaches_it(kind, tmp_path):
+async def test_overwriting_a_big_file_detaches_it(kind, tmp_path):
     """create(overwrite) and rename(overwrite) of a file with more blocks than the chunk."""
     async def body(h):
         old = await h.write_file("/big", [BPC] * 9)
@@ -634,14 +631,14 @@ def test_overwriting_a_big_file_detaches_it(kind, tmp_path):
         assert sorted(b[2] for p in plans for b in p.blocks) == sorted(old + old2)
         assert h.ns.file_count() == 2
 
-    run_ns(kind, tmp_path, body, delete_chunk=CHUNK)
+    await run_ns(kind, tmp_path, body, delete_chunk=CHUNK)
 
 
-def test_replay_after_a_crash_in_the_middle_of_reclaiming_finishes_the_job(kind, tmp_path):
+async def test_replay_after_a_crash_in_the_middle_of_reclaiming_finishes_the_job(kind, tmp_path):
     """The store is reopened with the journal while an O key is present: replay is exact
     (a store that lags behind the RECLAIM records catches up) and reclaiming continues."""
     ref = {}
-    run_ns(kind, tmp_path / "ref", lambda h: _delete_big_tree(h, ref))
+    await run_ns(kind, tmp_path / "ref", lambda h: _delete_big_tree(h, ref))
     state = {}
 
     async def crash_midway(h):
@@ -660,20 +657,21 @@ def test_replay_after_a_crash_in_the_middle_of_reclaiming_finishes_the_job(kind,
         state["final"] = dump(h.store)
 
     base = tmp_path / "crash"
-    h = run_ns(kind, base, crash_midway, delete_chunk=CHUNK)
+    h = await run_ns(kind, base, crash_midway, delete_chunk=CHUNK)
     if kind == "leveldb":
         h.store.close()
-        h = run_ns(kind, base, finish, store=PlyvelStore(str(base / "db")), delete_chunk=CHUNK)
+        h = await run_ns(kind, base, finish, store=PlyvelStore(str(base / "db")),
+                         delete_chunk=CHUNK)
         h.store.close()
     else:
-        h = run_ns(kind, base, finish, store=h.store, delete_chunk=CHUNK)
+        h = await run_ns(kind, base, finish, store=h.store, delete_chunk=CHUNK)
     assert _without_txid(state["final"]) == _without_txid(ref["final"])
 
     # a store that lost everything after the detach: replay re-applies the RECLAIM records
     # (and the rest of the journal) exactly, then nothing is left to reclaim
     lagging = make_store(kind, tmp_path / "lagging")
     lagging.write(puts=list(state["after_delete"].items()))
-    h = run_ns(kind, base, lambda h: trio.sleep(0), store=lagging, format_=False,
+    h = await run_ns(kind, base, lambda h: trio.sleep(0), store=lagging, format_=False,
                delete_chunk=CHUNK)
     assert dump(h.store) == state["final"]
     assert h.ns.plan_reclaim() is None
@@ -683,7 +681,7 @@ def test_replay_after_a_crash_in_the_middle_of_reclaiming_finishes_the_job(kind,
 # --------------------------------------------------------------------------- rename
 
 
-def test_rename_edge_cases(kind, tmp_path):
+async def test_rename_edge_cases(kind, tmp_path):
     async def body(h):
         await h.write_file("/a/f", [10])
         await h.write_file("/a/g", [20])
@@ -739,13 +737,13 @@ def test_rename_edge_cases(kind, tmp_path):
         assert h.ns.get_file_info("/a")["children"] == 0
         assert_consistent(h)
 
-    run_ns(kind, tmp_path, body)
+    await run_ns(kind, tmp_path, body)
 
 
 # --------------------------------------------------------------------------- set*, symlink
 
 
-def test_set_permission_owner_times_replication(kind, tmp_path):
+async def test_set_permission_owner_times_replication(kind, tmp_path):
     async def body(h):
         await h.write_file("/f", [1])
         await h.mkdirs("/d")
@@ -775,10 +773,10 @@ def test_set_permission_owner_times_replication(kind, tmp_path):
             h.ns.plan_set_permission("/nope", 0o700, now_ns=h.now())
         assert_consistent(h)
 
-    run_ns(kind, tmp_path, body)
+    await run_ns(kind, tmp_path, body)
 
 
-def test_symlinks_are_stored_not_followed(kind, tmp_path):
+async def test_symlinks_are_stored_not_followed(kind, tmp_path):
     async def body(h):
         await h.mkdirs("/real")
         await h.do(h.ns.plan_symlink("/real", "/links/l1", create_parent=True, now_ns=h.now()))
@@ -796,13 +794,13 @@ def test_symlinks_are_stored_not_followed(kind, tmp_path):
         assert h.ns.list_status("/links")["entries"] == []
         assert_consistent(h)
 
-    run_ns(kind, tmp_path, body)
+    await run_ns(kind, tmp_path, body)
 
 
 # --------------------------------------------------------------------------- listing
 
 
-def test_list_status_pages_in_byte_order(kind, tmp_path):
+async def test_list_status_pages_in_byte_order(kind, tmp_path):
     names = [f"n{i:02d}" for i in range(23)] + ["Zeta", "ärger", "a b", "~tilde"]
 
     async def body(h):
@@ -835,10 +833,10 @@ def test_list_status_pages_in_byte_order(kind, tmp_path):
         with pytest.raises(errors.FileNotFound):
             h.ns.list_status("/nope")
 
-    run_ns(kind, tmp_path, body)
+    await run_ns(kind, tmp_path, body)
 
 
-def test_content_summary(kind, tmp_path):
+async def test_content_summary(kind, tmp_path):
     async def body(h):
         await h.write_file("/s/a", [100, 50])
         await h.write_file("/s/d/b", [7])
@@ -849,13 +847,13 @@ def test_content_summary(kind, tmp_path):
             "length": 157, "file_count": 2, "directory_count": 3,
             "space_consumed": 150 * 3 + 7 * 2}
 
-    run_ns(kind, tmp_path, body)
+    await run_ns(kind, tmp_path, body)
 
 
 # --------------------------------------------------------------------------- batching
 
 
-def test_concurrent_mutations_in_one_batch_compose(kind, tmp_path):
+async def test_concurrent_mutations_in_one_batch_compose(kind, tmp_path):
     """Records that share a batch (and a parent directory) are applied as if in order."""
     async def body(h):
         await h.mkdirs("/shared")
@@ -876,10 +874,10 @@ def test_concurrent_mutations_in_one_batch_compose(kind, tmp_path):
         assert len(h.ns.under_construction()) == 40
         assert_consistent(h)
 
-    run_ns(kind, tmp_path, body)
+    await run_ns(kind, tmp_path, body)
 
 
-def test_names_found_missing_are_cached_until_created_renamed_or_deleted(kind, tmp_path):
+async def test_names_found_missing_are_cached_until_created_renamed_or_deleted(kind, tmp_path):
     """A directory entry looked up and found missing is remembered (a create looks its new
     name up several times); every record that adds, renames or removes the name replaces
     the remembered answer, also with a cache too small for the namespace."""
@@ -908,7 +906,7 @@ def test_names_found_missing_are_cached_until_created_renamed_or_deleted(kind, t
         assert h.ns.get_file_info("/d")["children"] == 40
         assert_consistent(h)
 
-    run_ns(kind, tmp_path, body)
+    await run_ns(kind, tmp_path, body)
 
 
 # --------------------------------------------------------------------------- restart
@@ -933,7 +931,7 @@ async def _more(h):
     await h.do(h.ns.plan_delete("/w/a", True, now_ns=h.now()))
 
 
-def test_restart_replays_the_journal_into_the_same_namespace(kind, tmp_path):
+async def test_restart_replays_the_journal_into_the_same_namespace(kind, tmp_path):
     """Reopening store + journal gives the same namespace; a store that lags the journal
     (LevelDB lost its unsynced tail) or is empty catches up by replay, exactly."""
     state = {}
@@ -949,32 +947,32 @@ def test_restart_replays_the_journal_into_the_same_namespace(kind, tmp_path):
         state["final_txid"] = h.ns.applied_txid
 
     if kind == "leveldb":
-        h = run_ns(kind, tmp_path, phase1)
+        h = await run_ns(kind, tmp_path, phase1)
         h.store.close()
-        h = run_ns(kind, tmp_path, phase2, store=PlyvelStore(str(tmp_path / "db")))
+        h = await run_ns(kind, tmp_path, phase2, store=PlyvelStore(str(tmp_path / "db")))
         h.store.close()
         reopened = PlyvelStore(str(tmp_path / "db"))
         assert dump(reopened) == state["final"]
         # the same store reopened with the journal: nothing to replay, same namespace
-        h = run_ns(kind, tmp_path, lambda h: trio.sleep(0), store=reopened)
+        h = await run_ns(kind, tmp_path, lambda h: trio.sleep(0), store=reopened)
         assert dump(h.store) == state["final"]
         h.store.close()
     else:
-        h = run_ns(kind, tmp_path, phase1)
-        h = run_ns(kind, tmp_path, phase2, store=h.store)
+        h = await run_ns(kind, tmp_path, phase1)
+        h = await run_ns(kind, tmp_path, phase2, store=h.store)
     assert state["final_txid"] > state["txid"]
 
     # a store that lags (only phase 1 applied): replay brings it to the final state
     lagging = make_store(kind, tmp_path / "lagging")
     lagging.write(puts=list(state["snapshot"].items()))
-    h = run_ns(kind, tmp_path, lambda h: trio.sleep(0), store=lagging, format_=False)
+    h = await run_ns(kind, tmp_path, lambda h: trio.sleep(0), store=lagging, format_=False)
     assert dump(h.store) == state["final"]
     assert h.ns.applied_txid == state["final_txid"]
     assert_consistent(h)
 
     # an empty store: the FORMAT record and everything after it rebuild it exactly
     empty = make_store(kind, tmp_path / "empty")
-    h = run_ns(kind, tmp_path, lambda h: trio.sleep(0), store=empty, format_=False)
+    h = await run_ns(kind, tmp_path, lambda h: trio.sleep(0), store=empty, format_=False)
     assert dump(h.store) == state["final"]
     assert h.ns.get_file_info("/w")["owner"] == "bob"
     assert h.ns.get_file_info("/w/link")["symlink"] == "/w/moved"

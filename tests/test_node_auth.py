@@ -42,107 +42,98 @@ async def live_nodes(client) -> list[str]:
     return sorted(n["node_id"] for n in report["live_nodes"])
 
 
-def test_only_block_servers_with_the_cluster_key_are_taken(tmp_path):
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=1) as cluster:
-            key = nodeauth.load_key(str(cluster.meta_dir / "cluster.key"))
-            assert os.stat(cluster.meta_dir / "cluster.key").st_mode & 0o077 == 0
-            async with cluster.client() as c:
-                before = await live_nodes(c)
-                assert len(before) == 1                  # the real one authenticated
-                await c.write_file("/f", b"x" * 100_000)
-                assert await c.read_file("/f") == b"x" * 100_000
+@pytest.mark.cluster(n_storage=1)
+async def test_only_block_servers_with_the_cluster_key_are_taken(cluster):
+    key = nodeauth.load_key(str(cluster.meta_dir / "cluster.key"))
+    assert os.stat(cluster.meta_dir / "cluster.key").st_mode & 0o077 == 0
+    async with cluster.client() as c:
+        before = await live_nodes(c)
+        assert len(before) == 1                  # the real one authenticated
+        await c.write_file("/f", b"x" * 100_000)
+        assert await c.read_file("/f") == b"x" * 100_000
 
-                # a plain client: every block-server call refused, nothing changes
-                async with RpcClient(cluster.meta_address, "attacker") as rpc:
-                    for method, args in NODE_CALLS:
-                        with pytest.raises(AuthenticationFailed, match="authenticated block"):
-                            await rpc.call(method, args)
-                assert await live_nodes(c) == before
+        # a plain client: every block-server call refused, nothing changes
+        async with RpcClient(cluster.meta_address, "attacker") as rpc:
+            for method, args in NODE_CALLS:
+                with pytest.raises(AuthenticationFailed, match="authenticated block"):
+                    await rpc.call(method, args)
+        assert await live_nodes(c) == before
 
-                # a wrong key, a replayed proof, a challenge answered twice, another node
-                wrong = os.urandom(nodeauth.KEY_BYTES)
-                async with RpcClient(cluster.meta_address, "attacker") as rpc:
-                    nonce = await rpc.call("node_challenge")
-                    mine = os.urandom(nodeauth.NONCE_BYTES)
-                    with pytest.raises(AuthenticationFailed, match="refused"):
-                        await rpc.call("node_authenticate", {
-                            "node_id": "evil", "client_nonce": mine,
-                            "proof": nodeauth.node_proof(wrong, nonce, mine, "evil")})
-                    with pytest.raises(AuthenticationFailed):
-                        await rpc.call(*NODE_CALLS[0])
-                    # what a real node sent on another connection, with that challenge
-                    recorded = nodeauth.node_proof(key, nonce, mine, "evil")
-                async with RpcClient(cluster.meta_address, "attacker") as rpc:
-                    await rpc.call("node_challenge")    # a new challenge, not the recorded one
-                    with pytest.raises(AuthenticationFailed, match="refused"):
-                        await rpc.call("node_authenticate", {
-                            "node_id": "evil", "client_nonce": mine, "proof": recorded})
-                    with pytest.raises(AuthenticationFailed, match="refused"):
-                        await rpc.call("node_authenticate", {
-                            "node_id": "evil", "client_nonce": mine, "proof": recorded})
-                async with RpcClient(cluster.meta_address, "node-a") as rpc:
-                    nonce = await rpc.call("node_challenge")
-                    answer = await rpc.call("node_authenticate", {
-                        "node_id": "node-a", "client_nonce": mine,
-                        "proof": nodeauth.node_proof(key, nonce, mine, "node-a")})
-                    assert nodeauth.same(answer, nodeauth.meta_proof(key, nonce, mine,
-                                                                     "node-a"))
-                    with pytest.raises(AuthenticationFailed, match="not node-b"):
-                        await rpc.call("heartbeat", {"node_id": "node-b"})
-                    with pytest.raises(AuthenticationFailed, match="refused"):
-                        await rpc.call("node_authenticate", {   # its challenge is used up
-                            "node_id": "node-a", "client_nonce": mine,
-                            "proof": nodeauth.node_proof(key, nonce, mine, "node-a")})
-                assert await live_nodes(c) == before
-
-    trio.run(main)
+        # a wrong key, a replayed proof, a challenge answered twice, another node
+        wrong = os.urandom(nodeauth.KEY_BYTES)
+        async with RpcClient(cluster.meta_address, "attacker") as rpc:
+            nonce = await rpc.call("node_challenge")
+            mine = os.urandom(nodeauth.NONCE_BYTES)
+            with pytest.raises(AuthenticationFailed, match="refused"):
+                await rpc.call("node_authenticate", {
+                    "node_id": "evil", "client_nonce": mine,
+                    "proof": nodeauth.node_proof(wrong, nonce, mine, "evil")})
+            with pytest.raises(AuthenticationFailed):
+                await rpc.call(*NODE_CALLS[0])
+            # what a real node sent on another connection, with that challenge
+            recorded = nodeauth.node_proof(key, nonce, mine, "evil")
+        async with RpcClient(cluster.meta_address, "attacker") as rpc:
+            await rpc.call("node_challenge")    # a new challenge, not the recorded one
+            with pytest.raises(AuthenticationFailed, match="refused"):
+                await rpc.call("node_authenticate", {
+                    "node_id": "evil", "client_nonce": mine, "proof": recorded})
+            with pytest.raises(AuthenticationFailed, match="refused"):
+                await rpc.call("node_authenticate", {
+                    "node_id": "evil", "client_nonce": mine, "proof": recorded})
+        async with RpcClient(cluster.meta_address, "node-a") as rpc:
+            nonce = await rpc.call("node_challenge")
+            answer = await rpc.call("node_authenticate", {
+                "node_id": "node-a", "client_nonce": mine,
+                "proof": nodeauth.node_proof(key, nonce, mine, "node-a")})
+            assert nodeauth.same(answer, nodeauth.meta_proof(key, nonce, mine,
+                                                             "node-a"))
+            with pytest.raises(AuthenticationFailed, match="not node-b"):
+                await rpc.call("heartbeat", {"node_id": "node-b"})
+            with pytest.raises(AuthenticationFailed, match="refused"):
+                await rpc.call("node_authenticate", {   # its challenge is used up
+                    "node_id": "node-a", "client_nonce": mine,
+                    "proof": nodeauth.node_proof(key, nonce, mine, "node-a")})
+        assert await live_nodes(c) == before
 
 
-def test_a_block_server_with_another_key_is_never_registered(tmp_path):
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=1) as cluster:
-            other = tmp_path / "other.key"
-            nodeauth.ensure_key(str(other))
-            config = cluster.config.replace(cluster_key_file=str(other))
-            async with trio.open_nursery() as nursery:
-                await nursery.start(lambda task_status: run_block_server(
-                    config, str(tmp_path / "impostor"), meta_address=cluster.meta_address,
-                    host="127.0.0.1", port=0, task_status=task_status))
-                await trio.sleep(1.0)                # a few tries with backoff
-                async with cluster.client() as c:
-                    assert len(await live_nodes(c)) == 1
-                nursery.cancel_scope.cancel()
-
-    trio.run(main)
+@pytest.mark.cluster(n_storage=1)
+async def test_a_block_server_with_another_key_is_never_registered(tmp_path, cluster):
+    other = tmp_path / "other.key"
+    nodeauth.ensure_key(str(other))
+    config = cluster.config.replace(cluster_key_file=str(other))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: run_block_server(
+            config, str(tmp_path / "impostor"), meta_address=cluster.meta_address,
+            host="127.0.0.1", port=0, task_status=task_status))
+        await trio.sleep(1.0)                # a few tries with backoff
+        async with cluster.client() as c:
+            assert len(await live_nodes(c)) == 1
+        nursery.cancel_scope.cancel()
 
 
-def test_a_reader_reports_bad_replicas_only_of_files_it_may_read(tmp_path):
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=2, replication=2) as cluster:
-            async with cluster.client() as owner:
-                await owner.write_file("/open.bin", b"o" * 100_000)
-                await owner.write_file("/secret.bin", b"s" * 100_000)
-                await owner.set_permission("/secret.bin", 0o600)
-                located = {p: (await owner.get_block_locations(p))["blocks"][0]
-                           for p in ("/open.bin", "/secret.bin")}
-            async with cluster.client(user="mallory", groups=["mallory"]) as other:
-                secret = located["/secret.bin"]
-                with pytest.raises(PermissionDenied):
-                    await other.rpc.call("report_bad_blocks", {"blocks": [{
-                        "block": secret["block"],
-                        "node_id": secret["locations"][0]["node_id"]}]})
-                opened = located["/open.bin"]
-                assert await other.rpc.call("report_bad_blocks", {"blocks": [{
-                    "block": opened["block"], "node_id": opened["locations"][0]["node_id"]}]})
-            async with cluster.client() as owner:   # fsck is the superuser's
-                fsck = await owner.rpc.call("fsck", {"path": "/secret.bin"})
-                assert fsck["totals"]["corrupt_replicas"] == 0
-
-    trio.run(main)
+@pytest.mark.cluster(n_storage=2, replication=2)
+async def test_a_reader_reports_bad_replicas_only_of_files_it_may_read(cluster):
+    async with cluster.client() as owner:
+        await owner.write_file("/open.bin", b"o" * 100_000)
+        await owner.write_file("/secret.bin", b"s" * 100_000)
+        await owner.set_permission("/secret.bin", 0o600)
+        located = {p: (await owner.get_block_locations(p))["blocks"][0]
+                   for p in ("/open.bin", "/secret.bin")}
+    async with cluster.client(user="mallory", groups=["mallory"]) as other:
+        secret = located["/secret.bin"]
+        with pytest.raises(PermissionDenied):
+            await other.rpc.call("report_bad_blocks", {"blocks": [{
+                "block": secret["block"],
+                "node_id": secret["locations"][0]["node_id"]}]})
+        opened = located["/open.bin"]
+        assert await other.rpc.call("report_bad_blocks", {"blocks": [{
+            "block": opened["block"], "node_id": opened["locations"][0]["node_id"]}]})
+    async with cluster.client() as owner:   # fsck is the superuser's
+        fsck = await owner.rpc.call("fsck", {"path": "/secret.bin"})
+        assert fsck["totals"]["corrupt_replicas"] == 0
 
 
-def test_a_block_server_does_not_obey_a_server_that_cannot_prove_the_key(tmp_path):
+async def test_a_block_server_does_not_obey_a_server_that_cannot_prove_the_key(tmp_path):
     """The last step of the exchange, driven by a stand-in for the server's two answers:
     a wrong or missing proof back is refused before any other call goes out."""
     from storage.heartbeat import HeartbeatService
@@ -155,25 +146,22 @@ def test_a_block_server_does_not_obey_a_server_that_cannot_prove_the_key(tmp_pat
     service = HeartbeatService.__new__(HeartbeatService)
     service._key, service.store, service.meta_address = key, Store(), "127.0.0.1:1"
 
-    async def main():
-        for answer in (os.urandom(32), None, b""):
-            async def call(method, args, answer=answer):
-                return os.urandom(32) if method == "node_challenge" else answer
-            with pytest.raises(AuthenticationFailed, match="did not prove"):
-                await service._authenticate(call)
-        sent = {}
+    for answer in (os.urandom(32), None, b""):
+        async def call(method, args, answer=answer):
+            return os.urandom(32) if method == "node_challenge" else answer
+        with pytest.raises(AuthenticationFailed, match="did not prove"):
+            await service._authenticate(call)
+    sent = {}
 
-        async def honest(method, args):
-            if method == "node_challenge":
-                sent["nonce"] = os.urandom(32)
-                return sent["nonce"]
-            return nodeauth.meta_proof(key, sent["nonce"], args["client_nonce"], "node-a")
-        await service._authenticate(honest)
-
-    trio.run(main)
+    async def honest(method, args):
+        if method == "node_challenge":
+            sent["nonce"] = os.urandom(32)
+            return sent["nonce"]
+        return nodeauth.meta_proof(key, sent["nonce"], args["client_nonce"], "node-a")
+    await service._authenticate(honest)
 
 
-def test_recovery_ops_between_block_servers_must_be_signed_with_the_cluster_key(tmp_path):
+async def test_recovery_ops_between_block_servers_must_be_signed_with_the_cluster_key(tmp_path):
     """INIT_REPLICA_RECOVERY stops a replica's writer and UPDATE_REPLICA_UNDER_RECOVERY cuts
     it: sent to a block server's data port by anyone but a block server of the cluster
     (unsigned, signed with another key, changed after signing, or replayed after the
@@ -188,43 +176,40 @@ def test_recovery_ops_between_block_servers_must_be_signed_with_the_cluster_key(
 
     data = os.urandom(100_000)
 
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=3) as cluster:
-            key = nodeauth.load_key(str(cluster.meta_dir / "cluster.key"))
-            async with cluster.client() as c, cluster.client() as other:
-                await c.write_file("/kept", data, replication=3)
-                located = (await c.get_block_locations("/kept"))["blocks"][0]
-                block, target = located["block"], located["locations"][0]["address"]
-                ref = {"id": block["id"], "gs": block["gs"]}
-                attacks = [
-                    op_header(INIT_REPLICA_RECOVERY, block=ref, recovery_id=block["gs"] + 50),
-                    nodeauth.sign_op(os.urandom(32), op_header(
-                        INIT_REPLICA_RECOVERY, block=ref, recovery_id=block["gs"] + 50),
-                        time.time()),
-                    {**nodeauth.sign_op(key, op_header(
-                        UPDATE_REPLICA_UNDER_RECOVERY, block=ref, recovery_id=block["gs"] + 50,
-                        new_length=len(data)), time.time()), "new_length": 1},
-                    nodeauth.sign_op(key, op_header(
-                        UPDATE_REPLICA_UNDER_RECOVERY, block=ref, recovery_id=block["gs"] + 50,
-                        new_length=1), time.time() - 3600),
-                ]
-                for header in attacks:
-                    with pytest.raises(AuthenticationFailed):
-                        await call_recovery_op(target, header, 10)
-                assert await other.read_file("/kept") == data
+    async with inprocess_cluster(tmp_path, n_storage=3) as cluster:
+        key = nodeauth.load_key(str(cluster.meta_dir / "cluster.key"))
+        async with cluster.client() as c, cluster.client() as other:
+            await c.write_file("/kept", data, replication=3)
+            located = (await c.get_block_locations("/kept"))["blocks"][0]
+            block, target = located["block"], located["locations"][0]["address"]
+            ref = {"id": block["id"], "gs": block["gs"]}
+            attacks = [
+                op_header(INIT_REPLICA_RECOVERY, block=ref, recovery_id=block["gs"] + 50),
+                nodeauth.sign_op(os.urandom(32), op_header(
+                    INIT_REPLICA_RECOVERY, block=ref, recovery_id=block["gs"] + 50),
+                    time.time()),
+                {**nodeauth.sign_op(key, op_header(
+                    UPDATE_REPLICA_UNDER_RECOVERY, block=ref, recovery_id=block["gs"] + 50,
+                    new_length=len(data)), time.time()), "new_length": 1},
+                nodeauth.sign_op(key, op_header(
+                    UPDATE_REPLICA_UNDER_RECOVERY, block=ref, recovery_id=block["gs"] + 50,
+                    new_length=1), time.time() - 3600),
+            ]
+            for header in attacks:
+                with pytest.raises(AuthenticationFailed):
+                    await call_recovery_op(target, header, 10)
+            assert await other.read_file("/kept") == data
 
-                # the real thing: a writer dies, lease recovery runs signed ops between nodes
-                out = await c.create("/recovered", replication=3)
-                await out.write(data)
-                await out.hflush()
-                out.abort(PipelineError("writer died"))
-                await recover_until_closed(other, "/recovered", timeout=60)
-                assert await other.read_file("/recovered") == data
-
-    trio.run(main)
+            # the real thing: a writer dies, lease recovery runs signed ops between nodes
+            out = await c.create("/recovered", replication=3)
+            await out.write(data)
+            await out.hflush()
+            out.abort(PipelineError("writer died"))
+            await recover_until_closed(other, "/recovered", timeout=60)
+            assert await other.read_file("/recovered") == data
 
 
-def test_block_servers_serve_reads_only_with_a_valid_block_access_token(tmp_path):
+async def test_block_servers_serve_reads_only_with_a_valid_block_access_token(tmp_path):
     """security = secure: READ_BLOCK (and BLOCK_LENGTH) need the metadata server's token,
     which it hands only to callers that may read the file. Without one, with one forged,
     changed, made for another block, with an unknown key or expired, a block server refuses
@@ -248,71 +233,65 @@ def test_block_servers_serve_reads_only_with_a_valid_block_access_token(tmp_path
         finally:
             await reader.aclose()
 
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=2, replication=2,
-                                     block_token_lifetime=3.0,
-                                     block_key_interval=2.0) as cluster:
-            async with cluster.client() as owner, \
-                    cluster.client(user="mallory", groups=["mallory"]) as mallory:
-                await owner.write_file("/secret.bin", secret)
-                await owner.set_permission("/secret.bin", 0o600)
-                await owner.write_file("/shared.bin", shared)
-                mine = (await owner.get_block_locations("/secret.bin"))["blocks"][0]
-                theirs = (await mallory.get_block_locations("/shared.bin"))["blocks"][0]
-                assert await read_raw(mine) == secret[:len(await read_raw(mine))]
-                with pytest.raises(PermissionDenied):
-                    await mallory.get_block_locations("/secret.bin")
-                token = theirs["token"]
-                attacks = {
-                    "no block access token": None,
-                    "is for block": token,                                    # another block
-                    "signature does not match": {**mine["token"], "mode": "rw",
-                                                 "expiry": time.time() + 3600},
-                    "does not have": {**mine["token"], "key": 12345},
-                }
-                for why, forged in attacks.items():
-                    with pytest.raises(InvalidToken, match=why):
-                        await read_raw({**mine, "locations": mine["locations"]}, forged)
-                await trio.sleep(3.5)                 # the token's lifetime is over
-                with pytest.raises(InvalidToken, match="expired|does not have"):
-                    await read_raw(mine)
+    async with inprocess_cluster(tmp_path, n_storage=2, replication=2,
+                                 block_token_lifetime=3.0,
+                                 block_key_interval=2.0) as cluster:
+        async with cluster.client() as owner, \
+                cluster.client(user="mallory", groups=["mallory"]) as mallory:
+            await owner.write_file("/secret.bin", secret)
+            await owner.set_permission("/secret.bin", 0o600)
+            await owner.write_file("/shared.bin", shared)
+            mine = (await owner.get_block_locations("/secret.bin"))["blocks"][0]
+            theirs = (await mallory.get_block_locations("/shared.bin"))["blocks"][0]
+            assert await read_raw(mine) == secret[:len(await read_raw(mine))]
+            with pytest.raises(PermissionDenied):
+                await mallory.get_block_locations("/secret.bin")
+            token = theirs["token"]
+            attacks = {
+                "no block access token": None,
+                "is for block": token,                                    # another block
+                "signature does not match": {**mine["token"], "mode": "rw",
+                                             "expiry": time.time() + 3600},
+                "does not have": {**mine["token"], "key": 12345},
+            }
+            for why, forged in attacks.items():
+                with pytest.raises(InvalidToken, match=why):
+                    await read_raw({**mine, "locations": mine["locations"]}, forged)
+            await trio.sleep(3.5)                 # the token's lifetime is over
+            with pytest.raises(InvalidToken, match="expired|does not have"):
+                await read_raw(mine)
 
-                # a reader holding expired tokens, across key rolls: fresh ones by itself
-                async with await owner.open("/shared.bin") as stream:
-                    assert await stream.read(1000) == shared[:1000]
-                    for round_ in range(4):   # past the lifetime: refetched
-                        await trio.sleep(1.2)
-                        assert await stream.pread(0, len(shared)) == shared
-                assert await mallory.read_file("/shared.bin") == shared
-
-    trio.run(main)
+            # a reader holding expired tokens, across key rolls: fresh ones by itself
+            async with await owner.open("/shared.bin") as stream:
+                assert await stream.read(1000) == shared[:1000]
+                for round_ in range(4):   # past the lifetime: refetched
+                    await trio.sleep(1.2)
+                    assert await stream.pread(0, len(shared)) == shared
+            assert await mallory.read_file("/shared.bin") == shared
 
 
-def test_a_reader_rides_a_metadata_server_restart_with_its_new_block_keys(tmp_path):
+async def test_a_reader_rides_a_metadata_server_restart_with_its_new_block_keys(tmp_path):
     """A restarted metadata server makes new block keys, which its block servers get with
     their registration answer (before their block reports, so before any token made with
     them can name them): the open stream's tokens then name a key no block server keeps,
     and the stream fetches fresh ones by itself."""
     data = os.urandom(150_000)
 
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=2, replication=2,
-                                     heartbeat_interval=1.0) as cluster:
-            async with cluster.client() as c:
-                await c.write_file("/kept.bin", data)
-                stream = await c.open("/kept.bin")
-                assert await stream.pread(0, 100) == data[:100]
-                await cluster.stop_meta()
-                await cluster.start_meta()
-                await cluster.wait_ready(2)   # registered again: the old keys are gone
-                assert await stream.pread(0, len(data)) == data
-                assert await c.read_file("/kept.bin") == data
-                await stream.close()
-
-    trio.run(main)
+    async with inprocess_cluster(tmp_path, n_storage=2, replication=2,
+                                 heartbeat_interval=1.0) as cluster:
+        async with cluster.client() as c:
+            await c.write_file("/kept.bin", data)
+            stream = await c.open("/kept.bin")
+            assert await stream.pread(0, 100) == data[:100]
+            await cluster.stop_meta()
+            await cluster.start_meta()
+            await cluster.wait_ready(2)   # registered again: the old keys are gone
+            assert await stream.pread(0, len(data)) == data
+            assert await c.read_file("/kept.bin") == data
+            await stream.close()
 
 
-def test_no_secret_shows_on_the_status_page_or_in_the_logs(tmp_path, caplog):
+async def test_no_secret_shows_on_the_status_page_or_in_the_logs(tmp_path, caplog):
     """The cluster key and a delegation token's password never appear on any web page or
     JSON endpoint of the metadata server and of a block server, nor in any log line of
     servers that authenticated, handed out tokens and served reads."""
@@ -374,7 +353,7 @@ def test_no_secret_shows_on_the_status_page_or_in_the_logs(tmp_path, caplog):
             nursery.cancel_scope.cancel()
         return page, token.secret
 
-    page, password = trio.run(main)
+    page, password = await main()
     key = nodeauth.load_key(str(tmp_path / "meta" / "cluster.key"))
     secrets_ = [key, key.hex().encode(), password, password.hex().encode()]
     logged = "\n".join(r.getMessage() for r in caplog.records).encode()

@@ -258,114 +258,108 @@ CASES = [
 ]
 
 
-def test_every_operation_allowed_and_denied(tmp_path):
+@pytest.mark.cluster(n_storage=1, **FAST)
+async def test_every_operation_allowed_and_denied(cluster):
     """The table: each operation refused with EACCES and an HDFS-shaped message, leaving the
     namespace and the journal untouched, then allowed for the right caller."""
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=1, **FAST) as cluster:
-            async with cluster.client() as root:
-                for i, case in enumerate(CASES):
-                    base = f"/c{i}"
-                    await build(root, base, case.tree)
-                    user, groups = case.denied
-                    async with cluster.client(user=user,
-                                              groups=case.denied_groups or groups) as denied:
-                        before = await snapshot(root)
-                        with pytest.raises(errors.PermissionDenied) as info:
-                            await (case.denied_op or case.op)(denied, base)
-                        assert await snapshot(root) == before, case.name
-                    message = str(info.value)
-                    assert info.value.errno == errno.EACCES, case.name
-                    # HDFS: "user=alice, access=..." or "Access denied for user alice."
-                    assert re.search(rf"user[= ]{user}\b", message), (case.name, message)
-                    for part in case.expect:
-                        assert part.format(b=base) in message, (case.name, part, message)
-                    user, groups = case.allowed
-                    async with cluster.client(user=user, groups=groups) as allowed:
-                        await case.op(allowed, base)
-                    if case.after is not None:
-                        await case.after(root, base)
-    trio.run(main)
+    async with cluster.client() as root:
+        for i, case in enumerate(CASES):
+            base = f"/c{i}"
+            await build(root, base, case.tree)
+            user, groups = case.denied
+            async with cluster.client(user=user,
+                                      groups=case.denied_groups or groups) as denied:
+                before = await snapshot(root)
+                with pytest.raises(errors.PermissionDenied) as info:
+                    await (case.denied_op or case.op)(denied, base)
+                assert await snapshot(root) == before, case.name
+            message = str(info.value)
+            assert info.value.errno == errno.EACCES, case.name
+            # HDFS: "user=alice, access=..." or "Access denied for user alice."
+            assert re.search(rf"user[= ]{user}\b", message), (case.name, message)
+            for part in case.expect:
+                assert part.format(b=base) in message, (case.name, part, message)
+            user, groups = case.allowed
+            async with cluster.client(user=user, groups=groups) as allowed:
+                await case.op(allowed, base)
+            if case.after is not None:
+                await case.after(root, base)
 
 
-def test_superuser_by_group_and_disabled_checks_and_new_owners(tmp_path):
+@pytest.mark.cluster(n_storage=1, **FAST)
+async def test_superuser_by_group_and_disabled_checks_and_new_owners(cluster):
     """A member of the supergroup passes every check; new inodes belong to the caller with the
     parent's group; ``mkdirs -p`` parents too."""
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=1, **FAST) as cluster:
-            async with cluster.client() as root, \
-                    cluster.client(user=ADMIN[0], groups=ADMIN[1]) as admin, \
-                    cluster.client(user=EVE[0], groups=EVE[1]) as eve, \
-                    cluster.client(user=ALICE[0], groups=ALICE[1]) as alice:
-                await build(root, "/home", [("alice", "d", 0o700, "alice", "staff"),
-                                            ("alice/f", "f", 0o600, "alice", "staff")])
-                # root dir of a new namespace: the server's user and the supergroup
-                st = await root.get_file_status("/")
-                assert (st.owner, st.group, st.mode) == ("root", "supergroup", 0o755)
-                # eve is refused everywhere in alice's home; the supergroup member is not
-                with pytest.raises(errors.PermissionDenied):
-                    await eve.read_file("/home/alice/f")
-                assert await admin.read_file("/home/alice/f") == b"data"
-                await admin.set_owner("/home/alice/f", "eve", "eve")
-                await admin.delete("/home/alice", recursive=True)
-                # owners of new inodes: the caller, the parent's group (not the caller's)
-                await root.mkdirs("/home/alice")
-                await root.set_owner("/home/alice", "alice", "staff")
-                await alice.mkdirs("/home/alice/a/b/c", permission=0o750)
-                await _create(alice, "/home/alice/a/b/c/f")
-                for path, mode in (("/home/alice/a", 0o750 | 0o300), ("/home/alice/a/b/c", 0o750),
-                                   ("/home/alice/a/b/c/f", 0o644)):
-                    st = await root.get_file_status(path)
-                    assert (st.owner, st.group, st.mode) == ("alice", "staff", mode), path
-                # a group the caller belongs to may be named explicitly
-                await _create(alice, "/home/alice/g", group="alice")
-                await _owner_is(root, "/home/alice/g", "alice", "alice")
-                # the superuser may create for others (what the FUSE mount does)
-                await root.mkdirs("/home/bob", owner="bob", group="bob")
-                await _owner_is(root, "/home/bob", "bob", "bob")
-    trio.run(main)
+    async with cluster.client() as root, \
+            cluster.client(user=ADMIN[0], groups=ADMIN[1]) as admin, \
+            cluster.client(user=EVE[0], groups=EVE[1]) as eve, \
+            cluster.client(user=ALICE[0], groups=ALICE[1]) as alice:
+        await build(root, "/home", [("alice", "d", 0o700, "alice", "staff"),
+                                    ("alice/f", "f", 0o600, "alice", "staff")])
+        # root dir of a new namespace: the server's user and the supergroup
+        st = await root.get_file_status("/")
+        assert (st.owner, st.group, st.mode) == ("root", "supergroup", 0o755)
+        # eve is refused everywhere in alice's home; the supergroup member is not
+        with pytest.raises(errors.PermissionDenied):
+            await eve.read_file("/home/alice/f")
+        assert await admin.read_file("/home/alice/f") == b"data"
+        await admin.set_owner("/home/alice/f", "eve", "eve")
+        await admin.delete("/home/alice", recursive=True)
+        # owners of new inodes: the caller, the parent's group (not the caller's)
+        await root.mkdirs("/home/alice")
+        await root.set_owner("/home/alice", "alice", "staff")
+        await alice.mkdirs("/home/alice/a/b/c", permission=0o750)
+        await _create(alice, "/home/alice/a/b/c/f")
+        for path, mode in (("/home/alice/a", 0o750 | 0o300), ("/home/alice/a/b/c", 0o750),
+                           ("/home/alice/a/b/c/f", 0o644)):
+            st = await root.get_file_status(path)
+            assert (st.owner, st.group, st.mode) == ("alice", "staff", mode), path
+        # a group the caller belongs to may be named explicitly
+        await _create(alice, "/home/alice/g", group="alice")
+        await _owner_is(root, "/home/alice/g", "alice", "alice")
+        # the superuser may create for others (what the FUSE mount does)
+        await root.mkdirs("/home/bob", owner="bob", group="bob")
+        await _owner_is(root, "/home/bob", "bob", "bob")
 
 
-def test_permissions_disabled_and_superuser_by_name(tmp_path):
+async def test_permissions_disabled_and_superuser_by_name(tmp_path):
     """``permissions_enabled = false``: nothing is checked, owners still the caller. A
     configured ``superuser`` replaces the process user (root then is an ordinary user)."""
-    async def main():
-        async with inprocess_cluster(tmp_path / "off", n_storage=0,
-                                     permissions_enabled=False) as cluster:
-            async with cluster.client() as root, \
-                    cluster.client(user=EVE[0], groups=EVE[1]) as eve:
-                await build(root, "/h", [PRIV, ("p/x", "d", 0o700, "alice", "staff")])
-                assert [s.name for s in await eve.list_status("/h/p")] == ["x"]
-                await eve.mkdirs("/h/p/x/mine")
-                await _owner_is(root, "/h/p/x/mine", "eve", "staff")   # caller, parent's group
-                await eve.mkdirs("/h/p/theirs", owner="bob", group="wheel")
-                await _owner_is(root, "/h/p/theirs", "bob", "wheel")
-                await eve.set_permission("/h/p", 0o777)
-                await eve.set_owner("/h/p", "eve", "eve")
-                await eve.delete("/h/p", recursive=True)
-                assert (await eve.safemode("enter"))["on"]
-                assert not (await eve.safemode("leave"))["on"]
-        # root is an ordinary user here: it may act as "hdfs" only as a configured proxy
-        async with inprocess_cluster(tmp_path / "named", n_storage=0, superuser="hdfs",
-                                     proxy_users="root=*") as cluster:
-            async with cluster.client() as root, \
-                    cluster.client(user="hdfs", groups=["hadoop"]) as hdfs:
-                await _owner_is(hdfs, "/", "hdfs", "supergroup")
-                with pytest.raises(errors.PermissionDenied, match='user=root, access=WRITE, '
-                                                                  'inode="/":hdfs:supergroup'):
-                    await root.mkdirs("/x")
-                with pytest.raises(errors.PermissionDenied, match="Superuser privilege"):
-                    await root.safemode("enter")
-                await hdfs.mkdirs("/x", permission=0o700)
-                await hdfs.set_owner("/x", "alice", "staff")
-                await hdfs.mkdirs("/x/y")                       # the superuser passes
-                assert [s.name for s in await hdfs.list_status("/x")] == ["y"]
-                with pytest.raises(errors.PermissionDenied, match='inode="/x"'):
-                    await root.list_status("/x")
-    trio.run(main)
+    async with inprocess_cluster(tmp_path / "off", n_storage=0,
+                                 permissions_enabled=False) as cluster:
+        async with cluster.client() as root, \
+                cluster.client(user=EVE[0], groups=EVE[1]) as eve:
+            await build(root, "/h", [PRIV, ("p/x", "d", 0o700, "alice", "staff")])
+            assert [s.name for s in await eve.list_status("/h/p")] == ["x"]
+            await eve.mkdirs("/h/p/x/mine")
+            await _owner_is(root, "/h/p/x/mine", "eve", "staff")   # caller, parent's group
+            await eve.mkdirs("/h/p/theirs", owner="bob", group="wheel")
+            await _owner_is(root, "/h/p/theirs", "bob", "wheel")
+            await eve.set_permission("/h/p", 0o777)
+            await eve.set_owner("/h/p", "eve", "eve")
+            await eve.delete("/h/p", recursive=True)
+            assert (await eve.safemode("enter"))["on"]
+            assert not (await eve.safemode("leave"))["on"]
+    # root is an ordinary user here: it may act as "hdfs" only as a configured proxy
+    async with inprocess_cluster(tmp_path / "named", n_storage=0, superuser="hdfs",
+                                 proxy_users="root=*") as cluster:
+        async with cluster.client() as root, \
+                cluster.client(user="hdfs", groups=["hadoop"]) as hdfs:
+            await _owner_is(hdfs, "/", "hdfs", "supergroup")
+            with pytest.raises(errors.PermissionDenied, match='user=root, access=WRITE, '
+                                                              'inode="/":hdfs:supergroup'):
+                await root.mkdirs("/x")
+            with pytest.raises(errors.PermissionDenied, match="Superuser privilege"):
+                await root.safemode("enter")
+            await hdfs.mkdirs("/x", permission=0o700)
+            await hdfs.set_owner("/x", "alice", "staff")
+            await hdfs.mkdirs("/x/y")                       # the superuser passes
+            assert [s.name for s in await hdfs.list_status("/x")] == ["y"]
+            with pytest.raises(errors.PermissionDenied, match='inode="/x"'):
+                await root.list_status("/x")
 
 
-def test_hello_identity_missing_or_invalid(tmp_path):
+async def test_hello_identity_missing_or_invalid(tmp_path):
     """A hello without ``user`` (an older client) is ``nobody``; a malformed identity ends
     that connection with a ProtocolError while the server keeps serving others; clients
     refuse to state a malformed identity."""
@@ -379,48 +373,46 @@ def test_hello_identity_missing_or_invalid(tmp_path):
         finally:
             await stream.aclose()
 
-    async def main():
-        # the hello's identity is believed only with security = simple (see test_user_auth)
-        async with inprocess_cluster(tmp_path, n_storage=0, security="simple") as cluster:
-            async with cluster.client() as root:
-                await root.mkdirs("/open")
-                await root.mkdirs("/closed", permission=0o700)
-                old = {"hello": "leasefs", "version": 1, "client_id": "old-client"}
-                call_id, ok, value = await raw_call(cluster.meta_address, old, "get_file_info",
-                                                    {"path": "/open"})
-                assert ok and value["path"] == "/open"
-                call_id, ok, value = await raw_call(cluster.meta_address, old, "mkdirs",
-                                                    {"path": "/closed/x"})
-                assert not ok and value["type"] == "PermissionDenied"
-                assert 'user=nobody, access=EXECUTE, inode="/closed"' in value["message"]
-                for bad in ({"user": "x" * 300}, {"user": "a\nb"}, {"user": 7},
-                            {"user": "ok", "groups": ["g"] * 65}, {"user": "ok", "groups": "g"}):
-                    call_id, ok, value = await raw_call(cluster.meta_address, {**old, **bad},
-                                                        "get_file_info", {"path": "/"})
-                    assert (call_id, ok, value["type"]) == (None, False, "ProtocolError"), bad
-                assert not await root.exists("/closed/x")
-                assert (await root.get_file_status("/closed")).mode == 0o700
-                # the identity travels on every connection of a client
-                async with RpcClient(cluster.meta_address, "probe", user="carol",
-                                     groups=["carol"]) as rpc:
-                    with pytest.raises(errors.PermissionDenied, match="user=carol"):
-                        await rpc.call("list_status", {"path": "/closed"})
-                # the largest identity the bounds allow fits in the hello frame
-                big_groups = [f"{i:02d}" + "g" * 62 for i in range(64)]
-                async with RpcClient(cluster.meta_address, "probe", user="u" * 256,
-                                     groups=big_groups) as rpc:
-                    assert (await rpc.call("get_file_info", {"path": "/open"}))["path"] == "/open"
-                    with pytest.raises(errors.PermissionDenied, match="user=u{256}, access"):
-                        await rpc.call("list_status", {"path": "/closed"})
-            for user, groups in (("", None), ("x" * 257, None), ("ok", ["g"] * 65),
-                                 ("ok", ["bad\0group"]), ("ok", ["g" * 65]),
-                                 # more than 6144 UTF-8 bytes in all
-                                 ("ü" * 256, [f"{i:02d}" + "ü" * 62 for i in range(64)])):
-                with pytest.raises(errors.InvalidArgument):
-                    RpcClient(cluster.meta_address, "probe", user=user, groups=groups)
-                with pytest.raises(errors.InvalidArgument):
-                    cluster.client(user=user, groups=groups)
-    trio.run(main)
+    # the hello's identity is believed only with security = simple (see test_user_auth)
+    async with inprocess_cluster(tmp_path, n_storage=0, security="simple") as cluster:
+        async with cluster.client() as root:
+            await root.mkdirs("/open")
+            await root.mkdirs("/closed", permission=0o700)
+            old = {"hello": "leasefs", "version": 1, "client_id": "old-client"}
+            call_id, ok, value = await raw_call(cluster.meta_address, old, "get_file_info",
+                                                {"path": "/open"})
+            assert ok and value["path"] == "/open"
+            call_id, ok, value = await raw_call(cluster.meta_address, old, "mkdirs",
+                                                {"path": "/closed/x"})
+            assert not ok and value["type"] == "PermissionDenied"
+            assert 'user=nobody, access=EXECUTE, inode="/closed"' in value["message"]
+            for bad in ({"user": "x" * 300}, {"user": "a\nb"}, {"user": 7},
+                        {"user": "ok", "groups": ["g"] * 65}, {"user": "ok", "groups": "g"}):
+                call_id, ok, value = await raw_call(cluster.meta_address, {**old, **bad},
+                                                    "get_file_info", {"path": "/"})
+                assert (call_id, ok, value["type"]) == (None, False, "ProtocolError"), bad
+            assert not await root.exists("/closed/x")
+            assert (await root.get_file_status("/closed")).mode == 0o700
+            # the identity travels on every connection of a client
+            async with RpcClient(cluster.meta_address, "probe", user="carol",
+                                 groups=["carol"]) as rpc:
+                with pytest.raises(errors.PermissionDenied, match="user=carol"):
+                    await rpc.call("list_status", {"path": "/closed"})
+            # the largest identity the bounds allow fits in the hello frame
+            big_groups = [f"{i:02d}" + "g" * 62 for i in range(64)]
+            async with RpcClient(cluster.meta_address, "probe", user="u" * 256,
+                                 groups=big_groups) as rpc:
+                assert (await rpc.call("get_file_info", {"path": "/open"}))["path"] == "/open"
+                with pytest.raises(errors.PermissionDenied, match="user=u{256}, access"):
+                    await rpc.call("list_status", {"path": "/closed"})
+        for user, groups in (("", None), ("x" * 257, None), ("ok", ["g"] * 65),
+                             ("ok", ["bad\0group"]), ("ok", ["g" * 65]),
+                             # more than 6144 UTF-8 bytes in all
+                             ("ü" * 256, [f"{i:02d}" + "ü" * 62 for i in range(64)])):
+            with pytest.raises(errors.InvalidArgument):
+                RpcClient(cluster.meta_address, "probe", user=user, groups=groups)
+            with pytest.raises(errors.InvalidArgument):
+                cluster.client(user=user, groups=groups)
 
 
 def test_default_identity_is_the_process_user():

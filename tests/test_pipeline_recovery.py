@@ -112,276 +112,249 @@ def test_blocks_map_update_pipeline_makes_dropped_replicas_stale():
 # --------------------------------------------------------------------------- in process
 
 
-def test_a_node_stopped_mid_block_is_dropped_and_the_write_goes_on(tmp_path):
+async def test_a_node_stopped_mid_block_is_dropped_and_the_write_goes_on(tmp_path):
     """replication 3 on 4 nodes, policy never: the middle node dies mid-block; the block
     continues on the 2 survivors under a new stamp, later blocks use fresh pipelines."""
     data = payload(600 * KiB, seed=1)
 
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=4, replace_datanode_on_failure="never",
-                                     **SMALL) as cluster:
-            async with cluster.client() as c:
-                out = await c.create("/f", replication=3)
-                await out.write(data[:100 * KiB])     # block 0 done, block 1 in flight
-                block = (await c.get_block_locations("/f"))["blocks"][-1]
-                assert block["state"] == "UNDER_CONSTRUCTION"
-                old_gs = block["block"]["gs"]
-                victim = block["locations"][1]["address"]
-                await cluster.stop_storage(index_of(cluster, victim))
-                await out.write(data[100 * KiB:])
-                await out.close()
-                assert out.recoveries == 1
-                assert await c.read_file("/f") == data
-                blocks = (await c.get_block_locations("/f"))["blocks"]
-                recovered = blocks[1]
-                assert recovered["block"]["id"] == block["block"]["id"]
-                assert recovered["block"]["gs"] > old_gs
-                assert victim not in [loc["address"] for loc in recovered["locations"]]
-                assert out.replacements == 0 and len(recovered["locations"]) >= 2
-                for b in blocks:
-                    for loc in b["locations"]:
-                        if loc["address"] == victim:   # stopped after block 0 was done
-                            assert b["block"]["id"] < block["block"]["id"]
-                            continue
-                        folder = cluster.storage_dirs[index_of(cluster, loc["address"])]
-                        assert meta_stamps(folder / "finalized", b["block"]["id"]) == \
-                            [b["block"]["gs"]]
-
-    trio.run(main)
+    async with inprocess_cluster(tmp_path, n_storage=4, replace_datanode_on_failure="never",
+                                 **SMALL) as cluster:
+        async with cluster.client() as c:
+            out = await c.create("/f", replication=3)
+            await out.write(data[:100 * KiB])     # block 0 done, block 1 in flight
+            block = (await c.get_block_locations("/f"))["blocks"][-1]
+            assert block["state"] == "UNDER_CONSTRUCTION"
+            old_gs = block["block"]["gs"]
+            victim = block["locations"][1]["address"]
+            await cluster.stop_storage(index_of(cluster, victim))
+            await out.write(data[100 * KiB:])
+            await out.close()
+            assert out.recoveries == 1
+            assert await c.read_file("/f") == data
+            blocks = (await c.get_block_locations("/f"))["blocks"]
+            recovered = blocks[1]
+            assert recovered["block"]["id"] == block["block"]["id"]
+            assert recovered["block"]["gs"] > old_gs
+            assert victim not in [loc["address"] for loc in recovered["locations"]]
+            assert out.replacements == 0 and len(recovered["locations"]) >= 2
+            for b in blocks:
+                for loc in b["locations"]:
+                    if loc["address"] == victim:   # stopped after block 0 was done
+                        assert b["block"]["id"] < block["block"]["id"]
+                        continue
+                    folder = cluster.storage_dirs[index_of(cluster, loc["address"])]
+                    assert meta_stamps(folder / "finalized", b["block"]["id"]) == \
+                        [b["block"]["gs"]]
 
 
-def test_policy_always_adds_a_replacement_with_the_copied_bytes(tmp_path):
+async def test_policy_always_adds_a_replacement_with_the_copied_bytes(tmp_path):
     data = payload(300 * KiB, seed=2)
 
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=4, replace_datanode_on_failure="always",
-                                     **SMALL) as cluster:
-            async with cluster.client() as c:
-                out = await c.create("/g", replication=3)
-                await out.write(data[:90 * KiB])
-                await out.hflush()
-                block = (await c.get_block_locations("/g"))["blocks"][-1]
-                pipeline = [loc["address"] for loc in block["locations"]]
-                victim = pipeline[0]
-                await cluster.stop_storage(index_of(cluster, victim))
-                await out.write(data[90 * KiB:])
-                await out.close()
-                assert out.recoveries == 1 and out.replacements == 1
-                assert await c.read_file("/g") == data
-                blocks = await wait_finalized_everywhere(c, cluster, "/g", replicas=3)
-                recovered = [b for b in blocks if b["block"]["id"] == block["block"]["id"]][0]
-                now = {loc["address"] for loc in recovered["locations"]}
-                spare = now - set(pipeline)
-                assert victim not in now and len(spare) == 1   # the replacement holds it
-                # the replacement's copy is byte-identical to a survivor's
-                copies = []
-                for address in now:
-                    folder = cluster.storage_dirs[index_of(cluster, address)]
-                    files = [p for p in folder.rglob(f"blk_{block['block']['id']}")
-                             if p.is_file()]
-                    copies.append(files[0].read_bytes())
-                assert len(set(copies)) == 1 and len(copies[0]) == recovered["block"]["num_bytes"]
-
-    trio.run(main)
+    async with inprocess_cluster(tmp_path, n_storage=4, replace_datanode_on_failure="always",
+                                 **SMALL) as cluster:
+        async with cluster.client() as c:
+            out = await c.create("/g", replication=3)
+            await out.write(data[:90 * KiB])
+            await out.hflush()
+            block = (await c.get_block_locations("/g"))["blocks"][-1]
+            pipeline = [loc["address"] for loc in block["locations"]]
+            victim = pipeline[0]
+            await cluster.stop_storage(index_of(cluster, victim))
+            await out.write(data[90 * KiB:])
+            await out.close()
+            assert out.recoveries == 1 and out.replacements == 1
+            assert await c.read_file("/g") == data
+            blocks = await wait_finalized_everywhere(c, cluster, "/g", replicas=3)
+            recovered = [b for b in blocks if b["block"]["id"] == block["block"]["id"]][0]
+            now = {loc["address"] for loc in recovered["locations"]}
+            spare = now - set(pipeline)
+            assert victim not in now and len(spare) == 1   # the replacement holds it
+            # the replacement's copy is byte-identical to a survivor's
+            copies = []
+            for address in now:
+                folder = cluster.storage_dirs[index_of(cluster, address)]
+                files = [p for p in folder.rglob(f"blk_{block['block']['id']}")
+                         if p.is_file()]
+                copies.append(files[0].read_bytes())
+            assert len(set(copies)) == 1 and len(copies[0]) == recovered["block"]["num_bytes"]
 
 
-def test_default_policy_replaces_only_after_hflush_and_fails_without_a_spare(tmp_path):
+async def test_default_policy_replaces_only_after_hflush_and_fails_without_a_spare(tmp_path):
     """HDFS DEFAULT with replication 3: one node lost of 3 needs a replacement only for an
     hflushed block; without a spare block server that write fails clearly (best_effort off)
     and goes on with best_effort on."""
-    async def main():
-        for best_effort in (False, True):
-            base = tmp_path / f"be{best_effort}"
-            async with inprocess_cluster(base, n_storage=3,
-                                         replace_datanode_best_effort=best_effort,
-                                         **SMALL) as cluster:
-                async with cluster.client() as c:
-                    out = await c.create("/h", replication=3)
-                    await out.write(payload(3000))
-                    await out.hflush()
-                    block = (await c.get_block_locations("/h"))["blocks"][0]
-                    victim = block["locations"][-1]["address"]
-                    await cluster.stop_storage(index_of(cluster, victim))
-                    rest = payload(40 * KiB, seed=3)
-                    if not best_effort:
-                        with pytest.raises(errors.PipelineError) as info:
-                            await out.write(rest)
-                            await out.hflush()
-                        message = str(info.value)
-                        assert "replacement" in message and victim in message
-                        assert "/h" in message and str(block["block"]["id"]) in message
-                        continue
-                    await out.write(rest)
-                    await out.close()
-                    assert await c.read_file("/h") == payload(3000) + rest
-
-    trio.run(main)
+    for best_effort in (False, True):
+        base = tmp_path / f"be{best_effort}"
+        async with inprocess_cluster(base, n_storage=3,
+                                     replace_datanode_best_effort=best_effort,
+                                     **SMALL) as cluster:
+            async with cluster.client() as c:
+                out = await c.create("/h", replication=3)
+                await out.write(payload(3000))
+                await out.hflush()
+                block = (await c.get_block_locations("/h"))["blocks"][0]
+                victim = block["locations"][-1]["address"]
+                await cluster.stop_storage(index_of(cluster, victim))
+                rest = payload(40 * KiB, seed=3)
+                if not best_effort:
+                    with pytest.raises(errors.PipelineError) as info:
+                        await out.write(rest)
+                        await out.hflush()
+                    message = str(info.value)
+                    assert "replacement" in message and victim in message
+                    assert "/h" in message and str(block["block"]["id"]) in message
+                    continue
+                await out.write(rest)
+                await out.close()
+                assert await c.read_file("/h") == payload(3000) + rest
 
 
-def test_default_policy_without_hflush_goes_on_with_two_of_three_nodes(tmp_path):
+async def test_default_policy_without_hflush_goes_on_with_two_of_three_nodes(tmp_path):
     """The other half of the documented rule: replication 3 on exactly 3 block servers,
     default policy, best effort off, no hflush: a node death needs no replacement, the write
     goes on with the two survivors."""
     first, rest = payload(20 * KiB, seed=8), payload(40 * KiB, seed=9)
 
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=3, **SMALL) as cluster:
-            async with cluster.client() as c:
-                out = await c.create("/n", replication=3)
-                await out.write(first)
-                block = (await c.get_block_locations("/n"))["blocks"][0]
-                victim = block["locations"][-1]["address"]
-                await cluster.stop_storage(index_of(cluster, victim))
-                await out.write(rest)
-                await out.close()
-                assert out.recoveries >= 1 and out.replacements == 0
-                assert await c.read_file("/n") == first + rest
-
-    trio.run(main)
+    async with inprocess_cluster(tmp_path, n_storage=3, **SMALL) as cluster:
+        async with cluster.client() as c:
+            out = await c.create("/n", replication=3)
+            await out.write(first)
+            block = (await c.get_block_locations("/n"))["blocks"][0]
+            victim = block["locations"][-1]["address"]
+            await cluster.stop_storage(index_of(cluster, victim))
+            await out.write(rest)
+            await out.close()
+            assert out.recoveries >= 1 and out.replacements == 0
+            assert await c.read_file("/n") == first + rest
 
 
-def test_default_policy_adds_a_spare_after_hflush(tmp_path):
+async def test_default_policy_adds_a_spare_after_hflush(tmp_path):
     data = payload(150 * KiB, seed=5)
 
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=4, **SMALL) as cluster:
-            async with cluster.client() as c:
-                out = await c.create("/d", replication=3)
-                await out.write(data[:20 * KiB])
-                await out.hflush()
-                block = (await c.get_block_locations("/d"))["blocks"][0]
-                victim = block["locations"][1]["address"]
-                await cluster.stop_storage(index_of(cluster, victim))
-                await out.write(data[20 * KiB:])
-                await out.close()
-                assert out.recoveries == 1 and out.replacements == 1
-                assert await c.read_file("/d") == data
-                blocks = await wait_finalized_everywhere(c, cluster, "/d", replicas=3)
-                assert victim not in [loc["address"] for loc in blocks[0]["locations"]]
-
-    trio.run(main)
+    async with inprocess_cluster(tmp_path, n_storage=4, **SMALL) as cluster:
+        async with cluster.client() as c:
+            out = await c.create("/d", replication=3)
+            await out.write(data[:20 * KiB])
+            await out.hflush()
+            block = (await c.get_block_locations("/d"))["blocks"][0]
+            victim = block["locations"][1]["address"]
+            await cluster.stop_storage(index_of(cluster, victim))
+            await out.write(data[20 * KiB:])
+            await out.close()
+            assert out.recoveries == 1 and out.replacements == 1
+            assert await c.read_file("/d") == data
+            blocks = await wait_finalized_everywhere(c, cluster, "/d", replicas=3)
+            assert victim not in [loc["address"] for loc in blocks[0]["locations"]]
 
 
-def test_checksum_corruption_once_in_flight_recovers(tmp_path, monkeypatch):
+async def test_checksum_corruption_once_in_flight_recovers(tmp_path, monkeypatch):
     monkeypatch.setenv(CORRUPT_PACKETS_ENV, "once")
     monkeypatch.setattr(transfer_mod, "_TEST_CORRUPTION", transfer_mod._CorruptionHook())
     data = payload(200 * KiB, seed=4)
 
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=4, **SMALL) as cluster:
-            async with cluster.client() as c:
-                out = await c.create("/once", replication=3)
-                await out.write(data)
-                await out.close()
-                assert out.recoveries == 1
-                assert transfer_mod._TEST_CORRUPTION.fired == 1
-                assert await c.read_file("/once") == data
-
-    trio.run(main)
+    async with inprocess_cluster(tmp_path, n_storage=4, **SMALL) as cluster:
+        async with cluster.client() as c:
+            out = await c.create("/once", replication=3)
+            await out.write(data)
+            await out.close()
+            assert out.recoveries == 1
+            assert transfer_mod._TEST_CORRUPTION.fired == 1
+            assert await c.read_file("/once") == data
 
 
-def test_checksum_corruption_on_every_packet_fails_after_the_retries(tmp_path, monkeypatch):
+async def test_checksum_corruption_on_every_packet_fails_after_the_retries(tmp_path, monkeypatch):
     monkeypatch.setenv(CORRUPT_PACKETS_ENV, "always")
     monkeypatch.setattr(transfer_mod, "_TEST_CORRUPTION", transfer_mod._CorruptionHook())
 
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=4, pipeline_recovery_retries=3,
-                                     replace_datanode_on_failure="always",
-                                     replace_datanode_best_effort=True, **SMALL) as cluster:
-            async with cluster.client() as c:
-                out = await c.create("/always", replication=3)
-                with trio.fail_after(30):
-                    with pytest.raises(errors.PipelineError) as info:
-                        await out.write(payload(50 * KiB))
-                        await out.close()
-                message = str(info.value)
-                assert "/always" in message and "block" in message
-                assert "giving up after 3 pipeline recoveries" in message \
-                    or "every block server" in message
-                assert "ERROR_CHECKSUM" in message
-                with pytest.raises(errors.PipelineError):
+    async with inprocess_cluster(tmp_path, n_storage=4, pipeline_recovery_retries=3,
+                                 replace_datanode_on_failure="always",
+                                 replace_datanode_best_effort=True, **SMALL) as cluster:
+        async with cluster.client() as c:
+            out = await c.create("/always", replication=3)
+            with trio.fail_after(30):
+                with pytest.raises(errors.PipelineError) as info:
+                    await out.write(payload(50 * KiB))
                     await out.close()
-
-    trio.run(main)
-
-
-def test_update_pipeline_and_update_block_for_pipeline_refusals(tmp_path):
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=3, **SMALL) as cluster:
-            async with cluster.client() as c, cluster.client() as other:
-                out = await c.create("/r", replication=2)
-                await out.write(payload(1000))
-                await out.hflush()
-                located = (await c.get_block_locations("/r"))["blocks"][0]
-                block = located["block"]
-                nodes = [loc["node_id"] for loc in located["locations"]]
-                call = c.rpc.call
-                # not the lease holder
-                with pytest.raises(errors.LeaseExpired):
-                    await other.rpc.call("update_block_for_pipeline",
-                                         {"block": block, "client_name": other.client_name})
-                fresh = await call("update_block_for_pipeline",
-                                   {"block": block, "client_name": c.client_name})
-                new_gs = fresh["block"]["gs"]
-                assert new_gs > block["gs"]
-                new_block = {"id": block["id"], "gs": new_gs, "num_bytes": 1000}
-                with pytest.raises(errors.LeaseExpired):
-                    await other.rpc.call("update_pipeline", {
-                        "client_name": other.client_name, "old_block": block,
-                        "new_block": new_block, "new_nodes": nodes})
-                # a stamp that is not larger
-                with pytest.raises(errors.StaleGenerationStamp):
-                    await call("update_pipeline", {
-                        "client_name": c.client_name, "old_block": block,
-                        "new_block": {**new_block, "gs": block["gs"]}, "new_nodes": nodes})
-                # a stamp never issued
-                with pytest.raises(errors.StaleGenerationStamp):
-                    await call("update_pipeline", {
-                        "client_name": c.client_name, "old_block": block,
-                        "new_block": {**new_block, "gs": new_gs + 1000}, "new_nodes": nodes})
-                # nothing changed so far
-                blocks = (await c.get_block_locations("/r"))["blocks"]
-                assert blocks[0]["block"]["gs"] == block["gs"]
+            message = str(info.value)
+            assert "/always" in message and "block" in message
+            assert "giving up after 3 pipeline recoveries" in message \
+                or "every block server" in message
+            assert "ERROR_CHECKSUM" in message
+            with pytest.raises(errors.PipelineError):
                 await out.close()
-                # the block of a closed file: the writer holds no lease any more, and that
-                # is what it is told (not the block's state)
-                with pytest.raises(errors.LeaseExpired, match="No lease on /r"):
-                    await call("update_block_for_pipeline",
-                               {"block": block, "client_name": c.client_name})
-                with pytest.raises(errors.LeaseExpired, match="No lease on /r"):
-                    await call("update_pipeline", {
-                        "client_name": c.client_name, "old_block": block,
-                        "new_block": new_block, "new_nodes": nodes})
-                # an unknown block
-                with pytest.raises(errors.StaleGenerationStamp):
-                    await call("update_block_for_pipeline",
-                               {"block": {"id": 10 ** 9, "gs": 1}, "client_name": c.client_name})
-                assert await c.read_file("/r") == payload(1000)
-
-    trio.run(main)
 
 
-def test_update_pipeline_may_not_shrink_the_length(tmp_path):
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=3, **SMALL) as cluster:
-            async with cluster.client() as c:
-                out = await c.create("/s", replication=2)
-                await out.write(payload(5000))
-                await out.hsync()          # records 5000 bytes on the metadata server
-                located = (await c.get_block_locations("/s"))["blocks"][0]
-                block = {**located["block"], "num_bytes": 5000}
-                fresh = await c.rpc.call("update_block_for_pipeline",
-                                         {"block": block, "client_name": c.client_name})
-                with pytest.raises(errors.InvalidArgument, match="shrink"):
-                    await c.rpc.call("update_pipeline", {
-                        "client_name": c.client_name, "old_block": block,
-                        "new_block": {"id": block["id"], "gs": fresh["block"]["gs"],
-                                      "num_bytes": 4000},
-                        "new_nodes": [loc["node_id"] for loc in located["locations"]]})
-                await out.close()
-                assert await c.read_file("/s") == payload(5000)
+@pytest.mark.cluster(n_storage=3, **SMALL)
+async def test_update_pipeline_and_update_block_for_pipeline_refusals(cluster):
+    async with cluster.client() as c, cluster.client() as other:
+        out = await c.create("/r", replication=2)
+        await out.write(payload(1000))
+        await out.hflush()
+        located = (await c.get_block_locations("/r"))["blocks"][0]
+        block = located["block"]
+        nodes = [loc["node_id"] for loc in located["locations"]]
+        call = c.rpc.call
+        # not the lease holder
+        with pytest.raises(errors.LeaseExpired):
+            await other.rpc.call("update_block_for_pipeline",
+                                 {"block": block, "client_name": other.client_name})
+        fresh = await call("update_block_for_pipeline",
+                           {"block": block, "client_name": c.client_name})
+        new_gs = fresh["block"]["gs"]
+        assert new_gs > block["gs"]
+        new_block = {"id": block["id"], "gs": new_gs, "num_bytes": 1000}
+        with pytest.raises(errors.LeaseExpired):
+            await other.rpc.call("update_pipeline", {
+                "client_name": other.client_name, "old_block": block,
+                "new_block": new_block, "new_nodes": nodes})
+        # a stamp that is not larger
+        with pytest.raises(errors.StaleGenerationStamp):
+            await call("update_pipeline", {
+                "client_name": c.client_name, "old_block": block,
+                "new_block": {**new_block, "gs": block["gs"]}, "new_nodes": nodes})
+        # a stamp never issued
+        with pytest.raises(errors.StaleGenerationStamp):
+            await call("update_pipeline", {
+                "client_name": c.client_name, "old_block": block,
+                "new_block": {**new_block, "gs": new_gs + 1000}, "new_nodes": nodes})
+        # nothing changed so far
+        blocks = (await c.get_block_locations("/r"))["blocks"]
+        assert blocks[0]["block"]["gs"] == block["gs"]
+        await out.close()
+        # the block of a closed file: the writer holds no lease any more, and that
+        # is what it is told (not the block's state)
+        with pytest.raises(errors.LeaseExpired, match="No lease on /r"):
+            await call("update_block_for_pipeline",
+                       {"block": block, "client_name": c.client_name})
+        with pytest.raises(errors.LeaseExpired, match="No lease on /r"):
+            await call("update_pipeline", {
+                "client_name": c.client_name, "old_block": block,
+                "new_block": new_block, "new_nodes": nodes})
+        # an unknown block
+        with pytest.raises(errors.StaleGenerationStamp):
+            await call("update_block_for_pipeline",
+                       {"block": {"id": 10 ** 9, "gs": 1}, "client_name": c.client_name})
+        assert await c.read_file("/r") == payload(1000)
 
-    trio.run(main)
+
+@pytest.mark.cluster(n_storage=3, **SMALL)
+async def test_update_pipeline_may_not_shrink_the_length(cluster):
+    async with cluster.client() as c:
+        out = await c.create("/s", replication=2)
+        await out.write(payload(5000))
+        await out.hsync()          # records 5000 bytes on the metadata server
+        located = (await c.get_block_locations("/s"))["blocks"][0]
+        block = {**located["block"], "num_bytes": 5000}
+        fresh = await c.rpc.call("update_block_for_pipeline",
+                                 {"block": block, "client_name": c.client_name})
+        with pytest.raises(errors.InvalidArgument, match="shrink"):
+            await c.rpc.call("update_pipeline", {
+                "client_name": c.client_name, "old_block": block,
+                "new_block": {"id": block["id"], "gs": fresh["block"]["gs"],
+                              "num_bytes": 4000},
+                "new_nodes": [loc["node_id"] for loc in located["locations"]]})
+        await out.close()
+        assert await c.read_file("/s") == payload(5000)
 
 
 # --------------------------------------------------------------------------- real processes
@@ -480,7 +453,7 @@ def test_kill_last_node_of_the_pipeline_mid_write(tmp_path):
     assert _kill_during_write(tmp_path, "last", "never") < 90
 
 
-def test_block_server_refuses_bad_recovery_and_transfer_requests(tmp_path):
+async def test_block_server_refuses_bad_recovery_and_transfer_requests(tmp_path):
     """STREAMING_RECOVERY to more bytes than the replica holds or with a stamp that is not
     newer, and a TRANSFER asking for more than was acknowledged, get an error response;
     the replica and the writer's stream are unharmed."""
@@ -498,39 +471,36 @@ def test_block_server_refuses_bad_recovery_and_transfer_requests(tmp_path):
         finally:
             await framed.aclose()
 
-    async def main():
-        # the replica's own checks, which come after the token's (security = secure refuses
-        # these stamps for want of a token first: tests/test_block_tokens.py)
-        async with inprocess_cluster(tmp_path, n_storage=3, security="simple",
-                                     **SMALL) as cluster:
-            async with cluster.client() as c:
-                out = await c.create("/x", replication=2)
-                await out.write(payload(3000))
-                await out.hflush()
-                located = (await c.get_block_locations("/x"))["blocks"][0]
-                block = located["block"]
-                a, b = [loc["address"] for loc in located["locations"]]
-                base = {"op": WRITE_BLOCK, "targets": [], "client": "t",
-                        "stage": PIPELINE_SETUP_STREAMING_RECOVERY, "bytes_per_checksum": BPC}
-                resp = await ask(b, {**base, "block": {"id": block["id"], "gs": block["gs"] + 50},
-                                     "min_bytes": 999_999})
-                assert resp["status"] == "ERROR" and "fewer than" in resp["message"]
-                resp = await ask(b, {**base, "block": {"id": block["id"], "gs": block["gs"]},
-                                     "min_bytes": 3000})
-                assert resp["status"] == "ERROR" and "StaleGenerationStamp" in resp["message"]
-                spare = [cluster.storage_address(i) for i in range(3)
-                         if cluster.storage_address(i) not in (a, b)][0]
-                resp = await ask(a, {"op": TRANSFER_BLOCK, "stage": TRANSFER_RBW,
-                                     "block": {**block, "num_bytes": 10_000}, "targets": [spare]})
-                assert resp["status"] == "ERROR" and "acknowledged" in resp["message"]
-                # the refused recovery stopped b's writer (HDFS recoverRbw stops it first):
-                # the stream drops b and goes on with a
-                await out.write(payload(5000, seed=1))
-                await out.close()
-                assert out.recoveries == 1
-                assert await c.read_file("/x") == payload(3000) + payload(5000, seed=1)
-
-    trio.run(main)
+    # the replica's own checks, which come after the token's (security = secure refuses
+    # these stamps for want of a token first: tests/test_block_tokens.py)
+    async with inprocess_cluster(tmp_path, n_storage=3, security="simple",
+                                 **SMALL) as cluster:
+        async with cluster.client() as c:
+            out = await c.create("/x", replication=2)
+            await out.write(payload(3000))
+            await out.hflush()
+            located = (await c.get_block_locations("/x"))["blocks"][0]
+            block = located["block"]
+            a, b = [loc["address"] for loc in located["locations"]]
+            base = {"op": WRITE_BLOCK, "targets": [], "client": "t",
+                    "stage": PIPELINE_SETUP_STREAMING_RECOVERY, "bytes_per_checksum": BPC}
+            resp = await ask(b, {**base, "block": {"id": block["id"], "gs": block["gs"] + 50},
+                                 "min_bytes": 999_999})
+            assert resp["status"] == "ERROR" and "fewer than" in resp["message"]
+            resp = await ask(b, {**base, "block": {"id": block["id"], "gs": block["gs"]},
+                                 "min_bytes": 3000})
+            assert resp["status"] == "ERROR" and "StaleGenerationStamp" in resp["message"]
+            spare = [cluster.storage_address(i) for i in range(3)
+                     if cluster.storage_address(i) not in (a, b)][0]
+            resp = await ask(a, {"op": TRANSFER_BLOCK, "stage": TRANSFER_RBW,
+                                 "block": {**block, "num_bytes": 10_000}, "targets": [spare]})
+            assert resp["status"] == "ERROR" and "acknowledged" in resp["message"]
+            # the refused recovery stopped b's writer (HDFS recoverRbw stops it first):
+            # the stream drops b and goes on with a
+            await out.write(payload(5000, seed=1))
+            await out.close()
+            assert out.recoveries == 1
+            assert await c.read_file("/x") == payload(3000) + payload(5000, seed=1)
 
 
 SILENT_TIMEOUT = 3.0   # data_timeout of the silent-node test (servers and client)

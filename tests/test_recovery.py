@@ -103,71 +103,65 @@ async def rbw_with(store: ReplicaStore, block_id: int, gs: int, data: bytes):
     return replica
 
 
-def test_init_and_update_on_real_files_cut_the_last_chunk_and_survive_restart(tmp_path):
-    async def main():
-        store = await open_store(tmp_path)
-        replica = await rbw_with(store, 7, 3, DATA[:3000])
-        # stale stamps are refused: block newer than the replica, recovery id not newer
-        with pytest.raises(StaleGenerationStamp, match="older than"):
-            await store.init_replica_recovery(7, 4, 10)
-        with pytest.raises(StaleGenerationStamp, match="not older than recovery id 3"):
-            await store.init_replica_recovery(7, 3, 3)
-        with pytest.raises(ReplicaNotFound):
-            await store.init_replica_recovery(8, 3, 10)
-        got = await store.init_replica_recovery(7, 3, 10)
-        assert got is replica and replica.state is ReplicaState.RUR
-        assert replica.original_state is RBW and replica.num_bytes == 3000
-        assert replica.writer is None
-        # RUR is reported as what it was, so a full report does not drop it
-        assert store.block_report() == [[7, 3, 3000, "RBW"]]
-        # an older or equal recovery id is stale; a newer one takes over
-        with pytest.raises(StaleGenerationStamp, match="stale"):
-            await store.init_replica_recovery(7, 3, 9)
-        await store.init_replica_recovery(7, 3, 11)
-        with pytest.raises(StaleGenerationStamp):
-            await store.update_replica_under_recovery(7, 10, 2000)
-        with pytest.raises(InvalidArgument, match="cannot set length 3001"):
-            await store.update_replica_under_recovery(7, 11, 3001)
-        # readers cannot use a replica under recovery
-        with pytest.raises(ReplicaNotFound):
-            store.readable(7, 3)
-        await store.update_replica_under_recovery(7, 11, 2100)   # mid chunk: 2100 % 512 = 52
-        assert (replica.state, replica.gs, replica.num_bytes) == (FIN, 11, 2100)
-        store.close()
-        data_path = tmp_path / "finalized" / replica.data_path.split("/finalized/")[1]
-        assert data_path.read_bytes() == DATA[:2100]
-        meta_path = data_path.parent / "blk_7_11.meta"
-        assert meta_path.read_bytes() == expected_meta(DATA[:2100])
-        assert not list((tmp_path / "rbw").iterdir())
-        assert not (data_path.parent / "blk_7_3.meta").exists()
-        # after a restart the scan finds it finalized with the recovery id as its stamp
-        again = await open_store(tmp_path)
-        assert again.block_report() == [[7, 11, 2100, "FINALIZED"]]
-        again.close()
-
-    trio.run(main)
+async def test_init_and_update_on_real_files_cut_the_last_chunk_and_survive_restart(tmp_path):
+    store = await open_store(tmp_path)
+    replica = await rbw_with(store, 7, 3, DATA[:3000])
+    # stale stamps are refused: block newer than the replica, recovery id not newer
+    with pytest.raises(StaleGenerationStamp, match="older than"):
+        await store.init_replica_recovery(7, 4, 10)
+    with pytest.raises(StaleGenerationStamp, match="not older than recovery id 3"):
+        await store.init_replica_recovery(7, 3, 3)
+    with pytest.raises(ReplicaNotFound):
+        await store.init_replica_recovery(8, 3, 10)
+    got = await store.init_replica_recovery(7, 3, 10)
+    assert got is replica and replica.state is ReplicaState.RUR
+    assert replica.original_state is RBW and replica.num_bytes == 3000
+    assert replica.writer is None
+    # RUR is reported as what it was, so a full report does not drop it
+    assert store.block_report() == [[7, 3, 3000, "RBW"]]
+    # an older or equal recovery id is stale; a newer one takes over
+    with pytest.raises(StaleGenerationStamp, match="stale"):
+        await store.init_replica_recovery(7, 3, 9)
+    await store.init_replica_recovery(7, 3, 11)
+    with pytest.raises(StaleGenerationStamp):
+        await store.update_replica_under_recovery(7, 10, 2000)
+    with pytest.raises(InvalidArgument, match="cannot set length 3001"):
+        await store.update_replica_under_recovery(7, 11, 3001)
+    # readers cannot use a replica under recovery
+    with pytest.raises(ReplicaNotFound):
+        store.readable(7, 3)
+    await store.update_replica_under_recovery(7, 11, 2100)   # mid chunk: 2100 % 512 = 52
+    assert (replica.state, replica.gs, replica.num_bytes) == (FIN, 11, 2100)
+    store.close()
+    data_path = tmp_path / "finalized" / replica.data_path.split("/finalized/")[1]
+    assert data_path.read_bytes() == DATA[:2100]
+    meta_path = data_path.parent / "blk_7_11.meta"
+    assert meta_path.read_bytes() == expected_meta(DATA[:2100])
+    assert not list((tmp_path / "rbw").iterdir())
+    assert not (data_path.parent / "blk_7_3.meta").exists()
+    # after a restart the scan finds it finalized with the recovery id as its stamp
+    again = await open_store(tmp_path)
+    assert again.block_report() == [[7, 11, 2100, "FINALIZED"]]
+    again.close()
 
 
-def test_finalized_replica_recovery_keeps_it_in_place_with_a_new_stamp(tmp_path):
-    async def main():
-        store = await open_store(tmp_path)
-        replica = await rbw_with(store, 9, 2, DATA[:1500])
-        await store.finalize(replica)
-        await store.init_replica_recovery(9, 2, 5)
-        assert replica.original_state is FIN
-        with pytest.raises(InvalidArgument):   # a recovering replica cannot be appended to
-            await store.reopen_for_append(9, 6, 1500)
-        await store.update_replica_under_recovery(9, 5, 1500)
-        assert (replica.state, replica.gs) == (FIN, 5)
-        reader = await store.open_reader(9, 5)
-        try:
-            data, sums = await store.run_io(reader.read, 0, 1500)
-        finally:
-            await store.close_reader(reader)
-        assert data == DATA[:1500] and sums == chunk_checksums(DATA[:1500], BPC)
-        store.close()
-
-    trio.run(main)
+async def test_finalized_replica_recovery_keeps_it_in_place_with_a_new_stamp(tmp_path):
+    store = await open_store(tmp_path)
+    replica = await rbw_with(store, 9, 2, DATA[:1500])
+    await store.finalize(replica)
+    await store.init_replica_recovery(9, 2, 5)
+    assert replica.original_state is FIN
+    with pytest.raises(InvalidArgument):   # a recovering replica cannot be appended to
+        await store.reopen_for_append(9, 6, 1500)
+    await store.update_replica_under_recovery(9, 5, 1500)
+    assert (replica.state, replica.gs) == (FIN, 5)
+    reader = await store.open_reader(9, 5)
+    try:
+        data, sums = await store.run_io(reader.read, 0, 1500)
+    finally:
+        await store.close_reader(reader)
+    assert data == DATA[:1500] and sums == chunk_checksums(DATA[:1500], BPC)
+    store.close()
 
 
 # --------------------------------------------------------------------------- end to end
@@ -219,71 +213,66 @@ async def run_recovery(meta: RecoveryMeta, primary: Node, command: dict, timeout
     return worker.finished[-1]
 
 
-def test_recover_fin_and_shorter_rbw_commits_the_finalized_length(tmp_path):
+async def test_recover_fin_and_shorter_rbw_commits_the_finalized_length(tmp_path):
     """FIN+RBW of different lengths; the primary is the RBW holder (left out itself)."""
-    async def main():
-        async with trio.open_nursery() as nursery:
-            meta, (fin, rbw) = await start_recovery_cluster(nursery, tmp_path, 2)
-            await write_block(fin.address, 21, 1, DATA[:3000])
-            await write_block(rbw.address, 21, 1, DATA[:2000], last=False)
-            await wait_for(lambda: rbw.store.get(21).writer is None)
-            outcome = await run_recovery(meta, rbw, recover_command(21, 1, 5, [fin, rbw]))
-            assert outcome == (21, 5, "committed")
-            assert meta.commits == [{"block": {"id": 21, "gs": 1}, "recovery_id": 5,
-                                     "new_length": 3000, "close_file": True,
-                                     "delete_block": False, "new_targets": [fin.node_id]}]
-            # the finalized replica got the recovery id; the RBW one stays under recovery
-            response, data, _ = await read_block(fin.address, 21, 5)
-            assert data == DATA[:3000]
-            assert [21, 5, 3000, "FINALIZED"] in meta.received(fin.node_id)
-            assert rbw.store.get(21).state is ReplicaState.RUR
-            data_path, meta_path = replica_paths(fin, 21, 5)
-            assert meta_path.read_bytes() == expected_meta(DATA[:3000])
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        meta, (fin, rbw) = await start_recovery_cluster(nursery, tmp_path, 2)
+        await write_block(fin.address, 21, 1, DATA[:3000])
+        await write_block(rbw.address, 21, 1, DATA[:2000], last=False)
+        await wait_for(lambda: rbw.store.get(21).writer is None)
+        outcome = await run_recovery(meta, rbw, recover_command(21, 1, 5, [fin, rbw]))
+        assert outcome == (21, 5, "committed")
+        assert meta.commits == [{"block": {"id": 21, "gs": 1}, "recovery_id": 5,
+                                 "new_length": 3000, "close_file": True,
+                                 "delete_block": False, "new_targets": [fin.node_id]}]
+        # the finalized replica got the recovery id; the RBW one stays under recovery
+        response, data, _ = await read_block(fin.address, 21, 5)
+        assert data == DATA[:3000]
+        assert [21, 5, 3000, "FINALIZED"] in meta.received(fin.node_id)
+        assert rbw.store.get(21).state is ReplicaState.RUR
+        data_path, meta_path = replica_paths(fin, 21, 5)
+        assert meta_path.read_bytes() == expected_meta(DATA[:3000])
+        nursery.cancel_scope.cancel()
 
 
-def test_recover_rbw_rbw_stops_a_live_writer_and_cuts_both_to_the_minimum(tmp_path):
-    async def main():
-        async with trio.open_nursery() as nursery:
-            meta, (a, b) = await start_recovery_cluster(nursery, tmp_path, 2)
-            await write_block(b.address, 22, 1, DATA[:2100], last=False)
-            # a's writer is alive: its pipeline is open, 3000 bytes acknowledged
-            framed, response = await open_write(a.address, 22, 1)
-            assert response["status"] == "SUCCESS"
-            acks = await stream_packets(framed, data_packets(DATA[:3000], last=False))
-            assert len(acks) == len(data_packets(DATA[:3000], last=False))
-            assert a.store.get(22).writer_scope is not None
-            outcome = await run_recovery(meta, a, recover_command(22, 1, 7, [a, b]))
-            assert outcome == (22, 7, "committed")
-            commit = meta.commits[-1]
-            assert commit["new_length"] == 2100
-            assert sorted(commit["new_targets"]) == sorted([a.node_id, b.node_id])
-            # the old writer was stopped: the block server closed its connection
-            with trio.fail_after(5):
-                try:
-                    assert await framed.stream.receive_some(1 << 16) == b""
-                except (trio.BrokenResourceError, OSError):
-                    pass   # a reset connection is as closed as an ended one
-            await framed.aclose()
-            # both replicas identical: same bytes, the cut chunk's checksum recomputed
-            for node in (a, b):
-                response, data, _ = await read_block(node.address, 22, 7)
-                assert data == DATA[:2100], node.address
-                data_path, meta_path = replica_paths(node, 22, 7)
-                assert data_path.read_bytes() == DATA[:2100]
-                assert meta_path.read_bytes() == expected_meta(DATA[:2100])
-                assert [22, 7, 2100, "FINALIZED"] in meta.received(node.node_id)
-            # a stale recovery id (a superseded recovery) is refused on every holder
-            outcome = await run_recovery(meta, b, recover_command(22, 1, 6, [a, b]))
-            assert outcome == (22, 6, "failed") and len(meta.commits) == 1
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+async def test_recover_rbw_rbw_stops_a_live_writer_and_cuts_both_to_the_minimum(tmp_path):
+    async with trio.open_nursery() as nursery:
+        meta, (a, b) = await start_recovery_cluster(nursery, tmp_path, 2)
+        await write_block(b.address, 22, 1, DATA[:2100], last=False)
+        # a's writer is alive: its pipeline is open, 3000 bytes acknowledged
+        framed, response = await open_write(a.address, 22, 1)
+        assert response["status"] == "SUCCESS"
+        acks = await stream_packets(framed, data_packets(DATA[:3000], last=False))
+        assert len(acks) == len(data_packets(DATA[:3000], last=False))
+        assert a.store.get(22).writer_scope is not None
+        outcome = await run_recovery(meta, a, recover_command(22, 1, 7, [a, b]))
+        assert outcome == (22, 7, "committed")
+        commit = meta.commits[-1]
+        assert commit["new_length"] == 2100
+        assert sorted(commit["new_targets"]) == sorted([a.node_id, b.node_id])
+        # the old writer was stopped: the block server closed its connection
+        with trio.fail_after(5):
+            try:
+                assert await framed.stream.receive_some(1 << 16) == b""
+            except (trio.BrokenResourceError, OSError):
+                pass   # a reset connection is as closed as an ended one
+        await framed.aclose()
+        # both replicas identical: same bytes, the cut chunk's checksum recomputed
+        for node in (a, b):
+            response, data, _ = await read_block(node.address, 22, 7)
+            assert data == DATA[:2100], node.address
+            data_path, meta_path = replica_paths(node, 22, 7)
+            assert data_path.read_bytes() == DATA[:2100]
+            assert meta_path.read_bytes() == expected_meta(DATA[:2100])
+            assert [22, 7, 2100, "FINALIZED"] in meta.received(node.node_id)
+        # a stale recovery id (a superseded recovery) is refused on every holder
+        outcome = await run_recovery(meta, b, recover_command(22, 1, 6, [a, b]))
+        assert outcome == (22, 6, "failed") and len(meta.commits) == 1
+        nursery.cancel_scope.cancel()
 
 
-def test_recover_rbw_and_rwr_after_restart_takes_the_rbw_and_survives_a_refused_commit(tmp_path):
+async def test_recover_rbw_and_rwr_after_restart_takes_the_rbw_and_survives_a_refused_commit(
+        tmp_path):
     async def main():
         async with trio.open_nursery() as nursery:
             meta, (a, b) = await start_recovery_cluster(nursery, tmp_path, 2)
@@ -309,52 +298,46 @@ def test_recover_rbw_and_rwr_after_restart_takes_the_rbw_and_survives_a_refused_
             assert b.store.get(23).original_state is RWR
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_truncate_recovery_cuts_finalized_replicas_mid_chunk(tmp_path):
+async def test_truncate_recovery_cuts_finalized_replicas_mid_chunk(tmp_path):
     """RECOVER_BLOCK with new_length (mid-block truncate): every long-enough replica is cut."""
-    async def main():
-        async with trio.open_nursery() as nursery:
-            meta, (a, b, c) = await start_recovery_cluster(nursery, tmp_path, 3)
-            await write_block(a.address, 25, 4, DATA[:3000], targets=[b.address])
-            await write_block(c.address, 25, 4, DATA[:1000], last=False)   # too short
-            outcome = await run_recovery(meta, b, recover_command(25, 4, 12, [a, b, c],
-                                                                  new_length=1234))
-            assert outcome == (25, 12, "committed")
-            commit = meta.commits[-1]
-            assert commit["new_length"] == 1234 and not commit["delete_block"]
-            assert sorted(commit["new_targets"]) == sorted([a.node_id, b.node_id])
-            for node in (a, b):
-                data_path, meta_path = replica_paths(node, 25, 12)
-                assert data_path.read_bytes() == DATA[:1234]
-                assert meta_path.read_bytes() == expected_meta(DATA[:1234])
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        meta, (a, b, c) = await start_recovery_cluster(nursery, tmp_path, 3)
+        await write_block(a.address, 25, 4, DATA[:3000], targets=[b.address])
+        await write_block(c.address, 25, 4, DATA[:1000], last=False)   # too short
+        outcome = await run_recovery(meta, b, recover_command(25, 4, 12, [a, b, c],
+                                                              new_length=1234))
+        assert outcome == (25, 12, "committed")
+        commit = meta.commits[-1]
+        assert commit["new_length"] == 1234 and not commit["delete_block"]
+        assert sorted(commit["new_targets"]) == sorted([a.node_id, b.node_id])
+        for node in (a, b):
+            data_path, meta_path = replica_paths(node, 25, 12)
+            assert data_path.read_bytes() == DATA[:1234]
+            assert meta_path.read_bytes() == expected_meta(DATA[:1234])
+        nursery.cancel_scope.cancel()
 
 
-def test_all_empty_replicas_drop_the_block_without_updates(tmp_path):
-    async def main():
-        async with trio.open_nursery() as nursery:
-            meta, (a, b) = await start_recovery_cluster(nursery, tmp_path, 2)
-            for node in (a, b):
-                framed, response = await open_write(node.address, 26, 1)
-                assert response["status"] == "SUCCESS"
-                await framed.aclose()
-            await wait_for(lambda: all(n.store.get(26) is not None
-                                       and n.store.get(26).writer is None for n in (a, b)))
-            outcome = await run_recovery(meta, a, recover_command(26, 1, 3, [a, b]))
-            assert outcome == (26, 3, "committed")
-            assert meta.commits[-1] == {"block": {"id": 26, "gs": 1}, "recovery_id": 3,
-                                        "new_length": 0, "close_file": True,
-                                        "delete_block": True, "new_targets": []}
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+async def test_all_empty_replicas_drop_the_block_without_updates(tmp_path):
+    async with trio.open_nursery() as nursery:
+        meta, (a, b) = await start_recovery_cluster(nursery, tmp_path, 2)
+        for node in (a, b):
+            framed, response = await open_write(node.address, 26, 1)
+            assert response["status"] == "SUCCESS"
+            await framed.aclose()
+        await wait_for(lambda: all(n.store.get(26) is not None
+                                   and n.store.get(26).writer is None for n in (a, b)))
+        outcome = await run_recovery(meta, a, recover_command(26, 1, 3, [a, b]))
+        assert outcome == (26, 3, "committed")
+        assert meta.commits[-1] == {"block": {"id": 26, "gs": 1}, "recovery_id": 3,
+                                    "new_length": 0, "close_file": True,
+                                    "delete_block": True, "new_targets": []}
+        nursery.cancel_scope.cancel()
 
 
-def test_recovery_ops_over_the_wire_refuse_bad_input(tmp_path):
+async def test_recovery_ops_over_the_wire_refuse_bad_input(tmp_path):
     async def main():
         async with trio.open_nursery() as nursery:
             meta, (a,) = await start_recovery_cluster(nursery, tmp_path, 1)
@@ -388,7 +371,7 @@ def test_recovery_ops_over_the_wire_refuse_bad_input(tmp_path):
             assert data == DATA[:1000]
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- append
@@ -405,91 +388,82 @@ async def open_append(address, block_id, gs, min_bytes, targets=(), bpc=BPC):
     return framed, await framed.receive_frame()
 
 
-def test_append_through_a_two_node_pipeline_reopens_and_extends_both_replicas(tmp_path):
-    async def main():
-        async with trio.open_nursery() as nursery:
-            meta, (a, b) = await start_recovery_cluster(nursery, tmp_path, 2)
-            first, total = 1300, 5000      # 1300 % 512 = 276: a partial last chunk
-            acks = await write_block(a.address, 31, 1, DATA[:first], targets=[b.address])
-            assert all(statuses == [0, 0] for _seq, statuses in acks)
-            # refused: more bytes than the replica holds, a stamp that is not newer
-            framed, response = await open_append(a.address, 31, 2, first + 1, [b.address])
-            assert response["status"] == "ERROR" and "fewer than the 1301" in response["message"]
-            await framed.aclose()
-            framed, response = await open_append(a.address, 31, 1, first, [b.address])
-            assert response["status"] == "ERROR"
-            assert response["error"]["type"] == "StaleGenerationStamp"
-            await framed.aclose()
-            framed, response = await open_append(a.address, 31, 2, first, [b.address],
-                                                 bpc=1024)
-            assert response["status"] == "ERROR" and "bytes_per_checksum 512" in \
-                response["message"]
-            await framed.aclose()
-            assert a.store.get(31).state is FIN and b.store.get(31).state is FIN
-            # the real append: the first packet repeats the partial chunk from 1024
-            framed, response = await open_append(a.address, 31, 2, first, [b.address])
-            assert response["status"] == "SUCCESS", response
-            for node in (a, b):
-                replica = node.store.get(31)
-                assert (replica.state, replica.gs, replica.visible_length) == (RBW, 2, first)
-            # readers see exactly the old bytes at the new stamp while the append runs
-            response, data, _ = await read_block(b.address, 31, 2)
-            assert data == DATA[:first]
-            # while the append runs, each node reports its reopened replica (RBW, new stamp)
-            for node in (a, b):
-                await wait_for(lambda: [31, 2, first, "RBW"] in meta.received(node.node_id))
-            start = first - first % BPC
-            acks = await stream_packets(framed, data_packets(DATA[start:total], base=start))
-            await framed.aclose()
-            assert acks and all(statuses == [0, 0] for _seq, statuses in acks)
-            for node in (a, b):
-                data_path, meta_path = replica_paths(node, 31, 2)
-                assert data_path.read_bytes() == DATA[:total]
-                assert meta_path.read_bytes() == expected_meta(DATA[:total])
-                assert not replica_paths(node, 31, 1)[1].exists()
-                assert not list((node.data_dir / "rbw").iterdir())
-                await wait_for(lambda: [31, 2, total, "FINALIZED"] in meta.received(node.node_id))
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+async def test_append_through_a_two_node_pipeline_reopens_and_extends_both_replicas(tmp_path):
+    async with trio.open_nursery() as nursery:
+        meta, (a, b) = await start_recovery_cluster(nursery, tmp_path, 2)
+        first, total = 1300, 5000      # 1300 % 512 = 276: a partial last chunk
+        acks = await write_block(a.address, 31, 1, DATA[:first], targets=[b.address])
+        assert all(statuses == [0, 0] for _seq, statuses in acks)
+        # refused: more bytes than the replica holds, a stamp that is not newer
+        framed, response = await open_append(a.address, 31, 2, first + 1, [b.address])
+        assert response["status"] == "ERROR" and "fewer than the 1301" in response["message"]
+        await framed.aclose()
+        framed, response = await open_append(a.address, 31, 1, first, [b.address])
+        assert response["status"] == "ERROR"
+        assert response["error"]["type"] == "StaleGenerationStamp"
+        await framed.aclose()
+        framed, response = await open_append(a.address, 31, 2, first, [b.address],
+                                             bpc=1024)
+        assert response["status"] == "ERROR" and "bytes_per_checksum 512" in \
+            response["message"]
+        await framed.aclose()
+        assert a.store.get(31).state is FIN and b.store.get(31).state is FIN
+        # the real append: the first packet repeats the partial chunk from 1024
+        framed, response = await open_append(a.address, 31, 2, first, [b.address])
+        assert response["status"] == "SUCCESS", response
+        for node in (a, b):
+            replica = node.store.get(31)
+            assert (replica.state, replica.gs, replica.visible_length) == (RBW, 2, first)
+        # readers see exactly the old bytes at the new stamp while the append runs
+        response, data, _ = await read_block(b.address, 31, 2)
+        assert data == DATA[:first]
+        # while the append runs, each node reports its reopened replica (RBW, new stamp)
+        for node in (a, b):
+            await wait_for(lambda: [31, 2, first, "RBW"] in meta.received(node.node_id))
+        start = first - first % BPC
+        acks = await stream_packets(framed, data_packets(DATA[start:total], base=start))
+        await framed.aclose()
+        assert acks and all(statuses == [0, 0] for _seq, statuses in acks)
+        for node in (a, b):
+            data_path, meta_path = replica_paths(node, 31, 2)
+            assert data_path.read_bytes() == DATA[:total]
+            assert meta_path.read_bytes() == expected_meta(DATA[:total])
+            assert not replica_paths(node, 31, 1)[1].exists()
+            assert not list((node.data_dir / "rbw").iterdir())
+            await wait_for(lambda: [31, 2, total, "FINALIZED"] in meta.received(node.node_id))
+        nursery.cancel_scope.cancel()
 
 
-def test_append_to_a_missing_replica_is_refused_and_nothing_changes(tmp_path):
-    async def main():
-        async with trio.open_nursery() as nursery:
-            meta, (a,) = await start_recovery_cluster(nursery, tmp_path, 1)
-            framed, response = await open_append(a.address, 77, 2, 0)
-            assert response["status"] == "ERROR"
-            assert response["error"]["type"] == "ReplicaNotFound"
-            await framed.aclose()
-            framed, response = await open_append(a.address, 77, 2, -1)
-            assert response["status"] == "ERROR" and "negative" in response["message"]
-            await framed.aclose()
-            assert a.store.get(77) is None
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+async def test_append_to_a_missing_replica_is_refused_and_nothing_changes(tmp_path):
+    async with trio.open_nursery() as nursery:
+        meta, (a,) = await start_recovery_cluster(nursery, tmp_path, 1)
+        framed, response = await open_append(a.address, 77, 2, 0)
+        assert response["status"] == "ERROR"
+        assert response["error"]["type"] == "ReplicaNotFound"
+        await framed.aclose()
+        framed, response = await open_append(a.address, 77, 2, -1)
+        assert response["status"] == "ERROR" and "negative" in response["message"]
+        await framed.aclose()
+        assert a.store.get(77) is None
+        nursery.cancel_scope.cancel()
 
 
-def test_restart_after_append_keeps_the_reopened_replica(tmp_path):
+async def test_restart_after_append_keeps_the_reopened_replica(tmp_path):
     """A reopened replica is an RBW under the new stamp: after a restart it is RWR there."""
-    async def main():
-        async with trio.open_nursery() as nursery:
-            meta, (a,) = await start_recovery_cluster(nursery, tmp_path, 1)
-            await write_block(a.address, 41, 1, DATA[:700])
-            framed, response = await open_append(a.address, 41, 2, 700, bpc=None)
-            assert response["status"] == "SUCCESS"
-            acks = await stream_packets(framed, data_packets(DATA[512:1800], base=512,
-                                                             last=False))
-            assert acks
-            await framed.aclose()
-            await wait_for(lambda: a.store.get(41).writer is None)
-            await a.stop()
-            await a.start()
-            replica = a.store.get(41)
-            assert (replica.state, replica.gs, replica.num_bytes) == (RWR, 2, 1800)
-            response, data, _ = await read_block(a.address, 41, 2)
-            assert data == DATA[:1800]
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        meta, (a,) = await start_recovery_cluster(nursery, tmp_path, 1)
+        await write_block(a.address, 41, 1, DATA[:700])
+        framed, response = await open_append(a.address, 41, 2, 700, bpc=None)
+        assert response["status"] == "SUCCESS"
+        acks = await stream_packets(framed, data_packets(DATA[512:1800], base=512,
+                                                         last=False))
+        assert acks
+        await framed.aclose()
+        await wait_for(lambda: a.store.get(41).writer is None)
+        await a.stop()
+        await a.start()
+        replica = a.store.get(41)
+        assert (replica.state, replica.gs, replica.num_bytes) == (RWR, 2, 1800)
+        response, data, _ = await read_block(a.address, 41, 2)
+        assert data == DATA[:1800]
+        nursery.cancel_scope.cancel()

@@ -80,55 +80,55 @@ def replica_files(cluster, i: int, block_id: int) -> tuple[Path, Path]:
 # --------------------------------------------------------------------------- (a)
 
 @pytest.mark.slow
-def test_dead_block_server_is_re_replicated_and_excess_removed_on_return(tmp_path):
-    with ProcessCluster(tmp_path, n_storage=4, settings=SETTINGS) as cluster:
-        with cluster.client() as client:
-            files = {f"/a/f{i}": payload(i, 3 * BLOCK + 1000 * i) for i in range(3)}
-            for path, data in files.items():
-                client.write_file(path, data, replication=3)
-            # the victim holds a replica of at least one block
-            victim_addr = block_nodes(client, "/a/f0")[0][0]
-            victim = storage_index(cluster, victim_addr)
-            cluster.kill_storage(victim)
-            killed = time.monotonic()
+@pytest.mark.cluster(n_storage=4, settings=SETTINGS)
+def test_dead_block_server_is_re_replicated_and_excess_removed_on_return(process_cluster):
+    with process_cluster.client() as client:
+        files = {f"/a/f{i}": payload(i, 3 * BLOCK + 1000 * i) for i in range(3)}
+        for path, data in files.items():
+            client.write_file(path, data, replication=3)
+        # the victim holds a replica of at least one block
+        victim_addr = block_nodes(client, "/a/f0")[0][0]
+        victim = storage_index(process_cluster, victim_addr)
+        process_cluster.kill_storage(victim)
+        killed = time.monotonic()
 
-            def healed():
-                nodes = [n for p in files for n in block_nodes(client, p)]
-                return all(len(ns) == 3 and victim_addr not in ns for ns in nodes)
-            wait_until(healed, 30, "3 good replicas again without the dead node")
-            repair_seconds = time.monotonic() - killed
-            print(f"\nre-replication after kill -9 took {repair_seconds:.2f}s "
-                  f"(dead interval {SETTINGS['dead_node_interval']}s)")
-            report = client.report()
-            assert [n["address"] for n in report["dead_nodes"]] == [victim_addr]
-            assert report["under_replicated"] == 0 and report["missing"] == 0
-            for path, data in files.items():
-                assert client.read_file(path) == data
+        def healed():
+            nodes = [n for p in files for n in block_nodes(client, p)]
+            return all(len(ns) == 3 and victim_addr not in ns for ns in nodes)
+        wait_until(healed, 30, "3 good replicas again without the dead node")
+        repair_seconds = time.monotonic() - killed
+        print(f"\nre-replication after kill -9 took {repair_seconds:.2f}s "
+              f"(dead interval {SETTINGS['dead_node_interval']}s)")
+        report = client.report()
+        assert [n["address"] for n in report["dead_nodes"]] == [victim_addr]
+        assert report["under_replicated"] == 0 and report["missing"] == 0
+        for path, data in files.items():
+            assert client.read_file(path) == data
 
-            # make one of the victim's replicas stale: append while it is dead
-            with client.append("/a/f0") as out:
-                out.write(b"tail")
-            files["/a/f0"] += b"tail"
-            cluster.start_storage(victim)
-            wait_until(lambda: len(client.report()["live_nodes"]) == 4, 20, "victim back")
-            seen_victim = []
+        # make one of the victim's replicas stale: append while it is dead
+        with client.append("/a/f0") as out:
+            out.write(b"tail")
+        files["/a/f0"] += b"tail"
+        process_cluster.start_storage(victim)
+        wait_until(lambda: len(client.report()["live_nodes"]) == 4, 20, "victim back")
+        seen_victim = []
 
-            def settled():
-                counts = []
-                for p in files:
-                    blocks = block_nodes(client, p)
-                    counts += [len(ns) for ns in blocks]
-                    if p == "/a/f0" and victim_addr in blocks[-1]:
-                        seen_victim.append(blocks[-1])
-                return all(c == 3 for c in counts) and client.report()["pending_deletion"] == 0
-            wait_until(settled, 30, "excess replicas deleted")
-            # the last block of f0 got a new stamp: the victim's copy of it is stale and was
-            # never handed out
-            last_id = client.get_block_locations("/a/f0")["blocks"][-1]["block"]["id"]
-            assert not seen_victim, f"stale replica of block {last_id} listed: {seen_victim}"
-            for path, data in files.items():
-                assert client.read_file(path) == data
-            assert fsck(cluster)["status"] == "HEALTHY"
+        def settled():
+            counts = []
+            for p in files:
+                blocks = block_nodes(client, p)
+                counts += [len(ns) for ns in blocks]
+                if p == "/a/f0" and victim_addr in blocks[-1]:
+                    seen_victim.append(blocks[-1])
+            return all(c == 3 for c in counts) and client.report()["pending_deletion"] == 0
+        wait_until(settled, 30, "excess replicas deleted")
+        # the last block of f0 got a new stamp: the victim's copy of it is stale and was
+        # never handed out
+        last_id = client.get_block_locations("/a/f0")["blocks"][-1]["block"]["id"]
+        assert not seen_victim, f"stale replica of block {last_id} listed: {seen_victim}"
+        for path, data in files.items():
+            assert client.read_file(path) == data
+        assert fsck(process_cluster)["status"] == "HEALTHY"
 
 
 # --------------------------------------------------------------------------- (b)
@@ -255,20 +255,20 @@ SETTINGS_LOST = {**SETTINGS, "directory_scan_interval": 3600.0, "block_report_in
 
 
 @pytest.mark.slow
-def test_replica_deleted_or_cut_behind_the_map_is_dropped_and_reported_when_read(tmp_path):
-    with ProcessCluster(tmp_path, n_storage=3, settings=SETTINGS_LOST) as cluster:
-        with cluster.client() as client:
-            files, damaged, before, readers = write_and_damage(cluster, client, 40, 500)
-            started = time.monotonic()
-            for path, data in files.items():   # the reader falls back to another replica
-                with readers[path] as reader:
-                    assert reader.read() == data
-            noticed = wait_restored(cluster, client, files, damaged, before, started)
-            print(f"\nlost replicas noticed {noticed:.2f}s after the reads")
-            # what was left of the cut replica was moved aside, never served again
-            block_id, idx = damaged["/lost/truncate"]
-            aside = cluster.storage_dir(idx) / "corrupt" / f"blk_{block_id}"
-            assert aside.exists() and aside.stat().st_size == 100
+@pytest.mark.cluster(n_storage=3, settings=SETTINGS_LOST)
+def test_replica_deleted_or_cut_behind_the_map_is_dropped_and_reported_when_read(process_cluster):
+    with process_cluster.client() as client:
+        files, damaged, before, readers = write_and_damage(process_cluster, client, 40, 500)
+        started = time.monotonic()
+        for path, data in files.items():   # the reader falls back to another replica
+            with readers[path] as reader:
+                assert reader.read() == data
+        noticed = wait_restored(process_cluster, client, files, damaged, before, started)
+        print(f"\nlost replicas noticed {noticed:.2f}s after the reads")
+        # what was left of the cut replica was moved aside, never served again
+        block_id, idx = damaged["/lost/truncate"]
+        aside = process_cluster.storage_dir(idx) / "corrupt" / f"blk_{block_id}"
+        assert aside.exists() and aside.stat().st_size == 100
 
 
 @pytest.mark.slow
@@ -347,36 +347,36 @@ def test_directory_scan_adds_replica_files_the_map_does_not_know(tmp_path):
 # --------------------------------------------------------------------------- (c)
 
 @pytest.mark.slow
-def test_only_replica_corrupt_read_fails_clearly_and_fsck_exits_1(tmp_path):
-    with ProcessCluster(tmp_path, n_storage=2, settings=SETTINGS) as cluster:
-        with cluster.client() as client:
-            data = payload(3, BLOCK + 500)
-            client.write_file("/c/one", data, replication=1)
-            client.write_file("/c/fine", b"x" * 1000, replication=2)
-            located = client.get_block_locations("/c/one")["blocks"][0]
-            block_id = located["block"]["id"]
-            idx = storage_index(cluster, located["locations"][0]["address"])
-            data_file, _ = replica_files(cluster, idx, block_id)
-            raw = bytearray(data_file.read_bytes())
-            raw[10] ^= 0xFF
-            data_file.write_bytes(bytes(raw))
-            with pytest.raises(Exception) as info:
-                client.read_file("/c/one")
-            message = str(info.value)
-            assert "checksum" in message.lower() and str(block_id) in message, message
-            r = wait_until(lambda: (f := fsck(cluster))["status"] == "CORRUPT" and f, 10,
-                           "fsck CORRUPT")
-            assert r["totals"]["corrupt_blocks"] == 1
-            bad = [b for f in r["files"] for b in f["blocks"] if b["status"] == "CORRUPT"]
-            assert [b["id"] for b in bad] == [block_id]
-            proc = leasefs(cluster, "fsck", "/c")
-            assert proc.returncode == 1, proc.stdout + proc.stderr
-            assert f"blk_{block_id}" in proc.stdout and "CORRUPT" in proc.stdout
-            # the located block is flagged, the server keeps serving everything else
-            assert client.get_block_locations("/c/one")["blocks"][0]["corrupt"] is True
-            assert client.read_file("/c/fine") == b"x" * 1000
-            assert leasefs(cluster, "fsck", "/c/fine").returncode == 0
-            assert client.report()["corrupt"] >= 1
+@pytest.mark.cluster(n_storage=2, settings=SETTINGS)
+def test_only_replica_corrupt_read_fails_clearly_and_fsck_exits_1(process_cluster):
+    with process_cluster.client() as client:
+        data = payload(3, BLOCK + 500)
+        client.write_file("/c/one", data, replication=1)
+        client.write_file("/c/fine", b"x" * 1000, replication=2)
+        located = client.get_block_locations("/c/one")["blocks"][0]
+        block_id = located["block"]["id"]
+        idx = storage_index(process_cluster, located["locations"][0]["address"])
+        data_file, _ = replica_files(process_cluster, idx, block_id)
+        raw = bytearray(data_file.read_bytes())
+        raw[10] ^= 0xFF
+        data_file.write_bytes(bytes(raw))
+        with pytest.raises(Exception) as info:
+            client.read_file("/c/one")
+        message = str(info.value)
+        assert "checksum" in message.lower() and str(block_id) in message, message
+        r = wait_until(lambda: (f := fsck(process_cluster))["status"] == "CORRUPT" and f, 10,
+                       "fsck CORRUPT")
+        assert r["totals"]["corrupt_blocks"] == 1
+        bad = [b for f in r["files"] for b in f["blocks"] if b["status"] == "CORRUPT"]
+        assert [b["id"] for b in bad] == [block_id]
+        proc = leasefs(process_cluster, "fsck", "/c")
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert f"blk_{block_id}" in proc.stdout and "CORRUPT" in proc.stdout
+        # the located block is flagged, the server keeps serving everything else
+        assert client.get_block_locations("/c/one")["blocks"][0]["corrupt"] is True
+        assert client.read_file("/c/fine") == b"x" * 1000
+        assert leasefs(process_cluster, "fsck", "/c/fine").returncode == 0
+        assert client.report()["corrupt"] >= 1
 
 
 # --------------------------------------------------------------------------- read order
@@ -444,66 +444,66 @@ def test_reads_of_a_block_spread_over_its_replicas_and_find_a_rotten_one(tmp_pat
 # --------------------------------------------------------------------------- (d)
 
 @pytest.mark.slow
-def test_set_replication_down_and_up(tmp_path):
-    with ProcessCluster(tmp_path, n_storage=3, settings=SETTINGS) as cluster:
-        with cluster.client() as client:
-            data = payload(4, 3 * BLOCK)
-            client.write_file("/d/f", data, replication=3)
-            assert all_replicated(client, ["/d/f"], 3)
-            client.set_replication("/d/f", 1)
-            wait_until(lambda: all_replicated(client, ["/d/f"], 1)
-                       and client.report()["pending_deletion"] == 0, 20, "1 replica")
-            used = wait_until(lambda: sum(1 for i in range(3) for p in
-                                          cluster.storage_dir(i).rglob("blk_*")
-                                          if not p.name.endswith(".meta")
-                                          and "finalized" in str(p)) == 3 or None,
-                              20, "replica files deleted on disk")
-            assert used
-            assert client.read_file("/d/f") == data
-            client.set_replication("/d/f", 3)
-            wait_until(lambda: all_replicated(client, ["/d/f"], 3), 20, "3 replicas again")
-            assert client.read_file("/d/f") == data
-            assert fsck(cluster, "/d")["totals"]["healthy_blocks"] == 3
+@pytest.mark.cluster(n_storage=3, settings=SETTINGS)
+def test_set_replication_down_and_up(process_cluster):
+    with process_cluster.client() as client:
+        data = payload(4, 3 * BLOCK)
+        client.write_file("/d/f", data, replication=3)
+        assert all_replicated(client, ["/d/f"], 3)
+        client.set_replication("/d/f", 1)
+        wait_until(lambda: all_replicated(client, ["/d/f"], 1)
+                   and client.report()["pending_deletion"] == 0, 20, "1 replica")
+        used = wait_until(lambda: sum(1 for i in range(3) for p in
+                                      process_cluster.storage_dir(i).rglob("blk_*")
+                                      if not p.name.endswith(".meta")
+                                      and "finalized" in str(p)) == 3 or None,
+                          20, "replica files deleted on disk")
+        assert used
+        assert client.read_file("/d/f") == data
+        client.set_replication("/d/f", 3)
+        wait_until(lambda: all_replicated(client, ["/d/f"], 3), 20, "3 replicas again")
+        assert client.read_file("/d/f") == data
+        assert fsck(process_cluster, "/d")["totals"]["healthy_blocks"] == 3
 
 
 # --------------------------------------------------------------------------- (e)
 
 @pytest.mark.slow
-def test_decommission_under_reads(tmp_path):
-    with ProcessCluster(tmp_path, n_storage=4, settings=SETTINGS) as cluster:
-        with cluster.client() as client:
-            files = {f"/e/f{i}": payload(20 + i, 2 * BLOCK + 7) for i in range(4)}
+@pytest.mark.cluster(n_storage=4, settings=SETTINGS)
+def test_decommission_under_reads(process_cluster):
+    with process_cluster.client() as client:
+        files = {f"/e/f{i}": payload(20 + i, 2 * BLOCK + 7) for i in range(4)}
+        for path, data in files.items():
+            client.write_file(path, data, replication=2)
+        target_addr = block_nodes(client, "/e/f0")[0][0]
+        proc = leasefs(process_cluster, "decommission", target_addr)
+        assert proc.returncode == 0, proc.stderr
+        assert "DECOMMISSION" in proc.stdout
+        reads = 0
+        deadline = time.monotonic() + 30
+        while True:   # reads keep working while the replicas move
             for path, data in files.items():
-                client.write_file(path, data, replication=2)
-            target_addr = block_nodes(client, "/e/f0")[0][0]
-            proc = leasefs(cluster, "decommission", target_addr)
-            assert proc.returncode == 0, proc.stderr
-            assert "DECOMMISSION" in proc.stdout
-            reads = 0
-            deadline = time.monotonic() + 30
-            while True:   # reads keep working while the replicas move
-                for path, data in files.items():
-                    assert client.read_file(path) == data
-                    reads += 1
-                status = json.loads(leasefs(cluster, "decommission", target_addr, "--status",
-                                            "--json").stdout)
-                if status["admin"] == "DECOMMISSIONED":
-                    break
-                assert time.monotonic() < deadline, status
-            assert reads >= len(files)
-            # every block has 2 replicas on nodes in service
-            for path in files:
-                for nodes in block_nodes(client, path):
-                    in_service = [n for n in nodes if n != target_addr]
-                    assert len(in_service) >= 2, (path, nodes)
-            # no new block goes to the decommissioned node
-            client.write_file("/e/new", payload(99, 3 * BLOCK), replication=3)
-            for nodes in block_nodes(client, "/e/new"):
-                assert target_addr not in nodes
-            report = client.report()
-            assert report["decommissioned"] == 1
-            proc = leasefs(cluster, "fsck", "/e")
-            assert proc.returncode == 0, proc.stdout
+                assert client.read_file(path) == data
+                reads += 1
+            status = json.loads(leasefs(process_cluster, "decommission", target_addr, "--status",
+                                        "--json").stdout)
+            if status["admin"] == "DECOMMISSIONED":
+                break
+            assert time.monotonic() < deadline, status
+        assert reads >= len(files)
+        # every block has 2 replicas on nodes in service
+        for path in files:
+            for nodes in block_nodes(client, path):
+                in_service = [n for n in nodes if n != target_addr]
+                assert len(in_service) >= 2, (path, nodes)
+        # no new block goes to the decommissioned node
+        client.write_file("/e/new", payload(99, 3 * BLOCK), replication=3)
+        for nodes in block_nodes(client, "/e/new"):
+            assert target_addr not in nodes
+        report = client.report()
+        assert report["decommissioned"] == 1
+        proc = leasefs(process_cluster, "fsck", "/e")
+        assert proc.returncode == 0, proc.stdout
 
 
 # --------------------------------------------------------------------------- pure state

@@ -27,7 +27,7 @@ from fs.client import AsyncClient, authentication
 from fs.retry_cache import RetryCache
 from fs.rpc import (Dispatcher, RpcClient, format_address, normalize_address_list,
                     parse_address_list, serve_rpc, serve_tcp)
-from harness import free_port, inprocess_cluster
+from harness import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -169,74 +169,68 @@ def test_each_address_has_its_own_local_socket():
     assert RpcClient("h:1,h:2", "x", **how)._local_sockets == ["/run/m-1.sock", "/run/m-2.sock"]
 
 
-def test_a_list_of_down_standby_active_reaches_the_active_and_stays_there(caplog):
+async def test_a_list_of_down_standby_active_reaches_the_active_and_stays_there(caplog):
     caplog.set_level(logging.INFO, logger="fs.rpc")
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            closer, accepted = await start_closer(nursery)
-            standby = RoleServer("standby", "standby")
-            active = RoleServer("active")
-            addresses = [nothing_at(), closer, await start(nursery, standby),
-                         await start(nursery, active)]
-            async with RpcClient(",".join(addresses), "c", retry_seconds=5) as rpc:
-                assert rpc.addresses == parse_address_list(addresses)
-                assert await rpc.call("bump") == "active"
-                assert format_address(rpc.address) == active.address
-                assert active.runs() == 1 and standby.runs() == 0
-                assert len(accepted) == 1 and standby.connections == 1
-                assert len(moves(caplog)) == 3, moves(caplog)    # once per move
-                # sticky: later calls go straight to the active, nobody else is probed
-                for _ in range(5):
-                    assert await rpc.call("whoami") == "active"
-                assert len(accepted) == 1 and standby.connections == 1
-                assert active.connections == 1 and len(moves(caplog)) == 3
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        closer, accepted = await start_closer(nursery)
+        standby = RoleServer("standby", "standby")
+        active = RoleServer("active")
+        addresses = [nothing_at(), closer, await start(nursery, standby),
+                     await start(nursery, active)]
+        async with RpcClient(",".join(addresses), "c", retry_seconds=5) as rpc:
+            assert rpc.addresses == parse_address_list(addresses)
+            assert await rpc.call("bump") == "active"
+            assert format_address(rpc.address) == active.address
+            assert active.runs() == 1 and standby.runs() == 0
+            assert len(accepted) == 1 and standby.connections == 1
+            assert len(moves(caplog)) == 3, moves(caplog)    # once per move
+            # sticky: later calls go straight to the active, nobody else is probed
+            for _ in range(5):
+                assert await rpc.call("whoami") == "active"
+            assert len(accepted) == 1 and standby.connections == 1
+            assert active.connections == 1 and len(moves(caplog)) == 3
+        nursery.cancel_scope.cancel()
 
 
-def test_calls_move_when_the_active_becomes_standby(caplog):
+async def test_calls_move_when_the_active_becomes_standby(caplog):
     caplog.set_level(logging.INFO, logger="fs.rpc")
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            a, b = RoleServer("a"), RoleServer("b", "standby")
-            addresses = f"{await start(nursery, a)},{await start(nursery, b)}"
-            async with RpcClient(addresses, "c", retry_seconds=5) as rpc:
-                assert await rpc.call("bump") == "a"
-                # failover: a steps down, b takes over; many calls at once move together
-                a.role, b.role = "standby", "active"
-                results = []
+    async with trio.open_nursery() as nursery:
+        a, b = RoleServer("a"), RoleServer("b", "standby")
+        addresses = f"{await start(nursery, a)},{await start(nursery, b)}"
+        async with RpcClient(addresses, "c", retry_seconds=5) as rpc:
+            assert await rpc.call("bump") == "a"
+            # failover: a steps down, b takes over; many calls at once move together
+            a.role, b.role = "standby", "active"
+            results = []
 
-                async def one():
-                    results.append(await rpc.call("bump"))
-                async with trio.open_nursery() as calls:
-                    for _ in range(20):
-                        calls.start_soon(one)
-                assert results == ["b"] * 20
-                assert format_address(rpc.address) == b.address
-                assert a.runs() == 1 and b.runs() == 20
-                assert all(n == 1 for n in (a.carried + b.carried).values())
-                assert len(moves(caplog)) == 1, moves(caplog)
-                assert "is standby" in moves(caplog)[0] and b.address in moves(caplog)[0]
-                # and back again
-                a.role, b.role = "active", "standby"
-                assert await rpc.call("bump") == "a"
-                # a standby-only list waits out the budget, then says so naming both
-                a.role = "standby"
-                begun = time.monotonic()
-                with pytest.raises(errors.StandbyError, match="no metadata server of") as got:
-                    await rpc.call("bump", retry_seconds=0.5)
-                assert 0.3 < time.monotonic() - begun < 3
-                assert a.address in str(got.value) and b.address in str(got.value)
-                assert a.runs() == 2 and b.runs() == 20
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+            async def one():
+                results.append(await rpc.call("bump"))
+            async with trio.open_nursery() as calls:
+                for _ in range(20):
+                    calls.start_soon(one)
+            assert results == ["b"] * 20
+            assert format_address(rpc.address) == b.address
+            assert a.runs() == 1 and b.runs() == 20
+            assert all(n == 1 for n in (a.carried + b.carried).values())
+            assert len(moves(caplog)) == 1, moves(caplog)
+            assert "is standby" in moves(caplog)[0] and b.address in moves(caplog)[0]
+            # and back again
+            a.role, b.role = "active", "standby"
+            assert await rpc.call("bump") == "a"
+            # a standby-only list waits out the budget, then says so naming both
+            a.role = "standby"
+            begun = time.monotonic()
+            with pytest.raises(errors.StandbyError, match="no metadata server of") as got:
+                await rpc.call("bump", retry_seconds=0.5)
+            assert 0.3 < time.monotonic() - begun < 3
+            assert a.address in str(got.value) and b.address in str(got.value)
+            assert a.runs() == 2 and b.runs() == 20
+        nursery.cancel_scope.cancel()
 
 
-def test_calls_waiting_on_a_silent_server_move_to_the_one_that_says_it_is_active(caplog):
+async def test_calls_waiting_on_a_silent_server_move_to_the_one_that_says_it_is_active(caplog):
     """The active freezes (it takes calls, answers none, its connection stays open) and
     the standby takes over: the calls waiting on the frozen one, and a client that starts
     after the freeze, are carried out by the new active within a few ``silence`` periods,
@@ -244,103 +238,91 @@ def test_calls_waiting_on_a_silent_server_move_to_the_one_that_says_it_is_active
     caplog.set_level(logging.INFO, logger="fs.rpc")
     silence = 0.3
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            a, b, addresses = await active_and_standby(nursery, epoch=1)
-            async with RpcClient(addresses, "c", retry_seconds=30, silence=silence) as rpc:
-                assert await rpc.call("bump") == "a"
-                a.frozen = True
-                frozen_at = time.monotonic()
-                results = []
+    async with trio.open_nursery() as nursery:
+        a, b, addresses = await active_and_standby(nursery, epoch=1)
+        async with RpcClient(addresses, "c", retry_seconds=30, silence=silence) as rpc:
+            assert await rpc.call("bump") == "a"
+            a.frozen = True
+            frozen_at = time.monotonic()
+            results = []
 
-                async def one():
-                    results.append((await rpc.call("bump"), time.monotonic() - frozen_at))
-                async with trio.open_nursery() as calls:
-                    for _ in range(5):
-                        calls.start_soon(one)
-                    # nobody else claims the role yet: the calls wait, probes go on
-                    await trio.sleep(4 * silence)
-                    assert not results and b.probed >= 2, (results, b.probed)
-                    b.role, b.epoch = "active", 2
-                    took_over = time.monotonic() - frozen_at
-                assert [name for name, _ in results] == ["b"] * 5
-                assert max(t for _, t in results) - took_over < 2 * silence, results
-                assert a.runs() == 1 and b.runs() == 5
-                assert all(n == 1 for n in (a.carried + b.carried).values())
-                said = [m for m in (r.getMessage() for r in caplog.records)
-                        if "said nothing" in m]
-                assert len(said) == 1 and f"{b.address} says it is active (epoch 2)" in said[0]
-            # a client started while a is frozen, a first in its list
-            begun = time.monotonic()
-            async with RpcClient(addresses, "late", retry_seconds=30, silence=silence) as rpc:
-                assert await rpc.call("bump") == "b"
-            assert time.monotonic() - begun < 3 * silence
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+            async def one():
+                results.append((await rpc.call("bump"), time.monotonic() - frozen_at))
+            async with trio.open_nursery() as calls:
+                for _ in range(5):
+                    calls.start_soon(one)
+                # nobody else claims the role yet: the calls wait, probes go on
+                await trio.sleep(4 * silence)
+                assert not results and b.probed >= 2, (results, b.probed)
+                b.role, b.epoch = "active", 2
+                took_over = time.monotonic() - frozen_at
+            assert [name for name, _ in results] == ["b"] * 5
+            assert max(t for _, t in results) - took_over < 2 * silence, results
+            assert a.runs() == 1 and b.runs() == 5
+            assert all(n == 1 for n in (a.carried + b.carried).values())
+            said = [m for m in (r.getMessage() for r in caplog.records)
+                    if "said nothing" in m]
+            assert len(said) == 1 and f"{b.address} says it is active (epoch 2)" in said[0]
+        # a client started while a is frozen, a first in its list
+        begun = time.monotonic()
+        async with RpcClient(addresses, "late", retry_seconds=30, silence=silence) as rpc:
+            assert await rpc.call("bump") == "b"
+        assert time.monotonic() - begun < 3 * silence
+        nursery.cancel_scope.cancel()
 
 
-def test_a_slow_live_active_is_not_left_while_no_other_claims_a_newer_term(caplog):
+async def test_a_slow_live_active_is_not_left_while_no_other_claims_a_newer_term(caplog):
     """A call the live active takes long over (a big listing) is not abandoned: the probe
     finds the other server standby, or claiming the role in an older term than the one
     the active itself reports (a deposed active that has not noticed yet)."""
     caplog.set_level(logging.INFO, logger="fs.rpc")
     silence = 0.2
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            a, b, addresses = await active_and_standby(nursery, epoch=3)
-            async with RpcClient(addresses, "c", retry_seconds=30, silence=silence) as rpc:
-                assert await rpc.call("slow", {"seconds": 6 * silence}) == "a"
-                probes = b.probed
-                assert probes >= 2, probes
-                # only a probe that reached the live active shows b's claim stale
-                b.role, b.epoch = "active", 2
-                assert await rpc.call("slow", {"seconds": 6 * silence}) == "a"
-                assert b.probed > probes and format_address(rpc.address) == a.address
-                assert b.runs() == 0
-            assert not [r for r in caplog.records if "said nothing" in r.getMessage()]
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        a, b, addresses = await active_and_standby(nursery, epoch=3)
+        async with RpcClient(addresses, "c", retry_seconds=30, silence=silence) as rpc:
+            assert await rpc.call("slow", {"seconds": 6 * silence}) == "a"
+            probes = b.probed
+            assert probes >= 2, probes
+            # only a probe that reached the live active shows b's claim stale
+            b.role, b.epoch = "active", 2
+            assert await rpc.call("slow", {"seconds": 6 * silence}) == "a"
+            assert b.probed > probes and format_address(rpc.address) == a.address
+            assert b.runs() == 0
+        assert not [r for r in caplog.records if "said nothing" in r.getMessage()]
+        nursery.cancel_scope.cancel()
 
 
-def test_a_lost_reply_is_carried_out_once_when_the_retry_lands_on_the_same_server():
-    async def main():
-        async with trio.open_nursery() as nursery:
-            a, b = RoleServer("a"), RoleServer("b", "standby")
-            addresses = f"{await start(nursery, a)},{await start(nursery, b)}"
-            async with RpcClient(addresses, "c", retry_seconds=5) as rpc:
-                a.lose_next_reply = True
-                # a carries it out and dies before replying; the client moves to b (standby),
-                # then back to a, whose retry cache answers the same call id
-                assert await rpc.call("bump") == "a"
-                assert a.runs() == 1 and list(a.carried.values()) == [1]
-                assert a.connections == 2 and b.connections == 1
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+async def test_a_lost_reply_is_carried_out_once_when_the_retry_lands_on_the_same_server():
+    async with trio.open_nursery() as nursery:
+        a, b = RoleServer("a"), RoleServer("b", "standby")
+        addresses = f"{await start(nursery, a)},{await start(nursery, b)}"
+        async with RpcClient(addresses, "c", retry_seconds=5) as rpc:
+            a.lose_next_reply = True
+            # a carries it out and dies before replying; the client moves to b (standby),
+            # then back to a, whose retry cache answers the same call id
+            assert await rpc.call("bump") == "a"
+            assert a.runs() == 1 and list(a.carried.values()) == [1]
+            assert a.connections == 2 and b.connections == 1
+        nursery.cancel_scope.cancel()
 
 
-def test_the_whole_list_down_is_server_unavailable_naming_every_address():
-    async def main():
-        async with trio.open_nursery() as nursery:
-            closer, accepted = await start_closer(nursery)
-            addresses = [nothing_at(), closer]
-            async with RpcClient(",".join(addresses), "c", retry_seconds=0.6) as rpc:
-                begun = time.monotonic()
-                with pytest.raises(errors.ServerUnavailable) as got:
-                    await rpc.call("whoami")
-                took = time.monotonic() - begun
-            assert 0.3 < took < 3, took
-            message = str(got.value)
-            assert all(address in message for address in addresses), message
-            assert "cannot reach" in message and "closed the connection" in message
-            # cycles wait the backoff between them, they do not spin
-            assert 2 <= len(accepted) < 10, len(accepted)
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+async def test_the_whole_list_down_is_server_unavailable_naming_every_address():
+    async with trio.open_nursery() as nursery:
+        closer, accepted = await start_closer(nursery)
+        addresses = [nothing_at(), closer]
+        async with RpcClient(",".join(addresses), "c", retry_seconds=0.6) as rpc:
+            begun = time.monotonic()
+            with pytest.raises(errors.ServerUnavailable) as got:
+                await rpc.call("whoami")
+            took = time.monotonic() - begun
+        assert 0.3 < took < 3, took
+        message = str(got.value)
+        assert all(address in message for address in addresses), message
+        assert "cannot reach" in message and "closed the connection" in message
+        # cycles wait the backoff between them, they do not spin
+        assert 2 <= len(accepted) < 10, len(accepted)
+        nursery.cancel_scope.cancel()
 
 
 def test_read_your_writes_txid_only_grows():
@@ -354,43 +336,40 @@ def test_read_your_writes_txid_only_grows():
 # --------------------------------------------------------------------------- real server
 
 
-def test_the_real_metadata_server_behind_a_dead_address(tmp_path):
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=1, replication=1) as cluster:
-            listed = f"{nothing_at()},{cluster.meta_address}"
-            async with AsyncClient(listed, config=cluster.config) as client:
-                assert client.meta_address == listed
-                assert format_address(client.rpc.address) == cluster.meta_address
-                await client.mkdirs("/ha")
-                await client.write_file("/ha/file", b"failover")
-                stream = await client.create("/ha/streamed")
-                await stream.write(b"x" * 10000)
-                await stream.close()
-                assert await client.read_file("/ha/file") == b"failover"
-                assert await client.read_file("/ha/streamed") == b"x" * 10000
-            # fsspec, through the URL and through LEASEFS_META
-            import fsspec
+@pytest.mark.cluster(n_storage=1, replication=1)
+async def test_the_real_metadata_server_behind_a_dead_address(tmp_path, cluster):
+    listed = f"{nothing_at()},{cluster.meta_address}"
+    async with AsyncClient(listed, config=cluster.config) as client:
+        assert client.meta_address == listed
+        assert format_address(client.rpc.address) == cluster.meta_address
+        await client.mkdirs("/ha")
+        await client.write_file("/ha/file", b"failover")
+        stream = await client.create("/ha/streamed")
+        await stream.write(b"x" * 10000)
+        await stream.close()
+        assert await client.read_file("/ha/file") == b"failover"
+        assert await client.read_file("/ha/streamed") == b"x" * 10000
+    # fsspec, through the URL and through LEASEFS_META
+    import fsspec
 
-            def through_fsspec():
-                lfs, path = fsspec.core.url_to_fs(f"leasefs://{listed}/ha/file")
-                try:
-                    with lfs.open(path, "rb") as fh:
-                        return fh.read()
-                finally:
-                    lfs.close()
-            assert await trio.to_thread.run_sync(through_fsspec) == b"failover"
-            env = {**os.environ, "LEASEFS_META": listed,
-                   "LEASEFS_HOME": str(tmp_path / "home")}
-            proc = await trio.to_thread.run_sync(lambda: subprocess.run(
-                [sys.executable, "-m", "tools", "ls", "/ha"], env=env,
-                capture_output=True, timeout=60))
-            assert proc.returncode == 0, proc.stderr.decode(errors="replace")
-            assert proc.stdout.decode().split() == ["file", "streamed"]
-            bad = {**env, "LEASEFS_META": f"{cluster.meta_address},nonsense"}
-            proc = await trio.to_thread.run_sync(lambda: subprocess.run(
-                [sys.executable, "-m", "tools", "ls", "/ha"], env=bad,
-                capture_output=True, timeout=60))
-            err = proc.stderr.decode(errors="replace")
-            assert proc.returncode != 0 and "'nonsense'" in err and "Traceback" not in err, err
-
-    trio.run(main)
+    def through_fsspec():
+        lfs, path = fsspec.core.url_to_fs(f"leasefs://{listed}/ha/file")
+        try:
+            with lfs.open(path, "rb") as fh:
+                return fh.read()
+        finally:
+            lfs.close()
+    assert await trio.to_thread.run_sync(through_fsspec) == b"failover"
+    env = {**os.environ, "LEASEFS_META": listed,
+           "LEASEFS_HOME": str(tmp_path / "home")}
+    proc = await trio.to_thread.run_sync(lambda: subprocess.run(
+        [sys.executable, "-m", "tools", "ls", "/ha"], env=env,
+        capture_output=True, timeout=60))
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    assert proc.stdout.decode().split() == ["file", "streamed"]
+    bad = {**env, "LEASEFS_META": f"{cluster.meta_address},nonsense"}
+    proc = await trio.to_thread.run_sync(lambda: subprocess.run(
+        [sys.executable, "-m", "tools", "ls", "/ha"], env=bad,
+        capture_output=True, timeout=60))
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode != 0 and "'nonsense'" in err and "Traceback" not in err, err

@@ -330,7 +330,7 @@ async def proxy(nursery, target: str, *, flip_at: int | None = None,
 # --------------------------------------------------------------------------- pipeline
 
 
-def test_three_node_pipeline_writes_identical_replicas(tmp_path):
+async def test_three_node_pipeline_writes_identical_replicas(tmp_path):
     data = random.Random(1).randbytes(100_000 + 123)   # not chunk aligned
 
     async def main():
@@ -355,10 +355,10 @@ def test_three_node_pipeline_writes_identical_replicas(tmp_path):
             assert got == data and response["visible_length"] == len(data)
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_checksum_error_from_client_is_reported_by_first_node(tmp_path):
+async def test_checksum_error_from_client_is_reported_by_first_node(tmp_path):
     data = random.Random(2).randbytes(5 * 4096)
 
     async def main():
@@ -386,10 +386,10 @@ def test_checksum_error_from_client_is_reported_by_first_node(tmp_path):
             assert length["visible_length"] == 2 * 4096 and length["state"] == "RBW"
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_checksum_error_between_block_servers_names_the_node(tmp_path):
+async def test_checksum_error_between_block_servers_names_the_node(tmp_path):
     data = random.Random(3).randbytes(3 * 4096)
 
     async def main():
@@ -403,10 +403,10 @@ def test_checksum_error_between_block_servers_names_the_node(tmp_path):
             assert len(acks) == 1
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_broken_downstream_is_acked_with_its_index(tmp_path):
+async def test_broken_downstream_is_acked_with_its_index(tmp_path):
     data = random.Random(4).randbytes(20 * 4096)
 
     async def main():
@@ -433,10 +433,10 @@ def test_broken_downstream_is_acked_with_its_index(tmp_path):
                 assert replica.visible_length == failed[0] * 4096
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_receiver_runs_at_most_a_window_ahead_of_acks(tmp_path):
+async def test_receiver_runs_at_most_a_window_ahead_of_acks(tmp_path):
     """With the downstream's acks held back, the first node stops writing (and reading) once
     its ack queue of ``write_window_packets`` is full."""
     window = 4
@@ -463,10 +463,10 @@ def test_receiver_runs_at_most_a_window_ahead_of_acks(tmp_path):
             await framed.aclose()
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_concurrent_pipelines_and_reads(tmp_path):
+async def test_concurrent_pipelines_and_reads(tmp_path):
     blobs = {100 + i: random.Random(i).randbytes(20_000 + 997 * i) for i in range(6)}
 
     async def main():
@@ -490,10 +490,10 @@ def test_concurrent_pipelines_and_reads(tmp_path):
                 assert sorted(r[0] for r in node.store.block_report()) == sorted(blobs)
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_setup_failure_names_first_bad_link_and_cleans_up(tmp_path):
+async def test_setup_failure_names_first_bad_link_and_cleans_up(tmp_path):
     async def main():
         async with trio.open_nursery() as nursery:
             meta, nodes = await start_cluster(nursery, tmp_path, 2)
@@ -517,14 +517,14 @@ def test_setup_failure_names_first_bad_link_and_cleans_up(tmp_path):
             assert node_has_no(nodes[0], 5006)
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
 def node_has_no(node: Node, block_id: int) -> bool:
     return node.store.get(block_id) is None and not list(node.data_dir.rglob(f"blk_{block_id}"))
 
 
-def test_hflush_partial_chunk_rewrite_and_sync(tmp_path, monkeypatch):
+async def test_hflush_partial_chunk_rewrite_and_sync(tmp_path, monkeypatch):
     data = random.Random(5).randbytes(3000)
     synced = []
     real_fsync = os.fsync
@@ -583,13 +583,13 @@ def test_hflush_partial_chunk_rewrite_and_sync(tmp_path, monkeypatch):
             assert acks == [(0, [SUCCESS]), (1, [ERROR])]
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- reads
 
 
-def test_read_block_arbitrary_ranges_return_exact_bytes_and_valid_checksums(tmp_path):
+async def test_read_block_arbitrary_ranges_return_exact_bytes_and_valid_checksums(tmp_path):
     data = random.Random(6).randbytes(50_000 + 77)
     rng = random.Random(7)
 
@@ -616,10 +616,10 @@ def test_read_block_arbitrary_ranges_return_exact_bytes_and_valid_checksums(tmp_
             assert "50100" in response["message"]
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_stale_generation_stamp_and_missing_replica_are_refused(tmp_path):
+async def test_stale_generation_stamp_and_missing_replica_are_refused(tmp_path):
     async def main():
         async with trio.open_nursery() as nursery:
             meta, nodes = await start_cluster(nursery, tmp_path, 1)
@@ -650,13 +650,13 @@ def test_stale_generation_stamp_and_missing_replica_are_refused(tmp_path):
             assert files == ["blk_8008", "blk_8008_9.meta"]
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- restart
 
 
-def test_restart_rescans_rbw_to_rwr_removes_tmp_cuts_torn_chunk(tmp_path):
+async def test_restart_rescans_rbw_to_rwr_removes_tmp_cuts_torn_chunk(tmp_path):
     data = random.Random(8).randbytes(3 * BPC + 100)
 
     async def main():
@@ -709,13 +709,13 @@ def test_restart_rescans_rbw_to_rwr_removes_tmp_cuts_torn_chunk(tmp_path):
             assert got == data
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- heartbeat
 
 
-def test_invalidate_command_deletes_replicas_and_reports_them(tmp_path):
+async def test_invalidate_command_deletes_replicas_and_reports_them(tmp_path):
     async def main():
         async with trio.open_nursery() as nursery:
             meta, nodes = await start_cluster(nursery, tmp_path, 1)
@@ -738,10 +738,10 @@ def test_invalidate_command_deletes_replicas_and_reports_them(tmp_path):
             await wait_for(lambda: len(meta.of("heartbeat", node.node_id)) > n + 2)
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_registration_retries_until_meta_is_up_and_reregisters_on_request(tmp_path):
+async def test_registration_retries_until_meta_is_up_and_reregisters_on_request(tmp_path):
     async def main():
         async with trio.open_nursery() as nursery:
             with socket.socket() as s:
@@ -771,7 +771,7 @@ def test_registration_retries_until_meta_is_up_and_reregisters_on_request(tmp_pa
             assert meta.of("block_report")[1]["blocks"] == [[21, 1, 5, "FINALIZED"]]
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- hostile input
@@ -798,7 +798,7 @@ def decode_frame(raw: bytes):
     return msgpack.unpackb(raw[4:4 + length], raw=False)
 
 
-def test_bad_input_gets_an_error_and_the_server_keeps_serving(tmp_path):
+async def test_bad_input_gets_an_error_and_the_server_keeps_serving(tmp_path):
     async def main():
         async with trio.open_nursery() as nursery:
             meta, nodes = await start_cluster(nursery, tmp_path, 1)
@@ -853,10 +853,10 @@ def test_bad_input_gets_an_error_and_the_server_keeps_serving(tmp_path):
             assert nodes[0].store.get(31).visible_length == 0
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_full_block_report_repeats_every_interval(tmp_path):
+async def test_full_block_report_repeats_every_interval(tmp_path):
     async def main():
         async with trio.open_nursery() as nursery:
             meta, nodes = await start_cluster(nursery, tmp_path, 1, block_report_interval=0.2)
@@ -869,10 +869,10 @@ def test_full_block_report_repeats_every_interval(tmp_path):
             assert len(meta.of("register_storage")) == 1
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_write_block_refuses_bytes_per_checksum_outside_512_to_1mib(tmp_path):
+async def test_write_block_refuses_bytes_per_checksum_outside_512_to_1mib(tmp_path):
     data = random.Random(12).randbytes(5000)
 
     async def main():
@@ -897,7 +897,7 @@ def test_write_block_refuses_bytes_per_checksum_outside_512_to_1mib(tmp_path):
                 assert got == data
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- stalled peers
@@ -951,7 +951,7 @@ async def start_read(server: DataTransferServer, block_id: int, gs: int):
     return client, await client.receive_frame(), done
 
 
-def test_read_block_to_a_reader_that_stops_reading_ends_after_data_timeout(tmp_path, caplog):
+async def test_read_block_to_a_reader_that_stops_reading_ends_after_data_timeout(tmp_path, caplog):
     caplog.set_level(logging.DEBUG, logger="storage")
     data = random.Random(13).randbytes(20 * 4096)
 
@@ -975,13 +975,13 @@ def test_read_block_to_a_reader_that_stops_reading_ends_after_data_timeout(tmp_p
             assert server.active_ops == 0
         server.store.close()
 
-    trio.run(main)
+    await main()
     records = transfer_log(caplog)
     assert any("stopped reading" in r.getMessage() for r in records), records
     assert all(r.levelno == logging.DEBUG for r in records), records
 
 
-def test_reader_closing_a_read_early_is_only_a_debug_line(tmp_path, caplog):
+async def test_reader_closing_a_read_early_is_only_a_debug_line(tmp_path, caplog):
     caplog.set_level(logging.DEBUG, logger="storage")
     data = random.Random(14).randbytes(20 * 4096)
 
@@ -1005,13 +1005,13 @@ def test_reader_closing_a_read_early_is_only_a_debug_line(tmp_path, caplog):
             await client.aclose()
         server.store.close()
 
-    trio.run(main)
+    await main()
     records = transfer_log(caplog)
     assert any("closed the connection" in r.getMessage() for r in records), records
     assert all(r.levelno == logging.DEBUG for r in records), records
 
 
-def test_downstream_that_stops_reading_is_failed_after_data_timeout(tmp_path, monkeypatch):
+async def test_downstream_that_stops_reading_is_failed_after_data_timeout(tmp_path, monkeypatch):
     """The downstream accepts the setup, then reads nothing: forwarding the first packet
     times out (``data_timeout`` and one ``data_ack_timeout_step`` for the one node below)
     and the writer gets ERROR at the downstream's index instead of hanging."""
@@ -1053,7 +1053,7 @@ def test_downstream_that_stops_reading_is_failed_after_data_timeout(tmp_path, mo
             nursery.cancel_scope.cancel()
         server.store.close()
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- report ordering
@@ -1080,7 +1080,7 @@ class HoldingMeta(FakeMeta):
         return True
 
 
-def test_incremental_report_waits_for_a_full_report_in_flight(tmp_path):
+async def test_incremental_report_waits_for_a_full_report_in_flight(tmp_path):
     """The periodic full report's snapshot (without blk_61) is being processed when blk_61
     is written and finalized: its incremental report must reach the metadata server only
     after that report, or the stale snapshot would undo it."""
@@ -1110,7 +1110,7 @@ def test_incremental_report_waits_for_a_full_report_in_flight(tmp_path):
             assert held_at < first_incremental
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
 def _reports_by_id(meta: FakeMeta) -> dict:
@@ -1121,7 +1121,7 @@ def _reports_by_id(meta: FakeMeta) -> dict:
     return out
 
 
-def test_full_report_is_sent_in_chunks_of_the_configured_size(tmp_path):
+async def test_full_report_is_sent_in_chunks_of_the_configured_size(tmp_path):
     async def main():
         async with trio.open_nursery() as nursery:
             meta, nodes = await start_cluster(nursery, tmp_path, 1, block_report_chunk=3,
@@ -1151,7 +1151,7 @@ def test_full_report_is_sent_in_chunks_of_the_configured_size(tmp_path):
                 len(_reports_by_id(meta))
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
 class ChunkHoldingMeta(FakeMeta):
@@ -1170,7 +1170,7 @@ class ChunkHoldingMeta(FakeMeta):
         return await super().rpc_block_report(ctx, node_id, blocks, report_id, chunk, last)
 
 
-def test_no_incremental_report_overtakes_a_chunked_full_report(tmp_path):
+async def test_no_incremental_report_overtakes_a_chunked_full_report(tmp_path):
     """blk_73 is finalized while the first of two chunks of a full report is held: its
     incremental report must reach the metadata server after the report's LAST chunk (not
     merely after the held one)."""
@@ -1210,7 +1210,7 @@ def test_no_incremental_report_overtakes_a_chunked_full_report(tmp_path):
             assert held_last < first_incremental
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- lost replicas
@@ -1229,7 +1229,7 @@ def damage_replica(node: Node, block_id: int, gs: int, how: str) -> None:
         os.truncate(meta_path, 20)
 
 
-def test_a_read_of_a_replica_whose_files_are_gone_or_cut_drops_it_and_reports_it(tmp_path):
+async def test_a_read_of_a_replica_whose_files_are_gone_or_cut_drops_it_and_reports_it(tmp_path):
     damages = {21: "delete", 22: "delete meta", 23: "cut data", 24: "cut meta"}
 
     async def main():
@@ -1257,10 +1257,10 @@ def test_a_read_of_a_replica_whose_files_are_gone_or_cut_drops_it_and_reports_it
             assert data == bytes([25]) * 5000 and 25 not in meta.deleted(node.node_id)
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_a_transfer_source_whose_replica_files_are_gone_drops_and_reports_it(tmp_path):
+async def test_a_transfer_source_whose_replica_files_are_gone_drops_and_reports_it(tmp_path):
     async def main():
         async with trio.open_nursery() as nursery:
             meta, (source, target) = await start_cluster(nursery, tmp_path, 2)
@@ -1274,10 +1274,10 @@ def test_a_transfer_source_whose_replica_files_are_gone_drops_and_reports_it(tmp
             assert source.store.get(41) is None and node_has_no(target, 41)
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_block_scanner_reports_bad_bytes_bad_and_lost_files_deleted(tmp_path):
+async def test_block_scanner_reports_bad_bytes_bad_and_lost_files_deleted(tmp_path):
     async def main():
         async with trio.open_nursery() as nursery:
             meta, (node,) = await start_cluster(nursery, tmp_path, 1, scanner_period=0.2,
@@ -1297,10 +1297,10 @@ def test_block_scanner_reports_bad_bytes_bad_and_lost_files_deleted(tmp_path):
             assert node.store.get(52) is None and node.store.get(51) is not None
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_directory_scan_reports_lost_replicas_deleted_and_unknown_files_received(tmp_path):
+async def test_directory_scan_reports_lost_replicas_deleted_and_unknown_files_received(tmp_path):
     async def main():
         async with trio.open_nursery() as nursery:
             meta, (node,) = await start_cluster(nursery, tmp_path, 1,
@@ -1327,10 +1327,10 @@ def test_directory_scan_reports_lost_replicas_deleted_and_unknown_files_received
             assert node.server.dirscan.passes >= 1
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_advertised_address_follows_the_bind_address():
+async def test_advertised_address_follows_the_bind_address():
     """``advertise_host`` when set; else the bound address; bound to every address, the
     source address of the route to the metadata server (here loopback, its own); a
     metadata server nothing routes to is a clear error naming both fixes."""
@@ -1348,4 +1348,4 @@ def test_advertised_address_follows_the_bind_address():
         with pytest.raises(InvalidArgument, match="--host.*advertise_host"):
             await advertised_host(config, "0.0.0.0", "no-such-host.invalid:8020")
 
-    trio.run(main)
+    await main()

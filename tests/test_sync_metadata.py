@@ -66,94 +66,85 @@ def lazy_config(**extra):
     return make_test_config(sync_metadata=False, **extra)
 
 
-def test_changes_answered_before_their_fsync_survive_a_kill9(tmp_path):
+@pytest.mark.cluster(n_storage=1, settings=LATE)
+def test_changes_answered_before_their_fsync_survive_a_kill9(tmp_path, process_cluster):
     """Clients without sync_metadata make folders, small files (kept inline), renames and
     deletes; the server is killed (-9) right after the last answer, with none of it fsynced:
     after the restart every answered change is there (the journal was written before the
     answer), and the store is consistent."""
-    cluster = ProcessCluster(tmp_path, n_storage=1, settings=LATE)
-    cluster.start()
-    try:
-        before = journal_state(cluster)
-        expected_files: dict[str, bytes] = {}
-        expected_gone: list[str] = []
+    before = journal_state(process_cluster)
+    expected_files: dict[str, bytes] = {}
+    expected_gone: list[str] = []
 
-        async def load():
-            async with trio.open_nursery() as nursery:
-                for k in range(3):
-                    nursery.start_soon(worker, k)
+    async def load():
+        async with trio.open_nursery() as nursery:
+            for k in range(3):
+                nursery.start_soon(worker, k)
 
-        async def worker(k: int):
-            async with AsyncClient(cluster.meta_address, config=lazy_config()) as client:
-                for i in range(60):
-                    base = f"/w{k}/d{i}"
-                    await client.mkdirs(base)
-                    data = os.urandom(100 + i)
-                    await client.write_file(f"{base}/f", data)
-                    await client.rename(f"{base}/f", f"{base}/g")
-                    expected_files[f"{base}/g"] = data
-                    if i % 3 == 0:
-                        await client.mkdirs(f"{base}/gone")
-                        await client.delete(f"{base}/gone")
-                        expected_gone.append(f"{base}/gone")
+    async def worker(k: int):
+        async with AsyncClient(process_cluster.meta_address, config=lazy_config()) as client:
+            for i in range(60):
+                base = f"/w{k}/d{i}"
+                await client.mkdirs(base)
+                data = os.urandom(100 + i)
+                await client.write_file(f"{base}/f", data)
+                await client.rename(f"{base}/f", f"{base}/g")
+                expected_files[f"{base}/g"] = data
+                if i % 3 == 0:
+                    await client.mkdirs(f"{base}/gone")
+                    await client.delete(f"{base}/gone")
+                    expected_gone.append(f"{base}/gone")
 
-        trio.run(load)
-        state = journal_state(cluster)
-        # the calls were answered before any fsync of theirs (the report itself is a read)
-        assert state["durable_txid"] == before["durable_txid"] < state["last_txid"], state
-        cluster.kill_meta()
-        # in the journal itself, not only in LevelDB (whose unsynced log survives a process
-        # kill as well, but not a machine crash, and is not what a restart replays)
-        copy = tmp_path / "journal-copy"
-        shutil.copytree(cluster.meta_dir() / "journal", copy)
-        journal = Journal(str(copy), lambda records: None)
-        journal.open()
-        assert journal.last_txid == state["last_txid"]
-        assert store_problems(cluster) == []
-        cluster.start_meta()
-        cluster.wait_ready(1)
+    trio.run(load)
+    state = journal_state(process_cluster)
+    # the calls were answered before any fsync of theirs (the report itself is a read)
+    assert state["durable_txid"] == before["durable_txid"] < state["last_txid"], state
+    process_cluster.kill_meta()
+    # in the journal itself, not only in LevelDB (whose unsynced log survives a process
+    # kill as well, but not a machine crash, and is not what a restart replays)
+    copy = tmp_path / "journal-copy"
+    shutil.copytree(process_cluster.meta_dir() / "journal", copy)
+    journal = Journal(str(copy), lambda records: None)
+    journal.open()
+    assert journal.last_txid == state["last_txid"]
+    assert store_problems(process_cluster) == []
+    process_cluster.start_meta()
+    process_cluster.wait_ready(1)
 
-        async def check():
-            async with AsyncClient(cluster.meta_address, config=make_test_config()) as client:
-                wrong = [p for p, data in expected_files.items()
-                         if await client.read_file(p) != data]
-                back = [p for p in expected_gone if await client.exists(p)]
-            return wrong, back
+    async def check():
+        async with AsyncClient(process_cluster.meta_address, config=make_test_config()) as client:
+            wrong = [p for p, data in expected_files.items()
+                     if await client.read_file(p) != data]
+            back = [p for p in expected_gone if await client.exists(p)]
+        return wrong, back
 
-        wrong, back = trio.run(check)
-        assert wrong == [] and back == []
-        assert len(expected_files) == 180
-    finally:
-        cluster.stop()
+    wrong, back = trio.run(check)
+    assert wrong == [] and back == []
+    assert len(expected_files) == 180
 
 
-def test_a_deletion_reaches_block_servers_only_once_it_is_durable(tmp_path):
+@pytest.mark.cluster(n_storage=1, settings={**LATE, "replication": 1, "inline_max": 0})
+def test_a_deletion_reaches_block_servers_only_once_it_is_durable(process_cluster):
     """A file with blocks deleted by a client without sync_metadata: its replicas stay on
     the block server (many heartbeats) until the delete is durable, then go."""
-    cluster = ProcessCluster(tmp_path, n_storage=1, settings={**LATE, "replication": 1,
-                                                              "inline_max": 0})
-    cluster.start()
-    try:
-        def replica_files():
-            return [p for p in cluster.storage_dir(0).rglob("blk_*") if p.is_file()]
+    def replica_files():
+        return [p for p in process_cluster.storage_dir(0).rglob("blk_*") if p.is_file()]
 
-        async def write_and_delete():
-            async with AsyncClient(cluster.meta_address, config=lazy_config()) as client:
-                await client.write_file("/big", os.urandom(300 * KiB))
-                assert replica_files()
-                await client.delete("/big")
-                assert not await client.exists("/big")
+    async def write_and_delete():
+        async with AsyncClient(process_cluster.meta_address, config=lazy_config()) as client:
+            await client.write_file("/big", os.urandom(300 * KiB))
+            assert replica_files()
+            await client.delete("/big")
+            assert not await client.exists("/big")
 
-        trio.run(write_and_delete)
-        time.sleep(2.0)   # twenty heartbeats, each of which could have carried the deletion
-        assert replica_files(), "a replica was deleted before the delete was durable"
-        with cluster.client() as client:
-            assert client.report()["pending_deletion"] >= 1
-            client.sync_metadata()
-        assert poll_until(lambda: not replica_files(), timeout=20), \
-            "the replicas were not deleted once the delete was durable"
-    finally:
-        cluster.stop()
+    trio.run(write_and_delete)
+    time.sleep(2.0)   # twenty heartbeats, each of which could have carried the deletion
+    assert replica_files(), "a replica was deleted before the delete was durable"
+    with process_cluster.client() as client:
+        assert client.report()["pending_deletion"] >= 1
+        client.sync_metadata()
+    assert poll_until(lambda: not replica_files(), timeout=20), \
+        "the replicas were not deleted once the delete was durable"
 
 
 @needs_fuse

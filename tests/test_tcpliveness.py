@@ -55,8 +55,8 @@ async def _pair():
     return client, server
 
 
-def test_watched_connection_gets_keepalive_of_the_timeout(liveness):
-    trio.run(_keepalive_of_the_timeout, liveness)
+async def test_watched_connection_gets_keepalive_of_the_timeout(liveness):
+    await _keepalive_of_the_timeout(liveness)
 
 
 async def _keepalive_of_the_timeout(liveness):
@@ -77,11 +77,11 @@ async def _keepalive_of_the_timeout(liveness):
         await stream.aclose()
 
 
-def test_a_peer_that_does_not_read_is_not_cut(liveness):
+async def test_a_peer_that_does_not_read_is_not_cut(liveness):
     """The peer's window closes and stays closed for three timeouts: the sender waits
     (its send blocked, no error), the watcher leaves it, and every byte arrives once the
     peer reads again."""
-    trio.run(_peer_that_does_not_read, liveness)
+    await _peer_that_does_not_read(liveness)
 
 
 async def _peer_that_does_not_read(liveness):

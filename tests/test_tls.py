@@ -10,7 +10,6 @@ recovery, a replacement node and re-replication, and the zero-set-up path.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import secrets
@@ -35,14 +34,6 @@ from tools.cluster.processes import is_ours
 
 KiB = 1 << 10
 MiB = 1 << 20
-
-
-def trio_test(fn):
-    """Run an async test body in ``trio.run`` (the suite has no async plugin)."""
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        return trio.run(functools.partial(fn, *args, **kwargs))
-    return run
 
 
 class RecordingProxy:
@@ -95,7 +86,6 @@ async def read_via(address: str, located: dict, client: AsyncClient) -> bytes:
 
 
 @pytest.mark.parametrize("tls", ["on", "off"])
-@trio_test
 async def test_no_plaintext_on_the_wire_with_tls(tmp_path, tls):
     """With tls on, a marker written and read through RPC (a small file's bytes travel in
     its complete and get_block_locations) and through READ_BLOCK never shows on the wire;
@@ -145,58 +135,57 @@ async def _plain_exchange(address: str, frame) -> object:
     return unpackb(bytes(data[4:4 + length]))
 
 
-@trio_test
-async def test_plaintext_and_wrong_ca_clients_get_clear_errors_and_servers_go_on(tmp_path):
-    async with inprocess_cluster(tmp_path, 1, tls="on", replication=1) as cluster:
-        async with cluster.client() as good:
-            async with await good.create("/f") as out:
-                await out.write(b"x" * 100_000)
+@pytest.mark.cluster(n_storage=1, tls="on", replication=1)
+async def test_plaintext_and_wrong_ca_clients_get_clear_errors_and_servers_go_on(tmp_path,
+                                                                                cluster):
+    async with cluster.client() as good:
+        async with await good.create("/f") as out:
+            await out.write(b"x" * 100_000)
 
-        # a raw plaintext connection: the metadata port answers only with a TLS error frame
-        answer = await _plain_exchange(cluster.meta_address, {
-            "hello": "leasefs", "version": 1, "client_id": "plain", "user": "u", "groups": []})
-        assert answer[:2] == [None, False] and answer[2]["type"] == "TlsError"
-        assert "speaks TLS only" in answer[2]["message"]
-        # and the data port the same in its own protocol
-        answer = await _plain_exchange(cluster.storage_address(0), {
-            "op": "BLOCK_LENGTH", "version": 1, "block": {"id": 1, "gs": 1}})
-        assert answer["status"] == "ERROR" and answer["error"]["type"] == "TlsError"
+    # a raw plaintext connection: the metadata port answers only with a TLS error frame
+    answer = await _plain_exchange(cluster.meta_address, {
+        "hello": "leasefs", "version": 1, "client_id": "plain", "user": "u", "groups": []})
+    assert answer[:2] == [None, False] and answer[2]["type"] == "TlsError"
+    assert "speaks TLS only" in answer[2]["message"]
+    # and the data port the same in its own protocol
+    answer = await _plain_exchange(cluster.storage_address(0), {
+        "op": "BLOCK_LENGTH", "version": 1, "block": {"id": 1, "gs": 1}})
+    assert answer["status"] == "ERROR" and answer["error"]["type"] == "TlsError"
 
-        # a client elsewhere (TCP, a token) without TLS: TlsError at once, not 10 s of retries
-        remote = await cluster.remote_config()
-        started = trio.current_time()
-        with pytest.raises(TlsError, match="speaks TLS only"):
-            async with AsyncClient(cluster.meta_address, config=remote.replace(tls="off")):
+    # a client elsewhere (TCP, a token) without TLS: TlsError at once, not 10 s of retries
+    remote = await cluster.remote_config()
+    started = trio.current_time()
+    with pytest.raises(TlsError, match="speaks TLS only"):
+        async with AsyncClient(cluster.meta_address, config=remote.replace(tls="off")):
+            pass
+    assert trio.current_time() - started < 5
+
+    # a client trusting another CA: refused by its own verification, named as such
+    other_ca = tlsmod.ensure_ca(tmp_path / "other")
+    started = trio.current_time()
+    with pytest.raises(TlsError, match="certificate is not trusted"):
+        async with AsyncClient(cluster.meta_address, config=remote.replace(
+                tls_ca_file=other_ca)):
+            pass
+    assert trio.current_time() - started < 5
+
+    # bytes that start like a TLS record but are not a handshake: closed, logged
+    host, port = cluster.meta_address.rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(b"\x16\x03\x01\x00\x05hello" + b"\0" * 64)
+        with trio.fail_after(10):
+            while await stream.receive_some(65536):
                 pass
-        assert trio.current_time() - started < 5
 
-        # a client trusting another CA: refused by its own verification, named as such
-        other_ca = tlsmod.ensure_ca(tmp_path / "other")
-        started = trio.current_time()
-        with pytest.raises(TlsError, match="certificate is not trusted"):
-            async with AsyncClient(cluster.meta_address, config=remote.replace(
-                    tls_ca_file=other_ca)):
-                pass
-        assert trio.current_time() - started < 5
-
-        # bytes that start like a TLS record but are not a handshake: closed, logged
-        host, port = cluster.meta_address.rsplit(":", 1)
-        stream = await trio.open_tcp_stream(host, int(port))
-        async with stream:
-            await stream.send_all(b"\x16\x03\x01\x00\x05hello" + b"\0" * 64)
-            with trio.fail_after(10):
-                while await stream.receive_some(65536):
-                    pass
-
-        # a connection that says nothing does not hold up the others
-        silent = await trio.open_tcp_stream(host, int(port))
-        async with silent, cluster.client() as good:
-            async with await good.open("/f") as inp:
-                assert await inp.read() == b"x" * 100_000
-            assert (await good.rpc.call("report", {}))["live_nodes"]
+    # a connection that says nothing does not hold up the others
+    silent = await trio.open_tcp_stream(host, int(port))
+    async with silent, cluster.client() as good:
+        async with await good.open("/f") as inp:
+            assert await inp.read() == b"x" * 100_000
+        assert (await good.rpc.call("report", {}))["live_nodes"]
 
 
-@trio_test
 async def test_tls_client_at_a_plaintext_server_gets_a_clear_error(tmp_path):
     ca = tlsmod.ensure_ca(tmp_path / "ca")
     async with inprocess_cluster(tmp_path / "plain", 1) as cluster:
@@ -217,16 +206,15 @@ async def test_tls_client_at_a_plaintext_server_gets_a_clear_error(tmp_path):
                 assert await inp.read() == b"y" * 100_000
 
 
-@trio_test
-async def test_raw_rpc_client_sees_tls_error_not_retries(tmp_path):
-    async with inprocess_cluster(tmp_path, 1, tls="on") as cluster:
-        started = trio.current_time()
-        with pytest.raises(BaseException) as info:
-            async with RpcClient(cluster.meta_address, "plain", retry_seconds=20,
-                                 local_socket=None) as rpc:
-                await rpc.call("report", {})
-        assert isinstance(sole_exception(info.value), TlsError)
-        assert trio.current_time() - started < 5
+@pytest.mark.cluster(n_storage=1, tls="on")
+async def test_raw_rpc_client_sees_tls_error_not_retries(cluster):
+    started = trio.current_time()
+    with pytest.raises(BaseException) as info:
+        async with RpcClient(cluster.meta_address, "plain", retry_seconds=20,
+                             local_socket=None) as rpc:
+            await rpc.call("report", {})
+    assert isinstance(sole_exception(info.value), TlsError)
+    assert trio.current_time() - started < 5
 
 
 def test_ca_and_certificates_are_private_and_cover_this_host(tmp_path):

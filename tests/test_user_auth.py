@@ -112,261 +112,245 @@ pytestmark = pytest.mark.skipif(
     reason="needs root (to run a process as nobody) and the system python3")
 
 
-def test_local_clients_are_the_user_the_kernel_names(tmp_path):
+@pytest.mark.cluster(n_storage=0)
+async def test_local_clients_are_the_user_the_kernel_names(cluster):
     """Over the local socket the kernel's uid decides: a process of nobody that states
     ``root`` (or the supergroup) is refused or stays nobody; acting for another user needs
     a proxy user; root (the superuser, who runs the metadata server) may act for others."""
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=0) as cluster:
-            async with cluster.client() as root:
-                await root.mkdirs("/pub", permission=0o777)
-                await root.mkdirs("/private", permission=0o700)
-                address = cluster.meta_address
-                # nobody as itself: its calls are nobody's
-                [r1, r2] = await as_nobody(address, hello("nobody", ["nogroup"]), [
-                    [1, "mkdirs", {"path": "/pub/by-nobody"}],
-                    [2, "mkdirs", {"path": "/private/x"}]], 2)
-                assert r1[:2] == [1, True], r1
-                assert r2[1] is False and r2[2]["type"] == "PermissionDenied"
-                assert "user=nobody" in r2[2]["message"]
-                assert (await root.get_file_status("/pub/by-nobody")).owner == "nobody"
-                # nobody claiming root at the hello: the connection is refused
-                [refusal] = await as_nobody(address, hello("root", ["root"]), [
-                    [1, "mkdirs", {"path": "/private/y"}]], 1)
-                assert refusal[:2] == [None, False]
-                assert refusal[2]["type"] == "AuthenticationFailed"
-                assert "user nobody may not act as root" in refusal[2]["message"]
-                # nobody stating the supergroup as its own group: groups come from the system
-                [r] = await as_nobody(address, hello("nobody", ["supergroup"]), [
-                    [1, "safemode", {"action": "enter"}]], 1)
-                assert r[1] is False and r[2]["type"] == "PermissionDenied", r
-                # a request acting for root, from nobody (not a proxy user)
-                [r] = await as_nobody(address, hello("nobody"), [
-                    [1, "mkdirs", {"path": "/private/z"}, {"user": "root", "groups": ["root"]}]
-                ], 1)
-                assert r[1] is False and r[2]["type"] == "PermissionDenied"
-                assert "user nobody may not act for root" in r[2]["message"]
-                assert not await root.exists("/private/y")
-                assert not await root.exists("/private/z")
-                assert not (await root.safemode("get"))["on"]
-                # root, the superuser, acts for nobody: nobody's permissions apply
-                token = ACTING_FOR.set({"user": "nobody", "groups": ["nogroup"]})
-                try:
-                    with pytest.raises(errors.PermissionDenied, match="user=nobody"):
-                        await root.mkdirs("/private/w")
-                    await root.mkdirs("/pub/acted")
-                finally:
-                    ACTING_FOR.reset(token)
-                assert (await root.get_file_status("/pub/acted")).owner == "nobody"
-                assert not await root.exists("/private/w")
-
-    trio.run(main)
+    async with cluster.client() as root:
+        await root.mkdirs("/pub", permission=0o777)
+        await root.mkdirs("/private", permission=0o700)
+        address = cluster.meta_address
+        # nobody as itself: its calls are nobody's
+        [r1, r2] = await as_nobody(address, hello("nobody", ["nogroup"]), [
+            [1, "mkdirs", {"path": "/pub/by-nobody"}],
+            [2, "mkdirs", {"path": "/private/x"}]], 2)
+        assert r1[:2] == [1, True], r1
+        assert r2[1] is False and r2[2]["type"] == "PermissionDenied"
+        assert "user=nobody" in r2[2]["message"]
+        assert (await root.get_file_status("/pub/by-nobody")).owner == "nobody"
+        # nobody claiming root at the hello: the connection is refused
+        [refusal] = await as_nobody(address, hello("root", ["root"]), [
+            [1, "mkdirs", {"path": "/private/y"}]], 1)
+        assert refusal[:2] == [None, False]
+        assert refusal[2]["type"] == "AuthenticationFailed"
+        assert "user nobody may not act as root" in refusal[2]["message"]
+        # nobody stating the supergroup as its own group: groups come from the system
+        [r] = await as_nobody(address, hello("nobody", ["supergroup"]), [
+            [1, "safemode", {"action": "enter"}]], 1)
+        assert r[1] is False and r[2]["type"] == "PermissionDenied", r
+        # a request acting for root, from nobody (not a proxy user)
+        [r] = await as_nobody(address, hello("nobody"), [
+            [1, "mkdirs", {"path": "/private/z"}, {"user": "root", "groups": ["root"]}]
+        ], 1)
+        assert r[1] is False and r[2]["type"] == "PermissionDenied"
+        assert "user nobody may not act for root" in r[2]["message"]
+        assert not await root.exists("/private/y")
+        assert not await root.exists("/private/z")
+        assert not (await root.safemode("get"))["on"]
+        # root, the superuser, acts for nobody: nobody's permissions apply
+        token = ACTING_FOR.set({"user": "nobody", "groups": ["nogroup"]})
+        try:
+            with pytest.raises(errors.PermissionDenied, match="user=nobody"):
+                await root.mkdirs("/private/w")
+            await root.mkdirs("/pub/acted")
+        finally:
+            ACTING_FOR.reset(token)
+        assert (await root.get_file_status("/pub/acted")).owner == "nobody"
+        assert not await root.exists("/private/w")
 
 
-def test_a_proxy_user_acts_only_for_the_users_it_is_given(tmp_path):
+@pytest.mark.cluster(n_storage=0, proxy_users="nobody=daemon")
+async def test_a_proxy_user_acts_only_for_the_users_it_is_given(cluster):
     """``proxy_users = nobody=daemon``: nobody may act for daemon (whose permissions then
     apply), not for root or anyone else."""
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=0,
-                                     proxy_users="nobody=daemon") as cluster:
-            async with cluster.client() as root:
-                await root.mkdirs("/pub", permission=0o777)
-                address = cluster.meta_address
-                replies = await as_nobody(address, hello("nobody"), [
-                    [1, "mkdirs", {"path": "/pub/for-daemon"}, {"user": "daemon"}],
-                    [2, "mkdirs", {"path": "/pub/for-root"}, {"user": "root"}],
-                    [3, "mkdirs", {"path": "/pub/for-bin"}, {"user": "bin"}]], 3)
-                by_id = {r[0]: r for r in replies}
-                assert by_id[1][1] is True, by_id[1]
-                for call in (2, 3):
-                    assert by_id[call][1] is False
-                    assert by_id[call][2]["type"] == "PermissionDenied"
-                    assert "may not act for" in by_id[call][2]["message"]
-                assert (await root.get_file_status("/pub/for-daemon")).owner == "daemon"
-                assert not await root.exists("/pub/for-root")
-                assert not await root.exists("/pub/for-bin")
-
-    trio.run(main)
+    async with cluster.client() as root:
+        await root.mkdirs("/pub", permission=0o777)
+        address = cluster.meta_address
+        replies = await as_nobody(address, hello("nobody"), [
+            [1, "mkdirs", {"path": "/pub/for-daemon"}, {"user": "daemon"}],
+            [2, "mkdirs", {"path": "/pub/for-root"}, {"user": "root"}],
+            [3, "mkdirs", {"path": "/pub/for-bin"}, {"user": "bin"}]], 3)
+        by_id = {r[0]: r for r in replies}
+        assert by_id[1][1] is True, by_id[1]
+        for call in (2, 3):
+            assert by_id[call][1] is False
+            assert by_id[call][2]["type"] == "PermissionDenied"
+            assert "may not act for" in by_id[call][2]["message"]
+        assert (await root.get_file_status("/pub/for-daemon")).owner == "daemon"
+        assert not await root.exists("/pub/for-root")
+        assert not await root.exists("/pub/for-bin")
 
 
-def test_tcp_connections_do_nothing_before_they_authenticate(tmp_path):
+@pytest.mark.cluster(n_storage=0)
+async def test_tcp_connections_do_nothing_before_they_authenticate(cluster):
     """A peer that only reaches the TCP port, whatever it states, is refused every call but
     the two authentications: no namespace call, no report, no safe mode, no block-server
     call, no token."""
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=0) as cluster:
-            async with cluster.client() as root:
-                await root.mkdirs("/private", permission=0o700)
-                answers = await raw_tcp(cluster.meta_address, hello("root", ["supergroup"]), [
-                    [1, "mkdirs", {"path": "/private/x"}],
-                    [2, "get_file_info", {"path": "/private"}],
-                    [3, "report", {}],
-                    [4, "safemode", {"action": "enter"}],
-                    [5, "get_delegation_token", {}],
-                    [6, "register_storage", {"node_id": "fake", "address": "127.0.0.1:1"}],
-                    [7, "heartbeat", {"node_id": "fake"}]])
-                for call_id, ok, error in answers:
-                    assert not ok and error["type"] == "AuthenticationRequired", (call_id, error)
-                    assert "has not authenticated" in error["message"]
-                [(call_id, ok, nonce)] = await raw_tcp(cluster.meta_address, hello("root"),
-                                                       [[1, "token_challenge", {}]])
-                assert ok and isinstance(nonce, bytes) and len(nonce) == 32
-                # the same client without a token, as on another machine
-                with pytest.raises(errors.AuthenticationRequired):
-                    async with AsyncClient(cluster.meta_address,
-                                           config=remote_config(cluster, None)) as remote:
-                        await remote.list_status("/")
-                assert not await root.exists("/private/x")
-                assert not (await root.safemode("get"))["on"]
-                assert (await root.report())["live_nodes"] == []
-
-    trio.run(main)
+    async with cluster.client() as root:
+        await root.mkdirs("/private", permission=0o700)
+        answers = await raw_tcp(cluster.meta_address, hello("root", ["supergroup"]), [
+            [1, "mkdirs", {"path": "/private/x"}],
+            [2, "get_file_info", {"path": "/private"}],
+            [3, "report", {}],
+            [4, "safemode", {"action": "enter"}],
+            [5, "get_delegation_token", {}],
+            [6, "register_storage", {"node_id": "fake", "address": "127.0.0.1:1"}],
+            [7, "heartbeat", {"node_id": "fake"}]])
+        for call_id, ok, error in answers:
+            assert not ok and error["type"] == "AuthenticationRequired", (call_id, error)
+            assert "has not authenticated" in error["message"]
+        [(call_id, ok, nonce)] = await raw_tcp(cluster.meta_address, hello("root"),
+                                               [[1, "token_challenge", {}]])
+        assert ok and isinstance(nonce, bytes) and len(nonce) == 32
+        # the same client without a token, as on another machine
+        with pytest.raises(errors.AuthenticationRequired):
+            async with AsyncClient(cluster.meta_address,
+                                   config=remote_config(cluster, None)) as remote:
+                await remote.list_status("/")
+        assert not await root.exists("/private/x")
+        assert not (await root.safemode("get"))["on"]
+        assert (await root.report())["live_nodes"] == []
 
 
-def test_delegation_tokens_fetch_use_renew_cancel_expire_and_survive_restarts(tmp_path):
+@pytest.mark.cluster(n_storage=0, delegation_token_renew_interval=4.0)
+async def test_delegation_tokens_fetch_use_renew_cancel_expire_and_survive_restarts(
+        tmp_path, cluster):
     """nobody fetches a token on the local socket; a TCP client with it is nobody (and only
     that); forged, altered, replayed, cancelled and expired tokens are refused; renewal is
     the renewer's; a token and its cancellation outlive a restart of the metadata server."""
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=0,
-                                     delegation_token_renew_interval=4.0) as cluster:
-            address = cluster.meta_address
-            async with cluster.client() as root:
-                await root.mkdirs("/pub", permission=0o777)
-                await root.mkdirs("/private", permission=0o700)
-            [(_, ok, got)] = await as_nobody(address, hello("nobody"), [
-                [1, "get_delegation_token", {}]], 1)
-            assert ok, got
-            token = TokenFile(TokenId.from_wire(got["id"]), bytes(got["password"]), address)
-            assert (token.token.owner, token.token.renewer) == ("nobody", "nobody")
-            path = str(tmp_path / "nobody.token")
-            token.save(path)
-            assert os.stat(path).st_mode & 0o777 == 0o600
+    address = cluster.meta_address
+    async with cluster.client() as root:
+        await root.mkdirs("/pub", permission=0o777)
+        await root.mkdirs("/private", permission=0o700)
+    [(_, ok, got)] = await as_nobody(address, hello("nobody"), [
+        [1, "get_delegation_token", {}]], 1)
+    assert ok, got
+    token = TokenFile(TokenId.from_wire(got["id"]), bytes(got["password"]), address)
+    assert (token.token.owner, token.token.renewer) == ("nobody", "nobody")
+    path = str(tmp_path / "nobody.token")
+    token.save(path)
+    assert os.stat(path).st_mode & 0o777 == 0o600
 
-            # with the token over TCP: nobody, whatever the hello states
-            async with AsyncClient(address, config=remote_config(cluster, path),
-                                   user="root", groups=["supergroup"]) as remote:
-                await remote.mkdirs("/pub/remote")
-                with pytest.raises(errors.PermissionDenied, match="user=nobody"):
-                    await remote.mkdirs("/private/remote")
-                with pytest.raises(errors.PermissionDenied):
-                    await remote.safemode("enter")
-                # a token does not fetch another (as in HDFS)
-                with pytest.raises(errors.AuthenticationFailed, match="local socket"):
-                    await remote.rpc.call("get_delegation_token", {})
-            async with cluster.client() as root:
-                assert (await root.get_file_status("/pub/remote")).owner == "nobody"
+    # with the token over TCP: nobody, whatever the hello states
+    async with AsyncClient(address, config=remote_config(cluster, path),
+                           user="root", groups=["supergroup"]) as remote:
+        await remote.mkdirs("/pub/remote")
+        with pytest.raises(errors.PermissionDenied, match="user=nobody"):
+            await remote.mkdirs("/private/remote")
+        with pytest.raises(errors.PermissionDenied):
+            await remote.safemode("enter")
+        # a token does not fetch another (as in HDFS)
+        with pytest.raises(errors.AuthenticationFailed, match="local socket"):
+            await remote.rpc.call("get_delegation_token", {})
+    async with cluster.client() as root:
+        assert (await root.get_file_status("/pub/remote")).owner == "nobody"
 
-            async def refused(bad: TokenFile, match: str):
-                bad_path = str(tmp_path / "bad.token")
-                bad.save(bad_path)
-                with pytest.raises(errors.AuthenticationFailed, match=match):
-                    async with AsyncClient(address, config=remote_config(
-                            cluster, bad_path)) as remote:
-                        await remote.list_status("/")
-
-            # forged password; identifier altered to another owner with the same password
-            await refused(TokenFile(token.token, b"\x01" * 32, address), "wrong proof")
-            await refused(TokenFile(TokenId(token.token.seq, "root", "root", token.token.issued,
-                                            token.token.max_date), token.secret, address),
-                          "not known")
-            await refused(TokenFile(TokenId(99, "nobody", "nobody", token.token.issued,
-                                            token.token.max_date), token.secret, address),
-                          "not known")
-
-            # a proof recorded on one connection is worth nothing on another
-            host, port = parse_address(address)
-            first = FramedStream(await trio.open_tcp_stream(host, port))
-            await first.send_frame(hello())
-            await first.send_frame([1, "token_challenge", {}])
-            [_, _, nonce] = await first.receive_frame()
-            client_nonce = b"c" * 32
-            proof = delegation.client_proof(token.secret, nonce, client_nonce)
-            auth = [2, "token_authenticate", {"token": token.token.to_wire(),
-                                              "client_nonce": client_nonce, "proof": proof}]
-            await first.send_frame(auth)
-            [_, ok, _] = await first.receive_frame()
-            assert ok
-            await first.aclose()
-            replay = await raw_tcp(address, hello(), [[1, "token_challenge", {}], auth,
-                                                      [3, "list_status", {"path": "/"}]])
-            assert replay[1][1] is False and replay[1][2]["type"] == "AuthenticationFailed"
-            assert replay[2][2]["type"] == "AuthenticationRequired"
-
-            # renewal: only the renewer (nobody); root is refused
-            async with cluster.client() as root:
-                with pytest.raises(errors.PermissionDenied, match="not the renewer"):
-                    await root.rpc.call("renew_delegation_token", {"token": token.token.to_wire()})
-            [(_, ok, expiry)] = await as_nobody(address, hello("nobody"), [
-                [1, "renew_delegation_token", {"token": token.token.to_wire()}]], 1)
-            assert ok and expiry > token.token.issued
-
-            # the token outlives a restart of the metadata server
-            await cluster.stop_meta()
-            await cluster.start_meta()
-            async with AsyncClient(address, config=remote_config(cluster, path)) as remote:
-                assert [s.name for s in await remote.list_status("/pub")] == ["remote"]
-
-            # cancelled by its owner: refused at once and after a restart
-            [(_, ok, _)] = await as_nobody(address, hello("nobody"), [
-                [1, "cancel_delegation_token", {"token": token.token.to_wire()}]], 1)
-            assert ok
-            await refused(token, "not known")
-            await cluster.stop_meta()
-            await cluster.start_meta()
-            await refused(token, "not known")
-
-            # expiry: a fresh token unrenewed past its 4 s renew interval
-            [(_, ok, got)] = await as_nobody(address, hello("nobody"), [
-                [1, "get_delegation_token", {}]], 1)
-            second = TokenFile(TokenId.from_wire(got["id"]), bytes(got["password"]), address)
-            second_path = str(tmp_path / "second.token")
-            second.save(second_path)
-            async with AsyncClient(address, config=remote_config(cluster, second_path)) as remote:
+    async def refused(bad: TokenFile, match: str):
+        bad_path = str(tmp_path / "bad.token")
+        bad.save(bad_path)
+        with pytest.raises(errors.AuthenticationFailed, match=match):
+            async with AsyncClient(address, config=remote_config(
+                    cluster, bad_path)) as remote:
                 await remote.list_status("/")
-            await trio.sleep(max(0.0, got["expiry"] - time.time()) + 0.5)
-            await refused(second, "expired")
 
-    trio.run(main)
+    # forged password; identifier altered to another owner with the same password
+    await refused(TokenFile(token.token, b"\x01" * 32, address), "wrong proof")
+    await refused(TokenFile(TokenId(token.token.seq, "root", "root", token.token.issued,
+                                    token.token.max_date), token.secret, address),
+                  "not known")
+    await refused(TokenFile(TokenId(99, "nobody", "nobody", token.token.issued,
+                                    token.token.max_date), token.secret, address),
+                  "not known")
+
+    # a proof recorded on one connection is worth nothing on another
+    host, port = parse_address(address)
+    first = FramedStream(await trio.open_tcp_stream(host, port))
+    await first.send_frame(hello())
+    await first.send_frame([1, "token_challenge", {}])
+    [_, _, nonce] = await first.receive_frame()
+    client_nonce = b"c" * 32
+    proof = delegation.client_proof(token.secret, nonce, client_nonce)
+    auth = [2, "token_authenticate", {"token": token.token.to_wire(),
+                                      "client_nonce": client_nonce, "proof": proof}]
+    await first.send_frame(auth)
+    [_, ok, _] = await first.receive_frame()
+    assert ok
+    await first.aclose()
+    replay = await raw_tcp(address, hello(), [[1, "token_challenge", {}], auth,
+                                              [3, "list_status", {"path": "/"}]])
+    assert replay[1][1] is False and replay[1][2]["type"] == "AuthenticationFailed"
+    assert replay[2][2]["type"] == "AuthenticationRequired"
+
+    # renewal: only the renewer (nobody); root is refused
+    async with cluster.client() as root:
+        with pytest.raises(errors.PermissionDenied, match="not the renewer"):
+            await root.rpc.call("renew_delegation_token", {"token": token.token.to_wire()})
+    [(_, ok, expiry)] = await as_nobody(address, hello("nobody"), [
+        [1, "renew_delegation_token", {"token": token.token.to_wire()}]], 1)
+    assert ok and expiry > token.token.issued
+
+    # the token outlives a restart of the metadata server
+    await cluster.stop_meta()
+    await cluster.start_meta()
+    async with AsyncClient(address, config=remote_config(cluster, path)) as remote:
+        assert [s.name for s in await remote.list_status("/pub")] == ["remote"]
+
+    # cancelled by its owner: refused at once and after a restart
+    [(_, ok, _)] = await as_nobody(address, hello("nobody"), [
+        [1, "cancel_delegation_token", {"token": token.token.to_wire()}]], 1)
+    assert ok
+    await refused(token, "not known")
+    await cluster.stop_meta()
+    await cluster.start_meta()
+    await refused(token, "not known")
+
+    # expiry: a fresh token unrenewed past its 4 s renew interval
+    [(_, ok, got)] = await as_nobody(address, hello("nobody"), [
+        [1, "get_delegation_token", {}]], 1)
+    second = TokenFile(TokenId.from_wire(got["id"]), bytes(got["password"]), address)
+    second_path = str(tmp_path / "second.token")
+    second.save(second_path)
+    async with AsyncClient(address, config=remote_config(cluster, second_path)) as remote:
+        await remote.list_status("/")
+    await trio.sleep(max(0.0, got["expiry"] - time.time()) + 0.5)
+    await refused(second, "expired")
 
 
-def test_token_command_line(tmp_path):
+@pytest.mark.cluster(n_storage=0)
+async def test_token_command_line(tmp_path, cluster):
     """``leasefs token fetch/print/renew/cancel`` against a running metadata server, and a
     client elsewhere (no local socket) using the file."""
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=0) as cluster:
-            env = {**os.environ, "LEASEFS_META": cluster.meta_address}
+    env = {**os.environ, "LEASEFS_META": cluster.meta_address}
 
-            def leasefs(*args, extra_env=None):
-                return subprocess.run([sys.executable, "-m", "tools", *args],
-                                      env={**env, **(extra_env or {})}, capture_output=True,
-                                      text=True, timeout=60)
+    def leasefs(*args, extra_env=None):
+        return subprocess.run([sys.executable, "-m", "tools", *args],
+                              env={**env, **(extra_env or {})}, capture_output=True,
+                              text=True, timeout=60)
 
-            async def run(*args, extra_env=None):
-                return await trio.to_thread.run_sync(
-                    functools.partial(leasefs, *args, extra_env=extra_env))
+    async def run(*args, extra_env=None):
+        return await trio.to_thread.run_sync(
+            functools.partial(leasefs, *args, extra_env=extra_env))
 
-            path = str(tmp_path / "cli.token")
-            r = await run("token", "fetch", path)
-            assert r.returncode == 0 and "Fetched token" in r.stdout, r.stderr
-            r = await run("token", "print", path)
-            assert "renewer root" in r.stdout
-            remote = {"LEASEFS_TOKEN_FILE": path, "LEASEFS_META_SOCKET": ""}
-            r = await run("mkdir", "/made-remotely", extra_env=remote)
-            assert r.returncode == 0, r.stderr
-            r = await run("ls", "/", extra_env={"LEASEFS_META_SOCKET": ""})
-            assert r.returncode == 1 and "has not authenticated" in r.stderr
-            assert "Traceback" not in r.stderr
-            r = await run("token", "renew", path)
-            assert r.returncode == 0 and "Renewed" in r.stdout, r.stderr
-            r = await run("token", "cancel", path)
-            assert r.returncode == 0 and "Cancelled" in r.stdout, r.stderr
-            r = await run("ls", "/", extra_env=remote)
-            assert r.returncode == 1 and "not known" in r.stderr and "Traceback" not in r.stderr
-            r = await run("token", "print", str(tmp_path / "missing.token"))
-            assert r.returncode == 1 and "missing.token" in r.stderr
-
-    trio.run(main)
+    path = str(tmp_path / "cli.token")
+    r = await run("token", "fetch", path)
+    assert r.returncode == 0 and "Fetched token" in r.stdout, r.stderr
+    r = await run("token", "print", path)
+    assert "renewer root" in r.stdout
+    remote = {"LEASEFS_TOKEN_FILE": path, "LEASEFS_META_SOCKET": ""}
+    r = await run("mkdir", "/made-remotely", extra_env=remote)
+    assert r.returncode == 0, r.stderr
+    r = await run("ls", "/", extra_env={"LEASEFS_META_SOCKET": ""})
+    assert r.returncode == 1 and "has not authenticated" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = await run("token", "renew", path)
+    assert r.returncode == 0 and "Renewed" in r.stdout, r.stderr
+    r = await run("token", "cancel", path)
+    assert r.returncode == 0 and "Cancelled" in r.stdout, r.stderr
+    r = await run("ls", "/", extra_env=remote)
+    assert r.returncode == 1 and "not known" in r.stderr and "Traceback" not in r.stderr
+    r = await run("token", "print", str(tmp_path / "missing.token"))
+    assert r.returncode == 1 and "missing.token" in r.stderr
 
 
 def _sh_as(uid: int, script: str, *args: str) -> subprocess.CompletedProcess:
@@ -425,7 +409,7 @@ def test_which_clients_try_the_local_socket():
     assert local_socket_name("", "127.0.0.1:8020") is None
 
 
-def test_a_local_socket_at_a_file_path(tmp_path):
+async def test_a_local_socket_at_a_file_path(tmp_path):
     """``meta_socket`` as a file path: made connectable by every local user (the kernel
     says who each is), used by clients that set it, removed when the server stops."""
     import shutil
@@ -462,38 +446,35 @@ def test_a_local_socket_at_a_file_path(tmp_path):
         assert not path.exists()
 
     try:
-        trio.run(main)
+        await main()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_fsck_and_open_files_are_the_superusers(tmp_path):
+@pytest.mark.cluster(n_storage=1, replication=1)
+async def test_fsck_and_open_files_are_the_superusers(cluster):
     """A local user who may not list root's 0700 folder learns none of its names from
     ``fsck`` (with block locations) or the list of open files: both are the superuser's,
     as in HDFS; root still gets both."""
-    async def main():
-        async with inprocess_cluster(tmp_path, n_storage=1, replication=1) as cluster:
-            async with cluster.client() as root:
-                await root.mkdirs("/private", permission=0o700)
-                await root.write_file("/private/secret-name", b"x" * 100_000)
-                writer = await root.create("/private/open-hidden")
-                await writer.write(b"y")
-                replies = await as_nobody(cluster.meta_address, hello("nobody"), [
-                    [1, "fsck", {"path": "/", "locations": True, "openforwrite": True}],
-                    [2, "fsck", {"path": "/private/secret-name"}],
-                    [3, "list_open_files", {"path": "/"}]], 3)
-                for reply in replies:
-                    assert reply[1] is False and reply[2]["type"] == "PermissionDenied", reply
-                    assert "Superuser privilege is required" in reply[2]["message"]
-                # (the second call named the file itself)
-                assert "secret-name" not in repr([replies[0], replies[2]])
-                assert "open-hidden" not in repr(replies)
-                # the superuser's view is whole
-                assert [e["path"] for e in await root.list_open_files()] == [
-                    "/private/open-hidden"]
-                await writer.close()
-
-    trio.run(main)
+    async with cluster.client() as root:
+        await root.mkdirs("/private", permission=0o700)
+        await root.write_file("/private/secret-name", b"x" * 100_000)
+        writer = await root.create("/private/open-hidden")
+        await writer.write(b"y")
+        replies = await as_nobody(cluster.meta_address, hello("nobody"), [
+            [1, "fsck", {"path": "/", "locations": True, "openforwrite": True}],
+            [2, "fsck", {"path": "/private/secret-name"}],
+            [3, "list_open_files", {"path": "/"}]], 3)
+        for reply in replies:
+            assert reply[1] is False and reply[2]["type"] == "PermissionDenied", reply
+            assert "Superuser privilege is required" in reply[2]["message"]
+        # (the second call named the file itself)
+        assert "secret-name" not in repr([replies[0], replies[2]])
+        assert "open-hidden" not in repr(replies)
+        # the superuser's view is whole
+        assert [e["path"] for e in await root.list_open_files()] == [
+            "/private/open-hidden"]
+        await writer.close()
 
 
 # binds the abstract socket argv[1] as whoever runs it, answers each connection with a
@@ -544,7 +525,7 @@ class Squatter:
         return [int(line.split()[1]) for line in self.output.decode().splitlines()]
 
 
-def test_a_squatter_on_the_local_socket_gets_nothing_and_is_named(tmp_path):
+async def test_a_squatter_on_the_local_socket_gets_nothing_and_is_named(tmp_path):
     """Another user (nobody) holds the abstract name ``@leasefs-meta-<port>`` of a running
     metadata server (whose own local socket is a file): root's clients with the default
     ``meta_socket`` (the API, one with a token file, the CLI's ls and put) refuse it at once with
@@ -592,12 +573,12 @@ def test_a_squatter_on_the_local_socket_gets_nothing_and_is_named(tmp_path):
                     await client.get_file_status("/data")
 
     try:
-        trio.run(main)
+        await main()
     finally:
         folder.rmdir()
 
 
-def test_a_squatted_local_socket_name_stops_the_server_and_its_clients_loudly(tmp_path):
+async def test_a_squatted_local_socket_name_stops_the_server_and_its_clients_loudly(tmp_path):
     """While nobody's process holds the name, the metadata server refuses to start and says
     who holds it; a client finds no server at the address behind the socket and says so
     (retried, as for a server still starting), sending it nothing."""
@@ -628,7 +609,7 @@ def test_a_squatted_local_socket_name_stops_the_server_and_its_clients_loudly(tm
             message = str(raised.value)
             assert name in message and "nothing listens on 127.0.0.1:" in message, message
 
-        trio.run(main)
+        await main()
     finally:
         received = squatter.stop()
     assert received and all(n == 0 for n in received), received

@@ -71,45 +71,42 @@ def _trickle(port: int, wait: float) -> bool:
 READ_TIMEOUT = 3
 
 
-def test_the_web_port_survives_hostile_requests(tmp_path, monkeypatch):
+async def test_the_web_port_survives_hostile_requests(tmp_path, monkeypatch):
     monkeypatch.setattr(web, "READ_TIMEOUT", READ_TIMEOUT)
     http_port = free_port()
     config = make_test_config()
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(partial(run_meta_server, config, str(tmp_path / "meta"),
-                                        port=0, http_port=http_port))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(run_meta_server, config, str(tmp_path / "meta"),
+                                    port=0, http_port=http_port))
 
-            async def run(fn, *args):
-                return await trio.to_thread.run_sync(partial(fn, *args))
+        async def run(fn, *args):
+            return await trio.to_thread.run_sync(partial(fn, *args))
 
+        assert (await run(_fetch, http_port))["schema_version"] == 1
+        # a header past the limit: refused (431/400) or closed, never buffered whole
+        huge = b"GET /report HTTP/1.1\r\nHost: x\r\nX-Junk: " + \
+            b"a" * (4 * MAX_REQUEST_HEAD) + b"\r\n\r\n"
+        answer = await run(_raw, http_port, huge)
+        assert answer == b"" or answer.split(b" ", 2)[1] in (b"400", b"413", b"431")
+        # not HTTP at all
+        answer = await run(_raw, http_port, b"\x16\x03\x01\x00\x05hello\r\n\r\n")
+        assert answer == b"" or answer.split(b" ", 2)[1] == b"400"
+        # a request that never ends, and one that trickles in a byte a second: closed
+        # within the timeout either way
+        started = time.monotonic()
+        await run(_raw, http_port, b"GET /report HTTP/1.1\r\nHost: x\r\n",
+                  READ_TIMEOUT + 10)
+        assert time.monotonic() - started < READ_TIMEOUT + 5
+        started = time.monotonic()
+        assert await run(_trickle, http_port, READ_TIMEOUT + 10)
+        assert time.monotonic() - started < READ_TIMEOUT + 5
+        # idle connections held open do not keep others out
+        idle = [socket.create_connection(("127.0.0.1", http_port)) for _ in range(50)]
+        try:
             assert (await run(_fetch, http_port))["schema_version"] == 1
-            # a header past the limit: refused (431/400) or closed, never buffered whole
-            huge = b"GET /report HTTP/1.1\r\nHost: x\r\nX-Junk: " + \
-                b"a" * (4 * MAX_REQUEST_HEAD) + b"\r\n\r\n"
-            answer = await run(_raw, http_port, huge)
-            assert answer == b"" or answer.split(b" ", 2)[1] in (b"400", b"413", b"431")
-            # not HTTP at all
-            answer = await run(_raw, http_port, b"\x16\x03\x01\x00\x05hello\r\n\r\n")
-            assert answer == b"" or answer.split(b" ", 2)[1] == b"400"
-            # a request that never ends, and one that trickles in a byte a second: closed
-            # within the timeout either way
-            started = time.monotonic()
-            await run(_raw, http_port, b"GET /report HTTP/1.1\r\nHost: x\r\n",
-                      READ_TIMEOUT + 10)
-            assert time.monotonic() - started < READ_TIMEOUT + 5
-            started = time.monotonic()
-            assert await run(_trickle, http_port, READ_TIMEOUT + 10)
-            assert time.monotonic() - started < READ_TIMEOUT + 5
-            # idle connections held open do not keep others out
-            idle = [socket.create_connection(("127.0.0.1", http_port)) for _ in range(50)]
-            try:
-                assert (await run(_fetch, http_port))["schema_version"] == 1
-                assert (await run(_fetch, http_port, "/api/v1/startup"))["phase"] == "RUNNING"
-            finally:
-                for sock in idle:
-                    sock.close()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+            assert (await run(_fetch, http_port, "/api/v1/startup"))["phase"] == "RUNNING"
+        finally:
+            for sock in idle:
+                sock.close()
+        nursery.cancel_scope.cancel()

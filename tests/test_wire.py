@@ -49,67 +49,55 @@ def _pair():
     return FramedStream(left, max_frame=1024), FramedStream(right, max_frame=1024)
 
 
-def test_frames_round_trip_and_oversize_is_refused_unread():
-    async def main():
-        a, b = _pair()
-        await a.send_frame({"k": [1, b"\x00bytes", "str"]})
-        assert await b.receive_frame() == {"k": [1, b"\x00bytes", "str"]}
-        await a.send_all(struct.pack(">I", 1 << 31))
-        with pytest.raises(errors.FrameTooLarge, match="exceeds the maximum of 1024"):
-            await b.receive_frame()
-
-    trio.run(main)
+async def test_frames_round_trip_and_oversize_is_refused_unread():
+    a, b = _pair()
+    await a.send_frame({"k": [1, b"\x00bytes", "str"]})
+    assert await b.receive_frame() == {"k": [1, b"\x00bytes", "str"]}
+    await a.send_all(struct.pack(">I", 1 << 31))
+    with pytest.raises(errors.FrameTooLarge, match="exceeds the maximum of 1024"):
+        await b.receive_frame()
 
 
-def test_truncated_and_garbage_frames_are_protocol_errors():
-    async def main():
-        a, b = _pair()
-        await a.send_all(struct.pack(">I", 5) + b"\xc1\xc1\xc1\xc1\xc1")  # 0xc1 is never valid
-        with pytest.raises(errors.ProtocolError, match="not valid msgpack"):
-            await b.receive_frame()
-        await a.send_all(struct.pack(">I", 10) + b"abc")
-        await a.aclose()
-        with pytest.raises(errors.ProtocolError, match="inside a frame"):
-            await b.receive_frame()
-
-    trio.run(main)
+async def test_truncated_and_garbage_frames_are_protocol_errors():
+    a, b = _pair()
+    await a.send_all(struct.pack(">I", 5) + b"\xc1\xc1\xc1\xc1\xc1")  # 0xc1 is never valid
+    with pytest.raises(errors.ProtocolError, match="not valid msgpack"):
+        await b.receive_frame()
+    await a.send_all(struct.pack(">I", 10) + b"abc")
+    await a.aclose()
+    with pytest.raises(errors.ProtocolError, match="inside a frame"):
+        await b.receive_frame()
 
 
-def test_receive_exactly_across_many_small_chunks():
-    async def main():
-        a, b = _pair()
-        payload = bytes(range(256)) * 10000
-        async with trio.open_nursery() as nursery:
-            async def sender():
-                for i in range(0, len(payload), 777):
-                    await a.send_all(payload[i:i + 777])
-            nursery.start_soon(sender)
-            assert await b.receive_exactly(len(payload)) == payload
-
-    trio.run(main)
+async def test_receive_exactly_across_many_small_chunks():
+    a, b = _pair()
+    payload = bytes(range(256)) * 10000
+    async with trio.open_nursery() as nursery:
+        async def sender():
+            for i in range(0, len(payload), 777):
+                await a.send_all(payload[i:i + 777])
+        nursery.start_soon(sender)
+        assert await b.receive_exactly(len(payload)) == payload
 
 
-def test_packets_and_acks_round_trip_and_checksums_catch_flips():
-    async def main():
-        a, b = _pair()
-        data = bytes(range(256)) * 40  # 10240 bytes, 3 chunks of 4096
-        sums = datatransfer.chunk_checksums(data, 4096)
-        assert len(sums) == 12
-        await datatransfer.send_packet(a, 7, 8192, data, sums, datatransfer.FLAG_SYNC)
-        pkt = await datatransfer.receive_packet(b, 4096)
-        assert (pkt.seqno, pkt.offset, pkt.data, pkt.sync, pkt.last) == (7, 8192, data, True, False)
-        datatransfer.verify_checksums(pkt.data, pkt.sums, 4096)
-        bad = bytearray(data)
-        bad[5000] ^= 1
-        with pytest.raises(errors.ChecksumError, match="at offset 12288"):
-            datatransfer.verify_checksums(bad, sums, 4096, base_offset=8192)
-        await datatransfer.send_ack(a, 7, [0, 0, 2])
-        assert await datatransfer.receive_ack(b) == (7, [0, 0, 2])
-        await a.send_all(datatransfer.encode_packet_header(1, 0, 1 << 30, 0))
-        with pytest.raises(errors.ProtocolError, match="claims"):
-            await datatransfer.receive_packet(b, 4096)
-
-    trio.run(main)
+async def test_packets_and_acks_round_trip_and_checksums_catch_flips():
+    a, b = _pair()
+    data = bytes(range(256)) * 40  # 10240 bytes, 3 chunks of 4096
+    sums = datatransfer.chunk_checksums(data, 4096)
+    assert len(sums) == 12
+    await datatransfer.send_packet(a, 7, 8192, data, sums, datatransfer.FLAG_SYNC)
+    pkt = await datatransfer.receive_packet(b, 4096)
+    assert (pkt.seqno, pkt.offset, pkt.data, pkt.sync, pkt.last) == (7, 8192, data, True, False)
+    datatransfer.verify_checksums(pkt.data, pkt.sums, 4096)
+    bad = bytearray(data)
+    bad[5000] ^= 1
+    with pytest.raises(errors.ChecksumError, match="at offset 12288"):
+        datatransfer.verify_checksums(bad, sums, 4096, base_offset=8192)
+    await datatransfer.send_ack(a, 7, [0, 0, 2])
+    assert await datatransfer.receive_ack(b) == (7, [0, 0, 2])
+    await a.send_all(datatransfer.encode_packet_header(1, 0, 1 << 30, 0))
+    with pytest.raises(errors.ProtocolError, match="claims"):
+        await datatransfer.receive_packet(b, 4096)
 
 
 # --------------------------------------------------------------------------- RPC
@@ -151,30 +139,27 @@ async def _serve(nursery, dispatcher):
 
 @pytest.mark.allow_log_errors(r"RPC 'bug' from .* failed \| Traceback: ZeroDivisionError: oops",
                                 reason="the test's handler raises to check the error reaches the caller")
-def test_rpc_many_calls_in_flight_and_errors_rebuilt():
-    async def main():
-        async with trio.open_nursery() as nursery:
-            addr = await _serve(nursery, Echo())
-            async with RpcClient(addr, "c1") as rpc:
-                with trio.fail_after(3):  # 50 calls of 0.5 s on one connection: concurrent
-                    async with trio.open_nursery() as calls:
-                        for _ in range(50):
-                            calls.start_soon(rpc.call, "sleep", {"seconds": 0.5})
-                with pytest.raises(errors.FileNotFound, match="/a/b: no such file"):
-                    await rpc.call("missing", {"path": "/a/b"})
-                with pytest.raises(errors.InternalError, match="ZeroDivisionError"):
-                    await rpc.call("bug")
-                with pytest.raises(errors.UnknownMethod):
-                    await rpc.call("nope")
-                with pytest.raises(errors.InvalidArgument, match="unexpected keyword|got an unexpected"):
-                    await rpc.call("echo", {"value": 1, "extra": 2})
-                assert await rpc.call("echo", {"value": {"still": "serving"}}) == {"still": "serving"}
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+async def test_rpc_many_calls_in_flight_and_errors_rebuilt():
+    async with trio.open_nursery() as nursery:
+        addr = await _serve(nursery, Echo())
+        async with RpcClient(addr, "c1") as rpc:
+            with trio.fail_after(3):  # 50 calls of 0.5 s on one connection: concurrent
+                async with trio.open_nursery() as calls:
+                    for _ in range(50):
+                        calls.start_soon(rpc.call, "sleep", {"seconds": 0.5})
+            with pytest.raises(errors.FileNotFound, match="/a/b: no such file"):
+                await rpc.call("missing", {"path": "/a/b"})
+            with pytest.raises(errors.InternalError, match="ZeroDivisionError"):
+                await rpc.call("bug")
+            with pytest.raises(errors.UnknownMethod):
+                await rpc.call("nope")
+            with pytest.raises(errors.InvalidArgument, match="unexpected keyword|got an unexpected"):
+                await rpc.call("echo", {"value": 1, "extra": 2})
+            assert await rpc.call("echo", {"value": {"still": "serving"}}) == {"still": "serving"}
+        nursery.cancel_scope.cancel()
 
 
-def test_retry_cache_applies_a_retried_call_once():
+async def test_retry_cache_applies_a_retried_call_once():
     async def main():
         server = Echo()
         async with trio.open_nursery() as nursery:
@@ -204,10 +189,10 @@ def test_retry_cache_applies_a_retried_call_once():
                 assert await two.call_once("bump", {}, 7, 5) == 3
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
-def test_retry_cache_expires_entries_and_reruns_failed_calls():
+async def test_retry_cache_expires_entries_and_reruns_failed_calls():
     now = [0.0]
     cache = RetryCache(expiry=10, max_entries=50, clock=lambda: now[0])
     calls = []
@@ -216,28 +201,25 @@ def test_retry_cache_expires_entries_and_reruns_failed_calls():
         calls.append(1)
         raise errors.SafeMode("/x: in safe mode")
 
-    async def main():
-        for _ in range(2):
-            with pytest.raises(errors.SafeMode):
-                await cache.run(("c", 1), failing)
-        assert len(calls) == 2                     # a failure is not cached: the retry re-runs
-        assert await cache.run(("c", 1), lambda: _value(5)) == 5
-        assert await cache.run(("c", 1), failing) == 5   # a success is answered from the cache
-        for i in range(20):
-            await cache.run(("c", 100 + i), lambda: trio.sleep(0))
-        assert len(cache) == 21
-        now[0] = 100                               # everything so far has expired
-        await cache.run(("c", 500), lambda: trio.sleep(0))
-        assert len(cache) == 1 and ("c", 1) not in cache._entries
-        for i in range(80):                        # over max_entries: the oldest go
-            await cache.run(("c", 1000 + i), lambda: trio.sleep(0))
-        assert len(cache) == 50 and ("c", 1079) in cache._entries
-        assert ("c", 1000) not in cache._entries
-
-    trio.run(main)
+    for _ in range(2):
+        with pytest.raises(errors.SafeMode):
+            await cache.run(("c", 1), failing)
+    assert len(calls) == 2                     # a failure is not cached: the retry re-runs
+    assert await cache.run(("c", 1), lambda: _value(5)) == 5
+    assert await cache.run(("c", 1), failing) == 5   # a success is answered from the cache
+    for i in range(20):
+        await cache.run(("c", 100 + i), lambda: trio.sleep(0))
+    assert len(cache) == 21
+    now[0] = 100                               # everything so far has expired
+    await cache.run(("c", 500), lambda: trio.sleep(0))
+    assert len(cache) == 1 and ("c", 1) not in cache._entries
+    for i in range(80):                        # over max_entries: the oldest go
+        await cache.run(("c", 1000 + i), lambda: trio.sleep(0))
+    assert len(cache) == 50 and ("c", 1079) in cache._entries
+    assert ("c", 1000) not in cache._entries
 
 
-def test_retry_cache_held_calls_wait_for_the_notes_of_the_look_back():
+async def test_retry_cache_held_calls_wait_for_the_notes_of_the_look_back():
     """While held (a restart's look back), ``run`` waits; a call noted before the release
     is then rebuilt, not run a second time."""
     cache = RetryCache(expiry=10)
@@ -250,25 +232,22 @@ def test_retry_cache_held_calls_wait_for_the_notes_of_the_look_back():
     async def rebuild(kept):
         return ("rebuilt", kept)
 
-    async def main():
-        cache.hold()
-        got = []
+    cache.hold()
+    got = []
 
-        async def retry():
-            got.append(await cache.run(("c", 1, "create"), first_run, rebuild))
+    async def retry():
+        got.append(await cache.run(("c", 1, "create"), first_run, rebuild))
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(retry)
-            await trio.testing.wait_all_tasks_blocked()
-            assert got == [] and ran == []
-            cache.note_all([(("c", 1, "create"), "kept")])
-            cache.release()
-        assert got == [("rebuilt", "kept")] and ran == []
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(retry)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [] and ran == []
+        cache.note_all([(("c", 1, "create"), "kept")])
+        cache.release()
+    assert got == [("rebuilt", "kept")] and ran == []
 
 
-def test_retry_cache_duplicate_waits_for_the_running_call():
+async def test_retry_cache_duplicate_waits_for_the_running_call():
     """A duplicate arriving while the first call runs waits for it: a success is answered
     from the cache (the call ran once), a failure lets the duplicate run it again."""
     cache = RetryCache(expiry=10)
@@ -282,113 +261,101 @@ def test_retry_cache_duplicate_waits_for_the_running_call():
             raise result
         return result
 
-    async def main():
-        got = []
+    got = []
 
-        async def call(key, result):
-            try:
-                got.append(await cache.run(key, lambda: slow(result)))
-            except errors.SafeMode as exc:
-                got.append(exc)
+    async def call(key, result):
+        try:
+            got.append(await cache.run(key, lambda: slow(result)))
+        except errors.SafeMode as exc:
+            got.append(exc)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(call, ("c", 1), 7)
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.start_soon(call, ("c", 1), 8)
-            await trio.testing.wait_all_tasks_blocked()
-            release.set()
-        assert got == [7, 7] and calls == [7]
-        release2 = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(call, ("c", 1), 7)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(call, ("c", 1), 8)
+        await trio.testing.wait_all_tasks_blocked()
+        release.set()
+    assert got == [7, 7] and calls == [7]
+    release2 = trio.Event()
 
-        async def failing_then(result):
-            calls.append(result)
-            await release2.wait()
-            if result == "fail":
-                raise errors.SafeMode("/x: in safe mode")
-            return result
+    async def failing_then(result):
+        calls.append(result)
+        await release2.wait()
+        if result == "fail":
+            raise errors.SafeMode("/x: in safe mode")
+        return result
 
-        got.clear()
+    got.clear()
 
-        async def first():
-            with pytest.raises(errors.SafeMode):
-                await cache.run(("c", 2), lambda: failing_then("fail"))
-            got.append("failed")
+    async def first():
+        with pytest.raises(errors.SafeMode):
+            await cache.run(("c", 2), lambda: failing_then("fail"))
+        got.append("failed")
 
-        async def duplicate():
-            got.append(await cache.run(("c", 2), lambda: failing_then("ok")))
+    async def duplicate():
+        got.append(await cache.run(("c", 2), lambda: failing_then("ok")))
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(first)
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.start_soon(duplicate)
-            await trio.testing.wait_all_tasks_blocked()
-            release2.set()
-        assert got == ["failed", "ok"] and calls[-2:] == ["fail", "ok"]
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(first)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(duplicate)
+        await trio.testing.wait_all_tasks_blocked()
+        release2.set()
+    assert got == ["failed", "ok"] and calls[-2:] == ["fail", "ok"]
 
 
 async def _value(v):
     return v
 
 
-def test_rpc_client_reconnects_after_server_restart():
-    async def main():
-        async with trio.open_nursery() as outer:
-            with trio.CancelScope() as first:
-                addr = await outer.start(serve_tcp,
-                                         lambda s, p: serve_rpc(s, Echo(), peer=p), "127.0.0.1", 0)
-            async with RpcClient(addr, "c1", retry_seconds=5) as rpc:
-                assert await rpc.call("echo", {"value": 1}) == 1
-                first.cancel()
-                await trio.sleep(0.1)
+async def test_rpc_client_reconnects_after_server_restart():
+    async with trio.open_nursery() as outer:
+        with trio.CancelScope() as first:
+            addr = await outer.start(serve_tcp,
+                                     lambda s, p: serve_rpc(s, Echo(), peer=p), "127.0.0.1", 0)
+        async with RpcClient(addr, "c1", retry_seconds=5) as rpc:
+            assert await rpc.call("echo", {"value": 1}) == 1
+            first.cancel()
+            await trio.sleep(0.1)
 
-                async def restart_later():
-                    await trio.sleep(0.3)
-                    await outer.start(serve_tcp, lambda s, p: serve_rpc(s, Echo(), peer=p),
-                                      "127.0.0.1", addr[1])
-                outer.start_soon(restart_later)
-                assert await rpc.call("echo", {"value": 2}) == 2
-            outer.cancel_scope.cancel()
-
-    trio.run(main)
+            async def restart_later():
+                await trio.sleep(0.3)
+                await outer.start(serve_tcp, lambda s, p: serve_rpc(s, Echo(), peer=p),
+                                  "127.0.0.1", addr[1])
+            outer.start_soon(restart_later)
+            assert await rpc.call("echo", {"value": 2}) == 2
+        outer.cancel_scope.cancel()
 
 
-def test_rpc_client_gives_up_with_a_clear_error():
-    async def main():
-        listener = trio.socket.socket()
-        await listener.bind(("127.0.0.1", 0))
-        port = listener.getsockname()[1]
-        listener.close()  # nothing listens there now
-        async with RpcClient(f"127.0.0.1:{port}", "c1", retry_seconds=0.3) as rpc:
-            with pytest.raises(errors.ServerUnavailable, match=f"cannot reach 127.0.0.1:{port}"):
-                await rpc.call("echo", {"value": 1})
-
-    trio.run(main)
+async def test_rpc_client_gives_up_with_a_clear_error():
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()  # nothing listens there now
+    async with RpcClient(f"127.0.0.1:{port}", "c1", retry_seconds=0.3) as rpc:
+        with pytest.raises(errors.ServerUnavailable, match=f"cannot reach 127.0.0.1:{port}"):
+            await rpc.call("echo", {"value": 1})
 
 
-def test_server_survives_garbage_connections():
-    async def main():
-        async with trio.open_nursery() as nursery:
-            addr = await _serve(nursery, Echo())
-            for garbage in (b"\xff\xff\xff\xff", b"\x00\x00\x00\x03abc", b"GET / HTTP/1.0\r\n\r\n",
-                            encode_frame({"hello": "nope"}), encode_frame([1, 2, 3])):
-                stream = await trio.open_tcp_stream(*addr)
-                await stream.send_all(garbage)
-                framed = FramedStream(stream)
-                with trio.fail_after(5):
-                    try:
-                        reply = await framed.receive_frame()
-                        assert reply[1] is False
-                        assert reply[2]["type"] in ("FrameTooLarge", "ProtocolError")
-                    except (EOFError, errors.ServerUnavailable):
-                        pass
-                await stream.aclose()
-            async with RpcClient(addr, "ok") as rpc:
-                assert await rpc.call("echo", {"value": "alive"}) == "alive"
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+async def test_server_survives_garbage_connections():
+    async with trio.open_nursery() as nursery:
+        addr = await _serve(nursery, Echo())
+        for garbage in (b"\xff\xff\xff\xff", b"\x00\x00\x00\x03abc", b"GET / HTTP/1.0\r\n\r\n",
+                        encode_frame({"hello": "nope"}), encode_frame([1, 2, 3])):
+            stream = await trio.open_tcp_stream(*addr)
+            await stream.send_all(garbage)
+            framed = FramedStream(stream)
+            with trio.fail_after(5):
+                try:
+                    reply = await framed.receive_frame()
+                    assert reply[1] is False
+                    assert reply[2]["type"] in ("FrameTooLarge", "ProtocolError")
+                except (EOFError, errors.ServerUnavailable):
+                    pass
+            await stream.aclose()
+        async with RpcClient(addr, "ok") as rpc:
+            assert await rpc.call("echo", {"value": "alive"}) == "alive"
+        nursery.cancel_scope.cancel()
 
 
 # --------------------------------------------------------------------------- paths, config
@@ -458,46 +425,40 @@ def test_frames_that_explode_when_decoded_are_refused():
     assert unpackb(msgpack.packb(report)) == report
 
 
-def test_oversized_hello_is_refused_before_anything_else():
-    async def main():
-        async with trio.open_nursery() as nursery:
-            addr = await _serve(nursery, Echo())
-            stream = await trio.open_tcp_stream(*addr)
-            framed = FramedStream(stream)
-            await framed.send_frame({"hello": "leasefs", "client_id": "x" * 10_000})
-            with trio.fail_after(5):
-                reply = await framed.receive_frame()
-            assert reply[2]["type"] == "FrameTooLarge"
-            await stream.aclose()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+async def test_oversized_hello_is_refused_before_anything_else():
+    async with trio.open_nursery() as nursery:
+        addr = await _serve(nursery, Echo())
+        stream = await trio.open_tcp_stream(*addr)
+        framed = FramedStream(stream)
+        await framed.send_frame({"hello": "leasefs", "client_id": "x" * 10_000})
+        with trio.fail_after(5):
+            reply = await framed.receive_frame()
+        assert reply[2]["type"] == "FrameTooLarge"
+        await stream.aclose()
+        nursery.cancel_scope.cancel()
 
 
-def test_one_call_timing_out_does_not_fail_the_others():
-    async def main():
-        async with trio.open_nursery() as nursery:
-            addr = await _serve(nursery, Echo())
-            async with RpcClient(addr, "c1") as rpc:
-                outcome = {}
+async def test_one_call_timing_out_does_not_fail_the_others():
+    async with trio.open_nursery() as nursery:
+        addr = await _serve(nursery, Echo())
+        async with RpcClient(addr, "c1") as rpc:
+            outcome = {}
 
-                async def slow():
-                    outcome["slow"] = await rpc.call("sleep", {"seconds": 1.0}, timeout=10)
+            async def slow():
+                outcome["slow"] = await rpc.call("sleep", {"seconds": 1.0}, timeout=10)
 
-                async def impatient():
-                    await trio.sleep(0.05)     # after the slow call: its deadline is earlier
-                    start = trio.current_time()
-                    with pytest.raises(errors.RpcTimeout, match="within 0.2 s"):
-                        await rpc.call("sleep", {"seconds": 5.0}, timeout=0.2)
-                    assert trio.current_time() - start < 1.0    # on time, not at the 10 s
-                    outcome["impatient"] = "timed out alone"
-                async with trio.open_nursery() as calls:
-                    calls.start_soon(slow)
-                    calls.start_soon(impatient)
-                assert outcome == {"slow": 1.0, "impatient": "timed out alone"}
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+            async def impatient():
+                await trio.sleep(0.05)     # after the slow call: its deadline is earlier
+                start = trio.current_time()
+                with pytest.raises(errors.RpcTimeout, match="within 0.2 s"):
+                    await rpc.call("sleep", {"seconds": 5.0}, timeout=0.2)
+                assert trio.current_time() - start < 1.0    # on time, not at the 10 s
+                outcome["impatient"] = "timed out alone"
+            async with trio.open_nursery() as calls:
+                calls.start_soon(slow)
+                calls.start_soon(impatient)
+            assert outcome == {"slow": 1.0, "impatient": "timed out alone"}
+        nursery.cancel_scope.cancel()
 
 
 class Gauge(Dispatcher):
@@ -513,21 +474,18 @@ class Gauge(Dispatcher):
         return True
 
 
-def test_calls_in_flight_per_connection_are_bounded():
-    async def main():
-        gauge = Gauge()
-        async with trio.open_nursery() as nursery:
-            addr = await nursery.start(
-                serve_tcp, lambda s, p: serve_rpc(s, gauge, peer=p, max_concurrent_calls=3),
-                "127.0.0.1", 0)
-            async with RpcClient(addr, "c1") as rpc:
-                async with trio.open_nursery() as calls:
-                    for _ in range(20):
-                        calls.start_soon(rpc.call, "work")
-            assert gauge.peak == 3
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+async def test_calls_in_flight_per_connection_are_bounded():
+    gauge = Gauge()
+    async with trio.open_nursery() as nursery:
+        addr = await nursery.start(
+            serve_tcp, lambda s, p: serve_rpc(s, gauge, peer=p, max_concurrent_calls=3),
+            "127.0.0.1", 0)
+        async with RpcClient(addr, "c1") as rpc:
+            async with trio.open_nursery() as calls:
+                for _ in range(20):
+                    calls.start_soon(rpc.call, "work")
+        assert gauge.peak == 3
+        nursery.cancel_scope.cancel()
 
 
 class Starting(Dispatcher):
@@ -546,7 +504,7 @@ class Starting(Dispatcher):
         return path
 
 
-def test_retriable_server_errors_are_retried_with_the_same_call_and_rerun():
+async def test_retriable_server_errors_are_retried_with_the_same_call_and_rerun():
     async def main():
         server = Starting()
         async with trio.open_nursery() as nursery:
@@ -560,7 +518,7 @@ def test_retriable_server_errors_are_retried_with_the_same_call_and_rerun():
             assert server.attempts == 3      # the failed attempt was not answered from cache
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    await main()
 
 
 # --------------------------------------------------------------------------- FrameChannel
@@ -580,113 +538,104 @@ async def _stream_pair(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["tcp", "memory"])
-def test_frame_channel_hands_over_every_whole_frame_and_errors_after_the_good_ones(kind):
-    async def main():
-        left, right = await _stream_pair(kind)
-        async with trio.open_nursery() as nursery:
-            channel = FrameChannel(right, nursery, max_frame=1024)
-            # three frames in one write arrive as one batch
-            await left.send_all(encode_frame({"a": 1}) + encode_frame([2]) + encode_frame("3"))
-            with trio.fail_after(5):
-                assert await channel.receive_batch() == [{"a": 1}, [2], "3"]
-            # a frame split over two writes waits for its end
-            frame = encode_frame("x" * 500)
-            await left.send_all(frame[:100])
-            with trio.move_on_after(0.2) as scope:
+async def test_frame_channel_hands_over_every_whole_frame_and_errors_after_the_good_ones(kind):
+    left, right = await _stream_pair(kind)
+    async with trio.open_nursery() as nursery:
+        channel = FrameChannel(right, nursery, max_frame=1024)
+        # three frames in one write arrive as one batch
+        await left.send_all(encode_frame({"a": 1}) + encode_frame([2]) + encode_frame("3"))
+        with trio.fail_after(5):
+            assert await channel.receive_batch() == [{"a": 1}, [2], "3"]
+        # a frame split over two writes waits for its end
+        frame = encode_frame("x" * 500)
+        await left.send_all(frame[:100])
+        with trio.move_on_after(0.2) as scope:
+            await channel.receive_batch()
+        assert scope.cancelled_caught
+        await left.send_all(frame[100:] + encode_frame(4))
+        with trio.fail_after(5):
+            got = await channel.receive_batch()
+            while len(got) < 2:
+                got += await channel.receive_batch()
+        assert got == ["x" * 500, 4]
+        # frames before a bad body are delivered, the error comes with the next receive
+        await left.send_all(encode_frame(5) + LENGTH.pack(3) + b"\xc1\xc1\xc1")
+        with trio.fail_after(5):
+            assert await channel.receive_batch() == [5]
+            with pytest.raises(errors.ProtocolError, match="not valid msgpack"):
                 await channel.receive_batch()
-            assert scope.cancelled_caught
-            await left.send_all(frame[100:] + encode_frame(4))
-            with trio.fail_after(5):
-                got = await channel.receive_batch()
-                while len(got) < 2:
-                    got += await channel.receive_batch()
-            assert got == ["x" * 500, 4]
-            # frames before a bad body are delivered, the error comes with the next receive
-            await left.send_all(encode_frame(5) + LENGTH.pack(3) + b"\xc1\xc1\xc1")
-            with trio.fail_after(5):
-                assert await channel.receive_batch() == [5]
-                with pytest.raises(errors.ProtocolError, match="not valid msgpack"):
-                    await channel.receive_batch()
-            # a bad body alone is refused and consumed: the frame after it still arrives
-            await left.send_all(LENGTH.pack(2) + b"\xc1\xc1" + encode_frame(7))
-            with trio.fail_after(5):
-                with pytest.raises(errors.ProtocolError, match="not valid msgpack"):
-                    await channel.receive_batch()
-                assert await channel.receive_batch() == [7]
-            # an oversized length is refused before its body is read
-            await left.send_all(encode_frame(6) + LENGTH.pack(1 << 20))
-            with trio.fail_after(5):
-                assert await channel.receive_batch() == [6]
-                with pytest.raises(errors.FrameTooLarge, match="exceeds the maximum of 1024"):
-                    await channel.receive_batch()
-            await channel.aclose()
-            await left.aclose()
-
-    trio.run(main)
+        # a bad body alone is refused and consumed: the frame after it still arrives
+        await left.send_all(LENGTH.pack(2) + b"\xc1\xc1" + encode_frame(7))
+        with trio.fail_after(5):
+            with pytest.raises(errors.ProtocolError, match="not valid msgpack"):
+                await channel.receive_batch()
+            assert await channel.receive_batch() == [7]
+        # an oversized length is refused before its body is read
+        await left.send_all(encode_frame(6) + LENGTH.pack(1 << 20))
+        with trio.fail_after(5):
+            assert await channel.receive_batch() == [6]
+            with pytest.raises(errors.FrameTooLarge, match="exceeds the maximum of 1024"):
+                await channel.receive_batch()
+        await channel.aclose()
+        await left.aclose()
 
 
 @pytest.mark.parametrize("kind", ["tcp", "memory"])
-def test_frames_sent_in_one_scheduler_round_leave_in_one_write(kind):
-    async def main():
-        left, right = await _stream_pair(kind)
-        async with trio.open_nursery() as nursery:
-            sender = FrameChannel(left, nursery)
-            receiver = FrameChannel(right, nursery)
-            for i in range(100):              # no checkpoint in between: one round
-                sender.send_nowait({"n": i, "pad": "y" * 50})
-            got = []
-            with trio.fail_after(5):
-                while len(got) < 100:
-                    got += await receiver.receive_batch()
-            assert [g["n"] for g in got] == list(range(100))     # whole frames, in order
-            # the first frame goes out at once, the other 99 together (a socket may take a
-            # big write in pieces, but not 99 of them)
-            assert sender.stats.frames_out == 100
-            assert sender.stats.writes <= 4, sender.stats
-            # a lone frame later is written at once, not held back
-            sender.send_nowait("alone")
-            with trio.fail_after(5):
-                assert await receiver.receive_batch() == ["alone"]
-            await sender.aclose()
-            with pytest.raises(errors.ServerUnavailable):
-                sender.send_nowait("after close")
-            await receiver.aclose()
-
-    trio.run(main)
+async def test_frames_sent_in_one_scheduler_round_leave_in_one_write(kind):
+    left, right = await _stream_pair(kind)
+    async with trio.open_nursery() as nursery:
+        sender = FrameChannel(left, nursery)
+        receiver = FrameChannel(right, nursery)
+        for i in range(100):              # no checkpoint in between: one round
+            sender.send_nowait({"n": i, "pad": "y" * 50})
+        got = []
+        with trio.fail_after(5):
+            while len(got) < 100:
+                got += await receiver.receive_batch()
+        assert [g["n"] for g in got] == list(range(100))     # whole frames, in order
+        # the first frame goes out at once, the other 99 together (a socket may take a
+        # big write in pieces, but not 99 of them)
+        assert sender.stats.frames_out == 100
+        assert sender.stats.writes <= 4, sender.stats
+        # a lone frame later is written at once, not held back
+        sender.send_nowait("alone")
+        with trio.fail_after(5):
+            assert await receiver.receive_batch() == ["alone"]
+        await sender.aclose()
+        with pytest.raises(errors.ServerUnavailable):
+            sender.send_nowait("after close")
+        await receiver.aclose()
 
 
-def test_a_peer_that_reads_no_replies_is_cut_off_and_others_are_served(caplog):
+async def test_a_peer_that_reads_no_replies_is_cut_off_and_others_are_served(caplog):
     def cut_off() -> bool:
         return any("has not read a reply" in r.getMessage() for r in caplog.records)
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            addr = await nursery.start(
-                serve_tcp, lambda s, p: serve_rpc(s, Echo(), peer=p, send_timeout=0.5),
-                "127.0.0.1", 0)
-            stream = await trio.open_tcp_stream(*addr)
-            requests = encode_frame({"hello": "leasefs", "version": 1,
-                                     "client_id": "greedy"})
-            requests += b"".join(encode_frame([i, "blob", {"size": 256 << 10}])
-                                 for i in range(1, 201))
-            await stream.send_all(requests)       # 50 MiB of replies asked for, none read
-            # the server gives up once a reply has waited send_timeout (on a busy machine
-            # making the replies that fill the socket's buffers can take longer than that)
-            with trio.fail_after(30):
-                while not cut_off():
-                    await trio.sleep(0.05)
-            async with RpcClient(addr, "polite") as rpc:   # and still serves others
-                with trio.fail_after(5):
-                    assert await rpc.call("echo", {"value": "fine"}) == "fine"
-            received = 0
-            with trio.fail_after(10):
-                try:
-                    while chunk := await stream.receive_some(1 << 20):
-                        received += len(chunk)
-                except trio.BrokenResourceError:
-                    pass                          # reset: also a closed connection
-            assert received < 200 * (256 << 10)   # cut off, not every reply delivered
-            await stream.aclose()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    async with trio.open_nursery() as nursery:
+        addr = await nursery.start(
+            serve_tcp, lambda s, p: serve_rpc(s, Echo(), peer=p, send_timeout=0.5),
+            "127.0.0.1", 0)
+        stream = await trio.open_tcp_stream(*addr)
+        requests = encode_frame({"hello": "leasefs", "version": 1,
+                                 "client_id": "greedy"})
+        requests += b"".join(encode_frame([i, "blob", {"size": 256 << 10}])
+                             for i in range(1, 201))
+        await stream.send_all(requests)       # 50 MiB of replies asked for, none read
+        # the server gives up once a reply has waited send_timeout (on a busy machine
+        # making the replies that fill the socket's buffers can take longer than that)
+        with trio.fail_after(30):
+            while not cut_off():
+                await trio.sleep(0.05)
+        async with RpcClient(addr, "polite") as rpc:   # and still serves others
+            with trio.fail_after(5):
+                assert await rpc.call("echo", {"value": "fine"}) == "fine"
+        received = 0
+        with trio.fail_after(10):
+            try:
+                while chunk := await stream.receive_some(1 << 20):
+                    received += len(chunk)
+            except trio.BrokenResourceError:
+                pass                          # reset: also a closed connection
+        assert received < 200 * (256 << 10)   # cut off, not every reply delivered
+        await stream.aclose()
+        nursery.cancel_scope.cancel()
