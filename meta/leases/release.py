@@ -62,6 +62,15 @@ class LeaseRelease:
         info = self.blocks.get(block["id"])
         return info.state if info is not None else block["state"]
 
+    def running_recovery(self, block_id: int) -> Recovery | None:
+        """The block recovery of block ``block_id`` that is running, or None."""
+        return self.recoveries.get(block_id)
+
+    def take_recover_commands(self, node_id: str) -> list[dict]:
+        """The RECOVER commands waiting for ``node_id``'s next heartbeat; they leave the
+        queue (the reply carries them)."""
+        return list(self.recover_commands.pop(node_id, {}).values())
+
     async def _internal_release_lease(self, path: str, ino: int, inode: dict,
                                       new_holder: str | None = None) -> bool:
         """HDFS ``internalReleaseLease`` (caller holds the file's path locks): close the
