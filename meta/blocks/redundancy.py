@@ -148,6 +148,11 @@ class Redundancy:
                                                       self._replica_ref(info, node_id))
             self.blocks.mark_dirty([pending.block_id])
 
+    def take_transfer_commands(self, node_id: str) -> list[dict]:
+        """The TRANSFER commands waiting for ``node_id``'s next heartbeat; they leave the
+        queue (the reply carries them)."""
+        return self.transfer_commands.pop(node_id, [])
+
     def blocks_to_copy(self, node_id: str) -> int:
         """Blocks of a decommissioning node that still lack enough replicas elsewhere."""
         left = 0
