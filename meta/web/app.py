@@ -67,7 +67,9 @@ class _ViewerClient:
     async def call(self, method: str, args: dict, **_options):
         if method not in ("get_block_locations", "report_bad_blocks"):
             raise InvalidArgument(f"download: {method} is not a read")
-        return await getattr(self._server, f"rpc_{method}")(self._ctx, **args)
+        name = f"rpc_{method}"   # served by whichever of the server's front ends has it
+        front = next(h for h in self._server.handlers() if hasattr(h, name))
+        return await getattr(front, name)(self._ctx, **args)
 
 
 def make_app(server) -> Starlette:
