@@ -8,8 +8,10 @@ journal records (what each op does, in the store and here in memory, is its clas
 ``ops.py``), ``leases.py``/``blocks.py``/``datanodes.py``/``safemode.py`` are I/O-free
 state machines; this module wires them to the journal, the path locks, the clock and the
 wire (every method of docs/PROTOCOL.md §2). The RPC handlers live by role, as HDFS separates
-them, in mixins ``MetaServer`` composes: ``client_protocol.py`` (ClientProtocol: namespace
-and write path), ``datanode_protocol.py`` (DatanodeProtocol: block servers),
+them. The front ends ``protocols/datanode.py`` (DatanodeProtocol: block servers) and
+``protocols/ha.py`` (HAProtocol: msync, ha_status, ha_failover, image_read) are objects
+built here with the services they call (``front_ends``); the others are still mixins
+``MetaServer`` composes: ``client_protocol.py`` (ClientProtocol: namespace and write path),
 ``admin_protocol.py`` (report, safe mode, decommission, fsck, save_namespace, content
 summary). Their methods run on this one object; the helpers without a leading underscore
 here (``mutation``, ``file_lock``, ``with_ancestor_locks``, ``reading``, ``log_plan``,
@@ -48,7 +50,7 @@ replay, notes both in the retry cache, and a retry of that call gets the answer
 
 Block reports (full ones in chunks of one ``report_id``, incremental ones) are applied by
 ``reports.py`` (``BlockReports``), with a checkpoint every ``REPORT_STEP`` entries; the
-handlers (``datanode_protocol.py``) only check the caller and the arguments.
+handlers (``protocols/datanode.py``) only check the caller and the arguments.
 
 Permissions (``permissions.py``, HDFS FSPermissionChecker): every namespace handler checks
 the caller's identity (from the RPC hello) against the inode chain of its path(s) inside its
@@ -70,7 +72,7 @@ import trio
 
 from fs import weblog
 from fs.config import Config
-from fs.errors import InvalidArgument, StandbyError
+from fs.errors import StandbyError
 from fs.hastatus import HAStatus, Role
 from fs.metrics import new_registry
 from fs.retry_cache import CallKey
@@ -85,12 +87,12 @@ from .namespace.access import Access
 from .metrics import MetaMetrics
 from .blocks.datanodes import DatanodeManager
 from .gcpolicy import GcGovernor
-from .ha.bootstrap import CHUNK_BYTES, ImageSource
+from .ha.bootstrap import ImageSource
 from .journal.journal import Journal
-from .journal.kv import KVStore, PlyvelStore
+from .journal.kv import KVStore
 from .leases.leases import STALE_HEARTBEATS, LeaseManager
 from .namespace.locks import NamespaceLocking
-from .namespace.namespace import Defaults, Namespace, check_int
+from .namespace.namespace import Defaults, Namespace
 from .journal.ops import RPC_CALL, RPC_KEPT, decode
 from .blocks.reports import REPORT_STEP, BlockReports
 from .namespace.permissions import PermissionChecker
@@ -102,6 +104,7 @@ from .protocols.admin import AdminProtocol
 from .protocols.client import ClientProtocol
 from .protocols.namespace import NamespaceProtocol
 from .protocols.datanode import DatanodeProtocol
+from .protocols.ha import HAProtocol
 from .blocks.redundancy import Redundancy
 from .leases.release import LeaseRecovery
 from .monitors import Monitors
@@ -134,9 +137,10 @@ LOOK_BACK_BATCH = 256
 # flush (``fsync(sync=false)``), an hsync waits for its fsync
 
 
-class MetaServer(DatanodeProtocol, Dispatcher):
+class MetaServer(Dispatcher):
     """Every RPC of PROTOCOL.md §2 as ``rpc_<method>(ctx, **args)``: the handlers come from
-    the role mixins, which calls go through the retry cache or run inline is declared here."""
+    the front ends (``front_ends``) and the role mixins, which calls go through the retry
+    cache or run inline is declared here."""
 
     retry_cached = frozenset({"mkdirs", "create", "add_block", "complete", "delete", "rename",
                               "rename_many", "create_symlink", "append", "truncate", "rewrite",
@@ -232,15 +236,26 @@ class MetaServer(DatanodeProtocol, Dispatcher):
             journal=self.journal, role_view=self.role_view, startup=self.startup,
             gc_governor=self.gc_governor, namespace_lock=config.namespace_lock, clock=clock,
             wall_ns=wall_ns)
+        # images of the store other servers bootstrap from (``meta.ha.bootstrap``)
+        self.images = ImageSource(clock)
+        self.datanode_protocol = DatanodeProtocol(
+            ns=self.ns, blocks=self.blocks, reports=self.reports, datanodes=self.datanodes,
+            safemode=self.safemode, journal=self.journal, role_view=self.role_view,
+            security=self.security, recovery=self.recovery, redundancy=self.redundancy,
+            locking=self.locking, access=self.access, clock_skew_warn=config.clock_skew_warn,
+            clock_skew_max=config.clock_skew_max, wall_ns=wall_ns, node_dead=self.node_dead,
+            update_safemode=self.update_safemode)
+        self.ha_protocol = HAProtocol(
+            role_view=self.role_view, ns=self.ns, images=self.images, kv=kv,
+            permissions=self.permissions, access=self.access, max_frame=config.max_frame)
         # the front ends: the objects whose ``rpc_<method>`` methods serve the calls
         self.front_ends: tuple = (self.client_protocol, self.namespace_protocol,
-                                  self.admin_protocol, self.auth_protocol, self)
+                                  self.admin_protocol, self.datanode_protocol,
+                                  self.auth_protocol, self.ha_protocol)
         # /metrics: per call (serve_rpc's hook), per journal sync, the rest at scrape time
         self.metrics = MetaMetrics(self)
         self.call_observer = self.metrics.observe_call
         self.journal.sync_observer = self.metrics.observe_sync
-        # images of the store other servers bootstrap from (``meta.bootstrap``)
-        self.images = ImageSource(clock)
 
     # ================================================================== startup
     def recover(self) -> None:
@@ -425,11 +440,6 @@ class MetaServer(DatanodeProtocol, Dispatcher):
     def state_id(self) -> int:
         return self.ns.applied_txid
 
-    async def rpc_msync(self, ctx):
-        """HDFS msync: the active's state id, so that the caller's next reads on an
-        observer see everything acknowledged before this call (its reply carries it)."""
-        return {"state_id": self.ns.applied_txid}
-
     async def activate(self) -> None:
         """Become the active server after following the log (ha = etcd): format a new
         namespace, renew every lease from now (HDFS renews all leases when a NameNode
@@ -440,43 +450,6 @@ class MetaServer(DatanodeProtocol, Dispatcher):
         self.leases.rebuild(self.ns.under_construction(), self.clock())
         self.became_active()
         self.update_safemode()
-
-    async def rpc_ha_status(self, ctx, reset_lag=False):
-        """This server's role, epoch, applied txid and lag (``fs.hastatus.HAStatus``), with
-        ``lag_stats`` (count, p50, p99, max seconds of the recent lag samples of a
-        follower); ``reset_lag``: start a new sample window (a benchmark's measurement)."""
-        answer = self.ha_status().to_wire()
-        if self.ha is not None:
-            answer["lag_stats"] = self.ha.lag_stats()
-            if reset_lag:
-                self.ha.lag_samples.clear()
-        return answer
-
-    async def rpc_ha_failover(self, ctx):
-        """``haadmin -failover``: the active gives its term away (superuser only)."""
-        self.permissions.check_superuser(self.access.caller_of(ctx), "haadmin -failover")
-        if self.ha is None:
-            raise StandbyError("ha = none: there is no other metadata server to fail over to")
-        return await self.ha.resign()
-
-    async def rpc_image_read(self, ctx, min_txid=0, session=None, after=None):
-        """A page of a consistent image of the namespace store (``meta.bootstrap``): the
-        first call (no ``session``) opens one at this server's applied txid, at least
-        ``min_txid``; the next ones pass ``session`` and the last key read (``after``).
-        Only for the cluster's servers (a connection that proved the cluster key) or the
-        superuser: the image is everything, permissions included."""
-        if ctx.session.get("node") is None:
-            self.permissions.check_superuser(self.access.caller_of(ctx), "image_read")
-        check_int(min_txid, "image_read: min_txid", low=0)
-        if session is not None and not isinstance(session, str):
-            raise InvalidArgument("image_read: session must be a string")
-        if after is not None and not isinstance(after, bytes):
-            raise InvalidArgument("image_read: after must be bytes")
-        if not isinstance(self.kv, PlyvelStore):
-            raise InvalidArgument("image_read: this server's store takes no snapshots")
-        return self.images.read(self.kv, self.ns.applied_txid, min_txid=min_txid,
-                                session=session, after=after,
-                                max_bytes=max(1, min(CHUNK_BYTES, self.config.max_frame // 4)))
 
     def became_active(self) -> None:
         """Once per takeover, when this server starts serving as active (``activate``;

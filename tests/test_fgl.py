@@ -272,6 +272,7 @@ async def client(server: MetaServer, index: int, rng: random.Random, stats: Coun
     listing whose entry names are not unique and sorted is an anomaly."""
     name = f"client-{index}"
     c = ctx(name)
+    dn = server.datanode_protocol
     own = f"/p{index % 6}"     # a few folders shared by four clients each, disjoint from /t*
     for _ in range(OPS_PER_CLIENT):
         kind = rng.choices(["create", "write", "mkdirs", "rename", "rename_many", "delete",
@@ -293,7 +294,7 @@ async def client(server: MetaServer, index: int, rng: random.Random, stats: Coun
                 await server.client_protocol.rpc_fsync(c, path, name, ino=st["ino"],
                                                        last_block_length=50)
                 if rng.random() < 0.6:     # else complete only commits: the file stays open
-                    await server.rpc_block_received_and_deleted(
+                    await dn.rpc_block_received_and_deleted(
                         c, NODE, received=[[block["id"], block["gs"], 100, "FINALIZED"]])
                 await server.client_protocol.rpc_complete(c, path, name, ino=st["ino"], last=block)
             elif kind == "mkdirs":
@@ -367,8 +368,9 @@ async def test_random_concurrent_clients_replay_serially(tmp_path, mode):
             async with trio.open_nursery() as nursery:
                 await nursery.start(server.journal.run)
                 await server.start()
-                await server.rpc_register_storage(ctx(NODE), NODE, "127.0.0.1:9001", 1 << 40,
-                                                  0, 1 << 40)
+                dn = server.datanode_protocol
+                await dn.rpc_register_storage(ctx(NODE), NODE, "127.0.0.1:9001", 1 << 40,
+                                              0, 1 << 40)
                 with trio.fail_after(90):
                     async with trio.open_nursery() as clients:
                         clients.start_soon(server.monitors._reclaim_monitor)
@@ -507,9 +509,10 @@ async def test_reports_during_the_commit_fsync_of_a_complete_end_its_wait(tmp_pa
 
     async def main():
         async with running_server(tmp_path) as (server, probe):
+            dn = server.datanode_protocol
             with trio.fail_after(30):
-                await server.rpc_register_storage(ctx("dn"), "n1", "127.0.0.1:9001",
-                                                  capacity=1 << 40, remaining=1 << 40)
+                await dn.rpc_register_storage(ctx("dn"), "n1", "127.0.0.1:9001",
+                                              capacity=1 << 40, remaining=1 << 40)
                 st = await server.client_protocol.rpc_create(ctx("w"), "/f", "w")
                 located = await server.client_protocol.rpc_add_block(ctx("w"), "/f", "w",
                                                                      ino=st["ino"])
@@ -527,7 +530,7 @@ async def test_reports_during_the_commit_fsync_of_a_complete_end_its_wait(tmp_pa
                         (first for kind, first, _, op, _ in probe.events
                          if kind == "queued" and op == "UPDATE_BLOCKS"), None))
                     await probe.wait_for(lambda: probe.index("fsync_start", commit))
-                    await server.rpc_block_received_and_deleted(
+                    await dn.rpc_block_received_and_deleted(
                         ctx("dn"), "n1", received=[[block["id"], block["gs"], 10, "FINALIZED"]])
                     probe.gate.set()
                 assert answers == [True]

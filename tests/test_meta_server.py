@@ -877,9 +877,10 @@ async def test_writer_calls_cost_the_same_at_block_5_and_block_60(tmp_path):
         async with trio.open_nursery() as nursery:
             await nursery.start(server.journal.run)
             await server.start()
+            dn = server.datanode_protocol
             counting = server.ns.kv = CountingStore(kv)
-            await server.rpc_register_storage(ctx, "node-a", "127.0.0.1:9001", 1 << 40, 0,
-                                              1 << 40)
+            await dn.rpc_register_storage(ctx, "node-a", "127.0.0.1:9001", 1 << 40, 0,
+                                          1 << 40)
             st = await server.client_protocol.rpc_create(ctx, "/long", "w")
             previous = None
             for i in range(60):
@@ -893,7 +894,7 @@ async def test_writer_calls_cost_the_same_at_block_5_and_block_60(tmp_path):
                     ctx, "/long", offset=i * full, length=10)
                 assert [b["block"]["id"] for b in ranged["blocks"]] == [lb["block"]["id"]]
                 costs.append(counting.block_reads)
-                await server.rpc_block_received_and_deleted(
+                await dn.rpc_block_received_and_deleted(
                     ctx, "node-a", received=[[lb["block"]["id"], lb["block"]["gs"], full,
                                               "FINALIZED"]])
                 previous = {**lb["block"], "num_bytes": full}
@@ -1060,7 +1061,8 @@ async def inprocess_meta(folder, **overrides):
 
 async def _files_with_complete_blocks(server, ctx, n_files) -> list[list]:
     """node-a holds every block; returns report entries of them (as node-b would send)."""
-    await server.rpc_register_storage(ctx, "node-a", "127.0.0.1:9001", 1 << 40, 0, 1 << 40)
+    dn = server.datanode_protocol
+    await dn.rpc_register_storage(ctx, "node-a", "127.0.0.1:9001", 1 << 40, 0, 1 << 40)
     entries = []
     for i in range(n_files):
         path = f"/f{i}"
@@ -1070,7 +1072,7 @@ async def _files_with_complete_blocks(server, ctx, n_files) -> list[list]:
             lb = await server.client_protocol.rpc_add_block(ctx, path, "w", ino=st["ino"],
                                                             previous=previous)
             block = lb["block"]
-            await server.rpc_block_received_and_deleted(
+            await dn.rpc_block_received_and_deleted(
                 ctx, "node-a", received=[[block["id"], block["gs"], size, "FINALIZED"]])
             previous = {**block, "num_bytes": size}
             entries.append([block["id"], block["gs"], size, "FINALIZED"])
@@ -1110,15 +1112,16 @@ async def test_chunked_block_report_equals_one_call_and_removes_only_at_last(tmp
         states = {}
         for name in ("one_call", "chunked"):
             async with inprocess_meta(tmp_path / name) as server:
+                dn = server.datanode_protocol
                 entries = await _files_with_complete_blocks(server, ctx, 5)
-                await server.rpc_register_storage(ctx, "node-b", "127.0.0.1:9002", 1, 0, 1)
+                await dn.rpc_register_storage(ctx, "node-b", "127.0.0.1:9002", 1, 0, 1)
                 report = node_b_report(entries)
                 if name == "one_call":
-                    assert await server.rpc_block_report(ctx, "node-b", report)
+                    assert await dn.rpc_block_report(ctx, "node-b", report)
                 else:
                     pieces = [report[i:i + 3] for i in range(0, len(report), 3)]
                     for k, piece in enumerate(pieces):
-                        assert await server.rpc_block_report(
+                        assert await dn.rpc_block_report(
                             ctx, "node-b", piece, report_id="r1", chunk=k,
                             last=k == len(pieces) - 1)
                 states[name] = _blocks_state(server)
@@ -1129,37 +1132,37 @@ async def test_chunked_block_report_equals_one_call_and_removes_only_at_last(tmp
                 gone = entries[4][0]
                 rest = [e for e in report if e[0] != gone]
                 # a replica missing from a chunked report is removed only at ``last``
-                await server.rpc_block_report(ctx, "node-b", rest[:4], report_id="r2",
-                                              chunk=0, last=False)
-                await server.rpc_block_report(ctx, "node-b", rest[4:], report_id="r2",
-                                              chunk=1, last=False)
+                await dn.rpc_block_report(ctx, "node-b", rest[:4], report_id="r2",
+                                          chunk=0, last=False)
+                await dn.rpc_block_report(ctx, "node-b", rest[4:], report_id="r2",
+                                          chunk=1, last=False)
                 assert gone in held()
-                await server.rpc_block_report(ctx, "node-b", [], report_id="r2", chunk=2,
-                                              last=True)
+                await dn.rpc_block_report(ctx, "node-b", [], report_id="r2", chunk=2,
+                                          last=True)
                 assert gone not in held() and len(held()) == len(entries) - 1
                 before = held()
                 # a report abandoned by a newer one, or by re-registration, removes nothing
-                await server.rpc_block_report(ctx, "node-b", rest[:1], report_id="r3",
-                                              chunk=0, last=False)
-                await server.rpc_block_report(ctx, "node-b", rest[:1], report_id="r4",
-                                              chunk=0, last=False)
+                await dn.rpc_block_report(ctx, "node-b", rest[:1], report_id="r3",
+                                          chunk=0, last=False)
+                await dn.rpc_block_report(ctx, "node-b", rest[:1], report_id="r4",
+                                          chunk=0, last=False)
                 with pytest.raises(errors.InvalidArgument, match="r3"):
-                    await server.rpc_block_report(ctx, "node-b", [], report_id="r3",
-                                                  chunk=1, last=True)
-                await server.rpc_register_storage(ctx, "node-b", "127.0.0.1:9002", 1, 0, 1)
+                    await dn.rpc_block_report(ctx, "node-b", [], report_id="r3",
+                                              chunk=1, last=True)
+                await dn.rpc_register_storage(ctx, "node-b", "127.0.0.1:9002", 1, 0, 1)
                 with pytest.raises(errors.InvalidArgument, match="r4"):
-                    await server.rpc_block_report(ctx, "node-b", [], report_id="r4",
-                                                  chunk=1, last=True)
+                    await dn.rpc_block_report(ctx, "node-b", [], report_id="r4",
+                                              chunk=1, last=True)
                 # chunks out of order are refused (and void the report)
-                await server.rpc_block_report(ctx, "node-b", rest[:1], report_id="r5",
-                                              chunk=0, last=False)
+                await dn.rpc_block_report(ctx, "node-b", rest[:1], report_id="r5",
+                                          chunk=0, last=False)
                 with pytest.raises(errors.InvalidArgument, match="expected chunk 1"):
-                    await server.rpc_block_report(ctx, "node-b", [], report_id="r5",
-                                                  chunk=2, last=True)
+                    await dn.rpc_block_report(ctx, "node-b", [], report_id="r5",
+                                              chunk=2, last=True)
                 assert held() == before
                 with pytest.raises(errors.InvalidArgument):
-                    await server.rpc_block_report(ctx, "node-b", [], report_id="r6",
-                                                  chunk=0, last="yes")
+                    await dn.rpc_block_report(ctx, "node-b", [], report_id="r6",
+                                              chunk=0, last="yes")
         assert states["chunked"] == states["one_call"]
         blocks, by_node, counters, invalidate = states["one_call"]
         # the corrupt replicas have a good copy elsewhere: they go, with the no-file one
@@ -1178,14 +1181,15 @@ async def test_safe_mode_counts_report_chunks_as_they_arrive(tmp_path):
         async with inprocess_meta(tmp_path / "m") as server:
             entries = await _files_with_complete_blocks(server, ctx, 3)
         async with inprocess_meta(tmp_path / "m", safemode_extension=30.0) as server:
+            dn = server.datanode_protocol
             assert server.safemode.on and server.blocks.total_countable == 6
-            await server.rpc_register_storage(ctx, "node-a", "127.0.0.1:9001", 1, 0, 1)
-            await server.rpc_block_report(ctx, "node-a", entries[:4], report_id="x", chunk=0,
-                                          last=False)
+            await dn.rpc_register_storage(ctx, "node-a", "127.0.0.1:9001", 1, 0, 1)
+            await dn.rpc_block_report(ctx, "node-a", entries[:4], report_id="x", chunk=0,
+                                      last=False)
             assert server.blocks.safe == 4
             assert "reported blocks 4" in server.safemode.reason
-            await server.rpc_block_report(ctx, "node-a", entries[4:], report_id="x", chunk=1,
-                                          last=False)
+            await dn.rpc_block_report(ctx, "node-a", entries[4:], report_id="x", chunk=1,
+                                      last=False)
             assert "reported blocks 6 reached the threshold" in server.safemode.reason
 
     await main()

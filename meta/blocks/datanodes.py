@@ -175,6 +175,20 @@ class DatanodeManager:
         node.scheduled_bytes = 0
         return node
 
+    def note_clock_skew(self, node_id: str, skew: float, warn_limit: float) -> bool | None:
+        """Keep a registered node's clock skew (its wall clock minus ours); True when it just
+        went past ``warn_limit``, False when it just came back within it, None otherwise
+        (a warning is said once, not at every heartbeat)."""
+        node = self.nodes[node_id]
+        node.clock_skew = skew
+        if abs(skew) > warn_limit and not node.clock_warned:
+            node.clock_warned = True
+            return True
+        if abs(skew) <= warn_limit and node.clock_warned:
+            node.clock_warned = False
+            return False
+        return None
+
     def live(self, node_id: str) -> NodeInfo | None:
         node = self.nodes.get(node_id)
         return node if node is not None and node.alive else None

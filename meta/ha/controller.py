@@ -213,6 +213,10 @@ class HAController:
         return {"count": len(samples), "p50": pick(0.5), "p99": pick(0.99),
                 "max": samples[-1]}
 
+    def reset_lag_stats(self) -> None:
+        """Start a new window of lag samples (``lag_stats``), e.g. for a benchmark."""
+        self.lag_samples.clear()
+
     def sure_of_term(self) -> bool:
         """Whether this active server can vouch that no other holds a newer term: etcd
         surely keeps its lease (``HALog.held_until``) for more than ``LEASE_MARGIN`` of

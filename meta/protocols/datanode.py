@@ -3,17 +3,21 @@ heartbeat, block_report, block_received_and_deleted, commit_block_synchronizatio
 report_bad_blocks (PROTOCOL.md §2, §4).
 
 Why it exists: one role per module. HDFS keeps the calls of DataNodes apart from those of
-clients (``client_protocol.py``) and administrators (``admin_protocol.py``). The handlers
-check the caller and the arguments; block reports are applied by ``reports.py``
-(``BlockReports``), the node table is ``datanodes.py``. report_bad_blocks is here because
+clients (``client.py``) and administrators (``admin.py``). The handlers check the caller
+and the arguments; block reports are applied by ``meta/blocks/reports.py``
+(``BlockReports``), the node table is ``meta/blocks/datanodes.py``. report_bad_blocks is here because
 it is a replica-state report (HDFS has it in both protocols; readers and block servers send it).
 
-``DatanodeProtocol`` is a mixin: ``MetaServer`` (``server.py``) composes it and owns all the
-state. The handlers rely on the core for: ``node_dead`` (a re-registration displaces a
-node), ``update_safemode``, the commands waiting for a node's next heartbeat
-(``redundancy.take_transfer_commands``, ``recovery.take_recover_commands``), the running
-block recoveries (``recovery.running``, ``forget_recovery``), ``file_lock`` and ``now``, and
-the core's ``ns``, ``blocks``, ``datanodes``, ``reports``, ``safemode`` and ``journal``.
+``DatanodeProtocol`` is a front end: it translates each call into calls of the services'
+public API and keeps no state of its own but a connection's authentication (its session).
+Its constructor takes what it calls, by name: the namespace (``ns``), the blocks map and the
+report applier (``blocks``, ``reports``), the node table (``datanodes``), ``safemode``, the
+``journal`` (commit_block_synchronization's record), the HA ``role_view``, ``security``
+(cluster key, block keys and tokens), ``recovery`` (running block recoveries and the
+RECOVER commands a heartbeat reply carries), ``redundancy`` (its TRANSFER commands),
+``locking`` and ``access`` (a block recovery's file lock, a reader's permission), the
+clock-skew limits, the wall clock (``wall_ns``), and the server's ``node_dead`` (a
+re-registration displaces a node) and ``update_safemode``.
 
 HA: register and heartbeat replies carry ``"ha"`` (``HAStatus.to_wire``: role, epoch, ...) so
 a block server obeys only the newest active server. A server that is not active
@@ -25,8 +29,9 @@ moves on to the active server). After a takeover (``MetaServer.became_active``) 
 INVALIDATE until its fresh full report, which its next heartbeat reply asks for with
 ``"full_report": true`` (``DatanodeManager.start_epoch``).
 
-Concurrency contract: that of ``MetaServer``: everything runs on its one trio thread, each
-call is its own task; big block reports are cut into bounded steps by ``BlockReports``.
+Concurrency contract: called only on the metadata server's trio thread, each call its own
+task; a handler awaits only the journal, a file lock (commit_block_synchronization) and the
+bounded steps ``BlockReports`` cuts a big block report into.
 """
 
 from __future__ import annotations
@@ -60,6 +65,27 @@ class DatanodeProtocol:
     (``fs.nodeauth``), and one naming a node acts for that node only; ``report_bad_blocks``
     also takes a reader's report of a block of a file it may read. Callers in the server's
     own process (``ctx.user`` None) pass."""
+
+    def __init__(self, *, ns, blocks, reports, datanodes, safemode, journal, role_view,
+                 security, recovery, redundancy, locking, access, clock_skew_warn: float,
+                 clock_skew_max: float, wall_ns, node_dead, update_safemode):
+        self.ns = ns
+        self.blocks = blocks
+        self.reports = reports
+        self.datanodes = datanodes
+        self.safemode = safemode
+        self.journal = journal
+        self.role_view = role_view
+        self.security = security
+        self.recovery = recovery
+        self.redundancy = redundancy
+        self.locking = locking
+        self.access = access
+        self.clock_skew_warn = clock_skew_warn   # seconds: a node past it is warned about
+        self.clock_skew_max = clock_skew_max     # seconds: one past it may not register
+        self.wall_ns = wall_ns
+        self.node_dead = node_dead
+        self.update_safemode = update_safemode
 
     # ================================================================== authentication
     async def rpc_node_challenge(self, ctx):
@@ -165,15 +191,13 @@ class DatanodeProtocol:
         is back (not at every heartbeat)."""
         if skew is None:
             return
-        node.clock_skew = skew
-        limit = self.config.clock_skew_warn
-        if abs(skew) > limit and not node.clock_warned:
-            node.clock_warned = True
+        limit = self.clock_skew_warn
+        warned = self.datanodes.note_clock_skew(node.node_id, skew, limit)
+        if warned is True:
             log.warning("block server %s at %s: its clock is %s (more than clock_skew_warn = "
                         "%g s): synchronize the hosts' clocks (NTP); tokens and leases use "
                         "wall time", node.node_id, node.address, _skew_text(skew), limit)
-        elif abs(skew) <= limit and node.clock_warned:
-            node.clock_warned = False
+        elif warned is False:
             log.info("block server %s: its clock is back within %g s of ours (%s)",
                      node.node_id, limit, _skew_text(skew))
 
@@ -194,7 +218,7 @@ class DatanodeProtocol:
         if http_port is not None:
             check_int(http_port, "register_storage: http_port", low=1, high=65535)
         skew = self._clock_skew(node_id, wall_time, "register_storage")
-        limit = self.config.clock_skew_max
+        limit = self.clock_skew_max
         if skew is not None and limit > 0 and abs(skew) > limit:
             log.warning("block server %s at %s refused: its clock is %s (more than "
                         "clock_skew_max = %g s)", node_id, address, _skew_text(skew), limit)
@@ -300,7 +324,7 @@ class DatanodeProtocol:
                 raise StaleGenerationStamp(f"{what}: it is no longer the last block of {current}")
             if not delete_block:
                 self.ns.check_block_length(current, inode, new_length)
-            _, wall = self.now()
+            wall = self.wall_ns()
             await self.journal.log(self.ns.plan_commit_block_sync(
                 rec.ino, tail[-1], recovery_id, 0 if delete_block else new_length,
                 delete=delete_block, close=close_file, now_ns=wall, targets=list(new_targets)))

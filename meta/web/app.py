@@ -65,13 +65,9 @@ class _ViewerClient:
         self.avoided = AvoidedNodes(server.config.data_avoid_interval)
 
     async def call(self, method: str, args: dict, **_options):
-        front_end = {
-            "get_block_locations": self._server.client_protocol,
-            "report_bad_blocks": self._server,
-        }.get(method)
-        if front_end is None:
+        if method not in ("get_block_locations", "report_bad_blocks"):
             raise InvalidArgument(f"download: {method} is not a read")
-        return await getattr(front_end, f"rpc_{method}")(self._ctx, **args)
+        return await self._server.handler(method)(self._ctx, **args)
 
 
 def make_app(server) -> Starlette:
