@@ -3,23 +3,36 @@ journal's apply and the memory state the journal's ops update. It builds the ser
 the protocol front ends and owns them; how a process runs it (sockets, restarts) is
 ``serverrun.py``.
 
-Why it exists: it is the shell around the pure parts. ``namespace.py`` validates and applies
-journal records (what each op does, in the store and here in memory, is its class in
-``ops.py``), ``leases.py``/``blocks.py``/``datanodes.py``/``safemode.py`` are I/O-free
-state machines; this module wires them to the journal, the path locks, the clock and the
-wire (every method of docs/PROTOCOL.md §2). The RPC handlers live by role, as HDFS separates
-them. The front ends ``protocols/datanode.py`` (DatanodeProtocol: block servers) and
-``protocols/ha.py`` (HAProtocol: msync, ha_status, ha_failover, image_read) are objects
-built here with the services they call (``front_ends``); the others are still mixins
-``MetaServer`` composes: ``client_protocol.py`` (ClientProtocol: namespace and write path),
-``admin_protocol.py`` (report, safe mode, decommission, fsck, save_namespace, content
-summary). Their methods run on this one object; the helpers without a leading underscore
-here (``mutation``, ``file_lock``, ``with_ancestor_locks``, ``reading``, ``log_plan``,
-``check_access``, ``located``, ...) are the core's API for them.
+Why it exists: it is the shell around the pure parts and the one place that says what the
+server is made of. ``namespace/`` validates and applies journal records (what each op does,
+in the store and in memory, is its class in ``journal/ops*.py``); the leases, the blocks
+map, the block servers and safe mode are I/O-free state machines. ``MetaServer.__init__``
+builds them and, in dependency order, the services that wire them to the journal, the locks
+and the clocks, each constructed with exactly what it needs:
+
+* ``edits`` (``journal/edits.py``: journaling a plan, durable or lazy), ``access``
+  (``namespace/access.py``: who the caller is, permission checks), ``locking``
+  (``namespace/locks.py``: the global lock, path locks, safe-mode check of a mutation),
+  ``locator`` (``blocks/locate.py``: located blocks, replica order, tokens), ``role_view``
+  (``ha/role.py``: the HA role), ``security`` (``security.py``: keys, block and delegation
+  tokens), ``recovery`` (``leases/release.py``: lease release and block recovery),
+  ``redundancy`` (``blocks/redundancy.py``: re-replication and its commands), ``monitors``
+  (``monitors.py``: the background loops, checkpoints, the reclaimer);
+* the protocol front ends, thin translators from each RPC to those services' public calls
+  (every method of docs/PROTOCOL.md §2, by role as HDFS separates them): ``client_protocol``,
+  ``namespace_protocol``, ``admin_protocol``, ``datanode_protocol``, ``auth_protocol``,
+  ``ha_protocol`` (``protocols/``). ``MetaServer`` is their ``Dispatcher``: it serves their
+  ``rpc_<method>`` methods (``front_ends``), declares which go through the retry cache or run
+  inline, refuses what its HA role does not take (``dispatch``), and hands the session hooks
+  to ``auth_protocol``.
+
+What stays here: startup and replay, the journal's apply and the ``MemoryState`` the ops
+update after their store write (each method one step, or a delegation to the service that
+owns the state), and the HA role's entry points (``activate``, ``became_active``).
 
 Mutation order (every mutating RPC): safe-mode check → global lock (read) → path locks →
 validate and decide in memory (``ns.plan_*``; a ``LeaseFSError`` leaves everything
-unchanged) → ``await journal.log(op, args)``, which returns after the record is fsynced AND
+unchanged) → ``await edits.log_plan(op)``, which returns after the record is fsynced AND
 applied (or, for a namespace-only record of a client without ``sync_metadata``, written
 and applied; ``LAZY_OPS``): ``_apply`` writes the batch to LevelDB (one write) and, in the same synchronous
 step, updates the blocks map, leases and invalidate sets → release locks → reply. Reads
@@ -138,9 +151,8 @@ LOOK_BACK_BATCH = 256
 
 
 class MetaServer(Dispatcher):
-    """Every RPC of PROTOCOL.md §2 as ``rpc_<method>(ctx, **args)``: the handlers come from
-    the front ends (``front_ends``) and the role mixins, which calls go through the retry
-    cache or run inline is declared here."""
+    """Every RPC of PROTOCOL.md §2 as ``rpc_<method>(ctx, **args)`` of one of its front ends
+    (``front_ends``); which calls go through the retry cache or run inline is declared here."""
 
     retry_cached = frozenset({"mkdirs", "create", "add_block", "complete", "delete", "rename",
                               "rename_many", "create_symlink", "append", "truncate", "rewrite",
@@ -526,9 +538,6 @@ class MetaServer(Dispatcher):
 
     def forget_recovery(self, block_id: int) -> None:
         self.recovery.forget_recovery(block_id)
-
-    def now(self) -> tuple[float, int]:
-        return self.clock(), self.wall_ns()
 
     def update_safemode(self) -> None:
         self.safemode.update(self.clock(), self.blocks.safe, self.blocks.total_countable,
