@@ -15,11 +15,10 @@ on ``MetaServer`` (its dispatcher reads them by method name).
 
 Constructor: keyword arguments naming exactly what the handlers call — the services
 (``ns``, ``edits``, ``access``, ``locking``, ``locator``, ``recovery`` for lease and block
-recovery, ``security`` for block tokens: ``BlockTokens`` says what of it is used), the
-state objects they read or change through their public methods (``blocks``, ``reports``,
-``leases``, ``datanodes``, ``journal``, ``permissions``), the ``config`` and the two clocks
-(``clock``: monotonic seconds, lease times; ``wall_ns``: the times recorded in the
-namespace). Nothing else of the server is reachable from here.
+recovery, ``security`` for block keys and tokens), the state objects they read or change
+through their public methods (``blocks``, ``reports``, ``leases``, ``datanodes``,
+``journal``, ``permissions``), the ``config`` and the two clocks (``clock``: monotonic
+seconds, lease times; ``wall_ns``: the times recorded in the namespace). Nothing else of the server is reachable from here.
 
 Durability: a handler journals with ``durable=ctx.sync_metadata`` where its record only
 changes the namespace (``MetaServer.LAZY_OPS``); a connection whose hello turned
@@ -41,7 +40,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -60,7 +59,6 @@ from ..journal.ops_blocks import AddBlock, UpdateBlocks
 from ..namespace.permissions import READ, WRITE
 
 if TYPE_CHECKING:
-    from fs.blocktoken import KeyRing
     from fs.config import Config
 
     from ..blocks.blocks import BlocksMap
@@ -75,6 +73,7 @@ if TYPE_CHECKING:
     from ..namespace.locks import NamespaceLocking
     from ..namespace.namespace import Namespace
     from ..namespace.permissions import PermissionChecker
+    from ..security import Security
 
 #: seconds ``complete`` waits for the report of the last block's first replica before it
 #: answers False (the client then retries with backoff)
@@ -83,21 +82,12 @@ COMPLETE_REPORT_WAIT = 0.5
 log = logging.getLogger(__name__)
 
 
-class BlockTokens(Protocol):
-    """What the handlers ask of the security service: the block keys (None under
-    security = simple) and a block access token for a block at a stamp."""
-
-    block_keys: KeyRing | None
-
-    def block_token(self, block_id: int, gs: int, user: str, mode: str) -> dict | None: ...
-
-
 class ClientProtocol:
     """Handlers of HDFS ClientProtocol calls, as ``rpc_<method>(ctx, **args)``."""
 
     def __init__(self, *, ns: Namespace, edits: Edits, access: Access,
                  locking: NamespaceLocking, locator: Locator, recovery: LeaseRecovery,
-                 security: BlockTokens, blocks: BlocksMap, reports: BlockReports,
+                 security: Security, blocks: BlocksMap, reports: BlockReports,
                  leases: LeaseManager, datanodes: DatanodeManager, journal: Journal,
                  permissions: PermissionChecker, config: Config, clock: Callable[[], float],
                  wall_ns: Callable[[], int]):
