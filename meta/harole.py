@@ -64,8 +64,6 @@ TRANSITIONS: dict[tuple[Role, RoleEvent], Role] = {
 }
 del R, E
 
-#: roles that take client calls at all (the others answer ``StandbyError``)
-SERVING = frozenset({Role.ACTIVE, Role.OBSERVER})
 #: roles that follow the replicated log
 FOLLOWING = frozenset({Role.STANDBY, Role.OBSERVER, Role.TAKING_OVER})
 

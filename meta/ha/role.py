@@ -16,7 +16,6 @@ from typing import Callable
 
 from fs.hastatus import HAStatus, Role
 
-from ..harole import SERVING
 
 
 class RoleView:
@@ -34,14 +33,6 @@ class RoleView:
         return self.controller.status()
 
     @property
-    def role(self) -> Role:
-        return Role.ACTIVE if self.controller is None else self.controller.role
-
-    @property
     def is_active(self) -> bool:
         """Only the active server mutates, hands out block-server commands, runs monitors."""
         return self.controller is None or self.controller.role is Role.ACTIVE
-
-    @property
-    def serving(self) -> bool:
-        return self.role in SERVING

@@ -14,16 +14,9 @@ subtree still.
 
 from __future__ import annotations
 
-from .namespace import DIR, Namespace, check_int, check_name
+from .namespace import DIR, Namespace, check_name
 from .permissions import WRITE, Caller, PermissionChecker, clears_only_setid
 from ..timeslice import TimeSlice
-
-
-def check_ino(ino, path: str) -> int | None:
-    """An optional inode id argument: None (or 0) means "address by path"."""
-    if ino is None or ino == 0:
-        return None
-    return check_int(ino, f"{path}: ino", low=1)
 
 
 class Access:

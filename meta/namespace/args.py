@@ -64,6 +64,13 @@ def check_int(value, what: str, *, low: int | None = None, high: int | None = No
     return value
 
 
+def check_ino(ino, path: str) -> int | None:
+    """An optional inode id argument: None (or 0) means "address by path"."""
+    if ino is None or ino == 0:
+        return None
+    return check_int(ino, f"{path}: ino", low=1)
+
+
 def check_bool(value, what: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidArgument(f"{what} must be true or false, got {value!r:.60}")

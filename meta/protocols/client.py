@@ -51,7 +51,7 @@ from fs.errors import (InvalidArgument, IsDirectory, LeaseFSError, NotReplicated
 
 from ..blocks import blocks as bm
 from ..blocks.locate import caller_host
-from ..namespace.access import check_ino
+from ..namespace.args import check_ino
 from ..blocks.blocks import BlockInfo
 from ..namespace.locks import LOCK_WRITE, lock_set
 from ..namespace.namespace import DIR, FILE, SYMLINK, check_bool, check_int, check_name

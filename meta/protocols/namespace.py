@@ -31,7 +31,7 @@ from fs import paths
 from fs.errors import FileNotFound, InvalidArgument, IsDirectory, NotDirectory, PermissionDenied
 
 from ..blocks.locate import caller_host
-from ..namespace.access import check_ino
+from ..namespace.args import check_ino
 from ..namespace.locks import LOCK_PARENT, LOCK_WRITE, lock_set, merge
 from ..namespace.namespace import DIR, FILE, check_bool, check_name
 from ..namespace.permissions import ALL, READ, READ_EXECUTE, WRITE
