@@ -119,7 +119,7 @@ class DatanodeProtocol:
 
     def _secured(self, ctx) -> bool:
         """Whether this call is checked (security = secure, a caller from the wire)."""
-        return self.security.node_key is not None and getattr(ctx, "user", None) is not None
+        return self.security.secure and getattr(ctx, "user", None) is not None
 
     def _node_caller(self, ctx, what: str, node_id=None) -> str | None:
         """The block server this connection authenticated as (None without security);
