@@ -14,8 +14,8 @@ Where the numbers come from:
 * everything else is a gauge read from the server's state at scrape time (``_state``):
   nothing is kept up to date per operation for it;
 * metadata HA (``leasefs_ha_*``, every server, ``ha = none`` too): the role (one series per
-  role, 1 for the server's own), the epoch and the applied txid from ``ha_status()``; the
-  follower lag histogram takes, at each scrape, the samples the HA controller added to its
+  role, 1 for the server's own), the epoch and the applied txid from
+  ``role_view.status()``; the follower lag histogram takes, at each scrape, the samples the HA controller added to its
   ``lag_samples`` since the last one (counted by its ``entries_applied``: a follower past
   its catch-up samples every entry it applies), so its counts only grow.
 
@@ -87,7 +87,7 @@ class MetaMetrics:
         yield from self._ha()
 
     def _ha(self):
-        status = self.server.ha_status()
+        status = self.server.role_view.status()
         role = GaugeMetricFamily(HA_PREFIX + "role", "1 for this metadata server's HA role "
                                  "(active, standby, observer, ...), 0 for the others",
                                  labels=["role"])

@@ -86,7 +86,7 @@ import trio
 from fs import weblog
 from fs.config import Config
 from fs.errors import StandbyError
-from fs.hastatus import HAStatus, Role
+from fs.hastatus import Role
 from fs.metrics import new_registry
 from fs.retry_cache import CallKey
 from fs.rpc import Dispatcher, RetryCache, current_user
@@ -211,7 +211,7 @@ class MetaServer(Dispatcher):
         self.startup = StartupProgress(self._started_ns / 1e9)
         self.recent_log = weblog.install()   # the web pages' recent log lines
         self.reports = BlockReports(self.blocks, self.datanodes, self.update_safemode,
-                                    step=REPORT_STEP, following=lambda: not self.is_active)
+                                    step=REPORT_STEP, following=lambda: not self.role_view.is_active)
         self.recovery = LeaseRecovery(
             ns=self.ns, edits=self.edits, locking=self.locking, blocks=self.blocks,
             leases=self.leases, datanodes=self.datanodes, locator=self.locator,
@@ -408,13 +408,6 @@ class MetaServer(Dispatcher):
     @ha.setter
     def ha(self, controller) -> None:
         self.role_view.controller = controller
-
-    def ha_status(self) -> HAStatus:
-        return self.role_view.status()
-
-    @property
-    def is_active(self) -> bool:
-        return self.role_view.is_active
 
     def handlers(self) -> tuple:
         return self.front_ends
