@@ -1,9 +1,9 @@
-"""Reading a byte range of a file in bounded preads: what splits, compressed streams and
-whole-file formats all do with a blocking ``fs.Client`` stream.
+"""Reading a byte range of a file in bounded preads: what text splits, compressed streams
+and whole-file formats all do with a blocking ``fs.Client`` stream.
 
-Why it exists: it is the ground floor of the readers; ``splits`` (which asks
-``compression`` whether a file can be cut) and ``compression`` (which decompresses what it
-reads here) both build on it.
+Why it exists: it is the ground floor of the readers; ``textformats``, ``formats`` and
+``compression`` (which ``splits`` asks whether a file can be cut) all build on it, and
+``splits`` takes its read size.
 
 Concurrency contract: pure generator over a blocking stream; no shared state.
 """

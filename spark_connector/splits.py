@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from .compression import codec_for_path
 from .optionvalues import flag, option
-from .ranges import READ_CHUNK, read_range
+from .ranges import READ_CHUNK
 
 SPLITTABLE = ("text", "json", "csv")
 SPLIT_SLOP = 1.1              # Hadoop FileInputFormat: the last split may be 10% larger
@@ -85,24 +85,3 @@ def line_split_range(stream, start: int, end: int, length: int) -> tuple[int, in
         return begin, begin
     stop = _find_newline(stream, max(end, begin), length)
     return begin, min(length, stop + 1)
-
-
-def split_bytes(stream, split: Split) -> bytes:
-    begin, stop = line_split_range(stream, split.start, split.end, split.length)
-    return b"".join(read_range(stream, begin, stop))
-
-
-def split_line_chunks(stream, split: Split):
-    """The owned bytes of a split in pieces that each end at a line break (for text)."""
-    begin, stop = line_split_range(stream, split.start, split.end, split.length)
-    carry = b""
-    for chunk in read_range(stream, begin, stop):
-        data = carry + chunk
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            carry = data
-            continue
-        yield data[:cut + 1]
-        carry = data[cut + 1:]
-    if carry:
-        yield carry
