@@ -419,7 +419,11 @@ def test_decommission_start_and_stop_change_only_what_they_name():
     node, _, _ = dm.register("a", "h1:1", 100, 10, 90)
     assert dm.start_decommission(node) and node.admin == "DECOMMISSION_IN_PROGRESS"
     assert not dm.start_decommission(node) and node.admin == "DECOMMISSION_IN_PROGRESS"
-    node.admin = "DECOMMISSIONED"          # the replication monitor's end of decommission
+    dm.finish_decommission(node)           # the replication monitor's end of decommission
+    assert node.admin == "DECOMMISSIONED"
+    with pytest.raises(errors.InternalError, match="block server a: no REPLICATED from admin state "
+                                            "DECOMMISSIONED"):
+        dm.finish_decommission(node)
     assert not dm.start_decommission(node) and node.admin == "DECOMMISSIONED"
     assert dm.stop_decommission(node) and node.admin == "NORMAL"
     assert not dm.stop_decommission(node) and node.admin == "NORMAL"
@@ -436,6 +440,26 @@ def test_decommission_start_and_stop_change_only_what_they_name():
     assert blocks.take_dirty(100) == []
 
 
+def test_admin_states_move_only_through_their_table():
+    """Every (state, event) pair the table lacks is refused and leaves the state; the four
+    moves it has are dfsadmin's start and stop and the monitor's end of a decommission."""
+    from meta.blocks.datanodes import (ADMIN_TRANSITIONS, AdminEvent, AdminState, NodeInfo,
+                                       next_admin_state)
+    assert len(ADMIN_TRANSITIONS) == 4
+    for state in AdminState:
+        for event in AdminEvent:
+            node = NodeInfo("n", "h:1", admin=state)
+            if (state, event) in ADMIN_TRANSITIONS:
+                node.move_admin(event)
+                assert node.admin is ADMIN_TRANSITIONS[state, event]
+            else:
+                with pytest.raises(errors.InternalError, match=f"no {event.value} from"):
+                    node.move_admin(event)
+                assert node.admin is state
+    assert next_admin_state(AdminState.DECOMMISSIONED, AdminEvent.RECOMMISSION,
+                            node_id="n") is AdminState.NORMAL
+
+
 def test_reader_order_puts_the_local_node_first_shuffles_equals_and_retiring_stale_last():
     """HDFS ``sortLocatedBlock``: in service and fresh first, the reader's host first among
     those, equals in a new random order at each call; decommissioning, decommissioned and
@@ -449,8 +473,9 @@ def test_reader_order_puts_the_local_node_first_shuffles_equals_and_retiring_sta
     clock.now = 6
     for name in ("local", "b", "c", "d", "leaving", "gone"):
         dm.heartbeat(name, 100, 0, 100)            # "quiet" stays silent: stale
-    dm.nodes["leaving"].admin = "DECOMMISSION_IN_PROGRESS"
-    dm.nodes["gone"].admin = "DECOMMISSIONED"
+    for name in ("leaving", "gone"):
+        dm.start_decommission(dm.nodes[name])
+    dm.finish_decommission(dm.nodes["gone"])
     ids = ["gone", "leaving", "quiet", "d", "c", "b", "local"]
     seen_first = set()
     for _ in range(200):

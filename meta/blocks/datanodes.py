@@ -28,8 +28,11 @@ reply to that node's next heartbeat (HDFS ``DatanodeManager`` + ``InvalidateBloc
   report at its next heartbeat (``full_report_wanted``). A node that registers for the first
   time after the takeover is postponed the same way until its report. With ``ha = none``
   ``start_epoch`` is never called and nothing is postponed.
-* Admin state (``NodeInfo.admin``): NORMAL, DECOMMISSION_IN_PROGRESS, DECOMMISSIONED; a
-  node that is not NORMAL is never chosen as a target.
+* Admin state (``NodeInfo.admin``, HDFS ``AdminStates``): NORMAL, DECOMMISSION_IN_PROGRESS,
+  DECOMMISSIONED, changed only through ``ADMIN_TRANSITIONS`` (``next_admin_state`` raises on
+  a move the table does not have): dfsadmin starts and stops a decommission, the
+  replication monitor ends one (``finish_decommission``). A node that is not NORMAL is never
+  chosen as a target.
 * Placement (``choose_targets``): ``n`` distinct live nodes, never an excluded one (by node id
   or address), the writer's own node first when it runs one (locality), then least used
   (reported use plus bytes scheduled since its last heartbeat, so concurrent writers spread).
@@ -43,6 +46,7 @@ Concurrency contract: plain data, no I/O, called only from the trio thread; atom
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 import math
@@ -50,17 +54,49 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from fs.errors import InvalidArgument, NoSpace
+from fs.errors import InternalError, InvalidArgument, NoSpace
 
 from ..leases.leases import is_stale
 
 log = logging.getLogger(__name__)
 
-# admin states (HDFS ``AdminStates``): a decommissioning node keeps serving reads and acts as
-# a replication source, but its replicas no longer count and it gets no new blocks
-NORMAL = "NORMAL"
-DECOMMISSION_IN_PROGRESS = "DECOMMISSION_IN_PROGRESS"
-DECOMMISSIONED = "DECOMMISSIONED"
+
+class AdminState(enum.StrEnum):
+    """HDFS ``AdminStates`` (the values are what dfsadmin and the web UI show): a
+    decommissioning node keeps serving reads and acts as a replication source, but its
+    replicas no longer count and it gets no new blocks."""
+
+    NORMAL = "NORMAL"
+    DECOMMISSION_IN_PROGRESS = "DECOMMISSION_IN_PROGRESS"
+    DECOMMISSIONED = "DECOMMISSIONED"
+
+
+class AdminEvent(enum.StrEnum):
+    DECOMMISSION = "DECOMMISSION"     # dfsadmin -decommission
+    REPLICATED = "REPLICATED"         # every block it holds has enough copies elsewhere
+    RECOMMISSION = "RECOMMISSION"     # dfsadmin -recommission: back in service
+
+
+NORMAL = AdminState.NORMAL
+DECOMMISSION_IN_PROGRESS = AdminState.DECOMMISSION_IN_PROGRESS
+DECOMMISSIONED = AdminState.DECOMMISSIONED
+
+#: (state, event) -> state; pairs that are missing are refused by ``next_admin_state``
+ADMIN_TRANSITIONS: dict[tuple[AdminState, AdminEvent], AdminState] = {
+    (NORMAL, AdminEvent.DECOMMISSION): DECOMMISSION_IN_PROGRESS,
+    (DECOMMISSION_IN_PROGRESS, AdminEvent.REPLICATED): DECOMMISSIONED,
+    (DECOMMISSION_IN_PROGRESS, AdminEvent.RECOMMISSION): NORMAL,
+    (DECOMMISSIONED, AdminEvent.RECOMMISSION): NORMAL,
+}
+
+
+def next_admin_state(state: AdminState, event: AdminEvent, *, node_id: str) -> AdminState:
+    nxt = ADMIN_TRANSITIONS.get((state, event))
+    if nxt is None:
+        raise InternalError(f"block server {node_id}: no {event.value} from admin state "
+                            f"{state.value}")
+    return nxt
+
 #: where a replica on a node in each admin state comes in a reader's order
 READ_RANK = {NORMAL: 0, DECOMMISSION_IN_PROGRESS: 1, DECOMMISSIONED: 2}
 
@@ -83,7 +119,7 @@ class NodeInfo:
     last_heartbeat: float = 0.0
     alive: bool = True
     scheduled_bytes: int = 0
-    admin: str = NORMAL
+    admin: AdminState = NORMAL       # changed only by ``move_admin``
     http_port: int | None = None     # its own web page's port, when it serves one
     # its wall clock minus ours at its last register or heartbeat (seconds; the call's
     # transit makes it look up to that much behind)
@@ -109,6 +145,9 @@ class NodeInfo:
     def retiring(self) -> bool:
         """Decommissioning or decommissioned: its replicas do not count."""
         return self.admin != NORMAL
+
+    def move_admin(self, event: AdminEvent) -> None:
+        self.admin = next_admin_state(self.admin, event, node_id=self.node_id)
 
     def forget_invalidations(self) -> None:
         """Dead or replaced: it re-reports everything when it returns."""
@@ -229,15 +268,20 @@ class DatanodeManager:
         NORMAL (already decommissioning or decommissioned: nothing changes)."""
         if node.admin != NORMAL:
             return False
-        node.admin = DECOMMISSION_IN_PROGRESS
+        node.move_admin(AdminEvent.DECOMMISSION)
         return True
 
     def stop_decommission(self, node: NodeInfo) -> bool:
         """dfsadmin: ``node`` is back in service; False when it already was."""
         if node.admin == NORMAL:
             return False
-        node.admin = NORMAL
+        node.move_admin(AdminEvent.RECOMMISSION)
         return True
+
+    def finish_decommission(self, node: NodeInfo) -> None:
+        """The replication monitor: every block ``node`` holds has enough replicas on nodes
+        in service; it is decommissioned (safe to switch off)."""
+        node.move_admin(AdminEvent.REPLICATED)
 
     def sort_for_reader(self, node_ids, reader_host: str | None) -> list[str]:
         """``node_ids`` (holders of a finished block) in the order a reader should try

@@ -199,7 +199,7 @@ class Redundancy:
             if node.admin != dm.DECOMMISSION_IN_PROGRESS:
                 continue
             if self.blocks_to_copy(node.node_id) == 0:
-                node.admin = dm.DECOMMISSIONED
+                self.datanodes.finish_decommission(node)
                 log.info("block server %s (%s) is decommissioned: every replica it holds "
                          "has enough copies elsewhere", node.node_id, node.address)
 
