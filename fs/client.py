@@ -338,7 +338,7 @@ class AsyncClient:
         return await self.rpc.call("renew_lease", {"client_name": self.client_name},
                                    retry_seconds=0)
 
-    def _new_output(self, path: str, status: dict, *,
+    def new_output(self, path: str, status: dict, *,
                     bytes_per_checksum: int | None = None) -> AsyncOutputStream:
         """A stream for a file this client now holds the lease of, kept alive by the
         renewer until it closes."""
@@ -348,10 +348,16 @@ class AsyncClient:
         self._renewer.add(stream)
         return stream
 
-    def _output_closed(self, stream: AsyncOutputStream) -> None:
+    def output_closed(self, stream: AsyncOutputStream) -> None:
         self._outputs.pop(id(stream), None)
         if self._renewer is not None:
             self._renewer.remove(stream)
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        """The client's task group, open while it is: streams start their pipelines' ack
+        readers in it."""
+        return self._nursery
 
     @property
     def open_output_streams(self) -> list[AsyncOutputStream]:
@@ -380,7 +386,7 @@ class AsyncClient:
                                   **_want(want_parent),
                                   **({"first_block": True} if first_block else {}))
         status = answer["status"] if want_parent or first_block else answer
-        stream = self._new_output(path, status, bytes_per_checksum=bytes_per_checksum)
+        stream = self.new_output(path, status, bytes_per_checksum=bytes_per_checksum)
         if first_block:
             stream.set_first_block(answer.get("first_block"))
         if want_parent:
@@ -398,22 +404,22 @@ class AsyncClient:
         before = await self._last_block(path)   # the stamp the replicas carry now
         result = await self._call("append", path=path, client_name=self.client_name)
         status, last = result["status"], result.get("last_block")
-        stream = self._new_output(path, status)
+        stream = self.new_output(path, status)
         try:
             if result.get("inline") is not None:
                 stream.start_with(result["inline"])
             elif last is not None:
                 same = before is not None and before["block"]["id"] == last["block"]["id"]
-                await stream._setup_append(last, before["block"]["gs"] if same else 0,
+                await stream.setup_append(last, before["block"]["gs"] if same else 0,
                                            before.get("token") if same else None)
-                stream._pos = int(last["offset"]) + int(last["block"]["num_bytes"])
+                stream.continue_from(int(last["offset"]) + int(last["block"]["num_bytes"]))
             else:
                 located = await self._last_block(path)
                 if located is not None:
                     b = located["block"]
-                    stream._previous = {"id": b["id"], "gs": b["gs"],
-                                        "num_bytes": b["num_bytes"]}
-                    stream._pos = int(located["offset"]) + int(b["num_bytes"])
+                    stream.continue_from(int(located["offset"]) + int(b["num_bytes"]),
+                                         previous={"id": b["id"], "gs": b["gs"],
+                                                   "num_bytes": b["num_bytes"]})
         except BaseException as exc:
             stream.abort(exc if isinstance(exc, LeaseFSError) else LeaseFSError(
                 f"{path}: append interrupted ({type(exc).__name__})"))
@@ -764,7 +770,7 @@ class Client:
         except RuntimeError:   # a plain thread: wait for it as usual
             return self._call(afn)
         try:
-            self._token.run_sync_soon(self._async._nursery.start_soon, afn)
+            self._token.run_sync_soon(self._async.nursery.start_soon, afn)
         except trio.RunFinishedError:
             pass
         return None

@@ -23,7 +23,7 @@ with one WRITE_BLOCK_ONESHOT (``_write_whole_block``, docs/PROTOCOL.md §3): its
 in hand, so any failure is handled as a failed setup (abandon the block, exclude the node,
 take a new one). ``close`` ends the last block and calls ``complete``
 until the server says the file is closed. ``append`` reopens a partial last block
-(``_setup_append``: reread its last partial chunk, WRITE_BLOCK stage PIPELINE_SETUP_APPEND
+(``setup_append``: reread its last partial chunk, WRITE_BLOCK stage PIPELINE_SETUP_APPEND
 under the new stamp; a setup that fails at a node goes on as a pipeline recovery, below) and
 then writes on exactly as after an hflush.
 A pipeline that breaks because the file was deleted or overwritten under the writer is
@@ -347,7 +347,7 @@ class AsyncOutputStream:
                 self._complete_pending = ended and isinstance(exc, ServerUnavailable)
                 await self._fail_and_raise(exc)
             finally:
-                self._client._output_closed(self)
+                self._client.output_closed(self)
 
     aclose = close
 
@@ -364,6 +364,13 @@ class AsyncOutputStream:
         hands it to ``complete`` instead of a block."""
         data = self.unsent_content()
         return data if data and len(data) <= self.inline_max else None
+
+    def continue_from(self, end: int, previous: dict | None = None) -> None:
+        """An appended file: its next byte is at ``end``; ``previous``: its last block
+        (complete, ``{id, gs, num_bytes}``), which the stream's first block follows."""
+        self._pos = end
+        if previous is not None:
+            self._previous = previous
 
     def start_with(self, data: bytes) -> None:
         """An appended file whose content is inline: those bytes come first in the stream
@@ -396,7 +403,7 @@ class AsyncOutputStream:
         if self._pipeline is not None:
             self._pipeline.fail(exc)
         self._closed = True
-        self._client._output_closed(self)
+        self._client.output_closed(self)
 
     async def rewrite(self) -> "AsyncOutputStream":
         """Start the file over, empty, under the same lease, and return the stream that
@@ -416,8 +423,8 @@ class AsyncOutputStream:
             if self._pipeline is not None:
                 self._pipeline.close()
                 self._pipeline = None
-            self._client._output_closed(self)
-        return self._client._new_output(self.path, status,
+            self._client.output_closed(self)
+        return self._client.new_output(self.path, status,
                                         bytes_per_checksum=self.bytes_per_checksum)
 
     # ------------------------------------------------------------------ internals
@@ -502,7 +509,7 @@ class AsyncOutputStream:
         return FileNotFound(f"{self.path}: the file was deleted or replaced while open for "
                             f"writing (the write failed: {cause.message})")
 
-    async def _setup_append(self, located: dict, old_gs: int,
+    async def setup_append(self, located: dict, old_gs: int,
                             old_token: dict | None = None) -> None:
         """Reopen the file's partial last block for appending (PROTOCOL.md §4): read its
         last partial checksum chunk from a replica (with the stamp it had before ``append``),
@@ -546,7 +553,7 @@ class AsyncOutputStream:
                                     f"{block['id']} failed: {exc.reason}"),
                 acked=min_bytes, sent_end=min_bytes, source_gs=old_gs))
         else:
-            client._nursery.start_soon(pipeline.run_responder,
+            client.nursery.start_soon(pipeline.run_responder,
                                        name=f"responder {self.path} blk {block['id']} (append)")
         self._pipeline = pipeline
         whole = min_bytes - len(tail)
@@ -654,7 +661,7 @@ class AsyncOutputStream:
                 await self._abandon_block(located, exc, excluded, failures)
                 continue
             self._pipeline = pipeline
-            client._nursery.start_soon(pipeline.run_responder,
+            client.nursery.start_soon(pipeline.run_responder,
                                        name=f"responder {self.path} blk {located['block']['id']}")
             return
         raise PipelineError(f"{self.path}: could not set up a write pipeline after "
@@ -938,7 +945,7 @@ class AsyncOutputStream:
             log.info("%s: pipeline recovered: generation stamp %d, %d bytes acknowledged, "
                      "nodes %s", where, new_gs, acked, ", ".join(node_name(n) for n in nodes))
             pipeline.sent_end = max(old.sent_end, acked)
-            client._nursery.start_soon(pipeline.run_responder,
+            client.nursery.start_soon(pipeline.run_responder,
                                        name=f"responder {self.path} blk {block['id']} (recovered)")
             return pipeline
 

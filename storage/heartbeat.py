@@ -286,7 +286,13 @@ class HeartbeatService:
             for actor in self.actors:
                 nursery.start_soon(actor.run)
 
-    async def _authenticate(self, call, address: str | None = None) -> None:
+    @property
+    def secure(self) -> bool:
+        """A cluster key is installed (security = secure): calls to metadata servers are
+        authenticated and carry the block keys' version."""
+        return self._key is not None
+
+    async def authenticate(self, call, address: str | None = None) -> None:
         """``fs.nodeauth`` on a new connection to ``address`` (a ``MetaActor``'s): prove we
         hold the cluster key, and check that the metadata server does too (else it could
         command us)."""
@@ -492,7 +498,7 @@ class MetaActor:
                              timeout=self.config.rpc_timeout, retry_seconds=0,
                              connect_timeout=min(5.0, self.config.rpc_timeout),
                              max_frame=self.config.max_frame,
-                             authenticate=self._authenticate if service._key else None,
+                             authenticate=self._authenticate if service.secure else None,
                              # a node proves itself with the cluster key, not as a local user
                              local_socket=None, tls=tlsmod.client(self.config)) as rpc:
             self._rpc = rpc
@@ -613,7 +619,7 @@ class MetaActor:
         return False
 
     async def _authenticate(self, call) -> None:
-        await self.service._authenticate(call, self.address)
+        await self.service.authenticate(call, self.address)
 
     def _unregister(self) -> None:
         self.registered = False
@@ -665,7 +671,7 @@ class MetaActor:
         reply = await self._rpc.call("heartbeat", {
             "node_id": self.store.node_id, **await self._usage(),
             "xceivers": service.xceiver_count(), "wall_time": reported_wall_time(),
-            **({"block_keys_version": service.block_keys_version} if service._key else {})},
+            **({"block_keys_version": service.block_keys_version} if service.secure else {})},
             retry_seconds=0)
         self.heartbeats_sent += 1
         return reply

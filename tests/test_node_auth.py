@@ -136,6 +136,7 @@ async def test_a_reader_reports_bad_replicas_only_of_files_it_may_read(cluster):
 async def test_a_block_server_does_not_obey_a_server_that_cannot_prove_the_key(tmp_path):
     """The last step of the exchange, driven by a stand-in for the server's two answers:
     a wrong or missing proof back is refused before any other call goes out."""
+    from fs.config import Config
     from storage.heartbeat import HeartbeatService
 
     key = os.urandom(nodeauth.KEY_BYTES)
@@ -143,14 +144,13 @@ async def test_a_block_server_does_not_obey_a_server_that_cannot_prove_the_key(t
     class Store:
         node_id = "node-a"
 
-    service = HeartbeatService.__new__(HeartbeatService)
-    service._key, service.store, service.meta_address = key, Store(), "127.0.0.1:1"
+    service = HeartbeatService(Config(), Store(), "127.0.0.1:1", key=key)
 
     for answer in (os.urandom(32), None, b""):
         async def call(method, args, answer=answer):
             return os.urandom(32) if method == "node_challenge" else answer
         with pytest.raises(AuthenticationFailed, match="did not prove"):
-            await service._authenticate(call)
+            await service.authenticate(call)
     sent = {}
 
     async def honest(method, args):
@@ -158,7 +158,7 @@ async def test_a_block_server_does_not_obey_a_server_that_cannot_prove_the_key(t
             sent["nonce"] = os.urandom(32)
             return sent["nonce"]
         return nodeauth.meta_proof(key, sent["nonce"], args["client_nonce"], "node-a")
-    await service._authenticate(honest)
+    await service.authenticate(honest)
 
 
 async def test_recovery_ops_between_block_servers_must_be_signed_with_the_cluster_key(tmp_path):
