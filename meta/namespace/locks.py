@@ -247,13 +247,13 @@ class _Hold:
                     await entry[0].acquire(write)
                 self._held += 1
         except BaseException:
-            self._release()
+            self.release()
             raise
 
     async def __aexit__(self, *exc_info) -> None:
-        self._release()
+        self.release()
 
-    def _release(self) -> None:
+    def release(self) -> None:
         entries, wanted = self._entries, self._wanted
         for i in range(self._held - 1, -1, -1):
             entry = entries[i]
@@ -297,7 +297,7 @@ class Mutation:
                 if check is not None:
                     check()
             except BaseException:
-                self._hold._release()
+                self._hold.release()
                 raise
         except BaseException:
             self._global.release(exclusive)
@@ -305,7 +305,7 @@ class Mutation:
 
     async def __aexit__(self, *exc_info) -> None:
         try:
-            self._hold._release()
+            self._hold.release()
         finally:
             self._global.release(self._exclusive)
 

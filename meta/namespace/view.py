@@ -1,11 +1,10 @@
 """The namespace's read view: the decoded inode/dentry cache, the counters as stored, path
 walking and resolution, file status and listing, subtree and block-list reads.
 
-Why it exists: the planners (``namespace_plan``, ``namespace_rename``,
-``namespace_reclaim``) and the RPC handlers all decide from the same view of the store;
-``NamespaceView`` is that view, a mixin of ``meta.namespace.namespace.Namespace`` (it reads
-``self.kv``, ``self.cache`` and ``self.counters``, which the namespace owns and ``apply``
-updates).
+Why it exists: the planners (``plan``, ``rename``, ``reclaim``, ``quota``, ``concat``) and
+the RPC handlers all decide from the same view of the store; ``NamespaceView`` is that
+view, a part of ``meta.namespace.namespace.Namespace`` built over its store and cache. The
+applier gives it the counters it wrote (``adopt_counters``) and updates the cache.
 
 Purity / concurrency contract: reads only — never writes the store nor changes the
 counters; the cache is filled on reads and updated only by ``apply`` with what it wrote.
@@ -119,9 +118,20 @@ ABSENT = object()
 
 
 class NamespaceView:
-    """Reads of the namespace (a mixin of ``Namespace``)."""
+    """Reads of the namespace: the store ``kv`` through the decoded ``cache``, and the
+    counters as stored (``adopt_counters``)."""
+
+    def __init__(self, kv, cache: DecodedCache):
+        self.kv = kv
+        self.cache = cache
+        self.counters: dict[str, int | bytes] = {}
 
     # ------------------------------------------------------------------ counters
+    def adopt_counters(self, counters: dict) -> None:
+        """``counters`` are the stored ones now (read at load, or just written by
+        ``apply``)."""
+        self.counters = counters
+
     @property
     def formatted(self) -> bool:
         return keys.NAMESPACE_ID in self.counters
