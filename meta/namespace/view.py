@@ -6,8 +6,9 @@ the RPC handlers all decide from the same view of the store; ``NamespaceView`` i
 view, a part of ``meta.namespace.namespace.Namespace`` built over its store and cache. The
 applier gives it the counters it wrote (``adopt_counters``) and updates the cache.
 
-Purity / concurrency contract: reads only — never writes the store nor changes the
-counters; the cache is filled on reads and updated only by ``apply`` with what it wrote.
+Purity / concurrency contract: reads only — never writes the store; the counters change
+only by ``adopt_counters`` (the owner's ``load``, the applier after its write); the cache
+is filled on reads and updated only by ``apply`` with what it wrote.
 Trio thread only (the cache and counters are unlocked), no awaits; the store's small sync
 calls are its only I/O. Values returned from the cache are shared: callers must not
 modify them.
@@ -41,7 +42,7 @@ class ContentSummary:
         self.length = self.files = self.dirs = self.space = 0
 
     def add(self, node: dict, space: int | None = None) -> None:
-        """``space``: the file's quota charge (``namespace_quota.file_charge``), which
+        """``space``: the file's quota charge (``charge.file_charge``), which
         counts a block being written at its full size; default its length × replication."""
         if node["type"] == DIR:
             self.dirs += 1
@@ -65,7 +66,7 @@ class DecodedCache:
     the handler, the planner), and a LevelDB miss is the dearest read there is (it visits
     every level that may hold the key); ``apply``'s put replaces it. Values are shared:
     readers must not modify them (apply works on fresh decodes through
-    ``ops_store.Txn``). Bounded: past ``limit`` entries the oldest
+    ``meta.journal.ops_store.Txn``). Bounded: past ``limit`` entries the oldest
     ``1/EVICT_FRACTION`` is dropped (a bounded pause: dropping half of a million entries
     at once held the trio thread for ~0.1 s)."""
 
