@@ -158,8 +158,8 @@ class MetaMetrics:
                     s.journal.last_txid)
         yield gauge("journal_durable_txid", "Last journal transaction id known durable",
                     s.journal.durable_txid)
-        yield gauge("files", "Files in the namespace", s.ns.file_count())
-        yield gauge("directories", "Directories in the namespace", s.ns.dir_count())
+        yield gauge("files", "Files in the namespace", s.ns.view.file_count())
+        yield gauge("directories", "Directories in the namespace", s.ns.view.dir_count())
         yield gauge("delegation_tokens", "Live delegation tokens", len(s.security.tokens))
 
 

@@ -14,7 +14,7 @@ and three callables of the server: ``node_dead`` (a block server's replicas leav
 ``update_safemode`` and ``handler`` (the ``rpc_<method>`` the trash emptier calls, the
 server's own handlers as the superuser). It owns the last checkpoint, the counts of
 checkpoints and reclaim records, and the reclaimer's wakeup (``wake_reclaimer``, called
-when an applied record detached a subtree).
+when an applied record detached a subtree; ``run_reclaimer`` is the reclaiming loop).
 
 Concurrency contract: every loop is a task on the metadata server's one trio thread; a
 checkpoint holds the global write lock, a reclaim record the global read lock.
@@ -84,7 +84,7 @@ class Monitors:
         await self.locking.global_lock.acquire(True)
         try:
             await self.journal.roll()
-            info = CheckpointInfo(self.ns.applied_txid, self.wall_ns())
+            info = CheckpointInfo(self.ns.view.applied_txid, self.wall_ns())
             await trio.to_thread.run_sync(partial(self.kv.write, checkpoints.record(info),
                                                   sync=True))
             removed = self.journal.purge(info.txid)
@@ -100,7 +100,7 @@ class Monitors:
     def checkpoint_status(self) -> dict:
         """The last checkpoint and what the journal holds after it (``report``)."""
         last = self.last_checkpoint
-        return last.as_dict(self.ns.applied_txid, self.journal.bytes_after(last.txid))
+        return last.as_dict(self.ns.view.applied_txid, self.journal.bytes_after(last.txid))
 
     async def run_monitors(self) -> None:
         """The loops every metadata server runs whatever its role (they journal nothing:
@@ -116,7 +116,7 @@ class Monitors:
         (re-replication). Cancelled when the server leaves the active role."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._lease_monitor)
-            nursery.start_soon(self._reclaim_monitor)
+            nursery.start_soon(self.run_reclaimer)
             nursery.start_soon(self._replication_monitor)
             nursery.start_soon(self._token_monitor)
             nursery.start_soon(self._trash_monitor)
@@ -127,7 +127,7 @@ class Monitors:
         await self.locking.global_lock.acquire(False)
         try:
             until = time.perf_counter() + RECLAIM_SLICE
-            plan = self.ns.plan_reclaim(stop=lambda: time.perf_counter() >= until)
+            plan = self.ns.reclaim.plan_reclaim(stop=lambda: time.perf_counter() >= until)
             if plan is None:
                 return False
             await self.journal.log(plan)
@@ -138,12 +138,14 @@ class Monitors:
         finally:
             self.locking.global_lock.release(False)
 
-    async def _reclaim_monitor(self) -> None:
+    async def run_reclaimer(self) -> None:
         """Removes detached subtrees record by record; waits while in safe mode (a server
-        started on a stale folder deletes nothing) and while nothing is detached."""
+        started on a stale folder deletes nothing) and while nothing is detached. One of
+        ``run_active_services``' loops, and runnable alone (without lease recovery and the
+        rest) where only reclaiming is wanted."""
         period = max(0.05, min(0.5, self.config.heartbeat_interval))
         while True:
-            if not self.safemode.on and self.ns.has_orphans():
+            if not self.safemode.on and self.ns.reclaim.has_orphans():
                 try:
                     await self.reclaim_once()
                     await trio.sleep(0)
@@ -219,7 +221,7 @@ class Monitors:
         while True:
             await trio.sleep(period)
             last = self.last_checkpoint
-            if checkpoints.due(last, self.ns.applied_txid, self.wall_ns(),
+            if checkpoints.due(last, self.ns.view.applied_txid, self.wall_ns(),
                                self._started_ns, period=self.config.checkpoint_period,
                                txns=self.config.checkpoint_txns,
                                journal_bytes=self.journal.bytes_after(last.txid),

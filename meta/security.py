@@ -18,7 +18,7 @@ server, user authentication) ask it instead of each holding keys:
 The RPC side (sessions, challenges, who the caller of a call is) is the front end
 ``meta/protocols/user_auth.py``; it decides who asks, this service what they get.
 
-Constructor: the namespace (the tokens and their counter at start), the journal (the token
+Constructor: the namespace's read view (the tokens and their counter at start), the journal (the token
 records), the config (token lifetimes, ``proxy_users``), the superuser (may act for anyone
 and cancel any token) and the wall clock (token and key times).
 
@@ -76,8 +76,8 @@ class ProxyRules:
 class Security:
     """The cluster key, the block keys, the proxy rules and the delegation tokens."""
 
-    def __init__(self, *, ns, journal, config, superuser: str, wall_ns):
-        self.ns = ns
+    def __init__(self, *, view, journal, config, superuser: str, wall_ns):
+        self.view = view
         self.journal = journal
         self.config = config
         self.superuser = superuser
@@ -120,10 +120,10 @@ class Security:
     def load_tokens(self) -> None:
         """Rebuild the token table and counter from the namespace (start, new active)."""
         self.tokens = {}
-        for wire in self.ns.delegation_tokens():
+        for wire in self.view.delegation_tokens():
             state = TokenState.from_wire(wire)
             self.tokens[state.token.seq] = state
-        self._next_token = max(self.ns.counters.get(keys.NEXT_TOKEN, 1), self._next_token)
+        self._next_token = max(self.view.counters.get(keys.NEXT_TOKEN, 1), self._next_token)
 
     def apply_token_effect(self, op: str, effect: dict) -> None:
         """An applied token record's change to the table (``MemoryState``)."""

@@ -31,7 +31,7 @@ update after their store write (each method one step, or a delegation to the ser
 owns the state), and the HA role's entry points (``activate``, ``became_active``).
 
 Mutation order (every mutating RPC): safe-mode check → global lock (read) → path locks →
-validate and decide in memory (``ns.plan_*``; a ``LeaseFSError`` leaves everything
+validate and decide in memory (``ns.planner.plan_*``; a ``LeaseFSError`` leaves everything
 unchanged) → ``await edits.log_plan(op)``, which returns after the record is fsynced AND
 applied (or, for a namespace-only record of a client without ``sync_metadata``, written
 and applied; ``LAZY_OPS``): ``_apply`` writes the batch to LevelDB (one write) and, in the same synchronous
@@ -180,7 +180,7 @@ class MetaServer(Dispatcher):
         defaults = Defaults.from_config(config)
         defaults.owner, defaults.group = self.superuser, config.supergroup
         self.ns = Namespace(kv, defaults, cache_entries=config.namespace_cache_entries)
-        self.role_view = RoleView(lambda: self.ns.applied_txid)
+        self.role_view = RoleView(lambda: self.ns.view.applied_txid)
         # run by run_meta_server; process-wide, so of several servers in one process (tests)
         # only the first governs
         self.gc_governor = GcGovernor(config.gc_full_collect_interval)
@@ -189,7 +189,7 @@ class MetaServer(Dispatcher):
         self.datanodes = DatanodeManager(
             dead_interval=config.dead_node_interval, invalidate_limit=config.invalidate_limit,
             clock=clock, invalidate_timeout=INVALIDATE_RESEND_HEARTBEATS * config.heartbeat_interval,
-            applied_txid=lambda: self.ns.applied_txid,
+            applied_txid=lambda: self.ns.view.applied_txid,
             stale_interval=STALE_HEARTBEATS * config.heartbeat_interval)
         self.safemode = SafeModeState(config.safemode_threshold, config.safemode_extension,
                                       config.safemode_min_storage)
@@ -197,15 +197,15 @@ class MetaServer(Dispatcher):
                                keep_segments=config.journal_keep_segments,
                                sync_delay=config.journal_sync_delay)
         # the keys, proxy rules and delegation tokens (run_meta_server installs the keys)
-        self.security = Security(ns=self.ns, journal=self.journal, config=config,
+        self.security = Security(view=self.ns.view, journal=self.journal, config=config,
                                  superuser=self.superuser, wall_ns=wall_ns)
         # the services every front end calls
         self.edits = Edits(self.journal)
-        self.access = Access(self.ns, self.permissions, self.superuser)
+        self.access = Access(self.ns.view, self.permissions, self.superuser)
         self.locking = NamespaceLocking(
-            existing_depth=self.ns.existing_depth, path_of=self.ns.path_of,
+            existing_depth=self.ns.view.existing_depth, path_of=self.ns.view.path_of,
             safemode_check=self.safemode.check, exclusive=config.namespace_lock == "global")
-        self.locator = Locator(self.ns, self.blocks, self.datanodes, self.security.block_token)
+        self.locator = Locator(self.ns.view, self.blocks, self.datanodes, self.security.block_token)
         self._recovering = False
         self._started_ns = wall_ns()
         self.startup = StartupProgress(self._started_ns / 1e9)
@@ -258,7 +258,7 @@ class MetaServer(Dispatcher):
             clock_skew_max=config.clock_skew_max, wall_ns=wall_ns, node_dead=self.node_dead,
             update_safemode=self.update_safemode)
         self.ha_protocol = HAProtocol(
-            role_view=self.role_view, ns=self.ns, images=self.images, kv=kv,
+            role_view=self.role_view, view=self.ns.view, images=self.images, kv=kv,
             permissions=self.permissions, access=self.access, max_frame=config.max_frame)
         # the front ends: the objects whose ``rpc_<method>`` methods serve the calls
         self.front_ends: tuple = (self.client_protocol, self.namespace_protocol,
@@ -285,7 +285,7 @@ class MetaServer(Dispatcher):
         durable first: its applied state is then authoritative, so a journal that lost its
         tail (the store is ahead of it) is bridged instead of refused. The retry cache is
         left held: ``look_back_steps`` (``look_back`` in the background) releases it."""
-        applied = self.ns.applied_txid
+        applied = self.ns.view.applied_txid
         self.kv.sync()
         self.journal.open(store_applied=applied)
         self.monitors.load_last_checkpoint()
@@ -305,7 +305,7 @@ class MetaServer(Dispatcher):
         finally:
             self._recovering = False
         log.info("namespace: applied txid %d, replayed %d journal records, now at txid %d",
-                 applied, self.startup.replayed, self.ns.applied_txid)
+                 applied, self.startup.replayed, self.ns.view.applied_txid)
 
     async def look_back(self) -> None:
         """``look_back_steps`` on the trio thread, in slices (``TimeSlice``): the server
@@ -374,18 +374,18 @@ class MetaServer(Dispatcher):
 
     async def format_if_new(self) -> None:
         """A new namespace gets its FORMAT record (a random namespace id) as its first."""
-        if not self.ns.formatted:
+        if not self.ns.view.formatted:
             namespace_id = secrets.randbelow(1 << 31) + 1
-            await self.journal.log(self.ns.plan_format(namespace_id, self.wall_ns()))
+            await self.journal.log(self.ns.planner.plan_format(namespace_id, self.wall_ns()))
             log.info("formatted a new namespace, id %d", namespace_id)
 
     def rebuild_memory(self) -> None:
         self.blocks.clear()
         self.reports.clear()
-        for ino, index, block, replication in self.ns.all_blocks():
+        for ino, index, block, replication in self.ns.view.all_blocks():
             self.blocks.add(BlockInfo(block["id"], ino, index, block["gs"], block["num_bytes"],
                                       block["state"], replication))
-        self.leases.rebuild(self.ns.under_construction(), self.clock())
+        self.leases.rebuild(self.ns.view.under_construction(), self.clock())
         self.security.load_tokens()
         if len(self.blocks) and self.safemode.min_storage < 1:
             # blocks (even only ones being written) are useless until a block server is back:
@@ -395,7 +395,7 @@ class MetaServer(Dispatcher):
             self.safemode.min_storage = 1
         self.update_safemode()
         log.info("loaded %d files, %d directories, %d blocks, %d files under construction",
-                 self.ns.file_count(), self.ns.dir_count(), len(self.blocks),
+                 self.ns.view.file_count(), self.ns.view.dir_count(), len(self.blocks),
                  self.leases.open_files())
 
     # ================================================================== HA role
@@ -438,12 +438,12 @@ class MetaServer(Dispatcher):
                     raise StandbyError(ha.unsure())
             elif ha.role is not Role.OBSERVER or method not in OBSERVER_METHODS:
                 raise StandbyError(ha.refusal())
-            elif ctx.state_id > self.ns.applied_txid:
+            elif ctx.state_id > self.ns.view.applied_txid:
                 await ha.wait_applied(ctx.state_id, self.config.ha_observer_wait)
         return await super().dispatch(ctx, method, args)
 
     def state_id(self) -> int:
-        return self.ns.applied_txid
+        return self.ns.view.applied_txid
 
     async def activate(self) -> None:
         """Become the active server after following the log (ha = etcd): format a new
@@ -452,7 +452,7 @@ class MetaServer(Dispatcher):
         leave safe mode as its rules say. The HA controller then starts the active-only
         monitors."""
         await self.format_if_new()
-        self.leases.rebuild(self.ns.under_construction(), self.clock())
+        self.leases.rebuild(self.ns.view.under_construction(), self.clock())
         self.became_active()
         self.update_safemode()
 

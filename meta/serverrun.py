@@ -134,7 +134,7 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
                 await server.start()
             else:   # a follower: the namespace comes from the log
                 server.startup.move(Phase.LOADING_MEMORY, server.wall_ns() / 1e9)
-                if server.ns.formatted:
+                if server.ns.view.formatted:
                     server.rebuild_memory()
             nursery.start_soon(server.monitors.run_monitors)
             if server.ha is None:

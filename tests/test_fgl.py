@@ -373,7 +373,7 @@ async def test_random_concurrent_clients_replay_serially(tmp_path, mode):
                                               0, 1 << 40)
                 with trio.fail_after(90):
                     async with trio.open_nursery() as clients:
-                        clients.start_soon(server.monitors._reclaim_monitor)
+                        clients.start_soon(server.monitors.run_reclaimer)
                         clients.start_soon(lease_monitor, server)
                         async with trio.open_nursery() as users:
                             for i in range(CLIENTS):
@@ -388,7 +388,7 @@ async def test_random_concurrent_clients_replay_serially(tmp_path, mode):
                         pass
                 nursery.cancel_scope.cancel()
             live_problems = check_namespace(kv, server.leases)
-            orphans, open_files = server.ns.has_orphans(), server.leases.open_files()
+            orphans, open_files = server.ns.reclaim.has_orphans(), server.leases.open_files()
             live = store_items(kv)
         finally:
             await server.journal.aclose()
@@ -404,7 +404,7 @@ async def test_random_concurrent_clients_replay_serially(tmp_path, mode):
             for record in journal.replay(0):
                 problems += check_record(replay, record)
                 if record.op == "RENAME":
-                    moved = ns.get_inode(record.args["ino"]) or {}
+                    moved = ns.view.get_inode(record.args["ino"]) or {}
                     ops["dir renames" if moved.get("type") == "dir" else "file renames"] += 1
                 if record.args.get("detach"):
                     ops["detached"] += 1
@@ -446,9 +446,9 @@ def formatted_namespace() -> tuple[Namespace, list]:
         records.append(record)
         ns.apply([record])
 
-    apply(ns.plan_format(7, 1))
-    apply(ns.plan_mkdirs("/d/e", now_ns=2))
-    apply(ns.plan_create("/f", holder="w", now_ns=3))
+    apply(ns.planner.plan_format(7, 1))
+    apply(ns.planner.plan_mkdirs("/d/e", now_ns=2))
+    apply(ns.planner.plan_create("/f", holder="w", now_ns=3))
     return ns, records
 
 
@@ -457,10 +457,10 @@ def test_check_record_finds_records_planned_on_another_state():
     a create of an existing name, a rename into its own subtree, a delete of an entry
     that points elsewhere, a close of a closed file."""
     ns, _ = formatted_namespace()
-    d = ns.lookup(1, "d")
-    e = ns.lookup(d, "e")
-    f = ns.lookup(1, "f")
-    add = ns.plan_create("/g", holder="w", now_ns=4).to_args()
+    d = ns.view.lookup(1, "d")
+    e = ns.view.lookup(d, "e")
+    f = ns.view.lookup(1, "f")
+    add = ns.planner.plan_create("/g", holder="w", now_ns=4).to_args()
     bad = {
         "ADD": {**add, "name": "f"},
         "RENAME": {"src_parent": 1, "src_name": "d", "dst_parent": e, "dst_name": "x",
@@ -472,8 +472,8 @@ def test_check_record_finds_records_planned_on_another_state():
     for op, args in bad.items():
         assert check_record(ns.kv, Record(10, op, args)), op
     assert check_record(ns.kv, Record(10, "ADD", add)) == []
-    ns.apply([Record(4, "CLOSE", ns.plan_close(f, None, None, 4).to_args())])
-    assert check_record(ns.kv, Record(5, "CLOSE", ns.plan_close(f, None, None, 5).to_args()))
+    ns.apply([Record(4, "CLOSE", ns.planner.plan_close(f, None, None, 4).to_args())])
+    assert check_record(ns.kv, Record(5, "CLOSE", ns.planner.plan_close(f, None, None, 5).to_args()))
     # the moves of one RENAMES record are checked in order: the second sees the first
     two = {"renames": [
         {"src_parent": d, "src_name": "e", "dst_parent": 1, "dst_name": "e2", "ino": e,
@@ -491,10 +491,10 @@ def test_rename_many_refuses_a_path_below_another_moves_destination():
     removes (found by the randomized run's serial replay): refused, nothing changes."""
     ns, _ = formatted_namespace()
     for path in ("/src", "/dst", "/other"):
-        ns.apply([Record(ns.applied_txid + 1, *to_wire(ns.plan_mkdirs(path, now_ns=8)))])
+        ns.apply([Record(ns.view.applied_txid + 1, *to_wire(ns.planner.plan_mkdirs(path, now_ns=8)))])
     before = dict(ns.kv.scan(b""))
     with pytest.raises(errors.InvalidArgument, match="/dst is a destination"):
-        ns.plan_rename_many([["/src", "/dst", True], ["/other", "/dst/x"]], now_ns=9)
+        ns.renames.plan_rename_many([["/src", "/dst", True], ["/other", "/dst/x"]], now_ns=9)
     assert dict(ns.kv.scan(b"")) == before and check_namespace(ns.kv) == []
 
 # --------------------------------------------------------------------------- complete

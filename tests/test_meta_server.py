@@ -1005,13 +1005,13 @@ async def test_reclaimer_pauses_in_safe_mode_and_finishes_after_a_restart(tmp_pa
                                                                      ino=st["ino"])
                 await server.client_protocol.rpc_create(ctx, "/keep", "w")
                 await server.namespace_protocol.rpc_delete(ctx, "/t", recursive=True)
-                assert server.ns.has_orphans() and server.ns.file_count() == 21
+                assert server.ns.reclaim.has_orphans() and server.ns.view.file_count() == 21
                 await server.admin_protocol.rpc_safemode(ctx, "enter")
-                nursery.start_soon(server.monitors._reclaim_monitor)
+                nursery.start_soon(server.monitors.run_reclaimer)
                 await trio.sleep(0.5)     # several monitor periods: nothing reclaimed
-                assert server.monitors.reclaim_records == 0 and server.ns.file_count() == 21
+                assert server.monitors.reclaim_records == 0 and server.ns.view.file_count() == 21
                 assert await server.monitors.reclaim_once() and await server.monitors.reclaim_once()
-                assert server.ns.has_orphans()
+                assert server.ns.reclaim.has_orphans()
                 nursery.cancel_scope.cancel()
         finally:
             await server.journal.aclose()

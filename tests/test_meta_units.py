@@ -653,20 +653,20 @@ def test_check_namespace_finds_broken_stores():
 
     store = MemoryStore()
     ns = Namespace(store)
-    records = [ns.plan_format(1, 10).to_wire()]
+    records = [ns.planner.plan_format(1, 10).to_wire()]
     ns.apply([Record(1, *records[0])])
-    ns.apply([Record(2, *to_wire(ns.plan_mkdirs("/a/b", now_ns=20)))])
-    ns.apply([Record(3, *to_wire(ns.plan_create("/a/f", holder="w", now_ns=30)))])
+    ns.apply([Record(2, *to_wire(ns.planner.plan_mkdirs("/a/b", now_ns=20)))])
+    ns.apply([Record(3, *to_wire(ns.planner.plan_create("/a/f", holder="w", now_ns=30)))])
     assert check_namespace(store) == []
     leases = LeaseManager()
     assert check_namespace(store, leases) != []                # the open file has no lease
-    leases.rebuild(ns.under_construction(), now=0)
+    leases.rebuild(ns.view.under_construction(), now=0)
     assert check_namespace(store, leases) == []
 
-    b_ino = ns.get_file_info("/a/b")["ino"]
+    b_ino = ns.view.get_file_info("/a/b")["ino"]
     broken = MemoryStore()
     broken.write(puts=list(store.scan(b"")))
-    broken.write(deletes=[keys.dentry_key(ns.get_file_info("/a")["ino"], "b")])
+    broken.write(deletes=[keys.dentry_key(ns.view.get_file_info("/a")["ino"], "b")])
     problems = check_namespace(broken)
     assert any("has 0 entries" in p for p in problems)
     assert any("not reachable" in p and str(b_ino) in p for p in problems)
@@ -674,7 +674,7 @@ def test_check_namespace_finds_broken_stores():
 
     broken = MemoryStore()
     broken.write(puts=list(store.scan(b"")))
-    broken.write(puts=[(keys.dentry_key(b_ino, "loop"), keys.pack(ns.get_file_info("/a")["ino"])),
+    broken.write(puts=[(keys.dentry_key(b_ino, "loop"), keys.pack(ns.view.get_file_info("/a")["ino"])),
                        (keys.block_key(b_ino, 0), keys.pack({"id": 1, "gs": 1, "num_bytes": 0,
                                                              "state": "COMPLETE"})),
                        (keys.meta_key(keys.FILES), keys.pack(7))])
@@ -697,14 +697,14 @@ def test_check_namespace_accepts_orphan_subtrees_and_flags_linked_orphan_roots()
         txid += 1
         ns.apply([Record(txid, *to_wire(plan))])
 
-    apply(ns.plan_format(1, 10))
-    apply(ns.plan_mkdirs("/t/d", now_ns=20))
-    apply(ns.plan_create("/t/d/f", holder="w", now_ns=30))
-    apply(ns.plan_delete("/t", True, now_ns=40))     # 3 inodes > 2: detached
-    (root,) = ns.orphan_roots()
+    apply(ns.planner.plan_format(1, 10))
+    apply(ns.planner.plan_mkdirs("/t/d", now_ns=20))
+    apply(ns.planner.plan_create("/t/d/f", holder="w", now_ns=30))
+    apply(ns.planner.plan_delete("/t", True, now_ns=40))     # 3 inodes > 2: detached
+    (root,) = ns.reclaim.orphan_roots()
     assert check_namespace(store) == []
-    apply(ns.plan_reclaim())                         # half reclaimed: still fine
-    assert ns.has_orphans() and check_namespace(store) == []
+    apply(ns.reclaim.plan_reclaim())                         # half reclaimed: still fine
+    assert ns.reclaim.has_orphans() and check_namespace(store) == []
 
     linked = MemoryStore()                           # the orphan root linked again
     linked.write(puts=list(store.scan(b"")) + [(keys.dentry_key(keys.ROOT_INO, "t"),
@@ -714,9 +714,9 @@ def test_check_namespace_accepts_orphan_subtrees_and_flags_linked_orphan_roots()
     ghost = MemoryStore()                            # an O key without its inode
     ghost.write(puts=list(store.scan(b"")) + [(keys.orphan_key(999), keys.pack({}))])
     assert any("orphan key for inode 999" in p for p in check_namespace(ghost))
-    apply(ns.plan_reclaim())
-    assert ns.plan_reclaim() is None and check_namespace(store) == []
-    assert ns.file_count() == 0 and ns.dir_count() == 1
+    apply(ns.reclaim.plan_reclaim())
+    assert ns.reclaim.plan_reclaim() is None and check_namespace(store) == []
+    assert ns.view.file_count() == 0 and ns.view.dir_count() == 1
 
 
 def test_blocks_map_running_counters_match_a_full_recount():
@@ -813,22 +813,22 @@ def test_walks_and_paths_remembered_between_applies_follow_every_apply():
 
     ns = Namespace(MemoryStore())
     txid = iter(range(1, 100))
-    ns.apply([Record(next(txid), *to_wire(ns.plan_format(1, 10)))])
-    ns.apply([Record(next(txid), *to_wire(ns.plan_mkdirs("/a", now_ns=20)))])
-    assert len(ns.walk(["a", "f"])) == 2                       # /a exists, f does not
-    ns.apply([Record(next(txid), *to_wire(ns.plan_create("/a/f", holder="w", now_ns=30)))])
-    found = ns.walk(["a", "f"])
+    ns.apply([Record(next(txid), *to_wire(ns.planner.plan_format(1, 10)))])
+    ns.apply([Record(next(txid), *to_wire(ns.planner.plan_mkdirs("/a", now_ns=20)))])
+    assert len(ns.view.walk(["a", "f"])) == 2                       # /a exists, f does not
+    ns.apply([Record(next(txid), *to_wire(ns.planner.plan_create("/a/f", holder="w", now_ns=30)))])
+    found = ns.view.walk(["a", "f"])
     assert len(found) == 3
     ino = found[-1][0]
-    assert ns.path_of(ino) == "/a/f" and ns.linked_inode(ino) is not None
-    ns.apply([Record(next(txid), *to_wire(ns.plan_rename("/a/f", "/a/g", now_ns=40)))])
-    assert len(ns.walk(["a", "f"])) == 2
-    assert ns.path_of(ino) == "/a/g"
-    ns.apply([Record(next(txid), *to_wire(ns.plan_delete("/a/g", recursive=False, now_ns=50)))])
-    assert ns.path_of(ino) is None and ns.linked_inode(ino) is None
-    found = ns.walk(["a", "g"])
+    assert ns.view.path_of(ino) == "/a/f" and ns.view.linked_inode(ino) is not None
+    ns.apply([Record(next(txid), *to_wire(ns.renames.plan_rename("/a/f", "/a/g", now_ns=40)))])
+    assert len(ns.view.walk(["a", "f"])) == 2
+    assert ns.view.path_of(ino) == "/a/g"
+    ns.apply([Record(next(txid), *to_wire(ns.planner.plan_delete("/a/g", recursive=False, now_ns=50)))])
+    assert ns.view.path_of(ino) is None and ns.view.linked_inode(ino) is None
+    found = ns.view.walk(["a", "g"])
     found.append("caller's own list")                          # a copy: the memo is intact
-    assert len(ns.walk(["a", "g"])) == 2
+    assert len(ns.view.walk(["a", "g"])) == 2
 
 
 def test_apply_does_not_change_inodes_readers_hold():
@@ -838,13 +838,13 @@ def test_apply_does_not_change_inodes_readers_hold():
     from meta.namespace.namespace import Namespace
 
     ns = Namespace(MemoryStore())
-    ns.apply([Record(1, *to_wire(ns.plan_format(1, 10)))])
-    ns.apply([Record(2, *to_wire(ns.plan_mkdirs("/a", now_ns=20)))])
-    held = ns.walk(["a"])[-1][1]
+    ns.apply([Record(1, *to_wire(ns.planner.plan_format(1, 10)))])
+    ns.apply([Record(2, *to_wire(ns.planner.plan_mkdirs("/a", now_ns=20)))])
+    held = ns.view.walk(["a"])[-1][1]
     before = dict(held)
-    ns.apply([Record(3, *to_wire(ns.plan_create("/a/f", holder="w", now_ns=30)))])
+    ns.apply([Record(3, *to_wire(ns.planner.plan_create("/a/f", holder="w", now_ns=30)))])
     assert held == before
-    assert ns.get_inode(ns.walk(["a"])[-1][0])["children"] == before["children"] + 1
+    assert ns.view.get_inode(ns.view.walk(["a"])[-1][0])["children"] == before["children"] + 1
     assert check_namespace(ns.kv) == []
 
 

@@ -17,9 +17,14 @@ PROJECT_PACKAGES = {"fs", "meta", "storage", "mount", "tools", "spark_connector"
 
 
 def _modules() -> dict[str, ast.Module]:
+    return package_modules(MOUNT, "operations.py")
+
+
+def package_modules(folder: Path, expected: str) -> dict[str, ast.Module]:
+    """The parsed modules of a package folder (``expected``: one that must be there)."""
     modules = {path.name: ast.parse(path.read_text(), str(path))
-               for path in sorted(MOUNT.glob("*.py"))}
-    assert "operations.py" in modules, f"no mount package at {MOUNT}"
+               for path in sorted(folder.glob("*.py"))}
+    assert expected in modules, f"no {expected} in {folder}"
     return modules
 
 
@@ -43,27 +48,39 @@ def _base_root(base: ast.expr) -> str | None:
     return base.id if isinstance(base, ast.Name) else None
 
 
-def test_no_mount_class_subclasses_more_than_one_project_class():
+def mixin_hosts(modules: dict[str, ast.Module], where: str) -> list[str]:
+    """Classes of ``modules`` that subclass more than one project class."""
     hosts = []
-    for name, tree in _modules().items():
+    for name, tree in modules.items():
         project = _project_names(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
                 ours = [ast.unparse(b) for b in node.bases if _base_root(b) in project]
                 if len(ours) > 1:
-                    hosts.append(f"mount/{name}: class {node.name}({', '.join(ours)})")
-    assert not hosts, "mixin hosts (compose parts instead): " + "; ".join(hosts)
+                    hosts.append(f"{where}/{name}: class {node.name}({', '.join(ours)})")
+    return hosts
 
 
-def test_mount_parts_reach_no_private_state_of_another_object():
+def private_reaches(modules: dict[str, ast.Module], where: str) -> list[str]:
+    """``other._private`` attribute uses in ``modules`` (``self``/``cls`` are fine)."""
     reaches = []
-    for name, tree in _modules().items():
+    for name, tree in modules.items():
         for node in ast.walk(tree):
             if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
                     and not node.attr.startswith("__")
                     and not (isinstance(node.value, ast.Name)
                              and node.value.id in ("self", "cls"))):
-                reaches.append(f"mount/{name}:{node.lineno}: {ast.unparse(node)}")
+                reaches.append(f"{where}/{name}:{node.lineno}: {ast.unparse(node)}")
+    return reaches
+
+
+def test_no_mount_class_subclasses_more_than_one_project_class():
+    hosts = mixin_hosts(_modules(), "mount")
+    assert not hosts, "mixin hosts (compose parts instead): " + "; ".join(hosts)
+
+
+def test_mount_parts_reach_no_private_state_of_another_object():
+    reaches = private_reaches(_modules(), "mount")
     assert not reaches, "private state reached past its owner: " + "; ".join(reaches)
 
 
@@ -72,11 +89,5 @@ def test_the_checks_see_a_mixin_host_and_a_private_reach():
     tree = ast.parse("from .files import Files\nfrom .writes import Writer\nimport pyfuse3\n"
                      "class Host(Files, Writer, pyfuse3.Operations):\n"
                      "    def f(self):\n        return self._view._nodes\n")
-    project = _project_names(tree)
-    host = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef))
-    assert [ast.unparse(b) for b in host.bases if _base_root(b) in project] == ["Files",
-                                                                                  "Writer"]
-    private = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-               and n.attr.startswith("_") and not (isinstance(n.value, ast.Name)
-                                                    and n.value.id in ("self", "cls"))]
-    assert private == ["self._view._nodes"]
+    assert mixin_hosts({"x.py": tree}, "m") == ["m/x.py: class Host(Files, Writer)"]
+    assert private_reaches({"x.py": tree}, "m") == ["m/x.py:6: self._view._nodes"]

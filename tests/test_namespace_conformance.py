@@ -55,28 +55,28 @@ class Harness:
 
     # shorthands for the common plans
     async def mkdirs(self, path, **kw):
-        return await self.do(self.ns.plan_mkdirs(path, now_ns=self.now(), **kw))
+        return await self.do(self.ns.planner.plan_mkdirs(path, now_ns=self.now(), **kw))
 
     async def create(self, path, holder="w1", **kw):
-        await self.do(self.ns.plan_create(path, holder=holder, now_ns=self.now(), **kw))
-        return self.ns.get_file_info(path)
+        await self.do(self.ns.planner.plan_create(path, holder=holder, now_ns=self.now(), **kw))
+        return self.ns.view.get_file_info(path)
 
     async def add_block(self, path, holder="w1", previous=None, replication_targets=("n1",)):
-        _, ino, inode = self.ns.writer_file(path, None, holder)
-        blocks = self.ns.tail_blocks(ino, inode)
-        kind, last = self.ns.check_previous(path, blocks, previous)
+        _, ino, inode = self.ns.planner.writer_file(path, None, holder)
+        blocks = self.ns.view.tail_blocks(ino, inode)
+        kind, last = self.ns.planner.check_previous(path, blocks, previous)
         assert kind in ("first", "commit", "committed"), kind
         commit = {"num_bytes": previous["num_bytes"]} if kind == "commit" else None
-        block_id, gs = self.ns.allocate_block_id(), self.ns.next_genstamp()
-        await self.do(self.ns.plan_add_block(ino, blocks, block_id, gs, commit,
+        block_id, gs = self.ns.ids.allocate_block_id(), self.ns.ids.next_genstamp()
+        await self.do(self.ns.planner.plan_add_block(ino, blocks, block_id, gs, commit,
                                              list(replication_targets), self.now()))
         return {"id": block_id, "gs": gs, "num_bytes": 0}
 
     async def close(self, path, holder="w1", last=None):
-        _, ino, inode = self.ns.writer_file(path, None, holder)
-        blocks = self.ns.tail_blocks(ino, inode)
-        kind, block = self.ns.check_last(path, blocks, last)
-        await self.do(self.ns.plan_close(ino, block, last["num_bytes"] if last else None,
+        _, ino, inode = self.ns.planner.writer_file(path, None, holder)
+        blocks = self.ns.view.tail_blocks(ino, inode)
+        kind, block = self.ns.planner.check_last(path, blocks, last)
+        await self.do(self.ns.planner.plan_close(ino, block, last["num_bytes"] if last else None,
                                          self.now()))
 
     async def write_file(self, path, sizes, holder="w1"):
@@ -99,13 +99,13 @@ async def run_ns(kind, tmp_path, body, *, store=None, journal_dir=None, format_=
     h = Harness(store, journal_dir or tmp_path / "journal", delete_chunk=delete_chunk)
 
     h.journal.open()
-    records = list(h.journal.replay(h.ns.applied_txid))
+    records = list(h.journal.replay(h.ns.view.applied_txid))
     if records:
         h.ns.apply(records)
     async with trio.open_nursery() as nursery:
         await nursery.start(h.journal.run)
-        if format_ and not h.ns.formatted:
-            await h.journal.log(h.ns.plan_format(4242, 1_000_000))
+        if format_ and not h.ns.view.formatted:
+            await h.journal.log(h.ns.planner.plan_format(4242, 1_000_000))
         await body(h)
         nursery.cancel_scope.cancel()
     await h.journal.aclose()
@@ -126,23 +126,23 @@ def kind(request):
 
 async def test_mkdirs_creates_every_missing_parent_and_counts_entries(kind, tmp_path):
     async def body(h):
-        root_mtime = h.ns.get_file_info("/")["mtime_ns"]
+        root_mtime = h.ns.view.get_file_info("/")["mtime_ns"]
         await h.mkdirs("/a/b/c", permission=0o750)
-        a, b, c = (h.ns.get_file_info(p) for p in ("/a", "/a/b", "/a/b/c"))
+        a, b, c = (h.ns.view.get_file_info(p) for p in ("/a", "/a/b", "/a/b/c"))
         assert [a["type"], b["type"], c["type"]] == ["dir"] * 3
         assert c["mode"] == 0o750 and b["mode"] == 0o750 | 0o300
         assert c["parent"] == b["ino"] and b["parent"] == a["ino"]
         assert a["children"] == 1 and c["children"] == 0
-        assert h.ns.get_file_info("/")["mtime_ns"] > root_mtime
-        assert h.ns.get_file_info("/a/b/c/")["ino"] == c["ino"]   # trailing slash tolerated
+        assert h.ns.view.get_file_info("/")["mtime_ns"] > root_mtime
+        assert h.ns.view.get_file_info("/a/b/c/")["ino"] == c["ino"]   # trailing slash tolerated
         # existing directory: nothing to do; a file in the way: FileExists / NotDirectory
-        assert h.ns.plan_mkdirs("/a/b", now_ns=h.now()) is None
+        assert h.ns.planner.plan_mkdirs("/a/b", now_ns=h.now()) is None
         await h.create("/a/f")
         with pytest.raises(errors.FileExists):
-            h.ns.plan_mkdirs("/a/f", now_ns=h.now())
+            h.ns.planner.plan_mkdirs("/a/f", now_ns=h.now())
         with pytest.raises(errors.NotDirectory):
-            h.ns.plan_mkdirs("/a/f/x", now_ns=h.now())
-        assert h.ns.dir_count() == 4 and h.ns.file_count() == 1
+            h.ns.planner.plan_mkdirs("/a/f/x", now_ns=h.now())
+        assert h.ns.view.dir_count() == 4 and h.ns.view.file_count() == 1
         assert_consistent(h)
 
     await run_ns(kind, tmp_path, body)
@@ -153,44 +153,44 @@ async def test_create_rules_and_lease_conflicts(kind, tmp_path):
         st = await h.create("/d/new.txt", holder="w1", replication=2, permission=0o600)
         assert st["type"] == "file" and st["under_construction"] and st["replication"] == 2
         assert st["mode"] == 0o600 and st["length"] == 0
-        assert h.ns.get_file_info("/d")["type"] == "dir"      # create_parent default
-        assert h.ns.under_construction() == {st["ino"]: "w1"}
+        assert h.ns.view.get_file_info("/d")["type"] == "dir"      # create_parent default
+        assert h.ns.view.under_construction() == {st["ino"]: "w1"}
         with pytest.raises(errors.AlreadyBeingCreated, match="already the current lease holder"):
-            h.ns.plan_create("/d/new.txt", holder="w1", now_ns=h.now())
+            h.ns.planner.plan_create("/d/new.txt", holder="w1", now_ns=h.now())
         with pytest.raises(errors.AlreadyBeingCreated, match="currently owned by w1"):
-            h.ns.plan_create("/d/new.txt", holder="w2", now_ns=h.now())
+            h.ns.planner.plan_create("/d/new.txt", holder="w2", now_ns=h.now())
         with pytest.raises(errors.FileNotFound, match="/x/y"):
-            h.ns.plan_create("/x/y/z", holder="w1", create_parent=False, now_ns=h.now())
+            h.ns.planner.plan_create("/x/y/z", holder="w1", create_parent=False, now_ns=h.now())
         with pytest.raises(errors.IsDirectory):
-            h.ns.plan_create("/d", holder="w1", overwrite=True, now_ns=h.now())
+            h.ns.planner.plan_create("/d", holder="w1", overwrite=True, now_ns=h.now())
         with pytest.raises(errors.IsDirectory):
-            h.ns.plan_create("/", holder="w1", now_ns=h.now())
+            h.ns.planner.plan_create("/", holder="w1", now_ns=h.now())
         with pytest.raises(errors.NotDirectory):
-            h.ns.plan_create("/d/new.txt/sub", holder="w1", now_ns=h.now())
+            h.ns.planner.plan_create("/d/new.txt/sub", holder="w1", now_ns=h.now())
         for bad in ({"replication": 0}, {"replication": 99}, {"replication": "3"},
                     {"block_size": BPC + 1}, {"block_size": 0}, {"permission": 0o17777},
                     {"permission": True}, {"overwrite": "yes"}):
             with pytest.raises(errors.InvalidArgument):
-                h.ns.plan_create("/d/other", holder="w1", now_ns=h.now(), **bad)
+                h.ns.planner.plan_create("/d/other", holder="w1", now_ns=h.now(), **bad)
         with pytest.raises(errors.InvalidArgument):
-            h.ns.plan_create("/d/other", holder="", now_ns=h.now())
+            h.ns.planner.plan_create("/d/other", holder="", now_ns=h.now())
         # a closed file: FileExists without overwrite; overwrite replaces it in one record
         ids = await h.write_file("/d/closed", [BPC * 8, 100])
         with pytest.raises(errors.FileExists):
-            h.ns.plan_create("/d/closed", holder="w2", now_ns=h.now())
-        old = h.ns.get_file_info("/d/closed")
+            h.ns.planner.plan_create("/d/closed", holder="w2", now_ns=h.now())
+        old = h.ns.view.get_file_info("/d/closed")
         h.effects.clear()
         new = await h.create("/d/closed", holder="w2", overwrite=True)
         assert new["ino"] != old["ino"] and new["length"] == 0 and new["under_construction"]
         assert h.effects[-1]["removed_blocks"] == ids
-        assert h.ns.get_inode(old["ino"]) is None and h.ns.blocks_of(old["ino"]) == []
+        assert h.ns.view.get_inode(old["ino"]) is None and h.ns.view.blocks_of(old["ino"]) == []
         # overwrite of a file under construction takes it from its writer
         h.effects.clear()
         await h.create("/d/new.txt", holder="w3", overwrite=True)
         assert h.effects[-1]["removed_uc"] == [st["ino"]]
         with pytest.raises(errors.FileNotFound):
-            h.ns.writer_file("/d/new.txt", st["ino"], "w1")
-        assert h.ns.get_file_info("/d")["children"] == 2
+            h.ns.planner.writer_file("/d/new.txt", st["ino"], "w1")
+        assert h.ns.view.get_file_info("/d")["children"] == 2
         assert_consistent(h)
 
     await run_ns(kind, tmp_path, body)
@@ -210,16 +210,16 @@ async def test_bad_paths_are_refused_and_change_nothing(kind, tmp_path, bad, err
         before = dump(h.store)
         t = h.now()
         planners = [
-            lambda: h.ns.plan_mkdirs(bad, now_ns=t),
-            lambda: h.ns.plan_create(bad, holder="w1", now_ns=t),
-            lambda: h.ns.plan_delete(bad, True, now_ns=t),
-            lambda: h.ns.plan_rename("/keep/file", bad, now_ns=t),
-            lambda: h.ns.plan_rename(bad, "/keep/x", now_ns=t),
-            lambda: h.ns.plan_set_permission(bad, 0o700, now_ns=t),
-            lambda: h.ns.plan_symlink("/keep", bad, now_ns=t),
-            lambda: h.ns.get_file_info(bad),
-            lambda: h.ns.list_status(bad),
-            lambda: h.ns.writer_file(bad, None, "w1"),
+            lambda: h.ns.planner.plan_mkdirs(bad, now_ns=t),
+            lambda: h.ns.planner.plan_create(bad, holder="w1", now_ns=t),
+            lambda: h.ns.planner.plan_delete(bad, True, now_ns=t),
+            lambda: h.ns.renames.plan_rename("/keep/file", bad, now_ns=t),
+            lambda: h.ns.renames.plan_rename(bad, "/keep/x", now_ns=t),
+            lambda: h.ns.planner.plan_set_permission(bad, 0o700, now_ns=t),
+            lambda: h.ns.planner.plan_symlink("/keep", bad, now_ns=t),
+            lambda: h.ns.view.get_file_info(bad),
+            lambda: h.ns.view.list_status(bad),
+            lambda: h.ns.planner.writer_file(bad, None, "w1"),
         ]
         for planner in planners:
             with pytest.raises(error):
@@ -237,52 +237,52 @@ async def test_block_lifecycle_commit_fsync_abandon_close(kind, tmp_path):
         st = await h.create("/f", holder="w1")
         ino = st["ino"]
         b1 = await h.add_block("/f")
-        assert h.ns.blocks_of(ino) == [{"index": 0, "id": b1["id"], "gs": b1["gs"],
+        assert h.ns.view.blocks_of(ino) == [{"index": 0, "id": b1["id"], "gs": b1["gs"],
                                          "num_bytes": 0, "state": "UNDER_CONSTRUCTION"}]
         # a retried first add_block (reply lost) gets the same block back
-        assert h.ns.check_previous("/f", h.ns.blocks_of(ino), None)[0] == "retry"
+        assert h.ns.planner.check_previous("/f", h.ns.view.blocks_of(ino), None)[0] == "retry"
         # hsync records the length of the block being written
-        await h.do(h.ns.plan_fsync("/f", ino, h.ns.blocks_of(ino), 300))
-        assert h.ns.get_file_info("/f")["length"] == 300
-        assert h.ns.plan_fsync("/f", ino, h.ns.blocks_of(ino), 200) is None  # never shrinks
+        await h.do(h.ns.planner.plan_fsync("/f", ino, h.ns.view.blocks_of(ino), 300))
+        assert h.ns.view.get_file_info("/f")["length"] == 300
+        assert h.ns.planner.plan_fsync("/f", ino, h.ns.view.blocks_of(ino), 200) is None  # never shrinks
         # add_block commits previous
         b2 = await h.add_block("/f", previous={**b1, "num_bytes": 8 * BPC})
-        blocks = h.ns.blocks_of(ino)
+        blocks = h.ns.view.blocks_of(ino)
         assert [b["state"] for b in blocks] == ["COMMITTED", "UNDER_CONSTRUCTION"]
-        assert h.ns.get_file_info("/f")["length"] == 8 * BPC
+        assert h.ns.view.get_file_info("/f")["length"] == 8 * BPC
         # previous that is not the last block / bigger than a block / stale gs
         with pytest.raises(errors.InvalidArgument, match="not the file's last block"):
-            h.ns.check_previous("/f", blocks, {**b1, "num_bytes": 10, "id": 999})
+            h.ns.planner.check_previous("/f", blocks, {**b1, "num_bytes": 10, "id": 999})
         with pytest.raises(errors.StaleGenerationStamp):
-            h.ns.check_previous("/f", blocks, {**b2, "gs": b2["gs"] - 1, "num_bytes": 5})
+            h.ns.planner.check_previous("/f", blocks, {**b2, "gs": b2["gs"] - 1, "num_bytes": 5})
         with pytest.raises(errors.InvalidArgument, match="exceeds"):
-            h.ns.check_block_length("/f", h.ns.get_inode(ino), 8 * BPC + 1)
+            h.ns.planner.check_block_length("/f", h.ns.view.get_inode(ino), 8 * BPC + 1)
         with pytest.raises(errors.InvalidArgument):
-            h.ns.check_previous("/f", blocks, None)
+            h.ns.planner.check_previous("/f", blocks, None)
         # abandon the last UC block, then a retried abandon is a no-op
-        await h.do(h.ns.plan_abandon("/f", ino, blocks, b2))
-        assert [b["id"] for b in h.ns.blocks_of(ino)] == [b1["id"]]
-        assert h.ns.plan_abandon("/f", ino, h.ns.blocks_of(ino), b2) is None
+        await h.do(h.ns.planner.plan_abandon("/f", ino, blocks, b2))
+        assert [b["id"] for b in h.ns.view.blocks_of(ino)] == [b1["id"]]
+        assert h.ns.planner.plan_abandon("/f", ino, h.ns.view.blocks_of(ino), b2) is None
         with pytest.raises(errors.InvalidArgument):
-            h.ns.plan_abandon("/f", ino, h.ns.blocks_of(ino), b1)   # committed, not UC
+            h.ns.planner.plan_abandon("/f", ino, h.ns.view.blocks_of(ino), b1)   # committed, not UC
         b3 = await h.add_block("/f", previous={**b1, "num_bytes": 8 * BPC})
         # writer checks: other holder, missing file
         with pytest.raises(errors.LeaseExpired, match="not the lease owner"):
-            h.ns.writer_file("/f", ino, "intruder")
+            h.ns.planner.writer_file("/f", ino, "intruder")
         with pytest.raises(errors.FileNotFound):
-            h.ns.writer_file("/nope", None, "w1")
+            h.ns.planner.writer_file("/nope", None, "w1")
         # complete with the wrong last block, then right
         with pytest.raises(errors.InvalidArgument):
-            h.ns.check_last("/f", h.ns.blocks_of(ino), {**b1, "num_bytes": 1})
+            h.ns.planner.check_last("/f", h.ns.view.blocks_of(ino), {**b1, "num_bytes": 1})
         await h.close("/f", "w1", {**b3, "num_bytes": 77})
-        info = h.ns.get_file_info("/f")
+        info = h.ns.view.get_file_info("/f")
         assert not info["under_construction"] and info["length"] == 8 * BPC + 77
-        assert [b["state"] for b in h.ns.blocks_of(ino)] == ["COMPLETE", "COMPLETE"]
-        assert h.ns.under_construction() == {}
-        assert h.ns.closed_with("/f", ino, {**b3, "num_bytes": 77})
-        assert not h.ns.closed_with("/f", ino, {**b3, "num_bytes": 78})
+        assert [b["state"] for b in h.ns.view.blocks_of(ino)] == ["COMPLETE", "COMPLETE"]
+        assert h.ns.view.under_construction() == {}
+        assert h.ns.planner.closed_with("/f", ino, {**b3, "num_bytes": 77})
+        assert not h.ns.planner.closed_with("/f", ino, {**b3, "num_bytes": 78})
         with pytest.raises(errors.LeaseExpired, match="not open for writing"):
-            h.ns.writer_file("/f", ino, "w1")
+            h.ns.planner.writer_file("/f", ino, "w1")
         assert_consistent(h)
 
     await run_ns(kind, tmp_path, body)
@@ -295,7 +295,7 @@ async def test_add_block_marks_blocks_before_previous_complete(kind, tmp_path):
         for _ in range(4):
             b = await h.add_block("/big", previous=prev)
             prev = {**b, "num_bytes": 8 * BPC}
-        states = [b["state"] for b in h.ns.blocks_of(h.ns.get_file_info("/big")["ino"])]
+        states = [b["state"] for b in h.ns.view.blocks_of(h.ns.view.get_file_info("/big")["ino"])]
         assert states == ["COMPLETE", "COMPLETE", "COMMITTED", "UNDER_CONSTRUCTION"]
         assert_consistent(h)
 
@@ -309,11 +309,11 @@ async def test_add_block_after_a_separate_commit_still_completes_the_block_befor
         await h.create("/f")
         b0 = await h.add_block("/f")
         b1 = await h.add_block("/f", previous={**b0, "num_bytes": 8 * BPC})
-        ino = h.ns.get_file_info("/f")["ino"]
-        tail = h.ns.tail_blocks(ino, h.ns.get_inode(ino))
-        await h.do(h.ns.plan_commit(ino, tail[-1], 8 * BPC))   # committed on its own
+        ino = h.ns.view.get_file_info("/f")["ino"]
+        tail = h.ns.view.tail_blocks(ino, h.ns.view.get_inode(ino))
+        await h.do(h.ns.planner.plan_commit(ino, tail[-1], 8 * BPC))   # committed on its own
         await h.add_block("/f", previous={**b1, "num_bytes": 8 * BPC})   # kind "committed"
-        states = [b["state"] for b in h.ns.blocks_of(ino)]
+        states = [b["state"] for b in h.ns.view.blocks_of(ino)]
         assert states == ["COMPLETE", "COMMITTED", "UNDER_CONSTRUCTION"]
         assert_consistent(h)
 
@@ -359,14 +359,14 @@ def _long_file(store, sizes, block_size=8 * BPC, **limits):
             records.append(Record(txid, op, args))
         ns.apply(records)
 
-    apply(ns.plan_format(7, 1))
-    apply(ns.plan_create("/long", holder="w", now_ns=2))
-    ino = ns.get_file_info("/long")["ino"]
+    apply(ns.planner.plan_format(7, 1))
+    apply(ns.planner.plan_create("/long", holder="w", now_ns=2))
+    ino = ns.view.get_file_info("/long")["ino"]
     tail: list[dict] = []
     plans = []
     for size in sizes:   # the planners see the tail the previous record left behind
         commit = {"num_bytes": tail[-1]["num_bytes"]} if tail else None
-        plan = ns.plan_add_block(ino, tail, ns.allocate_block_id(), ns.next_genstamp(),
+        plan = ns.planner.plan_add_block(ino, tail, ns.ids.allocate_block_id(), ns.ids.next_genstamp(),
                                  commit, ["n1"], 3)
         plans.append(plan)
         tail = [{"index": plan.index, "id": plan.block["id"], "gs": plan.block["gs"],
@@ -376,13 +376,13 @@ def _long_file(store, sizes, block_size=8 * BPC, **limits):
             plans = []
     apply(*plans)
     if sizes:   # hsync recorded the length of the last block
-        apply(ns.plan_fsync("/long", ino, ns.tail_blocks(ino, ns.get_inode(ino), 1), sizes[-1]))
+        apply(ns.planner.plan_fsync("/long", ino, ns.view.tail_blocks(ino, ns.view.get_inode(ino), 1), sizes[-1]))
     return ns, ino
 
 
 def _reference_range(ns, ino, offset, end):
     out, pos = [], 0
-    blocks = ns.blocks_of(ino)
+    blocks = ns.view.blocks_of(ino)
     for block in blocks:
         if pos < end and (pos + block["num_bytes"] > offset or block is blocks[-1]):
             out.append((block["id"], pos))
@@ -397,22 +397,22 @@ def test_writer_calls_read_only_the_last_blocks_of_a_long_file(kind, tmp_path):
     store = CountingStore(make_store(kind, tmp_path / "db"))
     try:
         ns, ino = _long_file(store, [full] * 2999 + [700])
-        inode = ns.get_inode(ino)
+        inode = ns.view.get_inode(ino)
         assert inode["nblocks"] == 3000 and inode["length"] == 2999 * full + 700
         store.block_reads = 0
-        tail = ns.tail_blocks(ino, inode)
+        tail = ns.view.tail_blocks(ino, inode)
         assert [b["index"] for b in tail] == [2998, 2999] and store.block_reads == 2
         previous = {"id": tail[-1]["id"], "gs": tail[-1]["gs"], "num_bytes": full}
-        assert ns.check_previous("/long", tail, previous)[0] == "commit"
-        plan = ns.plan_add_block(ino, tail, 10**6, ns.next_genstamp(),
+        assert ns.planner.check_previous("/long", tail, previous)[0] == "commit"
+        plan = ns.planner.plan_add_block(ino, tail, 10**6, ns.ids.next_genstamp(),
                                  {"num_bytes": full}, ["n1"], 4)
         assert plan.index == 3000 and plan.previous["index"] == 2999
-        assert ns.plan_fsync("/long", ino, tail[-1:], 800).index == 2999
+        assert ns.planner.plan_fsync("/long", ino, tail[-1:], 800).index == 2999
         for offset, length in ((0, 1), (1234 * full + 5, 2 * full), (2999 * full - 1, 10),
                                (2999 * full + 699, 1), (5 * full, 0), (10**9, 5)):
             store.block_reads = 0
             got = [(b["id"], pos) for b, pos in
-                   ns.blocks_in_range(ino, inode, offset, offset + length)]
+                   ns.view.blocks_in_range(ino, inode, offset, offset + length)]
             reads = store.block_reads
             assert got == _reference_range(ns, ino, offset, offset + length), (offset, length)
             assert reads <= 5, (offset, length, reads)
@@ -429,15 +429,15 @@ def test_block_ranges_with_a_short_block_in_the_middle_are_exact(kind, tmp_path)
     store = make_store(kind, tmp_path / "db")
     try:
         ns, ino = _long_file(store, sizes)
-        inode = ns.get_inode(ino)
+        inode = ns.view.get_inode(ino)
         total = sum(sizes)
         for offset in range(0, total + 2 * full, 777):
             for length in (0, 1, 900, full, 3 * full):
                 got = [(b["id"], pos) for b, pos in
-                       ns.blocks_in_range(ino, inode, offset, offset + length)]
+                       ns.view.blocks_in_range(ino, inode, offset, offset + length)]
                 assert got == _reference_range(ns, ino, offset, offset + length), \
                     (offset, length)
-        assert [(b["id"], p) for b, p in ns.blocks_in_range(ino, inode, 0, float("inf"))] \
+        assert [(b["id"], p) for b, p in ns.view.blocks_in_range(ino, inode, 0, float("inf"))] \
             == _reference_range(ns, ino, 0, float("inf"))
         assert check_namespace(store) == []
     finally:
@@ -449,17 +449,17 @@ def test_min_block_size_and_max_blocks_per_file_limits(kind, tmp_path):
     try:
         ns, ino = _long_file(store, [8 * BPC] * 3 + [10], max_blocks_per_file=4)
         with pytest.raises(errors.InvalidArgument, match=r"/long.*max_blocks_per_file is 4"):
-            ns.check_block_count("/long", ns.get_inode(ino))
+            ns.planner.check_block_count("/long", ns.view.get_inode(ino))
         ns.defaults.max_blocks_per_file = 5
-        ns.check_block_count("/long", ns.get_inode(ino))   # one more is allowed
+        ns.planner.check_block_count("/long", ns.view.get_inode(ino))   # one more is allowed
         ns.defaults.min_block_size = 4 * BPC
         with pytest.raises(errors.InvalidArgument, match=r"/small.*min_block_size 2048"):
-            ns.plan_create("/small", holder="w", block_size=2 * BPC, now_ns=5)
-        assert ns.plan_create("/ok", holder="w", block_size=4 * BPC,
+            ns.planner.plan_create("/small", holder="w", block_size=2 * BPC, now_ns=5)
+        assert ns.planner.plan_create("/ok", holder="w", block_size=4 * BPC,
                               now_ns=5).block_size == 4 * BPC
         ns.defaults.block_size = 2 * BPC   # a default below the limit is refused too
         with pytest.raises(errors.InvalidArgument, match="min_block_size"):
-            ns.plan_create("/default", holder="w", now_ns=5)
+            ns.planner.plan_create("/default", holder="w", now_ns=5)
     finally:
         store.close()
 
@@ -473,31 +473,31 @@ async def test_recursive_delete_removes_subtree_in_one_record(kind, tmp_path):
         for i in range(5):
             ids += await h.write_file(f"/top/d{i % 2}/f{i}", [100, 200][: 1 + i % 2])
         await h.create("/top/open", holder="w9")
-        open_ino = h.ns.get_file_info("/top/open")["ino"]
+        open_ino = h.ns.view.get_file_info("/top/open")["ino"]
         await h.mkdirs("/top/d1/empty/deeper")
         await h.write_file("/keep", [5])
         with pytest.raises(errors.DirectoryNotEmpty):
-            h.ns.plan_delete("/top", False, now_ns=h.now())
+            h.ns.planner.plan_delete("/top", False, now_ns=h.now())
         with pytest.raises(errors.InvalidArgument):
-            h.ns.plan_delete("/", True, now_ns=h.now())
+            h.ns.planner.plan_delete("/", True, now_ns=h.now())
         with pytest.raises(errors.FileNotFound):
-            h.ns.plan_delete("/nope", True, now_ns=h.now())
+            h.ns.planner.plan_delete("/nope", True, now_ns=h.now())
         txid_before = h.journal.last_txid
         h.effects.clear()
-        await h.do(h.ns.plan_delete("/top", True, now_ns=h.now()))
+        await h.do(h.ns.planner.plan_delete("/top", True, now_ns=h.now()))
         assert h.journal.last_txid == txid_before + 1
         assert sorted(h.effects[0]["removed_blocks"]) == sorted(ids)
         assert h.effects[0]["removed_uc"] == [open_ino]
         with pytest.raises(errors.FileNotFound):
-            h.ns.get_file_info("/top/d0/f0")
-        assert [e["name"] for e in h.ns.list_status("/")["entries"]] == ["keep"]
-        assert h.ns.file_count() == 1 and h.ns.dir_count() == 1
-        assert h.ns.under_construction() == {}
+            h.ns.view.get_file_info("/top/d0/f0")
+        assert [e["name"] for e in h.ns.view.list_status("/")["entries"]] == ["keep"]
+        assert h.ns.view.file_count() == 1 and h.ns.view.dir_count() == 1
+        assert h.ns.view.under_construction() == {}
         # an empty directory and a file go without recursive
         await h.mkdirs("/e")
-        await h.do(h.ns.plan_delete("/e", False, now_ns=h.now()))
-        await h.do(h.ns.plan_delete("/keep", False, now_ns=h.now()))
-        assert h.ns.list_status("/")["entries"] == []
+        await h.do(h.ns.planner.plan_delete("/e", False, now_ns=h.now()))
+        await h.do(h.ns.planner.plan_delete("/keep", False, now_ns=h.now()))
+        assert h.ns.view.list_status("/")["entries"] == []
         assert_consistent(h)
 
     await run_ns(kind, tmp_path, body)
@@ -514,9 +514,9 @@ async def _big_tree(h):
         ids += await h.write_file(f"/top/d{i % 3}/f{i}", [100, 200][: 1 + i % 2])
     await h.create("/top/d1/open", holder="w9")
     ids.append((await h.add_block("/top/d1/open", holder="w9"))["id"])
-    open_ino = h.ns.get_file_info("/top/d1/open")["ino"]
+    open_ino = h.ns.view.get_file_info("/top/d1/open")["ino"]
     await h.mkdirs("/top/d2/empty/deeper")
-    await h.do(h.ns.plan_symlink("/keep", "/top/link", now_ns=h.now()))
+    await h.do(h.ns.planner.plan_symlink("/keep", "/top/link", now_ns=h.now()))
     ids += await h.write_file("/top/long", [8 * BPC] * 8 + [5])
     await h.write_file("/keep", [5])
     return ids, open_ino
@@ -525,7 +525,7 @@ async def _big_tree(h):
 async def _reclaim_all(h, check_each=True) -> list[dict]:
     """Drive the reclaimer by hand: one RECLAIM record at a time, invariants after each."""
     plans = []
-    while (plan := h.ns.plan_reclaim()) is not None:
+    while (plan := h.ns.reclaim.plan_reclaim()) is not None:
         assert len(plan.blocks) + len(plan.inodes) <= h.ns.defaults.delete_chunk
         await h.do(plan)
         plans.append(plan)
@@ -536,26 +536,26 @@ async def _reclaim_all(h, check_each=True) -> list[dict]:
 
 async def _delete_big_tree(h, state):
     ids, open_ino = await _big_tree(h)
-    closed_ino = h.ns.get_file_info("/top/d2/f11")["ino"]
-    last = h.ns.tail_blocks(closed_ino, h.ns.get_inode(closed_ino), 1)[-1]
-    assert h.ns.closed_with("/top/d2/f11", closed_ino, last)   # a retried complete: done
+    closed_ino = h.ns.view.get_file_info("/top/d2/f11")["ino"]
+    last = h.ns.view.tail_blocks(closed_ino, h.ns.view.get_inode(closed_ino), 1)[-1]
+    assert h.ns.planner.closed_with("/top/d2/f11", closed_ino, last)   # a retried complete: done
     txid = h.journal.last_txid
     h.effects.clear()
-    await h.do(h.ns.plan_delete("/top", True, now_ns=h.now()))
+    await h.do(h.ns.planner.plan_delete("/top", True, now_ns=h.now()))
     assert h.journal.last_txid == txid + 1
     # gone from the namespace at once, whichever path the delete took
     for path in ("/top", "/top/d0/f0", "/top/d1/open", "/top/long"):
         with pytest.raises(errors.FileNotFound):
-            h.ns.get_file_info(path)
-    assert [e["name"] for e in h.ns.list_status("/")["entries"]] == ["keep"]
-    assert h.ns.under_construction() == {}
+            h.ns.view.get_file_info(path)
+    assert [e["name"] for e in h.ns.view.list_status("/")["entries"]] == ["keep"]
+    assert h.ns.view.under_construction() == {}
     assert h.effects[0]["removed_uc"] == [open_ino]
     # a writer addressing the open file by inode id (it raced the delete) is refused
     with pytest.raises(errors.FileNotFound):
-        h.ns.writer_file("/top/d1/open", open_ino, "w9")
-    assert not h.ns.closed_with("/top/d2/f11", closed_ino, last)   # now: the file is gone
+        h.ns.planner.writer_file("/top/d1/open", open_ino, "w9")
+    assert not h.ns.planner.closed_with("/top/d2/f11", closed_ino, last)   # now: the file is gone
     assert_consistent(h)
-    state["detached"] = h.ns.has_orphans()
+    state["detached"] = h.ns.reclaim.has_orphans()
     state["delete_effect"] = h.effects[0]
     state["after_delete"] = dump(h.store)
     plans = await _reclaim_all(h)
@@ -564,8 +564,8 @@ async def _delete_big_tree(h, state):
     for effect in h.effects[1:]:
         removed += effect.get("removed_blocks", [])
     assert sorted(removed) == sorted(ids)
-    assert not h.ns.has_orphans()
-    assert h.ns.file_count() == 1 and h.ns.dir_count() == 1
+    assert not h.ns.reclaim.has_orphans()
+    assert h.ns.view.file_count() == 1 and h.ns.view.dir_count() == 1
     assert_consistent(h)
     state["final"] = dump(h.store)
 
@@ -597,17 +597,17 @@ async def test_small_subtree_keeps_the_single_record_delete(kind, tmp_path):
     async def body(h):
         ids = await h.write_file("/s/a", [1, 2])           # dir + file + 2 blocks = 4
         ids += await h.write_file("/s/b", [3])             # + file + block = 6 (limit 7)
-        await h.do(h.ns.plan_delete("/s", True, now_ns=h.now()))
+        await h.do(h.ns.planner.plan_delete("/s", True, now_ns=h.now()))
         assert sorted(h.effects[-1]["removed_blocks"]) == sorted(ids)
-        assert not h.ns.has_orphans() and h.ns.plan_reclaim() is None
+        assert not h.ns.reclaim.has_orphans() and h.ns.reclaim.plan_reclaim() is None
         # a single file with more blocks than the chunk is detached too
         ids = await h.write_file("/f", [BPC] * 8)
-        await h.do(h.ns.plan_delete("/f", False, now_ns=h.now()))
-        assert "removed_blocks" not in h.effects[-1] and h.ns.has_orphans()
+        await h.do(h.ns.planner.plan_delete("/f", False, now_ns=h.now()))
+        assert "removed_blocks" not in h.effects[-1] and h.ns.reclaim.has_orphans()
         plans = await _reclaim_all(h)
         assert len(plans) == 2 and sorted(b[2] for p in plans for b in p.blocks) == \
             sorted(ids)
-        assert h.ns.file_count() == 0
+        assert h.ns.view.file_count() == 0
 
     await run_ns(kind, tmp_path, body, delete_chunk=CHUNK)
 
@@ -617,19 +617,19 @@ async def test_overwriting_a_big_file_detaches_it(kind, tmp_path):
     async def body(h):
         old = await h.write_file("/big", [BPC] * 9)
         await h.create("/big", holder="w2", overwrite=True)
-        assert h.ns.has_orphans() and h.ns.get_file_info("/big")["length"] == 0
-        assert h.ns.under_construction() == {h.ns.get_file_info("/big")["ino"]: "w2"}
+        assert h.ns.reclaim.has_orphans() and h.ns.view.get_file_info("/big")["length"] == 0
+        assert h.ns.view.under_construction() == {h.ns.view.get_file_info("/big")["ino"]: "w2"}
         assert_consistent(h)
         await h.close("/big", holder="w2")
         old2 = await h.write_file("/big2", [BPC] * 9)
         await h.write_file("/small", [1])
-        await h.do(h.ns.plan_rename("/small", "/big2", True, now_ns=h.now()))
-        assert h.ns.get_file_info("/big2")["length"] == 1
-        assert len(h.ns.orphan_roots()) == 2
+        await h.do(h.ns.renames.plan_rename("/small", "/big2", True, now_ns=h.now()))
+        assert h.ns.view.get_file_info("/big2")["length"] == 1
+        assert len(h.ns.reclaim.orphan_roots()) == 2
         assert_consistent(h)
         plans = await _reclaim_all(h)
         assert sorted(b[2] for p in plans for b in p.blocks) == sorted(old + old2)
-        assert h.ns.file_count() == 2
+        assert h.ns.view.file_count() == 2
 
     await run_ns(kind, tmp_path, body, delete_chunk=CHUNK)
 
@@ -643,15 +643,15 @@ async def test_replay_after_a_crash_in_the_middle_of_reclaiming_finishes_the_job
 
     async def crash_midway(h):
         await _big_tree(h)
-        await h.do(h.ns.plan_delete("/top", True, now_ns=h.now()))
+        await h.do(h.ns.planner.plan_delete("/top", True, now_ns=h.now()))
         state["after_delete"] = dump(h.store)
         for _ in range(3):
-            await h.do(h.ns.plan_reclaim())
-        assert h.ns.has_orphans()
+            await h.do(h.ns.reclaim.plan_reclaim())
+        assert h.ns.reclaim.has_orphans()
         state["midway"] = dump(h.store)
 
     async def finish(h):
-        assert dump(h.store) == state["midway"] and h.ns.has_orphans()
+        assert dump(h.store) == state["midway"] and h.ns.reclaim.has_orphans()
         assert_consistent(h)
         assert len(await _reclaim_all(h)) >= 3
         state["final"] = dump(h.store)
@@ -674,7 +674,7 @@ async def test_replay_after_a_crash_in_the_middle_of_reclaiming_finishes_the_job
     h = await run_ns(kind, base, lambda h: trio.sleep(0), store=lagging, format_=False,
                delete_chunk=CHUNK)
     assert dump(h.store) == state["final"]
-    assert h.ns.plan_reclaim() is None
+    assert h.ns.reclaim.plan_reclaim() is None
     assert_consistent(h)
 
 
@@ -689,52 +689,52 @@ async def test_rename_edge_cases(kind, tmp_path):
         await h.mkdirs("/b/emptydir")
         await h.mkdirs("/b/full/x")
         t = h.now()
-        f_ino = h.ns.get_file_info("/a/f")["ino"]
+        f_ino = h.ns.view.get_file_info("/a/f")["ino"]
 
-        await h.do(h.ns.plan_rename("/a/f", "/b/f2", now_ns=t))
-        moved = h.ns.get_file_info("/b/f2")
+        await h.do(h.ns.renames.plan_rename("/a/f", "/b/f2", now_ns=t))
+        moved = h.ns.view.get_file_info("/b/f2")
         assert moved["ino"] == f_ino and moved["length"] == 10 and moved["parent"] == \
-            h.ns.get_file_info("/b")["ino"]
+            h.ns.view.get_file_info("/b")["ino"]
         with pytest.raises(errors.FileNotFound):
-            h.ns.get_file_info("/a/f")
-        assert h.ns.plan_rename("/b/f2", "/b/f2", now_ns=t) is None        # src == dst
+            h.ns.view.get_file_info("/a/f")
+        assert h.ns.renames.plan_rename("/b/f2", "/b/f2", now_ns=t) is None        # src == dst
         with pytest.raises(errors.FileNotFound):
-            h.ns.plan_rename("/a/missing", "/a/x", now_ns=t)
+            h.ns.renames.plan_rename("/a/missing", "/a/x", now_ns=t)
         with pytest.raises(errors.InvalidArgument, match="into itself"):
-            h.ns.plan_rename("/a", "/a/sub/inner/a", now_ns=t)
+            h.ns.renames.plan_rename("/a", "/a/sub/inner/a", now_ns=t)
         with pytest.raises(errors.InvalidArgument):
-            h.ns.plan_rename("/", "/z", now_ns=t)
+            h.ns.renames.plan_rename("/", "/z", now_ns=t)
         with pytest.raises(errors.InvalidArgument):
-            h.ns.plan_rename("/a/g", "/", now_ns=t, overwrite=True)
+            h.ns.renames.plan_rename("/a/g", "/", now_ns=t, overwrite=True)
         with pytest.raises(errors.FileExists):
-            h.ns.plan_rename("/a/g", "/b/f2", now_ns=t)
+            h.ns.renames.plan_rename("/a/g", "/b/f2", now_ns=t)
         with pytest.raises(errors.FileNotFound, match="destination parent"):
-            h.ns.plan_rename("/a/g", "/nope/g", now_ns=t)
+            h.ns.renames.plan_rename("/a/g", "/nope/g", now_ns=t)
         with pytest.raises(errors.NotDirectory):
-            h.ns.plan_rename("/a/g", "/b/f2/g", now_ns=t)
+            h.ns.renames.plan_rename("/a/g", "/b/f2/g", now_ns=t)
         with pytest.raises(errors.NotDirectory):
-            h.ns.plan_rename("/a/sub", "/b/f2", overwrite=True, now_ns=t)
+            h.ns.renames.plan_rename("/a/sub", "/b/f2", overwrite=True, now_ns=t)
         with pytest.raises(errors.IsDirectory):
-            h.ns.plan_rename("/a/g", "/b/emptydir", overwrite=True, now_ns=t)
+            h.ns.renames.plan_rename("/a/g", "/b/emptydir", overwrite=True, now_ns=t)
         with pytest.raises(errors.DirectoryNotEmpty):
-            h.ns.plan_rename("/a/sub", "/b/full", overwrite=True, now_ns=t)
+            h.ns.renames.plan_rename("/a/sub", "/b/full", overwrite=True, now_ns=t)
         # overwrite a file: its blocks leave with it
-        g_blocks = [b["id"] for b in h.ns.blocks_of(h.ns.get_file_info("/a/g")["ino"])]
-        f2_blocks = [b["id"] for b in h.ns.blocks_of(f_ino)]
+        g_blocks = [b["id"] for b in h.ns.view.blocks_of(h.ns.view.get_file_info("/a/g")["ino"])]
+        f2_blocks = [b["id"] for b in h.ns.view.blocks_of(f_ino)]
         h.effects.clear()
-        await h.do(h.ns.plan_rename("/a/g", "/b/f2", overwrite=True, now_ns=h.now()))
+        await h.do(h.ns.renames.plan_rename("/a/g", "/b/f2", overwrite=True, now_ns=h.now()))
         assert h.effects[0]["removed_blocks"] == f2_blocks
-        assert [b["id"] for b in h.ns.blocks_of(h.ns.get_file_info("/b/f2")["ino"])] == g_blocks
+        assert [b["id"] for b in h.ns.view.blocks_of(h.ns.view.get_file_info("/b/f2")["ino"])] == g_blocks
         # overwrite an empty directory with a directory (moves a subtree)
-        await h.do(h.ns.plan_rename("/a/sub", "/b/emptydir", overwrite=True, now_ns=h.now()))
-        assert h.ns.get_file_info("/b/emptydir/inner")["type"] == "dir"
+        await h.do(h.ns.renames.plan_rename("/a/sub", "/b/emptydir", overwrite=True, now_ns=h.now()))
+        assert h.ns.view.get_file_info("/b/emptydir/inner")["type"] == "dir"
         # moving a directory up into an ancestor's sibling, and an open file keeps its lease
         st = await h.create("/b/emptydir/inner/open", holder="w5")
-        await h.do(h.ns.plan_rename("/b/emptydir/inner", "/top", now_ns=h.now()))
-        assert h.ns.under_construction() == {st["ino"]: "w5"}
-        assert h.ns.writer_file("/top/open", st["ino"], "w5")[0] == "/top/open"
-        assert h.ns.path_of(st["ino"]) == "/top/open"
-        assert h.ns.get_file_info("/a")["children"] == 0
+        await h.do(h.ns.renames.plan_rename("/b/emptydir/inner", "/top", now_ns=h.now()))
+        assert h.ns.view.under_construction() == {st["ino"]: "w5"}
+        assert h.ns.planner.writer_file("/top/open", st["ino"], "w5")[0] == "/top/open"
+        assert h.ns.view.path_of(st["ino"]) == "/top/open"
+        assert h.ns.view.get_file_info("/a")["children"] == 0
         assert_consistent(h)
 
     await run_ns(kind, tmp_path, body)
@@ -747,30 +747,30 @@ async def test_set_permission_owner_times_replication(kind, tmp_path):
     async def body(h):
         await h.write_file("/f", [1])
         await h.mkdirs("/d")
-        await h.do(h.ns.plan_set_permission("/f", 0o640, now_ns=h.now()))
-        await h.do(h.ns.plan_set_owner("/f", "alice", "staff", now_ns=h.now()))
-        await h.do(h.ns.plan_set_owner("/d", None, "ops", now_ns=h.now()))
-        await h.do(h.ns.plan_set_times("/f", 111, 222, now_ns=h.now()))
-        await h.do(h.ns.plan_set_replication("/f", 5, now_ns=h.now()))
-        f, d = h.ns.get_file_info("/f"), h.ns.get_file_info("/d")
+        await h.do(h.ns.planner.plan_set_permission("/f", 0o640, now_ns=h.now()))
+        await h.do(h.ns.planner.plan_set_owner("/f", "alice", "staff", now_ns=h.now()))
+        await h.do(h.ns.planner.plan_set_owner("/d", None, "ops", now_ns=h.now()))
+        await h.do(h.ns.planner.plan_set_times("/f", 111, 222, now_ns=h.now()))
+        await h.do(h.ns.planner.plan_set_replication("/f", 5, now_ns=h.now()))
+        f, d = h.ns.view.get_file_info("/f"), h.ns.view.get_file_info("/d")
         assert (f["mode"], f["owner"], f["group"], f["mtime_ns"], f["atime_ns"],
                 f["replication"]) == (0o640, "alice", "staff", 111, 222, 5)
         assert f["ctime_ns"] > 222
         assert (d["owner"], d["group"]) == ("leasefs", "ops")
-        assert h.ns.plan_set_owner("/f", None, None, now_ns=h.now()) is None
-        assert h.ns.plan_set_times("/f", None, None, now_ns=h.now()) is None
-        assert h.ns.plan_set_replication("/f", 5, now_ns=h.now()) is None
+        assert h.ns.planner.plan_set_owner("/f", None, None, now_ns=h.now()) is None
+        assert h.ns.planner.plan_set_times("/f", None, None, now_ns=h.now()) is None
+        assert h.ns.planner.plan_set_replication("/f", 5, now_ns=h.now()) is None
         with pytest.raises(errors.IsDirectory):
-            h.ns.plan_set_replication("/d", 2, now_ns=h.now())
+            h.ns.planner.plan_set_replication("/d", 2, now_ns=h.now())
         for bad in (-1, 0o10000, "755", None):
             with pytest.raises(errors.InvalidArgument):
-                h.ns.plan_set_permission("/f", bad, now_ns=h.now())
+                h.ns.planner.plan_set_permission("/f", bad, now_ns=h.now())
         with pytest.raises(errors.InvalidArgument):
-            h.ns.plan_set_replication("/f", 100, now_ns=h.now())
+            h.ns.planner.plan_set_replication("/f", 100, now_ns=h.now())
         with pytest.raises(errors.InvalidArgument):
-            h.ns.plan_set_times("/f", "yesterday", None, now_ns=h.now())
+            h.ns.planner.plan_set_times("/f", "yesterday", None, now_ns=h.now())
         with pytest.raises(errors.FileNotFound):
-            h.ns.plan_set_permission("/nope", 0o700, now_ns=h.now())
+            h.ns.planner.plan_set_permission("/nope", 0o700, now_ns=h.now())
         assert_consistent(h)
 
     await run_ns(kind, tmp_path, body)
@@ -779,19 +779,19 @@ async def test_set_permission_owner_times_replication(kind, tmp_path):
 async def test_symlinks_are_stored_not_followed(kind, tmp_path):
     async def body(h):
         await h.mkdirs("/real")
-        await h.do(h.ns.plan_symlink("/real", "/links/l1", create_parent=True, now_ns=h.now()))
-        st = h.ns.get_file_info("/links/l1")
+        await h.do(h.ns.planner.plan_symlink("/real", "/links/l1", create_parent=True, now_ns=h.now()))
+        st = h.ns.view.get_file_info("/links/l1")
         assert st["type"] == "symlink" and st["symlink"] == "/real" and st["length"] == 5
         with pytest.raises(errors.FileExists):
-            h.ns.plan_symlink("/x", "/links/l1", now_ns=h.now())
+            h.ns.planner.plan_symlink("/x", "/links/l1", now_ns=h.now())
         with pytest.raises(errors.FileNotFound):
-            h.ns.plan_symlink("/x", "/nodir/l", now_ns=h.now())
+            h.ns.planner.plan_symlink("/x", "/nodir/l", now_ns=h.now())
         with pytest.raises(errors.InvalidArgument):
-            h.ns.plan_symlink("", "/links/l2", now_ns=h.now())
+            h.ns.planner.plan_symlink("", "/links/l2", now_ns=h.now())
         with pytest.raises(errors.NotDirectory, match="symlink"):
-            h.ns.get_file_info("/links/l1/inside")
-        await h.do(h.ns.plan_delete("/links/l1", False, now_ns=h.now()))
-        assert h.ns.list_status("/links")["entries"] == []
+            h.ns.view.get_file_info("/links/l1/inside")
+        await h.do(h.ns.planner.plan_delete("/links/l1", False, now_ns=h.now()))
+        assert h.ns.view.list_status("/links")["entries"] == []
         assert_consistent(h)
 
     await run_ns(kind, tmp_path, body)
@@ -810,7 +810,7 @@ async def test_list_status_pages_in_byte_order(kind, tmp_path):
         got, start = [], ""
         pages = 0
         while True:
-            page = h.ns.list_status("/dir", start_after=start, limit=7)
+            page = h.ns.view.list_status("/dir", start_after=start, limit=7)
             pages += 1
             got += [e["name"] for e in page["entries"]]
             assert len(page["entries"]) <= 7
@@ -819,19 +819,19 @@ async def test_list_status_pages_in_byte_order(kind, tmp_path):
             start = page["entries"][-1]["name"]
         assert got == sorted(names, key=lambda n: n.encode())
         assert pages == 4
-        entry = h.ns.list_status("/dir", start_after="n04", limit=1)["entries"][0]
+        entry = h.ns.view.list_status("/dir", start_after="n04", limit=1)["entries"][0]
         assert entry["name"] == "n05" and entry["path"] == "/dir/n05" and entry["children"] == 1
         # start_after a name that does not exist: continue from the next one
-        assert h.ns.list_status("/dir", start_after="n10x", limit=1)["entries"][0]["name"] == "n11"
-        assert h.ns.list_status("/dir", start_after="ärgerz", limit=5) == {"entries": [],
+        assert h.ns.view.list_status("/dir", start_after="n10x", limit=1)["entries"][0]["name"] == "n11"
+        assert h.ns.view.list_status("/dir", start_after="ärgerz", limit=5) == {"entries": [],
                                                                         "has_more": False}
         # a file lists itself
-        only = h.ns.list_status("/dir/n05/file")
+        only = h.ns.view.list_status("/dir/n05/file")
         assert [e["path"] for e in only["entries"]] == ["/dir/n05/file"]
         with pytest.raises(errors.InvalidArgument):
-            h.ns.list_status("/dir", limit=0)
+            h.ns.view.list_status("/dir", limit=0)
         with pytest.raises(errors.FileNotFound):
-            h.ns.list_status("/nope")
+            h.ns.view.list_status("/nope")
 
     await run_ns(kind, tmp_path, body)
 
@@ -840,10 +840,10 @@ async def test_content_summary(kind, tmp_path):
     async def body(h):
         await h.write_file("/s/a", [100, 50])
         await h.write_file("/s/d/b", [7])
-        await h.do(h.ns.plan_set_replication("/s/d/b", 2, now_ns=h.now()))
+        await h.do(h.ns.planner.plan_set_replication("/s/d/b", 2, now_ns=h.now()))
         await h.mkdirs("/s/e")
-        _, ino, inode, _ = h.ns.resolve("/s")
-        assert h.ns.content_summary_of(ino, inode) == {
+        _, ino, inode, _ = h.ns.view.resolve("/s")
+        assert h.ns.view.content_summary_of(ino, inode) == {
             "length": 157, "file_count": 2, "directory_count": 3,
             "space_consumed": 150 * 3 + 7 * 2}
 
@@ -861,17 +861,17 @@ async def test_concurrent_mutations_in_one_batch_compose(kind, tmp_path):
         fsyncs = h.journal.stats.fsyncs
 
         async def create(i):
-            await h.do(h.ns.plan_create(f"/shared/f{i}", holder=f"w{i}", now_ns=h.now()))
+            await h.do(h.ns.planner.plan_create(f"/shared/f{i}", holder=f"w{i}", now_ns=h.now()))
 
         plans = []
         async with trio.open_nursery() as nursery:
             for i in range(40):
                 nursery.start_soon(create, i)
-            plans.append(h.ns.plan_delete("/gone", True, now_ns=h.now()))
+            plans.append(h.ns.planner.plan_delete("/gone", True, now_ns=h.now()))
             nursery.start_soon(h.do, plans[0])
         assert h.journal.stats.fsyncs - fsyncs < 41
-        assert h.ns.get_file_info("/shared")["children"] == 40
-        assert len(h.ns.under_construction()) == 40
+        assert h.ns.view.get_file_info("/shared")["children"] == 40
+        assert len(h.ns.view.under_construction()) == 40
         assert_consistent(h)
 
     await run_ns(kind, tmp_path, body)
@@ -886,24 +886,24 @@ async def test_names_found_missing_are_cached_until_created_renamed_or_deleted(k
         await h.mkdirs("/d")
         for i in range(40):
             with pytest.raises(errors.FileNotFound):
-                h.ns.get_file_info(f"/d/f{i}")
+                h.ns.view.get_file_info(f"/d/f{i}")
             misses = h.ns.cache.misses
             with pytest.raises(errors.FileNotFound):
-                h.ns.get_file_info(f"/d/f{i}")
+                h.ns.view.get_file_info(f"/d/f{i}")
             assert h.ns.cache.misses - misses <= 2      # the name's miss itself is cached
             await h.create(f"/d/f{i}")
-            assert h.ns.get_file_info(f"/d/f{i}")["type"] == "file"
+            assert h.ns.view.get_file_info(f"/d/f{i}")["type"] == "file"
         assert len(h.ns.cache.data) <= 16
-        await h.do(h.ns.plan_rename("/d/f1", "/d/g1", now_ns=h.now()))
+        await h.do(h.ns.renames.plan_rename("/d/f1", "/d/g1", now_ns=h.now()))
         with pytest.raises(errors.FileNotFound):
-            h.ns.get_file_info("/d/f1")
-        assert h.ns.get_file_info("/d/g1")["type"] == "file"
-        await h.do(h.ns.plan_delete("/d/g1", False, now_ns=h.now()))
+            h.ns.view.get_file_info("/d/f1")
+        assert h.ns.view.get_file_info("/d/g1")["type"] == "file"
+        await h.do(h.ns.planner.plan_delete("/d/g1", False, now_ns=h.now()))
         with pytest.raises(errors.FileNotFound):
-            h.ns.get_file_info("/d/g1")
+            h.ns.view.get_file_info("/d/g1")
         await h.create("/d/g1")
-        assert h.ns.get_file_info("/d/g1")["type"] == "file"
-        assert h.ns.get_file_info("/d")["children"] == 40
+        assert h.ns.view.get_file_info("/d/g1")["type"] == "file"
+        assert h.ns.view.get_file_info("/d")["children"] == 40
         assert_consistent(h)
 
     await run_ns(kind, tmp_path, body)
@@ -917,18 +917,18 @@ async def _workload(h):
     ids = await h.write_file("/w/a/file", [8 * BPC, 8 * BPC, 3])
     await h.create("/w/open", holder="w2")
     await h.add_block("/w/open", holder="w2")
-    await h.do(h.ns.plan_rename("/w/a/file", "/w/moved", now_ns=h.now()))
-    await h.do(h.ns.plan_set_permission("/w/moved", 0o600, now_ns=h.now()))
-    await h.do(h.ns.plan_symlink("/w/moved", "/w/link", now_ns=h.now()))
+    await h.do(h.ns.renames.plan_rename("/w/a/file", "/w/moved", now_ns=h.now()))
+    await h.do(h.ns.planner.plan_set_permission("/w/moved", 0o600, now_ns=h.now()))
+    await h.do(h.ns.planner.plan_symlink("/w/moved", "/w/link", now_ns=h.now()))
     await h.write_file("/w/tmp/t", [5])
-    await h.do(h.ns.plan_delete("/w/tmp", True, now_ns=h.now()))
+    await h.do(h.ns.planner.plan_delete("/w/tmp", True, now_ns=h.now()))
     return ids
 
 
 async def _more(h):
     await h.write_file("/w/later", [1, ])
-    await h.do(h.ns.plan_set_owner("/w", "bob", None, now_ns=h.now()))
-    await h.do(h.ns.plan_delete("/w/a", True, now_ns=h.now()))
+    await h.do(h.ns.planner.plan_set_owner("/w", "bob", None, now_ns=h.now()))
+    await h.do(h.ns.planner.plan_delete("/w/a", True, now_ns=h.now()))
 
 
 async def test_restart_replays_the_journal_into_the_same_namespace(kind, tmp_path):
@@ -939,12 +939,12 @@ async def test_restart_replays_the_journal_into_the_same_namespace(kind, tmp_pat
     async def phase1(h):
         await _workload(h)
         state["snapshot"] = dump(h.store)
-        state["txid"] = h.ns.applied_txid
+        state["txid"] = h.ns.view.applied_txid
 
     async def phase2(h):
         await _more(h)
         state["final"] = dump(h.store)
-        state["final_txid"] = h.ns.applied_txid
+        state["final_txid"] = h.ns.view.applied_txid
 
     if kind == "leveldb":
         h = await run_ns(kind, tmp_path, phase1)
@@ -967,13 +967,13 @@ async def test_restart_replays_the_journal_into_the_same_namespace(kind, tmp_pat
     lagging.write(puts=list(state["snapshot"].items()))
     h = await run_ns(kind, tmp_path, lambda h: trio.sleep(0), store=lagging, format_=False)
     assert dump(h.store) == state["final"]
-    assert h.ns.applied_txid == state["final_txid"]
+    assert h.ns.view.applied_txid == state["final_txid"]
     assert_consistent(h)
 
     # an empty store: the FORMAT record and everything after it rebuild it exactly
     empty = make_store(kind, tmp_path / "empty")
     h = await run_ns(kind, tmp_path, lambda h: trio.sleep(0), store=empty, format_=False)
     assert dump(h.store) == state["final"]
-    assert h.ns.get_file_info("/w")["owner"] == "bob"
-    assert h.ns.get_file_info("/w/link")["symlink"] == "/w/moved"
+    assert h.ns.view.get_file_info("/w")["owner"] == "bob"
+    assert h.ns.view.get_file_info("/w/link")["symlink"] == "/w/moved"
     assert_consistent(h)

@@ -18,7 +18,7 @@ def _subdirs(ns: Namespace) -> dict[str, int]:
     out = {}
     for path in ("/", "/a", "/a/b", "/x", "/y"):
         try:
-            out[path] = ns.get_file_info(path)["subdirs"]
+            out[path] = ns.view.get_file_info(path)["subdirs"]
         except Exception:   # noqa: BLE001 - gone by now
             continue
     return out
@@ -36,23 +36,23 @@ def test_subdirectory_counts_follow_mkdir_rmdir_rename_delete_and_replay(tmp_pat
         ns.apply([record])
 
     try:
-        apply(ns.plan_format(1, next(t)))
-        apply(ns.plan_mkdirs("/a/b/c", now_ns=next(t)))
-        apply(ns.plan_mkdirs("/a/d", now_ns=next(t)))
-        apply(ns.plan_mkdirs("/x", now_ns=next(t)))
-        apply(ns.plan_create("/a/file", holder="w", now_ns=next(t)))
-        apply(ns.plan_symlink("file", "/a/link", now_ns=next(t)))
+        apply(ns.planner.plan_format(1, next(t)))
+        apply(ns.planner.plan_mkdirs("/a/b/c", now_ns=next(t)))
+        apply(ns.planner.plan_mkdirs("/a/d", now_ns=next(t)))
+        apply(ns.planner.plan_mkdirs("/x", now_ns=next(t)))
+        apply(ns.planner.plan_create("/a/file", holder="w", now_ns=next(t)))
+        apply(ns.planner.plan_symlink("file", "/a/link", now_ns=next(t)))
         assert _subdirs(ns) == {"/": 2, "/a": 2, "/a/b": 1, "/x": 0}
-        apply(ns.plan_rename("/a/d", "/x/d", now_ns=next(t)))          # across directories
-        apply(ns.plan_rename("/a/file", "/x/file", now_ns=next(t)))    # a file: no change
+        apply(ns.renames.plan_rename("/a/d", "/x/d", now_ns=next(t)))          # across directories
+        apply(ns.renames.plan_rename("/a/file", "/x/file", now_ns=next(t)))    # a file: no change
         assert _subdirs(ns) == {"/": 2, "/a": 1, "/a/b": 1, "/x": 1}
-        apply(ns.plan_mkdirs("/y/e", now_ns=next(t)))
-        apply(ns.plan_rename("/y/e", "/x/d", overwrite=True, now_ns=next(t)))  # dir over dir
+        apply(ns.planner.plan_mkdirs("/y/e", now_ns=next(t)))
+        apply(ns.renames.plan_rename("/y/e", "/x/d", overwrite=True, now_ns=next(t)))  # dir over dir
         assert _subdirs(ns) == {"/": 3, "/a": 1, "/a/b": 1, "/x": 1, "/y": 0}
-        apply(ns.plan_delete("/a/b/c", now_ns=next(t)))                # rmdir
-        apply(ns.plan_rename_many([("/x/d", "/a/d2"), ("/y", "/a/y")], now_ns=next(t)))
+        apply(ns.planner.plan_delete("/a/b/c", now_ns=next(t)))                # rmdir
+        apply(ns.renames.plan_rename_many([("/x/d", "/a/d2"), ("/y", "/a/y")], now_ns=next(t)))
         assert _subdirs(ns) == {"/": 2, "/a": 3, "/a/b": 0, "/x": 0}
-        apply(ns.plan_delete("/a", recursive=True, now_ns=next(t)))
+        apply(ns.planner.plan_delete("/a", recursive=True, now_ns=next(t)))
         assert _subdirs(ns) == {"/": 1, "/x": 0}
         assert check_namespace(live) == []
 
@@ -65,13 +65,13 @@ def test_subdirectory_counts_follow_mkdir_rmdir_rename_delete_and_replay(tmp_pat
 
         # a directory stored before subdirectories were counted gets its count at its
         # next change (and reports 2 links until then)
-        x = ns.get_file_info("/x")["ino"]
+        x = ns.view.get_file_info("/x")["ino"]
         x_inode = keys.unpack(live.get(keys.inode_key(x)))
         del x_inode["subdirs"]
         live.write(puts=[(keys.inode_key(x), keys.pack(x_inode))])
         ns = Namespace(live)
-        apply(ns.plan_mkdirs("/x/p", now_ns=next(t)))
-        apply(ns.plan_mkdirs("/x/q", now_ns=next(t)))
+        apply(ns.planner.plan_mkdirs("/x/p", now_ns=next(t)))
+        apply(ns.planner.plan_mkdirs("/x/q", now_ns=next(t)))
         assert _subdirs(ns) == {"/": 1, "/x": 2}
         assert check_namespace(live) == []
 

@@ -54,60 +54,60 @@ def every_op() -> Driver:
     """One namespace history that journals every op of the registry (some in two forms)."""
     d = Driver()
     ns = d.ns
-    d.log(ns.plan_format(42, d.tick()))
-    d.log(ns.plan_mkdirs("/a/b", now_ns=d.tick()))
-    d.log(ns.plan_symlink("/a", "/a/link", now_ns=d.tick()))
-    d.log(ns.plan_set_quota("/a", 100, 1 << 40, now_ns=d.tick()))
-    add = d.log(ns.plan_create("/a/f", holder="w1", client_machine="m", replication=2,
+    d.log(ns.planner.plan_format(42, d.tick()))
+    d.log(ns.planner.plan_mkdirs("/a/b", now_ns=d.tick()))
+    d.log(ns.planner.plan_symlink("/a", "/a/link", now_ns=d.tick()))
+    d.log(ns.quota.plan_set_quota("/a", 100, 1 << 40, now_ns=d.tick()))
+    add = d.log(ns.planner.plan_create("/a/f", holder="w1", client_machine="m", replication=2,
                                block_size=4096, now_ns=d.tick()))
     f = add.args["ino"]
-    d.log(ns.plan_add_block(f, [], ns.allocate_block_id(), ns.next_genstamp(), None,
+    d.log(ns.planner.plan_add_block(f, [], ns.ids.allocate_block_id(), ns.ids.next_genstamp(), None,
                             ["n1", "n2"], d.tick()))
-    blocks = ns.blocks_of(f)
-    d.log(ns.plan_fsync("/a/f", f, blocks, 100))
-    d.log(ns.plan_commit(f, ns.blocks_of(f)[-1], 4096))
-    d.log(ns.plan_add_block(f, ns.blocks_of(f), ns.allocate_block_id(), ns.next_genstamp(),
+    blocks = ns.view.blocks_of(f)
+    d.log(ns.planner.plan_fsync("/a/f", f, blocks, 100))
+    d.log(ns.planner.plan_commit(f, ns.view.blocks_of(f)[-1], 4096))
+    d.log(ns.planner.plan_add_block(f, ns.view.blocks_of(f), ns.ids.allocate_block_id(), ns.ids.next_genstamp(),
                             {"num_bytes": 4096}, ["n1"], d.tick()))
-    d.log(ns.plan_abandon("/a/f", f, ns.blocks_of(f), ns.blocks_of(f)[-1]))
-    d.log(ns.plan_add_block(f, ns.blocks_of(f), ns.allocate_block_id(), ns.next_genstamp(),
+    d.log(ns.planner.plan_abandon("/a/f", f, ns.view.blocks_of(f), ns.view.blocks_of(f)[-1]))
+    d.log(ns.planner.plan_add_block(f, ns.view.blocks_of(f), ns.ids.allocate_block_id(), ns.ids.next_genstamp(),
                             None, ["n1"], d.tick()))
-    last = ns.blocks_of(f)[-1]
-    d.log(ns.plan_close(f, last, 10, d.tick(),
-                        ns.close_attrs("/a/f", 5, None, 0o600)))
-    d.log(ns.plan_set_replication("/a/f", 3, now_ns=d.tick()))
-    d.log(ns.plan_set_permission("/a/f", 0o640, now_ns=d.tick()))
-    d.log(ns.plan_set_owner("/a/f", "u", None, now_ns=d.tick()))
-    d.log(ns.plan_set_times("/a/f", 7, None, now_ns=d.tick()))
-    inode = ns.get_inode(f)
-    d.log(ns.plan_truncate("/a/f", f, inode, 4100, holder="w2", now_ns=d.tick()))
-    block = ns.blocks_of(f)[-1]
-    d.log(ns.plan_commit_block_sync(f, block, ns.next_genstamp(), 4, delete=False,
+    last = ns.view.blocks_of(f)[-1]
+    d.log(ns.planner.plan_close(f, last, 10, d.tick(),
+                        ns.planner.close_attrs("/a/f", 5, None, 0o600)))
+    d.log(ns.planner.plan_set_replication("/a/f", 3, now_ns=d.tick()))
+    d.log(ns.planner.plan_set_permission("/a/f", 0o640, now_ns=d.tick()))
+    d.log(ns.planner.plan_set_owner("/a/f", "u", None, now_ns=d.tick()))
+    d.log(ns.planner.plan_set_times("/a/f", 7, None, now_ns=d.tick()))
+    inode = ns.view.get_inode(f)
+    d.log(ns.planner.plan_truncate("/a/f", f, inode, 4100, holder="w2", now_ns=d.tick()))
+    block = ns.view.blocks_of(f)[-1]
+    d.log(ns.planner.plan_commit_block_sync(f, block, ns.ids.next_genstamp(), 4, delete=False,
                                     close=True, now_ns=d.tick(), targets=["n1"]))
-    d.log(ns.plan_append(f, ns.get_inode(f), holder="w3", new_gs=ns.next_genstamp(),
+    d.log(ns.planner.plan_append(f, ns.view.get_inode(f), holder="w3", new_gs=ns.ids.next_genstamp(),
                          now_ns=d.tick()))
-    d.log(ns.plan_set_genstamp())
-    d.log(ns.plan_reassign_lease(f, "leasefs-meta"))
-    d.log(ns.plan_close(f, ns.blocks_of(f)[-1], 4, d.tick()))
-    small = d.log(ns.plan_create("/a/s", holder="w1", block_size=4096, now_ns=d.tick()))
-    d.log(ns.plan_inline(small.args["ino"], b"abc"))
-    d.log(ns.plan_close(small.args["ino"], None, None, d.tick(), data=b"abcd"))
-    d.log(ns.plan_rewrite(f, ns.get_inode(f), now_ns=d.tick()))
-    d.log(ns.plan_create("/a/s", holder="w4", overwrite=True, block_size=4096,
+    d.log(ns.planner.plan_set_genstamp())
+    d.log(ns.planner.plan_reassign_lease(f, "leasefs-meta"))
+    d.log(ns.planner.plan_close(f, ns.view.blocks_of(f)[-1], 4, d.tick()))
+    small = d.log(ns.planner.plan_create("/a/s", holder="w1", block_size=4096, now_ns=d.tick()))
+    d.log(ns.planner.plan_inline(small.args["ino"], b"abc"))
+    d.log(ns.planner.plan_close(small.args["ino"], None, None, d.tick(), data=b"abcd"))
+    d.log(ns.planner.plan_rewrite(f, ns.view.get_inode(f), now_ns=d.tick()))
+    d.log(ns.planner.plan_create("/a/s", holder="w4", overwrite=True, block_size=4096,
                          now_ns=d.tick()))
     for name in ("c1", "c2"):
-        c = d.log(ns.plan_create(f"/a/{name}", holder="w", block_size=4096,
+        c = d.log(ns.planner.plan_create(f"/a/{name}", holder="w", block_size=4096,
                                  now_ns=d.tick())).args["ino"]
-        d.log(ns.plan_add_block(c, [], ns.allocate_block_id(), ns.next_genstamp(), None,
+        d.log(ns.planner.plan_add_block(c, [], ns.ids.allocate_block_id(), ns.ids.next_genstamp(), None,
                                 ["n1"], d.tick()))
-        d.log(ns.plan_close(c, ns.blocks_of(c)[-1], 4096, d.tick()))
-    d.log(ns.plan_concat("/a/c1", ["/a/c2"], now_ns=d.tick()))
-    d.log(ns.plan_rename("/a/c1", "/a/b/c", now_ns=d.tick()))
-    d.log(ns.plan_rename_many([["/a/b/c", "/a/c3"], ["/a/link", "/a/l2"]], now_ns=d.tick()))
-    d.log(ns.plan_mkdirs("/big/x/y/z", now_ns=d.tick()))
-    assert d.log(ns.plan_delete("/big", recursive=True, now_ns=d.tick())).args["detach"]
-    while (plan := ns.plan_reclaim()) is not None:
+        d.log(ns.planner.plan_close(c, ns.view.blocks_of(c)[-1], 4096, d.tick()))
+    d.log(ns.concat.plan_concat("/a/c1", ["/a/c2"], now_ns=d.tick()))
+    d.log(ns.renames.plan_rename("/a/c1", "/a/b/c", now_ns=d.tick()))
+    d.log(ns.renames.plan_rename_many([["/a/b/c", "/a/c3"], ["/a/link", "/a/l2"]], now_ns=d.tick()))
+    d.log(ns.planner.plan_mkdirs("/big/x/y/z", now_ns=d.tick()))
+    assert d.log(ns.planner.plan_delete("/big", recursive=True, now_ns=d.tick())).args["detach"]
+    while (plan := ns.reclaim.plan_reclaim()) is not None:
         d.log(plan)
-    d.log(ns.plan_delete("/a/c3", now_ns=d.tick()))
+    d.log(ns.planner.plan_delete("/a/c3", now_ns=d.tick()))
     token = TokenState(TokenId(1, "alice", "bob", 10.5, 99.0), 20.25).to_wire()
     d.log(("DELEGATION_TOKEN", token))
     d.log(("RENEW_DELEGATION_TOKEN", {"seq": 1, "expiry": 30.0}))
@@ -195,7 +195,7 @@ def test_unknown_and_malformed_records_name_their_txid():
     ns = Namespace(MemoryStore())
     with pytest.raises(InternalError, match=r"txid 3: unknown op 'NOPE'"):
         ns.apply([Record(3, "NOPE", {})])
-    ns.apply([Record(1, *ns.plan_format(1, 1).to_wire())])
+    ns.apply([Record(1, *ns.planner.plan_format(1, 1).to_wire())])
     assert check_record(ns.kv, Record(9, "MKDIR", {"dirs": []})) == [
         "txid 9 MKDIR: malformed record: MKDIR record without 'time'"]
     assert check_record(ns.kv, Record(9, "NOPE", {})) == []   # unknown ops are not checked

@@ -49,14 +49,14 @@ async def _create(server, layout: str) -> None:
     ns, journal = server.ns, server.journal
     folders = [f"/big/d{i}" for i in range(100)] if layout == "spread" else ["/big"]
     for folder in folders:
-        await journal.log(ns.plan_mkdirs(folder, now_ns=1))
+        await journal.log(ns.planner.plan_mkdirs(folder, now_ns=1))
 
     async def make(first: int, last: int) -> None:
         for i in range(first, last):
             path = f"{folders[i % len(folders)]}/f{i:06d}"
-            await journal.log(ns.plan_create(path, holder="w", now_ns=2))
-            ino = ns.get_file_info(path)["ino"]
-            await journal.log(ns.plan_close(ino, None, None, 3))
+            await journal.log(ns.planner.plan_create(path, holder="w", now_ns=2))
+            ino = ns.view.get_file_info(path)["ino"]
+            await journal.log(ns.planner.plan_close(ino, None, None, 3))
 
     async with trio.open_nursery() as nursery:     # concurrent: the journal groups fsyncs
         for k in range(100):
@@ -66,7 +66,7 @@ async def _create(server, layout: str) -> None:
 async def _delete_and_reclaim(folder, layout: str) -> dict:
     async with inprocess_meta(folder) as server:
         await _create(server, layout)
-        assert server.ns.file_count() == N_FILES
+        assert server.ns.view.file_count() == N_FILES
         assert await server.namespace_protocol.rpc_delete(CTX, "/big", recursive=True)
         steps = StepTimes()
         lateness: list[float] = []
@@ -97,7 +97,7 @@ async def _delete_and_reclaim(folder, layout: str) -> dict:
             trio.lowlevel.remove_instrument(steps)
             gc.enable()
         total, cpu = time.perf_counter() - started, time.thread_time() - cpu_started
-        assert server.ns.file_count() == 0 and server.ns.dir_count() == 1
+        assert server.ns.view.file_count() == 0 and server.ns.view.dir_count() == 1
         assert check_namespace(server.kv) == []
         holds, late = sorted(steps.steps), sorted(lateness)
         return {"total": total, "cpu": cpu, "records": server.monitors.reclaim_records,

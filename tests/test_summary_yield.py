@@ -26,17 +26,17 @@ N_DIRS = 40    # a few subfolders among the files: the walk goes down and back u
 async def _build(folder) -> None:
     async with inprocess_meta(folder) as server:
         ns, journal = server.ns, server.journal
-        await journal.log(ns.plan_mkdirs("/big", now_ns=1))
+        await journal.log(ns.planner.plan_mkdirs("/big", now_ns=1))
         for d in range(N_DIRS):
-            await journal.log(ns.plan_mkdirs(f"/big/d{d:02d}/sub", now_ns=1))
+            await journal.log(ns.planner.plan_mkdirs(f"/big/d{d:02d}/sub", now_ns=1))
 
         async def make(first: int, last: int) -> None:
             for i in range(first, last):
                 path = f"/big/f{i:06d}" if i % 10 else f"/big/d{i % N_DIRS:02d}/f{i:06d}"
                 # written, not each fsynced: the checkpoint below makes it all durable
-                await journal.log(ns.plan_create(path, holder="w", now_ns=2), durable=False)
-                ino = ns.get_file_info(path)["ino"]
-                await journal.log(ns.plan_close(ino, None, None, 3, data=b"x" * (i % 7)),
+                await journal.log(ns.planner.plan_create(path, holder="w", now_ns=2), durable=False)
+                ino = ns.view.get_file_info(path)["ino"]
+                await journal.log(ns.planner.plan_close(ino, None, None, 3, data=b"x" * (i % 7)),
                                   durable=False)
 
         async with trio.open_nursery() as nursery:   # concurrent: the journal groups fsyncs

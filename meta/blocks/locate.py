@@ -18,7 +18,7 @@ from typing import Callable
 from fs.blocktoken import READ as READ_TOKEN
 from fs.rpc import LOCAL_PEER_PREFIX
 
-from ..namespace.namespace import Namespace
+from ..namespace.view import NamespaceView
 from . import blocks as bm
 from .blocks import BlockInfo, BlocksMap
 from .datanodes import DatanodeManager
@@ -42,9 +42,9 @@ class Locator:
     """``block_token(block_id, gs, user, mode)``: a block access token, or None in
     security = simple."""
 
-    def __init__(self, ns: Namespace, blocks: BlocksMap, datanodes: DatanodeManager,
+    def __init__(self, view: NamespaceView, blocks: BlocksMap, datanodes: DatanodeManager,
                  block_token: Callable[[int, int, str, str], dict | None]):
-        self.ns = ns
+        self.view = view
         self.blocks = blocks
         self.datanodes = datanodes
         self.block_token = block_token
@@ -92,14 +92,14 @@ class Locator:
         ``[offset, end)``, each with a read token for ``user`` (security = secure) and its
         replicas in the order for a reader on ``reader_host``."""
         under_construction = bool(inode.get("uc"))
-        data = self.ns.inline_data(ino, inode)
+        data = self.view.inline_data(ino, inode)
         if data is not None:   # the whole content, whatever the range asked
             return {"length": len(data), "under_construction": under_construction,
                     "blocks": [], "last_block_complete": True, "inline": data}
         located = [self.located(block, self.blocks.get(block["id"]), pos, user,
                                 reader_host=reader_host)
-                   for block, pos in self.ns.blocks_in_range(ino, inode, offset, end)]
-        last = self.ns.tail_blocks(ino, inode, 1)
+                   for block, pos in self.view.blocks_in_range(ino, inode, offset, end)]
+        last = self.view.tail_blocks(ino, inode, 1)
         return {"length": inode.get("length", 0), "under_construction": under_construction,
                 "blocks": located,
                 "last_block_complete": not last or self.is_complete(last[-1])}

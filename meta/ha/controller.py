@@ -200,7 +200,7 @@ class HAController:
 
     def status(self) -> HAStatus:
         return HAStatus(role=self.role, epoch=self.epoch,
-                        applied_txid=self.server.ns.applied_txid,
+                        applied_txid=self.server.ns.view.applied_txid,
                         lag=0.0 if self.role is Role.ACTIVE else self.lag,
                         node_id=self.node_id, mode="etcd")
 
@@ -361,11 +361,11 @@ class HAController:
         """An observer's read waits until this server has applied ``txid`` (the client's
         state id); ``StandbyError`` after ``timeout`` s: the client asks the active."""
         with trio.move_on_after(timeout):
-            while self.server.ns.applied_txid < txid:
+            while self.server.ns.view.applied_txid < txid:
                 await self._applied.park()
             return
         raise StandbyError(f"{self.refusal()}: it has applied txid "
-                           f"{self.server.ns.applied_txid}, the call needs {txid}")
+                           f"{self.server.ns.view.applied_txid}, the call needs {txid}")
 
     async def _take_over(self, term: Term) -> None:
         self.term, self.epoch, self.leader = term, term.epoch, self.node_id

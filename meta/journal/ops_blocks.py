@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 class _WriterOp(Op):
     """An op of the file's writer, by inode id: the writer checks ran on a linked file
-    under construction (``Namespace.writer_file``); at replay it must still be one."""
+    under construction (``NamespacePlanner.writer_file``); at replay it must still be one."""
     charges_file_space = True
 
     def check(self, view):

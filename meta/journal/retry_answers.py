@@ -66,7 +66,7 @@ def _found(server, canonical: str):
     """``(ino, inode)`` at ``canonical``, or None when nothing is there."""
     parts = paths.split(canonical)
     try:
-        found = server.ns.walk(parts, canonical)
+        found = server.ns.view.walk(parts, canonical)
     except NotDirectory:
         return None
     return found[-1] if len(found) == len(parts) + 1 else None
@@ -75,12 +75,12 @@ def _found(server, canonical: str):
 def _changed(server, canonical: str, status: dict | None = None) -> dict:
     """The ``want_status`` answer of a change at ``canonical``, as the handlers make it:
     the inode's status and its parent directory's."""
-    return {"status": server.ns.get_file_info(canonical) if status is None else status,
-            "parent": server.ns.get_file_info(paths.parent(canonical))}
+    return {"status": server.ns.view.get_file_info(canonical) if status is None else status,
+            "parent": server.ns.view.get_file_info(paths.parent(canonical))}
 
 
 # a removed inode's status as its call's record keeps it (``RPC_KEPT``), in this order:
-# every field of ``Namespace.status`` but ``path`` and ``name``, the call's own path and its
+# every field of ``NamespaceView.status`` but ``path`` and ``name``, the call's own path and its
 # last name (an inode's name is its entry's). Positional, so a mount's unlink grows its
 # record by ~75 bytes, not ~280; a field added to the status is added at the end, and a
 # record with fewer is answered ``AnswerLost``
@@ -91,7 +91,7 @@ _REMOVED_FIELDS = ("ino", "type", "mode", "owner", "group", "mtime_ns", "atime_n
 
 def keep_removed(status: dict | None) -> list:
     """What a delete or rename answering ``want_status`` keeps in its record for a retry:
-    the status (``Namespace.status``) of the inode it removed, or ``[]`` when it replaced
+    the status (``NamespaceView.status``) of the inode it removed, or ``[]`` when it replaced
     none (a rename with overwrite onto a free destination)."""
     return [] if status is None else [status[name] for name in _REMOVED_FIELDS]
 
@@ -148,11 +148,11 @@ async def create(server, ctx, rerun, kept, path, client_name, overwrite=False,
             return await rerun()
         raise _lost("create", canonical, f"{canonical} is no longer open for {client_name}")
     ino, inode = found
-    status = server.ns.status(canonical, ino, inode)
+    status = server.ns.view.status(canonical, ino, inode)
     answer = _changed(server, canonical, status) if want_status else status
     if not first_block:
         return answer
-    blocks = server.ns.blocks_of(ino)
+    blocks = server.ns.view.blocks_of(ino)
     located = blocks and server.locator.located(blocks[0], server.blocks.get(blocks[0]["id"]), 0,
                                         server.access.token_user(ctx), WRITE_TOKEN)
     return {**(answer if want_status else {"status": status}), "first_block": located or None}
@@ -204,7 +204,7 @@ async def rename(server, ctx, rerun, kept, src, dst, overwrite=False, want_statu
     try:
         replaced = _removed(kept, d) if overwrite is not False else None
         return {**_changed(server, d), "replaced": replaced,
-                "src_parent": server.ns.get_file_info(paths.parent(s))}
+                "src_parent": server.ns.view.get_file_info(paths.parent(s))}
     except _NotKept:
         raise _lost("rename", f"{s} to {d}", "its record did not keep the status of the "
                                              "replaced destination") from None
@@ -225,7 +225,7 @@ async def create_symlink(server, ctx, rerun, kept, target, path, create_parent=F
     found = _found(server, canonical)
     if found is None or found[1]["type"] != SYMLINK or found[1].get("target") != target:
         return await rerun()
-    status = server.ns.status(canonical, *found)
+    status = server.ns.view.status(canonical, *found)
     return _changed(server, canonical, status) if want_status else status
 
 
@@ -241,14 +241,14 @@ async def append(server, ctx, rerun, kept, path, client_name):
         return await rerun()
     ino, inode = found
     last_block = None
-    tail = server.ns.tail_blocks(ino, inode, 1)
+    tail = server.ns.view.tail_blocks(ino, inode, 1)
     if tail and tail[-1]["num_bytes"] < inode["block_size"]:
         block = {**tail[-1]}
         offset = inode.get("length", 0) - block["num_bytes"]
         last_block = server.locator.located(block, server.blocks.get(block["id"]), offset,
                                     server.access.token_user(ctx), WRITE_TOKEN)
-    answer = {"status": server.ns.status(canonical, ino, inode), "last_block": last_block}
-    data = server.ns.inline_data(ino, inode)
+    answer = {"status": server.ns.view.status(canonical, ino, inode), "last_block": last_block}
+    data = server.ns.view.inline_data(ino, inode)
     if data is not None:
         answer["inline"] = data
     return answer
@@ -267,7 +267,7 @@ async def truncate(server, ctx, rerun, kept, path, new_length, client_name):
         if not inode.get("uc") and inode.get("length", 0) == new_length:
             return True
         if _held_by(inode, client_name):
-            tail = server.ns.tail_blocks(ino, inode, 1)
+            tail = server.ns.view.tail_blocks(ino, inode, 1)
             if tail and server.recovery.block_state(tail[-1]) == bm.UNDER_RECOVERY:
                 return False
     raise _lost("truncate", canonical, f"{canonical} is not as the truncate left it")
@@ -280,8 +280,8 @@ async def rewrite(server, ctx, rerun, kept, path, client_name, ino=None):
     canonical = paths.validate(path)
     inode = None
     if ino:
-        inode = server.ns.linked_inode(ino)
-        current = server.ns.path_of(ino) if inode is not None else None
+        inode = server.ns.view.linked_inode(ino)
+        current = server.ns.view.path_of(ino) if inode is not None else None
     else:
         found = _found(server, canonical)
         if found is not None:
@@ -289,7 +289,7 @@ async def rewrite(server, ctx, rerun, kept, path, client_name, ino=None):
             current = canonical
     if not _held_by(inode, client_name):
         return await rerun()
-    return server.ns.status(current, ino, inode)
+    return server.ns.view.status(current, ino, inode)
 
 
 async def recover_lease(server, ctx, rerun, kept, path, client_name):

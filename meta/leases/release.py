@@ -123,17 +123,17 @@ class LeaseRecovery:
         file when its last blocks allow it (True), else start block recovery and reassign
         the lease to ``new_holder`` (False; the file closes when recovery commits)."""
         wall = self.wall_ns()
-        blocks = self.ns.tail_blocks(ino, inode)
+        blocks = self.ns.view.tail_blocks(ino, inode)
         decision = lm.release_decision(
             [(self.block_state(b), b["num_bytes"], self._replica_count(b)) for b in blocks],
             self.min_replication)
         if decision == lm.CLOSE:
-            await self.edits.log_plan(self.ns.plan_close(ino, None, None, wall))
+            await self.edits.log_plan(self.ns.planner.plan_close(ino, None, None, wall))
             log.info("lease of %s released: file closed", path)
             return True
         if decision == lm.DROP_LAST_AND_CLOSE:
-            await self.edits.log_plan(self.ns.plan_abandon(path, ino, blocks, blocks[-1]))
-            await self.edits.log_plan(self.ns.plan_close(ino, None, None, wall))
+            await self.edits.log_plan(self.ns.planner.plan_abandon(path, ino, blocks, blocks[-1]))
+            await self.edits.log_plan(self.ns.planner.plan_close(ino, None, None, wall))
             log.info("lease of %s released: dropped an empty last block, file closed", path)
             return True
         if decision == lm.WAIT:
@@ -144,7 +144,7 @@ class LeaseRecovery:
             await self.start_block_recovery(path, ino, last)
         holder = inode["uc"]["holder"]
         if new_holder is not None and new_holder != holder:
-            await self.edits.log_plan(self.ns.plan_reassign_lease(ino, new_holder))
+            await self.edits.log_plan(self.ns.planner.plan_reassign_lease(ino, new_holder))
             log.info("lease of %s reassigned from %s to %s", path, holder, new_holder)
         return False
 
@@ -154,7 +154,7 @@ class LeaseRecovery:
         a RECOVER_BLOCK command for the primary's next heartbeat. Caller holds the path
         locks. Without a live replica holder the recovery waits for its retry."""
         previous = self._recoveries.get(block["id"])
-        stamp = self.ns.plan_set_genstamp()
+        stamp = self.ns.planner.plan_set_genstamp()
         await self.edits.log_plan(stamp)
         recovery_id = stamp.gs
         info = self.blocks.get(block["id"])
@@ -202,7 +202,7 @@ class LeaseRecovery:
                                    primary_heartbeat=primary.last_heartbeat if primary else None,
                                    stale_after=self._stale_after()):
                 continue
-            path = self.ns.path_of(rec.ino)
+            path = self.ns.view.path_of(rec.ino)
             if path is None:
                 self.forget_recovery(rec.block_id)
                 continue
@@ -211,8 +211,8 @@ class LeaseRecovery:
                                      check_safemode=False):
                 if self._recoveries.get(rec.block_id) is not rec:
                     continue
-                inode = self.ns.get_inode(rec.ino)
-                tail = self.ns.tail_blocks(rec.ino, inode, 1) if inode and inode.get("uc") else []
+                inode = self.ns.view.get_inode(rec.ino)
+                tail = self.ns.view.tail_blocks(rec.ino, inode, 1) if inode and inode.get("uc") else []
                 if not tail or tail[-1]["id"] != rec.block_id:
                     self.forget_recovery(rec.block_id)
                     continue
@@ -227,7 +227,7 @@ class LeaseRecovery:
         released = 0
         now = self.clock()
         for holder, ino in self.leases.hard_expired_files(now, LEASE_MONITOR_MAX_FILES):
-            path = self.ns.path_of(ino)
+            path = self.ns.view.path_of(ino)
             if path is None:
                 self.leases.remove_file(ino)
                 continue
@@ -235,8 +235,8 @@ class LeaseRecovery:
                 async with self.locking.mutation(f"release lease of {path}",
                                          lock_set(paths.split(path), LOCK_WRITE),
                                          check_safemode=False):
-                    inode = self.ns.get_inode(ino)
-                    if inode is None or not inode.get("uc") or self.ns.path_of(ino) != path:
+                    inode = self.ns.view.get_inode(ino)
+                    if inode is None or not inode.get("uc") or self.ns.view.path_of(ino) != path:
                         continue
                     if await self._internal_release_lease(path, ino, inode, INTERNAL_HOLDER):
                         released += 1
@@ -247,7 +247,7 @@ class LeaseRecovery:
         return released
 
     def _last_under_recovery(self, ino: int, inode: dict) -> bool:
-        tail = self.ns.tail_blocks(ino, inode, 1)
+        tail = self.ns.view.tail_blocks(ino, inode, 1)
         return bool(tail) and self.block_state(tail[-1]) == bm.UNDER_RECOVERY
 
     async def recover_lease_internal(self, op: str, path: str, ino: int, inode: dict,
@@ -257,9 +257,9 @@ class LeaseRecovery:
         self.leases.recover_lease_internal(op, path, inode["uc"]["holder"], caller, now,
                                            force=force,
                                            last_under_recovery=self._last_under_recovery(ino, inode))
-        tail = self.ns.tail_blocks(ino, inode, 1)
+        tail = self.ns.view.tail_blocks(ino, inode, 1)
         if tail and tail[-1]["id"] in self._recoveries:
             if inode["uc"]["holder"] != caller and force:
-                await self.edits.log_plan(self.ns.plan_reassign_lease(ino, caller))
+                await self.edits.log_plan(self.ns.planner.plan_reassign_lease(ino, caller))
             return False
         return await self._internal_release_lease(path, ino, inode, caller)

@@ -14,14 +14,15 @@ subtree still.
 
 from __future__ import annotations
 
-from .namespace import DIR, Namespace, check_name
+from .args import DIR, check_name
 from .permissions import WRITE, Caller, PermissionChecker, clears_only_setid
+from .view import NamespaceView
 from ..timeslice import TimeSlice
 
 
 class Access:
-    def __init__(self, ns: Namespace, permissions: PermissionChecker, superuser: str):
-        self.ns = ns
+    def __init__(self, view: NamespaceView, permissions: PermissionChecker, superuser: str):
+        self.view = view
         self.permissions = permissions
         self.superuser = superuser
 
@@ -45,7 +46,7 @@ class Access:
 
     def inode_chain(self, parts) -> list[dict]:
         """Inodes of the root and the existing leading components of ``parts``."""
-        return [inode for _, inode in self.ns.walk(parts, strict=False)]
+        return [inode for _, inode in self.view.walk(parts, strict=False)]
 
     def check_access(self, ctx, parts, **needs) -> None:
         """``PermissionChecker.check_path`` for the caller of ``ctx`` on ``parts``."""
@@ -69,13 +70,13 @@ class Access:
     async def check_subtree(self, caller: Caller, parts, access: int, *,
                             ignore_empty_dir: bool = False) -> None:
         """HDFS subAccess: ``access`` on every directory of the subtree at ``parts``."""
-        found = self.ns.walk(parts, strict=False)
+        found = self.view.walk(parts, strict=False)
         if len(found) != len(parts) + 1 or found[-1][1]["type"] != DIR:
             return
         walk = TimeSlice()
-        for ino, node in self.ns.iter_subtree(*found[-1]):
+        for ino, node in self.view.iter_subtree(*found[-1]):
             self.permissions.check_sub_access(
-                caller, node, access, lambda: self.ns.path_of(ino) or f"<inode {ino}>",
+                caller, node, access, lambda: self.view.path_of(ino) or f"<inode {ino}>",
                 ignore_empty_dir=ignore_empty_dir)
             await walk.tick()
 

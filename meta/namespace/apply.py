@@ -4,15 +4,15 @@ syncer after the fsync) and at replay.
 Why it exists: applying is apart from planning so that replay needs nothing but the
 records: every decision is in the record, the ops only execute it. What each op changes is
 its ``apply`` in ``meta.journal.ops`` (reached through ``decode``, the registry); this module runs a
-batch of them against one overlay and writes the result. ``RecordApplier`` is a mixin of
-``meta.namespace.namespace.Namespace``. ``Txn`` (a batch's overlay: reads see the batch's earlier
+batch of them against one overlay and writes the result. ``RecordApplier`` is a part of
+``meta.namespace.namespace.Namespace``, which forwards its ``apply`` to it. ``Txn`` (a batch's overlay: reads see the batch's earlier
 writes, ``meta.journal.ops_store``) and ``inside`` are re-exported for the namespace and the replay
 checker (``meta.namespace.invariants``).
 
 Purity / concurrency contract: deterministic from the records and the state before them;
 ALL records of a batch go to the store in ONE ``kv.write`` with the applied txid, then the
 cache, the orphan set/reclaim cursors (``ReclaimPlanner.note_*``) and the counters
-(``Namespace.adopt_counters``) follow what was written, in the same synchronous step.
+(``NamespaceView.adopt_counters``, ``Allocators.adopt``) follow what was written, in the same synchronous step.
 Trio thread only, no awaits.
 """
 
@@ -21,7 +21,10 @@ from __future__ import annotations
 from fs.errors import InternalError
 
 from ..journal import keys
+from .allocators import Allocators
 from .charge import file_charge
+from .reclaim import ReclaimPlanner
+from .view import DecodedCache, NamespaceView
 from ..journal.ops import decode
 from ..journal.ops_store import Txn, charge_usage, inside
 
@@ -29,7 +32,17 @@ __all__ = ["RecordApplier", "Txn", "inside"]
 
 
 class RecordApplier:
-    """``apply``: a batch of journal records to the store (a mixin of ``Namespace``)."""
+    """``apply``: a batch of journal records to the store ``kv``; then ``cache``, ``view``'s
+    counters, the allocators ``ids`` and ``reclaim``'s orphans and cursors follow what it
+    wrote."""
+
+    def __init__(self, kv, cache: DecodedCache, view: NamespaceView, ids: Allocators,
+                 reclaim: ReclaimPlanner):
+        self.kv = kv
+        self.cache = cache
+        self._view = view
+        self._ids = ids
+        self._reclaim = reclaim
 
     def apply(self, records, ops=None) -> list[dict]:
         """Apply a batch of journal records in one store write; returns effects per record.
@@ -37,7 +50,7 @@ class RecordApplier:
         if ops is None:
             ops = [decode(record) for record in records]
         txn = Txn(self.kv, self.cache)
-        counters = dict(self.counters)
+        counters = dict(self._view.counters)
         effects = []
         for record, op in zip(records, ops):
             if op.needs_format and keys.NAMESPACE_ID not in counters:
@@ -56,7 +69,7 @@ class RecordApplier:
             effects.append(effect)
             counters[keys.APPLIED_TXID] = record.txid
         for name, value in counters.items():
-            if self.counters.get(name) != value:
+            if self._view.counters.get(name) != value:
                 txn.put(keys.meta_key(name), value)
         try:
             txn.commit()
@@ -65,9 +78,10 @@ class RecordApplier:
             raise
         self.cache.committed(txn.puts, txn.dels)
         for key in txn.put_keys(keys.ORPHAN):
-            self.note_orphan(keys.parse_orphan_key(key))
+            self._reclaim.note_orphan(keys.parse_orphan_key(key))
         for effect in effects:
             if effect["op"] == "RECLAIM":
-                self.note_reclaimed(effect)
-        self.adopt_counters(counters)
+                self._reclaim.note_reclaimed(effect)
+        self._view.adopt_counters(counters)
+        self._ids.adopt(counters)
         return effects

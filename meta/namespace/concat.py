@@ -9,8 +9,8 @@ size; every block is full except the last source's last (a read finds a byte's b
 ``offset // block_size``). The sources take the target's replication (quota charged for
 the difference, as HDFS); the names quota gains the sources' count.
 
-Why it exists: one more planner, apart from ``namespace_plan`` (which is near its size
-limit). ``ConcatPlanner`` is a mixin of ``meta.namespace.namespace.Namespace``; the applier is
+Why it exists: one more planner, apart from ``plan`` (which is near its size limit).
+``ConcatPlanner`` is a part of ``meta.namespace.namespace.Namespace``; the applier is
 ``meta.journal.ops_namespace.Concat``. Concurrency contract: that of the planners: reads only,
 under the caller's write locks on the target and the sources; trio thread, no awaits.
 """
@@ -22,13 +22,19 @@ from fs.errors import InvalidArgument
 
 from .args import FILE
 from .charge import file_charge
+from .quota import QuotaPlanner
+from .view import NamespaceView
 from ..journal.ops_namespace import Concat
 
 MAX_CONCAT_SOURCES = 1000
 
 
 class ConcatPlanner:
-    """``plan_concat`` (a mixin of ``Namespace``)."""
+    """``plan_concat``, deciding from ``view`` with the space quota check of ``quota``."""
+
+    def __init__(self, view: NamespaceView, quota: QuotaPlanner):
+        self._view = view
+        self._quota = quota
 
     def _concat_file(self, what: str, path: str, inode: dict, role: str) -> None:
         if inode["type"] != FILE:
@@ -42,7 +48,7 @@ class ConcatPlanner:
     def _full_blocks(self, what: str, path: str, ino: int, inode: dict) -> None:
         bs = inode["block_size"]
         if inode["length"] != inode["nblocks"] * bs:
-            last = self.tail_blocks(ino, inode, 1)[-1]
+            last = self._view.tail_blocks(ino, inode, 1)[-1]
             raise InvalidArgument(f"{what}: the last block in {path} is not full; last block "
                                   f"size = {last['num_bytes']}, preferred block size = {bs}")
 
@@ -54,7 +60,7 @@ class ConcatPlanner:
             raise InvalidArgument(f"{what}: no source files")
         if len(srcs) > MAX_CONCAT_SOURCES:
             raise InvalidArgument(f"{what}: more than {MAX_CONCAT_SOURCES} source files")
-        _, t_ino, t_inode, t_found = self.resolve(t_path)
+        _, t_ino, t_inode, t_found = self._view.resolve(t_path)
         self._concat_file(what, t_path, t_inode, "target")
         self._full_blocks(what, t_path, t_ino, t_inode)
         parent = t_found[-2][0]
@@ -65,7 +71,7 @@ class ConcatPlanner:
         for i, src in enumerate(srcs):
             s_parts = paths.split(src)
             s_path = paths.join_parts(s_parts)
-            _, s_ino, s_inode, s_found = self.resolve(s_path)
+            _, s_ino, s_inode, s_found = self._view.resolve(s_path)
             if s_ino == t_ino:
                 raise InvalidArgument(f"{what}: the src file {s_path} is the same with the "
                                       f"target file")
@@ -83,8 +89,8 @@ class ConcatPlanner:
                     f"preferred block size {t_inode['block_size']}")
             if i != len(srcs) - 1:
                 self._full_blocks(what, s_path, s_ino, s_inode)
-            extra_space += s_inode["length"] * rep - file_charge(self.read, s_ino,
+            extra_space += s_inode["length"] * rep - file_charge(self._view.read, s_ino,
                                                                  s_inode)
             sources.append({"ino": s_ino, "name": s_parts[-1]})
-        self.check_quota(parent, 0, extra_space)
+        self._quota.check_quota(parent, 0, extra_space)
         return Concat(target=t_ino, parent=parent, srcs=sources, time=now_ns)

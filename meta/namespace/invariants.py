@@ -16,7 +16,7 @@ too. It reads the whole store once and checks the schema of ``keys.py``:
 * counters: ``next_ino``/``next_block_id`` above every used id, the generation stamp at
   least every block's, ``files``/``dirs`` equal the counted inodes, an applied txid exists;
 * folder quotas: every quota folder's stored usage equals a recount of the names and the
-  space (``namespace_quota.file_charge``) at and below it; ``quota_dirs`` counts them;
+  space (``charge.file_charge``) at and below it; ``quota_dirs`` counts them;
 * files under construction ↔ ``U`` keys (same holder), and, when a ``LeaseManager`` is
   given, ↔ its ``lease_by_ino``.
 * detached subtrees (a big delete being reclaimed): everything reachable from an ``O`` key

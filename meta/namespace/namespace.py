@@ -31,21 +31,36 @@ ranged read of locations starts at the block holding the offset (``blocks_in_ran
 add_block at block 50 000 costs what it costs at block 5. Limits as in HDFS:
 ``min_block_size`` at create, ``max_blocks_per_file`` at add_block.
 
-Layout: ``Namespace`` owns the state (store, cache, counters, allocators) and is composed
-of one mixin per role, each in its own module:
+Layout: ``Namespace`` is the small owner: it holds the store (``kv``), the decoded
+``cache`` and the ``defaults``, and builds one part per role in dependency order, each
+given exactly what it uses (no part reaches another's private state):
 
-* ``namespace_args``: inode kinds, limits, ``Defaults`` and the argument checks;
-* ``namespace_view`` (``NamespaceView``): the decoded cache, path walking, status, listing,
-  subtree and block-list reads — the read view every planner and handler decides from;
-* ``namespace_plan`` (``NamespacePlanner``): ``plan_<op>`` of every op but the two below,
-  and the writer checks;
-* ``namespace_rename`` (``RenamePlanner``): ``plan_rename`` and ``plan_rename_many``;
-* ``namespace_reclaim`` (``ReclaimPlanner``): detach decisions, the orphan set and reclaim
-  cursors, ``plan_reclaim`` (deleting a big subtree in bounded records: see there);
-* ``namespace_quota`` (``QuotaPlanner``): folder quotas: checks, usage, ``plan_set_quota``;
-* ``namespace_concat`` (``ConcatPlanner``): ``plan_concat`` (HDFS concat);
-* ``namespace_apply`` (``RecordApplier``): ``apply``, a batch of records in one store write;
-  what each op does is its class in ``meta.journal.ops`` (the registry of journal ops).
+* ``args``: inode kinds, limits, ``Defaults`` and the argument checks (functions);
+* ``ids`` (``allocators.Allocators``): next inode id, next block id, generation stamp;
+* ``view`` (``view.NamespaceView(kv, cache)``): the counters as stored, path walking,
+  status, listing, subtree and block-list reads — what every planner and handler decides
+  from;
+* ``quota`` (``quota.QuotaPlanner(view)``): folder quotas: checks, usage,
+  ``plan_set_quota``;
+* ``reclaim`` (``reclaim.ReclaimPlanner(kv, view, defaults)``): detach decisions, the
+  orphan set and reclaim cursors, ``plan_reclaim`` (deleting a big subtree in bounded
+  records: see there);
+* ``planner`` (``plan.NamespacePlanner(view, defaults, ids, quota, reclaim)``):
+  ``plan_<op>`` of every op but the ones below, and the writer checks;
+* ``renames`` (``rename.RenamePlanner(view, quota, reclaim)``): ``plan_rename`` and
+  ``plan_rename_many``;
+* ``concat`` (``concat.ConcatPlanner(view, quota)``): ``plan_concat`` (HDFS concat);
+* the applier (``apply.RecordApplier(kv, cache, view, ids, reclaim)``): ``apply``, a batch
+  of records in one store write; what each op does is its class in ``meta.journal.ops``
+  (the registry of journal ops).
+
+Callers ask the part that owns the call — ``ns.view.get_file_info(path)``,
+``ns.planner.plan_create(...)``, ``ns.reclaim.has_orphans()`` — so a reader sees from the
+call which part decides; the method names are the ones the parts define. ``Namespace``
+itself has only ``load`` (re-read counters and orphans) and ``apply``: the two calls that
+concern the whole (the journal and replay know the namespace, not its applier), kept
+flat because every part follows what they do. A service that only reads is given
+``ns.view`` alone (``Access``, ``Locator``, ``Security``, ``HAProtocol``).
 
 Concurrency contract: trio thread only; no awaits, no I/O except the store's small sync
 calls. Allocation counters (next inode id, next block id, generation stamp) advance in memory
@@ -56,6 +71,7 @@ abandoned plan only leaves a gap.
 from __future__ import annotations
 
 from ..journal import keys
+from .allocators import Allocators
 from .apply import RecordApplier, Txn, inside
 from .args import (DIR, FILE, MAX_LIST_LIMIT, MAX_OWNER_LEN, MAX_RENAMES,
                              MAX_TARGET_BYTES, SYMLINK, Defaults, check_block_ref, check_bool,
@@ -74,54 +90,38 @@ __all__ = ["CACHED_KINDS", "DIR", "FILE", "MAX_LIST_LIMIT", "MAX_OWNER_LEN", "MA
            "inside"]
 
 
-class Namespace(NamespaceView, NamespacePlanner, RenamePlanner, ReclaimPlanner, QuotaPlanner,
-                ConcatPlanner, RecordApplier):
-    """The namespace over a KV store: the state the role mixins share."""
+class Namespace:
+    """The namespace over a KV store: builds its parts in dependency order and owns them.
+    Callers ask the part that owns the call; only ``load`` and ``apply`` are its own."""
 
     def __init__(self, kv, defaults: Defaults | None = None, *, cache_entries: int = 1_000_000):
         self.kv = kv
         self.cache = DecodedCache(cache_entries)
         self.defaults = defaults or Defaults()
-        self.counters: dict[str, int | bytes] = {}
-        self._next_ino = 0
-        self._next_block_id = 0
-        self._genstamp = 0
-        self.init_reclaim_state()
+        self.ids = Allocators()
+        self.view = NamespaceView(kv, self.cache)
+        self.quota = QuotaPlanner(self.view)
+        self.reclaim = ReclaimPlanner(kv, self.view, self.defaults)
+        self.planner = NamespacePlanner(self.view, self.defaults, self.ids, self.quota,
+                                        self.reclaim)
+        self.renames = RenamePlanner(self.view, self.quota, self.reclaim)
+        self.concat = ConcatPlanner(self.view, self.quota)
+        self._applier = RecordApplier(kv, self.cache, self.view, self.ids, self.reclaim)
         self.load()
 
-    # ------------------------------------------------------------------ counters
     def load(self) -> None:
-        """(Re)read the counters from the store (after open or a replay)."""
+        """(Re)read the counters and the orphan roots from the store (after open or a
+        replay)."""
         counters = {}
         for name in keys.COUNTERS:
             raw = self.kv.get(keys.meta_key(name))
             if raw is not None:
                 counters[name] = keys.unpack(raw)
-        self.adopt_counters(counters)
-        self.load_orphans()
+        self.view.adopt_counters(counters)
+        self.ids.adopt(counters)
+        self.reclaim.load_orphans()
 
-    def adopt_counters(self, counters: dict) -> None:
-        """``counters`` are the stored ones now (read, or just written by ``apply``). The
-        allocators never go back: a plan not applied yet may have used ids past them."""
-        self.counters = counters
-        self._next_ino = max(self._next_ino, int(counters.get(keys.NEXT_INO, 0)))
-        self._next_block_id = max(self._next_block_id, int(counters.get(keys.NEXT_BLOCK_ID, 0)))
-        self._genstamp = max(self._genstamp, int(counters.get(keys.GENSTAMP, 0)))
-
-    @property
-    def genstamp(self) -> int:
-        return self._genstamp
-
-    def allocate_ino(self) -> int:
-        ino = self._next_ino
-        self._next_ino += 1
-        return ino
-
-    def allocate_block_id(self) -> int:
-        block_id = self._next_block_id
-        self._next_block_id += 1
-        return block_id
-
-    def next_genstamp(self) -> int:
-        self._genstamp += 1
-        return self._genstamp
+    def apply(self, records, ops=None) -> list[dict]:
+        """``RecordApplier.apply``: a batch of journal records in one store write; the
+        effects dict of each record."""
+        return self._applier.apply(records, ops)

@@ -7,7 +7,7 @@ authentication: the client states its user and groups in its RPC hello (``fs/rpc
 
 What is checked, in HDFS's order (``FSPermissionChecker.checkPermission``), for a path of
 ``n`` components whose inode chain ``chain`` (root first, only the existing leading
-components; ``Namespace.walk(strict=False)``) the server resolved:
+components; ``NamespaceView.walk(strict=False)``) the server resolved:
 
 1. traverse: EXECUTE on every directory up to the nearest existing ancestor of the last
    component (a non-directory on the way is not a permission matter: the namespace refuses

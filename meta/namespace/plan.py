@@ -4,11 +4,12 @@ decides everything (new inode/block ids, generation stamps, times) and returns t
 journal record ``(op, args)`` — or None when there is nothing to do. Also the writer
 (lease holder) checks that classify a client's block reports.
 
-Why it exists: deciding is apart from applying (``meta.ops``), so replay needs only
+Why it exists: deciding is apart from applying (``meta.journal.ops``), so replay needs only
 the records, and apart from the RPC shell, so the conformance suite drives it directly.
-``NamespacePlanner`` is a mixin of ``meta.namespace.Namespace``; it reads through
-``NamespaceView`` and asks ``ReclaimPlanner.needs_detach`` whether a removed subtree must
-be detached.
+``NamespacePlanner`` is a part of ``meta.namespace.namespace.Namespace``: it reads through
+the ``NamespaceView``, takes ids and stamps from the ``Allocators``, asks the
+``QuotaPlanner`` to check quotas and ``ReclaimPlanner.needs_detach`` whether a removed
+subtree must be detached.
 
 Purity / concurrency contract: never writes the store; the only state a plan changes is
 the in-memory allocation counters (ids and stamps), so an abandoned plan only leaves a
@@ -24,9 +25,13 @@ from fs.errors import (FileExists, FileNotFound, InternalError, InvalidArgument,
 from ..journal import keys
 from ..blocks.blocks import COMMITTED, UNDER_CONSTRUCTION
 from ..leases.leases import LeaseManager
-from .args import (DIR, FILE, MAX_TARGET_BYTES, check_block_ref, check_bool,
+from .allocators import Allocators
+from .args import (DIR, FILE, MAX_TARGET_BYTES, Defaults, check_block_ref, check_bool,
                              check_int, check_mode, check_name, is_int)
 from .charge import file_charge
+from .quota import QuotaPlanner
+from .reclaim import ReclaimPlanner
+from .view import NamespaceView
 from ..journal.ops import ABSENT
 from ..journal.ops_blocks import (AbandonBlock, AddBlock, Append, Close, CommitBlockSync, Fsync,
                                   Inline, ReassignLease, SetGenstamp, SetReplication, Truncate,
@@ -39,8 +44,17 @@ SETGID = 0o2000
 
 
 class NamespacePlanner:
-    """``plan_<op>`` of the create/mkdir/delete/attribute/writer/lease ops (a mixin of
-    ``Namespace``)."""
+    """``plan_<op>`` of the create/mkdir/delete/attribute/writer/lease ops, deciding from
+    ``view``; ids and stamps come from ``ids``, quota checks from ``quota``, detach
+    decisions from ``reclaim``."""
+
+    def __init__(self, view: NamespaceView, defaults: Defaults, ids: Allocators,
+                 quota: QuotaPlanner, reclaim: ReclaimPlanner):
+        self._view = view
+        self.defaults = defaults
+        self._ids = ids
+        self._quota = quota
+        self._reclaim = reclaim
 
     # ------------------------------------------------------------------ plan helpers
     def _owner_group(self, owner, group, parent_inode: dict) -> tuple[str, str]:
@@ -61,20 +75,21 @@ class NamespacePlanner:
         parent = found[-1][0]
         mode |= found[-1][1].get("mode", 0) & SETGID
         for name in parts[len(found) - 1:upto]:
-            ino = self.allocate_ino()
+            ino = self._ids.allocate_ino()
             dirs.append({"parent": parent, "name": name, "ino": ino, "mode": mode,
                          "owner": owner, "group": group})
             parent = ino
         return dirs
 
-    def check_parent_dir(self, path: str, found) -> None:
+    @staticmethod
+    def check_parent_dir(path: str, found) -> None:
         ino, inode = found[-1]
         if inode["type"] != DIR:
             raise NotDirectory(f"{path}: parent is not a directory")
 
     # ------------------------------------------------------------------ planners
     def plan_format(self, namespace_id: int, now_ns: int) -> Format:
-        if self.formatted:
+        if self._view.formatted:
             raise InternalError("the namespace is already formatted")
         return Format(namespace_id=namespace_id, time=now_ns, mode=0o755,
                       owner=self.defaults.owner, group=self.defaults.group)
@@ -87,7 +102,7 @@ class NamespacePlanner:
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         permission = check_mode(permission, f"mkdirs {canonical}: permission")
-        found = self.walk(parts, canonical)
+        found = self._view.walk(parts, canonical)
         if len(found) == len(parts) + 1:
             if found[-1][1]["type"] == DIR and not exclusive:
                 return None
@@ -101,7 +116,7 @@ class NamespacePlanner:
         dirs = self._missing_dirs(parts, found, len(parts), permission, owner, group)
         for d in dirs[:-1]:
             d["mode"] |= 0o300   # parents stay writable and searchable by the owner
-        self.check_quota(found[-1][0], len(dirs), 0)
+        self._quota.check_quota(found[-1][0], len(dirs), 0)
         return Mkdir(dirs=dirs, time=now_ns)
 
     def plan_create(self, path, *, holder, client_machine: str = "", overwrite=False,
@@ -117,7 +132,7 @@ class NamespacePlanner:
         block_size = self.check_block_size(canonical, block_size)
         if not parts:
             raise IsDirectory("cannot create /: it is a directory")
-        found = self.walk(parts, canonical)
+        found = self._view.walk(parts, canonical)
         overwrite_ino = None
         detach = False
         dirs: list[dict] = []
@@ -131,7 +146,7 @@ class NamespacePlanner:
                     LeaseManager.check_create_conflict(canonical, uc["holder"], holder)
                 raise FileExists(f"cannot create {canonical}: file exists")
             overwrite_ino = ino
-            detach = self.needs_detach(ino, inode)
+            detach = self._reclaim.needs_detach(ino, inode)
             parent_ino, parent_inode = found[-2]
         else:
             if len(found) < len(parts):
@@ -141,15 +156,15 @@ class NamespacePlanner:
             self.check_parent_dir(canonical, found)
             parent_ino, parent_inode = found[-1]
         owner, group = self._owner_group(owner, group, parent_inode)
-        self.check_quota(parent_ino, 1 + max(0, len(parts) - len(found))
-                         - (overwrite_ino is not None), 0)
+        self._quota.check_quota(parent_ino, 1 + max(0, len(parts) - len(found))
+                                - (overwrite_ino is not None), 0)
         usage = None if overwrite_ino is None else \
-            self.detached_usage(parent_ino, overwrite_ino, found[-1][1], detach)
+            self._quota.detached_usage(parent_ino, overwrite_ino, found[-1][1], detach)
         if len(found) < len(parts):
             dirs = self._missing_dirs(parts, found, len(parts) - 1, 0o755, owner, group)
             parent_ino = dirs[-1]["ino"]
         return Add(
-            dirs=dirs, parent=parent_ino, name=parts[-1], ino=self.allocate_ino(),
+            dirs=dirs, parent=parent_ino, name=parts[-1], ino=self._ids.allocate_ino(),
             mode=permission, owner=owner, group=group, time=now_ns,
             replication=replication, block_size=block_size, holder=holder,
             client_machine=str(client_machine)[:256], overwrite=overwrite_ino,
@@ -187,7 +202,7 @@ class NamespacePlanner:
                                   f"{MAX_TARGET_BYTES} bytes")
         if not parts:
             raise FileExists("cannot create a symlink at /: it exists")
-        found = self.walk(parts, canonical)
+        found = self._view.walk(parts, canonical)
         if len(found) == len(parts) + 1:
             raise FileExists(f"cannot create symlink {canonical}: it exists")
         if len(found) < len(parts) and not create_parent:
@@ -196,9 +211,9 @@ class NamespacePlanner:
         self.check_parent_dir(canonical, found)
         owner, group = self._owner_group(owner, group, found[-1][1])
         dirs = self._missing_dirs(parts, found, len(parts) - 1, 0o755, owner, group)
-        self.check_quota(found[-1][0], len(dirs) + 1, 0)
+        self._quota.check_quota(found[-1][0], len(dirs) + 1, 0)
         parent_ino = dirs[-1]["ino"] if dirs else found[-1][0]
-        return Symlink(dirs=dirs, parent=parent_ino, name=parts[-1], ino=self.allocate_ino(),
+        return Symlink(dirs=dirs, parent=parent_ino, name=parts[-1], ino=self._ids.allocate_ino(),
                        target=target, mode=0o777, owner=owner, group=group, time=now_ns)
 
     def plan_delete(self, path, recursive=False, *, now_ns: int) -> Delete:
@@ -207,22 +222,22 @@ class NamespacePlanner:
         check_bool(recursive, f"delete {canonical}: recursive")
         if not parts:
             raise InvalidArgument("cannot delete the root directory /")
-        _, ino, inode, found = self.resolve(canonical)
+        _, ino, inode, found = self._view.resolve(canonical)
         if inode["type"] == DIR and inode.get("children", 0) and not recursive:
             raise DirectoryNotEmpty(f"cannot delete {canonical}: directory is not empty "
                                     f"({inode['children']} entries); use recursive")
-        detach = self.needs_detach(ino, inode)
+        detach = self._reclaim.needs_detach(ino, inode)
         return Delete(parent=found[-2][0], name=parts[-1], ino=ino, time=now_ns, detach=detach,
-                      usage=self.detached_usage(found[-2][0], ino, inode, detach))
+                      usage=self._quota.detached_usage(found[-2][0], ino, inode, detach))
 
     def plan_set_permission(self, path, permission, *, now_ns: int) -> SetPermissions:
-        parts, ino, inode, _ = self.resolve(path)
+        parts, ino, inode, _ = self._view.resolve(path)
         canonical = paths.join_parts(parts)
         permission = check_mode(permission, f"chmod {canonical}: permission")
         return SetPermissions(ino=ino, mode=permission, time=now_ns)
 
     def plan_set_owner(self, path, owner=None, group=None, *, now_ns: int) -> SetOwner | None:
-        parts, ino, inode, _ = self.resolve(path)
+        parts, ino, inode, _ = self._view.resolve(path)
         canonical = paths.join_parts(parts)
         owner = check_name(owner, f"chown {canonical}: owner", optional=True)
         group = check_name(group, f"chown {canonical}: group", optional=True)
@@ -232,7 +247,7 @@ class NamespacePlanner:
 
     def plan_set_times(self, path, mtime_ns=None, atime_ns=None, *,
                        now_ns: int) -> Times | None:
-        parts, ino, inode, _ = self.resolve(path)
+        parts, ino, inode, _ = self._view.resolve(path)
         canonical = paths.join_parts(parts)
         if mtime_ns is not None:
             check_int(mtime_ns, f"set_times {canonical}: mtime_ns")
@@ -243,7 +258,7 @@ class NamespacePlanner:
         return Times(ino=ino, mtime=mtime_ns, atime=atime_ns, time=now_ns)
 
     def plan_set_replication(self, path, replication, *, now_ns: int) -> SetReplication | None:
-        parts, ino, inode, _ = self.resolve(path)
+        parts, ino, inode, _ = self._view.resolve(path)
         canonical = paths.join_parts(parts)
         if inode["type"] != FILE:
             raise IsDirectory(f"setrep {canonical}: not a file") if inode["type"] == DIR \
@@ -253,8 +268,8 @@ class NamespacePlanner:
         if replication == inode.get("replication"):
             return None
         old = inode.get("replication", 1)
-        self.check_quota(inode["parent"], 0,
-                         file_charge(self.read, ino, inode) // old * (replication - old))
+        self._quota.check_quota(inode["parent"], 0, file_charge(self._view.read, ino, inode)
+                                // old * (replication - old))
         return SetReplication(ino=ino, replication=replication, time=now_ns)
 
     # -------------------------------------------------------- writer (lease holder) ops
@@ -265,10 +280,10 @@ class NamespacePlanner:
         holder = check_name(holder, f"{canonical}: client_name")
         if ino is not None and ino != 0:
             check_int(ino, f"{canonical}: ino", low=1)
-            inode = self.linked_inode(ino)
+            inode = self._view.linked_inode(ino)
         else:
             try:
-                _, ino, inode, _ = self.resolve(canonical)
+                _, ino, inode, _ = self._view.resolve(canonical)
             except FileNotFound:
                 inode = None
         exists = inode is not None and inode["type"] == FILE
@@ -345,11 +360,11 @@ class NamespacePlanner:
         ``previous`` names the last block even when it was committed by an earlier call,
         so the apply marks the block before it COMPLETE (only the last two blocks may be
         incomplete: writer checks read just those)."""
-        inode = self.get_inode(ino)
+        inode = self._view.get_inode(ino)
         if inode is not None:   # (None: the first block of a file created in this batch)
             # HDFS reserves a whole block for the block being written
-            self.check_quota(inode["parent"], 0,
-                             inode.get("block_size", 0) * inode.get("replication", 1))
+            self._quota.check_quota(inode["parent"], 0,
+                                    inode.get("block_size", 0) * inode.get("replication", 1))
         previous = None
         if blocks:
             last = blocks[-1]
@@ -386,17 +401,17 @@ class NamespacePlanner:
         without them does not match)."""
         canonical = paths.validate(path)
         if ino:
-            inode = self.linked_inode(ino) if is_int(ino) else None
+            inode = self._view.linked_inode(ino) if is_int(ino) else None
         else:
             try:
-                _, ino, inode, _ = self.resolve(canonical)
+                _, ino, inode, _ = self._view.resolve(canonical)
             except FileNotFound:
                 return False
         if inode is None or inode["type"] != FILE or inode.get("uc"):
             return False
         if data is not None:
-            return inode.get("inline") == len(data) and self.inline_data(ino, inode) == data
-        blocks = self.tail_blocks(ino, inode, 1)
+            return inode.get("inline") == len(data) and self._view.inline_data(ino, inode) == data
+        blocks = self._view.tail_blocks(ino, inode, 1)
         if last is None:
             return not blocks
         return (isinstance(last, dict) and bool(blocks) and blocks[-1]["id"] == last.get("id")
@@ -429,9 +444,9 @@ class NamespacePlanner:
             raise InvalidArgument(f"{op} {path}: {len(data)} bytes of inline data; this "
                                   f"server keeps 1 to {limit} bytes inline (inline_max)")
         # a file created while its first block was refused holds no space yet
-        self.check_quota(inode["parent"], 0, len(data) * inode.get("replication", 1)
-                         - file_charge(self.read, ino, inode))
-        blocks = self.tail_blocks(ino, inode)
+        self._quota.check_quota(inode["parent"], 0, len(data) * inode.get("replication", 1)
+                                - file_charge(self._view.read, ino, inode))
+        blocks = self._view.tail_blocks(ino, inode)
         if len(blocks) > 1 or any(b["index"] != 0 or b["num_bytes"] or
                                   b["state"] != UNDER_CONSTRUCTION for b in blocks):
             raise InvalidArgument(f"{op} {path}: inline data for a file whose bytes are "
@@ -476,7 +491,7 @@ class NamespacePlanner:
         return Fsync(ino=ino, index=last["index"], id=last["id"], num_bytes=last_block_length)
 
     def plan_set_genstamp(self) -> SetGenstamp:
-        return SetGenstamp(gs=self.next_genstamp())
+        return SetGenstamp(gs=self._ids.next_genstamp())
 
     # ------------------------------------------------------------------ leases
     def plan_reassign_lease(self, ino: int, holder: str) -> ReassignLease:
@@ -509,7 +524,7 @@ class NamespacePlanner:
         keep = 0
         pos = 0
         last = None
-        for block in self.blocks_of(ino):
+        for block in self._view.blocks_of(ino):
             if pos >= new_length:
                 break
             keep = block["index"] + 1
@@ -519,10 +534,10 @@ class NamespacePlanner:
                         "num_bytes": new_length - pos, "old_num_bytes": block["num_bytes"]}
             pos = end
         if last is not None:   # the cut block is written again: it counts whole meanwhile
-            self.check_quota(inode["parent"], 0, (new_length - last["num_bytes"]
-                                                  + inode["block_size"])
-                             * inode.get("replication", 1)
-                             - file_charge(self.read, ino, inode))
+            self._quota.check_quota(inode["parent"], 0, (new_length - last["num_bytes"]
+                                                         + inode["block_size"])
+                                    * inode.get("replication", 1)
+                                    - file_charge(self._view.read, ino, inode))
         return Truncate(ino=ino, new_length=new_length, keep=keep, last=last,
                         holder=holder if last else None,
                         client_machine=str(client_machine)[:256], time=now_ns)
@@ -539,13 +554,13 @@ class NamespacePlanner:
         """Reopen a closed file for ``holder``; a partial last block is reopened under the
         new generation stamp ``new_gs`` (None: the client starts a new block)."""
         last = None
-        tail = self.tail_blocks(ino, inode, 1)
+        tail = self._view.tail_blocks(ino, inode, 1)
         if tail and new_gs is not None and tail[-1]["num_bytes"] < inode["block_size"]:
             b = tail[-1]
             last = {"index": b["index"], "id": b["id"], "gs": new_gs, "old_gs": b["gs"],
                     "num_bytes": b["num_bytes"]}
             # the reopened block counts at its full size while it is written again
-            self.check_quota(inode["parent"], 0, (inode["block_size"] - b["num_bytes"])
-                             * inode.get("replication", 1))
+            self._quota.check_quota(inode["parent"], 0, (inode["block_size"] - b["num_bytes"])
+                                    * inode.get("replication", 1))
         return Append(ino=ino, holder=holder, client_machine=str(client_machine)[:256],
                       last=last, time=now_ns)

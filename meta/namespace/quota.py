@@ -22,7 +22,9 @@ record that changes a file's space (writer calls, lease recovery, pipeline updat
 that file's path, which a delete, rename or quota setting of a folder above it holds in
 write mode.
 
-``QuotaPlanner`` is a mixin of ``meta.namespace.namespace.Namespace``. Concurrency contract: that of
+``QuotaPlanner`` is a part of ``meta.namespace.namespace.Namespace`` over its view; the other
+planners call ``check_quota`` and the usage measures, and ``RenamePlanner`` brackets the
+moves of one RENAMES with ``begin_pending``/``end_pending``. Concurrency contract: that of
 the planners and appliers: trio thread only, no awaits; planners only read.
 """
 
@@ -35,6 +37,7 @@ from ..journal import keys
 from ..journal.ops_namespace import SetQuota
 from .args import DIR, FILE, is_int
 from .charge import file_charge
+from .view import NamespaceView
 
 NO_QUOTA = -1
 MAX_QUOTA = (1 << 63) - 1
@@ -60,21 +63,32 @@ def check_quota_value(value, what: str) -> int:
 
 
 class QuotaPlanner:
-    """Quota checks, usage measurement and ``plan_set_quota`` (a mixin of ``Namespace``)."""
+    """Quota checks, usage measurement and ``plan_set_quota``, reading through ``view``."""
 
-    # a RENAMES being planned: quota folder -> [names, space] its earlier moves add
-    pending_usage: dict[int, list[int]] | None = None
+    def __init__(self, view: NamespaceView):
+        self._view = view
+        # a RENAMES being planned: quota folder -> [names, space] its earlier moves add
+        self._pending_usage: dict[int, list[int]] | None = None
+
+    def begin_pending(self) -> None:
+        """The moves of one RENAMES are planned from here on: each one's quota check counts
+        the usage the earlier ones move (``pend_usage``)."""
+        self._pending_usage = {}
+
+    def end_pending(self) -> None:
+        """That RENAMES is planned (or refused): checks count the stored usage only."""
+        self._pending_usage = None
 
     def pend_usage(self, src_parent: int, dst_parent: int, usage) -> None:
         """A planned move of ``usage`` from under ``src_parent`` to under ``dst_parent``."""
         for parent, sign in ((src_parent, -1), (dst_parent, 1)):
             for ino, _ in self.quota_chain(parent):
-                pending = self.pending_usage.setdefault(ino, [0, 0])
+                pending = self._pending_usage.setdefault(ino, [0, 0])
                 pending[0] += sign * usage[0]
                 pending[1] += sign * usage[1]
 
     def quotas_exist(self) -> bool:
-        return bool(self.counters.get(keys.QUOTA_DIRS, 0))
+        return bool(self._view.counters.get(keys.QUOTA_DIRS, 0))
 
     def quota_chain(self, ino: int) -> list[tuple[int, dict]]:
         """The quota folders at and above ``ino`` (nearest first)."""
@@ -82,7 +96,7 @@ class QuotaPlanner:
         if not self.quotas_exist():
             return chain
         for _ in range(10_000):
-            inode = self.get_inode(ino) if ino else None
+            inode = self._view.get_inode(ino) if ino else None
             if inode is None:
                 break
             if inode.get("quota") is not None:
@@ -94,7 +108,7 @@ class QuotaPlanner:
         """(names, space) at and under ``ino``; a quota folder below answers from its usage."""
         names = space = 0
         stack = [(ino, inode)]
-        get = self.read
+        get = self._view.read
         while stack:
             cur, node = stack.pop()
             quota = node.get("quota")
@@ -106,8 +120,8 @@ class QuotaPlanner:
             if node["type"] == FILE:
                 space += file_charge(get, cur, node)
             elif node["type"] == DIR and node.get("children", 1):
-                for _, child in self.children(cur):
-                    child_inode = self.get_inode(child)
+                for _, child in self._view.children(cur):
+                    child_inode = self._view.get_inode(child)
                     if child_inode is not None:
                         stack.append((child, child_inode))
         return names, space
@@ -118,7 +132,7 @@ class QuotaPlanner:
         quota folder above it (not in ``exclude``) would go over its quota."""
         if names <= 0 and space <= 0:
             return
-        pending = self.pending_usage or {}
+        pending = self._pending_usage or {}
         for ino, inode in self.quota_chain(parent):
             if ino in exclude:
                 continue
@@ -129,12 +143,12 @@ class QuotaPlanner:
             if names > 0 and q["ns"] >= 0 and q["ns_used"] + names > q["ns"]:
                 raise NSQuotaExceeded(
                     f"The NameSpace quota (directories and files) of directory "
-                    f"{self.path_of(ino)} is exceeded: quota={q['ns']} "
+                    f"{self._view.path_of(ino)} is exceeded: quota={q['ns']} "
                     f"file count={q['ns_used'] + names}")
             if space > 0 and q["ds"] >= 0 and q["ds_used"] + space > q["ds"]:
                 used = q["ds_used"] + space
                 raise DSQuotaExceeded(
-                    f"The DiskSpace quota of {self.path_of(ino)} is exceeded: quota = "
+                    f"The DiskSpace quota of {self._view.path_of(ino)} is exceeded: quota = "
                     f"{q['ds']} B = {byte_desc(q['ds'])} but diskspace consumed = "
                     f"{used} B = {byte_desc(used)}")
 
@@ -161,7 +175,7 @@ class QuotaPlanner:
         """Set (or with -1 clear) a folder's name and/or space quota; None leaves one as it
         is (HDFS setQuota(path, nsQuota, dsQuota) with QUOTA_DONT_SET). A ``SetQuota`` op,
         or None when nothing changes."""
-        parts, ino, inode, _ = self.resolve(path)
+        parts, ino, inode, _ = self._view.resolve(path)
         canonical = paths.join_parts(parts)
         if inode["type"] != DIR:
             raise InvalidArgument(f"setQuota {canonical}: quotas can only be set on a "

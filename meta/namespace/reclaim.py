@@ -25,9 +25,10 @@ restart) the first record of a directory skips its tombstones once.
 
 Why it exists: the detach/reclaim protocol (its cursors, its bound on every record's cost)
 is one job, apart from the planners that ask ``needs_detach`` and the applier that
-executes RECLAIM. ``ReclaimPlanner`` is a mixin of ``meta.namespace.namespace.Namespace``; it owns
-the orphan set and the cursors (``init_reclaim_state``, ``load_orphans``), which ``apply``
-advances through ``note_orphan`` and ``note_reclaimed`` after its store write.
+executes RECLAIM. ``ReclaimPlanner`` is a part of ``meta.namespace.namespace.Namespace``; it
+owns the orphan set and the cursors (empty when built, ``load_orphans`` reads the ``O``
+keys), which ``apply`` advances through ``note_orphan`` and ``note_reclaimed`` after its
+store write.
 
 Purity / concurrency contract: ``plan_reclaim`` and ``needs_detach`` only read the store;
 the orphan set and cursors change only through the ``note_*`` calls, after the records
@@ -41,15 +42,20 @@ from collections.abc import Iterator
 from sortedcontainers import SortedSet
 
 from ..journal import keys
-from .args import DIR, FILE
+from .args import DIR, FILE, Defaults
+from .view import NamespaceView
 from ..journal.ops_namespace import Reclaim
 
 
 class ReclaimPlanner:
-    """Detach decisions and RECLAIM planning (a mixin of ``Namespace``)."""
+    """Detach decisions and RECLAIM planning: reads the store ``kv`` (orphan keys, block
+    keys) and the inodes through ``view``; ``defaults.delete_chunk`` bounds every record."""
 
-    def init_reclaim_state(self) -> None:
+    def __init__(self, kv, view: NamespaceView, defaults: Defaults):
         """No orphans known and no cursors yet (``load_orphans`` reads the ``O`` keys)."""
+        self.kv = kv
+        self._view = view
+        self.defaults = defaults
         # orphan dir ino → its greatest entry key a RECLAIM removed: every entry up to it is
         # gone, so the next scan starts after it instead of skipping LevelDB tombstones
         self._reclaimed_upto: dict[int, bytes] = {}
@@ -78,8 +84,8 @@ class ReclaimPlanner:
                 return True
             if node["type"] != DIR or not node.get("children", 1):
                 continue   # an empty folder: no scan (it would walk tombstones past it)
-            for _, child in self.children(cur):
-                child_inode = self.get_inode(child)
+            for _, child in self._view.children(cur):
+                child_inode = self._view.get_inode(child)
                 if child_inode is not None:
                     stack.append((child, child_inode))
                 if count + len(stack) > limit:   # every stacked inode counts at least 1
@@ -100,7 +106,7 @@ class ReclaimPlanner:
         name)`` for an entry pointing to no inode, ``("I", ino, type, parent, name, uc)``
         (``parent`` None for the root, whose entry went with the detach). Lazy: the caller
         stops after its budget, so only what it takes (plus one) is read."""
-        root_inode = self.get_inode(root)
+        root_inode = self._view.get_inode(root)
         if root_inode is None:
             return
         stack = [(root, root_inode, None, None,
@@ -111,7 +117,7 @@ class ReclaimPlanner:
             nxt = next(entries, None) if entries is not None else None
             if nxt is not None:
                 child_name, child = nxt
-                child_inode = self.get_inode(child)
+                child_inode = self._view.get_inode(child)
                 if child_inode is None:
                     yield ("D", ino, child_name)
                 else:

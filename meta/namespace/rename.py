@@ -3,10 +3,10 @@ in one RENAMES record, visible at once: a job commit).
 
 Why it exists: a rename reads two paths and, for ``rename_many``, the interplay of many
 moves planned against one state (a move may free the destination of a later one); that
-validation is a job of its own. ``RenamePlanner`` is a mixin of
-``meta.namespace.namespace.Namespace``: it reads through ``NamespaceView``, checks the destination's
-parent with ``NamespacePlanner.check_parent_dir`` and asks ``ReclaimPlanner.needs_detach``
-about an overwritten subtree.
+validation is a job of its own. ``RenamePlanner`` is a part of
+``meta.namespace.namespace.Namespace``: it reads through the ``NamespaceView``, checks the
+destination's parent with ``NamespacePlanner.check_parent_dir``, the quotas with the
+``QuotaPlanner`` and asks ``ReclaimPlanner.needs_detach`` about an overwritten subtree.
 
 Purity / concurrency contract: never writes the store or any state; raises a
 ``LeaseFSError`` naming the paths, or returns the record. Under the caller's path locks,
@@ -20,11 +20,21 @@ from fs.errors import DirectoryNotEmpty, FileExists, FileNotFound, InvalidArgume
     IsDirectory, NotDirectory
 
 from .args import DIR, MAX_RENAMES, check_bool
+from .plan import NamespacePlanner
+from .quota import QuotaPlanner
+from .reclaim import ReclaimPlanner
+from .view import NamespaceView
 from ..journal.ops_namespace import Rename, Renames
 
 
 class RenamePlanner:
-    """``plan_rename`` and ``plan_rename_many`` (a mixin of ``Namespace``)."""
+    """``plan_rename`` and ``plan_rename_many``, deciding from ``view``, with the quota
+    checks of ``quota`` and the detach decisions of ``reclaim``."""
+
+    def __init__(self, view: NamespaceView, quota: QuotaPlanner, reclaim: ReclaimPlanner):
+        self._view = view
+        self._quota = quota
+        self._reclaim = reclaim
 
     def plan_rename(self, src, dst, overwrite=False, *, now_ns: int) -> Rename | None:
         src_parts, dst_parts = paths.split(src), paths.split(dst)
@@ -40,14 +50,14 @@ class RenamePlanner:
         what = f"rename {s} to {d}"
         if not src_parts:
             raise InvalidArgument(f"{what}: cannot rename the root directory")
-        _, ino, inode, src_found = self.resolve(s)
+        _, ino, inode, src_found = self._view.resolve(s)
         if s == d:
             return None
         if not dst_parts:
             raise InvalidArgument(f"{what}: cannot rename onto the root directory")
         if paths.is_ancestor(s, d):
             raise InvalidArgument(f"{what}: cannot move a directory into itself")
-        dst_found = self.walk(dst_parts, d)
+        dst_found = self._view.walk(dst_parts, d)
         overwrite_ino = None
         detach = False
         if len(dst_found) == len(dst_parts) + 1 and d in vacated:
@@ -63,20 +73,20 @@ class RenamePlanner:
             if dst_inode["type"] == DIR and dst_inode.get("children", 0):
                 raise DirectoryNotEmpty(f"{what}: destination directory is not empty")
             overwrite_ino = dst_ino
-            detach = self.needs_detach(dst_ino, dst_inode)
+            detach = self._reclaim.needs_detach(dst_ino, dst_inode)
             dst_parent = dst_found[-2][0]
         else:
             if len(dst_found) < len(dst_parts):
                 raise FileNotFound(f"{what}: destination parent "
                                    f"{paths.join_parts(dst_parts[:-1])} does not exist")
-            self.check_parent_dir(d, dst_found)
+            NamespacePlanner.check_parent_dir(d, dst_found)
             dst_parent = dst_found[-1][0]
         src_parent = src_found[-2][0]
-        usage, shared = self.moved_usage(ino, inode, src_parent, dst_parent)
+        usage, shared = self._quota.moved_usage(ino, inode, src_parent, dst_parent)
         if usage:   # quota folders above both sides keep their usage: HDFS skips them too
-            self.check_quota(dst_parent, usage[0], usage[1], exclude=shared)
+            self._quota.check_quota(dst_parent, usage[0], usage[1], exclude=shared)
         overwritten = None if overwrite_ino is None else \
-            self.detached_usage(dst_parent, overwrite_ino, dst_found[-1][1], detach)
+            self._quota.detached_usage(dst_parent, overwrite_ino, dst_found[-1][1], detach)
         return Rename(src_parent=src_parent, src_name=src_parts[-1], dst_parent=dst_parent,
                       dst_name=dst_parts[-1], ino=ino, overwrite=overwrite_ino, detach=detach,
                       time=now_ns, usage=usage, overwritten_usage=overwritten)
@@ -132,7 +142,7 @@ class RenamePlanner:
         vacated: set[str] = set()
         planned = []
         # the moves land together: each one's quota check counts the earlier ones' usage
-        self.pending_usage = {}
+        self._quota.begin_pending()
         try:
             for (src_parts, dst_parts, own), s, d in zip(triples, sources, targets):
                 if d in source_set and d not in vacated:
@@ -144,9 +154,9 @@ class RenamePlanner:
                 if one is not None:
                     planned.append(one)
                     if one.usage:
-                        self.pend_usage(one.src_parent, one.dst_parent, one.usage)
+                        self._quota.pend_usage(one.src_parent, one.dst_parent, one.usage)
         finally:
-            self.pending_usage = None
+            self._quota.end_pending()
         if not planned:
             return None
         return Renames(renames=tuple(planned), time=now_ns)

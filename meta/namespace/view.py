@@ -1,14 +1,14 @@
 """The namespace's read view: the decoded inode/dentry cache, the counters as stored, path
 walking and resolution, file status and listing, subtree and block-list reads.
 
-Why it exists: the planners (``namespace_plan``, ``namespace_rename``,
-``namespace_reclaim``) and the RPC handlers all decide from the same view of the store;
-``NamespaceView`` is that view, a mixin of ``meta.namespace.namespace.Namespace`` (it reads
-``self.kv``, ``self.cache`` and ``self.counters``, which the namespace owns and ``apply``
-updates).
+Why it exists: the planners (``plan``, ``rename``, ``reclaim``, ``quota``, ``concat``) and
+the RPC handlers all decide from the same view of the store; ``NamespaceView`` is that
+view, a part of ``meta.namespace.namespace.Namespace`` built over its store and cache. The
+applier gives it the counters it wrote (``adopt_counters``) and updates the cache.
 
-Purity / concurrency contract: reads only — never writes the store nor changes the
-counters; the cache is filled on reads and updated only by ``apply`` with what it wrote.
+Purity / concurrency contract: reads only — never writes the store; the counters change
+only by ``adopt_counters`` (the owner's ``load``, the applier after its write); the cache
+is filled on reads and updated only by ``apply`` with what it wrote.
 Trio thread only (the cache and counters are unlocked), no awaits; the store's small sync
 calls are its only I/O. Values returned from the cache are shared: callers must not
 modify them.
@@ -42,7 +42,7 @@ class ContentSummary:
         self.length = self.files = self.dirs = self.space = 0
 
     def add(self, node: dict, space: int | None = None) -> None:
-        """``space``: the file's quota charge (``namespace_quota.file_charge``), which
+        """``space``: the file's quota charge (``charge.file_charge``), which
         counts a block being written at its full size; default its length × replication."""
         if node["type"] == DIR:
             self.dirs += 1
@@ -66,7 +66,7 @@ class DecodedCache:
     the handler, the planner), and a LevelDB miss is the dearest read there is (it visits
     every level that may hold the key); ``apply``'s put replaces it. Values are shared:
     readers must not modify them (apply works on fresh decodes through
-    ``ops_store.Txn``). Bounded: past ``limit`` entries the oldest
+    ``meta.journal.ops_store.Txn``). Bounded: past ``limit`` entries the oldest
     ``1/EVICT_FRACTION`` is dropped (a bounded pause: dropping half of a million entries
     at once held the trio thread for ~0.1 s)."""
 
@@ -119,9 +119,20 @@ ABSENT = object()
 
 
 class NamespaceView:
-    """Reads of the namespace (a mixin of ``Namespace``)."""
+    """Reads of the namespace: the store ``kv`` through the decoded ``cache``, and the
+    counters as stored (``adopt_counters``)."""
+
+    def __init__(self, kv, cache: DecodedCache):
+        self.kv = kv
+        self.cache = cache
+        self.counters: dict[str, int | bytes] = {}
 
     # ------------------------------------------------------------------ counters
+    def adopt_counters(self, counters: dict) -> None:
+        """``counters`` are the stored ones now (read at load, or just written by
+        ``apply``)."""
+        self.counters = counters
+
     @property
     def formatted(self) -> bool:
         return keys.NAMESPACE_ID in self.counters

@@ -106,15 +106,15 @@ class AdminProtocol:
             caller = self.access.checked_caller(ctx)
             if caller is not None:
                 self.permissions.check_path(caller, parts, self.access.inode_chain(parts))
-            _, ino, inode, _ = self.ns.resolve(path)
+            _, ino, inode, _ = self.ns.view.resolve(path)
             summary = ContentSummary()
             walk = TimeSlice()   # a big tree must not stall every other client
-            for node_ino, node in self.ns.iter_subtree(ino, inode):
+            for node_ino, node in self.ns.view.iter_subtree(ino, inode):
                 if caller is not None:   # HDFS subAccess=READ_EXECUTE on every directory
                     self.permissions.check_sub_access(
                         caller, node, READ_EXECUTE,
-                        lambda: self.ns.path_of(node_ino) or f"<inode {node_ino}>")
-                summary.add(node, file_charge(self.ns.read, node_ino, node))
+                        lambda: self.ns.view.path_of(node_ino) or f"<inode {node_ino}>")
+                summary.add(node, file_charge(self.ns.view.read, node_ino, node))
                 await walk.tick()
             answer = summary.as_dict()
             # HDFS's count -q columns: a quota folder answers its quotas and stored usage
@@ -137,7 +137,7 @@ class AdminProtocol:
         async with self.locking.mutation(f"set quota of {canonical}", lock_set(parts, LOCK_WRITE)):
             # the usage count of a new quota folder walks its subtree in the planner: the
             # write lock keeps the subtree still until the record is applied
-            await self.edits.log_plan(self.ns.plan_set_quota(canonical, ns_quota, ds_quota,
+            await self.edits.log_plan(self.ns.quota.plan_set_quota(canonical, ns_quota, ds_quota,
                                                        now_ns=self.wall_ns()))
             return True
 
@@ -162,8 +162,8 @@ class AdminProtocol:
                 "remaining": sum(n.remaining for n in live),
                 "live_nodes": [node_dict(n) for n in live],
                 "dead_nodes": [node_dict(n) for n in dead],
-                "blocks": len(self.blocks), "files": self.ns.file_count(),
-                "directories": self.ns.dir_count(), "open_files": self.leases.open_files(),
+                "blocks": len(self.blocks), "files": self.ns.view.file_count(),
+                "directories": self.ns.view.dir_count(), "open_files": self.leases.open_files(),
                 **self.blocks.counts(),
                 "pending_deletion": self.datanodes.pending_deletion(),
                 "replication": self.redundancy.replication_stats(),
@@ -173,7 +173,7 @@ class AdminProtocol:
                                       if n.admin == dm.DECOMMISSIONED),
                 "safemode": self.safemode.status(),
                 "ha": self.role_view.status().to_wire(),
-                "namespace_id": self.ns.namespace_id,
+                "namespace_id": self.ns.view.namespace_id,
                 "namespace_lock": self.namespace_lock,
                 "journal": {"last_txid": self.journal.last_txid,
                             "durable_txid": self.journal.durable_txid,
@@ -289,9 +289,9 @@ class AdminProtocol:
             if caller is not None:
                 self.permissions.check_path(caller, parts, self.access.inode_chain(parts))
             canonical = paths.join_parts(parts)
-            _, ino, inode, _ = self.ns.resolve(path)
+            _, ino, inode, _ = self.ns.view.resolve(path)
             walk = TimeSlice()   # a big tree must not stall every other client
-            for node_ino, node in self.ns.iter_subtree(ino, inode):
+            for node_ino, node in self.ns.view.iter_subtree(ino, inode):
                 await walk.tick()
                 kind = node["type"]
                 if kind == DIR:
@@ -308,7 +308,7 @@ class AdminProtocol:
                     continue
                 blocks = []
                 worst = "HEALTHY"
-                for block in self.ns.blocks_of(node_ino):
+                for block in self.ns.view.blocks_of(node_ino):
                     entry = self._fsck_block(block, self.blocks.get(block["id"]), locations)
                     blocks.append(entry)
                     totals["blocks"] += 1
@@ -326,7 +326,7 @@ class AdminProtocol:
                     if len(files) >= limit:
                         truncated = True
                         continue
-                    files.append({"path": self.ns.path_of(node_ino) or f"<inode {node_ino}>",
+                    files.append({"path": self.ns.view.path_of(node_ino) or f"<inode {node_ino}>",
                                   "length": node.get("length", 0),
                                   "replication": node.get("replication", 0),
                                   "status": worst, "open": is_open, "blocks": blocks})

@@ -8,7 +8,7 @@ calls) are in ``namespace.py``.
 
 What it is: a front end, a translator from the leasefs client RPC to the metadata server's
 services. A handler checks the arguments, takes the locks (``locking``), checks the caller
-(``access``, ``permissions``), asks the namespace to plan (``ns.plan_*``), journals the plan
+(``access``, ``permissions``), asks the namespace to plan (``ns.planner``), journals the plan
 (``edits``, ``journal``) and answers with located blocks (``locator``); it changes no state
 of its own and holds none. Which calls go through the retry cache or run inline is declared
 on ``MetaServer`` (its dispatcher reads them by method name).
@@ -122,7 +122,7 @@ class ClientProtocol:
                 "max_blocks_per_file": c.max_blocks_per_file, "inline_max": c.inline_max,
                 "replace_datanode_best_effort": c.replace_datanode_best_effort,
                 "trash_interval": c.trash_interval,
-                "namespace_id": self.ns.namespace_id}
+                "namespace_id": self.ns.view.namespace_id}
 
     async def rpc_mkdirs(self, ctx, path, permission=0o755, owner=None, group=None,
                          create_parent=True, exclusive=False, want_status=False):
@@ -145,11 +145,11 @@ class ClientProtocol:
             new_owner, new_group = self.access.new_owner(ctx, f"mkdirs {canonical}", canonical,
                                                          owner, group)
             _, wall = self._now()
-            plan = self.ns.plan_mkdirs(canonical, permission, new_owner, new_group,
+            plan = self.ns.planner.plan_mkdirs(canonical, permission, new_owner, new_group,
                                        create_parent=create_parent, exclusive=exclusive,
                                        now_ns=wall)
             await self.edits.log_plan(plan, durable=ctx.sync_metadata)
-            return self.ns.changed(canonical) if want_status else True
+            return self.ns.view.changed(canonical) if want_status else True
         return await self.locking.with_ancestor_locks(f"mkdirs {canonical}", parts, body,
                                                       keep_parent_write=False)
 
@@ -178,7 +178,7 @@ class ClientProtocol:
             new_owner, new_group = self.access.new_owner(ctx, f"create {canonical}", canonical,
                                                          owner, group)
             now, wall = self._now()
-            found = self.ns.walk(parts, canonical) if parts else []
+            found = self.ns.view.walk(parts, canonical) if parts else []
             if parts and len(found) == len(parts) + 1 and overwrite is False:
                 ino, inode = found[-1]
                 uc = inode.get("uc") if inode["type"] == FILE else None
@@ -186,7 +186,7 @@ class ClientProtocol:
                                                                          inode, client_name, now):
                     raise RecoveryInProgress(f"failed to create {canonical} for {client_name}: "
                                              f"lease recovery is in progress; try again later")
-            plan = self.ns.plan_create(
+            plan = self.ns.planner.plan_create(
                 canonical, holder=client_name, client_machine=ctx.peer, overwrite=overwrite,
                 create_parent=create_parent, replication=replication, block_size=block_size,
                 permission=permission, owner=new_owner, group=new_group, now_ns=wall)
@@ -202,8 +202,8 @@ class ClientProtocol:
                     log.info("create %s: no first block: %s", canonical, exc)
             # the first block's record goes in the create's batch: one fsync for both
             await self.edits.log_plans([plan, block and block[0]], durable=ctx.sync_metadata)
-            status = self.ns.status(canonical, ino, self.ns.get_inode(ino))
-            answer = self.ns.changed(canonical, status) if want_status else status
+            status = self.ns.view.status(canonical, ino, self.ns.view.get_inode(ino))
+            answer = self.ns.view.changed(canonical, status) if want_status else status
             if not first_block:
                 return answer
             located = block and self._located_new(ctx, block[1], 0)
@@ -222,12 +222,12 @@ class ClientProtocol:
             new_owner, new_group = self.access.new_owner(ctx, f"symlink {canonical}", canonical,
                                                          owner, group)
             _, wall = self._now()
-            plan = self.ns.plan_symlink(target, canonical, create_parent=create_parent,
+            plan = self.ns.planner.plan_symlink(target, canonical, create_parent=create_parent,
                                         owner=new_owner, group=new_group, now_ns=wall)
             await self.edits.log_plan(plan, durable=ctx.sync_metadata)
             ino = plan.ino
-            status = self.ns.status(canonical, ino, self.ns.get_inode(ino))
-            return self.ns.changed(canonical, status) if want_status else status
+            status = self.ns.view.status(canonical, ino, self.ns.view.get_inode(ino))
+            return self.ns.view.changed(canonical, status) if want_status else status
         return await self.locking.with_ancestor_locks(f"symlink {canonical}", parts, body)
 
     async def rpc_add_block(self, ctx, path, client_name, ino=None, previous=None, excluded=()):
@@ -237,9 +237,9 @@ class ClientProtocol:
             raise InvalidArgument(f"add_block {canonical}: excluded must be a list of node ids "
                                   f"or addresses")
         async with self.locking.file_lock(f"add a block to {canonical}", canonical, ino) as current:
-            _, ino, inode = self.ns.writer_file(current, ino, client_name)
-            blocks = self.ns.tail_blocks(ino, inode)
-            kind, last = self.ns.check_previous(current, blocks, previous)
+            _, ino, inode = self.ns.planner.writer_file(current, ino, client_name)
+            blocks = self.ns.view.tail_blocks(ino, inode)
+            kind, last = self.ns.planner.check_previous(current, blocks, previous)
             # every block before the last is final: the last one starts at length - its size
             last_offset = inode.get("length", 0) - (last["num_bytes"] if last else 0)
             if kind == "retry":
@@ -247,16 +247,16 @@ class ClientProtocol:
                                             self.access.token_user(ctx), WRITE_TOKEN)
             commit = None
             if kind == "commit":
-                self.ns.check_writer_length(current, inode, previous["num_bytes"])
+                self.ns.planner.check_writer_length(current, inode, previous["num_bytes"])
                 commit = {"num_bytes": previous["num_bytes"]}
             waiting = [b for b in blocks[:-1] if not self.locator.is_complete(b)]
             if waiting:
                 if commit is not None:
-                    await self.edits.log_plan(self.ns.plan_commit(ino, last, commit["num_bytes"]))
+                    await self.edits.log_plan(self.ns.planner.plan_commit(ino, last, commit["num_bytes"]))
                 b = waiting[0]
                 raise NotReplicatedYet(f"{current}: block {b['id']} (#{b['index']}) is not yet "
                                        f"minimally replicated; try again")
-            self.ns.check_block_count(current, inode)
+            self.ns.planner.check_block_count(current, inode)
             offset = 0
             if last is not None:
                 offset = last_offset + (commit["num_bytes"] if commit else last["num_bytes"])
@@ -273,10 +273,10 @@ class ClientProtocol:
         targets = self.datanodes.choose_targets(
             replication, excluded=excluded, writer_host=caller_host(ctx),
             block_size=block_size, what=f"add_block {current}")
-        block_id = self.ns.allocate_block_id()
-        gs = self.ns.next_genstamp()
+        block_id = self.ns.ids.allocate_block_id()
+        gs = self.ns.ids.next_genstamp()
         _, wall = self._now()
-        plan = self.ns.plan_add_block(ino, blocks, block_id, gs, commit,
+        plan = self.ns.planner.plan_add_block(ino, blocks, block_id, gs, commit,
                                       [t.node_id for t in targets], wall)
         return plan, {"id": block_id, "gs": gs, "num_bytes": 0, "state": bm.UNDER_CONSTRUCTION}
 
@@ -291,9 +291,9 @@ class ClientProtocol:
         ino = check_ino(ino, canonical)
         async with self.locking.file_lock(f"abandon a block of {canonical}", canonical,
                                           ino) as current:
-            _, ino, _ = self.ns.writer_file(current, ino, client_name)
-            blocks = self.ns.blocks_of(ino)
-            await self.edits.log_plan(self.ns.plan_abandon(current, ino, blocks, block))
+            _, ino, _ = self.ns.planner.writer_file(current, ino, client_name)
+            blocks = self.ns.view.blocks_of(ino)
+            await self.edits.log_plan(self.ns.planner.plan_abandon(current, ino, blocks, block))
             return True
 
     async def rpc_complete(self, ctx, path, client_name, ino=None, last=None, mtime_ns=None,
@@ -310,7 +310,7 @@ class ClientProtocol:
         writer sent nothing to block servers, and the close needs no replica."""
         canonical = paths.validate(path)
         ino = check_ino(ino, canonical)
-        attrs = self.ns.close_attrs(canonical, mtime_ns, atime_ns, permission)
+        attrs = self.ns.planner.close_attrs(canonical, mtime_ns, atime_ns, permission)
         deadline = trio.current_time() + COMPLETE_REPORT_WAIT
         while True:
             result = await self._complete_once(ctx, canonical, client_name, ino, last, attrs,
@@ -329,46 +329,46 @@ class ClientProtocol:
         missed). With inline ``data`` the close needs no replica: True or an error."""
         async with self.locking.file_lock(f"complete {canonical}", canonical, ino) as current:
             inline = isinstance(data, (bytes, bytearray))
-            if (data is None or inline) and self.ns.closed_with(
+            if (data is None or inline) and self.ns.planner.closed_with(
                     current, ino, last, bytes(data) if inline else None):
                 return True
-            _, ino, inode = self.ns.writer_file(current, ino, client_name)
+            _, ino, inode = self.ns.planner.writer_file(current, ino, client_name)
             if attrs and attrs["mode"] is not None:
                 self.access.check_set_mode(ctx, paths.split(current), attrs["mode"])
             if data is not None:   # the whole content, kept in the namespace
-                self.ns.check_inline(current, ino, inode, data)
+                self.ns.planner.check_inline(current, ino, inode, data)
                 _, wall = self._now()
                 await self.edits.log_plan(
-                    self.ns.plan_close(ino, None, None, wall, attrs, data=data),
+                    self.ns.planner.plan_close(ino, None, None, wall, attrs, data=data),
                     durable=ctx.sync_metadata)
                 return True
-            blocks = self.ns.tail_blocks(ino, inode)
-            kind, block = self.ns.check_last(current, blocks, last)
+            blocks = self.ns.view.tail_blocks(ino, inode)
+            kind, block = self.ns.planner.check_last(current, blocks, last)
             _, wall = self._now()
             if kind == "none":
-                await self.edits.log_plan(self.ns.plan_close(ino, None, None, wall, attrs),
+                await self.edits.log_plan(self.ns.planner.plan_close(ino, None, None, wall, attrs),
                                           durable=ctx.sync_metadata)
                 return True
             earlier_ok = all(self.locator.is_complete(b) for b in blocks[:-1])
             num_bytes = last["num_bytes"]
             if kind == "commit":
-                self.ns.check_writer_length(current, inode, num_bytes)
+                self.ns.planner.check_writer_length(current, inode, num_bytes)
                 last_ok = self.blocks.would_complete(block["id"], num_bytes)
             else:
                 last_ok = self.locator.is_complete(block)
             if earlier_ok and last_ok:
-                await self.edits.log_plan(self.ns.plan_close(ino, block, num_bytes, wall, attrs),
+                await self.edits.log_plan(self.ns.planner.plan_close(ino, block, num_bytes, wall, attrs),
                                           durable=ctx.sync_metadata)
                 return True
             if not earlier_ok:
                 if kind == "commit":
-                    await self.edits.log_plan(self.ns.plan_commit(ino, block, num_bytes))
+                    await self.edits.log_plan(self.ns.planner.plan_commit(ino, block, num_bytes))
                 return False
             # taken before the commit record's fsync: the replicas reported during it
             # (every node answered the writer already) must not be missed
             waiter = self.reports.waiter(block["id"])
             if kind == "commit":
-                await self.edits.log_plan(self.ns.plan_commit(ino, block, num_bytes))
+                await self.edits.log_plan(self.ns.planner.plan_commit(ino, block, num_bytes))
             return waiter
 
     async def rpc_fsync(self, ctx, path, client_name, ino=None, last_block_length=0, data=None,
@@ -383,15 +383,15 @@ class ClientProtocol:
         check_bool(sync, f"fsync {canonical}: sync")
         durable = sync or ctx.sync_metadata
         async with self.locking.file_lock(f"fsync {canonical}", canonical, ino) as current:
-            _, ino, inode = self.ns.writer_file(current, ino, client_name)
+            _, ino, inode = self.ns.planner.writer_file(current, ino, client_name)
             if data is not None:
-                self.ns.check_inline(current, ino, inode, data, "fsync")
-                await self.edits.log_plan(self.ns.plan_inline(ino, data), durable=durable)
+                self.ns.planner.check_inline(current, ino, inode, data, "fsync")
+                await self.edits.log_plan(self.ns.planner.plan_inline(ino, data), durable=durable)
                 return True
-            blocks = self.ns.tail_blocks(ino, inode, 1)
-            plan = self.ns.plan_fsync(current, ino, blocks, last_block_length)
+            blocks = self.ns.view.tail_blocks(ino, inode, 1)
+            plan = self.ns.planner.plan_fsync(current, ino, blocks, last_block_length)
             if plan is not None:
-                self.ns.check_writer_length(current, inode, last_block_length)
+                self.ns.planner.check_writer_length(current, inode, last_block_length)
                 await self.edits.log_plan(plan, durable=durable)
             elif durable:   # nothing new to record: what was answered before is durable too
                 await self.journal.sync()
@@ -406,10 +406,10 @@ class ClientProtocol:
         canonical = paths.validate(path)
         ino = check_ino(ino, canonical)
         async with self.locking.file_lock(f"rewrite {canonical}", canonical, ino) as current:
-            current, ino, inode = self.ns.writer_file(current, ino, client_name)
+            current, ino, inode = self.ns.planner.writer_file(current, ino, client_name)
             _, wall = self._now()
-            await self.edits.log_plan(self.ns.plan_rewrite(ino, inode, now_ns=wall))
-            return self.ns.status(current, ino, self.ns.get_inode(ino))
+            await self.edits.log_plan(self.ns.planner.plan_rewrite(ino, inode, now_ns=wall))
+            return self.ns.view.status(current, ino, self.ns.view.get_inode(ino))
 
     async def rpc_sync_metadata(self, ctx):
         """Wait until every namespace change answered so far is durable (the changes of a
@@ -425,7 +425,7 @@ class ClientProtocol:
                                   f"{block!r:.80}")
         block_id = check_int(block.get("id"), f"{what}: block.id", low=0)
         info = self.blocks.get(block_id)
-        path = self.ns.path_of(info.ino) if info is not None else None
+        path = self.ns.view.path_of(info.ino) if info is not None else None
         if info is None or path is None:
             raise StaleGenerationStamp(f"{what}: block {block_id} belongs to no file (deleted "
                                        f"or abandoned)")
@@ -437,8 +437,8 @@ class ClientProtocol:
         first, as HDFS checkUCBlock: a writer whose file was taken over learns that, not the
         block state the takeover left), the block is the last one and still under
         construction."""
-        _, ino, inode = self.ns.writer_file(current, ino, client_name)
-        tail = self.ns.tail_blocks(ino, inode, 1)
+        _, ino, inode = self.ns.planner.writer_file(current, ino, client_name)
+        tail = self.ns.view.tail_blocks(ino, inode, 1)
         if not tail or tail[-1]["id"] != block_id:
             raise StaleGenerationStamp(f"{what}: block {block_id} is not the last block of "
                                        f"{current}")
@@ -461,7 +461,7 @@ class ClientProtocol:
         block_id, info, path = self._pipeline_block(what, block)
         async with self.locking.file_lock(f"{what} {path}", path, info.ino) as current:
             last = self._writer_last_block(what, current, info.ino, block_id, client_name)
-            stamp = self.ns.plan_set_genstamp()
+            stamp = self.ns.planner.plan_set_genstamp()
             await self.journal.log(stamp)
             log.info("%s: new generation stamp %d for block %d of %s", what, stamp.gs,
                      block_id, current)
@@ -510,13 +510,13 @@ class ClientProtocol:
             if new_gs <= last["gs"]:
                 raise StaleGenerationStamp(f"{where}: the new stamp {new_gs} is not larger "
                                            f"than the current {last['gs']}")
-            if new_gs > self.ns.genstamp:
+            if new_gs > self.ns.ids.genstamp:
                 raise StaleGenerationStamp(f"{where}: stamp {new_gs} was never issued")
             if new_length < last["num_bytes"]:
                 raise InvalidArgument(f"{where}: the length may not shrink from "
                                       f"{last['num_bytes']} to {new_length}")
-            inode = self.ns.get_inode(info.ino)
-            self.ns.check_block_length(current, inode, new_length)
+            inode = self.ns.view.get_inode(info.ino)
+            self.ns.planner.check_block_length(current, inode, new_length)
             await self.journal.log(UpdateBlocks(ino=info.ino, blocks=[{
                 "index": last["index"], "id": block_id, "gs": new_gs, "num_bytes": new_length,
                 "state": bm.UNDER_CONSTRUCTION}]))
@@ -538,9 +538,9 @@ class ClientProtocol:
             if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) for x in value):
                 raise InvalidArgument(f"{what}: {name} must be a list of node ids or addresses")
         if client_name is not None:
-            _, ino, inode = self.ns.writer_file(canonical, ino, client_name)
+            _, ino, inode = self.ns.planner.writer_file(canonical, ino, client_name)
         else:
-            _, ino, inode, _ = self.ns.resolve(canonical)
+            _, ino, inode, _ = self.ns.view.resolve(canonical)
         if inode is None or inode.get("type") != FILE:
             raise InvalidArgument(f"{what}: not a file")
         # only the lease holder may have its block copied to the replacement
@@ -568,7 +568,7 @@ class ClientProtocol:
                                   f"{block!r:.80}")
         block_id = check_int(block.get("id"), f"{what}: block.id", low=0)
         gs = check_int(block.get("gs"), f"{what}: block.gs", low=0)
-        tail = self.ns.tail_blocks(ino, inode, 1)
+        tail = self.ns.view.tail_blocks(ino, inode, 1)
         if not tail or tail[-1]["id"] != block_id \
                 or tail[-1]["state"] != bm.UNDER_CONSTRUCTION:
             raise StaleGenerationStamp(f"{what}: block {block_id} is not the last block under "
@@ -585,7 +585,7 @@ class ClientProtocol:
         async with self.locking.mutation(f"recover lease of {canonical}",
                                          lock_set(parts, LOCK_WRITE)):
             self.access.check_access(ctx, parts, access=WRITE)
-            _, ino, inode, _ = self.ns.resolve(canonical)
+            _, ino, inode, _ = self.ns.view.resolve(canonical)
             if inode["type"] != FILE:
                 raise IsDirectory(f"recover_lease {canonical}: not a file") \
                     if inode["type"] == DIR else InvalidArgument(
@@ -599,7 +599,7 @@ class ClientProtocol:
     async def _reopen_checks(self, op: str, canonical: str, client_name: str) -> tuple[int, dict]:
         """append/truncate: the path must be a file; an open one goes through
         recoverLeaseInternal first (closed at once → go on, else RecoveryInProgress)."""
-        _, ino, inode, _ = self.ns.resolve(canonical)
+        _, ino, inode, _ = self.ns.view.resolve(canonical)
         if inode["type"] == DIR:
             raise IsDirectory(f"cannot {op} {canonical}: it is a directory")
         if inode["type"] != FILE:
@@ -609,7 +609,7 @@ class ClientProtocol:
                                                               client_name, self.clock()):
                 raise RecoveryInProgress(f"failed to {op} {canonical} for {client_name}: lease "
                                          f"recovery is in progress; try again later")
-            inode = self.ns.get_inode(ino)
+            inode = self.ns.view.get_inode(ino)
         return ino, inode
 
     async def rpc_truncate(self, ctx, path, new_length, client_name):
@@ -621,7 +621,7 @@ class ClientProtocol:
             self.access.check_access(ctx, parts, access=WRITE)
             ino, inode = await self._reopen_checks("truncate", canonical, client_name)
             _, wall = self._now()
-            plan = self.ns.plan_truncate(canonical, ino, inode, new_length, holder=client_name,
+            plan = self.ns.planner.plan_truncate(canonical, ino, inode, new_length, holder=client_name,
                                          client_machine=ctx.peer or "", now_ns=wall)
             if plan is None:
                 return True
@@ -640,24 +640,24 @@ class ClientProtocol:
         async with self.locking.mutation(f"append to {canonical}", lock_set(parts, LOCK_WRITE)):
             self.access.check_access(ctx, parts, access=WRITE)
             ino, inode = await self._reopen_checks("append", canonical, client_name)
-            tail = self.ns.tail_blocks(ino, inode, 1)
+            tail = self.ns.view.tail_blocks(ino, inode, 1)
             partial = bool(tail) and tail[-1]["num_bytes"] < inode["block_size"]
-            new_gs = self.ns.next_genstamp() if partial else None
+            new_gs = self.ns.ids.next_genstamp() if partial else None
             _, wall = self._now()
-            plan = self.ns.plan_append(ino, inode, holder=client_name,
+            plan = self.ns.planner.plan_append(ino, inode, holder=client_name,
                                        client_machine=ctx.peer or "", new_gs=new_gs, now_ns=wall)
             await self.edits.log_plan(plan)
-            inode = self.ns.get_inode(ino)
+            inode = self.ns.view.get_inode(ino)
             last_block = None
             last = plan.last
             if last is not None:
-                block = {**self.ns.tail_blocks(ino, inode, 1)[-1]}
+                block = {**self.ns.view.tail_blocks(ino, inode, 1)[-1]}
                 offset = inode.get("length", 0) - block["num_bytes"]
                 # written on under the new stamp: a write token for it
                 last_block = self.locator.located(block, self.blocks.get(block["id"]), offset,
                                                   self.access.token_user(ctx), WRITE_TOKEN)
-            answer = {"status": self.ns.status(canonical, ino, inode), "last_block": last_block}
-            data = self.ns.inline_data(ino, inode)
+            answer = {"status": self.ns.view.status(canonical, ino, inode), "last_block": last_block}
+            data = self.ns.view.inline_data(ino, inode)
             if data is not None:   # the writer starts with these bytes (sent first)
                 answer["inline"] = data
             return answer
@@ -670,15 +670,15 @@ class ClientProtocol:
         now = self.clock()
         out = []
         for ino, holder in list(self.leases.lease_by_ino.items()):
-            file_path = self.ns.path_of(ino)
+            file_path = self.ns.view.path_of(ino)
             if file_path is None or not (canonical == "/" or file_path == canonical
                                          or file_path.startswith(canonical + "/")):
                 continue
-            inode = self.ns.get_inode(ino)
+            inode = self.ns.view.get_inode(ino)
             if inode is None or not inode.get("uc"):
                 continue
             lease = self.leases.lease_of(holder)
-            tail = self.ns.tail_blocks(ino, inode, 1)
+            tail = self.ns.view.tail_blocks(ino, inode, 1)
             out.append({"path": file_path, "ino": ino, "holder": holder,
                         "client_machine": inode["uc"].get("client_machine", ""),
                         "last_renewal_age": round(now - lease.last_update, 3) if lease else None,
@@ -693,7 +693,7 @@ class ClientProtocol:
 
     async def rpc_get_block_locations(self, ctx, path, offset=0, length=None):
         self.access.check_access(ctx, paths.split(path), access=READ)
-        parts, ino, inode, _ = self.ns.resolve(path)
+        parts, ino, inode, _ = self.ns.view.resolve(path)
         canonical = paths.join_parts(parts)
         if inode["type"] == DIR:
             raise IsDirectory(f"{canonical}: is a directory")

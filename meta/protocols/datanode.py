@@ -237,7 +237,7 @@ class DatanodeProtocol:
         log.info("block server %s registered at %s%s", node_id, node.address,
                  "" if fresh else " (again)")
         self.update_safemode()
-        answer = {"namespace_id": self.ns.namespace_id, "ha": self.role_view.status().to_wire()}
+        answer = {"namespace_id": self.ns.view.namespace_id, "ha": self.role_view.status().to_wire()}
         keys = self.security.block_keys_for(None) if self.role_view.is_active else None
         if keys is not None:   # the block keys its readers' tokens are checked with
             answer["block_keys"] = keys
@@ -310,22 +310,22 @@ class DatanodeProtocol:
         if recovery_id != rec.recovery_id:
             raise StaleGenerationStamp(f"{what}: recovery id {recovery_id} was superseded by "
                                        f"{rec.recovery_id}")
-        path = self.ns.path_of(rec.ino)
+        path = self.ns.view.path_of(rec.ino)
         if path is None:
             self.recovery.forget_recovery(block_id)
             raise StaleGenerationStamp(f"{what}: the file was deleted")
         async with self.locking.file_lock(what, path, rec.ino) as current:
             if self.recovery.running(block_id) is not rec:
                 raise StaleGenerationStamp(f"{what}: recovery id {recovery_id} was superseded")
-            inode = self.ns.get_inode(rec.ino)
-            tail = self.ns.tail_blocks(rec.ino, inode, 1) if inode else []
+            inode = self.ns.view.get_inode(rec.ino)
+            tail = self.ns.view.tail_blocks(rec.ino, inode, 1) if inode else []
             if not tail or tail[-1]["id"] != block_id:
                 self.recovery.forget_recovery(block_id)
                 raise StaleGenerationStamp(f"{what}: it is no longer the last block of {current}")
             if not delete_block:
-                self.ns.check_block_length(current, inode, new_length)
+                self.ns.planner.check_block_length(current, inode, new_length)
             wall = self.wall_ns()
-            await self.journal.log(self.ns.plan_commit_block_sync(
+            await self.journal.log(self.ns.planner.plan_commit_block_sync(
                 rec.ino, tail[-1], recovery_id, 0 if delete_block else new_length,
                 delete=delete_block, close=close_file, now_ns=wall, targets=list(new_targets)))
             log.info("block recovery of %s block %d committed: gs %d, length %d%s%s", current,
@@ -374,7 +374,7 @@ class DatanodeProtocol:
     def _check_reader_of(self, ctx, block_id: int) -> None:
         """A client reporting a bad replica must be allowed to read the block's file."""
         info = self.blocks.get(block_id)
-        path = self.ns.path_of(info.ino) if info is not None else None
+        path = self.ns.view.path_of(info.ino) if info is not None else None
         if path is None:
             raise PermissionDenied(f"report_bad_blocks: block {block_id} belongs to no file "
                                    f"this caller may read")

@@ -7,7 +7,7 @@ the bootstrap of a follower behind the purged log (``meta/ha/bootstrap.py``) sen
 
 ``HAProtocol`` is a front end: it translates each call into calls of the services' public
 API and keeps no state. Its constructor takes what it calls, by name: the HA ``role_view``
-(status, and the controller with ha = etcd), the namespace ``ns`` (its applied txid), the
+(status, and the controller with ha = etcd), the namespace's read ``view`` (its applied txid), the
 open ``images`` (``ImageSource``) and the ``kv`` store they are taken of, ``permissions`` and
 ``access`` (superuser checks), and ``max_frame`` (an image page fits in a frame).
 
@@ -28,9 +28,9 @@ class HAProtocol:
     """Handlers of the HA calls, as ``rpc_<method>(ctx, **args)``; every role serves them
     (``ANY_ROLE_METHODS``) but ``msync``, which only the active answers."""
 
-    def __init__(self, *, role_view, ns, images, kv, permissions, access, max_frame: int):
+    def __init__(self, *, role_view, view, images, kv, permissions, access, max_frame: int):
         self.role_view = role_view
-        self.ns = ns
+        self.view = view
         self.images = images
         self.kv = kv
         self.permissions = permissions
@@ -40,7 +40,7 @@ class HAProtocol:
     async def rpc_msync(self, ctx):
         """HDFS msync: the active's state id, so that the caller's next reads on an
         observer see everything acknowledged before this call (its reply carries it)."""
-        return {"state_id": self.ns.applied_txid}
+        return {"state_id": self.view.applied_txid}
 
     async def rpc_ha_status(self, ctx, reset_lag=False):
         """This server's role, epoch, applied txid and lag (``fs.hastatus.HAStatus``), with
@@ -77,6 +77,6 @@ class HAProtocol:
             raise InvalidArgument("image_read: after must be bytes")
         if not isinstance(self.kv, PlyvelStore):
             raise InvalidArgument("image_read: this server's store takes no snapshots")
-        return self.images.read(self.kv, self.ns.applied_txid, min_txid=min_txid,
+        return self.images.read(self.kv, self.view.applied_txid, min_txid=min_txid,
                                 session=session, after=after,
                                 max_bytes=max(1, min(CHUNK_BYTES, self.max_frame // 4)))

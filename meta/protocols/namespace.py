@@ -69,8 +69,8 @@ class NamespaceProtocol:
         parts = paths.split(path)
         self.access.check_access(ctx, parts)
         check_bool(locations, f"get_file_info {path}: locations")
-        found_parts, ino, inode, _ = self.ns.resolve(path)
-        status = self.ns.status(paths.join_parts(found_parts), ino, inode)
+        found_parts, ino, inode, _ = self.ns.view.resolve(path)
+        status = self.ns.view.status(paths.join_parts(found_parts), ino, inode)
         if locations and inode["type"] == FILE:
             try:
                 self.access.check_access(ctx, parts, access=READ)
@@ -89,7 +89,7 @@ class NamespaceProtocol:
             is_dir = len(chain) == len(parts) + 1 and chain[-1]["type"] == DIR
             self.permissions.check_path(caller, parts, chain,
                                         access=READ_EXECUTE if is_dir else 0)
-        return self.ns.list_status(path, start_after, limit)
+        return self.ns.view.list_status(path, start_after, limit)
 
     def _check_rename(self, ctx, src_parts, dst_parts) -> None:
         caller = self.access.checked_caller(ctx)
@@ -113,22 +113,22 @@ class NamespaceProtocol:
         async with self.locking.mutation(f"rename {s} to {d}", wanted):
             self._check_rename(ctx, src_parts, dst_parts)
             wall = self.wall_ns()
-            plan = self.ns.plan_rename(s, d, overwrite, now_ns=wall)
+            plan = self.ns.renames.plan_rename(s, d, overwrite, now_ns=wall)
             replaced = None
             if want_status and plan is not None and plan.overwrite is not None:
-                replaced = self.ns.get_file_info(d)
+                replaced = self.ns.view.get_file_info(d)
             # the status it replaced is gone once the record is applied: a retry finds it
             # in the record (without overwrite nothing can have been replaced)
             kept = keep_removed(replaced) if want_status and overwrite else None
             await self.edits.log_plan(plan, durable=ctx.sync_metadata, kept=kept)
             if not want_status:
                 return True
-            return {**self.ns.changed(d), "replaced": replaced,
-                    "src_parent": self.ns.get_file_info(paths.parent(s))}
+            return {**self.ns.view.changed(d), "replaced": replaced,
+                    "src_parent": self.ns.view.get_file_info(paths.parent(s))}
 
     async def rpc_rename_many(self, ctx, moves, overwrite=False):
         """Several renames in one journal record: readers see all of them or none."""
-        triples = self.ns.check_moves(moves, overwrite)
+        triples = self.ns.renames.check_moves(moves, overwrite)
         wanted = merge(*(lock_set(parts, LOCK_PARENT) for s, d, _ in triples
                          for parts in (s, d)))
         first = paths.join_parts(triples[0][0])
@@ -136,7 +136,7 @@ class NamespaceProtocol:
             for src_parts, dst_parts, _ in triples:
                 self._check_rename(ctx, src_parts, dst_parts)
             wall = self.wall_ns()
-            await self.edits.log_plan(self.ns.plan_rename_many(moves, overwrite, now_ns=wall),
+            await self.edits.log_plan(self.ns.renames.plan_rename_many(moves, overwrite, now_ns=wall),
                                 durable=ctx.sync_metadata)
             return True
 
@@ -157,7 +157,7 @@ class NamespaceProtocol:
                     self.permissions.check_path(caller, parts, self.access.inode_chain(parts),
                                                 parent=WRITE)
             wall = self.wall_ns()
-            await self.edits.log_plan(self.ns.plan_concat(target, list(srcs), now_ns=wall),
+            await self.edits.log_plan(self.ns.concat.plan_concat(target, list(srcs), now_ns=wall),
                                 durable=ctx.sync_metadata)
             return True
 
@@ -180,16 +180,16 @@ class NamespaceProtocol:
             wall = self.wall_ns()
             gone = None
             if expect is not None or want_status:
-                gone = self.ns.get_file_info(canonical)
+                gone = self.ns.view.get_file_info(canonical)
                 if expect == "dir" and gone["type"] != DIR:
                     raise NotDirectory(f"rmdir {canonical}: not a directory")
                 if expect == "nondir" and gone["type"] == DIR:
                     raise IsDirectory(f"unlink {canonical}: is a directory")
             # the status the inode had is gone with it: a retry finds it in the record
-            await self.edits.log_plan(self.ns.plan_delete(canonical, recursive, now_ns=wall),
+            await self.edits.log_plan(self.ns.planner.plan_delete(canonical, recursive, now_ns=wall),
                                 durable=ctx.sync_metadata,
                                 kept=keep_removed(gone) if want_status else None)
-            return self.ns.changed(canonical, gone) if want_status else True
+            return self.ns.view.changed(canonical, gone) if want_status else True
 
     async def _set_op(self, what: str, path, planner, check=None, want_status=False,
                       durable=True):
@@ -202,10 +202,10 @@ class NamespaceProtocol:
             if check is not None:
                 check(parts, canonical)
             await self.edits.log_plan(planner(canonical, self.wall_ns()), durable=durable)
-            return self.ns.get_file_info(canonical) if want_status else True
+            return self.ns.view.get_file_info(canonical) if want_status else True
 
     async def rpc_set_permission(self, ctx, path, permission, want_status=False):
-        return await self._set_op("chmod", path, lambda p, t: self.ns.plan_set_permission(
+        return await self._set_op("chmod", path, lambda p, t: self.ns.planner.plan_set_permission(
             p, permission, now_ns=t), lambda parts, _: self.access.check_set_mode(ctx, parts, permission),
             want_status, ctx.sync_metadata)
 
@@ -221,7 +221,7 @@ class NamespaceProtocol:
                     caller, canonical,
                     check_name(owner, f"chown {canonical}: owner", optional=True),
                     check_name(group, f"chown {canonical}: group", optional=True))
-        return await self._set_op("chown", path, lambda p, t: self.ns.plan_set_owner(
+        return await self._set_op("chown", path, lambda p, t: self.ns.planner.plan_set_owner(
             p, owner, group, now_ns=t), check, want_status, ctx.sync_metadata)
 
     async def rpc_set_times(self, ctx, path, mtime_ns=None, atime_ns=None, ino=None,
@@ -229,7 +229,7 @@ class NamespaceProtocol:
         """``ino``: the file is addressed by inode id (``path`` only names it in errors),
         so a writer re-applying times after its close is not thrown off by a rename."""
         def planner(p, t):
-            return self.ns.plan_set_times(p, mtime_ns, atime_ns, now_ns=t)
+            return self.ns.planner.plan_set_times(p, mtime_ns, atime_ns, now_ns=t)
 
         canonical = paths.validate(path)
         ino = check_ino(ino, canonical)
@@ -239,13 +239,13 @@ class NamespaceProtocol:
                                                                          owner_or=WRITE),
                                       want_status)
         async with self.locking.file_lock(f"set times of {canonical}", canonical, ino) as current:
-            if self.ns.path_of(ino) != current:
+            if self.ns.view.path_of(ino) != current:
                 raise FileNotFound(f"{canonical}: inode {ino} no longer exists")
             self.access.check_access(ctx, paths.split(current), owner_or=WRITE)
             check_bool(want_status, f"set times of {canonical}: want_status")
             await self.edits.log_plan(planner(current, self.wall_ns()), durable=ctx.sync_metadata)
-            return self.ns.get_file_info(current) if want_status else True
+            return self.ns.view.get_file_info(current) if want_status else True
 
     async def rpc_set_replication(self, ctx, path, replication):
-        return await self._set_op("setrep", path, lambda p, t: self.ns.plan_set_replication(
+        return await self._set_op("setrep", path, lambda p, t: self.ns.planner.plan_set_replication(
             p, replication, now_ns=t), lambda parts, _: self.access.check_access(ctx, parts, access=WRITE))

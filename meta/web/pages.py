@@ -118,8 +118,8 @@ def open_files(server, ctx) -> dict:
     for holder, lease in sorted(leases.leases.items()):
         age = now - lease.last_update
         for ino in sorted(lease.files):
-            inode = server.ns.get_inode(ino)
-            path = server.ns.path_of(ino)
+            inode = server.ns.view.get_inode(ino)
+            path = server.ns.view.path_of(ino)
             if inode is None or path is None:
                 continue
             if caller is not None and not _may_list_parent(server, caller, path):
