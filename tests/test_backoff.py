@@ -91,16 +91,20 @@ async def test_clients_that_lost_their_server_retry_spread_out_not_in_step():
     source is seeded), and these differ by most of a second between the quickest and the
     slowest client. Without jitter every client waits 0.05 + 0.1 + 0.2 + 0.4 + 0.8 + 1 s
     and they reconnect together, as after a failover: a spread of only the scheduling's
-    noise, a few hundredths of a second here."""
+    noise, a few hundredths of a second here. Each client is stopped at its seventh try
+    rather than by a retry budget, so a slow machine makes no client run out of time
+    before it."""
     from fs.errors import ServerUnavailable
     from fs.framing import FramedStream
     from fs.rpcclient import RETRY_BACKOFF, RpcClient
 
     tries: dict[str, list[float]] = {}
     drawn = {}
+    seventh: dict[str, trio.Event] = {}
     for i in range(16):
         rng = random.Random(i)
         drawn[f"client-{i}"] = sum(RETRY_BACKOFF.delay(n, rng) for n in range(6))
+        seventh[f"client-{i}"] = trio.Event()
 
     async def hang_up(stream):
         framed = FramedStream(stream)
@@ -109,15 +113,26 @@ async def test_clients_that_lost_their_server_retry_spread_out_not_in_step():
                 hello = await framed.receive_frame()
             name = hello["client_id"].split("#")[0]   # the client adds a unique suffix
             tries.setdefault(name, []).append(trio.current_time())
+            if len(tries[name]) == 7:
+                seventh[name].set()
         finally:
             await stream.aclose()
 
     async def client(port: int, i: int):
         async with RpcClient(f"127.0.0.1:{port}", f"client-{i}", timeout=5,
-                             retry_seconds=4.0, local_socket=None,
+                             retry_seconds=60.0, local_socket=None,
                              rng=random.Random(i)) as rpc:
-            with pytest.raises(ServerUnavailable):
-                await rpc.call("ping")
+            async with trio.open_nursery() as calls:
+                async def call():
+                    try:
+                        await rpc.call("ping")
+                    except ServerUnavailable as exc:
+                        raise AssertionError(f"client-{i} gave up before its seventh "
+                                             f"try: {exc}") from None
+                    raise AssertionError(f"client-{i}: a server that hangs up answered")
+                calls.start_soon(call)
+                await seventh[f"client-{i}"].wait()
+                calls.cancel_scope.cancel()
 
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(
