@@ -133,11 +133,11 @@ def test_a_deposed_active_that_comes_back_commands_no_block_server(tmp_path):
     that its term is over (a keepalive that cannot reach etcd: the worst case). Proven: it
     fences itself on its own clock (its lease is older than it can vouch for), says so and
     starts again as a standby without etcd; X's heartbeat waiting in its socket
-    gets no command X obeys (answered before the fence, it says active in the old epoch and
-    X drops the INVALIDATE: ``test_ha_datanode`` proves that drop); no block server runs any
-    command of the old active after the new epoch, X keeps the replica and the new active
-    lists it; the old active answers no client call meanwhile, a read of what the new
-    active made included; it comes back as a standby."""
+    gets no command X obeys (answered before the fence, it carries none: the server is no
+    longer sure of its term; and X would drop one of the old epoch: ``test_ha_datanode``
+    proves both); no block server runs any command of the old active after the new epoch,
+    X keeps the replica and the new active lists it; the old active answers no client call
+    meanwhile, a read of what the new active made included; it comes back as a standby."""
     election_timeout = 3.0
     cluster = HACluster(tmp_path, n_meta=2, n_storage=3, election_timeout=election_timeout,
                         settings={
@@ -213,8 +213,8 @@ def test_a_deposed_active_that_comes_back_commands_no_block_server(tmp_path):
             sender = threading.Thread(target=send)
             sender.start()
             # X's heartbeat, waiting in the old active's socket since the pause, is answered
-            # (with the queued deletion and the old epoch, if it came before the fence:
-            # then X drops it), and X hears from it again that it is not active
+            # (without the queued deletion: its term is past what it can vouch for), and X
+            # hears from it again that it is not active
             def x_heard_it_step_down() -> bool:
                 view = next(m for m in node_status(ports[0])["meta_servers"]
                             if m["address"] == a)
