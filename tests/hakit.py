@@ -10,8 +10,9 @@ authenticate to each). Processes and etcd members are stopped by their own pids.
 ``cuttable=True``: every metadata server reaches each etcd member through proxies of its
 own, and everyone else (clients, block servers, the other metadata servers) reaches it
 through one more (``tools.testbed.cutproxy``); ``cut(name)`` silences them all at once, a network
-partition of that server that kills nothing and resets no connection; ``heal(name)`` ends
-it. ``address(name)`` is then the proxied address; ``direct(name)`` the server's own port.
+partition of that server that kills nothing and resets no connection
+(``cut_from_etcd(name)``: only its ways to etcd, the other servers keep theirs); ``heal(name)``
+ends it. ``address(name)`` is then the proxied address; ``direct(name)`` the server's own port.
 """
 
 from __future__ import annotations
@@ -101,6 +102,10 @@ class HACluster(ProcessCluster):
     def cut(self, name: str) -> None:
         """Partition ``name`` from etcd and from everyone else, silently."""
         self.cuts.cut(name)
+
+    def cut_from_etcd(self, name: str) -> None:
+        """Partition ``name`` from etcd only, silently; the others keep theirs."""
+        self.cuts.cut_from_etcd(name)
 
     def heal(self, name: str) -> None:
         self.cuts.heal(name)

@@ -51,10 +51,15 @@ CTX = CallContext(client_id="test", peer="127.0.0.1:1")
 
 class SetRole:
     """Stands in for the HA controller in ``MetaServer.ha``: the role the server acts on
-    (``is_active``) and the status it sends (``claims``, normally the same role)."""
+    (``is_active``), the status it sends (``claims``, normally the same role) and whether
+    an active can vouch for its term (``sure``: its etcd lease is surely still held)."""
 
     def __init__(self, role: Role, epoch: int, node_id: str, claims: Role | None = None):
         self.role, self.epoch, self.node_id, self.claims = role, epoch, node_id, claims
+        self.sure = True
+
+    def sure_of_term(self) -> bool:
+        return self.sure
 
     def status(self) -> HAStatus:
         return HAStatus(role=self.claims or self.role, epoch=self.epoch,
@@ -292,6 +297,38 @@ async def test_no_invalidate_after_takeover_before_a_fresh_full_report(tmp_path)
                     assert reply["commands"] == [{"type": "INVALIDATE",
                                                   "blocks": [{"id": block_id, "gs": 1,
                                                               "num_bytes": 10}]}], reply
+
+    await main()
+
+
+async def test_an_active_unsure_of_its_term_hands_out_no_commands(tmp_path):
+    """An active past the time it can vouch for its term (frozen or starved beyond its
+    lease, its fence not run yet) answers heartbeats without commands: a block server that
+    has not heard of a successor would obey them. The deletion stays queued, and goes out
+    once the server is sure again (as when a keepalive was answered in time)."""
+    config = make_test_config(**SETTINGS)
+
+    async def main():
+        ha = SetRole(Role.ACTIVE, 2, "a")
+        async with meta_server(tmp_path / "meta", config, ha) as (server, address):
+            async with RpcClient(address, "raw-nodes") as rpc:
+                await rpc.call("register_storage", {
+                    "node_id": "n1", "address": "127.0.0.1:9001",
+                    "capacity": 1 << 40, "used": 0, "remaining": 1 << 40})
+                await rpc.call("block_report", {"node_id": "n1",
+                                                "blocks": [[999001, 1, 10, "FINALIZED"]]})
+                await wait_for(lambda: not server.safemode.on, "safe mode off")
+                # a replica of no file: the active queues its deletion
+                await wait_for(lambda: server.datanodes.invalidate_queued() == 1,
+                               "the deletion of the replica of no file to be queued")
+                ha.sure = False
+                reply = await heartbeat(rpc, "n1")
+                assert reply["commands"] == [] and "block_keys" not in reply, reply
+                assert server.datanodes.invalidate_queued() == 1
+                ha.sure = True
+                reply = await heartbeat(rpc, "n1")
+                assert reply["commands"] == [{"type": "INVALIDATE", "blocks": [
+                    {"id": 999001, "gs": 1, "num_bytes": 10}]}], reply
 
     await main()
 

@@ -14,7 +14,12 @@ from fs.errors import FileNotFound
 from hakit import HACluster
 
 pytestmark = pytest.mark.slow
-PAIRS = int(os.environ.get("LEASEFS_OBSERVER_PAIRS", "100000"))
+#: a read served before its write was applied shows at once: with the observer's wait for
+#: the client's state id left out, 35% of pairs missed their write; waiting for one txid
+#: less, 15%. 2,000 pairs catch either for sure, in seconds (88 s at a load average of 28).
+#: Each pair costs the cluster ~6 ms of CPU over its 7 processes: a soak of 100,000
+#: (``LEASEFS_OBSERVER_PAIRS``) needs 10 CPU-minutes, past the test timeout on 2 shared cores
+PAIRS = int(os.environ.get("LEASEFS_OBSERVER_PAIRS", "2000"))
 TASKS = 16
 
 

@@ -36,3 +36,12 @@ class RoleView:
     def is_active(self) -> bool:
         """Only the active server mutates, hands out block-server commands, runs monitors."""
         return self.controller is None or self.controller.role is Role.ACTIVE
+
+    @property
+    def may_command(self) -> bool:
+        """Whether block servers may be handed commands and block keys: active, and sure
+        of its term (``sure_of_term``). An active that stalled past its lease answers a
+        heartbeat it had already read before its fence runs; a block server that has not
+        heard of the successor yet would obey it (nothing else fences commands)."""
+        return self.controller is None or (self.controller.role is Role.ACTIVE
+                                           and self.controller.sure_of_term())

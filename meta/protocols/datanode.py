@@ -238,7 +238,7 @@ class DatanodeProtocol:
                  "" if fresh else " (again)")
         self.update_safemode()
         answer = {"namespace_id": self.ns.view.namespace_id, "ha": self.role_view.status().to_wire()}
-        keys = self.security.block_keys_for(None) if self.role_view.is_active else None
+        keys = self.security.block_keys_for(None) if self.role_view.may_command else None
         if keys is not None:   # the block keys its readers' tokens are checked with
             answer["block_keys"] = keys
         return answer
@@ -256,9 +256,9 @@ class DatanodeProtocol:
         # a live node whose clock drifts is warned about, not dropped: its replicas stay
         self._note_clock(node, skew)
         commands = []
-        # not active: no commands at all (the block server would drop them anyway); the
-        # queues keep them for when this server is active
-        active = self.role_view.is_active
+        # not active, or no longer sure of its term: no commands at all (the block server
+        # would drop them anyway, once it knows of the successor); the queues keep them
+        active = self.role_view.may_command
         if active and not self.safemode.on:   # no deletions before the namespace is whole
             # only deletions decided on a durable namespace (see datanodes.py), and none
             # before the node's first full report after a takeover

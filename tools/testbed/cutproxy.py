@@ -211,6 +211,11 @@ class Partitions:
         for proxy in self.proxies[name]:
             proxy.cut()
 
+    def cut_from_etcd(self, name: str) -> None:
+        """Partition ``name`` from etcd only: clients and block servers still reach it."""
+        for proxy in self.proxies[name][1:]:
+            proxy.cut()
+
     def heal(self, name: str) -> None:
         for proxy in self.proxies[name]:
             proxy.heal()
