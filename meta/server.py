@@ -13,10 +13,10 @@ and the clocks, each constructed with exactly what it needs:
 * ``edits`` (``journal/edits.py``: journaling a plan, durable or lazy), ``access``
   (``namespace/access.py``: who the caller is, permission checks), ``locking``
   (``namespace/locks.py``: the global lock, path locks, safe-mode check of a mutation),
-  ``locator`` (``blocks/locate.py``: located blocks, replica order, tokens), ``role_view``
+  ``locator`` (``services/locate.py``: located blocks, replica order, tokens), ``role_view``
   (``ha/role.py``: the HA role), ``security`` (``security.py``: keys, block and delegation
-  tokens), ``recovery`` (``leases/release.py``: lease release and block recovery),
-  ``redundancy`` (``blocks/redundancy.py``: re-replication and its commands), ``monitors``
+  tokens), ``recovery`` (``services/lease_recovery.py``: lease release and block recovery),
+  ``redundancy`` (``services/redundancy.py``: re-replication and its commands), ``monitors``
   (``monitors.py``: the background loops, checkpoints, the reclaimer);
 * the protocol front ends, thin translators from each RPC to those services' public calls
   (every method of docs/PROTOCOL.md §2, by role as HDFS separates them): ``client_protocol``,
@@ -92,14 +92,14 @@ from fs.retry_cache import CallKey
 from fs.rpc import Dispatcher, RetryCache, current_user
 
 from .blocks import blocks as bm
-from .journal import retry_answers
+from .services import retry_answers
 from .blocks.blocks import BlockInfo, BlocksMap
-from .blocks.locate import Locator
+from .services.locate import Locator
 from .journal.edits import Edits
 from .namespace.access import Access
 from .metrics import MetaMetrics
 from .blocks.datanodes import DatanodeManager
-from .gcpolicy import GcGovernor
+from .services.gcpolicy import GcGovernor
 from .ha.bootstrap import ImageSource
 from .journal.journal import Journal
 from .journal.kv import KVStore
@@ -111,18 +111,18 @@ from .blocks.reports import REPORT_STEP, BlockReports
 from .namespace.permissions import PermissionChecker
 from .ha.role import RoleView
 from .blocks.safemode import SafeModeState
-from .startup import Phase, StartupProgress
-from .timeslice import TimeSlice
+from .services.startup import Phase, StartupProgress
+from .namespace.timeslice import TimeSlice
 from .protocols.admin import AdminProtocol
 from .protocols.client import ClientProtocol
 from .protocols.namespace import NamespaceProtocol
 from .protocols.datanode import DatanodeProtocol
 from .protocols.ha import HAProtocol
-from .blocks.redundancy import Redundancy
-from .leases.release import LeaseRecovery
-from .monitors import Monitors
+from .services.redundancy import Redundancy
+from .services.lease_recovery import LeaseRecovery
+from .services.monitors import Monitors
 from .protocols.user_auth import AuthProtocol
-from .security import Security
+from .services.security import Security
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 
 from ..blocks import blocks as bm
-from . import keys
+from ..schema import keys
 from . import ops_store as st
 from ..blocks.blocks import COMMITTED, COMPLETE, UNDER_CONSTRUCTION, BlockInfo
 from .opbase import ABSENT, Op, given, register

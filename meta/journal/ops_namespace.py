@@ -16,10 +16,10 @@ import logging
 
 from fs.errors import InternalError
 
-from . import keys
+from ..schema import keys
 from . import ops_store as st
 from ..namespace.args import DIR, FILE, SYMLINK
-from ..namespace.charge import file_charge
+from .charge import file_charge
 from .opbase import ABSENT, Op, given, register
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ import bisect
 import itertools
 import logging
 
-from . import keys
+from ..schema import keys
 from ..namespace.args import DIR, FILE
-from ..namespace.charge import file_charge
+from .charge import file_charge
 from ..namespace.view import ABSENT
 
 log = logging.getLogger(__name__)

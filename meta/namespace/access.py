@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .namespace import DIR, Namespace, check_name
 from .permissions import WRITE, Caller, PermissionChecker, clears_only_setid
-from ..timeslice import TimeSlice
+from .timeslice import TimeSlice
 
 
 class Access:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from fs.errors import InternalError
 
-from ..journal import keys
-from .charge import file_charge
+from ..schema import keys
+from ..journal.charge import file_charge
 from ..journal.ops import decode
 from ..journal.ops_store import Txn, charge_usage, inside
 

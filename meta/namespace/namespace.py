@@ -55,7 +55,7 @@ abandoned plan only leaves a gap.
 
 from __future__ import annotations
 
-from ..journal import keys
+from ..schema import keys
 from .apply import RecordApplier, Txn, inside
 from .args import (DIR, FILE, MAX_LIST_LIMIT, MAX_OWNER_LEN, MAX_RENAMES,
                              MAX_TARGET_BYTES, SYMLINK, Defaults, check_block_ref, check_bool,

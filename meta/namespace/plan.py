@@ -21,12 +21,12 @@ from fs import paths
 from fs.errors import (FileExists, FileNotFound, InternalError, InvalidArgument, IsDirectory,
                        DirectoryNotEmpty, NotDirectory, StaleGenerationStamp)
 
-from ..journal import keys
+from ..schema import keys
 from ..blocks.blocks import COMMITTED, UNDER_CONSTRUCTION
 from ..leases.leases import LeaseManager
 from .args import (DIR, FILE, MAX_TARGET_BYTES, check_block_ref, check_bool,
                              check_int, check_mode, check_name, is_int)
-from .charge import file_charge
+from ..journal.charge import file_charge
 from ..journal.ops import ABSENT
 from ..journal.ops_blocks import (AbandonBlock, AddBlock, Append, Close, CommitBlockSync, Fsync,
                                   Inline, ReassignLease, SetGenstamp, SetReplication, Truncate,

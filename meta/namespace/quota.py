@@ -31,10 +31,10 @@ from __future__ import annotations
 from fs import paths
 from fs.errors import DSQuotaExceeded, InvalidArgument, NSQuotaExceeded
 
-from ..journal import keys
+from ..schema import keys
 from ..journal.ops_namespace import SetQuota
 from .args import DIR, FILE, is_int
-from .charge import file_charge
+from ..journal.charge import file_charge
 
 NO_QUOTA = -1
 MAX_QUOTA = (1 << 63) - 1

@@ -40,7 +40,7 @@ from collections.abc import Iterator
 
 from sortedcontainers import SortedSet
 
-from ..journal import keys
+from ..schema import keys
 from .args import DIR, FILE
 from ..journal.ops_namespace import Reclaim
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from fs import paths
 from fs.errors import FileNotFound, InternalError, InvalidArgument, NotDirectory
 
-from ..journal import keys
+from ..schema import keys
 from .args import DIR, FILE, MAX_LIST_LIMIT, SYMLINK, check_int
 
 log = logging.getLogger(__name__)
