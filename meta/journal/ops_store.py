@@ -21,9 +21,12 @@ import logging
 from ..schema import keys
 from ..namespace.args import DIR, FILE
 from .charge import file_charge
-from ..namespace.view import ABSENT
 
 log = logging.getLogger(__name__)
+
+#: a "no such directory entry" in the namespace cache (``DecodedCache``), which ``Txn.get``
+#: reads through (never a stored value: entries hold inode numbers)
+ABSENT = object()
 
 
 class Txn:
