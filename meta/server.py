@@ -14,10 +14,10 @@ and the clocks, each constructed with exactly what it needs:
   (``namespace/access.py``: who the caller is, permission checks), ``locking``
   (``namespace/locks.py``: the global lock, path locks, safe-mode check of a mutation),
   ``locator`` (``services/locate.py``: located blocks, replica order, tokens), ``role_view``
-  (``ha/role.py``: the HA role), ``security`` (``security.py``: keys, block and delegation
+  (``ha/role.py``: the HA role), ``security`` (``services/security.py``: keys, block and delegation
   tokens), ``recovery`` (``services/lease_recovery.py``: lease release and block recovery),
   ``redundancy`` (``services/redundancy.py``: re-replication and its commands), ``monitors``
-  (``monitors.py``: the background loops, checkpoints, the reclaimer);
+  (``services/monitors.py``: the background loops, checkpoints, the reclaimer);
 * the protocol front ends, thin translators from each RPC to those services' public calls
   (every method of docs/PROTOCOL.md §2, by role as HDFS separates them): ``client_protocol``,
   ``namespace_protocol``, ``admin_protocol``, ``datanode_protocol``, ``auth_protocol``,
@@ -59,7 +59,7 @@ Retry cache across failovers and restarts (HDFS): a record written for a retry-c
 call carries the call's key (``meta.journal``), and what the namespace will not hold of
 its answer when it has such a part; applying it, live, from the replicated log or at
 replay, notes both in the retry cache, and a retry of that call gets the answer
-``meta.retry_answers`` rebuilds from the current state instead of a second run.
+``meta.services.retry_answers`` rebuilds from the current state instead of a second run.
 
 Block reports (full ones in chunks of one ``report_id``, incremental ones) are applied by
 ``reports.py`` (``BlockReports``), with a checkpoint every ``REPORT_STEP`` entries; the
@@ -500,7 +500,7 @@ class MetaServer(Dispatcher):
 
     async def retry_answer(self, ctx, method, args, rerun, kept=None):
         """The answer of a call applied before a failover or restart
-        (``meta.retry_answers``)."""
+        (``meta.services.retry_answers``)."""
         return await retry_answers.answer(self, ctx, method, args, rerun, kept)
 
     # the state ops update after their store write (``meta.ops.MemoryState``)

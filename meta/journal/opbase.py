@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 RPC_CALL = "rpc"
 # the key the journal adds next to it (travelling in ``extra`` the same way) when the call's
 # answer holds something the namespace will not (the status of an inode it removed): what
-# a retry needs to answer as the first call did. Its value is ``meta.retry_answers``' to
+# a retry needs to answer as the first call did. Its value is ``meta.services.retry_answers``' to
 # make and read; only calls that have such a part carry it, other records stay as they were
 RPC_KEPT = "rpc_kept"
 _RPC_KEYS = (RPC_CALL, RPC_KEPT)
