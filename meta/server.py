@@ -143,7 +143,7 @@ INVALIDATE_RESEND_HEARTBEATS = 10
 # calls a restart's look back notes in the retry cache at once (``note_all``): a handful of
 # dict inserts, well under a time slice
 LOOK_BACK_BATCH = 256
-# ``LAZY_OPS`` (``meta.ops``, the ops with ``lazy``): journal ops that only change the
+# ``LAZY_OPS`` (``meta.journal.ops``, the ops with ``lazy``): journal ops that only change the
 # namespace: a client without ``sync_metadata`` is answered once they are written, before
 # their fsync (they hand out no block id or generation stamp, and block deletions they cause
 # wait for the fsync: ``DatanodeManager.take_invalidate``); FSYNC and INLINE only for a
@@ -471,7 +471,7 @@ class MetaServer(Dispatcher):
     # ================================================================== apply (journal)
     def _apply(self, records) -> None:
         """The journal's apply: one LevelDB write, then the in-memory structures (each op's
-        ``apply`` and ``apply_memory``, ``meta.ops``)."""
+        ``apply`` and ``apply_memory``, ``meta.journal.ops``)."""
         ops = [decode(record) for record in records]
         effects = self.ns.apply(records, ops)
         self._note_calls(ops)
@@ -503,7 +503,7 @@ class MetaServer(Dispatcher):
         (``meta.services.retry_answers``)."""
         return await retry_answers.answer(self, ctx, method, args, rerun, kept)
 
-    # the state ops update after their store write (``meta.ops.MemoryState``)
+    # the state ops update after their store write (``meta.journal.ops.MemoryState``)
     def commit_in_memory(self, block_id: int, num_bytes: int) -> None:
         info = self.blocks.get(block_id)
         if info is None:

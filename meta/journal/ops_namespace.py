@@ -2,8 +2,8 @@
 RENAMES, SET_PERMISSIONS, SET_OWNER, TIMES, CONCAT, SET_QUOTA.
 
 Why it exists: the tree-shaping ops (entries, inodes, quota folders) with their wire form,
-store apply, memory apply and replay check in one place each (see ``meta.ops``; the
-planners that build them are ``meta.namespace_plan`` and its siblings). Reach them through
+store apply, memory apply and replay check in one place each (see ``meta.journal.ops``; the
+planners that build them are ``meta.namespace.plan`` and its siblings). Reach them through
 ``meta.journal.ops.OPS`` / ``decode``.
 
 Concurrency contract: immutable values; ``apply``/``apply_memory`` run on the trio thread

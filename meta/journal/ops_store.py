@@ -4,7 +4,7 @@ helpers the ops' ``apply`` (``meta.ops_*``) change it with.
 Why it exists: every op applies through the same few steps (link an inode and charge the
 quota folders above it, unlink or detach a subtree, write a block key and keep the inode's
 length in step, ...); they are here once, apart from the per-op code, and ``Txn`` is also
-the replay checker's view (``meta.invariants``), which re-checks records against the same
+the replay checker's view (``meta.namespace.invariants``), which re-checks records against the same
 batch view.
 
 Concurrency contract: trio thread only, no awaits; deterministic from the records and the

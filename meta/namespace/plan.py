@@ -4,7 +4,7 @@ decides everything (new inode/block ids, generation stamps, times) and returns t
 journal record ``(op, args)`` — or None when there is nothing to do. Also the writer
 (lease holder) checks that classify a client's block reports.
 
-Why it exists: deciding is apart from applying (``meta.ops``), so replay needs only
+Why it exists: deciding is apart from applying (``meta.journal.ops``), so replay needs only
 the records, and apart from the RPC shell, so the conformance suite drives it directly.
 ``NamespacePlanner`` is a mixin of ``meta.namespace.Namespace``; it reads through
 ``NamespaceView`` and asks ``ReclaimPlanner.needs_detach`` whether a removed subtree must
