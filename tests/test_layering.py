@@ -1,10 +1,10 @@
 """The shape of the code: no import circles between modules, none between packages (the
-folders draw the design bottom-up: inside ``meta``, ``schema`` -> ``blocks``, ``leases`` ->
-``journal`` -> ``namespace`` -> ``services``, ``ha`` -> ``protocols``, ``web`` -> ``meta``'s
-own server modules), and the layers of docs/DESIGN.md ("Layers"): ``fs`` (client and wire
-vocabulary) is the ground floor, the metadata server (``meta``) and the block server
-(``storage``) stand on it and never import each other; only the command line's launcher
-(``tools/cluster/``) imports them.
+folders draw the design; inside ``meta``, from the ground up: ``schema``; ``blocks`` and
+``leases``; ``journal``; ``namespace``; ``services`` and ``ha``; ``protocols`` and ``web``;
+``meta``'s own server modules on top), and the layers of docs/DESIGN.md ("Layers"): ``fs``
+(client and wire vocabulary) is the ground floor, the metadata server (``meta``) and the
+block server (``storage``) stand on it and never import each other; only the command line's
+launcher (``tools/cluster/``) imports them.
 
 The graph is read from the source (``ast``), not from what an import happens to load: every
 ``import``/``from ... import`` statement of a module counts, at the top of the file or inside
