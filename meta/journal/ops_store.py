@@ -1,5 +1,5 @@
 """The store side of journal ops: ``Txn``, a batch's view of the namespace store, and the
-helpers the ops' ``apply`` (``meta.ops_*``) change it with.
+helpers the ops' ``apply`` (``meta.journal.ops_*``) change it with.
 
 Why it exists: every op applies through the same few steps (link an inode and charge the
 quota folders above it, unlink or detach a subtree, write a block key and keep the inode's
