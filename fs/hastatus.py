@@ -5,7 +5,7 @@ register replies, ``report``, ``ha_status``, the web pages and ``haadmin`` carry
 Why on the ground floor: block servers obey commands only from a server whose status says
 active with the newest epoch, clients and tools print it, and the metadata server sends it;
 so it is wire vocabulary, not the metadata server's own. How a role changes (the events and
-the one transition table) is the metadata server's: ``meta/harole.py``.
+the one transition table) is the metadata server's: ``meta/ha/transitions.py``.
 
 Concurrency contract: pure and immutable (no I/O, no shared mutable state).
 """

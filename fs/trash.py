@@ -4,7 +4,7 @@ A removed path moves to ``/user/<name>/.Trash/Current/<its original path>``, whe
 moved back; a name taken there gets the time in milliseconds appended (as HDFS does). At each
 checkpoint interval ``Current`` is renamed to a checkpoint named after the time
 (``yyMMddHHmmss``, UTC), and checkpoints older than ``trash_interval`` are deleted: by the
-metadata server's emptier (``meta/monitors.py``, every ``trash_checkpoint_interval``) and by
+metadata server's emptier (``meta/services/monitors.py``, every ``trash_checkpoint_interval``) and by
 ``leasefs expunge``. Paths already in a trash are deleted at once, and a path that contains
 its user's trash is refused (it cannot move into itself). The client API's ``delete`` stays
 a delete, and so do deletes through the FUSE mount, as HDFS's shell is the only one to use

@@ -13,11 +13,11 @@ and the clocks, each constructed with exactly what it needs:
 * ``edits`` (``journal/edits.py``: journaling a plan, durable or lazy), ``access``
   (``namespace/access.py``: who the caller is, permission checks), ``locking``
   (``namespace/locks.py``: the global lock, path locks, safe-mode check of a mutation),
-  ``locator`` (``blocks/locate.py``: located blocks, replica order, tokens), ``role_view``
-  (``ha/role.py``: the HA role), ``security`` (``security.py``: keys, block and delegation
-  tokens), ``recovery`` (``leases/release.py``: lease release and block recovery),
-  ``redundancy`` (``blocks/redundancy.py``: re-replication and its commands), ``monitors``
-  (``monitors.py``: the background loops, checkpoints, the reclaimer);
+  ``locator`` (``services/locate.py``: located blocks, replica order, tokens), ``role_view``
+  (``ha/role.py``: the HA role), ``security`` (``services/security.py``: keys, block and delegation
+  tokens), ``recovery`` (``services/lease_recovery.py``: lease release and block recovery),
+  ``redundancy`` (``services/redundancy.py``: re-replication and its commands), ``monitors``
+  (``services/monitors.py``: the background loops, checkpoints, the reclaimer);
 * the protocol front ends, thin translators from each RPC to those services' public calls
   (every method of docs/PROTOCOL.md §2, by role as HDFS separates them): ``client_protocol``,
   ``namespace_protocol``, ``admin_protocol``, ``datanode_protocol``, ``auth_protocol``,
@@ -59,7 +59,7 @@ Retry cache across failovers and restarts (HDFS): a record written for a retry-c
 call carries the call's key (``meta.journal``), and what the namespace will not hold of
 its answer when it has such a part; applying it, live, from the replicated log or at
 replay, notes both in the retry cache, and a retry of that call gets the answer
-``meta.retry_answers`` rebuilds from the current state instead of a second run.
+``meta.services.retry_answers`` rebuilds from the current state instead of a second run.
 
 Block reports (full ones in chunks of one ``report_id``, incremental ones) are applied by
 ``reports.py`` (``BlockReports``), with a checkpoint every ``REPORT_STEP`` entries; the
@@ -92,14 +92,14 @@ from fs.retry_cache import CallKey
 from fs.rpc import Dispatcher, RetryCache, current_user
 
 from .blocks import blocks as bm
-from .journal import retry_answers
+from .services import retry_answers
 from .blocks.blocks import BlockInfo, BlocksMap
-from .blocks.locate import Locator
+from .services.locate import Locator
 from .journal.edits import Edits
 from .namespace.access import Access
 from .metrics import MetaMetrics
 from .blocks.datanodes import DatanodeManager
-from .gcpolicy import GcGovernor
+from .services.gcpolicy import GcGovernor
 from .ha.bootstrap import ImageSource
 from .journal.journal import Journal
 from .journal.kv import KVStore
@@ -111,18 +111,18 @@ from .blocks.reports import REPORT_STEP, BlockReports
 from .namespace.permissions import PermissionChecker
 from .ha.role import RoleView
 from .blocks.safemode import SafeModeState
-from .startup import Phase, StartupProgress
-from .timeslice import TimeSlice
+from .services.startup import Phase, StartupProgress
+from .namespace.timeslice import TimeSlice
 from .protocols.admin import AdminProtocol
 from .protocols.client import ClientProtocol
 from .protocols.namespace import NamespaceProtocol
 from .protocols.datanode import DatanodeProtocol
 from .protocols.ha import HAProtocol
-from .blocks.redundancy import Redundancy
-from .leases.release import LeaseRecovery
-from .monitors import Monitors
+from .services.redundancy import Redundancy
+from .services.lease_recovery import LeaseRecovery
+from .services.monitors import Monitors
 from .protocols.user_auth import AuthProtocol
-from .security import Security
+from .services.security import Security
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ INVALIDATE_RESEND_HEARTBEATS = 10
 # calls a restart's look back notes in the retry cache at once (``note_all``): a handful of
 # dict inserts, well under a time slice
 LOOK_BACK_BATCH = 256
-# ``LAZY_OPS`` (``meta.ops``, the ops with ``lazy``): journal ops that only change the
+# ``LAZY_OPS`` (``meta.journal.ops``, the ops with ``lazy``): journal ops that only change the
 # namespace: a client without ``sync_metadata`` is answered once they are written, before
 # their fsync (they hand out no block id or generation stamp, and block deletions they cause
 # wait for the fsync: ``DatanodeManager.take_invalidate``); FSYNC and INLINE only for a
@@ -471,7 +471,7 @@ class MetaServer(Dispatcher):
     # ================================================================== apply (journal)
     def _apply(self, records) -> None:
         """The journal's apply: one LevelDB write, then the in-memory structures (each op's
-        ``apply`` and ``apply_memory``, ``meta.ops``)."""
+        ``apply`` and ``apply_memory``, ``meta.journal.ops``)."""
         ops = [decode(record) for record in records]
         effects = self.ns.apply(records, ops)
         self._note_calls(ops)
@@ -500,10 +500,10 @@ class MetaServer(Dispatcher):
 
     async def retry_answer(self, ctx, method, args, rerun, kept=None):
         """The answer of a call applied before a failover or restart
-        (``meta.retry_answers``)."""
+        (``meta.services.retry_answers``)."""
         return await retry_answers.answer(self, ctx, method, args, rerun, kept)
 
-    # the state ops update after their store write (``meta.ops.MemoryState``)
+    # the state ops update after their store write (``meta.journal.ops.MemoryState``)
     def commit_in_memory(self, block_id: int, num_bytes: int) -> None:
         info = self.blocks.get(block_id)
         if info is None:

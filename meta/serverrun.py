@@ -34,7 +34,7 @@ from . import start_space
 from .ha.bootstrap import BehindLog, Gap
 from .ha.bootstrap import recover as bootstrap_recover
 from .server import MetaServer
-from .startup import Phase
+from .services.startup import Phase
 
 log = logging.getLogger(__name__)
 

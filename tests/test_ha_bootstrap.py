@@ -13,7 +13,7 @@ import trio
 from fs.errors import InvalidArgument, TryAgain
 from fs.rpc import RpcClient
 from hakit import HACluster, call
-from meta.journal import keys
+from meta.schema import keys
 from meta.ha.bootstrap import STAGING, Gap, ImageSource, behind, install, sources
 from meta.journal.journal import Journal
 from meta.journal.files import inprogress_name

@@ -28,8 +28,8 @@ from fs.rpc import RpcClient
 from meta.journal.journal import Journal
 from meta.journal.files import Record
 from meta.journal.ops import RPC_CALL, RPC_KEPT, decode
-from meta.journal import retry_answers
-from meta.journal.retry_answers import ANSWERS
+from meta.services import retry_answers
+from meta.services.retry_answers import ANSWERS
 from meta.server import MetaServer
 
 from test_meta_server import KiB, FakeNode, meta_server

@@ -19,7 +19,7 @@ from test_oneshot import count_oneshots
 from fs.errors import LeaseExpired, LeaseFSError, PipelineError
 from fs.datatransfer import chunk_checksums
 from fs.pipeline import write_oneshot
-from meta.journal import keys
+from meta.schema import keys
 from meta.namespace.invariants import check_namespace
 from meta.journal.kv import PlyvelStore
 

@@ -16,7 +16,7 @@ import trio
 from fs import errors
 from fs.client import AsyncClient
 from harness import ProcessCluster, leasefs, make_test_config, poll_until, store_problems
-from meta.journal import keys
+from meta.schema import keys
 from meta.journal.files import RECORD_HEADER
 from meta.journal.kv import PlyvelStore
 from tools.formatting import human_size

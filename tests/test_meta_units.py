@@ -10,7 +10,7 @@ import trio.testing
 
 from fs import errors
 from meta.blocks import blocks as bm
-from meta.journal import keys
+from meta.schema import keys
 from meta.blocks.blocks import BlockInfo, BlocksMap, classify_replica, next_state
 from meta.blocks.datanodes import DatanodeManager
 from meta.namespace.invariants import check_namespace
@@ -20,7 +20,7 @@ from meta.namespace.locks import (LOCK_ANCESTOR, LOCK_PARENT, LOCK_READ, LOCK_WR
                         lock_set, merge)
 from meta.journal.ops import to_wire
 from meta.blocks.reports import BlockReports, parse_entries
-from meta.blocks.redundancy import Redundancy
+from meta.services.redundancy import Redundancy
 from meta.blocks.safemode import SafeModeState
 
 
@@ -770,7 +770,7 @@ async def test_gc_governor_freezes_survivors_and_collects_frozen_cycles_at_its_i
     import gc
     import weakref
 
-    from meta.gcpolicy import GcGovernor
+    from meta.services.gcpolicy import GcGovernor
 
     governor = GcGovernor(0.5)
     async with trio.open_nursery() as nursery:

@@ -571,7 +571,7 @@ async def _delete_big_tree(h, state):
 
 
 def _without_txid(snapshot: dict) -> dict:
-    from meta.journal import keys
+    from meta.schema import keys
     return {k: v for k, v in snapshot.items() if k != keys.meta_key(keys.APPLIED_TXID)}
 
 
@@ -585,7 +585,7 @@ async def test_big_delete_detaches_at_once_and_is_reclaimed_in_bounded_records(k
     await run_ns(kind, tmp_path / "big", lambda h: _delete_big_tree(h, big), delete_chunk=CHUNK)
     assert not small["detached"] and small["plans"] == []
     assert big["detached"] and "removed_blocks" not in big["delete_effect"]
-    from meta.journal import keys
+    from meta.schema import keys
     assert [k for k in big["after_delete"] if k[:1] == keys.ORPHAN] == [
         keys.orphan_key(big["delete_effect"]["orphan"])]
     assert len(big["plans"]) == 7   # 49 inodes + blocks, 7 per record

@@ -6,7 +6,7 @@ removes or moves a directory entry, so a replay of the journal rebuilds the same
 
 from __future__ import annotations
 
-from meta.journal import keys
+from meta.schema import keys
 from meta.namespace.invariants import check_namespace
 from meta.journal.files import Record
 from meta.journal.kv import PlyvelStore

@@ -80,7 +80,7 @@ async def _delete_and_reclaim(folder, layout: str) -> dict:
                 assert root["type"] == "dir"
                 lateness.append(trio.current_time() - due)
 
-        # collector pauses are the gc policy's business (meta/gcpolicy.py), not the reclaimer's
+        # collector pauses are the gc policy's business (meta/services/gcpolicy.py), not the reclaimer's
         gc.disable()
         trio.lowlevel.add_instrument(steps)
         steps.on = True

@@ -1,6 +1,6 @@
 """A summary of one huge folder (content summary: ``count``, ``du -s``; ``fsck``) on a real
 metadata server process does not hold the other clients: the subtree walk reads a folder's
-entries a page at a time and yields by the clock (``meta.timeslice``).
+entries a page at a time and yields by the clock (``meta.namespace.timeslice``).
 
 The folder is built fast in process (the namespace and journal directly, as
 ``test_reclaim_cost`` does), then a real ``leasefs meta`` process serves it: one client asks

@@ -56,8 +56,6 @@ from dataclasses import dataclass, field
 
 from fs.errors import InternalError, InvalidArgument, NoSpace
 
-from ..leases.leases import is_stale
-
 log = logging.getLogger(__name__)
 
 
@@ -449,3 +447,8 @@ class DatanodeManager:
         for node in chosen:
             node.scheduled_bytes += block_size
         return chosen
+
+
+def is_stale(last_heartbeat: float, now: float, stale_after: float) -> bool:
+    """A block server silent for longer than ``stale_after`` (HDFS stale datanode)."""
+    return now - last_heartbeat > stale_after

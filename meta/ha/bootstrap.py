@@ -66,7 +66,7 @@ from fs.errors import InvalidArgument, LeaseFSError, TryAgain, sole_exception
 from fs.rpc import format_address, parse_address_list
 from fs.rpcclient import RpcClient
 
-from ..journal import keys
+from ..schema import keys
 from ..journal.files import fsync_dir, inprogress_name
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ metadata server of a namespace runs this controller over the replicated edit log
 epoch; the STANDBYs and OBSERVERs follow the log and apply every entry through the same
 journal apply as the active (``Journal.ingest`` → ``MetaServer._apply`` → ``meta.journal.ops``), so
 their namespace, blocks map and leases are the active's. Roles and their moves are the
-table in ``meta/harole.py``; this module does the I/O.
+table in ``meta/ha/transitions.py``; this module does the I/O.
 
 Algorithm
 ---------
@@ -86,7 +86,7 @@ from fs.backoff import Backoff
 from fs.errors import StandbyError
 from fs.hastatus import HAStatus, Role
 
-from ..harole import RoleEvent, next_role
+from .transitions import RoleEvent, next_role
 from .bootstrap import BehindLog, behind
 from .log import (MAX_PAYLOAD, DuplicateTxid, Fenced, HALog, Term, Unavailable)
 from ..journal.files import RECORD_HEADER, decode_batch

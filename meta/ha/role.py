@@ -1,6 +1,6 @@
 """This server's HA role as the other services see it: whether it is active, its status for
 replies and reports. The role itself is decided by the controller (``meta.ha.controller``,
-with ha = etcd) through the table in ``meta.harole``; without HA there is no controller and
+with ha = etcd) through the table in ``meta.ha.transitions``; without HA there is no controller and
 the server is active from start to stop.
 
 Why it exists: the block-server front end, the monitors, the admin report and the dispatch

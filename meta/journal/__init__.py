@@ -1,4 +1,4 @@
-"""Durability: the edit journal (segments, start plan), the typed journal ops and their store
-view, checkpoints, the KV store and its key schema, and the answers rebuilt for retried
-calls.
+"""Durability: the edit journal (segments, start plan), journaling a plan, the typed journal
+ops and their store view, a file's quota charge, checkpoints and the KV store (its key
+schema is ``meta.schema``).
 """

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import keys
+from ..schema import keys
 
 NANOS = 1_000_000_000
 

@@ -406,7 +406,7 @@ class Journal:
         pairs) to the same batch, in order, and wait until all are
         durable (``durable=False``: written) and applied; their txids. A record that cannot be
         encoded refuses them all before any is queued. ``kept`` (not None): what a retry of
-        the retry-cached call running needs of its answer (``meta.journal.retry_answers``), written
+        the retry-cached call running needs of its answer (``meta.services.retry_answers``), written
         next to the call's key; outside such a call nobody can retry, and it is dropped."""
         if self._failure is not None:
             await self._stopped()

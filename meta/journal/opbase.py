@@ -3,7 +3,7 @@
 Why it exists: an op's meaning used to be spread over three string switches (the store
 appliers, the server's memory updates, the replay checker); standby and observer metadata
 servers replaying the edit log must run exactly the code the active runs, so each op is now
-one frozen dataclass (``meta.ops_namespace``, ``meta.ops_blocks``, ``meta.ops_tokens``)
+one frozen dataclass (``meta.journal.ops_namespace``, ``ops_blocks``, ``ops_tokens``)
 with, in one place:
 
 * its typed fields and wire form: planners build the op (its constructor refuses a missing
@@ -11,12 +11,12 @@ with, in one place:
   ``to_args()`` give the record's dict (fields in declaration order, optional keys left out
   when ABSENT), byte for byte what the planners journaled as plain dicts before, so
   journals and checkpoints on disk replay unchanged; ``from_args(dict)`` reads it back;
-* ``apply(txn, counters) -> effect``: its store changes (``meta.ops_store``; used by
+* ``apply(txn, counters) -> effect``: its store changes (``meta.journal.ops_store``; used by
   ``Namespace.apply``, live and at replay);
 * ``apply_memory(state, effect, now)``: the in-memory structures of the server
   (``MemoryState``: the blocks map, leases, tokens) after the store write;
 * ``check(view)``: the planner's preconditions re-checked at serial replay
-  (``meta.invariants.check_record``);
+  (``meta.namespace.invariants.check_record``);
 * ``rpc_call()``: the retry-cached call the record was written for (``RPC_CALL``), which
   every server applying it notes in its retry cache, with ``rpc_kept()`` (``RPC_KEPT``):
   what the record kept of that call's answer for a retry.
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 RPC_CALL = "rpc"
 # the key the journal adds next to it (travelling in ``extra`` the same way) when the call's
 # answer holds something the namespace will not (the status of an inode it removed): what
-# a retry needs to answer as the first call did. Its value is ``meta.retry_answers``' to
+# a retry needs to answer as the first call did. Its value is ``meta.services.retry_answers``' to
 # make and read; only calls that have such a part carry it, other records stay as they were
 RPC_KEPT = "rpc_kept"
 _RPC_KEYS = (RPC_CALL, RPC_KEPT)

@@ -3,7 +3,7 @@ INLINE, SET_REPLICATION, REASSIGN_LEASE, COMMIT_BLOCK_SYNC, TRUNCATE, APPEND, SE
 
 Why it exists: the ops of the write path, lease recovery and block recovery, each with its
 wire form, store apply, memory apply (blocks map, leases) and replay check in one place
-(see ``meta.ops``). Every op here but SET_GENSTAMP and REASSIGN_LEASE changes the space of
+(see ``meta.journal.ops``). Every op here but SET_GENSTAMP and REASSIGN_LEASE changes the space of
 its file ``ino`` (``charges_file_space``: ``Namespace.apply`` charges the difference to
 the quota folders above it). Reach them through ``meta.journal.ops.OPS`` / ``decode``.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 
 from ..blocks import blocks as bm
-from . import keys
+from ..schema import keys
 from . import ops_store as st
 from ..blocks.blocks import COMMITTED, COMPLETE, UNDER_CONSTRUCTION, BlockInfo
 from .opbase import ABSENT, Op, given, register

@@ -2,8 +2,8 @@
 RENAMES, SET_PERMISSIONS, SET_OWNER, TIMES, CONCAT, SET_QUOTA.
 
 Why it exists: the tree-shaping ops (entries, inodes, quota folders) with their wire form,
-store apply, memory apply and replay check in one place each (see ``meta.ops``; the
-planners that build them are ``meta.namespace_plan`` and its siblings). Reach them through
+store apply, memory apply and replay check in one place each (see ``meta.journal.ops``; the
+planners that build them are ``meta.namespace.plan`` and its siblings). Reach them through
 ``meta.journal.ops.OPS`` / ``decode``.
 
 Concurrency contract: immutable values; ``apply``/``apply_memory`` run on the trio thread
@@ -16,10 +16,10 @@ import logging
 
 from fs.errors import InternalError
 
-from . import keys
+from ..schema import keys
 from . import ops_store as st
 from ..namespace.args import DIR, FILE, SYMLINK
-from ..namespace.charge import file_charge
+from .charge import file_charge
 from .opbase import ABSENT, Op, given, register
 
 log = logging.getLogger(__name__)

@@ -1,10 +1,10 @@
 """The store side of journal ops: ``Txn``, a batch's view of the namespace store, and the
-helpers the ops' ``apply`` (``meta.ops_*``) change it with.
+helpers the ops' ``apply`` (``meta.journal.ops_*``) change it with.
 
 Why it exists: every op applies through the same few steps (link an inode and charge the
 quota folders above it, unlink or detach a subtree, write a block key and keep the inode's
 length in step, ...); they are here once, apart from the per-op code, and ``Txn`` is also
-the replay checker's view (``meta.invariants``), which re-checks records against the same
+the replay checker's view (``meta.namespace.invariants``), which re-checks records against the same
 batch view.
 
 Concurrency contract: trio thread only, no awaits; deterministic from the records and the
@@ -18,12 +18,15 @@ import bisect
 import itertools
 import logging
 
-from . import keys
+from ..schema import keys
 from ..namespace.args import DIR, FILE
-from ..namespace.charge import file_charge
-from ..namespace.view import ABSENT
+from .charge import file_charge
 
 log = logging.getLogger(__name__)
+
+#: a "no such directory entry" in the namespace cache (``DecodedCache``), which ``Txn.get``
+#: reads through (never a stored value: entries hold inode numbers)
+ABSENT = object()
 
 
 class Txn:

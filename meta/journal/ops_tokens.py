@@ -2,7 +2,7 @@
 CANCEL_DELEGATION_TOKEN.
 
 Why it exists: the namespace keeps what each live token may still do, so renewals and
-cancellations survive restarts as HDFS's edit log keeps them (``meta.security`` plans
+cancellations survive restarts as HDFS's edit log keeps them (``meta.services.security`` plans
 them; the server's token table follows the effects). Reach them through ``meta.journal.ops.OPS``
 / ``decode``.
 
@@ -12,7 +12,7 @@ inside one batch's apply, no awaits.
 
 from __future__ import annotations
 
-from . import keys
+from ..schema import keys
 from .opbase import Op, register
 
 

@@ -1,3 +1,3 @@
-"""Leases: the single-writer lease manager and the release/recovery of an expired lease's
-files.
+"""Leases: the single-writer lease manager and its pure release/recovery decisions (the
+recovery that acts on them is ``meta.services.lease_recovery``).
 """

@@ -37,6 +37,7 @@ from sortedcontainers import SortedKeyList
 from fs.errors import AlreadyBeingCreated, FileNotFound, LeaseExpired, RecoveryInProgress
 
 from ..blocks.blocks import BlockState
+from ..blocks.datanodes import is_stale
 
 #: the holder the server uses when it takes over a lease itself (hard-limit recovery)
 INTERNAL_HOLDER = "leasefs-meta"
@@ -258,11 +259,6 @@ def release_decision(blocks: list[tuple[str, int, int]], min_replication: int) -
     if state == BlockState.UNDER_CONSTRUCTION and num_bytes == 0 and replicas == 0:
         return DROP_LAST_AND_CLOSE
     return RECOVER
-
-
-def is_stale(last_heartbeat: float, now: float, stale_after: float) -> bool:
-    """A block server silent for longer than ``stale_after`` (HDFS stale datanode)."""
-    return now - last_heartbeat > stale_after
 
 
 def choose_primary(candidates: list[tuple[str, float]], attempt: int, *,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from .args import DIR, check_name
 from .permissions import WRITE, Caller, PermissionChecker, clears_only_setid
 from .view import NamespaceView
-from ..timeslice import TimeSlice
+from .timeslice import TimeSlice
 
 
 class Access:

@@ -12,7 +12,7 @@ leaves a gap.
 
 from __future__ import annotations
 
-from ..journal import keys
+from ..schema import keys
 
 
 class Allocators:

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from fs.errors import InternalError
 
-from ..journal import keys
+from ..schema import keys
 from .allocators import Allocators
-from .charge import file_charge
+from ..journal.charge import file_charge
 from .reclaim import ReclaimPlanner
 from .view import DecodedCache, NamespaceView
 from ..journal.ops import decode

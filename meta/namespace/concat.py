@@ -21,7 +21,7 @@ from fs import paths
 from fs.errors import InvalidArgument
 
 from .args import FILE
-from .charge import file_charge
+from ..journal.charge import file_charge
 from .quota import QuotaPlanner
 from .view import NamespaceView
 from ..journal.ops_namespace import Concat

@@ -35,9 +35,9 @@ folder, or a test's own store).
 
 from __future__ import annotations
 
-from ..journal import keys
+from ..schema import keys
 from ..blocks.blocks import BlockState
-from .charge import file_charge
+from ..journal.charge import file_charge
 from ..journal.ops import OPS, MalformedRecord
 from ..journal.ops_store import Txn, inside   # the batch view apply uses: reads see earlier writes
 

@@ -70,7 +70,7 @@ abandoned plan only leaves a gap.
 
 from __future__ import annotations
 
-from ..journal import keys
+from ..schema import keys
 from .allocators import Allocators
 from .apply import RecordApplier, Txn, inside
 from .args import (DIR, FILE, MAX_LIST_LIMIT, MAX_OWNER_LEN, MAX_RENAMES,

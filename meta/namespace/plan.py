@@ -22,13 +22,13 @@ from fs import paths
 from fs.errors import (FileExists, FileNotFound, InternalError, InvalidArgument, IsDirectory,
                        DirectoryNotEmpty, NotDirectory, StaleGenerationStamp)
 
-from ..journal import keys
+from ..schema import keys
 from ..blocks.blocks import COMMITTED, UNDER_CONSTRUCTION
 from ..leases.leases import LeaseManager
 from .allocators import Allocators
 from .args import (DIR, FILE, MAX_TARGET_BYTES, Defaults, check_block_ref, check_bool,
                              check_int, check_mode, check_name, is_int)
-from .charge import file_charge
+from ..journal.charge import file_charge
 from .quota import QuotaPlanner
 from .reclaim import ReclaimPlanner
 from .view import NamespaceView

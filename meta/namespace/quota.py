@@ -33,10 +33,10 @@ from __future__ import annotations
 from fs import paths
 from fs.errors import DSQuotaExceeded, InvalidArgument, NSQuotaExceeded
 
-from ..journal import keys
+from ..schema import keys
 from ..journal.ops_namespace import SetQuota
 from .args import DIR, FILE, is_int
-from .charge import file_charge
+from ..journal.charge import file_charge
 from .view import NamespaceView
 
 NO_QUOTA = -1

@@ -41,7 +41,7 @@ from collections.abc import Iterator
 
 from sortedcontainers import SortedSet
 
-from ..journal import keys
+from ..schema import keys
 from .args import DIR, FILE, Defaults
 from .view import NamespaceView
 from ..journal.ops_namespace import Reclaim

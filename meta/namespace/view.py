@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from fs import paths
 from fs.errors import FileNotFound, InternalError, InvalidArgument, NotDirectory
 
-from ..journal import keys
+from ..journal.ops_store import ABSENT
+from ..schema import keys
 from .args import DIR, FILE, MAX_LIST_LIMIT, SYMLINK, check_int
 
 log = logging.getLogger(__name__)
@@ -114,8 +115,6 @@ class DecodedCache:
 
 
 CACHED_KINDS = (keys.INODE, keys.DENTRY)
-#: a cached "no such directory entry" (never a stored value: entries hold inode numbers)
-ABSENT = object()
 
 
 class NamespaceView:

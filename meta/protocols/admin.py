@@ -39,28 +39,28 @@ from ..blocks.blocks import BlockInfo
 from ..blocks import datanodes as dm
 from ..namespace.locks import LOCK_WRITE, lock_set
 from ..namespace.namespace import DIR, SYMLINK, ContentSummary, check_bool, check_int
-from ..namespace.charge import file_charge
+from ..journal.charge import file_charge
 from ..namespace.quota import NO_QUOTA
 from ..namespace.permissions import READ_EXECUTE
-from ..timeslice import TimeSlice
+from ..namespace.timeslice import TimeSlice
 
 if TYPE_CHECKING:
     from ..blocks.blocks import BlocksMap
     from ..blocks.datanodes import DatanodeManager
-    from ..blocks.locate import Locator
-    from ..blocks.redundancy import Redundancy
+    from ..services.locate import Locator
+    from ..services.redundancy import Redundancy
     from ..blocks.safemode import SafeModeState
-    from ..gcpolicy import GcGovernor
+    from ..services.gcpolicy import GcGovernor
     from ..ha.role import RoleView
     from ..journal.edits import Edits
     from ..journal.journal import Journal
     from ..leases.leases import LeaseManager
-    from ..monitors import Monitors
+    from ..services.monitors import Monitors
     from ..namespace.access import Access
     from ..namespace.locks import NamespaceLocking
     from ..namespace.namespace import Namespace
     from ..namespace.permissions import PermissionChecker
-    from ..startup import StartupProgress
+    from ..services.startup import StartupProgress
 
 log = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ from fs.errors import (InvalidArgument, IsDirectory, LeaseFSError, NotReplicated
                        RecoveryInProgress, StaleGenerationStamp)
 
 from ..blocks import blocks as bm
-from ..blocks.locate import caller_host
+from ..services.locate import caller_host
 from ..namespace.args import check_ino
 from ..blocks.blocks import BlockInfo
 from ..namespace.locks import LOCK_WRITE, lock_set
@@ -63,17 +63,17 @@ if TYPE_CHECKING:
 
     from ..blocks.blocks import BlocksMap
     from ..blocks.datanodes import DatanodeManager
-    from ..blocks.locate import Locator
+    from ..services.locate import Locator
     from ..blocks.reports import BlockReports
     from ..journal.edits import Edits
     from ..journal.journal import Journal
     from ..leases.leases import LeaseManager
-    from ..leases.release import LeaseRecovery
+    from ..services.lease_recovery import LeaseRecovery
     from ..namespace.access import Access
     from ..namespace.locks import NamespaceLocking
     from ..namespace.namespace import Namespace
     from ..namespace.permissions import PermissionChecker
-    from ..security import Security
+    from ..services.security import Security
 
 #: seconds ``complete`` waits for the report of the last block's first replica before it
 #: answers False (the client then retries with backoff)

@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING
 from fs import paths
 from fs.errors import FileNotFound, InvalidArgument, IsDirectory, NotDirectory, PermissionDenied
 
-from ..blocks.locate import caller_host
+from ..services.locate import caller_host
 from ..namespace.args import check_ino
 from ..namespace.locks import LOCK_PARENT, LOCK_WRITE, lock_set, merge
 from ..namespace.namespace import DIR, FILE, check_bool, check_name
 from ..namespace.permissions import ALL, READ, READ_EXECUTE, WRITE
-from ..journal.retry_answers import keep_removed
+from ..services.retry_answers import keep_removed
 
 if TYPE_CHECKING:
-    from ..blocks.locate import Locator
+    from ..services.locate import Locator
     from ..journal.edits import Edits
     from ..namespace.access import Access
     from ..namespace.locks import NamespaceLocking

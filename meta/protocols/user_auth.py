@@ -34,7 +34,7 @@ The superuser is the user running the metadata server (or ``superuser``) and the
 ``AuthProtocol`` is the front end of all this: the ``Dispatcher`` session hooks
 (``open_session``, ``act_as``, ``authenticated``, ``admits_unauthenticated``, which
 ``MetaServer`` delegates to it) and the token calls as ``rpc_<method>``. It is constructed
-with the security service (``meta/security.py``: the keys, the proxy rules and the tokens,
+with the security service (``meta/services/security.py``: the keys, the proxy rules and the tokens,
 which it asks and never holds), the superuser (its stated groups are taken as given; an
 in-process call acts as it) and ``storage_vouches_users``. Concurrency contract: the
 metadata server's one trio thread; it keeps no state of its own (a connection's identity

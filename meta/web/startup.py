@@ -1,5 +1,5 @@
 """The metadata server's web pages while it starts: an ASGI layer in front of the app of
-``meta/web/app.py`` that answers every request with the start-up progress (``meta/startup.py``)
+``meta/web/app.py`` that answers every request with the start-up progress (``meta/services/startup.py``)
 until the server runs, and ``/api/v1/startup`` always.
 
 Why it exists: the pages come up before the journal replay (which can take minutes on a big

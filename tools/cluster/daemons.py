@@ -150,7 +150,7 @@ def store_applied_txid(data_dir: str) -> tuple[int | None, str]:
     would refuse for want of room (the store is opened as a start opens it)."""
     import plyvel
 
-    from meta.journal import keys
+    from meta.schema import keys
     from meta.start_space import open_store
 
     db = os.path.join(data_dir, "db")

@@ -32,8 +32,8 @@ from fs import trash
 from fs.errors import FileNotFound, LeaseFSError, NotDirectory
 from fs.rpc import CallContext
 
-from .journal import checkpoint as checkpoints
-from .journal.checkpoint import CheckpointInfo
+from ..journal import checkpoint as checkpoints
+from ..journal.checkpoint import CheckpointInfo
 
 log = logging.getLogger(__name__)
 

@@ -29,12 +29,12 @@ import trio
 
 from fs.errors import LeaseFSError
 
-from . import blocks as bm
-from .blocks import BlockInfo, BlocksMap
-from . import datanodes as dm
-from . import replication as rq
-from .reports import REPORT_STEP
-from .safemode import SafeModeState
+from ..blocks import blocks as bm
+from ..blocks.blocks import BlockInfo, BlocksMap
+from ..blocks import datanodes as dm
+from ..blocks import replication as rq
+from ..blocks.reports import REPORT_STEP
+from ..blocks.safemode import SafeModeState
 
 log = logging.getLogger(__name__)
 

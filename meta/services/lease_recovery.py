@@ -36,10 +36,10 @@ from fs.errors import AlreadyBeingCreated, InternalError, LeaseFSError
 from ..blocks import blocks as bm
 from ..blocks.blocks import BlocksMap
 from ..blocks.datanodes import DatanodeManager
-from ..blocks.locate import Locator
+from .locate import Locator
 from ..journal.edits import Edits
-from . import leases as lm
-from .leases import INTERNAL_HOLDER, LeaseManager
+from ..leases import leases as lm
+from ..leases.leases import INTERNAL_HOLDER, LeaseManager
 from ..namespace.locks import LOCK_WRITE, NamespaceLocking, lock_set
 from ..namespace.namespace import Namespace
 

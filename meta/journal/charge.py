@@ -10,8 +10,8 @@ Concurrency contract: a pure function of what ``get`` reads.
 from __future__ import annotations
 
 from ..blocks.blocks import COMPLETE
-from ..journal import keys
-from .args import FILE
+from ..schema import keys
+from ..namespace.args import FILE
 
 
 def file_charge(get, ino: int, inode: dict | None) -> int:

@@ -19,9 +19,9 @@ from fs.blocktoken import READ as READ_TOKEN
 from fs.rpc import LOCAL_PEER_PREFIX
 
 from ..namespace.view import NamespaceView
-from . import blocks as bm
-from .blocks import BlockInfo, BlocksMap
-from .datanodes import DatanodeManager
+from ..blocks import blocks as bm
+from ..blocks.blocks import BlockInfo, BlocksMap
+from ..blocks.datanodes import DatanodeManager
 
 #: the host of a caller on the local socket: this machine, as block servers on it name it
 LOOPBACK_HOST = "127.0.0.1"

@@ -37,9 +37,9 @@ from fs.blocktoken import KeyRing
 from fs.delegation import TokenId, TokenState
 from fs.errors import AuthenticationFailed, InvalidArgument, PermissionDenied
 
-from .journal import keys
-from .namespace.namespace import check_name
-from .journal.ops_tokens import CancelDelegationToken, DelegationToken, RenewDelegationToken
+from ..schema import keys
+from ..namespace.namespace import check_name
+from ..journal.ops_tokens import CancelDelegationToken, DelegationToken, RenewDelegationToken
 
 log = logging.getLogger(__name__)
 
