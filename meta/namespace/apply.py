@@ -22,7 +22,8 @@ from fs.errors import InternalError
 
 from ..journal import keys
 from .charge import file_charge
-from ..journal.ops import decode
+from ..journal.ops import NO_EFFECT, Effect, decode
+from ..journal.ops_namespace import Reclaim
 from ..journal.ops_store import Txn, charge_usage, inside
 
 __all__ = ["RecordApplier", "Txn", "inside"]
@@ -31,8 +32,9 @@ __all__ = ["RecordApplier", "Txn", "inside"]
 class RecordApplier:
     """``apply``: a batch of journal records to the store (a mixin of ``Namespace``)."""
 
-    def apply(self, records, ops=None) -> list[dict]:
-        """Apply a batch of journal records in one store write; returns effects per record.
+    def apply(self, records, ops=None) -> list[Effect]:
+        """Apply a batch of journal records in one store write; returns each record's
+        ``Effect`` (``NO_EFFECT`` for an op whose ``apply`` returned None).
         ``ops``: the records already decoded (``meta.journal.ops.decode``), when the caller has them."""
         if ops is None:
             ops = [decode(record) for record in records]
@@ -46,14 +48,13 @@ class RecordApplier:
             if op.charges_file_space and counters.get(keys.QUOTA_DIRS):
                 ino = op.ino
                 charged = file_charge(txn.get, ino, txn.get(keys.inode_key(ino)))
-            effect = op.apply(txn, counters) or {}
+            effect = op.apply(txn, counters)
             if charged is not None:
                 inode = txn.get(keys.inode_key(ino))
                 if inode is not None:
                     charge_usage(txn, counters, inode["parent"], 0,
                                  file_charge(txn.get, ino, inode) - charged)
-            effect["op"] = record.op
-            effects.append(effect)
+            effects.append(NO_EFFECT if effect is None else effect)
             counters[keys.APPLIED_TXID] = record.txid
         for name, value in counters.items():
             if self.counters.get(name) != value:
@@ -66,8 +67,8 @@ class RecordApplier:
         self.cache.committed(txn.puts, txn.dels)
         for key in txn.put_keys(keys.ORPHAN):
             self.note_orphan(keys.parse_orphan_key(key))
-        for effect in effects:
-            if effect["op"] == "RECLAIM":
-                self.note_reclaimed(effect)
+        for op in ops:
+            if isinstance(op, Reclaim):
+                self.note_reclaimed(op)
         self.adopt_counters(counters)
         return effects
