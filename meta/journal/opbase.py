@@ -46,8 +46,6 @@ from fs.retry_cache import CallKey
 if TYPE_CHECKING:
     from ..blocks.blocks import BlocksMap
     from ..leases.leases import LeaseManager
-    from ..leases.release import LeaseRecovery
-    from ..security import Security
 
 
 # the key the journal adds to the last record a retry-cached call logs:
@@ -99,14 +97,32 @@ class Effect:
 NO_EFFECT = Effect()   # what an ``apply`` returning None changed for memory: nothing
 
 
+class RecoveryState(Protocol):
+    """What the ops use of lease recovery (``meta.leases.release.LeaseRecovery``, which
+    imports the namespace and so cannot be named here without an import circle)."""
+
+    def forget_recovery(self, block_id: int) -> None: ...
+
+    def lease_ended(self, ino: int) -> None: ...
+
+
+class TokenTable(Protocol):
+    """What the token ops use of ``meta.security.Security`` (named by a protocol for the
+    same reason)."""
+
+    def token_stored(self, wire: dict) -> None: ...
+
+    def token_cancelled(self, seq: int) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryState:
     """What ``Op.apply_memory`` may use of the metadata server: its services, named."""
 
     blocks: BlocksMap
     leases: LeaseManager
-    recovery: LeaseRecovery   # block recoveries running, leases ending
-    security: Security        # the delegation token table
+    recovery: RecoveryState   # block recoveries running, leases ending
+    security: TokenTable      # the delegation token table
 
 
 class CheckView(Protocol):
