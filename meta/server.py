@@ -26,9 +26,9 @@ and the clocks, each constructed with exactly what it needs:
   inline, refuses what its HA role does not take (``dispatch``), and hands the session hooks
   to ``auth_protocol``.
 
-What stays here: startup and replay, the journal's apply and the ``MemoryState`` the ops
-update after their store write (each method one step, or a delegation to the service that
-owns the state), and the HA role's entry points (``activate``, ``became_active``).
+What stays here: startup and replay, the journal's apply (the ``MemoryState`` it hands the
+ops' ``apply_memory`` names the services they change: blocks map, leases, lease recovery,
+security), and the HA role's entry points (``activate``, ``became_active``).
 
 Mutation order (every mutating RPC): safe-mode check → global lock (read) → path locks →
 validate and decide in memory (``ns.planner.plan_*``; a ``LeaseFSError`` leaves everything
@@ -91,7 +91,6 @@ from fs.metrics import new_registry
 from fs.retry_cache import CallKey
 from fs.rpc import Dispatcher, RetryCache, current_user
 
-from .blocks import blocks as bm
 from .services import retry_answers
 from .blocks.blocks import BlockInfo, BlocksMap
 from .services.locate import Locator
@@ -106,7 +105,7 @@ from .journal.kv import KVStore
 from .leases.leases import STALE_HEARTBEATS, LeaseManager
 from .namespace.locks import NamespaceLocking
 from .namespace.namespace import Defaults, Namespace
-from .journal.ops import RPC_CALL, RPC_KEPT, decode
+from .journal.ops import RPC_CALL, RPC_KEPT, Effect, MemoryState, decode
 from .blocks.reports import REPORT_STEP, BlockReports
 from .namespace.permissions import PermissionChecker
 from .ha.role import RoleView
@@ -217,6 +216,9 @@ class MetaServer(Dispatcher):
             leases=self.leases, datanodes=self.datanodes, locator=self.locator,
             min_replication=config.min_replication, retry_after=config.block_recovery_retry,
             clock=clock, wall_ns=wall_ns)
+        # what the journal ops' ``apply_memory`` change after their store write
+        self.memory = MemoryState(blocks=self.blocks, leases=self.leases,
+                                  recovery=self.recovery, security=self.security)
         self.redundancy = Redundancy(
             blocks=self.blocks, datanodes=self.datanodes, safemode=self.safemode,
             pending_timeout=config.replication_pending_timeout,
@@ -480,9 +482,9 @@ class MetaServer(Dispatcher):
         for record, op, effect in zip(records, ops, effects):
             try:
                 self._forget(effect)
-                if effect.get("orphan") is not None:
+                if effect.orphan is not None:
                     self.monitors.wake_reclaimer()
-                op.apply_memory(self, effect, self.clock())
+                op.apply_memory(self.memory, effect, self.clock())
             except Exception:   # memory is rebuilt at restart; never fail a durable batch
                 log.exception("updating memory state for txid %d (%s) failed",
                               record.txid, record.op)
@@ -503,34 +505,15 @@ class MetaServer(Dispatcher):
         (``meta.services.retry_answers``)."""
         return await retry_answers.answer(self, ctx, method, args, rerun, kept)
 
-    # the state ops update after their store write (``meta.journal.ops.MemoryState``)
-    def commit_in_memory(self, block_id: int, num_bytes: int) -> None:
-        info = self.blocks.get(block_id)
-        if info is None:
-            return
-        if info.state == bm.UNDER_CONSTRUCTION:
-            self.blocks.commit(block_id, num_bytes)
-        else:
-            self.blocks.set_length(block_id, num_bytes)
-
-    def apply_token_effect(self, op: str, effect: dict) -> None:
-        self.security.apply_token_effect(op, effect)
-
-    def lease_ended(self, ino: int) -> None:
-        self.recovery.lease_ended(ino)
-
-    def _forget(self, effect: dict) -> None:
+    def _forget(self, effect: Effect) -> None:
         """Blocks that left the namespace go to invalidate sets; their leases end."""
-        for block_id in effect.get("removed_blocks", ()):
+        for block_id in effect.removed_blocks:
             for node_id, ref in self.blocks.remove(block_id):
                 self.datanodes.add_invalidate(node_id, ref)
-        for ino in effect.get("removed_uc", ()):
-            self.lease_ended(ino)
-        for block_id in effect.get("removed_blocks", ()):
+        for ino in effect.removed_uc:
+            self.recovery.lease_ended(ino)
+        for block_id in effect.removed_blocks:
             self.recovery.forget_recovery(block_id)
-
-    def forget_recovery(self, block_id: int) -> None:
-        self.recovery.forget_recovery(block_id)
 
     def update_safemode(self) -> None:
         self.safemode.update(self.clock(), self.blocks.safe, self.blocks.total_countable,

@@ -15,7 +15,7 @@ from meta.namespace.invariants import check_namespace
 from meta.journal.journal import Journal
 from meta.journal.kv import MemoryStore, PlyvelStore
 from meta.namespace.namespace import Defaults, Namespace
-from meta.journal.ops import to_wire
+from meta.journal.ops import Effect, to_wire
 
 BPC = 512
 STORES = ["memory", "leveldb"]
@@ -37,7 +37,7 @@ class Harness:
         self.ns = Namespace(store, Defaults(block_size=8 * BPC, replication=3,
                                            max_replication=8, bytes_per_checksum=BPC,
                                            min_block_size=BPC, delete_chunk=delete_chunk))
-        self.effects: list[dict] = []
+        self.effects: list[Effect] = []
         self.journal = Journal(str(journal_dir), self._apply)
         self.t = 1_000_000
 
@@ -182,12 +182,12 @@ async def test_create_rules_and_lease_conflicts(kind, tmp_path):
         h.effects.clear()
         new = await h.create("/d/closed", holder="w2", overwrite=True)
         assert new["ino"] != old["ino"] and new["length"] == 0 and new["under_construction"]
-        assert h.effects[-1]["removed_blocks"] == ids
+        assert list(h.effects[-1].removed_blocks) == ids
         assert h.ns.view.get_inode(old["ino"]) is None and h.ns.view.blocks_of(old["ino"]) == []
         # overwrite of a file under construction takes it from its writer
         h.effects.clear()
         await h.create("/d/new.txt", holder="w3", overwrite=True)
-        assert h.effects[-1]["removed_uc"] == [st["ino"]]
+        assert h.effects[-1].removed_uc == (st["ino"],)
         with pytest.raises(errors.FileNotFound):
             h.ns.planner.writer_file("/d/new.txt", st["ino"], "w1")
         assert h.ns.view.get_file_info("/d")["children"] == 2
@@ -486,8 +486,8 @@ async def test_recursive_delete_removes_subtree_in_one_record(kind, tmp_path):
         h.effects.clear()
         await h.do(h.ns.planner.plan_delete("/top", True, now_ns=h.now()))
         assert h.journal.last_txid == txid_before + 1
-        assert sorted(h.effects[0]["removed_blocks"]) == sorted(ids)
-        assert h.effects[0]["removed_uc"] == [open_ino]
+        assert sorted(h.effects[0].removed_blocks) == sorted(ids)
+        assert h.effects[0].removed_uc == (open_ino,)
         with pytest.raises(errors.FileNotFound):
             h.ns.view.get_file_info("/top/d0/f0")
         assert [e["name"] for e in h.ns.view.list_status("/")["entries"]] == ["keep"]
@@ -549,7 +549,7 @@ async def _delete_big_tree(h, state):
             h.ns.view.get_file_info(path)
     assert [e["name"] for e in h.ns.view.list_status("/")["entries"]] == ["keep"]
     assert h.ns.view.under_construction() == {}
-    assert h.effects[0]["removed_uc"] == [open_ino]
+    assert h.effects[0].removed_uc == (open_ino,)
     # a writer addressing the open file by inode id (it raced the delete) is refused
     with pytest.raises(errors.FileNotFound):
         h.ns.planner.writer_file("/top/d1/open", open_ino, "w9")
@@ -560,9 +560,7 @@ async def _delete_big_tree(h, state):
     state["after_delete"] = dump(h.store)
     plans = await _reclaim_all(h)
     state["plans"] = plans
-    removed = list(h.effects[0].get("removed_blocks", []))
-    for effect in h.effects[1:]:
-        removed += effect.get("removed_blocks", [])
+    removed = [block_id for effect in h.effects for block_id in effect.removed_blocks]
     assert sorted(removed) == sorted(ids)
     assert not h.ns.reclaim.has_orphans()
     assert h.ns.view.file_count() == 1 and h.ns.view.dir_count() == 1
@@ -584,10 +582,10 @@ async def test_big_delete_detaches_at_once_and_is_reclaimed_in_bounded_records(k
     await run_ns(kind, tmp_path / "small", lambda h: _delete_big_tree(h, small))
     await run_ns(kind, tmp_path / "big", lambda h: _delete_big_tree(h, big), delete_chunk=CHUNK)
     assert not small["detached"] and small["plans"] == []
-    assert big["detached"] and "removed_blocks" not in big["delete_effect"]
+    assert big["detached"] and big["delete_effect"].removed_blocks == ()
     from meta.schema import keys
     assert [k for k in big["after_delete"] if k[:1] == keys.ORPHAN] == [
-        keys.orphan_key(big["delete_effect"]["orphan"])]
+        keys.orphan_key(big["delete_effect"].orphan)]
     assert len(big["plans"]) == 7   # 49 inodes + blocks, 7 per record
     assert [p.done for p in big["plans"]] == [False] * (len(big["plans"]) - 1) + [True]
     assert _without_txid(big["final"]) == _without_txid(small["final"])
@@ -598,12 +596,12 @@ async def test_small_subtree_keeps_the_single_record_delete(kind, tmp_path):
         ids = await h.write_file("/s/a", [1, 2])           # dir + file + 2 blocks = 4
         ids += await h.write_file("/s/b", [3])             # + file + block = 6 (limit 7)
         await h.do(h.ns.planner.plan_delete("/s", True, now_ns=h.now()))
-        assert sorted(h.effects[-1]["removed_blocks"]) == sorted(ids)
+        assert sorted(h.effects[-1].removed_blocks) == sorted(ids)
         assert not h.ns.reclaim.has_orphans() and h.ns.reclaim.plan_reclaim() is None
         # a single file with more blocks than the chunk is detached too
         ids = await h.write_file("/f", [BPC] * 8)
         await h.do(h.ns.planner.plan_delete("/f", False, now_ns=h.now()))
-        assert "removed_blocks" not in h.effects[-1] and h.ns.reclaim.has_orphans()
+        assert h.effects[-1].removed_blocks == () and h.ns.reclaim.has_orphans()
         plans = await _reclaim_all(h)
         assert len(plans) == 2 and sorted(b[2] for p in plans for b in p.blocks) == \
             sorted(ids)
@@ -723,7 +721,7 @@ async def test_rename_edge_cases(kind, tmp_path):
         f2_blocks = [b["id"] for b in h.ns.view.blocks_of(f_ino)]
         h.effects.clear()
         await h.do(h.ns.renames.plan_rename("/a/g", "/b/f2", overwrite=True, now_ns=h.now()))
-        assert h.effects[0]["removed_blocks"] == f2_blocks
+        assert list(h.effects[0].removed_blocks) == f2_blocks
         assert [b["id"] for b in h.ns.view.blocks_of(h.ns.view.get_file_info("/b/f2")["ino"])] == g_blocks
         # overwrite an empty directory with a directory (moves a subtree)
         await h.do(h.ns.renames.plan_rename("/a/sub", "/b/emptydir", overwrite=True, now_ns=h.now()))

@@ -5,6 +5,8 @@ refused naming their txid. Pure, in memory, fast."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import pathlib
 
 import msgpack
@@ -18,10 +20,14 @@ from meta.namespace.invariants import check_namespace, check_record
 from meta.journal.files import Record
 from meta.journal.kv import MemoryStore
 from meta.namespace.namespace import Defaults, Namespace
-from meta.journal.ops import (ABSENT, OPS, LAZY_OPS, RPC_CALL, RPC_KEPT, MalformedRecord, decode,
-                              to_wire)
+from meta.blocks import blocks as bm
+from meta.schema import keys
+from meta.journal.ops import (ABSENT, OPS, LAZY_OPS, RPC_CALL, RPC_KEPT, Effect, MalformedRecord,
+                              decode, to_wire)
 from meta.journal.ops_blocks import Close
 from meta.journal.ops_namespace import Mkdir
+from meta.server import MetaServer
+from tests.harness import make_test_config
 
 
 class Driver:
@@ -175,6 +181,52 @@ def test_replaying_the_decoded_records_rebuilds_the_same_store():
                                strict_map_key=False)
         replica.apply([Record(record.txid, record.op, args)])
     assert dict(replica.kv.scan(b"")) == dict(d.ns.kv.scan(b""))
+
+
+def test_every_op_updates_the_servers_memory_from_its_typed_effect(tmp_path, caplog):
+    """Every op's store apply returns a frozen ``Effect`` record, and its memory apply
+    reads only that record's fields and its own: a metadata server applying every op
+    logs no failed memory update, and after each record its blocks map, leases and token
+    table are what the store holds."""
+    d = every_op()
+    ns = d.ns   # and an ADD_BLOCK that commits its previous block itself
+    f = d.log(ns.planner.plan_create("/w", holder="w5", block_size=4096, now_ns=d.tick())).args["ino"]
+    for previous in (None, {"num_bytes": 4096}):
+        d.log(ns.planner.plan_add_block(f, ns.view.blocks_of(f), ns.ids.allocate_block_id(),
+                                ns.ids.next_genstamp(), previous, ["n1"], d.tick()))
+    replica = Namespace(MemoryStore(), d.ns.defaults)
+    for record, _ in d.wire:
+        [effect] = replica.apply([record])
+        assert isinstance(effect, Effect), record.op
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            effect.orphan = 1
+    server = MetaServer(make_test_config(), MemoryStore(), str(tmp_path / "journal"))
+    seen_blocks = seen_tokens = 0
+    for record, _ in d.wire:
+        with caplog.at_level(logging.ERROR):
+            server._apply([record])
+        stored = {}
+        for key, raw in server.ns.kv.scan(keys.BLOCK):
+            block = keys.unpack(raw)
+            stored[block["id"]] = (*keys.parse_block_key(key), block["gs"], block["num_bytes"],
+                                   block["state"] == bm.UNDER_CONSTRUCTION)
+        # a block the store has complete stays committed in memory until reported
+        held = {block_id: (info.ino, info.index, info.gs, info.num_bytes,
+                           info.state == bm.UNDER_CONSTRUCTION)
+                for block_id, info in server.blocks.blocks.items()}
+        assert held == stored, record.op
+        for block_id, (ino, *_) in stored.items():
+            assert server.blocks.get(block_id).replication == \
+                server.ns.view.get_inode(ino)["replication"], record.op
+        seen_blocks += len(stored)
+        open_files = server.ns.view.under_construction()
+        assert {ino: server.leases.holder_of(ino) for ino in open_files} == open_files
+        assert server.leases.open_files() == len(open_files), record.op
+        tokens = sorted(server.security.tokens.items())
+        assert [state.to_wire() for _, state in tokens] == server.ns.view.delegation_tokens()
+        seen_tokens += len(tokens)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert seen_blocks and seen_tokens == 2   # after the issue and the renewal
 
 
 def test_optional_keys_stay_absent_and_unknown_keys_are_kept():

@@ -11,10 +11,15 @@ with, in one place:
   ``to_args()`` give the record's dict (fields in declaration order, optional keys left out
   when ABSENT), byte for byte what the planners journaled as plain dicts before, so
   journals and checkpoints on disk replay unchanged; ``from_args(dict)`` reads it back;
-* ``apply(txn, counters) -> effect``: its store changes (``meta.journal.ops_store``; used by
-  ``Namespace.apply``, live and at replay);
+* ``apply(txn, counters) -> Effect | None``: its store changes (``meta.journal.ops_store``; used by
+  ``Namespace.apply``, live and at replay), and what of them the server's memory must
+  follow: an ``Effect`` (blocks that left the namespace, files no longer under
+  construction, the root of a detached subtree), or the op's own subclass of it declared
+  beside the op when its ``apply_memory`` needs more (None: nothing, ``NO_EFFECT``);
+  in memory only, never written;
 * ``apply_memory(state, effect, now)``: the in-memory structures of the server
-  (``MemoryState``: the blocks map, leases, tokens) after the store write;
+  (``MemoryState``: the blocks map, leases, lease recovery, tokens) after the store
+  write, given the effect its own ``apply`` returned;
 * ``check(view)``: the planner's preconditions re-checked at serial replay
   (``meta.namespace.invariants.check_record``);
 * ``rpc_call()``: the retry-cached call the record was written for (``RPC_CALL``), which
@@ -79,19 +84,45 @@ class MalformedRecord(InternalError):
     """A record whose args do not fit its op (a missing key)."""
 
 
-class MemoryState(Protocol):
-    """What ``Op.apply_memory`` may use of the metadata server (``MetaServer``)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Effect:
+    """What an applied record changed that the server's memory follows (``MetaServer._apply``
+    for every op; an op's ``apply_memory`` for its own subclass's fields)."""
 
-    blocks: BlocksMap
-    leases: LeaseManager
+    removed_blocks: tuple[int, ...] = ()   # block ids that left the namespace
+    removed_uc: tuple[int, ...] = ()       # files no longer under construction (lease ends)
+    orphan: int | None = None              # root of a subtree detached for the reclaimer
 
-    def commit_in_memory(self, block_id: int, num_bytes: int) -> None: ...
+
+NO_EFFECT = Effect()   # what an ``apply`` returning None changed for memory: nothing
+
+
+class RecoveryState(Protocol):
+    """What the ops use of lease recovery (``meta.services.lease_recovery.LeaseRecovery``, which
+    imports the namespace and so cannot be named here without an import circle)."""
 
     def forget_recovery(self, block_id: int) -> None: ...
 
     def lease_ended(self, ino: int) -> None: ...
 
-    def apply_token_effect(self, op: str, effect: dict) -> None: ...
+
+class TokenTable(Protocol):
+    """What the token ops use of ``meta.services.security.Security`` (named by a protocol for the
+    same reason)."""
+
+    def token_stored(self, wire: dict) -> None: ...
+
+    def token_cancelled(self, seq: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryState:
+    """What ``Op.apply_memory`` may use of the metadata server: its services, named."""
+
+    blocks: BlocksMap
+    leases: LeaseManager
+    recovery: RecoveryState   # block recoveries running, leases ending
+    security: TokenTable      # the delegation token table
 
 
 class CheckView(Protocol):
@@ -176,11 +207,13 @@ class Op:
         return None
 
     # ------------------------------------------------------------------ meaning
-    def apply(self, txn, counters: dict) -> dict | None:
-        """The store changes (``txn``: the batch view, ``counters``: the batch's)."""
+    def apply(self, txn, counters: dict) -> Effect | None:
+        """The store changes (``txn``: the batch view, ``counters``: the batch's); None
+        when memory has nothing to follow. An op whose ``apply_memory`` reads its own
+        ``Effect`` subclass returns one on every path."""
         raise NotImplementedError
 
-    def apply_memory(self, state: MemoryState, effect: dict, now: float) -> None:
+    def apply_memory(self, state: MemoryState, effect: Effect, now: float) -> None:
         """The server's memory after the store write (default: nothing of its own)."""
 
     def check(self, view: CheckView) -> None:

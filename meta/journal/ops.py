@@ -15,8 +15,8 @@ from fs.errors import InternalError
 
 from . import ops_blocks, ops_namespace, ops_tokens  # noqa: F401  (they register their ops)
 from .opbase import (  # noqa: F401  (re-exported: the ops' callers import them from here)
-    ABSENT, OPS, RPC_CALL, RPC_KEPT, MalformedRecord, MemoryState, Op, given, op_name, register,
-    to_wire)
+    ABSENT, NO_EFFECT, OPS, RPC_CALL, RPC_KEPT, Effect, MalformedRecord, MemoryState, Op, given,
+    op_name, register, to_wire)
 
 
 def decode(record) -> Op:

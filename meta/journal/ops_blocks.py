@@ -14,14 +14,27 @@ inside one batch's apply, no awaits; ``check`` only reads its view.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from ..blocks import blocks as bm
 from ..schema import keys
 from . import ops_store as st
 from ..blocks.blocks import COMMITTED, COMPLETE, UNDER_CONSTRUCTION, BlockInfo
-from .opbase import ABSENT, Op, given, register
+from .opbase import ABSENT, Effect, Op, given, register
 
 log = logging.getLogger(__name__)
+
+
+def commit_in_memory(blocks: bm.BlocksMap, block_id: int, num_bytes: int) -> None:
+    """A block the journal committed at ``num_bytes``: committed in the blocks map, or (a
+    block already past it, a retried commit) given its length."""
+    info = blocks.get(block_id)
+    if info is None:
+        return
+    if info.state == bm.UNDER_CONSTRUCTION:
+        blocks.commit(block_id, num_bytes)
+    else:
+        blocks.set_length(block_id, num_bytes)
 
 
 class _WriterOp(Op):
@@ -44,6 +57,14 @@ class _WriterOp(Op):
             view.problem(f"block {block_id} (#{index}) is not the last of {nblocks} blocks")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AddBlockEffect(Effect):
+    """ADD_BLOCK's: ``committed`` when its ``previous`` block was committed by it, and the
+    file's replication, the new block's."""
+    committed: bool = False
+    replication: int = 1
+
+
 @register
 class AddBlock(_WriterOp):
     """A new block at ``index`` (``block``: id, gs) on ``targets``; ``previous`` (index, id,
@@ -60,10 +81,8 @@ class AddBlock(_WriterOp):
         ino = self.ino
         inode = st.file_inode(txn, ino)
         if inode is None:
-            return {}
-        effects = {"ino": ino, "block": self.block, "index": self.index,
-                   "targets": given(self.targets, []),
-                   "replication": inode.get("replication", 1)}
+            return AddBlockEffect()
+        committed = False
         prev = given(self.previous)
         if prev is not None:
             old = txn.get(keys.block_key(ino, prev["index"]))
@@ -71,7 +90,7 @@ class AddBlock(_WriterOp):
                 state = old["state"] if old["state"] != UNDER_CONSTRUCTION else COMMITTED
                 st.set_block(txn, counters, ino, inode, prev["index"],
                              {**old, "num_bytes": prev["num_bytes"], "state": state})
-                effects["committed"] = {"id": prev["id"], "num_bytes": prev["num_bytes"]}
+                committed = True
             # the server only adds a block when every block before ``previous`` is COMPLETE
             if prev["index"] >= 1:
                 before = txn.get(keys.block_key(ino, prev["index"] - 1))
@@ -82,15 +101,15 @@ class AddBlock(_WriterOp):
                      {"id": self.block["id"], "gs": self.block["gs"], "num_bytes": 0,
                       "state": UNDER_CONSTRUCTION})
         txn.put(keys.inode_key(ino), inode)
-        return effects
+        return AddBlockEffect(committed=committed, replication=inode.get("replication", 1))
 
-    def apply_memory(self, state, effect, now):
-        committed = effect.get("committed")
-        if committed is not None:
-            state.commit_in_memory(committed["id"], committed["num_bytes"])
+    def apply_memory(self, state, effect: AddBlockEffect, now):
+        if effect.committed:
+            prev = self.previous
+            commit_in_memory(state.blocks, prev["id"], prev["num_bytes"])
         block = self.block
         state.blocks.add(BlockInfo(block["id"], self.ino, self.index, block["gs"], 0,
-                                   bm.UNDER_CONSTRUCTION, effect.get("replication", 1),
+                                   bm.UNDER_CONSTRUCTION, effect.replication,
                                    expected=list(given(self.targets, []))))
 
     def check_blocks(self, view, nblocks):
@@ -113,16 +132,15 @@ class UpdateBlocks(_WriterOp):
         ino = self.ino
         inode = st.file_inode(txn, ino)
         if inode is None:
-            return {}
+            return
         for block in self.blocks:
             st.set_block(txn, counters, ino, inode, block["index"], block)
         txn.put(keys.inode_key(ino), inode)
-        return {"ino": ino, "blocks": self.blocks}
 
     def apply_memory(self, state, effect, now):
         for block in self.blocks:
             if block["state"] == bm.COMMITTED:
-                state.commit_in_memory(block["id"], block["num_bytes"])
+                commit_in_memory(state.blocks, block["id"], block["num_bytes"])
             elif state.blocks.get(block["id"]) is not None:
                 # the only other state planned here: a pipeline update of the last block
                 state.blocks.pipeline_updated(block["id"], block["gs"], block["num_bytes"])
@@ -151,11 +169,10 @@ class Fsync(_WriterOp):
         inode = st.file_inode(txn, ino)
         old = txn.get(keys.block_key(ino, self.index)) if inode is not None else None
         if old is None:
-            return {}
+            return
         st.set_block(txn, counters, ino, inode, self.index,
                      {**old, "num_bytes": self.num_bytes})
         txn.put(keys.inode_key(ino), inode)
-        return {"ino": ino, "id": old["id"], "num_bytes": self.num_bytes}
 
     def apply_memory(self, state, effect, now):
         if state.blocks.get(self.id) is not None:
@@ -178,13 +195,13 @@ class AbandonBlock(_WriterOp):
         key = keys.block_key(ino, self.index)
         old = txn.get(key) if inode is not None else None
         if old is None:
-            return {}
+            return None
         txn.delete(key)
         if "inline" not in inode:
             inode["length"] = inode.get("length", 0) - old["num_bytes"]
         inode["nblocks"] = self.index
         txn.put(keys.inode_key(ino), inode)
-        return {"ino": ino, "removed_blocks": [old["id"]]}
+        return Effect(removed_blocks=(old["id"],))
 
     def check_blocks(self, view, nblocks):
         self.check_last(view, nblocks, self.index, self.id)
@@ -209,11 +226,11 @@ class Close(_WriterOp):
         ino = self.ino
         inode = st.file_inode(txn, ino)
         if inode is None:
-            return {}
+            return None
         last = given(self.last)
-        effects: dict = {"ino": ino, "closed": True}
+        effect = None
         if given(self.data) is not None:
-            effects["removed_blocks"] = st.store_inline(txn, ino, inode, self.data)
+            effect = Effect(removed_blocks=tuple(st.store_inline(txn, ino, inode, self.data)))
         # only the last two blocks may be incomplete (ADD_BLOCK completes the one before
         # ``previous``), so a close costs the same for 2 blocks and for 50 000
         nblocks = inode.get("nblocks", 0)
@@ -237,13 +254,13 @@ class Close(_WriterOp):
             inode["mode"] = self.mode
         txn.put(keys.inode_key(ino), inode)
         txn.delete(keys.uc_key(ino))
-        return effects
+        return effect
 
     def apply_memory(self, state, effect, now):
         last = given(self.last)
         if last is not None and state.blocks.get(last["id"]) is not None:
             state.blocks.close(last["id"], last["num_bytes"])
-        state.lease_ended(self.ino)
+        state.recovery.lease_ended(self.ino)
 
     def check_blocks(self, view, nblocks):
         last = given(self.last)
@@ -264,10 +281,10 @@ class Inline(_WriterOp):
         ino = self.ino
         inode = st.file_inode(txn, ino)
         if inode is None:
-            return {}
+            return None
         removed = st.store_inline(txn, ino, inode, self.data)
         txn.put(keys.inode_key(ino), inode)
-        return {"ino": ino, "removed_blocks": removed}
+        return Effect(removed_blocks=tuple(removed))
 
 
 class _FileOp(Op):
@@ -280,6 +297,12 @@ class _FileOp(Op):
             view.problem(f"inode {self.ino} is not a file")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetReplicationEffect(Effect):
+    """SET_REPLICATION's: the file's blocks, which take its new replication."""
+    block_ids: tuple[int, ...] = ()
+
+
 @register
 class SetReplication(_FileOp):
     NAME = "SET_REPLICATION"
@@ -289,11 +312,11 @@ class SetReplication(_FileOp):
 
     def apply(self, txn, counters):
         st.update_inode(txn, self.ino, replication=self.replication, ctime=self.time)
-        ids = [block["id"] for _, block in txn.scan(keys.block_prefix(self.ino))]
-        return {"ino": self.ino, "replication": self.replication, "block_ids": ids}
+        ids = tuple(block["id"] for _, block in txn.scan(keys.block_prefix(self.ino)))
+        return SetReplicationEffect(block_ids=ids)
 
-    def apply_memory(self, state, effect, now):
-        for block_id in effect.get("block_ids", []):
+    def apply_memory(self, state, effect: SetReplicationEffect, now):
+        for block_id in effect.block_ids:
             state.blocks.set_replication(block_id, self.replication)
 
 
@@ -315,7 +338,7 @@ class Truncate(_FileOp):
         ino = self.ino
         inode = st.file_inode(txn, ino)
         if inode is None:
-            return {}
+            return None
         removed = []
         for key, block in txn.scan(keys.block_prefix(ino)):
             if keys.parse_block_key(key)[1] >= self.keep:
@@ -343,7 +366,7 @@ class Truncate(_FileOp):
         inode["nblocks"] = self.keep
         inode["mtime"] = inode["ctime"] = self.time
         txn.put(keys.inode_key(ino), inode)
-        return {"ino": ino, "removed_blocks": removed}
+        return Effect(removed_blocks=tuple(removed))
 
     def apply_memory(self, state, effect, now):
         last = given(self.last)
@@ -368,7 +391,7 @@ class Append(_FileOp):
         ino = self.ino
         inode = st.file_inode(txn, ino)
         if inode is None:
-            return {}
+            return
         last = given(self.last)
         if last is not None:
             old = txn.get(keys.block_key(ino, last["index"]))
@@ -377,13 +400,19 @@ class Append(_FileOp):
                              {**old, "gs": last["gs"], "state": UNDER_CONSTRUCTION})
         st.set_uc(txn, ino, inode, self.holder, given(self.client_machine, ""))
         txn.put(keys.inode_key(ino), inode)
-        return {"ino": ino}
 
     def apply_memory(self, state, effect, now):
         last = given(self.last)
         if last is not None and (info := state.blocks.get(last["id"])) is not None:
             state.blocks.reopen(last["id"], last["gs"], sorted(info.good_nodes()))
         state.leases.add(self.holder, self.ino, now)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecoveryEffect(Effect):
+    """A lease or block recovery record's: ``applied`` False when the file (or block) it
+    names was no longer there, so memory keeps what it has."""
+    applied: bool = False
 
 
 class _RecoveryOp(Op):
@@ -404,13 +433,13 @@ class ReassignLease(_RecoveryOp):
         ino = self.ino
         inode = st.file_inode(txn, ino)
         if inode is None or not inode.get("uc"):
-            return {}
+            return RecoveryEffect()
         st.set_uc(txn, ino, inode, self.holder, inode["uc"].get("client_machine", ""))
         txn.put(keys.inode_key(ino), inode)
-        return {"ino": ino, "holder": self.holder}
+        return RecoveryEffect(applied=True)
 
-    def apply_memory(self, state, effect, now):
-        if effect.get("holder") is not None:
+    def apply_memory(self, state, effect: RecoveryEffect, now):
+        if effect.applied:
             state.leases.reassign(self.ino, self.holder, now)
 
 
@@ -437,8 +466,8 @@ class CommitBlockSync(_RecoveryOp):
         key = keys.block_key(ino, self.index)
         old = txn.get(key) if inode is not None else None
         if old is None or old["id"] != self.id:
-            return {}
-        effects: dict = {"ino": ino, "id": self.id}
+            return RecoveryEffect()
+        effects = st.EffectBuilder()
         # a reopened inline file whose first block holds less than the inline bytes: the
         # writer died before sending them all, so nothing after them was acknowledged
         # either; the block goes and the inline data stays the content
@@ -447,7 +476,7 @@ class CommitBlockSync(_RecoveryOp):
             if "inline" not in inode:
                 inode["length"] = inode.get("length", 0) - old["num_bytes"]
             inode["nblocks"] = self.index
-            effects["removed_blocks"] = [self.id]
+            effects.removed_blocks.append(self.id)
         else:
             synced = {**old, "gs": self.gs, "num_bytes": self.num_bytes,
                       "state": COMPLETE if self.close else COMMITTED}
@@ -455,18 +484,18 @@ class CommitBlockSync(_RecoveryOp):
             st.set_block(txn, counters, ino, inode, self.index, synced)
         txn.put(keys.inode_key(ino), inode)
         if self.close:
-            effects.update(Close(ino=ino, last=None, time=self.time).apply(txn, counters))
-        return effects
+            effects.add(Close(ino=ino, last=None, time=self.time).apply(txn, counters))
+        return effects.effect(RecoveryEffect, applied=True)
 
-    def apply_memory(self, state, effect, now):
-        state.forget_recovery(self.id)
-        if not self.delete and state.blocks.get(self.id) is not None and effect:
+    def apply_memory(self, state, effect: RecoveryEffect, now):
+        state.recovery.forget_recovery(self.id)
+        if not self.delete and state.blocks.get(self.id) is not None and effect.applied:
             state.blocks.recovered(self.id, gs=self.gs, num_bytes=self.num_bytes,
                                    close=self.close,
                                    finalized_on=[n for n in given(self.targets, [])
                                                  if isinstance(n, str)])
-        if self.close and effect:
-            state.lease_ended(self.ino)
+        if self.close and effect.applied:
+            state.recovery.lease_ended(self.ino)
 
 
 @register

@@ -13,6 +13,7 @@ inside one batch's apply, no awaits; ``check`` only reads its view.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from fs.errors import InternalError
 
@@ -20,7 +21,7 @@ from ..schema import keys
 from . import ops_store as st
 from ..namespace.args import DIR, FILE, SYMLINK
 from .charge import file_charge
-from .opbase import ABSENT, Op, given, register
+from .opbase import ABSENT, Effect, Op, given, register
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +93,11 @@ class Add(Op):
     usage: list | None = ABSENT
 
     def apply(self, txn, counters):
-        effects: dict = {"ino": self.ino, "holder": self.holder}
+        effects = None
         t = self.time
         st.mkdirs(txn, counters, self.dirs, t)
         if self.overwrite is not None:
+            effects = st.EffectBuilder()
             st.unlink(txn, counters, self.parent, self.name, self.overwrite, t, effects,
                       detach=given(self.detach, False), usage=given(self.usage))
         inode = {"type": FILE, "mode": self.mode, "owner": self.owner, "group": self.group,
@@ -106,7 +108,7 @@ class Add(Op):
                         "client_machine": given(self.client_machine, "")}}
         st.link(txn, counters, self.parent, self.name, self.ino, inode, t)
         txn.put(keys.uc_key(self.ino), self.holder)
-        return effects
+        return effects.effect() if effects is not None else None
 
     def apply_memory(self, state, effect, now):
         state.leases.add(self.holder, self.ino, now)
@@ -156,10 +158,10 @@ class Delete(Op):
     usage: list | None = ABSENT
 
     def apply(self, txn, counters):
-        effects: dict = {}
+        effects = st.EffectBuilder()
         st.unlink(txn, counters, self.parent, self.name, self.ino, self.time, effects,
                   detach=given(self.detach, False), usage=given(self.usage))
-        return effects
+        return effects.effect()
 
     def check(self, view):
         current = view.entry(self.parent, self.name)
@@ -209,10 +211,8 @@ class Reclaim(Op):
                 st.add_counter(counters, keys.FILES, -1)
         if self.done:
             txn.delete(keys.orphan_key(self.root))
-        return {"removed_blocks": removed_blocks, "removed_uc": list(self.uc),
-                "removed_inos": [ino for ino, _ in self.inodes], "reclaimed": self.root,
-                "done": self.done, "entries": self.entries,
-                "block_indexes": [(ino, index) for ino, index, _ in self.blocks]}
+        # the reclaim cursors follow the record itself (``ReclaimPlanner.note_reclaimed``)
+        return Effect(removed_blocks=tuple(removed_blocks), removed_uc=tuple(self.uc))
 
     def check(self, view):
         if not isinstance(self.root, int) or view.get(keys.orphan_key(self.root)) is None:
@@ -237,7 +237,7 @@ class Rename(Op):
     overwritten_usage: list | None = ABSENT
 
     def apply(self, txn, counters):
-        effects: dict = {}
+        effects = st.EffectBuilder()
         t = self.time
         ino = self.ino
         if self.overwrite is not None:
@@ -257,7 +257,7 @@ class Rename(Op):
             txn.put(keys.inode_key(ino), inode)
         if moved:
             st.charge_usage(txn, counters, self.dst_parent, moved[0], moved[1])
-        return effects
+        return effects.effect()
 
     def check(self, view):
         view.rename(self)
@@ -283,14 +283,10 @@ class Renames(Op):
         return args
 
     def apply(self, txn, counters):
-        effects: dict = {}
+        effects = st.EffectBuilder()
         for one in self.renames:
-            for key, value in one.apply(txn, counters).items():
-                if isinstance(value, list):
-                    effects.setdefault(key, []).extend(value)
-                else:
-                    effects[key] = value
-        return effects
+            effects.add(one.apply(txn, counters))
+        return effects.effect()
 
     def check(self, view):
         for one in self.renames:
@@ -353,6 +349,14 @@ class Times(_InodeOp):
         st.update_inode(txn, self.ino, **changes)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConcatEffect(Effect):
+    """CONCAT's: the sources' blocks now the target's (``moved``: (block id, new index))
+    and the target's replication, which they take."""
+    moved: tuple[tuple[int, int], ...] = ()
+    replication: int = 1
+
+
 @register
 class Concat(Op):
     """The sources' blocks become the target's next ones, in order; the sources go
@@ -367,7 +371,7 @@ class Concat(Op):
         t_ino, t = self.target, self.time
         target = st.file_inode(txn, t_ino)
         if target is None:
-            return {}
+            return ConcatEffect()
         rep = target.get("replication", 1)
         before = file_charge(txn.get, t_ino, target)
         index = target.get("nblocks", 0)
@@ -395,14 +399,14 @@ class Concat(Op):
         txn.put(keys.inode_key(t_ino), target)
         st.charge_usage(txn, counters, self.parent, -len(removed_inos),
                         file_charge(txn.get, t_ino, target) - before)
-        return {"ino": t_ino, "moved": moved, "replication": rep, "removed_inos": removed_inos}
+        return ConcatEffect(moved=tuple(moved), replication=rep)
 
-    def apply_memory(self, state, effect, now):
-        for block_id, index in effect.get("moved", ()):
+    def apply_memory(self, state, effect: ConcatEffect, now):
+        for block_id, index in effect.moved:
             info = state.blocks.get(block_id)
             if info is not None:   # a block keeps its id, so replicas stay where they are
                 info.ino, info.index = self.target, index
-                state.blocks.set_replication(block_id, effect["replication"])
+                state.blocks.set_replication(block_id, effect.replication)
 
     def check(self, view):
         for ino in [self.target] + [src.get("ino") for src in self.srcs]:
@@ -428,7 +432,7 @@ class SetQuota(Op):
         inode = txn.get(keys.inode_key(self.ino))
         if inode is None or inode.get("type") != DIR:
             log.error("apply SET_QUOTA: directory inode %d is missing", self.ino)
-            return {}
+            return None
         old = inode.pop("quota", None)
         if self.ns >= 0 or self.ds >= 0:
             # a folder that had a quota kept its usage exact; a new one starts from the
@@ -439,7 +443,6 @@ class SetQuota(Op):
         inode["ctime"] = self.time
         txn.put(keys.inode_key(self.ino), inode)
         st.add_counter(counters, keys.QUOTA_DIRS, ("quota" in inode) - (old is not None))
-        return {"ino": self.ino}
 
     def check(self, view):
         inode = view.inode(self.ino)

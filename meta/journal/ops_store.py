@@ -19,6 +19,7 @@ import itertools
 import logging
 
 from ..schema import keys
+from .opbase import Effect
 from ..namespace.args import DIR, FILE
 from .charge import file_charge
 
@@ -120,6 +121,31 @@ def inside(view: Txn, ino: int, root: int) -> bool:
 
 
 # ---------------------------------------------------------------------------- helpers
+class EffectBuilder:
+    """An op's ``Effect`` while it applies: the helpers below add what they removed or
+    detached; ``effect`` freezes it."""
+
+    __slots__ = ("removed_blocks", "removed_uc", "orphan")
+
+    def __init__(self) -> None:
+        self.removed_blocks: list[int] = []
+        self.removed_uc: list[int] = []
+        self.orphan: int | None = None
+
+    def add(self, effect: Effect | None) -> None:
+        """Take in the effect of a part applied on its own (one of RENAMES, a CLOSE)."""
+        if effect is not None:
+            self.removed_blocks.extend(effect.removed_blocks)
+            self.removed_uc.extend(effect.removed_uc)
+            if effect.orphan is not None:
+                self.orphan = effect.orphan
+
+    def effect(self, cls: type[Effect] = Effect, **fields) -> Effect:
+        """The frozen effect: an ``Effect``, or the op's own subclass with its ``fields``."""
+        return cls(removed_blocks=tuple(self.removed_blocks),
+                   removed_uc=tuple(self.removed_uc), orphan=self.orphan, **fields)
+
+
 def bump(counters, name: str, used: int) -> None:
     """Counters stay above every used id (``next_*``) / at the largest stamp."""
     if name == keys.GENSTAMP:
@@ -191,12 +217,12 @@ def mkdirs(txn: Txn, counters, dirs, time: int) -> None:
         link(txn, counters, d["parent"], d["name"], d["ino"], inode, time)
 
 
-def remove_subtree(txn: Txn, counters, ino: int, effects: dict) -> tuple[int, int]:
+def remove_subtree(txn: Txn, counters, ino: int,
+                   effects: EffectBuilder) -> tuple[int, int]:
     """Remove ``ino`` and everything below it (not its own dentry); returns the names
     and space it held (for the quota folders above)."""
-    removed_blocks = effects.setdefault("removed_blocks", [])
-    removed_uc = effects.setdefault("removed_uc", [])
-    removed_inos = effects.setdefault("removed_inos", [])
+    removed_blocks = effects.removed_blocks
+    removed_uc = effects.removed_uc
     stack = [ino]
     names = space = 0
     while stack:
@@ -222,12 +248,11 @@ def remove_subtree(txn: Txn, counters, ino: int, effects: dict) -> tuple[int, in
                 txn.delete(keys.inline_key(cur))
             add_counter(counters, keys.FILES, -1)
         txn.delete(keys.inode_key(cur))
-        removed_inos.append(cur)
     return names, space
 
 
 def unlink(txn: Txn, counters, parent: int, name: str, ino: int, time: int,
-           effects: dict, detach: bool = False, usage=None) -> None:
+           effects: EffectBuilder, detach: bool = False, usage=None) -> None:
     """``usage``: what a detached subtree held, measured by the planner (None when no
     quota folder is above it); a removed one is measured here."""
     key = keys.dentry_key(parent, name)
@@ -245,14 +270,14 @@ def unlink(txn: Txn, counters, parent: int, name: str, ino: int, time: int,
 
 
 def detach_subtree(txn: Txn, parent: int, name: str, ino: int, time: int,
-                   effects: dict) -> None:
+                   effects: EffectBuilder) -> None:
     """Make ``ino`` (its entry already removed) the root of an orphan subtree for the
     reclaimer; files under construction inside lose their lease now (few ``U`` keys)."""
     inode = txn.get(keys.inode_key(ino))
     if inode is None:
         log.error("apply: inode %d to detach is missing", ino)
         return
-    removed_uc = effects.setdefault("removed_uc", [])
+    removed_uc = effects.removed_uc
     for key, _holder in txn.scan(keys.UNDER_CONSTRUCTION):
         uc_ino = keys.parse_uc_key(key)
         if inside(txn, uc_ino, ino):
@@ -261,7 +286,7 @@ def detach_subtree(txn: Txn, parent: int, name: str, ino: int, time: int,
     inode["parent"] = 0
     txn.put(keys.inode_key(ino), inode)
     txn.put(keys.orphan_key(ino), {"parent": parent, "name": name, "time": time})
-    effects["orphan"] = ino
+    effects.orphan = ino
 
 
 def file_inode(txn: Txn, ino: int) -> dict | None:

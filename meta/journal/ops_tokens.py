@@ -3,8 +3,8 @@ CANCEL_DELEGATION_TOKEN.
 
 Why it exists: the namespace keeps what each live token may still do, so renewals and
 cancellations survive restarts as HDFS's edit log keeps them (``meta.services.security`` plans
-them; the server's token table follows the effects). Reach them through ``meta.journal.ops.OPS``
-/ ``decode``.
+them; the server's token table follows them through ``Security.token_stored`` and
+``token_cancelled``). Reach them through ``meta.journal.ops.OPS`` / ``decode``.
 
 Concurrency contract: immutable values; ``apply``/``apply_memory`` run on the trio thread
 inside one batch's apply, no awaits.
@@ -12,8 +12,17 @@ inside one batch's apply, no awaits.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..schema import keys
-from .opbase import Op, register
+from .opbase import Effect, Op, register
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenEffect(Effect):
+    """An issue's or renewal's: the token's state as now stored (``TokenState`` wire
+    form), None when a renewal found no token to renew."""
+    token: dict | None = None
 
 
 @register
@@ -32,10 +41,10 @@ class DelegationToken(Op):
         state = self.to_args()
         txn.put(keys.token_key(self.seq), state)
         counters[keys.NEXT_TOKEN] = max(counters.get(keys.NEXT_TOKEN, 1), self.seq + 1)
-        return {"token": state}
+        return TokenEffect(token=state)
 
-    def apply_memory(self, state, effect, now):
-        state.apply_token_effect(self.NAME, effect)
+    def apply_memory(self, state, effect: TokenEffect, now):
+        state.security.token_stored(effect.token)
 
 
 @register
@@ -47,13 +56,14 @@ class RenewDelegationToken(Op):
     def apply(self, txn, counters):
         state = txn.get(keys.token_key(self.seq))
         if state is None:
-            return {}
+            return TokenEffect()
         state = {**state, "expiry": self.expiry}
         txn.put(keys.token_key(self.seq), state)
-        return {"token": state}
+        return TokenEffect(token=state)
 
-    def apply_memory(self, state, effect, now):
-        state.apply_token_effect(self.NAME, effect)
+    def apply_memory(self, state, effect: TokenEffect, now):
+        if effect.token is not None:
+            state.security.token_stored(effect.token)
 
 
 @register
@@ -63,7 +73,6 @@ class CancelDelegationToken(Op):
 
     def apply(self, txn, counters):
         txn.delete(keys.token_key(self.seq))
-        return {"seq": self.seq}
 
     def apply_memory(self, state, effect, now):
-        state.apply_token_effect(self.NAME, effect)
+        state.security.token_cancelled(self.seq)

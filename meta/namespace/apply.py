@@ -23,9 +23,10 @@ from fs.errors import InternalError
 from ..schema import keys
 from .allocators import Allocators
 from ..journal.charge import file_charge
+from ..journal.ops import NO_EFFECT, Effect, decode
+from ..journal.ops_namespace import Reclaim
 from .reclaim import ReclaimPlanner
 from .view import DecodedCache, NamespaceView
-from ..journal.ops import decode
 from ..journal.ops_store import Txn, charge_usage, inside
 
 __all__ = ["RecordApplier", "Txn", "inside"]
@@ -44,8 +45,9 @@ class RecordApplier:
         self._ids = ids
         self._reclaim = reclaim
 
-    def apply(self, records, ops=None) -> list[dict]:
-        """Apply a batch of journal records in one store write; returns effects per record.
+    def apply(self, records, ops=None) -> list[Effect]:
+        """Apply a batch of journal records in one store write; returns each record's
+        ``Effect`` (``NO_EFFECT`` for an op whose ``apply`` returned None).
         ``ops``: the records already decoded (``meta.journal.ops.decode``), when the caller has them."""
         if ops is None:
             ops = [decode(record) for record in records]
@@ -59,14 +61,13 @@ class RecordApplier:
             if op.charges_file_space and counters.get(keys.QUOTA_DIRS):
                 ino = op.ino
                 charged = file_charge(txn.get, ino, txn.get(keys.inode_key(ino)))
-            effect = op.apply(txn, counters) or {}
+            effect = op.apply(txn, counters)
             if charged is not None:
                 inode = txn.get(keys.inode_key(ino))
                 if inode is not None:
                     charge_usage(txn, counters, inode["parent"], 0,
                                  file_charge(txn.get, ino, inode) - charged)
-            effect["op"] = record.op
-            effects.append(effect)
+            effects.append(NO_EFFECT if effect is None else effect)
             counters[keys.APPLIED_TXID] = record.txid
         for name, value in counters.items():
             if self._view.counters.get(name) != value:
@@ -79,9 +80,9 @@ class RecordApplier:
         self.cache.committed(txn.puts, txn.dels)
         for key in txn.put_keys(keys.ORPHAN):
             self._reclaim.note_orphan(keys.parse_orphan_key(key))
-        for effect in effects:
-            if effect["op"] == "RECLAIM":
-                self._reclaim.note_reclaimed(effect)
+        for op in ops:
+            if isinstance(op, Reclaim):
+                self._reclaim.note_reclaimed(op)
         self._view.adopt_counters(counters)
         self._ids.adopt(counters)
         return effects

@@ -14,9 +14,9 @@ conformance suite drives it directly over both KV stores. Every mutation is spli
    composes records of one batch through an overlay, so concurrent disjoint mutations that
    share a batch (and a parent directory's entry count) are applied correctly.
 
-``apply`` returns one effects dict per record (blocks that left the namespace, files that
-stopped being under construction, ...) so the server can update its in-memory blocks map,
-leases and invalidate sets in the same synchronous step.
+``apply`` returns one ``Effect`` per record (``meta.journal.opbase``: blocks that left the
+namespace, files that stopped being under construction, ...) so the server can update its
+in-memory blocks map, leases and invalidate sets in the same synchronous step.
 
 Ops (HDFS edit-log names): FORMAT, MKDIR, ADD (create, incl. overwrite and missing parents),
 ADD_BLOCK (commits the previous block), UPDATE_BLOCKS (commit / length / gs changes),

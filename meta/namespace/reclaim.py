@@ -178,17 +178,17 @@ class ReclaimPlanner:
         return Reclaim(root=root, blocks=blocks, inodes=inodes, entries=entries, uc=uc,
                        done=done)
 
-    def note_reclaimed(self, effect: dict) -> None:
-        """Move the reclaim cursors past what a RECLAIM record removed."""
-        for parent, name in effect["entries"]:
+    def note_reclaimed(self, record: Reclaim) -> None:
+        """Move the reclaim cursors past what an applied RECLAIM record removed."""
+        for parent, name in record.entries:
             key = keys.dentry_key(parent, name)
             if key > self._reclaimed_upto.get(parent, b""):
                 self._reclaimed_upto[parent] = key
-        for ino, index in effect["block_indexes"]:
+        for ino, index, _ in record.blocks:
             if index >= self._blocks_reclaimed.get(ino, 0):
                 self._blocks_reclaimed[ino] = index + 1
-        for ino in effect["removed_inos"]:
+        for ino, _ in record.inodes:
             self._reclaimed_upto.pop(ino, None)
             self._blocks_reclaimed.pop(ino, None)
-        if effect["done"]:
-            self._orphans.discard(effect["reclaimed"])
+        if record.done:
+            self._orphans.discard(record.root)

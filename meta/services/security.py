@@ -11,8 +11,8 @@ server, user authentication) ask it instead of each holding keys:
   ``run_meta_server`` (``meta/serverrun.py``) installs both under ``security = secure``.
 - ``proxy_rules``: who may act for whom (``ProxyRules``, HDFS ``hadoop.proxyuser.*``).
 - the delegation tokens (``tokens``: seq → ``fs.delegation.TokenState``): rebuilt from the
-  namespace at start (``load_tokens``) and kept by ``apply_token_effect``, which the token
-  ops (``meta/journal/ops_tokens.py``) reach through the ``MemoryState``. Issue, renewal,
+  namespace at start (``load_tokens``) and kept by ``token_stored``/``token_cancelled``,
+  which the token ops (``meta/journal/ops_tokens.py``) call through the ``MemoryState``. Issue, renewal,
   cancellation and the removal of expired tokens are journal records.
 
 The RPC side (sessions, challenges, who the caller of a call is) is the front end
@@ -125,13 +125,15 @@ class Security:
             self.tokens[state.token.seq] = state
         self._next_token = max(self.view.counters.get(keys.NEXT_TOKEN, 1), self._next_token)
 
-    def apply_token_effect(self, op: str, effect: dict) -> None:
-        """An applied token record's change to the table (``MemoryState``)."""
-        if "token" in effect:
-            state = TokenState.from_wire(effect["token"])
-            self.tokens[state.token.seq] = state
-        elif op == "CANCEL_DELEGATION_TOKEN":
-            self.tokens.pop(effect.get("seq"), None)
+    def token_stored(self, wire: dict) -> None:
+        """An applied issue or renewal: the token's state as stored (``TokenState`` wire
+        form) goes into the table (``MemoryState``)."""
+        state = TokenState.from_wire(wire)
+        self.tokens[state.token.seq] = state
+
+    def token_cancelled(self, seq: int) -> None:
+        """An applied cancellation: token ``seq`` leaves the table (``MemoryState``)."""
+        self.tokens.pop(seq, None)
 
     # ================================================================== tokens
     def token_master(self, what: str) -> bytes:
