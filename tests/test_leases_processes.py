@@ -228,7 +228,9 @@ def test_recovery_moves_on_when_its_primary_died_after_its_last_heartbeat(tmp_pa
             for proc in others:
                 proc.send_signal(signal.SIGSTOP)
             try:
-                time.sleep(0.5)              # storage0's heartbeat is now the freshest
+                # fixed-sleep: real time must pass so that storage0's heartbeat is the freshest
+                # (the others are stopped)
+                time.sleep(0.5)
                 cluster.kill_storage(0, signal.SIGKILL)
                 assert b.recover_lease("/p") is False
             finally:

@@ -68,7 +68,9 @@ def test_restart_with_block_servers_down_is_read_only_until_reports(tmp_path):
             live = _wait(lambda: client.report()["live_nodes"], 30,
                          "block server 0 to register")
             storage0 = live[0]["address"]
-            time.sleep(1.0)   # its block report is in; still far below the threshold
+            # fixed-sleep: its block report is in and safe mode must stay on: staying on is a
+            # non-event
+            time.sleep(1.0)
             status = client.safemode("get")
             assert status["on"] and not status["manual"], status
             assert "threshold" in status["reason"], status
@@ -104,7 +106,9 @@ def test_manual_safe_mode_never_leaves_by_itself(tmp_path):
                                 cwd=REPO, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
         with _fast_client(cluster) as client:
-            time.sleep(1.5)   # reports and heartbeats keep arriving; it stays on
+            # fixed-sleep: reports and heartbeats keep arriving and manual safe mode must stay
+            # on: a non-event
+            time.sleep(1.5)
             status = client.safemode("get")
             assert status["on"] and status["manual"], status
             with pytest.raises(errors.SafeMode):

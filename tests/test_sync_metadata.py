@@ -138,7 +138,9 @@ def test_a_deletion_reaches_block_servers_only_once_it_is_durable(process_cluste
             assert not await client.exists("/big")
 
     trio.run(write_and_delete)
-    time.sleep(2.0)   # twenty heartbeats, each of which could have carried the deletion
+    # fixed-sleep: twenty heartbeats, each of which could have carried the deletion: a deletion
+    # not sent is a non-event
+    time.sleep(2.0)
     assert replica_files(), "a replica was deleted before the delete was durable"
     with process_cluster.client() as client:
         assert client.report()["pending_deletion"] >= 1
