@@ -10,6 +10,8 @@ import pytest
 import trio
 import trio.testing
 
+from harness import wait_until
+
 from fs import datatransfer, errors, paths
 from fs.config import Config, describe, find_meta_address
 from fs.framing import LENGTH, FrameChannel, FramedStream, encode_frame
@@ -178,9 +180,8 @@ async def test_retry_cache_applies_a_retried_call_once():
                     n2.start_soon(call, retry)
                 assert results == [1, 1]
                 await rpc._conn.channel.aclose()          # reconnect, then retry again
-                # fixed-sleep: lets the client's reader see the closed channel; the client
-                # exposes no event for it
-                await trio.sleep(0.05)
+                # the client's reader saw the closed channel
+                assert await wait_until(lambda: not rpc.connected, timeout=10)
                 assert await rpc.call_once("bump", {}, 42, 5) == 1
                 assert server.bumps == 1
             # two clients that merely share a name (and count call ids from 1 alike) are
@@ -311,16 +312,20 @@ async def _value(v):
 
 
 async def test_rpc_client_reconnects_after_server_restart():
+    first = trio.CancelScope()
+
+    async def first_server(task_status=trio.TASK_STATUS_IGNORED):
+        with first:   # a scope around nursery.start would not reach the started task
+            await serve_tcp(lambda s, p: serve_rpc(s, Echo(), peer=p), "127.0.0.1", 0,
+                            task_status=task_status)
+
     async with trio.open_nursery() as outer:
-        with trio.CancelScope() as first:
-            addr = await outer.start(serve_tcp,
-                                     lambda s, p: serve_rpc(s, Echo(), peer=p), "127.0.0.1", 0)
+        addr = await outer.start(first_server)
         async with RpcClient(addr, "c1", retry_seconds=5) as rpc:
             assert await rpc.call("echo", {"value": 1}) == 1
             first.cancel()
-            # fixed-sleep: lets the cancelled server close its listener and connection;
-            # serve_tcp signals no end
-            await trio.sleep(0.1)
+            # the cancelled server closed the connection
+            assert await wait_until(lambda: not rpc.connected, timeout=10)
 
             async def restart_later():
                 await trio.sleep(0.3)   # fixed-sleep: the outage the client retries across
