@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from etcd_cluster import ETCD, EtcdCluster
+from harness import wait_until
 from meta.ha import etcdgrpc
 from meta.ha.etcdpb import kv_pb2, rpc_pb2 as pb
 from meta.ha.log import (MAX_PAYLOAD, CampaignTimeout, DuplicateTxid, Fenced, HALog,
@@ -207,9 +208,8 @@ async def test_tail_follows_new_entries(etcd):
 
         async with trio.open_nursery() as n:
             n.start_soon(follow)
-            # fixed-sleep: the watch is open before these appends; the tail marks no
-            # point at which its watch is established
-            await trio.sleep(0.3)
+            # the tail read the log up to here: what follows comes through its watch
+            assert await wait_until(lambda: seen == [2], timeout=10)
             for t in (3, 4, 5, 6):
                 await halog.append(term, t, b"new")
             with trio.fail_after(5):
