@@ -15,9 +15,10 @@ The scan reads the source (``ast``). A call of ``time.sleep``, ``trio.sleep`` or
 * a zero sleep (a checkpoint that lets other tasks run, not a wait);
 * in virtual time: inside a function that takes the ``autojump_clock`` or ``mock_clock``
   fixture (a nested function too), where a sleep costs nothing;
-* the interval of a polling loop: the nearest loop around it in its function is a ``while``,
-  or a ``for`` that can end early (``break``, ``return``, ``raise``) — it waits for the
-  loop's condition, not for a fixed time.
+* the interval of a loop that ends on a condition: the nearest loop around it in its
+  function is a ``while``, or a ``for`` that can end early (``break``, ``return``,
+  ``raise``). That is a poll (it waits for the condition, not for a fixed time) or the
+  cadence of a workload or fault injector that runs until told to stop.
 
 Code inside strings (a child process's script) is not the test's own and is not scanned.
 """
