@@ -29,6 +29,8 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 
 #: the comment that states why a fixed sleep cannot be replaced by an event
@@ -134,13 +136,18 @@ def scan_tests(folder: Path = TESTS) -> list[Sleep]:
             for sleep in scan_source(path.read_text(), str(path.relative_to(folder.parent)))]
 
 
-def test_every_fixed_sleep_in_the_tests_says_why_no_event_replaces_it():
-    sleeps = scan_tests()
-    assert len(sleeps) > 100          # the scan sees the tests' sleeps at all
+def check_sleeps(folder: Path = TESTS) -> int:
+    """The number of sleeps in ``folder``; AssertionError naming each unexplained one."""
+    sleeps = scan_tests(folder)
     bad = [f"{s.path}:{s.line}" for s in sleeps if s.unexplained]
     assert not bad, (f"fixed sleeps without a '{MARKER} <why no event can replace it>' "
                      f"comment; wait for the event instead (harness.wait_until, poll_until, "
                      f"a counter, a log line) or state the reason:\n  " + "\n  ".join(bad))
+    return len(sleeps)
+
+
+def test_every_fixed_sleep_in_the_tests_says_why_no_event_replaces_it():
+    assert check_sleeps() > 100          # the scan sees the tests' sleeps at all
 
 
 # --------------------------------------------------------------------------- the scanner
@@ -213,3 +220,9 @@ def test_scanner_reads_a_folder(tmp_path):
     found = scan_tests(tmp_path / "tests")
     assert [(s.path, s.line, s.unexplained) for s in found] == [
         ("tests/test_bad.py", 2, True), ("tests/test_good.py", 2, False)]
+    # the guard itself fails on the unexplained one, and names it
+    with pytest.raises(AssertionError, match=r"fixed sleeps without") as info:
+        check_sleeps(tmp_path / "tests")
+    assert "tests/test_bad.py:2" in str(info.value) and "test_good" not in str(info.value)
+    (tmp_path / "tests" / "test_bad.py").unlink()
+    assert check_sleeps(tmp_path / "tests") == 1
