@@ -536,12 +536,19 @@ async def test_dead_block_server_is_detected_and_must_reregister(tmp_path):
                 await a.register()
                 await b.register()
                 _, blocks = await write_file(rpc, [a], "/f", [10])
-                async def a_declared_dead():   # b keeps beating, a falls silent
-                    await b.heartbeat()
+                async def keep_beating():      # b keeps beating, a falls silent
+                    while True:
+                        await b.heartbeat()
+                        await trio.sleep(0.1)
+
+                async def a_declared_dead():
                     report = await rpc.call("report")
                     return report if report["dead_nodes"] else None
 
-                report = await wait_until(a_declared_dead, timeout=10, interval=0.15)
+                async with trio.open_nursery() as beats:
+                    beats.start_soon(keep_beating)
+                    report = await wait_until(a_declared_dead, timeout=10)
+                    beats.cancel_scope.cancel()
                 assert [n["node_id"] for n in report["live_nodes"]] == ["node-b"]
                 assert [n["node_id"] for n in report["dead_nodes"]] == ["node-a"]
                 assert report["missing"] == 1
