@@ -271,6 +271,7 @@ def writes_through(cluster: "HACluster", fail, election: float, *, writers: int 
                     nursery.start_soon(writer, i, stop)
                 while len(seen.acked) < 5 * writers:
                     await trio.sleep(0.01)
+                # fixed-sleep: the failure lands at a random point of the writes: chaos timing
                 await trio.sleep(random.uniform(0, election / 3))
                 await trio.to_thread.run_sync(fail)
                 at = seen.failed_at = time.monotonic()
@@ -284,7 +285,8 @@ def writes_through(cluster: "HACluster", fail, election: float, *, writers: int 
                 while not any(t > at for _, t in seen.acked.values()):
                     await trio.sleep(0.01)
                 seen.first = min(t for _, t in seen.acked.values() if t > at) - at
-                # the writers go on through the new active
+                # fixed-sleep: the writers go on through the new active for the rest of
+                # the hold time
                 await trio.sleep(max(0.5, hold - (time.monotonic() - at)))
                 stop.set()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import keyword
+import inspect
 import os
 import random
 import re
@@ -702,6 +703,21 @@ def poll_until(check, timeout: float = 20.0):
         if result or time.monotonic() > deadline:
             return result
         time.sleep(0.05)
+
+
+async def wait_until(check, timeout: float = 20.0, interval: float = 0.05):
+    """``check()``'s first truthy result (awaited when ``check`` is async), or its last
+    result once ``timeout`` passed: the async ``poll_until``, for a test that waits for a
+    server to act (a lease to lapse, a checkpoint, a resent command) instead of sleeping as
+    long as that should take."""
+    deadline = trio.current_time() + timeout
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result or trio.current_time() > deadline:
+            return result
+        await trio.sleep(interval)
 
 
 def mounted(cluster: ProcessCluster, name: str, *extra: str, **how):

@@ -16,12 +16,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from harness import Mount, ProcessCluster
+from harness import Mount, ProcessCluster, poll_until
 from tools.bench import apps as A
 from tools.bench import calls as C
 from tools.bench import fuse as B
@@ -170,8 +169,8 @@ def test_apps_ctrl_c_removes_the_work_folder_and_archive(tmp_path):
         for line in proc.stderr:   # wait until it is inserting, one fsync'd transaction a row
             if "inserts in 100000 transactions ..." in line:
                 break
-        time.sleep(0.3)
-        assert any(name.startswith(B.WORK_PREFIX) for name in os.listdir(a))
+        assert poll_until(lambda: any(name.startswith(B.WORK_PREFIX) for name in os.listdir(a)),
+                          10)
         proc.send_signal(signal.SIGINT)
         rest = proc.stderr.read()
         assert proc.wait(timeout=30) == 130, rest

@@ -12,11 +12,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from harness import poll_until
 from tools.bench import fuse as B
 
 REPO = Path(__file__).resolve().parent.parent
@@ -160,8 +160,8 @@ def test_ctrl_c_removes_the_work_folders(tmp_path):
         for line in proc.stderr:   # wait until it is creating the small files
             if ": create " in line:
                 break
-        time.sleep(0.3)
-        assert any(name.startswith(B.WORK_PREFIX) for name in os.listdir(a))
+        assert poll_until(lambda: any(name.startswith(B.WORK_PREFIX) for name in os.listdir(a)),
+                          10)
         proc.send_signal(signal.SIGINT)
         rest = proc.stderr.read()
         assert proc.wait(timeout=30) == 130, rest

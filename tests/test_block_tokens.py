@@ -184,6 +184,8 @@ async def test_a_write_or_copy_without_the_right_token_is_refused_and_changes_no
         for why, token in attacks:
             await refused(why, token)
         # the right token, once it expired
+        # fixed-sleep: until the token's wall-clock expiry passed; the block server
+        # checks it against the real clock (no clock to inject there)
         await trio.sleep(max(0.0, good["expiry"] - time.time()) + 0.3)
         await refused("block access token expired", good)
         assert replica_files(cluster) == before
@@ -299,7 +301,8 @@ async def test_writes_appends_recoveries_and_re_replication_lose_nothing(tmp_pat
 
             # one block in one message (WRITE_BLOCK_ONESHOT), one through a pipeline
             outs = {path: await c.create(path, first_block=True) for path in late}
-            await trio.sleep(LIFETIME + 0.5)       # the first blocks' tokens expired
+            # fixed-sleep: the first blocks' tokens expire on the real wall clock
+            await trio.sleep(LIFETIME + 0.5)
             for path, out in outs.items():
                 await out.write(late[path])
                 await out.close()
@@ -308,7 +311,8 @@ async def test_writes_appends_recoveries_and_re_replication_lose_nothing(tmp_pat
             out = await c.create("/b")
             await out.write(b1)
             await out.hflush()
-            await trio.sleep(LIFETIME + 0.5)       # the pipeline's token expired
+            # fixed-sleep: the pipeline's token expires on the real wall clock
+            await trio.sleep(LIFETIME + 0.5)
             pipeline = [n["address"] for n in out._pipeline.nodes]
             victim = next(x for x in pipeline if x in holders_a)
             await cluster.stop_storage(addresses.index(victim))

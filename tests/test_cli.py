@@ -384,7 +384,7 @@ def test_stat_cat_tail_touch(cluster, env):
     # touch: creates an empty file, then moves mtime forward
     check_ok(leasefs("touch", "/cli/st/empty", env=env))
     before = int(check_ok(leasefs("stat", "--format", "%Y %b", "/cli/st/empty", env=env)).split()[0])
-    time.sleep(0.05)
+    time.sleep(0.05)   # fixed-sleep: the wall clock moves on, so the new mtime is later
     check_ok(leasefs("touch", "/cli/st/empty", env=env))
     after, length = check_ok(leasefs("stat", "--format", "%Y %b", "/cli/st/empty", env=env)).split()
     assert int(after) > before and length == "0"

@@ -296,7 +296,7 @@ def test_a_malformed_answer_is_a_transport_error():
             frame(1, 0x4, 1, headers.encode([(":status", "200")]))
             + frame(0, 0, 1, b"\x00" + struct.pack(">I", len(body)) + body)
             + frame(1, 0x5, 1, headers.encode([("grpc-status", "0")])))
-        await trio.sleep(10)
+        await trio.sleep_forever()   # holds the connection open, answers nothing
     with pytest.raises(TransportError, match="malformed answer") as err:
         hostile(malformed)
     assert err.value.sent
@@ -353,7 +353,7 @@ def test_a_closed_connection_may_have_been_seen():
 def test_an_oversized_frame_is_refused():
     async def big(stream):
         await stream.send_all(struct.pack(">I", 1 << 20)[1:] + bytes((0, 0)) + b"\0\0\0\1")
-        await trio.sleep(10)
+        await trio.sleep_forever()   # holds the connection open, answers nothing
     with pytest.raises(TransportError, match="frame"):
         hostile(big)
 
@@ -361,7 +361,7 @@ def test_an_oversized_frame_is_refused():
 def test_a_goaway_below_our_stream_was_not_seen():
     async def goaway(stream):
         await stream.send_all(frame(7, 0, 0, struct.pack(">II", 0, 0)))
-        await trio.sleep(10)
+        await trio.sleep_forever()   # holds the connection open, answers nothing
     with pytest.raises(TransportError) as err:
         hostile(goaway)
     assert not err.value.sent
@@ -369,7 +369,7 @@ def test_a_goaway_below_our_stream_was_not_seen():
 
 def test_silence_ends_at_the_timeout():
     async def silent(stream):
-        await trio.sleep(30)
+        await trio.sleep_forever()   # holds the connection open, answers nothing
     with pytest.raises(TransportError, match="no answer within"):
         hostile(silent, timeout=0.5)
 
@@ -384,18 +384,18 @@ def test_a_trailers_only_error_and_garbage_headers():
         await stream.send_all(frame(4, 0, 0, struct.pack(">HI", 4, 1 << 20))
                               + frame(6, 0, 0, b"12345678")
                               + frame(1, 0x5, 1, block))
-        await trio.sleep(10)
+        await trio.sleep_forever()   # holds the connection open, answers nothing
     assert hostile(unavailable) == (14, "etcdserver: no leader", None)
 
     async def garbage(stream):
         await stream.send_all(frame(1, 0x5, 1, b"\xff\xff\xff\xff"))
-        await trio.sleep(10)
+        await trio.sleep_forever()   # holds the connection open, answers nothing
     with pytest.raises(TransportError, match="bad headers"):
         hostile(garbage)
 
     async def no_status(stream):
         await stream.send_all(frame(1, 0x5, 1, hpack.Encoder().encode([(":status", "200")])))
-        await trio.sleep(10)
+        await trio.sleep_forever()   # holds the connection open, answers nothing
     with pytest.raises(TransportError, match="without a grpc-status"):
         hostile(no_status)
 

@@ -95,6 +95,8 @@ def test_sigstop_active_is_fenced_and_acknowledges_nothing(ha):
         senders = [threading.Thread(target=send, args=(i,)) for i in range(5)]
         for thread in senders:
             thread.start()
+        # fixed-sleep: the scenario's pause of twice the election timeout, whatever the takeover
+        # took
         time.sleep(max(0.0, paused_at + 2 * ha.settings["ha_election_timeout"]
                        - time.monotonic()) + 0.5)
     finally:
@@ -188,7 +190,8 @@ def test_a_deposed_active_that_comes_back_commands_no_block_server(tmp_path):
             assert poll_until(lambda: all(node_status(p)["active_epoch"] == new_epoch
                                           for p in ports), 20), [node_status(p) for p in ports]
             call(cluster.address(new), "mkdirs", path="/made-after")
-            # the pause: twice the election timeout, whatever the takeover took
+            # fixed-sleep: the scenario's pause of twice the election timeout, whatever the
+            # takeover took
             time.sleep(max(0.0, paused_at + 2 * election_timeout - time.monotonic()))
             obeyed = [commands_from(node_status(p), a, "obeyed") for p in ports]
             cluster.cut_from_etcd(active)
@@ -328,6 +331,8 @@ def test_graceful_failover_hands_the_term_to_the_standby(ha):
     # the other server wins; the one that resigned follows and does not take it back
     assert ha.wait_active(timeout=10, besides=active) == standby
     ha.wait_role(active, "standby")
+    # fixed-sleep: two election timeouts in which the resigned server must not take the role
+    # back; not taking it is a non-event
     time.sleep(2 * ha.settings["ha_election_timeout"])
     statuses = ha.statuses()
     assert statuses[standby]["role"] == "active" and statuses[active]["role"] == "standby"

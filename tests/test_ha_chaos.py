@@ -53,6 +53,7 @@ def _kill_round(cluster: HACluster, ledger: Ledger, rng: random.Random, k: int) 
     if kind == "etcd":
         i = rng.randrange(len(cluster.etcd.names))
         cluster.etcd.kill9(i)
+        # fixed-sleep: chaos pacing: how long the etcd member stays dead
         time.sleep(rng.uniform(0.2, 1.5))
         cluster.etcd.restart(i)
         cluster.etcd.wait_healthy()
@@ -64,6 +65,7 @@ def _kill_round(cluster: HACluster, ledger: Ledger, rng: random.Random, k: int) 
             return
         victim = names[0]
         cluster.kill(victim)
+        # fixed-sleep: chaos pacing: how long the server stays dead
         time.sleep(rng.uniform(0.2, 1.5))
         cluster.start_one(victim)
         if victim in cluster.observers:
@@ -133,6 +135,7 @@ def test_ha_chaos(tmp_path):
         started = time.monotonic()
         try:
             for k in range(ROUNDS):
+                # fixed-sleep: chaos pacing between kill rounds
                 time.sleep(rng.uniform(0.3, 1.0))
                 _kill_round(cluster, ledger, rng, k)
         finally:

@@ -106,6 +106,18 @@ async def wait_for(predicate, what: str, timeout: float = 15.0) -> None:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+async def wait_heartbeats(nodes, n: int, actor: int | None = None) -> None:
+    """Until every block server sent ``n`` more heartbeats (to the metadata server at
+    ``actor`` in its list, or to each) and read their replies: a command that was not
+    carried out by then was not handed out, or was dropped."""
+    def sent():
+        return [x.heartbeats_sent for node in nodes for i, x in enumerate(node.heartbeat.actors)
+                if actor is None or i == actor]
+    before = sent()
+    await wait_for(lambda: all(now >= was + n for now, was in zip(sent(), before)),
+                   f"{n} more heartbeats from every block server")
+
+
 def replicas_on(meta: MetaServer, block_id: int) -> int:
     info = meta.blocks.get(block_id)
     return 0 if info is None else len(info.replicas)
@@ -176,7 +188,7 @@ async def test_block_servers_report_to_every_server_and_obey_only_the_newest_act
             await b.namespace_protocol.rpc_delete(CTX, "/f1")
             await wait_for(lambda: b.datanodes.invalidate_queued() == 3,
                            "the standby to queue 3 deletions of /f1's block")
-            await trio.sleep(10 * config.heartbeat_interval)
+            await wait_heartbeats(nodes, 10, actor=1)
             assert b.datanodes.invalidate_queued() == 3   # none handed out
             assert all(held(nodes, ids["/f1"]))
             assert sum(dropped_from(n, addr_b) for n in nodes) == 0
@@ -186,7 +198,7 @@ async def test_block_servers_report_to_every_server_and_obey_only_the_newest_act
             await wait_for(lambda: all(dropped_from(n, addr_b) >= 1 for n in nodes),
                            "every block server to drop the INVALIDATE of a 'standby'")
             assert b.datanodes.invalidate_queued() == 0   # handed out, and dropped
-            await trio.sleep(5 * config.heartbeat_interval)
+            await wait_heartbeats(nodes, 5)
             assert all(held(nodes, ids["/f1"]))
 
             # 4. an active of an older epoch is not obeyed either; the newest active is
@@ -199,7 +211,7 @@ async def test_block_servers_report_to_every_server_and_obey_only_the_newest_act
             await wait_for(lambda: b.datanodes.invalidate_queued() == 0
                            and all(dropped_from(n, addr_b) > c for n, c in zip(nodes, before)),
                            "the INVALIDATE of the epoch-1 'active' to be handed out, and dropped")
-            await trio.sleep(5 * config.heartbeat_interval)
+            await wait_heartbeats(nodes, 5)
             assert all(held(nodes, ids["/f1"])) and all(held(nodes, ids["/f2"]))
             assert all(n.heartbeat.active_epoch == 2 for n in nodes)
             scraped = generate_latest(nodes[0].metrics_registry).decode()
@@ -230,7 +242,7 @@ async def test_block_servers_report_to_every_server_and_obey_only_the_newest_act
             await wait_for(lambda: all(dropped_from(n, addr_a) > c
                                        for n, c in zip(nodes, before)),
                            "the INVALIDATE of the deposed epoch-2 active to be dropped")
-            await trio.sleep(5 * config.heartbeat_interval)
+            await wait_heartbeats(nodes, 5)
             assert all(held(nodes, ids["/f4"]))
             nursery.cancel_scope.cancel()
 
@@ -404,6 +416,8 @@ async def test_calls_that_are_not_reports_go_to_the_active_server(tmp_path):
             x.refuse = True
 
             async def takeover():
+                # fixed-sleep: y takes over a little later, while the call retries on x:
+                # the delay is the scenario, not a wait for it
                 await trio.sleep(0.2)
                 y.ha.role, y.ha.epoch = Role.ACTIVE, 6
             nursery.start_soon(takeover)

@@ -54,6 +54,7 @@ def test_mount_writer_keeps_writing_through_a_kill9_of_the_active(ha):
                         fh.flush()
                         if i == 8:
                             killed.wait(30)   # the rest goes to the next active
+                        # fixed-sleep: paces the writes, so that the kill falls between them
                         time.sleep(0.05)
                     os.fsync(fh.fileno())
             except BaseException as exc:   # reported below
@@ -61,6 +62,7 @@ def test_mount_writer_keeps_writing_through_a_kill9_of_the_active(ha):
 
         writer = threading.Thread(target=write)
         writer.start()
+        # fixed-sleep: the writer writes through the active for a while before the kill
         time.sleep(1.0)
         active = ha.wait_active()
         ha.kill_meta(active)
@@ -93,6 +95,7 @@ def test_spark_write_job_rides_through_a_kill9_of_the_active(ha):
 
         def slow(batches):   # runs in a Python worker: the job lasts a few seconds
             for batch in batches:
+                # fixed-sleep: a slow UDF: the job must last across the failover
                 time.sleep(0.4)
                 yield batch
 

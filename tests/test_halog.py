@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from etcd_cluster import ETCD, EtcdCluster
+from harness import wait_until
 from meta.ha import etcdgrpc
 from meta.ha.etcdpb import kv_pb2, rpc_pb2 as pb
 from meta.ha.log import (MAX_PAYLOAD, CampaignTimeout, DuplicateTxid, Fenced, HALog,
@@ -147,7 +148,8 @@ def test_expired_lease_is_noticed_and_fenced(etcd):
         async with HALog.open(etcd.endpoints, p, ttl=1) as halog, \
                 HALog.open(etcd.endpoints, p) as other:
             term = await halog.campaign("w")
-            await trio.sleep(1.5)                   # kept alive past its TTL
+            # fixed-sleep: kept alive past its TTL, which runs on etcd's real clock
+            await trio.sleep(1.5)
             assert not halog.lost(term).is_set()
             await halog.append(term, 1, b"alive")
             # what etcd does when the lease runs out: the leader key goes with it
@@ -206,7 +208,8 @@ async def test_tail_follows_new_entries(etcd):
 
         async with trio.open_nursery() as n:
             n.start_soon(follow)
-            await trio.sleep(0.3)   # the watch is open before these appends
+            # the tail read the log up to here: what follows comes through its watch
+            assert await wait_until(lambda: seen == [2], timeout=10)
             for t in (3, 4, 5, 6):
                 await halog.append(term, t, b"new")
             with trio.fail_after(5):
@@ -243,6 +246,8 @@ def test_one_member_killed_appends_go_on_and_nothing_is_lost(fresh_etcd, victim)
                     for t in range(1, 21):
                         await halog.append(term, t, b"%d" % t)
                         acked.append(t)
+                    # fixed-sleep: the kill lands while the tail is streaming: chaos
+                    # timing, not a wait for an event
                     await trio.sleep(0.2)
                     cluster.kill9(kill)
                     for t in range(21, 41):

@@ -361,6 +361,8 @@ async def test_authenticated_tcp_connections_outlive_the_auth_deadline(tmp_path,
             await remote.list_status("/")
             assert remote.rpc.local_socket is None and remote.rpc.connected
             conn = remote.rpc._conn
+            # fixed-sleep: the connection must outlive auth_timeout; not cutting it is
+            # a non-event
             await trio.sleep(2.0)
             with pytest.raises(errors.NameTooLong):     # a 600 kB frame
                 await remote.mkdirs("/" + "x" * 600_000)

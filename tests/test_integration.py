@@ -201,6 +201,7 @@ def test_meta_kill9_under_concurrent_mutations_loses_nothing_acknowledged(tmp_pa
         workers = [Worker(c, i, stop) for i, c in enumerate(clients)]
         for w in workers:
             w.start()
+        # fixed-sleep: the workload runs for a while before the kill: chaos timing, not a wait
         time.sleep(4)
         cluster.kill_meta(signal.SIGKILL)
         stop.set()

@@ -15,7 +15,8 @@ import pytest
 
 from fs import errors
 from fs.client import Client
-from harness import ProcessCluster, make_test_config
+from harness import ProcessCluster, make_test_config, poll_until, wait_stopped
+from test_ha import node_status
 
 LEASES = {"lease_soft_limit": 1.0, "lease_hard_limit": 3.0, "lease_monitor_period": 0.2,
           "block_recovery_retry": 3.0}
@@ -224,11 +225,18 @@ def test_recovery_moves_on_when_its_primary_died_after_its_last_heartbeat(tmp_pa
         writer.kill()
         writer.wait()
         others = [cluster.procs[f"storage{i}"] for i in (1, 2)]
+        port = cluster.storage_http_port(0)
+
+        def heartbeats() -> int:
+            return node_status(port)["meta_servers"][0]["heartbeats_sent"]
         with Client(cluster.meta_address, config=make_test_config()) as b:
             for proc in others:
                 proc.send_signal(signal.SIGSTOP)
             try:
-                time.sleep(0.5)              # storage0's heartbeat is now the freshest
+                for proc in others:
+                    wait_stopped(proc.pid)
+                beats = heartbeats()   # two more from storage0: its heartbeat is the freshest
+                assert poll_until(lambda: heartbeats() >= beats + 2, 20)
                 cluster.kill_storage(0, signal.SIGKILL)
                 assert b.recover_lease("/p") is False
             finally:

@@ -8,6 +8,7 @@ import pytest
 import trio
 
 from fs import errors
+from harness import wait_until
 from meta.leases import leases as lm
 from meta.leases.leases import INTERNAL_HOLDER, LeaseManager
 from test_meta_server import FakeNode, KiB, meta_server
@@ -204,9 +205,16 @@ async def test_soft_expiry_create_recovers_then_file_exists(tmp_path):
         await open_file_with_data(rpc, nodes, "/s", "A", 700)
         with pytest.raises(errors.AlreadyBeingCreated, match="currently owned by A"):
             await rpc.call("create", {"path": "/s", "client_name": "B"})
-        await trio.sleep(0.6)   # past the soft limit
-        with pytest.raises(errors.RecoveryInProgress):
-            await rpc.call("create", {"path": "/s", "client_name": "B"})
+        async def past_soft_limit():   # B asks until A's soft limit passed
+            try:
+                await rpc.call("create", {"path": "/s", "client_name": "B"})
+            except errors.AlreadyBeingCreated:
+                return None
+            except errors.RecoveryInProgress:
+                return "recovering"
+            return "created"
+
+        assert await wait_until(past_soft_limit, timeout=10) == "recovering"
         with pytest.raises(errors.RecoveryInProgress):
             await rpc.call("create", {"path": "/s", "client_name": "B"})
         primary, cmd = await wait_command(nodes)

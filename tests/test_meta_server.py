@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from harness import free_port
+from harness import free_port, wait_until
 
 from fs import errors
 from fs.config import Config
@@ -261,9 +261,15 @@ async def test_soft_and_hard_lease_expiry_release_files(tmp_path):
                 await rpc.call("create", {"path": "/soft", "client_name": "ghost"})
                 with pytest.raises(errors.AlreadyBeingCreated):
                     await rpc.call("create", {"path": "/soft", "client_name": "bob"})
-                await trio.sleep(0.4)
+                async def past_soft_limit():
+                    try:
+                        await rpc.call("create", {"path": "/soft", "client_name": "bob"})
+                    except errors.AlreadyBeingCreated:
+                        return False              # the ghost's lease still holds
+                    return True
+
                 with pytest.raises(errors.FileExists):
-                    await rpc.call("create", {"path": "/soft", "client_name": "bob"})
+                    await wait_until(past_soft_limit, timeout=10)
                 assert not (await rpc.call("get_file_info", {"path": "/soft"}))["under_construction"]
                 # hard limit: the monitor recovers an abandoned file whose last block never
                 # got data: its pipeline node may hold hflushed bytes not reported yet, so
@@ -439,6 +445,8 @@ async def test_safe_mode_at_restart_and_manual(tmp_path):
                     assert status["on"] and status["manual"]
                     await node.report([[b["id"], b["gs"], b["num_bytes"], "FINALIZED"]
                                        for b in blocks + more])
+                    # fixed-sleep: manual safe mode staying on is a non-event; the safe
+                    # mode monitor counts no passes that the test could wait for instead
                     await trio.sleep(0.3)
                     assert (await rpc.call("safemode"))["on"] is True
                     with pytest.raises(errors.SafeMode, match="manually"):
@@ -461,8 +469,10 @@ async def test_safe_mode_extension_waits_after_threshold(tmp_path):
                 await node.report([[b["id"], b["gs"], b["num_bytes"], "FINALIZED"] for b in blocks])
                 status = await rpc.call("safemode")
                 assert status["on"] and "turned off automatically" in status["reason"]
-                await trio.sleep(1.0)
-                assert (await rpc.call("safemode"))["on"] is False
+                async def safemode_off():
+                    return not (await rpc.call("safemode"))["on"]
+
+                assert await wait_until(safemode_off, timeout=10)
 
     await main()
 
@@ -526,10 +536,19 @@ async def test_dead_block_server_is_detected_and_must_reregister(tmp_path):
                 await a.register()
                 await b.register()
                 _, blocks = await write_file(rpc, [a], "/f", [10])
-                for _ in range(8):      # b keeps beating, a falls silent
-                    await b.heartbeat()
-                    await trio.sleep(0.15)
-                report = await rpc.call("report")
+                async def keep_beating():      # b keeps beating, a falls silent
+                    while True:
+                        await b.heartbeat()
+                        await trio.sleep(0.1)
+
+                async def a_declared_dead():
+                    report = await rpc.call("report")
+                    return report if report["dead_nodes"] else None
+
+                async with trio.open_nursery() as beats:
+                    beats.start_soon(keep_beating)
+                    report = await wait_until(a_declared_dead, timeout=10)
+                    beats.cancel_scope.cancel()
                 assert [n["node_id"] for n in report["live_nodes"]] == ["node-b"]
                 assert [n["node_id"] for n in report["dead_nodes"]] == ["node-a"]
                 assert report["missing"] == 1
@@ -597,7 +616,13 @@ async def test_restart_keeps_namespace_leases_and_blocks(tmp_path):
                                                   "ino": open_st["ino"]})
                 await rpc.call("fsync", {"path": "/a/open", "client_name": "w-open",
                                          "ino": open_st["ino"], "last_block_length": 1234})
-                await trio.sleep(0.8)   # at least one checkpoint rolls and purges the journal
+                last = (await rpc.call("report"))["journal"]["last_txid"]
+
+                async def checkpointed():   # a checkpoint after the last change rolled
+                    cp = (await rpc.call("report"))["checkpoint"]   # and purged the journal
+                    return cp["txid"] >= last
+
+                assert await wait_until(checkpointed, timeout=10)
                 for i in range(5):
                     await rpc.call("mkdirs", {"path": f"/after/{i}"})
                 before = await tree(rpc)
@@ -799,14 +824,18 @@ async def test_lost_heartbeat_reply_invalidations_are_sent_again(tmp_path):
                 assert refs == sorted(b["id"] for b in blocks)
                 assert (await a.heartbeat())["commands"] == []   # not before the timeout
                 assert (await rpc.call("report"))["pending_deletion"] == 2
-                await trio.sleep(0.05 * 10 + 0.1)
-                again = (await a.heartbeat())["commands"]
+                async def resent():
+                    return (await a.heartbeat())["commands"]
+
+                again = await wait_until(resent, timeout=10)
                 assert [c["type"] for c in again] == ["INVALIDATE"]
                 assert sorted(b["id"] for b in again[0]["blocks"]) == refs
                 # now the node deletes them and says so: nothing more is sent
                 await ra.call("block_received_and_deleted", {
                     "node_id": "node-a", "received": [], "deleted": refs})
                 assert (await rpc.call("report"))["pending_deletion"] == 0
+                # fixed-sleep: past the resend timeout nothing is sent again; not sending
+                # is a non-event (the pending count, already 0, cannot show more)
                 await trio.sleep(0.05 * 10 + 0.1)
                 assert (await a.heartbeat())["commands"] == []
 
@@ -1008,7 +1037,9 @@ async def test_reclaimer_pauses_in_safe_mode_and_finishes_after_a_restart(tmp_pa
                 assert server.ns.reclaim.has_orphans() and server.ns.view.file_count() == 21
                 await server.admin_protocol.rpc_safemode(ctx, "enter")
                 nursery.start_soon(server.monitors.run_reclaimer)
-                await trio.sleep(0.5)     # several monitor periods: nothing reclaimed
+                # fixed-sleep: several monitor periods in which nothing may be reclaimed;
+                # the reclaim monitor counts no idle passes an event could show
+                await trio.sleep(0.5)
                 assert server.monitors.reclaim_records == 0 and server.ns.view.file_count() == 21
                 assert await server.monitors.reclaim_once() and await server.monitors.reclaim_once()
                 assert server.ns.reclaim.has_orphans()
@@ -1236,6 +1267,7 @@ async def test_rename_many_publishes_a_set_at_once_and_refuses_ambiguous_sets(tm
                         assert await rpc.call("rename_many", {"moves": moves}) is True
                         assert await txid(rpc) == before + 1   # one record for the whole set
                         generations.append(new)
+                        # fixed-sleep: paces the jobs so that the watcher lists between them
                         await trio.sleep(0.01)
                     done.set()
                 allowed = {tuple(sorted(g)) for g in generations}

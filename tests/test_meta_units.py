@@ -796,7 +796,7 @@ async def test_gc_governor_freezes_survivors_and_collects_frozen_cycles_at_its_i
         # one governor per process: a second one governs nothing
         second = GcGovernor(0.5)
         nursery.start_soon(second.run)
-        await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()   # the second one is under way
         assert gc.callbacks.count(second._on_gc) == 0
         nursery.cancel_scope.cancel()
     assert gc.get_freeze_count() == 0 and governor._on_gc not in gc.callbacks

@@ -336,6 +336,7 @@ def test_append_lands_at_the_real_end_despite_a_cached_size(mounted, cluster):
         fh.write(b"c" * 10)
     with cluster.client() as client:
         assert client.read_file("/grow.log") == b"a" * 100 + b"b" * 50 + b"c" * 10
+    # fixed-sleep: the mount's attribute cache lapses on the real clock in another process
     time.sleep(1.2)
     assert f.read_bytes() == b"a" * 100 + b"b" * 50 + b"c" * 10
 

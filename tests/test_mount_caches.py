@@ -228,6 +228,7 @@ def test_a_file_written_here_answers_getattr_itself_for_the_attribute_timeout(cl
         assert st.st_size == 5000 and st.st_mode & 0o777 == 0o644
         with cluster.client() as client:
             client.set_permission("/written_here", 0o600)
+        # fixed-sleep: the mount's cached mode lapses on the real clock in another process
         time.sleep(1.5)
         os.write(fd, b"y" * 100)
         st = os.fstat(fd)

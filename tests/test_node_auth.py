@@ -17,7 +17,7 @@ import os
 import pytest
 import trio
 
-from harness import inprocess_cluster, recover_until_closed
+from harness import inprocess_cluster, recover_until_closed, wait_until
 
 from fs import nodeauth
 from fs.errors import AuthenticationFailed, PermissionDenied
@@ -97,7 +97,7 @@ async def test_only_block_servers_with_the_cluster_key_are_taken(cluster):
 
 
 @pytest.mark.cluster(n_storage=1)
-async def test_a_block_server_with_another_key_is_never_registered(tmp_path, cluster):
+async def test_a_block_server_with_another_key_is_never_registered(tmp_path, cluster, caplog):
     other = tmp_path / "other.key"
     nodeauth.ensure_key(str(other))
     config = cluster.config.replace(cluster_key_file=str(other))
@@ -105,7 +105,10 @@ async def test_a_block_server_with_another_key_is_never_registered(tmp_path, clu
         await nursery.start(lambda task_status: run_block_server(
             config, str(tmp_path / "impostor"), meta_address=cluster.meta_address,
             host="127.0.0.1", port=0, task_status=task_status))
-        await trio.sleep(1.0)                # a few tries with backoff
+        # until the impostor's registration failed (it goes on trying with backoff)
+        assert await wait_until(lambda: any(
+            r.name == "storage.heartbeat" and "retrying with backoff" in r.getMessage()
+            for r in caplog.records), timeout=30)
         async with cluster.client() as c:
             assert len(await live_nodes(c)) == 1
         nursery.cancel_scope.cancel()
@@ -257,7 +260,8 @@ async def test_block_servers_serve_reads_only_with_a_valid_block_access_token(tm
             for why, forged in attacks.items():
                 with pytest.raises(InvalidToken, match=why):
                     await read_raw({**mine, "locations": mine["locations"]}, forged)
-            await trio.sleep(3.5)                 # the token's lifetime is over
+            # fixed-sleep: the token's lifetime is over on the real wall clock
+            await trio.sleep(3.5)
             with pytest.raises(InvalidToken, match="expired|does not have"):
                 await read_raw(mine)
 
@@ -265,6 +269,7 @@ async def test_block_servers_serve_reads_only_with_a_valid_block_access_token(tm
             async with await owner.open("/shared.bin") as stream:
                 assert await stream.read(1000) == shared[:1000]
                 for round_ in range(4):   # past the lifetime: refetched
+                    # fixed-sleep: each round outlives a token on the real wall clock
                     await trio.sleep(1.2)
                     assert await stream.pread(0, len(shared)) == shared
             assert await mallory.read_file("/shared.bin") == shared

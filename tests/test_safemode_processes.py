@@ -16,6 +16,7 @@ import pytest
 from fs import errors
 from fs.client import Client
 from harness import ProcessCluster, make_test_config
+from test_ha import node_status
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -68,7 +69,9 @@ def test_restart_with_block_servers_down_is_read_only_until_reports(tmp_path):
             live = _wait(lambda: client.report()["live_nodes"], 30,
                          "block server 0 to register")
             storage0 = live[0]["address"]
-            time.sleep(1.0)   # its block report is in; still far below the threshold
+            # its block report is in; still far below the threshold
+            _wait(lambda: client.report()["live_nodes"][0]["blocks"], 30,
+                  "block server 0's block report")
             status = client.safemode("get")
             assert status["on"] and not status["manual"], status
             assert "threshold" in status["reason"], status
@@ -103,8 +106,15 @@ def test_manual_safe_mode_never_leaves_by_itself(tmp_path):
         result = subprocess.run([sys.executable, "-m", "tools", "safemode", "enter"], env=env,
                                 cwd=REPO, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
+        port = cluster.storage_http_port(0)
+
+        def sent() -> dict:
+            return node_status(port)["meta_servers"][0]
         with _fast_client(cluster) as client:
-            time.sleep(1.5)   # reports and heartbeats keep arriving; it stays on
+            # reports and heartbeats keep arriving (a full report, ten heartbeats); it stays on
+            before = sent()
+            _wait(lambda: (now := sent())["heartbeats_sent"] >= before["heartbeats_sent"] + 10
+                  and now["full_reports_sent"] >= 1, 30, "ten heartbeats and a block report")
             status = client.safemode("get")
             assert status["on"] and status["manual"], status
             with pytest.raises(errors.SafeMode):

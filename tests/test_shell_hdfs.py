@@ -282,6 +282,7 @@ def test_ls_sorting_flags(cluster, env):
     check_ok(leasefs("mkdir", "/l", env=env))
     for name, size in (("old", 10), ("mid", 300), ("new", 20)):
         check_ok(leasefs("put", "-", f"/l/{name}", env=env, input=b"z" * size))
+        # fixed-sleep: the files need distinct modification times on the wall clock
         time.sleep(0.05)
     assert check_ok(leasefs("ls", "/l", env=env)).split() == ["mid", "new", "old"]
     assert check_ok(leasefs("ls", "-t", "/l", env=env)).split() == ["new", "mid", "old"]

@@ -250,6 +250,7 @@ def test_failed_job_leaves_nothing_and_rerun_gives_one_copy(spark, cluster, clie
     # a straggler's leftover (a task that was still running when abort ran)
     client.write_file("/jobs/out/_temporary/deadjob/attempt-x/part-00000-deadjob.parquet",
                       b"partial", overwrite=True)
+    # fixed-sleep: the leftover must be older than staleStagingSeconds on the wall clock
     time.sleep(1.1)
     df.write.format("leasefs").option("format", "parquet").option("staleStagingSeconds", "1") \
         .mode("append").save(target)
@@ -279,6 +280,7 @@ def test_overwrite_replaces_at_commit_and_append_adds(spark, cluster, client):
 
     @udf("long")
     def slow(x):
+        # fixed-sleep: a slow UDF: the job's duration is the scenario
         time.sleep(0.002)
         return x
 
@@ -411,7 +413,9 @@ def test_streaming_picks_up_new_files_and_restarts_from_checkpoint(spark, cluste
     query = start()
     try:
         keys = wait_for(50)
-        time.sleep(2)   # a few more (empty) triggers: nothing may be re-emitted
+        # fixed-sleep: a few more (empty) triggers in which nothing may be re-emitted: a non-
+        # event
+        time.sleep(2)
         keys = out_keys()
     finally:
         query.stop()

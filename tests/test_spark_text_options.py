@@ -277,9 +277,13 @@ def test_text_write_line_separator_matches_spark(spark, cluster, client, tmp_pat
 def test_listing_options_match_spark(spark, cluster, client, tmp_path):
     old = {"a.csv": b"1\n", "sub/b.csv": b"2\n", "k=7/c.csv": b"3\n", "d.txt": b"4\n"}
     local = put(client, tmp_path, "/list/x", old)
+    # fixed-sleep: the files' modification times must fall before the cut, in whole wall-clock
+    # seconds
     time.sleep(1.2)
     cut = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) \
         + datetime.timedelta(seconds=1)
+    # fixed-sleep: the next file's modification time must fall after the cut, in whole wall-
+    # clock seconds
     time.sleep(1.5)
     put(client, tmp_path, "/list/x", {"e.csv": b"5\n"})
     stamp = cut.strftime("%Y-%m-%dT%H:%M:%S")

@@ -453,6 +453,8 @@ async def test_receiver_runs_at_most_a_window_ahead_of_acks(tmp_path):
                 first = nodes[0].store.get(4100)
                 await wait_for(lambda: first.num_bytes >= (window + 2) * 4096,
                                what="the first node to write packets")
+                # fixed-sleep: the writer must stall at the window; a stall is a non-event
+                # (no counter of packets refused for want of queue space to wait on)
                 await trio.sleep(0.3)
                 # written: one packet awaiting its ack, `window` queued, one more waiting for
                 # queue space; forwarded: also the one queued for the disk and the one in hand
@@ -754,6 +756,8 @@ async def test_registration_retries_until_meta_is_up_and_reregisters_on_request(
             response, _, _ = await read_block(node.address, 1, 1)   # and serves data already
             assert response["error"]["type"] == "ReplicaNotFound"
             await write_block(node.address, 21, 1, b"early")
+            # fixed-sleep: registering keeps failing while nobody answers; no count of
+            # failed attempts to wait on, and "not registered" is a non-event
             await trio.sleep(0.3)
             assert not node.server.heartbeat.registered
             meta, _ = await start_fake_meta(nursery, port)
@@ -864,6 +868,7 @@ async def test_full_block_report_repeats_every_interval(tmp_path):
             await wait_for(lambda: [51, 2, 700, "FINALIZED"] in
                            (meta.of("block_report") or [{"blocks": []}])[-1]["blocks"])
             n = len(meta.of("block_report"))
+            # fixed-sleep: counts the reports in a fixed window, a rate (both bounds)
             await trio.sleep(0.7)
             assert 2 <= len(meta.of("block_report")) - n <= 5
             assert len(meta.of("register_storage")) == 1
@@ -1190,7 +1195,9 @@ async def test_no_incremental_report_overtakes_a_chunked_full_report(tmp_path):
                 await meta.held.wait()
             acks = await write_block(node.address, 73, 1, b"q" * 1000)
             assert acks[-1] == (1, [SUCCESS])
-            await trio.sleep(0.3)    # several heartbeats: the incremental report waits
+            # fixed-sleep: room for an incremental report to overtake; not overtaking is a
+            # non-event, and no heartbeat is sent while the full report is held
+            await trio.sleep(0.3)
             assert not any(e[0] == 73 for e in meta.received(node.node_id)), \
                 "an incremental report overtook the chunked full report in flight"
             meta.release.set()

@@ -48,7 +48,7 @@ async def _build(folder) -> None:
 async def _summary_while_probing(address: str, config, call) -> tuple[float, list[float], object]:
     """``call(client)`` on one client while another calls getFileInfo back to back: the
     call's wall time, the probe latencies during it, the call's answer."""
-    done = trio.Event()
+    done, probing_started = trio.Event(), trio.Event()
     latencies: list[float] = []
     async with AsyncClient(address, config=config) as probe, \
             AsyncClient(address, config=config) as caller:
@@ -60,10 +60,11 @@ async def _summary_while_probing(address: str, config, call) -> tuple[float, lis
                 started = time.perf_counter()
                 await probe.get_file_status("/big/f000001")
                 latencies.append(time.perf_counter() - started)
+                probing_started.set()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(probing)
-            await trio.sleep(0.05)
+            await probing_started.wait()
             latencies.clear()
             started = time.perf_counter()
             answer = await call(caller)

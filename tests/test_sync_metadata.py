@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from contextlib import contextmanager
 
 import pytest
@@ -21,6 +20,7 @@ import trio
 from fs.client import AsyncClient
 from harness import Mount, ProcessCluster, make_test_config, poll_until, store_problems
 from meta.journal.journal import Journal
+from test_ha import node_status
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -137,8 +137,14 @@ def test_a_deletion_reaches_block_servers_only_once_it_is_durable(process_cluste
             await client.delete("/big")
             assert not await client.exists("/big")
 
+    port = process_cluster.storage_http_port(0)
+
+    def heartbeats() -> int:
+        return node_status(port)["meta_servers"][0]["heartbeats_sent"]
+
     trio.run(write_and_delete)
-    time.sleep(2.0)   # twenty heartbeats, each of which could have carried the deletion
+    beats = heartbeats()   # twenty heartbeats, each of which could have carried the deletion
+    assert poll_until(lambda: heartbeats() >= beats + 20, 30)
     assert replica_files(), "a replica was deleted before the delete was durable"
     with process_cluster.client() as client:
         assert client.report()["pending_deletion"] >= 1

@@ -98,6 +98,8 @@ async def _peer_that_does_not_read(liveness):
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(send)
+        # fixed-sleep: a slow but live peer for three timeouts is never judged lost;
+        # the kernel's view over real time is what is tested
         await trio.sleep(3 * tcpliveness.timeout())
         assert not sent.is_set()
         info = client.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)

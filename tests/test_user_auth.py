@@ -313,6 +313,7 @@ async def test_delegation_tokens_fetch_use_renew_cancel_expire_and_survive_resta
     second.save(second_path)
     async with AsyncClient(address, config=remote_config(cluster, second_path)) as remote:
         await remote.list_status("/")
+    # fixed-sleep: until the token's wall-clock expiry passed (checked on the real clock)
     await trio.sleep(max(0.0, got["expiry"] - time.time()) + 0.5)
     await refused(second, "expired")
 

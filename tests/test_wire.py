@@ -10,6 +10,8 @@ import pytest
 import trio
 import trio.testing
 
+from harness import wait_until
+
 from fs import datatransfer, errors, paths
 from fs.config import Config, describe, find_meta_address
 from fs.framing import LENGTH, FrameChannel, FramedStream, encode_frame
@@ -114,7 +116,7 @@ class Echo(Dispatcher):
         return value
 
     async def rpc_sleep(self, ctx, seconds):
-        await trio.sleep(seconds)
+        await trio.sleep(seconds)   # fixed-sleep: the call's simulated duration
         return seconds
 
     async def rpc_missing(self, ctx, path):
@@ -128,7 +130,7 @@ class Echo(Dispatcher):
 
     async def rpc_bump(self, ctx):
         self.bumps += 1
-        await trio.sleep(0.05)
+        await trio.sleep(0.05)   # fixed-sleep: simulated work, so that calls overlap
         return self.bumps
 
 
@@ -178,7 +180,8 @@ async def test_retry_cache_applies_a_retried_call_once():
                     n2.start_soon(call, retry)
                 assert results == [1, 1]
                 await rpc._conn.channel.aclose()          # reconnect, then retry again
-                await trio.sleep(0.05)
+                # the client's reader saw the closed channel
+                assert await wait_until(lambda: not rpc.connected, timeout=10)
                 assert await rpc.call_once("bump", {}, 42, 5) == 1
                 assert server.bumps == 1
             # two clients that merely share a name (and count call ids from 1 alike) are
@@ -309,17 +312,23 @@ async def _value(v):
 
 
 async def test_rpc_client_reconnects_after_server_restart():
+    first = trio.CancelScope()
+
+    async def first_server(task_status=trio.TASK_STATUS_IGNORED):
+        with first:   # a scope around nursery.start would not reach the started task
+            await serve_tcp(lambda s, p: serve_rpc(s, Echo(), peer=p), "127.0.0.1", 0,
+                            task_status=task_status)
+
     async with trio.open_nursery() as outer:
-        with trio.CancelScope() as first:
-            addr = await outer.start(serve_tcp,
-                                     lambda s, p: serve_rpc(s, Echo(), peer=p), "127.0.0.1", 0)
+        addr = await outer.start(first_server)
         async with RpcClient(addr, "c1", retry_seconds=5) as rpc:
             assert await rpc.call("echo", {"value": 1}) == 1
             first.cancel()
-            await trio.sleep(0.1)
+            # the cancelled server closed the connection
+            assert await wait_until(lambda: not rpc.connected, timeout=10)
 
             async def restart_later():
-                await trio.sleep(0.3)
+                await trio.sleep(0.3)   # fixed-sleep: the outage the client retries across
                 await outer.start(serve_tcp, lambda s, p: serve_rpc(s, Echo(), peer=p),
                                   "127.0.0.1", addr[1])
             outer.start_soon(restart_later)
@@ -448,7 +457,9 @@ async def test_one_call_timing_out_does_not_fail_the_others():
                 outcome["slow"] = await rpc.call("sleep", {"seconds": 1.0}, timeout=10)
 
             async def impatient():
-                await trio.sleep(0.05)     # after the slow call: its deadline is earlier
+                # fixed-sleep: sends this call after the slow one, whose deadline is
+                # earlier; the server double marks no call as started
+                await trio.sleep(0.05)
                 start = trio.current_time()
                 with pytest.raises(errors.RpcTimeout, match="within 0.2 s"):
                     await rpc.call("sleep", {"seconds": 5.0}, timeout=0.2)
@@ -469,7 +480,7 @@ class Gauge(Dispatcher):
     async def rpc_work(self, ctx):
         self.running += 1
         self.peak = max(self.peak, self.running)
-        await trio.sleep(0.05)
+        await trio.sleep(0.05)   # fixed-sleep: simulated work, so that calls overlap
         self.running -= 1
         return True
 
