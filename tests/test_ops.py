@@ -27,7 +27,7 @@ from meta.journal.ops import (ABSENT, OPS, LAZY_OPS, RPC_CALL, RPC_KEPT, Effect,
 from meta.journal.ops_blocks import Close
 from meta.journal.ops_namespace import Mkdir
 from meta.server import MetaServer
-from tests.harness import make_test_config
+from harness import make_test_config
 
 
 class Driver:
