@@ -91,7 +91,7 @@ class Locator:
         """``get_block_locations``' answer for the blocks of a file overlapping
         ``[offset, end)``, each with a read token for ``user`` (security = secure) and its
         replicas in the order for a reader on ``reader_host``."""
-        under_construction = bool(inode.get("uc"))
+        under_construction = bool(inode.uc)
         data = self.ns.inline_data(ino, inode)
         if data is not None:   # the whole content, whatever the range asked
             return {"length": len(data), "under_construction": under_construction,
@@ -100,6 +100,6 @@ class Locator:
                                 reader_host=reader_host)
                    for block, pos in self.ns.blocks_in_range(ino, inode, offset, end)]
         last = self.ns.tail_blocks(ino, inode, 1)
-        return {"length": inode.get("length", 0), "under_construction": under_construction,
+        return {"length": (inode.length or 0), "under_construction": under_construction,
                 "blocks": located,
                 "last_block_complete": not last or self.is_complete(last[-1])}

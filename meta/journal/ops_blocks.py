@@ -32,7 +32,7 @@ class _WriterOp(Op):
     def check(self, view):
         inode = view.open_file(self.ino, linked=True)
         if inode is not None:
-            self.check_blocks(view, inode.get("nblocks", 0))
+            self.check_blocks(view, (inode.nblocks or 0))
 
     def check_blocks(self, view, nblocks: int) -> None:
         pass
@@ -63,7 +63,7 @@ class AddBlock(_WriterOp):
             return {}
         effects = {"ino": ino, "block": self.block, "index": self.index,
                    "targets": given(self.targets, []),
-                   "replication": inode.get("replication", 1)}
+                   "replication": (1 if inode.replication is None else inode.replication)}
         prev = given(self.previous)
         if prev is not None:
             old = txn.get(keys.block_key(ino, prev["index"]))
@@ -180,9 +180,9 @@ class AbandonBlock(_WriterOp):
         if old is None:
             return {}
         txn.delete(key)
-        if "inline" not in inode:
-            inode["length"] = inode.get("length", 0) - old["num_bytes"]
-        inode["nblocks"] = self.index
+        if inode.inline is None:
+            inode = inode.replace(length=(inode.length or 0) - old["num_bytes"])
+        inode = inode.replace(nblocks=self.index)
         txn.put(keys.inode_key(ino), inode)
         return {"ino": ino, "removed_blocks": [old["id"]]}
 
@@ -216,7 +216,7 @@ class Close(_WriterOp):
             effects["removed_blocks"] = st.store_inline(txn, ino, inode, self.data)
         # only the last two blocks may be incomplete (ADD_BLOCK completes the one before
         # ``previous``), so a close costs the same for 2 blocks and for 50 000
-        nblocks = inode.get("nblocks", 0)
+        nblocks = (inode.nblocks or 0)
         tail = [(index, txn.get(keys.block_key(ino, index)))
                 for index in range(max(0, nblocks - 2), nblocks)]
         for index, block in tail:
@@ -227,14 +227,14 @@ class Close(_WriterOp):
                 block = {**block, "num_bytes": last["num_bytes"]}
             if block["state"] != COMPLETE or (last is not None and index == last["index"]):
                 st.set_block(txn, counters, ino, inode, index, {**block, "state": COMPLETE})
-        inode["uc"] = None
-        inode["mtime"] = inode["ctime"] = self.time
+        inode = inode.replace(uc=None)
+        inode = inode.replace(mtime=self.time, ctime=self.time)
         if given(self.mtime) is not None:   # the writer's utimens while it wrote
-            inode["mtime"] = self.mtime
+            inode = inode.replace(mtime=self.mtime)
         if given(self.atime) is not None:
-            inode["atime"] = self.atime
+            inode = inode.replace(atime=self.atime)
         if given(self.mode) is not None:    # and its chmod
-            inode["mode"] = self.mode
+            inode = inode.replace(mode=self.mode)
         txn.put(keys.inode_key(ino), inode)
         txn.delete(keys.uc_key(ino))
         return effects
@@ -276,7 +276,7 @@ class _FileOp(Op):
 
     def check(self, view):
         inode = view.inode(self.ino)
-        if inode is None or inode.get("type") != "file":
+        if inode is None or inode.type != "file":
             view.problem(f"inode {self.ino} is not a file")
 
 
@@ -332,16 +332,16 @@ class Truncate(_FileOp):
                         {**old, "num_bytes": last["num_bytes"], "state": UNDER_CONSTRUCTION,
                          "truncate_to": last["num_bytes"]})
             st.set_uc(txn, ino, inode, self.holder, given(self.client_machine, ""))
-        if "inline" in inode:
+        if inode.inline is not None:
             if self.new_length:
                 data = txn.get(keys.inline_key(ino)) or b""
                 txn.put(keys.inline_key(ino), bytes(data[:self.new_length]))
-                inode["inline"] = self.new_length
+                inode = inode.replace(inline=self.new_length)
             else:
                 st.drop_inline(txn, ino, inode)
-        inode["length"] = self.new_length
-        inode["nblocks"] = self.keep
-        inode["mtime"] = inode["ctime"] = self.time
+        inode = inode.replace(length=self.new_length)
+        inode = inode.replace(nblocks=self.keep)
+        inode = inode.replace(mtime=self.time, ctime=self.time)
         txn.put(keys.inode_key(ino), inode)
         return {"ino": ino, "removed_blocks": removed}
 
@@ -403,9 +403,9 @@ class ReassignLease(_RecoveryOp):
     def apply(self, txn, counters):
         ino = self.ino
         inode = st.file_inode(txn, ino)
-        if inode is None or not inode.get("uc"):
+        if inode is None or not inode.uc:
             return {}
-        st.set_uc(txn, ino, inode, self.holder, inode["uc"].get("client_machine", ""))
+        st.set_uc(txn, ino, inode, self.holder, (inode.uc.client_machine or ""))
         txn.put(keys.inode_key(ino), inode)
         return {"ino": ino, "holder": self.holder}
 
@@ -442,11 +442,11 @@ class CommitBlockSync(_RecoveryOp):
         # a reopened inline file whose first block holds less than the inline bytes: the
         # writer died before sending them all, so nothing after them was acknowledged
         # either; the block goes and the inline data stays the content
-        if self.delete or ("inline" in inode and self.num_bytes < inode["inline"]):
+        if self.delete or (inode.inline is not None and self.num_bytes < inode.inline):
             txn.delete(key)
-            if "inline" not in inode:
-                inode["length"] = inode.get("length", 0) - old["num_bytes"]
-            inode["nblocks"] = self.index
+            if inode.inline is None:
+                inode = inode.replace(length=(inode.length or 0) - old["num_bytes"])
+            inode = inode.replace(nblocks=self.index)
             effects["removed_blocks"] = [self.id]
         else:
             synced = {**old, "gs": self.gs, "num_bytes": self.num_bytes,

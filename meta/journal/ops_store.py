@@ -112,7 +112,7 @@ def inside(view: Txn, ino: int, root: int) -> bool:
         inode = view.get(keys.inode_key(ino))
         if inode is None:
             return False
-        ino = inode["parent"]
+        ino = inode.parent
     return False
 
 
@@ -139,12 +139,11 @@ def charge_usage(txn: Txn, counters, ino: int, names: int, space: int) -> None:
         inode = txn.get(keys.inode_key(ino))
         if inode is None:
             return
-        quota = inode.get("quota")
+        quota = inode.quota
         if quota is not None:   # replaced, never changed in place (the cache shares it)
-            inode["quota"] = {**quota, "ns_used": quota["ns_used"] + names,
-                              "ds_used": quota["ds_used"] + space}
+            inode = inode.replace(quota=quota.replace(ns_used=quota.ns_used + names, ds_used=quota.ds_used + space))
             txn.put(keys.inode_key(ino), inode)
-        ino = inode["parent"]
+        ino = inode.parent
 
 
 def touch_dir(txn: Txn, ino: int, time: int, children_delta: int, child: dict | None) -> None:
@@ -154,16 +153,16 @@ def touch_dir(txn: Txn, ino: int, time: int, children_delta: int, child: dict | 
     if inode is None:
         log.error("apply: parent directory inode %d is missing", ino)
         return
-    inode["children"] = inode.get("children", 0) + children_delta
-    if child is not None and child.get("type") == DIR:
-        if "subdirs" in inode:
-            inode["subdirs"] += children_delta
+    inode = inode.replace(children=(inode.children or 0) + children_delta)
+    if child is not None and child.type == DIR:
+        if inode.subdirs is not None:
+            inode = inode.replace(subdirs=inode.subdirs + children_delta)
         else:   # stored before directories counted them: count once (the batch
             # already holds the entry change, so the count is the new one)
             inode["subdirs"] = sum(
                 1 for _, c in txn.scan(keys.dentry_prefix(ino))
                 if (txn.get(keys.inode_key(c)) or {}).get("type") == DIR)
-    inode["mtime"] = inode["ctime"] = time
+    inode = inode.replace(mtime=time, ctime=time)
     txn.put(keys.inode_key(ino), inode)
 
 
@@ -174,9 +173,9 @@ def link(txn: Txn, counters, parent: int, name: str, ino: int, inode: dict,
     touch_dir(txn, parent, time, +1, inode)
     charge_usage(txn, counters, parent, 1, file_charge(txn.get, ino, inode))
     bump(counters, keys.NEXT_INO, ino)
-    if inode["type"] == DIR:
+    if inode.type == DIR:
         add_counter(counters, keys.DIRS, 1)
-    elif inode["type"] == FILE:
+    elif inode.type == FILE:
         add_counter(counters, keys.FILES, 1)
 
 
@@ -203,19 +202,19 @@ def remove_subtree(txn: Txn, counters, ino: int, effects: dict) -> tuple[int, in
             log.error("apply: inode %d to remove is missing", cur)
             continue
         names += 1
-        if inode["type"] == DIR:
-            if inode.get("children", 1):   # an empty folder needs no scan
+        if inode.type == DIR:
+            if (1 if inode.children is None else inode.children):   # an empty folder needs no scan
                 for key, child in txn.scan(keys.dentry_prefix(cur)):
                     stack.append(child)
                     txn.delete(key)
             add_counter(counters, keys.DIRS, -1)
-        elif inode["type"] == FILE:
+        elif inode.type == FILE:
             space += file_charge(txn.get, cur, inode)
             removed_blocks.extend(delete_blocks(txn, cur, inode))
-            if inode.get("uc"):
+            if inode.uc:
                 txn.delete(keys.uc_key(cur))
                 removed_uc.append(cur)
-            if "inline" in inode:
+            if inode.inline is not None:
                 txn.delete(keys.inline_key(cur))
             add_counter(counters, keys.FILES, -1)
         txn.delete(keys.inode_key(cur))
@@ -255,7 +254,7 @@ def detach_subtree(txn: Txn, parent: int, name: str, ino: int, time: int,
         if inside(txn, uc_ino, ino):
             txn.delete(key)
             removed_uc.append(uc_ino)
-    inode["parent"] = 0
+    inode = inode.replace(parent=0)
     txn.put(keys.inode_key(ino), inode)
     txn.put(keys.orphan_key(ino), {"parent": parent, "name": name, "time": time})
     effects["orphan"] = ino
@@ -263,7 +262,7 @@ def detach_subtree(txn: Txn, parent: int, name: str, ino: int, time: int,
 
 def file_inode(txn: Txn, ino: int) -> dict | None:
     inode = txn.get(keys.inode_key(ino))
-    if inode is None or inode["type"] != FILE:
+    if inode is None or inode.type != FILE:
         log.error("apply: file inode %d is missing", ino)
         return None
     return inode
@@ -276,14 +275,14 @@ def set_block(txn: Txn, counters, ino: int, inode: dict, index: int,
     block holds at least as many bytes (the writer sends the inline bytes first)."""
     key = keys.block_key(ino, index)
     old = txn.get(key)
-    if "inline" in inode:
-        if block["num_bytes"] >= inode["inline"]:
+    if inode.inline is not None:
+        if block["num_bytes"] >= inode.inline:
             drop_inline(txn, ino, inode)
-            inode["length"] = block["num_bytes"]
+            inode = inode.replace(length=block["num_bytes"])
     else:
-        inode["length"] = inode.get("length", 0) - (old["num_bytes"] if old else 0) \
+        inode["length"] = (inode.length or 0) - (old["num_bytes"] if old else 0) \
             + block["num_bytes"]
-    inode["nblocks"] = max(inode.get("nblocks", 0), index + 1)
+    inode = inode.replace(nblocks=max((inode.nblocks or 0), index + 1))
     txn.put(key, {"id": block["id"], "gs": block["gs"], "num_bytes": block["num_bytes"],
                   "state": block["state"]})
     bump(counters, keys.NEXT_BLOCK_ID, block["id"])
@@ -295,7 +294,7 @@ def delete_blocks(txn: Txn, ino: int, inode: dict) -> list[int]:
     blocks (inline or empty) is not scanned: LevelDB would walk tombstones past its
     empty range up to the next live key."""
     removed = []
-    if inode.get("nblocks", 1):
+    if (1 if inode.nblocks is None else inode.nblocks):
         for key, block in txn.scan(keys.block_prefix(ino)):
             removed.append(block["id"])
             txn.delete(key)
@@ -304,7 +303,7 @@ def delete_blocks(txn: Txn, ino: int, inode: dict) -> list[int]:
 
 def drop_inline(txn: Txn, ino: int, inode: dict) -> None:
     txn.delete(keys.inline_key(ino))
-    del inode["inline"]
+    inode = inode.replace(inline=None)
 
 
 def store_inline(txn: Txn, ino: int, inode: dict, data: bytes) -> list[int]:
@@ -312,8 +311,8 @@ def store_inline(txn: Txn, ino: int, inode: dict, data: bytes) -> list[int]:
     the unused first block ``create`` allocated) go. Returns their ids."""
     removed = delete_blocks(txn, ino, inode)
     txn.put(keys.inline_key(ino), bytes(data))
-    inode["inline"] = inode["length"] = len(data)
-    inode["nblocks"] = 0
+    inode = inode.replace(inline=len(data), length=len(data))
+    inode = inode.replace(nblocks=0)
     return removed
 
 
@@ -328,5 +327,5 @@ def update_inode(txn: Txn, ino: int, **changes) -> dict | None:
 
 
 def set_uc(txn: Txn, ino: int, inode: dict, holder: str, client_machine: str) -> None:
-    inode["uc"] = {"holder": holder, "client_machine": client_machine}
+    inode = inode.replace(uc={"holder": holder, "client_machine": client_machine})
     txn.put(keys.uc_key(ino), holder)

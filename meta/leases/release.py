@@ -142,7 +142,7 @@ class LeaseRecovery:
         last = blocks[-1]
         if last["id"] not in self._recoveries:
             await self.start_block_recovery(path, ino, last)
-        holder = inode["uc"]["holder"]
+        holder = inode.uc.holder
         if new_holder is not None and new_holder != holder:
             await self.edits.log_plan(self.ns.plan_reassign_lease(ino, new_holder))
             log.info("lease of %s reassigned from %s to %s", path, holder, new_holder)
@@ -212,7 +212,7 @@ class LeaseRecovery:
                 if self._recoveries.get(rec.block_id) is not rec:
                     continue
                 inode = self.ns.get_inode(rec.ino)
-                tail = self.ns.tail_blocks(rec.ino, inode, 1) if inode and inode.get("uc") else []
+                tail = self.ns.tail_blocks(rec.ino, inode, 1) if inode and inode.uc else []
                 if not tail or tail[-1]["id"] != rec.block_id:
                     self.forget_recovery(rec.block_id)
                     continue
@@ -236,7 +236,7 @@ class LeaseRecovery:
                                          lock_set(paths.split(path), LOCK_WRITE),
                                          check_safemode=False):
                     inode = self.ns.get_inode(ino)
-                    if inode is None or not inode.get("uc") or self.ns.path_of(ino) != path:
+                    if inode is None or not inode.uc or self.ns.path_of(ino) != path:
                         continue
                     if await self._internal_release_lease(path, ino, inode, INTERNAL_HOLDER):
                         released += 1
@@ -254,12 +254,12 @@ class LeaseRecovery:
                                      caller: str, now: float, *, force: bool = False) -> bool:
         """HDFS ``recoverLeaseInternal`` on an open file (caller holds its locks): True
         when the file is closed now, False while block recovery runs."""
-        self.leases.recover_lease_internal(op, path, inode["uc"]["holder"], caller, now,
+        self.leases.recover_lease_internal(op, path, inode.uc.holder, caller, now,
                                            force=force,
                                            last_under_recovery=self._last_under_recovery(ino, inode))
         tail = self.ns.tail_blocks(ino, inode, 1)
         if tail and tail[-1]["id"] in self._recoveries:
-            if inode["uc"]["holder"] != caller and force:
+            if inode.uc.holder != caller and force:
                 await self.edits.log_plan(self.ns.plan_reassign_lease(ino, caller))
             return False
         return await self._internal_release_lease(path, ino, inode, caller)

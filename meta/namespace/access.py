@@ -70,7 +70,7 @@ class Access:
                             ignore_empty_dir: bool = False) -> None:
         """HDFS subAccess: ``access`` on every directory of the subtree at ``parts``."""
         found = self.ns.walk(parts, strict=False)
-        if len(found) != len(parts) + 1 or found[-1][1]["type"] != DIR:
+        if len(found) != len(parts) + 1 or found[-1][1].type != DIR:
             return
         walk = TimeSlice()
         for ino, node in self.ns.iter_subtree(*found[-1]):

@@ -50,7 +50,7 @@ class RecordApplier:
             if charged is not None:
                 inode = txn.get(keys.inode_key(ino))
                 if inode is not None:
-                    charge_usage(txn, counters, inode["parent"], 0,
+                    charge_usage(txn, counters, inode.parent, 0,
                                  file_charge(txn.get, ino, inode) - charged)
             effect["op"] = record.op
             effects.append(effect)

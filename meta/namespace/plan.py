@@ -49,8 +49,8 @@ class NamespacePlanner:
         asks for the creator's group, as a kernel would give it outside such a folder)."""
         owner = check_name(owner, "owner", optional=True) or self.defaults.owner
         group = check_name(group, "group", optional=True)
-        if group is None or parent_inode.get("mode", 0) & SETGID:
-            group = parent_inode.get("group", self.defaults.group)
+        if group is None or (parent_inode.mode or 0) & SETGID:
+            group = (self.defaults.group if parent_inode.group is None else parent_inode.group)
         return owner, group
 
     def _missing_dirs(self, parts, found, upto: int, mode: int, owner: str,
@@ -59,7 +59,7 @@ class NamespacePlanner:
         setgid folder each keeps the bit (POSIX), so its own entries get the group too."""
         dirs = []
         parent = found[-1][0]
-        mode |= found[-1][1].get("mode", 0) & SETGID
+        mode |= (found[-1][1].mode or 0) & SETGID
         for name in parts[len(found) - 1:upto]:
             ino = self.allocate_ino()
             dirs.append({"parent": parent, "name": name, "ino": ino, "mode": mode,
@@ -69,7 +69,7 @@ class NamespacePlanner:
 
     def check_parent_dir(self, path: str, found) -> None:
         ino, inode = found[-1]
-        if inode["type"] != DIR:
+        if inode.type != DIR:
             raise NotDirectory(f"{path}: parent is not a directory")
 
     # ------------------------------------------------------------------ planners
@@ -89,10 +89,10 @@ class NamespacePlanner:
         permission = check_mode(permission, f"mkdirs {canonical}: permission")
         found = self.walk(parts, canonical)
         if len(found) == len(parts) + 1:
-            if found[-1][1]["type"] == DIR and not exclusive:
+            if found[-1][1].type == DIR and not exclusive:
                 return None
             raise FileExists(f"mkdirs {canonical}: exists"
-                             + ("" if found[-1][1]["type"] == DIR else " and is not a directory"))
+                             + ("" if found[-1][1].type == DIR else " and is not a directory"))
         if len(found) < len(parts) and not create_parent:
             raise FileNotFound(f"mkdir {canonical}: parent {paths.join_parts(parts[:-1])} "
                                f"does not exist")
@@ -123,12 +123,12 @@ class NamespacePlanner:
         dirs: list[dict] = []
         if len(found) == len(parts) + 1:
             ino, inode = found[-1]
-            if inode["type"] == DIR:
+            if inode.type == DIR:
                 raise IsDirectory(f"cannot create {canonical}: it is a directory")
             if not overwrite:
-                uc = inode.get("uc")
+                uc = inode.uc
                 if uc:
-                    LeaseManager.check_create_conflict(canonical, uc["holder"], holder)
+                    LeaseManager.check_create_conflict(canonical, uc.holder, holder)
                 raise FileExists(f"cannot create {canonical}: file exists")
             overwrite_ino = ino
             detach = self.needs_detach(ino, inode)
@@ -208,9 +208,9 @@ class NamespacePlanner:
         if not parts:
             raise InvalidArgument("cannot delete the root directory /")
         _, ino, inode, found = self.resolve(canonical)
-        if inode["type"] == DIR and inode.get("children", 0) and not recursive:
+        if inode.type == DIR and (inode.children or 0) and not recursive:
             raise DirectoryNotEmpty(f"cannot delete {canonical}: directory is not empty "
-                                    f"({inode['children']} entries); use recursive")
+                                    f"({inode.children} entries); use recursive")
         detach = self.needs_detach(ino, inode)
         return Delete(parent=found[-2][0], name=parts[-1], ino=ino, time=now_ns, detach=detach,
                       usage=self.detached_usage(found[-2][0], ino, inode, detach))
@@ -245,15 +245,15 @@ class NamespacePlanner:
     def plan_set_replication(self, path, replication, *, now_ns: int) -> SetReplication | None:
         parts, ino, inode, _ = self.resolve(path)
         canonical = paths.join_parts(parts)
-        if inode["type"] != FILE:
-            raise IsDirectory(f"setrep {canonical}: not a file") if inode["type"] == DIR \
+        if inode.type != FILE:
+            raise IsDirectory(f"setrep {canonical}: not a file") if inode.type == DIR \
                 else InvalidArgument(f"setrep {canonical}: not a file")
         replication = check_int(replication, f"setrep {canonical}: replication", low=1,
                                 high=self.defaults.max_replication)
-        if replication == inode.get("replication"):
+        if replication == inode.replication:
             return None
-        old = inode.get("replication", 1)
-        self.check_quota(inode["parent"], 0,
+        old = (1 if inode.replication is None else inode.replication)
+        self.check_quota(inode.parent, 0,
                          file_charge(self.read, ino, inode) // old * (replication - old))
         return SetReplication(ino=ino, replication=replication, time=now_ns)
 
@@ -271,9 +271,9 @@ class NamespacePlanner:
                 _, ino, inode, _ = self.resolve(canonical)
             except FileNotFound:
                 inode = None
-        exists = inode is not None and inode["type"] == FILE
-        uc = inode.get("uc") if exists else None
-        LeaseManager.check_writer(canonical, exists, uc["holder"] if uc else None, holder)
+        exists = inode is not None and inode.type == FILE
+        uc = inode.uc if exists else None
+        LeaseManager.check_writer(canonical, exists, uc.holder if uc else None, holder)
         return canonical, ino, inode
 
     def check_previous(self, path: str, blocks: list[dict], previous) -> tuple[str, dict | None]:
@@ -318,25 +318,25 @@ class NamespacePlanner:
         return "committed"
 
     def check_block_length(self, path: str, inode: dict, num_bytes: int) -> None:
-        if num_bytes > inode["block_size"]:
+        if num_bytes > inode.block_size:
             raise InvalidArgument(f"{path}: block length {num_bytes} exceeds the file's block "
-                                  f"size {inode['block_size']}")
+                                  f"size {inode.block_size}")
 
     def check_writer_length(self, path: str, inode: dict, num_bytes: int) -> None:
         """A length the writer reports for its block: within the block size, and for a
         reopened inline file's first block at least the inline bytes, which it sends first."""
         self.check_block_length(path, inode, num_bytes)
-        if num_bytes < inode.get("inline", 0):
+        if num_bytes < (inode.inline or 0):
             raise InvalidArgument(f"{path}: block length {num_bytes} is short of the file's "
-                                  f"{inode['inline']} inline bytes, which its first block "
+                                  f"{inode.inline} inline bytes, which its first block "
                                   f"must hold")
 
     def check_block_count(self, path: str, inode: dict) -> None:
         """HDFS ``dfs.namenode.fs-limits.max-blocks-per-file``: refuse one block more."""
         limit = self.defaults.max_blocks_per_file
-        if inode.get("nblocks", 0) >= limit:
+        if (inode.nblocks or 0) >= limit:
             raise InvalidArgument(f"add_block {path}: the file already has "
-                                  f"{inode.get('nblocks', 0)} blocks, the limit "
+                                  f"{(inode.nblocks or 0)} blocks, the limit "
                                   f"max_blocks_per_file is {limit}")
 
     def plan_add_block(self, ino: int, blocks: list[dict], block_id: int, gs: int,
@@ -348,8 +348,8 @@ class NamespacePlanner:
         inode = self.get_inode(ino)
         if inode is not None:   # (None: the first block of a file created in this batch)
             # HDFS reserves a whole block for the block being written
-            self.check_quota(inode["parent"], 0,
-                             inode.get("block_size", 0) * inode.get("replication", 1))
+            self.check_quota(inode.parent, 0,
+                             (inode.block_size or 0) * (1 if inode.replication is None else inode.replication))
         previous = None
         if blocks:
             last = blocks[-1]
@@ -392,10 +392,10 @@ class NamespacePlanner:
                 _, ino, inode, _ = self.resolve(canonical)
             except FileNotFound:
                 return False
-        if inode is None or inode["type"] != FILE or inode.get("uc"):
+        if inode is None or inode.type != FILE or inode.uc:
             return False
         if data is not None:
-            return inode.get("inline") == len(data) and self.inline_data(ino, inode) == data
+            return inode.inline == len(data) and self.inline_data(ino, inode) == data
         blocks = self.tail_blocks(ino, inode, 1)
         if last is None:
             return not blocks
@@ -424,12 +424,12 @@ class NamespacePlanner:
         if not isinstance(data, (bytes, bytearray)):
             raise InvalidArgument(f"{op} {path}: data must be bytes, got "
                                   f"{type(data).__name__}")
-        limit = min(self.defaults.inline_max, inode["block_size"])
+        limit = min(self.defaults.inline_max, inode.block_size)
         if not 0 < len(data) <= limit:
             raise InvalidArgument(f"{op} {path}: {len(data)} bytes of inline data; this "
                                   f"server keeps 1 to {limit} bytes inline (inline_max)")
         # a file created while its first block was refused holds no space yet
-        self.check_quota(inode["parent"], 0, len(data) * inode.get("replication", 1)
+        self.check_quota(inode.parent, 0, len(data) * (1 if inode.replication is None else inode.replication)
                          - file_charge(self.read, ino, inode))
         blocks = self.tail_blocks(ino, inode)
         if len(blocks) > 1 or any(b["index"] != 0 or b["num_bytes"] or
@@ -500,7 +500,7 @@ class NamespacePlanner:
         becomes under construction for ``holder``: ``last`` says which block and its new
         length. None when the length does not change."""
         check_int(new_length, f"truncate {path}: new_length", low=0)
-        length = inode.get("length", 0)
+        length = (inode.length or 0)
         if new_length > length:
             raise InvalidArgument(f"truncate {path}: new length {new_length} is beyond the "
                                   f"end of the file ({length} bytes); truncate cannot grow")
@@ -519,9 +519,9 @@ class NamespacePlanner:
                         "num_bytes": new_length - pos, "old_num_bytes": block["num_bytes"]}
             pos = end
         if last is not None:   # the cut block is written again: it counts whole meanwhile
-            self.check_quota(inode["parent"], 0, (new_length - last["num_bytes"]
-                                                  + inode["block_size"])
-                             * inode.get("replication", 1)
+            self.check_quota(inode.parent, 0, (new_length - last["num_bytes"]
+                                                  + inode.block_size)
+                             * (1 if inode.replication is None else inode.replication)
                              - file_charge(self.read, ino, inode))
         return Truncate(ino=ino, new_length=new_length, keep=keep, last=last,
                         holder=holder if last else None,
@@ -540,12 +540,12 @@ class NamespacePlanner:
         new generation stamp ``new_gs`` (None: the client starts a new block)."""
         last = None
         tail = self.tail_blocks(ino, inode, 1)
-        if tail and new_gs is not None and tail[-1]["num_bytes"] < inode["block_size"]:
+        if tail and new_gs is not None and tail[-1]["num_bytes"] < inode.block_size:
             b = tail[-1]
             last = {"index": b["index"], "id": b["id"], "gs": new_gs, "old_gs": b["gs"],
                     "num_bytes": b["num_bytes"]}
             # the reopened block counts at its full size while it is written again
-            self.check_quota(inode["parent"], 0, (inode["block_size"] - b["num_bytes"])
-                             * inode.get("replication", 1))
+            self.check_quota(inode.parent, 0, (inode.block_size - b["num_bytes"])
+                             * (1 if inode.replication is None else inode.replication))
         return Append(ino=ino, holder=holder, client_machine=str(client_machine)[:256],
                       last=last, time=now_ns)

@@ -85,9 +85,9 @@ class QuotaPlanner:
             inode = self.get_inode(ino) if ino else None
             if inode is None:
                 break
-            if inode.get("quota") is not None:
+            if inode.quota is not None:
                 chain.append((ino, inode))
-            ino = inode.get("parent", 0)
+            ino = (inode.parent or 0)
         return chain
 
     def subtree_usage(self, ino: int, inode: dict) -> tuple[int, int]:
@@ -97,15 +97,15 @@ class QuotaPlanner:
         get = self.read
         while stack:
             cur, node = stack.pop()
-            quota = node.get("quota")
+            quota = node.quota
             if quota is not None:
-                names += quota["ns_used"]
-                space += quota["ds_used"]
+                names += quota.ns_used
+                space += quota.ds_used
                 continue
             names += 1
-            if node["type"] == FILE:
+            if node.type == FILE:
                 space += file_charge(get, cur, node)
-            elif node["type"] == DIR and node.get("children", 1):
+            elif node.type == DIR and (1 if node.children is None else node.children):
                 for _, child in self.children(cur):
                     child_inode = self.get_inode(child)
                     if child_inode is not None:
@@ -122,20 +122,19 @@ class QuotaPlanner:
         for ino, inode in self.quota_chain(parent):
             if ino in exclude:
                 continue
-            q = inode["quota"]
+            q = inode.quota
             if ino in pending:
-                q = {**q, "ns_used": q["ns_used"] + pending[ino][0],
-                     "ds_used": q["ds_used"] + pending[ino][1]}
-            if names > 0 and q["ns"] >= 0 and q["ns_used"] + names > q["ns"]:
+                q = q.replace(ns_used=q.ns_used + pending[ino][0], ds_used=q.ds_used + pending[ino][1])
+            if names > 0 and q.ns >= 0 and q.ns_used + names > q.ns:
                 raise NSQuotaExceeded(
                     f"The NameSpace quota (directories and files) of directory "
-                    f"{self.path_of(ino)} is exceeded: quota={q['ns']} "
-                    f"file count={q['ns_used'] + names}")
-            if space > 0 and q["ds"] >= 0 and q["ds_used"] + space > q["ds"]:
-                used = q["ds_used"] + space
+                    f"{self.path_of(ino)} is exceeded: quota={q.ns} "
+                    f"file count={q.ns_used + names}")
+            if space > 0 and q.ds >= 0 and q.ds_used + space > q.ds:
+                used = q.ds_used + space
                 raise DSQuotaExceeded(
                     f"The DiskSpace quota of {self.path_of(ino)} is exceeded: quota = "
-                    f"{q['ds']} B = {byte_desc(q['ds'])} but diskspace consumed = "
+                    f"{q.ds} B = {byte_desc(q.ds)} but diskspace consumed = "
                     f"{used} B = {byte_desc(used)}")
 
     def moved_usage(self, ino: int, inode: dict, src_parent: int,
@@ -163,17 +162,17 @@ class QuotaPlanner:
         or None when nothing changes."""
         parts, ino, inode, _ = self.resolve(path)
         canonical = paths.join_parts(parts)
-        if inode["type"] != DIR:
+        if inode.type != DIR:
             raise InvalidArgument(f"setQuota {canonical}: quotas can only be set on a "
                                   f"directory")
-        old = inode.get("quota") or {"ns": NO_QUOTA, "ds": NO_QUOTA}
-        ns = old["ns"] if ns_quota is None else check_quota_value(ns_quota,
+        old = inode.quota or {"ns": NO_QUOTA, "ds": NO_QUOTA}
+        ns = old.ns if ns_quota is None else check_quota_value(ns_quota,
                                                                   f"setQuota {canonical}")
-        ds = old["ds"] if ds_quota is None else check_quota_value(ds_quota,
+        ds = old.ds if ds_quota is None else check_quota_value(ds_quota,
                                                                   f"setSpaceQuota {canonical}")
-        if ns == old["ns"] and ds == old["ds"]:
+        if ns == old.ns and ds == old.ds:
             return None
         usage = None
-        if inode.get("quota") is None and (ns != NO_QUOTA or ds != NO_QUOTA):
+        if inode.quota is None and (ns != NO_QUOTA or ds != NO_QUOTA):
             usage = list(self.subtree_usage(ino, inode))
         return SetQuota(ino=ino, ns=ns, ds=ds, usage=usage, time=now_ns)

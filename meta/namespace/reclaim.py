@@ -73,10 +73,10 @@ class ReclaimPlanner:
         stack = [(ino, inode)]
         while stack:
             cur, node = stack.pop()
-            count += 1 + (node.get("nblocks", 0) if node["type"] == FILE else 0)
+            count += 1 + ((node.nblocks or 0) if node.type == FILE else 0)
             if count > limit:
                 return True
-            if node["type"] != DIR or not node.get("children", 1):
+            if node.type != DIR or not (1 if node.children is None else node.children):
                 continue   # an empty folder: no scan (it would walk tombstones past it)
             for _, child in self.children(cur):
                 child_inode = self.get_inode(child)
@@ -105,7 +105,7 @@ class ReclaimPlanner:
             return
         stack = [(root, root_inode, None, None,
                   self._remaining_children(root, root_inode)
-                  if root_inode["type"] == DIR else None)]
+                  if root_inode.type == DIR else None)]
         while stack:
             ino, inode, parent, name, entries = stack[-1]
             nxt = next(entries, None) if entries is not None else None
@@ -117,18 +117,18 @@ class ReclaimPlanner:
                 else:
                     stack.append((child, child_inode, ino, child_name,
                                   self._remaining_children(child, child_inode)
-                                  if child_inode["type"] == DIR else None))
+                                  if child_inode.type == DIR else None))
                 continue
             stack.pop()
-            if inode["type"] == FILE:
-                for index in range(self._blocks_reclaimed.get(ino, 0), inode.get("nblocks", 0)):
+            if inode.type == FILE:
+                for index in range(self._blocks_reclaimed.get(ino, 0), (inode.nblocks or 0)):
                     raw = self.kv.get(keys.block_key(ino, index))
                     if raw is not None:
                         yield ("B", ino, index, keys.unpack(raw)["id"])
-            yield ("I", ino, inode["type"], parent, name, bool(inode.get("uc")))
+            yield ("I", ino, inode.type, parent, name, bool(inode.uc))
 
     def _remaining_children(self, ino: int, inode: dict) -> Iterator[tuple[str, int]]:
-        left = inode.get("children", 0)
+        left = (inode.children or 0)
         if left <= 0:    # nothing to find: never seek into the tombstones after the range
             return
         upto = self._reclaimed_upto.get(ino)

@@ -56,11 +56,11 @@ class RenamePlanner:
             dst_ino, dst_inode = dst_found[-1]
             if not overwrite:
                 raise FileExists(f"{what}: destination exists")
-            if inode["type"] == DIR and dst_inode["type"] != DIR:
+            if inode.type == DIR and dst_inode.type != DIR:
                 raise NotDirectory(f"{what}: cannot overwrite non-directory {d} with a directory")
-            if inode["type"] != DIR and dst_inode["type"] == DIR:
+            if inode.type != DIR and dst_inode.type == DIR:
                 raise IsDirectory(f"{what}: cannot overwrite directory {d} with a non-directory")
-            if dst_inode["type"] == DIR and dst_inode.get("children", 0):
+            if dst_inode.type == DIR and (dst_inode.children or 0):
                 raise DirectoryNotEmpty(f"{what}: destination directory is not empty")
             overwrite_ino = dst_ino
             detach = self.needs_detach(dst_ino, dst_inode)

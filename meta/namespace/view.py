@@ -44,12 +44,12 @@ class ContentSummary:
     def add(self, node: dict, space: int | None = None) -> None:
         """``space``: the file's quota charge (``namespace_quota.file_charge``), which
         counts a block being written at its full size; default its length × replication."""
-        if node["type"] == DIR:
+        if node.type == DIR:
             self.dirs += 1
-        elif node["type"] == FILE:
+        elif node.type == FILE:
             self.files += 1
-            self.length += node.get("length", 0)
-            self.space += node.get("length", 0) * node.get("replication", 1) \
+            self.length += (node.length or 0)
+            self.space += (node.length or 0) * (1 if node.replication is None else node.replication) \
                 if space is None else space
 
     def as_dict(self) -> dict:
@@ -198,12 +198,12 @@ class NamespaceView:
         found = [(keys.ROOT_INO, root)]
         for depth, name in enumerate(parts):
             ino, inode = found[-1]
-            if inode["type"] != DIR:
+            if inode.type != DIR:
                 if not strict:
                     break
                 prefix = paths.join_parts(parts[:depth])
                 kind = "a symlink (the metadata server does not follow links)" \
-                    if inode["type"] == SYMLINK else "not a directory"
+                    if inode.type == SYMLINK else "not a directory"
                 raise NotDirectory(f"{path or paths.join_parts(parts)}: {prefix} is {kind}")
             child = self.lookup(ino, name)
             if child is None:
@@ -258,8 +258,8 @@ class NamespaceView:
             inode = self.get_inode(ino)
             if inode is None or seen > 10_000:
                 return None
-            names.append(inode["name"])
-            ino = inode["parent"]
+            names.append(inode.name)
+            ino = inode.parent
             seen += 1
         return paths.join_parts(reversed(names))
 
@@ -273,30 +273,30 @@ class NamespaceView:
         return self.get_inode(ino)
 
     def status(self, path: str, ino: int, inode: dict) -> dict:
-        kind = inode["type"]
+        kind = inode.type
         is_file = kind == FILE
         return {
-            "name": inode.get("name", ""),
+            "name": (inode.name or ""),
             "path": path,
             "ino": ino,
             "type": kind,
-            "mode": inode["mode"],
-            "owner": inode["owner"],
-            "group": inode["group"],
-            "mtime_ns": inode["mtime"],
-            "atime_ns": inode["atime"],
-            "ctime_ns": inode["ctime"],
-            "length": inode.get("length", 0) if is_file else
-            (len(keys.encode_name(inode["target"])) if kind == SYMLINK else 0),
-            "replication": inode.get("replication", 0) if is_file else 0,
-            "block_size": inode.get("block_size", 0) if is_file else 0,
-            "symlink": inode.get("target") if kind == SYMLINK else None,
-            "under_construction": bool(is_file and inode.get("uc")),
-            "children": inode.get("children", 0) if kind == DIR else 0,
-            "subdirs": inode.get("subdirs", 0) if kind == DIR else 0,
-            "parent": inode["parent"],
+            "mode": inode.mode,
+            "owner": inode.owner,
+            "group": inode.group,
+            "mtime_ns": inode.mtime,
+            "atime_ns": inode.atime,
+            "ctime_ns": inode.ctime,
+            "length": (inode.length or 0) if is_file else
+            (len(keys.encode_name(inode.target)) if kind == SYMLINK else 0),
+            "replication": (inode.replication or 0) if is_file else 0,
+            "block_size": (inode.block_size or 0) if is_file else 0,
+            "symlink": inode.target if kind == SYMLINK else None,
+            "under_construction": bool(is_file and inode.uc),
+            "children": (inode.children or 0) if kind == DIR else 0,
+            "subdirs": (inode.subdirs or 0) if kind == DIR else 0,
+            "parent": inode.parent,
             # a folder with a quota: {ns, ds, ns_used, ds_used} (-1 = none), for df
-            "quota": inode.get("quota") if kind == DIR else None,
+            "quota": inode.quota if kind == DIR else None,
         }
 
     def get_file_info(self, path) -> dict:
@@ -317,7 +317,7 @@ class NamespaceView:
             raise InvalidArgument(f"list {canonical}: start_after must be a name string")
         check_int(limit, f"list {canonical}: limit", low=1)
         limit = min(limit, MAX_LIST_LIMIT)
-        if inode["type"] != DIR:
+        if inode.type != DIR:
             return {"entries": [self.status(canonical, ino, inode)], "has_more": False}
         prefix = keys.dentry_prefix(ino)
         start = keys.after_name(ino, start_after) if start_after else None
@@ -325,7 +325,7 @@ class NamespaceView:
         has_more = False
         # an empty folder: no scan (LevelDB would walk tombstones up to the next live key)
         scan = self.kv.scan(prefix, start=start, limit=limit + 1) \
-            if inode.get("children", 1) else ()
+            if (1 if inode.children is None else inode.children) else ()
         for key, raw in scan:
             if len(entries) == limit:
                 has_more = True
@@ -350,20 +350,20 @@ class NamespaceView:
         folder of 100k entries. An entry is counted when its page is read (each at most
         once: pages follow the key order)."""
         yield ino, inode
-        stack = [self._child_inodes(ino, inode)] if inode["type"] == DIR else []
+        stack = [self._child_inodes(ino, inode)] if inode.type == DIR else []
         while stack:
             found = next(stack[-1], None)
             if found is None:
                 stack.pop()
                 continue
             yield found
-            if found[1]["type"] == DIR:
+            if found[1].type == DIR:
                 stack.append(self._child_inodes(*found))
 
     def _child_inodes(self, ino: int, inode: dict) -> Iterator[tuple[int, dict]]:
         """``(ino, inode)`` of a folder's entries, a page of entries per store scan (a
         fresh iterator each: none stays open while the caller awaits)."""
-        if not inode.get("children", 1):   # never seek into the tombstones of an empty folder
+        if not (1 if inode.children is None else inode.children):   # never seek into the tombstones of an empty folder
             return
         prefix = keys.dentry_prefix(ino)
         start = None
@@ -380,7 +380,7 @@ class NamespaceView:
 
     def inline_data(self, ino: int, inode: dict) -> bytes | None:
         """The content of a file kept in the namespace (``inline``), else None."""
-        if "inline" not in inode:
+        if inode.inline is None:
             return None
         raw = self.kv.get(keys.inline_key(ino))
         return b"" if raw is None else keys.unpack(raw)
@@ -400,7 +400,7 @@ class NamespaceView:
         inode's ``nblocks``, so a writer's call costs the same at block 5 and block 50 000.
         Enough for every writer check: only the last block and a COMMITTED penultimate
         may be incomplete (ADD_BLOCK marks the block before ``previous`` COMPLETE)."""
-        nblocks = inode.get("nblocks", 0)
+        nblocks = (inode.nblocks or 0)
         out = []
         for index in range(max(0, nblocks - count), nblocks):
             raw = self.kv.get(keys.block_key(ino, index))
@@ -420,15 +420,15 @@ class NamespaceView:
         block before the last is exactly that long, the scan starts at the block holding
         ``offset`` (index arithmetic); otherwise (a short block in the middle) it starts at
         the first block. Either way it stops at ``end``."""
-        nblocks = inode.get("nblocks", 0)
-        if nblocks == 0 or offset >= end and not inode.get("uc"):
+        nblocks = (inode.nblocks or 0)
+        if nblocks == 0 or offset >= end and not inode.uc:
             return []
         last = self.tail_blocks(ino, inode, 1)[-1]
-        block_size = inode["block_size"]
+        block_size = inode.block_size
         first = 0
-        if inode.get("length", 0) - last["num_bytes"] == (nblocks - 1) * block_size:
+        if (inode.length or 0) - last["num_bytes"] == (nblocks - 1) * block_size:
             first = min(offset // block_size, nblocks - 1)
-        growing = bool(inode.get("uc"))
+        growing = bool(inode.uc)
         out = []
         pos = first * block_size
         for key, raw in self.kv.scan(keys.block_prefix(ino), start=keys.block_key(ino, first)):
@@ -458,7 +458,7 @@ class NamespaceView:
             ino, index = keys.parse_block_key(key)
             if ino not in replication:
                 inode = self.get_inode(ino)
-                replication[ino] = inode.get("replication", 1) if inode else 1
+                replication[ino] = (1 if inode.replication is None else inode.replication) if inode else 1
             yield ino, index, keys.unpack(raw), replication[ino]
 
     # ------------------------------------------------------------------ summaries

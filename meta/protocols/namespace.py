@@ -71,7 +71,7 @@ class NamespaceProtocol:
         check_bool(locations, f"get_file_info {path}: locations")
         found_parts, ino, inode, _ = self.ns.resolve(path)
         status = self.ns.status(paths.join_parts(found_parts), ino, inode)
-        if locations and inode["type"] == FILE:
+        if locations and inode.type == FILE:
             try:
                 self.access.check_access(ctx, parts, access=READ)
             except PermissionDenied:
@@ -86,7 +86,7 @@ class NamespaceProtocol:
         if caller is not None:   # a directory: READ_EXECUTE on it; a file: traverse (HDFS)
             parts = paths.split(path)
             chain = self.access.inode_chain(parts)
-            is_dir = len(chain) == len(parts) + 1 and chain[-1]["type"] == DIR
+            is_dir = len(chain) == len(parts) + 1 and chain[-1].type == DIR
             self.permissions.check_path(caller, parts, chain,
                                         access=READ_EXECUTE if is_dir else 0)
         return self.ns.list_status(path, start_after, limit)

@@ -125,10 +125,10 @@ def open_files(server, ctx) -> dict:
             if caller is not None and not _may_list_parent(server, caller, path):
                 hidden += 1
                 continue
-            uc = inode.get("uc") or {}
+            uc = inode.uc or {}
             files.append({"path": path, "holder": holder,
                           "client_machine": uc.get("client_machine", ""),
-                          "length": inode.get("length", 0),
+                          "length": (inode.length or 0),
                           "lease_age_seconds": round(age, 1),
                           "soft_expires_in": round(leases.soft_limit - age, 1),
                           "hard_expires_in": round(leases.hard_limit - age, 1),
