@@ -76,6 +76,8 @@ import msgpack
 
 from fs.frames import packb
 
+from ..schema.inode import Inode
+
 ROOT_INO = 1
 LAYOUT_VERSION = 1
 
@@ -196,11 +198,18 @@ def after_name(parent: int, name: str) -> bytes:
 
 # ------------------------------------------------------------------ values
 def pack(value) -> bytes:
-    return packb(value)
+    """A value for the store: an ``Inode`` as its map, anything else as it is."""
+    return packb(value.to_wire() if type(value) is Inode else value)
 
 
 def unpack(raw: bytes):
     return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+
+
+def unpack_value(key: bytes, raw: bytes):
+    """The stored value of ``key`` decoded: an ``Inode`` for an inode key."""
+    value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    return Inode.from_wire(value) if key[:1] == INODE else value
 
 
 def read_counter(kv, name: str, default: int = 0):

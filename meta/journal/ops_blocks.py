@@ -63,24 +63,24 @@ class AddBlock(_WriterOp):
             return {}
         effects = {"ino": ino, "block": self.block, "index": self.index,
                    "targets": given(self.targets, []),
-                   "replication": (1 if inode.replication is None else inode.replication)}
+                   "replication": (inode.replication or 1)}
         prev = given(self.previous)
         if prev is not None:
             old = txn.get(keys.block_key(ino, prev["index"]))
             if old is not None:
                 state = old["state"] if old["state"] != UNDER_CONSTRUCTION else COMMITTED
-                st.set_block(txn, counters, ino, inode, prev["index"],
-                             {**old, "num_bytes": prev["num_bytes"], "state": state})
+                inode = st.set_block(txn, counters, ino, inode, prev["index"],
+                                     {**old, "num_bytes": prev["num_bytes"], "state": state})
                 effects["committed"] = {"id": prev["id"], "num_bytes": prev["num_bytes"]}
             # the server only adds a block when every block before ``previous`` is COMPLETE
             if prev["index"] >= 1:
                 before = txn.get(keys.block_key(ino, prev["index"] - 1))
                 if before is not None and before["state"] != COMPLETE:
-                    st.set_block(txn, counters, ino, inode, prev["index"] - 1,
-                                 {**before, "state": COMPLETE})
-        st.set_block(txn, counters, ino, inode, self.index,
-                     {"id": self.block["id"], "gs": self.block["gs"], "num_bytes": 0,
-                      "state": UNDER_CONSTRUCTION})
+                    inode = st.set_block(txn, counters, ino, inode, prev["index"] - 1,
+                                         {**before, "state": COMPLETE})
+        inode = st.set_block(txn, counters, ino, inode, self.index,
+                             {"id": self.block["id"], "gs": self.block["gs"], "num_bytes": 0,
+                              "state": UNDER_CONSTRUCTION})
         txn.put(keys.inode_key(ino), inode)
         return effects
 
@@ -115,7 +115,7 @@ class UpdateBlocks(_WriterOp):
         if inode is None:
             return {}
         for block in self.blocks:
-            st.set_block(txn, counters, ino, inode, block["index"], block)
+            inode = st.set_block(txn, counters, ino, inode, block["index"], block)
         txn.put(keys.inode_key(ino), inode)
         return {"ino": ino, "blocks": self.blocks}
 
@@ -152,8 +152,8 @@ class Fsync(_WriterOp):
         old = txn.get(keys.block_key(ino, self.index)) if inode is not None else None
         if old is None:
             return {}
-        st.set_block(txn, counters, ino, inode, self.index,
-                     {**old, "num_bytes": self.num_bytes})
+        inode = st.set_block(txn, counters, ino, inode, self.index,
+                             {**old, "num_bytes": self.num_bytes})
         txn.put(keys.inode_key(ino), inode)
         return {"ino": ino, "id": old["id"], "num_bytes": self.num_bytes}
 
@@ -214,6 +214,7 @@ class Close(_WriterOp):
         effects: dict = {"ino": ino, "closed": True}
         if given(self.data) is not None:
             effects["removed_blocks"] = st.store_inline(txn, ino, inode, self.data)
+            inode = txn.get(keys.inode_key(ino))
         # only the last two blocks may be incomplete (ADD_BLOCK completes the one before
         # ``previous``), so a close costs the same for 2 blocks and for 50 000
         nblocks = (inode.nblocks or 0)
@@ -226,9 +227,8 @@ class Close(_WriterOp):
             if last is not None and index == last["index"]:
                 block = {**block, "num_bytes": last["num_bytes"]}
             if block["state"] != COMPLETE or (last is not None and index == last["index"]):
-                st.set_block(txn, counters, ino, inode, index, {**block, "state": COMPLETE})
-        inode = inode.replace(uc=None)
-        inode = inode.replace(mtime=self.time, ctime=self.time)
+                inode = st.set_block(txn, counters, ino, inode, index, {**block, "state": COMPLETE})
+        inode = inode.replace(uc=None, mtime=self.time, ctime=self.time)
         if given(self.mtime) is not None:   # the writer's utimens while it wrote
             inode = inode.replace(mtime=self.mtime)
         if given(self.atime) is not None:
@@ -266,7 +266,6 @@ class Inline(_WriterOp):
         if inode is None:
             return {}
         removed = st.store_inline(txn, ino, inode, self.data)
-        txn.put(keys.inode_key(ino), inode)
         return {"ino": ino, "removed_blocks": removed}
 
 
@@ -331,17 +330,16 @@ class Truncate(_FileOp):
                 txn.put(keys.block_key(ino, last["index"]),
                         {**old, "num_bytes": last["num_bytes"], "state": UNDER_CONSTRUCTION,
                          "truncate_to": last["num_bytes"]})
-            st.set_uc(txn, ino, inode, self.holder, given(self.client_machine, ""))
+            inode = st.set_uc(txn, ino, inode, self.holder, given(self.client_machine, ""))
         if inode.inline is not None:
             if self.new_length:
                 data = txn.get(keys.inline_key(ino)) or b""
                 txn.put(keys.inline_key(ino), bytes(data[:self.new_length]))
                 inode = inode.replace(inline=self.new_length)
             else:
-                st.drop_inline(txn, ino, inode)
-        inode = inode.replace(length=self.new_length)
-        inode = inode.replace(nblocks=self.keep)
-        inode = inode.replace(mtime=self.time, ctime=self.time)
+                inode = st.drop_inline(txn, ino, inode)
+        inode = inode.replace(length=self.new_length, nblocks=self.keep, mtime=self.time,
+                              ctime=self.time)
         txn.put(keys.inode_key(ino), inode)
         return {"ino": ino, "removed_blocks": removed}
 
@@ -373,9 +371,9 @@ class Append(_FileOp):
         if last is not None:
             old = txn.get(keys.block_key(ino, last["index"]))
             if old is not None:
-                st.set_block(txn, counters, ino, inode, last["index"],
-                             {**old, "gs": last["gs"], "state": UNDER_CONSTRUCTION})
-        st.set_uc(txn, ino, inode, self.holder, given(self.client_machine, ""))
+                inode = st.set_block(txn, counters, ino, inode, last["index"],
+                                     {**old, "gs": last["gs"], "state": UNDER_CONSTRUCTION})
+        inode = st.set_uc(txn, ino, inode, self.holder, given(self.client_machine, ""))
         txn.put(keys.inode_key(ino), inode)
         return {"ino": ino}
 
@@ -405,7 +403,7 @@ class ReassignLease(_RecoveryOp):
         inode = st.file_inode(txn, ino)
         if inode is None or not inode.uc:
             return {}
-        st.set_uc(txn, ino, inode, self.holder, (inode.uc.client_machine or ""))
+        inode = st.set_uc(txn, ino, inode, self.holder, inode.uc.client_machine)
         txn.put(keys.inode_key(ino), inode)
         return {"ino": ino, "holder": self.holder}
 
@@ -452,7 +450,7 @@ class CommitBlockSync(_RecoveryOp):
             synced = {**old, "gs": self.gs, "num_bytes": self.num_bytes,
                       "state": COMPLETE if self.close else COMMITTED}
             synced.pop("truncate_to", None)      # a pending truncate is done with this commit
-            st.set_block(txn, counters, ino, inode, self.index, synced)
+            inode = st.set_block(txn, counters, ino, inode, self.index, synced)
         txn.put(keys.inode_key(ino), inode)
         if self.close:
             effects.update(Close(ino=ino, last=None, time=self.time).apply(txn, counters))

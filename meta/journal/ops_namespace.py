@@ -18,7 +18,7 @@ from fs.errors import InternalError
 
 from . import keys
 from . import ops_store as st
-from ..namespace.args import DIR, FILE, SYMLINK
+from ..schema.inode import DIR, FILE, SYMLINK, Inode, Quota, UnderConstruction
 from ..namespace.charge import file_charge
 from .opbase import ABSENT, Op, given, register
 
@@ -40,9 +40,8 @@ class Format(Op):
         if keys.NAMESPACE_ID in counters:
             raise InternalError("FORMAT of an already formatted namespace")
         t = self.time
-        root = {"type": DIR, "mode": self.mode, "owner": self.owner, "group": self.group,
-                "mtime": t, "atime": t, "ctime": t, "parent": 0, "name": "", "children": 0,
-                "subdirs": 0}
+        root = Inode(DIR, self.mode, self.owner, self.group, t, t, t, 0, "", children=0,
+                     subdirs=0)
         txn.put(keys.inode_key(keys.ROOT_INO), root)
         counters.update({keys.NAMESPACE_ID: self.namespace_id,
                          keys.LAYOUT: keys.LAYOUT_VERSION,
@@ -98,12 +97,10 @@ class Add(Op):
         if self.overwrite is not None:
             st.unlink(txn, counters, self.parent, self.name, self.overwrite, t, effects,
                       detach=given(self.detach, False), usage=given(self.usage))
-        inode = {"type": FILE, "mode": self.mode, "owner": self.owner, "group": self.group,
-                 "mtime": t, "atime": t, "ctime": t, "parent": self.parent, "name": self.name,
-                 "replication": self.replication, "block_size": self.block_size,
-                 "length": 0, "nblocks": 0,
-                 "uc": {"holder": self.holder,
-                        "client_machine": given(self.client_machine, "")}}
+        inode = Inode(FILE, self.mode, self.owner, self.group, t, t, t, self.parent, self.name,
+                      replication=self.replication, block_size=self.block_size, length=0,
+                      nblocks=0,
+                      uc=UnderConstruction(self.holder, given(self.client_machine, "")))
         st.link(txn, counters, self.parent, self.name, self.ino, inode, t)
         txn.put(keys.uc_key(self.ino), self.holder)
         return effects
@@ -133,9 +130,8 @@ class Symlink(Op):
     def apply(self, txn, counters):
         t = self.time
         st.mkdirs(txn, counters, self.dirs, t)
-        inode = {"type": SYMLINK, "mode": self.mode, "owner": self.owner, "group": self.group,
-                 "mtime": t, "atime": t, "ctime": t, "parent": self.parent, "name": self.name,
-                 "target": self.target}
+        inode = Inode(SYMLINK, self.mode, self.owner, self.group, t, t, t, self.parent,
+                      self.name, target=self.target)
         st.link(txn, counters, self.parent, self.name, self.ino, inode, t)
 
     def check(self, view):
@@ -368,9 +364,9 @@ class Concat(Op):
         target = st.file_inode(txn, t_ino)
         if target is None:
             return {}
-        rep = (1 if target.replication is None else target.replication)
+        rep = target.replication or 1
         before = file_charge(txn.get, t_ino, target)
-        index = (target.nblocks or 0)
+        index = target.nblocks or 0
         moved = []
         removed_inos = []
         for src in self.srcs:
@@ -390,8 +386,7 @@ class Concat(Op):
             st.touch_dir(txn, self.parent, t, -1, inode)
             st.add_counter(counters, keys.FILES, -1)
             removed_inos.append(s_ino)
-        target = target.replace(nblocks=index)
-        target = target.replace(mtime=t, ctime=t)
+        target = target.replace(nblocks=index, mtime=t, ctime=t)
         txn.put(keys.inode_key(t_ino), target)
         st.charge_usage(txn, counters, self.parent, -len(removed_inos),
                         file_charge(txn.get, t_ino, target) - before)
@@ -429,14 +424,14 @@ class SetQuota(Op):
         if inode is None or inode.type != DIR:
             log.error("apply SET_QUOTA: directory inode %d is missing", self.ino)
             return {}
-        old = inode.pop("quota", None)
+        old = inode.quota
+        quota = None
         if self.ns >= 0 or self.ds >= 0:
             # a folder that had a quota kept its usage exact; a new one starts from the
             # planner's count of its subtree
             names, space = (old.ns_used, old.ds_used) if old else self.usage
-            inode["quota"] = {"ns": self.ns, "ds": self.ds, "ns_used": names,
-                              "ds_used": space}
-        inode = inode.replace(ctime=self.time)
+            quota = Quota(self.ns, self.ds, names, space)
+        inode = inode.replace(quota=quota, ctime=self.time)
         txn.put(keys.inode_key(self.ino), inode)
         st.add_counter(counters, keys.QUOTA_DIRS, (inode.quota is not None) - (old is not None))
         return {"ino": self.ino}

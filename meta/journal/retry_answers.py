@@ -53,7 +53,7 @@ from fs.blocktoken import WRITE as WRITE_TOKEN
 from fs.errors import AnswerLost, FileNotFound, InternalError, NotDirectory
 
 from ..blocks import blocks as bm
-from ..namespace.namespace import FILE, SYMLINK
+from ..schema.inode import FILE, SYMLINK
 
 
 def _lost(method: str, path: str, why: str) -> AnswerLost:

@@ -14,7 +14,8 @@ subtree still.
 
 from __future__ import annotations
 
-from .namespace import DIR, Namespace, check_name
+from ..schema.inode import DIR
+from .namespace import Namespace, check_name
 from .permissions import WRITE, Caller, PermissionChecker, clears_only_setid
 from ..timeslice import TimeSlice
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..blocks.blocks import COMPLETE
 from ..journal import keys
-from .args import FILE
+from ..schema.inode import FILE
 
 
 def file_charge(get, ino: int, inode: dict | None) -> int:
@@ -25,4 +25,4 @@ def file_charge(get, ino: int, inode: dict | None) -> int:
         last = get(keys.block_key(ino, nblocks - 1))
         if last is not None and last["state"] != COMPLETE:
             length += (inode.block_size or 0) - last["num_bytes"]
-    return length * (1 if inode.replication is None else inode.replication)
+    return length * (inode.replication or 1)

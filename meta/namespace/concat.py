@@ -20,7 +20,7 @@ from __future__ import annotations
 from fs import paths
 from fs.errors import InvalidArgument
 
-from .args import FILE
+from ..schema.inode import FILE
 from .charge import file_charge
 from ..journal.ops_namespace import Concat
 
@@ -58,7 +58,7 @@ class ConcatPlanner:
         self._concat_file(what, t_path, t_inode, "target")
         self._full_blocks(what, t_path, t_ino, t_inode)
         parent = t_found[-2][0]
-        rep = (1 if t_inode.replication is None else t_inode.replication)
+        rep = t_inode.replication or 1
         seen = {t_ino}
         sources = []
         extra_space = 0

@@ -40,6 +40,7 @@ from ..blocks.blocks import BlockState
 from .charge import file_charge
 from ..journal.ops import OPS, MalformedRecord
 from ..journal.ops_store import Txn, inside   # the batch view apply uses: reads see earlier writes
+from ..schema.inode import DIR, Inode
 
 _MAX_REPORTED = 200
 
@@ -61,9 +62,12 @@ def check_namespace(kv, leases=None) -> list[str]:
     if keys.APPLIED_TXID not in counters:
         problem("no applied txid counter")
 
-    inodes: dict[int, dict] = {}
+    inodes: dict[int, Inode] = {}
     for key, raw in kv.scan(keys.INODE):
-        inodes[keys.parse_inode_key(key)] = keys.unpack(raw)
+        try:
+            inodes[keys.parse_inode_key(key)] = keys.unpack_value(key, raw)
+        except ValueError as e:
+            problem(f"inode {keys.parse_inode_key(key)}: {e}")
     entries: dict[int, dict[str, int]] = {}
     for key, raw in kv.scan(keys.DENTRY):
         parent, name = keys.parse_dentry_key(key)
@@ -113,9 +117,10 @@ def check_namespace(kv, leases=None) -> list[str]:
             problem(f"directory inode {parent} says {parent_inode.children} children, "
                     f"has {len(names)} entries")
         elif parent not in orphaned and parent_inode.subdirs is not None:   # (older stores: none)
-            subdirs = sum(1 for c in names.values() if inodes.get(c, {}).get("type") == "dir")
-            if (parent_inode.subdirs or 0) != subdirs:
-                problem(f"directory inode {parent} says {(parent_inode.subdirs or 0)} "
+            subdirs = sum(1 for c in names.values()
+                          if getattr(inodes.get(c), "type", None) == DIR)
+            if parent_inode.subdirs != subdirs:
+                problem(f"directory inode {parent} says {parent_inode.subdirs} "
                         f"subdirectories, has {subdirs}")
         for name, child in names.items():
             if child not in inodes:
@@ -248,7 +253,7 @@ def check_namespace(kv, leases=None) -> list[str]:
                     recount[cur][1] += space
                 if not cur or cur not in inodes:
                     break
-                cur = (inodes[cur].parent or 0)
+                cur = inodes[cur].parent
         for ino, quota in quota_dirs.items():
             if [quota.ns_used, quota.ds_used] != recount[ino]:
                 problem(f"quota folder inode {ino} stores usage {quota.ns_used} names, "

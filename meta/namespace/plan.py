@@ -24,8 +24,8 @@ from fs.errors import (FileExists, FileNotFound, InternalError, InvalidArgument,
 from ..journal import keys
 from ..blocks.blocks import COMMITTED, UNDER_CONSTRUCTION
 from ..leases.leases import LeaseManager
-from .args import (DIR, FILE, MAX_TARGET_BYTES, check_block_ref, check_bool,
-                             check_int, check_mode, check_name, is_int)
+from .args import (MAX_TARGET_BYTES, check_block_ref, check_bool, check_int, check_mode,
+                   check_name, is_int)
 from .charge import file_charge
 from ..journal.ops import ABSENT
 from ..journal.ops_blocks import (AbandonBlock, AddBlock, Append, Close, CommitBlockSync, Fsync,
@@ -33,6 +33,7 @@ from ..journal.ops_blocks import (AbandonBlock, AddBlock, Append, Close, CommitB
                                   UpdateBlocks)
 from ..journal.ops_namespace import (Add, Delete, Format, Mkdir, SetOwner, SetPermissions,
                                      Symlink, Times)
+from ..schema.inode import DIR, FILE
 
 #: the set-group-id bit: on a folder, new entries take its group and new folders the bit
 SETGID = 0o2000
@@ -49,8 +50,8 @@ class NamespacePlanner:
         asks for the creator's group, as a kernel would give it outside such a folder)."""
         owner = check_name(owner, "owner", optional=True) or self.defaults.owner
         group = check_name(group, "group", optional=True)
-        if group is None or (parent_inode.mode or 0) & SETGID:
-            group = (self.defaults.group if parent_inode.group is None else parent_inode.group)
+        if group is None or parent_inode.mode & SETGID:
+            group = parent_inode.group
         return owner, group
 
     def _missing_dirs(self, parts, found, upto: int, mode: int, owner: str,
@@ -252,7 +253,7 @@ class NamespacePlanner:
                                 high=self.defaults.max_replication)
         if replication == inode.replication:
             return None
-        old = (1 if inode.replication is None else inode.replication)
+        old = inode.replication or 1
         self.check_quota(inode.parent, 0,
                          file_charge(self.read, ino, inode) // old * (replication - old))
         return SetReplication(ino=ino, replication=replication, time=now_ns)
@@ -349,7 +350,7 @@ class NamespacePlanner:
         if inode is not None:   # (None: the first block of a file created in this batch)
             # HDFS reserves a whole block for the block being written
             self.check_quota(inode.parent, 0,
-                             (inode.block_size or 0) * (1 if inode.replication is None else inode.replication))
+                             (inode.block_size or 0) * (inode.replication or 1))
         previous = None
         if blocks:
             last = blocks[-1]
@@ -429,7 +430,7 @@ class NamespacePlanner:
             raise InvalidArgument(f"{op} {path}: {len(data)} bytes of inline data; this "
                                   f"server keeps 1 to {limit} bytes inline (inline_max)")
         # a file created while its first block was refused holds no space yet
-        self.check_quota(inode.parent, 0, len(data) * (1 if inode.replication is None else inode.replication)
+        self.check_quota(inode.parent, 0, len(data) * (inode.replication or 1)
                          - file_charge(self.read, ino, inode))
         blocks = self.tail_blocks(ino, inode)
         if len(blocks) > 1 or any(b["index"] != 0 or b["num_bytes"] or
@@ -521,7 +522,7 @@ class NamespacePlanner:
         if last is not None:   # the cut block is written again: it counts whole meanwhile
             self.check_quota(inode.parent, 0, (new_length - last["num_bytes"]
                                                   + inode.block_size)
-                             * (1 if inode.replication is None else inode.replication)
+                             * (inode.replication or 1)
                              - file_charge(self.read, ino, inode))
         return Truncate(ino=ino, new_length=new_length, keep=keep, last=last,
                         holder=holder if last else None,
@@ -546,6 +547,6 @@ class NamespacePlanner:
                     "num_bytes": b["num_bytes"]}
             # the reopened block counts at its full size while it is written again
             self.check_quota(inode.parent, 0, (inode.block_size - b["num_bytes"])
-                             * (1 if inode.replication is None else inode.replication))
+                             * (inode.replication or 1))
         return Append(ino=ino, holder=holder, client_machine=str(client_machine)[:256],
                       last=last, time=now_ns)

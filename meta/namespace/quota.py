@@ -33,7 +33,8 @@ from fs.errors import DSQuotaExceeded, InvalidArgument, NSQuotaExceeded
 
 from ..journal import keys
 from ..journal.ops_namespace import SetQuota
-from .args import DIR, FILE, is_int
+from ..schema.inode import DIR, FILE, Quota
+from .args import is_int
 from .charge import file_charge
 
 NO_QUOTA = -1
@@ -105,7 +106,7 @@ class QuotaPlanner:
             names += 1
             if node.type == FILE:
                 space += file_charge(get, cur, node)
-            elif node.type == DIR and (1 if node.children is None else node.children):
+            elif node.type == DIR and node.children != 0:
                 for _, child in self.children(cur):
                     child_inode = self.get_inode(child)
                     if child_inode is not None:
@@ -124,7 +125,7 @@ class QuotaPlanner:
                 continue
             q = inode.quota
             if ino in pending:
-                q = q.replace(ns_used=q.ns_used + pending[ino][0], ds_used=q.ds_used + pending[ino][1])
+                q = q.charged(*pending[ino])
             if names > 0 and q.ns >= 0 and q.ns_used + names > q.ns:
                 raise NSQuotaExceeded(
                     f"The NameSpace quota (directories and files) of directory "
@@ -165,11 +166,11 @@ class QuotaPlanner:
         if inode.type != DIR:
             raise InvalidArgument(f"setQuota {canonical}: quotas can only be set on a "
                                   f"directory")
-        old = inode.quota or {"ns": NO_QUOTA, "ds": NO_QUOTA}
+        old = inode.quota or Quota(NO_QUOTA, NO_QUOTA, 0, 0)
         ns = old.ns if ns_quota is None else check_quota_value(ns_quota,
-                                                                  f"setQuota {canonical}")
+                                                               f"setQuota {canonical}")
         ds = old.ds if ds_quota is None else check_quota_value(ds_quota,
-                                                                  f"setSpaceQuota {canonical}")
+                                                               f"setSpaceQuota {canonical}")
         if ns == old.ns and ds == old.ds:
             return None
         usage = None

@@ -41,7 +41,7 @@ from collections.abc import Iterator
 from sortedcontainers import SortedSet
 
 from ..journal import keys
-from .args import DIR, FILE
+from ..schema.inode import DIR, FILE
 from ..journal.ops_namespace import Reclaim
 
 
@@ -76,7 +76,7 @@ class ReclaimPlanner:
             count += 1 + ((node.nblocks or 0) if node.type == FILE else 0)
             if count > limit:
                 return True
-            if node.type != DIR or not (1 if node.children is None else node.children):
+            if node.type != DIR or node.children == 0:
                 continue   # an empty folder: no scan (it would walk tombstones past it)
             for _, child in self.children(cur):
                 child_inode = self.get_inode(child)

@@ -19,8 +19,9 @@ from fs import paths
 from fs.errors import DirectoryNotEmpty, FileExists, FileNotFound, InvalidArgument, \
     IsDirectory, NotDirectory
 
-from .args import DIR, MAX_RENAMES, check_bool
+from .args import MAX_RENAMES, check_bool
 from ..journal.ops_namespace import Rename, Renames
+from ..schema.inode import DIR
 
 
 class RenamePlanner:

@@ -10,8 +10,8 @@ updates).
 Purity / concurrency contract: reads only — never writes the store nor changes the
 counters; the cache is filled on reads and updated only by ``apply`` with what it wrote.
 Trio thread only (the cache and counters are unlocked), no awaits; the store's small sync
-calls are its only I/O. Values returned from the cache are shared: callers must not
-modify them.
+calls are its only I/O. Inodes come as ``meta.schema.inode.Inode`` records, shared with
+the cache (they are immutable).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from fs import paths
 from fs.errors import FileNotFound, InternalError, InvalidArgument, NotDirectory
 
 from ..journal import keys
-from .args import DIR, FILE, MAX_LIST_LIMIT, SYMLINK, check_int
+from ..schema.inode import DIR, FILE, SYMLINK, Inode
+from .args import MAX_LIST_LIMIT, check_int
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +42,16 @@ class ContentSummary:
     def __init__(self):
         self.length = self.files = self.dirs = self.space = 0
 
-    def add(self, node: dict, space: int | None = None) -> None:
+    def add(self, node: Inode, space: int | None = None) -> None:
         """``space``: the file's quota charge (``namespace_quota.file_charge``), which
         counts a block being written at its full size; default its length × replication."""
         if node.type == DIR:
             self.dirs += 1
         elif node.type == FILE:
             self.files += 1
-            self.length += (node.length or 0)
-            self.space += (node.length or 0) * (1 if node.replication is None else node.replication) \
-                if space is None else space
+            length = node.length or 0
+            self.length += length
+            self.space += length * (node.replication or 1) if space is None else space
 
     def as_dict(self) -> dict:
         return {"length": self.length, "file_count": self.files,
@@ -64,9 +65,8 @@ class DecodedCache:
     wrote, dropped for deleted keys. A directory entry found missing is kept too (``ABSENT``):
     a create looks its new name up several times (lock depth before and after the wait,
     the handler, the planner), and a LevelDB miss is the dearest read there is (it visits
-    every level that may hold the key); ``apply``'s put replaces it. Values are shared:
-    readers must not modify them (apply works on fresh decodes through
-    ``ops_store.Txn``). Bounded: past ``limit`` entries the oldest
+    every level that may hold the key); ``apply``'s put replaces it. Inodes are kept as
+    ``Inode`` records, immutable, so readers and ``ops_store.Txn`` share them. Bounded: past ``limit`` entries the oldest
     ``1/EVICT_FRACTION`` is dropped (a bounded pause: dropping half of a million entries
     at once held the trio thread for ~0.1 s)."""
 
@@ -157,7 +157,7 @@ class NamespaceView:
             if key[:1] == keys.DENTRY:
                 cache.put(key, ABSENT)
             return None
-        value = keys.unpack(raw)
+        value = keys.unpack_value(key, raw)
         # only inodes and entries are shared through the cache: appliers change the other
         # kinds (block keys) in place on the batch's copy, which must not be a cached one
         if key[:1] in CACHED_KINDS:
@@ -169,14 +169,14 @@ class NamespaceView:
         value is shared)."""
         return self._cached_get(key)
 
-    def get_inode(self, ino: int) -> dict | None:
-        """The decoded inode (shared with the cache: do not modify it)."""
+    def get_inode(self, ino: int) -> Inode | None:
+        """The inode record (shared with the cache)."""
         return self._cached_get(keys.inode_key(ino))
 
     def lookup(self, parent: int, name: str) -> int | None:
         return self._cached_get(keys.dentry_key(parent, name))
 
-    def walk(self, parts, path: str = "", *, strict: bool = True) -> list[tuple[int, dict]]:
+    def walk(self, parts, path: str = "", *, strict: bool = True) -> list[tuple[int, Inode]]:
         """``(ino, inode)`` of the root and of every existing leading component; stops at the
         first missing one. A non-directory with components after it → ``NotDirectory``
         (``strict=False``: the chain up to it, for the permission checker, which must see
@@ -192,7 +192,7 @@ class NamespaceView:
         walks[memo_key] = found
         return list(found)
 
-    def _walk(self, parts, path: str, strict: bool) -> list[tuple[int, dict]]:
+    def _walk(self, parts, path: str, strict: bool) -> list[tuple[int, Inode]]:
         self._require_formatted()
         root = self.get_inode(keys.ROOT_INO)
         found = [(keys.ROOT_INO, root)]
@@ -224,7 +224,7 @@ class NamespaceView:
         except NotDirectory:
             return len(parts)
 
-    def resolve(self, path) -> tuple[list[str], int, dict, list[tuple[int, dict]]]:
+    def resolve(self, path) -> tuple[list[str], int, Inode, list[tuple[int, Inode]]]:
         """``(parts, ino, inode, found)`` of an existing path, else ``FileNotFound``."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
@@ -263,7 +263,7 @@ class NamespaceView:
             seen += 1
         return paths.join_parts(reversed(names))
 
-    def linked_inode(self, ino: int) -> dict | None:
+    def linked_inode(self, ino: int) -> Inode | None:
         """The inode if it is reachable from the root, else None: a file inside a detached
         (deleted, not yet reclaimed) subtree is gone for writers addressing it by id.
         Reachable is what ``path_of`` (remembered until the next apply) finds: the same
@@ -272,11 +272,11 @@ class NamespaceView:
             return None
         return self.get_inode(ino)
 
-    def status(self, path: str, ino: int, inode: dict) -> dict:
+    def status(self, path: str, ino: int, inode: Inode) -> dict:
         kind = inode.type
         is_file = kind == FILE
         return {
-            "name": (inode.name or ""),
+            "name": inode.name,
             "path": path,
             "ino": ino,
             "type": kind,
@@ -296,7 +296,8 @@ class NamespaceView:
             "subdirs": (inode.subdirs or 0) if kind == DIR else 0,
             "parent": inode.parent,
             # a folder with a quota: {ns, ds, ns_used, ds_used} (-1 = none), for df
-            "quota": inode.quota if kind == DIR else None,
+            "quota": inode.quota.to_wire() if kind == DIR and inode.quota is not None
+            else None,
         }
 
     def get_file_info(self, path) -> dict:
@@ -325,7 +326,7 @@ class NamespaceView:
         has_more = False
         # an empty folder: no scan (LevelDB would walk tombstones up to the next live key)
         scan = self.kv.scan(prefix, start=start, limit=limit + 1) \
-            if (1 if inode.children is None else inode.children) else ()
+            if inode.children != 0 else ()
         for key, raw in scan:
             if len(entries) == limit:
                 has_more = True
@@ -343,7 +344,7 @@ class NamespaceView:
         for key, raw in self.kv.scan(keys.dentry_prefix(ino)):
             yield keys.parse_dentry_key(key)[1], keys.unpack(raw)
 
-    def iter_subtree(self, ino: int, inode: dict) -> Iterator[tuple[int, dict]]:
+    def iter_subtree(self, ino: int, inode: Inode) -> Iterator[tuple[int, Inode]]:
         """Every inode of the subtree rooted at ``ino`` (depth first, the root first). Lazy
         inside a folder too: its entries are read ``SUBTREE_PAGE`` at a time, so a caller
         that awaits between inodes (``TimeSlice``) never holds the trio thread for a whole
@@ -360,10 +361,10 @@ class NamespaceView:
             if found[1].type == DIR:
                 stack.append(self._child_inodes(*found))
 
-    def _child_inodes(self, ino: int, inode: dict) -> Iterator[tuple[int, dict]]:
+    def _child_inodes(self, ino: int, inode: Inode) -> Iterator[tuple[int, Inode]]:
         """``(ino, inode)`` of a folder's entries, a page of entries per store scan (a
         fresh iterator each: none stays open while the caller awaits)."""
-        if not (1 if inode.children is None else inode.children):   # never seek into the tombstones of an empty folder
+        if inode.children == 0:   # never seek into the tombstones of an empty folder
             return
         prefix = keys.dentry_prefix(ino)
         start = None
@@ -378,7 +379,7 @@ class NamespaceView:
                 return
             start = page[-1][0] + b"\x00"     # the next key after the page's last name
 
-    def inline_data(self, ino: int, inode: dict) -> bytes | None:
+    def inline_data(self, ino: int, inode: Inode) -> bytes | None:
         """The content of a file kept in the namespace (``inline``), else None."""
         if inode.inline is None:
             return None
@@ -395,7 +396,7 @@ class NamespaceView:
             out.append(block)
         return out
 
-    def tail_blocks(self, ino: int, inode: dict, count: int = 2) -> list[dict]:
+    def tail_blocks(self, ino: int, inode: Inode, count: int = 2) -> list[dict]:
         """The file's last ``count`` blocks (fewer if it has fewer), read by key from the
         inode's ``nblocks``, so a writer's call costs the same at block 5 and block 50 000.
         Enough for every writer check: only the last block and a COMMITTED penultimate
@@ -411,7 +412,7 @@ class NamespaceView:
             out.append(block)
         return out
 
-    def blocks_in_range(self, ino: int, inode: dict, offset: int,
+    def blocks_in_range(self, ino: int, inode: Inode, offset: int,
                         end: float) -> list[tuple[dict, int]]:
         """``(block, file offset)`` of the blocks overlapping ``[offset, end)``, plus the
         last block of a file under construction if it starts before ``end`` (it grows).
@@ -458,11 +459,11 @@ class NamespaceView:
             ino, index = keys.parse_block_key(key)
             if ino not in replication:
                 inode = self.get_inode(ino)
-                replication[ino] = (1 if inode.replication is None else inode.replication) if inode else 1
+                replication[ino] = (inode.replication or 1) if inode else 1
             yield ino, index, keys.unpack(raw), replication[ino]
 
     # ------------------------------------------------------------------ summaries
-    def content_summary_of(self, ino: int, inode: dict) -> dict:
+    def content_summary_of(self, ino: int, inode: Inode) -> dict:
         summary = ContentSummary()
         for _, node in self.iter_subtree(ino, inode):
             summary.add(node)

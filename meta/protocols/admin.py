@@ -38,10 +38,11 @@ from ..blocks import blocks as bm
 from ..blocks.blocks import BlockInfo
 from ..blocks import datanodes as dm
 from ..namespace.locks import LOCK_WRITE, lock_set
-from ..namespace.namespace import DIR, SYMLINK, ContentSummary, check_bool, check_int
+from ..namespace.namespace import ContentSummary, check_bool, check_int
 from ..namespace.charge import file_charge
 from ..namespace.quota import NO_QUOTA
 from ..namespace.permissions import READ_EXECUTE
+from ..schema.inode import DIR, SYMLINK
 from ..timeslice import TimeSlice
 
 if TYPE_CHECKING:

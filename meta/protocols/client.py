@@ -54,9 +54,10 @@ from ..blocks.locate import caller_host
 from ..namespace.args import check_ino
 from ..blocks.blocks import BlockInfo
 from ..namespace.locks import LOCK_WRITE, lock_set
-from ..namespace.namespace import DIR, FILE, SYMLINK, check_bool, check_int, check_name
+from ..namespace.namespace import check_bool, check_int, check_name
 from ..journal.ops_blocks import AddBlock, UpdateBlocks
 from ..namespace.permissions import READ, WRITE
+from ..schema.inode import DIR, FILE, SYMLINK
 
 if TYPE_CHECKING:
     from fs.config import Config

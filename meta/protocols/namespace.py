@@ -33,9 +33,10 @@ from fs.errors import FileNotFound, InvalidArgument, IsDirectory, NotDirectory, 
 from ..blocks.locate import caller_host
 from ..namespace.args import check_ino
 from ..namespace.locks import LOCK_PARENT, LOCK_WRITE, lock_set, merge
-from ..namespace.namespace import DIR, FILE, check_bool, check_name
+from ..namespace.namespace import check_bool, check_name
 from ..namespace.permissions import ALL, READ, READ_EXECUTE, WRITE
 from ..journal.retry_answers import keep_removed
+from ..schema.inode import DIR, FILE
 
 if TYPE_CHECKING:
     from ..blocks.locate import Locator
