@@ -19,6 +19,7 @@ from fs.blocktoken import READ as READ_TOKEN
 from fs.rpc import LOCAL_PEER_PREFIX
 
 from ..namespace.namespace import Namespace
+from ..schema.inode import Inode
 from . import blocks as bm
 from .blocks import BlockInfo, BlocksMap
 from .datanodes import DatanodeManager
@@ -86,7 +87,7 @@ class Locator:
             out["token"] = token
         return out
 
-    def file_locations(self, ino: int, inode: dict, offset: int, end, user: str,
+    def file_locations(self, ino: int, inode: Inode, offset: int, end, user: str,
                        reader_host: str | None) -> dict:
         """``get_block_locations``' answer for the blocks of a file overlapping
         ``[offset, end)``, each with a read token for ``user`` (security = secure) and its

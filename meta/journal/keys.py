@@ -9,7 +9,9 @@ a directory returns its entries sorted by name (UTF-8 bytes order). Values are m
 ====================  ==========================================  ===========================
 key                    value (msgpack)                             meaning
 ====================  ==========================================  ===========================
-``I<ino:8>``           map: ``type`` ("file"/"dir"/"symlink"),      one inode; the root is
+``I<ino:8>``           map (``meta.schema.inode.Inode``, read     one inode; the root is
+                       and written as one by ``unpack_value`` /
+                       ``pack``): ``type`` ("file"/"dir"/"symlink"),
                        ``mode``, ``owner``, ``group``,              ``ROOT_INO`` (1, the FUSE
                        ``mtime``/``atime``/``ctime`` (ns),          root inode) with parent 0
                        ``parent``, ``name``; dirs: ``children``, ``subdirs``;

@@ -20,6 +20,7 @@ from . import keys
 from . import ops_store as st
 from ..blocks.blocks import COMMITTED, COMPLETE, UNDER_CONSTRUCTION, BlockInfo
 from .opbase import ABSENT, Op, given, register
+from ..schema.inode import FILE
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +276,7 @@ class _FileOp(Op):
 
     def check(self, view):
         inode = view.inode(self.ino)
-        if inode is None or inode.type != "file":
+        if inode is None or inode.type != FILE:
             view.problem(f"inode {self.ino} is not a file")
 
 

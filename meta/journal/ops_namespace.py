@@ -402,7 +402,7 @@ class Concat(Op):
     def check(self, view):
         for ino in [self.target] + [src.get("ino") for src in self.srcs]:
             inode = view.inode(ino)
-            if inode is None or inode.type != "file" or inode.uc \
+            if inode is None or inode.type != FILE or inode.uc \
                     or inode.parent != self.parent:
                 view.problem(f"concat: inode {ino} is not a closed file of folder "
                              f"{self.parent}")
@@ -438,7 +438,7 @@ class SetQuota(Op):
 
     def check(self, view):
         inode = view.inode(self.ino)
-        if inode is None or inode.type != "dir" or not view.linked(self.ino):
+        if inode is None or inode.type != DIR or not view.linked(self.ino):
             view.problem(f"inode {self.ino} is not a linked directory")
         elif inode.quota is None and (self.ns >= 0 or self.ds >= 0) \
                 and self.usage is None:

@@ -42,6 +42,7 @@ from . import leases as lm
 from .leases import INTERNAL_HOLDER, LeaseManager
 from ..namespace.locks import LOCK_WRITE, NamespaceLocking, lock_set
 from ..namespace.namespace import Namespace
+from ..schema.inode import Inode
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ class LeaseRecovery:
         info = self.blocks.get(block["id"])
         return info.state if info is not None else block["state"]
 
-    async def _internal_release_lease(self, path: str, ino: int, inode: dict,
+    async def _internal_release_lease(self, path: str, ino: int, inode: Inode,
                                       new_holder: str | None = None) -> bool:
         """HDFS ``internalReleaseLease`` (caller holds the file's path locks): close the
         file when its last blocks allow it (True), else start block recovery and reassign
@@ -246,11 +247,11 @@ class LeaseRecovery:
                     log.warning("lease of %s (holder %s) expired: %s", path, holder, exc)
         return released
 
-    def _last_under_recovery(self, ino: int, inode: dict) -> bool:
+    def _last_under_recovery(self, ino: int, inode: Inode) -> bool:
         tail = self.ns.tail_blocks(ino, inode, 1)
         return bool(tail) and self.block_state(tail[-1]) == bm.UNDER_RECOVERY
 
-    async def recover_lease_internal(self, op: str, path: str, ino: int, inode: dict,
+    async def recover_lease_internal(self, op: str, path: str, ino: int, inode: Inode,
                                      caller: str, now: float, *, force: bool = False) -> bool:
         """HDFS ``recoverLeaseInternal`` on an open file (caller holds its locks): True
         when the file is closed now, False while block recovery runs."""

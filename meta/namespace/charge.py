@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from ..blocks.blocks import COMPLETE
 from ..journal import keys
-from ..schema.inode import FILE
+from ..schema.inode import FILE, Inode
 
 
-def file_charge(get, ino: int, inode: dict | None) -> int:
+def file_charge(get, ino: int, inode: Inode | None) -> int:
     """The space file ``ino`` holds against a space quota; ``get(key)`` reads a decoded key
     (a batch's ``Txn.get`` or the view's cached read)."""
     if inode is None or inode.type != FILE:

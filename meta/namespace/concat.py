@@ -20,7 +20,7 @@ from __future__ import annotations
 from fs import paths
 from fs.errors import InvalidArgument
 
-from ..schema.inode import FILE
+from ..schema.inode import FILE, Inode
 from .charge import file_charge
 from ..journal.ops_namespace import Concat
 
@@ -30,7 +30,7 @@ MAX_CONCAT_SOURCES = 1000
 class ConcatPlanner:
     """``plan_concat`` (a mixin of ``Namespace``)."""
 
-    def _concat_file(self, what: str, path: str, inode: dict, role: str) -> None:
+    def _concat_file(self, what: str, path: str, inode: Inode, role: str) -> None:
         if inode.type != FILE:
             raise InvalidArgument(f"{what}: {role} {path} is not a file")
         if inode.uc:
@@ -39,7 +39,7 @@ class ConcatPlanner:
             raise InvalidArgument(f"{what}: {role} {path} is empty or its data is not in "
                                   f"blocks")
 
-    def _full_blocks(self, what: str, path: str, ino: int, inode: dict) -> None:
+    def _full_blocks(self, what: str, path: str, ino: int, inode: Inode) -> None:
         bs = inode.block_size
         if inode.length != inode.nblocks * bs:
             last = self.tail_blocks(ino, inode, 1)[-1]

@@ -40,7 +40,7 @@ from ..blocks.blocks import BlockState
 from .charge import file_charge
 from ..journal.ops import OPS, MalformedRecord
 from ..journal.ops_store import Txn, inside   # the batch view apply uses: reads see earlier writes
-from ..schema.inode import DIR, Inode
+from ..schema.inode import DIR, FILE, Inode
 
 _MAX_REPORTED = 200
 
@@ -80,7 +80,7 @@ def check_namespace(kv, leases=None) -> list[str]:
     orphan_roots = [keys.parse_orphan_key(k) for k, _ in kv.scan(keys.ORPHAN)]
 
     root = inodes.get(keys.ROOT_INO)
-    if root is None or root.type != "dir":
+    if root is None or root.type != DIR:
         problem(f"root inode {keys.ROOT_INO} is missing or not a directory")
 
     def walk(start: int, seen: set, what: str) -> None:
@@ -111,7 +111,7 @@ def check_namespace(kv, leases=None) -> list[str]:
         parent_inode = inodes.get(parent)
         if parent_inode is None:
             problem(f"entries under missing inode {parent}: {sorted(names)[:5]}")
-        elif parent_inode.type != "dir":
+        elif parent_inode.type != DIR:
             problem(f"entries under non-directory inode {parent}: {sorted(names)[:5]}")
         elif parent not in orphaned and (parent_inode.children or 0) != len(names):
             problem(f"directory inode {parent} says {parent_inode.children} children, "
@@ -128,7 +128,7 @@ def check_namespace(kv, leases=None) -> list[str]:
                 continue
             linked_from.setdefault(child, []).append((parent, name))
     for ino, inode in inodes.items():
-        if (inode.type == "dir" and ino not in entries and ino not in orphaned
+        if (inode.type == DIR and ino not in entries and ino not in orphaned
                 and ((inode.children or 0) or (inode.subdirs or 0))):
             problem(f"directory inode {ino} says {(inode.children or 0)} children and "
                     f"{(inode.subdirs or 0)} subdirectories, has none")
@@ -167,7 +167,7 @@ def check_namespace(kv, leases=None) -> list[str]:
     max_gs = 0
     for ino, by_index in blocks.items():
         inode = inodes.get(ino)
-        if inode is None or inode.type != "file":
+        if inode is None or inode.type != FILE:
             problem(f"block keys of inode {ino}, which is not a file")
             continue
         if ino in orphaned:   # being reclaimed: its blocks may be partly gone already
@@ -202,7 +202,7 @@ def check_namespace(kv, leases=None) -> list[str]:
     inline = {keys.parse_inline_key(k): keys.unpack(v) for k, v in kv.scan(keys.INLINE)}
     for ino, data in inline.items():
         inode = inodes.get(ino)
-        if inode is None or inode.type != "file" or inode.inline is None:
+        if inode is None or inode.type != FILE or inode.inline is None:
             problem(f"inline data of inode {ino}, which is not a file with inline data")
         elif len(data) != inode.inline or inode.length != inode.inline:
             problem(f"file inode {ino}: {len(data)} bytes of inline data, the inode says "
@@ -211,7 +211,7 @@ def check_namespace(kv, leases=None) -> list[str]:
         if inode.inline is not None and ino not in inline:
             problem(f"file inode {ino} says inline {inode.inline} but has no inline data")
     for ino, inode in inodes.items():
-        if (inode.type == "file" and (inode.nblocks or 0) and ino not in blocks
+        if (inode.type == FILE and (inode.nblocks or 0) and ino not in blocks
                 and ino not in orphaned):
             problem(f"file inode {ino}: nblocks {inode.nblocks} but no block keys")
 
@@ -223,8 +223,8 @@ def check_namespace(kv, leases=None) -> list[str]:
                 f"block id {max(seen_ids)}")
     if counters.get(keys.GENSTAMP, 0) < max_gs:
         problem(f"generation stamp {counters.get(keys.GENSTAMP)} is below a block's {max_gs}")
-    n_files = sum(1 for i in inodes.values() if i.type == "file")
-    n_dirs = sum(1 for i in inodes.values() if i.type == "dir")
+    n_files = sum(1 for i in inodes.values() if i.type == FILE)
+    n_dirs = sum(1 for i in inodes.values() if i.type == DIR)
     if counters.get(keys.FILES, 0) != n_files:
         problem(f"files counter {counters.get(keys.FILES)} != {n_files} file inodes")
     if counters.get(keys.DIRS, 0) != n_dirs:
@@ -262,7 +262,7 @@ def check_namespace(kv, leases=None) -> list[str]:
 
     # under construction ↔ U keys ↔ leases
     uc_inodes = {ino: inode.uc.holder for ino, inode in inodes.items()
-                 if inode.type == "file" and inode.uc and ino not in orphaned}
+                 if inode.type == FILE and inode.uc and ino not in orphaned}
     for ino in set(uc_keys) & orphaned:
         problem(f"U key for inode {ino} inside a detached subtree (its lease must have ended "
                 f"at the delete)")
@@ -321,7 +321,7 @@ class RecordCheck(Txn):
         """None (a problem) when ``parent`` is not a directory; else whether it is linked
         to the root (a detached one is a problem too, but names below it can be checked)."""
         parent_inode = self.inode(parent)
-        if parent_inode is None or parent_inode.type != "dir":
+        if parent_inode is None or parent_inode.type != DIR:
             self.problem(f"{label} inode {parent} is not a directory")
             return None
         if not self.linked(parent):
@@ -354,7 +354,7 @@ class RecordCheck(Txn):
                          f"{overwrite}")
         elif overwrite is not None:
             replaced = self.inode(overwrite)
-            if replaced is None or replaced.type == "dir":
+            if replaced is None or replaced.type == DIR:
                 self.problem(f"overwritten inode {overwrite} is not a file")
         if self.inode(ino) is not None:
             self.problem(f"{name!r}: new inode id {ino} is in use")
@@ -383,10 +383,10 @@ class RecordCheck(Txn):
             replaced = self.inode(overwrite)
             if overwrite == ino or replaced is None:
                 self.problem(f"overwritten inode {overwrite} is missing or the moved inode")
-            elif (replaced.type == "dir") != (moved.type == "dir"):
+            elif (replaced.type == DIR) != (moved.type == DIR):
                 self.problem(f"overwrite of inode {overwrite} ({replaced.type}) by "
                              f"inode {ino} ({moved.type})")
-            elif replaced.type == "dir" and (replaced.children or 0):
+            elif replaced.type == DIR and (replaced.children or 0):
                 self.problem(f"overwritten directory inode {overwrite} is not empty")
         # what the next move of a RENAMES record sees
         self.delete(keys.dentry_key(one.src_parent, one.src_name))
@@ -398,7 +398,7 @@ class RecordCheck(Txn):
     def open_file(self, ino, *, linked: bool) -> dict | None:
         """A file under construction (``linked``: and reachable from the root)."""
         inode = self.inode(ino)
-        if inode is None or inode.type != "file":
+        if inode is None or inode.type != FILE:
             self.problem(f"inode {ino} is not a file")
             return None
         if linked and not self.linked(ino):

@@ -33,7 +33,7 @@ from ..journal.ops_blocks import (AbandonBlock, AddBlock, Append, Close, CommitB
                                   UpdateBlocks)
 from ..journal.ops_namespace import (Add, Delete, Format, Mkdir, SetOwner, SetPermissions,
                                      Symlink, Times)
-from ..schema.inode import DIR, FILE
+from ..schema.inode import DIR, FILE, Inode
 
 #: the set-group-id bit: on a folder, new entries take its group and new folders the bit
 SETGID = 0o2000
@@ -44,7 +44,7 @@ class NamespacePlanner:
     ``Namespace``)."""
 
     # ------------------------------------------------------------------ plan helpers
-    def _owner_group(self, owner, group, parent_inode: dict) -> tuple[str, str]:
+    def _owner_group(self, owner, group, parent_inode: Inode) -> tuple[str, str]:
         """Owner and group of an entry made in ``parent_inode``: the group asked for, else
         the parent's (HDFS); in a setgid folder always the folder's (POSIX/BSD: the mount
         asks for the creator's group, as a kernel would give it outside such a folder)."""
@@ -318,12 +318,12 @@ class NamespacePlanner:
                                   f"{reported['num_bytes']}")
         return "committed"
 
-    def check_block_length(self, path: str, inode: dict, num_bytes: int) -> None:
+    def check_block_length(self, path: str, inode: Inode, num_bytes: int) -> None:
         if num_bytes > inode.block_size:
             raise InvalidArgument(f"{path}: block length {num_bytes} exceeds the file's block "
                                   f"size {inode.block_size}")
 
-    def check_writer_length(self, path: str, inode: dict, num_bytes: int) -> None:
+    def check_writer_length(self, path: str, inode: Inode, num_bytes: int) -> None:
         """A length the writer reports for its block: within the block size, and for a
         reopened inline file's first block at least the inline bytes, which it sends first."""
         self.check_block_length(path, inode, num_bytes)
@@ -332,7 +332,7 @@ class NamespacePlanner:
                                   f"{inode.inline} inline bytes, which its first block "
                                   f"must hold")
 
-    def check_block_count(self, path: str, inode: dict) -> None:
+    def check_block_count(self, path: str, inode: Inode) -> None:
         """HDFS ``dfs.namenode.fs-limits.max-blocks-per-file``: refuse one block more."""
         limit = self.defaults.max_blocks_per_file
         if (inode.nblocks or 0) >= limit:
@@ -417,7 +417,7 @@ class NamespacePlanner:
         extra = {} if data is None else {"data": bytes(data)}
         return Close(ino=ino, last=last, time=now_ns, **(attrs or {}), **extra)
 
-    def check_inline(self, path: str, ino: int, inode: dict, data,
+    def check_inline(self, path: str, ino: int, inode: Inode, data,
                      op: str = "complete") -> None:
         """``complete(data=...)``/``fsync(data=...)``: the bytes fit ``inline_max`` and the
         file's block size, and no byte of the file is in a block: it has none, or only the
@@ -494,7 +494,7 @@ class NamespacePlanner:
                                num_bytes=num_bytes, delete=delete, close=close, time=now_ns,
                                targets=targets)
 
-    def plan_truncate(self, path: str, ino: int, inode: dict, new_length, *, holder: str,
+    def plan_truncate(self, path: str, ino: int, inode: Inode, new_length, *, holder: str,
                       client_machine: str = "", now_ns: int) -> Truncate | None:
         """Truncate a closed file. Blocks wholly past ``new_length`` go; when the new end
         falls inside a block, that block is kept (for block recovery to cut) and the file
@@ -528,14 +528,14 @@ class NamespacePlanner:
                         holder=holder if last else None,
                         client_machine=str(client_machine)[:256], time=now_ns)
 
-    def plan_rewrite(self, ino: int, inode: dict, *, now_ns: int) -> Truncate:
+    def plan_rewrite(self, ino: int, inode: Inode, *, now_ns: int) -> Truncate:
         """Start a file its holder is writing over, empty: every block (and inline content)
         goes, the file stays under construction for the same holder. A TRUNCATE record to
         0 without a ``last`` block, which leaves the lease alone."""
         return Truncate(ino=ino, new_length=0, keep=0, last=None, holder=None,
                         client_machine="", time=now_ns)
 
-    def plan_append(self, ino: int, inode: dict, *, holder: str, client_machine: str = "",
+    def plan_append(self, ino: int, inode: Inode, *, holder: str, client_machine: str = "",
                     new_gs: int | None, now_ns: int) -> Append:
         """Reopen a closed file for ``holder``; a partial last block is reopened under the
         new generation stamp ``new_gs`` (None: the client starts a new block)."""

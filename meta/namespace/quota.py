@@ -33,7 +33,7 @@ from fs.errors import DSQuotaExceeded, InvalidArgument, NSQuotaExceeded
 
 from ..journal import keys
 from ..journal.ops_namespace import SetQuota
-from ..schema.inode import DIR, FILE, Quota
+from ..schema.inode import DIR, FILE, Inode, Quota
 from .args import is_int
 from .charge import file_charge
 
@@ -91,7 +91,7 @@ class QuotaPlanner:
             ino = (inode.parent or 0)
         return chain
 
-    def subtree_usage(self, ino: int, inode: dict) -> tuple[int, int]:
+    def subtree_usage(self, ino: int, inode: Inode) -> tuple[int, int]:
         """(names, space) at and under ``ino``; a quota folder below answers from its usage."""
         names = space = 0
         stack = [(ino, inode)]
@@ -138,7 +138,7 @@ class QuotaPlanner:
                     f"{q.ds} B = {byte_desc(q.ds)} but diskspace consumed = "
                     f"{used} B = {byte_desc(used)}")
 
-    def moved_usage(self, ino: int, inode: dict, src_parent: int,
+    def moved_usage(self, ino: int, inode: Inode, src_parent: int,
                     dst_parent: int) -> tuple[list[int] | None, frozenset]:
         """For a rename: the moved subtree's ``[names, space]`` when a quota folder is on
         either side (else None), and the quota folders the two sides share."""
@@ -149,7 +149,7 @@ class QuotaPlanner:
         return list(self.subtree_usage(ino, inode)), frozenset(i for i, _ in src) & \
             frozenset(i for i, _ in dst)
 
-    def detached_usage(self, parent: int, ino: int, inode: dict, detach: bool) -> list | None:
+    def detached_usage(self, parent: int, ino: int, inode: Inode, detach: bool) -> list | None:
         """What a detached subtree held, for the quota folders above it (a subtree removed
         in its record is measured by the applier itself)."""
         if not detach or not self.quota_chain(parent):

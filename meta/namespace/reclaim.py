@@ -41,7 +41,7 @@ from collections.abc import Iterator
 from sortedcontainers import SortedSet
 
 from ..journal import keys
-from ..schema.inode import DIR, FILE
+from ..schema.inode import DIR, FILE, Inode
 from ..journal.ops_namespace import Reclaim
 
 
@@ -65,7 +65,7 @@ class ReclaimPlanner:
         """``apply`` wrote the ``O`` key of a detached subtree rooted at ``ino``."""
         self._orphans.add(ino)
 
-    def needs_detach(self, ino: int, inode: dict) -> bool:
+    def needs_detach(self, ino: int, inode: Inode) -> bool:
         """More than ``delete_chunk`` entries (inodes + blocks) at and under ``ino``? Reads
         at most that many inodes to find out (a file's blocks are counted by ``nblocks``)."""
         limit = max(1, self.defaults.delete_chunk)
@@ -127,7 +127,7 @@ class ReclaimPlanner:
                         yield ("B", ino, index, keys.unpack(raw)["id"])
             yield ("I", ino, inode.type, parent, name, bool(inode.uc))
 
-    def _remaining_children(self, ino: int, inode: dict) -> Iterator[tuple[str, int]]:
+    def _remaining_children(self, ino: int, inode: Inode) -> Iterator[tuple[str, int]]:
         left = (inode.children or 0)
         if left <= 0:    # nothing to find: never seek into the tombstones after the range
             return

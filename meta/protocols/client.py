@@ -57,7 +57,7 @@ from ..namespace.locks import LOCK_WRITE, lock_set
 from ..namespace.namespace import check_bool, check_int, check_name
 from ..journal.ops_blocks import AddBlock, UpdateBlocks
 from ..namespace.permissions import READ, WRITE
-from ..schema.inode import DIR, FILE, SYMLINK
+from ..schema.inode import DIR, FILE, SYMLINK, Inode
 
 if TYPE_CHECKING:
     from fs.config import Config
@@ -556,7 +556,7 @@ class ClientProtocol:
             answer["token"] = token
         return answer
 
-    def _copy_token(self, ctx, what: str, canonical: str, ino: int, inode: dict,
+    def _copy_token(self, ctx, what: str, canonical: str, ino: int, inode: Inode,
                     block) -> dict | None:
         """The copy token (security = secure) with which the writer has a pipeline node copy
         ``block`` to a replacement (TRANSFER_BLOCK): only for the file's last block under

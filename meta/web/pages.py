@@ -182,7 +182,7 @@ def _entry(status: dict) -> dict:
     kind = status["type"]
     return {"name": status.get("name") or "/", "path": status["path"],
             "type": {DIR: "folder", FILE: "file", SYMLINK: "symlink"}.get(kind, str(kind)),
-            "permission": mode_string(status), "owner": status["owner"],
+            "permission": mode_string(status["mode"], status["type"]), "owner": status["owner"],
             "group": status["group"], "length": status.get("length", 0),
             "replication": status.get("replication", 0),
             "block_size": status.get("block_size", 0), "mtime_ns": status["mtime_ns"],
