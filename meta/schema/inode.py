@@ -11,7 +11,9 @@ a dir's ``children, subdirs, quota``, a file's ``replication, block_size, length
 nblocks, uc, inline``, a symlink's ``target``), a key absent when its field is None (a
 file always has ``uc``: None when closed). Records written before a key existed (a dir
 without ``subdirs``, a file without ``nblocks``) read back with that field None and are
-written back without it until an op sets it.
+written back without it until an op sets it; from then on the key sits in its place in the
+order above (the dict writers appended it last: same map, other byte order, only for such
+old records).
 
 Concurrency contract: immutable values (frozen, slots); a change is a new record
 (``replace``), so the namespace cache and a batch's view can share them freely.
@@ -24,7 +26,6 @@ from dataclasses import dataclass, fields
 FILE = "file"
 DIR = "dir"
 SYMLINK = "symlink"
-
 
 
 @dataclass(frozen=True, slots=True)
