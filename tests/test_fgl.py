@@ -404,8 +404,9 @@ async def test_random_concurrent_clients_replay_serially(tmp_path, mode):
             for record in journal.replay(0):
                 problems += check_record(replay, record)
                 if record.op == "RENAME":
-                    moved = ns.view.get_inode(record.args["ino"]) or {}
-                    ops["dir renames" if moved.get("type") == "dir" else "file renames"] += 1
+                    moved = ns.view.get_inode(record.args["ino"])
+                    is_dir = moved is not None and moved.type == "dir"
+                    ops["dir renames" if is_dir else "file renames"] += 1
                 if record.args.get("detach"):
                     ops["detached"] += 1
                 ops[record.op] += 1

@@ -36,12 +36,6 @@ FORBIDDEN = {
 }
 
 
-#: module imports the package check leaves out, as (importing package, imported module): the
-#: journal's ops read the inode kinds (DIR, FILE, SYMLINK) from the namespace's argument
-#: checks. ``test_left_out_package_edges_are_real`` fails once one is gone: drop it here.
-PACKAGE_EDGES_LEFT_OUT = {("meta.journal", "meta.namespace.args")}
-
-
 def forbidden_for(module: str) -> set[str]:
     holders = [p for p in FORBIDDEN if module == p or module.startswith(p + ".")]
     return FORBIDDEN[max(holders, key=len)] if holders else set()
@@ -151,8 +145,8 @@ def package_of(name: str, path: Path) -> str:
     return name if path.name == "__init__.py" else name.rpartition(".")[0]
 
 
-def package_graph(mods: dict[str, Path], graph: dict[str, dict[str, int]],
-                  left_out=frozenset()) -> dict[str, dict[str, list[tuple[str, str, int]]]]:
+def package_graph(mods: dict[str, Path], graph: dict[str, dict[str, int]]
+                  ) -> dict[str, dict[str, list[tuple[str, str, int]]]]:
     """package -> {imported package: [(importing module, imported module, line), ...]}: the
     module graph with each module collapsed to the package that holds it."""
     packages: dict[str, dict[str, list[tuple[str, str, int]]]] = {}
@@ -161,7 +155,7 @@ def package_graph(mods: dict[str, Path], graph: dict[str, dict[str, int]],
         out = packages.setdefault(source, {})
         for target, line in sorted(edges.items()):
             dest = package_of(target, mods[target])
-            if dest != source and (source, target) not in left_out:
+            if dest != source:
                 out.setdefault(dest, []).append((name, target, line))
     return packages
 
@@ -225,8 +219,6 @@ def test_the_package_checker_sees_circles_the_modules_do_not_have(tmp_path):
     assert describe_packages(packages, mods, one_cycle(packages, ["p.x", "p.y"]), tmp_path) == (
         "p.x (p/x/a.py line 1 imports p.y.b) -> "
         "p.y (p/y/b.py line 4 imports p.x.c, and 1 more) -> p.x")
-    # an edge left out is not seen
-    assert circles(package_graph(mods, graph, {("p.x", "p.y.b")})) == []
 
 
 def test_no_import_circles():
@@ -238,19 +230,10 @@ def test_no_import_circles():
 
 def test_no_package_circles():
     mods = modules()
-    packages = package_graph(mods, import_graph(mods), PACKAGE_EDGES_LEFT_OUT)
+    packages = package_graph(mods, import_graph(mods))
     found = circles(packages)
     assert not found, "packages that import each other:\n" + "\n".join(
         describe_packages(packages, mods, one_cycle(packages, c)) for c in found)
-
-
-def test_left_out_package_edges_are_real():
-    mods = modules()
-    graph = import_graph(mods)
-    gone = [(source, target) for source, target in sorted(PACKAGE_EDGES_LEFT_OUT)
-            if not any(package_of(name, mods[name]) == source and target in edges
-                       for name, edges in graph.items())]
-    assert not gone, f"no longer imported: drop from PACKAGE_EDGES_LEFT_OUT: {gone}"
 
 
 def test_layers():

@@ -832,8 +832,8 @@ def test_walks_and_paths_remembered_between_applies_follow_every_apply():
 
 
 def test_apply_does_not_change_inodes_readers_hold():
-    """apply reads inodes from the decoded cache: it must change its own copy, never the
-    shared cached dict a reader (a walk, a status) already holds."""
+    """apply reads inodes from the decoded cache: it must put a changed copy, never change
+    the shared cached record a reader (a walk, a status) already holds."""
     from meta.journal.files import Record
     from meta.namespace.namespace import Namespace
 
@@ -841,10 +841,10 @@ def test_apply_does_not_change_inodes_readers_hold():
     ns.apply([Record(1, *to_wire(ns.planner.plan_format(1, 10)))])
     ns.apply([Record(2, *to_wire(ns.planner.plan_mkdirs("/a", now_ns=20)))])
     held = ns.view.walk(["a"])[-1][1]
-    before = dict(held)
+    before = held.to_wire()
     ns.apply([Record(3, *to_wire(ns.planner.plan_create("/a/f", holder="w", now_ns=30)))])
-    assert held == before
-    assert ns.view.get_inode(ns.view.walk(["a"])[-1][0])["children"] == before["children"] + 1
+    assert held.to_wire() == before
+    assert ns.view.get_inode(ns.view.walk(["a"])[-1][0]).children == before["children"] + 1
     assert check_namespace(ns.kv) == []
 
 

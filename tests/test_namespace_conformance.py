@@ -398,7 +398,7 @@ def test_writer_calls_read_only_the_last_blocks_of_a_long_file(kind, tmp_path):
     try:
         ns, ino = _long_file(store, [full] * 2999 + [700])
         inode = ns.view.get_inode(ino)
-        assert inode["nblocks"] == 3000 and inode["length"] == 2999 * full + 700
+        assert inode.nblocks == 3000 and inode.length == 2999 * full + 700
         store.block_reads = 0
         tail = ns.view.tail_blocks(ino, inode)
         assert [b["index"] for b in tail] == [2998, 2999] and store.block_reads == 2

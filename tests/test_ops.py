@@ -217,7 +217,7 @@ def test_every_op_updates_the_servers_memory_from_its_typed_effect(tmp_path, cap
         assert held == stored, record.op
         for block_id, (ino, *_) in stored.items():
             assert server.blocks.get(block_id).replication == \
-                server.ns.view.get_inode(ino)["replication"], record.op
+                server.ns.view.get_inode(ino).replication, record.op
         seen_blocks += len(stored)
         open_files = server.ns.view.under_construction()
         assert {ino: server.leases.holder_of(ino) for ino in open_files} == open_files

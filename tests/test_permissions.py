@@ -26,6 +26,7 @@ from fs.framing import FramedStream
 from fs.rpc import RpcClient, parse_address
 from harness import inprocess_cluster
 from meta.namespace import permissions as P
+from meta.schema.inode import Inode
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -432,7 +433,8 @@ def test_default_identity_is_the_process_user():
 
 # ============================================================================ pure checker
 def inode(kind="dir", mode=0o755, owner="alice", group="staff", children=1):
-    return {"type": kind, "mode": mode, "owner": owner, "group": group, "children": children}
+    return Inode(kind, mode, owner, group, mtime=1, atime=1, ctime=1, parent=1, name="x",
+                 children=children)
 
 
 CHECKER = P.PermissionChecker(superuser="hdfs", supergroup="supergroup")
@@ -449,10 +451,10 @@ def denied(fn, *args, **kwargs) -> str:
 
 
 def test_mode_strings_and_exclusive_classes():
-    assert P.mode_string(inode(mode=0o755)) == "drwxr-xr-x"
-    assert P.mode_string(inode("file", 0o640)) == "-rw-r-----"
-    assert P.mode_string(inode(mode=0o1777)) == "drwxrwxrwt"
-    assert P.mode_string(inode(mode=0o1770)) == "drwxrwx--T"
+    assert P.mode_string(0o755, "dir") == "drwxr-xr-x"
+    assert P.mode_string(0o640, "file") == "-rw-r-----"
+    assert P.mode_string(0o1777, "dir") == "drwxrwxrwt"
+    assert P.mode_string(0o1770, "dir") == "drwxrwx--T"
     # the owner is judged by the owner bits only, a group member by the group bits only
     node = inode("file", 0o077)
     assert not P.permits(ALICE_C, node, P.READ)

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 from ..blocks.blocks import COMPLETE
 from ..schema import keys
-from ..namespace.args import FILE
+from ..schema.inode import FILE, Inode
 
 
-def file_charge(get, ino: int, inode: dict | None) -> int:
+def file_charge(get, ino: int, inode: Inode | None) -> int:
     """The space file ``ino`` holds against a space quota; ``get(key)`` reads a decoded key
     (a batch's ``Txn.get`` or the view's cached read)."""
-    if inode is None or inode.get("type") != FILE:
+    if inode is None or inode.type != FILE:
         return 0
-    length = inode.get("length", 0)
-    nblocks = inode.get("nblocks", 0)
+    length = (inode.length or 0)
+    nblocks = (inode.nblocks or 0)
     if nblocks:
         last = get(keys.block_key(ino, nblocks - 1))
         if last is not None and last["state"] != COMPLETE:
-            length += inode.get("block_size", 0) - last["num_bytes"]
-    return length * inode.get("replication", 1)
+            length += (inode.block_size or 0) - last["num_bytes"]
+    return length * (inode.replication or 1)

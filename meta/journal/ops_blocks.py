@@ -20,7 +20,8 @@ from ..blocks import blocks as bm
 from ..schema import keys
 from . import ops_store as st
 from ..blocks.blocks import COMMITTED, COMPLETE, UNDER_CONSTRUCTION, BlockInfo
-from .opbase import ABSENT, Effect, Op, given, register
+from .opbase import ABSENT, Op, given, register, Effect
+from ..schema.inode import FILE
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class _WriterOp(Op):
     def check(self, view):
         inode = view.open_file(self.ino, linked=True)
         if inode is not None:
-            self.check_blocks(view, inode.get("nblocks", 0))
+            self.check_blocks(view, (inode.nblocks or 0))
 
     def check_blocks(self, view, nblocks: int) -> None:
         pass
@@ -88,20 +89,20 @@ class AddBlock(_WriterOp):
             old = txn.get(keys.block_key(ino, prev["index"]))
             if old is not None:
                 state = old["state"] if old["state"] != UNDER_CONSTRUCTION else COMMITTED
-                st.set_block(txn, counters, ino, inode, prev["index"],
-                             {**old, "num_bytes": prev["num_bytes"], "state": state})
+                inode = st.set_block(txn, counters, ino, inode, prev["index"],
+                                     {**old, "num_bytes": prev["num_bytes"], "state": state})
                 committed = True
             # the server only adds a block when every block before ``previous`` is COMPLETE
             if prev["index"] >= 1:
                 before = txn.get(keys.block_key(ino, prev["index"] - 1))
                 if before is not None and before["state"] != COMPLETE:
-                    st.set_block(txn, counters, ino, inode, prev["index"] - 1,
-                                 {**before, "state": COMPLETE})
-        st.set_block(txn, counters, ino, inode, self.index,
-                     {"id": self.block["id"], "gs": self.block["gs"], "num_bytes": 0,
-                      "state": UNDER_CONSTRUCTION})
+                    inode = st.set_block(txn, counters, ino, inode, prev["index"] - 1,
+                                         {**before, "state": COMPLETE})
+        inode = st.set_block(txn, counters, ino, inode, self.index,
+                             {"id": self.block["id"], "gs": self.block["gs"], "num_bytes": 0,
+                              "state": UNDER_CONSTRUCTION})
         txn.put(keys.inode_key(ino), inode)
-        return AddBlockEffect(committed=committed, replication=inode.get("replication", 1))
+        return AddBlockEffect(committed=committed, replication=inode.replication or 1)
 
     def apply_memory(self, state, effect: AddBlockEffect, now):
         if effect.committed:
@@ -134,7 +135,7 @@ class UpdateBlocks(_WriterOp):
         if inode is None:
             return
         for block in self.blocks:
-            st.set_block(txn, counters, ino, inode, block["index"], block)
+            inode = st.set_block(txn, counters, ino, inode, block["index"], block)
         txn.put(keys.inode_key(ino), inode)
 
     def apply_memory(self, state, effect, now):
@@ -170,8 +171,8 @@ class Fsync(_WriterOp):
         old = txn.get(keys.block_key(ino, self.index)) if inode is not None else None
         if old is None:
             return
-        st.set_block(txn, counters, ino, inode, self.index,
-                     {**old, "num_bytes": self.num_bytes})
+        inode = st.set_block(txn, counters, ino, inode, self.index,
+                             {**old, "num_bytes": self.num_bytes})
         txn.put(keys.inode_key(ino), inode)
 
     def apply_memory(self, state, effect, now):
@@ -197,9 +198,9 @@ class AbandonBlock(_WriterOp):
         if old is None:
             return None
         txn.delete(key)
-        if "inline" not in inode:
-            inode["length"] = inode.get("length", 0) - old["num_bytes"]
-        inode["nblocks"] = self.index
+        if inode.inline is None:
+            inode = inode.replace(length=(inode.length or 0) - old["num_bytes"])
+        inode = inode.replace(nblocks=self.index)
         txn.put(keys.inode_key(ino), inode)
         return Effect(removed_blocks=(old["id"],))
 
@@ -231,9 +232,10 @@ class Close(_WriterOp):
         effect = None
         if given(self.data) is not None:
             effect = Effect(removed_blocks=tuple(st.store_inline(txn, ino, inode, self.data)))
+            inode = txn.get(keys.inode_key(ino))
         # only the last two blocks may be incomplete (ADD_BLOCK completes the one before
         # ``previous``), so a close costs the same for 2 blocks and for 50 000
-        nblocks = inode.get("nblocks", 0)
+        nblocks = (inode.nblocks or 0)
         tail = [(index, txn.get(keys.block_key(ino, index)))
                 for index in range(max(0, nblocks - 2), nblocks)]
         for index, block in tail:
@@ -243,15 +245,14 @@ class Close(_WriterOp):
             if last is not None and index == last["index"]:
                 block = {**block, "num_bytes": last["num_bytes"]}
             if block["state"] != COMPLETE or (last is not None and index == last["index"]):
-                st.set_block(txn, counters, ino, inode, index, {**block, "state": COMPLETE})
-        inode["uc"] = None
-        inode["mtime"] = inode["ctime"] = self.time
+                inode = st.set_block(txn, counters, ino, inode, index, {**block, "state": COMPLETE})
+        inode = inode.replace(uc=None, mtime=self.time, ctime=self.time)
         if given(self.mtime) is not None:   # the writer's utimens while it wrote
-            inode["mtime"] = self.mtime
+            inode = inode.replace(mtime=self.mtime)
         if given(self.atime) is not None:
-            inode["atime"] = self.atime
+            inode = inode.replace(atime=self.atime)
         if given(self.mode) is not None:    # and its chmod
-            inode["mode"] = self.mode
+            inode = inode.replace(mode=self.mode)
         txn.put(keys.inode_key(ino), inode)
         txn.delete(keys.uc_key(ino))
         return effect
@@ -283,7 +284,6 @@ class Inline(_WriterOp):
         if inode is None:
             return None
         removed = st.store_inline(txn, ino, inode, self.data)
-        txn.put(keys.inode_key(ino), inode)
         return Effect(removed_blocks=tuple(removed))
 
 
@@ -293,7 +293,7 @@ class _FileOp(Op):
 
     def check(self, view):
         inode = view.inode(self.ino)
-        if inode is None or inode.get("type") != "file":
+        if inode is None or inode.type != FILE:
             view.problem(f"inode {self.ino} is not a file")
 
 
@@ -354,17 +354,16 @@ class Truncate(_FileOp):
                 txn.put(keys.block_key(ino, last["index"]),
                         {**old, "num_bytes": last["num_bytes"], "state": UNDER_CONSTRUCTION,
                          "truncate_to": last["num_bytes"]})
-            st.set_uc(txn, ino, inode, self.holder, given(self.client_machine, ""))
-        if "inline" in inode:
+            inode = st.set_uc(txn, ino, inode, self.holder, given(self.client_machine, ""))
+        if inode.inline is not None:
             if self.new_length:
                 data = txn.get(keys.inline_key(ino)) or b""
                 txn.put(keys.inline_key(ino), bytes(data[:self.new_length]))
-                inode["inline"] = self.new_length
+                inode = inode.replace(inline=self.new_length)
             else:
-                st.drop_inline(txn, ino, inode)
-        inode["length"] = self.new_length
-        inode["nblocks"] = self.keep
-        inode["mtime"] = inode["ctime"] = self.time
+                inode = st.drop_inline(txn, ino, inode)
+        inode = inode.replace(length=self.new_length, nblocks=self.keep, mtime=self.time,
+                              ctime=self.time)
         txn.put(keys.inode_key(ino), inode)
         return Effect(removed_blocks=tuple(removed))
 
@@ -396,9 +395,9 @@ class Append(_FileOp):
         if last is not None:
             old = txn.get(keys.block_key(ino, last["index"]))
             if old is not None:
-                st.set_block(txn, counters, ino, inode, last["index"],
-                             {**old, "gs": last["gs"], "state": UNDER_CONSTRUCTION})
-        st.set_uc(txn, ino, inode, self.holder, given(self.client_machine, ""))
+                inode = st.set_block(txn, counters, ino, inode, last["index"],
+                                     {**old, "gs": last["gs"], "state": UNDER_CONSTRUCTION})
+        inode = st.set_uc(txn, ino, inode, self.holder, given(self.client_machine, ""))
         txn.put(keys.inode_key(ino), inode)
 
     def apply_memory(self, state, effect, now):
@@ -432,9 +431,9 @@ class ReassignLease(_RecoveryOp):
     def apply(self, txn, counters):
         ino = self.ino
         inode = st.file_inode(txn, ino)
-        if inode is None or not inode.get("uc"):
+        if inode is None or not inode.uc:
             return RecoveryEffect()
-        st.set_uc(txn, ino, inode, self.holder, inode["uc"].get("client_machine", ""))
+        inode = st.set_uc(txn, ino, inode, self.holder, inode.uc.client_machine)
         txn.put(keys.inode_key(ino), inode)
         return RecoveryEffect(applied=True)
 
@@ -471,17 +470,17 @@ class CommitBlockSync(_RecoveryOp):
         # a reopened inline file whose first block holds less than the inline bytes: the
         # writer died before sending them all, so nothing after them was acknowledged
         # either; the block goes and the inline data stays the content
-        if self.delete or ("inline" in inode and self.num_bytes < inode["inline"]):
+        if self.delete or (inode.inline is not None and self.num_bytes < inode.inline):
             txn.delete(key)
-            if "inline" not in inode:
-                inode["length"] = inode.get("length", 0) - old["num_bytes"]
-            inode["nblocks"] = self.index
+            if inode.inline is None:
+                inode = inode.replace(length=(inode.length or 0) - old["num_bytes"])
+            inode = inode.replace(nblocks=self.index)
             effects.removed_blocks.append(self.id)
         else:
             synced = {**old, "gs": self.gs, "num_bytes": self.num_bytes,
                       "state": COMPLETE if self.close else COMMITTED}
             synced.pop("truncate_to", None)      # a pending truncate is done with this commit
-            st.set_block(txn, counters, ino, inode, self.index, synced)
+            inode = st.set_block(txn, counters, ino, inode, self.index, synced)
         txn.put(keys.inode_key(ino), inode)
         if self.close:
             effects.add(Close(ino=ino, last=None, time=self.time).apply(txn, counters))

@@ -19,7 +19,7 @@ from fs.errors import InternalError
 
 from ..schema import keys
 from . import ops_store as st
-from ..namespace.args import DIR, FILE, SYMLINK
+from ..schema.inode import DIR, FILE, SYMLINK, Inode, Quota, UnderConstruction
 from .charge import file_charge
 from .opbase import ABSENT, Effect, Op, given, register
 
@@ -41,9 +41,8 @@ class Format(Op):
         if keys.NAMESPACE_ID in counters:
             raise InternalError("FORMAT of an already formatted namespace")
         t = self.time
-        root = {"type": DIR, "mode": self.mode, "owner": self.owner, "group": self.group,
-                "mtime": t, "atime": t, "ctime": t, "parent": 0, "name": "", "children": 0,
-                "subdirs": 0}
+        root = Inode(DIR, self.mode, self.owner, self.group, t, t, t, 0, "", children=0,
+                     subdirs=0)
         txn.put(keys.inode_key(keys.ROOT_INO), root)
         counters.update({keys.NAMESPACE_ID: self.namespace_id,
                          keys.LAYOUT: keys.LAYOUT_VERSION,
@@ -100,12 +99,10 @@ class Add(Op):
             effects = st.EffectBuilder()
             st.unlink(txn, counters, self.parent, self.name, self.overwrite, t, effects,
                       detach=given(self.detach, False), usage=given(self.usage))
-        inode = {"type": FILE, "mode": self.mode, "owner": self.owner, "group": self.group,
-                 "mtime": t, "atime": t, "ctime": t, "parent": self.parent, "name": self.name,
-                 "replication": self.replication, "block_size": self.block_size,
-                 "length": 0, "nblocks": 0,
-                 "uc": {"holder": self.holder,
-                        "client_machine": given(self.client_machine, "")}}
+        inode = Inode(FILE, self.mode, self.owner, self.group, t, t, t, self.parent, self.name,
+                      replication=self.replication, block_size=self.block_size, length=0,
+                      nblocks=0,
+                      uc=UnderConstruction(self.holder, given(self.client_machine, "")))
         st.link(txn, counters, self.parent, self.name, self.ino, inode, t)
         txn.put(keys.uc_key(self.ino), self.holder)
         return effects.effect() if effects is not None else None
@@ -135,9 +132,8 @@ class Symlink(Op):
     def apply(self, txn, counters):
         t = self.time
         st.mkdirs(txn, counters, self.dirs, t)
-        inode = {"type": SYMLINK, "mode": self.mode, "owner": self.owner, "group": self.group,
-                 "mtime": t, "atime": t, "ctime": t, "parent": self.parent, "name": self.name,
-                 "target": self.target}
+        inode = Inode(SYMLINK, self.mode, self.owner, self.group, t, t, t, self.parent,
+                      self.name, target=self.target)
         st.link(txn, counters, self.parent, self.name, self.ino, inode, t)
 
     def check(self, view):
@@ -197,8 +193,8 @@ class Reclaim(Op):
             # what is left of a directory being reclaimed stays counted: the next record
             # scans exactly that many entries (never past its range, into tombstones)
             inode = txn.get(keys.inode_key(parent)) if parent not in removed_inos else None
-            if inode is not None and inode.get("type") == DIR:
-                inode["children"] = max(0, inode.get("children", 0) - count)
+            if inode is not None and inode.type == DIR:
+                inode = inode.replace(children=max(0, (inode.children or 0) - count))
                 txn.put(keys.inode_key(parent), inode)
         for ino in self.uc:
             txn.delete(keys.uc_key(ino))
@@ -253,7 +249,7 @@ class Rename(Op):
         txn.put(keys.dentry_key(self.dst_parent, self.dst_name), ino)
         st.touch_dir(txn, self.dst_parent, t, +1, inode)
         if inode is not None:
-            inode["parent"], inode["name"], inode["ctime"] = self.dst_parent, self.dst_name, t
+            inode = inode.replace(parent=self.dst_parent, name=self.dst_name, ctime=t)
             txn.put(keys.inode_key(ino), inode)
         if moved:
             st.charge_usage(txn, counters, self.dst_parent, moved[0], moved[1])
@@ -372,9 +368,9 @@ class Concat(Op):
         target = st.file_inode(txn, t_ino)
         if target is None:
             return ConcatEffect()
-        rep = target.get("replication", 1)
+        rep = target.replication or 1
         before = file_charge(txn.get, t_ino, target)
-        index = target.get("nblocks", 0)
+        index = target.nblocks or 0
         moved = []
         removed_inos = []
         for src in self.srcs:
@@ -388,14 +384,13 @@ class Concat(Op):
                 txn.put(keys.block_key(t_ino, index), block)
                 moved.append((block["id"], index))
                 index += 1
-            target["length"] = target.get("length", 0) + inode.get("length", 0)
+            target = target.replace(length=(target.length or 0) + (inode.length or 0))
             txn.delete(keys.inode_key(s_ino))
             txn.delete(keys.dentry_key(self.parent, src["name"]))
             st.touch_dir(txn, self.parent, t, -1, inode)
             st.add_counter(counters, keys.FILES, -1)
             removed_inos.append(s_ino)
-        target["nblocks"] = index
-        target["mtime"] = target["ctime"] = t
+        target = target.replace(nblocks=index, mtime=t, ctime=t)
         txn.put(keys.inode_key(t_ino), target)
         st.charge_usage(txn, counters, self.parent, -len(removed_inos),
                         file_charge(txn.get, t_ino, target) - before)
@@ -411,8 +406,8 @@ class Concat(Op):
     def check(self, view):
         for ino in [self.target] + [src.get("ino") for src in self.srcs]:
             inode = view.inode(ino)
-            if inode is None or inode.get("type") != "file" or inode.get("uc") \
-                    or inode.get("parent") != self.parent:
+            if inode is None or inode.type != FILE or inode.uc \
+                    or inode.parent != self.parent:
                 view.problem(f"concat: inode {ino} is not a closed file of folder "
                              f"{self.parent}")
 
@@ -430,24 +425,24 @@ class SetQuota(Op):
 
     def apply(self, txn, counters):
         inode = txn.get(keys.inode_key(self.ino))
-        if inode is None or inode.get("type") != DIR:
+        if inode is None or inode.type != DIR:
             log.error("apply SET_QUOTA: directory inode %d is missing", self.ino)
             return None
-        old = inode.pop("quota", None)
+        old = inode.quota
+        quota = None
         if self.ns >= 0 or self.ds >= 0:
             # a folder that had a quota kept its usage exact; a new one starts from the
             # planner's count of its subtree
-            names, space = (old["ns_used"], old["ds_used"]) if old else self.usage
-            inode["quota"] = {"ns": self.ns, "ds": self.ds, "ns_used": names,
-                              "ds_used": space}
-        inode["ctime"] = self.time
+            names, space = (old.ns_used, old.ds_used) if old else self.usage
+            quota = Quota(self.ns, self.ds, names, space)
+        inode = inode.replace(quota=quota, ctime=self.time)
         txn.put(keys.inode_key(self.ino), inode)
-        st.add_counter(counters, keys.QUOTA_DIRS, ("quota" in inode) - (old is not None))
+        st.add_counter(counters, keys.QUOTA_DIRS, (inode.quota is not None) - (old is not None))
 
     def check(self, view):
         inode = view.inode(self.ino)
-        if inode is None or inode.get("type") != "dir" or not view.linked(self.ino):
+        if inode is None or inode.type != DIR or not view.linked(self.ino):
             view.problem(f"inode {self.ino} is not a linked directory")
-        elif inode.get("quota") is None and (self.ns >= 0 or self.ds >= 0) \
+        elif inode.quota is None and (self.ns >= 0 or self.ds >= 0) \
                 and self.usage is None:
             view.problem(f"a new quota of inode {self.ino} without its usage")

@@ -19,8 +19,8 @@ import itertools
 import logging
 
 from ..schema import keys
+from ..schema.inode import DIR, FILE, Inode, UnderConstruction
 from .opbase import Effect
-from ..namespace.args import DIR, FILE
 from .charge import file_charge
 
 log = logging.getLogger(__name__)
@@ -39,9 +39,8 @@ class Txn:
 
     With ``cache`` (the namespace's ``DecodedCache``, live apply) an inode or entry it holds
     is read from there instead of a LevelDB get + decode (a create read its parent and a
-    complete its file that way, dearer as the store grows): an inode comes as a shallow
-    copy, which is enough because the appliers replace an inode's nested values (``uc``,
-    ...) and never change them in place."""
+    complete its file that way, dearer as the store grows), shared as it is: an ``Inode``
+    is immutable, the appliers put a changed copy (``replace``)."""
 
     __slots__ = ("kv", "puts", "dels", "_order", "_cached")
 
@@ -61,11 +60,9 @@ class Txn:
         if self._cached is not None:
             value = self._cached.get(key)
             if value is not None:
-                if value is ABSENT:
-                    return None
-                return dict(value) if type(value) is dict else value
+                return None if value is ABSENT else value
         raw = self.kv.get(key)
-        return None if raw is None else keys.unpack(raw)
+        return None if raw is None else keys.unpack_value(key, raw)
 
     def put(self, key: bytes, value) -> None:
         if key not in self.puts:
@@ -93,7 +90,7 @@ class Txn:
 
     def scan(self, prefix: bytes) -> list[tuple[bytes, object]]:
         merged = {k: v for k, v in self.kv.scan(prefix) if k not in self.dels}
-        merged = {k: keys.unpack(v) for k, v in merged.items() if k not in self.puts}
+        merged = {k: keys.unpack_value(k, v) for k, v in merged.items() if k not in self.puts}
         for key in self.put_keys(prefix):
             merged[key] = self.puts[key]
         return sorted(merged.items())
@@ -116,7 +113,7 @@ def inside(view: Txn, ino: int, root: int) -> bool:
         inode = view.get(keys.inode_key(ino))
         if inode is None:
             return False
-        ino = inode["parent"]
+        ino = inode.parent
     return False
 
 
@@ -168,52 +165,50 @@ def charge_usage(txn: Txn, counters, ino: int, names: int, space: int) -> None:
         inode = txn.get(keys.inode_key(ino))
         if inode is None:
             return
-        quota = inode.get("quota")
-        if quota is not None:   # replaced, never changed in place (the cache shares it)
-            inode["quota"] = {**quota, "ns_used": quota["ns_used"] + names,
-                              "ds_used": quota["ds_used"] + space}
+        if inode.quota is not None:
+            inode = inode.replace(quota=inode.quota.charged(names, space))
             txn.put(keys.inode_key(ino), inode)
-        ino = inode["parent"]
+        ino = inode.parent
 
 
-def touch_dir(txn: Txn, ino: int, time: int, children_delta: int, child: dict | None) -> None:
+def touch_dir(txn: Txn, ino: int, time: int, children_delta: int,
+              child: Inode | None) -> None:
     """A directory gained (+1) or lost (-1) the entry of ``child``: its entry count and,
     for a directory child, its subdirectory count (its link count is 2 + subdirs)."""
     inode = txn.get(keys.inode_key(ino))
     if inode is None:
         log.error("apply: parent directory inode %d is missing", ino)
         return
-    inode["children"] = inode.get("children", 0) + children_delta
-    if child is not None and child.get("type") == DIR:
-        if "subdirs" in inode:
-            inode["subdirs"] += children_delta
+    subdirs = inode.subdirs
+    if child is not None and child.type == DIR:
+        if subdirs is not None:
+            subdirs += children_delta
         else:   # stored before directories counted them: count once (the batch
             # already holds the entry change, so the count is the new one)
-            inode["subdirs"] = sum(
-                1 for _, c in txn.scan(keys.dentry_prefix(ino))
-                if (txn.get(keys.inode_key(c)) or {}).get("type") == DIR)
-    inode["mtime"] = inode["ctime"] = time
+            subdirs = sum(1 for _, c in txn.scan(keys.dentry_prefix(ino))
+                          if getattr(txn.get(keys.inode_key(c)), "type", None) == DIR)
+    inode = inode.replace(children=(inode.children or 0) + children_delta, subdirs=subdirs,
+                          mtime=time, ctime=time)
     txn.put(keys.inode_key(ino), inode)
 
 
-def link(txn: Txn, counters, parent: int, name: str, ino: int, inode: dict,
+def link(txn: Txn, counters, parent: int, name: str, ino: int, inode: Inode,
          time: int) -> None:
     txn.put(keys.inode_key(ino), inode)
     txn.put(keys.dentry_key(parent, name), ino)
     touch_dir(txn, parent, time, +1, inode)
     charge_usage(txn, counters, parent, 1, file_charge(txn.get, ino, inode))
     bump(counters, keys.NEXT_INO, ino)
-    if inode["type"] == DIR:
+    if inode.type == DIR:
         add_counter(counters, keys.DIRS, 1)
-    elif inode["type"] == FILE:
+    elif inode.type == FILE:
         add_counter(counters, keys.FILES, 1)
 
 
 def mkdirs(txn: Txn, counters, dirs, time: int) -> None:
     for d in dirs:
-        inode = {"type": DIR, "mode": d["mode"], "owner": d["owner"], "group": d["group"],
-                 "mtime": time, "atime": time, "ctime": time, "parent": d["parent"],
-                 "name": d["name"], "children": 0, "subdirs": 0}
+        inode = Inode(DIR, d["mode"], d["owner"], d["group"], time, time, time, d["parent"],
+                      d["name"], children=0, subdirs=0)
         link(txn, counters, d["parent"], d["name"], d["ino"], inode, time)
 
 
@@ -232,19 +227,19 @@ def remove_subtree(txn: Txn, counters, ino: int,
             log.error("apply: inode %d to remove is missing", cur)
             continue
         names += 1
-        if inode["type"] == DIR:
-            if inode.get("children", 1):   # an empty folder needs no scan
+        if inode.type == DIR:
+            if inode.children != 0:   # an empty folder needs no scan
                 for key, child in txn.scan(keys.dentry_prefix(cur)):
                     stack.append(child)
                     txn.delete(key)
             add_counter(counters, keys.DIRS, -1)
-        elif inode["type"] == FILE:
+        elif inode.type == FILE:
             space += file_charge(txn.get, cur, inode)
             removed_blocks.extend(delete_blocks(txn, cur, inode))
-            if inode.get("uc"):
+            if inode.uc:
                 txn.delete(keys.uc_key(cur))
                 removed_uc.append(cur)
-            if "inline" in inode:
+            if inode.inline is not None:
                 txn.delete(keys.inline_key(cur))
             add_counter(counters, keys.FILES, -1)
         txn.delete(keys.inode_key(cur))
@@ -283,78 +278,81 @@ def detach_subtree(txn: Txn, parent: int, name: str, ino: int, time: int,
         if inside(txn, uc_ino, ino):
             txn.delete(key)
             removed_uc.append(uc_ino)
-    inode["parent"] = 0
+    inode = inode.replace(parent=0)
     txn.put(keys.inode_key(ino), inode)
     txn.put(keys.orphan_key(ino), {"parent": parent, "name": name, "time": time})
     effects.orphan = ino
 
 
-def file_inode(txn: Txn, ino: int) -> dict | None:
+def file_inode(txn: Txn, ino: int) -> Inode | None:
     inode = txn.get(keys.inode_key(ino))
-    if inode is None or inode["type"] != FILE:
+    if inode is None or inode.type != FILE:
         log.error("apply: file inode %d is missing", ino)
         return None
     return inode
 
 
-def set_block(txn: Txn, counters, ino: int, inode: dict, index: int,
-              block: dict) -> None:
-    """Write one block key and keep the inode's length and block count in step. A file
-    whose data is inline (reopened by append) keeps it, and its length, until its first
-    block holds at least as many bytes (the writer sends the inline bytes first)."""
+def set_block(txn: Txn, counters, ino: int, inode: Inode, index: int,
+              block: dict) -> Inode:
+    """Write one block key; returns the inode with its length and block count in step (for
+    the caller to put). A file whose data is inline (reopened by append) keeps it, and its
+    length, until its first block holds at least as many bytes (the writer sends the
+    inline bytes first)."""
     key = keys.block_key(ino, index)
     old = txn.get(key)
-    if "inline" in inode:
-        if block["num_bytes"] >= inode["inline"]:
-            drop_inline(txn, ino, inode)
-            inode["length"] = block["num_bytes"]
+    if inode.inline is not None:
+        if block["num_bytes"] >= inode.inline:
+            inode = drop_inline(txn, ino, inode).replace(length=block["num_bytes"])
     else:
-        inode["length"] = inode.get("length", 0) - (old["num_bytes"] if old else 0) \
-            + block["num_bytes"]
-    inode["nblocks"] = max(inode.get("nblocks", 0), index + 1)
+        inode = inode.replace(length=(inode.length or 0) - (old["num_bytes"] if old else 0)
+                              + block["num_bytes"])
+    inode = inode.replace(nblocks=max(inode.nblocks or 0, index + 1))
     txn.put(key, {"id": block["id"], "gs": block["gs"], "num_bytes": block["num_bytes"],
                   "state": block["state"]})
     bump(counters, keys.NEXT_BLOCK_ID, block["id"])
     bump(counters, keys.GENSTAMP, block["gs"])
+    return inode
 
 
-def delete_blocks(txn: Txn, ino: int, inode: dict) -> list[int]:
+def delete_blocks(txn: Txn, ino: int, inode: Inode) -> list[int]:
     """Delete every block key of file ``ino``; returns the block ids. A file without
     blocks (inline or empty) is not scanned: LevelDB would walk tombstones past its
     empty range up to the next live key."""
     removed = []
-    if inode.get("nblocks", 1):
+    if inode.nblocks != 0:
         for key, block in txn.scan(keys.block_prefix(ino)):
             removed.append(block["id"])
             txn.delete(key)
     return removed
 
 
-def drop_inline(txn: Txn, ino: int, inode: dict) -> None:
+def drop_inline(txn: Txn, ino: int, inode: Inode) -> Inode:
+    """Returns the inode without its inline data (for the caller to put)."""
     txn.delete(keys.inline_key(ino))
-    del inode["inline"]
+    return inode.replace(inline=None)
 
 
-def store_inline(txn: Txn, ino: int, inode: dict, data: bytes) -> list[int]:
+def store_inline(txn: Txn, ino: int, inode: Inode, data: bytes) -> list[int]:
     """The file's content becomes ``data``, kept in the namespace; its blocks (at most
-    the unused first block ``create`` allocated) go. Returns their ids."""
+    the unused first block ``create`` allocated) go. Puts the changed inode; returns the
+    removed blocks' ids."""
     removed = delete_blocks(txn, ino, inode)
     txn.put(keys.inline_key(ino), bytes(data))
-    inode["inline"] = inode["length"] = len(data)
-    inode["nblocks"] = 0
+    txn.put(keys.inode_key(ino), inode.replace(inline=len(data), length=len(data), nblocks=0))
     return removed
 
 
-def update_inode(txn: Txn, ino: int, **changes) -> dict | None:
+def update_inode(txn: Txn, ino: int, **changes) -> Inode | None:
     inode = txn.get(keys.inode_key(ino))
     if inode is None:
         log.error("apply: inode %d is missing", ino)
         return None
-    inode.update(changes)
+    inode = inode.replace(**changes)
     txn.put(keys.inode_key(ino), inode)
     return inode
 
 
-def set_uc(txn: Txn, ino: int, inode: dict, holder: str, client_machine: str) -> None:
-    inode["uc"] = {"holder": holder, "client_machine": client_machine}
+def set_uc(txn: Txn, ino: int, inode: Inode, holder: str, client_machine: str) -> Inode:
+    """Returns the inode under construction for ``holder`` (for the caller to put)."""
     txn.put(keys.uc_key(ino), holder)
+    return inode.replace(uc=UnderConstruction(holder, client_machine))

@@ -14,7 +14,8 @@ subtree still.
 
 from __future__ import annotations
 
-from .args import DIR, check_name
+from ..schema.inode import DIR
+from .args import check_name
 from .permissions import WRITE, Caller, PermissionChecker, clears_only_setid
 from .view import NamespaceView
 from .timeslice import TimeSlice
@@ -71,7 +72,7 @@ class Access:
                             ignore_empty_dir: bool = False) -> None:
         """HDFS subAccess: ``access`` on every directory of the subtree at ``parts``."""
         found = self.view.walk(parts, strict=False)
-        if len(found) != len(parts) + 1 or found[-1][1]["type"] != DIR:
+        if len(found) != len(parts) + 1 or found[-1][1].type != DIR:
             return
         walk = TimeSlice()
         for ino, node in self.view.iter_subtree(*found[-1]):

@@ -65,7 +65,7 @@ class RecordApplier:
             if charged is not None:
                 inode = txn.get(keys.inode_key(ino))
                 if inode is not None:
-                    charge_usage(txn, counters, inode["parent"], 0,
+                    charge_usage(txn, counters, inode.parent, 0,
                                  file_charge(txn.get, ino, inode) - charged)
             effects.append(NO_EFFECT if effect is None else effect)
             counters[keys.APPLIED_TXID] = record.txid

@@ -1,4 +1,4 @@
-"""What every namespace call may be given: inode kinds, limits, the configured defaults and
+"""What every namespace call may be given: limits, the configured defaults and
 the argument checks the planners and the RPC handlers share.
 
 Why it exists: the checks are the first half of every ``plan_<op>`` and of every handler
@@ -13,10 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fs.errors import InvalidArgument
-
-FILE = "file"
-DIR = "dir"
-SYMLINK = "symlink"
 
 MAX_OWNER_LEN = 256
 MAX_TARGET_BYTES = 4096      # PATH_MAX: the kernel refuses longer symlink targets itself

@@ -20,7 +20,7 @@ from __future__ import annotations
 from fs import paths
 from fs.errors import InvalidArgument
 
-from .args import FILE
+from ..schema.inode import FILE, Inode
 from ..journal.charge import file_charge
 from .quota import QuotaPlanner
 from .view import NamespaceView
@@ -36,18 +36,18 @@ class ConcatPlanner:
         self._view = view
         self._quota = quota
 
-    def _concat_file(self, what: str, path: str, inode: dict, role: str) -> None:
-        if inode["type"] != FILE:
+    def _concat_file(self, what: str, path: str, inode: Inode, role: str) -> None:
+        if inode.type != FILE:
             raise InvalidArgument(f"{what}: {role} {path} is not a file")
-        if inode.get("uc"):
+        if inode.uc:
             raise InvalidArgument(f"{what}: {role} {path} is under construction")
-        if not inode.get("length") or "inline" in inode or not inode.get("nblocks"):
+        if not inode.length or inode.inline is not None or not inode.nblocks:
             raise InvalidArgument(f"{what}: {role} {path} is empty or its data is not in "
                                   f"blocks")
 
-    def _full_blocks(self, what: str, path: str, ino: int, inode: dict) -> None:
-        bs = inode["block_size"]
-        if inode["length"] != inode["nblocks"] * bs:
+    def _full_blocks(self, what: str, path: str, ino: int, inode: Inode) -> None:
+        bs = inode.block_size
+        if inode.length != inode.nblocks * bs:
             last = self._view.tail_blocks(ino, inode, 1)[-1]
             raise InvalidArgument(f"{what}: the last block in {path} is not full; last block "
                                   f"size = {last['num_bytes']}, preferred block size = {bs}")
@@ -64,7 +64,7 @@ class ConcatPlanner:
         self._concat_file(what, t_path, t_inode, "target")
         self._full_blocks(what, t_path, t_ino, t_inode)
         parent = t_found[-2][0]
-        rep = t_inode.get("replication", 1)
+        rep = t_inode.replication or 1
         seen = {t_ino}
         sources = []
         extra_space = 0
@@ -82,14 +82,14 @@ class ConcatPlanner:
                 raise InvalidArgument(f"{what}: all sources must be in the same directory "
                                       f"as the target; {s_path} is not")
             self._concat_file(what, s_path, s_inode, "source")
-            if s_inode["block_size"] != t_inode["block_size"]:
+            if s_inode.block_size != t_inode.block_size:
                 raise InvalidArgument(
                     f"{what}: source file {s_path} has preferred block size "
-                    f"{s_inode['block_size']} which is different from the target file's "
-                    f"preferred block size {t_inode['block_size']}")
+                    f"{s_inode.block_size} which is different from the target file's "
+                    f"preferred block size {t_inode.block_size}")
             if i != len(srcs) - 1:
                 self._full_blocks(what, s_path, s_ino, s_inode)
-            extra_space += s_inode["length"] * rep - file_charge(self._view.read, s_ino,
+            extra_space += s_inode.length * rep - file_charge(self._view.read, s_ino,
                                                                  s_inode)
             sources.append({"ino": s_ino, "name": s_parts[-1]})
         self._quota.check_quota(parent, 0, extra_space)

@@ -40,6 +40,7 @@ from ..blocks.blocks import BlockState
 from ..journal.charge import file_charge
 from ..journal.ops import OPS, MalformedRecord
 from ..journal.ops_store import Txn, inside   # the batch view apply uses: reads see earlier writes
+from ..schema.inode import DIR, FILE, Inode
 
 _MAX_REPORTED = 200
 
@@ -61,9 +62,12 @@ def check_namespace(kv, leases=None) -> list[str]:
     if keys.APPLIED_TXID not in counters:
         problem("no applied txid counter")
 
-    inodes: dict[int, dict] = {}
+    inodes: dict[int, Inode] = {}
     for key, raw in kv.scan(keys.INODE):
-        inodes[keys.parse_inode_key(key)] = keys.unpack(raw)
+        try:
+            inodes[keys.parse_inode_key(key)] = keys.unpack_value(key, raw)
+        except ValueError as e:
+            problem(f"inode {keys.parse_inode_key(key)}: {e}")
     entries: dict[int, dict[str, int]] = {}
     for key, raw in kv.scan(keys.DENTRY):
         parent, name = keys.parse_dentry_key(key)
@@ -76,7 +80,7 @@ def check_namespace(kv, leases=None) -> list[str]:
     orphan_roots = [keys.parse_orphan_key(k) for k, _ in kv.scan(keys.ORPHAN)]
 
     root = inodes.get(keys.ROOT_INO)
-    if root is None or root.get("type") != "dir":
+    if root is None or root.type != DIR:
         problem(f"root inode {keys.ROOT_INO} is missing or not a directory")
 
     def walk(start: int, seen: set, what: str) -> None:
@@ -97,8 +101,8 @@ def check_namespace(kv, leases=None) -> list[str]:
         if orphan_root is None:
             problem(f"orphan key for inode {root_ino}, which does not exist")
             continue
-        if orphan_root.get("parent") != 0:
-            problem(f"orphan root inode {root_ino} has parent {orphan_root.get('parent')}, not 0")
+        if orphan_root.parent != 0:
+            problem(f"orphan root inode {root_ino} has parent {orphan_root.parent}, not 0")
         walk(root_ino, orphaned, "from orphan roots")
 
     # entries → inodes
@@ -107,15 +111,16 @@ def check_namespace(kv, leases=None) -> list[str]:
         parent_inode = inodes.get(parent)
         if parent_inode is None:
             problem(f"entries under missing inode {parent}: {sorted(names)[:5]}")
-        elif parent_inode.get("type") != "dir":
+        elif parent_inode.type != DIR:
             problem(f"entries under non-directory inode {parent}: {sorted(names)[:5]}")
-        elif parent not in orphaned and parent_inode.get("children", 0) != len(names):
-            problem(f"directory inode {parent} says {parent_inode.get('children')} children, "
+        elif parent not in orphaned and (parent_inode.children or 0) != len(names):
+            problem(f"directory inode {parent} says {parent_inode.children} children, "
                     f"has {len(names)} entries")
-        elif parent not in orphaned and "subdirs" in parent_inode:   # (older stores: none)
-            subdirs = sum(1 for c in names.values() if inodes.get(c, {}).get("type") == "dir")
-            if parent_inode.get("subdirs", 0) != subdirs:
-                problem(f"directory inode {parent} says {parent_inode.get('subdirs', 0)} "
+        elif parent not in orphaned and parent_inode.subdirs is not None:   # (older stores: none)
+            subdirs = sum(1 for c in names.values()
+                          if getattr(inodes.get(c), "type", None) == DIR)
+            if parent_inode.subdirs != subdirs:
+                problem(f"directory inode {parent} says {parent_inode.subdirs} "
                         f"subdirectories, has {subdirs}")
         for name, child in names.items():
             if child not in inodes:
@@ -123,10 +128,10 @@ def check_namespace(kv, leases=None) -> list[str]:
                 continue
             linked_from.setdefault(child, []).append((parent, name))
     for ino, inode in inodes.items():
-        if (inode.get("type") == "dir" and ino not in entries and ino not in orphaned
-                and (inode.get("children", 0) or inode.get("subdirs", 0))):
-            problem(f"directory inode {ino} says {inode.get('children', 0)} children and "
-                    f"{inode.get('subdirs', 0)} subdirectories, has none")
+        if (inode.type == DIR and ino not in entries and ino not in orphaned
+                and ((inode.children or 0) or (inode.subdirs or 0))):
+            problem(f"directory inode {ino} says {(inode.children or 0)} children and "
+                    f"{(inode.subdirs or 0)} subdirectories, has none")
 
     # inodes → exactly one entry, matching parent pointers
     for ino, inode in inodes.items():
@@ -140,11 +145,11 @@ def check_namespace(kv, leases=None) -> list[str]:
                 problem(f"orphan root inode {ino} still has a directory entry: {links[:5]}")
             continue
         if len(links) != 1:
-            problem(f"inode {ino} ({inode.get('name')!r}) has {len(links)} entries: {links[:5]}")
+            problem(f"inode {ino} ({inode.name!r}) has {len(links)} entries: {links[:5]}")
             continue
         parent, name = links[0]
-        if inode.get("parent") != parent or inode.get("name") != name:
-            problem(f"inode {ino}: parent/name ({inode.get('parent')}, {inode.get('name')!r}) "
+        if inode.parent != parent or inode.name != name:
+            problem(f"inode {ino}: parent/name ({inode.parent}, {inode.name!r}) "
                     f"disagree with its entry ({parent}, {name!r})")
 
     # reachability (catches orphans and cycles)
@@ -162,7 +167,7 @@ def check_namespace(kv, leases=None) -> list[str]:
     max_gs = 0
     for ino, by_index in blocks.items():
         inode = inodes.get(ino)
-        if inode is None or inode.get("type") != "file":
+        if inode is None or inode.type != FILE:
             problem(f"block keys of inode {ino}, which is not a file")
             continue
         if ino in orphaned:   # being reclaimed: its blocks may be partly gone already
@@ -173,7 +178,7 @@ def check_namespace(kv, leases=None) -> list[str]:
                             f"and {ino}")
                 seen_ids[block["id"]] = ino
             continue
-        n = inode.get("nblocks", 0)
+        n = (inode.nblocks or 0)
         if sorted(by_index) != list(range(n)):
             problem(f"file inode {ino}: nblocks {n} but block indexes {sorted(by_index)[:10]}")
         length = 0
@@ -183,32 +188,32 @@ def check_namespace(kv, leases=None) -> list[str]:
             if block["id"] in seen_ids:
                 problem(f"block id {block['id']} used by inodes {seen_ids[block['id']]} and {ino}")
             seen_ids[block["id"]] = ino
-            if not inode.get("uc") and block.get("state") != BlockState.COMPLETE:
+            if not inode.uc and block.get("state") != BlockState.COMPLETE:
                 problem(f"closed file inode {ino}: block {block['id']} is {block.get('state')}")
             elif index < n - 2 and block.get("state") != BlockState.COMPLETE:
                 problem(f"open file inode {ino}: block {block['id']} (#{index} of {n}) is "
                         f"{block.get('state')}; only the last two may be incomplete")
-        if "inline" in inode:
-            if len(by_index) > 1 or not inode.get("uc"):
+        if inode.inline is not None:
+            if len(by_index) > 1 or not inode.uc:
                 problem(f"file inode {ino}: inline data beside {len(by_index)} block(s) "
-                        f"{'(closed)' if not inode.get('uc') else ''}")
-        elif length != inode.get("length", 0):
-            problem(f"file inode {ino}: length {inode.get('length')} != sum of blocks {length}")
+                        f"{'(closed)' if not inode.uc else ''}")
+        elif length != (inode.length or 0):
+            problem(f"file inode {ino}: length {inode.length} != sum of blocks {length}")
     inline = {keys.parse_inline_key(k): keys.unpack(v) for k, v in kv.scan(keys.INLINE)}
     for ino, data in inline.items():
         inode = inodes.get(ino)
-        if inode is None or inode.get("type") != "file" or "inline" not in inode:
+        if inode is None or inode.type != FILE or inode.inline is None:
             problem(f"inline data of inode {ino}, which is not a file with inline data")
-        elif len(data) != inode["inline"] or inode.get("length") != inode["inline"]:
+        elif len(data) != inode.inline or inode.length != inode.inline:
             problem(f"file inode {ino}: {len(data)} bytes of inline data, the inode says "
-                    f"inline {inode['inline']}, length {inode.get('length')}")
+                    f"inline {inode.inline}, length {inode.length}")
     for ino, inode in inodes.items():
-        if "inline" in inode and ino not in inline:
-            problem(f"file inode {ino} says inline {inode['inline']} but has no inline data")
+        if inode.inline is not None and ino not in inline:
+            problem(f"file inode {ino} says inline {inode.inline} but has no inline data")
     for ino, inode in inodes.items():
-        if (inode.get("type") == "file" and inode.get("nblocks", 0) and ino not in blocks
+        if (inode.type == FILE and (inode.nblocks or 0) and ino not in blocks
                 and ino not in orphaned):
-            problem(f"file inode {ino}: nblocks {inode['nblocks']} but no block keys")
+            problem(f"file inode {ino}: nblocks {inode.nblocks} but no block keys")
 
     # counters
     if inodes and counters.get(keys.NEXT_INO, 0) <= max(inodes):
@@ -218,17 +223,17 @@ def check_namespace(kv, leases=None) -> list[str]:
                 f"block id {max(seen_ids)}")
     if counters.get(keys.GENSTAMP, 0) < max_gs:
         problem(f"generation stamp {counters.get(keys.GENSTAMP)} is below a block's {max_gs}")
-    n_files = sum(1 for i in inodes.values() if i.get("type") == "file")
-    n_dirs = sum(1 for i in inodes.values() if i.get("type") == "dir")
+    n_files = sum(1 for i in inodes.values() if i.type == FILE)
+    n_dirs = sum(1 for i in inodes.values() if i.type == DIR)
     if counters.get(keys.FILES, 0) != n_files:
         problem(f"files counter {counters.get(keys.FILES)} != {n_files} file inodes")
     if counters.get(keys.DIRS, 0) != n_dirs:
         problem(f"dirs counter {counters.get(keys.DIRS)} != {n_dirs} directory inodes")
 
     # quotas: recount every linked inode's names and space into the quota folders above it
-    quota_dirs = {ino: inode["quota"] for ino, inode in inodes.items()
-                  if inode.get("quota") is not None and ino not in orphaned}
-    if counters.get(keys.QUOTA_DIRS, 0) != sum(1 for i in inodes.values() if i.get("quota")):
+    quota_dirs = {ino: inode.quota for ino, inode in inodes.items()
+                  if inode.quota is not None and ino not in orphaned}
+    if counters.get(keys.QUOTA_DIRS, 0) != sum(1 for i in inodes.values() if i.quota):
         problem(f"quota_dirs counter {counters.get(keys.QUOTA_DIRS, 0)} != the quota folders")
     if quota_dirs:
         recount = {ino: [0, 0] for ino in quota_dirs}
@@ -248,16 +253,16 @@ def check_namespace(kv, leases=None) -> list[str]:
                     recount[cur][1] += space
                 if not cur or cur not in inodes:
                     break
-                cur = inodes[cur].get("parent", 0)
+                cur = inodes[cur].parent
         for ino, quota in quota_dirs.items():
-            if [quota["ns_used"], quota["ds_used"]] != recount[ino]:
-                problem(f"quota folder inode {ino} stores usage {quota['ns_used']} names, "
-                        f"{quota['ds_used']} bytes; a recount finds {recount[ino][0]}, "
+            if [quota.ns_used, quota.ds_used] != recount[ino]:
+                problem(f"quota folder inode {ino} stores usage {quota.ns_used} names, "
+                        f"{quota.ds_used} bytes; a recount finds {recount[ino][0]}, "
                         f"{recount[ino][1]}")
 
     # under construction ↔ U keys ↔ leases
-    uc_inodes = {ino: inode["uc"]["holder"] for ino, inode in inodes.items()
-                 if inode.get("type") == "file" and inode.get("uc") and ino not in orphaned}
+    uc_inodes = {ino: inode.uc.holder for ino, inode in inodes.items()
+                 if inode.type == FILE and inode.uc and ino not in orphaned}
     for ino in set(uc_keys) & orphaned:
         problem(f"U key for inode {ino} inside a detached subtree (its lease must have ended "
                 f"at the delete)")
@@ -307,16 +312,16 @@ class RecordCheck(Txn):
             if ino == keys.ROOT_INO:
                 return True
             inode = self.inode(ino)
-            if inode is None or inode.get("parent") in (None, 0):
+            if inode is None or inode.parent in (None, 0):
                 return False
-            ino = inode["parent"]
+            ino = inode.parent
         return False
 
     def live_dir(self, parent, label: str) -> bool | None:
         """None (a problem) when ``parent`` is not a directory; else whether it is linked
         to the root (a detached one is a problem too, but names below it can be checked)."""
         parent_inode = self.inode(parent)
-        if parent_inode is None or parent_inode.get("type") != "dir":
+        if parent_inode is None or parent_inode.type != DIR:
             self.problem(f"{label} inode {parent} is not a directory")
             return None
         if not self.linked(parent):
@@ -349,7 +354,7 @@ class RecordCheck(Txn):
                          f"{overwrite}")
         elif overwrite is not None:
             replaced = self.inode(overwrite)
-            if replaced is None or replaced.get("type") == "dir":
+            if replaced is None or replaced.type == DIR:
                 self.problem(f"overwritten inode {overwrite} is not a file")
         if self.inode(ino) is not None:
             self.problem(f"{name!r}: new inode id {ino} is in use")
@@ -378,27 +383,27 @@ class RecordCheck(Txn):
             replaced = self.inode(overwrite)
             if overwrite == ino or replaced is None:
                 self.problem(f"overwritten inode {overwrite} is missing or the moved inode")
-            elif (replaced.get("type") == "dir") != (moved.get("type") == "dir"):
-                self.problem(f"overwrite of inode {overwrite} ({replaced.get('type')}) by "
-                             f"inode {ino} ({moved.get('type')})")
-            elif replaced.get("type") == "dir" and replaced.get("children", 0):
+            elif (replaced.type == DIR) != (moved.type == DIR):
+                self.problem(f"overwrite of inode {overwrite} ({replaced.type}) by "
+                             f"inode {ino} ({moved.type})")
+            elif replaced.type == DIR and (replaced.children or 0):
                 self.problem(f"overwritten directory inode {overwrite} is not empty")
         # what the next move of a RENAMES record sees
         self.delete(keys.dentry_key(one.src_parent, one.src_name))
         if overwrite is not None:
             self.delete(keys.inode_key(overwrite))
         self.put(keys.dentry_key(dst_parent, dst_name), ino)
-        self.put(keys.inode_key(ino), {**moved, "parent": dst_parent, "name": dst_name})
+        self.put(keys.inode_key(ino), moved.replace(parent=dst_parent, name=dst_name))
 
     def open_file(self, ino, *, linked: bool) -> dict | None:
         """A file under construction (``linked``: and reachable from the root)."""
         inode = self.inode(ino)
-        if inode is None or inode.get("type") != "file":
+        if inode is None or inode.type != FILE:
             self.problem(f"inode {ino} is not a file")
             return None
         if linked and not self.linked(ino):
             self.problem(f"file inode {ino} is detached")
-        if not inode.get("uc"):
+        if not inode.uc:
             self.problem(f"file inode {ino} is not under construction")
         return inode
 

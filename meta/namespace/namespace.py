@@ -73,9 +73,8 @@ from __future__ import annotations
 from ..schema import keys
 from .allocators import Allocators
 from .apply import RecordApplier, Txn, inside
-from .args import (DIR, FILE, MAX_LIST_LIMIT, MAX_OWNER_LEN, MAX_RENAMES,
-                             MAX_TARGET_BYTES, SYMLINK, Defaults, check_block_ref, check_bool,
-                             check_int, check_mode, check_name)
+from .args import (MAX_LIST_LIMIT, MAX_OWNER_LEN, MAX_RENAMES, MAX_TARGET_BYTES, Defaults,
+                   check_block_ref, check_bool, check_int, check_mode, check_name)
 from .concat import ConcatPlanner
 from .plan import NamespacePlanner
 from .quota import QuotaPlanner
@@ -84,8 +83,8 @@ from .rename import RenamePlanner
 from .view import CACHED_KINDS, ContentSummary, DecodedCache, NamespaceView
 
 # what other modules import from here
-__all__ = ["CACHED_KINDS", "DIR", "FILE", "MAX_LIST_LIMIT", "MAX_OWNER_LEN", "MAX_RENAMES",
-           "MAX_TARGET_BYTES", "SYMLINK", "ContentSummary", "Defaults", "Namespace", "Txn",
+__all__ = ["CACHED_KINDS", "MAX_LIST_LIMIT", "MAX_OWNER_LEN", "MAX_RENAMES",
+           "MAX_TARGET_BYTES", "ContentSummary", "Defaults", "Namespace", "Txn",
            "check_block_ref", "check_bool", "check_int", "check_mode", "check_name",
            "inside"]
 

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from fs import paths
 from fs.errors import PermissionDenied
 
+from ..schema.inode import DIR, FILE, Inode
+
 log = logging.getLogger(__name__)
 
 # FsAction bits (the same as the rwx bits of one class)
@@ -61,8 +63,6 @@ ACTION_NAMES = {NONE: "NONE", EXECUTE: "EXECUTE", WRITE: "WRITE",
                 READ_WRITE: "READ_WRITE", ALL: "ALL"}
 STICKY = 0o1000
 SETID = 0o6000   # setuid, setgid
-DIR = "dir"
-FILE = "file"
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,10 @@ class Caller:
     superuser: bool
 
 
-def mode_string(inode: dict) -> str:
-    """``drwxr-xr-x`` / ``-rw-r--r--``; the sticky bit shows as ``t`` (``T`` without x)."""
-    mode = inode.get("mode", 0)
-    out = ["d" if inode.get("type") == DIR else "-"]
+def mode_string(mode: int, kind: str) -> str:
+    """``drwxr-xr-x`` / ``-rw-r--r--`` of an inode's mode and kind; the sticky bit shows as
+    ``t`` (``T`` without x)."""
+    out = ["d" if kind == DIR else "-"]
     for shift in (6, 3, 0):
         bits = (mode >> shift) & 7
         out += ["r" if bits & 4 else "-", "w" if bits & 2 else "-", "x" if bits & 1 else "-"]
@@ -86,27 +86,27 @@ def mode_string(inode: dict) -> str:
     return "".join(out)
 
 
-def describe(path: str, inode: dict) -> str:
+def describe(path: str, inode: Inode) -> str:
     """``"/a/b":owner:group:drwxr-xr-x`` as in HDFS messages."""
-    return f'"{path}":{inode.get("owner", "")}:{inode.get("group", "")}:{mode_string(inode)}'
+    return f'"{path}":{inode.owner}:{inode.group}:{mode_string(inode.mode, inode.type)}'
 
 
-def clears_only_setid(inode: dict, mode) -> bool:
+def clears_only_setid(inode: Inode, mode) -> bool:
     """Is ``mode`` the regular file ``inode``'s mode with some of its setuid/setgid bits
     cleared and nothing else changed (what a write by a non-owner does)?"""
-    if inode.get("type") != FILE or type(mode) is not int:
+    if inode.type != FILE or type(mode) is not int:
         return False
-    current = inode.get("mode", 0)
+    current = (inode.mode or 0)
     cleared = current & ~mode
     return mode != current and not mode & ~current and not cleared & ~SETID
 
 
-def permits(caller: Caller, inode: dict, access: int) -> bool:
+def permits(caller: Caller, inode: Inode, access: int) -> bool:
     """Do the inode's mode bits grant ``access`` to the caller (superuser not considered)?"""
-    mode = inode.get("mode", 0)
-    if caller.user == inode.get("owner"):
+    mode = (inode.mode or 0)
+    if caller.user == inode.owner:
         bits = (mode >> 6) & 7
-    elif inode.get("group") in caller.groups:
+    elif inode.group in caller.groups:
         bits = (mode >> 3) & 7
     else:
         bits = mode & 7
@@ -130,23 +130,23 @@ class PermissionChecker:
         return self.enabled and not caller.superuser
 
     # ------------------------------------------------------------------ single checks
-    def check_access(self, caller: Caller, path: str, inode: dict, access: int) -> None:
+    def check_access(self, caller: Caller, path: str, inode: Inode, access: int) -> None:
         if access and self.applies_to(caller) and not permits(caller, inode, access):
             raise PermissionDenied(f"Permission denied: user={caller.user}, "
                                    f"access={ACTION_NAMES[access]}, inode={describe(path, inode)}")
 
-    def check_owner(self, caller: Caller, path: str, inode: dict) -> None:
-        if self.applies_to(caller) and caller.user != inode.get("owner"):
+    def check_owner(self, caller: Caller, path: str, inode: Inode) -> None:
+        if self.applies_to(caller) and caller.user != inode.owner:
             raise PermissionDenied(f"Permission denied: user={caller.user} is not the owner "
                                    f"of inode={describe(path, inode)}")
 
-    def check_sticky(self, caller: Caller, parent_path: str, parent: dict, path: str,
-                     inode: dict) -> None:
+    def check_sticky(self, caller: Caller, parent_path: str, parent: Inode, path: str,
+                     inode: Inode) -> None:
         """In a sticky directory only the entry's owner or the directory's owner may
         remove or rename the entry."""
-        if not self.applies_to(caller) or not parent.get("mode", 0) & STICKY:
+        if not self.applies_to(caller) or not (parent.mode or 0) & STICKY:
             return
-        if caller.user in (parent.get("owner"), inode.get("owner")):
+        if caller.user in (parent.owner, inode.owner):
             return
         raise PermissionDenied(f"Permission denied by sticky bit: user={caller.user}, "
                                f"path={describe(path, inode)}, "
@@ -157,14 +157,14 @@ class PermissionChecker:
             raise PermissionDenied(f"Access denied for user {caller.user}. Superuser "
                                    f"privilege is required ({what})")
 
-    def check_sub_access(self, caller: Caller, inode: dict, access: int,
+    def check_sub_access(self, caller: Caller, inode: Inode, access: int,
                          path_of: Callable[[], str], *, ignore_empty_dir: bool = False) -> None:
         """One node of a subtree walk (HDFS ``checkSubAccess``): directories only; with
         ``ignore_empty_dir`` (delete) an empty directory is not checked. ``path_of`` names
         the node, called only for the message."""
-        if inode.get("type") != DIR or not self.applies_to(caller):
+        if inode.type != DIR or not self.applies_to(caller):
             return
-        if ignore_empty_dir and not inode.get("children", 0):
+        if ignore_empty_dir and not (inode.children or 0):
             return
         if not permits(caller, inode, access):
             self.check_access(caller, path_of(), inode, access)
@@ -185,7 +185,7 @@ class PermissionChecker:
         exists = len(chain) == n
         ancestor_index = min(len(chain), n - 1) - 1   # nearest existing, before the last
         for i in range(ancestor_index + 1):
-            if chain[i].get("type") != DIR:
+            if chain[i].type != DIR:
                 return   # not a directory: the namespace refuses the path (NotDirectory)
             self.check_access(caller, paths.join_parts(parts[:i]), chain[i], EXECUTE)
         if n > 1 and exists and parent & WRITE:
@@ -200,7 +200,7 @@ class PermissionChecker:
             self.check_access(caller, paths.join_parts(parts), chain[n - 1], access)
         if exists and owner:
             self.check_owner(caller, paths.join_parts(parts), chain[n - 1])
-        if exists and owner_or and caller.user != chain[n - 1].get("owner"):
+        if exists and owner_or and caller.user != chain[n - 1].owner:
             self.check_access(caller, paths.join_parts(parts), chain[n - 1], owner_or)
 
     # ------------------------------------------------------------------ owners

@@ -25,9 +25,9 @@ from fs.errors import (FileExists, FileNotFound, InternalError, InvalidArgument,
 from ..schema import keys
 from ..blocks.blocks import COMMITTED, UNDER_CONSTRUCTION
 from ..leases.leases import LeaseManager
+from .args import (MAX_TARGET_BYTES, Defaults, check_block_ref, check_bool, check_int,
+                   check_mode, check_name, is_int)
 from .allocators import Allocators
-from .args import (DIR, FILE, MAX_TARGET_BYTES, Defaults, check_block_ref, check_bool,
-                             check_int, check_mode, check_name, is_int)
 from ..journal.charge import file_charge
 from .quota import QuotaPlanner
 from .reclaim import ReclaimPlanner
@@ -38,6 +38,7 @@ from ..journal.ops_blocks import (AbandonBlock, AddBlock, Append, Close, CommitB
                                   UpdateBlocks)
 from ..journal.ops_namespace import (Add, Delete, Format, Mkdir, SetOwner, SetPermissions,
                                      Symlink, Times)
+from ..schema.inode import DIR, FILE, Inode
 
 #: the set-group-id bit: on a folder, new entries take its group and new folders the bit
 SETGID = 0o2000
@@ -57,14 +58,14 @@ class NamespacePlanner:
         self._reclaim = reclaim
 
     # ------------------------------------------------------------------ plan helpers
-    def _owner_group(self, owner, group, parent_inode: dict) -> tuple[str, str]:
+    def _owner_group(self, owner, group, parent_inode: Inode) -> tuple[str, str]:
         """Owner and group of an entry made in ``parent_inode``: the group asked for, else
         the parent's (HDFS); in a setgid folder always the folder's (POSIX/BSD: the mount
         asks for the creator's group, as a kernel would give it outside such a folder)."""
         owner = check_name(owner, "owner", optional=True) or self.defaults.owner
         group = check_name(group, "group", optional=True)
-        if group is None or parent_inode.get("mode", 0) & SETGID:
-            group = parent_inode.get("group", self.defaults.group)
+        if group is None or parent_inode.mode & SETGID:
+            group = parent_inode.group
         return owner, group
 
     def _missing_dirs(self, parts, found, upto: int, mode: int, owner: str,
@@ -73,7 +74,7 @@ class NamespacePlanner:
         setgid folder each keeps the bit (POSIX), so its own entries get the group too."""
         dirs = []
         parent = found[-1][0]
-        mode |= found[-1][1].get("mode", 0) & SETGID
+        mode |= (found[-1][1].mode or 0) & SETGID
         for name in parts[len(found) - 1:upto]:
             ino = self._ids.allocate_ino()
             dirs.append({"parent": parent, "name": name, "ino": ino, "mode": mode,
@@ -84,7 +85,7 @@ class NamespacePlanner:
     @staticmethod
     def check_parent_dir(path: str, found) -> None:
         ino, inode = found[-1]
-        if inode["type"] != DIR:
+        if inode.type != DIR:
             raise NotDirectory(f"{path}: parent is not a directory")
 
     # ------------------------------------------------------------------ planners
@@ -104,10 +105,10 @@ class NamespacePlanner:
         permission = check_mode(permission, f"mkdirs {canonical}: permission")
         found = self._view.walk(parts, canonical)
         if len(found) == len(parts) + 1:
-            if found[-1][1]["type"] == DIR and not exclusive:
+            if found[-1][1].type == DIR and not exclusive:
                 return None
             raise FileExists(f"mkdirs {canonical}: exists"
-                             + ("" if found[-1][1]["type"] == DIR else " and is not a directory"))
+                             + ("" if found[-1][1].type == DIR else " and is not a directory"))
         if len(found) < len(parts) and not create_parent:
             raise FileNotFound(f"mkdir {canonical}: parent {paths.join_parts(parts[:-1])} "
                                f"does not exist")
@@ -138,12 +139,12 @@ class NamespacePlanner:
         dirs: list[dict] = []
         if len(found) == len(parts) + 1:
             ino, inode = found[-1]
-            if inode["type"] == DIR:
+            if inode.type == DIR:
                 raise IsDirectory(f"cannot create {canonical}: it is a directory")
             if not overwrite:
-                uc = inode.get("uc")
+                uc = inode.uc
                 if uc:
-                    LeaseManager.check_create_conflict(canonical, uc["holder"], holder)
+                    LeaseManager.check_create_conflict(canonical, uc.holder, holder)
                 raise FileExists(f"cannot create {canonical}: file exists")
             overwrite_ino = ino
             detach = self._reclaim.needs_detach(ino, inode)
@@ -223,9 +224,9 @@ class NamespacePlanner:
         if not parts:
             raise InvalidArgument("cannot delete the root directory /")
         _, ino, inode, found = self._view.resolve(canonical)
-        if inode["type"] == DIR and inode.get("children", 0) and not recursive:
+        if inode.type == DIR and (inode.children or 0) and not recursive:
             raise DirectoryNotEmpty(f"cannot delete {canonical}: directory is not empty "
-                                    f"({inode['children']} entries); use recursive")
+                                    f"({inode.children} entries); use recursive")
         detach = self._reclaim.needs_detach(ino, inode)
         return Delete(parent=found[-2][0], name=parts[-1], ino=ino, time=now_ns, detach=detach,
                       usage=self._quota.detached_usage(found[-2][0], ino, inode, detach))
@@ -260,15 +261,15 @@ class NamespacePlanner:
     def plan_set_replication(self, path, replication, *, now_ns: int) -> SetReplication | None:
         parts, ino, inode, _ = self._view.resolve(path)
         canonical = paths.join_parts(parts)
-        if inode["type"] != FILE:
-            raise IsDirectory(f"setrep {canonical}: not a file") if inode["type"] == DIR \
+        if inode.type != FILE:
+            raise IsDirectory(f"setrep {canonical}: not a file") if inode.type == DIR \
                 else InvalidArgument(f"setrep {canonical}: not a file")
         replication = check_int(replication, f"setrep {canonical}: replication", low=1,
                                 high=self.defaults.max_replication)
-        if replication == inode.get("replication"):
+        if replication == inode.replication:
             return None
-        old = inode.get("replication", 1)
-        self._quota.check_quota(inode["parent"], 0, file_charge(self._view.read, ino, inode)
+        old = (inode.replication or 1)
+        self._quota.check_quota(inode.parent, 0, file_charge(self._view.read, ino, inode)
                                 // old * (replication - old))
         return SetReplication(ino=ino, replication=replication, time=now_ns)
 
@@ -286,9 +287,9 @@ class NamespacePlanner:
                 _, ino, inode, _ = self._view.resolve(canonical)
             except FileNotFound:
                 inode = None
-        exists = inode is not None and inode["type"] == FILE
-        uc = inode.get("uc") if exists else None
-        LeaseManager.check_writer(canonical, exists, uc["holder"] if uc else None, holder)
+        exists = inode is not None and inode.type == FILE
+        uc = inode.uc if exists else None
+        LeaseManager.check_writer(canonical, exists, uc.holder if uc else None, holder)
         return canonical, ino, inode
 
     def check_previous(self, path: str, blocks: list[dict], previous) -> tuple[str, dict | None]:
@@ -332,26 +333,26 @@ class NamespacePlanner:
                                   f"{reported['num_bytes']}")
         return "committed"
 
-    def check_block_length(self, path: str, inode: dict, num_bytes: int) -> None:
-        if num_bytes > inode["block_size"]:
+    def check_block_length(self, path: str, inode: Inode, num_bytes: int) -> None:
+        if num_bytes > inode.block_size:
             raise InvalidArgument(f"{path}: block length {num_bytes} exceeds the file's block "
-                                  f"size {inode['block_size']}")
+                                  f"size {inode.block_size}")
 
-    def check_writer_length(self, path: str, inode: dict, num_bytes: int) -> None:
+    def check_writer_length(self, path: str, inode: Inode, num_bytes: int) -> None:
         """A length the writer reports for its block: within the block size, and for a
         reopened inline file's first block at least the inline bytes, which it sends first."""
         self.check_block_length(path, inode, num_bytes)
-        if num_bytes < inode.get("inline", 0):
+        if num_bytes < (inode.inline or 0):
             raise InvalidArgument(f"{path}: block length {num_bytes} is short of the file's "
-                                  f"{inode['inline']} inline bytes, which its first block "
+                                  f"{inode.inline} inline bytes, which its first block "
                                   f"must hold")
 
-    def check_block_count(self, path: str, inode: dict) -> None:
+    def check_block_count(self, path: str, inode: Inode) -> None:
         """HDFS ``dfs.namenode.fs-limits.max-blocks-per-file``: refuse one block more."""
         limit = self.defaults.max_blocks_per_file
-        if inode.get("nblocks", 0) >= limit:
+        if (inode.nblocks or 0) >= limit:
             raise InvalidArgument(f"add_block {path}: the file already has "
-                                  f"{inode.get('nblocks', 0)} blocks, the limit "
+                                  f"{(inode.nblocks or 0)} blocks, the limit "
                                   f"max_blocks_per_file is {limit}")
 
     def plan_add_block(self, ino: int, blocks: list[dict], block_id: int, gs: int,
@@ -363,8 +364,8 @@ class NamespacePlanner:
         inode = self._view.get_inode(ino)
         if inode is not None:   # (None: the first block of a file created in this batch)
             # HDFS reserves a whole block for the block being written
-            self._quota.check_quota(inode["parent"], 0,
-                                    inode.get("block_size", 0) * inode.get("replication", 1))
+            self._quota.check_quota(inode.parent, 0,
+                                    (inode.block_size or 0) * (inode.replication or 1))
         previous = None
         if blocks:
             last = blocks[-1]
@@ -407,10 +408,10 @@ class NamespacePlanner:
                 _, ino, inode, _ = self._view.resolve(canonical)
             except FileNotFound:
                 return False
-        if inode is None or inode["type"] != FILE or inode.get("uc"):
+        if inode is None or inode.type != FILE or inode.uc:
             return False
         if data is not None:
-            return inode.get("inline") == len(data) and self._view.inline_data(ino, inode) == data
+            return inode.inline == len(data) and self._view.inline_data(ino, inode) == data
         blocks = self._view.tail_blocks(ino, inode, 1)
         if last is None:
             return not blocks
@@ -431,7 +432,7 @@ class NamespacePlanner:
         extra = {} if data is None else {"data": bytes(data)}
         return Close(ino=ino, last=last, time=now_ns, **(attrs or {}), **extra)
 
-    def check_inline(self, path: str, ino: int, inode: dict, data,
+    def check_inline(self, path: str, ino: int, inode: Inode, data,
                      op: str = "complete") -> None:
         """``complete(data=...)``/``fsync(data=...)``: the bytes fit ``inline_max`` and the
         file's block size, and no byte of the file is in a block: it has none, or only the
@@ -439,12 +440,12 @@ class NamespacePlanner:
         if not isinstance(data, (bytes, bytearray)):
             raise InvalidArgument(f"{op} {path}: data must be bytes, got "
                                   f"{type(data).__name__}")
-        limit = min(self.defaults.inline_max, inode["block_size"])
+        limit = min(self.defaults.inline_max, inode.block_size)
         if not 0 < len(data) <= limit:
             raise InvalidArgument(f"{op} {path}: {len(data)} bytes of inline data; this "
                                   f"server keeps 1 to {limit} bytes inline (inline_max)")
         # a file created while its first block was refused holds no space yet
-        self._quota.check_quota(inode["parent"], 0, len(data) * inode.get("replication", 1)
+        self._quota.check_quota(inode.parent, 0, len(data) * (inode.replication or 1)
                                 - file_charge(self._view.read, ino, inode))
         blocks = self._view.tail_blocks(ino, inode)
         if len(blocks) > 1 or any(b["index"] != 0 or b["num_bytes"] or
@@ -508,14 +509,14 @@ class NamespacePlanner:
                                num_bytes=num_bytes, delete=delete, close=close, time=now_ns,
                                targets=targets)
 
-    def plan_truncate(self, path: str, ino: int, inode: dict, new_length, *, holder: str,
+    def plan_truncate(self, path: str, ino: int, inode: Inode, new_length, *, holder: str,
                       client_machine: str = "", now_ns: int) -> Truncate | None:
         """Truncate a closed file. Blocks wholly past ``new_length`` go; when the new end
         falls inside a block, that block is kept (for block recovery to cut) and the file
         becomes under construction for ``holder``: ``last`` says which block and its new
         length. None when the length does not change."""
         check_int(new_length, f"truncate {path}: new_length", low=0)
-        length = inode.get("length", 0)
+        length = (inode.length or 0)
         if new_length > length:
             raise InvalidArgument(f"truncate {path}: new length {new_length} is beyond the "
                                   f"end of the file ({length} bytes); truncate cannot grow")
@@ -534,33 +535,33 @@ class NamespacePlanner:
                         "num_bytes": new_length - pos, "old_num_bytes": block["num_bytes"]}
             pos = end
         if last is not None:   # the cut block is written again: it counts whole meanwhile
-            self._quota.check_quota(inode["parent"], 0, (new_length - last["num_bytes"]
-                                                         + inode["block_size"])
-                                    * inode.get("replication", 1)
+            self._quota.check_quota(inode.parent, 0, (new_length - last["num_bytes"]
+                                                         + inode.block_size)
+                                    * (inode.replication or 1)
                                     - file_charge(self._view.read, ino, inode))
         return Truncate(ino=ino, new_length=new_length, keep=keep, last=last,
                         holder=holder if last else None,
                         client_machine=str(client_machine)[:256], time=now_ns)
 
-    def plan_rewrite(self, ino: int, inode: dict, *, now_ns: int) -> Truncate:
+    def plan_rewrite(self, ino: int, inode: Inode, *, now_ns: int) -> Truncate:
         """Start a file its holder is writing over, empty: every block (and inline content)
         goes, the file stays under construction for the same holder. A TRUNCATE record to
         0 without a ``last`` block, which leaves the lease alone."""
         return Truncate(ino=ino, new_length=0, keep=0, last=None, holder=None,
                         client_machine="", time=now_ns)
 
-    def plan_append(self, ino: int, inode: dict, *, holder: str, client_machine: str = "",
+    def plan_append(self, ino: int, inode: Inode, *, holder: str, client_machine: str = "",
                     new_gs: int | None, now_ns: int) -> Append:
         """Reopen a closed file for ``holder``; a partial last block is reopened under the
         new generation stamp ``new_gs`` (None: the client starts a new block)."""
         last = None
         tail = self._view.tail_blocks(ino, inode, 1)
-        if tail and new_gs is not None and tail[-1]["num_bytes"] < inode["block_size"]:
+        if tail and new_gs is not None and tail[-1]["num_bytes"] < inode.block_size:
             b = tail[-1]
             last = {"index": b["index"], "id": b["id"], "gs": new_gs, "old_gs": b["gs"],
                     "num_bytes": b["num_bytes"]}
             # the reopened block counts at its full size while it is written again
-            self._quota.check_quota(inode["parent"], 0, (inode["block_size"] - b["num_bytes"])
-                                    * inode.get("replication", 1))
+            self._quota.check_quota(inode.parent, 0, (inode.block_size - b["num_bytes"])
+                                    * (inode.replication or 1))
         return Append(ino=ino, holder=holder, client_machine=str(client_machine)[:256],
                       last=last, time=now_ns)

@@ -35,7 +35,8 @@ from fs.errors import DSQuotaExceeded, InvalidArgument, NSQuotaExceeded
 
 from ..schema import keys
 from ..journal.ops_namespace import SetQuota
-from .args import DIR, FILE, is_int
+from ..schema.inode import DIR, FILE, Inode, Quota
+from .args import is_int
 from ..journal.charge import file_charge
 from .view import NamespaceView
 
@@ -99,27 +100,27 @@ class QuotaPlanner:
             inode = self._view.get_inode(ino) if ino else None
             if inode is None:
                 break
-            if inode.get("quota") is not None:
+            if inode.quota is not None:
                 chain.append((ino, inode))
-            ino = inode.get("parent", 0)
+            ino = (inode.parent or 0)
         return chain
 
-    def subtree_usage(self, ino: int, inode: dict) -> tuple[int, int]:
+    def subtree_usage(self, ino: int, inode: Inode) -> tuple[int, int]:
         """(names, space) at and under ``ino``; a quota folder below answers from its usage."""
         names = space = 0
         stack = [(ino, inode)]
         get = self._view.read
         while stack:
             cur, node = stack.pop()
-            quota = node.get("quota")
+            quota = node.quota
             if quota is not None:
-                names += quota["ns_used"]
-                space += quota["ds_used"]
+                names += quota.ns_used
+                space += quota.ds_used
                 continue
             names += 1
-            if node["type"] == FILE:
+            if node.type == FILE:
                 space += file_charge(get, cur, node)
-            elif node["type"] == DIR and node.get("children", 1):
+            elif node.type == DIR and node.children != 0:
                 for _, child in self._view.children(cur):
                     child_inode = self._view.get_inode(child)
                     if child_inode is not None:
@@ -136,23 +137,22 @@ class QuotaPlanner:
         for ino, inode in self.quota_chain(parent):
             if ino in exclude:
                 continue
-            q = inode["quota"]
+            q = inode.quota
             if ino in pending:
-                q = {**q, "ns_used": q["ns_used"] + pending[ino][0],
-                     "ds_used": q["ds_used"] + pending[ino][1]}
-            if names > 0 and q["ns"] >= 0 and q["ns_used"] + names > q["ns"]:
+                q = q.charged(*pending[ino])
+            if names > 0 and q.ns >= 0 and q.ns_used + names > q.ns:
                 raise NSQuotaExceeded(
                     f"The NameSpace quota (directories and files) of directory "
-                    f"{self._view.path_of(ino)} is exceeded: quota={q['ns']} "
-                    f"file count={q['ns_used'] + names}")
-            if space > 0 and q["ds"] >= 0 and q["ds_used"] + space > q["ds"]:
-                used = q["ds_used"] + space
+                    f"{self._view.path_of(ino)} is exceeded: quota={q.ns} "
+                    f"file count={q.ns_used + names}")
+            if space > 0 and q.ds >= 0 and q.ds_used + space > q.ds:
+                used = q.ds_used + space
                 raise DSQuotaExceeded(
                     f"The DiskSpace quota of {self._view.path_of(ino)} is exceeded: quota = "
-                    f"{q['ds']} B = {byte_desc(q['ds'])} but diskspace consumed = "
+                    f"{q.ds} B = {byte_desc(q.ds)} but diskspace consumed = "
                     f"{used} B = {byte_desc(used)}")
 
-    def moved_usage(self, ino: int, inode: dict, src_parent: int,
+    def moved_usage(self, ino: int, inode: Inode, src_parent: int,
                     dst_parent: int) -> tuple[list[int] | None, frozenset]:
         """For a rename: the moved subtree's ``[names, space]`` when a quota folder is on
         either side (else None), and the quota folders the two sides share."""
@@ -163,7 +163,7 @@ class QuotaPlanner:
         return list(self.subtree_usage(ino, inode)), frozenset(i for i, _ in src) & \
             frozenset(i for i, _ in dst)
 
-    def detached_usage(self, parent: int, ino: int, inode: dict, detach: bool) -> list | None:
+    def detached_usage(self, parent: int, ino: int, inode: Inode, detach: bool) -> list | None:
         """What a detached subtree held, for the quota folders above it (a subtree removed
         in its record is measured by the applier itself)."""
         if not detach or not self.quota_chain(parent):
@@ -177,17 +177,17 @@ class QuotaPlanner:
         or None when nothing changes."""
         parts, ino, inode, _ = self._view.resolve(path)
         canonical = paths.join_parts(parts)
-        if inode["type"] != DIR:
+        if inode.type != DIR:
             raise InvalidArgument(f"setQuota {canonical}: quotas can only be set on a "
                                   f"directory")
-        old = inode.get("quota") or {"ns": NO_QUOTA, "ds": NO_QUOTA}
-        ns = old["ns"] if ns_quota is None else check_quota_value(ns_quota,
-                                                                  f"setQuota {canonical}")
-        ds = old["ds"] if ds_quota is None else check_quota_value(ds_quota,
-                                                                  f"setSpaceQuota {canonical}")
-        if ns == old["ns"] and ds == old["ds"]:
+        old = inode.quota or Quota(NO_QUOTA, NO_QUOTA, 0, 0)
+        ns = old.ns if ns_quota is None else check_quota_value(ns_quota,
+                                                               f"setQuota {canonical}")
+        ds = old.ds if ds_quota is None else check_quota_value(ds_quota,
+                                                               f"setSpaceQuota {canonical}")
+        if ns == old.ns and ds == old.ds:
             return None
         usage = None
-        if inode.get("quota") is None and (ns != NO_QUOTA or ds != NO_QUOTA):
+        if inode.quota is None and (ns != NO_QUOTA or ds != NO_QUOTA):
             usage = list(self.subtree_usage(ino, inode))
         return SetQuota(ino=ino, ns=ns, ds=ds, usage=usage, time=now_ns)

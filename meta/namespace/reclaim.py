@@ -42,7 +42,8 @@ from collections.abc import Iterator
 from sortedcontainers import SortedSet
 
 from ..schema import keys
-from .args import DIR, FILE, Defaults
+from ..schema.inode import DIR, FILE, Inode
+from .args import Defaults
 from .view import NamespaceView
 from ..journal.ops_namespace import Reclaim
 
@@ -71,7 +72,7 @@ class ReclaimPlanner:
         """``apply`` wrote the ``O`` key of a detached subtree rooted at ``ino``."""
         self._orphans.add(ino)
 
-    def needs_detach(self, ino: int, inode: dict) -> bool:
+    def needs_detach(self, ino: int, inode: Inode) -> bool:
         """More than ``delete_chunk`` entries (inodes + blocks) at and under ``ino``? Reads
         at most that many inodes to find out (a file's blocks are counted by ``nblocks``)."""
         limit = max(1, self.defaults.delete_chunk)
@@ -79,10 +80,10 @@ class ReclaimPlanner:
         stack = [(ino, inode)]
         while stack:
             cur, node = stack.pop()
-            count += 1 + (node.get("nblocks", 0) if node["type"] == FILE else 0)
+            count += 1 + ((node.nblocks or 0) if node.type == FILE else 0)
             if count > limit:
                 return True
-            if node["type"] != DIR or not node.get("children", 1):
+            if node.type != DIR or node.children == 0:
                 continue   # an empty folder: no scan (it would walk tombstones past it)
             for _, child in self._view.children(cur):
                 child_inode = self._view.get_inode(child)
@@ -111,7 +112,7 @@ class ReclaimPlanner:
             return
         stack = [(root, root_inode, None, None,
                   self._remaining_children(root, root_inode)
-                  if root_inode["type"] == DIR else None)]
+                  if root_inode.type == DIR else None)]
         while stack:
             ino, inode, parent, name, entries = stack[-1]
             nxt = next(entries, None) if entries is not None else None
@@ -123,18 +124,18 @@ class ReclaimPlanner:
                 else:
                     stack.append((child, child_inode, ino, child_name,
                                   self._remaining_children(child, child_inode)
-                                  if child_inode["type"] == DIR else None))
+                                  if child_inode.type == DIR else None))
                 continue
             stack.pop()
-            if inode["type"] == FILE:
-                for index in range(self._blocks_reclaimed.get(ino, 0), inode.get("nblocks", 0)):
+            if inode.type == FILE:
+                for index in range(self._blocks_reclaimed.get(ino, 0), (inode.nblocks or 0)):
                     raw = self.kv.get(keys.block_key(ino, index))
                     if raw is not None:
                         yield ("B", ino, index, keys.unpack(raw)["id"])
-            yield ("I", ino, inode["type"], parent, name, bool(inode.get("uc")))
+            yield ("I", ino, inode.type, parent, name, bool(inode.uc))
 
-    def _remaining_children(self, ino: int, inode: dict) -> Iterator[tuple[str, int]]:
-        left = inode.get("children", 0)
+    def _remaining_children(self, ino: int, inode: Inode) -> Iterator[tuple[str, int]]:
+        left = (inode.children or 0)
         if left <= 0:    # nothing to find: never seek into the tombstones after the range
             return
         upto = self._reclaimed_upto.get(ino)

@@ -19,12 +19,13 @@ from fs import paths
 from fs.errors import DirectoryNotEmpty, FileExists, FileNotFound, InvalidArgument, \
     IsDirectory, NotDirectory
 
-from .args import DIR, MAX_RENAMES, check_bool
+from .args import MAX_RENAMES, check_bool
 from .plan import NamespacePlanner
 from .quota import QuotaPlanner
 from .reclaim import ReclaimPlanner
 from .view import NamespaceView
 from ..journal.ops_namespace import Rename, Renames
+from ..schema.inode import DIR
 
 
 class RenamePlanner:
@@ -66,11 +67,11 @@ class RenamePlanner:
             dst_ino, dst_inode = dst_found[-1]
             if not overwrite:
                 raise FileExists(f"{what}: destination exists")
-            if inode["type"] == DIR and dst_inode["type"] != DIR:
+            if inode.type == DIR and dst_inode.type != DIR:
                 raise NotDirectory(f"{what}: cannot overwrite non-directory {d} with a directory")
-            if inode["type"] != DIR and dst_inode["type"] == DIR:
+            if inode.type != DIR and dst_inode.type == DIR:
                 raise IsDirectory(f"{what}: cannot overwrite directory {d} with a non-directory")
-            if dst_inode["type"] == DIR and dst_inode.get("children", 0):
+            if dst_inode.type == DIR and (dst_inode.children or 0):
                 raise DirectoryNotEmpty(f"{what}: destination directory is not empty")
             overwrite_ino = dst_ino
             detach = self._reclaim.needs_detach(dst_ino, dst_inode)

@@ -10,8 +10,8 @@ Purity / concurrency contract: reads only — never writes the store; the counte
 only by ``adopt_counters`` (the owner's ``load``, the applier after its write); the cache
 is filled on reads and updated only by ``apply`` with what it wrote.
 Trio thread only (the cache and counters are unlocked), no awaits; the store's small sync
-calls are its only I/O. Values returned from the cache are shared: callers must not
-modify them.
+calls are its only I/O. Inodes come as ``meta.schema.inode.Inode`` records, shared with
+the cache (they are immutable).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from fs.errors import FileNotFound, InternalError, InvalidArgument, NotDirectory
 
 from ..journal.ops_store import ABSENT
 from ..schema import keys
-from .args import DIR, FILE, MAX_LIST_LIMIT, SYMLINK, check_int
+from ..schema.inode import DIR, FILE, SYMLINK, Inode
+from .args import MAX_LIST_LIMIT, check_int
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +43,16 @@ class ContentSummary:
     def __init__(self):
         self.length = self.files = self.dirs = self.space = 0
 
-    def add(self, node: dict, space: int | None = None) -> None:
+    def add(self, node: Inode, space: int | None = None) -> None:
         """``space``: the file's quota charge (``charge.file_charge``), which
         counts a block being written at its full size; default its length × replication."""
-        if node["type"] == DIR:
+        if node.type == DIR:
             self.dirs += 1
-        elif node["type"] == FILE:
+        elif node.type == FILE:
             self.files += 1
-            self.length += node.get("length", 0)
-            self.space += node.get("length", 0) * node.get("replication", 1) \
-                if space is None else space
+            length = node.length or 0
+            self.length += length
+            self.space += length * (node.replication or 1) if space is None else space
 
     def as_dict(self) -> dict:
         return {"length": self.length, "file_count": self.files,
@@ -65,9 +66,9 @@ class DecodedCache:
     wrote, dropped for deleted keys. A directory entry found missing is kept too (``ABSENT``):
     a create looks its new name up several times (lock depth before and after the wait,
     the handler, the planner), and a LevelDB miss is the dearest read there is (it visits
-    every level that may hold the key); ``apply``'s put replaces it. Values are shared:
-    readers must not modify them (apply works on fresh decodes through
-    ``meta.journal.ops_store.Txn``). Bounded: past ``limit`` entries the oldest
+    every level that may hold the key); ``apply``'s put replaces it. Inodes are kept as
+    ``Inode`` records, immutable, so readers and ``meta.journal.ops_store.Txn`` share them.
+    Bounded: past ``limit`` entries the oldest
     ``1/EVICT_FRACTION`` is dropped (a bounded pause: dropping half of a million entries
     at once held the trio thread for ~0.1 s)."""
 
@@ -167,7 +168,7 @@ class NamespaceView:
             if key[:1] == keys.DENTRY:
                 cache.put(key, ABSENT)
             return None
-        value = keys.unpack(raw)
+        value = keys.unpack_value(key, raw)
         # only inodes and entries are shared through the cache: appliers change the other
         # kinds (block keys) in place on the batch's copy, which must not be a cached one
         if key[:1] in CACHED_KINDS:
@@ -179,14 +180,14 @@ class NamespaceView:
         value is shared)."""
         return self._cached_get(key)
 
-    def get_inode(self, ino: int) -> dict | None:
-        """The decoded inode (shared with the cache: do not modify it)."""
+    def get_inode(self, ino: int) -> Inode | None:
+        """The inode record (shared with the cache)."""
         return self._cached_get(keys.inode_key(ino))
 
     def lookup(self, parent: int, name: str) -> int | None:
         return self._cached_get(keys.dentry_key(parent, name))
 
-    def walk(self, parts, path: str = "", *, strict: bool = True) -> list[tuple[int, dict]]:
+    def walk(self, parts, path: str = "", *, strict: bool = True) -> list[tuple[int, Inode]]:
         """``(ino, inode)`` of the root and of every existing leading component; stops at the
         first missing one. A non-directory with components after it → ``NotDirectory``
         (``strict=False``: the chain up to it, for the permission checker, which must see
@@ -202,18 +203,18 @@ class NamespaceView:
         walks[memo_key] = found
         return list(found)
 
-    def _walk(self, parts, path: str, strict: bool) -> list[tuple[int, dict]]:
+    def _walk(self, parts, path: str, strict: bool) -> list[tuple[int, Inode]]:
         self._require_formatted()
         root = self.get_inode(keys.ROOT_INO)
         found = [(keys.ROOT_INO, root)]
         for depth, name in enumerate(parts):
             ino, inode = found[-1]
-            if inode["type"] != DIR:
+            if inode.type != DIR:
                 if not strict:
                     break
                 prefix = paths.join_parts(parts[:depth])
                 kind = "a symlink (the metadata server does not follow links)" \
-                    if inode["type"] == SYMLINK else "not a directory"
+                    if inode.type == SYMLINK else "not a directory"
                 raise NotDirectory(f"{path or paths.join_parts(parts)}: {prefix} is {kind}")
             child = self.lookup(ino, name)
             if child is None:
@@ -234,7 +235,7 @@ class NamespaceView:
         except NotDirectory:
             return len(parts)
 
-    def resolve(self, path) -> tuple[list[str], int, dict, list[tuple[int, dict]]]:
+    def resolve(self, path) -> tuple[list[str], int, Inode, list[tuple[int, Inode]]]:
         """``(parts, ino, inode, found)`` of an existing path, else ``FileNotFound``."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
@@ -268,12 +269,12 @@ class NamespaceView:
             inode = self.get_inode(ino)
             if inode is None or seen > 10_000:
                 return None
-            names.append(inode["name"])
-            ino = inode["parent"]
+            names.append(inode.name)
+            ino = inode.parent
             seen += 1
         return paths.join_parts(reversed(names))
 
-    def linked_inode(self, ino: int) -> dict | None:
+    def linked_inode(self, ino: int) -> Inode | None:
         """The inode if it is reachable from the root, else None: a file inside a detached
         (deleted, not yet reclaimed) subtree is gone for writers addressing it by id.
         Reachable is what ``path_of`` (remembered until the next apply) finds: the same
@@ -282,31 +283,32 @@ class NamespaceView:
             return None
         return self.get_inode(ino)
 
-    def status(self, path: str, ino: int, inode: dict) -> dict:
-        kind = inode["type"]
+    def status(self, path: str, ino: int, inode: Inode) -> dict:
+        kind = inode.type
         is_file = kind == FILE
         return {
-            "name": inode.get("name", ""),
+            "name": inode.name,
             "path": path,
             "ino": ino,
             "type": kind,
-            "mode": inode["mode"],
-            "owner": inode["owner"],
-            "group": inode["group"],
-            "mtime_ns": inode["mtime"],
-            "atime_ns": inode["atime"],
-            "ctime_ns": inode["ctime"],
-            "length": inode.get("length", 0) if is_file else
-            (len(keys.encode_name(inode["target"])) if kind == SYMLINK else 0),
-            "replication": inode.get("replication", 0) if is_file else 0,
-            "block_size": inode.get("block_size", 0) if is_file else 0,
-            "symlink": inode.get("target") if kind == SYMLINK else None,
-            "under_construction": bool(is_file and inode.get("uc")),
-            "children": inode.get("children", 0) if kind == DIR else 0,
-            "subdirs": inode.get("subdirs", 0) if kind == DIR else 0,
-            "parent": inode["parent"],
+            "mode": inode.mode,
+            "owner": inode.owner,
+            "group": inode.group,
+            "mtime_ns": inode.mtime,
+            "atime_ns": inode.atime,
+            "ctime_ns": inode.ctime,
+            "length": (inode.length or 0) if is_file else
+            (len(keys.encode_name(inode.target)) if kind == SYMLINK else 0),
+            "replication": (inode.replication or 0) if is_file else 0,
+            "block_size": (inode.block_size or 0) if is_file else 0,
+            "symlink": inode.target if kind == SYMLINK else None,
+            "under_construction": bool(is_file and inode.uc),
+            "children": (inode.children or 0) if kind == DIR else 0,
+            "subdirs": (inode.subdirs or 0) if kind == DIR else 0,
+            "parent": inode.parent,
             # a folder with a quota: {ns, ds, ns_used, ds_used} (-1 = none), for df
-            "quota": inode.get("quota") if kind == DIR else None,
+            "quota": inode.quota.to_wire() if kind == DIR and inode.quota is not None
+            else None,
         }
 
     def get_file_info(self, path) -> dict:
@@ -327,7 +329,7 @@ class NamespaceView:
             raise InvalidArgument(f"list {canonical}: start_after must be a name string")
         check_int(limit, f"list {canonical}: limit", low=1)
         limit = min(limit, MAX_LIST_LIMIT)
-        if inode["type"] != DIR:
+        if inode.type != DIR:
             return {"entries": [self.status(canonical, ino, inode)], "has_more": False}
         prefix = keys.dentry_prefix(ino)
         start = keys.after_name(ino, start_after) if start_after else None
@@ -335,7 +337,7 @@ class NamespaceView:
         has_more = False
         # an empty folder: no scan (LevelDB would walk tombstones up to the next live key)
         scan = self.kv.scan(prefix, start=start, limit=limit + 1) \
-            if inode.get("children", 1) else ()
+            if inode.children != 0 else ()
         for key, raw in scan:
             if len(entries) == limit:
                 has_more = True
@@ -353,27 +355,27 @@ class NamespaceView:
         for key, raw in self.kv.scan(keys.dentry_prefix(ino)):
             yield keys.parse_dentry_key(key)[1], keys.unpack(raw)
 
-    def iter_subtree(self, ino: int, inode: dict) -> Iterator[tuple[int, dict]]:
+    def iter_subtree(self, ino: int, inode: Inode) -> Iterator[tuple[int, Inode]]:
         """Every inode of the subtree rooted at ``ino`` (depth first, the root first). Lazy
         inside a folder too: its entries are read ``SUBTREE_PAGE`` at a time, so a caller
         that awaits between inodes (``TimeSlice``) never holds the trio thread for a whole
         folder of 100k entries. An entry is counted when its page is read (each at most
         once: pages follow the key order)."""
         yield ino, inode
-        stack = [self._child_inodes(ino, inode)] if inode["type"] == DIR else []
+        stack = [self._child_inodes(ino, inode)] if inode.type == DIR else []
         while stack:
             found = next(stack[-1], None)
             if found is None:
                 stack.pop()
                 continue
             yield found
-            if found[1]["type"] == DIR:
+            if found[1].type == DIR:
                 stack.append(self._child_inodes(*found))
 
-    def _child_inodes(self, ino: int, inode: dict) -> Iterator[tuple[int, dict]]:
+    def _child_inodes(self, ino: int, inode: Inode) -> Iterator[tuple[int, Inode]]:
         """``(ino, inode)`` of a folder's entries, a page of entries per store scan (a
         fresh iterator each: none stays open while the caller awaits)."""
-        if not inode.get("children", 1):   # never seek into the tombstones of an empty folder
+        if inode.children == 0:   # never seek into the tombstones of an empty folder
             return
         prefix = keys.dentry_prefix(ino)
         start = None
@@ -388,9 +390,9 @@ class NamespaceView:
                 return
             start = page[-1][0] + b"\x00"     # the next key after the page's last name
 
-    def inline_data(self, ino: int, inode: dict) -> bytes | None:
+    def inline_data(self, ino: int, inode: Inode) -> bytes | None:
         """The content of a file kept in the namespace (``inline``), else None."""
-        if "inline" not in inode:
+        if inode.inline is None:
             return None
         raw = self.kv.get(keys.inline_key(ino))
         return b"" if raw is None else keys.unpack(raw)
@@ -405,12 +407,12 @@ class NamespaceView:
             out.append(block)
         return out
 
-    def tail_blocks(self, ino: int, inode: dict, count: int = 2) -> list[dict]:
+    def tail_blocks(self, ino: int, inode: Inode, count: int = 2) -> list[dict]:
         """The file's last ``count`` blocks (fewer if it has fewer), read by key from the
         inode's ``nblocks``, so a writer's call costs the same at block 5 and block 50 000.
         Enough for every writer check: only the last block and a COMMITTED penultimate
         may be incomplete (ADD_BLOCK marks the block before ``previous`` COMPLETE)."""
-        nblocks = inode.get("nblocks", 0)
+        nblocks = (inode.nblocks or 0)
         out = []
         for index in range(max(0, nblocks - count), nblocks):
             raw = self.kv.get(keys.block_key(ino, index))
@@ -421,7 +423,7 @@ class NamespaceView:
             out.append(block)
         return out
 
-    def blocks_in_range(self, ino: int, inode: dict, offset: int,
+    def blocks_in_range(self, ino: int, inode: Inode, offset: int,
                         end: float) -> list[tuple[dict, int]]:
         """``(block, file offset)`` of the blocks overlapping ``[offset, end)``, plus the
         last block of a file under construction if it starts before ``end`` (it grows).
@@ -430,15 +432,15 @@ class NamespaceView:
         block before the last is exactly that long, the scan starts at the block holding
         ``offset`` (index arithmetic); otherwise (a short block in the middle) it starts at
         the first block. Either way it stops at ``end``."""
-        nblocks = inode.get("nblocks", 0)
-        if nblocks == 0 or offset >= end and not inode.get("uc"):
+        nblocks = (inode.nblocks or 0)
+        if nblocks == 0 or offset >= end and not inode.uc:
             return []
         last = self.tail_blocks(ino, inode, 1)[-1]
-        block_size = inode["block_size"]
+        block_size = inode.block_size
         first = 0
-        if inode.get("length", 0) - last["num_bytes"] == (nblocks - 1) * block_size:
+        if (inode.length or 0) - last["num_bytes"] == (nblocks - 1) * block_size:
             first = min(offset // block_size, nblocks - 1)
-        growing = bool(inode.get("uc"))
+        growing = bool(inode.uc)
         out = []
         pos = first * block_size
         for key, raw in self.kv.scan(keys.block_prefix(ino), start=keys.block_key(ino, first)):
@@ -468,11 +470,11 @@ class NamespaceView:
             ino, index = keys.parse_block_key(key)
             if ino not in replication:
                 inode = self.get_inode(ino)
-                replication[ino] = inode.get("replication", 1) if inode else 1
+                replication[ino] = (inode.replication or 1) if inode else 1
             yield ino, index, keys.unpack(raw), replication[ino]
 
     # ------------------------------------------------------------------ summaries
-    def content_summary_of(self, ino: int, inode: dict) -> dict:
+    def content_summary_of(self, ino: int, inode: Inode) -> dict:
         summary = ContentSummary()
         for _, node in self.iter_subtree(ino, inode):
             summary.add(node)

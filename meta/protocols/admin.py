@@ -38,10 +38,11 @@ from ..blocks import blocks as bm
 from ..blocks.blocks import BlockInfo
 from ..blocks import datanodes as dm
 from ..namespace.locks import LOCK_WRITE, lock_set
-from ..namespace.namespace import DIR, SYMLINK, ContentSummary, check_bool, check_int
+from ..namespace.namespace import ContentSummary, check_bool, check_int
 from ..journal.charge import file_charge
 from ..namespace.quota import NO_QUOTA
 from ..namespace.permissions import READ_EXECUTE
+from ..schema.inode import DIR, SYMLINK
 from ..namespace.timeslice import TimeSlice
 
 if TYPE_CHECKING:
@@ -118,14 +119,14 @@ class AdminProtocol:
                 await walk.tick()
             answer = summary.as_dict()
             # HDFS's count -q columns: a quota folder answers its quotas and stored usage
-            quota = inode.get("quota")
+            quota = inode.quota
             if quota is None:
                 answer.update(ns_quota=NO_QUOTA, ds_quota=NO_QUOTA,
                               ns_used=answer["file_count"] + answer["directory_count"],
                               ds_used=answer["space_consumed"])
             else:
-                answer.update(ns_quota=quota["ns"], ds_quota=quota["ds"],
-                              ns_used=quota["ns_used"], ds_used=quota["ds_used"])
+                answer.update(ns_quota=quota.ns, ds_quota=quota.ds,
+                              ns_used=quota.ns_used, ds_used=quota.ds_used)
             return answer
 
     async def rpc_set_quota(self, ctx, path, ns_quota=None, ds_quota=None):
@@ -293,7 +294,7 @@ class AdminProtocol:
             walk = TimeSlice()   # a big tree must not stall every other client
             for node_ino, node in self.ns.view.iter_subtree(ino, inode):
                 await walk.tick()
-                kind = node["type"]
+                kind = node.type
                 if kind == DIR:
                     totals["directories"] += 1
                     continue
@@ -301,9 +302,9 @@ class AdminProtocol:
                     totals["symlinks"] += 1
                     continue
                 totals["files"] += 1
-                is_open = bool(node.get("uc"))
+                is_open = bool(node.uc)
                 totals["open_files"] += int(is_open)
-                totals["total_size"] += node.get("length", 0)
+                totals["total_size"] += (node.length or 0)
                 if is_open and not openforwrite:
                     continue
                 blocks = []
@@ -327,8 +328,8 @@ class AdminProtocol:
                         truncated = True
                         continue
                     files.append({"path": self.ns.view.path_of(node_ino) or f"<inode {node_ino}>",
-                                  "length": node.get("length", 0),
-                                  "replication": node.get("replication", 0),
+                                  "length": (node.length or 0),
+                                  "replication": (node.replication or 0),
                                   "status": worst, "open": is_open, "blocks": blocks})
         healthy = totals["corrupt_blocks"] == 0 and totals["missing_blocks"] == 0
         return {"path": canonical, "status": "HEALTHY" if healthy else "CORRUPT",

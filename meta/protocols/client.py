@@ -54,9 +54,10 @@ from ..services.locate import caller_host
 from ..namespace.args import check_ino
 from ..blocks.blocks import BlockInfo
 from ..namespace.locks import LOCK_WRITE, lock_set
-from ..namespace.namespace import DIR, FILE, SYMLINK, check_bool, check_int, check_name
+from ..namespace.namespace import check_bool, check_int, check_name
 from ..journal.ops_blocks import AddBlock, UpdateBlocks
 from ..namespace.permissions import READ, WRITE
+from ..schema.inode import DIR, FILE, SYMLINK, Inode
 
 if TYPE_CHECKING:
     from fs.config import Config
@@ -172,7 +173,7 @@ class ClientProtocol:
             if caller is not None:   # overwriting a file also needs WRITE on it (HDFS)
                 chain = self.access.inode_chain(parts)
                 replaces = (overwrite is True and len(chain) == len(parts) + 1
-                            and chain[-1]["type"] == FILE)
+                            and chain[-1].type == FILE)
                 self.permissions.check_path(caller, parts, chain, ancestor=WRITE,
                                             access=WRITE if replaces else 0)
             new_owner, new_group = self.access.new_owner(ctx, f"create {canonical}", canonical,
@@ -181,7 +182,7 @@ class ClientProtocol:
             found = self.ns.view.walk(parts, canonical) if parts else []
             if parts and len(found) == len(parts) + 1 and overwrite is False:
                 ino, inode = found[-1]
-                uc = inode.get("uc") if inode["type"] == FILE else None
+                uc = inode.uc if inode.type == FILE else None
                 if uc and not await self.recovery.recover_lease_internal("create", canonical, ino,
                                                                          inode, client_name, now):
                     raise RecoveryInProgress(f"failed to create {canonical} for {client_name}: "
@@ -241,7 +242,7 @@ class ClientProtocol:
             blocks = self.ns.view.tail_blocks(ino, inode)
             kind, last = self.ns.planner.check_previous(current, blocks, previous)
             # every block before the last is final: the last one starts at length - its size
-            last_offset = inode.get("length", 0) - (last["num_bytes"] if last else 0)
+            last_offset = (inode.length or 0) - (last["num_bytes"] if last else 0)
             if kind == "retry":
                 return self.locator.located(last, self.blocks.get(last["id"]), last_offset,
                                             self.access.token_user(ctx), WRITE_TOKEN)
@@ -260,8 +261,8 @@ class ClientProtocol:
             offset = 0
             if last is not None:
                 offset = last_offset + (commit["num_bytes"] if commit else last["num_bytes"])
-            plan, block = self._plan_block(ctx, current, ino, inode.get("replication", 1),
-                                           inode["block_size"], blocks, commit, excluded)
+            plan, block = self._plan_block(ctx, current, ino, (1 if inode.replication is None else inode.replication),
+                                           inode.block_size, blocks, commit, excluded)
             await self.edits.log_plan(plan)
             return self._located_new(ctx, block, offset)
 
@@ -541,21 +542,21 @@ class ClientProtocol:
             _, ino, inode = self.ns.planner.writer_file(canonical, ino, client_name)
         else:
             _, ino, inode, _ = self.ns.view.resolve(canonical)
-        if inode is None or inode.get("type") != FILE:
+        if inode is None or inode.type != FILE:
             raise InvalidArgument(f"{what}: not a file")
         # only the lease holder may have its block copied to the replacement
         token = None if client_name is None else self._copy_token(ctx, what, canonical, ino,
                                                                   inode, block)
         targets = self.datanodes.choose_targets(
             num, excluded=list(existing) + list(excluded), writer_host=caller_host(ctx),
-            block_size=inode.get("block_size", 0), what=what)
+            block_size=(inode.block_size or 0), what=what)
         answer = {"block": block, "locations": [{"node_id": t.node_id, "address": t.address}
                                                 for t in targets]}
         if token is not None:
             answer["token"] = token
         return answer
 
-    def _copy_token(self, ctx, what: str, canonical: str, ino: int, inode: dict,
+    def _copy_token(self, ctx, what: str, canonical: str, ino: int, inode: Inode,
                     block) -> dict | None:
         """The copy token (security = secure) with which the writer has a pipeline node copy
         ``block`` to a replacement (TRANSFER_BLOCK): only for the file's last block under
@@ -586,11 +587,11 @@ class ClientProtocol:
                                          lock_set(parts, LOCK_WRITE)):
             self.access.check_access(ctx, parts, access=WRITE)
             _, ino, inode, _ = self.ns.view.resolve(canonical)
-            if inode["type"] != FILE:
+            if inode.type != FILE:
                 raise IsDirectory(f"recover_lease {canonical}: not a file") \
-                    if inode["type"] == DIR else InvalidArgument(
+                    if inode.type == DIR else InvalidArgument(
                         f"recover_lease {canonical}: not a file")
-            if not inode.get("uc"):
+            if not inode.uc:
                 return True
             return await self.recovery.recover_lease_internal(
                 "recover the lease of", canonical, ino, inode, client_name, self.clock(),
@@ -600,11 +601,11 @@ class ClientProtocol:
         """append/truncate: the path must be a file; an open one goes through
         recoverLeaseInternal first (closed at once → go on, else RecoveryInProgress)."""
         _, ino, inode, _ = self.ns.view.resolve(canonical)
-        if inode["type"] == DIR:
+        if inode.type == DIR:
             raise IsDirectory(f"cannot {op} {canonical}: it is a directory")
-        if inode["type"] != FILE:
+        if inode.type != FILE:
             raise InvalidArgument(f"cannot {op} {canonical}: not a file")
-        if inode.get("uc"):
+        if inode.uc:
             if not await self.recovery.recover_lease_internal(op, canonical, ino, inode,
                                                               client_name, self.clock()):
                 raise RecoveryInProgress(f"failed to {op} {canonical} for {client_name}: lease "
@@ -641,7 +642,7 @@ class ClientProtocol:
             self.access.check_access(ctx, parts, access=WRITE)
             ino, inode = await self._reopen_checks("append", canonical, client_name)
             tail = self.ns.view.tail_blocks(ino, inode, 1)
-            partial = bool(tail) and tail[-1]["num_bytes"] < inode["block_size"]
+            partial = bool(tail) and tail[-1]["num_bytes"] < inode.block_size
             new_gs = self.ns.ids.next_genstamp() if partial else None
             _, wall = self._now()
             plan = self.ns.planner.plan_append(ino, inode, holder=client_name,
@@ -652,7 +653,7 @@ class ClientProtocol:
             last = plan.last
             if last is not None:
                 block = {**self.ns.view.tail_blocks(ino, inode, 1)[-1]}
-                offset = inode.get("length", 0) - block["num_bytes"]
+                offset = (inode.length or 0) - block["num_bytes"]
                 # written on under the new stamp: a write token for it
                 last_block = self.locator.located(block, self.blocks.get(block["id"]), offset,
                                                   self.access.token_user(ctx), WRITE_TOKEN)
@@ -675,12 +676,12 @@ class ClientProtocol:
                                          or file_path.startswith(canonical + "/")):
                 continue
             inode = self.ns.view.get_inode(ino)
-            if inode is None or not inode.get("uc"):
+            if inode is None or not inode.uc:
                 continue
             lease = self.leases.lease_of(holder)
             tail = self.ns.view.tail_blocks(ino, inode, 1)
             out.append({"path": file_path, "ino": ino, "holder": holder,
-                        "client_machine": inode["uc"].get("client_machine", ""),
+                        "client_machine": (inode.uc.client_machine or ""),
                         "last_renewal_age": round(now - lease.last_update, 3) if lease else None,
                         "last_block_state": self.recovery.block_state(tail[-1]) if tail else None})
         out.sort(key=lambda e: e["path"])
@@ -695,10 +696,10 @@ class ClientProtocol:
         self.access.check_access(ctx, paths.split(path), access=READ)
         parts, ino, inode, _ = self.ns.view.resolve(path)
         canonical = paths.join_parts(parts)
-        if inode["type"] == DIR:
+        if inode.type == DIR:
             raise IsDirectory(f"{canonical}: is a directory")
-        if inode["type"] == SYMLINK:
-            raise InvalidArgument(f"{canonical}: is a symlink (to {inode['target']})")
+        if inode.type == SYMLINK:
+            raise InvalidArgument(f"{canonical}: is a symlink (to {inode.target})")
         check_int(offset, f"{canonical}: offset", low=0)
         if length is not None:
             check_int(length, f"{canonical}: length", low=0)

@@ -33,9 +33,10 @@ from fs.errors import FileNotFound, InvalidArgument, IsDirectory, NotDirectory, 
 from ..services.locate import caller_host
 from ..namespace.args import check_ino
 from ..namespace.locks import LOCK_PARENT, LOCK_WRITE, lock_set, merge
-from ..namespace.namespace import DIR, FILE, check_bool, check_name
+from ..namespace.namespace import check_bool, check_name
 from ..namespace.permissions import ALL, READ, READ_EXECUTE, WRITE
 from ..services.retry_answers import keep_removed
+from ..schema.inode import DIR, FILE
 
 if TYPE_CHECKING:
     from ..services.locate import Locator
@@ -71,7 +72,7 @@ class NamespaceProtocol:
         check_bool(locations, f"get_file_info {path}: locations")
         found_parts, ino, inode, _ = self.ns.view.resolve(path)
         status = self.ns.view.status(paths.join_parts(found_parts), ino, inode)
-        if locations and inode["type"] == FILE:
+        if locations and inode.type == FILE:
             try:
                 self.access.check_access(ctx, parts, access=READ)
             except PermissionDenied:
@@ -86,7 +87,7 @@ class NamespaceProtocol:
         if caller is not None:   # a directory: READ_EXECUTE on it; a file: traverse (HDFS)
             parts = paths.split(path)
             chain = self.access.inode_chain(parts)
-            is_dir = len(chain) == len(parts) + 1 and chain[-1]["type"] == DIR
+            is_dir = len(chain) == len(parts) + 1 and chain[-1].type == DIR
             self.permissions.check_path(caller, parts, chain,
                                         access=READ_EXECUTE if is_dir else 0)
         return self.ns.view.list_status(path, start_after, limit)

@@ -9,7 +9,9 @@ a directory returns its entries sorted by name (UTF-8 bytes order). Values are m
 ====================  ==========================================  ===========================
 key                    value (msgpack)                             meaning
 ====================  ==========================================  ===========================
-``I<ino:8>``           map: ``type`` ("file"/"dir"/"symlink"),      one inode; the root is
+``I<ino:8>``           map (``meta.schema.inode.Inode``, read     one inode; the root is
+                       and written as one by ``unpack_value`` /
+                       ``pack``): ``type`` ("file"/"dir"/"symlink"),
                        ``mode``, ``owner``, ``group``,              ``ROOT_INO`` (1, the FUSE
                        ``mtime``/``atime``/``ctime`` (ns),          root inode) with parent 0
                        ``parent``, ``name``; dirs: ``children``, ``subdirs``;
@@ -75,6 +77,8 @@ import struct
 import msgpack
 
 from fs.frames import packb
+
+from .inode import Inode
 
 ROOT_INO = 1
 LAYOUT_VERSION = 1
@@ -196,11 +200,18 @@ def after_name(parent: int, name: str) -> bytes:
 
 # ------------------------------------------------------------------ values
 def pack(value) -> bytes:
-    return packb(value)
+    """A value for the store: an ``Inode`` as its map, anything else as it is."""
+    return packb(value.to_wire() if type(value) is Inode else value)
 
 
 def unpack(raw: bytes):
     return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+
+
+def unpack_value(key: bytes, raw: bytes):
+    """The stored value of ``key`` decoded: an ``Inode`` for an inode key."""
+    value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    return Inode.from_wire(value) if key[:1] == INODE else value
 
 
 def read_counter(kv, name: str, default: int = 0):

@@ -42,6 +42,7 @@ from ..leases import leases as lm
 from ..leases.leases import INTERNAL_HOLDER, LeaseManager
 from ..namespace.locks import LOCK_WRITE, NamespaceLocking, lock_set
 from ..namespace.namespace import Namespace
+from ..schema.inode import Inode
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ class LeaseRecovery:
         info = self.blocks.get(block["id"])
         return info.state if info is not None else block["state"]
 
-    async def _internal_release_lease(self, path: str, ino: int, inode: dict,
+    async def _internal_release_lease(self, path: str, ino: int, inode: Inode,
                                       new_holder: str | None = None) -> bool:
         """HDFS ``internalReleaseLease`` (caller holds the file's path locks): close the
         file when its last blocks allow it (True), else start block recovery and reassign
@@ -142,7 +143,7 @@ class LeaseRecovery:
         last = blocks[-1]
         if last["id"] not in self._recoveries:
             await self.start_block_recovery(path, ino, last)
-        holder = inode["uc"]["holder"]
+        holder = inode.uc.holder
         if new_holder is not None and new_holder != holder:
             await self.edits.log_plan(self.ns.planner.plan_reassign_lease(ino, new_holder))
             log.info("lease of %s reassigned from %s to %s", path, holder, new_holder)
@@ -212,7 +213,7 @@ class LeaseRecovery:
                 if self._recoveries.get(rec.block_id) is not rec:
                     continue
                 inode = self.ns.view.get_inode(rec.ino)
-                tail = self.ns.view.tail_blocks(rec.ino, inode, 1) if inode and inode.get("uc") else []
+                tail = self.ns.view.tail_blocks(rec.ino, inode, 1) if inode and inode.uc else []
                 if not tail or tail[-1]["id"] != rec.block_id:
                     self.forget_recovery(rec.block_id)
                     continue
@@ -236,7 +237,7 @@ class LeaseRecovery:
                                          lock_set(paths.split(path), LOCK_WRITE),
                                          check_safemode=False):
                     inode = self.ns.view.get_inode(ino)
-                    if inode is None or not inode.get("uc") or self.ns.view.path_of(ino) != path:
+                    if inode is None or not inode.uc or self.ns.view.path_of(ino) != path:
                         continue
                     if await self._internal_release_lease(path, ino, inode, INTERNAL_HOLDER):
                         released += 1
@@ -246,20 +247,20 @@ class LeaseRecovery:
                     log.warning("lease of %s (holder %s) expired: %s", path, holder, exc)
         return released
 
-    def _last_under_recovery(self, ino: int, inode: dict) -> bool:
+    def _last_under_recovery(self, ino: int, inode: Inode) -> bool:
         tail = self.ns.view.tail_blocks(ino, inode, 1)
         return bool(tail) and self.block_state(tail[-1]) == bm.UNDER_RECOVERY
 
-    async def recover_lease_internal(self, op: str, path: str, ino: int, inode: dict,
+    async def recover_lease_internal(self, op: str, path: str, ino: int, inode: Inode,
                                      caller: str, now: float, *, force: bool = False) -> bool:
         """HDFS ``recoverLeaseInternal`` on an open file (caller holds its locks): True
         when the file is closed now, False while block recovery runs."""
-        self.leases.recover_lease_internal(op, path, inode["uc"]["holder"], caller, now,
+        self.leases.recover_lease_internal(op, path, inode.uc.holder, caller, now,
                                            force=force,
                                            last_under_recovery=self._last_under_recovery(ino, inode))
         tail = self.ns.view.tail_blocks(ino, inode, 1)
         if tail and tail[-1]["id"] in self._recoveries:
-            if inode["uc"]["holder"] != caller and force:
+            if inode.uc.holder != caller and force:
                 await self.edits.log_plan(self.ns.planner.plan_reassign_lease(ino, caller))
             return False
         return await self._internal_release_lease(path, ino, inode, caller)

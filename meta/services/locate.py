@@ -18,6 +18,7 @@ from typing import Callable
 from fs.blocktoken import READ as READ_TOKEN
 from fs.rpc import LOCAL_PEER_PREFIX
 
+from ..schema.inode import Inode
 from ..namespace.view import NamespaceView
 from ..blocks import blocks as bm
 from ..blocks.blocks import BlockInfo, BlocksMap
@@ -86,12 +87,12 @@ class Locator:
             out["token"] = token
         return out
 
-    def file_locations(self, ino: int, inode: dict, offset: int, end, user: str,
+    def file_locations(self, ino: int, inode: Inode, offset: int, end, user: str,
                        reader_host: str | None) -> dict:
         """``get_block_locations``' answer for the blocks of a file overlapping
         ``[offset, end)``, each with a read token for ``user`` (security = secure) and its
         replicas in the order for a reader on ``reader_host``."""
-        under_construction = bool(inode.get("uc"))
+        under_construction = bool(inode.uc)
         data = self.view.inline_data(ino, inode)
         if data is not None:   # the whole content, whatever the range asked
             return {"length": len(data), "under_construction": under_construction,
@@ -100,6 +101,6 @@ class Locator:
                                 reader_host=reader_host)
                    for block, pos in self.view.blocks_in_range(ino, inode, offset, end)]
         last = self.view.tail_blocks(ino, inode, 1)
-        return {"length": inode.get("length", 0), "under_construction": under_construction,
+        return {"length": (inode.length or 0), "under_construction": under_construction,
                 "blocks": located,
                 "last_block_complete": not last or self.is_complete(last[-1])}

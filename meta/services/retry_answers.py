@@ -53,7 +53,7 @@ from fs.blocktoken import WRITE as WRITE_TOKEN
 from fs.errors import AnswerLost, FileNotFound, InternalError, NotDirectory
 
 from ..blocks import blocks as bm
-from ..namespace.namespace import FILE, SYMLINK
+from ..schema.inode import FILE, SYMLINK
 
 
 def _lost(method: str, path: str, why: str) -> AnswerLost:
@@ -113,10 +113,10 @@ def _removed(kept, canonical: str) -> dict | None:
 
 def _held_by(inode, client_name) -> bool:
     """The file is open for writing by ``client_name``."""
-    if inode is None or inode["type"] != FILE:
+    if inode is None or inode.type != FILE:
         return False
-    uc = inode.get("uc")
-    return bool(uc) and uc.get("holder") == client_name
+    uc = inode.uc
+    return bool(uc) and uc.holder == client_name
 
 
 async def mkdirs(server, ctx, rerun, kept, path, permission=0o755, owner=None, group=None,
@@ -223,7 +223,7 @@ async def create_symlink(server, ctx, rerun, kept, target, path, create_parent=F
     its parent's). Otherwise run again: it creates the link or fails, destroying nothing."""
     canonical = paths.join_parts(paths.split(path))
     found = _found(server, canonical)
-    if found is None or found[1]["type"] != SYMLINK or found[1].get("target") != target:
+    if found is None or found[1].type != SYMLINK or found[1].target != target:
         return await rerun()
     status = server.ns.view.status(canonical, *found)
     return _changed(server, canonical, status) if want_status else status
@@ -242,9 +242,9 @@ async def append(server, ctx, rerun, kept, path, client_name):
     ino, inode = found
     last_block = None
     tail = server.ns.view.tail_blocks(ino, inode, 1)
-    if tail and tail[-1]["num_bytes"] < inode["block_size"]:
+    if tail and tail[-1]["num_bytes"] < inode.block_size:
         block = {**tail[-1]}
-        offset = inode.get("length", 0) - block["num_bytes"]
+        offset = (inode.length or 0) - block["num_bytes"]
         last_block = server.locator.located(block, server.blocks.get(block["id"]), offset,
                                     server.access.token_user(ctx), WRITE_TOKEN)
     answer = {"status": server.ns.view.status(canonical, ino, inode), "last_block": last_block}
@@ -262,9 +262,9 @@ async def truncate(server, ctx, rerun, kept, path, new_length, client_name):
     have grown since (or the call only recovered another writer's lease, then failed)."""
     canonical = paths.join_parts(paths.split(path))
     found = _found(server, canonical)
-    if found is not None and found[1]["type"] == FILE:
+    if found is not None and found[1].type == FILE:
         ino, inode = found
-        if not inode.get("uc") and inode.get("length", 0) == new_length:
+        if not inode.uc and (inode.length or 0) == new_length:
             return True
         if _held_by(inode, client_name):
             tail = server.ns.view.tail_blocks(ino, inode, 1)

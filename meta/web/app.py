@@ -42,7 +42,7 @@ from fs.metrics import exposition
 from fs.reader import AsyncInputStream
 
 from . import pages as webpages
-from ..namespace.namespace import FILE
+from ..schema.inode import FILE
 from .pages import SCHEMA_VERSION, WEB_USER
 
 log = logging.getLogger(__name__)

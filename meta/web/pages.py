@@ -28,7 +28,7 @@ from fs.rpc import CallContext
 from fs.webui import version
 
 from ..blocks import datanodes as dm
-from ..namespace.namespace import DIR, FILE, SYMLINK
+from ..schema.inode import DIR, FILE, SYMLINK
 from ..namespace.permissions import READ_EXECUTE, mode_string
 
 SCHEMA_VERSION = 1
@@ -125,10 +125,9 @@ def open_files(server, ctx) -> dict:
             if caller is not None and not _may_list_parent(server, caller, path):
                 hidden += 1
                 continue
-            uc = inode.get("uc") or {}
             files.append({"path": path, "holder": holder,
-                          "client_machine": uc.get("client_machine", ""),
-                          "length": inode.get("length", 0),
+                          "client_machine": inode.uc.client_machine if inode.uc else "",
+                          "length": inode.length or 0,
                           "lease_age_seconds": round(age, 1),
                           "soft_expires_in": round(leases.soft_limit - age, 1),
                           "hard_expires_in": round(leases.hard_limit - age, 1),
@@ -183,7 +182,7 @@ def _entry(status: dict) -> dict:
     kind = status["type"]
     return {"name": status.get("name") or "/", "path": status["path"],
             "type": {DIR: "folder", FILE: "file", SYMLINK: "symlink"}.get(kind, str(kind)),
-            "permission": mode_string(status), "owner": status["owner"],
+            "permission": mode_string(status["mode"], status["type"]), "owner": status["owner"],
             "group": status["group"], "length": status.get("length", 0),
             "replication": status.get("replication", 0),
             "block_size": status.get("block_size", 0), "mtime_ns": status["mtime_ns"],
