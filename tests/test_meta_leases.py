@@ -4,6 +4,9 @@ answer RECOVER_BLOCK by calling commit_block_synchronization."""
 
 from __future__ import annotations
 
+import logging
+import re
+
 import pytest
 import trio
 
@@ -61,20 +64,23 @@ def test_hard_expired_files_oldest_first_and_bounded():
     assert m.holder_of(3) == INTERNAL_HOLDER and m.lease_of("mid") is None
 
 
-def test_choose_primary_freshest_heartbeat_and_rotation():
+def test_choose_primary_freshest_heartbeat_among_those_not_tried():
     cands = [("a", 5.0), ("b", 9.0), ("c", 7.0)]
-    assert lm.choose_primary(cands, 0) == "b"
-    assert lm.choose_primary(cands, 1) == "c"
-    assert lm.choose_primary(cands, 2) == "a"
-    assert lm.choose_primary(cands, 3) == "b"
-    assert lm.choose_primary([], 0) is None
+    assert lm.choose_primary(cands) == "b"
+    assert lm.choose_primary(cands, frozenset({"b"})) == "c"
+    assert lm.choose_primary(cands, frozenset({"b", "c"})) == "a"
+    assert lm.choose_primary(cands, frozenset({"a", "b", "c"})) == "b"   # all tried: all
+    assert lm.choose_primary([], frozenset()) is None
+    # a tried primary that heartbeats again does not come back before the others
+    assert lm.choose_primary([("a", 5.0), ("b", 6.0)], frozenset({"b"})) == "a"
+    assert lm.choose_primary([("a", 5.0), ("b", 99.0)], frozenset({"b"})) == "a"
 
 
 def test_choose_primary_skips_stale_holders_unless_all_are():
     cands = [("a", 5.0), ("b", 9.0), ("c", 7.0)]
-    assert lm.choose_primary(cands, 0, now=10.0, stale_after=4.0) == "b"
-    assert lm.choose_primary(cands, 1, now=12.0, stale_after=4.0) == "b"   # c, a are stale
-    assert lm.choose_primary(cands, 1, now=30.0, stale_after=4.0) == "c"   # all stale: all
+    assert lm.choose_primary(cands, now=10.0, stale_after=4.0) == "b"
+    assert lm.choose_primary(cands, frozenset({"b"}), now=12.0, stale_after=4.0) == "b"  # c, a stale
+    assert lm.choose_primary(cands, frozenset({"b"}), now=30.0, stale_after=4.0) == "c"  # all stale
 
 
 def test_recovery_is_due_when_its_primary_stops_heartbeating():
@@ -243,20 +249,38 @@ async def test_hard_expiry_goes_to_internal_holder_and_survives_restart(tmp_path
     await run(tmp_path, body, lease_hard_limit=0.8, lease_soft_limit=0.3)
 
 
-async def test_stalled_recovery_retried_with_new_id_and_next_primary(tmp_path):
+async def test_stalled_recovery_retried_with_new_id_and_next_primary(tmp_path, caplog):
     async def body(meta, rpc, stack):
         nodes = await nodes_for(meta, stack)
         await open_file_with_data(rpc, nodes, "/r", "A", 64)
         assert await rpc.call("recover_lease", {"path": "/r", "client_name": "B"}) is False
         first_node, first = await wait_command(nodes)
-        second_node, second = await wait_command(nodes, tries=100)
+        # only the other holder heartbeats from now on, so it is the freshest when the
+        # retry chooses: the retry must still not go back to the first primary
+        other = next(node for node in nodes if node is not first_node)
+        second_node, second = await wait_command([other], tries=100)
         assert second["recovery_id"] > first["recovery_id"]
-        assert second_node is not first_node        # the primary rotates
         with pytest.raises(errors.StaleGenerationStamp, match="superseded"):
             await commit_sync(first_node, first, 64)
-        assert await commit_sync(second_node, second, 64)
+        # the newest recovery commits; a slow poll may have let another retry replace the
+        # one it saw, whose commit is then refused the same way
+        while True:
+            try:
+                assert await commit_sync(second_node, second, 64)
+                break
+            except errors.StaleGenerationStamp:
+                second_node, second = await wait_command(nodes, tries=100)
         assert await rpc.call("recover_lease", {"path": "/r", "client_name": "B"}) is True
-    await run(tmp_path, body, block_recovery_retry=0.4)
+
+    with caplog.at_level(logging.INFO, logger="meta.services.lease_recovery"):
+        await run(tmp_path, body, block_recovery_retry=0.4)
+    # every retry went to the other holder, whichever heartbeated last in between (the
+    # test's polls make each node in turn the freshest)
+    primaries = [m.group(1) for r in caplog.records
+                 if (m := re.search(r"block recovery of /r block \d+: .* primary (\S+) "
+                                    r"\(attempt", r.getMessage()))]
+    assert len(primaries) >= 2, primaries
+    assert all(a != b for a, b in zip(primaries, primaries[1:])), primaries
 
 
 async def test_all_replicas_empty_drops_the_block_and_closes(tmp_path):

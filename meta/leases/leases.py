@@ -19,7 +19,7 @@ append, truncate and the forced ``recover_lease``); ``release_decision`` is the 
 half of ``internalReleaseLease`` by the states of the file's last blocks;
 ``hard_expired_files`` is one bounded pass of the lease monitor, oldest lease first;
 ``choose_primary`` picks the block-recovery primary (freshest heartbeat among the holders that
-are not stale, rotating on retry); ``recovery_due`` says when a recovery is retried: after
+are not stale and were not yet primary of this recovery); ``recovery_due`` says when a recovery is retried: after
 ``block_recovery_retry``, or as soon as its primary went stale (it died after its last
 heartbeat and will never pick the command up).
 The server performs what these decide (journal records, block recovery commands).
@@ -261,20 +261,23 @@ def release_decision(blocks: list[tuple[str, int, int]], min_replication: int) -
     return RECOVER
 
 
-def choose_primary(candidates: list[tuple[str, float]], attempt: int, *,
+def choose_primary(candidates: list[tuple[str, float]], tried: frozenset[str] = frozenset(), *,
                    now: float | None = None, stale_after: float | None = None) -> str | None:
     """The block-recovery primary among ``(node_id, last_heartbeat)`` of live replica
-    holders: the freshest heartbeat first, rotating by ``attempt`` on retries (HDFS
-    ``BlockUnderConstructionFeature.initializeBlockRecovery``). With ``now`` and
-    ``stale_after`` only holders heard from within ``stale_after`` are candidates (all of
-    them when none is). None when there is none."""
+    holders: the freshest heartbeat among those not in ``tried`` (the primaries earlier
+    attempts of this recovery chose), as HDFS ``initializeBlockRecovery`` skips replicas
+    already chosen as primary; when every candidate was tried, the freshest of all (a new
+    round). Heartbeats arriving between attempts do not bring a tried primary back before
+    the others had their turn. With ``now`` and ``stale_after`` only holders heard from
+    within ``stale_after`` are candidates (all of them when none is). None when there is
+    none."""
     if now is not None and stale_after is not None:
         candidates = [c for c in candidates if not is_stale(c[1], now, stale_after)] \
             or candidates
     if not candidates:
         return None
-    ordered = sorted(candidates, key=lambda c: (-c[1], c[0]))
-    return ordered[attempt % len(ordered)][0]
+    untried = [c for c in candidates if c[0] not in tried] or candidates
+    return min(untried, key=lambda c: (-c[1], c[0]))[0]
 
 
 def recovery_due(*, started: float, now: float, retry_after: float,

@@ -57,9 +57,12 @@ class Recovery:
     block_id: int
     recovery_id: int
     new_length: int | None      # truncate: the length the block must get
-    attempt: int                # rotates the primary on retries
+    attempt: int                # 0 for the first, one more at each retry
     started: float              # clock() when this recovery id was handed out
     primary: str | None
+    # the primaries this recovery's attempts chose since every holder last had a turn:
+    # a retry picks another one (``choose_primary``)
+    tried: frozenset[str] = frozenset()
 
 
 class LeaseRecovery:
@@ -172,10 +175,16 @@ class LeaseRecovery:
         holders += [n for n, r in info.replicas.items() if not r.corrupt and n not in holders]
         live = [(n, node.last_heartbeat) for n in holders
                 if (node := self.datanodes.live(n)) is not None]
-        primary = lm.choose_primary(live, attempt, now=self.clock(),
+        tried = previous.tried if previous is not None else frozenset()
+        if {n for n, _ in live} <= tried:
+            # every holder had its turn: a new round, which starts with another one than
+            # the primary that just did not answer (when there is another)
+            tried = frozenset({previous.primary}) if previous.primary else frozenset()
+        primary = lm.choose_primary(live, tried, now=self.clock(),
                                     stale_after=self._stale_after())
         self.forget_recovery(block["id"])
-        rec = Recovery(ino, block["id"], recovery_id, new_length, attempt, self.clock(), primary)
+        rec = Recovery(ino, block["id"], recovery_id, new_length, attempt, self.clock(), primary,
+                       tried | {primary} if primary is not None else tried)
         self._recoveries[block["id"]] = rec
         if primary is not None:
             self._recover_commands.setdefault(primary, {})[block["id"]] = {
