@@ -35,7 +35,8 @@ Layout: ``Namespace`` is the small owner: it holds the store (``kv``), the decod
 ``cache`` and the ``defaults``, and builds one part per role in dependency order, each
 given exactly what it uses (no part reaches another's private state):
 
-* ``args``: inode kinds, limits, ``Defaults`` and the argument checks (functions);
+* ``args``: limits, ``Defaults`` and the argument checks (functions; the inode kinds
+  are the schema's, ``meta.schema.inode``);
 * ``ids`` (``allocators.Allocators``): next inode id, next block id, generation stamp;
 * ``view`` (``view.NamespaceView(kv, cache)``): the counters as stored, path walking,
   status, listing, subtree and block-list reads — what every planner and handler decides
@@ -70,6 +71,7 @@ abandoned plan only leaves a gap.
 
 from __future__ import annotations
 
+from ..journal.opbase import Effect
 from ..schema import keys
 from .allocators import Allocators
 from .apply import RecordApplier, Txn, inside
@@ -120,7 +122,7 @@ class Namespace:
         self.ids.adopt(counters)
         self.reclaim.load_orphans()
 
-    def apply(self, records, ops=None) -> list[dict]:
+    def apply(self, records, ops=None) -> list[Effect]:
         """``RecordApplier.apply``: a batch of journal records in one store write; the
-        effects dict of each record."""
+        ``Effect`` of each record."""
         return self._applier.apply(records, ops)
