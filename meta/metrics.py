@@ -15,7 +15,8 @@ Where the numbers come from:
   nothing is kept up to date per operation for it;
 * metadata HA (``leasefs_ha_*``, every server, ``ha = none`` too): the role (one series per
   role, 1 for the server's own), the epoch and the applied txid from
-  ``role_view.status()``; the follower lag histogram takes, at each scrape, the samples the HA controller added to its
+  ``role_view.status()``; the follower lag histogram takes, at each scrape, the samples
+  the HA controller added to its
   ``lag_samples`` since the last one (counted by its ``entries_applied``: a follower past
   its catch-up samples every entry it applies), so its counts only grow.
 

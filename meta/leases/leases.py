@@ -18,10 +18,10 @@ The rule checks raise the HDFS errors with HDFS wording (``check_writer``,
 append, truncate and the forced ``recover_lease``); ``release_decision`` is the decision
 half of ``internalReleaseLease`` by the states of the file's last blocks;
 ``hard_expired_files`` is one bounded pass of the lease monitor, oldest lease first;
-``choose_primary`` picks the block-recovery primary (freshest heartbeat among the holders that
-are not stale and were not yet primary of this recovery); ``recovery_due`` says when a recovery is retried: after
-``block_recovery_retry``, or as soon as its primary went stale (it died after its last
-heartbeat and will never pick the command up).
+``choose_primary`` picks the block-recovery primary (freshest heartbeat among the holders
+that are not stale and were not yet primary of this recovery); ``recovery_due`` says when
+a recovery is retried: after ``block_recovery_retry``, or as soon as its primary went stale
+(it died after its last heartbeat and will never pick the command up).
 The server performs what these decide (journal records, block recovery commands).
 
 Concurrency contract: called only from the metadata server's trio thread; every method is

@@ -3,16 +3,18 @@ syncer after the fsync) and at replay.
 
 Why it exists: applying is apart from planning so that replay needs nothing but the
 records: every decision is in the record, the ops only execute it. What each op changes is
-its ``apply`` in ``meta.journal.ops`` (reached through ``decode``, the registry); this module runs a
-batch of them against one overlay and writes the result. ``RecordApplier`` is a part of
-``meta.namespace.namespace.Namespace``, which forwards its ``apply`` to it. ``Txn`` (a batch's overlay: reads see the batch's earlier
-writes, ``meta.journal.ops_store``) and ``inside`` are re-exported for the namespace and the replay
-checker (``meta.namespace.invariants``).
+its ``apply`` in ``meta.journal.ops`` (reached through ``decode``, the registry); this
+module runs a batch of them against one overlay and writes the result. ``RecordApplier``
+is a part of ``meta.namespace.namespace.Namespace``, which forwards its ``apply`` to it.
+``Txn`` (a batch's overlay: reads see the batch's earlier writes,
+``meta.journal.ops_store``) and ``inside`` are re-exported for the namespace and the
+replay checker (``meta.namespace.invariants``).
 
 Purity / concurrency contract: deterministic from the records and the state before them;
 ALL records of a batch go to the store in ONE ``kv.write`` with the applied txid, then the
 cache, the orphan set/reclaim cursors (``ReclaimPlanner.note_*``) and the counters
-(``NamespaceView.adopt_counters``, ``Allocators.adopt``) follow what was written, in the same synchronous step.
+(``NamespaceView.adopt_counters``, ``Allocators.adopt``) follow what was written, in the
+same synchronous step.
 Trio thread only, no awaits.
 """
 

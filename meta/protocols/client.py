@@ -18,7 +18,8 @@ Constructor: keyword arguments naming exactly what the handlers call — the ser
 recovery, ``security`` for block keys and tokens), the state objects they read or change
 through their public methods (``blocks``, ``reports``, ``leases``, ``datanodes``,
 ``journal``, ``permissions``), the ``config`` and the two clocks (``clock``: monotonic
-seconds, lease times; ``wall_ns``: the times recorded in the namespace). Nothing else of the server is reachable from here.
+seconds, lease times; ``wall_ns``: the times recorded in the namespace). Nothing else of
+the server is reachable from here.
 
 Durability: a handler journals with ``durable=ctx.sync_metadata`` where its record only
 changes the namespace (``MetaServer.LAZY_OPS``); a connection whose hello turned
@@ -261,7 +262,7 @@ class ClientProtocol:
             offset = 0
             if last is not None:
                 offset = last_offset + (commit["num_bytes"] if commit else last["num_bytes"])
-            plan, block = self._plan_block(ctx, current, ino, (1 if inode.replication is None else inode.replication),
+            plan, block = self._plan_block(ctx, current, ino, inode.replication or 1,
                                            inode.block_size, blocks, commit, excluded)
             await self.edits.log_plan(plan)
             return self._located_new(ctx, block, offset)
