@@ -14,7 +14,7 @@ from meta.schema import keys
 from meta.journal.kv import MemoryStore
 from meta.namespace.namespace import Namespace
 from meta.schema.inode import DIR, FILE, SYMLINK, Inode, Quota, UnderConstruction
-from tests.test_ops import every_op
+from test_ops import every_op
 
 COMMON = {"mode": 0o755, "owner": "leasefs", "group": "supergroup", "mtime": 1001,
           "atime": 1000, "ctime": 1002}

@@ -34,3 +34,15 @@ def test_no_conflict_markers_in_the_tree():
         for line in conflict_markers(path.read_text(errors="replace")):
             found.append(f"{path.relative_to(ROOT)}:{line}")
     assert not found, "merge-conflict markers left in:\n  " + "\n  ".join(found)
+
+
+def test_tests_import_their_helpers_as_make_test_finds_them():
+    """``make test`` runs the bare ``pytest``, which puts ``tests/`` on the path but not the
+    checkout: ``from tests.x import ...`` works under ``python -m pytest`` only, so a test
+    written that way is an import error in CI. Helpers are imported as ``from x import``."""
+    bad = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.match(r"\s*(from tests[. ]|import tests\b)", line):
+                bad.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not bad, "imports that only python -m pytest finds:\n  " + "\n  ".join(bad)
