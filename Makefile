@@ -104,10 +104,10 @@ test-fast: install test-packages
 	if [[ $$rc == 5 ]]; then echo "make test-fast: pytest collected no tests (exit 5)" >&2; fi; \
 	exit $$rc
 
-# etcd's messages: the Python beside the .proto files is protoc's output (grpcio-tools, the
+# etcd's and HDFS's messages: the Python beside the .proto files is protoc's output (grpcio-tools, the
 # test extra); commit both (tests/test_etcdgrpc.py checks that they match)
 proto: install
-	$(VENV)/bin/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. meta/ha/etcdpb/*.proto
+	$(VENV)/bin/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. meta/ha/etcdpb/*.proto fs/hdfs/pb/*.proto
 
 down:
 	@if [[ -x $(LEASEFS) ]]; then $(LEASEFS) cluster down; \

@@ -15,13 +15,11 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import socket
 import signal
 import struct
 import urllib.request
 import uuid
-from pathlib import Path
 
 import hpack
 import pytest
@@ -260,30 +258,6 @@ def test_a_long_watch_gives_etcd_its_window_back(etcd, monkeypatch):
         return got
 
     assert trio.run(main) == 64
-
-
-def test_the_generated_code_is_what_protoc_makes_of_the_schema(tmp_path):
-    """meta/ha/etcdpb/*_pb2.py(i) as committed are protoc's output for the committed
-    .proto files (``make proto``): nobody edited them by hand or forgot to regenerate."""
-    protoc = pytest.importorskip("grpc_tools.protoc",
-                                 reason="grpcio-tools (the test extra) ships protoc")
-    root = Path(__file__).resolve().parent.parent
-    here = root / "meta" / "ha" / "etcdpb"
-    protos = sorted(p.relative_to(root).as_posix() for p in here.glob("*.proto"))
-    assert protos, here
-    # protoc names its output by the .proto's path under the include root: copy the
-    # schema to the same place under tmp_path and generate beside it
-    (tmp_path / "in" / "meta" / "ha" / "etcdpb").mkdir(parents=True)
-    for proto in protos:
-        shutil.copy(root / proto, tmp_path / "in" / proto)
-    (tmp_path / "out").mkdir()
-    assert protoc.main(["protoc", f"-I{tmp_path / 'in'}", f"--python_out={tmp_path / 'out'}",
-                        f"--pyi_out={tmp_path / 'out'}", *protos]) == 0
-    made = sorted(p.relative_to(tmp_path / "out") for p in (tmp_path / "out").rglob("*_pb2.py*"))
-    committed = sorted(p.relative_to(root) for p in here.glob("*_pb2.py*"))
-    assert made == committed and len(made) == 2 * len(protos), (made, committed)
-    for path in made:
-        assert (tmp_path / "out" / path).read_text() == (root / path).read_text(), path
 
 
 def test_a_malformed_answer_is_a_transport_error():
