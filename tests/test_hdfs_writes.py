@@ -42,7 +42,7 @@ class Hdfs:
     def ctx(self, call_id=None, user=None) -> CallContext:
         return CallContext(client_id=self.client_id, peer="127.0.0.1:40000",
                            call_id=next(self.call_ids) if call_id is None else call_id,
-                           user=user or current_user(), groups=("supergroup",),
+                           user=user or current_user(), groups=() if user else ("supergroup",),
                            sync_metadata=True)
 
     async def __call__(self, method, call_id=None, user=None, **fields):
@@ -179,9 +179,13 @@ async def test_namespace_calls_answer_results_where_hdfs_does(hdfs):
         await hdfs("setQuota", path="/m", namespaceQuota=5, storagespaceQuota=5,
                    storageType=hpb.SSD)
 
-    await _touch(hdfs, "/m/g", b"67890")
-    with pytest.raises(errors.LeaseFSError):   # leasefs concat wants whole blocks or same size
-        await hdfs("concat", trg="/m/none", srcs=["/m/g"])
+    head, tail = os.urandom(2 * 65536), os.urandom(70_000)   # kept in blocks, not inline
+    await _touch(hdfs, "/m/t", head)
+    await _touch(hdfs, "/m/s", tail)
+    await hdfs("concat", trg="/m/t", srcs=["/m/s"])
+    assert not await hdfs.exists("/m/s")
+    async with hdfs.cluster.client() as c:
+        assert await c.read_file("/m/t") == head + tail
     await hdfs("createSymlink", target="/m/f", link="/m/l", dirPerm=PERM(perm=0o755),
                createParent=False)
     assert (await hdfs.leasefs("get_file_info", path="/m/l"))["symlink"] == "/m/f"
@@ -191,6 +195,20 @@ async def test_namespace_calls_answer_results_where_hdfs_does(hdfs):
         await hdfs("isFileClosed", src="/m/n")
     with pytest.raises(errors.FileNotFound):
         await hdfs("isFileClosed", src="/m/none")
+
+    # the connection's user is the caller: permissions apply as to msgpack clients
+    with pytest.raises(errors.PermissionDenied):
+        await hdfs("setPermission", user="mallory", src="/m/f", permission=PERM(perm=0o777))
+    with pytest.raises(errors.PermissionDenied):
+        await hdfs("delete", user="mallory", src="/m", recursive=True)
+    # bad values get leasefs's clear errors, naming the path
+    create = dict(src="/m/bad", clientName="DFSClient_X", createFlag=pb.CREATE,
+                  masked=PERM(perm=0o644), createParent=False)
+    with pytest.raises(errors.InvalidArgument, match="/m/bad"):
+        await hdfs("create", replication=0, blockSize=64 << 10, **create)
+    with pytest.raises(errors.InvalidArgument, match="/m/bad"):
+        await hdfs("create", replication=1, blockSize=1000, **create)
+    assert not await hdfs.exists("/m/bad")
 
     assert (await hdfs("delete", src="/m", recursive=True)).result is True
     assert not await hdfs.exists("/m")
