@@ -249,6 +249,13 @@ async def test_create_write_complete_leases_and_retries(hdfs):
     with pytest.raises(errors.FileNotFound):
         await hdfs("create", src="/w/none", clientName="DFSClient_A",
                    createFlag=pb.OVERWRITE, **create)
+    for flags in (pb.CREATE, pb.CREATE | pb.OVERWRITE):   # HDFS: "already exists as a directory"
+        with pytest.raises(errors.FileExists, match="directory"):
+            await hdfs("create", src="/w", clientName="DFSClient_A", createFlag=flags, **create)
+    for method, fields in (("append", {"flag": pb.APPEND}), ("truncate", {"newLength": 0}),
+                           ("recoverLease", {})):   # HDFS: "not a file"
+        with pytest.raises(errors.FileNotFound, match="not a file"):
+            await hdfs(method, src="/w", clientName="DFSClient_B", **fields)
     await hdfs("renewLease", clientName="DFSClient_A")
     assert (await hdfs("isFileClosed", src="/w/part-0")).result is False
 

@@ -69,6 +69,15 @@ def _quota(value: int) -> int | None:
     return -1 if value == _UNSET else value
 
 
+async def _on_file(what: str, path: str, coro):
+    """HDFS's ``INodeFile.valueOf``: a call meant for a file meets a directory as
+    FileNotFound ("is not a file"), where leasefs says IsDirectory."""
+    try:
+        return await coro
+    except IsDirectory:
+        raise FileNotFound(f"{what} {path}: path is not a file") from None
+
+
 class NamenodeWrites:
     """The mutating calls of ``ClientProtocol``. ``call``: ``MetaServer.dispatch``;
     ``pool_id``: the namespace's block pool id (``convert.pool_id`` of its namespace id),
@@ -202,11 +211,8 @@ class NamenodeWrites:
         return pb.RenewLeaseResponseProto()
 
     async def recoverLease(self, ctx, request):
-        try:
-            result = await self.call(ctx, "recover_lease", {"path": request.src,
-                                                            "client_name": request.clientName})
-        except IsDirectory:
-            raise FileNotFound(f"recover lease of {request.src}: path is not a file") from None
+        result = await _on_file("recover the lease of", request.src, self.call(
+            ctx, "recover_lease", {"path": request.src, "client_name": request.clientName}))
         return pb.RecoverLeaseResponseProto(result=bool(result))
 
     async def isFileClosed(self, ctx, request):
@@ -246,11 +252,15 @@ class NamenodeWrites:
             except FileNotFound:
                 raise FileNotFound(f"cannot overwrite non-existent {request.src}: the create "
                                    f"flags lack CREATE") from None
-        status = await self.call(ctx, "create", {
-            "path": request.src, "client_name": request.clientName,
-            "overwrite": bool(flags & pb.OVERWRITE), "create_parent": request.createParent,
-            "replication": request.replication, "block_size": request.blockSize,
-            "permission": request.masked.perm & 0o7777})
+        try:
+            status = await self.call(ctx, "create", {
+                "path": request.src, "client_name": request.clientName,
+                "overwrite": bool(flags & pb.OVERWRITE), "create_parent": request.createParent,
+                "replication": request.replication, "block_size": request.blockSize,
+                "permission": request.masked.perm & 0o7777})
+        except IsDirectory:
+            raise FileExists(f"cannot create {request.src}: it already exists as a "
+                             f"directory") from None
         return pb.CreateResponseProto(fs=convert.file_status(status))
 
     async def addBlock(self, ctx, request):
@@ -327,8 +337,8 @@ class NamenodeWrites:
         if request.flag & pb.NEW_BLOCK:
             raise NotSupported(f"append to {request.src}: NEW_BLOCK is not supported "
                                f"(leasefs appends into the last block)")
-        answer = await self.call(ctx, "append", {"path": request.src,
-                                                 "client_name": request.clientName})
+        answer = await _on_file("append to", request.src, self.call(
+            ctx, "append", {"path": request.src, "client_name": request.clientName}))
         status = answer["status"]
         if answer.get("inline") is not None:
             await self.call(ctx, "complete", {"path": request.src,
@@ -346,7 +356,7 @@ class NamenodeWrites:
     async def truncate(self, ctx, request):
         """True: done; false: the new last block is being recovered (the client waits
         for the file to close)."""
-        result = await self.call(ctx, "truncate", {"path": request.src,
-                                                   "new_length": request.newLength,
-                                                   "client_name": request.clientName})
+        result = await _on_file("truncate", request.src, self.call(
+            ctx, "truncate", {"path": request.src, "new_length": request.newLength,
+                              "client_name": request.clientName}))
         return pb.TruncateResponseProto(result=bool(result))
