@@ -209,6 +209,11 @@ async def test_namespace_calls_answer_results_where_hdfs_does(hdfs):
     with pytest.raises(errors.InvalidArgument, match="/m/bad"):
         await hdfs("create", replication=1, blockSize=1000, **create)
     assert not await hdfs.exists("/m/bad")
+    for path in ("", "relative/x", "/a\0b", "/" + "x" * 300):
+        with pytest.raises((errors.InvalidPath, errors.NameTooLong)):
+            await hdfs("mkdirs", src=path, **mk)
+    with pytest.raises(errors.LeaseFSError, match="/m/f"):   # no such open file
+        await hdfs("addBlock", src="/m/f", clientName="DFSClient_X", fileId=(1 << 64) - 1)
 
     assert (await hdfs("delete", src="/m", recursive=True)).result is True
     assert not await hdfs.exists("/m")
