@@ -9,6 +9,7 @@ import itertools
 import os
 
 import pytest
+import trio
 
 from fs import errors
 from fs.datatransfer import chunk_checksums
@@ -67,7 +68,8 @@ class Hdfs:
 
 
 @pytest.fixture
-async def hdfs(tmp_path, monkeypatch):
+async def hdfs(tmp_path, monkeypatch, request):
+    """``Hdfs`` on an in-process cluster; settings of its own by indirect parameter."""
     servers = []
 
     class Recorded(serverrun.MetaServer):
@@ -76,7 +78,8 @@ async def hdfs(tmp_path, monkeypatch):
             servers.append(self)
 
     monkeypatch.setattr(serverrun, "MetaServer", Recorded)
-    async with inprocess_cluster(tmp_path, n_storage=3, replication=1, **SMALL) as cluster:
+    settings = {**SMALL, **getattr(request, "param", {})}
+    async with inprocess_cluster(tmp_path, n_storage=3, replication=1, **settings) as cluster:
         yield Hdfs(cluster, servers[-1])
 
 
@@ -315,10 +318,9 @@ async def test_create_write_complete_leases_and_retries(hdfs):
 
     # another holder takes over a file whose writer went quiet
     assert (await hdfs("recoverLease", src="/w/_SUCCESS", clientName="DFSClient_B")).result
-    with pytest.raises(errors.LeaseFSError) as taken:
+    with pytest.raises(errors.LeaseExpired):
         await hdfs("addBlock", src="/w/_SUCCESS", clientName="DFSClient_A",
                    fileId=replaced.fs.fileId)
-    assert isinstance(taken.value, (errors.LeaseExpired, errors.FileNotFound))
     assert (await hdfs("recoverLease", src="/w/part-0", clientName="DFSClient_B")).result
 
     # retries answered from the retry cache, not run again
@@ -393,3 +395,32 @@ async def test_append_pipeline_recovery_truncate_and_open_files(hdfs):
         await out.write(b"!")
         await out.close()
         assert await c.read_file("/tiny") == b"kept inline!"
+
+
+SOFT_LIMIT = 1.0
+
+
+@pytest.mark.parametrize("hdfs", [{"lease_soft_limit": SOFT_LIMIT}], indirect=True)
+async def test_renew_lease_keeps_the_file_and_its_expiry_lets_another_holder_in(hdfs):
+    """The HDFS clientName is the lease holder: renewals keep other holders out past the
+    soft limit; without them the next holder's append recovers the lease and goes on."""
+    create = dict(masked=PERM(perm=0o644), createParent=True, replication=1,
+                  blockSize=64 << 10, createFlag=pb.CREATE)
+    made = await hdfs("create", src="/l", clientName="DFSClient_A", **create)
+    for _ in range(6):                                   # 1.5 soft limits, renewed
+        await trio.sleep(SOFT_LIMIT / 4)
+        await hdfs("renewLease", clientName="DFSClient_A")
+    with pytest.raises(errors.AlreadyBeingCreated):
+        await hdfs("create", src="/l", clientName="DFSClient_B", **create)
+    with pytest.raises(errors.AlreadyBeingCreated):
+        await hdfs("append", src="/l", clientName="DFSClient_B", flag=pb.APPEND)
+
+    await trio.sleep(SOFT_LIMIT * 1.3)                   # A stopped renewing
+    taken = await hdfs("append", src="/l", clientName="DFSClient_B", flag=pb.APPEND)
+    assert taken.stat.fileId == made.fs.fileId and not taken.HasField("block")
+    listed = await hdfs("listOpenFiles", id=0, types=[pb.ALL_OPEN_FILES])
+    assert [(e.path, e.clientName) for e in listed.entries] == [("/l", "DFSClient_B")]
+    with pytest.raises(errors.LeaseExpired):
+        await hdfs("addBlock", src="/l", clientName="DFSClient_A", fileId=made.fs.fileId)
+    assert (await hdfs("complete", src="/l", clientName="DFSClient_B",
+                       fileId=made.fs.fileId)).result is True
