@@ -83,6 +83,19 @@ async def hdfs(tmp_path, monkeypatch, request):
         yield Hdfs(cluster, servers[-1])
 
 
+def test_every_call_named_has_its_method_and_messages():
+    """What the IPC server reads off the class: ``CALLS`` names a coroutine method per call
+    and its request/response classes."""
+    import inspect
+
+    assert NamenodeWrites.PROTOCOL == "org.apache.hadoop.hdfs.protocol.ClientProtocol"
+    assert len(NamenodeWrites.CALLS) == 25
+    for name, (request, response) in NamenodeWrites.CALLS.items():
+        assert inspect.iscoroutinefunction(getattr(NamenodeWrites, name)), name
+        assert request.DESCRIPTOR.name.lower() == f"{name}RequestProto".lower()
+        assert response.DESCRIPTOR.name.lower() == f"{name}ResponseProto".lower()
+
+
 async def _touch(hdfs, path, data=b""):
     async with hdfs.cluster.client() as c:
         await c.write_file(path, data)
