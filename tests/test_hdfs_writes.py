@@ -5,6 +5,7 @@ built as the IPC server builds it (HDFS clientId as hex, callId, the connection'
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 
@@ -86,8 +87,6 @@ async def hdfs(tmp_path, monkeypatch, request):
 def test_every_call_named_has_its_method_and_messages():
     """What the IPC server reads off the class: ``CALLS`` names a coroutine method per call
     and its request/response classes."""
-    import inspect
-
     assert NamenodeWrites.PROTOCOL == "org.apache.hadoop.hdfs.protocol.ClientProtocol"
     assert len(NamenodeWrites.CALLS) == 25
     for name, (request, response) in NamenodeWrites.CALLS.items():
