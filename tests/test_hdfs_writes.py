@@ -420,6 +420,7 @@ async def test_renew_lease_keeps_the_file_and_its_expiry_lets_another_holder_in(
                   blockSize=64 << 10, createFlag=pb.CREATE)
     made = await hdfs("create", src="/l", clientName="DFSClient_A", **create)
     for _ in range(6):                                   # 1.5 soft limits, renewed
+        # fixed-sleep: the lease's age on the server's clock is what is tested
         await trio.sleep(SOFT_LIMIT / 4)
         await hdfs("renewLease", clientName="DFSClient_A")
     with pytest.raises(errors.AlreadyBeingCreated):
@@ -427,7 +428,8 @@ async def test_renew_lease_keeps_the_file_and_its_expiry_lets_another_holder_in(
     with pytest.raises(errors.AlreadyBeingCreated):
         await hdfs("append", src="/l", clientName="DFSClient_B", flag=pb.APPEND)
 
-    await trio.sleep(SOFT_LIMIT * 1.3)                   # A stopped renewing
+    # fixed-sleep: A stopped renewing; its lease must outlive the soft limit
+    await trio.sleep(SOFT_LIMIT * 1.3)
     taken = await hdfs("append", src="/l", clientName="DFSClient_B", flag=pb.APPEND)
     assert taken.stat.fileId == made.fs.fileId and not taken.HasField("block")
     listed = await hdfs("listOpenFiles", id=0, types=[pb.ALL_OPEN_FILES])
