@@ -551,7 +551,9 @@ class ClientProtocol:
         targets = self.datanodes.choose_targets(
             num, excluded=list(existing) + list(excluded), writer_host=caller_host(ctx),
             block_size=(inode.block_size or 0), what=what)
-        answer = {"block": block, "locations": [{"node_id": t.node_id, "address": t.address}
+        # described as every located block's nodes are (``Locator.location``), so a front
+        # end that needs more of a node (its HDFS data port) finds it here too
+        answer = {"block": block, "locations": [self.locator.location(t.node_id)
                                                 for t in targets]}
         if token is not None:
             answer["token"] = token
