@@ -114,6 +114,7 @@ def test_token_negotiation_succeeds_and_server_proves_itself():
     assert answer.state == RpcSaslProto.SUCCESS and answer.token.decode() == rspauth
     assert neg.done and neg.authenticated == sasl.Authenticated("alice", IDENT)
     neg.authenticated.check_claim("alice")
+    neg.authenticated.check_claim("")     # no user in the context: the token's
     with pytest.raises(sasl.SaslRefused, match="doesn't match") as exc:
         neg.authenticated.check_claim("root")
     assert exc.value.java_class == sasl.ACCESS_CONTROL

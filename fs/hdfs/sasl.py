@@ -164,10 +164,12 @@ class Authenticated:
     user: str
     identifier: bytes
 
-    def check_claim(self, effective_user: str, real_user: str | None = None) -> None:
-        """The connection context (IpcConnectionContextProto.userInfo) must name the
-        token's user and no other: a token proves one user, it impersonates no one."""
-        if effective_user != self.user or (real_user and real_user != self.user):
+    def check_claim(self, effective_user: str | None, real_user: str | None = None) -> None:
+        """The connection context (IpcConnectionContextProto.userInfo) names the token's
+        user or nobody (Hadoop's client sends none after TOKEN auth: the connection says
+        who it is); a token proves one user, it impersonates no one."""
+        if (effective_user and effective_user != self.user) or (
+                real_user and real_user != self.user):
             claim = effective_user + (f" (via {real_user})" if real_user else "")
             raise SaslRefused(f"Authenticated user ({self.user}) doesn't match what the "
                               f"client claims to be ({claim})", ACCESS_CONTROL)
