@@ -321,3 +321,33 @@ def test_bad_token_files_refused(tmp_path, data, match):
     path.write_bytes(data)
     with pytest.raises(AuthenticationFailed, match=f"token file {path}: .*{match}"):
         tokenfile.Credentials.load(str(path))
+
+
+def test_random_input_gets_only_clear_refusals():
+    """Hostile bytes: mutated responses, identifiers and token files raise the modules'
+    own errors (a refusal to send back), never anything else, and authenticate no one but
+    the token's owner."""
+    import random
+    rng = random.Random(35)
+    good, _ = client_response(b'realm="default",nonce="n"', IDENT, PASSWORD)
+    file_bytes = tokenfile.Credentials(
+        {"s": tokenfile.delegation_token(TOKEN, PASSWORD, "s")}).encode()
+    for _ in range(2000):
+        data = bytearray(rng.choice([good, IDENT, file_bytes]))
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(data))
+            if rng.random() < 0.5:
+                data[at] = rng.randrange(256)
+            else:
+                del data[at:at + rng.randint(1, 8)]
+        try:   # a mutation of what the proof does not cover (maxbuf, charset) may pass
+            _, who = sasl.DigestServer(lookup, nonce="n").respond(bytes(data))
+            assert who == sasl.Authenticated("alice", IDENT)
+        except sasl.SaslRefused:
+            pass
+        for decode in (lambda: tokenfile.Credentials.decode(b"HDTS\0" + data[5:], "f"),
+                       lambda: tokenfile.decode_identifier(bytes(data))):
+            try:
+                decode()
+            except InvalidArgument:
+                pass
