@@ -106,6 +106,18 @@ def server_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> byt
     return mac(secret, SERVER_LABEL, client_nonce, server_nonce)
 
 
+def save_secret(path: str, body: bytes) -> None:
+    """``body`` written whole to ``path`` (temporary file + rename), mode 0600 from the
+    start: a token file holds a password."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, body)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
 @dataclass(frozen=True)
 class TokenFile:
     """A fetched token as its owner keeps it: identifier, password, and the metadata
@@ -120,13 +132,7 @@ class TokenFile:
         body = json.dumps({"kind": FILE_KIND, "service": self.service,
                            "id": self.token.to_wire(), "password": self.secret.hex()},
                           indent=1) + "\n"
-        tmp = f"{path}.tmp-{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, body.encode())
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        save_secret(path, body.encode())
 
     @classmethod
     def load(cls, path: str) -> "TokenFile":
@@ -149,4 +155,4 @@ class TokenFile:
 
 
 __all__ = ["TokenId", "TokenState", "TokenFile", "master_key", "password", "client_proof",
-           "server_proof"]
+           "server_proof", "save_secret"]

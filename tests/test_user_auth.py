@@ -9,6 +9,7 @@ interpreter may sit under /root). It speaks the wire protocol with frames this t
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from fs import delegation, errors
 from fs.client import AsyncClient
 from fs.delegation import TokenFile, TokenId
 from fs.framing import LENGTH, FramedStream, encode_frame, unpackb
+from fs.hdfs import tokenfile
 from fs.rpc import ACTING_FOR, parse_address
 
 from harness import inprocess_cluster, make_test_config
@@ -352,6 +354,46 @@ async def test_token_command_line(tmp_path, cluster):
     assert r.returncode == 1 and "not known" in r.stderr and "Traceback" not in r.stderr
     r = await run("token", "print", str(tmp_path / "missing.token"))
     assert r.returncode == 1 and "missing.token" in r.stderr
+
+
+@pytest.mark.cluster(n_storage=0)
+async def test_token_fetch_in_hadoops_format(tmp_path, cluster):
+    """``leasefs token fetch --hadoop``: Hadoop's token file for the metadata server's HDFS
+    address, whose identifier maps back to the very token the server issued (renew and
+    cancel with that file find it)."""
+    env = {**os.environ, "LEASEFS_META": cluster.meta_address}
+
+    def leasefs(*args):
+        return subprocess.run([sys.executable, "-m", "tools", *args], env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    async def run(*args):
+        return await trio.to_thread.run_sync(functools.partial(leasefs, *args))
+
+    path = str(tmp_path / "hadoop.token")
+    r = await run("token", "fetch", path, "--hadoop", "--hdfs-address", "localhost:9123")
+    assert r.returncode == 0 and "for hdfs://127.0.0.1:9123" in r.stdout, r.stderr
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    [(alias, token)] = tokenfile.Credentials.load(path).tokens.items()
+    assert (alias, token.kind, token.service) == (
+        "127.0.0.1:9123", "HDFS_DELEGATION_TOKEN", "127.0.0.1:9123")
+    decoded = tokenfile.decode_identifier(token.identifier)
+    assert (decoded.owner, decoded.renewer) == ("root", "root") and len(token.password) == 32
+    r = await run("token", "print", path, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["seq"] == decoded.seq, r.stderr
+    r = await run("token", "renew", path)
+    assert r.returncode == 0 and "Renewed" in r.stdout, r.stderr
+    r = await run("token", "cancel", path)
+    assert r.returncode == 0 and f"Cancelled token {decoded.seq}" in r.stdout, r.stderr
+    r = await run("token", "renew", path)
+    assert r.returncode == 1 and "not known" in r.stderr and "Traceback" not in r.stderr
+    r = await run("token", "fetch", str(tmp_path / "x"), "--hadoop", "--hdfs-address",
+                  "no-such-host.invalid:9000")
+    assert r.returncode == 1 and "cannot resolve no-such-host.invalid" in r.stderr
+    assert "Traceback" not in r.stderr and not os.path.exists(tmp_path / "x")
+    (tmp_path / "garbage").write_bytes(b"HDTS\0\x05")
+    r = await run("token", "print", str(tmp_path / "garbage"))
+    assert r.returncode == 1 and "garbage" in r.stderr and "Traceback" not in r.stderr
 
 
 def _sh_as(uid: int, script: str, *args: str) -> subprocess.CompletedProcess:

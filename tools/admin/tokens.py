@@ -11,13 +11,16 @@ Concurrency contract: runs on the main thread of a short-lived process.
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 from fs import localserver
 from fs.blockingrpc import BlockingRpc
 from fs.delegation import TokenFile, TokenId
-from fs.errors import AuthenticationFailed, AuthenticationRequired, ServerUnavailable
-from fs.rpc import local_socket_name, parse_address_list
+from fs.errors import (AuthenticationFailed, AuthenticationRequired, InvalidArgument,
+                       ServerUnavailable)
+from fs.hdfs import tokenfile
+from fs.rpc import local_socket_name, parse_address, parse_address_list
 
 from ..common import Command
 from .maintenance import _rpc
@@ -98,17 +101,65 @@ def _fetch(cmd: Command, renewer) -> dict:
             f"a block server on another port than {address[1]})") from None
 
 
+# the metadata server's HDFS port when the configuration names none
+DEFAULT_HDFS_PORT = 9000
+
+
+def _hdfs_service(cmd: Command, address: str | None) -> str:
+    """The token's ``service`` for Hadoop's client: the HDFS address of the metadata
+    server (``--hdfs-address``, else its host at ``meta_hdfs_port``) as "ip:port", the form
+    Hadoop looks a token up by (hadoop.security.token.service.use_ip, its default)."""
+    if address:
+        host, port = parse_address(address)
+    else:
+        host = parse_address_list(cmd.meta_address)[0][0]
+        port = getattr(cmd.config, "meta_hdfs_port", DEFAULT_HDFS_PORT)
+    try:
+        ip = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError as exc:
+        raise InvalidArgument(f"token fetch --hadoop: cannot resolve {host}: {exc}") from None
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def _load(path: str) -> TokenFile:
+    """A token file in either format: leasefs's (JSON) or Hadoop's (``--hadoop``)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        head = b""     # TokenFile.load names the file and the cause
+    if not tokenfile.is_hadoop_token_file(head):
+        return TokenFile.load(path)
+    found = [t for t in tokenfile.Credentials.load(path).tokens.values()
+             if t.kind == tokenfile.KIND]
+    if len(found) != 1:
+        raise AuthenticationFailed(f"token file {path}: {len(found)} HDFS delegation tokens "
+                                   f"(1 expected)")
+    try:
+        token = tokenfile.decode_identifier(found[0].identifier)
+    except InvalidArgument as exc:
+        raise AuthenticationFailed(f"token file {path}: {exc}") from None
+    return TokenFile(token, found[0].password, found[0].service)
+
+
 def cmd_token(cmd: Command):
     args = cmd.args
     if args.action == "fetch":
         r = _fetch(cmd, args.renewer)
         token = TokenFile(TokenId.from_wire(r["id"]), bytes(r["password"]), cmd.meta_address)
-        token.save(args.file)
+        if args.hadoop:
+            service = _hdfs_service(cmd, args.hdfs_address)
+            hadoop = tokenfile.delegation_token(token.token, token.secret, service)
+            tokenfile.Credentials({service: hadoop}).save(args.file)
+            form = f"Hadoop's format, for hdfs://{service}"
+        else:
+            token.save(args.file)
+            form = "leasefs's format"
         cmd.out(f"Fetched {token.token.describe()} (renewer {token.token.renewer}) into "
-                f"{args.file}; valid until {_when(r['expiry'])} unless renewed, at most "
-                f"until {_when(token.token.max_date)}")
+                f"{args.file} ({form}); valid until {_when(r['expiry'])} unless renewed, at "
+                f"most until {_when(token.token.max_date)}")
         return 0
-    token = TokenFile.load(args.file)
+    token = _load(args.file)
     if args.action == "print":
         t = token.token
         if args.json:
@@ -141,13 +192,23 @@ def register(sub, common) -> None:
                             "--set token_file=FILE or LEASEFS_TOKEN_FILE=FILE. renew: only its "
                             "renewer (default its owner);\ncancel: its owner or renewer; "
                             "both take effect at once, also across restarts.\n\n"
+                            "fetch --hadoop: FILE in Hadoop's format, for Java clients "
+                            "(Spark, FsShell) through hdfs://:\n"
+                            "HADOOP_TOKEN_FILE_LOCATION=FILE.\n\n"
                             "example:\n  leasefs token fetch /tmp/alice.token\n"
                             "  scp /tmp/alice.token elsewhere: && ssh elsewhere "
-                            "LEASEFS_TOKEN_FILE=alice.token leasefs --meta meta:8020 ls /",
-                usage="leasefs token {fetch,renew,cancel,print} FILE [options]")
+                            "LEASEFS_TOKEN_FILE=alice.token leasefs --meta meta:8020 ls /\n"
+                            "  leasefs token fetch --hadoop /tmp/alice.hdts",
+                usage="leasefs token {fetch,renew,cancel,print} FILE [--hadoop] [options]")
     p.add_argument("action", choices=["fetch", "renew", "cancel", "print"])
     p.add_argument("file", metavar="FILE")
     p.add_argument("--renewer", default=None, metavar="USER",
                    help="fetch: the user who may renew it (default: you)")
+    p.add_argument("--hadoop", action="store_true",
+                   help="fetch: write FILE in Hadoop's token file format, for Java clients "
+                        "(HADOOP_TOKEN_FILE_LOCATION=FILE); renew/cancel/print read both")
+    p.add_argument("--hdfs-address", default=None, metavar="HOST:PORT",
+                   help="fetch --hadoop: the metadata server's HDFS address the Java client "
+                        "connects to (default: its host, port meta_hdfs_port)")
     p.add_argument("--json", action="store_true", help="print: machine-readable output")
     p.set_defaults(func=cmd_token)
