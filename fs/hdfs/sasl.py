@@ -291,7 +291,7 @@ class SaslNegotiation:
             self.phase = Phase.FAILED
             raise
 
-    def _negotiate(self, message: RpcSaslProto) -> RpcSaslProto:
+    def answer_negotiate(self, message: RpcSaslProto) -> RpcSaslProto:
         if self.digest is None:
             self.phase = Phase.DONE
             return RpcSaslProto(state=RpcSaslProto.SUCCESS)
@@ -300,7 +300,7 @@ class SaslNegotiation:
         auth.challenge = self.digest.challenge()
         return RpcSaslProto(state=RpcSaslProto.NEGOTIATE, auths=[auth])
 
-    def _initiate(self, message: RpcSaslProto) -> RpcSaslProto:
+    def answer_initiate(self, message: RpcSaslProto) -> RpcSaslProto:
         if len(message.auths) != 1:
             raise SaslRefused("Client mechanism is malformed (INITIATE names "
                               f"{len(message.auths)} auths, not 1)")
@@ -313,9 +313,9 @@ class SaslNegotiation:
         if not message.token:
             self.phase = Phase.CHALLENGED
             return RpcSaslProto(state=RpcSaslProto.CHALLENGE, token=self.digest.challenge())
-        return self._finish(message)
+        return self.answer_response(message)
 
-    def _finish(self, message: RpcSaslProto) -> RpcSaslProto:
+    def answer_response(self, message: RpcSaslProto) -> RpcSaslProto:
         if not message.token:
             raise SaslRefused("Client did not send a token")
         rspauth, self.authenticated = self.digest.respond(message.token)
@@ -324,9 +324,9 @@ class SaslNegotiation:
 
 
 _TRANSITIONS = {
-    (Phase.START, RpcSaslProto.NEGOTIATE): SaslNegotiation._negotiate,
-    (Phase.OFFERED, RpcSaslProto.INITIATE): SaslNegotiation._initiate,
-    (Phase.CHALLENGED, RpcSaslProto.RESPONSE): SaslNegotiation._finish,
+    (Phase.START, RpcSaslProto.NEGOTIATE): SaslNegotiation.answer_negotiate,
+    (Phase.OFFERED, RpcSaslProto.INITIATE): SaslNegotiation.answer_initiate,
+    (Phase.CHALLENGED, RpcSaslProto.RESPONSE): SaslNegotiation.answer_response,
 }
 
 

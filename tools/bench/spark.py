@@ -16,6 +16,9 @@ is reported (and the best), as ``Spark time / leasefs time``: above 1 means leas
 faster. ``--floor`` adds the yardsticks of ``sparkfloor.py``: a full scan of Spark's own
 local files by a minimal Python data source, and the selective query answered from memory
 by one; Spark's time over theirs is the best ratio any Python data source can reach here.
+``--hdfs HOST:PORT`` adds Spark's own parquet writer and reader on ``hdfs://`` (the metadata
+server's HDFS port: Hadoop's client in PySpark's jars talking to leasefs), at
+``--hdfs-replication`` (default 1, as the local folder has one copy).
 
 Concurrency contract: a CLI process driving one local SparkSession (``--master``, default
 ``local[2]``); Spark's Python workers each open their own leasefs client. Progress on
@@ -70,7 +73,9 @@ def run_spark_bench(cmd: Command) -> int:
     from spark_connector import LeaseFSDataSource
     spark = (SparkSession.builder.master(a.master).appName("leasefs-bench-spark")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.hadoop.dfs.replication", str(a.hdfs_replication)).getOrCreate())
+    hdfs = f"hdfs://{a.hdfs}{a.dir.rstrip('/')}/spark-{os.getpid()}-hdfs" if a.hdfs else None
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(LeaseFSDataSource)
     if a.floor:
@@ -112,6 +117,9 @@ def run_spark_bench(cmd: Command) -> int:
                 raise UsageError(f"bench spark: selective query gave {len(got)} rows, "
                                  f"expected {hi - lo + 1}")
 
+        def on_hdfs():
+            return spark.read.parquet(hdfs)
+
         steps = [
             ("leasefs_write", "write: leasefs data source",
              lambda: df.write.format("leasefs").option("format", "parquet")
@@ -125,6 +133,12 @@ def run_spark_bench(cmd: Command) -> int:
             ("leasefs_select", "selective: leasefs data source", lambda: select(ours())),
             ("spark_select", "selective: Spark parquet", lambda: select(theirs())),
         ]
+        if hdfs:
+            steps.append(("hdfs_write", f"write: Spark parquet into {hdfs}",
+                          lambda: df.write.mode("overwrite").parquet(hdfs)))
+            reads += [("hdfs_read", "read: Spark parquet on hdfs://", lambda: scan(on_hdfs())),
+                      ("hdfs_select", "selective: Spark parquet on hdfs://",
+                       lambda: select(on_hdfs()))]
         if a.floor:
             # Spark's own files read by a minimal local Python source: the API's floor
             reads.append(("floor_read", "read: minimal Python source, Spark's local files",
@@ -140,8 +154,7 @@ def run_spark_bench(cmd: Command) -> int:
                 status(f"round {round_no + 1}/{a.repeat} {text}")
                 times.setdefault(key, []).append(_timed(fn))
         for round_no in range(a.repeat):
-            order = reads if round_no % 2 == 0 else \
-                [reads[1], reads[0], reads[3], reads[2]] + reads[4:]
+            order = reads if round_no % 2 == 0 else reads[::-1]
             for key, text, fn in order:
                 status(f"round {round_no + 1}/{a.repeat} {text}")
                 times.setdefault(key, []).append(_timed(fn))
@@ -150,11 +163,14 @@ def run_spark_bench(cmd: Command) -> int:
         check = spark.read.format("leasefs").option("format", "parquet").load(target).count()
         if check != a.rows:
             raise UsageError(f"bench spark: read back {check} rows, wrote {a.rows}")
+        if hdfs and on_hdfs().count() != a.rows:
+            raise UsageError(f"bench spark: read back {on_hdfs().count()} rows from {hdfs}, "
+                             f"wrote {a.rows}")
     finally:
         if not a.keep:
             from spark_connector.location import client_for, parse_location
             client = client_for(meta)
-            for suffix in ("", "-warmup"):
+            for suffix in ("", "-warmup", "-hdfs"):
                 try:
                     client.delete(parse_location(target + suffix).path, recursive=True)
                 except Exception as exc:  # noqa: BLE001 - cleanup is best effort
@@ -169,12 +185,19 @@ def run_spark_bench(cmd: Command) -> int:
                             "rows_per_s": rates}, indent=2))
         return 0
     rows = []
+    hdfs_ops = (("write", "parquet write"), ("read", "parquet full scan"),
+                ("select", "selective query")) if hdfs else ()
     for op, label in (("write", "parquet write"), ("read", "parquet full scan"),
                       ("select", "selective query")):
         mine_s, theirs_s = results[f"leasefs_{op}"], results[f"spark_{op}"]
         mine_best, theirs_best = best[f"leasefs_{op}"], best[f"spark_{op}"]
         rows.append([label, f"{mine_s:.2f}", f"{theirs_s:.2f}", f"{theirs_s / mine_s:.3f}",
                      f"{theirs_best / mine_best:.3f}"])
+    for op, label in hdfs_ops:
+        mine_s, theirs_s = results[f"hdfs_{op}"], results[f"spark_{op}"]
+        rows.append([f"{label}, Spark on hdfs:// (r={a.hdfs_replication})", f"{mine_s:.2f}",
+                     f"{theirs_s:.2f}", f"{theirs_s / mine_s:.3f}",
+                     f"{best[f'spark_{op}'] / best[f'hdfs_{op}']:.3f}"])
     if a.floor:
         floor_s, theirs_s = results["floor_read"], results["spark_read"]
         rows.append(["full scan, minimal Python source (floor)", f"{floor_s:.2f}",
@@ -207,6 +230,11 @@ def register(bsub, common) -> None:
     q.add_argument("--floor", action="store_true",
                    help="also time a minimal Python data source reading Spark's own local "
                         "files (what the Python data source API costs by itself)")
+    q.add_argument("--hdfs", metavar="HOST:PORT",
+                   help="also Spark's own parquet on hdfs://HOST:PORT (the metadata server's "
+                        "HDFS port)")
+    q.add_argument("--hdfs-replication", type=int, default=1,
+                   help="replication of the files written through hdfs:// (default 1)")
     q.add_argument("--json", action="store_true", help="machine-readable results on stdout")
     q.add_argument("--quiet", action="store_true", help="no progress lines")
     q.set_defaults(func=run_spark_bench)
