@@ -122,8 +122,12 @@ def parse(cls, raw, what: str):
     message = cls()
     try:
         message.ParseFromString(raw)
-    except (DecodeError, ValueError) as exc:   # ValueError: proto2 required field missing
+    except (DecodeError, ValueError) as exc:
         raise ProtocolError(f"{what} is not a valid {cls.DESCRIPTOR.name}: {exc}") from None
+    if not message.IsInitialized():   # the parser leaves proto2's required fields unchecked
+        missing = ", ".join(message.FindInitializationErrors())
+        raise ProtocolError(f"{what} is not a valid {cls.DESCRIPTOR.name}: {missing} "
+                            f"missing")
     return message
 
 
@@ -204,19 +208,48 @@ class IpcClient:
 
     @classmethod
     async def connect(cls, host: str, port: int, nursery, *, user: str = "nobody",
-                      real_user: str | None = None, **kwargs) -> "IpcClient":
+                      real_user: str | None = None, sasl: bool = False,
+                      **kwargs) -> "IpcClient":
         stream = await trio.open_tcp_stream(host, port)
         client = cls(stream, **kwargs)
-        await client.open(nursery, user, real_user)
+        try:
+            await client.open(nursery, user, real_user, sasl=sasl)
+        except BaseException:
+            await stream.aclose()
+            raise
         return client
 
-    async def open(self, nursery, user: str, real_user: str | None = None) -> None:
+    async def open(self, nursery, user: str, real_user: str | None = None, *,
+                   sasl: bool = False) -> None:
+        """Preamble and connection context; ``sasl``: open with SASL's NEGOTIATE and go on
+        with simple authentication when the server answers SUCCESS (Hadoop's client does
+        so when its user carries tokens), RemoteError when it refuses."""
         context = ipc.IpcConnectionContextProto(protocol=self.protocol)
         context.userInfo.effectiveUser = user
         if real_user is not None:
             context.userInfo.realUser = real_user
-        await self.stream.send_all(preamble() + frame(self.header(CONTEXT_CALL_ID), context))
+        if sasl:
+            await self.stream.send_all(preamble(auth=AUTH_SASL) + frame(
+                self.header(SASL_CALL_ID), ipc.RpcSaslProto(state=ipc.RpcSaslProto.NEGOTIATE)))
+            payload = await self.reader.frame()
+            raw, pos = next_delimited(payload, 0)
+            header = parse(ipc.RpcResponseHeaderProto, raw, "SASL answer header")
+            if header.status != ipc.RpcResponseHeaderProto.SUCCESS:
+                raise RemoteError(header.exceptionClassName, header.errorMsg,
+                                  header.errorDetail, True)
+            answer = parse(ipc.RpcSaslProto, next_delimited(payload, pos)[0], "SASL answer")
+            if answer.state != ipc.RpcSaslProto.SUCCESS:
+                raise ProtocolError(f"SASL: the server wants state {answer.state}; this "
+                                    f"client speaks simple authentication only")
+            await self.stream.send_all(frame(self.header(CONTEXT_CALL_ID), context))
+        else:
+            await self.stream.send_all(preamble() + frame(self.header(CONTEXT_CALL_ID),
+                                                          context))
         nursery.start_soon(self._read_answers)
+
+    async def ping(self) -> None:
+        """A ping (Hadoop's client sends one after a minute without an answer)."""
+        await self.send(frame(self.header(PING_CALL_ID)))
 
     def header(self, call_id: int, retry_count: int = 0) -> ipc.RpcRequestHeaderProto:
         return ipc.RpcRequestHeaderProto(
