@@ -274,7 +274,7 @@ class MetaServer(Dispatcher):
         # calls into this server's own, through ``dispatch`` like every msgpack call, and
         # who its connections are, by the same session hooks
         self.hdfs_translators: tuple = (NamenodeReads(self.dispatch),)
-        self.hdfs_identity = HdfsIdentity(secure=self.security.secure,
+        self.hdfs_identity = HdfsIdentity(secure=lambda: self.security.secure,
                                           open_session=self.open_session, act_as=self.act_as)
         # /metrics: per call (serve_rpc's hook), per journal sync, the rest at scrape time
         self.metrics = MetaMetrics(self)

@@ -159,7 +159,7 @@ def test_framing_refuses_lengths_past_the_frame():
 
 def test_secure_mode_refuses_a_remote_peer_and_names_the_kernel_s_user_on_loopback():
     opened = []
-    identity = HdfsIdentity(secure=True,
+    identity = HdfsIdentity(secure=lambda: True,
                             open_session=lambda *args: opened.append(args),
                             act_as=None, owner_of=lambda peer, local: 0)
     remote = Claim(user="alice", real_user=None, protocol=exceptions_protocol(),
@@ -411,3 +411,87 @@ def test_fsshell_reads_what_the_python_client_wrote(cluster, tmp_path):
     code, out, err = shell("-df", "/")
     assert code == 0, err
     assert out.splitlines()[1].split()[0] == f"hdfs://{address}"
+
+
+# --------------------------------------------------------------------------- secure, loopback
+
+# runs as another user, with the system's Python (no project code): sends stdin's bytes on a
+# new connection and copies what comes back to stdout until the server closes it or
+# argv[3] answer frames came
+_RELAY = """
+import socket, struct, sys
+sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=20)
+sock.sendall(sys.stdin.buffer.read())
+got, want = b"", int(sys.argv[3])
+def frames(data):
+    n = pos = 0
+    while pos + 4 <= len(data):
+        pos += 4 + struct.unpack(">i", data[pos:pos + 4])[0]
+        n += pos <= len(data)
+    return n
+while frames(got) < want:
+    chunk = sock.recv(65536)
+    if not chunk:
+        break
+    got += chunk
+sys.stdout.buffer.write(got)
+"""
+NOBODY = 65534
+
+
+def as_nobody(cluster, data: bytes, frames: int) -> list:
+    proc = subprocess.run(
+        ["/usr/bin/python3", "-c", _RELAY, *map(str, hdfs_address(cluster)), str(frames)],
+        input=data, capture_output=True, timeout=60, user=NOBODY, group=NOBODY,
+        extra_groups=[], cwd="/")
+    assert proc.returncode == 0, proc.stderr.decode()
+    return answers(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def secure_cluster(tmp_path_factory):
+    c = ProcessCluster(tmp_path_factory.mktemp("hdfs-ipc-secure"), n_storage=0, settings={
+        "security": "secure", "meta_hdfs_port": free_port()})
+    c.start()
+    try:
+        with c.client() as client:
+            client.mkdirs("/private", permission=0o700)
+            client.write_file("/private/x", b"secret")
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+                    reason="runs a client as another user: needs root and a system python3")
+async def test_secure_loopback_clients_are_the_user_owning_their_socket(secure_cluster):
+    cluster = secure_cluster
+    opening = preamble()
+    probes = (call_frame(0, "getFileInfo", pb.GetFileInfoRequestProto(src="/private/x")) +
+              call_frame(1, "getFileInfo", pb.GetFileInfoRequestProto(src="/")))
+    # the kernel says nobody: claiming root is refused before any call
+    (header, _), = as_nobody(cluster, opening + context("root") + probes, 2)
+    assert (header.status, header.errorDetail) == (H.FATAL, H.FATAL_UNAUTHORIZED)
+    assert header.exceptionClassName == "org.apache.hadoop.security.AccessControlException"
+    assert "nobody may not act as root" in header.errorMsg
+    # as itself it is served, as nobody: root's private folder is closed to it
+    got = {h.callId: (h, body) for h, body in
+           as_nobody(cluster, opening + context("nobody") + probes, 2)}
+    denied, root = got[0][0], got[1]
+    assert (denied.status, denied.exceptionClassName) == \
+        (H.ERROR, "org.apache.hadoop.security.AccessControlException")
+    assert root[0].status == H.SUCCESS
+    assert parse(pb.GetFileInfoResponseProto, root[1], "x").fs.fileType == 1
+
+    async with trio.open_nursery() as nursery:
+        # root (the superuser) may act for another user, who then is that user
+        alice = await IpcClient.connect(*hdfs_address(cluster), nursery, user="alice")
+        with pytest.raises(RemoteError) as caught:
+            await file_info(alice, "/private/x")
+        assert caught.value.class_name.endswith("AccessControlException")
+        await alice.aclose()
+        client = await IpcClient.connect(*hdfs_address(cluster), nursery, user="root",
+                                         sasl=True)   # on loopback simple may follow SASL
+        assert (await file_info(client, "/private/x")).fs.length == 6
+        await client.aclose()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import pwd
+from typing import Callable
 
 from fs import localserver
 from fs.errors import AuthenticationFailed, LeaseFSError
@@ -41,17 +42,18 @@ REMOTE_REFUSED = ("security = secure: this metadata server identifies Hadoop cli
 class HdfsIdentity(Identity):
     """``open_session(session, user, groups, credentials, peer)`` and
     ``act_as(session, {"user", "groups"})``: the metadata server's session hooks;
-    ``secure``: security = secure."""
+    ``secure()``: whether identities are proven (asked per connection: the server's keys
+    are installed after it is built)."""
 
-    def __init__(self, *, secure: bool, open_session, act_as,
+    def __init__(self, *, secure: Callable[[], bool], open_session, act_as,
                  owner_of=localserver.connection_owner):
-        self.secure = secure
+        self._secure = secure
         self._open_session = open_session
         self._act_as = act_as
         self._owner_of = owner_of
 
     def simple_refusal(self, peer_address: tuple) -> str | None:
-        if self.secure and not is_loopback_host(str(peer_address[0])):
+        if self._secure() and not is_loopback_host(str(peer_address[0])):
             return REMOTE_REFUSED
         return None
 
@@ -63,7 +65,7 @@ class HdfsIdentity(Identity):
                 check_identity(claim.real_user, [], "connection context: realUser")
         except LeaseFSError as exc:
             raise AuthenticationFailed(exc.message) from None
-        if self.secure:
+        if self._secure():
             self._kernel_session(session, claim, user)
             return
         real = claim.real_user or user
