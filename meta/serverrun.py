@@ -165,7 +165,8 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
                 serve_tcp, handler, host, port, name="metadata server", limits=limits,
                 refusal=rpc_refusal, tls=server_tls, unauthenticated=unauthenticated))
             if hdfs_port:
-                await nursery.start(partial(_serve_hdfs, server, host, hdfs_port, limits))
+                await nursery.start(partial(_serve_hdfs, server, host, hdfs_port, limits,
+                                            budget))
             bound[:] = [address, http_bound[1] if http_bound else 0]
             if server.ha is None:   # an HA server renews them when it becomes active
                 server.began_serving()
@@ -227,14 +228,14 @@ class _StartedOnce:
 
 
 async def _serve_hdfs(server: MetaServer, host: str, port: int, limits: ConnectionLimits,
-                      task_status=trio.TASK_STATUS_IGNORED) -> None:
+                      budget: ByteBudget, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Hadoop's client on ``port``: IPC to the server's HDFS translators (its connections
-    count in the TCP limits with the msgpack ones)."""
+    count in the TCP limits, its request bytes in the budget, with the msgpack ones)."""
     config = server.config
     ipc = IpcServer(server.hdfs_translators, server.hdfs_identity,
                     name="metadata server HDFS port", max_frame=config.max_frame,
                     frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
-                    context_timeout=config.auth_timeout)
+                    context_timeout=config.auth_timeout, budget=budget)
     async with trio.open_nursery() as nursery:
         bound = await nursery.start(partial(serve_tcp, ipc.serve, host, port,
                                             name="metadata server HDFS port", limits=limits))

@@ -152,6 +152,7 @@ class FrameReader:
         # the last bytes came
         self.partial_since: float | None = None
         self.last_received = trio.current_time()
+        self.awaiting_budget = False
 
     async def exactly(self, count: int) -> bytes:
         """``count`` bytes; EOFError if the stream ends first (mid-way or not)."""
@@ -171,11 +172,26 @@ class FrameReader:
         """The frame (or preamble) read is whole: what is buffered starts the next one."""
         self.partial_since = self.last_received if self._buffer else None
 
-    async def frame(self) -> bytes:
+    async def frame(self, budget=None) -> bytes:
+        """The next frame's bytes; with ``budget`` (``fs.limits.ByteBudget``) its length is
+        reserved there before they are read, and the caller releases it."""
         (length,) = LENGTH.unpack(await self.exactly(4))
         if not 0 <= length <= self.max_frame:
             raise too_large(length, self.max_frame)
-        payload = await self.exactly(length)
+        if budget is not None:
+            self.awaiting_budget = True
+            try:
+                await budget.acquire(length)
+            finally:
+                self.awaiting_budget = False
+            if self.partial_since is not None:   # the wait was the server's, not the peer's
+                self.partial_since = trio.current_time()
+        try:
+            payload = await self.exactly(length)
+        except BaseException:
+            if budget is not None:
+                budget.release(length)
+            raise
         self.frame_done()
         return payload
 

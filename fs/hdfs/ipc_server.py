@@ -16,7 +16,9 @@ the client to simple authentication, only where ``identity.simple_refusal`` allo
 else FATAL UNAUTHORIZED), the connection context (callId -3: who the client says it is,
 ``identity.open_session`` decides who it is), then calls. Each call runs as its own task
 and its answer is written when it is ready (under a lock), so answers leave out of order;
-at most ``max_calls`` run at once per connection (the reader waits for one to end). A ping
+at most ``max_calls`` run at once per connection (the reader waits for one to end), and
+a frame's bytes count in the server's ``budget`` from before they are read until its call
+is answered (a reader waits for room), so memory stays bounded. A ping
 (-4) is read and ignored. A request that does not parse is answered with an error and the
 connection serves on; a call header that does not parse ends the connection (FATAL), as
 does a frame longer than ``max_frame``, a frame unfinished ``frame_timeout`` seconds after
@@ -94,7 +96,7 @@ class IpcServer:
                  name: str = "Hadoop IPC server", max_frame: int = DEFAULT_MAX_FRAME,
                  max_calls: int = 256, context_timeout: float = 10.0,
                  frame_timeout: float = 30.0, idle_timeout: float = math.inf,
-                 send_timeout: float = 60.0):
+                 send_timeout: float = 60.0, budget=None):
         self.identity = identity or Identity()
         self.name = name
         self.max_frame = max_frame
@@ -103,6 +105,10 @@ class IpcServer:
         self.frame_timeout = frame_timeout
         self.idle_timeout = idle_timeout
         self.send_timeout = send_timeout
+        # ``fs.limits.ByteBudget``: the request bytes the server holds at once (shared with
+        # its other ports); a frame waits for its share before it is read, and holds it
+        # until its call is answered
+        self.budget = budget
         # protocol -> method -> (bound method, request class, response class)
         self.calls: dict[str, dict[str, tuple]] = {}
         for translator in translators:
@@ -209,7 +215,9 @@ class _Connection:
             while True:
                 now = trio.current_time()
                 since = self.reader.partial_since
-                if since is not None:
+                if self.reader.awaiting_budget:   # the server is not reading: no fault
+                    wake = now + min(server.idle_timeout, server.frame_timeout)
+                elif since is not None:
                     wake = since + server.frame_timeout
                     if now >= wake:
                         verdict.append(f"a frame is still incomplete {server.frame_timeout:g} "
@@ -298,20 +306,30 @@ class _Connection:
         await self.send(frame(self.header(SASL_CALL_ID, _SUCCESS),
                               ipc.RpcSaslProto(state=ipc.RpcSaslProto.SUCCESS)))
 
-    async def read_header(self) -> tuple[ipc.RpcRequestHeaderProto, bytes, int]:
+    async def read_header(self, keep: bool = False
+                          ) -> tuple[ipc.RpcRequestHeaderProto, bytes, int]:
         """The next frame's call header, the frame and where the rest starts; FATAL for a
-        header that does not parse."""
-        payload = await self.reader.frame()
+        header that does not parse. ``keep``: the frame's share of the budget stays
+        reserved (the caller releases it, ``release``)."""
+        payload = await self.reader.frame(self.server.budget)
         try:
             raw, pos = next_delimited(payload, 0)
-            return parse(ipc.RpcRequestHeaderProto, raw, "call header"), payload, pos
+            header = parse(ipc.RpcRequestHeaderProto, raw, "call header")
         except ProtocolError as exc:
+            self.release(len(payload))
             raise _Fatal(-1, _HEADER.FATAL_INVALID_RPC_HEADER, exceptions.SERVER_EXCEPTION,
                          str(exc)) from None
+        if not keep or header.callId < 0:
+            self.release(len(payload))
+        return header, payload, pos
+
+    def release(self, length: int) -> None:
+        if self.server.budget is not None:
+            self.server.budget.release(length)
 
     async def read_calls(self, nursery) -> None:
         while True:
-            header, payload, pos = await self.read_header()
+            header, payload, pos = await self.read_header(keep=True)
             call_id = header.callId
             if call_id == PING_CALL_ID:
                 continue
@@ -320,7 +338,11 @@ class _Connection:
                              exceptions.SERVER_EXCEPTION,
                              f"call id {call_id} is no call (the connection context and "
                              f"SASL come first, once)")
-            await self.slots.acquire()
+            try:
+                await self.slots.acquire()
+            except BaseException:
+                self.release(len(payload))
+                raise
             self.running += 1
             nursery.start_soon(self.run_call, header, payload, pos)
 
@@ -329,6 +351,7 @@ class _Connection:
         try:
             answer = await self.answer(header, payload, pos, _Answer(self, header))
         finally:
+            self.release(len(payload))
             self.running -= 1
             self.last_done = trio.current_time()
             self.slots.release()
