@@ -53,6 +53,9 @@ def cluster(tmp_path_factory):
             client.mkdirs("/private", permission=0o700)
             client.write_file("/private/x", b"secret")
             client.set_quota("/d", ns_quota=100)
+            client.create_symlink("/d/f", "/link")
+            client.write_file("/open/unreadable", b"z" * 5000)
+            client.set_permission("/open/unreadable", 0o600)
             for i in range(WIDE):
                 client.mkdirs(f"/wide/d{i:04d}")
             # a tree whose content summary takes many of the server's time slices
@@ -219,6 +222,12 @@ async def test_reads_answer_as_hdfs_does(cluster):
             after = names[-1]
         assert names == [f"d{i:04d}".encode() for i in range(WIDE)]
 
+        link = await client.call("getFileLinkInfo", pb.GetFileLinkInfoRequestProto(
+            src="/link"), pb.GetFileLinkInfoResponseProto)
+        assert (link.fs.fileType, link.fs.symlink) == (3, b"/d/f")
+        assert (await client.call("getLinkTarget", pb.GetLinkTargetRequestProto(
+            path="/link"), pb.GetLinkTargetResponseProto)).targetPath == "/d/f"
+
         blocks = (await client.call("getBlockLocations", pb.GetBlockLocationsRequestProto(
             src="/d/f", offset=0, length=10), pb.GetBlockLocationsResponseProto)).locations
         assert blocks.fileLength == len(DATA) and blocks.blocks[0].b.numBytes == len(DATA)
@@ -259,6 +268,12 @@ async def test_reads_answer_as_hdfs_does(cluster):
         assert caught.value.class_name == "org.apache.hadoop.security.AccessControlException"
         assert "alice" in caught.value.message
         assert (await file_info(alice, "/d/f")).fs.length == len(DATA)
+        # a file alice may list but not read: listed, without locations
+        listed = (await alice.call("getListing", pb.GetListingRequestProto(
+            src="/open", startAfter=b"", needLocation=True),
+            pb.GetListingResponseProto)).dirList.partialListing
+        assert [(e.path, e.length, e.HasField("locations")) for e in listed] == \
+            [(b"unreadable", 5000, False)]
         await alice.aclose()
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Awaitable, Callable
 
 from fs import paths
-from fs.errors import FileNotFound, InvalidArgument, NotDirectory
+from fs.errors import FileNotFound, InvalidArgument, NotDirectory, PermissionDenied
 from fs.hdfs import convert
 from fs.hdfs.ipc import CLIENT_PROTOCOL
 from fs.hdfs.pb import hdfs_pb2 as hdfs
@@ -131,7 +131,10 @@ class NamenodeReads:
                                              {"path": status["path"]})
                 except _MISSING:   # gone since the page was read
                     continue
-                locations = convert.located_blocks(answer, pool)
+                except PermissionDenied:   # listed, not readable: its open will say so
+                    answer = None
+                if answer is not None:
+                    locations = convert.located_blocks(answer, pool)
             entry = convert.file_status(status, name_only=not alone, locations=locations)
             out.append(entry)
         listing = hdfs.DirectoryListingProto(partialListing=out,
