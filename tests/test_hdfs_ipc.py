@@ -28,7 +28,7 @@ from fs.hdfs.ipc_server import Claim
 from fs.hdfs.pb import ipc_pb2 as ipc
 from fs.hdfs.pb import namenode_reads_pb2 as pb
 from hadoopkit import fs_shell, requires_java, write_conf
-from harness import ProcessCluster, free_port
+from harness import ProcessCluster, free_port, wait_until
 from meta.protocols.hdfs.identity import HdfsIdentity
 
 H = ipc.RpcResponseHeaderProto
@@ -510,3 +510,93 @@ async def test_secure_loopback_clients_are_the_user_owning_their_socket(secure_c
                                          sasl=True)   # on loopback simple may follow SASL
         assert (await file_info(client, "/private/x")).fs.length == 6
         await client.aclose()
+
+
+# --------------------------------------------------------------------------- the generic server
+
+
+class _Held:
+    """A translator whose ``hold`` calls wait for the test's word; ``echo`` answers at once."""
+
+    PROTOCOL = exceptions_protocol()
+    CALLS = {"hold": (pb.GetFileInfoRequestProto, pb.GetFileInfoResponseProto),
+             "echo": (pb.GetFileInfoRequestProto, pb.GetFileInfoResponseProto)}
+
+    def __init__(self):
+        self.release = trio.Event()
+        self.holding = 0
+
+    async def hold(self, ctx, request):
+        self.holding += 1
+        await self.release.wait()
+        return pb.GetFileInfoResponseProto()
+
+    async def echo(self, ctx, request):
+        return pb.GetFileInfoResponseProto(fs=dict(
+            fileType=1, path=ctx.user.encode(), length=ctx.call_id, permission={"perm": 0},
+            owner=ctx.client_id, group="", modification_time=0, access_time=0))
+
+
+async def _serving(nursery, server) -> tuple[str, int]:
+    from fs.rpc import serve_tcp
+    return await nursery.start(serve_tcp, server.serve, "127.0.0.1", 0)
+
+
+async def test_calls_in_flight_and_request_bytes_are_bounded_per_server():
+    from fs.hdfs.ipc_server import IpcServer
+    from fs.limits import ByteBudget
+
+    held = _Held()
+    budget = ByteBudget(4096)
+    server = IpcServer([held], max_calls=2, budget=budget, frame_timeout=30)
+    async with trio.open_nursery() as nursery:
+        address = await _serving(nursery, server)
+        client = await IpcClient.connect(*address, nursery, user="ann")
+        answered = []
+
+        async def call(method, src="/", label=None):
+            await client.call(method, pb.GetFileInfoRequestProto(src=src),
+                              pb.GetFileInfoResponseProto)
+            answered.append(label or method)
+
+        for _ in range(2):
+            nursery.start_soon(call, "hold")
+        assert await wait_until(lambda: held.holding == 2)
+        nursery.start_soon(call, "echo")
+        # two calls run: the reader waits for one to end, so the third is not read
+        await trio.sleep(0.2)   # fixed-sleep: an absence (no answer) has no event to wait for
+        assert answered == [] and held.holding == 2
+        held.release.set()
+        assert await wait_until(lambda: len(answered) == 3)
+        assert sorted(answered) == ["echo", "hold", "hold"]
+
+        # a frame larger than the server's whole budget is refused unread (FATAL)
+        with pytest.raises(RemoteError) as caught:
+            await client.call("echo", pb.GetFileInfoRequestProto(src="/" + "x" * 5000),
+                              pb.GetFileInfoResponseProto)
+        assert caught.value.fatal and "request buffer" in caught.value.message
+        assert budget.used == 0
+
+        # the call context: the connection's user, the call id, the client id in hex
+        other = await IpcClient.connect(*address, nursery, user="bob",
+                                        client_id=bytes(range(16)))
+        echoed = (await other.call("echo", pb.GetFileInfoRequestProto(src="/"),
+                                   pb.GetFileInfoResponseProto)).fs
+        assert (echoed.path, echoed.length, echoed.owner) == \
+            (b"bob", 0, bytes(range(16)).hex())
+        await other.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_idle_connection_is_closed_and_the_client_told_nothing():
+    from fs.hdfs.ipc_server import IpcServer
+
+    server = IpcServer([_Held()], idle_timeout=0.3)
+    async with trio.open_nursery() as nursery:
+        address = await _serving(nursery, server)
+        stream = await trio.open_tcp_stream(*address)
+        async with stream:
+            await stream.send_all(preamble() + context("ann"))
+            with trio.fail_after(10):
+                assert await stream.receive_some(100) == b""
+        nursery.cancel_scope.cancel()
