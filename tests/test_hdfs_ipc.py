@@ -512,6 +512,22 @@ async def test_secure_loopback_clients_are_the_user_owning_their_socket(secure_c
         await client.aclose()
 
 
+@requires_java
+@pytest.mark.slow
+def test_fsshell_on_loopback_under_secure_needs_no_set_up(secure_cluster, tmp_path):
+    """Hadoop's client as it comes (simple, no token) on the metadata server's host: the
+    kernel names its user (root here, the superuser, who may act for the name
+    HADOOP_USER_NAME gives)."""
+    conf = write_conf(tmp_path / "conf")
+    address = "%s:%d" % hdfs_address(secure_cluster)
+    proc = fs_shell(address, "-ls", "/private", conf=conf)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().split()[-1] == "/private/x"
+    proc = fs_shell(address, "-ls", "/private", conf=conf, user="nobody")
+    assert proc.returncode == 1
+    assert "Permission denied: user=nobody" in proc.stderr.decode()
+
+
 # --------------------------------------------------------------------------- the generic server
 
 
