@@ -279,28 +279,31 @@ async def test_reads_answer_as_hdfs_does(cluster):
 
 @pytest.mark.slow
 async def test_calls_on_one_connection_are_answered_as_each_finishes(cluster):
-    """A content summary of a big tree runs over many time slices; calls sent after it on
-    the same connection are answered while it runs, then it is, each to its call id."""
+    """A content summary of a big tree runs over many time slices; calls sent after it in
+    the same write are answered while it runs, then it is, each to its call id."""
     async with trio.open_nursery() as nursery:
         client = await IpcClient.connect(*hdfs_address(cluster), nursery, user="root")
+        calls = [client.call_frame("getContentSummary",
+                                   pb.GetContentSummaryRequestProto(path="/deep"))]
+        calls += [client.call_frame("getFileInfo", pb.GetFileInfoRequestProto(
+            src="/d/f" if i % 2 else "/d/sub")) for i in range(6)]
+        waiting = {call_id: client.expect(call_id) for call_id, _ in calls}
         done = []
 
-        async def slow():
-            answer = await client.call("getContentSummary", pb.GetContentSummaryRequestProto(
-                path="/deep"), pb.GetContentSummaryResponseProto)
-            done.append(("slow", answer.summary.directoryCount))
+        async def answer(call_id, receive):
+            done.append((call_id, await client.answer(call_id, receive)))
 
-        async def fast(i):
-            answer = await file_info(client, "/d/f" if i % 2 else "/d/sub")
-            done.append((f"fast{i}", answer.fs.fileType))
-
-        async with trio.open_nursery() as calls:
-            calls.start_soon(slow)
-            await trio.sleep(0)   # its frame goes first
-            for i in range(6):
-                calls.start_soon(fast, i)
-        assert done[-1] == ("slow", 1 + 4 * 3501)
-        assert sorted(done[:-1]) == [(f"fast{i}", 2 if i % 2 else 1) for i in range(6)]
+        async with trio.open_nursery() as answers_come:
+            for call_id, receive in waiting.items():
+                answers_come.start_soon(answer, call_id, receive)
+            await client.send(b"".join(data for _, data in calls))
+        slow_id = calls[0][0]
+        assert [call_id for call_id, _ in done][-1] == slow_id
+        summary = client.response("x", done[-1][1], pb.GetContentSummaryResponseProto).summary
+        assert summary.directoryCount == 1 + 4 * 3501
+        kinds = {call_id: client.response("x", got, pb.GetFileInfoResponseProto).fs.fileType
+                 for call_id, got in done[:-1]}
+        assert kinds == {call_id: 2 if i % 2 else 1 for i, (call_id, _) in enumerate(calls[1:])}
         await client.aclose()
 
 

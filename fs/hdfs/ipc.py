@@ -277,17 +277,28 @@ class IpcClient:
         async with self._send_lock:
             await self.stream.send_all(data)
 
-    async def call(self, method: str, request, response_cls, *, call_id: int | None = None,
-                   retry_count: int = 0):
-        """The response to ``method(request)``; RemoteError for an error answer,
-        ServerUnavailable when the connection ends first."""
+    def call_frame(self, method: str, request, *, call_id: int | None = None,
+                   retry_count: int = 0) -> tuple[int, bytes]:
+        """``(call id, frame)`` of the call ``method(request)``; the id is the next one
+        unless given."""
         if call_id is None:
             call_id, self._next_id = self._next_id, self._next_id + 1
         method_header = ipc.RequestHeaderProto(methodName=method,
                                                declaringClassProtocolName=self.protocol,
                                                clientProtocolVersion=1)
-        answer = await self.call_raw(call_id, frame(self.header(call_id, retry_count),
-                                                    method_header, request))
+        return call_id, frame(self.header(call_id, retry_count), method_header, request)
+
+    async def call(self, method: str, request, response_cls, *, call_id: int | None = None,
+                   retry_count: int = 0):
+        """The response to ``method(request)``; RemoteError for an error answer,
+        ServerUnavailable when the connection ends first."""
+        call_id, data = self.call_frame(method, request, call_id=call_id,
+                                        retry_count=retry_count)
+        return self.response(method, await self.call_raw(call_id, data), response_cls)
+
+    @staticmethod
+    def response(method: str, answer, response_cls):
+        """The response message of an answer ``(header, body)``; RemoteError for an error."""
         header, body = answer
         if header.status != ipc.RpcResponseHeaderProto.SUCCESS:
             raise RemoteError(header.exceptionClassName, header.errorMsg, header.errorDetail,
@@ -297,19 +308,31 @@ class IpcClient:
     async def call_raw(self, call_id: int, data: bytes):
         """Send ``data`` (a whole frame) and wait for the answer to ``call_id``:
         ``(RpcResponseHeaderProto, body bytes)``."""
+        answer = self.expect(call_id)
+        try:
+            await self.send(data)
+        except BaseException:
+            self._waiting.pop(call_id, None)
+            raise
+        return await self.answer(call_id, answer)
+
+    def expect(self, call_id: int) -> trio.MemoryReceiveChannel:
+        """Where the answer to ``call_id`` will come (``answer`` waits for it): registered
+        before its frame is sent, so several frames may go in one write."""
         if self.closed is not None:
             raise ServerUnavailable(f"IPC connection closed: {self.closed}")
         send, receive = trio.open_memory_channel(1)
         self._waiting[call_id] = send
+        return receive
+
+    async def answer(self, call_id: int, receive: trio.MemoryReceiveChannel):
         try:
-            await self.send(data)
-            answer = await receive.receive()
+            return await receive.receive()
         except trio.EndOfChannel:
             raise ServerUnavailable(f"IPC connection closed before the answer to call "
                                     f"{call_id}: {self.closed}") from None
         finally:
             self._waiting.pop(call_id, None)
-        return answer
 
     async def _read_answers(self) -> None:
         try:
