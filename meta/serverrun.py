@@ -237,8 +237,14 @@ async def _serve_hdfs(server: MetaServer, host: str, port: int, limits: Connecti
                     frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
                     context_timeout=config.auth_timeout, budget=budget)
     async with trio.open_nursery() as nursery:
-        bound = await nursery.start(partial(serve_tcp, ipc.serve, host, port,
-                                            name="metadata server HDFS port", limits=limits))
+        try:
+            bound = await nursery.start(partial(serve_tcp, ipc.serve, host, port,
+                                                name="metadata server HDFS port",
+                                                limits=limits))
+        except OSError as exc:   # name the port and its setting (9000 is a common one)
+            raise OSError(exc.errno, exc.strerror,
+                          f"{format_address((host, port))} (meta_hdfs_port, the port for "
+                          f"Hadoop's client; 0 = off)") from None
         log.info("Hadoop clients: hdfs://%s", format_address(bound))
         task_status.started(bound)
 

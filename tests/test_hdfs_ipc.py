@@ -388,6 +388,25 @@ async def test_oversized_frames_and_stalled_peers_end_their_connection_only(clus
     await serves_on(cluster)
 
 
+@pytest.mark.slow
+def test_a_taken_hdfs_port_stops_the_start_with_the_setting_named(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "tools", "meta", "--data", str(tmp_path / "meta"),
+             "--port", "0", "--hdfs-port", str(port), "--set", "security=simple"],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "LEASEFS_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1] == (
+        f"leasefs meta: Address already in use: 127.0.0.1:{port} (meta_hdfs_port, the port "
+        f"for Hadoop's client; 0 = off)")
+
+
 # --------------------------------------------------------------------------- Hadoop's FsShell
 
 
