@@ -33,6 +33,9 @@ class Config:
                            "to; with HA a comma-separated list of every metadata server "
                            "(clients move on at StandbyError or a lost connection)")
     meta_http_port: int = _s(9870, "metadata server status page port (0 = off)")
+    meta_hdfs_port: int = _s(9000, "metadata server port for Hadoop's own client (hdfs://"
+                             "HOST:PORT, Hadoop IPC; 9000 as in Hadoop's single-node guide, "
+                             "8020 being leasefs's RPC; 0 = off)")
     bind_host: str = _s("127.0.0.1", "address servers bind to")
     advertise_host: str = _s("", "address block servers advertise (default: the bound "
                              "address; bound to 0.0.0.0 or ::, this host's address on its "

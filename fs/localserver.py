@@ -54,6 +54,17 @@ def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
 def listeners(port: int) -> list[Listener]:
     """The TCP sockets listening on ``port`` on this host."""
     out = []
+    for fields in _rows():
+        if fields[3] != _LISTEN:
+            continue
+        address, listening = _endpoint(fields[1])
+        if listening == port:
+            out.append(Listener(address, port, int(fields[7])))
+    return out
+
+
+def _rows():
+    """The rows of the kernel's TCP tables, split into fields."""
     for table in _TABLES:
         try:
             with open(table) as fh:
@@ -62,12 +73,35 @@ def listeners(port: int) -> list[Listener]:
             continue
         for row in rows:
             fields = row.split()
-            if len(fields) < 8 or fields[3] != _LISTEN:
-                continue
-            host, _, hex_port = fields[1].partition(":")
-            if int(hex_port, 16) == port:
-                out.append(Listener(_address(host), port, int(fields[7])))
-    return out
+            if len(fields) >= 8:
+                yield fields
+
+
+def _endpoint(text: str) -> tuple:
+    host, _, hex_port = text.partition(":")
+    return _address(host), int(hex_port, 16)
+
+
+def _plain(address):
+    """An IPv4 address seen through a dual-stack socket (::ffff:a.b.c.d) as IPv4."""
+    mapped = getattr(address, "ipv4_mapped", None)
+    return mapped or address
+
+
+def connection_owner(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
+    """The uid owning the socket at the other end of a TCP connection this host accepted
+    (``peer``: its address, ``local``: this end's), when that end is a socket of this host
+    (a loopback client); None when the kernel lists no such socket here."""
+    want_peer = (_plain(ipaddress.ip_address(peer[0].split("%")[0])), peer[1])
+    want_local = (_plain(ipaddress.ip_address(local[0].split("%")[0])), local[1])
+    for fields in _rows():
+        if fields[3] == _LISTEN:
+            continue
+        here_end, there_end = _endpoint(fields[1]), _endpoint(fields[2])
+        if (_plain(here_end[0]), here_end[1]) == want_peer and \
+                (_plain(there_end[0]), there_end[1]) == want_local:
+            return int(fields[7])
+    return None
 
 
 def addresses(host: str) -> frozenset | None:

@@ -21,7 +21,9 @@ and the clocks, each constructed with exactly what it needs:
 * the protocol front ends, thin translators from each RPC to those services' public calls
   (every method of docs/PROTOCOL.md §2, by role as HDFS separates them): ``client_protocol``,
   ``namespace_protocol``, ``admin_protocol``, ``datanode_protocol``, ``auth_protocol``,
-  ``ha_protocol`` (``protocols/``). ``MetaServer`` is their ``Dispatcher``: it serves their
+  ``ha_protocol`` (``protocols/``); for Hadoop's client on the HDFS port, the
+  ``hdfs_translators`` (``protocols/hdfs/``: ClientProtocol's calls translated into the
+  same calls, through ``dispatch``) and ``hdfs_identity``. ``MetaServer`` is their ``Dispatcher``: it serves their
   ``rpc_<method>`` methods (``front_ends``), declares which go through the retry cache or run
   inline, refuses what its HA role does not take (``dispatch``), and hands the session hooks
   to ``auth_protocol``.
@@ -117,6 +119,8 @@ from .protocols.client import ClientProtocol
 from .protocols.namespace import NamespaceProtocol
 from .protocols.datanode import DatanodeProtocol
 from .protocols.ha import HAProtocol
+from .protocols.hdfs.identity import HdfsIdentity
+from .protocols.hdfs.reads import NamenodeReads
 from .services.redundancy import Redundancy
 from .services.lease_recovery import LeaseRecovery
 from .services.monitors import Monitors
@@ -266,6 +270,12 @@ class MetaServer(Dispatcher):
         self.front_ends: tuple = (self.client_protocol, self.namespace_protocol,
                                   self.admin_protocol, self.datanode_protocol,
                                   self.auth_protocol, self.ha_protocol)
+        # Hadoop's client on the HDFS port (``serverrun``): translators of ClientProtocol's
+        # calls into this server's own, through ``dispatch`` like every msgpack call, and
+        # who its connections are, by the same session hooks
+        self.hdfs_translators: tuple = (NamenodeReads(self.dispatch),)
+        self.hdfs_identity = HdfsIdentity(secure=lambda: self.security.secure,
+                                          open_session=self.open_session, act_as=self.act_as)
         # /metrics: per call (serve_rpc's hook), per journal sync, the rest at scrape time
         self.metrics = MetaMetrics(self)
         self.call_observer = self.metrics.observe_call

@@ -26,6 +26,7 @@ from fs.blocktoken import KeyRing
 from fs.config import Config
 from fs.datafolder import open_data_folder
 from fs.errors import ServerUnavailable, sole_exception
+from fs.hdfs.ipc_server import IpcServer
 from fs.limits import ByteBudget, ConnectionLimits
 from fs.rpc import (format_address, local_socket_name, rpc_refusal, serve_local, serve_rpc,
                     serve_tcp)
@@ -40,10 +41,11 @@ log = logging.getLogger(__name__)
 
 
 async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0.1",
-                          port: int = 8020, http_port: int = 0,
+                          port: int = 8020, http_port: int = 0, hdfs_port: int = 0,
                           task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Run a metadata server on ``data_dir`` (``db/`` = LevelDB, ``journal/`` = edit log)
     until cancelled; reports the bound ``(host, port)`` through ``task_status.started``.
+    ``hdfs_port``: Hadoop's client is served there too (``fs.hdfs.ipc_server``; 0 = off).
 
     With ``ha = etcd`` a server whose term ended (``meta.ha.Deposed``) closes everything
     and starts again here, on the ports it had, as a follower. So does a follower behind
@@ -52,7 +54,7 @@ async def run_meta_server(config: Config, data_dir: str, *, host: str = "127.0.0
     bound: list = []
     cede = 0.0
     while True:
-        again = await _run_once(config, data_dir, host, port, http_port, bound,
+        again = await _run_once(config, data_dir, host, port, http_port, hdfs_port, bound,
                                 task_status if not bound else trio.TASK_STATUS_IGNORED, cede)
         if again is None:
             return
@@ -81,7 +83,7 @@ class Again:
 
 
 async def _run_once(config: Config, data_dir: str, host: str, port: int, http_port: int,
-                    bound: list, task_status, cede: float = 0.0) -> Again | None:
+                    hdfs_port: int, bound: list, task_status, cede: float = 0.0) -> Again | None:
     """One run of the server; ``Again`` when it must start again, else None."""
     open_data_folder(data_dir, "metadata server data folder")
     kv = start_space.open_store(data_dir)   # as --check-journal opens it
@@ -162,6 +164,9 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
             address = await nursery.start(partial(
                 serve_tcp, handler, host, port, name="metadata server", limits=limits,
                 refusal=rpc_refusal, tls=server_tls, unauthenticated=unauthenticated))
+            if hdfs_port:
+                await nursery.start(partial(_serve_hdfs, server, host, hdfs_port, limits,
+                                            budget))
             bound[:] = [address, http_bound[1] if http_bound else 0]
             if server.ha is None:   # an HA server renews them when it becomes active
                 server.began_serving()
@@ -220,6 +225,28 @@ class _StartedOnce:
         if not self._done:
             self._done = True
             self._status.started(value)
+
+
+async def _serve_hdfs(server: MetaServer, host: str, port: int, limits: ConnectionLimits,
+                      budget: ByteBudget, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Hadoop's client on ``port``: IPC to the server's HDFS translators (its connections
+    count in the TCP limits, its request bytes in the budget, with the msgpack ones)."""
+    config = server.config
+    ipc = IpcServer(server.hdfs_translators, server.hdfs_identity,
+                    name="metadata server HDFS port", max_frame=config.max_frame,
+                    frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
+                    context_timeout=config.auth_timeout, budget=budget)
+    async with trio.open_nursery() as nursery:
+        try:
+            bound = await nursery.start(partial(serve_tcp, ipc.serve, host, port,
+                                                name="metadata server HDFS port",
+                                                limits=limits))
+        except OSError as exc:   # name the port and its setting (9000 is a common one)
+            raise OSError(exc.errno, exc.strerror,
+                          f"{format_address((host, port))} (meta_hdfs_port, the port for "
+                          f"Hadoop's client; 0 = off)") from None
+        log.info("Hadoop clients: hdfs://%s", format_address(bound))
+        task_status.started(bound)
 
 
 async def _serve_connection(server: MetaServer, budget: ByteBudget, stream, peer: str,

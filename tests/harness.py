@@ -50,6 +50,9 @@ TEST_SETTINGS = {
     # many tests run a metadata server alone; clusters with block servers wait for theirs
     # (``wait_ready``), so start-up safe mode need not
     "safemode_min_storage": 0,
+    # Hadoop's client port off: a fixed port would collide between clusters (tests that
+    # use it set a free one)
+    "meta_hdfs_port": 0,
 }
 
 

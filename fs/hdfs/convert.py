@@ -62,6 +62,24 @@ def datanode(location: dict) -> pb.DatanodeInfoProto | None:
         location="/default-rack")
 
 
+_ADMIN_STATES = {"NORMAL": pb.DatanodeInfoProto.NORMAL,
+                 "DECOMMISSION_IN_PROGRESS": pb.DatanodeInfoProto.DECOMMISSION_INPROGRESS,
+                 "DECOMMISSIONED": pb.DatanodeInfoProto.DECOMMISSIONED}
+
+
+def datanode_report(node: dict) -> pb.DatanodeInfoProto:
+    """A block server as the admin report lists it (``report``'s ``live_nodes`` entries),
+    its HDFS data port 0 when it serves none."""
+    host, _ = parse_address(node["address"])
+    return pb.DatanodeInfoProto(
+        id=pb.DatanodeIDProto(ipAddr=host, hostName=host, datanodeUuid=node["node_id"],
+                              xferPort=node.get("hdfs_port") or 0,
+                              infoPort=node.get("http_port") or 0, ipcPort=0),
+        capacity=node["capacity"], dfsUsed=node["used"], remaining=node["remaining"],
+        xceiverCount=node["xceivers"], location="/default-rack",
+        adminState=_ADMIN_STATES.get(node["admin"], pb.DatanodeInfoProto.NORMAL))
+
+
 def located_block(located: dict, pool: str) -> pb.LocatedBlockProto:
     """One located block (``Locator.located``'s shape); its block token, if any, rides in
     ``blockToken`` for the block servers."""

@@ -114,7 +114,8 @@ class PrivateHACluster:
     def start(self, name: str) -> None:
         cmd = [sys.executable, "-m", "tools", "meta", "--data",
                os.path.join(self.folder, name), "--host", self.address(name).rsplit(":", 1)[0],
-               "--port", str(self.ports[name]), "--http-port", "0", "--log-level", "WARNING",
+               "--port", str(self.ports[name]), "--http-port", "0", "--hdfs-port", "0",
+               "--log-level", "WARNING",
                "--set", f"ha_node_id={name}"]
         settings = dict(self.settings)
         if self.cuts:

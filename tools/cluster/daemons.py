@@ -189,11 +189,15 @@ def run_meta(args) -> int:
         http_port = args.http_port
     else:  # with --port 0 (tests, several clusters) a fixed status port would collide
         http_port = 0 if port == 0 else config.meta_http_port
+    if args.hdfs_port is not None:
+        hdfs_port = args.hdfs_port
+    else:  # as the status page's
+        hdfs_port = 0 if port == 0 else config.meta_hdfs_port
     from meta.serverrun import run_meta_server
 
     async def start(task_status=trio.TASK_STATUS_IGNORED):
         await run_meta_server(config, args.data, host=host, port=port, http_port=http_port,
-                              task_status=task_status)
+                              hdfs_port=hdfs_port, task_status=task_status)
 
     return _run(start, args, "metadata server")
 
@@ -254,6 +258,9 @@ def register(sub, common) -> None:
     p.add_argument("--port", type=int, default=None, help="RPC port (default 8020; 0 = any free)")
     p.add_argument("--http-port", type=int, default=None,
                    help="status page port (default 9870, or off when --port is 0; 0 = off)")
+    p.add_argument("--hdfs-port", type=int, default=None,
+                   help="port for Hadoop's client, hdfs:// (default the meta_hdfs_port "
+                        "setting, 9000, or off when --port is 0; 0 = off)")
     p.add_argument("--address-file", default=None,
                    help="write the bound HOST:PORT here once listening (atomic)")
     p.add_argument("--check-journal", metavar="DIR", default=None,

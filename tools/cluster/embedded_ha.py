@@ -267,7 +267,9 @@ def cmd_up(args, layout: Layout, state: dict) -> int:
             say(f"{name}: starting ({m['role']}) on {m['address']}, web pages on "
                 f"http://127.0.0.1:{m['http_port']}/ ...")
             procs[name] = spawn(layout, name, "meta",
-                                ["--port", str(m["port"]), "--http-port", str(m["http_port"])],
+                                # the HDFS port's default would be every server's
+                                ["--port", str(m["port"]), "--http-port", str(m["http_port"]),
+                                 "--hdfs-port", "0"],
                                 {**settings, "ha_node_id": name, "ha_role": m["role"],
                                  # where a follower behind the log finds an image
                                  "meta_address": state["meta_address"],
