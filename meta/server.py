@@ -89,6 +89,7 @@ from fs import weblog
 from fs.config import Config
 from fs.errors import StandbyError
 from fs.hastatus import Role
+from fs.hdfs import convert, tokenfile
 from fs.metrics import new_registry
 from fs.retry_cache import CallKey
 from fs.rpc import Dispatcher, RetryCache, current_user
@@ -121,6 +122,7 @@ from .protocols.datanode import DatanodeProtocol
 from .protocols.ha import HAProtocol
 from .protocols.hdfs.identity import HdfsIdentity
 from .protocols.hdfs.reads import NamenodeReads
+from .protocols.hdfs.writes import NamenodeWrites
 from .services.redundancy import Redundancy
 from .services.lease_recovery import LeaseRecovery
 from .services.monitors import Monitors
@@ -273,9 +275,13 @@ class MetaServer(Dispatcher):
         # Hadoop's client on the HDFS port (``serverrun``): translators of ClientProtocol's
         # calls into this server's own, through ``dispatch`` like every msgpack call, and
         # who its connections are, by the same session hooks
-        self.hdfs_translators: tuple = (NamenodeReads(self.dispatch),)
-        self.hdfs_identity = HdfsIdentity(secure=lambda: self.security.secure,
-                                          open_session=self.open_session, act_as=self.act_as)
+        self.hdfs_translators: tuple = (
+            NamenodeReads(self.dispatch),
+            NamenodeWrites(self.dispatch, lambda: convert.pool_id(self.ns.view.namespace_id)))
+        self.hdfs_identity = HdfsIdentity(
+            secure=lambda: self.security.secure, open_session=self.open_session,
+            act_as=self.act_as, token_session=self.auth_protocol.token_session,
+            token_lookup=tokenfile.token_lookup(self.security.live_token))
         # /metrics: per call (serve_rpc's hook), per journal sync, the rest at scrape time
         self.metrics = MetaMetrics(self)
         self.call_observer = self.metrics.observe_call

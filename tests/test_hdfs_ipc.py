@@ -11,11 +11,9 @@ serves the next connection; calls on one connection are answered as each finishe
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import trio
@@ -25,6 +23,7 @@ from fs.hdfs import exceptions
 from fs.hdfs.ipc import (IpcClient, Preamble, RemoteError, frame, next_delimited,
                          parse, preamble)
 from fs.hdfs.ipc_server import Claim
+from fs.hdfs.sasl import Authenticated
 from fs.hdfs.pb import ipc_pb2 as ipc
 from fs.hdfs.pb import namenode_reads_pb2 as pb
 from hadoopkit import fs_shell, requires_java, write_conf
@@ -160,24 +159,45 @@ def test_framing_refuses_lengths_past_the_frame():
         parse(ipc.RpcSaslProto, b"", "x")   # its required state missing
 
 
+def secure_identity(opened, tokens):
+    return HdfsIdentity(secure=lambda: True, open_session=lambda *args: opened.append(args),
+                        act_as=None, owner_of=lambda peer, local: 0,
+                        token_session=lambda session, owner: tokens.append(owner),
+                        token_lookup=lambda identifier: (b"pw", "alice"))
+
+
 def test_secure_mode_refuses_a_remote_peer_and_names_the_kernel_s_user_on_loopback():
-    opened = []
-    identity = HdfsIdentity(secure=lambda: True,
-                            open_session=lambda *args: opened.append(args),
-                            act_as=None, owner_of=lambda peer, local: 0)
+    opened, tokens = [], []
+    identity = secure_identity(opened, tokens)
     remote = Claim(user="alice", real_user=None, protocol=exceptions_protocol(),
                    peer="10.9.8.7:4000", peer_address=("10.9.8.7", 4000),
                    local_address=("10.9.8.1", 9000))
     assert identity.simple_refusal(remote.peer_address) is not None
-    with pytest.raises(errors.AuthenticationFailed, match="own host only"):
+    assert identity.token_negotiation(remote.peer_address) is not None
+    with pytest.raises(errors.AuthenticationFailed, match="delegation token"):
         identity.open_session({}, remote)
-    assert not opened
+    assert not opened and not tokens
     local = Claim(user="alice", real_user="mallory", protocol=exceptions_protocol(),
                   peer="127.0.0.1:4000", peer_address=("127.0.0.1", 4000),
                   local_address=("127.0.0.1", 9000))
     identity.open_session({}, local)
     (_, user, _, credentials, _), = opened
     assert (user, credentials.uid) == ("alice", 0)   # the kernel's uid, not realUser
+
+
+def test_a_connection_sasl_proved_is_the_token_s_owner_and_claims_no_one_else():
+    opened, tokens = [], []
+    identity = secure_identity(opened, tokens)
+    proved = Authenticated(user="alice", identifier=b"id")
+    claim = dict(real_user=None, protocol=exceptions_protocol(), peer="10.9.8.7:4000",
+                 peer_address=("10.9.8.7", 4000), local_address=("10.9.8.1", 9000),
+                 authenticated=proved)
+    identity.open_session({}, Claim(user="", **claim))      # Hadoop's client names no one
+    identity.open_session({}, Claim(user="alice", **claim))
+    assert tokens == ["alice", "alice"] and not opened
+    with pytest.raises(errors.AuthenticationFailed, match="doesn't match"):
+        identity.open_session({}, Claim(user="root", **claim))
+    assert tokens == ["alice", "alice"]
 
 
 # --------------------------------------------------------------------------- IPC, real server

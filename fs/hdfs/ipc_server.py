@@ -42,6 +42,7 @@ from ..errors import AuthenticationFailed, LeaseFSError, ProtocolError
 from ..frames import brief
 from ..rpcbase import CallContext
 from . import exceptions
+from .sasl import FAILED_CALL_ID, Authenticated, SaslNegotiation, SaslRefused
 from .ipc import (AUTH_NONE, AUTH_SASL, CONTEXT_CALL_ID, DEFAULT_MAX_FRAME, MAGIC,
                   PING_CALL_ID, PREAMBLE_LENGTH, SASL_CALL_ID, VERSION, FrameReader, Preamble,
                   frame, next_delimited, parse)
@@ -63,6 +64,8 @@ class Claim:
     peer: str                     # "host:port" of the client
     peer_address: tuple           # (host, port) of the client
     local_address: tuple          # (host, port) of this end
+    # who SASL proved the connection to be (a delegation token's owner); None: not proven
+    authenticated: Authenticated | None = None
 
 
 class Identity:
@@ -72,6 +75,11 @@ class Identity:
     def simple_refusal(self, peer_address: tuple) -> str | None:
         """Why a client at ``peer_address`` may not use simple authentication (None: it
         may); asked when the client opens with SASL."""
+        return None
+
+    def token_negotiation(self, peer_address: tuple) -> SaslNegotiation | None:
+        """The SASL negotiation (TOKEN, DIGEST-MD5) that may prove who a client is that
+        may not use simple authentication; None: it has no way in."""
         return None
 
     def open_session(self, session: dict, claim: Claim) -> None:
@@ -148,6 +156,7 @@ class _Connection:
         self.running = 0
         self.last_done = trio.current_time()
         self.broken = False
+        self.authenticated: Authenticated | None = None   # what SASL proved, if it ran
         self.watching = trio.CancelScope()   # the watcher's: ends with the reading
 
     # ------------------------------------------------------------------ writing
@@ -271,7 +280,8 @@ class _Connection:
             claim = Claim(user=info.effectiveUser,
                           real_user=info.realUser if info.HasField("realUser") else None,
                           protocol=context.protocol, peer=self.peer,
-                          peer_address=self.peer_address, local_address=self.local_address)
+                          peer_address=self.peer_address, local_address=self.local_address,
+                          authenticated=self.authenticated)
             try:
                 server.identity.open_session(self.session, claim)
             except AuthenticationFailed as exc:
@@ -285,26 +295,47 @@ class _Connection:
 
     async def sasl(self) -> None:
         """The client opened with SASL: its NEGOTIATE is answered SUCCESS (go on with
-        simple authentication) where simple is allowed."""
+        simple authentication) where simple is allowed; elsewhere the identity's token
+        negotiation runs (NEGOTIATE, INITIATE, maybe CHALLENGE/RESPONSE, SUCCESS) and
+        proves who the connection is, or ends it with a FATAL refusal."""
+        message = await self.read_sasl()
+        if message.state != ipc.RpcSaslProto.NEGOTIATE:
+            raise _Fatal(SASL_CALL_ID, _HEADER.FATAL_UNAUTHORIZED, exceptions.ACCESS_CONTROL,
+                         f"SASL: expected NEGOTIATE, got state {message.state}")
+        identity = self.server.identity
+        why = identity.simple_refusal(self.peer_address)
+        if why is None:
+            await self.send(frame(self.header(SASL_CALL_ID, _SUCCESS),
+                                  ipc.RpcSaslProto(state=ipc.RpcSaslProto.SUCCESS)))
+            return
+        negotiation = identity.token_negotiation(self.peer_address)
+        if negotiation is None:
+            raise _Fatal(SASL_CALL_ID, _HEADER.FATAL_UNAUTHORIZED, exceptions.ACCESS_CONTROL,
+                         why)
+        while True:
+            try:
+                answer = negotiation.step(message)
+            except SaslRefused as exc:
+                log.warning("%s: SASL from %s refused: %s", self.server.name, self.peer, exc)
+                raise _Fatal(FAILED_CALL_ID, _HEADER.FATAL_UNAUTHORIZED, exc.java_class,
+                             str(exc)) from None
+            await self.send(frame(self.header(SASL_CALL_ID, _SUCCESS), answer))
+            if negotiation.done:
+                self.authenticated = negotiation.authenticated
+                return
+            message = await self.read_sasl()
+
+    async def read_sasl(self) -> ipc.RpcSaslProto:
         header, payload, pos = await self.read_header()
         try:
             if header.callId != SASL_CALL_ID:
                 raise ProtocolError(f"expected a SASL message (call id {SASL_CALL_ID}), got "
                                     f"call id {header.callId}")
             raw, _ = next_delimited(payload, pos)
-            message = parse(ipc.RpcSaslProto, raw, "SASL message")
+            return parse(ipc.RpcSaslProto, raw, "SASL message")
         except ProtocolError as exc:
             raise _Fatal(SASL_CALL_ID, _HEADER.FATAL_UNAUTHORIZED, exceptions.ACCESS_CONTROL,
                          str(exc)) from None
-        if message.state != ipc.RpcSaslProto.NEGOTIATE:
-            raise _Fatal(SASL_CALL_ID, _HEADER.FATAL_UNAUTHORIZED, exceptions.ACCESS_CONTROL,
-                         f"SASL: expected NEGOTIATE, got state {message.state}")
-        why = self.server.identity.simple_refusal(self.peer_address)
-        if why is not None:
-            raise _Fatal(SASL_CALL_ID, _HEADER.FATAL_UNAUTHORIZED, exceptions.ACCESS_CONTROL,
-                         why)
-        await self.send(frame(self.header(SASL_CALL_ID, _SUCCESS),
-                              ipc.RpcSaslProto(state=ipc.RpcSaslProto.SUCCESS)))
 
     async def read_header(self, keep: bool = False
                           ) -> tuple[ipc.RpcRequestHeaderProto, bytes, int]:

@@ -96,6 +96,11 @@ class AuthProtocol:
             groups = local_groups(user, credentials)
         session.update(user=user, groups=tuple(groups), real_user=real, auth="local")
 
+    def token_session(self, session, owner: str) -> None:
+        """The identity of a connection a delegation token of ``owner`` proved (here or
+        over HDFS's SASL): the owner, its groups as this host resolves them."""
+        session.update(user=owner, groups=os_groups(owner), real_user=owner, auth="token")
+
     def act_as(self, session, user, groups):
         """The identity one request acts for: ``user``/``groups`` as it states them (checked
         by ``Dispatcher.act_as``) if this connection's user may act for that user."""
@@ -154,7 +159,7 @@ class AuthProtocol:
                                        f"(not its password, or no fresh challenge on this "
                                        f"connection)")
         owner = state.token.owner
-        ctx.session.update(user=owner, groups=os_groups(owner), real_user=owner, auth="token")
+        self.token_session(ctx.session, owner)
         log.info("%s authenticated from %s with %s", owner, ctx.peer, state.token.describe())
         return delegation.server_proof(secret, challenge, client_nonce)
 

@@ -10,8 +10,11 @@
   uid owning the client's end of the TCP connection (``fs.localserver.connection_owner``)
   is the connection's real user, handed to the session hook as the local socket's peer
   credentials are. A claimed ``effectiveUser`` that differs is refused unless that user
-  may act for it (the superuser, ``proxy_users``). A remote client is refused: it would
-  need a delegation token over SASL.
+  may act for it (the superuser, ``proxy_users``). A client on another host proves who it
+  is with a leasefs delegation token over SASL (TOKEN, DIGEST-MD5: ``fs.hdfs.sasl``; the
+  token file Hadoop's client reads is ``leasefs token fetch --hadoop``): the connection is
+  the token's owner, as a msgpack connection that authenticated with the token is; a
+  context that claims anyone else is refused (a token impersonates no one).
 
 Concurrency contract: the metadata server's trio thread (the kernel's table is read
 there, as the local socket's check does); no state of its own.
@@ -27,30 +30,38 @@ from fs import localserver
 from fs.errors import AuthenticationFailed, LeaseFSError
 from fs.frames import brief
 from fs.hdfs.ipc_server import Claim, Identity
+from fs.hdfs.sasl import SaslNegotiation, SaslRefused
 from fs.rpcbase import (ANONYMOUS_USER, PeerCredentials, check_identity, is_loopback_host,
                         os_groups)
 
 log = logging.getLogger(__name__)
 
-REMOTE_REFUSED = ("security = secure: this metadata server identifies Hadoop clients on its "
-                  "own host only (the kernel names the user owning the client's socket); a "
-                  "client on another host would need a leasefs delegation token over SASL, "
-                  "which the HDFS port does not take yet (set security = simple to believe "
-                  "the client's user name, as HDFS's simple mode does)")
+REMOTE_REFUSED = ("security = secure: a Hadoop client on another host must prove who it is "
+                  "with a leasefs delegation token (fetch one with `leasefs token fetch FILE "
+                  "--hadoop` on the metadata server's host and point HADOOP_TOKEN_FILE_"
+                  "LOCATION at FILE); on this host the kernel names the user owning the "
+                  "client's socket")
 
 
 class HdfsIdentity(Identity):
     """``open_session(session, user, groups, credentials, peer)`` and
     ``act_as(session, {"user", "groups"})``: the metadata server's session hooks;
+    ``token_session(session, owner)``: the session of a connection a delegation token
+    proved; ``token_lookup``: ``fs.hdfs.sasl``'s lookup of a token's password and owner;
     ``secure()``: whether identities are proven (asked per connection: the server's keys
     are installed after it is built)."""
 
-    def __init__(self, *, secure: Callable[[], bool], open_session, act_as,
-                 owner_of=localserver.connection_owner):
+    def __init__(self, *, secure: Callable[[], bool], open_session, act_as, token_session,
+                 token_lookup, owner_of=localserver.connection_owner):
         self._secure = secure
         self._open_session = open_session
         self._act_as = act_as
+        self._token_session = token_session
+        self._token_lookup = token_lookup
         self._owner_of = owner_of
+
+    def token_negotiation(self, peer_address: tuple) -> SaslNegotiation | None:
+        return SaslNegotiation(self._token_lookup) if self._secure() else None
 
     def simple_refusal(self, peer_address: tuple) -> str | None:
         if self._secure() and not is_loopback_host(str(peer_address[0])):
@@ -65,6 +76,15 @@ class HdfsIdentity(Identity):
                 check_identity(claim.real_user, [], "connection context: realUser")
         except LeaseFSError as exc:
             raise AuthenticationFailed(exc.message) from None
+        if claim.authenticated is not None:
+            try:
+                claim.authenticated.check_claim(claim.user, claim.real_user)
+            except SaslRefused as exc:
+                raise AuthenticationFailed(str(exc)) from None
+            self._token_session(session, claim.authenticated.user)
+            log.info("HDFS connection from %s authenticated as %s with a delegation token",
+                     claim.peer, claim.authenticated.user)
+            return
         if self._secure():
             self._kernel_session(session, claim, user)
             return
