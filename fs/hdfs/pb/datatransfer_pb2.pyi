@@ -186,3 +186,19 @@ class PacketHeaderProto(_message.Message):
     dataLen: int
     syncBlock: bool
     def __init__(self, offsetInBlock: _Optional[int] = ..., seqno: _Optional[int] = ..., lastPacketInBlock: _Optional[bool] = ..., dataLen: _Optional[int] = ..., syncBlock: _Optional[bool] = ...) -> None: ...
+
+class DataTransferEncryptorMessageProto(_message.Message):
+    __slots__ = ("status", "message")
+    class DataTransferEncryptorStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        SUCCESS: _ClassVar[DataTransferEncryptorMessageProto.DataTransferEncryptorStatus]
+        ERROR_UNKNOWN_KEY: _ClassVar[DataTransferEncryptorMessageProto.DataTransferEncryptorStatus]
+        ERROR: _ClassVar[DataTransferEncryptorMessageProto.DataTransferEncryptorStatus]
+    SUCCESS: DataTransferEncryptorMessageProto.DataTransferEncryptorStatus
+    ERROR_UNKNOWN_KEY: DataTransferEncryptorMessageProto.DataTransferEncryptorStatus
+    ERROR: DataTransferEncryptorMessageProto.DataTransferEncryptorStatus
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: DataTransferEncryptorMessageProto.DataTransferEncryptorStatus
+    message: str
+    def __init__(self, status: _Optional[_Union[DataTransferEncryptorMessageProto.DataTransferEncryptorStatus, str]] = ..., message: _Optional[str] = ...) -> None: ...
