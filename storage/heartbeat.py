@@ -137,6 +137,7 @@ class HeartbeatService:
         self.xceiver_count = xceiver_count
         self.address: str | None = None
         self.http_port: int | None = None   # our web page's port, told at registration
+        self.hdfs_port: int | None = None   # our HDFS data-transfer port, told likewise
         self._ignored_command_types: set[str] = set()
         self.recovery = BlockRecoveryWorker(config, store, self, self._commit_block_sync,
                                             key=key)
@@ -636,6 +637,8 @@ class MetaActor:
                 **await self._usage(), "wall_time": reported_wall_time()}
         if service.http_port:   # an older metadata server refuses arguments it does not know
             args["http_port"] = service.http_port
+        if service.hdfs_port:
+            args["hdfs_port"] = service.hdfs_port
         result = await self._rpc.call("register_storage", args, retry_seconds=0)
         self.namespace_id = result.get("namespace_id") if isinstance(result, dict) else None
         obeyed = self._take_reply(result if isinstance(result, dict) else {}, "register", [])

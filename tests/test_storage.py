@@ -75,7 +75,7 @@ class FakeMeta(Dispatcher):
                 for b in args["deleted"]]
 
     async def rpc_register_storage(self, ctx, node_id, address, capacity, used, remaining,
-                                   http_port=0, wall_time=None):
+                                   http_port=0, wall_time=None, hdfs_port=None):
         self.calls.append(("register_storage", dict(node_id=node_id, address=address,
                                                     capacity=capacity, used=used,
                                                     remaining=remaining)))
