@@ -1,0 +1,327 @@
+"""HDFS's data-transfer protocol on the block servers' HDFS ports (``storage.hdfs.xfer``):
+real metadata server and block server processes, driven by ``fs.hdfs.datatransfer``'s
+client the way Hadoop's client drives them, on files and blocks leasefs's own client made.
+
+What must hold: READ_BLOCK serves the replica's bytes with its stored checksums from the
+chunk boundary at or below the offset, several ops on one kept-alive connection, a reader
+that aborts is normal; WRITE_BLOCK through a 3-node pipeline makes replicas leasefs's own
+reader reads byte for byte and the metadata server knows complete at once; a bad checksum
+is ERROR_CHECKSUM; hostile input gets a clear error and the server serves on; under
+security = secure a read without a valid block token is refused.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+
+import pytest
+import trio
+
+from harness import ProcessCluster
+
+from fs.client import AsyncClient
+from fs.hdfs import convert, tokens
+from fs.hdfs import datatransfer as hdt
+from fs.hdfs.pb import datatransfer_pb2 as dt
+from fs.hdfs.pb import hdfs_pb2 as pb
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+SETTINGS = dict(inline_max=0, idle_timeout=3.0)
+SIZE = 3 * 1024 * 1024 + 12345      # a few read packets and a partial last chunk
+DATA = random.Random(35).randbytes(SIZE)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with ProcessCluster(tmp_path_factory.mktemp("hdfs-xfer"), n_storage=3,
+                        settings=SETTINGS) as running:
+        trio.run(_write_file, running, "/read/f", DATA)
+        trio.run(_write_file, running, "/read/other", DATA[:5000])
+        yield running
+
+
+def client_of(cluster) -> AsyncClient:
+    return AsyncClient(cluster.meta_address, config=cluster.config())
+
+
+async def _write_file(cluster, path: str, data: bytes) -> None:
+    async with client_of(cluster) as client:
+        await client.write_file(path, data)
+
+
+def hdfs_address(location: dict) -> str:
+    host = location["address"].rsplit(":", 1)[0]
+    return f"{host}:{location['hdfs_port']}"
+
+
+async def first_block(cluster, path: str) -> tuple[pb.ExtendedBlockProto, pb.TokenProto, list]:
+    async with client_of(cluster) as client:
+        answer = await client.get_block_locations(path)
+    located = answer["blocks"][0]
+    block = located["block"]
+    return (pb.ExtendedBlockProto(poolId="BP-1", blockId=block["id"],
+                                  generationStamp=block["gs"], numBytes=block["num_bytes"]),
+            tokens.to_proto(located.get("token")), located["locations"])
+
+
+def test_locations_name_the_hdfs_and_http_ports(cluster):
+    async def main():
+        _, _, locations = await first_block(cluster, "/read/f")
+        assert len(locations) == 3
+        for location in locations:
+            assert isinstance(location["hdfs_port"], int) and location["hdfs_port"] > 0
+            assert isinstance(location["http_port"], int)
+            assert location["hdfs_port"] != int(location["address"].rsplit(":", 1)[1])
+            node = convert.datanode(location)
+            assert node.id.xferPort == location["hdfs_port"]
+    trio.run(main)
+
+
+def test_read_block_ranges_on_one_kept_alive_connection(cluster):
+    async def main():
+        block, token, locations = await first_block(cluster, "/read/f")
+        async with await hdt.DataTransferClient.connect(hdfs_address(locations[0])) as c:
+            # offset mid-chunk, length across chunks
+            got = await c.read_block(block, 5000, 300_000, token=token)
+            assert got.response.status == hdt.Status.SUCCESS
+            info = got.response.readOpChecksumInfo
+            bpc = info.checksum.bytesPerChecksum
+            assert info.checksum.type == hdt.CRC32C and bpc == cluster.config().bytes_per_checksum
+            assert info.chunkOffset == 5000 - 5000 % bpc
+            assert got.data == DATA[5000:305_000]
+            # the whole block, in large packets, on the same socket
+            whole = await c.read_block(block, 0, SIZE, token=token)
+            assert whole.data == DATA
+            assert 1 <= whole.packets <= 2
+            # the last partial chunk alone
+            tail = await c.read_block(block, SIZE - 10, 10, token=token)
+            assert tail.data == DATA[-10:]
+            # without checksums
+            bare = await c.read_block(block, 100, 1000, token=token, send_checksums=False)
+            assert bare.response.readOpChecksumInfo.checksum.type == hdt.NULL
+            assert bare.data == DATA[100:1100]
+            # past the end: a clear error, then the connection is closed
+            past = await c.read_block(block, SIZE - 10, 11, token=token)
+            assert past.response.status == hdt.Status.ERROR
+            assert "past the end" in past.response.message
+    trio.run(main)
+
+
+def test_a_reader_that_aborts_mid_stream_leaves_the_server_serving(cluster):
+    async def main():
+        block, token, locations = await first_block(cluster, "/read/f")
+        address = hdfs_address(locations[0])
+        async with await hdt.DataTransferClient.connect(address) as c:
+            part = await c.read_block(block, 0, SIZE, token=token, abort_after=1)
+            assert part.packets == 1
+        async with await hdt.DataTransferClient.connect(address) as c:
+            assert (await c.read_block(block, 0, 4096, token=token)).data == DATA[:4096]
+            # the kept-alive connection takes another op after an idle second
+            await trio.sleep(1.0)
+            assert (await c.read_block(block, 4096, 10, token=token)).data == DATA[4096:4106]
+    trio.run(main)
+
+
+def test_unknown_block_and_newer_stamp_are_errors(cluster):
+    async def main():
+        block, token, locations = await first_block(cluster, "/read/f")
+        address = hdfs_address(locations[0])
+        for wrong in (pb.ExtendedBlockProto(poolId="BP-1", blockId=block.blockId + 10**9,
+                                            generationStamp=block.generationStamp),
+                      pb.ExtendedBlockProto(poolId="BP-1", blockId=block.blockId,
+                                            generationStamp=block.generationStamp + 5)):
+            async with await hdt.DataTransferClient.connect(address) as c:
+                got = await c.read_block(wrong, 0, 10, token=token)
+            assert got.response.status in (hdt.Status.ERROR, hdt.Status.ERROR_ACCESS_TOKEN)
+            assert got.response.message
+    trio.run(main)
+
+
+async def _create_with_block(client, path: str) -> tuple[dict, dict]:
+    answer = await client._call("create", path=path, client_name=client.client_name,
+                                overwrite=False, create_parent=True, replication=3,
+                                first_block=True)
+    return answer["status"], answer["first_block"]
+
+
+def _block_proto(located: dict, num_bytes: int = 0) -> pb.ExtendedBlockProto:
+    return pb.ExtendedBlockProto(poolId="BP-1", blockId=located["block"]["id"],
+                                 generationStamp=located["block"]["gs"], numBytes=num_bytes)
+
+
+def test_write_block_through_a_three_node_pipeline(cluster):
+    data = random.Random(80).randbytes(700_001)
+
+    async def main():
+        async with client_of(cluster) as client:
+            status, located = await _create_with_block(client, "/write/f")
+            locations = located["locations"]
+            assert len(locations) == 3
+            targets = [convert.datanode(loc) for loc in locations[1:]]
+            block = _block_proto(located)
+            async with await hdt.DataTransferClient.connect(hdfs_address(locations[0])) as c:
+                result = await c.write_block(block, data, targets=targets,
+                                             token=tokens.to_proto(located.get("token")),
+                                             sync_seqnos={3}, heartbeat=True)
+            assert result.response.status == hdt.Status.SUCCESS, result.response
+            seqnos = [seqno for seqno, _ in result.acks]
+            packets = -(-len(data) // 64512)
+            assert seqnos == [-1, *range(packets + 1)]
+            assert all(statuses == [hdt.Status.SUCCESS] * 3 for _, statuses in result.acks)
+            # the last ack came after the replicas were reported: complete answers true
+            # at its first call
+            started = time.monotonic()
+            done = await client._call("complete", path="/write/f",
+                                      client_name=client.client_name, ino=status["ino"],
+                                      last={**located["block"], "num_bytes": len(data)})
+            assert done is True and time.monotonic() - started < 1.0
+            assert await client.read_file("/write/f") == data
+            answer = await client.get_block_locations("/write/f")
+            assert answer["length"] == len(data)
+            assert len(answer["blocks"][0]["locations"]) == 3
+            # each replica kept the writer's 512-byte chunks and its CRCs
+            read_token = tokens.to_proto(answer["blocks"][0].get("token"))
+            block.numBytes = len(data)
+            for location in answer["blocks"][0]["locations"]:
+                async with await hdt.DataTransferClient.connect(hdfs_address(location)) as c:
+                    got = await c.read_block(block, 1000, len(data) - 1000, token=read_token)
+                assert got.response.readOpChecksumInfo.checksum.bytesPerChecksum == 512
+                assert got.data == data[1000:]
+    trio.run(main)
+
+
+def test_a_bad_checksum_is_error_checksum_and_the_server_serves_on(cluster):
+    data = random.Random(81).randbytes(200_000)
+
+    async def main():
+        async with client_of(cluster) as client:
+            _, located = await _create_with_block(client, "/write/bad")
+            locations = located["locations"]
+            targets = [convert.datanode(loc) for loc in locations[1:]]
+            async with await hdt.DataTransferClient.connect(hdfs_address(locations[0])) as c:
+                result = await c.write_block(_block_proto(located), data, targets=targets,
+                                             token=tokens.to_proto(located.get("token")),
+                                             corrupt_seqno=1)
+            assert result.response.status == hdt.Status.SUCCESS
+            assert result.acks[0] == (0, [hdt.Status.SUCCESS] * 3)
+            assert result.acks[-1] == (1, [hdt.Status.ERROR_CHECKSUM])
+        block, token, locs = await first_block(cluster, "/read/f")
+        async with await hdt.DataTransferClient.connect(hdfs_address(locations[0])) as c:
+            assert (await c.read_block(block, 0, 100, token=token)).data == DATA[:100]
+    trio.run(main)
+
+
+def test_a_failed_downstream_names_the_first_bad_link(cluster):
+    async def main():
+        async with client_of(cluster) as client:
+            _, located = await _create_with_block(client, "/write/badlink")
+            locations = located["locations"]
+            dead = convert.datanode(locations[1])
+            with socket.socket() as probe:   # a port nothing listens on
+                probe.bind(("127.0.0.1", 0))
+                dead.id.xferPort = probe.getsockname()[1]
+            async with await hdt.DataTransferClient.connect(hdfs_address(locations[0])) as c:
+                result = await c.write_block(_block_proto(located), b"x" * 1000,
+                                             targets=[dead],
+                                             token=tokens.to_proto(located.get("token")))
+            assert result.response.status == hdt.Status.ERROR
+            assert result.response.firstBadLink == f"127.0.0.1:{dead.id.xferPort}"
+    trio.run(main)
+
+
+async def _raw(address: str, data: bytes, then_close: bool = False) -> bytes:
+    """Send ``data``, answer everything the server sends until it closes."""
+    host, port = address.rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(data)
+        if then_close:
+            await stream.send_eof()
+        out = b""
+        with trio.fail_after(20):
+            while chunk := await stream.receive_some(65536):
+                out += chunk
+        return out
+
+
+def _answer(raw: bytes, cls=dt.BlockOpResponseProto):
+    n, i = 0, 0
+    shift = 0
+    while True:
+        byte = raw[i]
+        n |= (byte & 0x7F) << shift
+        i += 1
+        shift += 7
+        if not byte & 0x80:
+            break
+    message = cls()
+    message.ParseFromString(raw[i:i + n])
+    return message
+
+
+def test_hostile_input_gets_a_clear_error_and_the_server_serves_on(cluster):
+    async def main():
+        block, token, locations = await first_block(cluster, "/read/f")
+        address = hdfs_address(locations[0])
+        read = dt.OpReadBlockProto(header=hdt.op_header(block, token, "t"), offset=0, len=10)
+        # another protocol version
+        answer = _answer(await _raw(address, b"\x00\x1b\x51" + hdt.delimited(read)))
+        assert answer.status == hdt.Status.ERROR and "version 27" in answer.message
+        # an op this server does not serve
+        answer = _answer(await _raw(address, b"\x00\x1c\x57" + hdt.delimited(read)))
+        assert answer.status == hdt.Status.ERROR_UNSUPPORTED
+        assert "REQUEST_SHORT_CIRCUIT_FDS" in answer.message
+        # garbage where the request should be, and a request too long to hold
+        answer = _answer(await _raw(address, b"\x00\x1c\x51\x05\xff\xff\xff\xff\xff"))
+        assert answer.status == hdt.Status.ERROR and "malformed OpReadBlockProto" in answer.message
+        answer = _answer(await _raw(address, b"\x00\x1c\x51\xff\xff\xff\xff\x0f"))
+        assert answer.status == hdt.Status.ERROR and "more than" in answer.message
+        # SASL: refused with a message in SASL's own answer
+        answer = _answer(await _raw(address, b"\xde\xad\xbe\xef\x00"),
+                         dt.DataTransferEncryptorMessageProto)
+        assert answer.status == dt.DataTransferEncryptorMessageProto.ERROR
+        assert "SASL" in answer.message
+        # a slow peer (half an op header) is dropped after idle_timeout
+        started = time.monotonic()
+        assert await _raw(address, b"\x00") == b""
+        assert time.monotonic() - started >= SETTINGS["idle_timeout"] - 0.5
+        # a write whose packet claims more than 16 MiB: an ERROR ack, nothing allocated
+        async with client_of(cluster) as client:
+            _, located = await _create_with_block(client, "/write/huge")
+        write = dt.OpWriteBlockProto(
+            header=hdt.op_header(_block_proto(located), tokens.to_proto(located.get("token")),
+                                 "t"),
+            stage=hdt.Stage.PIPELINE_SETUP_CREATE, pipelineSize=1, minBytesRcvd=0,
+            maxBytesRcvd=0, latestGenerationStamp=0,
+            requestedChecksum=dt.ChecksumProto(type=hdt.CRC32C, bytesPerChecksum=512))
+        huge = hdt.PACKET_PREFIX.pack(1 << 30, 25) + hdt.encode_packet_header(0, 0, False, 1 << 29)
+        raw = await _raw(hdfs_address(located["locations"][0]),
+                         hdt.encode_op(hdt.WRITE_BLOCK, write) + huge)
+        answer = _answer(raw)
+        assert answer.status == hdt.Status.SUCCESS
+        rest = raw[len(hdt.delimited(answer)):]
+        ack = _answer(rest, dt.PipelineAckProto)
+        assert list(ack.reply) == [hdt.Status.ERROR]
+        # and the server still serves
+        async with await hdt.DataTransferClient.connect(address) as c:
+            assert (await c.read_block(block, 0, 100, token=token)).data == DATA[:100]
+    trio.run(main)
+
+
+def test_secure_mode_refuses_a_read_without_a_valid_token(cluster):
+    async def main():
+        block, token, locations = await first_block(cluster, "/read/f")
+        assert token.identifier, "security = secure hands out block tokens"
+        _, other_token, _ = await first_block(cluster, "/read/other")
+        address = hdfs_address(locations[0])
+        forged = pb.TokenProto(identifier=token.identifier, password=b"x" * len(token.password),
+                               kind=token.kind, service="")
+        for bad in (None, other_token, forged):
+            async with await hdt.DataTransferClient.connect(address) as c:
+                got = await c.read_block(block, 0, 10, token=bad)
+            assert got.response.status == hdt.Status.ERROR_ACCESS_TOKEN, bad
+            assert f"{block.blockId}" in got.response.message
+    trio.run(main)
