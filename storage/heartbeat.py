@@ -243,6 +243,17 @@ class HeartbeatService:
             self._wake_scheduled = True
             self._nursery.start_soon(self._wake_after, RECEIVING_REPORT_DELAY)
 
+    async def reports_sent(self, timeout: float) -> bool:
+        """Wait until the incremental reports queued so far went out to every metadata
+        server (True), or ``timeout`` seconds (False): a writer's last packet is acked
+        after its finalized replica is known, so the writer's ``complete`` answers at once."""
+        marks = [(actor, actor.queued) for actor in self.actors]
+        with trio.move_on_after(timeout):
+            for actor, mark in marks:
+                await actor.sent_through(mark)
+            return True
+        return False
+
     async def _wake_after(self, delay: float) -> None:
         await trio.sleep(delay)
         self._wake_scheduled = False
@@ -428,6 +439,10 @@ class MetaActor:
         self._rpc: RpcClient | None = None
         self._pending_received: dict[int, list] = {}
         self._pending_deleted: dict[int, None] = {}
+        # entries queued so far, and how many of them went out (``sent_through``)
+        self.queued = 0
+        self._sent = 0
+        self._sent_event = trio.Event()
         self._wakeup = trio.Event()
         self._outage: str | None = None          # last logged failure kind, None = all well
         self._report_lock = trio.Lock()   # full vs. incremental reports, see the docstring
@@ -439,8 +454,14 @@ class MetaActor:
         self._pending_deleted.pop(block_id, None)
         self._pending_received.pop(block_id, None)   # re-insert: keep the latest at the end
         self._pending_received[block_id] = entry
+        self.queued += 1
         if wake:
             self._wakeup.set()
+
+    async def sent_through(self, mark: int) -> None:
+        """Return once the first ``mark`` queued received entries went out."""
+        while self._sent < mark:
+            await self._sent_event.wait()
 
     def queue_deleted(self, block_ids) -> None:
         for block_id in block_ids:
@@ -461,6 +482,7 @@ class MetaActor:
                 if not self.registered:      # that full report failed: wait for the next
                     continue
                 self._wakeup = trio.Event()
+                mark = self.queued
                 received = list(self._pending_received.values())
                 deleted = list(self._pending_deleted)
                 self._pending_received, self._pending_deleted = {}, {}
@@ -471,6 +493,9 @@ class MetaActor:
                                               "received": received, "deleted": deleted},
                                              retry_seconds=0)
                     failure = None
+                    self._sent = mark
+                    self._sent_event.set()
+                    self._sent_event = trio.Event()
                 except LeaseFSError as exc:
                     failure = exc
                     for entry in received:   # a newer state queued meanwhile wins

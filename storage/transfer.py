@@ -186,6 +186,9 @@ class NullReporter:
     async def replica_lost(self, block_id: int, gs: int, why) -> bool:
         return False
 
+    async def reports_sent(self, timeout: float) -> bool:
+        return True
+
 
 class _Conn:
     """One data-transfer connection and whether its op response went out already."""
@@ -883,6 +886,8 @@ class WritePipeline:
                         ok = False
                     else:
                         self._report_finalized(replica)
+                        if self.wire.report_wait:
+                            await self.server.reporter.reports_sent(self.wire.report_wait)
                 try:
                     await self.wire.send_ack(self.upstream, entry.seqno, statuses)
                 except ServerUnavailable as exc:
@@ -901,6 +906,10 @@ class WritePipeline:
 
 class NativeWire:
     """leasefs's own packets and acks (``fs.datatransfer``) for a ``WritePipeline``."""
+
+    #: seconds the last packet's ack may wait for the finalized replica's report to reach
+    #: the metadata server (0: not at all; leasefs's ``complete`` waits for it instead)
+    report_wait = 0.0
 
     async def receive_packet(self, pipeline: WritePipeline) -> Packet:
         """One packet with the limits checked before anything big is read."""
