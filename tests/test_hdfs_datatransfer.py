@@ -160,19 +160,32 @@ def test_a_reader_that_aborts_mid_stream_leaves_the_server_serving(cluster):
     trio.run(main)
 
 
+@pytest.fixture(scope="module")
+def simple_cluster(tmp_path_factory):
+    with ProcessCluster(tmp_path_factory.mktemp("hdfs-xfer-simple"), n_storage=1,
+                        settings={**SETTINGS, "security": "simple"}) as running:
+        trio.run(_write_file, running, "/f", DATA[:100_000])
+        yield running
+
+
 @slow
-def test_unknown_block_and_newer_stamp_are_errors(cluster):
+def test_simple_mode_ignores_tokens_and_names_a_wrong_block_or_stamp(simple_cluster):
     async def main():
-        block, token, locations = await first_block(cluster, "/read/f")
+        block, token, locations = await first_block(simple_cluster, "/f")
+        assert not token.identifier
         address = hdfs_address(locations[0])
-        for wrong in (pb.ExtendedBlockProto(poolId="BP-1", blockId=block.blockId + 10**9,
-                                            generationStamp=block.generationStamp),
-                      pb.ExtendedBlockProto(poolId="BP-1", blockId=block.blockId,
-                                            generationStamp=block.generationStamp + 5)):
+        async with await hdt.DataTransferClient.connect(address) as c:
+            assert (await c.read_block(block, 10, 20)).data == DATA[10:30]
+        unknown = pb.ExtendedBlockProto(poolId="BP-1", blockId=block.blockId + 10**9,
+                                        generationStamp=block.generationStamp)
+        newer = pb.ExtendedBlockProto(poolId="BP-1", blockId=block.blockId,
+                                      generationStamp=block.generationStamp + 5)
+        for wrong, says in ((unknown, "no readable replica"), (newer, "older than")):
             async with await hdt.DataTransferClient.connect(address) as c:
-                got = await c.read_block(wrong, 0, 10, token=token)
-            assert got.response.status in (hdt.Status.ERROR, hdt.Status.ERROR_ACCESS_TOKEN)
-            assert got.response.message
+                got = await c.read_block(wrong, 0, 10)
+            assert got.response.status == hdt.Status.ERROR
+            assert says in got.response.message and f"blk_{wrong.blockId}" in \
+                got.response.message
     trio.run(main)
 
 
