@@ -244,6 +244,50 @@ def test_write_block_through_a_three_node_pipeline(cluster):
 
 
 @slow
+def test_streaming_recovery_drops_a_node_and_keeps_the_acknowledged_bytes(cluster):
+    data = random.Random(82).randbytes(5 * 64512 + 999)
+    kept = 3 * 64512      # acknowledged by every node before the pipeline broke
+
+    async def main():
+        async with client_of(cluster) as client:
+            status, located = await _create_with_block(client, "/write/recovered")
+            locations = located["locations"]
+            first = hdfs_address(locations[0])
+            async with await hdt.DataTransferClient.connect(first) as c:
+                result = await c.write_block(
+                    _block_proto(located), data[:kept], finish=False,
+                    targets=[convert.datanode(loc) for loc in locations[1:]],
+                    token=tokens.to_proto(located.get("token")))
+            assert [seqno for seqno, _ in result.acks] == [0, 1, 2]
+            # the writer recovers without the last node: a new stamp, the same replicas
+            fresh = await client._call("update_block_for_pipeline", block=located["block"],
+                                       client_name=client.client_name)
+            new_gs = fresh["block"]["gs"]
+            assert new_gs > located["block"]["gs"]
+            async with await hdt.DataTransferClient.connect(first) as c:
+                result = await c.write_block(
+                    _block_proto(located), data[kept:], start=kept, new_gs=new_gs,
+                    stage=hdt.Stage.PIPELINE_SETUP_STREAMING_RECOVERY,
+                    targets=[convert.datanode(locations[1])],
+                    token=tokens.to_proto(fresh.get("token")))
+            assert result.response.status == hdt.Status.SUCCESS, result.response
+            assert all(statuses == [hdt.Status.SUCCESS] * 2 for _, statuses in result.acks)
+            new_block = {"id": located["block"]["id"], "gs": new_gs, "num_bytes": len(data)}
+            assert await client._call("update_pipeline", client_name=client.client_name,
+                                      old_block=located["block"], new_block=new_block,
+                                      new_nodes=[loc["node_id"] for loc in locations[:2]])
+            assert await client._call("complete", path="/write/recovered",
+                                      client_name=client.client_name, ino=status["ino"],
+                                      last=new_block) is True
+            assert await client.read_file("/write/recovered") == data
+            answer = await client.get_block_locations("/write/recovered")
+            assert answer["blocks"][0]["block"]["gs"] == new_gs
+            assert {loc["node_id"] for loc in answer["blocks"][0]["locations"]} >= \
+                {loc["node_id"] for loc in locations[:2]}
+    trio.run(main)
+
+
+@slow
 def test_a_bad_checksum_is_error_checksum_and_the_server_serves_on(cluster):
     data = random.Random(81).randbytes(200_000)
 

@@ -344,16 +344,20 @@ class DataTransferClient:
                           token: pb.TokenProto | None = None, client: str = "leasefs-test",
                           bytes_per_checksum: int = 512, packet_size: int = 64512,
                           corrupt_seqno: int | None = None, sync_seqnos=(),
-                          heartbeat: bool = False) -> WriteResult:
-        """WRITE_BLOCK PIPELINE_SETUP_CREATE of ``data`` in packets of ``packet_size``,
-        then the empty last packet; every ack is collected (this stops at the first ack
-        that is not all SUCCESS). ``corrupt_seqno``: that packet's data is altered after
-        its checksums are computed; ``sync_seqnos``: packets sent with syncBlock;
-        ``heartbeat``: a heartbeat packet (seqno -1) goes first."""
+                          heartbeat: bool = False, stage: int = Stage.PIPELINE_SETUP_CREATE,
+                          start: int = 0, new_gs: int = 0, finish: bool = True
+                          ) -> WriteResult:
+        """WRITE_BLOCK of ``data`` (block bytes from ``start``, a chunk boundary) in packets
+        of ``packet_size``, then (``finish``) the empty last packet; every ack is collected
+        (this stops at the first ack that is not all SUCCESS). ``stage`` other than CREATE
+        (recovery, append): the replicas keep ``start`` bytes and take stamp ``new_gs``.
+        ``corrupt_seqno``: that packet's data is altered after its checksums are computed;
+        ``sync_seqnos``: packets sent with syncBlock; ``heartbeat``: a heartbeat packet
+        (seqno -1) goes first."""
         request = dt.OpWriteBlockProto(
             header=op_header(block, token, client), targets=list(targets),
-            stage=Stage.PIPELINE_SETUP_CREATE, pipelineSize=len(targets) + 1,
-            minBytesRcvd=0, maxBytesRcvd=0, latestGenerationStamp=0,
+            stage=stage, pipelineSize=len(targets) + 1,
+            minBytesRcvd=start, maxBytesRcvd=start, latestGenerationStamp=new_gs,
             requestedChecksum=dt.ChecksumProto(type=CRC32C,
                                                bytesPerChecksum=bytes_per_checksum))
         await self.framed.send_all(encode_op(WRITE_BLOCK, request))
@@ -366,8 +370,10 @@ class DataTransferClient:
         if heartbeat:
             packets.append((-1, 0, b"", False))
         for seqno, pos in enumerate(range(0, len(data), step)):
-            packets.append((seqno, pos, data[pos:pos + step], False))
-        packets.append((len(packets) - (1 if heartbeat else 0), len(data), b"", True))
+            packets.append((seqno, start + pos, data[pos:pos + step], False))
+        if finish:
+            packets.append((len(packets) - (1 if heartbeat else 0), start + len(data), b"",
+                            True))
         for seqno, pos, chunk, last in packets:
             sums = chunk_checksums(chunk, bytes_per_checksum)
             if seqno == corrupt_seqno and chunk:
