@@ -12,6 +12,7 @@ security = secure a read without a valid block token is refused.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import socket
 import time
@@ -20,6 +21,7 @@ import pytest
 import trio
 
 from harness import ProcessCluster
+from hadoopkit import jars, requires_java
 
 from fs.client import AsyncClient
 from fs.errors import ProtocolError
@@ -423,3 +425,126 @@ def test_secure_mode_refuses_a_read_without_a_valid_token(cluster):
             assert got.response.status == hdt.Status.ERROR_ACCESS_TOKEN, bad
             assert f"{block.blockId}" in got.response.message
     trio.run(main)
+
+
+@pytest.fixture(scope="module")
+def jvm():
+    """Hadoop's own client classes in one JVM for the module (py4j, as PySpark drives it)."""
+    from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
+
+    port = launch_gateway(classpath=f"{jars()}/*", die_on_exit=True,
+                          javaopts=["-Xmx256m", "-XX:TieredStopAtLevel=1"])
+    gateway = JavaGateway(gateway_parameters=GatewayParameters(port=port))
+    yield gateway
+    gateway.shutdown()
+
+
+def _java_socket(jvm, address: str):
+    host, port = address.rsplit(":", 1)
+    return jvm.java.nio.channels.SocketChannel.open(
+        jvm.java.net.InetSocketAddress(host, int(port))).socket()
+
+
+@slow
+@requires_java
+def test_hadoops_own_block_reader_reads_on_one_pooled_socket(simple_cluster, jvm):
+    """Hadoop's BlockReaderRemote (what DFSInputStream reads with) checks every chunk's
+    CRC, the chunk offset and the last packet, sends its read status and puts the socket
+    back in its PeerCache, which the next two reads take it from."""
+    j = jvm.jvm
+    data = DATA[:100_000]
+
+    async def locate():
+        return await first_block(simple_cluster, "/f")
+    block, _, locations = trio.run(locate)
+    address = hdfs_address(locations[0])
+    host, port = address.rsplit(":", 1)
+    hadoop = j.org.apache.hadoop
+    extended = hadoop.hdfs.protocol.ExtendedBlock("BP-1", block.blockId, block.numBytes,
+                                                  block.generationStamp)
+    node = hadoop.hdfs.protocol.DatanodeID(host, host, "node-0", int(port), 0, 0, 0)
+    cache = hadoop.hdfs.PeerCache(16, 10_000)
+    peer = hadoop.hdfs.net.NioInetPeer(_java_socket(j, address))
+    for offset, length in ((5000, 30_000), (0, len(data)), (len(data) - 10, 10)):
+        if peer is None:
+            peer = cache.get(node, False)
+            assert peer is not None, "the socket went back to Hadoop's peer cache"
+        reader = hadoop.hdfs.client.impl.BlockReaderRemote.newBlockReader(
+            "/f", extended, hadoop.security.token.Token(), offset, length, True, "java-test",
+            peer, node, cache, hadoop.hdfs.server.datanode.CachingStrategy.newDefaultStrategy(),
+            0, hadoop.conf.Configuration(False))
+        # py4j passes byte arrays by value: the reader fills a ByteBuffer instead
+        buf = j.java.nio.ByteBuffer.allocate(length)
+        while buf.hasRemaining():
+            assert reader.read(buf) > 0
+        reader.close()
+        peer = None
+        md5 = j.java.security.MessageDigest.getInstance("MD5")
+        md5.update(buf.flip())
+        assert bytes(md5.digest()) == hashlib.md5(data[offset:offset + length]).digest()
+
+
+@slow
+@requires_java
+def test_hadoops_own_sender_writes_a_pipeline_and_reads_its_acks(simple_cluster, jvm):
+    """The op as Hadoop's Sender encodes it (all pipeline nodes given, the first dropped on
+    the wire), its PacketHeader, and its PipelineAck reading our acks."""
+    j = jvm.jvm
+    hadoop = j.org.apache.hadoop
+    data = random.Random(86).randbytes(200_000)
+
+    async def create():
+        async with client_of(simple_cluster) as client:
+            status, located = await _create_with_block(client, "/java/w")
+            return client.client_name, status, located
+    holder, status, located = trio.run(create)
+    locations = located["locations"]
+    address = hdfs_address(locations[0])
+    sock = _java_socket(j, address)
+    out = j.java.io.DataOutputStream(j.java.io.BufferedOutputStream(sock.getOutputStream()))
+    into = j.java.io.DataInputStream(sock.getInputStream())
+    nodes = jvm.new_array(hadoop.hdfs.protocol.DatanodeInfo, 1)
+    host, port = address.rsplit(":", 1)
+    nodes[0] = hadoop.hdfs.protocol.DatanodeInfo.DatanodeInfoBuilder().setNodeID(
+        hadoop.hdfs.protocol.DatanodeID(host, host, "node-0", int(port), 0, 0, 0)).build()
+    disk = hadoop.fs.StorageType.DISK
+    types = jvm.new_array(hadoop.fs.StorageType, 1)
+    types[0] = disk
+    ids = jvm.new_array(j.java.lang.String, 1)
+    ids[0] = "DS-0"
+    checksum = hadoop.util.DataChecksum.newDataChecksum(hadoop.util.DataChecksum.Type.CRC32C,
+                                                        512)
+    block = hadoop.hdfs.protocol.ExtendedBlock("BP-1", located["block"]["id"], 0,
+                                               located["block"]["gs"])
+    hadoop.hdfs.protocol.datatransfer.Sender(out).writeBlock(
+        block, disk, hadoop.security.token.Token(), "java-test", nodes, types, None,
+        hadoop.hdfs.protocol.datatransfer.BlockConstructionStage.PIPELINE_SETUP_CREATE, 1,
+        0, 0, 0, checksum, hadoop.hdfs.server.datanode.CachingStrategy.newDefaultStrategy(),
+        False, False, None, "DS-0", ids)
+    out.flush()
+    proto = hadoop.hdfs.protocol.proto.DataTransferProtos.BlockOpResponseProto
+    answer = proto.parseFrom(hadoop.hdfs.protocolPB.PBHelperClient.vintPrefixed(into))
+    assert answer.getStatus().toString() == "SUCCESS"
+    header = hadoop.hdfs.protocol.datatransfer.PacketHeader
+    step, seqno = 64512, 0
+    for pos in range(0, len(data), step):
+        chunk = data[pos:pos + step]
+        sums = hdt.chunk_checksums(chunk, 512)
+        header(4 + len(sums) + len(chunk), pos, seqno, False, len(chunk), seqno == 1).write(out)
+        out.write(sums + chunk)
+        seqno += 1
+    header(4, len(data), seqno, True, 0, False).write(out)
+    out.flush()
+    for expected in range(seqno + 1):
+        ack = hadoop.hdfs.protocol.datatransfer.PipelineAck()
+        ack.readFields(into)
+        assert ack.getSeqno() == expected and ack.isSuccess() and ack.getNumOfReplies() == 1
+    sock.close()
+
+    async def finish():
+        async with client_of(simple_cluster) as client:
+            last = {**located["block"], "num_bytes": len(data)}
+            assert await client._call("complete", path="/java/w", client_name=holder,
+                                      ino=status["ino"], last=last) is True
+            assert await client.read_file("/java/w") == data
+    trio.run(finish)
