@@ -290,6 +290,50 @@ def test_streaming_recovery_drops_a_node_and_keeps_the_acknowledged_bytes(cluste
 
 
 @slow
+def test_close_recovery_restamps_finalized_replicas(cluster):
+    """A close whose last ack was lost: the replicas are FINALIZED already; the writer's
+    PIPELINE_CLOSE_RECOVERY under a new stamp sends only the last packet again."""
+    data = random.Random(83).randbytes(100_000)
+
+    async def main():
+        async with client_of(cluster) as client:
+            status, located = await _create_with_block(client, "/write/closed")
+            locations = located["locations"]
+            first = hdfs_address(locations[0])
+            targets = [convert.datanode(loc) for loc in locations[1:]]
+            async with await hdt.DataTransferClient.connect(first) as c:
+                result = await c.write_block(_block_proto(located), data, targets=targets,
+                                             token=tokens.to_proto(located.get("token")))
+            assert all(statuses == [hdt.Status.SUCCESS] * 3 for _, statuses in result.acks)
+            fresh = await client._call("update_block_for_pipeline", block=located["block"],
+                                       client_name=client.client_name)
+            new_gs = fresh["block"]["gs"]
+            async with await hdt.DataTransferClient.connect(first) as c:
+                result = await c.write_block(
+                    _block_proto(located), b"", start=len(data), new_gs=new_gs,
+                    stage=hdt.Stage.PIPELINE_CLOSE_RECOVERY, targets=targets,
+                    token=tokens.to_proto(fresh.get("token")))
+            assert result.response.status == hdt.Status.SUCCESS, result.response
+            assert result.acks == [(0, [hdt.Status.SUCCESS] * 3)]
+            new_block = {"id": located["block"]["id"], "gs": new_gs, "num_bytes": len(data)}
+            assert await client._call("update_pipeline", client_name=client.client_name,
+                                      old_block=located["block"], new_block=new_block,
+                                      new_nodes=[loc["node_id"] for loc in locations])
+            assert await client._call("complete", path="/write/closed",
+                                      client_name=client.client_name, ino=status["ino"],
+                                      last=new_block) is True
+            assert await client.read_file("/write/closed") == data
+            block = _block_proto(located, len(data))
+            block.generationStamp = new_gs
+            answer = await client.get_block_locations("/write/closed")
+            token = tokens.to_proto(answer["blocks"][0].get("token"))
+            for location in locations:   # every replica carries the new stamp
+                async with await hdt.DataTransferClient.connect(hdfs_address(location)) as c:
+                    assert (await c.read_block(block, 0, len(data), token=token)).data == data
+    trio.run(main)
+
+
+@slow
 def test_a_bad_checksum_is_error_checksum_and_the_server_serves_on(cluster):
     data = random.Random(81).randbytes(200_000)
 

@@ -13,7 +13,8 @@ the other framing (``fs.hdfs.datatransfer``).
   last packet, reads the client's read status, and waits ``KEEPALIVE`` seconds for the
   next op on the same connection (Hadoop's client pools its sockets; it closes one it does
   not reuse, which is normal).
-* WRITE_BLOCK (stages CREATE, STREAMING_RECOVERY, APPEND) creates or reopens the RBW
+* WRITE_BLOCK (stages CREATE, APPEND and the recoveries: STREAMING, APPEND, CLOSE)
+  creates or reopens the RBW
   replica at the client's bytesPerChecksum, sets up the rest of the pipeline over this
   protocol (``targets`` carry each node's HDFS port), answers, then runs
   ``storage.transfer.WritePipeline`` with HDFS's packets and acks (``HdfsWire``): acks
@@ -56,7 +57,8 @@ KEEPALIVE = 4.0
 READ_PACKET = 4 << 20
 Stage = hdt.Stage
 _SETUP_STAGES = {Stage.PIPELINE_SETUP_CREATE, Stage.PIPELINE_SETUP_STREAMING_RECOVERY,
-                 Stage.PIPELINE_SETUP_APPEND}
+                 Stage.PIPELINE_SETUP_APPEND, Stage.PIPELINE_SETUP_APPEND_RECOVERY,
+                 Stage.PIPELINE_CLOSE_RECOVERY}
 
 
 class HdfsWire:
@@ -303,11 +305,14 @@ class HdfsDataTransfer:
         min_bytes = request.minBytesRcvd
         if stage == Stage.PIPELINE_SETUP_CREATE:
             replica = await self.store.create_rbw(block_id, gs, bpc)
-        elif stage == Stage.PIPELINE_SETUP_STREAMING_RECOVERY:
+        elif stage == Stage.PIPELINE_SETUP_APPEND:
+            replica = await self.store.reopen_for_append(block_id, gs, min_bytes, bpc)
+        else:
+            # streaming, append or close recovery: the replica, RBW or already FINALIZED
+            # (a close whose last ack was lost), is cut to what every node acknowledged
+            # and reopened under the new stamp; a close recovery's only packet is the last
             replica = await self.store.recover_rbw(block_id, gs, min_bytes, bpc)
             self.transfer.stats.streaming_recoveries += 1
-        else:
-            replica = await self.store.reopen_for_append(block_id, gs, min_bytes, bpc)
         own_writer = replica.writer
         downstream: FramedStream | None = None
         try:
