@@ -16,6 +16,7 @@ import hashlib
 import random
 import socket
 import time
+import urllib.request
 
 import pytest
 import trio
@@ -143,7 +144,24 @@ def test_read_block_ranges_on_one_kept_alive_connection(cluster):
             past = await c.read_block(block, SIZE - 10, 11, token=token)
             assert past.response.status == hdt.Status.ERROR
             assert "past the end" in past.response.message
+        # the block server's metrics count the ops under their own name
+        ops = await trio.to_thread.run_sync(hdfs_ops, locations[0])
+        assert ops.get(("HDFS_READ_BLOCK", "ok"), 0) >= 4
+        assert ops.get(("HDFS_READ_BLOCK", "InvalidArgument"), 0) >= 1
     trio.run(main)
+
+
+def hdfs_ops(location: dict) -> dict:
+    """(op, result) -> count of the HDFS ops on the /metrics page of ``location``'s node."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    host = location["address"].rsplit(":", 1)[0]
+    url = f"http://{host}:{location['http_port']}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        text = answer.read().decode()
+    return {(s.labels["op"], s.labels["result"]): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == "leasefs_storage_ops_total" and s.labels["op"].startswith("HDFS_")}
 
 
 @slow

@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 KEEPALIVE = 4.0
 #: data bytes per READ_BLOCK packet: few, large packets (Hadoop's client takes up to 16 MiB)
 READ_PACKET = 4 << 20
+#: the op names this port's ops are counted under in the block server's metrics
+METRIC_OPS = frozenset({"HDFS_READ_BLOCK", "HDFS_WRITE_BLOCK"})
+
 Stage = hdt.Stage
 _SETUP_STAGES = {Stage.PIPELINE_SETUP_CREATE, Stage.PIPELINE_SETUP_STREAMING_RECOVERY,
                  Stage.PIPELINE_SETUP_APPEND, Stage.PIPELINE_SETUP_APPEND_RECOVERY,
