@@ -113,6 +113,11 @@ class BlockServer:
                         name="block server HDFS data transfer",
                         limits=ConnectionLimits.from_config(self.config)))
                     self.heartbeat.hdfs_port = self.hdfs_bound[1]
+                    if server_tls is not None:
+                        log.warning("HDFS data-transfer port %d is plaintext (HDFS's protocol "
+                                    "has no TLS; tls = on covers leasefs's own ports): set "
+                                    "storage_hdfs_port = -1 where block data must not cross "
+                                    "the network in the clear", self.hdfs_bound[1])
                 task_status.started(self.bound)
                 nursery.start_soon(self.scanner.run)
                 nursery.start_soon(self.dirscan.run)

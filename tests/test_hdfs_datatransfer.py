@@ -21,7 +21,7 @@ import urllib.request
 import pytest
 import trio
 
-from harness import ProcessCluster
+from harness import ProcessCluster, wait_until
 from hadoopkit import jars, requires_java
 
 from fs.client import AsyncClient
@@ -209,9 +209,9 @@ def test_simple_mode_ignores_tokens_and_names_a_wrong_block_or_stamp(simple_clus
     trio.run(main)
 
 
-async def _create_with_block(client, path: str) -> tuple[dict, dict]:
+async def _create_with_block(client, path: str, replication: int = 3) -> tuple[dict, dict]:
     answer = await client._call("create", path=path, client_name=client.client_name,
-                                overwrite=False, create_parent=True, replication=3,
+                                overwrite=False, create_parent=True, replication=replication,
                                 first_block=True)
     return answer["status"], answer["first_block"]
 
@@ -348,6 +348,45 @@ def test_close_recovery_restamps_finalized_replicas(cluster):
             for location in locations:   # every replica carries the new stamp
                 async with await hdt.DataTransferClient.connect(hdfs_address(location)) as c:
                     assert (await c.read_block(block, 0, len(data), token=token)).data == data
+    trio.run(main)
+
+
+@slow
+def test_a_replica_written_over_hdfs_is_re_replicated_as_leasefs_own(cluster):
+    """Raise the replication of a file two HDFS-written replicas hold: the metadata server
+    has a block server copy one (leasefs's own copy, at the replica's 512-byte chunks) to
+    the third node, which then serves it over HDFS too."""
+    data = random.Random(84).randbytes(300_000)
+
+    async def main():
+        async with client_of(cluster) as client:
+            status, located = await _create_with_block(client, "/write/setrep", replication=2)
+            locations = located["locations"]
+            assert len(locations) == 2
+            async with await hdt.DataTransferClient.connect(hdfs_address(locations[0])) as c:
+                result = await c.write_block(_block_proto(located), data,
+                                             targets=[convert.datanode(locations[1])],
+                                             token=tokens.to_proto(located.get("token")))
+            assert result.acks[-1][1] == [hdt.Status.SUCCESS] * 2
+            last = {**located["block"], "num_bytes": len(data)}
+            assert await client._call("complete", path="/write/setrep",
+                                      client_name=client.client_name, ino=status["ino"],
+                                      last=last) is True
+            await client.set_replication("/write/setrep", 3)
+
+            async def three():
+                answer = await client.get_block_locations("/write/setrep")
+                return answer if len(answer["blocks"][0]["locations"]) == 3 else None
+            answer = await wait_until(three, timeout=30)
+            assert answer, "the third replica was not made"
+            new = [loc for loc in answer["blocks"][0]["locations"]
+                   if loc["node_id"] not in {n["node_id"] for n in locations}]
+            block = _block_proto(located, len(data))
+            token = tokens.to_proto(answer["blocks"][0].get("token"))
+            async with await hdt.DataTransferClient.connect(hdfs_address(new[0])) as c:
+                got = await c.read_block(block, 0, len(data), token=token)
+            assert got.response.readOpChecksumInfo.checksum.bytesPerChecksum == 512
+            assert got.data == data
     trio.run(main)
 
 
