@@ -436,6 +436,7 @@ class MetaActor:
         self.commands: collections.Counter[tuple[str, str]] = collections.Counter()
         self._dropped_logged: set[tuple] = set()   # (role, epoch) already logged
         self._registered_event = trio.Event()
+        self._meta_without_hdfs = False   # it refused register_storage's hdfs_port
         self._rpc: RpcClient | None = None
         self._pending_received: dict[int, list] = {}
         self._pending_deleted: dict[int, None] = {}
@@ -662,9 +663,21 @@ class MetaActor:
                 **await self._usage(), "wall_time": reported_wall_time()}
         if service.http_port:   # an older metadata server refuses arguments it does not know
             args["http_port"] = service.http_port
-        if service.hdfs_port:
+        if service.hdfs_port and not self._meta_without_hdfs:
             args["hdfs_port"] = service.hdfs_port
-        result = await self._rpc.call("register_storage", args, retry_seconds=0)
+        try:
+            result = await self._rpc.call("register_storage", args, retry_seconds=0)
+        except InvalidArgument as exc:
+            # a metadata server of an earlier release (block servers are upgraded first):
+            # registered without the port, this node serves no HDFS client through it
+            if "hdfs_port" not in args or "hdfs_port" not in str(exc):
+                raise
+            log.warning("metadata server %s does not take hdfs_port (an earlier release): "
+                        "registering without it; Hadoop's clients are not sent here",
+                        self.address)
+            self._meta_without_hdfs = True
+            del args["hdfs_port"]
+            result = await self._rpc.call("register_storage", args, retry_seconds=0)
         self.namespace_id = result.get("namespace_id") if isinstance(result, dict) else None
         obeyed = self._take_reply(result if isinstance(result, dict) else {}, "register", [])
         await self._full_report()

@@ -360,7 +360,7 @@ class RoleMeta(Dispatcher):
         return self.ha.status().to_wire()
 
     async def rpc_register_storage(self, ctx, node_id, address, capacity, used, remaining,
-                                   http_port=0, wall_time=None, hdfs_port=None):
+                                   http_port=0, wall_time=None):
         return {"namespace_id": 7, "ha": self._status()}
 
     async def rpc_heartbeat(self, ctx, node_id, capacity, used, remaining, xceivers=0,
