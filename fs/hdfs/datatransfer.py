@@ -29,7 +29,7 @@ import trio
 from ..datatransfer import CHECKSUM_SIZE, chunk_checksums, num_chunks, verify_checksums
 from ..errors import ProtocolError
 from ..framing import FramedStream
-from ..rpcbase import parse_address
+from ..rpcbase import format_address, parse_address
 from .pb import datatransfer_pb2 as dt
 from .pb import hdfs_pb2 as pb
 
@@ -247,7 +247,7 @@ def op_header(block: pb.ExtendedBlockProto, token: pb.TokenProto | None,
 
 def datanode_address(node: pb.DatanodeInfoProto) -> str:
     """Where a pipeline target takes data-transfer connections (``ipAddr:xferPort``)."""
-    return f"{node.id.ipAddr}:{node.id.xferPort}"
+    return format_address((node.id.ipAddr, node.id.xferPort))
 
 
 # --------------------------------------------------------------------------- test client
