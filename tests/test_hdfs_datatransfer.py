@@ -649,3 +649,23 @@ def test_hadoops_own_sender_writes_a_pipeline_and_reads_its_acks(simple_cluster,
                                       ino=status["ino"], last=last) is True
             assert await client.read_file("/java/w") == data
     trio.run(finish)
+
+
+@slow
+def test_secure_mode_refuses_a_write_without_a_valid_token(cluster):
+    async def main():
+        async with client_of(cluster) as client:
+            _, located = await _create_with_block(client, "/write/tokenless")
+            _, read_token, _ = await first_block(cluster, "/read/f")
+        address = hdfs_address(located["locations"][0])
+        for bad in (None, read_token):   # none, and one for another block and use
+            async with await hdt.DataTransferClient.connect(address) as c:
+                result = await c.write_block(_block_proto(located), b"x" * 1000, token=bad)
+            assert result.response.status == hdt.Status.ERROR_ACCESS_TOKEN
+            assert not result.acks
+        # the refused ops created nothing: the writer's own token still creates the replica
+        async with await hdt.DataTransferClient.connect(address) as c:
+            result = await c.write_block(_block_proto(located), b"x" * 1000,
+                                         token=tokens.to_proto(located.get("token")))
+        assert result.acks[-1] == (1, [hdt.Status.SUCCESS])
+    trio.run(main)
