@@ -26,6 +26,10 @@ less than the upstream waits for this node), is acked as ``SUCCESS`` for this no
 ``ERROR`` at the downstream's index, then the pipeline closes (pipeline recovery is the
 client's job, which so drops the silent node, not a healthy one above it). The replica stays RBW with its visible length.
 
+The same pipeline serves HDFS's data-transfer port (``storage.hdfs.xfer``): a
+``WritePipeline`` takes its packet and ack layout from a wire object (``NativeWire`` here),
+and the READ_BLOCK packet loop (``send_block_range``) its packet writer.
+
 Pipeline recovery (docs/PROTOCOL.md §5): WRITE_BLOCK stage PIPELINE_SETUP_STREAMING_RECOVERY
 stops the old pipeline on the replica, cuts it to the acknowledged ``min_bytes`` under the
 new stamp, then runs as above; TRANSFER_BLOCK (stage TRANSFER_RBW) copies the acknowledged
