@@ -174,7 +174,9 @@ def test_a_reader_that_aborts_mid_stream_leaves_the_server_serving(cluster):
             assert part.packets == 1
         async with await hdt.DataTransferClient.connect(address) as c:
             assert (await c.read_block(block, 0, 4096, token=token)).data == DATA[:4096]
-            # the kept-alive connection takes another op after an idle second
+            # fixed-sleep: the kept-alive connection must take another op after it stood
+            # idle for a while (a pooled socket's life in Hadoop's client); idleness is
+            # the point, there is no event to wait for
             await trio.sleep(1.0)
             assert (await c.read_block(block, 4096, 10, token=token)).data == DATA[4096:4106]
     trio.run(main)
