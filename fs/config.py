@@ -43,6 +43,9 @@ class Config:
     storage_port: int = _s(9866, "block server data-transfer port (0 = any free port)")
     storage_http_port: int = _s(0, "block server web page and /metrics port (0 = any free "
                                 "port, reported to the metadata server; -1 = off; HDFS 9864)")
+    storage_hdfs_port: int = _s(0, "block server HDFS data-transfer port, for Hadoop's client "
+                                "(0 = any free port, reported to the metadata server; -1 = "
+                                "off; HDFS 9866)")
     # --- blocks and data transfer
     block_size: int = _s(128 * MiB, "default block size of new files")
     min_block_size: int = _s(1 * MiB, "smallest block size a file may be created with "

@@ -142,3 +142,21 @@ def response_error(resp, what: str) -> LeaseFSError:
         return exc
     message = resp.get("message") if isinstance(resp, dict) else None
     return LeaseFSError(f"{what}: {message or f'unexpected response {resp!r:.200}'}")
+
+
+async def close_gracefully(framed: FramedStream, linger: float = 1.0) -> None:
+    """Half-close, drain what the peer still sends for a moment, then close: closing a socket
+    with unread input makes the kernel send RST, which can destroy our last reply in flight."""
+    stream = framed.stream
+    try:
+        with trio.move_on_after(linger):   # a server shutting down cancels the linger
+            if hasattr(stream, "send_eof"):
+                await stream.send_eof()
+            while await stream.receive_some(1 << 16):
+                pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError,
+            OSError):
+        pass
+    finally:
+        with trio.CancelScope(shield=True):
+            await framed.aclose()

@@ -137,6 +137,7 @@ class HeartbeatService:
         self.xceiver_count = xceiver_count
         self.address: str | None = None
         self.http_port: int | None = None   # our web page's port, told at registration
+        self.hdfs_port: int | None = None   # our HDFS data-transfer port, told likewise
         self._ignored_command_types: set[str] = set()
         self.recovery = BlockRecoveryWorker(config, store, self, self._commit_block_sync,
                                             key=key)
@@ -241,6 +242,17 @@ class HeartbeatService:
         if rbw and not self._wake_scheduled:
             self._wake_scheduled = True
             self._nursery.start_soon(self._wake_after, RECEIVING_REPORT_DELAY)
+
+    async def reports_sent(self, timeout: float) -> bool:
+        """Wait until the incremental reports queued so far went out to every metadata
+        server (True), or ``timeout`` seconds (False): a writer's last packet is acked
+        after its finalized replica is known, so the writer's ``complete`` answers at once."""
+        marks = [(actor, actor.queued) for actor in self.actors]
+        with trio.move_on_after(timeout):
+            for actor, mark in marks:
+                await actor.sent_through(mark)
+            return True
+        return False
 
     async def _wake_after(self, delay: float) -> None:
         await trio.sleep(delay)
@@ -424,9 +436,14 @@ class MetaActor:
         self.commands: collections.Counter[tuple[str, str]] = collections.Counter()
         self._dropped_logged: set[tuple] = set()   # (role, epoch) already logged
         self._registered_event = trio.Event()
+        self._meta_without_hdfs = False   # it refused register_storage's hdfs_port
         self._rpc: RpcClient | None = None
         self._pending_received: dict[int, list] = {}
         self._pending_deleted: dict[int, None] = {}
+        # entries queued so far, and how many of them went out (``sent_through``)
+        self.queued = 0
+        self._sent = 0
+        self._sent_event = trio.Event()
         self._wakeup = trio.Event()
         self._outage: str | None = None          # last logged failure kind, None = all well
         self._report_lock = trio.Lock()   # full vs. incremental reports, see the docstring
@@ -438,8 +455,14 @@ class MetaActor:
         self._pending_deleted.pop(block_id, None)
         self._pending_received.pop(block_id, None)   # re-insert: keep the latest at the end
         self._pending_received[block_id] = entry
+        self.queued += 1
         if wake:
             self._wakeup.set()
+
+    async def sent_through(self, mark: int) -> None:
+        """Return once the first ``mark`` queued received entries went out."""
+        while self._sent < mark:
+            await self._sent_event.wait()
 
     def queue_deleted(self, block_ids) -> None:
         for block_id in block_ids:
@@ -460,6 +483,7 @@ class MetaActor:
                 if not self.registered:      # that full report failed: wait for the next
                     continue
                 self._wakeup = trio.Event()
+                mark = self.queued
                 received = list(self._pending_received.values())
                 deleted = list(self._pending_deleted)
                 self._pending_received, self._pending_deleted = {}, {}
@@ -470,6 +494,9 @@ class MetaActor:
                                               "received": received, "deleted": deleted},
                                              retry_seconds=0)
                     failure = None
+                    self._sent = mark
+                    self._sent_event.set()
+                    self._sent_event = trio.Event()
                 except LeaseFSError as exc:
                     failure = exc
                     for entry in received:   # a newer state queued meanwhile wins
@@ -636,7 +663,21 @@ class MetaActor:
                 **await self._usage(), "wall_time": reported_wall_time()}
         if service.http_port:   # an older metadata server refuses arguments it does not know
             args["http_port"] = service.http_port
-        result = await self._rpc.call("register_storage", args, retry_seconds=0)
+        if service.hdfs_port and not self._meta_without_hdfs:
+            args["hdfs_port"] = service.hdfs_port
+        try:
+            result = await self._rpc.call("register_storage", args, retry_seconds=0)
+        except InvalidArgument as exc:
+            # a metadata server of an earlier release (block servers are upgraded first):
+            # registered without the port, this node serves no HDFS client through it
+            if "hdfs_port" not in args or "hdfs_port" not in str(exc):
+                raise
+            log.warning("metadata server %s does not take hdfs_port (an earlier release): "
+                        "registering without it; Hadoop's clients are not sent here",
+                        self.address)
+            self._meta_without_hdfs = True
+            del args["hdfs_port"]
+            result = await self._rpc.call("register_storage", args, retry_seconds=0)
         self.namespace_id = result.get("namespace_id") if isinstance(result, dict) else None
         obeyed = self._take_reply(result if isinstance(result, dict) else {}, "register", [])
         await self._full_report()

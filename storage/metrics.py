@@ -24,12 +24,13 @@ from fs.datatransfer import (BLOCK_LENGTH, READ_BLOCK, TRANSFER_BLOCK, WRITE_BLO
                              WRITE_BLOCK_ONESHOT)
 from fs.metrics import Counters, Histograms, register
 
+from .hdfs.xfer import METRIC_OPS as HDFS_OPS
 from .recovery import INIT_REPLICA_RECOVERY, UPDATE_REPLICA_UNDER_RECOVERY
 from .replica_states import ReplicaState
 
 PREFIX = "leasefs_storage_"
 OPS = frozenset({WRITE_BLOCK, WRITE_BLOCK_ONESHOT, READ_BLOCK, BLOCK_LENGTH, TRANSFER_BLOCK,
-                 INIT_REPLICA_RECOVERY, UPDATE_REPLICA_UNDER_RECOVERY})
+                 INIT_REPLICA_RECOVERY, UPDATE_REPLICA_UNDER_RECOVERY}) | HDFS_OPS
 UNKNOWN_OP = "unknown"   # a peer's name that is no op: one series, not one per name
 
 

@@ -35,6 +35,7 @@ from fs.rpc import format_address, parse_address_list, serve_tcp
 from fs.web import serve_app
 
 from .dirscan import DirectoryScanner
+from .hdfs.xfer import HdfsDataTransfer
 from .heartbeat import HeartbeatService
 from .replicas import ReplicaStore
 from .scanner import BlockScanner
@@ -55,6 +56,7 @@ class BlockServer:
         self.store = ReplicaStore(data_dir, disk_io_threads=config.disk_io_threads,
                                   sync_on_close=config.sync_on_close)
         self.transfer = DataTransferServer(config, self.store)
+        self.hdfs = HdfsDataTransfer(self.transfer)   # Hadoop's client, same replicas
         # security = secure: no key, no block server (a clear error at start, not a
         # server that is refused forever)
         key = nodeauth.load_key(config.cluster_key_file) if config.security == "secure" else None
@@ -75,6 +77,7 @@ class BlockServer:
         self.metrics = StorageMetrics(self)
         self.transfer.op_observer = self.metrics.observe_op
         self.http_bound: tuple[str, int] | None = None
+        self.hdfs_bound: tuple[str, int] | None = None
         self.recent_log = weblog.install()   # the page's recent errors
 
     async def run(self, host: str = "127.0.0.1", port: int = 9866,
@@ -104,6 +107,17 @@ class BlockServer:
                         serve_app, make_app(self), host, self.config.storage_http_port,
                         name="block server web page"))
                     self.heartbeat.http_port = self.http_bound[1]
+                if self.config.storage_hdfs_port >= 0:
+                    self.hdfs_bound = await nursery.start(partial(
+                        serve_tcp, self.hdfs.handle, host, self.config.storage_hdfs_port,
+                        name="block server HDFS data transfer",
+                        limits=ConnectionLimits.from_config(self.config)))
+                    self.heartbeat.hdfs_port = self.hdfs_bound[1]
+                    if server_tls is not None:
+                        log.warning("HDFS data-transfer port %d is plaintext (HDFS's protocol "
+                                    "has no TLS; tls = on covers leasefs's own ports): set "
+                                    "storage_hdfs_port = -1 where block data must not cross "
+                                    "the network in the clear", self.hdfs_bound[1])
                 task_status.started(self.bound)
                 nursery.start_soon(self.scanner.run)
                 nursery.start_soon(self.dirscan.run)

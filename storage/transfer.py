@@ -26,6 +26,10 @@ less than the upstream waits for this node), is acked as ``SUCCESS`` for this no
 ``ERROR`` at the downstream's index, then the pipeline closes (pipeline recovery is the
 client's job, which so drops the silent node, not a healthy one above it). The replica stays RBW with its visible length.
 
+The same pipeline serves HDFS's data-transfer port (``storage.hdfs.xfer``): a
+``WritePipeline`` takes its packet and ack layout from a wire object (``NativeWire`` here),
+and the READ_BLOCK packet loop (``send_block_range``) its packet writer.
+
 Pipeline recovery (docs/PROTOCOL.md §5): WRITE_BLOCK stage PIPELINE_SETUP_STREAMING_RECOVERY
 stops the old pipeline on the replica, cuts it to the acknowledged ``min_bytes`` under the
 new stamp, then runs as above; TRANSFER_BLOCK (stage TRANSFER_RBW) copies the acknowledged
@@ -86,7 +90,7 @@ from fs.datatransfer import (ack_timeout, BLOCK_CHECKSUM, BLOCK_LENGTH, CHECKSUM
                              WRITE_BLOCK_ONESHOT,
                              Packet, encode_packet_header, num_chunks, receive_ack, send_ack,
                              send_packet, verify_checksums)
-from fs.dataconn import failure_cause, open_data_connection
+from fs.dataconn import close_gracefully, failure_cause, open_data_connection
 from fs.errors import (ChecksumError, InternalError, InvalidArgument, InvalidToken,
                        LeaseFSError, NotSupported, PipelineError, ProtocolError,
                        ReplicaNotFound, ServerUnavailable)
@@ -129,6 +133,8 @@ STAGE_MODES = {
 }
 
 _KNOWN_FLAGS = FLAG_LAST | FLAG_SYNC | FLAG_HEARTBEAT
+#: the seqno of the ERROR ack for a packet whose header could not be read
+UNREAD_SEQNO = -2
 #: TEST-ONLY fault injection: ``LEASEFS_TEST_CORRUPT_PACKETS=once|always`` in a block server's
 #: environment flips a byte of a received data packet before it is verified, as if the
 #: network had corrupted it in flight (``once``: the first data packet this process receives;
@@ -184,6 +190,9 @@ class NullReporter:
     async def replica_lost(self, block_id: int, gs: int, why) -> bool:
         return False
 
+    async def reports_sent(self, timeout: float) -> bool:
+        return True
+
 
 class _Conn:
     """One data-transfer connection and whether its op response went out already."""
@@ -199,24 +208,6 @@ class _Conn:
     async def respond(self, response: dict) -> None:
         self.responded = True
         await self.framed.send_frame(response)
-
-
-async def close_gracefully(framed: FramedStream, linger: float = 1.0) -> None:
-    """Half-close, drain what the peer still sends for a moment, then close: closing a socket
-    with unread input makes the kernel send RST, which can destroy our last reply in flight."""
-    stream = framed.stream
-    try:
-        with trio.move_on_after(linger):   # a server shutting down cancels the linger
-            if hasattr(stream, "send_eof"):
-                await stream.send_eof()
-            while await stream.receive_some(1 << 16):
-                pass
-    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError,
-            OSError):
-        pass
-    finally:
-        with trio.CancelScope(shield=True):
-            await framed.aclose()
 
 
 # --------------------------------------------------------------------------- server
@@ -323,6 +314,28 @@ class DataTransferServer:
             await conn.respond(_error_response(exc, **extra))
         except (ServerUnavailable, EOFError):
             pass
+
+    # ------------------------------------------------------------------ other front ends
+
+    async def run_pipeline(self, upstream: FramedStream, peer: str,
+                           downstream: FramedStream | None, replica: Replica, below: int,
+                           wire) -> None:
+        """Receive, write, forward and ack the packets of a write whose setup was answered
+        (``WritePipeline``), in ``wire``'s layout of packets and acks (``storage.hdfs``)."""
+        await WritePipeline(self, _Upstream(upstream, peer), downstream, replica,
+                            below=below, wire=wire).run()
+
+    def report_receiving(self, block_id: int, gs: int, num_bytes: int) -> None:
+        """HDFS "receiving block" report: the metadata server learns the RBW location."""
+        self.reporter.block_received(block_id, gs, num_bytes, ReplicaState.RBW.value)
+
+    async def release_own_writer(self, replica: Replica, own_writer) -> None:
+        """At the end of a write op: stop writing the replica, if it is still RBW and this
+        op's (a later pipeline recovery may have given it a new writer meanwhile)."""
+        if not replica.removed and replica.state is ReplicaState.RBW \
+                and replica.writer is own_writer:
+            with trio.CancelScope(shield=True):
+                await self.store.release_writer(replica)
 
     # ------------------------------------------------------------------ access tokens
 
@@ -501,17 +514,20 @@ class DataTransferServer:
                 log.debug("READ_BLOCK blk_%d to %s: reader took no response for %gs",
                           block_id, conn.peer, self.config.data_timeout)
                 return
-            await self._send_block_range(conn, reader, chunk_offset, end)
+            await self.send_block_range(conn, reader, chunk_offset, end)
         finally:
             await self.store.close_reader(reader)
 
-    async def _send_block_range(self, conn: _Conn, reader, start: int, end: int) -> None:
-        """Packets of ``packet_size`` (rounded to whole chunks) read one ahead in a worker
-        thread while the previous one is sent, then the empty LAST packet. A reader that
-        goes away or stalls just ends the op; a disk error is raised as itself (not wrapped
-        in an exception group)."""
+    async def send_block_range(self, conn, reader, start: int, end: int,
+                               packet_size: int | None = None, send=send_packet) -> bool:
+        """Packets of ``packet_size`` (default ``packet_size``; rounded to whole chunks)
+        read one ahead in a worker thread while the previous one is sent, then the empty
+        LAST packet; True when that went out. A reader that goes away or stalls just ends
+        the op (False); a disk error is raised as itself (not wrapped in an exception
+        group). ``send(framed, seqno, offset, data, sums, flags)`` puts a packet on the
+        wire (leasefs's layout, or HDFS's for ``storage.hdfs``)."""
         bpc = reader.bytes_per_checksum
-        step = max(bpc, self.config.packet_size // bpc * bpc)
+        step = max(bpc, (packet_size or self.config.packet_size) // bpc * bpc)
         send_ch, receive_ch = trio.open_memory_channel(1)
         read_failure: list[Exception] = []
 
@@ -531,7 +547,8 @@ class DataTransferServer:
             nursery.start_soon(producer)
             async with receive_ch:
                 async for pos, data, sums in receive_ch:
-                    if not await self._send_to_reader(conn, reader, seqno, pos, data, sums):
+                    if not await self._send_to_reader(conn, reader, seqno, pos, data, sums,
+                                                      send=send):
                         # a flag, not a return: the nursery's cancelled scope would swallow
                         # a return at the channel's closing checkpoint
                         reader_gone = True
@@ -539,18 +556,19 @@ class DataTransferServer:
                         break
                     seqno += 1
         if reader_gone:
-            return
+            return False
         if read_failure:
             raise read_failure[0]
-        await self._send_to_reader(conn, reader, seqno, end, b"", b"", FLAG_LAST)
+        return await self._send_to_reader(conn, reader, seqno, end, b"", b"", FLAG_LAST,
+                                          send=send)
 
-    async def _send_to_reader(self, conn: _Conn, reader, seqno: int, offset: int, data,
-                              sums: bytes, flags: int = 0) -> bool:
+    async def _send_to_reader(self, conn, reader, seqno: int, offset: int, data,
+                              sums: bytes, flags: int = 0, send=send_packet) -> bool:
         """Send one READ_BLOCK packet; False (after a debug line) when the reader closed the
         connection or read nothing for ``data_timeout``."""
         try:
             with trio.fail_after(self.config.data_timeout):
-                await send_packet(conn.framed, seqno, offset, data, sums, flags)
+                await send(conn.framed, seqno, offset, data, sums, flags)
             self.stats.bytes_read += len(data)
             return True
         except trio.TooSlowError:
@@ -617,19 +635,16 @@ class DataTransferServer:
             # HDFS "receiving block" report: the metadata server learns the RBW location
             # (not for a TRANSFER_RBW copy: it is reported once a recovered pipeline uses it)
             if stage != TRANSFER_RBW:
-                self.reporter.block_received(block_id, gs, min_bytes, ReplicaState.RBW.value)
+                self.report_receiving(block_id, gs, min_bytes)
             await conn.respond({"status": "SUCCESS", "message": "", "first_bad_link": ""})
-            pipeline = _WritePipeline(self, conn, downstream, replica, below=len(targets),
+            pipeline = WritePipeline(self, conn, downstream, replica, below=len(targets),
                                       transfer=stage == TRANSFER_RBW)
             await pipeline.run()
         finally:
             if downstream is not None:
                 with trio.CancelScope(shield=True):
                     await downstream.aclose()
-            if not replica.removed and replica.state is ReplicaState.RBW \
-                    and replica.writer is own_writer:
-                with trio.CancelScope(shield=True):
-                    await self.store.release_writer(replica)
+            await self.release_own_writer(replica, own_writer)
 
     async def _connect_downstream(self, header: dict, targets: list[str]):
         """``(stream, None)`` or ``(None, (message, first_bad_link, error type or None))``.
@@ -675,13 +690,16 @@ class _Queued:
     own_status: int = SUCCESS
 
 
-class _WritePipeline:
+class WritePipeline:
     """The receiver and responder of one WRITE_BLOCK after a successful setup."""
 
     def __init__(self, server: DataTransferServer, conn: _Conn,
                  downstream: FramedStream | None, replica: Replica, below: int = 0,
-                 transfer: bool = False):
+                 transfer: bool = False, wire=None):
         self.server = server
+        #: how packets and acks look on this pipeline's connections (leasefs's own, or
+        #: HDFS's: ``storage.hdfs.xfer``)
+        self.wire = wire or NativeWire()
         #: TRANSFER_RBW copy: LAST ends the copy, the replica stays RBW (not finalized)
         self.transfer = transfer
         self.store = server.store
@@ -728,32 +746,16 @@ class _WritePipeline:
         self.scope.cancel()
 
     # -- receiver
+    async def reserve(self, data_len: int) -> None:
+        """Hold ``data_len`` bytes of the server's budget for a packet about to be read
+        (released once the disk writer is done with it): many peers sending large packets
+        slowly, or stalling half way, cannot make the server buffer without bound."""
+        await self.server.budget.acquire(data_len)
+        self._held += data_len
+
     async def _receive_packet(self) -> Packet:
-        """One packet with the limits checked before anything big is read."""
-        framed = self.upstream
-        raw = await framed.receive_exactly(PACKET_HEADER.size)
-        seqno, offset, data_len, flags = PACKET_HEADER.unpack(raw)
-        problem = None
-        if data_len > MAX_PACKET_DATA:
-            problem = f"claims {data_len} bytes, more than {MAX_PACKET_DATA}"
-        elif offset < 0:
-            problem = f"has a negative offset {offset}"
-        elif flags & ~_KNOWN_FLAGS:
-            problem = f"has unknown flags {flags:#x}"
-        elif flags & FLAG_HEARTBEAT and data_len:
-            problem = "is a heartbeat carrying data"
-        if problem:
-            raise _BadPacket(seqno, ProtocolError(f"{self.replica.name}: packet {seqno} {problem}"))
-        # the payload is read once the server's budget has room for it (held until the
-        # disk writer is done with it): many peers sending large packets slowly, or
-        # stalling half way, cannot make the server buffer without bound
-        if data_len:
-            await self.server.budget.acquire(data_len)
-            self._held += data_len
-        sums = await framed.receive_exactly(
-            CHECKSUM_SIZE * num_chunks(data_len, self.replica.bytes_per_checksum))
-        data = await framed.receive_exactly(data_len)
-        return Packet(seqno, offset, data, sums, flags)
+        return await self.wire.receive_packet(self)
+
 
     async def _receiver(self, disk: trio.MemorySendChannel) -> None:
         """Receive, verify, forward; hand the packet to the disk writer. The disk writer
@@ -771,9 +773,10 @@ class _WritePipeline:
                              failure_cause(exc, self.upstream_timeout))
                     self._stop()
                     return
-                except _BadPacket as bad:
-                    log.warning("WRITE_BLOCK %s from %s: %s", replica.name, self.peer, bad.error)
-                    await disk.send((None, _Queued(bad.seqno, own_status=ERROR)))
+                except ProtocolError as bad:   # acked ERROR (the seqno, if it was read)
+                    log.warning("WRITE_BLOCK %s from %s: %s", replica.name, self.peer, bad)
+                    seqno = bad.seqno if isinstance(bad, BadPacket) else UNREAD_SEQNO
+                    await disk.send((None, _Queued(seqno, own_status=ERROR)))
                     return
                 entry = _Queued(packet.seqno, last=packet.last)
                 try:
@@ -840,8 +843,7 @@ class _WritePipeline:
             return
         try:
             with trio.fail_after(self.downstream_timeout):
-                await send_packet(self.downstream, packet.seqno, packet.offset, packet.data,
-                                  packet.sums, packet.flags)
+                await self.wire.send_packet(self.downstream, packet)
         except (ServerUnavailable, trio.TooSlowError) as exc:
             log.warning("WRITE_BLOCK %s: forwarding packet %d to the downstream failed: %s",
                         self.replica.name, packet.seqno,
@@ -855,7 +857,7 @@ class _WritePipeline:
         if not self.downstream_failed:
             try:
                 with trio.fail_after(self.downstream_timeout):
-                    ack_seqno, statuses = await receive_ack(self.downstream)
+                    ack_seqno, statuses = await self.wire.receive_ack(self.downstream)
                 if ack_seqno != seqno:
                     raise ProtocolError(f"downstream acked seqno {ack_seqno}, expected {seqno}")
                 if not statuses:
@@ -888,8 +890,10 @@ class _WritePipeline:
                         ok = False
                     else:
                         self._report_finalized(replica)
+                        if self.wire.report_wait:
+                            await self.server.reporter.reports_sent(self.wire.report_wait)
                 try:
-                    await send_ack(self.upstream, entry.seqno, statuses)
+                    await self.wire.send_ack(self.upstream, entry.seqno, statuses)
                 except ServerUnavailable as exc:
                     log.info("WRITE_BLOCK %s: cannot ack to %s: %s", replica.name, self.peer, exc)
                     self._stop()
@@ -904,10 +908,57 @@ class _WritePipeline:
             replica.block_id, replica.gs, replica.num_bytes, ReplicaState.FINALIZED.value)
 
 
-class _BadPacket(Exception):
-    """A packet header that breaks the protocol (internal: carries its seqno)."""
+class NativeWire:
+    """leasefs's own packets and acks (``fs.datatransfer``) for a ``WritePipeline``."""
 
-    def __init__(self, seqno: int, error: ProtocolError):
-        super().__init__(str(error))
+    #: seconds the last packet's ack may wait for the finalized replica's report to reach
+    #: the metadata server (0: not at all; leasefs's ``complete`` waits for it instead)
+    report_wait = 0.0
+
+    async def receive_packet(self, pipeline: WritePipeline) -> Packet:
+        """One packet with the limits checked before anything big is read."""
+        framed = pipeline.upstream
+        raw = await framed.receive_exactly(PACKET_HEADER.size)
+        seqno, offset, data_len, flags = PACKET_HEADER.unpack(raw)
+        problem = None
+        if data_len > MAX_PACKET_DATA:
+            problem = f"claims {data_len} bytes, more than {MAX_PACKET_DATA}"
+        elif offset < 0:
+            problem = f"has a negative offset {offset}"
+        elif flags & ~_KNOWN_FLAGS:
+            problem = f"has unknown flags {flags:#x}"
+        elif flags & FLAG_HEARTBEAT and data_len:
+            problem = "is a heartbeat carrying data"
+        if problem:
+            raise BadPacket(seqno, f"{pipeline.replica.name}: packet {seqno} {problem}")
+        if data_len:   # the payload is read once the server's budget has room for it
+            await pipeline.reserve(data_len)
+        sums = await framed.receive_exactly(
+            CHECKSUM_SIZE * num_chunks(data_len, pipeline.replica.bytes_per_checksum))
+        data = await framed.receive_exactly(data_len)
+        return Packet(seqno, offset, data, sums, flags)
+
+    async def send_packet(self, framed: FramedStream, packet: Packet) -> None:
+        await send_packet(framed, packet.seqno, packet.offset, packet.data, packet.sums,
+                          packet.flags)
+
+    async def send_ack(self, framed: FramedStream, seqno: int, statuses) -> None:
+        await send_ack(framed, seqno, statuses)
+
+    async def receive_ack(self, framed: FramedStream) -> tuple[int, list[int]]:
+        return await receive_ack(framed)
+
+
+class BadPacket(ProtocolError):
+    """A packet that breaks the protocol, with its seqno when it could be read."""
+
+    def __init__(self, seqno: int, message: str):
+        super().__init__(message)
         self.seqno = seqno
-        self.error = error
+
+
+@dataclass
+class _Upstream:
+    """The connection a ``WritePipeline`` receives packets from and acks to."""
+    framed: FramedStream
+    peer: str

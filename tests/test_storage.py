@@ -75,10 +75,11 @@ class FakeMeta(Dispatcher):
                 for b in args["deleted"]]
 
     async def rpc_register_storage(self, ctx, node_id, address, capacity, used, remaining,
-                                   http_port=0, wall_time=None):
+                                   http_port=0, wall_time=None, hdfs_port=None):
         self.calls.append(("register_storage", dict(node_id=node_id, address=address,
                                                     capacity=capacity, used=used,
-                                                    remaining=remaining)))
+                                                    remaining=remaining,
+                                                    hdfs_port=hdfs_port)))
         return {"namespace_id": 42}
 
     async def rpc_heartbeat(self, ctx, node_id, capacity, used, remaining, xceivers=0,
@@ -105,8 +106,17 @@ class FakeMeta(Dispatcher):
         return True
 
 
-async def start_fake_meta(nursery, port: int = 0):
-    meta = FakeMeta()
+class EarlierFakeMeta(FakeMeta):
+    """A metadata server of the release before register_storage took ``hdfs_port``."""
+
+    async def rpc_register_storage(self, ctx, node_id, address, capacity, used, remaining,
+                                   http_port=0, wall_time=None):
+        return await super().rpc_register_storage(ctx, node_id, address, capacity, used,
+                                                  remaining, http_port, wall_time)
+
+
+async def start_fake_meta(nursery, port: int = 0, meta: FakeMeta | None = None):
+    meta = meta or FakeMeta()
     bound = await nursery.start(
         serve_tcp, lambda stream, peer: serve_rpc(stream, meta, peer=peer), "127.0.0.1", port)
     return meta, format_address(bound)
@@ -1356,3 +1366,18 @@ async def test_advertised_address_follows_the_bind_address():
             await advertised_host(config, "0.0.0.0", "no-such-host.invalid:8020")
 
     await main()
+
+
+async def test_the_hdfs_port_is_registered_and_an_earlier_metadata_server_still_takes_the_node(
+        tmp_path):
+    async with trio.open_nursery() as nursery:
+        for meta in (FakeMeta(), EarlierFakeMeta()):
+            meta, address = await start_fake_meta(nursery, meta=meta)
+            node = await Node(nursery, make_config(), tmp_path / type(meta).__name__,
+                              address).start()
+            await wait_for(lambda: node.server.heartbeat.registered, 10, "registration")
+            (registered,) = meta.of("register_storage")
+            want = None if isinstance(meta, EarlierFakeMeta) else node.server.hdfs_bound[1]
+            assert registered["hdfs_port"] == want
+            await node.stop()
+        nursery.cancel_scope.cancel()

@@ -119,6 +119,7 @@ class NodeInfo:
     scheduled_bytes: int = 0
     admin: AdminState = NORMAL       # changed only by ``move_admin``
     http_port: int | None = None     # its own web page's port, when it serves one
+    hdfs_port: int | None = None     # its HDFS data-transfer port, when it serves one
     # its wall clock minus ours at its last register or heartbeat (seconds; the call's
     # transit makes it look up to that much behind)
     clock_skew: float = 0.0
@@ -175,8 +176,8 @@ class DatanodeManager:
 
     # ------------------------------------------------------------------ membership
     def register(self, node_id: str, address: str, capacity: int, used: int,
-                 remaining: int, http_port: int | None = None
-                 ) -> tuple[NodeInfo, bool, list[NodeInfo]]:
+                 remaining: int, http_port: int | None = None,
+                 hdfs_port: int | None = None) -> tuple[NodeInfo, bool, list[NodeInfo]]:
         """Add or refresh a node; returns (node, was_dead_or_new, displaced nodes): a node
         registering on the address of another live id replaced it (a wiped data folder)."""
         now = self.clock()
@@ -195,6 +196,7 @@ class DatanodeManager:
             self.nodes[node_id] = node
         node.address = address
         node.http_port = http_port
+        node.hdfs_port = hdfs_port
         node.capacity, node.used, node.remaining = capacity, used, remaining
         node.last_heartbeat = now
         node.alive = True

@@ -202,9 +202,10 @@ class DatanodeProtocol:
                      node.node_id, limit, _skew_text(skew))
 
     async def rpc_register_storage(self, ctx, node_id, address, capacity=0, used=0, remaining=0,
-                                   http_port=None, wall_time=None):
+                                   http_port=None, wall_time=None, hdfs_port=None):
         """``http_port``: the port of the node's own web page (on its address's host), so
         the metadata server's pages can link to it; None when it serves none.
+        ``hdfs_port``: its HDFS data-transfer port (Hadoop's client), None when none.
         ``wall_time``: the node's clock (a skew past ``clock_skew_max`` is refused)."""
         check_name(node_id, "register_storage: node_id")
         self._node_caller(ctx, "register_storage", node_id)
@@ -217,6 +218,8 @@ class DatanodeProtocol:
         self._check_usage(capacity, used, remaining)
         if http_port is not None:
             check_int(http_port, "register_storage: http_port", low=1, high=65535)
+        if hdfs_port is not None:
+            check_int(hdfs_port, "register_storage: hdfs_port", low=1, high=65535)
         skew = self._clock_skew(node_id, wall_time, "register_storage")
         limit = self.clock_skew_max
         if skew is not None and limit > 0 and abs(skew) > limit:
@@ -227,7 +230,8 @@ class DatanodeProtocol:
                             f"{limit:g} s); synchronize the hosts' clocks (NTP, chrony) and "
                             f"it registers by itself")
         node, fresh, displaced = self.datanodes.register(node_id, format_address((host, port)),
-                                                         capacity, used, remaining, http_port)
+                                                         capacity, used, remaining, http_port,
+                                                         hdfs_port)
         for other in displaced:
             self.node_dead(other)
         self._note_clock(node, skew)

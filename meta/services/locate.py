@@ -51,8 +51,18 @@ class Locator:
         self.block_token = block_token
 
     def location(self, node_id: str) -> dict | None:
+        """A replica's live block server: its id and data address, plus its HDFS
+        data-transfer and web ports when it serves them (``hdfs_port``, ``http_port``:
+        Hadoop's client front end advertises them; other clients ignore them)."""
         node = self.datanodes.live(node_id)
-        return None if node is None else {"node_id": node.node_id, "address": node.address}
+        if node is None:
+            return None
+        out = {"node_id": node.node_id, "address": node.address}
+        if node.hdfs_port:
+            out["hdfs_port"] = node.hdfs_port
+        if node.http_port:
+            out["http_port"] = node.http_port
+        return out
 
     def is_complete(self, block: dict) -> bool:
         info = self.blocks.get(block["id"])
