@@ -1,0 +1,115 @@
+"""Spark's own readers, writers and commit protocol on ``hdfs://``: Hadoop's client from
+PySpark's jars talking to leasefs's HDFS ports (the metadata server's IPC, the block
+servers' data transfer), against Spark on a local folder and the leasefs Python data source
+on the same files.
+
+One process cluster (two block servers) and one ``local[2]`` session for the module.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from hadoopkit import requires_java
+from harness import ProcessCluster, free_port
+import sparkkit
+
+pytestmark = [requires_java, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = ProcessCluster(tmp_path_factory.mktemp("hdfs-spark"), n_storage=2,
+                       settings={"replication": 2, "meta_hdfs_port": free_port()})
+    c.start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    yield from sparkkit.run_client(cluster)
+
+
+@pytest.fixture(scope="module")
+def spark(cluster):
+    yield from sparkkit.run_spark("leasefs-hdfs-spark")
+
+
+def hdfs(cluster, path: str) -> str:
+    return f"hdfs://127.0.0.1:{cluster.settings['meta_hdfs_port']}{path}"
+
+
+def frame(spark, n=20_000):
+    return spark.range(n, numPartitions=3).selectExpr(
+        "id", "CAST(id % 7 AS INT) AS part", "CAST(id AS DOUBLE) / 3 AS ratio",
+        "concat('name-', id) AS name", "date_add(DATE'2000-01-01', CAST(id % 50 AS INT)) AS day")
+
+
+def leftovers(client, root: str) -> list[str]:
+    """Names under ``root`` a committed job must not leave: ``_temporary``, staging."""
+    found = []
+    for entry in client.list_status(root):
+        if entry.name.startswith(("_temporary", ".spark-staging")):
+            found.append(f"{root}/{entry.name}")
+        elif entry.type == "dir":
+            found += leftovers(client, f"{root}/{entry.name}")
+    return found
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "orc", "csv", "json"])
+def test_partitioned_writes_and_reads_match_spark_on_local_disk(spark, cluster, client,
+                                                                tmp_path, fmt):
+    df = frame(spark)
+    options = {"header": "true"} if fmt == "csv" else {}
+    target, local = hdfs(cluster, f"/w-{fmt}"), str(tmp_path / fmt)
+    for where in (target, local):
+        df.write.partitionBy("part").options(**options).format(fmt).save(where)
+    schema = df.schema if fmt in ("csv", "json") else None
+
+    def read(where):
+        reader = spark.read.format(fmt).options(**options)
+        return reader.schema(schema).load(where) if schema else reader.load(where)
+
+    assert sparkkit.rows(read(target)) == sparkkit.rows(read(local))
+    assert client.exists(f"/w-{fmt}/_SUCCESS")
+    assert leftovers(client, f"/w-{fmt}") == []
+    # the Python data source reads the same files the JVM wrote
+    ours = spark.read.format("leasefs").option("format", fmt).options(**options)
+    if schema:
+        ours = ours.schema(schema)
+    assert sparkkit.rows(ours.load(sparkkit.url(cluster, f"/w-{fmt}")).select(*df.columns)) \
+        == sparkkit.rows(read(local).select(*df.columns))
+
+
+def test_append_overwrite_and_dynamic_overwrite(spark, cluster, client):
+    target = hdfs(cluster, "/modes")
+    df = frame(spark, 3000)
+    df.write.partitionBy("part").parquet(target)
+    df.where("part < 2").write.mode("append").partitionBy("part").parquet(target)
+    assert spark.read.parquet(target).count() == 3000 + df.where("part < 2").count()
+    spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
+    try:
+        df.where("part = 3").limit(10).write.mode("overwrite").partitionBy("part").parquet(target)
+    finally:
+        spark.conf.set("spark.sql.sources.partitionOverwriteMode", "static")
+    got = spark.read.parquet(target)
+    assert got.where("part = 3").count() == 10
+    assert got.where("part = 4").count() == df.where("part = 4").count()
+    df.limit(5).write.mode("overwrite").parquet(target)
+    assert spark.read.parquet(target).count() == 5
+    assert leftovers(client, "/modes") == []
+
+
+def test_files_the_python_client_wrote_read_through_hdfs(spark, cluster, client, tmp_path):
+    """Written by leasefs's own client: Spark's csv reader on hdfs:// sees what it sees
+    locally."""
+    lines = "".join(f"{i},name-{i}\n" for i in range(40_000)).encode()
+    for name, data in (("big.csv", lines),):
+        client.write_file(f"/py/{name}", data)
+        (tmp_path / name).write_bytes(data)
+    for name in ("big.csv",):
+        assert sparkkit.rows(spark.read.csv(hdfs(cluster, f"/py/{name}"))) == \
+            sparkkit.rows(spark.read.csv(os.fspath(tmp_path / name)))
