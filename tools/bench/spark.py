@@ -72,7 +72,8 @@ def run_spark_bench(cmd: Command) -> int:
 
     from spark_connector import LeaseFSDataSource
     spark = (SparkSession.builder.master(a.master).appName("leasefs-bench-spark")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.hadoop.dfs.replication", str(a.hdfs_replication)).getOrCreate())
     hdfs = f"hdfs://{a.hdfs}{a.dir.rstrip('/')}/spark-{os.getpid()}-hdfs" if a.hdfs else None
