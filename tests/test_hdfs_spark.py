@@ -8,7 +8,10 @@ One process cluster (two block servers) and one ``local[2]`` session for the mod
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -113,3 +116,17 @@ def test_files_the_python_client_wrote_read_through_hdfs(spark, cluster, client,
     for name in ("big.csv",):
         assert sparkkit.rows(spark.read.csv(hdfs(cluster, f"/py/{name}"))) == \
             sparkkit.rows(spark.read.csv(os.fspath(tmp_path / name)))
+
+
+def test_bench_spark_times_spark_on_hdfs_beside_its_local_folder(cluster):
+    """``leasefs bench spark --hdfs``: Spark's own parquet on hdfs:// timed beside the
+    data source and Spark on a local folder, every row read back, nothing left behind."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools", "bench", "spark", "--rows", "3000", "--partitions", "2",
+         "--hdfs", f"127.0.0.1:{cluster.settings['meta_hdfs_port']}", "--json", "--quiet"],
+        env=cluster.env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert {"hdfs_write", "hdfs_read", "hdfs_select"} <= result["rows_per_s"].keys()
+    with cluster.client() as c:
+        assert not [s.name for s in c.list_status("/.leasefs-bench")]
