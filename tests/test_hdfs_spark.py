@@ -130,3 +130,32 @@ def test_bench_spark_times_spark_on_hdfs_beside_its_local_folder(cluster):
     assert {"hdfs_write", "hdfs_read", "hdfs_select"} <= result["rows_per_s"].keys()
     with cluster.client() as c:
         assert not [s.name for s in c.list_status("/.leasefs-bench")]
+
+
+def test_a_streaming_file_sink_with_its_checkpoint_on_hdfs_survives_a_restart(spark, cluster,
+                                                                             client, tmp_path):
+    """Structured Streaming's file sink and its checkpoint (offsets and commits written
+    through FileContext: rename2 with overwrite, hflush) on hdfs://: a second query on the
+    same checkpoint takes up only the new input, so every row is in the output once."""
+    source = tmp_path / "in"
+    source.mkdir()
+    out, checkpoint = hdfs(cluster, "/stream/out"), hdfs(cluster, "/stream/checkpoint")
+
+    def batch(name, first, n):
+        (source / name).write_text("".join(f"{i}\n" for i in range(first, first + n)))
+
+    def run():
+        query = (spark.readStream.schema("v long").csv(str(source))
+                 .writeStream.format("parquet").option("path", out)
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+
+    batch("a.csv", 0, 100)
+    run()
+    batch("b.csv", 100, 50)
+    batch("c.csv", 150, 25)
+    run()                                  # a restart: a new query, the same checkpoint
+    values = sorted(r.v for r in spark.read.parquet(out).collect())
+    assert values == list(range(175))
+    assert client.exists("/stream/checkpoint/commits/1")

@@ -38,7 +38,7 @@ import trio
 
 from fs import blocktoken
 from fs.dataconn import close_gracefully, failure_cause
-from fs.datatransfer import FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, Packet
+from fs.datatransfer import FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, Packet, chunk_checksums
 from fs.errors import (InvalidArgument, InvalidToken, LeaseFSError, NotSupported,
                        ProtocolError, ServerUnavailable)
 from fs.framing import FramedStream
@@ -65,7 +65,14 @@ _SETUP_STAGES = {Stage.PIPELINE_SETUP_CREATE, Stage.PIPELINE_SETUP_STREAMING_REC
 
 
 class HdfsWire:
-    """HDFS's packets and acks for a ``WritePipeline``, in leasefs's ``Packet`` record."""
+    """HDFS's packets and acks for a ``WritePipeline``, in leasefs's ``Packet`` record.
+    ``checksummed`` False: the writer asked for CHECKSUM_NULL (Spark's checkpoint files,
+    written through FileContext with checksums disabled): its packets carry none, so this
+    node computes the CRC32C every leasefs replica keeps, and forwards packets without them
+    as the op downstream asks too."""
+
+    def __init__(self, checksummed: bool = True):
+        self.checksummed = checksummed
 
     #: the last packet is acked once the finalized replica was reported (bounded: a metadata
     #: server that does not answer delays the ack no longer), so that Hadoop's client's
@@ -75,15 +82,17 @@ class HdfsWire:
     async def receive_packet(self, pipeline) -> Packet:
         """The next packet from ``pipeline``'s upstream (a ``storage.transfer.
         WritePipeline``); a malformed one is a ``ProtocolError``, acked ERROR."""
-        packet = await hdt.receive_packet(pipeline.upstream, pipeline.replica.bytes_per_checksum,
+        bpc = pipeline.replica.bytes_per_checksum
+        packet = await hdt.receive_packet(pipeline.upstream, bpc if self.checksummed else None,
                                           reserve=pipeline.reserve)
+        sums = packet.sums if self.checksummed else chunk_checksums(packet.data, bpc)
         flags = ((FLAG_LAST if packet.last else 0) | (FLAG_SYNC if packet.sync else 0)
                  | (FLAG_HEARTBEAT if packet.heartbeat else 0))
-        return Packet(packet.seqno, max(packet.offset, 0), packet.data, packet.sums, flags)
+        return Packet(packet.seqno, max(packet.offset, 0), packet.data, sums, flags)
 
     async def send_packet(self, framed: FramedStream, packet: Packet) -> None:
-        await send_hdfs_packet(framed, packet.seqno, packet.offset, packet.data, packet.sums,
-                               packet.flags)
+        await send_hdfs_packet(framed, packet.seqno, packet.offset, packet.data,
+                               packet.sums if self.checksummed else b"", packet.flags)
 
     async def send_ack(self, framed: FramedStream, seqno: int, statuses) -> None:
         await framed.send_all(hdt.encode_ack(seqno, statuses))
@@ -301,10 +310,14 @@ class HdfsDataTransfer:
         self._check_token(request.header, block_id, gs, f"WRITE_BLOCK {Stage.Name(stage)}",
                           blocktoken.WRITE)
         checksum = request.requestedChecksum
-        if checksum.type != hdt.CRC32C:
+        if checksum.type not in (hdt.CRC32C, hdt.NULL):
             raise NotSupported(f"WRITE_BLOCK blk_{block_id}: checksum type "
                                f"{checksum.type} asked; this block server keeps CRC32C")
         bpc = checksum.bytesPerChecksum
+        wire = self.wire
+        if checksum.type == hdt.NULL:
+            wire = HdfsWire(checksummed=False)
+            bpc = bpc if bpc > 0 else 512   # the chunking of the CRCs this node computes
         min_bytes = request.minBytesRcvd
         if stage == Stage.PIPELINE_SETUP_CREATE:
             replica = await self.store.create_rbw(block_id, gs, bpc)
@@ -335,7 +348,7 @@ class HdfsDataTransfer:
             self.transfer.report_receiving(block_id, gs, min_bytes)
             await op.respond(hdt.response(hdt.Status.SUCCESS, firstBadLink=""))
             await self.transfer.run_pipeline(op.framed, op.peer, downstream, replica,
-                                             len(request.targets), self.wire)
+                                             len(request.targets), wire)
         finally:
             if downstream is not None:
                 with trio.CancelScope(shield=True):
