@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 import time
+import types
 
 import pytest
 import trio
@@ -21,7 +22,9 @@ import trio
 from harness import ProcessCluster, free_port, mounted
 from hadoopkit import fs_shell, jars, requires_java, write_conf
 
+from fs import blocktoken
 from fs.client import AsyncClient
+from fs.errors import AuthenticationFailed
 from fs.hdfs import convert, tokens
 from fs.hdfs import datatransfer as hdt
 from fs.hdfs.ipc import IpcClient, RemoteError
@@ -29,9 +32,12 @@ from fs.hdfs.pb import client_datanode_pb2 as cdp
 from fs.hdfs.pb import datatransfer_pb2 as dt
 from fs.hdfs.pb import hdfs_pb2 as pb
 from fs.hdfs.pb import namenode_reads_pb2 as rp
-from storage.hdfs.datanode_ipc import CLIENT_DATANODE_PROTOCOL
+from fs.hdfs.ipc_server import Claim
+from fs.hdfs.sasl import SaslRefused
+from storage.hdfs.datanode_ipc import CLIENT_DATANODE_PROTOCOL, DatanodeIdentity
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = pytest.mark.timeout(300)
+slow = pytest.mark.slow   # every test but the identity's starts server processes
 
 RNG = random.Random(3535)
 SMALL = {name: RNG.randbytes(n) for name, n in
@@ -142,6 +148,7 @@ def _node_address(node: pb.DatanodeInfoProto) -> str:
 # --------------------------------------------------------------------------- inline files
 
 
+@slow
 @requires_java
 def test_inline_files_read_through_hdfs_byte_for_byte(cluster, java, conf):
     """Files kept inline, written by the Python client and through a FUSE mount, read by
@@ -189,6 +196,7 @@ def test_inline_files_read_through_hdfs_byte_for_byte(cluster, java, conf):
     assert proc.stdout == b"".join(expected[n] for n in names)
 
 
+@slow
 def test_a_stale_inline_block_is_refused_and_the_new_content_read(cluster):
     """The synthetic block's stamp is the content's digest: a READ_BLOCK of the stamp
     fetched before the content changed (an append in place, the same inode) is refused
@@ -227,6 +235,7 @@ def test_a_stale_inline_block_is_refused_and_the_new_content_read(cluster):
     trio.run(main)
 
 
+@slow
 @requires_java
 def test_java_reads_the_new_content_of_a_file_rewritten_after_open(cluster, java):
     """Hadoop's client opened the file (its locations fetched), then the file is
@@ -242,6 +251,7 @@ def test_java_reads_the_new_content_of_a_file_rewritten_after_open(cluster, java
         stream.close()
 
 
+@slow
 def test_secure_inline_reads_need_the_block_token(cluster):
     if cluster.settings["security"] != "secure":
         pytest.skip("block tokens are handed out under security = secure")
@@ -271,6 +281,7 @@ def test_secure_inline_reads_need_the_block_token(cluster):
 # --------------------------------------------------------------------------- open files
 
 
+@slow
 @requires_java
 def test_java_reads_exactly_what_a_python_writer_hflushed(cluster, java, conf):
     """A Python writer's hflush is what Hadoop's client sees of the open file, small
@@ -308,6 +319,7 @@ def test_java_reads_exactly_what_a_python_writer_hflushed(cluster, java, conf):
     assert java.read("/open/big") == BIG + b"tail" * 100 + b"end"
 
 
+@slow
 @requires_java
 def test_a_python_reader_sees_what_a_java_writer_hflushed(cluster, java):
     out = java.fs.create(java.path("/open/java"))
@@ -325,6 +337,7 @@ def test_a_python_reader_sees_what_a_java_writer_hflushed(cluster, java):
         assert client.read_file("/open/java") == BIG[:100_000]
 
 
+@slow
 def test_located_blocks_of_an_open_file_are_as_hdfs_tells_them(cluster):
     """fileLength counts the complete blocks, lastBlock is the block being written, and
     the block server's IPC answers its visible length (SASL NEGOTIATE on loopback goes on
@@ -376,11 +389,8 @@ async def _raw(addr: str, data: bytes, *, wait: float = 20.0) -> tuple[bytes, fl
     async with stream:
         await stream.send_all(data)
         with trio.fail_after(wait):
-            try:
-                while chunk := await stream.receive_some(65536):
-                    got += chunk
-            except trio.BrokenResourceError:   # closed with our bytes unread: a reset
-                pass
+            while chunk := await stream.receive_some(65536):
+                got += chunk
     return got, time.monotonic() - started
 
 
@@ -395,6 +405,7 @@ def _answer(raw: bytes) -> dt.BlockOpResponseProto:
     return dt.BlockOpResponseProto.FromString(raw[i:i + n])
 
 
+@slow
 def test_hostile_input_on_the_sniffing_ports(cluster):
     """Neither preamble, half a preamble, garbage after a data-transfer version, an op
     the metadata server does not serve, a block that is not an inline file's: a clear
@@ -440,3 +451,62 @@ def test_hostile_input_on_the_sniffing_ports(cluster):
         async with await hdt.DataTransferClient.connect(storage) as c:
             assert (await c.read_block(big.b, 0, 1000, token=big.blockToken)).data == BIG[:1000]
     trio.run(main)
+
+
+# --------------------------------------------------------------------------- block server IPC identity
+
+
+def _identity(keys: dict):
+    """The block server's IPC identity over the block keys it holds (security = secure:
+    a cluster key is installed)."""
+    return DatanodeIdentity(types.SimpleNamespace(node_key=b"k" * 32, block_keys=keys))
+
+
+def _claim(peer_host: str, authenticated=None, user="") -> Claim:
+    return Claim(user=user, real_user=None, protocol=CLIENT_DATANODE_PROTOCOL,
+                 peer=f"{peer_host}:1", peer_address=(peer_host, 1),
+                 local_address=("10.0.0.1", 2), authenticated=authenticated)
+
+
+@pytest.mark.parametrize("mode, expired, forged, match", [
+    (blocktoken.READ, False, False, None),
+    (blocktoken.WRITE, False, False, "not a read token"),
+    (blocktoken.READ, True, False, "expired"),
+    (blocktoken.READ, False, True, "response does not match|password"),
+])
+def test_secure_block_server_ipc_takes_a_remote_client_by_its_block_token(mode, expired,
+                                                                          forged, match):
+    """A client on another host proves it holds the block's read token (SASL TOKEN,
+    DIGEST-MD5 with the token's identifier and MAC), and its session names that block;
+    a write token, an expired one or a wrong MAC is refused; without SASL it is refused,
+    while a client on this host is taken."""
+    from test_hdfs_sasl import client_response, initiate, negotiate
+
+    key = blocktoken.BlockKey(7, b"s" * 32, time.time() + 3600)
+    token = blocktoken.issue(key, 1234, 1001, "alice", mode,
+                             time.time() + (-5 if expired else 600))
+    proto = tokens.to_proto(token)
+    identity = _identity({key.key_id: key.secret})
+    remote = ("10.1.2.3", 1)
+    assert identity.simple_refusal(remote) is not None
+    assert identity.simple_refusal(("127.0.0.1", 1)) is None
+    with pytest.raises(AuthenticationFailed, match="block's access token"):
+        identity.open_session({}, _claim("10.1.2.3"))
+    session = {}
+    identity.open_session(session, _claim("127.0.0.1", user="blk_1234_1001"))
+    assert session["user"] == "blk_1234_1001" and "block_token" not in session
+
+    negotiation = identity.token_negotiation(remote)
+    challenge = negotiate(negotiation)
+    password = b"x" * 32 if forged else proto.password
+    response, _ = client_response(challenge, proto.identifier, password)
+    if match is not None:
+        with pytest.raises(SaslRefused, match=match):
+            negotiation.step(initiate(response))
+        return
+    answer = negotiation.step(initiate(response))
+    assert negotiation.done and answer.token.startswith(b"rspauth=")
+    session = {}
+    identity.open_session(session, _claim("10.1.2.3", negotiation.authenticated))
+    assert session["user"] == "blk_1234_1001"
+    assert session["block_token"]["id"] == 1234

@@ -17,6 +17,7 @@ import trio
 IPC = "ipc"
 DATA_TRANSFER = "data-transfer"
 SNIFF_BYTES = 2
+_RECEIVE = 65536
 
 
 class Rewound(trio.abc.Stream):
@@ -51,18 +52,20 @@ class Rewound(trio.abc.Stream):
 
 
 def describe(head: bytes) -> str:
-    return f"{head!r} (neither Hadoop IPC's 'hrpc' nor data-transfer version 28's 00 1c)"
+    return f"{head[:16]!r} (neither Hadoop IPC's 'hrpc' nor data-transfer version 28's 00 1c)"
 
 
 async def sniff(stream: trio.abc.Stream, timeout: float) -> tuple[str | None, bytes, Rewound]:
     """``(kind, head, stream)``: ``kind`` is ``IPC``, ``DATA_TRANSFER`` or None (the first
-    bytes are neither, or fewer than two came within ``timeout`` seconds: ``head`` holds
-    what came); the stream yields ``head`` again."""
+    bytes are neither, or fewer than two came within ``timeout`` seconds); ``head`` holds
+    what was received (at least the first two bytes), which the stream yields again."""
     head = b""
     with trio.move_on_after(timeout):
         while len(head) < SNIFF_BYTES:
             try:
-                chunk = await stream.receive_some(SNIFF_BYTES - len(head))
+                # whatever came (put back whole): a peer that is closed on after its
+                # bytes were all read gets a FIN, not a reset
+                chunk = await stream.receive_some(_RECEIVE)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 chunk = b""
             if not chunk:
@@ -74,6 +77,7 @@ async def sniff(stream: trio.abc.Stream, timeout: float) -> tuple[str | None, by
 def kind_of(head: bytes) -> str | None:
     if len(head) < SNIFF_BYTES:
         return None
+    head = head[:SNIFF_BYTES]
     if head == b"hr":
         return IPC
     # another data-transfer version is answered by the data-transfer side, which names it
