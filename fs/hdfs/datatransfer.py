@@ -308,7 +308,8 @@ class MemoryBlocks:
     ``OpReadBlockProto`` or raises a leasefs error, which is the op's refusal
     (``status_of``). A connection serves ops until the peer closes it, sends something
     that is not a READ_BLOCK, or is idle ``idle_timeout`` seconds before its first op
-    (``keepalive`` between ops, as Hadoop's client pools its sockets)."""
+    (``keepalive`` between ops, as Hadoop's client pools its sockets); a peer that does not
+    take the bytes within ``data_timeout`` is dropped."""
 
     BYTES_PER_CHECKSUM = 512
     PACKET = 4 << 20
@@ -363,17 +364,20 @@ class MemoryBlocks:
                                     len(data), bpc)
             checked = request.sendChecksums
             responded = True
-            await framed.send_all(read_answer(start, bpc, checked))
-            seqno = 0
-            view = memoryview(data)
-            for pos in range(start, end, self.PACKET):
-                chunk = view[pos:min(end, pos + self.PACKET)]
-                sums = chunk_checksums(chunk, bpc) if checked else b""
-                for buf in encode_packet(pos, seqno, chunk, sums):
+            with trio.move_on_after(self.data_timeout) as sending:   # a peer that reads not
+                await framed.send_all(read_answer(start, bpc, checked))
+                seqno = 0
+                view = memoryview(data)
+                for pos in range(start, end, self.PACKET):
+                    chunk = view[pos:min(end, pos + self.PACKET)]
+                    sums = chunk_checksums(chunk, bpc) if checked else b""
+                    for buf in encode_packet(pos, seqno, chunk, sums):
+                        await framed.send_all(buf)
+                    seqno += 1
+                for buf in encode_packet(end, seqno, b"", b"", last=True):
                     await framed.send_all(buf)
-                seqno += 1
-            for buf in encode_packet(end, seqno, b"", b"", last=True):
-                await framed.send_all(buf)
+            if sending.cancelled_caught:
+                return False
             with trio.move_on_after(self.data_timeout):
                 await receive_delimited(framed, dt.ClientReadStatusProto)
                 return True
