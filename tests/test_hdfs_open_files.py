@@ -306,6 +306,15 @@ def test_java_reads_exactly_what_a_python_writer_hflushed(cluster, java, conf):
             big.hflush()
             assert java.read("/open/small") == b"first second"
             assert java.read("/open/big") == BIG + b"tail" * 100
+            # past the first block (1 MiB here): a complete block, then the one being written
+            multi = client.create("/open/multi")
+            try:
+                data = RNG.randbytes((1 << 20) + 123_456)
+                multi.write(data)
+                multi.hflush()
+                assert java.read("/open/multi") == data
+            finally:
+                multi.close()
             # -tail starts 1 KB before the length the metadata server knows (an hsync
             # records it; an hflush, as HDFS's later ones, does not) and reads what is visible
             big.write(b"end")
