@@ -237,6 +237,7 @@ async def _serve_hdfs(server: MetaServer, host: str, port: int, limits: Connecti
                     name="metadata server HDFS port", max_frame=config.max_frame,
                     frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
                     context_timeout=config.auth_timeout, budget=budget)
+
     async def serve(stream, peer: str, **_ignored) -> None:
         # Hadoop IPC, or a READ_BLOCK of an inline file's block (``fs.hdfs.sniff``)
         kind, head, rewound = await sniff(stream, config.auth_timeout)
@@ -244,9 +245,10 @@ async def _serve_hdfs(server: MetaServer, host: str, port: int, limits: Connecti
             await ipc.serve(rewound, peer)
         elif kind == DATA_TRANSFER:
             await server.hdfs_inline.serve(rewound, peer)
-        else:
-            log.warning("metadata server HDFS port: closing the connection from %s: it began "
-                        "with %s", peer, describe(head) if head else "nothing")
+        else:   # neither protocol, or nothing within auth_timeout (a port probe)
+            if head:
+                log.warning("metadata server HDFS port: closing the connection from %s: it "
+                            "began with %s", peer, describe(head))
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 

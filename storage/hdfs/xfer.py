@@ -20,6 +20,9 @@ the other framing (``fs.hdfs.datatransfer``).
   ``storage.transfer.WritePipeline`` with HDFS's packets and acks (``HdfsWire``): acks
   carry this node's status first, then the downstream's; a bad checksum is ERROR_CHECKSUM
   in this node's slot; the last packet finalizes and reports the replica before its ack.
+* The same port answers Hadoop IPC (``datanode_ipc``: ``getReplicaVisibleLength`` for
+  readers of a file being written): a connection's first bytes decide (``fs.hdfs.sniff``),
+  so the advertised ``ipcPort`` is this port.
 * A connection that opens with SASL's magic number is refused with an error message;
   security = secure checks each op's block token (``fs.hdfs.tokens``) as the leasefs port
   does.
