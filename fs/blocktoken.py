@@ -99,6 +99,23 @@ def check(keys: dict[int, bytes], token, block_id: int, gs: int, mode: str, now:
         raise InvalidToken(f"{what}: block access token expired")
 
 
+def password(keys: dict[int, bytes], token: dict, now: float, what: str) -> bytes:
+    """The MAC a genuine ``token`` (its fields, without ``mac``) carries: what a holder
+    proves it knows in a challenge-response (HDFS's SASL with a block token) instead of
+    showing it; ``InvalidToken`` for a token of an unknown key or one expired."""
+    try:
+        secret = keys.get(token["key"])
+        body = _fields(token)
+    except (KeyError, TypeError, ValueError):
+        raise InvalidToken(f"{what}: malformed block access token") from None
+    if secret is None:
+        raise InvalidToken(f"{what}: block access token made with key {token['key']!r:.20}, "
+                           f"which this server does not have (expired or forged)")
+    if not isinstance(token["expiry"], (int, float)) or token["expiry"] < now:
+        raise InvalidToken(f"{what}: block access token expired")
+    return mac(secret, TOKEN_LABEL, body)
+
+
 def wrap(cluster_key: bytes, key: BlockKey) -> dict:
     """A block key as it travels to block servers (form 2): the secret under AES key wrap
     (RFC 3394) with a key-encryption key derived from the cluster key, the key's id and its
@@ -204,4 +221,5 @@ class KeyRing:
         return [k for k in (self.previous, self.current, self.next) if k is not None]
 
 
-__all__ = ["READ", "WRITE", "COPY", "BlockKey", "issue", "check", "wrap", "unwrap", "KeyRing"]
+__all__ = ["READ", "WRITE", "COPY", "BlockKey", "issue", "check", "password", "wrap", "unwrap",
+           "KeyRing"]

@@ -23,7 +23,8 @@ and the clocks, each constructed with exactly what it needs:
   ``namespace_protocol``, ``admin_protocol``, ``datanode_protocol``, ``auth_protocol``,
   ``ha_protocol`` (``protocols/``); for Hadoop's client on the HDFS port, the
   ``hdfs_translators`` (``protocols/hdfs/``: ClientProtocol's calls translated into the
-  same calls, through ``dispatch``) and ``hdfs_identity``. ``MetaServer`` is their ``Dispatcher``: it serves their
+  same calls, through ``dispatch``), ``hdfs_identity`` and ``hdfs_inline`` (the inline
+  files' READ_BLOCK on the same port). ``MetaServer`` is their ``Dispatcher``: it serves their
   ``rpc_<method>`` methods (``front_ends``), declares which go through the retry cache or run
   inline, refuses what its HA role does not take (``dispatch``), and hands the session hooks
   to ``auth_protocol``.
@@ -121,6 +122,7 @@ from .protocols.namespace import NamespaceProtocol
 from .protocols.datanode import DatanodeProtocol
 from .protocols.ha import HAProtocol
 from .protocols.hdfs.identity import HdfsIdentity
+from .protocols.hdfs.inline import InlineBlocks
 from .protocols.hdfs.reads import NamenodeReads
 from .protocols.hdfs.writes import NamenodeWrites
 from .services.redundancy import Redundancy
@@ -275,8 +277,12 @@ class MetaServer(Dispatcher):
         # Hadoop's client on the HDFS port (``serverrun``): translators of ClientProtocol's
         # calls into this server's own, through ``dispatch`` like every msgpack call, and
         # who its connections are, by the same session hooks
+        self.hdfs_inline = InlineBlocks(self.ns.view, self.security,
+                                        lambda: self.ns.view.namespace_id,
+                                        idle_timeout=config.idle_timeout,
+                                        data_timeout=config.data_timeout)
         self.hdfs_translators: tuple = (
-            NamenodeReads(self.dispatch),
+            NamenodeReads(self.dispatch, self.hdfs_inline),
             NamenodeWrites(self.dispatch, lambda: convert.pool_id(self.ns.view.namespace_id)))
         self.hdfs_identity = HdfsIdentity(
             secure=lambda: self.security.secure, open_session=self.open_session,

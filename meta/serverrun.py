@@ -27,6 +27,7 @@ from fs.config import Config
 from fs.datafolder import open_data_folder
 from fs.errors import ServerUnavailable, sole_exception
 from fs.hdfs.ipc_server import IpcServer
+from fs.hdfs.sniff import DATA_TRANSFER, IPC, describe, sniff
 from fs.limits import ByteBudget, ConnectionLimits
 from fs.rpc import (format_address, local_socket_name, rpc_refusal, serve_local, serve_rpc,
                     serve_tcp)
@@ -236,9 +237,24 @@ async def _serve_hdfs(server: MetaServer, host: str, port: int, limits: Connecti
                     name="metadata server HDFS port", max_frame=config.max_frame,
                     frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
                     context_timeout=config.auth_timeout, budget=budget)
+
+    async def serve(stream, peer: str, **_ignored) -> None:
+        # Hadoop IPC, or a READ_BLOCK of an inline file's block (``fs.hdfs.sniff``)
+        kind, head, rewound = await sniff(stream, config.auth_timeout)
+        if kind == IPC:
+            await ipc.serve(rewound, peer)
+        elif kind == DATA_TRANSFER:
+            await server.hdfs_inline.serve(rewound, peer)
+        else:   # neither protocol, or nothing within auth_timeout (a port probe)
+            if head:
+                log.warning("metadata server HDFS port: closing the connection from %s: it "
+                            "began with %s", peer, describe(head))
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
     async with trio.open_nursery() as nursery:
         try:
-            bound = await nursery.start(partial(serve_tcp, ipc.serve, host, port,
+            bound = await nursery.start(partial(serve_tcp, serve, host, port,
                                                 name="metadata server HDFS port",
                                                 limits=limits))
         except OSError as exc:   # name the port and its setting (9000 is a common one)

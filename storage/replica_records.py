@@ -65,9 +65,15 @@ class Replica:
     def name(self) -> str:
         return f"blk_{self.block_id}_{self.gs}"
 
+    @property
+    def readable_length(self) -> int:
+        """Bytes a reader may see: a replica being written shows what the whole pipeline
+        acknowledged, any other all it holds."""
+        return self.visible_length if self.state is ReplicaState.RBW else self.num_bytes
+
     def report_entry(self) -> list:
         """``[id, gs, num_bytes, state]`` as block reports carry it."""
-        length = self.visible_length if self.state is ReplicaState.RBW else self.num_bytes
+        length = self.readable_length
         state = self.state
         if state is ReplicaState.RUR:   # not a wire state: report what it was before recovery
             state = self.original_state or ReplicaState.RWR

@@ -361,9 +361,8 @@ class DataTransferServer:
         block_id, gs = _block(header, BLOCK_LENGTH)
         self.check_token(header, block_id, gs, BLOCK_LENGTH)
         replica = self.store.readable(block_id, gs)
-        visible = (replica.visible_length if replica.state is ReplicaState.RBW
-                   else replica.num_bytes)
-        await conn.respond({"status": "SUCCESS", "message": "", "visible_length": visible,
+        await conn.respond({"status": "SUCCESS", "message": "",
+                            "visible_length": replica.readable_length,
                             "gs": replica.gs, "state": replica.state.value})
 
     # ------------------------------------------------------------------ block recovery
@@ -428,8 +427,7 @@ class DataTransferServer:
         one from a recovery that did not finish, and the writer's recovery gives the copy
         its new stamp anyway); returns the bytes sent."""
         replica = self.store.readable(block_id, gs)
-        have = (replica.visible_length if replica.state is ReplicaState.RBW
-                else replica.num_bytes)
+        have = replica.readable_length
         if length > have:
             raise InvalidArgument(f"{TRANSFER_BLOCK} {replica.name}: {length} bytes asked, "
                                   f"only {have} acknowledged here")

@@ -3,13 +3,23 @@ as HDFS's records, for the front ends that answer Hadoop's client.
 
 A block server is reached by Hadoop's client at ``ipAddr:xferPort``: a location that names
 no HDFS data-transfer port (``hdfs_port``: a block server that serves none) is left out of
-the answer, as a dead replica would be. ``pool_id`` names the namespace's one block pool
-(any stable string: the client only hands it back).
+the answer, as a dead replica would be. The same port answers Hadoop IPC
+(``ClientDatanodeProtocol``, the visible length of a replica being written: ``fs.hdfs.
+sniff`` tells the two apart), so ``ipcPort`` is ``xferPort``. ``pool_id`` names the
+namespace's one block pool (any stable string: the client only hands it back).
+
+A file kept inline in the namespace is one synthetic block (``inline_located_blocks``)
+whose only location is the metadata server's own HDFS port: its id is the inode number in
+a space leasefs's block ids never reach (``INLINE_BLOCK_BASE``), its generation stamp a
+digest of the content (``content_stamp``), so a read of content that changed since its
+locations were fetched is refused as stale, never served mixed.
 
 Concurrency contract: pure.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 from ..rpcbase import parse_address
 from . import tokens
@@ -18,6 +28,9 @@ from .pb import hdfs_pb2 as pb
 _FILE_TYPES = {"file": pb.HdfsFileStatusProto.IS_FILE, "dir": pb.HdfsFileStatusProto.IS_DIR,
                "symlink": pb.HdfsFileStatusProto.IS_SYMLINK}
 _NO_QUOTA = (1 << 64) - 1   # HDFS's -1 in an unsigned field
+#: block ids at and above this name inline files (``INLINE_BLOCK_BASE | ino``); leasefs
+#: counts its own block ids up from 1, and Java's signed block id stays positive
+INLINE_BLOCK_BASE = 1 << 62
 
 
 def pool_id(namespace_id: int) -> str:
@@ -58,7 +71,7 @@ def datanode(location: dict) -> pb.DatanodeInfoProto | None:
     return pb.DatanodeInfoProto(
         id=pb.DatanodeIDProto(ipAddr=host, hostName=host, datanodeUuid=location["node_id"],
                               xferPort=port, infoPort=location.get("http_port") or 0,
-                              ipcPort=0),
+                              ipcPort=port),
         location="/default-rack")
 
 
@@ -74,7 +87,8 @@ def datanode_report(node: dict) -> pb.DatanodeInfoProto:
     return pb.DatanodeInfoProto(
         id=pb.DatanodeIDProto(ipAddr=host, hostName=host, datanodeUuid=node["node_id"],
                               xferPort=node.get("hdfs_port") or 0,
-                              infoPort=node.get("http_port") or 0, ipcPort=0),
+                              infoPort=node.get("http_port") or 0,
+                              ipcPort=node.get("hdfs_port") or 0),
         capacity=node["capacity"], dfsUsed=node["used"], remaining=node["remaining"],
         xceiverCount=node["xceivers"], location="/default-rack",
         adminState=_ADMIN_STATES.get(node["admin"], pb.DatanodeInfoProto.NORMAL))
@@ -95,13 +109,71 @@ def located_block(located: dict, pool: str) -> pb.LocatedBlockProto:
 
 
 def located_blocks(answer: dict, pool: str) -> pb.LocatedBlocksProto:
-    """``get_block_locations``' answer (without inline content: the caller serves that)."""
+    """``get_block_locations``' answer (without inline content: ``inline_located_blocks``).
+
+    A file being written whose last block is not complete is told as HDFS's NameNode tells
+    it: ``fileLength`` counts the complete blocks only and ``lastBlock`` is the block being
+    written (``answer["last"]``), whose visible length the client asks a replica's block
+    server for (``getReplicaVisibleLength``) and adds."""
     blocks = [located_block(b, pool) for b in answer["blocks"]]
-    out = pb.LocatedBlocksProto(fileLength=answer["length"], blocks=blocks,
+    length = answer["length"]
+    last = answer.get("last")
+    if last is not None and not answer["last_block_complete"]:
+        length = last["offset"]
+        last_block = located_block(last, pool)
+    else:
+        last_block = blocks[-1] if blocks else None
+    out = pb.LocatedBlocksProto(fileLength=length, blocks=blocks,
                                 underConstruction=answer["under_construction"],
                                 isLastBlockComplete=answer["last_block_complete"])
-    if blocks:
-        out.lastBlock.CopyFrom(blocks[-1])
+    if last_block is not None:
+        out.lastBlock.CopyFrom(last_block)
+    return out
+
+
+def inline_block_id(ino: int) -> int:
+    return INLINE_BLOCK_BASE | ino
+
+
+def inline_ino(block_id: int) -> int | None:
+    """The inode number an inline file's synthetic block id names; None for any other id."""
+    if INLINE_BLOCK_BASE <= block_id < INLINE_BLOCK_BASE << 1:
+        return block_id - INLINE_BLOCK_BASE
+    return None
+
+
+def content_stamp(data: bytes) -> int:
+    """The generation stamp of an inline file's synthetic block: a digest of the content
+    (positive in Java's long, never 0), so it changes when the content does."""
+    digest = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+    return (digest >> 1) or 1
+
+
+def self_node(host: str, port: int, node_id: str) -> pb.DatanodeInfoProto:
+    """The metadata server as the one location of inline files' blocks (``host:port``: its
+    HDFS port, which answers their READ_BLOCK)."""
+    return pb.DatanodeInfoProto(
+        id=pb.DatanodeIDProto(ipAddr=host, hostName=host, datanodeUuid=node_id,
+                              xferPort=port, infoPort=0, ipcPort=port),
+        location="/default-rack")
+
+
+def inline_located_blocks(answer: dict, ino: int, pool: str, node: pb.DatanodeInfoProto,
+                          token: dict | None) -> pb.LocatedBlocksProto:
+    """``get_block_locations``' answer for an inline file (``answer["inline"]``): one
+    complete block at offset 0 on ``node``; an empty file has none."""
+    data = answer["inline"]
+    out = pb.LocatedBlocksProto(fileLength=len(data), underConstruction=answer[
+        "under_construction"], isLastBlockComplete=True)
+    if not data:
+        return out
+    block = pb.LocatedBlockProto(
+        b=pb.ExtendedBlockProto(poolId=pool, blockId=inline_block_id(ino),
+                                generationStamp=content_stamp(data), numBytes=len(data)),
+        offset=0, locs=[node], corrupt=False, blockToken=tokens.to_proto(token),
+        storageTypes=[pb.DISK], storageIDs=[f"DS-{node.id.datanodeUuid}"])
+    out.blocks.append(block)
+    out.lastBlock.CopyFrom(block)
     return out
 
 

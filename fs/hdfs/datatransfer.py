@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import trio
 
 from ..datatransfer import CHECKSUM_SIZE, chunk_checksums, num_chunks, verify_checksums
-from ..errors import ProtocolError
+from ..errors import (InvalidArgument, InvalidToken, LeaseFSError, NotSupported,
+                      ProtocolError, ServerUnavailable)
 from ..framing import FramedStream
 from ..rpcbase import format_address, parse_address
 from .pb import datatransfer_pb2 as dt
@@ -248,6 +249,160 @@ def op_header(block: pb.ExtendedBlockProto, token: pb.TokenProto | None,
 def datanode_address(node: pb.DatanodeInfoProto) -> str:
     """Where a pipeline target takes data-transfer connections (``ipAddr:xferPort``)."""
     return format_address((node.id.ipAddr, node.id.xferPort))
+
+
+# --------------------------------------------------------------------------- serving reads
+
+
+def status_of(exc: LeaseFSError) -> int:
+    """The op status of a refusal: a token's is ERROR_ACCESS_TOKEN (Hadoop's client then
+    fetches the block's locations again, once, at once), an op not served
+    ERROR_UNSUPPORTED."""
+    if isinstance(exc, InvalidToken):
+        return Status.ERROR_ACCESS_TOKEN
+    if isinstance(exc, NotSupported):
+        return Status.ERROR_UNSUPPORTED
+    return Status.ERROR
+
+
+SASL_REFUSED = ("this server takes no SASL handshake on its HDFS data-transfer port: leave "
+                "dfs.data.transfer.protection unset and hadoop.security.authentication="
+                "simple on the client, or use leasefs's own client")
+
+
+def sasl_refusal(message: str) -> bytes:
+    """The answer to a client that opened with SASL's magic number (in SASL's own message,
+    which the client reads next)."""
+    return delimited(dt.DataTransferEncryptorMessageProto(
+        status=dt.DataTransferEncryptorMessageProto.ERROR, message=message))
+
+
+def read_range(what: str, offset: int, length: int, visible: int,
+               bytes_per_checksum: int) -> tuple[int, int]:
+    """``(start, end)`` of the bytes a READ_BLOCK of ``[offset, offset + length)`` sends:
+    from the chunk boundary at or below ``offset`` to the chunk end at or past its end,
+    capped at ``visible``; ``InvalidArgument`` for a range past the visible bytes."""
+    if offset + length > visible:
+        raise InvalidArgument(f"READ_BLOCK {what}: range [{offset}, {offset + length}) is "
+                              f"past the end of the {visible} visible bytes")
+    start = offset - offset % bytes_per_checksum
+    end = min(visible, -(-(offset + length) // bytes_per_checksum) * bytes_per_checksum) \
+        if length else start
+    return start, end
+
+
+def read_answer(start: int, bytes_per_checksum: int, checked: bool) -> bytes:
+    """READ_BLOCK's SUCCESS answer: the checksum chunking and the first chunk's offset."""
+    return response(Status.SUCCESS, readOpChecksumInfo=dt.ReadOpChecksumInfoProto(
+        checksum=dt.ChecksumProto(type=CRC32C if checked else NULL,
+                                  bytesPerChecksum=bytes_per_checksum),
+        chunkOffset=start))
+
+
+class MemoryBlocks:
+    """READ_BLOCK of blocks whose bytes a server holds in memory (small, e.g. the files the
+    metadata server keeps inline), over HDFS data-transfer connections: the checksums are
+    CRC32C computed as the bytes go out, at ``BYTES_PER_CHECKSUM``.
+
+    ``content(request, peer)`` (awaited) gives the block's bytes for an
+    ``OpReadBlockProto`` or raises a leasefs error, which is the op's refusal
+    (``status_of``). A connection serves ops until the peer closes it, sends something
+    that is not a READ_BLOCK, or is idle ``idle_timeout`` seconds before its first op
+    (``keepalive`` between ops, as Hadoop's client pools its sockets); a peer that does not
+    take the bytes within ``data_timeout`` is dropped."""
+
+    BYTES_PER_CHECKSUM = 512
+    PACKET = 4 << 20
+
+    def __init__(self, content, *, name: str, idle_timeout: float, keepalive: float = 4.0,
+                 data_timeout: float = 30.0, log=None):
+        self.content = content
+        self.name = name
+        self.idle_timeout = idle_timeout
+        self.keepalive = keepalive
+        self.data_timeout = data_timeout
+        self.log = log
+
+    async def serve(self, stream, peer: str) -> None:
+        """Serve one connection until it ends; never raises for the peer's doing."""
+        framed = FramedStream(stream, MAX_MESSAGE)
+        try:
+            wait = self.idle_timeout
+            while True:
+                prefix = None
+                with trio.move_on_after(wait):
+                    try:
+                        prefix = await framed.receive_exactly(OP_PREFIX.size)
+                    except (EOFError, ServerUnavailable):
+                        pass
+                if prefix is None or not await self._op(framed, peer, prefix):
+                    return
+                wait = self.keepalive
+        finally:
+            with trio.CancelScope(shield=True):
+                await framed.aclose()
+
+    async def _op(self, framed: FramedStream, peer: str, prefix: bytes) -> bool:
+        responded = False
+        try:
+            if prefix == b"\xde\xad\xbe":
+                raise _Sasl(SASL_REFUSED)
+            _, code = parse_op_prefix(prefix)
+            if code != READ_BLOCK:
+                raise NotSupported(f"data-transfer {OP_NAMES.get(code, f'op {code}')} is not "
+                                   f"served by the {self.name}: it serves READ_BLOCK only")
+            request = None
+            with trio.move_on_after(self.idle_timeout):
+                request = await receive_delimited(framed, dt.OpReadBlockProto)
+            if request is None:
+                raise ProtocolError(f"no complete OpReadBlockProto within "
+                                    f"{self.idle_timeout:g} s")
+            data = await self.content(request, peer)
+            block = request.header.baseHeader.block
+            bpc = self.BYTES_PER_CHECKSUM
+            start, end = read_range(f"blk_{block.blockId}", request.offset, request.len,
+                                    len(data), bpc)
+            checked = request.sendChecksums
+            responded = True
+            with trio.move_on_after(self.data_timeout) as sending:   # a peer that reads not
+                await framed.send_all(read_answer(start, bpc, checked))
+                seqno = 0
+                view = memoryview(data)
+                for pos in range(start, end, self.PACKET):
+                    chunk = view[pos:min(end, pos + self.PACKET)]
+                    sums = chunk_checksums(chunk, bpc) if checked else b""
+                    for buf in encode_packet(pos, seqno, chunk, sums):
+                        await framed.send_all(buf)
+                    seqno += 1
+                for buf in encode_packet(end, seqno, b"", b"", last=True):
+                    await framed.send_all(buf)
+            if sending.cancelled_caught:
+                return False
+            with trio.move_on_after(self.data_timeout):
+                await receive_delimited(framed, dt.ClientReadStatusProto)
+                return True
+            return False
+        except (EOFError, ServerUnavailable):
+            return False
+        except _Sasl as exc:
+            await _send_quietly(framed, sasl_refusal(str(exc)))
+        except LeaseFSError as exc:
+            if self.log is not None:
+                self.log.info("%s: HDFS op from %s refused: %s", self.name, peer, exc)
+            if not responded:
+                await _send_quietly(framed, response(status_of(exc), str(exc)))
+        return False
+
+
+class _Sasl(Exception):
+    pass
+
+
+async def _send_quietly(framed: FramedStream, data: bytes) -> None:
+    try:
+        await framed.send_all(data)
+    except (ServerUnavailable, EOFError):
+        pass
 
 
 # --------------------------------------------------------------------------- test client

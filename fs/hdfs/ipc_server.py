@@ -151,7 +151,9 @@ class _Connection:
         self.local_address = local_address
         self.reader = FrameReader(stream, server.max_frame)
         self.send_lock = trio.Lock()
-        self.session: dict = {}
+        # ``local_address``: where the client reached this server (a translator that names
+        # this server in an answer, as a block location, names this address)
+        self.session: dict = {"local_address": local_address}
         self.slots = trio.Semaphore(server.max_calls)
         self.running = 0
         self.last_done = trio.current_time()

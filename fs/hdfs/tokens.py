@@ -26,17 +26,28 @@ def to_proto(token: dict | None) -> TokenProto:
                       kind=KIND, service="")
 
 
+def fields_of(identifier: bytes) -> dict:
+    """A leasefs block token's fields (no ``mac``) from its HDFS identifier;
+    ``InvalidToken`` for anything else."""
+    try:
+        fields = unpackb(identifier)
+    except Exception:
+        fields = None
+    if not isinstance(fields, list) or len(fields) != len(_FIELDS):
+        raise InvalidToken("not a leasefs block token identifier")
+    return dict(zip(_FIELDS, fields))
+
+
 def from_proto(proto: TokenProto) -> dict | None:
     """The leasefs token inside ``proto``; None for an empty one; ``InvalidToken`` for one
     that is not a leasefs block token (``fs.blocktoken.check`` then judges the rest)."""
     if not proto.identifier and not proto.password:
         return None
     try:
-        fields = unpackb(proto.identifier)
-    except Exception:
-        fields = None
-    if proto.kind != KIND or not isinstance(fields, list) or len(fields) != len(_FIELDS):
-        raise InvalidToken(f"not a leasefs block token (kind {proto.kind[:40]!r})")
-    token = dict(zip(_FIELDS, fields))
+        if proto.kind != KIND:
+            raise InvalidToken("another kind")
+        token = fields_of(proto.identifier)
+    except InvalidToken:
+        raise InvalidToken(f"not a leasefs block token (kind {proto.kind[:40]!r})") from None
     token["mac"] = bytes(proto.password)
     return token

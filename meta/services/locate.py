@@ -106,11 +106,19 @@ class Locator:
         data = self.view.inline_data(ino, inode)
         if data is not None:   # the whole content, whatever the range asked
             return {"length": len(data), "under_construction": under_construction,
-                    "blocks": [], "last_block_complete": True, "inline": data}
+                    "blocks": [], "last_block_complete": True, "inline": data, "ino": ino}
         located = [self.located(block, self.blocks.get(block["id"]), pos, user,
                                 reader_host=reader_host)
                    for block, pos in self.view.blocks_in_range(ino, inode, offset, end)]
         last = self.view.tail_blocks(ino, inode, 1)
-        return {"length": (inode.length or 0), "under_construction": under_construction,
-                "blocks": located,
-                "last_block_complete": not last or self.is_complete(last[-1])}
+        complete = not last or self.is_complete(last[-1])
+        out = {"length": (inode.length or 0), "under_construction": under_construction,
+               "blocks": located, "last_block_complete": complete}
+        if not complete:
+            # the block being written, wherever the range ends: HDFS's client asks its
+            # replicas how much of it is visible (``lastBlock``)
+            block = last[-1]
+            out["last"] = self.located(block, self.blocks.get(block["id"]),
+                                       (inode.length or 0) - block["num_bytes"], user,
+                                       reader_host=reader_host)
+        return out

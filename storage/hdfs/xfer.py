@@ -20,6 +20,9 @@ the other framing (``fs.hdfs.datatransfer``).
   ``storage.transfer.WritePipeline`` with HDFS's packets and acks (``HdfsWire``): acks
   carry this node's status first, then the downstream's; a bad checksum is ERROR_CHECKSUM
   in this node's slot; the last packet finalizes and reports the replica before its ack.
+* The same port answers Hadoop IPC (``datanode_ipc``: ``getReplicaVisibleLength`` for
+  readers of a file being written): a connection's first bytes decide (``fs.hdfs.sniff``),
+  so the advertised ``ipcPort`` is this port.
 * A connection that opens with SASL's magic number is refused with an error message;
   security = secure checks each op's block token (``fs.hdfs.tokens``) as the leasefs port
   does.
@@ -32,20 +35,23 @@ connection closed; it never escapes the connection.
 from __future__ import annotations
 
 import logging
-import math
 import time
 import trio
 
 from fs import blocktoken
 from fs.dataconn import close_gracefully, failure_cause
 from fs.datatransfer import FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, Packet, chunk_checksums
-from fs.errors import (InvalidArgument, InvalidToken, LeaseFSError, NotSupported,
+from fs.errors import (InvalidToken, LeaseFSError, NotSupported,
                        ProtocolError, ServerUnavailable)
 from fs.framing import FramedStream
 from fs.hdfs import datatransfer as hdt
 from fs.hdfs import tokens
+from fs.hdfs.ipc_server import IpcServer
+from fs.hdfs.sniff import IPC, describe, sniff
 from fs.hdfs.pb import datatransfer_pb2 as dt
 from fs.rpc import parse_address
+
+from .datanode_ipc import ClientDatanode, DatanodeIdentity
 
 
 log = logging.getLogger(__name__)
@@ -117,14 +123,6 @@ async def _send_unchecked(framed, seqno, offset, data, sums, flags) -> None:
     await send_hdfs_packet(framed, seqno, offset, data, b"", flags)
 
 
-def _status_of(exc: LeaseFSError) -> int:
-    if isinstance(exc, InvalidToken):
-        return hdt.Status.ERROR_ACCESS_TOKEN
-    if isinstance(exc, NotSupported):
-        return hdt.Status.ERROR_UNSUPPORTED
-    return hdt.Status.ERROR
-
-
 class _Op:
     """One op on a connection: whether its response went out (errors after it are not
     answered with another)."""
@@ -149,8 +147,29 @@ class HdfsDataTransfer:
         self.store = transfer.store
         self.config = transfer.config
         self.wire = HdfsWire()
+        # Hadoop IPC on the same port (``ClientDatanodeProtocol``: a replica's visible
+        # length, for readers of a file being written)
+        self.ipc = IpcServer([ClientDatanode(transfer)], DatanodeIdentity(transfer),
+                             name="block server HDFS port", max_frame=1 << 20,
+                             max_calls=16, context_timeout=self.config.idle_timeout,
+                             frame_timeout=self.config.data_timeout,
+                             idle_timeout=self.config.idle_timeout)
 
     async def handle(self, stream: trio.abc.Stream, peer: str = "?") -> None:
+        kind, head, stream = await sniff(stream, self.config.idle_timeout)
+        if kind == IPC:
+            await self.ipc.serve(stream, peer)
+            return
+        if kind is None:   # neither protocol, or nothing within idle_timeout
+            if head:
+                log.warning("HDFS port: closing the connection from %s: it began with %s",
+                            peer, describe(head))
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+            return
+        await self._data_transfer(stream, peer)
+
+    async def _data_transfer(self, stream: trio.abc.Stream, peer: str) -> None:
         framed = FramedStream(stream, hdt.MAX_MESSAGE)
         self.transfer.active_ops += 1
         try:
@@ -178,11 +197,7 @@ class HdfsDataTransfer:
         try:
             if prefix == b"\xde\xad\xbe" and await framed.receive_exactly(1) == b"\xef":
                 op.name = "SASL"
-                raise NotSupported(
-                    "this block server takes no SASL handshake on its HDFS data-transfer "
-                    "port: set dfs.data.transfer.protection unset and "
-                    "hadoop.security.authentication=simple on the client, or use leasefs's "
-                    "own client")
+                raise NotSupported(hdt.SASL_REFUSED)
             hdt.parse_op_prefix(prefix)
             if code == hdt.READ_BLOCK:
                 request = await self._request(framed, dt.OpReadBlockProto)
@@ -198,7 +213,7 @@ class HdfsDataTransfer:
         except LeaseFSError as exc:
             result = type(exc).__name__
             log.info("HDFS %s from %s refused: %s", op.name, peer, exc)
-            await self._error(op, _status_of(exc), str(exc))
+            await self._error(op, hdt.status_of(exc), str(exc))
         except OSError as exc:   # the disk, not the peer
             result = "disk_error"
             log.warning("HDFS %s from %s: disk error: %s", op.name, peer, exc)
@@ -225,8 +240,7 @@ class HdfsDataTransfer:
         if op.responded:
             return
         if op.name == "SASL":
-            answer = hdt.delimited(dt.DataTransferEncryptorMessageProto(
-                status=dt.DataTransferEncryptorMessageProto.ERROR, message=message))
+            answer = hdt.sasl_refusal(message)
         else:
             answer = hdt.response(status, message)
         try:
@@ -270,19 +284,10 @@ class HdfsDataTransfer:
 
     async def _send_range(self, op: _Op, reader, request: dt.OpReadBlockProto) -> bool:
         visible, bpc = reader.visible_length, reader.bytes_per_checksum
-        offset, length = request.offset, request.len
-        if offset + length > visible:
-            raise InvalidArgument(
-                f"READ_BLOCK blk_{reader.block_id}: range [{offset}, {offset + length}) is "
-                f"past the end of the {visible} visible bytes")
-        start = offset - offset % bpc
-        end = min(visible, math.ceil((offset + length) / bpc) * bpc) if length else start
+        start, end = hdt.read_range(f"blk_{reader.block_id}", request.offset, request.len,
+                                    visible, bpc)
         checked = request.sendChecksums
-        await op.respond(hdt.response(hdt.Status.SUCCESS, readOpChecksumInfo=(
-            dt.ReadOpChecksumInfoProto(
-                checksum=dt.ChecksumProto(type=hdt.CRC32C if checked else hdt.NULL,
-                                          bytesPerChecksum=bpc),
-                chunkOffset=start))))
+        await op.respond(hdt.read_answer(start, bpc, checked))
         sent = await self.transfer.send_block_range(
             op, reader, start, end, packet_size=max(READ_PACKET, self.config.packet_size),
             send=send_hdfs_packet if checked else _send_unchecked)

@@ -13,8 +13,8 @@ listing's page ends after the name ``startAfter``, ``remainingEntries`` non-zero
 follow; ``needLocation`` gives every file of the page its located blocks (Spark lists a
 folder with it).
 
-Small files kept inline in the namespace show their status and length, but no block: a
-Java client cannot read them from here.
+Small files kept inline in the namespace are located as one synthetic block on the
+metadata server itself (``inline.InlineBlocks``), which its HDFS port serves.
 
 Concurrency contract: the metadata server's trio thread; no state but the constructor's.
 """
@@ -68,8 +68,15 @@ class NamenodeReads:
                               pb.GetDatanodeReportResponseProto),
     }
 
-    def __init__(self, call: Callable[[CallContext, str, dict], Awaitable]):
+    def __init__(self, call: Callable[[CallContext, str, dict], Awaitable], inline=None):
+        """``inline``: an ``inline.InlineBlocks`` (None: inline files show no block)."""
         self.call = call
+        self.inline = inline
+
+    def _located(self, ctx, answer: dict, pool: str) -> hdfs.LocatedBlocksProto:
+        if "inline" in answer and self.inline is not None:
+            return self.inline.located_blocks(ctx, answer, pool)
+        return convert.located_blocks(answer, pool)
 
     async def _defaults(self, ctx) -> dict:
         return await self.call(ctx, "get_server_defaults", {})
@@ -134,7 +141,7 @@ class NamenodeReads:
                 except PermissionDenied:   # listed, not readable: its open will say so
                     answer = None
                 if answer is not None:
-                    locations = convert.located_blocks(answer, pool)
+                    locations = self._located(ctx, answer, pool)
             entry = convert.file_status(status, name_only=not alone, locations=locations)
             out.append(entry)
         listing = hdfs.DirectoryListingProto(partialListing=out,
@@ -145,7 +152,7 @@ class NamenodeReads:
         answer = await self.call(ctx, "get_block_locations", {
             "path": request.src, "offset": request.offset, "length": request.length})
         return pb.GetBlockLocationsResponseProto(
-            locations=convert.located_blocks(answer, await self._pool(ctx)))
+            locations=self._located(ctx, answer, await self._pool(ctx)))
 
     # ------------------------------------------------------------------ the server
     async def getServerDefaults(self, ctx, request):
