@@ -107,13 +107,14 @@ def test_append_overwrite_and_dynamic_overwrite(spark, cluster, client):
 
 
 def test_files_the_python_client_wrote_read_through_hdfs(spark, cluster, client, tmp_path):
-    """Written by leasefs's own client: Spark's csv reader on hdfs:// sees what it sees
-    locally."""
+    """Written by leasefs's own client (big enough for blocks, and a small one kept inline
+    in the namespace): Spark's csv reader on hdfs:// sees what it sees locally."""
     lines = "".join(f"{i},name-{i}\n" for i in range(40_000)).encode()
-    for name, data in (("big.csv", lines),):
+    small = b"0,zero\n1,one\n"
+    for name, data in (("big.csv", lines), ("small.csv", small)):
         client.write_file(f"/py/{name}", data)
         (tmp_path / name).write_bytes(data)
-    for name in ("big.csv",):
+    for name in ("big.csv", "small.csv"):
         assert sparkkit.rows(spark.read.csv(hdfs(cluster, f"/py/{name}"))) == \
             sparkkit.rows(spark.read.csv(os.fspath(tmp_path / name)))
 
