@@ -20,6 +20,10 @@ the other framing (``fs.hdfs.datatransfer``).
   ``storage.transfer.WritePipeline`` with HDFS's packets and acks (``HdfsWire``): acks
   carry this node's status first, then the downstream's; a bad checksum is ERROR_CHECKSUM
   in this node's slot; the last packet finalizes and reports the replica before its ack.
+* BLOCK_CHECKSUM answers, from the replica's stored chunk CRCs (``storage.blockchecksum``,
+  as the leasefs port's op), the MD5 of the chunk CRCs (MD5CRC: the client MD5s those
+  again, so it depends on bytesPerChecksum) or the CRC32C of the block's bytes
+  (COMPOSITE_CRC: the client composes the file's CRC32C, what ``leasefs checksum`` prints).
 * A connection that opens with SASL's magic number is refused with an error message;
   security = secure checks each op's block token (``fs.hdfs.tokens``) as the leasefs port
   does.
@@ -56,7 +60,7 @@ KEEPALIVE = 4.0
 #: data bytes per READ_BLOCK packet: few, large packets (Hadoop's client takes up to 16 MiB)
 READ_PACKET = 4 << 20
 #: the op names this port's ops are counted under in the block server's metrics
-METRIC_OPS = frozenset({"HDFS_READ_BLOCK", "HDFS_WRITE_BLOCK"})
+METRIC_OPS = frozenset({"HDFS_READ_BLOCK", "HDFS_WRITE_BLOCK", "HDFS_BLOCK_CHECKSUM"})
 
 Stage = hdt.Stage
 _SETUP_STAGES = {Stage.PIPELINE_SETUP_CREATE, Stage.PIPELINE_SETUP_STREAMING_RECOVERY,
@@ -182,6 +186,10 @@ class HdfsDataTransfer:
                 request = await self._request(framed, dt.OpWriteBlockProto)
                 await self._write_block(op, request)
                 return False
+            if code == hdt.BLOCK_CHECKSUM:
+                request = await self._request(framed, dt.OpBlockChecksumProto)
+                await self._block_checksum(op, request)
+                return True
             raise NotSupported(f"data-transfer {op.name} is not supported by this block server")
         except (EOFError, ServerUnavailable) as exc:
             result = "peer_gone"
@@ -225,13 +233,12 @@ class HdfsDataTransfer:
         except ServerUnavailable:
             pass
 
-    def _check_token(self, header: dt.ClientOperationHeaderProto, block_id: int, gs: int,
+    def _check_token(self, base: dt.BaseHeaderProto, block_id: int, gs: int,
                      op: str, mode: str) -> None:
         """security = secure: the op's token must be a leasefs block token for this block,
         stamp and mode (the leasefs port's own check)."""
         if self.transfer.node_key is None:
             return
-        base = header.baseHeader
         try:
             token = tokens.from_proto(base.token) if base.HasField("token") else None
         except InvalidToken:
@@ -244,7 +251,7 @@ class HdfsDataTransfer:
     async def _read_block(self, op: _Op, request: dt.OpReadBlockProto) -> bool:
         block = request.header.baseHeader.block
         block_id, gs = block.blockId, block.generationStamp
-        self._check_token(request.header, block_id, gs, op.name, blocktoken.READ)
+        self._check_token(request.header.baseHeader, block_id, gs, op.name, blocktoken.READ)
         try:
             reader = await self.store.open_reader(block_id, gs)
         except OSError as exc:
@@ -288,6 +295,31 @@ class HdfsDataTransfer:
             return True
         return False
 
+    # ------------------------------------------------------------------ BLOCK_CHECKSUM
+
+    async def _block_checksum(self, op: _Op, request: dt.OpBlockChecksumProto) -> None:
+        """The checksum of ``[0, block.numBytes)`` of the replica in the mode asked: an MD5
+        of the chunk CRCs (MD5CRC, the default) or the CRC32C of the bytes (COMPOSITE_CRC),
+        both from the stored CRCs (``storage.blockchecksum``)."""
+        # this op's header is the base one (no client name)
+        block = request.header.block
+        block_id, gs = block.blockId, block.generationStamp
+        self._check_token(request.header, block_id, gs, op.name, blocktoken.READ)
+        options = request.blockChecksumOptions
+        mode = options.blockChecksumType
+        if options.stripeLength and options.stripeLength < block.numBytes:
+            raise NotSupported(f"BLOCK_CHECKSUM blk_{block_id}: striped checksums "
+                               f"(stripeLength {options.stripeLength}) are for erasure-coded "
+                               f"blocks; leasefs replicates")
+        reader, digest = await self.transfer.replica_checksum(
+            block_id, gs, block.numBytes, dt.BlockChecksumTypeProto.Name(mode), op.name)
+        bpc = reader.bytes_per_checksum
+        await op.respond(hdt.response(hdt.Status.SUCCESS, checksumResponse=(
+            dt.OpBlockChecksumResponseProto(
+                bytesPerCrc=bpc, crcPerBlock=-(-reader.visible_length // bpc),
+                blockChecksum=digest, crcType=hdt.CRC32C,
+                blockChecksumOptions=dt.BlockChecksumOptionsProto(blockChecksumType=mode)))))
+
     # ------------------------------------------------------------------ WRITE_BLOCK
 
     async def _write_block(self, op: _Op, request: dt.OpWriteBlockProto) -> None:
@@ -298,7 +330,8 @@ class HdfsDataTransfer:
         # the stamp the replica gets: the block's (create), the new one (recovery, append)
         gs = (block.generationStamp if stage == Stage.PIPELINE_SETUP_CREATE
               else request.latestGenerationStamp)
-        self._check_token(request.header, block_id, gs, f"WRITE_BLOCK {Stage.Name(stage)}",
+        self._check_token(request.header.baseHeader, block_id, gs,
+                          f"WRITE_BLOCK {Stage.Name(stage)}",
                           blocktoken.WRITE)
         checksum = request.requestedChecksum
         if checksum.type != hdt.CRC32C:
