@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 import struct
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ import pytest
 
 from fs.datatransfer import crc32c
 from hadoopkit import fs_shell, jars, requires_java, write_conf
-from harness import ProcessCluster, free_port, leasefs
+from harness import ProcessCluster, free_port, leasefs, poll_until
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow, requires_java]
 
@@ -45,7 +46,7 @@ def cluster(tmp_path_factory):
 @dataclass(frozen=True)
 class Ran:
     code: int
-    out: str
+    out: str      # bytes as latin-1: .encode("latin-1") gives them back
     err: str
 
 
@@ -58,10 +59,15 @@ class Shell:
         self.jvm = gateway.jvm
         self.address = address
         self.shell = self.make()
+        self.file_system = self.jvm.org.apache.hadoop.fs.FileSystem.get(
+            self.jvm.java.net.URI(f"hdfs://{address}"), self.conf())
 
-    def make(self, **settings):
-        """An FsShell whose client has ``settings`` (a FileSystem of its own: the cached one
-        keeps the configuration it was made with)."""
+    def path(self, name: str):
+        return self.jvm.org.apache.hadoop.fs.Path(name)
+
+    def conf(self, **settings):
+        """The client's configuration: ``settings`` get a FileSystem of their own (the
+        cached one keeps the configuration it was first made with)."""
         conf = self.jvm.org.apache.hadoop.conf.Configuration()
         conf.set("fs.defaultFS", f"hdfs://{self.address}")
         conf.set("dfs.blocksize", str(BLOCK))
@@ -69,7 +75,11 @@ class Shell:
             conf.set(key, str(value))
         if settings:
             conf.set("fs.hdfs.impl.disable.cache", "true")
-        return self.jvm.org.apache.hadoop.fs.FsShell(conf)
+        return conf
+
+    def make(self, **settings):
+        """An FsShell whose client has ``settings``."""
+        return self.jvm.org.apache.hadoop.fs.FsShell(self.conf(**settings))
 
     def run(self, *args: str, shell=None) -> Ran:
         j = self.jvm
@@ -86,7 +96,8 @@ class Shell:
         finally:
             system.setOut(old_out)
             system.setErr(old_err)
-        return Ran(code, out.toString("UTF-8"), err.toString("UTF-8"))
+        # latin-1: a byte per character, so binary output (-cat, -tail) round-trips
+        return Ran(code, out.toString("ISO-8859-1"), err.toString("UTF-8"))
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +171,126 @@ def test_checksum_equals_leasefs_checksum_and_hdfs_md5_of_crcs(cluster, shell, t
                     "-checksum", "/ck/py4096", conf=conf, user="root")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.decode().split("\t")[1:] == ["COMPOSITE-CRC32C", f"{want}\n"]
+
+
+def ok(ran: Ran) -> str:
+    assert ran.code == 0 and not ran.err.strip(), ran
+    return ran.out
+
+
+def fails(ran: Ran, message: str, code: int = 1) -> None:
+    """Exit ``code`` and HDFS's one-line message on stderr, nothing on stdout."""
+    assert (ran.code, ran.err.strip(), ran.out) == (code, message, ""), ran
+
+
+def test_fsshell_commands_answer_as_hdfs(cluster, shell, tmp_path):
+    local = tmp_path / "local"
+    local.write_bytes(DATA[:5000])
+    more = tmp_path / "more"
+    more.write_bytes(b"appended\n")
+    run = shell.run
+
+    # -mkdir: -p makes parents and takes an existing folder; without it, HDFS's messages
+    ok(run("-mkdir", "-p", "/sh/a/b/c"))
+    ok(run("-mkdir", "-p", "/sh/a/b"))
+    fails(run("-mkdir", "/sh/a"), "mkdir: `/sh/a': File exists")
+    # (the client names the missing parent by its URI itself, as against HDFS)
+    fails(run("-mkdir", "/sh/none/x"),
+          f"mkdir: `hdfs://{shell.address}/sh/none': No such file or directory")
+
+    # -put: an existing target is refused unless -f
+    ok(run("-put", str(local), "/sh/f"))
+    fails(run("-put", str(more), "/sh/f"), "put: `/sh/f': File exists")
+    assert run("-test", "-e", "/sh/f") == Ran(0, "", "")
+    ok(run("-put", "-f", str(more), "/sh/f"))
+    assert ok(run("-cat", "/sh/f")) == "appended\n"
+    ok(run("-put", "-f", str(local), "/sh/f"))
+
+    # -get: the bytes back; an existing local target is refused
+    got = tmp_path / "got"
+    ok(run("-get", "/sh/f", str(got)))
+    assert got.read_bytes() == DATA[:5000]
+    fails(run("-get", "/sh/f", str(got)), f"get: `{got}': File exists")
+
+    # -cp, -mv
+    ok(run("-cp", "/sh/f", "/sh/copy"))
+    fails(run("-cp", "/sh/f", "/sh/copy"), "cp: `/sh/copy': File exists")
+    ok(run("-mv", "/sh/copy", "/sh/a/moved"))
+    fails(run("-mv", "/sh/f", "/sh/a/moved"), "mv: `/sh/a/moved': File exists")
+    fails(run("-mv", "/sh/missing", "/sh/x"), "mv: `/sh/missing': No such file or directory")
+    assert run("-test", "-e", "/sh/copy").code == 1
+    ok(run("-get", "/sh/a/moved", str(tmp_path / "moved")))
+    assert (tmp_path / "moved").read_bytes() == DATA[:5000]
+
+    # -ls and -rm of a missing path, -rm of a folder without -r
+    fails(run("-ls", "/sh/missing"), "ls: `/sh/missing': No such file or directory")
+    fails(run("-rm", "/sh/missing"), "rm: `/sh/missing': No such file or directory")
+    fails(run("-rm", "/sh/a"), "rm: `/sh/a': Is a directory")
+    assert ok(run("-rm", "-f", "/sh/missing")) == ""
+
+    # -chmod, -chown, -chgrp, -setrep as -stat shows them
+    ok(run("-chmod", "640", "/sh/f"))
+    ok(run("-chown", "alice:staff", "/sh/f"))
+    ok(run("-chgrp", "wheel", "/sh/f"))
+    assert ok(run("-setrep", "2", "/sh/f")) == "Replication 2 set: /sh/f\n"
+    assert ok(run("-stat", "%a %u %g %r %b", "/sh/f")) == "640 alice wheel 2 5000\n"
+    ok(run("-chmod", "-R", "g+w", "/sh/a"))
+    assert ok(run("-stat", "%a", "/sh/a/b")) == "775\n"
+
+    # -touchz, -test -z / -e
+    ok(run("-touchz", "/sh/empty"))
+    assert run("-test", "-z", "/sh/empty") == Ran(0, "", "")
+    assert run("-test", "-z", "/sh/f") == Ran(1, "", "")
+    assert run("-test", "-e", "/sh/missing") == Ran(1, "", "")
+    assert run("-test", "-d", "/sh/a") == Ran(0, "", "")
+    fails(run("-touchz", "/sh/f"), "touchz: `/sh/f': Not a zero-length file")
+
+    # -appendToFile, -tail of a closed file, -truncate
+    # (Hadoop's client first fills the replica's partial last chunk: a packet that is not
+    # chunk-aligned; the second append crosses chunks after that)
+    ok(run("-appendToFile", str(more), "/sh/f"))
+    bulk = tmp_path / "bulk"
+    bulk.write_bytes(DATA[-3000:])
+    ok(run("-appendToFile", str(bulk), "/sh/f"))
+    content = DATA[:5000] + b"appended\n" + DATA[-3000:]
+    assert ok(run("-tail", "/sh/f")).encode("latin-1") == content[-1024:]
+    assert ok(run("-cat", "/sh/f")).encode("latin-1") == content
+    proc = leasefs(cluster, "checksum", "/sh/f")     # the stored chunk CRCs are right
+    assert proc.stdout.split("\t")[1:] == ["COMPOSITE-CRC32C", f"{crc32c(content):08x}\n"]
+    out = ok(run("-truncate", "-w", "100", "/sh/f"))
+    assert "Truncated /sh/f to length: 100" in out, out
+    # leasefs shows the new length at once, so -w returns while the last block is still
+    # being recovered, and a Java reader of a block being written needs the block server's
+    # IPC (getReplicaVisibleLength), which leasefs has not: read once the file is closed
+    assert poll_until(lambda: shell.file_system.isFileClosed(shell.path("/sh/f")), timeout=30)
+    assert ok(run("-cat", "/sh/f")).encode("latin-1") == DATA[:100]
+
+    # -rm -r goes into the trash (the server's trashInterval: Hadoop's client moves it
+    # itself), where leasefs rm puts things too; -skipTrash deletes
+    trash = "/user/root/.Trash/Current"
+    ok(run("-mkdir", "-p", "/sh/t1/in", "/sh/t2/in"))
+    assert run("-rm", "-r", "/sh/t1") == Ran(0, "", "")   # Hadoop logs its "Moved:" line
+    assert run("-test", "-d", f"{trash}/sh/t1/in").code == 0
+    proc = leasefs(cluster, "rm", "-r", "/sh/t2")
+    assert (proc.returncode, proc.stdout) == (
+        0, f"Moved: '/sh/t2' to trash at: {trash}/sh/t2\n"), proc.stderr
+    assert run("-test", "-d", f"{trash}/sh/t2/in").code == 0
+    # a name taken in the trash: both append the time in milliseconds
+    ok(run("-mkdir", "-p", "/sh/t1/again", "/sh/t2/again"))
+    ok(run("-rm", "-r", "/sh/t2"))
+    assert leasefs(cluster, "rm", "-r", "/sh/t1").returncode == 0
+    listed = ok(run("-ls", "-R", trash))
+    for name in ("t1", "t2"):
+        assert re.search(rf" {trash}/sh/{name}\d{{13}}/again$", listed, re.M), listed
+    assert ok(run("-rm", "-skipTrash", "/sh/empty")) == "Deleted /sh/empty\n"
+    assert run("-test", "-e", f"{trash}/sh/empty").code == 1
+
+    # -count -q with the quotas leasefs set
+    for verb, args in (("set-quota", ("10",)), ("set-space-quota", ("1m",))):
+        proc = leasefs(cluster, verb, *args, "/sh/a")
+        assert proc.returncode == 0, proc.stderr
+    fields = ok(run("-count", "-q", "/sh/a")).split()
+    # QUOTA REM_QUOTA SPACE_QUOTA REM_SPACE_QUOTA DIRS FILES BYTES PATH
+    # (the folder counts itself, in DIRS and against its name quota)
+    # (-cp wrote it at Hadoop's default replication, 3)
+    assert fields == ["10", "6", "1048576", str(1048576 - 5000 * 3), "3", "1", "5000", "/sh/a"]

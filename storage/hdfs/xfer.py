@@ -35,14 +35,17 @@ connection closed; it never escapes the connection.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
+import os
 import time
 import trio
 
 from fs import blocktoken
 from fs.dataconn import close_gracefully, failure_cause
-from fs.datatransfer import FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, Packet
+from fs.datatransfer import (CHECKSUM_SIZE, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, Packet,
+                             crc32c)
 from fs.errors import (InvalidArgument, InvalidToken, LeaseFSError, NotSupported,
                        ProtocolError, ServerUnavailable)
 from fs.framing import FramedStream
@@ -83,7 +86,10 @@ class HdfsWire:
                                           reserve=pipeline.reserve)
         flags = ((FLAG_LAST if packet.last else 0) | (FLAG_SYNC if packet.sync else 0)
                  | (FLAG_HEARTBEAT if packet.heartbeat else 0))
-        return Packet(packet.seqno, max(packet.offset, 0), packet.data, packet.sums, flags)
+        offset, data, sums = max(packet.offset, 0), packet.data, packet.sums
+        if data and offset % pipeline.replica.bytes_per_checksum:
+            offset, data, sums = await _aligned(pipeline, offset, data, sums)
+        return Packet(packet.seqno, offset, data, sums, flags)
 
     async def send_packet(self, framed: FramedStream, packet: Packet) -> None:
         await send_hdfs_packet(framed, packet.seqno, packet.offset, packet.data, packet.sums,
@@ -94,6 +100,33 @@ class HdfsWire:
 
     async def receive_ack(self, framed: FramedStream) -> tuple[int, list[int]]:
         return await hdt.receive_ack(framed)
+
+
+async def _aligned(pipeline, offset: int, data: bytes, sums: bytes):
+    """An append's first packet as a chunk-aligned one. Hadoop's client fills the replica's
+    partial last chunk first: one packet at the replica's length holding at most the rest of
+    that chunk, its checksum over those bytes only. The chunk's bytes on disk go in front
+    and the chunk's CRC covers them all (when the client's CRC of its bytes is right; a
+    wrong one stays, so the pipeline answers ERROR_CHECKSUM), so the replica is written and
+    forwarded downstream in whole chunks, as every other packet."""
+    replica = pipeline.replica
+    bpc = replica.bytes_per_checksum
+    start = offset - offset % bpc
+    if offset != replica.num_bytes or len(data) > start + bpc - offset:
+        raise ProtocolError(f"packet [{offset}, {offset + len(data)}) is not chunk-aligned "
+                            f"and does not fill the partial last chunk of the "
+                            f"{replica.num_bytes} bytes blk_{replica.block_id} holds")
+
+    def read_head() -> bytes:
+        with open(replica.data_path, "rb", buffering=0) as f:
+            return os.pread(f.fileno(), offset - start, start)
+
+    head = await pipeline.store.run_io(read_head)
+    if len(head) != offset - start:
+        raise OSError(errno.EIO, f"blk_{replica.block_id}: data file shorter than {offset}")
+    if crc32c(data) == int.from_bytes(sums[:CHECKSUM_SIZE], "big"):
+        sums = crc32c(head + data).to_bytes(CHECKSUM_SIZE, "big")
+    return start, head + data, sums
 
 
 async def send_hdfs_packet(framed: FramedStream, seqno: int, offset: int, data, sums: bytes,
