@@ -17,10 +17,14 @@ import struct
 from dataclasses import dataclass
 
 import pytest
+import trio
 
 from fs.datatransfer import crc32c
+from fs.hdfs import datatransfer as hdt
+from fs.hdfs.datatransfer import Stage
 from hadoopkit import fs_shell, jars, requires_java, write_conf
 from harness import ProcessCluster, free_port, leasefs, poll_until
+from test_hdfs_datatransfer import first_block, hdfs_address
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow, requires_java]
 
@@ -294,3 +298,30 @@ def test_fsshell_commands_answer_as_hdfs(cluster, shell, tmp_path):
     # (the folder counts itself, in DIRS and against its name quota)
     # (-cp wrote it at Hadoop's default replication, 3)
     assert fields == ["10", "6", "1048576", str(1048576 - 5000 * 3), "3", "1", "5000", "/sh/a"]
+
+
+def test_an_unaligned_append_packet_must_fill_the_last_chunk_with_a_good_crc(cluster):
+    """The only packet that may start inside a chunk is the one filling the replica's
+    partial last chunk: a longer one is refused (ERROR), one whose CRC is wrong is
+    ERROR_CHECKSUM (not re-covered by a CRC of the block server's making), and the block
+    server serves the next append."""
+    head = DATA[:70_000]           # past inline_max; 70000 = 136 chunks of 512 + 368
+    cases = (("long", b"x" * 1000, None), ("bad", b"y" * 100, 0), ("good", b"z" * 144, None))
+    with cluster.client() as client:
+        for name, _, _ in cases:
+            client.write_file(f"/al/{name}", head, bytes_per_checksum=512)
+
+    async def main():
+        answers = []
+        for name, data, corrupt in cases:
+            block, token, locations = await first_block(cluster, f"/al/{name}")
+            async with await hdt.DataTransferClient.connect(hdfs_address(locations[0])) as c:
+                got = await c.write_block(
+                    block, data, token=token, stage=Stage.PIPELINE_SETUP_APPEND,
+                    start=len(head), new_gs=block.generationStamp + 1, corrupt_seqno=corrupt)
+            answers.append((got.response.status, got.acks[0][1] if got.acks else None))
+        return answers
+
+    assert trio.run(main) == [(hdt.Status.SUCCESS, [hdt.Status.ERROR]),
+                              (hdt.Status.SUCCESS, [hdt.Status.ERROR_CHECKSUM]),
+                              (hdt.Status.SUCCESS, [hdt.Status.SUCCESS])]
