@@ -22,9 +22,10 @@ import trio
 from fs.datatransfer import crc32c
 from fs.hdfs import datatransfer as hdt
 from fs.hdfs.datatransfer import Stage
+from fs.hdfs.pb import datatransfer_pb2 as dt
 from hadoopkit import fs_shell, jars, requires_java, write_conf
 from harness import ProcessCluster, free_port, leasefs, poll_until
-from test_hdfs_datatransfer import first_block, hdfs_address
+from test_hdfs_datatransfer import _answer, _raw, first_block, hdfs_address
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow, requires_java]
 
@@ -325,3 +326,60 @@ def test_an_unaligned_append_packet_must_fill_the_last_chunk_with_a_good_crc(clu
     assert trio.run(main) == [(hdt.Status.SUCCESS, [hdt.Status.ERROR]),
                               (hdt.Status.SUCCESS, [hdt.Status.ERROR_CHECKSUM]),
                               (hdt.Status.SUCCESS, [hdt.Status.SUCCESS])]
+
+
+@pytest.fixture(scope="module")
+def secure_cluster(tmp_path_factory):
+    with ProcessCluster(tmp_path_factory.mktemp("fsshell-secure"), n_storage=1, settings={
+            "block_size": BLOCK, "min_block_size": 4096, "inline_max": 0}) as running:
+        with running.client() as client:
+            client.write_file("/f", DATA[:300_001], bytes_per_checksum=512)
+        yield running
+
+
+def test_block_checksum_on_the_wire_and_its_refusals(secure_cluster):
+    """BLOCK_CHECKSUM as Hadoop's Sender sends it, under security = secure: both modes over
+    the whole block and over a prefix ending inside a chunk; no token, a length past the
+    replica and garbage get an error answer naming the cause, and the server serves on."""
+    data = DATA[:300_001]
+
+    async def main():
+        block, token, locations = await first_block(secure_cluster, "/f")
+        address = hdfs_address(locations[0])
+
+        async def ask(mode=dt.MD5CRC, length=len(data), with_token=True):
+            header = dt.BaseHeaderProto(block=block)
+            header.block.numBytes = length
+            if with_token:
+                header.token.CopyFrom(token)
+            request = dt.OpBlockChecksumProto(
+                header=header, blockChecksumOptions=dt.BlockChecksumOptionsProto(
+                    blockChecksumType=mode))
+            raw = await _raw(address, hdt.encode_op(hdt.BLOCK_CHECKSUM, request),
+                             then_close=True)
+            return _answer(raw)
+
+        md5, composite, prefix = (await ask(), await ask(dt.COMPOSITE_CRC),
+                                  await ask(dt.COMPOSITE_CRC, length=1000))
+        no_token, too_long = await ask(with_token=False), await ask(length=len(data) + 1)
+        garbage = _answer(await _raw(address, b"\x00\x1c\x55\x05\xff\xff\xff\xff\xff"))
+        again = await ask(dt.COMPOSITE_CRC)
+        return md5, composite, prefix, no_token, too_long, garbage, again
+
+    md5, composite, prefix, no_token, too_long, garbage, again = trio.run(main)
+    crcs = [crc32c(data[i:i + 512]) for i in range(0, len(data), 512)]
+    assert md5.status == hdt.Status.SUCCESS
+    sums = md5.checksumResponse
+    assert (sums.bytesPerCrc, sums.crcPerBlock, sums.crcType, sums.blockChecksum,
+            sums.blockChecksumOptions.blockChecksumType) == (
+        512, len(crcs), hdt.CRC32C, hashlib.md5(struct.pack(f">{len(crcs)}I", *crcs)).digest(),
+        dt.MD5CRC)
+    for answer, content in ((composite, data), (prefix, data[:1000]), (again, data)):
+        assert answer.status == hdt.Status.SUCCESS, answer.message
+        assert answer.checksumResponse.blockChecksum == crc32c(content).to_bytes(4, "big")
+        assert answer.checksumResponse.blockChecksumOptions.blockChecksumType == dt.COMPOSITE_CRC
+    assert no_token.status == hdt.Status.ERROR_ACCESS_TOKEN and "token" in no_token.message
+    assert too_long.status == hdt.Status.ERROR
+    assert f"{len(data) + 1} bytes asked, only {len(data)} visible" in too_long.message
+    assert garbage.status == hdt.Status.ERROR
+    assert "malformed OpBlockChecksumProto" in garbage.message
