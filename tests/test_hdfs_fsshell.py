@@ -36,7 +36,7 @@ SMALL = b"kept inline in the namespace\n"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with ProcessCluster(tmp_path_factory.mktemp("fsshell"), n_storage=1, settings={
+    with ProcessCluster(tmp_path_factory.mktemp("fsshell"), n_storage=2, settings={
             "security": "simple", "meta_hdfs_port": free_port(), "block_size": BLOCK,
             "min_block_size": 4096, "trash_interval": 60}) as running:
         with running.client() as client:
@@ -45,6 +45,8 @@ def cluster(tmp_path_factory):
             client.write_file("/ck/py512-again", DATA, bytes_per_checksum=512)
             client.write_file("/ck/py4096", DATA, bytes_per_checksum=4096)
             client.write_file("/ck/small", SMALL)
+            # leasefs's default chunk, 4096, past inline_max, two replicas
+            client.write_file("/sh/py4096", DATA[:70_000], replication=2)
         yield running
 
 
@@ -136,6 +138,22 @@ def md5_of_md5_of_crcs(data: bytes, block: int, bpc: int) -> bytes:
     while capacity < len(per_block):
         capacity *= 2
     return hashlib.md5(per_block.ljust(capacity, b"\0")).digest()
+
+
+def replica_contents(cluster, path: str) -> list[bytes]:
+    """Each replica of ``path``'s first block as its block server sends it, every chunk's
+    stored CRC checked."""
+    async def main():
+        block, token, locations = await first_block(cluster, path)
+        out = []
+        for location in locations:
+            async with await hdt.DataTransferClient.connect(hdfs_address(location)) as c:
+                got = await c.read_block(block, 0, block.numBytes, token=token)
+            assert got.response.status == hdt.Status.SUCCESS, got.response.message
+            assert got.response.readOpChecksumInfo.checksum.bytesPerChecksum == 4096
+            out.append(got.data)
+        return out
+    return trio.run(main)
 
 
 def checksum_line(ran: Ran, path: str) -> tuple[str, str]:
@@ -260,6 +278,14 @@ def test_fsshell_commands_answer_as_hdfs(cluster, shell, tmp_path):
     content = DATA[:5000] + b"appended\n" + DATA[-3000:]
     assert ok(run("-tail", "/sh/f")).encode("latin-1") == content[-1024:]
     assert ok(run("-cat", "/sh/f")).encode("latin-1") == content
+    # a Java append to a replica leasefs wrote at 4096: re-chunked by every pipeline node
+    ok(run("-appendToFile", str(bulk), "/sh/py4096"))
+    ok(run("-appendToFile", str(more), "/sh/py4096"))
+    grown = DATA[:70_000] + DATA[-3000:] + b"appended\n"
+    assert ok(run("-cat", "/sh/py4096")).encode("latin-1") == grown
+    proc = leasefs(cluster, "checksum", "/sh/py4096")
+    assert proc.stdout.split("\t")[1:] == ["COMPOSITE-CRC32C", f"{crc32c(grown):08x}\n"]
+    assert replica_contents(cluster, "/sh/py4096") == [grown, grown]
     proc = leasefs(cluster, "checksum", "/sh/f")     # the stored chunk CRCs are right
     assert proc.stdout.split("\t")[1:] == ["COMPOSITE-CRC32C", f"{crc32c(content):08x}\n"]
     out = ok(run("-truncate", "-w", "100", "/sh/f"))
@@ -304,17 +330,20 @@ def test_fsshell_commands_answer_as_hdfs(cluster, shell, tmp_path):
 def test_an_unaligned_append_packet_must_fill_the_last_chunk_with_a_good_crc(cluster):
     """The only packet that may start inside a chunk is the one filling the replica's
     partial last chunk: a longer one is refused (ERROR), one whose CRC is wrong is
-    ERROR_CHECKSUM (not re-covered by a CRC of the block server's making), and the block
-    server serves the next append."""
+    ERROR_CHECKSUM (not re-covered by a CRC of the block server's making), also when the
+    replica's chunk is not the writer's, and the block server serves the next append."""
     head = DATA[:70_000]           # past inline_max; 70000 = 136 chunks of 512 + 368
-    cases = (("long", b"x" * 1000, None), ("bad", b"y" * 100, 0), ("good", b"z" * 144, None))
+    # (name, replica's chunk, bytes, corrupt packet): the writer's chunk is 512
+    cases = (("long", 512, b"x" * 1000, None), ("bad", 512, b"y" * 100, 0),
+             ("good", 512, b"z" * 144, None), ("bad4096", 4096, b"y" * 100, 0),
+             ("good4096", 4096, b"z" * 144, None))
     with cluster.client() as client:
-        for name, _, _ in cases:
-            client.write_file(f"/al/{name}", head, bytes_per_checksum=512)
+        for name, bpc, _, _ in cases:
+            client.write_file(f"/al/{name}", head, bytes_per_checksum=bpc, replication=1)
 
     async def main():
         answers = []
-        for name, data, corrupt in cases:
+        for name, _, data, corrupt in cases:
             block, token, locations = await first_block(cluster, f"/al/{name}")
             async with await hdt.DataTransferClient.connect(hdfs_address(locations[0])) as c:
                 got = await c.write_block(
@@ -324,6 +353,8 @@ def test_an_unaligned_append_packet_must_fill_the_last_chunk_with_a_good_crc(clu
         return answers
 
     assert trio.run(main) == [(hdt.Status.SUCCESS, [hdt.Status.ERROR]),
+                              (hdt.Status.SUCCESS, [hdt.Status.ERROR_CHECKSUM]),
+                              (hdt.Status.SUCCESS, [hdt.Status.SUCCESS]),
                               (hdt.Status.SUCCESS, [hdt.Status.ERROR_CHECKSUM]),
                               (hdt.Status.SUCCESS, [hdt.Status.SUCCESS])]
 

@@ -20,6 +20,9 @@ the other framing (``fs.hdfs.datatransfer``).
   ``storage.transfer.WritePipeline`` with HDFS's packets and acks (``HdfsWire``): acks
   carry this node's status first, then the downstream's; a bad checksum is ERROR_CHECKSUM
   in this node's slot; the last packet finalizes and reports the replica before its ack.
+  A reopened replica keeps its own chunk size: packets that are not in its whole chunks
+  (an append's first, or all of a writer whose chunk is smaller) are re-chunked
+  (``HdfsWire._rechunk``) after the writer's CRCs are checked.
 * BLOCK_CHECKSUM answers, from the replica's stored chunk CRCs (``storage.blockchecksum``,
   as the leasefs port's op), the MD5 of the chunk CRCs (MD5CRC: the client MD5s those
   again, so it depends on bytesPerChecksum) or the CRC32C of the block's bytes
@@ -45,7 +48,7 @@ import trio
 from fs import blocktoken
 from fs.dataconn import close_gracefully, failure_cause
 from fs.datatransfer import (CHECKSUM_SIZE, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, Packet,
-                             crc32c)
+                             chunk_checksums, crc32c)
 from fs.errors import (InvalidArgument, InvalidToken, LeaseFSError, NotSupported,
                        ProtocolError, ServerUnavailable)
 from fs.framing import FramedStream
@@ -79,17 +82,60 @@ class HdfsWire:
     #: ``complete`` answers true at its first call instead of sleeping 400 ms and asking again
     report_wait = 5.0
 
+    def __init__(self, writer_bpc: int | None = None):
+        #: the writer's chunk size when it is not the replica's (Hadoop's client appends at
+        #: 512 to a replica leasefs wrote at 4096): its packets are checked at its own and
+        #: written and forwarded re-chunked at the replica's
+        self.writer_bpc = writer_bpc
+        #: (start, bytes): what this pipeline received past the replica's last chunk
+        #: boundary, the head of the next re-chunked packet (None: read it from disk)
+        self.partial: tuple[int, bytes] | None = None
+
     async def receive_packet(self, pipeline) -> Packet:
         """The next packet from ``pipeline``'s upstream (a ``storage.transfer.
         WritePipeline``); a malformed one is a ``ProtocolError``, acked ERROR."""
-        packet = await hdt.receive_packet(pipeline.upstream, pipeline.replica.bytes_per_checksum,
+        bpc = pipeline.replica.bytes_per_checksum
+        packet = await hdt.receive_packet(pipeline.upstream, self.writer_bpc or bpc,
                                           reserve=pipeline.reserve)
         flags = ((FLAG_LAST if packet.last else 0) | (FLAG_SYNC if packet.sync else 0)
                  | (FLAG_HEARTBEAT if packet.heartbeat else 0))
         offset, data, sums = max(packet.offset, 0), packet.data, packet.sums
-        if data and offset % pipeline.replica.bytes_per_checksum:
-            offset, data, sums = await _aligned(pipeline, offset, data, sums)
+        if data and (self.writer_bpc or offset % bpc):
+            offset, data, sums = await self._rechunk(pipeline, offset, data, sums)
+        elif data:   # whole chunks, written as they come: what _rechunk kept is stale
+            self.partial = None
         return Packet(packet.seqno, offset, data, sums, flags)
+
+    async def _rechunk(self, pipeline, offset: int, data: bytes, sums: bytes):
+        """A packet that is not in the replica's whole chunks, as one that is: the bytes of
+        the replica's partial last chunk go in front, CRCs are the replica's chunks'.
+        Hadoop's client sends such packets when it appends: it fills the replica's partial
+        last chunk first (one packet at the replica's length, at most to the chunk's end,
+        its CRC over those bytes only), and at its own chunk size throughout. The writer's
+        CRCs are checked first; wrong ones stay as sent, so the pipeline answers
+        ERROR_CHECKSUM (no CRC of the block server's making covers bad bytes)."""
+        replica = pipeline.replica
+        bpc, wbpc = replica.bytes_per_checksum, self.writer_bpc or replica.bytes_per_checksum
+        if self.partial is None:
+            self.partial = await _partial_chunk(pipeline)
+        start, head = self.partial
+        end = start + len(head)
+        fill = -offset % wbpc
+        if not start <= offset <= end or (fill and (offset != end or len(data) > fill)):
+            raise ProtocolError(f"packet [{offset}, {offset + len(data)}) of blk_"
+                                f"{replica.block_id} is not in whole chunks and does not "
+                                f"continue the {end} bytes received")
+        bad = _first_bad_chunk(data, sums, fill, wbpc)
+        data = head[:offset - start] + data
+        out = bytearray(chunk_checksums(data, bpc))
+        if bad is not None:   # a CRC that cannot match where the writer's did not
+            at = (offset - start + bad) // bpc * CHECKSUM_SIZE
+            out[at:at + CHECKSUM_SIZE] = bytes(b ^ 0xFF for b in out[at:at + CHECKSUM_SIZE])
+            return start, data, bytes(out)
+        new_end = start + len(data)
+        cut = new_end - new_end % bpc
+        self.partial = (cut, data[cut - start:])
+        return start, data, bytes(out)
 
     async def send_packet(self, framed: FramedStream, packet: Packet) -> None:
         await send_hdfs_packet(framed, packet.seqno, packet.offset, packet.data, packet.sums,
@@ -102,31 +148,35 @@ class HdfsWire:
         return await hdt.receive_ack(framed)
 
 
-async def _aligned(pipeline, offset: int, data: bytes, sums: bytes):
-    """An append's first packet as a chunk-aligned one. Hadoop's client fills the replica's
-    partial last chunk first: one packet at the replica's length holding at most the rest of
-    that chunk, its checksum over those bytes only. The chunk's bytes on disk go in front
-    and the chunk's CRC covers them all (when the client's CRC of its bytes is right; a
-    wrong one stays, so the pipeline answers ERROR_CHECKSUM), so the replica is written and
-    forwarded downstream in whole chunks, as every other packet."""
+def _first_bad_chunk(data: bytes, sums: bytes, fill: int, bpc: int) -> int | None:
+    """Where in ``data`` the first chunk whose CRC is not in ``sums`` starts (chunks of
+    ``bpc`` after a first one of ``fill`` bytes, when ``fill``); None: all match."""
+    if chunk_checksums(data[:fill], bpc) + chunk_checksums(data[fill:], bpc) == sums:
+        return None
+    bounds = ([0] if fill else []) + list(range(fill, len(data), bpc))
+    for index, pos in enumerate(bounds):
+        stop = fill if fill and index == 0 else pos + bpc
+        if crc32c(data[pos:stop]) != int.from_bytes(
+                sums[index * CHECKSUM_SIZE:(index + 1) * CHECKSUM_SIZE], "big"):
+            return pos
+    return 0
+
+
+async def _partial_chunk(pipeline) -> tuple[int, bytes]:
+    """(start, bytes) of the replica's partial last chunk on disk, before any packet of this
+    pipeline was written."""
     replica = pipeline.replica
-    bpc = replica.bytes_per_checksum
-    start = offset - offset % bpc
-    if offset != replica.num_bytes or len(data) > start + bpc - offset:
-        raise ProtocolError(f"packet [{offset}, {offset + len(data)}) is not chunk-aligned "
-                            f"and does not fill the partial last chunk of the "
-                            f"{replica.num_bytes} bytes blk_{replica.block_id} holds")
+    length = replica.num_bytes
+    start = length - length % replica.bytes_per_checksum
 
-    def read_head() -> bytes:
+    def read() -> bytes:
         with open(replica.data_path, "rb", buffering=0) as f:
-            return os.pread(f.fileno(), offset - start, start)
+            return os.pread(f.fileno(), length - start, start)
 
-    head = await pipeline.store.run_io(read_head)
-    if len(head) != offset - start:
-        raise OSError(errno.EIO, f"blk_{replica.block_id}: data file shorter than {offset}")
-    if crc32c(data) == int.from_bytes(sums[:CHECKSUM_SIZE], "big"):
-        sums = crc32c(head + data).to_bytes(CHECKSUM_SIZE, "big")
-    return start, head + data, sums
+    head = await pipeline.store.run_io(read) if length > start else b""
+    if len(head) != length - start:
+        raise OSError(errno.EIO, f"blk_{replica.block_id}: data file shorter than {length}")
+    return start, head
 
 
 async def send_hdfs_packet(framed: FramedStream, seqno: int, offset: int, data, sums: bytes,
@@ -176,7 +226,6 @@ class HdfsDataTransfer:
         self.transfer = transfer
         self.store = transfer.store
         self.config = transfer.config
-        self.wire = HdfsWire()
 
     async def handle(self, stream: trio.abc.Stream, peer: str = "?") -> None:
         framed = FramedStream(stream, hdt.MAX_MESSAGE)
@@ -355,6 +404,15 @@ class HdfsDataTransfer:
 
     # ------------------------------------------------------------------ WRITE_BLOCK
 
+    def _kept_bpc(self, block_id: int, bpc: int) -> int | None:
+        """The chunk size a reopened replica must have: any that the writer's divides (its
+        packets are re-chunked: Hadoop's client appends at 512 to replicas leasefs wrote at
+        4096), else the writer's (refused by the store, naming both)."""
+        replica = self.store.replicas.get(block_id)
+        if replica is None:
+            return bpc      # the store names what is wrong
+        return None if replica.bytes_per_checksum % bpc == 0 else bpc
+
     async def _write_block(self, op: _Op, request: dt.OpWriteBlockProto) -> None:
         block = request.header.baseHeader.block
         block_id, stage = block.blockId, request.stage
@@ -375,13 +433,19 @@ class HdfsDataTransfer:
         if stage == Stage.PIPELINE_SETUP_CREATE:
             replica = await self.store.create_rbw(block_id, gs, bpc)
         elif stage == Stage.PIPELINE_SETUP_APPEND:
-            replica = await self.store.reopen_for_append(block_id, gs, min_bytes, bpc)
+            replica = await self.store.reopen_for_append(
+                block_id, gs, min_bytes, self._kept_bpc(block_id, bpc))
         else:
             # streaming, append or close recovery: the replica, RBW or already FINALIZED
             # (a close whose last ack was lost), is cut to what every node acknowledged
             # and reopened under the new stamp; a close recovery's only packet is the last
-            replica = await self.store.recover_rbw(block_id, gs, min_bytes, bpc)
+            replica = await self.store.recover_rbw(
+                block_id, gs, min_bytes, self._kept_bpc(block_id, bpc))
             self.transfer.stats.streaming_recoveries += 1
+        # a replica kept at another chunk size takes the writer's packets re-chunked
+        wire = HdfsWire(bpc if bpc != replica.bytes_per_checksum else None)
+        if wire.writer_bpc is not None:
+            request.requestedChecksum.bytesPerChecksum = replica.bytes_per_checksum
         own_writer = replica.writer
         downstream: FramedStream | None = None
         try:
@@ -401,7 +465,7 @@ class HdfsDataTransfer:
             self.transfer.report_receiving(block_id, gs, min_bytes)
             await op.respond(hdt.response(hdt.Status.SUCCESS, firstBadLink=""))
             await self.transfer.run_pipeline(op.framed, op.peer, downstream, replica,
-                                             len(request.targets), self.wire)
+                                             len(request.targets), wire)
         finally:
             if downstream is not None:
                 with trio.CancelScope(shield=True):
