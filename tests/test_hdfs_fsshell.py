@@ -290,9 +290,8 @@ def test_fsshell_commands_answer_as_hdfs(cluster, shell, tmp_path):
     assert proc.stdout.split("\t")[1:] == ["COMPOSITE-CRC32C", f"{crc32c(content):08x}\n"]
     out = ok(run("-truncate", "-w", "100", "/sh/f"))
     assert "Truncated /sh/f to length: 100" in out, out
-    # leasefs shows the new length at once, so -w returns while the last block is still
-    # being recovered, and a Java reader of a block being written needs the block server's
-    # IPC (getReplicaVisibleLength), which leasefs has not: read once the file is closed
+    # leasefs shows the new length at once (HDFS the old one until the recovery commits),
+    # so -w returns while the last block is still being recovered: read once it is closed
     assert poll_until(lambda: shell.file_system.isFileClosed(shell.path("/sh/f")), timeout=30)
     assert ok(run("-cat", "/sh/f")).encode("latin-1") == DATA[:100]
 
