@@ -22,10 +22,11 @@ writer cannot reopen or cut the replica under it.
 from __future__ import annotations
 
 import errno as _errno
+import hashlib
 import os
 import struct
 
-from fs.crccombine import combine_chunks, crc32c_combine
+from fs.crccombine import combine_chunks
 from fs.datatransfer import BLOCK_CHECKSUM, CHECKSUM_SIZE, crc32c
 from fs.errors import ChecksumError, InvalidArgument, ProtocolError, ReplicaNotFound
 
@@ -36,9 +37,11 @@ from .replica_records import ReplicaReader
 _CRCS = struct.Struct(">I")
 
 
-def block_crc(reader: ReplicaReader, length: int) -> int:
-    """CRC32C of ``[0, length)`` of the replica ``reader`` snapshots (its files closed).
-    Blocks: run it in a worker thread."""
+def chunk_crcs(reader: ReplicaReader, length: int) -> list[int]:
+    """The CRC32C of each chunk of ``[0, length)`` of the replica ``reader`` snapshots (its
+    files closed): the stored CRCs of the full chunks, then, when ``length`` ends inside a
+    chunk, the CRC of that chunk's first ``length % bytes_per_checksum`` bytes (what HDFS's
+    MD5-of-CRCs and composite CRC both fold). Blocks: run it in a worker thread."""
     bpc = reader.bytes_per_checksum
     name = f"blk_{reader.block_id}"
     full, tail = divmod(length, bpc)
@@ -60,11 +63,8 @@ def block_crc(reader: ReplicaReader, length: int) -> int:
     crcs = [c for (c,) in _CRCS.iter_unpack(raw)]
     if tail and reader.last_sum is not None and full * bpc + bpc > visible:
         crcs[-1] = _CRCS.unpack(reader.last_sum)[0]
-    crc = combine_chunks(crcs[:full], bpc)
-    if not tail:
-        return crc
-    if tail_is_last:
-        return crc32c_combine(crc, crcs[-1], tail)
+    if not tail or tail_is_last:
+        return crcs
     # length ends inside a chunk the stored CRC covers further: read that chunk alone
     start = full * bpc
     chunk_len = min(bpc, visible - start)
@@ -74,7 +74,55 @@ def block_crc(reader: ReplicaReader, length: int) -> int:
         raise OSError(_errno.EIO, f"{name}: data file holds fewer bytes than {start + chunk_len}")
     if crc32c(chunk) != crcs[-1]:
         raise ChecksumError(f"{name}: chunk at offset {start} does not match its stored CRC")
-    return crc32c_combine(crc, crc32c(chunk[:tail]), tail)
+    crcs[-1] = crc32c(chunk[:tail])
+    return crcs
+
+
+def block_crc(reader: ReplicaReader, length: int) -> int:
+    """CRC32C of ``[0, length)`` of the replica ``reader`` snapshots (its files closed).
+    Blocks: run it in a worker thread."""
+    tail = length % reader.bytes_per_checksum
+    return combine_chunks(chunk_crcs(reader, length), reader.bytes_per_checksum, tail or None)
+
+
+def md5_of_crcs(reader: ReplicaReader, length: int) -> bytes:
+    """HDFS's MD5CRC block checksum: the MD5 of the chunk CRCs of ``[0, length)``, each 4
+    bytes big-endian as a meta file holds them (it depends on ``bytes_per_checksum``).
+    Blocks: run it in a worker thread."""
+    crcs = chunk_crcs(reader, length)
+    return hashlib.md5(struct.pack(f">{len(crcs)}I", *crcs)).digest()
+
+
+def composite_crc(reader: ReplicaReader, length: int) -> bytes:
+    """HDFS's COMPOSITE_CRC block checksum: the CRC32C of ``[0, length)``, 4 bytes
+    big-endian. Blocks: run it in a worker thread."""
+    return block_crc(reader, length).to_bytes(4, "big")
+
+
+#: the folds of a replica's chunk CRCs a checksum op may ask for, by HDFS's names
+FOLDS = {"MD5CRC": md5_of_crcs, "COMPOSITE_CRC": composite_crc}
+
+
+async def replica_checksum(server, block_id: int, gs: int, length: int, compute, op: str):
+    """``(reader, compute(reader, length))`` for the replica of ``block_id`` at stamp ``gs``
+    on ``server`` (a ``storage.transfer.DataTransferServer``): the replica snapshotted under
+    its lock, ``compute`` run in a worker thread while the lock is held, so that a writer
+    cannot reopen or cut the replica under it."""
+    store = server.store
+    replica = store.readable(block_id, gs)
+    try:
+        async with replica.lock:
+            if replica.removed:
+                raise ReplicaNotFound(f"replica {replica.name} was deleted")
+            reader = ReplicaReader(replica)
+            if length > reader.visible_length:
+                raise InvalidArgument(f"{op} {replica.name}: {length} bytes asked, only "
+                                      f"{reader.visible_length} visible here")
+            return reader, await store.run_io(compute, reader, length)
+    except OSError as exc:
+        # as READ_BLOCK: a replica whose files are gone or cut is dropped and reported
+        await server.reporter.replica_lost(block_id, gs, exc)
+        raise
 
 
 async def serve_block_checksum(server, conn, header: dict) -> None:
@@ -87,20 +135,6 @@ async def serve_block_checksum(server, conn, header: dict) -> None:
     length = field(header, "length", int, op)
     if isinstance(length, bool) or length < 0:
         raise ProtocolError(f"{op}: length must be an int >= 0, got {length!r:.60}")
-    store = server.store
-    replica = store.readable(block_id, gs)
-    try:
-        async with replica.lock:
-            if replica.removed:
-                raise ReplicaNotFound(f"replica {replica.name} was deleted")
-            reader = ReplicaReader(replica)
-            if length > reader.visible_length:
-                raise InvalidArgument(f"{op} {replica.name}: {length} bytes asked, only "
-                                      f"{reader.visible_length} visible here")
-            crc = await store.run_io(block_crc, reader, length)
-    except OSError as exc:
-        # as READ_BLOCK: a replica whose files are gone or cut is dropped and reported
-        await server.reporter.replica_lost(block_id, gs, exc)
-        raise
+    reader, crc = await replica_checksum(server, block_id, gs, length, block_crc, op)
     await conn.respond({"status": "SUCCESS", "message": "", "crc": crc, "length": length,
                         "bytes_per_checksum": reader.bytes_per_checksum})

@@ -98,7 +98,7 @@ from fs.framing import FramedStream, encode_frame
 from fs.limits import ByteBudget
 from fs.rpc import check_version, parse_address
 
-from .blockchecksum import serve_block_checksum
+from .blockchecksum import FOLDS, replica_checksum, serve_block_checksum
 from .blockcopy import send_replica
 from .layout import check_packet_range
 from .oneshot import write_oneshot
@@ -341,6 +341,11 @@ class DataTransferServer:
 
     def set_block_keys(self, keys: dict[int, bytes]) -> None:
         self.block_keys = dict(keys)
+
+    async def replica_checksum(self, block_id: int, gs: int, length: int, fold: str, op: str):
+        """``(reader, digest)``: a replica's chunk CRCs over ``[0, length)`` folded as
+        ``fold`` (a ``storage.blockchecksum.FOLDS`` name), for another front end's op."""
+        return await replica_checksum(self, block_id, gs, length, FOLDS[fold], op)
 
     def check_token(self, header: dict, block_id: int, gs: int, op: str,
                     mode: str = blocktoken.READ) -> None:

@@ -20,6 +20,13 @@ the other framing (``fs.hdfs.datatransfer``).
   ``storage.transfer.WritePipeline`` with HDFS's packets and acks (``HdfsWire``): acks
   carry this node's status first, then the downstream's; a bad checksum is ERROR_CHECKSUM
   in this node's slot; the last packet finalizes and reports the replica before its ack.
+  A reopened replica keeps its own chunk size: packets that are not in its whole chunks
+  (an append's first, or all of a writer whose chunk is smaller) are re-chunked
+  (``HdfsWire._rechunk``) after the writer's CRCs are checked.
+* BLOCK_CHECKSUM answers, from the replica's stored chunk CRCs (``storage.blockchecksum``,
+  as the leasefs port's op), the MD5 of the chunk CRCs (MD5CRC: the client MD5s those
+  again, so it depends on bytesPerChecksum) or the CRC32C of the block's bytes
+  (COMPOSITE_CRC: the client composes the file's CRC32C, what ``leasefs checksum`` prints).
 * The same port answers Hadoop IPC (``datanode_ipc``: ``getReplicaVisibleLength`` for
   readers of a file being written): a connection's first bytes decide (``fs.hdfs.sniff``),
   so the advertised ``ipcPort`` is this port.
@@ -34,13 +41,16 @@ connection closed; it never escapes the connection.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import time
 import trio
 
 from fs import blocktoken
 from fs.dataconn import close_gracefully, failure_cause
-from fs.datatransfer import FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, Packet, chunk_checksums
+from fs.datatransfer import (CHECKSUM_SIZE, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, Packet,
+                             chunk_checksums, crc32c)
 from fs.errors import (InvalidToken, LeaseFSError, NotSupported,
                        ProtocolError, ServerUnavailable)
 from fs.framing import FramedStream
@@ -62,7 +72,7 @@ KEEPALIVE = 4.0
 #: data bytes per READ_BLOCK packet: few, large packets (Hadoop's client takes up to 16 MiB)
 READ_PACKET = 4 << 20
 #: the op names this port's ops are counted under in the block server's metrics
-METRIC_OPS = frozenset({"HDFS_READ_BLOCK", "HDFS_WRITE_BLOCK"})
+METRIC_OPS = frozenset({"HDFS_READ_BLOCK", "HDFS_WRITE_BLOCK", "HDFS_BLOCK_CHECKSUM"})
 
 Stage = hdt.Stage
 _SETUP_STAGES = {Stage.PIPELINE_SETUP_CREATE, Stage.PIPELINE_SETUP_STREAMING_RECOVERY,
@@ -77,24 +87,69 @@ class HdfsWire:
     node computes the CRC32C every leasefs replica keeps, and forwards packets without them
     as the op downstream asks too."""
 
-    def __init__(self, checksummed: bool = True):
-        self.checksummed = checksummed
-
     #: the last packet is acked once the finalized replica was reported (bounded: a metadata
     #: server that does not answer delays the ack no longer), so that Hadoop's client's
     #: ``complete`` answers true at its first call instead of sleeping 400 ms and asking again
     report_wait = 5.0
 
+    def __init__(self, checksummed: bool = True, writer_bpc: int | None = None):
+        self.checksummed = checksummed
+        #: the writer's chunk size when it is not the replica's (Hadoop's client appends at
+        #: 512 to a replica leasefs wrote at 4096): its packets are checked at its own and
+        #: written and forwarded re-chunked at the replica's
+        self.writer_bpc = writer_bpc
+        #: (start, bytes): what this pipeline received past the replica's last chunk
+        #: boundary, the head of the next re-chunked packet (None: read it from disk)
+        self.partial: tuple[int, bytes] | None = None
+
     async def receive_packet(self, pipeline) -> Packet:
         """The next packet from ``pipeline``'s upstream (a ``storage.transfer.
         WritePipeline``); a malformed one is a ``ProtocolError``, acked ERROR."""
         bpc = pipeline.replica.bytes_per_checksum
-        packet = await hdt.receive_packet(pipeline.upstream, bpc if self.checksummed else None,
+        wbpc = self.writer_bpc or bpc
+        packet = await hdt.receive_packet(pipeline.upstream, wbpc if self.checksummed else None,
                                           reserve=pipeline.reserve)
-        sums = packet.sums if self.checksummed else chunk_checksums(packet.data, bpc)
+        # the CRCs as a checksumming writer would have sent them
+        sums = packet.sums if self.checksummed else chunk_checksums(packet.data, wbpc)
         flags = ((FLAG_LAST if packet.last else 0) | (FLAG_SYNC if packet.sync else 0)
                  | (FLAG_HEARTBEAT if packet.heartbeat else 0))
-        return Packet(packet.seqno, max(packet.offset, 0), packet.data, sums, flags)
+        offset, data = max(packet.offset, 0), packet.data
+        if data and (self.writer_bpc or offset % bpc):
+            offset, data, sums = await self._rechunk(pipeline, offset, data, sums)
+        elif data:   # whole chunks, written as they come: what _rechunk kept is stale
+            self.partial = None
+        return Packet(packet.seqno, offset, data, sums, flags)
+
+    async def _rechunk(self, pipeline, offset: int, data: bytes, sums: bytes):
+        """A packet that is not in the replica's whole chunks, as one that is: the bytes of
+        the replica's partial last chunk go in front, CRCs are the replica's chunks'.
+        Hadoop's client sends such packets when it appends: it fills the replica's partial
+        last chunk first (one packet at the replica's length, at most to the chunk's end,
+        its CRC over those bytes only), and at its own chunk size throughout. The writer's
+        CRCs are checked first; wrong ones stay as sent, so the pipeline answers
+        ERROR_CHECKSUM (no CRC of the block server's making covers bad bytes)."""
+        replica = pipeline.replica
+        bpc, wbpc = replica.bytes_per_checksum, self.writer_bpc or replica.bytes_per_checksum
+        if self.partial is None:
+            self.partial = await _partial_chunk(pipeline)
+        start, head = self.partial
+        end = start + len(head)
+        fill = -offset % wbpc
+        if not start <= offset <= end or (fill and (offset != end or len(data) > fill)):
+            raise ProtocolError(f"packet [{offset}, {offset + len(data)}) of blk_"
+                                f"{replica.block_id} is not in whole chunks and does not "
+                                f"continue the {end} bytes received")
+        bad = _first_bad_chunk(data, sums, fill, wbpc)
+        data = head[:offset - start] + data
+        out = bytearray(chunk_checksums(data, bpc))
+        if bad is not None:   # a CRC that cannot match where the writer's did not
+            at = (offset - start + bad) // bpc * CHECKSUM_SIZE
+            out[at:at + CHECKSUM_SIZE] = bytes(b ^ 0xFF for b in out[at:at + CHECKSUM_SIZE])
+            return start, data, bytes(out)
+        new_end = start + len(data)
+        cut = new_end - new_end % bpc
+        self.partial = (cut, data[cut - start:])
+        return start, data, bytes(out)
 
     async def send_packet(self, framed: FramedStream, packet: Packet) -> None:
         await send_hdfs_packet(framed, packet.seqno, packet.offset, packet.data,
@@ -105,6 +160,37 @@ class HdfsWire:
 
     async def receive_ack(self, framed: FramedStream) -> tuple[int, list[int]]:
         return await hdt.receive_ack(framed)
+
+
+def _first_bad_chunk(data: bytes, sums: bytes, fill: int, bpc: int) -> int | None:
+    """Where in ``data`` the first chunk whose CRC is not in ``sums`` starts (chunks of
+    ``bpc`` after a first one of ``fill`` bytes, when ``fill``); None: all match."""
+    if chunk_checksums(data[:fill], bpc) + chunk_checksums(data[fill:], bpc) == sums:
+        return None
+    bounds = ([0] if fill else []) + list(range(fill, len(data), bpc))
+    for index, pos in enumerate(bounds):
+        stop = fill if fill and index == 0 else pos + bpc
+        if crc32c(data[pos:stop]) != int.from_bytes(
+                sums[index * CHECKSUM_SIZE:(index + 1) * CHECKSUM_SIZE], "big"):
+            return pos
+    return 0
+
+
+async def _partial_chunk(pipeline) -> tuple[int, bytes]:
+    """(start, bytes) of the replica's partial last chunk on disk, before any packet of this
+    pipeline was written."""
+    replica = pipeline.replica
+    length = replica.num_bytes
+    start = length - length % replica.bytes_per_checksum
+
+    def read() -> bytes:
+        with open(replica.data_path, "rb", buffering=0) as f:
+            return os.pread(f.fileno(), length - start, start)
+
+    head = await pipeline.store.run_io(read) if length > start else b""
+    if len(head) != length - start:
+        raise OSError(errno.EIO, f"blk_{replica.block_id}: data file shorter than {length}")
+    return start, head
 
 
 async def send_hdfs_packet(framed: FramedStream, seqno: int, offset: int, data, sums: bytes,
@@ -146,7 +232,6 @@ class HdfsDataTransfer:
         self.transfer = transfer
         self.store = transfer.store
         self.config = transfer.config
-        self.wire = HdfsWire()
         # Hadoop IPC on the same port (``ClientDatanodeProtocol``: a replica's visible
         # length, for readers of a file being written)
         self.ipc = IpcServer([ClientDatanode(transfer)], DatanodeIdentity(transfer),
@@ -206,6 +291,10 @@ class HdfsDataTransfer:
                 request = await self._request(framed, dt.OpWriteBlockProto)
                 await self._write_block(op, request)
                 return False
+            if code == hdt.BLOCK_CHECKSUM:
+                request = await self._request(framed, dt.OpBlockChecksumProto)
+                await self._block_checksum(op, request)
+                return True
             raise NotSupported(f"data-transfer {op.name} is not supported by this block server")
         except (EOFError, ServerUnavailable) as exc:
             result = "peer_gone"
@@ -248,13 +337,12 @@ class HdfsDataTransfer:
         except ServerUnavailable:
             pass
 
-    def _check_token(self, header: dt.ClientOperationHeaderProto, block_id: int, gs: int,
+    def _check_token(self, base: dt.BaseHeaderProto, block_id: int, gs: int,
                      op: str, mode: str) -> None:
         """security = secure: the op's token must be a leasefs block token for this block,
         stamp and mode (the leasefs port's own check)."""
         if self.transfer.node_key is None:
             return
-        base = header.baseHeader
         try:
             token = tokens.from_proto(base.token) if base.HasField("token") else None
         except InvalidToken:
@@ -267,7 +355,7 @@ class HdfsDataTransfer:
     async def _read_block(self, op: _Op, request: dt.OpReadBlockProto) -> bool:
         block = request.header.baseHeader.block
         block_id, gs = block.blockId, block.generationStamp
-        self._check_token(request.header, block_id, gs, op.name, blocktoken.READ)
+        self._check_token(request.header.baseHeader, block_id, gs, op.name, blocktoken.READ)
         try:
             reader = await self.store.open_reader(block_id, gs)
         except OSError as exc:
@@ -302,7 +390,41 @@ class HdfsDataTransfer:
             return True
         return False
 
+    # ------------------------------------------------------------------ BLOCK_CHECKSUM
+
+    async def _block_checksum(self, op: _Op, request: dt.OpBlockChecksumProto) -> None:
+        """The checksum of ``[0, block.numBytes)`` of the replica in the mode asked: an MD5
+        of the chunk CRCs (MD5CRC, the default) or the CRC32C of the bytes (COMPOSITE_CRC),
+        both from the stored CRCs (``storage.blockchecksum``)."""
+        # this op's header is the base one (no client name)
+        block = request.header.block
+        block_id, gs = block.blockId, block.generationStamp
+        self._check_token(request.header, block_id, gs, op.name, blocktoken.READ)
+        options = request.blockChecksumOptions
+        mode = options.blockChecksumType
+        if options.stripeLength and options.stripeLength < block.numBytes:
+            raise NotSupported(f"BLOCK_CHECKSUM blk_{block_id}: striped checksums "
+                               f"(stripeLength {options.stripeLength}) are for erasure-coded "
+                               f"blocks; leasefs replicates")
+        reader, digest = await self.transfer.replica_checksum(
+            block_id, gs, block.numBytes, dt.BlockChecksumTypeProto.Name(mode), op.name)
+        bpc = reader.bytes_per_checksum
+        await op.respond(hdt.response(hdt.Status.SUCCESS, checksumResponse=(
+            dt.OpBlockChecksumResponseProto(
+                bytesPerCrc=bpc, crcPerBlock=-(-reader.visible_length // bpc),
+                blockChecksum=digest, crcType=hdt.CRC32C,
+                blockChecksumOptions=dt.BlockChecksumOptionsProto(blockChecksumType=mode)))))
+
     # ------------------------------------------------------------------ WRITE_BLOCK
+
+    def _kept_bpc(self, block_id: int, bpc: int) -> int | None:
+        """The chunk size a reopened replica must have: any that the writer's divides (its
+        packets are re-chunked: Hadoop's client appends at 512 to replicas leasefs wrote at
+        4096), else the writer's (refused by the store, naming both)."""
+        replica = self.store.replicas.get(block_id)
+        if replica is None:
+            return bpc      # the store names what is wrong
+        return None if replica.bytes_per_checksum % bpc == 0 else bpc
 
     async def _write_block(self, op: _Op, request: dt.OpWriteBlockProto) -> None:
         block = request.header.baseHeader.block
@@ -312,28 +434,34 @@ class HdfsDataTransfer:
         # the stamp the replica gets: the block's (create), the new one (recovery, append)
         gs = (block.generationStamp if stage == Stage.PIPELINE_SETUP_CREATE
               else request.latestGenerationStamp)
-        self._check_token(request.header, block_id, gs, f"WRITE_BLOCK {Stage.Name(stage)}",
+        self._check_token(request.header.baseHeader, block_id, gs,
+                          f"WRITE_BLOCK {Stage.Name(stage)}",
                           blocktoken.WRITE)
         checksum = request.requestedChecksum
         if checksum.type not in (hdt.CRC32C, hdt.NULL):
             raise NotSupported(f"WRITE_BLOCK blk_{block_id}: checksum type "
                                f"{checksum.type} asked; this block server keeps CRC32C")
         bpc = checksum.bytesPerChecksum
-        wire = self.wire
-        if checksum.type == hdt.NULL:
-            wire = HdfsWire(checksummed=False)
+        checksummed = checksum.type != hdt.NULL
+        if not checksummed:
             bpc = bpc if bpc > 0 else 512   # the chunking of the CRCs this node computes
         min_bytes = request.minBytesRcvd
         if stage == Stage.PIPELINE_SETUP_CREATE:
             replica = await self.store.create_rbw(block_id, gs, bpc)
         elif stage == Stage.PIPELINE_SETUP_APPEND:
-            replica = await self.store.reopen_for_append(block_id, gs, min_bytes, bpc)
+            replica = await self.store.reopen_for_append(
+                block_id, gs, min_bytes, self._kept_bpc(block_id, bpc))
         else:
             # streaming, append or close recovery: the replica, RBW or already FINALIZED
             # (a close whose last ack was lost), is cut to what every node acknowledged
             # and reopened under the new stamp; a close recovery's only packet is the last
-            replica = await self.store.recover_rbw(block_id, gs, min_bytes, bpc)
+            replica = await self.store.recover_rbw(
+                block_id, gs, min_bytes, self._kept_bpc(block_id, bpc))
             self.transfer.stats.streaming_recoveries += 1
+        # a replica kept at another chunk size takes the writer's packets re-chunked
+        wire = HdfsWire(checksummed, bpc if bpc != replica.bytes_per_checksum else None)
+        if wire.writer_bpc is not None:
+            request.requestedChecksum.bytesPerChecksum = replica.bytes_per_checksum
         own_writer = replica.writer
         downstream: FramedStream | None = None
         try:

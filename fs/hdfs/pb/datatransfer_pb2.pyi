@@ -20,6 +20,11 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_UNSUPPORTED: _ClassVar[Status]
     OOB_RESTART: _ClassVar[Status]
     IN_PROGRESS: _ClassVar[Status]
+
+class BlockChecksumTypeProto(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MD5CRC: _ClassVar[BlockChecksumTypeProto]
+    COMPOSITE_CRC: _ClassVar[BlockChecksumTypeProto]
 SUCCESS: Status
 ERROR: Status
 ERROR_CHECKSUM: Status
@@ -30,6 +35,8 @@ CHECKSUM_OK: Status
 ERROR_UNSUPPORTED: Status
 OOB_RESTART: Status
 IN_PROGRESS: Status
+MD5CRC: BlockChecksumTypeProto
+COMPOSITE_CRC: BlockChecksumTypeProto
 
 class BaseHeaderProto(_message.Message):
     __slots__ = ("block", "token")
@@ -144,16 +151,18 @@ class ReadOpChecksumInfoProto(_message.Message):
     def __init__(self, checksum: _Optional[_Union[ChecksumProto, _Mapping]] = ..., chunkOffset: _Optional[int] = ...) -> None: ...
 
 class BlockOpResponseProto(_message.Message):
-    __slots__ = ("status", "firstBadLink", "readOpChecksumInfo", "message")
+    __slots__ = ("status", "firstBadLink", "checksumResponse", "readOpChecksumInfo", "message")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     FIRSTBADLINK_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMRESPONSE_FIELD_NUMBER: _ClassVar[int]
     READOPCHECKSUMINFO_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     status: Status
     firstBadLink: str
+    checksumResponse: OpBlockChecksumResponseProto
     readOpChecksumInfo: ReadOpChecksumInfoProto
     message: str
-    def __init__(self, status: _Optional[_Union[Status, str]] = ..., firstBadLink: _Optional[str] = ..., readOpChecksumInfo: _Optional[_Union[ReadOpChecksumInfoProto, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., firstBadLink: _Optional[str] = ..., checksumResponse: _Optional[_Union[OpBlockChecksumResponseProto, _Mapping]] = ..., readOpChecksumInfo: _Optional[_Union[ReadOpChecksumInfoProto, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ClientReadStatusProto(_message.Message):
     __slots__ = ("status",)
@@ -202,3 +211,33 @@ class DataTransferEncryptorMessageProto(_message.Message):
     status: DataTransferEncryptorMessageProto.DataTransferEncryptorStatus
     message: str
     def __init__(self, status: _Optional[_Union[DataTransferEncryptorMessageProto.DataTransferEncryptorStatus, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class BlockChecksumOptionsProto(_message.Message):
+    __slots__ = ("blockChecksumType", "stripeLength")
+    BLOCKCHECKSUMTYPE_FIELD_NUMBER: _ClassVar[int]
+    STRIPELENGTH_FIELD_NUMBER: _ClassVar[int]
+    blockChecksumType: BlockChecksumTypeProto
+    stripeLength: int
+    def __init__(self, blockChecksumType: _Optional[_Union[BlockChecksumTypeProto, str]] = ..., stripeLength: _Optional[int] = ...) -> None: ...
+
+class OpBlockChecksumProto(_message.Message):
+    __slots__ = ("header", "blockChecksumOptions")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    BLOCKCHECKSUMOPTIONS_FIELD_NUMBER: _ClassVar[int]
+    header: BaseHeaderProto
+    blockChecksumOptions: BlockChecksumOptionsProto
+    def __init__(self, header: _Optional[_Union[BaseHeaderProto, _Mapping]] = ..., blockChecksumOptions: _Optional[_Union[BlockChecksumOptionsProto, _Mapping]] = ...) -> None: ...
+
+class OpBlockChecksumResponseProto(_message.Message):
+    __slots__ = ("bytesPerCrc", "crcPerBlock", "blockChecksum", "crcType", "blockChecksumOptions")
+    BYTESPERCRC_FIELD_NUMBER: _ClassVar[int]
+    CRCPERBLOCK_FIELD_NUMBER: _ClassVar[int]
+    BLOCKCHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    CRCTYPE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKCHECKSUMOPTIONS_FIELD_NUMBER: _ClassVar[int]
+    bytesPerCrc: int
+    crcPerBlock: int
+    blockChecksum: bytes
+    crcType: _hdfs_pb2.ChecksumTypeProto
+    blockChecksumOptions: BlockChecksumOptionsProto
+    def __init__(self, bytesPerCrc: _Optional[int] = ..., crcPerBlock: _Optional[int] = ..., blockChecksum: _Optional[bytes] = ..., crcType: _Optional[_Union[_hdfs_pb2.ChecksumTypeProto, str]] = ..., blockChecksumOptions: _Optional[_Union[BlockChecksumOptionsProto, _Mapping]] = ...) -> None: ...
