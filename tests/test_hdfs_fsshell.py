@@ -196,6 +196,27 @@ def test_checksum_equals_leasefs_checksum_and_hdfs_md5_of_crcs(cluster, shell, t
     assert proc.stdout.decode().split("\t")[1:] == ["COMPOSITE-CRC32C", f"{want}\n"]
 
 
+def test_checksum_of_a_file_kept_inline_is_that_of_the_same_bytes_in_a_block(cluster, shell,
+                                                                          tmp_path):
+    """A small file the Python client wrote lives in the namespace; the metadata server
+    answers BLOCK_CHECKSUM for it as a block server would for the same bytes at 512-byte
+    chunks: COMPOSITE_CRC is ``leasefs checksum``'s, MD5MD5CRC that of a Java -put copy."""
+    small = DATA[:3000]
+    with cluster.client() as client:
+        client.write_file("/ck/inline", small)
+        assert client.get_block_locations("/ck/inline").get("inline") == small
+    local = tmp_path / "small"
+    local.write_bytes(small)
+    assert shell.run("-put", str(local), "/ck/inline-java").code == 0   # a real block
+    composite = shell.make(**{"dfs.checksum.combine.mode": "COMPOSITE_CRC"})
+    mine = leasefs(cluster, "checksum", "/ck/inline")
+    assert mine.returncode == 0, mine.stderr
+    assert checksum_line(shell.run("-checksum", "/ck/inline", shell=composite), "/ck/inline") \
+        == ("COMPOSITE-CRC32C", mine.stdout.split("\t")[2].strip())
+    assert checksum_line(shell.run("-checksum", "/ck/inline"), "/ck/inline") == \
+        checksum_line(shell.run("-checksum", "/ck/inline-java"), "/ck/inline-java")
+
+
 def ok(ran: Ran) -> str:
     assert ran.code == 0 and not ran.err.strip(), ran
     return ran.out

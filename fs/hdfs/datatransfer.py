@@ -21,12 +21,13 @@ FramedStream`` (one reader and one writer task per stream) and run on the trio t
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass, field
 
 import trio
 
-from ..datatransfer import CHECKSUM_SIZE, chunk_checksums, num_chunks, verify_checksums
+from ..datatransfer import CHECKSUM_SIZE, chunk_checksums, crc32c, num_chunks, verify_checksums
 from ..errors import (InvalidArgument, InvalidToken, LeaseFSError, NotSupported,
                       ProtocolError, ServerUnavailable)
 from ..framing import FramedStream
@@ -300,14 +301,16 @@ def read_answer(start: int, bytes_per_checksum: int, checked: bool) -> bytes:
 
 
 class MemoryBlocks:
-    """READ_BLOCK of blocks whose bytes a server holds in memory (small, e.g. the files the
-    metadata server keeps inline), over HDFS data-transfer connections: the checksums are
-    CRC32C computed as the bytes go out, at ``BYTES_PER_CHECKSUM``.
+    """READ_BLOCK and BLOCK_CHECKSUM of blocks whose bytes a server holds in memory (small,
+    e.g. the files the metadata server keeps inline), over HDFS data-transfer connections:
+    the checksums are CRC32C computed as the bytes go out, at ``BYTES_PER_CHECKSUM``; a
+    block checksum is what a block server answers for the same bytes at that chunk size.
 
-    ``content(request, peer)`` (awaited) gives the block's bytes for an
-    ``OpReadBlockProto`` or raises a leasefs error, which is the op's refusal
-    (``status_of``). A connection serves ops until the peer closes it, sends something
-    that is not a READ_BLOCK, or is idle ``idle_timeout`` seconds before its first op
+    ``content(header, op, peer)`` (awaited) gives the bytes of the block a
+    ``BaseHeaderProto`` names (with its token; ``op`` names the op for messages) or raises
+    a leasefs error, which is the op's refusal (``status_of``). A connection serves ops
+    until the peer closes it, sends another op, or is idle ``idle_timeout`` seconds before
+    its first op
     (``keepalive`` between ops, as Hadoop's client pools its sockets); a peer that does not
     take the bytes within ``data_timeout`` is dropped."""
 
@@ -348,16 +351,23 @@ class MemoryBlocks:
             if prefix == b"\xde\xad\xbe":
                 raise _Sasl(SASL_REFUSED)
             _, code = parse_op_prefix(prefix)
-            if code != READ_BLOCK:
+            if code not in (READ_BLOCK, BLOCK_CHECKSUM):
                 raise NotSupported(f"data-transfer {OP_NAMES.get(code, f'op {code}')} is not "
-                                   f"served by the {self.name}: it serves READ_BLOCK only")
+                                   f"served by the {self.name}: it serves READ_BLOCK and "
+                                   f"BLOCK_CHECKSUM only")
+            kind = dt.OpReadBlockProto if code == READ_BLOCK else dt.OpBlockChecksumProto
             request = None
             with trio.move_on_after(self.idle_timeout):
-                request = await receive_delimited(framed, dt.OpReadBlockProto)
+                request = await receive_delimited(framed, kind)
             if request is None:
-                raise ProtocolError(f"no complete OpReadBlockProto within "
+                raise ProtocolError(f"no complete {kind.__name__} within "
                                     f"{self.idle_timeout:g} s")
-            data = await self.content(request, peer)
+            if code == BLOCK_CHECKSUM:
+                data = await self.content(request.header, "BLOCK_CHECKSUM", peer)
+                responded = True
+                await framed.send_all(self.checksum_answer(request, data))
+                return True
+            data = await self.content(request.header.baseHeader, "READ_BLOCK", peer)
             block = request.header.baseHeader.block
             bpc = self.BYTES_PER_CHECKSUM
             start, end = read_range(f"blk_{block.blockId}", request.offset, request.len,
@@ -392,6 +402,26 @@ class MemoryBlocks:
             if not responded:
                 await _send_quietly(framed, response(status_of(exc), str(exc)))
         return False
+
+
+    def checksum_answer(self, request: dt.OpBlockChecksumProto, data: bytes) -> bytes:
+        """BLOCK_CHECKSUM of ``[0, numBytes)``: the MD5 of the chunk CRCs (MD5CRC) or the
+        CRC32C of the bytes (COMPOSITE_CRC), as a block server answers from stored CRCs."""
+        length = request.header.block.numBytes
+        if length > len(data):
+            raise InvalidArgument(f"BLOCK_CHECKSUM blk_{request.header.block.blockId}: "
+                                  f"{length} bytes asked, the block holds {len(data)}")
+        mode = request.blockChecksumOptions.blockChecksumType
+        bpc = self.BYTES_PER_CHECKSUM
+        body = memoryview(data)[:length]
+        if mode == dt.COMPOSITE_CRC:
+            digest = crc32c(body).to_bytes(CHECKSUM_SIZE, "big")
+        else:
+            digest = hashlib.md5(chunk_checksums(body, bpc)).digest()
+        return response(Status.SUCCESS, checksumResponse=dt.OpBlockChecksumResponseProto(
+            bytesPerCrc=bpc, crcPerBlock=num_chunks(length, bpc), blockChecksum=digest,
+            crcType=CRC32C, blockChecksumOptions=dt.BlockChecksumOptionsProto(
+                blockChecksumType=mode)))
 
 
 class _Sasl(Exception):

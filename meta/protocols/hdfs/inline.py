@@ -70,11 +70,11 @@ class InlineBlocks:
     async def serve(self, stream, peer: str) -> None:
         await self.server.serve(stream, peer)
 
-    async def content(self, request: dt.OpReadBlockProto, peer: str) -> bytes:
-        """The bytes of the inline file a READ_BLOCK names, or the refusal."""
-        header = request.header.baseHeader
+    async def content(self, header: dt.BaseHeaderProto, op: str, peer: str) -> bytes:
+        """The bytes of the inline file a READ_BLOCK or BLOCK_CHECKSUM names, or the
+        refusal."""
         block = header.block
-        what = f"READ_BLOCK blk_{block.blockId}_{block.generationStamp}"
+        what = f"{op} blk_{block.blockId}_{block.generationStamp}"
         ino = convert.inline_ino(block.blockId)
         if ino is None:
             raise InvalidArgument(f"{what}: not a block of this metadata server (it serves "
