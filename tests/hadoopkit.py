@@ -46,10 +46,18 @@ def fs_shell(address: str, *args: str, conf: Path, user: str | None = None,
              env: dict | None = None) -> subprocess.CompletedProcess:
     """``FsShell -fs hdfs://ADDRESS ARGS`` in a new JVM; ``user``: who the client says it
     is in simple mode (``HADOOP_USER_NAME``). Output as bytes (``-cat`` of binary data)."""
+    cmd, run_env = shell_command(address, *args, conf=conf, user=user, env=env)
+    return subprocess.run(cmd, input=stdin, capture_output=True, timeout=timeout, env=run_env)
+
+
+def shell_command(address: str, *args: str, conf: Path, user: str | None = None,
+                  env: dict | None = None) -> tuple[list[str], dict]:
+    """The command line and environment of ``fs_shell`` (for a shell the test feeds or
+    kills while it runs: ``-put -`` from a pipe)."""
     run_env = {**os.environ, **(env or {})}
     if user is not None:
         run_env["HADOOP_USER_NAME"] = user
     cmd = ["java", "-Xmx512m", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
            "-cp", f"{conf}{os.pathsep}{jars()}/*", "org.apache.hadoop.fs.FsShell",
            "-fs", f"hdfs://{address}", *args]
-    return subprocess.run(cmd, input=stdin, capture_output=True, timeout=timeout, env=run_env)
+    return cmd, run_env
