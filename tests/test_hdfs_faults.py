@@ -30,7 +30,7 @@ SETTINGS = {"security": "simple", "inline_max": 0, "replication": 3, "block_size
             "replication_pending_timeout": 5.0}
 # the Java client's settings: its lease renewer runs every half RPC timeout (well inside
 # the cluster's soft limit), and it reconnects quickly to a restarted metadata server
-JAVA = {"ipc.client.rpc-timeout.ms": int(SOFT_LIMIT * 1000),
+JAVA = {"ipc.client.rpc-timeout.ms": int(SOFT_LIMIT * 1000), "dfs.blocksize": BLOCK,
         "ipc.client.connect.max.retries": 100, "ipc.client.connect.retry.interval": 100,
         "dfs.client.block.write.locateFollowingBlock.initial.delay.ms": 50}
 
@@ -92,8 +92,6 @@ def java_error(exc: Py4JJavaError) -> str:
 
 # --------------------------------------------------------------------------- block servers
 
-@pytest.mark.xfail(strict=True, reason="the HDFS data-transfer port has no TRANSFER_BLOCK: "
-                   "the spare cannot get the block's bytes")
 def test_a_block_server_killed_in_a_java_pipeline_is_replaced_and_every_byte_reads(
         cluster, jvm, hdfs):
     """Replication 3 on 4 block servers: a kill -9 of a pipeline node after hflush makes
