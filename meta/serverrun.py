@@ -235,7 +235,8 @@ async def _serve_hdfs(server: MetaServer, host: str, port: int, limits: Connecti
     ipc = IpcServer(server.hdfs_translators, server.hdfs_identity,
                     name="metadata server HDFS port", max_frame=config.max_frame,
                     frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
-                    context_timeout=config.auth_timeout, budget=budget)
+                    context_timeout=config.auth_timeout, budget=budget,
+                    state_id=server.state_id)
     async with trio.open_nursery() as nursery:
         try:
             bound = await nursery.start(partial(serve_tcp, ipc.serve, host, port,

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import random
 import subprocess
+import time
 
 import pytest
-from hadoopkit import fs_shell, requires_java, shell_command, write_conf
+from hadoopkit import HadoopJvm, fs_shell, requires_java, shell_command, write_conf
 from hakit import HACluster
 
 from harness import poll_until
@@ -17,6 +18,7 @@ from harness import poll_until
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, requires_java]
 
 SETTINGS = {"security": "simple", "inline_max": 0, "block_size": 1 << 20}
+RPC_TIMEOUT_MS = 60_000
 DATA = random.Random(35).randbytes(3 * (1 << 20) + 777)   # several blocks, a partial last
 
 
@@ -82,3 +84,39 @@ def test_a_kill_of_the_active_during_a_java_write_fails_over_and_the_write_compl
     proc = fs_shell("leasefs", "-cat", "/ha-streamed", conf=conf, user="root")
     assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stdout == DATA
+
+
+def test_observer_reads_through_the_observer_read_proxy_provider(tmp_path):
+    """``ObserverReadProxyProvider``: writes go to the active, reads to the observer, which
+    sees the writer's own writes (the state id of the answers' headers): with the active
+    and the standby frozen, the writer still stats, lists and reads what it wrote, at once
+    (a client that did not know the observer would wait out its RPC timeout on the frozen
+    active before it tried another server)."""
+    with HACluster(tmp_path / "c", n_meta=2, observers=1, n_storage=1, hdfs=True,
+                   settings=SETTINGS) as cluster, HadoopJvm() as jvm:
+        active, standby = cluster.active_and_standby()
+        cluster.wait_role("meta2", "observer")
+        settings = {**cluster.hdfs_conf(), "dfs.client.failover.proxy.provider.leasefs":
+                    "org.apache.hadoop.hdfs.server.namenode.ha.ObserverReadProxyProvider",
+                    "ipc.client.rpc-timeout.ms": RPC_TIMEOUT_MS}
+        fs = jvm.fs("hdfs://leasefs/", settings)
+        out = fs.create(jvm.path("/obs/f"), True)
+        out.write(jvm.bytes(DATA))
+        out.close()
+        assert fs.getFileStatus(jvm.path("/obs/f")).getLen() == len(DATA)
+        for name in (active, standby):
+            cluster.pause(name)
+        started = time.monotonic()
+        try:
+            assert fs.getFileStatus(jvm.path("/obs/f")).getLen() == len(DATA)
+            assert [s.getPath().getName() for s in fs.listStatus(jvm.path("/obs"))] == ["f"]
+            stream = fs.open(jvm.path("/obs/f"))
+            try:
+                assert bytes(stream.readAllBytes()) == DATA
+            finally:
+                stream.close()
+            assert time.monotonic() - started < RPC_TIMEOUT_MS / 1000 / 2
+        finally:
+            for name in (active, standby):
+                cluster.resume(name)
+        fs.close()
