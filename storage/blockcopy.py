@@ -68,32 +68,28 @@ class NativeLink:
     def __init__(self, token: dict | None = None):
         self.token = token
 
-    async def open(self, config: Config, targets: list[str], block_id: int, gs: int, *,
-                   stage: str, client: str, bytes_per_checksum: int, length: int):
-        """A stream to ``targets[0]`` whose WRITE_BLOCK setup was answered SUCCESS."""
+    @staticmethod
+    async def connect(config: Config, target: str, block_id: int):
         try:
-            framed = await open_data_connection(targets[0], config.data_connect_timeout,
-                                                HEADER_MAX_FRAME, tlsmod.client(config))
+            return await open_data_connection(target, config.data_connect_timeout,
+                                              HEADER_MAX_FRAME, tlsmod.client(config))
         except LeaseFSError as exc:   # unreachable, or TLS refused
             raise ServerUnavailable(f"copy of blk_{block_id}: {exc}") from None
-        try:
-            with trio.fail_after(config.data_timeout):
-                header = op_header(WRITE_BLOCK, block={"id": block_id, "gs": gs},
-                                   targets=list(targets[1:]), stage=stage, client=client,
-                                   bytes_per_checksum=bytes_per_checksum)
-                if self.token is not None:
-                    header["token"] = self.token
-                await framed.send_frame(header)
-                response = await framed.receive_frame()
-            if not isinstance(response, dict) or response.get("status") != "SUCCESS":
-                message = response.get("message") if isinstance(response, dict) else response
-                raise ServerUnavailable(f"copy of blk_{block_id}: {targets[0]} refused it: "
-                                        f"{message!s:.300}")
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                await framed.aclose()
-            raise
-        return framed
+
+    async def setup(self, framed, targets: list[str], block_id: int, gs: int, *, stage: str,
+                    client: str, bytes_per_checksum: int, length: int) -> None:
+        """The WRITE_BLOCK setup, answered SUCCESS (else ``ServerUnavailable``)."""
+        header = op_header(WRITE_BLOCK, block={"id": block_id, "gs": gs},
+                           targets=list(targets[1:]), stage=stage, client=client,
+                           bytes_per_checksum=bytes_per_checksum)
+        if self.token is not None:
+            header["token"] = self.token
+        await framed.send_frame(header)
+        response = await framed.receive_frame()
+        if not isinstance(response, dict) or response.get("status") != "SUCCESS":
+            message = response.get("message") if isinstance(response, dict) else response
+            raise ServerUnavailable(f"copy of blk_{block_id}: {targets[0]} refused it: "
+                                    f"{message!s:.300}")
 
     send_packet = staticmethod(send_packet)
     receive_ack = staticmethod(receive_ack)
@@ -115,13 +111,11 @@ async def send_replica(config: Config, store: ReplicaStore, reader, block_id: in
     timeout = config.data_timeout
     link = link or NativeLink(token)
     send, receive = link.send_packet, link.receive_ack
+    framed = await link.connect(config, targets[0], block_id)
     try:
-        framed = await link.open(config, targets, block_id, gs, stage=stage, client=client,
-                                 bytes_per_checksum=bpc, length=length)
-    except (trio.TooSlowError, EOFError) as exc:
-        raise ServerUnavailable(f"copy of blk_{block_id} to {targets[0]}: no setup answer: "
-                                f"{type(exc).__name__} {exc}") from None
-    try:
+        with trio.fail_after(timeout):
+            await link.setup(framed, targets, block_id, gs, stage=stage, client=client,
+                             bytes_per_checksum=bpc, length=length)
         step = max(bpc, config.packet_size // bpc * bpc)
         offsets = list(range(0, length, step))
         last_seqno = len(offsets)

@@ -410,9 +410,8 @@ class HdfsLink:
     def __init__(self, header: dt.ClientOperationHeaderProto):
         self.header = header
 
-    async def open(self, config, targets: list[str], block_id: int, gs: int, *, stage: str,
-                   client: str, bytes_per_checksum: int, length: int) -> FramedStream:
-        target = targets[0]
+    @staticmethod
+    async def connect(config, target: str, block_id: int) -> FramedStream:
         try:
             host, port = parse_address(target)
             with trio.fail_after(config.data_connect_timeout):
@@ -420,27 +419,23 @@ class HdfsLink:
         except (OSError, trio.TooSlowError) as exc:
             raise ServerUnavailable(f"copy of blk_{block_id} to {target}: "
                                     f"{failure_cause(exc, config.data_connect_timeout)}") from None
-        framed = FramedStream(stream, hdt.MAX_MESSAGE)
-        try:
-            header = dt.ClientOperationHeaderProto()
-            header.CopyFrom(self.header)
-            header.baseHeader.block.numBytes = length
-            request = dt.OpWriteBlockProto(
-                header=header, stage=Stage.TRANSFER_RBW, pipelineSize=1, minBytesRcvd=0,
-                maxBytesRcvd=length, latestGenerationStamp=gs,
-                requestedChecksum=dt.ChecksumProto(type=hdt.CRC32C,
-                                                   bytesPerChecksum=bytes_per_checksum))
-            with trio.fail_after(config.data_timeout):
-                await framed.send_all(hdt.encode_op(hdt.WRITE_BLOCK, request))
-                answer = await hdt.receive_delimited(framed, dt.BlockOpResponseProto)
-            if answer.status != hdt.Status.SUCCESS:
-                raise ServerUnavailable(f"copy of blk_{block_id}: {target} refused it: "
-                                        f"{answer.message or dt.Status.Name(answer.status)}")
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                await framed.aclose()
-            raise
-        return framed
+        return FramedStream(stream, hdt.MAX_MESSAGE)
+
+    async def setup(self, framed: FramedStream, targets: list[str], block_id: int, gs: int, *,
+                    stage: str, client: str, bytes_per_checksum: int, length: int) -> None:
+        header = dt.ClientOperationHeaderProto()
+        header.CopyFrom(self.header)
+        header.baseHeader.block.numBytes = length
+        request = dt.OpWriteBlockProto(
+            header=header, stage=Stage.TRANSFER_RBW, pipelineSize=1, minBytesRcvd=0,
+            maxBytesRcvd=length, latestGenerationStamp=gs,
+            requestedChecksum=dt.ChecksumProto(type=hdt.CRC32C,
+                                               bytesPerChecksum=bytes_per_checksum))
+        await framed.send_all(hdt.encode_op(hdt.WRITE_BLOCK, request))
+        answer = await hdt.receive_delimited(framed, dt.BlockOpResponseProto)
+        if answer.status != hdt.Status.SUCCESS:
+            raise ServerUnavailable(f"copy of blk_{block_id}: {targets[0]} refused it: "
+                                    f"{answer.message or dt.Status.Name(answer.status)}")
 
     send_packet = staticmethod(send_hdfs_packet)
     receive_ack = staticmethod(hdt.receive_ack)
