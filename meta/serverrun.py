@@ -236,7 +236,8 @@ async def _serve_hdfs(server: MetaServer, host: str, port: int, limits: Connecti
     ipc = IpcServer(server.hdfs_translators, server.hdfs_identity,
                     name="metadata server HDFS port", max_frame=config.max_frame,
                     frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
-                    context_timeout=config.auth_timeout, budget=budget)
+                    context_timeout=config.auth_timeout, budget=budget,
+                    state_id=server.state_id)
 
     async def serve(stream, peer: str, **_ignored) -> None:
         # Hadoop IPC, or a READ_BLOCK of an inline file's block (``fs.hdfs.sniff``)

@@ -60,9 +60,44 @@ async def copy_replica(config: Config, store: ReplicaStore, block_id: int, gs: i
             await store.close_reader(reader)
 
 
+class NativeLink:
+    """How a copy reaches its target on leasefs's own data-transfer port: the WRITE_BLOCK
+    header frame (with the copy ``token``), its packets and acks. ``storage.hdfs.xfer``
+    has HDFS's twin, for a copy Hadoop's client asked for on the HDFS port."""
+
+    def __init__(self, token: dict | None = None):
+        self.token = token
+
+    @staticmethod
+    async def connect(config: Config, target: str, block_id: int):
+        try:
+            return await open_data_connection(target, config.data_connect_timeout,
+                                              HEADER_MAX_FRAME, tlsmod.client(config))
+        except LeaseFSError as exc:   # unreachable, or TLS refused
+            raise ServerUnavailable(f"copy of blk_{block_id}: {exc}") from None
+
+    async def setup(self, framed, targets: list[str], block_id: int, gs: int, *, stage: str,
+                    client: str, bytes_per_checksum: int, length: int) -> None:
+        """The WRITE_BLOCK setup, answered SUCCESS (else ``ServerUnavailable``)."""
+        header = op_header(WRITE_BLOCK, block={"id": block_id, "gs": gs},
+                           targets=list(targets[1:]), stage=stage, client=client,
+                           bytes_per_checksum=bytes_per_checksum)
+        if self.token is not None:
+            header["token"] = self.token
+        await framed.send_frame(header)
+        response = await framed.receive_frame()
+        if not isinstance(response, dict) or response.get("status") != "SUCCESS":
+            message = response.get("message") if isinstance(response, dict) else response
+            raise ServerUnavailable(f"copy of blk_{block_id}: {targets[0]} refused it: "
+                                    f"{message!s:.300}")
+
+    send_packet = staticmethod(send_packet)
+    receive_ack = staticmethod(receive_ack)
+
+
 async def send_replica(config: Config, store: ReplicaStore, reader, block_id: int, gs: int,
                        length: int, targets: list[str], *, stage: str, client: str,
-                       token: dict | None = None) -> int:
+                       token: dict | None = None, link=None) -> int:
     """Stream ``[0, length)`` of an open replica ``reader`` into a WRITE_BLOCK ``stage`` of
     block ``block_id`` at stamp ``gs`` on ``targets[0]`` (``targets[1:]`` downstream), with
     the copy ``token`` (None: security = simple); the one sender of every block-server-side
@@ -70,27 +105,17 @@ async def send_replica(config: Config, store: ReplicaStore, reader, block_id: in
     (``TRANSFER_RBW``, the acknowledged part of a replica being written). Every chunk is
     verified before it is sent (``ChecksumError`` for a corrupt source); when ``length`` ends
     inside a chunk whose stored checksum covers more bytes, that checksum is recomputed for
-    the bytes sent. Returns ``length``."""
+    the bytes sent. ``link``: the target's port (default ``NativeLink(token)``). Returns
+    ``length``."""
     bpc = reader.bytes_per_checksum
     timeout = config.data_timeout
-    try:
-        framed = await open_data_connection(targets[0], config.data_connect_timeout,
-                                            HEADER_MAX_FRAME, tlsmod.client(config))
-    except LeaseFSError as exc:   # unreachable, or TLS refused
-        raise ServerUnavailable(f"copy of blk_{block_id}: {exc}") from None
+    link = link or NativeLink(token)
+    send, receive = link.send_packet, link.receive_ack
+    framed = await link.connect(config, targets[0], block_id)
     try:
         with trio.fail_after(timeout):
-            header = op_header(WRITE_BLOCK, block={"id": block_id, "gs": gs},
-                               targets=list(targets[1:]), stage=stage, client=client,
-                               bytes_per_checksum=bpc)
-            if token is not None:
-                header["token"] = token
-            await framed.send_frame(header)
-            response = await framed.receive_frame()
-        if not isinstance(response, dict) or response.get("status") != "SUCCESS":
-            message = response.get("message") if isinstance(response, dict) else response
-            raise ServerUnavailable(f"copy of blk_{block_id}: {targets[0]} refused it: "
-                                    f"{message!s:.300}")
+            await link.setup(framed, targets, block_id, gs, stage=stage, client=client,
+                             bytes_per_checksum=bpc, length=length)
         step = max(bpc, config.packet_size // bpc * bpc)
         offsets = list(range(0, length, step))
         last_seqno = len(offsets)
@@ -105,15 +130,15 @@ async def send_replica(config: Config, store: ReplicaStore, reader, block_id: in
                     sums = sums[:-CHECKSUM_SIZE] + crc32c(tail).to_bytes(CHECKSUM_SIZE, "big")
                 verify_checksums(data, sums, bpc, f"in blk_{block_id}_{gs} on the source", pos)
                 with trio.fail_after(timeout):
-                    await send_packet(framed, seqno, pos, data, sums)
+                    await send(framed, seqno, pos, data, sums, 0)
             with trio.fail_after(timeout):
-                await send_packet(framed, last_seqno, length, b"", b"", FLAG_LAST)
+                await send(framed, last_seqno, length, b"", b"", FLAG_LAST)
 
         async def acker():
             expected = 0
             while expected <= last_seqno:
                 with trio.fail_after(timeout):
-                    seqno, statuses = await receive_ack(framed)
+                    seqno, statuses = await receive(framed)
                 if seqno != expected:
                     raise ProtocolError(f"copy of blk_{block_id}: ack {seqno}, expected "
                                         f"{expected}")
@@ -142,4 +167,4 @@ async def send_replica(config: Config, store: ReplicaStore, reader, block_id: in
     return length
 
 
-__all__ = ["copy_replica", "send_replica", "LeaseFSError"]
+__all__ = ["copy_replica", "send_replica", "NativeLink", "LeaseFSError"]

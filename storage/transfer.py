@@ -319,11 +319,12 @@ class DataTransferServer:
 
     async def run_pipeline(self, upstream: FramedStream, peer: str,
                            downstream: FramedStream | None, replica: Replica, below: int,
-                           wire) -> None:
+                           wire, transfer: bool = False) -> None:
         """Receive, write, forward and ack the packets of a write whose setup was answered
-        (``WritePipeline``), in ``wire``'s layout of packets and acks (``storage.hdfs``)."""
+        (``WritePipeline``), in ``wire``'s layout of packets and acks (``storage.hdfs``);
+        ``transfer``: a TRANSFER_RBW copy (the replica stays RBW)."""
         await WritePipeline(self, _Upstream(upstream, peer), downstream, replica,
-                            below=below, wire=wire).run()
+                            below=below, transfer=transfer, wire=wire).run()
 
     def report_receiving(self, block_id: int, gs: int, num_bytes: int) -> None:
         """HDFS "receiving block" report: the metadata server learns the RBW location."""
@@ -425,12 +426,14 @@ class DataTransferServer:
         await conn.respond({"status": "SUCCESS", "message": "", "bytes": sent})
 
     async def transfer_replica(self, block_id: int, gs: int, length: int, target: str, *,
-                               client: str = "", token: dict | None = None) -> int:
+                               client: str = "", token: dict | None = None,
+                               link=None) -> int:
         """Stream ``[0, length)`` of the local replica of ``(block_id, gs)`` with its stored
         checksums into a WRITE_BLOCK TRANSFER_RBW on ``target``, under stamp ``gs`` (the
         one ``token``, the client's copy token, names; the replica here may carry a newer
         one from a recovery that did not finish, and the writer's recovery gives the copy
-        its new stamp anyway); returns the bytes sent."""
+        its new stamp anyway); ``link``: the target's port (``blockcopy.send_replica``);
+        returns the bytes sent."""
         replica = self.store.readable(block_id, gs)
         have = replica.readable_length
         if length > have:
@@ -441,7 +444,8 @@ class DataTransferServer:
         reader = await self.store.open_reader(block_id, gs)
         try:
             await send_replica(self.config, self.store, reader, block_id, gs, length,
-                               [target], stage=TRANSFER_RBW, client=client, token=token)
+                               [target], stage=TRANSFER_RBW, client=client, token=token,
+                               link=link)
         except ServerUnavailable as exc:   # the replacement failed: a pipeline matter
             raise PipelineError(f"{TRANSFER_BLOCK} {replica.name}: {exc.message}") from None
         finally:

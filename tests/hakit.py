@@ -13,6 +13,10 @@ through one more (``tools.testbed.cutproxy``); ``cut(name)`` silences them all a
 partition of that server that kills nothing and resets no connection
 (``cut_from_etcd(name)``: only its ways to etcd, the other servers keep theirs); ``heal(name)``
 ends it. ``address(name)`` is then the proxied address; ``direct(name)`` the server's own port.
+
+``hdfs=True``: every metadata server answers Hadoop's client on a port of its own too
+(``hdfs_address(name)``); ``hdfs_conf()`` are the client settings of a nameservice
+``leasefs`` naming them all (Hadoop's configured failover proxy provider).
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ def ha_status(address: str, timeout: float = 2.0) -> dict | None:
 class HACluster(ProcessCluster):
     def __init__(self, base_dir, n_meta: int = 2, observers: int = 0, n_storage: int = 3,
                  settings: dict | None = None, election_timeout: float = ELECTION_TIMEOUT,
-                 cuttable: bool = False):
+                 cuttable: bool = False, hdfs: bool = False):
         base = Path(base_dir)
         self.etcd = EtcdCluster((base / "etcd"))
         self.names = [f"meta{i}" for i in range(n_meta + observers)]
@@ -81,6 +85,7 @@ class HACluster(ProcessCluster):
             "ha_election_timeout": election_timeout,
             "cluster_key_file": str(base / "cluster.key"), **(settings or {})})
         self.meta_ports = {name: free_port() for name in self.names}
+        self.hdfs_ports = {name: free_port() if hdfs else 0 for name in self.names}
         self.cuttable = cuttable
         self.cuts: Partitions | None = None    # made at start, once etcd's ports are known
         self.meta_address = ",".join(self.address(name) for name in self.names)
@@ -92,6 +97,20 @@ class HACluster(ProcessCluster):
     def address(self, name: str) -> str:
         """Where clients reach the metadata server ``name``."""
         return self.cuts.address(name) if self.cuts else self.direct(name)
+
+    def hdfs_address(self, name: str) -> str:
+        """Where Hadoop's client reaches the metadata server ``name`` (``hdfs=True``)."""
+        return f"127.0.0.1:{self.hdfs_ports[name]}"
+
+    def hdfs_conf(self, names: list[str] | None = None, nameservice: str = "leasefs") -> dict:
+        """Hadoop client settings for ``hdfs://<nameservice>/``: the metadata servers
+        ``names`` (default all, in order) behind the configured failover proxy provider."""
+        names = names or self.names
+        ns = nameservice
+        return {"dfs.nameservices": ns, f"dfs.ha.namenodes.{ns}": ",".join(names),
+                **{f"dfs.namenode.rpc-address.{ns}.{n}": self.hdfs_address(n) for n in names},
+                f"dfs.client.failover.proxy.provider.{ns}":
+                    "org.apache.hadoop.hdfs.server.namenode.ha.ConfiguredFailoverProxyProvider"}
 
     def _set_args(self, name: str | None = None) -> list[str]:
         if self.cuts is None or name not in self.names:
@@ -144,7 +163,8 @@ class HACluster(ProcessCluster):
         # the other servers' addresses: where a follower behind the log finds an image
         self._spawn(name, ["meta", "--data", str(self.meta_dir(name)), "--http-port", "0",
                            "--set", f"ha_node_id={name}", "--set",
-                           f"meta_address={self.meta_address}", *role])
+                           f"meta_address={self.meta_address}", *role,
+                           "--hdfs-port", str(self.hdfs_ports[name])])
 
     def start_storage(self, i: int):
         self._spawn(f"storage{i}", ["storage", "--data", str(self.storage_dir(i)),

@@ -145,6 +145,14 @@ def test_up_status_and_haadmin(cluster):
     assert " observer " in lines["meta2"]
     st = json.loads(leasefs("cluster", "status", "--json", env=env).stdout)
     assert [m["ha"]["role"] for m in st["ha"]["metas"]] == ["active", "standby", "observer"]
+    # every metadata server answers Hadoop's client on its own port, named everywhere
+    hdfs = [m["hdfs_address"] for m in state["metas"]]
+    assert hdfs == [f"hdfs://127.0.0.1:{m['hdfs_port']}" for m in state["metas"]]
+    assert len(set(hdfs)) == 3
+    assert [m["hdfs_address"] for m in st["ha"]["metas"]] == hdfs
+    for m in state["metas"]:
+        assert lines[m["name"]].endswith(f"{m['address']}  {m['hdfs_address']}")
+        socket.create_connection(("127.0.0.1", m["hdfs_port"]), timeout=5).close()
 
     table = leasefs("haadmin", "-getAllServiceState", env=env)
     print(table.stdout)

@@ -88,7 +88,7 @@ def test_every_call_named_has_its_method_and_messages():
     """What the IPC server reads off the class: ``CALLS`` names a coroutine method per call
     and its request/response classes."""
     assert NamenodeWrites.PROTOCOL == "org.apache.hadoop.hdfs.protocol.ClientProtocol"
-    assert len(NamenodeWrites.CALLS) == 25
+    assert len(NamenodeWrites.CALLS) == 26
     for name, (request, response) in NamenodeWrites.CALLS.items():
         assert inspect.iscoroutinefunction(getattr(NamenodeWrites, name)), name
         assert request.DESCRIPTOR.name.lower() == f"{name}RequestProto".lower()

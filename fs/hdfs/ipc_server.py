@@ -104,8 +104,11 @@ class IpcServer:
                  name: str = "Hadoop IPC server", max_frame: int = DEFAULT_MAX_FRAME,
                  max_calls: int = 256, context_timeout: float = 10.0,
                  frame_timeout: float = 30.0, idle_timeout: float = math.inf,
-                 send_timeout: float = 60.0, budget=None):
+                 send_timeout: float = 60.0, budget=None, state_id=None):
         self.identity = identity or Identity()
+        # ``state_id()``: the server's newest state (journal txid), sent in every call's
+        # answer header so that an observer-reading client's next reads wait for it
+        self.state_id = state_id
         self.name = name
         self.max_frame = max_frame
         self.max_calls = max_calls
@@ -182,6 +185,8 @@ class _Connection:
                retry_count: int = -1, **error) -> ipc.RpcResponseHeaderProto:
         out = _HEADER(callId=call_id & 0xFFFFFFFF, status=status, serverIpcVersionNum=VERSION,
                       retryCount=retry_count, **error)
+        if self.server.state_id is not None and status != _FATAL:
+            out.stateId = self.server.state_id()
         if client_id:
             out.clientId = client_id
         return out

@@ -51,7 +51,7 @@ from fs import blocktoken
 from fs.dataconn import close_gracefully, failure_cause
 from fs.datatransfer import (CHECKSUM_SIZE, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, Packet,
                              chunk_checksums, crc32c)
-from fs.errors import (InvalidToken, LeaseFSError, NotSupported,
+from fs.errors import (InvalidArgument, InvalidToken, LeaseFSError, NotSupported,
                        ProtocolError, ServerUnavailable)
 from fs.framing import FramedStream
 from fs.hdfs import datatransfer as hdt
@@ -72,12 +72,13 @@ KEEPALIVE = 4.0
 #: data bytes per READ_BLOCK packet: few, large packets (Hadoop's client takes up to 16 MiB)
 READ_PACKET = 4 << 20
 #: the op names this port's ops are counted under in the block server's metrics
-METRIC_OPS = frozenset({"HDFS_READ_BLOCK", "HDFS_WRITE_BLOCK", "HDFS_BLOCK_CHECKSUM"})
+METRIC_OPS = frozenset({"HDFS_READ_BLOCK", "HDFS_WRITE_BLOCK", "HDFS_BLOCK_CHECKSUM",
+                        "HDFS_TRANSFER_BLOCK"})
 
 Stage = hdt.Stage
 _SETUP_STAGES = {Stage.PIPELINE_SETUP_CREATE, Stage.PIPELINE_SETUP_STREAMING_RECOVERY,
                  Stage.PIPELINE_SETUP_APPEND, Stage.PIPELINE_SETUP_APPEND_RECOVERY,
-                 Stage.PIPELINE_CLOSE_RECOVERY}
+                 Stage.PIPELINE_CLOSE_RECOVERY, Stage.TRANSFER_RBW}
 
 
 class HdfsWire:
@@ -295,6 +296,10 @@ class HdfsDataTransfer:
                 request = await self._request(framed, dt.OpBlockChecksumProto)
                 await self._block_checksum(op, request)
                 return True
+            if code == hdt.TRANSFER_BLOCK:
+                request = await self._request(framed, dt.OpTransferBlockProto)
+                await self._transfer_block(op, request)
+                return False
             raise NotSupported(f"data-transfer {op.name} is not supported by this block server")
         except (EOFError, ServerUnavailable) as exc:
             result = "peer_gone"
@@ -434,9 +439,13 @@ class HdfsDataTransfer:
         # the stamp the replica gets: the block's (create), the new one (recovery, append)
         gs = (block.generationStamp if stage == Stage.PIPELINE_SETUP_CREATE
               else request.latestGenerationStamp)
+        copy = stage == Stage.TRANSFER_RBW
         self._check_token(request.header.baseHeader, block_id, gs,
                           f"WRITE_BLOCK {Stage.Name(stage)}",
-                          blocktoken.WRITE)
+                          blocktoken.COPY if copy else blocktoken.WRITE)
+        if copy and request.targets:
+            raise InvalidArgument(f"WRITE_BLOCK blk_{block_id}: stage TRANSFER_RBW takes no "
+                                  f"downstream targets")
         checksum = request.requestedChecksum
         if checksum.type not in (hdt.CRC32C, hdt.NULL):
             raise NotSupported(f"WRITE_BLOCK blk_{block_id}: checksum type "
@@ -446,7 +455,7 @@ class HdfsDataTransfer:
         if not checksummed:
             bpc = bpc if bpc > 0 else 512   # the chunking of the CRCs this node computes
         min_bytes = request.minBytesRcvd
-        if stage == Stage.PIPELINE_SETUP_CREATE:
+        if stage in (Stage.PIPELINE_SETUP_CREATE, Stage.TRANSFER_RBW):
             replica = await self.store.create_rbw(block_id, gs, bpc)
         elif stage == Stage.PIPELINE_SETUP_APPEND:
             replica = await self.store.reopen_for_append(
@@ -478,15 +487,35 @@ class HdfsDataTransfer:
                         hdt.Status.ERROR, f"pipeline setup failed at {bad_link}: {why}",
                         firstBadLink=bad_link))
                     return
-            self.transfer.report_receiving(block_id, gs, min_bytes)
+            # a TRANSFER_RBW copy is reported once the recovered pipeline uses it
+            if not copy:
+                self.transfer.report_receiving(block_id, gs, min_bytes)
             await op.respond(hdt.response(hdt.Status.SUCCESS, firstBadLink=""))
             await self.transfer.run_pipeline(op.framed, op.peer, downstream, replica,
-                                             len(request.targets), wire)
+                                             len(request.targets), wire, transfer=copy)
         finally:
             if downstream is not None:
                 with trio.CancelScope(shield=True):
                     await downstream.aclose()
             await self.transfer.release_own_writer(replica, own_writer)
+
+    # ------------------------------------------------------------------ TRANSFER_BLOCK
+
+    async def _transfer_block(self, op: _Op, request: dt.OpTransferBlockProto) -> None:
+        """Pipeline recovery's copy to a replacement (the client got it from
+        getAdditionalDatanode): the first ``numBytes`` (what every node acknowledged) of
+        this node's replica go to the one target's HDFS port as a WRITE_BLOCK TRANSFER_RBW,
+        through the leasefs port's own sender; answered once the target acked them."""
+        block = request.header.baseHeader.block
+        block_id, gs = block.blockId, block.generationStamp
+        self._check_token(request.header.baseHeader, block_id, gs, op.name, blocktoken.COPY)
+        if len(request.targets) != 1:
+            raise InvalidArgument(f"TRANSFER_BLOCK blk_{block_id}: one target expected, "
+                                  f"{len(request.targets)} given")
+        await self.transfer.transfer_replica(
+            block_id, gs, block.numBytes, hdt.datanode_address(request.targets[0]),
+            client=request.header.clientName[:200], link=HdfsLink(request.header))
+        await op.respond(hdt.response(hdt.Status.SUCCESS))
 
     async def _connect_downstream(self, request: dt.OpWriteBlockProto):
         """``(stream, "", "")`` or ``(None, first bad link, why)``: the op goes on to the
@@ -518,3 +547,42 @@ class HdfsDataTransfer:
         await framed.aclose()
         return None, answer.firstBadLink or target, answer.message or dt.Status.Name(
             answer.status)
+
+
+class HdfsLink:
+    """``storage.blockcopy.send_replica``'s way to a target's HDFS data-transfer port (the
+    twin of its ``NativeLink``): a WRITE_BLOCK TRANSFER_RBW carrying the header (and so the
+    token) of the client's TRANSFER_BLOCK, then HDFS's packets and acks."""
+
+    def __init__(self, header: dt.ClientOperationHeaderProto):
+        self.header = header
+
+    @staticmethod
+    async def connect(config, target: str, block_id: int) -> FramedStream:
+        try:
+            host, port = parse_address(target)
+            with trio.fail_after(config.data_connect_timeout):
+                stream = await trio.open_tcp_stream(host, port)
+        except (OSError, trio.TooSlowError) as exc:
+            raise ServerUnavailable(f"copy of blk_{block_id} to {target}: "
+                                    f"{failure_cause(exc, config.data_connect_timeout)}") from None
+        return FramedStream(stream, hdt.MAX_MESSAGE)
+
+    async def setup(self, framed: FramedStream, targets: list[str], block_id: int, gs: int, *,
+                    stage: str, client: str, bytes_per_checksum: int, length: int) -> None:
+        header = dt.ClientOperationHeaderProto()
+        header.CopyFrom(self.header)
+        header.baseHeader.block.numBytes = length
+        request = dt.OpWriteBlockProto(
+            header=header, stage=Stage.TRANSFER_RBW, pipelineSize=1, minBytesRcvd=0,
+            maxBytesRcvd=length, latestGenerationStamp=gs,
+            requestedChecksum=dt.ChecksumProto(type=hdt.CRC32C,
+                                               bytesPerChecksum=bytes_per_checksum))
+        await framed.send_all(hdt.encode_op(hdt.WRITE_BLOCK, request))
+        answer = await hdt.receive_delimited(framed, dt.BlockOpResponseProto)
+        if answer.status != hdt.Status.SUCCESS:
+            raise ServerUnavailable(f"copy of blk_{block_id}: {targets[0]} refused it: "
+                                    f"{answer.message or dt.Status.Name(answer.status)}")
+
+    send_packet = staticmethod(send_hdfs_packet)
+    receive_ack = staticmethod(hdt.receive_ack)

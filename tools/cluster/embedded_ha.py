@@ -23,8 +23,11 @@ pid after checking ``/proc`` still shows our process for that data folder. ``sta
 each metadata server for ``ha_status`` (role, epoch, applied txid, lag).
 
 Ports: ``--port P`` gives metadata servers P, P+1, P+2 (default 8020...), ``--http-port H``
-their web pages H, H+1, H+2 (default 9870...); 0 picks free ports below the ephemeral range
-for both (an HA server restarts in place on its ports, and so do restarted members), and
+their web pages H, H+1, H+2 (default 9870...), and each answers Hadoop's client on its own
+HDFS port (9000, 9001, 9002; ``hdfs_address`` in ``cluster.json`` and ``status``: a standby
+refuses as HDFS's standby does, so Hadoop's failover proxy provider, given all three, finds
+the active); ``--port 0`` picks free ports below the ephemeral range
+for all (an HA server restarts in place on its ports, and so do restarted members), and
 they are recorded so a restart keeps every address valid. etcd takes ``--etcd-port E``
 (clients E..E+2, peers E+3..E+5) or free ports (default: 2379/2380 may be Debian's own
 etcd.service).
@@ -253,9 +256,14 @@ def cmd_up(args, layout: Layout, state: dict) -> int:
         http_first = 0 if args.http_port is None and args.port == 0 else args.http_port
         http_ports = _ports(http_first, DEFAULT_HTTP_PORT, len(METAS),
                             [by_name.get(name, {}).get("http_port") for name, _ in METAS])
+        hdfs_first = getattr(args, "hdfs_port", None)
+        hdfs_first = 0 if hdfs_first is None and args.port == 0 else hdfs_first
+        hdfs_ports = _ports(hdfs_first, Config().meta_hdfs_port, len(METAS),
+                            [by_name.get(name, {}).get("hdfs_port") for name, _ in METAS])
         state["metas"] = metas = [
             {**by_name.get(name, {}), "name": name, "role": role, "port": rpc_ports[i],
-             "http_port": http_ports[i], "address": f"127.0.0.1:{rpc_ports[i]}"}
+             "http_port": http_ports[i], "address": f"127.0.0.1:{rpc_ports[i]}",
+             "hdfs_port": hdfs_ports[i], "hdfs_address": f"hdfs://127.0.0.1:{hdfs_ports[i]}"}
             for i, (name, role) in enumerate(METAS)]
         state["meta_address"] = ",".join(m["address"] for m in metas)
         save_state(layout, state)
@@ -265,11 +273,11 @@ def cmd_up(args, layout: Layout, state: dict) -> int:
                 continue
             name = m["name"]
             say(f"{name}: starting ({m['role']}) on {m['address']}, web pages on "
-                f"http://127.0.0.1:{m['http_port']}/ ...")
+                f"http://127.0.0.1:{m['http_port']}/, Hadoop's client on "
+                f"{m['hdfs_address']} ...")
             procs[name] = spawn(layout, name, "meta",
-                                # the HDFS port's default would be every server's
                                 ["--port", str(m["port"]), "--http-port", str(m["http_port"]),
-                                 "--hdfs-port", "0"],
+                                 "--hdfs-port", str(m["hdfs_port"])],
                                 {**settings, "ha_node_id": name, "ha_role": m["role"],
                                  # where a follower behind the log finds an image
                                  "meta_address": state["meta_address"],
@@ -306,6 +314,8 @@ def cmd_up(args, layout: Layout, state: dict) -> int:
     print(f"  active metadata server {found[active][0].get('node_id')} ({active}), epoch "
           f"{found[active][0].get('epoch')}; {len(report.get('live_nodes', []))} block "
           f"servers live; etcd {settings['ha_etcd_endpoints']}")
+    print(f"  Hadoop's client: {', '.join(m['hdfs_address'] for m in metas)} (one "
+          f"nameservice: docs/CLIENTS.md, \"hdfs:// and HA\")")
     print(f"  home {layout.home}  (logs in {layout.logs})")
     run = client_prefix(layout.home)
     print(f"  try: {run}haadmin -getAllServiceState   |   {run}haadmin -failover")
@@ -352,6 +362,7 @@ def status_lines(layout: Layout, state: dict) -> tuple[list[str], dict, bool]:
         ok = ok and alive and status is not None
         rows.append({"name": m["name"], "pid": m.get("pid"), "alive": alive,
                      "address": m["address"], "http_port": m.get("http_port"),
+                     "hdfs_address": m.get("hdfs_address"),
                      "configured_role": m.get("role"), "ha": status,
                      "error": None if status else why_not(error)})
         if status:
@@ -359,7 +370,9 @@ def status_lines(layout: Layout, state: dict) -> tuple[list[str], dict, bool]:
                     f"{status.get('applied_txid', 0)}  lag {float(status.get('lag', 0)):.3f}s")
         else:
             what = "stopped" if not alive else f"not answering ({why_not(error)})"
-        lines.append(f"  {m['name']:<10} pid {m.get('pid') or '-':<8} {what}  {m['address']}")
+        hdfs = f"  {m['hdfs_address']}" if m.get("hdfs_address") else ""
+        lines.append(f"  {m['name']:<10} pid {m.get('pid') or '-':<8} {what}  "
+                     f"{m['address']}{hdfs}")
     if metas and active_of(found) is None:
         ok = False
         lines.append("  no metadata server is active")

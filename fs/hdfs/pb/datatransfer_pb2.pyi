@@ -241,3 +241,15 @@ class OpBlockChecksumResponseProto(_message.Message):
     crcType: _hdfs_pb2.ChecksumTypeProto
     blockChecksumOptions: BlockChecksumOptionsProto
     def __init__(self, bytesPerCrc: _Optional[int] = ..., crcPerBlock: _Optional[int] = ..., blockChecksum: _Optional[bytes] = ..., crcType: _Optional[_Union[_hdfs_pb2.ChecksumTypeProto, str]] = ..., blockChecksumOptions: _Optional[_Union[BlockChecksumOptionsProto, _Mapping]] = ...) -> None: ...
+
+class OpTransferBlockProto(_message.Message):
+    __slots__ = ("header", "targets", "targetStorageTypes", "targetStorageIds")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    TARGETSTORAGETYPES_FIELD_NUMBER: _ClassVar[int]
+    TARGETSTORAGEIDS_FIELD_NUMBER: _ClassVar[int]
+    header: ClientOperationHeaderProto
+    targets: _containers.RepeatedCompositeFieldContainer[_hdfs_pb2.DatanodeInfoProto]
+    targetStorageTypes: _containers.RepeatedScalarFieldContainer[_hdfs_pb2.StorageTypeProto]
+    targetStorageIds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, header: _Optional[_Union[ClientOperationHeaderProto, _Mapping]] = ..., targets: _Optional[_Iterable[_Union[_hdfs_pb2.DatanodeInfoProto, _Mapping]]] = ..., targetStorageTypes: _Optional[_Iterable[_Union[_hdfs_pb2.StorageTypeProto, str]]] = ..., targetStorageIds: _Optional[_Iterable[str]] = ...) -> None: ...

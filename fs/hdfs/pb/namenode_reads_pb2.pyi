@@ -16,12 +16,23 @@ class DatanodeReportTypeProto(int, metaclass=_enum_type_wrapper.EnumTypeWrapper)
     DECOMMISSIONING: _ClassVar[DatanodeReportTypeProto]
     ENTERING_MAINTENANCE: _ClassVar[DatanodeReportTypeProto]
     IN_MAINTENANCE: _ClassVar[DatanodeReportTypeProto]
+
+class HAServiceStateProto(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INITIALIZING: _ClassVar[HAServiceStateProto]
+    ACTIVE: _ClassVar[HAServiceStateProto]
+    STANDBY: _ClassVar[HAServiceStateProto]
+    OBSERVER: _ClassVar[HAServiceStateProto]
 ALL: DatanodeReportTypeProto
 LIVE: DatanodeReportTypeProto
 DEAD: DatanodeReportTypeProto
 DECOMMISSIONING: DatanodeReportTypeProto
 ENTERING_MAINTENANCE: DatanodeReportTypeProto
 IN_MAINTENANCE: DatanodeReportTypeProto
+INITIALIZING: HAServiceStateProto
+ACTIVE: HAServiceStateProto
+STANDBY: HAServiceStateProto
+OBSERVER: HAServiceStateProto
 
 class GetFileInfoRequestProto(_message.Message):
     __slots__ = ("src",)
@@ -182,3 +193,21 @@ class GetDatanodeReportResponseProto(_message.Message):
     DI_FIELD_NUMBER: _ClassVar[int]
     di: _containers.RepeatedCompositeFieldContainer[_hdfs_pb2.DatanodeInfoProto]
     def __init__(self, di: _Optional[_Iterable[_Union[_hdfs_pb2.DatanodeInfoProto, _Mapping]]] = ...) -> None: ...
+
+class HAServiceStateRequestProto(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HAServiceStateResponseProto(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: HAServiceStateProto
+    def __init__(self, state: _Optional[_Union[HAServiceStateProto, str]] = ...) -> None: ...
+
+class MsyncRequestProto(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MsyncResponseProto(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

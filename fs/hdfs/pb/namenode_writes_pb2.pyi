@@ -441,3 +441,13 @@ class ListOpenFilesResponseProto(_message.Message):
     hasMore: bool
     types: _containers.RepeatedScalarFieldContainer[OpenFilesTypeProto]
     def __init__(self, entries: _Optional[_Iterable[_Union[OpenFilesBatchResponseProto, _Mapping]]] = ..., hasMore: _Optional[bool] = ..., types: _Optional[_Iterable[_Union[OpenFilesTypeProto, str]]] = ...) -> None: ...
+
+class ReportBadBlocksRequestProto(_message.Message):
+    __slots__ = ("blocks",)
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    blocks: _containers.RepeatedCompositeFieldContainer[_hdfs_pb2.LocatedBlockProto]
+    def __init__(self, blocks: _Optional[_Iterable[_Union[_hdfs_pb2.LocatedBlockProto, _Mapping]]] = ...) -> None: ...
+
+class ReportBadBlocksResponseProto(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

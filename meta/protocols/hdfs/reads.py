@@ -66,6 +66,8 @@ class NamenodeReads:
                                   pb.GetPreferredBlockSizeResponseProto),
         "getDatanodeReport": (pb.GetDatanodeReportRequestProto,
                               pb.GetDatanodeReportResponseProto),
+        "getHAServiceState": (pb.HAServiceStateRequestProto, pb.HAServiceStateResponseProto),
+        "msync": (pb.MsyncRequestProto, pb.MsyncResponseProto),
     }
 
     def __init__(self, call: Callable[[CallContext, str, dict], Awaitable], inline=None):
@@ -209,3 +211,23 @@ class NamenodeReads:
                 quota=convert.no_quota(None), spaceConsumed=s["space_consumed"],
                 spaceQuota=convert.no_quota(None))
         return pb.GetQuotaUsageResponseProto(usage=usage)
+
+    # ------------------------------------------------------------------ observer reads
+    async def getHAServiceState(self, ctx, request):
+        """This server's role, asked of every server by Hadoop's observer read proxy (a
+        server without HA is active)."""
+        status = await self.call(ctx, "ha_status", {})
+        return pb.HAServiceStateResponseProto(state=_HA_STATES.get(status["role"],
+                                                                   pb.INITIALIZING))
+
+    async def msync(self, ctx, request):
+        """Served by the active only: its answer's state id (the IPC answer header's)
+        is what the client's next observer reads wait for."""
+        await self.call(ctx, "msync", {})
+        return pb.MsyncResponseProto()
+
+
+# a server taking over is no active yet: the client is to go on looking
+_HA_STATES = {"active": pb.ACTIVE, "standby": pb.STANDBY, "taking_over": pb.STANDBY,
+              "observer": pb.OBSERVER}
+

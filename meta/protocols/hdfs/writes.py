@@ -92,7 +92,7 @@ class NamenodeWrites:
                      "isFileClosed", "create", "addBlock", "complete", "abandonBlock",
                      "fsync", "getAdditionalDatanode", "updateBlockForPipeline",
                      "updatePipeline", "append", "truncate", "concat", "createSymlink",
-                     "setQuota", "listOpenFiles")}
+                     "setQuota", "listOpenFiles", "reportBadBlocks")}
 
     def __init__(self, call: Call, pool_id: Callable[[], str]):
         self.call = call
@@ -327,6 +327,15 @@ class NamenodeWrites:
             "new_block": _block(request.newBlock),
             "new_nodes": [n.datanodeUuid for n in request.newNodes]})
         return pb.UpdatePipelineResponseProto()
+
+    async def reportBadBlocks(self, ctx, request):
+        """A Java reader's checksum failure: each listed node's replica is marked corrupt,
+        as a leasefs reader's report does (the metadata server re-replicates it)."""
+        reports = [{"block": _block(located.b), "node_id": node.id.datanodeUuid}
+                   for located in request.blocks for node in located.locs]
+        if reports:
+            await self.call(ctx, "report_bad_blocks", {"blocks": reports})
+        return pb.ReportBadBlocksResponseProto()
 
     async def append(self, ctx, request):
         """The last block when it is partly full, and the file's status. A file kept
