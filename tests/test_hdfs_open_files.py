@@ -444,7 +444,7 @@ def test_hostile_input_on_the_sniffing_ports(cluster):
             requestedChecksum=dt.ChecksumProto(type=hdt.CRC32C, bytesPerChecksum=512))))
         answer = _answer(got)
         assert answer.status == hdt.Status.ERROR_UNSUPPORTED
-        assert "READ_BLOCK only" in answer.message
+        assert "READ_BLOCK and BLOCK_CHECKSUM only" in answer.message
         got, _ = await _raw(meta, hdt.encode_op(hdt.READ_BLOCK, dt.OpReadBlockProto(
             header=hdt.op_header(big.b, big.blockToken, "t"), offset=0, len=10)))
         answer = _answer(got)
