@@ -690,6 +690,10 @@ class _Queued:
     own_status: int = SUCCESS
 
 
+#: bytes of data one worker-thread trip of a write pipeline writes at most
+_DISK_BATCH = 8 << 20
+
+
 class WritePipeline:
     """The receiver and responder of one WRITE_BLOCK after a successful setup."""
 
@@ -720,8 +724,9 @@ class WritePipeline:
         self._held = 0      # bytes of the server's budget this pipeline's packets hold
 
     async def run(self) -> None:
-        # receiver -> (one packet in hand) -> disk writer -> (window of entries) -> responder
-        disk_send, disk_receive = trio.open_memory_channel(1)
+        # receiver -> (window of packets) -> disk writer -> (window of entries) -> responder
+        disk_send, disk_receive = trio.open_memory_channel(
+            max(1, self.config.write_window_packets))
         ack_send, ack_receive = trio.open_memory_channel(max(1, self.config.write_window_packets))
         stopped = trio.Event()
         try:
@@ -759,7 +764,8 @@ class WritePipeline:
 
     async def _receiver(self, disk: trio.MemorySendChannel) -> None:
         """Receive, verify, forward; hand the packet to the disk writer. The disk writer
-        lags by at most one packet, so network and disk work overlap."""
+        lags by at most a window of packets (held in the server's budget), so network and
+        disk work overlap and packets that arrive meanwhile are written together."""
         replica = self.replica
         bpc = replica.bytes_per_checksum
         received = replica.num_bytes     # bytes accepted so far, ahead of the disk writer
@@ -808,33 +814,74 @@ class WritePipeline:
 
     async def _disk_writer(self, disk: trio.MemoryReceiveChannel,
                            acks: trio.MemorySendChannel) -> None:
-        """Write each packet's data and checksums (fsync for SYNC and LAST), then queue it for
-        the responder; the responder's queue bounds how far writing runs ahead of acks."""
-        replica = self.replica
+        """Write the packets' data and checksums (fsync for SYNC; LAST finalizes), then queue
+        them for the responder; the responder's queue bounds how far writing runs ahead of
+        acks. The packets that queued up meanwhile are written in one worker-thread trip
+        (a thread hop per 64 KiB packet would cost more than the write)."""
         async with disk, acks:
-            async for packet, entry in disk:
-                if packet is None:
+            pending = None
+            while True:
+                if pending is None:
+                    try:
+                        pending = await disk.receive()
+                    except trio.EndOfChannel:
+                        return
+                batch, pending = self._take_batch(disk, pending)
+                error = await self._write_batch(batch)
+                for packet, entry in batch:
+                    if error is not None:   # nothing of this batch is acknowledged SUCCESS
+                        entry.own_status = error
+                        await acks.send(entry)
+                        return
                     await acks.send(entry)
+                if pending is not None and pending[0] is None:   # the receiver's failure
+                    await acks.send(pending[1])
                     return
-                try:
-                    if len(packet.data):
-                        try:
-                            await self.store.write_packet(replica, packet.offset, packet.data,
-                                                          packet.sums)
-                            self.server.stats.bytes_written += len(packet.data)
-                        finally:
-                            self._unreserve(len(packet.data))
-                        entry.has_data = True
-                        entry.end = packet.offset + len(packet.data)
-                        entry.last_sum = packet.sums[-CHECKSUM_SIZE:]
-                    if packet.sync:   # hsync; finalize syncs per sync_on_close
-                        await self.store.sync(replica)
-                except (OSError, LeaseFSError) as exc:
-                    _log_local_failure(replica, "local write", exc)
-                    entry.own_status = ERROR
-                    await acks.send(entry)
-                    return
-                await acks.send(entry)
+
+    def _take_batch(self, disk: trio.MemoryReceiveChannel, first):
+        """``(batch, pending)``: ``first`` and the packets already queued behind it, up to a
+        SYNC packet, the last packet or ``_DISK_BATCH`` bytes; ``pending`` is the queued item
+        that did not join (a receiver failure, ``(None, entry)``, never does)."""
+        if first[0] is None:
+            return [], first
+        batch, size = [first], len(first[0].data)
+        while not (batch[-1][0].sync or batch[-1][0].last) and size < _DISK_BATCH:
+            try:
+                item = disk.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return batch, None
+            if item[0] is None:
+                return batch, item
+            batch.append(item)
+            size += len(item[0].data)
+        return batch, None
+
+    async def _write_batch(self, batch) -> int | None:
+        """Write ``batch``'s data (then fsync if its last packet asks for it); None, or the
+        status every packet of it is acked with when the disk failed."""
+        if not batch:
+            return None
+        replica = self.replica
+        written = [(p.offset, p.data, p.sums) for p, _ in batch if len(p.data)]
+        size = sum(len(data) for _, data, _ in written)
+        try:
+            try:
+                if written:
+                    await self.store.write_packets(replica, written)
+                    self.server.stats.bytes_written += size
+            finally:
+                self._unreserve(size)
+            if batch[-1][0].sync:   # hsync; finalize syncs per sync_on_close
+                await self.store.sync(replica)
+        except (OSError, LeaseFSError) as exc:
+            _log_local_failure(replica, "local write", exc)
+            return ERROR
+        for packet, entry in batch:
+            if len(packet.data):
+                entry.has_data = True
+                entry.end = packet.offset + len(packet.data)
+                entry.last_sum = packet.sums[-CHECKSUM_SIZE:]
+        return None
 
     async def _forward(self, packet: Packet) -> None:
         """Send the packet on; a downstream that broke or read nothing for
