@@ -88,7 +88,7 @@ from fs.datatransfer import (ack_timeout, BLOCK_CHECKSUM, BLOCK_LENGTH, CHECKSUM
                              PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
                              TRANSFER_BLOCK, TRANSFER_FINALIZED, TRANSFER_RBW, WRITE_BLOCK,
                              WRITE_BLOCK_ONESHOT,
-                             Packet, encode_packet_header, num_chunks, receive_ack, send_ack,
+                             Packet, encode_packet_header, num_chunks, receive_ack, encode_ack,
                              send_packet, verify_checksums)
 from fs.dataconn import close_gracefully, failure_cause, open_data_connection
 from fs.errors import (ChecksumError, InternalError, InvalidArgument, InvalidToken,
@@ -763,12 +763,32 @@ class WritePipeline:
 
 
     async def _receiver(self, disk: trio.MemorySendChannel) -> None:
-        """Receive, verify, forward; hand the packet to the disk writer. The disk writer
-        lags by at most a window of packets (held in the server's budget), so network and
-        disk work overlap and packets that arrive meanwhile are written together."""
+        """Receive, verify, forward; hand the packets to the disk writer. Packets whose
+        bytes are already here (the upstream is ahead) are taken together, forwarded in one
+        send and handed over at once, so the disk writer writes them in one trip; a packet
+        with nothing behind it goes on at once. The disk writer lags by at most a window of
+        packets (held in the server's budget), so network and disk work overlap."""
         replica = self.replica
         bpc = replica.bytes_per_checksum
         received = replica.num_bytes     # bytes accepted so far, ahead of the disk writer
+        group: list[tuple[Packet, _Queued]] = []
+        size = 0
+
+        async def pass_on() -> None:
+            nonlocal size
+            await self._forward([packet for packet, _ in group])
+            for item in group:
+                try:
+                    disk.send_nowait(item)
+                except trio.WouldBlock:
+                    await disk.send(item)
+            group.clear()
+            size = 0
+
+        async def fail(entry: _Queued) -> None:
+            await pass_on()   # the good packets before it are still written and acked
+            await disk.send((None, entry))
+
         async with disk:
             while True:
                 try:
@@ -782,7 +802,7 @@ class WritePipeline:
                 except ProtocolError as bad:   # acked ERROR (the seqno, if it was read)
                     log.warning("WRITE_BLOCK %s from %s: %s", replica.name, self.peer, bad)
                     seqno = bad.seqno if isinstance(bad, BadPacket) else UNREAD_SEQNO
-                    await disk.send((None, _Queued(seqno, own_status=ERROR)))
+                    await fail(_Queued(seqno, own_status=ERROR))
                     return
                 entry = _Queued(packet.seqno, last=packet.last)
                 try:
@@ -800,15 +820,19 @@ class WritePipeline:
                     self.server.stats.checksum_errors += 1
                     log.warning("WRITE_BLOCK %s: %s", replica.name, exc)
                     entry.own_status = ERROR_CHECKSUM
-                    await disk.send((None, entry))
+                    await fail(entry)
                     return
                 except LeaseFSError as exc:
                     log.warning("WRITE_BLOCK %s from %s: %s", replica.name, self.peer, exc)
                     entry.own_status = ERROR
-                    await disk.send((None, entry))
+                    await fail(entry)
                     return
-                await self._forward(packet)
-                await disk.send((packet, entry))
+                group.append((packet, entry))
+                size += len(packet.data)
+                if (packet.last or packet.sync or size >= _DISK_BATCH
+                        or len(group) >= self.config.write_window_packets
+                        or not self.upstream.buffered()):
+                    await pass_on()
                 if packet.last:
                     return
 
@@ -883,17 +907,17 @@ class WritePipeline:
                 entry.last_sum = packet.sums[-CHECKSUM_SIZE:]
         return None
 
-    async def _forward(self, packet: Packet) -> None:
-        """Send the packet on; a downstream that broke or read nothing for
+    async def _forward(self, packets: list[Packet]) -> None:
+        """Send the packets on; a downstream that broke or read nothing for
         ``downstream_timeout`` is failed (the responder then acks ERROR at its index)."""
-        if self.downstream is None or self.downstream_failed:
+        if self.downstream is None or self.downstream_failed or not packets:
             return
         try:
             with trio.fail_after(self.downstream_timeout):
-                await self.wire.send_packet(self.downstream, packet)
+                await self.wire.send_packets(self.downstream, packets)
         except (ServerUnavailable, trio.TooSlowError) as exc:
-            log.warning("WRITE_BLOCK %s: forwarding packet %d to the downstream failed: %s",
-                        self.replica.name, packet.seqno,
+            log.warning("WRITE_BLOCK %s: forwarding packets %d-%d to the downstream failed: "
+                        "%s", self.replica.name, packets[0].seqno, packets[-1].seqno,
                         failure_cause(exc, self.downstream_timeout))
             self.downstream_failed = True
 
@@ -918,17 +942,50 @@ class WritePipeline:
         return [ERROR]
 
     async def _responder(self, queue: trio.MemoryReceiveChannel) -> None:
+        """Ack each packet once it is written here and acked downstream. Acks that are ready
+        together go upstream in one send: the responder sends what it holds before it
+        would wait (for the next written packet, a downstream ack not yet received, or the
+        finalize), so batching never delays an ack."""
         replica = self.replica
+        held: list[bytes] = []
+
+        async def send_held() -> bool:
+            if held:
+                try:
+                    await self.upstream.send_all(b"".join(held))
+                except ServerUnavailable as exc:
+                    log.info("WRITE_BLOCK %s: cannot ack to %s: %s", replica.name, self.peer,
+                             exc)
+                    return False
+                held.clear()
+            return True
+
         async with queue:
-            async for entry in queue:
+            while True:
+                try:
+                    entry = queue.receive_nowait()
+                except trio.WouldBlock:
+                    if not await send_held():
+                        break
+                    try:
+                        entry = await queue.receive()
+                    except trio.EndOfChannel:
+                        break
+                except trio.EndOfChannel:
+                    break
                 if entry.own_status != SUCCESS:
                     statuses = [entry.own_status]
                 else:
+                    if (self.downstream is not None and not self.downstream.buffered()
+                            and not await send_held()):
+                        break
                     statuses = [SUCCESS] + await self._downstream_statuses(entry.seqno)
                 ok = all(s == SUCCESS for s in statuses)
                 if ok and entry.has_data:
                     replica.set_visible(entry.end, entry.last_sum)
                 if ok and entry.last and not self.transfer:
+                    if not await send_held():
+                        break
                     try:
                         await self.store.finalize(replica)
                     except (OSError, LeaseFSError) as exc:
@@ -939,15 +996,11 @@ class WritePipeline:
                         self._report_finalized(replica)
                         if self.wire.report_wait:
                             await self.server.reporter.reports_sent(self.wire.report_wait)
-                try:
-                    await self.wire.send_ack(self.upstream, entry.seqno, statuses)
-                except ServerUnavailable as exc:
-                    log.info("WRITE_BLOCK %s: cannot ack to %s: %s", replica.name, self.peer, exc)
-                    self._stop()
-                    return
+                held.append(self.wire.encode_ack(entry.seqno, statuses))
                 if not ok or entry.last:
-                    self._stop()
-                    return
+                    await send_held()
+                    break
+        self._stop()
 
     def _report_finalized(self, replica: Replica) -> None:
         log.debug("finalized %s (%d bytes)", replica.name, replica.num_bytes)
@@ -985,12 +1038,13 @@ class NativeWire:
         data = await framed.receive_exactly(data_len)
         return Packet(seqno, offset, data, sums, flags)
 
-    async def send_packet(self, framed: FramedStream, packet: Packet) -> None:
-        await send_packet(framed, packet.seqno, packet.offset, packet.data, packet.sums,
-                          packet.flags)
+    async def send_packets(self, framed: FramedStream, packets: list[Packet]) -> None:
+        for packet in packets:   # leasefs's packets are large: each one's data as is
+            await send_packet(framed, packet.seqno, packet.offset, packet.data, packet.sums,
+                              packet.flags)
 
-    async def send_ack(self, framed: FramedStream, seqno: int, statuses) -> None:
-        await send_ack(framed, seqno, statuses)
+    def encode_ack(self, seqno: int, statuses) -> bytes:
+        return encode_ack(seqno, statuses)
 
     async def receive_ack(self, framed: FramedStream) -> tuple[int, list[int]]:
         return await receive_ack(framed)
