@@ -45,11 +45,12 @@ def hadoop_jars() -> Path | None:
     return folder if any(folder.glob("hadoop-client-api-*.jar")) else None
 
 
-def hadoop_conf(folder: Path, settings: dict) -> Path:
-    """A configuration folder FsShell starts with (it wants a ``core-site.xml``)."""
+def hadoop_conf(folder: Path, settings: dict | None = None) -> Path:
+    """A Hadoop configuration folder holding ``core-site.xml`` (FsShell refuses to start
+    without one) and ``hdfs-site.xml``, both with ``settings`` (the client reads both)."""
     folder.mkdir(parents=True, exist_ok=True)
     body = "".join(f"<property><name>{escape(k)}</name><value>{escape(str(v))}</value>"
-                   f"</property>\n" for k, v in settings.items())
+                   f"</property>\n" for k, v in (settings or {}).items())
     text = f'<?xml version="1.0"?>\n<configuration>\n{body}</configuration>\n'
     for name in ("core-site.xml", "hdfs-site.xml"):
         (folder / name).write_text(text)
