@@ -694,6 +694,16 @@ class _Queued:
 _DISK_BATCH = 8 << 20
 
 
+async def _send_all(channel: trio.MemorySendChannel, items) -> None:
+    """Queue ``items`` in order, without a checkpoint between them while there is room (the
+    receiving task then takes them together)."""
+    for item in items:
+        try:
+            channel.send_nowait(item)
+        except trio.WouldBlock:
+            await channel.send(item)
+
+
 class WritePipeline:
     """The receiver and responder of one WRITE_BLOCK after a successful setup."""
 
@@ -777,11 +787,7 @@ class WritePipeline:
         async def pass_on() -> None:
             nonlocal size
             await self._forward([packet for packet, _ in group])
-            for item in group:
-                try:
-                    disk.send_nowait(item)
-                except trio.WouldBlock:
-                    await disk.send(item)
+            await _send_all(disk, group)
             group.clear()
             size = 0
 
@@ -852,12 +858,13 @@ class WritePipeline:
                         return
                 batch, pending = self._take_batch(disk, pending)
                 error = await self._write_batch(batch)
-                for packet, entry in batch:
-                    if error is not None:   # nothing of this batch is acknowledged SUCCESS
-                        entry.own_status = error
-                        await acks.send(entry)
-                        return
-                    await acks.send(entry)
+                if error is not None and batch:   # nothing of it is acknowledged SUCCESS
+                    batch[0][1].own_status = error
+                    await acks.send(batch[0][1])
+                    return
+                # queued without a checkpoint in between, so the responder finds them all
+                # and acks them in one send
+                await _send_all(acks, [entry for _, entry in batch])
                 if pending is not None and pending[0] is None:   # the receiver's failure
                     await acks.send(pending[1])
                     return
