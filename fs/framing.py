@@ -71,6 +71,10 @@ class FramedStream:
                 raise closed(self.stream)
             self._buf += chunk
 
+    def buffered(self) -> int:
+        """Bytes received and not yet taken (a receive of up to this many will not wait)."""
+        return len(self._buf)
+
     async def receive_exactly(self, n: int) -> bytes:
         """Exactly ``n`` bytes; ``EOFError`` if the peer closes first."""
         if n <= 0:

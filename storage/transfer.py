@@ -88,7 +88,7 @@ from fs.datatransfer import (ack_timeout, BLOCK_CHECKSUM, BLOCK_LENGTH, CHECKSUM
                              PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
                              TRANSFER_BLOCK, TRANSFER_FINALIZED, TRANSFER_RBW, WRITE_BLOCK,
                              WRITE_BLOCK_ONESHOT,
-                             Packet, encode_packet_header, num_chunks, receive_ack, send_ack,
+                             Packet, encode_packet_header, num_chunks, receive_ack, encode_ack,
                              send_packet, verify_checksums)
 from fs.dataconn import close_gracefully, failure_cause, open_data_connection
 from fs.errors import (ChecksumError, InternalError, InvalidArgument, InvalidToken,
@@ -697,6 +697,20 @@ class _Queued:
     own_status: int = SUCCESS
 
 
+#: bytes of data one worker-thread trip of a write pipeline writes at most
+_DISK_BATCH = 8 << 20
+
+
+async def _send_all(channel: trio.MemorySendChannel, items) -> None:
+    """Queue ``items`` in order, without a checkpoint between them while there is room (the
+    receiving task then takes them together)."""
+    for item in items:
+        try:
+            channel.send_nowait(item)
+        except trio.WouldBlock:
+            await channel.send(item)
+
+
 class WritePipeline:
     """The receiver and responder of one WRITE_BLOCK after a successful setup."""
 
@@ -727,8 +741,9 @@ class WritePipeline:
         self._held = 0      # bytes of the server's budget this pipeline's packets hold
 
     async def run(self) -> None:
-        # receiver -> (one packet in hand) -> disk writer -> (window of entries) -> responder
-        disk_send, disk_receive = trio.open_memory_channel(1)
+        # receiver -> (window of packets) -> disk writer -> (window of entries) -> responder
+        disk_send, disk_receive = trio.open_memory_channel(
+            max(1, self.config.write_window_packets))
         ack_send, ack_receive = trio.open_memory_channel(max(1, self.config.write_window_packets))
         stopped = trio.Event()
         try:
@@ -765,11 +780,28 @@ class WritePipeline:
 
 
     async def _receiver(self, disk: trio.MemorySendChannel) -> None:
-        """Receive, verify, forward; hand the packet to the disk writer. The disk writer
-        lags by at most one packet, so network and disk work overlap."""
+        """Receive, verify, forward; hand the packets to the disk writer. Packets whose
+        bytes are already here (the upstream is ahead) are taken together, forwarded in one
+        send and handed over at once, so the disk writer writes them in one trip; a packet
+        with nothing behind it goes on at once. The disk writer lags by at most a window of
+        packets (held in the server's budget), so network and disk work overlap."""
         replica = self.replica
         bpc = replica.bytes_per_checksum
         received = replica.num_bytes     # bytes accepted so far, ahead of the disk writer
+        group: list[tuple[Packet, _Queued]] = []
+        size = 0
+
+        async def pass_on() -> None:
+            nonlocal size
+            await self._forward([packet for packet, _ in group])
+            await _send_all(disk, group)
+            group.clear()
+            size = 0
+
+        async def fail(entry: _Queued) -> None:
+            await pass_on()   # the good packets before it are still written and acked
+            await disk.send((None, entry))
+
         async with disk:
             while True:
                 try:
@@ -783,7 +815,7 @@ class WritePipeline:
                 except ProtocolError as bad:   # acked ERROR (the seqno, if it was read)
                     log.warning("WRITE_BLOCK %s from %s: %s", replica.name, self.peer, bad)
                     seqno = bad.seqno if isinstance(bad, BadPacket) else UNREAD_SEQNO
-                    await disk.send((None, _Queued(seqno, own_status=ERROR)))
+                    await fail(_Queued(seqno, own_status=ERROR))
                     return
                 entry = _Queued(packet.seqno, last=packet.last)
                 try:
@@ -801,59 +833,105 @@ class WritePipeline:
                     self.server.stats.checksum_errors += 1
                     log.warning("WRITE_BLOCK %s: %s", replica.name, exc)
                     entry.own_status = ERROR_CHECKSUM
-                    await disk.send((None, entry))
+                    await fail(entry)
                     return
                 except LeaseFSError as exc:
                     log.warning("WRITE_BLOCK %s from %s: %s", replica.name, self.peer, exc)
                     entry.own_status = ERROR
-                    await disk.send((None, entry))
+                    await fail(entry)
                     return
-                await self._forward(packet)
-                await disk.send((packet, entry))
+                group.append((packet, entry))
+                size += len(packet.data)
+                if (packet.last or packet.sync or size >= _DISK_BATCH
+                        or len(group) >= self.config.write_window_packets
+                        or not self.upstream.buffered()):
+                    await pass_on()
                 if packet.last:
                     return
 
     async def _disk_writer(self, disk: trio.MemoryReceiveChannel,
                            acks: trio.MemorySendChannel) -> None:
-        """Write each packet's data and checksums (fsync for SYNC and LAST), then queue it for
-        the responder; the responder's queue bounds how far writing runs ahead of acks."""
-        replica = self.replica
+        """Write the packets' data and checksums (fsync for SYNC; LAST finalizes), then queue
+        them for the responder; the responder's queue bounds how far writing runs ahead of
+        acks. The packets that queued up meanwhile are written in one worker-thread trip
+        (a thread hop per 64 KiB packet would cost more than the write)."""
         async with disk, acks:
-            async for packet, entry in disk:
-                if packet is None:
-                    await acks.send(entry)
+            pending = None
+            while True:
+                if pending is None:
+                    try:
+                        pending = await disk.receive()
+                    except trio.EndOfChannel:
+                        return
+                batch, pending = self._take_batch(disk, pending)
+                error = await self._write_batch(batch)
+                if error is not None and batch:   # nothing of it is acknowledged SUCCESS
+                    batch[0][1].own_status = error
+                    await acks.send(batch[0][1])
                     return
-                try:
-                    if len(packet.data):
-                        try:
-                            await self.store.write_packet(replica, packet.offset, packet.data,
-                                                          packet.sums)
-                            self.server.stats.bytes_written += len(packet.data)
-                        finally:
-                            self._unreserve(len(packet.data))
-                        entry.has_data = True
-                        entry.end = packet.offset + len(packet.data)
-                        entry.last_sum = packet.sums[-CHECKSUM_SIZE:]
-                    if packet.sync:   # hsync; finalize syncs per sync_on_close
-                        await self.store.sync(replica)
-                except (OSError, LeaseFSError) as exc:
-                    _log_local_failure(replica, "local write", exc)
-                    entry.own_status = ERROR
-                    await acks.send(entry)
+                # queued without a checkpoint in between, so the responder finds them all
+                # and acks them in one send
+                await _send_all(acks, [entry for _, entry in batch])
+                if pending is not None and pending[0] is None:   # the receiver's failure
+                    await acks.send(pending[1])
                     return
-                await acks.send(entry)
 
-    async def _forward(self, packet: Packet) -> None:
-        """Send the packet on; a downstream that broke or read nothing for
+    def _take_batch(self, disk: trio.MemoryReceiveChannel, first):
+        """``(batch, pending)``: ``first`` and the packets already queued behind it, up to a
+        SYNC packet, the last packet or ``_DISK_BATCH`` bytes; ``pending`` is the queued item
+        that did not join (a receiver failure, ``(None, entry)``, never does)."""
+        if first[0] is None:
+            return [], first
+        batch, size = [first], len(first[0].data)
+        while not (batch[-1][0].sync or batch[-1][0].last) and size < _DISK_BATCH:
+            try:
+                item = disk.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return batch, None
+            if item[0] is None:
+                return batch, item
+            batch.append(item)
+            size += len(item[0].data)
+        return batch, None
+
+    async def _write_batch(self, batch) -> int | None:
+        """Write ``batch``'s data (then fsync if its last packet asks for it); None, or the
+        status every packet of it is acked with when the disk failed."""
+        if not batch:
+            return None
+        replica = self.replica
+        written = [(p.offset, p.data, p.sums) for p, _ in batch if len(p.data)]
+        size = sum(len(data) for _, data, _ in written)
+        try:
+            try:
+                if written:
+                    await self.store.write_packets(replica, written)
+                    self.server.stats.bytes_written += size
+            finally:
+                self._unreserve(size)
+            if batch[-1][0].sync:   # hsync; finalize syncs per sync_on_close
+                await self.store.sync(replica)
+        except (OSError, LeaseFSError) as exc:
+            _log_local_failure(replica, "local write", exc)
+            return ERROR
+        for packet, entry in batch:
+            if len(packet.data):
+                entry.has_data = True
+                entry.end = packet.offset + len(packet.data)
+                entry.last_sum = packet.sums[-CHECKSUM_SIZE:]
+        return None
+
+    async def _forward(self, packets: list[Packet]) -> None:
+        """Send the packets on; a downstream that broke or read nothing for
         ``downstream_timeout`` is failed (the responder then acks ERROR at its index)."""
-        if self.downstream is None or self.downstream_failed:
+        if self.downstream is None or self.downstream_failed or not packets:
             return
         try:
             with trio.fail_after(self.downstream_timeout):
-                await self.wire.send_packet(self.downstream, packet)
+                await self.wire.send_packets(self.downstream, packets)
         except (ServerUnavailable, trio.TooSlowError) as exc:
-            log.warning("WRITE_BLOCK %s: forwarding packet %d to the downstream failed: %s",
-                        self.replica.name, packet.seqno,
+            log.warning("WRITE_BLOCK %s: forwarding packets %d-%d to the downstream failed: "
+                        "%s", self.replica.name, packets[0].seqno, packets[-1].seqno,
                         failure_cause(exc, self.downstream_timeout))
             self.downstream_failed = True
 
@@ -878,17 +956,50 @@ class WritePipeline:
         return [ERROR]
 
     async def _responder(self, queue: trio.MemoryReceiveChannel) -> None:
+        """Ack each packet once it is written here and acked downstream. Acks that are ready
+        together go upstream in one send: the responder sends what it holds before it
+        would wait (for the next written packet, a downstream ack not yet received, or the
+        finalize), so batching never delays an ack."""
         replica = self.replica
+        held: list[bytes] = []
+
+        async def send_held() -> bool:
+            if held:
+                try:
+                    await self.upstream.send_all(b"".join(held))
+                except ServerUnavailable as exc:
+                    log.info("WRITE_BLOCK %s: cannot ack to %s: %s", replica.name, self.peer,
+                             exc)
+                    return False
+                held.clear()
+            return True
+
         async with queue:
-            async for entry in queue:
+            while True:
+                try:
+                    entry = queue.receive_nowait()
+                except trio.WouldBlock:
+                    if not await send_held():
+                        break
+                    try:
+                        entry = await queue.receive()
+                    except trio.EndOfChannel:
+                        break
+                except trio.EndOfChannel:
+                    break
                 if entry.own_status != SUCCESS:
                     statuses = [entry.own_status]
                 else:
+                    if (self.downstream is not None and not self.downstream.buffered()
+                            and not await send_held()):
+                        break
                     statuses = [SUCCESS] + await self._downstream_statuses(entry.seqno)
                 ok = all(s == SUCCESS for s in statuses)
                 if ok and entry.has_data:
                     replica.set_visible(entry.end, entry.last_sum)
                 if ok and entry.last and not self.transfer:
+                    if not await send_held():
+                        break
                     try:
                         await self.store.finalize(replica)
                     except (OSError, LeaseFSError) as exc:
@@ -899,15 +1010,11 @@ class WritePipeline:
                         self._report_finalized(replica)
                         if self.wire.report_wait:
                             await self.server.reporter.reports_sent(self.wire.report_wait)
-                try:
-                    await self.wire.send_ack(self.upstream, entry.seqno, statuses)
-                except ServerUnavailable as exc:
-                    log.info("WRITE_BLOCK %s: cannot ack to %s: %s", replica.name, self.peer, exc)
-                    self._stop()
-                    return
+                held.append(self.wire.encode_ack(entry.seqno, statuses))
                 if not ok or entry.last:
-                    self._stop()
-                    return
+                    await send_held()
+                    break
+        self._stop()
 
     def _report_finalized(self, replica: Replica) -> None:
         log.debug("finalized %s (%d bytes)", replica.name, replica.num_bytes)
@@ -945,12 +1052,13 @@ class NativeWire:
         data = await framed.receive_exactly(data_len)
         return Packet(seqno, offset, data, sums, flags)
 
-    async def send_packet(self, framed: FramedStream, packet: Packet) -> None:
-        await send_packet(framed, packet.seqno, packet.offset, packet.data, packet.sums,
-                          packet.flags)
+    async def send_packets(self, framed: FramedStream, packets: list[Packet]) -> None:
+        for packet in packets:   # leasefs's packets are large: each one's data as is
+            await send_packet(framed, packet.seqno, packet.offset, packet.data, packet.sums,
+                              packet.flags)
 
-    async def send_ack(self, framed: FramedStream, seqno: int, statuses) -> None:
-        await send_ack(framed, seqno, statuses)
+    def encode_ack(self, seqno: int, statuses) -> bytes:
+        return encode_ack(seqno, statuses)
 
     async def receive_ack(self, framed: FramedStream) -> tuple[int, list[int]]:
         return await receive_ack(framed)

@@ -10,35 +10,17 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from xml.sax.saxutils import escape
 
 import pytest
 
+from tools.bench.hdfs import hadoop_conf as write_conf
+from tools.bench.hdfs import hadoop_jars as jars
 
-def jars() -> Path | None:
-    """PySpark's jar folder (the Hadoop client ships in it), or None without pyspark."""
-    try:
-        import pyspark
-    except ImportError:
-        return None
-    folder = Path(pyspark.__file__).parent / "jars"
-    return folder if any(folder.glob("hadoop-client-api-*.jar")) else None
+__all__ = ["fs_shell", "jars", "requires_java", "write_conf"]
 
 
 requires_java = pytest.mark.skipif(shutil.which("java") is None or jars() is None,
                                    reason="needs java and pyspark's Hadoop client jars")
-
-
-def write_conf(folder: Path, settings: dict | None = None) -> Path:
-    """A Hadoop configuration folder holding ``core-site.xml`` (and ``hdfs-site.xml``, the
-    same settings: the client reads both) with ``settings``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    body = "".join(f"  <property><name>{escape(k)}</name><value>{escape(str(v))}</value>"
-                   f"</property>\n" for k, v in (settings or {}).items())
-    text = f'<?xml version="1.0"?>\n<configuration>\n{body}</configuration>\n'
-    for name in ("core-site.xml", "hdfs-site.xml"):
-        (folder / name).write_text(text)
-    return folder
 
 
 def fs_shell(address: str, *args: str, conf: Path, user: str | None = None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import random
 import struct
 
 import msgpack
@@ -80,6 +81,36 @@ async def test_receive_exactly_across_many_small_chunks():
                 await a.send_all(payload[i:i + 777])
         nursery.start_soon(sender)
         assert await b.receive_exactly(len(payload)) == payload
+
+
+@pytest.mark.parametrize("bpc", [512, 4096, 516, 6])
+def test_whole_packet_checksum_check_agrees_with_chunk_by_chunk(bpc):
+    """``checksums_match`` checks all of a packet's chunk CRCs with whole-buffer calls: it
+    must accept exactly what the chunk-by-chunk comparison accepts, for full and partial last
+    chunks, and catch every flipped bit of the data or of the sums."""
+    rng = random.Random(bpc)
+    for n in (0, 1, bpc - 1, bpc, 3 * bpc + 7, 65024, 65024 + 100):
+        data = rng.randbytes(n)
+        sums = datatransfer.chunk_checksums(data, bpc)
+        assert datatransfer.checksums_match(data, sums, bpc)
+        datatransfer.verify_checksums(data, sums, bpc)
+        for _ in range(8 if n else 0):
+            bad = bytearray(data)
+            pos = rng.randrange(n)
+            bad[pos] ^= 1 << rng.randrange(8)
+            assert not datatransfer.checksums_match(bytes(bad), sums, bpc)
+            with pytest.raises(errors.ChecksumError, match=f"at offset {pos - pos % bpc}"):
+                datatransfer.verify_checksums(bytes(bad), sums, bpc)
+            bad_sums = bytearray(sums)
+            bad_sums[rng.randrange(len(sums))] ^= 1 << rng.randrange(8)
+            assert not datatransfer.checksums_match(data, bytes(bad_sums), bpc)
+            # two chunks swapped with their sums unchanged: each chunk is checked in place
+            if n >= 2 * bpc and data[:bpc] != data[bpc:2 * bpc]:
+                swapped = data[bpc:2 * bpc] + data[:bpc] + data[2 * bpc:]
+                assert not datatransfer.checksums_match(swapped, sums, bpc)
+    with pytest.raises(errors.ChecksumError, match="wrong length"):
+        datatransfer.verify_checksums(b"x" * bpc, datatransfer.chunk_checksums(
+            b"x" * (2 * bpc), bpc), bpc)
 
 
 async def test_packets_and_acks_round_trip_and_checksums_catch_flips():
