@@ -468,6 +468,7 @@ async def test_receiver_runs_at_most_a_window_ahead_of_acks(tmp_path):
                 await trio.sleep(0.3)
                 written = first.num_bytes // 4096
                 forwarded = nodes[1].store.get(4100).num_bytes // 4096
+                # fixed-sleep: the same stall, watched a while longer: it must not move
                 await trio.sleep(0.3)
                 assert first.num_bytes == written * 4096, "the first node kept writing"
                 # written: one packet awaiting its ack, `window` queued for the responder,
