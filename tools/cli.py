@@ -130,8 +130,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
                         'renew, cancel, print'),
     'mount': ('cluster.mountcmd', 'mount the cluster with FUSE (daemonizes unless --foreground)'),
     'umount': ('cluster.mountcmd', 'unmount a leasefs mount (fusermount3 -u)'),
-    'bench': ('bench.command', 'benchmarks: write, read, meta (cluster), fuse and apps (any folder), cli '
-                       '(start-up), ha and partition (private clusters)'),
+    'bench': ('bench.command', 'benchmarks: write, read, meta (cluster), fuse and apps (any '
+                               "folder), cli (start-up), ha and partition (private clusters), "
+                               "hdfs (Hadoop's client vs leasefs's)"),
     'settings': ('docgen', 'list every setting with its default'),
     'commands': ('cmddoc', 'list every command with its one-line help'),
 }
