@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+import trio
 
 from harness import LOG_WATCH
 from tools.cluster.processes import is_ours, mounted_fuse, process_state
@@ -35,6 +36,23 @@ def recorded_pids(home) -> dict:
     for i, entry in enumerate(state["storage"]):
         pids[f"storage{i}"] = entry["pid"]
     return pids
+
+
+def hdfs_root_is_a_folder(port: int) -> bool:
+    """getFileInfo("/") over Hadoop IPC on ``port`` (the kernel names this test's user)."""
+    from fs.hdfs.ipc import IpcClient
+    from fs.hdfs.pb import namenode_reads_pb2 as pb
+
+    async def ask():
+        async with trio.open_nursery() as nursery:
+            client = await IpcClient.connect("127.0.0.1", port, nursery, user="root")
+            try:
+                answer = await client.call("getFileInfo", pb.GetFileInfoRequestProto(src="/"),
+                                           pb.GetFileInfoResponseProto)
+            finally:
+                await client.aclose()
+            return answer.fs.fileType == answer.fs.IS_DIR
+    return trio.run(ask)
 
 
 @pytest.fixture
@@ -89,6 +107,13 @@ def test_up_idempotent_status_shell_restart_down(home):
     assert status.returncode == 0, status.stdout + status.stderr
     assert address in status.stdout and "live block servers: 2" in status.stdout
     assert status.stdout.count("running") == 3
+    # Hadoop's client: a free port with --port 0, named by up, status and cluster.json,
+    # and a Hadoop IPC call there is answered
+    hdfs = state["meta"]["hdfs_address"]
+    assert hdfs.startswith("hdfs://127.0.0.1:") and hdfs in up.stdout and hdfs in status.stdout
+    assert json.loads(leasefs("cluster", "status", "--json", env=env).stdout)[
+        "hdfs_address"] == hdfs
+    assert hdfs_root_is_a_folder(int(hdfs.rsplit(":", 1)[1]))
 
     # shell tools find the cluster through <home>/cluster.json with no flags at all
     assert leasefs("mkdir", "-p", "/from-home/x", env=env).returncode == 0
@@ -110,6 +135,7 @@ def test_up_idempotent_status_shell_restart_down(home):
     assert new_pids["storage1"] != pids["storage1"] and alive(new_pids["storage1"])
     assert json.loads((home / "cluster.json").read_text())["meta_address"] == address
     assert leasefs("ls", "/from-home", env=env).stdout.split() == ["x"]
+    assert json.loads((home / "cluster.json").read_text())["meta"]["hdfs_address"] == hdfs
 
     # a bystander process is never touched by down
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -37,6 +37,7 @@ from fs.errors import LeaseFSError
 
 from ..common import PROG
 from ..formatting import UsageError, parse_settings
+from .etcd import free_port
 from .processes import (DEFAULT_HTTP_PORT, DEFAULT_META_PORT, DEFAULT_STORAGE,
                         DEFAULT_STORAGE_PORT, Layout, StartupFailed, client_prefix, cluster_tls,
                         cmdline, embedded_defaults, ensure_mounted, is_ours, load_state,
@@ -140,11 +141,14 @@ def cmd_up(args) -> int:
             http_port = args.http_port
             if http_port is None:
                 http_port = state["meta"].get("http_port", 0 if port == 0 else DEFAULT_HTTP_PORT)
+            hdfs_port = _hdfs_port(args, state, port, settings)
             procs["meta"] = spawn(layout, "meta", "meta",
-                                  ["--port", str(port), "--http-port", str(http_port)],
+                                  ["--port", str(port), "--http-port", str(http_port),
+                                   "--hdfs-port", str(hdfs_port)],
                                   {**settings, "tls_ca_file": ca_file} if ca_file else settings)
             started.append("meta")
-            state["meta"].update(pid=procs["meta"].pid, http_port=http_port)
+            state["meta"].update(pid=procs["meta"].pid, http_port=http_port, hdfs_port=hdfs_port,
+                                 hdfs_address=f"hdfs://127.0.0.1:{hdfs_port}")
             save_state(layout, state)
             address = wait_address(layout, "meta", procs["meta"], deadline)
             state["meta_address"] = address
@@ -172,10 +176,27 @@ def cmd_up(args) -> int:
     print(f"  home {layout.home}  (logs in {layout.logs})")
     run = client_prefix(layout.home)
     print(f"  try: {run}ls -l /   |   {run}put FILE /   |   {run}report")
+    if state["meta"].get("hdfs_address"):
+        print(f"  Hadoop's client (Spark, FsShell): {state['meta']['hdfs_address']}/ "
+              f"(docs/CLIENTS.md)")
     mountpoint = args.mount or state.get("mount")
     if mountpoint:
         return ensure_mounted(layout, state, os.path.abspath(mountpoint), address)
     return 0
+
+
+def _hdfs_port(args, state: dict, port: int, settings: dict) -> int:
+    """The metadata server's port for Hadoop's client: the recorded one (a restart keeps
+    the hdfs:// address), else ``--hdfs-port``, else ``meta_hdfs_port`` (9000: leasefs's own
+    RPC has HDFS's 8020, and 9000 is the port of Hadoop's single-node guide); any free one
+    with ``--port 0`` or ``--hdfs-port 0`` (tests, several clusters on one host)."""
+    recorded = state["meta"].get("hdfs_port")
+    if recorded:
+        return recorded
+    chosen = args.hdfs_port
+    if chosen is None:
+        chosen = 0 if port == 0 else Config.load(env={}, **settings).meta_hdfs_port
+    return chosen or free_port()
 
 
 def _unmount(state: dict) -> None:
@@ -293,6 +314,7 @@ def _print_status(args, layout: Layout, state: dict, overall: str, procs: list[d
     if args.json:
         out = {"home": layout.home, "state": overall, **({"ha": ha} if ha is not None else {}),
                "meta_address": state.get("meta_address"),
+               "hdfs_address": (state.get("meta") or {}).get("hdfs_address"),
                "tls_ca_file": state.get("tls_ca_file") or None, "processes": procs,
                "live_nodes": None if report is None else report.get("live_nodes"),
                "safemode": None if report is None else report.get("safemode")}
@@ -301,6 +323,8 @@ def _print_status(args, layout: Layout, state: dict, overall: str, procs: list[d
     print(f"leasefs cluster in {layout.home}: {overall}" + (" (HA)" if ha is not None else ""))
     print(f"  metadata server address{'es' if ha is not None else ''}: "
           f"{state.get('meta_address')}")
+    if (state.get("meta") or {}).get("hdfs_address"):
+        print(f"  Hadoop's client (hdfs://): {state['meta']['hdfs_address']}")
     if state.get("tls_ca_file"):
         print(f"  tls on: servers' certificates from the CA {state['tls_ca_file']}")
     for line in lines:
@@ -416,6 +440,10 @@ def register(sub, common) -> None:
     up.add_argument("--http-port", type=int, default=None,
                     help=f"status page port (default {DEFAULT_HTTP_PORT}, off with --port 0; "
                          "with --ha one each from there, 0 = free ports)")
+    up.add_argument("--hdfs-port", type=int, default=None,
+                    help="port for Hadoop's client, hdfs:// (default 9000, the meta_hdfs_port "
+                         "setting; 0 = any free, as with --port 0; with --ha one each from "
+                         "there)")
     up.add_argument("--replication", type=int, default=None,
                     help="default replication of new files (default min(3, storage))")
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for readiness")
