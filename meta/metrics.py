@@ -44,7 +44,10 @@ class MetaMetrics:
 
     def __init__(self, server):
         self.server = server
-        self._methods = frozenset(server.methods())
+        # the msgpack calls, and Hadoop's on the HDFS port as hdfs.<methodName>
+        self._methods = frozenset(server.methods()) | {
+            f"hdfs.{method}" for translator in server.hdfs_translators
+            for method in translator.CALLS}
         self.calls = Counters(PREFIX + "rpc_calls", "RPC calls answered, by method and "
                               "outcome (ok or the error's type)", ("method", "outcome"))
         self.duration = Histograms(PREFIX + "rpc_duration_seconds", "Time from the start "

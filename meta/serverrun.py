@@ -237,7 +237,7 @@ async def _serve_hdfs(server: MetaServer, host: str, port: int, limits: Connecti
                     name="metadata server HDFS port", max_frame=config.max_frame,
                     frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
                     context_timeout=config.auth_timeout, budget=budget,
-                    state_id=server.state_id)
+                    state_id=server.state_id, call_observer=server.call_observer)
 
     async def serve(stream, peer: str, **_ignored) -> None:
         # Hadoop IPC, or a READ_BLOCK of an inline file's block (``fs.hdfs.sniff``)

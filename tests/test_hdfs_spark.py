@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -24,7 +26,7 @@ pytestmark = [requires_java, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = ProcessCluster(tmp_path_factory.mktemp("hdfs-spark"), n_storage=2,
+    c = ProcessCluster(tmp_path_factory.mktemp("hdfs-spark"), n_storage=2, meta_http=True,
                        settings={"replication": 2, "meta_hdfs_port": free_port()})
     c.start()
     yield c
@@ -160,3 +162,28 @@ def test_a_streaming_file_sink_with_its_checkpoint_on_hdfs_survives_a_restart(sp
     values = sorted(r.v for r in spark.read.parquet(out).collect())
     assert values == list(range(175))
     assert client.exists("/stream/checkpoint/commits/1")
+
+
+def hdfs_calls(cluster) -> dict[str, float]:
+    """Calls the metadata server answered on its HDFS port, by method (its /metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{cluster.meta_http_port}/metrics",
+                                timeout=30) as page:
+        text = page.read().decode()
+    counts: dict[str, float] = {}
+    for m in re.finditer(r'^leasefs_meta_rpc_calls_total\{method="hdfs\.(\w+)",'
+                         r'outcome="ok"\} (\S+)$', text, re.M):
+        counts[m.group(1)] = float(m.group(2))
+    return counts
+
+
+def test_a_job_writing_2000_small_files_completes_each_at_the_first_call(spark, cluster):
+    """Hadoop's client sleeps 400 ms (doubling) after a ``complete`` that answers false:
+    every file of a job writing 2,000 small ones is completed by exactly one call."""
+    before = hdfs_calls(cluster)
+    spark.range(2000, numPartitions=2).write.option("maxRecordsPerFile", 1) \
+        .parquet(hdfs(cluster, "/small-files"))
+    after = hdfs_calls(cluster)
+    created = after.get("create", 0) - before.get("create", 0)
+    completed = after.get("complete", 0) - before.get("complete", 0)
+    assert created >= 2000
+    assert completed == created, (created, completed)

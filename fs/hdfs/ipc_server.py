@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 
 import trio
@@ -104,7 +105,7 @@ class IpcServer:
                  name: str = "Hadoop IPC server", max_frame: int = DEFAULT_MAX_FRAME,
                  max_calls: int = 256, context_timeout: float = 10.0,
                  frame_timeout: float = 30.0, idle_timeout: float = math.inf,
-                 send_timeout: float = 60.0, budget=None, state_id=None):
+                 send_timeout: float = 60.0, budget=None, call_observer=None, state_id=None):
         self.identity = identity or Identity()
         # ``state_id()``: the server's newest state (journal txid), sent in every call's
         # answer header so that an observer-reading client's next reads wait for it
@@ -120,6 +121,10 @@ class IpcServer:
         # its other ports); a frame waits for its share before it is read, and holds it
         # until its call is answered
         self.budget = budget
+        # metrics hook, as ``fs.rpcserver.Dispatcher.call_observer``: ``observe(method,
+        # outcome, queued, seconds)`` once per call a translator ran, the method named
+        # ``hdfs.<methodName>`` (outcome "ok" or the leasefs error's class name)
+        self.call_observer = call_observer
         # protocol -> method -> (bound method, request class, response class)
         self.calls: dict[str, dict[str, tuple]] = {}
         for translator in translators:
@@ -424,15 +429,22 @@ class _Connection:
                           groups=tuple(self.session.get("groups", ())), sync_metadata=True,
                           session=self.session,
                           state_id=header.stateId if header.HasField("stateId") else 0)
+        observe = self.server.call_observer
+        started = time.perf_counter() if observe is not None else 0.0
         try:
             response = await handler(ctx, request)
         except LeaseFSError as exc:
+            if observe is not None:
+                observe(f"hdfs.{method}", type(exc).__name__, 0.0,
+                        time.perf_counter() - started)
             return reply.error(_HEADER.ERROR_APPLICATION, exceptions.java_class(exc),
                                exc.message or type(exc).__name__)
         except Exception as exc:   # a bug: log it, answer, serve on
             log.exception("%s: %s from %s failed", self.server.name, method, self.peer)
             return reply.error(_HEADER.ERROR_APPLICATION, exceptions.IO_EXCEPTION,
                                f"{method}: internal error: {type(exc).__name__}: {exc}")
+        if observe is not None:
+            observe(f"hdfs.{method}", "ok", 0.0, time.perf_counter() - started)
         if not isinstance(response, response_cls):
             log.error("%s: %s answered a %s, not a %s", self.server.name, method,
                       type(response).__name__, response_cls.__name__)
