@@ -93,7 +93,8 @@ class FramedStream:
                 got += len(chunk)
             return b"".join(parts)
         await self._fill(n)
-        out = bytes(self._buf[:n])
+        with memoryview(self._buf) as view:   # one copy (a slice of the bytearray is two)
+            out = view[:n].tobytes()
         del self._buf[:n]
         return out
 
