@@ -75,6 +75,10 @@ class FramedStream:
         """Bytes received and not yet taken (a receive of up to this many will not wait)."""
         return len(self._buf)
 
+    def peek(self, n: int) -> bytes:
+        """Up to ``n`` of the bytes received and not yet taken, left in place."""
+        return bytes(self._buf[:n])
+
     async def receive_exactly(self, n: int) -> bytes:
         """Exactly ``n`` bytes; ``EOFError`` if the peer closes first."""
         if n <= 0:

@@ -181,14 +181,13 @@ def encode_packet(offset: int, seqno: int, data, sums: bytes, last: bool = False
     return out
 
 
-async def _receive_by(framed: FramedStream, n: int, deadline: float | None) -> bytes:
-    """``n`` bytes, by ``deadline`` (``trio.TooSlowError``); bytes already received are
-    taken without a cancel scope (most of a fast writer's packets: the scope would cost
-    more than the rest of the packet's handling)."""
-    if deadline is None or framed.buffered() >= n:
-        return await framed.receive_exactly(n)
-    with trio.fail_at(deadline):
-        return await framed.receive_exactly(n)
+def _whole_packet_buffered(framed: FramedStream) -> bool:
+    """Whether the next packet was received whole (then reading it cannot wait)."""
+    prefix = framed.peek(PACKET_PREFIX.size)
+    if len(prefix) < PACKET_PREFIX.size:
+        return False
+    plen, hlen = PACKET_PREFIX.unpack(prefix)
+    return framed.buffered() >= PACKET_PREFIX.size + hlen + plen - 4
 
 
 async def receive_packet(framed: FramedStream, bytes_per_checksum: int | None,
@@ -198,16 +197,21 @@ async def receive_packet(framed: FramedStream, bytes_per_checksum: int | None,
     checksums, CHECKSUM_NULL). ``reserve(n)`` (awaited) is told the payload size first,
     so a server can bound what all its connections buffer. ``deadline`` (trio time): the
     whole packet is read by then, or ``trio.TooSlowError`` (``reserve`` sees to its own)."""
+    if deadline is not None and not _whole_packet_buffered(framed):
+        # a packet already here whole (most of a fast writer's) is taken without a cancel
+        # scope: it would cost more than the rest of the packet's handling
+        with trio.fail_at(deadline):
+            return await receive_packet(framed, bytes_per_checksum, reserve)
     # the lengths and the shortest header in one receive: every header holds the four
     # required fields, HEADER_SIZE bytes at least
-    head = await _receive_by(framed, PACKET_PREFIX.size + HEADER_SIZE, deadline)
+    head = await framed.receive_exactly(PACKET_PREFIX.size + HEADER_SIZE)
     plen, hlen = PACKET_PREFIX.unpack_from(head)
     if plen < 4 or not HEADER_SIZE <= hlen <= MAX_HEADER or plen - 4 + hlen > MAX_PACKET:
         raise ProtocolError(f"packet of {plen} bytes with a {hlen}-byte header: more than "
                             f"{MAX_PACKET} bytes, or malformed")
     header = head[PACKET_PREFIX.size:]
     if hlen > HEADER_SIZE:
-        header += await _receive_by(framed, hlen - HEADER_SIZE, deadline)
+        header += await framed.receive_exactly(hlen - HEADER_SIZE)
     offset, seqno, last, data_len, sync = parse_packet_header(header)
     payload = plen - 4
     sums_len = payload - data_len
@@ -222,7 +226,7 @@ async def receive_packet(framed: FramedStream, bytes_per_checksum: int | None,
         await reserve(data_len)
     # checksums and data in one receive (one await and one copy out of the stream's buffer,
     # not two); the data is a view into it, the small checksums a copy of their own
-    body = memoryview(await _receive_by(framed, payload, deadline))
+    body = memoryview(await framed.receive_exactly(payload))
     return Packet(seqno, offset, last, sync, bytes(body[:sums_len]), body[sums_len:])
 
 
