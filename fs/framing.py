@@ -75,6 +75,10 @@ class FramedStream:
         """Bytes received and not yet taken (a receive of up to this many will not wait)."""
         return len(self._buf)
 
+    def peek(self, n: int) -> bytes:
+        """Up to ``n`` of the bytes received and not yet taken, left in place."""
+        return bytes(self._buf[:n])
+
     async def receive_exactly(self, n: int) -> bytes:
         """Exactly ``n`` bytes; ``EOFError`` if the peer closes first."""
         if n <= 0:
@@ -93,7 +97,8 @@ class FramedStream:
                 got += len(chunk)
             return b"".join(parts)
         await self._fill(n)
-        out = bytes(self._buf[:n])
+        with memoryview(self._buf) as view:   # one copy (a slice of the bytearray is two)
+            out = view[:n].tobytes()
         del self._buf[:n]
         return out
 

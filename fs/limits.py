@@ -157,6 +157,10 @@ class ByteBudget:
                 self._grant()            # we may have been the head blocking smaller ones
             raise
 
+    def fits(self, n: int) -> bool:
+        """Whether ``acquire(n)`` would take its bytes at once, without waiting."""
+        return not self._waiters and self.used + n <= self.limit
+
     def release(self, n: int) -> None:
         self.used -= n
         self._grant()

@@ -31,6 +31,9 @@ from fs.datatransfer import CHECKSUM_SIZE, num_chunks
 from .layout import encode_meta_header, meta_length, meta_offset, unlink_quietly
 from .replica_states import ReplicaState
 
+#: most buffers one ``pwritev`` takes (the kernel's UIO_MAXIOV)
+_IOV_MAX = 1024
+
 
 @dataclass(eq=False)
 class Replica:
@@ -124,6 +127,35 @@ class ReplicaWriter:
             if len(data):
                 os.pwrite(self.data_fd, data, offset)
                 os.pwrite(self.meta_fd, sums, meta_offset(offset // self.bytes_per_checksum))
+
+    def write_run(self, packets) -> None:
+        """Write consecutive packets (``offset, data, sums`` each, in order): each run of
+        them that lies back to back in whole chunks (all of a Hadoop client's 64 KiB
+        packets but the last) in one ``pwritev`` per file instead of two writes a packet."""
+        bpc = self.bytes_per_checksum
+        with self._io_lock:
+            self._require_open()
+            run: list = []
+            for packet in packets:
+                if run and (run[-1][0] + len(run[-1][1]) != packet[0] or len(run[-1][1]) % bpc):
+                    self._write_vectors(run)
+                    run = []
+                if len(packet[1]):
+                    run.append(packet)
+            if run:
+                self._write_vectors(run)
+
+    def _write_vectors(self, run) -> None:
+        offset = run[0][0]
+        for fd, at, parts in ((self.data_fd, offset, [data for _, data, _ in run]),
+                              (self.meta_fd, meta_offset(offset // self.bytes_per_checksum),
+                               [sums for _, _, sums in run])):
+            for start in range(0, len(parts), _IOV_MAX):
+                group = parts[start:start + _IOV_MAX]
+                want = sum(len(part) for part in group)
+                if os.pwritev(fd, group, at) != want:   # only a full disk writes short
+                    raise OSError(_errno.ENOSPC, "short write: the disk is full")
+                at += want
 
     def fsync(self) -> None:
         with self._io_lock:

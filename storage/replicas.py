@@ -265,11 +265,7 @@ class ReplicaStore:
         if end == replica.num_bytes and not any(len(data) for _, data, _ in packets):
             return
 
-        def write_all() -> None:
-            for offset, data, sums in packets:
-                writer.write(offset, data, sums)
-
-        await self._writer_io(replica, write_all)
+        await self._writer_io(replica, writer.write_run, packets)
         self._set_num_bytes(replica, end)
 
     async def sync(self, replica: Replica) -> None:

@@ -768,16 +768,18 @@ class WritePipeline:
         self.scope.cancel()
 
     # -- receiver
-    async def reserve(self, data_len: int) -> None:
+    async def reserve(self, data_len: int, deadline: float | None = None) -> None:
         """Hold ``data_len`` bytes of the server's budget for a packet about to be read
         (released once the disk writer is done with it): many peers sending large packets
-        slowly, or stalling half way, cannot make the server buffer without bound."""
-        await self.server.budget.acquire(data_len)
+        slowly, or stalling half way, cannot make the server buffer without bound. A wait
+        for them ends at ``deadline`` (trio time) with ``trio.TooSlowError``."""
+        budget = self.server.budget
+        if deadline is None or budget.fits(data_len):
+            await budget.acquire(data_len)
+        else:
+            with trio.fail_at(deadline):
+                await budget.acquire(data_len)
         self._held += data_len
-
-    async def _receive_packet(self) -> Packet:
-        return await self.wire.receive_packet(self)
-
 
     async def _receiver(self, disk: trio.MemorySendChannel) -> None:
         """Receive, verify, forward; hand the packets to the disk writer. Packets whose
@@ -804,9 +806,9 @@ class WritePipeline:
 
         async with disk:
             while True:
-                try:
-                    with trio.fail_after(self.upstream_timeout):
-                        packet = await self._receive_packet()
+                try:   # the whole packet within the timeout (the wire sees to it)
+                    packet = await self.wire.receive_packet(
+                        self, trio.current_time() + self.upstream_timeout)
                 except (EOFError, ServerUnavailable, trio.TooSlowError) as exc:
                     log.info("WRITE_BLOCK %s: writer %s went away: %s", replica.name, self.peer,
                              failure_cause(exc, self.upstream_timeout))
@@ -1029,8 +1031,13 @@ class NativeWire:
     #: the metadata server (0: not at all; leasefs's ``complete`` waits for it instead)
     report_wait = 0.0
 
-    async def receive_packet(self, pipeline: WritePipeline) -> Packet:
-        """One packet with the limits checked before anything big is read."""
+    async def receive_packet(self, pipeline: WritePipeline, deadline: float) -> Packet:
+        """One packet with the limits checked before anything big is read, by ``deadline``
+        (trio time; ``trio.TooSlowError``)."""
+        with trio.fail_at(deadline):
+            return await self._receive_packet(pipeline)
+
+    async def _receive_packet(self, pipeline: WritePipeline) -> Packet:
         framed = pipeline.upstream
         raw = await framed.receive_exactly(PACKET_HEADER.size)
         seqno, offset, data_len, flags = PACKET_HEADER.unpack(raw)

@@ -1390,3 +1390,45 @@ async def test_the_hdfs_port_is_registered_and_an_earlier_metadata_server_still_
             assert registered["hdfs_port"] == want
             await node.stop()
         nursery.cancel_scope.cancel()
+
+
+def test_packets_written_as_runs_store_what_one_write_each_stores(tmp_path):
+    """A write batch goes to disk as runs (one pwritev per file for packets back to back in
+    whole chunks): the data and meta files are byte for byte what one write per packet
+    leaves, also across a partial chunk rewritten by the next packet, an empty packet and
+    runs longer than one pwritev takes."""
+    from storage import replica_records
+    from storage.replica_records import ReplicaWriter
+
+    bpc = 512
+    rng = random.Random(9)
+
+    def packet(offset: int, size: int):
+        data = rng.randbytes(size)
+        return offset, memoryview(data), chunk_checksums(data, bpc)
+
+    packets = [packet(0, 1024), packet(1024, 1024), packet(2048, 300),   # partial chunk:
+               packet(2048, 812), packet(2860, 0), packet(2560, 1024)]    # rewritten after
+    packets += [packet(3584 + i * bpc, bpc) for i in range(5)]
+    stored = []
+    for name, write in (("each", lambda w: [w.write(*p) for p in packets]),
+                        ("runs", lambda w: w.write_run(packets))):
+        writer = ReplicaWriter(str(tmp_path / f"{name}.data"), str(tmp_path / f"{name}.meta"),
+                               bpc, create=True)
+        write(writer)
+        writer.close_for_finalize(False)
+        stored.append(((tmp_path / f"{name}.data").read_bytes(),
+                       (tmp_path / f"{name}.meta").read_bytes()))
+    assert stored[0] == stored[1]
+    assert len(stored[1][0]) == 3584 + 5 * bpc
+    # runs cut at the kernel's vector limit store the same
+    replica_records._IOV_MAX, limit = 2, replica_records._IOV_MAX
+    try:
+        writer = ReplicaWriter(str(tmp_path / "cut.data"), str(tmp_path / "cut.meta"), bpc,
+                               create=True)
+        writer.write_run(packets)
+        writer.close_for_finalize(False)
+    finally:
+        replica_records._IOV_MAX = limit
+    assert ((tmp_path / "cut.data").read_bytes(), (tmp_path / "cut.meta").read_bytes()) \
+        == stored[0]

@@ -140,7 +140,7 @@ class Packet:
     last: bool
     sync: bool
     sums: bytes
-    data: bytes
+    data: bytes | memoryview   # received packets: a view into the received payload
 
     @property
     def heartbeat(self) -> bool:
@@ -181,18 +181,38 @@ def encode_packet(offset: int, seqno: int, data, sums: bytes, last: bool = False
     return out
 
 
+def _whole_packet_buffered(framed: FramedStream) -> bool:
+    """Whether the next packet was received whole (then reading it cannot wait)."""
+    prefix = framed.peek(PACKET_PREFIX.size)
+    if len(prefix) < PACKET_PREFIX.size:
+        return False
+    plen, hlen = PACKET_PREFIX.unpack(prefix)
+    return framed.buffered() >= PACKET_PREFIX.size + hlen + plen - 4
+
+
 async def receive_packet(framed: FramedStream, bytes_per_checksum: int | None,
-                         reserve=None) -> Packet:
+                         reserve=None, deadline: float | None = None) -> Packet:
     """The next packet; lengths are checked before anything big is read. With
     ``bytes_per_checksum`` the checksums must be one per chunk of the data (None: no
     checksums, CHECKSUM_NULL). ``reserve(n)`` (awaited) is told the payload size first,
-    so a server can bound what all its connections buffer."""
-    plen, hlen = PACKET_PREFIX.unpack(await framed.receive_exactly(PACKET_PREFIX.size))
-    if plen < 4 or hlen > MAX_HEADER or plen - 4 + hlen > MAX_PACKET:
+    so a server can bound what all its connections buffer. ``deadline`` (trio time): the
+    whole packet is read by then, or ``trio.TooSlowError`` (``reserve`` sees to its own)."""
+    if deadline is not None and not _whole_packet_buffered(framed):
+        # a packet already here whole (most of a fast writer's) is taken without a cancel
+        # scope: it would cost more than the rest of the packet's handling
+        with trio.fail_at(deadline):
+            return await receive_packet(framed, bytes_per_checksum, reserve)
+    # the lengths and the shortest header in one receive: every header holds the four
+    # required fields, HEADER_SIZE bytes at least
+    head = await framed.receive_exactly(PACKET_PREFIX.size + HEADER_SIZE)
+    plen, hlen = PACKET_PREFIX.unpack_from(head)
+    if plen < 4 or not HEADER_SIZE <= hlen <= MAX_HEADER or plen - 4 + hlen > MAX_PACKET:
         raise ProtocolError(f"packet of {plen} bytes with a {hlen}-byte header: more than "
                             f"{MAX_PACKET} bytes, or malformed")
-    offset, seqno, last, data_len, sync = parse_packet_header(
-        await framed.receive_exactly(hlen))
+    header = head[PACKET_PREFIX.size:]
+    if hlen > HEADER_SIZE:
+        header += await framed.receive_exactly(hlen - HEADER_SIZE)
+    offset, seqno, last, data_len, sync = parse_packet_header(header)
     payload = plen - 4
     sums_len = payload - data_len
     want = 0 if bytes_per_checksum is None else CHECKSUM_SIZE * num_chunks(
@@ -204,9 +224,10 @@ async def receive_packet(framed: FramedStream, bytes_per_checksum: int | None,
         raise ProtocolError(f"packet {seqno}: the last packet carries {data_len} data bytes")
     if reserve is not None and data_len:
         await reserve(data_len)
-    sums = await framed.receive_exactly(sums_len)
-    data = await framed.receive_exactly(data_len)
-    return Packet(seqno, offset, last, sync, sums, data)
+    # checksums and data in one receive (one await and one copy out of the stream's buffer,
+    # not two); the data is a view into it, the small checksums a copy of their own
+    body = memoryview(await framed.receive_exactly(payload))
+    return Packet(seqno, offset, last, sync, bytes(body[:sums_len]), body[sums_len:])
 
 
 # --------------------------------------------------------------------------- acks

@@ -105,20 +105,27 @@ class HdfsWire:
         #: boundary, the head of the next re-chunked packet (None: read it from disk)
         self.partial: tuple[int, bytes] | None = None
 
-    async def receive_packet(self, pipeline) -> Packet:
+    async def receive_packet(self, pipeline, deadline: float) -> Packet:
         """The next packet from ``pipeline``'s upstream (a ``storage.transfer.
-        WritePipeline``); a malformed one is a ``ProtocolError``, acked ERROR."""
+        WritePipeline``) by ``deadline`` (trio time; ``trio.TooSlowError``); a malformed
+        one is a ``ProtocolError``, acked ERROR. A packet already received whole is taken
+        without a cancel scope (``hdt.receive_packet``)."""
         bpc = pipeline.replica.bytes_per_checksum
         wbpc = self.writer_bpc or bpc
+
+        async def reserve(n: int) -> None:
+            await pipeline.reserve(n, deadline)
+
         packet = await hdt.receive_packet(pipeline.upstream, wbpc if self.checksummed else None,
-                                          reserve=pipeline.reserve)
+                                          reserve=reserve, deadline=deadline)
         # the CRCs as a checksumming writer would have sent them
         sums = packet.sums if self.checksummed else chunk_checksums(packet.data, wbpc)
         flags = ((FLAG_LAST if packet.last else 0) | (FLAG_SYNC if packet.sync else 0)
                  | (FLAG_HEARTBEAT if packet.heartbeat else 0))
         offset, data = max(packet.offset, 0), packet.data
         if data and (self.writer_bpc or offset % bpc):
-            offset, data, sums = await self._rechunk(pipeline, offset, data, sums)
+            with trio.fail_at(deadline):   # it may read the replica's partial chunk
+                offset, data, sums = await self._rechunk(pipeline, offset, data, sums)
         elif data:   # whole chunks, written as they come: what _rechunk kept is stale
             self.partial = None
         return Packet(packet.seqno, offset, data, sums, flags)
