@@ -280,15 +280,23 @@ async def test_delete_waits_for_a_write_in_flight_and_no_write_reaches_a_reused_
     writer = a.writer
     a_fds = (writer.data_fd, writer.meta_fd)
     entered, proceed = threading.Event(), threading.Event()
-    real_pwrite = os.pwrite
+    real_pwrite, real_pwritev = os.pwrite, os.pwritev
 
-    def gated_pwrite(fd, data, offset):
+    def gate(fd):
         if fd == a_fds[0] and not entered.is_set():
             entered.set()
             proceed.wait(10)
+
+    def gated_pwrite(fd, data, offset):
+        gate(fd)
         return real_pwrite(fd, data, offset)
 
+    def gated_pwritev(fd, buffers, offset):   # packets are written in runs
+        gate(fd)
+        return real_pwritev(fd, buffers, offset)
+
     monkeypatch.setattr(os, "pwrite", gated_pwrite)
+    monkeypatch.setattr(os, "pwritev", gated_pwritev)
     deleted = trio.Event()
     outcome = []
 
