@@ -29,14 +29,17 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, requires_java]
 BLOCK = 1 << 20
 #: rows and tasks of each job: ~60 MB of parquet in 16 files of several blocks each
 ROWS, TASKS = 240_000, 16
-#: Hadoop client settings every job runs with. A client of one metadata server retries
-#: nothing unless its retry policy is on (neither a refused connection nor a call in flight
-#: when the server died; as against HDFS's namenode): on, every 0.1-0.3 s for up to 30 s.
-#: With a nameservice, the first failover after 0.2-1 s rather than Hadoop's default backoff
-JAVA = {"dfs.client.retry.policy.enabled": "true", "dfs.client.retry.policy.spec": "200,150",
-        "dfs.client.failover.sleep.base.millis": 200,
-        "dfs.client.failover.sleep.max.millis": 1000,
-        "dfs.blocksize": BLOCK}
+#: Hadoop client settings of the jobs on one metadata server: its client retries nothing
+#: unless its retry policy is on (neither a refused connection nor a call in flight when
+#: the server died; as against HDFS's namenode): on, every 0.1-0.3 s for up to 30 s
+RETRYING = {"dfs.client.retry.policy.enabled": "true", "dfs.client.retry.policy.spec": "200,150",
+            "dfs.blocksize": BLOCK}
+#: ... and of the jobs on a nameservice: no retry policy (it would also be each server's
+#: connection retry policy: 30 s of connection attempts to a dead active before the first
+#: failover), the first failover after 0.2-1 s rather than Hadoop's default backoff
+FAILING_OVER = {"dfs.client.retry.policy.enabled": "false",
+                "dfs.client.failover.sleep.base.millis": 200,
+                "dfs.client.failover.sleep.max.millis": 1000, "dfs.blocksize": BLOCK}
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +57,10 @@ def cluster(tmp_path_factory):
 
 
 def configure(spark, settings: dict) -> None:
+    """Settings of the Hadoop client a job makes for a file system it has not met yet
+    (Hadoop caches one client per file system and user)."""
     conf = spark._jsc.hadoopConfiguration()
-    for key, value in {**JAVA, **settings}.items():
+    for key, value in settings.items():
         conf.set(key, str(value))
 
 
@@ -133,7 +138,8 @@ def test_a_kill_of_the_active_during_a_spark_job_fails_over_and_the_job_finishes
     with HACluster(tmp_path / "ha", n_meta=2, n_storage=1, hdfs=True, settings={
             "inline_max": 0, "replication": 1, "block_size": BLOCK}) as cluster:
         active, standby = cluster.active_and_standby()
-        configure(spark, cluster.hdfs_conf([active, standby], nameservice="leasefs-ha"))
+        configure(spark, {**FAILING_OVER,
+                           **cluster.hdfs_conf([active, standby], nameservice="leasefs-ha")})
         target = "hdfs://leasefs-ha/ha-job"
         with cluster.client() as client:
             job = Job(spark, target)
@@ -147,7 +153,7 @@ def test_a_kill_of_the_active_during_a_spark_job_fails_over_and_the_job_finishes
 
 def test_a_block_server_killed_during_a_spark_job_and_the_job_writes_every_row(
         spark, cluster):
-    configure(spark, {})
+    configure(spark, RETRYING)
     target = f"hdfs://127.0.0.1:{cluster.settings['meta_hdfs_port']}/pipe-job"
     with cluster.client() as client:
         job = Job(spark, target)
@@ -164,7 +170,7 @@ def test_a_block_server_killed_during_a_spark_job_and_the_job_writes_every_row(
 
 
 def test_a_metadata_server_restart_during_a_spark_job_and_the_job_finishes(spark, cluster):
-    configure(spark, {})
+    configure(spark, RETRYING)
     target = f"hdfs://127.0.0.1:{cluster.settings['meta_hdfs_port']}/restart-job"
     with cluster.client() as client:
         job = Job(spark, target)
