@@ -23,6 +23,7 @@ import sparkkit
 from hadoopkit import requires_java
 from hakit import HACluster
 from harness import ProcessCluster, free_port, poll_until
+from storage.hdfs.xfer import HdfsWire
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, requires_java]
 
@@ -40,6 +41,11 @@ RETRYING = {"dfs.client.retry.policy.enabled": "true", "dfs.client.retry.policy.
 FAILING_OVER = {"dfs.client.retry.policy.enabled": "false",
                 "dfs.client.failover.sleep.base.millis": 200,
                 "dfs.client.failover.sleep.max.millis": 1000, "dfs.blocksize": BLOCK}
+
+
+#: how long a block server holds a Java writer's last ack for its block reports
+REPORT_WAIT = HdfsWire.report_wait
+FILES_AFTER = 10
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +155,20 @@ def test_a_kill_of_the_active_during_a_spark_job_fails_over_and_the_job_finishes
             print(f"job with a kill -9 of the active: {seconds:.1f} s")
             assert cluster.wait_active(besides=active) == standby
             check_every_row(spark, client, "/ha-job", target)
+        # with the old active still dead, a file's last packet is acked as soon as the new
+        # active knows the replica, not after the block server's wait for its reports to
+        # every metadata server (REPORT_WAIT each) runs out on the dead one
+        jvm = spark._jvm
+        path = jvm.org.apache.hadoop.fs.Path("hdfs://leasefs-ha/after/f")
+        fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+        started = time.monotonic()
+        for i in range(FILES_AFTER):
+            out = fs.create(jvm.org.apache.hadoop.fs.Path(f"hdfs://leasefs-ha/after/{i}"))
+            out.write(bytearray(b"x" * 1000))
+            out.close()
+        seconds = time.monotonic() - started
+        print(f"{FILES_AFTER} small files written after the failover: {seconds:.1f} s")
+        assert seconds < FILES_AFTER * REPORT_WAIT / 2
 
 
 def test_a_block_server_killed_during_a_spark_job_and_the_job_writes_every_row(
