@@ -55,9 +55,13 @@ def spark():
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """Replication 3 on 4 block servers: a pipeline loses one node and keeps going."""
+    """Replication 3 on 4 block servers: a pipeline loses one node and keeps going.
+    ``safemode_min_storage`` 1 as by default (the tests' 0 would let a restarted server whose
+    namespace holds no complete block yet leave safe mode before any block server is back,
+    and refuse the jobs' ``addBlock`` for want of one, instead of answering SafeMode, which
+    the client retries)."""
     with ProcessCluster(tmp_path_factory.mktemp("hdfs-spark-faults"), n_storage=4, settings={
-            "inline_max": 0, "replication": 3, "block_size": BLOCK,
+            "inline_max": 0, "replication": 3, "block_size": BLOCK, "safemode_min_storage": 1,
             "meta_hdfs_port": free_port()}) as running:
         yield running
 
