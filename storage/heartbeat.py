@@ -246,8 +246,11 @@ class HeartbeatService:
     async def reports_sent(self, timeout: float) -> bool:
         """Wait until the incremental reports queued so far went out to every metadata
         server (True), or ``timeout`` seconds (False): a writer's last packet is acked
-        after its finalized replica is known, so the writer's ``complete`` answers at once."""
-        marks = [(actor, actor.queued) for actor in self.actors]
+        after its finalized replica is known, so the writer's ``complete`` answers at once.
+        Only the active's reports are awaited when it is known (``complete`` goes to it):
+        a dead or cut-off standby would otherwise hold every block's last ack ``timeout``."""
+        waited = self.active_actors() or self.actors
+        marks = [(actor, actor.queued) for actor in waited]
         with trio.move_on_after(timeout):
             for actor, mark in marks:
                 await actor.sent_through(mark)

@@ -110,3 +110,14 @@ def copy_out(client, folder, local_dir) -> list[str]:
         with open(os.path.join(local_dir, name), "wb") as f:
             f.write(client.read_file(f"{folder}/{name}"))
     return names
+
+
+def leftovers(client, root: str) -> list[str]:
+    """Names under ``root`` a committed job must not leave: ``_temporary``, staging."""
+    found = []
+    for entry in client.list_status(root):
+        if entry.name.startswith(("_temporary", ".spark-staging")):
+            found.append(f"{root}/{entry.name}")
+        elif entry.type == "dir":
+            found += leftovers(client, f"{root}/{entry.name}")
+    return found

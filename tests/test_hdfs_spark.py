@@ -53,17 +53,6 @@ def frame(spark, n=20_000):
         "concat('name-', id) AS name", "date_add(DATE'2000-01-01', CAST(id % 50 AS INT)) AS day")
 
 
-def leftovers(client, root: str) -> list[str]:
-    """Names under ``root`` a committed job must not leave: ``_temporary``, staging."""
-    found = []
-    for entry in client.list_status(root):
-        if entry.name.startswith(("_temporary", ".spark-staging")):
-            found.append(f"{root}/{entry.name}")
-        elif entry.type == "dir":
-            found += leftovers(client, f"{root}/{entry.name}")
-    return found
-
-
 @pytest.mark.parametrize("fmt", ["parquet", "orc", "csv", "json"])
 def test_partitioned_writes_and_reads_match_spark_on_local_disk(spark, cluster, client,
                                                                 tmp_path, fmt):
@@ -80,7 +69,7 @@ def test_partitioned_writes_and_reads_match_spark_on_local_disk(spark, cluster, 
 
     assert sparkkit.rows(read(target)) == sparkkit.rows(read(local))
     assert client.exists(f"/w-{fmt}/_SUCCESS")
-    assert leftovers(client, f"/w-{fmt}") == []
+    assert sparkkit.leftovers(client, f"/w-{fmt}") == []
     # the Python data source reads the same files the JVM wrote
     ours = spark.read.format("leasefs").option("format", fmt).options(**options)
     if schema:
@@ -105,7 +94,7 @@ def test_append_overwrite_and_dynamic_overwrite(spark, cluster, client):
     assert got.where("part = 4").count() == df.where("part = 4").count()
     df.limit(5).write.mode("overwrite").parquet(target)
     assert spark.read.parquet(target).count() == 5
-    assert leftovers(client, "/modes") == []
+    assert sparkkit.leftovers(client, "/modes") == []
 
 
 def test_files_the_python_client_wrote_read_through_hdfs(spark, cluster, client, tmp_path):
