@@ -13,12 +13,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from google.protobuf.internal.decoder import _DecodeVarint32
-from google.protobuf.internal.encoder import _VarintBytes
 
 from fs import delegation
 from fs.delegation import TokenId
 from fs.hdfs import sasl, tokenfile
+from fs.hdfs.ipc import frame, next_delimited
 from fs.hdfs.pb.ipc_pb2 import (IpcConnectionContextProto, RequestHeaderProto,
                                 RpcRequestHeaderProto, RpcResponseHeaderProto, RpcSaslProto)
 
@@ -162,15 +161,8 @@ def test_javas_digest_client_with_a_forged_password_is_refused(spark, token_path
 
 
 # ------------------------------------------------ FsShell against a stand-in IPC endpoint
-def _delimited(data: bytes, pos: int) -> tuple[bytes, int]:
-    n, pos = _DecodeVarint32(data, pos)
-    return data[pos:pos + n], pos + n
-
-
-def _answer(sock, header: RpcResponseHeaderProto, body: bytes = b"") -> None:
-    raw = header.SerializeToString()
-    frame = _VarintBytes(len(raw)) + raw + body
-    sock.sendall(struct.pack(">I", len(frame)) + frame)
+def _answer(sock, header: RpcResponseHeaderProto, *body) -> None:
+    sock.sendall(frame(header, *body))
 
 
 def _read_exact(sock, n: int) -> bytes:
@@ -193,10 +185,10 @@ def serve_one_connection(listener, seen: dict) -> None:
         seen["preamble"] = _read_exact(conn, 7)
         while True:
             (n,) = struct.unpack(">I", _read_exact(conn, 4))
-            frame = _read_exact(conn, n)
-            raw, pos = _delimited(frame, 0)
+            payload = _read_exact(conn, n)
+            raw, pos = next_delimited(payload, 0)
             header = RpcRequestHeaderProto.FromString(raw)
-            body, pos = _delimited(frame, pos)
+            body, pos = next_delimited(payload, pos)
             if header.callId == sasl.CALL_ID:
                 message = RpcSaslProto.FromString(body)
                 seen.setdefault("sasl", []).append(message)
@@ -208,9 +200,8 @@ def serve_one_connection(listener, seen: dict) -> None:
                         exceptionClassName=exc.java_class, errorMsg=str(exc)))
                     return
                 seen.setdefault("replies", []).append(reply)
-                raw = reply.SerializeToString()
                 _answer(conn, RpcResponseHeaderProto(callId=sasl.CALL_ID & 0xFFFFFFFF,
-                                                     status=0), _VarintBytes(len(raw)) + raw)
+                                                     status=0), reply)
             elif header.callId == -3:
                 context = IpcConnectionContextProto.FromString(body)
                 seen["context"] = context

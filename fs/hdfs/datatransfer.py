@@ -32,6 +32,7 @@ from ..errors import (InvalidArgument, InvalidToken, LeaseFSError, NotSupported,
                       ProtocolError, ServerUnavailable)
 from ..framing import FramedStream
 from ..rpcbase import format_address, parse_address
+from .delimit import delimited, varint
 from .pb import datatransfer_pb2 as dt
 from .pb import hdfs_pb2 as pb
 
@@ -63,20 +64,6 @@ NULL = pb.CHECKSUM_NULL
 
 
 # --------------------------------------------------------------------------- varints
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def delimited(message) -> bytes:
-    body = message.SerializeToString()
-    return varint(len(body)) + body
 
 
 def encode_op(op: int, message) -> bytes:

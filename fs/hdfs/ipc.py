@@ -28,6 +28,7 @@ import trio
 from google.protobuf.message import DecodeError
 
 from ..errors import FrameTooLarge, ProtocolError, ServerUnavailable
+from .delimit import delimited
 from .pb import ipc_pb2 as ipc
 
 MAGIC = b"hrpc"
@@ -66,27 +67,6 @@ class Preamble:
 
 def preamble(version: int = VERSION, service_class: int = 0, auth: int = AUTH_NONE) -> bytes:
     return MAGIC + bytes((version, service_class, auth))
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def delimited(*messages) -> bytes:
-    """Each message (a protobuf message or its bytes) with its varint length in front."""
-    out = []
-    for message in messages:
-        raw = message if isinstance(message, (bytes, bytearray)) else message.SerializeToString()
-        out += (_varint(len(raw)), raw)
-    return b"".join(out)
 
 
 def frame(*messages) -> bytes:
