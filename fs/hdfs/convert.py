@@ -27,7 +27,7 @@ from .pb import hdfs_pb2 as pb
 
 _FILE_TYPES = {"file": pb.HdfsFileStatusProto.IS_FILE, "dir": pb.HdfsFileStatusProto.IS_DIR,
                "symlink": pb.HdfsFileStatusProto.IS_SYMLINK}
-_NO_QUOTA = (1 << 64) - 1   # HDFS's -1 in an unsigned field
+UNSIGNED_MINUS_ONE = (1 << 64) - 1   # HDFS's -1 in an unsigned field
 #: block ids at and above this name inline files (``INLINE_BLOCK_BASE | ino``); leasefs
 #: counts its own block ids up from 1, and Java's signed block id stays positive
 INLINE_BLOCK_BASE = 1 << 62
@@ -179,4 +179,4 @@ def inline_located_blocks(answer: dict, ino: int, pool: str, node: pb.DatanodeIn
 
 def no_quota(value) -> int:
     """A leasefs quota (-1 or None = none) in HDFS's unsigned quota fields."""
-    return _NO_QUOTA if value is None or value < 0 else value
+    return UNSIGNED_MINUS_ONE if value is None or value < 0 else value

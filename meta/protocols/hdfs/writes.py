@@ -40,7 +40,7 @@ from fs.rpcbase import CallContext
 
 Call = Callable[[CallContext, str, dict], Awaitable[object]]
 
-_UNSET = (1 << 64) - 1            # HDFS's -1 in an unsigned field: "leave as it is" / reset
+_UNSET = convert.UNSIGNED_MINUS_ONE   # "leave as it is" / reset
 _QUOTA_DONT_SET = (1 << 63) - 1   # HdfsConstants.QUOTA_DONT_SET
 _OPEN_FILES_PAGE = 1000           # dfs.namenode.list.openfiles.num.responses
 
