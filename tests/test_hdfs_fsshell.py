@@ -311,9 +311,6 @@ def test_fsshell_commands_answer_as_hdfs(cluster, shell, tmp_path):
     assert proc.stdout.split("\t")[1:] == ["COMPOSITE-CRC32C", f"{crc32c(content):08x}\n"]
     out = ok(run("-truncate", "-w", "100", "/sh/f"))
     assert "Truncated /sh/f to length: 100" in out, out
-    # leasefs shows the new length at once (HDFS the old one until the recovery commits),
-    # so -w returns while the last block is still being recovered: read once it is closed
-    assert poll_until(lambda: shell.file_system.isFileClosed(shell.path("/sh/f")), timeout=30)
     assert ok(run("-cat", "/sh/f")).encode("latin-1") == DATA[:100]
 
     # -rm -r goes into the trash (the server's trashInterval: Hadoop's client moves it
@@ -345,6 +342,49 @@ def test_fsshell_commands_answer_as_hdfs(cluster, shell, tmp_path):
     # (the folder counts itself, in DIRS and against its name quota)
     # (-cp wrote it at Hadoop's default replication, 3)
     assert fields == ["10", "6", "1048576", str(1048576 - 5000 * 3), "3", "1", "5000", "/sh/a"]
+
+
+def test_truncate_w_returns_once_the_file_is_cut_and_closed(cluster, shell, tmp_path):
+    """As HDFS, a truncate inside a block answers false and the file keeps its old length
+    until block recovery commits the new one, closing the file: ``-truncate -w`` (which
+    polls the length) returns only then, so an append right after it, Java's or a leasefs
+    client's, finds the file closed. Without -w, HDFS's message; on a block boundary the
+    truncate answers true and nothing waits."""
+    size = BLOCK + 70_000                  # a full block and a partial one, two replicas
+    with cluster.client() as client:
+        for name in ("java", "py", "bare", "edge"):
+            client.write_file(f"/tr/{name}", DATA[:size], replication=2)
+    more = tmp_path / "more"
+    more.write_bytes(b"after the cut\n")
+    run = shell.run
+
+    cut = BLOCK + 1000                     # inside the second block
+    assert ok(run("-truncate", "-w", str(cut), "/tr/java")) == (
+        f"Waiting for /tr/java ...\nTruncated /tr/java to length: {cut}\n")
+    ok(run("-appendToFile", str(more), "/tr/java"))
+    with cluster.client() as client:
+        assert client.read_file("/tr/java") == DATA[:cut] + b"after the cut\n"
+
+    # inside the first block: the second goes, the first is cut; then a leasefs append
+    assert ok(run("-truncate", "-w", "5000", "/tr/py")) == (
+        "Waiting for /tr/py ...\nTruncated /tr/py to length: 5000\n")
+    with cluster.client() as client:
+        with client.append("/tr/py") as out:
+            out.write(b"!")
+        assert client.read_file("/tr/py") == DATA[:5000] + b"!"
+
+    assert ok(run("-truncate", "3000", "/tr/bare")) == (
+        "Truncating /tr/bare to length: 3000. Wait for block recovery to complete before "
+        "further updating this file.\n")
+    assert poll_until(lambda: shell.file_system.isFileClosed(shell.path("/tr/bare")),
+                      timeout=30)
+    assert shell.file_system.getFileStatus(shell.path("/tr/bare")).getLen() == 3000
+
+    assert ok(run("-truncate", "-w", str(BLOCK), "/tr/edge")) == (
+        f"Truncated /tr/edge to length: {BLOCK}\n")
+    with cluster.client() as client:
+        assert client.read_file("/tr/edge") == DATA[:BLOCK]
+        assert client.read_file("/tr/bare") == DATA[:3000]
 
 
 def test_an_unaligned_append_packet_must_fill_the_last_chunk_with_a_good_crc(cluster):

@@ -325,7 +325,8 @@ async def test_truncate_boundary_mid_block_and_errors(tmp_path):
         assert await rpc.call("truncate", {"path": "/t", "new_length": bs + 100,
                                            "client_name": "T"}) is False
         info = await rpc.call("get_file_info", {"path": "/t"})
-        assert info["under_construction"]
+        # as HDFS: the old length until the recovery commits (what `-truncate -w` polls)
+        assert info["under_construction"] and info["length"] == 2 * bs
         opened = await rpc.call("list_open_files", {"path": "/t"})
         assert opened[0]["holder"] == "T" and opened[0]["last_block_state"] == "UNDER_RECOVERY"
         primary, cmd = await wait_command(nodes)
@@ -447,7 +448,8 @@ async def test_mid_block_truncate_survives_a_restart_before_its_recovery_commits
             assert (await node.heartbeat())["reregister"] is True
             await node.register()
             await node.report([[b["id"], b["gs"], b["num_bytes"], "FINALIZED"] for b in blocks])
-        assert (await rpc.call("get_file_info", {"path": "/t"}))["under_construction"]
+        info = await rpc.call("get_file_info", {"path": "/t"})
+        assert info["under_construction"] and info["length"] == bs + 5000
         assert await rpc.call("recover_lease", {"path": "/t", "client_name": "R"}) is False
         primary, cmd = await wait_command(nodes)
         assert cmd["new_length"] == 1000            # the truncate target, not 5000

@@ -365,15 +365,13 @@ class BlocksMap:
             info.num_bytes = num_bytes
         self._change(info, mutate)
 
-    def truncate(self, block_id: int, num_bytes: int) -> None:
-        """A truncate inside the (COMPLETE) last block reopens it at ``num_bytes``; block
-        recovery then cuts the replicas."""
+    def truncate(self, block_id: int) -> None:
+        """A truncate inside the (COMPLETE) last block reopens it; it keeps its length
+        until block recovery cuts the replicas and commits the new one."""
         info = self.blocks[block_id]
-
-        def mutate():
-            info.state = next_state(info.state, TRUNCATE, what=f"block {block_id}")
-            info.num_bytes = num_bytes
-        self._change(info, mutate)
+        self._change(info, lambda: setattr(info, "state",
+                                           next_state(info.state, TRUNCATE,
+                                                      what=f"block {block_id}")))
 
     def start_recovery(self, block_id: int) -> None:
         """Block recovery (lease recovery or truncate) takes the block: UNDER_RECOVERY."""

@@ -345,15 +345,20 @@ class Truncate(_FileOp):
                 removed.append(block["id"])
                 txn.delete(key)
         last = given(self.last)
+        pending = 0     # bytes the cut block holds past its new end until recovery commits
         if last is not None:
             old = txn.get(keys.block_key(ino, last["index"]))
             if old is not None:
                 # the target length lives in the block's own key, so a recovery started
                 # again after a restart (or a retry) still cuts the replicas to it (HDFS
-                # journals the truncate block for the same reason)
+                # journals the truncate block for the same reason). The block keeps its
+                # old length, and the file with it, until the commit: as in HDFS, a
+                # length equal to the new one says the cut is done (`-truncate -w` waits
+                # for it), and the bytes are still on the replicas meanwhile.
                 txn.put(keys.block_key(ino, last["index"]),
-                        {**old, "num_bytes": last["num_bytes"], "state": UNDER_CONSTRUCTION,
-                         "truncate_to": last["num_bytes"]})
+                        {**old, "state": UNDER_CONSTRUCTION, "truncate_to": last["num_bytes"]})
+                if inode.inline is None:
+                    pending = old["num_bytes"] - last["num_bytes"]
             inode = st.set_uc(txn, ino, inode, self.holder, given(self.client_machine, ""))
         if inode.inline is not None:
             if self.new_length:
@@ -362,8 +367,8 @@ class Truncate(_FileOp):
                 inode = inode.replace(inline=self.new_length)
             else:
                 inode = st.drop_inline(txn, ino, inode)
-        inode = inode.replace(length=self.new_length, nblocks=self.keep, mtime=self.time,
-                              ctime=self.time)
+        inode = inode.replace(length=self.new_length + pending, nblocks=self.keep,
+                              mtime=self.time, ctime=self.time)
         txn.put(keys.inode_key(ino), inode)
         return Effect(removed_blocks=tuple(removed))
 
@@ -371,7 +376,7 @@ class Truncate(_FileOp):
         last = given(self.last)
         if last is not None:
             if state.blocks.get(last["id"]) is not None:
-                state.blocks.truncate(last["id"], last["num_bytes"])
+                state.blocks.truncate(last["id"])
             state.leases.add(self.holder, self.ino, now)
 
 
@@ -479,7 +484,6 @@ class CommitBlockSync(_RecoveryOp):
         else:
             synced = {**old, "gs": self.gs, "num_bytes": self.num_bytes,
                       "state": COMPLETE if self.close else COMMITTED}
-            synced.pop("truncate_to", None)      # a pending truncate is done with this commit
             inode = st.set_block(txn, counters, ino, inode, self.index, synced)
         txn.put(keys.inode_key(ino), inode)
         if self.close:

@@ -28,7 +28,8 @@ key                    value (msgpack)                             meaning
                        ``state`` (UNDER_CONSTRUCTION/COMMITTED/     (one small key per block, so
                        COMPLETE/UNDER_RECOVERY); ``truncate_to``    addBlock never rewrites a
                        while a mid-block truncate awaits its        block list)
-                       block recovery
+                       block recovery (``num_bytes`` stays the
+                       old length until it commits)
 ``L<ino:8>``           bytes: the whole content of a small file     inline data: a file closed
                                                                     whole from its writer's
                                                                     buffer (``inline_max``);
