@@ -330,6 +330,17 @@ class DataTransferServer:
         """HDFS "receiving block" report: the metadata server learns the RBW location."""
         self.reporter.block_received(block_id, gs, num_bytes, ReplicaState.RBW.value)
 
+    async def keep_after_failed_setup(self, replica: Replica, created: bool) -> None:
+        """A WRITE_BLOCK whose downstream setup failed keeps its replica (stops writing it),
+        as HDFS does: the writer's recovery may still cut and reopen it, or have it copied
+        to a replacement (TRANSFER_RBW of what was acknowledged, even nothing). One this op
+        ``created`` is reported as being received, as HDFS reports it at creation: the
+        metadata server then knows where it is, and the abandonBlock that usually answers a
+        failed setup (or any later removal of the block) invalidates it here."""
+        await self.store.release_writer(replica)
+        if created:
+            self.report_receiving(replica.block_id, replica.gs, 0)
+
     async def release_own_writer(self, replica: Replica, own_writer) -> None:
         """At the end of a write op: stop writing the replica, if it is still RBW and this
         op's (a later pipeline recovery may have given it a new writer meanwhile)."""
@@ -629,10 +640,7 @@ class DataTransferServer:
                     message, bad_link, kind = failure
                     log.info("WRITE_BLOCK %s: downstream setup failed at %s: %s",
                              replica.name, bad_link, message)
-                    if reopening:   # keep the acknowledged data: only stop writing
-                        await self.store.release_writer(replica)
-                    else:
-                        await self.store.delete(replica)
+                    await self.keep_after_failed_setup(replica, created=not reopening)
                     # a refused token stays one upstream: the writer asks for a fresh
                     # token instead of blaming the node
                     error = InvalidToken if kind == InvalidToken.__name__ else ServerUnavailable

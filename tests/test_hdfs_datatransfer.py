@@ -21,7 +21,7 @@ import urllib.request
 import pytest
 import trio
 
-from harness import ProcessCluster, wait_until
+from harness import ProcessCluster, storage_index, wait_until
 from hadoopkit import jars, requires_java
 
 from fs.client import AsyncClient
@@ -430,6 +430,88 @@ def test_a_failed_downstream_names_the_first_bad_link(cluster):
                                              token=tokens.to_proto(located.get("token")))
             assert result.response.status == hdt.Status.ERROR
             assert result.response.firstBadLink == f"127.0.0.1:{dead.id.xferPort}"
+    trio.run(main)
+
+
+def _replica_files(cluster, location: dict, block_id: int) -> list:
+    """The files of ``block_id``'s replica in the data folder of the block server at
+    ``location``."""
+    folder = cluster.storage_dir(storage_index(cluster, location["address"]))
+    return sorted(folder.rglob(f"blk_{block_id}*"))
+
+
+@slow
+def test_a_failed_setup_keeps_its_empty_replica_for_the_writers_recovery(cluster):
+    """A WRITE_BLOCK whose downstream is unreachable keeps the new, empty RBW replica (as
+    HDFS does): the writer's recovery with a replacement has it copied (TRANSFER_BLOCK of 0
+    bytes) and writes the block on through both; a replica a failed setup left behind goes
+    once the writer abandons its block."""
+    data = random.Random(86).randbytes(200_000)
+
+    async def failed_setup(located: dict) -> None:
+        dead = convert.datanode(located["locations"][2])
+        with socket.socket() as probe:   # a port nothing listens on
+            probe.bind(("127.0.0.1", 0))
+            dead.id.xferPort = probe.getsockname()[1]
+        first = hdfs_address(located["locations"][0])
+        async with await hdt.DataTransferClient.connect(first) as c:
+            result = await c.write_block(_block_proto(located), b"", targets=[dead],
+                                         token=tokens.to_proto(located.get("token")))
+        assert result.response.status == hdt.Status.ERROR
+        assert result.response.firstBadLink == f"127.0.0.1:{dead.id.xferPort}"
+
+    async def main():
+        async with client_of(cluster) as client:
+            status, located = await _create_with_block(client, "/write/kept-empty")
+            first, second = located["locations"][:2]
+            await failed_setup(located)
+            # the writer keeps the first node, takes a replacement for the third and has
+            # the first copy it the zero bytes every node acknowledged
+            extra = await client._call(
+                "get_additional_datanode", path="/write/kept-empty", ino=status["ino"],
+                block=located["block"], existing=[first["node_id"]],
+                excluded=[located["locations"][2]["node_id"]], num=1,
+                client_name=client.client_name)
+            assert [n["node_id"] for n in extra["locations"]] == [second["node_id"]]
+            transfer = dt.OpTransferBlockProto(
+                header=hdt.op_header(_block_proto(located), tokens.to_proto(extra["token"]),
+                                     "leasefs-test"),
+                targets=[convert.datanode(second)])
+            answer = _answer(await _raw(hdfs_address(first),
+                                        hdt.encode_op(hdt.TRANSFER_BLOCK, transfer),
+                                        then_close=True))
+            assert answer.status == hdt.Status.SUCCESS, answer.message
+            # then the recovered pipeline through both writes the block
+            fresh = await client._call("update_block_for_pipeline", block=located["block"],
+                                       client_name=client.client_name)
+            new_gs = fresh["block"]["gs"]
+            async with await hdt.DataTransferClient.connect(hdfs_address(first)) as c:
+                result = await c.write_block(
+                    _block_proto(located), data, new_gs=new_gs,
+                    stage=hdt.Stage.PIPELINE_SETUP_STREAMING_RECOVERY,
+                    targets=[convert.datanode(second)],
+                    token=tokens.to_proto(fresh.get("token")))
+            assert result.response.status == hdt.Status.SUCCESS, result.response
+            assert all(statuses == [hdt.Status.SUCCESS] * 2 for _, statuses in result.acks)
+            new_block = {"id": located["block"]["id"], "gs": new_gs, "num_bytes": len(data)}
+            assert await client._call("update_pipeline", client_name=client.client_name,
+                                      old_block=located["block"], new_block=new_block,
+                                      new_nodes=[first["node_id"], second["node_id"]])
+            assert await client._call("complete", path="/write/kept-empty",
+                                      client_name=client.client_name, ino=status["ino"],
+                                      last=new_block) is True
+            assert await client.read_file("/write/kept-empty") == data
+
+            # a failed setup answered by abandonBlock: the empty replica does not stay
+            status, located = await _create_with_block(client, "/write/abandoned")
+            await failed_setup(located)
+            block_id = located["block"]["id"]
+            assert _replica_files(cluster, located["locations"][0], block_id)
+            await client._call("abandon_block", path="/write/abandoned",
+                               client_name=client.client_name, ino=status["ino"],
+                               block=located["block"])
+            assert await wait_until(lambda: not _replica_files(
+                cluster, located["locations"][0], block_id), timeout=30)
     trio.run(main)
 
 

@@ -33,6 +33,7 @@ from fs.datatransfer import (ERROR, ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST,
 from fs.errors import LeaseFSError
 from fs.framing import FramedStream, encode_frame
 from fs.rpc import Dispatcher, format_address, parse_address, serve_rpc, serve_tcp
+from storage.replica_states import ReplicaState
 from storage.replicas import ReplicaStore, encode_meta_header, finalized_subdir
 from storage.server import BlockServer
 from storage.transfer import DataTransferServer
@@ -514,7 +515,10 @@ async def test_concurrent_pipelines_and_reads(tmp_path):
     await main()
 
 
-async def test_setup_failure_names_first_bad_link_and_cleans_up(tmp_path):
+async def test_setup_failure_names_first_bad_link_and_keeps_the_empty_replicas(tmp_path):
+    """Nodes whose downstream setup failed keep the new RBW replica, empty and with no
+    writer (as HDFS: the writer's recovery may have it copied or reopen it; an abandoned
+    block's replicas are invalidated)."""
     async def main():
         async with trio.open_nursery() as nursery:
             meta, nodes = await start_cluster(nursery, tmp_path, 2)
@@ -528,17 +532,23 @@ async def test_setup_failure_names_first_bad_link_and_cleans_up(tmp_path):
             assert response["first_bad_link"] == dead
             assert dead in response["message"]
             for node in nodes:
-                assert node.store.get(5005) is None
-                assert not list((node.data_dir / "rbw").iterdir())
+                assert rbw_entry(node, 5005) == (1, ReplicaState.RBW, 0, None)
             # an existing replica with the same GS refuses the setup; the client learns it
             await write_block(nodes[1].address, 5006, 3, b"x" * 10)
             framed, response = await open_write(nodes[0].address, 5006, 3, [nodes[1].address])
             await framed.aclose()
             assert response["status"] == "ERROR" and response["first_bad_link"] == nodes[1].address
-            assert node_has_no(nodes[0], 5006)
+            assert rbw_entry(nodes[0], 5006) == (3, ReplicaState.RBW, 0, None)
+            assert nodes[1].store.get(5006).num_bytes == 10
             nursery.cancel_scope.cancel()
 
     await main()
+
+
+def rbw_entry(node: Node, block_id: int) -> tuple:
+    """``(gs, state, num_bytes, writer)`` of the node's replica of ``block_id``."""
+    r = node.store.get(block_id)
+    return (r.gs, r.state, r.num_bytes, r.writer)
 
 
 def node_has_no(node: Node, block_id: int) -> bool:

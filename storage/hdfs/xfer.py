@@ -509,10 +509,8 @@ class HdfsDataTransfer:
                 if downstream is None:
                     log.info("HDFS WRITE_BLOCK %s: downstream setup failed at %s: %s",
                              replica.name, bad_link, why)
-                    if stage == Stage.PIPELINE_SETUP_CREATE:
-                        await self.store.delete(replica)
-                    else:   # keep the acknowledged data: only stop writing
-                        await self.store.release_writer(replica)
+                    await self.transfer.keep_after_failed_setup(
+                        replica, created=stage == Stage.PIPELINE_SETUP_CREATE)
                     await op.respond(hdt.response(
                         hdt.Status.ERROR, f"pipeline setup failed at {bad_link}: {why}",
                         firstBadLink=bad_link))
