@@ -265,6 +265,30 @@ def test_write_block_through_a_three_node_pipeline(cluster):
     trio.run(main)
 
 
+async def _recover_two_and_complete(client, path: str, status: dict, located: dict,
+                                    nodes: list[dict], data: bytes, kept: int) -> int:
+    """A writer's pipeline recovery onto ``nodes`` (two): a new stamp, a STREAMING_RECOVERY
+    setup keeping ``kept`` bytes, the rest of ``data`` through both, ``update_pipeline``,
+    ``complete``. Returns the new stamp."""
+    fresh = await client._call("update_block_for_pipeline", block=located["block"],
+                               client_name=client.client_name)
+    new_gs = fresh["block"]["gs"]
+    async with await hdt.DataTransferClient.connect(hdfs_address(nodes[0])) as c:
+        result = await c.write_block(
+            _block_proto(located), data[kept:], start=kept, new_gs=new_gs,
+            stage=hdt.Stage.PIPELINE_SETUP_STREAMING_RECOVERY,
+            targets=[convert.datanode(nodes[1])], token=tokens.to_proto(fresh.get("token")))
+    assert result.response.status == hdt.Status.SUCCESS, result.response
+    assert all(statuses == [hdt.Status.SUCCESS] * 2 for _, statuses in result.acks)
+    new_block = {"id": located["block"]["id"], "gs": new_gs, "num_bytes": len(data)}
+    assert await client._call("update_pipeline", client_name=client.client_name,
+                              old_block=located["block"], new_block=new_block,
+                              new_nodes=[node["node_id"] for node in nodes])
+    assert await client._call("complete", path=path, client_name=client.client_name,
+                              ino=status["ino"], last=new_block) is True
+    return new_gs
+
+
 @slow
 def test_streaming_recovery_drops_a_node_and_keeps_the_acknowledged_bytes(cluster):
     data = random.Random(82).randbytes(5 * 64512 + 999)
@@ -282,25 +306,9 @@ def test_streaming_recovery_drops_a_node_and_keeps_the_acknowledged_bytes(cluste
                     token=tokens.to_proto(located.get("token")))
             assert [seqno for seqno, _ in result.acks] == [0, 1, 2]
             # the writer recovers without the last node: a new stamp, the same replicas
-            fresh = await client._call("update_block_for_pipeline", block=located["block"],
-                                       client_name=client.client_name)
-            new_gs = fresh["block"]["gs"]
+            new_gs = await _recover_two_and_complete(client, "/write/recovered", status,
+                                                     located, locations[:2], data, kept)
             assert new_gs > located["block"]["gs"]
-            async with await hdt.DataTransferClient.connect(first) as c:
-                result = await c.write_block(
-                    _block_proto(located), data[kept:], start=kept, new_gs=new_gs,
-                    stage=hdt.Stage.PIPELINE_SETUP_STREAMING_RECOVERY,
-                    targets=[convert.datanode(locations[1])],
-                    token=tokens.to_proto(fresh.get("token")))
-            assert result.response.status == hdt.Status.SUCCESS, result.response
-            assert all(statuses == [hdt.Status.SUCCESS] * 2 for _, statuses in result.acks)
-            new_block = {"id": located["block"]["id"], "gs": new_gs, "num_bytes": len(data)}
-            assert await client._call("update_pipeline", client_name=client.client_name,
-                                      old_block=located["block"], new_block=new_block,
-                                      new_nodes=[loc["node_id"] for loc in locations[:2]])
-            assert await client._call("complete", path="/write/recovered",
-                                      client_name=client.client_name, ino=status["ino"],
-                                      last=new_block) is True
             assert await client.read_file("/write/recovered") == data
             answer = await client.get_block_locations("/write/recovered")
             assert answer["blocks"][0]["block"]["gs"] == new_gs
@@ -482,24 +490,8 @@ def test_a_failed_setup_keeps_its_empty_replica_for_the_writers_recovery(cluster
                                         then_close=True))
             assert answer.status == hdt.Status.SUCCESS, answer.message
             # then the recovered pipeline through both writes the block
-            fresh = await client._call("update_block_for_pipeline", block=located["block"],
-                                       client_name=client.client_name)
-            new_gs = fresh["block"]["gs"]
-            async with await hdt.DataTransferClient.connect(hdfs_address(first)) as c:
-                result = await c.write_block(
-                    _block_proto(located), data, new_gs=new_gs,
-                    stage=hdt.Stage.PIPELINE_SETUP_STREAMING_RECOVERY,
-                    targets=[convert.datanode(second)],
-                    token=tokens.to_proto(fresh.get("token")))
-            assert result.response.status == hdt.Status.SUCCESS, result.response
-            assert all(statuses == [hdt.Status.SUCCESS] * 2 for _, statuses in result.acks)
-            new_block = {"id": located["block"]["id"], "gs": new_gs, "num_bytes": len(data)}
-            assert await client._call("update_pipeline", client_name=client.client_name,
-                                      old_block=located["block"], new_block=new_block,
-                                      new_nodes=[first["node_id"], second["node_id"]])
-            assert await client._call("complete", path="/write/kept-empty",
-                                      client_name=client.client_name, ino=status["ino"],
-                                      last=new_block) is True
+            await _recover_two_and_complete(client, "/write/kept-empty", status, located,
+                                            [first, second], data, 0)
             assert await client.read_file("/write/kept-empty") == data
 
             # a failed setup answered by abandonBlock: the empty replica does not stay

@@ -352,7 +352,7 @@ def test_truncate_w_returns_once_the_file_is_cut_and_closed(cluster, shell, tmp_
     truncate answers true and nothing waits."""
     size = BLOCK + 70_000                  # a full block and a partial one, two replicas
     with cluster.client() as client:
-        for name in ("java", "py", "bare", "edge"):
+        for name in ("java", "cli", "py", "bare", "edge"):
             client.write_file(f"/tr/{name}", DATA[:size], replication=2)
     more = tmp_path / "more"
     more.write_bytes(b"after the cut\n")
@@ -364,6 +364,15 @@ def test_truncate_w_returns_once_the_file_is_cut_and_closed(cluster, shell, tmp_
     ok(run("-appendToFile", str(more), "/tr/java"))
     with cluster.client() as client:
         assert client.read_file("/tr/java") == DATA[:cut] + b"after the cut\n"
+
+    # the truncate in a JVM of its own (the command line), the append in the next one
+    proc = fs_shell(address(cluster), "-truncate", "-w", str(cut), "/tr/cli",
+                    conf=write_conf(tmp_path / "conf"), user="root")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode().endswith(f"Truncated /tr/cli to length: {cut}\n")
+    ok(run("-appendToFile", str(more), "/tr/cli"))
+    with cluster.client() as client:
+        assert client.read_file("/tr/cli") == DATA[:cut] + b"after the cut\n"
 
     # inside the first block: the second goes, the first is cut; then a leasefs append
     assert ok(run("-truncate", "-w", "5000", "/tr/py")) == (
