@@ -124,6 +124,7 @@ from .protocols.ha import HAProtocol
 from .protocols.hdfs.identity import HdfsIdentity
 from .protocols.hdfs.inline import InlineBlocks
 from .protocols.hdfs.reads import NamenodeReads
+from .protocols.hdfs.inline_append import InlineToBlock
 from .protocols.hdfs.writes import NamenodeWrites
 from .services.redundancy import Redundancy
 from .services.lease_recovery import LeaseRecovery
@@ -283,7 +284,8 @@ class MetaServer(Dispatcher):
                                         data_timeout=config.data_timeout)
         self.hdfs_translators: tuple = (
             NamenodeReads(self.dispatch, self.hdfs_inline),
-            NamenodeWrites(self.dispatch, lambda: convert.pool_id(self.ns.view.namespace_id)))
+            NamenodeWrites(self.dispatch, lambda: convert.pool_id(self.ns.view.namespace_id),
+                           InlineToBlock(self.dispatch, config)))
         self.hdfs_identity = HdfsIdentity(
             secure=lambda: self.security.secure, open_session=self.open_session,
             act_as=self.act_as, token_session=self.auth_protocol.token_session,
