@@ -19,9 +19,10 @@ import trio
 
 from fs.client import AsyncClient
 from fs.datatransfer import crc32c
-from hadoopkit import jars, requires_java
+from hadoopkit import requires_java
 from harness import ProcessCluster, free_port, leasefs, poll_until
-from test_hdfs_fsshell import Ran, Shell, checksum_line, replica_contents
+# ``shell``: that module's FsShell JVM fixture, here on this module's ``cluster``
+from test_hdfs_fsshell import Ran, checksum_line, ok, replica_contents, shell  # noqa: F401
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow, requires_java]
 
@@ -38,25 +39,6 @@ def cluster(tmp_path_factory):
             "inline_max": INLINE_MAX, "dead_node_interval": 60.0,
             "data_timeout": 60.0}) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def shell(cluster):
-    from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
-
-    port = launch_gateway(classpath=f"{jars()}/*", die_on_exit=True,
-                          javaopts=["-Xmx256m", "-XX:TieredStopAtLevel=1",
-                                    "-DHADOOP_USER_NAME=root"])
-    gateway = JavaGateway(gateway_parameters=GatewayParameters(port=port))
-    try:
-        yield Shell(gateway, f"127.0.0.1:{cluster.settings['meta_hdfs_port']}")
-    finally:
-        gateway.shutdown()
-
-
-def ok(ran: Ran) -> str:
-    assert ran.code == 0 and not ran.err.strip(), ran
-    return ran.out
 
 
 def write(cluster, path: str, data: bytes) -> None:
@@ -121,38 +103,48 @@ def test_appends_to_inline_files_continue_their_bytes(cluster, shell, tmp_path):
     assert composite(shell, "/ia/small") == f"{crc32c(content):08x}"
 
 
-def test_kill_9_of_the_metadata_server_mid_move_keeps_the_old_bytes(cluster, shell, tmp_path):
-    """The block servers stopped, the metadata server is killed while its write of the
-    inline bytes as the first block waits on them (the append and the block journaled,
-    the length not): after its restart the file reads its old bytes, through the Java
-    client and leasefs's; lease recovery closes it with the same bytes, and a Java append
-    then goes on from them."""
-    old = RNG.randbytes(2500)
-    write(cluster, "/ik/small", old)
-    more = tmp_path / "more"
-    more.write_bytes(b"after the restart\n")
+def append_killed_mid_move(cluster, path: str, *args: str, shell_run) -> list[Ran]:
+    """``-appendToFile ARGS`` in a thread while the block servers are stopped; the
+    metadata server killed -9 once the append and the first block are journaled (its
+    write of the inline bytes waits on the stopped block servers, which go on after the
+    kill: their replicas may hold the bytes), then started again. Returns the shell's
+    ``Ran`` once the thread ends (a list, empty if it never did)."""
     stopped = [cluster.pid(f"storage{i}") for i in range(cluster.n_storage)]
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
     ran: list[Ran] = []
-    appender = threading.Thread(
-        target=lambda: ran.append(shell.run("-appendToFile", str(more), "/ik/small")))
+    appender = threading.Thread(target=lambda: ran.append(shell_run("-appendToFile", *args)))
     try:
         appender.start()
         with cluster.client() as client:
             def block_allocated():
-                files = client.list_open_files("/ik")
+                files = client.list_open_files(path)
                 return bool(files) and files[0]["last_block_state"] is not None
             assert poll_until(block_allocated, timeout=30)
             cluster.kill_meta()
     finally:
         for pid in stopped:
             os.kill(pid, signal.SIGCONT)
-    appender.join(60)
-    assert not appender.is_alive()
-    assert ran and ran[0].code != 0, ran      # the Java client lost its call
     cluster.start_meta()
     cluster.wait_ready()
+    appender.join(60)
+    assert not appender.is_alive()
+    return ran
+
+
+def test_kill_9_of_the_metadata_server_mid_move_keeps_the_old_bytes(cluster, shell, tmp_path):
+    """The metadata server killed while it writes the inline bytes as the first block
+    (the append and the block journaled, the length not): the Java client's call fails,
+    and after the restart the file reads its old bytes, through the Java client and
+    leasefs's; lease recovery closes it with the same bytes, and a Java append then goes
+    on from them."""
+    old = RNG.randbytes(2500)
+    write(cluster, "/ik/small", old)
+    more = tmp_path / "more"
+    more.write_bytes(b"after the restart\n")
+    ran = append_killed_mid_move(cluster, "/ik/small", str(more), "/ik/small",
+                                 shell_run=shell.run)
+    assert ran and ran[0].code != 0, ran      # the Java client lost its call
     with cluster.client() as client:
         assert client.get_file_status("/ik/small").under_construction
         assert client.read_file("/ik/small") == old
@@ -163,3 +155,32 @@ def test_kill_9_of_the_metadata_server_mid_move_keeps_the_old_bytes(cluster, she
     ok(shell.run("-appendToFile", str(more), "/ik/small"))
     assert ok(shell.run("-cat", "/ik/small")).encode("latin-1") == old + more.read_bytes()
     assert read(cluster, "/ik/small") == old + more.read_bytes()
+
+
+def test_a_java_retry_after_the_kill_finishes_the_append(cluster, shell, tmp_path):
+    """The same kill, with Hadoop's client retrying calls across the restart
+    (``dfs.client.retry.policy.enabled``, as CLIENTS.md advises for a lone metadata
+    server): the retried append is answered from the journal with the first block the
+    killed run left, which the replicas may already hold: it is dropped for a new one,
+    and the append finishes with old then new bytes on both replicas. (A retry during
+    the restart's safe mode is refused with SafeModeException, which the client retries.)"""
+    old = RNG.randbytes(4000)
+    write(cluster, "/ir/small", old)
+    more = tmp_path / "more"
+    more.write_bytes(b"appended across the restart\n")
+    retrying = shell.make(**{"dfs.client.retry.policy.enabled": "true",
+                             "dfs.client.retry.policy.spec": "200,100",
+                             "ipc.client.connect.max.retries": 50,
+                             "ipc.client.connect.retry.interval": 100})
+    ran = append_killed_mid_move(cluster, "/ir/small", str(more), "/ir/small",
+                                 shell_run=lambda *a: shell.run(*a, shell=retrying))
+    assert ran and ran[0].code == 0, ran
+    content = old + more.read_bytes()
+    # (the module's shell would meet its connection to the killed server first: it
+    # retries nothing)
+    assert ok(shell.run("-cat", "/ir/small", shell=retrying)).encode("latin-1") == content
+    assert read(cluster, "/ir/small") == content
+    # the retry may come before both block servers are back: the block then gets its
+    # second replica by re-replication
+    assert poll_until(lambda: replica_contents(cluster, "/ir/small") == [content, content],
+                      timeout=30)

@@ -30,9 +30,12 @@ old times: the one lease step 1 took goes; a file whose block already holds byte
 refused by ``complete`` and left to lease recovery) and the Java client gets the cause.
 
 Retries: the internal calls carry no retry key (each ``add_block`` attempt is a call of
-its own); a retried append, answered with the inline content from the retry cache, gets
-the first block ``add_block`` hands a retry, already holding the bytes, and is answered
-with it. Conversions of one file run one at a time.
+its own). A retried append answered from the retry cache gets the first block
+``add_block`` hands a retry, already holding the bytes, and is answered with it; one
+answered from the journal after a restart or failover names the first block an
+interrupted run left: answered when it holds the bytes, else abandoned (its replicas may
+hold them already) and the bytes written to a new one. Conversions of one file run one at
+a time.
 
 Concurrency contract: the metadata server's trio thread; the only state is the per-file
 lock of a conversion in progress.
@@ -91,7 +94,9 @@ class InlineToBlock:
                             f"fill a whole block of {status['block_size']} bytes; Hadoop's "
                             f"client would start a new block, which leasefs does not take "
                             f"after a full last block")
-                    located = await self._write_block(own, base, data)
+                    located = await self._earlier_block(own, base, data, appended)
+                    if located is None:
+                        located = await self._write_block(own, base, data)
                     await self.call(own, "fsync", {**base, "last_block_length": len(data)})
                 except BaseException as exc:
                     await self._restore(own, base, data, status, exc)
@@ -99,8 +104,22 @@ class InlineToBlock:
         finally:
             if not lock.locked() and lock.statistics().tasks_waiting == 0:
                 self._converting.pop(ino, None)
-        return {**located, "offset": 0,
-                "block": {**located["block"], "num_bytes": len(data)}}
+        return {**located, "offset": 0, "block": {
+            **located["block"], "num_bytes": max(len(data), located["block"]["num_bytes"])}}
+
+    async def _earlier_block(self, ctx: CallContext, base: dict, data: bytes,
+                             appended: dict) -> dict | None:
+        """The first block an earlier run of this append left (a retry answered from
+        the journal after a restart or failover): returned when it holds every inline
+        byte (done, only the answer was lost); else abandoned, since its replicas may
+        already hold bytes a new write to the same block would collide with."""
+        last = appended.get("last_block")
+        if last is None:
+            return None
+        if last["block"]["num_bytes"] >= len(data):
+            return last
+        await self.call(ctx, "abandon_block", {**base, "block": last["block"]})
+        return None
 
     async def _write_block(self, ctx: CallContext, base: dict, data: bytes) -> dict:
         """Steps 2 and 3: the first block, written whole; a node that fails is left out
