@@ -452,6 +452,23 @@ async def test_a_failed_move_into_a_block_leaves_the_inline_file_as_it_was(hdfs)
         assert await c.read_file("/tiny") == b"kept inline!"
 
 
+async def test_an_inline_file_filling_its_whole_block_is_refused_and_left_as_it_was(hdfs):
+    """Inline bytes that fill the file's block (64 KiB blocks, ``inline_max`` 64 KiB; a
+    ``complete(data)`` leasefs's writer never sends, as it sends a full block): Hadoop's
+    writer would follow with a new block, which is not taken; refused before anything is
+    written, the file closed again as it was."""
+    full = os.urandom(64 << 10)
+    await hdfs.leasefs("create", path="/full", client_name="py")
+    assert await hdfs.leasefs("complete", path="/full", client_name="py", data=full)
+    async with hdfs.cluster.client() as c:
+        assert (await c.get_block_locations("/full")).get("inline") == full
+    with pytest.raises(errors.NotSupported, match="fill a whole block"):
+        await hdfs("append", src="/full", clientName="DFSClient_J", flag=pb.APPEND)
+    async with hdfs.cluster.client() as c:
+        assert (await c.get_block_locations("/full")).get("inline") == full
+        assert await c.is_file_closed("/full")
+
+
 SOFT_LIMIT = 1.0
 
 
