@@ -398,10 +398,11 @@ async def test_append_pipeline_recovery_truncate_and_open_files(hdfs):
 
 
 
+@pytest.mark.parametrize("hdfs", [{}, {"tls": "on"}], indirect=True)
 async def test_append_to_an_inline_file_answers_its_bytes_as_the_first_block(hdfs):
-    """The inline bytes become the file's first block (on a block server, the inline copy
-    gone), answered as the partly full last block, open for the Java client; a retry of
-    the same call gets the same block, written once."""
+    """The inline bytes become the file's first block (on a block server, over TLS when
+    on, the inline copy gone), answered as the partly full last block, open for the Java
+    client; a retry of the same call gets the same block, written once."""
     async with hdfs.cluster.client() as c:
         await c.write_file("/tiny", b"kept inline")
         assert (await c.get_block_locations("/tiny")).get("inline") == b"kept inline"
