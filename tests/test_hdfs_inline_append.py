@@ -61,11 +61,18 @@ def leasefs_append(cluster, path: str, data: bytes) -> None:
     trio.run(main)
 
 
-def composite(shell, path: str) -> str:
+def checksums(cluster, shell, contents: dict[str, bytes]) -> None:
+    """``leasefs checksum`` of each path is the CRC32C of its content, and so is FsShell's
+    ``-checksum`` in COMPOSITE_CRC mode."""
+    mine = leasefs(cluster, "checksum", *contents)
+    assert mine.returncode == 0, mine.stderr
+    lines = mine.stdout.splitlines()
+    assert len(lines) == len(contents), mine.stdout
     mode = shell.make(**{"dfs.checksum.combine.mode": "COMPOSITE_CRC"})
-    algorithm, value = checksum_line(shell.run("-checksum", path, shell=mode), path)
-    assert algorithm == "COMPOSITE-CRC32C"
-    return value
+    for line, (path, content) in zip(lines, contents.items()):
+        want = ("COMPOSITE-CRC32C", f"{crc32c(content):08x}")
+        assert line.split("\t") == [path, *want], path
+        assert checksum_line(shell.run("-checksum", path, shell=mode), path) == want, path
 
 
 def test_appends_to_inline_files_continue_their_bytes(cluster, shell, tmp_path):
@@ -87,10 +94,7 @@ def test_appends_to_inline_files_continue_their_bytes(cluster, shell, tmp_path):
         assert read(cluster, path) == content, path
         if old[path]:   # (the empty file's block is the Java client's own, at 512)
             assert replica_contents(cluster, path) == [content, content], path
-        mine = leasefs(cluster, "checksum", path)
-        assert mine.returncode == 0, mine.stderr
-        assert mine.stdout.split("\t")[1:] == ["COMPOSITE-CRC32C", f"{crc32c(content):08x}\n"]
-        assert composite(shell, path) == f"{crc32c(content):08x}", path
+    checksums(cluster, shell, want)
 
     # a second Java append, then a leasefs client's
     tail = tmp_path / "tail"
@@ -100,7 +104,7 @@ def test_appends_to_inline_files_continue_their_bytes(cluster, shell, tmp_path):
     content = want["/ia/small"] + tail.read_bytes() + b"then leasefs\n"
     assert ok(shell.run("-cat", "/ia/small")).encode("latin-1") == content
     assert read(cluster, "/ia/small") == content
-    assert composite(shell, "/ia/small") == f"{crc32c(content):08x}"
+    checksums(cluster, shell, {"/ia/small": content})
 
 
 def append_killed_mid_move(cluster, path: str, *args: str, shell_run) -> list[Ran]:
