@@ -23,7 +23,8 @@ and the clocks, each constructed with exactly what it needs:
   ``namespace_protocol``, ``admin_protocol``, ``datanode_protocol``, ``auth_protocol``,
   ``ha_protocol`` (``protocols/``); for Hadoop's client on the HDFS port, the
   ``hdfs_translators`` (``protocols/hdfs/``: ClientProtocol's calls translated into the
-  same calls, through ``dispatch``), ``hdfs_identity`` and ``hdfs_inline`` (the inline
+  same calls, through ``dispatch``; an append of an inline file also writes its first
+  block, ``inline_append.py``), ``hdfs_identity`` and ``hdfs_inline`` (the inline
   files' READ_BLOCK on the same port). ``MetaServer`` is their ``Dispatcher``: it serves their
   ``rpc_<method>`` methods (``front_ends``), declares which go through the retry cache or run
   inline, refuses what its HA role does not take (``dispatch``), and hands the session hooks

@@ -439,7 +439,8 @@ async def test_a_failed_move_into_a_block_leaves_the_inline_file_as_it_was(hdfs)
         before = await hdfs.leasefs("get_file_info", path="/tiny")
     for i in range(len(hdfs.cluster.storage)):
         await hdfs.cluster.stop_storage(i)
-    with pytest.raises(errors.PipelineError, match="/tiny: could not write its inline bytes"):
+    with pytest.raises(errors.PipelineError, match="append to /tiny: could not write its 11 "
+                                                   "inline bytes as its first block after 3"):
         await hdfs("append", src="/tiny", clientName="DFSClient_J", flag=pb.APPEND)
     async with hdfs.cluster.client() as c:
         after = await hdfs.leasefs("get_file_info", path="/tiny")

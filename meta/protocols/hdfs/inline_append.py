@@ -135,8 +135,8 @@ class InlineToBlock:
             if located["block"]["num_bytes"] >= len(data):
                 return located
             if not located.get("locations"):
-                raise PipelineError(f"{base['path']}: block {located['block']['id']} has no "
-                                    f"block server")
+                raise PipelineError(f"append to {base['path']}: block "
+                                    f"{located['block']['id']} has no block server")
             try:
                 await write_oneshot(
                     path=base["path"], located=located, client_name=base["client_name"],
@@ -153,8 +153,9 @@ class InlineToBlock:
                     excluded.append(exc.node["node_id"])
                 continue
             return located
-        raise PipelineError(f"{base['path']}: could not write its inline bytes to a block "
-                            f"after {PIPELINE_SETUP_ATTEMPTS} attempts: " + "; ".join(failures))
+        raise PipelineError(f"append to {base['path']}: could not write its {len(data)} "
+                            f"inline bytes as its first block after {PIPELINE_SETUP_ATTEMPTS} "
+                            f"attempts: " + "; ".join(failures))
 
     async def _restore(self, ctx: CallContext, base: dict, data: bytes, status: dict,
                        cause: BaseException) -> None:
