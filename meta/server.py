@@ -23,7 +23,8 @@ and the clocks, each constructed with exactly what it needs:
   ``namespace_protocol``, ``admin_protocol``, ``datanode_protocol``, ``auth_protocol``,
   ``ha_protocol`` (``protocols/``); for Hadoop's client on the HDFS port, the
   ``hdfs_translators`` (``protocols/hdfs/``: ClientProtocol's calls translated into the
-  same calls, through ``dispatch``), ``hdfs_identity`` and ``hdfs_inline`` (the inline
+  same calls, through ``dispatch``; an append of an inline file also writes its first
+  block, ``inline_append.py``), ``hdfs_identity`` and ``hdfs_inline`` (the inline
   files' READ_BLOCK on the same port). ``MetaServer`` is their ``Dispatcher``: it serves their
   ``rpc_<method>`` methods (``front_ends``), declares which go through the retry cache or run
   inline, refuses what its HA role does not take (``dispatch``), and hands the session hooks
@@ -124,6 +125,7 @@ from .protocols.ha import HAProtocol
 from .protocols.hdfs.identity import HdfsIdentity
 from .protocols.hdfs.inline import InlineBlocks
 from .protocols.hdfs.reads import NamenodeReads
+from .protocols.hdfs.inline_append import InlineToBlock
 from .protocols.hdfs.writes import NamenodeWrites
 from .services.redundancy import Redundancy
 from .services.lease_recovery import LeaseRecovery
@@ -283,7 +285,8 @@ class MetaServer(Dispatcher):
                                         data_timeout=config.data_timeout)
         self.hdfs_translators: tuple = (
             NamenodeReads(self.dispatch, self.hdfs_inline),
-            NamenodeWrites(self.dispatch, lambda: convert.pool_id(self.ns.view.namespace_id)))
+            NamenodeWrites(self.dispatch, lambda: convert.pool_id(self.ns.view.namespace_id),
+                           InlineToBlock(self.dispatch, config)))
         self.hdfs_identity = HdfsIdentity(
             secure=lambda: self.security.secure, open_session=self.open_session,
             act_as=self.act_as, token_session=self.auth_protocol.token_session,

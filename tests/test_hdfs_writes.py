@@ -36,8 +36,7 @@ class Hdfs:
     def __init__(self, cluster, server):
         self.cluster = cluster
         self.server = server
-        self.writes = NamenodeWrites(server.dispatch,
-                                     lambda: convert.pool_id(server.ns.view.namespace_id))
+        self.writes = next(t for t in server.hdfs_translators if isinstance(t, NamenodeWrites))
         self.client_id = os.urandom(16).hex()
         self.call_ids = itertools.count()
 
@@ -397,16 +396,79 @@ async def test_append_pipeline_recovery_truncate_and_open_files(hdfs):
                        clientName="DFSClient_J")).result is False
     assert (await hdfs("isFileClosed", src="/g")).result is False
 
-    # a file kept inline cannot be continued by Hadoop's writer: refused, left closed
-    with pytest.raises(errors.NotSupported, match="inline"):
-        await hdfs("append", src="/tiny", clientName="DFSClient_J", flag=pb.APPEND)
-    assert (await hdfs("isFileClosed", src="/tiny")).result is True
+
+
+@pytest.mark.parametrize("hdfs", [{}, {"tls": "on"}], indirect=True)
+async def test_append_to_an_inline_file_answers_its_bytes_as_the_first_block(hdfs):
+    """The inline bytes become the file's first block (on a block server, over TLS when
+    on, the inline copy gone), answered as the partly full last block, open for the Java
+    client; a retry of the same call gets the same block, written once."""
+    async with hdfs.cluster.client() as c:
+        await c.write_file("/tiny", b"kept inline")
+        assert (await c.get_block_locations("/tiny")).get("inline") == b"kept inline"
+    opened = await hdfs("append", call_id=7000, src="/tiny", clientName="DFSClient_J",
+                        flag=pb.APPEND)
+    assert (opened.stat.length, opened.block.offset, opened.block.b.numBytes) == (11, 0, 11)
+    assert len(opened.block.locs) == 1 and opened.block.b.generationStamp > 0
+    located = await hdfs.leasefs("get_block_locations", path="/tiny")
+    assert "inline" not in located and located["under_construction"]
+    block = located["last"]["block"] if located.get("last") else located["blocks"][0]["block"]
+    assert (block["id"], block["num_bytes"]) == (opened.block.b.blockId, 11)
+    again = await hdfs("append", call_id=7000, src="/tiny", clientName="DFSClient_J",
+                       flag=pb.APPEND)
+    assert again.block.b == opened.block.b
     async with hdfs.cluster.client() as c:
         assert await c.read_file("/tiny") == b"kept inline"
-        out = await c.append("/tiny")          # and a leasefs client still may
+        with pytest.raises(errors.AlreadyBeingCreated):   # the Java client holds it
+            await c.append("/tiny")
+    # the Java client's own close of what it got (nothing more written)
+    assert (await hdfs("complete", src="/tiny", clientName="DFSClient_J",
+                       last=opened.block.b, fileId=opened.stat.fileId)).result
+    async with hdfs.cluster.client() as c:
+        assert await c.read_file("/tiny") == b"kept inline"
+        assert (await hdfs.leasefs("get_file_info", path="/tiny"))["length"] == 11
+
+
+@pytest.mark.parametrize("hdfs", [{"dead_node_interval": 60.0}], indirect=True)
+async def test_a_failed_move_into_a_block_leaves_the_inline_file_as_it_was(hdfs):
+    """No block server takes the block (all stopped, not yet declared dead): the file is
+    closed again with its inline bytes and times, its lease released, and the Java client
+    told why; a leasefs client then appends as before."""
+    async with hdfs.cluster.client() as c:
+        await c.write_file("/tiny", b"kept inline")
+        before = await hdfs.leasefs("get_file_info", path="/tiny")
+    for i in range(len(hdfs.cluster.storage)):
+        await hdfs.cluster.stop_storage(i)
+    with pytest.raises(errors.PipelineError, match="append to /tiny: could not write its 11 "
+                                                   "inline bytes as its first block after 3"):
+        await hdfs("append", src="/tiny", clientName="DFSClient_J", flag=pb.APPEND)
+    async with hdfs.cluster.client() as c:
+        after = await hdfs.leasefs("get_file_info", path="/tiny")
+        assert not after["under_construction"]
+        assert (after["length"], after["mtime_ns"]) == (11, before["mtime_ns"])
+        assert (await c.get_block_locations("/tiny")).get("inline") == b"kept inline"
+        assert await c.read_file("/tiny") == b"kept inline"
+        out = await c.append("/tiny")          # no lease left behind
         await out.write(b"!")
         await out.close()
         assert await c.read_file("/tiny") == b"kept inline!"
+
+
+async def test_an_inline_file_filling_its_whole_block_is_refused_and_left_as_it_was(hdfs):
+    """Inline bytes that fill the file's block (64 KiB blocks, ``inline_max`` 64 KiB; a
+    ``complete(data)`` leasefs's writer never sends, as it sends a full block): Hadoop's
+    writer would follow with a new block, which is not taken; refused before anything is
+    written, the file closed again as it was."""
+    full = os.urandom(64 << 10)
+    await hdfs.leasefs("create", path="/full", client_name="py")
+    assert await hdfs.leasefs("complete", path="/full", client_name="py", data=full)
+    async with hdfs.cluster.client() as c:
+        assert (await c.get_block_locations("/full")).get("inline") == full
+    with pytest.raises(errors.NotSupported, match="fill a whole block"):
+        await hdfs("append", src="/full", clientName="DFSClient_J", flag=pb.APPEND)
+    async with hdfs.cluster.client() as c:
+        assert (await c.get_block_locations("/full")).get("inline") == full
+        assert await c.is_file_closed("/full")
 
 
 SOFT_LIMIT = 1.0

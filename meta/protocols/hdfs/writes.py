@@ -20,10 +20,13 @@ this translates as it does (docs/PROTOCOL.md, "HDFS ClientProtocol: mutations"):
 * ``create``: without CREATE a missing path is FileNotFound; APPEND is the client's own
   (it calls append for an existing file), so the NameNode ignores it, as HDFS's does.
 * ``fileId`` is leasefs's inode number (0: go by the path).
+* ``append`` of a file kept inline in the namespace: its bytes first become its first
+  block, which the answer names as the partly full last block (``inline_append``).
 
 Concurrency contract: runs on the metadata server's trio thread, each call its own task; it
-holds nothing between awaits (a call made of two leasefs calls, e.g. the old rename's look
-at its destination, sees whatever happened between them, as a msgpack client would).
+holds nothing between awaits but ``inline_append``'s per-file lock (a call made of two
+leasefs calls, e.g. the old rename's look at its destination, sees whatever happened
+between them, as a msgpack client would).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from fs.hdfs import convert
 from fs.hdfs.pb import hdfs_pb2 as hpb
 from fs.hdfs.pb import namenode_writes_pb2 as pb
 from fs.rpcbase import CallContext
+
+from .inline_append import InlineToBlock
 
 Call = Callable[[CallContext, str, dict], Awaitable[object]]
 
@@ -81,7 +86,8 @@ async def _on_file(what: str, path: str, coro):
 class NamenodeWrites:
     """The mutating calls of ``ClientProtocol``. ``call``: ``MetaServer.dispatch``;
     ``pool_id``: the namespace's block pool id (``convert.pool_id`` of its namespace id),
-    asked at each answer that names a block (a new namespace gets its id at format)."""
+    asked at each answer that names a block (a new namespace gets its id at format);
+    ``inline_to_block``: what makes an inline file's bytes its first block for append."""
 
     PROTOCOL = "org.apache.hadoop.hdfs.protocol.ClientProtocol"
     CALLS: dict[str, tuple[type, type]] = {
@@ -94,9 +100,10 @@ class NamenodeWrites:
                      "updatePipeline", "append", "truncate", "concat", "createSymlink",
                      "setQuota", "listOpenFiles", "reportBadBlocks")}
 
-    def __init__(self, call: Call, pool_id: Callable[[], str]):
+    def __init__(self, call: Call, pool_id: Callable[[], str], inline_to_block: InlineToBlock):
         self.call = call
         self.pool_id = pool_id
+        self.inline_to_block = inline_to_block
 
     # ------------------------------------------------------------------ namespace
     async def mkdirs(self, ctx, request):
@@ -339,27 +346,22 @@ class NamenodeWrites:
 
     async def append(self, ctx, request):
         """The last block when it is partly full, and the file's status. A file kept
-        inline in the namespace (a small file written by a leasefs client) cannot be
-        continued by Hadoop's writer, which sends no bytes it did not write: it is closed
-        again unchanged and the append refused. So is NEW_BLOCK (leasefs continues the
-        last block)."""
+        inline in the namespace (a small file written by a leasefs client) has no block
+        for Hadoop's writer to continue, and the writer sends no bytes it did not write:
+        its bytes become its first block first (``inline_append``), which the answer
+        names. NEW_BLOCK is refused (leasefs continues the last block)."""
         if request.flag & pb.NEW_BLOCK:
             raise NotSupported(f"append to {request.src}: NEW_BLOCK is not supported "
                                f"(leasefs appends into the last block)")
         answer = await _on_file("append to", request.src, self.call(
             ctx, "append", {"path": request.src, "client_name": request.clientName}))
-        status = answer["status"]
+        last_block = answer.get("last_block")
         if answer.get("inline") is not None:
-            await self.call(ctx, "complete", {"path": request.src,
-                                              "client_name": request.clientName,
-                                              "ino": status["ino"], "data": answer["inline"]})
-            raise NotSupported(f"append to {request.src}: its {len(answer['inline'])} bytes "
-                               f"are kept inline in the namespace, which Hadoop's client "
-                               f"cannot append to; append with a leasefs client or rewrite "
-                               f"the file")
-        out = pb.AppendResponseProto(stat=convert.file_status(status))
-        if answer.get("last_block") is not None:
-            out.block.CopyFrom(convert.located_block(answer["last_block"], self.pool_id()))
+            last_block = await self.inline_to_block.convert(ctx, request.src,
+                                                            request.clientName, answer)
+        out = pb.AppendResponseProto(stat=convert.file_status(answer["status"]))
+        if last_block is not None:
+            out.block.CopyFrom(convert.located_block(last_block, self.pool_id()))
         return out
 
     async def truncate(self, ctx, request):
