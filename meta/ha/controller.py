@@ -189,6 +189,10 @@ class HAController:
         self._following_since = wall_ns()
         self._applied = trio.lowlevel.ParkingLot()   # woken after every ingested entry
         self._append_scope = trio.CancelScope()      # the append in flight (``_end``)
+        # wall clock (ns) when this server won its term and when it began serving as active:
+        # ``leasefs bench ha`` splits a failover at them (0: not in this process's life)
+        self.elected_ns = 0
+        self.active_ns = 0
 
     # ------------------------------------------------------------------ state
     def _move(self, event: RoleEvent) -> None:
@@ -367,7 +371,14 @@ class HAController:
         raise StandbyError(f"{self.refusal()}: it has applied txid "
                            f"{self.server.ns.view.applied_txid}, the call needs {txid}")
 
+    def takeover_times(self) -> dict:
+        """Wall clock (seconds) of this server's last election win and of when it began
+        to serve as active after it (absent: not while this process ran)."""
+        return {key: ns / 1e9 for key, ns in (("elected_at", self.elected_ns),
+                                               ("active_at", self.active_ns)) if ns}
+
     async def _take_over(self, term: Term) -> None:
+        self.elected_ns = self.wall_ns()
         self.term, self.epoch, self.leader = term, term.epoch, self.node_id
         self._move(RoleEvent.ELECTED)
         await self._until_done("reading the replicated log to its end", self._read_to_end)
@@ -376,6 +387,7 @@ class HAController:
         log.info("metadata server %s is active with epoch %d from txid %d", self.node_id,
                  term.epoch, self.server.journal.last_txid)
         await self.server.activate()
+        self.active_ns = self.wall_ns()
 
     async def _watch_lease(self, term: Term) -> None:
         await self.log.lost(term).wait()
