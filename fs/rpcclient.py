@@ -26,7 +26,7 @@ import secrets
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import outcome
@@ -189,7 +189,9 @@ class RpcClient:
     sends the call there, same call id; a full cycle where no address served waits a
     jittered backoff (``RETRY_BACKOFF``: 0.025 to 0.05 s, doubling to 0.5 to 1 s) before
     the next, until ``retry_seconds`` are spent (the last wait is cut to what is left, and
-    one more full cycle follows it). A
+    one more full cycle follows it); in an HA list where a server answered that it is a
+    standby, the waits are capped at ``silence`` × ``PROBE_PAUSE`` (a successor serves the
+    moment it is elected). A
     working address stays current until it fails: calls never probe the others.
     ``RpcTimeout`` is not retried (the call may be running). Calls still in flight on the
     connection left behind get their replies there; new calls go to the new address.
@@ -726,7 +728,7 @@ class RpcClient:
                     if several and failed:
                         raise self._none_served(failed, budget) from None
                     raise
-                delay = RETRY_BACKOFF.delay(attempt, self._rng)
+                delay = self._cycle_backoff(failed).delay(attempt, self._rng)
                 if delay >= left:    # one more full cycle, at the deadline
                     delay, last_cycle = left, True
                 log.debug("%s: %s; retrying in %.2fs", method, exc, delay)
@@ -734,6 +736,18 @@ class RpcClient:
                 failed.clear()
                 await trio.sleep(delay)
                 attempt += 1
+
+    def _cycle_backoff(self, failed: dict[int, LeaseFSError]) -> Backoff:
+        """The wait after a cycle in which no server served: ``RETRY_BACKOFF``, or, in an HA
+        list where a server answered that it is a standby (a successor is about to be
+        elected and serves the moment it is), one capped at the probes' pace
+        (``silence`` × ``PROBE_PAUSE``): the election's end is found as soon as a silent
+        server's is, not up to ``RETRY_BACKOFF``'s 1 s cap later."""
+        if self.silence is None or not any(isinstance(exc, errors.StandbyError)
+                                           for exc in failed.values()):
+            return RETRY_BACKOFF
+        cap = min(RETRY_BACKOFF.cap, self.silence * PROBE_PAUSE)
+        return replace(RETRY_BACKOFF, first=min(RETRY_BACKOFF.first, cap), cap=cap)
 
     def _notice(self, exc: LeaseFSError, index: int, deadline: float) -> None:
         """Tell ``retry_policy.notice`` what is retried, the first time for each cause."""

@@ -35,7 +35,7 @@ from fs.client import AsyncClient
 from fs.config import Config
 from fs.errors import sole_exception
 from fs.rpcclient import call_each
-from fs.rpcclient import PROBE_SHARE, RpcClient
+from fs.rpcclient import PROBE_PAUSE, PROBE_SHARE, RpcClient
 from harness import ProcessCluster, free_port, wait_cluster_ready, wait_stopped
 from tools.testbed.cutproxy import Partitions
 
@@ -53,6 +53,34 @@ def freeze_failover_bound(election_timeout: float) -> float:
     server's clients find its successor by asking, ``fs.rpcclient``)."""
     silence = Config().replace(ha_election_timeout=election_timeout).rpc_silence
     return election_timeout + KILL9_BEYOND_ELECTION + silence * PROBE_SHARE
+
+
+#: etcd (3.4) revokes an expired lease at its lessor's next sweep, one every 500 ms: the
+#: leader key goes up to that long after the lease's TTL ran out
+ETCD_EXPIRY_SWEEP = 0.5
+#: a campaigning standby's poll for the leader key (``HALog.poll``)
+CAMPAIGN_POLL = 0.1
+#: a create and close through the new active (two journal batches through etcd: ~5 ms on a
+#: quiet machine, up to ~0.2 s measured at load 12 on 2 cores)
+FIRST_CREATE = 0.3
+
+
+def election_bound(election_timeout: float) -> float:
+    """Seconds from a kill, freeze or cut of the active to its successor's election win
+    (``ha_status``'s ``elected_at``), at worst: the lease's TTL (its last keepalive reached
+    etcd before the fault), etcd's expiry sweep, one campaign poll."""
+    return election_timeout + ETCD_EXPIRY_SWEEP + CAMPAIGN_POLL
+
+
+def successor_bound(election_timeout: float, connecting: bool = False) -> float:
+    """Seconds from the successor serving as active (``active_at``) to a client's first
+    create through it, at worst: the pause between two probes of a silent server or two
+    cycles of a list whose other server said standby (``silence`` × ``PROBE_PAUSE``), a
+    probe's wait for a server that does not answer (× ``PROBE_SHARE``), the create.
+    ``connecting``: a new client may be in a connect to the cut-off server when the
+    successor takes over, which gives up after ``silence``."""
+    silence = Config().replace(ha_election_timeout=election_timeout).rpc_silence
+    return (silence * (PROBE_PAUSE + PROBE_SHARE + (1 if connecting else 0)) + FIRST_CREATE)
 
 
 def call(address: str, method: str, **args):

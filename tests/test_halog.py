@@ -7,10 +7,12 @@ log goes on and loses nothing acknowledged; two: appends fail within a bounded t
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -122,6 +124,37 @@ async def test_a_campaign_that_does_not_win_revokes_its_lease(etcd):
                                    pb.LeaseTimeToLiveRequest(ID=term.lease_id))
         assert ttl.TTL > 0, ttl
         assert await halog.leader() == (term.epoch, "holder")
+
+
+def proposals_committed(endpoint: str) -> float:
+    """etcd's count of the raft proposals its member committed (its /metrics)."""
+    text = urllib.request.urlopen(f"{endpoint}/metrics", timeout=5).read().decode()
+    return float(re.search(r"^etcd_server_proposals_committed_total (\S+)$", text, re.M)[1])
+
+
+async def test_a_waiting_campaign_watches_the_leader_key_and_wins_when_it_goes(etcd):
+    """A campaign waiting for the holder to go sends its txn (a raft proposal on every
+    member even when its compare fails) once per a third of the TTL, not every ``poll``,
+    and wins as soon as the key is deleted."""
+    async with HALog.open(etcd.endpoints, prefix(), ttl=3) as halog:
+        holder = await halog.campaign("holder")
+        won: list[float] = []
+
+        async def waiter():
+            await halog.campaign("waiter")
+            won.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.sleep(0.3)
+            before = await trio.to_thread.run_sync(proposals_committed, etcd.endpoints[0])
+            await trio.sleep(2.0)
+            after = await trio.to_thread.run_sync(proposals_committed, etcd.endpoints[0])
+            resigned = trio.current_time()
+            await halog.resign(holder)
+        # 2 s of waiting: 2 txns at one per ttl / 3, not 20 at one per poll
+        assert after - before <= 4, after - before
+        assert won and won[0] - resigned < 0.5, (won, resigned)
 
 
 async def test_stale_term_is_fenced_and_not_in_the_log(etcd):

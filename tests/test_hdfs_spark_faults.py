@@ -37,10 +37,12 @@ RETRYING = {"dfs.client.retry.policy.enabled": "true", "dfs.client.retry.policy.
             "dfs.blocksize": BLOCK}
 #: ... and of the jobs on a nameservice: no retry policy (it would also be each server's
 #: connection retry policy: 30 s of connection attempts to a dead active before the first
-#: failover), the first failover after 0.2-1 s rather than Hadoop's default backoff
+#: failover), failovers at most 0.2-0.6 s apart rather than Hadoop's default backoff (up to
+#: 15 s), and enough of them to outlast the election (docs/CLIENTS.md, "hdfs:// and HA")
 FAILING_OVER = {"dfs.client.retry.policy.enabled": "false",
-                "dfs.client.failover.sleep.base.millis": 200,
-                "dfs.client.failover.sleep.max.millis": 1000, "dfs.blocksize": BLOCK}
+                "dfs.client.failover.sleep.base.millis": 100,
+                "dfs.client.failover.sleep.max.millis": 400,
+                "dfs.client.failover.max.attempts": 40, "dfs.blocksize": BLOCK}
 
 
 #: how long a block server holds a Java writer's last ack for its block reports

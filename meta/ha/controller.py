@@ -50,7 +50,7 @@ partitioned active steps down before a successor can win — or ``resign`` for `
 8. Refuse new records and wait until no batch is in flight (``Journal.quiesce``; a
    self-fencing server abandons its append rather than wait for etcd); the waiting
    callers get ``StandbyError`` and move to the next server.
-9. ``resign``: delete the leader key (the standby's campaign wins within its poll); the
+9. ``resign``: delete the leader key (the standby's campaign, watching it, wins at once); the
    resigning server does not campaign again until another server holds the key (at most
    an election timeout).
 10. Raise ``Deposed`` out of the server: ``run_meta_server`` closes the store and journal
@@ -106,7 +106,7 @@ APPEND_RETRY = Backoff(first=0.2, factor=1, cap=0.2, jitter=0.5)
 #: servers that lost etcd together do not all come back to it at the same instant)
 ETCD_RETRY = Backoff(first=0.5, factor=1, cap=0.5, jitter=0.5)
 #: seconds a server that gave its term away waits for another to take it before it may
-#: campaign again itself (a campaigning standby wins within its 0.1 s poll)
+#: campaign again itself (a campaigning standby, watching the leader key, wins at once)
 CEDE_GRACE = 0.5
 #: the share of the election timeout before its lease's sure end at which an active stops
 #: answering clients (``sure_of_term``)
@@ -189,6 +189,10 @@ class HAController:
         self._following_since = wall_ns()
         self._applied = trio.lowlevel.ParkingLot()   # woken after every ingested entry
         self._append_scope = trio.CancelScope()      # the append in flight (``_end``)
+        # wall clock (ns) when this server won its term and when it began serving as active:
+        # ``leasefs bench ha`` splits a failover at them (0: not in this process's life)
+        self.elected_ns = 0
+        self.active_ns = 0
 
     # ------------------------------------------------------------------ state
     def _move(self, event: RoleEvent) -> None:
@@ -300,7 +304,7 @@ class HAController:
         """After giving a term away: no campaign until another server holds the leader key,
         or nobody has held it for ``CEDE_GRACE`` s (the other servers are ceding too, having
         just handed the term back, or are down), or ``cede`` s passed. Asked at the
-        campaign's poll rate: a standby that campaigns wins within one poll."""
+        campaign's poll rate (a standby that campaigns wins as soon as the key is gone)."""
         absent_since = None
         with trio.move_on_after(self.cede):
             while self.cede > 0:
@@ -367,7 +371,14 @@ class HAController:
         raise StandbyError(f"{self.refusal()}: it has applied txid "
                            f"{self.server.ns.view.applied_txid}, the call needs {txid}")
 
+    def takeover_times(self) -> dict:
+        """Wall clock (seconds) of this server's last election win and of when it began
+        to serve as active after it (absent: not while this process ran)."""
+        return {key: ns / 1e9 for key, ns in (("elected_at", self.elected_ns),
+                                               ("active_at", self.active_ns)) if ns}
+
     async def _take_over(self, term: Term) -> None:
+        self.elected_ns = self.wall_ns()
         self.term, self.epoch, self.leader = term, term.epoch, self.node_id
         self._move(RoleEvent.ELECTED)
         await self._until_done("reading the replicated log to its end", self._read_to_end)
@@ -376,6 +387,7 @@ class HAController:
         log.info("metadata server %s is active with epoch %d from txid %d", self.node_id,
                  term.epoch, self.server.journal.last_txid)
         await self.server.activate()
+        self.active_ns = self.wall_ns()
 
     async def _watch_lease(self, term: Term) -> None:
         await self.log.lost(term).wait()
@@ -418,8 +430,8 @@ class HAController:
         raise Deposed(why, cede=self.log.ttl if self._resigning else 0.0)
 
     async def resign(self) -> dict:
-        """``haadmin -failover``: give the term away now (the standby's campaign wins at
-        its next poll); this server then starts again as a standby."""
+        """``haadmin -failover``: give the term away now (the standby's campaign, watching
+        the leader key, wins at once); this server then starts again as a standby."""
         if self.role is not Role.ACTIVE or self.term is None:
             raise StandbyError(self.refusal())
         epoch = self.term.epoch

@@ -31,9 +31,10 @@ Campaign (``campaign(node_id)``):
    lease_id)``.
 4. If the key exists but carries OUR lease, an earlier try of this txn (retried after a
    timeout or a broken connection) created it: we won, epoch = its create revision.
-5. Otherwise wait (polling with the same txn every ``poll`` s: a failed compare writes
-   nothing) until the key is gone — resigned, or deleted by etcd when its holder's lease
-   expired — and go to 2.
+5. Otherwise watch the leader key from the txn's revision on until etcd reports it
+   deleted — resigned, or deleted by etcd when its holder's lease expired — and go to 2
+   (also after ``ttl / 3`` s without such news: a failed compare writes nothing, but each
+   txn is a raft proposal, so it is not sent every ``poll`` s).
 6. A campaign that ends without winning (``timeout``, ``Unavailable``, cancelled) revokes
    its lease, so a txn of it that etcd applied late cannot leave a leader nobody knows of
    kept alive; if the revoke cannot reach etcd the keepalive stops and the lease expires.
@@ -104,7 +105,7 @@ from __future__ import annotations
 
 import logging
 import math
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -426,7 +427,7 @@ class HALog:
                         log.info("halog %s: %s leads with epoch %d", self.prefix.decode(),
                                  node_id, epoch)
                         return Term(epoch, node_id, lease)
-                    await trio.sleep(self.poll)
+                    await self._until_leader_gone(result.header.revision)
             raise CampaignTimeout(f"{node_id} did not win the election within {timeout} s",
                                   lease)
         finally:
@@ -437,6 +438,31 @@ class HALog:
                 with trio.CancelScope(shield=True), trio.move_on_after(self.op_timeout):
                     await self._revoke(lease)
                 scope.cancel()
+
+    async def _until_leader_gone(self, revision: int) -> None:
+        """Returns once an etcd watch reports the leader key deleted after ``revision``
+        (resigned, or its holder's lease expired); at the latest after ``ttl / 3`` s, and
+        ``poll`` s after it began if the watch broke, so that the campaign's txn still asks
+        now and then. A watch rather than that txn every ``poll`` s: a txn whose compare
+        fails is a raft proposal on every member all the same (its success branch writes),
+        ten a second per waiting standby, and a poll finds the key gone up to ``poll`` s
+        late."""
+        request = pb.WatchRequest(create_request=pb.WatchCreateRequest(
+            key=self.leader_key, start_revision=revision + 1,
+            filters=[pb.WatchCreateRequest.NOPUT]))
+        began = trio.current_time()
+        with trio.move_on_after(self.ttl / 3):
+            try:
+                async with aclosing(self._grpc.watch(self.endpoints[self._current],
+                                                     etcdgrpc.WATCH, request,
+                                                     self.op_timeout)) as results:
+                    async for result in results:
+                        if (result.canceled or result.compact_revision
+                                or any(e.type == e.DELETE for e in result.events)):
+                            return
+            except TransportError as exc:
+                log.debug("halog: the campaign's watch of the leader key broke: %r", exc)
+            await trio.sleep_until(began + self.poll)
 
     async def _keepalive(self, lease: int, scope: trio.CancelScope) -> None:
         """A keepalive every ``ttl/3`` s, each sent on time whether or not the one before

@@ -45,11 +45,14 @@ class HAProtocol:
     async def rpc_ha_status(self, ctx, reset_lag=False):
         """This server's role, epoch, applied txid and lag (``fs.hastatus.HAStatus``), with
         ``lag_stats`` (count, p50, p99, max seconds of the recent lag samples of a
-        follower); ``reset_lag``: start a new sample window (a benchmark's measurement)."""
+        follower), ``elected_at``/``active_at`` (wall clock of its last election win and of
+        when it served as active after it); ``reset_lag``: start a new sample window (a
+        benchmark's measurement)."""
         answer = self.role_view.status().to_wire()
         ha = self.role_view.controller
         if ha is not None:
             answer["lag_stats"] = ha.lag_stats()
+            answer.update(ha.takeover_times())
             if reset_lag:
                 ha.reset_lag_stats()
         return answer

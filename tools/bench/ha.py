@@ -292,6 +292,30 @@ FAILURES = {"kill": "kill -9 of the active", "kill_new": "kill -9: a client star
             "graceful": "haadmin -failover"}
 
 
+#: the parts of a failover as the successor records them (``ha_status``'s wall clocks):
+#: from the failure to its election win (etcd's lease expiry and the campaign), from the win
+#: to serving as active (the log read to its end, the activation), from then to the end of
+#: the client's first create through it (``client_new``: of a client started at the failure)
+COMPONENTS = ("election", "takeover", "client", "client_new")
+
+
+def split_failover(successor: dict, failed_at: float, seconds: float,
+                   fresh: float | None = None) -> dict[str, float]:
+    """A round's ``seconds`` (from the failure at wall clock ``failed_at`` to the first
+    create's end) cut at the successor's ``elected_at``/``active_at``, and ``client_new``,
+    the same last part of ``fresh`` (the round's figure for a client started at the
+    failure); ``{}`` when the successor does not say (it won its term before this round, or
+    an older server)."""
+    elected, active = successor.get("elected_at"), successor.get("active_at")
+    if elected is None or active is None or elected < failed_at:
+        return {}
+    parts = {"election": elected - failed_at, "takeover": active - elected,
+             "client": failed_at + seconds - active}
+    if fresh is not None:
+        parts["client_new"] = failed_at + fresh - active
+    return parts
+
+
 def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval: float,
                      status, freeze_seconds: float = 30.0) -> dict[str, list[float]]:
     """Seconds from the failure (``FAILURES``) to the first create after it: ``{mode:
@@ -299,6 +323,7 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
     started at the failure."""
     figures: list[float] = []
     fresh: list[float] = []
+    parts: list[dict[str, float]] = []
     graceful = mode == "graceful"
     election_timeout = cluster.settings["ha_election_timeout"]
 
@@ -332,7 +357,7 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
                 before = await ha_status(cluster.address(active))
                 # at a random moment of the active's keepalive cycle (TTL/3)
                 await trio.sleep(random.uniform(0, election_timeout / 3))
-                started = time.monotonic()
+                started, started_wall = time.monotonic(), time.time()
                 if graceful:
                     from fs.rpc import RpcClient
                     async with RpcClient(cluster.address(active), "bench-ha-admin") as rpc:
@@ -356,7 +381,7 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
                     await through_since(stopped)
                 elif mode == "partition":
                     cluster.cuts.cut(active)
-                    started = time.monotonic()
+                    started, started_wall = time.monotonic(), time.time()
                     new = trio.Event()
                     nursery.start_soon(fresh_client, started, new)
                     with trio.move_on_after(freeze_seconds):
@@ -374,15 +399,28 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
                     nursery.start_soon(fresh_client, started, new)
                     await through_since(after)
                     await new.wait()
+                # the server that won the term the failure opened (not the failed one,
+                # which a woken freeze or a healed cut may still show as active)
+                won = [a for a in [await ha_status(cluster.address(n))
+                                   for n in cluster.names if n != active]
+                       if a and a.get("elected_at", 0) >= started_wall]
                 if mode in ("kill", "partition"):
                     # the first create that ended after the failure (more ended while the
-                    # new client got through); after a kill, once the server was gone
+                    # new client got through); after a kill, once the server was gone; after
+                    # a cut, once the successor won (a reply of the old active's could still
+                    # be on its way through the proxy when it was cut)
                     since = after if mode == "kill" else started
+                    if won:
+                        since = max(since, started + won[0]["elected_at"] - started_wall)
                     figures.append(next(end for _, end in done if end > since) - started)
                 else:
                     figures.append(done[-1][1] - started)
+                parts.append(split_failover(won[0], started_wall, figures[-1],
+                                            fresh[-1] if fresh else None) if won else {})
                 extra = f", a client started then {fresh[-1]:.2f} s" \
                     if mode in ("kill", "partition") else ""
+                extra += "".join(f", {part} {parts[-1][part]:.2f} s" for part in COMPONENTS
+                                 if part in parts[-1])
                 status(f"{FAILURES[mode]} round {k + 1}/{rounds}: first create after "
                        f"{figures[-1]:.2f} s{extra}")
                 if mode == "kill":
@@ -392,7 +430,8 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
 
     done: list[tuple[float, float]] = []
     trio.run(main)
-    return {mode: figures, **({f"{mode}_new": fresh} if fresh else {})}
+    return {mode: figures, **({f"{mode}_new": fresh} if fresh else {}),
+            f"{mode}_parts": parts}
 
 
 def _lag(cluster: PrivateHACluster, seconds: float, rate: float, status) -> dict:
@@ -460,6 +499,21 @@ def run_ha_bench(cmd: Command) -> int:
             f"the failure to the first create a client gets through")
     for line in format_table(["failover", "rounds", "p50 s", "p90 s", "max s"], rows):
         cmd.out(line)
+    split = []
+    for kind, label in FAILURES.items():
+        parts = [p for p in results.get(f"{kind}_parts", []) if p]
+        if parts:
+            split.append([label, str(len(parts)), *(
+                f"{percentile([p[c] for p in parts], 50):.2f} / {max(p[c] for p in parts):.2f}"
+                if all(c in p for p in parts) else "-" for c in COMPONENTS)])
+    if split:
+        cmd.out("where the time goes, p50 / max s: election (the failure to the successor's "
+                "win: etcd's lease expiry, the campaign), take-over (the win to serving as "
+                "active), client (from then to the first create; client new: of a client "
+                "started at the failure)")
+        for line in format_table(["failover", "rounds", "election", "take-over", "client",
+                                  "client new"], split):
+            cmd.out(line)
     lag = results.get("lag")
     if lag:
         cmd.out(f"standby lag at {lag['rate']:g} mutations/s for {lag['seconds']:g} s "
