@@ -21,6 +21,7 @@ ends it. ``address(name)`` is then the proxied address; ``direct(name)`` the ser
 
 from __future__ import annotations
 
+import math
 import random
 import signal
 import time
@@ -37,24 +38,11 @@ from fs.errors import sole_exception
 from fs.rpcclient import call_each
 from fs.rpcclient import PROBE_PAUSE, PROBE_SHARE, RpcClient
 from harness import ProcessCluster, free_port, wait_cluster_ready, wait_stopped
+from tools.bench.ha import split_failover
 from tools.testbed.cutproxy import Partitions
 
 #: election timeout of the tests' metadata servers (the etcd lease TTL)
 ELECTION_TIMEOUT = 2.0
-#: seconds beyond the election timeout that a kill -9 of the active costs its clients at
-#: worst (``leasefs bench ha``, election timeout 3 s: 2.6-3.8 s here, 2.8-4.0 s measured
-#: before): the campaign's poll, the take-over, the client's next try
-KILL9_BEYOND_ELECTION = 1.0
-
-
-def freeze_failover_bound(election_timeout: float) -> float:
-    """Seconds from a freeze of the active to its clients' first call through its
-    successor, at worst: as after a kill -9, and one probe for the active more (a frozen
-    server's clients find its successor by asking, ``fs.rpcclient``)."""
-    silence = Config().replace(ha_election_timeout=election_timeout).rpc_silence
-    return election_timeout + KILL9_BEYOND_ELECTION + silence * PROBE_SHARE
-
-
 #: etcd (3.4) revokes an expired lease at its lessor's next sweep, one every 500 ms: the
 #: leader key goes up to that long after the lease's TTL ran out
 ETCD_EXPIRY_SWEEP = 0.5
@@ -81,6 +69,24 @@ def successor_bound(election_timeout: float, connecting: bool = False) -> float:
     successor takes over, which gives up after ``silence``."""
     silence = Config().replace(ha_election_timeout=election_timeout).rpc_silence
     return (silence * (PROBE_PAUSE + PROBE_SHARE + (1 if connecting else 0)) + FIRST_CREATE)
+
+
+def check_failover_parts(parts: list[dict], rounds: int, election_timeout: float,
+                         connecting: bool = False) -> None:
+    """Each round's failover as the successor records it (``bench ha``'s ``*_parts``,
+    ``tools.bench.ha.split_failover``): its election within the lease's TTL and etcd's
+    expiry sweep of the fault, and the clients' first create within what leasefs adds once
+    it serves (``successor_bound``; ``connecting``: for ``client_new``, a client started at
+    a cut). Not the sum: CPU starvation stretches etcd's part at load, and the sum then
+    hides whose it is."""
+    assert len(parts) == rounds and all(parts), parts
+    print("failover parts (s):", [{k: round(v, 3) for k, v in p.items()} for p in parts])
+    for part in parts:
+        assert part["election"] <= election_bound(election_timeout), parts
+        assert part["takeover"] + part["client"] <= successor_bound(election_timeout), parts
+        if "client_new" in part:
+            assert part["takeover"] + part["client_new"] <= successor_bound(
+                election_timeout, connecting), parts
 
 
 def call(address: str, method: str, **args):
@@ -269,15 +275,20 @@ class HACluster(ProcessCluster):
         self.procs[name].send_signal(signal.SIGCONT)
 
 
+#: what ``writes_through``'s client started after the failure writes
+LATE_PATH = "/late"
+
+
 @dataclass
 class WritesThrough:
     """What ``writes_through`` saw: ``acked`` path → (data, monotonic time acknowledged);
-    ``failures`` of the writers; ``failed_at``, the monotonic time of the failure;
-    ``first``/``late``: seconds from it to the first write acknowledged after it, and to
-    the first write of a client started after it."""
+    ``failures`` of the writers; ``failed_at``/``failed_wall``, the monotonic and wall
+    clock time of the failure; ``first``/``late``: seconds from it to the first write
+    acknowledged after it, and to the first write of a client started after it."""
     acked: dict[str, tuple[bytes, float]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     failed_at: float = 0.0
+    failed_wall: float = 0.0
     first: float = 0.0
     late: float = 0.0
 
@@ -285,6 +296,21 @@ class WritesThrough:
         """The acknowledged paths that do not read back as written."""
         with cluster.client() as client:
             return [p for p, (data, _) in self.acked.items() if client.read_file(p) != data]
+
+    def parts(self, successor: dict) -> dict[str, float]:
+        """The failover cut at the successor's election and take-over (its ``ha_status``),
+        as ``bench ha`` cuts its rounds (``split_failover``; for ``check_failover_parts``):
+        ``client`` ends at the writers' first write acknowledged after the election (one
+        acknowledged before it was the old active's, its reply already on the way),
+        ``client_new`` at the late client's; ``{}`` when the successor won no term since
+        the failure."""
+        elected = successor.get("elected_at")
+        if elected is None:
+            return {}
+        since = self.failed_at + elected - self.failed_wall
+        first = min((at for path, (_, at) in self.acked.items()
+                     if path != LATE_PATH and at > since), default=math.inf)
+        return split_failover(successor, self.failed_wall, first - self.failed_at, self.late)
 
 
 def writes_through(cluster: "HACluster", fail, election: float, *, writers: int = 4,
@@ -311,6 +337,12 @@ def writes_through(cluster: "HACluster", fail, election: float, *, writers: int 
                     continue
                 seen.acked[path] = (data, time.monotonic())
 
+    def fail_stamped() -> tuple[float, float]:
+        """``fail()``, then the monotonic and wall clock: taken in its own thread, as the
+        thread's return may wait a while for the busy trio thread"""
+        fail()
+        return time.monotonic(), time.time()
+
     async def main() -> None:
         stop = trio.Event()
         with trio.fail_after(60):
@@ -321,15 +353,15 @@ def writes_through(cluster: "HACluster", fail, election: float, *, writers: int 
                     await trio.sleep(0.01)
                 # fixed-sleep: the failure lands at a random point of the writes: chaos timing
                 await trio.sleep(random.uniform(0, election / 3))
-                await trio.to_thread.run_sync(fail)
-                at = seen.failed_at = time.monotonic()
+                at, seen.failed_wall = await trio.to_thread.run_sync(fail_stamped)
+                seen.failed_at = at
                 if watch is not None:
                     nursery.start_soon(watch, seen, stop)
                 async with AsyncClient(cluster.meta_address, config=config,
                                        client_name="late") as late:
-                    await late.write_file("/late", b"after the failure")
+                    await late.write_file(LATE_PATH, b"after the failure")
                 seen.late = time.monotonic() - at
-                seen.acked["/late"] = (b"after the failure", time.monotonic())
+                seen.acked[LATE_PATH] = (b"after the failure", at + seen.late)
                 while not any(t > at for _, t in seen.acked.values()):
                     await trio.sleep(0.01)
                 seen.first = min(t for _, t in seen.acked.values() if t > at) - at

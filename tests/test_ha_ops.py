@@ -27,7 +27,7 @@ import pytest
 import trio
 
 from etcd_cluster import ETCD
-from hakit import election_bound, successor_bound
+from hakit import check_failover_parts
 from fs import tls as tlsmod
 from fs.errors import sole_exception
 from fs.rpc import RpcClient
@@ -367,22 +367,6 @@ def test_up_with_tls_fails_over_and_restarts_with_the_same_certificates(tmp_path
         assert not left, left
     finally:
         kill_recorded(home)
-
-
-def check_failover_parts(parts: list[dict], rounds: int, election_timeout: float,
-                         connecting: bool = False) -> None:
-    """Each round's failover as the successor records it (``bench ha``'s ``*_parts``): its
-    election within the lease's TTL and etcd's expiry sweep of the fault, and the clients'
-    first create within what leasefs adds once it serves (``successor_bound``). Not the
-    sum: CPU starvation stretches etcd's part at load, and the sum then hides whose it is."""
-    assert len(parts) == rounds and all(parts), parts
-    print("failover parts (s):", [{k: round(v, 3) for k, v in p.items()} for p in parts])
-    for part in parts:
-        assert part["election"] <= election_bound(election_timeout), parts
-        assert part["takeover"] + part["client"] <= successor_bound(election_timeout), parts
-        if "client_new" in part:
-            assert part["takeover"] + part["client_new"] <= successor_bound(
-                election_timeout, connecting), parts
 
 
 def test_bench_ha_times_sigstop_rounds(tmp_path):
