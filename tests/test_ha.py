@@ -13,7 +13,8 @@ import pytest
 import trio
 
 from fs.errors import FileNotFound, LeaseFSError, StandbyError
-from hakit import HACluster, call, ha_status
+from hakit import (ELECTION_TIMEOUT, HACluster, call, election_bound, ha_status,
+                   successor_bound)
 from harness import poll_until
 
 pytestmark = pytest.mark.slow
@@ -52,14 +53,20 @@ def test_kill9_active_standby_takes_over_with_everything(ha):
     epoch = ha.statuses()[active]["epoch"]
     for i in range(50):
         call(ha.address(active), "mkdirs", path=f"/before/{i}")
+    killed = time.time()
     ha.kill_meta(active)
-    started = time.monotonic()
     new = ha.wait_active(timeout=15, besides=active)
-    took = time.monotonic() - started
     assert new != active
     status = ha.statuses()[new]
     assert status["epoch"] > epoch
-    assert took < 8, took
+    # in parts, as the successor records them: its election within the lease's TTL and
+    # etcd's expiry sweep of the kill, its take-over within what leasefs adds once elected
+    # (not the sum, which CPU starvation stretches in etcd's part)
+    print(f"election {status['elected_at'] - killed:.3f} s after the kill, take-over "
+          f"{status['active_at'] - status['elected_at']:.3f} s")
+    assert killed <= status["elected_at"] <= killed + election_bound(ELECTION_TIMEOUT), status
+    assert status["active_at"] - status["elected_at"] <= successor_bound(ELECTION_TIMEOUT), \
+        status
     listing = call(ha.address(new), "list_status", path="/before")
     assert len(listing["entries"] if isinstance(listing, dict) else listing) == 50
     call(ha.address(new), "mkdirs", path="/after")
