@@ -44,6 +44,12 @@ from ..schema.inode import DIR, FILE, Inode
 SETGID = 0o2000
 
 
+def _full(block: dict | None, block_size: int) -> bool:
+    """A finished block holding a whole ``block_size``: no writer continues it."""
+    return (block is not None and block["state"] != UNDER_CONSTRUCTION
+            and block["num_bytes"] >= block_size)
+
+
 class NamespacePlanner:
     """``plan_<op>`` of the create/mkdir/delete/attribute/writer/lease ops, deciding from
     ``view``; ids and stamps come from ``ids``, quota checks from ``quota``, detach
@@ -292,13 +298,18 @@ class NamespacePlanner:
         LeaseManager.check_writer(canonical, exists, uc.holder if uc else None, holder)
         return canonical, ino, inode
 
-    def check_previous(self, path: str, blocks: list[dict], previous) -> tuple[str, dict | None]:
+    def check_previous(self, path: str, blocks: list[dict], previous,
+                       block_size: int) -> tuple[str, dict | None]:
         """Classify add_block's ``previous`` against the file's blocks:
 
         * ``("retry", last)``   the last call's reply was lost: hand out the same last block
         * ``("first", None)``   the first block of an empty file
         * ``("commit", last)``  ``previous`` is the last block, to be committed now
-        * ``("committed", last)`` already committed with that length (a retried add_block)
+        * ``("committed", last)`` already committed with that length (a retried add_block),
+          or no ``previous`` after an append to a file whose last block is full: append
+          answered no block to go on with, so Hadoop's writer names none (HDFS allows it).
+          Its lost reply is answered by the retry cache; a second run finds a new last
+          block and refuses, as HDFS does, so no stale call adds a block
         """
         last = blocks[-1] if blocks else None
         if previous is not None:
@@ -311,6 +322,8 @@ class NamespacePlanner:
                     and previous["id"] == penultimate["id"]):
                 return "retry", last
         if previous is None:
+            if _full(last, block_size):
+                return "committed", last
             if blocks:
                 raise InvalidArgument(f"add_block {path}: previous is missing but the file "
                                       f"already has {nblocks} block(s)")
