@@ -14,23 +14,14 @@ import random
 import pytest
 
 from hadoopkit import requires_java
-from harness import ProcessCluster, free_port
-# ``shell``: that module's FsShell JVM fixture, here on this module's ``cluster``
+# ``shell``: that module's FsShell JVM fixture; ``cluster``: the inline append tests' (block
+# servers and metadata server as real processes, 1 MiB blocks, replication 2)
 from test_hdfs_fsshell import ok, shell  # noqa: F401
-from test_hdfs_inline_append import checksums, leasefs_append, read
+from test_hdfs_inline_append import checksums, cluster, leasefs_append, read  # noqa: F401, F811
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow, requires_java]
 
 RNG = random.Random(3537)
-BLOCK = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with ProcessCluster(tmp_path_factory.mktemp("append-full"), n_storage=2, settings={
-            "meta_hdfs_port": free_port(), "replication": 2, "block_size": BLOCK,
-            "min_block_size": 4096}) as running:
-        yield running
 
 
 def block_lengths(cluster, path: str) -> list[int]:
@@ -46,7 +37,8 @@ def test_appends_to_files_ending_on_a_block_boundary(cluster, shell, tmp_path):
     leasefs client's append goes on from there; the other order too (a leasefs client's
     append to a full file, then FsShell's). ``-cat``, a leasefs read and both checksums
     agree with the bytes written."""
-    one, two = RNG.randbytes(BLOCK), RNG.randbytes(2 * BLOCK)
+    block = cluster.settings["block_size"]
+    one, two = RNG.randbytes(block), RNG.randbytes(2 * block)
     with cluster.client() as client:
         client.mkdirs("/af")
         client.write_file("/af/py1", one)
@@ -60,7 +52,7 @@ def test_appends_to_files_ending_on_a_block_boundary(cluster, shell, tmp_path):
     old = {"/af/py1": one, "/af/py2": two, "/af/java1": one, "/af/java2": two,
            "/af/empty": b""}
     for path, data in old.items():
-        assert block_lengths(cluster, path) == [BLOCK] * (len(data) // BLOCK), path
+        assert block_lengths(cluster, path) == [block] * (len(data) // block), path
 
     more = tmp_path / "more"
     more.write_bytes(RNG.randbytes(5000))
@@ -71,7 +63,7 @@ def test_appends_to_files_ending_on_a_block_boundary(cluster, shell, tmp_path):
         leasefs_append(cluster, path, then)
         want[path] = data + more.read_bytes() + then
         assert block_lengths(cluster, path) == \
-            [BLOCK] * (len(data) // BLOCK) + [5000 + len(then)], path
+            [block] * (len(data) // block) + [5000 + len(then)], path
 
     # leasefs's own writer first (it names the full block as ``previous``), then Java's
     leasefs_append(cluster, "/af/py1-leasefs-first", then)
