@@ -308,8 +308,9 @@ class NamespacePlanner:
         * ``("committed", last)`` already committed with that length (a retried add_block),
           or no ``previous`` after an append to a file whose last block is full: append
           answered no block to go on with, so Hadoop's writer names none (HDFS allows it).
-          Its lost reply is answered by the retry cache; a second run finds a new last
-          block and refuses, as HDFS does, so no stale call adds a block
+          A second run finds the new block last and refuses, as HDFS does, so no stale
+          call adds a block; a retry is answered by the retry cache (``added_after_full``
+          after a restart)
         """
         last = blocks[-1] if blocks else None
         if previous is not None:
@@ -333,6 +334,16 @@ class NamespacePlanner:
                                   f"the file's last block "
                                   f"({last['id'] if last else 'the file has none'})")
         return self._commit_kind(path, last, previous), last
+
+    @staticmethod
+    def added_after_full(blocks: list[dict], block_size: int) -> dict | None:
+        """The block an add_block without ``previous`` added after a full last block (the
+        append case of ``check_previous``), while it is still the file's last, empty block;
+        else None."""
+        if (len(blocks) >= 2 and blocks[-1]["state"] == UNDER_CONSTRUCTION
+                and blocks[-1]["num_bytes"] == 0 and _full(blocks[-2], block_size)):
+            return blocks[-1]
+        return None
 
     def _commit_kind(self, path: str, last: dict, reported: dict) -> str:
         if reported.get("gs") is not None and reported["gs"] != last["gs"]:
