@@ -14,9 +14,9 @@ How, for every TCP connection leasefs opens or accepts (``watch``):
   kernel answers them.
 - data outstanding: a watcher task of the trio run reads each connection's ``TCP_INFO``
   every ``T/8`` s (at most 1 s): retransmissions (or two window probes in a row) unanswered
-  and no acknowledgement at all for ``T`` s is a peer host that is gone; the watcher shuts
-  the connection down, so that the blocked send or receive fails at once, and remembers why
-  (``lost``).
+  and no acknowledgement at all for ``T`` s, at two checks in a row (``gone``), is a peer
+  host that is gone; the watcher shuts the connection down, so that the blocked send or
+  receive fails at once, and remembers why (``lost``).
 
 Not ``TCP_USER_TIMEOUT``: measured on Linux 6.18, it fails a connection whose peer window
 stays closed that long although the peer answers every probe (a stopped or slow reader) —
@@ -77,11 +77,36 @@ def silent(info: bytes, seconds: float) -> bool:
     outstanding and retransmitted (or two window probes in a row unanswered), and no
     acknowledgement of any kind received for that long. A closed window whose probes are
     answered is not silence."""
+    return _waiting(info) and _ack_age(info) >= seconds * 1000
+
+
+def _waiting(info: bytes) -> bool:
+    """Retransmitted data or two window probes in a row outstanding (not yet answered)."""
     (_state, _ca, retransmits, probes, *_rest, unacked, _sacked, _lost, _retrans, _fackets,
-     _last_data_sent, _last_ack_sent, _last_data_recv, last_ack_recv) = \
+     _last_data_sent, _last_ack_sent, _last_data_recv, _last_ack_recv) = \
         _TCP_INFO.unpack_from(info)
-    waiting = (unacked > 0 and retransmits > 0) or probes >= 2
-    return waiting and last_ack_recv >= seconds * 1000
+    return (unacked > 0 and retransmits > 0) or probes >= 2
+
+
+def _ack_age(info: bytes) -> int:
+    """Milliseconds since the last acknowledgement received from the peer."""
+    return _TCP_INFO.unpack_from(info)[-1]
+
+
+def gone(earlier: bytes | None, info: bytes, seconds: float) -> bool:
+    """The watcher's verdict from two checks in a row: ``info`` is ``silent`` for
+    ``seconds``, and at the check before (``earlier``) a probe or retransmission was
+    already outstanding, with no acknowledgement since.
+
+    Why not one sample: ``TCP_INFO`` counts a probe as unanswered from the moment it is
+    sent, and a live peer's kernel leaves some window probes unanswered (it rate-limits
+    its answers to out-of-window segments, ``tcp_invalid_ratelimit``, 500 ms; Linux's probe
+    intervals start at 200 ms). After such a probe, the next one reads as "two unanswered"
+    with no ack for over a second until its answer is processed: an instant, but longer
+    under CPU load (softirqs run late), and one sample there cut a live, stopped reader.
+    A second check a watch interval later sees the answer."""
+    return (earlier is not None and silent(info, seconds) and _waiting(earlier)
+            and _ack_age(info) >= _ack_age(earlier))
 
 
 def _socket_of(stream):
@@ -101,6 +126,8 @@ class _Watcher:
     def __init__(self):
         self.watched: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.cut: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # each watched connection's TCP_INFO at the last check, for ``gone``
+        self.earlier: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.running = False
 
     def add(self, sock, seconds: float) -> None:
@@ -129,9 +156,11 @@ class _Watcher:
         if len(info) < _TCP_INFO.size:   # not a kernel whose tcp_info we know: keepalive only
             self.watched.pop(sock, None)
             return
-        if not silent(info, seconds):
+        earlier, self.earlier[sock] = self.earlier.get(sock), info
+        if not gone(earlier, info, seconds):
             return
         self.watched.pop(sock, None)
+        self.earlier.pop(sock, None)
         self.cut[sock] = describe(seconds)
         try:
             peer = "%s:%s" % sock.getpeername()[:2]
@@ -190,4 +219,5 @@ def lost(stream, exc: BaseException | None = None) -> str | None:
     return None
 
 
-__all__ = ["configure", "describe", "keepalive_plan", "lost", "silent", "timeout", "watch"]
+__all__ = ["configure", "describe", "gone", "keepalive_plan", "lost", "silent", "timeout",
+           "watch"]

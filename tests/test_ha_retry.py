@@ -411,6 +411,43 @@ async def test_the_write_path_calls_retried_after_a_restart_get_their_blocks_bac
     await main()
 
 
+async def test_the_first_add_block_after_an_append_to_a_full_block_retried_after_a_restart(
+        tmp_path):
+    """HDFS's writer asks for the first block after an append to a file whose last block
+    is full with no ``previous``; retried after a restart it gets the same block back (a
+    second run would find the new block last and refuse the call)."""
+    async def main():
+        async with meta_server(tmp_path) as meta:
+            async with meta.client("storage-a") as storage:
+                node = FakeNode(storage, "node-a", 9001)
+                await node.register()
+                created = await send(meta.address, "create", {
+                    "path": "/full", "client_name": "w1", "first_block": True}, 1)
+                first, size = created["first_block"], created["status"]["block_size"]
+                await node.received(first["block"], size)
+                ino = created["status"]["ino"]
+                assert await send(meta.address, "complete", {
+                    "path": "/full", "client_name": "w1", "ino": ino,
+                    "last": {**first["block"], "num_bytes": size}}, 2) is True
+                appended = await send(meta.address, "append",
+                                      {"path": "/full", "client_name": "w2"}, 3)
+                assert appended["last_block"] is None
+                add = {"path": "/full", "client_name": "w2", "ino": ino}
+                second = await send(meta.address, "add_block", add, 4)
+                assert second["offset"] == size
+                await meta.restart()
+                await node.register()
+                await node.report([[first["block"]["id"], first["block"]["gs"], size,
+                                    "FINALIZED"]])
+                assert _block_part(await send(meta.address, "add_block", add, 4)) == \
+                    _block_part(second)
+                # the same call as a new one is a stale add_block: refused
+                with pytest.raises(errors.InvalidArgument, match="previous is missing"):
+                    await send(meta.address, "add_block", add, 5)
+
+    await main()
+
+
 # ----------------------------------------------------------------------- real processes
 def run(fn, *args):
     try:

@@ -64,7 +64,7 @@ class Harness:
     async def add_block(self, path, holder="w1", previous=None, replication_targets=("n1",)):
         _, ino, inode = self.ns.planner.writer_file(path, None, holder)
         blocks = self.ns.view.tail_blocks(ino, inode)
-        kind, last = self.ns.planner.check_previous(path, blocks, previous)
+        kind, last = self.ns.planner.check_previous(path, blocks, previous, inode.block_size)
         assert kind in ("first", "commit", "committed"), kind
         commit = {"num_bytes": previous["num_bytes"]} if kind == "commit" else None
         block_id, gs = self.ns.ids.allocate_block_id(), self.ns.ids.next_genstamp()
@@ -236,11 +236,12 @@ async def test_block_lifecycle_commit_fsync_abandon_close(kind, tmp_path):
     async def body(h):
         st = await h.create("/f", holder="w1")
         ino = st["ino"]
+        bs = h.ns.view.get_inode(ino).block_size
         b1 = await h.add_block("/f")
         assert h.ns.view.blocks_of(ino) == [{"index": 0, "id": b1["id"], "gs": b1["gs"],
                                          "num_bytes": 0, "state": "UNDER_CONSTRUCTION"}]
         # a retried first add_block (reply lost) gets the same block back
-        assert h.ns.planner.check_previous("/f", h.ns.view.blocks_of(ino), None)[0] == "retry"
+        assert h.ns.planner.check_previous("/f", h.ns.view.blocks_of(ino), None, bs)[0] == "retry"
         # hsync records the length of the block being written
         await h.do(h.ns.planner.plan_fsync("/f", ino, h.ns.view.blocks_of(ino), 300))
         assert h.ns.view.get_file_info("/f")["length"] == 300
@@ -252,13 +253,14 @@ async def test_block_lifecycle_commit_fsync_abandon_close(kind, tmp_path):
         assert h.ns.view.get_file_info("/f")["length"] == 8 * BPC
         # previous that is not the last block / bigger than a block / stale gs
         with pytest.raises(errors.InvalidArgument, match="not the file's last block"):
-            h.ns.planner.check_previous("/f", blocks, {**b1, "num_bytes": 10, "id": 999})
+            h.ns.planner.check_previous("/f", blocks, {**b1, "num_bytes": 10, "id": 999}, bs)
         with pytest.raises(errors.StaleGenerationStamp):
-            h.ns.planner.check_previous("/f", blocks, {**b2, "gs": b2["gs"] - 1, "num_bytes": 5})
+            h.ns.planner.check_previous("/f", blocks, {**b2, "gs": b2["gs"] - 1, "num_bytes": 5},
+                                     bs)
         with pytest.raises(errors.InvalidArgument, match="exceeds"):
             h.ns.planner.check_block_length("/f", h.ns.view.get_inode(ino), 8 * BPC + 1)
         with pytest.raises(errors.InvalidArgument):
-            h.ns.planner.check_previous("/f", blocks, None)
+            h.ns.planner.check_previous("/f", blocks, None, bs)
         # abandon the last UC block, then a retried abandon is a no-op
         await h.do(h.ns.planner.plan_abandon("/f", ino, blocks, b2))
         assert [b["id"] for b in h.ns.view.blocks_of(ino)] == [b1["id"]]
@@ -315,6 +317,36 @@ async def test_add_block_after_a_separate_commit_still_completes_the_block_befor
         await h.add_block("/f", previous={**b1, "num_bytes": 8 * BPC})   # kind "committed"
         states = [b["state"] for b in h.ns.view.blocks_of(ino)]
         assert states == ["COMPLETE", "COMMITTED", "UNDER_CONSTRUCTION"]
+        assert_consistent(h)
+
+    await run_ns(kind, tmp_path, body)
+
+
+async def test_add_block_without_previous_after_an_append_to_a_full_last_block(kind, tmp_path):
+    """HDFS: an append to a file whose last block is full answers no block, so Hadoop's
+    writer names no ``previous`` for its first new block; no ``previous`` is still refused
+    once that block is there (a stale call: its retry is the retry cache's) or the last
+    block is partial."""
+    async def body(h):
+        full = 8 * BPC
+        await h.write_file("/full", [full])
+        await h.write_file("/part", [full - 1])
+        for path in ("/full", "/part"):
+            ino = h.ns.view.get_file_info(path)["ino"]
+            await h.do(h.ns.planner.plan_append(ino, h.ns.view.get_inode(ino), holder="w2",
+                                                new_gs=None, now_ns=h.now()))
+        with pytest.raises(errors.InvalidArgument, match="previous is missing"):
+            h.ns.planner.check_previous("/part", h.ns.view.blocks_of(
+                h.ns.view.get_file_info("/part")["ino"]), None, full)
+        ino = h.ns.view.get_file_info("/full")["ino"]
+        assert h.ns.planner.check_previous("/full", h.ns.view.blocks_of(ino), None,
+                                           full)[0] == "committed"
+        new = await h.add_block("/full", "w2")
+        with pytest.raises(errors.InvalidArgument, match="previous is missing"):
+            h.ns.planner.check_previous("/full", h.ns.view.blocks_of(ino), None, full)
+        await h.close("/full", "w2", {**new, "num_bytes": 100})
+        assert h.ns.view.get_file_info("/full")["length"] == full + 100
+        assert [b["state"] for b in h.ns.view.blocks_of(ino)] == ["COMPLETE", "COMPLETE"]
         assert_consistent(h)
 
     await run_ns(kind, tmp_path, body)
@@ -403,7 +435,7 @@ def test_writer_calls_read_only_the_last_blocks_of_a_long_file(kind, tmp_path):
         tail = ns.view.tail_blocks(ino, inode)
         assert [b["index"] for b in tail] == [2998, 2999] and store.block_reads == 2
         previous = {"id": tail[-1]["id"], "gs": tail[-1]["gs"], "num_bytes": full}
-        assert ns.planner.check_previous("/long", tail, previous)[0] == "commit"
+        assert ns.planner.check_previous("/long", tail, previous, inode.block_size)[0] == "commit"
         plan = ns.planner.plan_add_block(ino, tail, 10**6, ns.ids.next_genstamp(),
                                  {"num_bytes": full}, ["n1"], 4)
         assert plan.index == 3000 and plan.previous["index"] == 2999

@@ -46,6 +46,29 @@ def test_silence_is_unanswered_data_or_probes_for_the_whole_timeout():
     assert not tcpliveness.silent(_info(last_ack_recv=60000), 3)
 
 
+def test_one_sample_of_a_probe_just_sent_is_not_a_host_gone():
+    """Measured on loopback under load (a live peer that does not read): a window probe
+    left unanswered (the peer's kernel rate-limits those answers), then, the instant the
+    next probe is sent, TCP_INFO reads two probes unanswered and no ack for 1.3 s. One
+    sample is ``silent``; the watcher's verdict needs the check before to be waiting too,
+    and no ack in between."""
+    unanswered = _info(probes=1, last_ack_recv=1200)
+    just_sent = _info(probes=2, last_ack_recv=1312)
+    answered = _info(probes=0, last_ack_recv=3)
+    assert tcpliveness.silent(just_sent, 1)
+    assert not tcpliveness.gone(unanswered, just_sent, 1)
+    assert not tcpliveness.gone(just_sent, answered, 1)
+    assert not tcpliveness.gone(None, just_sent, 1)      # the first check of a connection
+    # a host gone: probes (or retransmissions) unanswered at both checks, no ack since
+    assert tcpliveness.gone(_info(probes=2, last_ack_recv=900),
+                            _info(probes=3, last_ack_recv=1030), 1)
+    assert tcpliveness.gone(_info(retransmits=2, unacked=3, last_ack_recv=880),
+                            _info(retransmits=3, unacked=3, last_ack_recv=1005), 1)
+    # an acknowledgement between the two checks: not the same silence
+    assert not tcpliveness.gone(_info(probes=2, last_ack_recv=1500),
+                                _info(probes=2, last_ack_recv=1100), 1)
+
+
 async def _pair():
     listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
     port = listener.socket.getsockname()[1]
@@ -99,11 +122,14 @@ async def _peer_that_does_not_read(liveness):
     async with trio.open_nursery() as nursery:
         nursery.start_soon(send)
         # fixed-sleep: a slow but live peer for three timeouts is never judged lost;
-        # the kernel's view over real time is what is tested
-        await trio.sleep(3 * tcpliveness.timeout())
+        # the kernel's view over real time is what is tested, at every watcher interval
+        end, earlier = trio.current_time() + 3 * tcpliveness.timeout(), None
+        while trio.current_time() < end:
+            await trio.sleep(tcpliveness.timeout() / 8)
+            info = client.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+            assert not tcpliveness.gone(earlier, info, tcpliveness.timeout()), (earlier, info)
+            earlier = info
         assert not sent.is_set()
-        info = client.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
-        assert not tcpliveness.silent(info, tcpliveness.timeout())
         assert tcpliveness.lost(client) is None
         got = bytearray()
         while len(got) < len(payload):

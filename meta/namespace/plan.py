@@ -44,6 +44,12 @@ from ..schema.inode import DIR, FILE, Inode
 SETGID = 0o2000
 
 
+def _full(block: dict | None, block_size: int) -> bool:
+    """A finished block holding a whole ``block_size``: no writer continues it."""
+    return (block is not None and block["state"] != UNDER_CONSTRUCTION
+            and block["num_bytes"] >= block_size)
+
+
 class NamespacePlanner:
     """``plan_<op>`` of the create/mkdir/delete/attribute/writer/lease ops, deciding from
     ``view``; ids and stamps come from ``ids``, quota checks from ``quota``, detach
@@ -292,13 +298,19 @@ class NamespacePlanner:
         LeaseManager.check_writer(canonical, exists, uc.holder if uc else None, holder)
         return canonical, ino, inode
 
-    def check_previous(self, path: str, blocks: list[dict], previous) -> tuple[str, dict | None]:
+    def check_previous(self, path: str, blocks: list[dict], previous,
+                       block_size: int) -> tuple[str, dict | None]:
         """Classify add_block's ``previous`` against the file's blocks:
 
         * ``("retry", last)``   the last call's reply was lost: hand out the same last block
         * ``("first", None)``   the first block of an empty file
         * ``("commit", last)``  ``previous`` is the last block, to be committed now
-        * ``("committed", last)`` already committed with that length (a retried add_block)
+        * ``("committed", last)`` already committed with that length (a retried add_block),
+          or no ``previous`` after an append to a file whose last block is full: append
+          answered no block to go on with, so Hadoop's writer names none (HDFS allows it).
+          A second run finds the new block last and refuses, as HDFS does, so no stale
+          call adds a block; a retry is answered by the retry cache (``added_after_full``
+          after a restart)
         """
         last = blocks[-1] if blocks else None
         if previous is not None:
@@ -311,6 +323,8 @@ class NamespacePlanner:
                     and previous["id"] == penultimate["id"]):
                 return "retry", last
         if previous is None:
+            if _full(last, block_size):
+                return "committed", last
             if blocks:
                 raise InvalidArgument(f"add_block {path}: previous is missing but the file "
                                       f"already has {nblocks} block(s)")
@@ -320,6 +334,16 @@ class NamespacePlanner:
                                   f"the file's last block "
                                   f"({last['id'] if last else 'the file has none'})")
         return self._commit_kind(path, last, previous), last
+
+    @staticmethod
+    def added_after_full(blocks: list[dict], block_size: int) -> dict | None:
+        """The block an add_block without ``previous`` added after a full last block (the
+        append case of ``check_previous``), while it is still the file's last, empty block;
+        else None."""
+        if (len(blocks) >= 2 and blocks[-1]["state"] == UNDER_CONSTRUCTION
+                and blocks[-1]["num_bytes"] == 0 and _full(blocks[-2], block_size)):
+            return blocks[-1]
+        return None
 
     def _commit_kind(self, path: str, last: dict, reported: dict) -> str:
         if reported.get("gs") is not None and reported["gs"] != last["gs"]:

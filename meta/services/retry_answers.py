@@ -23,7 +23,8 @@ own names and defaults. Per method, one of:
   type); such a call passes it to its journal record (``keep_removed``, the handler's
   ``log_plan(kept=...)``), only then, in a compact form (``_REMOVED_FIELDS``);
 * run again, where a second run is safe and gives the first answer: add_block (its
-  ``previous`` check recognizes a retry and hands out the same last block), complete (a
+  ``previous`` check recognizes a retry and hands out the same last block; without
+  ``previous`` after an append to a full block: rebuilt), complete (a
   file already closed with that last block answers true), recover_lease (idempotent: closed
   → true, in recovery → false), and create/create_symlink/rewrite/append when the caller's
   result is not there and a second run cannot destroy anything (it creates, reopens or
@@ -161,7 +162,20 @@ async def create(server, ctx, rerun, kept, path, client_name, overwrite=False,
 async def add_block(server, ctx, rerun, kept, path, client_name, ino=None, previous=None,
                     excluded=()):
     """Run again: ``check_previous`` sees that the file's last block follows ``previous``
-    (a retry) and answers that block located, allocating nothing."""
+    (a retry) and answers that block located, allocating nothing. Rebuilt without
+    ``previous`` on a file with blocks: applied, such a call was the first after an append
+    to a full last block, which a second run would refuse; the empty block it added is
+    still the last one while its writer waits for this answer."""
+    if previous is None:
+        found = _found(server, paths.join_parts(paths.split(path)))
+        if found is not None and _held_by(found[1], client_name):
+            ino, inode = found
+            last = server.ns.planner.added_after_full(server.ns.view.tail_blocks(ino, inode),
+                                                      inode.block_size or 0)
+            if last is not None:
+                return server.locator.located(last, server.blocks.get(last["id"]),
+                                              inode.length or 0, server.access.token_user(ctx),
+                                              WRITE_TOKEN)
     return await rerun()
 
 
