@@ -232,11 +232,11 @@ def test_journaled_block_changes_go_through_the_table():
     with pytest.raises(errors.InvalidArgument, match="block 1: cannot end the recovery of a block"):
         m.recovered(1, gs=8, num_bytes=4, close=False, finalized_on=[])
     assert (m.get(1).state, m.get(1).gs, m.get(1).num_bytes) == (bm.COMPLETE, 6, 12)
-    m.truncate(1, 4)
-    assert (m.get(1).state, m.get(1).num_bytes) == (bm.UNDER_CONSTRUCTION, 4)
+    m.truncate(1)   # reopened; it keeps its length until the recovery commits the cut
+    assert (m.get(1).state, m.get(1).num_bytes) == (bm.UNDER_CONSTRUCTION, 12)
     with pytest.raises(errors.InvalidArgument, match="cannot truncate a block that is "
                                                      "UNDER_CONSTRUCTION"):
-        m.truncate(1, 2)
+        m.truncate(1)
     m.start_recovery(1)
     m.recovered(1, gs=8, num_bytes=4, close=True, finalized_on=["n1"])
     assert (m.get(1).state, m.get(1).gs) == (bm.COMPLETE, 8)   # FINALIZED on n1: complete
