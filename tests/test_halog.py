@@ -146,8 +146,11 @@ async def test_a_waiting_campaign_watches_the_leader_key_and_wins_when_it_goes(e
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(waiter)
+            # fixed-sleep: the waiter's campaign shows nothing outside while it waits; this
+            # lets its first transaction and its watch start before the count begins
             await trio.sleep(0.3)
             before = await trio.to_thread.run_sync(proposals_committed, etcd.endpoints[0])
+            # fixed-sleep: the measured window itself (proposals per 2 s of waiting)
             await trio.sleep(2.0)
             after = await trio.to_thread.run_sync(proposals_committed, etcd.endpoints[0])
             resigned = trio.current_time()
