@@ -20,12 +20,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 class _Silent:
-    """A placement that runs block server 0 as a process exiting 1 without a word (as one
-    whose stderr went elsewhere would look); the others as given."""
+    """A placement that runs block server 0 as ``script`` (by default a process exiting 1
+    without a word, as one whose writes to its log failed would look); the others as
+    given."""
+
+    def __init__(self, script: str = "import sys; sys.exit(1)"):
+        self.script = script
 
     def command(self, name: str, argv: list[str]) -> list[str]:
         if name == "storage0":
-            return [sys.executable, "-c", "import sys; sys.exit(1)"]
+            return [sys.executable, "-c", self.script]
         return argv
 
     def bind_host(self, name: str) -> str:
@@ -67,4 +71,19 @@ def test_a_server_that_exits_without_a_word_is_named_with_status_log_and_command
     log = tmp_path / "logs" / "storage0.log"
     assert f"storage0 exited with status 1 before writing anything to {log}" in text, text
     assert "sys.exit(1)" in text, text      # the command it ran
+    assert _stopped(cluster) == [], text
+
+
+def test_a_server_whose_log_vanished_is_named_with_why_it_could_not_be_read(tmp_path):
+    logs = tmp_path / "logs"
+    cluster = ProcessCluster(tmp_path, n_storage=1, settings={"security": "simple"},
+                             placement=_Silent(f"import shutil, sys; shutil.rmtree({str(logs)!r}); "
+                                               f"sys.exit(1)"))
+    with pytest.raises(RuntimeError) as failed:
+        with cluster:
+            pass
+    text = str(failed.value)
+    assert "storage0 exited with status 1" in text, text
+    assert f"its log {logs / 'storage0.log'} could not be read" in text, text
+    assert "No such file or directory" in text, text
     assert _stopped(cluster) == [], text
