@@ -20,6 +20,7 @@ import argparse
 import logging
 import socket
 import sys
+from contextlib import contextmanager
 from functools import partial
 
 import trio
@@ -92,10 +93,11 @@ class BlockServer:
         await self.store.open()
         try:
             async with trio.open_nursery() as nursery:
-                self.bound = await nursery.start(partial(
-                    serve_tcp, self.transfer.handle, host, port, name="block server",
-                    limits=ConnectionLimits.from_config(self.config),
-                    refusal=refusal_response, tls=server_tls))
+                with _naming_port(host, port, "storage_port, the data-transfer port"):
+                    self.bound = await nursery.start(partial(
+                        serve_tcp, self.transfer.handle, host, port, name="block server",
+                        limits=ConnectionLimits.from_config(self.config),
+                        refusal=refusal_response, tls=server_tls))
                 self.advertised = format_address((await advertised_host(
                     self.config, host, self.heartbeat.meta_address), self.bound[1]))
                 if self.transfer.node_key is not None:
@@ -103,15 +105,20 @@ class BlockServer:
                     self.vouch_socket = await nursery.start(partial(
                         serve_vouch, self.config, self.heartbeat, self.bound[1]))
                 if self.config.storage_http_port >= 0:
-                    self.http_bound = await nursery.start(partial(
-                        serve_app, make_app(self), host, self.config.storage_http_port,
-                        name="block server web page"))
+                    with _naming_port(host, self.config.storage_http_port,
+                                      "storage_http_port, the web page; -1 = off"):
+                        self.http_bound = await nursery.start(partial(
+                            serve_app, make_app(self), host, self.config.storage_http_port,
+                            name="block server web page"))
                     self.heartbeat.http_port = self.http_bound[1]
                 if self.config.storage_hdfs_port >= 0:
-                    self.hdfs_bound = await nursery.start(partial(
-                        serve_tcp, self.hdfs.handle, host, self.config.storage_hdfs_port,
-                        name="block server HDFS data transfer",
-                        limits=ConnectionLimits.from_config(self.config)))
+                    with _naming_port(host, self.config.storage_hdfs_port,
+                                      "storage_hdfs_port, the port for Hadoop's client; "
+                                      "-1 = off"):
+                        self.hdfs_bound = await nursery.start(partial(
+                            serve_tcp, self.hdfs.handle, host, self.config.storage_hdfs_port,
+                            name="block server HDFS data transfer",
+                            limits=ConnectionLimits.from_config(self.config)))
                     self.heartbeat.hdfs_port = self.hdfs_bound[1]
                     if server_tls is not None:
                         log.warning("HDFS data-transfer port %d is plaintext (HDFS's protocol "
@@ -124,6 +131,19 @@ class BlockServer:
                 await self.heartbeat.run(self.advertised)
         finally:
             self.store.close()
+
+
+@contextmanager
+def _naming_port(host: str, port: int, setting: str):
+    """A failed listen names its address and setting: a block server serves up to three
+    ports, and 'Address already in use' alone does not say which one was taken."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc),
+                      f"{format_address((host, port))} ({setting})") from None
 
 
 WILDCARDS = ("", "0.0.0.0", "::", "*")

@@ -51,14 +51,18 @@ class HadoopJvm:
     without taking a SparkSession down with it. ``fs(uri, settings)``: Hadoop's
     ``FileSystem`` for ``uri`` as ``user`` (simple authentication)."""
 
-    def __init__(self, user: str = "root"):
+    def __init__(self, user: str = "root", heap: str = "512m", conf: Path | None = None):
+        """``conf``: a configuration folder put first on the class path."""
         from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
         saved = os.environ.get("HADOOP_USER_NAME")
         os.environ["HADOOP_USER_NAME"] = user   # the launched JVM inherits it
+        classpath = f"{jars()}/*" if conf is None else f"{conf}{os.pathsep}{jars()}/*"
         try:
+            # the process is kept to be killed: py4j's die_on_exit waits for its stdin to
+            # close, which never happens while subprocess keeps the Popen of a live child
             port, self.proc = launch_gateway(
-                classpath=f"{jars()}/*", die_on_exit=True, return_proc=True,
-                javaopts=["-Xmx512m", "-XX:TieredStopAtLevel=1"],
+                classpath=classpath, die_on_exit=True, return_proc=True,
+                javaopts=[f"-Xmx{heap}", "-XX:TieredStopAtLevel=1"],
                 redirect_stdout=subprocess.DEVNULL, redirect_stderr=subprocess.DEVNULL)
         finally:
             if saved is None:

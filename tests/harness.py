@@ -381,7 +381,44 @@ def require_slow_marker(what: str) -> None:
 
 
 class PortTaken(RuntimeError):
-    """A server process could not bind the port it was given."""
+    """A server process could not bind the port it was given (``--port``)."""
+
+
+# how a server names the address it could not listen on (tools.cluster.daemons: the
+# OSError's text, then its address and setting)
+_IN_USE = re.compile(r"Address already in use(?:: \[?([^\s\]]*?)\]?:(\d+)\b)?")
+
+
+def start_failure(name: str, status: int, port: int, log_path: Path, began: int,
+                  argv: list[str]) -> RuntimeError:
+    """Why server process ``name`` exited before reporting its address, from what this start
+    wrote to its log (from offset ``began``): ``PortTaken`` when the port it was given is in
+    use (another may be tried), else a ``RuntimeError`` naming the cause. Says so when the
+    start wrote nothing, with the exit status and the command, so no failure is blank."""
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(began)
+            said = fh.read().decode(errors="replace")
+    except OSError as exc:
+        said = f"(its log {log_path} could not be read: {exc})"
+    how = (f"was killed by {signal.Signals(-status).name}" if status < 0
+           else f"exited with status {status}")
+    if not said.strip():
+        # a write to the log that failed (a full disk) leaves it empty too: say what is free
+        try:
+            free = f"{shutil.disk_usage(log_path.parent).free // (1 << 20)} MiB free there"
+        except OSError as exc:
+            free = f"free space unknown: {exc}"
+        return RuntimeError(f"{name} {how} before writing anything to {log_path} "
+                            f"(its stdout and stderr; {free}); command: {' '.join(argv)}")
+    tail = "\n".join(said.splitlines()[-40:])
+    taken = _IN_USE.search(said)
+    if taken is not None and taken.group(2) in (None, str(port)):
+        return PortTaken(f"{name}: port {port} taken:\n{tail}")
+    if taken is not None:   # a port from its settings: another --port would not help
+        return RuntimeError(f"{name}: port {taken.group(2)} from its settings is taken "
+                            f"(not its --port {port}):\n{tail}")
+    return RuntimeError(f"{name} {how}:\n{tail}")
 
 
 class ProcessCluster:
@@ -434,7 +471,9 @@ class ProcessCluster:
         addr_file = self.base / "run" / f"{name}.addr"
         addr_file.parent.mkdir(parents=True, exist_ok=True)
         addr_file.unlink(missing_ok=True)
-        log = open(self.base / "logs" / f"{name}.log", "ab")
+        log_path = self.base / "logs" / f"{name}.log"
+        log = open(log_path, "ab")
+        began = log.tell()   # this start's output: a restart appends to the earlier lives'
         port = str(self.ports.setdefault(name, free_port()))
         argv = [self.python, "-m", "tools", *args, "--port", port, "--address-file",
                 str(addr_file), *self._set_args(name)]
@@ -450,10 +489,7 @@ class ProcessCluster:
         deadline = time.monotonic() + 30
         while not addr_file.exists():
             if proc.poll() is not None:
-                tail = self.log_tail(name)
-                if "Address already in use" in tail:
-                    raise PortTaken(f"{name}: port {port} taken:\n{tail}")
-                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
+                raise start_failure(name, proc.returncode, int(port), log_path, began, argv)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name} did not report its address:\n{self.log_tail(name)}")
             time.sleep(0.02)
@@ -562,7 +598,13 @@ class ProcessCluster:
             self.kill(name, signal.SIGTERM, timeout=10)
 
     def __enter__(self):
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            # __exit__ is not called when __enter__ raises: the servers that did start would
+            # run on past the test (their own sessions), holding ports and CPU
+            self.stop()
+            raise
 
     def __exit__(self, *exc):
         self.stop()

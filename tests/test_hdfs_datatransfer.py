@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from harness import ProcessCluster, storage_index, wait_until
-from hadoopkit import jars, requires_java
+from hadoopkit import HadoopJvm, requires_java
 
 from fs.client import AsyncClient
 from fs.errors import ProtocolError
@@ -607,13 +607,8 @@ def test_secure_mode_refuses_a_read_without_a_valid_token(cluster):
 @pytest.fixture(scope="module")
 def jvm():
     """Hadoop's own client classes in one JVM for the module (py4j, as PySpark drives it)."""
-    from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
-
-    port = launch_gateway(classpath=f"{jars()}/*", die_on_exit=True,
-                          javaopts=["-Xmx256m", "-XX:TieredStopAtLevel=1"])
-    gateway = JavaGateway(gateway_parameters=GatewayParameters(port=port))
-    yield gateway
-    gateway.shutdown()
+    with HadoopJvm(heap="256m") as held:   # stopped with the module, not the session
+        yield held.gateway
 
 
 def _java_socket(jvm, address: str):

@@ -23,7 +23,7 @@ from fs.datatransfer import crc32c
 from fs.hdfs import datatransfer as hdt
 from fs.hdfs.datatransfer import Stage
 from fs.hdfs.pb import datatransfer_pb2 as dt
-from hadoopkit import fs_shell, jars, requires_java, write_conf
+from hadoopkit import HadoopJvm, fs_shell, requires_java, write_conf
 from harness import ProcessCluster, free_port, leasefs, poll_until
 from test_hdfs_datatransfer import _answer, _raw, first_block, hdfs_address
 
@@ -109,16 +109,8 @@ class Shell:
 
 @pytest.fixture(scope="module")
 def shell(cluster):
-    from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
-
-    port = launch_gateway(classpath=f"{jars()}/*", die_on_exit=True,
-                          javaopts=["-Xmx256m", "-XX:TieredStopAtLevel=1",
-                                    "-DHADOOP_USER_NAME=root"])
-    gateway = JavaGateway(gateway_parameters=GatewayParameters(port=port))
-    try:
-        yield Shell(gateway, address(cluster))
-    finally:
-        gateway.shutdown()
+    with HadoopJvm(heap="256m") as held:   # stopped with the module, not the session
+        yield Shell(held.gateway, address(cluster))
 
 
 def address(cluster) -> str:

@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from harness import ProcessCluster, free_port, mounted
-from hadoopkit import fs_shell, jars, requires_java, write_conf
+from hadoopkit import HadoopJvm, fs_shell, jars, requires_java, write_conf
 
 from fs import blocktoken
 from fs.client import AsyncClient
@@ -82,14 +82,9 @@ def jvm(conf):
     """Hadoop's client in one JVM for the module (py4j, as PySpark drives it)."""
     if jars() is None:
         pytest.skip("needs pyspark's Hadoop client jars")
-    from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
-
     os.environ.setdefault("HADOOP_USER_NAME", "root")
-    port = launch_gateway(classpath=f"{conf}{os.pathsep}{jars()}/*", die_on_exit=True,
-                          javaopts=["-Xmx384m", "-XX:TieredStopAtLevel=1"])
-    gateway = JavaGateway(gateway_parameters=GatewayParameters(port=port))
-    yield gateway.jvm
-    gateway.shutdown()
+    with HadoopJvm(heap="384m", conf=conf) as held:   # stopped with the module
+        yield held.jvm
 
 
 class JavaFs:
