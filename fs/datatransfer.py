@@ -153,6 +153,8 @@ class Packet:
     data: bytes
     sums: bytes
     flags: int
+    #: the packet as another wire's bytes, when a node passes it on as it came in
+    wire: bytes | None = None
 
     @property
     def last(self) -> bool:
@@ -198,6 +200,16 @@ def encode_ack(seqno: int, statuses) -> bytes:
 
 async def send_ack(framed: FramedStream, seqno: int, statuses) -> None:
     await framed.send_all(encode_ack(seqno, statuses))
+
+
+def take_ack(framed: FramedStream) -> tuple[int, list[int]] | None:
+    """The next ack when it was received whole (taken without a trip through trio), else
+    None."""
+    head = framed.unpack_buffered(ACK_HEADER)
+    if head is None or framed.buffered() < ACK_HEADER.size + head[1]:
+        return None
+    raw = framed.take(ACK_HEADER.size + head[1])
+    return head[0], list(raw[ACK_HEADER.size:])
 
 
 async def receive_ack(framed: FramedStream) -> tuple[int, list[int]]:

@@ -79,6 +79,13 @@ class FramedStream:
         """Up to ``n`` of the bytes received and not yet taken, left in place."""
         return bytes(self._buf[:n])
 
+    def unpack_buffered(self, layout, offset: int = 0) -> tuple | None:
+        """``layout`` (a ``struct.Struct``) unpacked from the bytes received at ``offset``,
+        left in place; None while fewer have arrived."""
+        if len(self._buf) < offset + layout.size:
+            return None
+        return layout.unpack_from(self._buf, offset)
+
     async def receive_exactly(self, n: int) -> bytes:
         """Exactly ``n`` bytes; ``EOFError`` if the peer closes first."""
         if n <= 0:
@@ -97,6 +104,11 @@ class FramedStream:
                 got += len(chunk)
             return b"".join(parts)
         await self._fill(n)
+        return self.take(n)
+
+    def take(self, n: int) -> bytes:
+        """The next ``n`` bytes, which were received already (``buffered() >= n``): taken
+        without a trip through trio."""
         with memoryview(self._buf) as view:   # one copy (a slice of the bytearray is two)
             out = view[:n].tobytes()
         del self._buf[:n]

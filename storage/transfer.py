@@ -88,7 +88,7 @@ from fs.datatransfer import (ack_timeout, BLOCK_CHECKSUM, BLOCK_LENGTH, CHECKSUM
                              PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
                              TRANSFER_BLOCK, TRANSFER_FINALIZED, TRANSFER_RBW, WRITE_BLOCK,
                              WRITE_BLOCK_ONESHOT,
-                             Packet, encode_packet_header, num_chunks, receive_ack, encode_ack,
+                             Packet, encode_packet_header, num_chunks, receive_ack, take_ack, encode_ack,
                              send_packet, verify_checksums)
 from fs.dataconn import close_gracefully, failure_cause, open_data_connection
 from fs.errors import (ChecksumError, InternalError, InvalidArgument, InvalidToken,
@@ -951,8 +951,11 @@ class WritePipeline:
             return []
         if not self.downstream_failed:
             try:
-                with trio.fail_after(self.downstream_timeout):
-                    ack_seqno, statuses = await self.wire.receive_ack(self.downstream)
+                got = self.wire.take_ack(self.downstream)
+                if got is None:
+                    with trio.fail_after(self.downstream_timeout):
+                        got = await self.wire.receive_ack(self.downstream)
+                ack_seqno, statuses = got
                 if ack_seqno != seqno:
                     raise ProtocolError(f"downstream acked seqno {ack_seqno}, expected {seqno}")
                 if not statuses:
@@ -1077,6 +1080,9 @@ class NativeWire:
 
     async def receive_ack(self, framed: FramedStream) -> tuple[int, list[int]]:
         return await receive_ack(framed)
+
+    def take_ack(self, framed: FramedStream) -> tuple[int, list[int]] | None:
+        return take_ack(framed)
 
 
 class BadPacket(ProtocolError):

@@ -128,6 +128,8 @@ class Packet:
     sync: bool
     sums: bytes
     data: bytes | memoryview   # received packets: a view into the received payload
+    #: the whole packet as it was received, when it came in one piece
+    wire: bytes | None = None
 
     @property
     def heartbeat(self) -> bool:
@@ -168,39 +170,27 @@ def encode_packet(offset: int, seqno: int, data, sums: bytes, last: bool = False
     return out
 
 
-def _whole_packet_buffered(framed: FramedStream) -> bool:
-    """Whether the next packet was received whole (then reading it cannot wait)."""
-    prefix = framed.peek(PACKET_PREFIX.size)
-    if len(prefix) < PACKET_PREFIX.size:
-        return False
-    plen, hlen = PACKET_PREFIX.unpack(prefix)
-    return framed.buffered() >= PACKET_PREFIX.size + hlen + plen - 4
+def _whole_packet_size(framed: FramedStream) -> int:
+    """The size of the next packet when it was received whole (then it is taken without
+    a trip through trio), else 0."""
+    prefix = framed.unpack_buffered(PACKET_PREFIX)
+    if prefix is None:
+        return 0
+    plen, hlen = prefix
+    size = PACKET_PREFIX.size + hlen + plen - 4
+    return size if framed.buffered() >= size else 0
 
 
-async def receive_packet(framed: FramedStream, bytes_per_checksum: int | None,
-                         reserve=None, deadline: float | None = None) -> Packet:
-    """The next packet; lengths are checked before anything big is read. With
-    ``bytes_per_checksum`` the checksums must be one per chunk of the data (None: no
-    checksums, CHECKSUM_NULL). ``reserve(n)`` (awaited) is told the payload size first,
-    so a server can bound what all its connections buffer. ``deadline`` (trio time): the
-    whole packet is read by then, or ``trio.TooSlowError`` (``reserve`` sees to its own)."""
-    if deadline is not None and not _whole_packet_buffered(framed):
-        # a packet already here whole (most of a fast writer's) is taken without a cancel
-        # scope: it would cost more than the rest of the packet's handling
-        with trio.fail_at(deadline):
-            return await receive_packet(framed, bytes_per_checksum, reserve)
-    # the lengths and the shortest header in one receive: every header holds the four
-    # required fields, HEADER_SIZE bytes at least
-    head = await framed.receive_exactly(PACKET_PREFIX.size + HEADER_SIZE)
-    plen, hlen = PACKET_PREFIX.unpack_from(head)
+def _packet_layout(plen: int, hlen: int) -> None:
     if plen < 4 or not HEADER_SIZE <= hlen <= MAX_HEADER or plen - 4 + hlen > MAX_PACKET:
         raise ProtocolError(f"packet of {plen} bytes with a {hlen}-byte header: more than "
                             f"{MAX_PACKET} bytes, or malformed")
-    header = head[PACKET_PREFIX.size:]
-    if hlen > HEADER_SIZE:
-        header += await framed.receive_exactly(hlen - HEADER_SIZE)
+
+
+def _packet_fields(header, payload: int, bytes_per_checksum: int | None):
+    """``(offset, seqno, last, data_len, sync, sums_len)`` of a packet whose header is
+    ``header`` and whose checksums and data are ``payload`` bytes, checked."""
     offset, seqno, last, data_len, sync = parse_packet_header(header)
-    payload = plen - 4
     sums_len = payload - data_len
     want = 0 if bytes_per_checksum is None else CHECKSUM_SIZE * num_chunks(
         data_len, bytes_per_checksum)
@@ -209,11 +199,51 @@ async def receive_packet(framed: FramedStream, bytes_per_checksum: int | None,
                             f"bytes (expected {want}) at offset {offset}")
     if last and data_len:
         raise ProtocolError(f"packet {seqno}: the last packet carries {data_len} data bytes")
+    return offset, seqno, last, data_len, sync, sums_len
+
+
+async def receive_packet(framed: FramedStream, bytes_per_checksum: int | None,
+                         reserve=None, deadline: float | None = None) -> Packet:
+    """The next packet; lengths are checked before anything big is read. With
+    ``bytes_per_checksum`` the checksums must be one per chunk of the data (None: no
+    checksums, CHECKSUM_NULL). ``reserve(n)`` (awaited) is told the payload size first,
+    so a server can bound what all its connections buffer. ``deadline`` (trio time): the
+    whole packet is read by then, or ``trio.TooSlowError`` (``reserve`` sees to its own).
+
+    A packet already received whole (most of a fast writer's) is taken in one piece,
+    without a cancel scope, and keeps its bytes as received in ``wire`` (a node that
+    passes it on unchanged sends those)."""
+    size = _whole_packet_size(framed)
+    if size:
+        plen, hlen = framed.unpack_buffered(PACKET_PREFIX)
+        _packet_layout(plen, hlen)
+        raw = framed.take(size)
+        view = memoryview(raw)
+        at = PACKET_PREFIX.size + hlen
+        offset, seqno, last, data_len, sync, sums_len = _packet_fields(
+            raw[PACKET_PREFIX.size:at], plen - 4, bytes_per_checksum)
+        if reserve is not None and data_len:
+            await reserve(data_len)
+        return Packet(seqno, offset, last, sync, bytes(view[at:at + sums_len]),
+                      view[at + sums_len:], raw)
+    if deadline is not None:
+        with trio.fail_at(deadline):
+            return await receive_packet(framed, bytes_per_checksum, reserve)
+    # the lengths and the shortest header in one receive: every header holds the four
+    # required fields, HEADER_SIZE bytes at least
+    head = await framed.receive_exactly(PACKET_PREFIX.size + HEADER_SIZE)
+    plen, hlen = PACKET_PREFIX.unpack_from(head)
+    _packet_layout(plen, hlen)
+    header = head[PACKET_PREFIX.size:]
+    if hlen > HEADER_SIZE:
+        header += await framed.receive_exactly(hlen - HEADER_SIZE)
+    offset, seqno, last, data_len, sync, sums_len = _packet_fields(
+        header, plen - 4, bytes_per_checksum)
     if reserve is not None and data_len:
         await reserve(data_len)
     # checksums and data in one receive (one await and one copy out of the stream's buffer,
     # not two); the data is a view into it, the small checksums a copy of their own
-    body = memoryview(await framed.receive_exactly(payload))
+    body = memoryview(await framed.receive_exactly(plen - 4))
     return Packet(seqno, offset, last, sync, bytes(body[:sums_len]), body[sums_len:])
 
 
@@ -231,9 +261,57 @@ def encode_ack(seqno: int, statuses) -> bytes:
     return varint(len(body)) + body
 
 
-async def receive_ack(framed: FramedStream) -> tuple[int, list[int]]:
-    ack = await receive_delimited(framed, dt.PipelineAckProto)
+_BYTE = struct.Struct("B")
+
+
+def _decode_ack(body: bytes) -> tuple[int, list[int]] | None:
+    """``encode_ack``'s form (the seqno, then one-byte statuses) decoded by hand; None for
+    any other encoding of the message (protobuf parses those)."""
+    if len(body) < 2 or body[0] != 0x08:
+        return None
+    value = shift = 0
+    for at in range(1, min(len(body), 11)):
+        byte = body[at]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            break
+        shift += 7
+    else:
+        return None
+    replies = body[at + 1:]
+    if len(replies) % 2 or replies[::2] != b"\x10" * (len(replies) // 2) \
+            or any(s & 0x80 for s in replies[1::2]):
+        return None
+    if value >= 1 << 64:
+        return None
+    return (value >> 1) ^ -(value & 1), list(replies[1::2])
+
+
+def _ack(body: bytes) -> tuple[int, list[int]]:
+    fast = _decode_ack(body)
+    if fast is not None:
+        return fast
+    ack = parse(dt.PipelineAckProto, body)
     return ack.seqno, list(ack.reply)
+
+
+def take_ack(framed: FramedStream) -> tuple[int, list[int]] | None:
+    """The next ack when it was received whole (taken without a trip through trio), else
+    None."""
+    first = framed.unpack_buffered(_BYTE)
+    if first is None or first[0] & 0x80 or framed.buffered() < 1 + first[0]:
+        return None
+    return _ack(framed.take(1 + first[0])[1:])
+
+
+async def receive_ack(framed: FramedStream) -> tuple[int, list[int]]:
+    got = take_ack(framed)
+    if got is not None:
+        return got
+    n = await receive_varint(framed)
+    if n > MAX_MESSAGE:
+        raise ProtocolError(f"PipelineAckProto of {n} bytes, more than {MAX_MESSAGE}")
+    return _ack(await framed.receive_exactly(n))
 
 
 def response(status: int, message: str = "", **fields) -> bytes:

@@ -122,13 +122,14 @@ class HdfsWire:
         sums = packet.sums if self.checksummed else chunk_checksums(packet.data, wbpc)
         flags = ((FLAG_LAST if packet.last else 0) | (FLAG_SYNC if packet.sync else 0)
                  | (FLAG_HEARTBEAT if packet.heartbeat else 0))
-        offset, data = max(packet.offset, 0), packet.data
+        offset, data, wire = max(packet.offset, 0), packet.data, packet.wire
         if data and (self.writer_bpc or offset % bpc):
             with trio.fail_at(deadline):   # it may read the replica's partial chunk
                 offset, data, sums = await self._rechunk(pipeline, offset, data, sums)
+            wire = None
         elif data:   # whole chunks, written as they come: what _rechunk kept is stale
             self.partial = None
-        return Packet(packet.seqno, offset, data, sums, flags)
+        return Packet(packet.seqno, offset, data, sums, flags, wire)
 
     async def _rechunk(self, pipeline, offset: int, data: bytes, sums: bytes):
         """A packet that is not in the replica's whole chunks, as one that is: the bytes of
@@ -167,8 +168,11 @@ class HdfsWire:
         they go without checksums, as the op downstream asks too."""
         joined: list = []
         for packet in packets:
-            parts = hdfs_packet(packet.seqno, packet.offset, packet.data,
-                                packet.sums if self.checksummed else b"", packet.flags)
+            if packet.wire is not None:   # as it came in: nothing to encode again
+                parts = [packet.wire]
+            else:
+                parts = hdfs_packet(packet.seqno, packet.offset, packet.data,
+                                    packet.sums if self.checksummed else b"", packet.flags)
             if len(packet.data) > _JOINED_SEND:
                 if joined:
                     await framed.send_all(b"".join(joined))
@@ -185,6 +189,9 @@ class HdfsWire:
 
     async def receive_ack(self, framed: FramedStream) -> tuple[int, list[int]]:
         return await hdt.receive_ack(framed)
+
+    def take_ack(self, framed: FramedStream) -> tuple[int, list[int]] | None:
+        return hdt.take_ack(framed)
 
 
 def _first_bad_chunk(data: bytes, sums: bytes, fill: int, bpc: int) -> int | None:
