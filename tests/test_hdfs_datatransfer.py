@@ -26,6 +26,7 @@ from hadoopkit import HadoopJvm, requires_java
 
 from fs.client import AsyncClient
 from fs.errors import ProtocolError
+from fs.framing import FramedStream
 from fs.hdfs import convert, tokens
 from fs.hdfs import datatransfer as hdt
 from fs.hdfs.pb import datatransfer_pb2 as dt
@@ -76,6 +77,45 @@ def test_the_struct_packet_header_is_protobufs_encoding(offset, seqno, last, dat
 def test_the_hand_made_ack_is_protobufs_encoding(seqno, statuses):
     reference = dt.PipelineAckProto(seqno=seqno, reply=statuses)
     assert hdt.encode_ack(seqno, statuses) == hdt.delimited(reference)
+
+
+class _Bytes(trio.abc.Stream):
+    """A stream that hands out ``data`` in pieces of ``step`` bytes."""
+
+    def __init__(self, data: bytes, step: int):
+        self.data, self.step = data, step
+
+    async def receive_some(self, max_bytes=None):
+        out, self.data = self.data[:self.step], self.data[self.step:]
+        return out
+
+    async def send_all(self, data):
+        raise AssertionError("nothing is sent")
+
+    async def wait_send_all_might_not_block(self):
+        pass
+
+    async def aclose(self):
+        pass
+
+
+@pytest.mark.parametrize("step", [1, 3, 1 << 20])
+def test_acks_are_read_alike_whole_or_in_pieces_and_in_any_encoding(step):
+    """Acks in the hand-made form, with a Java node's extra fields (flags, ack time), and
+    a truncated one: the same answer as protobuf's, whether
+    the ack arrived whole (taken at once) or in pieces."""
+    acks = [dt.PipelineAckProto(seqno=seqno, reply=statuses, **extra) for seqno, statuses, extra
+            in [(5, [0, 0, 0], {}), (-1, [0], {}), ((1 << 62) + 3, [0, 2], {}),
+                (9, [0, 0], {"flag": [0, 0], "downstreamAckTimeNanos": 12345})]]
+    raw = b"".join(hdt.delimited(ack) for ack in acks)
+
+    async def main():
+        framed = FramedStream(_Bytes(raw + b"\x05\x08\x02", step))
+        for ack in acks:
+            assert await hdt.receive_ack(framed) == (ack.seqno, list(ack.reply))
+        with pytest.raises(EOFError):
+            await hdt.receive_ack(framed)
+    trio.run(main)
 
 
 def client_of(cluster) -> AsyncClient:
