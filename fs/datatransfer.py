@@ -88,17 +88,37 @@ def num_chunks(data_len: int, bytes_per_checksum: int) -> int:
 def verify_checksums(data, sums: bytes, bytes_per_checksum: int, where: str = "",
                      base_offset: int = 0) -> None:
     """Raise ``ChecksumError`` naming the first bad chunk's offset."""
-    if len(sums) == CHECKSUM_SIZE * num_chunks(len(data), bytes_per_checksum) \
-            and checksums_match(data, sums, bytes_per_checksum):
+    pos = first_bad_chunk(data, sums, bytes_per_checksum)
+    if pos is None:
         return
-    view = memoryview(data)
-    for i, pos in enumerate(range(0, len(view), bytes_per_checksum)):
-        got = _crc32c.crc32c(view[pos:pos + bytes_per_checksum])
-        want = int.from_bytes(sums[4 * i:4 * i + 4], "big")
-        if got != want:
-            raise ChecksumError(f"checksum error {where} at offset {base_offset + pos}: "
-                                f"crc32c {got:#010x} != {want:#010x}")
+    if pos < len(data):
+        got = _crc32c.crc32c(memoryview(data)[pos:pos + bytes_per_checksum])
+        index = pos // bytes_per_checksum * CHECKSUM_SIZE
+        want = int.from_bytes(sums[index:index + CHECKSUM_SIZE], "big")
+        raise ChecksumError(f"checksum error {where} at offset {base_offset + pos}: "
+                            f"crc32c {got:#010x} != {want:#010x}")
     raise ChecksumError(f"checksum list of wrong length {where} at offset {base_offset}")
+
+
+def first_bad_chunk(data, sums: bytes, bytes_per_checksum: int, first: int = 0) -> int | None:
+    """Where in ``data`` the first chunk whose CRC32C is not in ``sums`` starts: chunks of
+    ``bytes_per_checksum``, after a first one of ``first`` bytes when ``first`` (an
+    append's partial chunk). ``len(data)`` when every chunk matches but ``sums`` holds
+    more or fewer CRCs than there are chunks; None when all is well."""
+    view, bpc = memoryview(data), bytes_per_checksum
+    head = chunk_checksums(view[:first], bpc) if first else b""
+    rest = sums[len(head):]
+    if len(sums) == len(head) + CHECKSUM_SIZE * num_chunks(len(view) - first, bpc) \
+            and sums[:len(head)] == head and checksums_match(view[first:], rest, bpc):
+        return None
+    bounds = ([0] if first else []) + list(range(first, len(view), bpc))
+    for index, pos in enumerate(bounds):
+        stop = first if first and index == 0 else pos + bpc
+        want = sums[index * CHECKSUM_SIZE:(index + 1) * CHECKSUM_SIZE]
+        if len(want) < CHECKSUM_SIZE or _crc32c.crc32c(view[pos:stop]) != int.from_bytes(
+                want, "big"):
+            return pos
+    return len(view)
 
 
 def checksums_match(data, sums: bytes, bytes_per_checksum: int) -> bool:

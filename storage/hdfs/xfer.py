@@ -50,7 +50,7 @@ import trio
 from fs import blocktoken
 from fs.dataconn import close_gracefully, failure_cause
 from fs.datatransfer import (CHECKSUM_SIZE, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, Packet,
-                             chunk_checksums, crc32c)
+                             chunk_checksums, first_bad_chunk)
 from fs.errors import (InvalidArgument, InvalidToken, LeaseFSError, NotSupported,
                        ProtocolError, ServerUnavailable)
 from fs.framing import FramedStream
@@ -150,7 +150,7 @@ class HdfsWire:
             raise ProtocolError(f"packet [{offset}, {offset + len(data)}) of blk_"
                                 f"{replica.block_id} is not in whole chunks and does not "
                                 f"continue the {end} bytes received")
-        bad = _first_bad_chunk(data, sums, fill, wbpc)
+        bad = first_bad_chunk(data, sums, wbpc, fill)
         data = head[:offset - start] + data
         out = bytearray(chunk_checksums(data, bpc))
         if bad is not None:   # a CRC that cannot match where the writer's did not
@@ -192,20 +192,6 @@ class HdfsWire:
 
     def take_ack(self, framed: FramedStream) -> tuple[int, list[int]] | None:
         return hdt.take_ack(framed)
-
-
-def _first_bad_chunk(data: bytes, sums: bytes, fill: int, bpc: int) -> int | None:
-    """Where in ``data`` the first chunk whose CRC is not in ``sums`` starts (chunks of
-    ``bpc`` after a first one of ``fill`` bytes, when ``fill``); None: all match."""
-    if chunk_checksums(data[:fill], bpc) + chunk_checksums(data[fill:], bpc) == sums:
-        return None
-    bounds = ([0] if fill else []) + list(range(fill, len(data), bpc))
-    for index, pos in enumerate(bounds):
-        stop = fill if fill and index == 0 else pos + bpc
-        if crc32c(data[pos:stop]) != int.from_bytes(
-                sums[index * CHECKSUM_SIZE:(index + 1) * CHECKSUM_SIZE], "big"):
-            return pos
-    return 0
 
 
 async def _partial_chunk(pipeline) -> tuple[int, bytes]:
