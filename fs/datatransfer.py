@@ -18,6 +18,7 @@ reader and one writer task per stream).
 from __future__ import annotations
 
 import struct
+import threading
 from array import array
 from dataclasses import dataclass
 from functools import lru_cache
@@ -153,9 +154,27 @@ def _sums_stream_crc(sums, count: int, bytes_per_checksum: int) -> int:
     values = array("I")
     values.frombytes(bytes(sums[:CHECKSUM_SIZE * count]))
     values.byteswap()   # the raw bytes, big-endian CRCs, reversed word by word: on any host
-    stream = bytearray((count - 1) * bytes_per_checksum + CHECKSUM_SIZE)
-    memoryview(stream).cast("I")[::bytes_per_checksum // CHECKSUM_SIZE] = values
+    stream = _zero_stream(count, bytes_per_checksum)
+    with memoryview(stream) as view:
+        view.cast("I")[::bytes_per_checksum // CHECKSUM_SIZE] = values
     return _crc32c.crc32c(stream)
+
+
+_streams = threading.local()
+
+
+def _zero_stream(count: int, bytes_per_checksum: int) -> bytearray:
+    """The zeros ``_sums_stream_crc`` lays CRCs into, kept per thread and shape: every call
+    of a shape writes the same slots, so the rest stays zero (a new one per packet was a
+    64 KiB allocation and memset each)."""
+    cache = getattr(_streams, "by_shape", None)
+    if cache is None or len(cache) > 16:
+        cache = _streams.by_shape = {}
+    stream = cache.get((count, bytes_per_checksum))
+    if stream is None:
+        stream = cache[count, bytes_per_checksum] = bytearray(
+            (count - 1) * bytes_per_checksum + CHECKSUM_SIZE)
+    return stream
 
 
 @lru_cache(maxsize=64)

@@ -798,6 +798,7 @@ class WritePipeline:
         replica = self.replica
         bpc = replica.bytes_per_checksum
         received = replica.num_bytes     # bytes accepted so far, ahead of the disk writer
+        where = f"in {replica.name} from {self.peer}"
         group: list[tuple[Packet, _Queued]] = []
         size = 0
 
@@ -835,8 +836,7 @@ class WritePipeline:
                         check_packet_range(received, packet.offset, len(packet.data), bpc)
                         if _TEST_CORRUPTION.due():
                             packet.data = _flip_first_byte(packet.data)
-                        verify_checksums(packet.data, packet.sums, bpc,
-                                         where=f"in {replica.name} from {self.peer}",
+                        verify_checksums(packet.data, packet.sums, bpc, where=where,
                                          base_offset=packet.offset)
                         received = packet.offset + len(packet.data)
                 except ChecksumError as exc:
