@@ -91,9 +91,9 @@ class InlineToBlock:
                     if len(data) >= (status["block_size"] or 0):
                         raise NotSupported(
                             f"append to {path}: its {len(data)} bytes are kept inline and "
-                            f"fill a whole block of {status['block_size']} bytes; Hadoop's "
-                            f"client would start a new block, which leasefs does not take "
-                            f"after a full last block")
+                            f"fill a whole block of {status['block_size']} bytes (only a "
+                            f"block size below inline_max makes such a file); append with "
+                            f"a leasefs client")
                     located = await self._earlier_block(own, base, data, appended)
                     if located is None:
                         located = await self._write_block(own, base, data)
