@@ -459,4 +459,7 @@ async def test_mid_block_truncate_survives_a_restart_before_its_recovery_commits
         # a later append + recovery of the same block must not cut it back to 1000
         reply = await rpc.call("append", {"path": "/t", "client_name": "P"})
         assert reply["last_block"]["block"]["num_bytes"] == 1000
+        assert await rpc.call("recover_lease", {"path": "/t", "client_name": "R2"}) is False
+        primary, cmd = await wait_command(nodes)
+        assert cmd.get("new_length") is None, cmd   # the replicas' own length decides
     await run(tmp_path, body)
