@@ -6,17 +6,18 @@ Concurrency contract: runs on the main thread of a short-lived process.
 
 from __future__ import annotations
 
-from . import apps, cli, data, fuse, ha, hdfs, meta, partition, spark
+from . import apps, cli, data, fuse, ha, hdfs, meta, packets, partition, spark
 
 
 def register(sub, common) -> None:
     p = sub.add_parser("bench", help="benchmarks: write, read, meta (cluster), fuse and apps "
                                      "(any folder), cli (start-up), ha and partition (private "
-                                     "clusters), hdfs (Hadoop's client vs leasefs's)",
+                                     "clusters), hdfs (Hadoop's client vs leasefs's), packets "
+                                     "(block servers' cost of an HDFS write stream)",
                        description="Benchmarks with same-run baselines (local disk, loopback "
                                    "TCP) and an optional MooseFS peer.")
-    bsub = p.add_subparsers(dest="kind",
-                            metavar="{write,read,meta,fuse,apps,spark,hdfs,ha,partition,cli}")
+    bsub = p.add_subparsers(
+        dest="kind", metavar="{write,read,meta,fuse,apps,spark,hdfs,packets,ha,partition,cli}")
     bsub.required = True
 
     def shared(q):
@@ -38,3 +39,4 @@ def register(sub, common) -> None:
     partition.register(bsub, common)
     cli.register(bsub, common)
     hdfs.register(bsub, common)
+    packets.register(bsub, common)
