@@ -7,6 +7,7 @@ Concurrency contract: plain functions; ``MooseFSPeer`` belongs to the thread tha
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -48,6 +49,17 @@ def size_label(n: int) -> str:
 
 def mbps(nbytes: int, seconds: float) -> float:
     return nbytes / MB / seconds if seconds > 0 else float("inf")
+
+
+def embedded_state(meta: str) -> dict | None:
+    """The embedded cluster's recorded state (``cluster.json``) when ``meta`` is its
+    metadata server; None otherwise."""
+    try:
+        with open(os.path.join(default_home(), "cluster.json")) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and state.get("meta_address") == meta else None
 
 
 def baseline_dir(home: str | None) -> str:

@@ -31,13 +31,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from fs.config import default_home
 from fs.rpc import parse_address
 
 from ..common import Command, SOURCE_TREE
 from ..formatting import UsageError, format_table, parse_size
 from ..progress import StatusLine
-from .base import BenchFailed, MB, mbps, payload, size_label
+from .base import BenchFailed, MB, embedded_state, mbps, payload, size_label
 
 
 def hadoop_jars() -> Path | None:
@@ -108,13 +107,7 @@ def _java_errors(what: str):
 def recorded_hdfs_address(meta: str) -> str | None:
     """``HOST:PORT`` of the HDFS port the embedded cluster recorded, when ``meta`` is its
     metadata server."""
-    try:
-        with open(os.path.join(default_home(), "cluster.json")) as f:
-            state = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if state.get("meta_address") != meta:
-        return None
+    state = embedded_state(meta) or {}
     return ((state.get("meta") or {}).get("hdfs_address") or "").removeprefix(
         "hdfs://") or None
 

@@ -25,12 +25,11 @@ import time
 
 import trio
 
-from fs.config import default_home
 from fs.datatransfer import chunk_checksums
 
 from ..formatting import UsageError, format_table, parse_size
 from ..progress import StatusLine
-from .base import BenchFailed, MB, mbps, payload, size_label
+from .base import BenchFailed, MB, embedded_state, mbps, payload, size_label
 
 #: Hadoop's client's packet payload (64 KiB less the room for the header) and window
 HADOOP_PACKET = 64512
@@ -41,13 +40,7 @@ BYTES_PER_CHECKSUM = 512
 
 def _server_pids(meta: str) -> list[int] | None:
     """The block servers' pids of the embedded cluster whose metadata server is ``meta``."""
-    try:
-        with open(os.path.join(default_home(), "cluster.json")) as f:
-            state = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if state.get("meta_address") != meta:
-        return None
+    state = embedded_state(meta) or {}
     pids = [s.get("pid") for s in state.get("storage") or []]
     return pids if pids and all(isinstance(p, int) and os.path.exists(f"/proc/{p}")
                                 for p in pids) else None
