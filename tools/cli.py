@@ -132,7 +132,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     'umount': ('cluster.mountcmd', 'unmount a leasefs mount (fusermount3 -u)'),
     'bench': ('bench.command', 'benchmarks: write, read, meta (cluster), fuse and apps (any '
                                "folder), cli (start-up), ha and partition (private clusters), "
-                               "hdfs (Hadoop's client vs leasefs's)"),
+                               "hdfs (Hadoop's client vs leasefs's), packets (block "
+                               "servers' cost of an HDFS write stream)"),
     'settings': ('docgen', 'list every setting with its default'),
     'commands': ('cmddoc', 'list every command with its one-line help'),
 }
