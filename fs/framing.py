@@ -58,8 +58,8 @@ class FramedStream:
     The buffer is the list of byte strings as received, read from ``_pos`` in the first:
     taking bytes copies them once (a whole received string not at all), and nothing else
     moves. (A bytearray that takes each receive and gives up its front at each take moves
-    every byte two or three times more: with 1 MiB receives and 64 KiB packets that was a
-    fifth of a block server's CPU taking a Hadoop client's write.)"""
+    every byte two or three times more: with 1 MiB receives and 64 KiB packets that copying
+    was a tenth of a block server's CPU taking a Hadoop client's write.)"""
 
     def __init__(self, stream: trio.abc.Stream, max_frame: int = DEFAULT_MAX_FRAME):
         self.stream = stream

@@ -142,7 +142,7 @@ class ByteBudget:
         if n > self.limit:
             raise FrameTooLarge(f"a frame of {n} bytes is larger than this server's request "
                                 f"buffer of {self.limit} bytes")
-        if not self._waiters and self.used + n <= self.limit:
+        if self.fits(n):
             self.used += n
             return
         entry = [n, trio.Event()]

@@ -88,8 +88,8 @@ from fs.datatransfer import (ack_timeout, BLOCK_CHECKSUM, BLOCK_LENGTH, CHECKSUM
                              PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
                              TRANSFER_BLOCK, TRANSFER_FINALIZED, TRANSFER_RBW, WRITE_BLOCK,
                              WRITE_BLOCK_ONESHOT,
-                             Packet, encode_packet_header, num_chunks, receive_ack, take_ack, encode_ack,
-                             send_packet, verify_checksums)
+                             Packet, encode_packet_header, num_chunks, receive_ack, take_ack,
+                             encode_ack, send_packet, verify_checksums)
 from fs.dataconn import close_gracefully, failure_cause, open_data_connection
 from fs.errors import (ChecksumError, InternalError, InvalidArgument, InvalidToken,
                        LeaseFSError, NotSupported, PipelineError, ProtocolError,

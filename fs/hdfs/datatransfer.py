@@ -92,11 +92,15 @@ async def receive_varint(framed: FramedStream) -> int:
 async def receive_delimited(framed: FramedStream, cls, limit: int = MAX_MESSAGE):
     """The next varint-delimited message of type ``cls``; bounded, and a body that does not
     parse (or lacks a required field) is a ``ProtocolError`` naming the type."""
+    return parse(cls, await _receive_delimited_body(framed, cls.__name__, limit))
+
+
+async def _receive_delimited_body(framed: FramedStream, name: str, limit: int) -> bytes:
+    """The bytes of the next varint-delimited message (``name`` for the error), bounded."""
     n = await receive_varint(framed)
     if n > limit:
-        raise ProtocolError(f"{cls.__name__} of {n} bytes, more than {limit}")
-    body = await framed.receive_exactly(n)
-    return parse(cls, body)
+        raise ProtocolError(f"{name} of {n} bytes, more than {limit}")
+    return await framed.receive_exactly(n)
 
 
 def parse(cls, body: bytes):
@@ -170,15 +174,15 @@ def encode_packet(offset: int, seqno: int, data, sums: bytes, last: bool = False
     return out
 
 
-def _whole_packet_size(framed: FramedStream) -> int:
-    """The size of the next packet when it was received whole (then it is taken without
-    a trip through trio), else 0."""
+def _whole_packet(framed: FramedStream) -> tuple[int, int, int] | None:
+    """``(plen, hlen, size)`` of the next packet when it was received whole (then it is
+    taken without a trip through trio), else None."""
     prefix = framed.unpack_buffered(PACKET_PREFIX)
     if prefix is None:
-        return 0
+        return None
     plen, hlen = prefix
     size = PACKET_PREFIX.size + hlen + plen - 4
-    return size if framed.buffered() >= size else 0
+    return (plen, hlen, size) if framed.buffered() >= size else None
 
 
 def _packet_layout(plen: int, hlen: int) -> None:
@@ -213,9 +217,9 @@ async def receive_packet(framed: FramedStream, bytes_per_checksum: int | None,
     A packet already received whole (most of a fast writer's) is taken in one piece,
     without a cancel scope, and keeps its bytes as received in ``wire`` (a node that
     passes it on unchanged sends those)."""
-    size = _whole_packet_size(framed)
-    if size:
-        plen, hlen = framed.unpack_buffered(PACKET_PREFIX)
+    whole = _whole_packet(framed)
+    if whole is not None:
+        plen, hlen, size = whole
         _packet_layout(plen, hlen)
         raw = framed.take(size)
         view = memoryview(raw)
@@ -308,10 +312,7 @@ async def receive_ack(framed: FramedStream) -> tuple[int, list[int]]:
     got = take_ack(framed)
     if got is not None:
         return got
-    n = await receive_varint(framed)
-    if n > MAX_MESSAGE:
-        raise ProtocolError(f"PipelineAckProto of {n} bytes, more than {MAX_MESSAGE}")
-    return _ack(await framed.receive_exactly(n))
+    return _ack(await _receive_delimited_body(framed, "PipelineAckProto", MAX_MESSAGE))
 
 
 def response(status: int, message: str = "", **fields) -> bytes:

@@ -242,7 +242,7 @@ class ClientProtocol:
             _, ino, inode = self.ns.planner.writer_file(current, ino, client_name)
             blocks = self.ns.view.tail_blocks(ino, inode)
             kind, last = self.ns.planner.check_previous(current, blocks, previous,
-                                                               inode.block_size or 0)
+                                                        inode.block_size or 0)
             # every block before the last is final: the last one starts at length - its size
             last_offset = (inode.length or 0) - (last["num_bytes"] if last else 0)
             if kind == "retry":
