@@ -51,6 +51,15 @@ def mbps(nbytes: int, seconds: float) -> float:
     return nbytes / MB / seconds if seconds > 0 else float("inf")
 
 
+def add_output_options(q) -> None:
+    """The options of a benchmark that writes its files into the cluster: ``--json``,
+    ``--quiet``, ``--dir`` and ``--keep``."""
+    q.add_argument("--json", action="store_true", help="machine-readable results on stdout")
+    q.add_argument("--quiet", action="store_true", help="no progress lines")
+    q.add_argument("--dir", default="/.leasefs-bench", help="cluster folder for bench files")
+    q.add_argument("--keep", action="store_true", help="keep the files written")
+
+
 def embedded_state(meta: str) -> dict | None:
     """The embedded cluster's recorded state (``cluster.json``) when ``meta`` is its
     metadata server; None otherwise."""

@@ -7,6 +7,7 @@ Concurrency contract: runs on the main thread of a short-lived process.
 from __future__ import annotations
 
 from . import apps, cli, data, fuse, ha, hdfs, meta, packets, partition, spark
+from .base import add_output_options
 
 
 def register(sub, common) -> None:
@@ -21,10 +22,7 @@ def register(sub, common) -> None:
     bsub.required = True
 
     def shared(q):
-        q.add_argument("--json", action="store_true", help="machine-readable results on stdout")
-        q.add_argument("--quiet", action="store_true", help="no progress lines")
-        q.add_argument("--dir", default="/.leasefs-bench", help="cluster folder for bench files")
-        q.add_argument("--keep", action="store_true", help="keep the files written")
+        add_output_options(q)
         q.add_argument("--moosefs", action="store_true",
                        help="also run on the MooseFS peer (mounted at $MFS_BASE/mnt)")
         q.add_argument("--moosefs-script", default=None, metavar="PATH",

@@ -36,7 +36,7 @@ from fs.rpc import parse_address
 from ..common import Command, SOURCE_TREE
 from ..formatting import UsageError, format_table, parse_size
 from ..progress import StatusLine
-from .base import BenchFailed, MB, embedded_state, mbps, payload, size_label
+from .base import BenchFailed, MB, add_output_options, embedded_state, mbps, payload, size_label
 
 
 def hadoop_jars() -> Path | None:
@@ -293,10 +293,7 @@ def register(bsub, common) -> None:
                                     "alternating --repeat rounds; MB/s raw and net of process "
                                     "start-up, and the Java/Python ratio; also Hadoop's "
                                     "client in a warm JVM (no start-up, as in Spark).")
-    q.add_argument("--json", action="store_true", help="machine-readable results on stdout")
-    q.add_argument("--quiet", action="store_true", help="no progress lines")
-    q.add_argument("--dir", default="/.leasefs-bench", help="cluster folder for bench files")
-    q.add_argument("--keep", action="store_true", help="keep the files written")
+    add_output_options(q)
     q.add_argument("--size", default="1G", help="bytes of the file (default 1G)")
     q.add_argument("--repeat", type=int, default=3, help="rounds (default 3)")
     q.add_argument("--replication", type=int, default=3, help="replication (default 3)")

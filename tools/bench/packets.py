@@ -29,7 +29,7 @@ from fs.datatransfer import chunk_checksums
 
 from ..formatting import UsageError, format_table, parse_size
 from ..progress import StatusLine
-from .base import BenchFailed, MB, embedded_state, mbps, payload, size_label
+from .base import BenchFailed, MB, add_output_options, embedded_state, mbps, payload, size_label
 
 #: Hadoop's client's packet payload (64 KiB less the room for the header) and window
 HADOOP_PACKET = 64512
@@ -211,10 +211,7 @@ def register(bsub, common) -> None:
                                     "and 1 MiB) sent block after block through a pipeline of "
                                     "block servers, alternating rounds: MB/s and the block "
                                     "servers' CPU per GiB per node (embedded cluster).")
-    q.add_argument("--json", action="store_true", help="machine-readable results on stdout")
-    q.add_argument("--quiet", action="store_true", help="no progress lines")
-    q.add_argument("--dir", default="/.leasefs-bench", help="cluster folder for bench files")
-    q.add_argument("--keep", action="store_true", help="keep the files written")
+    add_output_options(q)
     q.add_argument("--block-size", default="128M",
                    help="bytes per block, each a file of one block (default 128M)")
     q.add_argument("--blocks", type=int, default=4, help="blocks per round (default 4)")
