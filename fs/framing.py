@@ -177,6 +177,13 @@ class FramedStream:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise connection_lost(self.stream, exc) from None
 
+    def plain_socket(self):
+        """The trio socket under this stream when nothing (TLS) sits between: what a
+        sender may hand to ``os.sendfile``; None otherwise. Bytes sent around
+        ``send_all`` this way must not interleave with a ``send_all`` in progress."""
+        sock = getattr(self.stream, "socket", None)
+        return sock if isinstance(sock, trio.socket.SocketType) else None
+
     async def aclose(self) -> None:
         await self.stream.aclose()
 

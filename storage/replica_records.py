@@ -193,6 +193,11 @@ class ReplicaWriter:
         self.data_fd = self.meta_fd = -1
 
 
+#: errors of ``sendfile`` that are the socket's (the reader went away), not the disk's
+_PEER_GONE = frozenset({_errno.ENOTCONN, _errno.ESHUTDOWN, _errno.ETIMEDOUT,
+                        _errno.EHOSTUNREACH, _errno.ENETUNREACH})
+
+
 class ReplicaReader:
     """A snapshot of a readable replica (taken on the trio thread) with its files open;
     ``open_files``/``read``/``close`` block (use a thread)."""
@@ -221,11 +226,16 @@ class ReplicaReader:
     def read(self, start: int, length: int) -> tuple[bytes, bytes]:
         """Data ``[start, start+length)`` (chunk-aligned start, within the visible length)
         and its stored checksums."""
-        bpc = self.bytes_per_checksum
         data = os.pread(self.data_fd, length, start)
         if len(data) != length:
             raise OSError(_errno.EIO, f"blk_{self.block_id}: data file holds fewer bytes than "
                                       f"{start + length}")
+        return data, self.read_sums(start, length)
+
+    def read_sums(self, start: int, length: int) -> bytes:
+        """The stored checksums of data ``[start, start+length)`` (chunk-aligned start,
+        within the visible length); a replica being written gives its visible last chunk's."""
+        bpc = self.bytes_per_checksum
         n = num_chunks(length, bpc)
         sums = os.pread(self.meta_fd, CHECKSUM_SIZE * n, meta_offset(start // bpc))
         if len(sums) != CHECKSUM_SIZE * n:
@@ -234,7 +244,27 @@ class ReplicaReader:
         end = start + length
         if self.last_sum is not None and end == self.visible_length and end % bpc:
             sums = sums[:-CHECKSUM_SIZE] + self.last_sum
-        return data, sums
+        return sums
+
+    def send_data(self, sock_fd: int, start: int, length: int) -> int | None:
+        """Data ``[start, start+length)`` put on the non-blocking socket ``sock_fd`` by the
+        kernel (``sendfile``: no copy through this process) until the socket would block:
+        the bytes sent, or None when the peer is gone. Blocks only on the disk."""
+        sent = 0
+        while sent < length:
+            try:
+                n = os.sendfile(sock_fd, self.data_fd, start + sent, length - sent)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if isinstance(exc, ConnectionError) or exc.errno in _PEER_GONE:
+                    return None
+                raise
+            if n == 0:
+                raise OSError(_errno.EIO, f"blk_{self.block_id}: data file holds fewer bytes "
+                                          f"than {start + length}")
+            sent += n
+        return sent
 
     def read_closed(self, start: int, length: int) -> tuple[bytes, bytes]:
         """``open_files`` + ``read`` + ``close`` as one blocking call: a read of one

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.timeout(240)
 slow = pytest.mark.slow   # every test but the codec's starts server processes
 
 SETTINGS = dict(inline_max=0, idle_timeout=3.0)
-SIZE = 3 * 1024 * 1024 + 12345      # a few read packets and a partial last chunk
+SIZE = 9 * 1024 * 1024 + 12345      # three read packets and a partial last chunk
 DATA = random.Random(35).randbytes(SIZE)
 
 
@@ -169,10 +169,14 @@ def test_read_block_ranges_on_one_kept_alive_connection(cluster):
             assert info.checksum.type == hdt.CRC32C and bpc == cluster.config().bytes_per_checksum
             assert info.chunkOffset == 5000 - 5000 % bpc
             assert got.data == DATA[5000:305_000]
-            # the whole block, in large packets, on the same socket
+            # the whole block, in large packets (sent from the replica file), on the same
+            # socket
             whole = await c.read_block(block, 0, SIZE, token=token)
             assert whole.data == DATA
-            assert 1 <= whole.packets <= 2
+            assert whole.packets == 3
+            # a range of several packets from mid-block, without checksums
+            middle = await c.read_block(block, 4097, 5 << 20, token=token, send_checksums=False)
+            assert middle.data == DATA[4097:4097 + (5 << 20)] and middle.packets == 2
             # the last partial chunk alone
             tail = await c.read_block(block, SIZE - 10, 10, token=token)
             assert tail.data == DATA[-10:]
@@ -209,9 +213,22 @@ def test_a_reader_that_aborts_mid_stream_leaves_the_server_serving(cluster):
     async def main():
         block, token, locations = await first_block(cluster, "/read/f")
         address = hdfs_address(locations[0])
+        before = await trio.to_thread.run_sync(hdfs_ops, locations[0])
         async with await hdt.DataTransferClient.connect(address) as c:
             part = await c.read_block(block, 0, SIZE, token=token, abort_after=1)
             assert part.packets == 1
+
+        def reads(ops: dict) -> int:
+            return sum(n for (op, _), n in ops.items() if op == "HDFS_READ_BLOCK")
+
+        async def aborted_read_ended() -> bool:
+            return reads(await trio.to_thread.run_sync(hdfs_ops, locations[0])) > reads(before)
+
+        assert await wait_until(aborted_read_ended)
+        # the reader going away is not the disk's fault: the replica stays
+        after = await trio.to_thread.run_sync(hdfs_ops, locations[0])
+        assert after.get(("HDFS_READ_BLOCK", "disk_error"), 0) == 0
+        assert len((await first_block(cluster, "/read/f"))[2]) == 3
         async with await hdt.DataTransferClient.connect(address) as c:
             assert (await c.read_block(block, 0, 4096, token=token)).data == DATA[:4096]
             # fixed-sleep: the kept-alive connection must take another op after it stood

@@ -12,7 +12,9 @@ the other framing (``fs.hdfs.datatransfer``).
   the chunk end at or past ``offset + len`` (capped at the visible length), then the empty
   last packet, reads the client's read status, and waits ``KEEPALIVE`` seconds for the
   next op on the same connection (Hadoop's client pools its sockets; it closes one it does
-  not reuse, which is normal).
+  not reuse, which is normal). A range of one packet (Spark's footer and column-chunk
+  reads) is read in one worker-thread hop and answered in one send; a longer one goes out
+  with its data sent from the replica file by the kernel (``sendfile``), except over TLS.
 * WRITE_BLOCK (stages CREATE, APPEND and the recoveries: STREAMING, APPEND, CLOSE)
   creates or reopens the RBW
   replica at the client's bytesPerChecksum, sets up the rest of the pipeline over this
@@ -50,7 +52,7 @@ import trio
 from fs import blocktoken
 from fs.dataconn import close_gracefully, failure_cause
 from fs.datatransfer import (CHECKSUM_SIZE, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, Packet,
-                             chunk_checksums, first_bad_chunk)
+                             chunk_checksums, first_bad_chunk, num_chunks)
 from fs.errors import (InvalidArgument, InvalidToken, LeaseFSError, NotSupported,
                        ProtocolError, ServerUnavailable)
 from fs.framing import FramedStream
@@ -381,16 +383,31 @@ class HdfsDataTransfer:
     # ------------------------------------------------------------------ READ_BLOCK
 
     async def _read_block(self, op: _Op, request: dt.OpReadBlockProto) -> bool:
+        """A range that fits one packet (a parquet footer, a column chunk's pread) is
+        opened, read and closed in one worker-thread hop and answered in one send: its
+        latency is what Spark's reads of small ranges wait on. A longer range streams."""
         block = request.header.baseHeader.block
         block_id, gs = block.blockId, block.generationStamp
         self._check_token(request.header.baseHeader, block_id, gs, op.name, blocktoken.READ)
+        packet = max(READ_PACKET, self.config.packet_size)
+        chosen: list[int] = []
+
+        def span(reader) -> tuple[int, int] | None:
+            start, end = hdt.read_range(f"blk_{reader.block_id}", request.offset, request.len,
+                                        reader.visible_length, reader.bytes_per_checksum)
+            chosen[:] = [start, end]
+            return (start, end - start) if end - start <= packet else None
+
         try:
-            reader = await self.store.open_reader(block_id, gs)
+            reader, data, sums = await self.store.read_or_open(block_id, gs, span)
         except OSError as exc:
             await self.transfer.reporter.replica_lost(block_id, gs, exc)
             raise
+        start, end = chosen
+        if data is not None:
+            return await self._send_whole(op, reader, request, start, end, data, sums)
         try:
-            return await self._send_range(op, reader, request)
+            return await self._send_range(op, reader, request, start, end)
         except OSError as exc:
             await self.transfer.reporter.replica_lost(block_id, gs, exc)
             raise
@@ -398,18 +415,87 @@ class HdfsDataTransfer:
             with trio.CancelScope(shield=True):
                 await self.store.close_reader(reader)
 
-    async def _send_range(self, op: _Op, reader, request: dt.OpReadBlockProto) -> bool:
-        visible, bpc = reader.visible_length, reader.bytes_per_checksum
-        start, end = hdt.read_range(f"blk_{reader.block_id}", request.offset, request.len,
-                                    visible, bpc)
+    async def _send_whole(self, op: _Op, reader, request: dt.OpReadBlockProto, start: int,
+                          end: int, data: bytes, sums: bytes) -> bool:
         checked = request.sendChecksums
-        await op.respond(hdt.read_answer(start, bpc, checked))
-        sent = await self.transfer.send_block_range(
-            op, reader, start, end, packet_size=max(READ_PACKET, self.config.packet_size),
-            send=send_hdfs_packet if checked else _send_unchecked)
-        if not sent:
+        bpc = reader.bytes_per_checksum
+        wire = [hdt.read_answer(start, bpc, checked)]
+        if data:
+            wire += hdfs_packet(0, start, data, sums if checked else b"", 0)
+        wire += hdfs_packet(1 if data else 0, end, b"", b"", FLAG_LAST)
+        op.responded = True
+        try:
+            with trio.fail_after(self.config.data_timeout):
+                await op.framed.send_all(b"".join(wire))
+        except trio.TooSlowError:
+            log.debug("READ_BLOCK blk_%d to %s: reader took nothing for %gs",
+                      reader.block_id, op.peer, self.config.data_timeout)
             return False
-        # the client's verdict when it read everything (it closes the socket otherwise)
+        except ServerUnavailable as exc:
+            log.debug("READ_BLOCK blk_%d to %s: reader closed the connection (%s)",
+                      reader.block_id, op.peer, exc)
+            return False
+        self.transfer.stats.bytes_read += len(data)
+        return await self._read_status(op, reader)
+
+    async def _send_range(self, op: _Op, reader, request: dt.OpReadBlockProto, start: int,
+                          end: int) -> bool:
+        checked = request.sendChecksums
+        await op.respond(hdt.read_answer(start, reader.bytes_per_checksum, checked))
+        packet = max(READ_PACKET, self.config.packet_size)
+        sock = op.framed.plain_socket()
+        if sock is None:   # TLS: the bytes go through this process
+            sent = await self.transfer.send_block_range(
+                op, reader, start, end, packet_size=packet,
+                send=send_hdfs_packet if checked else _send_unchecked)
+        else:
+            sent = await self._send_from_file(op, reader, sock, start, end, packet, checked)
+        return sent and await self._read_status(op, reader)
+
+    async def _send_from_file(self, op: _Op, reader, sock, start: int, end: int, packet: int,
+                              checked: bool) -> bool:
+        """The packets of ``[start, end)`` with their data sent from the replica file by the
+        kernel (``ReplicaReader.send_data``), then the empty last one; True when that went
+        out. A block server's CPU in a scan was mostly the copies of the data into this
+        process and out again. A reader that goes away or takes nothing for
+        ``data_timeout`` ends the op (False)."""
+        bpc = reader.bytes_per_checksum
+        step = max(bpc, packet // bpc * bpc)
+        sums = await self.store.run_io(reader.read_sums, start, end - start) if checked else b""
+        seqno = 0
+        for pos in [*range(start, end, step), end]:
+            n = min(step, end - pos)   # 0: the last packet
+            first = (pos - start) // bpc * CHECKSUM_SIZE
+            part = sums[first:first + num_chunks(n, bpc) * CHECKSUM_SIZE]
+            header = hdt.encode_packet_header(pos, seqno, not n, n)
+            try:
+                with trio.fail_after(self.config.data_timeout):
+                    await op.framed.send_all(hdt.packet_prefix(header, len(part), n) + part)
+                    done = 0
+                    while done < n:
+                        more = await self.store.run_io(reader.send_data, sock.fileno(),
+                                                       pos + done, n - done)
+                        if more is None:
+                            raise ServerUnavailable("the reader closed the connection")
+                        done += more
+                        if done < n:
+                            await trio.lowlevel.wait_writable(sock)
+            except trio.TooSlowError:
+                log.debug("READ_BLOCK blk_%d to %s: reader stopped reading for %gs at offset "
+                          "%d; ending the read", reader.block_id, op.peer,
+                          self.config.data_timeout, pos)
+                return False
+            except ServerUnavailable as exc:
+                log.debug("READ_BLOCK blk_%d to %s: reader closed the connection at offset %d "
+                          "(%s)", reader.block_id, op.peer, pos, exc)
+                return False
+            self.transfer.stats.bytes_read += n
+            seqno += 1
+        return True
+
+    async def _read_status(self, op: _Op, reader) -> bool:
+        """The client's verdict when it read everything (it closes the socket otherwise);
+        True when the connection may carry its next op."""
         with trio.move_on_after(self.config.data_timeout):
             status = await hdt.receive_delimited(op.framed, dt.ClientReadStatusProto)
             if status.status not in (hdt.Status.SUCCESS, hdt.Status.CHECKSUM_OK):
