@@ -670,6 +670,24 @@ def test_bench_runs_against_the_cluster(cluster, env):
     assert set(rows) == {"create", "getFileInfo"}
     check_fails(leasefs("bench", "meta", "--op", "rename", "--quiet", env=env),
                 "rename needs create", status=2)
+    # --compare: another version of the code (a revision checked out for the run, or a
+    # source folder) beside this one, rounds alternating
+    against = json.loads(check_ok(leasefs(
+        "bench", "meta", "--clients", "2", "--ops", "3", "--op", "create", "--compare", "HEAD",
+        "--rounds", "3", "--no-local", "--json", "--quiet", env=env, timeout=300)))
+    (other, this), ratios = [k for k in against["results"] if k != "this_per_other_by_round"], \
+        against["results"]["this_per_other_by_round"]
+    assert this == "this" and len(other) >= 7   # the short commit id
+    assert against["results"][other]["create"]["ops"] == against["results"]["this"][
+        "create"]["ops"] == 6
+    assert len(ratios["create"]) == 3 and all(r > 0 for r in ratios["create"])
+    text = check_ok(leasefs("bench", "meta", "--clients", "2", "--ops", "3", "--op", "create",
+                            "--compare", REPO, "--no-local", "--quiet", env=env, timeout=300))
+    assert f"this/{REPO.name}" in text and "CPU this/other" in text
+    check_fails(leasefs("bench", "meta", "--compare", "no-such-revision", "--quiet", env=env),
+                "--compare no-such-revision: git rev-parse", status=2)
+    check_fails(leasefs("bench", "meta", "--compare", "HEAD", "--rounds", "2", "--quiet",
+                        env=env), "an odd number", status=2)
     # --prefill: the ops again after filling the namespace, with the server's CPU per op
     grown = json.loads(check_ok(leasefs("bench", "meta", "--cluster", "--clients", "2",
                                         "--ops", "2", "--op", "create", "--prefill", "3,7",

@@ -8,7 +8,10 @@ private metadata servers (a fresh folder each, ``leasefs meta`` subprocesses) â€
 on both, printing the two figures and their ratio side by side. ``--cluster`` measures the
 running cluster instead (its own lock mode only). ``--ha`` compares ``ha = none`` with
 ``ha = etcd`` (``ha.private_ha_cluster``: 3 etcd members, an active and a standby),
-both with fine locks: what the replicated log costs.
+both with fine locks: what the replicated log costs. ``--compare REV|DIR`` runs the same
+workload on a private server of another version of the code (a git revision, checked out
+for the run, or a source folder) beside one of this code, rounds alternating: what a
+change to the server's path buys, measured in one run.
 
 Workload, per op in order (each a phase; the files of one phase feed the next): create
 (create + complete, as NNThroughputBenchmark's create), mkdirs, getFileInfo, open
@@ -217,9 +220,9 @@ class PrivateServer(NamedTuple):
 
 
 @contextmanager
-def private_meta_server(home: str, lock: str, status: StatusLine):
-    """A fresh ``leasefs meta`` subprocess with ``namespace_lock=lock``; yields its
-    ``PrivateServer`` (address, pid)."""
+def private_meta_server(home: str, lock: str, status: StatusLine, tree: str = SOURCE_TREE):
+    """A fresh ``leasefs meta`` subprocess of the code in ``tree`` with
+    ``namespace_lock=lock``; yields its ``PrivateServer`` (address, pid)."""
     folder = tempfile.mkdtemp(prefix=f".bench-meta-{lock}-", dir=home)
     address_file = os.path.join(folder, "address")
     log_path = os.path.join(folder, "meta.log")
@@ -231,10 +234,10 @@ def private_meta_server(home: str, lock: str, status: StatusLine):
            "--set", "safemode_min_storage=0"]
     status(f"starting a private metadata server (namespace_lock={lock}) in {folder}")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (SOURCE_TREE, os.environ.get("PYTHONPATH")) if p))
+        p for p in (tree, os.environ.get("PYTHONPATH")) if p))
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                cwd=SOURCE_TREE)
+                                cwd=tree)
     try:
         deadline = time.monotonic() + 60
         while not os.path.exists(address_file):
@@ -254,6 +257,43 @@ def private_meta_server(home: str, lock: str, status: StatusLine):
             proc.kill()
             proc.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def other_tree(compare: str, home: str, status: StatusLine):
+    """``(tree, name)``: the leasefs source to compare with. A folder holding a leasefs
+    source tree is used as it is; anything else is a git revision of this checkout, made a
+    detached worktree in ``home`` for the run and removed afterwards."""
+    if os.path.isfile(os.path.join(compare, "tools", "__main__.py")):
+        yield os.path.abspath(compare), os.path.basename(os.path.abspath(compare))
+        return
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(["git", "-C", SOURCE_TREE, *args], capture_output=True,
+                                  text=True, timeout=120)
+        except FileNotFoundError:
+            raise UsageError(f"--compare {compare}: git is not installed") from None
+        if done.returncode:
+            said = " ".join((done.stderr or done.stdout).split())
+            raise UsageError(f"--compare {compare}: git {args[0]}: {said[:300]}")
+        return done.stdout.strip()
+
+    sha = git("rev-parse", "--verify", "--short", f"{compare}^{{commit}}")
+    folder = tempfile.mkdtemp(prefix=f".bench-meta-{sha}-", dir=home)
+    status(f"checking out {compare} ({sha}) in {folder}")
+    git("worktree", "add", "--detach", folder, sha)
+    try:
+        yield folder, sha
+    finally:
+        git("worktree", "remove", "--force", folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _median_rounds(runs: list[dict]) -> dict:
+    """Each row's median round (by rate) over ``runs``, one dict of rows per round."""
+    return {op: sorted((run[op] for run in runs), key=lambda row: row["ops_per_s"])
+            [len(runs) // 2] for op in runs[0]}
 
 
 def _journal_counters(control) -> tuple[int, int, float | None]:
@@ -438,9 +478,28 @@ def run_meta_bench(cmd: Command) -> int:
         ha_ratios = {op: [e[op]["ops_per_s"] / n[op]["ops_per_s"]
                           for n, e in zip(runs["none"], runs["etcd"])] for op in rows_measured}
         for mode in modes:       # each row's median round of the mode stands for it
-            results[mode] = {op: sorted((run[op] for run in runs[mode]),
-                                        key=lambda row: row["ops_per_s"])[a.rounds // 2]
-                             for op in rows_measured}
+            results[mode] = _median_rounds(runs[mode])
+    elif a.compare:
+        if a.rounds < 1 or a.rounds % 2 == 0:
+            raise UsageError(f"--rounds {a.rounds}: an odd number of rounds, so one is the "
+                             f"median")
+        lock = a.lock[0]
+        with other_tree(a.compare, home, status) as (tree, name):
+            modes = [name, "this"]
+            trees = {name: tree, "this": SOURCE_TREE}
+            # rounds alternate which code goes first, so a slow spell lands on both
+            runs: dict[str, list] = {mode: [] for mode in modes}
+            for r in range(a.rounds):
+                tag = f" (round {r + 1}/{a.rounds})" if a.rounds > 1 else ""
+                for mode in (modes if r % 2 == 0 else modes[::-1]):
+                    with private_meta_server(home, lock, status, trees[mode]) as server:
+                        runs[mode].append(run_on_server(server.address, a, status,
+                                                        mode + tag, {"meta": [server.pid]}))
+        compare_ratios = {op: [t[op]["ops_per_s"] / b[op]["ops_per_s"]
+                               for b, t in zip(runs[name], runs["this"])]
+                          for op in runs["this"][0]}
+        for mode in modes:
+            results[mode] = _median_rounds(runs[mode])
     else:
         modes = list(dict.fromkeys(a.lock))
         for lock in modes:
@@ -464,6 +523,8 @@ def run_meta_bench(cmd: Command) -> int:
     if a.json:
         if a.ha:
             results["etcd_per_none_by_round"] = ha_ratios
+        if a.compare:
+            results["this_per_other_by_round"] = compare_ratios
         cmd.out(json.dumps({"benchmark": "meta", "clients": a.clients, "ops": a.ops,
                             "processes": a.processes, "contended": a.contended,
                             "prefill": a.prefill,
@@ -477,6 +538,8 @@ def run_meta_bench(cmd: Command) -> int:
         headers.append("fine/global")
     if "etcd" in modes:
         headers.append("etcd/none")
+    if a.compare:
+        headers += [f"this/{modes[0]}", "CPU this/other"]
     for peer in ("local", "moosefs"):
         if peer in results:
             headers += [f"{'local disk' if peer == 'local' else 'MooseFS'} ops/s",
@@ -496,6 +559,10 @@ def run_meta_bench(cmd: Command) -> int:
             row.append(f"{results['fine'][op]['ops_per_s'] / results['global'][op]['ops_per_s']:.2f}")
         if "etcd" in modes:
             row.append(f"{statistics.median(ha_ratios[op]):.2f}")
+        if a.compare:
+            cpu_other, cpu_this = (results[m][op].get("server_cpu_us") for m in modes)
+            row += [f"{statistics.median(compare_ratios[op]):.2f}",
+                    f"{cpu_this / cpu_other:.2f}" if cpu_this and cpu_other else "-"]
         for peer in ("local", "moosefs"):
             if peer in results:
                 other = results[peer].get(op.split()[0])
@@ -512,6 +579,11 @@ def run_meta_bench(cmd: Command) -> int:
                 "ratio):")
         for op in a.op:
             cmd.out(f"  {op:<12} " + " ".join(f"{x:.2f}" for x in ha_ratios[op]))
+    if a.compare and a.rounds > 1:
+        cmd.out(f"this/{modes[0]} ops/s by round (the table: each code's median round, the "
+                f"median ratio):")
+        for op in a.op:
+            cmd.out(f"  {op:<12} " + " ".join(f"{x:.2f}" for x in compare_ratios[op]))
     if a.ha:
         # on one machine the roles share its cores: where they went decides the ratio
         cmd.out("CPU Âµs per op by process (this machine's cores):")
@@ -588,10 +660,16 @@ def register(bsub, common, shared) -> None:
                    help="with --ha: run etcd and the standby on these CPUs and everything "
                         "else (clients, the active, the ha = none server) on the others, as "
                         "a deployment keeps etcd off the active's machine (e.g. 1)")
+    q.add_argument("--compare", default=None, metavar="REV|DIR",
+                   help="compare this code with another: a git revision of this checkout "
+                        "(checked out for the run) or a folder holding a leasefs source "
+                        "tree; private servers of both, the first --lock mode (default "
+                        "fine), rounds alternating; prints this/other ops/s and server "
+                        "CPU per op")
     q.add_argument("--rounds", type=int, default=1,
-                   help="with --ha: measure both modes this many times, alternating (an "
-                        "odd number; the table shows each mode's median round and the "
-                        "median of the rounds' etcd/none)")
+                   help="with --ha or --compare: measure both this many times, alternating "
+                        "(an odd number; the table shows each one's median round and the "
+                        "median of the rounds' ratios)")
     q.add_argument("--no-local", action="store_true", help="skip the local-disk baseline")
     q.add_argument("--home", default=None,
                    help="folder for the private servers and the local-disk baseline "
@@ -603,5 +681,7 @@ def register(bsub, common, shared) -> None:
 def _defaults_then_run(cmd: Command) -> int:
     a = cmd.args
     a.op = a.op or list(META_OPS)
-    a.lock = a.lock or list(LOCK_MODES)
+    a.lock = a.lock or (["fine"] if a.compare else list(LOCK_MODES))
+    if a.compare and (a.cluster or a.ha):
+        raise UsageError("--compare compares private servers: not with --cluster or --ha")
     return run_meta_bench(cmd)
