@@ -646,6 +646,49 @@ async def test_calls_in_flight_and_request_bytes_are_bounded_per_server():
         nursery.cancel_scope.cancel()
 
 
+async def test_an_answer_the_socket_cannot_take_at_once_keeps_its_order():
+    """An answer larger than the socket's buffers goes out partly at once and the rest when
+    the peer reads; an answer finished meanwhile waits behind it, whole."""
+    from fs.hdfs.ipc_server import IpcServer
+
+    class Big(_Held):
+        CALLS = {**_Held.CALLS, "big": (pb.GetFileInfoRequestProto, pb.GetFileInfoResponseProto)}
+
+        async def big(self, ctx, request):
+            return pb.GetFileInfoResponseProto(fs=dict(
+                fileType=1, path=b"x" * (8 << 20), length=0, permission={"perm": 0},
+                owner="", group="", modification_time=0, access_time=0))
+
+    server = IpcServer([Big()])
+    async with trio.open_nursery() as nursery:
+        address = await _serving(nursery, server)
+        stream = await trio.open_tcp_stream(*address)
+        async with stream:
+            request = pb.GetFileInfoRequestProto(src="/")
+            await stream.send_all(preamble() + context("ann") + call_frame(1, "big", request)
+                                  + call_frame(2, "echo", request))
+            # fixed-sleep: the peer does not read for a while (the server's socket fills,
+            # the echo is answered meanwhile); there is no event to wait for
+            await trio.sleep(0.3)
+            raw = b""
+            with trio.fail_after(30):
+                while not (_whole(raw) and len(answers(raw)) == 2):
+                    raw += await stream.receive_some(1 << 20)
+        got = answers(raw)
+        assert [header.callId for header, _ in got] == [1, 2]
+        big = pb.GetFileInfoResponseProto.FromString(got[0][1])
+        assert big.fs.path == b"x" * (8 << 20)
+        nursery.cancel_scope.cancel()
+
+
+def _whole(raw: bytes) -> bool:
+    """``raw`` ends at a frame boundary."""
+    pos = 0
+    while pos + 4 <= len(raw):
+        pos += 4 + struct.unpack(">i", raw[pos:pos + 4])[0]
+    return pos == len(raw)
+
+
 async def test_an_idle_connection_is_closed_and_the_client_told_nothing():
     from fs.hdfs.ipc_server import IpcServer
 
