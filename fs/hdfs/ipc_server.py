@@ -414,10 +414,13 @@ class _Connection:
                              f"call id {call_id} is no call (the connection context and "
                              f"SASL come first, once)")
             try:
-                await self.slots.acquire()
-            except BaseException:
-                self.release(len(payload))
-                raise
+                self.slots.acquire_nowait()   # a free slot costs no scheduler round
+            except trio.WouldBlock:
+                try:
+                    await self.slots.acquire()
+                except BaseException:
+                    self.release(len(payload))
+                    raise
             self.running += 1
             nursery.start_soon(self.run_call, header, payload, pos)
 
