@@ -659,25 +659,27 @@ async def test_an_answer_the_socket_cannot_take_at_once_keeps_its_order():
                 fileType=1, path=b"x" * (8 << 20), length=0, permission={"perm": 0},
                 owner="", group="", modification_time=0, access_time=0))
 
-    server = IpcServer([Big()])
+    translator = Big()
+    server = IpcServer([translator])
     async with trio.open_nursery() as nursery:
         address = await _serving(nursery, server)
         stream = await trio.open_tcp_stream(*address)
         async with stream:
             request = pb.GetFileInfoRequestProto(src="/")
             await stream.send_all(preamble() + context("ann") + call_frame(1, "big", request)
-                                  + call_frame(2, "echo", request))
-            # fixed-sleep: the peer does not read for a while (the server's socket fills,
-            # the echo is answered meanwhile); there is no event to wait for
-            await trio.sleep(0.3)
-            raw = b""
+                                  + call_frame(2, "hold", request))
+            assert await wait_until(lambda: translator.holding == 1)
             with trio.fail_after(30):
+                raw = await stream.receive_some(4)   # the big answer is on its way ...
+                # fixed-sleep: ... and the server's socket fills while the peer reads no
+                # more; there is no event to wait for
+                await trio.sleep(0.3)
+                translator.release.set()             # the second answer is ready now
                 while not (_whole(raw) and len(answers(raw)) == 2):
                     raw += await stream.receive_some(1 << 20)
         got = answers(raw)
         assert [header.callId for header, _ in got] == [1, 2]
-        big = pb.GetFileInfoResponseProto.FromString(got[0][1])
-        assert big.fs.path == b"x" * (8 << 20)
+        assert pb.GetFileInfoResponseProto.FromString(got[0][1]).fs.path == b"x" * (8 << 20)
         nursery.cancel_scope.cancel()
 
 
