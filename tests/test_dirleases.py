@@ -212,4 +212,4 @@ class DirLeaseMachine(RuleBasedStateMachine):
 
 TestDirLeaseMachine = DirLeaseMachine.TestCase
 TestDirLeaseMachine.settings = settings(max_examples=300, stateful_step_count=40,
-                                        deadline=None, derandomize=True)
+                                        deadline=None, derandomize=True, database=None)
