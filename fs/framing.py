@@ -52,6 +52,14 @@ def closed(stream) -> Exception:
     return EOFError("peer closed the connection")
 
 
+def plain_socket(stream):
+    """The trio socket under ``stream`` when nothing (TLS) sits between: what a sender may
+    write to directly (``os.write``, ``os.sendfile``); None otherwise. Bytes written around
+    the stream this way must not interleave with a ``send_all`` in progress."""
+    sock = getattr(stream, "socket", None)
+    return sock if isinstance(sock, trio.socket.SocketType) else None
+
+
 class FramedStream:
     """A stream with a receive buffer: whole frames, exact byte counts, raw sends.
 
@@ -176,13 +184,6 @@ class FramedStream:
             await self.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise connection_lost(self.stream, exc) from None
-
-    def plain_socket(self):
-        """The trio socket under this stream when nothing (TLS) sits between: what a
-        sender may hand to ``os.sendfile``; None otherwise. Bytes sent around
-        ``send_all`` this way must not interleave with a ``send_all`` in progress."""
-        sock = getattr(self.stream, "socket", None)
-        return sock if isinstance(sock, trio.socket.SocketType) else None
 
     async def aclose(self) -> None:
         await self.stream.aclose()

@@ -42,6 +42,7 @@ from google.protobuf.message import EncodeError
 
 from ..errors import AuthenticationFailed, LeaseFSError, ProtocolError
 from ..frames import brief
+from ..framing import plain_socket
 from ..rpcbase import CallContext
 from . import exceptions
 from .sasl import FAILED_CALL_ID, Authenticated, SaslNegotiation, SaslRefused
@@ -161,8 +162,7 @@ class _Connection:
         self.reader = FrameReader(stream, server.max_frame)
         self.send_lock = trio.Lock()
         # the plain socket under the stream (None behind TLS): answers are written to it
-        sock = getattr(stream, "socket", None)
-        self.socket = sock if isinstance(sock, trio.socket.SocketType) else None
+        self.socket = plain_socket(stream)
         # ``local_address``: where the client reached this server (a translator that names
         # this server in an answer, as a block location, names this address)
         self.session: dict = {"local_address": local_address}

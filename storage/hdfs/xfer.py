@@ -55,7 +55,7 @@ from fs.datatransfer import (CHECKSUM_SIZE, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC
                              chunk_checksums, first_bad_chunk, num_chunks)
 from fs.errors import (InvalidArgument, InvalidToken, LeaseFSError, NotSupported,
                        ProtocolError, ServerUnavailable)
-from fs.framing import FramedStream
+from fs.framing import FramedStream, plain_socket
 from fs.hdfs import datatransfer as hdt
 from fs.hdfs import tokens
 from fs.hdfs.ipc_server import IpcServer
@@ -407,7 +407,7 @@ class HdfsDataTransfer:
         if data is not None:
             return await self._send_whole(op, reader, request, start, end, data, sums)
         try:
-            return await self._send_range(op, reader, request, start, end)
+            return await self._send_range(op, reader, request, start, end, packet)
         except OSError as exc:
             await self.transfer.reporter.replica_lost(block_id, gs, exc)
             raise
@@ -424,26 +424,16 @@ class HdfsDataTransfer:
             wire += hdfs_packet(0, start, data, sums if checked else b"", 0)
         wire += hdfs_packet(1 if data else 0, end, b"", b"", FLAG_LAST)
         op.responded = True
-        try:
-            with trio.fail_after(self.config.data_timeout):
-                await op.framed.send_all(b"".join(wire))
-        except trio.TooSlowError:
-            log.debug("READ_BLOCK blk_%d to %s: reader took nothing for %gs",
-                      reader.block_id, op.peer, self.config.data_timeout)
-            return False
-        except ServerUnavailable as exc:
-            log.debug("READ_BLOCK blk_%d to %s: reader closed the connection (%s)",
-                      reader.block_id, op.peer, exc)
+        if not await self._to_reader(op, reader, start, op.framed.send_all(b"".join(wire))):
             return False
         self.transfer.stats.bytes_read += len(data)
         return await self._read_status(op, reader)
 
     async def _send_range(self, op: _Op, reader, request: dt.OpReadBlockProto, start: int,
-                          end: int) -> bool:
+                          end: int, packet: int) -> bool:
         checked = request.sendChecksums
         await op.respond(hdt.read_answer(start, reader.bytes_per_checksum, checked))
-        packet = max(READ_PACKET, self.config.packet_size)
-        sock = op.framed.plain_socket()
+        sock = plain_socket(op.framed.stream)
         if sock is None:   # TLS: the bytes go through this process
             sent = await self.transfer.send_block_range(
                 op, reader, start, end, packet_size=packet,
@@ -462,36 +452,48 @@ class HdfsDataTransfer:
         bpc = reader.bytes_per_checksum
         step = max(bpc, packet // bpc * bpc)
         sums = await self.store.run_io(reader.read_sums, start, end - start) if checked else b""
+
+        async def send(pos: int, n: int, prefix: bytes) -> None:
+            await op.framed.send_all(prefix)
+            done = 0
+            while done < n:
+                more = await self.store.run_io(reader.send_data, sock.fileno(), pos + done,
+                                               n - done)
+                if more is None:
+                    raise ServerUnavailable("the reader closed the connection")
+                done += more
+                if done < n:
+                    await trio.lowlevel.wait_writable(sock)
+
         seqno = 0
         for pos in [*range(start, end, step), end]:
             n = min(step, end - pos)   # 0: the last packet
             first = (pos - start) // bpc * CHECKSUM_SIZE
             part = sums[first:first + num_chunks(n, bpc) * CHECKSUM_SIZE]
             header = hdt.encode_packet_header(pos, seqno, not n, n)
-            try:
-                with trio.fail_after(self.config.data_timeout):
-                    await op.framed.send_all(hdt.packet_prefix(header, len(part), n) + part)
-                    done = 0
-                    while done < n:
-                        more = await self.store.run_io(reader.send_data, sock.fileno(),
-                                                       pos + done, n - done)
-                        if more is None:
-                            raise ServerUnavailable("the reader closed the connection")
-                        done += more
-                        if done < n:
-                            await trio.lowlevel.wait_writable(sock)
-            except trio.TooSlowError:
-                log.debug("READ_BLOCK blk_%d to %s: reader stopped reading for %gs at offset "
-                          "%d; ending the read", reader.block_id, op.peer,
-                          self.config.data_timeout, pos)
-                return False
-            except ServerUnavailable as exc:
-                log.debug("READ_BLOCK blk_%d to %s: reader closed the connection at offset %d "
-                          "(%s)", reader.block_id, op.peer, pos, exc)
+            prefix = hdt.packet_prefix(header, len(part), n) + part
+            if not await self._to_reader(op, reader, pos, send(pos, n, prefix)):
                 return False
             self.transfer.stats.bytes_read += n
             seqno += 1
         return True
+
+    async def _to_reader(self, op: _Op, reader, offset: int, sending) -> bool:
+        """Await ``sending`` (bytes of a READ_BLOCK from ``offset`` going out) within
+        ``data_timeout``; False, after a debug line, when the reader took nothing for that
+        long or closed the connection (that ends the op, it is no error of this server)."""
+        try:
+            with trio.fail_after(self.config.data_timeout):
+                await sending
+            return True
+        except trio.TooSlowError:
+            log.debug("READ_BLOCK blk_%d to %s: reader stopped reading for %gs at offset %d; "
+                      "ending the read", reader.block_id, op.peer, self.config.data_timeout,
+                      offset)
+        except ServerUnavailable as exc:
+            log.debug("READ_BLOCK blk_%d to %s: reader closed the connection at offset %d "
+                      "(%s)", reader.block_id, op.peer, offset, exc)
+        return False
 
     async def _read_status(self, op: _Op, reader) -> bool:
         """The client's verdict when it read everything (it closes the socket otherwise);
