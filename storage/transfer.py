@@ -584,10 +584,20 @@ class DataTransferServer:
                               sums: bytes, flags: int = 0, send=send_packet) -> bool:
         """Send one READ_BLOCK packet; False (after a debug line) when the reader closed the
         connection or read nothing for ``data_timeout``."""
+        if not await self.to_reader(conn, reader, offset,
+                                    send(conn.framed, seqno, offset, data, sums, flags)):
+            return False
+        self.stats.bytes_read += len(data)
+        return True
+
+    async def to_reader(self, conn, reader, offset: int, sending) -> bool:
+        """Await ``sending`` (bytes of a READ_BLOCK from ``offset`` going out on ``conn``)
+        within ``data_timeout``; False, after a debug line, when the reader took nothing for
+        that long or closed the connection: that ends the op, it is no error of this
+        server (the HDFS port's reads share it)."""
         try:
             with trio.fail_after(self.config.data_timeout):
-                await send(conn.framed, seqno, offset, data, sums, flags)
-            self.stats.bytes_read += len(data)
+                await sending
             return True
         except trio.TooSlowError:
             log.debug("READ_BLOCK blk_%d to %s: reader stopped reading for %gs at offset %d; "

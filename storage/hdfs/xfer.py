@@ -424,7 +424,8 @@ class HdfsDataTransfer:
             wire += hdfs_packet(0, start, data, sums if checked else b"", 0)
         wire += hdfs_packet(1 if data else 0, end, b"", b"", FLAG_LAST)
         op.responded = True
-        if not await self._to_reader(op, reader, start, op.framed.send_all(b"".join(wire))):
+        sending = op.framed.send_all(b"".join(wire))
+        if not await self.transfer.to_reader(op, reader, start, sending):
             return False
         self.transfer.stats.bytes_read += len(data)
         return await self._read_status(op, reader)
@@ -472,28 +473,11 @@ class HdfsDataTransfer:
             part = sums[first:first + num_chunks(n, bpc) * CHECKSUM_SIZE]
             header = hdt.encode_packet_header(pos, seqno, not n, n)
             prefix = hdt.packet_prefix(header, len(part), n) + part
-            if not await self._to_reader(op, reader, pos, send(pos, n, prefix)):
+            if not await self.transfer.to_reader(op, reader, pos, send(pos, n, prefix)):
                 return False
             self.transfer.stats.bytes_read += n
             seqno += 1
         return True
-
-    async def _to_reader(self, op: _Op, reader, offset: int, sending) -> bool:
-        """Await ``sending`` (bytes of a READ_BLOCK from ``offset`` going out) within
-        ``data_timeout``; False, after a debug line, when the reader took nothing for that
-        long or closed the connection (that ends the op, it is no error of this server)."""
-        try:
-            with trio.fail_after(self.config.data_timeout):
-                await sending
-            return True
-        except trio.TooSlowError:
-            log.debug("READ_BLOCK blk_%d to %s: reader stopped reading for %gs at offset %d; "
-                      "ending the read", reader.block_id, op.peer, self.config.data_timeout,
-                      offset)
-        except ServerUnavailable as exc:
-            log.debug("READ_BLOCK blk_%d to %s: reader closed the connection at offset %d "
-                      "(%s)", reader.block_id, op.peer, offset, exc)
-        return False
 
     async def _read_status(self, op: _Op, reader) -> bool:
         """The client's verdict when it read everything (it closes the socket otherwise);
