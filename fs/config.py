@@ -46,6 +46,10 @@ class Config:
     storage_hdfs_port: int = _s(0, "block server HDFS data-transfer port, for Hadoop's client "
                                 "(0 = any free port, reported to the metadata server; -1 = "
                                 "off; HDFS 9866)")
+    storage_short_circuit: bool = _s(True, "answer getBlockLocalPathInfo on the HDFS port: "
+                                     "Hadoop's client on this host may read finalized "
+                                     "replica files itself (legacy short-circuit reads) when "
+                                     "the OS lets it open them")
     # --- blocks and data transfer
     block_size: int = _s(128 * MiB, "default block size of new files")
     min_block_size: int = _s(1 * MiB, "smallest block size a file may be created with "

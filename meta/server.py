@@ -24,8 +24,9 @@ and the clocks, each constructed with exactly what it needs:
   ``ha_protocol`` (``protocols/``); for Hadoop's client on the HDFS port, the
   ``hdfs_translators`` (``protocols/hdfs/``: ClientProtocol's calls translated into the
   same calls, through ``dispatch``; an append of an inline file also writes its first
-  block, ``inline_append.py``), ``hdfs_identity`` and ``hdfs_inline`` (the inline
-  files' READ_BLOCK on the same port). ``MetaServer`` is their ``Dispatcher``: it serves their
+  block, ``inline_append.py``; short-circuit readers on this host get inline files
+  written out as replica files, ``inline_local.py``), ``hdfs_identity`` and
+  ``hdfs_inline`` (the inline files' READ_BLOCK on the same port). ``MetaServer`` is their ``Dispatcher``: it serves their
   ``rpc_<method>`` methods (``front_ends``), declares which go through the retry cache or run
   inline, refuses what its HA role does not take (``dispatch``), and hands the session hooks
   to ``auth_protocol``.
@@ -124,6 +125,7 @@ from .protocols.datanode import DatanodeProtocol
 from .protocols.ha import HAProtocol
 from .protocols.hdfs.identity import HdfsIdentity
 from .protocols.hdfs.inline import InlineBlocks
+from .protocols.hdfs.inline_local import InlineLocalFiles
 from .protocols.hdfs.reads import NamenodeReads
 from .protocols.hdfs.inline_append import InlineToBlock
 from .protocols.hdfs.writes import NamenodeWrites
@@ -172,7 +174,7 @@ class MetaServer(Dispatcher):
                                 "get_block_locations", "report", "get_server_defaults"})
 
     def __init__(self, config: Config, kv: KVStore, journal_dir: str, *,
-                 clock=time.monotonic, wall_ns=time.time_ns):
+                 clock=time.monotonic, wall_ns=time.time_ns, local_dir: str | None = None):
         super().__init__(RetryCache(expiry=config.retry_cache_expiry,
                                     max_entries=config.retry_cache_entries))
         self.config = config
@@ -283,7 +285,10 @@ class MetaServer(Dispatcher):
                                         lambda: self.ns.view.namespace_id,
                                         idle_timeout=config.idle_timeout,
                                         data_timeout=config.data_timeout)
+        # ``local_dir``: where inline files are written out for Hadoop's short-circuit
+        # readers on this host (None: they read over data transfer)
         self.hdfs_translators: tuple = (
+            InlineLocalFiles(self.hdfs_inline, local_dir),
             NamenodeReads(self.dispatch, self.hdfs_inline),
             NamenodeWrites(self.dispatch, lambda: convert.pool_id(self.ns.view.namespace_id),
                            InlineToBlock(self.dispatch, config)))

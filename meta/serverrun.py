@@ -91,7 +91,8 @@ async def _run_once(config: Config, data_dir: str, host: str, port: int, http_po
     server = None
     again = None
     try:
-        server = MetaServer(config, kv, os.path.join(data_dir, "journal"))
+        server = MetaServer(config, kv, os.path.join(data_dir, "journal"),
+                            local_dir=os.path.join(data_dir, "hdfs-local"))
         if config.security == "secure":
             key = nodeauth.ensure_key(nodeauth.key_path(config.cluster_key_file, data_dir))
             server.security.node_key = key

@@ -194,6 +194,17 @@ class ReplicaStore:
                                        f"{replica.gs}, older than the requested {gs}")
         return replica
 
+    def finalized_files(self, block_id: int, gs: int) -> tuple[str, str, int]:
+        """The data and meta file of a finalized replica a reader of ``(block_id, gs)`` may
+        open itself (HDFS's short-circuit read), and the replica's stamp; a replica in any
+        other state is refused, as its last chunk and checksum may still change."""
+        replica = self.readable(block_id, gs)
+        if replica.state is not ReplicaState.FINALIZED:
+            raise ReplicaNotFound(f"the replica of blk_{block_id} here is "
+                                  f"{replica.state.value}, not finalized: read it over data "
+                                  f"transfer")
+        return replica.data_path, replica.meta_path, replica.gs
+
     # -- writing
     async def _replace_older(self, block_id: int, gs: int) -> None:
         """Make room for a new replica of ``block_id`` at ``gs``: an existing replica with an

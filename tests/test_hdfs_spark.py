@@ -120,6 +120,7 @@ def test_bench_spark_times_spark_on_hdfs_beside_its_local_folder(cluster):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     assert {"hdfs_write", "hdfs_read", "hdfs_select"} <= result["rows_per_s"].keys()
+    assert result["hdfs_reads"] == "short-circuit"
     with cluster.client() as c:
         assert not [s.name for s in c.list_status("/.leasefs-bench")]
 

@@ -158,6 +158,13 @@ def self_node(host: str, port: int, node_id: str) -> pb.DatanodeInfoProto:
         location="/default-rack")
 
 
+def inline_pool(pool: str, stamp: int) -> str:
+    """The block pool an inline file's block is told in: one per content. Hadoop's client
+    keeps what it learnt of a block (the files a short-circuit read opens) under its pool
+    and id, never its stamp; a rewritten file must not find the old content's entry."""
+    return f"{pool}-inline-{stamp}"
+
+
 def inline_located_blocks(answer: dict, ino: int, pool: str, node: pb.DatanodeInfoProto,
                           token: dict | None) -> pb.LocatedBlocksProto:
     """``get_block_locations``' answer for an inline file (``answer["inline"]``): one
@@ -167,9 +174,10 @@ def inline_located_blocks(answer: dict, ino: int, pool: str, node: pb.DatanodeIn
         "under_construction"], isLastBlockComplete=True)
     if not data:
         return out
+    stamp = content_stamp(data)
     block = pb.LocatedBlockProto(
-        b=pb.ExtendedBlockProto(poolId=pool, blockId=inline_block_id(ino),
-                                generationStamp=content_stamp(data), numBytes=len(data)),
+        b=pb.ExtendedBlockProto(poolId=inline_pool(pool, stamp), blockId=inline_block_id(ino),
+                                generationStamp=stamp, numBytes=len(data)),
         offset=0, locs=[node], corrupt=False, blockToken=tokens.to_proto(token),
         storageTypes=[pb.DISK], storageIDs=[f"DS-{node.id.datanodeUuid}"])
     out.blocks.append(block)

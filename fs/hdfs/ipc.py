@@ -40,6 +40,7 @@ CONTEXT_CALL_ID = -3
 PING_CALL_ID = -4
 SASL_CALL_ID = -33
 CLIENT_PROTOCOL = "org.apache.hadoop.hdfs.protocol.ClientProtocol"
+CLIENT_DATANODE_PROTOCOL = "org.apache.hadoop.hdfs.protocol.ClientDatanodeProtocol"
 LENGTH = struct.Struct(">i")
 # Hadoop's own server refuses frames above ipc.maximum.data.length (64 MiB)
 DEFAULT_MAX_FRAME = 64 << 20

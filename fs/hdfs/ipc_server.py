@@ -14,7 +14,8 @@ A connection: the preamble (bad magic: closed without a word; another version: a
 VERSION_MISMATCH answer, then closed; SASL: its NEGOTIATE is answered SUCCESS, which turns
 the client to simple authentication, only where ``identity.simple_refusal`` allows it,
 else FATAL UNAUTHORIZED), the connection context (callId -3: who the client says it is,
-``identity.open_session`` decides who it is), then calls. Each call runs as its own task
+``identity.open_session`` decides who it is; the session also holds the client's
+``peer_address``), then calls. Each call runs as its own task
 and its answer is written when it is ready (under a lock), so answers leave out of order;
 at most ``max_calls`` run at once per connection (the reader waits for one to end), and
 a frame's bytes count in the server's ``budget`` from before they are read until its call
@@ -43,7 +44,7 @@ from google.protobuf.message import EncodeError
 from ..errors import AuthenticationFailed, LeaseFSError, ProtocolError
 from ..frames import brief
 from ..framing import plain_socket
-from ..rpcbase import CallContext
+from ..rpcbase import CallContext, is_loopback_host
 from . import exceptions
 from .sasl import FAILED_CALL_ID, Authenticated, SaslNegotiation, SaslRefused
 from .ipc import (AUTH_NONE, AUTH_SASL, CONTEXT_CALL_ID, DEFAULT_MAX_FRAME, MAGIC,
@@ -89,6 +90,12 @@ class Identity:
         """Fill ``session["user"]`` and ``["groups"]`` for the connection of ``claim``;
         ``AuthenticationFailed`` (its message for the client) refuses it."""
         session["user"], session["groups"] = claim.user or "nobody", ()
+
+
+def on_this_host(session: dict | None) -> bool:
+    """Whether a connection's client is on the server's own host (a loopback peer)."""
+    address = (session or {}).get("peer_address")
+    return address is not None and is_loopback_host(str(address[0]))
 
 
 class _Fatal(Exception):
@@ -326,6 +333,7 @@ class _Connection:
                           protocol=context.protocol, peer=self.peer,
                           peer_address=self.peer_address, local_address=self.local_address,
                           authenticated=self.authenticated)
+            self.session["peer_address"] = self.peer_address
             try:
                 server.identity.open_session(self.session, claim)
             except AuthenticationFailed as exc:

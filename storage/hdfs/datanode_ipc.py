@@ -1,9 +1,22 @@
 """The block server's answer to Hadoop's ``ClientDatanodeProtocol`` (Hadoop IPC, served by
 ``fs.hdfs.ipc_server`` on the HDFS data-transfer port, told apart by its first bytes:
-``fs.hdfs.sniff``): ``getReplicaVisibleLength``, which Hadoop's client asks a replica's
-block server when it opens a file whose last block is still being written, to learn how
-much of it a reader may see (the bytes every pipeline node acknowledged: what an hflush
-made visible).
+``fs.hdfs.sniff``):
+
+* ``getReplicaVisibleLength``, which Hadoop's client asks a replica's block server when it
+  opens a file whose last block is still being written, to learn how much of it a reader
+  may see (the bytes every pipeline node acknowledged: what an hflush made visible).
+* ``getBlockLocalPathInfo``: HDFS's legacy short-circuit read. A client on this host
+  (``dfs.client.read.shortcircuit`` and ``dfs.client.use.legacy.blockreader.local``) asks
+  where a finalized replica's data and meta files are and reads them itself, checking the
+  CRC32Cs in the meta file, which is HDFS's own layout (``storage.layout``). Why: a read
+  then costs a file read instead of a round trip through this process, which is what
+  lets Spark on ``hdfs://`` answer small reads (footers, column chunks) as fast as from
+  local disk. The files stay private to this server's OS user: another user's client
+  fails to open them and falls back to data transfer (Hadoop then stops trying
+  short-circuit for that client's context). Hadoop's client never asks for a file under
+  construction; a replica that is not finalized here is refused all the same, as its
+  last chunk's checksum may still change. ``storage_short_circuit = false`` refuses
+  every such call.
 
 Identity: the client names its connection after the block (``blk_<id>_<stamp>``) and
 carries the located block's token.
@@ -26,12 +39,11 @@ import time
 from fs import blocktoken
 from fs.errors import AuthenticationFailed, InvalidToken, PermissionDenied
 from fs.hdfs import tokens
-from fs.hdfs.ipc_server import Claim, Identity
+from fs.hdfs.ipc import CLIENT_DATANODE_PROTOCOL
+from fs.hdfs.ipc_server import Claim, Identity, on_this_host
 from fs.hdfs.pb import client_datanode_pb2 as pb
 from fs.hdfs.sasl import SaslNegotiation, SaslRefused
 from fs.rpcbase import is_loopback_host
-
-CLIENT_DATANODE_PROTOCOL = "org.apache.hadoop.hdfs.protocol.ClientDatanodeProtocol"
 
 REMOTE_REFUSED = ("security = secure: a Hadoop client on another host must show the block's "
                   "access token (SASL TOKEN) to ask this block server about a replica")
@@ -43,7 +55,9 @@ class ClientDatanode:
 
     PROTOCOL = CLIENT_DATANODE_PROTOCOL
     CALLS = {"getReplicaVisibleLength": (pb.GetReplicaVisibleLengthRequestProto,
-                                         pb.GetReplicaVisibleLengthResponseProto)}
+                                         pb.GetReplicaVisibleLengthResponseProto),
+             "getBlockLocalPathInfo": (pb.GetBlockLocalPathInfoRequestProto,
+                                       pb.GetBlockLocalPathInfoResponseProto)}
 
     def __init__(self, transfer):
         self.transfer = transfer
@@ -57,6 +71,30 @@ class ClientDatanode:
                                    f"this block")
         replica = self.transfer.store.readable(block.blockId, block.generationStamp)
         return pb.GetReplicaVisibleLengthResponseProto(length=replica.readable_length)
+
+    async def getBlockLocalPathInfo(self, ctx, request):
+        block = request.block
+        what = f"getBlockLocalPathInfo blk_{block.blockId}"
+        if not self.transfer.config.storage_short_circuit:
+            raise PermissionDenied(f"{what}: short-circuit reads are off on this block "
+                                   f"server (storage_short_circuit)")
+        if not on_this_host(ctx.session):
+            raise PermissionDenied(f"{what}: a replica's local files are only named to a "
+                                   f"client on this host")
+        try:
+            token = tokens.from_proto(request.token) if request.HasField("token") else None
+        except InvalidToken:
+            self.transfer.stats.token_refusals += 1
+            raise
+        self.transfer.check_token({"token": token}, block.blockId, block.generationStamp,
+                                  "getBlockLocalPathInfo", blocktoken.READ)
+        data_path, meta_path, gs = self.transfer.store.finalized_files(block.blockId,
+                                                                       block.generationStamp)
+        answer = pb.GetBlockLocalPathInfoResponseProto(localPath=data_path,
+                                                       localMetaPath=meta_path)
+        answer.block.CopyFrom(block)
+        answer.block.generationStamp = gs
+        return answer
 
 
 class DatanodeIdentity(Identity):

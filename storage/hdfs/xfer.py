@@ -75,9 +75,10 @@ KEEPALIVE = 4.0
 READ_PACKET = 4 << 20
 #: data bytes up to which a packet is copied into a single send
 _JOINED_SEND = 256 << 10
-#: the op names this port's ops are counted under in the block server's metrics
+#: the op names this port's ops and IPC calls are counted under in the block server's
+#: metrics
 METRIC_OPS = frozenset({"HDFS_READ_BLOCK", "HDFS_WRITE_BLOCK", "HDFS_BLOCK_CHECKSUM",
-                        "HDFS_TRANSFER_BLOCK"})
+                        "HDFS_TRANSFER_BLOCK"} | {f"HDFS_{m}" for m in ClientDatanode.CALLS})
 
 Stage = hdt.Stage
 _SETUP_STAGES = {Stage.PIPELINE_SETUP_CREATE, Stage.PIPELINE_SETUP_STREAMING_RECOVERY,
@@ -264,7 +265,13 @@ class HdfsDataTransfer:
                              name="block server HDFS port", max_frame=1 << 20,
                              max_calls=16, context_timeout=self.config.idle_timeout,
                              frame_timeout=self.config.data_timeout,
-                             idle_timeout=self.config.idle_timeout)
+                             idle_timeout=self.config.idle_timeout,
+                             call_observer=self._observe_call)
+
+    def _observe_call(self, method: str, outcome: str, queued: float, seconds: float) -> None:
+        # the IPC calls count beside the data-transfer ops (HDFS_getReplicaVisibleLength)
+        if self.transfer.op_observer is not None:
+            self.transfer.op_observer(f"HDFS_{method.removeprefix('hdfs.')}", outcome, seconds)
 
     async def handle(self, stream: trio.abc.Stream, peer: str = "?") -> None:
         kind, head, stream = await sniff(stream, self.config.idle_timeout)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from fs.hdfs.pb import hdfs_pb2 as fs_dot_hdfs_dot_pb_dot_hdfs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n fs/hdfs/pb/client_datanode.proto\x12\x15leasefs.hdfs.datanode\x1a\x15\x66s/hdfs/pb/hdfs.proto\"V\n#GetReplicaVisibleLengthRequestProto\x12/\n\x05\x62lock\x18\x01 \x02(\x0b\x32 .leasefs.hdfs.ExtendedBlockProto\"6\n$GetReplicaVisibleLengthResponseProto\x12\x0e\n\x06length\x18\x01 \x02(\x04')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n fs/hdfs/pb/client_datanode.proto\x12\x15leasefs.hdfs.datanode\x1a\x15\x66s/hdfs/pb/hdfs.proto\"V\n#GetReplicaVisibleLengthRequestProto\x12/\n\x05\x62lock\x18\x01 \x02(\x0b\x32 .leasefs.hdfs.ExtendedBlockProto\"6\n$GetReplicaVisibleLengthResponseProto\x12\x0e\n\x06length\x18\x01 \x02(\x04\"}\n!GetBlockLocalPathInfoRequestProto\x12/\n\x05\x62lock\x18\x01 \x02(\x0b\x32 .leasefs.hdfs.ExtendedBlockProto\x12\'\n\x05token\x18\x02 \x02(\x0b\x32\x18.leasefs.hdfs.TokenProto\"\x7f\n\"GetBlockLocalPathInfoResponseProto\x12/\n\x05\x62lock\x18\x01 \x02(\x0b\x32 .leasefs.hdfs.ExtendedBlockProto\x12\x11\n\tlocalPath\x18\x02 \x02(\t\x12\x15\n\rlocalMetaPath\x18\x03 \x02(\t')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,4 +36,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETREPLICAVISIBLELENGTHREQUESTPROTO']._serialized_end=168
   _globals['_GETREPLICAVISIBLELENGTHRESPONSEPROTO']._serialized_start=170
   _globals['_GETREPLICAVISIBLELENGTHRESPONSEPROTO']._serialized_end=224
+  _globals['_GETBLOCKLOCALPATHINFOREQUESTPROTO']._serialized_start=226
+  _globals['_GETBLOCKLOCALPATHINFOREQUESTPROTO']._serialized_end=351
+  _globals['_GETBLOCKLOCALPATHINFORESPONSEPROTO']._serialized_start=353
+  _globals['_GETBLOCKLOCALPATHINFORESPONSEPROTO']._serialized_end=480
 # @@protoc_insertion_point(module_scope)

@@ -17,3 +17,21 @@ class GetReplicaVisibleLengthResponseProto(_message.Message):
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     length: int
     def __init__(self, length: _Optional[int] = ...) -> None: ...
+
+class GetBlockLocalPathInfoRequestProto(_message.Message):
+    __slots__ = ("block", "token")
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    block: _hdfs_pb2.ExtendedBlockProto
+    token: _hdfs_pb2.TokenProto
+    def __init__(self, block: _Optional[_Union[_hdfs_pb2.ExtendedBlockProto, _Mapping]] = ..., token: _Optional[_Union[_hdfs_pb2.TokenProto, _Mapping]] = ...) -> None: ...
+
+class GetBlockLocalPathInfoResponseProto(_message.Message):
+    __slots__ = ("block", "localPath", "localMetaPath")
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    LOCALPATH_FIELD_NUMBER: _ClassVar[int]
+    LOCALMETAPATH_FIELD_NUMBER: _ClassVar[int]
+    block: _hdfs_pb2.ExtendedBlockProto
+    localPath: str
+    localMetaPath: str
+    def __init__(self, block: _Optional[_Union[_hdfs_pb2.ExtendedBlockProto, _Mapping]] = ..., localPath: _Optional[str] = ..., localMetaPath: _Optional[str] = ...) -> None: ...
