@@ -111,3 +111,12 @@ class HadoopJvm:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def java_read(jvm: HadoopJvm, fs, path: str) -> bytes:
+    """The whole file at ``path`` read through Hadoop's ``FileSystem`` ``fs``."""
+    stream = fs.open(jvm.path(path))
+    try:
+        return bytes(stream.readAllBytes())
+    finally:
+        stream.close()

@@ -638,6 +638,21 @@ def storage_index(cluster: ProcessCluster, address: str) -> int:
     return next(i for i in range(cluster.n_storage) if cluster.ports[f"storage{i}"] == port)
 
 
+def flip_finalized_byte(cluster: ProcessCluster, location: dict, block_id: int,
+                        offset: int) -> Path:
+    """Flip one byte of the finalized replica file of ``block_id`` on the block server at
+    ``location`` (a rotting disk: its stored CRC32C no longer matches); the file's path."""
+    index = storage_index(cluster, location["address"])
+    replica = next(p for p in cluster.storage_dir(index).rglob(f"blk_{block_id}")
+                   if "finalized" in str(p))
+    with open(replica, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    return replica
+
+
 def leasefs(cluster: ProcessCluster, *args) -> subprocess.CompletedProcess:
     """``leasefs ARGS`` against ``cluster`` as a user runs it (text output captured)."""
     return subprocess.run([sys.executable, "-m", "tools", *map(str, args)], env=cluster.env,

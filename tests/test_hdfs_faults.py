@@ -15,11 +15,12 @@ import sys
 import time
 
 import pytest
-from hadoopkit import HadoopJvm, requires_java
+from hadoopkit import HadoopJvm, java_read, requires_java
 from hakit import call
 from py4j.protocol import Py4JJavaError
 
-from harness import ProcessCluster, errno_of, free_port, mounted, poll_until, storage_index
+from harness import (ProcessCluster, errno_of, flip_finalized_byte, free_port, mounted,
+                     poll_until, storage_index)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, requires_java]
 
@@ -72,14 +73,6 @@ def client(cluster):
     from fs.client import Client
     return Client(cluster.meta_address,
                   config=cluster.config().replace(lease_renew_period=SOFT_LIMIT / 4))
-
-
-def java_read(jvm, fs, path: str) -> bytes:
-    stream = fs.open(jvm.path(path))
-    try:
-        return bytes(stream.readAllBytes())
-    finally:
-        stream.close()
 
 
 def last_block(c, path: str) -> dict:
@@ -137,14 +130,7 @@ def test_a_corrupt_replica_is_skipped_by_the_java_reader_reported_and_replaced(
         located = last_block(c, "/rot/f")
         block_id = located["block"]["id"]
         bad = located["locations"][0]["node_id"]
-        index = storage_index(cluster, located["locations"][0]["address"])
-        replica = next(p for p in cluster.storage_dir(index).rglob(f"blk_{block_id}")
-                       if "finalized" in str(p))
-        with open(replica, "r+b") as fh:
-            fh.seek(1000)
-            byte = fh.read(1)
-            fh.seek(1000)
-            fh.write(bytes([byte[0] ^ 0xFF]))
+        flip_finalized_byte(cluster, located["locations"][0], block_id, 1000)
 
         def reported() -> bool:
             return f"replica of block {block_id} on {bad} reported corrupt" in \

@@ -15,7 +15,7 @@ import types
 
 import pytest
 import trio
-from hadoopkit import HadoopJvm, requires_java
+from hadoopkit import HadoopJvm, java_read, requires_java
 from test_hdfs_datatransfer import hdfs_ops
 
 from fs import blocktoken
@@ -66,14 +66,6 @@ def uri(cluster) -> str:
 def client(cluster):
     from fs.client import Client
     return Client(cluster.meta_address, config=cluster.config())
-
-
-def java_read(jvm, fs, path: str) -> bytes:
-    stream = fs.open(jvm.path(path))
-    try:
-        return bytes(stream.readAllBytes())
-    finally:
-        stream.close()
 
 
 def java_pread(jvm, fs, path: str, offset: int, length: int) -> bytes:
@@ -132,21 +124,14 @@ def test_a_corrupt_replica_file_is_caught_by_the_short_circuit_reader(cluster, j
     bad replica reports it and the metadata server replaces it."""
     from hakit import call
 
-    from harness import storage_index
+    from harness import flip_finalized_byte
     data = DATA[:BLOCK // 2]
     meta_log = cluster.base / "logs" / "meta.log"
     with client(cluster) as c:
         c.write_file("/sc/rot", data, replication=3)
         located = c.get_block_locations("/sc/rot")["blocks"][0]
         block_id, bad = located["block"]["id"], located["locations"][0]["node_id"]
-        index = storage_index(cluster, located["locations"][0]["address"])
-        replica = next(p for p in cluster.storage_dir(index).rglob(f"blk_{block_id}")
-                       if "finalized" in str(p))
-        with open(replica, "r+b") as fh:
-            fh.seek(1000)
-            byte = fh.read(1)
-            fh.seek(1000)
-            fh.write(bytes([byte[0] ^ 0xFF]))
+        flip_finalized_byte(cluster, located["locations"][0], block_id, 1000)
         before = served(located["locations"])
 
         def reported() -> bool:
