@@ -108,6 +108,7 @@ from .services.gcpolicy import GcGovernor
 from .ha.bootstrap import ImageSource
 from .journal.journal import Journal
 from .journal.kv import KVStore
+from .leases.dirleases import DirLeaseTable
 from .leases.leases import STALE_HEARTBEATS, LeaseManager
 from .namespace.locks import NamespaceLocking
 from .namespace.namespace import Defaults, Namespace
@@ -197,6 +198,7 @@ class MetaServer(Dispatcher):
         self.gc_governor = GcGovernor(config.gc_full_collect_interval)
         self.blocks = BlocksMap(config.min_replication)
         self.leases = LeaseManager(config.lease_soft_limit, config.lease_hard_limit)
+        self.dir_leases = DirLeaseTable(config.dir_lease_recall_limit)
         self.datanodes = DatanodeManager(
             dead_interval=config.dead_node_interval, invalidate_limit=config.invalidate_limit,
             clock=clock, invalidate_timeout=INVALIDATE_RESEND_HEARTBEATS * config.heartbeat_interval,
@@ -230,7 +232,8 @@ class MetaServer(Dispatcher):
             clock=clock, wall_ns=wall_ns)
         # what the journal ops' ``apply_memory`` change after their store write
         self.memory = MemoryState(blocks=self.blocks, leases=self.leases,
-                                  recovery=self.recovery, security=self.security)
+                                  recovery=self.recovery, security=self.security,
+                                  dir_leases=self.dir_leases)
         self.redundancy = Redundancy(
             blocks=self.blocks, datanodes=self.datanodes, safemode=self.safemode,
             pending_timeout=config.replication_pending_timeout,
@@ -418,6 +421,7 @@ class MetaServer(Dispatcher):
             self.blocks.add(BlockInfo(block["id"], ino, index, block["gs"], block["num_bytes"],
                                       block["state"], replication))
         self.leases.rebuild(self.ns.view.under_construction(), self.clock())
+        self.dir_leases.rebuild(self.ns.view.dir_leases())
         self.security.load_tokens()
         if len(self.blocks) and self.safemode.min_storage < 1:
             # blocks (even only ones being written) are useless until a block server is back:
@@ -426,9 +430,9 @@ class MetaServer(Dispatcher):
             # default waits for one in any case: an empty namespace is about to get blocks)
             self.safemode.min_storage = 1
         self.update_safemode()
-        log.info("loaded %d files, %d directories, %d blocks, %d files under construction",
-                 self.ns.view.file_count(), self.ns.view.dir_count(), len(self.blocks),
-                 self.leases.open_files())
+        log.info("loaded %d files, %d directories, %d blocks, %d files under construction, "
+                 "%d directory leases", self.ns.view.file_count(), self.ns.view.dir_count(),
+                 len(self.blocks), self.leases.open_files(), len(self.dir_leases))
 
     # ================================================================== HA role
     @property
@@ -485,6 +489,7 @@ class MetaServer(Dispatcher):
         monitors."""
         await self.format_if_new()
         self.leases.rebuild(self.ns.view.under_construction(), self.clock())
+        self.dir_leases.rebuild(self.ns.view.dir_leases())   # fresh timers, as file leases
         self.became_active()
         self.update_safemode()
 
