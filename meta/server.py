@@ -132,6 +132,7 @@ from .protocols.hdfs.inline_append import InlineToBlock
 from .protocols.hdfs.writes import NamenodeWrites
 from .services.redundancy import Redundancy
 from .services.lease_recovery import LeaseRecovery
+from .services.dir_leases import DirLeases
 from .services.monitors import Monitors
 from .protocols.user_auth import AuthProtocol
 from .services.security import Security
@@ -246,6 +247,9 @@ class MetaServer(Dispatcher):
             config=config, wall_ns=wall_ns, started_ns=self._started_ns,
             node_dead=self.node_dead, update_safemode=self.update_safemode,
             handler=self.handler)
+        self.dir_lease_service = DirLeases(
+            table=self.dir_leases, view=self.ns.view, edits=self.edits, locking=self.locking,
+            access=self.access, max_entries=config.dir_lease_max_entries)
         self.auth_protocol = AuthProtocol(security=self.security, superuser=self.superuser,
                                           vouches_users=config.storage_vouches_users)
         self.client_protocol = ClientProtocol(
@@ -253,7 +257,7 @@ class MetaServer(Dispatcher):
             locator=self.locator, recovery=self.recovery, security=self.security,
             blocks=self.blocks, reports=self.reports, leases=self.leases,
             datanodes=self.datanodes, journal=self.journal, permissions=self.permissions,
-            config=config, clock=clock, wall_ns=wall_ns)
+            dir_leases=self.dir_lease_service, config=config, clock=clock, wall_ns=wall_ns)
         self.namespace_protocol = NamespaceProtocol(
             ns=self.ns, access=self.access, permissions=self.permissions, locking=self.locking,
             edits=self.edits, locator=self.locator, wall_ns=wall_ns)
