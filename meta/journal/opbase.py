@@ -46,7 +46,6 @@ from fs.retry_cache import CallKey
 
 if TYPE_CHECKING:
     from ..blocks.blocks import BlocksMap
-    from ..leases.dirleases import DirLeaseTable
     from ..leases.leases import LeaseManager
 
 
@@ -117,6 +116,15 @@ class TokenTable(Protocol):
     def token_cancelled(self, seq: int) -> None: ...
 
 
+class DirLeaseState(Protocol):
+    """What the directory lease ops use of ``meta.services.dir_leases.DirLeases`` (named
+    by a protocol for the same reason)."""
+
+    def lease_granted(self, ino: int, holder: str, epoch: int) -> None: ...
+
+    def lease_ended(self, ino: int, epoch: int) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryState:
     """What ``Op.apply_memory`` may use of the metadata server: its services, named."""
@@ -125,7 +133,7 @@ class MemoryState:
     leases: LeaseManager
     recovery: RecoveryState   # block recoveries running, leases ending
     security: TokenTable      # the delegation token table
-    dir_leases: DirLeaseTable  # the directory write leases
+    dir_leases: DirLeaseState  # the directory write leases and their waiters
 
 
 class CheckView(Protocol):

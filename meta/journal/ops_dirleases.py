@@ -4,7 +4,8 @@ Why it exists: a directory write lease must come back after a restart and on an 
 successor, and its epoch must never be reused, so grants and releases are journaled (rare
 next to the changes they cover, docs/design/dirleases.md). A grant's epoch is the txid of
 its own record; the lease is stored under ``keys.dir_lease_key`` (``W``) and followed in
-memory by the server's ``DirLeaseTable`` (``MemoryState.dir_leases``). A release names the
+memory by the server's directory lease service (``MemoryState.dir_leases``: its table, and
+the accesses waiting for a lease to end). A release names the
 epoch it ends: one that arrives after the directory was leased again (an expiry racing a
 re-grant) changes nothing. Reach them through ``meta.journal.ops.OPS`` / ``decode``.
 
@@ -41,7 +42,7 @@ class DirLeaseGrant(Op):
         return DirLeaseEffect(epoch=epoch)
 
     def apply_memory(self, state, effect: DirLeaseEffect, now):
-        state.dir_leases.grant(self.ino, self.holder, effect.epoch)
+        state.dir_leases.lease_granted(self.ino, self.holder, effect.epoch)
 
     def check(self, view):
         inode = view.inode(self.ino)
@@ -71,8 +72,5 @@ class DirLeaseRelease(Op):
         return DirLeaseEffect(epoch=self.epoch, ended=True)
 
     def apply_memory(self, state, effect: DirLeaseEffect, now):
-        table = state.dir_leases
-        lease = table.lease_of(self.ino)
-        # the server may have ended it in memory first (an expiry wakes its waiters at once)
-        if effect.ended and lease is not None and lease.epoch == self.epoch:
-            table.expire(self.ino)
+        if effect.ended:
+            state.dir_leases.lease_ended(self.ino, self.epoch)

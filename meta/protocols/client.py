@@ -698,6 +698,7 @@ class ClientProtocol:
     async def rpc_renew_lease(self, ctx, client_name):
         check_name(client_name, "renew_lease: client_name")
         self.leases.renew(client_name, self.clock())
+        self.dir_leases.renewed(client_name)
         return True
 
     async def rpc_get_block_locations(self, ctx, path, offset=0, length=None):
