@@ -465,6 +465,28 @@ class AsyncClient:
         return bool(await self._call("recover_lease", path=paths.validate(path),
                                      client_name=self.client_name))
 
+    # ------------------------------------------------------------------ directory leases
+    async def dir_lease_acquire(self, path: str) -> dict:
+        """A write lease on directory ``path`` for this client (docs/design/dirleases.md):
+        ``{epoch, attrs, entries}`` (the directory's status and every entry's), or
+        ``{epoch: None, reason}`` when the server does not lease it."""
+        self._check_open()
+        return await self.rpc.call("dir_lease_acquire", {"path": paths.validate(path),
+                                                         "client_name": self.client_name})
+
+    async def dir_lease_release(self, path: str, epoch: int) -> bool:
+        """Give back the lease ``epoch`` on ``path``; ``LeaseExpired`` if it had ended."""
+        self._check_open()
+        return bool(await self.rpc.call("dir_lease_release", {
+            "path": paths.validate(path), "client_name": self.client_name, "epoch": epoch}))
+
+    async def dir_lease_events(self, wait: float = 30.0) -> list[dict]:
+        """The recalls of this client's directory leases (``{path, epoch}`` each; give
+        those back), waiting up to ``wait`` seconds (at most 30) for one; [] if none came."""
+        self._check_open()
+        return await self.rpc.call("dir_lease_events", {"client_name": self.client_name,
+                                                        "wait": wait})
+
     async def is_file_closed(self, path: str) -> bool:
         """True unless ``path`` is a file under construction."""
         return not (await self.get_file_status(path)).under_construction
@@ -855,7 +877,8 @@ for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "mkdir
               "set_times", "set_replication", "create_symlink", "content_summary",
               "get_content_summary", "set_quota", "concat", "report",
               "safemode", "truncate", "recover_lease", "is_file_closed", "list_open_files",
-              "open_files", "sync_metadata", "move_to_trash", "expunge", "msync"):
+              "open_files", "sync_metadata", "move_to_trash", "expunge", "msync",
+              "dir_lease_acquire", "dir_lease_release", "dir_lease_events"):
     setattr(Client, _name, _mirror(_name))
 del _name
 Client.get_file_checksum = _mirror("get_file_checksum")

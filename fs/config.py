@@ -271,6 +271,13 @@ class Config:
     lease_soft_limit: float = _s(60.0, "seconds after which another client may recover a lease")
     lease_hard_limit: float = _s(1200.0, "seconds after which the server recovers a lease itself")
     lease_monitor_period: float = _s(2.0, "seconds between lease monitor passes")
+    dir_lease_max_entries: int = _s(4096, "a directory with more entries than this is not "
+                                    "leased to a mount (the lease's answer lists them all); "
+                                    "at most 10000")
+    dir_lease_recall_limit: float = _s(10.0, "seconds a directory lease's holder has to "
+                                       "give the lease back once recalled (each batch it "
+                                       "sends while recalled restarts the count); then it "
+                                       "loses the lease and the waiting clients go on")
     block_recovery_retry: float = _s(90.0, "seconds before a stalled block recovery is retried "
                                      "(sooner when its primary stops heartbeating)")
     # --- block servers

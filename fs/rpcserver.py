@@ -65,6 +65,8 @@ class Dispatcher:
     # connection's reader task instead of starting a task per call; one that does await
     # would only delay the next request of the same connection
     inline_methods: frozenset[str] = frozenset()
+    # True while an inline method might await after all: they then get a task as others do
+    inline_paused: bool = False
     # metrics hook: None, or ``observe(method, outcome, queued, seconds)`` called once per
     # call after its reply was queued (``outcome`` "ok" or the error's class name; ``method``
     # as the peer sent it, possibly not a method name; ``queued``: seconds it waited for a
@@ -372,7 +374,7 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                 ctx = CallContext(client_id=client_id, peer=peer, call_id=call_id,
                                   user=user, groups=groups, sync_metadata=sync_metadata,
                                   session=session, state_id=state_id)
-                if method in inline:   # never awaits: no task of its own
+                if method in inline and not dispatcher.inline_paused:   # never awaits
                     await run_call(ctx, method, args, False)
                     continue
                 if observe is not None:

@@ -17,7 +17,10 @@ and the clocks, each constructed with exactly what it needs:
   (``ha/role.py``: the HA role), ``security`` (``services/security.py``: keys, block and delegation
   tokens), ``recovery`` (``services/lease_recovery.py``: lease release and block recovery),
   ``redundancy`` (``services/redundancy.py``: re-replication and its commands), ``monitors``
-  (``services/monitors.py``: the background loops, checkpoints, the reclaimer);
+  (``services/monitors.py``: the background loops, checkpoints, the reclaimer),
+  ``dir_lease_service`` (``services/dir_leases.py``: directory leases granted, released
+  and recalled: ``dispatch`` awaits its ``before_access`` for calls naming paths while
+  any lease is held);
 * the protocol front ends, thin translators from each RPC to those services' public calls
   (every method of docs/PROTOCOL.md §2, by role as HDFS separates them): ``client_protocol``,
   ``namespace_protocol``, ``admin_protocol``, ``datanode_protocol``, ``auth_protocol``,
@@ -108,6 +111,7 @@ from .services.gcpolicy import GcGovernor
 from .ha.bootstrap import ImageSource
 from .journal.journal import Journal
 from .journal.kv import KVStore
+from .leases.dirleases import DirLeaseTable
 from .leases.leases import STALE_HEARTBEATS, LeaseManager
 from .namespace.locks import NamespaceLocking
 from .namespace.namespace import Defaults, Namespace
@@ -131,6 +135,7 @@ from .protocols.hdfs.inline_append import InlineToBlock
 from .protocols.hdfs.writes import NamenodeWrites
 from .services.redundancy import Redundancy
 from .services.lease_recovery import LeaseRecovery
+from .services.dir_leases import ACCESS_ARGS, DirLeases
 from .services.monitors import Monitors
 from .protocols.user_auth import AuthProtocol
 from .services.security import Security
@@ -197,6 +202,7 @@ class MetaServer(Dispatcher):
         self.gc_governor = GcGovernor(config.gc_full_collect_interval)
         self.blocks = BlocksMap(config.min_replication)
         self.leases = LeaseManager(config.lease_soft_limit, config.lease_hard_limit)
+        self.dir_leases = DirLeaseTable(config.dir_lease_recall_limit)
         self.datanodes = DatanodeManager(
             dead_interval=config.dead_node_interval, invalidate_limit=config.invalidate_limit,
             clock=clock, invalidate_timeout=INVALIDATE_RESEND_HEARTBEATS * config.heartbeat_interval,
@@ -228,9 +234,14 @@ class MetaServer(Dispatcher):
             leases=self.leases, datanodes=self.datanodes, locator=self.locator,
             min_replication=config.min_replication, retry_after=config.block_recovery_retry,
             clock=clock, wall_ns=wall_ns)
+        self.dir_lease_service = DirLeases(
+            table=self.dir_leases, view=self.ns.view, edits=self.edits, locking=self.locking,
+            access=self.access, max_entries=config.dir_lease_max_entries,
+            hard_limit=config.lease_hard_limit, clock=clock)
         # what the journal ops' ``apply_memory`` change after their store write
         self.memory = MemoryState(blocks=self.blocks, leases=self.leases,
-                                  recovery=self.recovery, security=self.security)
+                                  recovery=self.recovery, security=self.security,
+                                  dir_leases=self.dir_lease_service)
         self.redundancy = Redundancy(
             blocks=self.blocks, datanodes=self.datanodes, safemode=self.safemode,
             pending_timeout=config.replication_pending_timeout,
@@ -242,7 +253,7 @@ class MetaServer(Dispatcher):
             recovery=self.recovery, redundancy=self.redundancy, security=self.security,
             config=config, wall_ns=wall_ns, started_ns=self._started_ns,
             node_dead=self.node_dead, update_safemode=self.update_safemode,
-            handler=self.handler)
+            handler=self.handler, dir_leases=self.dir_lease_service)
         self.auth_protocol = AuthProtocol(security=self.security, superuser=self.superuser,
                                           vouches_users=config.storage_vouches_users)
         self.client_protocol = ClientProtocol(
@@ -250,7 +261,7 @@ class MetaServer(Dispatcher):
             locator=self.locator, recovery=self.recovery, security=self.security,
             blocks=self.blocks, reports=self.reports, leases=self.leases,
             datanodes=self.datanodes, journal=self.journal, permissions=self.permissions,
-            config=config, clock=clock, wall_ns=wall_ns)
+            dir_leases=self.dir_lease_service, config=config, clock=clock, wall_ns=wall_ns)
         self.namespace_protocol = NamespaceProtocol(
             ns=self.ns, access=self.access, permissions=self.permissions, locking=self.locking,
             edits=self.edits, locator=self.locator, wall_ns=wall_ns)
@@ -418,6 +429,7 @@ class MetaServer(Dispatcher):
             self.blocks.add(BlockInfo(block["id"], ino, index, block["gs"], block["num_bytes"],
                                       block["state"], replication))
         self.leases.rebuild(self.ns.view.under_construction(), self.clock())
+        self.dir_lease_service.rebuild(self.ns.view.dir_leases())
         self.security.load_tokens()
         if len(self.blocks) and self.safemode.min_storage < 1:
             # blocks (even only ones being written) are useless until a block server is back:
@@ -426,9 +438,9 @@ class MetaServer(Dispatcher):
             # default waits for one in any case: an empty namespace is about to get blocks)
             self.safemode.min_storage = 1
         self.update_safemode()
-        log.info("loaded %d files, %d directories, %d blocks, %d files under construction",
-                 self.ns.view.file_count(), self.ns.view.dir_count(), len(self.blocks),
-                 self.leases.open_files())
+        log.info("loaded %d files, %d directories, %d blocks, %d files under construction, "
+                 "%d directory leases", self.ns.view.file_count(), self.ns.view.dir_count(),
+                 len(self.blocks), self.leases.open_files(), len(self.dir_leases))
 
     # ================================================================== HA role
     @property
@@ -472,7 +484,18 @@ class MetaServer(Dispatcher):
                 raise StandbyError(ha.refusal())
             elif ctx.state_id > self.ns.view.applied_txid:
                 await ha.wait_applied(ctx.state_id, self.config.ha_observer_wait)
+        # another client's directory lease is recalled first; only an active recalls (an
+        # observer's reads do not wait for holders that talk to the active)
+        if len(self.dir_leases) and method in ACCESS_ARGS and (
+                ha is None or ha.role is Role.ACTIVE):
+            await self.dir_lease_service.before_access(ctx, method, args)
         return await super().dispatch(ctx, method, args)
+
+    @property
+    def inline_paused(self) -> bool:
+        """While directory leases are held, a read may wait for a recall: it gets a task
+        of its own then, so the other calls of its connection are not held up."""
+        return len(self.dir_leases) > 0
 
     def state_id(self) -> int:
         return self.ns.view.applied_txid
@@ -485,6 +508,7 @@ class MetaServer(Dispatcher):
         monitors."""
         await self.format_if_new()
         self.leases.rebuild(self.ns.view.under_construction(), self.clock())
+        self.dir_lease_service.rebuild(self.ns.view.dir_leases())   # fresh timers, as files'
         self.became_active()
         self.update_safemode()
 

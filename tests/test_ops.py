@@ -25,6 +25,7 @@ from meta.schema import keys
 from meta.journal.ops import (ABSENT, OPS, LAZY_OPS, RPC_CALL, RPC_KEPT, Effect, MalformedRecord,
                               decode, to_wire)
 from meta.journal.ops_blocks import Close
+from meta.journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
 from meta.journal.ops_namespace import Mkdir
 from meta.server import MetaServer
 from harness import make_test_config
@@ -118,6 +119,10 @@ def every_op() -> Driver:
     d.log(("DELEGATION_TOKEN", token))
     d.log(("RENEW_DELEGATION_TOKEN", {"seq": 1, "expiry": 30.0}))
     d.log(("CANCEL_DELEGATION_TOKEN", {"seq": 1}))
+    a = ns.view.resolve("/a")[1]
+    grant = d.log(DirLeaseGrant(ino=a, holder="m1"))
+    d.log(DirLeaseRelease(ino=a, holder="m1", epoch=grant.txid))
+    d.log(DirLeaseGrant(ino=a, holder="m2"))   # stays: the store ends with one lease
     assert check_namespace(ns.kv) == []
     return d
 
@@ -186,8 +191,8 @@ def test_replaying_the_decoded_records_rebuilds_the_same_store():
 def test_every_op_updates_the_servers_memory_from_its_typed_effect(tmp_path, caplog):
     """Every op's store apply returns a frozen ``Effect`` record, and its memory apply
     reads only that record's fields and its own: a metadata server applying every op
-    logs no failed memory update, and after each record its blocks map, leases and token
-    table are what the store holds."""
+    logs no failed memory update, and after each record its blocks map, leases, token
+    table and directory lease table are what the store holds."""
     d = every_op()
     ns = d.ns   # and an ADD_BLOCK that commits its previous block itself
     f = d.log(ns.planner.plan_create("/w", holder="w5", block_size=4096, now_ns=d.tick())).args["ino"]
@@ -201,7 +206,7 @@ def test_every_op_updates_the_servers_memory_from_its_typed_effect(tmp_path, cap
         with pytest.raises(dataclasses.FrozenInstanceError):
             effect.orphan = 1
     server = MetaServer(make_test_config(), MemoryStore(), str(tmp_path / "journal"))
-    seen_blocks = seen_tokens = 0
+    seen_blocks = seen_tokens = seen_dir_leases = 0
     for record, _ in d.wire:
         with caplog.at_level(logging.ERROR):
             server._apply([record])
@@ -225,8 +230,17 @@ def test_every_op_updates_the_servers_memory_from_its_typed_effect(tmp_path, cap
         tokens = sorted(server.security.tokens.items())
         assert [state.to_wire() for _, state in tokens] == server.ns.view.delegation_tokens()
         seen_tokens += len(tokens)
+        held = [(lease.ino, lease.holder, lease.epoch)
+                for lease in (server.dir_leases.lease_of(ino)
+                              for ino, _, _ in server.ns.view.dir_leases()) if lease]
+        assert held == server.ns.view.dir_leases() and \
+            len(server.dir_leases) == len(held), record.op
+        seen_dir_leases += len(held)
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert seen_blocks and seen_tokens == 2   # after the issue and the renewal
+    # one after the first grant, then one from the second grant on (its record and the
+    # three added above)
+    assert seen_dir_leases == 1 + 4
 
 
 def test_optional_keys_stay_absent_and_unknown_keys_are_kept():

@@ -3,7 +3,8 @@
 Why it exists: an op's meaning used to be spread over three string switches (the store
 appliers, the server's memory updates, the replay checker); standby and observer metadata
 servers replaying the edit log must run exactly the code the active runs, so each op is now
-one frozen dataclass (``meta.journal.ops_namespace``, ``ops_blocks``, ``ops_tokens``)
+one frozen dataclass (``meta.journal.ops_namespace``, ``ops_blocks``, ``ops_tokens``,
+``ops_dirleases``)
 with, in one place:
 
 * its typed fields and wire form: planners build the op (its constructor refuses a missing
@@ -18,8 +19,8 @@ with, in one place:
   beside the op when its ``apply_memory`` needs more (None: nothing, ``NO_EFFECT``);
   in memory only, never written;
 * ``apply_memory(state, effect, now)``: the in-memory structures of the server
-  (``MemoryState``: the blocks map, leases, lease recovery, tokens) after the store
-  write, given the effect its own ``apply`` returned;
+  (``MemoryState``: the blocks map, leases, lease recovery, tokens, directory leases)
+  after the store write, given the effect its own ``apply`` returned;
 * ``check(view)``: the planner's preconditions re-checked at serial replay
   (``meta.namespace.invariants.check_record``);
 * ``rpc_call()``: the retry-cached call the record was written for (``RPC_CALL``), which
@@ -115,6 +116,15 @@ class TokenTable(Protocol):
     def token_cancelled(self, seq: int) -> None: ...
 
 
+class DirLeaseState(Protocol):
+    """What the directory lease ops use of ``meta.services.dir_leases.DirLeases`` (named
+    by a protocol for the same reason)."""
+
+    def lease_granted(self, ino: int, holder: str, epoch: int) -> None: ...
+
+    def lease_ended(self, ino: int, epoch: int) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryState:
     """What ``Op.apply_memory`` may use of the metadata server: its services, named."""
@@ -123,6 +133,7 @@ class MemoryState:
     leases: LeaseManager
     recovery: RecoveryState   # block recoveries running, leases ending
     security: TokenTable      # the delegation token table
+    dir_leases: DirLeaseState  # the directory write leases and their waiters
 
 
 class CheckView(Protocol):

@@ -59,6 +59,9 @@ class RecordApplier:
         for record, op in zip(records, ops):
             if op.needs_format and keys.NAMESPACE_ID not in counters:
                 raise InternalError(f"journal txid {record.txid}: {record.op} before FORMAT")
+            # before the op: one whose own txid means something reads it here (a
+            # directory lease's epoch is the txid of its grant)
+            counters[keys.APPLIED_TXID] = record.txid
             charged = None
             if op.charges_file_space and counters.get(keys.QUOTA_DIRS):
                 ino = op.ino
@@ -70,7 +73,6 @@ class RecordApplier:
                     charge_usage(txn, counters, inode.parent, 0,
                                  file_charge(txn.get, ino, inode) - charged)
             effects.append(NO_EFFECT if effect is None else effect)
-            counters[keys.APPLIED_TXID] = record.txid
         for name, value in counters.items():
             if self._view.counters.get(name) != value:
                 txn.put(keys.meta_key(name), value)

@@ -463,6 +463,14 @@ class NamespaceView:
         """Every live delegation token's state (``fs.delegation.TokenState`` wire form)."""
         return [keys.unpack(v) for _, v in self.kv.scan(keys.DELEGATION_TOKEN)]
 
+    def dir_leases(self) -> list[tuple[int, str, int]]:
+        """``(ino, holder, epoch)`` of every live directory lease (to rebuild the table)."""
+        out = []
+        for k, v in self.kv.scan(keys.DIR_LEASE):
+            lease = keys.unpack(v)
+            out.append((keys.parse_dir_lease_key(k), lease["holder"], lease["epoch"]))
+        return out
+
     def all_blocks(self) -> Iterator[tuple[int, int, dict, int]]:
         """``(ino, index, block, replication)`` of every block, to rebuild the blocks map."""
         replication = {}

@@ -2,7 +2,8 @@
 part — mkdirs, create, create_symlink, add_block, abandon_block, complete, fsync, rewrite,
 the pipeline-recovery calls (update_block_for_pipeline, update_pipeline,
 get_additional_datanode), recover_lease, append, truncate, list_open_files, renew_lease,
-get_block_locations and sync_metadata (PROTOCOL.md §2). The calls that read or change the
+get_block_locations, sync_metadata and the directory leases (dir_lease_acquire,
+dir_lease_release, dir_lease_events: ``dir_leases``) (PROTOCOL.md §2). The calls that read or change the
 namespace of existing paths (get_file_info, list_status, rename, concat, delete, the set_*
 calls) are in ``namespace.py``.
 
@@ -15,7 +16,7 @@ on ``MetaServer`` (its dispatcher reads them by method name).
 
 Constructor: keyword arguments naming exactly what the handlers call — the services
 (``ns``, ``edits``, ``access``, ``locking``, ``locator``, ``recovery`` for lease and block
-recovery, ``security`` for block keys and tokens), the state objects they read or change
+recovery, ``security`` for block keys and tokens, ``dir_leases`` for directory leases), the state objects they read or change
 through their public methods (``blocks``, ``reports``, ``leases``, ``datanodes``,
 ``journal``, ``permissions``), the ``config`` and the two clocks (``clock``: monotonic
 seconds, lease times; ``wall_ns``: the times recorded in the namespace). Nothing else of
@@ -51,6 +52,7 @@ from fs.errors import (InvalidArgument, IsDirectory, LeaseFSError, NotReplicated
                        RecoveryInProgress, StaleGenerationStamp)
 
 from ..blocks import blocks as bm
+from ..services.dir_leases import MAX_EVENTS_WAIT
 from ..services.locate import caller_host
 from ..namespace.args import check_ino
 from ..blocks.blocks import BlockInfo
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
     from ..namespace.locks import NamespaceLocking
     from ..namespace.namespace import Namespace
     from ..namespace.permissions import PermissionChecker
+    from ..services.dir_leases import DirLeases
     from ..services.security import Security
 
 #: seconds ``complete`` waits for the report of the last block's first replica before it
@@ -91,8 +94,8 @@ class ClientProtocol:
                  locking: NamespaceLocking, locator: Locator, recovery: LeaseRecovery,
                  security: Security, blocks: BlocksMap, reports: BlockReports,
                  leases: LeaseManager, datanodes: DatanodeManager, journal: Journal,
-                 permissions: PermissionChecker, config: Config, clock: Callable[[], float],
-                 wall_ns: Callable[[], int]):
+                 permissions: PermissionChecker, dir_leases: DirLeases, config: Config,
+                 clock: Callable[[], float], wall_ns: Callable[[], int]):
         self.ns = ns
         self.edits = edits
         self.access = access
@@ -106,6 +109,7 @@ class ClientProtocol:
         self.datanodes = datanodes
         self.journal = journal
         self.permissions = permissions
+        self.dir_leases = dir_leases
         self.config = config
         self.clock = clock
         self.wall_ns = wall_ns
@@ -694,6 +698,7 @@ class ClientProtocol:
     async def rpc_renew_lease(self, ctx, client_name):
         check_name(client_name, "renew_lease: client_name")
         self.leases.renew(client_name, self.clock())
+        self.dir_leases.renewed(client_name)
         return True
 
     async def rpc_get_block_locations(self, ctx, path, offset=0, length=None):
@@ -710,3 +715,13 @@ class ClientProtocol:
         return self.locator.file_locations(ino, inode, offset,
                                            math.inf if length is None else offset + length,
                                            self.access.token_user(ctx), caller_host(ctx))
+
+    # ================================================================== directory leases
+    async def rpc_dir_lease_acquire(self, ctx, path, client_name):
+        return await self.dir_leases.acquire(ctx, path, client_name)
+
+    async def rpc_dir_lease_release(self, ctx, path, client_name, epoch):
+        return await self.dir_leases.release(ctx, path, client_name, epoch)
+
+    async def rpc_dir_lease_events(self, ctx, client_name, wait=MAX_EVENTS_WAIT):
+        return await self.dir_leases.events(ctx, client_name, wait)

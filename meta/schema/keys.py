@@ -50,6 +50,13 @@ key                    value (msgpack)                             meaning
 ``T<seq:8>``           map: ``seq``, ``owner``, ``renewer``,        a live delegation token
                        ``issued``, ``max_date``, ``expiry``         (``fs.delegation``); goes
                        (wall seconds)                               when cancelled or expired
+``W<ino:8>``           map: ``holder``, ``epoch`` (the txid of      a live directory write
+                       its DIR_LEASE_GRANT record)                  lease (``meta.leases.
+                                                                    dirleases``); goes with
+                                                                    its DIR_LEASE_RELEASE
+                                                                    (given back or expired);
+                                                                    may outlive its directory
+                                                                    until then
 ``M<name>``            int / bytes                                  counters and identity:
                                                                     ``next_ino``,
                                                                     ``next_block_id``,
@@ -93,6 +100,7 @@ INLINE = b"L"
 UNDER_CONSTRUCTION = b"U"
 ORPHAN = b"O"
 DELEGATION_TOKEN = b"T"
+DIR_LEASE = b"W"
 META = b"M"
 
 _INO = struct.Struct(">Q")
@@ -161,6 +169,10 @@ def token_key(seq: int) -> bytes:
     return DELEGATION_TOKEN + _INO.pack(seq)
 
 
+def dir_lease_key(ino: int) -> bytes:
+    return DIR_LEASE + _INO.pack(ino)
+
+
 def meta_key(name: str) -> bytes:
     return META + name.encode("ascii")
 
@@ -191,6 +203,10 @@ def parse_orphan_key(key: bytes) -> int:
 
 
 def parse_token_key(key: bytes) -> int:
+    return _INO.unpack_from(key, 1)[0]
+
+
+def parse_dir_lease_key(key: bytes) -> int:
     return _INO.unpack_from(key, 1)[0]
 
 

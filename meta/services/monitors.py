@@ -1,5 +1,6 @@
 """The metadata server's background work: checkpoints, reclaiming detached subtrees, dead
-block servers, safe mode, expired leases, re-replication and expired delegation tokens.
+block servers, safe mode, expired leases (directory leases too: unanswered recalls, silent
+holders), re-replication and expired delegation tokens.
 
 Why it exists: one role per module. These loops run beside the protocols (client, block
 server, admin) and act on the same state; HDFS keeps them apart too (its Monitor threads:
@@ -48,7 +49,7 @@ class Monitors:
 
     def __init__(self, *, journal, kv, ns, locking, safemode, datanodes, role_view, recovery,
                  redundancy, security, config, wall_ns, started_ns: int, node_dead,
-                 update_safemode, handler):
+                 update_safemode, handler, dir_leases):
         self.journal = journal
         self.kv = kv
         self.ns = ns
@@ -57,6 +58,7 @@ class Monitors:
         self.datanodes = datanodes
         self.role_view = role_view
         self.recovery = recovery
+        self.dir_leases = dir_leases
         self.redundancy = redundancy
         self.security = security
         self.config = config
@@ -213,6 +215,7 @@ class Monitors:
                 try:
                     await self.recovery.release_expired_leases()
                     await self.recovery.retry_stalled_recoveries()
+                    await self.dir_leases.expire_ended()
                 except LeaseFSError as exc:
                     log.warning("lease monitor: %s", exc)
 

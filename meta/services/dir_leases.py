@@ -1,0 +1,324 @@
+"""Directory write leases, served: grants and releases journaled, other clients' access
+recalled first, recalls handed to their holders (docs/design/dirleases.md).
+
+Why it exists: ``meta.leases.dirleases.DirLeaseTable`` decides (pure); this service
+performs what it decides: a grant or a release is a journal record (``DIR_LEASE_GRANT``,
+``DIR_LEASE_RELEASE``, ``meta.journal.ops_dirleases``) whose apply changes the table, so
+the table comes back at a restart and on an HA successor; a recall is an event queued for
+its holder, who collects it with a long poll (``events``).
+
+* ``acquire``: the caller must be allowed to write the directory; a directory with more
+  than ``dir_lease_max_entries`` entries, or one another client holds, is not leased (the
+  answer says why, the client stays synchronous there). A holder asking again for a
+  directory it holds gets its lease as it is (a retry after a lost reply).
+* ``release``: only under the epoch the holder was granted (``LeaseExpired`` otherwise).
+* ``events``: the recalls queued for a holder, or ``[]`` once ``wait`` seconds passed.
+* ``before_access``: what ``MetaServer.dispatch`` awaits before any namespace call that
+  names paths (``ACCESS_ARGS``; msgpack and Hadoop IPC calls alike, both dispatch there):
+  for every directory the call's path walks touch (the root, each directory on the way,
+  the last component when it is one) that another client holds, the table's verdict —
+  PROCEED runs the call as today; RECALL queues a recall for the holder, then waits; WAIT
+  waits — until the lease is given back or ends: a recall unanswered for
+  ``dir_lease_recall_limit`` (``overdue``), or a holder silent for ``lease_hard_limit``
+  (``expire_ended``, from the lease monitor: a holder renews by ``renew_lease`` and by any
+  directory lease call, its outstanding ``dir_lease_events`` poll included). An ended
+  lease is journaled (DIR_LEASE_RELEASE) before anyone waiting proceeds, so after a crash
+  the holder cannot come back with it.
+
+The holder's name is the client name its file leases use (``client_name``); the caller of
+an access is named by its connection, ``<client name>#<connection id>`` (``fs.rpcclient``,
+``caller_name``), so a holder's own calls never recall its leases.
+
+Concurrency contract: trio thread only; ``acquire``, ``release`` and an expiry await their
+journal record, and the table changes in that record's apply (``lease_granted``,
+``lease_ended``: synchronous, no await; an end wakes the accesses waiting for it). A grant
+being journaled is remembered (``_granting``), so two acquires of one directory cannot
+both journal a grant, and an end being journaled (``_ending``), so it is journaled once.
+``before_access`` waits before the call takes any lock, so a holder's release (which
+takes none) is never stuck behind a waiter. Every other method is atomic.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from fs import paths
+from fs.errors import InvalidArgument, LeaseExpired, LeaseFSError, NotDirectory
+
+from ..journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
+from ..leases.dirleases import Verdict
+from ..namespace.args import MAX_LIST_LIMIT, check_int, check_name
+from ..namespace.locks import LOCK_WRITE, lock_set
+from ..namespace.permissions import WRITE
+from ..schema.inode import DIR
+
+if TYPE_CHECKING:
+    from ..journal.edits import Edits
+    from ..leases.dirleases import DirLease, DirLeaseTable
+    from ..namespace.access import Access
+    from ..namespace.locks import NamespaceLocking
+    from ..namespace.view import NamespaceView
+
+log = logging.getLogger(__name__)
+
+#: the longest a ``dir_lease_events`` poll is held (well under a client's rpc_timeout)
+MAX_EVENTS_WAIT = 30.0
+
+#: the arguments naming the paths a namespace call accesses, by method (msgpack names;
+#: the Hadoop IPC translators dispatch the same methods)
+ACCESS_ARGS: dict[str, tuple[str, ...]] = {
+    name: ("path",) for name in (
+        "get_file_info", "exists", "list_status", "get_block_locations", "content_summary",
+        "mkdirs", "create", "create_symlink", "delete", "set_permission", "set_owner",
+        "set_times", "set_replication", "set_quota", "append", "truncate", "recover_lease",
+        "list_open_files", "fsck", "dir_lease_acquire")}
+ACCESS_ARGS.update({"rename": ("src", "dst"), "rename_many": ("moves",),
+                    "concat": ("target", "srcs")})
+
+
+def caller_name(ctx) -> str:
+    """The client name of a call's connection (``<name>#<connection id>``)."""
+    return ctx.client_id.partition("#")[0]
+
+
+def access_paths(method: str, args: dict) -> list[str]:
+    """The path strings a call names (lists and lists of lists too: ``srcs``, ``moves``);
+    anything else is left to the handler to refuse."""
+    out = []
+    if not isinstance(args, dict):   # the dispatcher refuses it next
+        return out
+    for name in ACCESS_ARGS.get(method, ()):
+        value = args.get(name)
+        for item in (value if isinstance(value, list) else [value]):
+            for one in (item if isinstance(item, list) else [item]):
+                if isinstance(one, str):
+                    out.append(one)
+    return out
+
+
+class DirLeases:
+    def __init__(self, *, table: DirLeaseTable, view: NamespaceView, edits: Edits,
+                 locking: NamespaceLocking, access: Access, max_entries: int,
+                 hard_limit: float, clock: Callable[[], float]):
+        self.table = table
+        self.view = view
+        self.edits = edits
+        self.locking = locking
+        self.access = access
+        # one listing page holds them all
+        self.max_entries = min(max_entries, MAX_LIST_LIMIT)
+        self.hard_limit = hard_limit
+        self.clock = clock
+        self._granting: set[int] = set()
+        self._ending: set[int] = set()
+        self._ended: dict[int, trio.Event] = {}         # ino -> set when its lease ends
+        self._seen: dict[str, float] = {}               # holder -> its last call (clock)
+        self._events: dict[str, list[dict]] = {}       # holder -> recalls not yet collected
+        self._polls: dict[str, trio.Event] = {}        # holder -> its waiting poll's wake-up
+
+    # ------------------------------------------------------------------ RPC bodies
+    async def acquire(self, ctx, path, holder) -> dict:
+        """``{epoch, attrs, entries}`` of a lease on directory ``path`` for ``holder``, or
+        ``{epoch: None, reason}`` when it is not leased."""
+        parts = paths.split(path)
+        canonical = paths.join_parts(parts)
+        check_name(holder, f"dir_lease_acquire {canonical}: client_name")
+        self.renewed(holder)
+        # the directory's write lock: nothing renames or removes it under the grant
+        async with self.locking.mutation(f"dir_lease_acquire {canonical}",
+                                         lock_set(parts, LOCK_WRITE)):
+            _, ino, inode, _ = self.view.resolve(canonical)
+            if inode.type != DIR:
+                raise NotDirectory(f"dir_lease_acquire {canonical}: not a directory (only "
+                                   f"directories are leased)")
+            self.access.check_access(ctx, parts, access=WRITE)
+            lease = self.table.lease_of(ino)
+            if lease is None or lease.holder != holder:
+                refusal = self._refusal(canonical, ino, inode, lease)
+                if refusal is not None:
+                    return {"epoch": None, "reason": refusal}
+                self._granting.add(ino)
+                try:
+                    epoch = await self.edits.log_plan(DirLeaseGrant(ino=ino, holder=holder))
+                finally:
+                    self._granting.discard(ino)
+                log.debug("directory lease on %s (inode %d) granted to %s, epoch %d",
+                          canonical, ino, holder, epoch)
+            else:
+                epoch = lease.epoch
+            # the state the lease covers (nothing else may change it while it is held)
+            attrs = self.view.get_file_info(canonical)
+            listing = self.view.list_status(canonical, "", self.max_entries)
+        return {"epoch": epoch, "attrs": attrs, "entries": listing["entries"]}
+
+    def _refusal(self, canonical: str, ino: int, inode, lease) -> str | None:
+        if lease is not None:
+            return (f"{canonical}: not leased: the directory is leased to another client "
+                    f"({lease.holder})")
+        if ino in self._granting:
+            return f"{canonical}: not leased: another client's grant of it is under way"
+        entries = inode.children or 0
+        if entries > self.max_entries:
+            return (f"{canonical}: not leased: {entries} entries, more than "
+                    f"dir_lease_max_entries ({self.max_entries})")
+        return None
+
+    async def release(self, ctx, path, holder, epoch) -> bool:
+        """``holder`` gives back its lease ``epoch`` on directory ``path``. Found by its
+        epoch (unique), so a directory renamed or removed since is given back too; the
+        path names it in the errors."""
+        canonical = paths.join_parts(paths.split(path))
+        check_name(holder, f"dir_lease_release {canonical}: client_name")
+        check_int(epoch, f"dir_lease_release {canonical}: epoch", low=1)
+        self.renewed(holder)
+        held = [lease for lease in self.table.held_by(holder) if lease.epoch == epoch]
+        if not held:
+            raise LeaseExpired(f"{canonical}: the directory lease (epoch {epoch}) of {holder} "
+                               f"has ended (it holds no lease of that epoch)")
+        await self.edits.log_plan(DirLeaseRelease(ino=held[0].ino, holder=holder, epoch=epoch))
+        return True
+
+    async def events(self, ctx, holder, wait) -> list[dict]:
+        """The recalls queued for ``holder`` (``{path, epoch}`` each), waiting up to
+        ``wait`` seconds for one."""
+        check_name(holder, "dir_lease_events: client_name")
+        if not isinstance(wait, (int, float)) or isinstance(wait, bool) or wait < 0:
+            raise InvalidArgument(f"dir_lease_events: wait must be seconds >= 0, "
+                                  f"got {wait!r:.60}")
+        self.renewed(holder)
+        if not self._events.get(holder):
+            woken = self._polls.setdefault(holder, trio.Event())
+            with trio.move_on_after(min(wait, MAX_EVENTS_WAIT)):
+                await woken.wait()
+            if self._polls.get(holder) is woken:
+                del self._polls[holder]
+        self.renewed(holder)
+        return self._events.pop(holder, [])
+
+    # ------------------------------------------------------------------ recalls
+    def queue_recall(self, holder: str, path: str, epoch: int) -> None:
+        """Hand ``holder`` a recall of its lease ``epoch`` on ``path`` (its next poll)."""
+        self._events.setdefault(holder, []).append({"path": path, "epoch": epoch})
+        woken = self._polls.pop(holder, None)
+        if woken is not None:
+            woken.set()
+
+    # ------------------------------------------------------------------ the journal's apply
+    def lease_granted(self, ino: int, holder: str, epoch: int) -> None:
+        """A DIR_LEASE_GRANT applied (live, from the HA log)."""
+        self.table.grant(ino, holder, epoch)
+        self._seen[holder] = self.clock()
+
+    def lease_ended(self, ino: int, epoch: int) -> None:
+        """A DIR_LEASE_RELEASE that ended lease ``epoch`` of ``ino`` applied: the accesses
+        waiting for it go on, and its holder's uncollected recalls of it are moot."""
+        lease = self.table.lease_of(ino)
+        if lease is None or lease.epoch != epoch:
+            return
+        self.table.expire(ino)
+        queued = self._events.get(lease.holder)
+        if queued:
+            queued[:] = [e for e in queued if e["epoch"] != epoch]
+        woken = self._ended.pop(ino, None)
+        if woken is not None:
+            woken.set()
+
+    def rebuild(self, grants: list[tuple[int, str, int]]) -> None:
+        """The table from the journal's live leases ``(ino, holder, epoch)`` (start,
+        activation): every holder's silence counts from now, and whoever waited on the
+        old table looks again."""
+        self.table.rebuild(grants)
+        now = self.clock()
+        self._seen = {holder: now for _, holder, _ in grants}
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        for woken in self._ended.values():
+            woken.set()
+        self._ended.clear()
+
+    # ------------------------------------------------------------------ access by others
+    def renewed(self, holder: str) -> None:
+        """``holder`` is alive (``renew_lease``, its directory lease calls)."""
+        if holder in self._seen or self.table.held_by(holder):
+            self._seen[holder] = self.clock()
+
+    async def before_access(self, ctx, method: str, args: dict) -> None:
+        """Returns once no directory the call's paths walk through is held by another
+        client (see the module docstring)."""
+        client = caller_name(ctx)
+        for path in access_paths(method, args):
+            while (ino := self._held_by_other(path, client)) is not None:
+                await self._wait_for(ino, client)
+
+    def _held_by_other(self, path: str, client: str) -> int | None:
+        """The first directory of ``path``'s walk another client holds, or None."""
+        try:
+            parts = paths.split(path)
+            found = self.view.walk(parts, path, strict=False)
+        except LeaseFSError:   # a bad path: the call itself says what is wrong
+            return None
+        for ino, inode in found:
+            if inode.type == DIR:
+                lease = self.table.lease_of(ino)
+                if lease is not None and lease.holder != client:
+                    return ino
+        return None
+
+    async def _wait_for(self, ino: int, client: str) -> None:
+        """One verdict on ``ino`` for ``client``, then wait until its lease ends or its
+        recall is overdue (which ends it)."""
+        lease = self.table.lease_of(ino)
+        verdict = self.table.access(ino, client, self.clock())
+        if verdict is Verdict.PROCEED:
+            return
+        if verdict is Verdict.RECALL:
+            path = self.view.path_of(ino) or f"inode {ino}"
+            log.debug("directory lease on %s (epoch %d) recalled from %s for %s",
+                      path, lease.epoch, lease.holder, client)
+            self.queue_recall(lease.holder, path, lease.epoch)
+        lease = self.table.lease_of(ino)
+        ended = self._ended.setdefault(ino, trio.Event())
+        # an end being journaled wakes us; otherwise the recall's deadline does
+        wait = math.inf if ino in self._ending else lease.recall_deadline - self.clock()
+        with trio.move_on_after(max(0.0, wait)):
+            await ended.wait()
+        if not ended.is_set():
+            await self.expire_ended()
+
+    async def expire_ended(self) -> None:
+        """End every lease whose recall is overdue, or whose holder was silent for the
+        lease hard limit (a dead holder's; the lease monitor calls this), journaled."""
+        now = self.clock()
+        ending: list[tuple[DirLease, str]] = [
+            (lease, f"its recall went unanswered for {self.table.recall_limit:g} s")
+            for lease in self.table.overdue(now)]
+        for holder, seen in list(self._seen.items()):
+            held = self.table.held_by(holder)
+            if not held:
+                del self._seen[holder]
+            elif now - seen > self.hard_limit:
+                ending += [(lease, f"{holder} was silent for {self.hard_limit:g} s")
+                           for lease in held]
+        for lease, why in ending:
+            if lease.ino in self._ending or self.table.lease_of(lease.ino) != lease:
+                continue
+            self._ending.add(lease.ino)
+            try:
+                log.warning("directory lease on %s (epoch %d) of %s ends: %s",
+                            self.view.path_of(lease.ino) or f"inode {lease.ino}",
+                            lease.epoch, lease.holder, why)
+                await self.edits.log_plan(DirLeaseRelease(ino=lease.ino, holder=lease.holder,
+                                                          epoch=lease.epoch))
+            finally:
+                self._ending.discard(lease.ino)
+                # its waiters waited for this end without a deadline: whatever came of it,
+                # they look again
+                woken = self._ended.pop(lease.ino, None)
+                if woken is not None:
+                    woken.set()
