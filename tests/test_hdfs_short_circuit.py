@@ -256,6 +256,7 @@ def test_the_translator_names_files_only_to_a_client_on_this_host_and_when_on():
                 raise InvalidToken("no token")
         return types.SimpleNamespace(
             config=types.SimpleNamespace(storage_short_circuit=on), check_token=check_token,
+            node_key=b"k" * 32,
             stats=types.SimpleNamespace(token_refusals=0),
             store=types.SimpleNamespace(finalized_files=finalized_files))
 

@@ -49,6 +49,20 @@ REMOTE_REFUSED = ("security = secure: a Hadoop client on another host must show 
                   "access token (SASL TOKEN) to ask this block server about a replica")
 
 
+def check_token(transfer, token, block_id: int, gs: int, op: str, mode: str) -> None:
+    """security = secure: ``token`` (a ``TokenProto`` an HDFS op or call carries, or None)
+    must be a leasefs block token for this block, stamp and mode, checked by ``transfer``
+    as the leasefs port checks its own; under simple, tokens are ignored."""
+    if transfer.node_key is None:
+        return
+    try:
+        fields = tokens.from_proto(token) if token is not None else None
+    except InvalidToken:
+        transfer.stats.token_refusals += 1
+        raise
+    transfer.check_token({"token": fields}, block_id, gs, op, mode)
+
+
 class ClientDatanode:
     """The translator (``fs.hdfs.ipc_server``) over a ``storage.transfer.
     DataTransferServer``."""
@@ -81,13 +95,9 @@ class ClientDatanode:
         if not on_this_host(ctx.session):
             raise PermissionDenied(f"{what}: a replica's local files are only named to a "
                                    f"client on this host")
-        try:
-            token = tokens.from_proto(request.token) if request.HasField("token") else None
-        except InvalidToken:
-            self.transfer.stats.token_refusals += 1
-            raise
-        self.transfer.check_token({"token": token}, block.blockId, block.generationStamp,
-                                  "getBlockLocalPathInfo", blocktoken.READ)
+        check_token(self.transfer, request.token if request.HasField("token") else None,
+                    block.blockId, block.generationStamp, "getBlockLocalPathInfo",
+                    blocktoken.READ)
         data_path, meta_path, gs = self.transfer.store.finalized_files(block.blockId,
                                                                        block.generationStamp)
         answer = pb.GetBlockLocalPathInfoResponseProto(localPath=data_path,

@@ -53,17 +53,16 @@ from fs import blocktoken
 from fs.dataconn import close_gracefully, failure_cause
 from fs.datatransfer import (CHECKSUM_SIZE, FLAG_HEARTBEAT, FLAG_LAST, FLAG_SYNC, Packet,
                              chunk_checksums, first_bad_chunk, num_chunks)
-from fs.errors import (InvalidArgument, InvalidToken, LeaseFSError, NotSupported,
+from fs.errors import (InvalidArgument, LeaseFSError, NotSupported,
                        ProtocolError, ServerUnavailable)
 from fs.framing import FramedStream, plain_socket
 from fs.hdfs import datatransfer as hdt
-from fs.hdfs import tokens
 from fs.hdfs.ipc_server import IpcServer
 from fs.hdfs.sniff import IPC, describe, sniff
 from fs.hdfs.pb import datatransfer_pb2 as dt
 from fs.rpc import parse_address
 
-from .datanode_ipc import ClientDatanode, DatanodeIdentity
+from .datanode_ipc import ClientDatanode, DatanodeIdentity, check_token
 
 
 log = logging.getLogger(__name__)
@@ -378,14 +377,8 @@ class HdfsDataTransfer:
                      op: str, mode: str) -> None:
         """security = secure: the op's token must be a leasefs block token for this block,
         stamp and mode (the leasefs port's own check)."""
-        if self.transfer.node_key is None:
-            return
-        try:
-            token = tokens.from_proto(base.token) if base.HasField("token") else None
-        except InvalidToken:
-            self.transfer.stats.token_refusals += 1
-            raise
-        self.transfer.check_token({"token": token}, block_id, gs, op, mode)
+        check_token(self.transfer, base.token if base.HasField("token") else None,
+                    block_id, gs, op, mode)
 
     # ------------------------------------------------------------------ READ_BLOCK
 
