@@ -45,6 +45,12 @@ FLAG_SYNC = 2
 FLAG_HEARTBEAT = 4
 MAX_PACKET_DATA = 16 << 20   # hard limit on one packet's payload, whatever a peer claims
 CHECKSUM_SIZE = 4
+#: a replica's meta file header, HDFS's BlockMetadataHeader: version, checksum type, bytes
+#: per checksum (then one big-endian CRC32C per chunk); block servers keep their replicas
+#: so, and Hadoop's short-circuit readers read such files
+META_HEADER = struct.Struct(">HBI")
+META_VERSION = 1
+CHECKSUM_TYPE_CRC32C = 2
 
 # ack statuses (HDFS Status names)
 SUCCESS = 0
@@ -71,6 +77,10 @@ TRANSFER_FINALIZED = "TRANSFER_FINALIZED"
 
 def crc32c(data, value: int = 0) -> int:
     return _crc32c.crc32c(data, value)
+
+
+def encode_meta_header(bytes_per_checksum: int) -> bytes:
+    return META_HEADER.pack(META_VERSION, CHECKSUM_TYPE_CRC32C, bytes_per_checksum)
 
 
 def chunk_checksums(data, bytes_per_checksum: int) -> bytes:

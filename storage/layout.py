@@ -38,18 +38,15 @@ import errno as _errno
 import logging
 import os
 import re
-import struct
 import uuid
 
 from fs.datafolder import make_private_folder
-from fs.datatransfer import CHECKSUM_SIZE, crc32c, num_chunks
+from fs.datatransfer import (CHECKSUM_SIZE, CHECKSUM_TYPE_CRC32C, META_HEADER, META_VERSION,
+                             crc32c, encode_meta_header, num_chunks)
 from fs.errors import InvalidArgument, ProtocolError
 
 log = logging.getLogger(__name__)
 
-META_HEADER = struct.Struct(">HBI")
-META_VERSION = 1
-CHECKSUM_TYPE_CRC32C = 2
 #: accepted ``bytes_per_checksum`` of a new replica: smaller chunks make verifying a packet
 #: on the trio thread far too slow (16-byte chunks: 0.6 s per 16 MiB packet), larger ones
 #: make every partial-chunk rewrite and read re-checksum huge runs
@@ -116,10 +113,6 @@ def check_packet_range(received: int, offset: int, data_len: int, bytes_per_chec
     if offset + data_len < received:
         raise ProtocolError(f"packet [{offset}, {offset + data_len}) ends before the {received} "
                             f"bytes already received")
-
-
-def encode_meta_header(bytes_per_checksum: int) -> bytes:
-    return META_HEADER.pack(META_VERSION, CHECKSUM_TYPE_CRC32C, bytes_per_checksum)
 
 
 def decode_meta_header(raw: bytes) -> int:

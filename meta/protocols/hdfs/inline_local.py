@@ -37,13 +37,12 @@ import collections
 import logging
 import os
 import shutil
-import struct
 import uuid
 
 import trio
 
 from fs.datafolder import make_private_folder
-from fs.datatransfer import chunk_checksums
+from fs.datatransfer import chunk_checksums, encode_meta_header
 from fs.errors import PermissionDenied
 from fs.hdfs.ipc import CLIENT_DATANODE_PROTOCOL
 from fs.hdfs.ipc_server import on_this_host
@@ -52,9 +51,6 @@ from fs.hdfs.pb import datatransfer_pb2 as dt
 
 log = logging.getLogger(__name__)
 
-#: HDFS's meta file header (BlockMetadataHeader): version 1, checksum type 2 = CRC32C,
-#: bytes per checksum
-_META_HEADER = struct.Struct(">HBI")
 _BYTES_PER_CHECKSUM = 512
 
 
@@ -122,7 +118,7 @@ def _clear(folder: str) -> None:
 
 def _write(folder: str, block_id: int, stamp: int, data: bytes) -> tuple[str, str]:
     base = os.path.join(folder, f"blk_{block_id}_{stamp}")
-    meta = _META_HEADER.pack(1, 2, _BYTES_PER_CHECKSUM) + chunk_checksums(
+    meta = encode_meta_header(_BYTES_PER_CHECKSUM) + chunk_checksums(
         data, _BYTES_PER_CHECKSUM)
     for path, content in ((base, data), (base + ".meta", meta)):
         # a temporary name of its own: two requests for one content may write at once; no
