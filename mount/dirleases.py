@@ -90,6 +90,17 @@ class LeasedDir:
     entries: dict[bytes, FileStatus]      # every entry, with the changes made here
     used: float = 0.0                     # trio time of the last change
     giving_back: bool = False             # recalled or idle: no change is decided here
+    # names whose attributes this mount may have changed since (written, set, moved):
+    # a lookup of them asks the server
+    stale: set[bytes] = dataclasses.field(default_factory=set)
+
+    def known(self, name: bytes) -> FileStatus | None:
+        """The status of a file or symlink ``name`` as the server has it (nobody else
+        changes it while the lease is held), or None: ask the server."""
+        entry = self.entries.get(name)
+        if entry is None or entry.is_dir or name in self.stale:
+            return None
+        return entry
 
 
 class DirLeaseHolder:
@@ -189,6 +200,7 @@ class DirLeaseHolder:
         if leased is not None:
             fresh = name not in leased.entries
             leased.entries[name] = status
+            leased.stale.add(name)   # a file made by a call is written next
             self._synced(leased, parent_status, children=1 if fresh else 0,
                          subdirs=1 if fresh and status.is_dir else 0)
 
@@ -198,6 +210,14 @@ class DirLeaseHolder:
             leased.used = trio.current_time()
         else:
             self.changed(leased, **counts)
+
+    def note_changed(self, path: str) -> None:
+        """This mount changes the attributes of the entry at ``path`` (opened for writing,
+        setattr, truncate): a held folder's lookup of it asks the server from now on."""
+        folder, _, name = path.rpartition("/")
+        for leased in self._leases.values():
+            if self._path_of(leased.kernel_ino) == (folder or "/"):
+                leased.stale.add(os.fsencode(name))
 
     def note_replaced(self, path: str, status: FileStatus) -> None:
         """The file at ``path`` got a new inode under its name (its content replaced)."""

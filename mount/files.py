@@ -132,6 +132,7 @@ class Files:
             handle.located = (of.generation, status.locations)
         try:
             if handle.writable:
+                self._leases.note_changed(path)
                 # opening for write takes the lease now, so a second writer learns at open
                 # (EBUSY), not at its first write
                 async with of.lock:

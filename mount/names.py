@@ -75,8 +75,15 @@ class Names:
             if left is not None:
                 return self._view.negative_entry(left)
             leased = self._leases.held(parent_inode)
-            if leased is not None and name not in leased.entries:
-                return self._view.negative_entry()   # the lease knows every name there
+            if leased is not None:   # the lease knows every name there
+                if name not in leased.entries:
+                    return self._view.negative_entry()
+                known = leased.known(name)
+                if known is not None and self._open_files.get(
+                        self._view.kernel_ino(known.ino)) is None:
+                    attrs = self._view.attrs(known)
+                    self._view.remember(attrs.st_ino, path, known)
+                    return attrs
             folder = self._view.path(parent_inode)
             left = self._view.cached_miss(folder, name)
             if left is not None:
@@ -132,6 +139,9 @@ class Names:
         return self._view.attrs(status)
 
     async def setattr(self, inode, attr, fields, fh):
+        known = self._view.known_path(inode)
+        if known is not None:
+            self._leases.note_changed(known)
         of = self._open_files.get(inode)
         self._view.drop_fresh(inode)
         self._view.touch_node(inode)
@@ -418,7 +428,9 @@ class Names:
                 if replaced_lease.entries:
                     raise fuse_error(errno.ENOTEMPTY)
         del source.entries[name_old]
+        source.stale.discard(name_old)
         target.entries[name_new] = entry
+        target.stale.add(name_new)   # its ctime is the rename's
         subdirs = 1 if entry.is_dir else 0
         if target is not source:
             now = self._leases.changed(source, children=-1, subdirs=-subdirs)

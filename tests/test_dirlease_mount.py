@@ -398,3 +398,42 @@ def test_changes_survive_a_metadata_server_restart(tmp_path):
         finally:
             m.stop()
             m.cleanup()
+
+
+# ------------------------------------------------------------------ files open here
+
+@pytest.fixture(scope="module")
+def uncached(cluster):
+    """A mount whose kernel caches nothing: every lookup and getattr reaches the mount,
+    which answers what it can from the leases it holds."""
+    yield from mounted(cluster, "uncached", "--set", "mount_entry_timeout=0",
+                       "--set", "mount_attr_timeout=0", "--set", "mount_negative_timeout=0")
+
+
+def test_files_open_here_keep_their_content_through_unlink_and_rename(cluster, uncached):
+    """Under a held lease: an unlinked file open here keeps its content for its handles,
+    a rename over a file open here too; a file written here after the grant shows its new
+    size at the next lookup (the lease's snapshot of it is stale, the server is asked)."""
+    d = uncached.mp / "open-here"
+    d.mkdir()
+    for name in ("a", "b", "c", "lock"):
+        (d / name).write_text(name * 10)
+    os.unlink(d / "lock")   # the lease is held from here
+    with open(d / "a") as reader:
+        os.unlink(d / "a")
+        assert reader.read() == "a" * 10
+    with open(d / "b") as reader:
+        os.rename(d / "c", d / "b")
+        assert reader.read() == "b" * 10
+    assert (d / "b").read_text() == "c" * 10
+    with open(d / "grow", "w") as fh:
+        fh.write("x" * 100)
+    (d / "b").write_text("longer " * 20)
+    assert os.stat(d / "grow").st_size == 100
+    assert os.stat(d / "b").st_size == 140
+    os.chmod(d / "grow", 0o600)
+    assert os.stat(d / "grow").st_mode & 0o777 == 0o600
+    with cluster.client() as cli:
+        assert sorted(s.name for s in cli.list_status("/open-here")) == ["b", "grow"]
+        assert cli.get_file_status("/open-here/b").length == 140
+        assert cli.get_file_status("/open-here/grow").mode == 0o600
