@@ -154,8 +154,10 @@ class DirLeaseHolder:
         now = trio.current_time()
         if self._refused.get(path, 0.0) > now:
             return None
-        # the grant's snapshot must hold every change queued before it
-        await self.flush()
+        # the grant's snapshot must hold every change queued in the folder before it (an
+        # earlier lease's, given back since): changes elsewhere need not wait
+        if self._dirs[path] > 0:
+            await self.flush()
         try:
             grant = await self._client.dir_lease_acquire(path)
         except LeaseFSError as exc:   # the synchronous call says it better
