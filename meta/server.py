@@ -113,7 +113,7 @@ from .ha.bootstrap import ImageSource
 from .journal.journal import Journal
 from .journal.kv import KVStore
 from .leases.dirleases import DirLeaseTable
-from .leases.locks import LockTable
+from fs.locktable import LockTable
 from .leases.leases import STALE_HEARTBEATS, LeaseManager
 from .namespace.locks import NamespaceLocking
 from .namespace.namespace import Defaults, Namespace

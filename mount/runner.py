@@ -214,6 +214,10 @@ async def _serve(mountpoint: str, meta_address: str, config: Config, options: se
                       negative_timeout=config.mount_negative_timeout,
                       cache_limit=config.mount_cache_limit, file_settings=file_settings,
                       root=root.path, root_ino=root.ino)
+        if not getattr(pyfuse3, "LOCK_HANDLERS", False):
+            log.warning("pyfuse3 without the lock handlers (deploy/pyfuse3-locks.patch, "
+                        "built by make install): flock and fcntl locks stay local to this "
+                        "mount")
         pyfuse3.init(ops, mountpoint, options)
         mounted = True
         # pyfuse3.init has just mounted it: the topmost mount there is this one

@@ -1,4 +1,4 @@
-"""The cluster-wide lock table (``meta/leases/locks.py``) and its service
+"""The cluster-wide lock table (``fs/locktable.py``) and its service
 (``meta/services/locks.py``): POSIX range rules one by one, flock rules, a stateful
 property test against a byte-by-byte model of who holds what, and the service's waits,
 argument checks and the end of a silent holder's locks."""
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from fs.errors import InvalidArgument
-from meta.leases.locks import TO_EOF, LockKind, LockOwner, LockTable
+from fs.locktable import TO_EOF, LockKind, LockOwner, LockTable
 from meta.services.locks import MAX_LOCK_WAIT, Locks
 
 R, W, U = LockKind.READ, LockKind.WRITE, LockKind.UNLOCK

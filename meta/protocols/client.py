@@ -54,7 +54,7 @@ from fs.errors import (InvalidArgument, IsDirectory, LeaseFSError, NotReplicated
 
 from ..blocks import blocks as bm
 from ..services.dir_leases import MAX_EVENTS_WAIT, caller_name
-from ..leases.locks import TO_EOF
+from fs.locktable import TO_EOF
 from ..services.locate import caller_host
 from ..namespace.args import check_ino
 from ..blocks.blocks import BlockInfo

@@ -1,7 +1,7 @@
 """Cluster-wide file locks, served: ``lock_get``, ``lock_set`` (waiting in bounded long
 polls), ``lock_release`` and ``lock_release_all`` (docs/PROTOCOL.md §2, docs/MOUNT.md).
 
-Why it exists: ``meta.leases.locks.LockTable`` decides who conflicts (pure); this service
+Why it exists: ``fs.locktable.LockTable`` decides who conflicts (pure); this service
 checks the calls' arguments, makes a waiting ``lock_set`` wait for the file's locks to
 change, and ends the locks of a holder that went silent.
 
@@ -32,7 +32,7 @@ import trio
 
 from fs.errors import InvalidArgument
 
-from ..leases.locks import TO_EOF, FlockLock, LockKind, LockOwner, LockTable, RangeLock
+from fs.locktable import TO_EOF, FlockLock, LockKind, LockOwner, LockTable, RangeLock
 from ..namespace.args import check_int, check_name
 
 log = logging.getLogger(__name__)

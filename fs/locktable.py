@@ -5,7 +5,9 @@ Why it exists: with the kernel's lock requests sent to the mount (pyfuse3 with t
 handlers), a lock taken through one mount must be seen by every other; the metadata
 server keeps them all, under the holders' client leases. This module decides (who
 conflicts, what a lock call leaves behind); ``meta.services.locks`` performs (waiting for
-a conflicting lock to go, the holders' liveness).
+a conflicting lock to go, the holders' liveness). On the ground floor (``fs``) because
+the mount keeps the same table of the locks it holds (``mount.locks``: when its last lock
+on a file goes).
 
 * An owner is ``LockOwner(client, owner)``: the mount's client name and the lock owner id
   the kernel gives (a process's file table for POSIX locks, an open file description for
