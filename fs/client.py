@@ -918,7 +918,8 @@ for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "mkdir
               "get_content_summary", "set_quota", "concat", "report",
               "safemode", "truncate", "recover_lease", "is_file_closed", "list_open_files",
               "open_files", "sync_metadata", "move_to_trash", "expunge", "msync",
-              "dir_lease_acquire", "dir_lease_release", "dir_lease_events"):
+              "dir_lease_acquire", "dir_lease_release", "dir_lease_events", "lock_get",
+              "lock_set", "lock_release", "lock_release_all", "renew_lease"):
     setattr(Client, _name, _mirror(_name))
 del _name
 Client.get_file_checksum = _mirror("get_file_checksum")

@@ -145,8 +145,12 @@ class MountLocks:
                    start: int, end: int, pid: int, sleep: bool, interrupted) -> None:
         of = self._open_files.handle(fh).of
         me = LockOwner("", owner)
+        unpublished = None
         if kind is LockKind.UNLOCK:
-            await self._unlocking(ino, of, me, style, start, end)
+            try:
+                await self._unlocking(ino, of, me, style, start, end)
+            except LeaseFSError as exc:   # the lock goes all the same; the caller hears
+                unpublished = exc
         while True:
             answer = await self._client.lock_set(
                 of.ns_ino, owner, kind.value, style=style, start=start, end=end, pid=pid,
@@ -157,6 +161,8 @@ class MountLocks:
                 raise fuse_error(errno.EAGAIN)
             if interrupted():
                 raise fuse_error(errno.EINTR)
+        if unpublished is not None:
+            raise unpublished
         if kind is LockKind.UNLOCK:
             return
         self._mirror(ino, me, kind, style, start, end, pid)

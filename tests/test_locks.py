@@ -13,6 +13,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from fs.errors import InvalidArgument
+from fs.rpcbase import CallContext
+from harness import ProcessCluster, make_test_config
+from meta.journal.kv import MemoryStore
+from meta.server import MetaServer
 from fs.locktable import TO_EOF, LockKind, LockOwner, LockTable
 from meta.services.locks import MAX_LOCK_WAIT, Locks
 
@@ -244,3 +248,44 @@ async def test_bad_arguments_get_clear_errors(call, match):
     args.update(call)
     with pytest.raises(InvalidArgument, match=match):
         await service().set(**args)
+
+
+@pytest.mark.slow
+def test_the_lock_calls_on_a_running_server_and_their_volatility(tmp_path):
+    """Through the wire: conflicts between two clients, a close's release, bad input
+    refused with the server still serving, another client's name refused, and a restart
+    that starts with no locks (not journaled)."""
+    with ProcessCluster(tmp_path, n_storage=0) as cluster:
+        with cluster.client() as a, cluster.client() as b:
+            a.write_file("/f", b"x")
+            ino = a.get_file_status("/f").ino
+            assert a.lock_set(ino, 1, "write", start=0, end=10, pid=4)["granted"]
+            answer = b.lock_set(ino, 1, "read", start=5, end=6)
+            assert not answer["granted"] and answer["conflict"]["client_name"] == a.client_name
+            assert b.lock_get(ino, 1, "write", 9, 20)["conflict"]["pid"] == 4
+            assert b.lock_set(ino, 1, "write", style="flock")["granted"]   # flock is apart
+            assert not a.lock_set(ino, 2, "read", style="flock")["granted"]
+            for bad in (dict(kind="bogus"), dict(start=10, end=5), dict(end=-1),
+                        dict(style=3), dict(owner="me")):
+                args = dict(ino=ino, owner=1, kind="write", start=0, end=10)
+                args.update(bad)
+                with pytest.raises(InvalidArgument):
+                    b.lock_set(args.pop("ino"), args.pop("owner"), args.pop("kind"), **args)
+            assert a.lock_release(ino, 1) is True
+            assert b.lock_set(ino, 1, "read", start=5, end=6)["granted"]
+            cluster.kill_meta(sig=15)
+            cluster.start_meta()
+            cluster.wait_ready(0)
+            # volatile: the restarted server holds none of them
+            assert a.lock_set(ino, 9, "write", start=0, end=1 << 63)["granted"]
+            assert a.lock_set(ino, 9, "write", style="flock")["granted"]
+            assert a.lock_release_all() == 1
+
+
+async def test_a_client_takes_and_drops_only_its_own_locks(tmp_path):
+    server = MetaServer(make_test_config(), MemoryStore(), str(tmp_path / "journal"))
+    ctx = CallContext(client_id="mount-b#3", peer="test")
+    with pytest.raises(InvalidArgument, match="'mount-a' is not this connection's client "
+                                              r"\(mount-b\)"):
+        await server.client_protocol.rpc_lock_release_all(ctx, "mount-a")
+    assert await server.client_protocol.rpc_lock_release_all(ctx, "mount-b") == 0
