@@ -260,3 +260,35 @@ def test_sqlite_on_two_mounts_of_one_database_stays_whole(one, two):
             [("a", i) for i in range(count)] + [("b", i) for i in range(count)])
         # every transaction saw all the ones before it: none was lost or overwritten
         assert [seen for _, _, seen in rows] == list(range(2 * count))
+
+
+def test_a_waiter_killed_while_blocked_is_not_held_by_the_lock(one, two):
+    """A signal ends a blocked F_SETLKW: the mount sees the kernel's interrupt between its
+    bounded waits and answers EINTR, so a killed waiter exits while the lock is still
+    held elsewhere (and never gets it later)."""
+    (one.mp / "contended").write_bytes(b"c")
+    holder = Holder(one.mp / "contended", "fcntl.lockf(fd, fcntl.LOCK_EX, 0, 0)")
+    try:
+        waiter = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import fcntl, os
+            fd = os.open({str(two.mp / 'contended')!r}, os.O_RDWR)
+            print("waiting", flush=True)
+            fcntl.lockf(fd, fcntl.LOCK_EX, 0, 0)
+            print("got it", flush=True)
+        """)], stdout=subprocess.PIPE, text=True)
+        assert waiter.stdout.readline().strip() == "waiting"
+        # fixed-sleep: the lock request must be in the mount (blocked) when the kill comes
+        time.sleep(0.5)
+        waiter.kill()
+        assert waiter.wait(timeout=15) == -9   # not stuck until the holder lets go
+        assert waiter.stdout.read() == ""
+        fd = os.open(two.mp / "contended", os.O_RDWR)
+        try:
+            with pytest.raises(OSError):
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 0, 0)
+            holder.close()
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 0, 0)
+        finally:
+            os.close(fd)
+    finally:
+        holder.kill()
