@@ -26,7 +26,7 @@ PYTEST_ARGS ?=
 FAST_WORKERS ?= 8
 UP_ARGS     ?=
 MNT         ?= $(CURDIR)/mnt
-APT_PACKAGES := fuse3 libfuse3-dev pkg-config python3-venv python3-dev build-essential rsync git
+APT_PACKAGES := fuse3 libfuse3-dev pkg-config python3-venv python3-dev build-essential rsync git patch
 # packages only the tests need (`make test`, CI), installed the same idempotent way: the web
 # UI's browser test (tests/test_webui.py) and a real Prometheus scraping a cluster
 # (tests/test_metrics.py; the binary only, not the package's system service), and a real
@@ -79,10 +79,27 @@ apt-install:
 $(VENV)/bin/pip: | system-packages
 	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
 
-$(STAMP): pyproject.toml | $(VENV)/bin/pip
+$(STAMP): pyproject.toml deploy/pyfuse3-locks.patch | $(VENV)/bin/pip
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q -e '.[$(EXTRAS)]'
+	@$(MAKE) --no-print-directory pyfuse3-locks
 	@touch $@
+
+# pyfuse3 has no handlers for lock requests (getlk, setlk, flock), so libfuse would not
+# announce POSIX/flock lock support and the kernel would grant locks per mount: the mount's
+# cluster-wide locks need pyfuse3 rebuilt from its sdist with deploy/pyfuse3-locks.patch
+# (Cython, a build requirement of the sdist, comes from PyPI in pip's build environment).
+# Skipped when the installed pyfuse3 already has them (pyfuse3.LOCK_HANDLERS).
+PYFUSE3_VERSION := 3.5.0
+.PHONY: pyfuse3-locks
+pyfuse3-locks:
+	@if $(VENV)/bin/python -c 'import sys, pyfuse3; sys.exit(not getattr(pyfuse3, "LOCK_HANDLERS", False))' 2>/dev/null; then exit 0; fi; \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	echo "building pyfuse3 $(PYFUSE3_VERSION) with the lock handlers (deploy/pyfuse3-locks.patch)"; \
+	$(VENV)/bin/python -m pip download -q --no-binary :all: --no-deps -d "$$tmp" 'pyfuse3==$(PYFUSE3_VERSION)'; \
+	tar -xzf "$$tmp"/pyfuse3-$(PYFUSE3_VERSION).tar.gz -C "$$tmp"; \
+	patch -s -p1 -d "$$tmp"/pyfuse3-$(PYFUSE3_VERSION) < deploy/pyfuse3-locks.patch; \
+	$(VENV)/bin/python -m pip install -q --no-deps --force-reinstall "$$tmp"/pyfuse3-$(PYFUSE3_VERSION)
 
 up: install
 	@$(LEASEFS) cluster up --mount $(MNT) $(UP_ARGS)

@@ -512,6 +512,46 @@ class AsyncClient:
             "ops": [op.to_wire() if hasattr(op, "to_wire") else op for op in ops]
             if isinstance(ops, list) else ops})   # the server says what is wrong with it
 
+    # ------------------------------------------------------------------ file locks
+    async def lock_get(self, ino: int, owner: int, kind: str, start: int, end: int) -> dict:
+        """``{conflict}``: another owner's POSIX lock a ``kind`` lock of ``[start, end)``
+        on file ``ino`` by lock owner ``owner`` of this client would meet (None: none)."""
+        self._check_open()
+        return await self.rpc.call("lock_get", {
+            "client_name": self.client_name, "ino": ino, "owner": owner, "kind": kind,
+            "start": start, "end": end})
+
+    async def lock_set(self, ino: int, owner: int, kind: str, *, style: str = "posix",
+                       start: int = 0, end: int | None = None, pid: int = 0,
+                       wait: float = 0) -> dict:
+        """Take, convert or drop a lock (``kind`` read, write or unlock; ``style`` posix or
+        flock): ``{granted, conflict, held}``; waits up to ``wait`` seconds (the server
+        answers within 10 s at most: ask again)."""
+        self._check_open()
+        args = {"client_name": self.client_name, "ino": ino, "owner": owner, "kind": kind,
+                "style": style, "pid": pid, "wait": wait}
+        if style == "posix":
+            args["start"] = start
+            if end is not None:
+                args["end"] = end
+        return await self.rpc.call("lock_set", args)
+
+    async def lock_release(self, ino: int, owner: int, *, style: str = "posix") -> bool:
+        """Drop every lock of ``style`` lock owner ``owner`` holds on file ``ino``."""
+        self._check_open()
+        return bool(await self.rpc.call("lock_release", {
+            "client_name": self.client_name, "ino": ino, "owner": owner, "style": style}))
+
+    async def lock_release_all(self) -> int:
+        """Drop every lock this client holds (unmount)."""
+        self._check_open()
+        return int(await self.rpc.call("lock_release_all", {"client_name": self.client_name}))
+
+    async def renew_lease(self) -> None:
+        """Renew this client's lease (and so its locks) now."""
+        self._check_open()
+        await self._renew_lease()
+
     async def is_file_closed(self, path: str) -> bool:
         """True unless ``path`` is a file under construction."""
         return not (await self.get_file_status(path)).under_construction
@@ -903,7 +943,8 @@ for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "mkdir
               "get_content_summary", "set_quota", "concat", "report",
               "safemode", "truncate", "recover_lease", "is_file_closed", "list_open_files",
               "open_files", "sync_metadata", "move_to_trash", "expunge", "msync",
-              "dir_lease_acquire", "dir_lease_release", "dir_lease_events", "dir_batch"):
+              "dir_lease_acquire", "dir_lease_release", "dir_lease_events", "dir_batch",
+              "lock_get", "lock_set", "lock_release", "lock_release_all", "renew_lease"):
     setattr(Client, _name, _mirror(_name))
 del _name
 Client.get_file_checksum = _mirror("get_file_checksum")

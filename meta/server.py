@@ -20,7 +20,8 @@ and the clocks, each constructed with exactly what it needs:
   (``services/monitors.py``: the background loops, checkpoints, the reclaimer),
   ``dir_lease_service`` (``services/dir_leases.py``: directory leases granted, released
   and recalled: ``dispatch`` awaits its ``before_access`` for calls naming paths while
-  any lease is held);
+  any lease is held), ``lock_service`` (``services/locks.py``: the mounts' flock and
+  fcntl locks, volatile, ended with their holder's client lease);
 * the protocol front ends, thin translators from each RPC to those services' public calls
   (every method of docs/PROTOCOL.md §2, by role as HDFS separates them): ``client_protocol``,
   ``namespace_protocol``, ``admin_protocol``, ``datanode_protocol``, ``auth_protocol``,
@@ -112,6 +113,7 @@ from .ha.bootstrap import ImageSource
 from .journal.journal import Journal
 from .journal.kv import KVStore
 from .leases.dirleases import DirLeaseTable
+from fs.locktable import LockTable
 from .leases.leases import STALE_HEARTBEATS, LeaseManager
 from .namespace.locks import NamespaceLocking
 from .namespace.namespace import Defaults, Namespace
@@ -136,6 +138,7 @@ from .protocols.hdfs.writes import NamenodeWrites
 from .services.redundancy import Redundancy
 from .services.lease_recovery import LeaseRecovery
 from .services.dir_leases import ACCESS_ARGS, DRAINED, DirLeases
+from .services.locks import Locks
 from .services.monitors import Monitors
 from .protocols.user_auth import AuthProtocol
 from .services.security import Security
@@ -239,6 +242,10 @@ class MetaServer(Dispatcher):
             access=self.access, max_entries=config.dir_lease_max_entries,
             hard_limit=config.lease_hard_limit, clock=clock,
             dispatch=lambda ctx, method, args: self.dispatch(ctx, method, args, recall=False))
+        # flock and fcntl locks of every mount, volatile, under the holders' client leases
+        self.lock_service = Locks(table=LockTable(), hard_limit=config.lease_hard_limit,
+                                  clock=clock,
+                                  inode_exists=lambda ino: self.ns.view.get_inode(ino) is not None)
         # what the journal ops' ``apply_memory`` change after their store write
         self.memory = MemoryState(blocks=self.blocks, leases=self.leases,
                                   recovery=self.recovery, security=self.security,
@@ -254,7 +261,7 @@ class MetaServer(Dispatcher):
             recovery=self.recovery, redundancy=self.redundancy, security=self.security,
             config=config, wall_ns=wall_ns, started_ns=self._started_ns,
             node_dead=self.node_dead, update_safemode=self.update_safemode,
-            handler=self.handler, dir_leases=self.dir_lease_service)
+            handler=self.handler, dir_leases=self.dir_lease_service, locks=self.lock_service)
         self.auth_protocol = AuthProtocol(security=self.security, superuser=self.superuser,
                                           vouches_users=config.storage_vouches_users)
         self.client_protocol = ClientProtocol(
@@ -262,7 +269,8 @@ class MetaServer(Dispatcher):
             locator=self.locator, recovery=self.recovery, security=self.security,
             blocks=self.blocks, reports=self.reports, leases=self.leases,
             datanodes=self.datanodes, journal=self.journal, permissions=self.permissions,
-            dir_leases=self.dir_lease_service, config=config, clock=clock, wall_ns=wall_ns)
+            dir_leases=self.dir_lease_service, locks=self.lock_service, config=config,
+            clock=clock, wall_ns=wall_ns)
         self.namespace_protocol = NamespaceProtocol(
             ns=self.ns, access=self.access, permissions=self.permissions, locking=self.locking,
             edits=self.edits, locator=self.locator, wall_ns=wall_ns)

@@ -27,8 +27,8 @@ import trio
 
 from fs.backoff import Backoff
 from fs.client import FileStatus
-from fs.errors import (AlreadyBeingCreated, FileExists, LeaseExpired, LeaseFSError,
-                       StreamStalled)
+from fs.errors import (AlreadyBeingCreated, FileExists, FileNotFound, LeaseExpired,
+                       LeaseFSError, StreamStalled)
 
 from fs.client import FileSettings
 
@@ -114,7 +114,12 @@ class Files:
         reading = (flags & os.O_ACCMODE) == os.O_RDONLY and not flags & os.O_TRUNC
         # for reading: the block locations come with the status (one call before the
         # first read instead of two)
-        status = await self._client.get_file_status(path, locations=reading)
+        try:
+            status = await self._client.get_file_status(path, locations=reading)
+        except FileNotFound:
+            # the kernel's cached name outlived the file (another client removed it): it
+            # looks the name up again and retries the open (an O_CREAT open then creates)
+            raise fuse_error(errno.ESTALE) from None
         if status.is_dir:
             raise fuse_error(errno.EISDIR)
         of = self._open_files.get(inode)
@@ -131,10 +136,16 @@ class Files:
         if status.locations is not None:
             handle.located = (of.generation, status.locations)
         try:
+            # opening for write takes the lease now, so a second writer learns at open
+            # (EBUSY), not at its first write; but a plain read-write open (a database's)
+            # takes it at its first write: writers on several mounts taking turns under
+            # their locks each open it once and hold the lease only while they write
+            # (mount.locks gives it back with their last lock)
             if handle.writable:
                 self._leases.note_changed(path)
-                # opening for write takes the lease now, so a second writer learns at open
-                # (EBUSY), not at its first write
+            if handle.writable and not (
+                    (flags & os.O_ACCMODE) == os.O_RDWR
+                    and not flags & (os.O_TRUNC | os.O_APPEND)):
                 async with of.lock:
                     if flags & os.O_TRUNC:
                         await self._writer.truncate_locked(of, path, 0)
@@ -248,11 +259,13 @@ class Files:
 
     async def _write_locked(self, handle: Handle, of: OpenFile, off: int, buf) -> int:
         of.pending_times = None   # a write after utimens sets mtime to now again
+        path = self._view.path(of.ino) if not of.unlinked else None
+        if of.mode is FileMode.CLEAN and path is not None:
+            # the first write takes the lease (a plain read-write open, or a file its last
+            # lock gave back); one elsewhere than the end then stages it
+            await self._writer.start_append(of, path)
         if handle.flags & os.O_APPEND:
             off = of.size   # the kernel's idea of the end may be a stale cached size
-        path = self._view.path(of.ino) if not of.unlinked else None
-        if of.mode is FileMode.CLEAN and off == of.size and path is not None:
-            await self._writer.start_append(of, path)
         if of.mode is FileMode.STREAM and off == of.stream.pos:
             await of.stream.write(buf)
             of.stream_took(buf)

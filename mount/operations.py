@@ -22,6 +22,8 @@ through their public methods.
   cluster, the local staging files, closes completed after an outage.
 * ``Names`` (``mount.names``): the namespace requests.
 * ``Files`` (``mount.files``): the open-file requests and the mount's housekeeping.
+* ``MountLocks`` (``mount.locks``): flock and fcntl locks, held on the metadata server so
+  every mount sees them (with pyfuse3's lock handlers: ``deploy/pyfuse3-locks.patch``).
 
 Writes: a file opened for writing streams sequential writes into an ``AsyncOutputStream``
 (the fast path); a growing truncate appends zeros to it, a shrinking one is the
@@ -55,6 +57,7 @@ from .errors import fuse_error, fuse_op
 from .dirleases import DirLeaseHolder
 from .files import Files
 from .kernelview import ROOT_INO, KernelView
+from .locks import MountLocks
 from .metrics import MountMetrics
 from .names import Names
 from .openfiles import OpenFiles
@@ -93,6 +96,7 @@ class LeaseFS(pyfuse3.Operations):
                            root=root)
         self.files = Files(client, self.view, self.open_files, self.writer, self.leases,
                            file_settings=file_settings)
+        self.locks = MountLocks(client, self.view, self.open_files, self.writer)
         os.makedirs(cache_dir, exist_ok=True)
 
     def handle_identity(self, fh: int) -> dict | None:
@@ -101,15 +105,19 @@ class LeaseFS(pyfuse3.Operations):
 
     async def run_background(self) -> None:
         """The mount's housekeeping tasks (started by the runner next to ``pyfuse3.main``):
-        closes completed after an outage, the directory leases' sender and recalls."""
+        closes completed after an outage, the directory leases' sender and recalls, the
+        locks' keep-alive."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.files.run_background)
             nursery.start_soon(self.leases.run)
+            nursery.start_soon(self.locks.keep_alive)
 
     async def close_all(self) -> None:
-        """Publish and forget every open file and send every change made here ahead of
-        the server, giving the directory leases back (the mount is going away)."""
+        """Publish and forget every open file, give back every lock, and send every
+        change made here ahead of the server, giving the directory leases back (the
+        mount is going away)."""
         await self.files.close_all()
+        await self.locks.release_all()
         await self.leases.close()
 
     # ================================================================== names, attributes
@@ -215,6 +223,31 @@ class LeaseFS(pyfuse3.Operations):
     @fuse_op
     async def release(self, fh):
         return await self.files.release(fh)
+
+    # ================================================================== locks
+    # (called by pyfuse3 built with deploy/pyfuse3-locks.patch; a stock pyfuse3 never
+    # calls them and the kernel keeps locks per mount)
+    @fuse_op
+    async def getlk(self, fh, inode, lock_owner, l_type, start, length, pid):
+        return await self.locks.getlk(inode, fh, lock_owner, l_type, start, length, pid)
+
+    @fuse_op
+    async def setlk(self, fh, inode, lock_owner, l_type, start, length, pid, sleep,
+                    interrupted):
+        return await self.locks.setlk(inode, fh, lock_owner, l_type, start, length, pid,
+                                      sleep, interrupted)
+
+    @fuse_op
+    async def flock(self, fh, inode, lock_owner, op, interrupted):
+        return await self.locks.flock(inode, fh, lock_owner, op, interrupted)
+
+    @fuse_op
+    async def release_posix_locks(self, fh, inode, lock_owner):
+        return await self.locks.release_posix_locks(inode, fh, lock_owner)
+
+    @fuse_op
+    async def release_flock(self, fh, inode, lock_owner):
+        return await self.locks.release_flock(inode, fh, lock_owner)
 
 
 __all__ = ["LeaseFS", "ROOT_INO"]

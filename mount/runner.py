@@ -229,6 +229,10 @@ async def _serve(mountpoint: str, meta_address: str, config: Config, options: se
                       cache_limit=config.mount_cache_limit, file_settings=file_settings,
                       root=root.path, root_ino=root.ino,
                       dir_leases=config.mount_dir_leases and not config.mount_sync_metadata)
+        if not getattr(pyfuse3, "LOCK_HANDLERS", False):
+            log.warning("pyfuse3 without the lock handlers (deploy/pyfuse3-locks.patch, "
+                        "built by make install): flock and fcntl locks stay local to this "
+                        "mount")
         pyfuse3.init(ops, mountpoint, options)
         mounted = True
         # pyfuse3.init has just mounted it: the topmost mount there is this one

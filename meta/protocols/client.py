@@ -2,8 +2,9 @@
 part — mkdirs, create, create_symlink, add_block, abandon_block, complete, fsync, rewrite,
 the pipeline-recovery calls (update_block_for_pipeline, update_pipeline,
 get_additional_datanode), recover_lease, append, truncate, list_open_files, renew_lease,
-get_block_locations, sync_metadata and the directory leases (dir_lease_acquire,
-dir_lease_release, dir_lease_events: ``dir_leases``) (PROTOCOL.md §2). The calls that read or change the
+get_block_locations, sync_metadata, the directory leases (dir_lease_acquire,
+dir_lease_release, dir_lease_events: ``dir_leases``) and the mounts' file locks (lock_get,
+lock_set, lock_release, lock_release_all: ``locks``) (PROTOCOL.md §2). The calls that read or change the
 namespace of existing paths (get_file_info, list_status, rename, concat, delete, the set_*
 calls) are in ``namespace.py``.
 
@@ -52,7 +53,8 @@ from fs.errors import (InvalidArgument, IsDirectory, LeaseFSError, NotReplicated
                        RecoveryInProgress, StaleGenerationStamp)
 
 from ..blocks import blocks as bm
-from ..services.dir_leases import MAX_EVENTS_WAIT
+from ..services.dir_leases import MAX_EVENTS_WAIT, caller_name
+from fs.locktable import TO_EOF
 from ..services.locate import caller_host
 from ..namespace.args import check_ino
 from ..blocks.blocks import BlockInfo
@@ -78,6 +80,7 @@ if TYPE_CHECKING:
     from ..namespace.namespace import Namespace
     from ..namespace.permissions import PermissionChecker
     from ..services.dir_leases import DirLeases
+    from ..services.locks import Locks
     from ..services.security import Security
 
 #: seconds ``complete`` waits for the report of the last block's first replica before it
@@ -94,7 +97,8 @@ class ClientProtocol:
                  locking: NamespaceLocking, locator: Locator, recovery: LeaseRecovery,
                  security: Security, blocks: BlocksMap, reports: BlockReports,
                  leases: LeaseManager, datanodes: DatanodeManager, journal: Journal,
-                 permissions: PermissionChecker, dir_leases: DirLeases, config: Config,
+                 permissions: PermissionChecker, dir_leases: DirLeases, locks: Locks,
+                 config: Config,
                  clock: Callable[[], float], wall_ns: Callable[[], int]):
         self.ns = ns
         self.edits = edits
@@ -110,6 +114,7 @@ class ClientProtocol:
         self.journal = journal
         self.permissions = permissions
         self.dir_leases = dir_leases
+        self.locks = locks
         self.config = config
         self.clock = clock
         self.wall_ns = wall_ns
@@ -699,6 +704,7 @@ class ClientProtocol:
         check_name(client_name, "renew_lease: client_name")
         self.leases.renew(client_name, self.clock())
         self.dir_leases.renewed(client_name)
+        self.locks.renewed(client_name)
         return True
 
     async def rpc_get_block_locations(self, ctx, path, offset=0, length=None):
@@ -728,3 +734,29 @@ class ClientProtocol:
 
     async def rpc_dir_batch(self, ctx, client_name, ops):
         return await self.dir_leases.batch(ctx, client_name, ops)
+
+    # ================================================================== file locks
+    @staticmethod
+    def _own_name(ctx, client_name, method: str) -> None:
+        """A client takes and drops only its own locks."""
+        if caller_name(ctx) != client_name:
+            raise InvalidArgument(f"{method}: client_name {client_name!r:.60} is not this "
+                                  f"connection's client ({caller_name(ctx)})")
+
+    async def rpc_lock_get(self, ctx, client_name, ino, owner, kind, start=0, end=TO_EOF):
+        self._own_name(ctx, client_name, "lock_get")
+        return self.locks.get(client_name, ino, owner, kind, start, end)
+
+    async def rpc_lock_set(self, ctx, client_name, ino, owner, kind, style="posix", start=0,
+                           end=TO_EOF, pid=0, wait=0):
+        self._own_name(ctx, client_name, "lock_set")
+        return await self.locks.set(client_name, ino, owner, kind, style, start, end, pid,
+                                    wait)
+
+    async def rpc_lock_release(self, ctx, client_name, ino, owner, style="posix"):
+        self._own_name(ctx, client_name, "lock_release")
+        return self.locks.release(client_name, ino, owner, style)
+
+    async def rpc_lock_release_all(self, ctx, client_name):
+        self._own_name(ctx, client_name, "lock_release_all")
+        return self.locks.release_all(client_name)

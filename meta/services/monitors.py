@@ -49,7 +49,7 @@ class Monitors:
 
     def __init__(self, *, journal, kv, ns, locking, safemode, datanodes, role_view, recovery,
                  redundancy, security, config, wall_ns, started_ns: int, node_dead,
-                 update_safemode, handler, dir_leases):
+                 update_safemode, handler, dir_leases, locks):
         self.journal = journal
         self.kv = kv
         self.ns = ns
@@ -59,6 +59,7 @@ class Monitors:
         self.role_view = role_view
         self.recovery = recovery
         self.dir_leases = dir_leases
+        self.locks = locks
         self.redundancy = redundancy
         self.security = security
         self.config = config
@@ -216,6 +217,7 @@ class Monitors:
                     await self.recovery.release_expired_leases()
                     await self.recovery.retry_stalled_recoveries()
                     await self.dir_leases.expire_ended()
+                    self.locks.expire_silent()
                 except LeaseFSError as exc:
                     log.warning("lease monitor: %s", exc)
 
