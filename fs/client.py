@@ -28,6 +28,7 @@ import logging
 import sys
 import threading
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
 
 import trio
@@ -226,6 +227,10 @@ class AsyncClient:
         self.pipeline_recoveries = 0
         # ``fs.observer.ObserverReads`` with observer_reads on and an observer found
         self.observer_reads: ObserverReads | None = None
+        # awaited with (method, args) before every call on the metadata server but the
+        # lease calls: a mount holding directory leases sends the changes it made ahead
+        # of the server first, so the server answers each of its calls with them applied
+        self.barrier: Callable[[str, dict], Awaitable[None]] | None = None
 
     @functools.cached_property
     def avoided(self):
@@ -328,8 +333,17 @@ class AsyncClient:
         self._check_open()
         return (await self.rpc.call("msync", {}))["state_id"]
 
+    async def call_meta(self, method: str, args: dict, **kwargs):
+        """A call of the write or read path (``fs.writer``, ``fs.reader``) on the
+        metadata server, after the ``barrier``."""
+        if self.barrier is not None:
+            await self.barrier(method, args)
+        return await self.rpc.call(method, args, **kwargs)
+
     async def _call(self, method: str, **args):
         self._check_open()
+        if self.barrier is not None:
+            await self.barrier(method, args)
         if self.observer_reads is not None:
             return await self.observer_reads.call(method, args)
         return await self.rpc.call(method, args)
@@ -486,6 +500,17 @@ class AsyncClient:
         self._check_open()
         return await self.rpc.call("dir_lease_events", {"client_name": self.client_name,
                                                         "wait": wait})
+
+    async def dir_batch(self, ops) -> dict:
+        """Send changes made ahead of the server under this client's directory leases
+        (``fs.dirops`` records, in the order they were acknowledged); ``{done, skipped,
+        failed: [{index, error}], ended}`` (PROTOCOL.md §2). Safe to send again after a
+        lost reply: what was applied is skipped."""
+        self._check_open()
+        return await self.rpc.call("dir_batch", {
+            "client_name": self.client_name,
+            "ops": [op.to_wire() if hasattr(op, "to_wire") else op for op in ops]
+            if isinstance(ops, list) else ops})   # the server says what is wrong with it
 
     async def is_file_closed(self, path: str) -> bool:
         """True unless ``path`` is a file under construction."""
@@ -878,7 +903,7 @@ for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "mkdir
               "get_content_summary", "set_quota", "concat", "report",
               "safemode", "truncate", "recover_lease", "is_file_closed", "list_open_files",
               "open_files", "sync_metadata", "move_to_trash", "expunge", "msync",
-              "dir_lease_acquire", "dir_lease_release", "dir_lease_events"):
+              "dir_lease_acquire", "dir_lease_release", "dir_lease_events", "dir_batch"):
     setattr(Client, _name, _mirror(_name))
 del _name
 Client.get_file_checksum = _mirror("get_file_checksum")

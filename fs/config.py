@@ -333,6 +333,12 @@ class Config:
     mount_sync_metadata: bool = _s(False, "sync_metadata of a mount: false, as a local "
                                    "filesystem, namespace changes are durable at fsync(2) of "
                                    "a file or folder (or within one journal fsync, ~ms)")
+    mount_dir_leases: bool = _s(True, "a mount takes directory write leases and answers "
+                                "unlink, rmdir and rename in the folders it holds at once, "
+                                "sending them to the metadata server afterwards, in order "
+                                "(durable at fsync(2) and unmount); false (or mount option "
+                                "-o sync_namespace): every namespace change waits for the "
+                                "metadata server")
     mount_meta_timeout: float = _s(15.0, "seconds a mount request waits for an unreachable "
                                    "metadata server, and a write, flush or fsync for block "
                                    "servers that acknowledge nothing, before failing with EIO "

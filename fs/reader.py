@@ -326,7 +326,7 @@ class AsyncInputStream:
 
     async def _locate(self, info: dict | None = None) -> None:
         if info is None:
-            info = await self._client.rpc.call("get_block_locations",
+            info = await self._client.call_meta("get_block_locations",
                                                {"path": self.path, "offset": 0, "length": None})
         inline = info.get("inline")
         self._inline = None if inline is None else bytes(inline)
@@ -462,7 +462,7 @@ class AsyncInputStream:
                         node_name(node))
             self.reported_bad.append((block.id, node.get("node_id")))
             try:
-                await self._client.rpc.call(
+                await self._client.call_meta(
                     "report_bad_blocks",
                     {"blocks": [{"block": block.wire(), "node_id": node.get("node_id")}]},
                     retry_seconds=min(5.0, self._client.config.rpc_retry_seconds))

@@ -462,7 +462,7 @@ class AsyncOutputStream:
         """The stream's call of ``method`` on the metadata server (named in the error of
         an operation that stalls while it waits)."""
         self._waiting_for = method
-        answer = await self._client.rpc.call(method, args, **kwargs)
+        answer = await self._client.call_meta(method, args, **kwargs)
         self._waiting_for = None
         return answer
 

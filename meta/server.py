@@ -135,7 +135,7 @@ from .protocols.hdfs.inline_append import InlineToBlock
 from .protocols.hdfs.writes import NamenodeWrites
 from .services.redundancy import Redundancy
 from .services.lease_recovery import LeaseRecovery
-from .services.dir_leases import ACCESS_ARGS, DirLeases
+from .services.dir_leases import ACCESS_ARGS, DRAINED, DirLeases
 from .services.monitors import Monitors
 from .protocols.user_auth import AuthProtocol
 from .services.security import Security
@@ -237,7 +237,8 @@ class MetaServer(Dispatcher):
         self.dir_lease_service = DirLeases(
             table=self.dir_leases, view=self.ns.view, edits=self.edits, locking=self.locking,
             access=self.access, max_entries=config.dir_lease_max_entries,
-            hard_limit=config.lease_hard_limit, clock=clock)
+            hard_limit=config.lease_hard_limit, clock=clock,
+            dispatch=lambda ctx, method, args: self.dispatch(ctx, method, args, recall=False))
         # what the journal ops' ``apply_memory`` change after their store write
         self.memory = MemoryState(blocks=self.blocks, leases=self.leases,
                                   recovery=self.recovery, security=self.security,
@@ -469,11 +470,14 @@ class MetaServer(Dispatcher):
     def admits_unauthenticated(self, ctx, method) -> bool:
         return self.auth_protocol.admits_unauthenticated(ctx, method)
 
-    async def dispatch(self, ctx, method, args):
+    async def dispatch(self, ctx, method, args, *, recall: bool = True):
         """A server that is not active refuses every call but the ``ANY_ROLE_METHODS``
         with ``StandbyError`` before anything is looked at: the client moves on. An
         observer serves ``OBSERVER_METHODS`` once it has applied the client's state id. An
-        active refuses them too while it cannot vouch for its term (``sure_of_term``)."""
+        active refuses them too while it cannot vouch for its term (``sure_of_term``).
+        A call naming paths first recalls another client's directory lease on them
+        (``recall`` False: a holder's batched change, which names its directories by
+        inode) and is counted in flight, so a grant can wait for it."""
         ha = self.ha
         if ha is not None and method not in ANY_ROLE_METHODS:
             if ha.role is Role.ACTIVE:
@@ -486,10 +490,18 @@ class MetaServer(Dispatcher):
                 await ha.wait_applied(ctx.state_id, self.config.ha_observer_wait)
         # another client's directory lease is recalled first; only an active recalls (an
         # observer's reads do not wait for holders that talk to the active)
-        if len(self.dir_leases) and method in ACCESS_ARGS and (
-                ha is None or ha.role is Role.ACTIVE):
-            await self.dir_lease_service.before_access(ctx, method, args)
-        return await super().dispatch(ctx, method, args)
+        leases = self.dir_lease_service
+        if method not in ACCESS_ARGS:
+            return await super().dispatch(ctx, method, args)
+        if recall and leases.active and (ha is None or ha.role is Role.ACTIVE):
+            await leases.before_access(ctx, method, args)
+        if method not in DRAINED:   # a lease request: a grant would wait for itself
+            return await super().dispatch(ctx, method, args)
+        generation = leases.enter()
+        try:
+            return await super().dispatch(ctx, method, args)
+        finally:
+            leases.leave(generation)
 
     @property
     def inline_paused(self) -> bool:

@@ -33,6 +33,7 @@ from fs.errors import (AlreadyBeingCreated, FileExists, LeaseExpired, LeaseFSErr
 from fs.client import FileSettings
 
 from .callers import new_owner
+from .dirleases import DirLeaseHolder
 from .errors import fuse_error
 from .kernelview import KernelView
 from .openfiles import FileEvent, FileMode, Handle, OpenFile, OpenFiles
@@ -50,9 +51,10 @@ HOUSEKEEPING = Backoff(first=1.0, factor=1, cap=1.0, jitter=0.5)
 class Files:
     """The open-file half of the mount's requests."""
 
-    def __init__(self, client, view: KernelView, open_files: OpenFiles, writer: Writer, *,
-                 file_settings: FileSettings):
+    def __init__(self, client, view: KernelView, open_files: OpenFiles, writer: Writer,
+                 leases: DirLeaseHolder, *, file_settings: FileSettings):
         self._client = client
+        self._leases = leases
         self._view = view
         self._open_files = open_files
         self._writer = writer
@@ -81,6 +83,7 @@ class Files:
             # the kernel trusted a cached miss, but another client created the name
             # meanwhile: without O_EXCL, open(O_CREAT) opens the existing file
             status = await self._client.get_file_status(path)
+            self._leases.note_made(parent_inode, name, status)
             if status.is_dir:
                 raise fuse_error(errno.EISDIR) from None
             ino = self._view.kernel_ino(status.ino)
@@ -94,6 +97,7 @@ class Files:
         self._view.note_made(parent_inode, name)
         self._view.keep_fresh(named, stream.created_parent)
         status = FileStatus.from_wire(stream.created_status)
+        self._leases.note_made(parent_inode, name, status, stream.created_parent)
         of = self._open_files.open_file(status.ino, 0, mode & 0o7777, status)
         of.status = status
         of.stream, of.size = stream, 0

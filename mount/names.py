@@ -7,8 +7,11 @@ and answers the statuses the kernel needs) plus what the answer changes in the k
 view; the inode table and the caches are ``mount.kernelview``'s, what a change does to a
 file open here (an unlink or a rename over it stages it first, a truncate goes through its
 pending state) is ``mount.writes``'. It is given the client, the mount's ``KernelView``,
-``OpenFiles`` (which files are open here, and folder handles) and ``Writer``, and the
-cluster folder the mount shows at its top (``root``: ``statfs`` reports its quotas).
+``OpenFiles`` (which files are open here, and folder handles), ``Writer``, the
+``DirLeaseHolder`` (unlink, rmdir and rename in a folder it holds are decided here from the
+lease and queued, not sent; a synchronous change in a held folder updates the lease's
+entries) and the cluster folder the mount shows at its top (``root``: ``statfs`` reports
+its quotas).
 
 Concurrency contract: methods of the mount's one trio run, called by the FUSE handlers. A
 handler changing an open file takes that file's ``trio.Lock`` before its first await (the
@@ -25,10 +28,12 @@ import os
 import pyfuse3
 import trio
 
+from fs import dirops
 from fs.errors import FileNotFound
 from fs.rpc import group_name, user_name
 
 from .callers import new_owner
+from .dirleases import DirLeaseHolder, LeasedDir
 from .errors import fuse_error
 from .kernelview import ASK, KernelView
 from .openfiles import FileMode, OpenFile, OpenFiles
@@ -44,9 +49,10 @@ READDIR_PAGE = 1000
 class Names:
     """The namespace half of the mount's requests."""
 
-    def __init__(self, client, view: KernelView, open_files: OpenFiles, writer: Writer, *,
-                 root: str = "/"):
+    def __init__(self, client, view: KernelView, open_files: OpenFiles, writer: Writer,
+                 leases: DirLeaseHolder, *, root: str = "/"):
         self._client = client
+        self._leases = leases
         self._view = view
         self._open_files = open_files
         self._writer = writer
@@ -68,6 +74,9 @@ class Names:
             left = self._view.known_missing(parent_inode, name)
             if left is not None:
                 return self._view.negative_entry(left)
+            leased = self._leases.held(parent_inode)
+            if leased is not None and name not in leased.entries:
+                return self._view.negative_entry()   # the lease knows every name there
             folder = self._view.path(parent_inode)
             left = self._view.cached_miss(folder, name)
             if left is not None:
@@ -99,6 +108,9 @@ class Names:
         return attrs
 
     async def getattr(self, inode):
+        leased = self._leases.held(inode)
+        if leased is not None:   # nobody else changes it: its attributes are the mount's
+            return self._view.attrs(leased.status)
         of = self._open_files.get(inode)
         if of is not None and of.status is not None and (
                 of.unlinked or self._view.known_path(inode) is None):
@@ -233,6 +245,7 @@ class Names:
         made = await self._client.mkdir(path, permission=mode & 0o7777, owner=owner,
                                         group=group)
         self._view.keep_fresh(named, made.parent)
+        self._leases.note_made(parent_inode, name, made.status, made.parent)
         attrs = self._view.attrs(made.status)
         self._view.remember(attrs.st_ino, path)
         self._view.note_made(parent_inode, name)
@@ -241,14 +254,52 @@ class Names:
 
     async def rmdir(self, parent_inode, name):
         path = self._view.child(parent_inode, name)
+        leased = await self._leases.lease_for(parent_inode, self._view.path(parent_inode))
+        if leased is not None and await self._rmdir_leased(leased, parent_inode, name, path):
+            return
         named = self._view.named
         gone = await self._client.rmdir(path)   # ENOTDIR, ENOTEMPTY from the server
+        self._leases.note_gone(parent_inode, name, gone.parent)
         self._view.drop_new_dirs(parent_inode)
         self._view.keep_fresh(named, gone.parent)
-        self._view.forget_path(self._view.kernel_ino(gone.status.ino))
+        ino = self._view.kernel_ino(gone.status.ino)
+        self._view.forget_path(ino)
+        child = self._leases.forget(ino)
+        if child is not None:   # it had been leased here: give that lease back too
+            await self._leases.queue(dirops.Release(child.ino, child.epoch))
+
+    async def _rmdir_leased(self, leased: LeasedDir, parent_inode: int, name: bytes,
+                            path: str) -> bool:
+        """rmdir decided under the parent's lease: True when done here; False when the
+        server must decide (the directory's own content is not known here)."""
+        entry = leased.entries.get(name)
+        if entry is None:
+            raise fuse_error(errno.ENOENT)
+        if not entry.is_dir:
+            raise fuse_error(errno.ENOTDIR)
+        ino = self._view.kernel_ino(entry.ino)
+        child = self._leases.held(ino)
+        if child is None:
+            return False
+        if child.entries:
+            raise fuse_error(errno.ENOTEMPTY)
+        self._leases.forget(ino)
+        del leased.entries[name]
+        now = self._leases.changed(leased, children=-1, subdirs=-1)
+        await self._leases.queue(dirops.Rmdir(leased.ino, leased.epoch, os.fsdecode(name),
+                                              entry.ino, child.epoch, now),
+                                 dirs=(self._view.path(parent_inode),), names=(path,))
+        self._view.drop_new_dirs(parent_inode, ino)
+        self._view.forget_path(ino)
+        return True
 
     async def unlink(self, parent_inode, name):
         path = self._view.child(parent_inode, name)
+        if not self._open_at(path):
+            leased = await self._leases.lease_for(parent_inode, self._view.path(parent_inode))
+            if leased is not None:
+                await self._unlink_leased(leased, parent_inode, name, path)
+                return
         named = self._view.named
         if self._open_at(path):
             # a file open here: staged before it goes, so its handles keep their content
@@ -257,9 +308,27 @@ class Names:
                 raise fuse_error(errno.EISDIR)
             await self._writer.detach(self._view.kernel_ino(status.ino), path)
         gone = await self._client.unlink(path)   # EISDIR from the server
+        self._leases.note_gone(parent_inode, name, gone.parent)
         self._view.drop_new_dirs(parent_inode)
         self._view.keep_fresh(named, gone.parent)
         ino = self._view.kernel_ino(gone.status.ino)
+        self._check_gone(ino, path)
+        self._view.forget_path(ino)
+
+    async def _unlink_leased(self, leased: LeasedDir, parent_inode: int, name: bytes,
+                             path: str) -> None:
+        entry = leased.entries.get(name)
+        if entry is None:
+            raise fuse_error(errno.ENOENT)
+        if entry.is_dir:
+            raise fuse_error(errno.EISDIR)
+        del leased.entries[name]
+        now = self._leases.changed(leased, children=-1)
+        await self._leases.queue(dirops.Unlink(leased.ino, leased.epoch, os.fsdecode(name),
+                                               entry.ino, now),
+                                 dirs=(self._view.path(parent_inode),), names=(path,))
+        self._view.drop_new_dirs(parent_inode)
+        ino = self._view.kernel_ino(entry.ino)
         self._check_gone(ino, path)
         self._view.forget_path(ino)
 
@@ -286,8 +355,11 @@ class Names:
             raise fuse_error(errno.EINVAL)
         src = self._view.child(parent_inode_old, name_old)
         dst = self._view.child(parent_inode_new, name_new)
-        named = self._view.named
         overwrite = not (flags & RENAME_NOREPLACE)
+        if not (overwrite and self._open_at(dst)) and await self._rename_leased(
+                parent_inode_old, name_old, parent_inode_new, name_new, src, dst, overwrite):
+            return
+        named = self._view.named
         if overwrite and self._open_at(dst):
             # replacing a file open here: staged before it goes, as at unlink
             dst_status = await self._client.get_file_status(dst)
@@ -295,6 +367,12 @@ class Names:
                 await self._writer.detach(self._view.kernel_ino(dst_status.ino), dst)
         # one call: EEXIST (NOREPLACE), EISDIR/ENOTDIR/ENOTEMPTY come from the server
         moved = await self._client.move(src, dst, overwrite=overwrite)
+        self._leases.note_gone(parent_inode_old, name_old, moved.src_parent)
+        self._leases.note_made(parent_inode_new, name_new, moved.status, moved.parent)
+        if moved.replaced is not None and moved.replaced.is_dir:
+            child = self._leases.forget(self._view.kernel_ino(moved.replaced.ino))
+            if child is not None:
+                await self._leases.queue(dirops.Release(child.ino, child.epoch))
         self._view.drop_new_dirs(parent_inode_old, parent_inode_new)
         self._view.keep_fresh(named, moved.src_parent, moved.parent)
         if moved.replaced is not None:
@@ -305,11 +383,73 @@ class Names:
         self._view.moved(self._view.kernel_ino(moved.status.ino), src, dst,
                          moved.status.is_dir)
 
+    async def _rename_leased(self, parent_old: int, name_old: bytes, parent_new: int,
+                             name_new: bytes, src: str, dst: str, overwrite: bool) -> bool:
+        """A rename decided under the leases of both directories: True when done here;
+        False when the server must decide (a directory moving to another folder could
+        land under itself; a directory replaced must be known empty)."""
+        source = await self._leases.lease_for(parent_old, self._view.path(parent_old))
+        if source is None:
+            return False
+        target = source if parent_new == parent_old else await self._leases.lease_for(
+            parent_new, self._view.path(parent_new))
+        if target is None or source.giving_back or target.giving_back:
+            return False
+        entry = source.entries.get(name_old)
+        if entry is None:
+            raise fuse_error(errno.ENOENT)
+        if entry.is_dir and target is not source:
+            return False
+        replaced = target.entries.get(name_new)
+        replaced_lease = None
+        if replaced is not None:
+            if not overwrite:
+                raise fuse_error(errno.EEXIST)
+            if replaced.ino == entry.ino:
+                return True   # POSIX: the same file under both names, nothing to do
+            if entry.is_dir and not replaced.is_dir:
+                raise fuse_error(errno.ENOTDIR)
+            if not entry.is_dir and replaced.is_dir:
+                raise fuse_error(errno.EISDIR)
+            if replaced.is_dir:
+                replaced_lease = self._leases.held(self._view.kernel_ino(replaced.ino))
+                if replaced_lease is None:
+                    return False
+                if replaced_lease.entries:
+                    raise fuse_error(errno.ENOTEMPTY)
+        del source.entries[name_old]
+        target.entries[name_new] = entry
+        subdirs = 1 if entry.is_dir else 0
+        if target is not source:
+            now = self._leases.changed(source, children=-1, subdirs=-subdirs)
+            self._leases.changed(target, children=0 if replaced else 1,
+                                 subdirs=0 if replaced else subdirs, now=now)
+        else:
+            now = self._leases.changed(
+                source, children=-1 if replaced else 0,
+                subdirs=-1 if replaced is not None and replaced.is_dir else 0)
+        await self._leases.queue(dirops.Rename(
+            source.ino, source.epoch, os.fsdecode(name_old), entry.ino, target.ino,
+            target.epoch, os.fsdecode(name_new), replaced.ino if replaced else 0, now),
+            dirs=(self._view.path(parent_old), self._view.path(parent_new)), names=(src, dst))
+        if replaced_lease is not None:   # the replaced directory went, and its lease
+            self._leases.forget(replaced_lease.kernel_ino)
+            await self._leases.queue(dirops.Release(replaced_lease.ino, replaced_lease.epoch))
+        self._view.drop_new_dirs(parent_old, parent_new)
+        if replaced is not None:
+            gone = self._view.kernel_ino(replaced.ino)
+            if not replaced.is_dir:
+                self._check_gone(gone, dst)
+            self._view.forget_path(gone)
+        self._view.moved(self._view.kernel_ino(entry.ino), src, dst, entry.is_dir)
+        return True
+
     async def symlink(self, parent_inode, name, target, ctx):
         path = self._view.child(parent_inode, name)
         named = self._view.named
         owner, group = new_owner(ctx)
         made = await self._client.symlink(os.fsdecode(target), path, owner=owner, group=group)
+        self._leases.note_made(parent_inode, name, made.status, made.parent)
         self._view.note_made(parent_inode, name)
         self._view.keep_fresh(named, made.parent)
         attrs = self._view.attrs(made.status)

@@ -15,6 +15,9 @@ through their public methods.
 * ``OpenFiles`` (``mount.openfiles``): the table of open files, file and folder handles.
 * ``KernelView`` (``mount.kernelview``): the inode ↔ path table, the attributes the
   kernel caches, and the caches that answer without asking the server.
+* ``DirLeaseHolder`` (``mount.dirleases``): the folders this mount holds the write lease
+  of, and the queue of changes answered ahead of the metadata server (the client's
+  ``barrier``); off with ``dir_leases=False`` (``-o sync_namespace``).
 * ``Writer`` (``mount.writes``): what writes, flushes, truncates and releases do to the
   cluster, the local staging files, closes completed after an outage.
 * ``Names`` (``mount.names``): the namespace requests.
@@ -44,10 +47,12 @@ import errno
 import os
 
 import pyfuse3
+import trio
 
 from fs.client import FileSettings
 
 from .errors import fuse_error, fuse_op
+from .dirleases import DirLeaseHolder
 from .files import Files
 from .kernelview import ROOT_INO, KernelView
 from .metrics import MountMetrics
@@ -65,7 +70,7 @@ class LeaseFS(pyfuse3.Operations):
     def __init__(self, client, cache_dir: str, *, entry_timeout: float = 1.0,
                  attr_timeout: float = 1.0, negative_timeout: float = 1.0, io_threads: int = 4,
                  cache_limit: int = 8 << 30, file_settings: FileSettings | None = None,
-                 root: str = "/", root_ino: int | None = None):
+                 root: str = "/", root_ino: int | None = None, dir_leases: bool = True):
         super().__init__()
         self.metrics = MountMetrics(client)   # counted by fuse_op (mount.errors)
         # what the mount's user chose for new files (``--set block_size=...``)
@@ -76,11 +81,17 @@ class LeaseFS(pyfuse3.Operations):
         self.view = KernelView(client, self.open_files, root=root, root_ino=root_ino,
                                entry_timeout=entry_timeout, attr_timeout=attr_timeout,
                                negative_timeout=negative_timeout)
-        self.writer = Writer(client, self.view, self.open_files, cache_dir=cache_dir,
-                             cache_limit=cache_limit, file_settings=file_settings,
-                             io_threads=io_threads)
-        self.names = Names(client, self.view, self.open_files, self.writer, root=root)
-        self.files = Files(client, self.view, self.open_files, self.writer,
+        # ``dir_leases`` False: every namespace change is synchronous (-o sync_namespace)
+        self.leases = DirLeaseHolder(client, self.view.known_path, enabled=dir_leases,
+                                     timeout=client.config.rpc_timeout)
+        if dir_leases:
+            client.barrier = self.leases.barrier
+        self.writer = Writer(client, self.view, self.open_files, self.leases,
+                             cache_dir=cache_dir, cache_limit=cache_limit,
+                             file_settings=file_settings, io_threads=io_threads)
+        self.names = Names(client, self.view, self.open_files, self.writer, self.leases,
+                           root=root)
+        self.files = Files(client, self.view, self.open_files, self.writer, self.leases,
                            file_settings=file_settings)
         os.makedirs(cache_dir, exist_ok=True)
 
@@ -89,12 +100,17 @@ class LeaseFS(pyfuse3.Operations):
         return self.open_files.identity(fh)
 
     async def run_background(self) -> None:
-        """The mount's housekeeping task (started by the runner next to ``pyfuse3.main``)."""
-        await self.files.run_background()
+        """The mount's housekeeping tasks (started by the runner next to ``pyfuse3.main``):
+        closes completed after an outage, the directory leases' sender and recalls."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.files.run_background)
+            nursery.start_soon(self.leases.run)
 
     async def close_all(self) -> None:
-        """Publish and forget every open file (the mount is going away)."""
+        """Publish and forget every open file and send every change made here ahead of
+        the server, giving the directory leases back (the mount is going away)."""
         await self.files.close_all()
+        await self.leases.close()
 
     # ================================================================== names, attributes
     @fuse_op

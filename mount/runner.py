@@ -60,6 +60,20 @@ def default_cache_dir() -> str:
     return os.path.join(tempfile.gettempdir(), "leasefs-mount-cache")
 
 
+#: ``-o`` options that are the mount's own, not the kernel's (``split_own_options``)
+SYNC_NAMESPACE = "sync_namespace"
+
+
+def split_own_options(extra: list[str] | None) -> tuple[list[str], set[str]]:
+    """The ``-o`` items without the mount's own options, and those found."""
+    kept, own = [], set()
+    for item in extra or []:
+        opts = [opt.strip() for opt in item.split(",") if opt.strip()]
+        own.update(opt for opt in opts if opt == SYNC_NAMESPACE)
+        kept.append(",".join(opt for opt in opts if opt != SYNC_NAMESPACE))
+    return kept, own
+
+
 def mount_options(extra: list[str] | None, fsname: str) -> set[str]:
     """pyfuse3 defaults plus ``fsname``/``subtype`` and the user's ``-o`` options."""
     options = set(pyfuse3.default_options)
@@ -213,7 +227,8 @@ async def _serve(mountpoint: str, meta_address: str, config: Config, options: se
         ops = LeaseFS(client, own_cache, entry_timeout=entry_timeout, attr_timeout=attr_timeout,
                       negative_timeout=config.mount_negative_timeout,
                       cache_limit=config.mount_cache_limit, file_settings=file_settings,
-                      root=root.path, root_ino=root.ino)
+                      root=root.path, root_ino=root.ino,
+                      dir_leases=config.mount_dir_leases and not config.mount_sync_metadata)
         pyfuse3.init(ops, mountpoint, options)
         mounted = True
         # pyfuse3.init has just mounted it: the topmost mount there is this one
@@ -266,6 +281,9 @@ def run_mount(mountpoint: str, meta_address: str, config: Config, *, options=Non
     created through the mount get (block size, replication, checksum chunk; unset = the
     cluster's defaults). ``subdir``: the cluster folder shown at the top of the mount (its
     quotas are what ``df`` shows)."""
+    options, own = split_own_options(options)
+    if SYNC_NAMESPACE in own:
+        config = config.replace(mount_dir_leases=False)
     opts = mount_options(options, meta_address)
     pyfuse3_log = logging.getLogger("pyfuse3")
     if not any(isinstance(f, LateReplyFilter) for f in pyfuse3_log.filters):

@@ -26,9 +26,11 @@ import trio
 
 from fs.backoff import Backoff
 from fs.client import FileSettings
+from fs.status import FileStatus
 from fs.errors import (FileNotFound, FileTooLarge, LeaseExpired, LeaseFSError,
                        ServerUnavailable)
 
+from .dirleases import DirLeaseHolder
 from .errors import fuse_error
 from .kernelview import KernelView
 from .openfiles import FileEvent, FileMode, OpenFile, OpenFiles
@@ -52,9 +54,11 @@ def still_ours(exc: LeaseFSError) -> bool:
 class Writer:
     """The write side of one mount."""
 
-    def __init__(self, client, view: KernelView, open_files: OpenFiles, *, cache_dir: str,
-                 cache_limit: int, file_settings: FileSettings, io_threads: int = 4):
+    def __init__(self, client, view: KernelView, open_files: OpenFiles,
+                 leases: DirLeaseHolder, *, cache_dir: str, cache_limit: int,
+                 file_settings: FileSettings, io_threads: int = 4):
         self._client = client
+        self._leases = leases
         self._view = view
         self._open_files = open_files
         self._cache_dir = cache_dir
@@ -241,6 +245,8 @@ class Writer:
                                            bytes_per_checksum=self._chunk_for(of.block_size))
         self._view.alias(stream.ino, of.ino)
         of.ns_ino = stream.ino
+        # a new inode under the same name: a lease on its folder must name the new one
+        self._leases.note_replaced(path, FileStatus.from_wire(stream.created_status))
         return stream
 
     def _chunk_for(self, block_size: int | None) -> int | None:

@@ -9,15 +9,20 @@ import threading
 import time
 
 import pytest
+import trio
+import trio.testing
 
 from fs.client import Client
-from fs.errors import FileNotFound, LeaseExpired, NotDirectory, PermissionDenied
+from fs import dirops
+from fs.errors import (FileNotFound, InvalidArgument, LeaseExpired, NotDirectory,
+                       PermissionDenied)
 from harness import ProcessCluster, make_test_config
 from meta.journal.files import Record
 from meta.journal.kv import MemoryStore
 from meta.journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
 from meta.server import MetaServer
 from meta.services.dir_leases import access_paths
+from test_meta_server import inprocess_meta
 
 
 def restart_meta(cluster: ProcessCluster) -> None:
@@ -230,3 +235,115 @@ def test_the_paths_a_call_accesses_are_read_from_its_arguments():
     assert access_paths("add_block", {"path": "/f"}) == []
     assert access_paths("get_file_info", {"path": 7}) == []
     assert access_paths("get_file_info", ["/d"]) == []
+
+
+# ------------------------------------------------------------------ batches
+
+def ino_of(grant: dict) -> dict[str, int]:
+    return {e["name"]: e["ino"] for e in grant["entries"]}
+
+
+@pytest.mark.slow
+def test_a_batch_applies_in_order_and_a_resend_is_skipped(tmp_path):
+    """``dir_batch``: unlink, rename inside and across held folders and rmdir of an empty
+    held folder (its lease ends with it) in one call, stamped with the holder's times;
+    the same batch sent again (a lost answer) skips every change; a change under a lease
+    that ended stops the batch there; a change the server refuses is reported by index
+    and the rest goes on; malformed batches are refused whole."""
+    with ProcessCluster(tmp_path, n_storage=0) as cluster:
+        with cluster.client() as a, cluster.client() as b:
+            a.mkdirs("/d/sub")
+            a.mkdirs("/e")
+            for name in ("x", "y", "z"):
+                a.write_file(f"/d/{name}", name.encode())
+            a.write_file("/d/sub/q", b"q")
+            d, e, sub = (a.dir_lease_acquire(p) for p in ("/d", "/e", "/d/sub"))
+            D, E, S = (g["attrs"]["ino"] for g in (d, e, sub))
+            at = time.time_ns() - 10**9   # a second ago: the folders must show this time
+            ops = [dirops.Unlink(D, d["epoch"], "x", ino_of(d)["x"], at),
+                   dirops.Rename(D, d["epoch"], "y", ino_of(d)["y"], D, d["epoch"], "z",
+                                 ino_of(d)["z"], at),
+                   dirops.Rename(D, d["epoch"], "z", ino_of(d)["y"], E, e["epoch"], "w", 0,
+                                 at),
+                   dirops.Unlink(S, sub["epoch"], "q", ino_of(sub)["q"], at),
+                   dirops.Rmdir(D, d["epoch"], "sub", S, sub["epoch"], at)]
+            assert a.dir_batch(ops) == {"done": 5, "skipped": 0, "failed": [], "ended": None}
+            assert a.dir_batch(ops) == {"done": 5, "skipped": 5, "failed": [], "ended": None}
+            # the lease on the removed folder ended with it
+            with pytest.raises(LeaseExpired, match=f"epoch {sub['epoch']}"):
+                a.dir_lease_release("/d/sub", sub["epoch"])
+            assert a.dir_batch([dirops.Release(E, e["epoch"])])["done"] == 1
+            assert a.dir_lease_release("/d", d["epoch"]) is True
+            assert names(b.list_status("/d")) == []
+            assert names(b.list_status("/e")) == ["w"]
+            assert b.read_file("/e/w") == b"y"
+            assert b.get_file_status("/d").mtime_ns == at
+            assert b.get_file_status("/e").mtime_ns == at
+            # under a lease that ended: refused from there on, the server unchanged
+            a.write_file("/d/v", b"v")
+            d2 = a.dir_lease_acquire("/d")
+            answer = a.dir_batch([dirops.Unlink(D, d2["epoch"], "v", ino_of(d2)["v"], at),
+                                  dirops.Unlink(D, d["epoch"], "v", ino_of(d2)["v"], at)])
+            assert answer["done"] == 2 and answer["skipped"] == 1   # the name is gone: applied
+            a.write_file("/d/u", b"u")
+            u = a.get_file_status("/d/u").ino
+            answer = a.dir_batch([dirops.Unlink(D, d["epoch"], "u", u, at)])
+            assert answer["done"] == 0 and answer["ended"]["type"] == "LeaseExpired"
+            assert f"epoch {d['epoch']}" in answer["ended"]["message"]
+            assert names(b.list_status("/d")) == ["u"]   # recalls d2: a answers nothing...
+            # ... so that lease ended (the recall limit) and its epoch is refused as well
+            answer = a.dir_batch([dirops.Unlink(D, d2["epoch"], "u", u, at)])
+            assert answer["ended"] is not None and names(b.list_status("/d")) == ["u"]
+            # a refused change is reported and the next one applied
+            a.mkdirs("/f/full/x")
+            a.write_file("/f/gone", b"g")
+            f = a.dir_lease_acquire("/f")
+            F = f["attrs"]["ino"]
+            answer = a.dir_batch([
+                dirops.Rmdir(F, f["epoch"], "full", ino_of(f)["full"], 1, at),
+                dirops.Unlink(F, f["epoch"], "gone", ino_of(f)["gone"], at)])
+            assert answer["done"] == 2 and answer["failed"][0]["index"] == 0
+            assert answer["failed"][0]["error"]["type"] == "DirectoryNotEmpty"
+            for bad, why in (([{"op": "mkfifo"}], "unknown change"),
+                             ([{"op": "unlink", "dir": F}], "missing"),
+                             ([{"op": "unlink", "dir": F, "epoch": f["epoch"], "name": "a/b",
+                                "ino": 3, "time": 0}], "one path component"),
+                             ("nope", "must be a list")):
+                with pytest.raises(InvalidArgument, match=why):
+                    a.dir_batch(bad)
+            assert names(a.list_status("/f")) == ["full"]
+
+
+def test_a_grant_waits_for_a_change_already_past_its_access_check(tmp_path):
+    """The grant's snapshot must hold every change that passed its access check before
+    the grant: a rename into /d held up by another path's lock (after its check, before
+    it locks /d) finishes before the grant answers, and the grant lists its result."""
+    from fs.rpc import CallContext
+    from meta.namespace.locks import LOCK_WRITE, lock_set
+
+    def ctx(client):
+        return CallContext(client_id=client, peer="127.0.0.1:5000", call_id=None)
+
+    async def main():
+        async with inprocess_meta(tmp_path) as server:
+            await server.dispatch(ctx("setup#1"), "mkdirs", {"path": "/d"})
+            await server.dispatch(ctx("setup#1"), "mkdirs", {"path": "/a/y"})
+            results = {}
+
+            async def run(name, client, method, args):
+                results[name] = await server.dispatch(ctx(client), method, args)
+
+            async with trio.open_nursery() as nursery:
+                async with server.locking.mutation("test", lock_set(["a", "y"], LOCK_WRITE)):
+                    nursery.start_soon(run, "rename", "c#2", "rename",
+                                       {"src": "/a/y", "dst": "/d/x"})
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert "rename" not in results
+                    nursery.start_soon(run, "grant", "h#3", "dir_lease_acquire",
+                                       {"path": "/d", "client_name": "h"})
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert "grant" not in results, "granted before the rename in flight"
+            assert results["rename"] is True
+            assert [e["name"] for e in results["grant"]["entries"]] == ["x"]
+
+    trio.run(main)

@@ -6,7 +6,7 @@ namespace-only records a client without ``sync_metadata`` is answered for once t
 written) and on the client; the rule lives here once instead of at every call site.
 
 Concurrency contract: trio thread; ``log_plan``/``log_plans`` await the journal's group
-commit (``Journal.log``/``log_many``).
+commit (``Journal.log``/``log_many``), ``sync`` its fsync of what was written.
 """
 
 from __future__ import annotations
@@ -34,3 +34,8 @@ class Edits:
         plans = [plan for plan in plans if plan is not None]
         await self.journal.log_many(plans, durable=durable or any(
             op_name(plan) not in LAZY_OPS for plan in plans))
+
+    async def sync(self) -> int:
+        """Wait until every record journaled so far is durable (what lazily journaled
+        changes of a batch need before a caller that wants them durable is answered)."""
+        return await self.journal.sync()

@@ -33,6 +33,9 @@ class DirLeaseEffect(Effect):
 class DirLeaseGrant(Op):
     """``holder`` now holds directory ``ino``; the epoch is this record's txid."""
     NAME = "DIR_LEASE_GRANT"
+    # as lazy as the changes it covers: a holder's changes are durable at its fsync,
+    # which makes the grant before them durable too
+    lazy = True
     ino: int
     holder: str
 
@@ -59,6 +62,9 @@ class DirLeaseRelease(Op):
     """The lease of ``holder`` on ``ino`` under ``epoch`` ends (given back, or expired:
     its recall went unanswered, or its holder's client lease ended)."""
     NAME = "DIR_LEASE_RELEASE"
+    # a holder's own release may be (it sends nothing more under it); an expiry is
+    # journaled durably by its caller, before the clients waiting for it go on
+    lazy = True
     ino: int
     holder: str
     epoch: int

@@ -725,3 +725,6 @@ class ClientProtocol:
 
     async def rpc_dir_lease_events(self, ctx, client_name, wait=MAX_EVENTS_WAIT):
         return await self.dir_leases.events(ctx, client_name, wait)
+
+    async def rpc_dir_batch(self, ctx, client_name, ops):
+        return await self.dir_leases.batch(ctx, client_name, ops)

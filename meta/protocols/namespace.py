@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fs import paths
+from fs.dirops import HOLDER_TIME, HOLDER_TIME_SKEW
 from fs.errors import FileNotFound, InvalidArgument, IsDirectory, NotDirectory, PermissionDenied
 
 from ..services.locate import caller_host
@@ -62,6 +63,16 @@ class NamespaceProtocol:
         self.edits = edits
         self.locator = locator
         self.wall_ns = wall_ns
+
+    def _wall(self, ctx) -> int:
+        """The time a change is stamped with: the server's, or for a directory lease
+        holder's batched change the holder's (what it showed its applications), when the
+        two clocks agree within ``HOLDER_TIME_SKEW``."""
+        wall = self.wall_ns()
+        held = ctx.extra.get(HOLDER_TIME)
+        if held is not None and abs(held - wall) <= HOLDER_TIME_SKEW:
+            return held
+        return wall
 
     async def rpc_get_file_info(self, ctx, path, locations=False):
         """``locations``: a file's status also carries ``locations``, what
@@ -113,7 +124,7 @@ class NamespaceProtocol:
         wanted = merge(lock_set(src_parts, LOCK_PARENT), lock_set(dst_parts, LOCK_PARENT))
         async with self.locking.mutation(f"rename {s} to {d}", wanted):
             self._check_rename(ctx, src_parts, dst_parts)
-            wall = self.wall_ns()
+            wall = self._wall(ctx)
             plan = self.ns.renames.plan_rename(s, d, overwrite, now_ns=wall)
             replaced = None
             if want_status and plan is not None and plan.overwrite is not None:
@@ -178,7 +189,7 @@ class NamespaceProtocol:
                 self.permissions.check_path(caller, parts, self.access.inode_chain(parts), parent=WRITE)
                 if recursive is True:   # HDFS subAccess=ALL, empty directories ignored
                     await self.access.check_subtree(caller, parts, ALL, ignore_empty_dir=True)
-            wall = self.wall_ns()
+            wall = self._wall(ctx)
             gone = None
             if expect is not None or want_status:
                 gone = self.ns.view.get_file_info(canonical)

@@ -40,14 +40,15 @@ takes none) is never stuck behind a waiter. Every other method is atomic.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
 
-from fs import paths
+from fs import dirops, paths
 from fs.errors import InvalidArgument, LeaseExpired, LeaseFSError, NotDirectory
 
 from ..journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
@@ -69,6 +70,10 @@ log = logging.getLogger(__name__)
 #: the longest a ``dir_lease_events`` poll is held (well under a client's rpc_timeout)
 MAX_EVENTS_WAIT = 30.0
 
+#: the longest a grant waits for the calls already in flight to finish (then it is refused:
+#: the client stays synchronous there)
+GRANT_DRAIN_WAIT = 2.0
+
 #: the arguments naming the paths a namespace call accesses, by method (msgpack names;
 #: the Hadoop IPC translators dispatch the same methods)
 ACCESS_ARGS: dict[str, tuple[str, ...]] = {
@@ -79,6 +84,15 @@ ACCESS_ARGS: dict[str, tuple[str, ...]] = {
         "list_open_files", "fsck", "dir_lease_acquire")}
 ACCESS_ARGS.update({"rename": ("src", "dst"), "rename_many": ("moves",),
                     "concat": ("target", "srcs")})
+
+#: the calls a grant waits for when they are in flight (``enter``/``leave``): every access
+#: but a lease request itself
+DRAINED = frozenset(ACCESS_ARGS) - {"dir_lease_acquire"}
+
+#: how the service runs one change of a batch: the server's dispatch without the recall
+#: hook (a holder's change names its directories by inode: it neither sees nor waits for
+#: another holder's directory on its path)
+Dispatch = Callable[[object, str, dict], Awaitable[object]]
 
 
 def caller_name(ctx) -> str:
@@ -104,8 +118,9 @@ def access_paths(method: str, args: dict) -> list[str]:
 class DirLeases:
     def __init__(self, *, table: DirLeaseTable, view: NamespaceView, edits: Edits,
                  locking: NamespaceLocking, access: Access, max_entries: int,
-                 hard_limit: float, clock: Callable[[], float]):
+                 hard_limit: float, clock: Callable[[], float], dispatch: Dispatch):
         self.table = table
+        self.dispatch = dispatch
         self.view = view
         self.edits = edits
         self.locking = locking
@@ -114,8 +129,14 @@ class DirLeases:
         self.max_entries = min(max_entries, MAX_LIST_LIMIT)
         self.hard_limit = hard_limit
         self.clock = clock
-        self._granting: set[int] = set()
+        self._granting: dict[int, tuple[str, trio.Event]] = {}   # ino -> (holder, done)
         self._ending: set[int] = set()
+        # calls in flight by the generation they started in; a grant starts a new one and
+        # waits until none of an older generation is left (``enter``/``leave``/``_drain``)
+        self._generation = 0
+        self._inflight: dict[int, int] = {}
+        self._drains: list[tuple[int, trio.Event]] = []
+        self._batching: dict[str, trio.Lock] = {}     # holder -> its batches, one at a time
         self._ended: dict[int, trio.Event] = {}         # ino -> set when its lease ends
         self._seen: dict[str, float] = {}               # holder -> its last call (clock)
         self._events: dict[str, list[dict]] = {}       # holder -> recalls not yet collected
@@ -124,36 +145,66 @@ class DirLeases:
     # ------------------------------------------------------------------ RPC bodies
     async def acquire(self, ctx, path, holder) -> dict:
         """``{epoch, attrs, entries}`` of a lease on directory ``path`` for ``holder``, or
-        ``{epoch: None, reason}`` when it is not leased."""
+        ``{epoch: None, reason}`` when it is not leased.
+
+        1. Check (no await): a directory, the caller may write it, nobody else holds it or
+           is being granted it, not too big. A holder asking again gets its lease as is.
+        2. Mark it being granted: from now on another client's access to it waits
+           (``before_access``), then recalls the lease.
+        3. Wait until every call that started before step 2 has finished (``_drain``): a
+           change inside the directory that passed its access check just before would
+           otherwise land after the snapshot of step 5. Too long a wait refuses the grant.
+        4. Under the directory's write lock (nothing renames or removes it meanwhile),
+           check again and journal the grant (DIR_LEASE_GRANT: its txid is the epoch).
+        5. Snapshot what the lease covers: the directory's status and every entry's."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_name(holder, f"dir_lease_acquire {canonical}: client_name")
         self.renewed(holder)
-        # the directory's write lock: nothing renames or removes it under the grant
-        async with self.locking.mutation(f"dir_lease_acquire {canonical}",
-                                         lock_set(parts, LOCK_WRITE)):
-            _, ino, inode, _ = self.view.resolve(canonical)
-            if inode.type != DIR:
-                raise NotDirectory(f"dir_lease_acquire {canonical}: not a directory (only "
-                                   f"directories are leased)")
-            self.access.check_access(ctx, parts, access=WRITE)
-            lease = self.table.lease_of(ino)
-            if lease is None or lease.holder != holder:
-                refusal = self._refusal(canonical, ino, inode, lease)
-                if refusal is not None:
-                    return {"epoch": None, "reason": refusal}
-                self._granting.add(ino)
-                try:
-                    epoch = await self.edits.log_plan(DirLeaseGrant(ino=ino, holder=holder))
-                finally:
-                    self._granting.discard(ino)
+        _, ino, inode, _ = self.view.resolve(canonical)
+        self._check_dir(ctx, canonical, parts, inode)
+        lease = self.table.lease_of(ino)
+        if lease is not None and lease.holder == holder:
+            return await self._snapshot(canonical, parts, ino, lease.epoch)
+        refusal = self._refusal(canonical, ino, inode, lease)
+        if refusal is not None:
+            return {"epoch": None, "reason": refusal}
+        done = trio.Event()
+        self._granting[ino] = (holder, done)
+        try:
+            if not await self._drain(GRANT_DRAIN_WAIT):
+                return {"epoch": None, "reason": f"{canonical}: not leased: calls in flight "
+                                                 f"did not finish within {GRANT_DRAIN_WAIT:g} s"}
+            async with self.locking.mutation(f"dir_lease_acquire {canonical}",
+                                             lock_set(parts, LOCK_WRITE)):
+                _, now_ino, inode, _ = self.view.resolve(canonical)
+                if now_ino != ino:
+                    return {"epoch": None, "reason": f"{canonical}: not leased: it was "
+                                                     f"replaced while the grant waited"}
+                self._check_dir(ctx, canonical, parts, inode)
+                epoch = await self.edits.log_plan(DirLeaseGrant(ino=ino, holder=holder),
+                                                  durable=ctx.sync_metadata)
                 log.debug("directory lease on %s (inode %d) granted to %s, epoch %d",
                           canonical, ino, holder, epoch)
-            else:
-                epoch = lease.epoch
-            # the state the lease covers (nothing else may change it while it is held)
-            attrs = self.view.get_file_info(canonical)
-            listing = self.view.list_status(canonical, "", self.max_entries)
+                return self._snapshot_now(canonical, epoch)
+        finally:
+            del self._granting[ino]
+            done.set()
+
+    def _check_dir(self, ctx, canonical: str, parts, inode) -> None:
+        if inode.type != DIR:
+            raise NotDirectory(f"dir_lease_acquire {canonical}: not a directory (only "
+                               f"directories are leased)")
+        self.access.check_access(ctx, parts, access=WRITE)
+
+    async def _snapshot(self, canonical: str, parts, ino: int, epoch: int) -> dict:
+        async with self.locking.mutation(f"dir_lease_acquire {canonical}",
+                                         lock_set(parts, LOCK_WRITE)):
+            return self._snapshot_now(canonical, epoch)
+
+    def _snapshot_now(self, canonical: str, epoch: int) -> dict:
+        attrs = self.view.get_file_info(canonical)
+        listing = self.view.list_status(canonical, "", self.max_entries)
         return {"epoch": epoch, "attrs": attrs, "entries": listing["entries"]}
 
     def _refusal(self, canonical: str, ino: int, inode, lease) -> str | None:
@@ -168,6 +219,51 @@ class DirLeases:
                     f"dir_lease_max_entries ({self.max_entries})")
         return None
 
+    # ------------------------------------------------------------------ calls in flight
+    @property
+    def active(self) -> bool:
+        """Whether any lease is held or being granted (``dispatch`` asks
+        ``before_access`` only then)."""
+        return bool(len(self.table) or self._granting)
+
+    def enter(self) -> int:
+        """A call that accesses paths starts (after ``before_access``); its generation,
+        for ``leave``."""
+        generation = self._generation
+        self._inflight[generation] = self._inflight.get(generation, 0) + 1
+        return generation
+
+    def leave(self, generation: int) -> None:
+        left = self._inflight[generation] - 1
+        if left:
+            self._inflight[generation] = left
+            return
+        del self._inflight[generation]
+        if self._drains:
+            oldest = min(self._inflight, default=math.inf)
+            waiting = []
+            for target, done in self._drains:
+                if oldest >= target:
+                    done.set()
+                else:
+                    waiting.append((target, done))
+            self._drains = waiting
+
+    async def _drain(self, timeout: float) -> bool:
+        """Start a new generation and wait until no call of an older one is in flight;
+        False after ``timeout`` seconds."""
+        self._generation += 1
+        target = self._generation
+        if min(self._inflight, default=math.inf) >= target:
+            return True
+        done = trio.Event()
+        self._drains.append((target, done))
+        with trio.move_on_after(timeout):
+            await done.wait()
+        if not done.is_set():
+            self._drains = [(t, d) for t, d in self._drains if d is not done]
+        return done.is_set()
+
     async def release(self, ctx, path, holder, epoch) -> bool:
         """``holder`` gives back its lease ``epoch`` on directory ``path``. Found by its
         epoch (unique), so a directory renamed or removed since is given back too; the
@@ -180,7 +276,8 @@ class DirLeases:
         if not held:
             raise LeaseExpired(f"{canonical}: the directory lease (epoch {epoch}) of {holder} "
                                f"has ended (it holds no lease of that epoch)")
-        await self.edits.log_plan(DirLeaseRelease(ino=held[0].ino, holder=holder, epoch=epoch))
+        await self.edits.log_plan(DirLeaseRelease(ino=held[0].ino, holder=holder, epoch=epoch),
+                                  durable=ctx.sync_metadata)
         return True
 
     async def events(self, ctx, holder, wait) -> list[dict]:
@@ -199,6 +296,101 @@ class DirLeases:
                 del self._polls[holder]
         self.renewed(holder)
         return self._events.pop(holder, [])
+
+    async def batch(self, ctx, holder, ops) -> dict:
+        """Apply ``holder``'s changes (``fs.dirops``) in order, as the mount acknowledged
+        them; ``{done, skipped, failed: [{index, error}], ended}``.
+
+        1. Read every change (a malformed one refuses the whole batch, nothing applied).
+        2. One batch of a holder at a time (a batch resent while its first send still
+           runs waits, then finds its changes applied).
+        3. For each change: its leases must be held under the epochs it names (``flush``:
+           a recall's deadline moves, the holder is alive); a lease that ended stops the
+           batch there (``ended``: the server's namespace is a prefix of what was sent).
+           A change whose source no longer holds the inode it names was applied before
+           (a resend) and is skipped. Otherwise it runs as the same call would (the
+           caller's permissions, locks, journal), lazily journaled; an error it raises is
+           reported by its index and the batch goes on.
+        4. A caller with ``sync_metadata`` is answered once all of it is durable."""
+        check_name(holder, "dir_batch: client_name")
+        changes = dirops.batch_from_wire(ops)
+        self.renewed(holder)
+        sub = dataclasses.replace(ctx, call_id=None, sync_metadata=False)
+        lock = self._batching.setdefault(holder, trio.Lock())
+        failed: list[dict] = []
+        skipped = 0
+        ended = None
+        done = 0
+        try:
+            async with lock:
+                for index, change in enumerate(changes):
+                    if isinstance(change, dirops.Release):
+                        # given back already (a resend), or ended: nothing is left to give
+                        if not await self._give_back(sub, holder, change.dir, change.epoch):
+                            skipped += 1
+                        done = index + 1
+                        continue
+                    if self.view.lookup(change.dir, change.name) != change.ino:
+                        skipped += 1   # applied before: the holder alone changes the name
+                        done = index + 1
+                        continue
+                    try:
+                        self._flush_leases(holder, change)
+                    except LeaseExpired as exc:
+                        ended = exc.to_wire()
+                        break
+                    try:
+                        await self._apply_change(sub, holder, change)
+                    except LeaseFSError as exc:
+                        failed.append({"index": index, "error": exc.to_wire()})
+                    done = index + 1
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._batching.pop(holder, None)
+        if ctx.sync_metadata:
+            await self.edits.sync()
+        self.renewed(holder)
+        return {"done": done, "skipped": skipped, "failed": failed, "ended": ended}
+
+    async def _give_back(self, ctx, holder: str, ino: int, epoch: int) -> bool:
+        """End ``holder``'s lease ``epoch`` on ``ino`` if it still holds it (journaled as
+        durably as the caller's changes)."""
+        lease = self.table.lease_of(ino)
+        if lease is None or lease.holder != holder or lease.epoch != epoch \
+                or ino in self._ending:
+            return False
+        await self.edits.log_plan(DirLeaseRelease(ino=ino, holder=holder, epoch=epoch),
+                                  durable=ctx.sync_metadata)
+        return True
+
+    def _flush_leases(self, holder: str, change) -> None:
+        now = self.clock()
+        pairs = [(change.dir, change.epoch)]
+        if isinstance(change, dirops.Rename):
+            pairs.append((change.dst_dir, change.dst_epoch))
+        for ino, epoch in pairs:
+            self.table.flush(ino, holder, epoch, now, self.view.path_of(ino) or f"inode {ino}")
+
+    async def _apply_change(self, ctx, holder: str, change) -> None:
+        """One change of a batch, as its call would make it."""
+        folder = self.view.path_of(change.dir)
+        if folder is None:
+            raise LeaseFSError(f"dir_batch: leased directory inode {change.dir} has no path")
+        ctx = dataclasses.replace(ctx, extra={**ctx.extra, dirops.HOLDER_TIME: change.time_ns})
+        path = paths.join(folder, change.name)
+        if isinstance(change, dirops.Unlink):
+            await self.dispatch(ctx, "delete", {"path": path, "expect": "nondir"})
+        elif isinstance(change, dirops.Rmdir):
+            await self.dispatch(ctx, "delete", {"path": path, "expect": "dir"})
+            await self._give_back(ctx, holder, change.ino, change.ino_epoch)
+        else:
+            dst_folder = self.view.path_of(change.dst_dir)
+            if dst_folder is None:
+                raise LeaseFSError(f"dir_batch: leased directory inode {change.dst_dir} "
+                                   f"has no path")
+            await self.dispatch(ctx, "rename", {
+                "src": path, "dst": paths.join(dst_folder, change.dst_name),
+                "overwrite": change.replaced != 0})
 
     # ------------------------------------------------------------------ recalls
     def queue_recall(self, holder: str, path: str, epoch: int) -> None:
@@ -268,11 +460,19 @@ class DirLeases:
                 lease = self.table.lease_of(ino)
                 if lease is not None and lease.holder != client:
                     return ino
+                granting = self._granting.get(ino)
+                if granting is not None and granting[0] != client:
+                    return ino
         return None
 
     async def _wait_for(self, ino: int, client: str) -> None:
         """One verdict on ``ino`` for ``client``, then wait until its lease ends or its
-        recall is overdue (which ends it)."""
+        recall is overdue (which ends it); a grant under way is waited for first (the
+        caller then looks again and recalls it)."""
+        granting = self._granting.get(ino)
+        if granting is not None:
+            await granting[1].wait()
+            return
         lease = self.table.lease_of(ino)
         verdict = self.table.access(ino, client, self.clock())
         if verdict is Verdict.PROCEED:

@@ -69,6 +69,8 @@ class _ViewerClient:
             raise InvalidArgument(f"download: {method} is not a read")
         return await self._server.handler(method)(self._ctx, **args)
 
+    call_meta = call
+
 
 def make_app(server) -> Starlette:
     env = webui.environment(TEMPLATES)

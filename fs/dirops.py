@@ -1,0 +1,156 @@
+"""The changes a directory lease's holder sends afterwards (``dir_batch``), as typed records
+with their wire form in one place (docs/design/dirleases.md, PROTOCOL.md §2).
+
+Why it exists: the mount builds these records when it acknowledges a change ahead of the
+server, and the metadata server applies them; both sides read the same definitions.
+
+Every change carries the time the holder made it (``time_ns``): the folders' times the
+holder showed its applications are the ones the server keeps (unless the clocks are too
+far apart, ``HOLDER_TIME_SKEW``).
+
+Every change names the directories it relies on by inode and the epoch of the lease it was
+decided under, never by path: another client may rename an ancestor of a leased directory
+meanwhile (that does not recall the lease), and the server finds the directory's path at
+apply time. Every change also names the inode it expects at its source name (``ino``): the
+holder alone changes names in its leased directories, so a change whose source no longer
+holds that inode was applied already (a batch resent after its reply was lost) and is
+skipped, which makes a resend harmless.
+
+Records: ``Unlink`` (unlink(2) of a non-directory), ``Rmdir`` (of an empty directory the
+holder also held, whose lease ends with it), ``Rename`` (inside and between leased
+directories; ``replaced`` is the inode the destination held, 0 for none), ``Release`` (the
+holder gives a lease back after the changes before it: ordered with them).
+
+Pure: no I/O. Concurrency contract: immutable values, safe anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import InvalidArgument
+
+#: the most changes one ``dir_batch`` carries (a bigger queue is sent in several)
+MAX_BATCH = 1024
+#: a holder's time farther than this from the server's is replaced by the server's
+HOLDER_TIME_SKEW = 300 * 10**9
+#: where a batched change's time travels from the batch to the namespace calls
+#: (``CallContext.extra``)
+HOLDER_TIME = "holder_time_ns"
+
+
+def _int(value, what: str, low: int = 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 1 << 63:
+        raise InvalidArgument(f"dir_batch: {what} must be an integer >= {low}, "
+                              f"got {value!r:.40}")
+    return value
+
+
+def _name(value, what: str) -> str:
+    if not isinstance(value, str) or not value or value in (".", "..") or "/" in value \
+            or "\0" in value or len(value.encode("utf-8", "surrogatepass")) > 255:
+        raise InvalidArgument(f"dir_batch: {what} must be one path component, "
+                              f"got {value!r:.60}")
+    return value
+
+
+@dataclass(frozen=True)
+class Unlink:
+    dir: int        # the leased directory
+    epoch: int      # its lease's
+    name: str
+    ino: int        # the inode the name holds
+    time_ns: int    # when the holder made it (the folder's mtime it showed)
+
+    def to_wire(self) -> dict:
+        return {"op": "unlink", "dir": self.dir, "epoch": self.epoch, "name": self.name,
+                "ino": self.ino, "time": self.time_ns}
+
+
+@dataclass(frozen=True)
+class Rmdir:
+    dir: int
+    epoch: int
+    name: str
+    ino: int            # the directory removed
+    ino_epoch: int      # the holder's lease on it (it knew it empty): ends with it
+    time_ns: int
+
+    def to_wire(self) -> dict:
+        return {"op": "rmdir", "dir": self.dir, "epoch": self.epoch, "name": self.name,
+                "ino": self.ino, "ino_epoch": self.ino_epoch, "time": self.time_ns}
+
+
+@dataclass(frozen=True)
+class Rename:
+    dir: int
+    epoch: int
+    name: str
+    ino: int
+    dst_dir: int
+    dst_epoch: int
+    dst_name: str
+    replaced: int       # the inode the destination held (0: none)
+    time_ns: int
+
+    def to_wire(self) -> dict:
+        return {"op": "rename", "dir": self.dir, "epoch": self.epoch, "name": self.name,
+                "ino": self.ino, "dst_dir": self.dst_dir, "dst_epoch": self.dst_epoch,
+                "dst_name": self.dst_name, "replaced": self.replaced, "time": self.time_ns}
+
+
+@dataclass(frozen=True)
+class Release:
+    dir: int
+    epoch: int
+
+    def to_wire(self) -> dict:
+        return {"op": "release", "dir": self.dir, "epoch": self.epoch}
+
+
+DirOp = Unlink | Rmdir | Rename | Release
+
+
+def from_wire(item) -> DirOp:
+    """One change from its wire form; ``InvalidArgument`` naming what is wrong."""
+    if not isinstance(item, dict):
+        raise InvalidArgument(f"dir_batch: a change must be a map, got {item!r:.60}")
+    kind = item.get("op")
+    fields = {"unlink": ("dir", "epoch", "name", "ino", "time"),
+              "rmdir": ("dir", "epoch", "name", "ino", "ino_epoch", "time"),
+              "rename": ("dir", "epoch", "name", "ino", "dst_dir", "dst_epoch", "dst_name",
+                         "replaced", "time"),
+              "release": ("dir", "epoch")}.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        raise InvalidArgument(f"dir_batch: unknown change {kind!r:.40} (unlink, rmdir, "
+                              f"rename, release)")
+    extra = item.keys() - {"op", *fields}
+    if extra:
+        raise InvalidArgument(f"dir_batch: {kind}: unknown fields {sorted(map(str, extra))}")
+    missing = [f for f in fields if f not in item]
+    if missing:
+        raise InvalidArgument(f"dir_batch: {kind}: missing {', '.join(missing)}")
+    dir_, epoch = _int(item["dir"], f"{kind} dir"), _int(item["epoch"], f"{kind} epoch")
+    if kind == "release":
+        return Release(dir_, epoch)
+    name, ino = _name(item["name"], f"{kind} name"), _int(item["ino"], f"{kind} ino")
+    time_ns = _int(item["time"], f"{kind} time", low=0)
+    if kind == "unlink":
+        return Unlink(dir_, epoch, name, ino, time_ns)
+    if kind == "rmdir":
+        return Rmdir(dir_, epoch, name, ino, _int(item["ino_epoch"], "rmdir ino_epoch"),
+                     time_ns)
+    return Rename(dir_, epoch, name, ino, _int(item["dst_dir"], "rename dst_dir"),
+                  _int(item["dst_epoch"], "rename dst_epoch"),
+                  _name(item["dst_name"], "rename dst_name"),
+                  _int(item["replaced"], "rename replaced", low=0), time_ns)
+
+
+def batch_from_wire(ops) -> list[DirOp]:
+    if not isinstance(ops, list) or len(ops) > MAX_BATCH:
+        raise InvalidArgument(f"dir_batch: ops must be a list of at most {MAX_BATCH} changes")
+    return [from_wire(item) for item in ops]
+
+
+__all__ = ["DirOp", "MAX_BATCH", "Release", "Rename", "Rmdir", "Unlink", "batch_from_wire",
+           "from_wire"]

@@ -1,0 +1,401 @@
+"""The mount as a directory lease holder (``DirLeaseHolder``, a part of the mount that
+``mount.operations`` composes; docs/design/dirleases.md): the leases it holds, what each
+covers, and the one queue of changes it acknowledged ahead of the metadata server.
+
+Why a part of its own: removing and renaming names through the mount would otherwise wait
+one synchronous metadata round trip per call. While the mount holds a directory's write
+lease, no other client sees or changes the directory (the server recalls the lease first),
+so the mount decides a change there from what the grant carried plus its own changes since
+(``LeasedDir.entries``), answers the application at once, and sends the change later with
+the others (``dir_batch``: in order, batched, one batch in flight).
+
+Rules that keep the namespace what the applications were told:
+
+* One queue per mount, in the order the changes were acknowledged: a crash of the mount
+  leaves the server's namespace equal to its operations up to some point, never reordered.
+* ``barrier`` (installed as the client's): every other call the mount makes on the
+  metadata server first waits until the queue is sent, so the server answers it with the
+  mount's changes applied (a lookup, a listing, a write's call, ``sync_metadata`` at
+  fsync(2)).
+* A lease is asked for at the first change in a directory (after the queue is sent: the
+  grant's snapshot then holds every earlier change); a directory the server will not lease
+  (too big, another holder, calls in flight) is not asked again for ``REFUSED_FOR``.
+* A recall (the server's ``dir_lease_events`` long poll, kept outstanding: it also keeps
+  the holder's leases alive) sends the queue and gives the lease back, in the queue, so
+  the release follows the changes it covers. A lease idle for ``IDLE_FOR`` is given back
+  the same way: another client then pays no recall.
+* A lease that ended under the mount (its holder was silent past the server's limits)
+  loses the changes sent after it ended: the batch's answer says where, and the log names
+  every change lost.
+
+Concurrency contract: methods of the mount's one trio run. The decisions of a change
+(``held``, ``queue``, the ``LeasedDir`` fields) run without an await, so a handler decides
+and queues atomically; the kernel itself serialises the changes of one directory (its
+i_rwsem). ``lease_for`` and ``flush`` await; the sender and the events poll are tasks of
+``run``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import trio
+
+from fs import dirops
+from fs.errors import LeaseFSError, ServerUnavailable
+from fs.status import FileStatus
+
+log = logging.getLogger(__name__)
+
+#: seconds a directory the server would not lease is not asked for again
+REFUSED_FOR = 10.0
+#: seconds without a change after which a lease is given back
+IDLE_FOR = 2.0
+#: changes queued at most; a change beyond waits for the sender
+QUEUE_LIMIT = 4096
+#: how long the events poll waits on the server (under the client's rpc_timeout)
+EVENTS_WAIT = 20.0
+
+
+#: the metadata server's calls that change nothing: they wait for the queue only when
+#: they could see a change in it
+READS = frozenset({"get_file_info", "exists", "list_status", "get_block_locations",
+                   "content_summary", "report", "get_server_defaults"})
+#: the reads that see below the path they name
+RECURSIVE_READS = frozenset({"content_summary"})
+
+
+def _ancestors(path: str) -> list[str]:
+    """The folders above ``path``, the root included."""
+    out = []
+    while path not in ("/", ""):
+        path = path.rpartition("/")[0] or "/"
+        out.append(path)
+    return out
+
+
+@dataclasses.dataclass
+class LeasedDir:
+    """A directory this mount holds the write lease of, as the mount sees it now."""
+
+    kernel_ino: int
+    ino: int                              # its namespace inode
+    epoch: int
+    status: FileStatus                    # its own attributes, with the changes made here
+    entries: dict[bytes, FileStatus]      # every entry, with the changes made here
+    used: float = 0.0                     # trio time of the last change
+    giving_back: bool = False             # recalled or idle: no change is decided here
+
+
+class DirLeaseHolder:
+    """The directory leases of one mount and its queue of changes."""
+
+    def __init__(self, client, path_of: Callable[[int], str | None], *,
+                 enabled: bool = True, timeout: float = 30.0):
+        self._client = client
+        self._path_of = path_of    # a kernel inode's path as the mount knows it
+        self.enabled = enabled
+        # a call waiting for the queue fails (EIO) after this long, as one waiting for
+        # an unreachable server does
+        self.timeout = timeout
+        self._leases: dict[int, LeasedDir] = {}       # kernel inode -> lease
+        self._refused: dict[str, float] = {}          # path -> not asked again until
+        self._queue: list[dirops.DirOp] = []
+        # what the queued changes touch, for the barrier's reads (``_touches``): per change
+        # (in queue order) its paths; counted: the folders changed, the names changed and
+        # every folder above a changed name
+        self._touched: collections.deque[tuple[tuple[str, ...], ...]] = collections.deque()
+        self._dirs: collections.Counter[str] = collections.Counter()
+        self._names: collections.Counter[str] = collections.Counter()
+        self._above: collections.Counter[str] = collections.Counter()
+        self._queued = 0       # changes ever queued
+        self._acked = 0        # changes ever answered by the server
+        self._sent = trio.Event()                 # set (and replaced) when a batch is answered
+        self._wake = trio.Event()                 # the sender has work
+        self._sending = trio.Lock()               # one batch in flight
+        self.lost = 0          # changes the server refused (logged)
+        self.batches = 0
+        self.local_changes = 0
+
+    # ------------------------------------------------------------------ decisions
+    def held(self, kernel_ino: int) -> LeasedDir | None:
+        """The lease on directory ``kernel_ino`` if changes there may be decided here."""
+        leased = self._leases.get(kernel_ino)
+        return None if leased is None or leased.giving_back else leased
+
+    def holds(self, kernel_ino: int) -> bool:
+        """Whether a lease on ``kernel_ino`` is held (being given back too)."""
+        return kernel_ino in self._leases
+
+    async def lease_for(self, kernel_ino: int, path: str) -> LeasedDir | None:
+        """The lease to decide a change in directory ``kernel_ino`` (at ``path``) under,
+        asked for if this mount holds none; None: change it synchronously."""
+        if not self.enabled:
+            return None
+        leased = self._leases.get(kernel_ino)
+        if leased is not None:
+            return None if leased.giving_back else leased
+        now = trio.current_time()
+        if self._refused.get(path, 0.0) > now:
+            return None
+        # the grant's snapshot must hold every change queued before it
+        await self.flush()
+        try:
+            grant = await self._client.dir_lease_acquire(path)
+        except LeaseFSError as exc:   # the synchronous call says it better
+            log.debug("directory lease on %s not granted: %s", path, exc)
+            return None
+        if grant.get("epoch") is None:
+            if len(self._refused) > 4096:
+                self._refused = {p: t for p, t in self._refused.items() if t > now}
+            self._refused[path] = now + REFUSED_FOR
+            log.debug("%s", grant.get("reason"))
+            return None
+        leased = self._leases.get(kernel_ino)
+        if leased is not None:   # another handler's grant of it came first: the same lease
+            return None if leased.giving_back else leased
+        status = FileStatus.from_wire(grant["attrs"])
+        entries = {os.fsencode(e["name"]): FileStatus.from_wire(e) for e in grant["entries"]}
+        leased = LeasedDir(kernel_ino, status.ino, grant["epoch"], status, entries,
+                           used=trio.current_time())
+        self._leases[kernel_ino] = leased
+        return leased
+
+    def changed(self, leased: LeasedDir, *, children: int = 0, subdirs: int = 0,
+                now: int | None = None) -> int:
+        """A change decided here at ``now`` (default: the clock's): the directory's times
+        and counts as the server will have them (the change carries its time); the time."""
+        now = time.time_ns() if now is None else now
+        status = leased.status
+        leased.status = dataclasses.replace(
+            status, mtime_ns=now, ctime_ns=now,
+            children=max(0, status.children + children),
+            subdirs=max(0, status.subdirs + subdirs))
+        leased.used = trio.current_time()
+        self.local_changes += 1
+        return now
+
+    # the mount's synchronous changes in a directory it holds: the lease's view follows
+    def note_made(self, parent: int, name: bytes, status: FileStatus,
+                  parent_status: FileStatus | None = None) -> None:
+        """``name`` was made (or replaced under a new inode) in ``parent`` by a call
+        (``parent_status``: the folder's status the call answered with)."""
+        leased = self._leases.get(parent)
+        if leased is not None:
+            fresh = name not in leased.entries
+            leased.entries[name] = status
+            self._synced(leased, parent_status, children=1 if fresh else 0,
+                         subdirs=1 if fresh and status.is_dir else 0)
+
+    def _synced(self, leased: LeasedDir, parent_status: FileStatus | None, **counts) -> None:
+        if parent_status is not None and parent_status.ino == leased.ino:
+            leased.status = parent_status   # the server's own: nothing queued changes it
+            leased.used = trio.current_time()
+        else:
+            self.changed(leased, **counts)
+
+    def note_replaced(self, path: str, status: FileStatus) -> None:
+        """The file at ``path`` got a new inode under its name (its content replaced)."""
+        folder, _, name = path.rpartition("/")
+        for leased in self._leases.values():
+            if self._path_of(leased.kernel_ino) == (folder or "/"):
+                self.note_made(leased.kernel_ino, os.fsencode(name), status)
+
+    def note_gone(self, parent: int, name: bytes,
+                  parent_status: FileStatus | None = None) -> None:
+        """``name`` went from ``parent`` by a call."""
+        leased = self._leases.get(parent)
+        if leased is not None:
+            entry = leased.entries.pop(name, None)
+            if entry is not None:
+                self._synced(leased, parent_status, children=-1,
+                             subdirs=-1 if entry.is_dir else 0)
+
+    def forget(self, kernel_ino: int) -> LeasedDir | None:
+        """The directory is gone here (an rmdir decided here): its lease ends with it."""
+        return self._leases.pop(kernel_ino, None)
+
+    # ------------------------------------------------------------------ the queue
+    async def queue(self, change: dirops.DirOp, *, dirs: tuple[str, ...] = (),
+                    names: tuple[str, ...] = ()) -> None:
+        """Queue a change decided here (after its decision, without an await before it);
+        ``dirs``: the paths of the folders it changes, ``names``: of the names it changes
+        (what a read must not see without it)."""
+        self._append(change, dirs, names)
+        if len(self._queue) > QUEUE_LIMIT:
+            await self.flush()
+
+    def _append(self, change: dirops.DirOp, dirs: tuple[str, ...] = (),
+                names: tuple[str, ...] = ()) -> None:
+        self._queue.append(change)
+        above = tuple(a for name in names for a in _ancestors(name))
+        self._touched.append((dirs, names, above))
+        self._dirs.update(dirs)
+        self._names.update(names)
+        self._above.update(above)
+        self._queued += 1
+        self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        return self._queued - self._acked
+
+    async def flush(self) -> None:
+        """Return once every change queued before the call was answered by the server."""
+        target = self._queued
+        while self._acked < target:
+            self._wake.set()
+            await self._sent.wait()
+
+    async def barrier(self, method: str, args: dict) -> None:
+        """The client's, before each call on the metadata server: a change waits for
+        every change queued before it (the server applies them in the order the
+        applications saw them); a read waits only when it could see a queued change (it
+        names a changed name, a path below one or above one, or a changed folder)."""
+        if self._acked < self._queued and (method not in READS or self._touches(method, args)):
+            with trio.move_on_after(self.timeout):
+                await self.flush()
+                return
+            raise ServerUnavailable(f"{self.pending} namespace changes made here could not "
+                                    f"be sent to the metadata server for {self.timeout:g} s")
+
+    def _touches(self, method: str, args: dict) -> bool:
+        path = args.get("path")
+        if not isinstance(path, str):
+            return True   # a read naming no path: it waits, to be safe
+        if self._dirs[path] > 0 or self._names[path] > 0:
+            return True
+        if method in RECURSIVE_READS and self._above[path] > 0:
+            return True
+        return any(self._names[a] > 0 for a in _ancestors(path))
+
+    async def give_back(self, leased: LeasedDir) -> None:
+        """Send the changes and give the lease back (a recall, idle, unmount)."""
+        if self._leases.get(leased.kernel_ino) is not leased:
+            return
+        leased.giving_back = True
+        await self.queue(dirops.Release(leased.ino, leased.epoch))
+        await self.flush()
+        if self._leases.get(leased.kernel_ino) is leased:
+            del self._leases[leased.kernel_ino]
+
+    async def close(self) -> None:
+        """Unmount (the sender has stopped): everything queued is sent and every lease
+        given back, trying for ``timeout`` at most (what is left then is logged lost)."""
+        for leased in list(self._leases.values()):
+            leased.giving_back = True
+            self._append(dirops.Release(leased.ino, leased.epoch))
+        self._leases.clear()
+        with trio.move_on_after(self.timeout):
+            while self._queue:
+                await self._send_next()
+        if self._queue:
+            self._drop(list(self._queue), 0, "the metadata server was not reachable at unmount")
+
+    # ------------------------------------------------------------------ background
+    async def run(self) -> None:
+        """The sender, the recalls poll and the idle leases' return (the mount's nursery)."""
+        if not self.enabled:
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._send_loop)
+            nursery.start_soon(self._events_loop)
+            nursery.start_soon(self._idle_loop)
+
+    async def _send_loop(self) -> None:
+        while True:
+            if not self._queue:
+                self._wake = trio.Event()
+                await self._wake.wait()
+                continue
+            await self._send_next()
+
+    async def _send_next(self) -> None:
+        """Send the queue's first batch until the server answers it (a connection lost:
+        sent again, which the server recognises)."""
+        delay = 0.05
+        async with self._sending:
+            while True:
+                batch = self._queue[:dirops.MAX_BATCH]
+                if not batch:
+                    return
+                try:
+                    answer = await self._client.dir_batch(batch)
+                    break
+                except LeaseFSError as exc:
+                    if not exc.retriable:   # a bug of ours or the server's: not sent again
+                        self._drop(batch, 0, f"refused: {exc}")
+                        return
+                    log.warning("sending %d namespace changes: %s; sending again",
+                                len(batch), exc)
+                await trio.sleep(delay)
+                delay = min(2.0, delay * 2)
+            self.batches += 1
+            for failure in answer.get("failed") or ():
+                self.lost += 1
+                change = batch[failure["index"]]
+                log.error("namespace change %s was refused by the metadata server: %s",
+                          change, failure["error"].get("message"))
+            if answer.get("ended") is not None:
+                self._drop(batch, int(answer.get("done") or 0), answer["ended"].get("message"))
+            else:
+                self._ack(len(batch))
+
+    def _ack(self, count: int) -> None:
+        del self._queue[:count]
+        for _ in range(count):
+            dirs, names, above = self._touched.popleft()
+            self._dirs.subtract(dirs)
+            self._names.subtract(names)
+            self._above.subtract(above)
+        if not self._queue:   # the counters' zeros go with the last change
+            self._dirs.clear()
+            self._names.clear()
+            self._above.clear()
+        self._acked += count
+        sent, self._sent = self._sent, trio.Event()
+        sent.set()
+
+    def _drop(self, batch: list, done: int, why: str | None) -> None:
+        """The changes from ``done`` on were not applied and never will be: a lease they
+        rely on ended. The leases are forgotten (the server's view is the truth now)."""
+        lost = batch[done:]
+        self.lost += len(lost)
+        for change in lost:
+            log.error("namespace change %s is lost: %s", change, why)
+        self._leases.clear()
+        self._ack(len(batch))
+
+    async def _events_loop(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                events = await self._client.dir_lease_events(wait=EVENTS_WAIT)
+            except LeaseFSError as exc:
+                log.info("directory lease recalls: %s; asking again", exc)
+                await trio.sleep(delay)
+                delay = min(2.0, delay * 2)
+                continue
+            delay = 0.1
+            for event in events:
+                leased = next((d for d in self._leases.values()
+                               if d.epoch == event.get("epoch")), None)
+                if leased is not None and not leased.giving_back:
+                    log.debug("directory lease on %s recalled", event.get("path"))
+                    await self.give_back(leased)
+
+    async def _idle_loop(self) -> None:
+        while True:
+            await trio.sleep(IDLE_FOR / 2)
+            now = trio.current_time()
+            for leased in list(self._leases.values()):
+                if not leased.giving_back and now - leased.used > IDLE_FOR:
+                    await self.give_back(leased)
+
+
+__all__ = ["DirLeaseHolder", "LeasedDir", "IDLE_FOR", "QUEUE_LIMIT", "REFUSED_FOR"]

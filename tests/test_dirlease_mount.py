@@ -1,0 +1,400 @@
+"""Directory leases through real mounts (docs/design/dirleases.md): a mount that holds a
+folder's lease answers unlink, rmdir and rename there at once and sends them afterwards;
+another mount, the CLI client and a restarted metadata server must see exactly what a
+local filesystem would have, and a mount killed mid-way leaves a prefix of its operations.
+
+Two mount processes of one process cluster are two clients. Skipped (with the reason)
+when pyfuse3, /dev/fuse or fusermount3 is missing.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+pyfuse3 = pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
+if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
+    pytest.skip("/dev/fuse or fusermount3 is not available", allow_module_level=True)
+
+from harness import (Mount, ProcessCluster, mounted, poll_until,  # noqa: E402
+                     store_problems)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+# a recall a dead mount never answers ends after this (the kill tests wait for it)
+SETTINGS = {"replication": 1, "dir_lease_recall_limit": 2}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with ProcessCluster(tmp_path_factory.mktemp("dirleasemount"), n_storage=1,
+                        settings=SETTINGS) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def a(cluster):
+    yield from mounted(cluster, "a")
+
+
+@pytest.fixture(scope="module")
+def b(cluster):
+    yield from mounted(cluster, "b")
+
+
+def tree(root: Path) -> dict[str, str | None]:
+    """Every path below ``root``: a file's content, None for a folder (readdir walks)."""
+    out: dict[str, str | None] = {}
+    for folder, dirs, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        for name in dirs:
+            out[os.path.normpath(os.path.join(rel, name))] = None
+        for name in files:
+            out[os.path.normpath(os.path.join(rel, name))] = \
+                Path(folder, name).read_text()
+    return out
+
+
+def outcome(fn, *args) -> int:
+    """0, or the errno ``fn(*args)`` failed with."""
+    try:
+        fn(*args)
+        return 0
+    except OSError as exc:
+        return exc.errno
+
+
+# ------------------------------------------------------------------ a sequential model
+
+class Script:
+    """Random namespace operations in a small tree, each applied to a mount and to a local
+    folder (the model) with the same outcome required."""
+
+    def __init__(self, seed: int, local: Path, remote: Path):
+        self.rng = random.Random(seed)
+        self.local, self.remote = local, remote
+        self.made = 0
+
+    def names(self, kind: str | None = None) -> list[str]:
+        found = []
+        for folder, dirs, files in os.walk(self.local):
+            rel = os.path.relpath(folder, self.local)
+            pick = dirs if kind == "dir" else files if kind == "file" else dirs + files
+            found += [os.path.normpath(os.path.join(rel, n)) for n in pick]
+        return sorted(found)
+
+    def folders(self) -> list[str]:
+        return ["."] + self.names("dir")
+
+    def step(self) -> str:
+        rng = self.rng
+        kind = rng.choice(["unlink", "unlink", "rmdir", "rename", "rename", "rename_dir",
+                           "create", "mkdir", "missing"])
+        files, dirs = self.names("file"), self.names("dir")
+        if kind == "unlink" and files:
+            target = rng.choice(files + dirs[:1])   # now and then a folder: EISDIR
+            return self.both(f"unlink {target}", os.unlink, target)
+        if kind == "rmdir" and dirs:
+            target = rng.choice(dirs + files[:1])   # a non-empty one: ENOTEMPTY
+            return self.both(f"rmdir {target}", os.rmdir, target)
+        if kind == "rename" and files:
+            src = rng.choice(files)
+            folder = rng.choice(self.folders())
+            dst = os.path.normpath(os.path.join(
+                folder, rng.choice([os.path.basename(n) for n in files] + [f"n{self.made}"])))
+            self.made += 1
+            return self.both(f"rename {src} {dst}", os.rename, src, dst)
+        if kind == "rename_dir" and dirs:
+            src = rng.choice(dirs)
+            folder = os.path.dirname(src) or "."
+            dst = os.path.normpath(os.path.join(folder, rng.choice(
+                [os.path.basename(d) for d in dirs] + [f"m{self.made}"])))
+            self.made += 1
+            return self.both(f"rename {src} {dst}", os.rename, src, dst)
+        if kind == "missing":
+            return self.both("unlink nothing", os.unlink, "nothing-here")
+        folder = rng.choice(self.folders())
+        name = os.path.normpath(os.path.join(folder, f"{kind[0]}{self.made}"))
+        self.made += 1
+        if kind == "mkdir":
+            return self.both(f"mkdir {name}", os.mkdir, name)
+        return self.both(f"create {name}", lambda p: Path(p).write_text(p), name)
+
+    def both(self, what: str, fn, *rel) -> str:
+        want = outcome(fn, *(str(self.local / r) for r in rel))
+        got = outcome(fn, *(str(self.remote / r) for r in rel))
+        assert got == want, (f"{what}: the mount answered {errno.errorcode.get(got, got)}, a "
+                             f"local filesystem {errno.errorcode.get(want, want)}")
+        return what
+
+
+def model_contents(local: Path, root_in_mount: str) -> dict[str, str | None]:
+    """The model's tree, files holding what ``create`` wrote through the mount (their
+    path in the mount at their creation, which a rename keeps)."""
+    out = {}
+    for rel, content in tree(local).items():
+        out[rel] = None if content is None else content.replace(str(local), root_in_mount)
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_changes_on_one_mount_are_what_the_other_lists(cluster, a, b, tmp_path, seed):
+    """Seeded random unlinks, rmdirs, renames (files across folders, folders in theirs),
+    creates and mkdirs on mount A, every outcome (errno) compared with a local folder's;
+    every few steps mount B and the CLI client list the whole tree and must find the
+    model's, contents included: B's listings recall A's leases, which must have sent every
+    change first. Then A's own view, and the same after A is gone."""
+    local = tmp_path / "model"
+    local.mkdir()
+    remote = a.mp / f"model{seed}"
+    remote.mkdir()
+    for i in range(4):
+        for where in (local, remote):
+            (where / f"d{i}").mkdir()
+            for j in range(6):
+                (where / f"d{i}" / f"f{j}").write_text(str(where / f"d{i}" / f"f{j}"))
+    script = Script(seed, local, remote)
+    done = []
+    for step in range(160):
+        done.append(script.step())
+        if step % 8 == 7:
+            want = model_contents(local, str(remote))
+            assert tree(b.mp / f"model{seed}") == want, done[-8:]
+    want = model_contents(local, str(remote))
+    assert tree(remote) == want
+    with cluster.client() as cli:
+        listed = {}
+        for status in walk(cli, f"/model{seed}"):
+            rel = os.path.relpath(status.path, f"/model{seed}")
+            listed[rel] = None if status.is_dir else cli.read_file(status.path).decode()
+    assert listed == want
+
+
+def walk(cli, top: str):
+    """Every status below ``top`` through the CLI client (listings, depth first)."""
+    for status in cli.list_status(top):
+        yield status
+        if status.is_dir:
+            yield from walk(cli, status.path)
+
+
+# ------------------------------------------------------------------ recalls
+
+def test_another_mount_writing_into_a_held_folder_sees_the_holders_changes(a, b):
+    """A unlinks and renames in d (it holds d's lease); B then creates a file there and
+    lists: its create recalls the lease first, so B's listing has A's changes and A's
+    listing has B's file."""
+    d = a.mp / "held"
+    d.mkdir()
+    for name in ("x", "y", "z"):
+        (d / name).write_text(name)
+    os.unlink(d / "x")
+    os.rename(d / "y", d / "w")
+    (b.mp / "held" / "new").write_text("from b")
+    assert sorted(os.listdir(b.mp / "held")) == ["new", "w", "z"]
+    assert sorted(os.listdir(d)) == ["new", "w", "z"]
+    assert (d / "new").read_text() == "from b"
+    assert (b.mp / "held" / "w").read_text() == "y"
+
+
+def test_rm_rf_on_one_mount_while_the_other_lists(a, b):
+    """B lists the tree's folders over and over while A removes it (rm -rf): a listing
+    never shows a name that was not there, and once rm returned B lists nothing."""
+    top = a.mp / "doomed"
+    names = {f"d{i}": {f"f{j}" for j in range(40)} for i in range(8)}
+    for folder, files in names.items():
+        (top / folder).mkdir(parents=True)
+        for f in files:
+            (top / folder / f).write_text(f)
+    stop = threading.Event()
+    seen: list[tuple[str, list[str]]] = []
+    errors: list[BaseException] = []
+
+    def lister():
+        try:
+            while not stop.is_set():
+                for folder in names:
+                    try:
+                        seen.append((folder, os.listdir(b.mp / "doomed" / folder)))
+                    except FileNotFoundError:
+                        pass
+        except BaseException as exc:   # reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=lister)
+    thread.start()
+    try:
+        subprocess.run(["rm", "-rf", str(top)], check=True)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not errors, errors
+    assert seen, "B listed nothing while A removed"
+    for folder, listed in seen:
+        assert set(listed) <= names[folder], (folder, listed)
+    # (a stat on B may answer from its kernel's cache for a second, as with any change
+    # by another client; a listing asks the server)
+    assert "doomed" not in os.listdir(b.mp)
+
+
+def test_changes_are_answered_while_the_metadata_server_is_stopped(tmp_path):
+    """The observable difference of a held lease: with the metadata server stopped
+    (SIGSTOP), unlink and rename in a folder the mount holds return at once, a listing
+    waits for the server; after SIGCONT the server has them. A mount with ``-o
+    sync_namespace`` waits for the server at every change."""
+    with ProcessCluster(tmp_path, n_storage=1, settings=SETTINGS) as cluster:
+        leased = Mount(cluster, "leased").start()
+        sync = Mount(cluster, "sync", "-o", "sync_namespace").start()
+        try:
+            for m in (leased, sync):
+                (m.mp / m.name).mkdir()
+                for n in range(4):
+                    (m.mp / m.name / f"f{n}").write_text("x")
+                os.unlink(m.mp / m.name / "f0")   # the first change takes the lease
+            meta = cluster.pid("meta")
+            os.kill(meta, signal.SIGSTOP)
+            try:
+                os.unlink(leased.mp / "leased" / "f1")
+                os.rename(leased.mp / "leased" / "f2", leased.mp / "leased" / "g2")
+                waiter = threading.Thread(target=os.unlink, args=(sync.mp / "sync" / "f1",))
+                waiter.start()
+                waiter.join(1.0)
+                assert waiter.is_alive(), "an unlink on the sync_namespace mount returned " \
+                                          "while the metadata server was stopped"
+                listing = []
+                lister = threading.Thread(
+                    target=lambda: listing.extend(os.listdir(leased.mp / "leased")))
+                lister.start()
+                lister.join(0.5)
+                assert lister.is_alive(), "a listing was answered without the server"
+            finally:
+                os.kill(meta, signal.SIGCONT)
+            waiter.join(30)
+            lister.join(30)
+            assert sorted(listing) == ["f3", "g2"]
+            with cluster.client() as cli:
+                assert sorted(s.name for s in cli.list_status("/leased")) == ["f3", "g2"]
+                assert sorted(s.name for s in cli.list_status("/sync")) == ["f2", "f3"]
+        finally:
+            for m in (leased, sync):
+                m.stop()
+                m.cleanup()
+
+
+# ------------------------------------------------------------------ crashes
+
+REMOVER = r"""
+import os, sys
+top, log = sys.argv[1], sys.argv[2]
+with open(log, "w") as out:
+    for folder in sorted(os.listdir(top)):
+        for name in sorted(os.listdir(os.path.join(top, folder))):
+            path = os.path.join(top, folder, name)
+            if name.endswith("0"):
+                os.rename(path, path + "-moved")
+                out.write(f"rename {folder}/{name} {folder}/{name}-moved\n")
+            else:
+                os.unlink(path)
+                out.write(f"unlink {folder}/{name}\n")
+            out.flush()
+        os.rename(os.path.join(top, folder), os.path.join(top, folder + "-done"))
+        out.write(f"rename {folder} {folder}-done\n")
+        out.flush()
+"""
+
+
+def apply_ops(start: set[str], ops: list[str]) -> set[str]:
+    """The tree (relative paths) after ``ops`` (``unlink P``, ``rename S D``) from
+    ``start``; a folder rename moves what is below it."""
+    current = set(start)
+    for op in ops:
+        kind, *args = op.split()
+        if kind == "unlink":
+            current.remove(args[0])
+        else:
+            src, dst = args
+            moved = {p for p in current if p == src or p.startswith(src + "/")}
+            current -= moved
+            current |= {dst + p[len(src):] for p in moved}
+    return current
+
+
+def test_a_mount_killed_mid_removal_leaves_a_prefix_of_its_operations(tmp_path):
+    """kill -9 of a mount while a script unlinks and renames through it (each operation
+    logged once it returned): the server's namespace equals the starting tree after the
+    first k operations for some k (no operation applied out of order, none half-done), and
+    the store's invariants hold."""
+    with ProcessCluster(tmp_path, n_storage=1, settings=SETTINGS) as cluster:
+        with cluster.client() as cli:
+            for i in range(10):
+                for j in range(60):
+                    cli.write_file(f"/tree/d{i}/f{j}", b"x")
+        start = {f"d{i}" for i in range(10)} | {
+            f"d{i}/f{j}" for i in range(10) for j in range(60)}
+        m = Mount(cluster, "victim").start()
+        log = tmp_path / "ops.log"
+        script = subprocess.Popen([sys.executable, "-c", REMOVER, str(m.mp / "tree"), str(log)])
+        try:
+            assert poll_until(lambda: log.exists() and
+                              log.read_text().count("\n") >= 250, 60), "the script stalled"
+            m.proc.kill()
+            m.proc.wait(30)
+            script.wait(30)
+        finally:
+            if script.poll() is None:
+                script.kill()
+            m.proc = None
+            m.cleanup()
+        ops = log.read_text().splitlines()
+        with cluster.client() as cli:
+            found = set()
+            for status in walk(cli, "/tree"):
+                found.add(os.path.relpath(status.path, "/tree"))
+        prefixes = [k for k in range(len(ops) + 2)
+                    if k <= len(ops) and apply_ops(start, ops[:k]) == found]
+        assert prefixes, (f"the server's tree is no prefix of the {len(ops)} operations "
+                          f"logged: {len(found)} paths")
+        assert prefixes[-1] >= 1
+        cluster.stop()
+        assert store_problems(cluster) == []
+
+
+def test_changes_survive_a_metadata_server_restart(tmp_path):
+    """Changes made under a lease and fsync'ed before kill -9 of the metadata server are
+    there after its restart; changes made while it was down (the lease is still held:
+    grants are journaled) are sent once it is back; another client then sees both."""
+    with ProcessCluster(tmp_path, n_storage=1, settings=SETTINGS) as cluster:
+        m = Mount(cluster, "holder").start()
+        try:
+            d = m.mp / "kept"
+            d.mkdir()
+            for n in range(6):
+                (d / f"f{n}").write_text(str(n))
+            os.unlink(d / "f0")
+            os.rename(d / "f1", d / "g1")
+            fd = os.open(d, os.O_RDONLY)
+            try:
+                os.fsync(fd)   # durable from here
+            finally:
+                os.close(fd)
+            cluster.kill_meta()
+            os.unlink(d / "f2")   # decided under the lease, queued while the server is down
+            cluster.start_meta()
+            cluster.wait_ready()
+            with cluster.client() as cli:
+                names = sorted(s.name for s in cli.list_status("/kept"))
+            assert names == ["f3", "f4", "f5", "g1"]
+            assert sorted(os.listdir(d)) == names
+            assert (d / "g1").read_text() == "1"
+        finally:
+            m.stop()
+            m.cleanup()
