@@ -35,6 +35,8 @@ def packb(obj) -> bytes:
 
 
 MAX_CONTAINER_ITEMS = 4 << 20   # entries in one array or map
+# the fewest arrays/maps a frame body may nest (a bigger body: one per 4 bytes)
+_UNCOUNTED_BODY = 1024
 
 
 class _TooManyContainers(Exception):
@@ -49,7 +51,15 @@ def unpackb(body) -> object:
     ``MAX_CONTAINER_ITEMS`` entries and the frame at most one container per 4 body bytes
     (real messages use far fewer: a block report entry is ~25 bytes)."""
     size = len(body)
-    budget = [max(1024, size // 4)]
+    if size <= _UNCOUNTED_BODY:
+        # every array or map takes at least one byte, so a body this small cannot exceed
+        # the budget: decode without the per-container hook (most requests and replies)
+        try:
+            return msgpack.unpackb(body, raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises several unrelated types
+            raise ProtocolError(f"frame body is not valid msgpack: {exc}") from None
+    budget_total = max(_UNCOUNTED_BODY, size // 4)
+    budget = [budget_total]
 
     def count(obj):
         budget[0] -= 1
@@ -63,7 +73,7 @@ def unpackb(body) -> object:
                                max_map_len=MAX_CONTAINER_ITEMS, max_str_len=size,
                                max_bin_len=size, max_ext_len=size)
     except _TooManyContainers:
-        raise ProtocolError(f"frame of {size} bytes nests more than {max(1024, size // 4)} "
+        raise ProtocolError(f"frame of {size} bytes nests more than {budget_total} "
                             f"arrays/maps") from None
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(f"frame body is not valid msgpack: {exc}") from None

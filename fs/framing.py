@@ -223,7 +223,10 @@ class FrameChannel:
       tasks of the same scheduler round, and leave in one ``write``: the replies to one
       batch, or the requests of the many tasks one batch of replies woke, travel together.
       A sender that knows more frames follow passes ``defer`` (the RPC server, for a reply
-      while other calls of the connection are running): then the first one waits too.
+      while other calls of the connection are running): then the first one waits too. A
+      task that makes several frames in one step may ``hold`` them and ``flush_nowait``
+      once: one write from that task, no flusher wake-up (the RPC reader's answers to the
+      reads of one batch of requests).
 
     Other streams (in-memory test streams) get the same interface through the stream's own
     awaited calls. Frames and their limits are ``FramedStream``'s: 4-byte length + msgpack
@@ -266,6 +269,7 @@ class FrameChannel:
         self._error: BaseException | None = None   # raised by the next receive
         self._out = bytearray()   # queued bytes the flusher has not written yet
         self._wake = trio.Event()         # set: the flusher has work
+        self._holding = False             # frames queued with ``hold`` since the last flush
         # a sender waiting in drained() waits on this; the flusher sets it after a write
         # (created only then: no Event per write on the hot path)
         self._progress: trio.Event | None = None
@@ -388,15 +392,21 @@ class FrameChannel:
             raise connection_lost(self.stream, exc) from None
 
     # ------------------------------------------------------------------ sending
-    def send_nowait(self, obj, *, defer: bool = False) -> None:
+    def send_nowait(self, obj, *, defer: bool = False, hold: bool = False) -> None:
         """Queue one frame for the flusher; ``ServerUnavailable`` if the channel is broken;
         encoding errors (``TypeError``/``ValueError``) before anything is queued.
         ``defer``: even a first frame waits for the flusher (the caller knows more frames
-        follow in this scheduler round: one write for all of them, not two)."""
+        follow in this scheduler round: one write for all of them, not two). ``hold``:
+        queue it without waking the flusher; the caller calls ``flush_nowait`` before it
+        next awaits (the RPC reader, for the replies it makes while parsing one batch)."""
         data = encode_frame(obj)
         if self.broken is not None:
             raise ServerUnavailable(f"connection lost: {self.broken}")
         self.stats.frames_out += 1
+        if hold:
+            self._out += data
+            self._holding = True
+            return
         if not defer and not self._out and not self._wake.is_set() and self._socket is not None:
             # the first frame since the flusher last ran goes out at once (no added
             # latency for a lone call); frames sent after it in the same scheduler round
@@ -413,6 +423,31 @@ class FrameChannel:
                 self._out += memoryview(data)[sent:]
         else:
             self._out += data
+        self._wake.set()
+
+    def flush_nowait(self) -> None:
+        """Write what is queued from the caller's task, without waiting: the frames a task
+        ``hold``-queued in one step leave in one ``write``, and the flusher is woken only
+        for what the socket did not take (a wake-up per batch saved)."""
+        if not self._holding:
+            return
+        self._holding = False
+        if not self._out:
+            return
+        if self._socket is not None and self.broken is None:
+            try:
+                sent = os.write(self._socket.fileno(), self._out)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                self._break(exc)
+                return
+            if sent:
+                del self._out[:sent]
+                self.stats.writes += 1
+                self._wake_drained()
+            if not self._out:
+                return
         self._wake.set()
 
     @property

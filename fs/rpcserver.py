@@ -11,7 +11,8 @@ public names.
 Server side: ``serve_rpc`` reads requests and runs each mutation in a worker task of the
 connection (one per call in flight, reused for the next call rather than started anew), so
 one slow call (a journal fsync) never blocks the others on the connection; reads that never await
-(``Dispatcher.inline_methods``) run in the reader itself. A malformed request gets an
+(``Dispatcher.inline_methods``) run in the reader itself, and their replies to one batch of
+requests leave in one write at its end. A malformed request gets an
 error reply and the connection keeps serving; only an unreadable frame (too large, not
 msgpack) ends the connection, after a best-effort error reply. Handler bugs are logged and
 answered with ``InternalError``; the server never dies on a client's mistake.
@@ -241,21 +242,23 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
     slots = trio.Semaphore(max_concurrent_calls)
     running = [0, trio.current_time()]     # calls in flight, trio time the last one ended
 
-    def reply(call_id, ok, value) -> None:
+    def reply(call_id, ok, value, hold: bool = False) -> None:
         # other calls of this connection still running (a journal batch wakes them in one
         # scheduler round): their replies and this one leave in one write by the flusher; a
-        # lone call's reply (a mount's calls come one at a time) leaves at once
+        # lone call's reply (a mount's calls come one at a time) leaves at once. ``hold``:
+        # a read answered in the reader, whose replies leave together at the end of the
+        # batch of requests (``flush_nowait``)
         defer = running[0] > 1
         try:
             try:
                 channel.send_nowait([call_id, ok, value, dispatcher.state_id()]
                                     if session.get("state_id") else [call_id, ok, value],
-                                    defer=defer)
+                                    defer=defer, hold=hold)
             except (TypeError, ValueError) as exc:  # result not msgpack-serialisable: a bug
                 log.exception("cannot encode reply to call %r", call_id)
                 channel.send_nowait(
                     [call_id, False, InternalError(f"cannot encode reply: {exc}").to_wire()],
-                    defer=defer)
+                    defer=defer, hold=hold)
         except ServerUnavailable:
             pass  # the client went away; nothing to tell it
 
@@ -264,6 +267,9 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                     peer, send_timeout)
 
     async def run_call(ctx: CallContext, method, args, holds_slot: bool):
+        # a call without a slot is an inline read run by the reader: its reply is held for
+        # the reader's one write per batch
+        hold = not holds_slot
         running[0] += 1
         # the clock is read only while observed: the hook costs nothing when unset
         start = clock() if observe is not None else 0.0
@@ -273,12 +279,13 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                 result = await dispatcher.dispatch(ctx, method, args)
             except LeaseFSError as exc:
                 result_kind = type(exc).__name__
-                reply(ctx.call_id, False, exc.to_wire())
+                reply(ctx.call_id, False, exc.to_wire(), hold)
             except Exception as exc:  # a bug: log it, answer, keep serving
                 result_kind = "InternalError"
                 log.exception("RPC %s from %s failed", brief(method, 40), ctx.peer)
                 reply(ctx.call_id, False, InternalError(
-                    f"{brief(method, 40)}: internal error: {type(exc).__name__}: {exc}").to_wire())
+                    f"{brief(method, 40)}: internal error: {type(exc).__name__}: {exc}").to_wire(),
+                    hold)
             else:
                 if not trusted[0] and dispatcher.authenticated(session):
                     # before the reply: the peer's next frame may be a large one
@@ -288,7 +295,7 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                         closed_for[0] = refused
                         reading_scope[0].cancel()
                         return
-                reply(ctx.call_id, True, result)
+                reply(ctx.call_id, True, result, hold)
         finally:
             running[0] -= 1
             running[1] = trio.current_time()
@@ -382,12 +389,14 @@ async def serve_rpc(stream: trio.abc.Stream, dispatcher: Dispatcher, *,
                 try:
                     slots.acquire_nowait()
                 except trio.WouldBlock:
+                    channel.flush_nowait()   # the held replies go before the wait
                     await slots.acquire()
                 if len(idle):
                     pending.append((ctx, method, args))
                     idle.unpark()
                 else:
                     nursery.start_soon(worker, ctx, method, args)
+            channel.flush_nowait()
             if channel.backlogged:     # a peer that does not read its replies: stop reading
                 await channel.drained()
 

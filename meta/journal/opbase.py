@@ -186,7 +186,12 @@ class Op:
                 raise MalformedRecord(f"{cls.NAME} record without {name!r}")
         if len(values) != len(args):
             values["extra"] = tuple((k, v) for k, v in args.items() if k not in cls._names)
-        return cls(**values)
+        # what the frozen dataclass ``__init__`` would do, without its setattr per field
+        # (every applied record is decoded here): the fields it leaves out read their
+        # defaults from the class, as ``register`` makes them (no field has a factory)
+        op = object.__new__(cls)
+        op.__dict__.update(values)
+        return op
 
     def to_wire(self) -> tuple[str, dict]:
         """The record as the journal writes it: ``(op name, args)``."""
@@ -247,6 +252,10 @@ def register(cls):
         if name in cls._names:
             raise InternalError(f"journal op {cls.NAME}: {name!r} is the retry cache's key")
     cls._required = frozenset(f.name for f in fields if f.default is not ABSENT)
+    if any(f.default_factory is not dataclasses.MISSING for f in fields) or \
+            hasattr(cls, "__post_init__"):
+        # ``from_args`` fills the instance's dict directly: nothing may need ``__init__``
+        raise InternalError(f"journal op {cls.NAME}: no default factory or __post_init__")
     if cls.NAME in OPS:
         raise InternalError(f"journal op {cls.NAME} registered twice")
     OPS[cls.NAME] = cls

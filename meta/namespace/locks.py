@@ -105,12 +105,15 @@ class _Waiter:
 
 
 class RWLock:
-    """A FIFO-fair readers-writer lock for trio tasks."""
+    """A FIFO-fair readers-writer lock for trio tasks. A path lock lives for one mutation
+    and is rarely waited for: its queue is made by the first waiter."""
+
+    __slots__ = ("readers", "writer", "_queue")
 
     def __init__(self):
         self.readers = 0
         self.writer = False
-        self._queue: deque[_Waiter] = deque()
+        self._queue: deque[_Waiter] | None = None
 
     def _grantable(self, write: bool) -> bool:
         if self.writer:
@@ -124,8 +127,9 @@ class RWLock:
             self.readers += 1
 
     def _wake(self) -> None:
-        while self._queue and self._grantable(self._queue[0].write):
-            waiter = self._queue.popleft()
+        queue = self._queue
+        while queue and self._grantable(queue[0].write):
+            waiter = queue.popleft()
             self._grant(waiter.write)
             waiter.granted = True
             waiter.event.set()
@@ -148,6 +152,8 @@ class RWLock:
         if self.try_acquire(write):
             return
         waiter = _Waiter(write)
+        if self._queue is None:
+            self._queue = deque()
         self._queue.append(waiter)
         try:
             await waiter.event.wait()

@@ -113,6 +113,10 @@ def permits(caller: Caller, inode: Inode, access: int) -> bool:
     return bits & access == access
 
 
+#: distinct (user, groups) identities ``PermissionChecker.caller`` remembers
+CALLERS_KEPT = 1024
+
+
 class PermissionChecker:
     """The checks of one metadata server (its superuser, supergroup, on/off switch)."""
 
@@ -120,10 +124,25 @@ class PermissionChecker:
         self.superuser = superuser
         self.supergroup = supergroup
         self.enabled = enabled
+        # callers by (user, groups): every RPC asks, and a frozen Caller cost more to build
+        # than many a handler's own work; a connection's identity repeats call after call
+        self._callers: dict[tuple, Caller] = {}
 
     def caller(self, user: str, groups: Sequence[str] = ()) -> Caller:
-        groups = frozenset(groups)
-        return Caller(user, groups, user == self.superuser or self.supergroup in groups)
+        key = (user, groups)
+        try:
+            known = self._callers.get(key)
+        except TypeError:   # groups given as a list: not remembered
+            key, known = None, None
+        if known is not None:
+            return known
+        frozen = frozenset(groups)
+        known = Caller(user, frozen, user == self.superuser or self.supergroup in frozen)
+        if key is not None:
+            if len(self._callers) >= CALLERS_KEPT:
+                self._callers.clear()
+            self._callers[key] = known
+        return known
 
     def applies_to(self, caller: Caller) -> bool:
         """False when nothing is checked for this caller (checks off, or the superuser)."""

@@ -12,6 +12,13 @@ are still freed by reference counting; only cyclic garbage among them waits for 
 periodic ``gc.unfreeze(); gc.collect()`` every ``gc_full_collect_interval`` seconds: one
 long pause per interval instead of one per few thousand mutations.
 
+The youngest generation is collected every ``YOUNG_THRESHOLD`` allocations instead of
+CPython's 700: an RPC allocates a few dozen containers that die by reference counting a
+moment later, but with a 700 threshold a collection came every dozen calls and walked the
+calls in flight and the walks and entries just cached, promoting them for the older
+generations to walk again (measured in-process: a third of a getFileInfo's CPU). A young
+collection of this size still takes well under a millisecond.
+
 Concurrency contract: process-global (the ``gc`` module). ``install`` from the trio thread of
 the process's one metadata server; a second ``install`` while one is active is refused
 (tests run several servers in one process: only the first one governs).
@@ -28,6 +35,9 @@ import trio
 log = logging.getLogger(__name__)
 
 _active: "GcGovernor | None" = None
+
+#: allocations between two collections of the youngest generation (CPython's default: 700)
+YOUNG_THRESHOLD = 20_000
 
 
 class GcGovernor:
@@ -62,6 +72,8 @@ class GcGovernor:
             await trio.sleep_forever()
         _active = self
         gc.callbacks.append(self._on_gc)
+        thresholds = gc.get_threshold()
+        gc.set_threshold(max(YOUNG_THRESHOLD, thresholds[0]), *thresholds[1:])
         try:
             gc.collect()
             gc.freeze()        # what recovery loaded is long-lived
@@ -80,5 +92,6 @@ class GcGovernor:
                          gc.get_freeze_count())
         finally:
             gc.callbacks.remove(self._on_gc)
+            gc.set_threshold(*thresholds)
             gc.unfreeze()
             _active = None
