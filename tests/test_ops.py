@@ -268,5 +268,7 @@ def test_unknown_and_malformed_records_name_their_txid():
 
 
 def test_lazy_ops_are_the_namespace_only_ones():
+    # directory lease grants and releases are as lazy as the holder's changes they cover
     assert LAZY_OPS == {"MKDIR", "ADD", "SYMLINK", "CLOSE", "DELETE", "RENAME", "RENAMES",
-                        "SET_PERMISSIONS", "SET_OWNER", "TIMES", "FSYNC", "INLINE"}
+                        "SET_PERMISSIONS", "SET_OWNER", "TIMES", "FSYNC", "INLINE",
+                        "DIR_LEASE_GRANT", "DIR_LEASE_RELEASE"}
