@@ -488,62 +488,49 @@ class Journal:
     async def _flush_once(self) -> None:
         """Write the whole pending batch (+ fsync in one worker call when a caller waits for
         durability), apply it, wake its waiters."""
-        # taken without a scheduler pass when free (``async with`` yields even then): once
-        # per batch, and the syncer has just been woken for it
-        lock = self._sync_lock
-        try:
-            lock.acquire_nowait()
-        except trio.WouldBlock:
-            await lock.acquire()
-        try:
-            await self._flush_locked()
-        finally:
-            lock.release()
-
-    async def _flush_locked(self) -> None:
-        """``_flush_once``'s work, under ``_sync_lock``."""
-        batch = self._pending
-        if not batch.records or self._failure is not None:
-            return
-        self._pending = _Batch()
-        data = b"".join(batch.chunks)
-        first, last = batch.records[0].txid, batch.records[-1].txid
-        if self.replicator is not None:
-            await self._flush_replicated(batch, data)
-            return
-        if batch.durable:
-            if self.observer is not None:
-                self.observer("fsync_start", first, last)
-            started = time.perf_counter()
-            try:
-                await self._thread.run(self._write_and_fsync, data)
-            except OSError as exc:
-                await self._write_failed(exc, batch)
+        async with self._sync_lock:
+            batch = self._pending
+            if not batch.records or self._failure is not None:
                 return
-            self.stats.fsyncs += 1
-            if self.sync_observer is not None:
-                # records made durable: this batch and any written lazily before it
-                self.sync_observer(time.perf_counter() - started, last - self.durable_txid)
-        else:
-            try:
-                self._write(data)
-            except OSError as exc:
-                await self._write_failed(exc, batch)
+            self._pending = _Batch()
+            data = b"".join(batch.chunks)
+            first, last = batch.records[0].txid, batch.records[-1].txid
+            if self.replicator is not None:
+                await self._flush_replicated(batch, data)
                 return
-        # from here to the wake-up there is no checkpoint: written (durable) → applied →
-        # acknowledged
-        self._count_written(batch.records, data)
-        if batch.durable:
-            if self.observer is not None:
-                self.observer("fsync_end", first, last)
-            self._mark_durable(last)
-        if not self._apply_or_stop(batch.records):
-            return
-        batch.written.set()
-        if batch.durable:
-            batch.done.set()
-        else:   # its callers are answered; the background fsync follows
-            self._unsynced_wakeup.unpark_all()
+            if batch.durable:
+                if self.observer is not None:
+                    self.observer("fsync_start", first, last)
+                started = time.perf_counter()
+                try:
+                    await self._thread.run(self._write_and_fsync, data)
+                except OSError as exc:
+                    await self._write_failed(exc, batch)
+                    return
+                self.stats.fsyncs += 1
+                if self.sync_observer is not None:
+                    # records made durable: this batch and any written lazily before it
+                    self.sync_observer(time.perf_counter() - started, last - self.durable_txid)
+            else:
+                try:
+                    self._write(data)
+                except OSError as exc:
+                    await self._write_failed(exc, batch)
+                    return
+            # from here to the wake-up there is no checkpoint: written (durable) → applied →
+            # acknowledged
+            self._count_written(batch.records, data)
+            if batch.durable:
+                if self.observer is not None:
+                    self.observer("fsync_end", first, last)
+                self._mark_durable(last)
+            if not self._apply_or_stop(batch.records):
+                return
+            batch.written.set()
+            if batch.durable:
+                batch.done.set()
+            else:   # its callers are answered; the background fsync follows
+                self._unsynced_wakeup.unpark_all()
 
     async def _flush_replicated(self, batch: _Batch, data: bytes) -> None:
         """ha = etcd, under ``_sync_lock``: the batch is durable once the replicated log has
