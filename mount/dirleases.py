@@ -179,6 +179,34 @@ class DirLeaseHolder:
         self._leases[kernel_ino] = leased
         return leased
 
+    async def listing(self, kernel_ino: int, path: str) -> list[FileStatus] | None:
+        """A folder's listing from its lease, or None (list it on the server): the lease
+        held here, or taken now when the folder's parent is held (a tree being changed
+        here, as by rm -rf: the grant is the listing, one call instead of two). Not while
+        a name in it was changed here (its attributes are the server's to say)."""
+        if not self.enabled:
+            return None
+        leased = self.held(kernel_ino)
+        if leased is None:
+            parent = path.rpartition("/")[0] or "/"
+            if path == "/" or not any(self._path_of(d.kernel_ino) == parent and not d.giving_back
+                                      for d in self._leases.values()):
+                return None
+            leased = await self.lease_for(kernel_ino, path)
+            if leased is None:
+                return None
+        if leased.stale:
+            return None
+        out = []
+        for name in sorted(leased.entries):
+            entry = leased.entries[name]
+            text = os.fsdecode(name)
+            if entry.name != text:   # renamed here: the lease keeps its status as it was
+                entry = dataclasses.replace(
+                    entry, name=text, path=("/" if path == "/" else path + "/") + text)
+            out.append(entry)
+        return out
+
     def changed(self, leased: LeasedDir, *, children: int = 0, subdirs: int = 0,
                 now: int | None = None) -> int:
         """A change decided here at ``now`` (default: the clock's): the directory's times

@@ -237,6 +237,12 @@ class Names:
             if handle.complete:
                 return
             start_after = handle.names[-1] if handle.names else ""
+            if not start_after:
+                listed = await self._leases.listing(handle.ino, path)
+                if listed is not None:   # the lease's entries are the folder's
+                    handle.fetched.extend(listed)
+                    handle.complete = True
+                    continue
             entries, more = await self._client.list_page(path, start_after, READDIR_PAGE)
             for entry in entries:
                 if entry.path == path:   # a file lists itself: no longer a directory
