@@ -106,10 +106,14 @@ class LeasedDir:
 class DirLeaseHolder:
     """The directory leases of one mount and its queue of changes."""
 
-    def __init__(self, client, path_of: Callable[[int], str | None], *,
-                 enabled: bool = True, timeout: float = 30.0):
+    def __init__(self, client, path_of: Callable[[int], str | None],
+                 is_open: Callable[[int], bool], *, enabled: bool = True,
+                 timeout: float = 30.0):
         self._client = client
         self._path_of = path_of    # a kernel inode's path as the mount knows it
+        # whether a namespace inode is open here (its size and times are the mount's own
+        # until its release completes it: a snapshot's status of it may be behind)
+        self._is_open = is_open
         self.enabled = enabled
         # a call waiting for the queue fails (EIO) after this long, as one waiting for
         # an unreachable server does
@@ -175,7 +179,8 @@ class DirLeaseHolder:
         status = FileStatus.from_wire(grant["attrs"])
         entries = {os.fsencode(e["name"]): FileStatus.from_wire(e) for e in grant["entries"]}
         leased = LeasedDir(kernel_ino, status.ino, grant["epoch"], status, entries,
-                           used=trio.current_time())
+                           used=trio.current_time(),
+                           stale={name for name, e in entries.items() if self._is_open(e.ino)})
         self._leases[kernel_ino] = leased
         return leased
 

@@ -85,8 +85,10 @@ class LeaseFS(pyfuse3.Operations):
                                entry_timeout=entry_timeout, attr_timeout=attr_timeout,
                                negative_timeout=negative_timeout)
         # ``dir_leases`` False: every namespace change is synchronous (-o sync_namespace)
-        self.leases = DirLeaseHolder(client, self.view.known_path, enabled=dir_leases,
-                                     timeout=client.config.rpc_timeout)
+        self.leases = DirLeaseHolder(
+            client, self.view.known_path,
+            lambda ino: self.open_files.get(self.view.kernel_ino(ino)) is not None,
+            enabled=dir_leases, timeout=client.config.rpc_timeout)
         if dir_leases:
             client.barrier = self.leases.barrier
         self.writer = Writer(client, self.view, self.open_files, self.leases,

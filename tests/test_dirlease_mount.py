@@ -433,6 +433,15 @@ def test_files_open_here_keep_their_content_through_unlink_and_rename(cluster, u
     assert os.stat(d / "b").st_size == 140
     os.chmod(d / "grow", 0o600)
     assert os.stat(d / "grow").st_mode & 0o777 == 0o600
+    # files closed just before a grant, and renamed under it: every lookup (none cached)
+    # is answered with the size written
+    e = uncached.mp / "fresh-grant"
+    e.mkdir()
+    (e / "other").write_text("o")
+    for n in range(5):
+        (e / f"w{n}").write_text("z" * (10 + n))
+        os.unlink(e / "other") if n == 0 else os.rename(e / f"w{n - 1}", e / f"v{n - 1}")
+        assert os.stat(e / f"w{n}").st_size == 10 + n
     with cluster.client() as cli:
         assert sorted(s.name for s in cli.list_status("/open-here")) == ["b", "grow"]
         assert cli.get_file_status("/open-here/b").length == 140
