@@ -310,3 +310,49 @@ def test_rm_rmdir_and_mv_whose_replies_a_failover_lost_succeed(tmp_path):
         if dropper is not None:
             dropper.close()
         ha.stop()
+
+
+def test_directory_leases_ride_through_a_kill9_of_the_active(tmp_path):
+    """A mount holds a folder's lease (journaled grant, replicated) and has unlinked and
+    renamed there, fsync'ed; the active is killed. The successor rebuilt the lease from the
+    log: the mount goes on changing the folder under it, its queued changes reach the new
+    active, and another client then sees every change, the fsync'ed ones and the later."""
+    ha = HACluster(tmp_path, n_meta=2, n_storage=0)
+    mount = None
+    try:
+        ha.start()
+        mount = Mount(ha, "leases")
+        mount.start()
+        d = mount.mp / "held"
+        d.mkdir()
+        for n in range(8):
+            (d / f"f{n}").write_text(str(n))
+        os.unlink(d / "f0")                     # takes the lease
+        os.rename(d / "f1", d / "g1")
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)                        # durable (replicated) from here
+        finally:
+            os.close(fd)
+        active = ha.wait_active()
+        ha.kill_meta(active)
+        ha.wait_active(besides=active)
+        os.unlink(d / "f2")                     # under the same lease, on the successor
+        os.rename(d / "f3", d / "g3")
+        assert sorted(os.listdir(d)) == ["f4", "f5", "f6", "f7", "g1", "g3"]
+        with ha_client(ha) as cli:
+            assert sorted(s.name for s in cli.list_status("/held")) == \
+                ["f4", "f5", "f6", "f7", "g1", "g3"]
+            assert cli.read_file("/held/g3") == b"3"
+        mount.stop()
+    finally:
+        if mount is not None:
+            mount.cleanup()
+        ha.stop()
+
+
+def ha_client(ha: HACluster):
+    """A CLI client of the HA cluster: every metadata server in its list."""
+    from fs.client import Client
+
+    return Client(",".join(ha.address(n) for n in ha.statuses()), config=ha.config())
