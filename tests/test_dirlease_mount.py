@@ -312,6 +312,21 @@ with open(log, "w") as out:
 """
 
 
+def kill_mount_while(m: Mount, worker: subprocess.Popen, progressed, what: str) -> None:
+    """kill -9 of mount ``m`` once ``progressed()`` while ``worker`` works through it (the
+    worker's next call then fails and it ends)."""
+    try:
+        assert poll_until(progressed, 120), f"{what} stalled"
+        m.proc.kill()
+        m.proc.wait(30)
+        worker.wait(30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        m.proc = None
+        m.cleanup()
+
+
 def apply_ops(start: set[str], ops: list[str]) -> set[str]:
     """The tree (relative paths) after ``ops`` (``unlink P``, ``rename S D``) from
     ``start``; a folder rename moves what is below it."""
@@ -343,17 +358,8 @@ def test_a_mount_killed_mid_removal_leaves_a_prefix_of_its_operations(tmp_path):
         m = Mount(cluster, "victim").start()
         log = tmp_path / "ops.log"
         script = subprocess.Popen([sys.executable, "-c", REMOVER, str(m.mp / "tree"), str(log)])
-        try:
-            assert poll_until(lambda: log.exists() and
-                              log.read_text().count("\n") >= 250, 60), "the script stalled"
-            m.proc.kill()
-            m.proc.wait(30)
-            script.wait(30)
-        finally:
-            if script.poll() is None:
-                script.kill()
-            m.proc = None
-            m.cleanup()
+        kill_mount_while(m, script, lambda: log.exists() and
+                         log.read_text().count("\n") >= 250, "the script")
         ops = log.read_text().splitlines()
         with cluster.client() as cli:
             found = set()
@@ -465,19 +471,9 @@ def test_a_mount_killed_mid_tar_leaves_a_prefix_of_the_archive(tmp_path):
         (m.mp / "x").mkdir()
         tar = subprocess.Popen(["tar", "-xf", str(archive)], cwd=m.mp / "x",
                                stderr=subprocess.DEVNULL)
-        try:
-            top = m.mp / "x" / order[0]
-            assert poll_until(lambda: top.exists() and sum(
-                len(f) + len(d) for _, d, f in os.walk(top)) >= len(order) // 2, 120), \
-                "tar stalled"
-            m.proc.kill()
-            m.proc.wait(30)
-            tar.wait(30)
-        finally:
-            if tar.poll() is None:
-                tar.kill()
-            m.proc = None
-            m.cleanup()
+        top = m.mp / "x" / order[0]
+        kill_mount_while(m, tar, lambda: top.exists() and sum(
+            len(f) + len(d) for _, d, f in os.walk(top)) >= len(order) // 2, "tar")
         with cluster.client() as cli:
             found = {os.path.relpath(s.path, "/x") for s in walk(cli, "/x")} | {order[0]}
             k = max(i for i, rel in enumerate(order) if rel in found) + 1
