@@ -300,6 +300,10 @@ class DirLeaseHolder:
     def pending(self) -> int:
         return self._queued - self._acked
 
+    @property
+    def held_count(self) -> int:
+        return len(self._leases)
+
     async def flush(self) -> None:
         """Return once every change queued before the call was answered by the server."""
         target = self._queued

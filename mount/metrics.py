@@ -7,15 +7,16 @@ through (pipeline recoveries) are only known in the mount process.
 
 Where the numbers come from: ``mount.errors.fuse_op``, which wraps every handler, calls
 ``observe_op`` once per FUSE request and adds the bytes of ``read``/``write`` answers; the
-pipeline recoveries are the client's count (``AsyncClient.pipeline_recoveries``), read at
-scrape time.
+pipeline recoveries are the client's count (``AsyncClient.pipeline_recoveries``), and the
+directory leases' figures (changes answered ahead of the server, batches, lost, pending,
+leases held) the ``DirLeaseHolder``'s, read at scrape time.
 
 Concurrency contract: everything runs on the mount's trio thread; nothing awaits.
 """
 
 from __future__ import annotations
 
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from fs.metrics import Counters, Histograms, new_registry, register
 
@@ -25,8 +26,9 @@ PREFIX = "leasefs_mount_"
 class MountMetrics:
     """The metrics of one mount (its own registry)."""
 
-    def __init__(self, client):
+    def __init__(self, client, leases=None):
         self.client = client
+        self.leases = leases   # the mount's DirLeaseHolder: its changes made ahead
         self.registry = new_registry()
         self.ops = Counters(PREFIX + "fuse_ops", "FUSE requests answered, by operation and "
                             "result (ok or the errno's name)", ("op", "result"))
@@ -51,6 +53,23 @@ class MountMetrics:
         yield CounterMetricFamily(PREFIX + "pipeline_recoveries", "Pipeline recoveries the "
                                   "mount's writers went through",
                                   value=self.client.pipeline_recoveries)
+        if self.leases is not None:
+            leases = self.leases
+            yield CounterMetricFamily(PREFIX + "dir_lease_changes", "Namespace changes "
+                                      "answered under a directory lease, before the "
+                                      "metadata server applied them",
+                                      value=leases.local_changes)
+            yield CounterMetricFamily(PREFIX + "dir_lease_batches", "dir_batch calls that "
+                                      "sent them", value=leases.batches)
+            yield CounterMetricFamily(PREFIX + "dir_lease_lost", "Changes answered here that "
+                                      "the metadata server refused or that a lease ending "
+                                      "under the mount lost (each is logged)",
+                                      value=leases.lost)
+            yield GaugeMetricFamily(PREFIX + "dir_lease_pending", "Changes answered here "
+                                    "and not yet applied by the metadata server",
+                                    value=leases.pending)
+            yield GaugeMetricFamily(PREFIX + "dir_leases_held", "Directory leases held",
+                                    value=leases.held_count)
 
 
 __all__ = ["MountMetrics", "PREFIX"]

@@ -75,7 +75,6 @@ class LeaseFS(pyfuse3.Operations):
                  cache_limit: int = 8 << 30, file_settings: FileSettings | None = None,
                  root: str = "/", root_ino: int | None = None, dir_leases: bool = True):
         super().__init__()
-        self.metrics = MountMetrics(client)   # counted by fuse_op (mount.errors)
         # what the mount's user chose for new files (``--set block_size=...``)
         file_settings = file_settings or FileSettings()
         self.open_files = OpenFiles()
@@ -91,6 +90,7 @@ class LeaseFS(pyfuse3.Operations):
             enabled=dir_leases, timeout=client.config.rpc_timeout)
         if dir_leases:
             client.barrier = self.leases.barrier
+        self.metrics = MountMetrics(client, self.leases)   # counted by fuse_op (mount.errors)
         self.writer = Writer(client, self.view, self.open_files, self.leases,
                              cache_dir=cache_dir, cache_limit=cache_limit,
                              file_settings=file_settings, io_threads=io_threads)

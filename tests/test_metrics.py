@@ -219,6 +219,10 @@ def test_prometheus_scrapes_a_running_cluster(tmp_path):
             mount_data = os.urandom(block + 5)               # 2 blocks
             (mount.mp / "m").write_bytes(mount_data)
             assert (mount.mp / "m").read_bytes() == mount_data
+            for name in ("x", "y", "z"):                     # changes under a folder's lease
+                (mount.mp / name).write_bytes(b"")
+            os.unlink(mount.mp / "x")
+            os.rename(mount.mp / "y", mount.mp / "w")
             written = 2 * (len(client_data) + len(mount_data))   # 2 replicas each
 
             prometheus = Prometheus(tmp_path, [f"127.0.0.1:{p}" for p in ports])
@@ -249,6 +253,9 @@ def test_prometheus_scrapes_a_running_cluster(tmp_path):
             query_at_least("leasefs_mount_written_bytes_total", len(mount_data))
             query_at_least('leasefs_mount_fuse_op_duration_seconds_count{op="write"}', 1)
             assert prometheus.query("leasefs_mount_pipeline_recoveries_total") == 0
+            query_at_least("leasefs_mount_dir_lease_changes_total", 2)
+            query_at_least("leasefs_mount_dir_lease_batches_total", 1)
+            assert prometheus.query("leasefs_mount_dir_lease_lost_total") == 0
             mount.stop()
         finally:
             if prometheus is not None:
