@@ -111,10 +111,14 @@ class Changed:
 
     status: FileStatus
     parent: FileStatus | None
+    # ``mkdir(lease=True)``: the new directory's lease (``dir_lease_acquire``'s answer)
+    lease: dict | None = None
 
     @classmethod
     def from_wire(cls, obj: dict) -> "Changed":
-        return cls(FileStatus.from_wire(obj["status"]), _status(obj.get("parent")))
+        lease = obj.get("lease")
+        return cls(FileStatus.from_wire(obj["status"]), _status(obj.get("parent")),
+                   lease if isinstance(lease, dict) else None)
 
 
 @dataclass(frozen=True)
@@ -604,12 +608,16 @@ class AsyncClient:
                                      owner=owner, group=group))
 
     async def mkdir(self, path: str, permission: int = 0o755, *, owner: str | None = None,
-                    group: str | None = None) -> "Changed":
+                    group: str | None = None, lease: bool = False) -> "Changed":
         """POSIX mkdir(2) in one call: ``FileExists`` if ``path`` exists, ``FileNotFound``
-        if its parent does not; the new directory's status and its parent's."""
+        if its parent does not; the new directory's status and its parent's. ``lease``:
+        also the new directory's write lease for this client (``Changed.lease``)."""
+        args = {}
+        if lease:
+            args["dir_lease"] = self.client_name
         return Changed.from_wire(await self._call(
             "mkdirs", path=paths.validate(path), permission=permission, owner=owner,
-            group=group, create_parent=False, exclusive=True, want_status=True))
+            group=group, create_parent=False, exclusive=True, want_status=True, **args))
 
     async def symlink(self, target: str, path: str, *, owner: str | None = None,
                       group: str | None = None) -> "Changed":

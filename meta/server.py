@@ -137,7 +137,7 @@ from .protocols.hdfs.inline_append import InlineToBlock
 from .protocols.hdfs.writes import NamenodeWrites
 from .services.redundancy import Redundancy
 from .services.lease_recovery import LeaseRecovery
-from .services.dir_leases import ACCESS_ARGS, DRAINED, DirLeases
+from .services.dir_leases import ACCESS_ARGS, DRAINED, IN_FLIGHT, DirLeases
 from .services.locks import Locks
 from .services.monitors import Monitors
 from .protocols.user_auth import AuthProtocol
@@ -506,9 +506,11 @@ class MetaServer(Dispatcher):
         if method not in DRAINED:   # a lease request: a grant would wait for itself
             return await super().dispatch(ctx, method, args)
         generation = leases.enter()
+        token = IN_FLIGHT.set(generation)
         try:
             return await super().dispatch(ctx, method, args)
         finally:
+            IN_FLIGHT.reset(token)
             leases.leave(generation)
 
     @property

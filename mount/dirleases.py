@@ -38,6 +38,7 @@ i_rwsem). ``lease_for`` and ``flush`` await; the sender and the events poll are 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
@@ -119,6 +120,11 @@ class DirLeaseHolder:
         # an unreachable server does
         self.timeout = timeout
         self._leases: dict[int, LeasedDir] = {}       # kernel inode -> lease
+        # grants asked for and not answered yet, and the recalls that came meanwhile for
+        # leases this mount does not hold (epoch -> directory inode): the recall of a grant
+        # may overtake its answer, which then must not be used
+        self._asking = 0
+        self._early: dict[int, int] = {}
         self._refused: dict[str, float] = {}          # path -> not asked again until
         self._queue: list[dirops.DirOp] = []
         # what the queued changes touch, for the barrier's reads (``_touches``): per change
@@ -162,16 +168,45 @@ class DirLeaseHolder:
         # earlier lease's, given back since): changes elsewhere need not wait
         if self._dirs[path] > 0:
             await self.flush()
+        with self.asking():   # the answer is adopted before a recall of it is answered
+            try:
+                grant = await self._client.dir_lease_acquire(path)
+            except LeaseFSError as exc:   # the synchronous call says it better
+                log.debug("directory lease on %s not granted: %s", path, exc)
+                return None
+            if grant.get("epoch") is None:
+                if len(self._refused) > 4096:
+                    self._refused = {p: t for p, t in self._refused.items() if t > now}
+                self._refused[path] = now + REFUSED_FOR
+                log.debug("%s", grant.get("reason"))
+                return None
+            return self.adopt(kernel_ino, grant)
+
+    @contextlib.contextmanager
+    def asking(self):
+        """Around a call that may answer a grant (``dir_lease_acquire``, ``mkdir`` with
+        ``lease``): a recall overtaking its answer is kept for ``adopt``; recalls kept for
+        no grant are answered (given back) once no grant is being asked for."""
+        self._asking += 1
         try:
-            grant = await self._client.dir_lease_acquire(path)
-        except LeaseFSError as exc:   # the synchronous call says it better
-            log.debug("directory lease on %s not granted: %s", path, exc)
-            return None
+            yield
+        finally:
+            self._asking -= 1
+            if not self._asking and self._early:
+                for epoch, ino in self._early.items():
+                    self._append(dirops.Release(ino, epoch))
+                self._early.clear()
+                self._wake.set()
+
+    def adopt(self, kernel_ino: int, grant: dict) -> LeasedDir | None:
+        """Hold the lease ``grant`` (``dir_lease_acquire``'s answer) on directory
+        ``kernel_ino``; None when it was not granted, or recalled already (then it is
+        given back)."""
         if grant.get("epoch") is None:
-            if len(self._refused) > 4096:
-                self._refused = {p: t for p, t in self._refused.items() if t > now}
-            self._refused[path] = now + REFUSED_FOR
-            log.debug("%s", grant.get("reason"))
+            return None
+        if self._early.pop(grant["epoch"], None) is not None:
+            self._append(dirops.Release(grant["attrs"]["ino"], grant["epoch"]))
+            self._wake.set()
             return None
         leased = self._leases.get(kernel_ino)
         if leased is not None:   # another handler's grant of it came first: the same lease
@@ -447,6 +482,15 @@ class DirLeaseHolder:
                 if leased is not None and not leased.giving_back:
                     log.debug("directory lease on %s recalled", event.get("path"))
                     await self.give_back(leased)
+                elif leased is None and isinstance(event.get("ino"), int) \
+                        and isinstance(event.get("epoch"), int):
+                    if self._asking:   # maybe the grant whose answer is on its way
+                        self._early[event["epoch"]] = event["ino"]
+                        continue
+                    # a lease this mount does not know it holds (its grant's answer was
+                    # lost): given back at once, so the caller does not wait for it to expire
+                    self._append(dirops.Release(event["ino"], event["epoch"]))
+                    await self.flush()
 
     async def _idle_loop(self) -> None:
         while True:

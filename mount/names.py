@@ -257,11 +257,16 @@ class Names:
         path = self._view.child(parent_inode, name)
         named = self._view.named
         owner, group = new_owner(ctx)
-        # one call: EEXIST, ENOENT (parent gone) and ENOTDIR come from the server
-        made = await self._client.mkdir(path, permission=mode & 0o7777, owner=owner,
-                                        group=group)
+        # one call: EEXIST, ENOENT (parent gone) and ENOTDIR come from the server; in a
+        # folder held here (a tree being changed) the new one's lease comes with it
+        with self._leases.asking():
+            made = await self._client.mkdir(path, permission=mode & 0o7777, owner=owner,
+                                            group=group,
+                                            lease=self._leases.held(parent_inode) is not None)
+            self._leases.note_made(parent_inode, name, made.status, made.parent)
+            if made.lease is not None:
+                self._leases.adopt(self._view.kernel_ino(made.status.ino), made.lease)
         self._view.keep_fresh(named, made.parent)
-        self._leases.note_made(parent_inode, name, made.status, made.parent)
         attrs = self._view.attrs(made.status)
         self._view.remember(attrs.st_ino, path)
         self._view.note_made(parent_inode, name)

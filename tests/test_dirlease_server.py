@@ -171,7 +171,7 @@ def test_another_clients_listing_waits_until_the_holder_gives_the_lease_back(tmp
             epoch = a.dir_lease_acquire("/d")["epoch"]
             listing = Background(lambda: b.list_status("/d"))
             events = a.dir_lease_events(wait=20)
-            assert events == [{"path": "/d", "epoch": epoch}]
+            assert events == [{"path": "/d", "epoch": epoch, "ino": a.get_file_status("/d").ino}]
             assert not listing.done.is_set()
             # the same client's call on another directory goes through at once
             started = time.monotonic()
@@ -312,6 +312,18 @@ def test_a_batch_applies_in_order_and_a_resend_is_skipped(tmp_path):
                 with pytest.raises(InvalidArgument, match=why):
                     a.dir_batch(bad)
             assert names(a.list_status("/f")) == ["full"]
+            # mkdir with its lease: granted at once (the call does not wait for itself),
+            # the new folder empty and held, a batch goes under it
+            made = a.mkdir("/f/new", lease=True)
+            assert made.lease["epoch"] and made.lease["entries"] == []
+            assert made.lease["attrs"]["ino"] == made.status.ino
+            a.write_file("/f/new/k", b"k")
+            k = a.get_file_status("/f/new/k").ino
+            assert a.dir_batch([dirops.Unlink(made.status.ino, made.lease["epoch"], "k", k,
+                                              at)])["done"] == 1
+            assert a.mkdir("/f/plain").lease is None
+            with pytest.raises(InvalidArgument, match="dir_lease needs exclusive"):
+                raw_call(cluster, "mkdirs", path="/f/y", dir_lease=a.client_name)
 
 
 def test_a_grant_waits_for_a_change_already_past_its_access_check(tmp_path):
@@ -347,3 +359,20 @@ def test_a_grant_waits_for_a_change_already_past_its_access_check(tmp_path):
             assert [e["name"] for e in results["grant"]["entries"]] == ["x"]
 
     trio.run(main)
+
+
+
+def raw_call(cluster: ProcessCluster, method: str, **args):
+    """One call of ``method`` with exactly ``args`` (what the client library would not
+    send)."""
+    from fs.errors import sole_exception
+    from fs.rpc import RpcClient
+
+    async def once():
+        async with RpcClient(cluster.meta_address, "raw-test", retry_seconds=5,
+                             timeout=20) as rpc:
+            return await rpc.call(method, args)
+    try:
+        return trio.run(once)
+    except BaseExceptionGroup as group:
+        raise sole_exception(group) from None

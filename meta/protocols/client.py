@@ -136,11 +136,14 @@ class ClientProtocol:
                 "namespace_id": self.ns.view.namespace_id}
 
     async def rpc_mkdirs(self, ctx, path, permission=0o755, owner=None, group=None,
-                         create_parent=True, exclusive=False, want_status=False):
+                         create_parent=True, exclusive=False, want_status=False,
+                         dir_lease=None):
         """``create_parent=False``/``exclusive=True`` give POSIX mkdir(2) (a missing parent
         is ``FileNotFound``, an existing path ``FileExists``); ``want_status``: answer
         ``{status, parent}`` (``changed``) instead of ``true`` (a mount's mkdir in one round
-        trip)."""
+        trip). ``dir_lease`` (a client name; with ``exclusive`` and ``want_status``): the
+        answer also holds ``lease``, the new directory's write lease for that client, as
+        ``dir_lease_acquire`` answers it (a mount changing a tree keeps changing it)."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_bool(create_parent, f"mkdirs {canonical}: create_parent")
@@ -161,8 +164,14 @@ class ClientProtocol:
                                        now_ns=wall)
             await self.edits.log_plan(plan, durable=ctx.sync_metadata)
             return self.ns.view.changed(canonical) if want_status else True
-        return await self.locking.with_ancestor_locks(f"mkdirs {canonical}", parts, body,
-                                                      keep_parent_write=False)
+        answer = await self.locking.with_ancestor_locks(f"mkdirs {canonical}", parts, body,
+                                                        keep_parent_write=False)
+        if dir_lease is not None:
+            if not (exclusive and want_status):
+                raise InvalidArgument(f"mkdirs {canonical}: dir_lease needs exclusive and "
+                                      f"want_status")
+            answer["lease"] = await self.dir_leases.acquire(ctx, canonical, dir_lease)
+        return answer
 
     async def rpc_create(self, ctx, path, client_name, overwrite=False, create_parent=True,
                          replication=None, block_size=None, permission=0o644, owner=None,

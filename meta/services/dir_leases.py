@@ -40,6 +40,7 @@ takes none) is never stuck behind a waiter. Every other method is atomic.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
 import math
@@ -88,6 +89,10 @@ ACCESS_ARGS.update({"rename": ("src", "dst"), "rename_many": ("moves",),
 #: the calls a grant waits for when they are in flight (``enter``/``leave``): every access
 #: but a lease request itself
 DRAINED = frozenset(ACCESS_ARGS) - {"dir_lease_acquire"}
+#: the generation of the call the running task serves (``MetaServer.dispatch`` sets it):
+#: a grant that call asks for itself (``mkdirs`` with ``dir_lease``) does not wait for it
+IN_FLIGHT: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "dir_lease_generation", default=None)
 
 #: how the service runs one change of a batch: the server's dispatch without the recall
 #: hook (a holder's change names its directories by inode: it neither sees nor waits for
@@ -172,7 +177,7 @@ class DirLeases:
         done = trio.Event()
         self._granting[ino] = (holder, done)
         try:
-            if not await self._drain(GRANT_DRAIN_WAIT):
+            if not await self._drain(GRANT_DRAIN_WAIT, IN_FLIGHT.get()):
                 return {"epoch": None, "reason": f"{canonical}: not leased: calls in flight "
                                                  f"did not finish within {GRANT_DRAIN_WAIT:g} s"}
             async with self.locking.mutation(f"dir_lease_acquire {canonical}",
@@ -237,31 +242,36 @@ class DirLeases:
         left = self._inflight[generation] - 1
         if left:
             self._inflight[generation] = left
-            return
-        del self._inflight[generation]
+        else:
+            del self._inflight[generation]
         if self._drains:
-            oldest = min(self._inflight, default=math.inf)
             waiting = []
-            for target, done in self._drains:
-                if oldest >= target:
+            for target, own, done in self._drains:
+                if self._drained(target, own):
                     done.set()
                 else:
-                    waiting.append((target, done))
+                    waiting.append((target, own, done))
             self._drains = waiting
 
-    async def _drain(self, timeout: float) -> bool:
-        """Start a new generation and wait until no call of an older one is in flight;
-        False after ``timeout`` seconds."""
+    def _drained(self, target: int, own: int | None) -> bool:
+        """No call of a generation older than ``target`` is in flight, but the caller's
+        own (``own``: its generation, when it is a call that accesses paths itself)."""
+        older = sum(n for generation, n in self._inflight.items() if generation < target)
+        return older <= (1 if own is not None and own < target else 0)
+
+    async def _drain(self, timeout: float, own: int | None) -> bool:
+        """Start a new generation and wait until no call of an older one is in flight
+        (but the caller's own); False after ``timeout`` seconds."""
         self._generation += 1
         target = self._generation
-        if min(self._inflight, default=math.inf) >= target:
+        if self._drained(target, own):
             return True
         done = trio.Event()
-        self._drains.append((target, done))
+        self._drains.append((target, own, done))
         with trio.move_on_after(timeout):
             await done.wait()
         if not done.is_set():
-            self._drains = [(t, d) for t, d in self._drains if d is not done]
+            self._drains = [entry for entry in self._drains if entry[2] is not done]
         return done.is_set()
 
     async def release(self, ctx, path, holder, epoch) -> bool:
@@ -281,7 +291,7 @@ class DirLeases:
         return True
 
     async def events(self, ctx, holder, wait) -> list[dict]:
-        """The recalls queued for ``holder`` (``{path, epoch}`` each), waiting up to
+        """The recalls queued for ``holder`` (``{path, epoch, ino}`` each), waiting up to
         ``wait`` seconds for one."""
         check_name(holder, "dir_lease_events: client_name")
         if not isinstance(wait, (int, float)) or isinstance(wait, bool) or wait < 0:
@@ -393,9 +403,10 @@ class DirLeases:
                 "overwrite": change.replaced != 0})
 
     # ------------------------------------------------------------------ recalls
-    def queue_recall(self, holder: str, path: str, epoch: int) -> None:
-        """Hand ``holder`` a recall of its lease ``epoch`` on ``path`` (its next poll)."""
-        self._events.setdefault(holder, []).append({"path": path, "epoch": epoch})
+    def queue_recall(self, holder: str, path: str, epoch: int, ino: int) -> None:
+        """Hand ``holder`` a recall of its lease ``epoch`` on directory ``ino`` at ``path``
+        (its next poll)."""
+        self._events.setdefault(holder, []).append({"path": path, "epoch": epoch, "ino": ino})
         woken = self._polls.pop(holder, None)
         if woken is not None:
             woken.set()
@@ -481,7 +492,7 @@ class DirLeases:
             path = self.view.path_of(ino) or f"inode {ino}"
             log.debug("directory lease on %s (epoch %d) recalled from %s for %s",
                       path, lease.epoch, lease.holder, client)
-            self.queue_recall(lease.holder, path, lease.epoch)
+            self.queue_recall(lease.holder, path, lease.epoch, ino)
         lease = self.table.lease_of(ino)
         ended = self._ended.setdefault(ino, trio.Event())
         # an end being journaled wakes us; otherwise the recall's deadline does
