@@ -13,17 +13,22 @@ Rules that keep the namespace what the applications were told:
 
 * One queue per mount, in the order the changes were acknowledged: a crash of the mount
   leaves the server's namespace equal to its operations up to some point, never reordered.
-* ``barrier`` (installed as the client's): every other call the mount makes on the
-  metadata server first waits until the queue is sent, so the server answers it with the
-  mount's changes applied (a lookup, a listing, a write's call, ``sync_metadata`` at
-  fsync(2)).
-* A lease is asked for at the first change in a directory (after the queue is sent: the
-  grant's snapshot then holds every earlier change); a directory the server will not lease
-  (too big, another holder, calls in flight) is not asked again for ``REFUSED_FOR``.
+* ``barrier`` (installed as the client's): every other change the mount makes on the
+  metadata server first waits until the queue is sent (the order is kept); a read waits
+  only when it could see a queued change (it names a changed name, a path below one, or a
+  changed folder), so the server answers it with the mount's changes applied.
+* A lease is asked for at the first change in a directory (after the queued changes in it,
+  of a lease given back since, are sent: the grant's snapshot holds them); a directory the
+  server will not lease (too big, another holder, calls in flight) is not asked again for
+  ``REFUSED_FOR``. A held folder's getattr, its misses, the lookups of names the mount did
+  not change since the grant and its listing are answered from the lease; a folder under a
+  held one is listed by taking its lease (the grant carries the entries).
 * A recall (the server's ``dir_lease_events`` long poll, kept outstanding: it also keeps
   the holder's leases alive) sends the queue and gives the lease back, in the queue, so
   the release follows the changes it covers. A lease idle for ``IDLE_FOR`` is given back
-  the same way: another client then pays no recall.
+  the same way: another client then pays no recall. A recall of a lease the mount does
+  not know it holds is answered at once, unless a grant is being asked for: its answer
+  may be the one recalled (``asking``), and is then given back unused.
 * A lease that ended under the mount (its holder was silent past the server's limits)
   loses the changes sent after it ended: the batch's answer says where, and the log names
   every change lost.

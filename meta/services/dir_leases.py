@@ -11,7 +11,13 @@ its holder, who collects it with a long poll (``events``).
   than ``dir_lease_max_entries`` entries, or one another client holds, is not leased (the
   answer says why, the client stays synchronous there). A holder asking again for a
   directory it holds gets its lease as it is (a retry after a lost reply).
+* ``acquire`` first waits for the calls already in flight (``enter``/``leave``, counted by
+  ``MetaServer.dispatch``; but the caller's own, ``IN_FLIGHT``), so the entries it answers
+  hold every change that passed its access check before the grant.
 * ``release``: only under the epoch the holder was granted (``LeaseExpired`` otherwise).
+* ``batch``: the holder's changes made ahead of the server (``fs.dirops``), in order,
+  each run through ``dispatch`` without the recall hook; a resent change is skipped (its
+  source no longer holds the inode it names); a lease that ended stops the batch.
 * ``events``: the recalls queued for a holder, or ``[]`` once ``wait`` seconds passed.
 * ``before_access``: what ``MetaServer.dispatch`` awaits before any namespace call that
   names paths (``ACCESS_ARGS``; msgpack and Hadoop IPC calls alike, both dispatch there):
