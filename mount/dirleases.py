@@ -154,9 +154,10 @@ class DirLeaseHolder:
         leased = self._leases.get(kernel_ino)
         return None if leased is None or leased.giving_back else leased
 
-    def holds(self, kernel_ino: int) -> bool:
-        """Whether a lease on ``kernel_ino`` is held (being given back too)."""
-        return kernel_ino in self._leases
+    def held_at(self, path: str) -> bool:
+        """Whether the folder at ``path`` is held here (and not being given back)."""
+        return any(self._path_of(d.kernel_ino) == path and not d.giving_back
+                   for d in self._leases.values())
 
     async def lease_for(self, kernel_ino: int, path: str) -> LeasedDir | None:
         """The lease to decide a change in directory ``kernel_ino`` (at ``path``) under,
@@ -233,9 +234,7 @@ class DirLeaseHolder:
             return None
         leased = self.held(kernel_ino)
         if leased is None:
-            parent = path.rpartition("/")[0] or "/"
-            if path == "/" or not any(self._path_of(d.kernel_ino) == parent and not d.giving_back
-                                      for d in self._leases.values()):
+            if path == "/" or not self.held_at(path.rpartition("/")[0] or "/"):
                 return None
             leased = await self.lease_for(kernel_ino, path)
             if leased is None:

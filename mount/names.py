@@ -275,7 +275,11 @@ class Names:
 
     async def rmdir(self, parent_inode, name):
         path = self._view.child(parent_inode, name)
-        leased = await self._leases.lease_for(parent_inode, self._view.path(parent_inode))
+        leased = self._leases.held(parent_inode)
+        if leased is None and self._leases.held_at(path):
+            # the folder is held here (a tree being removed): so is its parent from now on,
+            # and the rmdir is decided here; a lone rmdir stays one call
+            leased = await self._leases.lease_for(parent_inode, self._view.path(parent_inode))
         if leased is not None and await self._rmdir_leased(leased, parent_inode, name, path):
             return
         named = self._view.named
