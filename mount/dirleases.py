@@ -130,6 +130,7 @@ class DirLeaseHolder:
         # may overtake its answer, which then must not be used
         self._asking = 0
         self._early: dict[int, int] = {}
+        self._holding = trio.Event()              # set when a lease is asked for or held
         self._refused: dict[str, float] = {}          # path -> not asked again until
         self._queue: list[dirops.DirOp] = []
         # what the queued changes touch, for the barrier's reads (``_touches``): per change
@@ -194,6 +195,7 @@ class DirLeaseHolder:
         ``lease``): a recall overtaking its answer is kept for ``adopt``; recalls kept for
         no grant are answered (given back) once no grant is being asked for."""
         self._asking += 1
+        self._holding.set()
         try:
             yield
         finally:
@@ -284,6 +286,13 @@ class DirLeaseHolder:
             leased.used = trio.current_time()
         else:
             self.changed(leased, **counts)
+
+    def note_status(self, kernel_ino: int, status: FileStatus) -> None:
+        """A held folder's attributes were set by a call (chmod, chown, utimens): its
+        status is the one the call answered."""
+        leased = self._leases.get(kernel_ino)
+        if leased is not None and status.ino == leased.ino:
+            leased.status = status
 
     def note_changed(self, path: str) -> None:
         """This mount changes the attributes of the entry at ``path`` (opened for writing,
@@ -472,6 +481,11 @@ class DirLeaseHolder:
     async def _events_loop(self) -> None:
         delay = 0.1
         while True:
+            # only while a lease is held or asked for: an idle mount's connection stays
+            # idle (the server may close it, as any idle client's)
+            while not self._leases and not self._asking:
+                self._holding = trio.Event()
+                await self._holding.wait()
             try:
                 events = await self._client.dir_lease_events(wait=EVENTS_WAIT)
             except LeaseFSError as exc:

@@ -160,6 +160,7 @@ class Names:
             status = await self._view.status_of(inode)
         if of is not None:
             of.status = status
+        self._leases.note_status(inode, status)   # a held folder's own, as set now
         return self._view.attrs(status)
 
     async def _set_attrs(self, inode: int, of: OpenFile | None, attr, fields, fh):
