@@ -250,7 +250,9 @@ def test_a_batch_applies_in_order_and_a_resend_is_skipped(tmp_path):
     the same batch sent again (a lost answer) skips every change; a change under a lease
     that ended stops the batch there; a change the server refuses is reported by index
     and the rest goes on; malformed batches are refused whole."""
-    with ProcessCluster(tmp_path, n_storage=0) as cluster:
+    # a recall a (which polls nothing) never answers ends after this
+    with ProcessCluster(tmp_path, n_storage=0,
+                        settings={"dir_lease_recall_limit": 1.5}) as cluster:
         with cluster.client() as a, cluster.client() as b:
             a.mkdirs("/d/sub")
             a.mkdirs("/e")
