@@ -226,7 +226,9 @@ def test_a_write_that_keeps_progressing_outlasts_the_stall_bound(cluster):
             stop.set()
             thread.join()
         out.close()
-        assert took > 2 * stall, f"the write took {took:.1f} s: too fast to show anything"
+        # what the test claims: one call outlasted the bound (a quiet machine writes the
+        # 96 MiB through the stutter in 3.6 s, so twice the bound was not a safe floor)
+        assert took > stall, f"the write took {took:.1f} s: too fast to show anything"
         assert client.read_file("/slow.bin") == data
 
 
