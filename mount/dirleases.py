@@ -155,10 +155,15 @@ class DirLeaseHolder:
         leased = self._leases.get(kernel_ino)
         return None if leased is None or leased.giving_back else leased
 
+    def _at(self, path: str) -> LeasedDir | None:
+        """The lease on the folder at ``path`` (being given back too), or None."""
+        return next((d for d in self._leases.values() if self._path_of(d.kernel_ino) == path),
+                    None)
+
     def held_at(self, path: str) -> bool:
         """Whether the folder at ``path`` is held here (and not being given back)."""
-        return any(self._path_of(d.kernel_ino) == path and not d.giving_back
-                   for d in self._leases.values())
+        leased = self._at(path)
+        return leased is not None and not leased.giving_back
 
     async def lease_for(self, kernel_ino: int, path: str) -> LeasedDir | None:
         """The lease to decide a change in directory ``kernel_ino`` (at ``path``) under,
@@ -298,16 +303,16 @@ class DirLeaseHolder:
         """This mount changes the attributes of the entry at ``path`` (opened for writing,
         setattr, truncate): a held folder's lookup of it asks the server from now on."""
         folder, _, name = path.rpartition("/")
-        for leased in self._leases.values():
-            if self._path_of(leased.kernel_ino) == (folder or "/"):
-                leased.stale.add(os.fsencode(name))
+        leased = self._at(folder or "/")
+        if leased is not None:
+            leased.stale.add(os.fsencode(name))
 
     def note_replaced(self, path: str, status: FileStatus) -> None:
         """The file at ``path`` got a new inode under its name (its content replaced)."""
         folder, _, name = path.rpartition("/")
-        for leased in self._leases.values():
-            if self._path_of(leased.kernel_ino) == (folder or "/"):
-                self.note_made(leased.kernel_ino, os.fsencode(name), status)
+        leased = self._at(folder or "/")
+        if leased is not None:
+            self.note_made(leased.kernel_ino, os.fsencode(name), status)
 
     def note_gone(self, parent: int, name: bytes,
                   parent_status: FileStatus | None = None) -> None:
