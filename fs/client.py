@@ -484,13 +484,16 @@ class AsyncClient:
                                      client_name=self.client_name))
 
     # ------------------------------------------------------------------ directory leases
-    async def dir_lease_acquire(self, path: str) -> dict:
+    async def dir_lease_acquire(self, path: str, *, want_inos: int = 0) -> dict:
         """A write lease on directory ``path`` for this client (docs/design/dirleases.md):
-        ``{epoch, attrs, entries}`` (the directory's status and every entry's), or
+        ``{epoch, attrs, entries, inos}`` (the directory's status and every entry's, and
+        ``[first, count]``: inode numbers reserved for the files this client creates there
+        under the lease, at most ``want_inos``; count 0 when none are), or
         ``{epoch: None, reason}`` when the server does not lease it."""
         self._check_open()
-        return await self.rpc.call("dir_lease_acquire", {"path": paths.validate(path),
-                                                         "client_name": self.client_name})
+        return await self.rpc.call("dir_lease_acquire", {
+            "path": paths.validate(path), "client_name": self.client_name,
+            **({"want_inos": want_inos} if want_inos else {})})
 
     async def dir_lease_release(self, path: str, epoch: int) -> bool:
         """Give back the lease ``epoch`` on ``path``; ``LeaseExpired`` if it had ended."""
@@ -608,13 +611,17 @@ class AsyncClient:
                                      owner=owner, group=group))
 
     async def mkdir(self, path: str, permission: int = 0o755, *, owner: str | None = None,
-                    group: str | None = None, lease: bool = False) -> "Changed":
+                    group: str | None = None, lease: bool = False,
+                    want_inos: int = 0) -> "Changed":
         """POSIX mkdir(2) in one call: ``FileExists`` if ``path`` exists, ``FileNotFound``
         if its parent does not; the new directory's status and its parent's. ``lease``:
-        also the new directory's write lease for this client (``Changed.lease``)."""
+        also the new directory's write lease for this client (``Changed.lease``, with up
+        to ``want_inos`` inode numbers reserved, as ``dir_lease_acquire``)."""
         args = {}
         if lease:
             args["dir_lease"] = self.client_name
+            if want_inos:
+                args["dir_lease_inos"] = want_inos
         return Changed.from_wire(await self._call(
             "mkdirs", path=paths.validate(path), permission=permission, owner=owner,
             group=group, create_parent=False, exclusive=True, want_status=True, **args))

@@ -18,8 +18,13 @@ skipped, which makes a resend harmless.
 
 Records: ``Unlink`` (unlink(2) of a non-directory), ``Rmdir`` (of an empty directory the
 holder also held, whose lease ends with it), ``Rename`` (inside and between leased
-directories; ``replaced`` is the inode the destination held, 0 for none), ``Release`` (the
-holder gives a lease back after the changes before it: ordered with them).
+directories; ``replaced`` is the inode the destination held, 0 for none), ``Create`` (a new
+file, under construction and leased to the holder as ``create`` makes it, with an inode
+from the range the lease's grant reserved: ``ino`` names the inode it *gets*, so a resend
+finds it there and is skipped), ``Write`` (a small file's whole content, kept inline: with
+``close`` the file is completed as ``complete(data=...)`` does, else published as
+``fsync(data=..., sync=false)``; empty ``data`` with ``close`` completes an empty file),
+``Release`` (the holder gives a lease back after the changes before it: ordered with them).
 
 Pure: no I/O. Concurrency contract: immutable values, safe anywhere.
 """
@@ -100,6 +105,50 @@ class Rename:
 
 
 @dataclass(frozen=True)
+class Create:
+    dir: int
+    epoch: int
+    name: str
+    ino: int                # the inode the new file gets (the lease's reserved range)
+    permission: int
+    owner: str | None       # None: the caller's, as ``create`` decides
+    group: str | None       # None: the folder's
+    replication: int | None   # None: the cluster's default
+    block_size: int | None
+    time_ns: int
+
+    def to_wire(self) -> dict:
+        return {"op": "create", "dir": self.dir, "epoch": self.epoch, "name": self.name,
+                "ino": self.ino, "perm": self.permission, "owner": self.owner,
+                "group": self.group, "replication": self.replication,
+                "block_size": self.block_size, "time": self.time_ns}
+
+
+@dataclass(frozen=True)
+class Write:
+    dir: int
+    epoch: int
+    name: str
+    ino: int                # the file (created by this holder, still under construction)
+    data: bytes             # its whole content (at most the server's ``inline_max``)
+    close: bool             # complete it (else publish the content, the file stays open)
+    mtime_ns: int | None    # with ``close``: times and mode set while it was written
+    atime_ns: int | None
+    permission: int | None
+    time_ns: int
+
+    def to_wire(self) -> dict:
+        return {"op": "write", "dir": self.dir, "epoch": self.epoch, "name": self.name,
+                "ino": self.ino, "data": self.data, "close": self.close,
+                "mtime": self.mtime_ns, "atime": self.atime_ns, "perm": self.permission,
+                "time": self.time_ns}
+
+    def __repr__(self) -> str:   # the content stays out of logs
+        return (f"Write(dir={self.dir}, epoch={self.epoch}, name={self.name!r}, "
+                f"ino={self.ino}, {len(self.data)} bytes, close={self.close})")
+
+
+@dataclass(frozen=True)
 class Release:
     dir: int
     epoch: int
@@ -108,7 +157,25 @@ class Release:
         return {"op": "release", "dir": self.dir, "epoch": self.epoch}
 
 
-DirOp = Unlink | Rmdir | Rename | Release
+DirOp = Unlink | Rmdir | Rename | Create | Write | Release
+
+
+def _opt_int(value, what: str, low: int = 0, high: int = 1 << 63) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < high:
+        raise InvalidArgument(f"dir_batch: {what} must be nil or an integer in "
+                              f"[{low}, {high}), got {value!r:.40}")
+    return value
+
+
+def _opt_name(value, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 256 or "\0" in value:
+        raise InvalidArgument(f"dir_batch: {what} must be nil or a user or group name, "
+                              f"got {value!r:.60}")
+    return value
 
 
 def from_wire(item) -> DirOp:
@@ -120,10 +187,14 @@ def from_wire(item) -> DirOp:
               "rmdir": ("dir", "epoch", "name", "ino", "ino_epoch", "time"),
               "rename": ("dir", "epoch", "name", "ino", "dst_dir", "dst_epoch", "dst_name",
                          "replaced", "time"),
+              "create": ("dir", "epoch", "name", "ino", "perm", "owner", "group",
+                         "replication", "block_size", "time"),
+              "write": ("dir", "epoch", "name", "ino", "data", "close", "mtime", "atime",
+                        "perm", "time"),
               "release": ("dir", "epoch")}.get(kind) if isinstance(kind, str) else None
     if fields is None:
         raise InvalidArgument(f"dir_batch: unknown change {kind!r:.40} (unlink, rmdir, "
-                              f"rename, release)")
+                              f"rename, create, write, release)")
     extra = item.keys() - {"op", *fields}
     if extra:
         raise InvalidArgument(f"dir_batch: {kind}: unknown fields {sorted(map(str, extra))}")
@@ -140,6 +211,28 @@ def from_wire(item) -> DirOp:
     if kind == "rmdir":
         return Rmdir(dir_, epoch, name, ino, _int(item["ino_epoch"], "rmdir ino_epoch"),
                      time_ns)
+    if kind == "create":
+        perm = item["perm"]
+        if not isinstance(perm, int) or isinstance(perm, bool) or not 0 <= perm < 0o10000:
+            raise InvalidArgument(f"dir_batch: create perm must be a mode (0 to 0o7777), "
+                                  f"got {perm!r:.20}")
+        return Create(dir_, epoch, name, ino, perm,
+                      _opt_name(item["owner"], "create owner"),
+                      _opt_name(item["group"], "create group"),
+                      _opt_int(item["replication"], "create replication", 1, 1 << 15),
+                      _opt_int(item["block_size"], "create block_size", 1), time_ns)
+    if kind == "write":
+        data, close = item["data"], item["close"]
+        if not isinstance(data, (bytes, bytearray)):
+            raise InvalidArgument(f"dir_batch: write data must be bytes, got "
+                                  f"{type(data).__name__}")
+        if not isinstance(close, bool):
+            raise InvalidArgument(f"dir_batch: write close must be a boolean, got {close!r:.20}")
+        if not data and not close:
+            raise InvalidArgument("dir_batch: write of no data must close the file")
+        return Write(dir_, epoch, name, ino, bytes(data), close,
+                     _opt_int(item["mtime"], "write mtime"), _opt_int(item["atime"], "write atime"),
+                     _opt_int(item["perm"], "write perm", 0, 0o10000), time_ns)
     return Rename(dir_, epoch, name, ino, _int(item["dst_dir"], "rename dst_dir"),
                   _int(item["dst_epoch"], "rename dst_epoch"),
                   _name(item["dst_name"], "rename dst_name"),
@@ -152,5 +245,5 @@ def batch_from_wire(ops) -> list[DirOp]:
     return [from_wire(item) for item in ops]
 
 
-__all__ = ["DirOp", "MAX_BATCH", "Release", "Rename", "Rmdir", "Unlink", "batch_from_wire",
-           "from_wire"]
+__all__ = ["Create", "DirOp", "MAX_BATCH", "Release", "Rename", "Rmdir", "Unlink", "Write",
+           "batch_from_wire", "from_wire"]
