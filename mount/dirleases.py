@@ -66,6 +66,9 @@ IDLE_FOR = 2.0
 QUEUE_LIMIT = 4096
 #: how long the events poll waits on the server (under the client's rpc_timeout)
 EVENTS_WAIT = 20.0
+#: inode numbers a grant is asked to reserve for the files this mount creates under it
+#: (unused ones are only a gap in the numbering)
+INOS_PER_GRANT = 1024
 
 
 #: the metadata server's calls that change nothing: they wait for the queue only when
@@ -74,6 +77,14 @@ READS = frozenset({"get_file_info", "exists", "list_status", "get_block_location
                    "content_summary", "report", "get_server_defaults"})
 #: the reads that see below the path they name
 RECURSIVE_READS = frozenset({"content_summary"})
+
+
+def _reserved(inos) -> tuple[int, int]:
+    """A grant's reserved inode numbers ``[first, count]`` (none when absent or malformed)."""
+    if (isinstance(inos, (list, tuple)) and len(inos) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in inos)):
+        return inos[0], inos[1]
+    return 0, 0
 
 
 def _ancestors(path: str) -> list[str]:
@@ -99,6 +110,16 @@ class LeasedDir:
     # names whose attributes this mount may have changed since (written, set, moved):
     # a lookup of them asks the server
     stale: set[bytes] = dataclasses.field(default_factory=set)
+    # the inode numbers the grant reserved for files created here, not used yet
+    next_ino: int = 0
+    end_ino: int = 0
+
+    def take_ino(self) -> int | None:
+        """A reserved inode number for a file created here, or None (create it by a call)."""
+        if self.next_ino >= self.end_ino:
+            return None
+        self.next_ino += 1
+        return self.next_ino - 1
 
     def known(self, name: bytes) -> FileStatus | None:
         """The status of a file or symlink ``name`` as the server has it (nobody else
@@ -145,6 +166,7 @@ class DirLeaseHolder:
         self._sent = trio.Event()                 # set (and replaced) when a batch is answered
         self._wake = trio.Event()                 # the sender has work
         self._sending = trio.Lock()               # one batch in flight
+        self._in_flight = 0    # the queue's first changes, sent and not answered yet
         self.lost = 0          # changes the server refused (logged)
         self.batches = 0
         self.local_changes = 0
@@ -182,7 +204,7 @@ class DirLeaseHolder:
             await self.flush()
         with self.asking():   # the answer is adopted before a recall of it is answered
             try:
-                grant = await self._client.dir_lease_acquire(path)
+                grant = await self._client.dir_lease_acquire(path, want_inos=INOS_PER_GRANT)
             except LeaseFSError as exc:   # the synchronous call says it better
                 log.debug("directory lease on %s not granted: %s", path, exc)
                 return None
@@ -226,9 +248,11 @@ class DirLeaseHolder:
             return None if leased.giving_back else leased
         status = FileStatus.from_wire(grant["attrs"])
         entries = {os.fsencode(e["name"]): FileStatus.from_wire(e) for e in grant["entries"]}
+        first, count = _reserved(grant.get("inos"))
         leased = LeasedDir(kernel_ino, status.ino, grant["epoch"], status, entries,
                            used=trio.current_time(),
-                           stale={name for name, e in entries.items() if self._is_open(e.ino)})
+                           stale={name for name, e in entries.items() if self._is_open(e.ino)},
+                           next_ino=first, end_ino=first + count)
         self._leases[kernel_ino] = leased
         return leased
 
@@ -323,6 +347,71 @@ class DirLeaseHolder:
             if entry is not None:
                 self._synced(leased, parent_status, children=-1,
                              subdirs=-1 if entry.is_dir else 0)
+
+    # ------------------------------------------------------------------ files made here
+    async def create(self, leased: LeasedDir, folder: str, name: bytes, status: FileStatus,
+                     *, owner: str | None, group: str | None,
+                     replication: int | None, block_size: int | None) -> None:
+        """A file created here under ``leased`` (``status``: as the server will have it,
+        with an inode the grant reserved): the lease's view has it at once, the server gets
+        it in the queue (under construction, leased to this client, as ``create`` makes
+        it). Its stream's metadata calls go through ``file_calls``."""
+        leased.entries[name] = status
+        leased.stale.add(name)   # written next: its size and times are the open file's
+        now = self.changed(leased, children=1, now=status.mtime_ns)
+        await self.queue(dirops.Create(leased.ino, leased.epoch, os.fsdecode(name), status.ino,
+                                       status.mode, owner, group, replication, block_size, now),
+                         dirs=(folder,), names=(status.path,))
+
+    def file_calls(self, kernel_ino: int, ino: int):
+        """The metadata calls of the stream of file ``ino`` created here: a small file's
+        publish (``fsync`` of inline data, not durable) and its close (``complete`` with no
+        block) are queued as ``Write`` while its folder is held here, so a close answers at
+        once and the content follows the create in the queue; every other call (a block,
+        a durable fsync, or once the lease is gone) is made as the stream would."""
+        async def call(method: str, args: dict, **kwargs):
+            found = self._file_write(kernel_ino, ino, method, args)
+            if found is None:
+                return await self._client.call_meta(method, args, **kwargs)
+            leased, folder, path, change = found
+            leased.used = trio.current_time()
+            self._put_write(change, folder, path)
+            if len(self._queue) > QUEUE_LIMIT:
+                await self.flush()
+            return True
+        return call
+
+    def _file_write(self, kernel_ino: int, ino: int, method: str, args: dict):
+        if method == "complete" and args.get("last") is None:
+            data, close = args.get("data") or b"", True
+        elif method == "fsync" and args.get("sync") is False and args.get("data"):
+            data, close = args["data"], False
+        else:
+            return None
+        path = self._path_of(kernel_ino)
+        if path is None:
+            return None
+        folder = path.rpartition("/")[0] or "/"
+        leased = self._at(folder)
+        name = path.rpartition("/")[2]
+        entry = leased.entries.get(os.fsencode(name)) if leased is not None else None
+        if entry is None or leased.giving_back or entry.ino != ino:
+            return None
+        return leased, folder, path, dirops.Write(
+            leased.ino, leased.epoch, name, ino, bytes(data), close, args.get("mtime_ns"),
+            args.get("atime_ns"), args.get("permission"), time.time_ns())
+
+    def _put_write(self, change: dirops.Write, folder: str, path: str) -> None:
+        """Queue ``change``; it replaces a publish of the same file at the queue's end not
+        sent yet (it carries the whole content again: one record instead of two, in the
+        same place)."""
+        if len(self._queue) > self._in_flight:
+            tail = self._queue[-1]
+            if (isinstance(tail, dirops.Write) and not tail.close and tail.ino == change.ino
+                    and tail.dir == change.dir and tail.name == change.name):
+                self._queue[-1] = change
+                return
+        self._append(change, (folder,), (path,))
 
     def forget(self, kernel_ino: int) -> LeasedDir | None:
         """The directory is gone here (an rmdir decided here): its lease ends with it."""
@@ -436,6 +525,7 @@ class DirLeaseHolder:
                 batch = self._queue[:dirops.MAX_BATCH]
                 if not batch:
                     return
+                self._in_flight = len(batch)
                 try:
                     answer = await self._client.dir_batch(batch)
                     break
@@ -459,6 +549,7 @@ class DirLeaseHolder:
                 self._ack(len(batch))
 
     def _ack(self, count: int) -> None:
+        self._in_flight = 0
         del self._queue[:count]
         for _ in range(count):
             dirs, names, above = self._touched.popleft()
@@ -524,4 +615,5 @@ class DirLeaseHolder:
                     await self.give_back(leased)
 
 
-__all__ = ["DirLeaseHolder", "LeasedDir", "IDLE_FOR", "QUEUE_LIMIT", "REFUSED_FOR"]
+__all__ = ["DirLeaseHolder", "LeasedDir", "IDLE_FOR", "INOS_PER_GRANT", "QUEUE_LIMIT",
+           "REFUSED_FOR"]

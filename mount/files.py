@@ -18,9 +18,12 @@ its ``read_lock``.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
+import stat
+import time
 
 import pyfuse3
 import trio
@@ -33,7 +36,7 @@ from fs.errors import (AlreadyBeingCreated, FileExists, FileNotFound, LeaseExpir
 from fs.client import FileSettings
 
 from .callers import new_owner
-from .dirleases import DirLeaseHolder
+from .dirleases import DirLeaseHolder, LeasedDir
 from .errors import fuse_error
 from .kernelview import KernelView
 from .openfiles import FileEvent, FileMode, Handle, OpenFile, OpenFiles
@@ -41,6 +44,7 @@ from .writes import Writer
 
 log = logging.getLogger(__name__)
 
+SETGID = stat.S_ISGID
 READ_WINDOW = 4 << 20
 READ_PIECE = 1 << 20   # a window is fetched in pieces of this; each one is progress
 #: the housekeeping round, which completes files whose close could not reach the metadata
@@ -65,6 +69,16 @@ class Files:
         named = self._view.named
         owner, group = new_owner(ctx)
         chosen = self._file_settings
+        leased = await self._leases.lease_for(parent_inode, self._view.path(parent_inode))
+        if leased is not None:
+            if name in leased.entries:
+                if flags & os.O_EXCL:
+                    raise fuse_error(errno.EEXIST)
+            else:
+                ino = leased.take_ino()
+                if ino is not None:
+                    return await self._create_here(leased, parent_inode, name, path, ino,
+                                                   mode, flags, owner, group)
         try:
             stream = await self._client.create(path, overwrite=False,
                                                permission=mode & 0o7777, create_parent=False,
@@ -99,6 +113,42 @@ class Files:
         status = FileStatus.from_wire(stream.created_status)
         self._leases.note_made(parent_inode, name, status, stream.created_parent)
         of = self._open_files.open_file(status.ino, 0, mode & 0o7777, status)
+        of.status = status
+        of.stream, of.size = stream, 0
+        of.move(FileEvent.CREATE)
+        attrs = self._view.attrs(status)
+        self._view.remember(attrs.st_ino, path)
+        handle = self._open_files.add_handle(of, flags)
+        return pyfuse3.FileInfo(fh=handle.fh), attrs
+
+    async def _create_here(self, leased: LeasedDir, parent_inode: int, name: bytes, path: str,
+                           ino: int, mode: int, flags: int, owner: str | None,
+                           group: str | None):
+        """create(2) decided under the folder's lease: the file gets an inode the grant
+        reserved and the status the server will give it (``create``'s rules: the caller's
+        owner, the folder's group unless asked otherwise or the folder is setgid); the
+        server gets it in the lease's queue, and a small file's content at its close."""
+        chosen = self._file_settings
+        config = self._client.config
+        now = time.time_ns()
+        folder = leased.status
+        status = FileStatus(
+            name=os.fsdecode(name), path=path, ino=ino, type="file", mode=mode & 0o7777,
+            owner=owner or self._client.rpc.user,
+            group=folder.group if group is None or folder.mode & SETGID else group,
+            mtime_ns=now, atime_ns=now, ctime_ns=now, length=0,
+            replication=chosen.replication or config.replication,
+            block_size=chosen.block_size or config.block_size, symlink=None,
+            under_construction=True, children=0)
+        await self._leases.create(leased, self._view.path(parent_inode), name, status,
+                                  owner=owner, group=group, replication=chosen.replication,
+                                  block_size=chosen.block_size)
+        self._view.note_made(parent_inode, name)
+        stream = self._client.new_output(path, dataclasses.asdict(status),
+                                         bytes_per_checksum=chosen.bytes_per_checksum)
+        kernel_ino = self._view.kernel_ino(ino)
+        stream.meta_via = self._leases.file_calls(kernel_ino, ino)
+        of = self._open_files.open_file(kernel_ino, 0, mode & 0o7777, status)
         of.status = status
         of.stream, of.size = stream, 0
         of.move(FileEvent.CREATE)

@@ -33,7 +33,7 @@ from fs.errors import FileNotFound
 from fs.rpc import group_name, user_name
 
 from .callers import new_owner
-from .dirleases import DirLeaseHolder, LeasedDir
+from .dirleases import INOS_PER_GRANT, DirLeaseHolder, LeasedDir
 from .errors import fuse_error
 from .kernelview import ASK, KernelView
 from .openfiles import FileMode, OpenFile, OpenFiles
@@ -263,7 +263,8 @@ class Names:
         with self._leases.asking():
             made = await self._client.mkdir(path, permission=mode & 0o7777, owner=owner,
                                             group=group,
-                                            lease=self._leases.held(parent_inode) is not None)
+                                            lease=self._leases.held(parent_inode) is not None,
+                                            want_inos=INOS_PER_GRANT)
             self._leases.note_made(parent_inode, name, made.status, made.parent)
             if made.lease is not None:
                 self._leases.adopt(self._view.kernel_ino(made.status.ino), made.lease)

@@ -520,3 +520,145 @@ def test_a_lease_the_mount_did_not_know_of_is_given_back_at_its_recall(tmp_path)
         finally:
             m.stop()
             m.cleanup()
+
+
+# ------------------------------------------------------------------ files created here
+
+def make_files(top: Path) -> None:
+    """The same creates, on a mount and on a local folder: an empty file, a small one,
+    one past the inline limit (its blocks need its create on the server first), times
+    and mode set before the close (as tar does), one renamed while open, one unlinked
+    while open, and an O_EXCL create of an existing name."""
+    (top / "empty").touch()
+    (top / "small").write_bytes(b"s" * 1000)
+    (top / "big").write_bytes(bytes(range(256)) * 1000)   # 256,000 bytes
+    fd = os.open(top / "tarred", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, b"member")
+    os.utime(fd, ns=(10**17, 10**17))
+    os.fchmod(fd, 0o640)
+    os.close(fd)
+    with open(top / "moving", "wb") as fh:
+        fh.write(b"moved while open")
+        os.rename(top / "moving", top / "moved")
+        fh.write(b", then written")
+    with open(top / "doomed", "wb") as fh:
+        fh.write(b"gone")
+        os.unlink(top / "doomed")
+        fh.write(b" before its close")
+    try:
+        os.close(os.open(top / "small", os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        (top / "excl").write_text("EEXIST")
+    for n in range(20):
+        (top / f"n{n}").write_text(str(n) * n)
+
+
+def facts_of(top: Path) -> dict:
+    out = {}
+    for name in sorted(os.listdir(top)):
+        st = os.stat(top / name)
+        out[name] = {"data": (top / name).read_bytes(), "size": st.st_size,
+                     "mode": oct(st.st_mode & 0o7777),
+                     "mtime": st.st_mtime_ns if name == "tarred" else None}
+    return out
+
+
+def test_files_created_here_are_what_a_local_filesystem_has(cluster, a, b, tmp_path):
+    """Files created in a folder held here are decided here (an inode the grant reserved)
+    and sent afterwards with their content: what the creating mount shows at once, what
+    it shows after its lease was recalled, what another mount and the CLI client read,
+    all equal a local folder's outcome of the same calls; owner and group are the ones a
+    create call gives."""
+    local = tmp_path / "local"
+    local.mkdir()
+    top = a.mp / "created"
+    top.mkdir()
+    (top / "lease").write_text("x")
+    os.unlink(top / "lease")   # held from here: every create below is decided locally
+    make_files(local)
+    make_files(top)
+    want = facts_of(local)
+    assert facts_of(top) == want                      # answered here, maybe queued
+    assert facts_of(b.mp / "created") == want         # B's listing recalls A's lease
+    assert facts_of(top) == want                      # A again, from the server now
+    with cluster.client() as cli:
+        for status in cli.list_status("/created"):
+            assert cli.read_file(status.path) == want[status.name]["data"], status.name
+            assert not status.under_construction, status.name
+            assert status.owner == "root" and status.group == "root", status
+
+
+def test_a_created_files_group_follows_a_setgid_folder(cluster, a, b):
+    """In a setgid folder a new file takes the folder's group (the server's rule), and the
+    mount that decided the create locally says so before and after the server has it."""
+    top = a.mp / "sgid"
+    top.mkdir()
+    os.chown(top, 0, 1)
+    os.chmod(top, 0o2775)
+    (top / "first").write_text("1")
+    os.unlink(top / "first")
+    (top / "f").write_text("f")
+    assert os.stat(top / "f").st_gid == 1
+    assert os.stat(b.mp / "sgid" / "f").st_gid == 1
+    assert os.stat(top / "f").st_gid == 1
+
+
+def test_a_file_closed_on_one_mount_is_read_whole_on_the_other(a, b):
+    """close-to-open across mounts: each file A creates and closes in a folder it holds
+    is read whole by B right after (B's open recalls A's lease, which sends the create
+    and the content first)."""
+    top = a.mp / "c2o"
+    top.mkdir()
+    for n in range(30):
+        data = os.urandom(n * 997)
+        (top / f"f{n}").write_bytes(data)
+        assert (b.mp / "c2o" / f"f{n}").read_bytes() == data, n
+
+
+def test_many_creates_in_one_folder_outlast_the_reserved_inodes(a, b):
+    """More creates in one folder than a grant reserves inodes for: the rest are created
+    by calls, every file there with its content."""
+    from mount.dirleases import INOS_PER_GRANT
+
+    top = a.mp / "many"
+    top.mkdir()
+    count = INOS_PER_GRANT + 50
+    for n in range(count):
+        (top / f"f{n}").write_text(str(n))
+    listed = os.listdir(b.mp / "many")
+    assert len(listed) == count
+    for n in range(0, count, 97):
+        assert (b.mp / "many" / f"f{n}").read_text() == str(n)
+
+
+def test_fsync_makes_files_created_here_durable_before_a_kill(tmp_path):
+    """fsync(2) of a file created under a lease, and of its folder after others were
+    closed: after kill -9 of the mount the server has each of them with its content."""
+    with ProcessCluster(tmp_path, n_storage=1, settings=SETTINGS) as cluster:
+        m = Mount(cluster, "dur").start()
+        try:
+            d = m.mp / "dur"
+            d.mkdir()
+            (d / "seed").write_text("s")
+            os.unlink(d / "seed")
+            for n in range(10):
+                (d / f"closed{n}").write_text(f"closed {n}")
+            fd = os.open(d, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fd = os.open(d / "synced", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            os.write(fd, b"synced while open")
+            os.fsync(fd)
+            m.proc.kill()
+            m.proc.wait(30)
+            with pytest.raises(OSError):   # its mount is gone
+                os.close(fd)
+        finally:
+            m.proc = None
+            m.cleanup()
+        with cluster.client() as cli:
+            for n in range(10):
+                assert cli.read_file(f"/dur/closed{n}") == f"closed {n}".encode()
+            assert cli.read_file("/dur/synced") == b"synced while open"
