@@ -20,6 +20,8 @@ from harness import ProcessCluster, make_test_config
 from meta.journal.files import Record
 from meta.journal.kv import MemoryStore
 from meta.journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
+from meta.leases.dirleases import NO_INOS, InoRange, StoredLease
+from meta.schema import keys
 from meta.server import MetaServer
 from meta.services.dir_leases import access_paths
 from test_meta_server import inprocess_meta
@@ -88,9 +90,42 @@ def test_an_old_epoch_is_refused_after_the_directory_is_leased_again(tmp_path):
         table.check(ino, holder, 3, "/d")
     # a release of the ended epoch (an expiry racing the re-grant) changes nothing
     server._apply([Record(6, *DirLeaseRelease(ino=ino, holder=holder, epoch=3).to_wire())])
-    assert table.lease_of(ino).epoch == 5 and server.ns.view.dir_leases() == [(ino, holder, 5)]
+    assert table.lease_of(ino).epoch == 5
+    assert server.ns.view.dir_leases() == [StoredLease(ino, holder, 5)]
     server.rebuild_memory()
     assert table.lease_of(ino).epoch == 5
+
+
+def test_a_grants_reserved_inodes_are_journaled_and_next_ino_moves_past_them(tmp_path):
+    """DIR_LEASE_GRANT with ``first_ino``/``inos``, as a successor replays it: the lease
+    key keeps the range, the stored next_ino moves past it (and the allocator with it),
+    the table and a rebuild have it; a release ends such a lease; a grant of none writes
+    the record as it was before reservations existed."""
+    server = MetaServer(make_test_config(), MemoryStore(), str(tmp_path / "replica"))
+    server._apply([Record(1, *server.ns.planner.plan_format(7, 1).to_wire())])
+    server._apply([Record(2, *server.ns.planner.plan_mkdirs("/d", now_ns=2).to_wire())])
+    server._apply([Record(3, *server.ns.planner.plan_mkdirs("/e", now_ns=3).to_wire())])
+    d, e = (server.ns.view.get_file_info(p)["ino"] for p in ("/d", "/e"))
+    first = server.ns.view.counters[keys.NEXT_INO]
+    grant = DirLeaseGrant(ino=d, holder="h", first_ino=first, inos=100)
+    assert grant.to_wire()[1] == {"ino": d, "holder": "h", "first_ino": first, "inos": 100}
+    server._apply([Record(4, *grant.to_wire())])
+    assert server.ns.view.counters[keys.NEXT_INO] == first + 100
+    assert server.ns.ids.allocate_ino() == first + 100
+    assert server.dir_leases.lease_of(d).inos == InoRange(first, 100)
+    plain = DirLeaseGrant(ino=e, holder="h")
+    assert plain.to_wire()[1] == {"ino": e, "holder": "h"} and plain.reserved == NO_INOS
+    server._apply([Record(5, *plain.to_wire())])
+    assert server.ns.view.dir_leases() == [StoredLease(d, "h", 4, InoRange(first, 100)),
+                                           StoredLease(e, "h", 5)]
+    server.rebuild_memory()
+    assert server.dir_leases.lease_of(d).inos == InoRange(first, 100)
+    assert server.dir_leases.lease_of(e).inos == NO_INOS
+    server._apply([Record(6, *DirLeaseRelease(ino=d, holder="h", epoch=4).to_wire())])
+    assert server.dir_leases.lease_of(d) is None
+    assert server.ns.view.dir_leases() == [StoredLease(e, "h", 5)]
+    # the ids stay spent: the counter never goes back
+    assert server.ns.view.counters[keys.NEXT_INO] == first + 100
 
 
 @pytest.mark.slow

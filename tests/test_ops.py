@@ -26,6 +26,7 @@ from meta.journal.ops import (ABSENT, OPS, LAZY_OPS, RPC_CALL, RPC_KEPT, Effect,
                               decode, to_wire)
 from meta.journal.ops_blocks import Close
 from meta.journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
+from meta.leases.dirleases import StoredLease
 from meta.journal.ops_namespace import Mkdir
 from meta.server import MetaServer
 from harness import make_test_config
@@ -230,9 +231,9 @@ def test_every_op_updates_the_servers_memory_from_its_typed_effect(tmp_path, cap
         tokens = sorted(server.security.tokens.items())
         assert [state.to_wire() for _, state in tokens] == server.ns.view.delegation_tokens()
         seen_tokens += len(tokens)
-        held = [(lease.ino, lease.holder, lease.epoch)
-                for lease in (server.dir_leases.lease_of(ino)
-                              for ino, _, _ in server.ns.view.dir_leases()) if lease]
+        held = [StoredLease(lease.ino, lease.holder, lease.epoch, lease.inos)
+                for lease in (server.dir_leases.lease_of(stored.ino)
+                              for stored in server.ns.view.dir_leases()) if lease]
         assert held == server.ns.view.dir_leases() and \
             len(server.dir_leases) == len(held), record.op
         seen_dir_leases += len(held)

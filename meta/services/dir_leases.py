@@ -59,7 +59,7 @@ from fs import dirops, paths
 from fs.errors import InvalidArgument, LeaseExpired, LeaseFSError, NotDirectory
 
 from ..journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
-from ..leases.dirleases import Verdict
+from ..leases.dirleases import NO_INOS, InoRange, StoredLease, Verdict
 from ..namespace.args import MAX_LIST_LIMIT, check_int, check_name
 from ..namespace.locks import LOCK_WRITE, lock_set
 from ..namespace.permissions import WRITE
@@ -418,9 +418,10 @@ class DirLeases:
             woken.set()
 
     # ------------------------------------------------------------------ the journal's apply
-    def lease_granted(self, ino: int, holder: str, epoch: int) -> None:
+    def lease_granted(self, ino: int, holder: str, epoch: int,
+                      inos: InoRange = NO_INOS) -> None:
         """A DIR_LEASE_GRANT applied (live, from the HA log)."""
-        self.table.grant(ino, holder, epoch)
+        self.table.grant(ino, holder, epoch, inos)
         self._seen[holder] = self.clock()
 
     def lease_ended(self, ino: int, epoch: int) -> None:
@@ -437,13 +438,12 @@ class DirLeases:
         if woken is not None:
             woken.set()
 
-    def rebuild(self, grants: list[tuple[int, str, int]]) -> None:
-        """The table from the journal's live leases ``(ino, holder, epoch)`` (start,
-        activation): every holder's silence counts from now, and whoever waited on the
-        old table looks again."""
-        self.table.rebuild(grants)
+    def rebuild(self, stored: list[StoredLease]) -> None:
+        """The table from the journal's live leases (start, activation): every holder's
+        silence counts from now, and whoever waited on the old table looks again."""
+        self.table.rebuild(stored)
         now = self.clock()
-        self._seen = {holder: now for _, holder, _ in grants}
+        self._seen = {lease.holder: now for lease in stored}
         self._wake_all()
 
     def _wake_all(self) -> None:
