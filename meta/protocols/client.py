@@ -137,13 +137,14 @@ class ClientProtocol:
 
     async def rpc_mkdirs(self, ctx, path, permission=0o755, owner=None, group=None,
                          create_parent=True, exclusive=False, want_status=False,
-                         dir_lease=None):
+                         dir_lease=None, dir_lease_inos=0):
         """``create_parent=False``/``exclusive=True`` give POSIX mkdir(2) (a missing parent
         is ``FileNotFound``, an existing path ``FileExists``); ``want_status``: answer
         ``{status, parent}`` (``changed``) instead of ``true`` (a mount's mkdir in one round
         trip). ``dir_lease`` (a client name; with ``exclusive`` and ``want_status``): the
         answer also holds ``lease``, the new directory's write lease for that client, as
-        ``dir_lease_acquire`` answers it (a mount changing a tree keeps changing it)."""
+        ``dir_lease_acquire`` answers it (a mount changing a tree keeps changing it), with
+        up to ``dir_lease_inos`` inode ids reserved (its ``want_inos``)."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_bool(create_parent, f"mkdirs {canonical}: create_parent")
@@ -164,13 +165,18 @@ class ClientProtocol:
                                        now_ns=wall)
             await self.edits.log_plan(plan, durable=ctx.sync_metadata)
             return self.ns.view.changed(canonical) if want_status else True
+        # refused before the directory is made, not after
+        check_int(dir_lease_inos, f"mkdirs {canonical}: dir_lease_inos", low=0)
+        if dir_lease is None and dir_lease_inos:
+            raise InvalidArgument(f"mkdirs {canonical}: dir_lease_inos needs dir_lease")
         answer = await self.locking.with_ancestor_locks(f"mkdirs {canonical}", parts, body,
                                                         keep_parent_write=False)
         if dir_lease is not None:
             if not (exclusive and want_status):
                 raise InvalidArgument(f"mkdirs {canonical}: dir_lease needs exclusive and "
                                       f"want_status")
-            answer["lease"] = await self.dir_leases.acquire(ctx, canonical, dir_lease)
+            answer["lease"] = await self.dir_leases.acquire(ctx, canonical, dir_lease,
+                                                            dir_lease_inos)
         return answer
 
     async def rpc_create(self, ctx, path, client_name, overwrite=False, create_parent=True,
@@ -732,8 +738,8 @@ class ClientProtocol:
                                            self.access.token_user(ctx), caller_host(ctx))
 
     # ================================================================== directory leases
-    async def rpc_dir_lease_acquire(self, ctx, path, client_name):
-        return await self.dir_leases.acquire(ctx, path, client_name)
+    async def rpc_dir_lease_acquire(self, ctx, path, client_name, want_inos=0):
+        return await self.dir_leases.acquire(ctx, path, client_name, want_inos)
 
     async def rpc_dir_lease_release(self, ctx, path, client_name, epoch):
         return await self.dir_leases.release(ctx, path, client_name, epoch)

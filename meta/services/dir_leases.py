@@ -10,14 +10,21 @@ its holder, who collects it with a long poll (``events``).
 * ``acquire``: the caller must be allowed to write the directory; a directory with more
   than ``dir_lease_max_entries`` entries, or one another client holds, is not leased (the
   answer says why, the client stays synchronous there). A holder asking again for a
-  directory it holds gets its lease as it is (a retry after a lost reply).
+  directory it holds gets its lease as it is (a retry after a lost reply), its reserved
+  inode ids included. A grant reserves up to ``want_inos`` (at most
+  ``MAX_RESERVED_INOS``) inode ids for the files the holder creates there, taken from the
+  namespace's allocator and journaled in the grant; none when the directory or a folder
+  above it has a quota (a create acknowledged by the holder could be refused by it later).
 * ``acquire`` first waits for the calls already in flight (``enter``/``leave``, counted by
   ``MetaServer.dispatch``; but the caller's own, ``IN_FLIGHT``), so the entries it answers
   hold every change that passed its access check before the grant.
 * ``release``: only under the epoch the holder was granted (``LeaseExpired`` otherwise).
 * ``batch``: the holder's changes made ahead of the server (``fs.dirops``), in order,
   each run through ``dispatch`` without the recall hook; a resent change is skipped (its
-  source no longer holds the inode it names); a lease that ended stops the batch.
+  source no longer holds the inode it names; a create, when its inode exists); a lease
+  that ended stops the batch. A create runs as ``create`` with the inode id chosen
+  (``dirops.CHOSEN_INO``, from its lease's reserved range only), a write as ``complete`` or
+  ``fsync`` with the content inline.
 * ``events``: the recalls queued for a holder, or ``[]`` once ``wait`` seconds passed.
 * ``before_access``: what ``MetaServer.dispatch`` awaits before any namespace call that
   names paths (``ACCESS_ARGS``; msgpack and Hadoop IPC calls alike, both dispatch there):
@@ -61,6 +68,7 @@ from fs.errors import InvalidArgument, LeaseExpired, LeaseFSError, NotDirectory
 from ..journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
 from ..leases.dirleases import NO_INOS, InoRange, StoredLease, Verdict
 from ..namespace.args import MAX_LIST_LIMIT, check_int, check_name
+from ..schema.inode import FILE
 from ..namespace.locks import LOCK_WRITE, lock_set
 from ..namespace.permissions import WRITE
 from ..schema.inode import DIR
@@ -69,7 +77,9 @@ if TYPE_CHECKING:
     from ..journal.edits import Edits
     from ..leases.dirleases import DirLease, DirLeaseTable
     from ..namespace.access import Access
+    from ..namespace.allocators import Allocators
     from ..namespace.locks import NamespaceLocking
+    from ..namespace.quota import QuotaPlanner
     from ..namespace.view import NamespaceView
 
 log = logging.getLogger(__name__)
@@ -80,6 +90,11 @@ MAX_EVENTS_WAIT = 30.0
 #: the longest a grant waits for the calls already in flight to finish (then it is refused:
 #: the client stays synchronous there)
 GRANT_DRAIN_WAIT = 2.0
+
+#: the most inode ids one grant reserves (a bigger ``want_inos`` gets this many): a
+#: holder that uses them up asks again after giving the lease back, and ids reserved but
+#: never used are a gap in the inode numbers, nothing more
+MAX_RESERVED_INOS = 4096
 
 #: the arguments naming the paths a namespace call accesses, by method (msgpack names;
 #: the Hadoop IPC translators dispatch the same methods)
@@ -128,11 +143,14 @@ def access_paths(method: str, args: dict) -> list[str]:
 
 class DirLeases:
     def __init__(self, *, table: DirLeaseTable, view: NamespaceView, edits: Edits,
-                 locking: NamespaceLocking, access: Access, max_entries: int,
-                 hard_limit: float, clock: Callable[[], float], dispatch: Dispatch):
+                 locking: NamespaceLocking, access: Access, ids: Allocators,
+                 quota: QuotaPlanner, max_entries: int, hard_limit: float,
+                 clock: Callable[[], float], dispatch: Dispatch):
         self.table = table
         self.dispatch = dispatch
         self.view = view
+        self.ids = ids
+        self.quota = quota
         self.edits = edits
         self.locking = locking
         self.access = access
@@ -154,9 +172,11 @@ class DirLeases:
         self._polls: dict[str, trio.Event] = {}        # holder -> its waiting poll's wake-up
 
     # ------------------------------------------------------------------ RPC bodies
-    async def acquire(self, ctx, path, holder) -> dict:
-        """``{epoch, attrs, entries}`` of a lease on directory ``path`` for ``holder``, or
-        ``{epoch: None, reason}`` when it is not leased.
+    async def acquire(self, ctx, path, holder, want_inos=0) -> dict:
+        """``{epoch, attrs, entries, inos}`` of a lease on directory ``path`` for
+        ``holder``, or ``{epoch: None, reason}`` when it is not leased. ``inos``: ``[first,
+        count]``, the inode ids reserved for the holder's creates there (up to
+        ``want_inos``, at most ``MAX_RESERVED_INOS``; count 0: none, as under a quota).
 
         1. Check (no await): a directory, the caller may write it, nobody else holds it or
            is being granted it, not too big. A holder asking again gets its lease as is.
@@ -166,17 +186,20 @@ class DirLeases:
            change inside the directory that passed its access check just before would
            otherwise land after the snapshot of step 5. Too long a wait refuses the grant.
         4. Under the directory's write lock (nothing renames or removes it meanwhile),
-           check again and journal the grant (DIR_LEASE_GRANT: its txid is the epoch).
+           check again, reserve the inode ids and journal the grant (DIR_LEASE_GRANT: its
+           txid is the epoch; it carries the ids).
         5. Snapshot what the lease covers: the directory's status and every entry's."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_name(holder, f"dir_lease_acquire {canonical}: client_name")
+        want = min(check_int(want_inos, f"dir_lease_acquire {canonical}: want_inos", low=0),
+                   MAX_RESERVED_INOS)
         self.renewed(holder)
         _, ino, inode, _ = self.view.resolve(canonical)
         self._check_dir(ctx, canonical, parts, inode)
         lease = self.table.lease_of(ino)
         if lease is not None and lease.holder == holder:
-            return await self._snapshot(canonical, parts, ino, lease.epoch)
+            return await self._snapshot(canonical, parts, lease)
         refusal = self._refusal(canonical, ino, inode, lease)
         if refusal is not None:
             return {"epoch": None, "reason": refusal}
@@ -193,11 +216,13 @@ class DirLeases:
                     return {"epoch": None, "reason": f"{canonical}: not leased: it was "
                                                      f"replaced while the grant waited"}
                 self._check_dir(ctx, canonical, parts, inode)
-                epoch = await self.edits.log_plan(DirLeaseGrant(ino=ino, holder=holder),
-                                                  durable=ctx.sync_metadata)
-                log.debug("directory lease on %s (inode %d) granted to %s, epoch %d",
-                          canonical, ino, holder, epoch)
-                return self._snapshot_now(canonical, epoch)
+                inos = self._reserve(ino, want)
+                grant = DirLeaseGrant(ino=ino, holder=holder, **(
+                    {"first_ino": inos.first, "inos": inos.count} if inos.count else {}))
+                epoch = await self.edits.log_plan(grant, durable=ctx.sync_metadata)
+                log.debug("directory lease on %s (inode %d) granted to %s, epoch %d, "
+                          "inodes reserved: %s", canonical, ino, holder, epoch, inos)
+                return self._snapshot_now(canonical, epoch, inos)
         finally:
             del self._granting[ino]
             done.set()
@@ -208,15 +233,26 @@ class DirLeases:
                                f"directories are leased)")
         self.access.check_access(ctx, parts, access=WRITE)
 
-    async def _snapshot(self, canonical: str, parts, ino: int, epoch: int) -> dict:
+    def _reserve(self, ino: int, want: int) -> InoRange:
+        """``want`` inode ids for a grant on directory ``ino``, or none under a quota: a
+        holder's create is decided before the server sees it, and a name quota (or the
+        space of the small file it writes) could refuse it after it was acknowledged.
+        Nothing walks the folders above when no quota exists anywhere
+        (``quota_chain``)."""
+        if not want or self.quota.quota_chain(ino):
+            return NO_INOS
+        return InoRange(self.ids.allocate_inos(want), want)
+
+    async def _snapshot(self, canonical: str, parts, lease: DirLease) -> dict:
         async with self.locking.mutation(f"dir_lease_acquire {canonical}",
                                          lock_set(parts, LOCK_WRITE)):
-            return self._snapshot_now(canonical, epoch)
+            return self._snapshot_now(canonical, lease.epoch, lease.inos)
 
-    def _snapshot_now(self, canonical: str, epoch: int) -> dict:
+    def _snapshot_now(self, canonical: str, epoch: int, inos: InoRange) -> dict:
         attrs = self.view.get_file_info(canonical)
         listing = self.view.list_status(canonical, "", self.max_entries)
-        return {"epoch": epoch, "attrs": attrs, "entries": listing["entries"]}
+        return {"epoch": epoch, "attrs": attrs, "entries": listing["entries"],
+                "inos": inos.to_wire()}
 
     def _refusal(self, canonical: str, ino: int, inode, lease) -> str | None:
         if lease is not None:
