@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from fs import paths
+from fs.dirops import CHOSEN_INO, change_time
 from fs.blocktoken import COPY as COPY_TOKEN, WRITE as WRITE_TOKEN
 from fs.errors import (InvalidArgument, IsDirectory, LeaseFSError, NotReplicatedYet,
                        RecoveryInProgress, StaleGenerationStamp)
@@ -123,6 +124,11 @@ class ClientProtocol:
         """(monotonic seconds, wall-clock ns) of this moment."""
         return self.clock(), self.wall_ns()
 
+    def _wall(self, ctx) -> int:
+        """The time a change is stamped with: the server's, or a directory lease holder's
+        for its batched change (``dirops.change_time``)."""
+        return change_time(ctx.extra, self.wall_ns())
+
     # ================================================================== client RPCs
     async def rpc_get_server_defaults(self, ctx):
         c = self.config
@@ -186,7 +192,9 @@ class ClientProtocol:
         after the create) instead of the status alone. ``first_block``: also allocate the
         file's first block, as ``add_block`` would, and answer ``{status, parent?,
         first_block}`` (a writer that will write saves a round trip; one that closes the
-        file empty abandons it)."""
+        file empty abandons it). A directory lease holder's batched create
+        (``dir_batch``) comes with its inode id chosen (``ctx.extra[CHOSEN_INO]``) and
+        its own time."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_name(client_name, f"create {canonical}: client_name")
@@ -203,7 +211,7 @@ class ClientProtocol:
                                             access=WRITE if replaces else 0)
             new_owner, new_group = self.access.new_owner(ctx, f"create {canonical}", canonical,
                                                          owner, group)
-            now, wall = self._now()
+            now, wall = self.clock(), self._wall(ctx)
             found = self.ns.view.walk(parts, canonical) if parts else []
             if parts and len(found) == len(parts) + 1 and overwrite is False:
                 ino, inode = found[-1]
@@ -215,7 +223,8 @@ class ClientProtocol:
             plan = self.ns.planner.plan_create(
                 canonical, holder=client_name, client_machine=ctx.peer, overwrite=overwrite,
                 create_parent=create_parent, replication=replication, block_size=block_size,
-                permission=permission, owner=new_owner, group=new_group, now_ns=wall)
+                permission=permission, owner=new_owner, group=new_group, now_ns=wall,
+                chosen_ino=ctx.extra.get(CHOSEN_INO))
             ino = plan.ino
             block = None
             if first_block:
@@ -364,14 +373,14 @@ class ClientProtocol:
                 self.access.check_set_mode(ctx, paths.split(current), attrs["mode"])
             if data is not None:   # the whole content, kept in the namespace
                 self.ns.planner.check_inline(current, ino, inode, data)
-                _, wall = self._now()
+                wall = self._wall(ctx)   # a batched write's: the holder's
                 await self.edits.log_plan(
                     self.ns.planner.plan_close(ino, None, None, wall, attrs, data=data),
                     durable=ctx.sync_metadata)
                 return True
             blocks = self.ns.view.tail_blocks(ino, inode)
             kind, block = self.ns.planner.check_last(current, blocks, last)
-            _, wall = self._now()
+            wall = self._wall(ctx)
             if kind == "none":
                 await self.edits.log_plan(self.ns.planner.plan_close(ino, None, None, wall, attrs),
                                           durable=ctx.sync_metadata)
