@@ -66,16 +66,15 @@ from fs import dirops, paths
 from fs.errors import InvalidArgument, LeaseExpired, LeaseFSError, NotDirectory
 
 from ..journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
-from ..leases.dirleases import NO_INOS, InoRange, StoredLease, Verdict
+from ..leases.dirleases import NO_INOS, DirLease, InoRange, StoredLease, Verdict
 from ..namespace.args import MAX_LIST_LIMIT, check_int, check_name
-from ..schema.inode import FILE
 from ..namespace.locks import LOCK_WRITE, lock_set
 from ..namespace.permissions import WRITE
-from ..schema.inode import DIR
+from ..schema.inode import DIR, FILE
 
 if TYPE_CHECKING:
     from ..journal.edits import Edits
-    from ..leases.dirleases import DirLease, DirLeaseTable
+    from ..leases.dirleases import DirLeaseTable
     from ..namespace.access import Access
     from ..namespace.allocators import Allocators
     from ..namespace.locks import NamespaceLocking
@@ -356,13 +355,12 @@ class DirLeases:
         1. Read every change (a malformed one refuses the whole batch, nothing applied).
         2. One batch of a holder at a time (a batch resent while its first send still
            runs waits, then finds its changes applied).
-        3. For each change: its leases must be held under the epochs it names (``flush``:
-           a recall's deadline moves, the holder is alive); a lease that ended stops the
-           batch there (``ended``: the server's namespace is a prefix of what was sent).
-           A change whose source no longer holds the inode it names was applied before
-           (a resend) and is skipped. Otherwise it runs as the same call would (the
-           caller's permissions, locks, journal), lazily journaled; an error it raises is
-           reported by its index and the batch goes on.
+        3. For each change: one applied before (a resend, ``_resent``) is skipped. Else
+           its leases must be held under the epochs it names (``flush``: a recall's
+           deadline moves, the holder is alive); a lease that ended stops the batch there
+           (``ended``: the server's namespace is a prefix of what was sent). Otherwise it
+           runs as the same call would (the caller's permissions, locks, journal), lazily
+           journaled; an error it raises is reported by its index and the batch goes on.
         4. A caller with ``sync_metadata`` is answered once all of it is durable."""
         check_name(holder, "dir_batch: client_name")
         changes = dirops.batch_from_wire(ops)
@@ -382,17 +380,17 @@ class DirLeases:
                             skipped += 1
                         done = index + 1
                         continue
-                    if self.view.lookup(change.dir, change.name) != change.ino:
-                        skipped += 1   # applied before: the holder alone changes the name
+                    if self._resent(holder, change):
+                        skipped += 1
                         done = index + 1
                         continue
                     try:
-                        self._flush_leases(holder, change)
+                        lease = self._flush_leases(holder, change)
                     except LeaseExpired as exc:
                         ended = exc.to_wire()
                         break
                     try:
-                        await self._apply_change(sub, holder, change)
+                        await self._apply_change(sub, holder, change, lease)
                     except LeaseFSError as exc:
                         failed.append({"index": index, "error": exc.to_wire()})
                     done = index + 1
@@ -415,15 +413,46 @@ class DirLeases:
                                   durable=ctx.sync_metadata)
         return True
 
-    def _flush_leases(self, holder: str, change) -> None:
+    def _resent(self, holder: str, change) -> bool:
+        """Whether ``change`` was applied before (its batch sent again after a lost
+        answer): the holder alone changes names in its leased directories, so a name that
+        no longer holds the inode the change names was changed by it already.
+
+        A create is applied when its name holds its inode, or when that inode exists at
+        all (the holder renamed the file since): nobody else creates under the ids its
+        grant reserved. Only when that lease is still held is an existing inode outside
+        its range not taken for a resend (the create then fails, naming the range); once
+        the lease ended nothing tells, and applying nothing is what a resend needs. A
+        write that does not close its file is applied once the file is closed (a later
+        close of it was applied too)."""
+        if isinstance(change, dirops.Create):
+            if self.view.lookup(change.dir, change.name) == change.ino:
+                return True
+            if self.view.get_inode(change.ino) is None:
+                return False
+            lease = self.table.lease_of(change.dir)
+            held = lease is not None and lease.holder == holder and lease.epoch == change.epoch
+            return not held or change.ino in lease.inos
+        if self.view.lookup(change.dir, change.name) != change.ino:
+            return True
+        if isinstance(change, dirops.Write) and not change.close:
+            inode = self.view.get_inode(change.ino)
+            return inode is None or inode.type != FILE or not inode.uc
+        return False
+
+    def _flush_leases(self, holder: str, change) -> DirLease:
+        """The leases ``change`` relies on, flushed (``LeaseExpired`` when one ended); the
+        lease on its (source) directory."""
         now = self.clock()
         pairs = [(change.dir, change.epoch)]
         if isinstance(change, dirops.Rename):
             pairs.append((change.dst_dir, change.dst_epoch))
-        for ino, epoch in pairs:
-            self.table.flush(ino, holder, epoch, now, self.view.path_of(ino) or f"inode {ino}")
+        flushed = [self.table.flush(ino, holder, epoch, now,
+                                    self.view.path_of(ino) or f"inode {ino}")
+                   for ino, epoch in pairs]
+        return flushed[0]
 
-    async def _apply_change(self, ctx, holder: str, change) -> None:
+    async def _apply_change(self, ctx, holder: str, change, lease: DirLease) -> None:
         """One change of a batch, as its call would make it."""
         folder = self.view.path_of(change.dir)
         if folder is None:
@@ -435,6 +464,10 @@ class DirLeases:
         elif isinstance(change, dirops.Rmdir):
             await self.dispatch(ctx, "delete", {"path": path, "expect": "dir"})
             await self._give_back(ctx, holder, change.ino, change.ino_epoch)
+        elif isinstance(change, dirops.Create):
+            await self._create(ctx, holder, change, lease, folder, path)
+        elif isinstance(change, dirops.Write):
+            await self._write(ctx, holder, change, path)
         else:
             dst_folder = self.view.path_of(change.dst_dir)
             if dst_folder is None:
@@ -443,6 +476,39 @@ class DirLeases:
             await self.dispatch(ctx, "rename", {
                 "src": path, "dst": paths.join(dst_folder, change.dst_name),
                 "overwrite": change.replaced != 0})
+
+    async def _create(self, ctx, holder: str, change: dirops.Create, lease: DirLease,
+                      folder: str, path: str) -> None:
+        """A create the holder decided: ``create`` (not replacing, no missing parents) as
+        the holder, the file under construction under its file lease, with the inode id
+        its lease's grant reserved (``CHOSEN_INO``: checked here, so a client picks ids
+        only from its own range)."""
+        if change.ino not in lease.inos:
+            raise InvalidArgument(
+                f"dir_batch: create {path}: inode {change.ino} is not one the lease (epoch "
+                f"{lease.epoch}) on {folder} reserved (reserved: {lease.inos})")
+        ctx = dataclasses.replace(ctx, extra={**ctx.extra, dirops.CHOSEN_INO: change.ino})
+        await self.dispatch(ctx, "create", {
+            "path": path, "client_name": holder, "overwrite": False, "create_parent": False,
+            "permission": change.permission, "owner": change.owner, "group": change.group,
+            "replication": change.replication, "block_size": change.block_size})
+
+    async def _write(self, ctx, holder: str, change: dirops.Write, path: str) -> None:
+        """A small file's whole content, inline: ``complete`` with it (``close``; a close
+        already made with the same content answers as done, ``closed_with``), else
+        ``fsync`` with it, a flush (durable with the batch, not on its own)."""
+        args = {"path": path, "client_name": holder, "ino": change.ino}
+        if change.data:   # none: an empty file, closed without a byte
+            args["data"] = change.data
+        if not change.close:
+            await self.dispatch(ctx, "fsync", {**args, "sync": False})
+            return
+        for name, value in (("mtime_ns", change.mtime_ns), ("atime_ns", change.atime_ns),
+                            ("permission", change.permission)):
+            if value is not None:
+                args[name] = value
+        # without a last block: a file whose bytes are in blocks is refused, not waited for
+        await self.dispatch(ctx, "complete", {**args, "last": None})
 
     # ------------------------------------------------------------------ recalls
     def queue_recall(self, holder: str, path: str, epoch: int, ino: int) -> None:
