@@ -512,10 +512,11 @@ def test_creates_and_small_files_through_a_batch(tmp_path):
             assert f"/d/stray: inode {ids[-1] + 1} is not one the lease" in stray
             assert f"reserved: {ids[0]} to {ids[-1]}" in stray
             # sent again (its answer lost): the creates of files that exist are skipped
-            # (f, g, empty, open) and so is g's flush (g is closed); the closes are answered
-            # as done (closed with the same content); "gone" is made and removed again
+            # (f, g, empty, open), and so are the writes to closed files: g's flush, and
+            # the closes of files that hold their content; "gone" is made and removed
+            # again (nothing tells it was made), the same refusals as before
             again = a.dir_batch(ops)
-            assert again["ended"] is None and again["skipped"] == 5
+            assert again["ended"] is None and again["skipped"] == 8
             assert [f["index"] for f in again["failed"]] == [2, 10]
             # the created file no close came for is the holder's open file
             opened = [f for f in b.list_open_files("/") if f["path"] == "/d/open"]
@@ -576,6 +577,12 @@ def test_creates_and_small_files_through_a_batch(tmp_path):
             assert names(a.list_status("/d")) == ["empty", "f", "g", "h", "m2", "open",
                                                   "plain"]
             a.dir_lease_release("/d", d["epoch"])
+            # resent after the lease ended: still skipped, not stopped; a close with other
+            # content is no resend, and its lease has ended
+            assert a.dir_batch(moved) == {"done": 3, "skipped": 3, "failed": [],
+                                          "ended": None}
+            answer = a.dir_batch([write(d, "h", ids[0], b"other", True, at)])
+            assert answer["done"] == 0 and answer["ended"]["type"] == "LeaseExpired"
             assert b.read_file("/d/h") == b"second" and b.read_file("/d/m2") == b"m"
 
 

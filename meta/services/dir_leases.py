@@ -78,6 +78,7 @@ if TYPE_CHECKING:
     from ..namespace.access import Access
     from ..namespace.allocators import Allocators
     from ..namespace.locks import NamespaceLocking
+    from ..namespace.plan import NamespacePlanner
     from ..namespace.quota import QuotaPlanner
     from ..namespace.view import NamespaceView
 
@@ -143,13 +144,14 @@ def access_paths(method: str, args: dict) -> list[str]:
 class DirLeases:
     def __init__(self, *, table: DirLeaseTable, view: NamespaceView, edits: Edits,
                  locking: NamespaceLocking, access: Access, ids: Allocators,
-                 quota: QuotaPlanner, max_entries: int, hard_limit: float,
-                 clock: Callable[[], float], dispatch: Dispatch):
+                 quota: QuotaPlanner, planner: NamespacePlanner, max_entries: int,
+                 hard_limit: float, clock: Callable[[], float], dispatch: Dispatch):
         self.table = table
         self.dispatch = dispatch
         self.view = view
-        self.ids = ids
-        self.quota = quota
+        self.ids = ids           # a grant's reserved inode ids
+        self.quota = quota       # no reservation under a quota
+        self.planner = planner   # a resent close: the file holds its content already
         self.edits = edits
         self.locking = locking
         self.access = access
@@ -423,8 +425,10 @@ class DirLeases:
         grant reserved. Only when that lease is still held is an existing inode outside
         its range not taken for a resend (the create then fails, naming the range); once
         the lease ended nothing tells, and applying nothing is what a resend needs. A
-        write that does not close its file is applied once the file is closed (a later
-        close of it was applied too)."""
+        write to a file that is closed was applied: one that does not close it (a later
+        close was applied too), and a close when the file holds exactly its content
+        (``closed_with``, complete's own retry rule; with other content it is not taken
+        for a resend, and its ``complete`` says what is wrong)."""
         if isinstance(change, dirops.Create):
             if self.view.lookup(change.dir, change.name) == change.ino:
                 return True
@@ -435,9 +439,14 @@ class DirLeases:
             return not held or change.ino in lease.inos
         if self.view.lookup(change.dir, change.name) != change.ino:
             return True
-        if isinstance(change, dirops.Write) and not change.close:
+        if isinstance(change, dirops.Write):
             inode = self.view.get_inode(change.ino)
-            return inode is None or inode.type != FILE or not inode.uc
+            if inode is None or inode.type != FILE or inode.uc:
+                return False
+            if not change.close:
+                return True
+            path = paths.join(self.view.path_of(change.dir) or "/", change.name)
+            return self.planner.closed_with(path, change.ino, None, change.data or None)
         return False
 
     def _flush_leases(self, holder: str, change) -> DirLease:
