@@ -42,6 +42,20 @@ HOLDER_TIME_SKEW = 300 * 10**9
 #: where a batched change's time travels from the batch to the namespace calls
 #: (``CallContext.extra``)
 HOLDER_TIME = "holder_time_ns"
+#: where a batched create's inode id travels from the batch to the ``create`` call
+#: (``CallContext.extra``): never an argument a client sends, since only the batch checks
+#: that the id is one its lease's grant reserved
+CHOSEN_INO = "chosen_ino"
+
+
+def change_time(extra: dict, wall: int) -> int:
+    """The time a change is stamped with: ``wall`` (the server's), or for a batched change
+    the holder's (``extra[HOLDER_TIME]``, what it showed its applications) when the two
+    clocks agree within ``HOLDER_TIME_SKEW``."""
+    held = extra.get(HOLDER_TIME)
+    if held is not None and abs(held - wall) <= HOLDER_TIME_SKEW:
+        return held
+    return wall
 
 
 def _int(value, what: str, low: int = 1) -> int:
@@ -245,5 +259,5 @@ def batch_from_wire(ops) -> list[DirOp]:
     return [from_wire(item) for item in ops]
 
 
-__all__ = ["Create", "DirOp", "MAX_BATCH", "Release", "Rename", "Rmdir", "Unlink", "Write",
-           "batch_from_wire", "from_wire"]
+__all__ = ["CHOSEN_INO", "Create", "DirOp", "HOLDER_TIME", "MAX_BATCH", "Release", "Rename",
+           "Rmdir", "Unlink", "Write", "batch_from_wire", "change_time", "from_wire"]

@@ -239,7 +239,8 @@ class MetaServer(Dispatcher):
             clock=clock, wall_ns=wall_ns)
         self.dir_lease_service = DirLeases(
             table=self.dir_leases, view=self.ns.view, edits=self.edits, locking=self.locking,
-            access=self.access, max_entries=config.dir_lease_max_entries,
+            access=self.access, ids=self.ns.ids, quota=self.ns.quota, planner=self.ns.planner,
+            max_entries=config.dir_lease_max_entries,
             hard_limit=config.lease_hard_limit, clock=clock,
             dispatch=lambda ctx, method, args: self.dispatch(ctx, method, args, recall=False))
         # flock and fcntl locks of every mount, volatile, under the holders' client leases

@@ -18,10 +18,13 @@ from fs.errors import (FileNotFound, InvalidArgument, LeaseExpired, NotDirectory
                        PermissionDenied)
 from harness import ProcessCluster, make_test_config
 from meta.journal.files import Record
-from meta.journal.kv import MemoryStore
+from meta.journal.kv import MemoryStore, PlyvelStore
 from meta.journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
+from meta.leases.dirleases import NO_INOS, InoRange, StoredLease
+from meta.schema import keys
+from meta.namespace.namespace import Namespace
 from meta.server import MetaServer
-from meta.services.dir_leases import access_paths
+from meta.services.dir_leases import MAX_RESERVED_INOS, access_paths
 from test_meta_server import inprocess_meta
 
 
@@ -88,9 +91,42 @@ def test_an_old_epoch_is_refused_after_the_directory_is_leased_again(tmp_path):
         table.check(ino, holder, 3, "/d")
     # a release of the ended epoch (an expiry racing the re-grant) changes nothing
     server._apply([Record(6, *DirLeaseRelease(ino=ino, holder=holder, epoch=3).to_wire())])
-    assert table.lease_of(ino).epoch == 5 and server.ns.view.dir_leases() == [(ino, holder, 5)]
+    assert table.lease_of(ino).epoch == 5
+    assert server.ns.view.dir_leases() == [StoredLease(ino, holder, 5)]
     server.rebuild_memory()
     assert table.lease_of(ino).epoch == 5
+
+
+def test_a_grants_reserved_inodes_are_journaled_and_next_ino_moves_past_them(tmp_path):
+    """DIR_LEASE_GRANT with ``first_ino``/``inos``, as a successor replays it: the lease
+    key keeps the range, the stored next_ino moves past it (and the allocator with it),
+    the table and a rebuild have it; a release ends such a lease; a grant of none writes
+    the record as it was before reservations existed."""
+    server = MetaServer(make_test_config(), MemoryStore(), str(tmp_path / "replica"))
+    server._apply([Record(1, *server.ns.planner.plan_format(7, 1).to_wire())])
+    server._apply([Record(2, *server.ns.planner.plan_mkdirs("/d", now_ns=2).to_wire())])
+    server._apply([Record(3, *server.ns.planner.plan_mkdirs("/e", now_ns=3).to_wire())])
+    d, e = (server.ns.view.get_file_info(p)["ino"] for p in ("/d", "/e"))
+    first = server.ns.view.counters[keys.NEXT_INO]
+    grant = DirLeaseGrant(ino=d, holder="h", first_ino=first, inos=100)
+    assert grant.to_wire()[1] == {"ino": d, "holder": "h", "first_ino": first, "inos": 100}
+    server._apply([Record(4, *grant.to_wire())])
+    assert server.ns.view.counters[keys.NEXT_INO] == first + 100
+    assert server.ns.ids.allocate_ino() == first + 100
+    assert server.dir_leases.lease_of(d).inos == InoRange(first, 100)
+    plain = DirLeaseGrant(ino=e, holder="h")
+    assert plain.to_wire()[1] == {"ino": e, "holder": "h"} and plain.reserved == NO_INOS
+    server._apply([Record(5, *plain.to_wire())])
+    assert server.ns.view.dir_leases() == [StoredLease(d, "h", 4, InoRange(first, 100)),
+                                           StoredLease(e, "h", 5)]
+    server.rebuild_memory()
+    assert server.dir_leases.lease_of(d).inos == InoRange(first, 100)
+    assert server.dir_leases.lease_of(e).inos == NO_INOS
+    server._apply([Record(6, *DirLeaseRelease(ino=d, holder="h", epoch=4).to_wire())])
+    assert server.dir_leases.lease_of(d) is None
+    assert server.ns.view.dir_leases() == [StoredLease(e, "h", 5)]
+    # the ids stay spent: the counter never goes back
+    assert server.ns.view.counters[keys.NEXT_INO] == first + 100
 
 
 @pytest.mark.slow
@@ -378,3 +414,201 @@ def raw_call(cluster: ProcessCluster, method: str, **args):
         return trio.run(once)
     except BaseExceptionGroup as group:
         raise sole_exception(group) from None
+
+
+# ------------------------------------------------------------------ creates and small files
+
+def create(grant: dict, name: str, ino: int, at: int, permission: int = 0o640):
+    return dirops.Create(grant["attrs"]["ino"], grant["epoch"], name, ino, permission, None,
+                         None, None, None, at)
+
+
+def write(grant: dict, name: str, ino: int, data: bytes, close: bool, at: int, *,
+          mtime_ns=None, permission=None):
+    return dirops.Write(grant["attrs"]["ino"], grant["epoch"], name, ino, data, close,
+                        mtime_ns, None, permission, at)
+
+
+def reserved(grant: dict) -> range:
+    first, count = grant["inos"]
+    return range(first, first + count)
+
+
+@pytest.mark.slow
+def test_a_grant_reserves_inode_ids_for_its_holder(tmp_path):
+    """``want_inos``: each grant answers its own range of inode ids, disjoint from every
+    other grant's and from what creates get; a holder asking again gets its range back;
+    at most MAX_RESERVED_INOS; none at or under a folder with a quota; bad values are
+    refused naming the argument."""
+    with ProcessCluster(tmp_path, n_storage=0) as cluster:
+        with cluster.client() as a, cluster.client() as b:
+            for path in ("/d", "/e", "/f", "/g", "/q/sub", "/s/sub"):
+                a.mkdirs(path)
+            a.set_quota("/q", ns_quota=1000)
+            a.set_quota("/s", ds_quota=1 << 30)
+            d = a.dir_lease_acquire("/d", want_inos=10)
+            e = a.dir_lease_acquire("/e", want_inos=5)
+            assert d["inos"][1] == 10 and e["inos"][1] == 5 and d["inos"][0] > 0
+            assert not set(reserved(d)) & set(reserved(e))
+            again = a.dir_lease_acquire("/d", want_inos=99)
+            assert again["epoch"] == d["epoch"] and again["inos"] == d["inos"]
+            assert a.dir_lease_acquire("/f", want_inos=10**9)["inos"][1] == MAX_RESERVED_INOS
+            assert a.dir_lease_acquire("/g")["inos"] == [0, 0]   # none asked for
+            # a quota at or above: the grant is made, without ids
+            for path in ("/q", "/q/sub", "/s/sub"):
+                grant = a.dir_lease_acquire(path, want_inos=10)
+                assert grant["epoch"] and grant["inos"][1] == 0, path
+            made = a.mkdir("/e/new", lease=True, want_inos=4)
+            assert made.lease["inos"][1] == 4
+            assert not set(reserved(made.lease)) & (set(reserved(d)) | set(reserved(e)))
+            b.mkdirs("/other")
+            b.write_file("/other/x", b"x")
+            x = b.get_file_status("/other/x").ino
+            assert x not in reserved(d) and x not in reserved(e) \
+                and x not in reserved(made.lease)
+            for bad in (-1, "3", True, 1.5):
+                with pytest.raises(InvalidArgument, match="dir_lease_acquire /g: want_inos"):
+                    raw_call(cluster, "dir_lease_acquire", path="/g",
+                             client_name=a.client_name, want_inos=bad)
+            with pytest.raises(InvalidArgument, match="mkdirs /e/z: dir_lease_inos"):
+                raw_call(cluster, "mkdirs", path="/e/z", dir_lease_inos=-1)
+            with pytest.raises(InvalidArgument, match="dir_lease_inos needs dir_lease"):
+                raw_call(cluster, "mkdirs", path="/e/z", dir_lease_inos=3)
+            assert a.dir_lease_acquire("/e")["entries"][0]["name"] == "new"   # no /e/z
+
+
+@pytest.mark.slow
+def test_creates_and_small_files_through_a_batch(tmp_path):
+    """``dir_batch`` create and write: a file made under a reserved inode id with its
+    content, as ``create`` and ``complete(data=...)`` make it (owner, group, mode, the
+    holder's times), readable by another client; an id outside the range fails by index
+    and the batch goes on; a resend changes nothing and fails nothing; a flush then a
+    close; an empty file; a create then an unlink; a name that exists; a created file
+    stays the holder's open file; malformed records refuse the batch whole."""
+    with ProcessCluster(tmp_path, n_storage=0) as cluster:
+        with cluster.client() as a, cluster.client() as b:
+            a.mkdirs("/d")
+            a.write_file("/d/plain", b"p", permission=0o640)
+            d = a.dir_lease_acquire("/d", want_inos=16)
+            ids = reserved(d)
+            at = time.time_ns() - 10**9   # a second ago: the files and /d show this time
+            ops = [create(d, "f", ids[0], at),
+                   write(d, "f", ids[0], b"hello", True, at),
+                   create(d, "stray", ids[-1] + 1, at),          # not reserved
+                   create(d, "g", ids[1], at, permission=0o600),
+                   write(d, "g", ids[1], b"v1", False, at),
+                   write(d, "g", ids[1], b"v2", True, at, mtime_ns=at - 5, permission=0o644),
+                   create(d, "empty", ids[2], at),
+                   write(d, "empty", ids[2], b"", True, at),
+                   create(d, "gone", ids[3], at),
+                   dirops.Unlink(d["attrs"]["ino"], d["epoch"], "gone", ids[3], at),
+                   create(d, "plain", ids[4], at),               # the name exists
+                   create(d, "open", ids[5], at)]
+            answer = a.dir_batch(ops)
+            assert answer["done"] == len(ops) and answer["ended"] is None
+            assert [(f["index"], f["error"]["type"]) for f in answer["failed"]] == [
+                (2, "InvalidArgument"), (10, "FileExists")]
+            stray = answer["failed"][0]["error"]["message"]
+            assert f"/d/stray: inode {ids[-1] + 1} is not one the lease" in stray
+            assert f"reserved: {ids[0]} to {ids[-1]}" in stray
+            # sent again (its answer lost): the creates of files that exist are skipped
+            # (f, g, empty, open), and so are the writes to closed files: g's flush, and
+            # the closes of files that hold their content; "gone" is made and removed
+            # again (nothing tells it was made), the same refusals as before
+            again = a.dir_batch(ops)
+            assert again["ended"] is None and again["skipped"] == 8
+            assert [f["index"] for f in again["failed"]] == [2, 10]
+            # the created file no close came for is the holder's open file
+            opened = [f for f in b.list_open_files("/") if f["path"] == "/d/open"]
+            assert [(f["ino"], f["holder"]) for f in opened] == [(ids[5], a.client_name)]
+            assert raw_call(cluster, "complete", path="/d/open", client_name=a.client_name,
+                            ino=ids[5], data=b"later") is True
+            a.dir_lease_release("/d", d["epoch"])
+
+            plain = b.get_file_status("/d/plain")
+            f = b.get_file_status("/d/f")
+            assert (f.ino, f.length, f.mode, f.owner, f.group, f.under_construction) == \
+                (ids[0], 5, 0o640, plain.owner, plain.group, False)
+            assert f.mtime_ns == at and b.get_file_status("/d").mtime_ns == at
+            assert b.read_file("/d/f") == b"hello"
+            g = b.get_file_status("/d/g")
+            assert (g.ino, g.mode, g.mtime_ns) == (ids[1], 0o644, at - 5)
+            assert b.read_file("/d/g") == b"v2"
+            empty = b.get_file_status("/d/empty")
+            assert (empty.ino, empty.length, empty.under_construction) == (ids[2], 0, False)
+            assert b.read_file("/d/empty") == b""
+            assert b.read_file("/d/open") == b"later" and b.read_file("/d/plain") == b"p"
+            assert names(b.list_status("/d")) == ["empty", "f", "g", "open", "plain"]
+
+            # a flush, then a close in a later batch
+            d = a.dir_lease_acquire("/d", want_inos=4)
+            ids = reserved(d)
+            assert a.dir_batch([create(d, "h", ids[0], at),
+                                write(d, "h", ids[0], b"first", False, at)])["failed"] == []
+            h = a.get_file_status("/d/h")   # the holder's own access: no recall
+            assert (h.length, h.under_construction) == (5, True)
+            assert a.read_file("/d/h") == b"first"
+            answer = a.dir_batch([write(d, "h", ids[0], b"second", True, at)])
+            assert answer["failed"] == [] and answer["done"] == 1
+            # a late flush of a closed file (a resend) is skipped
+            assert a.dir_batch([write(d, "h", ids[0], b"first", False, at)])["skipped"] == 1
+            # a rename after the create: a resend skips the create of the moved file
+            D = d["attrs"]["ino"]
+            moved = [create(d, "m", ids[1], at), write(d, "m", ids[1], b"m", True, at),
+                     dirops.Rename(D, d["epoch"], "m", ids[1], D, d["epoch"], "m2", 0, at)]
+            assert a.dir_batch(moved)["failed"] == []
+            assert a.dir_batch(moved) == {"done": 3, "skipped": 3, "failed": [],
+                                          "ended": None}
+            # malformed: refused whole, nothing applied
+            good = create(d, "never", ids[2], at).to_wire()
+            for bad, why in (({**good, "perm": 0o20000}, "create perm"),
+                             ({**good, "owner": 7}, "create owner"),
+                             ({**good, "replication": 0}, "create replication"),
+                             ({**good, "extra": 1}, "unknown fields"),
+                             ({k: v for k, v in good.items() if k != "group"}, "missing group"),
+                             ({**write(d, "h", ids[0], b"x", True, at).to_wire(), "data": "x"},
+                              "write data must be bytes"),
+                             ({**write(d, "h", ids[0], b"x", True, at).to_wire(), "close": 1},
+                              "write close must be a boolean"),
+                             (write(d, "h", ids[0], b"", False, at).to_wire(),
+                              "write of no data must close")):
+                with pytest.raises(InvalidArgument, match=why):
+                    a.dir_batch([good, bad])
+            assert names(a.list_status("/d")) == ["empty", "f", "g", "h", "m2", "open",
+                                                  "plain"]
+            a.dir_lease_release("/d", d["epoch"])
+            # resent after the lease ended: still skipped, not stopped; a close with other
+            # content is no resend, and its lease has ended
+            assert a.dir_batch(moved) == {"done": 3, "skipped": 3, "failed": [],
+                                          "ended": None}
+            answer = a.dir_batch([write(d, "h", ids[0], b"other", True, at)])
+            assert answer["done"] == 0 and answer["ended"]["type"] == "LeaseExpired"
+            assert b.read_file("/d/h") == b"second" and b.read_file("/d/m2") == b"m"
+
+
+@pytest.mark.slow
+def test_reserved_inode_ids_survive_a_restart(tmp_path):
+    """After a restart the holder's lease keeps its range: a plain create never gets an id
+    in it (the stored next_ino is past it), and the holder's create under a reserved id
+    still works."""
+    with ProcessCluster(tmp_path, n_storage=0) as cluster:
+        with cluster.client() as a:
+            a.mkdirs("/d")
+            d = a.dir_lease_acquire("/d", want_inos=8)
+            ids = reserved(d)
+            restart_meta(cluster)
+            kept = a.dir_lease_acquire("/d")
+            assert (kept["epoch"], kept["inos"]) == (d["epoch"], d["inos"])
+            a.write_file("/x", b"x")
+            assert a.get_file_status("/x").ino > ids[-1]
+            at = time.time_ns()
+            answer = a.dir_batch([create(d, "f", ids[3], at),
+                                  write(d, "f", ids[3], b"kept", True, at)])
+            assert answer == {"done": 2, "skipped": 0, "failed": [], "ended": None}
+            assert a.get_file_status("/d/f").ino == ids[3]
+        cluster.stop()
+        store = PlyvelStore(str(cluster.meta_dir() / "db"), create=False)
+        try:
+            assert Namespace(store).view.counters[keys.NEXT_INO] > ids[-1]
+        finally:
+            store.close()

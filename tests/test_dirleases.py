@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from fs.errors import InvalidArgument, LeaseExpired
-from meta.leases.dirleases import (TRANSITIONS, DirLeaseEvent, DirLeaseState, DirLeaseTable,
-                                   Verdict, next_state)
+from meta.leases.dirleases import (NO_INOS, TRANSITIONS, DirLeaseEvent, DirLeaseState,
+                                   DirLeaseTable, InoRange, StoredLease, Verdict, next_state)
 
 LIMIT = 5.0
 
@@ -60,6 +60,21 @@ def test_a_batch_under_an_ended_or_older_lease_is_refused_for_ever():
         table.flush(7, "a", 100, now=2, what="/d")                 # an old epoch of its own
 
 
+def test_a_grants_reserved_inodes_stay_with_its_lease_and_come_back_at_a_restart():
+    table = DirLeaseTable(recall_limit=LIMIT)
+    table.grant(1, "a", epoch=10, inos=InoRange(500, 16))
+    table.grant(2, "a", epoch=11)
+    assert table.lease_of(2).inos == NO_INOS and 500 not in NO_INOS
+    lease = table.lease_of(1)
+    assert 500 in lease.inos and 515 in lease.inos and 516 not in lease.inos
+    assert 499 not in lease.inos and lease.inos.to_wire() == [500, 16]
+    table.access(1, "b", now=0)   # recalling keeps it
+    assert table.lease_of(1).inos == InoRange(500, 16)
+    restarted = DirLeaseTable(recall_limit=LIMIT)
+    restarted.rebuild([StoredLease(x.ino, x.holder, x.epoch, x.inos) for x in table.held_by("a")])
+    assert [x.inos for x in restarted.held_by("a")] == [InoRange(500, 16), NO_INOS]
+
+
 def test_a_held_directory_is_not_granted_again_and_a_restart_keeps_the_leases():
     table = DirLeaseTable(recall_limit=LIMIT)
     table.grant(1, "a", epoch=10)
@@ -70,11 +85,12 @@ def test_a_held_directory_is_not_granted_again_and_a_restart_keeps_the_leases():
         table.grant(1, "b", epoch=12)
     table.access(1, "b", now=0)
     restarted = DirLeaseTable(recall_limit=LIMIT)
-    restarted.rebuild([(lease.ino, lease.holder, lease.epoch) for lease in table.held_by("a")])
+    restarted.rebuild([StoredLease(lease.ino, lease.holder, lease.epoch)
+                       for lease in table.held_by("a")])
     assert [(x.ino, x.epoch, x.state) for x in restarted.held_by("a")] == [
         (1, 10, DirLeaseState.HELD), (2, 11, DirLeaseState.HELD)]   # recalled again later
     with pytest.raises(InvalidArgument, match="restart is not allowed"):
-        restarted.rebuild([(1, "a", 10), (1, "b", 12)])
+        restarted.rebuild([StoredLease(1, "a", 10), StoredLease(1, "b", 12)])
     with pytest.raises(InvalidArgument, match="recall_limit"):
         DirLeaseTable(recall_limit=0)
 
@@ -188,7 +204,7 @@ class DirLeaseMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model.held)
     @rule()
     def restart(self):
-        grants = [(ino, held[0], held[1]) for ino, held in self.model.held.items()]
+        grants = [StoredLease(ino, held[0], held[1]) for ino, held in self.model.held.items()]
         self.table = DirLeaseTable(recall_limit=LIMIT)
         self.table.rebuild(grants)
         for held in self.model.held.values():

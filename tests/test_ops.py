@@ -26,6 +26,7 @@ from meta.journal.ops import (ABSENT, OPS, LAZY_OPS, RPC_CALL, RPC_KEPT, Effect,
                               decode, to_wire)
 from meta.journal.ops_blocks import Close
 from meta.journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
+from meta.leases.dirleases import StoredLease
 from meta.journal.ops_namespace import Mkdir
 from meta.server import MetaServer
 from harness import make_test_config
@@ -122,7 +123,12 @@ def every_op() -> Driver:
     a = ns.view.resolve("/a")[1]
     grant = d.log(DirLeaseGrant(ino=a, holder="m1"))
     d.log(DirLeaseRelease(ino=a, holder="m1", epoch=grant.txid))
-    d.log(DirLeaseGrant(ino=a, holder="m2"))   # stays: the store ends with one lease
+    d.log(DirLeaseGrant(ino=a, holder="m2"))   # stays
+    # a grant reserving inode ids, and a holder's batched create under one of them
+    first = ns.ids.allocate_inos(4)
+    d.log(DirLeaseGrant(ino=ns.view.resolve("/a/b")[1], holder="m3", first_ino=first, inos=4))
+    d.log(ns.planner.plan_create("/a/b/r", holder="m3", block_size=4096, now_ns=d.tick(),
+                                 chosen_ino=first + 2))   # the store ends with two leases
     assert check_namespace(ns.kv) == []
     return d
 
@@ -230,17 +236,17 @@ def test_every_op_updates_the_servers_memory_from_its_typed_effect(tmp_path, cap
         tokens = sorted(server.security.tokens.items())
         assert [state.to_wire() for _, state in tokens] == server.ns.view.delegation_tokens()
         seen_tokens += len(tokens)
-        held = [(lease.ino, lease.holder, lease.epoch)
-                for lease in (server.dir_leases.lease_of(ino)
-                              for ino, _, _ in server.ns.view.dir_leases()) if lease]
+        held = [StoredLease(lease.ino, lease.holder, lease.epoch, lease.inos)
+                for lease in (server.dir_leases.lease_of(stored.ino)
+                              for stored in server.ns.view.dir_leases()) if lease]
         assert held == server.ns.view.dir_leases() and \
             len(server.dir_leases) == len(held), record.op
         seen_dir_leases += len(held)
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert seen_blocks and seen_tokens == 2   # after the issue and the renewal
-    # one after the first grant, then one from the second grant on (its record and the
-    # three added above)
-    assert seen_dir_leases == 1 + 4
+    # one after the first grant, one after the second, two from the third on (its record,
+    # the create under its reserved ids and the three added above)
+    assert seen_dir_leases == 1 + 1 + 2 * 5
 
 
 def test_optional_keys_stay_absent_and_unknown_keys_are_kept():

@@ -46,6 +46,7 @@ from fs.retry_cache import CallKey
 
 if TYPE_CHECKING:
     from ..blocks.blocks import BlocksMap
+    from ..leases.dirleases import InoRange
     from ..leases.leases import LeaseManager
 
 
@@ -120,7 +121,7 @@ class DirLeaseState(Protocol):
     """What the directory lease ops use of ``meta.services.dir_leases.DirLeases`` (named
     by a protocol for the same reason)."""
 
-    def lease_granted(self, ino: int, holder: str, epoch: int) -> None: ...
+    def lease_granted(self, ino: int, holder: str, epoch: int, inos: InoRange) -> None: ...
 
     def lease_ended(self, ino: int, epoch: int) -> None: ...
 

@@ -5,9 +5,13 @@ successor, and its epoch must never be reused, so grants and releases are journa
 next to the changes they cover, docs/design/dirleases.md). A grant's epoch is the txid of
 its own record; the lease is stored under ``keys.dir_lease_key`` (``W``) and followed in
 memory by the server's directory lease service (``MemoryState.dir_leases``: its table, and
-the accesses waiting for a lease to end). A release names the
-epoch it ends: one that arrives after the directory was leased again (an expiry racing a
-re-grant) changes nothing. Reach them through ``meta.journal.ops.OPS`` / ``decode``.
+the accesses waiting for a lease to end). A grant may reserve inode ids for its holder's
+creates in the directory (``first_ino``, ``inos``; left out of the record when none, so
+records without them decode as grants of none): the lease key keeps them, and the stored
+``next_ino`` counter moves past them, so neither a restart nor an HA successor hands them
+out again. A release names the epoch it ends: one that arrives after the directory was
+leased again (an expiry racing a re-grant) changes nothing. Reach them through
+``meta.journal.ops.OPS`` / ``decode``.
 
 Concurrency contract: immutable values; ``apply``/``apply_memory`` run on the trio thread
 inside one batch's apply, no awaits.
@@ -17,9 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..leases.dirleases import NO_INOS, InoRange
 from ..schema import keys
 from ..schema.inode import DIR
-from .opbase import Effect, Op, register
+from . import ops_store as st
+from .opbase import ABSENT, Effect, Op, given, register
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,23 +35,44 @@ class DirLeaseEffect(Effect):
     ended: bool = False
 
 
+def stored_inos(value: dict) -> InoRange:
+    """The inode ids a stored lease (its ``W`` key's value) reserved."""
+    count = value.get("inos", 0)
+    return InoRange(value["first_ino"], count) if count else NO_INOS
+
+
 @register
 class DirLeaseGrant(Op):
-    """``holder`` now holds directory ``ino``; the epoch is this record's txid."""
+    """``holder`` now holds directory ``ino``; the epoch is this record's txid. With
+    ``inos`` > 0: inode ids ``first_ino`` .. ``first_ino + inos - 1`` are reserved for the
+    files the holder creates there (``dir_batch`` create)."""
     NAME = "DIR_LEASE_GRANT"
     # as lazy as the changes it covers: a holder's changes are durable at its fsync,
     # which makes the grant before them durable too
     lazy = True
     ino: int
     holder: str
+    first_ino: int = ABSENT
+    inos: int = ABSENT
+
+    @property
+    def reserved(self) -> InoRange:
+        count = given(self.inos, 0)
+        return InoRange(given(self.first_ino, 0), count) if count else NO_INOS
 
     def apply(self, txn, counters):
         epoch = counters[keys.APPLIED_TXID]
-        txn.put(keys.dir_lease_key(self.ino), {"holder": self.holder, "epoch": epoch})
+        value = {"holder": self.holder, "epoch": epoch}
+        reserved = self.reserved
+        if reserved.count:
+            value.update(first_ino=reserved.first, inos=reserved.count)
+            # the ids are the holder's from now on: nothing allocates them again
+            st.bump(counters, keys.NEXT_INO, reserved.first + reserved.count - 1)
+        txn.put(keys.dir_lease_key(self.ino), value)
         return DirLeaseEffect(epoch=epoch)
 
     def apply_memory(self, state, effect: DirLeaseEffect, now):
-        state.dir_leases.lease_granted(self.ino, self.holder, effect.epoch)
+        state.dir_leases.lease_granted(self.ino, self.holder, effect.epoch, self.reserved)
 
     def check(self, view):
         inode = view.inode(self.ino)
@@ -55,6 +82,13 @@ class DirLeaseGrant(Op):
         if current is not None:
             view.problem(f"directory inode {self.ino} is already leased to "
                          f"{current.get('holder')!r} (epoch {current.get('epoch')})")
+        reserved = self.reserved
+        if reserved.count:
+            # the allocator hands out ids in order: the range's ends stand for all of it
+            for ino in (reserved.first, reserved.first + reserved.count - 1):
+                if view.inode(ino) is not None:
+                    view.problem(f"directory inode {self.ino}: reserved inode id {ino} "
+                                 f"is in use")
 
 
 @register
@@ -72,7 +106,8 @@ class DirLeaseRelease(Op):
     def apply(self, txn, counters):
         key = keys.dir_lease_key(self.ino)
         current = txn.get(key)
-        if current != {"holder": self.holder, "epoch": self.epoch}:
+        if current is None or current.get("holder") != self.holder \
+                or current.get("epoch") != self.epoch:
             return DirLeaseEffect(epoch=self.epoch)   # already ended, or a newer lease
         txn.delete(key)
         return DirLeaseEffect(epoch=self.epoch, ended=True)

@@ -26,6 +26,9 @@ of the table goes through it.
   is then a prefix of what the holder sent.
 * At start, the leases in the journal come back HELD with fresh timers (``rebuild``): a
   recall in progress at a crash is sent again by the next access.
+* A grant may reserve a range of inode ids (``InoRange``) for the files its holder creates
+  in the directory ahead of the server; the range is the lease's for its whole life (a
+  holder asking again gets it back) and comes back with it at a restart.
 
 Pure: no I/O, no clock (``now`` is passed in), no awaits. Concurrency contract: called only
 from the metadata server's trio thread; every method is atomic.
@@ -91,12 +94,44 @@ class Verdict(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class InoRange:
+    """Inode ids ``first`` .. ``first + count - 1`` a grant reserved for its holder's
+    creates in the directory (count 0: none)."""
+    first: int = 0
+    count: int = 0
+
+    def __contains__(self, ino: int) -> bool:
+        return self.first <= ino < self.first + self.count
+
+    def to_wire(self) -> list[int]:
+        return [self.first, self.count]
+
+    def __str__(self) -> str:
+        if not self.count:
+            return "none"
+        return f"{self.first} to {self.first + self.count - 1}"
+
+
+NO_INOS = InoRange()
+
+
+@dataclass(frozen=True)
 class DirLease:
     ino: int
     holder: str
     epoch: int                      # the journal transaction of its grant
     state: DirLeaseState
     recall_deadline: float | None   # RECALLING: given back or flushing again by then
+    inos: InoRange = NO_INOS        # reserved by its grant for the holder's creates
+
+
+@dataclass(frozen=True)
+class StoredLease:
+    """A live lease as the journal keeps it (what ``rebuild`` takes)."""
+    ino: int
+    holder: str
+    epoch: int
+    inos: InoRange = NO_INOS
 
 
 class DirLeaseTable:
@@ -150,15 +185,16 @@ class DirLeaseTable:
         return lease
 
     # ------------------------------------------------------------------ state changes
-    def grant(self, ino: int, holder: str, epoch: int) -> DirLease:
-        """``holder`` now holds ``ino`` under ``epoch`` (the caller journaled the grant
-        after ``access`` said PROCEED for it)."""
+    def grant(self, ino: int, holder: str, epoch: int,
+              inos: InoRange = NO_INOS) -> DirLease:
+        """``holder`` now holds ``ino`` under ``epoch``, with the inode ids ``inos``
+        reserved (the caller journaled the grant after ``access`` said PROCEED for it)."""
         current = self._by_ino.get(ino)
         if current is not None and current.holder == holder:
             raise InvalidArgument(f"directory {ino} is already leased to {holder} "
                                   f"(epoch {current.epoch})")
         state = next_state(None if current is None else current.state, DirLeaseEvent.GRANT)
-        lease = DirLease(ino, holder, epoch, state, None)
+        lease = DirLease(ino, holder, epoch, state, None, inos)
         self._put(lease)
         return lease
 
@@ -190,17 +226,17 @@ class DirLeaseTable:
         self._drop(lease)
         return lease
 
-    def rebuild(self, grants: list[tuple[int, str, int]]) -> None:
-        """At start: the leases the journal holds, as ``(ino, holder, epoch)``, all HELD
-        (the waiters of a recall died with the old process; the next access recalls
-        again)."""
+    def rebuild(self, stored: list[StoredLease]) -> None:
+        """At start: the leases the journal holds, all HELD (the waiters of a recall died
+        with the old process; the next access recalls again), with their reserved
+        inodes."""
         self._by_ino.clear()
         self._by_holder.clear()
-        for ino, holder, epoch in grants:
-            current = self._by_ino.get(ino)   # a second grant of one directory is refused
+        for one in stored:
+            current = self._by_ino.get(one.ino)   # a second grant of one directory is refused
             state = next_state(None if current is None else current.state,
                                DirLeaseEvent.RESTART)
-            self._put(DirLease(ino, holder, epoch, state, None))
+            self._put(DirLease(one.ino, one.holder, one.epoch, state, None, one.inos))
 
     # ------------------------------------------------------------------ internals
     def _put(self, lease: DirLease) -> None:

@@ -39,6 +39,14 @@ class Allocators:
         self._next_ino += 1
         return ino
 
+    def allocate_inos(self, count: int) -> int:
+        """``count`` consecutive inode ids (a directory lease's reservation: its holder
+        creates files under them); the first. Its record moves the stored counter past
+        them, so they are never handed out again, after a restart or on a successor."""
+        first = self._next_ino
+        self._next_ino += count
+        return first
+
     def allocate_block_id(self) -> int:
         block_id = self._next_block_id
         self._next_block_id += 1

@@ -128,7 +128,11 @@ class NamespacePlanner:
 
     def plan_create(self, path, *, holder, client_machine: str = "", overwrite=False,
                     create_parent=True, replication=None, block_size=None, permission=0o644,
-                    owner=None, group=None, now_ns: int) -> Add:
+                    owner=None, group=None, now_ns: int,
+                    chosen_ino: int | None = None) -> Add:
+        """``chosen_ino``: the new file's inode id, chosen by the caller instead of allocated (a
+        directory lease holder's create, under an id its grant reserved: the caller checked
+        that); refused when an inode with that id exists."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         holder = check_name(holder, f"create {canonical}: client_name")
@@ -170,8 +174,15 @@ class NamespacePlanner:
         if len(found) < len(parts):
             dirs = self._missing_dirs(parts, found, len(parts) - 1, 0o755, owner, group)
             parent_ino = dirs[-1]["ino"]
+        if chosen_ino is None:
+            new_ino = self._ids.allocate_ino()
+        else:
+            new_ino = check_int(chosen_ino, f"create {canonical}: inode", low=1)
+            if self._view.get_inode(new_ino) is not None:
+                raise InvalidArgument(f"cannot create {canonical} as inode {new_ino}: an "
+                                      f"inode with that id exists")
         return Add(
-            dirs=dirs, parent=parent_ino, name=parts[-1], ino=self._ids.allocate_ino(),
+            dirs=dirs, parent=parent_ino, name=parts[-1], ino=new_ino,
             mode=permission, owner=owner, group=group, time=now_ns,
             replication=replication, block_size=block_size, holder=holder,
             client_machine=str(client_machine)[:256], overwrite=overwrite_ino,

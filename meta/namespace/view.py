@@ -23,7 +23,9 @@ from collections.abc import Iterator
 from fs import paths
 from fs.errors import FileNotFound, InternalError, InvalidArgument, NotDirectory
 
+from ..journal.ops_dirleases import stored_inos
 from ..journal.ops_store import ABSENT
+from ..leases.dirleases import StoredLease
 from ..schema import keys
 from ..schema.inode import DIR, FILE, SYMLINK, Inode
 from .args import MAX_LIST_LIMIT, check_int
@@ -463,12 +465,14 @@ class NamespaceView:
         """Every live delegation token's state (``fs.delegation.TokenState`` wire form)."""
         return [keys.unpack(v) for _, v in self.kv.scan(keys.DELEGATION_TOKEN)]
 
-    def dir_leases(self) -> list[tuple[int, str, int]]:
-        """``(ino, holder, epoch)`` of every live directory lease (to rebuild the table)."""
+    def dir_leases(self) -> list[StoredLease]:
+        """Every live directory lease with the inode ids it reserved (to rebuild the
+        table)."""
         out = []
         for k, v in self.kv.scan(keys.DIR_LEASE):
             lease = keys.unpack(v)
-            out.append((keys.parse_dir_lease_key(k), lease["holder"], lease["epoch"]))
+            out.append(StoredLease(keys.parse_dir_lease_key(k), lease["holder"],
+                                   lease["epoch"], stored_inos(lease)))
         return out
 
     def all_blocks(self) -> Iterator[tuple[int, int, dict, int]]:

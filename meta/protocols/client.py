@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from fs import paths
+from fs.dirops import CHOSEN_INO, change_time
 from fs.blocktoken import COPY as COPY_TOKEN, WRITE as WRITE_TOKEN
 from fs.errors import (InvalidArgument, IsDirectory, LeaseFSError, NotReplicatedYet,
                        RecoveryInProgress, StaleGenerationStamp)
@@ -123,6 +124,11 @@ class ClientProtocol:
         """(monotonic seconds, wall-clock ns) of this moment."""
         return self.clock(), self.wall_ns()
 
+    def _wall(self, ctx) -> int:
+        """The time a change is stamped with: the server's, or a directory lease holder's
+        for its batched change (``dirops.change_time``)."""
+        return change_time(ctx.extra, self.wall_ns())
+
     # ================================================================== client RPCs
     async def rpc_get_server_defaults(self, ctx):
         c = self.config
@@ -137,13 +143,14 @@ class ClientProtocol:
 
     async def rpc_mkdirs(self, ctx, path, permission=0o755, owner=None, group=None,
                          create_parent=True, exclusive=False, want_status=False,
-                         dir_lease=None):
+                         dir_lease=None, dir_lease_inos=0):
         """``create_parent=False``/``exclusive=True`` give POSIX mkdir(2) (a missing parent
         is ``FileNotFound``, an existing path ``FileExists``); ``want_status``: answer
         ``{status, parent}`` (``changed``) instead of ``true`` (a mount's mkdir in one round
         trip). ``dir_lease`` (a client name; with ``exclusive`` and ``want_status``): the
         answer also holds ``lease``, the new directory's write lease for that client, as
-        ``dir_lease_acquire`` answers it (a mount changing a tree keeps changing it)."""
+        ``dir_lease_acquire`` answers it (a mount changing a tree keeps changing it), with
+        up to ``dir_lease_inos`` inode ids reserved (its ``want_inos``)."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_bool(create_parent, f"mkdirs {canonical}: create_parent")
@@ -164,13 +171,18 @@ class ClientProtocol:
                                        now_ns=wall)
             await self.edits.log_plan(plan, durable=ctx.sync_metadata)
             return self.ns.view.changed(canonical) if want_status else True
+        # refused before the directory is made, not after
+        check_int(dir_lease_inos, f"mkdirs {canonical}: dir_lease_inos", low=0)
+        if dir_lease is None and dir_lease_inos:
+            raise InvalidArgument(f"mkdirs {canonical}: dir_lease_inos needs dir_lease")
         answer = await self.locking.with_ancestor_locks(f"mkdirs {canonical}", parts, body,
                                                         keep_parent_write=False)
         if dir_lease is not None:
             if not (exclusive and want_status):
                 raise InvalidArgument(f"mkdirs {canonical}: dir_lease needs exclusive and "
                                       f"want_status")
-            answer["lease"] = await self.dir_leases.acquire(ctx, canonical, dir_lease)
+            answer["lease"] = await self.dir_leases.acquire(ctx, canonical, dir_lease,
+                                                            dir_lease_inos)
         return answer
 
     async def rpc_create(self, ctx, path, client_name, overwrite=False, create_parent=True,
@@ -180,7 +192,9 @@ class ClientProtocol:
         after the create) instead of the status alone. ``first_block``: also allocate the
         file's first block, as ``add_block`` would, and answer ``{status, parent?,
         first_block}`` (a writer that will write saves a round trip; one that closes the
-        file empty abandons it)."""
+        file empty abandons it). A directory lease holder's batched create
+        (``dir_batch``) comes with its inode id chosen (``ctx.extra[CHOSEN_INO]``) and
+        its own time."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_name(client_name, f"create {canonical}: client_name")
@@ -197,7 +211,7 @@ class ClientProtocol:
                                             access=WRITE if replaces else 0)
             new_owner, new_group = self.access.new_owner(ctx, f"create {canonical}", canonical,
                                                          owner, group)
-            now, wall = self._now()
+            now, wall = self.clock(), self._wall(ctx)
             found = self.ns.view.walk(parts, canonical) if parts else []
             if parts and len(found) == len(parts) + 1 and overwrite is False:
                 ino, inode = found[-1]
@@ -209,7 +223,8 @@ class ClientProtocol:
             plan = self.ns.planner.plan_create(
                 canonical, holder=client_name, client_machine=ctx.peer, overwrite=overwrite,
                 create_parent=create_parent, replication=replication, block_size=block_size,
-                permission=permission, owner=new_owner, group=new_group, now_ns=wall)
+                permission=permission, owner=new_owner, group=new_group, now_ns=wall,
+                chosen_ino=ctx.extra.get(CHOSEN_INO))
             ino = plan.ino
             block = None
             if first_block:
@@ -358,14 +373,14 @@ class ClientProtocol:
                 self.access.check_set_mode(ctx, paths.split(current), attrs["mode"])
             if data is not None:   # the whole content, kept in the namespace
                 self.ns.planner.check_inline(current, ino, inode, data)
-                _, wall = self._now()
+                wall = self._wall(ctx)   # a batched write's: the holder's
                 await self.edits.log_plan(
                     self.ns.planner.plan_close(ino, None, None, wall, attrs, data=data),
                     durable=ctx.sync_metadata)
                 return True
             blocks = self.ns.view.tail_blocks(ino, inode)
             kind, block = self.ns.planner.check_last(current, blocks, last)
-            _, wall = self._now()
+            wall = self._wall(ctx)
             if kind == "none":
                 await self.edits.log_plan(self.ns.planner.plan_close(ino, None, None, wall, attrs),
                                           durable=ctx.sync_metadata)
@@ -732,8 +747,8 @@ class ClientProtocol:
                                            self.access.token_user(ctx), caller_host(ctx))
 
     # ================================================================== directory leases
-    async def rpc_dir_lease_acquire(self, ctx, path, client_name):
-        return await self.dir_leases.acquire(ctx, path, client_name)
+    async def rpc_dir_lease_acquire(self, ctx, path, client_name, want_inos=0):
+        return await self.dir_leases.acquire(ctx, path, client_name, want_inos)
 
     async def rpc_dir_lease_release(self, ctx, path, client_name, epoch):
         return await self.dir_leases.release(ctx, path, client_name, epoch)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fs import paths
-from fs.dirops import HOLDER_TIME, HOLDER_TIME_SKEW
+from fs.dirops import change_time
 from fs.errors import FileNotFound, InvalidArgument, IsDirectory, NotDirectory, PermissionDenied
 
 from ..services.locate import caller_host
@@ -68,11 +68,7 @@ class NamespaceProtocol:
         """The time a change is stamped with: the server's, or for a directory lease
         holder's batched change the holder's (what it showed its applications), when the
         two clocks agree within ``HOLDER_TIME_SKEW``."""
-        wall = self.wall_ns()
-        held = ctx.extra.get(HOLDER_TIME)
-        if held is not None and abs(held - wall) <= HOLDER_TIME_SKEW:
-            return held
-        return wall
+        return change_time(ctx.extra, self.wall_ns())
 
     async def rpc_get_file_info(self, ctx, path, locations=False):
         """``locations``: a file's status also carries ``locations``, what

@@ -51,11 +51,11 @@ key                    value (msgpack)                             meaning
                        ``issued``, ``max_date``, ``expiry``         (``fs.delegation``); goes
                        (wall seconds)                               when cancelled or expired
 ``W<ino:8>``           map: ``holder``, ``epoch`` (the txid of      a live directory write
-                       its DIR_LEASE_GRANT record)                  lease (``meta.leases.
-                                                                    dirleases``); goes with
-                                                                    its DIR_LEASE_RELEASE
-                                                                    (given back or expired);
-                                                                    may outlive its directory
+                       its DIR_LEASE_GRANT record); with a          lease (``meta.leases.
+                       reservation also ``first_ino``, ``inos``     dirleases``); goes with
+                       (inode ids the grant reserved for the        its DIR_LEASE_RELEASE
+                       holder's creates; ``next_ino`` is past       (given back or expired);
+                       them)                                        may outlive its directory
                                                                     until then
 ``M<name>``            int / bytes                                  counters and identity:
                                                                     ``next_ino``,

@@ -10,14 +10,21 @@ its holder, who collects it with a long poll (``events``).
 * ``acquire``: the caller must be allowed to write the directory; a directory with more
   than ``dir_lease_max_entries`` entries, or one another client holds, is not leased (the
   answer says why, the client stays synchronous there). A holder asking again for a
-  directory it holds gets its lease as it is (a retry after a lost reply).
+  directory it holds gets its lease as it is (a retry after a lost reply), its reserved
+  inode ids included. A grant reserves up to ``want_inos`` (at most
+  ``MAX_RESERVED_INOS``) inode ids for the files the holder creates there, taken from the
+  namespace's allocator and journaled in the grant; none when the directory or a folder
+  above it has a quota (a create acknowledged by the holder could be refused by it later).
 * ``acquire`` first waits for the calls already in flight (``enter``/``leave``, counted by
   ``MetaServer.dispatch``; but the caller's own, ``IN_FLIGHT``), so the entries it answers
   hold every change that passed its access check before the grant.
 * ``release``: only under the epoch the holder was granted (``LeaseExpired`` otherwise).
 * ``batch``: the holder's changes made ahead of the server (``fs.dirops``), in order,
   each run through ``dispatch`` without the recall hook; a resent change is skipped (its
-  source no longer holds the inode it names); a lease that ended stops the batch.
+  source no longer holds the inode it names; a create, when its inode exists); a lease
+  that ended stops the batch. A create runs as ``create`` with the inode id chosen
+  (``dirops.CHOSEN_INO``, from its lease's reserved range only), a write as ``complete`` or
+  ``fsync`` with the content inline.
 * ``events``: the recalls queued for a holder, or ``[]`` once ``wait`` seconds passed.
 * ``before_access``: what ``MetaServer.dispatch`` awaits before any namespace call that
   names paths (``ACCESS_ARGS``; msgpack and Hadoop IPC calls alike, both dispatch there):
@@ -59,17 +66,20 @@ from fs import dirops, paths
 from fs.errors import InvalidArgument, LeaseExpired, LeaseFSError, NotDirectory
 
 from ..journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
-from ..leases.dirleases import Verdict
+from ..leases.dirleases import NO_INOS, DirLease, InoRange, StoredLease, Verdict
 from ..namespace.args import MAX_LIST_LIMIT, check_int, check_name
 from ..namespace.locks import LOCK_WRITE, lock_set
 from ..namespace.permissions import WRITE
-from ..schema.inode import DIR
+from ..schema.inode import DIR, FILE
 
 if TYPE_CHECKING:
     from ..journal.edits import Edits
-    from ..leases.dirleases import DirLease, DirLeaseTable
+    from ..leases.dirleases import DirLeaseTable
     from ..namespace.access import Access
+    from ..namespace.allocators import Allocators
     from ..namespace.locks import NamespaceLocking
+    from ..namespace.plan import NamespacePlanner
+    from ..namespace.quota import QuotaPlanner
     from ..namespace.view import NamespaceView
 
 log = logging.getLogger(__name__)
@@ -80,6 +90,11 @@ MAX_EVENTS_WAIT = 30.0
 #: the longest a grant waits for the calls already in flight to finish (then it is refused:
 #: the client stays synchronous there)
 GRANT_DRAIN_WAIT = 2.0
+
+#: the most inode ids one grant reserves (a bigger ``want_inos`` gets this many): a
+#: holder that uses them up asks again after giving the lease back, and ids reserved but
+#: never used are a gap in the inode numbers, nothing more
+MAX_RESERVED_INOS = 4096
 
 #: the arguments naming the paths a namespace call accesses, by method (msgpack names;
 #: the Hadoop IPC translators dispatch the same methods)
@@ -128,11 +143,15 @@ def access_paths(method: str, args: dict) -> list[str]:
 
 class DirLeases:
     def __init__(self, *, table: DirLeaseTable, view: NamespaceView, edits: Edits,
-                 locking: NamespaceLocking, access: Access, max_entries: int,
+                 locking: NamespaceLocking, access: Access, ids: Allocators,
+                 quota: QuotaPlanner, planner: NamespacePlanner, max_entries: int,
                  hard_limit: float, clock: Callable[[], float], dispatch: Dispatch):
         self.table = table
         self.dispatch = dispatch
         self.view = view
+        self.ids = ids           # a grant's reserved inode ids
+        self.quota = quota       # no reservation under a quota
+        self.planner = planner   # a resent close: the file holds its content already
         self.edits = edits
         self.locking = locking
         self.access = access
@@ -154,9 +173,11 @@ class DirLeases:
         self._polls: dict[str, trio.Event] = {}        # holder -> its waiting poll's wake-up
 
     # ------------------------------------------------------------------ RPC bodies
-    async def acquire(self, ctx, path, holder) -> dict:
-        """``{epoch, attrs, entries}`` of a lease on directory ``path`` for ``holder``, or
-        ``{epoch: None, reason}`` when it is not leased.
+    async def acquire(self, ctx, path, holder, want_inos=0) -> dict:
+        """``{epoch, attrs, entries, inos}`` of a lease on directory ``path`` for
+        ``holder``, or ``{epoch: None, reason}`` when it is not leased. ``inos``: ``[first,
+        count]``, the inode ids reserved for the holder's creates there (up to
+        ``want_inos``, at most ``MAX_RESERVED_INOS``; count 0: none, as under a quota).
 
         1. Check (no await): a directory, the caller may write it, nobody else holds it or
            is being granted it, not too big. A holder asking again gets its lease as is.
@@ -166,17 +187,20 @@ class DirLeases:
            change inside the directory that passed its access check just before would
            otherwise land after the snapshot of step 5. Too long a wait refuses the grant.
         4. Under the directory's write lock (nothing renames or removes it meanwhile),
-           check again and journal the grant (DIR_LEASE_GRANT: its txid is the epoch).
+           check again, reserve the inode ids and journal the grant (DIR_LEASE_GRANT: its
+           txid is the epoch; it carries the ids).
         5. Snapshot what the lease covers: the directory's status and every entry's."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_name(holder, f"dir_lease_acquire {canonical}: client_name")
+        want = min(check_int(want_inos, f"dir_lease_acquire {canonical}: want_inos", low=0),
+                   MAX_RESERVED_INOS)
         self.renewed(holder)
         _, ino, inode, _ = self.view.resolve(canonical)
         self._check_dir(ctx, canonical, parts, inode)
         lease = self.table.lease_of(ino)
         if lease is not None and lease.holder == holder:
-            return await self._snapshot(canonical, parts, ino, lease.epoch)
+            return await self._snapshot(canonical, parts, lease)
         refusal = self._refusal(canonical, ino, inode, lease)
         if refusal is not None:
             return {"epoch": None, "reason": refusal}
@@ -193,11 +217,13 @@ class DirLeases:
                     return {"epoch": None, "reason": f"{canonical}: not leased: it was "
                                                      f"replaced while the grant waited"}
                 self._check_dir(ctx, canonical, parts, inode)
-                epoch = await self.edits.log_plan(DirLeaseGrant(ino=ino, holder=holder),
-                                                  durable=ctx.sync_metadata)
-                log.debug("directory lease on %s (inode %d) granted to %s, epoch %d",
-                          canonical, ino, holder, epoch)
-                return self._snapshot_now(canonical, epoch)
+                inos = self._reserve(ino, want)
+                grant = DirLeaseGrant(ino=ino, holder=holder, **(
+                    {"first_ino": inos.first, "inos": inos.count} if inos.count else {}))
+                epoch = await self.edits.log_plan(grant, durable=ctx.sync_metadata)
+                log.debug("directory lease on %s (inode %d) granted to %s, epoch %d, "
+                          "inodes reserved: %s", canonical, ino, holder, epoch, inos)
+                return self._snapshot_now(canonical, epoch, inos)
         finally:
             del self._granting[ino]
             done.set()
@@ -208,15 +234,26 @@ class DirLeases:
                                f"directories are leased)")
         self.access.check_access(ctx, parts, access=WRITE)
 
-    async def _snapshot(self, canonical: str, parts, ino: int, epoch: int) -> dict:
+    def _reserve(self, ino: int, want: int) -> InoRange:
+        """``want`` inode ids for a grant on directory ``ino``, or none under a quota: a
+        holder's create is decided before the server sees it, and a name quota (or the
+        space of the small file it writes) could refuse it after it was acknowledged.
+        Nothing walks the folders above when no quota exists anywhere
+        (``quota_chain``)."""
+        if not want or self.quota.quota_chain(ino):
+            return NO_INOS
+        return InoRange(self.ids.allocate_inos(want), want)
+
+    async def _snapshot(self, canonical: str, parts, lease: DirLease) -> dict:
         async with self.locking.mutation(f"dir_lease_acquire {canonical}",
                                          lock_set(parts, LOCK_WRITE)):
-            return self._snapshot_now(canonical, epoch)
+            return self._snapshot_now(canonical, lease.epoch, lease.inos)
 
-    def _snapshot_now(self, canonical: str, epoch: int) -> dict:
+    def _snapshot_now(self, canonical: str, epoch: int, inos: InoRange) -> dict:
         attrs = self.view.get_file_info(canonical)
         listing = self.view.list_status(canonical, "", self.max_entries)
-        return {"epoch": epoch, "attrs": attrs, "entries": listing["entries"]}
+        return {"epoch": epoch, "attrs": attrs, "entries": listing["entries"],
+                "inos": inos.to_wire()}
 
     def _refusal(self, canonical: str, ino: int, inode, lease) -> str | None:
         if lease is not None:
@@ -320,13 +357,12 @@ class DirLeases:
         1. Read every change (a malformed one refuses the whole batch, nothing applied).
         2. One batch of a holder at a time (a batch resent while its first send still
            runs waits, then finds its changes applied).
-        3. For each change: its leases must be held under the epochs it names (``flush``:
-           a recall's deadline moves, the holder is alive); a lease that ended stops the
-           batch there (``ended``: the server's namespace is a prefix of what was sent).
-           A change whose source no longer holds the inode it names was applied before
-           (a resend) and is skipped. Otherwise it runs as the same call would (the
-           caller's permissions, locks, journal), lazily journaled; an error it raises is
-           reported by its index and the batch goes on.
+        3. For each change: one applied before (a resend, ``_resent``) is skipped. Else
+           its leases must be held under the epochs it names (``flush``: a recall's
+           deadline moves, the holder is alive); a lease that ended stops the batch there
+           (``ended``: the server's namespace is a prefix of what was sent). Otherwise it
+           runs as the same call would (the caller's permissions, locks, journal), lazily
+           journaled; an error it raises is reported by its index and the batch goes on.
         4. A caller with ``sync_metadata`` is answered once all of it is durable."""
         check_name(holder, "dir_batch: client_name")
         changes = dirops.batch_from_wire(ops)
@@ -346,17 +382,17 @@ class DirLeases:
                             skipped += 1
                         done = index + 1
                         continue
-                    if self.view.lookup(change.dir, change.name) != change.ino:
-                        skipped += 1   # applied before: the holder alone changes the name
+                    if self._resent(holder, change):
+                        skipped += 1
                         done = index + 1
                         continue
                     try:
-                        self._flush_leases(holder, change)
+                        lease = self._flush_leases(holder, change)
                     except LeaseExpired as exc:
                         ended = exc.to_wire()
                         break
                     try:
-                        await self._apply_change(sub, holder, change)
+                        await self._apply_change(sub, holder, change, lease)
                     except LeaseFSError as exc:
                         failed.append({"index": index, "error": exc.to_wire()})
                     done = index + 1
@@ -379,15 +415,53 @@ class DirLeases:
                                   durable=ctx.sync_metadata)
         return True
 
-    def _flush_leases(self, holder: str, change) -> None:
+    def _resent(self, holder: str, change) -> bool:
+        """Whether ``change`` was applied before (its batch sent again after a lost
+        answer): the holder alone changes names in its leased directories, so a name that
+        no longer holds the inode the change names was changed by it already.
+
+        A create is applied when its name holds its inode, or when that inode exists at
+        all (the holder renamed the file since): nobody else creates under the ids its
+        grant reserved. Only when that lease is still held is an existing inode outside
+        its range not taken for a resend (the create then fails, naming the range); once
+        the lease ended nothing tells, and applying nothing is what a resend needs. A
+        write to a file that is closed was applied: one that does not close it (a later
+        close was applied too), and a close when the file holds exactly its content
+        (``closed_with``, complete's own retry rule; with other content it is not taken
+        for a resend, and its ``complete`` says what is wrong)."""
+        if isinstance(change, dirops.Create):
+            if self.view.lookup(change.dir, change.name) == change.ino:
+                return True
+            if self.view.get_inode(change.ino) is None:
+                return False
+            lease = self.table.lease_of(change.dir)
+            held = lease is not None and lease.holder == holder and lease.epoch == change.epoch
+            return not held or change.ino in lease.inos
+        if self.view.lookup(change.dir, change.name) != change.ino:
+            return True
+        if isinstance(change, dirops.Write):
+            inode = self.view.get_inode(change.ino)
+            if inode is None or inode.type != FILE or inode.uc:
+                return False
+            if not change.close:
+                return True
+            path = paths.join(self.view.path_of(change.dir) or "/", change.name)
+            return self.planner.closed_with(path, change.ino, None, change.data or None)
+        return False
+
+    def _flush_leases(self, holder: str, change) -> DirLease:
+        """The leases ``change`` relies on, flushed (``LeaseExpired`` when one ended); the
+        lease on its (source) directory."""
         now = self.clock()
         pairs = [(change.dir, change.epoch)]
         if isinstance(change, dirops.Rename):
             pairs.append((change.dst_dir, change.dst_epoch))
-        for ino, epoch in pairs:
-            self.table.flush(ino, holder, epoch, now, self.view.path_of(ino) or f"inode {ino}")
+        flushed = [self.table.flush(ino, holder, epoch, now,
+                                    self.view.path_of(ino) or f"inode {ino}")
+                   for ino, epoch in pairs]
+        return flushed[0]
 
-    async def _apply_change(self, ctx, holder: str, change) -> None:
+    async def _apply_change(self, ctx, holder: str, change, lease: DirLease) -> None:
         """One change of a batch, as its call would make it."""
         folder = self.view.path_of(change.dir)
         if folder is None:
@@ -399,6 +473,10 @@ class DirLeases:
         elif isinstance(change, dirops.Rmdir):
             await self.dispatch(ctx, "delete", {"path": path, "expect": "dir"})
             await self._give_back(ctx, holder, change.ino, change.ino_epoch)
+        elif isinstance(change, dirops.Create):
+            await self._create(ctx, holder, change, lease, folder, path)
+        elif isinstance(change, dirops.Write):
+            await self._write(ctx, holder, change, path)
         else:
             dst_folder = self.view.path_of(change.dst_dir)
             if dst_folder is None:
@@ -407,6 +485,39 @@ class DirLeases:
             await self.dispatch(ctx, "rename", {
                 "src": path, "dst": paths.join(dst_folder, change.dst_name),
                 "overwrite": change.replaced != 0})
+
+    async def _create(self, ctx, holder: str, change: dirops.Create, lease: DirLease,
+                      folder: str, path: str) -> None:
+        """A create the holder decided: ``create`` (not replacing, no missing parents) as
+        the holder, the file under construction under its file lease, with the inode id
+        its lease's grant reserved (``CHOSEN_INO``: checked here, so a client picks ids
+        only from its own range)."""
+        if change.ino not in lease.inos:
+            raise InvalidArgument(
+                f"dir_batch: create {path}: inode {change.ino} is not one the lease (epoch "
+                f"{lease.epoch}) on {folder} reserved (reserved: {lease.inos})")
+        ctx = dataclasses.replace(ctx, extra={**ctx.extra, dirops.CHOSEN_INO: change.ino})
+        await self.dispatch(ctx, "create", {
+            "path": path, "client_name": holder, "overwrite": False, "create_parent": False,
+            "permission": change.permission, "owner": change.owner, "group": change.group,
+            "replication": change.replication, "block_size": change.block_size})
+
+    async def _write(self, ctx, holder: str, change: dirops.Write, path: str) -> None:
+        """A small file's whole content, inline: ``complete`` with it (``close``; a close
+        already made with the same content answers as done, ``closed_with``), else
+        ``fsync`` with it, a flush (durable with the batch, not on its own)."""
+        args = {"path": path, "client_name": holder, "ino": change.ino}
+        if change.data:   # none: an empty file, closed without a byte
+            args["data"] = change.data
+        if not change.close:
+            await self.dispatch(ctx, "fsync", {**args, "sync": False})
+            return
+        for name, value in (("mtime_ns", change.mtime_ns), ("atime_ns", change.atime_ns),
+                            ("permission", change.permission)):
+            if value is not None:
+                args[name] = value
+        # without a last block: a file whose bytes are in blocks is refused, not waited for
+        await self.dispatch(ctx, "complete", {**args, "last": None})
 
     # ------------------------------------------------------------------ recalls
     def queue_recall(self, holder: str, path: str, epoch: int, ino: int) -> None:
@@ -418,9 +529,10 @@ class DirLeases:
             woken.set()
 
     # ------------------------------------------------------------------ the journal's apply
-    def lease_granted(self, ino: int, holder: str, epoch: int) -> None:
+    def lease_granted(self, ino: int, holder: str, epoch: int,
+                      inos: InoRange = NO_INOS) -> None:
         """A DIR_LEASE_GRANT applied (live, from the HA log)."""
-        self.table.grant(ino, holder, epoch)
+        self.table.grant(ino, holder, epoch, inos)
         self._seen[holder] = self.clock()
 
     def lease_ended(self, ino: int, epoch: int) -> None:
@@ -437,13 +549,12 @@ class DirLeases:
         if woken is not None:
             woken.set()
 
-    def rebuild(self, grants: list[tuple[int, str, int]]) -> None:
-        """The table from the journal's live leases ``(ino, holder, epoch)`` (start,
-        activation): every holder's silence counts from now, and whoever waited on the
-        old table looks again."""
-        self.table.rebuild(grants)
+    def rebuild(self, stored: list[StoredLease]) -> None:
+        """The table from the journal's live leases (start, activation): every holder's
+        silence counts from now, and whoever waited on the old table looks again."""
+        self.table.rebuild(stored)
         now = self.clock()
-        self._seen = {holder: now for _, holder, _ in grants}
+        self._seen = {lease.holder: now for lease in stored}
         self._wake_all()
 
     def _wake_all(self) -> None:
