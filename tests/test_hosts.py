@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 
 import pytest
 
@@ -35,14 +36,26 @@ def _connects(hosts: HostSet, src: str, dst: str, port: int) -> str:
     return "ok" if done.returncode == 0 else done.stderr.strip().splitlines()[-1]
 
 
-def test_host_faults_cut_one_direction_and_heal(tmp_path):
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_host_faults_cut_one_direction_and_heal(tmp_path, request):
     """Each fault stops exactly the traffic it names, silently (a timeout, as across a real
     partition), and heal restores all of it; a stale set of the same tag is removed."""
     require_hosts()
     tag = default_tag()
     port = 9999
     stale = HostSet(tag, ["x"]).__enter__()   # as a killed run leaves it
-    leftover = stale.popen("x", ["sleep", "600"])
+    leftover = stale.popen("x", ["sh", "-c", "echo in; exec sleep 600"],
+                           stdout=subprocess.PIPE, text=True)
+    request.addfinalizer(partial(_stop, leftover))
+    # inside its namespace, as a killed run's processes are, before the new set is entered:
+    # nsenter joins it a moment after it starts, and one joining after the new set has
+    # looked for the namespace's processes (``ip netns pids``) lives on in it
+    assert leftover.stdout.readline().strip() == "in"
     with HostSet(tag, ["a", "b", "c"]) as hosts:
         assert leftover.wait(10) is not None      # the killed run's process is gone
         for name in "abc":
