@@ -46,6 +46,10 @@ HOLDER_TIME = "holder_time_ns"
 #: (``CallContext.extra``): never an argument a client sends, since only the batch checks
 #: that the id is one its lease's grant reserved
 CHOSEN_INO = "chosen_ino"
+#: where a batched create finds the closing ``Write`` that follows it in the batch
+#: (``CallContext.extra``): the file is created complete with that content, one journal
+#: batch instead of a create and a close
+WHOLE = "whole_content"
 
 
 def change_time(extra: dict, wall: int) -> int:
@@ -259,5 +263,5 @@ def batch_from_wire(ops) -> list[DirOp]:
     return [from_wire(item) for item in ops]
 
 
-__all__ = ["CHOSEN_INO", "Create", "DirOp", "HOLDER_TIME", "MAX_BATCH", "Release", "Rename",
+__all__ = ["CHOSEN_INO", "WHOLE", "Create", "DirOp", "HOLDER_TIME", "MAX_BATCH", "Release", "Rename",
            "Rmdir", "Unlink", "Write", "batch_from_wire", "change_time", "from_wire"]

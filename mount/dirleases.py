@@ -66,6 +66,9 @@ IDLE_FOR = 2.0
 QUEUE_LIMIT = 4096
 #: how long the events poll waits on the server (under the client's rpc_timeout)
 EVENTS_WAIT = 20.0
+#: how long the sender lets changes gather before it sends them, unless someone waits for
+#: them: a small file created, written and closed meanwhile goes as one change
+GATHER = 0.005
 #: inode numbers a grant is asked to reserve for the files this mount creates under it
 #: (unused ones are only a gap in the numbering)
 INOS_PER_GRANT = 1024
@@ -146,6 +149,7 @@ class DirLeaseHolder:
         # an unreachable server does
         self.timeout = timeout
         self._leases: dict[int, LeasedDir] = {}       # kernel inode -> lease
+        self._found: dict[str, LeasedDir] = {}        # path -> its lease, as ``_at`` found it
         # grants asked for and not answered yet, and the recalls that came meanwhile for
         # leases this mount does not hold (epoch -> directory inode): the recall of a grant
         # may overtake its answer, which then must not be used
@@ -165,6 +169,7 @@ class DirLeaseHolder:
         self._acked = 0        # changes ever answered by the server
         self._sent = trio.Event()                 # set (and replaced) when a batch is answered
         self._wake = trio.Event()                 # the sender has work
+        self._hurry = trio.Event()                # someone waits for the queue: no gathering
         self._sending = trio.Lock()               # one batch in flight
         self._in_flight = 0    # the queue's first changes, sent and not answered yet
         self.lost = 0          # changes the server refused (logged)
@@ -178,9 +183,21 @@ class DirLeaseHolder:
         return None if leased is None or leased.giving_back else leased
 
     def _at(self, path: str) -> LeasedDir | None:
-        """The lease on the folder at ``path`` (being given back too), or None."""
-        return next((d for d in self._leases.values() if self._path_of(d.kernel_ino) == path),
-                    None)
+        """The lease on the folder at ``path`` (being given back too), or None. The last
+        answer per path is remembered and checked before it is used (still held, still at
+        that path): a tree being extracted asks for the same few folders, and a scan of
+        every lease held for each of its files would grow with the tree."""
+        leased = self._found.get(path)
+        if (leased is not None and self._leases.get(leased.kernel_ino) is leased
+                and self._path_of(leased.kernel_ino) == path):
+            return leased
+        leased = next((d for d in self._leases.values()
+                       if self._path_of(d.kernel_ino) == path), None)
+        if leased is not None:
+            if len(self._found) > 4 * len(self._leases) + 64:
+                self._found.clear()
+            self._found[path] = leased
+        return leased
 
     def held_at(self, path: str) -> bool:
         """Whether the folder at ``path`` is held here (and not being given back)."""
@@ -402,15 +419,22 @@ class DirLeaseHolder:
             args.get("atime_ns"), args.get("permission"), time.time_ns())
 
     def _put_write(self, change: dirops.Write, folder: str, path: str) -> None:
-        """Queue ``change``; it replaces a publish of the same file at the queue's end not
-        sent yet (it carries the whole content again: one record instead of two, in the
-        same place)."""
-        if len(self._queue) > self._in_flight:
-            tail = self._queue[-1]
-            if (isinstance(tail, dirops.Write) and not tail.close and tail.ino == change.ino
-                    and tail.dir == change.dir and tail.name == change.name):
-                self._queue[-1] = change
+        """Queue ``change``. A publish of the same file not sent yet is replaced: by a
+        later publish when it is the queue's last change, by the close when that carries
+        the same content under the same name (the kernel sends a file's release after
+        its flush, often after the next file's create: the close then takes the publish's
+        place, where the server applies it with the create before it as one)."""
+        for at in range(len(self._queue) - 1, self._in_flight - 1, -1):
+            queued = self._queue[at]
+            if (isinstance(queued, dirops.Write) and not queued.close
+                    and queued.ino == change.ino and queued.dir == change.dir
+                    and queued.name == change.name
+                    and (at == len(self._queue) - 1 or change.close
+                         and queued.data == change.data)):
+                self._queue[at] = change
                 return
+            if getattr(queued, "ino", None) == change.ino:
+                break   # the file's own earlier change: nothing to replace before it
         self._append(change, (folder,), (path,))
 
     def forget(self, kernel_ino: int) -> LeasedDir | None:
@@ -451,6 +475,7 @@ class DirLeaseHolder:
         target = self._queued
         while self._acked < target:
             self._wake.set()
+            self._hurry.set()
             await self._sent.wait()
 
     async def barrier(self, method: str, args: dict) -> None:
@@ -514,6 +539,10 @@ class DirLeaseHolder:
                 self._wake = trio.Event()
                 await self._wake.wait()
                 continue
+            if not self._hurry.is_set() and len(self._queue) < dirops.MAX_BATCH:
+                with trio.move_on_after(GATHER):
+                    await self._hurry.wait()
+            self._hurry = trio.Event()
             await self._send_next()
 
     async def _send_next(self) -> None:

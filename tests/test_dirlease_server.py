@@ -612,3 +612,39 @@ def test_reserved_inode_ids_survive_a_restart(tmp_path):
             assert Namespace(store).view.counters[keys.NEXT_INO] > ids[-1]
         finally:
             store.close()
+
+
+@pytest.mark.slow
+def test_a_create_and_its_close_in_one_batch_run_as_one(tmp_path):
+    """A create followed by the write that closes the same file runs as one: the file is
+    complete with its content, times and mode at once; when the content is refused (more
+    than ``inline_max``) neither is applied and both are reported by index; a close that
+    follows another file's create is not joined to it."""
+    with ProcessCluster(tmp_path, n_storage=0, settings={"inline_max": 1024}) as cluster:
+        with cluster.client() as a, cluster.client() as b:
+            a.mkdirs("/w")
+            d = a.dir_lease_acquire("/w", want_inos=8)
+            ids = reserved(d)
+            at = time.time_ns() - 10**9
+            ops = [create(d, "whole", ids[0], at),
+                   write(d, "whole", ids[0], b"w" * 100, True, at + 7, mtime_ns=at - 9,
+                         permission=0o600),
+                   create(d, "huge", ids[1], at),
+                   write(d, "huge", ids[1], b"h" * 2000, True, at),
+                   create(d, "x", ids[2], at),
+                   create(d, "y", ids[3], at),
+                   write(d, "x", ids[2], b"xx", True, at)]
+            answer = a.dir_batch(ops)
+            assert answer["done"] == len(ops) and answer["ended"] is None
+            assert [(f["index"], f["error"]["type"]) for f in answer["failed"]] == [
+                (2, "InvalidArgument"), (3, "InvalidArgument")]
+            assert "2000 bytes of inline data" in answer["failed"][0]["error"]["message"]
+            a.dir_lease_release("/w", d["epoch"])
+            whole = b.get_file_status("/w/whole")
+            assert (whole.ino, whole.length, whole.mode, whole.mtime_ns,
+                    whole.under_construction) == (ids[0], 100, 0o600, at - 9, False)
+            assert b.read_file("/w/whole") == b"w" * 100
+            assert b.read_file("/w/x") == b"xx"
+            assert b.get_file_status("/w/y").under_construction
+            assert names(b.list_status("/w")) == ["whole", "x", "y"]
+            assert not [f for f in b.list_open_files("/") if f["path"] == "/w/whole"]

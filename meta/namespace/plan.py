@@ -488,6 +488,16 @@ class NamespacePlanner:
             raise InvalidArgument(f"{op} {path}: inline data for a file whose bytes are "
                                   f"in blocks already; {op} its last block instead")
 
+    def check_new_inline(self, path: str, parent_ino: int, replication: int,
+                         block_size: int, data: bytes) -> None:
+        """The whole content of a file created with it (a batched create and close): it
+        fits ``inline_max`` and the block size, and the folder's space quota."""
+        limit = min(self.defaults.inline_max, block_size)
+        if not 0 < len(data) <= limit:
+            raise InvalidArgument(f"complete {path}: {len(data)} bytes of inline data; this "
+                                  f"server keeps 1 to {limit} bytes inline (inline_max)")
+        self._quota.check_quota(parent_ino, 0, len(data) * (replication or 1))
+
     @staticmethod
     def plan_inline(ino: int, data: bytes) -> Inline:
         """A writer's flush of a file wholly in its buffer: ``data`` becomes the content of

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from fs import paths
-from fs.dirops import CHOSEN_INO, change_time
+from fs.dirops import CHOSEN_INO, HOLDER_TIME, WHOLE, change_time
 from fs.blocktoken import COPY as COPY_TOKEN, WRITE as WRITE_TOKEN
 from fs.errors import (InvalidArgument, IsDirectory, LeaseFSError, NotReplicatedYet,
                        RecoveryInProgress, StaleGenerationStamp)
@@ -226,6 +226,12 @@ class ClientProtocol:
                 permission=permission, owner=new_owner, group=new_group, now_ns=wall,
                 chosen_ino=ctx.extra.get(CHOSEN_INO))
             ino = plan.ino
+            whole = ctx.extra.get(WHOLE)
+            if whole is not None:   # a batched create with its closing write: one batch
+                close = self._close_new(ctx, canonical, parts, plan, whole, change_time(
+                    {HOLDER_TIME: whole.time_ns}, self.wall_ns()))
+                await self.edits.log_plans([plan, close], durable=ctx.sync_metadata)
+                return self.ns.view.status(canonical, ino, self.ns.view.get_inode(ino))
             block = None
             if first_block:
                 # no node to place it on: the file is created without it, and the writer's
@@ -244,6 +250,19 @@ class ClientProtocol:
             located = block and self._located_new(ctx, block[1], 0)
             return {**(answer if want_status else {"status": status}), "first_block": located}
         return await self.locking.with_ancestor_locks(f"create {canonical}", parts, body)
+
+    def _close_new(self, ctx, canonical: str, parts, plan, whole, wall: int):
+        """The CLOSE of a file ``plan`` creates, with the whole content, times and mode of
+        ``whole`` (a ``dirops.Write``), checked as ``complete`` checks them."""
+        attrs = self.ns.planner.close_attrs(canonical, whole.mtime_ns, whole.atime_ns,
+                                            whole.permission)
+        if attrs and attrs["mode"] is not None:
+            self.access.check_set_mode(ctx, parts, attrs["mode"])
+        data = whole.data or None
+        if data is not None:
+            self.ns.planner.check_new_inline(canonical, plan.parent, plan.replication,
+                                             plan.block_size, data)
+        return self.ns.planner.plan_close(plan.ino, None, None, wall, attrs, data=data)
 
     async def rpc_create_symlink(self, ctx, target, path, create_parent=False, owner=None,
                                  group=None, want_status=False):

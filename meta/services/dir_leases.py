@@ -126,6 +126,17 @@ def caller_name(ctx) -> str:
     return ctx.client_id.partition("#")[0]
 
 
+def _closing(change, following) -> dirops.Write | None:
+    """``following`` when ``change`` is a create and ``following`` the write that closes
+    the same file under the same lease (the two run as one)."""
+    if (isinstance(change, dirops.Create) and isinstance(following, dirops.Write)
+            and following.close and following.ino == change.ino
+            and following.dir == change.dir and following.epoch == change.epoch
+            and following.name == change.name):
+        return following
+    return None
+
+
 def access_paths(method: str, args: dict) -> list[str]:
     """The path strings a call names (lists and lists of lists too: ``srcs``, ``moves``);
     anything else is left to the handler to refuse."""
@@ -363,6 +374,9 @@ class DirLeases:
            (``ended``: the server's namespace is a prefix of what was sent). Otherwise it
            runs as the same call would (the caller's permissions, locks, journal), lazily
            journaled; an error it raises is reported by its index and the batch goes on.
+           A create followed by the write that closes the same file (a small file made
+           whole while the holder gathered its changes) runs as one: the file is created
+           complete with its content, in one journal batch.
         4. A caller with ``sync_metadata`` is answered once all of it is durable."""
         check_name(holder, "dir_batch: client_name")
         changes = dirops.batch_from_wire(ops)
@@ -375,7 +389,11 @@ class DirLeases:
         done = 0
         try:
             async with lock:
+                fused = -1   # the index of a closing write applied with its create
                 for index, change in enumerate(changes):
+                    if index == fused:
+                        done = index + 1
+                        continue
                     if isinstance(change, dirops.Release):
                         # given back already (a resend), or ended: nothing is left to give
                         if not await self._give_back(sub, holder, change.dir, change.epoch):
@@ -391,10 +409,16 @@ class DirLeases:
                     except LeaseExpired as exc:
                         ended = exc.to_wire()
                         break
+                    whole = _closing(change, changes[index + 1] if index + 1 < len(changes)
+                                     else None)
                     try:
-                        await self._apply_change(sub, holder, change, lease)
+                        await self._apply_change(sub, holder, change, lease, whole)
                     except LeaseFSError as exc:
                         failed.append({"index": index, "error": exc.to_wire()})
+                        if whole is not None:   # the file its write closes was not made
+                            failed.append({"index": index + 1, "error": exc.to_wire()})
+                    if whole is not None:
+                        fused = index + 1
                     done = index + 1
         finally:
             if not lock.locked() and not lock.statistics().tasks_waiting:
@@ -461,7 +485,8 @@ class DirLeases:
                    for ino, epoch in pairs]
         return flushed[0]
 
-    async def _apply_change(self, ctx, holder: str, change, lease: DirLease) -> None:
+    async def _apply_change(self, ctx, holder: str, change, lease: DirLease,
+                            whole: dirops.Write | None = None) -> None:
         """One change of a batch, as its call would make it."""
         folder = self.view.path_of(change.dir)
         if folder is None:
@@ -474,7 +499,7 @@ class DirLeases:
             await self.dispatch(ctx, "delete", {"path": path, "expect": "dir"})
             await self._give_back(ctx, holder, change.ino, change.ino_epoch)
         elif isinstance(change, dirops.Create):
-            await self._create(ctx, holder, change, lease, folder, path)
+            await self._create(ctx, holder, change, lease, folder, path, whole)
         elif isinstance(change, dirops.Write):
             await self._write(ctx, holder, change, path)
         else:
@@ -487,7 +512,7 @@ class DirLeases:
                 "overwrite": change.replaced != 0})
 
     async def _create(self, ctx, holder: str, change: dirops.Create, lease: DirLease,
-                      folder: str, path: str) -> None:
+                      folder: str, path: str, whole: dirops.Write | None) -> None:
         """A create the holder decided: ``create`` (not replacing, no missing parents) as
         the holder, the file under construction under its file lease, with the inode id
         its lease's grant reserved (``CHOSEN_INO``: checked here, so a client picks ids
@@ -496,7 +521,8 @@ class DirLeases:
             raise InvalidArgument(
                 f"dir_batch: create {path}: inode {change.ino} is not one the lease (epoch "
                 f"{lease.epoch}) on {folder} reserved (reserved: {lease.inos})")
-        ctx = dataclasses.replace(ctx, extra={**ctx.extra, dirops.CHOSEN_INO: change.ino})
+        ctx = dataclasses.replace(ctx, extra={**ctx.extra, dirops.CHOSEN_INO: change.ino,
+                                              **({dirops.WHOLE: whole} if whole else {})})
         await self.dispatch(ctx, "create", {
             "path": path, "client_name": holder, "overwrite": False, "create_parent": False,
             "permission": change.permission, "owner": change.owner, "group": change.group,
