@@ -524,7 +524,7 @@ class AsyncClient:
         """``{conflict}``: another owner's POSIX lock a ``kind`` lock of ``[start, end)``
         on file ``ino`` by lock owner ``owner`` of this client would meet (None: none)."""
         self._check_open()
-        return await self.rpc.call("lock_get", {
+        return await self.call_meta("lock_get", {
             "client_name": self.client_name, "ino": ino, "owner": owner, "kind": kind,
             "start": start, "end": end})
 
@@ -541,12 +541,12 @@ class AsyncClient:
             args["start"] = start
             if end is not None:
                 args["end"] = end
-        return await self.rpc.call("lock_set", args)
+        return await self.call_meta("lock_set", args)
 
     async def lock_release(self, ino: int, owner: int, *, style: str = "posix") -> bool:
         """Drop every lock of ``style`` lock owner ``owner`` holds on file ``ino``."""
         self._check_open()
-        return bool(await self.rpc.call("lock_release", {
+        return bool(await self.call_meta("lock_release", {
             "client_name": self.client_name, "ino": ino, "owner": owner, "style": style}))
 
     async def lock_release_all(self) -> int:

@@ -80,6 +80,9 @@ READS = frozenset({"get_file_info", "exists", "list_status", "get_block_location
                    "content_summary", "report", "get_server_defaults"})
 #: the reads that see below the path they name
 RECURSIVE_READS = frozenset({"content_summary"})
+#: the calls that name a file by inode, not path: they wait for the queue only when it
+#: still holds that file's create
+BY_INODE = frozenset({"lock_get", "lock_set", "lock_release"})
 
 
 def _reserved(inos) -> tuple[int, int]:
@@ -164,6 +167,7 @@ class DirLeaseHolder:
         self._touched: collections.deque[tuple[tuple[str, ...], ...]] = collections.deque()
         self._dirs: collections.Counter[str] = collections.Counter()
         self._names: collections.Counter[str] = collections.Counter()
+        self._making: collections.Counter[int] = collections.Counter()   # queued creates
         self._above: collections.Counter[str] = collections.Counter()
         self._queued = 0       # changes ever queued
         self._acked = 0        # changes ever answered by the server
@@ -454,6 +458,8 @@ class DirLeaseHolder:
     def _append(self, change: dirops.DirOp, dirs: tuple[str, ...] = (),
                 names: tuple[str, ...] = ()) -> None:
         self._queue.append(change)
+        if isinstance(change, dirops.Create):
+            self._making[change.ino] += 1
         above = tuple(a for name in names for a in _ancestors(name))
         self._touched.append((dirs, names, above))
         self._dirs.update(dirs)
@@ -483,7 +489,13 @@ class DirLeaseHolder:
         every change queued before it (the server applies them in the order the
         applications saw them); a read waits only when it could see a queued change (it
         names a changed name, a path below one or above one, or a changed folder)."""
-        if self._acked < self._queued and (method not in READS or self._touches(method, args)):
+        if method in BY_INODE:
+            if self._making[args.get("ino")] <= 0:
+                return
+        elif self._acked < self._queued and method in READS \
+                and not self._touches(method, args):
+            return
+        if self._acked < self._queued:
             with trio.move_on_after(self.timeout):
                 await self.flush()
                 return
@@ -579,6 +591,9 @@ class DirLeaseHolder:
 
     def _ack(self, count: int) -> None:
         self._in_flight = 0
+        for change in self._queue[:count]:
+            if isinstance(change, dirops.Create):
+                self._making[change.ino] -= 1
         del self._queue[:count]
         for _ in range(count):
             dirs, names, above = self._touched.popleft()
@@ -586,6 +601,7 @@ class DirLeaseHolder:
             self._names.subtract(names)
             self._above.subtract(above)
         if not self._queue:   # the counters' zeros go with the last change
+            self._making.clear()
             self._dirs.clear()
             self._names.clear()
             self._above.clear()

@@ -662,3 +662,29 @@ def test_fsync_makes_files_created_here_durable_before_a_kill(tmp_path):
             for n in range(10):
                 assert cli.read_file(f"/dur/closed{n}") == f"closed {n}".encode()
             assert cli.read_file("/dur/synced") == b"synced while open"
+
+
+def test_a_database_created_in_a_held_folder_takes_its_locks(a, b):
+    """sqlite creates its database in a folder held here (the create is queued) and locks
+    it at once: the lock waits for the create to reach the server, every transaction
+    commits, and another mount reads every row."""
+    import sqlite3
+
+    top = a.mp / "db"
+    top.mkdir()
+    (top / "x").write_text("x")
+    os.unlink(top / "x")   # held from here
+    con = sqlite3.connect(top / "rows.db", isolation_level=None)
+    con.execute("create table t (k integer primary key, v text)")
+    for tx in range(20):
+        con.execute("begin")
+        for i in range(50):
+            con.execute("insert into t(v) values (?)", (f"{tx}-{i}",))
+        con.execute("commit")
+    assert con.execute("pragma integrity_check").fetchone() == ("ok",)
+    con.close()
+    other = sqlite3.connect(f"file:{b.mp / 'db' / 'rows.db'}?mode=ro", uri=True)
+    try:
+        assert other.execute("select count(*) from t").fetchone() == (1000,)
+    finally:
+        other.close()
