@@ -54,6 +54,7 @@ import trio
 
 from fs import dirops
 from fs.errors import LeaseFSError, ServerUnavailable
+from fs.rpc import ACTING_FOR
 from fs.status import FileStatus
 
 log = logging.getLogger(__name__)
@@ -184,7 +185,17 @@ class DirLeaseHolder:
     def held(self, kernel_ino: int) -> LeasedDir | None:
         """The lease on directory ``kernel_ino`` if changes there may be decided here."""
         leased = self._leases.get(kernel_ino)
-        return None if leased is None or leased.giving_back else leased
+        if leased is None or leased.giving_back or not self._own_caller():
+            return None
+        return leased
+
+    def _own_caller(self) -> bool:
+        """Whether the request being served is the mount's own user's. The queue is sent
+        as that user; a mount acting for other callers (a proxy user: each call carries
+        its caller, ``fs.rpc.ACTING_FOR``) decides nothing for them ahead of the server,
+        whose permission check is for the caller."""
+        acting = ACTING_FOR.get()
+        return acting is None or acting.get("user") == self._client.rpc.user
 
     def _at(self, path: str) -> LeasedDir | None:
         """The lease on the folder at ``path`` (being given back too), or None. The last
@@ -211,7 +222,7 @@ class DirLeaseHolder:
     async def lease_for(self, kernel_ino: int, path: str) -> LeasedDir | None:
         """The lease to decide a change in directory ``kernel_ino`` (at ``path``) under,
         asked for if this mount holds none; None: change it synchronously."""
-        if not self.enabled:
+        if not self.enabled or not self._own_caller():
             return None
         leased = self._leases.get(kernel_ino)
         if leased is not None:
