@@ -380,6 +380,19 @@ class DirLeaseHolder:
                 self._synced(leased, parent_status, children=-1,
                              subdirs=-1 if entry.is_dir else 0)
 
+    def known_file(self, kernel_ino: int) -> FileStatus | None:
+        """The status of file ``kernel_ino`` from the lease on its folder, when the lease
+        knows it as the server has it (a file made and closed here: its create and
+        content may still be queued, and asking the server would wait for them)."""
+        path = self._path_of(kernel_ino)
+        if path is None:
+            return None
+        folder, _, name = path.rpartition("/")
+        leased = self._at(folder or "/")
+        if leased is None or leased.giving_back:
+            return None
+        return leased.known(os.fsencode(name))
+
     # ------------------------------------------------------------------ files made here
     async def create(self, leased: LeasedDir, folder: str, name: bytes, status: FileStatus,
                      *, owner: str | None, group: str | None,
@@ -408,6 +421,16 @@ class DirLeaseHolder:
             leased, folder, path, change = found
             leased.used = trio.current_time()
             self._put_write(change, folder, path)
+            if change.close:   # what the server will have once it applies the close
+                name = os.fsencode(change.name)
+                entry = leased.entries[name]
+                leased.entries[name] = dataclasses.replace(
+                    entry, length=len(change.data), under_construction=False,
+                    mtime_ns=change.time_ns if change.mtime_ns is None else change.mtime_ns,
+                    atime_ns=entry.atime_ns if change.atime_ns is None else change.atime_ns,
+                    ctime_ns=change.time_ns,
+                    mode=entry.mode if change.permission is None else change.permission)
+                leased.stale.discard(name)
             if len(self._queue) > QUEUE_LIMIT:
                 await self.flush()
             return True

@@ -127,6 +127,10 @@ class Names:
             # written here under our lease: size and times are ours (``attrs`` overlays
             # them); no call for the kernel's getattr before a chown or after a write
             return self._view.attrs(of.status)
+        if of is None:   # a file made here and closed: its folder's lease knows it
+            known = self._leases.known_file(inode)
+            if known is not None and self._view.kernel_ino(known.ino) == inode:
+                return self._view.attrs(known)
         status = self._view.fresh_status(inode)
         if status is None and of is None:   # an open file's status is the server's own
             listed = await self._view.listed_status(inode)
