@@ -2,8 +2,8 @@
 ``mount.operations`` composes; docs/design/dirleases.md): the leases it holds, what each
 covers, and the one queue of changes it acknowledged ahead of the metadata server.
 
-Why a part of its own: removing and renaming names through the mount would otherwise wait
-one synchronous metadata round trip per call. While the mount holds a directory's write
+Why a part of its own: creating, removing and renaming names through the mount would
+otherwise wait one synchronous metadata round trip per call. While the mount holds a directory's write
 lease, no other client sees or changes the directory (the server recalls the lease first),
 so the mount decides a change there from what the grant carried plus its own changes since
 (``LeasedDir.entries``), answers the application at once, and sends the change later with
@@ -29,6 +29,13 @@ Rules that keep the namespace what the applications were told:
   the same way: another client then pays no recall. A recall of a lease the mount does
   not know it holds is answered at once, unless a grant is being asked for: its answer
   may be the one recalled (``asking``), and is then given back unused.
+* A file created here gets an inode from the grant's reserved range (``take_ino``) and the
+  status ``create`` would give it; its stream's small-file publish and close are queued as
+  ``Write`` (``file_calls``), a close in its publish's place, and the sender gathers
+  changes ``GATHER`` seconds (unless someone waits) so a file made whole goes as a create
+  and its close, which the server applies as one. Such a file, once closed, is answered
+  from the lease (``known_file``). Only the mount's own user's calls are decided here: the
+  queue is sent as that user.
 * A lease that ended under the mount (its holder was silent past the server's limits)
   loses the changes sent after it ended: the batch's answer says where, and the log names
   every change lost.

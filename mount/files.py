@@ -112,7 +112,12 @@ class Files:
         self._view.keep_fresh(named, stream.created_parent)
         status = FileStatus.from_wire(stream.created_status)
         self._leases.note_made(parent_inode, name, status, stream.created_parent)
-        of = self._open_files.open_file(status.ino, 0, mode & 0o7777, status)
+        return self._opened_new(status.ino, path, status, stream, mode, flags)
+
+    def _opened_new(self, ino: int, path: str, status: FileStatus, stream, mode: int,
+                    flags: int):
+        """A file just created, open here with its output stream: create(2)'s answer."""
+        of = self._open_files.open_file(ino, 0, mode & 0o7777, status)
         of.status = status
         of.stream, of.size = stream, 0
         of.move(FileEvent.CREATE)
@@ -148,14 +153,7 @@ class Files:
                                          bytes_per_checksum=chosen.bytes_per_checksum)
         kernel_ino = self._view.kernel_ino(ino)
         stream.meta_via = self._leases.file_calls(kernel_ino, ino)
-        of = self._open_files.open_file(kernel_ino, 0, mode & 0o7777, status)
-        of.status = status
-        of.stream, of.size = stream, 0
-        of.move(FileEvent.CREATE)
-        attrs = self._view.attrs(status)
-        self._view.remember(attrs.st_ino, path)
-        handle = self._open_files.add_handle(of, flags)
-        return pyfuse3.FileInfo(fh=handle.fh), attrs
+        return self._opened_new(kernel_ino, path, status, stream, mode, flags)
 
     async def open(self, inode: int, flags: int) -> pyfuse3.FileInfo:
         return await self._open_inode(inode, self._view.path(inode), flags)
