@@ -185,6 +185,7 @@ class DirLeaseHolder:
         self._sending = trio.Lock()               # one batch in flight
         self._in_flight = 0    # the queue's first changes, sent and not answered yet
         self.lost = 0          # changes the server refused (logged)
+        self.refused = 0       # grants the server refused
         self.batches = 0
         self.local_changes = 0
 
@@ -248,6 +249,7 @@ class DirLeaseHolder:
                 log.debug("directory lease on %s not granted: %s", path, exc)
                 return None
             if grant.get("epoch") is None:
+                self.refused += 1
                 if len(self._refused) > 4096:
                     self._refused = {p: t for p, t in self._refused.items() if t > now}
                 self._refused[path] = now + REFUSED_FOR

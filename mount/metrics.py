@@ -65,6 +65,10 @@ class MountMetrics:
                                       "the metadata server refused or that a lease ending "
                                       "under the mount lost (each is logged)",
                                       value=leases.lost)
+            yield CounterMetricFamily(PREFIX + "dir_lease_refused", "Directory lease "
+                                      "grants the metadata server refused (too many entries, "
+                                      "another holder, calls in flight): changes there were "
+                                      "calls", value=leases.refused)
             yield GaugeMetricFamily(PREFIX + "dir_lease_pending", "Changes answered here "
                                     "and not yet applied by the metadata server",
                                     value=leases.pending)

@@ -259,6 +259,7 @@ def test_prometheus_scrapes_a_running_cluster(tmp_path):
             query_at_least("leasefs_mount_dir_lease_changes_total", 6)   # 4 creates, 2 more
             query_at_least("leasefs_mount_dir_lease_batches_total", 1)
             assert prometheus.query("leasefs_mount_dir_lease_lost_total") == 0
+            assert prometheus.query("leasefs_mount_dir_lease_refused_total") == 0
             mount.stop()
         finally:
             if prometheus is not None:
