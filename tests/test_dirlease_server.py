@@ -229,12 +229,21 @@ def test_a_silent_holder_loses_the_lease_after_the_recall_limit(tmp_path):
                         settings={"dir_lease_recall_limit": 1.5}) as cluster:
         with cluster.client() as a, cluster.client() as b:
             a.mkdirs("/d/sub")
+            a.mkdirs("/e")
             epoch = a.dir_lease_acquire("/d")["epoch"]
+            other = a.dir_lease_acquire("/e")["epoch"]
             started = time.monotonic()
             assert b.get_file_status("/d/sub").is_dir   # a stat through /d waits too
             assert time.monotonic() - started >= 1.5
             with pytest.raises(LeaseExpired, match=f"/d: .*epoch {epoch}"):
                 a.dir_lease_release("/d", epoch)
+            # the holder that left a recall unanswered lost its other leases with it: an
+            # access to /e does not wait out a recall of its own
+            started = time.monotonic()
+            assert names(b.list_status("/e")) == []
+            assert time.monotonic() - started < 1.0
+            with pytest.raises(LeaseExpired, match=f"/e: .*epoch {other}"):
+                a.dir_lease_release("/e", other)
             # the end was journaled: after a restart nobody holds /d
             restart_meta(cluster)
             started = time.monotonic()

@@ -32,7 +32,8 @@ its holder, who collects it with a long poll (``events``).
   the last component when it is one) that another client holds, the table's verdict —
   PROCEED runs the call as today; RECALL queues a recall for the holder, then waits; WAIT
   waits — until the lease is given back or ends: a recall unanswered for
-  ``dir_lease_recall_limit`` (``overdue``), or a holder silent for ``lease_hard_limit``
+  ``dir_lease_recall_limit`` (``overdue``: that holder loses all its leases), or a holder
+  silent for ``lease_hard_limit``
   (``expire_ended``, from the lease monitor: a holder renews by ``renew_lease`` and by any
   directory lease call, its outstanding ``dir_lease_events`` poll included). An ended
   lease is journaled (DIR_LEASE_RELEASE) before anyone waiting proceeds, so after a crash
@@ -647,29 +648,40 @@ class DirLeases:
 
     async def expire_ended(self) -> None:
         """End every lease whose recall is overdue, or whose holder was silent for the
-        lease hard limit (a dead holder's; the lease monitor calls this), journaled."""
+        lease hard limit (a dead holder's; the lease monitor calls this), journaled in
+        one batch. A holder that left a recall unanswered loses all its leases, as a
+        client whose lease ran out loses all its files (HDFS): it is gone, and the next
+        access to each of its folders would otherwise wait out a recall of its own."""
         now = self.clock()
-        ending: list[tuple[DirLease, str]] = [
-            (lease, f"its recall went unanswered for {self.table.recall_limit:g} s")
-            for lease in self.table.overdue(now)]
+        ending: dict[int, tuple[DirLease, str]] = {}
+        for lease in self.table.overdue(now):
+            why = (f"{lease.holder} left a recall unanswered for "
+                   f"{self.table.recall_limit:g} s")
+            for held in self.table.held_by(lease.holder):
+                ending.setdefault(held.ino, (held, why))
         for holder, seen in list(self._seen.items()):
             held = self.table.held_by(holder)
             if not held:
                 del self._seen[holder]
             elif now - seen > self.hard_limit:
-                ending += [(lease, f"{holder} was silent for {self.hard_limit:g} s")
-                           for lease in held]
-        for lease, why in ending:
-            if lease.ino in self._ending or self.table.lease_of(lease.ino) != lease:
-                continue
+                for lease in held:
+                    ending.setdefault(lease.ino, (lease, f"{holder} was silent for "
+                                                         f"{self.hard_limit:g} s"))
+        ending_now = [(lease, why) for lease, why in ending.values()
+                      if lease.ino not in self._ending and self.table.lease_of(lease.ino) == lease]
+        if not ending_now:
+            return
+        for lease, why in ending_now:
             self._ending.add(lease.ino)
-            try:
-                log.warning("directory lease on %s (epoch %d) of %s ends: %s",
-                            self.view.path_of(lease.ino) or f"inode {lease.ino}",
-                            lease.epoch, lease.holder, why)
-                await self.edits.log_plan(DirLeaseRelease(ino=lease.ino, holder=lease.holder,
-                                                          epoch=lease.epoch))
-            finally:
+            log.warning("directory lease on %s (epoch %d) of %s ends: %s",
+                        self.view.path_of(lease.ino) or f"inode {lease.ino}",
+                        lease.epoch, lease.holder, why)
+        try:
+            await self.edits.log_plans([
+                DirLeaseRelease(ino=lease.ino, holder=lease.holder, epoch=lease.epoch)
+                for lease, _ in ending_now])
+        finally:
+            for lease, _ in ending_now:
                 self._ending.discard(lease.ino)
                 # its waiters waited for this end without a deadline: whatever came of it,
                 # they look again
