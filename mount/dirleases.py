@@ -135,6 +135,19 @@ class LeasedDir:
         self.next_ino += 1
         return self.next_ino - 1
 
+    def closed_here(self, close: dirops.Write) -> None:
+        """A file made here was closed with ``close`` (queued): its entry is what the
+        server will have once it applies it, so lookups are answered from it again."""
+        name = os.fsencode(close.name)
+        entry = self.entries[name]
+        self.entries[name] = dataclasses.replace(
+            entry, length=len(close.data), under_construction=False,
+            mtime_ns=close.time_ns if close.mtime_ns is None else close.mtime_ns,
+            atime_ns=entry.atime_ns if close.atime_ns is None else close.atime_ns,
+            ctime_ns=close.time_ns,
+            mode=entry.mode if close.permission is None else close.permission)
+        self.stale.discard(name)
+
     def known(self, name: bytes) -> FileStatus | None:
         """The status of a file or symlink ``name`` as the server has it (nobody else
         changes it while the lease is held), or None: ask the server."""
@@ -221,6 +234,13 @@ class DirLeaseHolder:
                 self._found.clear()
             self._found[path] = leased
         return leased
+
+    def _holding_folder(self, path: str) -> tuple[LeasedDir | None, str, bytes]:
+        """The lease on the folder of the entry at ``path`` (being given back too, or
+        None), that folder's path and the entry's name."""
+        folder, _, name = path.rpartition("/")
+        folder = folder or "/"
+        return self._at(folder), folder, os.fsencode(name)
 
     def held_at(self, path: str) -> bool:
         """Whether the folder at ``path`` is held here (and not being given back)."""
@@ -367,17 +387,15 @@ class DirLeaseHolder:
     def note_changed(self, path: str) -> None:
         """This mount changes the attributes of the entry at ``path`` (opened for writing,
         setattr, truncate): a held folder's lookup of it asks the server from now on."""
-        folder, _, name = path.rpartition("/")
-        leased = self._at(folder or "/")
+        leased, _, name = self._holding_folder(path)
         if leased is not None:
-            leased.stale.add(os.fsencode(name))
+            leased.stale.add(name)
 
     def note_replaced(self, path: str, status: FileStatus) -> None:
         """The file at ``path`` got a new inode under its name (its content replaced)."""
-        folder, _, name = path.rpartition("/")
-        leased = self._at(folder or "/")
+        leased, _, name = self._holding_folder(path)
         if leased is not None:
-            self.note_made(leased.kernel_ino, os.fsencode(name), status)
+            self.note_made(leased.kernel_ino, name, status)
 
     def note_gone(self, parent: int, name: bytes,
                   parent_status: FileStatus | None = None) -> None:
@@ -396,11 +414,10 @@ class DirLeaseHolder:
         path = self._path_of(kernel_ino)
         if path is None:
             return None
-        folder, _, name = path.rpartition("/")
-        leased = self._at(folder or "/")
+        leased, _, name = self._holding_folder(path)
         if leased is None or leased.giving_back:
             return None
-        return leased.known(os.fsencode(name))
+        return leased.known(name)
 
     # ------------------------------------------------------------------ files made here
     async def create(self, leased: LeasedDir, folder: str, name: bytes, status: FileStatus,
@@ -430,16 +447,8 @@ class DirLeaseHolder:
             leased, folder, path, change = found
             leased.used = trio.current_time()
             self._put_write(change, folder, path)
-            if change.close:   # what the server will have once it applies the close
-                name = os.fsencode(change.name)
-                entry = leased.entries[name]
-                leased.entries[name] = dataclasses.replace(
-                    entry, length=len(change.data), under_construction=False,
-                    mtime_ns=change.time_ns if change.mtime_ns is None else change.mtime_ns,
-                    atime_ns=entry.atime_ns if change.atime_ns is None else change.atime_ns,
-                    ctime_ns=change.time_ns,
-                    mode=entry.mode if change.permission is None else change.permission)
-                leased.stale.discard(name)
+            if change.close:
+                leased.closed_here(change)
             if len(self._queue) > QUEUE_LIMIT:
                 await self.flush()
             return True
@@ -455,14 +464,13 @@ class DirLeaseHolder:
         path = self._path_of(kernel_ino)
         if path is None:
             return None
-        folder = path.rpartition("/")[0] or "/"
-        leased = self._at(folder)
-        name = path.rpartition("/")[2]
-        entry = leased.entries.get(os.fsencode(name)) if leased is not None else None
+        leased, folder, name = self._holding_folder(path)
+        entry = leased.entries.get(name) if leased is not None else None
         if entry is None or leased.giving_back or entry.ino != ino:
             return None
         return leased, folder, path, dirops.Write(
-            leased.ino, leased.epoch, name, ino, bytes(data), close, args.get("mtime_ns"),
+            leased.ino, leased.epoch, os.fsdecode(name), ino, bytes(data), close,
+            args.get("mtime_ns"),
             args.get("atime_ns"), args.get("permission"), time.time_ns())
 
     def _put_write(self, change: dirops.Write, folder: str, path: str) -> None:

@@ -475,10 +475,7 @@ class NamespacePlanner:
         if not isinstance(data, (bytes, bytearray)):
             raise InvalidArgument(f"{op} {path}: data must be bytes, got "
                                   f"{type(data).__name__}")
-        limit = min(self.defaults.inline_max, inode.block_size)
-        if not 0 < len(data) <= limit:
-            raise InvalidArgument(f"{op} {path}: {len(data)} bytes of inline data; this "
-                                  f"server keeps 1 to {limit} bytes inline (inline_max)")
+        self._check_inline_size(path, op, inode.block_size, data)
         # a file created while its first block was refused holds no space yet
         self._quota.check_quota(inode.parent, 0, len(data) * (inode.replication or 1)
                                 - file_charge(self._view.read, ino, inode))
@@ -492,11 +489,14 @@ class NamespacePlanner:
                          block_size: int, data: bytes) -> None:
         """The whole content of a file created with it (a batched create and close): it
         fits ``inline_max`` and the block size, and the folder's space quota."""
+        self._check_inline_size(path, "complete", block_size, data)
+        self._quota.check_quota(parent_ino, 0, len(data) * (replication or 1))
+
+    def _check_inline_size(self, path: str, op: str, block_size: int, data) -> None:
         limit = min(self.defaults.inline_max, block_size)
         if not 0 < len(data) <= limit:
-            raise InvalidArgument(f"complete {path}: {len(data)} bytes of inline data; this "
+            raise InvalidArgument(f"{op} {path}: {len(data)} bytes of inline data; this "
                                   f"server keeps 1 to {limit} bytes inline (inline_max)")
-        self._quota.check_quota(parent_ino, 0, len(data) * (replication or 1))
 
     @staticmethod
     def plan_inline(ino: int, data: bytes) -> Inline:
