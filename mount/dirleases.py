@@ -434,12 +434,16 @@ class DirLeaseHolder:
                                        status.mode, owner, group, replication, block_size, now),
                          dirs=(folder,), names=(status.path,))
 
-    def file_calls(self, kernel_ino: int, ino: int):
+    def file_calls(self, kernel_ino: int, ino: int, ended: Callable[[], bool]):
         """The metadata calls of the stream of file ``ino`` created here: a small file's
         publish (``fsync`` of inline data, not durable) and its close (``complete`` with no
         block) are queued as ``Write`` while its folder is held here, so a close answers at
         once and the content follows the create in the queue; every other call (a block,
-        a durable fsync, or once the lease is gone) is made as the stream would."""
+        a durable fsync, or once the lease is gone) is made as the stream would.
+        ``ended()``: whether the file has no handle open here any more. Only a close then
+        makes the lease answer for the file again: a close while it stays open (its
+        stream ended at an unlock, a database's) is followed by changes made by calls,
+        which the lease's entry would not see."""
         async def call(method: str, args: dict, **kwargs):
             found = self._file_write(kernel_ino, ino, method, args)
             if found is None:
@@ -447,7 +451,7 @@ class DirLeaseHolder:
             leased, folder, path, change = found
             leased.used = trio.current_time()
             self._put_write(change, folder, path)
-            if change.close:
+            if change.close and ended():
                 leased.closed_here(change)
             if len(self._queue) > QUEUE_LIMIT:
                 await self.flush()

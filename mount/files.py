@@ -152,8 +152,10 @@ class Files:
         stream = self._client.new_output(path, dataclasses.asdict(status),
                                          bytes_per_checksum=chosen.bytes_per_checksum)
         kernel_ino = self._view.kernel_ino(ino)
-        stream.meta_via = self._leases.file_calls(kernel_ino, ino)
-        return self._opened_new(kernel_ino, path, status, stream, mode, flags)
+        opened = self._opened_new(kernel_ino, path, status, stream, mode, flags)
+        of = self._open_files.get(kernel_ino)
+        stream.meta_via = self._leases.file_calls(kernel_ino, ino, lambda: of.handles == 0)
+        return opened
 
     async def open(self, inode: int, flags: int) -> pyfuse3.FileInfo:
         return await self._open_inode(inode, self._view.path(inode), flags)

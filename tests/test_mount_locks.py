@@ -219,6 +219,33 @@ def test_a_killed_mounts_locks_go_when_its_lease_ends(cluster, two):
         doomed.cleanup()
 
 
+def test_a_file_made_here_keeps_what_was_written_after_an_unlock_ended_its_stream(one, two):
+    """A database's pattern on a file created under its folder's lease: an unlock ends
+    the file's stream (its content is published for the next lock holder) while the
+    file stays open, and what is written under the next lock goes by calls. Once closed,
+    both mounts see all of it: the mount's lease on the folder must not answer for the
+    file from the empty close at the unlock."""
+    folder = one.mp / "between-locks"
+    folder.mkdir()
+    path = folder / "db"
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_SH, 0, 0)
+        fcntl.lockf(fd, fcntl.LOCK_UN, 0, 0)
+        fcntl.lockf(fd, fcntl.LOCK_EX, 0, 0)
+        os.pwrite(fd, b"p" * 8192, 0)
+        fcntl.lockf(fd, fcntl.LOCK_UN, 0, 0)
+    finally:
+        os.close(fd)
+    for seen in (path, two.mp / "between-locks" / "db"):
+        fd = os.open(seen, os.O_RDONLY)
+        try:
+            assert os.fstat(fd).st_size == 8192, seen
+            assert os.read(fd, 16384) == b"p" * 8192, seen
+        finally:
+            os.close(fd)
+
+
 SQLITE_WORKER = textwrap.dedent("""
     import sqlite3, sys
     path, who, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -246,9 +273,15 @@ def test_sqlite_on_two_mounts_of_one_database_stays_whole(one, two):
                                  str(count)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
                for path, who in ((path_one, "a"), (path_two, "b"))]
-    for worker in workers:
-        out, err = worker.communicate(timeout=540)
-        assert worker.returncode == 0 and out.strip() == "done", err[-3000:]
+    try:
+        for worker in workers:
+            out, err = worker.communicate(timeout=540)
+            assert worker.returncode == 0 and out.strip() == "done", err[-3000:]
+    finally:   # a failed worker leaves the other one: it must not keep the mount busy
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
     for path in (path_one, path_two):
         db = __import__("sqlite3").connect(path)
         try:
