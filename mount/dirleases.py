@@ -68,8 +68,11 @@ log = logging.getLogger(__name__)
 
 #: seconds a directory the server would not lease is not asked for again
 REFUSED_FOR = 10.0
-#: seconds without a change after which a lease is given back
-IDLE_FOR = 2.0
+#: seconds without a change after which a lease is given back: long enough for tar and
+#: git to come back to a folder after extracting a subtree below it (each return would
+#: cost a grant, and every lookup meanwhile a call); another client's access to a folder
+#: held idle costs it one recall
+IDLE_FOR = 10.0
 #: changes queued at most; a change beyond waits for the sender
 QUEUE_LIMIT = 4096
 #: how long the events poll waits on the server (under the client's rpc_timeout)

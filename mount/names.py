@@ -79,6 +79,11 @@ class Names:
                 if name not in leased.entries:
                     return self._view.negative_entry()
                 known = leased.known(name)
+                if known is None and leased.entries[name].is_dir:
+                    # a folder held here too: its own lease has its attributes (tar and
+                    # git walk their paths again once the kernel's entry of it expired)
+                    below = self._leases.held(self._view.kernel_ino(leased.entries[name].ino))
+                    known = below.status if below is not None else None
                 if known is not None and self._open_files.get(
                         self._view.kernel_ino(known.ino)) is None:
                     attrs = self._view.attrs(known)
