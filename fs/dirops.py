@@ -24,6 +24,8 @@ from the range the lease's grant reserved: ``ino`` names the inode it *gets*, so
 finds it there and is skipped), ``Write`` (a small file's whole content, kept inline: with
 ``close`` the file is completed as ``complete(data=...)`` does, else published as
 ``fsync(data=..., sync=false)``; empty ``data`` with ``close`` completes an empty file),
+``SetAttr`` (mode, owner and group, times of an entry, as ``set_permission``,
+``set_owner`` and ``set_times`` set them; the entry's ctime is the holder's time),
 ``Release`` (the holder gives a lease back after the changes before it: ordered with them).
 
 Pure: no I/O. Concurrency contract: immutable values, safe anywhere.
@@ -167,6 +169,26 @@ class Write:
 
 
 @dataclass(frozen=True)
+class SetAttr:
+    dir: int
+    epoch: int
+    name: str
+    ino: int                # the entry (a file, folder or symlink) the name holds
+    permission: int | None  # None: left as it is (so for each field)
+    owner: str | None
+    group: str | None
+    mtime_ns: int | None
+    atime_ns: int | None
+    time_ns: int            # its ctime
+
+    def to_wire(self) -> dict:
+        return {"op": "setattr", "dir": self.dir, "epoch": self.epoch, "name": self.name,
+                "ino": self.ino, "perm": self.permission, "owner": self.owner,
+                "group": self.group, "mtime": self.mtime_ns, "atime": self.atime_ns,
+                "time": self.time_ns}
+
+
+@dataclass(frozen=True)
 class Release:
     dir: int
     epoch: int
@@ -175,7 +197,7 @@ class Release:
         return {"op": "release", "dir": self.dir, "epoch": self.epoch}
 
 
-DirOp = Unlink | Rmdir | Rename | Create | Write | Release
+DirOp = Unlink | Rmdir | Rename | Create | Write | SetAttr | Release
 
 
 def _opt_int(value, what: str, low: int = 0, high: int = 1 << 63) -> int | None:
@@ -196,23 +218,32 @@ def _opt_name(value, what: str) -> str | None:
     return value
 
 
+#: each change's wire name and fields
+_FIELDS = {"unlink": ("dir", "epoch", "name", "ino", "time"),
+           "rmdir": ("dir", "epoch", "name", "ino", "ino_epoch", "time"),
+           "rename": ("dir", "epoch", "name", "ino", "dst_dir", "dst_epoch", "dst_name",
+                      "replaced", "time"),
+           "create": ("dir", "epoch", "name", "ino", "perm", "owner", "group",
+                      "replication", "block_size", "time"),
+           "write": ("dir", "epoch", "name", "ino", "data", "close", "mtime", "atime",
+                     "perm", "time"),
+           "setattr": ("dir", "epoch", "name", "ino", "perm", "owner", "group", "mtime",
+                       "atime", "time"),
+           "release": ("dir", "epoch")}
+#: the changes' wire names, as a grant lists the ones its server applies (a holder decides
+#: locally only what it may send: an older server refuses a batch naming a change it does
+#: not know, whole)
+KINDS = tuple(_FIELDS)
+
+
 def from_wire(item) -> DirOp:
     """One change from its wire form; ``InvalidArgument`` naming what is wrong."""
     if not isinstance(item, dict):
         raise InvalidArgument(f"dir_batch: a change must be a map, got {item!r:.60}")
     kind = item.get("op")
-    fields = {"unlink": ("dir", "epoch", "name", "ino", "time"),
-              "rmdir": ("dir", "epoch", "name", "ino", "ino_epoch", "time"),
-              "rename": ("dir", "epoch", "name", "ino", "dst_dir", "dst_epoch", "dst_name",
-                         "replaced", "time"),
-              "create": ("dir", "epoch", "name", "ino", "perm", "owner", "group",
-                         "replication", "block_size", "time"),
-              "write": ("dir", "epoch", "name", "ino", "data", "close", "mtime", "atime",
-                        "perm", "time"),
-              "release": ("dir", "epoch")}.get(kind) if isinstance(kind, str) else None
+    fields = _FIELDS.get(kind) if isinstance(kind, str) else None
     if fields is None:
-        raise InvalidArgument(f"dir_batch: unknown change {kind!r:.40} (unlink, rmdir, "
-                              f"rename, create, write, release)")
+        raise InvalidArgument(f"dir_batch: unknown change {kind!r:.40} ({', '.join(KINDS)})")
     extra = item.keys() - {"op", *fields}
     if extra:
         raise InvalidArgument(f"dir_batch: {kind}: unknown fields {sorted(map(str, extra))}")
@@ -251,6 +282,17 @@ def from_wire(item) -> DirOp:
         return Write(dir_, epoch, name, ino, bytes(data), close,
                      _opt_int(item["mtime"], "write mtime"), _opt_int(item["atime"], "write atime"),
                      _opt_int(item["perm"], "write perm", 0, 0o10000), time_ns)
+    if kind == "setattr":
+        change = SetAttr(dir_, epoch, name, ino, _opt_int(item["perm"], "setattr perm", 0, 0o10000),
+                         _opt_name(item["owner"], "setattr owner"),
+                         _opt_name(item["group"], "setattr group"),
+                         _opt_int(item["mtime"], "setattr mtime"),
+                         _opt_int(item["atime"], "setattr atime"), time_ns)
+        if (change.permission, change.owner, change.group, change.mtime_ns,
+                change.atime_ns) == (None,) * 5:
+            raise InvalidArgument("dir_batch: setattr must set perm, owner, group, mtime or "
+                                  "atime")
+        return change
     return Rename(dir_, epoch, name, ino, _int(item["dst_dir"], "rename dst_dir"),
                   _int(item["dst_epoch"], "rename dst_epoch"),
                   _name(item["dst_name"], "rename dst_name"),
@@ -263,5 +305,7 @@ def batch_from_wire(ops) -> list[DirOp]:
     return [from_wire(item) for item in ops]
 
 
-__all__ = ["CHOSEN_INO", "WHOLE", "Create", "DirOp", "HOLDER_TIME", "MAX_BATCH", "Release", "Rename",
-           "Rmdir", "Unlink", "Write", "batch_from_wire", "change_time", "from_wire"]
+__all__ = ["CHOSEN_INO", "WHOLE", "Create", "DirOp", "HOLDER_TIME", "KINDS", "MAX_BATCH",
+           "Release", "Rename",
+           "Rmdir", "SetAttr", "Unlink", "Write", "batch_from_wire", "change_time",
+           "from_wire"]

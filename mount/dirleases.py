@@ -130,6 +130,8 @@ class LeasedDir:
     # the inode numbers the grant reserved for files created here, not used yet
     next_ino: int = 0
     end_ino: int = 0
+    # attribute changes may be queued (the grant's server applies them)
+    sets_attrs: bool = False
 
     def take_ino(self) -> int | None:
         """A reserved inode number for a file created here, or None (create it by a call)."""
@@ -316,7 +318,8 @@ class DirLeaseHolder:
         leased = LeasedDir(kernel_ino, status.ino, grant["epoch"], status, entries,
                            used=trio.current_time(),
                            stale={name for name, e in entries.items() if self._is_open(e.ino)},
-                           next_ino=first, end_ino=first + count)
+                           next_ino=first, end_ino=first + count,
+                           sets_attrs="setattr" in (grant.get("changes") or ()))
         self._leases[kernel_ino] = leased
         return leased
 
@@ -498,6 +501,48 @@ class DirLeaseHolder:
             if getattr(queued, "ino", None) == change.ino:
                 break   # the file's own earlier change: nothing to replace before it
         self._append(change, (folder,), (path,))
+
+    def set_attrs(self, kernel_ino: int, *, mode: int | None = None,
+                  owner: str | None = None, group: str | None = None,
+                  mtime_ns: int | None = None,
+                  atime_ns: int | None = None) -> FileStatus | None:
+        """chmod, chown, utimens of an entry of a folder held here (not open here): the
+        entry's status after them, the change queued (``SetAttr``); None: set them by
+        calls. Decided here only when the lease knows the entry's attributes (a file not
+        changed by calls since, a folder held here too) and the owner and group stay
+        (a new owner or group is the server's to allow: its users and groups are not the
+        kernel's; a chown to the same ones changes nothing). The kernel has checked the
+        caller may (default_permissions)."""
+        path = self._path_of(kernel_ino)
+        if path is None or not self._own_caller():
+            return None
+        leased, folder, name = self._holding_folder(path)
+        if leased is None or leased.giving_back or not leased.sets_attrs:
+            return None
+        entry = leased.entries.get(name)
+        if entry is None or entry.ino != kernel_ino:
+            return None
+        below = self.held(kernel_ino) if entry.is_dir else None
+        base = below.status if below is not None else leased.known(name)
+        if base is None or (owner or base.owner) != base.owner \
+                or (group or base.group) != base.group:
+            return None
+        if mode is None and mtime_ns is None and atime_ns is None:
+            return base   # tar's chown of what it made to who made it: nothing changes
+        now = time.time_ns()
+        status = dataclasses.replace(
+            base, mode=base.mode if mode is None else mode,
+            mtime_ns=base.mtime_ns if mtime_ns is None else mtime_ns,
+            atime_ns=base.atime_ns if atime_ns is None else atime_ns, ctime_ns=now)
+        leased.entries[name] = status
+        if below is not None:
+            below.status = status
+        leased.used = trio.current_time()
+        self.local_changes += 1
+        self._append(dirops.SetAttr(leased.ino, leased.epoch, os.fsdecode(name), entry.ino,
+                                    mode, None, None, mtime_ns, atime_ns, now),
+                     (folder,), (path,))
+        return status
 
     def forget(self, kernel_ino: int) -> LeasedDir | None:
         """The directory is gone here (an rmdir decided here): its lease ends with it."""

@@ -148,6 +148,17 @@ class Names:
         return self._view.attrs(status)
 
     async def setattr(self, inode, attr, fields, fh):
+        if not fields.update_size and self._open_files.get(inode) is None:
+            status = self._leases.set_attrs(
+                inode, mode=attr.st_mode & 0o7777 if fields.update_mode else None,
+                owner=user_name(attr.st_uid) if fields.update_uid else None,
+                group=group_name(attr.st_gid) if fields.update_gid else None,
+                mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+                atime_ns=attr.st_atime_ns if fields.update_atime else None)
+            if status is not None:   # decided under the lease on its folder
+                self._view.drop_fresh(inode)
+                self._view.touch_node(inode)
+                return self._view.attrs(status)
         known = self._view.known_path(inode)
         if known is not None:
             self._leases.note_changed(known)
@@ -267,12 +278,13 @@ class Names:
         path = self._view.child(parent_inode, name)
         named = self._view.named
         owner, group = new_owner(ctx)
-        # one call: EEXIST, ENOENT (parent gone) and ENOTDIR come from the server; in a
-        # folder held here (a tree being changed) the new one's lease comes with it
+        # one call: EEXIST, ENOENT (parent gone) and ENOTDIR come from the server; the
+        # folder is held here from now on (as for a create: a tree being made, whose
+        # entries' attributes are set next), and the new one's lease comes with it
+        leased = await self._leases.lease_for(parent_inode, self._view.path(parent_inode))
         with self._leases.asking():
             made = await self._client.mkdir(path, permission=mode & 0o7777, owner=owner,
-                                            group=group,
-                                            lease=self._leases.held(parent_inode) is not None,
+                                            group=group, lease=leased is not None,
                                             want_inos=INOS_PER_GRANT)
             self._leases.note_made(parent_inode, name, made.status, made.parent)
             if made.lease is not None:

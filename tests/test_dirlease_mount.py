@@ -233,13 +233,15 @@ def test_rm_rf_on_one_mount_while_the_other_lists(a, b):
     thread = threading.Thread(target=lister)
     thread.start()
     try:
+        # B is listing when the removal starts (else a quick rm -rf may end before B's
+        # first listing is answered, and the check below would check nothing)
+        assert poll_until(lambda: seen or errors, timeout=60)
         removal = subprocess.run(["rm", "-rf", str(top)], capture_output=True, text=True)
     finally:
         stop.set()
         thread.join(60)
     assert removal.returncode == 0, removal.stderr[-2000:]
     assert not errors, errors
-    assert seen, "B listed nothing while A removed"
     for folder, listed in seen:
         assert set(listed) <= names[folder], (folder, listed)
     # (a stat on B may answer from its kernel's cache for a second, as with any change
@@ -586,6 +588,62 @@ def test_files_created_here_are_what_a_local_filesystem_has(cluster, a, b, tmp_p
             assert cli.read_file(status.path) == want[status.name]["data"], status.name
             assert not status.under_construction, status.name
             assert status.owner == "root" and status.group == "root", status
+
+
+def set_attributes(top: Path) -> None:
+    """tar's order: each file's mode and times right after its close, a folder's mode at
+    its mkdir and its times at the end; a chown to who made it; files of the folder held
+    from before, made here and closed, and a folder made here."""
+    for n in range(5):
+        (top / f"f{n}").write_bytes(b"x" * n)
+        os.chown(top / f"f{n}", 0, 0)
+        os.chmod(top / f"f{n}", 0o600 | n)
+        os.utime(top / f"f{n}", ns=(10**17 + n, 2 * 10**17 + n))
+    (top / "sub").mkdir()
+    os.chmod(top / "sub", 0o750)
+    (top / "sub" / "inner").write_text("i")
+    os.utime(top / "sub" / "inner", ns=(10**17, 4 * 10**17))
+    os.utime(top / "sub", ns=(10**17, 3 * 10**17))
+    os.chmod(top / "old", 0o444)
+    os.utime(top / "old", ns=(5 * 10**17, 6 * 10**17))
+
+
+def attributes_of(top: Path) -> dict:
+    out = {}
+    for where, folders, files in os.walk(top):
+        for name in folders + files:
+            path = Path(where) / name
+            st = os.stat(path)
+            out[str(path.relative_to(top))] = (oct(st.st_mode), st.st_mtime_ns,
+                                               None if name in folders else st.st_size,
+                                               st.st_uid, st.st_gid)
+    return out
+
+
+def test_attributes_set_here_are_what_a_local_filesystem_has(cluster, a, b, tmp_path):
+    """chmod, chown and utimens of entries of a folder held here are decided here and
+    queued: what the mount shows at once, what another mount shows (its access recalls
+    the lease), what the CLI client reads and what the mount shows again from the server
+    all equal a local folder's outcome of the same calls."""
+    local = tmp_path / "attrs"
+    local.mkdir()
+    (local / "old").write_text("o")
+    top = a.mp / "attrs"
+    top.mkdir()
+    (top / "old").write_text("o")
+    (top / "lease").write_text("x")
+    os.unlink(top / "lease")   # held from here
+    set_attributes(local)
+    set_attributes(top)
+    want = attributes_of(local)
+    assert attributes_of(top) == want
+    assert attributes_of(b.mp / "attrs") == want
+    assert attributes_of(top) == want
+    with cluster.client() as cli:
+        for name, (mode, mtime, _, _, _) in want.items():
+            status = cli.get_file_status(f"/attrs/{name}")
+            assert (oct(status.mode), status.mtime_ns) == (oct(int(mode, 8) & 0o7777),
+                                                           mtime), name
 
 
 def test_a_created_files_group_follows_a_setgid_folder(cluster, a, b):

@@ -199,21 +199,21 @@ class NamespaceProtocol:
                                 kept=keep_removed(gone) if want_status else None)
             return self.ns.view.changed(canonical, gone) if want_status else True
 
-    async def _set_op(self, what: str, path, planner, check=None, want_status=False,
+    async def _set_op(self, ctx, what: str, path, planner, check=None, want_status=False,
                       durable=True):
         """``want_status``: answer the inode's status after the change instead of ``true``
-        (a mount's setattr in one round trip)."""
+        (a mount's setattr in one round trip); the change is stamped ``_wall(ctx)``."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_bool(want_status, f"{what} {canonical}: want_status")
         async with self.locking.mutation(f"{what} {canonical}", lock_set(parts, LOCK_WRITE)):
             if check is not None:
                 check(parts, canonical)
-            await self.edits.log_plan(planner(canonical, self.wall_ns()), durable=durable)
+            await self.edits.log_plan(planner(canonical, self._wall(ctx)), durable=durable)
             return self.ns.view.get_file_info(canonical) if want_status else True
 
     async def rpc_set_permission(self, ctx, path, permission, want_status=False):
-        return await self._set_op("chmod", path, lambda p, t: self.ns.planner.plan_set_permission(
+        return await self._set_op(ctx, "chmod", path, lambda p, t: self.ns.planner.plan_set_permission(
             p, permission, now_ns=t), lambda parts, _: self.access.check_set_mode(ctx, parts, permission),
             want_status, ctx.sync_metadata)
 
@@ -229,7 +229,7 @@ class NamespaceProtocol:
                     caller, canonical,
                     check_name(owner, f"chown {canonical}: owner", optional=True),
                     check_name(group, f"chown {canonical}: group", optional=True))
-        return await self._set_op("chown", path, lambda p, t: self.ns.planner.plan_set_owner(
+        return await self._set_op(ctx, "chown", path, lambda p, t: self.ns.planner.plan_set_owner(
             p, owner, group, now_ns=t), check, want_status, ctx.sync_metadata)
 
     async def rpc_set_times(self, ctx, path, mtime_ns=None, atime_ns=None, ino=None,
@@ -242,7 +242,7 @@ class NamespaceProtocol:
         canonical = paths.validate(path)
         ino = check_ino(ino, canonical)
         if ino is None:
-            return await self._set_op("set times of", path, planner,
+            return await self._set_op(ctx, "set times of", path, planner,
                                       lambda parts, _: self.access.check_access(ctx, parts,
                                                                          owner_or=WRITE),
                                       want_status)
@@ -251,9 +251,9 @@ class NamespaceProtocol:
                 raise FileNotFound(f"{canonical}: inode {ino} no longer exists")
             self.access.check_access(ctx, paths.split(current), owner_or=WRITE)
             check_bool(want_status, f"set times of {canonical}: want_status")
-            await self.edits.log_plan(planner(current, self.wall_ns()), durable=ctx.sync_metadata)
+            await self.edits.log_plan(planner(current, self._wall(ctx)), durable=ctx.sync_metadata)
             return self.ns.view.get_file_info(current) if want_status else True
 
     async def rpc_set_replication(self, ctx, path, replication):
-        return await self._set_op("setrep", path, lambda p, t: self.ns.planner.plan_set_replication(
+        return await self._set_op(ctx, "setrep", path, lambda p, t: self.ns.planner.plan_set_replication(
             p, replication, now_ns=t), lambda parts, _: self.access.check_access(ctx, parts, access=WRITE))

@@ -265,7 +265,7 @@ class DirLeases:
         attrs = self.view.get_file_info(canonical)
         listing = self.view.list_status(canonical, "", self.max_entries)
         return {"epoch": epoch, "attrs": attrs, "entries": listing["entries"],
-                "inos": inos.to_wire()}
+                "inos": inos.to_wire(), "changes": list(dirops.KINDS)}
 
     def _refusal(self, canonical: str, ino: int, inode, lease) -> str | None:
         if lease is not None:
@@ -503,6 +503,8 @@ class DirLeases:
             await self._create(ctx, holder, change, lease, folder, path, whole)
         elif isinstance(change, dirops.Write):
             await self._write(ctx, holder, change, path)
+        elif isinstance(change, dirops.SetAttr):
+            await self._set_attrs(ctx, change, path)
         else:
             dst_folder = self.view.path_of(change.dst_dir)
             if dst_folder is None:
@@ -545,6 +547,20 @@ class DirLeases:
                 args[name] = value
         # without a last block: a file whose bytes are in blocks is refused, not waited for
         await self.dispatch(ctx, "complete", {**args, "last": None})
+
+    async def _set_attrs(self, ctx, change: dirops.SetAttr, path: str) -> None:
+        """An entry's mode, owner and group, times: each as its call sets it (the caller's
+        permission checks), stamped with the holder's time."""
+        if change.permission is not None:
+            await self.dispatch(ctx, "set_permission", {"path": path,
+                                                        "permission": change.permission})
+        if change.owner is not None or change.group is not None:
+            await self.dispatch(ctx, "set_owner", {"path": path, "owner": change.owner,
+                                                   "group": change.group})
+        if change.mtime_ns is not None or change.atime_ns is not None:
+            await self.dispatch(ctx, "set_times", {"path": path, "mtime_ns": change.mtime_ns,
+                                                   "atime_ns": change.atime_ns,
+                                                   "ino": change.ino})
 
     # ------------------------------------------------------------------ recalls
     def queue_recall(self, holder: str, path: str, epoch: int, ino: int) -> None:
