@@ -671,10 +671,19 @@ class DirLeaseHolder:
                     return
                 self._in_flight = len(batch)
                 try:
-                    answer = await self._client.dir_batch(batch)
+                    try:
+                        answer = await self._client.dir_batch(batch)
+                    except LeaseFSError as exc:
+                        if exc.retriable or len(batch) == 1:
+                            raise
+                        # refused whole for one change (a bug of ours or the server's):
+                        # each sent alone, so only the one refused is lost
+                        log.error("a batch of %d namespace changes was refused (%s): "
+                                  "sending them one by one", len(batch), exc)
+                        answer = await self._one_by_one(batch)
                     break
                 except LeaseFSError as exc:
-                    if not exc.retriable:   # a bug of ours or the server's: not sent again
+                    if not exc.retriable:   # not sent again
                         self._drop(batch, 0, f"refused: {exc}")
                         return
                     log.warning("sending %d namespace changes: %s; sending again",
@@ -691,6 +700,24 @@ class DirLeaseHolder:
                 self._drop(batch, int(answer.get("done") or 0), answer["ended"].get("message"))
             else:
                 self._ack(len(batch))
+
+    async def _one_by_one(self, batch: list) -> dict:
+        """``batch`` sent one change per call: a ``dir_batch`` answer for all of it (an
+        error that may pass is raised: the whole batch is sent again, and what was
+        applied already is skipped as a resend)."""
+        failed = []
+        for index, change in enumerate(batch):
+            try:
+                answer = await self._client.dir_batch([change])
+            except LeaseFSError as exc:
+                if exc.retriable:
+                    raise
+                failed.append({"index": index, "error": exc.to_wire()})
+                continue
+            failed += [{**f, "index": index} for f in answer.get("failed") or ()]
+            if answer.get("ended") is not None:
+                return {"done": index, "failed": failed, "ended": answer["ended"]}
+        return {"done": len(batch), "failed": failed, "ended": None}
 
     def _ack(self, count: int) -> None:
         self._in_flight = 0

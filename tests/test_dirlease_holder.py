@@ -4,9 +4,11 @@ tests/test_dirlease_mount.py run it against real servers)."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from fs import dirops
+from fs.errors import InvalidArgument
 from mount.dirleases import DirLeaseHolder
 
 FOLDER, FILE, SUB = 10, 11, 12
@@ -57,5 +59,43 @@ def test_attributes_are_set_locally_only_when_the_grant_says_its_server_applies_
         assert (queued.dir, queued.epoch, queued.name, queued.ino, queued.permission,
                 queued.owner, queued.mtime_ns) == (FOLDER, 6, "f", FILE, 0o600, None, 7)
         assert dirops.from_wire(queued.to_wire()) == queued
+
+    trio.run(main)
+
+
+class OldServer:
+    """A server that refuses, whole, any batch naming a change it does not know."""
+
+    def __init__(self):
+        self.applied: list[str] = []
+        self.calls = 0
+
+    async def dir_batch(self, batch):
+        self.calls += 1
+        if any(isinstance(change, dirops.SetAttr) for change in batch):
+            raise InvalidArgument("dir_batch: unknown change 'setattr' (unlink, rmdir, "
+                                  "rename, create, write, release)")
+        self.applied += [change.name for change in batch]
+        return {"done": len(batch), "skipped": 0, "failed": [], "ended": None}
+
+
+@pytest.mark.allow_log_errors("refused", reason="the refused batch and change are logged")
+def test_a_batch_refused_whole_loses_only_the_change_refused_alone():
+    """The server refuses a batch whole when one change is malformed for it: the holder
+    sends the batch's changes one by one, so the others are applied in their order and
+    only that one is lost (logged, counted)."""
+    async def main():
+        server = OldServer()
+        held = DirLeaseHolder(server, {}.get, lambda ino: False)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(held.run)
+            await held.queue(dirops.Unlink(FOLDER, 1, "a", 20, 0))
+            await held.queue(dirops.SetAttr(FOLDER, 1, "b", 21, 0o600, None, None, None,
+                                            None, 0))
+            await held.queue(dirops.Unlink(FOLDER, 1, "c", 22, 0))
+            await held.flush()
+            nursery.cancel_scope.cancel()
+        assert server.applied == ["a", "c"]
+        assert held.lost == 1 and held.pending == 0
 
     trio.run(main)
