@@ -185,6 +185,9 @@ class DirLeaseHolder:
         self._asking = 0
         self._early: dict[int, int] = {}
         self._holding = trio.Event()              # set when a lease is asked for or held
+        # leases a refused change relied on, their release queued (epoch -> lease): they
+        # are forgotten once it is sent
+        self._ending: dict[int, LeasedDir] = {}
         self._refused: dict[str, float] = {}          # path -> not asked again until
         self._queue: list[dirops.DirOp] = []
         # what the queued changes touch, for the barrier's reads (``_touches``): per change
@@ -696,10 +699,24 @@ class DirLeaseHolder:
                 change = batch[failure["index"]]
                 log.error("namespace change %s was refused by the metadata server: %s",
                           change, failure["error"].get("message"))
+                self._end_after_loss(change)
             if answer.get("ended") is not None:
                 self._drop(batch, int(answer.get("done") or 0), answer["ended"].get("message"))
             else:
                 self._ack(len(batch))
+
+    def _end_after_loss(self, change: dirops.DirOp) -> None:
+        """A change the server refused: the leases it was decided under no longer say what
+        the server has. Nothing more is decided under them, and they are given back after
+        what is queued (their view is forgotten then: the server's is the truth)."""
+        pairs = [(change.dir, change.epoch)]
+        if isinstance(change, dirops.Rename):
+            pairs.append((change.dst_dir, change.dst_epoch))
+        for leased in list(self._leases.values()):
+            if (leased.ino, leased.epoch) in pairs and not leased.giving_back:
+                leased.giving_back = True
+                self._ending[leased.epoch] = leased
+                self._append(dirops.Release(leased.ino, leased.epoch))
 
     async def _one_by_one(self, batch: list) -> dict:
         """``batch`` sent one change per call: a ``dir_batch`` answer for all of it (an
@@ -724,6 +741,10 @@ class DirLeaseHolder:
         for change in self._queue[:count]:
             if isinstance(change, dirops.Create):
                 self._making[change.ino] -= 1
+            elif isinstance(change, dirops.Release):
+                ended = self._ending.pop(change.epoch, None)
+                if ended is not None and self._leases.get(ended.kernel_ino) is ended:
+                    del self._leases[ended.kernel_ino]
         del self._queue[:count]
         for _ in range(count):
             dirs, names, above = self._touched.popleft()
@@ -747,6 +768,7 @@ class DirLeaseHolder:
         for change in lost:
             log.error("namespace change %s is lost: %s", change, why)
         self._leases.clear()
+        self._ending.clear()
         self._ack(len(batch))
 
     async def _events_loop(self) -> None:

@@ -27,9 +27,28 @@ def grant(epoch: int, **extra) -> dict:
             "inos": [0, 0], **extra}
 
 
-def holder() -> DirLeaseHolder:
+class Refusing:
+    """A server that refuses the unlink of "bad" (as a permission it denies would)."""
+
+    def __init__(self):
+        self.applied: list = []
+
+    async def dir_batch(self, batch):
+        failed = [{"index": i, "error": {"type": "PermissionDenied", "message": "denied"}}
+                  for i, change in enumerate(batch)
+                  if isinstance(change, dirops.Unlink) and change.name == "bad"]
+        self.applied += [change for i, change in enumerate(batch)
+                         if i not in {f["index"] for f in failed}]
+        return {"done": len(batch), "skipped": 0, "failed": failed, "ended": None}
+
+    async def dir_lease_events(self, wait):
+        await trio.sleep(wait)
+        return []
+
+
+def holder(server=None) -> DirLeaseHolder:
     paths = {FOLDER: "/d", FILE: "/d/f", SUB: "/d/sub"}
-    return DirLeaseHolder(object(), paths.get, lambda ino: False)
+    return DirLeaseHolder(server or Refusing(), paths.get, lambda ino: False)
 
 
 def test_attributes_are_set_locally_only_when_the_grant_says_its_server_applies_them():
@@ -44,7 +63,8 @@ def test_attributes_are_set_locally_only_when_the_grant_says_its_server_applies_
         assert old.set_attrs(FILE, mode=0o600) is None
         assert old.pending == 0
 
-        new = holder()
+        server = Refusing()
+        new = holder(server)
         new.adopt(FOLDER, grant(6, changes=list(dirops.KINDS)))
         after = new.set_attrs(FILE, mode=0o600, mtime_ns=7)
         assert (after.mode, after.mtime_ns, after.atime_ns) == (0o600, 7, 1)
@@ -54,7 +74,11 @@ def test_attributes_are_set_locally_only_when_the_grant_says_its_server_applies_
         assert new.pending == 1
         assert new.set_attrs(FILE, owner="alice") is None
         assert new.set_attrs(SUB, mode=0o700) is None   # a folder not held here
-        queued = new._queue[0]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(new.run)
+            await new.flush()
+            nursery.cancel_scope.cancel()
+        [queued] = server.applied
         assert isinstance(queued, dirops.SetAttr)
         assert (queued.dir, queued.epoch, queued.name, queued.ino, queued.permission,
                 queued.owner, queued.mtime_ns) == (FOLDER, 6, "f", FILE, 0o600, None, 7)
@@ -97,5 +121,29 @@ def test_a_batch_refused_whole_loses_only_the_change_refused_alone():
             nursery.cancel_scope.cancel()
         assert server.applied == ["a", "c"]
         assert held.lost == 1 and held.pending == 0
+
+    trio.run(main)
+
+
+@pytest.mark.allow_log_errors("refused", reason="the refused change is logged")
+def test_a_refused_change_ends_the_lease_it_was_decided_under():
+    """Once the server refuses a change the mount acknowledged, the lease's view is no
+    longer the server's: nothing more is decided under it, the changes queued before go
+    on, and it is given back after them (then forgotten: the server answers again)."""
+    async def main():
+        server = Refusing()
+        held = holder(server)
+        leased = held.adopt(FOLDER, grant(7, changes=list(dirops.KINDS)))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(held.run)
+            await held.queue(dirops.Unlink(FOLDER, 7, "bad", 30, 0))
+            await held.queue(dirops.Unlink(FOLDER, 7, "good", 31, 0))
+            await held.flush()
+            assert held.held(FOLDER) is None
+            await held.flush()   # the release queued after the refusal
+            nursery.cancel_scope.cancel()
+        assert [type(c).__name__ for c in server.applied] == ["Unlink", "Release"]
+        assert (server.applied[1].dir, server.applied[1].epoch) == (FOLDER, 7)
+        assert held.held_count == 0 and held.lost == 1 and leased.giving_back
 
     trio.run(main)
