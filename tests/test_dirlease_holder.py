@@ -42,6 +42,7 @@ class Refusing:
         return {"done": len(batch), "skipped": 0, "failed": failed, "ended": None}
 
     async def dir_lease_events(self, wait):
+        # fixed-sleep: the long poll of a server with no recall to send answers after its wait
         await trio.sleep(wait)
         return []
 
