@@ -283,7 +283,8 @@ def from_wire(item) -> DirOp:
                      _opt_int(item["mtime"], "write mtime"), _opt_int(item["atime"], "write atime"),
                      _opt_int(item["perm"], "write perm", 0, 0o10000), time_ns)
     if kind == "setattr":
-        change = SetAttr(dir_, epoch, name, ino, _opt_int(item["perm"], "setattr perm", 0, 0o10000),
+        change = SetAttr(dir_, epoch, name, ino,
+                         _opt_int(item["perm"], "setattr perm", 0, 0o10000),
                          _opt_name(item["owner"], "setattr owner"),
                          _opt_name(item["group"], "setattr group"),
                          _opt_int(item["mtime"], "setattr mtime"),
@@ -306,6 +307,5 @@ def batch_from_wire(ops) -> list[DirOp]:
 
 
 __all__ = ["CHOSEN_INO", "WHOLE", "Create", "DirOp", "HOLDER_TIME", "KINDS", "MAX_BATCH",
-           "Release", "Rename",
-           "Rmdir", "SetAttr", "Unlink", "Write", "batch_from_wire", "change_time",
-           "from_wire"]
+           "Release", "Rename", "Rmdir", "SetAttr", "Unlink", "Write", "batch_from_wire",
+           "change_time", "from_wire"]

@@ -34,11 +34,14 @@ Rules that keep the namespace what the applications were told:
   ``Write`` (``file_calls``), a close in its publish's place, and the sender gathers
   changes ``GATHER`` seconds (unless someone waits) so a file made whole goes as a create
   and its close, which the server applies as one. Such a file, once closed, is answered
-  from the lease (``known_file``). Only the mount's own user's calls are decided here: the
-  queue is sent as that user.
+  from the lease (``known_file``), once no handle of it is open here. chmod and utimens
+  of an entry whose attributes the lease knows are queued as ``SetAttr`` (``set_attrs``)
+  when the grant says its server applies them. Only the mount's own user's calls are
+  decided here: the queue is sent as that user.
 * A lease that ended under the mount (its holder was silent past the server's limits)
   loses the changes sent after it ended: the batch's answer says where, and the log names
-  every change lost.
+  every change lost. A change the server refuses ends the leases it was decided under
+  (``_end_after_loss``); a batch refused whole is sent again one change per call.
 
 Concurrency contract: methods of the mount's one trio run. The decisions of a change
 (``held``, ``queue``, the ``LeasedDir`` fields) run without an await, so a handler decides
