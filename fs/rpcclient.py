@@ -227,6 +227,9 @@ class RpcClient:
         self._rng = rng            # the backoff's random source (tests seed it); None: shared
         self.retry_policy = retry_policy or RetryPolicy()
         self._reached = False      # a connection was once made: a refusal now is a restart
+        # trio time since when the server is known unreachable (a connection that broke
+        # without the server closing it, a connect that failed); None once it answers
+        self.unreachable_since: float | None = None
         self._noticed: set[str] = set()   # causes ``retry_policy.notice`` was told of
         # seconds a server that owes replies may say nothing before the list is probed for
         # the active (class docstring); None, or a single address: never
@@ -358,6 +361,10 @@ class RpcClient:
                                             f"another server"))
             self._nursery.start_soon(conn.channel.aclose)
 
+    def _unreachable(self) -> None:
+        if self.unreachable_since is None:
+            self.unreachable_since = trio.current_time()
+
     @property
     def connected(self) -> bool:
         """A connection is open (a call now needs no connect); False after the server closed
@@ -419,6 +426,7 @@ class RpcClient:
                 stream = await trio.open_tcp_stream(host, port)
             tcpliveness.watch(stream)
         except (OSError, trio.TooSlowError) as exc:
+            self._unreachable()
             if _refused_on_loopback(exc, host):
                 raise NothingListens(f"cannot reach {format_address(address)}: nothing listens "
                                      f"there (connection refused)") from None
@@ -516,6 +524,7 @@ class RpcClient:
             while True:
                 batch = await conn.channel.receive_batch()
                 conn.heard = trio.current_time()
+                self.unreachable_since = None
                 for reply in batch:
                     if not (isinstance(reply, list) and 3 <= len(reply) <= 4):
                         raise ProtocolError(f"malformed reply from server: {brief(reply)}")
@@ -533,6 +542,7 @@ class RpcClient:
         except errors.TlsError as exc:   # trying again meets the same setting: final
             conn.fail_all(errors.TlsError(f"{format_address(conn.address)}: {exc}"))
         except LeaseFSError as exc:
+            self._unreachable()
             conn.fail_all(exc if isinstance(exc, ServerUnavailable)
                           else ServerUnavailable(f"{format_address(conn.address)}: {exc}"))
         finally:
@@ -712,9 +722,10 @@ class RpcClient:
                 if several and isinstance(exc, (ServerUnavailable, errors.StandbyError)):
                     failed[index] = exc
                     self._move_from(index, exc)
-                    if len(failed) < len(self.addresses) and (
-                            last_cycle or time.monotonic() < deadline):
-                        continue              # the next server at once
+                    if len(failed) < len(self.addresses):
+                        # the next server at once: a cycle asks each, also one the deadline
+                        # passes in (the error then names every server and its cause)
+                        continue
                 if self.retry_policy.refused_is_final and not self._reached and \
                         isinstance(exc, NothingListens) and \
                         all(isinstance(e, NothingListens) for e in failed.values()):

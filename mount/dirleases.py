@@ -217,9 +217,17 @@ class DirLeaseHolder:
     def held(self, kernel_ino: int) -> LeasedDir | None:
         """The lease on directory ``kernel_ino`` if changes there may be decided here."""
         leased = self._leases.get(kernel_ino)
-        if leased is None or leased.giving_back or not self._own_caller():
+        if leased is None or leased.giving_back or not self._own_caller() \
+                or not self._reachable():
             return None
         return leased
+
+    def _reachable(self) -> bool:
+        """Whether the metadata server is not known unreachable: while it is (a connection
+        broke without the server closing it, a connect failed), nothing is decided here
+        that it could not be told of (the lease may end meanwhile): the calls fail as
+        any call to it does (EIO after the mount's bound)."""
+        return self._client.rpc.unreachable_since is None
 
     def _own_caller(self) -> bool:
         """Whether the request being served is the mount's own user's. The queue is sent
@@ -261,7 +269,7 @@ class DirLeaseHolder:
     async def lease_for(self, kernel_ino: int, path: str) -> LeasedDir | None:
         """The lease to decide a change in directory ``kernel_ino`` (at ``path``) under,
         asked for if this mount holds none; None: change it synchronously."""
-        if not self.enabled or not self._own_caller():
+        if not self.enabled or not self._own_caller() or not self._reachable():
             return None
         leased = self._leases.get(kernel_ino)
         if leased is not None:
@@ -482,7 +490,7 @@ class DirLeaseHolder:
             return None
         leased, folder, name = self._holding_folder(path)
         entry = leased.entries.get(name) if leased is not None else None
-        if entry is None or leased.giving_back or entry.ino != ino:
+        if entry is None or leased.giving_back or entry.ino != ino or not self._reachable():
             return None
         return leased, folder, path, dirops.Write(
             leased.ino, leased.epoch, os.fsdecode(name), ino, bytes(data), close,
@@ -523,7 +531,8 @@ class DirLeaseHolder:
         if path is None or not self._own_caller():
             return None
         leased, folder, name = self._holding_folder(path)
-        if leased is None or leased.giving_back or not leased.sets_attrs:
+        if leased is None or leased.giving_back or not leased.sets_attrs \
+                or not self._reachable():
             return None
         entry = leased.entries.get(name)
         if entry is None or entry.ino != kernel_ino:

@@ -4,6 +4,8 @@ tests/test_dirlease_mount.py run it against real servers)."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import trio
 
@@ -32,6 +34,7 @@ class Refusing:
 
     def __init__(self):
         self.applied: list = []
+        self.rpc = types.SimpleNamespace(user="root", unreachable_since=None)
 
     async def dir_batch(self, batch):
         failed = [{"index": i, "error": {"type": "PermissionDenied", "message": "denied"}}
@@ -75,6 +78,11 @@ def test_attributes_are_set_locally_only_when_the_grant_says_its_server_applies_
         assert new.pending == 1
         assert new.set_attrs(FILE, owner="alice") is None
         assert new.set_attrs(SUB, mode=0o700) is None   # a folder not held here
+        # the server known unreachable: nothing is decided here until it answers again
+        server.rpc.unreachable_since = 5.0
+        assert new.set_attrs(FILE, mode=0o640) is None and new.held(FOLDER) is None
+        server.rpc.unreachable_since = None
+        assert new.held(FOLDER) is not None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(new.run)
             await new.flush()
@@ -94,6 +102,7 @@ class OldServer:
     def __init__(self):
         self.applied: list[str] = []
         self.calls = 0
+        self.rpc = types.SimpleNamespace(user="root", unreachable_since=None)
 
     async def dir_batch(self, batch):
         self.calls += 1
