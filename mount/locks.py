@@ -155,6 +155,7 @@ class MountLocks:
         config = self._client.config
         check_after = config.lock_grace + CHECK_MARGIN
         renewed = -math.inf
+        failing = False   # said once per outage, not every second
         while True:
             now = trio.current_time()
             if not self._mine.clients() and (now - self._last_held > check_after
@@ -170,8 +171,11 @@ class MountLocks:
                 if held and now - renewed >= config.renew_period - LOCK_CHECK:
                     await self._client.renew_lease()
                     renewed = now
+                failing = False
             except LeaseFSError as exc:
-                log.warning("renewing the lease of the mount's locks: %s", exc)
+                (log.debug if failing else log.warning)(
+                    "keeping the mount's locks with the metadata server: %s", exc)
+                failing = True
             if held:
                 self._last_held = now
 
