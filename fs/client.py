@@ -554,6 +554,22 @@ class AsyncClient:
         self._check_open()
         return int(await self.rpc.call("lock_release_all", {"client_name": self.client_name}))
 
+    async def lock_hold(self, held: int) -> dict:
+        """A lock holder's check (``held``: how many locks it holds): ``{reclaim}``, true
+        when the server lost its locks (a restart, a failover) and ``lock_reclaim`` must
+        give them back to it."""
+        self._check_open()
+        return await self.rpc.call("lock_hold", {"client_name": self.client_name,
+                                                 "held": held})
+
+    async def lock_reclaim(self, locks: list[dict]) -> dict:
+        """Take back every lock this client holds (``{ino, owner, kind, style, start, end,
+        pid}`` each) after the server lost them: ``{lost: [index]}``, the ones another
+        owner took meanwhile."""
+        self._check_open()
+        return await self.rpc.call("lock_reclaim", {"client_name": self.client_name,
+                                                    "locks": locks})
+
     async def renew_lease(self) -> None:
         """Renew this client's lease (and so its locks) now."""
         self._check_open()
@@ -959,7 +975,8 @@ for _name in ("write_file", "read_file", "get_block_locations", "mkdirs", "mkdir
               "safemode", "truncate", "recover_lease", "is_file_closed", "list_open_files",
               "open_files", "sync_metadata", "move_to_trash", "expunge", "msync",
               "dir_lease_acquire", "dir_lease_release", "dir_lease_events", "dir_batch",
-              "lock_get", "lock_set", "lock_release", "lock_release_all", "renew_lease"):
+              "lock_get", "lock_set", "lock_release", "lock_release_all", "lock_hold",
+              "lock_reclaim", "renew_lease"):
     setattr(Client, _name, _mirror(_name))
 del _name
 Client.get_file_checksum = _mirror("get_file_checksum")

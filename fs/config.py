@@ -270,6 +270,9 @@ class Config:
     # --- leases
     lease_soft_limit: float = _s(60.0, "seconds after which another client may recover a lease")
     lease_hard_limit: float = _s(1200.0, "seconds after which the server recovers a lease itself")
+    lock_grace: float = _s(20.0, "seconds a restarted (or newly active) metadata server waits "
+                           "for the clients that held file locks to reclaim them before it "
+                           "grants new ones (it stops waiting once all of them did)")
     lease_monitor_period: float = _s(2.0, "seconds between lease monitor passes")
     dir_lease_max_entries: int = _s(4096, "a directory with more entries than this is not "
                                     "leased to a mount (the lease's answer lists them all); "

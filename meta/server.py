@@ -245,7 +245,8 @@ class MetaServer(Dispatcher):
             dispatch=lambda ctx, method, args: self.dispatch(ctx, method, args, recall=False))
         # flock and fcntl locks of every mount, volatile, under the holders' client leases
         self.lock_service = Locks(table=LockTable(), hard_limit=config.lease_hard_limit,
-                                  clock=clock,
+                                  grace=config.lock_grace, edits=self.edits, clock=clock,
+                                  wall_ns=self.wall_ns,
                                   inode_exists=lambda ino: self.ns.view.get_inode(ino) is not None)
         # what the journal ops' ``apply_memory`` change after their store write
         self.memory = MemoryState(blocks=self.blocks, leases=self.leases,
@@ -440,6 +441,7 @@ class MetaServer(Dispatcher):
                                       block["state"], replication))
         self.leases.rebuild(self.ns.view.under_construction(), self.clock())
         self.dir_lease_service.rebuild(self.ns.view.dir_leases())
+        self.lock_service.rebuild(self.ns.view.lock_holders())
         self.security.load_tokens()
         if len(self.blocks) and self.safemode.min_storage < 1:
             # blocks (even only ones being written) are useless until a block server is back:
@@ -532,6 +534,7 @@ class MetaServer(Dispatcher):
         await self.format_if_new()
         self.leases.rebuild(self.ns.view.under_construction(), self.clock())
         self.dir_lease_service.rebuild(self.ns.view.dir_leases())   # fresh timers, as files'
+        self.lock_service.rebuild(self.ns.view.lock_holders())     # the holders reclaim
         self.became_active()
         self.update_safemode()
 

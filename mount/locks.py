@@ -17,7 +17,13 @@ each other, as NFS's close-to-open does at open and close:
 The locks this mount holds are mirrored in a local ``LockTable`` (the server's pure
 table): it says when the last one on a file goes, and keeps the client lease renewed
 (``keep_alive``) while there is any: a killed mount's locks end with its lease
-(``lease_hard_limit``).
+(``lease_hard_limit``). The mirror is also what the mount gives back to a metadata server
+that lost the table (a restart, a failover): ``keep_alive`` asks every ``LOCK_CHECK``
+seconds while it holds a lock, and for ``lock_grace`` (and ``CHECK_MARGIN``) seconds after
+its last one went, whether the server wants it reclaimed (``lock_hold``), and then sends
+them all in one ``lock_reclaim``; the server grants nobody a new lock meanwhile (its
+grace). A lock the server answers with ``grace`` (the table is not whole yet) is asked for
+again, a non-blocking one too.
 
 A blocking request (F_SETLKW, flock without LOCK_NB) asks the server in bounded waits
 (``LOCK_POLL``) and asks again until granted, or until the kernel says the caller was
@@ -33,12 +39,13 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
+import math
 
 import pyfuse3
 import trio
 
 from fs.errors import LeaseFSError
-from fs.locktable import TO_EOF, LockKind, LockOwner, LockTable
+from fs.locktable import TO_EOF, LockKind, LockOwner, LockTable, RangeLock
 
 from .errors import fuse_error
 from .kernelview import KernelView
@@ -50,6 +57,14 @@ log = logging.getLogger(__name__)
 #: seconds one server call of a blocking lock request waits before the mount asks again
 #: (and looks whether its caller was interrupted)
 LOCK_POLL = 1.0
+#: seconds between two checks whether the server lost the locks (a restart, a failover):
+#: a reclaim comes within about this long after the server is back
+LOCK_CHECK = 1.0
+#: the checks go on for ``lock_grace`` and this many seconds more after the mount's last
+#: lock went: the server keeps a holder on record until it held none for its
+#: ``lock_grace``, and after a restart waits for every holder on record (this one then
+#: answers, with nothing to reclaim)
+CHECK_MARGIN = 5.0
 POSIX, FLOCK = "posix", "flock"
 KINDS = {fcntl.F_RDLCK: LockKind.READ, fcntl.F_WRLCK: LockKind.WRITE,
          fcntl.F_UNLCK: LockKind.UNLOCK}
@@ -75,6 +90,10 @@ class MountLocks:
         self._writer = writer
         self._mine = LockTable()   # what this mount holds, by kernel inode
         self._holds_some = trio.Event()
+        self._checks = True        # the server answers lock_hold (an older one does not)
+        self._last_held = -math.inf   # trio time a lock was last held here
+        self.reclaims = 0          # times the mount gave its locks back to a server
+        self.lost = 0              # locks another owner took while the server had none
 
     # ------------------------------------------------------------------ requests
     async def getlk(self, ino, fh, owner, l_type, start, length, pid):
@@ -83,7 +102,11 @@ class MountLocks:
         if kind is None:
             raise fuse_error(errno.EINVAL)
         first, end = _range(start, length)
-        answer = await self._client.lock_get(of.ns_ino, owner, kind.value, first, end)
+        while True:
+            answer = await self._client.lock_get(of.ns_ino, owner, kind.value, first, end)
+            if not answer.get("grace"):
+                break
+            await trio.sleep(min(LOCK_POLL, answer["grace"]))   # the table is not whole yet
         conflict = answer.get("conflict")
         if conflict is None:
             return fcntl.F_UNLCK, start, length, pid
@@ -125,20 +148,81 @@ class MountLocks:
         self._mine = LockTable()
 
     async def keep_alive(self) -> None:
-        """Renew the client lease every renew period while this mount holds a lock (its
-        locks end with the lease)."""
-        period = self._client.config.renew_period
+        """While this mount holds a lock: renew the client lease every renew period (its
+        locks end with the lease), and check every ``LOCK_CHECK`` seconds whether the
+        server lost the locks (then reclaim them), and so for ``lock_grace`` and
+        ``CHECK_MARGIN`` seconds after the last one went."""
+        config = self._client.config
+        check_after = config.lock_grace + CHECK_MARGIN
+        renewed = -math.inf
+        failing = False   # said once per outage, not every second
         while True:
-            if not self._mine.clients():
+            now = trio.current_time()
+            if not self._mine.clients() and (now - self._last_held > check_after
+                                             or not self._checks):
                 self._holds_some = trio.Event()
                 await self._holds_some.wait()
-            await trio.sleep(period)
-            if not self._mine.clients():
-                continue
+            await trio.sleep(LOCK_CHECK if self._checks else config.renew_period)
+            now = trio.current_time()
+            held = self._held()
             try:
-                await self._client.renew_lease()
+                if self._checks:
+                    await self._check()
+                if held and now - renewed >= config.renew_period - LOCK_CHECK:
+                    await self._client.renew_lease()
+                    renewed = now
+                failing = False
             except LeaseFSError as exc:
-                log.warning("renewing the lease of the mount's locks: %s", exc)
+                (log.debug if failing else log.warning)(
+                    "keeping the mount's locks with the metadata server: %s", exc)
+                failing = True
+            if held:
+                self._last_held = now
+
+    def _held(self) -> int:
+        return sum(len(self._mine.ranges(ino)) + len(self._mine.flocks(ino))
+                   for ino in self._mine.inodes_of(""))
+
+    async def _check(self) -> None:
+        """Ask whether the server lost this mount's locks; if so give them back to it."""
+        try:
+            answer = await self._client.lock_hold(self._held())
+        except LeaseFSError as exc:
+            if exc.retriable:
+                raise
+            log.info("the metadata server does not take locks back after a restart (%s); "
+                     "the mount renews its lease only", exc)
+            self._checks = False
+            return
+        if not answer.get("reclaim"):
+            return
+        wanted = []   # (kernel inode, the lock): what each reclaimed lock is here
+        for ino in self._mine.inodes_of(""):
+            of = self._open_files.get(ino)
+            ns_ino = of.ns_ino if of is not None else ino
+            for lock in self._mine.ranges(ino):
+                wanted.append((ino, lock, {"ino": ns_ino, "owner": lock.owner.owner,
+                                           "kind": lock.kind.value, "style": POSIX,
+                                           "start": lock.start, "end": lock.end,
+                                           "pid": lock.pid}))
+            for lock in self._mine.flocks(ino):
+                wanted.append((ino, lock, {"ino": ns_ino, "owner": lock.owner.owner,
+                                           "kind": lock.kind.value, "style": FLOCK,
+                                           "pid": lock.pid}))
+        answer = await self._client.lock_reclaim([w for _, _, w in wanted])
+        self.reclaims += 1
+        log.info("gave %d lock(s) back to the metadata server (it restarted or failed over)",
+                 len(wanted))
+        for index in answer.get("lost") or ():
+            ino, lock, _ = wanted[index]
+            self.lost += 1
+            log.error("%s: a %s lock was lost: another owner took it while the metadata "
+                      "server had no locks (it came back after its grace)",
+                      self._view.current_path(ino, f"inode {ino}"), lock.kind.value)
+            if isinstance(lock, RangeLock):
+                self._mine.set_range(ino, lock.owner, LockKind.UNLOCK, lock.start, lock.end, 0)
+            else:
+                self._mine.set_flock(ino, lock.owner, LockKind.UNLOCK, 0)
 
     # ------------------------------------------------------------------ internals
     async def _set(self, ino: int, fh: int, owner: int, kind: LockKind, style: str,
@@ -157,7 +241,9 @@ class MountLocks:
                 wait=LOCK_POLL if sleep else 0)
             if answer.get("granted"):
                 break
-            if not sleep:
+            if answer.get("grace"):   # the table is not whole yet: asked again, whatever
+                await trio.sleep(min(LOCK_POLL, answer["grace"]))
+            elif not sleep:
                 raise fuse_error(errno.EAGAIN)
             if interrupted():
                 raise fuse_error(errno.EINTR)
@@ -179,6 +265,7 @@ class MountLocks:
                 break
             # the server granted it, so that lock of ours had ended there (lease lost)
             self._mine.release_owner(ino, conflict.owner, flock=style == FLOCK)
+        self._last_held = trio.current_time()
         self._holds_some.set()
 
     async def _unlocking(self, ino: int, of: OpenFile, me: LockOwner, style: str,

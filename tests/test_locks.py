@@ -171,8 +171,19 @@ class Clock:
         return self.now
 
 
-def service(clock=None):
-    return Locks(table=LockTable(), hard_limit=30.0, clock=clock or Clock(),
+class Journal:
+    """The journal as the service sees it (``Edits.log_plan``): the ops, in order."""
+
+    def __init__(self):
+        self.ops = []
+
+    async def log_plan(self, op, *, durable=True):
+        self.ops.append((op.to_wire()[0], op.client, durable))
+
+
+def service(clock=None, journal=None, grace=20.0):
+    return Locks(table=LockTable(), hard_limit=30.0, grace=grace, edits=journal or Journal(),
+                 clock=clock or Clock(), wall_ns=lambda: 7,
                  inode_exists=lambda ino: ino != 404)
 
 
@@ -228,6 +239,88 @@ async def test_a_silent_holders_locks_end_and_its_waiters_go_on(autojump_clock):
     assert locks.table.clients() == ["b"]
 
 
+async def test_a_restarted_service_grants_nothing_new_until_its_holders_reclaimed(
+        autojump_clock):
+    """A client's first lock journals it as a holder (once, durably, before the grant).
+    After a restart (a new table, the holders from the store) nobody gets a new lock
+    until every holder on record reclaimed (an unlock is not held up), and a reclaimed
+    lock is what a newcomer then meets."""
+    clock, journal = Clock(), Journal()
+    locks = service(clock, journal)
+    assert (await locks.set("a", 5, 1, "write"))["granted"]
+    assert (await locks.set("a", 6, 1, "read"))["granted"]
+    assert journal.ops == [("LOCK_HOLDER", "a", True)]
+
+    locks = service(clock, journal)
+    locks.rebuild(["a", "b"])
+    assert locks.hold("a") == {"reclaim": True} and locks.grace_left() == 20.0
+    assert locks.get("c", 5, 1, "write")["grace"] == 20.0
+    assert (await locks.set("c", 7, 1, "unlock"))["granted"]
+    got = {}
+
+    async def newcomer():
+        got["c"] = await locks.set("c", 5, 1, "write", wait=60)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(newcomer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert await locks.reclaim("a", [{"ino": 5, "owner": 1, "kind": "write"}]) == {
+            "lost": []}
+        await trio.testing.wait_all_tasks_blocked()
+        assert "c" not in got   # b has not reclaimed yet
+        assert await locks.reclaim("b", []) == {"lost": []}
+    assert not got["c"]["granted"] and got["c"]["conflict"]["client_name"] == "a"
+    assert locks.grace_left() == 0 and locks.hold("a") == {"reclaim": False}
+    # a and b were on record; c is recorded before it may be granted anything
+    assert journal.ops == [("LOCK_HOLDER", "a", True), ("LOCK_HOLDER", "c", True)]
+
+
+async def test_the_grace_ends_after_its_seconds_and_silent_holders_are_forgotten(
+        autojump_clock):
+    """A holder that never reclaims holds the grace up for ``grace`` seconds at most; its
+    record then goes (lazily), and so does that of a holder that held no lock that long.
+    A client that says it holds locks the table does not have is asked to reclaim them."""
+    clock, journal = Clock(), Journal()
+    locks = service(clock, journal, grace=5.0)
+    locks.rebuild(["dead"])
+    got = {}
+
+    async def newcomer():
+        got["b"] = await locks.set("b", 5, 1, "write")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(newcomer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert "b" not in got
+        clock.now = 5.0
+    assert got["b"]["granted"]
+    clock.now = 6.0
+    await locks.forget_idle()
+    assert journal.ops == [("LOCK_HOLDER", "b", True), ("LOCK_HOLDER_GONE", "dead", False)]
+    assert await locks.set("b", 5, 1, "unlock")
+    await locks.forget_idle()                  # b holds none from now on
+    clock.now = 12.0
+    await locks.forget_idle()
+    assert journal.ops[-1] == ("LOCK_HOLDER_GONE", "b", False)
+    assert locks.hold("b", held=0) == {"reclaim": False}
+    assert locks.hold("b", held=3) == {"reclaim": True}
+
+
+@pytest.mark.parametrize("locks,match", [
+    ("x", "locks must be a list"),
+    ([7], "lock 0 must be a map"),
+    ([{"ino": 5, "owner": 1, "kind": "unlock"}], "kind must be read or write"),
+    ([{"ino": 0, "owner": 1, "kind": "read"}], "ino must be at least 1"),
+    ([{"ino": 5, "owner": 1, "kind": "read", "start": 9, "end": 2}], "lock range"),
+    ([{"ino": 5, "owner": 1, "kind": "read", "style": "lockf"}], "style must be one of"),
+])
+async def test_a_bad_reclaim_is_refused_whole(locks, match):
+    held = service()
+    with pytest.raises(InvalidArgument, match=match):
+        await held.reclaim("a", locks)
+    assert held.table.clients() == []
+
+
 @pytest.mark.parametrize("call,match", [
     (dict(kind="exclusive"), "kind must be one of"),
     (dict(style="lockf"), "style must be one of"),
@@ -253,8 +346,9 @@ async def test_bad_arguments_get_clear_errors(call, match):
 @pytest.mark.slow
 def test_the_lock_calls_on_a_running_server_and_their_volatility(tmp_path):
     """Through the wire: conflicts between two clients, a close's release, bad input
-    refused with the server still serving, another client's name refused, and a restart
-    that starts with no locks (not journaled)."""
+    refused with the server still serving, another client's name refused, and a restart:
+    the table is not journaled, its holders are, and they reclaim their locks before
+    anyone gets a new one."""
     with ProcessCluster(tmp_path, n_storage=0) as cluster:
         with cluster.client() as a, cluster.client() as b:
             a.write_file("/f", b"x")
@@ -276,10 +370,26 @@ def test_the_lock_calls_on_a_running_server_and_their_volatility(tmp_path):
             cluster.kill_meta(sig=15)
             cluster.start_meta()
             cluster.wait_ready(0)
-            # volatile: the restarted server holds none of them
+            # the table is volatile, its holders are journaled: both must reclaim (what
+            # they hold; a holds nothing) before anyone gets a new lock
+            assert a.lock_hold(0) == {"reclaim": True} and b.lock_hold(2)["reclaim"]
+            assert a.lock_get(ino, 9, "write", 0, 1 << 63)["grace"] > 0
+            assert b.lock_reclaim([
+                {"ino": ino, "owner": 1, "kind": "read", "style": "posix", "start": 5,
+                 "end": 6, "pid": 0},
+                {"ino": ino, "owner": 1, "kind": "write", "style": "flock"}]) == {"lost": []}
+            assert a.lock_reclaim([]) == {"lost": []}
+            assert a.lock_hold(0) == {"reclaim": False} == b.lock_hold(2)
+            answer = a.lock_set(ino, 9, "write", start=0, end=1 << 63)
+            assert not answer["granted"] and answer["conflict"]["client_name"] == b.client_name
+            assert not a.lock_set(ino, 9, "write", style="flock")["granted"]
+            assert b.lock_release_all() == 1
             assert a.lock_set(ino, 9, "write", start=0, end=1 << 63)["granted"]
             assert a.lock_set(ino, 9, "write", style="flock")["granted"]
+            # a server that lost the locks of a client that says it holds some asks for them
+            assert a.lock_hold(2) == {"reclaim": False}
             assert a.lock_release_all() == 1
+            assert a.lock_hold(2) == {"reclaim": True}
 
 
 async def test_a_client_takes_and_drops_only_its_own_locks(tmp_path):

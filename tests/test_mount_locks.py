@@ -33,6 +33,7 @@ from harness import Mount, ProcessCluster, mounted, poll_until  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 HARD_LIMIT = 3.0
+LOCK_GRACE = 5.0
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def cluster(tmp_path_factory):
     base = tmp_path_factory.mktemp("mountlocks")
     # a short lease: a killed mount's locks end within seconds
     settings = {"replication": 1, "lease_soft_limit": 1.0, "lease_hard_limit": HARD_LIMIT,
-                "lease_monitor_period": 0.2}
+                "lease_monitor_period": 0.2, "lock_grace": LOCK_GRACE}
     with ProcessCluster(base, n_storage=1, settings=settings) as c:
         yield c
 
@@ -323,5 +324,33 @@ def test_a_waiter_killed_while_blocked_is_not_held_by_the_lock(one, two):
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 0, 0)
         finally:
             os.close(fd)
+    finally:
+        holder.kill()
+
+
+def test_a_lock_held_through_a_metadata_server_restart_stays_held(cluster, one, two):
+    """The metadata server's lock table does not survive a restart, its holders do: the
+    mount that held a lock gives it back to the restarted server (within a second or
+    so), and until the holders on record did, nobody gets a new lock. So the other mount
+    still finds the file locked, until the holder lets go."""
+    (one.mp / "kept").write_bytes(b"k")
+    holder = Holder(one.mp / "kept",
+                    "fcntl.flock(fd, fcntl.LOCK_EX); fcntl.lockf(fd, fcntl.LOCK_EX, 0, 0)")
+    try:
+        assert flock_errno(two.mp / "kept", fcntl.LOCK_EX | fcntl.LOCK_NB) == errno.EWOULDBLOCK
+        cluster.kill_meta(sig=15)
+        cluster.start_meta()
+        cluster.wait_ready(1)
+        assert flock_errno(two.mp / "kept", fcntl.LOCK_EX | fcntl.LOCK_NB) == errno.EWOULDBLOCK
+        fd = os.open(two.mp / "kept", os.O_RDWR)
+        try:
+            with pytest.raises(OSError) as raised:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 0, 0)
+            assert raised.value.errno in (errno.EAGAIN, errno.EACCES)
+        finally:
+            os.close(fd)
+        holder.close()
+        assert poll_until(lambda: flock_errno(two.mp / "kept",
+                                              fcntl.LOCK_EX | fcntl.LOCK_NB) == 0, timeout=30)
     finally:
         holder.kill()

@@ -26,6 +26,7 @@ from meta.journal.ops import (ABSENT, OPS, LAZY_OPS, RPC_CALL, RPC_KEPT, Effect,
                               decode, to_wire)
 from meta.journal.ops_blocks import Close
 from meta.journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
+from meta.journal.ops_locks import LockHolder, LockHolderGone
 from meta.leases.dirleases import StoredLease
 from meta.journal.ops_namespace import Mkdir
 from meta.server import MetaServer
@@ -129,6 +130,11 @@ def every_op() -> Driver:
     d.log(DirLeaseGrant(ino=ns.view.resolve("/a/b")[1], holder="m3", first_ino=first, inos=4))
     d.log(ns.planner.plan_create("/a/b/r", holder="m3", block_size=4096, now_ns=d.tick(),
                                  chosen_ino=first + 2))   # the store ends with two leases
+    # lock holders: one that goes, one that stays
+    d.log(LockHolder(client="m1", time=d.tick()))
+    d.log(LockHolder(client="m2", time=d.tick()))
+    d.log(LockHolderGone(client="m1"))
+    assert ns.view.lock_holders() == ["m2"]
     assert check_namespace(ns.kv) == []
     return d
 
@@ -245,8 +251,8 @@ def test_every_op_updates_the_servers_memory_from_its_typed_effect(tmp_path, cap
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert seen_blocks and seen_tokens == 2   # after the issue and the renewal
     # one after the first grant, one after the second, two from the third on (its record,
-    # the create under its reserved ids and the three added above)
-    assert seen_dir_leases == 1 + 1 + 2 * 5
+    # the create under its reserved ids, the three added above and the three lock holders)
+    assert seen_dir_leases == 1 + 1 + 2 * 8
 
 
 def test_optional_keys_stay_absent_and_unknown_keys_are_kept():
@@ -277,4 +283,4 @@ def test_lazy_ops_are_the_namespace_only_ones():
     # directory lease grants and releases are as lazy as the holder's changes they cover
     assert LAZY_OPS == {"MKDIR", "ADD", "SYMLINK", "CLOSE", "DELETE", "RENAME", "RENAMES",
                         "SET_PERMISSIONS", "SET_OWNER", "TIMES", "FSYNC", "INLINE",
-                        "DIR_LEASE_GRANT", "DIR_LEASE_RELEASE"}
+                        "DIR_LEASE_GRANT", "DIR_LEASE_RELEASE", "LOCK_HOLDER_GONE"}

@@ -2,9 +2,9 @@
 class, ``decode(record)``, ``LAZY_OPS``).
 
 Why it exists: the families (``ops_namespace``, ``ops_blocks``, ``ops_tokens``,
-``ops_dirleases``) build on ``opbase`` (the base class, the wire helpers, ``register``); this
-module loads all of them, so that a reader of a record finds every op registered, and
-re-exports the base names its callers use. Nothing below it imports it.
+``ops_dirleases``, ``ops_locks``) build on ``opbase`` (the base class, the wire helpers,
+``register``); this module loads all of them, so that a reader of a record finds every op
+registered, and re-exports the base names its callers use. Nothing below it imports it.
 
 Concurrency contract: that of ``opbase``: ops are immutable values.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from fs.errors import InternalError
 
-from . import ops_blocks, ops_dirleases, ops_namespace, ops_tokens  # noqa: F401  (they register
-# their ops)
+# imported for their ops' registration
+from . import ops_blocks, ops_dirleases, ops_locks, ops_namespace, ops_tokens  # noqa: F401
 from .opbase import (  # noqa: F401  (re-exported: the ops' callers import them from here)
     ABSENT, NO_EFFECT, OPS, RPC_CALL, RPC_KEPT, Effect, MalformedRecord, MemoryState, Op, given,
     op_name, register, to_wire)

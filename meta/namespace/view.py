@@ -475,6 +475,10 @@ class NamespaceView:
                                    lease["epoch"], stored_inos(lease)))
         return out
 
+    def lock_holders(self) -> list[str]:
+        """The clients that may hold file locks (``LOCK_HOLDER`` records not gone)."""
+        return [keys.parse_lock_holder_key(k) for k, _ in self.kv.scan(keys.LOCK_HOLDER)]
+
     def all_blocks(self) -> Iterator[tuple[int, int, dict, int]]:
         """``(ino, index, block, replication)`` of every block, to rebuild the blocks map."""
         replication = {}

@@ -4,8 +4,8 @@ the pipeline-recovery calls (update_block_for_pipeline, update_pipeline,
 get_additional_datanode), recover_lease, append, truncate, list_open_files, renew_lease,
 get_block_locations, sync_metadata, the directory leases (dir_lease_acquire,
 dir_lease_release, dir_lease_events: ``dir_leases``) and the mounts' file locks (lock_get,
-lock_set, lock_release, lock_release_all: ``locks``) (PROTOCOL.md §2). The calls that read or change the
-namespace of existing paths (get_file_info, list_status, rename, concat, delete, the set_*
+lock_set, lock_release, lock_release_all, lock_hold, lock_reclaim: ``locks``) (PROTOCOL.md
+§2). The calls that read or change the namespace of existing paths (get_file_info, list_status, rename, concat, delete, the set_*
 calls) are in ``namespace.py``.
 
 What it is: a front end, a translator from the leasefs client RPC to the metadata server's
@@ -802,4 +802,12 @@ class ClientProtocol:
 
     async def rpc_lock_release_all(self, ctx, client_name):
         self._own_name(ctx, client_name, "lock_release_all")
-        return self.locks.release_all(client_name)
+        return await self.locks.release_all(client_name)
+
+    async def rpc_lock_hold(self, ctx, client_name, held=0):
+        self._own_name(ctx, client_name, "lock_hold")
+        return self.locks.hold(client_name, held)
+
+    async def rpc_lock_reclaim(self, ctx, client_name, locks):
+        self._own_name(ctx, client_name, "lock_reclaim")
+        return await self.locks.reclaim(client_name, locks)

@@ -57,6 +57,16 @@ key                    value (msgpack)                             meaning
                        holder's creates; ``next_ino`` is past       (given back or expired);
                        them)                                        may outlive its directory
                                                                     until then
+``K<client>``          map: ``since`` (wall ns of its record)      a client that may hold
+                                                                    file locks (``lock_*``:
+                                                                    the lock table itself is
+                                                                    volatile); after a restart
+                                                                    or failover the lock
+                                                                    service waits for these to
+                                                                    reclaim (``meta.services.
+                                                                    locks``); goes once the
+                                                                    client held none for a
+                                                                    while, or unmounted
 ``M<name>``            int / bytes                                  counters and identity:
                                                                     ``next_ino``,
                                                                     ``next_block_id``,
@@ -101,6 +111,7 @@ UNDER_CONSTRUCTION = b"U"
 ORPHAN = b"O"
 DELEGATION_TOKEN = b"T"
 DIR_LEASE = b"W"
+LOCK_HOLDER = b"K"
 META = b"M"
 
 _INO = struct.Struct(">Q")
@@ -173,6 +184,10 @@ def dir_lease_key(ino: int) -> bytes:
     return DIR_LEASE + _INO.pack(ino)
 
 
+def lock_holder_key(client: str) -> bytes:
+    return LOCK_HOLDER + client.encode("utf-8", "surrogatepass")
+
+
 def meta_key(name: str) -> bytes:
     return META + name.encode("ascii")
 
@@ -208,6 +223,10 @@ def parse_token_key(key: bytes) -> int:
 
 def parse_dir_lease_key(key: bytes) -> int:
     return _INO.unpack_from(key, 1)[0]
+
+
+def parse_lock_holder_key(key: bytes) -> str:
+    return key[len(LOCK_HOLDER):].decode("utf-8", "surrogatepass")
 
 
 def after_name(parent: int, name: str) -> bytes:

@@ -218,6 +218,7 @@ class Monitors:
                     await self.recovery.retry_stalled_recoveries()
                     await self.dir_leases.expire_ended()
                     self.locks.expire_silent()
+                    await self.locks.forget_idle()
                 except LeaseFSError as exc:
                     log.warning("lease monitor: %s", exc)
 
