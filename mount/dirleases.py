@@ -71,11 +71,10 @@ log = logging.getLogger(__name__)
 
 #: seconds a directory the server would not lease is not asked for again
 REFUSED_FOR = 10.0
-#: seconds without a change after which a lease is given back: long enough for tar and
-#: git to come back to a folder after extracting a subtree below it (each return would
-#: cost a grant, and every lookup meanwhile a call); another client's access to a folder
-#: held idle costs it one recall
-IDLE_FOR = 10.0
+#: seconds without a change after which a lease is given back: another client's access to
+#: a folder held idle would cost it a recall, and a lease the server ended without this
+#: mount hearing of it (a recall that did not reach it) must not answer for long
+IDLE_FOR = 2.0
 #: changes queued at most; a change beyond waits for the sender
 QUEUE_LIMIT = 4096
 #: how long the events poll waits on the server (under the client's rpc_timeout)
