@@ -167,7 +167,7 @@ class MountLocks:
             held = self._held()
             try:
                 if self._checks:
-                    await self._check()
+                    await self._check(held)
                 if held and now - renewed >= config.renew_period - LOCK_CHECK:
                     await self._client.renew_lease()
                     renewed = now
@@ -183,10 +183,11 @@ class MountLocks:
         return sum(len(self._mine.ranges(ino)) + len(self._mine.flocks(ino))
                    for ino in self._mine.inodes_of(""))
 
-    async def _check(self) -> None:
-        """Ask whether the server lost this mount's locks; if so give them back to it."""
+    async def _check(self, held: int) -> None:
+        """Ask whether the server lost this mount's locks (``held`` of them); if so give
+        them back to it."""
         try:
-            answer = await self._client.lock_hold(self._held())
+            answer = await self._client.lock_hold(held)
         except LeaseFSError as exc:
             if exc.retriable:
                 raise

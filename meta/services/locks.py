@@ -128,14 +128,10 @@ class Locks:
         """Take, convert or drop a lock: ``{granted, conflict, held}`` (``held``: the
         owner still holds some lock of this style on the file). With ``wait`` > 0 a
         conflicting lock is waited for, up to ``min(wait, MAX_LOCK_WAIT)`` seconds."""
-        who = _owner(client, owner)
-        check_int(ino, "lock_set: ino", low=1)
-        kind, style = _kind(kind), _style(style)
-        check_int(pid, "lock_set: pid", low=0, high=(1 << 31) - 1)
+        who, kind, style = self._checked("lock_set", client, ino, owner, kind, style, start,
+                                         end, pid)
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0:
             raise InvalidArgument(f"lock_set: wait must be seconds >= 0, got {wait!r:.60}")
-        if style == "posix":
-            self.table.test(ino, who, LockKind.UNLOCK, start, end)   # checks the range
         if kind is not LockKind.UNLOCK and not self.inode_exists(ino):
             raise InvalidArgument(f"lock_set: no file has inode {ino}")
         self._called(client)
@@ -147,12 +143,8 @@ class Locks:
                         "held": self._holds(ino, who, style), "grace": left}
             await self._recorded(client)
         while True:
-            if style == "posix":
-                conflict = self.table.set_range(ino, who, kind, start, end, pid)
-            else:
-                conflict = self.table.set_flock(ino, who, kind, pid)
+            conflict = self._take(ino, who, kind, style, start, end, pid)
             if conflict is None:
-                self._wake(ino)
                 return {"granted": True, "conflict": None, "held": self._holds(ino, who, style)}
             if trio.current_time() >= deadline:
                 return {"granted": False, "conflict": _wire(conflict),
@@ -206,15 +198,9 @@ class Locks:
         if wanted:
             await self._recorded(client)
         lost = []
-        for index, (ino, who, kind, style, start, end, pid) in enumerate(wanted):
-            if style == "posix":
-                conflict = self.table.set_range(ino, who, kind, start, end, pid)
-            else:
-                conflict = self.table.set_flock(ino, who, kind, pid)
-            if conflict is not None:
+        for index, lock in enumerate(wanted):
+            if self._take(*lock) is not None:
                 lost.append(index)
-            else:
-                self._wake(ino)
         if lost:
             log.warning("%s reclaimed %d lock(s) after the grace: %d were taken meanwhile",
                         client, len(locks), len(lost))
@@ -325,19 +311,40 @@ class Locks:
             self._holders.discard(client)
             await self.edits.log_plan(LockHolderGone(client=client), durable=False)
 
+    def _checked(self, what: str, client, ino, owner, kind, style, start, end,
+                 pid) -> tuple[LockOwner, LockKind, str]:
+        """One lock's arguments checked (``what``: the call, for the errors): its owner,
+        kind and style."""
+        who = _owner(client, owner)
+        check_int(ino, f"{what}: ino", low=1)
+        kind, style = _kind(kind), _style(style)
+        check_int(pid, f"{what}: pid", low=0, high=(1 << 31) - 1)
+        if style == "posix":
+            self.table.test(ino, who, LockKind.UNLOCK, start, end)   # checks the range
+        return who, kind, style
+
+    def _take(self, ino: int, who: LockOwner, kind: LockKind, style: str, start: int,
+              end: int, pid: int) -> RangeLock | FlockLock | None:
+        """Set the lock in the table (waking the file's waiters), or the lock of another
+        owner it conflicts with (nothing changed)."""
+        if style == "posix":
+            conflict = self.table.set_range(ino, who, kind, start, end, pid)
+        else:
+            conflict = self.table.set_flock(ino, who, kind, pid)
+        if conflict is None:
+            self._wake(ino)
+        return conflict
+
     def _reclaimed(self, client: str, index: int, lock) -> tuple:
         what = f"lock_reclaim: lock {index}"
         if not isinstance(lock, dict):
             raise InvalidArgument(f"{what} must be a map")
-        who = _owner(client, lock.get("owner"))
-        ino = check_int(lock.get("ino"), f"{what}: ino", low=1)
-        kind, style = _kind(lock.get("kind")), _style(lock.get("style", "posix"))
+        ino, start, end = lock.get("ino"), lock.get("start", 0), lock.get("end", TO_EOF)
+        pid = lock.get("pid", 0)
+        who, kind, style = self._checked(what, client, ino, lock.get("owner"), lock.get("kind"),
+                                         lock.get("style", "posix"), start, end, pid)
         if kind is LockKind.UNLOCK:
             raise InvalidArgument(f"{what}: kind must be read or write")
-        start, end = lock.get("start", 0), lock.get("end", TO_EOF)
-        if style == "posix":
-            self.table.test(ino, who, LockKind.UNLOCK, start, end)   # checks the range
-        pid = check_int(lock.get("pid", 0), f"{what}: pid", low=0, high=(1 << 31) - 1)
         return ino, who, kind, style, start, end, pid
 
     def _holds(self, ino: int, who: LockOwner, style: str) -> bool:
