@@ -501,12 +501,17 @@ class AsyncClient:
         return bool(await self.rpc.call("dir_lease_release", {
             "path": paths.validate(path), "client_name": self.client_name, "epoch": epoch}))
 
-    async def dir_lease_events(self, wait: float = 30.0) -> list[dict]:
-        """The recalls of this client's directory leases (``{path, epoch}`` each; give
-        those back), waiting up to ``wait`` seconds (at most 30) for one; [] if none came."""
+    async def dir_lease_events(self, wait: float = 30.0, ack=None) -> list[dict]:
+        """The events of this client's directory leases (``{path, epoch, ino, kind}``
+        each; ``recall``: give it back; ``ended``: the server ended it), waiting up to
+        ``wait`` seconds (at most 30) for one; [] if none came. ``ack``: the ``[epoch,
+        kind]`` pairs acted on since the last poll; with it, events are answered again
+        until acknowledged (without it, once)."""
         self._check_open()
-        return await self.rpc.call("dir_lease_events", {"client_name": self.client_name,
-                                                        "wait": wait})
+        args = {"client_name": self.client_name, "wait": wait}
+        if ack is not None:
+            args["ack"] = ack
+        return await self.rpc.call("dir_lease_events", args)
 
     async def dir_batch(self, ops) -> dict:
         """Send changes made ahead of the server under this client's directory leases

@@ -23,6 +23,10 @@ Rules that keep the namespace what the applications were told:
   ``REFUSED_FOR``. A held folder's getattr, its misses, the lookups of names the mount did
   not change since the grant and its listing are answered from the lease; a folder under a
   held one is listed by taking its lease (the grant carries the entries).
+* A lease answers and decides only while the mount heard from the server within its trust
+  (``usable``: 0.6 of the recall limit; the events poll, answered at least every third of
+  it, keeps that true while the server is reachable): past the recall limit the server may
+  have ended it over a recall the mount never saw. An ``ended`` event drops it at once.
 * A recall (the server's ``dir_lease_events`` long poll, kept outstanding: it also keeps
   the holder's leases alive) sends the queue and gives the lease back, in the queue, so
   the release follows the changes it covers. A lease idle for ``IDLE_FOR`` is given back
@@ -71,14 +75,23 @@ log = logging.getLogger(__name__)
 
 #: seconds a directory the server would not lease is not asked for again
 REFUSED_FOR = 10.0
-#: seconds without a change after which a lease is given back: another client's access to
-#: a folder held idle would cost it a recall, and a lease the server ended without this
-#: mount hearing of it (a recall that did not reach it) must not answer for long
-IDLE_FOR = 2.0
+#: seconds without a change after which a lease is given back, so another client's access
+#: to a folder held idle costs it no recall; long enough that a tree being extracted or
+#: committed keeps the folders it comes back to (tar sets a folder's times after its
+#: subtree)
+IDLE_FOR = 10.0
 #: changes queued at most; a change beyond waits for the sender
 QUEUE_LIMIT = 4096
-#: how long the events poll waits on the server (under the client's rpc_timeout)
+#: the longest the events poll waits on the server: shorter when the client's call timeout
+#: or the leases' recall limit is (``_poll_wait``), so a poll is answered before its call
+#: gives up and before the mount stops trusting its leases
 EVENTS_WAIT = 20.0
+#: the share of the server's recall limit a lease is trusted for after the mount last
+#: heard the server had no recall for it (``usable``): the rest is the margin for the
+#: answer's way back and the two clocks' rates
+TRUST_SHARE = 0.6
+#: the recall limit assumed when a grant does not say (an older server's default)
+RECALL_LIMIT = 10.0
 #: how long the sender lets changes gather before it sends them, unless someone waits for
 #: them: a small file created, written and closed meanwhile goes as one change
 GATHER = 0.005
@@ -134,6 +147,10 @@ class LeasedDir:
     end_ino: int = 0
     # attribute changes may be queued (the grant's server applies them)
     sets_attrs: bool = False
+    # trio time the grant was asked for, and how long after the mount last heard from
+    # the server the lease may decide anything (``DirLeaseHolder.usable``)
+    asked_at: float = 0.0
+    trust: float = RECALL_LIMIT * TRUST_SHARE
 
     def take_ino(self) -> int | None:
         """A reserved inode number for a file created here, or None (create it by a call)."""
@@ -191,6 +208,10 @@ class DirLeaseHolder:
         # are forgotten once it is sent
         self._ending: dict[int, LeasedDir] = {}
         self._refused: dict[str, float] = {}          # path -> not asked again until
+        # trio time the last answered events poll was sent: no recall the mount has not
+        # seen is older than it; and the events it acted on, acknowledged by the next poll
+        self._confirmed = -float("inf")
+        self._to_ack: list[list] = []
         self._queue: list[dirops.DirOp] = []
         # what the queued changes touch, for the barrier's reads (``_touches``): per change
         # (in queue order) its paths; counted: the folders changed, the names changed and
@@ -216,17 +237,32 @@ class DirLeaseHolder:
     def held(self, kernel_ino: int) -> LeasedDir | None:
         """The lease on directory ``kernel_ino`` if changes there may be decided here."""
         leased = self._leases.get(kernel_ino)
-        if leased is None or leased.giving_back or not self._own_caller() \
-                or not self._reachable():
+        if leased is None or not self.usable(leased) or not self._own_caller():
             return None
         return leased
 
-    def _reachable(self) -> bool:
-        """Whether the metadata server is not known unreachable: while it is (a connection
-        broke without the server closing it, a connect failed), nothing is decided here
-        that it could not be told of (the lease may end meanwhile): the calls fail as
+    def usable(self, leased: LeasedDir) -> bool:
+        """Whether ``leased`` may answer or decide anything now: not being given back, the
+        metadata server not known unreachable (a connection broke without the server
+        closing it, a connect failed: the lease may end meanwhile and the server would not
+        be told), and a recall of it could not have waited unseen long enough for the
+        server to end it: the mount heard from the server (an answered events poll, the
+        grant) within ``trust`` seconds. Otherwise the calls go to the server, and fail as
         any call to it does (EIO after the mount's bound)."""
+        if leased.giving_back or self._client.rpc.unreachable_since is not None:
+            return False
+        heard = max(leased.asked_at, self._confirmed)
+        return trio.current_time() - heard < leased.trust
+
+    def _reachable(self) -> bool:
         return self._client.rpc.unreachable_since is None
+
+    def _poll_wait(self) -> float:
+        """How long a poll may wait on the server: answered (recall or not) well within
+        the call's timeout, and within a third of the shortest trust of a lease held (just
+        before an answer, the mount last heard from the server two waits ago)."""
+        trust = min((d.trust for d in self._leases.values()), default=RECALL_LIMIT * TRUST_SHARE)
+        return max(0.1, min(EVENTS_WAIT, self.timeout / 2, trust / 3))
 
     def _own_caller(self) -> bool:
         """Whether the request being served is the mount's own user's. The queue is sent
@@ -263,7 +299,7 @@ class DirLeaseHolder:
     def held_at(self, path: str) -> bool:
         """Whether the folder at ``path`` is held here (and not being given back)."""
         leased = self._at(path)
-        return leased is not None and not leased.giving_back
+        return leased is not None and self.usable(leased)
 
     async def lease_for(self, kernel_ino: int, path: str) -> LeasedDir | None:
         """The lease to decide a change in directory ``kernel_ino`` (at ``path``) under,
@@ -272,7 +308,7 @@ class DirLeaseHolder:
             return None
         leased = self._leases.get(kernel_ino)
         if leased is not None:
-            return None if leased.giving_back else leased
+            return leased if self.usable(leased) else None
         now = trio.current_time()
         if self._refused.get(path, 0.0) > now:
             return None
@@ -281,6 +317,7 @@ class DirLeaseHolder:
         if self._dirs[path] > 0:
             await self.flush()
         with self.asking():   # the answer is adopted before a recall of it is answered
+            asked = trio.current_time()
             try:
                 grant = await self._client.dir_lease_acquire(path, want_inos=INOS_PER_GRANT)
             except LeaseFSError as exc:   # the synchronous call says it better
@@ -293,7 +330,7 @@ class DirLeaseHolder:
                 self._refused[path] = now + REFUSED_FOR
                 log.debug("%s", grant.get("reason"))
                 return None
-            return self.adopt(kernel_ino, grant)
+            return self.adopt(kernel_ino, grant, asked)
 
     @contextlib.contextmanager
     def asking(self):
@@ -312,10 +349,10 @@ class DirLeaseHolder:
                 self._early.clear()
                 self._wake.set()
 
-    def adopt(self, kernel_ino: int, grant: dict) -> LeasedDir | None:
-        """Hold the lease ``grant`` (``dir_lease_acquire``'s answer) on directory
-        ``kernel_ino``; None when it was not granted, or recalled already (then it is
-        given back)."""
+    def adopt(self, kernel_ino: int, grant: dict, asked: float) -> LeasedDir | None:
+        """Hold the lease ``grant`` (``dir_lease_acquire``'s answer, asked for at trio time
+        ``asked``) on directory ``kernel_ino``; None when it was not granted, or recalled
+        already (then it is given back)."""
         if grant.get("epoch") is None:
             return None
         if self._early.pop(grant["epoch"], None) is not None:
@@ -324,16 +361,21 @@ class DirLeaseHolder:
             return None
         leased = self._leases.get(kernel_ino)
         if leased is not None:   # another handler's grant of it came first: the same lease
-            return None if leased.giving_back else leased
+            return leased if self.usable(leased) else None
         status = FileStatus.from_wire(grant["attrs"])
         entries = {os.fsencode(e["name"]): FileStatus.from_wire(e) for e in grant["entries"]}
         first, count = _reserved(grant.get("inos"))
+        limit = grant.get("recall_limit")
+        if not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit <= 0:
+            limit = RECALL_LIMIT
         leased = LeasedDir(kernel_ino, status.ino, grant["epoch"], status, entries,
                            used=trio.current_time(),
                            stale={name for name, e in entries.items() if self._is_open(e.ino)},
                            next_ino=first, end_ino=first + count,
-                           sets_attrs="setattr" in (grant.get("changes") or ()))
+                           sets_attrs="setattr" in (grant.get("changes") or ()),
+                           asked_at=asked, trust=limit * TRUST_SHARE)
         self._leases[kernel_ino] = leased
+        self._holding.set()
         return leased
 
     async def listing(self, kernel_ino: int, path: str) -> list[FileStatus] | None:
@@ -434,7 +476,7 @@ class DirLeaseHolder:
         if path is None:
             return None
         leased, _, name = self._holding_folder(path)
-        if leased is None or leased.giving_back:
+        if leased is None or not self.usable(leased):
             return None
         return leased.known(name)
 
@@ -489,7 +531,7 @@ class DirLeaseHolder:
             return None
         leased, folder, name = self._holding_folder(path)
         entry = leased.entries.get(name) if leased is not None else None
-        if entry is None or leased.giving_back or entry.ino != ino or not self._reachable():
+        if entry is None or entry.ino != ino or not self.usable(leased):
             return None
         return leased, folder, path, dirops.Write(
             leased.ino, leased.epoch, os.fsdecode(name), ino, bytes(data), close,
@@ -530,8 +572,7 @@ class DirLeaseHolder:
         if path is None or not self._own_caller():
             return None
         leased, folder, name = self._holding_folder(path)
-        if leased is None or leased.giving_back or not leased.sets_attrs \
-                or not self._reachable():
+        if leased is None or not leased.sets_attrs or not self.usable(leased):
             return None
         entry = leased.entries.get(name)
         if entry is None or entry.ino != kernel_ino:
@@ -785,34 +826,63 @@ class DirLeaseHolder:
     async def _events_loop(self) -> None:
         delay = 0.1
         while True:
-            # only while a lease is held or asked for: an idle mount's connection stays
+            # only while a lease is held or asked for, or events wait for their
+            # acknowledgement (that poll does not wait): an idle mount's connection stays
             # idle (the server may close it, as any idle client's)
-            while not self._leases and not self._asking:
+            while not self._leases and not self._asking and not self._to_ack:
                 self._holding = trio.Event()
                 await self._holding.wait()
+            wait = self._poll_wait() if self._leases or self._asking else 0.0
+            sent = trio.current_time()
+            acks, self._to_ack = self._to_ack, []
             try:
-                events = await self._client.dir_lease_events(wait=EVENTS_WAIT)
+                events = await self._client.dir_lease_events(wait=wait, ack=acks)
             except LeaseFSError as exc:
+                self._to_ack = acks + self._to_ack   # acknowledged by the next poll
                 log.info("directory lease recalls: %s; asking again", exc)
                 await trio.sleep(delay)
                 delay = min(2.0, delay * 2)
                 continue
             delay = 0.1
+            self._confirmed = max(self._confirmed, sent)
             for event in events:
-                leased = next((d for d in self._leases.values()
-                               if d.epoch == event.get("epoch")), None)
-                if leased is not None and not leased.giving_back:
-                    log.debug("directory lease on %s recalled", event.get("path"))
-                    await self.give_back(leased)
-                elif leased is None and isinstance(event.get("ino"), int) \
-                        and isinstance(event.get("epoch"), int):
-                    if self._asking:   # maybe the grant whose answer is on its way
-                        self._early[event["epoch"]] = event["ino"]
-                        continue
-                    # a lease this mount does not know it holds (its grant's answer was
-                    # lost): given back at once, so the caller does not wait for it to expire
-                    self._append(dirops.Release(event["ino"], event["epoch"]))
-                    await self.flush()
+                if isinstance(event, dict):
+                    await self._on_event(event)
+
+    async def _on_event(self, event: dict) -> None:
+        """Act on one of the server's events (a recall, the end of a lease), then
+        acknowledge it in the next poll; one answered again (its acknowledgement was lost)
+        finds nothing left to do."""
+        epoch, ino, kind = event.get("epoch"), event.get("ino"), event.get("kind", "recall")
+        if not isinstance(epoch, int) or not isinstance(kind, str):
+            return
+        self._to_ack.append([epoch, kind])
+        leased = next((d for d in self._leases.values() if d.epoch == epoch), None)
+        if kind == "ended":
+            if leased is not None:
+                # what is queued under it is refused, and the log names each change lost
+                log.warning("directory lease on %s ended by the metadata server (a recall "
+                            "unanswered in time, or this mount silent too long)",
+                            event.get("path") or f"inode {ino}")
+                leased.giving_back = True
+                del self._leases[leased.kernel_ino]
+            return
+        if kind != "recall":
+            return
+        if leased is not None and not leased.giving_back:
+            log.debug("directory lease on %s recalled", event.get("path"))
+            await self.give_back(leased)
+        elif leased is None and isinstance(ino, int):
+            if self._asking:   # maybe the grant whose answer is on its way
+                self._early[epoch] = ino
+                return
+            if any(isinstance(c, dirops.Release) and c.epoch == epoch for c in self._queue):
+                return   # given back already, not sent yet
+            # a lease this mount does not know it holds (its grant's answer was lost, or
+            # given back and forgotten): given back at once, so the caller does not wait
+            # for it to expire (the server skips a release it has had)
+            self._append(dirops.Release(ino, epoch))
+            await self.flush()
 
     async def _idle_loop(self) -> None:
         while True:

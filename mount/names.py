@@ -283,12 +283,14 @@ class Names:
         # entries' attributes are set next), and the new one's lease comes with it
         leased = await self._leases.lease_for(parent_inode, self._view.path(parent_inode))
         with self._leases.asking():
+            asked = trio.current_time()
             made = await self._client.mkdir(path, permission=mode & 0o7777, owner=owner,
                                             group=group, lease=leased is not None,
                                             want_inos=INOS_PER_GRANT)
             self._leases.note_made(parent_inode, name, made.status, made.parent)
             if made.lease is not None:
-                self._leases.adopt(self._view.kernel_ino(made.status.ino), made.lease)
+                self._leases.adopt(self._view.kernel_ino(made.status.ino), made.lease,
+                                  asked)
         self._view.keep_fresh(named, made.parent)
         attrs = self._view.attrs(made.status)
         self._view.remember(attrs.st_ino, path)

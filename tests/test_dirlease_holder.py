@@ -8,9 +8,11 @@ import types
 
 import pytest
 import trio
+import trio.testing
 
 from fs import dirops
-from fs.errors import InvalidArgument
+from fs.errors import InvalidArgument, ServerUnavailable
+from mount import dirleases
 from mount.dirleases import DirLeaseHolder
 
 FOLDER, FILE, SUB = 10, 11, 12
@@ -44,7 +46,7 @@ class Refusing:
                          if i not in {f["index"] for f in failed}]
         return {"done": len(batch), "skipped": 0, "failed": failed, "ended": None}
 
-    async def dir_lease_events(self, wait):
+    async def dir_lease_events(self, wait, ack=None):
         # fixed-sleep: the long poll of a server with no recall to send answers after its wait
         await trio.sleep(wait)
         return []
@@ -63,13 +65,13 @@ def test_attributes_are_set_locally_only_when_the_grant_says_its_server_applies_
     decided locally."""
     async def main():
         old = holder()
-        old.adopt(FOLDER, grant(5))
+        old.adopt(FOLDER, grant(5), trio.current_time())
         assert old.set_attrs(FILE, mode=0o600) is None
         assert old.pending == 0
 
         server = Refusing()
         new = holder(server)
-        new.adopt(FOLDER, grant(6, changes=list(dirops.KINDS)))
+        new.adopt(FOLDER, grant(6, changes=list(dirops.KINDS)), trio.current_time())
         after = new.set_attrs(FILE, mode=0o600, mtime_ns=7)
         assert (after.mode, after.mtime_ns, after.atime_ns) == (0o600, 7, 1)
         assert after.ctime_ns > 1
@@ -143,7 +145,7 @@ def test_a_refused_change_ends_the_lease_it_was_decided_under():
     async def main():
         server = Refusing()
         held = holder(server)
-        leased = held.adopt(FOLDER, grant(7, changes=list(dirops.KINDS)))
+        leased = held.adopt(FOLDER, grant(7, changes=list(dirops.KINDS)), trio.current_time())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(held.run)
             await held.queue(dirops.Unlink(FOLDER, 7, "bad", 30, 0))
@@ -157,3 +159,85 @@ def test_a_refused_change_ends_the_lease_it_was_decided_under():
         assert held.held_count == 0 and held.lost == 1 and leased.giving_back
 
     trio.run(main)
+
+
+class Polled:
+    """A server whose events poll answers what the test hands it (``say``), or nothing
+    at all while ``silent`` (a reply lost, a server that stopped answering)."""
+
+    def __init__(self):
+        self.rpc = types.SimpleNamespace(user="root", unreachable_since=None)
+        self.acks: list = []
+        self.waits: list[float] = []
+        self.silent = False
+        self._say: list = []
+
+    def say(self, *events):
+        self._say.extend(events)
+
+    async def dir_lease_events(self, wait, ack=None):
+        self.acks.append(ack)
+        self.waits.append(wait)
+        if self.silent:   # the client's call times out
+            await trio.sleep(7.5)
+            raise ServerUnavailable("dir_lease_events: no reply within 7.5 s")
+        # fixed-sleep: the long poll of a server with nothing to send answers after its wait
+        with trio.move_on_after(wait):
+            while not self._say:
+                await trio.sleep(0.01)
+        out, self._say = self._say, []
+        return out
+
+    async def dir_batch(self, batch):
+        return {"done": len(batch), "skipped": 0, "failed": [], "ended": None}
+
+
+def test_a_lease_the_server_ended_answers_nothing_more_and_the_end_is_acknowledged():
+    """The server ended the lease without the mount giving it back (a recall that did not
+    reach it): once the poll brings the end, nothing is decided or answered from it, and
+    the next poll acknowledges the event, so the server stops sending it."""
+    async def main():
+        server = Polled()
+        held = holder(server)
+        held.adopt(FOLDER, grant(7, recall_limit=10.0), trio.current_time())
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(held.run)
+            assert held.held(FOLDER) is not None
+            server.say({"path": "/d", "epoch": 7, "ino": FOLDER, "kind": "ended"})
+            while held.held_count:
+                await trio.sleep(0.01)
+            assert held.held(FOLDER) is None and held.known_file(FILE) is None
+            while [7, "ended"] not in (server.acks[-1] or []):
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        # every poll waited well within the trust of 6 s (the recall limit's share)
+        assert server.waits and max(server.waits) <= 2.0
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_lease_not_heard_of_for_its_trust_decides_nothing_until_a_poll_answers(monkeypatch):
+    """A poll unanswered (its answer lost: a recall in it may be waiting unseen, and the
+    server ends a lease whose recall goes unanswered for the recall limit): past the
+    trust (0.6 of the limit) since the mount last heard from the server, the lease
+    answers nothing; an answered poll makes it usable again."""
+    monkeypatch.setattr(dirleases, "IDLE_FOR", 1000.0)   # held unused throughout
+
+    async def main():
+        server = Polled()
+        held = holder(server)
+        held.adopt(FOLDER, grant(8, recall_limit=10.0), trio.current_time())
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(held.run)
+            await trio.sleep(3)
+            assert held.held(FOLDER) is not None
+            server.silent = True
+            await trio.sleep(6.5)
+            assert held.held(FOLDER) is None and held.known_file(FILE) is None
+            assert held.held_count == 1   # still the mount's: its changes may be sent
+            server.silent = False
+            await trio.sleep(5)
+            assert held.held(FOLDER) is not None
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -519,6 +520,34 @@ def test_a_lease_the_mount_did_not_know_of_is_given_back_at_its_recall(tmp_path)
                 assert [s.name for s in cli.list_status("/d")] == ["f"]
             assert "recall went unanswered" not in (cluster.base / "logs" / "meta.log") \
                 .read_text(errors="replace")
+        finally:
+            m.stop()
+            m.cleanup()
+
+
+def test_a_recall_reaches_a_mount_whose_call_timeout_is_shorter_than_the_servers_poll(
+        tmp_path):
+    """A mount whose call timeout (``mount_meta_timeout``) is shorter than the longest poll
+    the server holds: each recall still reaches it at once and is answered, so another
+    client's change in a folder the mount held waits for no recall limit, and the mount
+    sees it. (A poll that outlived its call took the recall with it: the other client
+    then waited out the limit, and the mount, never told, kept answering from the lease.)"""
+    with ProcessCluster(tmp_path, n_storage=1,
+                        settings={**SETTINGS, "dir_lease_recall_limit": 60}) as cluster:
+        m = Mount(cluster, "short", "--set", "mount_meta_timeout=2").start()
+        try:
+            (m.mp / "d").mkdir()
+            for n in range(3):
+                (m.mp / "d" / f"f{n}").write_text("f")   # the folder is held here
+                # fixed-sleep: past the call timeout, as an idle holder's poll outlives it
+                time.sleep(3)
+                started = time.monotonic()
+                with cluster.client() as cli:
+                    cli.mkdirs(f"/d/made{n}")
+                assert time.monotonic() - started < 10
+                assert (m.mp / "d" / f"made{n}").is_dir()
+            assert sorted(os.listdir(m.mp / "d")) == sorted(
+                [f"f{n}" for n in range(3)] + [f"made{n}" for n in range(3)])
         finally:
             m.stop()
             m.cleanup()

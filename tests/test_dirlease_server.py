@@ -207,7 +207,8 @@ def test_another_clients_listing_waits_until_the_holder_gives_the_lease_back(tmp
             epoch = a.dir_lease_acquire("/d")["epoch"]
             listing = Background(lambda: b.list_status("/d"))
             events = a.dir_lease_events(wait=20)
-            assert events == [{"path": "/d", "epoch": epoch, "ino": a.get_file_status("/d").ino}]
+            assert events == [{"path": "/d", "epoch": epoch, "ino": a.get_file_status("/d").ino,
+                               "kind": "recall"}]
             assert not listing.done.is_set()
             # the same client's call on another directory goes through at once
             started = time.monotonic()
@@ -244,6 +245,14 @@ def test_a_silent_holder_loses_the_lease_after_the_recall_limit(tmp_path):
             assert time.monotonic() - started < 1.0
             with pytest.raises(LeaseExpired, match=f"/e: .*epoch {other}"):
                 a.dir_lease_release("/e", other)
+            # the holder is told of both ends, again at each poll until it acknowledges
+            # them (a poll's answer its call gave up on is not lost)
+            ended = sorted((e["path"], e["epoch"], e["kind"])
+                           for e in a.dir_lease_events(wait=0.2, ack=[]))
+            assert ended == [("/d", epoch, "ended"), ("/e", other, "ended")]
+            again = a.dir_lease_events(wait=0.2, ack=[[epoch, "ended"], [epoch, "recall"]])
+            assert [(e["path"], e["kind"]) for e in again] == [("/e", "ended")]
+            assert a.dir_lease_events(wait=0.2, ack=[[other, "ended"]]) == []
             # the end was journaled: after a restart nobody holds /d
             restart_meta(cluster)
             started = time.monotonic()

@@ -772,8 +772,8 @@ class ClientProtocol:
     async def rpc_dir_lease_release(self, ctx, path, client_name, epoch):
         return await self.dir_leases.release(ctx, path, client_name, epoch)
 
-    async def rpc_dir_lease_events(self, ctx, client_name, wait=MAX_EVENTS_WAIT):
-        return await self.dir_leases.events(ctx, client_name, wait)
+    async def rpc_dir_lease_events(self, ctx, client_name, wait=MAX_EVENTS_WAIT, ack=None):
+        return await self.dir_leases.events(ctx, client_name, wait, ack)
 
     async def rpc_dir_batch(self, ctx, client_name, ops):
         return await self.dir_leases.batch(ctx, client_name, ops)

@@ -25,7 +25,9 @@ its holder, who collects it with a long poll (``events``).
   that ended stops the batch. A create runs as ``create`` with the inode id chosen
   (``dirops.CHOSEN_INO``, from its lease's reserved range only), a write as ``complete`` or
   ``fsync`` with the content inline.
-* ``events``: the recalls queued for a holder, or ``[]`` once ``wait`` seconds passed.
+* ``events``: a holder's recalls, and the ends of its leases it did not ask for (an
+  overdue recall, its silence), or ``[]`` once ``wait`` seconds passed; each is answered
+  again until the holder acknowledges it in a later poll.
 * ``before_access``: what ``MetaServer.dispatch`` awaits before any namespace call that
   names paths (``ACCESS_ARGS``; msgpack and Hadoop IPC calls alike, both dispatch there):
   for every directory the call's path walks touch (the root, each directory on the way,
@@ -87,6 +89,10 @@ log = logging.getLogger(__name__)
 
 #: the longest a ``dir_lease_events`` poll is held (well under a client's rpc_timeout)
 MAX_EVENTS_WAIT = 30.0
+
+#: the most events kept for one holder (one per lease recalled or ended: a holder polls
+#: while it holds a lease, so only one that stopped polling reaches it)
+MAX_EVENTS = 4096
 
 #: the longest a grant waits for the calls already in flight to finish (then it is refused:
 #: the client stays synchronous there)
@@ -153,6 +159,19 @@ def access_paths(method: str, args: dict) -> list[str]:
     return out
 
 
+
+def _acked(ack) -> set[tuple[int, str]]:
+    """``dir_lease_events``' ``ack`` as a set of ``(epoch, kind)``; malformed pairs are
+    left out (their events are answered again, which the holder ignores)."""
+    if ack is None:
+        return set()
+    if not isinstance(ack, (list, tuple)):
+        raise InvalidArgument(f"dir_lease_events: ack must be a list of [epoch, kind], "
+                              f"got {type(ack).__name__}")
+    return {(pair[0], pair[1]) for pair in ack[:MAX_EVENTS]
+            if isinstance(pair, (list, tuple)) and len(pair) == 2
+            and isinstance(pair[0], int) and isinstance(pair[1], str)}
+
 class DirLeases:
     def __init__(self, *, table: DirLeaseTable, view: NamespaceView, edits: Edits,
                  locking: NamespaceLocking, access: Access, ids: Allocators,
@@ -181,8 +200,12 @@ class DirLeases:
         self._batching: dict[str, trio.Lock] = {}     # holder -> its batches, one at a time
         self._ended: dict[int, trio.Event] = {}         # ino -> set when its lease ends
         self._seen: dict[str, float] = {}               # holder -> its last call (clock)
-        self._events: dict[str, list[dict]] = {}       # holder -> recalls not yet collected
+        # holder -> its events (recalls, ends) not acknowledged yet: a poll answers them and
+        # the next one acknowledges them, so an answer the holder never read (its call timed
+        # out) is answered again
+        self._events: dict[str, list[dict]] = {}
         self._polls: dict[str, trio.Event] = {}        # holder -> its waiting poll's wake-up
+        self._polled: dict[str, float] = {}            # holder -> its last poll (clock)
 
     # ------------------------------------------------------------------ RPC bodies
     async def acquire(self, ctx, path, holder, want_inos=0) -> dict:
@@ -265,7 +288,8 @@ class DirLeases:
         attrs = self.view.get_file_info(canonical)
         listing = self.view.list_status(canonical, "", self.max_entries)
         return {"epoch": epoch, "attrs": attrs, "entries": listing["entries"],
-                "inos": inos.to_wire(), "changes": list(dirops.KINDS)}
+                "inos": inos.to_wire(), "changes": list(dirops.KINDS),
+                "recall_limit": self.table.recall_limit}
 
     def _refusal(self, canonical: str, ino: int, inode, lease) -> str | None:
         if lease is not None:
@@ -345,14 +369,25 @@ class DirLeases:
                                   durable=ctx.sync_metadata)
         return True
 
-    async def events(self, ctx, holder, wait) -> list[dict]:
-        """The recalls queued for ``holder`` (``{path, epoch, ino}`` each), waiting up to
-        ``wait`` seconds for one."""
+    async def events(self, ctx, holder, wait, ack=None) -> list[dict]:
+        """The events of ``holder``'s leases (``{path, epoch, ino, kind}`` each: ``recall``,
+        give it back; ``ended``, the server ended it), waiting up to ``wait`` seconds for
+        one. ``ack``: the ``[epoch, kind]`` pairs the holder has acted on, dropped first;
+        the rest are answered again until acknowledged (a poll's answer may be lost to
+        its call's timeout). Without ``ack`` the events answered are dropped."""
         check_name(holder, "dir_lease_events: client_name")
         if not isinstance(wait, (int, float)) or isinstance(wait, bool) or wait < 0:
             raise InvalidArgument(f"dir_lease_events: wait must be seconds >= 0, "
                                   f"got {wait!r:.60}")
+        done = _acked(ack)
         self.renewed(holder)
+        self._polled[holder] = self.clock()
+        if done and holder in self._events:
+            left = [e for e in self._events[holder] if (e["epoch"], e["kind"]) not in done]
+            if left:
+                self._events[holder] = left
+            else:
+                del self._events[holder]
         if not self._events.get(holder):
             woken = self._polls.setdefault(holder, trio.Event())
             with trio.move_on_after(min(wait, MAX_EVENTS_WAIT)):
@@ -360,7 +395,10 @@ class DirLeases:
             if self._polls.get(holder) is woken:
                 del self._polls[holder]
         self.renewed(holder)
-        return self._events.pop(holder, [])
+        self._polled[holder] = self.clock()
+        if ack is None:
+            return self._events.pop(holder, [])
+        return list(self._events.get(holder, ()))
 
     async def batch(self, ctx, holder, ops) -> dict:
         """Apply ``holder``'s changes (``fs.dirops``) in order, as the mount acknowledged
@@ -566,7 +604,13 @@ class DirLeases:
     def queue_recall(self, holder: str, path: str, epoch: int, ino: int) -> None:
         """Hand ``holder`` a recall of its lease ``epoch`` on directory ``ino`` at ``path``
         (its next poll)."""
-        self._events.setdefault(holder, []).append({"path": path, "epoch": epoch, "ino": ino})
+        self._queue_event(holder, {"path": path, "epoch": epoch, "ino": ino, "kind": "recall"})
+
+    def _queue_event(self, holder: str, event: dict) -> None:
+        queued = self._events.setdefault(holder, [])
+        if len(queued) >= MAX_EVENTS:   # a holder that stopped polling: its oldest go
+            del queued[:len(queued) - MAX_EVENTS + 1]
+        queued.append(event)
         woken = self._polls.pop(holder, None)
         if woken is not None:
             woken.set()
@@ -587,7 +631,7 @@ class DirLeases:
         self.table.expire(ino)
         queued = self._events.get(lease.holder)
         if queued:
-            queued[:] = [e for e in queued if e["epoch"] != epoch]
+            queued[:] = [e for e in queued if e["epoch"] != epoch or e["kind"] != "recall"]
         woken = self._ended.pop(ino, None)
         if woken is not None:
             woken.set()
@@ -675,6 +719,11 @@ class DirLeases:
                    f"{self.table.recall_limit:g} s")
             for held in self.table.held_by(lease.holder):
                 ending.setdefault(held.ino, (held, why))
+        for holder, polled in list(self._polled.items()):
+            # the events of a holder gone for good (no lease, no poll for the hard limit)
+            if now - polled > self.hard_limit and not self.table.held_by(holder):
+                del self._polled[holder]
+                self._events.pop(holder, None)
         for holder, seen in list(self._seen.items()):
             held = self.table.held_by(holder)
             if not held:
@@ -696,6 +745,12 @@ class DirLeases:
             await self.edits.log_plans([
                 DirLeaseRelease(ino=lease.ino, holder=lease.holder, epoch=lease.epoch)
                 for lease, _ in ending_now])
+            # the holder may be alive (its recall's answer lost, its calls slow): it
+            # stops answering from the lease once it hears of it
+            for lease, _ in ending_now:
+                self._queue_event(lease.holder, {
+                    "path": self.view.path_of(lease.ino) or "", "epoch": lease.epoch,
+                    "ino": lease.ino, "kind": "ended"})
         finally:
             for lease, _ in ending_now:
                 self._ending.discard(lease.ino)
