@@ -178,7 +178,8 @@ class Polled:
     async def dir_lease_events(self, wait, ack=None):
         self.acks.append(ack)
         self.waits.append(wait)
-        if self.silent:   # the client's call times out
+        if self.silent:
+            # fixed-sleep: the client's call timeout (the mock clock jumps it)
             await trio.sleep(7.5)
             raise ServerUnavailable("dir_lease_events: no reply within 7.5 s")
         # fixed-sleep: the long poll of a server with nothing to send answers after its wait
@@ -229,13 +230,16 @@ def test_a_lease_not_heard_of_for_its_trust_decides_nothing_until_a_poll_answers
         held.adopt(FOLDER, grant(8, recall_limit=10.0), trio.current_time())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(held.run)
+            # fixed-sleep: the times are the subject (the mock clock jumps them)
             await trio.sleep(3)
             assert held.held(FOLDER) is not None
             server.silent = True
+            # fixed-sleep: past the trust of 6 s since the last answered poll was sent
             await trio.sleep(6.5)
             assert held.held(FOLDER) is None and held.known_file(FILE) is None
             assert held.held_count == 1   # still the mount's: its changes may be sent
             server.silent = False
+            # fixed-sleep: the silent poll times out, the next one answers
             await trio.sleep(5)
             assert held.held(FOLDER) is not None
             nursery.cancel_scope.cancel()
