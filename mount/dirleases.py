@@ -186,9 +186,10 @@ class DirLeaseHolder:
 
     def __init__(self, client, path_of: Callable[[int], str | None],
                  is_open: Callable[[int], bool], *, enabled: bool = True,
-                 timeout: float = 30.0):
+                 timeout: float = 30.0, paths_gen: Callable[[], int] = lambda: 0):
         self._client = client
         self._path_of = path_of    # a kernel inode's path as the mount knows it
+        self._paths_gen = paths_gen   # changes whenever such a path may have changed
         # whether a namespace inode is open here (its size and times are the mount's own
         # until its release completes it: a snapshot's status of it may be behind)
         self._is_open = is_open
@@ -197,7 +198,11 @@ class DirLeaseHolder:
         # an unreachable server does
         self.timeout = timeout
         self._leases: dict[int, LeasedDir] = {}       # kernel inode -> lease
-        self._found: dict[str, LeasedDir] = {}        # path -> its lease, as ``_at`` found it
+        # path -> lease, for ``_at``; rebuilt when a lease came or went (``_leases_gen``)
+        # or a path changed
+        self._by_path: dict[str, LeasedDir] = {}
+        self._by_path_key: tuple[int, int] | None = None
+        self._leases_gen = 0
         # grants asked for and not answered yet, and the recalls that came meanwhile for
         # leases this mount does not hold (epoch -> directory inode): the recall of a grant
         # may overtake its answer, which then must not be used
@@ -273,21 +278,19 @@ class DirLeaseHolder:
         return acting is None or acting.get("user") == self._client.rpc.user
 
     def _at(self, path: str) -> LeasedDir | None:
-        """The lease on the folder at ``path`` (being given back too), or None. The last
-        answer per path is remembered and checked before it is used (still held, still at
-        that path): a tree being extracted asks for the same few folders, and a scan of
-        every lease held for each of its files would grow with the tree."""
-        leased = self._found.get(path)
-        if (leased is not None and self._leases.get(leased.kernel_ino) is leased
-                and self._path_of(leased.kernel_ino) == path):
-            return leased
-        leased = next((d for d in self._leases.values()
-                       if self._path_of(d.kernel_ino) == path), None)
-        if leased is not None:
-            if len(self._found) > 4 * len(self._leases) + 64:
-                self._found.clear()
-            self._found[path] = leased
-        return leased
+        """The lease on the folder at ``path`` (being given back too), or None: from an
+        index by path, rebuilt only after a lease came or went or a path changed (a tree
+        being extracted asks for every file, mostly of folders not held, and a scan of
+        the leases each time grows with the tree)."""
+        key = (self._leases_gen, self._paths_gen())
+        if key != self._by_path_key:
+            self._by_path = {}
+            for leased in self._leases.values():
+                where = self._path_of(leased.kernel_ino)
+                if where is not None:
+                    self._by_path[where] = leased
+            self._by_path_key = key
+        return self._by_path.get(path)
 
     def _holding_folder(self, path: str) -> tuple[LeasedDir | None, str, bytes]:
         """The lease on the folder of the entry at ``path`` (being given back too, or
@@ -375,6 +378,7 @@ class DirLeaseHolder:
                            sets_attrs="setattr" in (grant.get("changes") or ()),
                            asked_at=asked, trust=limit * TRUST_SHARE)
         self._leases[kernel_ino] = leased
+        self._leases_gen += 1
         self._holding.set()
         return leased
 
@@ -601,6 +605,7 @@ class DirLeaseHolder:
 
     def forget(self, kernel_ino: int) -> LeasedDir | None:
         """The directory is gone here (an rmdir decided here): its lease ends with it."""
+        self._leases_gen += 1
         return self._leases.pop(kernel_ino, None)
 
     # ------------------------------------------------------------------ the queue
@@ -679,6 +684,7 @@ class DirLeaseHolder:
         await self.flush()
         if self._leases.get(leased.kernel_ino) is leased:
             del self._leases[leased.kernel_ino]
+            self._leases_gen += 1
 
     async def close(self) -> None:
         """Unmount (the sender has stopped): everything queued is sent and every lease
@@ -687,6 +693,7 @@ class DirLeaseHolder:
             leased.giving_back = True
             self._append(dirops.Release(leased.ino, leased.epoch))
         self._leases.clear()
+        self._leases_gen += 1
         with trio.move_on_after(self.timeout):
             while self._queue:
                 await self._send_next()
@@ -797,6 +804,7 @@ class DirLeaseHolder:
                 ended = self._ending.pop(change.epoch, None)
                 if ended is not None and self._leases.get(ended.kernel_ino) is ended:
                     del self._leases[ended.kernel_ino]
+                    self._leases_gen += 1
         del self._queue[:count]
         for _ in range(count):
             dirs, names, above = self._touched.popleft()
@@ -820,6 +828,7 @@ class DirLeaseHolder:
         for change in lost:
             log.error("namespace change %s is lost: %s", change, why)
         self._leases.clear()
+        self._leases_gen += 1
         self._ending.clear()
         self._ack(len(batch))
 
@@ -866,6 +875,7 @@ class DirLeaseHolder:
                             event.get("path") or f"inode {ino}")
                 leased.giving_back = True
                 del self._leases[leased.kernel_ino]
+                self._leases_gen += 1
             return
         if kind != "recall":
             return

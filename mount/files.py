@@ -18,7 +18,6 @@ its ``read_lock``.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
 import os
@@ -149,7 +148,8 @@ class Files:
                                   owner=owner, group=group, replication=chosen.replication,
                                   block_size=chosen.block_size)
         self._view.note_made(parent_inode, name)
-        stream = self._client.new_output(path, dataclasses.asdict(status),
+        # its wire form (a flat copy: asdict's deep copy cost a fifth of the call)
+        stream = self._client.new_output(path, dict(vars(status)),
                                          bytes_per_checksum=chosen.bytes_per_checksum)
         kernel_ino = self._view.kernel_ino(ino)
         opened = self._opened_new(kernel_ino, path, status, stream, mode, flags)

@@ -142,11 +142,19 @@ class KernelView:
         self._misses: dict[tuple[str, bytes], float] = {}
         self._uid_cache: dict[str, int] = {}
         self._gid_cache: dict[str, int] = {}
+        # bumped whenever a known inode's path changes or it is dropped (``paths_gen``)
+        self._paths_gen = 0
 
     @property
     def named(self) -> int:
         """How many handlers addressed a name so far (``keep_fresh`` compares it)."""
         return self._named
+
+    @property
+    def paths_gen(self) -> int:
+        """The generation of the inode table's paths: whoever indexes inodes by path
+        rebuilds the index when it changed."""
+        return self._paths_gen
 
     @property
     def listing_gen(self) -> int:
@@ -188,6 +196,7 @@ class KernelView:
             node.lookups -= nlookup
             if node.lookups <= 0 and self._open_files.get(ino) is None:
                 del self._nodes[ino]
+                self._paths_gen += 1
                 self._read_stamps.pop(ino, None)
                 for ns, k in list(self._alias.items()):
                     if k == ino:
@@ -198,16 +207,19 @@ class KernelView:
         node = self._nodes.get(ino)
         if node is not None and node.lookups <= 0 and ino != ROOT_INO:
             del self._nodes[ino]
+            self._paths_gen += 1
 
     def forget_path(self, ino: int) -> None:
         """``ino`` has no name any more (removed, or replaced by a rename)."""
         node = self._nodes.get(ino)
         if node is not None:
             node.path = None
+            self._paths_gen += 1
 
     def moved(self, ino: int, src: str, dst: str, is_dir: bool) -> None:
         """A rename here moved ``ino`` from ``src`` to ``dst``; the paths of what the
         kernel knows below a folder move too."""
+        self._paths_gen += 1
         node = self._nodes.get(ino)
         if node is not None:
             node.path = dst
@@ -469,8 +481,9 @@ class KernelView:
         node = self._nodes.get(ino)
         if node is None:
             node = self._nodes[ino] = Node(ino, path)
-        else:
+        elif node.path != path:
             node.path = path
+            self._paths_gen += 1
         node.lookups += 1
         if status is not None and status.is_symlink:
             node.target = status.symlink

@@ -87,7 +87,8 @@ class LeaseFS(pyfuse3.Operations):
         self.leases = DirLeaseHolder(
             client, self.view.known_path,
             lambda ino: self.open_files.get(self.view.kernel_ino(ino)) is not None,
-            enabled=dir_leases, timeout=client.config.rpc_timeout)
+            enabled=dir_leases, timeout=client.config.rpc_timeout,
+            paths_gen=lambda: self.view.paths_gen)
         if dir_leases:
             client.barrier = self.leases.barrier
         self.metrics = MountMetrics(client, self.leases)   # counted by fuse_op (mount.errors)
