@@ -21,7 +21,10 @@ holder also held, whose lease ends with it), ``Rename`` (inside and between leas
 directories; ``replaced`` is the inode the destination held, 0 for none), ``Create`` (a new
 file, under construction and leased to the holder as ``create`` makes it, with an inode
 from the range the lease's grant reserved: ``ino`` names the inode it *gets*, so a resend
-finds it there and is skipped), ``Write`` (a small file's whole content, kept inline: with
+finds it there and is skipped), ``Mkdir`` (a new folder, as ``mkdirs`` makes it, with an
+inode from the same range; the holder holds the new folder's lease from then on, under the
+epoch ``child_epoch`` names and with a part of the range for the files made in it),
+``Write`` (a small file's whole content, kept inline: with
 ``close`` the file is completed as ``complete(data=...)`` does, else published as
 ``fsync(data=..., sync=false)``; empty ``data`` with ``close`` completes an empty file),
 ``SetAttr`` (mode, owner and group, times of an entry, as ``set_permission``,
@@ -62,6 +65,17 @@ def change_time(extra: dict, wall: int) -> int:
     if held is not None and abs(held - wall) <= HOLDER_TIME_SKEW:
         return held
     return wall
+
+
+#: the epochs of leases a holder takes with a folder it makes (``Mkdir``): the holder names
+#: them before the server sees the folder, so they are made of its inode id, which is never
+#: used twice, in a range no grant's epoch (a journal txid) reaches
+CHILD_EPOCHS = 1 << 62
+
+
+def child_epoch(ino: int) -> int:
+    """The epoch of the lease on folder ``ino`` taken with its mkdir under a lease."""
+    return CHILD_EPOCHS + ino
 
 
 def _int(value, what: str, low: int = 1) -> int:
@@ -145,6 +159,31 @@ class Create:
 
 
 @dataclass(frozen=True)
+class Mkdir:
+    dir: int
+    epoch: int
+    name: str
+    ino: int                # the new folder's inode (the lease's reserved range)
+    permission: int
+    owner: str | None       # None: the caller's, as ``mkdirs`` decides
+    group: str | None       # None: the folder's
+    first_ino: int          # the new folder's own lease: its reserved ids (a part of the
+    inos: int               # parent lease's range; 0: none)
+    time_ns: int
+
+    @property
+    def lease_epoch(self) -> int:
+        """The epoch of the new folder's lease, which the holder holds from the mkdir on."""
+        return child_epoch(self.ino)
+
+    def to_wire(self) -> dict:
+        return {"op": "mkdir", "dir": self.dir, "epoch": self.epoch, "name": self.name,
+                "ino": self.ino, "perm": self.permission, "owner": self.owner,
+                "group": self.group, "inos": [self.first_ino, self.inos],
+                "time": self.time_ns}
+
+
+@dataclass(frozen=True)
 class Write:
     dir: int
     epoch: int
@@ -197,7 +236,7 @@ class Release:
         return {"op": "release", "dir": self.dir, "epoch": self.epoch}
 
 
-DirOp = Unlink | Rmdir | Rename | Create | Write | SetAttr | Release
+DirOp = Unlink | Rmdir | Rename | Create | Mkdir | Write | SetAttr | Release
 
 
 def _opt_int(value, what: str, low: int = 0, high: int = 1 << 63) -> int | None:
@@ -225,6 +264,7 @@ _FIELDS = {"unlink": ("dir", "epoch", "name", "ino", "time"),
                       "replaced", "time"),
            "create": ("dir", "epoch", "name", "ino", "perm", "owner", "group",
                       "replication", "block_size", "time"),
+           "mkdir": ("dir", "epoch", "name", "ino", "perm", "owner", "group", "inos", "time"),
            "write": ("dir", "epoch", "name", "ino", "data", "close", "mtime", "atime",
                      "perm", "time"),
            "setattr": ("dir", "epoch", "name", "ino", "perm", "owner", "group", "mtime",
@@ -270,6 +310,18 @@ def from_wire(item) -> DirOp:
                       _opt_name(item["group"], "create group"),
                       _opt_int(item["replication"], "create replication", 1, 1 << 15),
                       _opt_int(item["block_size"], "create block_size", 1), time_ns)
+    if kind == "mkdir":
+        perm, inos = item["perm"], item["inos"]
+        if not isinstance(perm, int) or isinstance(perm, bool) or not 0 <= perm < 0o10000:
+            raise InvalidArgument(f"dir_batch: mkdir perm must be a mode (0 to 0o7777), "
+                                  f"got {perm!r:.20}")
+        if not isinstance(inos, (list, tuple)) or len(inos) != 2:
+            raise InvalidArgument(f"dir_batch: mkdir inos must be [first, count], "
+                                  f"got {inos!r:.40}")
+        return Mkdir(dir_, epoch, name, ino, perm, _opt_name(item["owner"], "mkdir owner"),
+                     _opt_name(item["group"], "mkdir group"),
+                     _int(inos[0], "mkdir inos first", low=0),
+                     _int(inos[1], "mkdir inos count", low=0), time_ns)
     if kind == "write":
         data, close = item["data"], item["close"]
         if not isinstance(data, (bytes, bytearray)):
@@ -306,6 +358,6 @@ def batch_from_wire(ops) -> list[DirOp]:
     return [from_wire(item) for item in ops]
 
 
-__all__ = ["CHOSEN_INO", "WHOLE", "Create", "DirOp", "HOLDER_TIME", "KINDS", "MAX_BATCH",
+__all__ = ["CHILD_EPOCHS", "CHOSEN_INO", "WHOLE", "Create", "Mkdir", "child_epoch", "DirOp", "HOLDER_TIME", "KINDS", "MAX_BATCH",
            "Release", "Rename", "Rmdir", "SetAttr", "Unlink", "Write", "batch_from_wire",
            "change_time", "from_wire"]

@@ -98,6 +98,10 @@ GATHER = 0.005
 #: inode numbers a grant is asked to reserve for the files this mount creates under it
 #: (unused ones are only a gap in the numbering)
 INOS_PER_GRANT = 1024
+#: the most of them a folder made here takes along for its own lease, and the fewest a
+#: lease must have left to make a folder here (else it is made by a call)
+CHILD_INOS = 256
+MIN_DIR_INOS = 8
 
 
 #: the metadata server's calls that change nothing: they wait for the queue only when
@@ -145,8 +149,10 @@ class LeasedDir:
     # the inode numbers the grant reserved for files created here, not used yet
     next_ino: int = 0
     end_ino: int = 0
-    # attribute changes may be queued (the grant's server applies them)
+    # attribute changes and folders made here may be queued (the grant's server applies
+    # them)
     sets_attrs: bool = False
+    makes_dirs: bool = False
     # trio time the grant was asked for, and how long after the mount last heard from
     # the server the lease may decide anything (``DirLeaseHolder.usable``)
     asked_at: float = 0.0
@@ -158,6 +164,20 @@ class LeasedDir:
             return None
         self.next_ino += 1
         return self.next_ino - 1
+
+    def take_dir_inos(self) -> tuple[int, int, int] | None:
+        """For a folder made here: its inode number and the part of the range its own lease
+        gets (first, count: a quarter of what is left, at most ``CHILD_INOS``), or None
+        when too few are left (make it by a call, which brings a fresh range)."""
+        left = self.end_ino - self.next_ino
+        if left < MIN_DIR_INOS:
+            return None
+        ino = self.next_ino
+        count = min(CHILD_INOS, (left - 1) // 4)
+        first = self.end_ino - count   # from the far end: the folder's own files keep theirs
+        self.next_ino += 1
+        self.end_ino -= count
+        return ino, first, count
 
     def closed_here(self, close: dirops.Write) -> None:
         """A file made here was closed with ``close`` (queued): its entry is what the
@@ -376,6 +396,7 @@ class DirLeaseHolder:
                            stale={name for name, e in entries.items() if self._is_open(e.ino)},
                            next_ino=first, end_ino=first + count,
                            sets_attrs="setattr" in (grant.get("changes") or ()),
+                           makes_dirs="mkdir" in (grant.get("changes") or ()),
                            asked_at=asked, trust=limit * TRUST_SHARE)
         self._leases[kernel_ino] = leased
         self._leases_gen += 1
@@ -498,6 +519,28 @@ class DirLeaseHolder:
         await self.queue(dirops.Create(leased.ino, leased.epoch, os.fsdecode(name), status.ino,
                                        status.mode, owner, group, replication, block_size, now),
                          dirs=(folder,), names=(status.path,))
+
+    async def make_dir(self, leased: LeasedDir, folder: str, name: bytes, status: FileStatus,
+                       inos: tuple[int, int, int], *, owner: str | None,
+                       group: str | None) -> LeasedDir:
+        """A folder made here under ``leased`` (``status``: as the server will have it,
+        with the inode ``inos[0]`` the grant reserved): the lease's view has it at once,
+        the server gets it in the queue, and this mount holds its lease from now on (the
+        epoch it names, ``dirops.child_epoch``; the range ``inos[1:]``), as the server
+        grants it when it applies the change."""
+        ino, first, count = inos
+        leased.entries[name] = status
+        now = self.changed(leased, children=1, subdirs=1, now=status.mtime_ns)
+        change = dirops.Mkdir(leased.ino, leased.epoch, os.fsdecode(name), ino,
+                              status.mode, owner, group, first, count, now)
+        child = LeasedDir(ino, ino, change.lease_epoch, status, {},
+                          used=trio.current_time(), next_ino=first, end_ino=first + count,
+                          sets_attrs=leased.sets_attrs, makes_dirs=leased.makes_dirs,
+                          asked_at=leased.asked_at, trust=leased.trust)
+        self._leases[ino] = child
+        self._leases_gen += 1
+        await self.queue(change, dirs=(folder,), names=(status.path,))
+        return child
 
     def file_calls(self, kernel_ino: int, ino: int, ended: Callable[[], bool]):
         """The metadata calls of the stream of file ``ino`` created here: a small file's
@@ -776,6 +819,14 @@ class DirLeaseHolder:
                 leased.giving_back = True
                 self._ending[leased.epoch] = leased
                 self._append(dirops.Release(leased.ino, leased.epoch))
+        if isinstance(change, dirops.Mkdir):
+            # the folder was not made, so its lease was never granted: what was queued
+            # under it is refused (and logged), nothing more is decided under it
+            made = self._leases.get(change.ino)
+            if made is not None and made.epoch == change.lease_epoch:
+                made.giving_back = True
+                del self._leases[change.ino]
+                self._leases_gen += 1
 
     async def _one_by_one(self, batch: list) -> dict:
         """``batch`` sent one change per call: a ``dir_batch`` answer for all of it (an
@@ -904,4 +955,5 @@ class DirLeaseHolder:
 
 
 __all__ = ["DirLeaseHolder", "LeasedDir", "IDLE_FOR", "INOS_PER_GRANT", "QUEUE_LIMIT",
+           "CHILD_INOS", "MIN_DIR_INOS",
            "REFUSED_FOR"]

@@ -24,6 +24,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
+import time
 
 import pyfuse3
 import trio
@@ -31,6 +33,7 @@ import trio
 from fs import dirops
 from fs.errors import FileNotFound
 from fs.rpc import group_name, user_name
+from fs.status import FileStatus
 
 from .callers import new_owner
 from .dirleases import INOS_PER_GRANT, DirLeaseHolder, LeasedDir
@@ -282,6 +285,13 @@ class Names:
         # folder is held here from now on (as for a create: a tree being made, whose
         # entries' attributes are set next), and the new one's lease comes with it
         leased = await self._leases.lease_for(parent_inode, self._view.path(parent_inode))
+        if leased is not None and leased.makes_dirs:
+            if name in leased.entries:
+                raise fuse_error(errno.EEXIST)
+            inos = leased.take_dir_inos()
+            if inos is not None:
+                return await self._mkdir_here(leased, parent_inode, name, path, mode,
+                                              owner, group, inos)
         with self._leases.asking():
             asked = trio.current_time()
             made = await self._client.mkdir(path, permission=mode & 0o7777, owner=owner,
@@ -293,6 +303,31 @@ class Names:
                                   asked)
         self._view.keep_fresh(named, made.parent)
         attrs = self._view.attrs(made.status)
+        self._view.remember(attrs.st_ino, path)
+        self._view.note_made(parent_inode, name)
+        self._view.note_new_dir(attrs.st_ino)
+        return attrs
+
+    async def _mkdir_here(self, leased: LeasedDir, parent_inode: int, name: bytes, path: str,
+                          mode: int, owner: str | None, group: str | None,
+                          inos: tuple[int, int, int]):
+        """mkdir(2) decided under the folder's lease (the kernel checked the caller may
+        write it; the lease knows the name is free): the folder gets an inode the grant
+        reserved and the status ``mkdirs`` would give it (the caller's owner, the folder's
+        group unless asked otherwise or the folder is setgid, which the new one keeps),
+        and this mount holds its lease from now on."""
+        folder = leased.status
+        now = time.time_ns()
+        setgid = folder.mode & stat.S_ISGID
+        status = FileStatus(
+            name=os.fsdecode(name), path=path, ino=inos[0], type="dir",
+            mode=(mode & 0o7777) | setgid, owner=owner or self._client.rpc.user,
+            group=folder.group if group is None or setgid else group,
+            mtime_ns=now, atime_ns=now, ctime_ns=now, length=0, replication=0,
+            block_size=0, symlink=None, under_construction=False, children=0)
+        await self._leases.make_dir(leased, self._view.path(parent_inode), name, status,
+                                    inos, owner=owner, group=group)
+        attrs = self._view.attrs(status)
         self._view.remember(attrs.st_ino, path)
         self._view.note_made(parent_inode, name)
         self._view.note_new_dir(attrs.st_ino)

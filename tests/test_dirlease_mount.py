@@ -252,10 +252,13 @@ def test_rm_rf_on_one_mount_while_the_other_lists(a, b):
 
 def test_changes_are_answered_while_the_metadata_server_is_stopped(tmp_path):
     """The observable difference of a held lease: with the metadata server stopped
-    (SIGSTOP), unlink and rename in a folder the mount holds return at once, a listing
-    waits for the server; after SIGCONT the server has them. A mount with ``-o
-    sync_namespace`` waits for the server at every change."""
-    with ProcessCluster(tmp_path, n_storage=1, settings=SETTINGS) as cluster:
+    (SIGSTOP), unlink, rename, rmdir and mkdir in a folder the mount holds return at once
+    (and a small file made in a folder made so), a listing waits for the server; after
+    SIGCONT the server has them. A mount with ``-o sync_namespace`` waits for the server
+    at every change."""
+    # the leases stay usable while the server is stopped for well over the test's steps
+    settings = {**SETTINGS, "dir_lease_recall_limit": 30}
+    with ProcessCluster(tmp_path, n_storage=1, settings=settings) as cluster:
         leased = Mount(cluster, "leased").start()
         sync = Mount(cluster, "sync", "-o", "sync_namespace").start()
         try:
@@ -276,6 +279,9 @@ def test_changes_are_answered_while_the_metadata_server_is_stopped(tmp_path):
                 os.unlink(leased.mp / "leased" / "f1")
                 os.rename(leased.mp / "leased" / "f2", leased.mp / "leased" / "g2")
                 os.rmdir(leased.mp / "leased" / "sub")
+                (leased.mp / "leased" / "made").mkdir()
+                (leased.mp / "leased" / "made" / "deeper").mkdir()
+                (leased.mp / "leased" / "made" / "f").write_text("made here")
                 waiter = threading.Thread(target=os.unlink, args=(sync.mp / "sync" / "f1",))
                 waiter.start()
                 waiter.join(1.0)
@@ -291,9 +297,13 @@ def test_changes_are_answered_while_the_metadata_server_is_stopped(tmp_path):
                 os.kill(meta, signal.SIGCONT)
             waiter.join(30)
             lister.join(30)
-            assert sorted(listing) == ["f3", "g2"]
+            assert sorted(listing) == ["f3", "g2", "made"]
             with cluster.client() as cli:
-                assert sorted(s.name for s in cli.list_status("/leased")) == ["f3", "g2"]
+                assert sorted(s.name for s in cli.list_status("/leased")) == \
+                    ["f3", "g2", "made"]
+                assert sorted(s.name for s in cli.list_status("/leased/made")) == \
+                    ["deeper", "f"]
+                assert cli.read_file("/leased/made/f") == b"made here"
                 assert sorted(s.name for s in cli.list_status("/sync")) == ["f2", "f3"]
         finally:
             for m in (leased, sync):
@@ -688,6 +698,68 @@ def test_a_created_files_group_follows_a_setgid_folder(cluster, a, b):
     assert os.stat(top / "f").st_gid == 1
     assert os.stat(b.mp / "sgid" / "f").st_gid == 1
     assert os.stat(top / "f").st_gid == 1
+
+
+def make_folders(top: Path) -> None:
+    """Folders made in a held folder, as a tree being extracted makes them: nested ones,
+    files in them, one removed again, one renamed, one made in a setgid folder, and a
+    mkdir of a name that exists."""
+    (top / "x").mkdir(0o750)
+    (top / "x" / "y").mkdir(0o700)
+    (top / "x" / "y" / "z").mkdir()
+    (top / "x" / "y" / "z" / "f").write_text("deep")
+    (top / "x" / "g").write_text("g")
+    (top / "gone").mkdir()
+    (top / "gone").rmdir()
+    (top / "old").mkdir()
+    (top / "old" / "in").write_text("moved along")
+    os.rename(top / "old", top / "new")
+    (top / "s").mkdir()
+    os.chown(top / "s", 0, 1)
+    os.chmod(top / "s", 0o2775)
+    (top / "s" / "t").mkdir(0o755)
+    try:
+        (top / "x").mkdir()
+    except FileExistsError:
+        (top / "x" / "eexist").write_text("EEXIST")
+    for n in range(12):
+        (top / "many" / str(n)).mkdir(parents=True)
+
+
+def folders_of(top: Path) -> dict:
+    out = {}
+    for where, folders, files in os.walk(top):
+        for name in folders + files:
+            path = Path(where) / name
+            st = os.stat(path)
+            out[str(path.relative_to(top))] = (
+                oct(st.st_mode), st.st_uid, st.st_gid,
+                None if name in folders else path.read_text())
+    return out
+
+
+def test_folders_made_here_are_what_a_local_filesystem_has(cluster, a, b, tmp_path):
+    """Folders made in a folder held here are decided here (an inode the grant reserved,
+    their own lease along) and sent afterwards: what the mount shows at once, what
+    another mount shows (its access recalls the leases), what the mount shows again from
+    the server, and the CLI client's listing all equal a local folder's outcome."""
+    local = tmp_path / "folders"
+    local.mkdir()
+    top = a.mp / "folders"
+    top.mkdir()
+    (top / "lease").write_text("x")
+    os.unlink(top / "lease")   # held from here: the mkdirs below are decided locally
+    make_folders(local)
+    make_folders(top)
+    want = folders_of(local)
+    assert folders_of(top) == want
+    assert folders_of(b.mp / "folders") == want
+    assert folders_of(top) == want
+    with cluster.client() as cli:
+        assert cli.get_file_status("/folders/s/t").group == \
+            cli.get_file_status("/folders/s").group
+        assert sorted(s.name for s in cli.list_status("/folders")) == \
+            ["many", "new", "s", "x"]
 
 
 def test_a_file_closed_on_one_mount_is_read_whole_on_the_other(a, b):

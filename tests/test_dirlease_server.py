@@ -729,3 +729,55 @@ def test_attribute_changes_through_a_batch(tmp_path):
             sub = b.get_file_status("/d/sub")
             assert (sub.mode, sub.mtime_ns, sub.ctime_ns) == (0o1750, 3 * 10**17, at)
             assert b.get_file_status("/d/moved2").atime_ns == 5
+
+
+@pytest.mark.slow
+def test_folders_made_through_a_batch_come_with_their_lease(tmp_path):
+    """``dir_batch`` mkdir: a folder made under a reserved inode id, as ``mkdirs`` makes
+    it (mode, owner, group, the holder's time), and the holder's lease on it under the
+    epoch it named (``child_epoch``), with the part of the range it handed: files are made
+    in it in the same batch, and after a restart the lease is still there. An id or a
+    range outside the lease's fails by index; a resend changes nothing."""
+    with ProcessCluster(tmp_path, n_storage=0) as cluster:
+        with cluster.client() as a, cluster.client() as b:
+            a.mkdirs("/d")
+            d = a.dir_lease_acquire("/d", want_inos=32)
+            ids = reserved(d)
+            at = time.time_ns() - 10**9
+            top, epoch = d["attrs"]["ino"], d["epoch"]
+            sub = ids[0]
+            sub_grant = {"attrs": {"ino": sub}, "epoch": dirops.child_epoch(sub)}
+            ops = [dirops.Mkdir(top, epoch, "sub", sub, 0o750, None, None, ids[1], 8, at),
+                   create(sub_grant, "f", ids[1], at),
+                   write(sub_grant, "f", ids[1], b"in sub", True, at),
+                   dirops.Mkdir(sub, dirops.child_epoch(sub), "deeper", ids[2], 0o700,
+                                None, None, 0, 0, at),
+                   dirops.Mkdir(top, epoch, "stray", ids[-1] + 1, 0o755, None, None, 0, 0,
+                                at),
+                   dirops.Mkdir(top, epoch, "wide", ids[10], 0o755, None, None, ids[20],
+                                40, at),
+                   dirops.Mkdir(top, epoch, "sub", ids[12], 0o755, None, None, 0, 0, at)]
+            answer = a.dir_batch(ops)
+            assert answer["done"] == len(ops) and answer["ended"] is None
+            assert [(f["index"], f["error"]["type"]) for f in answer["failed"]] == [
+                (4, "InvalidArgument"), (5, "InvalidArgument"), (6, "FileExists")]
+            again = a.dir_batch(ops)
+            assert again["ended"] is None and again["skipped"] == 4
+            assert [f["index"] for f in again["failed"]] == [4, 5, 6]
+            # the holder holds the new folders' leases under the epochs it named (asking
+            # again answers the lease it holds), also after a restart
+            assert a.dir_lease_acquire("/d/sub/deeper")["epoch"] == dirops.child_epoch(ids[2])
+            restart_meta(cluster)
+            again = a.dir_lease_acquire("/d/sub")
+            assert (again["epoch"], again["inos"]) == (dirops.child_epoch(sub), [ids[1], 8])
+            assert a.dir_batch([dirops.Release(ids[2], dirops.child_epoch(ids[2])),
+                                dirops.Release(sub, dirops.child_epoch(sub))])["skipped"] == 0
+            assert a.dir_lease_release("/d", epoch) is True
+            made = b.get_file_status("/d/sub")
+            assert (made.ino, made.mode, made.is_dir, made.mtime_ns) == (sub, 0o750, True, at)
+            assert (made.owner, made.group) == (b.get_file_status("/d").owner,
+                                                b.get_file_status("/d").group)
+            assert b.get_file_status("/d/sub/deeper").ino == ids[2]
+            assert b.read_file("/d/sub/f") == b"in sub"
+            assert names(b.list_status("/d")) == ["sub"]
+            assert names(b.list_status("/d/sub")) == ["deeper", "f"]

@@ -43,9 +43,11 @@ def stored_inos(value: dict) -> InoRange:
 
 @register
 class DirLeaseGrant(Op):
-    """``holder`` now holds directory ``ino``; the epoch is this record's txid. With
-    ``inos`` > 0: inode ids ``first_ino`` .. ``first_ino + inos - 1`` are reserved for the
-    files the holder creates there (``dir_batch`` create)."""
+    """``holder`` now holds directory ``ino``; the epoch is this record's txid, or
+    ``epoch`` when given (a folder the holder made under its lease, ``dir_batch`` mkdir:
+    ``fs.dirops.child_epoch``, out of the txids' range). With ``inos`` > 0: inode ids
+    ``first_ino`` .. ``first_ino + inos - 1`` are reserved for the files the holder creates
+    there (``dir_batch`` create); a made folder's come out of its parent lease's."""
     NAME = "DIR_LEASE_GRANT"
     # as lazy as the changes it covers: a holder's changes are durable at its fsync,
     # which makes the grant before them durable too
@@ -54,6 +56,7 @@ class DirLeaseGrant(Op):
     holder: str
     first_ino: int = ABSENT
     inos: int = ABSENT
+    epoch: int = ABSENT
 
     @property
     def reserved(self) -> InoRange:
@@ -61,7 +64,7 @@ class DirLeaseGrant(Op):
         return InoRange(given(self.first_ino, 0), count) if count else NO_INOS
 
     def apply(self, txn, counters):
-        epoch = counters[keys.APPLIED_TXID]
+        epoch = given(self.epoch, counters[keys.APPLIED_TXID])
         value = {"holder": self.holder, "epoch": epoch}
         reserved = self.reserved
         if reserved.count:

@@ -103,9 +103,11 @@ class NamespacePlanner:
 
     def plan_mkdirs(self, path, permission=0o755, owner=None, group=None, *,
                     create_parent: bool = True, exclusive: bool = False,
-                    now_ns: int) -> Mkdir | None:
+                    now_ns: int, chosen_ino: int | None = None) -> Mkdir | None:
         """``create_parent=False``: a missing parent is ``FileNotFound``; ``exclusive``: an
-        existing path is ``FileExists`` even when it is a directory (mkdir(2))."""
+        existing path is ``FileExists`` even when it is a directory (mkdir(2)).
+        ``chosen_ino``: the last directory's inode id, chosen by the caller (a directory
+        lease holder's mkdir, as ``plan_create``'s); refused when that id is in use."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         permission = check_mode(permission, f"mkdirs {canonical}: permission")
@@ -120,7 +122,19 @@ class NamespacePlanner:
                                f"does not exist")
         self.check_parent_dir(canonical, found)
         owner, group = self._owner_group(owner, group, found[-1][1])
-        dirs = self._missing_dirs(parts, found, len(parts), permission, owner, group)
+        if chosen_ino is not None:
+            if len(found) != len(parts):
+                raise InvalidArgument(f"mkdirs {canonical}: a chosen inode id makes one "
+                                      f"directory, in an existing parent")
+            chosen = check_int(chosen_ino, f"mkdirs {canonical}: inode", low=1)
+            if self._view.get_inode(chosen) is not None:
+                raise InvalidArgument(f"cannot make {canonical} as inode {chosen}: an inode "
+                                      f"with that id exists")
+            dirs = [{"parent": found[-1][0], "name": parts[-1], "ino": chosen,
+                     "mode": permission | (found[-1][1].mode or 0) & SETGID,
+                     "owner": owner, "group": group}]
+        else:
+            dirs = self._missing_dirs(parts, found, len(parts), permission, owner, group)
         for d in dirs[:-1]:
             d["mode"] |= 0o300   # parents stay writable and searchable by the owner
         self._quota.check_quota(found[-1][0], len(dirs), 0)

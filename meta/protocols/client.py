@@ -150,7 +150,9 @@ class ClientProtocol:
         trip). ``dir_lease`` (a client name; with ``exclusive`` and ``want_status``): the
         answer also holds ``lease``, the new directory's write lease for that client, as
         ``dir_lease_acquire`` answers it (a mount changing a tree keeps changing it), with
-        up to ``dir_lease_inos`` inode ids reserved (its ``want_inos``)."""
+        up to ``dir_lease_inos`` inode ids reserved (its ``want_inos``). A directory lease
+        holder's batched mkdir (``dir_batch``) comes with its inode id chosen
+        (``ctx.extra[CHOSEN_INO]``) and its own time."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_bool(create_parent, f"mkdirs {canonical}: create_parent")
@@ -165,10 +167,10 @@ class ClientProtocol:
                                             ancestor=WRITE if len(chain) <= len(parts) else 0)
             new_owner, new_group = self.access.new_owner(ctx, f"mkdirs {canonical}", canonical,
                                                          owner, group)
-            _, wall = self._now()
             plan = self.ns.planner.plan_mkdirs(canonical, permission, new_owner, new_group,
-                                       create_parent=create_parent, exclusive=exclusive,
-                                       now_ns=wall)
+                                               create_parent=create_parent, exclusive=exclusive,
+                                               now_ns=self._wall(ctx),
+                                               chosen_ino=ctx.extra.get(CHOSEN_INO))
             await self.edits.log_plan(plan, durable=ctx.sync_metadata)
             return self.ns.view.changed(canonical) if want_status else True
         # refused before the directory is made, not after

@@ -492,7 +492,7 @@ class DirLeases:
         close was applied too), and a close when the file holds exactly its content
         (``closed_with``, complete's own retry rule; with other content it is not taken
         for a resend, and its ``complete`` says what is wrong)."""
-        if isinstance(change, dirops.Create):
+        if isinstance(change, (dirops.Create, dirops.Mkdir)):
             if self.view.lookup(change.dir, change.name) == change.ino:
                 return True
             if self.view.get_inode(change.ino) is None:
@@ -539,6 +539,8 @@ class DirLeases:
             await self._give_back(ctx, holder, change.ino, change.ino_epoch)
         elif isinstance(change, dirops.Create):
             await self._create(ctx, holder, change, lease, folder, path, whole)
+        elif isinstance(change, dirops.Mkdir):
+            await self._mkdir(ctx, holder, change, lease, folder, path)
         elif isinstance(change, dirops.Write):
             await self._write(ctx, holder, change, path)
         elif isinstance(change, dirops.SetAttr):
@@ -568,6 +570,30 @@ class DirLeases:
             "path": path, "client_name": holder, "overwrite": False, "create_parent": False,
             "permission": change.permission, "owner": change.owner, "group": change.group,
             "replication": change.replication, "block_size": change.block_size})
+
+    async def _mkdir(self, ctx, holder: str, change: dirops.Mkdir, lease: DirLease,
+                     folder: str, path: str) -> None:
+        """A folder the holder made: ``mkdirs`` (exclusive, no missing parents) as the
+        holder, with the inode id its lease reserved, then the holder's lease on it under
+        the epoch it named (``child_epoch``), with the part of the parent lease's range
+        the change hands it. Journaled after the folder: a crash between leaves the folder
+        unleased, and the holder's later changes in it are refused (a prefix)."""
+        child = InoRange(change.first_ino, change.inos) if change.inos else NO_INOS
+        inside = change.ino in lease.inos and change.ino not in child and (
+            not child.count or (child.first in lease.inos
+                                and child.first + child.count - 1 in lease.inos))
+        if not inside:
+            raise InvalidArgument(
+                f"dir_batch: mkdir {path}: inode {change.ino} and the new folder's range "
+                f"{child} must be disjoint parts of the lease's (epoch {lease.epoch}) on "
+                f"{folder} (reserved: {lease.inos})")
+        ctx = dataclasses.replace(ctx, extra={**ctx.extra, dirops.CHOSEN_INO: change.ino})
+        await self.dispatch(ctx, "mkdirs", {
+            "path": path, "permission": change.permission, "owner": change.owner,
+            "group": change.group, "create_parent": False, "exclusive": True})
+        grant = DirLeaseGrant(ino=change.ino, holder=holder, epoch=change.lease_epoch, **(
+            {"first_ino": child.first, "inos": child.count} if child.count else {}))
+        await self.edits.log_plan(grant)
 
     async def _write(self, ctx, holder: str, change: dirops.Write, path: str) -> None:
         """A small file's whole content, inline: ``complete`` with it (``close``; a close
