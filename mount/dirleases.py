@@ -98,10 +98,9 @@ GATHER = 0.005
 #: inode numbers a grant is asked to reserve for the files this mount creates under it
 #: (unused ones are only a gap in the numbering)
 INOS_PER_GRANT = 1024
-#: the most of them a folder made here takes along for its own lease, and the fewest a
-#: lease must have left to make a folder here (else it is made by a call)
+#: the ids a folder made here takes along for its own lease out of its parent's range,
+#: while the parent keeps at least as many (else the server reserves fresh ones for it)
 CHILD_INOS = 256
-MIN_DIR_INOS = 8
 
 
 #: the metadata server's calls that change nothing: they wait for the queue only when
@@ -153,6 +152,8 @@ class LeasedDir:
     # them)
     sets_attrs: bool = False
     makes_dirs: bool = False
+    # made here: the server hands its reserved ids with the answer to its mkdir
+    awaiting_inos: bool = False
     # trio time the grant was asked for, and how long after the mount last heard from
     # the server the lease may decide anything (``DirLeaseHolder.usable``)
     asked_at: float = 0.0
@@ -166,18 +167,19 @@ class LeasedDir:
         return self.next_ino - 1
 
     def take_dir_inos(self) -> tuple[int, int, int] | None:
-        """For a folder made here: its inode number and the part of the range its own lease
-        gets (first, count: a quarter of what is left, at most ``CHILD_INOS``), or None
-        when too few are left (make it by a call, which brings a fresh range)."""
+        """For a folder made here: its inode number and the ids its own lease gets: ``first,
+        count`` out of this range (``CHILD_INOS``, from its far end) while it keeps as
+        many for itself, else ``0, INOS_PER_GRANT``: the server reserves them when it
+        makes the folder and answers them. None when no id is left (make it by a call)."""
         left = self.end_ino - self.next_ino
-        if left < MIN_DIR_INOS:
+        if left < 1:
             return None
         ino = self.next_ino
-        count = min(CHILD_INOS, (left - 1) // 4)
-        first = self.end_ino - count   # from the far end: the folder's own files keep theirs
         self.next_ino += 1
-        self.end_ino -= count
-        return ino, first, count
+        if left > 2 * CHILD_INOS:
+            self.end_ino -= CHILD_INOS
+            return ino, self.end_ino, CHILD_INOS
+        return ino, 0, INOS_PER_GRANT
 
     def closed_here(self, close: dirops.Write) -> None:
         """A file made here was closed with ``close`` (queued): its entry is what the
@@ -533,9 +535,11 @@ class DirLeaseHolder:
         now = self.changed(leased, children=1, subdirs=1, now=status.mtime_ns)
         change = dirops.Mkdir(leased.ino, leased.epoch, os.fsdecode(name), ino,
                               status.mode, owner, group, first, count, now)
+        own = first + count if first else 0
         child = LeasedDir(ino, ino, change.lease_epoch, status, {},
-                          used=trio.current_time(), next_ino=first, end_ino=first + count,
+                          used=trio.current_time(), next_ino=first, end_ino=own,
                           sets_attrs=leased.sets_attrs, makes_dirs=leased.makes_dirs,
+                          awaiting_inos=not first and count > 0,
                           asked_at=leased.asked_at, trust=leased.trust)
         self._leases[ino] = child
         self._leases_gen += 1
@@ -796,6 +800,8 @@ class DirLeaseHolder:
                 await trio.sleep(delay)
                 delay = min(2.0, delay * 2)
             self.batches += 1
+            for granted in answer.get("inos") or ():
+                self._got_inos(batch, granted)
             for failure in answer.get("failed") or ():
                 self.lost += 1
                 change = batch[failure["index"]]
@@ -806,6 +812,26 @@ class DirLeaseHolder:
                 self._drop(batch, int(answer.get("done") or 0), answer["ended"].get("message"))
             else:
                 self._ack(len(batch))
+
+    def _got_inos(self, batch: list, granted) -> None:
+        """The ids the server reserved for a folder made here (``dir_batch``'s ``inos``):
+        its lease decides creates from now on."""
+        try:
+            change = batch[granted["index"]]
+            first, count = _reserved(granted["inos"])
+        except (KeyError, IndexError, TypeError):
+            return
+        made = self._leases.get(change.ino) if isinstance(change, dirops.Mkdir) else None
+        if made is not None and made.epoch == change.lease_epoch and made.awaiting_inos:
+            made.next_ino, made.end_ino = first, first + count
+            made.awaiting_inos = False
+
+    async def more_inos(self, leased: LeasedDir) -> bool:
+        """Wait for the ids of a folder made here (its mkdir's answer); whether it got
+        some."""
+        if leased.awaiting_inos:
+            await self.flush()
+        return leased.next_ino < leased.end_ino
 
     def _end_after_loss(self, change: dirops.DirOp) -> None:
         """A change the server refused: the leases it was decided under no longer say what
@@ -832,7 +858,7 @@ class DirLeaseHolder:
         """``batch`` sent one change per call: a ``dir_batch`` answer for all of it (an
         error that may pass is raised: the whole batch is sent again, and what was
         applied already is skipped as a resend)."""
-        failed = []
+        failed, granted = [], []
         for index, change in enumerate(batch):
             try:
                 answer = await self._client.dir_batch([change])
@@ -842,9 +868,11 @@ class DirLeaseHolder:
                 failed.append({"index": index, "error": exc.to_wire()})
                 continue
             failed += [{**f, "index": index} for f in answer.get("failed") or ()]
+            granted += [{**g, "index": index} for g in answer.get("inos") or ()]
             if answer.get("ended") is not None:
-                return {"done": index, "failed": failed, "ended": answer["ended"]}
-        return {"done": len(batch), "failed": failed, "ended": None}
+                return {"done": index, "failed": failed, "ended": answer["ended"],
+                        "inos": granted}
+        return {"done": len(batch), "failed": failed, "ended": None, "inos": granted}
 
     def _ack(self, count: int) -> None:
         self._in_flight = 0
@@ -955,5 +983,5 @@ class DirLeaseHolder:
 
 
 __all__ = ["DirLeaseHolder", "LeasedDir", "IDLE_FOR", "INOS_PER_GRANT", "QUEUE_LIMIT",
-           "CHILD_INOS", "MIN_DIR_INOS",
+           "CHILD_INOS",
            "REFUSED_FOR"]

@@ -288,6 +288,12 @@ class Names:
         if leased is not None and leased.makes_dirs:
             if name in leased.entries:
                 raise fuse_error(errno.EEXIST)
+            if leased.awaiting_inos and await self._leases.more_inos(leased):
+                leased = await self._leases.lease_for(parent_inode,
+                                                      self._view.path(parent_inode))
+        if leased is not None and leased.makes_dirs:
+            if name in leased.entries:
+                raise fuse_error(errno.EEXIST)
             inos = leased.take_dir_inos()
             if inos is not None:
                 return await self._mkdir_here(leased, parent_inode, name, path, mode,

@@ -756,14 +756,24 @@ def test_folders_made_through_a_batch_come_with_their_lease(tmp_path):
                                 at),
                    dirops.Mkdir(top, epoch, "wide", ids[10], 0o755, None, None, ids[20],
                                 40, at),
-                   dirops.Mkdir(top, epoch, "sub", ids[12], 0o755, None, None, 0, 0, at)]
+                   dirops.Mkdir(top, epoch, "sub", ids[12], 0o755, None, None, 0, 0, at),
+                   # fresh ids for the new folder's lease, reserved by the server
+                   dirops.Mkdir(top, epoch, "fresh", ids[13], 0o755, None, None, 0, 100,
+                                at)]
             answer = a.dir_batch(ops)
             assert answer["done"] == len(ops) and answer["ended"] is None
             assert [(f["index"], f["error"]["type"]) for f in answer["failed"]] == [
                 (4, "InvalidArgument"), (5, "InvalidArgument"), (6, "FileExists")]
+            [granted] = answer["inos"]
+            first, count = granted["inos"]
+            assert granted["index"] == 7 and count == 100 and first > ids[-1]
             again = a.dir_batch(ops)
-            assert again["ended"] is None and again["skipped"] == 4
+            assert again["ended"] is None and again["skipped"] == 5
             assert [f["index"] for f in again["failed"]] == [4, 5, 6]
+            assert again["inos"] == answer["inos"]   # the same ids for a resend
+            fresh = {"attrs": {"ino": ids[13]}, "epoch": dirops.child_epoch(ids[13])}
+            assert a.dir_batch([create(fresh, "x", first, at),
+                                write(fresh, "x", first, b"x", True, at)])["failed"] == []
             # the holder holds the new folders' leases under the epochs it named (asking
             # again answers the lease it holds), also after a restart
             assert a.dir_lease_acquire("/d/sub/deeper")["epoch"] == dirops.child_epoch(ids[2])
@@ -771,6 +781,7 @@ def test_folders_made_through_a_batch_come_with_their_lease(tmp_path):
             again = a.dir_lease_acquire("/d/sub")
             assert (again["epoch"], again["inos"]) == (dirops.child_epoch(sub), [ids[1], 8])
             assert a.dir_batch([dirops.Release(ids[2], dirops.child_epoch(ids[2])),
+                                dirops.Release(ids[13], dirops.child_epoch(ids[13])),
                                 dirops.Release(sub, dirops.child_epoch(sub))])["skipped"] == 0
             assert a.dir_lease_release("/d", epoch) is True
             made = b.get_file_status("/d/sub")
@@ -779,5 +790,6 @@ def test_folders_made_through_a_batch_come_with_their_lease(tmp_path):
                                                 b.get_file_status("/d").group)
             assert b.get_file_status("/d/sub/deeper").ino == ids[2]
             assert b.read_file("/d/sub/f") == b"in sub"
-            assert names(b.list_status("/d")) == ["sub"]
+            assert names(b.list_status("/d")) == ["fresh", "sub"]
             assert names(b.list_status("/d/sub")) == ["deeper", "f"]
+            assert b.read_file("/d/fresh/x") == b"x"

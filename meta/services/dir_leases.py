@@ -405,6 +405,8 @@ class DirLeases:
         them; ``{done, skipped, failed: [{index, error}], ended}``.
 
         1. Read every change (a malformed one refuses the whole batch, nothing applied).
+           A ``mkdir`` that asks for fresh ids (``inos: [0, count]``) gets them in the
+           answer (``inos: [{index, inos: [first, count]}]``, also for a resend).
         2. One batch of a holder at a time (a batch resent while its first send still
            runs waits, then finds its changes applied).
         3. For each change: one applied before (a resend, ``_resent``) is skipped. Else
@@ -465,7 +467,23 @@ class DirLeases:
         if ctx.sync_metadata:
             await self.edits.sync()
         self.renewed(holder)
-        return {"done": done, "skipped": skipped, "failed": failed, "ended": ended}
+        answer = {"done": done, "skipped": skipped, "failed": failed, "ended": ended}
+        granted = self._granted_inos(holder, changes[:done])
+        if granted:
+            answer["inos"] = granted
+        return answer
+
+    def _granted_inos(self, holder: str, changes: list) -> list[dict]:
+        """The fresh ids the folders made by ``changes`` (``mkdir`` asking for them) got
+        with their leases, by index."""
+        out = []
+        for index, change in enumerate(changes):
+            if isinstance(change, dirops.Mkdir) and change.inos and not change.first_ino:
+                lease = self.table.lease_of(change.ino)
+                if lease is not None and lease.holder == holder \
+                        and lease.epoch == change.lease_epoch:
+                    out.append({"index": index, "inos": lease.inos.to_wire()})
+        return out
 
     async def _give_back(self, ctx, holder: str, ino: int, epoch: int) -> bool:
         """End ``holder``'s lease ``epoch`` on ``ino`` if it still holds it (journaled as
@@ -578,7 +596,9 @@ class DirLeases:
         the epoch it named (``child_epoch``), with the part of the parent lease's range
         the change hands it. Journaled after the folder: a crash between leaves the folder
         unleased, and the holder's later changes in it are refused (a prefix)."""
-        child = InoRange(change.first_ino, change.inos) if change.inos else NO_INOS
+        fresh = change.inos and not change.first_ino
+        child = InoRange(change.first_ino, change.inos) if change.inos and not fresh \
+            else NO_INOS
         inside = change.ino in lease.inos and change.ino not in child and (
             not child.count or (child.first in lease.inos
                                 and child.first + child.count - 1 in lease.inos))
@@ -591,6 +611,8 @@ class DirLeases:
         await self.dispatch(ctx, "mkdirs", {
             "path": path, "permission": change.permission, "owner": change.owner,
             "group": change.group, "create_parent": False, "exclusive": True})
+        if fresh:   # ids of the allocator's, as a grant reserves them (none under a quota)
+            child = self._reserve(change.ino, min(change.inos, MAX_RESERVED_INOS))
         grant = DirLeaseGrant(ino=change.ino, holder=holder, epoch=change.lease_epoch, **(
             {"first_ino": child.first, "inos": child.count} if child.count else {}))
         await self.edits.log_plan(grant)
