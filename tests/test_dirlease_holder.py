@@ -193,14 +193,20 @@ class Polled:
         return {"done": len(batch), "skipped": 0, "failed": [], "ended": None}
 
 
+def polled_holder(epoch: int) -> tuple[Polled, DirLeaseHolder]:
+    """A holder of a lease ``epoch`` on /d (recall limit 10 s) and its ``Polled`` server."""
+    server = Polled()
+    held = holder(server)
+    held.adopt(FOLDER, grant(epoch, recall_limit=10.0), trio.current_time())
+    return server, held
+
+
 def test_a_lease_the_server_ended_answers_nothing_more_and_the_end_is_acknowledged():
     """The server ended the lease without the mount giving it back (a recall that did not
     reach it): once the poll brings the end, nothing is decided or answered from it, and
     the next poll acknowledges the event, so the server stops sending it."""
     async def main():
-        server = Polled()
-        held = holder(server)
-        held.adopt(FOLDER, grant(7, recall_limit=10.0), trio.current_time())
+        server, held = polled_holder(7)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(held.run)
             assert held.held(FOLDER) is not None
@@ -225,9 +231,7 @@ def test_a_lease_not_heard_of_for_its_trust_decides_nothing_until_a_poll_answers
     monkeypatch.setattr(dirleases, "IDLE_FOR", 1000.0)   # held unused throughout
 
     async def main():
-        server = Polled()
-        held = holder(server)
-        held.adopt(FOLDER, grant(8, recall_limit=10.0), trio.current_time())
+        server, held = polled_holder(8)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(held.run)
             # fixed-sleep: the times are the subject (the mock clock jumps them)

@@ -522,6 +522,10 @@ def test_a_lease_the_mount_did_not_know_of_is_given_back_at_its_recall(tmp_path)
         try:
             (m.mp / "d").mkdir()
             (m.mp / "d" / "f").write_text("f")
+            # on the server before the impostor, which as the same client recalls nothing
+            fd = os.open(m.mp / "d", os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
             holder = mount_client_name(str(m.mp)).rsplit("-", 1)[0] + f"-{m.proc.pid}"
             with Client(cluster.meta_address, config=cluster.config(),
                         client_name=holder) as impostor:
@@ -604,24 +608,38 @@ def facts_of(top: Path) -> dict:
     return out
 
 
+def agree_with_local(a: Mount, b: Mount, tmp_path: Path, name: str, make, facts,
+                     prepare=None):
+    """``make`` run on a local folder and on folder ``name`` of mount A, which holds it
+    (its first change took the lease: what ``make`` does there is decided here): what A
+    shows at once, what B shows (its access recalls A's leases) and what A shows again
+    from the server all equal the local outcome, which is returned. ``prepare`` runs on
+    both first, before the lease."""
+    local = tmp_path / name
+    local.mkdir()
+    top = a.mp / name
+    top.mkdir()
+    if prepare is not None:
+        prepare(local)
+        prepare(top)
+    (top / "lease").write_text("x")
+    os.unlink(top / "lease")   # held from here
+    make(local)
+    make(top)
+    want = facts(local)
+    assert facts(top) == want                     # answered here, maybe queued
+    assert facts(b.mp / name) == want             # B's access recalls A's lease
+    assert facts(top) == want                     # A again, from the server now
+    return want
+
+
 def test_files_created_here_are_what_a_local_filesystem_has(cluster, a, b, tmp_path):
     """Files created in a folder held here are decided here (an inode the grant reserved)
     and sent afterwards with their content: what the creating mount shows at once, what
     it shows after its lease was recalled, what another mount and the CLI client read,
     all equal a local folder's outcome of the same calls; owner and group are the ones a
     create call gives."""
-    local = tmp_path / "local"
-    local.mkdir()
-    top = a.mp / "created"
-    top.mkdir()
-    (top / "lease").write_text("x")
-    os.unlink(top / "lease")   # held from here: every create below is decided locally
-    make_files(local)
-    make_files(top)
-    want = facts_of(local)
-    assert facts_of(top) == want                      # answered here, maybe queued
-    assert facts_of(b.mp / "created") == want         # B's listing recalls A's lease
-    assert facts_of(top) == want                      # A again, from the server now
+    want = agree_with_local(a, b, tmp_path, "created", make_files, facts_of)
     with cluster.client() as cli:
         for status in cli.list_status("/created"):
             assert cli.read_file(status.path) == want[status.name]["data"], status.name
@@ -647,16 +665,21 @@ def set_attributes(top: Path) -> None:
     os.utime(top / "old", ns=(5 * 10**17, 6 * 10**17))
 
 
-def attributes_of(top: Path) -> dict:
+def walked(top: Path, fact) -> dict:
+    """``fact(path, its stat, whether it is a folder)`` of every entry below ``top``, by
+    its path relative to ``top``."""
     out = {}
     for where, folders, files in os.walk(top):
         for name in folders + files:
             path = Path(where) / name
-            st = os.stat(path)
-            out[str(path.relative_to(top))] = (oct(st.st_mode), st.st_mtime_ns,
-                                               None if name in folders else st.st_size,
-                                               st.st_uid, st.st_gid)
+            out[str(path.relative_to(top))] = fact(path, os.stat(path), name in folders)
     return out
+
+
+def attributes_of(top: Path) -> dict:
+    return walked(top, lambda path, st, folder: (
+        oct(st.st_mode), st.st_mtime_ns, None if folder else st.st_size, st.st_uid,
+        st.st_gid))
 
 
 def test_attributes_set_here_are_what_a_local_filesystem_has(cluster, a, b, tmp_path):
@@ -664,20 +687,8 @@ def test_attributes_set_here_are_what_a_local_filesystem_has(cluster, a, b, tmp_
     queued: what the mount shows at once, what another mount shows (its access recalls
     the lease), what the CLI client reads and what the mount shows again from the server
     all equal a local folder's outcome of the same calls."""
-    local = tmp_path / "attrs"
-    local.mkdir()
-    (local / "old").write_text("o")
-    top = a.mp / "attrs"
-    top.mkdir()
-    (top / "old").write_text("o")
-    (top / "lease").write_text("x")
-    os.unlink(top / "lease")   # held from here
-    set_attributes(local)
-    set_attributes(top)
-    want = attributes_of(local)
-    assert attributes_of(top) == want
-    assert attributes_of(b.mp / "attrs") == want
-    assert attributes_of(top) == want
+    want = agree_with_local(a, b, tmp_path, "attrs", set_attributes, attributes_of,
+                            prepare=lambda top: (top / "old").write_text("o"))
     with cluster.client() as cli:
         for name, (mode, mtime, _, _, _) in want.items():
             status = cli.get_file_status(f"/attrs/{name}")
@@ -727,15 +738,8 @@ def make_folders(top: Path) -> None:
 
 
 def folders_of(top: Path) -> dict:
-    out = {}
-    for where, folders, files in os.walk(top):
-        for name in folders + files:
-            path = Path(where) / name
-            st = os.stat(path)
-            out[str(path.relative_to(top))] = (
-                oct(st.st_mode), st.st_uid, st.st_gid,
-                None if name in folders else path.read_text())
-    return out
+    return walked(top, lambda path, st, folder: (
+        oct(st.st_mode), st.st_uid, st.st_gid, None if folder else path.read_text()))
 
 
 def test_folders_made_here_are_what_a_local_filesystem_has(cluster, a, b, tmp_path):
@@ -743,18 +747,7 @@ def test_folders_made_here_are_what_a_local_filesystem_has(cluster, a, b, tmp_pa
     their own lease along) and sent afterwards: what the mount shows at once, what
     another mount shows (its access recalls the leases), what the mount shows again from
     the server, and the CLI client's listing all equal a local folder's outcome."""
-    local = tmp_path / "folders"
-    local.mkdir()
-    top = a.mp / "folders"
-    top.mkdir()
-    (top / "lease").write_text("x")
-    os.unlink(top / "lease")   # held from here: the mkdirs below are decided locally
-    make_folders(local)
-    make_folders(top)
-    want = folders_of(local)
-    assert folders_of(top) == want
-    assert folders_of(b.mp / "folders") == want
-    assert folders_of(top) == want
+    agree_with_local(a, b, tmp_path, "folders", make_folders, folders_of)
     with cluster.client() as cli:
         assert cli.get_file_status("/folders/s/t").group == \
             cli.get_file_status("/folders/s").group
