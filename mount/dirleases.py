@@ -424,6 +424,12 @@ class DirLeaseHolder:
         out = []
         for name in sorted(leased.entries):
             entry = leased.entries[name]
+            if entry.is_dir:
+                # a folder held here too: its own lease has its attributes (the changes
+                # in it moved its times since this entry was made)
+                below = self._leases.get(entry.ino)
+                if below is not None and below.ino == entry.ino and self.usable(below):
+                    entry = below.status
             text = os.fsdecode(name)
             if entry.name != text:   # renamed here: the lease keeps its status as it was
                 entry = dataclasses.replace(

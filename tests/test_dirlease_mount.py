@@ -755,6 +755,28 @@ def test_folders_made_here_are_what_a_local_filesystem_has(cluster, a, b, tmp_pa
             ["many", "new", "s", "x"]
 
 
+def test_a_folder_made_here_is_listed_with_the_times_its_changes_gave_it(cluster, a):
+    """A folder made and changed here is held here with its parent: a listing of the
+    parent (readdirplus hands the kernel every entry's attributes) shows the folder's
+    times as the changes in it set them, as a stat and the server do (tar compares a
+    folder's stat before and after reading it: "file changed as we read it")."""
+    top = a.mp / "listed"
+    top.mkdir()
+    (top / "lease").write_text("x")
+    os.unlink(top / "lease")   # held from here
+    (top / "c").mkdir()
+    made = os.stat(top / "c").st_mtime_ns
+    (top / "c" / "f").write_bytes(b"f" * 100)
+    changed = os.stat(top / "c").st_mtime_ns
+    assert changed > made
+    listed = {entry.name: entry.stat(follow_symlinks=False).st_mtime_ns
+              for entry in os.scandir(top)}
+    assert listed == {"c": changed}
+    assert os.stat(top / "c").st_mtime_ns == changed
+    with cluster.client() as cli:
+        assert cli.get_file_status("/listed/c").mtime_ns == changed
+
+
 def test_a_file_closed_on_one_mount_is_read_whole_on_the_other(a, b):
     """close-to-open across mounts: each file A creates and closes in a folder it holds
     is read whole by B right after (B's open recalls A's lease, which sends the create
