@@ -159,7 +159,6 @@ def access_paths(method: str, args: dict) -> list[str]:
     return out
 
 
-
 def _acked(ack) -> set[tuple[int, str]]:
     """``dir_lease_events``' ``ack`` as a set of ``(epoch, kind)``; malformed pairs are
     left out (their events are answered again, which the holder ignores)."""
@@ -171,6 +170,7 @@ def _acked(ack) -> set[tuple[int, str]]:
     return {(pair[0], pair[1]) for pair in ack[:MAX_EVENTS]
             if isinstance(pair, (list, tuple)) and len(pair) == 2
             and isinstance(pair[0], int) and isinstance(pair[1], str)}
+
 
 class DirLeases:
     def __init__(self, *, table: DirLeaseTable, view: NamespaceView, edits: Edits,
