@@ -615,7 +615,7 @@ class DirLeases:
             child = self._reserve(change.ino, min(change.inos, MAX_RESERVED_INOS))
         grant = DirLeaseGrant(ino=change.ino, holder=holder, epoch=change.lease_epoch, **(
             {"first_ino": child.first, "inos": child.count} if child.count else {}))
-        await self.edits.log_plan(grant)
+        await self.edits.log_plan(grant, durable=ctx.sync_metadata)
 
     async def _write(self, ctx, holder: str, change: dirops.Write, path: str) -> None:
         """A small file's whole content, inline: ``complete`` with it (``close``; a close
