@@ -832,12 +832,16 @@ class DirLeaseHolder:
             made.next_ino, made.end_ino = first, first + count
             made.awaiting_inos = False
 
-    async def more_inos(self, leased: LeasedDir) -> bool:
-        """Wait for the ids of a folder made here (its mkdir's answer); whether it got
-        some."""
-        if leased.awaiting_inos:
+    async def lease_to_make(self, kernel_ino: int, path: str,
+                            name: bytes) -> LeasedDir | None:
+        """``lease_for``, for a create or mkdir of ``name``: in a folder made here whose
+        ids are still on their way (its mkdir's answer), first waits for them."""
+        leased = await self.lease_for(kernel_ino, path)
+        if leased is not None and leased.awaiting_inos and name not in leased.entries:
             await self.flush()
-        return leased.next_ino < leased.end_ino
+            if leased.next_ino < leased.end_ino:
+                leased = await self.lease_for(kernel_ino, path)
+        return leased
 
     def _end_after_loss(self, change: dirops.DirOp) -> None:
         """A change the server refused: the leases it was decided under no longer say what

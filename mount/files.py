@@ -68,12 +68,8 @@ class Files:
         named = self._view.named
         owner, group = new_owner(ctx)
         chosen = self._file_settings
-        leased = await self._leases.lease_for(parent_inode, self._view.path(parent_inode))
-        if leased is not None and leased.awaiting_inos and name not in leased.entries:
-            # a folder made here: its ids come with its mkdir's answer
-            if await self._leases.more_inos(leased):
-                leased = await self._leases.lease_for(parent_inode,
-                                                      self._view.path(parent_inode))
+        leased = await self._leases.lease_to_make(parent_inode, self._view.path(parent_inode),
+                                                  name)
         if leased is not None:
             if name in leased.entries:
                 if flags & os.O_EXCL:

@@ -284,13 +284,8 @@ class Names:
         # one call: EEXIST, ENOENT (parent gone) and ENOTDIR come from the server; the
         # folder is held here from now on (as for a create: a tree being made, whose
         # entries' attributes are set next), and the new one's lease comes with it
-        leased = await self._leases.lease_for(parent_inode, self._view.path(parent_inode))
-        if leased is not None and leased.makes_dirs:
-            if name in leased.entries:
-                raise fuse_error(errno.EEXIST)
-            if leased.awaiting_inos and await self._leases.more_inos(leased):
-                leased = await self._leases.lease_for(parent_inode,
-                                                      self._view.path(parent_inode))
+        leased = await self._leases.lease_to_make(parent_inode, self._view.path(parent_inode),
+                                                  name)
         if leased is not None and leased.makes_dirs:
             if name in leased.entries:
                 raise fuse_error(errno.EEXIST)
@@ -308,7 +303,11 @@ class Names:
                 self._leases.adopt(self._view.kernel_ino(made.status.ino), made.lease,
                                   asked)
         self._view.keep_fresh(named, made.parent)
-        attrs = self._view.attrs(made.status)
+        return self._made_dir(parent_inode, name, path, made.status)
+
+    def _made_dir(self, parent_inode: int, name: bytes, path: str, status: FileStatus):
+        """The kernel's view of folder ``name`` just made in ``parent_inode``: its attrs."""
+        attrs = self._view.attrs(status)
         self._view.remember(attrs.st_ino, path)
         self._view.note_made(parent_inode, name)
         self._view.note_new_dir(attrs.st_ino)
@@ -333,11 +332,7 @@ class Names:
             block_size=0, symlink=None, under_construction=False, children=0)
         await self._leases.make_dir(leased, self._view.path(parent_inode), name, status,
                                     inos, owner=owner, group=group)
-        attrs = self._view.attrs(status)
-        self._view.remember(attrs.st_ino, path)
-        self._view.note_made(parent_inode, name)
-        self._view.note_new_dir(attrs.st_ino)
-        return attrs
+        return self._made_dir(parent_inode, name, path, status)
 
     async def rmdir(self, parent_inode, name):
         path = self._view.child(parent_inode, name)
