@@ -198,6 +198,15 @@ class AsyncOutputStream:
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
         total = len(view)
+        if not self._lock.locked() and self._error is None and not self._closed \
+                and len(self._buf) + total < self.packet_size \
+                and self._buf_start + len(self._buf) + total < self.block_size:
+            # it fits in the packet being gathered: nothing is sent, nothing can stall (a
+            # tree's small files are written in a few of these)
+            self._buf += view
+            self._pos += total
+            self._unpublished = total > 0 or self._unpublished
+            return total
         async with self._lock:
             self._check_writable()
             try:

@@ -261,6 +261,10 @@ class DirLeaseHolder:
         self.local_changes = 0
 
     # ------------------------------------------------------------------ decisions
+    def holds(self, kernel_ino: int) -> bool:
+        """Whether this mount has a lease on directory ``kernel_ino`` (usable or not)."""
+        return kernel_ino in self._leases
+
     def held(self, kernel_ino: int) -> LeasedDir | None:
         """The lease on directory ``kernel_ino`` if changes there may be decided here."""
         leased = self._leases.get(kernel_ino)
@@ -301,9 +305,9 @@ class DirLeaseHolder:
 
     def _at(self, path: str) -> LeasedDir | None:
         """The lease on the folder at ``path`` (being given back too), or None: from an
-        index by path, rebuilt only after a lease came or went or a path changed (a tree
-        being extracted asks for every file, mostly of folders not held, and a scan of
-        the leases each time grows with the tree)."""
+        index by path, rebuilt only after a lease came or went or a held folder's path
+        may have changed (``paths_gen``; a tree being extracted asks for every file, and a
+        scan of the leases each time grows with the tree)."""
         key = (self._leases_gen, self._paths_gen())
         if key != self._by_path_key:
             self._by_path = {}

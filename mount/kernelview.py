@@ -60,6 +60,7 @@ import logging
 import os
 import pwd
 import stat
+from collections.abc import Callable
 
 import pyfuse3
 import trio
@@ -142,8 +143,10 @@ class KernelView:
         self._misses: dict[tuple[str, bytes], float] = {}
         self._uid_cache: dict[str, int] = {}
         self._gid_cache: dict[str, int] = {}
-        # bumped whenever a known inode's path changes or it is dropped (``paths_gen``)
+        # bumped whenever the path of a watched inode (``watch_paths``) may have changed
+        # (``paths_gen``)
         self._paths_gen = 0
+        self._watched: Callable[[int], bool] = lambda ino: True
 
     @property
     def named(self) -> int:
@@ -152,9 +155,15 @@ class KernelView:
 
     @property
     def paths_gen(self) -> int:
-        """The generation of the inode table's paths: whoever indexes inodes by path
+        """The generation of the watched inodes' paths: whoever indexes them by path
         rebuilds the index when it changed."""
         return self._paths_gen
+
+    def watch_paths(self, watched: Callable[[int], bool]) -> None:
+        """Bump ``paths_gen`` only for the inodes ``watched`` says (and a folder's move,
+        which moves what is below it): the directory leases index their folders by path,
+        and a tree's files coming and going must not rebuild that index each time."""
+        self._watched = watched
 
     @property
     def listing_gen(self) -> int:
@@ -196,7 +205,8 @@ class KernelView:
             node.lookups -= nlookup
             if node.lookups <= 0 and self._open_files.get(ino) is None:
                 del self._nodes[ino]
-                self._paths_gen += 1
+                if self._watched(ino):
+                    self._paths_gen += 1
                 self._read_stamps.pop(ino, None)
                 for ns, k in list(self._alias.items()):
                     if k == ino:
@@ -207,19 +217,22 @@ class KernelView:
         node = self._nodes.get(ino)
         if node is not None and node.lookups <= 0 and ino != ROOT_INO:
             del self._nodes[ino]
-            self._paths_gen += 1
+            if self._watched(ino):
+                self._paths_gen += 1
 
     def forget_path(self, ino: int) -> None:
         """``ino`` has no name any more (removed, or replaced by a rename)."""
         node = self._nodes.get(ino)
         if node is not None:
             node.path = None
-            self._paths_gen += 1
+            if self._watched(ino):
+                self._paths_gen += 1
 
     def moved(self, ino: int, src: str, dst: str, is_dir: bool) -> None:
         """A rename here moved ``ino`` from ``src`` to ``dst``; the paths of what the
         kernel knows below a folder move too."""
-        self._paths_gen += 1
+        if is_dir or self._watched(ino):
+            self._paths_gen += 1
         node = self._nodes.get(ino)
         if node is not None:
             node.path = dst
@@ -481,6 +494,8 @@ class KernelView:
         node = self._nodes.get(ino)
         if node is None:
             node = self._nodes[ino] = Node(ino, path)
+            if self._watched(ino):
+                self._paths_gen += 1
         elif node.path != path:
             node.path = path
             self._paths_gen += 1

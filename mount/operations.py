@@ -89,6 +89,7 @@ class LeaseFS(pyfuse3.Operations):
             lambda ino: self.open_files.get(self.view.kernel_ino(ino)) is not None,
             enabled=dir_leases, timeout=client.config.rpc_timeout,
             paths_gen=lambda: self.view.paths_gen)
+        self.view.watch_paths(self.leases.holds)
         if dir_leases:
             client.barrier = self.leases.barrier
         self.metrics = MountMetrics(client, self.leases)   # counted by fuse_op (mount.errors)
