@@ -488,7 +488,8 @@ class MetaServer(Dispatcher):
         active refuses them too while it cannot vouch for its term (``sure_of_term``).
         A call naming paths first recalls another client's directory lease on them
         (``recall`` False: a holder's batched change, which names its directories by
-        inode) and is counted in flight, so a grant can wait for it."""
+        inode) and is counted in flight, so a grant can wait for it (a batched change is
+        not)."""
         ha = self.ha
         if ha is not None and method not in ANY_ROLE_METHODS:
             if ha.role is Role.ACTIVE:
@@ -506,7 +507,10 @@ class MetaServer(Dispatcher):
             return await super().dispatch(ctx, method, args)
         if recall and leases.active and (ha is None or ha.role is Role.ACTIVE):
             await leases.before_access(ctx, method, args)
-        if method not in DRAINED:   # a lease request: a grant would wait for itself
+        # a lease request (a grant would wait for itself) and a holder's batched change are
+        # not waited for: a batched change changes only folders its holder holds, and a
+        # folder being granted is held by nobody (DirLeases.acquire)
+        if method not in DRAINED or not recall:
             return await super().dispatch(ctx, method, args)
         generation = leases.enter()
         token = IN_FLIGHT.set(generation)

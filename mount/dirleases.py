@@ -342,8 +342,10 @@ class DirLeaseHolder:
         if self._refused.get(path, 0.0) > now:
             return None
         # the grant's snapshot must hold every change queued in the folder before it (an
-        # earlier lease's, given back since): changes elsewhere need not wait
-        if self._dirs[path] > 0:
+        # earlier lease's, given back since) and of the folder itself (its mode or times
+        # set from the folder above): the server does not wait for batched changes, and
+        # changes elsewhere need not wait
+        if self._dirs[path] > 0 or self._names[path] > 0:
             await self.flush()
         with self.asking():   # the answer is adopted before a recall of it is answered
             asked = trio.current_time()

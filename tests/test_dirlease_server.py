@@ -418,6 +418,48 @@ def test_a_grant_waits_for_a_change_already_past_its_access_check(tmp_path):
 
 
 
+def test_a_grant_does_not_wait_for_a_holders_batched_change(tmp_path):
+    """A holder's batched change changes only folders it holds, never one being granted:
+    the grant of /d answers while h's rename inside its /p is held up by a lock (a grant
+    waiting for it would be refused after GRANT_DRAIN_WAIT), and the rename then lands."""
+    from fs.rpc import CallContext
+    from meta.namespace.locks import LOCK_WRITE, lock_set
+
+    def ctx(client):
+        return CallContext(client_id=client, peer="127.0.0.1:5000", call_id=None)
+
+    async def main():
+        async with inprocess_meta(tmp_path) as server:
+            await server.dispatch(ctx("setup#1"), "mkdirs", {"path": "/d"})
+            await server.dispatch(ctx("setup#1"), "mkdirs", {"path": "/p/a"})
+            grant = await server.dispatch(ctx("h#2"), "dir_lease_acquire",
+                                          {"path": "/p", "client_name": "h"})
+            folder, epoch = grant["attrs"]["ino"], grant["epoch"]
+            moved = next(e["ino"] for e in grant["entries"] if e["name"] == "a")
+            move = dirops.Rename(folder, epoch, "a", moved, folder, epoch, "b", 0,
+                                 time.time_ns())
+            results = {}
+
+            async def run(name, client, method, args):
+                results[name] = await server.dispatch(ctx(client), method, args)
+
+            async with trio.open_nursery() as nursery:
+                async with server.locking.mutation("test", lock_set(["p", "a"], LOCK_WRITE)):
+                    nursery.start_soon(run, "batch", "h#2", "dir_batch",
+                                       {"client_name": "h", "ops": [move.to_wire()]})
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert "batch" not in results
+                    granted = await server.dispatch(ctx("c#3"), "dir_lease_acquire",
+                                                    {"path": "/d", "client_name": "c"})
+                    assert granted["epoch"] is not None, granted.get("reason")
+                    assert "batch" not in results, "the rename was not held up"
+            assert results["batch"]["done"] == 1 and not results["batch"]["failed"]
+            listed = await server.dispatch(ctx("h#2"), "list_status", {"path": "/p"})
+            assert [e["name"] for e in listed["entries"]] == ["b"]
+
+    trio.run(main)
+
+
 def raw_call(cluster: ProcessCluster, method: str, **args):
     """One call of ``method`` with exactly ``args`` (what the client library would not
     send)."""

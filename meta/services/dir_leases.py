@@ -17,7 +17,12 @@ its holder, who collects it with a long poll (``events``).
   above it has a quota (a create acknowledged by the holder could be refused by it later).
 * ``acquire`` first waits for the calls already in flight (``enter``/``leave``, counted by
   ``MetaServer.dispatch``; but the caller's own, ``IN_FLIGHT``), so the entries it answers
-  hold every change that passed its access check before the grant.
+  hold every change that passed its access check before the grant. A holder's batched
+  changes are not counted: each changes only folders its holder holds (their epochs are
+  checked first), and nobody holds a folder being granted. The one exception, an entry's
+  attributes set in the folder above (the folder's own status), is the holder's: its
+  parent's holder is recalled before the grant goes on, and a holder asking for a lease
+  itself sends its queued changes naming the folder first.
 * ``release``: only under the epoch the holder was granted (``LeaseExpired`` otherwise).
 * ``batch``: the holder's changes made ahead of the server (``fs.dirops``), in order,
   each run through ``dispatch`` without the recall hook; a resent change is skipped (its
@@ -221,6 +226,8 @@ class DirLeases:
         3. Wait until every call that started before step 2 has finished (``_drain``): a
            change inside the directory that passed its access check just before would
            otherwise land after the snapshot of step 5. Too long a wait refuses the grant.
+           A holder's batched change is not waited for (it cannot change this folder: the
+           module's notes).
         4. Under the directory's write lock (nothing renames or removes it meanwhile),
            check again, reserve the inode ids and journal the grant (DIR_LEASE_GRANT: its
            txid is the epoch; it carries the ids).
