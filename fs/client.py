@@ -484,16 +484,20 @@ class AsyncClient:
                                      client_name=self.client_name))
 
     # ------------------------------------------------------------------ directory leases
-    async def dir_lease_acquire(self, path: str, *, want_inos: int = 0) -> dict:
+    async def dir_lease_acquire(self, path: str, *, want_inos: int = 0,
+                                below: int = 0) -> dict:
         """A write lease on directory ``path`` for this client (docs/design/dirleases.md):
         ``{epoch, attrs, entries, inos}`` (the directory's status and every entry's, and
         ``[first, count]``: inode numbers reserved for the files this client creates there
         under the lease, at most ``want_inos``; count 0 when none are), or
-        ``{epoch: None, reason}`` when the server does not lease it."""
+        ``{epoch: None, reason}`` when the server does not lease it. ``below``: leases on
+        up to that many folders below it too, as ``below: [{path, epoch, attrs, entries,
+        inos}]``."""
         self._check_open()
         return await self.rpc.call("dir_lease_acquire", {
             "path": paths.validate(path), "client_name": self.client_name,
-            **({"want_inos": want_inos} if want_inos else {})})
+            **({"want_inos": want_inos} if want_inos else {}),
+            **({"below": below} if below else {})})
 
     async def dir_lease_release(self, path: str, epoch: int) -> bool:
         """Give back the lease ``epoch`` on ``path``; ``LeaseExpired`` if it had ended."""

@@ -98,6 +98,10 @@ GATHER = 0.005
 #: inode numbers a grant is asked to reserve for the files this mount creates under it
 #: (unused ones are only a gap in the numbering)
 INOS_PER_GRANT = 1024
+#: folders below a folder that one grant is asked to lease too, when a tree is being
+#: walked and changed here (``lease_for(below=True)``: a listing in a held folder, an
+#: rmdir of a held folder): rm -rf of a tree takes a few grants, not one per folder
+BELOW_FOLDERS = 256
 #: the ids a folder made here takes along for its own lease out of its parent's range,
 #: while the parent keeps at least as many (else the server reserves fresh ones for it)
 CHILD_INOS = 256
@@ -208,9 +212,11 @@ class DirLeaseHolder:
 
     def __init__(self, client, path_of: Callable[[int], str | None],
                  is_open: Callable[[int], bool], *, enabled: bool = True,
-                 timeout: float = 30.0, paths_gen: Callable[[], int] = lambda: 0):
+                 timeout: float = 30.0, paths_gen: Callable[[], int] = lambda: 0,
+                 kernel_ino: Callable[[int], int] = lambda ino: ino):
         self._client = client
         self._path_of = path_of    # a kernel inode's path as the mount knows it
+        self._kernel_ino = kernel_ino   # the kernel's inode for a namespace inode
         self._paths_gen = paths_gen   # changes whenever such a path may have changed
         # whether a namespace inode is open here (its size and times are the mount's own
         # until its release completes it: a snapshot's status of it may be behind)
@@ -330,9 +336,12 @@ class DirLeaseHolder:
         leased = self._at(path)
         return leased is not None and self.usable(leased)
 
-    async def lease_for(self, kernel_ino: int, path: str) -> LeasedDir | None:
+    async def lease_for(self, kernel_ino: int, path: str, *,
+                        below: bool = False) -> LeasedDir | None:
         """The lease to decide a change in directory ``kernel_ino`` (at ``path``) under,
-        asked for if this mount holds none; None: change it synchronously."""
+        asked for if this mount holds none; None: change it synchronously. ``below``: a
+        tree is being walked and changed here: the grant also leases up to
+        ``BELOW_FOLDERS`` folders below it (those the server can)."""
         if not self.enabled or not self._own_caller() or not self._reachable():
             return None
         leased = self._leases.get(kernel_ino)
@@ -350,7 +359,8 @@ class DirLeaseHolder:
         with self.asking():   # the answer is adopted before a recall of it is answered
             asked = trio.current_time()
             try:
-                grant = await self._client.dir_lease_acquire(path, want_inos=INOS_PER_GRANT)
+                grant = await self._client.dir_lease_acquire(
+                    path, want_inos=INOS_PER_GRANT, below=BELOW_FOLDERS if below else 0)
             except LeaseFSError as exc:   # the synchronous call says it better
                 log.debug("directory lease on %s not granted: %s", path, exc)
                 return None
@@ -361,6 +371,10 @@ class DirLeaseHolder:
                 self._refused[path] = now + REFUSED_FOR
                 log.debug("%s", grant.get("reason"))
                 return None
+            for sub in grant.get("below") or ():
+                attrs = sub.get("attrs") if isinstance(sub, dict) else None
+                if isinstance(attrs, dict) and isinstance(attrs.get("ino"), int):
+                    self.adopt(self._kernel_ino(attrs["ino"]), sub, asked)
             return self.adopt(kernel_ino, grant, asked)
 
     @contextlib.contextmanager
@@ -422,7 +436,7 @@ class DirLeaseHolder:
         if leased is None:
             if path == "/" or not self.held_at(path.rpartition("/")[0] or "/"):
                 return None
-            leased = await self.lease_for(kernel_ino, path)
+            leased = await self.lease_for(kernel_ino, path, below=True)
             if leased is None:
                 return None
         if leased.stale:

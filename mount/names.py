@@ -339,8 +339,10 @@ class Names:
         leased = self._leases.held(parent_inode)
         if leased is None and self._leases.held_at(path):
             # the folder is held here (a tree being removed): so is its parent from now on,
-            # and the rmdir is decided here; a lone rmdir stays one call
-            leased = await self._leases.lease_for(parent_inode, self._view.path(parent_inode))
+            # with the folders below it, and the rmdir is decided here; a lone rmdir stays
+            # one call
+            leased = await self._leases.lease_for(parent_inode, self._view.path(parent_inode),
+                                                  below=True)
         if leased is not None and await self._rmdir_leased(leased, parent_inode, name, path):
             return
         named = self._view.named

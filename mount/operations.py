@@ -88,7 +88,7 @@ class LeaseFS(pyfuse3.Operations):
             client, self.view.known_path,
             lambda ino: self.open_files.get(self.view.kernel_ino(ino)) is not None,
             enabled=dir_leases, timeout=client.config.rpc_timeout,
-            paths_gen=lambda: self.view.paths_gen)
+            paths_gen=lambda: self.view.paths_gen, kernel_ino=self.view.kernel_ino)
         self.view.watch_paths(self.leases.holds)
         if dir_leases:
             client.barrier = self.leases.barrier

@@ -12,12 +12,14 @@ from __future__ import annotations
 import errno
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -38,7 +40,7 @@ SETTINGS = {"replication": 1, "dir_lease_recall_limit": 2}
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     with ProcessCluster(tmp_path_factory.mktemp("dirleasemount"), n_storage=1,
-                        settings=SETTINGS) as c:
+                        settings=SETTINGS, meta_http=True) as c:
         yield c
 
 
@@ -248,6 +250,35 @@ def test_rm_rf_on_one_mount_while_the_other_lists(a, b):
     # (a stat on B may answer from its kernel's cache for a second, as with any change
     # by another client; a listing asks the server)
     assert "doomed" not in os.listdir(b.mp)
+
+
+def meta_calls(cluster: ProcessCluster, method: str) -> float:
+    """Calls of ``method`` the metadata server answered (its /metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{cluster.meta_http_port}/metrics",
+                                timeout=30) as page:
+        text = page.read().decode()
+    found = re.search(rf'^leasefs_meta_rpc_calls_total\{{method="{method}",outcome="ok"\}} '
+                      rf'(\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_rm_rf_takes_the_folders_leases_a_few_grants_at_a_time(cluster, a, b):
+    """rm -rf on A of a tree of 64 folders the CLI made: a grant takes the folders below
+    along, so A asks for leases a few times, not once for each folder; the tree is gone
+    for B too."""
+    with cluster.client() as cli:
+        for i in range(7):
+            for j in range(8):
+                cli.mkdirs(f"/wide/d{i}/e{j}")
+                cli.write_file(f"/wide/d{i}/e{j}/f", b"f")
+    before = meta_calls(cluster, "dir_lease_acquire")
+    removal = subprocess.run(["rm", "-rf", str(a.mp / "wide")], capture_output=True,
+                             text=True)
+    assert removal.returncode == 0, removal.stderr[-2000:]
+    asked = meta_calls(cluster, "dir_lease_acquire") - before
+    assert 1 <= asked <= 8, f"{asked:g} lease requests for the tree's 64 folders"
+    assert not (a.mp / "wide").exists()
+    assert "wide" not in os.listdir(b.mp)
 
 
 def test_changes_are_answered_while_the_metadata_server_is_stopped(tmp_path):

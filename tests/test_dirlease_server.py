@@ -460,6 +460,55 @@ def test_a_grant_does_not_wait_for_a_holders_batched_change(tmp_path):
     trio.run(main)
 
 
+def test_a_grant_takes_the_folders_below_along(tmp_path):
+    """``below``: the grant also leases folders below the one asked for, nearest first,
+    up to the count asked: not one another client holds (nor anything below it). Each
+    answers its folder's entries under an epoch of its own, and a batch goes under it."""
+    from fs.rpc import CallContext
+
+    def ctx(client):
+        return CallContext(client_id=client, peer="127.0.0.1:5000", call_id=None)
+
+    async def main():
+        async with inprocess_meta(tmp_path) as server:
+            for folder in ("/t/a/x", "/t/a/y", "/t/b/w", "/t/c/z"):
+                await server.dispatch(ctx("setup#1"), "mkdirs", {"path": folder})
+            other = await server.dispatch(ctx("o#3"), "dir_lease_acquire",
+                                          {"path": "/t/b", "client_name": "o"})
+            grant = await server.dispatch(ctx("h#2"), "dir_lease_acquire",
+                                          {"path": "/t", "client_name": "h", "below": 3})
+            below = {sub["path"]: sub for sub in grant["below"]}
+            assert list(below) == ["/t/a", "/t/c", "/t/a/x"]
+            assert [e["name"] for e in below["/t/a"]["entries"]] == ["x", "y"]
+            epochs = [grant["epoch"]] + [sub["epoch"] for sub in grant["below"]]
+            assert len(set(epochs)) == 4 and all(epochs)
+            table = server.dir_lease_service.table
+            for path, sub in below.items():
+                lease = table.lease_of(sub["attrs"]["ino"])
+                assert (lease.holder, lease.epoch) == ("h", sub["epoch"]), path
+            assert table.lease_of(other["attrs"]["ino"]).holder == "o"
+            w = next(e for e in other["entries"] if e["name"] == "w")
+            z = next(e for e in below["/t/c"]["entries"] if e["name"] == "z")
+            assert table.lease_of(w["ino"]) is None and table.lease_of(z["ino"]) is None
+            a = below["/t/a"]
+            x = next(e["ino"] for e in a["entries"] if e["name"] == "x")
+            folder = a["attrs"]["ino"]
+            move = dirops.Rename(folder, a["epoch"], "x", x, folder, a["epoch"], "x2", 0,
+                                 time.time_ns())
+            done = await server.dispatch(ctx("h#2"), "dir_batch",
+                                         {"client_name": "h", "ops": [move.to_wire()]})
+            assert done["done"] == 1 and not done["failed"]
+            listed = await server.dispatch(ctx("h#2"), "list_status", {"path": "/t/a"})
+            assert [e["name"] for e in listed["entries"]] == ["x2", "y"]
+            # asked without it: no "below" in the answer
+            await server.dispatch(ctx("setup#1"), "mkdirs", {"path": "/u"})
+            plain = await server.dispatch(ctx("p#4"), "dir_lease_acquire",
+                                          {"path": "/u", "client_name": "p"})
+            assert plain["epoch"] and "below" not in plain
+
+    trio.run(main)
+
+
 def raw_call(cluster: ProcessCluster, method: str, **args):
     """One call of ``method`` with exactly ``args`` (what the client library would not
     send)."""

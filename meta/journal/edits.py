@@ -29,10 +29,11 @@ class Edits:
         return await self.journal.log(plan, durable=durable or op_name(plan) not in LAZY_OPS,
                                       kept=kept)
 
-    async def log_plans(self, plans, *, durable: bool = True) -> None:
-        """Journal several plans in one batch (one fsync), applied in order."""
+    async def log_plans(self, plans, *, durable: bool = True) -> list[int]:
+        """Journal several plans in one batch (one fsync), applied in order; the txids of
+        those that are not None."""
         plans = [plan for plan in plans if plan is not None]
-        await self.journal.log_many(plans, durable=durable or any(
+        return await self.journal.log_many(plans, durable=durable or any(
             op_name(plan) not in LAZY_OPS for plan in plans))
 
     async def sync(self) -> int:

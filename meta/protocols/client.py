@@ -768,8 +768,8 @@ class ClientProtocol:
                                            self.access.token_user(ctx), caller_host(ctx))
 
     # ================================================================== directory leases
-    async def rpc_dir_lease_acquire(self, ctx, path, client_name, want_inos=0):
-        return await self.dir_leases.acquire(ctx, path, client_name, want_inos)
+    async def rpc_dir_lease_acquire(self, ctx, path, client_name, want_inos=0, below=0):
+        return await self.dir_leases.acquire(ctx, path, client_name, want_inos, below)
 
     async def rpc_dir_lease_release(self, ctx, path, client_name, epoch):
         return await self.dir_leases.release(ctx, path, client_name, epoch)

@@ -61,6 +61,7 @@ takes none) is never stuck behind a waiter. Every other method is atomic.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import dataclasses
 import logging
@@ -107,6 +108,13 @@ GRANT_DRAIN_WAIT = 2.0
 #: holder that uses them up asks again after giving the lease back, and ids reserved but
 #: never used are a gap in the inode numbers, nothing more
 MAX_RESERVED_INOS = 4096
+
+#: the most folders below the one asked for that one grant also leases (``below``), and
+#: the most entries they may hold together (what the answer lists)
+MAX_BELOW = 256
+MAX_BELOW_ENTRIES = 8192
+#: the inode ids each folder leased along with another gets for its holder's creates
+BELOW_INOS = 64
 
 #: the arguments naming the paths a namespace call accesses, by method (msgpack names;
 #: the Hadoop IPC translators dispatch the same methods)
@@ -213,11 +221,15 @@ class DirLeases:
         self._polled: dict[str, float] = {}            # holder -> its last poll (clock)
 
     # ------------------------------------------------------------------ RPC bodies
-    async def acquire(self, ctx, path, holder, want_inos=0) -> dict:
+    async def acquire(self, ctx, path, holder, want_inos=0, below=0) -> dict:
         """``{epoch, attrs, entries, inos}`` of a lease on directory ``path`` for
         ``holder``, or ``{epoch: None, reason}`` when it is not leased. ``inos``: ``[first,
         count]``, the inode ids reserved for the holder's creates there (up to
         ``want_inos``, at most ``MAX_RESERVED_INOS``; count 0: none, as under a quota).
+        ``below``: also lease up to that many folders below it (at most ``MAX_BELOW``;
+        ``_below`` picks them), answered as ``below: [{path, epoch, attrs, entries,
+        inos}]``: a tree being walked and changed (rm -rf) then takes one grant, not one
+        per folder.
 
         1. Check (no await): a directory, the caller may write it, nobody else holds it or
            is being granted it, not too big. A holder asking again gets its lease as is.
@@ -228,15 +240,21 @@ class DirLeases:
            otherwise land after the snapshot of step 5. Too long a wait refuses the grant.
            A holder's batched change is not waited for (it cannot change this folder: the
            module's notes).
-        4. Under the directory's write lock (nothing renames or removes it meanwhile),
-           check again, reserve the inode ids and journal the grant (DIR_LEASE_GRANT: its
-           txid is the epoch; it carries the ids).
-        5. Snapshot what the lease covers: the directory's status and every entry's."""
+        4. Under the directory's write lock (nothing renames or removes it meanwhile,
+           nor changes anything below it: every call there locks it for reading), check
+           again, pick the folders below, reserve the inode ids and journal the grants in
+           one batch (DIR_LEASE_GRANT: its txid is the epoch; it carries the ids).
+        5. Snapshot what the leases cover: each directory's status and every entry's.
+
+        The folders below need no drain and no mark of their own: every access to them
+        walks the directory, which is marked (step 2) and then held."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_name(holder, f"dir_lease_acquire {canonical}: client_name")
         want = min(check_int(want_inos, f"dir_lease_acquire {canonical}: want_inos", low=0),
                    MAX_RESERVED_INOS)
+        below = min(check_int(below, f"dir_lease_acquire {canonical}: below", low=0),
+                    MAX_BELOW)
         self.renewed(holder)
         _, ino, inode, _ = self.view.resolve(canonical)
         self._check_dir(ctx, canonical, parts, inode)
@@ -259,16 +277,56 @@ class DirLeases:
                     return {"epoch": None, "reason": f"{canonical}: not leased: it was "
                                                      f"replaced while the grant waited"}
                 self._check_dir(ctx, canonical, parts, inode)
-                inos = self._reserve(ino, want)
-                grant = DirLeaseGrant(ino=ino, holder=holder, **(
+                folders = [(canonical, ino, self._reserve(ino, want))] + [
+                    (sub, sub_ino, self._reserve(sub_ino, BELOW_INOS))
+                    for sub, sub_ino in self._below(ctx, canonical, ino, below)]
+                grants = [DirLeaseGrant(ino=at, holder=holder, **(
                     {"first_ino": inos.first, "inos": inos.count} if inos.count else {}))
-                epoch = await self.edits.log_plan(grant, durable=ctx.sync_metadata)
+                    for _, at, inos in folders]
+                epochs = await self.edits.log_plans(grants, durable=ctx.sync_metadata)
                 log.debug("directory lease on %s (inode %d) granted to %s, epoch %d, "
-                          "inodes reserved: %s", canonical, ino, holder, epoch, inos)
-                return self._snapshot_now(canonical, epoch, inos)
+                          "inodes reserved: %s; %d folders below with it", canonical, ino,
+                          holder, epochs[0], folders[0][2], len(folders) - 1)
+                answer = self._snapshot_now(canonical, epochs[0], folders[0][2])
+                if below:
+                    answer["below"] = [{"path": sub, **self._snapshot_now(sub, epoch, inos)}
+                                       for (sub, _, inos), epoch
+                                       in zip(folders[1:], epochs[1:])]
+                return answer
         finally:
             del self._granting[ino]
             done.set()
+
+    def _below(self, ctx, canonical: str, ino: int, most: int) -> list[tuple[str, int]]:
+        """Up to ``most`` folders below ``canonical`` (``ino``), nearest first, that a grant
+        of it takes along: nobody holds them or is being granted them, each within
+        ``dir_lease_max_entries``, the caller may write each, and all their entries
+        together within ``MAX_BELOW_ENTRIES`` (a folder that does not pass is not looked
+        into). Synchronous: under the directory's write lock, nothing below it changes."""
+        found: list[tuple[str, int]] = []
+        queue = collections.deque([(canonical, ino)])
+        entries = 0
+        while queue and len(found) < most:
+            folder, at = queue.popleft()
+            for name, child in self.view.children(at):
+                inode = self.view.get_inode(child)
+                if inode is None or inode.type != DIR:
+                    continue
+                sub = paths.join(folder, name)
+                size = inode.children or 0
+                if (self._refusal(sub, child, inode, self.table.lease_of(child)) is not None
+                        or entries + size > MAX_BELOW_ENTRIES):
+                    continue
+                try:
+                    self._check_dir(ctx, sub, paths.split(sub), inode)
+                except LeaseFSError:
+                    continue
+                found.append((sub, child))
+                entries += size
+                queue.append((sub, child))
+                if len(found) == most:
+                    break
+        return found
 
     def _check_dir(self, ctx, canonical: str, parts, inode) -> None:
         if inode.type != DIR:
