@@ -48,6 +48,13 @@ async def test_posix_changes_refuse_server_side_and_answer_statuses(cluster):
         with pytest.raises(errors.IsDirectory) as info:
             await c.unlink("/d")
         assert _errno(info) == errno.EISDIR
+        # as a lease holder's batched unlink and rmdir ask (no status): the same refusals
+        with pytest.raises(errors.IsDirectory):
+            await c.rpc.call("delete", {"path": "/d", "expect": "nondir"})
+        with pytest.raises(errors.NotDirectory):
+            await c.rpc.call("delete", {"path": "/d/f", "expect": "dir"})
+        with pytest.raises(errors.FileNotFound):
+            await c.rpc.call("delete", {"path": "/d/none", "expect": "nondir"})
         assert await c.exists("/d/f")                 # refusals changed nothing
 
         link = await c.symlink("f", "/d/l")

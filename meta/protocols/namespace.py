@@ -187,11 +187,14 @@ class NamespaceProtocol:
                     await self.access.check_subtree(caller, parts, ALL, ignore_empty_dir=True)
             wall = self._wall(ctx)
             gone = None
-            if expect is not None or want_status:
+            if want_status:
                 gone = self.ns.view.get_file_info(canonical)
-                if expect == "dir" and gone["type"] != DIR:
+            if expect is not None:   # the type alone: a whole status costs a fifth of it
+                kind = gone["type"] if gone is not None \
+                    else self.ns.view.resolve(canonical)[2].type
+                if expect == "dir" and kind != DIR:
                     raise NotDirectory(f"rmdir {canonical}: not a directory")
-                if expect == "nondir" and gone["type"] == DIR:
+                if expect == "nondir" and kind == DIR:
                     raise IsDirectory(f"unlink {canonical}: is a directory")
             # the status the inode had is gone with it: a retry finds it in the record
             await self.edits.log_plan(self.ns.planner.plan_delete(canonical, recursive, now_ns=wall),
