@@ -102,6 +102,9 @@ INOS_PER_GRANT = 1024
 #: walked and changed here (``lease_for(below=True)``: a listing in a held folder, an
 #: rmdir of a held folder): rm -rf of a tree takes a few grants, not one per folder
 BELOW_FOLDERS = 256
+#: bytes of small files made and closed here kept for reading them back (``content_of``),
+#: least recently used first out
+CONTENT_KEPT = 64 << 20
 #: the ids a folder made here takes along for its own lease out of its parent's range,
 #: while the parent keeps at least as many (else the server reserves fresh ones for it)
 CHILD_INOS = 256
@@ -261,6 +264,10 @@ class DirLeaseHolder:
         self._hurry = trio.Event()                # someone waits for the queue: no gathering
         self._sending = trio.Lock()               # one batch in flight
         self._in_flight = 0    # the queue's first changes, sent and not answered yet
+        # small files made and closed here: their whole content by namespace inode, read
+        # back without a call while the lease on their folder knows them (``content_of``)
+        self._contents: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        self._content_bytes = 0
         self.lost = 0          # changes the server refused (logged)
         self.refused = 0       # grants the server refused
         self.batches = 0
@@ -533,6 +540,32 @@ class DirLeaseHolder:
             return None
         return leased.known(name)
 
+    def content_of(self, kernel_ino: int) -> tuple[FileStatus, bytes] | None:
+        """The status and whole content of small file ``kernel_ino`` made and closed here,
+        while the lease on its folder knows it as closed then: nobody else changes it
+        while the lease is held, and this mount's own changes (an open for writing, a
+        truncate, a rename) leave the lease not knowing it until its next close here."""
+        status = self.known_file(kernel_ino)
+        if status is None:
+            return None
+        data = self._contents.get(status.ino)
+        if data is None or len(data) != status.length:
+            return None
+        self._contents.move_to_end(status.ino)
+        return status, data
+
+    def _keep_content(self, ino: int, data: bytes) -> None:
+        old = self._contents.pop(ino, None)
+        if old is not None:
+            self._content_bytes -= len(old)
+        if len(data) > CONTENT_KEPT // 64:
+            return
+        self._contents[ino] = data
+        self._content_bytes += len(data)
+        while self._content_bytes > CONTENT_KEPT:
+            _, gone = self._contents.popitem(last=False)
+            self._content_bytes -= len(gone)
+
     # ------------------------------------------------------------------ files made here
     async def create(self, leased: LeasedDir, folder: str, name: bytes, status: FileStatus,
                      *, owner: str | None, group: str | None,
@@ -591,6 +624,7 @@ class DirLeaseHolder:
             self._put_write(change, folder, path)
             if change.close and ended():
                 leased.closed_here(change)
+                self._keep_content(change.ino, change.data)
             if len(self._queue) > QUEUE_LIMIT:
                 await self.flush()
             return True

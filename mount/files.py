@@ -163,6 +163,12 @@ class Files:
 
     async def _open_inode(self, inode: int, path: str, flags: int) -> pyfuse3.FileInfo:
         reading = (flags & os.O_ACCMODE) == os.O_RDONLY and not flags & os.O_TRUNC
+        if reading:
+            kept = self._leases.content_of(inode)
+            if kept is not None:
+                opened = self._open_kept(inode, flags, *kept)
+                if opened is not None:
+                    return opened
         # for reading: the block locations come with the status (one call before the
         # first read instead of two)
         try:
@@ -211,6 +217,23 @@ class Files:
             raise
         return pyfuse3.FileInfo(fh=handle.fh, keep_cache=keep_cache)
 
+    def _open_kept(self, inode: int, flags: int, status: FileStatus,
+                   data: bytes) -> pyfuse3.FileInfo | None:
+        """An open for reading of a small file made and closed here, answered from its
+        content the lease holder kept (no call: a build or git add reads back what was just
+        written); None when it is open here otherwise (being written, staged)."""
+        of = self._open_files.get(inode)
+        if of is not None and (of.writers or of.mode is not FileMode.CLEAN or of.unlinked):
+            return None
+        if of is None:
+            of = self._open_files.open_file(inode, status.length, status.mode & 0o7777, status)
+        self._view.drop_read_stamp(inode)
+        of.status = status
+        handle = self._open_files.add_handle(of, flags)
+        handle.window_offset, handle.window, handle.window_ends_file = 0, data, True
+        handle.input_generation = of.generation
+        return pyfuse3.FileInfo(fh=handle.fh)
+
     async def read(self, fh, off, size):
         handle = self._open_files.handle(fh)
         of = handle.of
@@ -226,6 +249,7 @@ class Files:
                 return data
             window = await self._read_window(handle, of, off, size)
             handle.window_offset, handle.window = off, window
+            handle.window_ends_file = False
             return window[:size]
 
     async def _read_window(self, handle: Handle, of: OpenFile, off: int, size: int) -> bytes:
@@ -294,6 +318,7 @@ class Files:
     @staticmethod
     async def _drop_input(handle: Handle) -> None:
         handle.window = b""
+        handle.window_ends_file = False
         if handle.input is not None:
             stream, handle.input = handle.input, None
             await stream.close()

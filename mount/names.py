@@ -135,7 +135,9 @@ class Names:
             # written here under our lease: size and times are ours (``attrs`` overlays
             # them); no call for the kernel's getattr before a chown or after a write
             return self._view.attrs(of.status)
-        if of is None:   # a file made here and closed: its folder's lease knows it
+        if of is None or (of.mode is FileMode.CLEAN and not of.writers):
+            # a file made here and closed (perhaps open for reading): its folder's lease
+            # knows it
             known = self._leases.known_file(inode)
             if known is not None and self._view.kernel_ino(known.ino) == inode:
                 return self._view.attrs(known)

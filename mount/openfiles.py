@@ -226,6 +226,7 @@ class Handle:
         # one sequential fetch of READ_WINDOW serves the next ones from memory
         self.window_offset = 0
         self.window = b""
+        self.window_ends_file = False   # the window holds the file up to its end
         self.read_lock = trio.Lock()
         self.stalled_at: float | None = None   # trio time the last read ended stalled
         # who opened it (``mount.callers``): the calls for this handle's reads, writes,
@@ -234,7 +235,8 @@ class Handle:
 
     def from_window(self, off: int, size: int) -> bytes | None:
         start = off - self.window_offset
-        if 0 <= start and off + size <= self.window_offset + len(self.window):
+        if 0 <= start and (self.window_ends_file
+                           or off + size <= self.window_offset + len(self.window)):
             return self.window[start:start + size]
         return None
 

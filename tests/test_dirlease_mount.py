@@ -820,6 +820,37 @@ def test_a_file_closed_on_one_mount_is_read_whole_on_the_other(a, b):
         assert (b.mp / "c2o" / f"f{n}").read_bytes() == data, n
 
 
+def test_small_files_made_here_are_read_back_without_a_call(cluster, a, b):
+    """Files A makes and closes in a folder it holds are read back on A from what it
+    kept (the metadata server answers no status or block lookup for them), whole, at
+    any offset, and after a chmod; a file rewritten here is read with its new content, and
+    once B's access took the lease and B rewrote one, A reads what the server has."""
+    top = a.mp / "back"
+    top.mkdir()
+    made = {f"f{n}": os.urandom(n * 1013) for n in range(20)}
+    for name, data in made.items():
+        (top / name).write_bytes(data)
+    os.chmod(top / "f3", 0o600)
+    before = (meta_calls(cluster, "get_file_info"), meta_calls(cluster, "get_block_locations"))
+    for name, data in made.items():
+        assert (top / name).read_bytes() == data, name
+        with open(top / name, "rb") as f:
+            f.seek(len(data) // 2)
+            assert f.read() == data[len(data) // 2:], name
+    after = (meta_calls(cluster, "get_file_info"), meta_calls(cluster, "get_block_locations"))
+    assert after == before, f"calls for files made here: {before} -> {after}"
+    (top / "f5").write_bytes(b"again")
+    assert (top / "f5").read_bytes() == b"again"
+    with open(top / "f6", "r+b") as f:   # changed in place: read back as it is now
+        f.seek(3)
+        f.write(b"XY")
+    assert (top / "f6").read_bytes() == made["f6"][:3] + b"XY" + made["f6"][5:]
+    assert (b.mp / "back" / "f7").read_bytes() == made["f7"]
+    other = os.urandom(len(made["f7"]))   # the same length: A's kernel may keep the size
+    (b.mp / "back" / "f7").write_bytes(other)
+    assert (top / "f7").read_bytes() == other
+
+
 def test_many_creates_in_one_folder_outlast_the_reserved_inodes(a, b):
     """More creates in one folder than a grant reserves inodes for: the rest are created
     by calls, every file there with its content."""
