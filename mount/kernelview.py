@@ -67,6 +67,7 @@ import trio
 
 from fs.client import FileStatus
 from fs.errors import LeaseFSError
+from fs.paths import MAX_NAME_BYTES, MAX_PATH_CHARS
 from fs.paths import validate as validate_path
 
 from .errors import fuse_error
@@ -480,6 +481,9 @@ class KernelView:
             self._touch_listing(parent, name)
             self.touch_node(parent_ino)
         path = "/" + text if parent == "/" else f"{parent}/{text}"
+        if text.isascii() and "\0" not in text and len(text) <= MAX_NAME_BYTES \
+                and len(path) <= MAX_PATH_CHARS:
+            return path   # the parent's path is valid already: the name alone is checked
         try:
             return validate_path(path)
         except LeaseFSError as exc:
