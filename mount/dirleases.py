@@ -104,7 +104,7 @@ INOS_PER_GRANT = 1024
 BELOW_FOLDERS = 256
 #: bytes of small files made and closed here kept for reading them back (``content_of``),
 #: least recently used first out
-CONTENT_KEPT = 64 << 20
+CONTENT_KEPT = 128 << 20
 #: the ids a folder made here takes along for its own lease out of its parent's range,
 #: while the parent keeps at least as many (else the server reserves fresh ones for it)
 CHILD_INOS = 256
