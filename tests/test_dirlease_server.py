@@ -382,15 +382,17 @@ def test_a_batch_applies_in_order_and_a_resend_is_skipped(tmp_path):
                 raw_call(cluster, "mkdirs", path="/f/y", dir_lease=a.client_name)
 
 
+def ctx(client: str):
+    """An in-process call's context, as the connection of ``client`` ("name#id") gives."""
+    from fs.rpc import CallContext
+    return CallContext(client_id=client, peer="127.0.0.1:5000", call_id=None)
+
+
 def test_a_grant_waits_for_a_change_already_past_its_access_check(tmp_path):
     """The grant's snapshot must hold every change that passed its access check before
     the grant: a rename into /d held up by another path's lock (after its check, before
     it locks /d) finishes before the grant answers, and the grant lists its result."""
-    from fs.rpc import CallContext
     from meta.namespace.locks import LOCK_WRITE, lock_set
-
-    def ctx(client):
-        return CallContext(client_id=client, peer="127.0.0.1:5000", call_id=None)
 
     async def main():
         async with inprocess_meta(tmp_path) as server:
@@ -417,16 +419,11 @@ def test_a_grant_waits_for_a_change_already_past_its_access_check(tmp_path):
     trio.run(main)
 
 
-
 def test_a_grant_does_not_wait_for_a_holders_batched_change(tmp_path):
     """A holder's batched change changes only folders it holds, never one being granted:
     the grant of /d answers while h's rename inside its /p is held up by a lock (a grant
     waiting for it would be refused after GRANT_DRAIN_WAIT), and the rename then lands."""
-    from fs.rpc import CallContext
     from meta.namespace.locks import LOCK_WRITE, lock_set
-
-    def ctx(client):
-        return CallContext(client_id=client, peer="127.0.0.1:5000", call_id=None)
 
     async def main():
         async with inprocess_meta(tmp_path) as server:
@@ -464,11 +461,6 @@ def test_a_grant_takes_the_folders_below_along(tmp_path):
     """``below``: the grant also leases folders below the one asked for, nearest first,
     up to the count asked: not one another client holds (nor anything below it). Each
     answers its folder's entries under an epoch of its own, and a batch goes under it."""
-    from fs.rpc import CallContext
-
-    def ctx(client):
-        return CallContext(client_id=client, peer="127.0.0.1:5000", call_id=None)
-
     async def main():
         async with inprocess_meta(tmp_path) as server:
             for folder in ("/t/a/x", "/t/a/y", "/t/b/w", "/t/c/z"):
