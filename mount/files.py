@@ -184,8 +184,10 @@ class Files:
             of = self._open_files.open_file(inode, status.length, status.mode & 0o7777, status)
         keep_cache = False
         if reading:
-            keep_cache = self._view.unchanged_since_read(
-                inode, status, of.mode is FileMode.CLEAN and not of.writers and not of.unlinked)
+            clean = of.mode is FileMode.CLEAN and not of.writers and not of.unlinked
+            keep_cache = self._view.unchanged_since_read(inode, status, clean)
+            if clean:
+                self._view.revalidate(inode, status)
         else:
             self._view.drop_read_stamp(inode)
         of.status = status

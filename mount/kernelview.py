@@ -121,6 +121,9 @@ class KernelView:
         # (mtime, ctime, length) of each closed file when it was last opened for reading
         # here: an open that finds the same stamp keeps the kernel's cached pages
         self._read_stamps: dict[int, tuple[int, int, int]] = {}
+        # (size, mtime) of each file as last handed to the kernel (``attrs``): an open
+        # that finds the server's differ makes the kernel ask again (``revalidate``)
+        self._handed: dict[int, tuple[int, int]] = {}
         # parent directories' statuses a change answered with, kept for the getattr the
         # kernel sends next: it drops a directory's attributes after every change in it and
         # (default_permissions) asks again at the next path walk. Directories only (no
@@ -209,6 +212,7 @@ class KernelView:
                 if self._watched(ino):
                     self._paths_gen += 1
                 self._read_stamps.pop(ino, None)
+                self._handed.pop(ino, None)
                 for ns, k in list(self._alias.items()):
                     if k == ino:
                         del self._alias[ns]
@@ -218,6 +222,7 @@ class KernelView:
         node = self._nodes.get(ino)
         if node is not None and node.lookups <= 0 and ino != ROOT_INO:
             del self._nodes[ino]
+            self._handed.pop(ino, None)
             if self._watched(ino):
                 self._paths_gen += 1
 
@@ -266,6 +271,15 @@ class KernelView:
         same = self._read_stamps.get(ino) == stamp
         self._read_stamps[ino] = stamp
         return same
+
+    def revalidate(self, ino: int, status: FileStatus) -> None:
+        """An open found file ``ino`` as ``status`` on the server: when the kernel was
+        handed another size or mtime for it (another client changed it within
+        ``attr_timeout``), it is made to ask again, so a read after the open sees the
+        whole new content (close-to-open, as NFS gives)."""
+        handed = self._handed.get(ino)
+        if handed is not None and handed != (status.length, status.mtime_ns):
+            self.invalidate_attrs(ino)
 
     def drop_read_stamp(self, ino: int) -> None:
         """``ino`` is opened for writing or truncated: its cached pages are not kept."""
@@ -561,6 +575,8 @@ class KernelView:
             if atime_ns is not None:
                 attr.st_atime_ns = atime_ns
         attr.st_ctime_ns = status.ctime_ns
+        if not status.is_dir:
+            self._handed[ino] = (attr.st_size, attr.st_mtime_ns)
         return attr
 
     async def status_of(self, ino: int):

@@ -591,6 +591,20 @@ def test_a_non_owners_write_clears_setuid_and_setgid_and_is_kept(cluster, one, t
     closed_with(cluster, f"/{name}", b"hello again")
 
 
+def test_a_file_another_mount_appended_to_is_read_whole_at_the_next_open(one, two):
+    """Close-to-open across mounts: one's kernel has the file's size from a stat; two
+    appends and closes; one's next open and read, within the kernel's attribute time,
+    get the whole new content (not the length one's kernel had cached)."""
+    path = one.mp / "c2o-append"
+    path.write_bytes(b"first " * 100)
+    for _ in range(3):
+        before = path.read_bytes()
+        assert os.stat(path).st_size == len(before)
+        with open(two.mp / "c2o-append", "ab") as f:
+            f.write(b"more " * 50)
+        assert path.read_bytes() == before + b"more " * 50
+
+
 def test_a_failed_close_leaves_nothing_under_construction(cluster, one, two):
     """A close whose data the cluster refuses (the folder's space quota) reports the error
     to ``close(2)``, and the file is not left leased to the mount: it is closed with what the
