@@ -184,9 +184,8 @@ class Files:
             of = self._open_files.open_file(inode, status.length, status.mode & 0o7777, status)
         keep_cache = False
         if reading:
-            clean = of.mode is FileMode.CLEAN and not of.writers and not of.unlinked
-            keep_cache = self._view.unchanged_since_read(inode, status, clean)
-            if clean:
+            keep_cache = self._view.unchanged_since_read(inode, status, of.clean)
+            if of.clean:
                 self._view.revalidate(inode, status)
         else:
             self._view.drop_read_stamp(inode)
@@ -225,7 +224,7 @@ class Files:
         content the lease holder kept (no call: a build or git add reads back what was just
         written); None when it is open here otherwise (being written, staged)."""
         of = self._open_files.get(inode)
-        if of is not None and (of.writers or of.mode is not FileMode.CLEAN or of.unlinked):
+        if of is not None and not of.clean:
             return None
         if of is None:
             of = self._open_files.open_file(inode, status.length, status.mode & 0o7777, status)

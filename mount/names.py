@@ -135,7 +135,7 @@ class Names:
             # written here under our lease: size and times are ours (``attrs`` overlays
             # them); no call for the kernel's getattr before a chown or after a write
             return self._view.attrs(of.status)
-        if of is None or (of.mode is FileMode.CLEAN and not of.writers):
+        if of is None or of.clean:
             # a file made here and closed (perhaps open for reading): its folder's lease
             # knows it
             known = self._leases.known_file(inode)

@@ -158,6 +158,12 @@ class OpenFile:
         self.lock = trio.Lock()
 
     @property
+    def clean(self) -> bool:
+        """Nothing written here, no writer, not unlinked: the cluster's copy is its content
+        (a read may take it, or the lease's status of it, as it is)."""
+        return self.mode is FileMode.CLEAN and not self.writers and not self.unlinked
+
+    @property
     def status(self):
         """Last FileStatus seen: attributes once it is unlinked, and while this mount
         writes the file (under its lease) for ``attr_timeout`` after it was fetched."""

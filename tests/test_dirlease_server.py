@@ -5,6 +5,7 @@ another client's access to a leased directory recalls the lease and waits for it
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -388,31 +389,38 @@ def ctx(client: str):
     return CallContext(client_id=client, peer="127.0.0.1:5000", call_id=None)
 
 
+@contextlib.asynccontextmanager
+async def calls_behind_a_lock(server, parts: list[str]):
+    """Calls run as tasks while ``parts`` stays write-locked (until the block ends):
+    yields ``start(name, client, method, args)``, which starts one and returns once every
+    task is blocked, and the dict each answer lands in by name."""
+    from meta.namespace.locks import LOCK_WRITE, lock_set
+
+    results: dict = {}
+    async with trio.open_nursery() as nursery:
+        async with server.locking.mutation("test", lock_set(parts, LOCK_WRITE)):
+            async def start(name, client, method, args):
+                async def run():
+                    results[name] = await server.dispatch(ctx(client), method, args)
+                nursery.start_soon(run)
+                await trio.testing.wait_all_tasks_blocked()
+            yield start, results
+
+
 def test_a_grant_waits_for_a_change_already_past_its_access_check(tmp_path):
     """The grant's snapshot must hold every change that passed its access check before
     the grant: a rename into /d held up by another path's lock (after its check, before
     it locks /d) finishes before the grant answers, and the grant lists its result."""
-    from meta.namespace.locks import LOCK_WRITE, lock_set
-
     async def main():
         async with inprocess_meta(tmp_path) as server:
             await server.dispatch(ctx("setup#1"), "mkdirs", {"path": "/d"})
             await server.dispatch(ctx("setup#1"), "mkdirs", {"path": "/a/y"})
-            results = {}
-
-            async def run(name, client, method, args):
-                results[name] = await server.dispatch(ctx(client), method, args)
-
-            async with trio.open_nursery() as nursery:
-                async with server.locking.mutation("test", lock_set(["a", "y"], LOCK_WRITE)):
-                    nursery.start_soon(run, "rename", "c#2", "rename",
-                                       {"src": "/a/y", "dst": "/d/x"})
-                    await trio.testing.wait_all_tasks_blocked()
-                    assert "rename" not in results
-                    nursery.start_soon(run, "grant", "h#3", "dir_lease_acquire",
-                                       {"path": "/d", "client_name": "h"})
-                    await trio.testing.wait_all_tasks_blocked()
-                    assert "grant" not in results, "granted before the rename in flight"
+            async with calls_behind_a_lock(server, ["a", "y"]) as (start, results):
+                await start("rename", "c#2", "rename", {"src": "/a/y", "dst": "/d/x"})
+                assert "rename" not in results
+                await start("grant", "h#3", "dir_lease_acquire",
+                            {"path": "/d", "client_name": "h"})
+                assert "grant" not in results, "granted before the rename in flight"
             assert results["rename"] is True
             assert [e["name"] for e in results["grant"]["entries"]] == ["x"]
 
@@ -423,8 +431,6 @@ def test_a_grant_does_not_wait_for_a_holders_batched_change(tmp_path):
     """A holder's batched change changes only folders it holds, never one being granted:
     the grant of /d answers while h's rename inside its /p is held up by a lock (a grant
     waiting for it would be refused after GRANT_DRAIN_WAIT), and the rename then lands."""
-    from meta.namespace.locks import LOCK_WRITE, lock_set
-
     async def main():
         async with inprocess_meta(tmp_path) as server:
             await server.dispatch(ctx("setup#1"), "mkdirs", {"path": "/d"})
@@ -435,21 +441,14 @@ def test_a_grant_does_not_wait_for_a_holders_batched_change(tmp_path):
             moved = next(e["ino"] for e in grant["entries"] if e["name"] == "a")
             move = dirops.Rename(folder, epoch, "a", moved, folder, epoch, "b", 0,
                                  time.time_ns())
-            results = {}
-
-            async def run(name, client, method, args):
-                results[name] = await server.dispatch(ctx(client), method, args)
-
-            async with trio.open_nursery() as nursery:
-                async with server.locking.mutation("test", lock_set(["p", "a"], LOCK_WRITE)):
-                    nursery.start_soon(run, "batch", "h#2", "dir_batch",
-                                       {"client_name": "h", "ops": [move.to_wire()]})
-                    await trio.testing.wait_all_tasks_blocked()
-                    assert "batch" not in results
-                    granted = await server.dispatch(ctx("c#3"), "dir_lease_acquire",
-                                                    {"path": "/d", "client_name": "c"})
-                    assert granted["epoch"] is not None, granted.get("reason")
-                    assert "batch" not in results, "the rename was not held up"
+            async with calls_behind_a_lock(server, ["p", "a"]) as (start, results):
+                await start("batch", "h#2", "dir_batch",
+                            {"client_name": "h", "ops": [move.to_wire()]})
+                assert "batch" not in results
+                granted = await server.dispatch(ctx("c#3"), "dir_lease_acquire",
+                                                {"path": "/d", "client_name": "c"})
+                assert granted["epoch"] is not None, granted.get("reason")
+                assert "batch" not in results, "the rename was not held up"
             assert results["batch"]["done"] == 1 and not results["batch"]["failed"]
             listed = await server.dispatch(ctx("h#2"), "list_status", {"path": "/p"})
             assert [e["name"] for e in listed["entries"]] == ["b"]
