@@ -137,7 +137,7 @@ from .protocols.hdfs.inline_append import InlineToBlock
 from .protocols.hdfs.writes import NamenodeWrites
 from .services.redundancy import Redundancy
 from .services.lease_recovery import LeaseRecovery
-from .services.dir_leases import ACCESS_ARGS, DRAINED, IN_FLIGHT, DirLeases
+from .services.dir_leases import ACCESS_ARGS, DRAINED, IN_FLIGHT, BatchPlans, DirLeases
 from .services.locks import Locks
 from .services.monitors import Monitors
 from .protocols.user_auth import AuthProtocol
@@ -242,7 +242,11 @@ class MetaServer(Dispatcher):
             access=self.access, ids=self.ns.ids, quota=self.ns.quota, planner=self.ns.planner,
             max_entries=config.dir_lease_max_entries,
             hard_limit=config.lease_hard_limit, clock=clock,
-            dispatch=lambda ctx, method, args: self.dispatch(ctx, method, args, recall=False))
+            dispatch=lambda ctx, method, args: self.dispatch(ctx, method, args, recall=False),
+            plans=BatchPlans(
+                create_whole=lambda *args: self.client_protocol.plan_whole_create(*args),
+                unlink=lambda *args: self.namespace_protocol.plan_unlink(*args),
+                attrs=lambda *args: self.namespace_protocol.plan_attrs(*args)))
         # flock and fcntl locks of every mount, volatile, under the holders' client leases
         self.lock_service = Locks(table=LockTable(), hard_limit=config.lease_hard_limit,
                                   grace=config.lock_grace, edits=self.edits, clock=clock,

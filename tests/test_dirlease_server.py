@@ -750,6 +750,102 @@ def test_a_create_and_its_close_in_one_batch_run_as_one(tmp_path):
             assert not [f for f in b.list_open_files("/") if f["path"] == "/w/whole"]
 
 
+@pytest.mark.slow
+def test_a_batch_lands_as_its_changes_one_by_one_would(tmp_path):
+    """A batch's creates, unlinks and attribute changes are planned in runs (one lock pass,
+    one journal batch), yet land as if applied one at a time: a name unlinked and made
+    again, a file changed after its create, a mode change then a create, a resend (every
+    change skipped, nothing changes), and a lease that ended mid-batch (what came before
+    it is applied, nothing after)."""
+    with ProcessCluster(tmp_path, n_storage=0) as cluster:
+        with cluster.client() as a, cluster.client() as b:
+            a.mkdirs("/r")
+            a.mkdirs("/s")
+            d = a.dir_lease_acquire("/r", want_inos=16)
+            ids = reserved(d)
+            at = time.time_ns() - 10**9
+            unlink = lambda name, ino: dirops.Unlink(d["attrs"]["ino"], d["epoch"], name, ino,
+                                                     at)
+            ops = [create(d, "a", ids[0], at), write(d, "a", ids[0], b"1", True, at),
+                   create(d, "b", ids[1], at), write(d, "b", ids[1], b"b", True, at),
+                   unlink("a", ids[0]),
+                   create(d, "a", ids[2], at), write(d, "a", ids[2], b"2", True, at),
+                   set_attr(d, "b", ids[1], at, mtime_ns=at - 5),
+                   create(d, "c", ids[3], at), write(d, "c", ids[3], b"c", True, at),
+                   set_attr(d, "c", ids[3], at, permission=0o600),
+                   set_attr(d, "r-less", 10**9, at, mtime_ns=at),   # no such entry
+                   create(d, "e", ids[4], at), write(d, "e", ids[4], b"e", True, at),
+                   unlink("b", ids[1]),
+                   create(d, "b", ids[5], at), write(d, "b", ids[5], b"B", True, at)]
+            answer = a.dir_batch(ops)
+            assert (answer["done"], answer["skipped"], answer["ended"]) == (len(ops), 1, None)
+            assert answer["failed"] == []   # the missing entry's change counts as resent
+            # sent again (its answer lost): the namespace stays as it is
+            again = a.dir_batch(ops)
+            assert (again["done"], again["ended"]) == (len(ops), None)
+            a.dir_lease_release("/r", d["epoch"])
+            assert {s.name: (s.ino, s.mode, b.read_file(f"/r/{s.name}"))
+                    for s in b.list_status("/r")} == {
+                "a": (ids[2], 0o640, b"2"), "b": (ids[5], 0o640, b"B"),
+                "c": (ids[3], 0o600, b"c"), "e": (ids[4], 0o640, b"e")}
+            assert b.get_file_status("/r/b").mtime_ns != at - 5   # set on the unlinked one
+            # a lease that ended mid-batch: the run before it lands, nothing after it
+            d = a.dir_lease_acquire("/r", want_inos=16)
+            gone = a.dir_lease_acquire("/s")
+            a.dir_lease_release("/s", gone["epoch"])
+            ids = reserved(d)
+            ops = [create(d, "f", ids[0], at), write(d, "f", ids[0], b"f", True, at),
+                   create(d, "g", ids[1], at), write(d, "g", ids[1], b"g", True, at),
+                   create(gone, "h", 10**9, at),
+                   create(d, "i", ids[2], at), write(d, "i", ids[2], b"i", True, at)]
+            answer = a.dir_batch(ops)
+            assert (answer["done"], answer["failed"]) == (4, [])
+            assert answer["ended"]["type"] == "LeaseExpired"
+            a.dir_lease_release("/r", d["epoch"])
+            assert names(b.list_status("/r")) == ["a", "b", "c", "e", "f", "g"]
+            assert names(b.list_status("/s")) == []
+
+
+def test_a_mode_change_in_a_batch_decides_the_checks_of_the_changes_after_it(tmp_path):
+    """Alice's batch takes the search permission of her folder /p/sub away, then creates a
+    file in /p/sub/deep and unlinks one in /p/sub: both are refused as the calls one after
+    the other would be, though a batch's changes are planned together."""
+    from fs.rpc import CallContext
+
+    alice = CallContext(client_id="h#2", peer="127.0.0.1:5000", user="alice",
+                        groups=("alice",), sync_metadata=False)
+
+    async def main():
+        async with inprocess_meta(tmp_path) as server:
+            await server.dispatch(ctx("setup#1"), "mkdirs", {"path": "/p/sub/deep"})
+            for path in ("/p", "/p/sub", "/p/sub/deep"):
+                await server.dispatch(ctx("setup#1"), "set_owner",
+                                      {"path": path, "owner": "alice", "group": "alice"})
+            await server.dispatch(alice, "create", {"path": "/p/sub/old", "client_name": "h"})
+            await server.dispatch(alice, "complete", {"path": "/p/sub/old",
+                                                      "client_name": "h"})
+            grant = await server.dispatch(alice, "dir_lease_acquire",
+                                          {"path": "/p", "client_name": "h", "below": 2})
+            sub, deep = grant["below"]
+            old = next(e["ino"] for e in sub["entries"] if e["name"] == "old")
+            first = deep["inos"][0]
+            at = time.time_ns()
+            ops = [set_attr(grant, "sub", sub["attrs"]["ino"], at, permission=0o600),
+                   create(deep, "x", first, at), write(deep, "x", first, b"x", True, at),
+                   dirops.Unlink(sub["attrs"]["ino"], sub["epoch"], "old", old, at)]
+            answer = await server.dispatch(alice, "dir_batch",
+                                           {"client_name": "h",
+                                            "ops": [op.to_wire() for op in ops]})
+            assert answer["done"] == 4
+            assert [(f["index"], f["error"]["type"]) for f in answer["failed"]] == [
+                (1, "PermissionDenied"), (2, "PermissionDenied"), (3, "PermissionDenied")]
+            for path, entries in (("/p/sub", ["deep", "old"]), ("/p/sub/deep", [])):
+                listed = await server.dispatch(ctx("h#3"), "list_status", {"path": path})
+                assert [e["name"] for e in listed["entries"]] == entries
+
+    trio.run(main)
+
+
 def set_attr(grant: dict, name: str, ino: int, at: int, *, permission=None, owner=None,
              group=None, mtime_ns=None, atime_ns=None):
     return dirops.SetAttr(grant["attrs"]["ino"], grant["epoch"], name, ino, permission, owner,

@@ -31,8 +31,10 @@ class Edits:
 
     async def log_plans(self, plans, *, durable: bool = True) -> list[int]:
         """Journal several plans in one batch (one fsync), applied in order; the txids of
-        those that are not None."""
+        those that are not None (none: nothing is journaled)."""
         plans = [plan for plan in plans if plan is not None]
+        if not plans:   # nothing to change: no batch to wait for
+            return []
         return await self.journal.log_many(plans, durable=durable or any(
             op_name(plan) not in LAZY_OPS for plan in plans))
 

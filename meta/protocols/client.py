@@ -204,15 +204,8 @@ class ClientProtocol:
         check_bool(first_block, f"create {canonical}: first_block")
 
         async def body():
-            caller = self.access.checked_caller(ctx)
-            if caller is not None:   # overwriting a file also needs WRITE on it (HDFS)
-                chain = self.access.inode_chain(parts)
-                replaces = (overwrite is True and len(chain) == len(parts) + 1
-                            and chain[-1].type == FILE)
-                self.permissions.check_path(caller, parts, chain, ancestor=WRITE,
-                                            access=WRITE if replaces else 0)
-            new_owner, new_group = self.access.new_owner(ctx, f"create {canonical}", canonical,
-                                                         owner, group)
+            new_owner, new_group = self._create_access(ctx, parts, canonical, overwrite,
+                                                       owner, group)
             now, wall = self.clock(), self._wall(ctx)
             found = self.ns.view.walk(parts, canonical) if parts else []
             if parts and len(found) == len(parts) + 1 and overwrite is False:
@@ -252,6 +245,35 @@ class ClientProtocol:
             located = block and self._located_new(ctx, block[1], 0)
             return {**(answer if want_status else {"status": status}), "first_block": located}
         return await self.locking.with_ancestor_locks(f"create {canonical}", parts, body)
+
+    def _create_access(self, ctx, parts, canonical: str, overwrite, owner, group):
+        """create's permission checks (WRITE on the parent; on the file too when it
+        replaces one, as HDFS checks) and the new file's owner and group."""
+        caller = self.access.checked_caller(ctx)
+        if caller is not None:
+            chain = self.access.inode_chain(parts)
+            replaces = (overwrite is True and len(chain) == len(parts) + 1
+                        and chain[-1].type == FILE)
+            self.permissions.check_path(caller, parts, chain, ancestor=WRITE,
+                                        access=WRITE if replaces else 0)
+        return self.access.new_owner(ctx, f"create {canonical}", canonical, owner, group)
+
+    def plan_whole_create(self, ctx, parts, canonical: str, holder: str, change,
+                          whole) -> list:
+        """A directory lease holder's batched create (a ``dirops.Create``) with the write
+        that closes it (``whole``), checked and planned as ``create`` and ``complete``
+        would, without locks or journal: the caller holds create's path locks, has found
+        the name free, and journals the two records (``DirLeases``' runs)."""
+        new_owner, new_group = self._create_access(ctx, parts, canonical, False,
+                                                   change.owner, change.group)
+        plan = self.ns.planner.plan_create(
+            canonical, holder=holder, client_machine=ctx.peer, create_parent=False,
+            replication=change.replication, block_size=change.block_size,
+            permission=change.permission, owner=new_owner, group=new_group,
+            now_ns=change_time({HOLDER_TIME: change.time_ns}, self.wall_ns()),
+            chosen_ino=change.ino)
+        return [plan, self._close_new(ctx, canonical, parts, plan, whole, change_time(
+            {HOLDER_TIME: whole.time_ns}, self.wall_ns()))]
 
     def _close_new(self, ctx, canonical: str, parts, plan, whole, wall: int):
         """The CLOSE of a file ``plan`` creates, with the whole content, times and mode of

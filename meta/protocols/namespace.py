@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fs import paths
-from fs.dirops import change_time
+from fs.dirops import HOLDER_TIME, change_time
 from fs.errors import FileNotFound, InvalidArgument, IsDirectory, NotDirectory, PermissionDenied
 
 from ..services.locate import caller_host
@@ -180,27 +180,66 @@ class NamespaceProtocol:
                                   f"\"nondir\", got {expect!r:.40}")
         check_bool(want_status, f"delete {canonical}: want_status")
         async with self.locking.mutation(f"delete {canonical}", lock_set(parts, LOCK_PARENT)):
-            caller = self.access.checked_caller(ctx)
-            if caller is not None:
-                self.permissions.check_path(caller, parts, self.access.inode_chain(parts), parent=WRITE)
-                if recursive is True:   # HDFS subAccess=ALL, empty directories ignored
-                    await self.access.check_subtree(caller, parts, ALL, ignore_empty_dir=True)
+            caller = self._delete_access(ctx, parts)
+            if caller is not None and recursive is True:
+                # HDFS subAccess=ALL, empty directories ignored
+                await self.access.check_subtree(caller, parts, ALL, ignore_empty_dir=True)
             wall = self._wall(ctx)
             gone = None
             if want_status:
                 gone = self.ns.view.get_file_info(canonical)
-            if expect is not None:   # the type alone: a whole status costs a fifth of it
-                kind = gone["type"] if gone is not None \
-                    else self.ns.view.resolve(canonical)[2].type
-                if expect == "dir" and kind != DIR:
-                    raise NotDirectory(f"rmdir {canonical}: not a directory")
-                if expect == "nondir" and kind == DIR:
-                    raise IsDirectory(f"unlink {canonical}: is a directory")
+            self._check_expect(canonical, expect, gone)
             # the status the inode had is gone with it: a retry finds it in the record
             await self.edits.log_plan(self.ns.planner.plan_delete(canonical, recursive, now_ns=wall),
                                 durable=ctx.sync_metadata,
                                 kept=keep_removed(gone) if want_status else None)
             return self.ns.view.changed(canonical, gone) if want_status else True
+
+    def _delete_access(self, ctx, parts):
+        """delete's permission check (WRITE on the parent); the caller, None for the
+        superuser or without permission checks."""
+        caller = self.access.checked_caller(ctx)
+        if caller is not None:
+            self.permissions.check_path(caller, parts, self.access.inode_chain(parts),
+                                        parent=WRITE)
+        return caller
+
+    def _check_expect(self, canonical: str, expect, gone: dict | None) -> None:
+        """``expect``: the type alone (a whole status costs a fifth of it), from ``gone``
+        when the caller has the status."""
+        if expect is None:
+            return
+        kind = gone["type"] if gone is not None else self.ns.view.resolve(canonical)[2].type
+        if expect == "dir" and kind != DIR:
+            raise NotDirectory(f"rmdir {canonical}: not a directory")
+        if expect == "nondir" and kind == DIR:
+            raise IsDirectory(f"unlink {canonical}: is a directory")
+
+    def plan_unlink(self, ctx, parts, canonical: str, time_ns: int):
+        """A directory lease holder's batched unlink, checked and planned as ``delete``
+        with ``expect: "nondir"`` would, without locks or journal: the caller holds
+        delete's path locks and journals the record (``DirLeases``' runs)."""
+        self._delete_access(ctx, parts)
+        self._check_expect(canonical, "nondir", None)
+        return self.ns.planner.plan_delete(
+            canonical, now_ns=change_time({HOLDER_TIME: time_ns}, self.wall_ns()))
+
+    def plan_attrs(self, ctx, parts, canonical: str, permission, mtime_ns, atime_ns,
+                   time_ns: int) -> list:
+        """A directory lease holder's batched mode and times change, checked and planned
+        as ``set_permission`` and ``set_times`` would, without locks or journal: the
+        caller holds their path locks and journals the records (``DirLeases``' runs)."""
+        wall = change_time({HOLDER_TIME: time_ns}, self.wall_ns())
+        plans = []
+        if permission is not None:
+            self.access.check_set_mode(ctx, parts, permission)
+            plans.append(self.ns.planner.plan_set_permission(canonical, permission,
+                                                             now_ns=wall))
+        if mtime_ns is not None or atime_ns is not None:
+            self.access.check_access(ctx, parts, owner_or=WRITE)
+            plans.append(self.ns.planner.plan_set_times(canonical, mtime_ns, atime_ns,
+                                                        now_ns=wall))
+        return plans
 
     async def _set_op(self, ctx, what: str, path, planner, check=None, want_status=False,
                       durable=True):

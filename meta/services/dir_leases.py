@@ -77,7 +77,7 @@ from fs.errors import InvalidArgument, LeaseExpired, LeaseFSError, NotDirectory
 from ..journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
 from ..leases.dirleases import NO_INOS, DirLease, InoRange, StoredLease, Verdict
 from ..namespace.args import MAX_LIST_LIMIT, check_int, check_name
-from ..namespace.locks import LOCK_WRITE, lock_set
+from ..namespace.locks import LOCK_PARENT, LOCK_WRITE, lock_set, merge
 from ..namespace.permissions import WRITE
 from ..schema.inode import DIR, FILE
 
@@ -157,6 +157,14 @@ def _closing(change, following) -> dirops.Write | None:
     return None
 
 
+def _failed(failed: list, index: int, whole, exc: LeaseFSError) -> None:
+    """Report the change at ``index`` refused (and the write that closes its file, which
+    was not made either)."""
+    failed.append({"index": index, "error": exc.to_wire()})
+    if whole is not None:
+        failed.append({"index": index + 1, "error": exc.to_wire()})
+
+
 def access_paths(method: str, args: dict) -> list[str]:
     """The path strings a call names (lists and lists of lists too: ``srcs``, ``moves``);
     anything else is left to the handler to refuse."""
@@ -185,13 +193,80 @@ def _acked(ack) -> set[tuple[int, str]]:
             and isinstance(pair[0], int) and isinstance(pair[1], str)}
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchPlans:
+    """How a run of a holder's changes is checked and planned without locks or journal:
+    the front ends' own checks and planners (``ClientProtocol.plan_whole_create``,
+    ``NamespaceProtocol.plan_unlink`` and ``plan_attrs``), so a change in a run is refused
+    exactly as its call would be."""
+    create_whole: Callable[..., list]
+    unlink: Callable[..., object]
+    attrs: Callable[..., list]
+
+
+def _runnable(change, whole) -> bool:
+    """Whether ``change`` may be planned in a run: a create with the write that closes
+    it, an unlink, a mode or times change (the most of what a tree being written or
+    removed sends)."""
+    if isinstance(change, dirops.Create):
+        return whole is not None
+    if isinstance(change, dirops.SetAttr):
+        return change.owner is None and change.group is None
+    return isinstance(change, dirops.Unlink)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RunItem:
+    index: int
+    change: object
+    whole: dirops.Write | None
+    lease: DirLease
+    parts: list
+    path: str
+
+
+@dataclasses.dataclass
+class _Run:
+    """Changes of one batch planned together: one lock pass, one journal batch. Each
+    plans against the state before the run, which is what it would see after the ones
+    before it because they never share a name or an inode, none changes a folder another
+    changes the entries of, and nothing joins after a mode change (it could decide
+    another's permission check)."""
+    items: list[_RunItem] = dataclasses.field(default_factory=list)
+    names: set = dataclasses.field(default_factory=set)      # (folder, name)
+    inos: set = dataclasses.field(default_factory=set)       # the entries changed
+    folders: set = dataclasses.field(default_factory=set)    # folders whose entries change
+    closed: bool = False
+
+    def takes(self, change, whole) -> bool:
+        """Whether ``change`` may join (``_runnable``, and independent of the run)."""
+        if self.closed or not _runnable(change, whole):
+            return False
+        if (change.dir, change.name) in self.names or change.dir in self.inos \
+                or change.ino in self.inos:
+            return False
+        return not (isinstance(change, dirops.SetAttr) and change.ino in self.folders)
+
+    def add(self, item: _RunItem) -> None:
+        change = item.change
+        self.items.append(item)
+        self.names.add((change.dir, change.name))
+        self.inos.add(change.ino)
+        if isinstance(change, dirops.SetAttr):
+            self.closed = change.permission is not None
+        else:
+            self.folders.add(change.dir)
+
+
 class DirLeases:
     def __init__(self, *, table: DirLeaseTable, view: NamespaceView, edits: Edits,
                  locking: NamespaceLocking, access: Access, ids: Allocators,
                  quota: QuotaPlanner, planner: NamespacePlanner, max_entries: int,
-                 hard_limit: float, clock: Callable[[], float], dispatch: Dispatch):
+                 hard_limit: float, clock: Callable[[], float], dispatch: Dispatch,
+                 plans: BatchPlans):
         self.table = table
         self.dispatch = dispatch
+        self.plans = plans       # a run's changes, checked and planned as their calls
         self.view = view
         self.ids = ids           # a grant's reserved inode ids
         self.quota = quota       # no reservation under a quota
@@ -493,39 +568,51 @@ class DirLeases:
         skipped = 0
         ended = None
         done = 0
+        runs = not self.quota.quotas_exist()   # a run's creates would share one check
         try:
             async with lock:
-                fused = -1   # the index of a closing write applied with its create
-                for index, change in enumerate(changes):
-                    if index == fused:
-                        done = index + 1
-                        continue
+                run = _Run()
+                index = 0
+                while index < len(changes):
+                    change = changes[index]
+                    whole = _closing(change, changes[index + 1] if index + 1 < len(changes)
+                                     else None)
+                    if run.items and not run.takes(change, whole):
+                        # what follows may depend on the run: it goes to the journal first
+                        await self._run_changes(sub, holder, run, failed)
+                        run = _Run()
+                    done = at = index
+                    index += 1
                     if isinstance(change, dirops.Release):
                         # given back already (a resend), or ended: nothing is left to give
                         if not await self._give_back(sub, holder, change.dir, change.epoch):
                             skipped += 1
-                        done = index + 1
                         continue
                     if self._resent(holder, change):
                         skipped += 1
-                        done = index + 1
                         continue
                     try:
                         lease = self._flush_leases(holder, change)
                     except LeaseExpired as exc:
                         ended = exc.to_wire()
                         break
-                    whole = _closing(change, changes[index + 1] if index + 1 < len(changes)
-                                     else None)
+                    if whole is not None:   # the closing write goes with its create
+                        index += 1
+                    if runs and _runnable(change, whole):
+                        folder = self.view.path_of(change.dir)
+                        if folder is not None:
+                            path = paths.join(folder, change.name)
+                            run.add(_RunItem(at, change, whole, lease, paths.split(path),
+                                             path))
+                            continue
                     try:
                         await self._apply_change(sub, holder, change, lease, whole)
                     except LeaseFSError as exc:
-                        failed.append({"index": index, "error": exc.to_wire()})
-                        if whole is not None:   # the file its write closes was not made
-                            failed.append({"index": index + 1, "error": exc.to_wire()})
-                    if whole is not None:
-                        fused = index + 1
-                    done = index + 1
+                        _failed(failed, at, whole, exc)
+                else:
+                    done = index
+                if run.items:
+                    await self._run_changes(sub, holder, run, failed)
         finally:
             if not lock.locked() and not lock.statistics().tasks_waiting:
                 self._batching.pop(holder, None)
@@ -537,6 +624,41 @@ class DirLeases:
         if granted:
             answer["inos"] = granted
         return answer
+
+    async def _run_changes(self, ctx, holder: str, run: _Run, failed: list) -> None:
+        """Plan a run's changes under one lock pass and journal them in one batch (lazily,
+        as each of their calls would); a change its call would refuse is reported by its
+        index, and one the locks or the journal refuse refuses all that were left."""
+        wanted = merge(*(lock_set(item.parts, LOCK_WRITE if isinstance(
+            item.change, dirops.SetAttr) else LOCK_PARENT) for item in run.items))
+        planned = None   # the items planned, once the locks are held
+        try:
+            async with self.locking.mutation(f"dir_batch of {holder}", wanted):
+                planned, plans = [], []
+                for item in run.items:
+                    try:
+                        plans.extend(self._plan(ctx, holder, item))
+                    except LeaseFSError as exc:
+                        _failed(failed, item.index, item.whole, exc)
+                        continue
+                    planned.append(item)
+                await self.edits.log_plans(plans, durable=ctx.sync_metadata)
+        except LeaseFSError as exc:
+            for item in run.items if planned is None else planned:
+                _failed(failed, item.index, item.whole, exc)
+            failed.sort(key=lambda one: one["index"])
+
+    def _plan(self, ctx, holder: str, item: _RunItem) -> list:
+        """One change of a run, checked and planned as its call would be."""
+        change = item.change
+        if isinstance(change, dirops.Create):
+            self._check_reserved(change, item.lease, item.path)
+            return self.plans.create_whole(ctx, item.parts, item.path, holder, change,
+                                           item.whole)
+        if isinstance(change, dirops.Unlink):
+            return [self.plans.unlink(ctx, item.parts, item.path, change.time_ns)]
+        return self.plans.attrs(ctx, item.parts, item.path, change.permission,
+                                change.mtime_ns, change.atime_ns, change.time_ns)
 
     def _granted_inos(self, holder: str, changes: list) -> list[dict]:
         """The fresh ids the folders made by ``changes`` (``mkdir`` asking for them) got
@@ -643,16 +765,21 @@ class DirLeases:
         the holder, the file under construction under its file lease, with the inode id
         its lease's grant reserved (``CHOSEN_INO``: checked here, so a client picks ids
         only from its own range)."""
-        if change.ino not in lease.inos:
-            raise InvalidArgument(
-                f"dir_batch: create {path}: inode {change.ino} is not one the lease (epoch "
-                f"{lease.epoch}) on {folder} reserved (reserved: {lease.inos})")
+        self._check_reserved(change, lease, path)
         ctx = dataclasses.replace(ctx, extra={**ctx.extra, dirops.CHOSEN_INO: change.ino,
                                               **({dirops.WHOLE: whole} if whole else {})})
         await self.dispatch(ctx, "create", {
             "path": path, "client_name": holder, "overwrite": False, "create_parent": False,
             "permission": change.permission, "owner": change.owner, "group": change.group,
             "replication": change.replication, "block_size": change.block_size})
+
+    @staticmethod
+    def _check_reserved(change: dirops.Create, lease: DirLease, path: str) -> None:
+        """A holder creates only under the ids its lease reserved."""
+        if change.ino not in lease.inos:
+            raise InvalidArgument(
+                f"dir_batch: create {path}: inode {change.ino} is not one the lease (epoch "
+                f"{lease.epoch}) on {paths.parent(path)} reserved (reserved: {lease.inos})")
 
     async def _mkdir(self, ctx, holder: str, change: dirops.Mkdir, lease: DirLease,
                      folder: str, path: str) -> None:
