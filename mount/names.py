@@ -153,6 +153,15 @@ class Names:
         return self._view.attrs(status)
 
     async def setattr(self, inode, attr, fields, fh):
+        while True:
+            status = await self._setattr_once(inode, attr, fields, fh)
+            if status is not None:
+                return status
+            # the file's asynchronous release finished while this waited for its lock: it
+            # is a closed file now, whose folder's lease may decide the change
+
+    async def _setattr_once(self, inode, attr, fields, fh):
+        """``setattr``; None when the open file it found was released meanwhile."""
         if not fields.update_size and self._open_files.get(inode) is None:
             status = self._leases.set_attrs(
                 inode, mode=attr.st_mode & 0o7777 if fields.update_mode else None,
@@ -175,10 +184,12 @@ class Names:
         else:
             # an open file's state (and its asynchronous release) changes only under its
             # lock: taken before the first await, so a release that completes the file
-            # either ran before (then the times below land last) or sees pending_times
+            # either ran before (then this starts again, as for a closed file) or sees
+            # pending_times
             async with of.lock:
-                status = await self._set_attrs(inode, of if self._open_files.get(inode) is of
-                                               else None, attr, fields, fh)
+                if self._open_files.get(inode) is not of:
+                    return None
+                status = await self._set_attrs(inode, of, attr, fields, fh)
                 if status is None and of.status is not None and not fields.update_size:
                     status = of.status   # nothing asked the server (kept times, no-op chown)
         if status is None:
