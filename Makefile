@@ -79,7 +79,7 @@ apt-install:
 $(VENV)/bin/pip: | system-packages
 	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
 
-$(STAMP): pyproject.toml deploy/pyfuse3-locks.patch | $(VENV)/bin/pip
+$(STAMP): pyproject.toml deploy/pyfuse3-locks.patch deploy/pyfuse3-loop.patch | $(VENV)/bin/pip
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q -e '.[$(EXTRAS)]'
 	@$(MAKE) --no-print-directory pyfuse3-locks
@@ -89,16 +89,20 @@ $(STAMP): pyproject.toml deploy/pyfuse3-locks.patch | $(VENV)/bin/pip
 # announce POSIX/flock lock support and the kernel would grant locks per mount: the mount's
 # cluster-wide locks need pyfuse3 rebuilt from its sdist with deploy/pyfuse3-locks.patch
 # (Cython, a build requirement of the sdist, comes from PyPI in pip's build environment).
-# Skipped when the installed pyfuse3 already has them (pyfuse3.LOCK_HANDLERS).
+# The same build applies deploy/pyfuse3-loop.patch: its session loop reads a request
+# already queued without a trip through a lock and epoll (a third less of the mount's CPU
+# in rm -rf). Skipped when the installed pyfuse3 has both (pyfuse3.LOCK_HANDLERS,
+# pyfuse3.QUEUED_READS).
 PYFUSE3_VERSION := 3.5.0
 .PHONY: pyfuse3-locks
 pyfuse3-locks:
-	@if $(VENV)/bin/python -c 'import sys, pyfuse3; sys.exit(not getattr(pyfuse3, "LOCK_HANDLERS", False))' 2>/dev/null; then exit 0; fi; \
+	@if $(VENV)/bin/python -c 'import sys, pyfuse3; sys.exit(not (getattr(pyfuse3, "LOCK_HANDLERS", False) and getattr(pyfuse3, "QUEUED_READS", False)))' 2>/dev/null; then exit 0; fi; \
 	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	echo "building pyfuse3 $(PYFUSE3_VERSION) with the lock handlers (deploy/pyfuse3-locks.patch)"; \
+	echo "building pyfuse3 $(PYFUSE3_VERSION) with the lock handlers and the queued reads (deploy/pyfuse3-*.patch)"; \
 	$(VENV)/bin/python -m pip download -q --no-binary :all: --no-deps -d "$$tmp" 'pyfuse3==$(PYFUSE3_VERSION)'; \
 	tar -xzf "$$tmp"/pyfuse3-$(PYFUSE3_VERSION).tar.gz -C "$$tmp"; \
 	patch -s -p1 -d "$$tmp"/pyfuse3-$(PYFUSE3_VERSION) < deploy/pyfuse3-locks.patch; \
+	patch -s -p1 -d "$$tmp"/pyfuse3-$(PYFUSE3_VERSION) < deploy/pyfuse3-loop.patch; \
 	$(VENV)/bin/python -m pip install -q --no-deps --force-reinstall "$$tmp"/pyfuse3-$(PYFUSE3_VERSION)
 
 up: install
