@@ -160,13 +160,7 @@ class ClientProtocol:
         check_bool(want_status, f"mkdirs {canonical}: want_status")
 
         async def body():
-            caller = self.access.checked_caller(ctx)
-            if caller is not None:   # an existing directory needs only traverse (HDFS)
-                chain = self.access.inode_chain(parts)
-                self.permissions.check_path(caller, parts, chain,
-                                            ancestor=WRITE if len(chain) <= len(parts) else 0)
-            new_owner, new_group = self.access.new_owner(ctx, f"mkdirs {canonical}", canonical,
-                                                         owner, group)
+            new_owner, new_group = self._mkdirs_access(ctx, parts, canonical, owner, group)
             plan = self.ns.planner.plan_mkdirs(canonical, permission, new_owner, new_group,
                                                create_parent=create_parent, exclusive=exclusive,
                                                now_ns=self._wall(ctx),
@@ -186,6 +180,27 @@ class ClientProtocol:
             answer["lease"] = await self.dir_leases.acquire(ctx, canonical, dir_lease,
                                                             dir_lease_inos)
         return answer
+
+    def _mkdirs_access(self, ctx, parts, canonical: str, owner, group):
+        """mkdirs' permission check (an existing directory needs only traverse, as HDFS
+        checks) and the new folders' owner and group."""
+        caller = self.access.checked_caller(ctx)
+        if caller is not None:
+            chain = self.access.inode_chain(parts)
+            self.permissions.check_path(caller, parts, chain,
+                                        ancestor=WRITE if len(chain) <= len(parts) else 0)
+        return self.access.new_owner(ctx, f"mkdirs {canonical}", canonical, owner, group)
+
+    def plan_mkdir(self, ctx, parts, canonical: str, change):
+        """A directory lease holder's batched mkdir (a ``dirops.Mkdir``), checked and
+        planned as ``mkdirs`` (exclusive, no missing parents) would, without locks or
+        journal: the caller holds the path locks and journals the record."""
+        new_owner, new_group = self._mkdirs_access(ctx, parts, canonical, change.owner,
+                                                   change.group)
+        return self.ns.planner.plan_mkdirs(
+            canonical, change.permission, new_owner, new_group, create_parent=False,
+            exclusive=True, now_ns=change_time({HOLDER_TIME: change.time_ns}, self.wall_ns()),
+            chosen_ino=change.ino)
 
     async def rpc_create(self, ctx, path, client_name, overwrite=False, create_parent=True,
                          replication=None, block_size=None, permission=0o644, owner=None,

@@ -196,23 +196,24 @@ def _acked(ack) -> set[tuple[int, str]]:
 @dataclasses.dataclass(frozen=True)
 class BatchPlans:
     """How a run of a holder's changes is checked and planned without locks or journal:
-    the front ends' own checks and planners (``ClientProtocol.plan_whole_create``,
-    ``NamespaceProtocol.plan_unlink`` and ``plan_attrs``), so a change in a run is refused
-    exactly as its call would be."""
+    the front ends' own checks and planners (``ClientProtocol.plan_whole_create`` and
+    ``plan_mkdir``, ``NamespaceProtocol.plan_unlink`` and ``plan_attrs``), so a change in
+    a run is refused exactly as its call would be."""
     create_whole: Callable[..., list]
+    mkdir: Callable[..., object]
     unlink: Callable[..., object]
     attrs: Callable[..., list]
 
 
 def _runnable(change, whole) -> bool:
     """Whether ``change`` may be planned in a run: a create with the write that closes
-    it, an unlink, a mode or times change (the most of what a tree being written or
-    removed sends)."""
+    it, an unlink, a mkdir, a mode or times change (the most of what a tree being written
+    or removed sends)."""
     if isinstance(change, dirops.Create):
         return whole is not None
     if isinstance(change, dirops.SetAttr):
         return change.owner is None and change.group is None
-    return isinstance(change, dirops.Unlink)
+    return isinstance(change, (dirops.Unlink, dirops.Mkdir))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -657,6 +658,11 @@ class DirLeases:
                                            item.whole)
         if isinstance(change, dirops.Unlink):
             return [self.plans.unlink(ctx, item.parts, item.path, change.time_ns)]
+        if isinstance(change, dirops.Mkdir):
+            # the folder and its lease in one journal batch
+            self._check_mkdir(change, item.lease, item.path)
+            return [self.plans.mkdir(ctx, item.parts, item.path, change),
+                    self._child_grant(holder, change)]
         return self.plans.attrs(ctx, item.parts, item.path, change.permission,
                                 change.mtime_ns, change.atime_ns, change.time_ns)
 
@@ -788,26 +794,41 @@ class DirLeases:
         the epoch it named (``child_epoch``), with the part of the parent lease's range
         the change hands it. Journaled after the folder: a crash between leaves the folder
         unleased, and the holder's later changes in it are refused (a prefix)."""
-        fresh = change.inos and not change.first_ino
-        child = InoRange(change.first_ino, change.inos) if change.inos and not fresh \
-            else NO_INOS
-        inside = change.ino in lease.inos and change.ino not in child and (
-            not child.count or (child.first in lease.inos
-                                and child.first + child.count - 1 in lease.inos))
-        if not inside:
-            raise InvalidArgument(
-                f"dir_batch: mkdir {path}: inode {change.ino} and the new folder's range "
-                f"{child} must be disjoint parts of the lease's (epoch {lease.epoch}) on "
-                f"{folder} (reserved: {lease.inos})")
+        self._check_mkdir(change, lease, path)
         ctx = dataclasses.replace(ctx, extra={**ctx.extra, dirops.CHOSEN_INO: change.ino})
         await self.dispatch(ctx, "mkdirs", {
             "path": path, "permission": change.permission, "owner": change.owner,
             "group": change.group, "create_parent": False, "exclusive": True})
-        if fresh:   # ids of the allocator's, as a grant reserves them (none under a quota)
+        await self.edits.log_plan(self._child_grant(holder, change),
+                                  durable=ctx.sync_metadata)
+
+    @staticmethod
+    def _check_mkdir(change: dirops.Mkdir, lease: DirLease, path: str) -> None:
+        """A folder's inode id and the range it hands the new folder's lease must be
+        disjoint parts of its parent lease's range."""
+        child = InoRange(change.first_ino, change.inos) if change.inos and change.first_ino \
+            else NO_INOS
+        if change.ino in lease.inos and change.ino not in child and (
+                not child.count or (child.first in lease.inos
+                                    and child.first + child.count - 1 in lease.inos)):
+            return
+        raise InvalidArgument(
+            f"dir_batch: mkdir {path}: inode {change.ino} and the new folder's range "
+            f"{child} must be disjoint parts of the lease's (epoch {lease.epoch}) on "
+            f"{paths.parent(path)} (reserved: {lease.inos})")
+
+    def _child_grant(self, holder: str, change: dirops.Mkdir) -> DirLeaseGrant:
+        """The holder's lease on the folder ``change`` makes, under the epoch it named
+        (``child_epoch``), with the range it hands it, or (``inos`` without ``first_ino``)
+        ids of the allocator's, as a grant reserves them (none under a quota)."""
+        if change.inos and change.first_ino:
+            child = InoRange(change.first_ino, change.inos)
+        elif change.inos:
             child = self._reserve(change.ino, min(change.inos, MAX_RESERVED_INOS))
-        grant = DirLeaseGrant(ino=change.ino, holder=holder, epoch=change.lease_epoch, **(
+        else:
+            child = NO_INOS
+        return DirLeaseGrant(ino=change.ino, holder=holder, epoch=change.lease_epoch, **(
             {"first_ino": child.first, "inos": child.count} if child.count else {}))
-        await self.edits.log_plan(grant, durable=ctx.sync_metadata)
 
     async def _write(self, ctx, holder: str, change: dirops.Write, path: str) -> None:
         """A small file's whole content, inline: ``complete`` with it (``close``; a close
