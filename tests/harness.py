@@ -373,6 +373,13 @@ LOG_WATCH = LogWatch()
 RUNNING_TEST: tuple[str, bool] | None = None
 
 
+def ctrl_c_reaches_it() -> None:
+    """``preexec_fn`` of a child a test sends SIGINT (Ctrl-C): a shell that started the
+    tests in the background without job control left SIGINT ignored, which the child
+    would inherit, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def require_slow_marker(what: str) -> None:
     """Refuse to start real server processes for a test that is not marked ``slow``, so
     ``-m "not slow"`` really leaves out every test that needs them."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import Mount, ProcessCluster, poll_until
+from harness import Mount, ProcessCluster, ctrl_c_reaches_it, poll_until
 from tools.bench import apps as A
 from tools.bench import calls as C
 from tools.bench import fuse as B
@@ -164,7 +164,8 @@ def test_apps_ctrl_c_removes_the_work_folder_and_archive(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "tools", "bench", "apps", "--path", str(a),
                              "--entries", "40", "--rows", "100000", "--transactions", "100000"],
                             env=_env(tmp_path), cwd=str(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_reaches_it)
     try:
         for line in proc.stderr:   # wait until it is inserting, one fsync'd transaction a row
             if "inserts in 100000 transactions ..." in line:

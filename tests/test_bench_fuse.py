@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import poll_until
+from harness import ctrl_c_reaches_it, poll_until
 from tools.bench import fuse as B
 
 REPO = Path(__file__).resolve().parent.parent
@@ -155,7 +155,8 @@ def test_ctrl_c_removes_the_work_folders(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "tools", "bench", "fuse", "--path", str(a),
                              "--size", "1M", "--files", "2000000", "--tree-files", "20"],
                             env=_env(tmp_path), cwd=str(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_reaches_it)
     try:
         for line in proc.stderr:   # wait until it is creating the small files
             if ": create " in line:
