@@ -29,7 +29,10 @@ epoch ``child_epoch`` names and with a part of the range for the files made in i
 ``fsync(data=..., sync=false)``; empty ``data`` with ``close`` completes an empty file),
 ``SetAttr`` (mode, owner and group, times of an entry, as ``set_permission``,
 ``set_owner`` and ``set_times`` set them; the entry's ctime is the holder's time),
-``Release`` (the holder gives a lease back after the changes before it: ordered with them).
+``Refill`` (the holder asks fresh inode ids for its creates in a folder before it runs out:
+answered with the batch, ``inos``; ``after`` names the range it took last, so a resend is
+not a second refill), ``Release`` (the holder gives a lease back after the changes before
+it: ordered with them).
 
 Pure: no I/O. Concurrency contract: immutable values, safe anywhere.
 """
@@ -228,6 +231,18 @@ class SetAttr:
 
 
 @dataclass(frozen=True)
+class Refill:
+    dir: int
+    epoch: int
+    after: int      # the first id of the range the holder took last (its grant's or refill's)
+    inos: int       # how many it asks for
+
+    def to_wire(self) -> dict:
+        return {"op": "refill", "dir": self.dir, "epoch": self.epoch, "after": self.after,
+                "inos": self.inos}
+
+
+@dataclass(frozen=True)
 class Release:
     dir: int
     epoch: int
@@ -236,7 +251,7 @@ class Release:
         return {"op": "release", "dir": self.dir, "epoch": self.epoch}
 
 
-DirOp = Unlink | Rmdir | Rename | Create | Mkdir | Write | SetAttr | Release
+DirOp = Unlink | Rmdir | Rename | Create | Mkdir | Write | SetAttr | Refill | Release
 
 
 def _opt_int(value, what: str, low: int = 0, high: int = 1 << 63) -> int | None:
@@ -269,6 +284,7 @@ _FIELDS = {"unlink": ("dir", "epoch", "name", "ino", "time"),
                      "perm", "time"),
            "setattr": ("dir", "epoch", "name", "ino", "perm", "owner", "group", "mtime",
                        "atime", "time"),
+           "refill": ("dir", "epoch", "after", "inos"),
            "release": ("dir", "epoch")}
 #: the changes' wire names, as a grant lists the ones its server applies (a holder decides
 #: locally only what it may send: an older server refuses a batch naming a change it does
@@ -293,6 +309,9 @@ def from_wire(item) -> DirOp:
     dir_, epoch = _int(item["dir"], f"{kind} dir"), _int(item["epoch"], f"{kind} epoch")
     if kind == "release":
         return Release(dir_, epoch)
+    if kind == "refill":
+        return Refill(dir_, epoch, _int(item["after"], "refill after"),
+                      _int(item["inos"], "refill inos"))
     name, ino = _name(item["name"], f"{kind} name"), _int(item["ino"], f"{kind} ino")
     time_ns = _int(item["time"], f"{kind} time", low=0)
     if kind == "unlink":
@@ -359,5 +378,5 @@ def batch_from_wire(ops) -> list[DirOp]:
 
 
 __all__ = ["CHILD_EPOCHS", "CHOSEN_INO", "WHOLE", "Create", "Mkdir", "child_epoch", "DirOp", "HOLDER_TIME", "KINDS", "MAX_BATCH",
-           "Release", "Rename", "Rmdir", "SetAttr", "Unlink", "Write", "batch_from_wire",
+           "Refill", "Release", "Rename", "Rmdir", "SetAttr", "Unlink", "Write", "batch_from_wire",
            "change_time", "from_wire"]

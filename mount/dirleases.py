@@ -34,7 +34,8 @@ Rules that keep the namespace what the applications were told:
   not know it holds is answered at once, unless a grant is being asked for: its answer
   may be the one recalled (``asking``), and is then given back unused.
 * A file created here gets an inode from the grant's reserved range (``take_ino``) and the
-  status ``create`` would give it; its stream's small-file publish and close are queued as
+  status ``create`` would give it; a lease running low asks for more in the queue
+  (``Refill``, ``REFILL_AT``), so the next range is there before this one is spent; its stream's small-file publish and close are queued as
   ``Write`` (``file_calls``), a close in its publish's place, and the sender gathers
   changes ``GATHER`` seconds (unless someone waits) so a file made whole goes as a create
   and its close, which the server applies as one. Such a file, once closed, is answered
@@ -98,6 +99,10 @@ GATHER = 0.005
 #: inode numbers a grant is asked to reserve for the files this mount creates under it
 #: (unused ones are only a gap in the numbering)
 INOS_PER_GRANT = 1024
+#: a lease with fewer ids than this left and none on their way asks for ``INOS_PER_GRANT``
+#: more (``dirops.Refill``, answered with the batch it goes in): a folder of many files
+#: never waits for ids, nor falls back to creating by calls
+REFILL_AT = 512
 #: folders below a folder that one grant is asked to lease too, when a tree is being
 #: walked and changed here (``lease_for(below=True)``: a listing in a held folder, an
 #: rmdir of a held folder): rm -rf of a tree takes a few grants, not one per folder
@@ -161,6 +166,14 @@ class LeasedDir:
     makes_dirs: bool = False
     # made here: the server hands its reserved ids with the answer to its mkdir
     awaiting_inos: bool = False
+    # the grant's server refills a lease's ids (and the grant reserved some), the first id
+    # of the newest range this mount knows (a refill names it, so a resend is not a second
+    # refill), the next range once a refill answered it, and whether one is on its way
+    refills: bool = False
+    newest: int = 0
+    spare_first: int = 0
+    spare_end: int = 0
+    refilling: bool = False
     # trio time the grant was asked for, and how long after the mount last heard from
     # the server the lease may decide anything (``DirLeaseHolder.usable``)
     asked_at: float = 0.0
@@ -169,15 +182,47 @@ class LeasedDir:
     def take_ino(self) -> int | None:
         """A reserved inode number for a file created here, or None (create it by a call)."""
         if self.next_ino >= self.end_ino:
-            return None
+            if not self._next_range():
+                return None
         self.next_ino += 1
         return self.next_ino - 1
+
+    def _next_range(self) -> bool:
+        """Go on with the range a refill gave, if any."""
+        if not self.spare_first:
+            return False
+        self.next_ino, self.end_ino = self.spare_first, self.spare_end
+        self.spare_first = self.spare_end = 0
+        return True
+
+    def ids_on_their_way(self) -> bool:
+        """Whether none is left to take now but some are coming (its mkdir's answer, or a
+        refill's): a create or mkdir here waits for them rather than being a call."""
+        return self.awaiting_inos or (self.refilling and self.next_ino >= self.end_ino
+                                      and not self.spare_first)
+
+    def wants_refill(self) -> bool:
+        """Whether to ask for more ids now (few left, none on their way)."""
+        return (self.refills and not self.refilling and not self.spare_first
+                and not self.awaiting_inos and self.newest > 0
+                and self.end_ino - self.next_ino < REFILL_AT)
+
+    def refilled(self, first: int, count: int) -> None:
+        """A refill's answer: its range comes after the one in use (none: under a quota,
+        no refill is asked again)."""
+        self.refilling = False
+        if count:
+            self.spare_first, self.spare_end, self.newest = first, first + count, first
+        else:
+            self.refills = False
 
     def take_dir_inos(self) -> tuple[int, int, int] | None:
         """For a folder made here: its inode number and the ids its own lease gets: ``first,
         count`` out of this range (``CHILD_INOS``, from its far end) while it keeps as
         many for itself, else ``0, INOS_PER_GRANT``: the server reserves them when it
         makes the folder and answers them. None when no id is left (make it by a call)."""
+        if self.next_ino >= self.end_ino:
+            self._next_range()
         left = self.end_ino - self.next_ino
         if left < 1:
             return None
@@ -186,6 +231,9 @@ class LeasedDir:
         if left > 2 * CHILD_INOS:
             self.end_ino -= CHILD_INOS
             return ino, self.end_ino, CHILD_INOS
+        if self.spare_end - self.spare_first > 2 * CHILD_INOS:
+            self.spare_end -= CHILD_INOS
+            return ino, self.spare_end, CHILD_INOS
         return ino, 0, INOS_PER_GRANT
 
     def closed_here(self, close: dirops.Write) -> None:
@@ -243,10 +291,15 @@ class DirLeaseHolder:
         # leases a refused change relied on, their release queued (epoch -> lease): they
         # are forgotten once it is sent
         self._ending: dict[int, LeasedDir] = {}
+        # leases whose refill of ids is on its way (epoch -> lease)
+        self._refilling: dict[int, LeasedDir] = {}
         self._refused: dict[str, float] = {}          # path -> not asked again until
         # trio time the last answered events poll was sent: no recall the mount has not
         # seen is older than it; and the events it acted on, acknowledged by the next poll
         self._confirmed = -float("inf")
+        # the events poll in flight (its scope, its wait)
+        self._poll_scope: trio.CancelScope | None = None
+        self._poll_for = 0.0
         self._to_ack: list[list] = []
         self._queue: list[dirops.DirOp] = []
         # what the queued changes touch, for the barrier's reads (``_touches``): per change
@@ -426,10 +479,16 @@ class DirLeaseHolder:
                            next_ino=first, end_ino=first + count,
                            sets_attrs="setattr" in (grant.get("changes") or ()),
                            makes_dirs="mkdir" in (grant.get("changes") or ()),
+                           refills="refill" in (grant.get("changes") or ()) and count > 0,
+                           newest=first,
                            asked_at=asked, trust=limit * TRUST_SHARE)
         self._leases[kernel_ino] = leased
         self._leases_gen += 1
         self._holding.set()
+        if self._poll_scope is not None and leased.trust / 3 < self._poll_for:
+            # the poll in flight would confirm this lease too late (asked before it was
+            # held, with a longer wait): it is asked again with this lease's
+            self._poll_scope.cancel()
         return leased
 
     async def listing(self, kernel_ino: int, path: str) -> list[FileStatus] | None:
@@ -577,9 +636,12 @@ class DirLeaseHolder:
         leased.entries[name] = status
         leased.stale.add(name)   # written next: its size and times are the open file's
         now = self.changed(leased, children=1, now=status.mtime_ns)
-        await self.queue(dirops.Create(leased.ino, leased.epoch, os.fsdecode(name), status.ino,
-                                       status.mode, owner, group, replication, block_size, now),
-                         dirs=(folder,), names=(status.path,))
+        self._append(dirops.Create(leased.ino, leased.epoch, os.fsdecode(name), status.ino,
+                                   status.mode, owner, group, replication, block_size, now),
+                     (folder,), (status.path,))
+        self._refill_if_low(leased)
+        if len(self._queue) > QUEUE_LIMIT:
+            await self.flush()
 
     async def make_dir(self, leased: LeasedDir, folder: str, name: bytes, status: FileStatus,
                        inos: tuple[int, int, int], *, owner: str | None,
@@ -598,12 +660,25 @@ class DirLeaseHolder:
         child = LeasedDir(ino, ino, change.lease_epoch, status, {},
                           used=trio.current_time(), next_ino=first, end_ino=own,
                           sets_attrs=leased.sets_attrs, makes_dirs=leased.makes_dirs,
+                          refills=leased.refills, newest=first,
                           awaiting_inos=not first and count > 0,
                           asked_at=leased.asked_at, trust=leased.trust)
         self._leases[ino] = child
         self._leases_gen += 1
-        await self.queue(change, dirs=(folder,), names=(status.path,))
+        self._append(change, (folder,), (status.path,))
+        self._refill_if_low(leased)
+        if len(self._queue) > QUEUE_LIMIT:
+            await self.flush()
         return child
+
+    def _refill_if_low(self, leased: LeasedDir) -> None:
+        """Ask for more ids for ``leased`` when it runs low (in the queue: the answer
+        comes with the batch, before the range in use is spent)."""
+        if leased.wants_refill():
+            leased.refilling = True
+            self._refilling[leased.epoch] = leased
+            self._append(dirops.Refill(leased.ino, leased.epoch, leased.newest,
+                                       INOS_PER_GRANT))
 
     def file_calls(self, kernel_ino: int, ino: int, ended: Callable[[], bool]):
         """The metadata calls of the stream of file ``ino`` created here: a small file's
@@ -881,19 +956,26 @@ class DirLeaseHolder:
             first, count = _reserved(granted["inos"])
         except (KeyError, IndexError, TypeError):
             return
+        if isinstance(change, dirops.Refill):
+            leased = self._refilling.pop(change.epoch, None)
+            if leased is not None and self._leases.get(leased.kernel_ino) is leased:
+                leased.refilled(first, count)
+            return
         made = self._leases.get(change.ino) if isinstance(change, dirops.Mkdir) else None
         if made is not None and made.epoch == change.lease_epoch and made.awaiting_inos:
             made.next_ino, made.end_ino = first, first + count
+            made.newest = first
             made.awaiting_inos = False
 
     async def lease_to_make(self, kernel_ino: int, path: str,
                             name: bytes) -> LeasedDir | None:
-        """``lease_for``, for a create or mkdir of ``name``: in a folder made here whose
-        ids are still on their way (its mkdir's answer), first waits for them."""
+        """``lease_for``, for a create or mkdir of ``name``: in a folder whose ids are
+        still on their way (a folder made here: its mkdir's answer; a refill asked for too
+        late), first waits for them (a call would wait for the queue all the same)."""
         leased = await self.lease_for(kernel_ino, path)
-        if leased is not None and leased.awaiting_inos and name not in leased.entries:
+        if leased is not None and leased.ids_on_their_way() and name not in leased.entries:
             await self.flush()
-            if leased.next_ino < leased.end_ino:
+            if not leased.ids_on_their_way():
                 leased = await self.lease_for(kernel_ino, path)
         return leased
 
@@ -973,6 +1055,7 @@ class DirLeaseHolder:
         self._leases.clear()
         self._leases_gen += 1
         self._ending.clear()
+        self._refilling.clear()
         self._ack(len(batch))
 
     async def _events_loop(self) -> None:
@@ -987,13 +1070,21 @@ class DirLeaseHolder:
             wait = self._poll_wait() if self._leases or self._asking else 0.0
             sent = trio.current_time()
             acks, self._to_ack = self._to_ack, []
-            try:
-                events = await self._client.dir_lease_events(wait=wait, ack=acks)
-            except LeaseFSError as exc:
-                self._to_ack = acks + self._to_ack   # acknowledged by the next poll
-                log.info("directory lease recalls: %s; asking again", exc)
-                await trio.sleep(delay)
-                delay = min(2.0, delay * 2)
+            events = None
+            with trio.CancelScope() as self._poll_scope:
+                self._poll_for = wait
+                try:
+                    events = await self._client.dir_lease_events(wait=wait, ack=acks)
+                except LeaseFSError as exc:
+                    self._to_ack = acks + self._to_ack   # acknowledged by the next poll
+                    log.info("directory lease recalls: %s; asking again", exc)
+                    await trio.sleep(delay)
+                    delay = min(2.0, delay * 2)
+                    continue
+                finally:
+                    self._poll_scope = None
+            if events is None:   # cut short for a lease trusted less long: asked again
+                self._to_ack = acks + self._to_ack
                 continue
             delay = 0.1
             self._confirmed = max(self._confirmed, sent)

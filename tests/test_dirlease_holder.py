@@ -249,3 +249,32 @@ def test_a_lease_not_heard_of_for_its_trust_decides_nothing_until_a_poll_answers
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_grant_trusted_less_long_than_the_poll_in_flight_waits_is_asked_for_again(
+        monkeypatch):
+    """A poll sent while a grant was being asked for waits as long as the default trust
+    allows; the grant that comes meanwhile says a shorter recall limit. The poll in
+    flight is cut short and asked again with the new lease's wait, so the lease stays
+    usable all along (before, it answered nothing from 1.2 s after its grant until that
+    long poll came back at 2 s, and a tree made meanwhile was made by calls)."""
+    monkeypatch.setattr(dirleases, "IDLE_FOR", 1000.0)
+
+    async def main():
+        server = Polled()
+        held = holder(server)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(held.run)
+            with held.asking():
+                # fixed-sleep: the poll of a grant being asked for is on its way
+                await trio.sleep(0.1)
+                assert server.waits == [2.0]
+                held.adopt(FOLDER, grant(9, recall_limit=2.0), trio.current_time())
+            for _ in range(100):   # 5 s, in steps, each one must find the lease usable
+                assert held.held(FOLDER) is not None
+                # fixed-sleep: the times are the subject (the mock clock jumps them)
+                await trio.sleep(0.05)
+            assert max(server.waits[1:]) <= 0.4 + 1e-9
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

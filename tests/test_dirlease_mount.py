@@ -851,20 +851,37 @@ def test_small_files_made_here_are_read_back_without_a_call(cluster, a, b):
     assert (top / "f7").read_bytes() == other
 
 
-def test_many_creates_in_one_folder_outlast_the_reserved_inodes(a, b):
-    """More creates in one folder than a grant reserves inodes for: the rest are created
-    by calls, every file there with its content."""
+def test_many_creates_in_one_folder_are_all_decided_under_its_lease(cluster, a, b):
+    """More creates in a folder, and in folders made under it, than a grant reserves
+    inodes for: the leases ask for more ahead (refills), so none of them is a call, and
+    every file is there with its content. (The module's short recall limit also checks
+    that the lease stays usable from its grant on: a poll sent before it, waiting as long
+    as the default limit allows, is asked again with the lease's shorter wait.)"""
     from mount.dirleases import INOS_PER_GRANT
 
     top = a.mp / "many"
     top.mkdir()
-    count = INOS_PER_GRANT + 50
+    (top / "sub").mkdir()
+    count = 2 * INOS_PER_GRANT + 50
+    calls = meta_calls(cluster, "create"), meta_calls(cluster, "mkdirs")
     for n in range(count):
         (top / f"f{n}").write_text(str(n))
-    listed = os.listdir(b.mp / "many")
-    assert len(listed) == count
+        if n % 3 == 0:
+            (top / "sub" / f"s{n}").write_text(str(-n))
+        if n % 400 == 0:   # folders made here take a part of the range in use
+            (top / f"d{n}").mkdir()
+            (top / f"d{n}" / "x").write_text(str(n))
+    assert (meta_calls(cluster, "create"), meta_calls(cluster, "mkdirs")) == calls
+    folders = [f"d{n}" for n in range(0, count, 400)]
+    assert sorted(os.listdir(b.mp / "many")) == sorted(
+        [f"f{n}" for n in range(count)] + ["sub"] + folders)
+    assert len(os.listdir(b.mp / "many" / "sub")) == len(range(0, count, 3))
     for n in range(0, count, 97):
         assert (b.mp / "many" / f"f{n}").read_text() == str(n)
+    for n in range(0, count, 3 * 97):
+        assert (b.mp / "many" / "sub" / f"s{n}").read_text() == str(-n)
+    for name in folders:
+        assert (b.mp / "many" / name / "x").read_text() == name[1:]
 
 
 def test_fsync_makes_files_created_here_durable_before_a_kill(tmp_path):

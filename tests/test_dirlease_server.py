@@ -20,7 +20,7 @@ from fs.errors import (FileNotFound, InvalidArgument, LeaseExpired, NotDirectory
 from harness import ProcessCluster, make_test_config
 from meta.journal.files import Record
 from meta.journal.kv import MemoryStore, PlyvelStore
-from meta.journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
+from meta.journal.ops_dirleases import DirLeaseGrant, DirLeaseRefill, DirLeaseRelease
 from meta.leases.dirleases import NO_INOS, InoRange, StoredLease
 from meta.schema import keys
 from meta.namespace.namespace import Namespace
@@ -128,6 +128,38 @@ def test_a_grants_reserved_inodes_are_journaled_and_next_ino_moves_past_them(tmp
     assert server.ns.view.dir_leases() == [StoredLease(e, "h", 5)]
     # the ids stay spent: the counter never goes back
     assert server.ns.view.counters[keys.NEXT_INO] == first + 100
+
+
+def test_a_refill_record_as_a_successor_replays_it(tmp_path):
+    """DIR_LEASE_REFILL: the lease key gets the new range and keeps the one it had as
+    ``earlier``, the one before goes; the stored next_ino moves past it; a rebuild has
+    both ranges; a refill of a lease that ended meanwhile changes no lease (its ids stay
+    spent)."""
+    server = MetaServer(make_test_config(), MemoryStore(), str(tmp_path / "replica"))
+    server._apply([Record(1, *server.ns.planner.plan_format(7, 1).to_wire())])
+    server._apply([Record(2, *server.ns.planner.plan_mkdirs("/d", now_ns=2).to_wire())])
+    d = server.ns.view.get_file_info("/d")["ino"]
+    first = server.ns.view.counters[keys.NEXT_INO]
+    server._apply([Record(3, *DirLeaseGrant(ino=d, holder="h", first_ino=first,
+                                            inos=10).to_wire())])
+    server._apply([Record(4, *DirLeaseRefill(ino=d, holder="h", epoch=3,
+                                             first_ino=first + 10, inos=20).to_wire())])
+    lease = server.dir_leases.lease_of(d)
+    assert (lease.inos, lease.earlier) == (InoRange(first + 10, 20), InoRange(first, 10))
+    server._apply([Record(5, *DirLeaseRefill(ino=d, holder="h", epoch=3,
+                                             first_ino=first + 30, inos=5).to_wire())])
+    assert server.ns.view.dir_leases() == [
+        StoredLease(d, "h", 3, InoRange(first + 30, 5), InoRange(first + 10, 20))]
+    assert server.ns.view.counters[keys.NEXT_INO] == first + 35
+    server.rebuild_memory()
+    lease = server.dir_leases.lease_of(d)
+    assert lease.range_of(first + 12) == InoRange(first + 10, 20)
+    assert lease.range_of(first + 1) is None
+    server._apply([Record(6, *DirLeaseRelease(ino=d, holder="h", epoch=3).to_wire())])
+    server._apply([Record(7, *DirLeaseRefill(ino=d, holder="h", epoch=3,
+                                             first_ino=first + 35, inos=5).to_wire())])
+    assert server.dir_leases.lease_of(d) is None and server.ns.view.dir_leases() == []
+    assert server.ns.view.counters[keys.NEXT_INO] == first + 40
 
 
 @pytest.mark.slow
@@ -710,6 +742,75 @@ def test_reserved_inode_ids_survive_a_restart(tmp_path):
         store = PlyvelStore(str(cluster.meta_dir() / "db"), create=False)
         try:
             assert Namespace(store).view.counters[keys.NEXT_INO] > ids[-1]
+        finally:
+            store.close()
+
+
+@pytest.mark.slow
+def test_a_refill_gives_a_held_lease_more_ids_once_and_they_survive_a_restart(tmp_path):
+    """``dir_batch`` refill: fresh ids answered with the batch, disjoint from what anyone
+    else gets; the range in use stays usable after it, the one before it goes at the next
+    refill; a resend (its answer lost) refills nothing again and answers the same range;
+    the refilled ranges come back after a restart (the stored next_ino is past them); none
+    under a quota; malformed refills refuse the batch."""
+    def refill(grant, after, count=8):
+        return dirops.Refill(grant["attrs"]["ino"], grant["epoch"], after, count)
+
+    with ProcessCluster(tmp_path, n_storage=0) as cluster:
+        with cluster.client() as a, cluster.client() as b:
+            a.mkdirs("/d")
+            a.mkdirs("/q/sub")
+            a.set_quota("/q", ns_quota=1000)
+            d = a.dir_lease_acquire("/d", want_inos=4)
+            first = reserved(d)
+            at = time.time_ns()
+            ask = [create(d, "f0", first[0], at), refill(d, first.start)]
+            answer = a.dir_batch(ask)
+            assert answer["failed"] == [] and answer["done"] == 2
+            [(index, (start, count))] = [(g["index"], g["inos"]) for g in answer["inos"]]
+            assert index == 1 and count == 8
+            second = range(start, start + count)
+            assert not set(second) & set(first)
+            # sent again: nothing refilled twice, the same range answered
+            again = a.dir_batch(ask)
+            assert again["skipped"] == 2 and again["inos"] == [{"index": 1,
+                                                                 "inos": [start, 8]}]
+            b.write_file("/x", b"x")
+            assert b.get_file_status("/x").ino not in second
+            # both ranges serve creates; a folder made here may take a part of the new one
+            D = d["attrs"]["ino"]
+            ops = [create(d, "f1", first[1], at), create(d, "g0", second[0], at),
+                   dirops.Mkdir(D, d["epoch"], "sub", second[1], 0o755, None, None,
+                                second[4], 4, at)]
+            assert a.dir_batch(ops)["failed"] == []
+            restart_meta(cluster)
+            assert a.dir_batch([create(d, "f2", first[2], at),
+                                create(d, "g2", second[2], at)])["failed"] == []
+            # a second refill: the first range goes, the second stays
+            answer = a.dir_batch([refill(d, second.start)])
+            [granted] = answer["inos"]
+            third = range(granted["inos"][0], granted["inos"][0] + 8)
+            assert not set(third) & (set(first) | set(second))
+            answer = a.dir_batch([create(d, "f3", first[3], at),
+                                  create(d, "g3", second[3], at),
+                                  create(d, "h0", third[0], at)])
+            assert [f["index"] for f in answer["failed"]] == [0]
+            assert f"reserved: {second[0]} to {second[-1]}, {third[0]} to {third[-1]}" \
+                in answer["failed"][0]["error"]["message"]
+            assert sorted(e["name"] for e in a.dir_lease_acquire("/d")["entries"]) == [
+                "f0", "f1", "f2", "g0", "g2", "g3", "h0", "sub"]
+            # under a quota: none
+            q = a.dir_lease_acquire("/q/sub", want_inos=4)
+            answer = a.dir_batch([refill(q, 1)])
+            assert answer["inos"] == [{"index": 0, "inos": [0, 0]}]
+            for bad, why in (({**refill(d, 1).to_wire(), "inos": 0}, "refill inos"),
+                             ({**refill(d, 1).to_wire(), "after": "x"}, "refill after")):
+                with pytest.raises(InvalidArgument, match=why):
+                    a.dir_batch([bad])
+        cluster.stop()
+        store = PlyvelStore(str(cluster.meta_dir() / "db"), create=False)
+        try:
+            assert Namespace(store).view.counters[keys.NEXT_INO] > third[-1]
         finally:
             store.close()
 

@@ -122,7 +122,22 @@ class DirLease:
     epoch: int                      # the journal transaction of its grant
     state: DirLeaseState
     recall_deadline: float | None   # RECALLING: given back or flushing again by then
-    inos: InoRange = NO_INOS        # reserved by its grant for the holder's creates
+    inos: InoRange = NO_INOS        # reserved by its grant (or last refill) for its creates
+    # the range before the last refill: the holder's changes queued before the refill
+    # still use it (it asks for a refill only once it took its last range)
+    earlier: InoRange = NO_INOS
+
+    def range_of(self, ino: int) -> InoRange | None:
+        """The reserved range that holds ``ino``, or None."""
+        if ino in self.inos:
+            return self.inos
+        if ino in self.earlier:
+            return self.earlier
+        return None
+
+    def reserved_text(self) -> str:
+        """The reserved ids, for an error."""
+        return str(self.inos) if not self.earlier.count else f"{self.earlier}, {self.inos}"
 
 
 @dataclass(frozen=True)
@@ -132,6 +147,7 @@ class StoredLease:
     holder: str
     epoch: int
     inos: InoRange = NO_INOS
+    earlier: InoRange = NO_INOS
 
 
 class DirLeaseTable:
@@ -198,6 +214,16 @@ class DirLeaseTable:
         self._put(lease)
         return lease
 
+    def refill(self, ino: int, holder: str, epoch: int, inos: InoRange,
+               what: str) -> DirLease:
+        """``holder``'s lease ``epoch`` on ``ino`` gets fresh ids ``inos`` (journaled by
+        the caller); the range it had stays usable, the one before it goes. No change of
+        state: a refill is not an event of the lease's life."""
+        lease = self.check(ino, holder, epoch, what)
+        lease = replace(lease, inos=inos, earlier=lease.inos)
+        self._put(lease)
+        return lease
+
     def flush(self, ino: int, holder: str, epoch: int, now: float, what: str) -> DirLease:
         """A batch of ``holder``'s changes in ``ino`` arrived under ``epoch``: accepted
         (``check``), and a recall's deadline moves ``recall_limit`` past now."""
@@ -236,7 +262,8 @@ class DirLeaseTable:
             current = self._by_ino.get(one.ino)   # a second grant of one directory is refused
             state = next_state(None if current is None else current.state,
                                DirLeaseEvent.RESTART)
-            self._put(DirLease(one.ino, one.holder, one.epoch, state, None, one.inos))
+            self._put(DirLease(one.ino, one.holder, one.epoch, state, None, one.inos,
+                               one.earlier))
 
     # ------------------------------------------------------------------ internals
     def _put(self, lease: DirLease) -> None:

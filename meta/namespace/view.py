@@ -472,7 +472,8 @@ class NamespaceView:
         for k, v in self.kv.scan(keys.DIR_LEASE):
             lease = keys.unpack(v)
             out.append(StoredLease(keys.parse_dir_lease_key(k), lease["holder"],
-                                   lease["epoch"], stored_inos(lease)))
+                                   lease["epoch"], stored_inos(lease),
+                                   stored_inos(lease, "earlier_")))
         return out
 
     def lock_holders(self) -> list[str]:

@@ -55,8 +55,9 @@ key                    value (msgpack)                             meaning
                        reservation also ``first_ino``, ``inos``     dirleases``); goes with
                        (inode ids the grant reserved for the        its DIR_LEASE_RELEASE
                        holder's creates; ``next_ino`` is past       (given back or expired);
-                       them)                                        may outlive its directory
-                                                                    until then
+                       them); after a DIR_LEASE_REFILL those are    may outlive its directory
+                       its ids and ``earlier_first_ino``,           until then
+                       ``earlier_inos`` the range it had
 ``K<client>``          map: ``since`` (wall ns of its record)      a client that may hold
                                                                     file locks (``lock_*``:
                                                                     the lock table itself is

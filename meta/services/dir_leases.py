@@ -74,7 +74,7 @@ import trio
 from fs import dirops, paths
 from fs.errors import InvalidArgument, LeaseExpired, LeaseFSError, NotDirectory
 
-from ..journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
+from ..journal.ops_dirleases import DirLeaseGrant, DirLeaseRefill, DirLeaseRelease
 from ..leases.dirleases import NO_INOS, DirLease, InoRange, StoredLease, Verdict
 from ..namespace.args import MAX_LIST_LIMIT, check_int, check_name
 from ..namespace.locks import LOCK_PARENT, LOCK_WRITE, lock_set, merge
@@ -671,7 +671,14 @@ class DirLeases:
         with their leases, by index."""
         out = []
         for index, change in enumerate(changes):
-            if isinstance(change, dirops.Mkdir) and change.inos and not change.first_ino:
+            if isinstance(change, dirops.Refill):
+                lease = self.table.lease_of(change.dir)
+                if lease is not None and lease.holder == holder \
+                        and lease.epoch == change.epoch:
+                    # refilled: the range it took last is not the newest any more
+                    out.append({"index": index, "inos": lease.inos.to_wire()
+                                if lease.inos.first != change.after else [0, 0]})
+            elif isinstance(change, dirops.Mkdir) and change.inos and not change.first_ino:
                 lease = self.table.lease_of(change.ino)
                 if lease is not None and lease.holder == holder \
                         and lease.epoch == change.lease_epoch:
@@ -702,7 +709,12 @@ class DirLeases:
         write to a file that is closed was applied: one that does not close it (a later
         close was applied too), and a close when the file holds exactly its content
         (``closed_with``, complete's own retry rule; with other content it is not taken
-        for a resend, and its ``complete`` says what is wrong)."""
+        for a resend, and its ``complete`` says what is wrong). A refill was applied when
+        the lease's newest range is no longer the one it names as taken last."""
+        if isinstance(change, dirops.Refill):
+            lease = self.table.lease_of(change.dir)
+            return (lease is not None and lease.holder == holder
+                    and lease.epoch == change.epoch and lease.inos.first != change.after)
         if isinstance(change, (dirops.Create, dirops.Mkdir)):
             if self.view.lookup(change.dir, change.name) == change.ino:
                 return True
@@ -710,7 +722,7 @@ class DirLeases:
                 return False
             lease = self.table.lease_of(change.dir)
             held = lease is not None and lease.holder == holder and lease.epoch == change.epoch
-            return not held or change.ino in lease.inos
+            return not held or lease.range_of(change.ino) is not None
         if self.view.lookup(change.dir, change.name) != change.ino:
             return True
         if isinstance(change, dirops.Write):
@@ -738,6 +750,9 @@ class DirLeases:
     async def _apply_change(self, ctx, holder: str, change, lease: DirLease,
                             whole: dirops.Write | None = None) -> None:
         """One change of a batch, as its call would make it."""
+        if isinstance(change, dirops.Refill):
+            await self._refill(ctx, holder, change)
+            return
         folder = self.view.path_of(change.dir)
         if folder is None:
             raise LeaseFSError(f"dir_batch: leased directory inode {change.dir} has no path")
@@ -779,13 +794,24 @@ class DirLeases:
             "permission": change.permission, "owner": change.owner, "group": change.group,
             "replication": change.replication, "block_size": change.block_size})
 
+    async def _refill(self, ctx, holder: str, change: dirops.Refill) -> None:
+        """Fresh ids for a held lease's creates, as a grant reserves them (none under a
+        quota: the answer says ``[0, 0]``), journaled with the changes they serve."""
+        reserved = self._reserve(change.dir, min(change.inos, MAX_RESERVED_INOS))
+        if not reserved.count:
+            return
+        await self.edits.log_plan(DirLeaseRefill(
+            ino=change.dir, holder=holder, epoch=change.epoch, first_ino=reserved.first,
+            inos=reserved.count), durable=ctx.sync_metadata)
+
     @staticmethod
     def _check_reserved(change: dirops.Create, lease: DirLease, path: str) -> None:
         """A holder creates only under the ids its lease reserved."""
-        if change.ino not in lease.inos:
+        if lease.range_of(change.ino) is None:
             raise InvalidArgument(
                 f"dir_batch: create {path}: inode {change.ino} is not one the lease (epoch "
-                f"{lease.epoch}) on {paths.parent(path)} reserved (reserved: {lease.inos})")
+                f"{lease.epoch}) on {paths.parent(path)} reserved (reserved: "
+                f"{lease.reserved_text()})")
 
     async def _mkdir(self, ctx, holder: str, change: dirops.Mkdir, lease: DirLease,
                      folder: str, path: str) -> None:
@@ -808,14 +834,15 @@ class DirLeases:
         disjoint parts of its parent lease's range."""
         child = InoRange(change.first_ino, change.inos) if change.inos and change.first_ino \
             else NO_INOS
-        if change.ino in lease.inos and change.ino not in child and (
-                not child.count or (child.first in lease.inos
-                                    and child.first + child.count - 1 in lease.inos)):
+        within = lease.range_of(child.first) if child.count else None
+        if lease.range_of(change.ino) is not None and change.ino not in child and (
+                not child.count or (within is not None
+                                    and child.first + child.count - 1 in within)):
             return
         raise InvalidArgument(
             f"dir_batch: mkdir {path}: inode {change.ino} and the new folder's range "
             f"{child} must be disjoint parts of the lease's (epoch {lease.epoch}) on "
-            f"{paths.parent(path)} (reserved: {lease.inos})")
+            f"{paths.parent(path)} (reserved: {lease.reserved_text()})")
 
     def _child_grant(self, holder: str, change: dirops.Mkdir) -> DirLeaseGrant:
         """The holder's lease on the folder ``change`` makes, under the epoch it named
@@ -882,6 +909,10 @@ class DirLeases:
         """A DIR_LEASE_GRANT applied (live, from the HA log)."""
         self.table.grant(ino, holder, epoch, inos)
         self._seen[holder] = self.clock()
+
+    def lease_refilled(self, ino: int, holder: str, epoch: int, inos: InoRange) -> None:
+        """A DIR_LEASE_REFILL applied (live, from the HA log) to a lease still held."""
+        self.table.refill(ino, holder, epoch, inos, self.view.path_of(ino) or f"inode {ino}")
 
     def lease_ended(self, ino: int, epoch: int) -> None:
         """A DIR_LEASE_RELEASE that ended lease ``epoch`` of ``ino`` applied: the accesses
