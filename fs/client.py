@@ -61,6 +61,15 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+@functools.cache
+def _output_class():
+    """``AsyncOutputStream``, imported at the first output stream and kept: an import
+    statement run per stream costs a lookup each time (a mount creating small files makes
+    thousands)."""
+    from .streams import AsyncOutputStream
+    return AsyncOutputStream
+
+
 __all__ = ["AsyncClient", "Client", "FileSettings", "FileStatus", "Changed", "Moved",
            "AsyncInputStream", "AsyncOutputStream", "InputStream", "OutputStream"]
 
@@ -360,11 +369,16 @@ class AsyncClient:
                     bytes_per_checksum: int | None = None) -> AsyncOutputStream:
         """A stream for a file this client now holds the lease of, kept alive by the
         renewer until it closes."""
-        from .streams import AsyncOutputStream
-        stream = AsyncOutputStream(self, path, status, bytes_per_checksum=bytes_per_checksum)
+        stream = _output_class()(self, path, status, bytes_per_checksum=bytes_per_checksum)
+        self.track_output(stream)
+        return stream
+
+    def track_output(self, stream) -> None:
+        """``stream`` (an output stream, or another writer of a file this client holds
+        the lease of, with ``path``, ``abort`` and ``close``) is open: the renewer keeps
+        the lease alive and ``aclose`` closes it, until ``output_closed``."""
         self._outputs[id(stream)] = stream
         self._renewer.add(stream)
-        return stream
 
     def output_closed(self, stream: AsyncOutputStream) -> None:
         self._outputs.pop(id(stream), None)

@@ -11,7 +11,9 @@ Behaviour: while at least one output stream is registered, call ``renew()`` ever
 logged and retried at the next period; once renewals have failed for longer than
 ``hard_limit`` seconds since the last success, the lease is surely gone, so every registered
 stream is aborted with ``LeaseExpired`` (their next write/close raises it). The task ends
-when no stream is registered; ``add`` starts it again.
+at the end of a period in which no stream is left registered (not the moment the last one
+goes: files opened and closed one after another, a tree being extracted, keep one task
+instead of starting one each); ``add`` starts it again.
 
 Concurrency contract: all methods run on the client's trio thread. ``add``/``remove`` are
 synchronous and may be called from any task; the renew loop runs as one task in the
@@ -52,7 +54,6 @@ class LeaseRenewer:
         self._nursery = nursery
         self._streams: dict[int, Abortable] = {}
         self._running = False
-        self._wakeup = trio.Event()
         #: trio time of the last successful renewal (or of the first file opened)
         self.last_success: float | None = None
         #: renewals done and failed, for logs and tests
@@ -65,8 +66,9 @@ class LeaseRenewer:
 
     def add(self, stream: Abortable) -> None:
         """Register an output stream; starts the renew task if it is not running."""
-        if not self._streams and not self._running:
+        if not self._streams:
             # the create/append that opened the file just renewed the lease on the server
+            # (a task still running out its period with no stream starts from here too)
             self.last_success = trio.current_time()
         self._streams[id(stream)] = stream
         if not self._running:
@@ -74,17 +76,14 @@ class LeaseRenewer:
             self._nursery.start_soon(self._run, name=f"lease-renewer {self.holder}")
 
     def remove(self, stream: Abortable) -> None:
-        """Unregister a stream (closed or aborted); the task ends when none are left."""
+        """Unregister a stream (closed or aborted); the task ends at the end of its period
+        when none is left then."""
         self._streams.pop(id(stream), None)
-        if not self._streams:
-            self._wakeup.set()
 
     async def _run(self) -> None:
         try:
-            while self._streams:
-                self._wakeup = trio.Event()
-                with trio.move_on_after(self.period):
-                    await self._wakeup.wait()
+            while True:
+                await trio.sleep(self.period)
                 if not self._streams:
                     break
                 await self.renew_once()

@@ -93,6 +93,30 @@ def _effective_packet_size(packet_size: int, bytes_per_checksum: int) -> int:
     return max(bytes_per_checksum, size - size % bytes_per_checksum)
 
 
+def kept_whole_max(config, status: dict, bytes_per_checksum: int | None = None) -> int:
+    """The most bytes a new stream of the file ``status`` describes keeps wholly in hand
+    (none sent to a block server) and may still store inline: within ``inline_max``,
+    below a packet and below a block (a full packet or block is sent at once). A writer
+    that holds a small file's bytes itself (the mount's ``Draft``) hands them to a stream
+    (``take_over``) before they pass this, so the stream's calls are the same."""
+    block_size = int(status.get("block_size") or config.block_size)
+    packet = _effective_packet_size(config.packet_size,
+                                    int(bytes_per_checksum or config.bytes_per_checksum))
+    return max(0, min(int(config.inline_max), block_size - 1, packet - 1))
+
+
+@dataclass(frozen=True)
+class Unsent:
+    """What a writer that held a new file's first bytes itself hands the stream that goes
+    on with it (``AsyncOutputStream.take_over``): the bytes (none sent to a block server),
+    how many times they were stored inline on the metadata server (``fsync`` with
+    ``data``), and whether bytes were written since the last publish."""
+
+    data: bytes
+    inline_syncs: int
+    unpublished: bool
+
+
 @dataclass(frozen=True)
 class _Broken:
     """What a pipeline recovery starts from: the block as the metadata server knows it, the
@@ -384,6 +408,17 @@ class AsyncOutputStream:
         self._pos = end
         if previous is not None:
             self._previous = previous
+
+    def take_over(self, unsent: Unsent) -> None:
+        """A new stream (nothing written yet) going on from a writer that held the file's
+        first bytes itself (``kept_whole_max``): they come first in the stream, as if
+        written here, with the inline copies already stored counted (the server answers
+        readers with the latest until the first block settles it, as for ``start_with``)."""
+        self._buf, self._buf_start, self._buf_sent = bytearray(unsent.data), 0, 0
+        self._pos = len(unsent.data)
+        self._unpublished = unsent.unpublished
+        self._inline_syncs = unsent.inline_syncs
+        self._inline_to_settle = unsent.inline_syncs > 0
 
     def start_with(self, data: bytes) -> None:
         """An appended file whose content is inline: those bytes come first in the stream

@@ -36,6 +36,7 @@ from fs.client import FileSettings
 
 from .callers import new_owner
 from .dirleases import DirLeaseHolder, LeasedDir
+from .drafts import Draft
 from .errors import fuse_error
 from .kernelview import KernelView
 from .openfiles import FileEvent, FileMode, Handle, OpenFile, OpenFiles
@@ -149,9 +150,10 @@ class Files:
                                   owner=owner, group=group, replication=chosen.replication,
                                   block_size=chosen.block_size)
         self._view.note_made(parent_inode, name)
-        # its wire form (a flat copy: asdict's deep copy cost a fifth of the call)
-        stream = self._client.new_output(path, dict(vars(status)),
-                                         bytes_per_checksum=chosen.bytes_per_checksum)
+        # its bytes held here until it needs a stream (``mount.drafts``); its wire form
+        # is a flat copy (asdict's deep copy cost a fifth of the call)
+        stream = Draft(self._client, path, dict(vars(status)),
+                       bytes_per_checksum=chosen.bytes_per_checksum)
         kernel_ino = self._view.kernel_ino(ino)
         opened = self._opened_new(kernel_ino, path, status, stream, mode, flags)
         of = self._open_files.get(kernel_ino)

@@ -26,7 +26,8 @@ through their public methods.
   every mount sees them (with pyfuse3's lock handlers: ``deploy/pyfuse3-locks.patch``).
 
 Writes: a file opened for writing streams sequential writes into an ``AsyncOutputStream``
-(the fast path); a growing truncate appends zeros to it, a shrinking one is the
+(the fast path; a file created under a folder lease first into a ``mount.drafts.Draft``,
+which holds a small file's bytes and becomes a stream when it needs one); a growing truncate appends zeros to it, a shrinking one is the
 ``truncate`` RPC. A write at another offset, a read of a file being written, or shrinking
 a file being written moves the file to a local staging file (under the cache folder) that
 is uploaded (truncate to 0, append: the lease rules apply and the inode stays) at

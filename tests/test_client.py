@@ -143,6 +143,32 @@ async def test_renewer_renews_while_streams_are_open_and_stops_after(autojump_cl
         assert stream.aborted is None
 
 
+async def test_renewer_keeps_one_task_while_files_open_and_close_one_after_another(
+        autojump_clock):
+    """Files opened and closed one after another (a tree extracted through a mount) share
+    one renew task: it renews at each period's end while one is open then, and ends at
+    the first period's end with none open."""
+    calls = []
+
+    async def renew():
+        calls.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        renewer = LeaseRenewer(renew, holder="h", period=10.0, hard_limit=100.0,
+                               nursery=nursery)
+        tasks = set()
+        for n in range(1500):   # 15 s of files open 0.01 s each
+            stream = _FakeStream(f"/f{n}")
+            renewer.add(stream)
+            tasks |= nursery.child_tasks
+            assert len(tasks) == 1
+            await trio.sleep(0.01)
+            renewer.remove(stream)
+        assert calls == [10.0]            # a file was open at the first period's end
+        await trio.sleep(10)
+        assert len(calls) == 1 and not nursery.child_tasks   # none at the second's
+
+
 @pytest.mark.allow_log_errors(r"lease of h lost: aborted \d+ open file",
                                 reason="the test lets the lease pass its hard limit")
 async def test_renewer_aborts_streams_with_lease_expired_after_hard_limit(autojump_clock):

@@ -941,3 +941,165 @@ def test_a_database_created_in_a_held_folder_takes_its_locks(a, b):
         assert other.execute("select count(*) from t").fetchone() == (1000,)
     finally:
         other.close()
+
+
+# ------------------------------------------------------------------ drafts (mount.drafts)
+
+INLINE_MAX = 64 << 10   # the cluster's inline_max (the default)
+
+
+def held_folder(m: Mount, name: str) -> Path:
+    """A new folder on mount ``m`` whose lease ``m`` holds (its first changes took it)."""
+    top = m.mp / name
+    top.mkdir()
+    (top / "lease").write_text("x")
+    os.unlink(top / "lease")
+    return top
+
+
+def read_by_cli(cluster: ProcessCluster, path: str) -> tuple[bytes, bool]:
+    """What the CLI client reads of ``path``, and whether it is still under construction."""
+    with cluster.client() as cli:
+        return cli.read_file(path), cli.get_file_status(path).under_construction
+
+
+def test_a_file_published_inline_then_grown_past_the_limit_is_read_whole(cluster, a, b):
+    """A file created here is written in pieces; the close of a dup (FUSE flush) publishes
+    its first bytes inline, then it grows past inline_max (its bytes go to a block from
+    there) and is closed: another mount and the CLI read exactly what was written, and the
+    same after several inline publishes and past a block server packet of writes."""
+    top = held_folder(a, "grown")
+    cases = {"once": (1000, 1, INLINE_MAX + 5000), "often": (10, 6, 3 * INLINE_MAX),
+             "at the limit": (INLINE_MAX, 1, 1)}
+    wrote = {}
+    for name, (first, publishes, then) in cases.items():
+        data = bytearray()
+        fd = os.open(top / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            for _ in range(publishes):
+                piece = os.urandom(first)
+                os.write(fd, piece)
+                data += piece
+                os.close(os.dup(fd))   # a flush: the content so far is published
+            rest = os.urandom(then)
+            for at in range(0, len(rest), 7000):   # in pieces, as cp writes
+                os.write(fd, rest[at:at + 7000])
+            data += rest
+        finally:
+            os.close(fd)
+        wrote[name] = bytes(data)
+    for name, data in wrote.items():
+        assert (b.mp / "grown" / name).read_bytes() == data, name
+        assert read_by_cli(cluster, f"/grown/{name}") == (data, False), name
+        assert (top / name).read_bytes() == data, name
+
+
+def test_a_draft_promoted_while_another_descriptor_stays_open(cluster, a, b):
+    """A file created here grows past inline_max while another descriptor of it stays
+    open (its writer's close then does not end the file's open state here): what each
+    mount reads, during and after, is every byte written."""
+    top = held_folder(a, "twofds")
+    data = os.urandom(INLINE_MAX + 12345)
+    fd = os.open(top / "f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    other = os.open(top / "f", os.O_RDONLY)
+    try:
+        os.write(fd, data[:100])
+        os.write(fd, data[100:])   # past the limit: the file takes a stream here
+        os.close(fd)
+        fd = None
+        assert os.pread(other, len(data) + 10, 0) == data
+        assert (b.mp / "twofds" / "f").read_bytes() == data
+    finally:
+        if fd is not None:
+            os.close(fd)
+        os.close(other)
+    assert read_by_cli(cluster, "/twofds/f") == (data, False)
+    assert (top / "f").read_bytes() == data
+
+
+def test_a_file_created_here_rewritten_in_place_ends_with_its_content(cluster, a, b):
+    """A write elsewhere than the end moves a file created here to a staging file (its
+    bytes still held in memory, or published inline first); its upload starts the file
+    over under the same lease: the content read afterwards is what was written, for a
+    small file, one published before, one fsynced before and one past inline_max."""
+    top = held_folder(a, "inplace")
+    want = {}
+    for name, size, before in (("small", 1000, None), ("published", 3000, "flush"),
+                               ("synced", 3000, "fsync"), ("big", INLINE_MAX + 999, None)):
+        data = bytearray(os.urandom(size))
+        fd = os.open(top / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+            if before == "flush":
+                os.close(os.dup(fd))
+            elif before == "fsync":
+                os.fsync(fd)
+            os.pwrite(fd, b"XY", 10)   # elsewhere than the end: staged
+            data[10:12] = b"XY"
+            os.write(fd, b"tail")      # at the descriptor's offset: the end
+            data += b"tail"
+            os.close(os.dup(fd))       # the staged content uploaded, the lease kept
+            os.pwrite(fd, b"Z", 0)
+            data[0:1] = b"Z"
+        finally:
+            os.close(fd)
+        want[name] = bytes(data)
+    for name, data in want.items():
+        assert (top / name).read_bytes() == data, name
+        assert (b.mp / "inplace" / name).read_bytes() == data, name
+        assert read_by_cli(cluster, f"/inplace/{name}") == (data, False), name
+
+
+def test_empty_files_created_here_are_closed_empty(cluster, a, b):
+    """Empty files created here (touch, an fsynced one, one flushed twice) are complete and
+    empty for another mount and the CLI."""
+    top = held_folder(a, "empties")
+    (top / "touched").touch()
+    fd = os.open(top / "synced", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.fsync(fd)
+    os.close(os.dup(fd))
+    os.close(fd)
+    fd = os.open(top / "flushed", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.close(os.dup(fd))
+    os.close(os.dup(fd))
+    os.close(fd)
+    for name in ("touched", "synced", "flushed"):
+        assert (b.mp / "empties" / name).read_bytes() == b"", name
+        assert os.stat(b.mp / "empties" / name).st_size == 0
+        assert read_by_cli(cluster, f"/empties/{name}") == (b"", False), name
+    assert oct(os.stat(b.mp / "empties" / "synced").st_mode & 0o777) == oct(0o600)
+
+
+def test_fsynced_drafts_survive_a_kill_of_the_mount(tmp_path):
+    """fsync(2) of files created here and still open, written and fsynced once, and more
+    times than a file's content is stored inline (it takes a block then): after kill -9
+    of the mount the server has each with what was fsynced."""
+    with ProcessCluster(tmp_path, n_storage=1, settings=SETTINGS) as cluster:
+        m = Mount(cluster, "kill").start()
+        fds = []
+        try:
+            d = held_folder(m, "k")
+            fd = os.open(d / "once", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            fds.append(fd)
+            os.write(fd, b"synced once")
+            os.fsync(fd)
+            os.write(fd, b" and then lost")
+            fd = os.open(d / "often", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            fds.append(fd)
+            for n in range(8):
+                os.write(fd, f"line {n}\n".encode())
+                os.fsync(fd)
+            m.proc.kill()
+            m.proc.wait(30)
+        finally:
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass   # its mount is gone
+            m.proc = None
+            m.cleanup()
+        with cluster.client() as cli:
+            assert cli.read_file("/k/once") == b"synced once"
+            assert cli.read_file("/k/often") == b"".join(f"line {n}\n".encode()
+                                                         for n in range(8))
