@@ -399,7 +399,10 @@ class Files:
                 except LeaseFSError as exc:
                     self._write_failed(of, "fsync", exc)
                     raise
-                synced = of.pending_mode is None and of.pending_times is None
+                # an hsync of nothing written makes no call: the create before it is
+                # made durable by the metadata sync below
+                synced = (of.stream.pos > 0 and of.pending_mode is None
+                          and of.pending_times is None)
                 await self._writer.send_pending_attrs(of, keep=True)
             elif of.mode is FileMode.STAGING:
                 await self._writer.publish(of, finish=False)

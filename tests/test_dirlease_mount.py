@@ -885,8 +885,9 @@ def test_many_creates_in_one_folder_are_all_decided_under_its_lease(cluster, a, 
 
 
 def test_fsync_makes_files_created_here_durable_before_a_kill(tmp_path):
-    """fsync(2) of a file created under a lease, and of its folder after others were
-    closed: after kill -9 of the mount the server has each of them with its content."""
+    """fsync(2) of a file created under a lease (one with nothing written too), and of
+    its folder after others were closed: after kill -9 of the mount the server has each
+    of them with its content."""
     with ProcessCluster(tmp_path, n_storage=1, settings=SETTINGS) as cluster:
         m = Mount(cluster, "dur").start()
         try:
@@ -904,10 +905,13 @@ def test_fsync_makes_files_created_here_durable_before_a_kill(tmp_path):
             fd = os.open(d / "synced", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             os.write(fd, b"synced while open")
             os.fsync(fd)
+            empty = os.open(d / "empty", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            os.fsync(empty)   # nothing written: the create alone is made durable
             m.proc.kill()
             m.proc.wait(30)
-            with pytest.raises(OSError):   # its mount is gone
-                os.close(fd)
+            for one in (fd, empty):
+                with pytest.raises(OSError):   # its mount is gone
+                    os.close(one)
         finally:
             m.proc = None
             m.cleanup()
@@ -915,6 +919,7 @@ def test_fsync_makes_files_created_here_durable_before_a_kill(tmp_path):
             for n in range(10):
                 assert cli.read_file(f"/dur/closed{n}") == f"closed {n}".encode()
             assert cli.read_file("/dur/synced") == b"synced while open"
+            assert cli.get_file_status("/dur/empty").length == 0
 
 
 def test_a_database_created_in_a_held_folder_takes_its_locks(a, b):
