@@ -245,6 +245,7 @@ class MetaServer(Dispatcher):
             dispatch=lambda ctx, method, args: self.dispatch(ctx, method, args, recall=False),
             plans=BatchPlans(
                 create_whole=lambda *args: self.client_protocol.plan_whole_create(*args),
+                inline_close=lambda *args: self.client_protocol.plan_inline_close(*args),
                 mkdir=lambda *args: self.client_protocol.plan_mkdir(*args),
                 unlink=lambda *args: self.namespace_protocol.plan_unlink(*args),
                 attrs=lambda *args: self.namespace_protocol.plan_attrs(*args)))

@@ -99,9 +99,10 @@ GATHER = 0.005
 #: inode numbers a grant is asked to reserve for the files this mount creates under it
 #: (unused ones are only a gap in the numbering)
 INOS_PER_GRANT = 1024
-#: a lease with fewer ids than this left and none on their way asks for ``INOS_PER_GRANT``
-#: more (``dirops.Refill``, answered with the batch it goes in): a folder of many files
-#: never waits for ids, nor falls back to creating by calls
+#: a lease with fewer ids than this left (or than half of the range it got last) and none
+#: on their way asks for ``INOS_PER_GRANT`` more (``dirops.Refill``, answered with the
+#: batch it goes in): a folder of many files waits for no ids and makes no create a call,
+#: and a folder of a few files asks for none
 REFILL_AT = 512
 #: folders below a folder that one grant is asked to lease too, when a tree is being
 #: walked and changed here (``lease_for(below=True)``: a listing in a held folder, an
@@ -171,6 +172,7 @@ class LeasedDir:
     # refill), the next range once a refill answered it, and whether one is on its way
     refills: bool = False
     newest: int = 0
+    newest_count: int = 0
     spare_first: int = 0
     spare_end: int = 0
     refilling: bool = False
@@ -205,14 +207,15 @@ class LeasedDir:
         """Whether to ask for more ids now (few left, none on their way)."""
         return (self.refills and not self.refilling and not self.spare_first
                 and not self.awaiting_inos and self.newest > 0
-                and self.end_ino - self.next_ino < REFILL_AT)
+                and self.end_ino - self.next_ino < min(REFILL_AT, self.newest_count // 2))
 
     def refilled(self, first: int, count: int) -> None:
         """A refill's answer: its range comes after the one in use (none: under a quota,
         no refill is asked again)."""
         self.refilling = False
         if count:
-            self.spare_first, self.spare_end, self.newest = first, first + count, first
+            self.spare_first, self.spare_end = first, first + count
+            self.newest, self.newest_count = first, count
         else:
             self.refills = False
 
@@ -480,7 +483,7 @@ class DirLeaseHolder:
                            sets_attrs="setattr" in (grant.get("changes") or ()),
                            makes_dirs="mkdir" in (grant.get("changes") or ()),
                            refills="refill" in (grant.get("changes") or ()) and count > 0,
-                           newest=first,
+                           newest=first, newest_count=count,
                            asked_at=asked, trust=limit * TRUST_SHARE)
         self._leases[kernel_ino] = leased
         self._leases_gen += 1
@@ -660,7 +663,7 @@ class DirLeaseHolder:
         child = LeasedDir(ino, ino, change.lease_epoch, status, {},
                           used=trio.current_time(), next_ino=first, end_ino=own,
                           sets_attrs=leased.sets_attrs, makes_dirs=leased.makes_dirs,
-                          refills=leased.refills, newest=first,
+                          refills=leased.refills, newest=first, newest_count=count,
                           awaiting_inos=not first and count > 0,
                           asked_at=leased.asked_at, trust=leased.trust)
         self._leases[ino] = child
@@ -964,7 +967,7 @@ class DirLeaseHolder:
         made = self._leases.get(change.ino) if isinstance(change, dirops.Mkdir) else None
         if made is not None and made.epoch == change.lease_epoch and made.awaiting_inos:
             made.next_ino, made.end_ino = first, first + count
-            made.newest = first
+            made.newest, made.newest_count = first, count
             made.awaiting_inos = False
 
     async def lease_to_make(self, kernel_ino: int, path: str,

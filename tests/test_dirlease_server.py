@@ -907,6 +907,54 @@ def test_a_batch_lands_as_its_changes_one_by_one_would(tmp_path):
             assert names(b.list_status("/s")) == []
 
 
+@pytest.mark.slow
+def test_creates_closed_in_a_later_batch_and_refills_land_as_one_by_one(tmp_path):
+    """What a mount sends when a file's close comes after another file's create (creates
+    alone, closes of files created in earlier batches or earlier in the same one, a
+    refill among them) is planned in runs and lands as one change at a time would: each
+    file with its content, mode and times, none left open; a close refused (more than
+    ``inline_max``; a file already closed with other content) is reported by its index
+    with its call's error and the rest goes on; the refill's ids are answered and
+    usable."""
+    with ProcessCluster(tmp_path, n_storage=0, settings={"inline_max": 1024}) as cluster:
+        with cluster.client() as a, cluster.client() as b:
+            a.mkdirs("/r")
+            d = a.dir_lease_acquire("/r", want_inos=8)
+            ids = reserved(d)
+            at = time.time_ns() - 10**9
+            refill = dirops.Refill(d["attrs"]["ino"], d["epoch"], ids.start, 16)
+            first = [create(d, "a", ids[0], at), create(d, "b", ids[1], at), refill,
+                     write(d, "a", ids[0], b"A", True, at, mtime_ns=at - 7),
+                     create(d, "c", ids[2], at), create(d, "big", ids[3], at),
+                     create(d, "twice", ids[4], at)]
+            answer = a.dir_batch(first)
+            assert (answer["done"], answer["failed"], answer["ended"]) == (len(first), [], None)
+            [granted] = answer["inos"]
+            assert granted["index"] == 2 and granted["inos"][1] == 16
+            more = range(granted["inos"][0], granted["inos"][0] + 16)
+            second = [write(d, "b", ids[1], b"B", True, at, permission=0o600),
+                      write(d, "big", ids[3], b"x" * 2000, True, at),
+                      create(d, "n", more[0], at),
+                      write(d, "c", ids[2], b"C", True, at),
+                      write(d, "twice", ids[4], b"1", True, at),
+                      write(d, "n", more[0], b"N", True, at),
+                      write(d, "twice", ids[4], b"2", True, at)]
+            answer = a.dir_batch(second)
+            assert answer["done"] == len(second) and answer["ended"] is None
+            assert [(f["index"], f["error"]["type"]) for f in answer["failed"]] == [
+                (1, "InvalidArgument"), (6, "LeaseExpired")], answer["failed"]
+            assert "inline_max" in answer["failed"][0]["error"]["message"]
+            a.dir_lease_release("/r", d["epoch"])
+            got = {s.name: (s.ino, s.mode, s.under_construction) for s in b.list_status("/r")}
+            assert got == {"a": (ids[0], 0o640, False), "b": (ids[1], 0o600, False),
+                           "c": (ids[2], 0o640, False), "big": (ids[3], 0o640, True),
+                           "n": (more[0], 0o640, False), "twice": (ids[4], 0o640, False)}
+            assert [b.read_file(f"/r/{n}") for n in ("a", "b", "c", "n", "twice")] == [
+                b"A", b"B", b"C", b"N", b"1"]
+            assert b.get_file_status("/r/a").mtime_ns == at - 7
+            assert b.get_file_status("/r/b").mtime_ns == at
+
+
 def test_a_mode_change_in_a_batch_decides_the_checks_of_the_changes_after_it(tmp_path):
     """Alice's batch takes the search permission of her folder /p/sub away, then creates a
     file in /p/sub/deep and unlinks one in /p/sub: both are refused as the calls one after
@@ -941,6 +989,56 @@ def test_a_mode_change_in_a_batch_decides_the_checks_of_the_changes_after_it(tmp
             assert [(f["index"], f["error"]["type"]) for f in answer["failed"]] == [
                 (1, "PermissionDenied"), (2, "PermissionDenied"), (3, "PermissionDenied")]
             for path, entries in (("/p/sub", ["deep", "old"]), ("/p/sub/deep", [])):
+                listed = await server.dispatch(ctx("h#3"), "list_status", {"path": path})
+                assert [e["name"] for e in listed["entries"]] == entries
+
+    trio.run(main)
+
+
+def test_a_folders_times_set_after_changes_in_it_are_its_times_and_a_mode_change_guards_only_below_it(
+        tmp_path):
+    """In one batch: files made in /p/sub, then /p/sub's times set (tar sets a folder's
+    times after its entries), a mode change of /p/sub that takes alice's search away,
+    then a file made in /p beside it and one in /p/sub/deep: /p/sub keeps the times set
+    after its entries, the file beside it is made, the one below is refused, as the
+    calls one after the other would do."""
+    from fs.rpc import CallContext
+
+    alice = CallContext(client_id="h#2", peer="127.0.0.1:5000", user="alice",
+                        groups=("alice",), sync_metadata=False)
+
+    async def main():
+        async with inprocess_meta(tmp_path) as server:
+            await server.dispatch(ctx("setup#1"), "mkdirs", {"path": "/p/sub/deep"})
+            for path in ("/p", "/p/sub", "/p/sub/deep"):
+                await server.dispatch(ctx("setup#1"), "set_owner",
+                                      {"path": path, "owner": "alice", "group": "alice"})
+            grant = await server.dispatch(alice, "dir_lease_acquire",
+                                          {"path": "/p", "client_name": "h", "below": 2,
+                                           "want_inos": 8})
+            sub, deep = grant["below"]
+            SUB = sub["attrs"]["ino"]
+            mine, ids, low = reserved(grant), reserved(sub), reserved(deep)
+            at = time.time_ns() - 10**9
+            ops = [create(sub, "a", ids[0], at), write(sub, "a", ids[0], b"a", True, at),
+                   create(sub, "b", ids[1], at + 1),
+                   set_attr(grant, "sub", SUB, at + 2, mtime_ns=at - 50),
+                   set_attr(grant, "sub", SUB, at + 3, permission=0o600),
+                   create(grant, "beside", mine[0], at + 4),
+                   write(grant, "beside", mine[0], b"s", True, at + 4),
+                   create(deep, "below", low[0], at + 5)]
+            answer = await server.dispatch(alice, "dir_batch",
+                                           {"client_name": "h",
+                                            "ops": [op.to_wire() for op in ops]})
+            assert answer["done"] == len(ops)
+            assert [(f["index"], f["error"]["type"]) for f in answer["failed"]] == [
+                (7, "PermissionDenied")]
+            listed = await server.dispatch(ctx("h#3"), "list_status", {"path": "/p"})
+            got = {e["name"]: e for e in listed["entries"]}
+            assert sorted(got) == ["beside", "sub"]
+            assert (got["sub"]["mtime_ns"], got["sub"]["mode"]) == (at - 50, 0o600)
+            assert got["beside"]["length"] == 1
+            for path, entries in (("/p/sub", ["a", "b", "deep"]), ("/p/sub/deep", [])):
                 listed = await server.dispatch(ctx("h#3"), "list_status", {"path": path})
                 assert [e["name"] for e in listed["entries"]] == entries
 

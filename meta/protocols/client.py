@@ -275,10 +275,11 @@ class ClientProtocol:
 
     def plan_whole_create(self, ctx, parts, canonical: str, holder: str, change,
                           whole) -> list:
-        """A directory lease holder's batched create (a ``dirops.Create``) with the write
-        that closes it (``whole``), checked and planned as ``create`` and ``complete``
-        would, without locks or journal: the caller holds create's path locks, has found
-        the name free, and journals the two records (``DirLeases``' runs)."""
+        """A directory lease holder's batched create (a ``dirops.Create``), with the write
+        that closes it (``whole``) when there is one, checked and planned as ``create``
+        and ``complete`` would, without locks or journal: the caller holds create's path
+        locks and journals the records (``DirLeases``' runs). The name is the holder's to
+        have checked: one that exists is refused (its lease holder is the folder's)."""
         new_owner, new_group = self._create_access(ctx, parts, canonical, False,
                                                    change.owner, change.group)
         plan = self.ns.planner.plan_create(
@@ -287,8 +288,25 @@ class ClientProtocol:
             permission=change.permission, owner=new_owner, group=new_group,
             now_ns=change_time({HOLDER_TIME: change.time_ns}, self.wall_ns()),
             chosen_ino=change.ino)
+        if whole is None:
+            return [plan]
         return [plan, self._close_new(ctx, canonical, parts, plan, whole, change_time(
             {HOLDER_TIME: whole.time_ns}, self.wall_ns()))]
+
+    def plan_inline_close(self, ctx, parts, canonical: str, holder: str, change):
+        """A directory lease holder's batched close of a small file it created (a
+        ``dirops.Write`` with ``close`` and its content), checked and planned as
+        ``complete(data=...)`` would, without locks or journal: the caller holds the
+        file's lock and has found it not closed with that content already."""
+        attrs = self.ns.planner.close_attrs(canonical, change.mtime_ns, change.atime_ns,
+                                            change.permission)
+        _, ino, inode = self.ns.planner.writer_file(canonical, change.ino, holder)
+        if attrs and attrs["mode"] is not None:
+            self.access.check_set_mode(ctx, parts, attrs["mode"])
+        self.ns.planner.check_inline(canonical, ino, inode, change.data)
+        return self.ns.planner.plan_close(
+            ino, None, None, change_time({HOLDER_TIME: change.time_ns}, self.wall_ns()),
+            attrs, data=change.data)
 
     def _close_new(self, ctx, canonical: str, parts, plan, whole, wall: int):
         """The CLOSE of a file ``plan`` creates, with the whole content, times and mode of

@@ -196,24 +196,26 @@ def _acked(ack) -> set[tuple[int, str]]:
 @dataclasses.dataclass(frozen=True)
 class BatchPlans:
     """How a run of a holder's changes is checked and planned without locks or journal:
-    the front ends' own checks and planners (``ClientProtocol.plan_whole_create`` and
-    ``plan_mkdir``, ``NamespaceProtocol.plan_unlink`` and ``plan_attrs``), so a change in
-    a run is refused exactly as its call would be."""
+    the front ends' own checks and planners (``ClientProtocol.plan_whole_create``,
+    ``plan_inline_close`` and ``plan_mkdir``, ``NamespaceProtocol.plan_unlink`` and
+    ``plan_attrs``), so a change in a run is refused exactly as its call would be."""
     create_whole: Callable[..., list]
+    inline_close: Callable[..., object]
     mkdir: Callable[..., object]
     unlink: Callable[..., object]
     attrs: Callable[..., list]
 
 
 def _runnable(change, whole) -> bool:
-    """Whether ``change`` may be planned in a run: a create with the write that closes
-    it, an unlink, a mkdir, a mode or times change (the most of what a tree being written
-    or removed sends)."""
-    if isinstance(change, dirops.Create):
-        return whole is not None
+    """Whether ``change`` may be planned in a run: a create (with the write that closes
+    it or alone), the close of a small file with its content, an unlink, a mkdir, a mode
+    or times change, a refill of ids (the most of what a tree being written or removed
+    sends)."""
+    if isinstance(change, dirops.Write):
+        return change.close and bool(change.data)
     if isinstance(change, dirops.SetAttr):
         return change.owner is None and change.group is None
-    return isinstance(change, (dirops.Unlink, dirops.Mkdir))
+    return isinstance(change, (dirops.Create, dirops.Unlink, dirops.Mkdir, dirops.Refill))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,33 +232,36 @@ class _RunItem:
 class _Run:
     """Changes of one batch planned together: one lock pass, one journal batch. Each
     plans against the state before the run, which is what it would see after the ones
-    before it because they never share a name or an inode, none changes a folder another
-    changes the entries of, and nothing joins after a mode change (it could decide
-    another's permission check)."""
+    before it: they never share a name or an inode, nothing joins at or below an entry
+    whose mode a change before it sets (that mode could decide its permission checks),
+    and the records change only the fields they name, applied in order (a folder's times
+    set after creates in it are the folder's times, as one at a time)."""
     items: list[_RunItem] = dataclasses.field(default_factory=list)
     names: set = dataclasses.field(default_factory=set)      # (folder, name)
     inos: set = dataclasses.field(default_factory=set)       # the entries changed
-    folders: set = dataclasses.field(default_factory=set)    # folders whose entries change
-    closed: bool = False
+    guarded: list = dataclasses.field(default_factory=list)  # parts whose mode changed
 
-    def takes(self, change, whole) -> bool:
-        """Whether ``change`` may join (``_runnable``, and independent of the run)."""
-        if self.closed or not _runnable(change, whole):
+    def takes(self, change, whole, parts) -> bool:
+        """Whether ``change`` (at path ``parts``) may join (``_runnable``, and independent
+        of the run)."""
+        if not _runnable(change, whole):
             return False
+        if isinstance(change, dirops.Refill):
+            return True   # no name: only the lease's ids, which no other change here uses
         if (change.dir, change.name) in self.names or change.dir in self.inos \
                 or change.ino in self.inos:
             return False
-        return not (isinstance(change, dirops.SetAttr) and change.ino in self.folders)
+        return not any(parts[:len(at)] == at for at in self.guarded)
 
     def add(self, item: _RunItem) -> None:
         change = item.change
         self.items.append(item)
+        if isinstance(change, dirops.Refill):
+            return
         self.names.add((change.dir, change.name))
         self.inos.add(change.ino)
-        if isinstance(change, dirops.SetAttr):
-            self.closed = change.permission is not None
-        else:
-            self.folders.add(change.dir)
+        if isinstance(change, dirops.SetAttr) and change.permission is not None:
+            self.guarded.append(item.parts)
 
 
 class DirLeases:
@@ -578,10 +583,18 @@ class DirLeases:
                     change = changes[index]
                     whole = _closing(change, changes[index + 1] if index + 1 < len(changes)
                                      else None)
-                    if run.items and not run.takes(change, whole):
+                    # where it would join a run (a run renames nothing, so a path found
+                    # before the run is applied holds after it; a folder the run makes
+                    # has none until then)
+                    path = self._run_path(change, whole) if runs else None
+                    parts = paths.split(path) if path is not None else None
+                    if run.items and (parts is None or not run.takes(change, whole, parts)):
                         # what follows may depend on the run: it goes to the journal first
                         await self._run_changes(sub, holder, run, failed)
                         run = _Run()
+                        if path is None and runs:
+                            path = self._run_path(change, whole)
+                            parts = paths.split(path) if path is not None else None
                     done = at = index
                     index += 1
                     if isinstance(change, dirops.Release):
@@ -599,13 +612,9 @@ class DirLeases:
                         break
                     if whole is not None:   # the closing write goes with its create
                         index += 1
-                    if runs and _runnable(change, whole):
-                        folder = self.view.path_of(change.dir)
-                        if folder is not None:
-                            path = paths.join(folder, change.name)
-                            run.add(_RunItem(at, change, whole, lease, paths.split(path),
-                                             path))
-                            continue
+                    if parts is not None:
+                        run.add(_RunItem(at, change, whole, lease, parts, path))
+                        continue
                     try:
                         await self._apply_change(sub, holder, change, lease, whole)
                     except LeaseFSError as exc:
@@ -626,12 +635,23 @@ class DirLeases:
             answer["inos"] = granted
         return answer
 
+    def _run_path(self, change, whole) -> str | None:
+        """The path ``change`` works on, if it may join a run (None: it may not, or its
+        folder has no path yet)."""
+        if not _runnable(change, whole):
+            return None
+        folder = self.view.path_of(change.dir)
+        if folder is None or isinstance(change, dirops.Refill):
+            return folder
+        return paths.join(folder, change.name)
+
     async def _run_changes(self, ctx, holder: str, run: _Run, failed: list) -> None:
         """Plan a run's changes under one lock pass and journal them in one batch (lazily,
         as each of their calls would); a change its call would refuse is reported by its
         index, and one the locks or the journal refuse refuses all that were left."""
         wanted = merge(*(lock_set(item.parts, LOCK_WRITE if isinstance(
-            item.change, dirops.SetAttr) else LOCK_PARENT) for item in run.items))
+            item.change, (dirops.SetAttr, dirops.Write)) else LOCK_PARENT)
+            for item in run.items if not isinstance(item.change, dirops.Refill)))
         planned = None   # the items planned, once the locks are held
         try:
             async with self.locking.mutation(f"dir_batch of {holder}", wanted):
@@ -656,6 +676,11 @@ class DirLeases:
             self._check_reserved(change, item.lease, item.path)
             return self.plans.create_whole(ctx, item.parts, item.path, holder, change,
                                            item.whole)
+        if isinstance(change, dirops.Write):
+            return [self.plans.inline_close(ctx, item.parts, item.path, holder, change)]
+        if isinstance(change, dirops.Refill):
+            refill = self._refill_plan(holder, change)
+            return [refill] if refill is not None else []
         if isinstance(change, dirops.Unlink):
             return [self.plans.unlink(ctx, item.parts, item.path, change.time_ns)]
         if isinstance(change, dirops.Mkdir):
@@ -795,14 +820,20 @@ class DirLeases:
             "replication": change.replication, "block_size": change.block_size})
 
     async def _refill(self, ctx, holder: str, change: dirops.Refill) -> None:
-        """Fresh ids for a held lease's creates, as a grant reserves them (none under a
-        quota: the answer says ``[0, 0]``), journaled with the changes they serve."""
+        """Fresh ids for a held lease's creates (``_refill_plan``), journaled with the
+        changes they serve."""
+        refill = self._refill_plan(holder, change)
+        if refill is not None:
+            await self.edits.log_plan(refill, durable=ctx.sync_metadata)
+
+    def _refill_plan(self, holder: str, change: dirops.Refill) -> DirLeaseRefill | None:
+        """The record of fresh ids for a held lease's creates, reserved as a grant
+        reserves them; None under a quota (the answer then says ``[0, 0]``)."""
         reserved = self._reserve(change.dir, min(change.inos, MAX_RESERVED_INOS))
         if not reserved.count:
-            return
-        await self.edits.log_plan(DirLeaseRefill(
-            ino=change.dir, holder=holder, epoch=change.epoch, first_ino=reserved.first,
-            inos=reserved.count), durable=ctx.sync_metadata)
+            return None
+        return DirLeaseRefill(ino=change.dir, holder=holder, epoch=change.epoch,
+                              first_ino=reserved.first, inos=reserved.count)
 
     @staticmethod
     def _check_reserved(change: dirops.Create, lease: DirLease, path: str) -> None:
