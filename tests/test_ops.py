@@ -25,7 +25,7 @@ from meta.schema import keys
 from meta.journal.ops import (ABSENT, OPS, LAZY_OPS, RPC_CALL, RPC_KEPT, Effect, MalformedRecord,
                               decode, to_wire)
 from meta.journal.ops_blocks import Close
-from meta.journal.ops_dirleases import DirLeaseGrant, DirLeaseRelease
+from meta.journal.ops_dirleases import DirLeaseGrant, DirLeaseRefill, DirLeaseRelease
 from meta.journal.ops_locks import LockHolder, LockHolderGone
 from meta.leases.dirleases import StoredLease
 from meta.journal.ops_namespace import Mkdir
@@ -135,6 +135,10 @@ def every_op() -> Driver:
     d.log(LockHolder(client="m2", time=d.tick()))
     d.log(LockHolderGone(client="m1"))
     assert ns.view.lock_holders() == ["m2"]
+    # the lease reserving ids gets more (a refill)
+    more = ns.ids.allocate_inos(8)
+    d.log(DirLeaseRefill(ino=ns.view.resolve("/a/b")[1], holder="m3", epoch=48,
+                         first_ino=more, inos=8))
     assert check_namespace(ns.kv) == []
     return d
 
@@ -242,7 +246,7 @@ def test_every_op_updates_the_servers_memory_from_its_typed_effect(tmp_path, cap
         tokens = sorted(server.security.tokens.items())
         assert [state.to_wire() for _, state in tokens] == server.ns.view.delegation_tokens()
         seen_tokens += len(tokens)
-        held = [StoredLease(lease.ino, lease.holder, lease.epoch, lease.inos)
+        held = [StoredLease(lease.ino, lease.holder, lease.epoch, lease.inos, lease.earlier)
                 for lease in (server.dir_leases.lease_of(stored.ino)
                               for stored in server.ns.view.dir_leases()) if lease]
         assert held == server.ns.view.dir_leases() and \
@@ -251,8 +255,9 @@ def test_every_op_updates_the_servers_memory_from_its_typed_effect(tmp_path, cap
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert seen_blocks and seen_tokens == 2   # after the issue and the renewal
     # one after the first grant, one after the second, two from the third on (its record,
-    # the create under its reserved ids, the three added above and the three lock holders)
-    assert seen_dir_leases == 1 + 1 + 2 * 8
+    # the create under its reserved ids, the three lock holders, the refill and the three
+    # added above)
+    assert seen_dir_leases == 1 + 1 + 2 * 9
 
 
 def test_optional_keys_stay_absent_and_unknown_keys_are_kept():
@@ -283,4 +288,5 @@ def test_lazy_ops_are_the_namespace_only_ones():
     # directory lease grants and releases are as lazy as the holder's changes they cover
     assert LAZY_OPS == {"MKDIR", "ADD", "SYMLINK", "CLOSE", "DELETE", "RENAME", "RENAMES",
                         "SET_PERMISSIONS", "SET_OWNER", "TIMES", "FSYNC", "INLINE",
-                        "DIR_LEASE_GRANT", "DIR_LEASE_RELEASE", "LOCK_HOLDER_GONE"}
+                        "DIR_LEASE_GRANT", "DIR_LEASE_REFILL", "DIR_LEASE_RELEASE",
+                        "LOCK_HOLDER_GONE"}
