@@ -134,6 +134,18 @@ class _Broken:
     source_gs: int | None = None
 
 
+def stream_failure(path: str, exc: BaseException) -> LeaseFSError:
+    """What a writer of ``path`` that ``exc`` stopped raises from then on: the error
+    itself, naming the path, or (a cancellation, a bug) a ``PipelineError`` saying the
+    stream cannot continue."""
+    if isinstance(exc, LeaseFSError):
+        if exc.message and path not in exc.message:
+            exc.message = f"{path}: {exc.message}"
+        return exc
+    return PipelineError(f"{path}: write interrupted ({type(exc).__name__}); the stream "
+                         f"cannot continue")
+
+
 class AsyncOutputStream:
     """A file being written: ``write``/``hflush``/``hsync``/``close``; ``async with`` closes.
 
@@ -651,14 +663,7 @@ class AsyncOutputStream:
 
     def _fail(self, exc: BaseException) -> None:
         if self._error is None:
-            if isinstance(exc, LeaseFSError):
-                if exc.message and self.path not in exc.message:
-                    exc.message = f"{self.path}: {exc.message}"
-                self._error = exc
-            else:
-                self._error = PipelineError(
-                    f"{self.path}: write interrupted ({type(exc).__name__}); the stream "
-                    f"cannot continue")
+            self._error = stream_failure(self.path, exc)
         if self._pipeline is not None:
             self._pipeline.fail(self._error)
             self._pipeline = None

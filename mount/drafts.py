@@ -37,9 +37,9 @@ from __future__ import annotations
 import trio
 
 from fs.dataconn import DATA_BACKOFF
-from fs.errors import (InvalidArgument, LeaseFSError, NotReplicatedYet, PipelineError,
+from fs.errors import (InvalidArgument, LeaseFSError, NotReplicatedYet,
                        ServerUnavailable, StreamStalled)
-from fs.writer import INLINE_SYNCS, Unsent, kept_whole_max
+from fs.writer import INLINE_SYNCS, Unsent, kept_whole_max, stream_failure
 
 
 class Draft:
@@ -302,14 +302,7 @@ class Draft:
 
     def _fail(self, exc: BaseException) -> None:
         if self._error is None:
-            if isinstance(exc, LeaseFSError):
-                if exc.message and self._path not in exc.message:
-                    exc.message = f"{self._path}: {exc.message}"
-                self._error = exc
-            else:
-                self._error = PipelineError(
-                    f"{self._path}: write interrupted ({type(exc).__name__}); the stream "
-                    f"cannot continue")
+            self._error = stream_failure(self._path, exc)
 
 
 __all__ = ["Draft"]

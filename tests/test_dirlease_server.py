@@ -955,25 +955,34 @@ def test_creates_closed_in_a_later_batch_and_refills_land_as_one_by_one(tmp_path
             assert b.get_file_status("/r/b").mtime_ns == at
 
 
+def alice() -> "CallContext":
+    """A call of alice's, as holder h's connection makes it."""
+    from fs.rpc import CallContext
+
+    return CallContext(client_id="h#2", peer="127.0.0.1:5000", user="alice",
+                       groups=("alice",), sync_metadata=False)
+
+
+async def alices_folders(server) -> None:
+    """/p/sub/deep, each folder alice's."""
+    await server.dispatch(ctx("setup#1"), "mkdirs", {"path": "/p/sub/deep"})
+    for path in ("/p", "/p/sub", "/p/sub/deep"):
+        await server.dispatch(ctx("setup#1"), "set_owner",
+                              {"path": path, "owner": "alice", "group": "alice"})
+
+
 def test_a_mode_change_in_a_batch_decides_the_checks_of_the_changes_after_it(tmp_path):
     """Alice's batch takes the search permission of her folder /p/sub away, then creates a
     file in /p/sub/deep and unlinks one in /p/sub: both are refused as the calls one after
     the other would be, though a batch's changes are planned together."""
-    from fs.rpc import CallContext
-
-    alice = CallContext(client_id="h#2", peer="127.0.0.1:5000", user="alice",
-                        groups=("alice",), sync_metadata=False)
 
     async def main():
         async with inprocess_meta(tmp_path) as server:
-            await server.dispatch(ctx("setup#1"), "mkdirs", {"path": "/p/sub/deep"})
-            for path in ("/p", "/p/sub", "/p/sub/deep"):
-                await server.dispatch(ctx("setup#1"), "set_owner",
-                                      {"path": path, "owner": "alice", "group": "alice"})
-            await server.dispatch(alice, "create", {"path": "/p/sub/old", "client_name": "h"})
-            await server.dispatch(alice, "complete", {"path": "/p/sub/old",
+            await alices_folders(server)
+            await server.dispatch(alice(), "create", {"path": "/p/sub/old", "client_name": "h"})
+            await server.dispatch(alice(), "complete", {"path": "/p/sub/old",
                                                       "client_name": "h"})
-            grant = await server.dispatch(alice, "dir_lease_acquire",
+            grant = await server.dispatch(alice(), "dir_lease_acquire",
                                           {"path": "/p", "client_name": "h", "below": 2})
             sub, deep = grant["below"]
             old = next(e["ino"] for e in sub["entries"] if e["name"] == "old")
@@ -982,7 +991,7 @@ def test_a_mode_change_in_a_batch_decides_the_checks_of_the_changes_after_it(tmp
             ops = [set_attr(grant, "sub", sub["attrs"]["ino"], at, permission=0o600),
                    create(deep, "x", first, at), write(deep, "x", first, b"x", True, at),
                    dirops.Unlink(sub["attrs"]["ino"], sub["epoch"], "old", old, at)]
-            answer = await server.dispatch(alice, "dir_batch",
+            answer = await server.dispatch(alice(), "dir_batch",
                                            {"client_name": "h",
                                             "ops": [op.to_wire() for op in ops]})
             assert answer["done"] == 4
@@ -1002,18 +1011,11 @@ def test_a_folders_times_set_after_changes_in_it_are_its_times_and_a_mode_change
     then a file made in /p beside it and one in /p/sub/deep: /p/sub keeps the times set
     after its entries, the file beside it is made, the one below is refused, as the
     calls one after the other would do."""
-    from fs.rpc import CallContext
-
-    alice = CallContext(client_id="h#2", peer="127.0.0.1:5000", user="alice",
-                        groups=("alice",), sync_metadata=False)
 
     async def main():
         async with inprocess_meta(tmp_path) as server:
-            await server.dispatch(ctx("setup#1"), "mkdirs", {"path": "/p/sub/deep"})
-            for path in ("/p", "/p/sub", "/p/sub/deep"):
-                await server.dispatch(ctx("setup#1"), "set_owner",
-                                      {"path": path, "owner": "alice", "group": "alice"})
-            grant = await server.dispatch(alice, "dir_lease_acquire",
+            await alices_folders(server)
+            grant = await server.dispatch(alice(), "dir_lease_acquire",
                                           {"path": "/p", "client_name": "h", "below": 2,
                                            "want_inos": 8})
             sub, deep = grant["below"]
@@ -1027,7 +1029,7 @@ def test_a_folders_times_set_after_changes_in_it_are_its_times_and_a_mode_change
                    create(grant, "beside", mine[0], at + 4),
                    write(grant, "beside", mine[0], b"s", True, at + 4),
                    create(deep, "below", low[0], at + 5)]
-            answer = await server.dispatch(alice, "dir_batch",
+            answer = await server.dispatch(alice(), "dir_batch",
                                            {"client_name": "h",
                                             "ops": [op.to_wire() for op in ops]})
             assert answer["done"] == len(ops)
