@@ -34,11 +34,12 @@ Rules that keep the namespace what the applications were told:
   not know it holds is answered at once, unless a grant is being asked for: its answer
   may be the one recalled (``asking``), and is then given back unused.
 * A file created here gets an inode from the grant's reserved range (``take_ino``) and the
-  status ``create`` would give it; a lease running low asks for more in the queue
-  (``Refill``, ``REFILL_AT``), so the next range is there before this one is spent; its stream's small-file publish and close are queued as
-  ``Write`` (``file_calls``), a close in its publish's place, and the sender gathers
-  changes ``GATHER`` seconds (unless someone waits) so a file made whole goes as a create
-  and its close, which the server applies as one. Such a file, once closed, is answered
+  status ``create`` would give it (a lease running low asks for more in the queue,
+  ``Refill``, ``REFILL_AT``, so the next range is there before this one is spent); its
+  stream's small-file publish and close are queued as ``Write`` (``file_calls``), a close
+  in its publish's place, and the sender gathers changes ``GATHER`` seconds (unless
+  someone waits) so a file made whole goes as a create and its close, which the server
+  applies as one. Such a file, once closed, is answered
   from the lease (``known_file``), once no handle of it is open here. chmod and utimens
   of an entry whose attributes the lease knows are queued as ``SetAttr`` (``set_attrs``)
   when the grant says its server applies them. Only the mount's own user's calls are
@@ -1073,21 +1074,20 @@ class DirLeaseHolder:
             wait = self._poll_wait() if self._leases or self._asking else 0.0
             sent = trio.current_time()
             acks, self._to_ack = self._to_ack, []
-            events = None
+            events = failed = None
             with trio.CancelScope() as self._poll_scope:
                 self._poll_for = wait
                 try:
                     events = await self._client.dir_lease_events(wait=wait, ack=acks)
                 except LeaseFSError as exc:
-                    self._to_ack = acks + self._to_ack   # acknowledged by the next poll
-                    log.info("directory lease recalls: %s; asking again", exc)
+                    failed = exc
+            self._poll_scope = None
+            if events is None:   # failed, or cut short for a lease trusted less long
+                self._to_ack = acks + self._to_ack   # acknowledged by the next poll
+                if failed is not None:
+                    log.info("directory lease recalls: %s; asking again", failed)
                     await trio.sleep(delay)
                     delay = min(2.0, delay * 2)
-                    continue
-                finally:
-                    self._poll_scope = None
-            if events is None:   # cut short for a lease trusted less long: asked again
-                self._to_ack = acks + self._to_ack
                 continue
             delay = 0.1
             self._confirmed = max(self._confirmed, sent)

@@ -943,7 +943,8 @@ class DirLeases:
 
     def lease_refilled(self, ino: int, holder: str, epoch: int, inos: InoRange) -> None:
         """A DIR_LEASE_REFILL applied (live, from the HA log) to a lease still held."""
-        self.table.refill(ino, holder, epoch, inos, self.view.path_of(ino) or f"inode {ino}")
+        self.table.refill(ino, holder, epoch, inos,
+                          self.view.path_of(ino) or f"inode {ino}")
 
     def lease_ended(self, ino: int, epoch: int) -> None:
         """A DIR_LEASE_RELEASE that ended lease ``epoch`` of ``ino`` applied: the accesses
