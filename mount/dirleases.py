@@ -640,12 +640,10 @@ class DirLeaseHolder:
         leased.entries[name] = status
         leased.stale.add(name)   # written next: its size and times are the open file's
         now = self.changed(leased, children=1, now=status.mtime_ns)
-        self._append(dirops.Create(leased.ino, leased.epoch, os.fsdecode(name), status.ino,
-                                   status.mode, owner, group, replication, block_size, now),
-                     (folder,), (status.path,))
         self._refill_if_low(leased)
-        if len(self._queue) > QUEUE_LIMIT:
-            await self.flush()
+        await self.queue(dirops.Create(leased.ino, leased.epoch, os.fsdecode(name), status.ino,
+                                       status.mode, owner, group, replication, block_size, now),
+                         dirs=(folder,), names=(status.path,))
 
     async def make_dir(self, leased: LeasedDir, folder: str, name: bytes, status: FileStatus,
                        inos: tuple[int, int, int], *, owner: str | None,
@@ -669,10 +667,8 @@ class DirLeaseHolder:
                           asked_at=leased.asked_at, trust=leased.trust)
         self._leases[ino] = child
         self._leases_gen += 1
-        self._append(change, (folder,), (status.path,))
         self._refill_if_low(leased)
-        if len(self._queue) > QUEUE_LIMIT:
-            await self.flush()
+        await self.queue(change, dirs=(folder,), names=(status.path,))
         return child
 
     def _refill_if_low(self, leased: LeasedDir) -> None:

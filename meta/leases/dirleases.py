@@ -188,6 +188,13 @@ class DirLeaseTable:
         self._put(replace(lease, state=state, recall_deadline=now + self.recall_limit))
         return Verdict.RECALL
 
+    def held(self, ino: int, holder: str, epoch: int) -> DirLease | None:
+        """The lease ``holder`` holds on ``ino`` under ``epoch``, or None."""
+        lease = self._by_ino.get(ino)
+        if lease is None or lease.holder != holder or lease.epoch != epoch:
+            return None
+        return lease
+
     def check(self, ino: int, holder: str, epoch: int, what: str) -> DirLease:
         """The lease ``holder`` holds on ``ino`` under ``epoch``; ``LeaseExpired`` naming
         ``what`` (the directory's path) when it holds none or an older one."""

@@ -300,13 +300,19 @@ class ClientProtocol:
         file's lock and has found it not closed with that content already."""
         attrs = self.ns.planner.close_attrs(canonical, change.mtime_ns, change.atime_ns,
                                             change.permission)
-        _, ino, inode = self.ns.planner.writer_file(canonical, change.ino, holder)
+        return self._inline_close(ctx, canonical, parts, holder, change.ino, attrs,
+                                  change.data, change_time({HOLDER_TIME: change.time_ns},
+                                                           self.wall_ns()))
+
+    def _inline_close(self, ctx, canonical: str, parts, holder: str, ino, attrs, data,
+                      wall: int):
+        """The CLOSE of file ``ino`` its writer ``holder`` completes with its whole
+        content ``data`` kept inline, checked as ``complete`` checks it."""
+        _, ino, inode = self.ns.planner.writer_file(canonical, ino, holder)
         if attrs and attrs["mode"] is not None:
             self.access.check_set_mode(ctx, parts, attrs["mode"])
-        self.ns.planner.check_inline(canonical, ino, inode, change.data)
-        return self.ns.planner.plan_close(
-            ino, None, None, change_time({HOLDER_TIME: change.time_ns}, self.wall_ns()),
-            attrs, data=change.data)
+        self.ns.planner.check_inline(canonical, ino, inode, data)
+        return self.ns.planner.plan_close(ino, None, None, wall, attrs, data=data)
 
     def _close_new(self, ctx, canonical: str, parts, plan, whole, wall: int):
         """The CLOSE of a file ``plan`` creates, with the whole content, times and mode of
@@ -444,16 +450,15 @@ class ClientProtocol:
             if (data is None or inline) and self.ns.planner.closed_with(
                     current, ino, last, bytes(data) if inline else None):
                 return True
+            if data is not None:   # the whole content, kept in the namespace
+                # (a batched write's time: the holder's)
+                await self.edits.log_plan(self._inline_close(
+                    ctx, current, paths.split(current), client_name, ino, attrs, data,
+                    self._wall(ctx)), durable=ctx.sync_metadata)
+                return True
             _, ino, inode = self.ns.planner.writer_file(current, ino, client_name)
             if attrs and attrs["mode"] is not None:
                 self.access.check_set_mode(ctx, paths.split(current), attrs["mode"])
-            if data is not None:   # the whole content, kept in the namespace
-                self.ns.planner.check_inline(current, ino, inode, data)
-                wall = self._wall(ctx)   # a batched write's: the holder's
-                await self.edits.log_plan(
-                    self.ns.planner.plan_close(ino, None, None, wall, attrs, data=data),
-                    durable=ctx.sync_metadata)
-                return True
             blocks = self.ns.view.tail_blocks(ino, inode)
             kind, block = self.ns.planner.check_last(current, blocks, last)
             wall = self._wall(ctx)

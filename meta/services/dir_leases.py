@@ -206,6 +206,12 @@ class BatchPlans:
     attrs: Callable[..., list]
 
 
+def _refilled(lease: DirLease, change: dirops.Refill) -> bool:
+    """Whether ``change`` was applied to ``lease``: its newest range is no longer the one
+    the refill names as taken last."""
+    return lease.inos.first != change.after
+
+
 def _runnable(change, whole) -> bool:
     """Whether ``change`` may be planned in a run: a create (with the write that closes
     it or alone), the close of a small file with its content, an unlink, a mkdir, a mode
@@ -241,11 +247,9 @@ class _Run:
     inos: set = dataclasses.field(default_factory=set)       # the entries changed
     guarded: list = dataclasses.field(default_factory=list)  # parts whose mode changed
 
-    def takes(self, change, whole, parts) -> bool:
-        """Whether ``change`` (at path ``parts``) may join (``_runnable``, and independent
-        of the run)."""
-        if not _runnable(change, whole):
-            return False
+    def takes(self, change, parts) -> bool:
+        """Whether ``change`` (runnable, at path ``parts``) may join: independent of the
+        run."""
         if isinstance(change, dirops.Refill):
             return True   # no name: only the lease's ids, which no other change here uses
         if (change.dir, change.name) in self.names or change.dir in self.inos \
@@ -588,7 +592,7 @@ class DirLeases:
                     # has none until then)
                     path = self._run_path(change, whole) if runs else None
                     parts = paths.split(path) if path is not None else None
-                    if run.items and (parts is None or not run.takes(change, whole, parts)):
+                    if run.items and (parts is None or not run.takes(change, parts)):
                         # what follows may depend on the run: it goes to the journal first
                         await self._run_changes(sub, holder, run, failed)
                         run = _Run()
@@ -697,25 +701,20 @@ class DirLeases:
         out = []
         for index, change in enumerate(changes):
             if isinstance(change, dirops.Refill):
-                lease = self.table.lease_of(change.dir)
-                if lease is not None and lease.holder == holder \
-                        and lease.epoch == change.epoch:
-                    # refilled: the range it took last is not the newest any more
+                lease = self.table.held(change.dir, holder, change.epoch)
+                if lease is not None:
                     out.append({"index": index, "inos": lease.inos.to_wire()
-                                if lease.inos.first != change.after else [0, 0]})
+                                if _refilled(lease, change) else [0, 0]})
             elif isinstance(change, dirops.Mkdir) and change.inos and not change.first_ino:
-                lease = self.table.lease_of(change.ino)
-                if lease is not None and lease.holder == holder \
-                        and lease.epoch == change.lease_epoch:
+                lease = self.table.held(change.ino, holder, change.lease_epoch)
+                if lease is not None:
                     out.append({"index": index, "inos": lease.inos.to_wire()})
         return out
 
     async def _give_back(self, ctx, holder: str, ino: int, epoch: int) -> bool:
         """End ``holder``'s lease ``epoch`` on ``ino`` if it still holds it (journaled as
         durably as the caller's changes)."""
-        lease = self.table.lease_of(ino)
-        if lease is None or lease.holder != holder or lease.epoch != epoch \
-                or ino in self._ending:
+        if self.table.held(ino, holder, epoch) is None or ino in self._ending:
             return False
         await self.edits.log_plan(DirLeaseRelease(ino=ino, holder=holder, epoch=epoch),
                                   durable=ctx.sync_metadata)
@@ -737,17 +736,15 @@ class DirLeases:
         for a resend, and its ``complete`` says what is wrong). A refill was applied when
         the lease's newest range is no longer the one it names as taken last."""
         if isinstance(change, dirops.Refill):
-            lease = self.table.lease_of(change.dir)
-            return (lease is not None and lease.holder == holder
-                    and lease.epoch == change.epoch and lease.inos.first != change.after)
+            lease = self.table.held(change.dir, holder, change.epoch)
+            return lease is not None and _refilled(lease, change)
         if isinstance(change, (dirops.Create, dirops.Mkdir)):
             if self.view.lookup(change.dir, change.name) == change.ino:
                 return True
             if self.view.get_inode(change.ino) is None:
                 return False
-            lease = self.table.lease_of(change.dir)
-            held = lease is not None and lease.holder == holder and lease.epoch == change.epoch
-            return not held or lease.range_of(change.ino) is not None
+            lease = self.table.held(change.dir, holder, change.epoch)
+            return lease is None or lease.range_of(change.ino) is not None
         if self.view.lookup(change.dir, change.name) != change.ino:
             return True
         if isinstance(change, dirops.Write):
