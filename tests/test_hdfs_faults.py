@@ -156,9 +156,16 @@ def test_a_corrupt_replica_is_skipped_by_the_java_reader_reported_and_replaced(
 
 # --------------------------------------------------------------------------- metadata server
 
-def test_a_metadata_server_restart_under_a_java_writer(cluster, jvm, hdfs):
+def test_a_metadata_server_restart_under_a_java_writer(cluster, jvm):
     """kill -9 and a start of the metadata server while a Java writer has a file open:
-    the client reconnects, resends what was in flight, and the file completes."""
+    the client reconnects, resends what was in flight, and the file completes.
+
+    The client has the retry policy CLIENTS.md tells a lone server's users to turn on.
+    Without it Hadoop's client retries nothing against a lone server: its idle
+    connection does not notice the restart, and the next call (the writer's addBlock)
+    fails with an EOFException unless the lease renewer happened to call first."""
+    hdfs = jvm.fs(uri(cluster), {**JAVA, "dfs.client.retry.policy.enabled": "true",
+                                 "dfs.client.retry.policy.spec": "200,50"})
     data = payload(3, 2 * BLOCK + 4567)
     out = hdfs.create(jvm.path("/restart/f"), True)
     out.write(jvm.bytes(data[:BLOCK // 2]))
@@ -172,6 +179,7 @@ def test_a_metadata_server_restart_under_a_java_writer(cluster, jvm, hdfs):
         assert c.read_file("/restart/f") == data
         assert c.is_file_closed("/restart/f")
     assert java_read(jvm, hdfs, "/restart/f") == data
+    hdfs.close()
 
 
 # --------------------------------------------------------------------------- leases
