@@ -28,7 +28,7 @@ from tools.bench import sourcetree as S
 from tools.bench.base import BenchFailed
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["--entries", "60", "--rows", "200", "--transactions", "4"]
+TINY = ["--entries", "60", "--rows", "200", "--transactions", "4", "--settle", "0"]
 STEP_ROWS = ["tar -xf", "git init+add+commit", "sqlite3 inserts", "rm -rf", "total"]
 
 pytestmark = pytest.mark.timeout(120)
@@ -65,7 +65,7 @@ def _assert_nothing_left(*folders: Path) -> None:
 def _check_apps_json(doc: dict, labels: list[str]) -> None:
     assert doc["benchmark"] == "apps" and doc["baseline"] == labels[0]
     assert doc["params"] == {"entries": 60, "rows": 200, "transactions": 4,
-                             "seed": A.TREE_SEED}
+                             "seed": A.TREE_SEED, "rounds": 1}
     tree = doc["tree"]
     assert tree["entries"] == 60 == tree["files"] + tree["dirs"] + tree["symlinks"]
     assert tree["symlinks"] >= 1 and tree["dirs"] >= 2 and len(tree["git_tree"]) == 40
@@ -132,6 +132,29 @@ def test_apps_json_shape(tmp_path):
 
 
 @pytest.mark.slow
+def test_apps_rounds_alternate_the_order_and_show_medians(tmp_path):
+    """--rounds 3: every path three times, the second round in the reverse order; the
+    table's figure is the median of the three, and each round's figure is listed."""
+    a, b = _folders(tmp_path)
+    proc = bench(tmp_path, "apps", "--path", a, "--path", b, *TINY, "--rounds", "3",
+                 "--json")
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    starts = [line.split("] ", 1)[1].split(": tar -xf of")[0]
+              for line in err.splitlines() if ": tar -xf of 60 entries" in line]
+    assert starts == [f"{a} (round 1/3)", f"{b} (round 1/3)", f"{b} (round 2/3)",
+                      f"{a} (round 2/3)", f"{a} (round 3/3)", f"{b} (round 3/3)"], err
+    report = json.loads(proc.stdout)
+    assert report["params"]["rounds"] == 3
+    for path in report["paths"]:
+        assert len(path["rounds"]) == 3
+        for step in ("tar", "git", "sqlite", "rm", "total"):
+            figures = sorted(r[step]["seconds"] for r in path["rounds"])
+            assert path["results"][step]["seconds"] == figures[1], (step, path)
+    _assert_nothing_left(a, b, tmp_path / "tmpdir")
+
+
+@pytest.mark.slow
 def test_apps_errors_are_one_line(tmp_path):
     (good,) = _folders(tmp_path, 1)
     missing = tmp_path / "nope"
@@ -162,7 +185,8 @@ def test_apps_errors_are_one_line(tmp_path):
 def test_apps_ctrl_c_removes_the_work_folder_and_archive(tmp_path):
     (a,) = _folders(tmp_path, 1)
     proc = subprocess.Popen([sys.executable, "-m", "tools", "bench", "apps", "--path", str(a),
-                             "--entries", "40", "--rows", "100000", "--transactions", "100000"],
+                             "--entries", "40", "--rows", "100000", "--transactions", "100000",
+                             "--settle", "0"],
                             env=_env(tmp_path), cwd=str(tmp_path), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=ctrl_c_reaches_it)

@@ -28,7 +28,10 @@ every row), and the tree must be gone after ``rm -rf``. The file content is chec
 verification pass has warmed the caches.
 
 Path selection, labels, work folders, cleanup on errors, Ctrl-C and SIGTERM, and ratios are
-``bench fuse``'s (fuse.py).
+``bench fuse``'s (fuse.py). ``--rounds N`` runs every path N times, the order of the paths
+reversed every other round, and shows each step's median; before each path the run waits
+for a quiet machine (``base.wait_quiet``): a peer still deleting what its ``rm -rf``
+removed would otherwise be timed as part of the next path (``--settle``: how long at most).
 
 Concurrency contract: a CLI process running one program at a time on its main thread, one
 path at a time. Progress lines go to stderr, results to stdout.
@@ -52,7 +55,7 @@ from ..common import Command
 from ..formatting import UsageError, format_table
 from ..progress import StatusLine
 from . import sourcetree
-from .base import BenchFailed, size_label
+from .base import BenchFailed, size_label, wait_quiet
 from .fuse import (WORK_PREFIX, Target, add_path_options, finish_targets, fmt_figure,
                         ratios, remove_tree, run_on_targets, sigterm_as_interrupt,
                         targets_from_args)
@@ -75,6 +78,8 @@ class Params:
     rows: int
     transactions: int
     seed: int
+    rounds: int = 1
+    settle: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -264,7 +269,10 @@ def _params(a) -> Params:
         if shutil.which(program) is None:
             raise UsageError(f"{program} not found on the PATH (install it: apt-get install "
                              f"{program})")
-    return Params(entries=a.entries, rows=a.rows, transactions=a.transactions, seed=a.seed)
+    if a.rounds < 1 or a.settle < 0:
+        raise UsageError("--rounds must be at least 1 and --settle at least 0")
+    return Params(entries=a.entries, rows=a.rows, transactions=a.transactions, seed=a.seed,
+                  rounds=a.rounds, settle=a.settle)
 
 
 def run_apps_bench(cmd: Command) -> int:
@@ -282,19 +290,57 @@ def run_apps_bench(cmd: Command) -> int:
             work = prepare(params, home)
             status(f"  {work.tree.files} files, {work.tree.dirs} folders, {work.tree.links} "
                    f"symlinks, {size_label(work.tree.total)}; archive {work.archive}")
-            run_on_targets(cmd, targets,
-                           lambda t: bench_path(t.work, params, work, status, t.label),
-                           (OSError, BenchFailed, sqlite3.Error, subprocess.SubprocessError))
+            rounds = run_rounds(cmd, targets, params, work, status)
         finally:
             if home:
                 remove_tree(home)
             if peer:
                 peer.stop_if_ours()
-    _print_results(cmd, params, work, targets)
+    _print_results(cmd, params, work, targets, rounds)
     return cmd.status
 
 
-def _print_results(cmd: Command, params: Params, work: Workload, targets: list[Target]) -> None:
+def run_rounds(cmd: Command, targets: list[Target], params: Params, work: Workload,
+               status) -> dict:
+    """Every path ``params.rounds`` times, the order reversed every other round, each after
+    a wait for a quiet machine; each target's ``results`` become the median of its rounds.
+    Returns label -> the rounds' results."""
+    rounds: dict[str, list] = {t.label: [] for t in targets}
+
+    def one(t: Target, label: str) -> dict:
+        if params.settle > 0:
+            wait_quiet(status, params.settle)
+        results = bench_path(t.work, params, work, status, label)
+        rounds[t.label].append(results)
+        return results
+
+    for r in range(params.rounds):
+        order = [t for t in (targets if r % 2 == 0 else targets[::-1]) if not t.error]
+        tag = f" (round {r + 1}/{params.rounds})" if params.rounds > 1 else ""
+        run_on_targets(cmd, order, lambda t: one(t, t.label + tag),
+                       (OSError, BenchFailed, sqlite3.Error, subprocess.SubprocessError))
+    for t in targets:
+        if rounds[t.label] and not t.error:
+            t.results = median_results(rounds[t.label])
+    return rounds
+
+
+def median_results(runs: list[dict]) -> dict:
+    """step -> figures: each figure the median of the runs' (the middle one of an odd
+    count, the mean of the middle two of an even one)."""
+    out = {}
+    for step, figures in runs[0].items():
+        out[step] = {}
+        for key in figures:
+            values = sorted(run[step][key] for run in runs)
+            mid = len(values) // 2
+            out[step][key] = values[mid] if len(values) % 2 else (values[mid - 1]
+                                                                  + values[mid]) / 2
+    return out
+
+
+def _print_results(cmd: Command, params: Params, work: Workload, targets: list[Target],
+                   rounds: dict) -> None:
     base = targets[0]
     for t in targets:
         t.ratios = ratios(t.results, base.results) if t is not base else {}
@@ -303,7 +349,8 @@ def _print_results(cmd: Command, params: Params, work: Workload, targets: list[T
         cmd.out(json.dumps({
             "benchmark": "apps",
             "params": {"entries": params.entries, "rows": params.rows,
-                       "transactions": params.transactions, "seed": params.seed},
+                       "transactions": params.transactions, "seed": params.seed,
+                       "rounds": params.rounds},
             "tree": {"entries": len(tree.entries), "files": tree.files, "dirs": tree.dirs,
                      "symlinks": tree.links, "bytes": tree.total,
                      "archive_bytes": work.archive_bytes, "checksum": work.digest,
@@ -311,7 +358,8 @@ def _print_results(cmd: Command, params: Params, work: Workload, targets: list[T
             "baseline": base.label,
             "paths": [{"label": t.label, "path": t.path, "fstype": t.fstype,
                        "baseline": t is base, "error": t.error, "results": t.results,
-                       "ratios": t.ratios} for t in targets],
+                       "ratios": t.ratios, "rounds": rounds.get(t.label, [])}
+                      for t in targets],
         }, indent=2))
         return
     if all(t.error for t in targets):
@@ -338,6 +386,14 @@ def _print_results(cmd: Command, params: Params, work: Workload, targets: list[T
         cmd.out(line)
     if others:
         cmd.out(f"ratio = seconds / the baseline's ({base.label}): above 1 is slower")
+    if params.rounds > 1:
+        cmd.out(f"each figure: the median of {params.rounds} rounds; the rounds' seconds "
+                f"(the paths' order reversed every other round):")
+        for t in targets:
+            for step in (*STEPS, "total"):
+                figures = " ".join(fmt_figure(run[step]["seconds"])
+                                   for run in rounds.get(t.label, []))
+                cmd.out(f"  {t.label:<{width}}  {STEP_LABELS[step]:<19}  {figures}")
 
 
 # --------------------------------------------------------------------------- parser
@@ -358,6 +414,12 @@ def register(bsub, common) -> None:
                    help="sqlite3 transactions the inserts are spread over (default 200)")
     q.add_argument("--seed", type=int, default=TREE_SEED,
                    help="seed of the generated source tree")
+    q.add_argument("--rounds", type=int, default=1,
+                   help="run every path this many times, the order reversed every other "
+                        "round, and show each step's median (default 1)")
+    q.add_argument("--settle", type=float, default=60.0, metavar="SECONDS",
+                   help="before each path wait up to this long for a quiet machine "
+                        "(default 60; 0: no wait)")
     q.add_argument("--json", action="store_true", help="machine-readable results on stdout")
     q.add_argument("--quiet", action="store_true", help="no progress lines")
     q.set_defaults(func=run_apps_bench)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 from fs.config import default_home
 
@@ -19,6 +20,45 @@ from ..progress import StatusLine
 
 CHUNK = 8 << 20
 MB = 1_000_000
+
+
+QUIET_BUSY = 0.15     # share of all cores in use below which the machine counts as quiet
+QUIET_WINDOW = 1.0    # seconds of each sample
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)   # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def wait_quiet(status: StatusLine, timeout: float = 60.0) -> float:
+    """Wait until the machine is quiet: two samples in a row with under ``QUIET_BUSY`` of
+    its cores busy, at most ``timeout`` seconds. A peer's background work (MooseFS's
+    chunk servers deleting what the last step removed, a compaction) otherwise lands in
+    the next path's timings. Returns the share busy in the last sample (above the limit
+    when the wait gave up, which is shown)."""
+    deadline = time.monotonic() + timeout
+    quiet_in_a_row = 0
+    busy_share = 0.0
+    shown = False
+    while True:
+        busy0, total0 = _cpu_ticks()
+        time.sleep(QUIET_WINDOW)
+        busy1, total1 = _cpu_ticks()
+        busy_share = (busy1 - busy0) / max(1, total1 - total0)
+        quiet_in_a_row = quiet_in_a_row + 1 if busy_share < QUIET_BUSY else 0
+        if quiet_in_a_row >= 2:
+            return busy_share
+        if time.monotonic() >= deadline:
+            status(f"the machine is still busy ({busy_share:.0%} of its cores) after "
+                   f"{timeout:g} s: going on")
+            return busy_share
+        if not shown and not quiet_in_a_row:
+            status(f"waiting for a quiet machine ({busy_share:.0%} of its cores busy) ...")
+            shown = True
 
 
 class BenchFailed(Exception):
