@@ -77,10 +77,12 @@ log = logging.getLogger(__name__)
 
 #: seconds a directory the server would not lease is not asked for again
 REFUSED_FOR = 10.0
-#: seconds without a change after which a lease is given back, so another client's access
-#: to a folder held idle costs it no recall; long enough that a tree being extracted or
-#: committed keeps the folders it comes back to (tar sets a folder's times after its
-#: subtree)
+#: seconds without use (a change decided under it, a name, status or listing it answered)
+#: after which a lease is given back, so another client's access to a folder held idle
+#: costs it no recall; long enough that a tree being extracted or committed keeps the
+#: folders it comes back to (tar sets a folder's times after its subtree). Reads count: a
+#: tree extracted and then read (git add, a build) would otherwise lose its leases while
+#: being read, and every open after that would ask the server again
 IDLE_FOR = 10.0
 #: changes queued at most; a change beyond waits for the sender
 QUEUE_LIMIT = 4096
@@ -154,7 +156,7 @@ class LeasedDir:
     epoch: int
     status: FileStatus                    # its own attributes, with the changes made here
     entries: dict[bytes, FileStatus]      # every entry, with the changes made here
-    used: float = 0.0                     # trio time of the last change
+    used: float = 0.0                     # trio time of the last use (IDLE_FOR)
     giving_back: bool = False             # recalled or idle: no change is decided here
     # names whose attributes this mount may have changed since (written, set, moved):
     # a lookup of them asks the server
@@ -340,6 +342,7 @@ class DirLeaseHolder:
         leased = self._leases.get(kernel_ino)
         if leased is None or not self.usable(leased) or not self._own_caller():
             return None
+        leased.used = trio.current_time()
         return leased
 
     def usable(self, leased: LeasedDir) -> bool:
@@ -601,7 +604,10 @@ class DirLeaseHolder:
         leased, _, name = self._holding_folder(path)
         if leased is None or not self.usable(leased):
             return None
-        return leased.known(name)
+        known = leased.known(name)
+        if known is not None:
+            leased.used = trio.current_time()
+        return known
 
     def content_of(self, kernel_ino: int) -> tuple[FileStatus, bytes] | None:
         """The status and whole content of small file ``kernel_ino`` made and closed here,

@@ -21,6 +21,7 @@ asynchronous release of a closed file may run at any await); everything else it 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -519,9 +520,8 @@ class Names:
                 if replaced_lease.entries:
                     raise fuse_error(errno.ENOTEMPTY)
         del source.entries[name_old]
+        was_stale = name_old in source.stale
         source.stale.discard(name_old)
-        target.entries[name_new] = entry
-        target.stale.add(name_new)   # its ctime is the rename's
         subdirs = 1 if entry.is_dir else 0
         if target is not source:
             now = self._leases.changed(source, children=-1, subdirs=-subdirs)
@@ -531,6 +531,19 @@ class Names:
             now = self._leases.changed(
                 source, children=-1 if replaced else 0,
                 subdirs=-1 if replaced is not None and replaced.is_dir else 0)
+        # the server stamps the moved entry's ctime with the change's time, as the
+        # folders' times: the lease still knows it (git renames every object it writes,
+        # and then stats and lists them)
+        target.entries[name_new] = dataclasses.replace(
+            entry, ctime_ns=now, name=os.fsdecode(name_new), path=dst)
+        target.stale.discard(name_new)
+        if was_stale:
+            target.stale.add(name_new)   # its size and times are still an open file's
+        moved_lease = self._leases.held(self._view.kernel_ino(entry.ino)) if entry.is_dir \
+            else None
+        if moved_lease is not None:   # a folder held here: its own lease answers for it
+            moved_lease.status = dataclasses.replace(
+                moved_lease.status, ctime_ns=now, name=os.fsdecode(name_new), path=dst)
         await self._leases.queue(dirops.Rename(
             source.ino, source.epoch, os.fsdecode(name_old), entry.ino, target.ino,
             target.epoch, os.fsdecode(name_new), replaced.ino if replaced else 0, now),

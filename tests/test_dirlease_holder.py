@@ -278,3 +278,26 @@ def test_a_grant_trusted_less_long_than_the_poll_in_flight_waits_is_asked_for_ag
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+@pytest.mark.parametrize("reading", [True, False])
+def test_a_lease_that_answers_reads_is_not_idle(monkeypatch, reading):
+    """A folder whose names and statuses the lease keeps answering (a tree extracted here
+    and then read: git add, a build) is kept past ``IDLE_FOR``; one nobody uses is
+    given back once ``IDLE_FOR`` passed."""
+    monkeypatch.setattr(dirleases, "IDLE_FOR", 2.0)
+
+    async def main():
+        server, held = polled_holder(8)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(held.run)
+            for _ in range(60):   # 6 s, three times the idle limit
+                if reading:
+                    assert held.held(FOLDER) is not None
+                    assert held.known_file(FILE) is not None
+                # fixed-sleep: the times are the subject (the mock clock jumps them)
+                await trio.sleep(0.1)
+            assert held.holds(FOLDER) is reading
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

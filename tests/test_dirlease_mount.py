@@ -851,6 +851,34 @@ def test_small_files_made_here_are_read_back_without_a_call(cluster, a, b):
     assert (top / "f7").read_bytes() == other
 
 
+def test_files_renamed_here_are_still_known_to_the_lease(cluster, a, b):
+    """Files written under a temporary name and renamed, as git writes each object: A
+    answers their status and the folder's listing from its lease (no status or listing
+    call), with the ctime the rename gave them, which is the server's once B's access
+    took the lease."""
+    top = a.mp / "objects"
+    top.mkdir()
+    made = {}
+    for n in range(24):
+        tmp = top / f"tmp_obj_{n}"
+        tmp.write_bytes(os.urandom(100 + n))
+        os.chmod(tmp, 0o444)
+        made[f"{n:02x}{'ab' * 19}"] = tmp.read_bytes()
+        os.rename(tmp, top / f"{n:02x}{'ab' * 19}")
+    before = (meta_calls(cluster, "get_file_info"), meta_calls(cluster, "list_status"))
+    assert sorted(os.listdir(top)) == sorted(made)
+    seen = {name: os.stat(top / name) for name in made}
+    for name, data in made.items():
+        assert (top / name).read_bytes() == data
+    after = (meta_calls(cluster, "get_file_info"), meta_calls(cluster, "list_status"))
+    assert after == before, f"calls for files renamed here: {before} -> {after}"
+    for name in made:
+        there = os.stat(b.mp / "objects" / name)
+        here = seen[name]
+        assert (there.st_ctime_ns, there.st_mtime_ns, there.st_size, there.st_mode) == (
+            here.st_ctime_ns, here.st_mtime_ns, here.st_size, here.st_mode), name
+
+
 def test_many_creates_in_one_folder_are_all_decided_under_its_lease(cluster, a, b):
     """More creates in a folder, and in folders made under it, than a grant reserves
     inodes for: the leases ask for more ahead (refills), so none of them is a call, and
