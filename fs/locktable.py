@@ -100,6 +100,10 @@ class LockTable:
     def clients(self) -> list[str]:
         return sorted(self._by_client)
 
+    def any_held(self) -> bool:
+        """Whether any lock is held at all (a close then has one to look for)."""
+        return bool(self._by_client)
+
     def inodes_of(self, client: str) -> list[int]:
         return sorted(self._by_client.get(client, ()))
 

@@ -159,8 +159,9 @@ class LeasedDir:
     used: float = 0.0                     # trio time of the last use (IDLE_FOR)
     giving_back: bool = False             # recalled or idle: no change is decided here
     # names whose attributes this mount may have changed since (written, set, moved):
-    # a lookup of them asks the server
+    # a lookup of them asks the server (``mark``)
     stale: set[bytes] = dataclasses.field(default_factory=set)
+    marks: int = 0                        # names marked stale so far
     # the inode numbers the grant reserved for files created here, not used yet
     next_ino: int = 0
     end_ino: int = 0
@@ -254,6 +255,11 @@ class LeasedDir:
             ctime_ns=close.time_ns,
             mode=entry.mode if close.permission is None else close.permission)
         self.stale.discard(name)
+
+    def mark(self, name: bytes) -> None:
+        """``name``'s attributes may have changed here: the server's to say again."""
+        self.stale.add(name)
+        self.marks += 1
 
     def known(self, name: bytes) -> FileStatus | None:
         """The status of a file or symlink ``name`` as the server has it (nobody else
@@ -553,7 +559,7 @@ class DirLeaseHolder:
         if leased is not None:
             fresh = name not in leased.entries
             leased.entries[name] = status
-            leased.stale.add(name)   # a file made by a call is written next
+            leased.mark(name)   # a file made by a call is written next
             self._synced(leased, parent_status, children=1 if fresh else 0,
                          subdirs=1 if fresh and status.is_dir else 0)
 
@@ -576,7 +582,7 @@ class DirLeaseHolder:
         setattr, truncate): a held folder's lookup of it asks the server from now on."""
         leased, _, name = self._holding_folder(path)
         if leased is not None:
-            leased.stale.add(name)
+            leased.mark(name)
 
     def note_replaced(self, path: str, status: FileStatus) -> None:
         """The file at ``path`` got a new inode under its name (its content replaced)."""
@@ -644,7 +650,7 @@ class DirLeaseHolder:
         it in the queue (under construction, leased to this client, as ``create`` makes
         it). Its stream's metadata calls go through ``file_calls``."""
         leased.entries[name] = status
-        leased.stale.add(name)   # written next: its size and times are the open file's
+        leased.mark(name)   # written next: its size and times are the open file's
         now = self.changed(leased, children=1, now=status.mtime_ns)
         self._refill_if_low(leased)
         await self.queue(dirops.Create(leased.ino, leased.epoch, os.fsdecode(name), status.ino,
@@ -699,7 +705,10 @@ class DirLeaseHolder:
         async def call(method: str, args: dict, **kwargs):
             found = self._file_write(kernel_ino, ino, method, args)
             if found is None:
-                return await self._client.call_meta(method, args, **kwargs)
+                answer = await self._client.call_meta(method, args, **kwargs)
+                if method == "complete" and answer is True and ended():
+                    await self._learn_closed(kernel_ino, ino)
+                return answer
             leased, folder, path, change = found
             leased.used = trio.current_time()
             self._put_write(change, folder, path)
@@ -710,6 +719,32 @@ class DirLeaseHolder:
                 await self.flush()
             return True
         return call
+
+    async def _learn_closed(self, kernel_ino: int, ino: int) -> None:
+        """File ``ino`` made here and written through blocks was closed by a call: the
+        lease on its folder learns its status from the server, so lookups and listings
+        there are answered from the lease again (a tree with a few big files would
+        otherwise list each of its folders on the server). Nothing is learned when a
+        change here may have overtaken the answer (a name marked meanwhile)."""
+        path = self._path_of(kernel_ino)
+        if path is None:
+            return
+        leased, _, name = self._holding_folder(path)
+        if leased is None or name not in leased.stale or not self.usable(leased):
+            return
+        entry, marks = leased.entries.get(name), leased.marks
+        if entry is None or entry.ino != ino:
+            return
+        try:
+            status = await self._client.get_file_status(path)
+        except LeaseFSError as exc:
+            log.debug("%s: status after its close: %s", path, exc)
+            return
+        if (leased.marks == marks and leased.entries.get(name) is entry
+                and status.ino == ino and self._leases.get(leased.kernel_ino) is leased
+                and self.usable(leased)):
+            leased.entries[name] = status
+            leased.stale.discard(name)
 
     def _file_write(self, kernel_ino: int, ino: int, method: str, args: dict):
         if method == "complete" and args.get("last") is None:

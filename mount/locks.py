@@ -128,6 +128,10 @@ class MountLocks:
         await self._set(ino, fh, owner, kind, FLOCK, 0, TO_EOF, 0,
                         not op & fcntl.LOCK_NB, interrupted)
 
+    def any_held(self) -> bool:
+        """Whether this mount holds any lock (most closes then have none to end)."""
+        return self._mine.any_held()
+
     async def release_posix_locks(self, ino, fh, owner) -> None:
         """A close(2) by lock owner ``owner``: its POSIX locks on the file go."""
         await self._release(ino, fh, owner, POSIX)

@@ -538,7 +538,7 @@ class Names:
             entry, ctime_ns=now, name=os.fsdecode(name_new), path=dst)
         target.stale.discard(name_new)
         if was_stale:
-            target.stale.add(name_new)   # its size and times are still an open file's
+            target.mark(name_new)   # its size and times are still an open file's
         moved_lease = self._leases.held(self._view.kernel_ino(entry.ino)) if entry.is_dir \
             else None
         if moved_lease is not None:   # a folder held here: its own lease answers for it

@@ -879,6 +879,37 @@ def test_files_renamed_here_are_still_known_to_the_lease(cluster, a, b):
             here.st_ctime_ns, here.st_mtime_ns, here.st_size, here.st_mode), name
 
 
+def test_a_big_file_made_here_is_known_to_the_lease_after_its_close(cluster, a, b):
+    """A file past ``inline_max`` made here is written through blocks and closed by a
+    call; the lease then learns its status, so the folder is still listed and the file
+    statted from the lease (as rm -rf and git walk a tree with a few big files), with
+    what the server has."""
+    top = a.mp / "big"
+    top.mkdir()
+    (top / "small").write_bytes(b"s" * 100)
+    data = os.urandom(200_000)
+    (top / "large").write_bytes(data)
+
+    def calls():
+        return meta_calls(cluster, "get_file_info"), meta_calls(cluster, "list_status")
+
+    def listed_from_the_lease():
+        before = calls()
+        return sorted(os.listdir(top)) == ["large", "small"] and calls() == before
+
+    # the kernel releases the file after close(2) returned: the close, and the status
+    # call that teaches the lease, follow it
+    assert poll_until(listed_from_the_lease, timeout=10), calls()
+    before = calls()
+    here = os.stat(top / "large")
+    assert calls() == before
+    assert here.st_size == len(data)
+    there = os.stat(b.mp / "big" / "large")
+    assert (there.st_size, there.st_mtime_ns, there.st_ctime_ns, there.st_mode) == (
+        here.st_size, here.st_mtime_ns, here.st_ctime_ns, here.st_mode)
+    assert (b.mp / "big" / "large").read_bytes() == data
+
+
 def test_many_creates_in_one_folder_are_all_decided_under_its_lease(cluster, a, b):
     """More creates in a folder, and in folders made under it, than a grant reserves
     inodes for: the leases ask for more ahead (refills), so none of them is a call, and
