@@ -10,6 +10,7 @@ commit or database is reported as a failure, never as a figure.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -152,6 +153,71 @@ def test_apps_rounds_alternate_the_order_and_show_medians(tmp_path):
             figures = sorted(r[step]["seconds"] for r in path["rounds"])
             assert path["results"][step]["seconds"] == figures[1], (step, path)
     _assert_nothing_left(a, b, tmp_path / "tmpdir")
+
+
+@pytest.mark.slow
+def test_apps_on_the_floor_filesystem_and_it_is_unmounted_after(tmp_path):
+    """--floor: the in-memory pyfuse3 filesystem is mounted for the run, passes every
+    step's checks (the extracted tree, the commit, the database) as a real filesystem
+    must, shows as its own column and is gone afterwards (unmounted, its folder
+    removed)."""
+    (a,) = _folders(tmp_path, 1)
+    proc = bench(tmp_path, "apps", "--path", a, "--floor", *TINY, "--json", "--quiet")
+    assert proc.returncode == 0, proc.stderr.decode()
+    report = json.loads(proc.stdout)
+    floor = next(p for p in report["paths"] if p["label"] == "floor")
+    assert floor["fstype"] == "fuse.floor" and floor["error"] is None, floor
+    assert floor["results"]["rm"]["entries"] > 60
+    assert not os.path.exists(floor["path"])
+    with open("/proc/self/mounts") as mounts:
+        assert floor["path"] not in mounts.read()
+
+
+def test_the_floor_filesystem_answers_as_posix_does(tmp_path):
+    """What tar, git and rm ask of it, with a local filesystem's answers: names,
+    renames over files and folders, non-empty folders, symlinks, sizes, modes, times."""
+    from tools.bench.fusefloor import FloorMount
+    floor = FloorMount(lambda text: None)
+    root = Path(floor.start())
+    try:
+        for top in (root, tmp_path / "local"):
+            top.mkdir(exist_ok=True)
+            (top / "d").mkdir()
+            (top / "d" / "f").write_bytes(b"x" * 5000)
+            os.chmod(top / "d" / "f", 0o640)
+            os.utime(top / "d" / "f", ns=(1_000_000_000, 2_000_000_000))
+            os.symlink("d/f", top / "link")
+            (top / "g").write_bytes(b"gone")
+            os.rename(top / "g", top / "d" / "f2")
+            (top / "e").mkdir()
+            os.rename(top / "e", top / "d" / "e")
+        for top in (root, tmp_path / "local"):
+            found = {}
+            for folder, dirs, files in os.walk(top):
+                for name in dirs + files:
+                    path = Path(folder, name)
+                    st = os.lstat(path)
+                    found[str(path.relative_to(top))] = (
+                        st.st_mode, st.st_size if not os.path.isdir(path) else 0,
+                        st.st_mtime_ns if name == "f" else 0,
+                        os.readlink(path) if os.path.islink(path) else None)
+            if top == root:
+                on_floor = found
+        assert on_floor == found
+        for call, args, code in ((os.rmdir, (root / "d",), "ENOTEMPTY"),
+                                 (os.unlink, (root / "d",), "EISDIR"),
+                                 (os.rmdir, (root / "link",), "ENOTDIR"),
+                                 (os.mkdir, (root / "d",), "EEXIST"),
+                                 (os.rename, (root / "d", root / "d" / "e" / "x"), "EINVAL"),
+                                 (os.link, (root / "d" / "f", root / "h"), "EPERM")):
+            with pytest.raises(OSError) as caught:
+                call(*args)
+            assert errno.errorcode[caught.value.errno] == code, (call, args)
+        shutil.rmtree(root / "d")
+        assert sorted(os.listdir(root)) == ["link"]
+    finally:
+        floor.stop()
+    assert not root.exists()
 
 
 @pytest.mark.slow

@@ -535,7 +535,21 @@ def _params(a) -> Params:
     return p
 
 
-def targets_from_args(a, status) -> tuple[list[Target], MooseFSPeer | None]:
+@dataclass
+class Peers:
+    """What a run starts besides the folders it was given: the MooseFS peer, the in-memory
+    floor filesystem (``--floor``)."""
+    moosefs: MooseFSPeer | None = None
+    floor: object | None = None   # fusefloor.FloorMount (imported when asked for: pyfuse3)
+
+    def stop_if_ours(self) -> None:
+        if self.floor is not None:
+            self.floor.stop()
+        if self.moosefs is not None:
+            self.moosefs.stop_if_ours()
+
+
+def targets_from_args(a, status) -> tuple[list[Target], Peers | None]:
     targets = []
     if a.path:
         for given in a.path:
@@ -546,8 +560,12 @@ def targets_from_args(a, status) -> tuple[list[Target], MooseFSPeer | None]:
         if mount:
             targets.append(Target(label="leasefs", path=mount))
     peer = None
-    if a.moosefs:
-        peer = MooseFSPeer(a.moosefs_script, status)
+    if a.moosefs or getattr(a, "floor", False):
+        floor = None
+        if getattr(a, "floor", False):
+            from .fusefloor import FloorMount
+            floor = FloorMount(status)
+        peer = Peers(MooseFSPeer(a.moosefs_script, status) if a.moosefs else None, floor)
     seen = {}
     for t in targets:  # two --path of the same folder still need two columns
         seen[t.label] = seen.get(t.label, 0) + 1
@@ -556,16 +574,18 @@ def targets_from_args(a, status) -> tuple[list[Target], MooseFSPeer | None]:
     return targets, peer
 
 
-def finish_targets(targets: list[Target], peer: MooseFSPeer | None,
+def finish_targets(targets: list[Target], peer: Peers | None,
                    baseline: str | None) -> list[Target]:
     """The targets to run: plus the MooseFS peer's g3/ folder (starting the peer if need be),
     each with its filesystem type, the ``--baseline`` one (a label or a path) first."""
-    if peer:
-        peer.ensure_up()
-        folder = peer.folder(3)
+    if peer and peer.moosefs:
+        peer.moosefs.ensure_up()
+        folder = peer.moosefs.folder(3)
         if folder is None:
-            raise UsageError(f"--moosefs: {peer.mount}/g3 not found")
+            raise UsageError(f"--moosefs: {peer.moosefs.mount}/g3 not found")
         targets.append(Target(label="MooseFS", path=folder))
+    if peer and peer.floor:
+        targets.append(Target(label="floor", path=peer.floor.start()))
     for t in targets:
         t.fstype = fs_type(t.path)
     if baseline:
@@ -591,6 +611,10 @@ def add_path_options(q) -> None:
                         "stopped only if this run started it)")
     q.add_argument("--moosefs-script", default=None, metavar="PATH",
                    help="moosefs-up.sh to start the peer (default ../shared/peers/)")
+    q.add_argument("--floor", action="store_true",
+                   help="also an in-memory pyfuse3 + trio filesystem mounted for the run "
+                        "(fusefloor.py): what any Python FUSE mount costs per request, the "
+                        "floor under leasefs's mount")
 
 
 def fmt_figure(value) -> str:
