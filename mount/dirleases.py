@@ -697,11 +697,21 @@ class DirLeaseHolder:
         publish (``fsync`` of inline data, not durable) and its close (``complete`` with no
         block) are queued as ``Write`` while its folder is held here, so a close answers at
         once and the content follows the create in the queue; every other call (a block,
-        a durable fsync, or once the lease is gone) is made as the stream would.
+        a durable fsync, or once the lease is gone) is made as the stream would. The
+        callable's ``now(method, args)`` queues such a call without awaiting (False when
+        it is not one, or the queue is full: then ``call`` it).
         ``ended()``: whether the file has no handle open here any more. Only a close then
         makes the lease answer for the file again: a close while it stays open (its
         stream ended at an unlock, a database's) is followed by changes made by calls,
         which the lease's entry would not see."""
+        def queue(found) -> None:
+            leased, folder, path, change = found
+            leased.used = trio.current_time()
+            self._put_write(change, folder, path)
+            if change.close and ended():
+                leased.closed_here(change)
+                self._keep_content(change.ino, change.data)
+
         async def call(method: str, args: dict, **kwargs):
             found = self._file_write(kernel_ino, ino, method, args)
             if found is None:
@@ -709,15 +719,23 @@ class DirLeaseHolder:
                 if method == "complete" and answer is True and ended():
                     await self._learn_closed(kernel_ino, ino)
                 return answer
-            leased, folder, path, change = found
-            leased.used = trio.current_time()
-            self._put_write(change, folder, path)
-            if change.close and ended():
-                leased.closed_here(change)
-                self._keep_content(change.ino, change.data)
+            queue(found)
             if len(self._queue) > QUEUE_LIMIT:
                 await self.flush()
             return True
+
+        def now(method: str, args: dict) -> bool:
+            """The call queued at once (True), when it is one the queue takes and the
+            queue has room; False: make it through ``call`` (nothing was done)."""
+            if len(self._queue) >= QUEUE_LIMIT:
+                return False
+            found = self._file_write(kernel_ino, ino, method, args)
+            if found is None:
+                return False
+            queue(found)
+            return True
+
+        call.now = now
         return call
 
     async def _learn_closed(self, kernel_ino: int, ino: int) -> None:

@@ -51,9 +51,11 @@ def normal(value, names: dict):
     return value
 
 
-async def run(client, path: str, make, ops, seed: int, *, via=None):
+async def run(client, path: str, make, ops, seed: int, *, via=None, queue=False):
     """``ops`` on the writer ``make`` gives for a new file ``path``; the calls it made,
-    what each op answered, and the content read back."""
+    what each op answered, and the content read back. ``queue``: the calls may also be
+    taken at once (``meta_via.now``, as a lease's queue takes them) and made after the
+    op, as the queue's sender would."""
     created = await client.create(path)
     status = created.created_status
     created.abort(LeaseFSError("replaced by the writer under test"))   # made no call
@@ -66,6 +68,15 @@ async def run(client, path: str, make, ops, seed: int, *, via=None):
             return await via(method, args, **kwargs)
         return await client.call_meta(method, args, **kwargs)
 
+    queued = []
+
+    def now(method, args):
+        calls.append((method, normal(args, names)))
+        queued.append((method, args))
+        return True
+
+    if queue:
+        record.now = now
     writer.meta_via = record
     answers = []
     for n, (op, *arg) in enumerate(ops):
@@ -80,6 +91,9 @@ async def run(client, path: str, make, ops, seed: int, *, via=None):
                 got = await getattr(writer, op)()
         except LeaseFSError as exc:
             got = (type(exc).__name__, str(exc).replace(path, "PATH"))
+        for method, args in queued:   # the queue's sender
+            assert await client.call_meta(method, args)
+        queued.clear()
         answers.append((op, got, writer.pos))
     content = None
     if writer.closed and not writer.complete_pending:
@@ -125,13 +139,16 @@ SEQUENCES = {
 }
 
 
+@pytest.mark.parametrize("queue", [False, True], ids=["calls", "queued"])
 @pytest.mark.parametrize("name", sorted(SEQUENCES))
-async def test_a_draft_makes_the_calls_a_stream_makes(tmp_path, name):
+async def test_a_draft_makes_the_calls_a_stream_makes(tmp_path, name, queue):
+    """``queued``: the draft's calls are taken at once where the lease's queue would take
+    them (``now``), and are still the stream's."""
     ops = SEQUENCES[name]
     async with inprocess_cluster(tmp_path, n_storage=1, **SETTINGS) as cluster:
         async with cluster.client() as c:
             want = await run(c, "/stream", stream, ops, seed=1)
-            got = await run(c, "/draft", draft, ops, seed=1)
+            got = await run(c, "/draft", draft, ops, seed=1, queue=queue)
     answers = [(op, getattr(a, "pos", a) if op == "rewrite" else a, pos)
                for op, a, pos in got[1]]
     wanted = [(op, getattr(a, "pos", a) if op == "rewrite" else a, pos)
