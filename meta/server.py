@@ -248,7 +248,8 @@ class MetaServer(Dispatcher):
                 inline_close=lambda *args: self.client_protocol.plan_inline_close(*args),
                 mkdir=lambda *args: self.client_protocol.plan_mkdir(*args),
                 unlink=lambda *args: self.namespace_protocol.plan_unlink(*args),
-                attrs=lambda *args: self.namespace_protocol.plan_attrs(*args)))
+                attrs=lambda *args: self.namespace_protocol.plan_attrs(*args),
+                move=lambda *args: self.namespace_protocol.plan_move(*args)))
         # flock and fcntl locks of every mount, volatile, under the holders' client leases
         self.lock_service = Locks(table=LockTable(), hard_limit=config.lease_hard_limit,
                                   grace=config.lock_grace, edits=self.edits, clock=clock,

@@ -908,6 +908,57 @@ def test_a_batch_lands_as_its_changes_one_by_one_would(tmp_path):
 
 
 @pytest.mark.slow
+def test_renames_in_a_batch_land_as_one_by_one(tmp_path):
+    """Files written under a temporary name and renamed (git's objects), in one batch:
+    the renames join the runs and land as one change at a time would, each file under
+    its final name with its content and the rename's time as its ctime; a rename chain,
+    a rename into another held folder, a folder renamed (not in a run: its paths move),
+    a rename onto a name taken (refused by its index, as the call refuses it) and a
+    resend of the whole batch (nothing changes)."""
+    with ProcessCluster(tmp_path, n_storage=0) as cluster:
+        with cluster.client() as a, cluster.client() as b:
+            a.mkdirs("/r/sub")
+            a.mkdirs("/s")
+            sub = b.get_file_status("/r/sub").ino
+            d = a.dir_lease_acquire("/r", want_inos=16)
+            e = a.dir_lease_acquire("/s", want_inos=16)
+            ids = reserved(d)
+            at = time.time_ns() - 10**9
+
+            def move(name, ino, dst_name, to=d, replaced=0, when=at):
+                return dirops.Rename(d["attrs"]["ino"], d["epoch"], name, ino,
+                                     to["attrs"]["ino"], to["epoch"], dst_name, replaced,
+                                     when)
+
+            ops = [create(d, "tmp1", ids[0], at), write(d, "tmp1", ids[0], b"1", True, at),
+                   move("tmp1", ids[0], "obj1", when=at + 1),
+                   create(d, "tmp2", ids[1], at), write(d, "tmp2", ids[1], b"2", True, at),
+                   move("tmp2", ids[1], "obj2", when=at + 2),
+                   move("obj1", ids[0], "obj1b", when=at + 3),
+                   move("obj2", ids[1], "moved", to=e, when=at + 4),
+                   move("sub", sub, "sub2", when=at + 5),
+                   create(d, "tmp3", ids[2], at), write(d, "tmp3", ids[2], b"3", True, at),
+                   move("tmp3", ids[2], "obj1b", when=at + 6),        # taken: refused
+                   move("tmp3", ids[2], "obj3", when=at + 7)]
+            answer = a.dir_batch(ops)
+            assert answer["done"] == len(ops) and answer["ended"] is None, answer
+            assert [(f["index"], f["error"]["type"]) for f in answer["failed"]] == [
+                (11, "FileExists")], answer["failed"]
+            again = a.dir_batch(ops)
+            assert (again["done"], again["ended"]) == (len(ops), None)
+            a.dir_lease_release("/r", d["epoch"])
+            a.dir_lease_release("/s", e["epoch"])
+            assert names(b.list_status("/r")) == ["obj1b", "obj3", "sub2"]
+            assert names(b.list_status("/s")) == ["moved"]
+            assert [b.read_file(p) for p in ("/r/obj1b", "/s/moved", "/r/obj3")] == [
+                b"1", b"2", b"3"]
+            assert [b.get_file_status(p).ctime_ns for p in ("/r/obj1b", "/s/moved",
+                                                             "/r/obj3")] == [
+                at + 3, at + 4, at + 7]
+            assert b.get_file_status("/r/sub2").ino == sub
+
+
+@pytest.mark.slow
 def test_creates_closed_in_a_later_batch_and_refills_land_as_one_by_one(tmp_path):
     """What a mount sends when a file's close comes after another file's create (creates
     alone, closes of files created in earlier batches or earlier in the same one, a

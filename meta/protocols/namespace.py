@@ -224,6 +224,14 @@ class NamespaceProtocol:
         return self.ns.planner.plan_delete(
             canonical, now_ns=change_time({HOLDER_TIME: time_ns}, self.wall_ns()))
 
+    def plan_move(self, ctx, src_parts, dst_parts, src: str, dst: str, time_ns: int):
+        """A directory lease holder's batched rename that replaces nothing, checked and
+        planned as ``rename`` would, without locks or journal: the caller holds rename's
+        path locks and journals the record (``DirLeases``' runs); None: nothing to do."""
+        self._check_rename(ctx, src_parts, dst_parts)
+        return self.ns.renames.plan_rename(
+            src, dst, False, now_ns=change_time({HOLDER_TIME: time_ns}, self.wall_ns()))
+
     def plan_attrs(self, ctx, parts, canonical: str, permission, mtime_ns, atime_ns,
                    time_ns: int) -> list:
         """A directory lease holder's batched mode and times change, checked and planned

@@ -197,13 +197,15 @@ def _acked(ack) -> set[tuple[int, str]]:
 class BatchPlans:
     """How a run of a holder's changes is checked and planned without locks or journal:
     the front ends' own checks and planners (``ClientProtocol.plan_whole_create``,
-    ``plan_inline_close`` and ``plan_mkdir``, ``NamespaceProtocol.plan_unlink`` and
-    ``plan_attrs``), so a change in a run is refused exactly as its call would be."""
+    ``plan_inline_close`` and ``plan_mkdir``, ``NamespaceProtocol.plan_unlink``,
+    ``plan_attrs`` and ``plan_move``), so a change in a run is refused exactly as its call
+    would be."""
     create_whole: Callable[..., list]
     inline_close: Callable[..., object]
     mkdir: Callable[..., object]
     unlink: Callable[..., object]
     attrs: Callable[..., list]
+    move: Callable[..., object]
 
 
 def _refilled(lease: DirLease, change: dirops.Refill) -> bool:
@@ -215,12 +217,16 @@ def _refilled(lease: DirLease, change: dirops.Refill) -> bool:
 def _runnable(change, whole) -> bool:
     """Whether ``change`` may be planned in a run: a create (with the write that closes
     it or alone), the close of a small file with its content, an unlink, a mkdir, a mode
-    or times change, a refill of ids (the most of what a tree being written or removed
-    sends)."""
+    or times change, a refill of ids, a rename that replaces nothing (the most of what a
+    tree being written, committed or removed sends; git renames every object it writes).
+    A rename of a folder is not (``_run_path``): it would move the paths of what follows
+    it."""
     if isinstance(change, dirops.Write):
         return change.close and bool(change.data)
     if isinstance(change, dirops.SetAttr):
         return change.owner is None and change.group is None
+    if isinstance(change, dirops.Rename):
+        return change.replaced == 0
     return isinstance(change, (dirops.Create, dirops.Unlink, dirops.Mkdir, dirops.Refill))
 
 
@@ -232,6 +238,8 @@ class _RunItem:
     lease: DirLease
     parts: list
     path: str
+    dst_parts: list | None = None   # a rename's destination
+    dst_path: str | None = None
 
 
 @dataclasses.dataclass
@@ -247,13 +255,18 @@ class _Run:
     inos: set = dataclasses.field(default_factory=set)       # the entries changed
     guarded: list = dataclasses.field(default_factory=list)  # parts whose mode changed
 
-    def takes(self, change, parts) -> bool:
-        """Whether ``change`` (runnable, at path ``parts``) may join: independent of the
-        run."""
+    def takes(self, change, parts, dst_parts=None) -> bool:
+        """Whether ``change`` (runnable, at path ``parts``; a rename's destination at
+        ``dst_parts``) may join: independent of the run."""
         if isinstance(change, dirops.Refill):
             return True   # no name: only the lease's ids, which no other change here uses
         if (change.dir, change.name) in self.names or change.dir in self.inos \
                 or change.ino in self.inos:
+            return False
+        if isinstance(change, dirops.Rename) and (
+                (change.dst_dir, change.dst_name) in self.names
+                or change.dst_dir in self.inos
+                or any(dst_parts[:len(at)] == at for at in self.guarded)):
             return False
         return not any(parts[:len(at)] == at for at in self.guarded)
 
@@ -264,6 +277,8 @@ class _Run:
             return
         self.names.add((change.dir, change.name))
         self.inos.add(change.ino)
+        if isinstance(change, dirops.Rename):
+            self.names.add((change.dst_dir, change.dst_name))
         if isinstance(change, dirops.SetAttr) and change.permission is not None:
             self.guarded.append(item.parts)
 
@@ -587,18 +602,17 @@ class DirLeases:
                     change = changes[index]
                     whole = _closing(change, changes[index + 1] if index + 1 < len(changes)
                                      else None)
-                    # where it would join a run (a run renames nothing, so a path found
-                    # before the run is applied holds after it; a folder the run makes
-                    # has none until then)
-                    path = self._run_path(change, whole) if runs else None
-                    parts = paths.split(path) if path is not None else None
-                    if run.items and (parts is None or not run.takes(change, parts)):
+                    # where it would join a run (a run moves no folder, so a path found
+                    # before the run is applied holds after it; a folder the run makes,
+                    # a file it creates, has none until then)
+                    place = self._run_place(change, whole) if runs else None
+                    if run.items and (place is None
+                                      or not run.takes(change, place[0], place[2])):
                         # what follows may depend on the run: it goes to the journal first
                         await self._run_changes(sub, holder, run, failed)
                         run = _Run()
-                        if path is None and runs:
-                            path = self._run_path(change, whole)
-                            parts = paths.split(path) if path is not None else None
+                        if runs:   # found again on what the run changed
+                            place = self._run_place(change, whole)
                     done = at = index
                     index += 1
                     if isinstance(change, dirops.Release):
@@ -616,8 +630,10 @@ class DirLeases:
                         break
                     if whole is not None:   # the closing write goes with its create
                         index += 1
-                    if parts is not None:
-                        run.add(_RunItem(at, change, whole, lease, parts, path))
+                    if place is not None:
+                        parts, path, dst_parts, dst = place
+                        run.add(_RunItem(at, change, whole, lease, parts, path, dst_parts,
+                                         dst))
                         continue
                     try:
                         await self._apply_change(sub, holder, change, lease, whole)
@@ -641,13 +657,32 @@ class DirLeases:
 
     def _run_path(self, change, whole) -> str | None:
         """The path ``change`` works on, if it may join a run (None: it may not, or its
-        folder has no path yet)."""
+        folder has no path yet; a rename: its entry is not a file or symlink there yet)."""
         if not _runnable(change, whole):
             return None
         folder = self.view.path_of(change.dir)
         if folder is None or isinstance(change, dirops.Refill):
             return folder
+        if isinstance(change, dirops.Rename):
+            inode = self.view.get_inode(change.ino)
+            if inode is None or inode.type == DIR \
+                    or self.view.lookup(change.dir, change.name) != change.ino:
+                return None
         return paths.join(folder, change.name)
+
+    def _run_place(self, change, whole) -> tuple | None:
+        """``(parts, path, dst_parts, dst_path)`` of ``change`` if it may join a run (the
+        destination's only for a rename), else None."""
+        path = self._run_path(change, whole)
+        if path is None:
+            return None
+        if not isinstance(change, dirops.Rename):
+            return paths.split(path), path, None, None
+        folder = self.view.path_of(change.dst_dir)
+        if folder is None:
+            return None
+        dst = paths.join(folder, change.dst_name)
+        return paths.split(path), path, paths.split(dst), dst
 
     async def _run_changes(self, ctx, holder: str, run: _Run, failed: list) -> None:
         """Plan a run's changes under one lock pass and journal them in one batch (lazily,
@@ -655,7 +690,9 @@ class DirLeases:
         index, and one the locks or the journal refuse refuses all that were left."""
         wanted = merge(*(lock_set(item.parts, LOCK_WRITE if isinstance(
             item.change, (dirops.SetAttr, dirops.Write)) else LOCK_PARENT)
-            for item in run.items if not isinstance(item.change, dirops.Refill)))
+            for item in run.items if not isinstance(item.change, dirops.Refill)),
+            *(lock_set(item.dst_parts, LOCK_PARENT) for item in run.items
+              if item.dst_parts is not None))
         planned = None   # the items planned, once the locks are held
         try:
             async with self.locking.mutation(f"dir_batch of {holder}", wanted):
@@ -692,6 +729,10 @@ class DirLeases:
             self._check_mkdir(change, item.lease, item.path)
             return [self.plans.mkdir(ctx, item.parts, item.path, change),
                     self._child_grant(holder, change)]
+        if isinstance(change, dirops.Rename):
+            moved = self.plans.move(ctx, item.parts, item.dst_parts, item.path,
+                                    item.dst_path, change.time_ns)
+            return [] if moved is None else [moved]
         return self.plans.attrs(ctx, item.parts, item.path, change.permission,
                                 change.mtime_ns, change.atime_ns, change.time_ns)
 
