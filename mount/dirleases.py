@@ -82,8 +82,9 @@ REFUSED_FOR = 10.0
 #: costs it no recall; long enough that a tree being extracted or committed keeps the
 #: folders it comes back to (tar sets a folder's times after its subtree). Reads count: a
 #: tree extracted and then read (git add, a build) would otherwise lose its leases while
-#: being read, and every open after that would ask the server again
-IDLE_FOR = 10.0
+#: being read, and every open after that would ask the server again. 10 s was too short
+#: on a busy machine: tar's first folders went idle before git add came back to them
+IDLE_FOR = 30.0
 #: changes queued at most; a change beyond waits for the sender
 QUEUE_LIMIT = 4096
 #: the longest the events poll waits on the server: shorter when the client's call timeout
