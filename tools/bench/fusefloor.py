@@ -1,7 +1,7 @@
-"""``leasefs bench floor MOUNTPOINT``: the floor of a pyfuse3 + trio filesystem — an
-in-memory one (a dict of inodes, no server, no disk) mounted with the same pyfuse3 build
-and the same kernel cache timeouts as the leasefs mount — to run ``bench apps`` and
-``bench fuse`` on beside leasefs and MooseFS.
+"""The floor of a pyfuse3 + trio filesystem: an in-memory one (a dict of inodes, no
+server, no disk) mounted with the same pyfuse3 build and the same kernel cache timeouts as
+the leasefs mount, for ``bench apps --floor`` and ``bench fuse --floor`` to run on beside
+leasefs and MooseFS (``FloorMount``; by hand: ``python -m tools.bench.fusefloor DIR``).
 
 Why: what leasefs's mount costs per request is partly its own work and partly what every
 request costs a Python FUSE filesystem (the kernel round trip, pyfuse3's request loop, a
@@ -11,7 +11,7 @@ under, whatever its design, and so which targets a Python mount can reach at all
 Not a filesystem to keep data in: no permissions beyond the kernel's
 (``default_permissions``), no hard links, no extended attributes, no locks (the kernel
 keeps them per mount), everything gone at unmount. It answers what tar, git, sqlite3,
-rm and cp ask of it, with POSIX results (tested in tests/test_bench_floor.py).
+rm and cp ask of it, with POSIX results (tests/test_bench_apps.py).
 
 Concurrency contract: one trio thread (pyfuse3's); every handler runs to completion
 without awaiting, so nothing interleaves.
