@@ -707,6 +707,7 @@ def test_a_fuse_mount_goes_on_after_the_server_closed_its_idle_connection(tmp_pa
     """The mount's metadata connection sits idle past the server's ``idle_timeout`` and is
     closed by the server; the next file operations in the mount work as before."""
     pytest.importorskip("pyfuse3", reason="pyfuse3 is not installed")
+    from mount.dirleases import IDLE_FOR
     with ProcessCluster(tmp_path, n_storage=1, settings={"replication": 1,
                                                          "idle_timeout": 3.0}) as cluster:
         mount = Mount(cluster, "idle")
@@ -717,7 +718,9 @@ def test_a_fuse_mount_goes_on_after_the_server_closed_its_idle_connection(tmp_pa
             # the mount's only client: its connection is the local socket's only one
             assert _local_connections(meta_port) == 1                # just used: still open
             assert _tcp_connections(mount.proc.pid, meta_port) == 0
-            deadline = time.monotonic() + 30
+            # the folder's directory lease is given back once idle; until then the mount
+            # polls for recalls and its connection is not idle
+            deadline = time.monotonic() + IDLE_FOR + 30
             while _local_connections(meta_port):                     # the server closes it
                 assert time.monotonic() < deadline, "the idle connection stayed open"
                 time.sleep(0.1)
