@@ -345,7 +345,8 @@ class DirLeaseHolder:
         return kernel_ino in self._leases
 
     def held(self, kernel_ino: int) -> LeasedDir | None:
-        """The lease on directory ``kernel_ino`` if changes there may be decided here."""
+        """The lease on directory ``kernel_ino`` if changes there may be decided here (what
+        is asked of it counts as its use, ``IDLE_FOR``)."""
         leased = self._leases.get(kernel_ino)
         if leased is None or not self.usable(leased) or not self._own_caller():
             return None

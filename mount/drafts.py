@@ -142,10 +142,10 @@ class Draft:
             return
         if self._inline_syncs >= INLINE_SYNCS:
             return await self._promote().publish()
-        if self._queued("fsync", self._inline_args(False)):
-            self._inline_syncs += 1
-        else:
-            await self._bounded("flush", self._store_inline, False)
+        args = self._inline_args(False)
+        self._inline_syncs += 1
+        if not self._queued("fsync", args):
+            await self._bounded("flush", self._meta, "fsync", args)
         self._unpublished = False
 
     async def hsync(self) -> None:
@@ -157,7 +157,8 @@ class Draft:
         if self._buf:
             if self._inline_syncs >= INLINE_SYNCS:
                 return await self._promote().hsync()
-            await self._bounded("hsync", self._store_inline, True)
+            self._inline_syncs += 1
+            await self._bounded("hsync", self._meta, "fsync", self._inline_args(True))
         self._unpublished = False
 
     async def hflush(self) -> None:
@@ -170,10 +171,6 @@ class Draft:
         await self._stream.hflush()
 
     flush = hflush
-
-    async def _store_inline(self, sync: bool) -> None:
-        self._inline_syncs += 1
-        await self._meta("fsync", self._inline_args(sync))
 
     def _inline_args(self, sync: bool) -> dict:
         return {"path": self._path, "client_name": self._client.client_name, "ino": self.ino,

@@ -44,6 +44,7 @@ import os
 import random
 import shutil
 import sqlite3
+import statistics
 import subprocess
 import tempfile
 import time
@@ -326,17 +327,10 @@ def run_rounds(cmd: Command, targets: list[Target], params: Params, work: Worklo
 
 
 def median_results(runs: list[dict]) -> dict:
-    """step -> figures: each figure the median of the runs' (the middle one of an odd
-    count, the mean of the middle two of an even one)."""
-    out = {}
-    for step, figures in runs[0].items():
-        out[step] = {}
-        for key in figures:
-            values = sorted(run[step][key] for run in runs)
-            mid = len(values) // 2
-            out[step][key] = values[mid] if len(values) % 2 else (values[mid - 1]
-                                                                  + values[mid]) / 2
-    return out
+    """step -> figures: each figure the median of the runs'."""
+    return {step: {key: statistics.median(run[step][key] for run in runs)
+                   for key in figures}
+            for step, figures in runs[0].items()}
 
 
 def _print_results(cmd: Command, params: Params, work: Workload, targets: list[Target],

@@ -560,9 +560,9 @@ def targets_from_args(a, status) -> tuple[list[Target], Peers | None]:
         if mount:
             targets.append(Target(label="leasefs", path=mount))
     peer = None
-    if a.moosefs or getattr(a, "floor", False):
+    if a.moosefs or a.floor:
         floor = None
-        if getattr(a, "floor", False):
+        if a.floor:
             from .fusefloor import FloorMount
             floor = FloorMount(status)
         peer = Peers(MooseFSPeer(a.moosefs_script, status) if a.moosefs else None, floor)
