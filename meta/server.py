@@ -137,7 +137,8 @@ from .protocols.hdfs.inline_append import InlineToBlock
 from .protocols.hdfs.writes import NamenodeWrites
 from .services.redundancy import Redundancy
 from .services.lease_recovery import LeaseRecovery
-from .services.dir_leases import ACCESS_ARGS, DRAINED, IN_FLIGHT, BatchPlans, DirLeases
+from .services.dir_leases import (ACCESS_ARGS, DRAINED, IN_FLIGHT, BatchPlans, DirLeases,
+                                  caller_name)
 from .services.locks import Locks
 from .services.monitors import Monitors
 from .protocols.user_auth import AuthProtocol
@@ -507,13 +508,18 @@ class MetaServer(Dispatcher):
                 raise StandbyError(ha.refusal())
             elif ctx.state_id > self.ns.view.applied_txid:
                 await ha.wait_applied(ctx.state_id, self.config.ha_observer_wait)
-        # another client's directory lease is recalled first; only an active recalls (an
-        # observer's reads do not wait for holders that talk to the active)
+        # another client's directory lease is recalled first, by the active
         leases = self.dir_lease_service
         if method not in ACCESS_ARGS:
             return await super().dispatch(ctx, method, args)
-        if recall and leases.active and (ha is None or ha.role is Role.ACTIVE):
-            await leases.before_access(ctx, method, args)
+        if recall and leases.active:
+            if ha is None or ha.role is Role.ACTIVE:
+                await leases.before_access(ctx, method, args)
+            elif (held := leases.held_by_other(method, args, caller_name(ctx))) is not None:
+                # only the active recalls: a read here would miss what the holder has
+                # not sent yet, so it goes to the active, which recalls the lease first
+                raise StandbyError(f"{held} is leased to another client: the active "
+                                   f"answers after recalling it")
         # a lease request (a grant would wait for itself) and a holder's batched change are
         # not waited for: a batched change changes only folders its holder holds, and a
         # folder being granted is held by nobody (DirLeases.acquire)

@@ -258,6 +258,55 @@ def test_another_clients_listing_waits_until_the_holder_gives_the_lease_back(tmp
 
 
 @pytest.mark.slow
+def test_calls_that_reach_a_whole_tree_recall_the_leases_below_it(tmp_path):
+    """A summary, a quota and a recursive delete of /t from B each recall A's lease on
+    /t/x/y below it and wait: the summary counts the file A made there under its lease, a
+    grant after the quota reserves no ids, and the delete removes A's file too. B's
+    summary of a folder beside it and A's own summary of /t do not wait."""
+    with ProcessCluster(tmp_path, n_storage=0,
+                        settings={"dir_lease_recall_limit": 60.0}) as cluster:
+        with cluster.client() as a, cluster.client() as b:
+            a.mkdirs("/t/x/y")
+            a.mkdirs("/beside/z")
+
+            def recalled(grant, call):
+                waiting = Background(call)
+                events = a.dir_lease_events(wait=20)
+                assert [(e["path"], e["epoch"], e["kind"]) for e in events] == \
+                    [("/t/x/y", grant["epoch"], "recall")]
+                assert not waiting.done.is_set()
+                return waiting
+
+            grant = a.dir_lease_acquire("/t/x/y", want_inos=4)
+            assert grant["inos"][1] == 4
+            assert b.content_summary("/beside")["directory_count"] == 2   # no wait
+            assert a.content_summary("/t")["file_count"] == 0   # its own: no wait
+            summary = recalled(grant, lambda: b.content_summary("/t"))
+            at = time.time_ns()
+            ino = reserved(grant)[0]
+            assert a.dir_batch([create(grant, "f", ino, at),
+                                write(grant, "f", ino, b"made", True, at)])["done"] == 2
+            assert a.dir_lease_release("/t/x/y", grant["epoch"]) is True
+            counted = summary.wait(20)
+            assert (counted["file_count"], counted["length"]) == (1, 4)
+
+            grant = a.dir_lease_acquire("/t/x/y", want_inos=4)
+            assert grant["inos"][1] == 4
+            quota = recalled(grant, lambda: b.set_quota("/t", ns_quota=100))
+            assert a.dir_lease_release("/t/x/y", grant["epoch"]) is True
+            quota.wait(20)
+            grant = a.dir_lease_acquire("/t/x/y", want_inos=4)
+            assert grant["epoch"] and grant["inos"][1] == 0   # under a quota now
+
+            removal = recalled(grant, lambda: b.delete("/t", recursive=True))
+            assert a.dir_lease_release("/t/x/y", grant["epoch"]) is True
+            assert removal.wait(20) is True
+            with pytest.raises(FileNotFound):
+                a.get_file_status("/t/x/y/f")
+            assert names(b.list_status("/")) == ["beside"]
+
+
+@pytest.mark.slow
 def test_a_silent_holder_loses_the_lease_after_the_recall_limit(tmp_path):
     with ProcessCluster(tmp_path, n_storage=0,
                         settings={"dir_lease_recall_limit": 1.5}) as cluster:

@@ -103,3 +103,35 @@ def test_reads_go_to_the_active_when_the_observer_is_down(ha):
     finally:
         ha.start_one("meta2")
         ha.wait_role("meta2", "observer")
+
+
+async def test_a_read_of_a_leased_folder_goes_to_the_active_which_recalls_it(ha):
+    """The observer does not know what a folder's lease holder has not sent yet: a read
+    meeting another client's lease goes to the active, which recalls the lease and answers
+    with the holder's change in it; a folder nobody holds is read on the observer."""
+    async def main():
+        async with AsyncClient(ha.meta_address, config=Config.load(env={})) as holder, \
+                AsyncClient(ha.meta_address, config=_config()) as reader:
+            assert reader.observer_reads is not None
+            await holder.mkdirs("/leased")
+            await holder.mkdirs("/free/x")
+            grant = await holder.dir_lease_acquire("/leased")
+            await reader.msync()
+            assert [s.name for s in await reader.list_status("/free")] == ["x"]
+            served = reader.observer_reads.served
+            listed = []
+            async with trio.open_nursery() as nursery:
+                async def listing():
+                    listed.extend(s.name for s in await reader.list_status("/leased"))
+                nursery.start_soon(listing)
+                with trio.fail_after(30):
+                    events = await holder.dir_lease_events(wait=20)
+                assert [(e["path"], e["kind"]) for e in events] == [("/leased", "recall")]
+                assert listed == []
+                await holder.mkdirs("/leased/made-while-held")
+                assert await holder.dir_lease_release("/leased", grant["epoch"]) is True
+            assert listed == ["made-while-held"]
+            return served, reader.observer_reads
+
+    served, reads = await main()
+    assert served >= 1 and reads.fallbacks >= 1

@@ -168,6 +168,10 @@ class DirLeaseTable:
         """The leases ``holder`` holds, by directory (what its client lease's end takes)."""
         return [self._by_ino[ino] for ino in sorted(self._by_holder.get(holder, ()))]
 
+    def held_by_others(self, client: str) -> list[int]:
+        """The directories leased to anyone but ``client``."""
+        return [ino for ino, lease in self._by_ino.items() if lease.holder != client]
+
     def overdue(self, now: float) -> list[DirLease]:
         """Leases being recalled whose holder neither gave them back nor flushed in time."""
         return [lease for lease in self._by_ino.values()

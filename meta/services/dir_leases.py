@@ -36,7 +36,9 @@ its holder, who collects it with a long poll (``events``).
 * ``before_access``: what ``MetaServer.dispatch`` awaits before any namespace call that
   names paths (``ACCESS_ARGS``; msgpack and Hadoop IPC calls alike, both dispatch there):
   for every directory the call's path walks touch (the root, each directory on the way,
-  the last component when it is one) that another client holds, the table's verdict —
+  the last component when it is one; for a call that reaches a whole tree,
+  ``SUBTREE_ARGS``, every folder below it too) that another client holds, the table's
+  verdict —
   PROCEED runs the call as today; RECALL queues a recall for the holder, then waits; WAIT
   waits — until the lease is given back or ends: a recall unanswered for
   ``dir_lease_recall_limit`` (``overdue``: that holder loses all its leases), or a holder
@@ -79,6 +81,7 @@ from ..leases.dirleases import NO_INOS, DirLease, InoRange, StoredLease, Verdict
 from ..namespace.args import MAX_LIST_LIMIT, check_int, check_name
 from ..namespace.locks import LOCK_PARENT, LOCK_WRITE, lock_set, merge
 from ..namespace.permissions import WRITE
+from ..schema import keys
 from ..schema.inode import DIR, FILE
 
 if TYPE_CHECKING:
@@ -127,6 +130,15 @@ ACCESS_ARGS: dict[str, tuple[str, ...]] = {
 ACCESS_ARGS.update({"rename": ("src", "dst"), "rename_many": ("moves",),
                     "concat": ("target", "srcs")})
 
+#: the arguments naming a folder whose whole tree a call reaches, by method: another
+#: client's leases on folders below it are recalled too (a recursive delete removes what
+#: a holder made there, a summary counts it, a quota must find no holder with ids below
+#: it, a moved tree takes its leases under another quota). fsck and list_open_files look
+#: at blocks and writers, not at names: an admin's fsck of / recalls nothing
+SUBTREE_ARGS: dict[str, tuple[str, ...]] = {
+    name: ("path",) for name in ("delete", "content_summary", "set_quota")}
+SUBTREE_ARGS["rename"] = ("src",)
+
 #: the calls a grant waits for when they are in flight (``enter``/``leave``): every access
 #: but a lease request itself
 DRAINED = frozenset(ACCESS_ARGS) - {"dir_lease_acquire"}
@@ -165,13 +177,14 @@ def _failed(failed: list, index: int, whole, exc: LeaseFSError) -> None:
         failed.append({"index": index + 1, "error": exc.to_wire()})
 
 
-def access_paths(method: str, args: dict) -> list[str]:
-    """The path strings a call names (lists and lists of lists too: ``srcs``, ``moves``);
-    anything else is left to the handler to refuse."""
+def access_paths(method: str, args: dict, names=ACCESS_ARGS) -> list[str]:
+    """The path strings a call names (lists and lists of lists too: ``srcs``, ``moves``),
+    of the arguments ``names`` lists for it; anything else is left to the handler to
+    refuse."""
     out = []
     if not isinstance(args, dict):   # the dispatcher refuses it next
         return out
-    for name in ACCESS_ARGS.get(method, ()):
+    for name in names.get(method, ()):
         value = args.get(name)
         for item in (value if isinstance(value, list) else [value]):
             for one in (item if isinstance(item, list) else [item]):
@@ -1024,6 +1037,51 @@ class DirLeases:
         for path in access_paths(method, args):
             while (ino := self._held_by_other(path, client)) is not None:
                 await self._wait_for(ino, client)
+        for path in access_paths(method, args, SUBTREE_ARGS):
+            while (ino := self._held_below(path, client)) is not None:
+                await self._wait_for(ino, client)
+
+    def held_by_other(self, method: str, args: dict, client: str) -> str | None:
+        """The path of a folder the call reaches that another client holds, or None (what
+        an observer asks: it recalls nothing, the call goes to the active instead)."""
+        for path in access_paths(method, args):
+            if (ino := self._held_by_other(path, client)) is not None:
+                return self.view.path_of(ino) or f"inode {ino}"
+        for path in access_paths(method, args, SUBTREE_ARGS):
+            if (ino := self._held_below(path, client)) is not None:
+                return self.view.path_of(ino) or f"inode {ino}"
+        return None
+
+    def _held_below(self, path: str, client: str) -> int | None:
+        """A directory strictly below ``path`` that another client holds or is being
+        granted, or None: each such lease's folder is walked up by its parent pointers
+        (only while leases exist, and only for the calls that reach a whole tree)."""
+        try:
+            parts = paths.split(path)
+            found = self.view.walk(parts, path, strict=False)
+        except LeaseFSError:
+            return None
+        if len(found) != len(parts) + 1 or found[-1][1].type != DIR:
+            return None     # a file, or no such folder: nothing below it
+        top = found[-1][0]
+        others = self.table.held_by_others(client) + [
+            ino for ino, (holder, _) in self._granting.items() if holder != client]
+        for ino in others:
+            if ino != top and self._is_below(ino, top):
+                return ino
+        return None
+
+    def _is_below(self, ino: int, top: int) -> bool:
+        seen = 0
+        while ino != keys.ROOT_INO and seen <= 10_000:
+            inode = self.view.get_inode(ino)
+            if inode is None:
+                return False
+            ino = inode.parent
+            if ino == top:
+                return True
+            seen += 1
+        return False
 
     def _held_by_other(self, path: str, client: str) -> int | None:
         """The first directory of ``path``'s walk another client holds, or None."""
