@@ -66,6 +66,9 @@ TRANSFER_BLOCK = "TRANSFER_BLOCK"
 BLOCK_CHECKSUM = "BLOCK_CHECKSUM"
 #: a whole small block in one message: the op header and its single LAST packet
 WRITE_BLOCK_ONESHOT = "WRITE_BLOCK_ONESHOT"
+#: byte ranges written into a finalized block under a new generation stamp, one message
+#: forwarded down a chain and answered once (storage.patch)
+PATCH_BLOCK = "PATCH_BLOCK"
 
 # write stages (HDFS BlockConstructionStage names)
 PIPELINE_SETUP_CREATE = "PIPELINE_SETUP_CREATE"

@@ -154,6 +154,13 @@ class StaleGenerationStamp(LeaseFSError):
     errno = _errno.ESTALE
 
 
+class ReplicaChanged(StaleGenerationStamp):
+    """A replica became a new version (a patch under a new generation stamp) while a read
+    of it was streaming: the bytes already read are of the old version, the rest would be
+    of the new one. Read it again (from its new stamp)."""
+    retriable = True
+
+
 class InvalidToken(LeaseFSError):
     """A block access token was refused."""
     errno = _errno.EACCES

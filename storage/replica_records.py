@@ -14,6 +14,12 @@ descriptors are guarded by its own thread lock: ``close`` (INVALIDATE, delete, r
 for a write or fsync in flight in another worker thread, and a write that starts after the
 close fails (``WriterClosed``, which the store turns into ``ReplicaNotFound``) instead of
 touching a descriptor number the kernel may have handed to another file meanwhile.
+
+A FINALIZED replica may be rewritten in place under a new stamp (``storage/patching.py``)
+while a ``ReplicaReader`` opened before still streams it: ``Replica.patch_seq`` (odd while the
+new bytes are being written) and ``Replica.patch_gate`` (a patch's writes wait for reads of the
+replica's files in flight, and new reads wait for them) make every read see one version, and
+a reader whose replica changed since its snapshot fails its next read with ``ReplicaChanged``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import trio
 
 from fs.datafolder import FILE_MODE
 from fs.datatransfer import CHECKSUM_SIZE, num_chunks
+from fs.errors import ReplicaChanged
 
 from .layout import encode_meta_header, meta_length, meta_offset, unlink_quietly
 from .replica_states import ReplicaState
@@ -63,10 +70,26 @@ class Replica:
     #: the highest recovery id seen by ``init_replica_recovery`` (0 = none); lower or equal
     #: ids are stale recoveries and refused
     recovery_id: int = 0
+    #: bumped to odd (from the patch's worker thread) before a patch rewrites the files in
+    #: place and to even once the new version is committed: a reader that snapshotted
+    #: another value reads a replica that is no longer the one it started on
+    patch_seq: int = 0
+    #: a patch of this replica is running (set on the trio thread for the patch's whole hop)
+    patching: bool = False
+    #: what a patch's in-place writes and the reads of this replica's files exclude each
+    #: other with (worker threads); made on first use (``gate``), most replicas never need one
+    patch_gate: "PatchGate | None" = None
 
     @property
     def name(self) -> str:
         return f"blk_{self.block_id}_{self.gs}"
+
+    def gate(self) -> "PatchGate":
+        """The replica's ``PatchGate``, made now if it has none (trio thread only, so two
+        callers never make two)."""
+        if self.patch_gate is None:
+            self.patch_gate = PatchGate()
+        return self.patch_gate
 
     @property
     def readable_length(self) -> int:
@@ -90,6 +113,50 @@ class Replica:
         if length >= self.visible_length:
             self.visible_length = length
             self.visible_last_sum = last_sum if length % self.bytes_per_checksum else None
+
+
+class PatchGate:
+    """Reads of a replica's files (shared) against a patch rewriting them in place
+    (exclusive), between worker threads.
+
+    Why it exists: ``patch_seq`` tells a read afterwards that a patch overlapped it, which is
+    enough for a ``pread`` (its bytes are thrown away), but not for ``sendfile``, whose bytes
+    are on the socket before anything can be checked: a reader would get a packet of mixed
+    versions and take it for corruption. Readers hold the gate for one ``pread`` or
+    ``sendfile`` (short: the socket is non-blocking), a patch for its writes and rename.
+
+    Concurrency contract: thread-safe; never held across a trio checkpoint. A patch waiting
+    for readers already holds its worker thread's limiter slot, and so do they: no cycle.
+    """
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+
+    def __enter__(self) -> None:
+        with self._cond:
+            while self._writing:
+                self._cond.wait()
+            self._readers += 1
+
+    def __exit__(self, *exc) -> None:
+        with self._cond:
+            self._readers -= 1
+            if not self._readers:
+                self._cond.notify_all()
+
+    def begin_write(self) -> None:
+        """Wait until no read is in flight; later reads wait for ``end_write``."""
+        with self._cond:
+            self._writing = True
+            while self._readers:
+                self._cond.wait()
+
+    def end_write(self) -> None:
+        with self._cond:
+            self._writing = False
+            self._cond.notify_all()
 
 
 class WriterClosed(Exception):
@@ -203,6 +270,9 @@ class ReplicaReader:
     ``open_files``/``read``/``close`` block (use a thread)."""
 
     def __init__(self, replica: Replica):
+        self.replica = replica
+        self.patch_seq = replica.patch_seq
+        self.gate = replica.gate()
         self.block_id = replica.block_id
         self.gs = replica.gs
         self.state = replica.state
@@ -223,18 +293,37 @@ class ReplicaReader:
             raise
         return self
 
+    @property
+    def changed(self) -> bool:
+        """The replica was patched (or is being patched) since this snapshot."""
+        return self.replica.patch_seq != self.patch_seq
+
+    def _require_unchanged(self) -> None:
+        if self.changed:
+            raise ReplicaChanged(f"blk_{self.block_id} became a new version while being "
+                                 f"read; read it again")
+
     def read(self, start: int, length: int) -> tuple[bytes, bytes]:
         """Data ``[start, start+length)`` (chunk-aligned start, within the visible length)
-        and its stored checksums."""
-        data = os.pread(self.data_fd, length, start)
-        if len(data) != length:
-            raise OSError(_errno.EIO, f"blk_{self.block_id}: data file holds fewer bytes than "
-                                      f"{start + length}")
-        return data, self.read_sums(start, length)
+        and its stored checksums, both of the version this reader snapshotted
+        (``ReplicaChanged`` if the replica was patched since)."""
+        with self.gate:
+            self._require_unchanged()
+            data = os.pread(self.data_fd, length, start)
+            if len(data) != length:
+                raise OSError(_errno.EIO, f"blk_{self.block_id}: data file holds fewer bytes "
+                                          f"than {start + length}")
+            return data, self._read_sums(start, length)
 
     def read_sums(self, start: int, length: int) -> bytes:
         """The stored checksums of data ``[start, start+length)`` (chunk-aligned start,
-        within the visible length); a replica being written gives its visible last chunk's."""
+        within the visible length); a replica being written gives its visible last chunk's.
+        ``ReplicaChanged`` if the replica was patched since the snapshot."""
+        with self.gate:
+            self._require_unchanged()
+            return self._read_sums(start, length)
+
+    def _read_sums(self, start: int, length: int) -> bytes:
         bpc = self.bytes_per_checksum
         n = num_chunks(length, bpc)
         sums = os.pread(self.meta_fd, CHECKSUM_SIZE * n, meta_offset(start // bpc))
@@ -249,7 +338,14 @@ class ReplicaReader:
     def send_data(self, sock_fd: int, start: int, length: int) -> int | None:
         """Data ``[start, start+length)`` put on the non-blocking socket ``sock_fd`` by the
         kernel (``sendfile``: no copy through this process) until the socket would block:
-        the bytes sent, or None when the peer is gone. Blocks only on the disk."""
+        the bytes sent, or None when the peer is gone. Blocks only on the disk.
+        ``ReplicaChanged`` (before a byte is sent) if the replica was patched since the
+        snapshot: the gate keeps a patch from rewriting the file while the kernel sends."""
+        with self.gate:
+            self._require_unchanged()
+            return self._send_data(sock_fd, start, length)
+
+    def _send_data(self, sock_fd: int, start: int, length: int) -> int | None:
         sent = 0
         while sent < length:
             try:

@@ -42,6 +42,7 @@ class ReplicaEvent(str, enum.Enum):
     INVALIDATE = "invalidate"                       # metadata server's INVALIDATE command
     MISSING = "invalidateMissingBlock"              # its files are gone or cut: dropped
     CHECK_AND_UPDATE = "checkAndUpdate"             # directory scan found unknown files
+    PATCH = "patchReplica"                          # PATCH_BLOCK: new bytes, new stamp
 
 
 S, E = ReplicaState, ReplicaEvent
@@ -60,6 +61,7 @@ TRANSITIONS: dict[tuple[ReplicaState | None, ReplicaEvent], ReplicaState | None]
     (S.TEMPORARY, E.RESTART): None,     # half-copied temporaries are removed
     (S.RBW, E.RECOVER_RBW): S.RBW,
     (S.FINALIZED, E.APPEND): S.RBW,
+    (S.FINALIZED, E.PATCH): S.FINALIZED,   # rewritten in place under a new stamp
     (S.TEMPORARY, E.CONVERT_TEMPORARY_TO_RBW): S.RBW,
     (S.RBW, E.INIT_RECOVERY): S.RUR,
     (S.RWR, E.INIT_RECOVERY): S.RUR,

@@ -1,7 +1,7 @@
 """The replica store of one block server: block replica files in a data folder and the
 in-memory replica map rebuilt from them at start, with every operation on a replica (create
-RBW, write, finalize, append reopen, pipeline and block recovery, read, delete, drop a lost
-replica, adopt files the directory scan found).
+RBW, write, finalize, append reopen, patch a finalized replica under a new stamp, pipeline
+and block recovery, read, delete, drop a lost replica, adopt files the directory scan found).
 
 Why it exists: everything the block server knows about its blocks is on disk in a layout that
 survives a crash (HDFS's FsDatasetImpl); the map is only a cache of that folder, rebuilt by
@@ -18,7 +18,9 @@ Structural changes of one replica (finalize's renames, delete, opening its files
 hold ``replica.lock``, so a reader never opens a path that is being renamed. An RBW replica has
 exactly one writer (the pipeline that created it), which alone calls ``write_packet``/``sync``/
 ``finalize``; a one-shot block (``create_finalized``) is RBW without a writer only while its
-one worker-thread step runs, under its lock. fsync happens only for SYNC packets and at finalize. A ``ReplicaWriter``'s file
+one worker-thread step runs, under its lock. A patch (``patch_finalized``) holds the lock for
+its whole worker-thread hop (``storage/patching.py``); readers opened before it are kept
+off the files and fail their next read (``ReplicaChanged``). fsync happens only for SYNC packets and at finalize. A ``ReplicaWriter``'s file
 descriptors are guarded by its own thread lock: ``close`` (INVALIDATE, delete, release) waits
 for a write or fsync in flight in another worker thread, and a write that starts after the
 close fails (``ReplicaNotFound``) instead of touching a descriptor number the kernel may have
@@ -44,6 +46,7 @@ from .layout import (META_HEADER, check_bytes_per_checksum, check_packet_range, 
                      decode_meta_header, encode_meta_header, ensure_layout, finalized_consistent,
                      finalized_subdir, fsync_dir, group_block_files, lost_reason, meta_length,
                      meta_name, quarantine_files, truncate_replica_files, unlink_quietly)
+from .patching import PatchBroken, PatchJob, check_ranges, patch_files
 from .replica_records import Replica, ReplicaReader, ReplicaWriter, WriterClosed, reopen_writer
 from .replica_states import TRANSITIONS, ReplicaEvent, ReplicaState, next_state
 from .startup_scan import ScanResult, scan_data_dir
@@ -203,6 +206,12 @@ class ReplicaStore:
             raise ReplicaNotFound(f"the replica of blk_{block_id} here is "
                                   f"{replica.state.value}, not finalized: read it over data "
                                   f"transfer")
+        # a patch rewrites the files in place: refused while one runs (a short-circuit
+        # reader that opened the files before may still see the new bytes: it reads them
+        # without this server, which cannot stop it)
+        if replica.patching:
+            raise ReplicaNotFound(f"the replica of blk_{block_id} here is being patched to a "
+                                  f"new version: read it over data transfer")
         return replica.data_path, replica.meta_path, replica.gs
 
     # -- writing
@@ -618,6 +627,88 @@ class ReplicaStore:
         log.info("block recovery %d finalized blk_%d at %d bytes", recovery_id, block_id,
                  new_length)
         return replica
+
+    # -- patch (PATCH_BLOCK: byte ranges written into a finalized replica, new stamp)
+    async def patch_finalized(self, block_id: int, gs: int, new_gs: int,
+                              ranges: list[tuple[int, bytes]], max_length: int) -> Replica:
+        """Write ``ranges`` (``(offset, data)``: sorted, not overlapping, none empty, none
+        starting past the replica's length, none ending past ``max_length``, the block size)
+        into the FINALIZED replica ``blk_<id>_<gs>`` and make it ``blk_<id>_<new_gs>``,
+        crash-atomically (``storage/patching.py``: redo file, in-place apply, meta renamed
+        to the new stamp). A replica already FINALIZED at ``new_gs`` is returned unchanged
+        (the retry of a patch whose answer was lost: only one writer ever gets a given new
+        stamp). ``ReplicaNotFound`` without a finalized replica, ``StaleGenerationStamp``
+        when it has neither stamp, ``InvalidArgument`` for bad ranges, ``ChecksumError``
+        when a chunk it would keep part of is corrupt: in all these nothing changed. An
+        ``OSError`` before the files were touched leaves the old version; one while
+        rewriting them that a roll forward cannot repair drops the replica (its files go to
+        ``corrupt/``; the caller reports it deleted) and is raised."""
+        if new_gs <= gs:
+            raise InvalidArgument(f"patch of blk_{block_id}: new generation stamp {new_gs} is "
+                                  f"not above {gs}")
+        replica = self._patchable(block_id, gs, new_gs)
+        if replica.gs == new_gs:
+            return replica
+        next_state(replica.state, ReplicaEvent.PATCH)
+        async with replica.lock:
+            # the lock is the patch's for its whole hop: a delete, recovery, append reopen,
+            # directory scan drop or a reader's open waits for it, and it for them
+            if self._patchable(block_id, gs, new_gs) is not replica:
+                raise ReplicaNotFound(f"patch: replica blk_{block_id} was replaced meanwhile")
+            if replica.gs == new_gs:
+                return replica
+            new_state = next_state(replica.state, ReplicaEvent.PATCH)
+            new_length = check_ranges(replica.name, ranges, replica.num_bytes, max_length)
+            job = PatchJob(block_id, gs, new_gs, replica.bytes_per_checksum, replica.data_path,
+                           replica.meta_path, replica.num_bytes, new_length, ranges)
+            replica.gate()
+            replica.patching = True
+            try:
+                await self.run_io(patch_files, job, replica)
+            except PatchBroken as exc:
+                await self._drop_broken(replica, job, exc)
+                raise exc.cause if isinstance(exc.cause, OSError) \
+                    else OSError(str(exc)) from exc
+            finally:
+                replica.patching = False
+            replica.gs = new_gs
+            replica.meta_path = job.new_meta
+            replica.state = new_state
+            self._set_num_bytes(replica, new_length)
+            replica.visible_length = new_length
+            replica.visible_last_sum = None
+        log.info("patched blk_%d: %d ranges, %d bytes, generation stamp %d -> %d", block_id,
+                 len(ranges), new_length, gs, new_gs)
+        return replica
+
+    def _patchable(self, block_id: int, gs: int, new_gs: int) -> Replica:
+        """The replica a patch of ``blk_<id>_<gs>`` to ``new_gs`` works on (or found done)."""
+        replica = self.replicas.get(block_id)
+        if replica is None or replica.removed:
+            raise ReplicaNotFound(f"patch: block server has no replica of blk_{block_id}")
+        if replica.gs not in (gs, new_gs):
+            raise StaleGenerationStamp(f"patch: replica {replica.name} has generation stamp "
+                                       f"{replica.gs}, neither the patched {gs} nor the new "
+                                       f"{new_gs}")
+        if replica.state is not ReplicaState.FINALIZED:
+            raise ReplicaNotFound(f"patch: replica {replica.name} is {replica.state.value}, "
+                                  f"not finalized")
+        return replica
+
+    async def _drop_broken(self, replica: Replica, job: PatchJob, exc: PatchBroken) -> None:
+        """A patch left the files of ``replica`` in an unknown state: out of the map, files
+        to ``corrupt/`` (never serve bytes that may not match their checksums)."""
+        log.error("%s", exc)
+        next_state(replica.state, ReplicaEvent.MISSING)
+        self._untrack(replica)
+        replica.removed = True
+        self._removing.add(replica.block_id)
+        try:
+            await self.run_io(quarantine_files, self.data_dir,
+                              [job.data_path, job.meta_path, job.new_meta, job.redo_path],
+                              str(exc))
+        finally:
+            self._removing.discard(replica.block_id)
 
     # -- reading
     async def open_reader(self, block_id: int, gs: int) -> ReplicaReader:

@@ -15,6 +15,8 @@ are worth), so scanning never competes with clients for the disk.
 Concurrency contract: one trio task (``run``) in the block server's trio thread; reads go to
 the store's worker threads. A replica deleted, appended or recovered during its scan is
 skipped: only a replica still FINALIZED with the same stamp after the failure is reported.
+A replica patched to a new version while it was being scanned (its reader's ``changed``) is
+never reported: whatever mismatch was seen is the next pass's to find again.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import trio
 
 from fs.config import Config
 from fs.datatransfer import verify_checksums
-from fs.errors import ChecksumError, LeaseFSError, ReplicaNotFound, StaleGenerationStamp
+from fs.errors import (ChecksumError, LeaseFSError, ReplicaChanged, ReplicaNotFound,
+                       StaleGenerationStamp)
 
 from .replica_states import ReplicaState
 from .replicas import ReplicaStore
@@ -108,14 +111,18 @@ class BlockScanner:
                 try:
                     data, sums = await self.store.run_io(reader.read, pos, n)
                     verify_checksums(data, sums, bpc, f"in blk_{block_id}_{gs}", pos)
+                except ReplicaChanged:
+                    return None   # patched meanwhile: a new version, scanned next pass
                 except ChecksumError as exc:
-                    return exc.message
+                    return None if reader.changed else exc.message
                 except OSError as exc:
+                    if reader.changed:
+                        return None
                     return f"short or unreadable file: {exc.strerror or exc}"
                 self.bytes_scanned += n
                 await trio.sleep(n / rate)
             size = await self.store.run_io(_data_size, reader.data_path)
-            if size is not None and size != length:
+            if size is not None and size != length and not reader.changed:
                 return f"data file holds {size} bytes, the replica {length}"
             return None
         finally:

@@ -1,7 +1,8 @@
 """The start-up scan of a block server's data folder: rebuild the replica list from the files,
 repairing what a crash can leave behind (temporaries removed, RBW replicas cut back to the
-length their checksums cover, a finalize cut between its two renames completed, broken
-finalized replicas moved to ``corrupt/``, meta files of older generation stamps removed).
+length their checksums cover, a finalize cut between its two renames completed, a patch's
+redo file rolled forward or removed, broken finalized replicas moved to ``corrupt/``, meta
+files of older generation stamps removed).
 
 Why it exists: the replica map is only a cache of the folder (``ReplicaStore.open`` turns
 what this scan finds into map entries, RBW ones as RWR); the repair rules for each folder of
@@ -24,6 +25,7 @@ from fs.datatransfer import CHECKSUM_SIZE, crc32c
 from .layout import (META_HEADER, data_name, decode_meta_header, finalized_consistent,
                      finalized_subdir, group_block_files, meta_length, meta_offset,
                      quarantine_files, unlink_quietly)
+from .patching import find_redo_files, recover_redo
 from .replica_states import ReplicaState
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,8 @@ class ScanResult:
     rbw_trimmed: list[tuple[int, int, int]] = field(default_factory=list)  # id, before, after
     quarantined: list[str] = field(default_factory=list)
     orphans_removed: list[str] = field(default_factory=list)
+    #: redo files of patches found, and what became of each (``storage.patching.Recovery``)
+    patches: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _newest_meta(block_id: int, group: dict, result: ScanResult) -> tuple[int, str] | None:
@@ -160,6 +164,10 @@ def scan_data_dir(data_dir: str) -> ScanResult:
                      block_id, gs, before, after)
         found[block_id] = ScannedReplica(block_id, gs, ReplicaState.RBW, bpc, data_path,
                                          meta_path, after)
+
+    # --- patches cut by the crash, before finalized/ is read: each replica at one version
+    for path in find_redo_files(fin):
+        result.patches.append((path, recover_redo(path, quarantine).value))
 
     # --- finalized/
     for dirpath, _dirnames, _files in os.walk(fin):

@@ -45,7 +45,8 @@ copies a replica is checked before it touches anything: READ_BLOCK, BLOCK_LENGTH
 BLOCK_CHECKSUM (``storage.blockchecksum``) need a read token, WRITE_BLOCK a write token
 (CREATE, APPEND, STREAMING_RECOVERY: for the stamp the header names, which for APPEND and
 STREAMING_RECOVERY is the new one) or a copy token (TRANSFER_RBW, TRANSFER_FINALIZED:
-``STAGE_MODES``), TRANSFER_BLOCK and WRITE_BLOCK_ONESHOT as their writes do. A pipeline
+``STAGE_MODES``), TRANSFER_BLOCK and WRITE_BLOCK_ONESHOT as their writes do, PATCH_BLOCK a
+write token for its NEW stamp. A pipeline
 node forwards the header with the token unchanged; a copy's sender shows its receiver the
 copy token it was given (by the client, or in the metadata server's TRANSFER command).
 A refused token is an ``InvalidToken`` error response.
@@ -55,7 +56,9 @@ INIT_REPLICA_RECOVERY / UPDATE_REPLICA_UNDER_RECOVERY: the block-recovery ops a 
 replica (its cancel scope) and answers the replica's length, stamp and original state.
 
 WRITE_BLOCK_ONESHOT (a whole small block in one message, answered once) is served by
-``storage.oneshot``; the header checks both write ops share are ``storage.opheader``.
+``storage.oneshot``; PATCH_BLOCK (byte ranges written into a finalized replica under a new
+stamp, one message down a chain, answered once) by ``storage.patch``; the header checks the
+write ops share are ``storage.opheader``.
 
 READ_BLOCK: every packet send has ``data_timeout``; a reader that stops reading for that
 long, or closes the connection early (normal: it read what it needed), ends the op with a
@@ -87,7 +90,7 @@ from fs.datatransfer import (ack_timeout, BLOCK_CHECKSUM, BLOCK_LENGTH, CHECKSUM
                              PIPELINE_SETUP_APPEND, PIPELINE_SETUP_CREATE,
                              PIPELINE_SETUP_STREAMING_RECOVERY, READ_BLOCK, SUCCESS,
                              TRANSFER_BLOCK, TRANSFER_FINALIZED, TRANSFER_RBW, WRITE_BLOCK,
-                             WRITE_BLOCK_ONESHOT,
+                             WRITE_BLOCK_ONESHOT, PATCH_BLOCK,
                              Packet, encode_packet_header, num_chunks, receive_ack, take_ack,
                              encode_ack, send_packet, verify_checksums)
 from fs.dataconn import close_gracefully, failure_cause, open_data_connection
@@ -102,6 +105,7 @@ from .blockchecksum import FOLDS, replica_checksum, serve_block_checksum
 from .blockcopy import send_replica
 from .layout import check_packet_range
 from .oneshot import write_oneshot
+from .patch import serve_patch
 from .opheader import (HEADER_MAX_FRAME, block_ref as _block,
                        bytes_per_checksum as _bytes_per_checksum, error_response as _error_response,
                        field as _field, write_targets as _targets)
@@ -190,6 +194,9 @@ class NullReporter:
     async def replica_lost(self, block_id: int, gs: int, why) -> bool:
         return False
 
+    def blocks_deleted(self, block_ids) -> None:
+        pass
+
     async def reports_sent(self, timeout: float) -> bool:
         return True
 
@@ -269,6 +276,8 @@ class DataTransferServer:
                 await self._write_block(conn, header)
             elif op == WRITE_BLOCK_ONESHOT:   # the corruption hook as tests patch it
                 await write_oneshot(self, conn, header, corruption=_TEST_CORRUPTION)
+            elif op == PATCH_BLOCK:
+                await serve_patch(self, conn, header)
             elif op == READ_BLOCK:
                 await self._read_block(conn, header)
             elif op == BLOCK_LENGTH:

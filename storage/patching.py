@@ -1,0 +1,451 @@
+"""Patching a FINALIZED replica in place under a new generation stamp: the range checks, the
+chunk runs a patch rewrites, the redo file that makes it crash-atomic, the worker-thread hop
+that carries it out (``patch_files``) and the start-up recovery of a redo file
+(``recover_redo``).
+
+Why it exists: the file's lease holder may write byte ranges into a block that is already
+finalized (PATCH_BLOCK, ``storage/patch.py``). Readers and the metadata server must see each
+replica either at its old stamp with its old bytes or at the new stamp with the new bytes,
+never a mix, across any crash. This file system has no reflink, so the new version is made
+with a redo log and an in-place apply:
+
+1. the redo file ``blk_<id>_<new gs>.patch`` next to the replica's files: a header (magic,
+   version, block id, old and new stamp, bytes_per_checksum, new length), every touched
+   chunk run (chunk-aligned offset, its whole new chunks' bytes and their CRC32Cs) and a
+   trailer CRC32C over all of it; fsynced, the folder fsynced;
+2. the runs written into the data file and their CRCs into the meta file (both grown when
+   the patch grows a partial last block); both fsynced;
+3. the meta file renamed from the old stamp's name to the new one's (meta names carry the
+   stamp), the folder fsynced: the commit point;
+4. the redo file unlinked.
+
+At start (``recover_redo``, called by the start-up scan before it reads ``finalized/``): a
+redo file whose trailer does not verify was torn in step 1 and is deleted (the replica is
+untouched, at its old stamp); a whole one with the meta file still at the old stamp is
+applied again (steps 2-4: the replica comes back at the new stamp); one whose meta file is
+already at the new stamp (or newer) is deleted. Redo files match neither replica file name
+pattern of ``storage/layout.py``, so no scan ever adopts or quarantines them as replicas.
+
+Every touched chunk is rewritten whole with its new CRC: a range that starts or ends inside
+a chunk is merged with the chunk's existing bytes, which are verified against their stored
+CRC first (``ChecksumError``, nothing changed: a patch never launders a corrupt chunk into a
+fresh checksum).
+
+Concurrency contract: ``check_ranges`` and the redo encoding are pure. ``patch_files`` and
+``recover_redo`` block: ``patch_files`` runs in one worker thread while the store holds the
+replica's ``replica.lock`` (``ReplicaStore.patch_finalized``), ``recover_redo`` in the start-up
+scan before the map exists. Readers of the replica that are already open are kept off the
+files by its ``PatchGate`` during steps 2-3 and see ``patch_seq`` change (``storage/
+replica_records.py``).
+"""
+
+from __future__ import annotations
+
+import enum
+import errno as _errno
+import logging
+import os
+import re
+import struct
+from dataclasses import dataclass
+
+from fs.datatransfer import CHECKSUM_SIZE, chunk_checksums, crc32c, num_chunks
+from fs.errors import ChecksumError, InvalidArgument
+
+from .layout import (META_HEADER, data_name, decode_meta_header, fsync_dir, meta_length,
+                     meta_name, meta_offset, unlink_quietly)
+
+log = logging.getLogger(__name__)
+
+REDO_MAGIC = b"LFSPATCH"
+REDO_VERSION = 1
+#: magic, version, block id, old gs, new gs, bytes_per_checksum, new length, number of runs
+_REDO_HEAD = struct.Struct(">8sHqQQIQI")
+#: one run: chunk-aligned offset, length of its bytes (its CRCs follow the bytes)
+_RUN_HEAD = struct.Struct(">QI")
+_TRAILER = struct.Struct(">I")
+
+_PATCH_NAME = re.compile(r"^blk_(-?\d+)_(\d+)\.patch$")
+
+
+def patch_name(block_id: int, new_gs: int) -> str:
+    """The redo file of the patch that makes ``blk_<id>`` stamp ``new_gs``."""
+    return f"blk_{block_id}_{new_gs}.patch"
+
+
+def is_patch_name(name: str) -> bool:
+    return _PATCH_NAME.match(name) is not None
+
+
+@dataclass(frozen=True)
+class ChunkRun:
+    """Whole new chunks from the chunk-aligned ``offset``, and their packed CRC32Cs."""
+
+    offset: int
+    data: bytes
+    sums: bytes
+
+
+@dataclass(frozen=True)
+class Redo:
+    """What a redo file holds: everything steps 2-3 need, without the ranges' origin."""
+
+    block_id: int
+    old_gs: int
+    new_gs: int
+    bytes_per_checksum: int
+    num_bytes: int            # the replica's length after the patch
+    runs: tuple[ChunkRun, ...]
+
+
+def check_ranges(name: str, ranges, num_bytes: int, max_length: int) -> int:
+    """The replica's length after writing ``ranges`` (``(offset, data)``, sorted, not
+    overlapping, none empty, each starting at or before ``num_bytes`` (no hole) and ending
+    at or before ``max_length``, the block size); ``InvalidArgument`` naming the block and
+    the range otherwise."""
+    if not ranges:
+        raise InvalidArgument(f"patch of {name}: no ranges")
+    end = num_bytes
+    previous = -1
+    for offset, data in ranges:
+        length = len(data)
+        where = f"patch of {name}: range [{offset}, {offset + length})"
+        if offset < 0 or length <= 0:
+            raise InvalidArgument(f"{where} is empty or starts before 0")
+        if offset < previous:
+            raise InvalidArgument(f"{where} overlaps the range before it or is out of order")
+        if offset > num_bytes:
+            raise InvalidArgument(f"{where} would leave a hole: the replica holds "
+                                  f"{num_bytes} bytes")
+        if offset + length > max_length:
+            raise InvalidArgument(f"{where} ends past the block size {max_length}")
+        previous = offset + length
+        end = max(end, previous)
+    return end
+
+
+def plan_runs(data_fd: int, meta_fd: int, ranges, bpc: int, old_length: int,
+              new_length: int, name: str) -> list[ChunkRun]:
+    """The chunk runs that write ``ranges`` (checked by ``check_ranges``): every touched
+    chunk whole, its untouched bytes read from the data file and verified against their
+    stored CRC (``ChecksumError`` if they do not match). Blocking."""
+    covered: dict[int, int] = {}   # chunk index -> bytes of it the ranges write
+    for offset, data in ranges:
+        pos, end = offset, offset + len(data)
+        while pos < end:
+            index = pos // bpc
+            stop = min(end, (index + 1) * bpc)
+            covered[index] = covered.get(index, 0) + stop - pos
+            pos = stop
+    runs: list[ChunkRun] = []
+    indexes = sorted(covered)
+    groups: list[list[int]] = []
+    for index in indexes:
+        if groups and groups[-1][-1] + 1 == index:
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    range_iter = list(ranges)
+    for group in groups:
+        start = group[0] * bpc
+        stop = min((group[-1] + 1) * bpc, new_length)
+        buf = bytearray(stop - start)
+        for index in group:
+            c_start = index * bpc
+            c_stop = min(c_start + bpc, new_length)
+            if covered[index] == c_stop - c_start:
+                continue   # every byte of it is new: nothing to keep
+            old_stop = min(c_start + bpc, old_length)
+            if old_stop <= c_start:
+                continue   # cannot happen for checked ranges (no holes); nothing to keep
+            old = os.pread(data_fd, old_stop - c_start, c_start)
+            stored = os.pread(meta_fd, CHECKSUM_SIZE, meta_offset(index))
+            if len(old) != old_stop - c_start or len(stored) != CHECKSUM_SIZE:
+                raise OSError(_errno.EIO, f"{name}: files shorter than its {old_length} bytes")
+            got = crc32c(old)
+            if got.to_bytes(CHECKSUM_SIZE, "big") != stored:
+                raise ChecksumError(f"patch of {name}: the chunk at offset {c_start} it "
+                                    f"would keep part of does not match its checksum "
+                                    f"(crc32c {got:#010x} != {int.from_bytes(stored, 'big'):#010x})"
+                                    f"; the replica is corrupt, not patched")
+            buf[c_start - start:old_stop - start] = old
+        for offset, data in range_iter:
+            lo, hi = max(offset, start), min(offset + len(data), stop)
+            if lo < hi:
+                buf[lo - start:hi - start] = memoryview(data)[lo - offset:hi - offset]
+        data = bytes(buf)
+        runs.append(ChunkRun(start, data, chunk_checksums(data, bpc)))
+    return runs
+
+
+# --------------------------------------------------------------------------- redo files
+
+
+def encode_redo(redo: Redo) -> bytes:
+    parts = [_REDO_HEAD.pack(REDO_MAGIC, REDO_VERSION, redo.block_id, redo.old_gs, redo.new_gs,
+                             redo.bytes_per_checksum, redo.num_bytes, len(redo.runs))]
+    for run in redo.runs:
+        parts += [_RUN_HEAD.pack(run.offset, len(run.data)), run.data, run.sums]
+    body = b"".join(parts)
+    return body + _TRAILER.pack(crc32c(body))
+
+
+def decode_redo(raw: bytes) -> Redo:
+    """A redo file's content; ``ValueError`` when it is torn or not one of ours."""
+    if len(raw) < _REDO_HEAD.size + _TRAILER.size:
+        raise ValueError(f"redo file of {len(raw)} bytes is too short")
+    body, (trailer,) = raw[:-_TRAILER.size], _TRAILER.unpack(raw[-_TRAILER.size:])
+    if crc32c(body) != trailer:
+        raise ValueError("redo file trailer does not match its content (torn write)")
+    magic, version, block_id, old_gs, new_gs, bpc, num_bytes, n = _REDO_HEAD.unpack_from(body)
+    if magic != REDO_MAGIC or version != REDO_VERSION:
+        raise ValueError(f"not a version {REDO_VERSION} redo file")
+    pos, runs = _REDO_HEAD.size, []
+    for _ in range(n):
+        offset, length = _RUN_HEAD.unpack_from(body, pos)
+        pos += _RUN_HEAD.size
+        n_sums = CHECKSUM_SIZE * num_chunks(length, bpc)
+        if pos + length + n_sums > len(body) or offset % bpc:
+            raise ValueError("redo file run out of bounds or not chunk-aligned")
+        runs.append(ChunkRun(offset, body[pos:pos + length], body[pos + length:pos + length + n_sums]))
+        pos += length + n_sums
+    if pos != len(body):
+        raise ValueError("redo file has bytes after its last run")
+    return Redo(block_id, old_gs, new_gs, bpc, num_bytes, tuple(runs))
+
+
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(_errno.ENOSPC, "short write: the disk is full")
+        view, offset = view[n:], offset + n
+
+
+def _write_redo(path: str, raw: bytes) -> None:
+    """Step 1: the redo file, fsynced, its folder fsynced."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        _pwrite_all(fd, raw, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(os.path.dirname(path))
+
+
+def apply_runs(data_path: str, meta_path: str, redo: Redo) -> None:
+    """Step 2: the runs' bytes and CRCs written in place (files grown as needed), both
+    fsynced, then checked to have the lengths of ``redo.num_bytes``. Idempotent."""
+    bpc = redo.bytes_per_checksum
+    data_fd = os.open(data_path, os.O_RDWR)
+    try:
+        meta_fd = os.open(meta_path, os.O_RDWR)
+        try:
+            header = os.pread(meta_fd, META_HEADER.size, 0)
+            if decode_meta_header(header) != bpc:
+                raise ValueError(f"{meta_path}: bytes_per_checksum is not the redo file's {bpc}")
+            for run in redo.runs:
+                _pwrite_all(data_fd, run.data, run.offset)
+                _pwrite_all(meta_fd, run.sums, meta_offset(run.offset // bpc))
+            os.fsync(data_fd)
+            os.fsync(meta_fd)
+            data_size, meta_size = os.fstat(data_fd).st_size, os.fstat(meta_fd).st_size
+        finally:
+            os.close(meta_fd)
+    finally:
+        os.close(data_fd)
+    if data_size != redo.num_bytes or meta_size != meta_length(redo.num_bytes, bpc):
+        raise OSError(_errno.EIO, f"after the patch the data file holds {data_size} bytes and "
+                                  f"the meta file {meta_size}, not {redo.num_bytes} bytes and "
+                                  f"their checksums")
+
+
+def _commit(old_meta: str, new_meta: str) -> None:
+    """Step 3: the meta file renamed to the new stamp's name, the folder fsynced."""
+    os.replace(old_meta, new_meta)
+    fsync_dir(os.path.dirname(new_meta))
+
+
+# --------------------------------------------------------------------------- the live patch
+
+
+class Step(str, enum.Enum):
+    """The steps of a patch, in order (``patch_files``'s ``stop_after``, for tests)."""
+
+    REDO = "redo"
+    APPLY = "apply"
+    COMMIT = "commit"
+    CLEANUP = "cleanup"
+
+
+class PatchBroken(Exception):
+    """A patch failed after it began rewriting the files in place and could not be rolled
+    forward either: the replica's bytes may not match its checksums; ``cause`` is the first
+    failure. The store drops the replica and quarantines its files."""
+
+    def __init__(self, message: str, cause: BaseException):
+        super().__init__(message)
+        self.cause = cause
+
+
+@dataclass
+class PatchJob:
+    """What one patch works on (snapshotted on the trio thread under the replica's lock)."""
+
+    block_id: int
+    old_gs: int
+    new_gs: int
+    bytes_per_checksum: int
+    data_path: str
+    meta_path: str
+    num_bytes: int
+    new_length: int
+    ranges: list
+
+    @property
+    def name(self) -> str:
+        return f"blk_{self.block_id}_{self.old_gs}"
+
+    @property
+    def folder(self) -> str:
+        return os.path.dirname(self.data_path)
+
+    @property
+    def new_meta(self) -> str:
+        return os.path.join(os.path.dirname(self.meta_path), meta_name(self.block_id, self.new_gs))
+
+    @property
+    def redo_path(self) -> str:
+        return os.path.join(self.folder, patch_name(self.block_id, self.new_gs))
+
+
+def patch_files(job: PatchJob, replica, stop_after: Step | None = None) -> None:
+    """Steps 1-4 for ``job`` (blocking: one worker thread, under ``replica.lock``).
+    ``replica`` is the map's ``Replica``: its ``patch_seq`` goes odd before step 2 and even
+    after step 3, its ``PatchGate`` is held for steps 2-3. ``stop_after`` stops after that
+    step, leaving the files as a crash there would (tests only).
+
+    Failures: in step 1 (or before), nothing changed (the redo file is removed); in steps
+    2-3 the patch is rolled forward from the redo in memory once more, and if that fails
+    too ``PatchBroken`` (the caller drops the replica); a failure to unlink the redo file in
+    step 4 is only logged (the start-up scan deletes it: the meta file is at the new stamp).
+    """
+    with open(job.data_path, "rb", buffering=0) as data, \
+            open(job.meta_path, "rb", buffering=0) as meta:
+        runs = plan_runs(data.fileno(), meta.fileno(), job.ranges, job.bytes_per_checksum,
+                         job.num_bytes, job.new_length, job.name)
+    redo = Redo(job.block_id, job.old_gs, job.new_gs, job.bytes_per_checksum, job.new_length,
+                tuple(runs))
+    raw = encode_redo(redo)
+    try:
+        _write_redo(job.redo_path, raw)
+    except BaseException:
+        unlink_quietly(job.redo_path)
+        raise
+    if stop_after is Step.REDO:
+        return
+    gate = replica.gate()   # made by the store on the trio thread already
+    gate.begin_write()
+    replica.patch_seq += 1   # odd: the files are in flux (a plain int write under the GIL)
+    try:
+        try:
+            apply_runs(job.data_path, job.meta_path, redo)
+            if stop_after is Step.APPLY:
+                return
+            _commit(job.meta_path, job.new_meta)
+        except (OSError, ValueError) as first:
+            log.error("patch of %s to stamp %d failed while rewriting its files (%s); "
+                      "applying it again", job.name, job.new_gs, first)
+            try:
+                if not os.path.exists(job.new_meta):
+                    apply_runs(job.data_path, job.meta_path, redo)
+                    _commit(job.meta_path, job.new_meta)
+                else:   # renamed, only the folder's fsync failed: once more
+                    fsync_dir(job.folder)
+            except (OSError, ValueError) as again:
+                raise PatchBroken(f"patch of {job.name} to stamp {job.new_gs} failed and "
+                                  f"could not be rolled forward: {first}; then {again}",
+                                  first) from again
+    finally:
+        replica.patch_seq += 1   # a reader of the old version sees it changed in any case
+        gate.end_write()
+    if stop_after is Step.COMMIT:
+        return
+    try:
+        os.unlink(job.redo_path)
+    except OSError as exc:
+        log.warning("patch of %s: could not remove its redo file %s (%s); the start-up scan "
+                    "removes it", job.name, job.redo_path, exc)
+
+
+# --------------------------------------------------------------------------- start-up
+
+
+class Recovery(str, enum.Enum):
+    """What ``recover_redo`` did with a redo file."""
+
+    TORN = "torn"                   # deleted: the replica stays at its old stamp
+    ROLLED_FORWARD = "rolled_forward"
+    DONE = "done"                   # deleted: the meta file was at the new stamp already
+    OBSOLETE = "obsolete"           # deleted: no replica at either stamp in its folder
+    BROKEN = "broken"               # roll forward failed: replica files quarantined
+
+
+def find_redo_files(root: str) -> list[str]:
+    """Every redo file under ``root`` (``finalized/``). Blocking."""
+    out = []
+    for dirpath, _dirnames, files in os.walk(root):
+        out += [os.path.join(dirpath, f) for f in sorted(files) if is_patch_name(f)]
+    return out
+
+
+def recover_redo(path: str, quarantine) -> Recovery:
+    """Resolve one redo file found at start (see the module docstring); ``quarantine(paths,
+    why)`` moves a replica's files aside when a roll forward fails. Blocking; runs before
+    the replica map exists."""
+    folder = os.path.dirname(path)
+    m = _PATCH_NAME.match(os.path.basename(path))
+    try:
+        with open(path, "rb") as fh:
+            redo = decode_redo(fh.read())
+        if m is None or int(m.group(1)) != redo.block_id or int(m.group(2)) != redo.new_gs:
+            raise ValueError("redo file content does not match its name")
+    except (OSError, ValueError) as exc:
+        log.warning("redo file %s is torn or unreadable (%s): removed, the replica keeps its "
+                    "old version", path, exc)
+        unlink_quietly(path)
+        return Recovery.TORN
+    data_path = os.path.join(folder, data_name(redo.block_id))
+    old_meta = os.path.join(folder, meta_name(redo.block_id, redo.old_gs))
+    new_meta = os.path.join(folder, meta_name(redo.block_id, redo.new_gs))
+    stamps = []
+    prefix = f"blk_{redo.block_id}_"
+    for name in os.listdir(folder):
+        if name.startswith(prefix) and name.endswith(".meta"):
+            try:
+                stamps.append(int(name[len(prefix):-len(".meta")]))
+            except ValueError:
+                pass
+    if stamps and max(stamps) >= redo.new_gs:
+        log.info("redo file %s: the replica is at stamp %d already; removed", path, max(stamps))
+        unlink_quietly(path)
+        return Recovery.DONE
+    if not os.path.exists(old_meta) or not os.path.exists(data_path) \
+            or max(stamps) != redo.old_gs:
+        log.warning("redo file %s: no replica blk_%d_%d in %s; removed", path, redo.block_id,
+                    redo.old_gs, folder)
+        unlink_quietly(path)
+        return Recovery.OBSOLETE
+    try:
+        apply_runs(data_path, old_meta, redo)
+        _commit(old_meta, new_meta)
+    except (OSError, ValueError) as exc:
+        quarantine([data_path, old_meta, new_meta, path],
+                   f"patch of blk_{redo.block_id}_{redo.old_gs} to stamp {redo.new_gs} could "
+                   f"not be rolled forward: {exc}")
+        return Recovery.BROKEN
+    unlink_quietly(path)
+    log.info("patch of blk_%d_%d to stamp %d rolled forward from its redo file",
+             redo.block_id, redo.old_gs, redo.new_gs)
+    return Recovery.ROLLED_FORWARD

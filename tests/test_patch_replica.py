@@ -1,0 +1,498 @@
+"""Patching a FINALIZED replica in place under a new generation stamp, at the store level on
+real files: ranges in the middle, at chunk edges, growing a partial last block; retries,
+refusals (nothing changed), a corrupt chunk the patch would keep part of; the redo file at
+every crash point followed by a restart of the store; failures while rewriting (rolled
+forward, or the replica dropped); readers and the block scanner across a patch; the
+directory scan and the start-up scan leaving redo files alone or resolving them."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import trio
+import trio.testing
+
+from fs.config import Config
+from fs.datatransfer import verify_checksums
+from fs.errors import (ChecksumError, InvalidArgument, ReplicaChanged, ReplicaNotFound,
+                       StaleGenerationStamp)
+from storage import patching
+from storage.dirscan import DirectoryScanner
+from storage.layout import meta_name
+from storage.patching import PatchJob, Recovery, Step, check_ranges, patch_files
+from storage.replica_states import ReplicaEvent, ReplicaState, next_state
+from storage.replicas import ReplicaStore
+from storage.scanner import BlockScanner
+
+from test_replicas import BPC, finalized, open_store
+
+pytestmark = pytest.mark.timeout(60)
+
+BLOCK = 1 << 20      # max_length (the file's block size) in these tests
+OLD = 1000           # old stamp
+NEW = 1001           # new stamp
+
+
+def payload(n: int, seed: int) -> bytes:
+    return bytes((i * 131 + seed * 7 + (i >> 9)) % 251 for i in range(n))
+
+
+def model_after(old: bytes, ranges) -> bytes:
+    out = bytearray(old)
+    for offset, data in ranges:
+        if offset + len(data) > len(out):
+            out.extend(b"\0" * (offset + len(data) - len(out)))
+        out[offset:offset + len(data)] = data
+    return bytes(out)
+
+
+def folder_files(replica) -> list[str]:
+    return sorted(os.listdir(os.path.dirname(replica.data_path)))
+
+
+def snapshot(replica) -> tuple[bytes, bytes, list[str]]:
+    with open(replica.data_path, "rb") as d, open(replica.meta_path, "rb") as m:
+        return d.read(), m.read(), folder_files(replica)
+
+
+async def read_whole(store: ReplicaStore, block_id: int, gs: int) -> bytes:
+    """The replica's bytes read through a reader, every chunk verified against its sum."""
+    reader = await store.open_reader(block_id, gs)
+    try:
+        if reader.visible_length == 0:
+            return b""
+        data, sums = await store.run_io(reader.read, 0, reader.visible_length)
+    finally:
+        await store.close_reader(reader)
+    verify_checksums(data, sums, reader.bytes_per_checksum, f"blk_{block_id}")
+    return data
+
+
+def files_consistent(replica, expected: bytes) -> None:
+    """The files on disk hold ``expected`` with checksums that all verify."""
+    with open(replica.data_path, "rb") as d, open(replica.meta_path, "rb") as m:
+        data, meta = d.read(), m.read()
+    assert data == expected
+    verify_checksums(data, meta[7:], BPC, replica.name)
+
+
+def scanner(store: ReplicaStore, reported: list, lost: list) -> BlockScanner:
+    config = Config.load(env={}, scanner_bytes_per_second=1 << 40)
+
+    async def report(bad):
+        reported.extend(bad)
+
+    async def on_lost(block_id, gs, reason):
+        lost.append((block_id, gs, reason))
+        return False
+
+    return BlockScanner(config, store, report, on_lost)
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def test_state_table_has_the_patch_event_on_finalized_only():
+    assert next_state(ReplicaState.FINALIZED, ReplicaEvent.PATCH) is ReplicaState.FINALIZED
+    for state in (ReplicaState.RBW, ReplicaState.RWR, ReplicaState.RUR, ReplicaState.TEMPORARY,
+                  None):
+        with pytest.raises(InvalidArgument):
+            next_state(state, ReplicaEvent.PATCH)
+
+
+@pytest.mark.parametrize("ranges,words", [
+    ([], "no ranges"),
+    ([(0, b"")], "empty"),
+    ([(-1, b"x")], "empty or starts before 0"),
+    ([(10, b"xx"), (11, b"y")], "overlaps"),
+    ([(20, b"x"), (10, b"y")], "out of order"),
+    ([(1001, b"x")], "hole"),
+    ([(999, b"x" * (BLOCK - 998))], "block size"),
+])
+def test_check_ranges_refuses_naming_the_block_and_range(ranges, words):
+    with pytest.raises(InvalidArgument) as info:
+        check_ranges("blk_7_3", ranges, 1000, BLOCK)
+    assert words in info.value.message and "blk_7_3" in info.value.message
+
+
+def test_redo_round_trips_and_a_torn_one_is_refused():
+    redo = patching.Redo(7, 3, 4, BPC, 1500,
+                         (patching.ChunkRun(512, b"a" * 600, b"\1\2\3\4" * 2),))
+    raw = patching.encode_redo(redo)
+    assert patching.decode_redo(raw) == redo
+    for cut in (1, 5, len(raw) // 2, len(raw) - 1):
+        with pytest.raises(ValueError):
+            patching.decode_redo(raw[:cut])
+    flipped = bytearray(raw)
+    flipped[40] ^= 1
+    with pytest.raises(ValueError):
+        patching.decode_redo(bytes(flipped))
+
+
+# --------------------------------------------------------------------------- patches
+
+
+@pytest.mark.parametrize("ranges", [
+    [(1024, payload(512, 1))],                                   # one whole chunk
+    [(1000, payload(100, 2))],                                   # inside, across a boundary
+    [(5, payload(3, 3))],                                        # inside one chunk
+    [(0, payload(1, 4)), (511, payload(2, 5)), (2000, payload(9, 6))],   # several, edges
+    [(100, payload(300, 7)), (400, payload(10, 8))],             # two ranges, one chunk
+    [(2560, payload(100, 9))],                                   # the partial last chunk
+    [(0, payload(2660, 10))],                                    # everything
+])
+async def test_patch_rewrites_touched_chunks_whole_under_the_new_stamp(tmp_path, ranges):
+    store = await open_store(tmp_path)
+    old = payload(5 * BPC + 100, 0)
+    replica = await finalized(store, 5, OLD, old)
+    old_meta = replica.meta_path
+    expected = model_after(old, ranges)
+    patched = await store.patch_finalized(5, OLD, NEW, ranges, BLOCK)
+    assert patched is replica and store.get(5) is replica
+    assert replica.gs == NEW and replica.state is ReplicaState.FINALIZED
+    assert replica.num_bytes == len(expected) == replica.visible_length
+    assert os.path.basename(replica.meta_path) == meta_name(5, NEW)
+    assert not os.path.exists(old_meta)
+    assert not any(name.endswith(".patch") for name in folder_files(replica))
+    files_consistent(replica, expected)
+    assert await read_whole(store, 5, NEW) == expected
+    assert store.used_bytes() == os.path.getsize(replica.data_path) + \
+        os.path.getsize(replica.meta_path)
+    # the restarted store finds it at the new stamp
+    store.close()
+    store = await open_store(tmp_path)
+    assert store.get(5).gs == NEW and store.get(5).num_bytes == len(expected)
+    assert await read_whole(store, 5, NEW) == expected
+    store.close()
+
+
+async def test_patch_grows_a_partial_last_block_up_to_max_length(tmp_path):
+    store = await open_store(tmp_path)
+    old = payload(3 * BPC + 7, 0)
+    replica = await finalized(store, 9, OLD, old)
+    max_length = 8 * BPC + 3
+    ranges = [(100, payload(5, 1)), (3 * BPC, payload(max_length - 3 * BPC, 2))]
+    await store.patch_finalized(9, OLD, NEW, ranges, max_length)
+    expected = model_after(old, ranges)
+    assert len(expected) == max_length == replica.num_bytes
+    files_consistent(replica, expected)
+    # growing from the very end of the replica, then one byte past max_length is refused
+    ranges = [(max_length - 1, b"z")]
+    await store.patch_finalized(9, NEW, NEW + 1, ranges, max_length)
+    before = snapshot(replica)
+    with pytest.raises(InvalidArgument) as info:
+        await store.patch_finalized(9, NEW + 1, NEW + 2, [(max_length, b"q")], max_length)
+    assert "block size" in info.value.message
+    assert snapshot(replica) == before and replica.gs == NEW + 1
+    store.close()
+
+
+async def test_a_retry_at_the_new_stamp_is_a_no_op(tmp_path):
+    store = await open_store(tmp_path)
+    old = payload(2 * BPC, 0)
+    replica = await finalized(store, 3, OLD, old)
+    ranges = [(10, payload(20, 1))]
+    await store.patch_finalized(3, OLD, NEW, ranges, BLOCK)
+    before = snapshot(replica)
+    again = await store.patch_finalized(3, OLD, NEW, [(0, b"other bytes")], BLOCK)
+    assert again is replica and replica.gs == NEW and snapshot(replica) == before
+    store.close()
+
+
+async def test_refusals_change_nothing(tmp_path):
+    store = await open_store(tmp_path)
+    old = payload(2 * BPC + 10, 0)
+    replica = await finalized(store, 4, OLD, old)
+    before = snapshot(replica)
+    with pytest.raises(StaleGenerationStamp) as info:       # neither stamp
+        await store.patch_finalized(4, OLD - 1, NEW, [(0, b"x")], BLOCK)
+    assert str(OLD - 1) in info.value.message and str(NEW) in info.value.message
+    with pytest.raises(InvalidArgument):                     # new stamp not above
+        await store.patch_finalized(4, OLD, OLD, [(0, b"x")], BLOCK)
+    with pytest.raises(InvalidArgument) as info:             # a hole
+        await store.patch_finalized(4, OLD, NEW, [(len(old) + 1, b"x")], BLOCK)
+    assert "hole" in info.value.message
+    with pytest.raises(InvalidArgument):                     # past max_length
+        await store.patch_finalized(4, OLD, NEW, [(0, b"x" * 600)], 512)
+    with pytest.raises(ReplicaNotFound):                     # no replica
+        await store.patch_finalized(44, OLD, NEW, [(0, b"x")], BLOCK)
+    assert snapshot(replica) == before and replica.gs == OLD
+    # not finalized: an RBW replica
+    rbw = await store.create_rbw(6, OLD, BPC)
+    with pytest.raises(ReplicaNotFound) as info:
+        await store.patch_finalized(6, OLD, NEW, [(0, b"x")], BLOCK)
+    assert "not finalized" in info.value.message
+    await store.release_writer(rbw)
+    # deleted before the patch
+    await store.delete(replica)
+    with pytest.raises(ReplicaNotFound):
+        await store.patch_finalized(4, OLD, NEW, [(0, b"x")], BLOCK)
+    store.close()
+
+
+async def test_a_patch_that_waits_for_a_delete_fails_with_replica_not_found(tmp_path):
+    store = await open_store(tmp_path)
+    replica = await finalized(store, 12, OLD, payload(BPC, 0))
+    outcome = []
+
+    async def patch():
+        try:
+            await store.patch_finalized(12, OLD, NEW, [(0, b"x")], BLOCK)
+            outcome.append("patched")
+        except ReplicaNotFound:
+            outcome.append("not found")
+
+    async with trio.open_nursery() as nursery:
+        await replica.lock.acquire()   # as a delete holds it while it removes the files
+        nursery.start_soon(patch)
+        await trio.testing.wait_all_tasks_blocked()
+        # what a delete does to the map while the patch waits for the lock
+        store._untrack(replica)
+        replica.removed = True
+        replica.lock.release()
+    assert outcome == ["not found"] and replica.gs == OLD
+    store.close()
+
+
+async def test_a_corrupt_chunk_the_patch_would_keep_part_of_refuses_it(tmp_path):
+    store = await open_store(tmp_path)
+    old = payload(4 * BPC, 0)
+    replica = await finalized(store, 8, OLD, old)
+    with open(replica.data_path, "r+b") as fh:   # rot in chunk 1
+        fh.seek(BPC + 3)
+        fh.write(b"\xff")
+    before = snapshot(replica)
+    with pytest.raises(ChecksumError) as info:
+        await store.patch_finalized(8, OLD, NEW, [(BPC + 100, b"new")], BLOCK)
+    assert "corrupt" in info.value.message
+    assert snapshot(replica) == before and replica.gs == OLD
+    # a range that touches only healthy chunks goes through (the rot stays for the scanner)
+    await store.patch_finalized(8, OLD, NEW, [(3 * BPC + 1, b"ok")], BLOCK)
+    assert replica.gs == NEW
+    store.close()
+
+
+# --------------------------------------------------------------------------- crash points
+
+
+def job_for(replica, ranges) -> PatchJob:
+    new_length = check_ranges(replica.name, ranges, replica.num_bytes, BLOCK)
+    return PatchJob(replica.block_id, replica.gs, NEW, replica.bytes_per_checksum,
+                    replica.data_path, replica.meta_path, replica.num_bytes, new_length, ranges)
+
+
+RANGES = [(700, payload(900, 1)), (3 * BPC + 100, payload(BPC * 2, 2))]   # the 2nd grows it
+
+
+async def crashed_store(tmp_path, stop_after: Step | None, *, tear_redo: int = 0,
+                        half_apply: bool = False):
+    """A store whose replica blk_2 was being patched when the "crash" hit (the hop stopped
+    after ``stop_after``), closed and reopened; its old and patched contents."""
+    store = await open_store(tmp_path)
+    old = payload(3 * BPC + 200, 0)
+    replica = await finalized(store, 2, OLD, old)
+    job = job_for(replica, RANGES)
+    if half_apply:   # the crash hit in the middle of step 2: the first run's bytes only
+        patch_files(job, replica, stop_after=Step.REDO)
+        with open(job.redo_path, "rb") as fh:
+            redo = patching.decode_redo(fh.read())
+        with open(job.data_path, "r+b") as fh:
+            fh.seek(redo.runs[0].offset)
+            fh.write(redo.runs[0].data[:300])
+    else:
+        patch_files(job, replica, stop_after=stop_after)
+    if tear_redo:
+        with open(job.redo_path, "r+b") as fh:
+            fh.truncate(os.path.getsize(job.redo_path) - tear_redo)
+    store.close()
+    return await open_store(tmp_path), old, model_after(old, RANGES)
+
+
+async def test_a_torn_redo_file_is_removed_and_the_old_version_stays(tmp_path):
+    store, old, _new = await crashed_store(tmp_path, Step.REDO, tear_redo=3)
+    replica = store.get(2)
+    assert replica.gs == OLD and await read_whole(store, 2, OLD) == old
+    assert store.last_scan.patches[0][1] == Recovery.TORN.value
+    assert not any(n.endswith(".patch") for n in folder_files(replica))
+    store.close()
+
+
+@pytest.mark.parametrize("stop_after,half_apply", [(Step.REDO, False), (None, True),
+                                                   (Step.APPLY, False)])
+async def test_a_whole_redo_with_the_old_meta_is_rolled_forward(tmp_path, stop_after,
+                                                                half_apply):
+    store, _old, new = await crashed_store(tmp_path, stop_after, half_apply=half_apply)
+    replica = store.get(2)
+    assert store.last_scan.patches[0][1] == Recovery.ROLLED_FORWARD.value
+    assert replica.gs == NEW and replica.num_bytes == len(new)
+    assert await read_whole(store, 2, NEW) == new
+    files_consistent(replica, new)
+    assert folder_files(replica) == sorted(["blk_2", meta_name(2, NEW)])
+    reported, lost = [], []
+    assert await scanner(store, reported, lost).scan_all() == 0 and not reported and not lost
+    store.close()
+
+
+async def test_a_redo_left_after_the_commit_is_just_removed(tmp_path):
+    store, _old, new = await crashed_store(tmp_path, Step.COMMIT)
+    replica = store.get(2)
+    assert store.last_scan.patches[0][1] == Recovery.DONE.value
+    assert replica.gs == NEW and await read_whole(store, 2, NEW) == new
+    assert folder_files(replica) == sorted(["blk_2", meta_name(2, NEW)])
+    store.close()
+
+
+async def test_a_redo_without_its_replica_is_removed_and_never_taken_for_one(tmp_path):
+    store = await open_store(tmp_path)
+    replica = await finalized(store, 2, OLD, payload(BPC, 0))
+    job = job_for(replica, [(0, b"abc")])
+    patch_files(job, replica, stop_after=Step.REDO)
+    # the directory scan neither adopts nor quarantines a redo file
+    summary = await DirectoryScanner(Config.load(env={}), store, None).scan_once()
+    assert summary.lost == () and summary.adopted == () and os.path.exists(job.redo_path)
+    await store.delete(replica)
+    store.close()
+    store = await open_store(tmp_path)
+    assert store.get(2) is None and not os.path.exists(job.redo_path)
+    assert store.last_scan.patches[0][1] == Recovery.OBSOLETE.value
+    assert not store.last_scan.quarantined
+    store.close()
+
+
+# --------------------------------------------------------------------------- failures
+
+
+@pytest.mark.allow_log_errors(r"failed while rewriting", reason="the test fails the rename")
+async def test_a_failed_commit_is_rolled_forward_in_place(tmp_path, monkeypatch):
+    store = await open_store(tmp_path)
+    old = payload(2 * BPC, 0)
+    replica = await finalized(store, 2, OLD, old)
+    real, calls = patching._commit, []
+
+    def failing_once(old_meta, new_meta):
+        calls.append(old_meta)
+        if len(calls) == 1:
+            raise OSError(5, "injected rename failure")
+        real(old_meta, new_meta)
+
+    monkeypatch.setattr(patching, "_commit", failing_once)
+    await store.patch_finalized(2, OLD, NEW, [(3, b"xyz")], BLOCK)
+    assert len(calls) == 2 and replica.gs == NEW
+    files_consistent(replica, model_after(old, [(3, b"xyz")]))
+    store.close()
+
+
+async def test_a_failure_before_the_apply_keeps_the_old_version(tmp_path, monkeypatch):
+    store = await open_store(tmp_path)
+    old = payload(2 * BPC, 0)
+    replica = await finalized(store, 2, OLD, old)
+    before = snapshot(replica)
+
+    def no_space(path, raw):
+        with open(path, "wb") as fh:
+            fh.write(raw[:10])
+        raise OSError(28, "injected: no space left")
+
+    monkeypatch.setattr(patching, "_write_redo", no_space)
+    with pytest.raises(OSError):
+        await store.patch_finalized(2, OLD, NEW, [(3, b"xyz")], BLOCK)
+    assert store.get(2) is replica and replica.gs == OLD and snapshot(replica) == before
+    store.close()
+
+
+@pytest.mark.allow_log_errors(r"failed while rewriting|could not be rolled forward",
+                              reason="the test breaks the disk")
+async def test_a_patch_that_cannot_be_rolled_forward_drops_the_replica(tmp_path, monkeypatch):
+    store = await open_store(tmp_path)
+    replica = await finalized(store, 2, OLD, payload(2 * BPC, 0))
+
+    def half_then_fail(data_path, meta_path, redo):
+        with open(data_path, "r+b") as fh:   # new bytes, old checksums: a mix
+            fh.write(redo.runs[0].data[:5])
+        raise OSError(5, "injected: the disk went bad")
+
+    monkeypatch.setattr(patching, "apply_runs", half_then_fail)
+    with pytest.raises(OSError):
+        await store.patch_finalized(2, OLD, NEW, [(0, b"xyz")], BLOCK)
+    assert store.get(2) is None and replica.removed and store.used_bytes() == 0
+    corrupt = sorted(os.listdir(tmp_path / "corrupt"))
+    assert "blk_2" in corrupt and meta_name(2, OLD) in corrupt
+    store.close()
+
+
+# --------------------------------------------------------------------------- readers
+
+
+async def test_a_reader_opened_before_a_patch_fails_and_one_opened_after_reads_it(tmp_path):
+    store = await open_store(tmp_path)
+    old = payload(4 * BPC, 0)
+    await finalized(store, 2, OLD, old)
+    before = await store.open_reader(2, OLD)
+    data, _ = await store.run_io(before.read, 0, BPC)
+    assert data == old[:BPC]
+    ranges = [(BPC, payload(BPC, 5))]
+    await store.patch_finalized(2, OLD, NEW, ranges, BLOCK)
+    with pytest.raises(ReplicaChanged) as info:
+        await store.run_io(before.read, BPC, BPC)
+    assert "new version" in info.value.message and info.value.retriable
+    with pytest.raises(ReplicaChanged):
+        await store.run_io(before.read_sums, 0, BPC)
+    a, b = socket.socketpair()
+    try:
+        with pytest.raises(ReplicaChanged):   # sendfile: refused before a byte is sent
+            await store.run_io(before.send_data, a.fileno(), 0, BPC)
+        b.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            b.recv(1)
+    finally:
+        a.close()
+        b.close()
+    await store.close_reader(before)
+    assert await read_whole(store, 2, NEW) == model_after(old, ranges)
+    store.close()
+
+
+async def test_short_circuit_files_are_refused_while_a_patch_runs(tmp_path):
+    store = await open_store(tmp_path)
+    replica = await finalized(store, 2, OLD, payload(BPC, 0))
+    assert store.finalized_files(2, OLD)[2] == OLD
+    replica.patching = True
+    with pytest.raises(ReplicaNotFound) as info:
+        store.finalized_files(2, OLD)
+    assert "patched" in info.value.message
+    replica.patching = False
+    store.close()
+
+
+async def test_the_scanner_does_not_report_a_replica_patched_while_it_scans(tmp_path):
+    store = await open_store(tmp_path)
+    old = payload(600 * 1024, 0)   # three scanner pieces
+    replica = await finalized(store, 2, OLD, old)
+    reported, lost = [], []
+    scan = scanner(store, reported, lost)
+    # the scanner sees the replica grow and change under it: the patch runs between two of
+    # its reads (its worker-thread hops go through this wrapper)
+    real_run_io = store.run_io
+    patched = []
+
+    async def run_io(fn, *args):
+        if getattr(fn, "__name__", "") == "read" and not patched:
+            patched.append(True)
+            result = await real_run_io(fn, *args)
+            await store.patch_finalized(2, OLD, NEW, [(len(old) - 10, payload(4000, 3))],
+                                        BLOCK)
+            return result
+        return await real_run_io(fn, *args)
+
+    store.run_io = run_io
+    assert await scan.scan_one(2, OLD, len(old)) is None
+    assert await scan.scan_all() == 0 and not reported and not lost and patched
+    # and the scanner does report a rotten replica (so the above could fail)
+    store.run_io = real_run_io
+    with open(replica.data_path, "r+b") as fh:
+        fh.seek(5)
+        fh.write(b"\x00\x01")
+    assert await scan.scan_all() == 1 and reported
+    store.close()
