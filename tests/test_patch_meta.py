@@ -69,16 +69,29 @@ def meta_stamps(cluster: ProcessCluster, i: int, block_id: int) -> list[int]:
                   if "finalized" in str(p))
 
 
+def live_ids(cluster: ProcessCluster) -> dict[int, str]:
+    """Block server index → node id, of the live ones."""
+    return {storage_index(cluster, n["address"]): n["node_id"]
+            for n in raw(cluster, "report")["live_nodes"]}
+
+
 def patch_on_disk(cluster: ProcessCluster, i: int, block_id: int, old_gs: int,
-                  new_gs: int) -> None:
-    """Block server ``i`` holds the block at ``new_gs`` (see the module docstring), and has
-    reported it."""
+                  new_gs: int, path: str | None = None, index: int = 0) -> None:
+    """Block server ``i`` holds the block at ``new_gs`` (see the module docstring). It is
+    declared dead first, so its replica leaves the blocks map and what comes back is the
+    report of the restarted server; with ``path``, the call returns once that report made
+    the replica a location of block ``index`` again (a pending patch's replica is one)."""
+    node_id = live_ids(cluster)[i]
     cluster.kill_storage(i)
+    assert poll_until(lambda: i not in live_ids(cluster), 30)
     meta = next(p for p in cluster.storage_dir(i).rglob(f"blk_{block_id}_{old_gs}.meta")
                 if "finalized" in str(p))
     meta.rename(meta.with_name(f"blk_{block_id}_{new_gs}.meta"))
     cluster.start_storage(i)
     cluster.wait_ready()
+    if path is not None:
+        assert poll_until(lambda: node_id in node_ids(located(cluster, path)["blocks"][index]),
+                          30), located(cluster, path)
 
 
 def node_ids(block: dict) -> list[str]:
@@ -301,7 +314,7 @@ def test_patch_done_invalidates_the_dropped_replica_and_replicates_the_new_versi
                  block=ref(block))["block"]["gs"]
         a, b, c = (storage_index(cluster, loc["address"]) for loc in block["locations"])
         for i in (a, b):
-            patch_on_disk(cluster, i, block["block"]["id"], old, gs)
+            patch_on_disk(cluster, i, block["block"]["id"], old, gs, "/f", 0)
         # reported at the pending stamp: still a location, not corrupt, nothing copied
         blk = poll_until(lambda: (lambda x: x if len(x["locations"]) == 3 else None)(
             located(cluster, "/f")["blocks"][0]))
@@ -333,7 +346,7 @@ def test_lease_recovery_commits_a_patch_a_replica_reported(tmp_path):
         gs = raw(cluster, "patch_block", path="/f", client_name=WRITER, ino=ino,
                  block=ref(block))["block"]["gs"]
         a = storage_index(cluster, block["locations"][0]["address"])
-        patch_on_disk(cluster, a, block["block"]["id"], old, gs)
+        patch_on_disk(cluster, a, block["block"]["id"], old, gs, "/f", 1)
         # the writer is gone; another client recovers the lease
         assert raw(cluster, "recover_lease", path="/f", client_name="rescuer") is True
         closed = located(cluster, "/f")
