@@ -446,7 +446,8 @@ class MetaServer(Dispatcher):
         self.reports.clear()
         for ino, index, block, replication in self.ns.view.all_blocks():
             self.blocks.add(BlockInfo(block["id"], ino, index, block["gs"], block["num_bytes"],
-                                      block["state"], replication))
+                                      block["state"], replication,
+                                      patch_gs=block.get("patch_gs", 0)))
         self.leases.rebuild(self.ns.view.under_construction(), self.clock())
         self.dir_lease_service.rebuild(self.ns.view.dir_leases())
         self.lock_service.rebuild(self.ns.view.lock_holders())

@@ -14,6 +14,7 @@ Block states (HDFS ``BlockUCState``), one transition table, pure:
     COMPLETE --truncate--> UNDER_CONSTRUCTION --start_recovery--> ...  (mid-block truncate)
     UNDER_CONSTRUCTION/COMMITTED --close--> COMPLETE                   (the file is closed)
     UNDER_CONSTRUCTION --update_pipeline--> UNDER_CONSTRUCTION         (pipeline recovery)
+    COMPLETE --patch_begin/patch_done/patch_drop--> COMPLETE           (a patch: new stamp)
 
 Every change of a state goes through ``next_state`` (an illegal move raises); the one place
 a state is set directly is a ``BlockInfo`` being made (a new block, or one loaded from the
@@ -22,6 +23,18 @@ store), which checks that the stored string names a ``BlockState``.
 A block reopened by append carries ``min_gs`` (its stamp before the reopen) until its
 replicas report the new stamp: replicas with a stamp in [min_gs, gs) are the ones the
 append pipeline is reopening, so they are pending, not stale/corrupt.
+
+A patch (the lease holder rewrites bytes of a COMPLETE block in place, PROTOCOL.md
+"Patches") leaves the block COMPLETE under its stamp for readers and carries the stamp the
+patch will commit as ``patch_gs`` (journaled by PATCH_BEGIN, kept in the block's ``B`` key
+too, so a restart or an HA follower rebuilds it) until PATCH_BLOCK commits it (``patched``:
+the stamp, the length, and the nodes that hold the new version, the other replicas turn
+stale) or PATCH_DROP forgets it (lease recovery found no replica of the new version). A
+replica reported at ``patch_gs`` meanwhile is pending, counted as a copy of the block (it
+holds the whole new version: a block server's patch is atomic) and handed to readers after
+the good ones; any other stamp newer than the block's (a patch superseded by a later one,
+or dropped) is stale. ``patches`` indexes the blocks with a pending patch by file, for
+lease recovery.
 
 Replica classification (``classify_replica``): for a COMMITTED/COMPLETE block a FINALIZED
 replica is *good* only with the block's exact generation stamp and length, otherwise
@@ -84,6 +97,9 @@ class BlockEvent(enum.StrEnum):
     UPDATE_PIPELINE = "update_pipeline"  # pipeline recovery: new stamp, same writer
     CLOSE = "close"                    # the file is closed: its last block is complete
     TRUNCATE = "truncate"              # truncate inside the last block reopens it
+    PATCH_BEGIN = "patch_begin"        # patch_block: a pending stamp for a patch
+    PATCH_DONE = "patch_done"          # the patch's stamp, length and replicas committed
+    PATCH_DROP = "patch_drop"          # lease recovery found no replica of the patch
 
 
 UNDER_CONSTRUCTION = BlockState.UNDER_CONSTRUCTION
@@ -100,6 +116,9 @@ REOPEN = BlockEvent.REOPEN
 UPDATE_PIPELINE = BlockEvent.UPDATE_PIPELINE
 CLOSE = BlockEvent.CLOSE
 TRUNCATE = BlockEvent.TRUNCATE
+PATCH_BEGIN = BlockEvent.PATCH_BEGIN
+PATCH_DONE = BlockEvent.PATCH_DONE
+PATCH_DROP = BlockEvent.PATCH_DROP
 
 #: (state, event) -> state; pairs that are missing are refused by ``next_state``.
 TRANSITIONS: dict[tuple[BlockState, BlockEvent], BlockState] = {
@@ -125,6 +144,15 @@ TRANSITIONS: dict[tuple[BlockState, BlockEvent], BlockState] = {
     (COMMITTED, CLOSE): COMPLETE,
     (COMPLETE, CLOSE): COMPLETE,
     (COMPLETE, TRUNCATE): UNDER_CONSTRUCTION,
+    # a patch rewrites a finished block under a new stamp: it stays finished throughout.
+    # COMMITTED too: a server that did not see its replicas yet (a follower, a restart
+    # before the ``B`` key said COMPLETE) may still hold the block as committed
+    (COMPLETE, PATCH_BEGIN): COMPLETE,
+    (COMPLETE, PATCH_DONE): COMPLETE,
+    (COMPLETE, PATCH_DROP): COMPLETE,
+    (COMMITTED, PATCH_BEGIN): COMMITTED,
+    (COMMITTED, PATCH_DONE): COMMITTED,
+    (COMMITTED, PATCH_DROP): COMMITTED,
 }
 
 # replica states as block servers report them
@@ -144,7 +172,10 @@ PENDING = "pending"
 _VERBS = {BlockEvent.MIN_REPLICATED: "complete (min replicated)",
           BlockEvent.START_RECOVERY: "start the recovery of",
           BlockEvent.RECOVERED: "end the recovery of",
-          BlockEvent.UPDATE_PIPELINE: "update the pipeline of"}
+          BlockEvent.UPDATE_PIPELINE: "update the pipeline of",
+          BlockEvent.PATCH_BEGIN: "begin a patch of",
+          BlockEvent.PATCH_DONE: "commit a patch of",
+          BlockEvent.PATCH_DROP: "drop the patch of"}
 
 
 def next_state(state: BlockState, event: BlockEvent, *, what: str = "block") -> BlockState:
@@ -158,9 +189,13 @@ def next_state(state: BlockState, event: BlockEvent, *, what: str = "block") -> 
 
 def classify_replica(block_state: str, block_gs: int, block_len: int,
                      gs: int, num_bytes: int, replica_state: str,
-                     min_gs: int = 0) -> tuple[str, str]:
+                     min_gs: int = 0, patch_gs: int = 0) -> tuple[str, str]:
     """``(GOOD|CORRUPT|PENDING, reason)`` for a reported replica of a block; ``min_gs``:
-    the oldest stamp still accepted (pending) for a block reopened by append."""
+    the oldest stamp still accepted (pending) for a block reopened by append; ``patch_gs``:
+    the stamp of a patch not yet committed (its replicas are pending, not newer-stamped
+    strangers)."""
+    if patch_gs and gs == patch_gs and block_state in (COMMITTED, COMPLETE):
+        return PENDING, f"replica patched to the pending stamp {gs}"
     if min_gs and min_gs <= gs < block_gs and block_state in (UNDER_CONSTRUCTION,
                                                               UNDER_RECOVERY):
         return PENDING, f"replica being reopened (generation stamp {gs} < {block_gs})"
@@ -210,6 +245,7 @@ class BlockInfo:
     replicas: dict[str, Replica] = field(default_factory=dict)
     expected: list[str] = field(default_factory=list)   # pipeline node ids of a UC block
     min_gs: int = 0   # append: the stamp before the reopen (see ``classify_replica``)
+    patch_gs: int = 0   # a patch's stamp until PATCH_BLOCK commits it (module docstring)
 
     def __post_init__(self):
         # the one place a state is set without a transition: a new block or one loaded
@@ -231,7 +267,16 @@ class BlockInfo:
             nodes = [n for n in self.expected
                      if not (n in self.replicas and self.replicas[n].corrupt)]
             return nodes + [n for n in self.good_nodes() if n not in nodes]
-        return self.good_nodes()
+        return self.good_nodes() + self.patched_nodes()
+
+    def patched_nodes(self) -> list[str]:
+        """The replicas that hold the pending patch's version (reported at ``patch_gs``):
+        a reader asking for the block's committed stamp may read them too (a block server
+        serves a newer stamp), and they are copies of the block while the patch runs."""
+        if not self.patch_gs:
+            return []
+        return [n for n, r in self.replicas.items()
+                if r.gs == self.patch_gs and r.state == FINALIZED and not r.reported_bad]
 
     def good_nodes(self) -> list[str]:
         return [n for n, r in self.replicas.items() if r.good]
@@ -274,6 +319,8 @@ class BlocksMap:
         self.corrupt = 0
         # blocks changed since the replication monitor last looked (see ``take_dirty``)
         self.dirty: set[int] = set()
+        # file ino → its blocks with a pending patch (``patch_gs``): lease recovery settles them
+        self.patches: dict[int, set[int]] = {}
 
     # ------------------------------------------------------------------ bookkeeping
     def __len__(self) -> int:
@@ -287,7 +334,9 @@ class BlocksMap:
     def _status(self, info: BlockInfo) -> tuple[bool, bool, bool, bool, bool]:
         """(countable, safe, missing, under-replicated, has a corrupt replica)."""
         countable = info.state in (COMMITTED, COMPLETE)
-        good = info.good_count
+        # a replica holding a pending patch's version is a copy all the same: a patch that
+        # has reached every replica must not make the block missing until patch_done
+        good = info.good_count + len(info.patched_nodes())
         corrupt = any(r.corrupt for r in info.replicas.values())
         return (countable, countable and good >= self.min_replication,
                 countable and good == 0, countable and 0 < good < info.replication, corrupt)
@@ -306,7 +355,8 @@ class BlocksMap:
         for replica in info.replicas.values():
             replica.verdict, replica.reason = classify_replica(
                 info.state, info.gs, info.num_bytes, replica.gs, replica.num_bytes, replica.state,
-                info.min_gs if info.state in (UNDER_CONSTRUCTION, UNDER_RECOVERY) else 0)
+                info.min_gs if info.state in (UNDER_CONSTRUCTION, UNDER_RECOVERY) else 0,
+                info.patch_gs)
         if info.state == COMMITTED and info.good_count >= self.min_replication:
             info.state = next_state(info.state, MIN_REPLICATED)
         if info.state in (UNDER_CONSTRUCTION, UNDER_RECOVERY):
@@ -329,6 +379,8 @@ class BlocksMap:
             raise InvalidArgument(f"block {info.id} is already in the blocks map")
         self.blocks[info.id] = info
         self.dirty.add(info.id)
+        if info.patch_gs:
+            self.patches.setdefault(info.ino, set()).add(info.id)
         self._reevaluate(info)
         self._account(self._NOTHING, self._status(info))
 
@@ -339,6 +391,7 @@ class BlocksMap:
             return []
         self.dirty.add(block_id)
         self._account(self._status(info), self._NOTHING)
+        self._unindex_patch(info)
         doomed = []
         for node_id, replica in info.replicas.items():
             self.by_node.get(node_id, set()).discard(block_id)
@@ -428,6 +481,60 @@ class BlocksMap:
                 if replica is not None and replica.gs < gs and replica.state != FINALIZED:
                     replica.gs = gs
         self._change(info, mutate)
+
+    # ------------------------------------------------------------------ patches
+    def _unindex_patch(self, info: BlockInfo) -> None:
+        pending = self.patches.get(info.ino)
+        if pending is not None:
+            pending.discard(info.id)
+            if not pending:
+                del self.patches[info.ino]
+
+    def pending_patches(self, ino: int) -> list[BlockInfo]:
+        """The blocks of file ``ino`` with a pending patch, by index."""
+        return sorted((self.blocks[b] for b in self.patches.get(ino, ()) if b in self.blocks),
+                      key=attrgetter("index"))
+
+    def begin_patch(self, block_id: int, patch_gs: int) -> None:
+        """PATCH_BEGIN: ``patch_gs`` is the block's pending patch stamp (a later patch
+        supersedes an earlier one: its replicas turn stale); the block keeps its stamp."""
+        info = self.blocks[block_id]
+
+        def mutate():
+            info.state = next_state(info.state, PATCH_BEGIN, what=f"block {block_id}")
+            info.patch_gs = patch_gs
+        self._change(info, mutate)
+        self.patches.setdefault(info.ino, set()).add(block_id)
+
+    def patched(self, block_id: int, gs: int, num_bytes: int, nodes: list[str]) -> None:
+        """PATCH_BLOCK: the patch's stamp and length are the block's; ``nodes`` hold the new
+        version (FINALIZED: their own reports say the same, maybe later), every other
+        replica keeps its older stamp and so turns stale (corrupt, invalidated once good
+        copies replace it; the replication monitor makes them)."""
+        info = self.blocks[block_id]
+
+        def mutate():
+            info.state = next_state(info.state, PATCH_DONE, what=f"block {block_id}")
+            info.gs, info.num_bytes, info.patch_gs = gs, num_bytes, 0
+            for node_id in nodes:
+                old = info.replicas.get(node_id)
+                if old is None or old.gs <= gs:
+                    info.replicas[node_id] = Replica(gs, num_bytes, FINALIZED)
+        self._change(info, mutate)
+        self._unindex_patch(info)
+        for node_id in nodes:
+            self.by_node.setdefault(node_id, set()).add(block_id)
+
+    def drop_patch(self, block_id: int) -> None:
+        """PATCH_DROP: the block stays at its stamp; a replica at the dropped stamp is
+        stale from now on."""
+        info = self.blocks[block_id]
+
+        def mutate():
+            info.state = next_state(info.state, PATCH_DROP, what=f"block {block_id}")
+            info.patch_gs = 0
+        self._change(info, mutate)
+        self._unindex_patch(info)
 
     def set_length(self, block_id: int, num_bytes: int) -> None:
         """hsync recorded the length of a block still being written."""
@@ -555,7 +662,7 @@ class BlocksMap:
                 corrupt += 1
             if info.state not in (COMMITTED, COMPLETE):
                 continue
-            good = info.good_count
+            good = info.good_count + len(info.patched_nodes())
             if good == 0:
                 missing += 1
             elif good < info.replication:

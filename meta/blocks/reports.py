@@ -26,6 +26,12 @@ An abandoned report (a newer report id, the node's re-registration or death: ``a
 removes nothing. Work is cut into ``step`` entries between two checkpoints of the trio
 thread, after each of which the report is checked to be still current.
 
+Stamps: a replica with an older stamp than its block's is stale (corrupt: invalidated once
+good copies replace it), for a finished block as for one being written; one at the stamp
+of the block's pending patch (``BlockInfo.patch_gs``) is pending, a copy of the patch's
+version; one at any other newer stamp (a patch superseded by a later one, or dropped by
+lease recovery) is stale (``blocks.classify_replica``).
+
 Incremental reports (``incremental``): received replicas are added (the node's pending
 INVALIDATE of the block is decided again), deleted ones removed.
 
@@ -99,6 +105,12 @@ REPORT_STEP = 2000
 # the most replicas a follower keeps waiting for the log (the oldest go first)
 MAX_PENDING = 1_000_000
 _PENDING = object()   # ``_add_replica``: the replica waits for the log
+
+
+def _explained(info: BlockInfo, gs: int) -> bool:
+    """Does what a follower applied so far explain stamp ``gs`` of a replica of ``info``:
+    the block's stamp or older, or its pending patch's?"""
+    return gs <= info.gs or gs == info.patch_gs
 
 
 class BlockReports:
@@ -264,7 +276,7 @@ class BlockReports:
         ready = []
         for key, entry in self.pending.items():
             info = self.blocks.get(entry[0])
-            if info is not None and entry[1] <= info.gs:
+            if info is not None and _explained(info, entry[1]):
                 ready.append(key)
         for node_id, block_id in ready:
             _, gs, num_bytes, state = self.pending.pop((node_id, block_id))
@@ -287,7 +299,7 @@ class BlockReports:
         block that may go now are invalidated."""
         if self.following():
             known = self.blocks.get(block_id)
-            if known is None or gs > known.gs:
+            if known is None or not _explained(known, gs):
                 self.pending.pop((node_id, block_id), None)   # the newest report last
                 self.pending[(node_id, block_id)] = (block_id, gs, num_bytes, state)
                 if len(self.pending) > MAX_PENDING:

@@ -1,10 +1,12 @@
 """File-content ops of the journal: ADD_BLOCK, UPDATE_BLOCKS, FSYNC, ABANDON_BLOCK, CLOSE,
-INLINE, SET_REPLICATION, REASSIGN_LEASE, COMMIT_BLOCK_SYNC, TRUNCATE, APPEND, SET_GENSTAMP.
+INLINE, SET_REPLICATION, REASSIGN_LEASE, COMMIT_BLOCK_SYNC, TRUNCATE, APPEND, SET_GENSTAMP,
+and the patch ops PATCH_BEGIN, PATCH_BLOCK, PATCH_DROP.
 
 Why it exists: the ops of the write path, lease recovery and block recovery, each with its
 wire form, store apply, memory apply (blocks map, leases) and replay check in one place
 (see ``meta.journal.ops``). Every op here but SET_GENSTAMP and REASSIGN_LEASE changes the space of
-its file ``ino`` (``charges_file_space``: ``Namespace.apply`` charges the difference to
+its file ``ino`` (but PATCH_BEGIN and PATCH_DROP, which change no length;
+``charges_file_space``: ``Namespace.apply`` charges the difference to
 the quota folders above it). Reach them through ``meta.journal.ops.OPS`` / ``decode``.
 
 Concurrency contract: immutable values; ``apply``/``apply_memory`` run on the trio thread
@@ -509,3 +511,110 @@ class SetGenstamp(Op):
 
     def apply(self, txn, counters):
         st.bump(counters, keys.GENSTAMP, self.gs)
+
+
+# ------------------------------------------------------------------ patches
+# A patch rewrites a COMPLETE block of an open file in place under a new stamp
+# (PROTOCOL.md "Patches"). The pending stamp is durable before any block server is told
+# of it, so that a restarted server (or an HA successor) still knows the replicas that
+# carry it are the patch's, and lease recovery can commit them.
+
+
+class _PatchOp(Op):
+    """A patch op on block ``id`` at ``index`` of file ``ino``: at replay the file is open
+    (a writer's patch, or lease recovery settling it before the close) and the block is
+    there; a block that is no longer (a delete or rewrite in the same batch) changes
+    nothing."""
+
+    def check(self, view):
+        if view.open_file(self.ino, linked=False) is None:
+            return
+        block = view.get(keys.block_key(self.ino, self.index))
+        if block is None or block.get("id") != self.id:
+            view.problem(f"block {self.id} (#{self.index}) is not the file's")
+
+    def _block(self, txn) -> tuple[object, dict | None]:
+        inode = st.file_inode(txn, self.ino)
+        block = txn.get(keys.block_key(self.ino, self.index)) if inode is not None else None
+        if block is None or block["id"] != self.id:
+            return inode, None
+        return inode, block
+
+
+@register
+class PatchBegin(_PatchOp):
+    """``patch_block``: ``gs`` is handed out (the genstamp counter passes it) and becomes
+    the block's pending patch stamp; the block keeps its committed stamp for readers."""
+    NAME = "PATCH_BEGIN"
+    ino: int
+    index: int
+    id: int
+    gs: int
+
+    def apply(self, txn, counters):
+        st.bump(counters, keys.GENSTAMP, self.gs)
+        _, block = self._block(txn)
+        if block is None:
+            return RecoveryEffect()
+        txn.put(keys.block_key(self.ino, self.index), {**block, "patch_gs": self.gs})
+        return RecoveryEffect(applied=True)
+
+    def apply_memory(self, state, effect: RecoveryEffect, now):
+        if effect.applied and state.blocks.get(self.id) is not None:
+            state.blocks.begin_patch(self.id, self.gs)
+
+
+@register
+class PatchBlock(_PatchOp):
+    """A patch committed (``patch_done``, or lease recovery that found replicas of it): the
+    block takes the stamp ``gs`` and length ``num_bytes`` (the file's length follows; only
+    its last block grows), ``nodes`` hold it, the file's mtime is ``time``."""
+    NAME = "PATCH_BLOCK"
+    charges_file_space = True
+    ino: int
+    index: int
+    id: int
+    gs: int
+    num_bytes: int
+    nodes: list
+    time: int
+
+    def apply(self, txn, counters):
+        inode, block = self._block(txn)
+        if block is None:
+            return RecoveryEffect()
+        inode = st.set_block(txn, counters, self.ino, inode, self.index,
+                             {**block, "gs": self.gs, "num_bytes": self.num_bytes,
+                              "patch_gs": 0})
+        txn.put(keys.inode_key(self.ino), inode.replace(mtime=self.time, ctime=self.time))
+        return RecoveryEffect(applied=True)
+
+    def apply_memory(self, state, effect: RecoveryEffect, now):
+        if effect.applied and state.blocks.get(self.id) is not None:
+            state.blocks.patched(self.id, self.gs, self.num_bytes,
+                                 [n for n in self.nodes if isinstance(n, str)])
+
+
+@register
+class PatchDrop(_PatchOp):
+    """Lease recovery found no replica at the pending patch stamp ``gs``: the block stays
+    at its committed stamp, and the pending one goes (a replica reporting it later is
+    stale)."""
+    NAME = "PATCH_DROP"
+    ino: int
+    index: int
+    id: int
+    gs: int
+
+    def apply(self, txn, counters):
+        _, block = self._block(txn)
+        if block is None or block.get("patch_gs") != self.gs:
+            return RecoveryEffect()
+        txn.put(keys.block_key(self.ino, self.index),
+                {k: v for k, v in block.items() if k != "patch_gs"})
+        return RecoveryEffect(applied=True)
+
+    def apply_memory(self, state, effect: RecoveryEffect, now):
+        info = state.blocks.get(self.id)
+        if effect.applied and info is not None and info.patch_gs == self.gs:
+            state.blocks.drop_patch(self.id)

@@ -307,8 +307,15 @@ def set_block(txn: Txn, counters, ino: int, inode: Inode, index: int,
         inode = inode.replace(length=(inode.length or 0) - (old["num_bytes"] if old else 0)
                               + block["num_bytes"])
     inode = inode.replace(nblocks=max(inode.nblocks or 0, index + 1))
-    txn.put(key, {"id": block["id"], "gs": block["gs"], "num_bytes": block["num_bytes"],
-                  "state": block["state"]})
+    stored = {"id": block["id"], "gs": block["gs"], "num_bytes": block["num_bytes"],
+              "state": block["state"]}
+    # a pending patch stamp (PATCH_BEGIN) outlives other changes of its block, as the
+    # blocks map keeps it: only a ``patch_gs`` the caller names (0 when PATCH_BLOCK or
+    # PATCH_DROP ends the patch) replaces it
+    patch_gs = block.get("patch_gs", old.get("patch_gs") if old else None)
+    if patch_gs and old is not None and old["id"] == block["id"]:
+        stored["patch_gs"] = patch_gs
+    txn.put(key, stored)
     bump(counters, keys.NEXT_BLOCK_ID, block["id"])
     bump(counters, keys.GENSTAMP, block["gs"])
     return inode

@@ -34,8 +34,8 @@ from .reclaim import ReclaimPlanner
 from .view import NamespaceView
 from ..journal.ops import ABSENT
 from ..journal.ops_blocks import (AbandonBlock, AddBlock, Append, Close, CommitBlockSync, Fsync,
-                                  Inline, ReassignLease, SetGenstamp, SetReplication, Truncate,
-                                  UpdateBlocks)
+                                  Inline, PatchBegin, PatchBlock, PatchDrop, ReassignLease,
+                                  SetGenstamp, SetReplication, Truncate, UpdateBlocks)
 from ..journal.ops_namespace import (Add, Delete, Format, Mkdir, SetOwner, SetPermissions,
                                      Symlink, Times)
 from ..schema.inode import DIR, FILE, Inode
@@ -358,7 +358,14 @@ class NamespacePlanner:
             raise InvalidArgument(f"add_block {path}: previous block {previous['id']} is not "
                                   f"the file's last block "
                                   f"({last['id'] if last else 'the file has none'})")
-        return self._commit_kind(path, last, previous), last
+        kind = self._commit_kind(path, last, previous)
+        if kind == "committed" and last["num_bytes"] < block_size:
+            # a finished partial block (a file opened for patches whose writer has not grown
+            # it to full size yet): a block after it would leave a hole in the offsets
+            raise InvalidArgument(f"add_block {path}: the last block {last['id']} holds "
+                                  f"{last['num_bytes']} of {block_size} bytes; only a full "
+                                  f"block may be followed by another")
+        return kind, last
 
     @staticmethod
     def added_after_full(blocks: list[dict], block_size: int) -> dict | None:
@@ -552,6 +559,41 @@ class NamespacePlanner:
 
     def plan_set_genstamp(self) -> SetGenstamp:
         return SetGenstamp(gs=self._ids.next_genstamp())
+
+    # ------------------------------------------------------------------ patches
+    def plan_patch_begin(self, ino: int, block: dict) -> PatchBegin:
+        """A new stamp for a patch of ``block`` (a COMPLETE block of the open file ``ino``),
+        pending on it until PATCH_BLOCK or PATCH_DROP."""
+        return PatchBegin(ino=ino, index=block["index"], id=block["id"],
+                          gs=self._ids.next_genstamp())
+
+    def plan_patch_block(self, path: str, ino: int, inode: Inode, block: dict, gs: int,
+                         num_bytes: int, nodes: list[str], *, last: bool,
+                         now_ns: int, check_quota: bool = True) -> PatchBlock:
+        """Commit the patch at stamp ``gs`` of ``block``: its new length ``num_bytes`` never
+        shrinks, stays within the block size, and only the file's ``last`` block may grow
+        (every other block is full); growth counts against space quotas as a write's
+        bytes do (not when lease recovery commits bytes the replicas already hold:
+        ``check_quota`` False, as HDFS's commitBlockSynchronization)."""
+        if num_bytes < block["num_bytes"]:
+            raise InvalidArgument(f"{path}: block {block['id']} may not shrink from "
+                                  f"{block['num_bytes']} to {num_bytes} bytes by a patch")
+        self.check_block_length(path, inode, num_bytes)
+        if num_bytes != block["num_bytes"] and not last:
+            raise InvalidArgument(f"{path}: block {block['id']} (#{block['index']}) is not the "
+                                  f"file's last block: a patch may not change its length "
+                                  f"{block['num_bytes']}")
+        grown = num_bytes - block["num_bytes"]
+        if grown and check_quota:
+            self._quota.check_quota(inode.parent, 0, grown * (inode.replication or 1))
+        return PatchBlock(ino=ino, index=block["index"], id=block["id"], gs=gs,
+                          num_bytes=num_bytes, nodes=list(nodes), time=now_ns)
+
+    @staticmethod
+    def plan_patch_drop(ino: int, block: dict, gs: int) -> PatchDrop:
+        """Forget the pending patch stamp ``gs`` of ``block`` (lease recovery found no
+        replica of it)."""
+        return PatchDrop(ino=ino, index=block["index"], id=block["id"], gs=gs)
 
     # ------------------------------------------------------------------ leases
     def plan_reassign_lease(self, ino: int, holder: str) -> ReassignLease:

@@ -1,7 +1,8 @@
 """The metadata server's client protocol (HDFS ``ClientProtocol``), its creating and writing
 part — mkdirs, create, create_symlink, add_block, abandon_block, complete, fsync, rewrite,
 the pipeline-recovery calls (update_block_for_pipeline, update_pipeline,
-get_additional_datanode), recover_lease, append, truncate, list_open_files, renew_lease,
+get_additional_datanode), the patch calls (append with ``patch``, patch_block,
+patch_done), recover_lease, append, truncate, list_open_files, renew_lease,
 get_block_locations, sync_metadata, the directory leases (dir_lease_acquire,
 dir_lease_release, dir_lease_events: ``dir_leases``) and the mounts' file locks (lock_get,
 lock_set, lock_release, lock_release_all, lock_hold, lock_reclaim: ``locks``) (PROTOCOL.md
@@ -63,6 +64,7 @@ from ..namespace.locks import LOCK_WRITE, lock_set
 from ..namespace.namespace import check_bool, check_int, check_name
 from ..journal.ops_blocks import AddBlock, UpdateBlocks
 from ..namespace.permissions import READ, WRITE
+from ..schema import keys
 from ..schema.inode import DIR, FILE, SYMLINK, Inode
 
 if TYPE_CHECKING:
@@ -358,6 +360,10 @@ class ClientProtocol:
             blocks = self.ns.view.tail_blocks(ino, inode)
             kind, last = self.ns.planner.check_previous(current, blocks, previous,
                                                         inode.block_size or 0)
+            if kind != "retry" and last is not None and self._patch_pending(last["id"]):
+                # the block after it would start at a length the patch may still change
+                raise InvalidArgument(f"add_block {current}: block {last['id']} has a patch "
+                                      f"pending; patch_done first")
             # every block before the last is final: the last one starts at length - its size
             last_offset = (inode.length or 0) - (last["num_bytes"] if last else 0)
             if kind == "retry":
@@ -459,6 +465,11 @@ class ClientProtocol:
             _, ino, inode = self.ns.planner.writer_file(current, ino, client_name)
             if attrs and attrs["mode"] is not None:
                 self.access.check_set_mode(ctx, paths.split(current), attrs["mode"])
+            if self.blocks.pending_patches(ino):
+                # a patch its writer never finished ends as lease recovery ends it: the
+                # closed file holds one version of every block
+                await self.recovery.settle_patches(current, ino)
+                inode = self.ns.view.get_inode(ino)
             blocks = self.ns.view.tail_blocks(ino, inode)
             kind, block = self.ns.planner.check_last(current, blocks, last)
             wall = self._wall(ctx)
@@ -752,13 +763,22 @@ class ClientProtocol:
                                                      new_length=last["num_bytes"])
             return False
 
-    async def rpc_append(self, ctx, path, client_name):
+    async def rpc_append(self, ctx, path, client_name, patch=False):
+        """HDFS append: the file under construction for the caller, a partial last block
+        reopened under a new stamp (``last_block``). ``patch``: opened for patches instead
+        (``patch_block``/``patch_done``, PROTOCOL.md "Patches"): as an append on a block
+        boundary leaves it, no block reopened, every block stays COMPLETE with its stamp;
+        the answer's ``blocks`` are the file's located blocks, with write tokens. A file
+        kept inline has no block to patch: refused."""
         parts = paths.split(path)
         canonical = paths.join_parts(parts)
         check_name(client_name, f"append {canonical}: client_name")
+        check_bool(patch, f"append {canonical}: patch")
         async with self.locking.mutation(f"append to {canonical}", lock_set(parts, LOCK_WRITE)):
             self.access.check_access(ctx, parts, access=WRITE)
             ino, inode = await self._reopen_checks("append", canonical, client_name)
+            if patch:
+                return await self._open_for_patch(ctx, canonical, client_name, ino, inode)
             tail = self.ns.view.tail_blocks(ino, inode, 1)
             partial = bool(tail) and tail[-1]["num_bytes"] < inode.block_size
             new_gs = self.ns.ids.next_genstamp() if partial else None
@@ -780,6 +800,148 @@ class ClientProtocol:
             if data is not None:   # the writer starts with these bytes (sent first)
                 answer["inline"] = data
             return answer
+
+    async def _open_for_patch(self, ctx, canonical: str, client_name: str, ino: int,
+                              inode: Inode) -> dict:
+        """``append(patch=true)`` after the reopen checks (the caller holds the path lock):
+        an APPEND record without a block, answered with every block located for its
+        writer."""
+        if inode.inline is not None:
+            # no block to patch: its content lives in the namespace, not on block servers
+            raise InvalidArgument(f"append {canonical} with patch: the file is kept "
+                                  f"inline: write it whole")
+        _, wall = self._now()
+        await self.edits.log_plan(self.ns.planner.plan_append(
+            ino, inode, holder=client_name, client_machine=ctx.peer or "", new_gs=None,
+            now_ns=wall))
+        inode = self.ns.view.get_inode(ino)
+        user = self.access.token_user(ctx)
+        located, offset = [], 0
+        for block in self.ns.view.blocks_of(ino):
+            located.append(self.locator.located(block, self.blocks.get(block["id"]), offset,
+                                                user, WRITE_TOKEN))
+            offset += block["num_bytes"]
+        return {"status": self.ns.view.status(canonical, ino, inode), "last_block": None,
+                "blocks": located}
+
+    # ------------------------------------------------------------------ patches
+    def _patch_pending(self, block_id: int) -> bool:
+        info = self.blocks.get(block_id)
+        return info is not None and bool(info.patch_gs)
+
+    @staticmethod
+    def _patch_ref(what: str, block, *, with_length: bool) -> tuple[int, int, int | None]:
+        """``(id, gs, num_bytes)`` of a patch call's ``block`` argument."""
+        form = "{id, gs, num_bytes}" if with_length else "{id, gs}"
+        if not isinstance(block, dict):
+            raise InvalidArgument(f"{what}: block must be {form}, got {block!r:.80}")
+        block_id = check_int(block.get("id"), f"{what}: block.id", low=0)
+        gs = check_int(block.get("gs"), f"{what}: block.gs", low=0)
+        num_bytes = check_int(block.get("num_bytes"), f"{what}: block.num_bytes",
+                              low=0) if with_length else None
+        return block_id, gs, num_bytes
+
+    def _block_of_file(self, what: str, current: str, ino: int,
+                       block_id: int) -> tuple[dict, BlockInfo]:
+        """The stored block ``block_id`` of file ``ino`` (with its ``index``) and its
+        BlockInfo; StaleGenerationStamp when the file has no such block (never had, or
+        lost it to a truncate, rewrite or abandon), as the pipeline calls answer."""
+        info = self.blocks.get(block_id)
+        stored = None
+        if info is not None and info.ino == ino:
+            stored = self.ns.view.read(keys.block_key(ino, info.index))
+        if stored is None or stored.get("id") != block_id:
+            raise StaleGenerationStamp(f"{what}: block {block_id} is not a block of {current}")
+        return {**stored, "index": info.index}, info
+
+    async def rpc_patch_block(self, ctx, path, client_name, ino=None, block=None):
+        """A new generation stamp for a patch of a COMPLETE block of the file the caller
+        holds the lease on (PROTOCOL.md "Patches"): journaled (PATCH_BEGIN) and pending on
+        the block, which keeps its stamp for readers until ``patch_done``. A second patch
+        of the block before that gets a newer stamp and supersedes the first. Answers the
+        block under the new stamp, its live replicas (the patch goes to all of them), a
+        write token for the new stamp (security = secure) and the file's block size."""
+        canonical = paths.validate(path)
+        ino = check_ino(ino, canonical)
+        what = f"patch_block {canonical}"
+        check_name(client_name, f"{what}: client_name")
+        block_id, gs, _ = self._patch_ref(what, block, with_length=False)
+        async with self.locking.file_lock(f"patch a block of {canonical}", canonical,
+                                          ino) as current:
+            # the lease first, as the pipeline calls check it: a writer whose file was
+            # taken over learns that, not the state the takeover left
+            _, ino, inode = self.ns.planner.writer_file(current, ino, client_name)
+            stored, info = self._block_of_file(f"patch_block {current}", current, ino,
+                                               block_id)
+            if stored["state"] != bm.COMPLETE or info.state != bm.COMPLETE:
+                raise StaleGenerationStamp(
+                    f"patch_block {current}: block {block_id} is "
+                    f"{info.state if stored['state'] == bm.COMPLETE else stored['state']}, "
+                    f"not COMPLETE: only a finished block is patched")
+            if gs != stored["gs"]:
+                raise StaleGenerationStamp(f"patch_block {current}: block {block_id} has "
+                                           f"stamp {stored['gs']}, not {gs}")
+            plan = self.ns.planner.plan_patch_begin(ino, stored)
+            await self.edits.log_plan(plan)
+            log.info("patch_block %s: block %d stamp %d, patch stamp %d%s", current, block_id,
+                     gs, plan.gs, f" (supersedes {info.patch_gs})"
+                     if info.patch_gs and info.patch_gs != plan.gs else "")
+            answer = {"block": {"id": block_id, "gs": plan.gs,
+                                "num_bytes": stored["num_bytes"]},
+                      "locations": [loc for loc in map(self.locator.location,
+                                                       info.good_nodes()) if loc is not None],
+                      "block_size": inode.block_size}
+            token = self.security.block_token(block_id, plan.gs, self.access.token_user(ctx),
+                                              WRITE_TOKEN)
+            if token is not None:
+                answer["token"] = token
+            return answer
+
+    async def rpc_patch_done(self, ctx, path, client_name, ino=None, block=None, nodes=()):
+        """Commit a patch (PATCH_BLOCK): the block takes its pending patch stamp and the
+        length ``block.num_bytes`` (never shorter; longer only for the file's last block,
+        within the block size; growth is charged to space quotas), ``nodes`` (those that
+        acknowledged the patch) become its replicas, the other replicas turn stale
+        (invalidated, and the block re-replicated from the new ones). A retry whose reply
+        was lost finds it done: True again."""
+        canonical = paths.validate(path)
+        ino = check_ino(ino, canonical)
+        what = f"patch_done {canonical}"
+        check_name(client_name, f"{what}: client_name")
+        block_id, gs, num_bytes = self._patch_ref(what, block, with_length=True)
+        if not isinstance(nodes, (list, tuple)) or not nodes:
+            raise InvalidArgument(f"{what}: nodes must be a non-empty list of node ids")
+        node_ids = [n.get("node_id") if isinstance(n, dict) else n for n in nodes]
+        if not all(isinstance(n, str) and n for n in node_ids) \
+                or len(set(node_ids)) != len(node_ids):
+            raise InvalidArgument(f"{what}: nodes must be distinct node ids, got "
+                                  f"{nodes!r:.200}")
+        async with self.locking.file_lock(f"commit a patch of {canonical}", canonical,
+                                          ino) as current:
+            _, ino, inode = self.ns.planner.writer_file(current, ino, client_name)
+            where = f"patch_done {current}"
+            stored, info = self._block_of_file(where, current, ino, block_id)
+            if info.patch_gs != gs:
+                if not info.patch_gs and stored["gs"] == gs \
+                        and stored["num_bytes"] == num_bytes:
+                    return True   # a retry whose first reply was lost: already done
+                raise StaleGenerationStamp(
+                    f"{where}: stamp {gs} is not the pending patch stamp of block {block_id} "
+                    f"({info.patch_gs or 'none pending'}; its stamp is {stored['gs']})")
+            for node_id in node_ids:
+                replica = info.replicas.get(node_id)
+                if replica is None or replica.gs not in (stored["gs"], gs):
+                    raise InvalidArgument(
+                        f"{where}: node {node_id} holds no replica of block {block_id} at its "
+                        f"stamp {stored['gs']} or the patch's {gs}")
+            _, wall = self._now()
+            plan = self.ns.planner.plan_patch_block(
+                current, ino, inode, stored, gs, num_bytes, node_ids,
+                last=info.index == (inode.nblocks or 0) - 1, now_ns=wall)
+            await self.edits.log_plan(plan)
+            log.info("%s: block %d stamp %d -> %d, length %d, replicas %s", where, block_id,
+                     stored["gs"], gs, num_bytes, node_ids)
+            return True
 
     async def rpc_list_open_files(self, ctx, path="/"):
         """HDFS ``dfsadmin -listOpenFiles``: the superuser's (it names files and their

@@ -29,7 +29,10 @@ key                    value (msgpack)                             meaning
                        COMPLETE/UNDER_RECOVERY); ``truncate_to``    addBlock never rewrites a
                        while a mid-block truncate awaits its        block list)
                        block recovery (``num_bytes`` stays the
-                       old length until it commits)
+                       old length until it commits); ``patch_gs``
+                       while a patch's stamp is pending
+                       (PATCH_BEGIN; ``gs`` stays the committed
+                       one until PATCH_BLOCK, PATCH_DROP ends it)
 ``L<ino:8>``           bytes: the whole content of a small file     inline data: a file closed
                                                                     whole from its writer's
                                                                     buffer (``inline_max``);

@@ -1,7 +1,8 @@
 """Lease release and block recovery on the metadata server (HDFS ``FSNamesystem
 .internalReleaseLease`` and the LeaseManager monitor's work): closing a file whose writer is
 gone when its last blocks allow it, else starting block recovery of its last block, retrying
-stalled recoveries, releasing leases past their hard limit, and ``recover_lease``.
+stalled recoveries, releasing leases past their hard limit, and ``recover_lease``; and
+settling the patches a gone writer left pending (``settle_patches``).
 
 Why it exists: one role per module. The decisions are pure (``meta/leases/leases.py``:
 ``release_decision``, ``choose_primary``, ``recovery_due``); this is the part that acts on
@@ -25,6 +26,7 @@ the caller, or here by the lease monitor's passes).
 
 from __future__ import annotations
 
+import collections
 import logging
 from dataclasses import dataclass
 
@@ -42,6 +44,7 @@ from ..leases import leases as lm
 from ..leases.leases import INTERNAL_HOLDER, LeaseManager
 from ..namespace.locks import LOCK_WRITE, NamespaceLocking, lock_set
 from ..namespace.namespace import Namespace
+from ..schema import keys
 from ..schema.inode import Inode
 
 log = logging.getLogger(__name__)
@@ -126,6 +129,9 @@ class LeaseRecovery:
         """HDFS ``internalReleaseLease`` (caller holds the file's path locks): close the
         file when its last blocks allow it (True), else start block recovery and reassign
         the lease to ``new_holder`` (False; the file closes when recovery commits)."""
+        if self.blocks.pending_patches(ino):
+            await self.settle_patches(path, ino)
+            inode = self.ns.view.get_inode(ino)
         wall = self.wall_ns()
         blocks = self.ns.view.tail_blocks(ino, inode)
         decision = lm.release_decision(
@@ -151,6 +157,50 @@ class LeaseRecovery:
             await self.edits.log_plan(self.ns.planner.plan_reassign_lease(ino, new_holder))
             log.info("lease of %s reassigned from %s to %s", path, holder, new_holder)
         return False
+
+    async def settle_patches(self, path: str, ino: int) -> int:
+        """End every patch pending on file ``ino`` at one version of its block (the caller
+        holds the file's path locks; its writer is gone, or closes without patch_done): the
+        replicas reported at the pending stamp hold the whole new version (a block server
+        applies a patch atomically), so if there is one the patch commits with exactly
+        those replicas and their length (PATCH_BLOCK); with none the block keeps its
+        stamp and the pending one is dropped (PATCH_DROP), so a replica that reports it
+        later is stale. Returns how many patches committed."""
+        committed = 0
+        inode = self.ns.view.get_inode(ino)
+        for info in self.blocks.pending_patches(ino):
+            stored = self.ns.view.read(keys.block_key(ino, info.index))
+            if stored is None or stored.get("id") != info.id:
+                continue
+            block = {**stored, "index": info.index}
+            nodes = info.patched_nodes()
+            plan = None
+            if nodes:
+                # one version, one length: the replicas agreeing on the most common one
+                lengths = collections.Counter(info.replicas[n].num_bytes for n in nodes)
+                num_bytes = max(lengths, key=lambda n: (lengths[n], n))
+                nodes = [n for n in nodes if info.replicas[n].num_bytes == num_bytes]
+                try:
+                    plan = self.ns.planner.plan_patch_block(
+                        path, ino, inode, block, info.patch_gs, num_bytes, nodes,
+                        last=info.index == (inode.nblocks or 0) - 1, now_ns=self.wall_ns(),
+                        check_quota=False)
+                except LeaseFSError as exc:
+                    # a length no patch may give the block: not a version of it
+                    log.warning("patch of %s block %d at stamp %d not committed: %s", path,
+                                info.id, info.patch_gs, exc)
+            if plan is None:
+                log.info("patch of %s block %d dropped: no replica reported stamp %d", path,
+                         info.id, info.patch_gs)
+                await self.edits.log_plan(self.ns.planner.plan_patch_drop(ino, block,
+                                                                          info.patch_gs))
+                continue
+            await self.edits.log_plan(plan)
+            inode = self.ns.view.get_inode(ino)
+            committed += 1
+            log.info("patch of %s block %d committed by recovery: stamp %d, length %d, on %s",
+                     path, info.id, plan.gs, plan.num_bytes, ", ".join(plan.nodes))
+        return committed
 
     async def start_block_recovery(self, path: str, ino: int, block: dict,
                                    new_length: int | None = None) -> Recovery:

@@ -83,7 +83,9 @@ class Locator:
         elif state in (bm.UNDER_CONSTRUCTION, bm.UNDER_RECOVERY):
             nodes = info.location_nodes()
         else:
-            nodes = info.good_nodes()
+            # a block being patched: its replicas of the patch's version too (a block
+            # server serves a reader asking for an older stamp from a newer one)
+            nodes = info.good_nodes() + info.patched_nodes()
             if not nodes:
                 nodes = info.corrupt_nodes()
                 corrupt = bool(nodes)

@@ -95,8 +95,10 @@ class Redundancy:
     def check_block(self, block_id: int) -> None:
         """Decide what one block needs: corrupt/excess deletions, its queue level."""
         info = self.blocks.get(block_id)
-        if info is None or info.state != bm.COMPLETE:
-            # being written or recovered blocks are never missing nor re-replicated
+        if info is None or info.state != bm.COMPLETE or info.patch_gs:
+            # being written or recovered blocks are never missing nor re-replicated; nor is
+            # a block being patched: a copy now would copy the version the patch replaces
+            # (PATCH_BLOCK or PATCH_DROP changes the block again: it is checked then)
             self.replication.remove(block_id)
             return
         normal, retiring, _ = self.replica_groups(info)
@@ -135,7 +137,7 @@ class Redundancy:
             if block_id in self.replication.pending:
                 continue
             info = self.blocks.get(block_id)
-            if info is None or info.state != bm.COMPLETE:
+            if info is None or info.state != bm.COMPLETE or info.patch_gs:
                 self.replication.remove(block_id)
                 continue
             normal, retiring, excess = self.replica_groups(info)

@@ -243,17 +243,26 @@ async def create_symlink(server, ctx, rerun, kept, target, path, create_parent=F
     return _changed(server, canonical, status) if want_status else status
 
 
-async def append(server, ctx, rerun, kept, path, client_name):
+async def append(server, ctx, rerun, kept, path, client_name, patch=False):
     """Rebuilt when the file is open for ``client_name``: its status, its partial last block
     located for the writer (reopened under a new stamp; None when the last block was full
-    or the file empty: the writer starts a new block), its inline data. Otherwise run
-    again: the append did not get past the lease recovery of another writer's file (or
-    the caller's lease went since), and reopening changes no data."""
+    or the file empty: the writer starts a new block), its inline data; opened for patches
+    (``patch``): no last block, every block located for the writer. Otherwise run again:
+    the append did not get past the lease recovery of another writer's file (or the
+    caller's lease went since), and reopening changes no data."""
     canonical = paths.join_parts(paths.split(path))
     found = _found(server, canonical)
     if found is None or not _held_by(found[1], client_name):
         return await rerun()
     ino, inode = found
+    if patch is True:
+        user, located, offset = server.access.token_user(ctx), [], 0
+        for block in server.ns.view.blocks_of(ino):
+            located.append(server.locator.located(block, server.blocks.get(block["id"]),
+                                                  offset, user, WRITE_TOKEN))
+            offset += block["num_bytes"]
+        return {"status": server.ns.view.status(canonical, ino, inode), "last_block": None,
+                "blocks": located}
     last_block = None
     tail = server.ns.view.tail_blocks(ino, inode, 1)
     if tail and tail[-1]["num_bytes"] < inode.block_size:
