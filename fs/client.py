@@ -459,6 +459,12 @@ class AsyncClient:
             raise
         return stream
 
+    async def open_for_patch(self, path: str):
+        """Take ``path``'s lease for in-place writes into its complete blocks
+        (``fs.patchfile.PatchableFile``: ``patch``, ``close``); no block is reopened."""
+        from .patchfile import open_for_patch
+        return await open_for_patch(self, path)
+
     async def give_back(self, path: str, what: str) -> None:
         """A write that failed for good (``what``: an append that could not set up its
         pipeline, a close refused) gives the file back at once: lease recovery of our own

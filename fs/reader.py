@@ -29,7 +29,7 @@ from .dataconn import (DATA_BACKOFF, IO_ERRORS, close_quietly, failure_cause, no
 from .datatransfer import (BLOCK_LENGTH, FLAG_LAST, READ_BLOCK, block_dict, op_header,
                            receive_packet, verify_checksums)
 from .errors import (BlockMissing, ChecksumError, InvalidArgument, InvalidToken, LeaseFSError,
-                     ProtocolError)
+                     ProtocolError, ReplicaChanged)
 from .framing import FramedStream
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,7 @@ class BlockReader:
         self._next_packet_offset = chunk_offset
         self._pending = memoryview(b"")
         self._saw_last = False
+        self.gs: int | None = None   # the version the block server serves (None: not said)
 
     @classmethod
     async def connect(cls, block: Block, node: dict, start: int, end: int, *,
@@ -127,7 +128,10 @@ class BlockReader:
         except BaseException:
             await close_quietly(framed)
             raise
-        return cls(framed, block, node, start, end, bpc, chunk_offset, timeout)
+        reader = cls(framed, block, node, start, end, bpc, chunk_offset, timeout)
+        served = resp.get("gs")
+        reader.gs = served if isinstance(served, int) else None
+        return reader
 
     def positioned_at(self, block_id: int, offset: int) -> bool:
         return block_id == self.block_id and offset == self.cursor and self.cursor < self.end
@@ -186,9 +190,24 @@ class BlockReader:
         await close_quietly(self.framed)
 
 
+#: how many times one read call starts over because a block it read became a new version
+NEW_VERSION_RETRIES = 8
+
+
+class _NewVersion(Exception):
+    """A read call met a second version of block ``block_id`` (internal to the reader)."""
+
+    def __init__(self, block_id: int):
+        super().__init__(f"block {block_id} changed")
+        self.block_id = block_id
+
+
 @dataclass
 class _ReaderSlot:
     reader: BlockReader | None = None
+    #: block id -> the version (stamp) this read call took bytes of: a call that meets a
+    #: second version of a block (patched meanwhile) starts over, so it returns one
+    versions: dict | None = None
 
     async def close(self) -> None:
         reader, self.reader = self.reader, None
@@ -267,35 +286,59 @@ class AsyncInputStream:
         for ``n < 0``), streamed over one kept connection for sequential reads."""
         async with self._lock:
             self._check_open()
-            end = self._length if n is None or n < 0 else min(self._length, self._pos + n)
-            parts = []
-            while self._pos < end:
-                data = await self._read_at(self._pos, end - self._pos, self._seq, None)
-                if not data:
-                    break
-                parts.append(data)
-                self._pos += len(data)
-            return b"".join(parts)
+            start = self._pos
+            for attempt in range(NEW_VERSION_RETRIES + 1):
+                end = self._length if n is None or n < 0 else min(self._length, start + n)
+                parts = []
+                self._seq.versions = {}
+                try:
+                    while self._pos < end:
+                        data = await self._read_at(self._pos, end - self._pos, self._seq, None)
+                        if not data:
+                            break
+                        parts.append(data)
+                        self._pos += len(data)
+                    return b"".join(parts)
+                except _NewVersion as exc:
+                    self._pos = start
+                    await self._seq.close()
+                    await self._new_version(exc, attempt)
+            raise AssertionError("unreachable")
+
+    async def _new_version(self, exc: "_NewVersion", attempt: int) -> None:
+        """A read call met two versions of a block: fresh locations, or give up after
+        ``NEW_VERSION_RETRIES`` (a block patched without pause)."""
+        if attempt >= NEW_VERSION_RETRIES:
+            raise ReplicaChanged(f"{self.path}: block {exc.block_id} became a new version "
+                                 f"{attempt + 1} times while being read") from None
+        await self._locate()
 
     async def pread(self, offset: int, n: int) -> bytes:
         """``n`` bytes at ``offset`` without moving the position (own connection)."""
         self._check_open()
         if offset < 0 or n < 0:
             raise InvalidArgument(f"{self.path}: pread({offset}, {n}) needs non-negative values")
-        end = min(self._length, offset + n)
         slot = _ReaderSlot()
-        parts = []
-        pos = offset
         try:
-            while pos < end:
-                data = await self._read_at(pos, end - pos, slot, end)
-                if not data:
-                    break
-                parts.append(data)
-                pos += len(data)
+            for attempt in range(NEW_VERSION_RETRIES + 1):
+                end = min(self._length, offset + n)
+                parts = []
+                pos = offset
+                slot.versions = {}
+                try:
+                    while pos < end:
+                        data = await self._read_at(pos, end - pos, slot, end)
+                        if not data:
+                            break
+                        parts.append(data)
+                        pos += len(data)
+                    return b"".join(parts)
+                except _NewVersion as exc:
+                    await slot.close()
+                    await self._new_version(exc, attempt)
         finally:
             await slot.close()
-        return b"".join(parts)
+        raise AssertionError("unreachable")
 
     async def refresh(self) -> int:
         """Fetch locations and length again (a file still being written may have grown)."""
@@ -443,6 +486,10 @@ class AsyncInputStream:
                 if not data:
                     raise ProtocolError(f"replica at {slot.reader.node['address']} "
                                         f"returned no data at block offset {off}")
+                served = slot.reader.gs
+                if slot.versions is not None and served is not None \
+                        and slot.versions.setdefault(block.id, served) != served:
+                    raise _NewVersion(block.id)
                 return data
             except IO_ERRORS as exc:
                 node = slot.reader.node

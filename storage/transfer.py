@@ -513,9 +513,10 @@ class DataTransferServer:
 
         reader, data, sums = await self.store.read_or_open(block_id, gs, span)
         chunk_offset, end = chosen
+        # ``gs``: the version served (a patched replica serves readers of an older stamp)
         response = {"status": "SUCCESS", "message": "", "visible_length": reader.visible_length,
                     "bytes_per_checksum": reader.bytes_per_checksum,
-                    "chunk_offset": chunk_offset}
+                    "chunk_offset": chunk_offset, "gs": reader.gs}
         if data is not None:
             wire = [encode_frame(response)]
             if data:

@@ -1,0 +1,202 @@
+"""A file opened for patches (``AsyncClient.open_for_patch``): its lease holder rewrites
+byte ranges of its complete blocks in place, each block's new version under a new
+generation stamp (docs/PROTOCOL.md, "Patches").
+
+Why it exists: a file is append-only as in HDFS, so a database or an editor that rewrites
+a few pages of a big file would otherwise send the whole file again. Here only the
+changed ranges travel: for each touched block the metadata server hands out a new stamp
+(``patch_block``), every replica holder applies the ranges crash-atomically under it
+(``PATCH_BLOCK``, ``fs.patching``), and the metadata server commits the stamp with the
+holders that applied it (``patch_done``); the others are stale and repaired as any
+stale replica. Readers see the old version of a block or the new one.
+
+The steps of one block's patch:
+
+1. ``patch_block``: the new stamp and the block's replica locations (the caller must hold
+   the file's lease, the block must be complete at the stamp this file last knew).
+2. ``PATCH_BLOCK`` to every location at once (no chain: one hop each, as the one-shot
+   write); each answers SUCCESS once its new version is durable.
+3. ``patch_done`` with the nodes that answered SUCCESS. None did: the block stays at its
+   old version (nothing committed; the stamp handed out is superseded by the next patch or
+   dropped by lease recovery) and the patch fails.
+
+A patch may grow the file's partial last block up to the block size (never past it:
+bytes beyond go through ``grow``, an ordinary stream that adds blocks).
+
+Concurrency contract: one task at a time per file (the caller serializes, as the mount
+does under its open file's lock); methods await the metadata server and block servers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import trio
+
+from . import paths
+from .datatransfer import ERROR_CHECKSUM, SUCCESS
+from .errors import InvalidArgument, LeaseFSError, PipelineError
+from .patching import send_patch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PatchedBlock:
+    """What one block's patch did: its new stamp and length, the nodes that hold the new
+    version, and why the others do not (node id → cause)."""
+    block_id: int
+    gs: int
+    num_bytes: int
+    nodes: tuple[str, ...]
+    failed: dict
+
+
+def split_by_block(ranges, block_size: int) -> dict[int, list[tuple[int, bytes]]]:
+    """``(file offset, bytes)`` ranges as ``{block index: [(offset in block, bytes)]}``,
+    a range crossing a block boundary cut in two."""
+    out: dict[int, list[tuple[int, bytes]]] = {}
+    for offset, data in ranges:
+        view = memoryview(data)
+        while len(view):
+            index, inside = divmod(offset, block_size)
+            take = min(len(view), block_size - inside)
+            out.setdefault(index, []).append((inside, bytes(view[:take])))
+            view = view[take:]
+            offset += take
+    return out
+
+
+class PatchableFile:
+    """A file under this client's lease whose complete blocks take patches."""
+
+    def __init__(self, client, path: str, answer: dict):
+        self._client = client
+        self.path = path
+        status = answer["status"]
+        self.ino = status["ino"]
+        self.block_size = int(status.get("block_size") or client.config.block_size)
+        self.blocks: list[dict] = list(answer.get("blocks") or [])
+        self.length = int(status.get("length") or 0)
+        self._closed = False
+        self._error: LeaseFSError | None = None
+        self.patched = 0   # blocks patched over the file's time open
+
+    @property
+    def capacity(self) -> int:
+        """The end of the room patches may write into: the last block's end once grown to
+        the block size (0 for an empty file: its first block comes from ``grow``)."""
+        return len(self.blocks) * self.block_size
+
+    async def patch(self, ranges) -> list[PatchedBlock]:
+        """Write ``(offset, bytes)`` ranges (sorted, not overlapping) into the file: each
+        must start at or before the file's end (no holes) and end within ``capacity``."""
+        self._check()
+        end = self.length
+        for offset, data in ranges:
+            if offset < 0 or offset > end or offset + len(data) > self.capacity:
+                raise InvalidArgument(
+                    f"{self.path}: a patch of {len(data)} bytes at {offset} is outside the "
+                    f"file's {self.length} bytes (a patch may grow it up to {self.capacity})")
+            end = max(end, offset + len(data))
+        done = []
+        for index, block_ranges in sorted(split_by_block(ranges, self.block_size).items()):
+            done.append(await self._patch_block(index, block_ranges))
+        return done
+
+    async def _patch_block(self, index: int, ranges) -> PatchedBlock:
+        client = self._client
+        located = self.blocks[index]
+        block = located["block"]
+        if index < len(self.blocks) - 1 and any(
+                o + len(d) > int(block["num_bytes"]) for o, d in ranges):
+            raise InvalidArgument(f"{self.path}: only the last block may grow")
+        answer = await client.call_meta("patch_block", {
+            "path": self.path, "client_name": client.client_name, "ino": self.ino,
+            "block": {"id": block["id"], "gs": block["gs"]}})
+        new = answer["block"]
+        locations = answer["locations"]
+        num_bytes = max(int(block["num_bytes"]), max(o + len(d) for o, d in ranges))
+        failed: dict[str, str] = {}
+
+        async def one(node: dict) -> None:
+            try:
+                status = (await send_patch(
+                    client.config, [node["address"]], block["id"], block["gs"], new["gs"],
+                    self.block_size, ranges, answer.get("token"), tls=client.tls,
+                    client_name=client.client_name))[0]
+            except LeaseFSError as exc:
+                failed[node["node_id"]] = str(exc)
+                return
+            if status != SUCCESS:
+                failed[node["node_id"]] = ("checksum error in flight" if status == ERROR_CHECKSUM
+                                           else "the block server answered ERROR")
+
+        # every location at once, no chain: one hop each (as the one-shot write)
+        async with trio.open_nursery() as nursery:
+            for node in locations:
+                nursery.start_soon(one, node)
+        nodes = tuple(n["node_id"] for n in locations if n["node_id"] not in failed)
+        if not nodes:
+            raise PipelineError(f"{self.path}: no block server took the patch of block "
+                                f"{block['id']}: " + "; ".join(
+                                    f"{k}: {v}" for k, v in failed.items()))
+        for node_id, cause in failed.items():
+            log.warning("%s: block %d: %s missed the patch (%s); it is repaired from the "
+                        "others", self.path, block["id"], node_id, cause)
+        await client.call_meta("patch_done", {
+            "path": self.path, "client_name": client.client_name, "ino": self.ino,
+            "block": {"id": block["id"], "gs": new["gs"], "num_bytes": num_bytes},
+            "nodes": list(nodes)})
+        self.blocks[index] = {**located, "block": {**block, "gs": new["gs"],
+                                                   "num_bytes": num_bytes},
+                              "locations": [n for n in locations if n["node_id"] in nodes]}
+        self.length = max(self.length, index * self.block_size + num_bytes)
+        self.patched += 1
+        return PatchedBlock(block["id"], new["gs"], num_bytes, nodes, failed)
+
+    async def close(self, *, mtime_ns: int | None = None) -> None:
+        """Close the file (``complete`` with its last block as it is now)."""
+        self._check()
+        last = self.blocks[-1]["block"] if self.blocks else None
+        args = {"path": self.path, "client_name": self._client.client_name, "ino": self.ino,
+                "last": ({"id": last["id"], "gs": last["gs"], "num_bytes": last["num_bytes"]}
+                         if last else None)}
+        if mtime_ns is not None:
+            args["mtime_ns"] = mtime_ns
+        done = await self._client.call_meta("complete", args)
+        if not done:
+            # its blocks were complete before: only a replica count below the minimum
+            # after a patch that reached fewer nodes keeps it open; retry as a writer does
+            for _ in range(self._client.config.complete_retries):
+                await trio.sleep(0.2)
+                if await self._client.call_meta("complete", args):
+                    break
+            else:
+                raise PipelineError(f"{self.path}: could not close the patched file")
+        self._closed = True
+        self._client.output_closed(self)
+
+    def abort(self, exc: LeaseFSError) -> None:
+        """Stop at once (lease lost, client closing): the file stays open until lease
+        recovery, which ends every block at one complete version."""
+        self._error = self._error or exc
+        self._closed = True
+        self._client.output_closed(self)
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise InvalidArgument(f"{self.path}: closed")
+
+
+async def open_for_patch(client, path: str) -> PatchableFile:
+    """Take ``path``'s lease for patches (``append`` with ``patch``: no block reopened)."""
+    path = paths.validate(path)
+    answer = await client.call_meta("append", {"path": path, "client_name": client.client_name,
+                                               "patch": True})
+    pf = PatchableFile(client, path, answer)
+    client.track_output(pf)
+    return pf
