@@ -68,6 +68,29 @@ def split_by_block(ranges, block_size: int) -> dict[int, list[tuple[int, bytes]]
     return out
 
 
+#: the most bytes one block's patch carries (a block server takes at most
+#: ``MAX_PACKET_DATA`` in one message); more go as further patches of the block
+ROUND_BYTES = 8 << 20
+
+
+def _rounds(ranges):
+    """``ranges`` of one block in groups of at most ``ROUND_BYTES`` bytes (a range longer
+    than that cut in pieces)."""
+    group, size = [], 0
+    for offset, data in ranges:
+        while data:
+            take = data[:ROUND_BYTES - size]
+            group.append((offset, take))
+            size += len(take)
+            offset += len(take)
+            data = data[len(take):]
+            if size >= ROUND_BYTES:
+                yield group
+                group, size = [], 0
+    if group:
+        yield group
+
+
 class PatchableFile:
     """A file under this client's lease whose complete blocks take patches."""
 
@@ -102,7 +125,8 @@ class PatchableFile:
             end = max(end, offset + len(data))
         done = []
         for index, block_ranges in sorted(split_by_block(ranges, self.block_size).items()):
-            done.append(await self._patch_block(index, block_ranges))
+            for part in _rounds(block_ranges):
+                done.append(await self._patch_block(index, part))
         return done
 
     async def _patch_block(self, index: int, ranges) -> PatchedBlock:
@@ -155,6 +179,17 @@ class PatchableFile:
         self.length = max(self.length, index * self.block_size + num_bytes)
         self.patched += 1
         return PatchedBlock(block["id"], new["gs"], num_bytes, nodes, failed)
+
+    async def rewrite(self):
+        """Start the file over, empty, under the same lease (``rewrite``), and return the
+        output stream that takes its content from offset 0; this object is done."""
+        self._check()
+        client = self._client
+        status = await client.call_meta("rewrite", {
+            "path": self.path, "client_name": client.client_name, "ino": self.ino})
+        self._closed = True
+        client.output_closed(self)
+        return client.new_output(self.path, status)
 
     async def close(self, *, mtime_ns: int | None = None) -> None:
         """Close the file (``complete`` with its last block as it is now)."""

@@ -339,12 +339,14 @@ class Files:
     async def _write_locked(self, handle: Handle, of: OpenFile, off: int, buf) -> int:
         of.pending_times = None   # a write after utimens sets mtime to now again
         path = self._view.path(of.ino) if not of.unlinked else None
-        if of.mode is FileMode.CLEAN and path is not None:
-            # the first write takes the lease (a plain read-write open, or a file its last
-            # lock gave back); one elsewhere than the end then stages it
-            await self._writer.start_append(of, path)
         if handle.flags & os.O_APPEND:
             off = of.size   # the kernel's idea of the end may be a stale cached size
+        if of.mode is FileMode.CLEAN and path is not None:
+            # the first write takes the lease (a plain read-write open, or a file its last
+            # lock gave back): at the end, for appending; inside the content, for patches
+            # of what changes (a database's pages), else it appends and then stages
+            if off >= of.size or not await self._writer.start_patch(of, path):
+                await self._writer.start_append(of, path)
         if of.mode is FileMode.STREAM and off == of.stream.pos:
             await of.stream.write(buf)
             of.stream_took(buf)
@@ -354,6 +356,8 @@ class Files:
         self._writer.reserve(of, off + len(buf))
         await of.staging.pwrite(off, buf)
         of.dirty = True
+        # a hole past the end reads as zeros: the patch must carry them too
+        of.dirty_ranges.add(min(off, of.size), off + len(buf))
         of.size = max(of.size, off + len(buf))
         return len(buf)
 

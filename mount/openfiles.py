@@ -15,7 +15,10 @@ Modes of an open file, named after what holds its content:
   journal rewriting its header) then needs no hflush and no read back from the cluster.
 * ``STAGING``: the whole content is in a local staging file, uploaded (truncate, append)
   when flushed; ``keeper``, an idle output stream, holds the lease meanwhile when the file
-  came from ``STREAM`` (so another client's open for writing still gets EBUSY).
+  came from ``STREAM`` (so another client's open for writing still gets EBUSY). A file
+  first written inside its content (a database, an editor saving in place) holds its
+  lease through ``patcher`` instead (``fs.patchfile.PatchableFile``): what ``dirty``
+  ranges say changed goes to the block servers as patches, not the whole file.
 
 ``OpenFiles`` is the mount's table of them: the open files by inode, the file and folder
 handles by number, and the budget their stream copies share. It is a part of the mount
@@ -31,6 +34,7 @@ under its ``read_lock``.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import enum
 import errno
@@ -147,6 +151,12 @@ class OpenFile:
         self.shadow: bytearray | None = None
         self._copies = copies
         self.keeper = None          # STAGING: the idle output stream holding the lease
+        # STAGING: the file opened for patches holding the lease instead, and the ranges
+        # written since the last upload (``patchable`` false once a shrink made patches
+        # unable to say what changed: the next upload sends the whole file)
+        self.patcher = None
+        self.dirty_ranges = DirtyRanges()
+        self.patchable = True
         self.staging = None         # STAGING: the local copy (``mount.staging.StagingFile``)
         self.dirty = False
         self.error: LeaseFSError | None = None
@@ -213,6 +223,40 @@ class OpenFile:
                 and len(self.shadow) == self.stream.pos):
             return bytes(self.shadow)
         return None
+
+
+class DirtyRanges:
+    """The byte ranges of a staged file written since its last upload: sorted, disjoint
+    ``[start, end)`` spans, touching ones merged (a database's page writes come in runs)."""
+
+    def __init__(self):
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+
+    def add(self, start: int, end: int) -> None:
+        if end <= start:
+            return
+        starts, ends = self._starts, self._ends
+        # the first span that ends at or after ``start`` and the first that starts after
+        # ``end``: everything between merges with the new one
+        lo = bisect.bisect_left(ends, start)
+        hi = bisect.bisect_right(starts, end)
+        if lo < hi:
+            start = min(start, starts[lo])
+            end = max(end, ends[hi - 1])
+        starts[lo:hi] = [start]
+        ends[lo:hi] = [end]
+
+    def spans(self, limit: int) -> list[tuple[int, int]]:
+        """The spans, cut at ``limit`` (the file's size now)."""
+        return [(a, min(b, limit)) for a, b in zip(self._starts, self._ends) if a < limit]
+
+    def clear(self) -> None:
+        self._starts.clear()
+        self._ends.clear()
+
+    def __bool__(self) -> bool:
+        return bool(self._starts)
 
 
 class Handle:

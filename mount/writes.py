@@ -27,8 +27,8 @@ import trio
 from fs.backoff import Backoff
 from fs.client import FileSettings
 from fs.status import FileStatus
-from fs.errors import (FileNotFound, FileTooLarge, LeaseExpired, LeaseFSError,
-                       ServerUnavailable)
+from fs.errors import (FileNotFound, FileTooLarge, InvalidArgument, LeaseExpired,
+                       LeaseFSError, ServerUnavailable)
 
 from .dirleases import DirLeaseHolder
 from .errors import fuse_error
@@ -100,6 +100,36 @@ class Writer:
         of.move(FileEvent.APPEND)
         of.size = of.stream.pos
         of.generation += 1
+
+    async def start_patch(self, of: OpenFile, path: str) -> bool:
+        """Take the lease for writes inside the file's content (``open_for_patch``: no
+        block reopened) and stage it: uploads then send what changed as patches. False
+        (nothing taken) for a file that takes none, one kept inline: the caller appends."""
+        try:
+            patcher = await self._client.open_for_patch(path)
+        except InvalidArgument:
+            return False
+        of.patcher = patcher
+        of.ns_ino = patcher.ino
+        try:
+            await self.to_staging(of, path)
+        except BaseException:
+            of.patcher = None
+            await self._give_back_patcher(patcher, path)
+            raise
+        of.dirty_ranges.clear()
+        of.patchable = True
+        of.generation += 1
+        return True
+
+    async def _give_back_patcher(self, patcher, path: str) -> None:
+        """Close a patcher nothing was written through (the lease goes back as it came)."""
+        try:
+            await patcher.close()
+        except LeaseFSError as exc:
+            patcher.abort(exc)
+            if still_ours(exc):
+                await self._client.give_back(path, "open for patches")
 
     async def publish(self, of: OpenFile, *, finish: bool) -> None:
         """Make the cluster copy match what was written. ``finish``: also close the stream
@@ -180,6 +210,12 @@ class Writer:
     async def release_keeper(self, of: OpenFile, *, abandon: bool = False) -> None:
         """End the lease a staged file holds: complete the file, or (``abandon``: the file
         was deleted under it) just drop the stream."""
+        patcher, of.patcher = of.patcher, None
+        if patcher is not None:
+            if abandon:
+                patcher.abort(LeaseFSError(f"{patcher.path}: deleted while open"))
+            else:
+                await self._close_patcher(of, patcher)
         keeper, of.keeper = of.keeper, None
         if keeper is None:
             return
@@ -188,14 +224,56 @@ class Writer:
         else:
             await self._complete(of.ino, keeper)
 
+    async def _close_patcher(self, of: OpenFile, patcher) -> None:
+        """Complete a file held for patches, with the times utimens gave it."""
+        mtime_ns = of.pending_times[0] if of.pending_times is not None else None
+        try:
+            await patcher.close(mtime_ns=mtime_ns)
+        except LeaseFSError as exc:
+            patcher.abort(exc)
+            if still_ours(exc):
+                await self._client.give_back(self._view.current_path(of.ino, patcher.path),
+                                             "close")
+            raise
+
+    def _patches_fit(self, of: OpenFile) -> bool:
+        """Whether the staged content differs from the cluster's only by the ranges
+        written (nothing cut off) and stays within the room the file's blocks have."""
+        patcher = of.patcher
+        return (patcher is not None and of.patchable and patcher.length <= of.size
+                <= patcher.capacity)
+
+    async def _send_patches(self, of: OpenFile, *, finish: bool) -> None:
+        """Send what was written since the last upload as patches of the file's blocks
+        (read back from the staging file in pieces of at most ``COPY_CHUNK``)."""
+        ranges = []
+        for start, end in of.dirty_ranges.spans(of.size):
+            while start < end:
+                take = min(COPY_CHUNK, end - start)
+                ranges.append((start, await of.staging.pread(start, take)))
+                start += take
+        if ranges:
+            await of.patcher.patch(ranges)
+        of.dirty_ranges.clear()
+        of.dirty = False
+        of.generation += 1
+        if finish:
+            patcher, of.patcher = of.patcher, None
+            await self._close_patcher(of, patcher)
+
     async def _upload(self, of: OpenFile, *, finish: bool) -> None:
         """Replace the cluster's content of ``of`` with its staging file; the inode, with
         its mode, owner, replication and block size, stays the same. With a lease keeper
         (the file was staged from our stream, or uploaded before and kept open) the keeper
         starts the file over (``rewrite``: one call, the lease never let go); else cut to 0
         and append, both under the lease rules — a file another client is writing is
-        refused (EBUSY), never replaced under its writer. Unless ``finish``, the new stream
-        is hsynced and kept as the lease keeper."""
+        refused (EBUSY), never replaced under its writer. A file held for patches whose
+        staged content differs only by the ranges written sends those as patches instead
+        (``_send_patches``). Unless ``finish``, a file sent whole is closed and held for
+        patches again (``open_for_patch``)."""
+        if self._patches_fit(of):
+            await self._send_patches(of, finish=finish)
+            return
         path = self._view.path(of.ino)
         keeper, of.keeper = of.keeper, None
         if keeper is not None:
@@ -204,6 +282,11 @@ class Writer:
             except BaseException:
                 of.keeper = keeper   # still ours, as it was
                 raise
+        elif of.patcher is not None:
+            # a shrink, or growth past the last block's room: the whole file again, under
+            # the lease the patcher holds (``rewrite``: no moment without it)
+            stream = await of.patcher.rewrite()
+            of.patcher = None
         else:
             await self._cut(path, 0)
             stream = await self._client.append(path)
@@ -216,16 +299,20 @@ class Writer:
                     break
                 await stream.write(chunk)
                 offset += len(chunk)
-            if finish:
-                await stream.close()
-            else:
-                await stream.hsync()
-                of.keeper = stream
+            if not finish:
+                await stream.hsync()   # an fsync(2): on the block servers' disks
+            # closed either way; unless ``finish`` held for patches again below, so the
+            # next upload sends only what changed
+            await stream.close()
         except BaseException as exc:
             await self._abandon(stream, path, exc, "upload")
             raise
         of.dirty = False
+        of.dirty_ranges.clear()
+        of.patchable = True
         of.generation += 1
+        if not finish:
+            await self._hold_for_patches(of, path)
 
     async def _abandon(self, stream, path: str, exc: BaseException, what: str) -> None:
         """Give up a stream a failed ``what`` leaves behind, and its file: lease recovery
@@ -277,8 +364,10 @@ class Writer:
         # (a journal written, hsynced, then its header rewritten): the staging copy comes
         # from here; the stream keeps the lease, and its close or abandon later decides
         unsent = None
+        sent = False   # bytes of the stream are on the block servers already
         if of.mode is FileMode.STREAM:
             unsent = of.stream.unsent_content()
+            sent = unsent is None
             if unsent is None:
                 unsent = of.shadow_content()
         if of.mode is FileMode.STREAM and unsent is None:
@@ -303,9 +392,34 @@ class Writer:
                     size += len(chunk)
         of.size = size
         if of.mode is FileMode.STREAM:
-            of.keeper, of.stream = of.stream, None
+            stream, of.stream = of.stream, None
+            if sent and path is not None and not of.unlinked:
+                # closed, and held for patches instead: an upload then sends what changed
+                # (a journal's rewritten header), not every byte the stream sent again
+                try:
+                    await self._complete(of.ino, stream, of)
+                except LeaseFSError as exc:
+                    of.error = exc
+                    raise
+                finally:
+                    of.move(FileEvent.COMPLETE)
+                await self._hold_for_patches(of, path)
+            else:
+                of.keeper = stream
         of.move(FileEvent.STAGE)
         of.dirty = False
+        of.dirty_ranges.clear()
+        of.patchable = True
+
+    async def _hold_for_patches(self, of: OpenFile, path: str) -> None:
+        """Take the lease of ``of``'s closed file for patches; a file kept inline takes
+        none (nothing held: its next upload cuts and appends, as for any file not held)."""
+        try:
+            of.patcher = await self._client.open_for_patch(path)
+        except InvalidArgument:
+            of.patcher = None
+            return
+        of.ns_ino = of.patcher.ino
 
     async def discard_staging(self, of: OpenFile) -> None:
         if of.staging is not None:
@@ -401,6 +515,10 @@ class Writer:
         await self.to_staging(of, path if not of.unlinked else None)
         self.reserve(of, size)
         await of.staging.truncate(size)
+        if size < of.size:
+            of.patchable = False   # patches cannot cut a file: the next upload is whole
+        else:
+            of.dirty_ranges.add(of.size, size)
         of.size = size
         of.dirty = True
 

@@ -145,7 +145,8 @@ def plan_runs(data_fd: int, meta_fd: int, ranges, bpc: int, old_length: int,
             groups[-1].append(index)
         else:
             groups.append([index])
-    range_iter = list(ranges)
+    ranges = list(ranges)
+    first = 0   # ranges and groups are both in order: each group's ranges start here
     for group in groups:
         start = group[0] * bpc
         stop = min((group[-1] + 1) * bpc, new_length)
@@ -169,7 +170,11 @@ def plan_runs(data_fd: int, meta_fd: int, ranges, bpc: int, old_length: int,
                                     f"(crc32c {got:#010x} != {int.from_bytes(stored, 'big'):#010x})"
                                     f"; the replica is corrupt, not patched")
             buf[c_start - start:old_stop - start] = old
-        for offset, data in range_iter:
+        while first < len(ranges) and ranges[first][0] + len(ranges[first][1]) <= start:
+            first += 1
+        for offset, data in ranges[first:]:
+            if offset >= stop:
+                break
             lo, hi = max(offset, start), min(offset + len(data), stop)
             if lo < hi:
                 buf[lo - start:hi - start] = memoryview(data)[lo - offset:hi - offset]
