@@ -38,6 +38,7 @@ from . import paths
 from .datatransfer import ERROR_CHECKSUM, SUCCESS
 from .errors import InvalidArgument, LeaseFSError, PipelineError
 from .patching import send_patch
+from .pipeline import transfer_finalized
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,13 @@ class PatchedBlock:
     num_bytes: int
     nodes: tuple[str, ...]
     failed: dict
+
+
+def block_versions(located_blocks) -> tuple:
+    """``(id, stamp, length)`` of each located block: which version of a file's content
+    they are (a patch gives a block a new stamp)."""
+    return tuple((b["block"]["id"], b["block"]["gs"], b["block"]["num_bytes"])
+                 for b in located_blocks)
 
 
 def split_by_block(ranges, block_size: int) -> dict[int, list[tuple[int, bytes]]]:
@@ -98,6 +106,7 @@ class PatchableFile:
         self._client = client
         self.path = path
         status = answer["status"]
+        self._status = status
         self.ino = status["ino"]
         self.block_size = int(status.get("block_size") or client.config.block_size)
         self.blocks: list[dict] = list(answer.get("blocks") or [])
@@ -105,6 +114,11 @@ class PatchableFile:
         self._closed = False
         self._error: LeaseFSError | None = None
         self.patched = 0   # blocks patched over the file's time open
+
+    @property
+    def version(self) -> tuple:
+        """The file's content version: every block's ``(id, stamp, length)``."""
+        return block_versions(self.blocks)
 
     @property
     def capacity(self) -> int:
@@ -155,7 +169,7 @@ class PatchableFile:
                 return
             if status != SUCCESS:
                 failed[node["node_id"]] = ("checksum error in flight" if status == ERROR_CHECKSUM
-                                           else "the block server answered ERROR")
+                                           else "unreachable, or it refused the patch")
 
         # every location at once, no chain: one hop each (as the one-shot write)
         async with trio.open_nursery() as nursery:
@@ -167,8 +181,11 @@ class PatchableFile:
                                 f"{block['id']}: " + "; ".join(
                                     f"{k}: {v}" for k, v in failed.items()))
         for node_id, cause in failed.items():
-            log.warning("%s: block %d: %s missed the patch (%s); it is repaired from the "
-                        "others", self.path, block["id"], node_id, cause)
+            log.warning("%s: block %d: %s missed the patch (%s)", self.path, block["id"],
+                        node_id, cause)
+        if failed:
+            nodes += await self._replace(block, new["gs"], num_bytes, locations, nodes,
+                                         list(failed))
         await client.call_meta("patch_done", {
             "path": self.path, "client_name": client.client_name, "ino": self.ino,
             "block": {"id": block["id"], "gs": new["gs"], "num_bytes": num_bytes},
@@ -179,6 +196,84 @@ class PatchableFile:
         self.length = max(self.length, index * self.block_size + num_bytes)
         self.patched += 1
         return PatchedBlock(block["id"], new["gs"], num_bytes, nodes, failed)
+
+    async def extend(self, chunks) -> "PatchableFile":
+        """Append ``chunks`` (an async iterable of bytes, in order) past ``capacity``: the
+        last block is full
+        (or the file is empty), so an ordinary stream adds the blocks after it. The stream's
+        close completes the file; it is then taken again for patches, and the object
+        returned holds the lease (this one is done)."""
+        self._check()
+        if self.length != self.capacity:
+            raise InvalidArgument(f"{self.path}: extend past a last block of "
+                                  f"{self.length - (len(self.blocks) - 1) * self.block_size} "
+                                  f"bytes: patch it up to the block size first")
+        client = self._client
+        stream = client.new_output(self.path, self._status)
+        if self.blocks:
+            last = self.blocks[-1]["block"]
+            stream.continue_from(self.length, previous={
+                "id": last["id"], "gs": last["gs"], "num_bytes": last["num_bytes"]})
+        self._closed = True
+        client.output_closed(self)
+        try:
+            async for chunk in chunks:
+                await stream.write(chunk)
+            await stream.hsync()
+            await stream.close()
+        except BaseException as exc:
+            stream.abort(exc if isinstance(exc, LeaseFSError)
+                         else LeaseFSError(f"{self.path}: extend interrupted"))
+            raise
+        return await open_for_patch(client, self.path)
+
+    async def _replace(self, block: dict, gs: int, num_bytes: int, locations: list[dict],
+                       nodes: tuple, failed: list[str]) -> tuple:
+        """New replicas in place of those that missed a patch, before it is committed
+        (HDFS's replace-datanode-on-failure, for a finished block): for each, a block
+        server from ``get_additional_datanode`` gets a copy of the new version from one
+        that took the patch. Nothing else patches this block meanwhile (this writer holds
+        the file), so the copy is of the version committed next. A copy that fails leaves
+        the block with fewer replicas, which the metadata server's replication restores;
+        the patch goes on. Returns the node ids added."""
+        client = self._client
+        config = client.config
+        sources = [n for n in locations if n["node_id"] in nodes]
+        added: list[str] = []
+        excluded = list(failed)
+        for _ in failed:
+            try:
+                answer = await client.call_meta("get_additional_datanode", {
+                    "path": self.path, "ino": self.ino,
+                    "block": {"id": block["id"], "gs": gs, "num_bytes": num_bytes},
+                    "existing": [n["node_id"] for n in sources] + added,
+                    "excluded": excluded, "num": 1, "client_name": client.client_name})
+            except LeaseFSError as exc:
+                log.warning("%s: block %d: no replacement for a replica that missed the "
+                            "patch: %s", self.path, block["id"], exc)
+                break
+            targets = answer.get("locations") or []
+            if not targets:
+                break
+            target = targets[0]
+            for source in sources:
+                try:
+                    await transfer_finalized(
+                        source, target, {"id": block["id"], "gs": gs, "num_bytes": num_bytes},
+                        client_name=client.client_name, timeout=config.data_timeout,
+                        connect_timeout=config.data_connect_timeout,
+                        max_frame=config.max_frame, tls=client.tls, token=answer.get("token"))
+                except LeaseFSError as exc:
+                    log.warning("%s: block %d: copy from %s to %s failed: %s", self.path,
+                                block["id"], source["node_id"], target["node_id"], exc)
+                    continue
+                added.append(target["node_id"])
+                log.info("%s: block %d: copied to %s in place of a replica that missed the "
+                         "patch", self.path, block["id"], target["node_id"])
+                break
+            else:
+                excluded.append(target["node_id"])
+        return tuple(added)
 
     async def rewrite(self):
         """Start the file over, empty, under the same lease (``rewrite``), and return the

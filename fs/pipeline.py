@@ -29,7 +29,8 @@ import trio
 from .dataconn import (close_quietly, failure_cause, node_name, open_data_connection,
                        response_error)
 from .datatransfer import (ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, PIPELINE_SETUP_APPEND,
-                           PIPELINE_SETUP_CREATE, Packet, SUCCESS, TRANSFER_BLOCK, TRANSFER_RBW,
+                           PIPELINE_SETUP_CREATE, Packet, SUCCESS, TRANSFER_BLOCK, TRANSFER_FINALIZED,
+                           TRANSFER_RBW,
                            WRITE_BLOCK, WRITE_BLOCK_ONESHOT, ack_timeout, encode_packet_header,
                            op_header, receive_ack, send_packet)
 from .errors import InvalidToken, LeaseFSError, PipelineError, ProtocolError, ServerUnavailable
@@ -360,9 +361,16 @@ class _BadNode(Exception):
         self.error = error
 
 
+async def transfer_finalized(source: dict, target: dict, block: dict, **kwargs) -> None:
+    """Ask ``source`` to copy its finalized replica of ``block`` (exactly its stamp and
+    ``num_bytes``) to ``target`` (TRANSFER_BLOCK stage TRANSFER_FINALIZED: a patch writer
+    replacing a replica that missed the patch); returns once it is done."""
+    await transfer_rbw(source, target, block, stage=TRANSFER_FINALIZED, **kwargs)
+
+
 async def transfer_rbw(source: dict, target: dict, block: dict, *, client_name: str,
                        timeout: float, connect_timeout: float, max_frame: int, tls=None,
-                       token: dict | None = None) -> None:
+                       token: dict | None = None, stage: str = TRANSFER_RBW) -> None:
     """Ask ``source`` to copy ``block`` up to ``block['num_bytes']`` to ``target``
     (TRANSFER_BLOCK stage TRANSFER_RBW, docs/PROTOCOL.md §3) with the copy ``token`` of
     ``get_additional_datanode`` (security = secure: the source checks it and shows it to
@@ -371,7 +379,7 @@ async def transfer_rbw(source: dict, target: dict, block: dict, *, client_name: 
     try:
         with trio.fail_after(timeout):
             await framed.send_frame(_with_token(op_header(
-                TRANSFER_BLOCK, block=block, targets=[target["address"]], stage=TRANSFER_RBW,
+                TRANSFER_BLOCK, block=block, targets=[target["address"]], stage=stage,
                 client=client_name), token))
             resp = await framed.receive_frame()
     except trio.TooSlowError:

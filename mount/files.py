@@ -245,6 +245,9 @@ class Files:
                 await self._writer.to_staging(of, self._view.path(of.ino))
             if of.mode is FileMode.STAGING:
                 return await of.staging.pread(off, size)
+            cache = self._writer.cached(of)
+            if cache is not None:
+                return await cache.pread(off, size)
         async with handle.read_lock:
             data = handle.from_window(off, size) if handle.input_generation == of.generation \
                 else None

@@ -157,6 +157,14 @@ class OpenFile:
         self.patcher = None
         self.dirty_ranges = DirtyRanges()
         self.patchable = True
+        # CLEAN: the staging copy kept after a patched file was closed, and the version of
+        # the content it holds (``fs.patchfile.block_versions``): reads take it while
+        # ``generation`` is still ``cache_generation`` (nothing told the mount the file
+        # changed), and the next open for patches reuses it when the versions match
+        self.cache = None
+        self.cache_version: tuple | None = None
+        self.cache_generation = -1
+        self.closed_version: tuple | None = None   # set by the patcher's close, taken at once
         self.staging = None         # STAGING: the local copy (``mount.staging.StagingFile``)
         self.dirty = False
         self.error: LeaseFSError | None = None

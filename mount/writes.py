@@ -26,6 +26,7 @@ import trio
 
 from fs.backoff import Backoff
 from fs.client import FileSettings
+from fs.patchfile import block_versions
 from fs.status import FileStatus
 from fs.errors import (FileNotFound, FileTooLarge, InvalidArgument, LeaseExpired,
                        LeaseFSError, ServerUnavailable)
@@ -112,7 +113,15 @@ class Writer:
         of.patcher = patcher
         of.ns_ino = patcher.ino
         try:
-            await self.to_staging(of, path)
+            if of.cache is not None and of.cache_version == patcher.version:
+                # the copy kept at the last close is this very version: no read back
+                of.staging, of.cache = of.cache, None
+                of.size = patcher.length
+                of.move(FileEvent.STAGE)
+                of.dirty = False
+            else:
+                await self.drop_cache(of)
+                await self.to_staging(of, path)
         except BaseException:
             of.patcher = None
             await self._give_back_patcher(patcher, path)
@@ -181,7 +190,11 @@ class Writer:
                 await self._upload(of, finish=finish)
             if finish and not of.unlinked:
                 await self.release_keeper(of)
-                await self.discard_staging(of)
+                version, of.closed_version = of.closed_version, None
+                path = self._view.current_path(of.ino, "")
+                if version is None or not path or not await self._keep_as_cache(
+                        of, version, path):
+                    await self.discard_staging(of)
 
     async def _complete(self, ino: int, stream, of: OpenFile | None = None) -> None:
         """Close ``stream`` (complete the file, release the lease); a close that reached
@@ -225,10 +238,14 @@ class Writer:
             await self._complete(of.ino, keeper)
 
     async def _close_patcher(self, of: OpenFile, patcher) -> None:
-        """Complete a file held for patches, with the times utimens gave it."""
+        """Complete a file held for patches, with the times utimens gave it; its staging
+        copy then holds ``closed_version`` of the content (unless written since)."""
         mtime_ns = of.pending_times[0] if of.pending_times is not None else None
+        of.closed_version = None
         try:
             await patcher.close(mtime_ns=mtime_ns)
+            if not of.dirty:
+                of.closed_version = patcher.version
         except LeaseFSError as exc:
             patcher.abort(exc)
             if still_ours(exc):
@@ -238,22 +255,33 @@ class Writer:
 
     def _patches_fit(self, of: OpenFile) -> bool:
         """Whether the staged content differs from the cluster's only by the ranges
-        written (nothing cut off) and stays within the room the file's blocks have."""
+        written (nothing cut off)."""
         patcher = of.patcher
-        return (patcher is not None and of.patchable and patcher.length <= of.size
-                <= patcher.capacity)
+        return patcher is not None and of.patchable and patcher.length <= of.size
 
     async def _send_patches(self, of: OpenFile, *, finish: bool) -> None:
         """Send what was written since the last upload as patches of the file's blocks
-        (read back from the staging file in pieces of at most ``COPY_CHUNK``)."""
+        (read back from the staging file in pieces of at most ``COPY_CHUNK``); what lies
+        past the last block's room goes on as new blocks (``extend``)."""
+        room = of.patcher.capacity
         ranges = []
-        for start, end in of.dirty_ranges.spans(of.size):
+        for start, end in of.dirty_ranges.spans(min(of.size, room)):
             while start < end:
                 take = min(COPY_CHUNK, end - start)
                 ranges.append((start, await of.staging.pread(start, take)))
                 start += take
         if ranges:
             await of.patcher.patch(ranges)
+        if of.size > room:
+            staging = of.staging
+
+            async def tail():
+                for start in range(room, of.size, COPY_CHUNK):
+                    yield await staging.pread(start, min(COPY_CHUNK, of.size - start))
+
+            patcher, of.patcher = of.patcher, None
+            of.patcher = await patcher.extend(tail())
+            of.ns_ino = of.patcher.ino
         of.dirty_ranges.clear()
         of.dirty = False
         of.generation += 1
@@ -358,6 +386,7 @@ class Writer:
         """Move ``of`` to a local staging file holding its whole current content."""
         if of.mode is FileMode.STAGING:
             return
+        await self.drop_cache(of)
         self.reserve(of, of.size)
         # a stream none of whose bytes left this mount yet (a small file written and
         # fsynced inline, then rewritten in place), or one whose every byte the mount kept
@@ -421,7 +450,40 @@ class Writer:
             return
         of.ns_ino = of.patcher.ino
 
+    async def drop_cache(self, of: OpenFile) -> None:
+        """Remove the staging copy kept as a cache of ``of``'s content, if any."""
+        cache, of.cache, of.cache_version = of.cache, None, None
+        if cache is not None:
+            await cache.remove()
+
+    def cached(self, of: OpenFile):
+        """The kept copy reads may take (nothing told the mount the file changed since
+        it was kept), or None."""
+        if of.cache is not None and of.cache_generation == of.generation \
+                and of.mode is FileMode.CLEAN:
+            return of.cache
+        return None
+
+    async def _keep_as_cache(self, of: OpenFile, version: tuple, path: str) -> bool:
+        """After a patched file's close: keep its staging copy as a cache when the
+        cluster's copy is that version (asked with the locations: another client may have
+        written it since); ``of.status`` is then that of the version kept."""
+        try:
+            status = await self._client.get_file_status(path, locations=True)
+        except LeaseFSError:
+            return False
+        blocks = (status.locations or {}).get("blocks") if status.locations else None
+        if blocks is None or block_versions(blocks) != version or status.length != of.size:
+            return False
+        of.cache, of.staging = of.staging, None
+        of.cache_version = version
+        of.status = status
+        of.move(FileEvent.DISCARD)
+        of.cache_generation = of.generation
+        return True
+
     async def discard_staging(self, of: OpenFile) -> None:
+        await self.drop_cache(of)
         if of.staging is not None:
             staging, of.staging = of.staging, None
             await staging.remove()

@@ -102,7 +102,7 @@ from fs.limits import ByteBudget
 from fs.rpc import check_version, parse_address
 
 from .blockchecksum import FOLDS, replica_checksum, serve_block_checksum
-from .blockcopy import send_replica
+from .blockcopy import copy_replica, send_replica
 from .layout import check_packet_range
 from .oneshot import write_oneshot
 from .patch import serve_patch
@@ -438,6 +438,18 @@ class DataTransferServer:
             raise ProtocolError(f"{op}: targets must be one \"host:port\", got {targets!r:.120}")
         parse_address(targets[0])
         stage = _field(header, "stage", str, op, TRANSFER_RBW)
+        if stage == TRANSFER_FINALIZED:
+            # a patch writer's replacement: a finalized replica at exactly this stamp, copied
+            # whole (the writer makes no other patch of the block meanwhile)
+            replica = self.store.readable(block_id, gs)
+            if replica.num_bytes != length:
+                raise InvalidArgument(f"{op} blk_{block_id}_{gs}: {length} bytes asked, the "
+                                      f"replica here holds {replica.num_bytes}")
+            sent = await copy_replica(self.config, self.store, block_id, gs, [targets[0]],
+                                      client=str(header.get("client", ""))[:200],
+                                      token=header.get("token"))
+            await conn.respond({"status": "SUCCESS", "message": "", "bytes": sent})
+            return
         if stage != TRANSFER_RBW:
             raise NotSupported(f"{op} stage {stage[:60]!r} is not supported")
         sent = await self.transfer_replica(block_id, gs, length, targets[0],

@@ -101,13 +101,15 @@ def test_random_writes_and_truncates_read_back_on_another_mount(cluster, one, tw
 
 
 def test_a_database_on_the_mount_is_patched_not_sent_whole(cluster, one, two):
-    """sqlite3's transactions on one mount: each commit's fsync of the database is a
-    patch; the other mount reads a database whose integrity_check is ok with every row."""
+    """sqlite3's transactions on one mount, on a database past the size kept inline on
+    the metadata server: each commit's fsync of the database is a patch; the other mount
+    reads a database whose integrity_check is ok with every row."""
     import sqlite3
-    patches_before = meta_calls(cluster, "patch_done")
-    rewrites_before = meta_calls(cluster, "rewrite")
     db = sqlite3.connect(one.mp / "db.sqlite", isolation_level=None)
     try:
+        db.execute("CREATE TABLE blob (b BLOB)")
+        db.execute("INSERT INTO blob VALUES (?)", (random.Random(3).randbytes(300 * KiB),))
+        patches_before = meta_calls(cluster, "patch_done")
         db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT)")
         for tx in range(30):
             db.execute("BEGIN")
@@ -122,6 +124,35 @@ def test_a_database_on_the_mount_is_patched_not_sent_whole(cluster, one, two):
         assert other.execute("SELECT count(*) FROM t").fetchone()[0] == 3000
     finally:
         other.close()
-    # every commit after the first few pages: a patch, never the whole file again
-    assert meta_calls(cluster, "patch_done") - patches_before >= 25
-    assert meta_calls(cluster, "rewrite") - rewrites_before == 0
+    # every commit: a patch of the database (its small journals are kept inline, whole)
+    assert meta_calls(cluster, "patch_done") - patches_before >= 30
+
+
+def test_growth_past_the_last_block_adds_blocks_after_the_patches(cluster, one, two):
+    """A file of one partial block written inside (a patch) and far past its end: the
+    last block is patched up to the block size, the rest goes on as new blocks, and the
+    file is held for patches again (a later write inside is a patch too)."""
+    model = bytearray(random.Random(4).randbytes(200 * KiB))
+    with open(one.mp / "grow", "wb") as f:
+        f.write(model)
+    patches, blocks = meta_calls(cluster, "patch_done"), meta_calls(cluster, "add_block")
+    fd = os.open(one.mp / "grow", os.O_RDWR)
+    try:
+        os.pwrite(fd, b"inside", 100)
+        tail = random.Random(5).randbytes(50 * KiB)
+        os.pwrite(fd, tail, 700 * KiB)        # a hole from 200 KiB, then 50 KiB
+        os.fsync(fd)
+        model[100:106] = b"inside"
+        model.extend(bytes(700 * KiB - len(model)))
+        model.extend(tail)
+        assert read_from(two, "grow") == bytes(model)
+        assert meta_calls(cluster, "patch_done") - patches >= 1
+        assert meta_calls(cluster, "add_block") - blocks == 2   # blocks 2 and 3 of 256 KiB
+        os.pwrite(fd, b"again", 300 * KiB)
+        os.fsync(fd)
+        model[300 * KiB:300 * KiB + 5] = b"again"
+        assert read_from(two, "grow") == bytes(model)
+        assert meta_calls(cluster, "add_block") - blocks == 2   # a patch, no new block
+    finally:
+        os.close(fd)
+    assert read_from(two, "grow") == bytes(model)

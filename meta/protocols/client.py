@@ -698,11 +698,17 @@ class ClientProtocol:
                                   f"{block!r:.80}")
         block_id = check_int(block.get("id"), f"{what}: block.id", low=0)
         gs = check_int(block.get("gs"), f"{what}: block.gs", low=0)
+        info = self.blocks.get(block_id)
+        if info is not None and info.ino == ino and info.patch_gs and gs == info.patch_gs:
+            # a block being patched: the writer has a replica that took the patch copied
+            # (finalized, at the patch's stamp) to replace one that missed it
+            return self.security.block_token(block_id, gs, self.access.token_user(ctx),
+                                             COPY_TOKEN)
         tail = self.ns.view.tail_blocks(ino, inode, 1)
         if not tail or tail[-1]["id"] != block_id \
                 or tail[-1]["state"] != bm.UNDER_CONSTRUCTION:
             raise StaleGenerationStamp(f"{what}: block {block_id} is not the last block under "
-                                       f"construction of {canonical}")
+                                       f"construction of {canonical}, nor one being patched")
         if gs > tail[-1]["gs"]:
             raise StaleGenerationStamp(f"{what}: block {block_id} of {canonical} has stamp "
                                        f"{tail[-1]['gs']}, not {gs}")
@@ -930,6 +936,8 @@ class ClientProtocol:
                     f"({info.patch_gs or 'none pending'}; its stamp is {stored['gs']})")
             for node_id in node_ids:
                 replica = info.replicas.get(node_id)
+                if replica is None and self.datanodes.live(node_id) is not None:
+                    continue   # a replacement the writer had a copy made on: not reported yet
                 if replica is None or replica.gs not in (stored["gs"], gs):
                     raise InvalidArgument(
                         f"{where}: node {node_id} holds no replica of block {block_id} at its "

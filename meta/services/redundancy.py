@@ -95,16 +95,22 @@ class Redundancy:
     def check_block(self, block_id: int) -> None:
         """Decide what one block needs: corrupt/excess deletions, its queue level."""
         info = self.blocks.get(block_id)
-        if info is None or info.state != bm.COMPLETE or info.patch_gs:
-            # being written or recovered blocks are never missing nor re-replicated; nor is
-            # a block being patched: a copy now would copy the version the patch replaces
-            # (PATCH_BLOCK or PATCH_DROP changes the block again: it is checked then)
+        if info is None or info.state != bm.COMPLETE:
+            # being written or recovered blocks are never missing nor re-replicated
             self.replication.remove(block_id)
             return
         normal, retiring, _ = self.replica_groups(info)
         for node_id in normal + retiring:
             self.replication.target_done(block_id, node_id)
         expected = info.replication
+        if info.patch_gs:
+            # a block being patched is copied all the same (a database patches its block at
+            # every commit: waiting for a quiet moment left it at one replica for good); a
+            # copy a patch overtakes fails (the source's stamp moved) or lands at the old
+            # stamp and is stale. Nothing of it is deleted until PATCH_BLOCK or PATCH_DROP
+            # says which version it keeps
+            self.replication.update(block_id, rq.priority(len(normal), len(retiring), expected))
+            return
         corrupt = info.corrupt_nodes()
         if corrupt and normal and (len(normal) >= expected or not self._free_target_exists(info)):
             for node_id in corrupt:   # a good copy replaces it (or it blocks the only target)
@@ -137,7 +143,7 @@ class Redundancy:
             if block_id in self.replication.pending:
                 continue
             info = self.blocks.get(block_id)
-            if info is None or info.state != bm.COMPLETE or info.patch_gs:
+            if info is None or info.state != bm.COMPLETE:
                 self.replication.remove(block_id)
                 continue
             normal, retiring, excess = self.replica_groups(info)

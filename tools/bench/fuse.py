@@ -42,6 +42,7 @@ import random
 import secrets
 import shutil
 import signal
+import statistics
 import subprocess
 import tempfile
 import time
@@ -61,7 +62,9 @@ from .base import BenchFailed, MooseFSPeer, baseline_dir, mbps, payload, percent
 
 log = logging.getLogger(__name__)
 
-PHASES = ("seq-write", "seq-read", "create", "stat", "unlink", "cp-r", "calls")
+PHASES = ("seq-write", "seq-read", "create", "stat", "unlink", "cp-r", "calls", "patch")
+#: what runs without ``--phase`` (``patch`` writes 364 MiB: asked for by name)
+DEFAULT_PHASES = PHASES[:-1]
 OP_PHASES = ("create", "stat", "unlink")
 WORK_PREFIX = ".leasefs-bench-"
 TREE_SEED = 20240601
@@ -80,7 +83,16 @@ TABLE_ROWS = (
     ("cp-r", "mbps", "MB/s"),
     *(("calls", f"{c.key}_{stat}", f"{c.label} {stat[:3]} ms") for c in benchcalls.CALLS
       for stat, _ in benchcalls.STATS),
+    ("patch", "pwrite4k_fsync_p50_ms", "4 KiB pwrite+fsync p50 ms"),
+    ("patch", "pwrite4k_fsync_p99_ms", "4 KiB pwrite+fsync p99 ms"),
+    ("patch", "mid1m_fsync_ms", "1 MiB in 300 MiB +fsync ms"),
 )
+#: the ``patch`` phase: random 4 KiB pwrite + fsync in a file of PATCH_FILE bytes, and a
+#: 1 MiB pwrite + fsync in the middle of a file of PATCH_BIG bytes (median of PATCH_BIG_N)
+PATCH_FILE = 64 << 20
+PATCH_OPS = 200
+PATCH_BIG = 300 << 20
+PATCH_BIG_N = 5
 COUNT_KEYS = frozenset({"bytes", "ops", "files", "calls", "entries", "rows", "transactions"})
 
 
@@ -104,7 +116,7 @@ class Params:
     file_size: int
     tree_files: int
     calls: int = 200
-    phases: tuple = PHASES
+    phases: tuple = DEFAULT_PHASES
 
 
 @dataclass
@@ -336,6 +348,75 @@ def _timed_loop(names, op, label: str, status) -> dict:
     return _op_result(latencies, time.perf_counter() - start)
 
 
+def _filled(path: str, size: int) -> None:
+    """``path`` with ``size`` bytes of payload, fsynced and closed (untimed setup)."""
+    chunk = payload(4 << 20)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for pos in range(0, size, len(chunk)):
+            _write_all(fd, memoryview(chunk)[:size - pos])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def patch_writes(folder: str, status=None) -> dict:
+    """Writes inside existing files, each made durable: ``PATCH_OPS`` random 4 KiB
+    ``pwrite`` + ``fsync`` in a ``PATCH_FILE`` file opened read-write (a database page),
+    then ``PATCH_BIG_N`` times a 1 MiB ``pwrite`` + ``fsync`` in the middle of a
+    ``PATCH_BIG`` file; each file read back at the end to check what was written."""
+    status = status or (lambda _m: None)
+    rng = random.Random(TREE_SEED)
+    small, big = os.path.join(folder, "pages.bin"), os.path.join(folder, "big.bin")
+    _filled(small, PATCH_FILE)
+    expected: dict[int, bytes] = {}
+    latencies = []
+    fd = os.open(small, os.O_RDWR)
+    try:
+        for i in range(PATCH_OPS):
+            offset = rng.randrange(PATCH_FILE // 4096) * 4096
+            page = rng.randbytes(4096)
+            t0 = time.perf_counter()
+            os.pwrite(fd, page, offset)
+            os.fsync(fd)
+            latencies.append(time.perf_counter() - t0)
+            expected[offset] = page
+            if status and i % 50 == 49:
+                status(f"  pwrite+fsync {i + 1} of {PATCH_OPS}")
+    finally:
+        os.close(fd)
+    _check_pages(small, expected)
+    _filled(big, PATCH_BIG)
+    bigs = []
+    fd = os.open(big, os.O_RDWR)
+    try:
+        for i in range(PATCH_BIG_N):
+            data = rng.randbytes(1 << 20)
+            offset = PATCH_BIG // 2 + i * (1 << 20)
+            t0 = time.perf_counter()
+            os.pwrite(fd, data, offset)
+            os.fsync(fd)
+            bigs.append(time.perf_counter() - t0)
+            expected_big = (offset, data)
+    finally:
+        os.close(fd)
+    _check_pages(big, {expected_big[0]: expected_big[1]})
+    os.unlink(small)
+    os.unlink(big)
+    return {"ops": len(latencies),
+            "pwrite4k_fsync_p50_ms": percentile(latencies, 50) * 1000,
+            "pwrite4k_fsync_p99_ms": percentile(latencies, 99) * 1000,
+            "mid1m_fsync_ms": statistics.median(bigs) * 1000}
+
+
+def _check_pages(path: str, expected: dict) -> None:
+    with open(path, "rb") as f:
+        for offset, data in expected.items():
+            f.seek(offset)
+            if f.read(len(data)) != data:
+                raise BenchFailed(f"{path}: the bytes written at {offset} did not read back")
+
+
 def small_file_names(folder: str, n: int) -> list[str]:
     return [os.path.join(folder, f"f{i:06d}") for i in range(n)]
 
@@ -487,6 +568,16 @@ def bench_path(work: str, params: Params, tree: Tree, status, label: str) -> dic
         status(f"{label}: calls: open(O_CREAT) p50 "
                f"{fmt_figure(results['calls']['open_creat_p50_ms'])} ms, first write "
                f"{fmt_figure(results['calls']['write_first_p50_ms'])} ms")
+    if "patch" in wanted:
+        folder = os.path.join(work, "patch")
+        os.mkdir(folder)
+        status(f"{label}: patch: {PATCH_OPS} random 4 KiB pwrite+fsync in "
+               f"{size_label(PATCH_FILE)}, 1 MiB in the middle of {size_label(PATCH_BIG)} ...")
+        results["patch"] = patch_writes(folder, status)
+        os.rmdir(folder)
+        status(f"{label}: patch: 4 KiB pwrite+fsync p50 "
+               f"{fmt_figure(results['patch']['pwrite4k_fsync_p50_ms'])} ms, 1 MiB "
+               f"{fmt_figure(results['patch']['mid1m_fsync_ms'])} ms")
     return results
 
 
@@ -524,7 +615,7 @@ def sigterm_as_interrupt():
 
 
 def _params(a) -> Params:
-    phases = tuple(ph for ph in PHASES if ph in (a.phase or PHASES))
+    phases = tuple(ph for ph in PHASES if ph in (a.phase or DEFAULT_PHASES))
     p = Params(size=parse_size(a.size), io_size=parse_size(a.io_size), files=a.files,
                file_size=parse_size(a.file_size), tree_files=a.tree_files, calls=a.calls,
                phases=phases)
@@ -736,7 +827,8 @@ def register(bsub, common) -> None:
     q.add_argument("--calls", type=int, default=200,
                    help="files (and folders) of the calls phase (default 200)")
     q.add_argument("--phase", action="append", choices=PHASES, default=None,
-                   help="run only this phase (repeatable; stat and unlink also run create)")
+                   help="run only this phase (repeatable; stat and unlink also run create; "
+                        "patch, writes inside existing files, runs only when named)")
     q.add_argument("--json", action="store_true", help="machine-readable results on stdout")
     q.add_argument("--quiet", action="store_true", help="no progress lines")
     q.set_defaults(func=run_fuse_bench)
