@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,8 @@ from tools.bench.base import BenchFailed
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--entries", "60", "--rows", "200", "--transactions", "4", "--settle", "0"]
-STEP_ROWS = ["tar -xf", "git init+add+commit", "sqlite3 inserts", "rm -rf", "total"]
+STEP_ROWS = ["tar -xf", "git init+add+commit", "sqlite3 inserts", "sqlite3 inserts, WAL",
+             "rm -rf", "total"]
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -103,6 +105,7 @@ def test_apps_table_has_every_step_for_both_paths_with_ratios(tmp_path):
     for folder in (a, b):
         for text in ("tar -xf of 60 entries ...", "git init + add -A + commit ...",
                      "tree and commit ok", "sqlite3 200 inserts in 4 transactions ...",
+                     "sqlite3, WAL, 200 inserts in 4 transactions ...",
                      "rm -rf of the tree ...", "rm -rf "):
             assert f"{folder}: {text}" in err, (text, err)
         assert f"{folder}: sqlite3 " in err and "s (integrity ok)" in err, err
@@ -149,7 +152,7 @@ def test_apps_rounds_alternate_the_order_and_show_medians(tmp_path):
     assert report["params"]["rounds"] == 3
     for path in report["paths"]:
         assert len(path["rounds"]) == 3
-        for step in ("tar", "git", "sqlite", "rm", "total"):
+        for step in ("tar", "git", "sqlite", "sqlite-wal", "rm", "total"):
             figures = sorted(r[step]["seconds"] for r in path["rounds"])
             assert path["results"][step]["seconds"] == figures[1], (step, path)
     _assert_nothing_left(a, b, tmp_path / "tmpdir")
@@ -369,6 +372,13 @@ def test_git_step_checks_the_committed_tree(tmp_path, workload):
 def test_sqlite_step_checks_the_rows(tmp_path, workload):
     result = A.step_sqlite(workload, str(tmp_path / "ok.db"), 5)
     assert result == {"seconds": result["seconds"], "rows": 50, "transactions": 5}
+    wal = A.step_sqlite(workload, str(tmp_path / "wal.db"), 5, journal="wal")
+    assert wal["rows"] == 50
+    con = sqlite3.connect(tmp_path / "wal.db")   # WAL mode is kept in the database itself
+    try:
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        con.close()
     rows = list(workload.rows)
     rows[17] = (rows[17][0], rows[17][1], rows[17][2] + 1, rows[17][3])
     changed = dataclasses.replace(workload, rows=tuple(rows))  # stored != expected

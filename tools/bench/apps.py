@@ -17,6 +17,8 @@ of the real program:
 - ``sqlite``: ``--rows`` inserts into an indexed table in ``--transactions`` transactions
   through Python's sqlite3 module (the same SQLite library as the CLI; no extra package),
   with SQLite's defaults: rollback journal (``journal_mode=DELETE``) and ``synchronous=FULL``;
+- ``sqlite-wal``: the same inserts into another database with ``journal_mode=WAL`` (a
+  write-ahead log, and its shared memory file mmapped by SQLite);
 - ``rm``: ``rm -rf`` of the tree (its ``.git`` included).
 
 Nothing broken can look fast: after ``tar`` and ``git`` (untimed) every extracted entry is
@@ -61,9 +63,9 @@ from .fuse import (WORK_PREFIX, Target, add_path_options, finish_targets, fmt_fi
                         ratios, remove_tree, run_on_targets, sigterm_as_interrupt,
                         targets_from_args)
 
-STEPS = ("tar", "git", "sqlite", "rm")
+STEPS = ("tar", "git", "sqlite", "sqlite-wal", "rm")
 STEP_LABELS = {"tar": "tar -xf", "git": "git init+add+commit", "sqlite": "sqlite3 inserts",
-               "rm": "rm -rf", "total": "total"}
+               "sqlite-wal": "sqlite3 inserts, WAL", "rm": "rm -rf", "total": "total"}
 TREE_SEED = 20240601
 ROW_SEED = 4729
 PROGRAMS = ("tar", "git", "rm")
@@ -197,11 +199,17 @@ def step_git(work: Workload, repo: str) -> dict:
     return out
 
 
-def step_sqlite(work: Workload, db: str, transactions: int) -> dict:
+def step_sqlite(work: Workload, db: str, transactions: int, journal: str = "delete") -> dict:
+    """The inserts in ``transactions`` transactions, with sqlite's ``journal`` mode
+    (``delete``: the default rollback journal; ``wal``: a write-ahead log and its shared
+    memory file, mmapped)."""
     rows = work.rows
     start = time.perf_counter()
     con = sqlite3.connect(db, isolation_level=None)  # we say BEGIN/COMMIT ourselves
     try:
+        mode = con.execute(f"PRAGMA journal_mode={journal}").fetchone()[0]
+        if mode != journal:
+            raise BenchFailed(f"sqlite3: journal_mode {journal} refused ({mode})")
         con.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
                     "size INTEGER NOT NULL, body TEXT NOT NULL)")
         con.execute("CREATE INDEX items_name ON items (name)")
@@ -251,6 +259,12 @@ def bench_path(folder: str, params: Params, work: Workload, status, label: str) 
     status(f"{label}: sqlite3 {params.rows} inserts in {params.transactions} transactions ...")
     results["sqlite"] = step_sqlite(work, os.path.join(folder, "bench.db"), params.transactions)
     status(f"{label}: sqlite3 {fmt_figure(results['sqlite']['seconds'])} s (integrity ok)")
+    status(f"{label}: sqlite3, WAL, {params.rows} inserts in {params.transactions} "
+           f"transactions ...")
+    results["sqlite-wal"] = step_sqlite(work, os.path.join(folder, "wal.db"),
+                                        params.transactions, journal="wal")
+    status(f"{label}: sqlite3, WAL {fmt_figure(results['sqlite-wal']['seconds'])} s "
+           f"(integrity ok)")
     status(f"{label}: rm -rf of the tree ...")
     results["rm"] = step_rm(tree_root)
     status(f"{label}: rm -rf {fmt_figure(results['rm']['seconds'])} s "
