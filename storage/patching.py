@@ -1,41 +1,65 @@
 """Patching a FINALIZED replica in place under a new generation stamp: the range checks, the
 chunk runs a patch rewrites, the redo file that makes it crash-atomic, the worker-thread hop
-that carries it out (``patch_files``) and the start-up recovery of a redo file
-(``recover_redo``).
+that carries it out (``patch_files``), the deferred flush (``flush_patches``, run by the
+store's patch flusher) and the start-up recovery of redo files (``recover_all``).
 
 Why it exists: the file's lease holder may write byte ranges into a block that is already
 finalized (PATCH_BLOCK, ``storage/patch.py``). Readers and the metadata server must see each
 replica either at its old stamp with its old bytes or at the new stamp with the new bytes,
-never a mix, across any crash. This file system has no reflink, so the new version is made
-with a redo log and an in-place apply:
+never a mix, across any crash; and a patch that was acknowledged must survive a crash. This
+file system has no reflink, so the new version is made with a redo log and an in-place apply.
+A database on the mount patches once per transaction per replica, so the acknowledged path
+does as few fsyncs as the crash rules allow: two.
+
+The synchronous part (one worker-thread hop under ``replica.lock``, before the answer):
 
 1. the redo file ``blk_<id>_<new gs>.patch`` next to the replica's files: a header (magic,
    version, block id, old and new stamp, bytes_per_checksum, new length), every touched
    chunk run (chunk-aligned offset, its whole new chunks' bytes and their CRC32Cs) and a
-   trailer CRC32C over all of it; fsynced, the folder fsynced;
+   trailer CRC32C over all of it; fsynced, the folder fsynced: the commit point, from here
+   a restart always ends at the new version (or a later one);
 2. the runs written into the data file and their CRCs into the meta file (both grown when
-   the patch grows a partial last block); both fsynced;
+   the patch grows a partial last block), not fsynced;
 3. the meta file renamed from the old stamp's name to the new one's (meta names carry the
-   stamp), the folder fsynced: the commit point;
-4. the redo file unlinked.
+   stamp), the folder not fsynced; the redo file stays, pending.
 
-At start (``recover_redo``, called by the start-up scan before it reads ``finalized/``): a
-redo file whose trailer does not verify was torn in step 1 and is deleted (the replica is
-untouched, at its old stamp); a whole one with the meta file still at the old stamp is
-applied again (steps 2-4: the replica comes back at the new stamp); one whose meta file is
-already at the new stamp (or newer) is deleted. Redo files match neither replica file name
-pattern of ``storage/layout.py``, so no scan ever adopts or quarantines them as replicas.
+The deferred part (``flush_patches``): the store's patch flusher, every
+``PATCH_FLUSH_PERIOD`` seconds, and the store before any structural change of a replica
+with pending redo files (append reopen, block recovery), under ``replica.lock`` in one hop:
+data file, meta file and folder fsynced, then the replica's redo files unlinked (last; the
+unlinks are not fsynced, a redo file that comes back is applied again, harmlessly). A delete
+or drop removes the redo files with the replica's files, after them.
+
+So one replica may have several pending redo files (patches G0->G1->G2 ... not flushed yet),
+and after a crash any part of their in-place writes and renames may be on disk. At start
+(``recover_all``, called by the start-up scan before it reads ``finalized/``), per block: a
+redo file whose trailer does not verify was torn in step 1 (its patch was never
+acknowledged and wrote nothing in place) and is deleted; the valid ones, in increasing new
+stamp, form a chain (each one's old stamp is the new stamp of the one before) ending at the
+newest. If the meta file's stamp is one of the chain's, every redo of the chain is applied
+again in order (also those at or below the meta file's stamp: a rename may reach the disk
+without the in-place writes before it; each apply is idempotent and a later one overwrites
+an earlier one where they overlap), the meta file renamed to the chain's last stamp, data,
+meta and folder fsynced, the redo files unlinked: the replica comes back at the last
+acknowledged version (or the one in flight, if its redo file was whole), at the last redo's
+length. Redo files that do not link to the chain, or with no replica in their folder, or
+whose stamps are all below the replica's, are left from patches flushed before a later
+change and deleted. Newer redo files that do not link to the replica's stamp (only disk
+corruption can do that) mean its files may mix versions: quarantined. Redo files match
+neither replica file name pattern of ``storage/layout.py``, so no scan ever adopts or
+quarantines them as replicas.
 
 Every touched chunk is rewritten whole with its new CRC: a range that starts or ends inside
 a chunk is merged with the chunk's existing bytes, which are verified against their stored
 CRC first (``ChecksumError``, nothing changed: a patch never launders a corrupt chunk into a
 fresh checksum).
 
-Concurrency contract: ``check_ranges`` and the redo encoding are pure. ``patch_files`` and
-``recover_redo`` block: ``patch_files`` runs in one worker thread while the store holds the
-replica's ``replica.lock`` (``ReplicaStore.patch_finalized``), ``recover_redo`` in the start-up
-scan before the map exists. Readers of the replica that are already open are kept off the
-files by its ``PatchGate`` during steps 2-3 and see ``patch_seq`` change (``storage/
+Concurrency contract: ``check_ranges`` and the redo encoding are pure. ``patch_files``,
+``flush_patches`` and the recovery block: ``patch_files`` and ``flush_patches`` run in one
+worker thread while the store holds the replica's ``replica.lock``
+(``ReplicaStore.patch_finalized``, ``ReplicaStore.flush_patches``), the recovery in the
+start-up scan before the map exists. Readers of the replica that are already open are kept
+off the files by its ``PatchGate`` during steps 2-3 and see ``patch_seq`` change (``storage/
 replica_records.py``).
 """
 
@@ -66,6 +90,12 @@ _RUN_HEAD = struct.Struct(">QI")
 _TRAILER = struct.Struct(">I")
 
 _PATCH_NAME = re.compile(r"^blk_(-?\d+)_(\d+)\.patch$")
+
+#: seconds between passes of the block server's patch flusher (``ReplicaStore.
+#: run_patch_flusher``): how long an acknowledged patch may live in its redo file and the
+#: page cache before its in-place writes are fsynced; short enough that few redo files pile
+#: up, long enough that a replica patched once per transaction costs one flush per period
+PATCH_FLUSH_PERIOD = 0.5
 
 
 def patch_name(block_id: int, new_gs: int) -> str:
@@ -239,9 +269,11 @@ def _write_redo(path: str, raw: bytes) -> None:
     fsync_dir(os.path.dirname(path))
 
 
-def apply_runs(data_path: str, meta_path: str, redo: Redo) -> None:
-    """Step 2: the runs' bytes and CRCs written in place (files grown as needed), both
-    fsynced, then checked to have the lengths of ``redo.num_bytes``. Idempotent."""
+def apply_runs(data_path: str, meta_path: str, redo: Redo, check_length: bool = True) -> None:
+    """Step 2: the runs' bytes and CRCs written in place (files grown as needed), not
+    fsynced (the redo file is the durable copy until the flush), then checked to have the
+    lengths of ``redo.num_bytes`` (``check_length``: off for all but the last redo of a
+    chain re-applied at start, whose files may already be longer). Idempotent."""
     bpc = redo.bytes_per_checksum
     data_fd = os.open(data_path, os.O_RDWR)
     try:
@@ -253,35 +285,67 @@ def apply_runs(data_path: str, meta_path: str, redo: Redo) -> None:
             for run in redo.runs:
                 _pwrite_all(data_fd, run.data, run.offset)
                 _pwrite_all(meta_fd, run.sums, meta_offset(run.offset // bpc))
-            os.fsync(data_fd)
-            os.fsync(meta_fd)
             data_size, meta_size = os.fstat(data_fd).st_size, os.fstat(meta_fd).st_size
         finally:
             os.close(meta_fd)
     finally:
         os.close(data_fd)
-    if data_size != redo.num_bytes or meta_size != meta_length(redo.num_bytes, bpc):
+    if check_length and (data_size != redo.num_bytes
+                         or meta_size != meta_length(redo.num_bytes, bpc)):
         raise OSError(_errno.EIO, f"after the patch the data file holds {data_size} bytes and "
                                   f"the meta file {meta_size}, not {redo.num_bytes} bytes and "
                                   f"their checksums")
 
 
 def _commit(old_meta: str, new_meta: str) -> None:
-    """Step 3: the meta file renamed to the new stamp's name, the folder fsynced."""
+    """Step 3: the meta file renamed to the new stamp's name (not fsynced: the redo file
+    already decides the version after a crash)."""
     os.replace(old_meta, new_meta)
-    fsync_dir(os.path.dirname(new_meta))
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def flush_patches(data_path: str, meta_path: str, redo_paths: list[str]) -> None:
+    """The deferred half of patches already acknowledged: data and meta file fsynced, their
+    folder fsynced (the meta file's new name), then the redo files unlinked, last, so a
+    crash never leaves the unlinks without the data they stood for. The unlinks are not
+    fsynced: a redo file that comes back after a crash is applied again, which is harmless.
+    Blocking; the caller holds the replica's lock."""
+    _fsync_path(data_path)
+    _fsync_path(meta_path)
+    fsync_dir(os.path.dirname(meta_path))
+    for path in redo_paths:
+        unlink_quietly(path)
+
+
+def reapply_and_flush(data_path: str, meta_path: str, redo_paths: list[str]) -> None:
+    """A flush that failed, once more: the redo files (in order) written in place again,
+    then flushed. Blocking; the caller holds the replica's lock."""
+    redos = []
+    for path in redo_paths:
+        with open(path, "rb") as fh:
+            redos.append(decode_redo(fh.read()))
+    for i, redo in enumerate(redos):
+        apply_runs(data_path, meta_path, redo, check_length=i == len(redos) - 1)
+    flush_patches(data_path, meta_path, redo_paths)
 
 
 # --------------------------------------------------------------------------- the live patch
 
 
 class Step(str, enum.Enum):
-    """The steps of a patch, in order (``patch_files``'s ``stop_after``, for tests)."""
+    """The steps of a patch's synchronous part, in order (``patch_files``'s ``stop_after``,
+    for tests)."""
 
     REDO = "redo"
     APPLY = "apply"
     COMMIT = "commit"
-    CLEANUP = "cleanup"
 
 
 class PatchBroken(Exception):
@@ -326,16 +390,15 @@ class PatchJob:
 
 
 def patch_files(job: PatchJob, replica, stop_after: Step | None = None) -> None:
-    """Steps 1-4 for ``job`` (blocking: one worker thread, under ``replica.lock``).
+    """Steps 1-3 for ``job`` (blocking: one worker thread, under ``replica.lock``); the
+    redo file stays, the caller adds it to the replica's pending ones for the flush.
     ``replica`` is the map's ``Replica``: its ``patch_seq`` goes odd before step 2 and even
     after step 3, its ``PatchGate`` is held for steps 2-3. ``stop_after`` stops after that
     step, leaving the files as a crash there would (tests only).
 
     Failures: in step 1 (or before), nothing changed (the redo file is removed); in steps
     2-3 the patch is rolled forward from the redo in memory once more, and if that fails
-    too ``PatchBroken`` (the caller drops the replica); a failure to unlink the redo file in
-    step 4 is only logged (the start-up scan deletes it: the meta file is at the new stamp).
-    """
+    too ``PatchBroken`` (the caller drops the replica)."""
     with open(job.data_path, "rb", buffering=0) as data, \
             open(job.meta_path, "rb", buffering=0) as meta:
         runs = plan_runs(data.fileno(), meta.fileno(), job.ranges, job.bytes_per_checksum,
@@ -366,8 +429,6 @@ def patch_files(job: PatchJob, replica, stop_after: Step | None = None) -> None:
                 if not os.path.exists(job.new_meta):
                     apply_runs(job.data_path, job.meta_path, redo)
                     _commit(job.meta_path, job.new_meta)
-                else:   # renamed, only the folder's fsync failed: once more
-                    fsync_dir(job.folder)
             except (OSError, ValueError) as again:
                 raise PatchBroken(f"patch of {job.name} to stamp {job.new_gs} failed and "
                                   f"could not be rolled forward: {first}; then {again}",
@@ -375,25 +436,18 @@ def patch_files(job: PatchJob, replica, stop_after: Step | None = None) -> None:
     finally:
         replica.patch_seq += 1   # a reader of the old version sees it changed in any case
         gate.end_write()
-    if stop_after is Step.COMMIT:
-        return
-    try:
-        os.unlink(job.redo_path)
-    except OSError as exc:
-        log.warning("patch of %s: could not remove its redo file %s (%s); the start-up scan "
-                    "removes it", job.name, job.redo_path, exc)
 
 
 # --------------------------------------------------------------------------- start-up
 
 
 class Recovery(str, enum.Enum):
-    """What ``recover_redo`` did with a redo file."""
+    """What the start-up recovery did with a redo file."""
 
-    TORN = "torn"                   # deleted: the replica stays at its old stamp
-    ROLLED_FORWARD = "rolled_forward"
-    DONE = "done"                   # deleted: the meta file was at the new stamp already
-    OBSOLETE = "obsolete"           # deleted: no replica at either stamp in its folder
+    TORN = "torn"                   # deleted: its patch was never acknowledged
+    ROLLED_FORWARD = "rolled_forward"   # applied again; the replica is at its chain's end
+    DONE = "done"                   # deleted: the replica's stamp is past every redo of it
+    OBSOLETE = "obsolete"           # deleted: no replica it links to in its folder
     BROKEN = "broken"               # roll forward failed: replica files quarantined
 
 
@@ -405,52 +459,111 @@ def find_redo_files(root: str) -> list[str]:
     return out
 
 
-def recover_redo(path: str, quarantine) -> Recovery:
-    """Resolve one redo file found at start (see the module docstring); ``quarantine(paths,
-    why)`` moves a replica's files aside when a roll forward fails. Blocking; runs before
-    the replica map exists."""
-    folder = os.path.dirname(path)
+def recover_all(root: str, quarantine) -> list[tuple[str, Recovery]]:
+    """Resolve every redo file under ``root`` (``finalized/``), one block at a time
+    (``recover_block``). Blocking; runs before the replica map exists."""
+    groups: dict[tuple[str, int], list[str]] = {}
+    for path in find_redo_files(root):
+        m = _PATCH_NAME.match(os.path.basename(path))
+        groups.setdefault((os.path.dirname(path), int(m.group(1))), []).append(path)
+    out: list[tuple[str, Recovery]] = []
+    for (folder, block_id), paths in sorted(groups.items()):
+        out += recover_block(folder, block_id, paths, quarantine)
+    return out
+
+
+def _read_redo(path: str) -> Redo:
     m = _PATCH_NAME.match(os.path.basename(path))
-    try:
-        with open(path, "rb") as fh:
-            redo = decode_redo(fh.read())
-        if m is None or int(m.group(1)) != redo.block_id or int(m.group(2)) != redo.new_gs:
-            raise ValueError("redo file content does not match its name")
-    except (OSError, ValueError) as exc:
-        log.warning("redo file %s is torn or unreadable (%s): removed, the replica keeps its "
-                    "old version", path, exc)
-        unlink_quietly(path)
-        return Recovery.TORN
-    data_path = os.path.join(folder, data_name(redo.block_id))
-    old_meta = os.path.join(folder, meta_name(redo.block_id, redo.old_gs))
-    new_meta = os.path.join(folder, meta_name(redo.block_id, redo.new_gs))
+    with open(path, "rb") as fh:
+        redo = decode_redo(fh.read())
+    if m is None or int(m.group(1)) != redo.block_id or int(m.group(2)) != redo.new_gs:
+        raise ValueError("redo file content does not match its name")
+    return redo
+
+
+def recover_block(folder: str, block_id: int, paths: list[str],
+                  quarantine) -> list[tuple[str, Recovery]]:
+    """Resolve the redo files ``paths`` of ``blk_<block_id>`` in ``folder`` (see the module
+    docstring); ``quarantine(paths, why)`` moves a replica's files aside when a roll forward
+    fails or its files may hold a mix of versions. Blocking; runs before the map exists."""
+    out: list[tuple[str, Recovery]] = []
+    valid: list[tuple[Redo, str]] = []
+    for path in paths:
+        try:
+            valid.append((_read_redo(path), path))
+        except (OSError, ValueError) as exc:
+            # only a patch being written at the crash, never acknowledged (its in-place
+            # writes start after the redo file is durable)
+            log.warning("redo file %s is torn or unreadable (%s): removed, its patch never "
+                        "happened", path, exc)
+            unlink_quietly(path)
+            out.append((path, Recovery.TORN))
+    if not valid:
+        return out
+    valid.sort(key=lambda item: item[0].new_gs)
+
+    def drop(items, outcome: Recovery, why: str) -> None:
+        for redo, path in items:
+            log.warning("redo file %s (stamp %d -> %d): %s; removed", path, redo.old_gs,
+                        redo.new_gs, why)
+            unlink_quietly(path)
+            out.append((path, outcome))
+
+    data_path = os.path.join(folder, data_name(block_id))
     stamps = []
-    prefix = f"blk_{redo.block_id}_"
+    prefix = f"blk_{block_id}_"
     for name in os.listdir(folder):
         if name.startswith(prefix) and name.endswith(".meta"):
             try:
                 stamps.append(int(name[len(prefix):-len(".meta")]))
             except ValueError:
                 pass
-    if stamps and max(stamps) >= redo.new_gs:
-        log.info("redo file %s: the replica is at stamp %d already; removed", path, max(stamps))
-        unlink_quietly(path)
-        return Recovery.DONE
-    if not os.path.exists(old_meta) or not os.path.exists(data_path) \
-            or max(stamps) != redo.old_gs:
-        log.warning("redo file %s: no replica blk_%d_%d in %s; removed", path, redo.block_id,
-                    redo.old_gs, folder)
-        unlink_quietly(path)
-        return Recovery.OBSOLETE
+    if not stamps or not os.path.exists(data_path):
+        drop(valid, Recovery.OBSOLETE, f"no replica of blk_{block_id} in {folder}")
+        return out
+    current = max(stamps)
+    # the chain of patches ending at the newest redo: each one's old stamp is the new stamp
+    # of the one before; redo files below a break are left from patches flushed long ago
+    chain = [valid[-1]]
+    for item in reversed(valid[:-1]):
+        if item[0].new_gs == chain[0][0].old_gs:
+            chain.insert(0, item)
+    unlinked = [item for item in valid if all(item is not c for c in chain)]
+    chain_stamps = [chain[0][0].old_gs] + [redo.new_gs for redo, _ in chain]
+    if current not in chain_stamps:
+        if current > chain_stamps[-1]:
+            drop(valid, Recovery.DONE, f"the replica is at stamp {current} already")
+            return out
+        # newer patches than the replica's stamp that do not link to it: its files may hold
+        # their in-place writes under the old name (a redo file lost to disk corruption)
+        meta_path = os.path.join(folder, meta_name(block_id, current))
+        quarantine([data_path, meta_path] + [path for _, path in valid],
+                   f"redo files of blk_{block_id} up to stamp {chain_stamps[-1]} do not "
+                   f"link to its stamp {current}: its files may mix versions")
+        out += [(path, Recovery.BROKEN) for _, path in valid]
+        return out
+    drop(unlinked, Recovery.OBSOLETE, f"it does not link to the chain of patches of "
+                                      f"blk_{block_id} at stamp {current}")
+    # every redo of the chain applied, also those at or below the meta file's stamp: its
+    # rename may have reached the disk without the in-place writes that preceded it
+    last = chain[-1][0]
+    old_meta = os.path.join(folder, meta_name(block_id, current))
+    new_meta = os.path.join(folder, meta_name(block_id, last.new_gs))
+    redo_paths = [path for _, path in chain]
     try:
-        apply_runs(data_path, old_meta, redo)
-        _commit(old_meta, new_meta)
+        for i, (redo, _path) in enumerate(chain):
+            apply_runs(data_path, old_meta, redo, check_length=i == len(chain) - 1)
+        if old_meta != new_meta:
+            os.replace(old_meta, new_meta)
+        flush_patches(data_path, new_meta, redo_paths)
     except (OSError, ValueError) as exc:
-        quarantine([data_path, old_meta, new_meta, path],
-                   f"patch of blk_{redo.block_id}_{redo.old_gs} to stamp {redo.new_gs} could "
-                   f"not be rolled forward: {exc}")
-        return Recovery.BROKEN
-    unlink_quietly(path)
-    log.info("patch of blk_%d_%d to stamp %d rolled forward from its redo file",
-             redo.block_id, redo.old_gs, redo.new_gs)
-    return Recovery.ROLLED_FORWARD
+        quarantine([data_path, old_meta, new_meta] + redo_paths,
+                   f"patches of blk_{block_id} from stamp {chain_stamps[0]} to {last.new_gs} "
+                   f"could not be rolled forward: {exc}")
+        out += [(path, Recovery.BROKEN) for path in redo_paths]
+        return out
+    out += [(path, Recovery.ROLLED_FORWARD) for path in redo_paths]
+    log.info("patches of blk_%d from stamp %d to %d rolled forward from %d redo file(s) "
+             "(its meta file was at stamp %d)", block_id, chain_stamps[0], last.new_gs,
+             len(chain), current)
+    return out

@@ -79,6 +79,9 @@ class Replica:
     #: what a patch's in-place writes and the reads of this replica's files exclude each
     #: other with (worker threads); made on first use (``gate``), most replicas never need one
     patch_gate: "PatchGate | None" = None
+    #: redo files of acknowledged patches whose in-place writes are not fsynced yet, oldest
+    #: first (the store's patch flusher, or a structural change, flushes and unlinks them)
+    pending_redos: list = field(default_factory=list)
 
     @property
     def name(self) -> str:

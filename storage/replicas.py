@@ -20,10 +20,14 @@ exactly one writer (the pipeline that created it), which alone calls ``write_pac
 ``finalize``; a one-shot block (``create_finalized``) is RBW without a writer only while its
 one worker-thread step runs, under its lock. A patch (``patch_finalized``) holds the lock for
 its whole worker-thread hop (``storage/patching.py``); readers opened before it are kept
-off the files and fail their next read (``ReplicaChanged``). fsync happens only for SYNC packets and at finalize. A ``ReplicaWriter``'s file
-descriptors are guarded by its own thread lock: ``close`` (INVALIDATE, delete, release) waits
-for a write or fsync in flight in another worker thread, and a write that starts after the
-close fails (``ReplicaNotFound``) instead of touching a descriptor number the kernel may have
+off the files and fail their next read (``ReplicaChanged``). An acknowledged patch leaves a
+redo file pending (its in-place writes not fsynced): the patch flusher (``run_patch_flusher``)
+flushes it under the lock, and so does every structural change first (append reopen, block
+recovery); a delete or drop removes pending redo files after the replica's own files. fsync
+happens only for SYNC packets, at finalize (``sync_on_close``) and for patches. A
+``ReplicaWriter``'s file descriptors are guarded by its own thread lock: ``close``
+(INVALIDATE, delete, release) waits for a write or fsync in flight in another worker thread,
+and a write that starts after the close fails (``ReplicaNotFound``) instead of touching a descriptor number the kernel may have
 handed to another file meanwhile. ``used_bytes`` is a running counter (no walk per heartbeat),
 kept by every operation that adds, grows or removes a replica in the map. Files of a replica
 being deleted or dropped stay on disk for a moment after it left the map: ``_removing`` and
@@ -46,7 +50,8 @@ from .layout import (META_HEADER, check_bytes_per_checksum, check_packet_range, 
                      decode_meta_header, encode_meta_header, ensure_layout, finalized_consistent,
                      finalized_subdir, fsync_dir, group_block_files, lost_reason, meta_length,
                      meta_name, quarantine_files, truncate_replica_files, unlink_quietly)
-from .patching import PatchBroken, PatchJob, check_ranges, patch_files
+from .patching import (PATCH_FLUSH_PERIOD, PatchBroken, PatchJob, check_ranges,
+                       flush_patches, patch_files, reapply_and_flush)
 from .replica_records import Replica, ReplicaReader, ReplicaWriter, WriterClosed, reopen_writer
 from .replica_states import TRANSITIONS, ReplicaEvent, ReplicaState, next_state
 from .startup_scan import ScanResult, scan_data_dir
@@ -83,6 +88,11 @@ class ReplicaStore:
         # removal from the map: the directory scan must not adopt files on their way out
         self._removing: set[int] = set()
         self._removals = 0
+        #: replicas with pending redo files (acknowledged patches not flushed yet)
+        self._pending: set[Replica] = set()
+        #: told the ids of replicas dropped because a patch flush failed (the block server
+        #: reports them deleted); None: nobody to tell (tests)
+        self.on_dropped = None
 
     # -- lifecycle
     async def run_io(self, fn, *args):
@@ -449,6 +459,8 @@ class ReplicaStore:
                     or replica.writer is not None:
                 raise ReplicaNotFound(f"append: replica {replica.name} changed while being "
                                       f"reopened")
+            # patches durable in place before the files move and their redo files go
+            await self._flush_locked(replica)
             writer, last_sum = await self.run_io(reopen)
             replica.data_path, replica.meta_path = new_data, new_meta
             replica.gs = new_gs
@@ -562,6 +574,8 @@ class ReplicaStore:
         async with replica.lock:                   # never in the middle of a finalize
             if replica.removed:
                 raise ReplicaNotFound(f"block recovery: replica {replica.name} was deleted")
+            # patches durable in place before recovery cuts and renames the files
+            await self._flush_locked(replica)
             if replica.state is not ReplicaState.RUR:
                 replica.original_state = replica.state
             replica.state = new_state              # a writer's next write/finalize fails
@@ -616,6 +630,7 @@ class ReplicaStore:
                     or replica.recovery_id != recovery_id:
                 raise StaleGenerationStamp(f"block recovery: replica {replica.name} left "
                                            f"recovery {recovery_id} meanwhile")
+            await self._flush_locked(replica)   # none: flushed at init (kept for safety)
             await self.run_io(cut_and_finalize)
             replica.data_path, replica.meta_path = new_data, new_meta
             replica.gs = recovery_id
@@ -634,9 +649,10 @@ class ReplicaStore:
         """Write ``ranges`` (``(offset, data)``: sorted, not overlapping, none empty, none
         starting past the replica's length, none ending past ``max_length``, the block size)
         into the FINALIZED replica ``blk_<id>_<gs>`` and make it ``blk_<id>_<new_gs>``,
-        crash-atomically (``storage/patching.py``: redo file, in-place apply, meta renamed
-        to the new stamp). A replica already FINALIZED at ``new_gs`` is returned unchanged
-        (the retry of a patch whose answer was lost: only one writer ever gets a given new
+        crash-atomically and durably on return (``storage/patching.py``: redo file fsynced,
+        in-place apply and meta renamed to the new stamp without fsync, the redo file left
+        pending for the patch flusher). A replica already FINALIZED at ``new_gs`` is returned
+        unchanged (the retry of a patch whose answer was lost: only one writer ever gets a given new
         stamp). ``ReplicaNotFound`` without a finalized replica, ``StaleGenerationStamp``
         when it has neither stamp, ``InvalidArgument`` for bad ranges, ``ChecksumError``
         when a chunk it would keep part of is corrupt: in all these nothing changed. An
@@ -677,6 +693,8 @@ class ReplicaStore:
             self._set_num_bytes(replica, new_length)
             replica.visible_length = new_length
             replica.visible_last_sum = None
+            replica.pending_redos.append(job.redo_path)
+            self._pending.add(replica)
         log.info("patched blk_%d: %d ranges, %d bytes, generation stamp %d -> %d", block_id,
                  len(ranges), new_length, gs, new_gs)
         return replica
@@ -705,10 +723,83 @@ class ReplicaStore:
         self._removing.add(replica.block_id)
         try:
             await self.run_io(quarantine_files, self.data_dir,
-                              [job.data_path, job.meta_path, job.new_meta, job.redo_path],
-                              str(exc))
+                              [job.data_path, job.meta_path, job.new_meta,
+                               *self._take_pending(replica), job.redo_path], str(exc))
         finally:
             self._removing.discard(replica.block_id)
+
+    # -- the deferred half of patches (storage/patching.py)
+    def _take_pending(self, replica: Replica) -> list[str]:
+        """The replica's pending redo files, now no longer pending (its files are going)."""
+        redos, replica.pending_redos = replica.pending_redos, []
+        self._pending.discard(replica)
+        return redos
+
+    def pending_patches(self) -> int:
+        """Redo files of acknowledged patches not flushed yet."""
+        return sum(len(r.pending_redos) for r in self._pending)
+
+    async def _flush_locked(self, replica: Replica) -> None:
+        """Make the replica's pending patches durable in place and unlink their redo files
+        (``flush_patches``); the caller holds ``replica.lock``. A flush that fails is done
+        once more from the redo files; if that fails too the replica is dropped (files and
+        redo files to ``corrupt/``, ``on_dropped`` told) and ``ReplicaNotFound`` raised."""
+        if not replica.pending_redos or replica.removed:
+            return
+        redos = list(replica.pending_redos)
+        try:
+            try:
+                await self.run_io(flush_patches, replica.data_path, replica.meta_path, redos)
+            except OSError as first:
+                log.error("flushing the patches of %s failed (%s); applying them again",
+                          replica.name, first)
+                try:
+                    await self.run_io(reapply_and_flush, replica.data_path, replica.meta_path,
+                                      redos)
+                except (OSError, ValueError) as again:
+                    raise PatchBroken(f"patches of {replica.name} could not be made durable: "
+                                      f"{first}; then {again}", first) from again
+        except PatchBroken as exc:
+            log.error("%s", exc)
+            next_state(replica.state, ReplicaEvent.MISSING)
+            self._untrack(replica)
+            replica.removed = True
+            self._removing.add(replica.block_id)
+            try:
+                await self.run_io(quarantine_files, self.data_dir,
+                                  [replica.data_path, replica.meta_path,
+                                   *self._take_pending(replica)], str(exc))
+            finally:
+                self._removing.discard(replica.block_id)
+            if self.on_dropped is not None:
+                self.on_dropped([replica.block_id])
+            raise ReplicaNotFound(f"replica {replica.name} was dropped: {exc}") from exc
+        del replica.pending_redos[:len(redos)]   # none added meanwhile: the lock is ours
+        if not replica.pending_redos:
+            self._pending.discard(replica)
+
+    async def flush_pending(self) -> int:
+        """One pass of the patch flusher: every replica with pending redo files flushed,
+        one at a time under its lock. Returns how many replicas it flushed."""
+        flushed = 0
+        for replica in list(self._pending):
+            async with replica.lock:
+                if replica.removed or not replica.pending_redos:
+                    self._pending.discard(replica)
+                    continue
+                try:
+                    await self._flush_locked(replica)
+                except ReplicaNotFound:
+                    continue   # dropped and reported
+                flushed += 1
+        return flushed
+
+    async def run_patch_flusher(self, period: float = PATCH_FLUSH_PERIOD) -> None:
+        """Flush acknowledged patches every ``period`` seconds, forever (the block server's
+        nursery runs it)."""
+        while True:
+            await trio.sleep(period)
+            await self.flush_pending()
 
     # -- reading
     async def open_reader(self, block_id: int, gs: int) -> ReplicaReader:
@@ -751,16 +842,17 @@ class ReplicaStore:
         replica.removed = True
         writer, replica.writer = replica.writer, None
 
-        def remove() -> None:
+        def remove(redos: list[str]) -> None:
             if writer is not None:
                 writer.close()
-            for path in (replica.data_path, replica.meta_path):
+            # redo files last: a crash that keeps the replica's files keeps them too
+            for path in (replica.data_path, replica.meta_path, *redos):
                 unlink_quietly(path)
 
         self._removing.add(replica.block_id)
         try:
             async with replica.lock:
-                await self.run_io(remove)
+                await self.run_io(remove, self._take_pending(replica))
         finally:
             self._removing.discard(replica.block_id)
 
@@ -807,7 +899,8 @@ class ReplicaStore:
             replica.removed = True
             self._removing.add(block_id)
             try:
-                await self.run_io(quarantine_files, self.data_dir, paths,
+                await self.run_io(quarantine_files, self.data_dir,
+                                  paths + self._take_pending(replica),
                                   f"replica {replica.name} lost: {reason}")
             finally:
                 self._removing.discard(block_id)

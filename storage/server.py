@@ -4,9 +4,10 @@ and (security = secure) a local socket where it vouches for its host's users
 (``storage.vouch``).
 
 Why it exists: it wires the replica store, the data-transfer server, the heartbeat service,
-the block scanner (``storage.scanner``) and the directory scanner (``storage.dirscan``)
-together and reports the bound address before registration, so a test (or the cluster
-launcher) can start block servers before the metadata server is up.
+the block scanner (``storage.scanner``), the directory scanner (``storage.dirscan``) and
+the patch flusher (``ReplicaStore.run_patch_flusher``) together and reports the bound
+address before registration, so a test (or the cluster launcher) can start block servers
+before the metadata server is up.
 
 Concurrency contract: ``BlockServer.run`` is one trio task tree; the store is opened (scanned)
 before the port is bound, the address is reported through ``task_status.started`` as soon as
@@ -65,6 +66,7 @@ class BlockServer:
                                           xceiver_count=lambda: self.transfer.active_ops,
                                           key=key)
         self.transfer.reporter = self.heartbeat
+        self.store.on_dropped = self.heartbeat.blocks_deleted   # a patch flush that failed
         self.transfer.node_key = key
         self.heartbeat.on_block_keys = self.transfer.set_block_keys
         self.scanner = BlockScanner(config, self.store, self.heartbeat.report_bad_replicas,
@@ -128,6 +130,8 @@ class BlockServer:
                 task_status.started(self.bound)
                 nursery.start_soon(self.scanner.run)
                 nursery.start_soon(self.dirscan.run)
+                # acknowledged patches made durable in place (storage/patching.py)
+                nursery.start_soon(self.store.run_patch_flusher)
                 await self.heartbeat.run(self.advertised)
         finally:
             self.store.close()

@@ -1,7 +1,7 @@
 """The start-up scan of a block server's data folder: rebuild the replica list from the files,
 repairing what a crash can leave behind (temporaries removed, RBW replicas cut back to the
-length their checksums cover, a finalize cut between its two renames completed, a patch's
-redo file rolled forward or removed, broken finalized replicas moved to ``corrupt/``, meta
+length their checksums cover, a finalize cut between its two renames completed, patches'
+redo files rolled forward or removed, broken finalized replicas moved to ``corrupt/``, meta
 files of older generation stamps removed).
 
 Why it exists: the replica map is only a cache of the folder (``ReplicaStore.open`` turns
@@ -25,7 +25,7 @@ from fs.datatransfer import CHECKSUM_SIZE, crc32c
 from .layout import (META_HEADER, data_name, decode_meta_header, finalized_consistent,
                      finalized_subdir, group_block_files, meta_length, meta_offset,
                      quarantine_files, unlink_quietly)
-from .patching import find_redo_files, recover_redo
+from .patching import recover_all
 from .replica_states import ReplicaState
 
 log = logging.getLogger(__name__)
@@ -166,8 +166,7 @@ def scan_data_dir(data_dir: str) -> ScanResult:
                                          meta_path, after)
 
     # --- patches cut by the crash, before finalized/ is read: each replica at one version
-    for path in find_redo_files(fin):
-        result.patches.append((path, recover_redo(path, quarantine).value))
+    result.patches += [(path, outcome.value) for path, outcome in recover_all(fin, quarantine)]
 
     # --- finalized/
     for dirpath, _dirnames, _files in os.walk(fin):

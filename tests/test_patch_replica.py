@@ -3,7 +3,10 @@ real files: ranges in the middle, at chunk edges, growing a partial last block; 
 refusals (nothing changed), a corrupt chunk the patch would keep part of; the redo file at
 every crash point followed by a restart of the store; failures while rewriting (rolled
 forward, or the replica dropped); readers and the block scanner across a patch; the
-directory scan and the start-up scan leaving redo files alone or resolving them."""
+directory scan and the start-up scan leaving redo files alone or resolving them; the deferred
+flush (two fsyncs on the acknowledged path, the rest by the flusher), several pending redo
+files rolled forward in order at a restart that lost the in-place writes, a torn last one,
+and every structural change flushing or removing pending redo files first."""
 
 from __future__ import annotations
 
@@ -155,6 +158,14 @@ async def test_patch_rewrites_touched_chunks_whole_under_the_new_stamp(tmp_path,
     assert replica.num_bytes == len(expected) == replica.visible_length
     assert os.path.basename(replica.meta_path) == meta_name(5, NEW)
     assert not os.path.exists(old_meta)
+    # acknowledged with its redo file pending; the flusher's pass makes it durable and
+    # removes it
+    redo = os.path.join(os.path.dirname(replica.data_path), patching.patch_name(5, NEW))
+    assert replica.pending_redos == [redo] and os.path.exists(redo)
+    assert store.pending_patches() == 1
+    files_consistent(replica, expected)
+    assert await store.flush_pending() == 1
+    assert replica.pending_redos == [] and store.pending_patches() == 0
     assert not any(name.endswith(".patch") for name in folder_files(replica))
     files_consistent(replica, expected)
     assert await read_whole(store, 5, NEW) == expected
@@ -335,10 +346,12 @@ async def test_a_whole_redo_with_the_old_meta_is_rolled_forward(tmp_path, stop_a
     store.close()
 
 
-async def test_a_redo_left_after_the_commit_is_just_removed(tmp_path):
+async def test_a_redo_left_after_the_rename_is_applied_again(tmp_path):
+    # the rename is not fsynced before the flush: it may reach the disk without the
+    # in-place writes before it, so the redo file is applied even under the new name
     store, _old, new = await crashed_store(tmp_path, Step.COMMIT)
     replica = store.get(2)
-    assert store.last_scan.patches[0][1] == Recovery.DONE.value
+    assert store.last_scan.patches[0][1] == Recovery.ROLLED_FORWARD.value
     assert replica.gs == NEW and await read_whole(store, 2, NEW) == new
     assert folder_files(replica) == sorted(["blk_2", meta_name(2, NEW)])
     store.close()
@@ -495,4 +508,249 @@ async def test_the_scanner_does_not_report_a_replica_patched_while_it_scans(tmp_
         fh.seek(5)
         fh.write(b"\x00\x01")
     assert await scan.scan_all() == 1 and reported
+    store.close()
+
+
+# --------------------------------------------------------------------------- deferred flush
+
+
+def fsync_counter(monkeypatch) -> list[str]:
+    """Every fsync from now on, as the path of what was fsynced (worker threads too)."""
+    real, seen = os.fsync, []
+
+    def counting(fd):
+        seen.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    return seen
+
+
+def redo_files(replica) -> list[str]:
+    return [n for n in folder_files(replica) if n.endswith(".patch")]
+
+
+STEPS = [
+    [(10, payload(700, 11))],
+    [(3 * BPC - 5, payload(BPC + 900, 12))],                 # grows it
+    [(0, payload(3, 13)), (600, payload(1500, 14))],
+    [(5 * BPC - 1, payload(2 * BPC + 1, 15))],               # grows it again
+    [(BPC, payload(BPC, 16)), (7 * BPC - 3, payload(9, 17))],
+]
+
+
+async def patched_five_times(store):
+    """blk_2 made at stamp OLD and patched five times (OLD+1 .. OLD+5) without a flush; its
+    versions (index 0 is the original)."""
+    old = payload(3 * BPC + 200, 0)
+    await finalized(store, 2, OLD, old)
+    return await patched_five_times_on(store, old)
+
+
+async def patched_five_times_on(store, old: bytes):
+    """The finalized blk_2 at stamp OLD holding ``old`` patched five times, no flush."""
+    replica = store.get(2)
+    versions = [old]
+    for i, ranges in enumerate(STEPS):
+        await store.patch_finalized(2, OLD + i, OLD + i + 1, ranges, BLOCK)
+        versions.append(model_after(versions[-1], ranges))
+    assert replica.gs == OLD + 5 and len(replica.pending_redos) == 5
+    assert len(redo_files(replica)) == 5
+    return replica, versions
+
+
+async def test_the_acknowledged_path_fsyncs_the_redo_file_and_its_folder_only(tmp_path,
+                                                                            monkeypatch):
+    store = await open_store(tmp_path)
+    old = payload(4 * BPC, 0)
+    replica = await finalized(store, 2, OLD, old)
+    folder = os.path.dirname(replica.data_path)
+    redo = os.path.join(folder, patching.patch_name(2, NEW))
+    seen = fsync_counter(monkeypatch)
+    await store.patch_finalized(2, OLD, NEW, [(100, payload(BPC * 2, 1))], BLOCK)
+    assert seen == [redo, folder]
+    # the flusher's pass does the rest: data, meta, folder; then the redo file goes
+    seen.clear()
+    assert await store.flush_pending() == 1
+    assert seen == [replica.data_path, replica.meta_path, folder]
+    assert redo_files(replica) == [] and replica.pending_redos == []
+    seen.clear()
+    assert await store.flush_pending() == 0 and seen == []   # nothing pending: no fsync
+    files_consistent(replica, model_after(old, [(100, payload(BPC * 2, 1))]))
+    store.close()
+
+
+async def test_the_patch_flusher_task_flushes_within_its_period(tmp_path):
+    store = await open_store(tmp_path)
+    replica = await finalized(store, 2, OLD, payload(2 * BPC, 0))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run_patch_flusher, 0.05)
+        await store.patch_finalized(2, OLD, NEW, [(5, b"abc")], BLOCK)
+        assert len(redo_files(replica)) == 1
+        with trio.fail_after(5):
+            while store.pending_patches():
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert redo_files(replica) == []
+    store.close()
+
+
+@pytest.mark.parametrize("lost", [None, "writes", "writes_and_renames", "writes_half_renamed"])
+async def test_a_restart_rolls_every_pending_patch_forward_in_order(tmp_path, lost):
+    """Five patches acknowledged, none flushed, then a crash: the restart applies the five
+    redo files in order. ``lost``: what the crash lost besides the page cache's flush: the
+    in-place writes (data and meta files back at their content before the first patch),
+    those and the renames too (meta back at the first name), or the renames up to the
+    third patch."""
+    store = await open_store(tmp_path)
+    old = payload(3 * BPC + 200, 0)
+    replica = await finalized(store, 2, OLD, old)
+    with open(replica.data_path, "rb") as d, open(replica.meta_path, "rb") as m:
+        before_data, before_meta = d.read(), m.read()
+    replica, versions = await patched_five_times_on(store, old)
+    assert len(redo_files(replica)) == 5
+    folder = os.path.dirname(replica.data_path)
+    store.close()   # a crash: no flush
+    if lost is not None:
+        meta_gs = {"writes": OLD + 5, "writes_and_renames": OLD,
+                   "writes_half_renamed": OLD + 3}[lost]
+        os.unlink(replica.meta_path)
+        with open(replica.data_path, "wb") as d:
+            d.write(before_data)
+        with open(os.path.join(folder, meta_name(2, meta_gs)), "wb") as m:
+            m.write(before_meta)
+    store = await open_store(tmp_path)
+    replica = store.get(2)
+    assert [o for _p, o in store.last_scan.patches] == [Recovery.ROLLED_FORWARD.value] * 5
+    assert replica.gs == OLD + 5 and replica.num_bytes == len(versions[-1])
+    assert folder_files(replica) == sorted(["blk_2", meta_name(2, OLD + 5)])
+    files_consistent(replica, versions[-1])
+    assert await read_whole(store, 2, OLD + 5) == versions[-1]
+    store.close()
+
+
+async def test_a_torn_last_redo_ends_at_the_last_whole_version(tmp_path):
+    store = await open_store(tmp_path)
+    old = payload(3 * BPC + 200, 0)
+    replica = await finalized(store, 2, OLD, old)
+    with open(replica.data_path, "rb") as d, open(replica.meta_path, "rb") as m:
+        before_data, before_meta = d.read(), m.read()
+    versions = [old]
+    for i, ranges in enumerate(STEPS[:3]):
+        await store.patch_finalized(2, OLD + i, OLD + i + 1, ranges, BLOCK)
+        versions.append(model_after(versions[-1], ranges))
+    # the fourth patch's redo file is being written when the crash hits
+    job = PatchJob(2, OLD + 3, OLD + 4, BPC, replica.data_path, replica.meta_path,
+                   replica.num_bytes, check_ranges(replica.name, STEPS[3], replica.num_bytes,
+                                                   BLOCK), STEPS[3])
+    patch_files(job, replica, stop_after=Step.REDO)
+    with open(job.redo_path, "r+b") as fh:
+        fh.truncate(os.path.getsize(job.redo_path) // 2)
+    store.close()
+    # and the in-place writes of the three acknowledged ones never reached the disk
+    os.unlink(replica.meta_path)
+    with open(replica.data_path, "wb") as d:
+        d.write(before_data)
+    with open(os.path.join(os.path.dirname(replica.data_path), meta_name(2, OLD + 3)),
+              "wb") as m:
+        m.write(before_meta)
+    store = await open_store(tmp_path)
+    replica = store.get(2)
+    outcomes = dict(store.last_scan.patches)
+    assert outcomes.pop(job.redo_path) == Recovery.TORN.value
+    assert sorted(outcomes.values()) == [Recovery.ROLLED_FORWARD.value] * 3
+    assert replica.gs == OLD + 3 and redo_files(replica) == []
+    files_consistent(replica, versions[3])
+    store.close()
+
+
+async def test_a_delete_with_pending_redos_removes_them_too(tmp_path):
+    store = await open_store(tmp_path)
+    replica, _versions = await patched_five_times(store)
+    folder = os.path.dirname(replica.data_path)
+    assert await store.invalidate(2, OLD + 5)
+    assert not [n for n in os.listdir(folder) if n.startswith("blk_2")]
+    assert store.pending_patches() == 0 and await store.flush_pending() == 0
+    store.close()
+
+
+async def test_an_append_reopen_flushes_pending_redos_first(tmp_path, monkeypatch):
+    store = await open_store(tmp_path)
+    replica, versions = await patched_five_times(store)
+    folder = os.path.dirname(replica.data_path)
+    seen = fsync_counter(monkeypatch)
+    await store.reopen_for_append(2, OLD + 10, len(versions[-1]))
+    assert seen[:3] == [os.path.join(folder, "blk_2"),
+                        os.path.join(folder, meta_name(2, OLD + 5)), folder]
+    assert not [n for n in os.listdir(folder) if n.startswith("blk_2")]
+    assert replica.state is ReplicaState.RBW and store.pending_patches() == 0
+    files_consistent(replica, versions[-1])
+    await store.release_writer(replica)
+    store.close()
+    store = await open_store(tmp_path)   # no redo file comes back to roll anything forward
+    assert store.last_scan.patches == [] and store.get(2).gs == OLD + 10
+    files_consistent(store.get(2), versions[-1])
+    store.close()
+
+
+async def test_block_recovery_flushes_pending_redos_at_init(tmp_path):
+    store = await open_store(tmp_path)
+    replica, versions = await patched_five_times(store)
+    await store.init_replica_recovery(2, OLD + 5, OLD + 20)
+    assert redo_files(replica) == [] and store.pending_patches() == 0
+    await store.update_replica_under_recovery(2, OLD + 20, len(versions[-1]) - 7)
+    assert replica.gs == OLD + 20
+    files_consistent(replica, versions[-1][:-7])
+    store.close()
+
+
+async def test_a_lost_replica_takes_its_pending_redos_to_corrupt(tmp_path):
+    store = await open_store(tmp_path)
+    replica, _versions = await patched_five_times(store)
+    folder = os.path.dirname(replica.data_path)
+    os.truncate(replica.data_path, 100)   # cut behind the map's back
+    assert await store.drop_if_lost(2, OLD + 5) is not None
+    assert not [n for n in os.listdir(folder) if n.startswith("blk_2")]
+    corrupt = os.listdir(tmp_path / "corrupt")
+    assert len([n for n in corrupt if n.endswith(".patch")]) == 5
+    assert store.pending_patches() == 0
+    store.close()
+
+
+async def test_redo_files_back_from_before_a_later_change_are_removed(tmp_path):
+    """A flush's unlinks are not fsynced: after a crash a redo file may come back although
+    the replica moved on since (here: block recovery stamped it anew and cut it)."""
+    store = await open_store(tmp_path)
+    old = payload(3 * BPC, 0)
+    replica = await finalized(store, 2, OLD, old)
+    await store.patch_finalized(2, OLD, NEW, [(5, b"abc")], BLOCK)
+    redo = replica.pending_redos[0]
+    with open(redo, "rb") as fh:
+        raw = fh.read()
+    await store.init_replica_recovery(2, NEW, OLD + 50)
+    await store.update_replica_under_recovery(2, OLD + 50, 100)
+    store.close()
+    with open(redo, "wb") as fh:
+        fh.write(raw)
+    store = await open_store(tmp_path)
+    assert store.last_scan.patches == [(redo, Recovery.DONE.value)]
+    assert store.get(2).gs == OLD + 50 and not os.path.exists(redo)
+    files_consistent(store.get(2), model_after(old, [(5, b"abc")])[:100])
+    store.close()
+
+
+async def test_redo_files_that_do_not_link_to_the_replica_quarantine_it(tmp_path):
+    """A redo file of the chain lost (only disk corruption does that) and the meta file at
+    the first stamp: the newer patches' in-place writes may be in the files under the old
+    name, so the replica is not served."""
+    store = await open_store(tmp_path)
+    replica, _versions = await patched_five_times(store)
+    folder = os.path.dirname(replica.data_path)
+    store.close()
+    os.unlink(os.path.join(folder, patching.patch_name(2, OLD + 2)))
+    os.replace(replica.meta_path, os.path.join(folder, meta_name(2, OLD)))
+    store = await open_store(tmp_path)
+    assert store.get(2) is None
+    assert sorted(o for _p, o in store.last_scan.patches) == [Recovery.BROKEN.value] * 4
+    assert not [n for n in os.listdir(folder) if n.startswith("blk_2")]
     store.close()
