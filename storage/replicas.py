@@ -695,8 +695,8 @@ class ReplicaStore:
             replica.visible_last_sum = None
             replica.pending_redos.append(job.redo_path)
             self._pending.add(replica)
-        log.info("patched blk_%d: %d ranges, %d bytes, generation stamp %d -> %d", block_id,
-                 len(ranges), new_length, gs, new_gs)
+        log.debug("patched blk_%d: %d ranges, %d bytes, generation stamp %d -> %d", block_id,
+                  len(ranges), new_length, gs, new_gs)
         return replica
 
     def _patchable(self, block_id: int, gs: int, new_gs: int) -> Replica:

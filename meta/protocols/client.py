@@ -889,9 +889,9 @@ class ClientProtocol:
                                            f"stamp {stored['gs']}, not {gs}")
             plan = self.ns.planner.plan_patch_begin(ino, stored)
             await self.edits.log_plan(plan)
-            log.info("patch_block %s: block %d stamp %d, patch stamp %d%s", current, block_id,
-                     gs, plan.gs, f" (supersedes {info.patch_gs})"
-                     if info.patch_gs and info.patch_gs != plan.gs else "")
+            log.debug("patch_block %s: block %d stamp %d, patch stamp %d%s", current, block_id,
+                      gs, plan.gs, f" (supersedes {info.patch_gs})"
+                      if info.patch_gs and info.patch_gs != plan.gs else "")
             answer = {"block": {"id": block_id, "gs": plan.gs,
                                 "num_bytes": stored["num_bytes"]},
                       "locations": [loc for loc in map(self.locator.location,
@@ -947,8 +947,8 @@ class ClientProtocol:
                 current, ino, inode, stored, gs, num_bytes, node_ids,
                 last=info.index == (inode.nblocks or 0) - 1, now_ns=wall)
             await self.edits.log_plan(plan)
-            log.info("%s: block %d stamp %d -> %d, length %d, replicas %s", where, block_id,
-                     stored["gs"], gs, num_bytes, node_ids)
+            log.debug("%s: block %d stamp %d -> %d, length %d, replicas %s", where, block_id,
+                      stored["gs"], gs, num_bytes, node_ids)
             return True
 
     async def rpc_list_open_files(self, ctx, path="/"):
