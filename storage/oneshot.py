@@ -41,12 +41,12 @@ from fs import blocktoken
 from fs.datatransfer import (ACK_HEADER, CHECKSUM_SIZE, ERROR, ERROR_CHECKSUM, FLAG_LAST,
                              MAX_PACKET_DATA, PACKET_HEADER, SUCCESS, WRITE_BLOCK_ONESHOT,
                              encode_ack, num_chunks, verify_checksums)
-from fs import tls as tlsmod
-from fs.dataconn import failure_cause, open_data_connection
+from fs.dataconn import failure_cause
 from fs.errors import ChecksumError, LeaseFSError, ProtocolError, ServerBusy
 from fs.framing import FramedStream, encode_frame
 
-from .opheader import HEADER_MAX_FRAME, block_ref, bytes_per_checksum, write_targets
+from .chain import forward
+from .opheader import block_ref, bytes_per_checksum, write_targets
 from .replica_states import ReplicaState
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ async def write_oneshot(server, conn, header: dict, *, corruption) -> None:
         downstream = None
         try:
             if targets:
-                downstream = await _forward(config, header, targets, raw + sums + data, name)
+                downstream = await forward(config, OP, header, targets, raw + sums + data, name)
             own = await _write_locally(server, block_id, gs, bpc, data, sums, name)
             down = []
             if targets:
@@ -142,28 +142,6 @@ async def _write_locally(server, block_id: int, gs: int, bpc: int, data, sums: b
     server.reporter.block_received(block_id, gs, replica.num_bytes,
                                    ReplicaState.FINALIZED.value)
     return SUCCESS
-
-
-async def _forward(config, header: dict, targets: list[str], packet: bytes,
-                   name: str) -> FramedStream | None:
-    """Header (with ``targets[1:]``) and packet to ``targets[0]`` in one send; None when it
-    cannot be reached (acked ERROR at its index)."""
-    try:
-        downstream = await open_data_connection(targets[0], config.data_connect_timeout,
-                                                HEADER_MAX_FRAME, tlsmod.client(config))
-    except LeaseFSError as exc:   # unreachable, or TLS refused
-        log.warning("%s %s: downstream: %s", OP, name, exc)
-        return None
-    try:
-        with trio.fail_after(config.data_timeout):
-            await downstream.send_all(encode_frame({**header, "targets": targets[1:]}) + packet)
-    except (LeaseFSError, trio.TooSlowError) as exc:
-        log.warning("%s %s: forwarding to the downstream %s failed: %s", OP, name, targets[0],
-                    failure_cause(exc, config.data_timeout))
-        with trio.CancelScope(shield=True):
-            await downstream.aclose()
-        return None
-    return downstream
 
 
 async def _downstream_statuses(config, downstream: FramedStream | None, targets: list[str],

@@ -40,13 +40,13 @@ import logging
 import trio
 
 from fs import blocktoken
-from fs import tls as tlsmod
 from fs.datatransfer import ERROR, ERROR_CHECKSUM, MAX_PACKET_DATA, PATCH_BLOCK, SUCCESS, crc32c
-from fs.dataconn import failure_cause, open_data_connection
+from fs.dataconn import failure_cause
 from fs.errors import LeaseFSError, ProtocolError, ServerBusy
-from fs.framing import FramedStream, encode_frame
+from fs.framing import FramedStream
 
-from .opheader import HEADER_MAX_FRAME, block_ref, field, write_targets
+from .chain import forward
+from .opheader import block_ref, field, write_targets
 from .replica_states import ReplicaState
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ async def serve_patch(server, conn, header: dict) -> None:
         downstream = None
         try:
             if targets:
-                downstream = await _forward(config, header, targets, payload, name)
+                downstream = await forward(config, OP, header, targets, payload, name)
             own, message = await _patch_locally(server, block_id, gs, new_gs, max_length,
                                                 pieces, name)
             down, down_message = [], ""
@@ -175,29 +175,6 @@ async def _patch_locally(server, block_id: int, gs: int, new_gs: int, max_length
     server.reporter.block_received(block_id, new_gs, replica.num_bytes,
                                    ReplicaState.FINALIZED.value)
     return SUCCESS, ""
-
-
-async def _forward(config, header: dict, targets: list[str], payload: bytes,
-                   name: str) -> FramedStream | None:
-    """Header (with ``targets[1:]``) and payload to ``targets[0]`` in one send; None when it
-    cannot be reached (ERROR at its index)."""
-    try:
-        downstream = await open_data_connection(targets[0], config.data_connect_timeout,
-                                                HEADER_MAX_FRAME, tlsmod.client(config))
-    except LeaseFSError as exc:   # unreachable, or TLS refused
-        log.warning("%s %s: downstream: %s", OP, name, exc)
-        return None
-    try:
-        with trio.fail_after(config.data_timeout):
-            await downstream.send_all(encode_frame({**header, "targets": targets[1:]})
-                                      + payload)
-    except (LeaseFSError, trio.TooSlowError) as exc:
-        log.warning("%s %s: forwarding to the downstream %s failed: %s", OP, name, targets[0],
-                    failure_cause(exc, config.data_timeout))
-        with trio.CancelScope(shield=True):
-            await downstream.aclose()
-        return None
-    return downstream
 
 
 async def _downstream_statuses(config, downstream: FramedStream | None, targets: list[str],

@@ -716,15 +716,19 @@ class ReplicaStore:
     async def _drop_broken(self, replica: Replica, job: PatchJob, exc: PatchBroken) -> None:
         """A patch left the files of ``replica`` in an unknown state: out of the map, files
         to ``corrupt/`` (never serve bytes that may not match their checksums)."""
+        await self._quarantine(replica, [job.data_path, job.meta_path, job.new_meta,
+                                         *self._take_pending(replica), job.redo_path], exc)
+
+    async def _quarantine(self, replica: Replica, files: list[str], exc: Exception) -> None:
+        """``replica`` out of the map (through the state table), its ``files`` to
+        ``corrupt/``, logged with the cause ``exc``."""
         log.error("%s", exc)
         next_state(replica.state, ReplicaEvent.MISSING)
         self._untrack(replica)
         replica.removed = True
         self._removing.add(replica.block_id)
         try:
-            await self.run_io(quarantine_files, self.data_dir,
-                              [job.data_path, job.meta_path, job.new_meta,
-                               *self._take_pending(replica), job.redo_path], str(exc))
+            await self.run_io(quarantine_files, self.data_dir, files, str(exc))
         finally:
             self._removing.discard(replica.block_id)
 
@@ -760,17 +764,8 @@ class ReplicaStore:
                     raise PatchBroken(f"patches of {replica.name} could not be made durable: "
                                       f"{first}; then {again}", first) from again
         except PatchBroken as exc:
-            log.error("%s", exc)
-            next_state(replica.state, ReplicaEvent.MISSING)
-            self._untrack(replica)
-            replica.removed = True
-            self._removing.add(replica.block_id)
-            try:
-                await self.run_io(quarantine_files, self.data_dir,
-                                  [replica.data_path, replica.meta_path,
-                                   *self._take_pending(replica)], str(exc))
-            finally:
-                self._removing.discard(replica.block_id)
+            await self._quarantine(replica, [replica.data_path, replica.meta_path,
+                                             *self._take_pending(replica)], exc)
             if self.on_dropped is not None:
                 self.on_dropped([replica.block_id])
             raise ReplicaNotFound(f"replica {replica.name} was dropped: {exc}") from exc
