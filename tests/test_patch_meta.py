@@ -201,8 +201,11 @@ def test_patch_calls_their_checks_and_a_restart(tmp_path):
         assert g1 > blocks[0]["block"]["gs"] and first["block_size"] == BLOCK
         assert first["block"]["num_bytes"] == BLOCK
         assert sorted(n["node_id"] for n in first["locations"]) == sorted(node_ids(blocks[0]))
-        # readers still see the committed stamp
+        # readers still see the committed stamp; fsck shows the patch under way beside it
         assert located(cluster, "/f")["blocks"][0]["block"]["gs"] == blocks[0]["block"]["gs"]
+        checked = raw(cluster, "fsck", path="/f", openforwrite=True)["files"][0]["blocks"]
+        assert (checked[0]["gs"], checked[0].get("patch_gs")) == (blocks[0]["block"]["gs"], g1)
+        assert "patch_gs" not in checked[1]
 
         # --- patch_block refusals: none hands out a stamp
         with pytest.raises(LeaseExpired, match="No lease on /f"):

@@ -109,6 +109,19 @@ async def test_every_page_and_endpoint(tmp_path):
             assert block["gs"] > 0 and len(block["locations"]) == 2
             status, body, _ = await get(base + "/explorer?path=/data/big.bin")
             assert f"blk_{block['id']}".encode() in body and b"Download" in body
+            # a patch under way shows beside the block's stamp (its new version's stamp)
+            patched = await c.open_for_patch("/data/big.bin")
+            pending = await c.call_meta("patch_block", {
+                "path": "/data/big.bin", "client_name": c.client_name, "ino": patched.ino,
+                "block": {"id": block["id"], "gs": block["gs"]}})
+            details = json.loads((await get(base + "/api/v1/explorer?path=/data/big.bin"))[1])
+            assert details["blocks"][0]["patch_gs"] == pending["block"]["gs"]
+            status, body, _ = await get(base + "/explorer?path=/data/big.bin")
+            assert f"patch to {pending['block']['gs']} under way".encode() in body
+            await patched.close()   # the patch reached no replica: dropped at the close
+            details = json.loads((await get(base + "/api/v1/explorer?path=/data/big.bin"))[1])
+            assert details["blocks"][0]["patch_gs"] is None
+            assert details["blocks"][0]["gs"] == block["gs"]
             status, body, headers = await get(base + "/download?path=/data/big.bin")
             assert status == 200 and body == data
             assert "big.bin" in headers["content-disposition"]

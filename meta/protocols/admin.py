@@ -242,6 +242,8 @@ class AdminProtocol:
         out = {"id": block["id"], "gs": info.gs if info else block["gs"],
                "num_bytes": block["num_bytes"],
                "state": info.state if info else block["state"]}
+        if info is not None and info.patch_gs:
+            out["patch_gs"] = info.patch_gs   # a patch's new version, not committed yet
         if info is None:
             out.update(status="MISSING", live=0, expected=0, corrupt_replicas=[])
             return out

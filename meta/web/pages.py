@@ -170,12 +170,19 @@ async def explorer(server, ctx, path: str) -> dict:
         out["inline"] = located.get("inline") is not None
         out["under_construction"] = located["under_construction"]
         out["blocks"] = [{"id": lb["block"]["id"], "gs": lb["block"]["gs"],
+                          "patch_gs": _patch_gs(server, lb["block"]["id"]),
                           "num_bytes": lb["block"]["num_bytes"], "offset": lb["offset"],
                           "state": lb["state"], "corrupt": lb["corrupt"],
                           "locations": [{"node_id": loc["node_id"], "address": loc["address"]}
                                         for loc in lb["locations"]]}
                          for lb in located["blocks"]]
     return out
+
+
+def _patch_gs(server, block_id: int) -> int | None:
+    """The stamp of a patch of the block under way (its new version's), or None."""
+    info = server.blocks.get(block_id)
+    return info.patch_gs if info is not None and info.patch_gs else None
 
 
 def _entry(status: dict) -> dict:
