@@ -98,7 +98,7 @@ def test_json_results_and_ratios(tmp_path):
     assert doc["benchmark"] == "fuse" and doc["baseline"] == str(a)
     assert doc["params"] == {"size": 4 << 20, "io_size": 1 << 20, "files": 30,
                              "file_size": 4096, "tree_files": 60, "calls": 20,
-                             "phases": list(B.PHASES)}
+                             "phases": list(B.DEFAULT_PHASES)}
     assert doc["tree"]["files"] == 60 and 60 << 10 <= doc["tree"]["bytes"] <= 60 * (64 << 10)
     base, other = doc["paths"]
     assert [base["path"], other["path"]] == [str(a), str(b)]
@@ -106,7 +106,7 @@ def test_json_results_and_ratios(tmp_path):
     for entry in (base, other):
         assert entry["error"] is None
         r = entry["results"]
-        assert set(r) == set(B.PHASES)
+        assert set(r) == set(B.DEFAULT_PHASES)
         for phase in ("seq-write", "seq-read"):
             assert r[phase]["bytes"] == 4 << 20 and r[phase]["mbps"] > 0
         for phase in B.OP_PHASES:
@@ -228,3 +228,17 @@ def test_ratios_divide_by_the_baseline():
     r = B.ratios(mine, base)
     assert r["seq-write"] == {"mbps": 0.25, "seconds": 4.0}
     assert r["stat"] == {"ops_per_s": 0.25, "p50_ms": 4.0, "p99_ms": None}
+
+
+def test_patch_phase_writes_inside_files_and_checks_them(tmp_path, monkeypatch):
+    """``--phase patch``: random page writes and a 1 MiB write in the middle of a big
+    file, each fsynced, read back; smaller files here than the bench's."""
+    monkeypatch.setattr(B, "PATCH_FILE", 1 << 20)
+    monkeypatch.setattr(B, "PATCH_BIG", 8 << 20)
+    monkeypatch.setattr(B, "PATCH_OPS", 20)
+    result = B.patch_writes(str(tmp_path))
+    assert result["ops"] == 20
+    assert 0 < result["pwrite4k_fsync_p50_ms"] <= result["pwrite4k_fsync_p99_ms"]
+    assert result["mid1m_fsync_ms"] > 0
+    assert os.listdir(tmp_path) == []
+    assert "patch" in B.PHASES and "patch" not in B.DEFAULT_PHASES
