@@ -297,12 +297,15 @@ class Writer:
         and append, both under the lease rules — a file another client is writing is
         refused (EBUSY), never replaced under its writer. A file held for patches whose
         staged content differs only by the ranges written sends those as patches instead
-        (``_send_patches``). Unless ``finish``, a file sent whole is closed and held for
-        patches again (``open_for_patch``)."""
+        (``_send_patches``). Unless ``finish``, the new stream is hsynced and kept as the
+        lease keeper; one that replaced a file held for patches (a shrink) is closed and the
+        file held for patches again (``open_for_patch``), unless it is small enough to be
+        kept inline."""
         if self._patches_fit(of):
             await self._send_patches(of, finish=finish)
             return
         path = self._view.path(of.ino)
+        was_patched = of.patcher is not None
         keeper, of.keeper = of.keeper, None
         if keeper is not None:
             try:
@@ -327,11 +330,16 @@ class Writer:
                     break
                 await stream.write(chunk)
                 offset += len(chunk)
-            if not finish:
+            if finish:
+                await stream.close()
+            else:
                 await stream.hsync()   # an fsync(2): on the block servers' disks
-            # closed either way; unless ``finish`` held for patches again below, so the
-            # next upload sends only what changed
-            await stream.close()
+                if was_patched and of.size > stream.inline_max:
+                    # closed and held for patches again below: the next upload sends
+                    # only what changed
+                    await stream.close()
+                else:   # kept open: a file kept inline takes no patches, and its lease
+                    of.keeper = stream   # must stay (another writer gets EBUSY)
         except BaseException as exc:
             await self._abandon(stream, path, exc, "upload")
             raise
@@ -339,7 +347,7 @@ class Writer:
         of.dirty_ranges.clear()
         of.patchable = True
         of.generation += 1
-        if not finish:
+        if not finish and of.keeper is None:
             await self._hold_for_patches(of, path)
 
     async def _abandon(self, stream, path: str, exc: BaseException, what: str) -> None:

@@ -139,6 +139,20 @@ def every_op() -> Driver:
     more = ns.ids.allocate_inos(8)
     d.log(DirLeaseRefill(ino=ns.view.resolve("/a/b")[1], holder="m3", epoch=48,
                          first_ino=more, inos=8))
+    # a file opened for patches (no block reopened): one patch committed, one dropped
+    p = d.log(ns.planner.plan_create("/a/p", holder="w5", block_size=4096,
+                                     now_ns=d.tick())).args["ino"]
+    d.log(ns.planner.plan_add_block(p, [], ns.ids.allocate_block_id(), ns.ids.next_genstamp(),
+                                    None, ["n1", "n2"], d.tick()))
+    d.log(ns.planner.plan_close(p, ns.view.blocks_of(p)[-1], 1000, d.tick()))
+    d.log(ns.planner.plan_append(p, ns.view.get_inode(p), holder="w5", new_gs=None,
+                                 now_ns=d.tick()))
+    begin = d.log(ns.planner.plan_patch_begin(p, ns.view.blocks_of(p)[0]))
+    d.log(ns.planner.plan_patch_block("/a/p", p, ns.view.get_inode(p), ns.view.blocks_of(p)[0],
+                                      begin.args["gs"], 2000, ["n1"], last=True,
+                                      now_ns=d.tick()))
+    again = d.log(ns.planner.plan_patch_begin(p, ns.view.blocks_of(p)[0]))
+    d.log(ns.planner.plan_patch_drop(p, ns.view.blocks_of(p)[0], again.args["gs"]))
     assert check_namespace(ns.kv) == []
     return d
 
@@ -255,9 +269,9 @@ def test_every_op_updates_the_servers_memory_from_its_typed_effect(tmp_path, cap
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert seen_blocks and seen_tokens == 2   # after the issue and the renewal
     # one after the first grant, one after the second, two from the third on (its record,
-    # the create under its reserved ids, the three lock holders, the refill and the three
-    # added above)
-    assert seen_dir_leases == 1 + 1 + 2 * 9
+    # the create under its reserved ids, the three lock holders, the refill, the three
+    # added above and the eight of the file patched)
+    assert seen_dir_leases == 1 + 1 + 2 * 17
 
 
 def test_optional_keys_stay_absent_and_unknown_keys_are_kept():
