@@ -258,6 +258,7 @@ def test_patches_through_real_block_servers_and_a_kill_9_leaves_one_version(tmp_
                 with trio.fail_after(60):
                     while len(acknowledged) < 2:
                         await trio.sleep(0.01)
+                # fixed-sleep: the kill lands at a random point of the next patches
                 await trio.sleep(rng.random() * 0.05)
                 await trio.to_thread.run_sync(cluster.kill_storage, victim)
                 stop.set()
