@@ -185,6 +185,7 @@ class Files:
         if of is None:
             of = self._open_files.open_file(inode, status.length, status.mode & 0o7777, status)
         keep_cache = False
+        self._writer.check_cache(of, status)
         if reading:
             keep_cache = self._view.unchanged_since_read(inode, status, of.clean)
             if of.clean:

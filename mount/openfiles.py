@@ -164,6 +164,7 @@ class OpenFile:
         self.cache = None
         self.cache_version: tuple | None = None
         self.cache_generation = -1
+        self.cache_status: tuple | None = None   # (length, mtime_ns) of the version kept
         self.closed_version: tuple | None = None   # set by the patcher's close, taken at once
         self.staging = None         # STAGING: the local copy (``mount.staging.StagingFile``)
         self.dirty = False

@@ -464,6 +464,18 @@ class Writer:
         if cache is not None:
             await cache.remove()
 
+    def check_cache(self, of: OpenFile, status: FileStatus) -> None:
+        """An open found ``status``: a kept copy of another version (another client wrote
+        the file since) is no longer read (close-to-open, as for the kernel's pages)."""
+        if of.cache is None:
+            return
+        seen = of.cache_status
+        same = seen is not None and (status.length, status.mtime_ns) == seen
+        if same and status.locations is not None:
+            same = block_versions(status.locations.get("blocks") or []) == of.cache_version
+        if not same:
+            of.cache_generation = -1
+
     def cached(self, of: OpenFile):
         """The kept copy reads may take (nothing told the mount the file changed since
         it was kept), or None."""
@@ -485,6 +497,7 @@ class Writer:
             return False
         of.cache, of.staging = of.staging, None
         of.cache_version = version
+        of.cache_status = (status.length, status.mtime_ns)
         of.status = status
         of.move(FileEvent.DISCARD)
         of.cache_generation = of.generation

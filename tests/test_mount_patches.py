@@ -156,3 +156,28 @@ def test_growth_past_the_last_block_adds_blocks_after_the_patches(cluster, one, 
     finally:
         os.close(fd)
     assert read_from(two, "grow") == bytes(model)
+
+
+def test_a_kept_copy_is_not_read_after_another_mount_changed_the_file(cluster, one, two):
+    """The staging copy a patched file keeps after its writer's close serves reads on this
+    mount; an open after another mount changed the file reads the new content
+    (close-to-open), not the kept copy."""
+    name = "kept"
+    first = random.Random(6).randbytes(300 * KiB)
+    (one.mp / name).write_bytes(first)
+    reader = os.open(one.mp / name, os.O_RDONLY)     # keeps the open file alive here
+    try:
+        fd = os.open(one.mp / name, os.O_RDWR)
+        os.pwrite(fd, b"one", 1000)                  # a patch: staged, then kept
+        os.close(fd)                                  # the last writer: completed
+        mine = bytearray(first)
+        mine[1000:1003] = b"one"
+        assert read_from(one, name) == bytes(mine)
+        assert read_from(two, name) == bytes(mine)
+        fd = os.open(two.mp / name, os.O_RDWR)       # the other mount patches it
+        os.pwrite(fd, b"two", 2000)
+        os.close(fd)
+        mine[2000:2003] = b"two"
+        assert read_from(one, name) == bytes(mine)   # a new open here: the new content
+    finally:
+        os.close(reader)
