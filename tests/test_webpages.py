@@ -118,6 +118,11 @@ async def test_every_page_and_endpoint(tmp_path):
             assert details["blocks"][0]["patch_gs"] == pending["block"]["gs"]
             status, body, _ = await get(base + "/explorer?path=/data/big.bin")
             assert f"patch to {pending['block']['gs']} under way".encode() in body
+            await writer.hflush()   # the other open file's block is listed without a patch
+            status, body, _ = await get(base + "/fsck?path=/data")
+            assert status == 200, body[:300]
+            assert f"_{block['gs']} (patch to {pending['block']['gs']} under way)".encode() \
+                in body
             await patched.close()   # the patch reached no replica: dropped at the close
             details = json.loads((await get(base + "/api/v1/explorer?path=/data/big.bin"))[1])
             assert details["blocks"][0]["patch_gs"] is None
