@@ -21,7 +21,7 @@ The steps of one block's patch:
    dropped by lease recovery) and the patch fails.
 
 A patch may grow the file's partial last block up to the block size (never past it:
-bytes beyond go through ``grow``, an ordinary stream that adds blocks).
+bytes beyond go through ``extend``, an ordinary stream that adds blocks).
 
 Concurrency contract: one task at a time per file (the caller serializes, as the mount
 does under its open file's lock); methods await the metadata server and block servers.
@@ -39,6 +39,7 @@ from .datatransfer import ERROR_CHECKSUM, SUCCESS
 from .errors import InvalidArgument, LeaseFSError, PipelineError
 from .patching import send_patch
 from .pipeline import transfer_finalized
+from .writer import complete_file
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,6 @@ class PatchableFile:
         self.length = int(status.get("length") or 0)
         self._closed = False
         self._error: LeaseFSError | None = None
-        self.patched = 0   # blocks patched over the file's time open
 
     @property
     def version(self) -> tuple:
@@ -123,7 +123,7 @@ class PatchableFile:
     @property
     def capacity(self) -> int:
         """The end of the room patches may write into: the last block's end once grown to
-        the block size (0 for an empty file: its first block comes from ``grow``)."""
+        the block size (0 for an empty file: its first block comes from ``extend``)."""
         return len(self.blocks) * self.block_size
 
     async def patch(self, ranges) -> list[PatchedBlock]:
@@ -194,15 +194,13 @@ class PatchableFile:
                                                    "num_bytes": num_bytes},
                               "locations": [n for n in locations if n["node_id"] in nodes]}
         self.length = max(self.length, index * self.block_size + num_bytes)
-        self.patched += 1
         return PatchedBlock(block["id"], new["gs"], num_bytes, nodes, failed)
 
     async def extend(self, chunks) -> "PatchableFile":
         """Append ``chunks`` (an async iterable of bytes, in order) past ``capacity``: the
-        last block is full
-        (or the file is empty), so an ordinary stream adds the blocks after it. The stream's
-        close completes the file; it is then taken again for patches, and the object
-        returned holds the lease (this one is done)."""
+        last block is full (or the file is empty), so an ordinary stream adds the blocks
+        after it. The stream's close completes the file; it is then taken again for
+        patches, and the object returned holds the lease (this one is done)."""
         self._check()
         if self.length != self.capacity:
             raise InvalidArgument(f"{self.path}: extend past a last block of "
@@ -295,16 +293,10 @@ class PatchableFile:
                          if last else None)}
         if mtime_ns is not None:
             args["mtime_ns"] = mtime_ns
-        done = await self._client.call_meta("complete", args)
-        if not done:
-            # its blocks were complete before: only a replica count below the minimum
-            # after a patch that reached fewer nodes keeps it open; retry as a writer does
-            for _ in range(self._client.config.complete_retries):
-                await trio.sleep(0.2)
-                if await self._client.call_meta("complete", args):
-                    break
-            else:
-                raise PipelineError(f"{self.path}: could not close the patched file")
+        # its blocks were complete before: only a replica count below the minimum after a
+        # patch that reached fewer nodes keeps it open, retried as a writer's close is
+        await complete_file(self._client.call_meta, self.path, args,
+                            self._client.config.complete_retries)
         self._closed = True
         self._client.output_closed(self)
 

@@ -29,10 +29,10 @@ import trio
 from .dataconn import (close_quietly, failure_cause, node_name, open_data_connection,
                        response_error)
 from .datatransfer import (ERROR_CHECKSUM, FLAG_HEARTBEAT, FLAG_LAST, PIPELINE_SETUP_APPEND,
-                           PIPELINE_SETUP_CREATE, Packet, SUCCESS, TRANSFER_BLOCK, TRANSFER_FINALIZED,
-                           TRANSFER_RBW,
-                           WRITE_BLOCK, WRITE_BLOCK_ONESHOT, ack_timeout, encode_packet_header,
-                           op_header, receive_ack, send_packet)
+                           PIPELINE_SETUP_CREATE, Packet, SUCCESS, TRANSFER_BLOCK,
+                           TRANSFER_FINALIZED, TRANSFER_RBW, WRITE_BLOCK, WRITE_BLOCK_ONESHOT,
+                           ack_timeout, encode_packet_header, op_header, receive_ack,
+                           send_packet)
 from .errors import InvalidToken, LeaseFSError, PipelineError, ProtocolError, ServerUnavailable
 from .framing import FramedStream, encode_frame
 

@@ -146,6 +146,25 @@ def stream_failure(path: str, exc: BaseException) -> LeaseFSError:
                          f"cannot continue")
 
 
+async def complete_file(call, path: str, args: dict, retries: int) -> None:
+    """``complete`` with ``args`` through ``call`` (``call_meta``'s signature) until the
+    metadata server closes the file: it answers false while the last block is not yet
+    minimally replicated, so it is asked ``retries`` more times, ``DATA_BACKOFF`` apart;
+    then ``NotReplicatedYet`` naming that block."""
+    retries = max(0, retries)
+    waited = 0.0
+    for attempt in range(retries + 1):
+        if await call("complete", args):
+            return
+        if attempt < retries:
+            waited += await DATA_BACKOFF.sleep(attempt)
+    block = args["last"]["id"] if args.get("last") else None
+    raise NotReplicatedYet(
+        f"{path}: could not close the file: the metadata server still reports "
+        f"block {block} as not minimally replicated after {retries + 1} attempts over "
+        f"{waited:.1f} s")
+
+
 class AsyncOutputStream:
     """A file being written: ``write``/``hflush``/``hsync``/``close``; ``async with`` closes.
 
@@ -1039,20 +1058,9 @@ class AsyncOutputStream:
 
     async def _complete(self) -> None:
         client = self._client
-        retries = max(0, client.config.complete_retries)
-        waited = 0.0
-        for attempt in range(retries + 1):
-            done = await self._meta("complete", {
-                "path": self.path, "client_name": client.client_name, "ino": self.ino,
-                "last": self._previous,
-                **({"data": self._inline} if self._inline is not None else {}),
-                **{k: v for k, v in self._close_attrs.items() if v is not None}})
-            if done:
-                return
-            if attempt < retries:
-                waited += await DATA_BACKOFF.sleep(attempt)
-        block = self._previous["id"] if self._previous else None
-        raise NotReplicatedYet(
-            f"{self.path}: could not close the file: the metadata server still reports "
-            f"block {block} as not minimally replicated after {retries + 1} attempts over "
-            f"{waited:.1f} s")
+        await complete_file(self._meta, self.path, {
+            "path": self.path, "client_name": client.client_name, "ino": self.ino,
+            "last": self._previous,
+            **({"data": self._inline} if self._inline is not None else {}),
+            **{k: v for k, v in self._close_attrs.items() if v is not None}},
+            client.config.complete_retries)

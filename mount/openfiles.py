@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import dataclasses
 import enum
 import errno
 import math
@@ -157,14 +158,8 @@ class OpenFile:
         self.patcher = None
         self.dirty_ranges = DirtyRanges()
         self.patchable = True
-        # CLEAN: the staging copy kept after a patched file was closed, and the version of
-        # the content it holds (``fs.patchfile.block_versions``): reads take it while
-        # ``generation`` is still ``cache_generation`` (nothing told the mount the file
-        # changed), and the next open for patches reuses it when the versions match
-        self.cache = None
-        self.cache_version: tuple | None = None
-        self.cache_generation = -1
-        self.cache_status: tuple | None = None   # (length, mtime_ns) of the version kept
+        # CLEAN: the staging copy kept after a patched file was closed (``KeptCopy``)
+        self.cache: KeptCopy | None = None
         self.closed_version: tuple | None = None   # set by the patcher's close, taken at once
         self.staging = None         # STAGING: the local copy (``mount.staging.StagingFile``)
         self.dirty = False
@@ -234,6 +229,19 @@ class OpenFile:
         return None
 
 
+@dataclasses.dataclass(frozen=True)
+class KeptCopy:
+    """The staging copy a patched file keeps after its close: the ``version`` of the
+    content it holds (``fs.patchfile.block_versions``) and that version's ``(length,
+    mtime_ns)``. Reads take it while the open file's ``generation`` is still the one it was
+    kept at (nothing told the mount the file changed; an open that finds another version
+    sets it to -1); the next open for patches reuses it when the versions match."""
+    file: object   # mount.staging.StagingFile
+    version: tuple
+    status: tuple
+    generation: int
+
+
 class DirtyRanges:
     """The byte ranges of a staged file written since its last upload: sorted, disjoint
     ``[start, end)`` spans, touching ones merged (a database's page writes come in runs)."""
@@ -263,9 +271,6 @@ class DirtyRanges:
     def clear(self) -> None:
         self._starts.clear()
         self._ends.clear()
-
-    def __bool__(self) -> bool:
-        return bool(self._starts)
 
 
 class Handle:

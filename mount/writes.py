@@ -19,6 +19,7 @@ everything else in worker threads limited by the part's one ``CapacityLimiter``.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 
@@ -34,7 +35,7 @@ from fs.errors import (FileNotFound, FileTooLarge, InvalidArgument, LeaseExpired
 from .dirleases import DirLeaseHolder
 from .errors import fuse_error
 from .kernelview import KernelView
-from .openfiles import FileEvent, FileMode, OpenFile, OpenFiles
+from .openfiles import FileEvent, FileMode, KeptCopy, OpenFile, OpenFiles
 from .staging import StagingFile
 
 log = logging.getLogger(__name__)
@@ -106,22 +107,19 @@ class Writer:
         """Take the lease for writes inside the file's content (``open_for_patch``: no
         block reopened) and stage it: uploads then send what changed as patches. False
         (nothing taken) for a file that takes none, one kept inline: the caller appends."""
-        try:
-            patcher = await self._client.open_for_patch(path)
-        except InvalidArgument:
+        await self._hold_for_patches(of, path)
+        patcher = of.patcher
+        if patcher is None:
             return False
-        of.patcher = patcher
-        of.ns_ino = patcher.ino
         try:
-            if of.cache is not None and of.cache_version == patcher.version:
+            if of.cache is not None and of.cache.version == patcher.version:
                 # the copy kept at the last close is this very version: no read back
-                of.staging, of.cache = of.cache, None
+                of.staging, of.cache = of.cache.file, None
                 of.size = patcher.length
                 of.move(FileEvent.STAGE)
                 of.dirty = False
             else:
-                await self.drop_cache(of)
-                await self.to_staging(of, path)
+                await self.to_staging(of, path)   # (it drops a copy of another version)
         except BaseException:
             of.patcher = None
             await self._give_back_patcher(patcher, path)
@@ -460,28 +458,29 @@ class Writer:
 
     async def drop_cache(self, of: OpenFile) -> None:
         """Remove the staging copy kept as a cache of ``of``'s content, if any."""
-        cache, of.cache, of.cache_version = of.cache, None, None
+        cache, of.cache = of.cache, None
         if cache is not None:
-            await cache.remove()
+            await cache.file.remove()
 
     def check_cache(self, of: OpenFile, status: FileStatus) -> None:
         """An open found ``status``: a kept copy of another version (another client wrote
         the file since) is no longer read (close-to-open, as for the kernel's pages)."""
-        if of.cache is None:
+        kept = of.cache
+        if kept is None:
             return
-        seen = of.cache_status
-        same = seen is not None and (status.length, status.mtime_ns) == seen
+        same = (status.length, status.mtime_ns) == kept.status
         if same and status.locations is not None:
-            same = block_versions(status.locations.get("blocks") or []) == of.cache_version
+            same = block_versions(status.locations.get("blocks") or []) == kept.version
         if not same:
-            of.cache_generation = -1
+            of.cache = dataclasses.replace(kept, generation=-1)
 
     def cached(self, of: OpenFile):
         """The kept copy reads may take (nothing told the mount the file changed since
         it was kept), or None."""
-        if of.cache is not None and of.cache_generation == of.generation \
+        kept = of.cache
+        if kept is not None and kept.generation == of.generation \
                 and of.mode is FileMode.CLEAN:
-            return of.cache
+            return kept.file
         return None
 
     async def _keep_as_cache(self, of: OpenFile, version: tuple, path: str) -> bool:
@@ -492,15 +491,14 @@ class Writer:
             status = await self._client.get_file_status(path, locations=True)
         except LeaseFSError:
             return False
-        blocks = (status.locations or {}).get("blocks") if status.locations else None
+        blocks = status.locations.get("blocks") if status.locations else None
         if blocks is None or block_versions(blocks) != version or status.length != of.size:
             return False
-        of.cache, of.staging = of.staging, None
-        of.cache_version = version
-        of.cache_status = (status.length, status.mtime_ns)
         of.status = status
         of.move(FileEvent.DISCARD)
-        of.cache_generation = of.generation
+        of.cache = KeptCopy(of.staging, version, (status.length, status.mtime_ns),
+                            of.generation)
+        of.staging = None
         return True
 
     async def discard_staging(self, of: OpenFile) -> None:

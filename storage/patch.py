@@ -161,16 +161,13 @@ async def _answer(conn, statuses: list[int], message: str) -> None:
 async def _patch_locally(server, block_id: int, gs: int, new_gs: int, max_length: int,
                          pieces: list, name: str) -> tuple[int, str]:
     """This node's status (and why not SUCCESS) after patching its replica."""
-    store = server.store
     try:
-        replica = await store.patch_finalized(block_id, gs, new_gs, pieces, max_length)
+        replica = await server.store.patch_finalized(block_id, gs, new_gs, pieces, max_length)
     except LeaseFSError as exc:   # the replica's state refuses it, or a corrupt old chunk
         log.warning("%s %s: refused: %s", OP, name, exc)
         return ERROR, f"{server.store.node_id}: {type(exc).__name__}: {exc}"
-    except OSError as exc:        # the disk: this server's problem
+    except OSError as exc:        # the disk (a replica dropped as broken: the store told)
         log.error("%s %s: local patch failed: %s", OP, name, exc)
-        if store.get(block_id) is None:   # dropped as broken: the metadata server must know
-            server.reporter.blocks_deleted([block_id])
         return ERROR, f"{server.store.node_id}: disk error: {exc}"
     server.reporter.block_received(block_id, new_gs, replica.num_bytes,
                                    ReplicaState.FINALIZED.value)

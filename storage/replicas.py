@@ -27,11 +27,12 @@ recovery); a delete or drop removes pending redo files after the replica's own f
 happens only for SYNC packets, at finalize (``sync_on_close``) and for patches. A
 ``ReplicaWriter``'s file descriptors are guarded by its own thread lock: ``close``
 (INVALIDATE, delete, release) waits for a write or fsync in flight in another worker thread,
-and a write that starts after the close fails (``ReplicaNotFound``) instead of touching a descriptor number the kernel may have
-handed to another file meanwhile. ``used_bytes`` is a running counter (no walk per heartbeat),
-kept by every operation that adds, grows or removes a replica in the map. Files of a replica
-being deleted or dropped stay on disk for a moment after it left the map: ``_removing`` and
-the ``_removals`` count keep the directory scan (``adopt_finalized``) from taking them back.
+and a write that starts after the close fails (``ReplicaNotFound``) instead of touching a
+descriptor number the kernel may have handed to another file meanwhile. ``used_bytes`` is a
+running counter (no walk per heartbeat), kept by every operation that adds, grows or removes a
+replica in the map. Files of a replica being deleted or dropped stay on disk for a moment after
+it left the map: ``_removing`` and the ``_removals`` count keep the directory scan
+(``adopt_finalized``) from taking them back.
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ class ReplicaStore:
         self._removals = 0
         #: replicas with pending redo files (acknowledged patches not flushed yet)
         self._pending: set[Replica] = set()
-        #: told the ids of replicas dropped because a patch flush failed (the block server
-        #: reports them deleted); None: nobody to tell (tests)
+        #: told the ids of replicas dropped because a patch or its flush failed (the block
+        #: server reports them deleted); None: nobody to tell (tests)
         self.on_dropped = None
 
     # -- lifecycle
@@ -630,7 +631,6 @@ class ReplicaStore:
                     or replica.recovery_id != recovery_id:
                 raise StaleGenerationStamp(f"block recovery: replica {replica.name} left "
                                            f"recovery {recovery_id} meanwhile")
-            await self._flush_locked(replica)   # none: flushed at init (kept for safety)
             await self.run_io(cut_and_finalize)
             replica.data_path, replica.meta_path = new_data, new_meta
             replica.gs = recovery_id
@@ -658,7 +658,7 @@ class ReplicaStore:
         when a chunk it would keep part of is corrupt: in all these nothing changed. An
         ``OSError`` before the files were touched leaves the old version; one while
         rewriting them that a roll forward cannot repair drops the replica (its files go to
-        ``corrupt/``; the caller reports it deleted) and is raised."""
+        ``corrupt/``; ``on_dropped`` told) and is raised."""
         if new_gs <= gs:
             raise InvalidArgument(f"patch of blk_{block_id}: new generation stamp {new_gs} is "
                                   f"not above {gs}")
@@ -721,7 +721,7 @@ class ReplicaStore:
 
     async def _quarantine(self, replica: Replica, files: list[str], exc: Exception) -> None:
         """``replica`` out of the map (through the state table), its ``files`` to
-        ``corrupt/``, logged with the cause ``exc``."""
+        ``corrupt/``, logged with the cause ``exc``, ``on_dropped`` told."""
         log.error("%s", exc)
         next_state(replica.state, ReplicaEvent.MISSING)
         self._untrack(replica)
@@ -731,6 +731,8 @@ class ReplicaStore:
             await self.run_io(quarantine_files, self.data_dir, files, str(exc))
         finally:
             self._removing.discard(replica.block_id)
+        if self.on_dropped is not None:
+            self.on_dropped([replica.block_id])
 
     # -- the deferred half of patches (storage/patching.py)
     def _take_pending(self, replica: Replica) -> list[str]:
@@ -766,8 +768,6 @@ class ReplicaStore:
         except PatchBroken as exc:
             await self._quarantine(replica, [replica.data_path, replica.meta_path,
                                              *self._take_pending(replica)], exc)
-            if self.on_dropped is not None:
-                self.on_dropped([replica.block_id])
             raise ReplicaNotFound(f"replica {replica.name} was dropped: {exc}") from exc
         del replica.pending_redos[:len(redos)]   # none added meanwhile: the lock is ours
         if not replica.pending_redos:

@@ -66,7 +66,7 @@ class BlockServer:
                                           xceiver_count=lambda: self.transfer.active_ops,
                                           key=key)
         self.transfer.reporter = self.heartbeat
-        self.store.on_dropped = self.heartbeat.blocks_deleted   # a patch flush that failed
+        self.store.on_dropped = self.heartbeat.blocks_deleted   # a patch that broke a replica
         self.transfer.node_key = key
         self.heartbeat.on_block_keys = self.transfer.set_block_keys
         self.scanner = BlockScanner(config, self.store, self.heartbeat.report_bad_replicas,

@@ -194,9 +194,6 @@ class NullReporter:
     async def replica_lost(self, block_id: int, gs: int, why) -> bool:
         return False
 
-    def blocks_deleted(self, block_ids) -> None:
-        pass
-
     async def reports_sent(self, timeout: float) -> bool:
         return True
 
@@ -425,7 +422,10 @@ class DataTransferServer:
         """TRANSFER_BLOCK stage TRANSFER_RBW (pipeline recovery, HDFS transferBlock): copy
         the first ``block.num_bytes`` bytes (the length every pipeline node acknowledged)
         of this node's replica to ``targets[0]`` (WRITE_BLOCK stage TRANSFER_RBW), stopping
-        the old pipeline still writing it first. Answers once the target acked the copy."""
+        the old pipeline still writing it first. Stage TRANSFER_FINALIZED (a patch writer
+        replacing a replica that missed its patch): the whole finalized replica at exactly
+        ``block.gs``, as a TRANSFER command copies it. Answers once the target acked the
+        copy."""
         op = TRANSFER_BLOCK
         block_id, gs = _block(header, op)
         # HDFS: the client's token, mode COPY; the target checks the same token again

@@ -262,7 +262,8 @@ class BlockInfo:
     def location_nodes(self) -> list[str]:
         """Where a reader (or the writer) finds this block: for a block being written the
         expected nodes whose replica is not known corrupt, then other good ones; else the
-        good replicas."""
+        good replicas, then those of a pending patch's version (a block server serves a
+        reader asking for an older stamp from a newer one)."""
         if self.state in (UNDER_CONSTRUCTION, UNDER_RECOVERY):
             nodes = [n for n in self.expected
                      if not (n in self.replicas and self.replicas[n].corrupt)]
@@ -287,6 +288,13 @@ class BlockInfo:
     @property
     def good_count(self) -> int:
         return sum(1 for r in self.replicas.values() if r.good)
+
+    @property
+    def copies(self) -> int:
+        """Replicas holding the block whole: the good ones, and those of a pending patch's
+        version (a patch that reached every replica must not make the block missing until
+        patch_done)."""
+        return self.good_count + len(self.patched_nodes())
 
     def recovery_gs(self) -> int:
         """The oldest stamp a replica may carry to take part in block recovery: the block's
@@ -334,9 +342,7 @@ class BlocksMap:
     def _status(self, info: BlockInfo) -> tuple[bool, bool, bool, bool, bool]:
         """(countable, safe, missing, under-replicated, has a corrupt replica)."""
         countable = info.state in (COMMITTED, COMPLETE)
-        # a replica holding a pending patch's version is a copy all the same: a patch that
-        # has reached every replica must not make the block missing until patch_done
-        good = info.good_count + len(info.patched_nodes())
+        good = info.copies
         corrupt = any(r.corrupt for r in info.replicas.values())
         return (countable, countable and good >= self.min_replication,
                 countable and good == 0, countable and 0 < good < info.replication, corrupt)
@@ -662,7 +668,7 @@ class BlocksMap:
                 corrupt += 1
             if info.state not in (COMMITTED, COMPLETE):
                 continue
-            good = info.good_count + len(info.patched_nodes())
+            good = info.copies
             if good == 0:
                 missing += 1
             elif good < info.replication:

@@ -821,14 +821,9 @@ class ClientProtocol:
             ino, inode, holder=client_name, client_machine=ctx.peer or "", new_gs=None,
             now_ns=wall))
         inode = self.ns.view.get_inode(ino)
-        user = self.access.token_user(ctx)
-        located, offset = [], 0
-        for block in self.ns.view.blocks_of(ino):
-            located.append(self.locator.located(block, self.blocks.get(block["id"]), offset,
-                                                user, WRITE_TOKEN))
-            offset += block["num_bytes"]
         return {"status": self.ns.view.status(canonical, ino, inode), "last_block": None,
-                "blocks": located}
+                "blocks": self.locator.writer_blocks(ino, inode, self.access.token_user(ctx),
+                                                     WRITE_TOKEN)}
 
     # ------------------------------------------------------------------ patches
     def _patch_pending(self, block_id: int) -> bool:

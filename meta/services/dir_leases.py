@@ -1034,23 +1034,25 @@ class DirLeases:
         """Returns once no directory the call's paths walk through is held by another
         client (see the module docstring)."""
         client = caller_name(ctx)
-        for path in access_paths(method, args):
-            while (ino := self._held_by_other(path, client)) is not None:
-                await self._wait_for(ino, client)
-        for path in access_paths(method, args, SUBTREE_ARGS):
-            while (ino := self._held_below(path, client)) is not None:
+        for path, held in self._reached(method, args):
+            while (ino := held(path, client)) is not None:
                 await self._wait_for(ino, client)
 
     def held_by_other(self, method: str, args: dict, client: str) -> str | None:
         """The path of a folder the call reaches that another client holds, or None (what
         an observer asks: it recalls nothing, the call goes to the active instead)."""
-        for path in access_paths(method, args):
-            if (ino := self._held_by_other(path, client)) is not None:
-                return self.view.path_of(ino) or f"inode {ino}"
-        for path in access_paths(method, args, SUBTREE_ARGS):
-            if (ino := self._held_below(path, client)) is not None:
+        for path, held in self._reached(method, args):
+            if (ino := held(path, client)) is not None:
                 return self.view.path_of(ino) or f"inode {ino}"
         return None
+
+    def _reached(self, method: str, args: dict) -> list[tuple[str, Callable]]:
+        """Each path the call names with how a folder another client holds is found
+        there: on its walk (``_held_by_other``), and for a call that reaches a whole tree
+        below it too (``_held_below``)."""
+        return ([(path, self._held_by_other) for path in access_paths(method, args)]
+                + [(path, self._held_below)
+                   for path in access_paths(method, args, SUBTREE_ARGS)])
 
     def _held_below(self, path: str, client: str) -> int | None:
         """A directory strictly below ``path`` that another client holds or is being

@@ -13,6 +13,7 @@ servers on the trio thread.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from fs.blocktoken import READ as READ_TOKEN
@@ -83,9 +84,7 @@ class Locator:
         elif state in (bm.UNDER_CONSTRUCTION, bm.UNDER_RECOVERY):
             nodes = info.location_nodes()
         else:
-            # a block being patched: its replicas of the patch's version too (a block
-            # server serves a reader asking for an older stamp from a newer one)
-            nodes = info.good_nodes() + info.patched_nodes()
+            nodes = info.location_nodes()
             if not nodes:
                 nodes = info.corrupt_nodes()
                 corrupt = bool(nodes)
@@ -98,6 +97,12 @@ class Locator:
         if token is not None:
             out["token"] = token
         return out
+
+    def writer_blocks(self, ino: int, inode: Inode, user: str, mode: str) -> list[dict]:
+        """Every block of the file ``ino`` located for its writer, each with a ``mode``
+        token for ``user``: what ``append(patch=true)`` answers."""
+        return [self.located(block, self.blocks.get(block["id"]), pos, user, mode)
+                for block, pos in self.view.blocks_in_range(ino, inode, 0, math.inf)]
 
     def file_locations(self, ino: int, inode: Inode, offset: int, end, user: str,
                        reader_host: str | None) -> dict:

@@ -256,13 +256,9 @@ async def append(server, ctx, rerun, kept, path, client_name, patch=False):
         return await rerun()
     ino, inode = found
     if patch is True:
-        user, located, offset = server.access.token_user(ctx), [], 0
-        for block in server.ns.view.blocks_of(ino):
-            located.append(server.locator.located(block, server.blocks.get(block["id"]),
-                                                  offset, user, WRITE_TOKEN))
-            offset += block["num_bytes"]
         return {"status": server.ns.view.status(canonical, ino, inode), "last_block": None,
-                "blocks": located}
+                "blocks": server.locator.writer_blocks(ino, inode, server.access.token_user(ctx),
+                                                       WRITE_TOKEN)}
     last_block = None
     tail = server.ns.view.tail_blocks(ino, inode, 1)
     if tail and tail[-1]["num_bytes"] < inode.block_size:

@@ -381,7 +381,7 @@ def patch_writes(folder: str, status=None) -> dict:
             os.fsync(fd)
             latencies.append(time.perf_counter() - t0)
             expected[offset] = page
-            if status and i % 50 == 49:
+            if i % 50 == 49:
                 status(f"  pwrite+fsync {i + 1} of {PATCH_OPS}")
     finally:
         os.close(fd)
