@@ -385,3 +385,42 @@ def test_lease_recovery_drops_a_patch_no_replica_reported(tmp_path):
             assert cl.read_file("/f") == data
         restart_meta(cluster)
         assert located(cluster, "/f")["blocks"][2]["block"]["gs"] == old
+
+
+@pytest.mark.slow
+def test_lease_recovery_waits_while_no_holder_of_a_patched_block_is_live(tmp_path):
+    """Every holder of a block being patched went down before its report of the patch
+    came, and the writer is gone: nothing says which version they hold, so lease recovery
+    neither commits nor drops the patch (the lease is not released) until one is back.
+    They come back holding the new version, and the patch commits with them; a drop would
+    have made the block's one content stale, never handed to a reader."""
+    with ProcessCluster(tmp_path, n_storage=3) as cluster:
+        data = payload(SIZE, 5)
+        opened = open_for_patch(cluster, "/f", data)
+        ino, block = opened["status"]["ino"], opened["blocks"][1]
+        old, block_id = block["block"]["gs"], block["block"]["id"]
+        gs = raw(cluster, "patch_block", path="/f", client_name=WRITER, ino=ino,
+                 block=ref(block))["block"]["gs"]
+        for i in range(3):
+            cluster.kill_storage(i)
+        assert poll_until(lambda: not live_ids(cluster), 60)
+        with pytest.raises(AlreadyBeingCreated, match="no block server"):
+            raw(cluster, "recover_lease", path="/f", client_name="rescuer")
+        assert located(cluster, "/f")["under_construction"]
+        for i in range(3):   # each had applied the patch (see the module docstring)
+            meta = next(p for p in cluster.storage_dir(i).rglob(f"blk_{block_id}_{old}.meta")
+                        if "finalized" in str(p))
+            meta.rename(meta.with_name(f"blk_{block_id}_{gs}.meta"))
+            cluster.start_storage(i)
+        cluster.wait_ready()
+
+        def recovered():
+            try:
+                return raw(cluster, "recover_lease", path="/f", client_name="rescuer")
+            except AlreadyBeingCreated:
+                return False
+        assert poll_until(recovered, 60)
+        assert located(cluster, "/f")["blocks"][1]["block"]["gs"] == gs
+        settled(cluster, "/f", 1, gs)
+        with cluster.client() as cl:
+            assert cl.read_file("/f") == data

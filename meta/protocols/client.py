@@ -467,8 +467,9 @@ class ClientProtocol:
                 self.access.check_set_mode(ctx, paths.split(current), attrs["mode"])
             if self.blocks.pending_patches(ino):
                 # a patch its writer never finished ends as lease recovery ends it: the
-                # closed file holds one version of every block
-                await self.recovery.settle_patches(current, ino)
+                # closed file holds one version of every block (not yet: asked again)
+                if not await self.recovery.settle_patches(current, ino):
+                    return False
                 inode = self.ns.view.get_inode(ino)
             blocks = self.ns.view.tail_blocks(ino, inode)
             kind, block = self.ns.planner.check_last(current, blocks, last)

@@ -130,7 +130,10 @@ class LeaseRecovery:
         file when its last blocks allow it (True), else start block recovery and reassign
         the lease to ``new_holder`` (False; the file closes when recovery commits)."""
         if self.blocks.pending_patches(ino):
-            await self.settle_patches(path, ino)
+            if not await self.settle_patches(path, ino):
+                raise AlreadyBeingCreated(
+                    f"{path}: cannot release the lease: no block server holding a block "
+                    f"with a patch under way is live to say which version it holds")
             inode = self.ns.view.get_inode(ino)
         wall = self.wall_ns()
         blocks = self.ns.view.tail_blocks(ino, inode)
@@ -158,15 +161,21 @@ class LeaseRecovery:
             log.info("lease of %s reassigned from %s to %s", path, holder, new_holder)
         return False
 
-    async def settle_patches(self, path: str, ino: int) -> int:
+    async def settle_patches(self, path: str, ino: int) -> bool:
         """End every patch pending on file ``ino`` at one version of its block (the caller
         holds the file's path locks; its writer is gone, or closes without patch_done): the
         replicas reported at the pending stamp hold the whole new version (a block server
         applies a patch atomically), so if there is one the patch commits with exactly
         those replicas and their length (PATCH_BLOCK); with none the block keeps its
         stamp and the pending one is dropped (PATCH_DROP), so a replica that reports it
-        later is stale. Returns how many patches committed."""
-        committed = 0
+        later is stale.
+
+        Dropping needs a live replica of the old version: a block whose every holder is
+        gone (declared dead before its report of the patch came) may come back holding
+        only the new version, and a drop would make the block's one content stale. Such a
+        patch is left pending, to be decided once a holder reports. Returns False when one
+        was (the caller tries again later), True when every patch was settled."""
+        settled_all = True
         inode = self.ns.view.get_inode(ino)
         for info in self.blocks.pending_patches(ino):
             stored = self.ns.view.read(keys.block_key(ino, info.index))
@@ -174,6 +183,11 @@ class LeaseRecovery:
                 continue
             block = {**stored, "index": info.index}
             nodes = info.patched_nodes()
+            if not nodes and not info.good_nodes():
+                log.info("patch of %s block %d at stamp %d not settled: no replica of the "
+                         "block is live", path, info.id, info.patch_gs)
+                settled_all = False
+                continue
             plan = None
             if nodes:
                 # one version, one length: the replicas agreeing on the most common one
@@ -197,10 +211,9 @@ class LeaseRecovery:
                 continue
             await self.edits.log_plan(plan)
             inode = self.ns.view.get_inode(ino)
-            committed += 1
             log.info("patch of %s block %d committed by recovery: stamp %d, length %d, on %s",
                      path, info.id, plan.gs, plan.num_bytes, ", ".join(plan.nodes))
-        return committed
+        return settled_all
 
     async def start_block_recovery(self, path: str, ino: int, block: dict,
                                    new_length: int | None = None) -> Recovery:
