@@ -173,3 +173,124 @@ def test_readers_beside_patches_see_one_version_of_a_block_per_read(tmp_path):
                 assert await read_all(reader, "/h") == bytes([40]) * (40 * KiB) + bytes(
                     BLOCK - 40 * KiB)
         trio.run(main)
+
+
+#: the patches of the writer killed below: patch ``k`` of a file of ``size`` bytes in blocks
+#: of ``block``, one to three ranges in every block (a patch spans them all)
+PATCHES = r'''
+import random
+
+def patch_ranges(k, size, block):
+    rng = random.Random(k)
+    ranges = []
+    for start in range(0, size, block):
+        end = min(size, start + block)
+        at = start
+        for _ in range(rng.randint(1, 3)):
+            if at >= end - 1:
+                break
+            offset = rng.randrange(at, end - 1)
+            length = rng.randint(1, min(20000, end - offset))
+            ranges.append((offset, rng.randbytes(length)))
+            at = offset + length
+    return ranges
+'''
+
+KILLED_WRITER = PATCHES + r'''
+import sys, trio
+from fs.client import AsyncClient
+
+async def main(path, size, block):
+    async with AsyncClient() as client:
+        pf = await client.open_for_patch(path)
+        k = 0
+        while True:
+            await pf.patch(patch_ranges(k, size, block))
+            print(k, flush=True)   # acknowledged: every block's patch committed
+            k += 1
+
+trio.run(main, sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+'''
+
+
+def replica_bytes(cluster: ProcessCluster, i: int, block_id: int) -> bytes | None:
+    """The data file of block ``block_id`` on block server ``i``'s disk (None: none)."""
+    found = [p for p in cluster.storage_dir(i).rglob(f"blk_{block_id}")
+             if "finalized" in str(p)]
+    return found[0].read_bytes() if len(found) == 1 else None
+
+
+@pytest.mark.allow_log_errors(r".*", reason="the writer is killed with SIGKILL mid-patch")
+def test_a_writer_killed_mid_patch_leaves_every_block_at_one_version(tmp_path):
+    """A writer process patches every block of a file again and again and is killed with
+    SIGKILL at a random moment (five rounds, one file each). After lease recovery every
+    replica of every block holds the same bytes on disk, and each block is whole at one
+    version: after the writer's last acknowledged patch, or after the one in flight."""
+    import subprocess
+    import sys
+    import time
+    namespace: dict = {}
+    exec(PATCHES, namespace)
+    patch_ranges = namespace["patch_ranges"]
+    rng = random.Random(7)
+    with ProcessCluster(tmp_path, n_storage=3) as cluster:
+        for round_ in range(5):
+            path = f"/killed{round_}"
+            base = payload(SIZE, 20 + round_)
+
+            async def create():
+                async with AsyncClient(cluster.meta_address) as client:
+                    async with await client.create(path, block_size=BLOCK) as out:
+                        await out.write(base)
+            trio.run(create)
+            writer = subprocess.Popen(
+                [sys.executable, "-c", KILLED_WRITER, path, str(SIZE), str(BLOCK)],
+                env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                # a few patches acknowledged, then a kill at a random point of the next ones
+                first = [writer.stdout.readline() for _ in range(3)]
+                assert all(line.strip() for line in first), writer.stderr.read()
+                time.sleep(rng.uniform(0.0, 0.3))   # fixed-sleep: where the kill lands
+                writer.kill()
+            finally:
+                writer.kill()
+                writer.wait(30)
+            acked = len(first) + sum(1 for line in writer.stdout.read().split("\n")
+                                     if line.strip())
+            # versions[n]: the file after the writer's first n patches
+            versions = [bytearray(base)]
+            for k in range(acked + 1):
+                model = bytearray(versions[-1])
+                for offset, data in patch_ranges(k, SIZE, BLOCK):
+                    write(model, offset, data)
+                versions.append(model)
+
+            async def recover():
+                async with AsyncClient(cluster.meta_address) as client:
+                    return await client.rpc.call("recover_lease", {
+                        "path": path, "client_name": "rescuer"})
+            assert poll_until(lambda: trio.run(recover), 60)
+
+            async def blocks_now():
+                async with AsyncClient(cluster.meta_address) as client:
+                    return await locations(client, path), await read_all(client, path)
+
+            def settled():
+                blocks, content = trio.run(blocks_now)
+                if any(len(b["locations"]) != 3 for b in blocks):
+                    return None
+                on_disk = []
+                for b in blocks:
+                    copies = {replica_bytes(cluster, i, b["block"]["id"]) for i in range(3)}
+                    if len(copies) != 1 or None in copies:
+                        return None   # a stale replica not yet replaced, a patch not flushed
+                    on_disk.append(copies.pop())
+                return blocks, content, on_disk
+            done = poll_until(settled, 90)
+            assert done, trio.run(blocks_now)[0]
+            blocks, content, on_disk = done
+            assert content == b"".join(on_disk)
+            for index, data in enumerate(on_disk):
+                span = slice(index * BLOCK, min(SIZE, (index + 1) * BLOCK))
+                assert data in (bytes(versions[acked][span]), bytes(versions[acked + 1][span])), \
+                    (round_, index, acked)
