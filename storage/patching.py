@@ -23,6 +23,17 @@ The synchronous part (one worker-thread hop under ``replica.lock``, before the a
 3. the meta file renamed from the old stamp's name to the new one's (meta names carry the
    stamp), the folder not fsynced; the redo file stays, pending.
 
+A replica whose files were named to a short-circuit reader (Hadoop's client reading them
+itself, ``ReplicaStore.finalized_files``) is not written in place: that reader opened the
+files without this server and cannot be stopped, so steps 2-3 make the new version in
+copies instead (``apply_copied``): the data file copied to ``blk_<id>.cow`` and the meta
+file to ``blk_<id>_<new gs>.meta.cow``, the runs written into the copies, the meta copy
+renamed to the new stamp's meta name, the old meta name unlinked, the data copy renamed over
+the data file. A reader that opened the files before keeps the old inodes, the old version
+whole; one that opens the data file after the swap finds no meta file at the old stamp and
+reads over data transfer (Hadoop falls back by itself). The price is a copy of the block per
+patch, paid only for replicas named since the server started.
+
 The deferred part (``flush_patches``): the store's patch flusher, every
 ``PATCH_FLUSH_PERIOD`` seconds, and the store before any structural change of a replica
 with pending redo files (append reopen, block recovery), under ``replica.lock`` in one hop:
@@ -47,7 +58,10 @@ whose stamps are all below the replica's, are left from patches flushed before a
 change and deleted. Newer redo files that do not link to the replica's stamp (only disk
 corruption can do that) mean its files may mix versions: quarantined. Redo files match
 neither replica file name pattern of ``storage/layout.py``, so no scan ever adopts or
-quarantines them as replicas.
+quarantines them as replicas; nor do the ``.cow`` copies of a patch made in copies, which
+the recovery deletes (a crash before the swap), and meta files left at an older stamp of the
+chain (a crash between the new meta name and the unlink of the old one) are deleted after
+the roll forward.
 
 Every touched chunk is rewritten whole with its new CRC: a range that starts or ends inside
 a chunk is merged with the chunk's existing bytes, which are verified against their stored
@@ -70,6 +84,7 @@ import errno as _errno
 import logging
 import os
 import re
+import shutil
 import struct
 from dataclasses import dataclass
 
@@ -297,6 +312,62 @@ def apply_runs(data_path: str, meta_path: str, redo: Redo, check_length: bool = 
                                   f"their checksums")
 
 
+#: the suffix of a copy-on-write patch's new files before they take the replica's names
+#: (``apply_copied``): never a replica file name pattern
+COPY_SUFFIX = ".cow"
+
+
+def copy_names(data_path: str, new_meta: str) -> tuple[str, str]:
+    """The copies a patch made in copies writes before the swap."""
+    return data_path + COPY_SUFFIX, new_meta + COPY_SUFFIX
+
+
+def _copy_file(src: str, dst: str) -> None:
+    shutil.copyfile(src, dst)   # in the kernel where it can (sendfile)
+
+
+def apply_copied(data_path: str, meta_path: str, new_meta: str, redo: Redo,
+                 stop_after: "Step | None" = None) -> None:
+    """Steps 2-3 for a replica named to a short-circuit reader (see the module docstring):
+    the new version in copies of the files, then swapped in: the meta copy renamed to
+    ``new_meta``, ``meta_path`` unlinked, the data copy renamed over ``data_path``. None of it
+    fsynced (the redo file decides the version after a crash, as for a patch in place).
+    ``stop_after`` (tests): ``Step.APPLY`` stops with the copies written, ``Step.NEW_META``
+    with both meta names present, ``Step.OLD_META_GONE`` before the data swap."""
+    data_copy, meta_copy = copy_names(data_path, new_meta)
+    try:
+        _copy_file(data_path, data_copy)
+        _copy_file(meta_path, meta_copy)
+        apply_runs(data_copy, meta_copy, redo)
+    except BaseException:
+        unlink_quietly(data_copy)
+        unlink_quietly(meta_copy)
+        raise
+    if stop_after is Step.APPLY:
+        return
+    os.replace(meta_copy, new_meta)
+    if stop_after is Step.NEW_META:
+        return
+    os.unlink(meta_path)
+    if stop_after is Step.OLD_META_GONE:
+        return
+    os.replace(data_copy, data_path)
+
+
+def _roll_forward(job: "PatchJob", redo: Redo) -> None:
+    """A patch whose steps 2-3 failed midway, made whole from the redo in memory: the
+    copies (if any) removed, the runs written in place into whichever meta file is there
+    (the new stamp's, if the swap got that far), and the meta file at the new name only."""
+    for path in copy_names(job.data_path, job.new_meta):
+        unlink_quietly(path)
+    if os.path.exists(job.new_meta):
+        apply_runs(job.data_path, job.new_meta, redo)
+        unlink_quietly(job.meta_path)
+    else:
+        apply_runs(job.data_path, job.meta_path, redo)
+        _commit(job.meta_path, job.new_meta)
+
+
 def _commit(old_meta: str, new_meta: str) -> None:
     """Step 3: the meta file renamed to the new stamp's name (not fsynced: the redo file
     already decides the version after a crash)."""
@@ -346,6 +417,9 @@ class Step(str, enum.Enum):
     REDO = "redo"
     APPLY = "apply"
     COMMIT = "commit"
+    # a patch made in copies only (``apply_copied``)
+    NEW_META = "new_meta"
+    OLD_META_GONE = "old_meta_gone"
 
 
 class PatchBroken(Exception):
@@ -371,6 +445,9 @@ class PatchJob:
     num_bytes: int
     new_length: int
     ranges: list
+    #: make the new version in copies (the replica's files were named to a short-circuit
+    #: reader), not in place
+    copy: bool = False
 
     @property
     def name(self) -> str:
@@ -418,17 +495,18 @@ def patch_files(job: PatchJob, replica, stop_after: Step | None = None) -> None:
     replica.patch_seq += 1   # odd: the files are in flux (a plain int write under the GIL)
     try:
         try:
-            apply_runs(job.data_path, job.meta_path, redo)
-            if stop_after is Step.APPLY:
-                return
-            _commit(job.meta_path, job.new_meta)
+            if job.copy:
+                apply_copied(job.data_path, job.meta_path, job.new_meta, redo, stop_after)
+            else:
+                apply_runs(job.data_path, job.meta_path, redo)
+                if stop_after is Step.APPLY:
+                    return
+                _commit(job.meta_path, job.new_meta)
         except (OSError, ValueError) as first:
             log.error("patch of %s to stamp %d failed while rewriting its files (%s); "
                       "applying it again", job.name, job.new_gs, first)
             try:
-                if not os.path.exists(job.new_meta):
-                    apply_runs(job.data_path, job.meta_path, redo)
-                    _commit(job.meta_path, job.new_meta)
+                _roll_forward(job, redo)
             except (OSError, ValueError) as again:
                 raise PatchBroken(f"patch of {job.name} to stamp {job.new_gs} failed and "
                                   f"could not be rolled forward: {first}; then {again}",
@@ -487,6 +565,11 @@ def recover_block(folder: str, block_id: int, paths: list[str],
     docstring); ``quarantine(paths, why)`` moves a replica's files aside when a roll forward
     fails or its files may hold a mix of versions. Blocking; runs before the map exists."""
     out: list[tuple[str, Recovery]] = []
+    for name in os.listdir(folder):   # a patch made in copies that the crash cut short
+        if name.startswith(f"blk_{block_id}") and name.endswith(COPY_SUFFIX) and (
+                name[len(f"blk_{block_id}"):len(f"blk_{block_id}") + 1] in ("", "_", ".")):
+            log.info("copy %s of a patch cut short by a crash: removed", name)
+            unlink_quietly(os.path.join(folder, name))
     valid: list[tuple[Redo, str]] = []
     for path in paths:
         try:
@@ -555,6 +638,9 @@ def recover_block(folder: str, block_id: int, paths: list[str],
             apply_runs(data_path, old_meta, redo, check_length=i == len(chain) - 1)
         if old_meta != new_meta:
             os.replace(old_meta, new_meta)
+        for stamp in stamps:   # a patch made in copies: the old name not yet unlinked
+            if stamp in chain_stamps and stamp != last.new_gs:
+                unlink_quietly(os.path.join(folder, meta_name(block_id, stamp)))
         flush_patches(data_path, new_meta, redo_paths)
     except (OSError, ValueError) as exc:
         quarantine([data_path, old_meta, new_meta] + redo_paths,

@@ -82,6 +82,10 @@ class Replica:
     #: redo files of acknowledged patches whose in-place writes are not fsynced yet, oldest
     #: first (the store's patch flusher, or a structural change, flushes and unlinks them)
     pending_redos: list = field(default_factory=list)
+    #: its files were named to a short-circuit reader since the server started
+    #: (``ReplicaStore.finalized_files``): a patch makes the new version in copies, since
+    #: that reader reads the old files without this server
+    named: bool = False
 
     @property
     def name(self) -> str:

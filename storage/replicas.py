@@ -217,12 +217,13 @@ class ReplicaStore:
             raise ReplicaNotFound(f"the replica of blk_{block_id} here is "
                                   f"{replica.state.value}, not finalized: read it over data "
                                   f"transfer")
-        # a patch rewrites the files in place: refused while one runs (a short-circuit
-        # reader that opened the files before may still see the new bytes: it reads them
-        # without this server, which cannot stop it)
+        # refused while a patch runs (its files are being replaced); once named, a patch
+        # makes its new version in copies (``storage/patching.py``), so the reader that
+        # opens these files keeps one version
         if replica.patching:
             raise ReplicaNotFound(f"the replica of blk_{block_id} here is being patched to a "
                                   f"new version: read it over data transfer")
+        replica.named = True
         return replica.data_path, replica.meta_path, replica.gs
 
     # -- writing
@@ -650,7 +651,8 @@ class ReplicaStore:
         starting past the replica's length, none ending past ``max_length``, the block size)
         into the FINALIZED replica ``blk_<id>_<gs>`` and make it ``blk_<id>_<new_gs>``,
         crash-atomically and durably on return (``storage/patching.py``: redo file fsynced,
-        in-place apply and meta renamed to the new stamp without fsync, the redo file left
+        in-place apply (in copies swapped in for a replica named to a short-circuit reader)
+        and meta renamed to the new stamp without fsync, the redo file left
         pending for the patch flusher). A replica already FINALIZED at ``new_gs`` is returned
         unchanged (the retry of a patch whose answer was lost: only one writer ever gets a given new
         stamp). ``ReplicaNotFound`` without a finalized replica, ``StaleGenerationStamp``
@@ -676,7 +678,8 @@ class ReplicaStore:
             new_state = next_state(replica.state, ReplicaEvent.PATCH)
             new_length = check_ranges(replica.name, ranges, replica.num_bytes, max_length)
             job = PatchJob(block_id, gs, new_gs, replica.bytes_per_checksum, replica.data_path,
-                           replica.meta_path, replica.num_bytes, new_length, ranges)
+                           replica.meta_path, replica.num_bytes, new_length, ranges,
+                           copy=replica.named)
             replica.gate()
             replica.patching = True
             try:

@@ -754,3 +754,106 @@ async def test_redo_files_that_do_not_link_to_the_replica_quarantine_it(tmp_path
     assert sorted(o for _p, o in store.last_scan.patches) == [Recovery.BROKEN.value] * 4
     assert not [n for n in os.listdir(folder) if n.startswith("blk_2")]
     store.close()
+
+
+# --------------------------------------------------------------------------- short-circuit
+
+
+def chunks_verify(data: bytes, meta: bytes) -> bool:
+    try:
+        verify_checksums(data, meta[7:], BPC, "read")
+        return True
+    except ChecksumError:
+        return False
+
+
+async def test_a_replica_named_to_a_short_circuit_reader_is_patched_in_copies(tmp_path):
+    """The files of a replica named to a short-circuit reader (who reads them without the
+    block server) are not rewritten in place: a reader that opened them before the patch
+    reads the old version whole, checksums and all; the replica's names then hold the new
+    version (no copy left over), the old stamp's meta name is gone (a reader with the old
+    names falls back to data transfer), and a replica never named is patched in place."""
+    store = await open_store(tmp_path)
+    old = payload(3 * BPC + 200, 0)
+    replica = await finalized(store, 2, OLD, old)
+    data_path, meta_path, gs = store.finalized_files(2, OLD)
+    assert gs == OLD
+    data_fd, meta_fd = os.open(data_path, os.O_RDONLY), os.open(meta_path, os.O_RDONLY)
+    try:
+        await store.patch_finalized(2, OLD, NEW, RANGES, BLOCK)
+        new = model_after(old, RANGES)
+        got = os.pread(data_fd, 1 << 20, 0), os.pread(meta_fd, 1 << 20, 0)
+        assert got[0] == old and chunks_verify(*got)
+    finally:
+        os.close(data_fd)
+        os.close(meta_fd)
+    replica = store.get(2)
+    assert replica.gs == NEW and replica.data_path == data_path
+    files_consistent(replica, new)
+    assert not os.path.exists(meta_path)
+    assert folder_files(replica) == sorted(["blk_2", meta_name(2, NEW),
+                                            patching.patch_name(2, NEW)])
+    assert await read_whole(store, 2, NEW) == new
+    assert await store.flush_pending() == 1
+    assert folder_files(replica) == sorted(["blk_2", meta_name(2, NEW)])
+    # never named: in place, the same inode
+    other = await finalized(store, 3, OLD, old)
+    inode = os.stat(other.data_path).st_ino
+    await store.patch_finalized(3, OLD, NEW, RANGES, BLOCK)
+    assert os.stat(other.data_path).st_ino == inode
+    files_consistent(store.get(3), new)
+    store.close()
+
+
+@pytest.mark.parametrize("stop_after", [Step.APPLY, Step.NEW_META, Step.OLD_META_GONE])
+async def test_a_patch_in_copies_cut_short_by_a_crash_is_rolled_forward(tmp_path, stop_after):
+    """A crash at each point of a patch made in copies: the copies written, the new meta
+    name beside the old one, the old one unlinked before the data swap. The restart ends
+    at the new version with only the replica's two files (copies and the old meta gone)."""
+    store = await open_store(tmp_path)
+    old = payload(3 * BPC + 200, 0)
+    replica = await finalized(store, 2, OLD, old)
+    job = job_for(replica, RANGES)
+    job.copy = True
+    patch_files(job, replica, stop_after=stop_after)
+    folder = os.path.dirname(replica.data_path)
+    left = set(os.listdir(folder))
+    assert {Step.APPLY: {"blk_2.cow", meta_name(2, NEW) + ".cow", meta_name(2, OLD)},
+            Step.NEW_META: {"blk_2.cow", meta_name(2, NEW), meta_name(2, OLD)},
+            Step.OLD_META_GONE: {"blk_2.cow", meta_name(2, NEW)}}[stop_after] <= left
+    store.close()
+    store = await open_store(tmp_path)
+    replica = store.get(2)
+    new = model_after(old, RANGES)
+    assert store.last_scan.patches[0][1] == Recovery.ROLLED_FORWARD.value
+    assert replica.gs == NEW and replica.num_bytes == len(new)
+    assert folder_files(replica) == sorted(["blk_2", meta_name(2, NEW)])
+    files_consistent(replica, new)
+    assert await read_whole(store, 2, NEW) == new
+    store.close()
+
+
+@pytest.mark.allow_log_errors(r"failed while rewriting", reason="the test fails the swap")
+async def test_a_patch_in_copies_that_fails_midway_is_rolled_forward(tmp_path, monkeypatch):
+    """The data swap of a patch made in copies fails: the patch is made whole from the
+    redo in place, the copies removed, the meta file at the new name only."""
+    store = await open_store(tmp_path)
+    old = payload(3 * BPC + 200, 0)
+    await finalized(store, 2, OLD, old)
+    store.finalized_files(2, OLD)
+    real_replace = os.replace
+
+    def failing(src, dst, *a, **k):
+        if str(src).endswith("blk_2.cow"):
+            raise OSError(5, "injected: the swap failed")
+        return real_replace(src, dst, *a, **k)
+    monkeypatch.setattr(patching.os, "replace", failing)
+    await store.patch_finalized(2, OLD, NEW, RANGES, BLOCK)
+    monkeypatch.setattr(patching.os, "replace", real_replace)
+    replica = store.get(2)
+    new = model_after(old, RANGES)
+    assert replica.gs == NEW
+    files_consistent(replica, new)
+    assert folder_files(replica) == sorted(["blk_2", meta_name(2, NEW),
+                                            patching.patch_name(2, NEW)])
+    store.close()
