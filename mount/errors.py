@@ -78,9 +78,12 @@ def fuse_op(fn):
             result = "cancelled"
             raise
         except LeaseFSError as exc:
-            log.debug("%s: %s (errno %s)", op, exc, exc.errno)
             error = to_fuse_error(exc)
             result = _errno_name(error.errno)
+            # an answer the application expects (ENOENT, EEXIST...) is no news; an EIO is
+            # all it learns of a failure, so the cause goes to the log
+            (log.warning if error.errno == _errno.EIO else log.debug)(
+                "%s: %s (%s)", op, exc, result)
             raise error from None
         except OSError as exc:
             log.warning("%s: local error: %s", op, exc)
