@@ -315,6 +315,7 @@ def apply_runs(data_path: str, meta_path: str, redo: Redo, check_length: bool = 
 #: the suffix of a copy-on-write patch's new files before they take the replica's names
 #: (``apply_copied``): never a replica file name pattern
 COPY_SUFFIX = ".cow"
+_COPY_NAME = re.compile(r"^blk_(-?\d+)(?:_\d+\.meta)?\.cow$")
 
 
 def copy_names(data_path: str, new_meta: str) -> tuple[str, str]:
@@ -566,8 +567,8 @@ def recover_block(folder: str, block_id: int, paths: list[str],
     fails or its files may hold a mix of versions. Blocking; runs before the map exists."""
     out: list[tuple[str, Recovery]] = []
     for name in os.listdir(folder):   # a patch made in copies that the crash cut short
-        if name.startswith(f"blk_{block_id}") and name.endswith(COPY_SUFFIX) and (
-                name[len(f"blk_{block_id}"):len(f"blk_{block_id}") + 1] in ("", "_", ".")):
+        copy = _COPY_NAME.match(name)
+        if copy is not None and int(copy.group(1)) == block_id:
             log.info("copy %s of a patch cut short by a crash: removed", name)
             unlink_quietly(os.path.join(folder, name))
     valid: list[tuple[Redo, str]] = []
