@@ -184,8 +184,9 @@ class LeaseRecovery:
             block = {**stored, "index": info.index}
             nodes = info.patched_nodes()
             if not nodes and not info.good_nodes():
-                log.info("patch of %s block %d at stamp %d not settled: no replica of the "
-                         "block is live", path, info.id, info.patch_gs)
+                # debug: the lease monitor asks again every pass (its warning is once)
+                log.debug("patch of %s block %d at stamp %d not settled: no replica of the "
+                          "block is live", path, info.id, info.patch_gs)
                 settled_all = False
                 continue
             plan = None
