@@ -13,12 +13,16 @@ stale replica. Readers see the old version of a block or the new one.
 The steps of one block's patch:
 
 1. ``patch_block``: the new stamp and the block's replica locations (the caller must hold
-   the file's lease, the block must be complete at the stamp this file last knew).
+   the file's lease, the block must be complete at the stamp this file last knew); or, for
+   a block patched before through this object, the stamp the last ``patch_done`` began.
 2. ``PATCH_BLOCK`` to every location at once (no chain: one hop each, as the one-shot
    write); each answers SUCCESS once its new version is durable.
-3. ``patch_done`` with the nodes that answered SUCCESS. None did: the block stays at its
-   old version (nothing committed; the stamp handed out is superseded by the next patch or
-   dropped by lease recovery) and the patch fails.
+3. ``patch_done`` with the nodes that answered SUCCESS, which also begins the block's
+   next patch (``begin_next``: its stamp is kept for step 1 of the next one, so a block
+   patched again and again costs one metadata call per patch). None did: the block stays
+   at its old version (nothing committed; the stamp handed out is superseded by the next
+   patch or dropped by lease recovery) and the patch fails. A stamp begun and never used
+   is dropped by the file's close.
 
 A patch may grow the file's partial last block up to the block size (never past it:
 bytes beyond go through ``extend``, an ordinary stream that adds blocks).
@@ -77,6 +81,11 @@ def split_by_block(ranges, block_size: int) -> dict[int, list[tuple[int, bytes]]
     return out
 
 
+#: seconds a stamp begun by ``patch_done`` is used with the replicas it came with; an
+#: older one is left to be superseded (``patch_block`` asked again: the block may have
+#: been copied to other block servers meanwhile)
+BEGUN_FRESH = 1.0
+
 #: the most bytes one block's patch carries (a block server takes at most
 #: ``MAX_PACKET_DATA`` in one message); more go as further patches of the block
 ROUND_BYTES = 8 << 20
@@ -112,6 +121,9 @@ class PatchableFile:
         self.block_size = int(status.get("block_size") or client.config.block_size)
         self.blocks: list[dict] = list(answer.get("blocks") or [])
         self.length = int(status.get("length") or 0)
+        #: block id → (when, what ``patch_done`` answered for the block's next patch: its
+        #: stamp begun on the metadata server, its replicas, its token)
+        self._begun: dict[int, tuple[float, dict]] = {}
         self._closed = False
         self._error: LeaseFSError | None = None
 
@@ -126,9 +138,12 @@ class PatchableFile:
         the block size (0 for an empty file: its first block comes from ``extend``)."""
         return len(self.blocks) * self.block_size
 
-    async def patch(self, ranges) -> list[PatchedBlock]:
+    async def patch(self, ranges, *, more: bool = True) -> list[PatchedBlock]:
         """Write ``(offset, bytes)`` ranges (sorted, not overlapping) into the file: each
-        must start at or before the file's end (no holes) and end within ``capacity``."""
+        must start at or before the file's end (no holes) and end within ``capacity``.
+        ``more``: the caller expects to patch these blocks again before the close, so each
+        block's commit begins its next patch (``begin_next``); False for the last patches
+        before a close (a stamp begun and never used costs the close a journal record)."""
         self._check()
         end = self.length
         for offset, data in ranges:
@@ -140,22 +155,66 @@ class PatchableFile:
         done = []
         for index, block_ranges in sorted(split_by_block(ranges, self.block_size).items()):
             for part in _rounds(block_ranges):
-                done.append(await self._patch_block(index, part))
+                done.append(await self._patch_block(index, part, more))
         return done
 
-    async def _patch_block(self, index: int, ranges) -> PatchedBlock:
+    async def _patch_block(self, index: int, ranges, more: bool = True) -> PatchedBlock:
         client = self._client
         located = self.blocks[index]
         block = located["block"]
         if index < len(self.blocks) - 1 and any(
                 o + len(d) > int(block["num_bytes"]) for o, d in ranges):
             raise InvalidArgument(f"{self.path}: only the last block may grow")
-        answer = await client.call_meta("patch_block", {
+        begun = self._begun.pop(block["id"], None)
+        answer = None
+        if begun is not None and trio.current_time() - begun[0] < BEGUN_FRESH:
+            answer = begun[1]
+        num_bytes = max(int(block["num_bytes"]), max(o + len(d) for o, d in ranges))
+        while True:
+            if answer is None:
+                answer = await client.call_meta("patch_block", {
+                    "path": self.path, "client_name": client.client_name, "ino": self.ino,
+                    "block": {"id": block["id"], "gs": block["gs"]}})
+                fresh = True
+            else:
+                fresh = False
+            new, locations, failed = await self._send_to_all(block, answer, ranges)
+            nodes = tuple(n["node_id"] for n in locations if n["node_id"] not in failed)
+            if nodes or fresh:
+                break
+            # the replicas a begun stamp came with all failed: they may have moved since
+            # (a server died, the block was copied elsewhere); once more, as patch_block
+            # sees them now (its new stamp supersedes the begun one)
+            answer = None
+        if not nodes:
+            raise PipelineError(f"{self.path}: no block server took the patch of block "
+                                f"{block['id']}: " + "; ".join(
+                                    f"{k}: {v}" for k, v in failed.items()))
+        for node_id, cause in failed.items():
+            log.warning("%s: block %d: %s missed the patch (%s)", self.path, block["id"],
+                        node_id, cause)
+        if failed:
+            nodes += await self._replace(block, new["gs"], num_bytes, locations, nodes,
+                                         list(failed))
+        done = await client.call_meta("patch_done", {
             "path": self.path, "client_name": client.client_name, "ino": self.ino,
-            "block": {"id": block["id"], "gs": block["gs"]}})
+            "block": {"id": block["id"], "gs": new["gs"], "num_bytes": num_bytes},
+            "nodes": list(nodes), "begin_next": more})
+        if isinstance(done, dict) and isinstance(done.get("next"), dict):
+            self._begun[block["id"]] = (trio.current_time(), done["next"])
+        self.blocks[index] = {**located, "block": {**block, "gs": new["gs"],
+                                                   "num_bytes": num_bytes},
+                              "locations": [n for n in locations if n["node_id"] in nodes]}
+        self.length = max(self.length, index * self.block_size + num_bytes)
+        return PatchedBlock(block["id"], new["gs"], num_bytes, nodes, failed)
+
+    async def _send_to_all(self, block: dict, answer: dict, ranges):
+        """The patch ``ranges`` of ``block`` to every location of ``answer`` (a patch_block
+        answer) at once, no chain: one hop each, as the one-shot write. Returns the new
+        block, the locations and the failed ones (node id → cause)."""
+        client = self._client
         new = answer["block"]
         locations = answer["locations"]
-        num_bytes = max(int(block["num_bytes"]), max(o + len(d) for o, d in ranges))
         failed: dict[str, str] = {}
 
         async def one(node: dict) -> None:
@@ -171,30 +230,10 @@ class PatchableFile:
                 failed[node["node_id"]] = ("checksum error in flight" if status == ERROR_CHECKSUM
                                            else "unreachable, or it refused the patch")
 
-        # every location at once, no chain: one hop each (as the one-shot write)
         async with trio.open_nursery() as nursery:
             for node in locations:
                 nursery.start_soon(one, node)
-        nodes = tuple(n["node_id"] for n in locations if n["node_id"] not in failed)
-        if not nodes:
-            raise PipelineError(f"{self.path}: no block server took the patch of block "
-                                f"{block['id']}: " + "; ".join(
-                                    f"{k}: {v}" for k, v in failed.items()))
-        for node_id, cause in failed.items():
-            log.warning("%s: block %d: %s missed the patch (%s)", self.path, block["id"],
-                        node_id, cause)
-        if failed:
-            nodes += await self._replace(block, new["gs"], num_bytes, locations, nodes,
-                                         list(failed))
-        await client.call_meta("patch_done", {
-            "path": self.path, "client_name": client.client_name, "ino": self.ino,
-            "block": {"id": block["id"], "gs": new["gs"], "num_bytes": num_bytes},
-            "nodes": list(nodes)})
-        self.blocks[index] = {**located, "block": {**block, "gs": new["gs"],
-                                                   "num_bytes": num_bytes},
-                              "locations": [n for n in locations if n["node_id"] in nodes]}
-        self.length = max(self.length, index * self.block_size + num_bytes)
-        return PatchedBlock(block["id"], new["gs"], num_bytes, nodes, failed)
+        return new, locations, failed
 
     async def extend(self, chunks) -> "PatchableFile":
         """Append ``chunks`` (an async iterable of bytes, in order) past ``capacity``: the

@@ -269,7 +269,9 @@ class Writer:
                 ranges.append((start, await of.staging.pread(start, take)))
                 start += take
         if ranges:
-            await of.patcher.patch(ranges)
+            # the blocks' next patches begun with these commits, unless the file closes or
+            # grows past its last block next (a begun stamp then only costs a journal record)
+            await of.patcher.patch(ranges, more=not finish and of.size <= room)
         if of.size > room:
             staging = of.staging
 

@@ -294,3 +294,29 @@ def test_a_writer_killed_mid_patch_leaves_every_block_at_one_version(tmp_path):
                 span = slice(index * BLOCK, min(SIZE, (index + 1) * BLOCK))
                 assert data in (bytes(versions[acked][span]), bytes(versions[acked + 1][span])), \
                     (round_, index, acked)
+
+
+def test_a_begun_stamp_whose_replicas_all_fail_is_asked_for_again(tmp_path):
+    """Each commit begins the block's next patch (``begin_next``), with the replicas the
+    block had then. When every one of those fails (they moved: a server died, the block
+    was copied elsewhere), the patch asks ``patch_block`` for the block as it is now and
+    lands on all three replicas under a newer stamp; the file reads as the model."""
+    with ProcessCluster(tmp_path, n_storage=3) as cluster:
+        async def main():
+            async with AsyncClient(cluster.meta_address) as client:
+                model = bytearray(payload(SIZE, 8))
+                async with await client.create("/f", block_size=BLOCK) as out:
+                    await out.write(bytes(model))
+                pf = await client.open_for_patch("/f")
+                await pf.patch([(10, b"one")])
+                write(model, 10, b"one")
+                block_id = pf.blocks[0]["block"]["id"]
+                when, begun = pf._begun[block_id]
+                gone = [{**loc, "address": "127.0.0.1:1"} for loc in begun["locations"]]
+                pf._begun[block_id] = (when, {**begun, "locations": gone})
+                done = await pf.patch([(20, b"two")])
+                write(model, 20, b"two")
+                assert len(done[0].nodes) == 3 and done[0].gs > begun["block"]["gs"]
+                await pf.close()
+                assert await read_all(client, "/f") == bytes(model)
+        trio.run(main)

@@ -281,20 +281,18 @@ def test_patch_calls_their_checks_and_a_restart(tmp_path):
         assert info["length"] == 3 * BLOCK and info["mtime_ns"] > mtime
         now = located(cluster, "/f")["blocks"]
         assert now[2]["block"] == {**ref(grow), "num_bytes": BLOCK}
-        # full now: a block may follow it, once no patch of it is pending (and its writer
-        # gives the new block up unwritten)
+        # full now: a block may follow it; a patch of it still pending is settled first
+        # (no replica reported its stamp: dropped, as the middle block's), and its writer
+        # gives the new block up unwritten
         grown, grow = grow, raw(cluster, "patch_block", **done, block=ref(grow))
-        with pytest.raises(InvalidArgument, match="patch pending"):
-            raw(cluster, "add_block", **done, previous={**ref(grown), "num_bytes": BLOCK})
-        assert raw(cluster, "patch_done", **done, nodes=node_ids(last),
-                   block={**ref(grow), "num_bytes": BLOCK})
-        new = raw(cluster, "add_block", **done, previous={**ref(grow), "num_bytes": BLOCK})
+        new = raw(cluster, "add_block", **done, previous={**ref(grown), "num_bytes": BLOCK})
         assert new["offset"] == 3 * BLOCK
+        with pytest.raises(StaleGenerationStamp, match=f"stamp {grow['block']['gs']} is not"):
+            raw(cluster, "patch_done", **done, nodes=node_ids(last),
+                block={**ref(grow), "num_bytes": BLOCK})
         assert raw(cluster, "abandon_block", **done, block=new["block"])
-        # complete with the last block as it is: the middle block's patch was never
-        # finished and no replica holds it: dropped, the block keeps its stamp
         assert raw(cluster, "complete", **done,
-                   last={**ref(grow), "num_bytes": BLOCK}) is True
+                   last={**ref(grown), "num_bytes": BLOCK}) is True
         closed = located(cluster, "/f")
         assert not closed["under_construction"] and closed["length"] == 3 * BLOCK
         assert closed["blocks"][1]["block"]["gs"] == blocks[1]["block"]["gs"]
@@ -424,3 +422,76 @@ def test_lease_recovery_waits_while_no_holder_of_a_patched_block_is_live(tmp_pat
         settled(cluster, "/f", 1, gs)
         with cluster.client() as cl:
             assert cl.read_file("/f") == data
+
+
+@pytest.mark.slow
+def test_patch_done_begins_the_next_patch_in_the_same_batch(tmp_path):
+    """``patch_done`` with ``begin_next``: the patch commits and the block's next patch
+    begins (a pending stamp above the committed one, journaled with it, as patch_block
+    answers it); a retry whose reply was lost gets the same next stamp; the next patch
+    commits with it; a stamp begun and never used is dropped by the close."""
+    with ProcessCluster(tmp_path, n_storage=3) as cluster:
+        data = payload(SIZE, 6)
+        opened = open_for_patch(cluster, "/f", data)
+        ino, block = opened["status"]["ino"], opened["blocks"][0]
+        block_id, nodes = block["block"]["id"], node_ids(block)
+        g1 = raw(cluster, "patch_block", path="/f", client_name=WRITER, ino=ino,
+                 block=ref(block))["block"]["gs"]
+        args = dict(path="/f", client_name=WRITER, ino=ino, nodes=nodes,
+                    block={"id": block_id, "gs": g1, "num_bytes": BLOCK})
+        with pytest.raises(InvalidArgument, match="begin_next must be true or false"):
+            raw(cluster, "patch_done", **args, begin_next="yes")
+        done = raw(cluster, "patch_done", **args, begin_next=True)
+        nxt = done["next"]
+        assert done["done"] is True and nxt["block"]["id"] == block_id
+        g2 = nxt["block"]["gs"]
+        assert g2 > g1 and nxt["block"]["num_bytes"] == BLOCK and nxt["block_size"] == BLOCK
+        assert sorted(n["node_id"] for n in nxt["locations"]) == sorted(nodes)
+        # committed for readers; the next patch pending beside it
+        assert located(cluster, "/f")["blocks"][0]["block"]["gs"] == g1
+        checked = raw(cluster, "fsck", path="/f", openforwrite=True)["files"][0]["blocks"]
+        assert (checked[0]["gs"], checked[0].get("patch_gs")) == (g1, g2)
+        # the retry of a call whose reply was lost: the same next stamp, nothing begun again
+        again = raw(cluster, "patch_done", **args, begin_next=True)
+        assert again["done"] is True and again["next"]["block"] == nxt["block"]
+        assert raw(cluster, "patch_done", **args) is True
+        # the next patch commits under the stamp begun for it
+        raw(cluster, "patch_done", path="/f", client_name=WRITER, ino=ino, nodes=nodes,
+            block={"id": block_id, "gs": g2, "num_bytes": BLOCK}, begin_next=True)
+        assert located(cluster, "/f")["blocks"][0]["block"]["gs"] == g2
+        # the stamp begun last is never used: the close drops it
+        last = opened["blocks"][-1]["block"]
+        assert raw(cluster, "complete", path="/f", client_name=WRITER, ino=ino,
+                   last={"id": last["id"], "gs": last["gs"], "num_bytes": last["num_bytes"]})
+        closed = located(cluster, "/f")
+        assert not closed["under_construction"] and closed["blocks"][0]["block"]["gs"] == g2
+        # no patch pending (fsck lists the file only for its replicas, which this test
+        # never patched on disk: the whole flow is tests/test_patch_file.py's)
+        listed = raw(cluster, "fsck", path="/f", openforwrite=True)["files"]
+        assert all("patch_gs" not in b for f in listed for b in f["blocks"])
+
+
+@pytest.mark.slow
+def test_patch_done_takes_a_replacement_whose_stale_replica_it_replaced(tmp_path):
+    """A block server that missed a patch still has its stale replica on record when the
+    writer picks it as the replacement and has the new version copied there (the copy
+    replaces the stale replica before the server reports it): patch_done names it and is
+    accepted, as a replacement with no replica on record is; a node that is not live is
+    refused."""
+    with ProcessCluster(tmp_path, n_storage=3) as cluster:
+        opened = open_for_patch(cluster, "/f", payload(SIZE, 7))
+        ino, block = opened["status"]["ino"], opened["blocks"][0]
+        block_id, nodes = block["block"]["id"], node_ids(block)
+        args = dict(path="/f", client_name=WRITER, ino=ino)
+        g1 = raw(cluster, "patch_block", **args, block=ref(block))["block"]["gs"]
+        # the third node missed it: its replica stays on record at the old stamp
+        raw(cluster, "patch_done", **args, nodes=nodes[:2],
+            block={"id": block_id, "gs": g1, "num_bytes": BLOCK})
+        g2 = raw(cluster, "patch_block", **args,
+                 block={"id": block_id, "gs": g1})["block"]["gs"]
+        with pytest.raises(InvalidArgument, match="holds no replica"):
+            raw(cluster, "patch_done", **args, nodes=nodes[:2] + ["no-such-node"],
+                block={"id": block_id, "gs": g2, "num_bytes": BLOCK})
+        assert raw(cluster, "patch_done", **args, nodes=nodes,
+                   block={"id": block_id, "gs": g2, "num_bytes": BLOCK}) is True
+        assert located(cluster, "/f")["blocks"][0]["block"]["gs"] == g2

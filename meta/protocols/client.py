@@ -361,9 +361,16 @@ class ClientProtocol:
             kind, last = self.ns.planner.check_previous(current, blocks, previous,
                                                         inode.block_size or 0)
             if kind != "retry" and last is not None and self._patch_pending(last["id"]):
-                # the block after it would start at a length the patch may still change
-                raise InvalidArgument(f"add_block {current}: block {last['id']} has a patch "
-                                      f"pending; patch_done first")
+                # the block after it would start at a length the patch may still change:
+                # settled first, as a close settles it (a stamp patch_done began for a
+                # patch that never came is dropped)
+                if not await self.recovery.settle_patches(current, ino):
+                    raise NotReplicatedYet(f"add_block {current}: block {last['id']} has a "
+                                           f"patch pending and no live replica to settle it")
+                inode = self.ns.view.get_inode(ino)
+                blocks = self.ns.view.tail_blocks(ino, inode)
+                kind, last = self.ns.planner.check_previous(current, blocks, previous,
+                                                            inode.block_size or 0)
             # every block before the last is final: the last one starts at length - its size
             last_offset = (inode.length or 0) - (last["num_bytes"] if last else 0)
             if kind == "retry":
@@ -465,18 +472,22 @@ class ClientProtocol:
             _, ino, inode = self.ns.planner.writer_file(current, ino, client_name)
             if attrs and attrs["mode"] is not None:
                 self.access.check_set_mode(ctx, paths.split(current), attrs["mode"])
+            # drops of pending patches go with the close record, in its batch: a stamp
+            # patch_done began for a patch that never came costs the close no fsync of its own
+            drops: list = []
             if self.blocks.pending_patches(ino):
                 # a patch its writer never finished ends as lease recovery ends it: the
                 # closed file holds one version of every block (not yet: asked again)
-                if not await self.recovery.settle_patches(current, ino):
+                if not await self.recovery.settle_patches(current, ino, drops=drops):
                     return False
                 inode = self.ns.view.get_inode(ino)
             blocks = self.ns.view.tail_blocks(ino, inode)
             kind, block = self.ns.planner.check_last(current, blocks, last)
             wall = self._wall(ctx)
             if kind == "none":
-                await self.edits.log_plan(self.ns.planner.plan_close(ino, None, None, wall, attrs),
-                                          durable=ctx.sync_metadata)
+                await self.edits.log_plans(
+                    drops + [self.ns.planner.plan_close(ino, None, None, wall, attrs)],
+                    durable=ctx.sync_metadata)
                 return True
             earlier_ok = all(self.locator.is_complete(b) for b in blocks[:-1])
             num_bytes = last["num_bytes"]
@@ -486,8 +497,9 @@ class ClientProtocol:
             else:
                 last_ok = self.locator.is_complete(block)
             if earlier_ok and last_ok:
-                await self.edits.log_plan(self.ns.planner.plan_close(ino, block, num_bytes, wall, attrs),
-                                          durable=ctx.sync_metadata)
+                await self.edits.log_plans(
+                    drops + [self.ns.planner.plan_close(ino, block, num_bytes, wall, attrs)],
+                    durable=ctx.sync_metadata)
                 return True
             if not earlier_ok:
                 if kind == "commit":
@@ -888,28 +900,43 @@ class ClientProtocol:
             log.debug("patch_block %s: block %d stamp %d, patch stamp %d%s", current, block_id,
                       gs, plan.gs, f" (supersedes {info.patch_gs})"
                       if info.patch_gs and info.patch_gs != plan.gs else "")
-            answer = {"block": {"id": block_id, "gs": plan.gs,
-                                "num_bytes": stored["num_bytes"]},
-                      "locations": [loc for loc in map(self.locator.location,
-                                                       info.good_nodes()) if loc is not None],
-                      "block_size": inode.block_size}
-            token = self.security.block_token(block_id, plan.gs, self.access.token_user(ctx),
-                                              WRITE_TOKEN)
-            if token is not None:
-                answer["token"] = token
-            return answer
+            return self._patch_answer(ctx, inode, stored, info, plan.gs)
 
-    async def rpc_patch_done(self, ctx, path, client_name, ino=None, block=None, nodes=()):
+    def _patch_answer(self, ctx, inode, stored: dict, info: BlockInfo, patch_gs: int) -> dict:
+        """What a patch of block ``stored`` at the pending stamp ``patch_gs`` needs: the
+        block under that stamp, its live good replicas (the patch goes to all of them), a
+        write token for the stamp (security = secure) and the file's block size."""
+        answer = {"block": {"id": stored["id"], "gs": patch_gs,
+                            "num_bytes": stored["num_bytes"]},
+                  "locations": [loc for loc in map(self.locator.location, info.good_nodes())
+                                if loc is not None],
+                  "block_size": inode.block_size}
+        token = self.security.block_token(stored["id"], patch_gs, self.access.token_user(ctx),
+                                          WRITE_TOKEN)
+        if token is not None:
+            answer["token"] = token
+        return answer
+
+    async def rpc_patch_done(self, ctx, path, client_name, ino=None, block=None, nodes=(),
+                             begin_next=False):
         """Commit a patch (PATCH_BLOCK): the block takes its pending patch stamp and the
         length ``block.num_bytes`` (never shorter; longer only for the file's last block,
         within the block size; growth is charged to space quotas), ``nodes`` (those that
         acknowledged the patch) become its replicas, the other replicas turn stale
         (invalidated, and the block re-replicated from the new ones). A retry whose reply
-        was lost finds it done: True again."""
+        was lost finds it done: True again.
+
+        ``begin_next``: the block's next patch begins in the same journal batch
+        (PATCH_BEGIN, a new pending stamp), and the answer is ``{"done": true, "next":
+        <what patch_block answers>}``: a writer that patches a block again and again (a
+        database) asks the metadata server once per patch instead of twice. A stamp handed
+        out this way and never used is dropped when the file closes, as any pending patch
+        is."""
         canonical = paths.validate(path)
         ino = check_ino(ino, canonical)
         what = f"patch_done {canonical}"
         check_name(client_name, f"{what}: client_name")
+        check_bool(begin_next, f"{what}: begin_next")
         block_id, gs, num_bytes = self._patch_ref(what, block, with_length=True)
         if not isinstance(nodes, (list, tuple)) or not nodes:
             raise InvalidArgument(f"{what}: nodes must be a non-empty list of node ids")
@@ -924,28 +951,43 @@ class ClientProtocol:
             where = f"patch_done {current}"
             stored, info = self._block_of_file(where, current, ino, block_id)
             if info.patch_gs != gs:
-                if not info.patch_gs and stored["gs"] == gs \
-                        and stored["num_bytes"] == num_bytes:
-                    return True   # a retry whose first reply was lost: already done
+                if stored["gs"] == gs and stored["num_bytes"] == num_bytes:
+                    # a retry whose first reply was lost: already done
+                    if not begin_next:
+                        return True
+                    if info.patch_gs:   # the next patch it began then
+                        return {"done": True,
+                                "next": self._patch_answer(ctx, inode, stored, info,
+                                                           info.patch_gs)}
                 raise StaleGenerationStamp(
                     f"{where}: stamp {gs} is not the pending patch stamp of block {block_id} "
                     f"({info.patch_gs or 'none pending'}; its stamp is {stored['gs']})")
             for node_id in node_ids:
                 replica = info.replicas.get(node_id)
-                if replica is None and self.datanodes.live(node_id) is not None:
-                    continue   # a replacement the writer had a copy made on: not reported yet
-                if replica is None or replica.gs not in (stored["gs"], gs):
-                    raise InvalidArgument(
-                        f"{where}: node {node_id} holds no replica of block {block_id} at its "
-                        f"stamp {stored['gs']} or the patch's {gs}")
+                if replica is not None and replica.gs in (stored["gs"], gs):
+                    continue
+                if self.datanodes.live(node_id) is not None:
+                    # a replacement the writer had a copy made on, not reported yet; the
+                    # stale replica it may have held before (a patch it missed) is the one
+                    # the copy replaced. Its own report corrects a claim that is wrong.
+                    continue
+                raise InvalidArgument(
+                    f"{where}: node {node_id} holds no replica of block {block_id} at its "
+                    f"stamp {stored['gs']} or the patch's {gs}")
             _, wall = self._now()
             plan = self.ns.planner.plan_patch_block(
                 current, ino, inode, stored, gs, num_bytes, node_ids,
                 last=info.index == (inode.nblocks or 0) - 1, now_ns=wall)
-            await self.edits.log_plan(plan)
             log.debug("%s: block %d stamp %d -> %d, length %d, replicas %s", where, block_id,
                       stored["gs"], gs, num_bytes, node_ids)
-            return True
+            if not begin_next:
+                await self.edits.log_plan(plan)
+                return True
+            begin = self.ns.planner.plan_patch_begin(ino, stored)
+            await self.edits.log_plans([plan, begin])
+            stored = {**self.ns.view.read(keys.block_key(ino, info.index)), "index": info.index}
+            return {"done": True, "next": self._patch_answer(
+                ctx, self.ns.view.get_inode(ino), stored, info, begin.gs)}
 
     async def rpc_list_open_files(self, ctx, path="/"):
         """HDFS ``dfsadmin -listOpenFiles``: the superuser's (it names files and their

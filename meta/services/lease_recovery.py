@@ -161,7 +161,7 @@ class LeaseRecovery:
             log.info("lease of %s reassigned from %s to %s", path, holder, new_holder)
         return False
 
-    async def settle_patches(self, path: str, ino: int) -> bool:
+    async def settle_patches(self, path: str, ino: int, *, drops: list | None = None) -> bool:
         """End every patch pending on file ``ino`` at one version of its block (the caller
         holds the file's path locks; its writer is gone, or closes without patch_done): the
         replicas reported at the pending stamp hold the whole new version (a block server
@@ -174,7 +174,11 @@ class LeaseRecovery:
         gone (declared dead before its report of the patch came) may come back holding
         only the new version, and a drop would make the block's one content stale. Such a
         patch is left pending, to be decided once a holder reports. Returns False when one
-        was (the caller tries again later), True when every patch was settled."""
+        was (the caller tries again later), True when every patch was settled.
+
+        ``drops``: the PATCH_DROP plans are appended there instead of journaled, for the
+        caller to journal in the batch of the close they precede (a drop changes no
+        length, so nothing the caller checks before that depends on it)."""
         settled_all = True
         inode = self.ns.view.get_inode(ino)
         for info in self.blocks.pending_patches(ino):
@@ -205,10 +209,13 @@ class LeaseRecovery:
                     log.warning("patch of %s block %d at stamp %d not committed: %s", path,
                                 info.id, info.patch_gs, exc)
             if plan is None:
-                log.info("patch of %s block %d dropped: no replica reported stamp %d", path,
-                         info.id, info.patch_gs)
-                await self.edits.log_plan(self.ns.planner.plan_patch_drop(ino, block,
-                                                                          info.patch_gs))
+                log.debug("patch of %s block %d dropped: no replica reported stamp %d", path,
+                          info.id, info.patch_gs)
+                drop = self.ns.planner.plan_patch_drop(ino, block, info.patch_gs)
+                if drops is None:
+                    await self.edits.log_plan(drop)
+                else:
+                    drops.append(drop)
                 continue
             await self.edits.log_plan(plan)
             inode = self.ns.view.get_inode(ino)
