@@ -51,10 +51,17 @@ def to_fuse_error(exc: BaseException) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(_errno.EIO)
 
 
+#: the operations that move a file's content
+DATA_OPS = frozenset({"read", "write", "fsync", "flush", "release"})
+
+
 def fuse_op(fn):
     """Wrap an async ``Operations`` handler so only ``FUSEError`` ever leaves it."""
     op = fn.__name__
     reads, writes = op == "read", op == "write"
+    # a failure of moving data is never an answer the application expects (unlike ENOENT
+    # from a lookup): its cause goes to the log whatever the errno
+    data_op = op in DATA_OPS
 
     @functools.wraps(fn)
     async def handler(*args, **kwargs):
@@ -80,9 +87,9 @@ def fuse_op(fn):
         except LeaseFSError as exc:
             error = to_fuse_error(exc)
             result = _errno_name(error.errno)
-            # an answer the application expects (ENOENT, EEXIST...) is no news; an EIO is
-            # all it learns of a failure, so the cause goes to the log
-            (log.warning if error.errno == _errno.EIO else log.debug)(
+            # an answer the application expects (ENOENT, EEXIST...) is no news; an EIO, or
+            # any failure to move data, is all it learns of a failure: the cause is logged
+            (log.warning if data_op or error.errno == _errno.EIO else log.debug)(
                 "%s: %s (%s)", op, exc, result)
             raise error from None
         except OSError as exc:
